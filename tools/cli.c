@@ -1,0 +1,102 @@
+#include "tools/cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int cli_int(const char *cmd, const char *flag, const char *s, long long lo, long long hi,
+            long long *out) {
+  char *end = NULL;
+  errno = 0;
+  long long v = s ? strtoll(s, &end, 10) : 0;
+  if (!s || !*s || *end || errno) {
+    fprintf(stderr, "shardrec %s: %s: '%s' is not an integer\n", cmd, flag, s ? s : "");
+    return -1;
+  }
+  if (v < lo || v > hi) {
+    fprintf(stderr, "shardrec %s: %s: %lld is out of range [%lld, %lld]\n", cmd, flag, v, lo,
+            hi);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+int cli_u64(const char *cmd, const char *flag, const char *s, uint64_t *out) {
+  char *end = NULL;
+  errno = 0;
+  if (!s || !*s || *s == '-') {
+    fprintf(stderr, "shardrec %s: %s: '%s' is not a non-negative integer\n", cmd, flag,
+            s ? s : "");
+    return -1;
+  }
+  unsigned long long v = strtoull(s, &end, 10);
+  if (*end || errno) {
+    fprintf(stderr, "shardrec %s: %s: '%s' is not a non-negative integer\n", cmd, flag, s);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+int cli_double(const char *cmd, const char *flag, const char *s, double lo, double hi,
+               double *out) {
+  char *end = NULL;
+  errno = 0;
+  double v = s ? strtod(s, &end) : 0;
+  if (!s || !*s || *end || errno || !isfinite(v)) {
+    fprintf(stderr, "shardrec %s: %s: '%s' is not a number\n", cmd, flag, s ? s : "");
+    return -1;
+  }
+  if (v < lo || v > hi) {
+    fprintf(stderr, "shardrec %s: %s: %g is out of range [%g, %g]\n", cmd, flag, v, lo, hi);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+int cli_int_list(const char *cmd, const char *flag, const char *s, char sep, int *out,
+                 int max, int *n) {
+  *n = 0;
+  const char *p = s;
+  if (!p || !*p) {
+    fprintf(stderr, "shardrec %s: %s: empty list\n", cmd, flag);
+    return -1;
+  }
+  while (*p) {
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(p, &end, 10);
+    if (end == p || errno || v < 1 || v > (1L << 24) || (*end && *end != sep)) {
+      fprintf(stderr, "shardrec %s: %s: '%s' is not a list of positive integers joined by '%c'\n",
+              cmd, flag, s, sep);
+      return -1;
+    }
+    if (*n >= max) {
+      fprintf(stderr, "shardrec %s: %s: more than %d entries\n", cmd, flag, max);
+      return -1;
+    }
+    out[(*n)++] = (int)v;
+    p = *end ? end + 1 : end;
+    if (*end && !*p) {
+      fprintf(stderr, "shardrec %s: %s: '%s' ends with '%c'\n", cmd, flag, s, sep);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+void cli_bad_option(const char *cmd, int c, const char *arg) {
+  if (c == ':' || (arg && *arg))
+    fprintf(stderr, "shardrec %s: option %s needs a value (see 'shardrec %s --help')\n", cmd,
+            arg ? arg : "", cmd);
+  else
+    fprintf(stderr, "shardrec %s: unknown option %s (see 'shardrec %s --help')\n", cmd,
+            arg ? arg : "", cmd);
+}
+
+int cli_isatty_err(void) { return isatty(2); }

@@ -1,0 +1,22 @@
+/* Small helpers shared by the subcommands' flag parsing. Every parser checks
+ * the whole string and prints "shardrec CMD: --flag: what was wrong" on
+ * failure, returning -1; callers then exit with status 2. */
+#ifndef SHARDREC_TOOLS_CLI_H
+#define SHARDREC_TOOLS_CLI_H
+
+#include <stdint.h>
+
+int cli_int(const char *cmd, const char *flag, const char *s, long long lo, long long hi,
+            long long *out);
+int cli_u64(const char *cmd, const char *flag, const char *s, uint64_t *out);
+int cli_double(const char *cmd, const char *flag, const char *s, double lo, double hi,
+               double *out);
+/* Parse "13-512-256-64-16" into up to max ints (each >= 1). */
+int cli_int_list(const char *cmd, const char *flag, const char *s, char sep, int *out,
+                 int max, int *n);
+/* Report an unknown option or missing argument in getopt_long's loop. */
+void cli_bad_option(const char *cmd, int optopt_char, const char *arg);
+/* 1 when stderr is a terminal (live progress lines), 0 otherwise. */
+int cli_isatty_err(void);
+
+#endif

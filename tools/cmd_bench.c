@@ -1,0 +1,38 @@
+/* shardrec bench <what>: benchmarks that print figures beside a baseline
+ * measured in the same run. */
+#include <stdio.h>
+#include <string.h>
+
+#include "tools/cmds.h"
+
+#pragma weak bench_data
+#pragma weak bench_train
+
+static const struct {
+  const char *name;
+  int (*fn)(int, char **);
+  const char *what;
+} benches[] = {
+    {"data", bench_data, "TSV parse and binary read throughput vs. raw read()"},
+    {"train", bench_train, "training samples/s vs. this machine's sgemm bound"},
+};
+#define N_BENCH (int)(sizeof benches / sizeof benches[0])
+
+int cmd_bench(int argc, char **argv) {
+  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+    FILE *f = argc < 2 ? stderr : stdout;
+    fprintf(f, "usage: shardrec bench <what> [options]\n\nbenchmarks:\n");
+    for (int i = 0; i < N_BENCH; i++) fprintf(f, "  %-6s %s\n", benches[i].name, benches[i].what);
+    return argc < 2 ? 2 : 0;
+  }
+  for (int i = 0; i < N_BENCH; i++)
+    if (!strcmp(argv[1], benches[i].name)) {
+      if (!benches[i].fn) {
+        fprintf(stderr, "shardrec bench: '%s' is not built in this version\n", argv[1]);
+        return 2;
+      }
+      return benches[i].fn(argc - 1, argv + 1);
+    }
+  fprintf(stderr, "shardrec bench: unknown benchmark '%s'\n", argv[1]);
+  return 2;
+}

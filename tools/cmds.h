@@ -1,0 +1,17 @@
+/* The shardrec subcommands. Each lives in its own tools/cmd_*.c (benchmarks in
+ * tools/bench_*.c) and returns the process exit status: 0 success, 1 failure,
+ * 2 bad usage. Mains print errors; libraries return them. */
+#ifndef SHARDREC_TOOLS_CMDS_H
+#define SHARDREC_TOOLS_CMDS_H
+
+int cmd_datagen(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
+int cmd_train(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+int bench_data(int argc, char **argv);
+int bench_train(int argc, char **argv);
+
+#endif

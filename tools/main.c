@@ -1,0 +1,68 @@
+/* The shardrec command: one executable, subcommands dispatched by name. */
+#include <stdio.h>
+#include <string.h>
+
+#include "tools/cmds.h"
+
+/* Weak while the subcommands land one by one: a command whose file is not
+ * built yet says so instead of breaking the link. */
+#pragma weak cmd_datagen
+#pragma weak cmd_convert
+#pragma weak cmd_plan
+#pragma weak cmd_train
+#pragma weak cmd_eval
+
+typedef struct {
+  const char *name;
+  int (*fn)(int, char **);
+  const char *what;
+} command;
+
+static const command commands[] = {
+    {"datagen", cmd_datagen, "write a synthetic Criteo-format data set with a known optimum"},
+    {"convert", cmd_convert, "convert Criteo TSV (or .gz) to shardrec's binary record format"},
+    {"plan", cmd_plan, "write a sharding plan (JSON) from table sizes and model flags"},
+    {"train", cmd_train, "train a DLRM (in-process shards by default)"},
+    {"eval", cmd_eval, "score a saved model on Criteo-format data"},
+    {"bench", cmd_bench, "benchmarks: data, train"},
+};
+#define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: shardrec <command> [options]\n"
+          "       shardrec <command> --help\n\n"
+          "commands:\n");
+  for (int i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].what);
+  fprintf(f, "  %-9s %s\n", "help", "this text");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  const char *name = argv[1];
+  if (!strcmp(name, "help") || !strcmp(name, "--help") || !strcmp(name, "-h")) {
+    if (argc >= 3) {
+      for (int i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(argv[2], commands[i].name) && commands[i].fn) {
+          char *av[] = {argv[2], "--help", NULL};
+          return commands[i].fn(2, av);
+        }
+    }
+    usage(stdout);
+    return 0;
+  }
+  for (int i = 0; i < N_COMMANDS; i++)
+    if (!strcmp(name, commands[i].name)) {
+      if (!commands[i].fn) {
+        fprintf(stderr, "shardrec: command '%s' is not built in this version\n", name);
+        return 2;
+      }
+      return commands[i].fn(argc - 1, argv + 1);
+    }
+  fprintf(stderr, "shardrec: unknown command '%s'\n\n", name);
+  usage(stderr);
+  return 2;
+}
