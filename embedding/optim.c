@@ -1,0 +1,42 @@
+#include "embedding/optim.h"
+
+#include <math.h>
+
+int emb_optim_state_len(const emb_optim_cfg *o, int dim) {
+  switch (o->kind) {
+    case EMB_OPT_ADAGRAD: return dim;
+    case EMB_OPT_ROWWISE_ADAGRAD: return 1;
+    default: return 0;
+  }
+}
+
+void emb_optim_state_init(const emb_optim_cfg *o, int dim, float *state) {
+  int n = emb_optim_state_len(o, dim);
+  for (int i = 0; i < n; i++) state[i] = (float)o->init_acc;
+}
+
+void emb_optim_apply(const emb_optim_cfg *o, int dim, float lr, const float *g, float *w,
+                     float *state) {
+  const float eps = (float)o->eps;
+  switch (o->kind) {
+    case EMB_OPT_SGD:
+      for (int j = 0; j < dim; j++) w[j] -= lr * g[j];
+      break;
+    case EMB_OPT_ADAGRAD:
+      for (int j = 0; j < dim; j++) {
+        float acc = state[j] + g[j] * g[j];
+        state[j] = acc;
+        w[j] += (-lr * g[j]) / (sqrtf(acc) + eps);
+      }
+      break;
+    case EMB_OPT_ROWWISE_ADAGRAD: {
+      float s = 0.0f; /* fixed order: j ascending */
+      for (int j = 0; j < dim; j++) s += g[j] * g[j];
+      float acc = state[0] + s / (float)dim;
+      state[0] = acc;
+      float mult = lr / (sqrtf(acc) + eps);
+      for (int j = 0; j < dim; j++) w[j] -= mult * g[j];
+      break;
+    }
+  }
+}

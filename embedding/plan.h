@@ -1,0 +1,197 @@
+/* The sharding plan: the model's embedding tables and where they live.
+ *
+ * One JSON file is the single source of truth for trainers, shard servers and
+ * the resharder (DESIGN.md, "The sharding plan"). It holds the format version,
+ * the model seed, the tables (stable table_id, name, rows or unbounded, dim,
+ * pooling, init range, sparse optimizer and its settings) and each table's
+ * placement over n_shards shards.
+ *
+ * File layout (keys may come in any order on input; emb_plan_save writes them
+ * in the canonical order below):
+ *
+ *   {"format": 1, "seed": "42", "n_shards": 2,
+ *    "tables": [
+ *      {"table_id": 0, "name": "t0", "rows": 1460, "dim": 16, "pooling": "sum",
+ *       "init_range": 0.026171196129510021,
+ *       "optimizer": {"name": "adagrad", "eps": 1e-10,
+ *                     "initial_accumulator_value": 0},
+ *       "placement": {"kind": "table", "shards": [1]}},
+ *      {"table_id": 7, "name": "ids", "rows": "unbounded", ...
+ *       "placement": {"kind": "row", "shards": [0, 1]}}]}
+ *
+ * - seed: a uint64 written as a decimal string, so every value round-trips
+ *   (JSON numbers are doubles); a plain number is accepted on input when it is
+ *   an exact integer below 2^53.
+ * - rows: a number (1..2^53), or "unbounded" (also 0 on input) for tables
+ *   whose ids are 64-bit hashes.
+ * - init_range: optional on input; default sqrt(1/rows) as the reference
+ *   DLRM, and sqrt(1/2^20) = 1/1024 for unbounded tables.
+ * - optimizer.name: "sgd", "adagrad" (torch.optim.Adagrad; eps default 1e-10)
+ *   or "rowwise_adagrad" (FBGEMM/TorchRec; eps default 1e-8); eps and
+ *   initial_accumulator_value (default 0) are optional on input.
+ * - placement.kind "table": shards holds exactly one shard; "row": rows are
+ *   spread over the listed shards by emb_plan_shard_of.
+ *
+ * Numbers are written in the shortest form that reads back to the same
+ * double. Two SHA-256 fingerprints of a canonical serialisation (the layout
+ * above, fixed key order, no whitespace): the model fingerprint covers
+ * everything but n_shards and placement (resharding keeps it), the plan
+ * fingerprint covers everything.
+ *
+ * The plan struct is plain data, read-only to everyone but this module's
+ * constructors; table index (position in tables[]) is what the store and the
+ * trainer use, table_id is what identifies a row forever. */
+#ifndef SHARDREC_EMBEDDING_PLAN_H
+#define SHARDREC_EMBEDDING_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define EMB_PLAN_FORMAT 1
+#define EMB_MAX_DIM 1024
+#define EMB_MAX_TABLES 4096
+#define EMB_MAX_SHARDS 65536
+#define EMB_NAME_MAX 64
+/* rows value of an unbounded table (ids are 64-bit hashes). */
+#define EMB_ROWS_UNBOUNDED 0
+/* Largest rows a bounded table may have (exact as a JSON number). */
+#define EMB_ROWS_MAX (1ULL << 53)
+/* Row count assumed for an unbounded table by the default init range and
+ * the table-wise balancer. */
+#define EMB_UNBOUNDED_ROWS_ESTIMATE (1ULL << 20)
+/* Hex fingerprint: 64 digits and a NUL. */
+#define EMB_FP_HEX 65
+
+typedef enum { EMB_POOL_SUM = 0, EMB_POOL_MEAN = 1 } emb_pooling;
+
+typedef enum {
+  EMB_OPT_SGD = 0,
+  EMB_OPT_ADAGRAD = 1,         /* one accumulator per element */
+  EMB_OPT_ROWWISE_ADAGRAD = 2, /* one accumulator per row */
+} emb_optim_kind;
+
+typedef struct emb_optim_cfg {
+  emb_optim_kind kind;
+  double eps;      /* adagrad kinds: added to sqrt(acc) */
+  double init_acc; /* adagrad kinds: initial accumulator value, >= 0 */
+} emb_optim_cfg;
+
+typedef enum {
+  EMB_PLACE_TABLE = 0, /* whole table on shards[0] */
+  EMB_PLACE_ROW = 1,   /* row r on shards[emb_plan_shard_of(...)] */
+} emb_place_kind;
+
+typedef struct emb_placement {
+  emb_place_kind kind;
+  int n;       /* entries in shards: 1 for table-wise, >= 1 for row-wise */
+  int *shards; /* [n] distinct shard indices in 0..plan->n_shards-1; owned by the plan */
+} emb_placement;
+
+typedef struct emb_table {
+  uint32_t table_id;       /* stable identity; never a list position */
+  char name[EMB_NAME_MAX]; /* unique, printable, non-empty */
+  uint64_t rows;           /* EMB_ROWS_UNBOUNDED or 1..EMB_ROWS_MAX */
+  int dim;                 /* 1..EMB_MAX_DIM */
+  emb_pooling pooling;
+  double init_range;       /* never-written rows are uniform in [-a, a) */
+  emb_optim_cfg optim;
+  emb_placement place;
+} emb_table;
+
+typedef struct emb_plan {
+  int format;        /* EMB_PLAN_FORMAT */
+  uint64_t seed;     /* model seed: row init derives from it */
+  int n_shards;      /* 1..EMB_MAX_SHARDS */
+  int n_tables;      /* 1..EMB_MAX_TABLES */
+  emb_table *tables; /* [n_tables], owned */
+} emb_plan;
+
+/* Parameters of emb_plan_create: one table per entry of rows. */
+typedef struct emb_plan_params {
+  int n_tables;
+  const uint64_t *rows;     /* [n_tables]; EMB_ROWS_UNBOUNDED allowed */
+  const char *const *names; /* [n_tables] or NULL for "t0", "t1", ... */
+  int dim;
+  emb_pooling pooling;
+  emb_optim_cfg optim;      /* eps < 0 means the optimizer's default */
+  double init_range;        /* <= 0 means the default per table */
+  uint64_t seed;
+  int n_shards;
+  int row_wise; /* 0: each table on one shard, balanced greedily by bytes;
+                   1: every table row-wise over all shards */
+} emb_plan_params;
+
+/* Default eps of an optimizer kind (1e-10 adagrad, 1e-8 rowwise, 0 sgd). */
+double emb_optim_default_eps(emb_optim_kind kind);
+/* "sgd", "adagrad", "rowwise_adagrad"; emb_optim_parse returns 0 or -1. */
+const char *emb_optim_name(emb_optim_kind kind);
+int emb_optim_parse(const char *s, emb_optim_kind *out);
+/* "sum", "mean"; emb_pooling_parse returns 0 or -1. */
+const char *emb_pooling_name(emb_pooling p);
+int emb_pooling_parse(const char *s, emb_pooling *out);
+/* Default init range for a table of rows rows: sqrt(1/rows), or
+ * sqrt(1/EMB_UNBOUNDED_ROWS_ESTIMATE) for an unbounded table. */
+double emb_default_init_range(uint64_t rows);
+
+/* Build a plan from parameters: table_id = index, table-wise placement
+ * balanced by bytes (values + optimizer state; largest table first onto the
+ * least-loaded shard, ties to the lowest shard) or row-wise over all shards.
+ * On success *out is a new plan the caller frees with emb_plan_free. On
+ * failure returns SR_EINVAL or SR_ENOMEM and writes a message to err. */
+int emb_plan_create(const emb_plan_params *p, emb_plan **out, char *err, size_t errlen);
+
+/* Parse a plan from JSON text; src names the text in messages ("plan.json").
+ * Validates every field (see emb_plan_validate). Returns 0 and a new plan in
+ * *out, else SR_EFORMAT (not JSON), SR_EINVAL (a bad field; err says which,
+ * e.g. "plan.json: tables[3].dim: must be 1..1024"), SR_EVERSION or SR_ENOMEM. */
+int emb_plan_parse(const char *json, const char *src, emb_plan **out, char *err, size_t errlen);
+
+/* Read and parse the file at path (messages are prefixed with path). */
+int emb_plan_load(const char *path, emb_plan **out, char *err, size_t errlen);
+
+/* Write the plan to path (through a temporary file renamed into place),
+ * indented, keys in canonical order. Returns 0, SR_EINVAL if the plan does not
+ * validate, or SR_EIO. */
+int emb_plan_save(const emb_plan *plan, const char *path, char *err, size_t errlen);
+
+/* Check every field; src prefixes messages. Returns 0 or SR_EINVAL. Used by
+ * parse and create, and by code that edits a plan in place. */
+int emb_plan_validate(const emb_plan *plan, const char *src, char *err, size_t errlen);
+
+/* Deep copy. Returns NULL when out of memory. */
+emb_plan *emb_plan_clone(const emb_plan *plan);
+
+/* NULL-safe. */
+void emb_plan_free(emb_plan *plan);
+
+/* Canonical JSON (no whitespace, fixed key order, exact numbers) of the model
+ * (with_placement = 0) or of the whole plan (1). Returns a malloc'd string
+ * the caller frees, or NULL when out of memory. */
+char *emb_plan_canonical(const emb_plan *plan, int with_placement);
+
+/* SHA-256 hex fingerprints of the canonical forms into hex[EMB_FP_HEX].
+ * Returns 0, SR_ENOMEM or SR_EBACKEND (libcrypto failed). */
+int emb_plan_model_fingerprint(const emb_plan *plan, char hex[EMB_FP_HEX]);
+int emb_plan_fingerprint(const emb_plan *plan, char hex[EMB_FP_HEX]);
+
+/* SHA-256 of data[n] (OpenSSL EVP) as lowercase hex, and as 32 raw bytes. */
+int emb_sha256_hex(const void *data, size_t n, char hex[EMB_FP_HEX]);
+int emb_sha256(const void *data, size_t n, unsigned char out[32]);
+
+/* Index of the table with table_id, or -1. */
+int emb_plan_table_index(const emb_plan *plan, uint32_t table_id);
+
+/* Shard holding row row_id of table (plan index). Table-wise: the table's
+ * shard. Row-wise: shards[sr_mix64(row_id) % n] — a pure function of the row
+ * id and the table's shard list, the same in every process. */
+int emb_plan_shard_of(const emb_plan *plan, int table, uint64_t row_id);
+
+/* Value of a never-written row: out[j] for j < dim of table (plan index) is
+ * uniform in [-a, a), a = (float)init_range, from
+ *   bits = sr_philox(seed, row_id, ((uint64_t)table_id << 32) | (j / 4)).v[j % 4]
+ *   out[j] = a * (2 * sr_u01f(bits) - 1)          (float arithmetic)
+ * A pure function of (seed, table_id, row_id): every holder computes the
+ * same bits. */
+void emb_row_init(const emb_plan *plan, int table, uint64_t row_id, float *out);
+
+#endif
