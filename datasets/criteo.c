@@ -1,0 +1,367 @@
+/* Criteo line parser, id mappings and split schemes (see criteo.h). */
+#include "datasets/criteo.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "common/status.h"
+
+const char *ds_bad_kind_name(int kind) {
+  switch (kind) {
+    case DS_BAD_NONE:
+      return "good";
+#define DS__BAD_MSG(name, code, msg) \
+  case code:                         \
+    return msg;
+      DS_BAD_MAP(DS__BAD_MSG)
+#undef DS__BAD_MSG
+  }
+  return "unknown";
+}
+
+/* Copy up to 16 bytes of a field into a printable, quoted form. */
+static void field_text(const char *s, const char *e, char *out, size_t n) {
+  size_t k = 0;
+  for (const char *p = s; p < e && k + 4 < n && p - s < 16; p++)
+    out[k++] = (*p >= 32 && *p < 127) ? *p : '?';
+  if (e - s > 16 && k + 4 < n) {
+    out[k++] = '.';
+    out[k++] = '.';
+    out[k++] = '.';
+  }
+  out[k] = 0;
+}
+
+static int fail(ds_criteo_sample *s, int kind, char *err, size_t errlen, int field,
+                const char *fs, const char *fe, const char *what) {
+  s->bad = kind;
+  if (err && errlen) {
+    char txt[32];
+    field_text(fs, fe, txt, sizeof txt);
+    sr_fmt(err, errlen, "%s: field %d: '%s' %s", ds_bad_kind_name(kind), field + 1, txt, what);
+  }
+  return SR_EFORMAT;
+}
+
+static inline int hexv(unsigned c) {
+  if (c - '0' < 10u) return (int)(c - '0');
+  c |= 0x20u;
+  if (c - 'a' < 6u) return (int)(c - 'a' + 10);
+  return -1;
+}
+
+int ds_criteo_parse_line(const char *line, size_t len, const ds_criteo_parse_opts *o,
+                         ds_criteo_sample *s, char *err, size_t errlen) {
+  const int nl = o && o->no_label;
+  const int nfields = nl ? 39 : 40;
+  const char *end = line + len;
+  if (end > line && end[-1] == '\n') end--;
+  if (end > line && end[-1] == '\r') end--;
+  s->label = 0;
+  s->bad = 0;
+  if (err && errlen) err[0] = 0;
+  uint32_t nv = 0;
+  int f = 0;
+  const char *fs = line;
+  for (;;) {
+    const char *fe = memchr(fs, '\t', (size_t)(end - fs));
+    if (!fe) fe = end;
+    if (f >= nfields) {
+      s->bad = DS_BAD_FIELDS;
+      if (err && errlen) {
+        int n = f + 1;
+        for (const char *q = fs; q < end; q++) n += *q == '\t';
+        sr_fmt(err, errlen, "%s: %d fields, at most %d expected", ds_bad_kind_name(DS_BAD_FIELDS),
+               n, nfields);
+      }
+      return SR_EFORMAT;
+    }
+    const int col = nl ? f + 1 : f; /* 0 label, 1..13 dense, 14..39 categorical */
+    if (col == 0) {
+      if (fe - fs != 1 || (fs[0] != '0' && fs[0] != '1'))
+        return fail(s, DS_BAD_LABEL, err, errlen, f, fs, fe, "is not 0 or 1");
+      s->label = fs[0] - '0';
+    } else if (col <= DS_NUM_DENSE) {
+      float v = 0.0f;
+      if (fe > fs) {
+        const char *q = fs;
+        int neg = *q == '-';
+        q += neg;
+        if (q == fe) return fail(s, DS_BAD_INT, err, errlen, f, fs, fe, "is not an integer");
+        const uint64_t lim = neg ? (1ULL << 63) : (uint64_t)INT64_MAX;
+        uint64_t acc = 0;
+        for (; q < fe; q++) {
+          unsigned d = (unsigned)(unsigned char)*q - '0';
+          if (d > 9) return fail(s, DS_BAD_INT, err, errlen, f, fs, fe, "is not an integer");
+          if (acc > (lim - d) / 10)
+            return fail(s, DS_BAD_OVERFLOW, err, errlen, f, fs, fe, "does not fit in int64");
+          acc = acc * 10 + d;
+        }
+        if (!neg && acc) v = (float)log1p((double)acc);
+      }
+      s->dense[col - 1] = v;
+    } else {
+      const int c = col - 1 - DS_NUM_DENSE;
+      s->off[c] = nv;
+      if (fe == fs) {
+        if (nv >= DS_CRITEO_MAX_VALUES)
+          return fail(s, DS_BAD_VALUES, err, errlen, f, fs, fe, "exceeds the values per line");
+        s->vals[nv++] = 0;
+      } else {
+        const char *q = fs;
+        for (;;) {
+          uint32_t v = 0;
+          int nd = 0;
+          for (; q < fe && *q != ','; q++, nd++) {
+            int h = hexv((unsigned char)*q);
+            if (h < 0)
+              return fail(s, DS_BAD_CAT, err, errlen, f, fs, fe, "is not hexadecimal");
+            if (nd >= 8)
+              return fail(s, DS_BAD_CAT, err, errlen, f, fs, fe, "has more than 8 hex digits");
+            v = (v << 4) | (uint32_t)h;
+          }
+          if (nd == 0)
+            return fail(s, DS_BAD_CAT, err, errlen, f, fs, fe, "has an empty value");
+          if (nv >= DS_CRITEO_MAX_VALUES)
+            return fail(s, DS_BAD_VALUES, err, errlen, f, fs, fe, "exceeds the values per line");
+          s->vals[nv++] = v;
+          if (q == fe) break;
+          q++; /* ',' */
+        }
+      }
+    }
+    f++;
+    if (fe == end) break;
+    fs = fe + 1;
+  }
+  /* Stripped trailing fields are empty. f >= 1 here, so the label was seen. */
+  for (; f < nfields; f++) {
+    const int col = nl ? f + 1 : f;
+    if (col <= DS_NUM_DENSE) {
+      s->dense[col - 1] = 0.0f;
+    } else {
+      const int c = col - 1 - DS_NUM_DENSE;
+      s->off[c] = nv;
+      if (nv >= DS_CRITEO_MAX_VALUES)
+        return fail(s, DS_BAD_VALUES, err, errlen, f, end, end, "exceeds the values per line");
+      s->vals[nv++] = 0;
+    }
+  }
+  s->off[DS_NUM_SPARSE] = nv;
+  return 0;
+}
+
+uint64_t ds_criteo_hash_id(int col, uint32_t value) {
+  return sr_mix64(sr_mix64((uint64_t)(unsigned)col + 0x5eedULL) ^ (uint64_t)value);
+}
+
+/* ---- dictionaries -------------------------------------------------------- */
+
+typedef struct {
+  uint32_t *keys, *vals; /* open addressing; vals == 0 marks an empty slot */
+  uint64_t cap, used;
+  uint32_t *order; /* keys by first appearance (after finalize: kept keys by id) */
+  uint64_t norder, order_cap;
+  uint64_t size; /* rows after finalize */
+} dcol;
+
+struct ds_criteo_dict {
+  uint32_t thr;
+  int final;
+  dcol c[DS_NUM_SPARSE];
+};
+
+static inline uint64_t slot_of(uint32_t key, uint64_t cap) {
+  return (uint64_t)((uint64_t)key * 0x9E3779B97F4A7C15ULL >> 20) & (cap - 1);
+}
+
+static int dcol_alloc(dcol *c, uint64_t cap) {
+  c->keys = calloc(cap, sizeof *c->keys);
+  c->vals = calloc(cap, sizeof *c->vals);
+  if (!c->keys || !c->vals) {
+    free(c->keys);
+    free(c->vals);
+    c->keys = c->vals = NULL;
+    return SR_ENOMEM;
+  }
+  c->cap = cap;
+  c->used = 0;
+  return 0;
+}
+
+static uint32_t *dcol_find(dcol *c, uint32_t key) {
+  uint64_t i = slot_of(key, c->cap);
+  while (c->vals[i] && c->keys[i] != key) i = (i + 1) & (c->cap - 1);
+  c->keys[i] = key;
+  return &c->vals[i];
+}
+
+static int dcol_grow(dcol *c) {
+  dcol n = *c;
+  if (dcol_alloc(&n, c->cap * 2)) return SR_ENOMEM;
+  for (uint64_t i = 0; i < c->cap; i++)
+    if (c->vals[i]) {
+      *dcol_find(&n, c->keys[i]) = c->vals[i];
+      n.used++;
+    }
+  free(c->keys);
+  free(c->vals);
+  *c = n;
+  return 0;
+}
+
+ds_criteo_dict *ds_criteo_dict_create(uint32_t thr) {
+  ds_criteo_dict *d = calloc(1, sizeof *d);
+  if (!d) return NULL;
+  d->thr = thr ? thr : 1;
+  for (int c = 0; c < DS_NUM_SPARSE; c++)
+    if (dcol_alloc(&d->c[c], 1024)) {
+      ds_criteo_dict_destroy(d);
+      return NULL;
+    }
+  return d;
+}
+
+void ds_criteo_dict_destroy(ds_criteo_dict *d) {
+  if (!d) return;
+  for (int c = 0; c < DS_NUM_SPARSE; c++) {
+    free(d->c[c].keys);
+    free(d->c[c].vals);
+    free(d->c[c].order);
+  }
+  free(d);
+}
+
+int ds_criteo_dict_add(ds_criteo_dict *d, int col, uint32_t value) {
+  if (d->final) return SR_ESTATE;
+  dcol *c = &d->c[col];
+  if ((c->used + 1) * 2 > c->cap && dcol_grow(c)) return SR_ENOMEM;
+  uint32_t *v = dcol_find(c, value);
+  if (*v == 0) {
+    if (c->norder == c->order_cap) {
+      uint64_t nc = c->order_cap ? c->order_cap * 2 : 1024;
+      uint32_t *o = realloc(c->order, nc * sizeof *o);
+      if (!o) return SR_ENOMEM;
+      c->order = o;
+      c->order_cap = nc;
+    }
+    c->order[c->norder++] = value;
+    c->used++;
+  }
+  if (*v != UINT32_MAX) (*v)++;
+  return 0;
+}
+
+int ds_criteo_dict_finalize(ds_criteo_dict *d) {
+  if (d->final) return 0;
+  for (int ci = 0; ci < DS_NUM_SPARSE; ci++) {
+    dcol *c = &d->c[ci];
+    uint64_t kept = 0;
+    for (uint64_t i = 0; i < c->norder; i++) {
+      uint32_t cnt = *dcol_find(c, c->order[i]);
+      if (cnt >= d->thr) c->order[kept++] = c->order[i];
+    }
+    uint64_t cap = 1024;
+    while (cap < kept * 2 + 2) cap *= 2;
+    dcol n = *c;
+    if (dcol_alloc(&n, cap)) return SR_ENOMEM;
+    for (uint64_t i = 0; i < kept; i++) *dcol_find(&n, c->order[i]) = (uint32_t)(i + 1);
+    n.used = kept;
+    n.norder = kept;
+    n.size = kept + 1;
+    free(c->keys);
+    free(c->vals);
+    *c = n;
+  }
+  d->final = 1;
+  return 0;
+}
+
+uint32_t ds_criteo_dict_lookup(const ds_criteo_dict *d, int col, uint32_t value) {
+  const dcol *c = &d->c[col];
+  uint64_t i = slot_of(value, c->cap);
+  while (c->vals[i]) {
+    if (c->keys[i] == value) return c->vals[i];
+    i = (i + 1) & (c->cap - 1);
+  }
+  return 0;
+}
+
+uint64_t ds_criteo_dict_size(const ds_criteo_dict *d, int col) { return d->c[col].size; }
+
+const uint32_t *ds_criteo_dict_values(const ds_criteo_dict *d, int col, uint64_t *n) {
+  *n = d->c[col].norder;
+  return d->c[col].order;
+}
+
+ds_criteo_dict *ds_criteo_dict_from_values(const uint32_t *const *values, const uint64_t *n) {
+  ds_criteo_dict *d = calloc(1, sizeof *d);
+  if (!d) return NULL;
+  d->thr = 1;
+  d->final = 1;
+  for (int ci = 0; ci < DS_NUM_SPARSE; ci++) {
+    dcol *c = &d->c[ci];
+    uint64_t cap = 1024;
+    while (cap < n[ci] * 2 + 2) cap *= 2;
+    c->order = malloc((n[ci] ? n[ci] : 1) * sizeof *c->order);
+    if (!c->order || dcol_alloc(c, cap)) {
+      ds_criteo_dict_destroy(d);
+      return NULL;
+    }
+    if (n[ci]) memcpy(c->order, values[ci], n[ci] * sizeof *c->order);
+    for (uint64_t i = 0; i < n[ci]; i++) *dcol_find(c, values[ci][i]) = (uint32_t)(i + 1);
+    c->used = c->norder = c->order_cap = n[ci];
+    c->size = n[ci] + 1;
+  }
+  return d;
+}
+
+/* ---- splits -------------------------------------------------------------- */
+
+static void set(ds_split_ranges *r, int s, uint64_t b, uint64_t e) {
+  r->begin[s] = b;
+  r->end[s] = e;
+}
+
+/* Halve the last part [b, total): test gets the first half (rounded up). */
+static void halve(ds_split_ranges *r, uint64_t b, uint64_t total) {
+  uint64_t half = (total - b + 1) / 2;
+  set(r, DS_SPLIT_TRAIN, 0, b);
+  set(r, DS_SPLIT_TEST, b, b + half);
+  set(r, DS_SPLIT_VAL, b + half, total);
+}
+
+int ds_split_ranges_compute(ds_split_scheme scheme, uint64_t total, uint64_t last_file_lines,
+                            double fraction, ds_split_ranges *r) {
+  set(r, DS_SPLIT_ALL, 0, total);
+  switch (scheme) {
+    case DS_SCHEME_NONE:
+      set(r, DS_SPLIT_TRAIN, 0, total);
+      set(r, DS_SPLIT_TEST, total, total);
+      set(r, DS_SPLIT_VAL, total, total);
+      return 0;
+    case DS_SCHEME_KAGGLE: {
+      uint64_t per = total / 7, extra = total % 7;
+      uint64_t day6 = 6 * per + (extra < 6 ? extra : 6);
+      halve(r, day6, total);
+      return 0;
+    }
+    case DS_SCHEME_TERABYTE:
+      if (last_file_lines > total) return SR_EINVAL;
+      halve(r, total - last_file_lines, total);
+      return 0;
+    case DS_SCHEME_FRACTION: {
+      if (!(fraction >= 0.0 && fraction <= 1.0)) return SR_EINVAL;
+      uint64_t nt = (uint64_t)floor(fraction * (double)total);
+      if (nt > total) nt = total;
+      set(r, DS_SPLIT_TRAIN, 0, total - nt);
+      set(r, DS_SPLIT_TEST, total - nt, total);
+      set(r, DS_SPLIT_VAL, total, total);
+      return 0;
+    }
+  }
+  return SR_EINVAL;
+}
