@@ -1,0 +1,54 @@
+/* Dense math backend: the few kernels a DLRM dense step needs, behind a small
+ * struct of function pointers (ggml-backend style). The CPU implementation
+ * (OpenBLAS sgemm + plain vectorisable loops) is the reference that every
+ * other backend (CUDA, later) is tested against.
+ *
+ * All matrices are row-major. B = batch rows, N = output width, K = input
+ * width. Kernels never allocate and never fail: shapes are checked by the
+ * caller (dense_model). */
+#ifndef SHARDREC_DENSE_BACKEND_H
+#define SHARDREC_DENSE_BACKEND_H
+
+#include <stddef.h>
+
+typedef struct dense_backend {
+  const char *name;
+
+  /* C[M][N] = alpha * op(A)[M][K] * op(B)[K][N] + beta * C, row-major;
+   * trans_a / trans_b nonzero means op(X) = X^T (so A is stored [K][M]). */
+  void (*gemm)(int trans_a, int trans_b, int M, int N, int K, float alpha,
+               const float *A, int lda, const float *B, int ldb, float beta,
+               float *C, int ldc);
+
+  /* y[B][N] += bias[N]; then y = max(y, 0) when relu. In place. */
+  void (*bias_act_forward)(int B, int N, const float *bias, int relu, float *y);
+
+  /* dy[B][N] *= (y[B][N] > 0): ReLU backward from the ReLU's output (the
+   * gradient at 0 is 0, as torch's threshold_backward). In place. */
+  void (*relu_backward)(int B, int N, const float *y, float *dy);
+
+  /* db[N] = sum over rows of dy[B][N] (bias gradient). Overwrites db. */
+  void (*bias_grad)(int B, int N, const float *dy, float *db);
+
+  /* Dot interaction, per sample b (see dense/layers.h for the exact order):
+   * T[B][ni][d] -> R[B][r_stride], R[b] = [T[b][0], Zflat] with
+   * Zflat = T T^T lower triangle, strict unless itself. */
+  void (*interact_dot_forward)(int B, int ni, int d, int itself,
+                               const float *T, float *R, int r_stride);
+  /* dR[B][r_stride] -> dT[B][ni][d] (overwritten). */
+  void (*interact_dot_backward)(int B, int ni, int d, int itself,
+                                const float *T, const float *dR, int r_stride,
+                                float *dT);
+
+  /* Mean BCE-with-logits over B samples; dz[B] = d(mean loss)/dz (may be NULL).
+   * Returns the mean loss (accumulated in double). */
+  double (*bce_logits)(int B, const float *z, const float *y, float *dz);
+
+  /* p[i] -= lr * g[i] (plain SGD), n elements. */
+  void (*sgd)(size_t n, float lr, const float *g, float *p);
+} dense_backend;
+
+/* The CPU/OpenBLAS backend (static object; never freed). */
+const dense_backend *dense_backend_cpu(void);
+
+#endif

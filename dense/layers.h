@@ -1,0 +1,35 @@
+/* Layers of the DLRM dense part, built on a dense_backend. Used by
+ * dense_model and by the tests, which check each against finite differences.
+ *
+ * Interaction order (as the reference dlrm_s_pytorch.py, interact_features):
+ * T = [x_bot; e_1; ...; e_{ni-1}] (ni vectors of width d), Z = T T^T,
+ * Zflat = Z[li, lj] with pairs enumerated
+ *     for i in range(ni): for j in range(i + offset): (i, j)
+ * offset = 0 (strict lower triangle) or 1 (--arch-interaction-itself: the
+ * diagonal too). R = [x_bot, Zflat]: width d + ni*(ni-1)/2 (+ ni). */
+#ifndef SHARDREC_DENSE_LAYERS_H
+#define SHARDREC_DENSE_LAYERS_H
+
+#include "dense/backend.h"
+
+/* Linear (+ReLU): out[B][N] = act(in[B][K] * W[N][K]^T + b[N]).
+ * Borrowed pointers; out must not alias in. */
+void dense_linear_forward(const dense_backend *be, int B, int K, int N,
+                          const float *in, const float *W, const float *b,
+                          int relu, float *out);
+
+/* Backward of dense_linear_forward. dout[B][N] is the gradient w.r.t. out
+ * (the post-activation output); it is overwritten by the pre-activation
+ * gradient. Writes (overwrites) dW[N][K] = dz^T * in, db[N] = colsum(dz) and,
+ * unless din is NULL, din[B][K] = dz * W. out is the forward's output. */
+void dense_linear_backward(const dense_backend *be, int B, int K, int N,
+                           const float *in, const float *W, const float *out,
+                           int relu, float *dout, float *dW, float *db,
+                           float *din);
+
+/* Number of interaction terms: ni*(ni-1)/2, plus ni when itself. */
+static inline int dense_interact_dot_pairs(int ni, int itself) {
+  return ni * (ni - 1) / 2 + (itself ? ni : 0);
+}
+
+#endif

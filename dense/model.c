@@ -1,0 +1,612 @@
+/* DLRM dense part: parameters in one buffer, activations preallocated. */
+#include "dense/model.h"
+
+#include <errno.h>
+#include <math.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/rng.h"
+#include "common/status.h"
+#include "dense/layers.h"
+
+struct dense_model {
+  dense_config cfg;
+  const dense_backend *be;
+  int r_width;   /* top MLP input width */
+  int ni;        /* interaction vectors: 1 + n_sparse */
+  int n_layers;  /* (n_bot - 1) + n_top */
+  /* per layer l (bottom then top): shapes and offsets into params */
+  int K[2 * DENSE_MAX_LAYERS], N[2 * DENSE_MAX_LAYERS];
+  size_t w_off[2 * DENSE_MAX_LAYERS], b_off[2 * DENSE_MAX_LAYERS];
+  size_t n_params;
+  float *params; /* [n_params], owned */
+  float *grads;  /* [n_params], owned */
+  float *acts;   /* one owned block holding everything below */
+  float *x_in;   /* [max_batch][n_dense] */
+  float *out[2 * DENSE_MAX_LAYERS]; /* layer outputs [max_batch][N[l]] */
+  float *T;      /* dot: [max_batch][ni][emb_dim] */
+  float *R;      /* [max_batch][r_width] */
+  float *dT;     /* dot: [max_batch][ni][emb_dim] */
+  float *g0, *g1; /* gradient ping-pong [max_batch][max width] */
+  int fwd_n;     /* batch of the last forward, 0 if none */
+  char errmsg[256];
+};
+
+/* ---- configuration -------------------------------------------------------- */
+
+int dense_config_validate(const dense_config *c, char *err, size_t errlen) {
+  if (!c) {
+    sr_fmt(err, errlen, "dense config is NULL");
+    return SR_EINVAL;
+  }
+  if (c->n_bot < 2 || c->n_bot > DENSE_MAX_LAYERS) {
+    sr_fmt(err, errlen,
+           "bottom MLP needs 2..%d widths including the input (got %d)",
+           DENSE_MAX_LAYERS, c->n_bot);
+    return SR_EINVAL;
+  }
+  if (c->n_top < 1 || c->n_top > DENSE_MAX_LAYERS) {
+    sr_fmt(err, errlen, "top MLP needs 1..%d widths (got %d)",
+           DENSE_MAX_LAYERS, c->n_top);
+    return SR_EINVAL;
+  }
+  for (int i = 0; i < c->n_bot; i++)
+    if (c->bot[i] < 1) {
+      sr_fmt(err, errlen, "bottom MLP width %d is %d; widths must be >= 1", i,
+             c->bot[i]);
+      return SR_EINVAL;
+    }
+  for (int i = 0; i < c->n_top; i++)
+    if (c->top[i] < 1) {
+      sr_fmt(err, errlen, "top MLP width %d is %d; widths must be >= 1", i,
+             c->top[i]);
+      return SR_EINVAL;
+    }
+  if (c->bot[0] != c->n_dense) {
+    sr_fmt(err, errlen,
+           "bottom MLP input width %d differs from the number of dense "
+           "features %d (--arch-mlp-bot must start with it)",
+           c->bot[0], c->n_dense);
+    return SR_EINVAL;
+  }
+  if (c->top[c->n_top - 1] != 1) {
+    sr_fmt(err, errlen,
+           "top MLP must end in width 1 (one logit); got %d (--arch-mlp-top)",
+           c->top[c->n_top - 1]);
+    return SR_EINVAL;
+  }
+  if (c->n_sparse < 0 || c->emb_dim < 1) {
+    sr_fmt(err, errlen, "n_sparse %d / emb_dim %d out of range", c->n_sparse,
+           c->emb_dim);
+    return SR_EINVAL;
+  }
+  if (c->interaction == DENSE_INTERACT_DOT) {
+    if (c->bot[c->n_bot - 1] != c->emb_dim) {
+      sr_fmt(err, errlen,
+             "dot interaction needs the last bottom MLP width (%d) to equal "
+             "the embedding dimension (%d)",
+             c->bot[c->n_bot - 1], c->emb_dim);
+      return SR_EINVAL;
+    }
+  } else if (c->interaction == DENSE_INTERACT_CAT) {
+    if (c->interaction_itself) {
+      sr_fmt(err, errlen, "interaction_itself applies to dot only");
+      return SR_EINVAL;
+    }
+  } else {
+    sr_fmt(err, errlen, "unknown interaction %d (dot=%d, cat=%d)",
+           c->interaction, DENSE_INTERACT_DOT, DENSE_INTERACT_CAT);
+    return SR_EINVAL;
+  }
+  if (c->max_batch < 1) {
+    sr_fmt(err, errlen, "max_batch must be >= 1 (got %d)", c->max_batch);
+    return SR_EINVAL;
+  }
+  if (dense_config_top_input(c) < 1) {
+    sr_fmt(err, errlen, "top MLP input width overflows");
+    return SR_EINVAL;
+  }
+  return SR_OK;
+}
+
+int dense_config_top_input(const dense_config *c) {
+  if (!c || c->n_bot < 2 || c->n_bot > DENSE_MAX_LAYERS) return -1;
+  long long d = c->bot[c->n_bot - 1], w;
+  if (c->interaction == DENSE_INTERACT_DOT) {
+    long long ni = (long long)c->n_sparse + 1;
+    w = d + ni * (ni - 1) / 2 + (c->interaction_itself ? ni : 0);
+  } else if (c->interaction == DENSE_INTERACT_CAT) {
+    w = d + (long long)c->n_sparse * c->emb_dim;
+  } else {
+    return -1;
+  }
+  return w > (1 << 30) ? -1 : (int)w;
+}
+
+/* Layer shapes (bottom then top); returns the layer count. */
+static int layer_shapes(const dense_config *c, int *K, int *N) {
+  int L = 0;
+  for (int i = 0; i + 1 < c->n_bot; i++, L++) {
+    K[L] = c->bot[i];
+    N[L] = c->bot[i + 1];
+  }
+  int in = dense_config_top_input(c);
+  for (int i = 0; i < c->n_top; i++, L++) {
+    K[L] = in;
+    N[L] = c->top[i];
+    in = c->top[i];
+  }
+  return L;
+}
+
+size_t dense_config_param_count(const dense_config *c) {
+  int K[2 * DENSE_MAX_LAYERS], N[2 * DENSE_MAX_LAYERS];
+  if (dense_config_validate(c, NULL, 0) != SR_OK) return 0;
+  int L = layer_shapes(c, K, N);
+  size_t n = 0;
+  for (int l = 0; l < L; l++) n += (size_t)N[l] * K[l] + N[l];
+  return n;
+}
+
+/* ---- create / destroy ----------------------------------------------------- */
+
+static void init_params(dense_model *m, uint64_t seed) {
+  uint64_t key = sr_mix64(seed ^ DENSE_INIT_SALT);
+  for (int l = 0; l < m->n_layers; l++) {
+    int K = m->K[l], N = m->N[l];
+    sr_rng r;
+    /* as the reference: W ~ N(0, sqrt(2/(m+n))), b ~ N(0, sqrt(1/m)) */
+    double sw = sqrt(2.0 / (double)(K + N)), sb = sqrt(1.0 / (double)N);
+    float *W = m->params + m->w_off[l], *b = m->params + m->b_off[l];
+    sr_rng_init(&r, key, 2 * (uint64_t)l);
+    for (size_t i = 0; i < (size_t)N * K; i++)
+      W[i] = (float)(sw * sr_rng_normal(&r));
+    sr_rng_init(&r, key, 2 * (uint64_t)l + 1);
+    for (int i = 0; i < N; i++) b[i] = (float)(sb * sr_rng_normal(&r));
+  }
+}
+
+dense_model *dense_model_create(const dense_config *cfg, uint64_t seed,
+                                char *err, size_t errlen) {
+  return dense_model_create_on(cfg, seed, dense_backend_cpu(), err, errlen);
+}
+
+dense_model *dense_model_create_on(const dense_config *cfg, uint64_t seed,
+                                   const dense_backend *be, char *err,
+                                   size_t errlen) {
+  if (dense_config_validate(cfg, err, errlen) != SR_OK) return NULL;
+  if (!be) {
+    sr_fmt(err, errlen, "no backend");
+    return NULL;
+  }
+  dense_model *m = calloc(1, sizeof *m);
+  if (!m) goto oom;
+  m->cfg = *cfg;
+  m->be = be;
+  m->r_width = dense_config_top_input(cfg);
+  m->ni = cfg->n_sparse + 1;
+  m->n_layers = layer_shapes(cfg, m->K, m->N);
+  size_t off = 0;
+  int maxw = cfg->n_dense > m->r_width ? cfg->n_dense : m->r_width;
+  for (int l = 0; l < m->n_layers; l++) {
+    m->w_off[l] = off;
+    off += (size_t)m->N[l] * m->K[l];
+    m->b_off[l] = off;
+    off += m->N[l];
+    if (m->N[l] > maxw) maxw = m->N[l];
+  }
+  m->n_params = off;
+  m->params = calloc(off, sizeof(float));
+  m->grads = calloc(off, sizeof(float));
+  if (!m->params || !m->grads) goto oom;
+
+  size_t B = (size_t)cfg->max_batch, tsz = 0;
+  if (cfg->interaction == DENSE_INTERACT_DOT) tsz = B * m->ni * cfg->emb_dim;
+  size_t total = B * cfg->n_dense + B * m->r_width + 2 * tsz + 2 * B * maxw;
+  for (int l = 0; l < m->n_layers; l++) total += B * m->N[l];
+  m->acts = malloc(total * sizeof(float));
+  if (!m->acts) goto oom;
+  memset(m->acts, 0, total * sizeof(float)); /* pre-fault every page now */
+  float *p = m->acts;
+  m->x_in = p, p += B * cfg->n_dense;
+  for (int l = 0; l < m->n_layers; l++) m->out[l] = p, p += B * m->N[l];
+  m->R = p, p += B * m->r_width;
+  m->T = tsz ? p : NULL, p += tsz;
+  m->dT = tsz ? p : NULL, p += tsz;
+  m->g0 = p, p += B * maxw;
+  m->g1 = p, p += B * maxw;
+
+  init_params(m, seed);
+  return m;
+oom:
+  sr_fmt(err, errlen, "out of memory creating the dense model");
+  dense_model_destroy(m);
+  return NULL;
+}
+
+void dense_model_destroy(dense_model *m) {
+  if (!m) return;
+  free(m->params);
+  free(m->grads);
+  free(m->acts);
+  free(m);
+}
+
+const dense_config *dense_model_config(const dense_model *m) {
+  return &m->cfg;
+}
+const char *dense_model_errmsg(const dense_model *m) { return m->errmsg; }
+
+float *dense_model_params(dense_model *m, size_t *count) {
+  if (count) *count = m->n_params;
+  return m->params;
+}
+float *dense_model_grads(dense_model *m, size_t *count) {
+  if (count) *count = m->n_params;
+  return m->grads;
+}
+
+int dense_model_tensors(const dense_model *m, dense_tensor_info *info,
+                        int cap) {
+  int nb = m->cfg.n_bot - 1, t = 0;
+  for (int l = 0; l < m->n_layers; l++) {
+    const char *part = l < nb ? "bot" : "top";
+    int idx = l < nb ? l : l - nb;
+    for (int k = 0; k < 2; k++, t++) {
+      if (!info || t >= cap) continue;
+      snprintf(info[t].name, sizeof info[t].name, "%s.%d.%c", part, idx,
+               k ? 'b' : 'W');
+      info[t].offset = k ? m->b_off[l] : m->w_off[l];
+      info[t].rows = m->N[l];
+      info[t].cols = k ? 1 : m->K[l];
+    }
+  }
+  return t;
+}
+
+/* ---- forward / backward --------------------------------------------------- */
+
+int dense_model_forward(dense_model *m, int n, const float *x_dense,
+                        const float *emb, float *logits) {
+  const dense_config *c = &m->cfg;
+  m->fwd_n = 0;
+  if (n < 1 || n > c->max_batch || !x_dense || (!emb && c->n_sparse > 0)) {
+    sr_fmt(m->errmsg, sizeof m->errmsg,
+           "forward: batch %d outside [1, %d] or NULL input", n, c->max_batch);
+    return SR_EINVAL;
+  }
+  const dense_backend *be = m->be;
+  int nb = c->n_bot - 1, d = c->bot[c->n_bot - 1];
+  size_t es = (size_t)c->n_sparse * c->emb_dim; /* floats of emb per sample */
+  memcpy(m->x_in, x_dense, sizeof(float) * n * c->n_dense);
+
+  /* bottom MLP: Linear + ReLU on every layer (sigmoid_bot = -1) */
+  const float *in = m->x_in;
+  for (int l = 0; l < nb; l++) {
+    dense_linear_forward(be, n, m->K[l], m->N[l], in, m->params + m->w_off[l],
+                         m->params + m->b_off[l], 1, m->out[l]);
+    in = m->out[l];
+  }
+  const float *xb = in; /* [n][d] */
+
+  /* interaction -> R[n][r_width] */
+  if (c->interaction == DENSE_INTERACT_DOT) {
+    size_t ts = (size_t)m->ni * c->emb_dim; /* T[b] = [x_bot[b]; emb[b]] */
+    for (int b = 0; b < n; b++) {
+      memcpy(m->T + b * ts, xb + (size_t)b * d, sizeof(float) * d);
+      memcpy(m->T + b * ts + d, emb + b * es, sizeof(float) * es);
+    }
+    be->interact_dot_forward(n, m->ni, d, c->interaction_itself, m->T, m->R,
+                             m->r_width);
+  } else {
+    for (int b = 0; b < n; b++) {
+      float *r = m->R + (size_t)b * m->r_width;
+      memcpy(r, xb + (size_t)b * d, sizeof(float) * d);
+      memcpy(r + d, emb + b * es, sizeof(float) * es);
+    }
+  }
+
+  /* top MLP: ReLU between layers, none after the last (it is the logit) */
+  in = m->R;
+  for (int l = nb; l < m->n_layers; l++) {
+    dense_linear_forward(be, n, m->K[l], m->N[l], in, m->params + m->w_off[l],
+                         m->params + m->b_off[l], l + 1 < m->n_layers,
+                         m->out[l]);
+    in = m->out[l];
+  }
+  if (logits) memcpy(logits, in, sizeof(float) * n);
+  m->fwd_n = n;
+  return SR_OK;
+}
+
+int dense_model_backward(dense_model *m, int n, const float *labels,
+                         float *loss_out, float *d_emb) {
+  const dense_config *c = &m->cfg;
+  if (!labels || n < 1) {
+    sr_fmt(m->errmsg, sizeof m->errmsg, "backward: NULL labels or batch %d",
+           n);
+    return SR_EINVAL;
+  }
+  if (m->fwd_n != n) {
+    sr_fmt(m->errmsg, sizeof m->errmsg,
+           "backward of %d samples without a forward of %d", n, n);
+    return SR_ESTATE;
+  }
+  const dense_backend *be = m->be;
+  int nb = c->n_bot - 1, L = m->n_layers, d = c->bot[c->n_bot - 1];
+  size_t es = (size_t)c->n_sparse * c->emb_dim;
+  float *g = m->g0, *h = m->g1, *tmp;
+
+  double loss = be->bce_logits(n, m->out[L - 1], labels, g); /* g = dz[n] */
+  if (loss_out) *loss_out = (float)loss;
+
+  /* top MLP, last layer first; the last din is dR[n][r_width] */
+  for (int l = L - 1; l >= nb; l--) {
+    const float *in = l == nb ? m->R : m->out[l - 1];
+    dense_linear_backward(be, n, m->K[l], m->N[l], in, m->params + m->w_off[l],
+                          m->out[l], l + 1 < L, g, m->grads + m->w_off[l],
+                          m->grads + m->b_off[l], h);
+    tmp = g, g = h, h = tmp;
+  }
+
+  /* interaction backward: g = dR -> h = dx_bot[n][d], d_emb */
+  if (c->interaction == DENSE_INTERACT_DOT) {
+    size_t ts = (size_t)m->ni * c->emb_dim;
+    be->interact_dot_backward(n, m->ni, d, c->interaction_itself, m->T, g,
+                              m->r_width, m->dT);
+    for (int b = 0; b < n; b++) {
+      memcpy(h + (size_t)b * d, m->dT + b * ts, sizeof(float) * d);
+      if (d_emb) memcpy(d_emb + b * es, m->dT + b * ts + d, sizeof(float) * es);
+    }
+  } else {
+    for (int b = 0; b < n; b++) {
+      const float *dr = g + (size_t)b * m->r_width;
+      memcpy(h + (size_t)b * d, dr, sizeof(float) * d);
+      if (d_emb) memcpy(d_emb + b * es, dr + d, sizeof(float) * es);
+    }
+  }
+  tmp = g, g = h, h = tmp;
+
+  /* bottom MLP; the first layer needs no input gradient */
+  for (int l = nb - 1; l >= 0; l--) {
+    const float *in = l == 0 ? m->x_in : m->out[l - 1];
+    dense_linear_backward(be, n, m->K[l], m->N[l], in, m->params + m->w_off[l],
+                          m->out[l], 1, g, m->grads + m->w_off[l],
+                          m->grads + m->b_off[l], l == 0 ? NULL : h);
+    tmp = g, g = h, h = tmp;
+  }
+  return SR_OK;
+}
+
+/* ---- FLOPs and gemm shapes ------------------------------------------------ */
+
+double dense_model_flops_per_sample(const dense_config *c) {
+  int K[2 * DENSE_MAX_LAYERS], N[2 * DENSE_MAX_LAYERS];
+  if (dense_config_validate(c, NULL, 0) != SR_OK) return 0.0;
+  int L = layer_shapes(c, K, N);
+  double f = 0.0;
+  for (int l = 0; l < L; l++) f += (l == 0 ? 4.0 : 6.0) * K[l] * N[l];
+  if (c->interaction == DENSE_INTERACT_DOT)
+    f += 6.0 * c->emb_dim *
+         (double)dense_interact_dot_pairs(c->n_sparse + 1,
+                                          c->interaction_itself);
+  return f;
+}
+
+int dense_model_gemm_shapes(const dense_config *c, int B,
+                            dense_gemm_shape *out, int cap) {
+  int K[2 * DENSE_MAX_LAYERS], N[2 * DENSE_MAX_LAYERS], t = 0;
+  if (dense_config_validate(c, NULL, 0) != SR_OK) return 0;
+  int L = layer_shapes(c, K, N);
+#define PUT(ta, tb, m_, n_, k_)                                            \
+  do {                                                                     \
+    if (out && t < cap) out[t] = (dense_gemm_shape){ta, tb, m_, n_, k_};   \
+    t++;                                                                   \
+  } while (0)
+  for (int l = 0; l < L; l++) PUT(0, 1, B, N[l], K[l]);
+  for (int l = L - 1; l >= 0; l--) {
+    PUT(1, 0, N[l], K[l], B);
+    if (l > 0) PUT(0, 0, B, K[l], N[l]);
+  }
+#undef PUT
+  return t;
+}
+
+/* ---- save / load ---------------------------------------------------------- */
+
+#define HDR_BYTES 256
+static const char DENSE_MAGIC[8] = {'S', 'R', 'D', 'N', 'S', 'P', 'R', 'M'};
+enum { DENSE_FILE_VERSION = 1 };
+/* uint32 word indices in the header */
+enum {
+  H_VERSION = 2, H_HDRBYTES = 3, H_NDENSE = 4, H_NBOT = 5, H_BOT = 6,
+  H_NTOP = 22, H_TOP = 23, H_NSPARSE = 39, H_EMBDIM = 40, H_INTER = 41,
+  H_ITSELF = 42, H_NPARAMS = 43 /* u64 */, H_PSUM = 45 /* u64 */,
+  H_HSUM = 47 /* u64, computed with itself zero */, H_RESERVED = 49
+};
+_Static_assert(H_RESERVED * 4 <= HDR_BYTES, "header layout");
+
+static uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
+  const unsigned char *s = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 0x100000001b3ULL;
+  return h;
+}
+#define FNV_INIT 0xcbf29ce484222325ULL
+
+static uint64_t get64(const uint32_t *w, int i) {
+  uint64_t v;
+  memcpy(&v, w + i, 8);
+  return v;
+}
+static void put64(uint32_t *w, int i, uint64_t v) { memcpy(w + i, &v, 8); }
+
+static void make_header(const dense_model *m, uint32_t *w) {
+  const dense_config *c = &m->cfg;
+  memset(w, 0, HDR_BYTES);
+  memcpy(w, DENSE_MAGIC, 8);
+  w[H_VERSION] = DENSE_FILE_VERSION;
+  w[H_HDRBYTES] = HDR_BYTES;
+  w[H_NDENSE] = (uint32_t)c->n_dense;
+  w[H_NBOT] = (uint32_t)c->n_bot;
+  for (int i = 0; i < c->n_bot; i++) w[H_BOT + i] = (uint32_t)c->bot[i];
+  w[H_NTOP] = (uint32_t)c->n_top;
+  for (int i = 0; i < c->n_top; i++) w[H_TOP + i] = (uint32_t)c->top[i];
+  w[H_NSPARSE] = (uint32_t)c->n_sparse;
+  w[H_EMBDIM] = (uint32_t)c->emb_dim;
+  w[H_INTER] = (uint32_t)c->interaction;
+  w[H_ITSELF] = (uint32_t)c->interaction_itself;
+  put64(w, H_NPARAMS, m->n_params);
+}
+
+static void describe(const uint32_t *w, char *buf, size_t len) {
+  size_t o = 0;
+  o += snprintf(buf + o, len - o, "bot ");
+  for (uint32_t i = 0; i < w[H_NBOT] && i < 16 && o < len; i++)
+    o += snprintf(buf + o, len - o, "%s%u", i ? "-" : "", w[H_BOT + i]);
+  if (o < len) o += snprintf(buf + o, len - o, " top ");
+  for (uint32_t i = 0; i < w[H_NTOP] && i < 16 && o < len; i++)
+    o += snprintf(buf + o, len - o, "%s%u", i ? "-" : "", w[H_TOP + i]);
+  if (o < len)
+    snprintf(buf + o, len - o, " sparse %u dim %u %s%s", w[H_NSPARSE],
+             w[H_EMBDIM], w[H_INTER] == DENSE_INTERACT_DOT ? "dot" : "cat",
+             w[H_ITSELF] ? "+itself" : "");
+}
+
+int dense_model_save(const dense_model *m, const char *path, char *err,
+                     size_t errlen) {
+  uint32_t w[HDR_BYTES / 4];
+  make_header(m, w);
+  put64(w, H_PSUM, fnv1a(m->params, m->n_params * sizeof(float), FNV_INIT));
+  put64(w, H_HSUM, fnv1a(w, HDR_BYTES, FNV_INIT));
+  char tmp[4096];
+  if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
+    sr_fmt(err, errlen, "path too long: %s", path);
+    return SR_EINVAL;
+  }
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) {
+    sr_fmt(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+    return SR_EIO;
+  }
+  const char *parts[2] = {(const char *)w, (const char *)m->params};
+  size_t sizes[2] = {HDR_BYTES, m->n_params * sizeof(float)};
+  for (int k = 0; k < 2; k++) {
+    size_t done = 0;
+    while (done < sizes[k]) {
+      ssize_t r = write(fd, parts[k] + done, sizes[k] - done);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) {
+        sr_fmt(err, errlen, "writing %s: %s", tmp, strerror(errno));
+        close(fd);
+        unlink(tmp);
+        return SR_EIO;
+      }
+      done += (size_t)r;
+    }
+  }
+  if (fsync(fd) != 0 || close(fd) != 0) {
+    sr_fmt(err, errlen, "flushing %s: %s", tmp, strerror(errno));
+    unlink(tmp);
+    return SR_EIO;
+  }
+  if (rename(tmp, path) != 0) {
+    sr_fmt(err, errlen, "renaming %s to %s: %s", tmp, path, strerror(errno));
+    unlink(tmp);
+    return SR_EIO;
+  }
+  return SR_OK;
+}
+
+static int read_full(int fd, void *buf, size_t n) {
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = read(fd, (char *)buf + done, n - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    done += (size_t)r;
+  }
+  return 0;
+}
+
+int dense_model_load(dense_model *m, const char *path, char *err,
+                     size_t errlen) {
+  uint32_t w[HDR_BYTES / 4], want[HDR_BYTES / 4];
+  int rc = SR_OK, fd = open(path, O_RDONLY);
+  float *tmp = NULL;
+  if (fd < 0) {
+    sr_fmt(err, errlen, "cannot open %s: %s", path, strerror(errno));
+    return SR_EIO;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || st.st_size < HDR_BYTES ||
+      read_full(fd, w, HDR_BYTES) != 0) {
+    sr_fmt(err, errlen, "%s: too short for a dense parameter file header",
+           path);
+    rc = SR_EFORMAT;
+    goto out;
+  }
+  if (memcmp(w, DENSE_MAGIC, 8) != 0) {
+    sr_fmt(err, errlen, "%s: not a shardrec dense parameter file (bad magic)",
+           path);
+    rc = SR_EFORMAT;
+    goto out;
+  }
+  if (w[H_VERSION] != DENSE_FILE_VERSION || w[H_HDRBYTES] != HDR_BYTES) {
+    sr_fmt(err, errlen, "%s: format version %u (header %u bytes); this build "
+           "reads version %d", path, w[H_VERSION], w[H_HDRBYTES],
+           DENSE_FILE_VERSION);
+    rc = SR_EVERSION;
+    goto out;
+  }
+  uint64_t hsum = get64(w, H_HSUM);
+  put64(w, H_HSUM, 0);
+  if (fnv1a(w, HDR_BYTES, FNV_INIT) != hsum) {
+    sr_fmt(err, errlen, "%s: header checksum mismatch (corrupt file)", path);
+    rc = SR_ECHECKSUM;
+    goto out;
+  }
+  make_header(m, want);
+  if (memcmp(w + H_NDENSE, want + H_NDENSE, (H_PSUM - H_NDENSE) * 4) != 0) {
+    char a[160], b[160];
+    describe(w, a, sizeof a);
+    describe(want, b, sizeof b);
+    sr_fmt(err, errlen, "%s: saved model shape (%s) differs from this "
+           "model's (%s)", path, a, b);
+    rc = SR_EMISMATCH;
+    goto out;
+  }
+  size_t bytes = m->n_params * sizeof(float);
+  if ((uint64_t)st.st_size != HDR_BYTES + (uint64_t)bytes) {
+    sr_fmt(err, errlen, "%s: %lld bytes, expected %zu (torn or padded file)",
+           path, (long long)st.st_size, HDR_BYTES + bytes);
+    rc = SR_EFORMAT;
+    goto out;
+  }
+  tmp = malloc(bytes ? bytes : 1);
+  if (!tmp) {
+    sr_fmt(err, errlen, "out of memory loading %s", path);
+    rc = SR_ENOMEM;
+    goto out;
+  }
+  if (read_full(fd, tmp, bytes) != 0) {
+    sr_fmt(err, errlen, "%s: short read of the parameters", path);
+    rc = SR_EIO;
+    goto out;
+  }
+  if (fnv1a(tmp, bytes, FNV_INIT) != get64(w, H_PSUM)) {
+    sr_fmt(err, errlen, "%s: parameter checksum mismatch (corrupt file)",
+           path);
+    rc = SR_ECHECKSUM;
+    goto out;
+  }
+  memcpy(m->params, tmp, bytes);
+out:
+  free(tmp);
+  close(fd);
+  return rc;
+}

@@ -1,0 +1,134 @@
+/* The dense part of a DLRM (facebookresearch/dlrm, dlrm_s_pytorch.py):
+ * bottom MLP over the dense features, feature interaction with the pooled
+ * embeddings, top MLP to one logit, BCE-with-logits loss.
+ *
+ *   x_bot[B][bot_last] = MLP_bot(x_dense[B][n_dense])   Linear+ReLU every layer
+ *   R = interact(x_bot, emb[B][n_sparse][emb_dim])      dot or cat
+ *   z[B] = MLP_top(R)                                   ReLU between, none last
+ *   loss = mean_b max(z,0) - z*y + log1p(exp(-|z|)),    prediction sigmoid(z)
+ *
+ * All parameters live in one contiguous float buffer (gradients in a second
+ * buffer of the same shape), in this order, each layer W[out][in] then b[out]:
+ * bottom layers first, then top layers. Activations are allocated for
+ * max_batch at create time; forward/backward never allocate.
+ *
+ * Initialisation (as the reference create_mlp): W ~ N(0, sqrt(2/(in+out))),
+ * b ~ N(0, sqrt(1/out)), drawn in double by sr_rng_normal and rounded to float.
+ * Streams: key = sr_mix64(seed ^ DENSE_INIT_SALT); layer l (bottom layers
+ * 0..n_bot-2, then top layers continuing the count) draws W row-major from
+ * stream 2l and b from stream 2l+1. The same seed gives the same bits. */
+#ifndef SHARDREC_DENSE_MODEL_H
+#define SHARDREC_DENSE_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dense/backend.h"
+
+#define DENSE_MAX_LAYERS 16
+#define DENSE_INIT_SALT 0x64656e73652d696eULL /* "dense-in" */
+
+enum { DENSE_INTERACT_DOT = 0, DENSE_INTERACT_CAT = 1 };
+
+typedef struct {
+  int n_dense;                  /* dense features (13 for Criteo) */
+  int bot[DENSE_MAX_LAYERS];    /* widths incl. input: 13-512-256-64-16 */
+  int n_bot;                    /* entries in bot (>= 2) */
+  int top[DENSE_MAX_LAYERS];    /* widths after the interaction: 512-256-1 */
+  int n_top;                    /* entries in top (>= 1), top[n_top-1] == 1 */
+  int n_sparse;                 /* pooled embedding vectors per sample (26) */
+  int emb_dim;                  /* their width (16) */
+  int interaction;              /* DENSE_INTERACT_DOT or DENSE_INTERACT_CAT */
+  int interaction_itself;       /* dot only: include the diagonal of T T^T */
+  int max_batch;                /* activations are sized for this */
+} dense_config;
+
+typedef struct dense_model dense_model;
+
+/* Check a configuration; 0 or SR_EINVAL with the reason in err. */
+int dense_config_validate(const dense_config *cfg, char *err, size_t errlen);
+
+/* Width of the top MLP's input: bot_last + pairs (dot) or
+ * bot_last + n_sparse*emb_dim (cat). -1 for an invalid configuration. */
+int dense_config_top_input(const dense_config *cfg);
+
+/* Number of parameters (floats) of the configuration. */
+size_t dense_config_param_count(const dense_config *cfg);
+
+/* Create a model with freshly initialised parameters (see above) on the CPU
+ * backend. Returns NULL with the reason in err (may be NULL) on a bad
+ * configuration or out of memory. The caller owns the model. */
+dense_model *dense_model_create(const dense_config *cfg, uint64_t seed,
+                                char *err, size_t errlen);
+
+/* Same, on a given backend (borrowed; must outlive the model). */
+dense_model *dense_model_create_on(const dense_config *cfg, uint64_t seed,
+                                   const dense_backend *be, char *err,
+                                   size_t errlen);
+
+void dense_model_destroy(dense_model *m); /* NULL-safe */
+
+const dense_config *dense_model_config(const dense_model *m);
+/* Text of the model's last error ("" if none); owned by the model. */
+const char *dense_model_errmsg(const dense_model *m);
+
+/* Forward n <= max_batch samples. x_dense[n][n_dense] and emb[n][n_sparse]
+ * [emb_dim] are copied in (borrowed only for the call); logits[n] (may be
+ * NULL) receives z. Returns 0, SR_EINVAL (bad n or pointer). */
+int dense_model_forward(dense_model *m, int n, const float *x_dense,
+                        const float *emb, float *logits);
+
+/* Backward of the last forward (same n). labels[n] in {0,1} (any value in
+ * [0,1] works). Writes the mean BCE loss to *loss_out (may be NULL), the
+ * gradient of the MEAN loss w.r.t. emb into d_emb[n][n_sparse][emb_dim] (may
+ * be NULL) and overwrites the parameter gradient buffer. Returns 0,
+ * SR_EINVAL, or SR_ESTATE if no forward of n samples preceded it. */
+int dense_model_backward(dense_model *m, int n, const float *labels,
+                         float *loss_out, float *d_emb);
+
+/* The parameter / gradient buffers (owned by the model), count floats. */
+float *dense_model_params(dense_model *m, size_t *count);
+float *dense_model_grads(dense_model *m, size_t *count);
+
+/* A named tensor inside the parameter buffer: "bot.0.W", "top.2.b", ...
+ * offset and shape in floats; rows = out, cols = in (cols = 1 for biases). */
+typedef struct {
+  char name[32];
+  size_t offset;
+  int rows, cols;
+} dense_tensor_info;
+/* Number of tensors (2 per layer); fills info[0..cap) if info != NULL. */
+int dense_model_tensors(const dense_model *m, dense_tensor_info *info, int cap);
+
+/* Save the parameter buffer to path (written to path.tmp, fsynced, renamed).
+ * File: 256-byte header (magic "SRDNSPRM", version, header size, the shape
+ * description: config fields and parameter count, FNV-1a 64 of the
+ * parameters and of the header) then the little-endian floats.
+ * Returns 0, SR_EIO; message in err. */
+int dense_model_save(const dense_model *m, const char *path, char *err,
+                     size_t errlen);
+
+/* Load parameters saved by dense_model_save into m. A file of another shape
+ * (SR_EMISMATCH), another format or version (SR_EFORMAT, SR_EVERSION), torn
+ * or corrupt (SR_EFORMAT, SR_ECHECKSUM) is refused and m is left unchanged. */
+int dense_model_load(dense_model *m, const char *path, char *err,
+                     size_t errlen);
+
+/* --- for benchmarks -------------------------------------------------------- */
+
+/* FLOPs of one sample's forward + backward (2 per multiply-add): every
+ * linear layer 2*K*N forward, 2*K*N for dW, 2*K*N for din except the first
+ * bottom layer; the dot interaction 2*d per pair forward, 4*d backward. */
+double dense_model_flops_per_sample(const dense_config *cfg);
+
+typedef struct {
+  int trans_a, trans_b; /* as dense_backend.gemm (row-major) */
+  int M, N, K;
+} dense_gemm_shape;
+
+/* The sgemm calls one training step performs at batch B, in order (forward,
+ * then backward). Returns the count; fills out[0..cap) when out != NULL. */
+int dense_model_gemm_shapes(const dense_config *cfg, int B,
+                            dense_gemm_shape *out, int cap);
+
+#endif

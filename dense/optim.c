@@ -1,0 +1,159 @@
+#include "dense/optim.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+
+struct dense_opt {
+  dense_opt_config cfg;
+  size_t n;
+  int64_t steps;
+  float *state; /* owned: 0, n or 2n floats */
+  size_t n_state;
+};
+
+dense_opt_config dense_opt_defaults(dense_opt_kind kind) {
+  dense_opt_config c = {kind, 0.0f, 0.9f, 0.999f, 0.0f};
+  if (kind == DENSE_OPT_ADAGRAD) c.eps = 1e-10f;
+  if (kind == DENSE_OPT_ADAM) c.eps = 1e-8f;
+  return c;
+}
+
+dense_opt *dense_opt_create(const dense_opt_config *cfg, size_t n_params,
+                            char *err, size_t errlen) {
+  if (!cfg || cfg->kind < DENSE_OPT_SGD || cfg->kind > DENSE_OPT_ADAM) {
+    sr_fmt(err, errlen, "unknown dense optimizer kind");
+    return NULL;
+  }
+  if (cfg->kind == DENSE_OPT_ADAM &&
+      !(cfg->beta1 >= 0.0f && cfg->beta1 < 1.0f && cfg->beta2 >= 0.0f &&
+        cfg->beta2 < 1.0f)) {
+    sr_fmt(err, errlen, "adam betas must be in [0, 1) (got %g, %g)",
+           cfg->beta1, cfg->beta2);
+    return NULL;
+  }
+  if (cfg->kind != DENSE_OPT_SGD && !(cfg->eps >= 0.0f)) {
+    sr_fmt(err, errlen, "eps must be >= 0 (got %g)", cfg->eps);
+    return NULL;
+  }
+  dense_opt *o = calloc(1, sizeof *o);
+  if (!o) goto oom;
+  o->cfg = *cfg;
+  o->n = n_params;
+  o->n_state = cfg->kind == DENSE_OPT_ADAGRAD ? n_params
+               : cfg->kind == DENSE_OPT_ADAM  ? 2 * n_params
+                                              : 0;
+  if (o->n_state) {
+    o->state = malloc(o->n_state * sizeof(float));
+    if (!o->state) goto oom;
+    float v0 = cfg->kind == DENSE_OPT_ADAGRAD ? cfg->initial_accumulator : 0;
+    for (size_t i = 0; i < o->n_state; i++) o->state[i] = v0;
+  }
+  return o;
+oom:
+  sr_fmt(err, errlen, "out of memory creating the dense optimizer");
+  dense_opt_destroy(o);
+  return NULL;
+}
+
+void dense_opt_destroy(dense_opt *o) {
+  if (!o) return;
+  free(o->state);
+  free(o);
+}
+
+int dense_opt_step(dense_opt *o, float *restrict p, const float *restrict g,
+                   float lr) {
+  if (!o || !p || !g) return SR_EINVAL;
+  size_t n = o->n;
+  o->steps++;
+  switch (o->cfg.kind) {
+  case DENSE_OPT_SGD:
+    for (size_t i = 0; i < n; i++) p[i] -= lr * g[i];
+    break;
+  case DENSE_OPT_ADAGRAD: {
+    float *restrict s = o->state, eps = o->cfg.eps;
+    for (size_t i = 0; i < n; i++) {
+      s[i] += g[i] * g[i];
+      p[i] -= lr * (g[i] / (sqrtf(s[i]) + eps));
+    }
+    break;
+  }
+  case DENSE_OPT_ADAM: {
+    float *restrict m = o->state, *restrict v = o->state + n;
+    double b1 = o->cfg.beta1, b2 = o->cfg.beta2, t = (double)o->steps;
+    /* scalars as torch computes them (python floats), then used in float */
+    float fb1 = (float)b1, fb2 = (float)b2;
+    float c1 = (float)(1.0 - b1), c2 = (float)(1.0 - b2);
+    float step_size = (float)(lr / (1.0 - pow(b1, t)));
+    float bc2_sqrt = (float)sqrt(1.0 - pow(b2, t));
+    float eps = o->cfg.eps;
+    for (size_t i = 0; i < n; i++) {
+      m[i] = fb1 * m[i] + c1 * g[i];
+      v[i] = fb2 * v[i] + c2 * (g[i] * g[i]);
+      float denom = sqrtf(v[i]) / bc2_sqrt + eps;
+      p[i] -= step_size * (m[i] / denom);
+    }
+    break;
+  }
+  }
+  return SR_OK;
+}
+
+float *dense_opt_state(dense_opt *o, size_t *count) {
+  if (count) *count = o->n_state;
+  return o->state;
+}
+int64_t dense_opt_steps(const dense_opt *o) { return o->steps; }
+void dense_opt_set_steps(dense_opt *o, int64_t steps) { o->steps = steps; }
+dense_opt_kind dense_opt_kind_of(const dense_opt *o) { return o->cfg.kind; }
+
+/* ---- LRPolicyScheduler ---------------------------------------------------- */
+
+int dense_lr_sched_validate(const dense_lr_sched *s, char *err,
+                            size_t errlen) {
+  if (!s || s->num_warmup_steps < 0 || s->decay_start_step < 0 ||
+      s->num_decay_steps < 0) {
+    sr_fmt(err, errlen, "learning-rate schedule step counts must be >= 0");
+    return SR_EINVAL;
+  }
+  if (s->decay_start_step < s->num_warmup_steps) {
+    sr_fmt(err, errlen,
+           "learning rate warmup must finish before the decay starts "
+           "(--lr-decay-start-step %lld < --lr-num-warmup-steps %lld)",
+           (long long)s->decay_start_step, (long long)s->num_warmup_steps);
+    return SR_EINVAL;
+  }
+  return SR_OK;
+}
+
+static double warmup_lr(const dense_lr_sched *s, int64_t c) {
+  double W = (double)s->num_warmup_steps;
+  return s->base_lr * (1.0 - (W - (double)c) / W);
+}
+static double decay_lr(const dense_lr_sched *s, int64_t c) {
+  double D = (double)s->num_decay_steps;
+  double r = (D - (double)(c - s->decay_start_step)) / D;
+  double lr = s->base_lr * (r * r);
+  return lr > 1e-7 ? lr : 1e-7;
+}
+
+double dense_lr_at_double(const dense_lr_sched *s, int64_t step) {
+  int64_t c = step + 1; /* torch's _step_count for this optimizer step */
+  int64_t W = s->num_warmup_steps, S = s->decay_start_step,
+          D = s->num_decay_steps;
+  if (c < W) return warmup_lr(s, c);
+  if (S <= c && c < S + D) return decay_lr(s, c);
+  if (D > 0) {
+    if (c >= S + D) return decay_lr(s, S + D - 1);
+    if (W >= 2) return warmup_lr(s, W - 1);
+    return s->base_lr;
+  }
+  return s->base_lr;
+}
+
+float dense_lr_at(const dense_lr_sched *s, int64_t step) {
+  return (float)dense_lr_at_double(s, step);
+}
