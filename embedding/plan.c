@@ -549,7 +549,7 @@ static void write_plan(sbuf *b, const emb_plan *p, int with_placement, int prett
   const char *nl = pretty ? "\n" : "", *sp = pretty ? " " : "", *in = pretty ? "  " : "",
              *in2 = pretty ? "    " : "";
   char d1[32], d2[32], d3[32];
-  sb_put(b, "{%s\"format\":%s%d,%s%s\"seed\":%s\"%llu\",", nl, sp, p->format, nl, in, sp,
+  sb_put(b, "{%s%s\"format\":%s%d,%s%s\"seed\":%s\"%llu\",", nl, in, sp, p->format, nl, in, sp,
          (unsigned long long)p->seed);
   if (pretty) sb_put(b, "\n");
   if (with_placement) sb_put(b, "%s\"n_shards\":%s%d,%s", in, sp, p->n_shards, nl);

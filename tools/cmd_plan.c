@@ -1,0 +1,233 @@
+/* shardrec plan: write a sharding plan (JSON) from table sizes and model flags.
+ *
+ * The table sizes come from --table-sizes (or the reference DLRM's
+ * --arch-embedding-size); reading them from a converted data file will be
+ * one more source feeding the same emb_plan_params. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "embedding/plan.h"
+#include "tools/cli.h"
+#include "tools/cmds.h"
+
+#define CMD "plan"
+
+static void plan_usage(FILE *f) {
+  fprintf(f,
+          "usage: shardrec plan --out PLAN.json --table-sizes N1,N2,... [options]\n"
+          "\n"
+          "Write a sharding plan: the embedding tables of the model and where they live.\n"
+          "\n"
+          "  --out PATH                       plan file to write (required)\n"
+          "  --table-sizes N1,N2,...          rows of each table (',' or '-' separated;\n"
+          "                                   0 or 'unbounded' for hashed 64-bit ids)\n"
+          "  --arch-embedding-size N1-N2-...  same, the reference DLRM's flag\n"
+          "  --arch-sparse-feature-size D     embedding dim (default 16)\n"
+          "  --seed S                         model seed, uint64 (default 0)\n"
+          "  --shards K                       number of shards (default 1)\n"
+          "  --sparse-optimizer NAME          sgd | adagrad | rowwise_adagrad (default sgd)\n"
+          "  --eps X                          optimizer eps (default 1e-10 adagrad, 1e-8 rowwise)\n"
+          "  --initial-accumulator-value X    adagrad accumulators start here (default 0)\n"
+          "  --init-range A                   init uniform in [-A, A) (default sqrt(1/rows))\n"
+          "  --pooling sum|mean               bag pooling (default sum)\n"
+          "  --row-wise                       spread every table's rows over all shards\n"
+          "                                   (default: whole tables, balanced by bytes)\n"
+          "  -h, --help                       this text\n");
+}
+
+/* Parse "1460,583,..." or "1460-583-..." into a malloc'd array. */
+static int parse_sizes(const char *flag, const char *s, uint64_t **out, int *n) {
+  int cap = 1;
+  for (const char *p = s; *p; p++) cap += (*p == ',' || *p == '-');
+  uint64_t *v = malloc((size_t)cap * sizeof *v);
+  if (!v) return -1;
+  int k = 0;
+  const char *p = s;
+  for (;;) {
+    size_t len = strcspn(p, ",-");
+    char tok[32];
+    if (len == 0 || len >= sizeof tok) goto bad;
+    memcpy(tok, p, len);
+    tok[len] = '\0';
+    if (!strcmp(tok, "unbounded")) {
+      v[k++] = EMB_ROWS_UNBOUNDED;
+    } else {
+      char *end = NULL;
+      errno = 0;
+      if (tok[0] < '0' || tok[0] > '9') goto bad;
+      unsigned long long x = strtoull(tok, &end, 10);
+      if (*end || errno) goto bad;
+      if (x > EMB_ROWS_MAX) {
+        fprintf(stderr, "shardrec %s: %s: entry %d: %llu rows is more than 2^53\n", CMD, flag,
+                k + 1, x);
+        free(v);
+        return -1;
+      }
+      v[k++] = x;
+    }
+    p += len;
+    if (!*p) break;
+    p++;
+  }
+  if (k > EMB_MAX_TABLES) {
+    fprintf(stderr, "shardrec %s: %s: more than %d tables\n", CMD, flag, EMB_MAX_TABLES);
+    free(v);
+    return -1;
+  }
+  *out = v;
+  *n = k;
+  return 0;
+bad:
+  fprintf(stderr,
+          "shardrec %s: %s: '%s' is not a list of row counts joined by ',' or '-'\n", CMD,
+          flag, s);
+  free(v);
+  return -1;
+}
+
+int cmd_plan(int argc, char **argv) {
+  enum { O_OUT = 256, O_SIZES, O_ARCH_SIZES, O_DIM, O_SEED, O_SHARDS, O_OPT, O_EPS, O_ACC,
+         O_INIT, O_POOL, O_ROWWISE };
+  static const struct option opts[] = {
+      {"out", required_argument, NULL, O_OUT},
+      {"table-sizes", required_argument, NULL, O_SIZES},
+      {"arch-embedding-size", required_argument, NULL, O_ARCH_SIZES},
+      {"arch-sparse-feature-size", required_argument, NULL, O_DIM},
+      {"seed", required_argument, NULL, O_SEED},
+      {"shards", required_argument, NULL, O_SHARDS},
+      {"sparse-optimizer", required_argument, NULL, O_OPT},
+      {"eps", required_argument, NULL, O_EPS},
+      {"initial-accumulator-value", required_argument, NULL, O_ACC},
+      {"init-range", required_argument, NULL, O_INIT},
+      {"pooling", required_argument, NULL, O_POOL},
+      {"row-wise", no_argument, NULL, O_ROWWISE},
+      {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0},
+  };
+  const char *out = NULL, *sizes = NULL, *sizes_flag = NULL;
+  emb_plan_params pp;
+  memset(&pp, 0, sizeof pp);
+  pp.dim = 16;
+  pp.n_shards = 1;
+  pp.optim.kind = EMB_OPT_SGD;
+  pp.optim.eps = -1;
+  pp.pooling = EMB_POOL_SUM;
+  int have_eps = 0, have_acc = 0;
+  long long v;
+  double d;
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    switch (c) {
+      case 'h': plan_usage(stdout); return 0;
+      case O_OUT: out = optarg; break;
+      case O_SIZES:
+      case O_ARCH_SIZES:
+        if (sizes) {
+          fprintf(stderr, "shardrec %s: give the table sizes once (--table-sizes or --arch-embedding-size)\n", CMD);
+          return 2;
+        }
+        sizes = optarg;
+        sizes_flag = c == O_SIZES ? "--table-sizes" : "--arch-embedding-size";
+        break;
+      case O_DIM:
+        if (cli_int(CMD, "--arch-sparse-feature-size", optarg, 1, EMB_MAX_DIM, &v)) return 2;
+        pp.dim = (int)v;
+        break;
+      case O_SEED:
+        if (cli_u64(CMD, "--seed", optarg, &pp.seed)) return 2;
+        break;
+      case O_SHARDS:
+        if (cli_int(CMD, "--shards", optarg, 1, EMB_MAX_SHARDS, &v)) return 2;
+        pp.n_shards = (int)v;
+        break;
+      case O_OPT:
+        if (emb_optim_parse(optarg, &pp.optim.kind)) {
+          fprintf(stderr, "shardrec %s: --sparse-optimizer: '%s' is not sgd, adagrad or rowwise_adagrad\n", CMD, optarg);
+          return 2;
+        }
+        break;
+      case O_EPS:
+        if (cli_double(CMD, "--eps", optarg, 0, 1, &d)) return 2;
+        pp.optim.eps = d;
+        have_eps = 1;
+        break;
+      case O_ACC:
+        if (cli_double(CMD, "--initial-accumulator-value", optarg, 0, 1e30, &d)) return 2;
+        pp.optim.init_acc = d;
+        have_acc = 1;
+        break;
+      case O_INIT:
+        if (cli_double(CMD, "--init-range", optarg, 1e-30, 1e30, &d)) return 2;
+        pp.init_range = d;
+        break;
+      case O_POOL:
+        if (emb_pooling_parse(optarg, &pp.pooling)) {
+          fprintf(stderr, "shardrec %s: --pooling: '%s' is not sum or mean\n", CMD, optarg);
+          return 2;
+        }
+        break;
+      case O_ROWWISE: pp.row_wise = 1; break;
+      case ':':
+        fprintf(stderr, "shardrec %s: option %s needs a value (see 'shardrec %s --help')\n", CMD,
+                argv[optind - 1], CMD);
+        return 2;
+      default:
+        fprintf(stderr, "shardrec %s: unknown option %s (see 'shardrec %s --help')\n", CMD,
+                argv[optind - 1], CMD);
+        return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "shardrec %s: unexpected argument '%s'\n", CMD, argv[optind]);
+    return 2;
+  }
+  if (!out) {
+    fprintf(stderr, "shardrec %s: --out is required (see shardrec plan --help)\n", CMD);
+    return 2;
+  }
+  if (!sizes) {
+    fprintf(stderr, "shardrec %s: --table-sizes (or --arch-embedding-size) is required\n", CMD);
+    return 2;
+  }
+  if (pp.optim.kind == EMB_OPT_SGD && (have_eps || have_acc)) {
+    fprintf(stderr, "shardrec %s: --eps and --initial-accumulator-value apply to adagrad and rowwise_adagrad only\n", CMD);
+    return 2;
+  }
+  uint64_t *rows = NULL;
+  int n = 0;
+  if (parse_sizes(sizes_flag, sizes, &rows, &n)) return 2;
+  pp.n_tables = n;
+  pp.rows = rows;
+  char err[512];
+  emb_plan *plan = NULL;
+  int rc = emb_plan_create(&pp, &plan, err, sizeof err);
+  free(rows);
+  if (rc) {
+    fprintf(stderr, "shardrec %s: %s\n", CMD, err);
+    return 2;
+  }
+  rc = emb_plan_save(plan, out, err, sizeof err);
+  if (rc) {
+    fprintf(stderr, "shardrec %s: %s\n", CMD, err);
+    emb_plan_free(plan);
+    return 1;
+  }
+  char mfp[EMB_FP_HEX], pfp[EMB_FP_HEX];
+  if (emb_plan_model_fingerprint(plan, mfp) || emb_plan_fingerprint(plan, pfp)) {
+    fprintf(stderr, "shardrec %s: cannot compute fingerprints\n", CMD);
+    emb_plan_free(plan);
+    return 1;
+  }
+  printf("wrote %s: %d tables, dim %d, %d shards (%s), optimizer %s, pooling %s\n", out,
+         plan->n_tables, pp.dim, plan->n_shards, pp.row_wise ? "row-wise" : "table-wise",
+         emb_optim_name(pp.optim.kind), emb_pooling_name(pp.pooling));
+  printf("model fingerprint %s\nplan fingerprint  %s\n", mfp, pfp);
+  emb_plan_free(plan);
+  return 0;
+}
