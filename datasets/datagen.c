@@ -1,0 +1,775 @@
+/* Synthetic Criteo-format generator with a known optimum: see datagen.h. */
+#include "datasets/datagen.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/rng.h"
+#include "common/status.h"
+
+/* The reference DLRM's Kaggle cardinalities (C1..C26). */
+static const uint32_t kaggle_counts[DG_NUM_CAT] = {
+    1460,  583,     10131227, 2202608, 305, 24,      12517, 633, 3,      93145, 5683, 8351593, 3194,
+    27,    14992,   5461306,  10,      5652, 2173,   4,     7046547, 18,  15,     286181, 105, 142572};
+
+/* Missing rates measured on the Kaggle set (rounded). Integers average 20.7%,
+ * categoricals 11.1%. */
+static const double dense_miss[DG_NUM_DENSE] = {0.45,  0.0,   0.21,  0.22, 0.026, 0.22, 0.043,
+                                                0.0005, 0.043, 0.45, 0.043, 0.765, 0.22};
+static const double cat_miss[DG_NUM_CAT] = {0,     0,     0.034, 0.034, 0,    0.12, 0,     0,    0,
+                                            0,     0,     0.034, 0,     0,    0,    0.034, 0,    0,
+                                            0.44,  0.44,  0.034, 0.76,  0,    0.034, 0.44, 0.44};
+/* Columns whose values go missing together, as in the real set. Group 0 is
+ * "independent"; groups 1 and 2 share one draw per row. */
+static const int cat_miss_group[DG_NUM_CAT] = {0, 0, 2, 2, 0, 0, 0, 0, 0, 0, 0, 2, 0,
+                                               0, 0, 2, 0, 0, 1, 1, 2, 0, 0, 2, 1, 1};
+
+/* Integer features: value = floor(exp(mu + sigma * z)) - 1, z ~ N(0,1): heavy
+ * tailed non-negative counts with medians close to the real columns'. */
+static const double dense_mu[DG_NUM_DENSE] = {0.7, 1.5, 2.0, 1.8, 7.5, 3.5, 1.6,
+                                              2.4, 3.8, 0.3, 1.0, 0.3, 1.7};
+static const double dense_sigma[DG_NUM_DENSE] = {1.0, 1.6, 1.4, 0.9, 1.8, 1.5, 1.4,
+                                                 1.0, 1.3, 0.6, 1.0, 1.2, 1.0};
+
+/* Teacher scales, tuned so that the oracle AUC is about 0.79, the categorical
+ * part carries about 3/4 of the logit variance, and dense-only logistic
+ * regression sits well below the oracle (see tests/datagen). */
+#define DG_TEACHER_DENSE 0.75 /* std of the dense part */
+#define DG_TEACHER_CAT 0.33   /* per-column value-bias std before shrink */
+#define DG_TEACHER_FM 0.16    /* latent entry scale before shrink */
+#define DG_FM_DIM 4
+#define DG_SHRINK_RANK 32.0   /* shrink(r) = 1/sqrt(1 + r/32) */
+#define DG_VCACHE 4096        /* ranks whose teacher parameters are cached */
+#define DG_ALIAS_MAX (1u << 20)
+#define DG_PILOT_ROWS 20000
+#define DG_TARGET_RATE 0.25
+#define DG_HIST_BINS (1u << 20)
+
+typedef struct {
+  float b;
+  float e[DG_FM_DIM];
+} vparam;
+
+/* Zipf over ranks 0..n-1 with P(r) ~ 1/(r+1)^s: rejection-inversion
+ * (Hörmann & Derflinger 1996, as Apache Commons' sampler), O(1) expected,
+ * no table. */
+typedef struct {
+  double s, hx1, hn, sv;
+  double n;
+} zipf_ri;
+
+typedef struct {
+  uint32_t card;
+  uint32_t *thresh; /* alias table [card] (NULL: rejection-inversion or uniform) */
+  uint32_t *alias;
+  zipf_ri ri;
+  uint32_t hex_k0, hex_k1;
+  vparam *cache;    /* [min(card, DG_VCACHE)] */
+  vparam missing;
+  double w;         /* value-bias scale */
+} catcol;
+
+struct dg_generator {
+  dg_config cfg;
+  uint64_t row_key, pilot_key, label_key, val_key;
+  catcol cat[DG_NUM_CAT];
+  double dw[DG_NUM_DENSE];     /* dense weights */
+  double dmiss[DG_NUM_DENSE];  /* dense missing biases */
+  double bias;
+  double pilot_var_dense, pilot_var_cat, pilot_var_total;
+};
+
+/* ---------------------------------------------------------------- defaults */
+
+void dg_config_default(dg_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->rows = 1000;
+  cfg->seed = 1;
+  cfg->scale = 0.01;
+  cfg->test_fraction = 0.1;
+  cfg->zipf_s = 1.1;
+  cfg->multi_hot = 1;
+  cfg->auc_exact_max = 1ull << 25;
+}
+
+uint32_t dg_cardinality(int col, double scale) {
+  if (col < 0 || col >= DG_NUM_CAT) return 0;
+  if (scale <= 0) scale = 0.01;
+  double c = kaggle_counts[col];
+  double floor_c = c < 16 ? c : 16;
+  double v = ceil(c * scale);
+  if (v < floor_c) v = floor_c;
+  if (v > 4294967295.0) v = 4294967295.0;
+  return (uint32_t)v;
+}
+
+double dg_dense_missing_rate(int col) {
+  return col >= 0 && col < DG_NUM_DENSE ? dense_miss[col] : 0;
+}
+
+double dg_cat_missing_rate(int col) { return col >= 0 && col < DG_NUM_CAT ? cat_miss[col] : 0; }
+
+/* ---------------------------------------------------------------- samplers */
+
+static double helper1(double x) {
+  return fabs(x) > 1e-8 ? log1p(x) / x : 1 - x * (0.5 - x * (1.0 / 3 - 0.25 * x));
+}
+static double helper2(double x) {
+  return fabs(x) > 1e-8 ? expm1(x) / x : 1 + x * 0.5 * (1 + x * (1.0 / 3) * (1 + 0.25 * x));
+}
+static double ri_hint(const zipf_ri *z, double x) {
+  double lx = log(x);
+  return helper2((1 - z->s) * lx) * lx;
+}
+static double ri_h(const zipf_ri *z, double x) { return exp(-z->s * log(x)); }
+static double ri_hinv(const zipf_ri *z, double x) {
+  double t = x * (1 - z->s);
+  if (t < -1) t = -1;
+  return exp(helper1(t) * x);
+}
+static void ri_init(zipf_ri *z, double s, uint32_t n) {
+  z->s = s;
+  z->n = n;
+  z->hx1 = ri_hint(z, 1.5) - 1;
+  z->hn = ri_hint(z, n + 0.5);
+  z->sv = 2 - ri_hinv(z, ri_hint(z, 2.5) - ri_h(z, 2));
+}
+static uint32_t ri_sample(const zipf_ri *z, sr_rng *r) {
+  for (;;) {
+    double u = z->hn + sr_rng_uniform(r) * (z->hx1 - z->hn);
+    double x = ri_hinv(z, u);
+    double k = floor(x + 0.5);
+    if (k < 1) k = 1;
+    else if (k > z->n) k = z->n;
+    if (k - x <= z->sv || u >= ri_hint(z, k + 0.5) - ri_h(z, k)) return (uint32_t)k - 1;
+  }
+}
+
+/* Vose's alias method over P(r) ~ 1/(r+1)^s, r < n. */
+static int alias_build(catcol *c, double s) {
+  uint32_t n = c->card;
+  c->thresh = malloc(sizeof(uint32_t) * n);
+  c->alias = malloc(sizeof(uint32_t) * n);
+  double *p = malloc(sizeof(double) * n);
+  uint32_t *small = malloc(sizeof(uint32_t) * n), *large = malloc(sizeof(uint32_t) * n);
+  if (!c->thresh || !c->alias || !p || !small || !large) {
+    free(p), free(small), free(large);
+    return SR_ENOMEM;
+  }
+  double sum = 0;
+  for (uint32_t r = 0; r < n; r++) sum += p[r] = pow(r + 1.0, -s);
+  uint32_t ns = 0, nl = 0;
+  for (uint32_t r = 0; r < n; r++) {
+    p[r] *= n / sum;
+    if (p[r] < 1) small[ns++] = r;
+    else large[nl++] = r;
+  }
+  while (ns && nl) {
+    uint32_t a = small[--ns], l = large[nl - 1];
+    c->thresh[a] = (uint32_t)(p[a] * 4294967296.0);
+    c->alias[a] = l;
+    p[l] -= 1 - p[a];
+    if (p[l] < 1) {
+      nl--;
+      small[ns++] = l;
+    }
+  }
+  while (nl) {
+    uint32_t l = large[--nl];
+    c->thresh[l] = UINT32_MAX, c->alias[l] = l;
+  }
+  while (ns) {
+    uint32_t a = small[--ns];
+    c->thresh[a] = UINT32_MAX, c->alias[a] = a;
+  }
+  free(p), free(small), free(large);
+  return 0;
+}
+
+static inline uint32_t below32(uint32_t bits, uint32_t n) {
+  return (uint32_t)(((uint64_t)bits * n) >> 32);
+}
+
+static inline uint32_t cat_sample(const dg_generator *g, const catcol *c, sr_rng *r) {
+  if (g->cfg.uniform) return below32(sr_rng_u32(r), c->card);
+  if (c->thresh) {
+    uint32_t i = below32(sr_rng_u32(r), c->card);
+    return sr_rng_u32(r) < c->thresh[i] ? i : c->alias[i];
+  }
+  return ri_sample(&c->ri, r);
+}
+
+/* Bijective 32-bit mix of a rank under a column's keys: the id a value is
+ * written as. */
+static inline uint32_t hex_id(const catcol *c, uint32_t rank) {
+  uint32_t x = rank + c->hex_k0;
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x ^ c->hex_k1;
+}
+
+/* --------------------------------------------------------------- teacher */
+
+static double normal_from(uint32_t a, uint32_t b) {
+  double u1 = ((double)a + 1.0) * (1.0 / 4294967296.0); /* (0, 1] */
+  double u2 = (double)b * (1.0 / 4294967296.0);
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static void vparam_compute(const dg_generator *g, int col, uint32_t rank, vparam *v) {
+  sr_philox_out o = sr_philox(g->val_key, (uint64_t)col, rank);
+  double shrink = rank == DG_MISSING_RANK ? 1.0 : 1.0 / sqrt(1.0 + rank / DG_SHRINK_RANK);
+  v->b = (float)(g->cat[col].w * normal_from(o.v[0], o.v[1]) * shrink);
+  uint32_t bits[DG_FM_DIM] = {o.v[2] & 0xffff, o.v[2] >> 16, o.v[3] & 0xffff, o.v[3] >> 16};
+  for (int k = 0; k < DG_FM_DIM; k++)
+    v->e[k] = (float)(DG_TEACHER_FM * shrink * 1.7320508075688772 *
+                      ((bits[k] + 0.5) * (2.0 / 65536.0) - 1.0));
+}
+
+static inline void vparam_get(const dg_generator *g, int col, uint32_t rank, vparam *v) {
+  const catcol *c = &g->cat[col];
+  if (rank == DG_MISSING_RANK) *v = c->missing;
+  else if (rank < DG_VCACHE) *v = c->cache[rank];
+  else vparam_compute(g, col, rank, v);
+}
+
+/* Features and logit parts of row `index` under stream key `key`. */
+static void row_features(const dg_generator *g, uint64_t key, uint64_t index, dg_row *row) {
+  sr_rng r;
+  sr_rng_init(&r, key, index);
+  row->index = index;
+  row->strip = g->cfg.strip_trailing > 0 && sr_rng_uniform(&r) < g->cfg.strip_trailing;
+
+  double dense = 0;
+  for (int i = 0; i < DG_NUM_DENSE; i++) {
+    double u = sr_rng_uniform(&r);
+    if (u < dense_miss[i]) {
+      row->dense_missing[i] = 1;
+      row->dense[i] = 0;
+      dense += g->dmiss[i];
+      continue;
+    }
+    row->dense_missing[i] = 0;
+    int64_t v;
+    if (i == 1 && u > 0.952) {
+      /* I2's negatives: -1 about 4%, -2 0.6%, -3 0.2% */
+      v = u > 0.998 ? -3 : u > 0.992 ? -2 : -1;
+    } else {
+      double z = sr_rng_normal(&r);
+      double e = exp(dense_mu[i] + dense_sigma[i] * z);
+      v = e > 1e9 ? 1000000000 : (int64_t)e - 1;
+      if (v < 0) v = 0;
+    }
+    row->dense[i] = v;
+    dense += g->dw[i] * (log1p(v > 0 ? (double)v : 0.0) - dense_mu[i]);
+  }
+
+  double gmiss[3] = {0, sr_rng_uniform(&r), sr_rng_uniform(&r)};
+  double cat = 0, esum[DG_FM_DIM] = {0}, esq = 0;
+  int hot = g->cfg.multi_hot > 1 ? g->cfg.multi_hot : 1;
+  for (int j = 0; j < DG_NUM_CAT; j++) {
+    const catcol *c = &g->cat[j];
+    int grp = cat_miss_group[j];
+    double u = grp ? gmiss[grp] : sr_rng_uniform(&r);
+    vparam v;
+    if (u < cat_miss[j]) {
+      row->ncat[j] = 0;
+      vparam_get(g, j, DG_MISSING_RANK, &v);
+    } else {
+      int k = hot > 1 ? 1 + (int)below32(sr_rng_u32(&r), (uint32_t)hot) : 1;
+      row->ncat[j] = k;
+      double b = 0, e[DG_FM_DIM] = {0};
+      for (int t = 0; t < k; t++) {
+        uint32_t rank = cat_sample(g, c, &r);
+        row->cat_rank[j][t] = rank;
+        row->cat_hex[j][t] = hex_id(c, rank);
+        vparam_get(g, j, rank, &v);
+        b += v.b;
+        for (int d = 0; d < DG_FM_DIM; d++) e[d] += v.e[d];
+      }
+      /* a bag's parameters are the mean of its values' */
+      v.b = (float)(b / k);
+      for (int d = 0; d < DG_FM_DIM; d++) v.e[d] = (float)(e[d] / k);
+    }
+    cat += v.b;
+    for (int d = 0; d < DG_FM_DIM; d++) {
+      esum[d] += v.e[d];
+      esq += (double)v.e[d] * v.e[d];
+    }
+  }
+  double fm = -esq;
+  for (int d = 0; d < DG_FM_DIM; d++) fm += esum[d] * esum[d];
+  fm *= 0.5;
+  row->logit_dense = dense;
+  row->logit_cat_fm = fm;
+  row->logit_cat = cat + fm;
+}
+
+static float prob_of(double logit) {
+  float p = (float)(1.0 / (1.0 + exp(-logit)));
+  const float lo = 1.0f / 16777216.0f;
+  if (p < lo) p = lo;
+  if (p > 1.0f - lo) p = 1.0f - lo;
+  return p;
+}
+
+void dg_generator_row(const dg_generator *g, uint64_t index, dg_row *row) {
+  row_features(g, g->row_key, index, row);
+  row->logit_bias = g->bias;
+  row->logit = g->bias + row->logit_dense + row->logit_cat;
+  row->prob = prob_of(row->logit);
+  sr_philox_out o = sr_philox(g->label_key, index, 0);
+  row->label = sr_u01d(o.v[0], o.v[1]) < (double)row->prob;
+}
+
+/* Solve mean(sigmoid(bias + l_i)) = target by bisection on a pilot sample
+ * drawn from its own stream; also records the variance decomposition. */
+static int calibrate(dg_generator *g) {
+  double *l = malloc(sizeof(double) * DG_PILOT_ROWS);
+  if (!l) return SR_ENOMEM;
+  dg_row row;
+  double sd = 0, sdd = 0, sc = 0, scc = 0, st = 0, stt = 0;
+  for (int i = 0; i < DG_PILOT_ROWS; i++) {
+    row_features(g, g->pilot_key, (uint64_t)i, &row);
+    l[i] = row.logit_dense + row.logit_cat;
+    sd += row.logit_dense, sdd += row.logit_dense * row.logit_dense;
+    sc += row.logit_cat, scc += row.logit_cat * row.logit_cat;
+    st += l[i], stt += l[i] * l[i];
+  }
+  double n = DG_PILOT_ROWS;
+  g->pilot_var_dense = sdd / n - (sd / n) * (sd / n);
+  g->pilot_var_cat = scc / n - (sc / n) * (sc / n);
+  g->pilot_var_total = stt / n - (st / n) * (st / n);
+  double lo = -30, hi = 30;
+  for (int it = 0; it < 60; it++) {
+    double mid = 0.5 * (lo + hi), m = 0;
+    for (int i = 0; i < DG_PILOT_ROWS; i++) m += 1.0 / (1.0 + exp(-(mid + l[i])));
+    if (m / n < DG_TARGET_RATE) lo = mid;
+    else hi = mid;
+  }
+  g->bias = 0.5 * (lo + hi);
+  free(l);
+  return 0;
+}
+
+/* ------------------------------------------------------------ life cycle */
+
+void dg_generator_destroy(dg_generator *g) {
+  if (!g) return;
+  for (int j = 0; j < DG_NUM_CAT; j++) {
+    free(g->cat[j].thresh);
+    free(g->cat[j].alias);
+    free(g->cat[j].cache);
+  }
+  free(g);
+}
+
+int dg_generator_create(const dg_config *cfg_in, dg_generator **out, char *errbuf,
+                        size_t errlen) {
+  if (errbuf && errlen) errbuf[0] = 0;
+  if (!cfg_in || !out) return SR_EINVAL;
+  dg_config cfg = *cfg_in;
+  if (cfg.scale == 0) cfg.scale = 0.01;
+  if (cfg.zipf_s == 0) cfg.zipf_s = 1.1;
+  if (cfg.multi_hot == 0) cfg.multi_hot = 1;
+  if (cfg.auc_exact_max == 0) cfg.auc_exact_max = 1ull << 25;
+  const char *bad = NULL;
+  if (!(cfg.scale > 0 && cfg.scale <= 1)) bad = "scale must be in (0, 1]";
+  else if (!(cfg.test_fraction >= 0 && cfg.test_fraction <= 1)) bad = "test_fraction must be in [0, 1]";
+  else if (!(cfg.zipf_s > 1.0 && cfg.zipf_s <= 3.0)) bad = "zipf_s must be in (1, 3]";
+  else if (cfg.multi_hot < 1 || cfg.multi_hot > DG_MAX_HOT) bad = "multi_hot must be in [1, 16]";
+  else if (!(cfg.strip_trailing >= 0 && cfg.strip_trailing <= 1)) bad = "strip_trailing must be in [0, 1]";
+  else if (cfg.rows < 1) bad = "rows must be >= 1";
+  if (bad) {
+    if (errbuf) sr_fmt(errbuf, errlen, "datagen: %s", bad);
+    return SR_EINVAL;
+  }
+  dg_generator *g = calloc(1, sizeof *g);
+  if (!g) return SR_ENOMEM;
+  g->cfg = cfg;
+  uint64_t base = sr_mix64(cfg.seed ^ 0x5348415244524543ull); /* "SHARDREC" */
+  g->row_key = sr_mix64(base + 1);
+  g->pilot_key = sr_mix64(base + 2);
+  g->label_key = sr_mix64(base + 3);
+  g->val_key = sr_mix64(base + 4);
+
+  sr_rng r;
+  sr_rng_init(&r, sr_mix64(base + 5), 0);
+  /* dense weights: random directions, total std about DG_TEACHER_DENSE */
+  double a[DG_NUM_DENSE], na = 0;
+  for (int i = 0; i < DG_NUM_DENSE; i++) {
+    a[i] = sr_rng_normal(&r);
+    na += a[i] * a[i];
+  }
+  for (int i = 0; i < DG_NUM_DENSE; i++) {
+    g->dw[i] = DG_TEACHER_DENSE * a[i] / sqrt(na) / dense_sigma[i];
+    g->dmiss[i] = 0.3 * DG_TEACHER_DENSE * sr_rng_normal(&r) / sqrt(DG_NUM_DENSE);
+  }
+  int rc = 0;
+  for (int j = 0; j < DG_NUM_CAT && !rc; j++) {
+    catcol *c = &g->cat[j];
+    c->card = dg_cardinality(j, cfg.scale);
+    c->hex_k0 = sr_rng_u32(&r);
+    c->hex_k1 = sr_rng_u32(&r);
+    c->w = DG_TEACHER_CAT * (0.5 + sr_rng_uniform(&r)); /* some columns matter more */
+    if (!cfg.uniform) {
+      if (c->card <= DG_ALIAS_MAX) rc = alias_build(c, cfg.zipf_s);
+      else ri_init(&c->ri, cfg.zipf_s, c->card);
+    }
+    uint32_t nc = c->card < DG_VCACHE ? c->card : DG_VCACHE;
+    if (!rc && !(c->cache = malloc(sizeof(vparam) * nc))) rc = SR_ENOMEM;
+    for (uint32_t v = 0; !rc && v < nc; v++) vparam_compute(g, j, v, &c->cache[v]);
+    if (!rc) vparam_compute(g, j, DG_MISSING_RANK, &c->missing);
+  }
+  if (!rc) rc = calibrate(g);
+  if (rc) {
+    dg_generator_destroy(g);
+    return rc;
+  }
+  *out = g;
+  return 0;
+}
+
+const dg_config *dg_generator_config(const dg_generator *g) { return &g->cfg; }
+double dg_generator_bias(const dg_generator *g) { return g->bias; }
+
+/* ------------------------------------------------------------ formatting */
+
+static const char hexd[16] = "0123456789abcdef";
+
+static inline char *put_i64(char *p, int64_t v) {
+  char tmp[24];
+  int n = 0;
+  uint64_t u;
+  if (v < 0) {
+    *p++ = '-';
+    u = (uint64_t)(-(v + 1)) + 1;
+  } else {
+    u = (uint64_t)v;
+  }
+  do {
+    tmp[n++] = (char)('0' + u % 10);
+    u /= 10;
+  } while (u);
+  while (n) *p++ = tmp[--n];
+  return p;
+}
+
+static inline char *put_hex(char *p, uint32_t x) {
+  for (int s = 28; s >= 0; s -= 4) *p++ = hexd[(x >> s) & 15];
+  return p;
+}
+
+size_t dg_row_format(const dg_row *row, char *buf) {
+  char *p = buf;
+  *p++ = row->label ? '1' : '0';
+  for (int i = 0; i < DG_NUM_DENSE; i++) {
+    *p++ = '\t';
+    if (!row->dense_missing[i]) p = put_i64(p, row->dense[i]);
+  }
+  for (int j = 0; j < DG_NUM_CAT; j++) {
+    *p++ = '\t';
+    for (int t = 0; t < row->ncat[j]; t++) {
+      if (t) *p++ = ',';
+      p = put_hex(p, row->cat_hex[j][t]);
+    }
+  }
+  if (row->strip)
+    while (p[-1] == '\t') p--;
+  *p++ = '\n';
+  return (size_t)(p - buf);
+}
+
+/* ------------------------------------------------------------------ AUC */
+
+/* Order-preserving map of a float to uint32 (negative floats too). */
+static inline uint32_t float_key(float f) {
+  if (f == 0.0f) f = 0.0f; /* -0 ties +0 */
+  uint32_t b;
+  memcpy(&b, &f, 4);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+/* keys are (float_key << 1 | label); sort by the float part, LSD radix,
+ * 3 passes of 11 bits over bits 1..33. */
+static int radix_sort(uint64_t *k, size_t n) {
+  uint64_t *tmp = malloc(sizeof(uint64_t) * (n ? n : 1));
+  if (!tmp) return SR_ENOMEM;
+  uint64_t *src = k, *dst = tmp;
+  for (int pass = 0; pass < 3; pass++) {
+    int shift = 1 + 11 * pass;
+    size_t cnt[2048] = {0};
+    for (size_t i = 0; i < n; i++) cnt[(src[i] >> shift) & 2047]++;
+    size_t sum = 0;
+    for (int b = 0; b < 2048; b++) {
+      size_t c = cnt[b];
+      cnt[b] = sum;
+      sum += c;
+    }
+    for (size_t i = 0; i < n; i++) dst[cnt[(src[i] >> shift) & 2047]++] = src[i];
+    uint64_t *t = src;
+    src = dst;
+    dst = t;
+  }
+  /* after 3 passes the sorted data is in tmp */
+  memcpy(k, src, sizeof(uint64_t) * n);
+  free(tmp);
+  return 0;
+}
+
+/* AUC of sorted keys: sum over groups of equal score of
+ * pos_g * (neg below + neg_g / 2), over P * N. */
+static double auc_sorted(const uint64_t *k, size_t n) {
+  double pos = 0, neg = 0, acc = 0;
+  size_t i = 0;
+  while (i < n) {
+    uint64_t s = k[i] >> 1;
+    double pg = 0, ng = 0;
+    for (; i < n && (k[i] >> 1) == s; i++) {
+      if (k[i] & 1) pg++;
+      else ng++;
+    }
+    acc += pg * (neg + 0.5 * ng);
+    pos += pg, neg += ng;
+  }
+  return pos > 0 && neg > 0 ? acc / (pos * neg) : NAN;
+}
+
+int dg_auc_compute(const float *score, const uint8_t *label, size_t n, double *auc) {
+  uint64_t *k = malloc(sizeof(uint64_t) * (n ? n : 1));
+  if (!k) return SR_ENOMEM;
+  for (size_t i = 0; i < n; i++) k[i] = ((uint64_t)float_key(score[i]) << 1) | (label[i] != 0);
+  int rc = radix_sort(k, n);
+  if (!rc) *auc = auc_sorted(k, n);
+  free(k);
+  return rc;
+}
+
+/* Streaming oracle figures of one split: exact keys up to `max` rows, then a
+ * histogram over the top 20 bits of the probability's float key. */
+typedef struct {
+  uint64_t *keys;
+  size_t n, cap, max;
+  uint64_t *hist; /* [2][DG_HIST_BINS] */
+  uint64_t rows, pos;
+  double ll;
+} auc_acc;
+
+static int acc_add(auc_acc *a, float p, int y) {
+  a->rows++;
+  a->pos += (uint64_t)y;
+  a->ll -= y ? log((double)p) : log1p(-(double)p);
+  uint64_t key = ((uint64_t)float_key(p) << 1) | (uint64_t)y;
+  if (!a->hist && a->n == a->max) {
+    a->hist = calloc(2 * (size_t)DG_HIST_BINS, sizeof(uint64_t));
+    if (!a->hist) return SR_ENOMEM;
+    for (size_t i = 0; i < a->n; i++)
+      a->hist[(a->keys[i] & 1) * DG_HIST_BINS + ((a->keys[i] >> 1) >> 12)]++;
+    free(a->keys);
+    a->keys = NULL;
+    a->n = a->cap = 0;
+  }
+  if (a->hist) {
+    a->hist[(uint64_t)y * DG_HIST_BINS + ((key >> 1) >> 12)]++;
+    return 0;
+  }
+  if (a->n == a->cap) {
+    size_t nc = a->cap ? a->cap * 2 : 65536;
+    if (nc > a->max) nc = a->max;
+    uint64_t *k = realloc(a->keys, sizeof(uint64_t) * nc);
+    if (!k) return SR_ENOMEM;
+    a->keys = k;
+    a->cap = nc;
+  }
+  a->keys[a->n++] = key;
+  return 0;
+}
+
+static int acc_finish(auc_acc *a, dg_split_stats *s) {
+  s->rows = a->rows;
+  s->positives = a->pos;
+  s->logloss = a->rows ? a->ll / (double)a->rows : NAN;
+  s->auc_exact = !a->hist;
+  if (a->hist) {
+    double pos = 0, neg = 0, acc = 0;
+    for (uint32_t b = 0; b < DG_HIST_BINS; b++) {
+      double ng = (double)a->hist[b], pg = (double)a->hist[DG_HIST_BINS + b];
+      acc += pg * (neg + 0.5 * ng);
+      pos += pg, neg += ng;
+    }
+    s->auc = pos > 0 && neg > 0 ? acc / (pos * neg) : NAN;
+    return 0;
+  }
+  int rc = radix_sort(a->keys, a->n);
+  if (rc) return rc;
+  s->auc = auc_sorted(a->keys, a->n);
+  return 0;
+}
+
+static void acc_free(auc_acc *a) {
+  free(a->keys);
+  free(a->hist);
+  memset(a, 0, sizeof *a);
+}
+
+/* ---------------------------------------------------------------- writer */
+
+static cJSON *split_json(const dg_split_stats *s) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "rows", (double)s->rows);
+  cJSON_AddNumberToObject(o, "positives", (double)s->positives);
+  cJSON_AddNumberToObject(o, "positive_rate", s->rows ? (double)s->positives / s->rows : 0);
+  if (isnan(s->auc)) cJSON_AddNullToObject(o, "oracle_auc");
+  else cJSON_AddNumberToObject(o, "oracle_auc", s->auc);
+  cJSON_AddNumberToObject(o, "oracle_logloss", s->logloss);
+  cJSON_AddBoolToObject(o, "auc_exact", s->auc_exact);
+  return o;
+}
+
+static int write_summary(const dg_generator *g, const char *path, const dg_summary *sm) {
+  const dg_config *c = &g->cfg;
+  cJSON *root = cJSON_CreateObject();
+  cJSON_AddStringToObject(root, "format", "criteo-kaggle-tsv");
+  cJSON_AddNumberToObject(root, "rows", (double)c->rows);
+  cJSON_AddNumberToObject(root, "seed", (double)c->seed);
+  cJSON_AddNumberToObject(root, "positive_rate",
+                          sm->all.rows ? (double)sm->all.positives / sm->all.rows : 0);
+  cJSON_AddItemToObject(root, "all", split_json(&sm->all));
+  cJSON_AddItemToObject(root, "test", split_json(&sm->test));
+  cJSON_AddNumberToObject(root, "test_first_row", (double)(sm->all.rows - sm->test.rows));
+  cJSON *o = cJSON_AddObjectToObject(root, "options");
+  cJSON_AddNumberToObject(o, "scale", c->scale);
+  cJSON_AddNumberToObject(o, "test_fraction", c->test_fraction);
+  cJSON_AddNumberToObject(o, "zipf_s", c->zipf_s);
+  cJSON_AddBoolToObject(o, "uniform", c->uniform);
+  cJSON_AddNumberToObject(o, "multi_hot", c->multi_hot);
+  cJSON_AddNumberToObject(o, "strip_trailing", c->strip_trailing);
+  cJSON *card = cJSON_AddArrayToObject(root, "cardinalities");
+  for (int j = 0; j < DG_NUM_CAT; j++)
+    cJSON_AddItemToArray(card, cJSON_CreateNumber(g->cat[j].card));
+  cJSON *t = cJSON_AddObjectToObject(root, "teacher");
+  cJSON_AddNumberToObject(t, "bias", g->bias);
+  cJSON_AddNumberToObject(t, "pilot_var_dense", g->pilot_var_dense);
+  cJSON_AddNumberToObject(t, "pilot_var_cat", g->pilot_var_cat);
+  cJSON_AddNumberToObject(t, "pilot_var_total", g->pilot_var_total);
+  cJSON_AddNumberToObject(t, "cat_variance_share",
+                          g->pilot_var_total > 0 ? g->pilot_var_cat / g->pilot_var_total : 0);
+  char *text = cJSON_Print(root);
+  cJSON_Delete(root);
+  if (!text) return SR_ENOMEM;
+  FILE *f = fopen(path, "w");
+  int rc = 0;
+  if (!f || fputs(text, f) < 0 || fputc('\n', f) < 0) rc = SR_EIO;
+  if (f && fclose(f) != 0) rc = SR_EIO;
+  free(text);
+  return rc;
+}
+
+#define OUT_CHUNK (1u << 20)
+
+int dg_generator_write(dg_generator *g, const char *path, dg_summary *summary, char *errbuf,
+                       size_t errlen) {
+  if (errbuf && errlen) errbuf[0] = 0;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  const dg_config *c = &g->cfg;
+  uint64_t ntest = (uint64_t)llround((double)c->rows * c->test_fraction);
+  if (ntest > c->rows) ntest = c->rows;
+  uint64_t test_first = c->rows - ntest;
+
+  size_t plen = strlen(path);
+  char *ppath = malloc(plen + 16), *spath = malloc(plen + 16);
+  char *buf = malloc(OUT_CHUNK + DG_LINE_MAX), *pbuf = malloc(OUT_CHUNK + 64);
+  dg_row *row = malloc(sizeof *row);
+  auc_acc all = {0}, test = {0};
+  all.max = test.max = (size_t)c->auc_exact_max;
+  FILE *f = NULL, *pf = NULL;
+  int rc = 0;
+  const char *what = path;
+  dg_summary sm;
+  memset(&sm, 0, sizeof sm);
+  if (!ppath || !spath || !buf || !pbuf || !row) {
+    rc = SR_ENOMEM;
+    goto done;
+  }
+  sprintf(ppath, "%s.probs", path);
+  sprintf(spath, "%s.summary.json", path);
+  if (!(f = fopen(path, "wb"))) {
+    rc = SR_EIO;
+    goto done;
+  }
+  if (!(pf = fopen(ppath, "wb"))) {
+    rc = SR_EIO;
+    what = ppath;
+    goto done;
+  }
+  size_t blen = 0, plen2 = 0;
+  for (uint64_t i = 0; i < c->rows; i++) {
+    dg_generator_row(g, i, row);
+    blen += dg_row_format(row, buf + blen);
+    plen2 += (size_t)snprintf(pbuf + plen2, 64, "%.9g\n", (double)row->prob);
+    if ((rc = acc_add(&all, row->prob, row->label))) goto done;
+    if (i >= test_first && (rc = acc_add(&test, row->prob, row->label))) goto done;
+    if (blen >= OUT_CHUNK) {
+      if (fwrite(buf, 1, blen, f) != blen) {
+        rc = SR_EIO;
+        goto done;
+      }
+      sm.bytes += blen;
+      blen = 0;
+    }
+    if (plen2 >= OUT_CHUNK) {
+      if (fwrite(pbuf, 1, plen2, pf) != plen2) {
+        rc = SR_EIO;
+        what = ppath;
+        goto done;
+      }
+      plen2 = 0;
+    }
+  }
+  if (fwrite(buf, 1, blen, f) != blen) {
+    rc = SR_EIO;
+    goto done;
+  }
+  sm.bytes += blen;
+  if (fwrite(pbuf, 1, plen2, pf) != plen2) {
+    rc = SR_EIO;
+    what = ppath;
+    goto done;
+  }
+  {
+    int e1 = fclose(f), e2 = fclose(pf);
+    f = pf = NULL;
+    if (e1 || e2) {
+      rc = SR_EIO;
+      what = e1 ? path : ppath;
+      goto done;
+    }
+  }
+  if ((rc = acc_finish(&all, &sm.all)) || (rc = acc_finish(&test, &sm.test))) goto done;
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  sm.seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  if ((rc = write_summary(g, spath, &sm))) {
+    what = spath;
+    goto done;
+  }
+  if (summary) *summary = sm;
+done:
+  if (rc && errbuf) {
+    if (rc == SR_EIO) sr_fmt(errbuf, errlen, "datagen: %s: %s", what, strerror(errno));
+    else sr_fmt(errbuf, errlen, "datagen: %s", sr_strerror(rc));
+  }
+  if (f) fclose(f);
+  if (pf) fclose(pf);
+  acc_free(&all);
+  acc_free(&test);
+  free(ppath), free(spath), free(buf), free(pbuf), free(row);
+  return rc;
+}

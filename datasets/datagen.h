@@ -1,0 +1,129 @@
+/* Synthetic Criteo-format data with a known optimum.
+ *
+ * A generator writes Kaggle-format lines `label \t I1..I13 \t C1..C26` whose
+ * marginal statistics follow the real set (column cardinalities scaled by
+ * `scale`, Zipf-skewed categorical values, per-column missing rates, heavy
+ * tailed integer counts, occasional negative I2) and whose labels come from a
+ * hidden "teacher" model, so every line's true click probability is known:
+ *
+ *   logit = bias + dense + cat
+ *   dense = sum_i w_i * (log1p(max(0, I_i)) - m_i)   (or a per-column missing bias)
+ *   cat   = sum_j b_j(v_j)  +  sum_{j<k} <e_j(v_j), e_k(v_k)>   (FM, rank 4)
+ *   label ~ Bernoulli(sigmoid(logit))
+ *
+ * b_j(v) and e_j(v) are functions of Philox(seed, column, value) scaled by a
+ * shrink factor 1/sqrt(1 + rank/32): most of the signal sits on the Zipf head,
+ * where a model can learn it in one epoch. Nothing per value is stored except a
+ * bounded cache of the first ranks. `bias` is calibrated at create time by a
+ * pilot pass so that the positive rate is about 0.25.
+ *
+ * Everything is a pure function of (seed, row index): rows can be generated in
+ * any order, and the same seed gives the same bytes. */
+#ifndef SHARDREC_DATASETS_DATAGEN_H
+#define SHARDREC_DATASETS_DATAGEN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define DG_NUM_DENSE 13
+#define DG_NUM_CAT 26
+#define DG_MAX_HOT 16          /* largest --multi-hot K */
+#define DG_LINE_MAX 4096       /* a formatted line never exceeds this (K <= 16) */
+#define DG_MISSING_RANK UINT32_MAX
+
+typedef struct dg_config {
+  uint64_t rows;          /* lines to write (dg_generator_write); >= 1 */
+  uint64_t seed;
+  double scale;           /* cardinality scale; 0 = default 0.01 */
+  double test_fraction;   /* last fraction of lines reported as "test"; default 0.1 */
+  double zipf_s;          /* Zipf exponent; 0 = default 1.1 */
+  int uniform;            /* 1: ids uniform over each column instead of Zipf */
+  int multi_hot;          /* each categorical holds 1..multi_hot ids; 0 or 1 = one-hot */
+  double strip_trailing;  /* fraction of lines whose trailing empty fields are cut */
+  uint64_t auc_exact_max; /* rows kept for the exact AUC; beyond it a 2^20-bin
+                             histogram (approximate). 0 = default 2^25 */
+} dg_config;
+
+/* Defaults for every field (rows 1000, seed 1, test_fraction 0.1, ...). */
+void dg_config_default(dg_config *cfg);
+
+/* Cardinality of categorical column j (0..25) for a scale: the reference DLRM's
+ * Kaggle count c, scaled to max(min(c, 16), ceil(c * scale)), so tiny columns
+ * (3, 4, 10, 15) keep their real size and none falls below 16 otherwise. */
+uint32_t dg_cardinality(int col, double scale);
+
+/* The configured (expected) missing rate of dense column i / categorical j. */
+double dg_dense_missing_rate(int col);
+double dg_cat_missing_rate(int col);
+
+/* One generated sample, before formatting. */
+typedef struct dg_row {
+  uint64_t index;                          /* row index in the file */
+  int label;                               /* 0 or 1 */
+  float prob;                              /* true click probability */
+  double logit, logit_bias, logit_dense, logit_cat; /* logit = bias + dense + cat */
+  double logit_cat_fm;                     /* the FM part of logit_cat */
+  int64_t dense[DG_NUM_DENSE];             /* raw integer values */
+  uint8_t dense_missing[DG_NUM_DENSE];
+  int ncat[DG_NUM_CAT];                    /* ids in the field; 0 = missing */
+  uint32_t cat_rank[DG_NUM_CAT][DG_MAX_HOT]; /* Zipf rank (0 = most frequent) */
+  uint32_t cat_hex[DG_NUM_CAT][DG_MAX_HOT];  /* the 32-bit id written as 8 hex digits */
+  int strip;                               /* 1: trailing empty fields are cut */
+} dg_row;
+
+typedef struct dg_generator dg_generator;
+
+/* Oracle figures of one split ("test" or "all"). */
+typedef struct dg_split_stats {
+  uint64_t rows, positives;
+  double auc;      /* ties averaged, as scikit-learn's roc_auc_score; NAN if one class */
+  double logloss;  /* mean of -log p(label) with the float probability */
+  int auc_exact;   /* 0 when more than auc_exact_max rows forced the histogram */
+} dg_split_stats;
+
+typedef struct dg_summary {
+  dg_split_stats all, test;
+  uint64_t bytes;  /* bytes of the TSV file */
+  double seconds;  /* wall time of the generation */
+} dg_summary;
+
+/* Check cfg and build a generator: cardinalities, Zipf samplers (alias tables
+ * up to 2^20 values, rejection-inversion above, so memory stays bounded at any
+ * scale), value caches, teacher weights, and the bias calibration pilot (20k
+ * rows). The generator copies cfg. On success *out owns a generator to free
+ * with dg_generator_destroy. Returns 0, SR_EINVAL (a bad field; the message
+ * is in errbuf when errbuf is not NULL) or SR_ENOMEM. */
+int dg_generator_create(const dg_config *cfg, dg_generator **out, char *errbuf,
+                        size_t errlen);
+
+/* Free a generator; NULL does nothing. */
+void dg_generator_destroy(dg_generator *g);
+
+/* The configuration in use (with defaults filled in). */
+const dg_config *dg_generator_config(const dg_generator *g);
+
+/* The calibrated teacher bias. */
+double dg_generator_bias(const dg_generator *g);
+
+/* Generate row `index` into *row (caller-owned). Pure function of (seed, index). */
+void dg_generator_row(const dg_generator *g, uint64_t index, dg_row *row);
+
+/* Format a row as one TSV line ending in '\n' into buf (at least DG_LINE_MAX
+ * bytes). Returns the length written (no NUL). */
+size_t dg_row_format(const dg_row *row, char *buf);
+
+/* Write cfg->rows lines to `path`, the true probabilities to `path`.probs
+ * (one %.9g float per line) and a JSON summary to `path`.summary.json.
+ * Streams in 1 MiB chunks: memory is bounded by the AUC buffers (8 bytes a row
+ * up to auc_exact_max, then a fixed histogram). Fills *summary when not NULL.
+ * Returns 0, SR_EIO (message in errbuf) or SR_ENOMEM. */
+int dg_generator_write(dg_generator *g, const char *path, dg_summary *summary, char *errbuf,
+                       size_t errlen);
+
+/* Exact ROC AUC of scores against 0/1 labels, ties given averaged ranks (the
+ * definition scikit-learn's roc_auc_score uses). Sorts a copy; inputs are not
+ * changed. Returns 0 and *auc (NAN when one class is absent), or SR_ENOMEM. */
+int dg_auc_compute(const float *score, const uint8_t *label, size_t n, double *auc);
+
+#endif
