@@ -1,0 +1,657 @@
+/* Tests for datasets/datagen: determinism, the marginal statistics of the
+ * lines, the teacher's figures (positive rate, oracle AUC, categorical share of
+ * the logit variance, dense-only logistic regression well below the oracle),
+ * and the datagen command's files (.probs, .summary.json) and flags. */
+#include <check.h>
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/status.h"
+#include "datasets/datagen.h"
+
+#define STAT_ROWS 200000
+
+static dg_generator *make_gen(uint64_t rows, uint64_t seed, int uniform, int hot,
+                              double strip) {
+  dg_config cfg;
+  dg_config_default(&cfg);
+  cfg.rows = rows;
+  cfg.seed = seed;
+  cfg.uniform = uniform;
+  cfg.multi_hot = hot;
+  cfg.strip_trailing = strip;
+  dg_generator *g = NULL;
+  char err[256];
+  int rc = dg_generator_create(&cfg, &g, err, sizeof err);
+  ck_assert_msg(rc == 0, "create: %s", err);
+  return g;
+}
+
+static char *tmpdir_make(void) {
+  char *d = strdup("/tmp/sr_datagen_XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(d));
+  return d;
+}
+
+static void tmpdir_remove(const char *d) {
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", d);
+  ck_assert_int_eq(system(cmd), 0);
+}
+
+static char *file_read(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f != NULL, "open %s", path);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *b = malloc((size_t)n + 1);
+  ck_assert_int_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+  b[n] = 0;
+  fclose(f);
+  *len = (size_t)n;
+  return b;
+}
+
+/* Split a line (no newline) into up to 40 fields in place. */
+static int split_tabs(char *line, char **f) {
+  int n = 0;
+  f[n++] = line;
+  for (char *p = line; *p; p++)
+    if (*p == '\t') {
+      *p = 0;
+      ck_assert_int_lt(n, 40);
+      f[n++] = p + 1;
+    }
+  return n;
+}
+
+static int is_hex8(const char *s, size_t len) {
+  if (len != 8) return 0;
+  for (size_t i = 0; i < 8; i++)
+    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return 0;
+  return 1;
+}
+
+/* ------------------------------------------------------------------ AUC */
+
+START_TEST(test_auc_ties) {
+  double auc;
+  /* scikit-learn's roc_auc_score docstring example */
+  float s1[] = {0.1f, 0.4f, 0.35f, 0.8f};
+  uint8_t y1[] = {0, 0, 1, 1};
+  ck_assert_int_eq(dg_auc_compute(s1, y1, 4, &auc), 0);
+  ck_assert_double_eq_tol(auc, 0.75, 1e-12);
+  /* ties count one half */
+  float s2[] = {0.1f, 0.5f, 0.5f, 0.9f};
+  ck_assert_int_eq(dg_auc_compute(s2, y1, 4, &auc), 0);
+  ck_assert_double_eq_tol(auc, 0.875, 1e-12);
+  float s3[] = {-2.0f, -2.0f, -2.0f, 3.0f, -0.0f, 0.0f};
+  uint8_t y3[] = {1, 0, 0, 1, 1, 0};
+  /* pos {-2, 3, 0}, neg {-2, -2, 0}: pos -2: 2 ties = 1; pos 3: 3; pos 0: 2 + 0.5 */
+  ck_assert_int_eq(dg_auc_compute(s3, y3, 6, &auc), 0);
+  ck_assert_double_eq_tol(auc, 6.5 / 9.0, 1e-12);
+  uint8_t y4[] = {1, 1, 1, 1};
+  ck_assert_int_eq(dg_auc_compute(s1, y4, 4, &auc), 0);
+  ck_assert(isnan(auc));
+}
+END_TEST
+
+/* ----------------------------------------------------------- determinism */
+
+START_TEST(test_determinism) {
+  char *d = tmpdir_make();
+  char p1[256], p2[256], p3[256];
+  snprintf(p1, sizeof p1, "%s/a.tsv", d);
+  snprintf(p2, sizeof p2, "%s/b.tsv", d);
+  snprintf(p3, sizeof p3, "%s/c.tsv", d);
+  char err[256];
+  dg_generator *g = make_gen(20000, 7, 0, 1, 0);
+  ck_assert_int_eq(dg_generator_write(g, p1, NULL, err, sizeof err), 0);
+  dg_generator_destroy(g);
+  g = make_gen(20000, 7, 0, 1, 0);
+  ck_assert_int_eq(dg_generator_write(g, p2, NULL, err, sizeof err), 0);
+  /* rows are a pure function of the index: any order gives the same line */
+  dg_row row;
+  char line[DG_LINE_MAX];
+  dg_generator_row(g, 12345, &row);
+  size_t ll = dg_row_format(&row, line);
+  dg_generator_destroy(g);
+  g = make_gen(20000, 8, 0, 1, 0);
+  ck_assert_int_eq(dg_generator_write(g, p3, NULL, err, sizeof err), 0);
+  dg_generator_destroy(g);
+  size_t n1, n2, n3;
+  char *a = file_read(p1, &n1), *b = file_read(p2, &n2), *c = file_read(p3, &n3);
+  ck_assert_uint_eq(n1, n2);
+  ck_assert(memcmp(a, b, n1) == 0);
+  ck_assert(n1 != n3 || memcmp(a, c, n1) != 0);
+  /* line 12345 of the file */
+  char *p = a;
+  for (int i = 0; i < 12345; i++) p = strchr(p, '\n') + 1;
+  ck_assert(memcmp(p, line, ll) == 0);
+  /* the probs too */
+  char q1[300], q2[300];
+  snprintf(q1, sizeof q1, "%s.probs", p1);
+  snprintf(q2, sizeof q2, "%s.probs", p2);
+  free(a), free(b), free(c);
+  a = file_read(q1, &n1), b = file_read(q2, &n2);
+  ck_assert_uint_eq(n1, n2);
+  ck_assert(memcmp(a, b, n1) == 0);
+  free(a), free(b);
+  tmpdir_remove(d);
+  free(d);
+}
+END_TEST
+
+/* ------------------------------------------------------------ statistics */
+
+/* Expected distinct values among n draws from P(r) ~ 1/(r+1)^s, r < card
+ * (uniform when s == 0). */
+static double expected_distinct(uint32_t card, double s, double n) {
+  double z = 0, e = 0;
+  for (uint32_t r = 0; r < card; r++) z += s > 0 ? pow(r + 1.0, -s) : 1.0;
+  for (uint32_t r = 0; r < card; r++) {
+    double p = (s > 0 ? pow(r + 1.0, -s) : 1.0) / z;
+    e += 1 - exp(n * log1p(-p));
+  }
+  return e;
+}
+
+/* Dense-only logistic regression: Newton's method on
+ * [1, log1p(max(0, I_i)), missing_i] (27 features), fitted on the first rows,
+ * scored on the rest. Returns the held-out AUC. */
+#define LR_F 27
+static void lr_features(const dg_row *r, double *x) {
+  x[0] = 1;
+  for (int i = 0; i < DG_NUM_DENSE; i++) {
+    x[1 + i] = r->dense_missing[i] ? 0 : log1p(r->dense[i] > 0 ? (double)r->dense[i] : 0);
+    x[14 + i] = r->dense_missing[i];
+  }
+}
+
+static int solve(double a[LR_F][LR_F], double *b) {
+  for (int c = 0; c < LR_F; c++) {
+    int piv = c;
+    for (int r = c + 1; r < LR_F; r++)
+      if (fabs(a[r][c]) > fabs(a[piv][c])) piv = r;
+    if (fabs(a[piv][c]) < 1e-12) return -1;
+    for (int k = 0; k < LR_F; k++) {
+      double t = a[c][k];
+      a[c][k] = a[piv][k];
+      a[piv][k] = t;
+    }
+    double t = b[c];
+    b[c] = b[piv];
+    b[piv] = t;
+    for (int r = 0; r < LR_F; r++) {
+      if (r == c) continue;
+      double f = a[r][c] / a[c][c];
+      for (int k = c; k < LR_F; k++) a[r][k] -= f * a[c][k];
+      b[r] -= f * b[c];
+    }
+  }
+  for (int c = 0; c < LR_F; c++) b[c] /= a[c][c];
+  return 0;
+}
+
+static double dense_lr_auc(const float *x, const uint8_t *y, size_t ntrain, size_t n) {
+  double w[LR_F] = {0};
+  for (int it = 0; it < 8; it++) {
+    static double h[LR_F][LR_F];
+    double gr[LR_F] = {0};
+    memset(h, 0, sizeof h);
+    for (size_t i = 0; i < ntrain; i++) {
+      const float *xi = x + i * LR_F;
+      double z = 0;
+      for (int k = 0; k < LR_F; k++) z += w[k] * xi[k];
+      double p = 1 / (1 + exp(-z)), s = p * (1 - p) + 1e-9;
+      for (int k = 0; k < LR_F; k++) {
+        gr[k] += (p - y[i]) * xi[k];
+        for (int l = 0; l <= k; l++) h[k][l] += s * xi[k] * xi[l];
+      }
+    }
+    for (int k = 0; k < LR_F; k++) {
+      h[k][k] += 1e-6 * ntrain; /* a whisper of ridge: constant columns stay solvable */
+      for (int l = 0; l < k; l++) h[l][k] = h[k][l];
+    }
+    ck_assert_int_eq(solve(h, gr), 0);
+    for (int k = 0; k < LR_F; k++) w[k] -= gr[k];
+  }
+  float *score = malloc(sizeof(float) * (n - ntrain));
+  for (size_t i = ntrain; i < n; i++) {
+    double z = 0;
+    for (int k = 0; k < LR_F; k++) z += w[k] * x[i * LR_F + k];
+    score[i - ntrain] = (float)z;
+  }
+  double auc;
+  ck_assert_int_eq(dg_auc_compute(score, y + ntrain, n - ntrain, &auc), 0);
+  free(score);
+  return auc;
+}
+
+START_TEST(test_statistics) {
+  dg_generator *g = make_gen(STAT_ROWS, 1, 0, 1, 0);
+  const size_t n = STAT_ROWS;
+  dg_row *row = malloc(sizeof *row);
+  char line[DG_LINE_MAX];
+  uint64_t dmiss[DG_NUM_DENSE] = {0}, cmiss[DG_NUM_CAT] = {0}, neg_i2 = 0, pos = 0;
+  uint32_t *counts[DG_NUM_CAT];
+  uint32_t card[DG_NUM_CAT];
+  for (int j = 0; j < DG_NUM_CAT; j++) {
+    card[j] = dg_cardinality(j, 0.01);
+    counts[j] = calloc(card[j], sizeof(uint32_t));
+  }
+  float *prob = malloc(sizeof(float) * n), *lrx = malloc(sizeof(float) * n * LR_F);
+  uint8_t *y = malloc(n);
+  double sc = 0, scc = 0, st = 0, stt = 0, sf = 0, sff = 0;
+  for (size_t i = 0; i < n; i++) {
+    dg_generator_row(g, i, row);
+    prob[i] = row->prob;
+    y[i] = (uint8_t)row->label;
+    pos += (uint64_t)row->label;
+    double lt = row->logit - row->logit_bias;
+    ck_assert_double_eq_tol(lt, row->logit_dense + row->logit_cat, 1e-9);
+    sc += row->logit_cat, scc += row->logit_cat * row->logit_cat;
+    sf += row->logit_cat_fm, sff += row->logit_cat_fm * row->logit_cat_fm;
+    st += lt, stt += lt * lt;
+    double xd[LR_F];
+    lr_features(row, xd);
+    for (int k = 0; k < LR_F; k++) lrx[i * LR_F + k] = (float)xd[k];
+    for (int k = 0; k < DG_NUM_DENSE; k++) dmiss[k] += row->dense_missing[k];
+    if (!row->dense_missing[1] && row->dense[1] < 0) neg_i2++;
+    for (int j = 0; j < DG_NUM_CAT; j++) {
+      if (!row->ncat[j]) cmiss[j]++;
+      else counts[j][row->cat_rank[j][0]]++;
+    }
+    /* the formatted line: 40 fields, values as generated, ids 8 lowercase hex */
+    if (i < 20000) {
+      size_t len = dg_row_format(row, line);
+      ck_assert_int_eq(line[len - 1], '\n');
+      line[len - 1] = 0;
+      char *f[40];
+      ck_assert_int_eq(split_tabs(line, f), 40);
+      ck_assert_int_eq(atoi(f[0]), row->label);
+      for (int k = 0; k < DG_NUM_DENSE; k++) {
+        if (row->dense_missing[k]) ck_assert_str_eq(f[1 + k], "");
+        else ck_assert_int_eq(strtoll(f[1 + k], NULL, 10), row->dense[k]);
+      }
+      for (int j = 0; j < DG_NUM_CAT; j++) {
+        if (!row->ncat[j]) ck_assert_str_eq(f[14 + j], "");
+        else {
+          ck_assert_msg(is_hex8(f[14 + j], strlen(f[14 + j])), "C%d '%s'", j + 1, f[14 + j]);
+          ck_assert_uint_eq(strtoul(f[14 + j], NULL, 16), row->cat_hex[j][0]);
+        }
+      }
+    }
+  }
+  /* missing rates per column, and overall */
+  double dm_all = 0, cm_all = 0;
+  for (int k = 0; k < DG_NUM_DENSE; k++) {
+    double r = (double)dmiss[k] / n;
+    ck_assert_msg(fabs(r - dg_dense_missing_rate(k)) < 0.006, "I%d missing %.4f vs %.4f", k + 1,
+                  r, dg_dense_missing_rate(k));
+    dm_all += r / DG_NUM_DENSE;
+  }
+  for (int j = 0; j < DG_NUM_CAT; j++) {
+    double r = (double)cmiss[j] / n;
+    ck_assert_msg(fabs(r - dg_cat_missing_rate(j)) < 0.006, "C%d missing %.4f vs %.4f", j + 1, r,
+                  dg_cat_missing_rate(j));
+    cm_all += r / DG_NUM_CAT;
+  }
+  ck_assert_msg(dm_all > 0.18 && dm_all < 0.23, "integer missing %.4f", dm_all);
+  ck_assert_msg(cm_all > 0.09 && cm_all < 0.13, "categorical missing %.4f", cm_all);
+  ck_assert_double_gt((double)dmiss[11] / n, 0.7);  /* I12 */
+  ck_assert_double_gt((double)cmiss[21] / n, 0.7);  /* C22 */
+  ck_assert_msg(neg_i2 > n / 100, "negative I2: %llu", (unsigned long long)neg_i2);
+
+  /* distinct values near the Zipf expectation; the head far above uniform */
+  for (int j = 0; j < DG_NUM_CAT; j++) {
+    uint32_t distinct = 0, top = 0;
+    for (uint32_t v = 0; v < card[j]; v++) {
+      distinct += counts[j][v] > 0;
+      if (counts[j][v] > top) top = counts[j][v];
+    }
+    double seen = (double)(n - cmiss[j]);
+    double e = expected_distinct(card[j], 1.1, seen);
+    ck_assert_msg(fabs(distinct - e) <= 0.03 * e + 3, "C%d distinct %u vs expected %.1f", j + 1,
+                  distinct, e);
+    ck_assert_uint_eq(counts[j][0], top); /* rank 0 is the most frequent */
+    if (card[j] >= 100)
+      ck_assert_msg(top / seen > 20.0 / card[j], "C%d top share %.4f", j + 1, top / seen);
+    free(counts[j]);
+  }
+
+  /* the teacher */
+  double rate = (double)pos / n;
+  ck_assert_msg(fabs(rate - 0.25) < 0.03, "positive rate %.4f", rate);
+  double oracle;
+  ck_assert_int_eq(dg_auc_compute(prob, y, n, &oracle), 0);
+  ck_assert_msg(oracle >= 0.75 && oracle <= 0.85, "oracle AUC %.4f", oracle);
+  double var_cat = scc / n - (sc / n) * (sc / n), var_tot = stt / n - (st / n) * (st / n);
+  double var_fm = sff / n - (sf / n) * (sf / n);
+  double share = var_cat / var_tot;
+  ck_assert_msg(share >= 0.5, "categorical variance share %.3f", share);
+  size_t ntrain = n * 9 / 10;
+  double oracle_test;
+  ck_assert_int_eq(dg_auc_compute(prob + ntrain, y + ntrain, n - ntrain, &oracle_test), 0);
+  double lr = dense_lr_auc(lrx, y, ntrain, n);
+  ck_assert_msg(lr <= oracle_test - 0.03, "dense-only LR AUC %.4f vs oracle %.4f", lr,
+                oracle_test);
+  ck_assert_msg(lr > 0.55, "dense features carry some signal: LR AUC %.4f", lr);
+  fprintf(stderr,
+          "datagen stats: positive rate %.4f, oracle AUC %.4f (test %.4f), dense-only LR AUC "
+          "%.4f, categorical variance share %.3f (FM %.3f of total), integer missing %.4f, "
+          "categorical missing %.4f\n",
+          rate, oracle, oracle_test, lr, share, var_fm / var_tot, dm_all, cm_all);
+  free(prob), free(lrx), free(y), free(row);
+  dg_generator_destroy(g);
+}
+END_TEST
+
+START_TEST(test_uniform) {
+  const size_t n = 100000;
+  dg_generator *g = make_gen(n, 3, 1, 1, 0);
+  dg_row row;
+  uint32_t card[DG_NUM_CAT], *counts[DG_NUM_CAT];
+  uint64_t seen[DG_NUM_CAT] = {0};
+  for (int j = 0; j < DG_NUM_CAT; j++) {
+    card[j] = dg_cardinality(j, 0.01);
+    counts[j] = calloc(card[j], sizeof(uint32_t));
+  }
+  for (size_t i = 0; i < n; i++) {
+    dg_generator_row(g, i, &row);
+    for (int j = 0; j < DG_NUM_CAT; j++)
+      if (row.ncat[j]) {
+        counts[j][row.cat_rank[j][0]]++;
+        seen[j]++;
+      }
+  }
+  for (int j = 0; j < DG_NUM_CAT; j++) {
+    uint32_t distinct = 0, top = 0;
+    for (uint32_t v = 0; v < card[j]; v++) {
+      distinct += counts[j][v] > 0;
+      if (counts[j][v] > top) top = counts[j][v];
+    }
+    double e = expected_distinct(card[j], 0, (double)seen[j]);
+    ck_assert_msg(fabs(distinct - e) <= 0.02 * e + 3, "C%d distinct %u vs %.1f", j + 1, distinct,
+                  e);
+    /* no head: the top value is within a few sigma of the uniform share */
+    double mean = (double)seen[j] / card[j];
+    ck_assert_msg(top < mean + 6 * sqrt(mean) + 6, "C%d top %u mean %.1f", j + 1, top, mean);
+    free(counts[j]);
+  }
+  dg_generator_destroy(g);
+}
+END_TEST
+
+START_TEST(test_multi_hot_and_strip) {
+  const size_t n = 20000;
+  dg_generator *g = make_gen(n, 5, 0, 4, 0.3);
+  dg_row row;
+  char line[DG_LINE_MAX];
+  uint64_t bags = 0, ids = 0, multi = 0, stripped = 0, maxk = 0;
+  for (size_t i = 0; i < n; i++) {
+    dg_generator_row(g, i, &row);
+    size_t len = dg_row_format(&row, line);
+    line[len - 1] = 0;
+    char *f[40];
+    int nf = split_tabs(line, f);
+    if (nf < 40) {
+      stripped++;
+      ck_assert_int_ne(f[nf - 1][0], 0); /* the last field kept is not empty */
+    }
+    for (int j = 0; j < DG_NUM_CAT; j++) {
+      const char *s = 14 + j < nf ? f[14 + j] : "";
+      if (!row.ncat[j]) {
+        ck_assert_str_eq(s, "");
+        continue;
+      }
+      bags++;
+      int k = 0;
+      const char *p = s;
+      for (;;) {
+        const char *c = strchr(p, ',');
+        size_t l = c ? (size_t)(c - p) : strlen(p);
+        ck_assert_msg(is_hex8(p, l), "C%d '%s'", j + 1, s);
+        k++;
+        if (!c) break;
+        p = c + 1;
+      }
+      ck_assert_int_eq(k, row.ncat[j]);
+      ck_assert_int_le(k, 4);
+      if ((uint64_t)k > maxk) maxk = (uint64_t)k;
+      ids += (uint64_t)k;
+      multi += k > 1;
+    }
+  }
+  ck_assert_uint_eq(maxk, 4);
+  double mean = (double)ids / bags;
+  ck_assert_msg(fabs(mean - 2.5) < 0.05, "mean ids per bag %.3f", mean);
+  ck_assert_uint_gt(multi, bags / 2);
+  /* about 30% of lines are stripped; those with a non-empty C26 cannot be */
+  ck_assert_msg(stripped > n / 10 && stripped < n * 3 / 10, "stripped %llu",
+                (unsigned long long)stripped);
+  dg_generator_destroy(g);
+}
+END_TEST
+
+START_TEST(test_histogram_fallback) {
+  char *d = tmpdir_make();
+  char p[256];
+  snprintf(p, sizeof p, "%s/h.tsv", d);
+  dg_config cfg;
+  dg_config_default(&cfg);
+  cfg.rows = 30000;
+  cfg.seed = 11;
+  dg_generator *g = NULL;
+  char err[256];
+  ck_assert_int_eq(dg_generator_create(&cfg, &g, err, sizeof err), 0);
+  dg_summary exact, approx;
+  ck_assert_int_eq(dg_generator_write(g, p, &exact, err, sizeof err), 0);
+  dg_generator_destroy(g);
+  cfg.auc_exact_max = 1000;
+  ck_assert_int_eq(dg_generator_create(&cfg, &g, err, sizeof err), 0);
+  ck_assert_int_eq(dg_generator_write(g, p, &approx, err, sizeof err), 0);
+  dg_generator_destroy(g);
+  ck_assert(exact.all.auc_exact && exact.test.auc_exact);
+  ck_assert(!approx.all.auc_exact && !approx.test.auc_exact);
+  ck_assert_double_eq_tol(exact.all.auc, approx.all.auc, 2e-3);
+  ck_assert_double_eq_tol(exact.test.auc, approx.test.auc, 2e-3);
+  ck_assert_double_eq_tol(exact.all.logloss, approx.all.logloss, 1e-12);
+  tmpdir_remove(d);
+  free(d);
+}
+END_TEST
+
+START_TEST(test_config_errors) {
+  dg_config cfg;
+  dg_generator *g = NULL;
+  char err[256];
+  dg_config_default(&cfg);
+  cfg.multi_hot = 17;
+  ck_assert_int_eq(dg_generator_create(&cfg, &g, err, sizeof err), SR_EINVAL);
+  ck_assert_ptr_null(g);
+  ck_assert(strstr(err, "multi_hot") != NULL);
+  dg_config_default(&cfg);
+  cfg.scale = 2;
+  ck_assert_int_eq(dg_generator_create(&cfg, &g, err, sizeof err), SR_EINVAL);
+  dg_config_default(&cfg);
+  cfg.test_fraction = -0.5;
+  ck_assert_int_eq(dg_generator_create(&cfg, &g, err, sizeof err), SR_EINVAL);
+  dg_generator_destroy(NULL);
+  /* cardinalities: tiny columns kept, floor 16, Kaggle counts at scale 1 */
+  ck_assert_uint_eq(dg_cardinality(8, 0.01), 3);
+  ck_assert_uint_eq(dg_cardinality(19, 0.01), 4);
+  ck_assert_uint_eq(dg_cardinality(16, 0.01), 10);
+  ck_assert_uint_eq(dg_cardinality(1, 0.01), 16);
+  ck_assert_uint_eq(dg_cardinality(2, 0.01), 101313);
+  ck_assert_uint_eq(dg_cardinality(2, 1.0), 10131227);
+  /* a full-scale generator stays small (no per-value tables for 10M columns) */
+  dg_config_default(&cfg);
+  cfg.scale = 1.0;
+  ck_assert_int_eq(dg_generator_create(&cfg, &g, err, sizeof err), 0);
+  dg_row row;
+  int seen_big = 0;
+  for (uint64_t i = 0; i < 2000; i++) {
+    dg_generator_row(g, i, &row);
+    if (row.ncat[2] && row.cat_rank[2][0] >= (1u << 20)) seen_big = 1;
+    for (int j = 0; j < DG_NUM_CAT; j++)
+      if (row.ncat[j]) ck_assert_uint_lt(row.cat_rank[j][0], dg_cardinality(j, 1.0));
+  }
+  ck_assert(seen_big);
+  dg_generator_destroy(g);
+}
+END_TEST
+
+/* ---------------------------------------------------------- the command */
+
+static int run_bin(const char *args) {
+  const char *bin = getenv("SHARDREC_BIN");
+  ck_assert_msg(bin != NULL, "SHARDREC_BIN not set");
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "'%s' datagen %s >/dev/null 2>&1", bin, args);
+  int st = system(cmd);
+  ck_assert(WIFEXITED(st));
+  return WEXITSTATUS(st);
+}
+
+static double json_num(const cJSON *o, const char *k) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+  ck_assert_msg(cJSON_IsNumber(v), "summary: %s missing", k);
+  return v->valuedouble;
+}
+
+START_TEST(test_command_files) {
+  char *d = tmpdir_make();
+  char args[512], path[256], pp[300], sp[300];
+  snprintf(path, sizeof path, "%s/s.tsv", d);
+  snprintf(pp, sizeof pp, "%s.probs", path);
+  snprintf(sp, sizeof sp, "%s.summary.json", path);
+  snprintf(args, sizeof args, "--rows 30000 --seed 9 --test-fraction 0.2 --out '%s'", path);
+  ck_assert_int_eq(run_bin(args), 0);
+  size_t tn, pn, sn;
+  char *tsv = file_read(path, &tn), *probs = file_read(pp, &pn), *sum = file_read(sp, &sn);
+  const size_t n = 30000, ntest = 6000;
+  float *p = malloc(sizeof(float) * n);
+  uint8_t *y = malloc(n);
+  size_t lines = 0;
+  for (char *l = tsv; *l; lines++) {
+    ck_assert_uint_lt(lines, n);
+    ck_assert(l[0] == '0' || l[0] == '1');
+    ck_assert_int_eq(l[1], '\t');
+    y[lines] = (uint8_t)(l[0] - '0');
+    l = strchr(l, '\n') + 1;
+  }
+  ck_assert_uint_eq(lines, n);
+  char *q = probs;
+  double ll_all = 0, ll_test = 0;
+  uint64_t pos_all = 0, pos_test = 0;
+  for (size_t i = 0; i < n; i++) {
+    char *end;
+    p[i] = strtof(q, &end);
+    ck_assert(end != q && *end == '\n');
+    q = end + 1;
+    ck_assert(p[i] > 0 && p[i] < 1);
+    double l = y[i] ? -log((double)p[i]) : -log1p(-(double)p[i]);
+    ll_all += l;
+    pos_all += y[i];
+    if (i >= n - ntest) ll_test += l, pos_test += y[i];
+  }
+  ck_assert_int_eq(*q, 0);
+  double auc_all, auc_test;
+  ck_assert_int_eq(dg_auc_compute(p, y, n, &auc_all), 0);
+  ck_assert_int_eq(dg_auc_compute(p + n - ntest, y + n - ntest, ntest, &auc_test), 0);
+
+  cJSON *root = cJSON_Parse(sum);
+  ck_assert_ptr_nonnull(root);
+  ck_assert_double_eq(json_num(root, "rows"), 30000);
+  ck_assert_double_eq(json_num(root, "seed"), 9);
+  ck_assert_double_eq_tol(json_num(root, "positive_rate"), (double)pos_all / n, 1e-12);
+  const cJSON *all = cJSON_GetObjectItemCaseSensitive(root, "all");
+  const cJSON *test = cJSON_GetObjectItemCaseSensitive(root, "test");
+  ck_assert_double_eq(json_num(all, "rows"), n);
+  ck_assert_double_eq(json_num(test, "rows"), ntest);
+  ck_assert_double_eq(json_num(all, "positives"), pos_all);
+  ck_assert_double_eq(json_num(test, "positives"), pos_test);
+  ck_assert_double_eq_tol(json_num(all, "oracle_auc"), auc_all, 1e-9);
+  ck_assert_double_eq_tol(json_num(test, "oracle_auc"), auc_test, 1e-9);
+  ck_assert_double_eq_tol(json_num(all, "oracle_logloss"), ll_all / n, 1e-9);
+  ck_assert_double_eq_tol(json_num(test, "oracle_logloss"), ll_test / ntest, 1e-9);
+  const cJSON *opt = cJSON_GetObjectItemCaseSensitive(root, "options");
+  ck_assert_double_eq_tol(json_num(opt, "test_fraction"), 0.2, 1e-12);
+  ck_assert_double_eq_tol(json_num(opt, "scale"), 0.01, 1e-12);
+  cJSON_Delete(root);
+
+  /* same bytes as the library writes in process */
+  char lib[300];
+  snprintf(lib, sizeof lib, "%s/lib.tsv", d);
+  dg_config cfg;
+  dg_config_default(&cfg);
+  cfg.rows = n, cfg.seed = 9, cfg.test_fraction = 0.2;
+  dg_generator *g = NULL;
+  char err[256];
+  ck_assert_int_eq(dg_generator_create(&cfg, &g, err, sizeof err), 0);
+  ck_assert_int_eq(dg_generator_write(g, lib, NULL, err, sizeof err), 0);
+  dg_generator_destroy(g);
+  size_t ln;
+  char *lb = file_read(lib, &ln);
+  ck_assert_uint_eq(ln, tn);
+  ck_assert(memcmp(lb, tsv, tn) == 0);
+  free(lb), free(tsv), free(probs), free(sum), free(p), free(y);
+  tmpdir_remove(d);
+  free(d);
+}
+END_TEST
+
+START_TEST(test_command_flags) {
+  char args[512];
+  ck_assert_int_eq(run_bin("--help"), 0);
+  ck_assert_int_eq(run_bin("--rows 10"), 2);                      /* no --out */
+  ck_assert_int_eq(run_bin("--out /tmp/x.tsv"), 2);               /* no --rows */
+  ck_assert_int_eq(run_bin("--rows abc --out /tmp/x.tsv"), 2);
+  ck_assert_int_eq(run_bin("--rows 0 --out /tmp/x.tsv"), 2);
+  ck_assert_int_eq(run_bin("--rows 10 --out /tmp/x.tsv --bogus"), 2);
+  ck_assert_int_eq(run_bin("--rows 10 --out /tmp/x.tsv --multi-hot 17"), 2);
+  ck_assert_int_eq(run_bin("--rows 10 --out /tmp/x.tsv --scale 0"), 2);
+  ck_assert_int_eq(run_bin("--rows 10 --out /tmp/x.tsv --test-fraction 1.5"), 2);
+  ck_assert_int_eq(run_bin("--rows 10 --out /tmp/x.tsv --seed"), 2);
+  ck_assert_int_eq(run_bin("--rows 10 --out /tmp/x.tsv extra"), 2);
+  /* an unwritable path is a failure, not a usage error */
+  ck_assert_int_eq(run_bin("--rows 10 --out /nonexistent-dir/x.tsv"), 1);
+  char *d = tmpdir_make();
+  snprintf(args, sizeof args, "--rows 500 --uniform --multi-hot 3 --out '%s/m.tsv'", d);
+  ck_assert_int_eq(run_bin(args), 0);
+  tmpdir_remove(d);
+  free(d);
+}
+END_TEST
+
+static Suite *datagen_suite(void) {
+  Suite *s = suite_create("datagen");
+  TCase *tc = tcase_create("core");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_auc_ties);
+  tcase_add_test(tc, test_determinism);
+  tcase_add_test(tc, test_statistics);
+  tcase_add_test(tc, test_uniform);
+  tcase_add_test(tc, test_multi_hot_and_strip);
+  tcase_add_test(tc, test_histogram_fallback);
+  tcase_add_test(tc, test_config_errors);
+  tcase_add_test(tc, test_command_files);
+  tcase_add_test(tc, test_command_flags);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(datagen_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
