@@ -90,7 +90,7 @@ int dense_metrics_compute(const float *pred, const float *labels, size_t n,
   out->auc = auc_sorted(a, n);
   free(a);
   free(t);
-  const double eps = 1e-15;
+  const double eps = 0x1p-23; /* float32 machine epsilon, see metrics.h */
   double ll = 0.0, sp = 0.0, sy = 0.0;
   size_t correct = 0, pos = 0;
   for (size_t i = 0; i < n; i++) {

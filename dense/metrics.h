@@ -3,8 +3,11 @@
  *   auc       exact ROC AUC as sklearn.metrics.roc_auc_score: scores sorted,
  *             tied scores form one ROC step (a trapezoid); NAN when all labels
  *             are one class (sklearn raises there)
- *   log_loss  sklearn.metrics.log_loss (1.2 defaults): p clipped to
- *             [1e-15, 1 - 1e-15], mean of -(y log p + (1-y) log(1-p))
+ *   log_loss  sklearn.metrics.log_loss: p clipped to [eps, 1 - eps] with
+ *             eps = 2^-23, what sklearn >= 1.2 uses (eps="auto", the machine
+ *             epsilon of the predictions' dtype) on the float32 predictions
+ *             the reference passes it (sklearn < 1.2 used 1e-15); then the
+ *             mean of -(y log p + (1-y) log(1-p)) in double
  *   accuracy  as the reference: round(p) == y, numpy rounds half to even so
  *             p = 0.5 counts as 0; positive iff p > 0.5
  *   mean_pred mean of p; ctr mean of y.

@@ -15,7 +15,7 @@ struct dense_opt {
 };
 
 dense_opt_config dense_opt_defaults(dense_opt_kind kind) {
-  dense_opt_config c = {kind, 0.0f, 0.9f, 0.999f, 0.0f};
+  dense_opt_config c = {kind, 0.0f, 0.9, 0.999, 0.0f};
   if (kind == DENSE_OPT_ADAGRAD) c.eps = 1e-10f;
   if (kind == DENSE_OPT_ADAM) c.eps = 1e-8f;
   return c;
@@ -28,8 +28,8 @@ dense_opt *dense_opt_create(const dense_opt_config *cfg, size_t n_params,
     return NULL;
   }
   if (cfg->kind == DENSE_OPT_ADAM &&
-      !(cfg->beta1 >= 0.0f && cfg->beta1 < 1.0f && cfg->beta2 >= 0.0f &&
-        cfg->beta2 < 1.0f)) {
+      !(cfg->beta1 >= 0.0 && cfg->beta1 < 1.0 && cfg->beta2 >= 0.0 &&
+        cfg->beta2 < 1.0)) {
     sr_fmt(err, errlen, "adam betas must be in [0, 1) (got %g, %g)",
            cfg->beta1, cfg->beta2);
     return NULL;

@@ -19,7 +19,8 @@ typedef enum {
 typedef struct {
   dense_opt_kind kind;
   float eps;                 /* adagrad 1e-10, adam 1e-8 (torch defaults) */
-  float beta1, beta2;        /* adam: 0.9, 0.999 */
+  double beta1, beta2;       /* adam: 0.9, 0.999 (double, as torch's python
+                              * floats: 1 - beta is formed in double) */
   float initial_accumulator; /* adagrad: 0 (torch default) */
 } dense_opt_config;
 

@@ -1,0 +1,418 @@
+/* Whole dense model: gradient check against central finite differences of a
+ * double-precision re-implementation of the forward written here (reading
+ * the parameters through dense_model_tensors), determinism, initialisation
+ * statistics, save/load and its refusals, configuration errors, FLOP count.
+ *
+ * Finite differences: h = 1e-6 in double on each parameter and each pooled
+ * embedding element. Tolerance per element (float32 analytic gradient):
+ *   |analytic - fd| <= 1e-3 * |fd| + 1e-5 * max_k |fd_k|  (per tensor). */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/rng.h"
+#include "common/status.h"
+#include "dense/model.h"
+
+#define H 1e-6
+
+static dense_config small_cfg(int interaction, int itself) {
+  dense_config c = {0};
+  c.n_dense = 4;
+  c.n_bot = 3;
+  c.bot[0] = 4, c.bot[1] = 6, c.bot[2] = 3;
+  c.n_top = 3;
+  c.top[0] = 5, c.top[1] = 4, c.top[2] = 1;
+  c.n_sparse = 3;
+  c.emb_dim = 3;
+  c.interaction = interaction;
+  c.interaction_itself = itself;
+  c.max_batch = 8;
+  return c;
+}
+
+static dense_config kaggle_cfg(int max_batch) {
+  dense_config c = {0};
+  int bot[] = {13, 512, 256, 64, 16}, top[] = {512, 256, 1};
+  c.n_dense = 13;
+  c.n_bot = 5;
+  memcpy(c.bot, bot, sizeof bot);
+  c.n_top = 3;
+  memcpy(c.top, top, sizeof top);
+  c.n_sparse = 26;
+  c.emb_dim = 16;
+  c.interaction = DENSE_INTERACT_DOT;
+  c.max_batch = max_batch;
+  return c;
+}
+
+static void fill(sr_rng *r, float *a, size_t n, double s) {
+  for (size_t i = 0; i < n; i++) a[i] = (float)(s * sr_rng_normal(r));
+}
+
+/* ---- double-precision forward ------------------------------------------- */
+
+typedef struct {
+  const dense_config *c;
+  dense_tensor_info ti[2 * 2 * DENSE_MAX_LAYERS];
+  int nt;
+} dref;
+
+/* out[N] = act(W in + b) */
+static void dlin(const double *P, const dense_tensor_info *W,
+                 const dense_tensor_info *b, const double *in, int relu,
+                 double *out) {
+  for (int n = 0; n < W->rows; n++) {
+    double z = P[b->offset + n];
+    for (int k = 0; k < W->cols; k++) z += P[W->offset + (size_t)n * W->cols + k] * in[k];
+    out[n] = relu && z < 0 ? 0 : z;
+  }
+}
+
+static double dloss(const dref *R, const double *P, int n, const float *x,
+                    const double *emb, const float *y) {
+  const dense_config *c = R->c;
+  double L = 0, a[1024], bvec[1024];
+  int nb = c->n_bot - 1, d = c->bot[c->n_bot - 1], ni = c->n_sparse + 1;
+  for (int s = 0; s < n; s++) {
+    for (int k = 0; k < c->n_dense; k++) a[k] = x[s * c->n_dense + k];
+    for (int l = 0; l < nb; l++) {
+      dlin(P, &R->ti[2 * l], &R->ti[2 * l + 1], a, 1, bvec);
+      memcpy(a, bvec, sizeof(double) * R->ti[2 * l].rows);
+    }
+    /* a = x_bot[d]; build R */
+    const double *e = emb + (size_t)s * c->n_sparse * c->emb_dim;
+    double Rv[1024];
+    int p = 0;
+    for (int k = 0; k < d; k++) Rv[p++] = a[k];
+    if (c->interaction == DENSE_INTERACT_DOT) {
+      for (int i = 0; i < ni; i++)
+        for (int j = 0; j < i + (c->interaction_itself ? 1 : 0); j++) {
+          const double *ti = i ? e + (i - 1) * d : a, *tj = j ? e + (j - 1) * d : a;
+          double z = 0;
+          for (int k = 0; k < d; k++) z += ti[k] * tj[k];
+          Rv[p++] = z;
+        }
+    } else {
+      for (int k = 0; k < c->n_sparse * c->emb_dim; k++) Rv[p++] = e[k];
+    }
+    memcpy(a, Rv, sizeof(double) * p);
+    for (int l = nb; l < nb + c->n_top; l++) {
+      dlin(P, &R->ti[2 * l], &R->ti[2 * l + 1], a, l + 1 < nb + c->n_top, bvec);
+      memcpy(a, bvec, sizeof(double) * R->ti[2 * l].rows);
+    }
+    double z = a[0], yy = y[s];
+    L += (z > 0 ? z : 0) - z * yy + log1p(exp(-fabs(z)));
+  }
+  return L / n;
+}
+
+static void check_tensor(const char *what, const float *an, const double *fd,
+                         size_t n) {
+  double scale = 0;
+  for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(fd[i]));
+  ck_assert_msg(scale > 0, "%s: zero gradient, vacuous", what);
+  for (size_t i = 0; i < n; i++) {
+    double tol = 1e-3 * fabs(fd[i]) + 1e-5 * scale;
+    ck_assert_msg(fabs(an[i] - fd[i]) <= tol,
+                  "%s[%zu]: analytic %.9g vs finite difference %.9g (tol %.3g)",
+                  what, i, an[i], fd[i], tol);
+  }
+}
+
+static void run_model_grad(int interaction, int itself) {
+  dense_config c = small_cfg(interaction, itself);
+  char err[256];
+  dense_model *m = dense_model_create(&c, 42, err, sizeof err);
+  ck_assert_msg(m != NULL, "%s", err);
+  enum { N = 6 };
+  size_t es = (size_t)c.n_sparse * c.emb_dim;
+  float x[N * 4], emb[N * 9], y[N], d_emb[N * 9], logits[N], loss;
+  sr_rng r;
+  sr_rng_init(&r, 7, 1);
+  fill(&r, x, N * 4, 1.0);
+  fill(&r, emb, N * es, 0.7);
+  for (int i = 0; i < N; i++) y[i] = (float)(i % 2);
+  ck_assert_int_eq(dense_model_forward(m, N, x, emb, logits), 0);
+  ck_assert_int_eq(dense_model_backward(m, N, y, &loss, d_emb), 0);
+
+  size_t np, ng;
+  float *pf = dense_model_params(m, &np), *gf = dense_model_grads(m, &ng);
+  ck_assert_uint_eq(np, ng);
+  ck_assert_uint_eq(np, dense_config_param_count(&c));
+  dref R = {.c = &c};
+  R.nt = dense_model_tensors(m, R.ti, 2 * 2 * DENSE_MAX_LAYERS);
+  ck_assert_int_eq(R.nt, 2 * (c.n_bot - 1 + c.n_top));
+  double *P = malloc(np * sizeof *P), *E = malloc(N * es * sizeof *E);
+  double *fd = malloc((np > N * es ? np : N * es) * sizeof *fd);
+  for (size_t i = 0; i < np; i++) P[i] = pf[i];
+  for (size_t i = 0; i < N * es; i++) E[i] = emb[i];
+
+  double L = dloss(&R, P, N, x, E, y);
+  ck_assert_msg(fabs(loss - L) <= 1e-6 * fabs(L), "loss %.9g vs %.12g", loss, L);
+
+  for (int t = 0; t < R.nt; t++) {
+    size_t off = R.ti[t].offset, cnt = (size_t)R.ti[t].rows * R.ti[t].cols;
+    for (size_t i = 0; i < cnt; i++) {
+      double keep = P[off + i];
+      P[off + i] = keep + H;
+      double lp = dloss(&R, P, N, x, E, y);
+      P[off + i] = keep - H;
+      double lm = dloss(&R, P, N, x, E, y);
+      P[off + i] = keep;
+      fd[i] = (lp - lm) / (2 * H);
+    }
+    check_tensor(R.ti[t].name, gf + off, fd, cnt);
+  }
+  for (size_t i = 0; i < N * es; i++) {
+    double keep = E[i];
+    E[i] = keep + H;
+    double lp = dloss(&R, P, N, x, E, y);
+    E[i] = keep - H;
+    double lm = dloss(&R, P, N, x, E, y);
+    E[i] = keep;
+    fd[i] = (lp - lm) / (2 * H);
+  }
+  check_tensor("d_emb", d_emb, fd, N * es);
+  free(P);
+  free(E);
+  free(fd);
+  dense_model_destroy(m);
+}
+
+START_TEST(test_grad_dot) { run_model_grad(DENSE_INTERACT_DOT, 0); }
+END_TEST
+START_TEST(test_grad_dot_itself) { run_model_grad(DENSE_INTERACT_DOT, 1); }
+END_TEST
+START_TEST(test_grad_cat) { run_model_grad(DENSE_INTERACT_CAT, 0); }
+END_TEST
+
+/* ---- determinism ---------------------------------------------------------- */
+
+START_TEST(test_determinism) {
+  dense_config c = kaggle_cfg(256);
+  char err[256];
+  dense_model *a = dense_model_create(&c, 1234, err, sizeof err);
+  dense_model *b = dense_model_create(&c, 1234, err, sizeof err);
+  dense_model *o = dense_model_create(&c, 1235, err, sizeof err);
+  ck_assert(a && b && o);
+  size_t n;
+  float *pa = dense_model_params(a, &n), *pb = dense_model_params(b, NULL);
+  ck_assert(memcmp(pa, pb, n * sizeof(float)) == 0);
+  ck_assert(memcmp(pa, dense_model_params(o, NULL), n * sizeof(float)) != 0);
+
+  enum { B = 256 };
+  float *x = malloc(B * 13 * 4), *e = malloc(B * 416 * 4), y[B];
+  float *de1 = malloc(B * 416 * 4), *de2 = malloc(B * 416 * 4);
+  float z1[B], z2[B], l1, l2;
+  float *g1 = malloc(n * 4);
+  sr_rng r;
+  sr_rng_init(&r, 5, 5);
+  fill(&r, x, B * 13, 1.0);
+  fill(&r, e, B * 416, 0.1);
+  for (int i = 0; i < B; i++) y[i] = (float)(sr_rng_u32(&r) & 1);
+  ck_assert_int_eq(dense_model_forward(a, B, x, e, z1), 0);
+  ck_assert_int_eq(dense_model_backward(a, B, y, &l1, de1), 0);
+  memcpy(g1, dense_model_grads(a, NULL), n * 4);
+  ck_assert_int_eq(dense_model_forward(a, B, x, e, z2), 0);
+  ck_assert_int_eq(dense_model_backward(a, B, y, &l2, de2), 0);
+  ck_assert(memcmp(z1, z2, sizeof z1) == 0);
+  ck_assert(memcmp(&l1, &l2, 4) == 0);
+  ck_assert(memcmp(de1, de2, B * 416 * 4) == 0);
+  ck_assert(memcmp(g1, dense_model_grads(a, NULL), n * 4) == 0);
+  /* the other model of the same seed gives the same bits too */
+  ck_assert_int_eq(dense_model_forward(b, B, x, e, z2), 0);
+  ck_assert(memcmp(z1, z2, sizeof z1) == 0);
+  /* backward without a matching forward is refused */
+  ck_assert_int_eq(dense_model_backward(o, B, y, &l2, de2), SR_ESTATE);
+  ck_assert_int_eq(dense_model_forward(o, B + 1, x, e, z2), SR_EINVAL);
+  free(x), free(e), free(de1), free(de2), free(g1);
+  dense_model_destroy(a);
+  dense_model_destroy(b);
+  dense_model_destroy(o);
+  dense_model_destroy(NULL);
+}
+END_TEST
+
+/* ---- initialisation as the reference --------------------------------------- */
+
+START_TEST(test_init_stats) {
+  dense_config c = kaggle_cfg(1);
+  char err[256];
+  dense_model *m = dense_model_create(&c, 99, err, sizeof err);
+  ck_assert(m);
+  dense_tensor_info ti[16];
+  int nt = dense_model_tensors(m, ti, 16);
+  ck_assert_int_eq(nt, 14);
+  ck_assert_str_eq(ti[0].name, "bot.0.W");
+  ck_assert_int_eq(ti[0].rows, 512);
+  ck_assert_int_eq(ti[0].cols, 13);
+  ck_assert_str_eq(ti[8].name, "top.0.W");
+  ck_assert_int_eq(ti[8].cols, 367); /* 16 + 27*26/2 */
+  ck_assert_uint_eq(ti[0].offset, 0);
+  ck_assert_uint_eq(ti[1].offset, 512 * 13);
+  float *p = dense_model_params(m, NULL);
+  for (int t = 0; t < nt; t++) {
+    size_t cnt = (size_t)ti[t].rows * ti[t].cols;
+    if (cnt < 200) continue; /* too few for a statistic */
+    int is_b = ti[t].cols == 1;
+    int fan_out = ti[t].rows, fan_in = is_b ? 0 : ti[t].cols;
+    double want = is_b ? sqrt(1.0 / fan_out) : sqrt(2.0 / (fan_in + fan_out));
+    double s = 0, s2 = 0;
+    for (size_t i = 0; i < cnt; i++) s += p[ti[t].offset + i], s2 += (double)p[ti[t].offset + i] * p[ti[t].offset + i];
+    double mean = s / cnt, sd = sqrt(s2 / cnt - mean * mean);
+    double se = want / sqrt((double)cnt);
+    ck_assert_msg(fabs(mean) < 5 * se, "%s mean %g", ti[t].name, mean);
+    ck_assert_msg(fabs(sd / want - 1) < 5 / sqrt(2.0 * cnt) + 1e-3,
+                  "%s sd %g want %g", ti[t].name, sd, want);
+  }
+  /* documented derivation: layer l draws W from stream 2l, b from 2l+1 */
+  sr_rng r;
+  sr_rng_init(&r, sr_mix64(99 ^ DENSE_INIT_SALT), 2 * 4 + 1); /* top.0.b: layer 4 */
+  ck_assert_str_eq(ti[9].name, "top.0.b");
+  for (int i = 0; i < 512; i++)
+    ck_assert(p[ti[9].offset + i] == (float)(sqrt(1.0 / 512) * sr_rng_normal(&r)));
+  dense_model_destroy(m);
+}
+END_TEST
+
+/* ---- configuration -------------------------------------------------------- */
+
+START_TEST(test_config_errors) {
+  char err[256];
+  dense_config c = kaggle_cfg(4);
+  c.bot[4] = 32; /* last bottom width != emb_dim for dot */
+  c.bot[3] = 64;
+  ck_assert(dense_model_create(&c, 1, err, sizeof err) == NULL);
+  ck_assert_msg(strstr(err, "embedding dimension") != NULL, "%s", err);
+  c.interaction = DENSE_INTERACT_CAT; /* fine for cat: 32 + 26*16 */
+  ck_assert_int_eq(dense_config_top_input(&c), 32 + 416);
+  dense_model *m = dense_model_create(&c, 1, err, sizeof err);
+  ck_assert_msg(m != NULL, "%s", err);
+  dense_model_destroy(m);
+  c = kaggle_cfg(4);
+  c.top[2] = 2;
+  ck_assert(dense_model_create(&c, 1, err, sizeof err) == NULL);
+  ck_assert_msg(strstr(err, "width 1") != NULL, "%s", err);
+  c = kaggle_cfg(4);
+  c.bot[0] = 12;
+  ck_assert_int_eq(dense_config_validate(&c, err, sizeof err), SR_EINVAL);
+  ck_assert_msg(strstr(err, "dense features") != NULL, "%s", err);
+  c = kaggle_cfg(0);
+  ck_assert_int_eq(dense_config_validate(&c, err, sizeof err), SR_EINVAL);
+  c = kaggle_cfg(4);
+  c.interaction_itself = 1;
+  ck_assert_int_eq(dense_config_top_input(&c), 16 + 27 * 26 / 2 + 27);
+}
+END_TEST
+
+START_TEST(test_flops_and_shapes) {
+  dense_config c = kaggle_cfg(2048);
+  double f = dense_model_flops_per_sample(&c);
+  /* MLP forward 948736, backward 2*948736 - 2*13*512, dot 6*16*351 */
+  ck_assert(f == 948736.0 * 3 - 2.0 * 13 * 512 + 6.0 * 16 * 351);
+  dense_gemm_shape s[64];
+  int n = dense_model_gemm_shapes(&c, 2048, s, 64);
+  ck_assert_int_eq(n, 7 + 7 + 6);
+  ck_assert(s[0].M == 2048 && s[0].N == 512 && s[0].K == 13 && s[0].trans_b);
+  double g = 0;
+  for (int i = 0; i < n; i++) g += 2.0 * s[i].M * s[i].N * s[i].K;
+  ck_assert(g == (f - 6.0 * 16 * 351) * 2048);
+}
+END_TEST
+
+/* ---- save / load ---------------------------------------------------------- */
+
+static void flip_byte(const char *path, long at) {
+  FILE *f = fopen(path, "r+b");
+  ck_assert(f);
+  fseek(f, at, SEEK_SET);
+  int ch = fgetc(f);
+  fseek(f, at, SEEK_SET);
+  fputc(ch ^ 0x40, f);
+  fclose(f);
+}
+
+START_TEST(test_save_load) {
+  char dir[] = "/tmp/sr_dense_XXXXXX", path[256], tmp[300], err[256];
+  ck_assert(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/dense.bin", dir);
+  dense_config c = small_cfg(DENSE_INTERACT_DOT, 0);
+  dense_model *a = dense_model_create(&c, 1, err, sizeof err);
+  dense_model *b = dense_model_create(&c, 2, err, sizeof err);
+  size_t n;
+  float *pa = dense_model_params(a, &n), *pb = dense_model_params(b, NULL);
+  float *keep = malloc(n * 4);
+  ck_assert_int_eq(dense_model_save(a, path, err, sizeof err), 0);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  ck_assert(access(tmp, F_OK) != 0);
+  ck_assert_int_eq(dense_model_load(b, path, err, sizeof err), 0);
+  ck_assert(memcmp(pa, pb, n * 4) == 0);
+
+  /* a corrupt parameter byte */
+  memcpy(keep, pb, n * 4);
+  pb[0] += 1.0f;
+  memcpy(keep, pb, n * 4);
+  flip_byte(path, 256 + 5);
+  ck_assert_int_eq(dense_model_load(b, path, err, sizeof err), SR_ECHECKSUM);
+  ck_assert(memcmp(keep, pb, n * 4) == 0); /* unchanged on failure */
+  /* a corrupt header byte (a width) */
+  ck_assert_int_eq(dense_model_save(a, path, err, sizeof err), 0);
+  flip_byte(path, 6 * 4);
+  ck_assert_int_eq(dense_model_load(b, path, err, sizeof err), SR_ECHECKSUM);
+  /* torn: truncated */
+  ck_assert_int_eq(dense_model_save(a, path, err, sizeof err), 0);
+  ck_assert(truncate(path, 256 + 4 * (off_t)n - 4) == 0);
+  ck_assert_int_eq(dense_model_load(b, path, err, sizeof err), SR_EFORMAT);
+  ck_assert_msg(strstr(err, "torn") != NULL, "%s", err);
+  ck_assert(truncate(path, 10) == 0);
+  ck_assert_int_eq(dense_model_load(b, path, err, sizeof err), SR_EFORMAT);
+  /* foreign file */
+  FILE *f = fopen(path, "w");
+  for (int i = 0; i < 100; i++) fputs("not a model file\n", f);
+  fclose(f);
+  ck_assert_int_eq(dense_model_load(b, path, err, sizeof err), SR_EFORMAT);
+  ck_assert_msg(strstr(err, "magic") != NULL, "%s", err);
+  /* another shape */
+  ck_assert_int_eq(dense_model_save(a, path, err, sizeof err), 0);
+  dense_config c2 = small_cfg(DENSE_INTERACT_DOT, 1);
+  dense_model *o = dense_model_create(&c2, 1, err, sizeof err);
+  ck_assert_int_eq(dense_model_load(o, path, err, sizeof err), SR_EMISMATCH);
+  ck_assert_msg(strstr(err, "differs") != NULL, "%s", err);
+  /* missing */
+  unlink(path);
+  ck_assert_int_eq(dense_model_load(b, path, err, sizeof err), SR_EIO);
+  rmdir(dir);
+  free(keep);
+  dense_model_destroy(a);
+  dense_model_destroy(b);
+  dense_model_destroy(o);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("dense_model");
+  TCase *t = tcase_create("model");
+  tcase_set_timeout(t, 120);
+  tcase_add_test(t, test_grad_dot);
+  tcase_add_test(t, test_grad_dot_itself);
+  tcase_add_test(t, test_grad_cat);
+  tcase_add_test(t, test_determinism);
+  tcase_add_test(t, test_init_stats);
+  tcase_add_test(t, test_config_errors);
+  tcase_add_test(t, test_flops_and_shapes);
+  tcase_add_test(t, test_save_load);
+  suite_add_tcase(s, t);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}
