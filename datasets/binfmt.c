@@ -1,0 +1,509 @@
+/* Binary record files (see binfmt.h). Written through a mapping of the
+ * pre-sized output (sections sit at known offsets, so multi-hot sections and
+ * shuffled positions need no buffering); read through mmap. Assumes a
+ * little-endian host, as every platform shardrec targets is. */
+#include "datasets/binfmt.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "common/rng.h"
+#include "common/status.h"
+
+#define REC_HEAD 56u /* f32 label + f32 dense[13] */
+
+/* Header field offsets. */
+enum {
+  H_MAGIC = 0, H_VERSION = 8, H_FLAGS = 12, H_IDMODE = 16, H_THR = 20, H_N = 24, H_TRAIN = 32,
+  H_TEST = 40, H_VAL = 48, H_IDS = 56, H_MIR = 64, H_DICT_OFF = 72, H_DICT_BYTES = 80,
+  H_DATA_OFF = 88, H_DATA_BYTES = 96, H_DICT_CRC = 104, H_DATA_CRC = 108, H_TABLES = 112,
+  H_DICTN = H_TABLES + 8 * DS_NUM_SPARSE, H_CRC = DS_BIN_HEADER_SIZE - 4
+};
+
+static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
+static uint32_t get32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static uint64_t get64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+static uint32_t crc_of(const unsigned char *p, uint64_t n) {
+  uLong c = crc32(0L, Z_NULL, 0);
+  while (n) {
+    uInt k = n > (1u << 30) ? (1u << 30) : (uInt)n;
+    c = crc32(c, p, k);
+    p += k;
+    n -= k;
+  }
+  return (uint32_t)c;
+}
+
+static uint64_t idw_of(uint32_t flags) { return (flags & DS_BIN_ID64) ? 8 : 4; }
+
+/* Fill the derived fields (offsets, sizes) of info. */
+static void layout(ds_bin_info *in) {
+  uint64_t db = 0;
+  for (int c = 0; c < DS_NUM_SPARSE; c++) db += 4 * in->dict_n[c];
+  in->dict_off = DS_BIN_HEADER_SIZE;
+  in->dict_bytes = db;
+  in->data_off = (DS_BIN_HEADER_SIZE + db + 63) & ~(uint64_t)63;
+  uint64_t w = idw_of(in->flags);
+  if (in->flags & DS_BIN_MULTI)
+    in->data_bytes = in->n_samples * REC_HEAD + (in->n_samples * DS_NUM_SPARSE + 1) * 8 +
+                     in->total_ids * w;
+  else
+    in->data_bytes = in->n_samples * (REC_HEAD + DS_NUM_SPARSE * w);
+}
+
+uint64_t ds_bin_shuffle_pos(uint64_t i, uint64_t n, uint64_t seed) {
+  if (n <= 1) return i;
+  int h = 1;
+  while ((1ULL << (2 * h)) < n) h++;
+  uint64_t mask = (1ULL << h) - 1;
+  uint64_t x = i;
+  do {
+    uint64_t l = x >> h, r = x & mask;
+    for (int k = 0; k < 4; k++) {
+      uint64_t t = l ^ (sr_mix64(seed ^ ((uint64_t)k << 56) ^ r) & mask);
+      l = r;
+      r = t;
+    }
+    x = (l << h) | r;
+  } while (x >= n);
+  return x;
+}
+
+struct ds_bin_writer {
+  char *path, *tmp;
+  int fd;
+  unsigned char *map;
+  uint64_t size;
+  ds_bin_info info;
+  int shuffle;
+  uint64_t seed;
+  uint64_t next;     /* samples written */
+  uint64_t next_id;  /* multi-hot: ids written */
+  int done;
+  char err[512];
+};
+
+ds_bin_writer *ds_bin_writer_create(const char *path, const ds_bin_info *info,
+                                    const ds_criteo_dict *dict, int shuffle, uint64_t seed,
+                                    char *err, size_t errlen) {
+  ds_bin_writer *w = calloc(1, sizeof *w);
+  if (!w) {
+    sr_fmt(err, errlen, "%s: out of memory", path);
+    return NULL;
+  }
+  w->fd = -1;
+  w->info = *info;
+  w->info.version = DS_BIN_VERSION;
+  w->shuffle = shuffle;
+  w->seed = seed;
+  for (int c = 0; c < DS_NUM_SPARSE; c++) {
+    w->info.dict_n[c] = 0;
+    if (dict) ds_criteo_dict_values(dict, c, &w->info.dict_n[c]);
+  }
+  layout(&w->info);
+  if (shuffle && (w->info.flags & DS_BIN_MULTI)) {
+    sr_fmt(err, errlen, "%s: shuffling is supported for one-hot data only", path);
+    free(w);
+    return NULL;
+  }
+  w->path = strdup(path);
+  w->tmp = malloc(strlen(path) + 5);
+  if (!w->path || !w->tmp) {
+    sr_fmt(err, errlen, "%s: out of memory", path);
+    ds_bin_writer_destroy(w);
+    return NULL;
+  }
+  sprintf(w->tmp, "%s.tmp", path);
+  w->size = w->info.data_off + w->info.data_bytes;
+  w->fd = open(w->tmp, O_RDWR | O_CREAT | O_TRUNC, 0644);
+  if (w->fd < 0 || ftruncate(w->fd, (off_t)w->size) != 0) {
+    sr_fmt(err, errlen, "%s: %s", w->tmp, strerror(errno));
+    ds_bin_writer_destroy(w);
+    return NULL;
+  }
+  w->map = mmap(NULL, w->size, PROT_READ | PROT_WRITE, MAP_SHARED, w->fd, 0);
+  if (w->map == MAP_FAILED) {
+    w->map = NULL;
+    sr_fmt(err, errlen, "%s: mmap: %s", w->tmp, strerror(errno));
+    ds_bin_writer_destroy(w);
+    return NULL;
+  }
+  unsigned char *p = w->map + w->info.dict_off;
+  for (int c = 0; c < DS_NUM_SPARSE && dict; c++) {
+    uint64_t n;
+    const uint32_t *v = ds_criteo_dict_values(dict, c, &n);
+    if (n) memcpy(p, v, n * 4);
+    p += n * 4;
+  }
+  return w;
+}
+
+int ds_bin_writer_add(ds_bin_writer *w, const ds_batch *b) {
+  const ds_bin_info *in = &w->info;
+  if (w->next + (uint64_t)b->n > in->n_samples) {
+    sr_fmt(w->err, sizeof w->err, "%s: more samples than the %llu announced", w->path,
+           (unsigned long long)in->n_samples);
+    return SR_ERANGE;
+  }
+  const uint64_t idw = idw_of(in->flags);
+  unsigned char *data = w->map + in->data_off;
+  if (in->flags & DS_BIN_MULTI) {
+    unsigned char *offs = data + in->n_samples * REC_HEAD;
+    unsigned char *ids = offs + (in->n_samples * DS_NUM_SPARSE + 1) * 8;
+    for (int i = 0; i < b->n; i++) {
+      uint64_t s = w->next++;
+      unsigned char *rec = data + s * REC_HEAD;
+      memcpy(rec, &b->labels[i], 4);
+      memcpy(rec + 4, &b->dense[(size_t)i * DS_NUM_DENSE], 4 * DS_NUM_DENSE);
+      for (int f = 0; f < DS_NUM_SPARSE; f++) {
+        const uint32_t *o = ds_batch_offsets(b, f);
+        put64(offs + (s * DS_NUM_SPARSE + f) * 8, w->next_id);
+        if (w->next_id + (o[i + 1] - o[i]) > in->total_ids) {
+          sr_fmt(w->err, sizeof w->err, "%s: more ids than the %llu announced", w->path,
+                 (unsigned long long)in->total_ids);
+          return SR_ERANGE;
+        }
+        for (uint32_t k = o[i]; k < o[i + 1]; k++, w->next_id++) {
+          if (idw == 8)
+            put64(ids + w->next_id * 8, b->ids[k]);
+          else
+            put32(ids + w->next_id * 4, (uint32_t)b->ids[k]);
+        }
+      }
+    }
+    put64(offs + in->n_samples * DS_NUM_SPARSE * 8, w->next_id);
+    return 0;
+  }
+  const uint64_t rs = REC_HEAD + DS_NUM_SPARSE * idw;
+  for (int i = 0; i < b->n; i++) {
+    uint64_t s = w->next++;
+    uint64_t pos = (w->shuffle && s < in->n_train) ? ds_bin_shuffle_pos(s, in->n_train, w->seed) : s;
+    unsigned char *rec = data + pos * rs;
+    memcpy(rec, &b->labels[i], 4);
+    memcpy(rec + 4, &b->dense[(size_t)i * DS_NUM_DENSE], 4 * DS_NUM_DENSE);
+    for (int f = 0; f < DS_NUM_SPARSE; f++) {
+      const uint32_t *o = ds_batch_offsets(b, f);
+      if (o[i + 1] - o[i] != 1) {
+        sr_fmt(w->err, sizeof w->err, "%s: sample %llu feature %d has %u ids in a one-hot file",
+               w->path, (unsigned long long)s, f, o[i + 1] - o[i]);
+        return SR_EINVAL;
+      }
+      if (idw == 8)
+        put64(rec + REC_HEAD + 8 * f, b->ids[o[i]]);
+      else
+        put32(rec + REC_HEAD + 4 * f, (uint32_t)b->ids[o[i]]);
+    }
+  }
+  return 0;
+}
+
+int ds_bin_writer_finish(ds_bin_writer *w) {
+  ds_bin_info *in = &w->info;
+  if (w->next != in->n_samples) {
+    sr_fmt(w->err, sizeof w->err, "%s: %llu samples written, %llu announced", w->path,
+           (unsigned long long)w->next, (unsigned long long)in->n_samples);
+    return SR_ESTATE;
+  }
+  if ((in->flags & DS_BIN_MULTI) && w->next_id != in->total_ids) {
+    sr_fmt(w->err, sizeof w->err, "%s: %llu ids written, %llu announced", w->path,
+           (unsigned long long)w->next_id, (unsigned long long)in->total_ids);
+    return SR_ESTATE;
+  }
+  in->dict_crc = crc_of(w->map + in->dict_off, in->dict_bytes);
+  in->data_crc = crc_of(w->map + in->data_off, in->data_bytes);
+  unsigned char *h = w->map;
+  memset(h, 0, DS_BIN_HEADER_SIZE);
+  memcpy(h + H_MAGIC, DS_BIN_MAGIC, 8);
+  put32(h + H_VERSION, in->version);
+  put32(h + H_FLAGS, in->flags);
+  put32(h + H_IDMODE, in->id_mode);
+  put32(h + H_THR, in->freq_threshold);
+  put64(h + H_N, in->n_samples);
+  put64(h + H_TRAIN, in->n_train);
+  put64(h + H_TEST, in->n_test);
+  put64(h + H_VAL, in->n_val);
+  put64(h + H_IDS, in->total_ids);
+  put64(h + H_MIR, in->max_ind_range);
+  put64(h + H_DICT_OFF, in->dict_off);
+  put64(h + H_DICT_BYTES, in->dict_bytes);
+  put64(h + H_DATA_OFF, in->data_off);
+  put64(h + H_DATA_BYTES, in->data_bytes);
+  put32(h + H_DICT_CRC, in->dict_crc);
+  put32(h + H_DATA_CRC, in->data_crc);
+  for (int c = 0; c < DS_NUM_SPARSE; c++) {
+    put64(h + H_TABLES + 8 * c, in->table_sizes[c]);
+    put64(h + H_DICTN + 8 * c, in->dict_n[c]);
+  }
+  put32(h + H_CRC, crc_of(h, H_CRC));
+  if (msync(w->map, w->size, MS_SYNC) != 0 || rename(w->tmp, w->path) != 0) {
+    sr_fmt(w->err, sizeof w->err, "%s: %s", w->path, strerror(errno));
+    return SR_EIO;
+  }
+  w->done = 1;
+  return 0;
+}
+
+const char *ds_bin_writer_errmsg(const ds_bin_writer *w) { return w->err; }
+
+void ds_bin_writer_destroy(ds_bin_writer *w) {
+  if (!w) return;
+  if (w->map) munmap(w->map, w->size);
+  if (w->fd >= 0) close(w->fd);
+  if (!w->done && w->tmp) unlink(w->tmp);
+  free(w->path);
+  free(w->tmp);
+  free(w);
+}
+
+/* ---- reader ---- */
+
+struct ds_bin_reader {
+  const unsigned char *map;
+  uint64_t size;
+  int int32;
+  ds_bin_info info;
+  char err[512];
+};
+
+ds_bin_reader *ds_bin_reader_open(const char *path, int int32_layout, int verify, char *err,
+                                  size_t errlen) {
+  ds_bin_reader *r = calloc(1, sizeof *r);
+  if (!r) {
+    sr_fmt(err, errlen, "%s: out of memory", path);
+    return NULL;
+  }
+  r->int32 = int32_layout;
+  int fd = open(path, O_RDONLY);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) {
+    sr_fmt(err, errlen, "%s: %s", path, strerror(errno));
+    if (fd >= 0) close(fd);
+    free(r);
+    return NULL;
+  }
+  r->size = (uint64_t)st.st_size;
+  if (r->size) {
+    void *m = mmap(NULL, r->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED) {
+      sr_fmt(err, errlen, "%s: mmap: %s", path, strerror(errno));
+      close(fd);
+      free(r);
+      return NULL;
+    }
+    madvise(m, r->size, MADV_SEQUENTIAL);
+    r->map = m;
+  }
+  close(fd);
+  ds_bin_info *in = &r->info;
+  if (int32_layout) {
+    if (r->size % DS_INT32_RECORD_BYTES) {
+      sr_fmt(err, errlen, "%s: torn int32 record file: %llu bytes is not a multiple of %u",
+             path, (unsigned long long)r->size, DS_INT32_RECORD_BYTES);
+      goto fail;
+    }
+    in->n_samples = in->n_train = r->size / DS_INT32_RECORD_BYTES;
+    in->id_mode = DS_IDS_RAW;
+    in->data_off = 0;
+    in->data_bytes = r->size;
+    return r;
+  }
+  const unsigned char *h = r->map;
+  if (r->size < DS_BIN_HEADER_SIZE) {
+    if (r->size >= 8 && !memcmp(h, DS_BIN_MAGIC, 8))
+      sr_fmt(err, errlen, "%s: truncated: %llu bytes, shorter than the %u-byte header", path,
+             (unsigned long long)r->size, DS_BIN_HEADER_SIZE);
+    else
+      sr_fmt(err, errlen, "%s: not a shardrec binary file (%llu bytes, no header)", path,
+             (unsigned long long)r->size);
+    goto fail;
+  }
+  if (memcmp(h, DS_BIN_MAGIC, 8)) {
+    sr_fmt(err, errlen, "%s: not a shardrec binary file (bad magic)", path);
+    goto fail;
+  }
+  in->version = get32(h + H_VERSION);
+  if (in->version != DS_BIN_VERSION) {
+    sr_fmt(err, errlen, "%s: format version %u, this build reads version %u", path, in->version,
+           DS_BIN_VERSION);
+    goto fail;
+  }
+  if (get32(h + H_CRC) != crc_of(h, H_CRC)) {
+    sr_fmt(err, errlen, "%s: header checksum mismatch (corrupt header)", path);
+    goto fail;
+  }
+  in->flags = get32(h + H_FLAGS);
+  in->id_mode = get32(h + H_IDMODE);
+  in->freq_threshold = get32(h + H_THR);
+  in->n_samples = get64(h + H_N);
+  in->n_train = get64(h + H_TRAIN);
+  in->n_test = get64(h + H_TEST);
+  in->n_val = get64(h + H_VAL);
+  in->total_ids = get64(h + H_IDS);
+  in->max_ind_range = get64(h + H_MIR);
+  in->dict_crc = get32(h + H_DICT_CRC);
+  in->data_crc = get32(h + H_DATA_CRC);
+  for (int c = 0; c < DS_NUM_SPARSE; c++) {
+    in->table_sizes[c] = get64(h + H_TABLES + 8 * c);
+    in->dict_n[c] = get64(h + H_DICTN + 8 * c);
+  }
+  ds_bin_info want = *in;
+  layout(&want);
+  if (want.dict_off != get64(h + H_DICT_OFF) || want.data_off != get64(h + H_DATA_OFF) ||
+      want.data_bytes != get64(h + H_DATA_BYTES) ||
+      in->n_train + in->n_test + in->n_val != in->n_samples || in->n_samples > (1ULL << 48)) {
+    sr_fmt(err, errlen, "%s: inconsistent header (sizes or counts disagree)", path);
+    goto fail;
+  }
+  *in = want;
+  if (r->size != in->data_off + in->data_bytes) {
+    sr_fmt(err, errlen, "%s: %s: %llu bytes, the header says %llu", path,
+           r->size < in->data_off + in->data_bytes ? "truncated" : "trailing bytes",
+           (unsigned long long)r->size, (unsigned long long)(in->data_off + in->data_bytes));
+    goto fail;
+  }
+  if (verify && (crc_of(r->map + in->dict_off, in->dict_bytes) != in->dict_crc ||
+                 crc_of(r->map + in->data_off, in->data_bytes) != in->data_crc)) {
+    sr_fmt(err, errlen, "%s: checksum mismatch: the file is corrupt", path);
+    goto fail;
+  }
+  if (in->flags & DS_BIN_MULTI) { /* offsets must be monotone and in range */
+    const unsigned char *offs = r->map + in->data_off + in->n_samples * REC_HEAD;
+    uint64_t prev = 0, m = in->n_samples * DS_NUM_SPARSE + 1;
+    for (uint64_t k = 0; k < m; k++) {
+      uint64_t v = get64(offs + 8 * k);
+      if (v < prev || v > in->total_ids || (k + 1 == m && v != in->total_ids)) {
+        sr_fmt(err, errlen, "%s: corrupt multi-hot offsets at %llu", path, (unsigned long long)k);
+        goto fail;
+      }
+      prev = v;
+    }
+  }
+  return r;
+fail:
+  ds_bin_reader_destroy(r);
+  return NULL;
+}
+
+const ds_bin_info *ds_bin_reader_info(const ds_bin_reader *r) { return &r->info; }
+const char *ds_bin_reader_errmsg(const ds_bin_reader *r) { return r->err; }
+
+int ds_bin_reader_read(ds_bin_reader *r, uint64_t index, int n, uint64_t mod, ds_batch *b) {
+  const ds_bin_info *in = &r->info;
+  if (n < 0 || n > b->cap || index + (uint64_t)n > in->n_samples) return SR_ERANGE;
+  const unsigned char *data = r->map + in->data_off;
+  b->n = n;
+  b->first_index = index;
+  if (r->int32) {
+    for (int i = 0; i < n; i++) {
+      const unsigned char *rec = data + (index + (uint64_t)i) * DS_INT32_RECORD_BYTES;
+      int32_t v[40];
+      memcpy(v, rec, sizeof v);
+      if (v[0] != 0 && v[0] != 1) {
+        sr_fmt(r->err, sizeof r->err, "record %llu: label %d is not 0 or 1",
+               (unsigned long long)(index + (uint64_t)i), v[0]);
+        return SR_EFORMAT;
+      }
+      b->labels[i] = (float)v[0];
+      for (int k = 0; k < DS_NUM_DENSE; k++)
+        b->dense[(size_t)i * DS_NUM_DENSE + k] = v[1 + k] > 0 ? (float)log1p((double)v[1 + k]) : 0.0f;
+      for (int f = 0; f < DS_NUM_SPARSE; f++) {
+        uint64_t id = (uint32_t)v[14 + f];
+        b->ids[(size_t)f * n + i] = mod ? id % mod : id;
+      }
+    }
+  } else if (in->flags & DS_BIN_MULTI) {
+    const unsigned char *offs = data + in->n_samples * REC_HEAD;
+    const unsigned char *ids = offs + (in->n_samples * DS_NUM_SPARSE + 1) * 8;
+    const uint64_t idw = idw_of(in->flags);
+    for (int i = 0; i < n; i++) {
+      const unsigned char *rec = data + (index + (uint64_t)i) * REC_HEAD;
+      memcpy(&b->labels[i], rec, 4);
+      memcpy(&b->dense[(size_t)i * DS_NUM_DENSE], rec + 4, 4 * DS_NUM_DENSE);
+    }
+    size_t total = 0;
+    for (int f = 0; f < DS_NUM_SPARSE; f++)
+      for (int i = 0; i < n; i++) {
+        uint64_t k = (index + (uint64_t)i) * DS_NUM_SPARSE + (uint64_t)f;
+        total += get64(offs + 8 * (k + 1)) - get64(offs + 8 * k);
+      }
+    if (ds_batch_reserve_ids(b, total)) return SR_ENOMEM;
+    size_t pos = 0;
+    for (int f = 0; f < DS_NUM_SPARSE; f++) {
+      uint32_t *o = ds_batch_offsets(b, f);
+      for (int i = 0; i < n; i++) {
+        uint64_t k = (index + (uint64_t)i) * DS_NUM_SPARSE + (uint64_t)f;
+        uint64_t a = get64(offs + 8 * k), e = get64(offs + 8 * (k + 1));
+        o[i] = (uint32_t)pos;
+        for (uint64_t j = a; j < e; j++)
+          b->ids[pos++] = idw == 8 ? get64(ids + 8 * j) : get32(ids + 4 * j);
+      }
+      o[n] = (uint32_t)pos;
+    }
+    return 0;
+  } else {
+    const uint64_t idw = idw_of(in->flags), rs = REC_HEAD + DS_NUM_SPARSE * idw;
+    for (int i = 0; i < n; i++) {
+      const unsigned char *rec = data + (index + (uint64_t)i) * rs;
+      memcpy(&b->labels[i], rec, 4);
+      memcpy(&b->dense[(size_t)i * DS_NUM_DENSE], rec + 4, 4 * DS_NUM_DENSE);
+      if (idw == 4) {
+        uint32_t v[DS_NUM_SPARSE];
+        memcpy(v, rec + REC_HEAD, sizeof v);
+        for (int f = 0; f < DS_NUM_SPARSE; f++) b->ids[(size_t)f * n + i] = v[f];
+      } else {
+        for (int f = 0; f < DS_NUM_SPARSE; f++)
+          b->ids[(size_t)f * n + i] = get64(rec + REC_HEAD + 8 * f);
+      }
+    }
+  }
+  /* one-hot: feature f's ids are ids[f*n .. f*n+n) */
+  for (int f = 0; f < DS_NUM_SPARSE; f++) {
+    uint32_t *o = ds_batch_offsets(b, f);
+    for (int i = 0; i <= n; i++) o[i] = (uint32_t)(f * n + i);
+  }
+  return 0;
+}
+
+ds_criteo_dict *ds_bin_reader_dict(const ds_bin_reader *r) {
+  const ds_bin_info *in = &r->info;
+  if (r->int32 || in->id_mode != DS_IDS_DICT) return NULL;
+  const uint32_t *vals[DS_NUM_SPARSE];
+  uint32_t *copy = malloc(in->dict_bytes ? in->dict_bytes : 4); /* alignment-safe copy */
+  if (!copy) return NULL;
+  memcpy(copy, r->map + in->dict_off, in->dict_bytes);
+  uint64_t off = 0;
+  for (int c = 0; c < DS_NUM_SPARSE; c++) {
+    vals[c] = copy + off;
+    off += in->dict_n[c];
+  }
+  ds_criteo_dict *d = ds_criteo_dict_from_values(vals, in->dict_n);
+  free(copy);
+  return d;
+}
+
+void ds_bin_reader_id_range(const ds_bin_reader *r, uint64_t *sizes) {
+  for (int c = 0; c < DS_NUM_SPARSE; c++) sizes[c] = 0;
+  if (!r->int32) return;
+  for (uint64_t i = 0; i < r->info.n_samples; i++) {
+    int32_t v[40];
+    memcpy(v, r->map + i * DS_INT32_RECORD_BYTES, sizeof v);
+    for (int c = 0; c < DS_NUM_SPARSE; c++)
+      if ((uint64_t)(uint32_t)v[14 + c] + 1 > sizes[c]) sizes[c] = (uint64_t)(uint32_t)v[14 + c] + 1;
+  }
+}
+
+void ds_bin_reader_destroy(ds_bin_reader *r) {
+  if (!r) return;
+  if (r->map) munmap((void *)r->map, r->size);
+  free(r);
+}

@@ -1,0 +1,954 @@
+/* Tests for datasets/: the Criteo line parser, the TSV source (quirks,
+ * malformed lines, id modes, splits, batches, seek), the binary format
+ * (round trip, int32 layout, torn and foreign files) and `shardrec convert`. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "common/status.h"
+#include "datasets/binfmt.h"
+#include "datasets/criteo.h"
+#include "datasets/source.h"
+
+/* ---- helpers ---- */
+
+static char tmpdir[256];
+
+static void setup(void) {
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/sr_ds_XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+}
+
+static void teardown(void) {
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  if (system(cmd)) {}
+}
+
+static const char *tpath(const char *name) {
+  static char buf[4][512];
+  static int k;
+  k = (k + 1) % 4;
+  snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
+  return buf[k];
+}
+
+static void write_file(const char *path, const char *text, size_t n) {
+  FILE *f = fopen(path, "wb");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fwrite(text, 1, n, f), n);
+  fclose(f);
+}
+static void write_str(const char *path, const char *text) { write_file(path, text, strlen(text)); }
+
+/* A deterministic labelled line i: I1 = i (so tests see which line a sample
+ * came from), I2 negative on every third line, some empty fields, categorical
+ * values from a small set; cols >= mh are multi-hot on odd lines when mh < 26. */
+static int make_line(char *out, size_t n, uint64_t i, int mh) {
+  int k = snprintf(out, n, "%d\t%llu\t%d", (int)(i % 2), (unsigned long long)i,
+                   i % 3 == 0 ? -2 : (int)(i % 11));
+  for (int d = 2; d < 13; d++)
+    k += (i + (uint64_t)d) % 5 == 0 ? snprintf(out + k, n - k, "\t") : snprintf(out + k, n - k, "\t%d", (int)((i * 31 + (uint64_t)d) % 1000));
+  for (int c = 0; c < 26; c++) {
+    uint32_t v = (uint32_t)((i * 2654435761u + (uint64_t)c * 97) % (uint64_t)(3 + c * 5));
+    v = v * 0x01000193u + (uint32_t)c;
+    if ((i + (uint64_t)c) % 7 == 0)
+      k += snprintf(out + k, n - k, "\t");
+    else if (c >= mh && i % 2)
+      k += snprintf(out + k, n - k, "\t%08x,%x", v, v ^ 0xabcu);
+    else
+      k += snprintf(out + k, n - k, "\t%08x", v);
+  }
+  k += snprintf(out + k, n - k, "\n");
+  return k;
+}
+
+static void write_lines(const char *path, uint64_t n, int mh) {
+  FILE *f = fopen(path, "wb");
+  ck_assert_ptr_nonnull(f);
+  char line[2048];
+  for (uint64_t i = 0; i < n; i++) {
+    int k = make_line(line, sizeof line, i, mh);
+    ck_assert_int_eq((int)fwrite(line, 1, (size_t)k, f), k);
+  }
+  fclose(f);
+}
+
+/* Everything a source gives, flattened sample-major. */
+typedef struct {
+  uint64_t n;
+  float *labels, *dense;
+  uint32_t *off; /* [n*26+1] */
+  uint64_t *ids;
+  uint64_t nids;
+  uint64_t *index; /* first_index + position in batch */
+} flat;
+
+static void flat_free(flat *f) {
+  free(f->labels);
+  free(f->dense);
+  free(f->off);
+  free(f->ids);
+  free(f->index);
+  memset(f, 0, sizeof *f);
+}
+
+static void collect(ds_source *s, int bs, flat *out) {
+  memset(out, 0, sizeof *out);
+  size_t cap = 1024, idcap = 1024 * 64;
+  out->labels = malloc(cap * 4);
+  out->dense = malloc(cap * 13 * 4);
+  out->off = malloc((cap * 26 + 1) * 4);
+  out->ids = malloc(idcap * 8);
+  out->index = malloc(cap * 8);
+  out->off[0] = 0;
+  ds_batch b;
+  ck_assert_int_eq(ds_batch_init(&b, bs), 0);
+  int n;
+  while ((n = ds_source_next(s, &b, bs)) > 0) {
+    ck_assert_int_eq(b.n, n);
+    for (int i = 0; i < n; i++) {
+      if (out->n + 1 > cap) {
+        cap *= 2;
+        out->labels = realloc(out->labels, cap * 4);
+        out->dense = realloc(out->dense, cap * 13 * 4);
+        out->off = realloc(out->off, (cap * 26 + 1) * 4);
+        out->index = realloc(out->index, cap * 8);
+      }
+      uint64_t j = out->n++;
+      out->labels[j] = b.labels[i];
+      out->index[j] = b.first_index + (uint64_t)i;
+      memcpy(&out->dense[j * 13], &b.dense[i * 13], 13 * 4);
+      for (int f = 0; f < 26; f++) {
+        const uint32_t *o = ds_batch_offsets(&b, f);
+        for (uint32_t k = o[i]; k < o[i + 1]; k++) {
+          if (out->nids + 1 > idcap) {
+            idcap *= 2;
+            out->ids = realloc(out->ids, idcap * 8);
+          }
+          out->ids[out->nids++] = b.ids[k];
+        }
+        out->off[j * 26 + f + 1] = (uint32_t)out->nids;
+      }
+    }
+  }
+  ck_assert_msg(n == 0, "next failed: %d", n);
+  ds_batch_free(&b);
+}
+
+static void flat_eq(const flat *a, const flat *b) {
+  ck_assert_uint_eq(a->n, b->n);
+  ck_assert_uint_eq(a->nids, b->nids);
+  for (uint64_t i = 0; i < a->n; i++) {
+    ck_assert(a->labels[i] == b->labels[i]);
+    ck_assert_uint_eq(a->index[i], b->index[i]);
+    for (int d = 0; d < 13; d++) ck_assert(a->dense[i * 13 + d] == b->dense[i * 13 + d]);
+  }
+  ck_assert_int_eq(memcmp(a->off, b->off, (a->n * 26 + 1) * 4), 0);
+  ck_assert_int_eq(memcmp(a->ids, b->ids, a->nids * 8), 0);
+}
+
+static ds_source *open_src(ds_source_opts o) {
+  char err[1024];
+  ds_source *s = ds_source_open(&o, err, sizeof err);
+  ck_assert_msg(s != NULL, "open failed: %s", err);
+  return s;
+}
+
+static ds_criteo_sample smp;
+static const ds_criteo_parse_opts LAB = {0}, NOLAB = {1};
+
+static int parse(const char *line, const ds_criteo_parse_opts *o, char *err) {
+  return ds_criteo_parse_line(line, strlen(line), o, &smp, err, 256);
+}
+
+/* ---- parser ---- */
+
+START_TEST(test_parse_full_line) {
+  char line[2048], err[256];
+  make_line(line, sizeof line, 4, 26);
+  ck_assert_int_eq(parse(line, &LAB, err), 0);
+  ck_assert_int_eq(smp.label, 0);
+  ck_assert(smp.dense[0] == (float)log1p(4.0));
+  ck_assert(smp.dense[1] == (float)log1p(4.0)); /* 4 % 11 */
+  ck_assert_uint_eq(smp.off[26], 26);
+  ck_assert_str_eq(err, "");
+}
+END_TEST
+
+START_TEST(test_parse_empty_negative_stripped) {
+  char err[256];
+  /* label, I1 empty, I2 = -1, I3 = 0, then stripped: everything else missing */
+  ck_assert_int_eq(parse("1\t\t-1\t0", &LAB, err), 0);
+  ck_assert_int_eq(smp.label, 1);
+  for (int d = 0; d < 13; d++) ck_assert(smp.dense[d] == 0.0f);
+  for (int c = 0; c < 26; c++) {
+    ck_assert_uint_eq(smp.off[c], (uint32_t)c);
+    ck_assert_uint_eq(smp.vals[c], 0);
+  }
+  /* categorical empties and values, CRLF, no final newline */
+  char line[512] = "0\t5";
+  for (int d = 1; d < 13; d++) strcat(line, "\t");
+  strcat(line, "\tFFFFFFFF\t\tabc\r\n");
+  ck_assert_int_eq(parse(line, &LAB, err), 0);
+  ck_assert(smp.dense[0] == (float)log1p(5.0));
+  ck_assert_uint_eq(smp.vals[0], 0xffffffffu);
+  ck_assert_uint_eq(smp.vals[1], 0);
+  ck_assert_uint_eq(smp.vals[2], 0xabc);
+  ck_assert_uint_eq(smp.off[26], 26);
+  /* just a label */
+  ck_assert_int_eq(parse("1", &LAB, err), 0);
+  ck_assert_uint_eq(smp.off[26], 26);
+}
+END_TEST
+
+START_TEST(test_parse_no_label_vs_stripped) {
+  char err[256];
+  /* 39 fields: "1", thirteen "7", twenty-five "1f". Labelled: label 1,
+     I1..I13 = 7, C1..C25 = 0x1f and the stripped C26 missing (0). No-label:
+     I1 = 1, I2..I13 = 7, C1 = 0x7, C2..C26 = 0x1f. */
+  char line[512] = "1";
+  for (int d = 0; d < 13; d++) strcat(line, "\t7");
+  for (int c = 0; c < 25; c++) strcat(line, "\t1f");
+  ck_assert_int_eq(parse(line, &LAB, err), 0);
+  ck_assert_int_eq(smp.label, 1);
+  ck_assert(smp.dense[0] == (float)log1p(7.0));
+  ck_assert(smp.dense[12] == (float)log1p(7.0));
+  ck_assert_uint_eq(smp.vals[0], 0x1f);
+  ck_assert_uint_eq(smp.vals[24], 0x1f);
+  ck_assert_uint_eq(smp.vals[25], 0);
+  ck_assert_int_eq(parse(line, &NOLAB, err), 0);
+  ck_assert_int_eq(smp.label, 0);
+  ck_assert(smp.dense[0] == (float)log1p(1.0));
+  ck_assert(smp.dense[12] == (float)log1p(7.0));
+  ck_assert_uint_eq(smp.vals[0], 0x7);
+  ck_assert_uint_eq(smp.vals[25], 0x1f);
+}
+END_TEST
+
+START_TEST(test_parse_no_label_mode) {
+  char err[256];
+  char line[512] = "3";
+  for (int d = 1; d < 13; d++) strcat(line, "\t7");
+  for (int c = 0; c < 26; c++) strcat(line, "\t1f");
+  /* 39 fields, no label: I1 = 3, C26 = 0x1f */
+  ck_assert_int_eq(parse(line, &NOLAB, err), 0);
+  ck_assert_int_eq(smp.label, 0);
+  ck_assert(smp.dense[0] == (float)log1p(3.0));
+  ck_assert_uint_eq(smp.vals[25], 0x1f);
+  /* the same line labelled: "3" is not a label */
+  ck_assert_int_eq(parse(line, &LAB, err), SR_EFORMAT);
+  ck_assert_int_eq(smp.bad, DS_BAD_LABEL);
+  /* 40 fields in no-label mode: too many */
+  strcat(line, "\t1");
+  ck_assert_int_eq(parse(line, &NOLAB, err), SR_EFORMAT);
+  ck_assert_int_eq(smp.bad, DS_BAD_FIELDS);
+}
+END_TEST
+
+START_TEST(test_parse_multi_hot) {
+  char err[256];
+  char line[512] = "0";
+  for (int d = 0; d < 13; d++) strcat(line, "\t");
+  strcat(line, "\ta,b,c\t\t12345678,0");
+  ck_assert_int_eq(parse(line, &LAB, err), 0);
+  ck_assert_uint_eq(smp.off[1] - smp.off[0], 3);
+  ck_assert_uint_eq(smp.vals[0], 0xa);
+  ck_assert_uint_eq(smp.vals[2], 0xc);
+  ck_assert_uint_eq(smp.off[2] - smp.off[1], 1);
+  ck_assert_uint_eq(smp.vals[smp.off[2]], 0x12345678);
+  ck_assert_uint_eq(smp.off[3] - smp.off[2], 2);
+  ck_assert_uint_eq(smp.off[26], 3 + 1 + 2 + 23);
+}
+END_TEST
+
+START_TEST(test_parse_malformed_kinds) {
+  char err[256];
+  struct { const char *line; int kind; const char *what; } cases[] = {
+      {"2\t1", DS_BAD_LABEL, "bad label"},
+      {"", DS_BAD_LABEL, "bad label"},
+      {"1\t12a", DS_BAD_INT, "not an integer"},
+      {"1\t-", DS_BAD_INT, "not an integer"},
+      {"1\t1.5", DS_BAD_INT, "not an integer"},
+      {"1\t9223372036854775808", DS_BAD_OVERFLOW, "int64"},
+      {"1\t\t\t\t\t\t\t\t\t\t\t\t\t\txyz", DS_BAD_CAT, "hexadecimal"},
+      {"1\t\t\t\t\t\t\t\t\t\t\t\t\t\t123456789", DS_BAD_CAT, "8 hex digits"},
+      {"1\t\t\t\t\t\t\t\t\t\t\t\t\t\ta,,b", DS_BAD_CAT, "empty value"},
+      {"1\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t", DS_BAD_FIELDS, "41 fields"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ck_assert_int_eq(parse(cases[i].line, &LAB, err), SR_EFORMAT);
+    ck_assert_int_eq(smp.bad, cases[i].kind);
+    ck_assert_msg(strstr(err, cases[i].what), "case %zu: '%s'", i, err);
+  }
+  ck_assert_int_eq(parse("1\t-9223372036854775808", &LAB, err), 0);
+  ck_assert(smp.dense[0] == 0.0f);
+  ck_assert_int_eq(parse("1\t9223372036854775807", &LAB, err), 0);
+}
+END_TEST
+
+/* ---- TSV source ---- */
+
+START_TEST(test_source_quirks_plain_gzip_crlf) {
+  /* the same three lines, plain LF, CRLF without a final newline, gzip */
+  const char *lf = "1\t\t-1\n0\t3\t2\t\t\t\t\t\t\t\t\t\t\t\tab\n1\t1\n";
+  const char *crlf = "1\t\t-1\r\n0\t3\t2\t\t\t\t\t\t\t\t\t\t\t\tab\r\n1\t1";
+  write_str(tpath("a.txt"), lf);
+  write_str(tpath("b.txt"), crlf);
+  gzFile g = gzopen(tpath("c.data"), "wb"); /* name says nothing: magic decides */
+  gzwrite(g, lf, (unsigned)strlen(lf));
+  gzclose(g);
+  flat f[3];
+  const char *names[3] = {"a.txt", "b.txt", "c.data"};
+  for (int k = 0; k < 3; k++) {
+    ds_source_opts o = {.path = tpath(names[k]), .id_mode = DS_IDS_HASH, .read_ahead = k == 1 ? -1 : 0};
+    ds_source *s = open_src(o);
+    ck_assert_uint_eq(ds_source_count(s), 3);
+    collect(s, 2, &f[k]);
+    ds_source_stats st;
+    ds_source_stats_get(s, &st);
+    ck_assert_uint_eq(st.lines, 3);
+    ck_assert_uint_eq(st.malformed, 0);
+    ds_source_destroy(s);
+  }
+  ck_assert_uint_eq(f[0].n, 3);
+  ck_assert(f[0].labels[0] == 1.0f && f[0].labels[1] == 0.0f);
+  ck_assert(f[0].dense[13] == (float)log1p(3.0));
+  ck_assert_uint_eq(f[0].ids[26], ds_criteo_hash_id(0, 0xab));
+  ck_assert_uint_eq(f[0].ids[0], ds_criteo_hash_id(0, 0));
+  flat_eq(&f[0], &f[1]);
+  flat_eq(&f[0], &f[2]);
+  for (int k = 0; k < 3; k++) flat_free(&f[k]);
+}
+END_TEST
+
+START_TEST(test_source_malformed_reported) {
+  const char *text = "1\t1\n7\t1\n1\tx\n0\t\t\t\t\t\t\t\t\t\t\t\t\t\tzz\n1\t99999999999999999999\n"
+                     "1\t\t\t\t\t\t\t\t\t\t\t\t\t\t1ffffffff\n0\t2\n";
+  write_str(tpath("m.txt"), text);
+  char rep[4096] = {0};
+  FILE *mem = fmemopen(rep, sizeof rep, "w");
+  ds_source_opts o = {.path = tpath("m.txt"), .id_mode = DS_IDS_HASH, .report = mem, .max_reports = 4};
+  ds_source *s = open_src(o);
+  flat f;
+  collect(s, 3, &f);
+  fclose(mem);
+  ck_assert_uint_eq(f.n, 2);
+  ck_assert(f.dense[13] == (float)log1p(2.0));
+  ck_assert_uint_eq(f.index[1], 1); /* malformed lines take no index */
+  ds_source_stats st;
+  ds_source_stats_get(s, &st);
+  ck_assert_uint_eq(st.lines, 7);
+  ck_assert_uint_eq(st.malformed, 5);
+  ck_assert_uint_eq(st.bad[DS_BAD_LABEL], 1);
+  ck_assert_uint_eq(st.bad[DS_BAD_INT], 1);
+  ck_assert_uint_eq(st.bad[DS_BAD_CAT], 2);
+  ck_assert_uint_eq(st.bad[DS_BAD_OVERFLOW], 1);
+  char want[600];
+  snprintf(want, sizeof want, "%s:2: bad label", tpath("m.txt"));
+  ck_assert_msg(strstr(ds_source_report(s, 0), want), "%s", ds_source_report(s, 0));
+  snprintf(want, sizeof want, "%s:3: non-numeric", tpath("m.txt"));
+  ck_assert_pstr_eq(strstr(ds_source_report(s, 1), want) ? want : ds_source_report(s, 1), want);
+  snprintf(want, sizeof want, "%s:5: integer feature overflows", tpath("m.txt"));
+  ck_assert_msg(strstr(ds_source_report(s, 3), want), "%s", ds_source_report(s, 3));
+  ck_assert_ptr_null(ds_source_report(s, 4)); /* only max_reports kept */
+  ck_assert_msg(strstr(rep, want) != NULL, "printed: %s", rep);
+  ds_source_destroy(s);
+  flat_free(&f);
+
+  /* strict: the first malformed line is an error, named */
+  ds_source_opts so = {.path = tpath("m.txt"), .id_mode = DS_IDS_HASH, .strict = 1};
+  s = open_src(so);
+  ds_batch b;
+  ds_batch_init(&b, 8);
+  int n = ds_source_next(s, &b, 8);
+  ck_assert_int_eq(n, 1); /* the good line before it */
+  ck_assert_int_eq(ds_source_next(s, &b, 8), SR_EFORMAT);
+  snprintf(want, sizeof want, "%s:2: bad label", tpath("m.txt"));
+  ck_assert_msg(strstr(ds_source_errmsg(s), want), "%s", ds_source_errmsg(s));
+  ds_source_destroy(s);
+  /* strict with a dictionary pass fails at open */
+  char err[1024];
+  ds_source_opts sd = {.path = tpath("m.txt"), .strict = 1};
+  ck_assert_ptr_null(ds_source_open(&sd, err, sizeof err));
+  ck_assert_msg(strstr(err, want), "%s", err);
+  ds_batch_free(&b);
+}
+END_TEST
+
+START_TEST(test_dict_threshold_unseen) {
+  /* C1 values over 6 lines: 5 5 7 9 7 5; C2 always missing */
+  const char *vals[] = {"5", "5", "7", "9", "7", "5"};
+  char text[2048] = "";
+  for (int i = 0; i < 6; i++) {
+    strcat(text, "1");
+    for (int d = 0; d < 13; d++) strcat(text, "\t");
+    strcat(text, "\t");
+    strcat(text, vals[i]);
+    strcat(text, "\n");
+  }
+  write_str(tpath("d.txt"), text);
+  ds_source_opts o = {.path = tpath("d.txt")};
+  ds_source *s = open_src(o);
+  uint64_t sizes[26];
+  ds_source_table_sizes(s, sizes);
+  ck_assert_uint_eq(sizes[0], 4); /* rare/unseen + 5, 7, 9 */
+  ck_assert_uint_eq(sizes[1], 2); /* rare/unseen + the missing value 0 */
+  flat f;
+  collect(s, 4, &f);
+  uint64_t want1[] = {1, 1, 2, 3, 2, 1};
+  for (int i = 0; i < 6; i++) {
+    ck_assert_uint_eq(f.ids[f.off[i * 26]], want1[i]);
+    ck_assert_uint_eq(f.ids[f.off[i * 26 + 1]], 1);
+  }
+  flat_free(&f);
+  ds_source_destroy(s);
+  /* threshold 2: 9 (seen once) shares id 0 */
+  o.frequency_threshold = 2;
+  s = open_src(o);
+  ds_source_table_sizes(s, sizes);
+  ck_assert_uint_eq(sizes[0], 3);
+  collect(s, 5, &f);
+  uint64_t want2[] = {1, 1, 2, 0, 2, 1};
+  for (int i = 0; i < 6; i++) ck_assert_uint_eq(f.ids[f.off[i * 26]], want2[i]);
+  flat_free(&f);
+  ds_source_destroy(s);
+  /* test split with fraction 1/3: dictionary from lines 0-3 (5 5 7 9), the
+     test lines hold 7 and 5; with max_ind_range 3 first: 5%3=2, 7%3=1, 9%3=0 */
+  ds_source_opts t = {.path = tpath("d.txt"), .scheme = DS_SCHEME_FRACTION, .test_fraction = 1.0 / 3.0 + 1e-9, .split = DS_SPLIT_TEST};
+  s = open_src(t);
+  ck_assert_uint_eq(ds_source_count(s), 2);
+  collect(s, 5, &f);
+  ck_assert_uint_eq(f.ids[f.off[0]], 2);
+  ck_assert_uint_eq(f.ids[f.off[26]], 1);
+  flat_free(&f);
+  ds_source_destroy(s);
+  /* a value only in the test part maps to 0 */
+  write_str(tpath("e.txt"), "1\t\t\t\t\t\t\t\t\t\t\t\t\t\t5\n1\t\t\t\t\t\t\t\t\t\t\t\t\t\t6\n");
+  ds_source_opts u = {.path = tpath("e.txt"), .scheme = DS_SCHEME_FRACTION, .test_fraction = 0.5, .split = DS_SPLIT_TEST};
+  s = open_src(u);
+  collect(s, 5, &f);
+  ck_assert_uint_eq(f.n, 1);
+  ck_assert_uint_eq(f.ids[f.off[0]], 0);
+  flat_free(&f);
+  ds_source_destroy(s);
+  /* max_ind_range before the dictionary */
+  ds_source_opts m = {.path = tpath("d.txt"), .max_ind_range = 3};
+  s = open_src(m);
+  collect(s, 5, &f);
+  uint64_t want3[] = {1, 1, 2, 3, 2, 1}; /* 2 2 1 0 1 2 by first appearance */
+  for (int i = 0; i < 6; i++) ck_assert_uint_eq(f.ids[f.off[i * 26]], want3[i]);
+  flat_free(&f);
+  ds_source_destroy(s);
+}
+END_TEST
+
+START_TEST(test_modulo_hash_modes) {
+  write_lines(tpath("l.txt"), 50, 26);
+  ds_source_opts o = {.path = tpath("l.txt"), .id_mode = DS_IDS_MODULO, .max_ind_range = 10};
+  ds_source *s = open_src(o);
+  uint64_t sizes[26];
+  ds_source_table_sizes(s, sizes);
+  ck_assert_uint_eq(sizes[5], 10);
+  flat fm, fh;
+  collect(s, 7, &fm);
+  ds_source_destroy(s);
+  o.id_mode = DS_IDS_HASH;
+  s = open_src(o);
+  ds_source_table_sizes(s, sizes);
+  ck_assert_uint_eq(sizes[5], 0);
+  collect(s, 7, &fh);
+  ds_source_destroy(s);
+  char line[2048];
+  for (uint64_t i = 0; i < 50; i++) {
+    make_line(line, sizeof line, i, 26);
+    ck_assert_int_eq(parse(line, &LAB, NULL), 0);
+    for (int c = 0; c < 26; c++) {
+      ck_assert_uint_eq(fm.ids[fm.off[i * 26 + c]], smp.vals[c] % 10);
+      ck_assert_uint_eq(fh.ids[fh.off[i * 26 + c]], ds_criteo_hash_id(c, smp.vals[c]));
+    }
+  }
+  ck_assert_uint_ne(ds_criteo_hash_id(0, 5), ds_criteo_hash_id(1, 5));
+  flat_free(&fm);
+  flat_free(&fh);
+  o.id_mode = DS_IDS_MODULO;
+  o.max_ind_range = 0;
+  char err[512];
+  ck_assert_ptr_null(ds_source_open(&o, err, sizeof err));
+}
+END_TEST
+
+START_TEST(test_split_ranges) {
+  ds_split_ranges r;
+  ck_assert_int_eq(ds_split_ranges_compute(DS_SCHEME_KAGGLE, 15, 0, 0, &r), 0);
+  /* per day 2, one extra line for day 0: day 6 = [13, 15) */
+  ck_assert_uint_eq(r.end[DS_SPLIT_TRAIN], 13);
+  ck_assert_uint_eq(r.begin[DS_SPLIT_TEST], 13);
+  ck_assert_uint_eq(r.end[DS_SPLIT_TEST], 14);
+  ck_assert_uint_eq(r.begin[DS_SPLIT_VAL], 14);
+  ck_assert_uint_eq(r.end[DS_SPLIT_VAL], 15);
+  ck_assert_int_eq(ds_split_ranges_compute(DS_SCHEME_KAGGLE, 70, 0, 0, &r), 0);
+  ck_assert_uint_eq(r.end[DS_SPLIT_TRAIN], 60);
+  ck_assert_uint_eq(r.end[DS_SPLIT_TEST], 65);
+  ck_assert_int_eq(ds_split_ranges_compute(DS_SCHEME_KAGGLE, 76, 0, 0, &r), 0);
+  ck_assert_uint_eq(r.end[DS_SPLIT_TRAIN], 66); /* 10 per day, extra 6: days 0-5 get 11 */
+  ck_assert_uint_eq(r.end[DS_SPLIT_TEST], 71);
+  ck_assert_int_eq(ds_split_ranges_compute(DS_SCHEME_FRACTION, 10, 0, 0.25, &r), 0);
+  ck_assert_uint_eq(r.end[DS_SPLIT_TRAIN], 8);
+  ck_assert_uint_eq(r.begin[DS_SPLIT_TEST], 8);
+  ck_assert_uint_eq(r.end[DS_SPLIT_TEST], 10);
+  ck_assert_uint_eq(r.begin[DS_SPLIT_VAL], r.end[DS_SPLIT_VAL]);
+  ck_assert_int_eq(ds_split_ranges_compute(DS_SCHEME_TERABYTE, 100, 7, 0, &r), 0);
+  ck_assert_uint_eq(r.end[DS_SPLIT_TRAIN], 93);
+  ck_assert_uint_eq(r.end[DS_SPLIT_TEST], 97);
+  ck_assert_int_eq(ds_split_ranges_compute(DS_SCHEME_FRACTION, 10, 0, 1.5, &r), SR_EINVAL);
+}
+END_TEST
+
+/* The line index of each sample, read back from I1 = log1p(i). */
+static uint64_t line_of(const flat *f, uint64_t j) {
+  return (uint64_t)llround(expm1((double)f->dense[j * 13]));
+}
+
+static void check_split(const char *path, ds_split_scheme sch, double frac, ds_split sp,
+                        uint64_t b, uint64_t e, ds_id_mode mode) {
+  ds_source_opts o = {.path = path, .scheme = sch, .test_fraction = frac, .split = sp, .id_mode = mode};
+  ds_source *s = open_src(o);
+  ck_assert_uint_eq(ds_source_count(s), e - b);
+  flat f;
+  collect(s, 3, &f);
+  ck_assert_uint_eq(f.n, e - b);
+  for (uint64_t j = 0; j < f.n; j++) {
+    ck_assert_uint_eq(line_of(&f, j), b + j);
+    ck_assert_uint_eq(f.index[j], j);
+  }
+  flat_free(&f);
+  ds_source_destroy(s);
+}
+
+START_TEST(test_source_splits) {
+  write_lines(tpath("k.txt"), 15, 26);
+  for (int m = 0; m < 2; m++) {
+    ds_id_mode mode = m ? DS_IDS_HASH : DS_IDS_DICT;
+    check_split(tpath("k.txt"), DS_SCHEME_KAGGLE, 0, DS_SPLIT_TRAIN, 0, 13, mode);
+    check_split(tpath("k.txt"), DS_SCHEME_KAGGLE, 0, DS_SPLIT_TEST, 13, 14, mode);
+    check_split(tpath("k.txt"), DS_SCHEME_KAGGLE, 0, DS_SPLIT_VAL, 14, 15, mode);
+    check_split(tpath("k.txt"), DS_SCHEME_KAGGLE, 0, DS_SPLIT_ALL, 0, 15, mode);
+    check_split(tpath("k.txt"), DS_SCHEME_FRACTION, 0.2, DS_SPLIT_TRAIN, 0, 12, mode);
+    check_split(tpath("k.txt"), DS_SCHEME_FRACTION, 0.2, DS_SPLIT_TEST, 12, 15, mode);
+    check_split(tpath("k.txt"), DS_SCHEME_FRACTION, 0.2, DS_SPLIT_VAL, 15, 15, mode);
+  }
+  /* terabyte: day_0..day_23, 3 lines each except day_23 with 5 */
+  char line[2048];
+  uint64_t i = 0;
+  for (int d = 0; d < 24; d++) {
+    char name[64];
+    snprintf(name, sizeof name, "day_%d", d);
+    FILE *f = fopen(tpath(name), "wb");
+    for (int k = 0; k < (d == 23 ? 5 : 3); k++, i++) {
+      int n = make_line(line, sizeof line, i, 26);
+      if (d == 4 && k == 2) n--; /* a day without a final newline */
+      fwrite(line, 1, (size_t)n, f);
+    }
+    fclose(f);
+  }
+  check_split(tpath("day"), DS_SCHEME_TERABYTE, 0, DS_SPLIT_TRAIN, 0, 69, DS_IDS_DICT);
+  check_split(tpath("day"), DS_SCHEME_TERABYTE, 0, DS_SPLIT_TEST, 69, 72, DS_IDS_DICT);
+  check_split(tpath("day"), DS_SCHEME_TERABYTE, 0, DS_SPLIT_VAL, 72, 74, DS_IDS_HASH);
+  unlink(tpath("day_7"));
+  char err[1024];
+  ds_source_opts o = {.path = tpath("day"), .scheme = DS_SCHEME_TERABYTE};
+  ck_assert_ptr_null(ds_source_open(&o, err, sizeof err));
+  ck_assert_msg(strstr(err, "day_7"), "%s", err);
+}
+END_TEST
+
+START_TEST(test_batches_and_seek) {
+  write_lines(tpath("b.txt"), 5000, 20);
+  flat ref;
+  ds_source_opts o = {.path = tpath("b.txt"), .read_ahead = -1};
+  ds_source *s = open_src(o);
+  collect(s, 5000, &ref);
+  ds_source_destroy(s);
+  ck_assert_uint_eq(ref.n, 5000);
+  int sizes[] = {1, 7, 2049, 4096};
+  for (int k = 0; k < 4; k++) {
+    for (int ra = -1; ra <= 3; ra += 4) {
+      ds_source_opts q = {.path = tpath("b.txt"), .read_ahead = ra};
+      s = open_src(q);
+      flat f;
+      collect(s, sizes[k], &f);
+      flat_eq(&ref, &f);
+      flat_free(&f);
+      /* seek, then read again: same samples from that index */
+      uint64_t at = (uint64_t)sizes[k] * 3 % 5000 + 1;
+      ck_assert_int_eq(ds_source_seek(s, at), 0);
+      ds_batch b;
+      ds_batch_init(&b, 9);
+      ck_assert_int_eq(ds_source_next(s, &b, 9), 9);
+      ck_assert_uint_eq(b.first_index, at);
+      for (int i = 0; i < 9; i++) ck_assert(b.dense[i * 13] == ref.dense[(at + i) * 13]);
+      ck_assert_int_eq(ds_source_seek(s, 5000), 0);
+      ck_assert_int_eq(ds_source_next(s, &b, 9), 0);
+      ck_assert_int_eq(ds_source_seek(s, 5001), SR_ERANGE);
+      ck_assert_int_eq(ds_source_rewind(s), 0);
+      ck_assert_int_eq(ds_source_next(s, &b, 9), 9);
+      ck_assert_uint_eq(b.first_index, 0);
+      ds_batch_free(&b);
+      ds_source_destroy(s);
+    }
+  }
+  /* multi-hot bags: odd lines hold two values in columns >= 20 */
+  for (uint64_t j = 0; j < 4; j++)
+    for (int c = 0; c < 26; c++) {
+      uint32_t len = ref.off[j * 26 + c + 1] - ref.off[j * 26 + c];
+      char line[2048];
+      make_line(line, sizeof line, j, 20);
+      ck_assert_int_eq(parse(line, &LAB, NULL), 0);
+      ck_assert_uint_eq(len, smp.off[c + 1] - smp.off[c]);
+      if (j % 2 && c >= 20 && (j + (uint64_t)c) % 7) ck_assert_uint_eq(len, 2);
+    }
+  flat_free(&ref);
+}
+END_TEST
+
+/* ---- binary format ---- */
+
+static void convert_api(const char *in, const char *out, ds_split_scheme sch, double frac,
+                        ds_id_mode mode, int shuffle) {
+  ds_source_opts o = {.path = in, .scheme = sch, .test_fraction = frac, .id_mode = mode,
+                      .exact_count = 1, .max_ind_range = mode == DS_IDS_MODULO ? 100 : 0};
+  ds_source *s = open_src(o);
+  ds_source_stats st;
+  ds_source_stats_get(s, &st);
+  ds_bin_info info = {0};
+  info.n_samples = ds_source_split_count(s, DS_SPLIT_ALL);
+  info.n_train = ds_source_split_count(s, DS_SPLIT_TRAIN);
+  info.n_test = ds_source_split_count(s, DS_SPLIT_TEST);
+  info.n_val = ds_source_split_count(s, DS_SPLIT_VAL);
+  info.total_ids = st.scan_ids;
+  info.flags = (st.scan_max_bag > 1 ? DS_BIN_MULTI : 0) | (mode == DS_IDS_HASH ? DS_BIN_ID64 : 0);
+  info.id_mode = ds_source_id_mode(s);
+  ds_source_table_sizes(s, info.table_sizes);
+  char err[1024];
+  ds_bin_writer *w = ds_bin_writer_create(out, &info, ds_source_dict(s), shuffle, 42, err, sizeof err);
+  ck_assert_msg(w != NULL, "%s", err);
+  ds_batch b;
+  ds_batch_init(&b, 333);
+  int n;
+  while ((n = ds_source_next(s, &b, 333)) > 0) ck_assert_int_eq(ds_bin_writer_add(w, &b), 0);
+  ck_assert_int_eq(n, 0);
+  ck_assert_msg(ds_bin_writer_finish(w) == 0, "%s", ds_bin_writer_errmsg(w));
+  ds_bin_writer_destroy(w);
+  ds_batch_free(&b);
+  ds_source_destroy(s);
+}
+
+static void roundtrip(int mh, ds_id_mode mode) {
+  write_lines(tpath("r.txt"), 3001, mh);
+  convert_api(tpath("r.txt"), tpath("r.bin"), DS_SCHEME_KAGGLE, 0, mode, 0);
+  for (int sp = DS_SPLIT_ALL; sp <= DS_SPLIT_VAL; sp++) {
+    ds_source_opts ot = {.path = tpath("r.txt"), .scheme = DS_SCHEME_KAGGLE, .split = sp, .id_mode = mode,
+                         .max_ind_range = mode == DS_IDS_MODULO ? 100 : 0};
+    ds_source_opts ob = {.path = tpath("r.bin"), .split = sp};
+    ds_source *st = open_src(ot), *sb = open_src(ob);
+    ck_assert_uint_eq(ds_source_count(st), ds_source_count(sb));
+    uint64_t z1[26], z2[26];
+    ds_source_table_sizes(st, z1);
+    ds_source_table_sizes(sb, z2);
+    ck_assert_int_eq(memcmp(z1, z2, sizeof z1), 0);
+    flat ft, fb;
+    collect(st, 97, &ft);
+    collect(sb, 64, &fb);
+    flat_eq(&ft, &fb);
+    /* seek by sample index agrees too */
+    ck_assert_int_eq(ds_source_seek(sb, ft.n / 2), 0);
+    ds_batch b;
+    ds_batch_init(&b, 4);
+    if (ft.n / 2 < ft.n) {
+      ck_assert_int_eq(ds_source_next(sb, &b, 1), 1);
+      ck_assert_uint_eq(b.first_index, ft.n / 2);
+      ck_assert(b.dense[0] == ft.dense[(ft.n / 2) * 13]);
+    }
+    ds_batch_free(&b);
+    flat_free(&ft);
+    flat_free(&fb);
+    ds_source_destroy(st);
+    ds_source_destroy(sb);
+  }
+}
+
+START_TEST(test_bin_roundtrip_onehot_dict) { roundtrip(26, DS_IDS_DICT); }
+END_TEST
+START_TEST(test_bin_roundtrip_multihot_hash) { roundtrip(13, DS_IDS_HASH); }
+END_TEST
+START_TEST(test_bin_roundtrip_modulo) { roundtrip(26, DS_IDS_MODULO); }
+END_TEST
+
+START_TEST(test_bin_dictionary_stored) {
+  write_lines(tpath("r.txt"), 500, 26);
+  convert_api(tpath("r.txt"), tpath("r.bin"), DS_SCHEME_NONE, 0, DS_IDS_DICT, 0);
+  char err[512];
+  ds_bin_reader *r = ds_bin_reader_open(tpath("r.bin"), 0, 1, err, sizeof err);
+  ck_assert_ptr_nonnull(r);
+  ds_criteo_dict *d = ds_bin_reader_dict(r);
+  ck_assert_ptr_nonnull(d);
+  ds_source_opts o = {.path = tpath("r.txt")};
+  ds_source *s = open_src(o);
+  const ds_criteo_dict *d2 = ds_source_dict(s);
+  for (int c = 0; c < 26; c++) {
+    ck_assert_uint_eq(ds_criteo_dict_size(d, c), ds_criteo_dict_size(d2, c));
+    uint64_t n;
+    const uint32_t *v = ds_criteo_dict_values(d2, c, &n);
+    for (uint64_t k = 0; k < n; k++) ck_assert_uint_eq(ds_criteo_dict_lookup(d, c, v[k]), k + 1);
+  }
+  ds_criteo_dict_destroy(d);
+  ds_bin_reader_destroy(r);
+  ds_source_destroy(s);
+}
+END_TEST
+
+START_TEST(test_bin_shuffle) {
+  for (uint64_t n = 1; n < 300; n += 37) {
+    char *seen = calloc(n, 1);
+    for (uint64_t i = 0; i < n; i++) {
+      uint64_t p = ds_bin_shuffle_pos(i, n, 7);
+      ck_assert_uint_lt(p, n);
+      ck_assert(!seen[p]);
+      seen[p] = 1;
+    }
+    free(seen);
+  }
+  write_lines(tpath("r.txt"), 700, 26);
+  convert_api(tpath("r.txt"), tpath("s.bin"), DS_SCHEME_FRACTION, 0.1, DS_IDS_DICT, 1);
+  convert_api(tpath("r.txt"), tpath("u.bin"), DS_SCHEME_FRACTION, 0.1, DS_IDS_DICT, 0);
+  ds_source_opts a = {.path = tpath("s.bin"), .split = DS_SPLIT_TRAIN}, b = {.path = tpath("u.bin"), .split = DS_SPLIT_TRAIN};
+  ds_source *sa = open_src(a), *sb = open_src(b);
+  flat fa, fb;
+  collect(sa, 100, &fa);
+  collect(sb, 100, &fb);
+  ck_assert_uint_eq(fa.n, 630);
+  int moved = 0;
+  uint64_t sum_a = 0, sum_b = 0;
+  for (uint64_t j = 0; j < fa.n; j++) {
+    moved += line_of(&fa, j) != j;
+    sum_a += line_of(&fa, j);
+    sum_b += line_of(&fb, j);
+    ck_assert_uint_eq(line_of(&fb, ds_bin_shuffle_pos(j, 630, 42)) , line_of(&fb, ds_bin_shuffle_pos(j, 630, 42)));
+  }
+  for (uint64_t j = 0; j < fa.n; j++) ck_assert_uint_eq(line_of(&fa, ds_bin_shuffle_pos(j, 630, 42)), j);
+  ck_assert_int_gt(moved, 500);
+  ck_assert_uint_eq(sum_a, sum_b);
+  flat_free(&fa);
+  flat_free(&fb);
+  ds_source_destroy(sa);
+  ds_source_destroy(sb);
+  /* test part untouched */
+  ds_source_opts t = {.path = tpath("s.bin"), .split = DS_SPLIT_TEST};
+  sa = open_src(t);
+  collect(sa, 100, &fa);
+  for (uint64_t j = 0; j < fa.n; j++) ck_assert_uint_eq(line_of(&fa, j), 630 + j);
+  flat_free(&fa);
+  ds_source_destroy(sa);
+}
+END_TEST
+
+START_TEST(test_int32_layout) {
+  int32_t rec[3][40];
+  for (int i = 0; i < 3; i++)
+    for (int k = 0; k < 40; k++) rec[i][k] = k == 0 ? i % 2 : (k == 2 ? -1 : i * 100 + k);
+  write_file(tpath("t.int32"), (const char *)rec, sizeof rec);
+  ds_source_opts o = {.path = tpath("t.int32")};
+  ds_source *s = open_src(o);
+  ck_assert_uint_eq(ds_source_count(s), 3);
+  uint64_t sizes[26];
+  ds_source_table_sizes(s, sizes);
+  ck_assert_uint_eq(sizes[0], 200 + 14 + 1);
+  flat f;
+  collect(s, 2, &f);
+  for (int i = 0; i < 3; i++) {
+    ck_assert(f.labels[i] == (float)(i % 2));
+    ck_assert(f.dense[i * 13 + 1] == 0.0f);
+    ck_assert(f.dense[i * 13 + 2] == (float)log1p((double)(i * 100 + 3)));
+    for (int c = 0; c < 26; c++) ck_assert_uint_eq(f.ids[f.off[i * 26 + c]], (uint64_t)(i * 100 + 14 + c));
+  }
+  flat_free(&f);
+  ds_source_destroy(s);
+  /* explicit format, modulo, split */
+  write_file(tpath("ref.bin"), (const char *)rec, sizeof rec);
+  ds_source_opts m = {.path = tpath("ref.bin"), .format = DS_FORMAT_INT32, .max_ind_range = 7,
+                      .scheme = DS_SCHEME_FRACTION, .test_fraction = 0.34, .split = DS_SPLIT_TEST};
+  s = open_src(m);
+  ck_assert_uint_eq(ds_source_count(s), 1);
+  collect(s, 2, &f);
+  ck_assert_uint_eq(f.ids[f.off[0]], (200 + 14) % 7);
+  flat_free(&f);
+  ds_source_destroy(s);
+  /* torn */
+  write_file(tpath("bad.int32"), (const char *)rec, sizeof rec - 4);
+  char err[512];
+  ds_source_opts t = {.path = tpath("bad.int32")};
+  ck_assert_ptr_null(ds_source_open(&t, err, sizeof err));
+  ck_assert_msg(strstr(err, "bad.int32") && strstr(err, "multiple of 160"), "%s", err);
+}
+END_TEST
+
+static void copy_trunc(const char *from, const char *to, long cut, long flip_at) {
+  FILE *f = fopen(from, "rb");
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *buf = malloc((size_t)n);
+  ck_assert_int_eq((long)fread(buf, 1, (size_t)n, f), n);
+  fclose(f);
+  if (flip_at >= 0) buf[flip_at] ^= 0x10;
+  write_file(to, buf, (size_t)(n - cut));
+  free(buf);
+}
+
+START_TEST(test_bin_refused) {
+  write_lines(tpath("r.txt"), 200, 26);
+  convert_api(tpath("r.txt"), tpath("r.bin"), DS_SCHEME_NONE, 0, DS_IDS_DICT, 0);
+  struct stat st;
+  stat(tpath("r.bin"), &st);
+  char err[1024];
+  struct { long cut, flip; ds_format fmt; const char *want; } cases[] = {
+      {100, -1, DS_FORMAT_AUTO, "truncated"},
+      {st.st_size - 100, -1, DS_FORMAT_BIN, "truncated"},
+      {0, (long)st.st_size - 7, DS_FORMAT_AUTO, "checksum mismatch"},
+      {0, 4096 + 3, DS_FORMAT_AUTO, "checksum mismatch"},
+      {0, 30, DS_FORMAT_AUTO, "header checksum"},
+      {0, 9, DS_FORMAT_AUTO, "version"},
+      {0, 0, DS_FORMAT_BIN, "not a shardrec binary file"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    copy_trunc(tpath("r.bin"), tpath("x.bin"), cases[i].cut, cases[i].flip);
+    ds_source_opts o = {.path = tpath("x.bin"), .format = cases[i].fmt};
+    ck_assert_ptr_null(ds_source_open(&o, err, sizeof err));
+    ck_assert_msg(strstr(err, cases[i].want) && strstr(err, "x.bin"), "case %zu: %s", i, err);
+  }
+  /* a foreign file named .bin is read as TSV by AUTO, refused as BIN */
+  write_str(tpath("f.bin"), "hello\n");
+  ds_source_opts o = {.path = tpath("f.bin"), .format = DS_FORMAT_BIN};
+  ck_assert_ptr_null(ds_source_open(&o, err, sizeof err));
+  ck_assert_msg(strstr(err, "not a shardrec binary file"), "%s", err);
+  /* no_verify skips only the payload checksum */
+  copy_trunc(tpath("r.bin"), tpath("y.bin"), 0, (long)st.st_size - 7);
+  ds_source_opts nv = {.path = tpath("y.bin"), .no_verify = 1};
+  ds_source *s = open_src(nv);
+  ds_source_destroy(s);
+}
+END_TEST
+
+/* ---- shardrec convert ---- */
+
+static int run(const char *cmd, char *out, size_t n) {
+  char full[4096];
+  snprintf(full, sizeof full, "%s 2>&1", cmd);
+  FILE *p = popen(full, "r");
+  ck_assert_ptr_nonnull(p);
+  size_t k = fread(out, 1, n - 1, p);
+  out[k] = 0;
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+START_TEST(test_cli_convert) {
+  const char *bin = getenv("SHARDREC_BIN");
+  ck_assert_ptr_nonnull(bin);
+  char cmd[2048], out[8192];
+  snprintf(cmd, sizeof cmd, "%s convert --bogus a b", bin);
+  ck_assert_int_eq(run(cmd, out, sizeof out), 2);
+  ck_assert_msg(strstr(out, "bogus"), "%s", out);
+  snprintf(cmd, sizeof cmd, "%s convert --test-fraction 2 a b", bin);
+  ck_assert_int_eq(run(cmd, out, sizeof out), 2);
+  snprintf(cmd, sizeof cmd, "%s convert --split nope a b", bin);
+  ck_assert_int_eq(run(cmd, out, sizeof out), 2);
+  snprintf(cmd, sizeof cmd, "%s convert only-one", bin);
+  ck_assert_int_eq(run(cmd, out, sizeof out), 2);
+  snprintf(cmd, sizeof cmd, "%s convert --help", bin);
+  ck_assert_int_eq(run(cmd, out, sizeof out), 0);
+  ck_assert_msg(strstr(out, "--max-ind-range"), "%s", out);
+  snprintf(cmd, sizeof cmd, "%s convert %s %s", bin, tpath("missing.txt"), tpath("o.bin"));
+  ck_assert_int_eq(run(cmd, out, sizeof out), 1);
+  ck_assert_msg(strstr(out, "missing.txt"), "%s", out);
+  /* a real conversion, gzip in, with a malformed line; compare with the TSV reader */
+  write_lines(tpath("c.txt"), 1000, 26);
+  FILE *f = fopen(tpath("c.txt"), "ab");
+  fputs("5\t1\n", f);
+  fclose(f);
+  snprintf(cmd, sizeof cmd, "gzip -k %s", tpath("c.txt"));
+  ck_assert_int_eq(system(cmd), 0);
+  snprintf(cmd, sizeof cmd, "%s convert --split kaggle --frequency-threshold 2 %s.gz %s", bin,
+           tpath("c.txt"), tpath("c.bin"));
+  ck_assert_msg(run(cmd, out, sizeof out) == 0, "%s", out);
+  ck_assert_msg(strstr(out, "c.txt.gz:1001: bad label"), "%s", out);
+  for (int sp = DS_SPLIT_ALL; sp <= DS_SPLIT_VAL; sp++) {
+    ds_source_opts ot = {.path = tpath("c.txt"), .scheme = DS_SCHEME_KAGGLE, .split = sp, .frequency_threshold = 2};
+    ds_source_opts ob = {.path = tpath("c.bin"), .split = sp};
+    ds_source *st = open_src(ot), *sb = open_src(ob);
+    flat ft, fb;
+    collect(st, 100, &ft);
+    collect(sb, 100, &fb);
+    flat_eq(&ft, &fb);
+    flat_free(&ft);
+    flat_free(&fb);
+    ds_source_destroy(st);
+    ds_source_destroy(sb);
+  }
+  snprintf(cmd, sizeof cmd, "%s convert --strict %s %s", bin, tpath("c.txt"), tpath("d.bin"));
+  ck_assert_int_eq(run(cmd, out, sizeof out), 1);
+  ck_assert_msg(strstr(out, "c.txt:1001: bad label"), "%s", out);
+  ck_assert_int_ne(access(tpath("d.bin"), F_OK), 0);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("datasets");
+  TCase *p = tcase_create("parser");
+  tcase_add_test(p, test_parse_full_line);
+  tcase_add_test(p, test_parse_empty_negative_stripped);
+  tcase_add_test(p, test_parse_no_label_vs_stripped);
+  tcase_add_test(p, test_parse_no_label_mode);
+  tcase_add_test(p, test_parse_multi_hot);
+  tcase_add_test(p, test_parse_malformed_kinds);
+  tcase_add_test(p, test_split_ranges);
+  suite_add_tcase(s, p);
+  TCase *t = tcase_create("source");
+  tcase_add_checked_fixture(t, setup, teardown);
+  tcase_set_timeout(t, 120);
+  tcase_add_test(t, test_source_quirks_plain_gzip_crlf);
+  tcase_add_test(t, test_source_malformed_reported);
+  tcase_add_test(t, test_dict_threshold_unseen);
+  tcase_add_test(t, test_modulo_hash_modes);
+  tcase_add_test(t, test_source_splits);
+  tcase_add_test(t, test_batches_and_seek);
+  suite_add_tcase(s, t);
+  TCase *b = tcase_create("binary");
+  tcase_add_checked_fixture(b, setup, teardown);
+  tcase_set_timeout(b, 120);
+  tcase_add_test(b, test_bin_roundtrip_onehot_dict);
+  tcase_add_test(b, test_bin_roundtrip_multihot_hash);
+  tcase_add_test(b, test_bin_roundtrip_modulo);
+  tcase_add_test(b, test_bin_dictionary_stored);
+  tcase_add_test(b, test_bin_shuffle);
+  tcase_add_test(b, test_int32_layout);
+  tcase_add_test(b, test_bin_refused);
+  tcase_add_test(b, test_cli_convert);
+  suite_add_tcase(s, b);
+  return s;
+}
+
+int main(void) {
+  SRunner *r = srunner_create(suite());
+  srunner_run_all(r, CK_NORMAL);
+  int failed = srunner_ntests_failed(r);
+  srunner_free(r);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
