@@ -1,0 +1,186 @@
+/* shardrec convert: Criteo TSV (plain or gzip) -> shardrec binary records.
+ * Two passes over the input: the first counts lines, checks every line and
+ * builds the dictionaries; the second maps and writes. Memory is bounded by
+ * the dictionaries and a batch; the output is written through a mapping of
+ * the pre-sized file, then checksummed and renamed into place. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/status.h"
+#include "datasets/binfmt.h"
+#include "datasets/source.h"
+#include "tools/cli.h"
+#include "tools/cmds.h"
+
+static void convert_usage(FILE *f) {
+  fprintf(f,
+          "usage: shardrec convert [options] IN.tsv[.gz] OUT.bin\n\n"
+          "Convert Criteo TSV (Kaggle train.txt, Terabyte day_N; gzip detected by its\n"
+          "magic bytes) to shardrec's binary record file, with the split, dictionaries\n"
+          "and a checksum stored in it.\n\n"
+          "options:\n"
+          "  --split none|kaggle|terabyte|fraction  split scheme (default none: all train).\n"
+          "                          terabyte: IN is a prefix, reading IN_0 .. IN_23\n"
+          "  --test-fraction F       last F of the lines are the test set (implies\n"
+          "                          --split fraction)\n"
+          "  --max-ind-range N       categorical value %% N before the dictionary\n"
+          "  --frequency-threshold T values seen fewer than T times (in the train\n"
+          "                          part) share id 0 with unseen values\n"
+          "  --hash                  64-bit hashed ids, no dictionary (unbounded tables)\n"
+          "  --modulo                ids = value %% --max-ind-range, no dictionary\n"
+          "  --no-label              the input has no label column (39 fields)\n"
+          "  --strict                stop at the first malformed line\n"
+          "  --shuffle               shuffle the train part (deterministic; one-hot only)\n"
+          "  --seed S                shuffle seed (default 1)\n"
+          "  --help                  this text\n");
+}
+
+int cmd_convert(int argc, char **argv) {
+  static const struct option longs[] = {
+      {"split", required_argument, 0, 's'},       {"test-fraction", required_argument, 0, 'f'},
+      {"max-ind-range", required_argument, 0, 'm'}, {"frequency-threshold", required_argument, 0, 't'},
+      {"hash", no_argument, 0, 'H'},              {"modulo", no_argument, 0, 'M'},
+      {"no-label", no_argument, 0, 'n'},          {"strict", no_argument, 0, 'S'},
+      {"shuffle", no_argument, 0, 'x'},           {"seed", required_argument, 0, 'r'},
+      {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
+  ds_source_opts o = {0};
+  o.report = stderr;
+  o.exact_count = 1;
+  int shuffle = 0, have_fraction = 0, have_split = 0;
+  uint64_t seed = 1;
+  long long ll;
+  double d;
+  opterr = 0;
+  optind = 1;
+  int c;
+  while ((c = getopt_long(argc, argv, ":h", longs, NULL)) != -1) {
+    switch (c) {
+      case 's':
+        have_split = 1;
+        if (!strcmp(optarg, "none")) o.scheme = DS_SCHEME_NONE;
+        else if (!strcmp(optarg, "kaggle")) o.scheme = DS_SCHEME_KAGGLE;
+        else if (!strcmp(optarg, "terabyte")) o.scheme = DS_SCHEME_TERABYTE;
+        else if (!strcmp(optarg, "fraction")) o.scheme = DS_SCHEME_FRACTION;
+        else {
+          fprintf(stderr, "shardrec convert: --split: '%s' is not none, kaggle, terabyte or fraction\n", optarg);
+          return 2;
+        }
+        break;
+      case 'f':
+        if (cli_double("convert", "--test-fraction", optarg, 0.0, 1.0, &d)) return 2;
+        o.test_fraction = d;
+        have_fraction = 1;
+        break;
+      case 'm':
+        if (cli_u64("convert", "--max-ind-range", optarg, &o.max_ind_range)) return 2;
+        break;
+      case 't':
+        if (cli_int("convert", "--frequency-threshold", optarg, 0, UINT32_MAX, &ll)) return 2;
+        o.frequency_threshold = (uint32_t)ll;
+        break;
+      case 'H': o.id_mode = DS_IDS_HASH; break;
+      case 'M': o.id_mode = DS_IDS_MODULO; break;
+      case 'n': o.no_label = 1; break;
+      case 'S': o.strict = 1; break;
+      case 'x': shuffle = 1; break;
+      case 'r':
+        if (cli_u64("convert", "--seed", optarg, &seed)) return 2;
+        break;
+      case 'h':
+        convert_usage(stdout);
+        return 0;
+      case ':':
+        fprintf(stderr, "shardrec convert: option %s needs a value (see 'shardrec convert --help')\n",
+                argv[optind - 1]);
+        return 2;
+      default:
+        fprintf(stderr, "shardrec convert: unknown option %s (see 'shardrec convert --help')\n",
+                argv[optind - 1]);
+        return 2;
+    }
+  }
+  if (have_fraction) {
+    if (have_split && o.scheme != DS_SCHEME_FRACTION) {
+      fprintf(stderr, "shardrec convert: --test-fraction goes with --split fraction only\n");
+      return 2;
+    }
+    o.scheme = DS_SCHEME_FRACTION;
+  } else if (o.scheme == DS_SCHEME_FRACTION) {
+    fprintf(stderr, "shardrec convert: --split fraction needs --test-fraction F\n");
+    return 2;
+  }
+  if (o.id_mode == DS_IDS_MODULO && !o.max_ind_range) {
+    fprintf(stderr, "shardrec convert: --modulo needs --max-ind-range N (N > 0)\n");
+    return 2;
+  }
+  if (o.id_mode == DS_IDS_HASH && (o.max_ind_range || o.frequency_threshold)) {
+    fprintf(stderr, "shardrec convert: --hash takes neither --max-ind-range nor --frequency-threshold\n");
+    return 2;
+  }
+  if (argc - optind != 2) {
+    fprintf(stderr, "shardrec convert: expected IN and OUT (see 'shardrec convert --help')\n");
+    return 2;
+  }
+  o.path = argv[optind];
+  o.format = DS_FORMAT_TSV;
+  const char *out = argv[optind + 1];
+
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  char err[1024];
+  ds_source *s = ds_source_open(&o, err, sizeof err);
+  if (!s) {
+    fprintf(stderr, "shardrec convert: %s\n", err);
+    return 1;
+  }
+  ds_source_stats st;
+  ds_source_stats_get(s, &st);
+  ds_bin_info info = {0};
+  info.n_samples = ds_source_split_count(s, DS_SPLIT_ALL);
+  info.n_train = ds_source_split_count(s, DS_SPLIT_TRAIN);
+  info.n_test = ds_source_split_count(s, DS_SPLIT_TEST);
+  info.n_val = ds_source_split_count(s, DS_SPLIT_VAL);
+  info.total_ids = st.scan_ids;
+  info.flags = (st.scan_max_bag > 1 ? DS_BIN_MULTI : 0) | (o.id_mode == DS_IDS_HASH ? DS_BIN_ID64 : 0);
+  info.id_mode = (uint32_t)ds_source_id_mode(s);
+  info.freq_threshold = o.frequency_threshold;
+  info.max_ind_range = o.max_ind_range;
+  ds_source_table_sizes(s, info.table_sizes);
+  ds_bin_writer *w = ds_bin_writer_create(out, &info, ds_source_dict(s), shuffle, seed, err, sizeof err);
+  if (!w) {
+    fprintf(stderr, "shardrec convert: %s\n", err);
+    ds_source_destroy(s);
+    return 1;
+  }
+  ds_batch b;
+  int rc = ds_batch_init(&b, 4096), n = 0;
+  while (!rc && (n = ds_source_next(s, &b, 4096)) > 0) rc = ds_bin_writer_add(w, &b);
+  if (rc || n < 0 || ds_bin_writer_finish(w)) {
+    fprintf(stderr, "shardrec convert: %s\n",
+            n < 0 ? ds_source_errmsg(s) : rc == SR_ENOMEM ? "out of memory" : ds_bin_writer_errmsg(w));
+    ds_bin_writer_destroy(w);
+    ds_batch_free(&b);
+    ds_source_destroy(s);
+    return 1;
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  printf("converted %s -> %s in %.2f s\n", o.path, out, secs);
+  printf("  lines %llu, samples %llu (train %llu, test %llu, val %llu), malformed skipped %llu\n",
+         (unsigned long long)st.scan_lines, (unsigned long long)info.n_samples,
+         (unsigned long long)info.n_train, (unsigned long long)info.n_test,
+         (unsigned long long)info.n_val, (unsigned long long)st.scan_malformed);
+  printf("  layout %s, %s ids%s\n", info.flags & DS_BIN_MULTI ? "multi-hot" : "one-hot",
+         o.id_mode == DS_IDS_HASH ? "hashed 64-bit" : o.id_mode == DS_IDS_MODULO ? "modulo" : "dictionary",
+         shuffle ? ", train part shuffled" : "");
+  printf("  table sizes:");
+  for (int k = 0; k < DS_NUM_SPARSE; k++) printf(" %llu", (unsigned long long)info.table_sizes[k]);
+  printf("\n");
+  ds_bin_writer_destroy(w);
+  ds_batch_free(&b);
+  ds_source_destroy(s);
+  return 0;
+}
