@@ -39,8 +39,8 @@ static const double dense_sigma[DG_NUM_DENSE] = {1.0, 1.6, 1.4, 0.9, 1.8, 1.5, 1
  * part carries about 3/4 of the logit variance, and dense-only logistic
  * regression sits well below the oracle (see tests/datagen). */
 #define DG_TEACHER_DENSE 0.85 /* std of the dense part */
-#define DG_TEACHER_CAT 0.23   /* per-column value-bias std before shrink */
-#define DG_TEACHER_FM 0.15    /* latent entry scale before shrink */
+#define DG_TEACHER_CAT 0.25   /* per-column value-bias std before shrink */
+#define DG_TEACHER_FM 0.13    /* latent entry scale before shrink */
 #define DG_FM_DIM 4
 #define DG_SHRINK_RANK 32.0   /* shrink(r) = 1/sqrt(1 + r/32) */
 #define DG_VCACHE 4096        /* ranks whose teacher parameters are cached */
