@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <zlib.h>
 
 #include "common/rng.h"
 #include "common/status.h"
@@ -62,10 +63,15 @@ typedef struct {
   double n;
 } zipf_ri;
 
+/* One alias-table entry: keep i when the coin is below thresh, else take
+ * alias. Packed so that a draw touches one cache line. */
+typedef struct {
+  uint32_t thresh, alias;
+} alias_ent;
+
 typedef struct {
   uint32_t card;
-  uint32_t *thresh; /* alias table [card] (NULL: rejection-inversion or uniform) */
-  uint32_t *alias;
+  alias_ent *alias; /* alias table [card] (NULL: rejection-inversion or uniform) */
   zipf_ri ri;
   uint32_t hex_k0, hex_k1;
   vparam *cache;    /* [min(card, DG_VCACHE)] */
@@ -152,11 +158,10 @@ static uint32_t ri_sample(const zipf_ri *z, sr_rng *r) {
 /* Vose's alias method over P(r) ~ 1/(r+1)^s, r < n. */
 static int alias_build(catcol *c, double s) {
   uint32_t n = c->card;
-  c->thresh = malloc(sizeof(uint32_t) * n);
-  c->alias = malloc(sizeof(uint32_t) * n);
+  c->alias = malloc(sizeof(alias_ent) * n);
   double *p = malloc(sizeof(double) * n);
   uint32_t *small = malloc(sizeof(uint32_t) * n), *large = malloc(sizeof(uint32_t) * n);
-  if (!c->thresh || !c->alias || !p || !small || !large) {
+  if (!c->alias || !p || !small || !large) {
     free(p), free(small), free(large);
     return SR_ENOMEM;
   }
@@ -170,8 +175,8 @@ static int alias_build(catcol *c, double s) {
   }
   while (ns && nl) {
     uint32_t a = small[--ns], l = large[nl - 1];
-    c->thresh[a] = (uint32_t)(p[a] * 4294967296.0);
-    c->alias[a] = l;
+    c->alias[a].thresh = (uint32_t)(p[a] * 4294967296.0);
+    c->alias[a].alias = l;
     p[l] -= 1 - p[a];
     if (p[l] < 1) {
       nl--;
@@ -180,11 +185,11 @@ static int alias_build(catcol *c, double s) {
   }
   while (nl) {
     uint32_t l = large[--nl];
-    c->thresh[l] = UINT32_MAX, c->alias[l] = l;
+    c->alias[l].thresh = UINT32_MAX, c->alias[l].alias = l;
   }
   while (ns) {
     uint32_t a = small[--ns];
-    c->thresh[a] = UINT32_MAX, c->alias[a] = a;
+    c->alias[a].thresh = UINT32_MAX, c->alias[a].alias = a;
   }
   free(p), free(small), free(large);
   return 0;
@@ -196,9 +201,12 @@ static inline uint32_t below32(uint32_t bits, uint32_t n) {
 
 static inline uint32_t cat_sample(const dg_generator *g, const catcol *c, sr_rng *r) {
   if (g->cfg.uniform) return below32(sr_rng_u32(r), c->card);
-  if (c->thresh) {
+  if (c->alias) {
     uint32_t i = below32(sr_rng_u32(r), c->card);
-    return sr_rng_u32(r) < c->thresh[i] ? i : c->alias[i];
+    uint32_t coin = sr_rng_u32(r);
+    alias_ent e = c->alias[i];
+    uint32_t keep = (uint32_t)0 - (uint32_t)(coin < e.thresh); /* branch-free select */
+    return (i & keep) | (e.alias & ~keep);
   }
   return ri_sample(&c->ri, r);
 }
@@ -364,7 +372,6 @@ static int calibrate(dg_generator *g) {
 void dg_generator_destroy(dg_generator *g) {
   if (!g) return;
   for (int j = 0; j < DG_NUM_CAT; j++) {
-    free(g->cat[j].thresh);
     free(g->cat[j].alias);
     free(g->cat[j].cache);
   }
@@ -651,6 +658,7 @@ static int write_summary(const dg_generator *g, const char *path, const dg_summa
   cJSON_AddBoolToObject(o, "uniform", c->uniform);
   cJSON_AddNumberToObject(o, "multi_hot", c->multi_hot);
   cJSON_AddNumberToObject(o, "strip_trailing", c->strip_trailing);
+  cJSON_AddBoolToObject(o, "gzip", c->gzip);
   cJSON *card = cJSON_AddArrayToObject(root, "cardinalities");
   for (int j = 0; j < DG_NUM_CAT; j++)
     cJSON_AddItemToArray(card, cJSON_CreateNumber(g->cat[j].card));
@@ -674,6 +682,19 @@ static int write_summary(const dg_generator *g, const char *path, const dg_summa
 
 #define OUT_CHUNK (1u << 20)
 
+/* Write n bytes to the plain file f or, when gz is set, through zlib. */
+static int out_write(FILE *f, gzFile gz, const char *buf, size_t n, int *gzerr) {
+  if (!n) return 0;
+  if (gz) {
+    if (gzwrite(gz, buf, (unsigned)n) != (int)n) {
+      *gzerr = 1;
+      return -1;
+    }
+    return 0;
+  }
+  return fwrite(buf, 1, n, f) == n ? 0 : -1;
+}
+
 int dg_generator_write(dg_generator *g, const char *path, dg_summary *summary, char *errbuf,
                        size_t errlen) {
   if (errbuf && errlen) errbuf[0] = 0;
@@ -691,7 +712,8 @@ int dg_generator_write(dg_generator *g, const char *path, dg_summary *summary, c
   auc_acc all = {0}, test = {0};
   all.max = test.max = (size_t)c->auc_exact_max;
   FILE *f = NULL, *pf = NULL;
-  int rc = 0;
+  gzFile gz = NULL;
+  int rc = 0, gzerr = 0;
   const char *what = path;
   dg_summary sm;
   memset(&sm, 0, sizeof sm);
@@ -701,10 +723,11 @@ int dg_generator_write(dg_generator *g, const char *path, dg_summary *summary, c
   }
   sprintf(ppath, "%s.probs", path);
   sprintf(spath, "%s.summary.json", path);
-  if (!(f = fopen(path, "wb"))) {
+  if (c->gzip ? !(gz = gzopen(path, "wb1")) : !(f = fopen(path, "wb"))) {
     rc = SR_EIO;
     goto done;
   }
+  if (gz) gzbuffer(gz, 1u << 18);
   if (!(pf = fopen(ppath, "wb"))) {
     rc = SR_EIO;
     what = ppath;
@@ -718,7 +741,7 @@ int dg_generator_write(dg_generator *g, const char *path, dg_summary *summary, c
     if ((rc = acc_add(&all, row->prob, row->label))) goto done;
     if (i >= test_first && (rc = acc_add(&test, row->prob, row->label))) goto done;
     if (blen >= OUT_CHUNK) {
-      if (fwrite(buf, 1, blen, f) != blen) {
+      if (out_write(f, gz, buf, blen, &gzerr)) {
         rc = SR_EIO;
         goto done;
       }
@@ -734,7 +757,7 @@ int dg_generator_write(dg_generator *g, const char *path, dg_summary *summary, c
       plen2 = 0;
     }
   }
-  if (fwrite(buf, 1, blen, f) != blen) {
+  if (out_write(f, gz, buf, blen, &gzerr)) {
     rc = SR_EIO;
     goto done;
   }
@@ -745,8 +768,9 @@ int dg_generator_write(dg_generator *g, const char *path, dg_summary *summary, c
     goto done;
   }
   {
-    int e1 = fclose(f), e2 = fclose(pf);
+    int e1 = gz ? gzclose(gz) != Z_OK : fclose(f) != 0, e2 = fclose(pf);
     f = pf = NULL;
+    gz = NULL;
     if (e1 || e2) {
       rc = SR_EIO;
       what = e1 ? path : ppath;
@@ -763,10 +787,12 @@ int dg_generator_write(dg_generator *g, const char *path, dg_summary *summary, c
   if (summary) *summary = sm;
 done:
   if (rc && errbuf) {
-    if (rc == SR_EIO) sr_fmt(errbuf, errlen, "datagen: %s: %s", what, strerror(errno));
+    if (rc == SR_EIO && gzerr) sr_fmt(errbuf, errlen, "datagen: %s: gzip write failed", what);
+    else if (rc == SR_EIO) sr_fmt(errbuf, errlen, "datagen: %s: %s", what, strerror(errno));
     else sr_fmt(errbuf, errlen, "datagen: %s", sr_strerror(rc));
   }
   if (f) fclose(f);
+  if (gz) gzclose(gz);
   if (pf) fclose(pf);
   acc_free(&all);
   acc_free(&test);

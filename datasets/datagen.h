@@ -41,6 +41,8 @@ typedef struct dg_config {
   int uniform;            /* 1: ids uniform over each column instead of Zipf */
   int multi_hot;          /* each categorical holds 1..multi_hot ids; 0 or 1 = one-hot */
   double strip_trailing;  /* fraction of lines whose trailing empty fields are cut */
+  int gzip;               /* 1: the TSV is gzip-compressed (level 1); .probs and
+                             the summary stay plain */
   uint64_t auc_exact_max; /* rows kept for the exact AUC; beyond it a 2^20-bin
                              histogram (approximate). 0 = default 2^25 */
 } dg_config;
@@ -84,7 +86,7 @@ typedef struct dg_split_stats {
 
 typedef struct dg_summary {
   dg_split_stats all, test;
-  uint64_t bytes;  /* bytes of the TSV file */
+  uint64_t bytes;  /* bytes of the TSV text (before compression) */
   double seconds;  /* wall time of the generation */
 } dg_summary;
 

@@ -27,6 +27,8 @@ static void datagen_usage(FILE *f) {
           "  --multi-hot K         each categorical holds 1..K ids joined by ',' (K <= 16)\n"
           "  --strip-trailing F    fraction of lines whose trailing empty fields are cut\n"
           "                        (default 0)\n"
+          "  --gzip                gzip the TSV (zlib level 1); .probs and the summary\n"
+          "                        stay plain\n"
           "  -h, --help            this text\n");
 }
 
@@ -41,6 +43,7 @@ int cmd_datagen(int argc, char **argv) {
       {"uniform", no_argument, NULL, 'u'},
       {"multi-hot", required_argument, NULL, 'm'},
       {"strip-trailing", required_argument, NULL, 'r'},
+      {"gzip", no_argument, NULL, 'g'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
@@ -77,6 +80,7 @@ int cmd_datagen(int argc, char **argv) {
       if (cli_double(cmd, "--zipf", optarg, 1.000001, 3, &cfg.zipf_s)) return 2;
       break;
     case 'u': cfg.uniform = 1; break;
+    case 'g': cfg.gzip = 1; break;
     case 'm':
       if (cli_int(cmd, "--multi-hot", optarg, 1, DG_MAX_HOT, &v)) return 2;
       cfg.multi_hot = (int)v;

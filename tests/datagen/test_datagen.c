@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "common/status.h"
 #include "datasets/datagen.h"
@@ -468,6 +469,39 @@ START_TEST(test_histogram_fallback) {
 }
 END_TEST
 
+START_TEST(test_gzip) {
+  char *d = tmpdir_make();
+  char p1[256], p2[256], err[256];
+  snprintf(p1, sizeof p1, "%s/plain.tsv", d);
+  snprintf(p2, sizeof p2, "%s/z.tsv.gz", d);
+  dg_config cfg;
+  dg_config_default(&cfg);
+  cfg.rows = 5000;
+  dg_generator *g = NULL;
+  ck_assert_int_eq(dg_generator_create(&cfg, &g, err, sizeof err), 0);
+  ck_assert_int_eq(dg_generator_write(g, p1, NULL, err, sizeof err), 0);
+  dg_generator_destroy(g);
+  cfg.gzip = 1;
+  ck_assert_int_eq(dg_generator_create(&cfg, &g, err, sizeof err), 0);
+  ck_assert_int_eq(dg_generator_write(g, p2, NULL, err, sizeof err), 0);
+  dg_generator_destroy(g);
+  size_t n1, nz;
+  char *a = file_read(p1, &n1), *z = file_read(p2, &nz);
+  ck_assert_uint_lt(nz, n1 / 2);
+  ck_assert(nz > 2 && (unsigned char)z[0] == 0x1f && (unsigned char)z[1] == 0x8b);
+  char *b = malloc(n1 + 16);
+  gzFile gz = gzopen(p2, "rb");
+  ck_assert_ptr_nonnull(gz);
+  int got = gzread(gz, b, (unsigned)n1 + 16);
+  gzclose(gz);
+  ck_assert_int_eq(got, (int)n1);
+  ck_assert(memcmp(a, b, n1) == 0);
+  free(a), free(b), free(z);
+  tmpdir_remove(d);
+  free(d);
+}
+END_TEST
+
 START_TEST(test_config_errors) {
   dg_config cfg;
   dg_generator *g = NULL;
@@ -641,6 +675,7 @@ static Suite *datagen_suite(void) {
   tcase_add_test(tc, test_uniform);
   tcase_add_test(tc, test_multi_hot_and_strip);
   tcase_add_test(tc, test_histogram_fallback);
+  tcase_add_test(tc, test_gzip);
   tcase_add_test(tc, test_config_errors);
   tcase_add_test(tc, test_command_files);
   tcase_add_test(tc, test_command_flags);
