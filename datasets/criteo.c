@@ -2,6 +2,7 @@
 #include "datasets/criteo.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,15 +47,35 @@ static int fail(ds_criteo_sample *s, int kind, char *err, size_t errlen, int fie
   return SR_EFORMAT;
 }
 
-static inline int hexv(unsigned c) {
-  if (c - '0' < 10u) return (int)(c - '0');
-  c |= 0x20u;
-  if (c - 'a' < 6u) return (int)(c - 'a' + 10);
-  return -1;
+/* log1p of small integers, computed once with the same expression as the
+ * general case, so the table changes no value. */
+#define LOG_TABLE 4096
+static float log_table[LOG_TABLE];
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+static void log_init(void) {
+  for (int i = 0; i < LOG_TABLE; i++) log_table[i] = (float)log1p((double)i);
 }
 
+/* Hex digit value + 1 of a byte, 0 for a byte that is not a hex digit. */
+static const uint8_t hex_tab[256] = {
+    ['0'] = 1,  ['1'] = 2,  ['2'] = 3,  ['3'] = 4,  ['4'] = 5,  ['5'] = 6,  ['6'] = 7,
+    ['7'] = 8,  ['8'] = 9,  ['9'] = 10, ['a'] = 11, ['b'] = 12, ['c'] = 13, ['d'] = 14,
+    ['e'] = 15, ['f'] = 16, ['A'] = 11, ['B'] = 12, ['C'] = 13, ['D'] = 14, ['E'] = 15,
+    ['F'] = 16};
+
+/* End of the field that starts at fs (for error messages only). */
+static const char *field_end(const char *fs, const char *end) {
+  const char *fe = memchr(fs, '\t', (size_t)(end - fs));
+  return fe ? fe : end;
+}
+
+#define BAD(kind, what) return fail(s, kind, err, errlen, f, fs, field_end(fs, end), what)
+
+/* One pass over the bytes: each field is parsed where it stands and must end
+ * at a tab or at the end of the line; no separate search for the tabs. */
 int ds_criteo_parse_line(const char *line, size_t len, const ds_criteo_parse_opts *o,
                          ds_criteo_sample *s, char *err, size_t errlen) {
+  pthread_once(&log_once, log_init);
   const int nl = o && o->no_label;
   const int nfields = nl ? 39 : 40;
   const char *end = line + len;
@@ -65,15 +86,14 @@ int ds_criteo_parse_line(const char *line, size_t len, const ds_criteo_parse_opt
   if (err && errlen) err[0] = 0;
   uint32_t nv = 0;
   int f = 0;
-  const char *fs = line;
+  const char *q = line;
   for (;;) {
-    const char *fe = memchr(fs, '\t', (size_t)(end - fs));
-    if (!fe) fe = end;
+    const char *fs = q;
     if (f >= nfields) {
       s->bad = DS_BAD_FIELDS;
       if (err && errlen) {
         int n = f + 1;
-        for (const char *q = fs; q < end; q++) n += *q == '\t';
+        for (const char *p = fs; p < end; p++) n += *p == '\t';
         sr_fmt(err, errlen, "%s: %d fields, at most %d expected", ds_bad_kind_name(DS_BAD_FIELDS),
                n, nfields);
       }
@@ -81,72 +101,80 @@ int ds_criteo_parse_line(const char *line, size_t len, const ds_criteo_parse_opt
     }
     const int col = nl ? f + 1 : f; /* 0 label, 1..13 dense, 14..39 categorical */
     if (col == 0) {
-      if (fe - fs != 1 || (fs[0] != '0' && fs[0] != '1'))
-        return fail(s, DS_BAD_LABEL, err, errlen, f, fs, fe, "is not 0 or 1");
-      s->label = fs[0] - '0';
+      if (q < end && (*q == '0' || *q == '1') && (q + 1 == end || q[1] == '\t')) {
+        s->label = *q - '0';
+        q++;
+      } else {
+        BAD(DS_BAD_LABEL, "is not 0 or 1");
+      }
     } else if (col <= DS_NUM_DENSE) {
       float v = 0.0f;
-      if (fe > fs) {
-        const char *q = fs;
+      if (q < end && *q != '\t') {
         int neg = *q == '-';
         q += neg;
-        if (q == fe) return fail(s, DS_BAD_INT, err, errlen, f, fs, fe, "is not an integer");
-        const uint64_t lim = neg ? (1ULL << 63) : (uint64_t)INT64_MAX;
+        const char *d0 = q;
         uint64_t acc = 0;
-        for (; q < fe; q++) {
+        const char *q18 = end - q > 18 ? q + 18 : end; /* 18 digits cannot overflow */
+        for (; q < q18; q++) {
           unsigned d = (unsigned)(unsigned char)*q - '0';
-          if (d > 9) return fail(s, DS_BAD_INT, err, errlen, f, fs, fe, "is not an integer");
-          if (acc > (lim - d) / 10)
-            return fail(s, DS_BAD_OVERFLOW, err, errlen, f, fs, fe, "does not fit in int64");
+          if (d > 9) break;
           acc = acc * 10 + d;
         }
-        if (!neg && acc) v = (float)log1p((double)acc);
+        if (q == q18 && q < end) {
+          const uint64_t lim = neg ? (1ULL << 63) : (uint64_t)INT64_MAX;
+          for (; q < end; q++) {
+            unsigned d = (unsigned)(unsigned char)*q - '0';
+            if (d > 9) break;
+            if (acc > (lim - d) / 10) BAD(DS_BAD_OVERFLOW, "does not fit in int64");
+            acc = acc * 10 + d;
+          }
+        }
+        if (q == d0 || (q < end && *q != '\t')) BAD(DS_BAD_INT, "is not an integer");
+        if (!neg && acc) v = acc < LOG_TABLE ? log_table[acc] : (float)log1p((double)acc);
       }
       s->dense[col - 1] = v;
     } else {
       const int c = col - 1 - DS_NUM_DENSE;
       s->off[c] = nv;
-      if (fe == fs) {
-        if (nv >= DS_CRITEO_MAX_VALUES)
-          return fail(s, DS_BAD_VALUES, err, errlen, f, fs, fe, "exceeds the values per line");
+      if (q == end || *q == '\t') {
+        if (nv >= DS_CRITEO_MAX_VALUES) BAD(DS_BAD_VALUES, "exceeds the values per line");
         s->vals[nv++] = 0;
       } else {
-        const char *q = fs;
         for (;;) {
+          const char *v0 = q;
           uint32_t v = 0;
-          int nd = 0;
-          for (; q < fe && *q != ','; q++, nd++) {
-            int h = hexv((unsigned char)*q);
-            if (h < 0)
-              return fail(s, DS_BAD_CAT, err, errlen, f, fs, fe, "is not hexadecimal");
-            if (nd >= 8)
-              return fail(s, DS_BAD_CAT, err, errlen, f, fs, fe, "has more than 8 hex digits");
-            v = (v << 4) | (uint32_t)h;
+          unsigned h;
+          while (q < end && (h = hex_tab[(unsigned char)*q]) != 0) {
+            v = (v << 4) | (h - 1);
+            q++;
           }
-          if (nd == 0)
-            return fail(s, DS_BAD_CAT, err, errlen, f, fs, fe, "has an empty value");
-          if (nv >= DS_CRITEO_MAX_VALUES)
-            return fail(s, DS_BAD_VALUES, err, errlen, f, fs, fe, "exceeds the values per line");
+          if (q < end && *q != '\t' && *q != ',') BAD(DS_BAD_CAT, "is not hexadecimal");
+          if (q == v0) BAD(DS_BAD_CAT, "has an empty value");
+          if (q - v0 > 8) BAD(DS_BAD_CAT, "has more than 8 hex digits");
+          if (nv >= DS_CRITEO_MAX_VALUES) BAD(DS_BAD_VALUES, "exceeds the values per line");
           s->vals[nv++] = v;
-          if (q == fe) break;
-          q++; /* ',' */
+          if (q < end && *q == ',') {
+            q++;
+            continue;
+          }
+          break;
         }
       }
     }
     f++;
-    if (fe == end) break;
-    fs = fe + 1;
+    if (q == end) break;
+    q++; /* the tab */
   }
   /* Stripped trailing fields are empty. f >= 1 here, so the label was seen. */
   for (; f < nfields; f++) {
+    const char *fs = end;
     const int col = nl ? f + 1 : f;
     if (col <= DS_NUM_DENSE) {
       s->dense[col - 1] = 0.0f;
     } else {
       const int c = col - 1 - DS_NUM_DENSE;
       s->off[c] = nv;
-      if (nv >= DS_CRITEO_MAX_VALUES)
-        return fail(s, DS_BAD_VALUES, err, errlen, f, end, end, "exceeds the values per line");
+      if (nv >= DS_CRITEO_MAX_VALUES) BAD(DS_BAD_VALUES, "exceeds the values per line");
       s->vals[nv++] = 0;
     }
   }

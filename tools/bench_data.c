@@ -1,0 +1,287 @@
+/* shardrec bench data: how fast the data path reads, beside the raw read()
+ * speed of the same file measured in the same run.
+ *
+ * Generates a synthetic Criteo TSV (datasets/datagen.h) in a temporary
+ * folder, or takes --file. Rows, each the median of --runs runs:
+ *   read() baseline    read() into a 1 MiB buffer, counting newlines
+ *   parse_line         read() + line split + ds_criteo_parse_line, one core
+ *   source, 1 core     ds_source_next (parse, hash ids, batch), no reader thread
+ *   source, thread     the same with the reader thread parsing ahead
+ *   binary (mmap)      ds_source_next over the converted binary file */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/status.h"
+#include "datasets/binfmt.h"
+#include "datasets/criteo.h"
+#include "datasets/datagen.h"
+#include "datasets/source.h"
+#include "tools/cli.h"
+#include "tools/cmds.h"
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static double median3(double *v, int n) {
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+      double t = v[j];
+      v[j] = v[j - 1];
+      v[j - 1] = t;
+    }
+  return v[n / 2];
+}
+
+static int write_tsv(const char *path, uint64_t rows, uint64_t seed) {
+  dg_config cfg;
+  dg_config_default(&cfg);
+  cfg.rows = rows;
+  cfg.seed = seed;
+  dg_generator *g = NULL;
+  char err[512];
+  if (dg_generator_create(&cfg, &g, err, sizeof err)) {
+    fprintf(stderr, "shardrec bench data: datagen: %s\n", err);
+    return -1;
+  }
+  FILE *f = fopen(path, "wb");
+  if (!f) {
+    fprintf(stderr, "shardrec bench data: %s: %s\n", path, strerror(errno));
+    dg_generator_destroy(g);
+    return -1;
+  }
+  static char buf[DG_LINE_MAX];
+  dg_row row;
+  for (uint64_t i = 0; i < rows; i++) {
+    dg_generator_row(g, i, &row);
+    size_t n = dg_row_format(&row, buf);
+    fwrite(buf, 1, n, f);
+  }
+  int bad = ferror(f);
+  fclose(f);
+  dg_generator_destroy(g);
+  return bad ? -1 : 0;
+}
+
+/* read() into 1 MiB, count newlines (parse = 0) or parse every line too. */
+static int scan_file(const char *path, int parse, uint64_t *lines, uint64_t *bad) {
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return -1;
+  const size_t cap = 1u << 20;
+  char *buf = malloc(cap + 65536);
+  static ds_criteo_sample s;
+  ds_criteo_parse_opts o = {0};
+  size_t keep = 0;
+  ssize_t k;
+  *lines = *bad = 0;
+  while ((k = read(fd, buf + keep, cap)) > 0) {
+    size_t len = keep + (size_t)k;
+    char *p = buf, *end = buf + len, *nl;
+    while ((nl = memchr(p, '\n', (size_t)(end - p)))) {
+      if (parse && ds_criteo_parse_line(p, (size_t)(nl - p), &o, &s, NULL, 0)) (*bad)++;
+      (*lines)++;
+      p = nl + 1;
+    }
+    keep = (size_t)(end - p);
+    if (keep > 65536) keep = 0; /* a line over 64 KiB: not Criteo, dropped */
+    memmove(buf, p, keep);
+  }
+  if (keep) {
+    if (parse && ds_criteo_parse_line(buf, keep, &o, &s, NULL, 0)) (*bad)++;
+    (*lines)++;
+  }
+  free(buf);
+  close(fd);
+  return 0;
+}
+
+static int read_source(const char *path, ds_format fmt, int read_ahead, uint64_t *n_out) {
+  ds_source_opts o = {.path = path, .format = fmt, .id_mode = DS_IDS_HASH, .read_ahead = read_ahead,
+                      .no_verify = 1};
+  char err[1024];
+  ds_source *s = ds_source_open(&o, err, sizeof err);
+  if (!s) {
+    fprintf(stderr, "shardrec bench data: %s\n", err);
+    return -1;
+  }
+  ds_batch b;
+  ds_batch_init(&b, 2048);
+  int n;
+  uint64_t tot = 0;
+  while ((n = ds_source_next(s, &b, 2048)) > 0) tot += (uint64_t)n;
+  ds_batch_free(&b);
+  ds_source_destroy(s);
+  *n_out = tot;
+  return n < 0 ? -1 : 0;
+}
+
+static int convert(const char *in, const char *out) {
+  ds_source_opts o = {.path = in, .format = DS_FORMAT_TSV, .id_mode = DS_IDS_DICT};
+  char err[1024];
+  ds_source *s = ds_source_open(&o, err, sizeof err);
+  if (!s) {
+    fprintf(stderr, "shardrec bench data: %s\n", err);
+    return -1;
+  }
+  ds_source_stats st;
+  ds_source_stats_get(s, &st);
+  ds_bin_info info = {0};
+  info.n_samples = info.n_train = ds_source_split_count(s, DS_SPLIT_ALL);
+  info.total_ids = st.scan_ids;
+  info.flags = st.scan_max_bag > 1 ? DS_BIN_MULTI : 0;
+  info.id_mode = DS_IDS_DICT;
+  ds_source_table_sizes(s, info.table_sizes);
+  ds_bin_writer *w = ds_bin_writer_create(out, &info, ds_source_dict(s), 0, 0, err, sizeof err);
+  if (!w) {
+    fprintf(stderr, "shardrec bench data: %s\n", err);
+    ds_source_destroy(s);
+    return -1;
+  }
+  ds_batch b;
+  ds_batch_init(&b, 4096);
+  int n, rc = 0;
+  while (!rc && (n = ds_source_next(s, &b, 4096)) > 0) rc = ds_bin_writer_add(w, &b);
+  if (!rc) rc = ds_bin_writer_finish(w);
+  if (rc) fprintf(stderr, "shardrec bench data: %s\n", ds_bin_writer_errmsg(w));
+  ds_bin_writer_destroy(w);
+  ds_batch_free(&b);
+  ds_source_destroy(s);
+  return rc ? -1 : 0;
+}
+
+static void row(const char *name, double bytes, double lines, double secs, double base_mbs) {
+  double mbs = bytes / secs / 1e6;
+  printf("  %-24s %10.1f %14.0f %10.3f", name, mbs, lines / secs, secs);
+  if (base_mbs > 0)
+    printf(" %9.1f%%\n", 100.0 * mbs / base_mbs);
+  else
+    printf(" %10s\n", "-");
+}
+
+int bench_data(int argc, char **argv) {
+  static const struct option longs[] = {{"rows", required_argument, 0, 'n'},
+                                        {"file", required_argument, 0, 'f'},
+                                        {"runs", required_argument, 0, 'r'},
+                                        {"seed", required_argument, 0, 's'},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
+  uint64_t rows = 500000, seed = 1;
+  long long runs = 3;
+  const char *file = NULL;
+  opterr = 0;
+  optind = 1;
+  int c;
+  while ((c = getopt_long(argc, argv, ":h", longs, NULL)) != -1) {
+    switch (c) {
+      case 'n':
+        if (cli_u64("bench data", "--rows", optarg, &rows) || rows == 0) return 2;
+        break;
+      case 'f': file = optarg; break;
+      case 'r':
+        if (cli_int("bench data", "--runs", optarg, 1, 99, &runs)) return 2;
+        break;
+      case 's':
+        if (cli_u64("bench data", "--seed", optarg, &seed)) return 2;
+        break;
+      case 'h':
+        printf("usage: shardrec bench data [--rows N (500000)] [--file TSV] [--runs R (3)] [--seed S]\n"
+               "TSV parse and binary read throughput beside read() of the same file (medians).\n");
+        return 0;
+      default:
+        fprintf(stderr, "shardrec bench data: bad option %s (see --help)\n", argv[optind - 1]);
+        return 2;
+    }
+  }
+  if (optind != argc) {
+    fprintf(stderr, "shardrec bench data: unexpected argument '%s'\n", argv[optind]);
+    return 2;
+  }
+  char dir[] = "/tmp/shardrec-bench-data-XXXXXX";
+  if (!mkdtemp(dir)) {
+    fprintf(stderr, "shardrec bench data: mkdtemp: %s\n", strerror(errno));
+    return 1;
+  }
+  char tsv[256], bin[256];
+  snprintf(tsv, sizeof tsv, "%s/data.tsv", dir);
+  snprintf(bin, sizeof bin, "%s/data.bin", dir);
+  int status = 1;
+  double t0 = now();
+  if (!file) {
+    if (write_tsv(tsv, rows, seed)) goto out;
+    file = tsv;
+    printf("generated %llu rows of synthetic Criteo TSV in %.1f s\n", (unsigned long long)rows, now() - t0);
+  }
+  struct stat st;
+  if (stat(file, &st)) {
+    fprintf(stderr, "shardrec bench data: %s: %s\n", file, strerror(errno));
+    goto out;
+  }
+  double bytes = (double)st.st_size;
+  double t[5][99];
+  uint64_t lines = 0, bad = 0, n = 0;
+  for (int r = 0; r < runs; r++) {
+    double a = now();
+    if (scan_file(file, 0, &lines, &bad)) goto out;
+    t[0][r] = now() - a;
+    a = now();
+    if (scan_file(file, 1, &lines, &bad)) goto out;
+    t[1][r] = now() - a;
+    a = now();
+    if (read_source(file, DS_FORMAT_TSV, -1, &n)) goto out;
+    t[2][r] = now() - a;
+    a = now();
+    if (read_source(file, DS_FORMAT_TSV, 2, &n)) goto out;
+    t[3][r] = now() - a;
+  }
+  double ca = now();
+  if (convert(file, bin)) goto out;
+  double conv = now() - ca;
+  struct stat sb;
+  stat(bin, &sb);
+  uint64_t nb = 0;
+  for (int r = 0; r < runs; r++) {
+    double a = now();
+    if (read_source(bin, DS_FORMAT_BIN, 0, &nb)) goto out;
+    t[4][r] = now() - a;
+  }
+  double va = now();
+  {
+    char err[512];
+    ds_bin_reader *vr = ds_bin_reader_open(bin, 0, 1, err, sizeof err);
+    if (!vr) {
+      fprintf(stderr, "shardrec bench data: %s\n", err);
+      goto out;
+    }
+    ds_bin_reader_destroy(vr);
+  }
+  double verify = now() - va;
+  double base = bytes / median3(t[0], (int)runs) / 1e6;
+  printf("\nfile %s: %.1f MB, %llu lines (%llu malformed); median of %lld runs, page cache warm\n",
+         file, bytes / 1e6, (unsigned long long)lines, (unsigned long long)bad, runs);
+  printf("  %-24s %10s %14s %10s %10s\n", "", "MB/s", "lines/s", "seconds", "vs read()");
+  row("read() baseline", bytes, (double)lines, median3(t[0], (int)runs), 0);
+  row("parse_line, 1 core", bytes, (double)lines, median3(t[1], (int)runs), base);
+  row("source, 1 core (hash)", bytes, (double)n, median3(t[2], (int)runs), base);
+  row("source, reader thread", bytes, (double)n, median3(t[3], (int)runs), base);
+  printf("\nbinary file %.1f MB (converted, dictionary ids, in %.2f s: %.0f lines/s)\n",
+         (double)sb.st_size / 1e6, conv, (double)lines / conv);
+  double bt = median3(t[4], (int)runs);
+  printf("  %-24s %10.1f %14.0f %10.3f   (samples/s)\n", "binary reader (mmap)", (double)sb.st_size / bt / 1e6,
+         (double)nb / bt, bt);
+  printf("  %-24s %10.1f %14s %10.3f\n", "open + CRC32 verify", (double)sb.st_size / verify / 1e6, "-", verify);
+  status = 0;
+out:
+  unlink(tsv);
+  unlink(bin);
+  rmdir(dir);
+  return status;
+}
