@@ -1,0 +1,456 @@
+/* Tests for the in-process embedding store (embedding/store.h). */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/rng.h"
+#include "common/status.h"
+#include "embedding/optim.h"
+#include "embedding/store.h"
+
+/* Three tables: bounded dim 4, bounded dim 8, unbounded dim 5. */
+static emb_plan *make_plan(emb_optim_kind k, int n_shards, int row_wise, uint64_t seed) {
+  static const uint64_t rows[] = {1000, 50, 0};
+  emb_plan_params pp;
+  memset(&pp, 0, sizeof pp);
+  pp.n_tables = 3;
+  pp.rows = rows;
+  pp.dim = 4;
+  pp.optim.kind = k;
+  pp.optim.eps = -1;
+  pp.optim.init_acc = k == EMB_OPT_SGD ? 0 : 0.05;
+  pp.seed = seed;
+  pp.n_shards = n_shards;
+  pp.row_wise = row_wise;
+  char err[256];
+  emb_plan *p = NULL;
+  ck_assert_int_eq(emb_plan_create(&pp, &p, err, sizeof err), 0);
+  p->tables[1].dim = 8;
+  p->tables[2].dim = 5;
+  return p;
+}
+
+static emb_store *make_store(const emb_plan *p) {
+  char err[256];
+  emb_store *s = emb_store_create_local(p, err, sizeof err);
+  ck_assert_msg(s != NULL, "%s", err);
+  return s;
+}
+
+/* One step's ids and gradients for 3 tables. */
+typedef struct {
+  uint64_t ids[3][64];
+  size_t counts[3];
+  const uint64_t *idp[3];
+  float grads[3][64 * 8];
+  const float *gp[3];
+  float out[3][64 * 8];
+  float *op[3];
+  emb_idset set;
+} step_data;
+
+static void make_step(step_data *d, sr_rng *r) {
+  static const uint64_t bound[3] = {1000, 50, 0};
+  static const int dims[3] = {4, 8, 5};
+  for (int t = 0; t < 3; t++) {
+    d->counts[t] = 1 + sr_rng_below(r, t == 1 ? 40 : 64); /* table 1 has 50 rows */
+    size_t m = 0;
+    while (m < d->counts[t]) { /* unique ids */
+      uint64_t id = bound[t] ? sr_rng_below(r, bound[t]) : sr_rng_u64(r);
+      int dup = 0;
+      for (size_t k = 0; k < m; k++) dup |= d->ids[t][k] == id;
+      if (!dup) d->ids[t][m++] = id;
+    }
+    for (size_t k = 0; k < d->counts[t] * (size_t)dims[t]; k++) d->grads[t][k] = (float)sr_rng_normal(r);
+    d->idp[t] = d->ids[t];
+    d->gp[t] = d->grads[t];
+    d->op[t] = d->out[t];
+  }
+  d->set.n_tables = 3;
+  d->set.ids = d->idp;
+  d->set.counts = d->counts;
+}
+
+START_TEST(test_untouched_is_init) {
+  emb_plan *p = make_plan(EMB_OPT_ADAGRAD, 2, 0, 42);
+  emb_store *s = make_store(p);
+  sr_rng r;
+  sr_rng_init(&r, 1, 0);
+  step_data d;
+  make_step(&d, &r);
+  ck_assert_int_eq(emb_store_lookup_begin(s, 0, &d.set, d.op), 0);
+  ck_assert_int_eq(emb_store_lookup_wait(s), 0);
+  for (int t = 0; t < 3; t++)
+    for (size_t k = 0; k < d.counts[t]; k++) {
+      float want[8];
+      emb_row_init(p, t, d.ids[t][k], want);
+      ck_assert_mem_eq(d.out[t] + k * p->tables[t].dim, want, (size_t)p->tables[t].dim * 4);
+    }
+  emb_store_stats st;
+  ck_assert_int_eq(emb_store_stats_get(s, &st), 0);
+  ck_assert_uint_eq(st.rows, 0); /* nothing stored for a read */
+  ck_assert_uint_eq(st.lookups, d.counts[0] + d.counts[1] + d.counts[2]);
+  ck_assert_uint_eq(st.hits, 0);
+  emb_store_destroy(s);
+  emb_store_destroy(NULL);
+  emb_plan_free(p);
+}
+END_TEST
+
+START_TEST(test_push_then_lookup) {
+  for (int k = 0; k < 3; k++) {
+    emb_plan *p = make_plan((emb_optim_kind)k, 1, 0, 7);
+    emb_store *s = make_store(p);
+    sr_rng r;
+    sr_rng_init(&r, 2, (uint64_t)k);
+    step_data d;
+    make_step(&d, &r);
+    /* Expected: init, then the optimizer applied twice with lr 0.1 and 0.05. */
+    float want[3][64 * 8], state[3][64 * 8];
+    for (int t = 0; t < 3; t++) {
+      int dim = p->tables[t].dim, sl = emb_optim_state_len(&p->tables[t].optim, dim);
+      for (size_t i = 0; i < d.counts[t]; i++) {
+        emb_row_init(p, t, d.ids[t][i], want[t] + i * dim);
+        emb_optim_state_init(&p->tables[t].optim, dim, state[t] + i * dim);
+        for (int rep = 0; rep < 2; rep++)
+          emb_optim_apply(&p->tables[t].optim, dim, rep ? 0.05f : 0.1f, d.grads[t] + i * dim,
+                          want[t] + i * dim, sl ? state[t] + i * dim : NULL);
+      }
+    }
+    ck_assert_int_eq(emb_store_push(s, 0, 0.1f, &d.set, d.gp), 0);
+    ck_assert_int_eq(emb_store_push(s, 1, 0.05f, &d.set, d.gp), 0);
+    ck_assert_int_eq(emb_store_lookup_begin(s, 2, &d.set, d.op), 0);
+    ck_assert_int_eq(emb_store_lookup_wait(s), 0);
+    for (int t = 0; t < 3; t++) {
+      ck_assert_mem_eq(d.out[t], want[t], d.counts[t] * (size_t)p->tables[t].dim * 4);
+      /* And the update moved the row away from init. */
+      float init[8];
+      emb_row_init(p, t, d.ids[t][0], init);
+      ck_assert(memcmp(init, d.out[t], (size_t)p->tables[t].dim * 4) != 0);
+    }
+    emb_store_stats st;
+    emb_store_stats_get(s, &st);
+    uint64_t n = d.counts[0] + d.counts[1] + d.counts[2];
+    ck_assert_uint_eq(st.rows, n);
+    ck_assert_uint_eq(st.pushes, 2 * n);
+    ck_assert_uint_eq(st.hits, n);
+    uint64_t bytes = 0;
+    for (int t = 0; t < 3; t++)
+      bytes += d.counts[t] * 4 * (uint64_t)(p->tables[t].dim + emb_optim_state_len(&p->tables[t].optim, p->tables[t].dim));
+    ck_assert_uint_eq(st.bytes, bytes);
+    emb_store_destroy(s);
+    emb_plan_free(p);
+  }
+}
+END_TEST
+
+START_TEST(test_out_of_range) {
+  emb_plan *p = make_plan(EMB_OPT_SGD, 1, 0, 7);
+  emb_store *s = make_store(p);
+  sr_rng r;
+  sr_rng_init(&r, 3, 0);
+  step_data d;
+  make_step(&d, &r);
+  d.ids[1][d.counts[1] - 1] = 50; /* table 1 has 50 rows */
+  ck_assert_int_eq(emb_store_push(s, 0, 0.1f, &d.set, d.gp), SR_ERANGE);
+  ck_assert_ptr_nonnull(strstr(emb_store_errmsg(s), "push: table 1 (t1): row id 50 is out of range 0..49"));
+  emb_store_stats st;
+  emb_store_stats_get(s, &st);
+  ck_assert_uint_eq(st.rows, 0); /* nothing applied */
+  ck_assert_int_eq(emb_store_lookup_begin(s, 0, &d.set, d.op), SR_ERANGE);
+  ck_assert_int_eq(emb_store_lookup_wait(s), SR_ERANGE);
+  d.set.n_tables = 2;
+  ck_assert_int_eq(emb_store_push(s, 0, 0.1f, &d.set, d.gp), SR_EINVAL);
+  emb_store_destroy(s);
+  emb_plan_free(p);
+}
+END_TEST
+
+typedef struct {
+  float *buf;
+  size_t len, cap;
+  uint64_t prev;
+  int count, stop_after;
+} collect;
+
+static int collect_fn(void *ctx, int table, uint64_t row_id, const float *value, int dim,
+                      const float *state, int state_len) {
+  (void)table;
+  collect *c = ctx;
+  if (c->count > 0) ck_assert_uint_gt(row_id, c->prev);
+  c->prev = row_id;
+  c->count++;
+  size_t need = c->len + 2 + (size_t)dim + (size_t)state_len;
+  if (need > c->cap) {
+    c->cap = need * 2;
+    c->buf = realloc(c->buf, c->cap * 4);
+  }
+  memcpy(c->buf + c->len, &row_id, 8);
+  c->len += 2;
+  memcpy(c->buf + c->len, value, (size_t)dim * 4);
+  c->len += (size_t)dim;
+  if (state_len) memcpy(c->buf + c->len, state, (size_t)state_len * 4);
+  c->len += (size_t)state_len;
+  return c->stop_after && c->count >= c->stop_after;
+}
+
+static collect dump(emb_store *s, int table) {
+  collect c = {0};
+  ck_assert_int_eq(emb_store_iterate(s, table, collect_fn, &c), 0);
+  return c;
+}
+
+/* Train 30 random steps; returns the store. */
+static emb_store *train(const emb_plan *p, uint64_t seed, int steps) {
+  emb_store *s = make_store(p);
+  sr_rng r;
+  sr_rng_init(&r, seed, 0);
+  step_data *d = malloc(sizeof *d);
+  for (int i = 0; i < steps; i++) {
+    make_step(d, &r);
+    ck_assert_int_eq(emb_store_lookup_begin(s, i, &d->set, d->op), 0);
+    ck_assert_int_eq(emb_store_lookup_wait(s), 0);
+    ck_assert_int_eq(emb_store_push(s, i, 0.05f, &d->set, d->gp), 0);
+  }
+  free(d);
+  return s;
+}
+
+START_TEST(test_placement_independent) {
+  for (int k = 0; k < 3; k++) {
+    emb_plan *p1 = make_plan((emb_optim_kind)k, 1, 0, 9);
+    emb_plan *p3 = make_plan((emb_optim_kind)k, 3, 0, 9);
+    emb_plan *p4 = make_plan((emb_optim_kind)k, 4, 1, 9);
+    emb_store *s1 = train(p1, 11, 30), *s3 = train(p3, 11, 30), *s4 = train(p4, 11, 30);
+    for (int t = 0; t < 3; t++) {
+      collect a = dump(s1, t), b = dump(s3, t), c = dump(s4, t);
+      ck_assert_uint_gt(a.count, 10);
+      ck_assert_uint_eq(a.len, b.len);
+      ck_assert_uint_eq(a.len, c.len);
+      ck_assert_mem_eq(a.buf, b.buf, a.len * 4);
+      ck_assert_mem_eq(a.buf, c.buf, a.len * 4);
+      free(a.buf);
+      free(b.buf);
+      free(c.buf);
+    }
+    emb_store_destroy(s1);
+    emb_store_destroy(s3);
+    emb_store_destroy(s4);
+    emb_plan_free(p1);
+    emb_plan_free(p3);
+    emb_plan_free(p4);
+  }
+}
+END_TEST
+
+START_TEST(test_iterate_order) {
+  emb_plan *p = make_plan(EMB_OPT_ROWWISE_ADAGRAD, 1, 0, 9);
+  emb_store *s = train(p, 12, 20);
+  for (int t = 0; t < 3; t++) {
+    collect c = dump(s, t); /* collect_fn asserts ascending ids */
+    ck_assert_int_gt(c.count, 10);
+    free(c.buf);
+  }
+  collect c = {0};
+  c.stop_after = 3;
+  ck_assert_int_eq(emb_store_iterate(s, 0, collect_fn, &c), 0);
+  ck_assert_int_eq(c.count, 3);
+  free(c.buf);
+  ck_assert_int_eq(emb_store_iterate(s, 3, collect_fn, &c), SR_EINVAL);
+  emb_store_destroy(s);
+  emb_plan_free(p);
+}
+END_TEST
+
+static void tmpdir(char *buf, size_t n, const char *tag) {
+  snprintf(buf, n, "/tmp/sr_test_store_%ld_%s", (long)getpid(), tag);
+}
+
+static void rmdir_all(const char *dir) {
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+
+static int same_tables(emb_store *a, emb_store *b) {
+  int same = 1;
+  for (int t = 0; t < 3; t++) {
+    collect x = dump(a, t), y = dump(b, t);
+    same &= x.len == y.len && (x.len == 0 || memcmp(x.buf, y.buf, x.len * 4) == 0);
+    free(x.buf);
+    free(y.buf);
+  }
+  return same;
+}
+
+START_TEST(test_checkpoint_restore) {
+  for (int k = 0; k < 3; k++) {
+    emb_plan *p = make_plan((emb_optim_kind)k, 2, 0, 5);
+    emb_store *s = train(p, 13, 25);
+    char dir[256];
+    tmpdir(dir, sizeof dir, "ck");
+    rmdir_all(dir);
+    ck_assert_msg(emb_store_checkpoint(s, dir) == 0, "%s", emb_store_errmsg(s));
+    /* Restore into a fresh store under another placement (same model). */
+    emb_plan *q = make_plan((emb_optim_kind)k, 4, 1, 5);
+    emb_store *s2 = make_store(q);
+    ck_assert_msg(emb_store_restore(s2, dir) == 0, "%s", emb_store_errmsg(s2));
+    ck_assert(same_tables(s, s2));
+    emb_store_stats a, b;
+    emb_store_stats_get(s, &a);
+    emb_store_stats_get(s2, &b);
+    ck_assert_uint_eq(a.rows, b.rows);
+    ck_assert_uint_eq(a.bytes, b.bytes);
+    /* Training on from both gives the same rows. */
+    sr_rng r;
+    sr_rng_init(&r, 99, 0);
+    step_data d;
+    make_step(&d, &r);
+    ck_assert_int_eq(emb_store_push(s, 30, 0.1f, &d.set, d.gp), 0);
+    ck_assert_int_eq(emb_store_push(s2, 30, 0.1f, &d.set, d.gp), 0);
+    ck_assert(same_tables(s, s2));
+    /* Another model (seed) is refused. */
+    emb_plan *other = make_plan((emb_optim_kind)k, 2, 0, 6);
+    emb_store *s3 = make_store(other);
+    ck_assert_int_eq(emb_store_restore(s3, dir), SR_EMISMATCH);
+    ck_assert_ptr_nonnull(strstr(emb_store_errmsg(s3), "model fingerprint"));
+    emb_store_destroy(s3);
+    emb_plan_free(other);
+    emb_store_destroy(s);
+    emb_store_destroy(s2);
+    emb_plan_free(q);
+    emb_plan_free(p);
+    rmdir_all(dir);
+  }
+}
+END_TEST
+
+START_TEST(test_restore_refuses_damage) {
+  emb_plan *p = make_plan(EMB_OPT_ADAGRAD, 1, 0, 5);
+  emb_store *s = train(p, 14, 10);
+  char dir[256], file[300], good[300];
+  tmpdir(dir, sizeof dir, "dmg");
+  rmdir_all(dir);
+  ck_assert_int_eq(emb_store_checkpoint(s, dir), 0);
+  snprintf(file, sizeof file, "%s/table-1.bin", dir);
+  snprintf(good, sizeof good, "%s/good.bak", dir);
+  struct stat st;
+  ck_assert_int_eq(stat(file, &st), 0);
+  char cmd[800];
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s'", file, good);
+  ck_assert_int_eq(system(cmd), 0);
+  /* A store with other contents, which a refused restore must keep. */
+  emb_store *s2 = train(p, 15, 5);
+  emb_store *s2ref = train(p, 15, 5);
+  /* Torn: truncated by 10 bytes. */
+  ck_assert_int_eq(truncate(file, st.st_size - 10), 0);
+  ck_assert_int_eq(emb_store_restore(s2, dir), SR_EFORMAT);
+  ck_assert_ptr_nonnull(strstr(emb_store_errmsg(s2), "torn or truncated"));
+  ck_assert(same_tables(s2, s2ref));
+  /* Truncated inside the header. */
+  ck_assert_int_eq(truncate(file, 100), 0);
+  ck_assert_int_eq(emb_store_restore(s2, dir), SR_EFORMAT);
+  ck_assert_ptr_nonnull(strstr(emb_store_errmsg(s2), "too short"));
+  /* A flipped byte in a row value: checksum. */
+  for (long pos = 300; pos < st.st_size; pos += st.st_size / 3) {
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", good, file);
+    ck_assert_int_eq(system(cmd), 0);
+    FILE *f = fopen(file, "r+b");
+    fseek(f, pos, SEEK_SET);
+    int ch = fgetc(f);
+    fseek(f, pos, SEEK_SET);
+    fputc(ch ^ 0x10, f);
+    fclose(f);
+    ck_assert_int_eq(emb_store_restore(s2, dir), SR_ECHECKSUM);
+    ck_assert_ptr_nonnull(strstr(emb_store_errmsg(s2), "checksum mismatch"));
+    ck_assert(same_tables(s2, s2ref));
+  }
+  /* Foreign file. */
+  {
+    FILE *f = fopen(file, "wb");
+    for (int i = 0; i < 400; i++) fputc('x', f);
+    fclose(f);
+    ck_assert_int_eq(emb_store_restore(s2, dir), SR_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(emb_store_errmsg(s2), "not a shardrec embedding table file"));
+  }
+  /* Missing file. */
+  unlink(file);
+  ck_assert_int_eq(emb_store_restore(s2, dir), SR_ENOTFOUND);
+  ck_assert(same_tables(s2, s2ref));
+  /* The good file restores. */
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s'", good, file);
+  ck_assert_int_eq(system(cmd), 0);
+  ck_assert_int_eq(emb_store_restore(s2, dir), 0);
+  ck_assert(same_tables(s, s2));
+  emb_store_destroy(s);
+  emb_store_destroy(s2);
+  emb_store_destroy(s2ref);
+  emb_plan_free(p);
+  rmdir_all(dir);
+}
+END_TEST
+
+START_TEST(test_growth) {
+  /* Many rows: the map and slab grow; values survive rehashing. */
+  emb_plan *p = make_plan(EMB_OPT_ADAGRAD, 1, 0, 5);
+  emb_store *s = make_store(p);
+  enum { N = 20000 };
+  uint64_t *ids = malloc(N * 8);
+  float *g = malloc(N * 5 * 4), *out = malloc(N * 5 * 4);
+  for (int i = 0; i < N; i++) ids[i] = sr_mix64((uint64_t)i);
+  for (int i = 0; i < N * 5; i++) g[i] = (float)(i % 7) - 3.0f;
+  const uint64_t *idp[3] = {NULL, NULL, ids};
+  size_t counts[3] = {0, 0, 0};
+  const float *gp[3] = {NULL, NULL, g};
+  float *op[3] = {NULL, NULL, out};
+  emb_idset set = {3, idp, counts};
+  for (int chunk = 0; chunk < 10; chunk++) {
+    idp[2] = ids + chunk * (N / 10);
+    gp[2] = g + chunk * (N / 10) * 5;
+    counts[2] = N / 10;
+    ck_assert_int_eq(emb_store_push(s, chunk, 0.1f, &set, gp), 0);
+  }
+  idp[2] = ids;
+  counts[2] = N;
+  ck_assert_int_eq(emb_store_lookup_begin(s, 10, &set, op), 0);
+  for (int i = 0; i < N; i++) {
+    float w[5], st[5];
+    emb_row_init(p, 2, ids[i], w);
+    emb_optim_state_init(&p->tables[2].optim, 5, st);
+    emb_optim_apply(&p->tables[2].optim, 5, 0.1f, g + i * 5, w, st);
+    ck_assert_mem_eq(out + i * 5, w, sizeof w);
+  }
+  emb_store_stats stt;
+  emb_store_stats_get(s, &stt);
+  ck_assert_uint_eq(stt.rows, N);
+  free(ids);
+  free(g);
+  free(out);
+  emb_store_destroy(s);
+  emb_plan_free(p);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("embedding_store");
+  TCase *tc = tcase_create("local");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_untouched_is_init);
+  tcase_add_test(tc, test_push_then_lookup);
+  tcase_add_test(tc, test_out_of_range);
+  tcase_add_test(tc, test_placement_independent);
+  tcase_add_test(tc, test_iterate_order);
+  tcase_add_test(tc, test_checkpoint_restore);
+  tcase_add_test(tc, test_restore_refuses_damage);
+  tcase_add_test(tc, test_growth);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
