@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "common/rng.h"
 #include "common/status.h"
 #include "datasets/binfmt.h"
 
@@ -203,6 +204,7 @@ struct ds_source {
   uint64_t next_index;
   ds_source_stats st;
   ds_id_mode mode;
+  uint64_t hkey[DS_NUM_SPARSE]; /* ds_criteo_hash_id(c, 0) ^ 0: the column keys */
 };
 
 static void add_report(ds_source *s, const char *file, uint64_t line, const char *what) {
@@ -223,8 +225,8 @@ static inline uint64_t map_id(const ds_source *s, int c, uint32_t v) {
       return ds_criteo_dict_lookup(s->dict, c, v);
     case DS_IDS_MODULO:
       return v % s->o.max_ind_range;
-    case DS_IDS_HASH:
-      return ds_criteo_hash_id(c, v);
+    case DS_IDS_HASH: /* = ds_criteo_hash_id(c, v), with the column's key kept */
+      return sr_mix64(s->hkey[c] ^ (uint64_t)v);
     default:
       return v;
   }
@@ -562,6 +564,7 @@ ds_source *ds_source_open(const ds_source_opts *o, char *err, size_t errlen) {
   if (s->o.read_ahead == 0) s->o.read_ahead = 2;
   s->max_reports = o->max_reports > 0 ? (o->max_reports < MAX_REPORTS ? o->max_reports : MAX_REPORTS) : 5;
   s->mode = o->id_mode;
+  for (int c = 0; c < DS_NUM_SPARSE; c++) s->hkey[c] = sr_mix64((uint64_t)(unsigned)c + 0x5eedULL);
   s->ls.fd = -1;
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
