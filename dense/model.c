@@ -274,7 +274,6 @@ int dense_model_tensors(const dense_model *m, dense_tensor_info *info,
 int dense_model_forward(dense_model *m, int n, const float *x_dense,
                         const float *emb, float *logits) {
   const dense_config *c = &m->cfg;
-  m->fwd_n = 0;
   if (n < 1 || n > c->max_batch || !x_dense || (!emb && c->n_sparse > 0)) {
     sr_fmt(m->errmsg, sizeof m->errmsg,
            "forward: batch %d outside [1, %d] or NULL input", n, c->max_batch);
@@ -283,6 +282,7 @@ int dense_model_forward(dense_model *m, int n, const float *x_dense,
   const dense_backend *be = m->be;
   int nb = c->n_bot - 1, d = c->bot[c->n_bot - 1];
   size_t es = (size_t)c->n_sparse * c->emb_dim; /* floats of emb per sample */
+  m->fwd_n = 0; /* activations are being overwritten */
   memcpy(m->x_in, x_dense, sizeof(float) * n * c->n_dense);
 
   /* bottom MLP: Linear + ReLU on every layer (sigmoid_bot = -1) */
