@@ -223,6 +223,14 @@ static inline uint32_t hex_id(const catcol *c, uint32_t rank) {
   return x ^ c->hex_k1;
 }
 
+/* The written id of a rank. Readers take 00000000 for "missing", so the one
+ * rank that would map there takes the image of UINT32_MAX - 1 instead, which
+ * no rank has (cardinalities stay far below 2^32): still one id per rank. */
+static inline uint32_t cat_id(const catcol *c, uint32_t rank) {
+  uint32_t x = hex_id(c, rank);
+  return x ? x : hex_id(c, UINT32_MAX - 1);
+}
+
 /* --------------------------------------------------------------- teacher */
 
 static double normal_from(uint32_t a, uint32_t b) {
@@ -297,7 +305,7 @@ static void row_features(const dg_generator *g, uint64_t key, uint64_t index, dg
       for (int t = 0; t < k; t++) {
         uint32_t rank = cat_sample(g, c, &r);
         row->cat_rank[j][t] = rank;
-        row->cat_hex[j][t] = hex_id(c, rank);
+        row->cat_hex[j][t] = cat_id(c, rank);
         vparam_get(g, j, rank, &v);
         b += v.b;
         for (int d = 0; d < DG_FM_DIM; d++) e[d] += v.e[d];

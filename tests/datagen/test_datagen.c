@@ -13,9 +13,22 @@
 #include <zlib.h>
 
 #include "common/status.h"
+#include "datasets/criteo.h"
 #include "datasets/datagen.h"
 
 #define STAT_ROWS 200000
+
+/* Assertions that cost nothing when they pass: Check's ck_assert_* record a
+ * mark point through a pipe on every call (a syscall each in fork mode), far
+ * too slow inside loops over 200k rows. */
+#define REQUIRE(c)                                                             \
+  do {                                                                         \
+    if (!(c)) ck_abort_msg("%s:%d: failed: %s", __FILE__, __LINE__, #c);      \
+  } while (0)
+#define REQUIRE_MSG(c, ...)                                                    \
+  do {                                                                         \
+    if (!(c)) ck_abort_msg(__VA_ARGS__);                                       \
+  } while (0)
 
 static dg_generator *make_gen(uint64_t rows, uint64_t seed, int uniform, int hot,
                               double strip) {
@@ -29,30 +42,30 @@ static dg_generator *make_gen(uint64_t rows, uint64_t seed, int uniform, int hot
   dg_generator *g = NULL;
   char err[256];
   int rc = dg_generator_create(&cfg, &g, err, sizeof err);
-  ck_assert_msg(rc == 0, "create: %s", err);
+  REQUIRE_MSG(rc == 0, "create: %s", err);
   return g;
 }
 
 static char *tmpdir_make(void) {
   char *d = strdup("/tmp/sr_datagen_XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(d));
+  REQUIRE(mkdtemp(d) != NULL);
   return d;
 }
 
 static void tmpdir_remove(const char *d) {
   char cmd[512];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", d);
-  ck_assert_int_eq(system(cmd), 0);
+  REQUIRE((system(cmd)) == (0));
 }
 
 static char *file_read(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
-  ck_assert_msg(f != NULL, "open %s", path);
+  REQUIRE_MSG(f != NULL, "open %s", path);
   fseek(f, 0, SEEK_END);
   long n = ftell(f);
   fseek(f, 0, SEEK_SET);
   char *b = malloc((size_t)n + 1);
-  ck_assert_int_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+  REQUIRE((fread(b, 1, (size_t)n, f)) == ((size_t)n));
   b[n] = 0;
   fclose(f);
   *len = (size_t)n;
@@ -66,7 +79,7 @@ static int split_tabs(char *line, char **f) {
   for (char *p = line; *p; p++)
     if (*p == '\t') {
       *p = 0;
-      ck_assert_int_lt(n, 40);
+      REQUIRE((n) < (40));
       f[n++] = p + 1;
     }
   return n;
@@ -86,20 +99,20 @@ START_TEST(test_auc_ties) {
   /* scikit-learn's roc_auc_score docstring example */
   float s1[] = {0.1f, 0.4f, 0.35f, 0.8f};
   uint8_t y1[] = {0, 0, 1, 1};
-  ck_assert_int_eq(dg_auc_compute(s1, y1, 4, &auc), 0);
-  ck_assert_double_eq_tol(auc, 0.75, 1e-12);
+  REQUIRE((dg_auc_compute(s1, y1, 4, &auc)) == (0));
+  REQUIRE(fabs((double)(auc) - (double)(0.75)) <= 1e-12);
   /* ties count one half */
   float s2[] = {0.1f, 0.5f, 0.5f, 0.9f};
-  ck_assert_int_eq(dg_auc_compute(s2, y1, 4, &auc), 0);
-  ck_assert_double_eq_tol(auc, 0.875, 1e-12);
+  REQUIRE((dg_auc_compute(s2, y1, 4, &auc)) == (0));
+  REQUIRE(fabs((double)(auc) - (double)(0.875)) <= 1e-12);
   float s3[] = {-2.0f, -2.0f, -2.0f, 3.0f, -0.0f, 0.0f};
   uint8_t y3[] = {1, 0, 0, 1, 1, 0};
   /* pos {-2, 3, 0}, neg {-2, -2, 0}: pos -2: 2 ties = 1; pos 3: 3; pos 0: 2 + 0.5 */
-  ck_assert_int_eq(dg_auc_compute(s3, y3, 6, &auc), 0);
-  ck_assert_double_eq_tol(auc, 6.5 / 9.0, 1e-12);
+  REQUIRE((dg_auc_compute(s3, y3, 6, &auc)) == (0));
+  REQUIRE(fabs((double)(auc) - (double)(6.5 / 9.0)) <= 1e-12);
   uint8_t y4[] = {1, 1, 1, 1};
-  ck_assert_int_eq(dg_auc_compute(s1, y4, 4, &auc), 0);
-  ck_assert(isnan(auc));
+  REQUIRE((dg_auc_compute(s1, y4, 4, &auc)) == (0));
+  REQUIRE(isnan(auc));
 }
 END_TEST
 
@@ -113,10 +126,10 @@ START_TEST(test_determinism) {
   snprintf(p3, sizeof p3, "%s/c.tsv", d);
   char err[256];
   dg_generator *g = make_gen(20000, 7, 0, 1, 0);
-  ck_assert_int_eq(dg_generator_write(g, p1, NULL, err, sizeof err), 0);
+  REQUIRE((dg_generator_write(g, p1, NULL, err, sizeof err)) == (0));
   dg_generator_destroy(g);
   g = make_gen(20000, 7, 0, 1, 0);
-  ck_assert_int_eq(dg_generator_write(g, p2, NULL, err, sizeof err), 0);
+  REQUIRE((dg_generator_write(g, p2, NULL, err, sizeof err)) == (0));
   /* rows are a pure function of the index: any order gives the same line */
   dg_row row;
   char line[DG_LINE_MAX];
@@ -124,25 +137,25 @@ START_TEST(test_determinism) {
   size_t ll = dg_row_format(&row, line);
   dg_generator_destroy(g);
   g = make_gen(20000, 8, 0, 1, 0);
-  ck_assert_int_eq(dg_generator_write(g, p3, NULL, err, sizeof err), 0);
+  REQUIRE((dg_generator_write(g, p3, NULL, err, sizeof err)) == (0));
   dg_generator_destroy(g);
   size_t n1, n2, n3;
   char *a = file_read(p1, &n1), *b = file_read(p2, &n2), *c = file_read(p3, &n3);
-  ck_assert_uint_eq(n1, n2);
-  ck_assert(memcmp(a, b, n1) == 0);
-  ck_assert(n1 != n3 || memcmp(a, c, n1) != 0);
+  REQUIRE((n1) == (n2));
+  REQUIRE(memcmp(a, b, n1) == 0);
+  REQUIRE(n1 != n3 || memcmp(a, c, n1) != 0);
   /* line 12345 of the file */
   char *p = a;
   for (int i = 0; i < 12345; i++) p = strchr(p, '\n') + 1;
-  ck_assert(memcmp(p, line, ll) == 0);
+  REQUIRE(memcmp(p, line, ll) == 0);
   /* the probs too */
   char q1[300], q2[300];
   snprintf(q1, sizeof q1, "%s.probs", p1);
   snprintf(q2, sizeof q2, "%s.probs", p2);
   free(a), free(b), free(c);
   a = file_read(q1, &n1), b = file_read(q2, &n2);
-  ck_assert_uint_eq(n1, n2);
-  ck_assert(memcmp(a, b, n1) == 0);
+  REQUIRE((n1) == (n2));
+  REQUIRE(memcmp(a, b, n1) == 0);
   free(a), free(b);
   tmpdir_remove(d);
   free(d);
@@ -220,7 +233,7 @@ static double dense_lr_auc(const float *x, const uint8_t *y, size_t ntrain, size
       h[k][k] += 1e-6 * ntrain; /* a whisper of ridge: constant columns stay solvable */
       for (int l = 0; l < k; l++) h[l][k] = h[k][l];
     }
-    ck_assert_int_eq(solve(h, gr), 0);
+    REQUIRE((solve(h, gr)) == (0));
     for (int k = 0; k < LR_F; k++) w[k] -= gr[k];
   }
   float *score = malloc(sizeof(float) * (n - ntrain));
@@ -230,7 +243,7 @@ static double dense_lr_auc(const float *x, const uint8_t *y, size_t ntrain, size
     score[i - ntrain] = (float)z;
   }
   double auc;
-  ck_assert_int_eq(dg_auc_compute(score, y + ntrain, n - ntrain, &auc), 0);
+  REQUIRE((dg_auc_compute(score, y + ntrain, n - ntrain, &auc)) == (0));
   free(score);
   return auc;
 }
@@ -256,7 +269,7 @@ START_TEST(test_statistics) {
     y[i] = (uint8_t)row->label;
     pos += (uint64_t)row->label;
     double lt = row->logit - row->logit_bias;
-    ck_assert_double_eq_tol(lt, row->logit_dense + row->logit_cat, 1e-9);
+    REQUIRE(fabs((double)(lt) - (double)(row->logit_dense + row->logit_cat)) <= 1e-9);
     sc += row->logit_cat, scc += row->logit_cat * row->logit_cat;
     sf += row->logit_cat_fm, sff += row->logit_cat_fm * row->logit_cat_fm;
     st += lt, stt += lt * lt;
@@ -272,20 +285,20 @@ START_TEST(test_statistics) {
     /* the formatted line: 40 fields, values as generated, ids 8 lowercase hex */
     if (i < 20000) {
       size_t len = dg_row_format(row, line);
-      ck_assert_int_eq(line[len - 1], '\n');
+      REQUIRE((line[len - 1]) == ('\n'));
       line[len - 1] = 0;
       char *f[40];
-      ck_assert_int_eq(split_tabs(line, f), 40);
-      ck_assert_int_eq(atoi(f[0]), row->label);
+      REQUIRE((split_tabs(line, f)) == (40));
+      REQUIRE((atoi(f[0])) == (row->label));
       for (int k = 0; k < DG_NUM_DENSE; k++) {
-        if (row->dense_missing[k]) ck_assert_str_eq(f[1 + k], "");
-        else ck_assert_int_eq(strtoll(f[1 + k], NULL, 10), row->dense[k]);
+        if (row->dense_missing[k]) REQUIRE(strcmp(f[1 + k], "") == 0);
+        else REQUIRE((strtoll(f[1 + k], NULL, 10)) == (row->dense[k]));
       }
       for (int j = 0; j < DG_NUM_CAT; j++) {
-        if (!row->ncat[j]) ck_assert_str_eq(f[14 + j], "");
+        if (!row->ncat[j]) REQUIRE(strcmp(f[14 + j], "") == 0);
         else {
-          ck_assert_msg(is_hex8(f[14 + j], strlen(f[14 + j])), "C%d '%s'", j + 1, f[14 + j]);
-          ck_assert_uint_eq(strtoul(f[14 + j], NULL, 16), row->cat_hex[j][0]);
+          REQUIRE_MSG(is_hex8(f[14 + j], strlen(f[14 + j])), "C%d '%s'", j + 1, f[14 + j]);
+          REQUIRE((strtoul(f[14 + j], NULL, 16)) == (row->cat_hex[j][0]));
         }
       }
     }
@@ -294,21 +307,19 @@ START_TEST(test_statistics) {
   double dm_all = 0, cm_all = 0;
   for (int k = 0; k < DG_NUM_DENSE; k++) {
     double r = (double)dmiss[k] / n;
-    ck_assert_msg(fabs(r - dg_dense_missing_rate(k)) < 0.006, "I%d missing %.4f vs %.4f", k + 1,
-                  r, dg_dense_missing_rate(k));
+    REQUIRE_MSG(fabs(r - dg_dense_missing_rate(k)) < 0.006, "I%d missing %.4f vs %.4f", k + 1, r, dg_dense_missing_rate(k));
     dm_all += r / DG_NUM_DENSE;
   }
   for (int j = 0; j < DG_NUM_CAT; j++) {
     double r = (double)cmiss[j] / n;
-    ck_assert_msg(fabs(r - dg_cat_missing_rate(j)) < 0.006, "C%d missing %.4f vs %.4f", j + 1, r,
-                  dg_cat_missing_rate(j));
+    REQUIRE_MSG(fabs(r - dg_cat_missing_rate(j)) < 0.006, "C%d missing %.4f vs %.4f", j + 1, r, dg_cat_missing_rate(j));
     cm_all += r / DG_NUM_CAT;
   }
-  ck_assert_msg(dm_all > 0.18 && dm_all < 0.23, "integer missing %.4f", dm_all);
-  ck_assert_msg(cm_all > 0.09 && cm_all < 0.13, "categorical missing %.4f", cm_all);
-  ck_assert_double_gt((double)dmiss[11] / n, 0.7);  /* I12 */
-  ck_assert_double_gt((double)cmiss[21] / n, 0.7);  /* C22 */
-  ck_assert_msg(neg_i2 > n / 100, "negative I2: %llu", (unsigned long long)neg_i2);
+  REQUIRE_MSG(dm_all > 0.18 && dm_all < 0.23, "integer missing %.4f", dm_all);
+  REQUIRE_MSG(cm_all > 0.09 && cm_all < 0.13, "categorical missing %.4f", cm_all);
+  REQUIRE(((double)dmiss[11] / n) > (0.7));  /* I12 */
+  REQUIRE(((double)cmiss[21] / n) > (0.7));  /* C22 */
+  REQUIRE_MSG(neg_i2 > n / 100, "negative I2: %llu", (unsigned long long)neg_i2);
 
   /* distinct values near the Zipf expectation; the head far above uniform */
   for (int j = 0; j < DG_NUM_CAT; j++) {
@@ -319,31 +330,29 @@ START_TEST(test_statistics) {
     }
     double seen = (double)(n - cmiss[j]);
     double e = expected_distinct(card[j], 1.1, seen);
-    ck_assert_msg(fabs(distinct - e) <= 0.03 * e + 3, "C%d distinct %u vs expected %.1f", j + 1,
-                  distinct, e);
-    ck_assert_uint_eq(counts[j][0], top); /* rank 0 is the most frequent */
+    REQUIRE_MSG(fabs(distinct - e) <= 0.03 * e + 3, "C%d distinct %u vs expected %.1f", j + 1, distinct, e);
+    REQUIRE((counts[j][0]) == (top)); /* rank 0 is the most frequent */
     if (card[j] >= 100)
-      ck_assert_msg(top / seen > 20.0 / card[j], "C%d top share %.4f", j + 1, top / seen);
+      REQUIRE_MSG(top / seen > 20.0 / card[j], "C%d top share %.4f", j + 1, top / seen);
     free(counts[j]);
   }
 
   /* the teacher */
   double rate = (double)pos / n;
-  ck_assert_msg(fabs(rate - 0.25) < 0.03, "positive rate %.4f", rate);
+  REQUIRE_MSG(fabs(rate - 0.25) < 0.03, "positive rate %.4f", rate);
   double oracle;
-  ck_assert_int_eq(dg_auc_compute(prob, y, n, &oracle), 0);
-  ck_assert_msg(oracle >= 0.75 && oracle <= 0.85, "oracle AUC %.4f", oracle);
+  REQUIRE((dg_auc_compute(prob, y, n, &oracle)) == (0));
+  REQUIRE_MSG(oracle >= 0.75 && oracle <= 0.85, "oracle AUC %.4f", oracle);
   double var_cat = scc / n - (sc / n) * (sc / n), var_tot = stt / n - (st / n) * (st / n);
   double var_fm = sff / n - (sf / n) * (sf / n);
   double share = var_cat / var_tot;
-  ck_assert_msg(share >= 0.5, "categorical variance share %.3f", share);
+  REQUIRE_MSG(share >= 0.5, "categorical variance share %.3f", share);
   size_t ntrain = n * 9 / 10;
   double oracle_test;
-  ck_assert_int_eq(dg_auc_compute(prob + ntrain, y + ntrain, n - ntrain, &oracle_test), 0);
+  REQUIRE((dg_auc_compute(prob + ntrain, y + ntrain, n - ntrain, &oracle_test)) == (0));
   double lr = dense_lr_auc(lrx, y, ntrain, n);
-  ck_assert_msg(lr <= oracle_test - 0.03, "dense-only LR AUC %.4f vs oracle %.4f", lr,
-                oracle_test);
-  ck_assert_msg(lr > 0.55, "dense features carry some signal: LR AUC %.4f", lr);
+  REQUIRE_MSG(lr <= oracle_test - 0.03, "dense-only LR AUC %.4f vs oracle %.4f", lr, oracle_test);
+  REQUIRE_MSG(lr > 0.55, "dense features carry some signal: LR AUC %.4f", lr);
   fprintf(stderr,
           "datagen stats: positive rate %.4f, oracle AUC %.4f (test %.4f), dense-only LR AUC "
           "%.4f, categorical variance share %.3f (FM %.3f of total), integer missing %.4f, "
@@ -379,11 +388,10 @@ START_TEST(test_uniform) {
       if (counts[j][v] > top) top = counts[j][v];
     }
     double e = expected_distinct(card[j], 0, (double)seen[j]);
-    ck_assert_msg(fabs(distinct - e) <= 0.02 * e + 3, "C%d distinct %u vs %.1f", j + 1, distinct,
-                  e);
+    REQUIRE_MSG(fabs(distinct - e) <= 0.02 * e + 3, "C%d distinct %u vs %.1f", j + 1, distinct, e);
     /* no head: the top value is within a few sigma of the uniform share */
     double mean = (double)seen[j] / card[j];
-    ck_assert_msg(top < mean + 6 * sqrt(mean) + 6, "C%d top %u mean %.1f", j + 1, top, mean);
+    REQUIRE_MSG(top < mean + 6 * sqrt(mean) + 6, "C%d top %u mean %.1f", j + 1, top, mean);
     free(counts[j]);
   }
   dg_generator_destroy(g);
@@ -404,12 +412,12 @@ START_TEST(test_multi_hot_and_strip) {
     int nf = split_tabs(line, f);
     if (nf < 40) {
       stripped++;
-      ck_assert_int_ne(f[nf - 1][0], 0); /* the last field kept is not empty */
+      REQUIRE((f[nf - 1][0]) != (0)); /* the last field kept is not empty */
     }
     for (int j = 0; j < DG_NUM_CAT; j++) {
       const char *s = 14 + j < nf ? f[14 + j] : "";
       if (!row.ncat[j]) {
-        ck_assert_str_eq(s, "");
+        REQUIRE(strcmp(s, "") == 0);
         continue;
       }
       bags++;
@@ -418,25 +426,24 @@ START_TEST(test_multi_hot_and_strip) {
       for (;;) {
         const char *c = strchr(p, ',');
         size_t l = c ? (size_t)(c - p) : strlen(p);
-        ck_assert_msg(is_hex8(p, l), "C%d '%s'", j + 1, s);
+        REQUIRE_MSG(is_hex8(p, l), "C%d '%s'", j + 1, s);
         k++;
         if (!c) break;
         p = c + 1;
       }
-      ck_assert_int_eq(k, row.ncat[j]);
-      ck_assert_int_le(k, 4);
+      REQUIRE((k) == (row.ncat[j]));
+      REQUIRE((k) <= (4));
       if ((uint64_t)k > maxk) maxk = (uint64_t)k;
       ids += (uint64_t)k;
       multi += k > 1;
     }
   }
-  ck_assert_uint_eq(maxk, 4);
+  REQUIRE((maxk) == (4));
   double mean = (double)ids / bags;
-  ck_assert_msg(fabs(mean - 2.5) < 0.05, "mean ids per bag %.3f", mean);
-  ck_assert_uint_gt(multi, bags / 2);
+  REQUIRE_MSG(fabs(mean - 2.5) < 0.05, "mean ids per bag %.3f", mean);
+  REQUIRE((multi) > (bags / 2));
   /* about 30% of lines are stripped; those with a non-empty C26 cannot be */
-  ck_assert_msg(stripped > n / 10 && stripped < n * 3 / 10, "stripped %llu",
-                (unsigned long long)stripped);
+  REQUIRE_MSG(stripped > n / 10 && stripped < n * 3 / 10, "stripped %llu", (unsigned long long)stripped);
   dg_generator_destroy(g);
 }
 END_TEST
@@ -451,21 +458,60 @@ START_TEST(test_histogram_fallback) {
   cfg.seed = 11;
   dg_generator *g = NULL;
   char err[256];
-  ck_assert_int_eq(dg_generator_create(&cfg, &g, err, sizeof err), 0);
+  REQUIRE((dg_generator_create(&cfg, &g, err, sizeof err)) == (0));
   dg_summary exact, approx;
-  ck_assert_int_eq(dg_generator_write(g, p, &exact, err, sizeof err), 0);
+  REQUIRE((dg_generator_write(g, p, &exact, err, sizeof err)) == (0));
   dg_generator_destroy(g);
   cfg.auc_exact_max = 1000;
-  ck_assert_int_eq(dg_generator_create(&cfg, &g, err, sizeof err), 0);
-  ck_assert_int_eq(dg_generator_write(g, p, &approx, err, sizeof err), 0);
+  REQUIRE((dg_generator_create(&cfg, &g, err, sizeof err)) == (0));
+  REQUIRE((dg_generator_write(g, p, &approx, err, sizeof err)) == (0));
   dg_generator_destroy(g);
-  ck_assert(exact.all.auc_exact && exact.test.auc_exact);
-  ck_assert(!approx.all.auc_exact && !approx.test.auc_exact);
-  ck_assert_double_eq_tol(exact.all.auc, approx.all.auc, 2e-3);
-  ck_assert_double_eq_tol(exact.test.auc, approx.test.auc, 2e-3);
-  ck_assert_double_eq_tol(exact.all.logloss, approx.all.logloss, 1e-12);
+  REQUIRE(exact.all.auc_exact && exact.test.auc_exact);
+  REQUIRE(!approx.all.auc_exact && !approx.test.auc_exact);
+  REQUIRE(fabs((double)(exact.all.auc) - (double)(approx.all.auc)) <= 2e-3);
+  REQUIRE(fabs((double)(exact.test.auc) - (double)(approx.test.auc)) <= 2e-3);
+  REQUIRE(fabs((double)(exact.all.logloss) - (double)(approx.all.logloss)) <= 1e-12);
   tmpdir_remove(d);
   free(d);
+}
+END_TEST
+
+/* The project's own TSV parser takes every line as written: one-hot,
+ * multi-hot and stripped lines alike. */
+START_TEST(test_reader_accepts) {
+  for (int mode = 0; mode < 2; mode++) {
+    dg_generator *g = make_gen(5000, 21, mode, mode ? 5 : 1, mode ? 0.5 : 0);
+    dg_row row;
+    char line[DG_LINE_MAX], err[256];
+    ds_criteo_sample *smp = malloc(sizeof *smp);
+    ds_criteo_parse_opts o = {0};
+    for (uint64_t i = 0; i < 5000; i++) {
+      dg_generator_row(g, i, &row);
+      size_t len = dg_row_format(&row, line);
+      int rc = ds_criteo_parse_line(line, len, &o, smp, err, sizeof err);
+      REQUIRE_MSG(rc == 0, "line %llu: %s", (unsigned long long)i, err);
+      REQUIRE((smp->label) == (row.label));
+      for (int k = 0; k < DG_NUM_DENSE; k++) {
+        double x = row.dense_missing[k] ? 0 : (double)(row.dense[k] > 0 ? row.dense[k] : 0);
+        REQUIRE((smp->dense[k]) == ((float)log1p(x)));
+      }
+      for (int j = 0; j < DG_NUM_CAT; j++) {
+        uint32_t n = smp->off[j + 1] - smp->off[j];
+        if (!row.ncat[j]) {
+          REQUIRE((n) == (1));
+          REQUIRE((smp->vals[smp->off[j]]) == (0));
+          continue;
+        }
+        REQUIRE((n) == ((uint32_t)row.ncat[j]));
+        for (int t = 0; t < row.ncat[j]; t++) {
+          REQUIRE((row.cat_hex[j][t]) != (0));
+          REQUIRE((smp->vals[smp->off[j] + t]) == (row.cat_hex[j][t]));
+        }
+      }
+    }
+    free(smp);
+    dg_generator_destroy(g);
+  }
 }
 END_TEST
 
@@ -478,24 +524,24 @@ START_TEST(test_gzip) {
   dg_config_default(&cfg);
   cfg.rows = 5000;
   dg_generator *g = NULL;
-  ck_assert_int_eq(dg_generator_create(&cfg, &g, err, sizeof err), 0);
-  ck_assert_int_eq(dg_generator_write(g, p1, NULL, err, sizeof err), 0);
+  REQUIRE((dg_generator_create(&cfg, &g, err, sizeof err)) == (0));
+  REQUIRE((dg_generator_write(g, p1, NULL, err, sizeof err)) == (0));
   dg_generator_destroy(g);
   cfg.gzip = 1;
-  ck_assert_int_eq(dg_generator_create(&cfg, &g, err, sizeof err), 0);
-  ck_assert_int_eq(dg_generator_write(g, p2, NULL, err, sizeof err), 0);
+  REQUIRE((dg_generator_create(&cfg, &g, err, sizeof err)) == (0));
+  REQUIRE((dg_generator_write(g, p2, NULL, err, sizeof err)) == (0));
   dg_generator_destroy(g);
   size_t n1, nz;
   char *a = file_read(p1, &n1), *z = file_read(p2, &nz);
-  ck_assert_uint_lt(nz, n1 / 2);
-  ck_assert(nz > 2 && (unsigned char)z[0] == 0x1f && (unsigned char)z[1] == 0x8b);
+  REQUIRE((nz) < (n1 / 2));
+  REQUIRE(nz > 2 && (unsigned char)z[0] == 0x1f && (unsigned char)z[1] == 0x8b);
   char *b = malloc(n1 + 16);
   gzFile gz = gzopen(p2, "rb");
-  ck_assert_ptr_nonnull(gz);
+  REQUIRE(gz != NULL);
   int got = gzread(gz, b, (unsigned)n1 + 16);
   gzclose(gz);
-  ck_assert_int_eq(got, (int)n1);
-  ck_assert(memcmp(a, b, n1) == 0);
+  REQUIRE((got) == ((int)n1));
+  REQUIRE(memcmp(a, b, n1) == 0);
   free(a), free(b), free(z);
   tmpdir_remove(d);
   free(d);
@@ -508,36 +554,36 @@ START_TEST(test_config_errors) {
   char err[256];
   dg_config_default(&cfg);
   cfg.multi_hot = 17;
-  ck_assert_int_eq(dg_generator_create(&cfg, &g, err, sizeof err), SR_EINVAL);
-  ck_assert_ptr_null(g);
-  ck_assert(strstr(err, "multi_hot") != NULL);
+  REQUIRE((dg_generator_create(&cfg, &g, err, sizeof err)) == (SR_EINVAL));
+  REQUIRE(g == NULL);
+  REQUIRE(strstr(err, "multi_hot") != NULL);
   dg_config_default(&cfg);
   cfg.scale = 2;
-  ck_assert_int_eq(dg_generator_create(&cfg, &g, err, sizeof err), SR_EINVAL);
+  REQUIRE((dg_generator_create(&cfg, &g, err, sizeof err)) == (SR_EINVAL));
   dg_config_default(&cfg);
   cfg.test_fraction = -0.5;
-  ck_assert_int_eq(dg_generator_create(&cfg, &g, err, sizeof err), SR_EINVAL);
+  REQUIRE((dg_generator_create(&cfg, &g, err, sizeof err)) == (SR_EINVAL));
   dg_generator_destroy(NULL);
   /* cardinalities: tiny columns kept, floor 16, Kaggle counts at scale 1 */
-  ck_assert_uint_eq(dg_cardinality(8, 0.01), 3);
-  ck_assert_uint_eq(dg_cardinality(19, 0.01), 4);
-  ck_assert_uint_eq(dg_cardinality(16, 0.01), 10);
-  ck_assert_uint_eq(dg_cardinality(1, 0.01), 16);
-  ck_assert_uint_eq(dg_cardinality(2, 0.01), 101313);
-  ck_assert_uint_eq(dg_cardinality(2, 1.0), 10131227);
+  REQUIRE((dg_cardinality(8, 0.01)) == (3));
+  REQUIRE((dg_cardinality(19, 0.01)) == (4));
+  REQUIRE((dg_cardinality(16, 0.01)) == (10));
+  REQUIRE((dg_cardinality(1, 0.01)) == (16));
+  REQUIRE((dg_cardinality(2, 0.01)) == (101313));
+  REQUIRE((dg_cardinality(2, 1.0)) == (10131227));
   /* a full-scale generator stays small (no per-value tables for 10M columns) */
   dg_config_default(&cfg);
   cfg.scale = 1.0;
-  ck_assert_int_eq(dg_generator_create(&cfg, &g, err, sizeof err), 0);
+  REQUIRE((dg_generator_create(&cfg, &g, err, sizeof err)) == (0));
   dg_row row;
   int seen_big = 0;
   for (uint64_t i = 0; i < 2000; i++) {
     dg_generator_row(g, i, &row);
     if (row.ncat[2] && row.cat_rank[2][0] >= (1u << 20)) seen_big = 1;
     for (int j = 0; j < DG_NUM_CAT; j++)
-      if (row.ncat[j]) ck_assert_uint_lt(row.cat_rank[j][0], dg_cardinality(j, 1.0));
+      if (row.ncat[j]) REQUIRE((row.cat_rank[j][0]) < (dg_cardinality(j, 1.0)));
   }
-  ck_assert(seen_big);
+  REQUIRE(seen_big);
   dg_generator_destroy(g);
 }
 END_TEST
@@ -546,17 +592,17 @@ END_TEST
 
 static int run_bin(const char *args) {
   const char *bin = getenv("SHARDREC_BIN");
-  ck_assert_msg(bin != NULL, "SHARDREC_BIN not set");
+  REQUIRE_MSG(bin != NULL, "SHARDREC_BIN not set");
   char cmd[2048];
   snprintf(cmd, sizeof cmd, "'%s' datagen %s >/dev/null 2>&1", bin, args);
   int st = system(cmd);
-  ck_assert(WIFEXITED(st));
+  REQUIRE(WIFEXITED(st));
   return WEXITSTATUS(st);
 }
 
 static double json_num(const cJSON *o, const char *k) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-  ck_assert_msg(cJSON_IsNumber(v), "summary: %s missing", k);
+  REQUIRE_MSG(cJSON_IsNumber(v), "summary: %s missing", k);
   return v->valuedouble;
 }
 
@@ -567,7 +613,7 @@ START_TEST(test_command_files) {
   snprintf(pp, sizeof pp, "%s.probs", path);
   snprintf(sp, sizeof sp, "%s.summary.json", path);
   snprintf(args, sizeof args, "--rows 30000 --seed 9 --test-fraction 0.2 --out '%s'", path);
-  ck_assert_int_eq(run_bin(args), 0);
+  REQUIRE((run_bin(args)) == (0));
   size_t tn, pn, sn;
   char *tsv = file_read(path, &tn), *probs = file_read(pp, &pn), *sum = file_read(sp, &sn);
   const size_t n = 30000, ntest = 6000;
@@ -575,50 +621,50 @@ START_TEST(test_command_files) {
   uint8_t *y = malloc(n);
   size_t lines = 0;
   for (char *l = tsv; *l; lines++) {
-    ck_assert_uint_lt(lines, n);
-    ck_assert(l[0] == '0' || l[0] == '1');
-    ck_assert_int_eq(l[1], '\t');
+    REQUIRE((lines) < (n));
+    REQUIRE(l[0] == '0' || l[0] == '1');
+    REQUIRE((l[1]) == ('\t'));
     y[lines] = (uint8_t)(l[0] - '0');
     l = strchr(l, '\n') + 1;
   }
-  ck_assert_uint_eq(lines, n);
+  REQUIRE((lines) == (n));
   char *q = probs;
   double ll_all = 0, ll_test = 0;
   uint64_t pos_all = 0, pos_test = 0;
   for (size_t i = 0; i < n; i++) {
     char *end;
     p[i] = strtof(q, &end);
-    ck_assert(end != q && *end == '\n');
+    REQUIRE(end != q && *end == '\n');
     q = end + 1;
-    ck_assert(p[i] > 0 && p[i] < 1);
+    REQUIRE(p[i] > 0 && p[i] < 1);
     double l = y[i] ? -log((double)p[i]) : -log1p(-(double)p[i]);
     ll_all += l;
     pos_all += y[i];
     if (i >= n - ntest) ll_test += l, pos_test += y[i];
   }
-  ck_assert_int_eq(*q, 0);
+  REQUIRE((*q) == (0));
   double auc_all, auc_test;
-  ck_assert_int_eq(dg_auc_compute(p, y, n, &auc_all), 0);
-  ck_assert_int_eq(dg_auc_compute(p + n - ntest, y + n - ntest, ntest, &auc_test), 0);
+  REQUIRE((dg_auc_compute(p, y, n, &auc_all)) == (0));
+  REQUIRE((dg_auc_compute(p + n - ntest, y + n - ntest, ntest, &auc_test)) == (0));
 
   cJSON *root = cJSON_Parse(sum);
-  ck_assert_ptr_nonnull(root);
-  ck_assert_double_eq(json_num(root, "rows"), 30000);
-  ck_assert_double_eq(json_num(root, "seed"), 9);
-  ck_assert_double_eq_tol(json_num(root, "positive_rate"), (double)pos_all / n, 1e-12);
+  REQUIRE(root != NULL);
+  REQUIRE((json_num(root, "rows")) == (30000));
+  REQUIRE((json_num(root, "seed")) == (9));
+  REQUIRE(fabs((double)(json_num(root, "positive_rate")) - (double)((double)pos_all / n)) <= 1e-12);
   const cJSON *all = cJSON_GetObjectItemCaseSensitive(root, "all");
   const cJSON *test = cJSON_GetObjectItemCaseSensitive(root, "test");
-  ck_assert_double_eq(json_num(all, "rows"), n);
-  ck_assert_double_eq(json_num(test, "rows"), ntest);
-  ck_assert_double_eq(json_num(all, "positives"), pos_all);
-  ck_assert_double_eq(json_num(test, "positives"), pos_test);
-  ck_assert_double_eq_tol(json_num(all, "oracle_auc"), auc_all, 1e-9);
-  ck_assert_double_eq_tol(json_num(test, "oracle_auc"), auc_test, 1e-9);
-  ck_assert_double_eq_tol(json_num(all, "oracle_logloss"), ll_all / n, 1e-9);
-  ck_assert_double_eq_tol(json_num(test, "oracle_logloss"), ll_test / ntest, 1e-9);
+  REQUIRE((json_num(all, "rows")) == (n));
+  REQUIRE((json_num(test, "rows")) == (ntest));
+  REQUIRE((json_num(all, "positives")) == (pos_all));
+  REQUIRE((json_num(test, "positives")) == (pos_test));
+  REQUIRE(fabs((double)(json_num(all, "oracle_auc")) - (double)(auc_all)) <= 1e-9);
+  REQUIRE(fabs((double)(json_num(test, "oracle_auc")) - (double)(auc_test)) <= 1e-9);
+  REQUIRE(fabs((double)(json_num(all, "oracle_logloss")) - (double)(ll_all / n)) <= 1e-9);
+  REQUIRE(fabs((double)(json_num(test, "oracle_logloss")) - (double)(ll_test / ntest)) <= 1e-9);
   const cJSON *opt = cJSON_GetObjectItemCaseSensitive(root, "options");
-  ck_assert_double_eq_tol(json_num(opt, "test_fraction"), 0.2, 1e-12);
-  ck_assert_double_eq_tol(json_num(opt, "scale"), 0.01, 1e-12);
+  REQUIRE(fabs((double)(json_num(opt, "test_fraction")) - (double)(0.2)) <= 1e-12);
+  REQUIRE(fabs((double)(json_num(opt, "scale")) - (double)(0.01)) <= 1e-12);
   cJSON_Delete(root);
 
   /* same bytes as the library writes in process */
@@ -629,13 +675,13 @@ START_TEST(test_command_files) {
   cfg.rows = n, cfg.seed = 9, cfg.test_fraction = 0.2;
   dg_generator *g = NULL;
   char err[256];
-  ck_assert_int_eq(dg_generator_create(&cfg, &g, err, sizeof err), 0);
-  ck_assert_int_eq(dg_generator_write(g, lib, NULL, err, sizeof err), 0);
+  REQUIRE((dg_generator_create(&cfg, &g, err, sizeof err)) == (0));
+  REQUIRE((dg_generator_write(g, lib, NULL, err, sizeof err)) == (0));
   dg_generator_destroy(g);
   size_t ln;
   char *lb = file_read(lib, &ln);
-  ck_assert_uint_eq(ln, tn);
-  ck_assert(memcmp(lb, tsv, tn) == 0);
+  REQUIRE((ln) == (tn));
+  REQUIRE(memcmp(lb, tsv, tn) == 0);
   free(lb), free(tsv), free(probs), free(sum), free(p), free(y);
   tmpdir_remove(d);
   free(d);
@@ -644,22 +690,22 @@ END_TEST
 
 START_TEST(test_command_flags) {
   char args[512];
-  ck_assert_int_eq(run_bin("--help"), 0);
-  ck_assert_int_eq(run_bin("--rows 10"), 2);                      /* no --out */
-  ck_assert_int_eq(run_bin("--out /tmp/x.tsv"), 2);               /* no --rows */
-  ck_assert_int_eq(run_bin("--rows abc --out /tmp/x.tsv"), 2);
-  ck_assert_int_eq(run_bin("--rows 0 --out /tmp/x.tsv"), 2);
-  ck_assert_int_eq(run_bin("--rows 10 --out /tmp/x.tsv --bogus"), 2);
-  ck_assert_int_eq(run_bin("--rows 10 --out /tmp/x.tsv --multi-hot 17"), 2);
-  ck_assert_int_eq(run_bin("--rows 10 --out /tmp/x.tsv --scale 0"), 2);
-  ck_assert_int_eq(run_bin("--rows 10 --out /tmp/x.tsv --test-fraction 1.5"), 2);
-  ck_assert_int_eq(run_bin("--rows 10 --out /tmp/x.tsv --seed"), 2);
-  ck_assert_int_eq(run_bin("--rows 10 --out /tmp/x.tsv extra"), 2);
+  REQUIRE((run_bin("--help")) == (0));
+  REQUIRE((run_bin("--rows 10")) == (2));                      /* no --out */
+  REQUIRE((run_bin("--out /tmp/x.tsv")) == (2));               /* no --rows */
+  REQUIRE((run_bin("--rows abc --out /tmp/x.tsv")) == (2));
+  REQUIRE((run_bin("--rows 0 --out /tmp/x.tsv")) == (2));
+  REQUIRE((run_bin("--rows 10 --out /tmp/x.tsv --bogus")) == (2));
+  REQUIRE((run_bin("--rows 10 --out /tmp/x.tsv --multi-hot 17")) == (2));
+  REQUIRE((run_bin("--rows 10 --out /tmp/x.tsv --scale 0")) == (2));
+  REQUIRE((run_bin("--rows 10 --out /tmp/x.tsv --test-fraction 1.5")) == (2));
+  REQUIRE((run_bin("--rows 10 --out /tmp/x.tsv --seed")) == (2));
+  REQUIRE((run_bin("--rows 10 --out /tmp/x.tsv extra")) == (2));
   /* an unwritable path is a failure, not a usage error */
-  ck_assert_int_eq(run_bin("--rows 10 --out /nonexistent-dir/x.tsv"), 1);
+  REQUIRE((run_bin("--rows 10 --out /nonexistent-dir/x.tsv")) == (1));
   char *d = tmpdir_make();
   snprintf(args, sizeof args, "--rows 500 --uniform --multi-hot 3 --out '%s/m.tsv'", d);
-  ck_assert_int_eq(run_bin(args), 0);
+  REQUIRE((run_bin(args)) == (0));
   tmpdir_remove(d);
   free(d);
 }
@@ -667,19 +713,29 @@ END_TEST
 
 static Suite *datagen_suite(void) {
   Suite *s = suite_create("datagen");
-  TCase *tc = tcase_create("core");
-  tcase_set_timeout(tc, 60);
-  tcase_add_test(tc, test_auc_ties);
-  tcase_add_test(tc, test_determinism);
-  tcase_add_test(tc, test_statistics);
-  tcase_add_test(tc, test_uniform);
-  tcase_add_test(tc, test_multi_hot_and_strip);
-  tcase_add_test(tc, test_histogram_fallback);
-  tcase_add_test(tc, test_gzip);
-  tcase_add_test(tc, test_config_errors);
-  tcase_add_test(tc, test_command_files);
-  tcase_add_test(tc, test_command_flags);
-  suite_add_tcase(s, tc);
+  const struct {
+    const char *name;
+    const TTest *test;
+  } cases[] = {
+      {"auc_ties", test_auc_ties},
+      {"determinism", test_determinism},
+      {"statistics", test_statistics},
+      {"uniform", test_uniform},
+      {"multi_hot_and_strip", test_multi_hot_and_strip},
+      {"histogram_fallback", test_histogram_fallback},
+      {"reader_accepts", test_reader_accepts},
+      {"gzip", test_gzip},
+      {"config_errors", test_config_errors},
+      {"command_files", test_command_files},
+      {"command_flags", test_command_flags},
+  };
+  /* one case per test, so CK_RUN_CASE can pick one */
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    TCase *tc = tcase_create(cases[i].name);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, cases[i].test);
+    suite_add_tcase(s, tc);
+  }
   return s;
 }
 
