@@ -16,7 +16,7 @@
 
 #define CHUNK 2048
 #define READ_BYTES (1u << 20)
-#define MAX_LINE_BUF (256u << 20)
+#define MAX_LINE_BUF (4u << 20) /* lines longer than ~3 MiB are skipped as DS_BAD_LONG */
 #define MAX_REPORTS 16
 
 /* ---- lines from a list of files (plain or gzip) ---- */
@@ -28,6 +28,7 @@ typedef struct {
   char *buf;
   size_t cap, pos, len;
   int eof;
+  int skipping;       /* dropping the rest of an over-long line */
   uint64_t line;      /* global index of the next line */
   uint64_t file_line; /* 1-based number of the next line in the current file */
 } linesrc;
@@ -86,28 +87,26 @@ static void ls_free(linesrc *l) {
   l->buf = NULL;
 }
 
-/* Next line (without '\n'). 1, 0 at the end of all files, or < 0. */
+/* Next line (without '\n'): 1; 2 for a line too long to hold (skipped, no
+ * text); 0 at the end of all files; < 0 on a read error. */
 static int ls_next(linesrc *l, const char **p, size_t *n, char *err, size_t en) {
   for (;;) {
     char *s = l->buf + l->pos;
     char *nl = memchr(s, '\n', l->len - l->pos);
-    if (nl) {
+    if (nl || (l->eof && (l->pos < l->len || l->skipping))) {
       *p = s;
-      *n = (size_t)(nl - s);
-      l->pos += *n + 1;
+      *n = nl ? (size_t)(nl - s) : l->len - l->pos; /* the last line may lack '\n' */
+      l->pos = nl ? l->pos + *n + 1 : l->len;
       l->line++;
       l->file_line++;
+      if (l->skipping) {
+        l->skipping = 0;
+        *n = 0;
+        return 2;
+      }
       return 1;
     }
     if (l->eof) {
-      if (l->pos < l->len) { /* last line without newline */
-        *p = s;
-        *n = l->len - l->pos;
-        l->pos = l->len;
-        l->line++;
-        l->file_line++;
-        return 1;
-      }
       if (l->cur + 1 >= l->npaths) return 0;
       int rc = ls_open_file(l, l->cur + 1, err, en);
       if (rc) return rc;
@@ -119,15 +118,18 @@ static int ls_next(linesrc *l, const char **p, size_t *n, char *err, size_t en) 
       l->pos = 0;
     }
     if (l->cap - l->len < READ_BYTES) {
-      if (l->cap >= MAX_LINE_BUF) {
-        sr_fmt(err, en, "%s:%llu: line longer than %u MiB", l->paths[l->cur],
-               (unsigned long long)l->file_line, MAX_LINE_BUF >> 20);
-        return SR_EFORMAT;
+      if (l->cap >= MAX_LINE_BUF) { /* drop what we hold, find the line's end */
+        l->skipping = 1;
+        l->len = 0;
+      } else {
+        char *nb = realloc(l->buf, l->cap * 2);
+        if (!nb) {
+          sr_fmt(err, en, "out of memory");
+          return SR_ENOMEM;
+        }
+        l->buf = nb;
+        l->cap *= 2;
       }
-      char *nb = realloc(l->buf, l->cap * 2);
-      if (!nb) return SR_ENOMEM;
-      l->buf = nb;
-      l->cap *= 2;
     }
     ssize_t k;
     if (l->gz) {
@@ -262,7 +264,12 @@ static void produce(ds_source *s, chunk *c) {
     }
     c->lines++;
     ds_criteo_sample *m = &s->smp;
-    if (ds_criteo_parse_line(p, n, &po, m, why, sizeof why)) {
+    if (rc == 2) {
+      m->bad = DS_BAD_LONG;
+      sr_fmt(why, sizeof why, "%s: longer than %u MiB", ds_bad_kind_name(DS_BAD_LONG),
+             (MAX_LINE_BUF - READ_BYTES) >> 20);
+    }
+    if (rc == 2 || ds_criteo_parse_line(p, n, &po, m, why, sizeof why)) {
       c->malformed++;
       c->bad[m->bad]++;
       if (!s->exact) /* a parsing pass at open has reported these lines already */
@@ -372,7 +379,7 @@ static int count_lines(ds_source *s, uint64_t *total, uint64_t *last) {
   const char *p;
   size_t n;
   while (rc == 0) {
-    if ((rc = ls_next(&l, &p, &n, s->err, sizeof s->err)) != 1) break;
+    if ((rc = ls_next(&l, &p, &n, s->err, sizeof s->err)) <= 0) break;
     rc = 0;
     if (l.cur == s->npaths - 1) at_last++;
   }
@@ -394,12 +401,16 @@ static int parse_pass(ds_source *s, int build_dict, uint64_t *total, uint64_t *l
   const char *p;
   size_t n;
   while (rc == 0) {
-    if ((rc = ls_next(&l, &p, &n, s->err, sizeof s->err)) != 1) break;
+    if ((rc = ls_next(&l, &p, &n, s->err, sizeof s->err)) <= 0) break;
+    const int too_long = rc == 2;
     rc = 0;
     uint64_t li = l.line - 1;
     if (l.cur == s->npaths - 1) at_last++;
     s->st.scan_lines++;
-    if (ds_criteo_parse_line(p, n, &po, &s->smp, why, sizeof why)) {
+    if (too_long)
+      sr_fmt(why, sizeof why, "%s: longer than %u MiB", ds_bad_kind_name(DS_BAD_LONG),
+             (MAX_LINE_BUF - READ_BYTES) >> 20);
+    if (too_long || ds_criteo_parse_line(p, n, &po, &s->smp, why, sizeof why)) {
       s->st.scan_malformed++;
       add_report(s, l.paths[l.cur], l.file_line - 1, why);
       if (s->o.strict) {

@@ -382,6 +382,33 @@ START_TEST(test_source_malformed_reported) {
 }
 END_TEST
 
+START_TEST(test_source_long_line) {
+  /* a 5 MB line between two good ones: skipped as DS_BAD_LONG, in both the
+     parsing pass (DICT) and the reading pass (HASH), memory stays bounded */
+  FILE *f = fopen(tpath("long.txt"), "wb");
+  fputs("1\t1\n0\t", f);
+  for (int i = 0; i < 5 * 1024 * 1024; i++) fputc('7', f);
+  fputs("\n1\t3", f);
+  fclose(f);
+  for (int m = 0; m < 2; m++) {
+    ds_source_opts o = {.path = tpath("long.txt"), .id_mode = m ? DS_IDS_HASH : DS_IDS_DICT};
+    ds_source *s = open_src(o);
+    flat fl;
+    collect(s, 4, &fl);
+    ck_assert_uint_eq(fl.n, 2);
+    ck_assert(fl.dense[13] == (float)log1p(3.0));
+    ds_source_stats st;
+    ds_source_stats_get(s, &st);
+    ck_assert_uint_eq(st.bad[DS_BAD_LONG], 1);
+    char want[600];
+    snprintf(want, sizeof want, "%s:2: line too long", tpath("long.txt"));
+    ck_assert_msg(strstr(ds_source_report(s, 0), want), "%s", ds_source_report(s, 0));
+    flat_free(&fl);
+    ds_source_destroy(s);
+  }
+}
+END_TEST
+
 START_TEST(test_dict_threshold_unseen) {
   /* C1 values over 6 lines: 5 5 7 9 7 5; C2 always missing */
   const char *vals[] = {"5", "5", "7", "9", "7", "5"};
@@ -925,6 +952,7 @@ static Suite *suite(void) {
   tcase_set_timeout(t, 120);
   tcase_add_test(t, test_source_quirks_plain_gzip_crlf);
   tcase_add_test(t, test_source_malformed_reported);
+  tcase_add_test(t, test_source_long_line);
   tcase_add_test(t, test_dict_threshold_unseen);
   tcase_add_test(t, test_modulo_hash_modes);
   tcase_add_test(t, test_source_splits);
