@@ -91,7 +91,7 @@ int cli_int_list(const char *cmd, const char *flag, const char *s, char sep, int
 }
 
 void cli_bad_option(const char *cmd, int c, const char *arg) {
-  if (c == ':' || (arg && *arg))
+  if (c == ':')
     fprintf(stderr, "shardrec %s: option %s needs a value (see 'shardrec %s --help')\n", cmd,
             arg ? arg : "", cmd);
   else

@@ -1,0 +1,584 @@
+/* shardrec train: train a DLRM on Criteo-format data.
+ *
+ * Flags follow the reference DLRM (dlrm_s_pytorch.py) where it has them.
+ * With no shard servers every shard of the plan is hosted in this process
+ * (the embedded default). */
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/status.h"
+#include "datasets/source.h"
+#include "dense/metrics.h"
+#include "dense/model.h"
+#include "dense/optim.h"
+#include "embedding/plan.h"
+#include "embedding/store.h"
+#include "tools/cli.h"
+#include "tools/cmds.h"
+#include "tools/model_dir.h"
+#include "tools/trainer.h"
+
+#define CMD "train"
+
+static void usage(FILE *f) {
+  fprintf(f,
+"usage: shardrec train (--processed-data-file FILE.bin | --raw-data-file FILE.tsv[.gz]) [options]\n"
+"\n"
+"Data\n"
+"  --processed-data-file F   binary records made by 'shardrec convert' (holds its split)\n"
+"  --raw-data-file F         Criteo TSV (or .gz); Terabyte: the day_ prefix with --data-set terabyte\n"
+"  --data-set kaggle|terabyte   split of raw data as the reference DLRM (default kaggle)\n"
+"  --test-fraction F         raw data: the last F of the lines are the test set instead\n"
+"  --max-ind-range N         categorical value %% N before the dictionary (0: off)\n"
+"  --frequency-threshold N   raw data: values seen fewer than N times share one id\n"
+"  --strict                  raw data: the first malformed line is fatal\n"
+"Model\n"
+"  --arch-sparse-feature-size N   embedding dim (16)\n"
+"  --arch-embedding-size A-B-...  rows per table (default: from the data)\n"
+"  --arch-mlp-bot 13-512-256-64-16   bottom MLP widths, input first\n"
+"  --arch-mlp-top 512-256-1  top MLP widths after the interaction\n"
+"  --arch-interaction-op dot|cat  (dot)\n"
+"  --arch-interaction-itself include the diagonal in the dot interaction\n"
+"  --pooling sum|mean        embedding bag pooling (sum)\n"
+"  --plan PLAN.json          use this sharding plan (tables, seed, optimizers, placement)\n"
+"  --plan-out FILE           where to write the plan made when --plan is absent (plan.json)\n"
+"  --num-shards N            shards of a plan made here (1; all hosted in process)\n"
+"Training\n"
+"  --mini-batch-size N       (128)\n"
+"  --test-mini-batch-size N  (the mini-batch size)\n"
+"  --learning-rate F         (0.1)\n"
+"  --optimizer sgd|adagrad|adam   dense optimizer (sgd)\n"
+"  --sparse-optimizer sgd|adagrad|rowwise_adagrad  (as --optimizer; rowwise_adagrad for adam)\n"
+"  --lr-num-warmup-steps N, --lr-decay-start-step N, --lr-num-decay-steps N\n"
+"  --nepochs N               (1)\n"
+"  --num-batches N           stop after N batches (0: whole epochs)\n"
+"  --seed N                  model seed (123, as the reference)\n"
+"Output\n"
+"  --print-freq N            progress every N steps (256)\n"
+"  --test-freq N             evaluate every N steps (0: at the end of each epoch)\n"
+"  --metrics-out FILE.jsonl  one JSON object per print and test interval\n"
+"  --save-model DIR          save the dense model, plan and touched rows\n"
+"  --oracle SUMMARY.json     the generator's summary: print the oracle's test AUC beside ours\n");
+}
+
+enum {
+  O_PROC = 1000, O_RAW, O_DATASET, O_TESTFRAC, O_MAXIND, O_FREQ, O_STRICT, O_DIM, O_EMBSIZE,
+  O_BOT, O_TOP, O_OP, O_ITSELF, O_POOL, O_PLAN, O_PLANOUT, O_SHARDS, O_BATCH, O_TBATCH, O_LR,
+  O_OPT, O_SOPT, O_WARM, O_DSTART, O_DSTEPS, O_EPOCHS, O_NBATCH, O_SEED, O_PRINT, O_TEST,
+  O_METRICS, O_SAVE, O_ORACLE, O_HELP
+};
+
+static const struct option long_opts[] = {
+    {"processed-data-file", required_argument, 0, O_PROC},
+    {"raw-data-file", required_argument, 0, O_RAW},
+    {"data-set", required_argument, 0, O_DATASET},
+    {"test-fraction", required_argument, 0, O_TESTFRAC},
+    {"max-ind-range", required_argument, 0, O_MAXIND},
+    {"frequency-threshold", required_argument, 0, O_FREQ},
+    {"strict", no_argument, 0, O_STRICT},
+    {"arch-sparse-feature-size", required_argument, 0, O_DIM},
+    {"arch-embedding-size", required_argument, 0, O_EMBSIZE},
+    {"arch-mlp-bot", required_argument, 0, O_BOT},
+    {"arch-mlp-top", required_argument, 0, O_TOP},
+    {"arch-interaction-op", required_argument, 0, O_OP},
+    {"arch-interaction-itself", no_argument, 0, O_ITSELF},
+    {"pooling", required_argument, 0, O_POOL},
+    {"plan", required_argument, 0, O_PLAN},
+    {"plan-out", required_argument, 0, O_PLANOUT},
+    {"num-shards", required_argument, 0, O_SHARDS},
+    {"mini-batch-size", required_argument, 0, O_BATCH},
+    {"test-mini-batch-size", required_argument, 0, O_TBATCH},
+    {"learning-rate", required_argument, 0, O_LR},
+    {"optimizer", required_argument, 0, O_OPT},
+    {"sparse-optimizer", required_argument, 0, O_SOPT},
+    {"lr-num-warmup-steps", required_argument, 0, O_WARM},
+    {"lr-decay-start-step", required_argument, 0, O_DSTART},
+    {"lr-num-decay-steps", required_argument, 0, O_DSTEPS},
+    {"nepochs", required_argument, 0, O_EPOCHS},
+    {"num-batches", required_argument, 0, O_NBATCH},
+    {"seed", required_argument, 0, O_SEED},
+    {"print-freq", required_argument, 0, O_PRINT},
+    {"test-freq", required_argument, 0, O_TEST},
+    {"metrics-out", required_argument, 0, O_METRICS},
+    {"save-model", required_argument, 0, O_SAVE},
+    {"oracle", required_argument, 0, O_ORACLE},
+    {"help", no_argument, 0, O_HELP},
+    {0, 0, 0, 0}};
+
+typedef struct {
+  const char *proc, *raw, *dataset, *bot, *top, *op, *plan_path, *plan_out, *metrics, *save,
+      *oracle, *emb_sizes, *pooling, *opt, *sopt;
+  double test_fraction;
+  int have_test_fraction;
+  uint64_t max_ind, seed;
+  long long freq, dim, shards, batch, tbatch, epochs, nbatches, print_freq, test_freq, warm,
+      dstart, dsteps;
+  double lr;
+  int strict, itself;
+} train_flags;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Options that open the train or test split of the data. */
+static ds_source_opts source_opts(const train_flags *fl, ds_split split) {
+  ds_source_opts o;
+  memset(&o, 0, sizeof o);
+  o.path = fl->proc ? fl->proc : fl->raw;
+  o.split = split;
+  o.max_ind_range = fl->max_ind;
+  o.frequency_threshold = (uint32_t)fl->freq;
+  o.strict = fl->strict;
+  o.report = stderr;
+  if (fl->raw) {
+    o.format = DS_FORMAT_AUTO;
+    if (fl->have_test_fraction) {
+      o.scheme = DS_SCHEME_FRACTION;
+      o.test_fraction = fl->test_fraction;
+    } else {
+      o.scheme = !strcmp(fl->dataset, "terabyte") ? DS_SCHEME_TERABYTE : DS_SCHEME_KAGGLE;
+    }
+  }
+  return o;
+}
+
+typedef struct {
+  FILE *metrics;
+  double oracle_auc, oracle_logloss;
+  int have_oracle;
+} outputs;
+
+static int read_oracle(const char *path, outputs *out) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    fprintf(stderr, "shardrec train: --oracle %s: cannot open\n", path);
+    return -1;
+  }
+  char buf[1 << 16];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  cJSON *j = cJSON_Parse(buf);
+  const cJSON *test = j ? cJSON_GetObjectItem(j, "test") : NULL;
+  const cJSON *auc = test ? cJSON_GetObjectItem(test, "oracle_auc") : NULL;
+  const cJSON *ll = test ? cJSON_GetObjectItem(test, "oracle_logloss") : NULL;
+  int ok = cJSON_IsNumber(auc) && cJSON_IsNumber(ll);
+  if (ok) {
+    out->oracle_auc = auc->valuedouble;
+    out->oracle_logloss = ll->valuedouble;
+    out->have_oracle = 1;
+  }
+  cJSON_Delete(j);
+  if (!ok) {
+    fprintf(stderr, "shardrec train: --oracle %s: no test.oracle_auc / test.oracle_logloss\n",
+            path);
+    return -1;
+  }
+  return 0;
+}
+
+/* Evaluate on the whole test split; fills m. 0 or -1 (message printed). */
+static int evaluate(trainer *t, ds_source *test, ds_batch *tb, int tbatch, int64_t step,
+                    float *pred, float *labels, size_t cap, dense_metrics *m) {
+  if (ds_source_rewind(test)) {
+    fprintf(stderr, "shardrec train: test data: %s\n", ds_source_errmsg(test));
+    return -1;
+  }
+  size_t n = 0;
+  for (;;) {
+    int got = ds_source_next(test, tb, tbatch);
+    if (got < 0) {
+      fprintf(stderr, "shardrec train: test data: %s\n", ds_source_errmsg(test));
+      return -1;
+    }
+    if (got == 0) break;
+    if (n + (size_t)got > cap) {
+      fprintf(stderr, "shardrec train: test split larger than counted (%zu)\n", cap);
+      return -1;
+    }
+    if (trainer_predict(t, tb, step, pred + n)) {
+      fprintf(stderr, "shardrec train: %s\n", trainer_errmsg(t));
+      return -1;
+    }
+    memcpy(labels + n, tb->labels, (size_t)got * sizeof *labels);
+    n += (size_t)got;
+  }
+  if (n == 0) {
+    fprintf(stderr, "shardrec train: the test split is empty\n");
+    return -1;
+  }
+  if (dense_metrics_compute(pred, labels, n, m)) {
+    fprintf(stderr, "shardrec train: metrics failed (NaN predictions?)\n");
+    return -1;
+  }
+  return 0;
+}
+
+static void report_test(const outputs *o, int64_t step, int epoch, const dense_metrics *m) {
+  printf("test   step %lld epoch %d: auc %.6f  logloss %.6f  accuracy %.4f  mean pred %.4f  "
+         "ctr %.4f  (%zu samples)\n",
+         (long long)step, epoch, m->auc, m->log_loss, m->accuracy, m->mean_pred, m->ctr, m->n);
+  if (o->have_oracle)
+    printf("oracle              : auc %.6f  logloss %.6f  (gap: auc %+.4f, logloss %+.4f)\n",
+           o->oracle_auc, o->oracle_logloss, m->auc - o->oracle_auc,
+           m->log_loss - o->oracle_logloss);
+  fflush(stdout);
+  if (o->metrics) {
+    fprintf(o->metrics,
+            "{\"kind\":\"test\",\"step\":%lld,\"epoch\":%d,\"auc\":%.17g,\"logloss\":%.17g,"
+            "\"accuracy\":%.17g,\"mean_pred\":%.17g,\"ctr\":%.17g,\"n\":%zu",
+            (long long)step, epoch, m->auc, m->log_loss, m->accuracy, m->mean_pred, m->ctr, m->n);
+    if (o->have_oracle)
+      fprintf(o->metrics, ",\"oracle_auc\":%.17g,\"oracle_logloss\":%.17g", o->oracle_auc,
+              o->oracle_logloss);
+    fprintf(o->metrics, "}\n");
+    fflush(o->metrics);
+  }
+}
+
+int cmd_train(int argc, char **argv) {
+  train_flags fl = {.dataset = "kaggle", .bot = "13-512-256-64-16", .top = "512-256-1",
+                    .op = "dot", .plan_out = "plan.json", .pooling = "sum", .opt = "sgd",
+                    .seed = 123, .freq = 0, .dim = 16, .shards = 1, .batch = 128, .tbatch = 0,
+                    .epochs = 1, .nbatches = 0, .print_freq = 256, .test_freq = 0, .lr = 0.1};
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, ":h", long_opts, NULL)) != -1) {
+    switch (c) {
+      case O_PROC: fl.proc = optarg; break;
+      case O_RAW: fl.raw = optarg; break;
+      case O_DATASET:
+        if (strcmp(optarg, "kaggle") && strcmp(optarg, "terabyte")) {
+          fprintf(stderr, "shardrec train: --data-set: '%s' is not kaggle or terabyte\n", optarg);
+          return 2;
+        }
+        fl.dataset = optarg;
+        break;
+      case O_TESTFRAC:
+        if (cli_double(CMD, "--test-fraction", optarg, 0.0, 1.0, &fl.test_fraction)) return 2;
+        fl.have_test_fraction = 1;
+        break;
+      case O_MAXIND: if (cli_u64(CMD, "--max-ind-range", optarg, &fl.max_ind)) return 2; break;
+      case O_FREQ: if (cli_int(CMD, "--frequency-threshold", optarg, 0, 1LL << 31, &fl.freq)) return 2; break;
+      case O_STRICT: fl.strict = 1; break;
+      case O_DIM: if (cli_int(CMD, "--arch-sparse-feature-size", optarg, 1, EMB_MAX_DIM, &fl.dim)) return 2; break;
+      case O_EMBSIZE: fl.emb_sizes = optarg; break;
+      case O_BOT: fl.bot = optarg; break;
+      case O_TOP: fl.top = optarg; break;
+      case O_OP: fl.op = optarg; break;
+      case O_ITSELF: fl.itself = 1; break;
+      case O_POOL: fl.pooling = optarg; break;
+      case O_PLAN: fl.plan_path = optarg; break;
+      case O_PLANOUT: fl.plan_out = optarg; break;
+      case O_SHARDS: if (cli_int(CMD, "--num-shards", optarg, 1, EMB_MAX_SHARDS, &fl.shards)) return 2; break;
+      case O_BATCH: if (cli_int(CMD, "--mini-batch-size", optarg, 1, 1 << 20, &fl.batch)) return 2; break;
+      case O_TBATCH: if (cli_int(CMD, "--test-mini-batch-size", optarg, 1, 1 << 20, &fl.tbatch)) return 2; break;
+      case O_LR: if (cli_double(CMD, "--learning-rate", optarg, 0.0, 1e6, &fl.lr)) return 2; break;
+      case O_OPT: fl.opt = optarg; break;
+      case O_SOPT: fl.sopt = optarg; break;
+      case O_WARM: if (cli_int(CMD, "--lr-num-warmup-steps", optarg, 0, 1LL << 40, &fl.warm)) return 2; break;
+      case O_DSTART: if (cli_int(CMD, "--lr-decay-start-step", optarg, 0, 1LL << 40, &fl.dstart)) return 2; break;
+      case O_DSTEPS: if (cli_int(CMD, "--lr-num-decay-steps", optarg, 0, 1LL << 40, &fl.dsteps)) return 2; break;
+      case O_EPOCHS: if (cli_int(CMD, "--nepochs", optarg, 1, 1 << 20, &fl.epochs)) return 2; break;
+      case O_NBATCH: if (cli_int(CMD, "--num-batches", optarg, 0, 1LL << 40, &fl.nbatches)) return 2; break;
+      case O_SEED: if (cli_u64(CMD, "--seed", optarg, &fl.seed)) return 2; break;
+      case O_PRINT: if (cli_int(CMD, "--print-freq", optarg, 1, 1LL << 40, &fl.print_freq)) return 2; break;
+      case O_TEST: if (cli_int(CMD, "--test-freq", optarg, -1, 1LL << 40, &fl.test_freq)) return 2; break;
+      case O_METRICS: fl.metrics = optarg; break;
+      case O_SAVE: fl.save = optarg; break;
+      case O_ORACLE: fl.oracle = optarg; break;
+      case 'h':
+      case O_HELP: usage(stdout); return 0;
+      case ':': cli_bad_option(CMD, ':', argv[optind - 1]); return 2;
+      default: cli_bad_option(CMD, '?', argv[optind - 1]); return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "shardrec train: unexpected argument '%s'\n", argv[optind]);
+    return 2;
+  }
+  if (!!fl.proc == !!fl.raw) {
+    fprintf(stderr, "shardrec train: give exactly one of --processed-data-file and --raw-data-file\n");
+    return 2;
+  }
+  if (fl.proc && fl.have_test_fraction) {
+    fprintf(stderr, "shardrec train: --test-fraction applies to raw data; a processed file holds "
+                    "the split chosen by 'shardrec convert'\n");
+    return 2;
+  }
+  if (fl.tbatch == 0) fl.tbatch = fl.batch;
+  if (fl.test_freq < 0) fl.test_freq = 0;
+
+  dense_opt_kind dkind;
+  emb_optim_kind skind;
+  if (!strcmp(fl.opt, "sgd")) dkind = DENSE_OPT_SGD, skind = EMB_OPT_SGD;
+  else if (!strcmp(fl.opt, "adagrad")) dkind = DENSE_OPT_ADAGRAD, skind = EMB_OPT_ADAGRAD;
+  else if (!strcmp(fl.opt, "adam")) dkind = DENSE_OPT_ADAM, skind = EMB_OPT_ROWWISE_ADAGRAD;
+  else {
+    fprintf(stderr, "shardrec train: --optimizer: '%s' is not sgd, adagrad or adam\n", fl.opt);
+    return 2;
+  }
+  if (fl.sopt && emb_optim_parse(fl.sopt, &skind)) {
+    fprintf(stderr, "shardrec train: --sparse-optimizer: '%s' is not sgd, adagrad or rowwise_adagrad\n", fl.sopt);
+    return 2;
+  }
+  emb_pooling pooling;
+  if (emb_pooling_parse(fl.pooling, &pooling)) {
+    fprintf(stderr, "shardrec train: --pooling: '%s' is not sum or mean\n", fl.pooling);
+    return 2;
+  }
+  dense_lr_sched sched = {.base_lr = fl.lr, .num_warmup_steps = fl.warm,
+                          .decay_start_step = fl.dstart, .num_decay_steps = fl.dsteps};
+  char err[1024];
+  if (dense_lr_sched_validate(&sched, err, sizeof err)) {
+    fprintf(stderr, "shardrec train: %s\n", err);
+    return 2;
+  }
+  dense_config cfg;
+  if (model_arch_from_flags(CMD, fl.bot, fl.top, fl.op, fl.itself, (int)fl.dim, DS_NUM_SPARSE,
+                            (int)(fl.batch > fl.tbatch ? fl.batch : fl.tbatch), &cfg))
+    return 2;
+  if (cfg.n_dense != DS_NUM_DENSE) {
+    fprintf(stderr, "shardrec train: --arch-mlp-bot must start with %d (the dense features), not %d\n",
+            DS_NUM_DENSE, cfg.n_dense);
+    return 2;
+  }
+  outputs out = {0};
+  if (fl.oracle && read_oracle(fl.oracle, &out)) return 2;
+
+  int status = 1;
+  ds_source *train = NULL, *test = NULL;
+  emb_plan *plan = NULL;
+  emb_store *store = NULL;
+  trainer *t = NULL;
+  ds_batch b = {0}, tb = {0};
+  float *pred = NULL, *labels = NULL;
+
+  ds_source_opts so = source_opts(&fl, DS_SPLIT_TRAIN);
+  train = ds_source_open(&so, err, sizeof err);
+  if (!train) {
+    fprintf(stderr, "shardrec train: %s\n", err);
+    goto done;
+  }
+  so = source_opts(&fl, DS_SPLIT_TEST);
+  test = ds_source_open(&so, err, sizeof err);
+  if (!test) {
+    fprintf(stderr, "shardrec train: %s\n", err);
+    goto done;
+  }
+  uint64_t n_train = ds_source_count(train), n_test = ds_source_count(test);
+  if (n_train == 0) {
+    fprintf(stderr, "shardrec train: %s: the training split is empty\n", so.path);
+    goto done;
+  }
+
+  /* The plan: given, or made from the data's table sizes and the flags. */
+  if (fl.plan_path) {
+    if (emb_plan_load(fl.plan_path, &plan, err, sizeof err)) {
+      fprintf(stderr, "shardrec train: %s\n", err);
+      goto done;
+    }
+  } else {
+    uint64_t sizes[DS_NUM_SPARSE];
+    if (fl.emb_sizes) {
+      int n = 0;
+      /* Sizes may exceed int: parse by hand. */
+      const char *p = fl.emb_sizes;
+      for (n = 0; n < DS_NUM_SPARSE && *p; n++) {
+        char *end;
+        unsigned long long x = strtoull(p, &end, 10);
+        if (end == p || x == 0 || (*end && *end != '-')) break;
+        sizes[n] = x;
+        p = *end ? end + 1 : end;
+      }
+      if (n != DS_NUM_SPARSE || *p) {
+        fprintf(stderr, "shardrec train: --arch-embedding-size: need %d positive sizes joined by '-'\n",
+                DS_NUM_SPARSE);
+        goto done;
+      }
+    } else if (ds_source_table_sizes(train, sizes)) {
+      fprintf(stderr, "shardrec train: %s: no table sizes: %s\n", so.path, ds_source_errmsg(train));
+      goto done;
+    }
+    emb_plan_params pp = {.n_tables = DS_NUM_SPARSE, .rows = sizes, .dim = (int)fl.dim,
+                          .pooling = pooling, .optim = {.kind = skind, .eps = -1, .init_acc = 0},
+                          .init_range = 0, .seed = fl.seed, .n_shards = (int)fl.shards};
+    if (emb_plan_create(&pp, &plan, err, sizeof err) ||
+        emb_plan_save(plan, fl.plan_out, err, sizeof err)) {
+      fprintf(stderr, "shardrec train: %s\n", err);
+      goto done;
+    }
+  }
+  char mfp[EMB_FP_HEX], pfp[EMB_FP_HEX];
+  emb_plan_model_fingerprint(plan, mfp);
+  emb_plan_fingerprint(plan, pfp);
+  uint64_t total_rows = 0;
+  for (int i = 0; i < plan->n_tables; i++) total_rows += plan->tables[i].rows;
+  printf("plan   %s%s: %d tables, %llu rows, dim %d, %d shard(s) in process; model %.12s plan %.12s\n",
+         fl.plan_path ? fl.plan_path : fl.plan_out, fl.plan_path ? "" : " (written)",
+         plan->n_tables, (unsigned long long)total_rows, (int)fl.dim, plan->n_shards, mfp, pfp);
+  printf("data   %s: %llu train, %llu test samples\n", so.path, (unsigned long long)n_train,
+         (unsigned long long)n_test);
+
+  store = emb_store_create_local(plan, err, sizeof err);
+  if (!store) {
+    fprintf(stderr, "shardrec train: %s\n", err);
+    goto done;
+  }
+  dense_opt_config ocfg = dense_opt_defaults(dkind);
+  t = trainer_create(plan, store, &cfg, &ocfg, plan->seed, err, sizeof err);
+  if (!t) {
+    fprintf(stderr, "shardrec train: %s\n", err);
+    goto done;
+  }
+  if (ds_batch_init(&b, (int)fl.batch) || ds_batch_init(&tb, (int)fl.tbatch)) {
+    fprintf(stderr, "shardrec train: out of memory for batches\n");
+    goto done;
+  }
+  if (n_test) {
+    pred = malloc(n_test * sizeof *pred);
+    labels = malloc(n_test * sizeof *labels);
+    if (!pred || !labels) {
+      fprintf(stderr, "shardrec train: out of memory for %llu test predictions\n",
+              (unsigned long long)n_test);
+      goto done;
+    }
+  }
+  if (fl.metrics) {
+    out.metrics = fopen(fl.metrics, "w");
+    if (!out.metrics) {
+      fprintf(stderr, "shardrec train: --metrics-out %s: cannot open for writing\n", fl.metrics);
+      goto done;
+    }
+  }
+  {
+    printf("model  bottom %s, top %s, %s interaction; %zu dense parameters; %s (dense) / %s (sparse), lr %g\n",
+           fl.bot, fl.top, fl.op, dense_config_param_count(&cfg), fl.opt,
+           emb_optim_name(plan->tables[0].optim.kind), fl.lr);
+    fflush(stdout);
+    int tty = cli_isatty_err();
+    uint64_t steps_per_epoch = (n_train + (uint64_t)fl.batch - 1) / (uint64_t)fl.batch;
+    uint64_t total_steps = steps_per_epoch * (uint64_t)fl.epochs;
+    if (fl.nbatches > 0 && (uint64_t)fl.nbatches < total_steps) total_steps = (uint64_t)fl.nbatches;
+    int64_t step = 0;
+    double t_start = now_s(), t_last = t_start, loss_sum = 0;
+    int64_t loss_n = 0, samples_since = 0;
+    int stop = 0;
+    dense_metrics m;
+    for (int epoch = 0; epoch < fl.epochs && !stop; epoch++) {
+      if (epoch > 0 && ds_source_rewind(train)) {
+        fprintf(stderr, "shardrec train: %s\n", ds_source_errmsg(train));
+        goto done;
+      }
+      int64_t epoch_step = 0;
+      for (;;) {
+        if ((uint64_t)step >= total_steps) {
+          stop = 1;
+          break;
+        }
+        int got = ds_source_next(train, &b, (int)fl.batch);
+        if (got < 0) {
+          fprintf(stderr, "shardrec train: %s\n", ds_source_errmsg(train));
+          goto done;
+        }
+        if (got == 0) break;
+        float lr = dense_lr_at(&sched, step), loss = 0;
+        if (trainer_step(t, &b, step, lr, &loss)) {
+          fprintf(stderr, "shardrec train: step %lld: %s\n", (long long)step, trainer_errmsg(t));
+          goto done;
+        }
+        if (!isfinite(loss)) {
+          fprintf(stderr, "shardrec train: step %lld: the loss is %g; lower --learning-rate\n",
+                  (long long)step, loss);
+          goto done;
+        }
+        step++;
+        epoch_step++;
+        loss_sum += loss;
+        loss_n++;
+        samples_since += got;
+        if (step % fl.print_freq == 0 || (uint64_t)step == total_steps) {
+          double tnow = now_s();
+          double rate = samples_since / (tnow - t_last);
+          double frac = (double)epoch_step / (double)steps_per_epoch;
+          double eta = (double)(total_steps - (uint64_t)step) * fl.batch / (rate > 0 ? rate : 1);
+          double mean = loss_sum / (double)loss_n;
+          if (tty)
+            fprintf(stderr, "\rstep %lld/%llu  epoch %d %5.1f%%  %8.0f samples/s  loss %.6f  ETA %4.0fs ",
+                    (long long)step, (unsigned long long)total_steps, epoch, 100 * frac, rate,
+                    mean, eta);
+          else
+            printf("train  step %lld/%llu epoch %d %.1f%%: loss %.6f  %.0f samples/s  ETA %.0fs\n",
+                   (long long)step, (unsigned long long)total_steps, epoch, 100 * frac, mean,
+                   rate, eta);
+          if (out.metrics)
+            fprintf(out.metrics,
+                    "{\"kind\":\"train\",\"step\":%lld,\"epoch\":%d,\"loss\":%.9g,\"last_loss\":%.9g,"
+                    "\"lr\":%.9g,\"samples_per_s\":%.1f}\n",
+                    (long long)step, epoch, mean, loss, lr, rate);
+          fflush(stdout);
+          loss_sum = 0;
+          loss_n = 0;
+          samples_since = 0;
+          t_last = now_s();
+        }
+        if (fl.test_freq > 0 && step % fl.test_freq == 0 && n_test) {
+          if (tty) fprintf(stderr, "\n");
+          if (evaluate(t, test, &tb, (int)fl.tbatch, step, pred, labels, n_test, &m)) goto done;
+          report_test(&out, step, epoch, &m);
+          t_last = now_s();
+        }
+      }
+      if (tty) fprintf(stderr, "\n");
+      if (n_test && (fl.test_freq == 0 || step % fl.test_freq != 0)) {
+        if (evaluate(t, test, &tb, (int)fl.tbatch, step, pred, labels, n_test, &m)) goto done;
+        report_test(&out, step, epoch, &m);
+      }
+    }
+    double secs = now_s() - t_start;
+    const trainer_times *tt = trainer_times_get(t);
+    printf("done   %lld steps in %.1f s; per step: dedup %.2f ms, lookup %.2f, pool %.2f, "
+           "forward %.2f, backward %.2f, scatter %.2f, push %.2f, dense opt %.2f\n",
+           (long long)step, secs, 1e3 * tt->dedup / (double)(tt->steps ? tt->steps : 1),
+           1e3 * tt->lookup / (double)(tt->steps ? tt->steps : 1),
+           1e3 * tt->pool / (double)(tt->steps ? tt->steps : 1),
+           1e3 * tt->forward / (double)(tt->steps ? tt->steps : 1),
+           1e3 * tt->backward / (double)(tt->steps ? tt->steps : 1),
+           1e3 * tt->scatter / (double)(tt->steps ? tt->steps : 1),
+           1e3 * tt->push / (double)(tt->steps ? tt->steps : 1),
+           1e3 * tt->dense_opt / (double)(tt->steps ? tt->steps : 1));
+    ds_source_stats st;
+    if (!ds_source_stats_get(train, &st) && (st.malformed || st.scan_malformed))
+      printf("data   %llu malformed lines skipped\n",
+             (unsigned long long)(st.malformed > st.scan_malformed ? st.malformed : st.scan_malformed));
+  }
+  if (fl.save) {
+    if (model_dir_save(fl.save, &cfg, plan, trainer_model(t), store, err, sizeof err)) {
+      fprintf(stderr, "shardrec train: --save-model: %s\n", err);
+      goto done;
+    }
+    printf("saved  %s\n", fl.save);
+  }
+  status = 0;
+done:
+  if (out.metrics) fclose(out.metrics);
+  free(pred);
+  free(labels);
+  ds_batch_free(&b);
+  ds_batch_free(&tb);
+  trainer_destroy(t);
+  emb_store_destroy(store);
+  emb_plan_free(plan);
+  ds_source_destroy(train);
+  ds_source_destroy(test);
+  return status;
+}

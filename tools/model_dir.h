@@ -1,0 +1,35 @@
+/* A saved model (--save-model DIR, read by `shardrec eval`): the folder holds
+ *   model.json  the dense architecture (flags that rebuild dense_config)
+ *   plan.json   the sharding plan (tables, seed, optimizers, placement)
+ *   dense.bin   the dense parameters (dense_model_save)
+ *   rows/       every touched embedding row (the store's checkpoint)
+ * Written under DIR.tmp and renamed into place, so a half-written model is
+ * never mistaken for a good one. */
+#ifndef SHARDREC_TOOLS_MODEL_DIR_H
+#define SHARDREC_TOOLS_MODEL_DIR_H
+
+#include <stddef.h>
+
+#include "dense/model.h"
+#include "embedding/plan.h"
+#include "embedding/store.h"
+
+/* Save; 0 or SR_E* with the reason in err. An existing DIR is replaced. */
+int model_dir_save(const char *dir, const dense_config *cfg, const emb_plan *plan,
+                   dense_model *model, emb_store *store, char *err, size_t errlen);
+
+/* Read model.json into cfg (max_batch left as the caller set it) and
+ * plan.json into *plan (caller frees). 0 or SR_E* with the reason in err. */
+int model_dir_read_config(const char *dir, dense_config *cfg, emb_plan **plan, char *err,
+                          size_t errlen);
+
+/* Load dense.bin into model and rows/ into store. */
+int model_dir_load_state(const char *dir, dense_model *model, emb_store *store, char *err,
+                         size_t errlen);
+
+/* Parse "13-512-256" style widths and the interaction op shared by train and
+ * eval; writes cfg fields. 0 or -1 with a message printed for cmd. */
+int model_arch_from_flags(const char *cmd, const char *bot, const char *top, const char *op,
+                          int itself, int dim, int n_sparse, int max_batch, dense_config *cfg);
+
+#endif

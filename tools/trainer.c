@@ -1,0 +1,249 @@
+#include "tools/trainer.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/status.h"
+#include "embedding/bag.h"
+
+struct trainer {
+  const emb_plan *plan; /* borrowed */
+  emb_store *store;     /* borrowed */
+  dense_model *model;   /* owned */
+  dense_opt *opt;       /* owned */
+  int T, dim, max_batch;
+  emb_dedup **dedup;  /* [T] */
+  size_t *cap;        /* [T] ids each table's buffers hold */
+  uint64_t **unique;  /* [T][cap] */
+  uint32_t **inverse; /* [T][cap] */
+  size_t *counts;     /* [T] unique ids this step */
+  float **rows;       /* [T][cap][dim] looked-up rows */
+  float **grads;      /* [T][cap][dim] summed row gradients */
+  float *emb;         /* [max_batch][T][dim] pooled */
+  float *d_emb;       /* [max_batch][T][dim] */
+  float *logits;      /* [max_batch] */
+  trainer_times times;
+  char err[512];
+};
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int grow_table(trainer *t, int f, size_t need) {
+  if (need <= t->cap[f]) return 0;
+  size_t cap = t->cap[f] ? t->cap[f] : 64;
+  while (cap < need) cap *= 2;
+  uint64_t *u = realloc(t->unique[f], cap * sizeof *u);
+  if (u) t->unique[f] = u;
+  uint32_t *inv = realloc(t->inverse[f], cap * sizeof *inv);
+  if (inv) t->inverse[f] = inv;
+  float *r = realloc(t->rows[f], cap * (size_t)t->dim * sizeof *r);
+  if (r) t->rows[f] = r;
+  float *g = realloc(t->grads[f], cap * (size_t)t->dim * sizeof *g);
+  if (g) t->grads[f] = g;
+  if (!u || !inv || !r || !g) {
+    sr_fmt(t->err, sizeof t->err, "trainer: out of memory for %zu ids of table %d", need, f);
+    return SR_ENOMEM;
+  }
+  t->cap[f] = cap;
+  return 0;
+}
+
+trainer *trainer_create(const emb_plan *plan, emb_store *store, const dense_config *cfg,
+                        const dense_opt_config *ocfg, uint64_t seed, char *err, size_t errlen) {
+  if (!plan || !store || !cfg || !ocfg) {
+    sr_fmt(err, errlen, "trainer: missing plan, store or configuration");
+    return NULL;
+  }
+  if (cfg->n_sparse != plan->n_tables) {
+    sr_fmt(err, errlen, "trainer: the model has %d sparse features but the plan %d tables",
+           cfg->n_sparse, plan->n_tables);
+    return NULL;
+  }
+  for (int f = 0; f < plan->n_tables; f++)
+    if (plan->tables[f].dim != cfg->emb_dim) {
+      sr_fmt(err, errlen, "trainer: table %s has dim %d, the model expects %d",
+             plan->tables[f].name, plan->tables[f].dim, cfg->emb_dim);
+      return NULL;
+    }
+  trainer *t = calloc(1, sizeof *t);
+  if (!t) {
+    sr_fmt(err, errlen, "trainer: out of memory");
+    return NULL;
+  }
+  t->plan = plan;
+  t->store = store;
+  t->T = plan->n_tables;
+  t->dim = cfg->emb_dim;
+  t->max_batch = cfg->max_batch;
+  t->model = dense_model_create(cfg, seed, err, errlen);
+  if (!t->model) goto fail;
+  size_t np = 0;
+  dense_model_params(t->model, &np);
+  t->opt = dense_opt_create(ocfg, np, err, errlen);
+  if (!t->opt) goto fail;
+  int T = t->T;
+  t->dedup = calloc((size_t)T, sizeof *t->dedup);
+  t->cap = calloc((size_t)T, sizeof *t->cap);
+  t->unique = calloc((size_t)T, sizeof *t->unique);
+  t->inverse = calloc((size_t)T, sizeof *t->inverse);
+  t->counts = calloc((size_t)T, sizeof *t->counts);
+  t->rows = calloc((size_t)T, sizeof *t->rows);
+  t->grads = calloc((size_t)T, sizeof *t->grads);
+  size_t per = (size_t)t->max_batch * (size_t)T * (size_t)t->dim;
+  t->emb = malloc(per * sizeof *t->emb);
+  t->d_emb = malloc(per * sizeof *t->d_emb);
+  t->logits = malloc((size_t)t->max_batch * sizeof *t->logits);
+  if (!t->dedup || !t->cap || !t->unique || !t->inverse || !t->counts || !t->rows || !t->grads ||
+      !t->emb || !t->d_emb || !t->logits) {
+    sr_fmt(err, errlen, "trainer: out of memory");
+    goto fail;
+  }
+  for (int f = 0; f < T; f++) {
+    t->dedup[f] = emb_dedup_create((size_t)t->max_batch);
+    if (!t->dedup[f] || grow_table(t, f, (size_t)t->max_batch)) {
+      sr_fmt(err, errlen, "trainer: out of memory");
+      goto fail;
+    }
+  }
+  return t;
+fail:
+  trainer_destroy(t);
+  return NULL;
+}
+
+void trainer_destroy(trainer *t) {
+  if (!t) return;
+  for (int f = 0; f < t->T; f++) {
+    if (t->dedup) emb_dedup_destroy(t->dedup[f]);
+    if (t->unique) free(t->unique[f]);
+    if (t->inverse) free(t->inverse[f]);
+    if (t->rows) free(t->rows[f]);
+    if (t->grads) free(t->grads[f]);
+  }
+  free(t->dedup);
+  free(t->cap);
+  free(t->unique);
+  free(t->inverse);
+  free(t->counts);
+  free(t->rows);
+  free(t->grads);
+  free(t->emb);
+  free(t->d_emb);
+  free(t->logits);
+  dense_opt_destroy(t->opt);
+  dense_model_destroy(t->model);
+  free(t);
+}
+
+/* Steps 1-3: dedup, lookup, pool into t->emb. */
+static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids) {
+  int n = b->n;
+  if (n <= 0 || n > t->max_batch) {
+    sr_fmt(t->err, sizeof t->err, "trainer: batch of %d samples (max %d)", n, t->max_batch);
+    return SR_EINVAL;
+  }
+  double t0 = now_s();
+  for (int f = 0; f < t->T; f++) {
+    const uint32_t *off = ds_batch_offsets(b, f);
+    size_t nids = (size_t)(off[n] - off[0]);
+    int rc = grow_table(t, f, nids);
+    if (rc) return rc;
+    rc = emb_dedup_run(t->dedup[f], b->ids + off[0], nids, t->unique[f], t->inverse[f],
+                       &t->counts[f]);
+    if (rc) {
+      sr_fmt(t->err, sizeof t->err, "trainer: dedup of table %d: %s", f, sr_strerror(rc));
+      return rc;
+    }
+  }
+  ids->n_tables = t->T;
+  ids->ids = (const uint64_t *const *)t->unique;
+  ids->counts = t->counts;
+  double t1 = now_s();
+  int rc = emb_store_lookup_begin(t->store, step, ids, t->rows);
+  if (!rc) rc = emb_store_lookup_wait(t->store);
+  if (rc) {
+    sr_fmt(t->err, sizeof t->err, "lookup at step %lld: %s", (long long)step,
+           emb_store_errmsg(t->store));
+    return rc;
+  }
+  double t2 = now_s();
+  size_t stride = (size_t)t->T * (size_t)t->dim;
+  for (int f = 0; f < t->T; f++)
+    emb_bag_forward(t->plan->tables[f].pooling, t->dim, n, ds_batch_offsets(b, f), t->inverse[f],
+                    t->rows[f], t->emb + (size_t)f * (size_t)t->dim, stride);
+  double t3 = now_s();
+  t->times.dedup += t1 - t0;
+  t->times.lookup += t2 - t1;
+  t->times.pool += t3 - t2;
+  return 0;
+}
+
+int trainer_step(trainer *t, const ds_batch *b, int64_t step, float lr, float *loss) {
+  emb_idset ids;
+  int rc = gather(t, b, step, &ids);
+  if (rc) return rc;
+  int n = b->n;
+  double t0 = now_s();
+  rc = dense_model_forward(t->model, n, b->dense, t->emb, t->logits);
+  double t1 = now_s();
+  if (!rc) rc = dense_model_backward(t->model, n, b->labels, loss, t->d_emb);
+  if (rc) {
+    sr_fmt(t->err, sizeof t->err, "dense step: %s", dense_model_errmsg(t->model));
+    return rc;
+  }
+  double t2 = now_s();
+  size_t stride = (size_t)t->T * (size_t)t->dim;
+  for (int f = 0; f < t->T; f++)
+    emb_bag_backward(t->plan->tables[f].pooling, t->dim, n, ds_batch_offsets(b, f),
+                     t->inverse[f], t->d_emb + (size_t)f * (size_t)t->dim, stride, t->counts[f],
+                     t->grads[f]);
+  double t3 = now_s();
+  rc = emb_store_push(t->store, step, lr, &ids, (const float *const *)t->grads);
+  if (rc) {
+    sr_fmt(t->err, sizeof t->err, "push at step %lld: %s", (long long)step,
+           emb_store_errmsg(t->store));
+    return rc;
+  }
+  double t4 = now_s();
+  size_t np = 0;
+  float *p = dense_model_params(t->model, &np);
+  float *g = dense_model_grads(t->model, &np);
+  rc = dense_opt_step(t->opt, p, g, lr);
+  double t5 = now_s();
+  t->times.forward += t1 - t0;
+  t->times.backward += t2 - t1;
+  t->times.scatter += t3 - t2;
+  t->times.push += t4 - t3;
+  t->times.dense_opt += t5 - t4;
+  t->times.steps++;
+  return rc;
+}
+
+int trainer_predict(trainer *t, const ds_batch *b, int64_t step, float *prob) {
+  emb_idset ids;
+  int rc = gather(t, b, step, &ids);
+  if (rc) return rc;
+  rc = dense_model_forward(t->model, b->n, b->dense, t->emb, t->logits);
+  if (rc) {
+    sr_fmt(t->err, sizeof t->err, "dense forward: %s", dense_model_errmsg(t->model));
+    return rc;
+  }
+  for (int i = 0; i < b->n; i++) {
+    float z = t->logits[i];
+    /* Stable sigmoid. */
+    prob[i] = z >= 0 ? 1.0f / (1.0f + expf(-z)) : expf(z) / (1.0f + expf(z));
+  }
+  return 0;
+}
+
+dense_model *trainer_model(trainer *t) { return t->model; }
+dense_opt *trainer_dense_opt(trainer *t) { return t->opt; }
+const trainer_times *trainer_times_get(const trainer *t) { return &t->times; }
+void trainer_times_reset(trainer *t) { memset(&t->times, 0, sizeof t->times); }
+const char *trainer_errmsg(const trainer *t) { return t->err; }
