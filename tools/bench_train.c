@@ -1,0 +1,248 @@
+/* shardrec bench train: training samples/s for the Kaggle configuration,
+ * beside this machine's cblas_sgemm rate on the step's own shapes measured in
+ * the same run, so the fraction of the FLOP bound is visible.
+ *
+ * The step timed is the whole step: reading the batch from a binary record
+ * file (mmap), dedup, lookup, pooling, dense forward/backward, scatter, push
+ * with the sparse optimizer, and the dense optimizer. The bound is the time
+ * of the step's sgemm calls alone, each timed on random matrices of its own
+ * shape. */
+#include <cblas.h>
+#include <getopt.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/rng.h"
+#include "common/status.h"
+#include "datasets/source.h"
+#include "dense/model.h"
+#include "dense/optim.h"
+#include "embedding/plan.h"
+#include "embedding/store.h"
+#include "tools/cli.h"
+#include "tools/cmds.h"
+#include "tools/model_dir.h"
+#include "tools/trainer.h"
+
+extern char **environ;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Run this executable with args (a NULL-terminated list); 0 on exit 0. */
+static int run_self(char *const *args) {
+  pid_t pid;
+  if (posix_spawn(&pid, "/proc/self/exe", NULL, NULL, args, environ) != 0) return -1;
+  int st = 0;
+  if (waitpid(pid, &st, 0) < 0) return -1;
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+
+/* Seconds per step of the step's sgemm calls at batch B (median of reps). */
+static double sgemm_step_time(const dense_config *cfg, int B, double *flops_out) {
+  dense_gemm_shape sh[64];
+  int ns = dense_model_gemm_shapes(cfg, B, sh, 64);
+  double total = 0, flops = 0;
+  sr_rng r;
+  sr_rng_init(&r, 99, 0);
+  for (int i = 0; i < ns; i++) {
+    int M = sh[i].M, N = sh[i].N, K = sh[i].K;
+    float *A = malloc((size_t)M * K * sizeof *A), *Bm = malloc((size_t)K * N * sizeof *Bm),
+          *C = malloc((size_t)M * N * sizeof *C);
+    for (size_t j = 0; j < (size_t)M * K; j++) A[j] = (float)sr_rng_uniform(&r) - 0.5f;
+    for (size_t j = 0; j < (size_t)K * N; j++) Bm[j] = (float)sr_rng_uniform(&r) - 0.5f;
+    memset(C, 0, (size_t)M * N * sizeof *C);
+    int lda = sh[i].trans_a ? M : K, ldb = sh[i].trans_b ? K : N;
+    double t[9];
+    int reps = 9;
+    for (int k = -2; k < reps; k++) {
+      double t0 = now_s();
+      cblas_sgemm(CblasRowMajor, sh[i].trans_a ? CblasTrans : CblasNoTrans,
+                  sh[i].trans_b ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A, lda, Bm, ldb, 0.0f,
+                  C, N);
+      if (k >= 0) t[k] = now_s() - t0;
+    }
+    total += median(t, reps);
+    flops += 2.0 * M * N * K;
+    free(A);
+    free(Bm);
+    free(C);
+  }
+  *flops_out = flops;
+  return total;
+}
+
+int bench_train(int argc, char **argv) {
+  static const struct option opts[] = {{"rows", required_argument, 0, 'r'},
+                                       {"steps", required_argument, 0, 's'},
+                                       {"runs", required_argument, 0, 'n'},
+                                       {"batch", required_argument, 0, 'b'},
+                                       {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
+  long long rows = 300000, steps = 0, runs = 3;
+  const char *batches = "128,2048";
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    switch (c) {
+      case 'r': if (cli_int("bench train", "--rows", optarg, 10000, 1LL << 32, &rows)) return 2; break;
+      case 's': if (cli_int("bench train", "--steps", optarg, 1, 1 << 20, &steps)) return 2; break;
+      case 'n': if (cli_int("bench train", "--runs", optarg, 1, 99, &runs)) return 2; break;
+      case 'b': batches = optarg; break;
+      case 'h':
+        printf("usage: shardrec bench train [--rows N (300000)] [--batch 128,2048] [--steps N] [--runs 3]\n"
+               "Kaggle configuration (dim 16, 13-512-256-64-16 / 512-256-1, dot), SGD, in-process shards,\n"
+               "data from a generated set converted to binary records. --steps: timed steps per run\n"
+               "(default: about 3 s of work per run).\n");
+        return 0;
+      default: cli_bad_option("bench train", c, argv[optind - 1]); return 2;
+    }
+  }
+  int bl[8], nb = 0;
+  if (cli_int_list("bench train", "--batch", batches, ',', bl, 8, &nb)) return 2;
+
+  char dir[] = "/tmp/shardrec-bench-XXXXXX";
+  if (!mkdtemp(dir)) {
+    perror("bench train: mkdtemp");
+    return 1;
+  }
+  char tsv[256], bin[256], rows_s[32];
+  snprintf(tsv, sizeof tsv, "%s/d.tsv", dir);
+  snprintf(bin, sizeof bin, "%s/d.bin", dir);
+  snprintf(rows_s, sizeof rows_s, "%lld", rows);
+  printf("bench train: generating %lld rows in %s\n", rows, dir);
+  fflush(stdout);
+  char *gen[] = {"shardrec", "datagen", "--rows", rows_s, "--seed", "1", "--out", tsv, NULL};
+  char *conv[] = {"shardrec", "convert", "--test-fraction", "0", tsv, bin, NULL};
+  int status = 1;
+  if (run_self(gen) || run_self(conv)) {
+    fprintf(stderr, "bench train: data preparation failed\n");
+    goto out;
+  }
+  const char *th = getenv("OPENBLAS_NUM_THREADS");
+  printf("\nOpenBLAS %s, %d thread(s)%s; OPENBLAS_CORETYPE=%s\n", OPENBLAS_VERSION,
+         openblas_get_num_threads(), th ? " (OPENBLAS_NUM_THREADS)" : "",
+         getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(unset)");
+  printf("%6s %12s %9s %10s %13s %13s %9s  %s\n", "batch", "samples/s", "step ms", "MFLOP/smp",
+         "sgemm GF/s", "bound smp/s", "of bound", "where the step's time goes (ms)");
+  for (int bi = 0; bi < nb; bi++) {
+    int B = bl[bi];
+    char err[1024];
+    dense_config cfg;
+    if (model_arch_from_flags("bench train", "13-512-256-64-16", "512-256-1", "dot", 0, 16,
+                              DS_NUM_SPARSE, B, &cfg))
+      goto out;
+    ds_source_opts so = {.path = bin, .split = DS_SPLIT_TRAIN};
+    ds_source *src = ds_source_open(&so, err, sizeof err);
+    if (!src) {
+      fprintf(stderr, "bench train: %s\n", err);
+      goto out;
+    }
+    uint64_t sizes[DS_NUM_SPARSE];
+    ds_source_table_sizes(src, sizes);
+    emb_plan_params pp = {.n_tables = DS_NUM_SPARSE, .rows = sizes, .dim = 16,
+                          .pooling = EMB_POOL_SUM, .optim = {.kind = EMB_OPT_SGD, .eps = -1},
+                          .seed = 1, .n_shards = 1};
+    emb_plan *plan = NULL;
+    emb_store *store = NULL;
+    trainer *t = NULL;
+    ds_batch b = {0};
+    if (emb_plan_create(&pp, &plan, err, sizeof err) ||
+        !(store = emb_store_create_local(plan, err, sizeof err))) {
+      fprintf(stderr, "bench train: %s\n", err);
+      ds_source_destroy(src);
+      emb_plan_free(plan);
+      goto out;
+    }
+    dense_opt_config oc = dense_opt_defaults(DENSE_OPT_SGD);
+    t = trainer_create(plan, store, &cfg, &oc, 1, err, sizeof err);
+    if (!t || ds_batch_init(&b, B)) {
+      fprintf(stderr, "bench train: %s\n", t ? "out of memory" : err);
+      goto cleanup;
+    }
+    int64_t step = 0;
+    /* Warm up: touch rows, fault pages, settle threads. */
+    double t0 = now_s();
+    int nsteps = (int)steps;
+    for (int w = 0; w < 10 || (!steps && now_s() - t0 < 1.0); w++) {
+      int got = ds_source_next(src, &b, B);
+      if (got == 0) ds_source_rewind(src), got = ds_source_next(src, &b, B);
+      float loss;
+      if (got < 0 || trainer_step(t, &b, step++, 0.01f, &loss)) {
+        fprintf(stderr, "bench train: %s\n", got < 0 ? ds_source_errmsg(src) : trainer_errmsg(t));
+        goto cleanup;
+      }
+      if (!steps) nsteps = w + 1;
+    }
+    if (!steps) {
+      double per = (now_s() - t0) / nsteps;
+      nsteps = (int)(3.0 / per);
+      if (nsteps < 5) nsteps = 5;
+    }
+    double rate[99];
+    trainer_times_reset(t);
+    for (int r = 0; r < runs; r++) {
+      double s0 = now_s();
+      long long samples = 0;
+      for (int k = 0; k < nsteps; k++) {
+        int got = ds_source_next(src, &b, B);
+        if (got == 0) ds_source_rewind(src), got = ds_source_next(src, &b, B);
+        float loss;
+        if (got < 0 || trainer_step(t, &b, step++, 0.01f, &loss)) {
+          fprintf(stderr, "bench train: %s\n", got < 0 ? ds_source_errmsg(src) : trainer_errmsg(t));
+          goto cleanup;
+        }
+        samples += got;
+      }
+      rate[r] = (double)samples / (now_s() - s0);
+    }
+    const trainer_times *tt = trainer_times_get(t);
+    double ms = 1e3 / (double)tt->steps;
+    double med = median(rate, (int)runs);
+    double gflops = 0;
+    double tg = sgemm_step_time(&cfg, B, &gflops);
+    double bound = B / tg;
+    double fps = dense_model_flops_per_sample(&cfg);
+    printf("%6d %12.0f %9.2f %10.3f %13.1f %13.0f %8.1f%%  dedup %.2f lookup %.2f pool %.2f fwd %.2f "
+           "bwd %.2f scatter %.2f push %.2f opt %.2f\n",
+           B, med, 1e3 * B / med, fps / 1e6, gflops / tg / 1e9, bound, 100.0 * med / bound,
+           tt->dedup * ms, tt->lookup * ms, tt->pool * ms, tt->forward * ms, tt->backward * ms,
+           tt->scatter * ms, tt->push * ms, tt->dense_opt * ms);
+    fflush(stdout);
+    status = 0;
+  cleanup:
+    ds_batch_free(&b);
+    trainer_destroy(t);
+    emb_store_destroy(store);
+    emb_plan_free(plan);
+    ds_source_destroy(src);
+    if (status) goto out;
+    if (bi + 1 < nb) status = 1;
+  }
+  printf("samples/s: median of %lld runs; bound: the step's sgemm calls alone, timed on the same shapes\n",
+         runs);
+out:;
+  char rm[300];
+  snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
+  if (system(rm) != 0) fprintf(stderr, "bench train: could not remove %s\n", dir);
+  return status;
+}
