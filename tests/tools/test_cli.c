@@ -1,0 +1,96 @@
+/* The shardrec command line: help, unknown commands and flags, malformed
+ * values, missing files. Each error must name what was wrong. */
+#include <check.h>
+
+#include "tests/tools/run.h"
+
+START_TEST(test_help_lists_commands) {
+  char *out;
+  ck_assert_int_eq(run_cmd(&out, "%s help", bin_path()), 0);
+  const char *cmds[] = {"datagen", "convert", "plan", "train", "eval", "bench"};
+  for (int i = 0; i < 6; i++) ck_assert_msg(strstr(out, cmds[i]), "help lacks %s: %s", cmds[i], out);
+  free(out);
+  ck_assert_int_eq(run_cmd(&out, "%s train --help", bin_path()), 0);
+  ck_assert_ptr_nonnull(strstr(out, "--arch-mlp-bot"));
+  ck_assert_ptr_nonnull(strstr(out, "--mini-batch-size"));
+  free(out);
+  ck_assert_int_eq(run_cmd(&out, "%s help eval", bin_path()), 0);
+  ck_assert_ptr_nonnull(strstr(out, "--model"));
+  free(out);
+}
+END_TEST
+
+START_TEST(test_unknown_command_and_flags) {
+  char *out;
+  ck_assert_int_eq(run_cmd(&out, "%s frobnicate", bin_path()), 2);
+  ck_assert_ptr_nonnull(strstr(out, "unknown command 'frobnicate'"));
+  free(out);
+  ck_assert_int_eq(run_cmd(&out, "%s", bin_path()), 2);
+  free(out);
+  ck_assert_int_eq(run_cmd(&out, "%s train --no-such-flag", bin_path()), 2);
+  ck_assert_msg(strstr(out, "unknown option --no-such-flag"), "%s", out);
+  free(out);
+  ck_assert_int_eq(run_cmd(&out, "%s train --processed-data-file", bin_path()), 2);
+  ck_assert_msg(strstr(out, "needs a value"), "%s", out);
+  free(out);
+  ck_assert_int_eq(run_cmd(&out, "%s bench nothing", bin_path()), 2);
+  ck_assert_ptr_nonnull(strstr(out, "unknown benchmark"));
+  free(out);
+}
+END_TEST
+
+START_TEST(test_malformed_values) {
+  char *out;
+  ck_assert_int_eq(run_cmd(&out, "%s train --raw-data-file x --mini-batch-size 12x", bin_path()), 2);
+  ck_assert_msg(strstr(out, "--mini-batch-size: '12x' is not an integer"), "%s", out);
+  free(out);
+  ck_assert_int_eq(run_cmd(&out, "%s train --raw-data-file x --mini-batch-size 0", bin_path()), 2);
+  ck_assert_msg(strstr(out, "out of range"), "%s", out);
+  free(out);
+  ck_assert_int_eq(run_cmd(&out, "%s train --raw-data-file x --learning-rate abc", bin_path()), 2);
+  ck_assert_msg(strstr(out, "--learning-rate: 'abc' is not a number"), "%s", out);
+  free(out);
+  ck_assert_int_eq(run_cmd(&out, "%s train --raw-data-file x --arch-mlp-bot 13-512--16", bin_path()), 2);
+  ck_assert_msg(strstr(out, "--arch-mlp-bot"), "%s", out);
+  free(out);
+  ck_assert_int_eq(run_cmd(&out, "%s train --raw-data-file x --arch-interaction-op mul", bin_path()), 2);
+  ck_assert_msg(strstr(out, "'mul' is not dot or cat"), "%s", out);
+  free(out);
+  /* The bottom MLP's output must match the embedding dim for dot. */
+  ck_assert_int_eq(run_cmd(&out, "%s train --raw-data-file x --arch-mlp-bot 13-64-8", bin_path()), 2);
+  free(out);
+  ck_assert_int_eq(run_cmd(&out, "%s train --raw-data-file x --optimizer lbfgs", bin_path()), 2);
+  ck_assert_msg(strstr(out, "'lbfgs'"), "%s", out);
+  free(out);
+  ck_assert_int_eq(run_cmd(&out, "%s train", bin_path()), 2);
+  ck_assert_msg(strstr(out, "exactly one of"), "%s", out);
+  free(out);
+}
+END_TEST
+
+START_TEST(test_missing_file) {
+  char *out;
+  ck_assert_int_eq(run_cmd(&out, "%s train --processed-data-file /nonexistent/x.bin", bin_path()), 1);
+  ck_assert_msg(strstr(out, "/nonexistent/x.bin"), "message must name the file: %s", out);
+  free(out);
+  ck_assert_int_eq(run_cmd(&out, "%s eval --model /nonexistent/m --processed-data-file x", bin_path()), 1);
+  ck_assert_msg(strstr(out, "/nonexistent/m"), "%s", out);
+  free(out);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("cli");
+  TCase *tc = tcase_create("cli");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_help_lists_commands);
+  tcase_add_test(tc, test_unknown_command_and_flags);
+  tcase_add_test(tc, test_malformed_values);
+  tcase_add_test(tc, test_missing_file);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
