@@ -187,6 +187,7 @@ struct ds_source {
   ds_split_ranges ranges;
   uint64_t split_count[4];
   int exact;
+  int counted; /* split_count is known (else counted on first ask) */
   ds_criteo_dict *dict;
   uint64_t table_sizes[DS_NUM_SPARSE];
   linesrc ls;
@@ -372,16 +373,17 @@ static int tsv_restart(ds_source *s, uint64_t skip) {
 }
 
 /* Counting pass: total lines and the last file's lines. */
-static int count_lines(ds_source *s, uint64_t *total, uint64_t *last) {
+static int count_lines(char **paths, int npaths, uint64_t *total, uint64_t *last, char *err,
+                       size_t en) {
   linesrc l;
-  int rc = ls_init(&l, s->paths, s->npaths, s->err, sizeof s->err);
+  int rc = ls_init(&l, paths, npaths, err, en);
   uint64_t at_last = 0;
   const char *p;
   size_t n;
   while (rc == 0) {
-    if ((rc = ls_next(&l, &p, &n, s->err, sizeof s->err)) <= 0) break;
+    if ((rc = ls_next(&l, &p, &n, err, en)) <= 0) break;
     rc = 0;
-    if (l.cur == s->npaths - 1) at_last++;
+    if (l.cur == npaths - 1) at_last++;
   }
   *total = l.line;
   *last = at_last;
@@ -485,8 +487,12 @@ static int open_tsv(ds_source *s) {
     ds_split_ranges_compute(DS_SCHEME_NONE, total, 0, 0, &s->ranges);
     s->split_count[DS_SPLIT_TEST] = s->split_count[DS_SPLIT_VAL] = 0;
     s->exact = 1;
+  } else if (o->scheme == DS_SCHEME_NONE && !dict && !o->exact_count) {
+    /* everything, no dictionary: no pass at open; counted when asked */
+    ds_split_ranges_compute(DS_SCHEME_NONE, UINT64_MAX, 0, 0, &s->ranges);
+    s->counted = 0;
   } else {
-    if ((rc = count_lines(s, &total, &last))) return rc;
+    if ((rc = count_lines(s->paths, s->npaths, &total, &last, s->err, sizeof s->err))) return rc;
     if (ds_split_ranges_compute(o->scheme, total, last, o->test_fraction, &s->ranges)) {
       sr_fmt(s->err, sizeof s->err, "%s: bad split (test fraction %g)", o->path, o->test_fraction);
       return SR_EINVAL;
@@ -573,6 +579,7 @@ ds_source *ds_source_open(const ds_source_opts *o, char *err, size_t errlen) {
   }
   s->o = *o;
   if (s->o.read_ahead == 0) s->o.read_ahead = 2;
+  s->counted = 1;
   s->max_reports = o->max_reports > 0 ? (o->max_reports < MAX_REPORTS ? o->max_reports : MAX_REPORTS) : 5;
   s->mode = o->id_mode;
   for (int c = 0; c < DS_NUM_SPARSE; c++) s->hkey[c] = sr_mix64((uint64_t)(unsigned)c + 0x5eedULL);
@@ -719,7 +726,7 @@ int ds_source_next(ds_source *s, ds_batch *b, int max_n) {
 
 int ds_source_seek(ds_source *s, uint64_t k) {
   if (!s) return SR_EINVAL;
-  if (s->exact && k > s->split_count[s->o.split]) {
+  if (s->counted && k > s->split_count[s->o.split]) {
     sr_fmt(s->err, sizeof s->err, "seek to %llu: the split has %llu samples",
            (unsigned long long)k, (unsigned long long)s->split_count[s->o.split]);
     return SR_ERANGE;
@@ -733,10 +740,27 @@ int ds_source_seek(ds_source *s, uint64_t k) {
 
 int ds_source_rewind(ds_source *s) { return ds_source_seek(s, 0); }
 
-uint64_t ds_source_count(ds_source *s) { return s ? s->split_count[s->o.split] : 0; }
+/* TSV read whole without a dictionary: count the lines on first ask. */
+static void ensure_counted(ds_source *s) {
+  if (s->counted) return;
+  uint64_t total = 0, last = 0;
+  char err[256]; /* the reader thread may be using s->err */
+  if (count_lines(s->paths, s->npaths, &total, &last, err, sizeof err) == 0) {
+    s->split_count[DS_SPLIT_ALL] = s->split_count[DS_SPLIT_TRAIN] = total;
+    s->counted = 1;
+  }
+}
+
+uint64_t ds_source_count(ds_source *s) {
+  if (!s) return 0;
+  ensure_counted(s);
+  return s->split_count[s->o.split];
+}
 
 uint64_t ds_source_split_count(ds_source *s, ds_split split) {
-  return s && split >= 0 && split <= DS_SPLIT_VAL ? s->split_count[split] : 0;
+  if (!s || split < DS_SPLIT_ALL || split > DS_SPLIT_VAL) return 0;
+  ensure_counted(s);
+  return s->split_count[split];
 }
 
 int ds_source_table_sizes(ds_source *s, uint64_t *sizes) {

@@ -63,8 +63,10 @@ typedef struct {
   uint32_t scan_max_bag; /* largest bag of one feature (1: one-hot input) */
 } ds_source_stats;
 
-/* Open a source. TSV: counts lines, and in DICT mode (or with exact_count)
- * parses the input once, building the dictionaries from the train part.
+/* Open a source. TSV: counts lines when a split scheme needs them, and in
+ * DICT mode (or with exact_count) parses the input once, building the
+ * dictionaries from the train part; read whole without a dictionary it
+ * starts at once (lines counted on the first ds_source_count).
  * Returns a handle the caller owns (ds_source_destroy), or NULL with the
  * reason, naming the file, in err (errlen bytes). */
 ds_source *ds_source_open(const ds_source_opts *o, char *err, size_t errlen);
@@ -85,7 +87,8 @@ int ds_source_rewind(ds_source *s);
 
 /* Samples in this split. Exact for bin/int32 and for TSV after a parsing
  * pass (DICT or exact_count); otherwise the line count of the split (an
- * upper bound when lines are malformed). */
+ * upper bound when lines are malformed), counted by a pass over the input
+ * on the first call when open did not count. */
 uint64_t ds_source_count(ds_source *s);
 
 /* Same for any split of the input (bin: stored counts). */
