@@ -46,6 +46,7 @@ static const double dense_sigma[DG_NUM_DENSE] = {1.0, 1.6, 1.4, 0.9, 1.8, 1.5, 1
 #define DG_SHRINK_RANK 32.0   /* shrink(r) = 1/sqrt(1 + r/32) */
 #define DG_VCACHE 4096        /* ranks whose teacher parameters are cached */
 #define DG_ALIAS_MAX (1u << 20)
+#define DG_ALIAS_HEAD 1024
 #define DG_PILOT_ROWS 20000
 #define DG_TARGET_RATE 0.25
 #define DG_HIST_BINS (1u << 20)
@@ -71,7 +72,10 @@ typedef struct {
 
 typedef struct {
   uint32_t card;
-  alias_ent *alias; /* alias table [card] (NULL: rejection-inversion or uniform) */
+  alias_ent *alias; /* head table [nhead (+1 tail outcome)]; NULL: rejection-
+                       inversion (card > DG_ALIAS_MAX) or uniform */
+  alias_ent *tail;  /* tail table [card - nhead] or NULL */
+  uint32_t nhead;
   zipf_ri ri;
   uint32_t hex_k0, hex_k1;
   vparam *cache;    /* [min(card, DG_VCACHE)] */
@@ -155,58 +159,86 @@ static uint32_t ri_sample(const zipf_ri *z, sr_rng *r) {
   }
 }
 
-/* Vose's alias method over P(r) ~ 1/(r+1)^s, r < n. */
-static int alias_build(catcol *c, double s) {
-  uint32_t n = c->card;
-  c->alias = malloc(sizeof(alias_ent) * n);
-  double *p = malloc(sizeof(double) * n);
+/* Vose's alias table over weights w[0..n) (w is overwritten). Returns a new
+ * table (caller frees) or NULL when out of memory. */
+static alias_ent *alias_table(double *w, uint32_t n) {
+  alias_ent *t = malloc(sizeof(alias_ent) * n);
   uint32_t *small = malloc(sizeof(uint32_t) * n), *large = malloc(sizeof(uint32_t) * n);
-  if (!c->alias || !p || !small || !large) {
-    free(p), free(small), free(large);
-    return SR_ENOMEM;
+  if (!t || !small || !large) {
+    free(t), free(small), free(large);
+    return NULL;
   }
   double sum = 0;
-  for (uint32_t r = 0; r < n; r++) sum += p[r] = pow(r + 1.0, -s);
+  for (uint32_t r = 0; r < n; r++) sum += w[r];
   uint32_t ns = 0, nl = 0;
   for (uint32_t r = 0; r < n; r++) {
-    p[r] *= n / sum;
-    if (p[r] < 1) small[ns++] = r;
+    w[r] *= n / sum;
+    if (w[r] < 1) small[ns++] = r;
     else large[nl++] = r;
   }
   while (ns && nl) {
     uint32_t a = small[--ns], l = large[nl - 1];
-    c->alias[a].thresh = (uint32_t)(p[a] * 4294967296.0);
-    c->alias[a].alias = l;
-    p[l] -= 1 - p[a];
-    if (p[l] < 1) {
+    t[a].thresh = (uint32_t)(w[a] * 4294967296.0);
+    t[a].alias = l;
+    w[l] -= 1 - w[a];
+    if (w[l] < 1) {
       nl--;
       small[ns++] = l;
     }
   }
   while (nl) {
     uint32_t l = large[--nl];
-    c->alias[l].thresh = UINT32_MAX, c->alias[l].alias = l;
+    t[l].thresh = UINT32_MAX, t[l].alias = l;
   }
   while (ns) {
     uint32_t a = small[--ns];
-    c->alias[a].thresh = UINT32_MAX, c->alias[a].alias = a;
+    t[a].thresh = UINT32_MAX, t[a].alias = a;
   }
-  free(p), free(small), free(large);
-  return 0;
+  free(small), free(large);
+  return t;
+}
+
+/* Alias sampling of P(r) ~ 1/(r+1)^s, r < card, in two levels so that draws
+ * stay in cache: a head table over ranks < DG_ALIAS_HEAD plus one "tail"
+ * outcome carrying the rest of the mass, and a tail table over the other
+ * ranks, read only when the tail outcome comes up (a quarter of the draws
+ * for a 100k column at s = 1.1). The distribution is exact. */
+static int alias_build(catcol *c, double s) {
+  uint32_t n = c->card;
+  uint32_t nh = n > DG_ALIAS_HEAD ? DG_ALIAS_HEAD : n;
+  double *w = malloc(sizeof(double) * (n + 1));
+  if (!w) return SR_ENOMEM;
+  double tail = 0;
+  for (uint32_t r = nh; r < n; r++) tail += pow(r + 1.0, -s);
+  for (uint32_t r = 0; r < nh; r++) w[r] = pow(r + 1.0, -s);
+  w[nh] = tail;
+  c->nhead = nh;
+  c->alias = alias_table(w, nh + (n > nh));
+  if (c->alias && n > nh) {
+    for (uint32_t r = nh; r < n; r++) w[r - nh] = pow(r + 1.0, -s);
+    c->tail = alias_table(w, n - nh);
+  }
+  free(w);
+  return !c->alias || (n > nh && !c->tail) ? SR_ENOMEM : 0;
 }
 
 static inline uint32_t below32(uint32_t bits, uint32_t n) {
   return (uint32_t)(((uint64_t)bits * n) >> 32);
 }
 
+static inline uint32_t alias_draw(const alias_ent *t, uint32_t n, sr_rng *r) {
+  uint32_t i = below32(sr_rng_u32(r), n);
+  uint32_t coin = sr_rng_u32(r);
+  alias_ent e = t[i];
+  uint32_t keep = (uint32_t)0 - (uint32_t)(coin < e.thresh); /* branch-free select */
+  return (i & keep) | (e.alias & ~keep);
+}
+
 static inline uint32_t cat_sample(const dg_generator *g, const catcol *c, sr_rng *r) {
   if (g->cfg.uniform) return below32(sr_rng_u32(r), c->card);
   if (c->alias) {
-    uint32_t i = below32(sr_rng_u32(r), c->card);
-    uint32_t coin = sr_rng_u32(r);
-    alias_ent e = c->alias[i];
-    uint32_t keep = (uint32_t)0 - (uint32_t)(coin < e.thresh); /* branch-free select */
-    return (i & keep) | (e.alias & ~keep);
+    uint32_t k = alias_draw(c->alias, c->nhead + (c->tail != NULL), r);
+    return k < c->nhead ? k : c->nhead + alias_draw(c->tail, c->card - c->nhead, r);
   }
   return ri_sample(&c->ri, r);
 }
@@ -381,6 +413,7 @@ void dg_generator_destroy(dg_generator *g) {
   if (!g) return;
   for (int j = 0; j < DG_NUM_CAT; j++) {
     free(g->cat[j].alias);
+    free(g->cat[j].tail);
     free(g->cat[j].cache);
   }
   free(g);
