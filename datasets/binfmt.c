@@ -271,9 +271,35 @@ struct ds_bin_reader {
   const unsigned char *map;
   uint64_t size;
   int int32;
+  int have_range;
+  uint64_t id_range[DS_NUM_SPARSE]; /* int32: largest id + 1 per column */
   ds_bin_info info;
   char err[512];
 };
+
+/* int32 files: check every record (label 0/1, ids >= 0) and find the id
+ * ranges. 0, or SR_EFORMAT with "record i: what" in err. */
+static int int32_scan(ds_bin_reader *r, char *err, size_t errlen) {
+  for (int c = 0; c < DS_NUM_SPARSE; c++) r->id_range[c] = 0;
+  for (uint64_t i = 0; i < r->info.n_samples; i++) {
+    int32_t v[40];
+    memcpy(v, r->map + i * DS_INT32_RECORD_BYTES, sizeof v);
+    if (v[0] != 0 && v[0] != 1) {
+      sr_fmt(err, errlen, "record %llu: label %d is not 0 or 1", (unsigned long long)i, v[0]);
+      return SR_EFORMAT;
+    }
+    for (int c = 0; c < DS_NUM_SPARSE; c++) {
+      if (v[14 + c] < 0) {
+        sr_fmt(err, errlen, "record %llu: categorical C%d id %d is negative", (unsigned long long)i,
+               c + 1, v[14 + c]);
+        return SR_EFORMAT;
+      }
+      if ((uint64_t)v[14 + c] + 1 > r->id_range[c]) r->id_range[c] = (uint64_t)v[14 + c] + 1;
+    }
+  }
+  r->have_range = 1;
+  return 0;
+}
 
 ds_bin_reader *ds_bin_reader_open(const char *path, int int32_layout, int verify, char *err,
                                   size_t errlen) {
@@ -317,6 +343,13 @@ ds_bin_reader *ds_bin_reader_open(const char *path, int int32_layout, int verify
     in->id_mode = DS_IDS_RAW;
     in->data_off = 0;
     in->data_bytes = r->size;
+    if (verify) {
+      char why[256];
+      if (int32_scan(r, why, sizeof why)) {
+        sr_fmt(err, errlen, "%s: %s", path, why);
+        goto fail;
+      }
+    }
     return r;
   }
   const unsigned char *h = r->map;
@@ -419,7 +452,12 @@ int ds_bin_reader_read(ds_bin_reader *r, uint64_t index, int n, uint64_t mod, ds
       for (int k = 0; k < DS_NUM_DENSE; k++)
         b->dense[(size_t)i * DS_NUM_DENSE + k] = v[1 + k] > 0 ? (float)log1p((double)v[1 + k]) : 0.0f;
       for (int f = 0; f < DS_NUM_SPARSE; f++) {
-        uint64_t id = (uint32_t)v[14 + f];
+        if (v[14 + f] < 0) {
+          sr_fmt(r->err, sizeof r->err, "record %llu: categorical C%d id %d is negative",
+                 (unsigned long long)(index + (uint64_t)i), f + 1, v[14 + f]);
+          return SR_EFORMAT;
+        }
+        uint64_t id = (uint64_t)v[14 + f];
         b->ids[(size_t)f * n + i] = mod ? id % mod : id;
       }
     }
@@ -499,15 +537,14 @@ ds_criteo_dict *ds_bin_reader_dict(const ds_bin_reader *r) {
   return d;
 }
 
-void ds_bin_reader_id_range(const ds_bin_reader *r, uint64_t *sizes) {
+void ds_bin_reader_id_range(ds_bin_reader *r, uint64_t *sizes) {
   for (int c = 0; c < DS_NUM_SPARSE; c++) sizes[c] = 0;
   if (!r->int32) return;
-  for (uint64_t i = 0; i < r->info.n_samples; i++) {
-    int32_t v[40];
-    memcpy(v, r->map + i * DS_INT32_RECORD_BYTES, sizeof v);
-    for (int c = 0; c < DS_NUM_SPARSE; c++)
-      if ((uint64_t)(uint32_t)v[14 + c] + 1 > sizes[c]) sizes[c] = (uint64_t)(uint32_t)v[14 + c] + 1;
+  if (!r->have_range) { /* not verified at open: a pass now, ranges of what is there */
+    char why[256];
+    int32_scan(r, why, sizeof why);
   }
+  memcpy(sizes, r->id_range, sizeof r->id_range);
 }
 
 void ds_bin_reader_destroy(ds_bin_reader *r) {

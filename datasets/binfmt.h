@@ -72,9 +72,10 @@ uint64_t ds_bin_shuffle_pos(uint64_t i, uint64_t n, uint64_t seed);
 /* ---- reader (bin and int32) ---- */
 typedef struct ds_bin_reader ds_bin_reader;
 
-/* mmap path. int32: the layout above (size must be a multiple of 160). bin:
- * checks magic, version, header CRC, size, and (verify) the data and
- * dictionary CRC32. NULL with "PATH: problem" in err. */
+/* mmap path. int32: the layout above (size must be a multiple of 160;
+ * verify: every label 0/1 and every id >= 0). bin: checks magic, version,
+ * header CRC, size, and (verify) the data and dictionary CRC32. NULL with
+ * "PATH: problem" in err. */
 ds_bin_reader *ds_bin_reader_open(const char *path, int int32_layout, int verify, char *err,
                                   size_t errlen);
 const ds_bin_info *ds_bin_reader_info(const ds_bin_reader *r);
@@ -83,8 +84,9 @@ const ds_bin_info *ds_bin_reader_info(const ds_bin_reader *r);
 int ds_bin_reader_read(ds_bin_reader *r, uint64_t index, int n, uint64_t mod, ds_batch *b);
 /* The stored dictionaries (NULL when none or out of memory); caller owns. */
 ds_criteo_dict *ds_bin_reader_dict(const ds_bin_reader *r);
-/* int32: largest categorical id + 1 per column (a pass over the file). */
-void ds_bin_reader_id_range(const ds_bin_reader *r, uint64_t *sizes);
+/* int32: largest categorical id + 1 per column (found by the verify pass,
+ * else by a pass now); 0s for bin files. */
+void ds_bin_reader_id_range(ds_bin_reader *r, uint64_t *sizes);
 const char *ds_bin_reader_errmsg(const ds_bin_reader *r);
 void ds_bin_reader_destroy(ds_bin_reader *r);
 

@@ -475,7 +475,6 @@ static int open_tsv(ds_source *s) {
     sr_fmt(s->err, sizeof s->err, "%s: modulo ids need max_ind_range > 0", o->path);
     return SR_EINVAL;
   }
-  if (s->mode == DS_IDS_RAW) s->mode = DS_IDS_DICT;
   int dict = s->mode == DS_IDS_DICT;
   uint64_t total = 0, last = 0;
   int rc;

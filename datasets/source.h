@@ -34,7 +34,8 @@ typedef struct {
   ds_split split;           /* ALL */
   ds_split_scheme scheme;   /* NONE (TSV, int32); a bin file holds its own split */
   double test_fraction;     /* for DS_SCHEME_FRACTION */
-  ds_id_mode id_mode;       /* TSV: DICT (built over the train part at open); int32: ids
+  ds_id_mode id_mode;       /* TSV: DICT (built over the train part at open), MODULO,
+                               HASH, or RAW (the hex value itself); int32: ids
                                as stored (then % max_ind_range when > 0); bin: as stored */
   uint64_t max_ind_range;   /* > 0: value % max_ind_range before the dictionary (DICT),
                                the whole mapping (MODULO) */

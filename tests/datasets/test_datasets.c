@@ -492,6 +492,11 @@ START_TEST(test_modulo_hash_modes) {
   ck_assert_uint_eq(sizes[5], 0);
   collect(s, 7, &fh);
   ds_source_destroy(s);
+  flat fr;
+  o.id_mode = DS_IDS_RAW;
+  s = open_src(o);
+  collect(s, 50, &fr);
+  ds_source_destroy(s);
   char line[2048];
   for (uint64_t i = 0; i < 50; i++) {
     make_line(line, sizeof line, i, 26);
@@ -499,11 +504,13 @@ START_TEST(test_modulo_hash_modes) {
     for (int c = 0; c < 26; c++) {
       ck_assert_uint_eq(fm.ids[fm.off[i * 26 + c]], smp.vals[c] % 10);
       ck_assert_uint_eq(fh.ids[fh.off[i * 26 + c]], ds_criteo_hash_id(c, smp.vals[c]));
+      ck_assert_uint_eq(fr.ids[fr.off[i * 26 + c]], smp.vals[c]);
     }
   }
   ck_assert_uint_ne(ds_criteo_hash_id(0, 5), ds_criteo_hash_id(1, 5));
   flat_free(&fm);
   flat_free(&fh);
+  flat_free(&fr);
   o.id_mode = DS_IDS_MODULO;
   o.max_ind_range = 0;
   char err[512];
@@ -817,6 +824,19 @@ START_TEST(test_int32_layout) {
   ck_assert_uint_eq(f.ids[f.off[0]], (200 + 14) % 7);
   flat_free(&f);
   ds_source_destroy(s);
+  /* a negative id or a bad label is refused, naming the record */
+  rec[1][20] = -3;
+  write_file(tpath("neg.int32"), (const char *)rec, sizeof rec);
+  ds_source_opts ng = {.path = tpath("neg.int32")};
+  char nerr[512];
+  ck_assert_ptr_null(ds_source_open(&ng, nerr, sizeof nerr));
+  ck_assert_msg(strstr(nerr, "neg.int32: record 1: categorical C7 id -3"), "%s", nerr);
+  rec[1][20] = 5;
+  rec[2][0] = 2;
+  write_file(tpath("lab.int32"), (const char *)rec, sizeof rec);
+  ds_source_opts lb = {.path = tpath("lab.int32")};
+  ck_assert_ptr_null(ds_source_open(&lb, nerr, sizeof nerr));
+  ck_assert_msg(strstr(nerr, "record 2: label 2"), "%s", nerr);
   /* torn */
   write_file(tpath("bad.int32"), (const char *)rec, sizeof rec - 4);
   char err[512];
