@@ -61,6 +61,7 @@ ds_bin_writer *ds_bin_writer_create(const char *path, const ds_bin_info *info,
 int ds_bin_writer_add(ds_bin_writer *w, const ds_batch *b);
 /* Check the count, checksum, write the header, rename into place. 0 or SR_E*. */
 int ds_bin_writer_finish(ds_bin_writer *w);
+/* Text of the last error (owned by w). */
 const char *ds_bin_writer_errmsg(const ds_bin_writer *w);
 /* Free; an unfinished file is removed. NULL-safe. */
 void ds_bin_writer_destroy(ds_bin_writer *w);
@@ -78,6 +79,7 @@ typedef struct ds_bin_reader ds_bin_reader;
  * "PATH: problem" in err. */
 ds_bin_reader *ds_bin_reader_open(const char *path, int int32_layout, int verify, char *err,
                                   size_t errlen);
+/* The file's header fields (owned by r). */
 const ds_bin_info *ds_bin_reader_info(const ds_bin_reader *r);
 /* Samples [index, index + n) into b (n <= b->cap); int32 ids are % mod when
  * mod > 0. 0 or SR_E* (int32 bad label). */
@@ -87,7 +89,9 @@ ds_criteo_dict *ds_bin_reader_dict(const ds_bin_reader *r);
 /* int32: largest categorical id + 1 per column (found by the verify pass,
  * else by a pass now); 0s for bin files. */
 void ds_bin_reader_id_range(ds_bin_reader *r, uint64_t *sizes);
+/* Text of the last read error (owned by r). */
 const char *ds_bin_reader_errmsg(const ds_bin_reader *r);
+/* Unmap and free. NULL-safe. */
 void ds_bin_reader_destroy(ds_bin_reader *r);
 
 #endif

@@ -83,6 +83,7 @@ typedef struct ds_criteo_dict ds_criteo_dict;
 /* New empty dictionaries (threshold <= 1 keeps every seen value). NULL on
  * out of memory. The caller owns the result (ds_criteo_dict_destroy). */
 ds_criteo_dict *ds_criteo_dict_create(uint32_t freq_threshold);
+/* Free. NULL-safe. */
 void ds_criteo_dict_destroy(ds_criteo_dict *d);
 /* Count one value of column col (0..25). 0, SR_ENOMEM or SR_ESTATE (final). */
 int ds_criteo_dict_add(ds_criteo_dict *d, int col, uint32_t value);
