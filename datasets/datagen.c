@@ -686,7 +686,13 @@ static int write_summary(const dg_generator *g, const char *path, const dg_summa
   cJSON *root = cJSON_CreateObject();
   cJSON_AddStringToObject(root, "format", "criteo-kaggle-tsv");
   cJSON_AddNumberToObject(root, "rows", (double)c->rows);
-  cJSON_AddNumberToObject(root, "seed", (double)c->seed);
+  if (c->seed <= (1ull << 53)) {
+    cJSON_AddNumberToObject(root, "seed", (double)c->seed);
+  } else { /* not exact as a JSON number: a decimal string */
+    char sb[32];
+    snprintf(sb, sizeof sb, "%llu", (unsigned long long)c->seed);
+    cJSON_AddStringToObject(root, "seed", sb);
+  }
   cJSON_AddNumberToObject(root, "positive_rate",
                           sm->all.rows ? (double)sm->all.positives / sm->all.rows : 0);
   cJSON_AddItemToObject(root, "all", split_json(&sm->all));

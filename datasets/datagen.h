@@ -90,10 +90,12 @@ typedef struct dg_summary {
   double seconds;  /* wall time of the generation */
 } dg_summary;
 
-/* Check cfg and build a generator: cardinalities, Zipf samplers (alias tables
- * up to 2^20 values, rejection-inversion above, so memory stays bounded at any
- * scale), value caches, teacher weights, and the bias calibration pilot (20k
- * rows). The generator copies cfg. On success *out owns a generator to free
+/* Check cfg and build a generator: cardinalities, Zipf samplers (two-level
+ * alias tables, a 1024-rank head plus the tail, for columns up to 2^20 values;
+ * rejection-inversion above, so memory stays bounded at any scale: ~15 MB RSS
+ * at scale 1), caches of the teacher parameters of each column's first 4096
+ * ranks, teacher weights, and the bias calibration pilot (20k rows from a
+ * stream of their own). The generator copies cfg. On success *out owns a generator to free
  * with dg_generator_destroy. Returns 0, SR_EINVAL (a bad field; the message
  * is in errbuf when errbuf is not NULL) or SR_ENOMEM. */
 int dg_generator_create(const dg_config *cfg, dg_generator **out, char *errbuf,
