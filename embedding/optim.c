@@ -15,8 +15,8 @@ void emb_optim_state_init(const emb_optim_cfg *o, int dim, float *state) {
   for (int i = 0; i < n; i++) state[i] = (float)o->init_acc;
 }
 
-void emb_optim_apply(const emb_optim_cfg *o, int dim, float lr, const float *g, float *w,
-                     float *state) {
+void emb_optim_apply(const emb_optim_cfg *o, int dim, float lr, const float *restrict g,
+                     float *restrict w, float *restrict state) {
   const float eps = (float)o->eps;
   switch (o->kind) {
     case EMB_OPT_SGD:
