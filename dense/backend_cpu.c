@@ -6,6 +6,26 @@
 #include <cblas.h>
 #include <math.h>
 
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#include <immintrin.h>
+#define DENSE_X86 1
+#else
+#define DENSE_X86 0
+#endif
+
+/* The build targets the baseline ISA (SSE2 on x86-64). The dot interaction,
+ * which is most of a step's non-sgemm time, also has AVX2/FMA versions for
+ * d == 16, chosen per call from the CPU's feature bits: a given machine always
+ * runs the same code, so its results are the same bits run to run; machines
+ * with and without AVX2/FMA differ in rounding only (FMA, summation order). */
+static int cpu_has_avx2_fma(void) {
+#if DENSE_X86
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return 0;
+#endif
+}
+
 static void cpu_gemm(int trans_a, int trans_b, int M, int N, int K,
                      float alpha, const float *A, int lda, const float *B,
                      int ldb, float beta, float *C, int ldc) {
@@ -54,10 +74,135 @@ static inline float dotf(const float *restrict a, const float *restrict b,
   return s;
 }
 
+#if DENSE_X86
+/* Eight dot products of 16-float rows: p[q] = a . rows[q] for q in 0..7,
+ * returned in one vector (lane q). a = (alo, ahi). */
+__attribute__((target("avx2,fma"))) static inline __m256
+dot16x8(__m256 alo, __m256 ahi, const float *const rows[8]) {
+  __m256 p[8];
+  for (int q = 0; q < 8; q++)
+    p[q] = _mm256_fmadd_ps(ahi, _mm256_loadu_ps(rows[q] + 8),
+                           _mm256_mul_ps(alo, _mm256_loadu_ps(rows[q])));
+  __m256 s01 = _mm256_hadd_ps(p[0], p[1]), s23 = _mm256_hadd_ps(p[2], p[3]);
+  __m256 s45 = _mm256_hadd_ps(p[4], p[5]), s67 = _mm256_hadd_ps(p[6], p[7]);
+  __m256 u0 = _mm256_hadd_ps(s01, s23), u1 = _mm256_hadd_ps(s45, s67);
+  /* u0 = [p0..p3 over lanes 0-3 | p0..p3 over lanes 4-7], u1 likewise */
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                       _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* d == 16 forward: per row i, the dots with rows j < i + off, eight at a
+ * time (lanes past the row's end recompute row i and are not stored). */
+__attribute__((target("avx2,fma"))) static void
+interact_fwd_d16_avx2(int B, int ni, int itself, const float *T, float *R,
+                      int r_stride) {
+  static const int lane_mask[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
+                                    0,  0,  0,  0,  0,  0,  0,  0};
+  int off = itself ? 1 : 0;
+  for (int b = 0; b < B; b++) {
+    const float *t = T + (size_t)b * ni * 16;
+    float *r = R + (size_t)b * r_stride;
+    _mm256_storeu_ps(r, _mm256_loadu_ps(t));
+    _mm256_storeu_ps(r + 8, _mm256_loadu_ps(t + 8));
+    float *z = r + 16;
+    for (int i = 0; i < ni; i++) {
+      const float *ti = t + i * 16;
+      __m256 alo = _mm256_loadu_ps(ti), ahi = _mm256_loadu_ps(ti + 8);
+      int cnt = i + off;
+      for (int j0 = 0; j0 < cnt; j0 += 8) {
+        const float *rows[8];
+        for (int q = 0; q < 8; q++)
+          rows[q] = j0 + q < cnt ? t + (j0 + q) * 16 : ti;
+        __m256 v = dot16x8(alo, ahi, rows);
+        int n = cnt - j0;
+        if (n >= 8)
+          _mm256_storeu_ps(z + j0, v);
+        else
+          _mm256_maskstore_ps(
+              z + j0, _mm256_loadu_si256((const __m256i *)(lane_mask + 8 - n)),
+              v);
+      }
+      z += cnt;
+    }
+  }
+}
+
+/* d == 16 backward: dT[i] = sum_{j<i} dZ[i][j] T[j] + sum_{k>i} dZ[k][i] T[k]
+ * (+ 2 dZ[i][i] T[i] when itself), accumulated in registers, two chains per
+ * sum so the FMA latency is hidden; each row of dT is stored once. */
+__attribute__((target("avx2,fma"))) static void
+interact_bwd_d16_avx2(int B, int ni, int itself, const float *T,
+                      const float *dR, int r_stride, float *dT) {
+  int off = itself ? 1 : 0;
+  for (int b = 0; b < B; b++) {
+    const float *t = T + (size_t)b * ni * 16;
+    const float *dr = dR + (size_t)b * r_stride;
+    const float *dz = dr + 16;
+    float *g = dT + (size_t)b * ni * 16;
+    for (int i = 0; i < ni; i++) {
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, c0 = a0, c1 = a0;
+      const float *dzi = dz + (size_t)i * (i - 1) / 2 + (size_t)off * i;
+      int j = 0;
+      for (; j + 1 < i; j += 2) { /* row i of dZ, contiguous */
+        __m256 w0 = _mm256_broadcast_ss(dzi + j);
+        __m256 w1 = _mm256_broadcast_ss(dzi + j + 1);
+        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(t + j * 16), a0);
+        a1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(t + j * 16 + 8), a1);
+        c0 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(t + j * 16 + 16), c0);
+        c1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(t + j * 16 + 24), c1);
+      }
+      if (j < i) {
+        __m256 w0 = _mm256_broadcast_ss(dzi + j);
+        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(t + j * 16), a0);
+        a1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(t + j * 16 + 8), a1);
+      }
+      if (off) {
+        __m256 w2 = _mm256_set1_ps(2.0f * dzi[i]);
+        c0 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(t + i * 16), c0);
+        c1 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(t + i * 16 + 8), c1);
+      }
+      /* column i of dZ below the diagonal: dZ[k][i] for k > i */
+      __m256 e0 = _mm256_setzero_ps(), e1 = e0, f0 = e0, f1 = e0;
+      size_t p = (size_t)(i + 1) * i / 2 + (size_t)off * (i + 1) + i;
+      int k = i + 1;
+      for (; k + 1 < ni; k += 2) {
+        __m256 w0 = _mm256_broadcast_ss(dz + p);
+        p += (size_t)k + off;
+        __m256 w1 = _mm256_broadcast_ss(dz + p);
+        p += (size_t)k + 1 + off;
+        e0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(t + k * 16), e0);
+        e1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(t + k * 16 + 8), e1);
+        f0 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(t + k * 16 + 16), f0);
+        f1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(t + k * 16 + 24), f1);
+      }
+      if (k < ni) {
+        __m256 w0 = _mm256_broadcast_ss(dz + p);
+        e0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(t + k * 16), e0);
+        e1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(t + k * 16 + 8), e1);
+      }
+      __m256 s0 = _mm256_add_ps(_mm256_add_ps(a0, c0), _mm256_add_ps(e0, f0));
+      __m256 s1 = _mm256_add_ps(_mm256_add_ps(a1, c1), _mm256_add_ps(e1, f1));
+      if (i == 0) { /* the dense pass-through R[b][0:16] */
+        s0 = _mm256_add_ps(s0, _mm256_loadu_ps(dr));
+        s1 = _mm256_add_ps(s1, _mm256_loadu_ps(dr + 8));
+      }
+      _mm256_storeu_ps(g + i * 16, s0);
+      _mm256_storeu_ps(g + i * 16 + 8, s1);
+    }
+  }
+}
+#endif
+
 /* T[B][ni][d] -> R[B][r_stride]: R[b][0:d] = T[b][0], then Z[i][j] for
  * i in [0,ni), j in [0, i + itself). Only the lower triangle is computed. */
 static void cpu_interact_dot_forward(int B, int ni, int d, int itself,
                                      const float *T, float *R, int r_stride) {
+#if DENSE_X86
+  if (d == 16 && cpu_has_avx2_fma()) {
+    interact_fwd_d16_avx2(B, ni, itself, T, R, r_stride);
+    return;
+  }
+#endif
   int off = itself ? 1 : 0;
   for (int b = 0; b < B; b++) {
     const float *t = T + (size_t)b * ni * d;
@@ -81,6 +226,12 @@ static void cpu_interact_dot_forward(int B, int ni, int d, int itself,
 static void cpu_interact_dot_backward(int B, int ni, int d, int itself,
                                       const float *T, const float *dR,
                                       int r_stride, float *dT) {
+#if DENSE_X86
+  if (d == 16 && cpu_has_avx2_fma()) {
+    interact_bwd_d16_avx2(B, ni, itself, T, dR, r_stride, dT);
+    return;
+  }
+#endif
   int off = itself ? 1 : 0;
   for (int b = 0; b < B; b++) {
     const float *restrict t = T + (size_t)b * ni * d;

@@ -217,6 +217,69 @@ START_TEST(test_dot_d16) {
 }
 END_TEST
 
+/* d = 16 forward and backward (the AVX2/FMA kernels where the CPU has them),
+ * for several ni (row counts that are and are not multiples of 8) and both
+ * offsets, against the formulas in double: Z exactly as listed, and
+ * dT[i] = sum over pairs (i, j) of dZ (T[j] into i, T[i] into j), a diagonal
+ * pair 2 dZ T[i], plus the pass-through into dT[0]. Tolerance: 1e-5 of the
+ * sum of the terms' magnitudes. */
+static void run_dot_d16(int ni, int itself) {
+  const dense_backend *be = dense_backend_cpu();
+  enum { B = 3, D = 16, MAXN = 27 };
+  int rs = D + dense_interact_dot_pairs(ni, itself);
+  static float T[B * MAXN * D], R[B * (16 + 378)], dR[B * (16 + 378)],
+      dT[B * MAXN * D];
+  static double g[MAXN * D], mag[MAXN * D];
+  sr_rng r;
+  sr_rng_init(&r, 15, (uint64_t)(ni * 2 + itself));
+  fill(&r, T, (size_t)B * ni * D, 1.0);
+  fill(&r, dR, (size_t)B * rs, 1.0);
+  be->interact_dot_forward(B, ni, D, itself, T, R, rs);
+  be->interact_dot_backward(B, ni, D, itself, T, dR, rs, dT);
+  for (int b = 0; b < B; b++) {
+    const float *t = T + (size_t)b * ni * D, *w = dR + (size_t)b * rs;
+    for (int k = 0; k < D; k++) ck_assert(R[b * rs + k] == t[k]);
+    for (int k = 0; k < ni * D; k++) g[k] = mag[k] = 0;
+    for (int k = 0; k < D; k++) g[k] = w[k], mag[k] = fabs(w[k]);
+    int p = D;
+    for (int i = 0; i < ni; i++)
+      for (int j = 0; j < i + itself; j++, p++) {
+        double z = 0, zm = 0;
+        for (int k = 0; k < D; k++) {
+          z += (double)t[i * D + k] * t[j * D + k];
+          zm += fabs((double)t[i * D + k] * t[j * D + k]);
+        }
+        ck_assert_msg(fabs(R[b * rs + p] - z) <= 1e-5 * (1 + zm),
+                      "ni %d itself %d: Z[%d][%d] %.9g vs %.9g", ni, itself,
+                      i, j, R[b * rs + p], z);
+        double wp = w[p];
+        for (int k = 0; k < D; k++) {
+          if (i == j) {
+            g[i * D + k] += 2 * wp * t[i * D + k];
+            mag[i * D + k] += fabs(2 * wp * t[i * D + k]);
+          } else {
+            g[i * D + k] += wp * t[j * D + k];
+            g[j * D + k] += wp * t[i * D + k];
+            mag[i * D + k] += fabs(wp * t[j * D + k]);
+            mag[j * D + k] += fabs(wp * t[i * D + k]);
+          }
+        }
+      }
+    ck_assert_int_eq(p, rs);
+    for (int k = 0; k < ni * D; k++)
+      ck_assert_msg(fabs(dT[(size_t)b * ni * D + k] - g[k]) <= 1e-5 * (1 + mag[k]),
+                    "ni %d itself %d: dT[%d][%d] %.9g vs %.9g", ni, itself,
+                    k / D, k % D, dT[(size_t)b * ni * D + k], g[k]);
+  }
+}
+
+START_TEST(test_dot_d16_shapes) {
+  static const int nis[] = {1, 2, 7, 8, 9, 16, 17, 26, 27};
+  for (size_t n = 0; n < sizeof nis / sizeof nis[0]; n++)
+    for (int itself = 0; itself < 2; itself++) run_dot_d16(nis[n], itself);
+}
+END_TEST
+
 /* ---- BCE with logits -------------------------------------------------------- */
 
 static double bce_d(double z, double y) {
@@ -258,6 +321,7 @@ static Suite *suite(void) {
   tcase_add_test(t, test_dot);
   tcase_add_test(t, test_dot_itself);
   tcase_add_test(t, test_dot_d16);
+  tcase_add_test(t, test_dot_d16_shapes);
   tcase_add_test(t, test_bce);
   suite_add_tcase(s, t);
   return s;
