@@ -1,9 +1,13 @@
 /* The in-process embedding store: every row of every table in memory.
  *
- * Per table, an open-addressing hash map (linear probing, power-of-two
- * capacity, load <= 1/2, 16-byte entries {row_id, slot + 1} so one cache
- * line answers most probes) from row_id to a slot, and a slab of slots holding
- * the row's value (dim floats) then its optimizer state. Slots are handed out
+ * Per table, an index from row_id to a slot, and a slab of slots holding
+ * the row's value (dim floats) then its optimizer state. The index of an
+ * unbounded table (or one above LT_DIRECT_MAX rows) is an open-addressing hash
+ * map: linear probing, power-of-two capacity, load <= 1/2, 16-byte entries
+ * {row_id, slot + 1} so one cache line answers most probes. A bounded table
+ * indexes slots directly by row id (4 bytes per row, calloc'd so untouched
+ * pages cost nothing): one memory access instead of a probe, which matters
+ * because a lookup is a chain of cache misses. Slots are handed out
  * in insertion order and never freed. A row that was never pushed is not
  * stored: lookups compute its init value. Both the map and the slab grow by
  * doubling, reserved before a push is applied, so warm steps allocate nothing
@@ -39,6 +43,7 @@
 
 #define LT_EMPTY 0u /* entry.slot1 of a free entry; slots are stored plus one */
 #define LT_MAX_ROWS 0x7ffffffeu /* slot + 1 fits 31 bits: push marks new rows with bit 31 */
+#define LT_DIRECT_MAX (1ULL << 28) /* 1 GiB of index at most, touched lazily */
 #define LT_PREFETCH 32 /* ids ahead: enough misses in flight to hide DRAM latency */
 #define CK_MAGIC "SREMBTAB"
 #define CK_VERSION 1u
@@ -53,7 +58,9 @@ typedef struct {
 typedef struct {
   int dim, slen, stride; /* stride = dim + slen floats per slot */
   uint64_t rows;         /* EMB_ROWS_UNBOUNDED or the bound */
-  lt_entry *map;         /* [mask+1], zeroed lazily by calloc */
+  lt_entry *map;         /* [mask+1], zeroed lazily by calloc; NULL when direct */
+  uint32_t *direct;      /* bounded tables up to LT_DIRECT_MAX rows: [rows] slot + 1
+                            indexed by row id (one access, no probing); else NULL */
   size_t mask;
   size_t n;              /* rows stored = slots used */
   float *slab;           /* [slab_cap][stride] */
@@ -93,16 +100,26 @@ static void lt_advise(void *p, size_t bytes) {
 }
 
 static void lt_free(ltab *t) {
+  free(t->direct);
+  t->direct = NULL;
   free(t->map);
   free(t->slab);
   t->map = NULL;
   t->slab = NULL;
 }
 
-static inline size_t lt_home(const ltab *t, uint64_t key) { return (size_t)sr_mix64(key) & t->mask; }
+/* A position is an index into map[], or the row id itself for a direct table. */
+static inline size_t lt_home(const ltab *t, uint64_t key) {
+  return t->direct ? (size_t)key : (size_t)sr_mix64(key) & t->mask;
+}
+
+static inline uint32_t lt_slot_at(const ltab *t, size_t h) {
+  return t->direct ? t->direct[h] : t->map[h].slot1;
+}
 
 /* Position of key, or of the free entry where it would go, probing from h. */
 static inline size_t lt_probe(const ltab *t, size_t h, uint64_t key) {
+  if (t->direct) return h;
   for (;;) {
     const lt_entry *e = &t->map[h];
     if (e->slot1 == LT_EMPTY || e->key == key) return h;
@@ -124,14 +141,19 @@ static int lt_init(ltab *t, int dim, int slen, uint64_t rows, size_t cap_rows) {
   t->rows = rows;
   size_t cap = 64;
   while (cap < 2 * cap_rows) cap <<= 1;
-  t->map = calloc(cap, sizeof *t->map);
+  if (rows != EMB_ROWS_UNBOUNDED && rows <= LT_DIRECT_MAX) {
+    t->direct = calloc((size_t)rows, sizeof *t->direct);
+    if (t->direct) lt_advise(t->direct, (size_t)rows * sizeof *t->direct);
+  } else {
+    t->map = calloc(cap, sizeof *t->map);
+    if (t->map) lt_advise(t->map, cap * sizeof *t->map);
+  }
   t->slab_cap = cap_rows > 16 ? cap_rows : 16;
   t->slab = malloc(t->slab_cap * (size_t)t->stride * sizeof(float));
-  if (!t->map || !t->slab) {
+  if ((!t->map && !t->direct) || !t->slab) {
     lt_free(t);
     return SR_ENOMEM;
   }
-  lt_advise(t->map, cap * sizeof *t->map);
   lt_advise(t->slab, t->slab_cap * (size_t)t->stride * sizeof(float));
   t->mask = cap - 1;
   return 0;
@@ -141,7 +163,7 @@ static int lt_init(ltab *t, int dim, int slen, uint64_t rows, size_t cap_rows) {
 static int lt_reserve(ltab *t, size_t extra) {
   size_t need = t->n + extra;
   if (need > LT_MAX_ROWS) return SR_ERANGE;
-  if (2 * need > t->mask + 1) {
+  if (!t->direct && 2 * need > t->mask + 1) {
     size_t cap = (t->mask + 1) * 2;
     while (cap < 2 * need) cap <<= 1;
     lt_entry *m = calloc(cap, sizeof *m);
@@ -172,8 +194,12 @@ static int lt_reserve(ltab *t, size_t extra) {
 /* Insert key (absent, room reserved) at map position h; returns slot + 1. */
 static inline uint32_t lt_insert_at(ltab *t, size_t h, uint64_t key) {
   uint32_t s1 = (uint32_t)++t->n;
-  t->map[h].key = key;
-  t->map[h].slot1 = s1;
+  if (t->direct) {
+    t->direct[h] = s1;
+  } else {
+    t->map[h].key = key;
+    t->map[h].slot1 = s1;
+  }
   return s1;
 }
 
@@ -189,6 +215,12 @@ static int lt_sorted_keys(const ltab *t, uint64_t **out) {
   uint64_t *k = malloc(t->n * sizeof *k);
   if (!k) return SR_ENOMEM;
   size_t m = 0;
+  if (t->direct) { /* already in order */
+    for (uint64_t i = 0; i < t->rows; i++)
+      if (t->direct[i] != LT_EMPTY) k[m++] = i;
+    *out = k;
+    return 0;
+  }
   for (size_t i = 0; i <= t->mask; i++)
     if (t->map[i].slot1 != LT_EMPTY) k[m++] = t->map[i].key;
   qsort(k, m, sizeof *k, cmp_u64);
@@ -241,10 +273,13 @@ static void resolve(lstore *s, const ltab *t, const uint64_t *id, size_t cnt) {
   uint32_t *slot = s->slot;
   for (size_t r = 0; r < cnt; r++) pos[r] = lt_home(t, id[r]);
   for (size_t r = 0; r < cnt; r++) {
-    if (r + LT_PREFETCH < cnt) __builtin_prefetch(&t->map[pos[r + LT_PREFETCH]], 0, 1);
+    if (r + LT_PREFETCH < cnt) {
+      if (t->direct) __builtin_prefetch(&t->direct[pos[r + LT_PREFETCH]], 0, 1);
+      else __builtin_prefetch(&t->map[pos[r + LT_PREFETCH]], 0, 1);
+    }
     size_t h = lt_probe(t, pos[r], id[r]);
     pos[r] = h;
-    slot[r] = t->map[h].slot1;
+    slot[r] = lt_slot_at(t, h);
     /* The batch's rows fit in L2: fetch each as soon as its slot is known. */
     if (slot[r]) __builtin_prefetch(lt_row(t, slot[r]), 1, 3);
   }
@@ -314,8 +349,8 @@ static int l_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
     for (size_t r = 0; r < cnt; r++) {
       if (slot[r]) continue;
       size_t h = lt_probe(t, s->pos[r], id[r]);
-      if (t->map[h].slot1) {
-        slot[r] = t->map[h].slot1;
+      if (lt_slot_at(t, h)) {
+        slot[r] = lt_slot_at(t, h);
         continue;
       }
       slot[r] = lt_insert_at(t, h, id[r]) | 0x80000000u; /* new: init below */
@@ -389,7 +424,7 @@ static int write_table(lstore *s, int ti, const char *dir) {
   EVP_DigestUpdate(md, hdr, sizeof hdr);
   size_t fill = 0;
   for (size_t i = 0; i < t->n && !bad; i++) {
-    const float *row = lt_row(t, t->map[lt_find(t, keys[i])].slot1);
+    const float *row = lt_row(t, lt_slot_at(t, lt_find(t, keys[i])));
     unsigned char *p = buf + fill * rec;
     put64(p, keys[i]);
     memcpy(p + 8, row, 4 * (size_t)t->stride);
@@ -523,7 +558,7 @@ static int read_table(lstore *s, int ti, const char *dir, ltab *nt) {
       }
       prev = key;
       size_t h = lt_find(nt, key);
-      if (nt->map[h].slot1 == LT_EMPTY) memcpy(lt_row(nt, lt_insert_at(nt, h, key)), p + 8, rec - 8);
+      if (lt_slot_at(nt, h) == LT_EMPTY) memcpy(lt_row(nt, lt_insert_at(nt, h, key)), p + 8, rec - 8);
     }
     done += m;
   }
@@ -590,7 +625,7 @@ static int l_iterate(emb_store *b, int table, emb_row_fn fn, void *ctx) {
     return rc;
   }
   for (size_t i = 0; i < t->n; i++) {
-    const float *row = lt_row(t, t->map[lt_find(t, keys[i])].slot1);
+    const float *row = lt_row(t, lt_slot_at(t, lt_find(t, keys[i])));
     if (fn(ctx, table, keys[i], row, t->dim, t->slen ? row + t->dim : NULL, t->slen)) break;
   }
   free(keys);
