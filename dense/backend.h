@@ -23,12 +23,11 @@ typedef struct dense_backend {
   /* y[B][N] += bias[N]; then y = max(y, 0) when relu. In place. */
   void (*bias_act_forward)(int B, int N, const float *bias, int relu, float *y);
 
-  /* dy[B][N] *= (y[B][N] > 0): ReLU backward from the ReLU's output (the
-   * gradient at 0 is 0, as torch's threshold_backward). In place. */
-  void (*relu_backward)(int B, int N, const float *y, float *dy);
-
-  /* db[N] = sum over rows of dy[B][N] (bias gradient). Overwrites db. */
-  void (*bias_grad)(int B, int N, const float *dy, float *db);
+  /* Unless y is NULL, dy[B][N] *= (y[B][N] > 0): ReLU backward from the
+   * ReLU's output (the gradient at 0 is 0, as torch's threshold_backward),
+   * in place. Then db[N] = sum over rows of dy (the bias gradient), rows
+   * added in order; db is overwritten. One pass over dy. */
+  void (*relu_bias_grad)(int B, int N, const float *y, float *dy, float *db);
 
   /* Dot interaction, per sample b (see dense/layers.h for the exact order):
    * T[B][ni][d] -> R[B][r_stride], R[b] = [T[b][0], Zflat] with

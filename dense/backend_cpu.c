@@ -34,9 +34,28 @@ static void cpu_gemm(int trans_a, int trans_b, int M, int N, int K,
               ldb, beta, C, ldc);
 }
 
+/* Element-wise kernels: one body, compiled twice (baseline and AVX2) and
+ * chosen per call. -std=c11 keeps -ffp-contract=off, so both versions round
+ * exactly alike: the AVX2 copy only moves more floats per instruction. */
+#if DENSE_X86
+#define DENSE_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define DENSE_MULTIVERSION(name, params, args)                          \
+  static DENSE_TARGET_AVX2 void name##_avx2 params { name##_body args; } \
+  static void name params {                                             \
+    if (cpu_has_avx2_fma())                                             \
+      name##_avx2 args;                                                 \
+    else                                                                \
+      name##_body args;                                                 \
+  }
+#else
+#define DENSE_MULTIVERSION(name, params, args) \
+  static void name params { name##_body args; }
+#endif
+#define DENSE_BODY static inline __attribute__((always_inline)) void
+
 /* y[B][N] = act(y + bias[N]) */
-static void cpu_bias_act_forward(int B, int N, const float *restrict bias,
-                                 int relu, float *restrict y) {
+DENSE_BODY cpu_bias_act_forward_body(int B, int N, const float *restrict bias,
+                                     int relu, float *restrict y) {
   for (int r = 0; r < B; r++) {
     float *restrict row = y + (size_t)r * N;
     if (relu) {
@@ -49,23 +68,32 @@ static void cpu_bias_act_forward(int B, int N, const float *restrict bias,
     }
   }
 }
+DENSE_MULTIVERSION(cpu_bias_act_forward,
+                   (int B, int N, const float *bias, int relu, float *y),
+                   (B, N, bias, relu, y))
 
-/* dy[B][N] *= (y[B][N] > 0) */
-static void cpu_relu_backward(int B, int N, const float *restrict y,
-                              float *restrict dy) {
-  size_t n = (size_t)B * N;
-  for (size_t i = 0; i < n; i++) dy[i] = y[i] > 0.0f ? dy[i] : 0.0f;
-}
-
-/* db[N] = sum_r dy[r][N]; rows summed in order (deterministic). */
-static void cpu_bias_grad(int B, int N, const float *restrict dy,
-                          float *restrict db) {
+/* dy[B][N] *= (y[B][N] > 0) unless y is NULL; db[N] = sum_r dy[r][N], rows
+ * summed in order (deterministic). */
+DENSE_BODY cpu_relu_bias_grad_body(int B, int N, const float *restrict y,
+                                   float *restrict dy, float *restrict db) {
   for (int c = 0; c < N; c++) db[c] = 0.0f;
   for (int r = 0; r < B; r++) {
-    const float *restrict row = dy + (size_t)r * N;
-    for (int c = 0; c < N; c++) db[c] += row[c];
+    float *restrict row = dy + (size_t)r * N;
+    if (y) {
+      const float *restrict yr = y + (size_t)r * N;
+      for (int c = 0; c < N; c++) {
+        float v = yr[c] > 0.0f ? row[c] : 0.0f;
+        row[c] = v;
+        db[c] += v;
+      }
+    } else {
+      for (int c = 0; c < N; c++) db[c] += row[c];
+    }
   }
 }
+DENSE_MULTIVERSION(cpu_relu_bias_grad,
+                   (int B, int N, const float *y, float *dy, float *db),
+                   (B, N, y, dy, db))
 
 static inline float dotf(const float *restrict a, const float *restrict b,
                          int d) {
@@ -285,8 +313,7 @@ static const dense_backend cpu_backend = {
     .name = "cpu-openblas",
     .gemm = cpu_gemm,
     .bias_act_forward = cpu_bias_act_forward,
-    .relu_backward = cpu_relu_backward,
-    .bias_grad = cpu_bias_grad,
+    .relu_bias_grad = cpu_relu_bias_grad,
     .interact_dot_forward = cpu_interact_dot_forward,
     .interact_dot_backward = cpu_interact_dot_backward,
     .bce_logits = cpu_bce_logits,
@@ -309,8 +336,7 @@ void dense_linear_backward(const dense_backend *be, int B, int K, int N,
                            const float *in, const float *W, const float *out,
                            int relu, float *dout, float *dW, float *db,
                            float *din) {
-  if (relu) be->relu_backward(B, N, out, dout);
-  be->bias_grad(B, N, dout, db);
+  be->relu_bias_grad(B, N, relu ? out : NULL, dout, db);
   /* dW[N][K] = dz[B][N]^T * in[B][K] */
   be->gemm(1, 0, N, K, B, 1.0f, dout, N, in, K, 0.0f, dW, K);
   /* din[B][K] = dz[B][N] * W[N][K] */
