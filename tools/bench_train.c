@@ -187,7 +187,7 @@ int bench_train(int argc, char **argv) {
       int got = ds_source_next(src, &b, B);
       if (got == 0) ds_source_rewind(src), got = ds_source_next(src, &b, B);
       float loss;
-      if (got < 0 || trainer_step(t, &b, step++, 0.01f, &loss)) {
+      if (got < 0 || trainer_step(t, &b, step++, 0.01f, 0.01f, &loss)) {
         fprintf(stderr, "bench train: %s\n", got < 0 ? ds_source_errmsg(src) : trainer_errmsg(t));
         goto cleanup;
       }
@@ -207,7 +207,7 @@ int bench_train(int argc, char **argv) {
         int got = ds_source_next(src, &b, B);
         if (got == 0) ds_source_rewind(src), got = ds_source_next(src, &b, B);
         float loss;
-        if (got < 0 || trainer_step(t, &b, step++, 0.01f, &loss)) {
+        if (got < 0 || trainer_step(t, &b, step++, 0.01f, 0.01f, &loss)) {
           fprintf(stderr, "bench train: %s\n", got < 0 ? ds_source_errmsg(src) : trainer_errmsg(t));
           goto cleanup;
         }

@@ -52,6 +52,7 @@ static void usage(FILE *f) {
 "  --mini-batch-size N       (128)\n"
 "  --test-mini-batch-size N  (the mini-batch size)\n"
 "  --learning-rate F         (0.1)\n"
+"  --sparse-learning-rate F  learning rate of the embedding rows (the --learning-rate)\n"
 "  --optimizer sgd|adagrad|adam   dense optimizer (sgd)\n"
 "  --sparse-optimizer sgd|adagrad|rowwise_adagrad  (as --optimizer; rowwise_adagrad for adam)\n"
 "  --lr-num-warmup-steps N, --lr-decay-start-step N, --lr-num-decay-steps N\n"
@@ -69,7 +70,7 @@ static void usage(FILE *f) {
 enum {
   O_PROC = 1000, O_RAW, O_DATASET, O_TESTFRAC, O_MAXIND, O_FREQ, O_STRICT, O_DIM, O_EMBSIZE,
   O_BOT, O_TOP, O_OP, O_ITSELF, O_POOL, O_PLAN, O_PLANOUT, O_SHARDS, O_BATCH, O_TBATCH, O_LR,
-  O_OPT, O_SOPT, O_WARM, O_DSTART, O_DSTEPS, O_EPOCHS, O_NBATCH, O_SEED, O_PRINT, O_TEST,
+  O_OPT, O_SOPT, O_SLR, O_WARM, O_DSTART, O_DSTEPS, O_EPOCHS, O_NBATCH, O_SEED, O_PRINT, O_TEST,
   O_METRICS, O_SAVE, O_ORACLE, O_HELP
 };
 
@@ -96,6 +97,7 @@ static const struct option long_opts[] = {
     {"learning-rate", required_argument, 0, O_LR},
     {"optimizer", required_argument, 0, O_OPT},
     {"sparse-optimizer", required_argument, 0, O_SOPT},
+    {"sparse-learning-rate", required_argument, 0, O_SLR},
     {"lr-num-warmup-steps", required_argument, 0, O_WARM},
     {"lr-decay-start-step", required_argument, 0, O_DSTART},
     {"lr-num-decay-steps", required_argument, 0, O_DSTEPS},
@@ -118,7 +120,7 @@ typedef struct {
   uint64_t max_ind, seed;
   long long freq, dim, shards, batch, tbatch, epochs, nbatches, print_freq, test_freq, warm,
       dstart, dsteps;
-  double lr;
+  double lr, sparse_lr;
   int strict, itself;
 } train_flags;
 
@@ -248,7 +250,7 @@ int cmd_train(int argc, char **argv) {
   train_flags fl = {.dataset = "kaggle", .bot = "13-512-256-64-16", .top = "512-256-1",
                     .op = "dot", .plan_out = "plan.json", .pooling = "sum", .opt = "sgd",
                     .seed = 123, .freq = 0, .dim = 16, .shards = 1, .batch = 128, .tbatch = 0,
-                    .epochs = 1, .nbatches = 0, .print_freq = 256, .test_freq = 0, .lr = 0.1};
+                    .epochs = 1, .nbatches = 0, .print_freq = 256, .test_freq = 0, .lr = 0.1, .sparse_lr = -1};
   optind = 1;
   opterr = 0;
   int c;
@@ -283,6 +285,7 @@ int cmd_train(int argc, char **argv) {
       case O_BATCH: if (cli_int(CMD, "--mini-batch-size", optarg, 1, 1 << 20, &fl.batch)) return 2; break;
       case O_TBATCH: if (cli_int(CMD, "--test-mini-batch-size", optarg, 1, 1 << 20, &fl.tbatch)) return 2; break;
       case O_LR: if (cli_double(CMD, "--learning-rate", optarg, 0.0, 1e6, &fl.lr)) return 2; break;
+      case O_SLR: if (cli_double(CMD, "--sparse-learning-rate", optarg, 0.0, 1e6, &fl.sparse_lr)) return 2; break;
       case O_OPT: fl.opt = optarg; break;
       case O_SOPT: fl.sopt = optarg; break;
       case O_WARM: if (cli_int(CMD, "--lr-num-warmup-steps", optarg, 0, 1LL << 40, &fl.warm)) return 2; break;
@@ -316,6 +319,7 @@ int cmd_train(int argc, char **argv) {
     return 2;
   }
   if (fl.tbatch == 0) fl.tbatch = fl.batch;
+  if (fl.sparse_lr < 0) fl.sparse_lr = fl.lr;
   if (fl.test_freq < 0) fl.test_freq = 0;
 
   dense_opt_kind dkind;
@@ -461,9 +465,9 @@ int cmd_train(int argc, char **argv) {
     }
   }
   {
-    printf("model  bottom %s, top %s, %s interaction; %zu dense parameters; %s (dense) / %s (sparse), lr %g\n",
+    printf("model  bottom %s, top %s, %s interaction; %zu dense parameters; %s (dense) / %s (sparse), lr %g / %g\n",
            fl.bot, fl.top, fl.op, dense_config_param_count(&cfg), fl.opt,
-           emb_optim_name(plan->tables[0].optim.kind), fl.lr);
+           emb_optim_name(plan->tables[0].optim.kind), fl.lr, fl.sparse_lr);
     fflush(stdout);
     int tty = cli_isatty_err();
     uint64_t steps_per_epoch = (n_train + (uint64_t)fl.batch - 1) / (uint64_t)fl.batch;
@@ -491,8 +495,10 @@ int cmd_train(int argc, char **argv) {
           goto done;
         }
         if (got == 0) break;
+        /* The schedule scales both rates alike. */
         float lr = dense_lr_at(&sched, step), loss = 0;
-        if (trainer_step(t, &b, step, lr, &loss)) {
+        float slr = fl.lr > 0 ? (float)((double)lr * (fl.sparse_lr / fl.lr)) : (float)fl.sparse_lr;
+        if (trainer_step(t, &b, step, lr, slr, &loss)) {
           fprintf(stderr, "shardrec train: step %lld: %s\n", (long long)step, trainer_errmsg(t));
           goto done;
         }

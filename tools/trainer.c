@@ -184,7 +184,8 @@ static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids) {
   return 0;
 }
 
-int trainer_step(trainer *t, const ds_batch *b, int64_t step, float lr, float *loss) {
+int trainer_step(trainer *t, const ds_batch *b, int64_t step, float lr, float sparse_lr,
+                 float *loss) {
   emb_idset ids;
   int rc = gather(t, b, step, &ids);
   if (rc) return rc;
@@ -204,7 +205,7 @@ int trainer_step(trainer *t, const ds_batch *b, int64_t step, float lr, float *l
                      t->inverse[f], t->d_emb + (size_t)f * (size_t)t->dim, stride, t->counts[f],
                      t->grads[f]);
   double t3 = now_s();
-  rc = emb_store_push(t->store, step, lr, &ids, (const float *const *)t->grads);
+  rc = emb_store_push(t->store, step, sparse_lr, &ids, (const float *const *)t->grads);
   if (rc) {
     sr_fmt(t->err, sizeof t->err, "push at step %lld: %s", (long long)step,
            emb_store_errmsg(t->store));

@@ -42,9 +42,11 @@ trainer *trainer_create(const emb_plan *plan, emb_store *store, const dense_conf
                         const dense_opt_config *opt, uint64_t seed, char *err, size_t errlen);
 void trainer_destroy(trainer *t); /* NULL-safe */
 
-/* One training step on b at learning rate lr. *loss gets the batch's mean
+/* One training step on b: the dense optimizer at learning rate lr, the
+ * sparse optimizer (in the store) at sparse_lr. *loss gets the batch's mean
  * BCE. Returns 0 or an SR_E* code (text in trainer_errmsg). */
-int trainer_step(trainer *t, const ds_batch *b, int64_t step, float lr, float *loss);
+int trainer_step(trainer *t, const ds_batch *b, int64_t step, float lr, float sparse_lr,
+                 float *loss);
 
 /* Predicted click probabilities of b's samples into prob[b->n]; changes
  * nothing. step is passed to the store's lookup. */
