@@ -4,6 +4,8 @@
 #include <errno.h>
 #include <math.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,8 +16,31 @@
 #include "common/status.h"
 #include "dense/layers.h"
 
+/* A helper thread for the per-sample kernels that are not sgemm (interaction
+ * forward/backward, bias + ReLU): the main thread takes rows [0, mid), the
+ * helper [mid, n). Only work whose rows are independent is split, so the
+ * results are the same bits as on one thread. The helper sleeps on a condition
+ * variable between jobs (no spinning: OpenBLAS's own threads need the cores
+ * during sgemm). */
+typedef void (*dense_rows_fn)(void *arg, int r0, int r1);
+typedef struct {
+  pthread_t th;
+  pthread_mutex_t mu;
+  pthread_cond_t go, done;
+  unsigned gen, finished; /* jobs posted / completed */
+  int quit;
+  dense_rows_fn fn;
+  void *arg;
+  int r0, r1;
+} dense_helper;
+
+/* Batches below this run on one thread: the handoff (~10-50 us on our VMs)
+ * would cost more than half the work saves. */
+#define DENSE_SPLIT_MIN_ROWS 256
+
 struct dense_model {
   dense_config cfg;
+  dense_helper *helper; /* owned; NULL: everything on the calling thread */
   const dense_backend *be;
   int r_width;   /* top MLP input width */
   int ni;        /* interaction vectors: 1 + n_sparse */
@@ -153,6 +178,129 @@ size_t dense_config_param_count(const dense_config *c) {
   return n;
 }
 
+/* ---- helper thread -------------------------------------------------------- */
+
+static void *helper_main(void *p) {
+  dense_helper *h = p;
+  unsigned seen = 0;
+  pthread_mutex_lock(&h->mu);
+  for (;;) {
+    while (!h->quit && h->gen == seen) pthread_cond_wait(&h->go, &h->mu);
+    if (h->quit) break;
+    seen = h->gen;
+    dense_rows_fn fn = h->fn;
+    void *arg = h->arg;
+    int r0 = h->r0, r1 = h->r1;
+    pthread_mutex_unlock(&h->mu);
+    fn(arg, r0, r1);
+    pthread_mutex_lock(&h->mu);
+    h->finished = seen;
+    pthread_cond_signal(&h->done);
+  }
+  pthread_mutex_unlock(&h->mu);
+  return NULL;
+}
+
+static dense_helper *helper_create(void) {
+  dense_helper *h = calloc(1, sizeof *h);
+  if (!h) return NULL;
+  pthread_mutex_init(&h->mu, NULL);
+  pthread_cond_init(&h->go, NULL);
+  pthread_cond_init(&h->done, NULL);
+  if (pthread_create(&h->th, NULL, helper_main, h) != 0) {
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->go);
+    pthread_cond_destroy(&h->done);
+    free(h);
+    return NULL;
+  }
+  return h;
+}
+
+static void helper_destroy(dense_helper *h) {
+  if (!h) return;
+  pthread_mutex_lock(&h->mu);
+  h->quit = 1;
+  pthread_cond_signal(&h->go);
+  pthread_mutex_unlock(&h->mu);
+  pthread_join(h->th, NULL);
+  pthread_mutex_destroy(&h->mu);
+  pthread_cond_destroy(&h->go);
+  pthread_cond_destroy(&h->done);
+  free(h);
+}
+
+/* CPUs this thread may run on (1 if unknown). */
+static int usable_cpus(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return CPU_COUNT(&set);
+}
+
+/* fn(arg, 0, n), rows split between this thread and the helper. */
+static void split_rows(dense_model *m, int n, dense_rows_fn fn, void *arg) {
+  dense_helper *h = m->helper;
+  if (!h || n < DENSE_SPLIT_MIN_ROWS) {
+    fn(arg, 0, n);
+    return;
+  }
+  int mid = n / 2;
+  pthread_mutex_lock(&h->mu);
+  h->fn = fn, h->arg = arg, h->r0 = mid, h->r1 = n;
+  unsigned job = ++h->gen;
+  pthread_cond_signal(&h->go);
+  pthread_mutex_unlock(&h->mu);
+  fn(arg, 0, mid);
+  pthread_mutex_lock(&h->mu);
+  while (h->finished != job) pthread_cond_wait(&h->done, &h->mu);
+  pthread_mutex_unlock(&h->mu);
+}
+
+/* The split kernels, as row-range functions. */
+typedef struct {
+  const dense_backend *be;
+  int N, relu;
+  const float *bias;
+  float *y;
+} bias_act_job;
+static void bias_act_rows(void *p, int r0, int r1) {
+  bias_act_job *j = p;
+  j->be->bias_act_forward(r1 - r0, j->N, j->bias, j->relu,
+                          j->y + (size_t)r0 * j->N);
+}
+
+typedef struct {
+  const dense_backend *be;
+  int ni, d, itself, r_stride;
+  const float *T, *dR;
+  float *R, *dT;
+} interact_job;
+static void interact_fwd_rows(void *p, int r0, int r1) {
+  interact_job *j = p;
+  size_t ts = (size_t)j->ni * j->d;
+  j->be->interact_dot_forward(r1 - r0, j->ni, j->d, j->itself, j->T + r0 * ts,
+                              j->R + (size_t)r0 * j->r_stride, j->r_stride);
+}
+static void interact_bwd_rows(void *p, int r0, int r1) {
+  interact_job *j = p;
+  size_t ts = (size_t)j->ni * j->d;
+  j->be->interact_dot_backward(r1 - r0, j->ni, j->d, j->itself,
+                               j->T + r0 * ts, j->dR + (size_t)r0 * j->r_stride,
+                               j->r_stride, j->dT + r0 * ts);
+}
+
+/* Linear (+ReLU) forward with the bias/ReLU pass split by rows. */
+static void linear_forward(dense_model *m, int n, int l, const float *in,
+                           int relu) {
+  const dense_backend *be = m->be;
+  int K = m->K[l], N = m->N[l];
+  /* out[n][N] = in[n][K] * W[N][K]^T */
+  be->gemm(0, 1, n, N, K, 1.0f, in, K, m->params + m->w_off[l], K, 0.0f,
+           m->out[l], N);
+  bias_act_job j = {be, N, relu, m->params + m->b_off[l], m->out[l]};
+  split_rows(m, n, bias_act_rows, &j);
+}
+
 /* ---- create / destroy ----------------------------------------------------- */
 
 static void init_params(dense_model *m, uint64_t seed) {
@@ -222,6 +370,12 @@ dense_model *dense_model_create_on(const dense_config *cfg, uint64_t seed,
   m->g1 = p, p += B * maxw;
 
   init_params(m, seed);
+  /* A second core, a batch worth splitting, and not switched off. Without the
+   * helper (it could not start) everything runs on the calling thread. */
+  const char *split = getenv("SHARDREC_DENSE_SPLIT");
+  if (cfg->max_batch >= DENSE_SPLIT_MIN_ROWS && usable_cpus() >= 2 &&
+      !(split && strcmp(split, "0") == 0))
+    m->helper = helper_create();
   return m;
 oom:
   sr_fmt(err, errlen, "out of memory creating the dense model");
@@ -231,6 +385,7 @@ oom:
 
 void dense_model_destroy(dense_model *m) {
   if (!m) return;
+  helper_destroy(m->helper);
   free(m->params);
   free(m->grads);
   free(m->acts);
@@ -288,8 +443,7 @@ int dense_model_forward(dense_model *m, int n, const float *x_dense,
   /* bottom MLP: Linear + ReLU on every layer (sigmoid_bot = -1) */
   const float *in = m->x_in;
   for (int l = 0; l < nb; l++) {
-    dense_linear_forward(be, n, m->K[l], m->N[l], in, m->params + m->w_off[l],
-                         m->params + m->b_off[l], 1, m->out[l]);
+    linear_forward(m, n, l, in, 1);
     in = m->out[l];
   }
   const float *xb = in; /* [n][d] */
@@ -301,8 +455,9 @@ int dense_model_forward(dense_model *m, int n, const float *x_dense,
       memcpy(m->T + b * ts, xb + (size_t)b * d, sizeof(float) * d);
       memcpy(m->T + b * ts + d, emb + b * es, sizeof(float) * es);
     }
-    be->interact_dot_forward(n, m->ni, d, c->interaction_itself, m->T, m->R,
-                             m->r_width);
+    interact_job j = {be, m->ni, d, c->interaction_itself, m->r_width,
+                      m->T, NULL, m->R, NULL};
+    split_rows(m, n, interact_fwd_rows, &j);
   } else {
     for (int b = 0; b < n; b++) {
       float *r = m->R + (size_t)b * m->r_width;
@@ -314,9 +469,7 @@ int dense_model_forward(dense_model *m, int n, const float *x_dense,
   /* top MLP: ReLU between layers, none after the last (it is the logit) */
   in = m->R;
   for (int l = nb; l < m->n_layers; l++) {
-    dense_linear_forward(be, n, m->K[l], m->N[l], in, m->params + m->w_off[l],
-                         m->params + m->b_off[l], l + 1 < m->n_layers,
-                         m->out[l]);
+    linear_forward(m, n, l, in, l + 1 < m->n_layers);
     in = m->out[l];
   }
   if (logits) memcpy(logits, in, sizeof(float) * n);
@@ -357,8 +510,9 @@ int dense_model_backward(dense_model *m, int n, const float *labels,
   /* interaction backward: g = dR -> h = dx_bot[n][d], d_emb */
   if (c->interaction == DENSE_INTERACT_DOT) {
     size_t ts = (size_t)m->ni * c->emb_dim;
-    be->interact_dot_backward(n, m->ni, d, c->interaction_itself, m->T, g,
-                              m->r_width, m->dT);
+    interact_job j = {be, m->ni, d, c->interaction_itself, m->r_width,
+                      m->T, g, NULL, m->dT};
+    split_rows(m, n, interact_bwd_rows, &j);
     for (int b = 0; b < n; b++) {
       memcpy(h + (size_t)b * d, m->dT + b * ts, sizeof(float) * d);
       if (d_emb) memcpy(d_emb + b * es, m->dT + b * ts + d, sizeof(float) * es);

@@ -12,6 +12,14 @@
  * bottom layers first, then top layers. Activations are allocated for
  * max_batch at create time; forward/backward never allocate.
  *
+ * Threads: the sgemm calls use OpenBLAS's threads. When max_batch >= 256 and
+ * two CPUs are usable, the model also starts one helper thread (joined by
+ * dense_model_destroy) and, for batches of >= 256 rows, splits the per-sample
+ * kernels between it and the caller: bias+ReLU and the dot interaction. Each
+ * sample's arithmetic is unchanged, so the bits are the same as on one thread.
+ * SHARDREC_DENSE_SPLIT=0 in the environment at create time turns it off.
+ * A model must not be used by two threads at once.
+ *
  * Initialisation (as the reference create_mlp): W ~ N(0, sqrt(2/(in+out))),
  * b ~ N(0, sqrt(1/out)), drawn in double by sr_rng_normal and rounded to float.
  * Streams: key = sr_mix64(seed ^ DENSE_INIT_SALT); layer l (bottom layers
