@@ -11,6 +11,7 @@
 #pragma weak cmd_plan
 #pragma weak cmd_train
 #pragma weak cmd_eval
+#pragma weak cmd_serve
 
 typedef struct {
   const char *name;
@@ -24,6 +25,7 @@ static const command commands[] = {
     {"plan", cmd_plan, "write a sharding plan (JSON) from table sizes and model flags"},
     {"train", cmd_train, "train a DLRM (in-process shards by default)"},
     {"eval", cmd_eval, "score a saved model on Criteo-format data"},
+    {"serve", cmd_serve, "serve embedding shards of a plan over gRPC"},
     {"bench", cmd_bench, "benchmarks: data, train"},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])

@@ -1,0 +1,711 @@
+/* The remote embedding store: embedding/store.h over shard servers.
+ *
+ * A step's unique ids are grouped by shard (emb_plan_shard_of), one call
+ * per shard, all in flight at once on one completion queue: lookup_begin
+ * starts them and returns, lookup_wait collects them and scatters the rows
+ * into the caller's buffers. Every attempt has its own deadline; a call that
+ * ends UNAVAILABLE (server down, restarting, connection refused) is tried
+ * again after a backoff (doubling, at most 1 s), on the same channel, which
+ * reconnects by itself. When the tries run out the error names the shard
+ * and the server. Push is idempotent on (job id, step, rank) at the server,
+ * so retrying it is safe. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/rng.h"
+#include "common/status.h"
+#include "rpc/grpc_util.h"
+#include "rpc/shardrec.pb-c.h"
+
+typedef struct {
+  char *addr;
+  grpc_channel *ch;
+  void *reg[RPC_N_METHODS];
+} conn;
+
+/* One call to one shard, maybe tried several times. */
+typedef struct {
+  int shard;
+  rpc_method m;
+  uint8_t *req; /* owned */
+  size_t req_len;
+  int tries;
+  double retry_at;  /* monotonic seconds; 0: not waiting */
+  double backoff;
+  int active;       /* a call is in flight */
+  int done;         /* finished: status below is final */
+  grpc_call *call;
+  grpc_byte_buffer *send, *recv;
+  grpc_metadata_array im, tm;
+  grpc_status_code status;
+  grpc_slice details;
+  uint8_t *resp;    /* owned, when status OK */
+  size_t resp_len;
+} pcall;
+
+typedef struct {
+  emb_store base;
+  conn *c;      /* [n] one per shard */
+  int n;
+  grpc_completion_queue *cq;
+  rpc_client_opts o;
+  char job[64];
+  char fp[EMB_FP_HEX];
+  char err[1024];
+  /* The lookup in flight. */
+  pcall *calls; /* [n] */
+  int n_calls;
+  int lookup_rc;
+  int lookup_pending;
+  float *const *lookup_out;
+  /* Grouping of the last lookup, per table: ids grouped by shard and their
+   * positions in the caller's list; off[t*(n+1)+k] .. off[t*(n+1)+k+1]. */
+  uint64_t **gids;
+  size_t **perm;
+  size_t *off;
+  size_t *cap;
+  emb_store_stats st;
+} rstore;
+
+static double mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static const char *status_name(int s) {
+  static const char *const names[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
+                                      "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+                                      "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+                                      "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+                                      "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+                                      "UNAUTHENTICATED"};
+  return s >= 0 && s <= 16 ? names[s] : "?";
+}
+
+static grpc_channel *make_channel(const char *addr, const rpc_client_opts *o, char *err,
+                                  size_t errlen) {
+  grpc_arg a[6];
+  memset(a, 0, sizeof a);
+  const char *keys[6] = {GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
+                         GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+                         GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, GRPC_ARG_ENABLE_RETRIES};
+  int vals[6] = {o->max_message_bytes, o->max_message_bytes, 100, 100, 1000, 0};
+  for (int i = 0; i < 6; i++) {
+    a[i].type = GRPC_ARG_INTEGER;
+    a[i].key = (char *)keys[i];
+    a[i].value.integer = vals[i];
+  }
+  grpc_channel_args args = {6, a};
+  grpc_channel_credentials *cr =
+      o->tls ? rpc__channel_creds(o->tls, err, errlen) : grpc_insecure_credentials_create();
+  if (!cr) return NULL;
+  grpc_channel *ch = grpc_channel_create(addr, cr, &args);
+  grpc_channel_credentials_release(cr);
+  if (!ch) sr_fmt(err, errlen, "%s: cannot create a channel", addr);
+  return ch;
+}
+
+static void opts_defaults(rpc_client_opts *o) {
+  if (o->deadline_s <= 0) o->deadline_s = 30;
+  if (o->max_tries <= 0) o->max_tries = 10;
+  if (o->backoff_s <= 0) o->backoff_s = 0.05;
+  if (o->max_message_bytes <= 0) o->max_message_bytes = 256 << 20;
+}
+
+static void pcall_reset_attempt(pcall *p) {
+  if (p->call) grpc_call_unref(p->call);
+  p->call = NULL;
+  if (p->send) grpc_byte_buffer_destroy(p->send);
+  p->send = NULL;
+  if (p->recv) grpc_byte_buffer_destroy(p->recv);
+  p->recv = NULL;
+  grpc_metadata_array_destroy(&p->im);
+  grpc_metadata_array_destroy(&p->tm);
+  grpc_slice_unref(p->details);
+  p->details = grpc_empty_slice();
+}
+
+static void pcall_free(pcall *p) {
+  pcall_reset_attempt(p);
+  free(p->req);
+  free(p->resp);
+  memset(p, 0, sizeof *p);
+}
+
+static void pcall_init(pcall *p, int shard, rpc_method m, uint8_t *req, size_t len) {
+  memset(p, 0, sizeof *p);
+  p->shard = shard;
+  p->m = m;
+  p->req = req;
+  p->req_len = len;
+  p->details = grpc_empty_slice();
+  grpc_metadata_array_init(&p->im);
+  grpc_metadata_array_init(&p->tm);
+}
+
+/* Start one attempt of p on conn c. 0, or -1 (p->done set with a status). */
+static int pcall_start(conn *c, grpc_completion_queue *cq, pcall *p, double deadline_s) {
+  pcall_reset_attempt(p);
+  grpc_metadata_array_init(&p->im);
+  grpc_metadata_array_init(&p->tm);
+  p->tries++;
+  p->call = grpc_channel_create_registered_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                                c->reg[p->m], rpc__deadline(deadline_s), NULL);
+  p->send = rpc__bb_make(p->req, p->req_len);
+  grpc_op ops[6];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = p->send;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &p->im;
+  ops[4].op = GRPC_OP_RECV_MESSAGE;
+  ops[4].data.recv_message.recv_message = &p->recv;
+  ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  ops[5].data.recv_status_on_client.trailing_metadata = &p->tm;
+  ops[5].data.recv_status_on_client.status = &p->status;
+  ops[5].data.recv_status_on_client.status_details = &p->details;
+  if (!p->call || grpc_call_start_batch(p->call, ops, 6, p, NULL) != GRPC_CALL_OK) {
+    p->status = GRPC_STATUS_INTERNAL;
+    p->done = 1;
+    return -1;
+  }
+  p->active = 1;
+  return 0;
+}
+
+/* Drive calls[n] (already started or waiting to retry) to their end. */
+static void run_calls(conn *conns, grpc_completion_queue *cq, pcall *calls, int n,
+                      const rpc_client_opts *o) {
+  for (;;) {
+    int busy = 0;
+    double now = mono_s(), next_retry = 0;
+    for (int i = 0; i < n; i++) {
+      pcall *p = &calls[i];
+      if (p->done) continue;
+      busy = 1;
+      if (!p->active && p->retry_at <= now) pcall_start(&conns[p->shard], cq, p, o->deadline_s);
+      else if (!p->active && (next_retry == 0 || p->retry_at < next_retry)) next_retry = p->retry_at;
+    }
+    int active = 0;
+    for (int i = 0; i < n; i++) active += calls[i].active;
+    if (!busy) return;
+    gpr_timespec until = active ? gpr_inf_future(GPR_CLOCK_MONOTONIC)
+                                : rpc__deadline(next_retry - now > 0 ? next_retry - now : 0);
+    if (active && next_retry > 0) until = rpc__deadline(next_retry - now > 0 ? next_retry - now : 0);
+    grpc_event ev = grpc_completion_queue_next(cq, until, NULL);
+    if (ev.type != GRPC_OP_COMPLETE) continue;
+    pcall *p = ev.tag;
+    p->active = 0;
+    if (!ev.success) p->status = GRPC_STATUS_INTERNAL;
+    if (p->status == GRPC_STATUS_UNAVAILABLE && p->tries < o->max_tries) {
+      p->backoff = p->backoff > 0 ? p->backoff * 2 : o->backoff_s;
+      if (p->backoff > 1.0) p->backoff = 1.0;
+      p->retry_at = mono_s() + p->backoff;
+      continue;
+    }
+    p->done = 1;
+    if (p->status == GRPC_STATUS_OK) {
+      if (!p->recv || rpc__bb_read(p->recv, &p->resp, &p->resp_len)) {
+        p->status = GRPC_STATUS_INTERNAL;
+        grpc_slice_unref(p->details);
+        p->details = grpc_slice_from_static_string("no answer message");
+      }
+    }
+  }
+}
+
+/* Message for a failed call into s->err; returns an SR_E* code. */
+static int call_error(rstore *s, const pcall *p, const char *what) {
+  char *d = grpc_slice_to_c_string(p->details);
+  sr_fmt(s->err, sizeof s->err, "%s: shard %d server %s: %s%s%s (after %d tr%s)", what, p->shard,
+         s->c[p->shard].addr, status_name(p->status), d && *d ? ": " : "", d ? d : "", p->tries,
+         p->tries == 1 ? "y" : "ies");
+  gpr_free(d);
+  switch ((int)p->status) {
+    case GRPC_STATUS_UNAVAILABLE: return SR_EUNAVAILABLE;
+    case GRPC_STATUS_DEADLINE_EXCEEDED: return SR_ETIMEOUT;
+    case GRPC_STATUS_FAILED_PRECONDITION: return SR_EMISMATCH;
+    case GRPC_STATUS_INVALID_ARGUMENT: return SR_EINVAL;
+    default: return SR_EBACKEND;
+  }
+}
+
+static void header_fill(rstore *s, Shardrec__V1__RequestHeader *h, int64_t step) {
+  shardrec__v1__request_header__init(h);
+  h->plan_fingerprint = s->fp;
+  h->job_id = s->job;
+  h->step = step;
+  h->rank = 0;
+  h->world_size = 1;
+}
+
+static uint8_t *pack(const ProtobufCMessage *m, size_t *len) {
+  size_t n = protobuf_c_message_get_packed_size(m);
+  uint8_t *b = malloc(n ? n : 1);
+  if (b) *len = protobuf_c_message_pack(m, b);
+  return b;
+}
+
+/* Group ids by shard: fills s->gids, s->perm, s->off. */
+static int group(rstore *s, const emb_idset *ids) {
+  const emb_plan *plan = s->base.plan;
+  const int ns = s->n;
+  for (int t = 0; t < plan->n_tables; t++) {
+    size_t cnt = ids->counts[t];
+    if (cnt > s->cap[t]) {
+      uint64_t *g = realloc(s->gids[t], cnt * sizeof *g);
+      if (g) s->gids[t] = g;
+      size_t *pp = realloc(s->perm[t], cnt * sizeof *pp);
+      if (pp) s->perm[t] = pp;
+      if (!g || !pp) return SR_ENOMEM;
+      s->cap[t] = cnt;
+    }
+    size_t *off = &s->off[(size_t)t * (size_t)(ns + 1)];
+    memset(off, 0, (size_t)(ns + 1) * sizeof *off);
+    const uint64_t *id = ids->ids[t];
+    const emb_table *tb = &plan->tables[t];
+    for (size_t r = 0; r < cnt; r++) {
+      if (tb->rows != EMB_ROWS_UNBOUNDED && id[r] >= tb->rows) {
+        sr_fmt(s->err, sizeof s->err, "table %d (%s): row id %llu is out of range 0..%llu", t,
+               tb->name, (unsigned long long)id[r], (unsigned long long)(tb->rows - 1));
+        return SR_ERANGE;
+      }
+      off[emb_plan_shard_of(plan, t, id[r]) + 1]++;
+    }
+    for (int k = 0; k < ns; k++) off[k + 1] += off[k];
+    /* Stable counting sort: each shard's ids keep the caller's order. */
+    size_t *fill = malloc((size_t)ns * sizeof *fill);
+    if (!fill) return SR_ENOMEM;
+    memcpy(fill, off, (size_t)ns * sizeof *fill);
+    for (size_t r = 0; r < cnt; r++) {
+      size_t at = fill[emb_plan_shard_of(plan, t, id[r])]++;
+      s->gids[t][at] = id[r];
+      s->perm[t][at] = r;
+    }
+    free(fill);
+  }
+  return 0;
+}
+
+static void calls_free(rstore *s) {
+  for (int i = 0; i < s->n_calls; i++) pcall_free(&s->calls[i]);
+  s->n_calls = 0;
+}
+
+/* Build one request per shard with ids (lookup: grads NULL). */
+static int build_calls(rstore *s, rpc_method m, int64_t step, float lr, const emb_idset *ids,
+                       const float *const *grads) {
+  const emb_plan *plan = s->base.plan;
+  const int nt = plan->n_tables, ns = s->n;
+  int rc = group(s, ids);
+  if (rc) {
+    if (rc == SR_ENOMEM) sr_fmt(s->err, sizeof s->err, "out of memory grouping ids");
+    return rc;
+  }
+  Shardrec__V1__TableIds *ti = calloc((size_t)nt, sizeof *ti);
+  Shardrec__V1__TableIds **tip = calloc((size_t)nt, sizeof *tip);
+  Shardrec__V1__TableGrads *tg = calloc((size_t)nt, sizeof *tg);
+  Shardrec__V1__TableGrads **tgp = calloc((size_t)nt, sizeof *tgp);
+  float **gbuf = calloc((size_t)nt, sizeof *gbuf);
+  if (!ti || !tip || !tg || !tgp || !gbuf) rc = SR_ENOMEM;
+  for (int k = 0; k < ns && !rc; k++) {
+    int n = 0;
+    for (int t = 0; t < nt && !rc; t++) {
+      const size_t *off = &s->off[(size_t)t * (size_t)(ns + 1)];
+      size_t a = off[k], cnt = off[k + 1] - off[k];
+      if (!cnt) continue;
+      if (m == RPC_LOOKUP) {
+        shardrec__v1__table_ids__init(&ti[n]);
+        ti[n].table_id = plan->tables[t].table_id;
+        ti[n].n_ids = cnt;
+        ti[n].ids = s->gids[t] + a;
+        tip[n] = &ti[n];
+      } else {
+        const size_t dim = (size_t)plan->tables[t].dim;
+        gbuf[n] = malloc(cnt * dim * sizeof(float));
+        if (!gbuf[n]) {
+          rc = SR_ENOMEM;
+          break;
+        }
+        for (size_t j = 0; j < cnt; j++)
+          memcpy(gbuf[n] + j * dim, grads[t] + s->perm[t][a + j] * dim, dim * sizeof(float));
+        shardrec__v1__table_grads__init(&tg[n]);
+        tg[n].table_id = plan->tables[t].table_id;
+        tg[n].n_ids = cnt;
+        tg[n].ids = s->gids[t] + a;
+        tg[n].grads.data = (uint8_t *)gbuf[n];
+        tg[n].grads.len = cnt * dim * sizeof(float);
+        tgp[n] = &tg[n];
+      }
+      n++;
+    }
+    if (rc || !n) goto next;
+    Shardrec__V1__RequestHeader h;
+    header_fill(s, &h, step);
+    uint8_t *buf;
+    size_t len = 0;
+    if (m == RPC_LOOKUP) {
+      Shardrec__V1__LookupRequest q = SHARDREC__V1__LOOKUP_REQUEST__INIT;
+      q.header = &h;
+      q.n_tables = (size_t)n;
+      q.tables = tip;
+      buf = pack(&q.base, &len);
+    } else {
+      Shardrec__V1__PushRequest q = SHARDREC__V1__PUSH_REQUEST__INIT;
+      q.header = &h;
+      q.learning_rate = lr;
+      q.n_tables = (size_t)n;
+      q.tables = tgp;
+      buf = pack(&q.base, &len);
+    }
+    if (!buf) {
+      rc = SR_ENOMEM;
+      goto next;
+    }
+    pcall_init(&s->calls[s->n_calls++], k, m, buf, len);
+  next:
+    for (int i = 0; i < nt; i++) {
+      free(gbuf[i]);
+      gbuf[i] = NULL;
+    }
+  }
+  if (rc == SR_ENOMEM) sr_fmt(s->err, sizeof s->err, "out of memory building requests");
+  free(ti);
+  free(tip);
+  free(tg);
+  free(tgp);
+  free(gbuf);
+  if (rc) calls_free(s);
+  return rc;
+}
+
+static int r_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, float *const *out) {
+  rstore *s = (rstore *)b;
+  if (s->lookup_pending) {
+    run_calls(s->c, s->cq, s->calls, s->n_calls, &s->o);
+    calls_free(s);
+    s->lookup_pending = 0;
+  }
+  if (!ids || ids->n_tables != b->plan->n_tables) {
+    sr_fmt(s->err, sizeof s->err, "lookup: id set has %d tables, the plan has %d",
+           ids ? ids->n_tables : -1, b->plan->n_tables);
+    return s->lookup_rc = SR_EINVAL;
+  }
+  int rc = build_calls(s, RPC_LOOKUP, step, 0, ids, NULL);
+  if (rc) return s->lookup_rc = rc;
+  for (int i = 0; i < s->n_calls; i++)
+    pcall_start(&s->c[s->calls[i].shard], s->cq, &s->calls[i], s->o.deadline_s);
+  s->lookup_out = out;
+  s->lookup_pending = 1;
+  s->lookup_rc = 0;
+  for (int t = 0; t < ids->n_tables; t++) s->st.lookups += ids->counts[t];
+  return 0;
+}
+
+static int r_lookup_wait(emb_store *b) {
+  rstore *s = (rstore *)b;
+  if (!s->lookup_pending) return s->lookup_rc;
+  s->lookup_pending = 0;
+  run_calls(s->c, s->cq, s->calls, s->n_calls, &s->o);
+  const emb_plan *plan = b->plan;
+  const int ns = s->n;
+  int rc = 0;
+  for (int i = 0; i < s->n_calls && !rc; i++) {
+    pcall *p = &s->calls[i];
+    if (p->status != GRPC_STATUS_OK) {
+      rc = call_error(s, p, "lookup");
+      break;
+    }
+    Shardrec__V1__LookupResponse *a =
+        shardrec__v1__lookup_response__unpack(NULL, p->resp_len, p->resp);
+    if (!a) {
+      sr_fmt(s->err, sizeof s->err, "lookup: shard %d server %s: undecodable answer", p->shard,
+             s->c[p->shard].addr);
+      rc = SR_EFORMAT;
+      break;
+    }
+    size_t j = 0;
+    for (int t = 0; t < plan->n_tables && !rc; t++) {
+      const size_t *off = &s->off[(size_t)t * (size_t)(ns + 1)];
+      size_t lo = off[p->shard], cnt = off[p->shard + 1] - lo;
+      if (!cnt) continue;
+      const size_t dim = (size_t)plan->tables[t].dim;
+      const Shardrec__V1__TableRows *tr = j < a->n_tables ? a->tables[j] : NULL;
+      j++;
+      if (!tr || tr->table_id != plan->tables[t].table_id ||
+          tr->rows.len != cnt * dim * sizeof(float)) {
+        sr_fmt(s->err, sizeof s->err,
+               "lookup: shard %d server %s: answer for table %d does not match the request",
+               p->shard, s->c[p->shard].addr, t);
+        rc = SR_EFORMAT;
+        break;
+      }
+      float *o = s->lookup_out[t];
+      for (size_t r = 0; r < cnt; r++)
+        memcpy(o + s->perm[t][lo + r] * dim, tr->rows.data + r * dim * sizeof(float),
+               dim * sizeof(float));
+    }
+    shardrec__v1__lookup_response__free_unpacked(a, NULL);
+  }
+  calls_free(s);
+  return s->lookup_rc = rc;
+}
+
+static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
+                  const float *const *grads) {
+  rstore *s = (rstore *)b;
+  if (s->lookup_pending) r_lookup_wait(b);
+  if (!ids || ids->n_tables != b->plan->n_tables) {
+    sr_fmt(s->err, sizeof s->err, "push: id set has %d tables, the plan has %d",
+           ids ? ids->n_tables : -1, b->plan->n_tables);
+    return SR_EINVAL;
+  }
+  int rc = build_calls(s, RPC_PUSH, step, lr, ids, grads);
+  if (rc) return rc;
+  for (int i = 0; i < s->n_calls; i++)
+    pcall_start(&s->c[s->calls[i].shard], s->cq, &s->calls[i], s->o.deadline_s);
+  run_calls(s->c, s->cq, s->calls, s->n_calls, &s->o);
+  for (int i = 0; i < s->n_calls && !rc; i++)
+    if (s->calls[i].status != GRPC_STATUS_OK) rc = call_error(s, &s->calls[i], "push");
+  calls_free(s);
+  if (!rc)
+    for (int t = 0; t < ids->n_tables; t++) s->st.pushes += ids->counts[t];
+  return rc;
+}
+
+/* The same request to every server. */
+static int broadcast(rstore *s, rpc_method m, uint8_t *(*make)(rstore *, int, size_t *, void *),
+                     void *ctx, const char *what, int (*each)(rstore *, pcall *, void *)) {
+  if (s->lookup_pending) r_lookup_wait(&s->base);
+  int rc = 0;
+  for (int k = 0; k < s->n; k++) {
+    size_t len = 0;
+    uint8_t *req = make(s, k, &len, ctx);
+    if (!req) {
+      calls_free(s);
+      sr_fmt(s->err, sizeof s->err, "%s: out of memory", what);
+      return SR_ENOMEM;
+    }
+    pcall_init(&s->calls[s->n_calls++], k, m, req, len);
+  }
+  for (int i = 0; i < s->n_calls; i++)
+    pcall_start(&s->c[s->calls[i].shard], s->cq, &s->calls[i], s->o.deadline_s);
+  run_calls(s->c, s->cq, s->calls, s->n_calls, &s->o);
+  for (int i = 0; i < s->n_calls && !rc; i++) {
+    if (s->calls[i].status != GRPC_STATUS_OK) rc = call_error(s, &s->calls[i], what);
+    else if (each) rc = each(s, &s->calls[i], ctx);
+  }
+  calls_free(s);
+  return rc;
+}
+
+static uint8_t *make_ckpt(rstore *s, int k, size_t *len, void *ctx) {
+  (void)k;
+  Shardrec__V1__CheckpointRequest q = SHARDREC__V1__CHECKPOINT_REQUEST__INIT;
+  q.plan_fingerprint = s->fp;
+  q.path = (char *)ctx;
+  return pack(&q.base, len);
+}
+static uint8_t *make_restore(rstore *s, int k, size_t *len, void *ctx) {
+  (void)k;
+  Shardrec__V1__RestoreRequest q = SHARDREC__V1__RESTORE_REQUEST__INIT;
+  q.plan_fingerprint = s->fp;
+  q.path = (char *)ctx;
+  return pack(&q.base, len);
+}
+static uint8_t *make_stats(rstore *s, int k, size_t *len, void *ctx) {
+  (void)s, (void)k, (void)ctx;
+  Shardrec__V1__StatsRequest q = SHARDREC__V1__STATS_REQUEST__INIT;
+  return pack(&q.base, len);
+}
+static int sum_stats(rstore *s, pcall *p, void *ctx) {
+  emb_store_stats *out = ctx;
+  Shardrec__V1__StatsResponse *a = shardrec__v1__stats_response__unpack(NULL, p->resp_len, p->resp);
+  if (!a) {
+    sr_fmt(s->err, sizeof s->err, "stats: shard %d server %s: undecodable answer", p->shard,
+           s->c[p->shard].addr);
+    return SR_EFORMAT;
+  }
+  out->rows += a->rows;
+  out->bytes += a->bytes;
+  shardrec__v1__stats_response__free_unpacked(a, NULL);
+  return 0;
+}
+
+static int r_flush(emb_store *b) {
+  (void)b;
+  return 0;
+}
+static int r_checkpoint(emb_store *b, const char *path) {
+  return broadcast((rstore *)b, RPC_CHECKPOINT, make_ckpt, (void *)path, "checkpoint", NULL);
+}
+static int r_restore(emb_store *b, const char *path) {
+  return broadcast((rstore *)b, RPC_RESTORE, make_restore, (void *)path, "restore", NULL);
+}
+static int r_stats(emb_store *b, emb_store_stats *out) {
+  rstore *s = (rstore *)b;
+  emb_store_stats sum = {0};
+  int rc = broadcast(s, RPC_STATS, make_stats, &sum, "stats", sum_stats);
+  if (rc) return rc;
+  /* Rows looked up and pushed as this client counted them. */
+  sum.lookups = s->st.lookups;
+  sum.hits = 0;
+  sum.pushes = s->st.pushes;
+  *out = sum;
+  return 0;
+}
+static int r_iterate(emb_store *b, int table, emb_row_fn fn, void *ctx) {
+  (void)table, (void)fn, (void)ctx;
+  rstore *s = (rstore *)b;
+  sr_fmt(s->err, sizeof s->err,
+         "iterating rows is not offered by shard servers; checkpoint them instead");
+  return SR_EUNSUPPORTED;
+}
+static const char *r_errmsg(emb_store *b) { return ((rstore *)b)->err; }
+
+static void r_destroy(emb_store *b) {
+  rstore *s = (rstore *)b;
+  if (s->lookup_pending) r_lookup_wait(b);
+  calls_free(s);
+  for (int k = 0; k < s->n; k++) {
+    if (s->c && s->c[k].ch) grpc_channel_destroy(s->c[k].ch);
+    if (s->c) free(s->c[k].addr);
+  }
+  if (s->cq) {
+    grpc_completion_queue_shutdown(s->cq);
+    while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(s->cq);
+  }
+  if (s->gids)
+    for (int t = 0; t < b->plan->n_tables; t++) {
+      free(s->gids[t]);
+      free(s->perm[t]);
+    }
+  free(s->gids);
+  free(s->perm);
+  free(s->off);
+  free(s->cap);
+  free(s->calls);
+  free(s->c);
+  free(s);
+  rpc_global_shutdown();
+}
+
+static const emb_store_ops remote_ops = {
+    r_lookup_begin, r_lookup_wait, r_push,    r_flush,  r_checkpoint,
+    r_restore,      r_stats,       r_iterate, r_errmsg, r_destroy,
+};
+
+emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *servers,
+                                   int n_servers, const rpc_client_opts *o, char *err,
+                                   size_t errlen) {
+  if (emb_plan_validate(plan, "plan", err, errlen)) return NULL;
+  if (n_servers != plan->n_shards) {
+    sr_fmt(err, errlen, "the plan has %d shard(s) but %d server(s) were given (one per shard, in shard order)",
+           plan->n_shards, n_servers);
+    return NULL;
+  }
+  rpc_global_init();
+  rstore *s = calloc(1, sizeof *s);
+  if (!s) {
+    rpc_global_shutdown();
+    sr_fmt(err, errlen, "remote store: out of memory");
+    return NULL;
+  }
+  s->base.ops = &remote_ops;
+  s->base.plan = plan;
+  if (o) s->o = *o;
+  opts_defaults(&s->o);
+  s->n = n_servers;
+  s->c = calloc((size_t)n_servers, sizeof *s->c);
+  s->calls = calloc((size_t)n_servers, sizeof *s->calls);
+  s->gids = calloc((size_t)plan->n_tables, sizeof *s->gids);
+  s->perm = calloc((size_t)plan->n_tables, sizeof *s->perm);
+  s->cap = calloc((size_t)plan->n_tables, sizeof *s->cap);
+  s->off = calloc((size_t)plan->n_tables * (size_t)(n_servers + 1), sizeof *s->off);
+  s->cq = grpc_completion_queue_create_for_next(NULL);
+  if (!s->c || !s->calls || !s->gids || !s->perm || !s->cap || !s->off || !s->cq) {
+    sr_fmt(err, errlen, "remote store: out of memory");
+    goto fail;
+  }
+  if (emb_plan_fingerprint(plan, s->fp)) {
+    sr_fmt(err, errlen, "remote store: cannot fingerprint the plan");
+    goto fail;
+  }
+  if (s->o.job_id) {
+    snprintf(s->job, sizeof s->job, "%s", s->o.job_id);
+  } else {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = sr_mix64(((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^
+                          ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)(uintptr_t)s);
+    snprintf(s->job, sizeof s->job, "job-%016llx", (unsigned long long)x);
+  }
+  s->o.job_id = NULL;
+  for (int k = 0; k < n_servers; k++) {
+    s->c[k].addr = strdup(servers[k]);
+    if (!s->c[k].addr) {
+      sr_fmt(err, errlen, "remote store: out of memory");
+      goto fail;
+    }
+    s->c[k].ch = make_channel(servers[k], &s->o, err, errlen);
+    if (!s->c[k].ch) goto fail;
+    for (int m = 0; m < RPC_N_METHODS; m++)
+      s->c[k].reg[m] = grpc_channel_register_call(s->c[k].ch, rpc_method_path((rpc_method)m), NULL, NULL);
+  }
+  return &s->base;
+fail:
+  r_destroy(&s->base);
+  return NULL;
+}
+
+int rpc_call_once(const char *target, const rpc_tls *tls, rpc_method m, const uint8_t *req,
+                  size_t len, double deadline_s, uint8_t **resp, size_t *resp_len, char *msg,
+                  size_t msglen) {
+  *resp = NULL;
+  *resp_len = 0;
+  if (msglen) msg[0] = 0;
+  rpc_global_init();
+  rpc_client_opts o = {.deadline_s = deadline_s, .max_tries = 1, .tls = tls};
+  opts_defaults(&o);
+  grpc_channel *ch = make_channel(target, &o, msg, msglen);
+  if (!ch) {
+    rpc_global_shutdown();
+    return GRPC_STATUS_INTERNAL;
+  }
+  conn c = {.ch = ch};
+  for (int i = 0; i < RPC_N_METHODS; i++)
+    c.reg[i] = grpc_channel_register_call(ch, rpc_method_path((rpc_method)i), NULL, NULL);
+  grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+  pcall p;
+  uint8_t *copy = malloc(len ? len : 1);
+  if (len) memcpy(copy, req, len);
+  pcall_init(&p, 0, m, copy, len);
+  if (!pcall_start(&c, cq, &p, o.deadline_s)) run_calls(&c, cq, &p, 1, &o);
+  int st = (int)p.status;
+  char *d = grpc_slice_to_c_string(p.details);
+  if (msglen) snprintf(msg, msglen, "%s", d ? d : "");
+  gpr_free(d);
+  if (st == GRPC_STATUS_OK) {
+    *resp = p.resp;
+    *resp_len = p.resp_len;
+    p.resp = NULL;
+  }
+  pcall_free(&p);
+  grpc_channel_destroy(ch);
+  grpc_completion_queue_shutdown(cq);
+  while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+         GRPC_QUEUE_SHUTDOWN) {
+  }
+  grpc_completion_queue_destroy(cq);
+  rpc_global_shutdown();
+  return st;
+}

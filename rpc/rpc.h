@@ -1,0 +1,138 @@
+/* The gRPC shard service (rpc/shardrec.proto): the request handlers, the
+ * C-core server loop and the remote embedding store.
+ *
+ * Three layers, each usable alone:
+ *   rpc_service  decodes a request's bytes, validates every field against the
+ *                plan and the shards served, runs it on an embedding store and
+ *                encodes the answer. No gRPC in it: the fuzz target and the
+ *                server call the same function.
+ *   rpc_server   the gRPC C-core loop around an rpc_service: one completion
+ *                queue per worker thread, registered methods, a generic
+ *                request so unknown methods get UNIMPLEMENTED.
+ *   remote store emb_store over shard servers (embedding/store.h).
+ * All gRPC calls of shardrec live in rpc/. */
+#ifndef SHARDREC_RPC_RPC_H
+#define SHARDREC_RPC_RPC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "embedding/plan.h"
+#include "embedding/store.h"
+
+/* Methods, by index; rpc_method_path gives "/shardrec.v1.EmbeddingShard/Lookup". */
+typedef enum {
+  RPC_LOOKUP = 0,
+  RPC_PUSH,
+  RPC_CHECKPOINT,
+  RPC_RESTORE,
+  RPC_STATS,
+  RPC_HEALTH_CHECK,
+  RPC_N_METHODS
+} rpc_method;
+
+const char *rpc_method_path(rpc_method m);
+
+/* gRPC status codes used here (values of grpc_status_code). */
+enum {
+  RPC_OK = 0,
+  RPC_CANCELLED = 1,
+  RPC_INVALID_ARGUMENT = 3,
+  RPC_DEADLINE_EXCEEDED = 4,
+  RPC_NOT_FOUND = 5,
+  RPC_RESOURCE_EXHAUSTED = 8,
+  RPC_FAILED_PRECONDITION = 9,
+  RPC_UNIMPLEMENTED = 12,
+  RPC_INTERNAL = 13,
+  RPC_UNAVAILABLE = 14,
+};
+
+/* ---- service ---- */
+
+typedef struct rpc_service rpc_service;
+
+typedef struct rpc_service_opts {
+  const int *shards;   /* [n_shards] shards of the plan served here */
+  int n_shards;
+  int read_only;       /* refuse Push with FAILED_PRECONDITION */
+  size_t max_ids;      /* most ids one Lookup or Push may carry (0: 1<<22) */
+} rpc_service_opts;
+
+/* A service over plan (borrowed) and store (borrowed; holds the plan's rows,
+ * of which only the served shards' are ever touched). Thread-safe: calls are
+ * serialised by an internal lock. NULL with a message in err on failure. */
+rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
+                                const rpc_service_opts *o, char *err, size_t errlen);
+void rpc_service_destroy(rpc_service *s); /* NULL-safe */
+
+/* The answer to one call. out is malloc'd (caller frees) when status is
+ * RPC_OK; msg holds the error text otherwise. */
+typedef struct rpc_reply {
+  int status;
+  char msg[512];
+  uint8_t *out;
+  size_t out_len;
+} rpc_reply;
+
+/* Handle one request of method m from its serialised bytes in[len] (any
+ * bytes: garbage is answered with INVALID_ARGUMENT). A refused request
+ * changes nothing. */
+void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
+                        rpc_reply *r);
+
+/* Make the store's updates durable (rpc_server_run calls it on shutdown). */
+int rpc_service_flush(rpc_service *s);
+
+/* ---- server ---- */
+
+typedef struct rpc_tls {
+  const char *cert, *key; /* PEM files: this side's certificate and key */
+  const char *ca;         /* server: client CA (mTLS, clients must present a cert);
+                             client: CA that signed the server */
+} rpc_tls;
+
+typedef struct rpc_server_opts {
+  const char *listen;       /* "127.0.0.1:0" */
+  int threads;              /* worker threads, each with its own completion queue */
+  int max_message_bytes;    /* send and receive limit */
+  const rpc_tls *tls;       /* NULL: insecure */
+  volatile int *stop;       /* set nonzero (e.g. from a signal handler) to stop */
+  double shutdown_grace_s;  /* in-flight calls get this long before cancellation */
+} rpc_server_opts;
+
+/* Serve svc until *o->stop. on_listening(port, ctx) is called once the port
+ * is bound, before serving. Returns 0 after a clean shutdown, or an SR_E*
+ * code with the reason in err. */
+int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
+                   void (*on_listening)(int port, void *ctx), void *ctx, char *err,
+                   size_t errlen);
+
+/* ---- client ---- */
+
+typedef struct rpc_client_opts {
+  double deadline_s;        /* per call (default 30) */
+  int max_tries;            /* attempts on UNAVAILABLE (default 8) */
+  double backoff_s;         /* first wait between tries, doubled each time (0.05) */
+  int max_message_bytes;    /* default 64 MiB */
+  const rpc_tls *tls;       /* NULL: insecure */
+  const char *job_id;       /* NULL: a fresh random one */
+} rpc_client_opts;
+
+/* The remote store: servers[k] serves shard k of plan (plan->n_shards
+ * addresses). plan is borrowed. NULL with a message in err on failure. */
+emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *servers,
+                                   int n_servers, const rpc_client_opts *o, char *err,
+                                   size_t errlen);
+
+/* One unary call on a fresh channel to target, for tools and tests:
+ * req[len] in, *resp (malloc'd, caller frees) out. Returns the gRPC status
+ * code, with its message in msg. */
+int rpc_call_once(const char *target, const rpc_tls *tls, rpc_method m, const uint8_t *req,
+                  size_t len, double deadline_s, uint8_t **resp, size_t *resp_len, char *msg,
+                  size_t msglen);
+
+/* grpc_init / grpc_shutdown, reference counted by gRPC itself. */
+void rpc_global_init(void);
+void rpc_global_shutdown(void);
+
+#endif

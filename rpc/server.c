@@ -1,0 +1,302 @@
+/* The gRPC C-core server loop of the shard service.
+ *
+ * One completion queue per worker thread, registered with the server before
+ * it starts. Each worker posts, on its own queue, one registered request per
+ * method and one generic request (so a call to an unknown method is
+ * answered UNIMPLEMENTED instead of hanging); a call lives on the thread
+ * that received it and runs to the end there: decode, rpc_service_handle,
+ * one batch of SEND_INITIAL_METADATA, SEND_MESSAGE, SEND_STATUS_FROM_SERVER,
+ * RECV_CLOSE_ON_SERVER. The request is re-armed before the call is handled.
+ *
+ * Shutdown (grpc-core.md): grpc_server_shutdown_and_notify on a queue of its
+ * own while the workers still poll; after the grace period
+ * grpc_server_cancel_all_calls; once notified, each worker shuts down its
+ * own queue when it holds no live tag and drains it; join; destroy. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/status.h"
+#include "rpc/grpc_util.h"
+
+typedef enum { TAG_REQUEST = 1, TAG_GENERIC, TAG_REPLY } tag_kind;
+
+typedef struct call_ctx {
+  tag_kind kind;
+  int method;           /* TAG_REQUEST: rpc_method */
+  grpc_call *call;
+  gpr_timespec deadline;
+  grpc_metadata_array md;
+  grpc_byte_buffer *payload;
+  grpc_call_details details; /* generic requests */
+  /* Reply batch. */
+  grpc_byte_buffer *send;
+  grpc_slice status_msg;
+  int has_status_msg;
+  int cancelled;
+} call_ctx;
+
+typedef struct server_state server_state;
+
+typedef struct {
+  server_state *st;
+  grpc_completion_queue *cq;
+  pthread_t th;
+  int live; /* tags posted and not yet returned */
+} worker;
+
+struct server_state {
+  grpc_server *srv;
+  rpc_service *svc;
+  void *methods[RPC_N_METHODS];
+  worker *w;
+  int n_workers;
+  volatile int server_down; /* shutdown notified: workers may close their queues */
+  pthread_mutex_t mu;
+};
+
+static call_ctx *ctx_new(tag_kind k, int method) {
+  call_ctx *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->kind = k;
+  c->method = method;
+  grpc_metadata_array_init(&c->md);
+  grpc_call_details_init(&c->details);
+  return c;
+}
+
+static void ctx_free(call_ctx *c) {
+  if (!c) return;
+  grpc_metadata_array_destroy(&c->md);
+  grpc_call_details_destroy(&c->details);
+  if (c->payload) grpc_byte_buffer_destroy(c->payload);
+  if (c->send) grpc_byte_buffer_destroy(c->send);
+  if (c->has_status_msg) grpc_slice_unref(c->status_msg);
+  if (c->call) grpc_call_unref(c->call);
+  free(c);
+}
+
+/* Post a request for method m (or a generic one, m < 0) on w's queue. */
+static int post_request(worker *w, int m) {
+  server_state *st = w->st;
+  call_ctx *c = ctx_new(m < 0 ? TAG_GENERIC : TAG_REQUEST, m);
+  if (!c) return -1;
+  grpc_call_error e;
+  if (m < 0)
+    e = grpc_server_request_call(st->srv, &c->call, &c->details, &c->md, w->cq, w->cq, c);
+  else
+    e = grpc_server_request_registered_call(st->srv, st->methods[m], &c->call, &c->deadline,
+                                            &c->md, &c->payload, w->cq, w->cq, c);
+  if (e != GRPC_CALL_OK) {
+    ctx_free(c);
+    return -1;
+  }
+  w->live++;
+  return 0;
+}
+
+/* Answer c's call with status (and body when status is OK). Takes c. */
+static void reply(worker *w, call_ctx *c, int status, const char *msg, const uint8_t *body,
+                  size_t len) {
+  c->kind = TAG_REPLY;
+  grpc_op ops[4];
+  memset(ops, 0, sizeof ops);
+  int n = 0;
+  ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+  n++;
+  if (status == RPC_OK) {
+    c->send = rpc__bb_make(body, len);
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n].data.send_message.send_message = c->send;
+    n++;
+  }
+  ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+  ops[n].data.send_status_from_server.status = (grpc_status_code)status;
+  if (msg && *msg) {
+    c->status_msg = grpc_slice_from_copied_string(msg);
+    c->has_status_msg = 1;
+    ops[n].data.send_status_from_server.status_details = &c->status_msg;
+  }
+  n++;
+  ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+  ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
+  n++;
+  if (grpc_call_start_batch(c->call, ops, (size_t)n, c, NULL) != GRPC_CALL_OK) {
+    ctx_free(c);
+    return;
+  }
+  w->live++;
+}
+
+static void handle(worker *w, call_ctx *c) {
+  if (c->kind == TAG_GENERIC) {
+    char msg[300];
+    char *method = grpc_slice_to_c_string(c->details.method);
+    snprintf(msg, sizeof msg, "unknown method %s", method ? method : "?");
+    gpr_free(method);
+    reply(w, c, RPC_UNIMPLEMENTED, msg, NULL, 0);
+    return;
+  }
+  if (gpr_time_cmp(c->deadline, gpr_now(c->deadline.clock_type)) < 0) {
+    reply(w, c, RPC_DEADLINE_EXCEEDED, "deadline passed before the call was handled", NULL, 0);
+    return;
+  }
+  uint8_t *in;
+  size_t len;
+  if (!c->payload) {
+    reply(w, c, RPC_INVALID_ARGUMENT, "no request message", NULL, 0);
+    return;
+  }
+  if (rpc__bb_read(c->payload, &in, &len)) {
+    reply(w, c, RPC_RESOURCE_EXHAUSTED, "out of memory reading the request", NULL, 0);
+    return;
+  }
+  rpc_reply r;
+  rpc_service_handle(w->st->svc, (rpc_method)c->method, in, len, &r);
+  free(in);
+  if (r.status == RPC_OK &&
+      gpr_time_cmp(c->deadline, gpr_now(c->deadline.clock_type)) < 0)
+    reply(w, c, RPC_DEADLINE_EXCEEDED, "deadline passed while handling the call", NULL, 0);
+  else
+    reply(w, c, r.status, r.msg, r.out, r.out_len);
+  free(r.out);
+}
+
+static void *worker_main(void *arg) {
+  worker *w = arg;
+  server_state *st = w->st;
+  int closing = 0;
+  for (;;) {
+    if (!closing && st->server_down && w->live == 0) {
+      grpc_completion_queue_shutdown(w->cq);
+      closing = 1;
+    }
+    grpc_event ev = grpc_completion_queue_next(
+        w->cq, gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(50, GPR_TIMESPAN)),
+        NULL);
+    if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
+    if (ev.type == GRPC_QUEUE_TIMEOUT) continue;
+    call_ctx *c = ev.tag;
+    w->live--;
+    switch (c->kind) {
+      case TAG_REQUEST:
+      case TAG_GENERIC:
+        if (!ev.success) { /* shutting down: free, do not re-arm */
+          ctx_free(c);
+          break;
+        }
+        post_request(w, c->kind == TAG_GENERIC ? -1 : c->method);
+        handle(w, c);
+        break;
+      case TAG_REPLY:
+        ctx_free(c);
+        break;
+    }
+  }
+  return NULL;
+}
+
+int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
+                   void (*on_listening)(int port, void *ctx), void *ctx, char *err,
+                   size_t errlen) {
+  int threads = o->threads > 0 ? o->threads : 1;
+  int maxmsg = o->max_message_bytes > 0 ? o->max_message_bytes : 64 << 20;
+  grpc_arg args[3];
+  args[0].type = GRPC_ARG_INTEGER;
+  args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+  args[0].value.integer = maxmsg;
+  args[1].type = GRPC_ARG_INTEGER;
+  args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+  args[1].value.integer = maxmsg;
+  args[2].type = GRPC_ARG_INTEGER;
+  args[2].key = "grpc.so_reuseport";
+  args[2].value.integer = 0;
+  grpc_channel_args cargs = {3, args};
+
+  server_state st;
+  memset(&st, 0, sizeof st);
+  st.svc = svc;
+  st.n_workers = threads;
+  st.w = calloc((size_t)threads, sizeof *st.w);
+  if (!st.w) {
+    sr_fmt(err, errlen, "server: out of memory");
+    return SR_ENOMEM;
+  }
+  rpc_global_init();
+  st.srv = grpc_server_create(&cargs, NULL);
+  for (int m = 0; m < RPC_N_METHODS; m++)
+    st.methods[m] = grpc_server_register_method(st.srv, rpc_method_path((rpc_method)m), NULL,
+                                                GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+  for (int i = 0; i < threads; i++) {
+    st.w[i].st = &st;
+    st.w[i].cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_server_register_completion_queue(st.srv, st.w[i].cq, NULL);
+  }
+  grpc_completion_queue *shut_cq = grpc_completion_queue_create_for_next(NULL);
+  grpc_server_register_completion_queue(st.srv, shut_cq, NULL);
+
+  int rc = 0, port = 0;
+  grpc_server_credentials *creds;
+  if (o->tls) {
+    creds = rpc__server_creds(o->tls, err, errlen);
+    if (!creds) rc = SR_EINVAL;
+  } else {
+    creds = grpc_insecure_server_credentials_create();
+  }
+  if (!rc) {
+    port = grpc_server_add_http2_port(st.srv, o->listen, creds);
+    grpc_server_credentials_release(creds);
+    if (port <= 0) {
+      sr_fmt(err, errlen, "server: cannot listen on %s (address in use or invalid)", o->listen);
+      rc = SR_EIO;
+    }
+  }
+  if (rc) {
+    grpc_server_destroy(st.srv);
+    for (int i = 0; i < threads; i++) grpc_completion_queue_destroy(st.w[i].cq);
+    grpc_completion_queue_destroy(shut_cq);
+    free(st.w);
+    rpc_global_shutdown();
+    return rc;
+  }
+  grpc_server_start(st.srv);
+  for (int i = 0; i < threads; i++) {
+    for (int m = 0; m < RPC_N_METHODS; m++) post_request(&st.w[i], m);
+    post_request(&st.w[i], -1);
+  }
+  for (int i = 0; i < threads; i++) pthread_create(&st.w[i].th, NULL, worker_main, &st.w[i]);
+  if (on_listening) on_listening(port, ctx);
+
+  while (!*o->stop) {
+    struct timespec ts = {0, 20 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  /* Stop accepting; let in-flight calls finish within the grace period. */
+  static int shut_tag;
+  grpc_server_shutdown_and_notify(st.srv, shut_cq, &shut_tag);
+  double grace = o->shutdown_grace_s > 0 ? o->shutdown_grace_s : 5;
+  grpc_event ev = grpc_completion_queue_next(shut_cq, rpc__deadline(grace), NULL);
+  if (ev.type == GRPC_QUEUE_TIMEOUT) {
+    grpc_server_cancel_all_calls(st.srv);
+    ev = grpc_completion_queue_next(shut_cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+  }
+  st.server_down = 1;
+  for (int i = 0; i < threads; i++) pthread_join(st.w[i].th, NULL);
+  grpc_server_destroy(st.srv);
+  grpc_completion_queue_shutdown(shut_cq);
+  while (grpc_completion_queue_next(shut_cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+         GRPC_QUEUE_SHUTDOWN) {
+  }
+  for (int i = 0; i < threads; i++) grpc_completion_queue_destroy(st.w[i].cq);
+  grpc_completion_queue_destroy(shut_cq);
+  free(st.w);
+  rc = rpc_service_flush(svc);
+  if (rc) sr_fmt(err, errlen, "server: flush on shutdown failed: %s", sr_strerror(rc));
+  rpc_global_shutdown();
+  return rc;
+}
+
+void rpc_global_init(void) { grpc_init(); }
+void rpc_global_shutdown(void) { grpc_shutdown(); }

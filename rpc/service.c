@@ -1,0 +1,592 @@
+/* The request handlers of the shard service, without gRPC: bytes in, status
+ * and bytes out. Every field of a request is checked before anything runs,
+ * so a refused request changes nothing. */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "common/status.h"
+#include "rpc/health.pb-c.h"
+#include "rpc/rpc.h"
+#include "rpc/shardrec.pb-c.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "rows travel as little-endian float32: a big-endian host needs byte swaps here"
+#endif
+
+#define SVC_MAX_JOBS 256 /* (job, rank) pairs remembered for Push idempotency */
+
+static const char *const method_paths[RPC_N_METHODS] = {
+    "/shardrec.v1.EmbeddingShard/Lookup",     "/shardrec.v1.EmbeddingShard/Push",
+    "/shardrec.v1.EmbeddingShard/Checkpoint", "/shardrec.v1.EmbeddingShard/Restore",
+    "/shardrec.v1.EmbeddingShard/Stats",      "/grpc.health.v1.Health/Check",
+};
+
+const char *rpc_method_path(rpc_method m) {
+  return (m >= 0 && m < RPC_N_METHODS) ? method_paths[m] : NULL;
+}
+
+typedef struct {
+  char job[128];
+  int rank;
+  int64_t last_step; /* highest step applied for (job, rank) */
+  uint64_t used;     /* recency, for replacement */
+} job_entry;
+
+typedef struct {
+  uint64_t calls;
+  double sum_us, max_us;
+} lat_stat;
+
+struct rpc_service {
+  const emb_plan *plan; /* borrowed */
+  emb_store *store;     /* borrowed */
+  char fp[EMB_FP_HEX];
+  uint8_t *served;      /* [plan->n_shards] 1 when served here */
+  int *shards;          /* [n_shards] as given */
+  int n_shards;
+  int read_only;
+  size_t max_ids;
+  pthread_mutex_t mu;
+  job_entry jobs[SVC_MAX_JOBS];
+  int n_jobs;
+  uint64_t clock;
+  lat_stat lat[RPC_N_METHODS];
+  uint64_t failed;
+};
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return 1e6 * (double)ts.tv_sec + 1e-3 * (double)ts.tv_nsec;
+}
+
+rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
+                                const rpc_service_opts *o, char *err, size_t errlen) {
+  if (!plan || !store || !o || o->n_shards < 1) {
+    sr_fmt(err, errlen, "service: missing plan, store or shards");
+    return NULL;
+  }
+  rpc_service *s = calloc(1, sizeof *s);
+  if (!s) goto nomem;
+  s->plan = plan;
+  s->store = store;
+  s->read_only = o->read_only;
+  s->max_ids = o->max_ids ? o->max_ids : (size_t)1 << 22;
+  s->served = calloc((size_t)plan->n_shards, 1);
+  s->shards = malloc((size_t)o->n_shards * sizeof *s->shards);
+  if (!s->served || !s->shards) goto nomem;
+  for (int i = 0; i < o->n_shards; i++) {
+    int k = o->shards[i];
+    if (k < 0 || k >= plan->n_shards) {
+      sr_fmt(err, errlen, "service: shard %d is not in the plan (0..%d)", k, plan->n_shards - 1);
+      rpc_service_destroy(s);
+      return NULL;
+    }
+    if (s->served[k]) {
+      sr_fmt(err, errlen, "service: shard %d given twice", k);
+      rpc_service_destroy(s);
+      return NULL;
+    }
+    s->served[k] = 1;
+    s->shards[i] = k;
+  }
+  s->n_shards = o->n_shards;
+  if (emb_plan_fingerprint(plan, s->fp)) goto nomem;
+  pthread_mutex_init(&s->mu, NULL);
+  return s;
+nomem:
+  sr_fmt(err, errlen, "service: out of memory");
+  if (s) {
+    free(s->served);
+    free(s->shards);
+    free(s);
+  }
+  return NULL;
+}
+
+void rpc_service_destroy(rpc_service *s) {
+  if (!s) return;
+  pthread_mutex_destroy(&s->mu);
+  free(s->served);
+  free(s->shards);
+  free(s);
+}
+
+int rpc_service_flush(rpc_service *s) {
+  pthread_mutex_lock(&s->mu);
+  int rc = emb_store_flush(s->store);
+  pthread_mutex_unlock(&s->mu);
+  return rc;
+}
+
+#define FAIL(r, code, ...)                               \
+  do {                                                   \
+    (r)->status = (code);                                \
+    snprintf((r)->msg, sizeof (r)->msg, __VA_ARGS__);    \
+    goto out;                                            \
+  } while (0)
+
+static void served_list(const rpc_service *s, char *buf, size_t n) {
+  size_t at = 0;
+  buf[0] = 0;
+  for (int i = 0; i < s->n_shards && at + 12 < n; i++)
+    at += (size_t)snprintf(buf + at, n - at, "%s%d", i ? "," : "", s->shards[i]);
+}
+
+/* Checks shared by Lookup and Push: header, then per table its id, ids in
+ * range and on a served shard. Fills idx[i] = plan index of tables[i].
+ * Returns RPC_OK or a status with the message in r. */
+static int check_header(rpc_service *s, const Shardrec__V1__RequestHeader *h, rpc_reply *r) {
+  if (!h) {
+    r->status = RPC_INVALID_ARGUMENT;
+    snprintf(r->msg, sizeof r->msg, "header: missing");
+    return r->status;
+  }
+  if (!h->plan_fingerprint || strcmp(h->plan_fingerprint, s->fp)) {
+    r->status = RPC_FAILED_PRECONDITION;
+    snprintf(r->msg, sizeof r->msg,
+             "header.plan_fingerprint: request made under plan %.16s..., this server serves plan "
+             "%.16s...",
+             h->plan_fingerprint && *h->plan_fingerprint ? h->plan_fingerprint : "(none)", s->fp);
+    return r->status;
+  }
+  if (h->world_size < 1 || h->rank < 0 || h->rank >= h->world_size) {
+    r->status = RPC_INVALID_ARGUMENT;
+    snprintf(r->msg, sizeof r->msg, "header: rank %d of world size %d", h->rank, h->world_size);
+    return r->status;
+  }
+  if (h->world_size != 1) {
+    r->status = RPC_UNIMPLEMENTED;
+    snprintf(r->msg, sizeof r->msg, "header.world_size %d: only 1 trainer rank is supported yet",
+             h->world_size);
+    return r->status;
+  }
+  if (h->step < 0) {
+    r->status = RPC_INVALID_ARGUMENT;
+    snprintf(r->msg, sizeof r->msg, "header.step %lld: negative", (long long)h->step);
+    return r->status;
+  }
+  if (!h->job_id || strlen(h->job_id) >= sizeof(((job_entry *)0)->job)) {
+    r->status = RPC_INVALID_ARGUMENT;
+    snprintf(r->msg, sizeof r->msg, "header.job_id: at most %zu bytes",
+             sizeof(((job_entry *)0)->job) - 1);
+    return r->status;
+  }
+  return RPC_OK;
+}
+
+static int check_ids(rpc_service *s, const char *what, size_t i, uint32_t table_id,
+                     const uint64_t *ids, size_t n, int *idx, uint8_t *seen, size_t *total,
+                     rpc_reply *r) {
+  int t = emb_plan_table_index(s->plan, table_id);
+  if (t < 0) {
+    r->status = RPC_INVALID_ARGUMENT;
+    snprintf(r->msg, sizeof r->msg, "%s[%zu].table_id %u: no such table in the plan", what, i,
+             table_id);
+    return r->status;
+  }
+  if (seen[t]) {
+    r->status = RPC_INVALID_ARGUMENT;
+    snprintf(r->msg, sizeof r->msg, "%s[%zu].table_id %u: table given twice", what, i, table_id);
+    return r->status;
+  }
+  seen[t] = 1;
+  *idx = t;
+  *total += n;
+  if (*total > s->max_ids) {
+    r->status = RPC_INVALID_ARGUMENT;
+    snprintf(r->msg, sizeof r->msg, "%s: more than %zu ids in one request", what, s->max_ids);
+    return r->status;
+  }
+  const emb_table *tb = &s->plan->tables[t];
+  for (size_t k = 0; k < n; k++) {
+    if (tb->rows != EMB_ROWS_UNBOUNDED && ids[k] >= tb->rows) {
+      r->status = RPC_INVALID_ARGUMENT;
+      snprintf(r->msg, sizeof r->msg, "%s[%zu].ids[%zu]: row id %llu of table %u (%s) is out of range 0..%llu",
+               what, i, k, (unsigned long long)ids[k], table_id, tb->name,
+               (unsigned long long)(tb->rows - 1));
+      return r->status;
+    }
+    int sh = emb_plan_shard_of(s->plan, t, ids[k]);
+    if (!s->served[sh]) {
+      char list[256];
+      served_list(s, list, sizeof list);
+      r->status = RPC_FAILED_PRECONDITION;
+      snprintf(r->msg, sizeof r->msg,
+               "%s[%zu].ids[%zu]: row %llu of table %u (%s) lives on shard %d; this server serves shard(s) %s",
+               what, i, k, (unsigned long long)ids[k], table_id, tb->name, sh, list);
+      return r->status;
+    }
+  }
+  return RPC_OK;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void pack_reply(rpc_reply *r, const ProtobufCMessage *m) {
+  size_t n = protobuf_c_message_get_packed_size(m);
+  r->out = malloc(n ? n : 1);
+  if (!r->out) {
+    r->status = RPC_RESOURCE_EXHAUSTED;
+    snprintf(r->msg, sizeof r->msg, "out of memory for a %zu-byte answer", n);
+    return;
+  }
+  r->out_len = protobuf_c_message_pack(m, r->out);
+}
+
+static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r) {
+  const int nt = s->plan->n_tables;
+  Shardrec__V1__LookupRequest *q = shardrec__v1__lookup_request__unpack(NULL, len, in);
+  int *idx = NULL;
+  uint8_t *seen = NULL;
+  const uint64_t **ids = NULL;
+  size_t *counts = NULL;
+  float **outp = NULL;
+  Shardrec__V1__TableRows *rows = NULL, **rowp = NULL;
+  if (!q) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid shardrec.v1.LookupRequest (%zu bytes)", len);
+  if (check_header(s, q->header, r)) goto out;
+  idx = calloc(q->n_tables + 1, sizeof *idx);
+  seen = calloc((size_t)nt, 1);
+  ids = calloc((size_t)nt, sizeof *ids);
+  counts = calloc((size_t)nt, sizeof *counts);
+  outp = calloc((size_t)nt, sizeof *outp);
+  rows = calloc(q->n_tables + 1, sizeof *rows);
+  rowp = calloc(q->n_tables + 1, sizeof *rowp);
+  if (!idx || !seen || !ids || !counts || !outp || !rows || !rowp)
+    FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
+  size_t total = 0;
+  for (size_t i = 0; i < q->n_tables; i++) {
+    const Shardrec__V1__TableIds *ti = q->tables[i];
+    if (check_ids(s, "tables", i, ti->table_id, ti->ids, ti->n_ids, &idx[i], seen, &total, r))
+      goto out;
+  }
+  static float dummy;
+  for (int t = 0; t < nt; t++) outp[t] = &dummy;
+  for (size_t i = 0; i < q->n_tables; i++) {
+    const int t = idx[i], dim = s->plan->tables[t].dim;
+    shardrec__v1__table_rows__init(&rows[i]);
+    rows[i].table_id = q->tables[i]->table_id;
+    rows[i].dim = dim;
+    rows[i].rows.len = q->tables[i]->n_ids * (size_t)dim * sizeof(float);
+    rows[i].rows.data = malloc(rows[i].rows.len ? rows[i].rows.len : 1);
+    if (!rows[i].rows.data) FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
+    rowp[i] = &rows[i];
+    ids[t] = q->tables[i]->ids;
+    counts[t] = q->tables[i]->n_ids;
+    outp[t] = (float *)rows[i].rows.data;
+  }
+  emb_idset set = {.n_tables = nt, .ids = ids, .counts = counts};
+  pthread_mutex_lock(&s->mu);
+  int rc = emb_store_lookup_begin(s->store, q->header->step, &set, outp);
+  if (!rc) rc = emb_store_lookup_wait(s->store);
+  if (rc) snprintf(r->msg, sizeof r->msg, "lookup: %s", emb_store_errmsg(s->store));
+  pthread_mutex_unlock(&s->mu);
+  if (rc) {
+    r->status = RPC_INTERNAL;
+    goto out;
+  }
+  Shardrec__V1__LookupResponse resp = SHARDREC__V1__LOOKUP_RESPONSE__INIT;
+  resp.n_tables = q->n_tables;
+  resp.tables = rowp;
+  pack_reply(r, &resp.base);
+out:
+  if (rows && q)
+    for (size_t i = 0; i < q->n_tables; i++) free(rows[i].rows.data);
+  free(rows);
+  free(rowp);
+  free(idx);
+  free(seen);
+  free(ids);
+  free(counts);
+  free(outp);
+  if (q) shardrec__v1__lookup_request__free_unpacked(q, NULL);
+}
+
+/* Index of (job, rank) in the idempotency table, or -1. */
+static int job_find(rpc_service *s, const char *job, int rank) {
+  for (int i = 0; i < s->n_jobs; i++)
+    if (s->jobs[i].rank == rank && !strcmp(s->jobs[i].job, job)) return i;
+  return -1;
+}
+
+static void job_record(rpc_service *s, const char *job, int rank, int64_t step) {
+  int i = job_find(s, job, rank);
+  if (i < 0) {
+    if (s->n_jobs < SVC_MAX_JOBS) {
+      i = s->n_jobs++;
+    } else {
+      i = 0;
+      for (int k = 1; k < SVC_MAX_JOBS; k++)
+        if (s->jobs[k].used < s->jobs[i].used) i = k;
+    }
+    snprintf(s->jobs[i].job, sizeof s->jobs[i].job, "%s", job);
+    s->jobs[i].rank = rank;
+  }
+  s->jobs[i].last_step = step;
+  s->jobs[i].used = ++s->clock;
+}
+
+static void do_push(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r) {
+  const int nt = s->plan->n_tables;
+  Shardrec__V1__PushRequest *q = shardrec__v1__push_request__unpack(NULL, len, in);
+  int *idx = NULL;
+  uint8_t *seen = NULL;
+  const uint64_t **ids = NULL;
+  size_t *counts = NULL;
+  const float **grads = NULL;
+  float **copies = NULL;
+  uint64_t *sorted = NULL;
+  if (!q) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid shardrec.v1.PushRequest (%zu bytes)", len);
+  if (s->read_only) FAIL(r, RPC_FAILED_PRECONDITION, "this server is read-only: Push refused");
+  if (check_header(s, q->header, r)) goto out;
+  if (!isfinite(q->learning_rate) || q->learning_rate < 0)
+    FAIL(r, RPC_INVALID_ARGUMENT, "learning_rate %g: must be finite and >= 0",
+         (double)q->learning_rate);
+  idx = calloc(q->n_tables + 1, sizeof *idx);
+  seen = calloc((size_t)nt, 1);
+  ids = calloc((size_t)nt, sizeof *ids);
+  counts = calloc((size_t)nt, sizeof *counts);
+  grads = calloc((size_t)nt, sizeof *grads);
+  copies = calloc(q->n_tables + 1, sizeof *copies);
+  if (!idx || !seen || !ids || !counts || !grads || !copies)
+    FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
+  size_t total = 0, most = 0;
+  for (size_t i = 0; i < q->n_tables; i++) {
+    const Shardrec__V1__TableGrads *tg = q->tables[i];
+    if (check_ids(s, "tables", i, tg->table_id, tg->ids, tg->n_ids, &idx[i], seen, &total, r))
+      goto out;
+    const int dim = s->plan->tables[idx[i]].dim;
+    if (tg->grads.len != tg->n_ids * (size_t)dim * sizeof(float))
+      FAIL(r, RPC_INVALID_ARGUMENT,
+           "tables[%zu].grads: %zu bytes for %zu ids of dim %d; expected %zu", i, tg->grads.len,
+           tg->n_ids, dim, tg->n_ids * (size_t)dim * sizeof(float));
+    if (tg->n_ids > most) most = tg->n_ids;
+  }
+  sorted = malloc((most ? most : 1) * sizeof *sorted);
+  if (!sorted) FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
+  for (size_t i = 0; i < q->n_tables; i++) {
+    const Shardrec__V1__TableGrads *tg = q->tables[i];
+    const int t = idx[i], dim = s->plan->tables[t].dim;
+    memcpy(sorted, tg->ids, tg->n_ids * sizeof *sorted);
+    qsort(sorted, tg->n_ids, sizeof *sorted, cmp_u64);
+    for (size_t k = 1; k < tg->n_ids; k++)
+      if (sorted[k] == sorted[k - 1])
+        FAIL(r, RPC_INVALID_ARGUMENT, "tables[%zu].ids: row %llu given twice (sum its gradients)",
+             i, (unsigned long long)sorted[k]);
+    const float *g = (const float *)tg->grads.data;
+    if (((uintptr_t)g & 3u) != 0) {
+      copies[i] = malloc(tg->grads.len ? tg->grads.len : 1);
+      if (!copies[i]) FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
+      memcpy(copies[i], tg->grads.data, tg->grads.len);
+      g = copies[i];
+    }
+    for (size_t k = 0; k < tg->n_ids * (size_t)dim; k++)
+      if (!isfinite(g[k]))
+        FAIL(r, RPC_INVALID_ARGUMENT, "tables[%zu].grads: row %llu element %zu is %g", i,
+             (unsigned long long)tg->ids[k / (size_t)dim], k % (size_t)dim, (double)g[k]);
+    ids[t] = tg->ids;
+    counts[t] = tg->n_ids;
+    grads[t] = g;
+  }
+  Shardrec__V1__PushResponse resp = SHARDREC__V1__PUSH_RESPONSE__INIT;
+  emb_idset set = {.n_tables = nt, .ids = ids, .counts = counts};
+  const Shardrec__V1__RequestHeader *h = q->header;
+  pthread_mutex_lock(&s->mu);
+  int j = job_find(s, h->job_id, h->rank);
+  int rc = 0;
+  if (j >= 0 && h->step <= s->jobs[j].last_step) {
+    resp.applied = 0; /* a retry: already applied */
+  } else {
+    rc = emb_store_push(s->store, h->step, q->learning_rate, &set, grads);
+    if (rc) snprintf(r->msg, sizeof r->msg, "push: %s", emb_store_errmsg(s->store));
+    else {
+      job_record(s, h->job_id, h->rank, h->step);
+      resp.applied = 1;
+      resp.rows = total;
+    }
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (rc) {
+    r->status = RPC_INTERNAL;
+    goto out;
+  }
+  pack_reply(r, &resp.base);
+out:
+  if (copies && q)
+    for (size_t i = 0; i < q->n_tables; i++) free(copies[i]);
+  free(copies);
+  free(sorted);
+  free(idx);
+  free(seen);
+  free(ids);
+  free(counts);
+  free(grads);
+  if (q) shardrec__v1__push_request__free_unpacked(q, NULL);
+}
+
+/* path/shard-K (several shards: path/shard-K1-K2-...). */
+static int shard_dir(const rpc_service *s, const char *path, char *out, size_t n) {
+  int at = snprintf(out, n, "%s/shard", path);
+  for (int i = 0; i < s->n_shards && at > 0 && (size_t)at < n; i++)
+    at += snprintf(out + at, n - (size_t)at, "-%d", s->shards[i]);
+  return (at > 0 && (size_t)at < n) ? 0 : -1;
+}
+
+static int check_path(const char *path, rpc_reply *r) {
+  if (!path || !*path) {
+    r->status = RPC_INVALID_ARGUMENT;
+    snprintf(r->msg, sizeof r->msg, "path: empty");
+    return r->status;
+  }
+  if (strlen(path) > 3000) {
+    r->status = RPC_INVALID_ARGUMENT;
+    snprintf(r->msg, sizeof r->msg, "path: longer than 3000 bytes");
+    return r->status;
+  }
+  return 0;
+}
+
+static void do_checkpoint(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r,
+                          int restore) {
+  Shardrec__V1__CheckpointRequest *cq = NULL;
+  Shardrec__V1__RestoreRequest *rq = NULL;
+  const char *fp, *path;
+  if (restore) {
+    rq = shardrec__v1__restore_request__unpack(NULL, len, in);
+    if (!rq) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid shardrec.v1.RestoreRequest (%zu bytes)", len);
+    fp = rq->plan_fingerprint;
+    path = rq->path;
+  } else {
+    cq = shardrec__v1__checkpoint_request__unpack(NULL, len, in);
+    if (!cq) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid shardrec.v1.CheckpointRequest (%zu bytes)", len);
+    fp = cq->plan_fingerprint;
+    path = cq->path;
+  }
+  if (!fp || strcmp(fp, s->fp))
+    FAIL(r, RPC_FAILED_PRECONDITION, "plan_fingerprint: request made under plan %.16s..., this server serves plan %.16s...",
+         fp && *fp ? fp : "(none)", s->fp);
+  if (check_path(path, r)) goto out;
+  char dir[4096];
+  if (shard_dir(s, path, dir, sizeof dir)) FAIL(r, RPC_INVALID_ARGUMENT, "path: too long");
+  pthread_mutex_lock(&s->mu);
+  int rc = 0;
+  if (restore) {
+    rc = emb_store_restore(s->store, dir);
+    if (!rc) s->n_jobs = 0; /* steps start over from the checkpoint's */
+  } else {
+    if (mkdir(path, 0777) && errno != EEXIST) rc = SR_EIO;
+    else if (mkdir(dir, 0777) && errno != EEXIST) rc = SR_EIO;
+    if (rc)
+      snprintf(r->msg, sizeof r->msg, "checkpoint: cannot create %.400s: %s", dir, strerror(errno));
+    else {
+      rc = emb_store_flush(s->store);
+      if (!rc) rc = emb_store_checkpoint(s->store, dir);
+    }
+  }
+  if (rc && !r->msg[0])
+    snprintf(r->msg, sizeof r->msg, "%s %.300s: %.150s", restore ? "restore" : "checkpoint", dir,
+             emb_store_errmsg(s->store));
+  pthread_mutex_unlock(&s->mu);
+  if (rc) {
+    r->status = rc == SR_ENOTFOUND ? RPC_NOT_FOUND : rc == SR_EIO ? RPC_INTERNAL : RPC_FAILED_PRECONDITION;
+    goto out;
+  }
+  if (restore) {
+    Shardrec__V1__RestoreResponse resp = SHARDREC__V1__RESTORE_RESPONSE__INIT;
+    resp.path = dir;
+    pack_reply(r, &resp.base);
+  } else {
+    Shardrec__V1__CheckpointResponse resp = SHARDREC__V1__CHECKPOINT_RESPONSE__INIT;
+    resp.path = dir;
+    pack_reply(r, &resp.base);
+  }
+out:
+  if (cq) shardrec__v1__checkpoint_request__free_unpacked(cq, NULL);
+  if (rq) shardrec__v1__restore_request__free_unpacked(rq, NULL);
+}
+
+static void do_stats(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r) {
+  Shardrec__V1__StatsRequest *q = shardrec__v1__stats_request__unpack(NULL, len, in);
+  if (!q) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid shardrec.v1.StatsRequest (%zu bytes)", len);
+  Shardrec__V1__StatsResponse resp = SHARDREC__V1__STATS_RESPONSE__INIT;
+  emb_store_stats st = {0};
+  pthread_mutex_lock(&s->mu);
+  int rc = emb_store_stats_get(s->store, &st);
+  const lat_stat lk = s->lat[RPC_LOOKUP], ps = s->lat[RPC_PUSH];
+  resp.failed_calls = s->failed;
+  pthread_mutex_unlock(&s->mu);
+  if (rc) FAIL(r, RPC_INTERNAL, "stats: %s", emb_store_errmsg(s->store));
+  resp.rows = st.rows;
+  resp.bytes = st.bytes;
+  resp.rows_looked_up = st.lookups;
+  resp.rows_hit = st.hits;
+  resp.hit_rate = st.lookups ? (double)st.hits / (double)st.lookups : 0;
+  resp.rows_pushed = st.pushes;
+  resp.lookup_calls = lk.calls;
+  resp.push_calls = ps.calls;
+  resp.lookup_mean_us = lk.calls ? lk.sum_us / (double)lk.calls : 0;
+  resp.push_mean_us = ps.calls ? ps.sum_us / (double)ps.calls : 0;
+  resp.lookup_max_us = lk.max_us;
+  resp.push_max_us = ps.max_us;
+  resp.n_shards = (size_t)s->n_shards;
+  resp.shards = s->shards;
+  resp.plan_fingerprint = s->fp;
+  pack_reply(r, &resp.base);
+out:
+  if (q) shardrec__v1__stats_request__free_unpacked(q, NULL);
+}
+
+static void do_health(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r) {
+  (void)s;
+  Grpc__Health__V1__HealthCheckRequest *q = grpc__health__v1__health_check_request__unpack(NULL, len, in);
+  if (!q) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid grpc.health.v1.HealthCheckRequest (%zu bytes)", len);
+  if (q->service && *q->service && strcmp(q->service, "shardrec.v1.EmbeddingShard"))
+    FAIL(r, RPC_NOT_FOUND, "unknown service '%s'", q->service);
+  Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+  resp.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+  pack_reply(r, &resp.base);
+out:
+  if (q) grpc__health__v1__health_check_request__free_unpacked(q, NULL);
+}
+
+void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
+                        rpc_reply *r) {
+  memset(r, 0, sizeof *r);
+  static const uint8_t none[1];
+  if (!in) in = none, len = 0;
+  double t0 = now_us();
+  switch (m) {
+    case RPC_LOOKUP: do_lookup(s, in, len, r); break;
+    case RPC_PUSH: do_push(s, in, len, r); break;
+    case RPC_CHECKPOINT: do_checkpoint(s, in, len, r, 0); break;
+    case RPC_RESTORE: do_checkpoint(s, in, len, r, 1); break;
+    case RPC_STATS: do_stats(s, in, len, r); break;
+    case RPC_HEALTH_CHECK: do_health(s, in, len, r); break;
+    default:
+      r->status = RPC_UNIMPLEMENTED;
+      snprintf(r->msg, sizeof r->msg, "unknown method");
+      return;
+  }
+  if (r->status != RPC_OK) {
+    free(r->out);
+    r->out = NULL;
+    r->out_len = 0;
+  }
+  double us = now_us() - t0;
+  pthread_mutex_lock(&s->mu);
+  lat_stat *l = &s->lat[m];
+  l->calls++;
+  l->sum_us += us;
+  if (us > l->max_us) l->max_us = us;
+  if (r->status != RPC_OK) s->failed++;
+  pthread_mutex_unlock(&s->mu);
+}

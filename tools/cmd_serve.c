@@ -1,0 +1,183 @@
+/* shardrec serve: one embedding shard server (gRPC, rpc/shardrec.proto).
+ *
+ * Hosts the rows of the given shards of a plan in memory and serves
+ * Lookup, Push, Checkpoint, Restore, Stats and grpc.health.v1 Check.
+ * Prints "listening on HOST:PORT" once bound (port 0 picks one). SIGTERM or
+ * SIGINT: stop accepting, let in-flight calls finish, flush, exit 0. */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "embedding/plan.h"
+#include "embedding/store.h"
+#include "rpc/rpc.h"
+#include "tools/cli.h"
+#include "tools/cmds.h"
+
+#define CMD "serve"
+
+static void usage(FILE *f) {
+  fprintf(f,
+"usage: shardrec serve --plan PLAN.json --shard K[,K...] [options]\n"
+"\n"
+"  --plan PLAN.json        the sharding plan (the fingerprint every call must carry)\n"
+"  --shard K[,K...]        shards of the plan served here\n"
+"  --listen HOST:PORT      address (127.0.0.1:0; port 0 picks a free port)\n"
+"  --data-dir DIR          this server's folder (created)\n"
+"  --restore PATH          start from a checkpoint written by Checkpoint(PATH)\n"
+"  --read-only             refuse Push (FAILED_PRECONDITION)\n"
+"  --threads N             worker threads, one completion queue each (2)\n"
+"  --max-message-mb N      largest request or answer (64)\n"
+"  --max-ids N             most ids in one Lookup or Push (4194304)\n"
+"  --tls-cert F --tls-key F   serve TLS with this certificate and key (PEM)\n"
+"  --tls-client-ca F       require client certificates signed by this CA (mTLS)\n");
+}
+
+enum { O_PLAN = 1000, O_SHARD, O_LISTEN, O_DATA, O_RESTORE, O_RO, O_THREADS, O_MAXMSG,
+       O_MAXIDS, O_CERT, O_KEY, O_CA, O_HELP };
+
+static const struct option long_opts[] = {
+    {"plan", required_argument, 0, O_PLAN},        {"shard", required_argument, 0, O_SHARD},
+    {"listen", required_argument, 0, O_LISTEN},    {"data-dir", required_argument, 0, O_DATA},
+    {"restore", required_argument, 0, O_RESTORE},  {"read-only", no_argument, 0, O_RO},
+    {"threads", required_argument, 0, O_THREADS},  {"max-message-mb", required_argument, 0, O_MAXMSG},
+    {"max-ids", required_argument, 0, O_MAXIDS},   {"tls-cert", required_argument, 0, O_CERT},
+    {"tls-key", required_argument, 0, O_KEY},      {"tls-client-ca", required_argument, 0, O_CA},
+    {"help", no_argument, 0, O_HELP},              {0, 0, 0, 0}};
+
+static volatile int g_stop;
+
+static void on_signal(int sig) {
+  (void)sig;
+  g_stop = 1;
+}
+
+typedef struct {
+  const char *listen;
+} listen_ctx;
+
+static void on_listening(int port, void *ctx) {
+  const char *addr = ((listen_ctx *)ctx)->listen;
+  const char *colon = strrchr(addr, ':');
+  int hostlen = colon ? (int)(colon - addr) : (int)strlen(addr);
+  printf("listening on %.*s:%d\n", hostlen, addr, port);
+  fflush(stdout);
+}
+
+int cmd_serve(int argc, char **argv) {
+  const char *plan_path = NULL, *shards_s = NULL, *listen = "127.0.0.1:0", *data_dir = NULL,
+             *restore = NULL;
+  rpc_tls tls = {0};
+  int read_only = 0;
+  long long threads = 2, maxmsg = 64, maxids = 1 << 22;
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, ":h", long_opts, NULL)) != -1) {
+    switch (c) {
+      case O_PLAN: plan_path = optarg; break;
+      case O_SHARD: shards_s = optarg; break;
+      case O_LISTEN: listen = optarg; break;
+      case O_DATA: data_dir = optarg; break;
+      case O_RESTORE: restore = optarg; break;
+      case O_RO: read_only = 1; break;
+      case O_THREADS: if (cli_int(CMD, "--threads", optarg, 1, 256, &threads)) return 2; break;
+      case O_MAXMSG: if (cli_int(CMD, "--max-message-mb", optarg, 1, 2047, &maxmsg)) return 2; break;
+      case O_MAXIDS: if (cli_int(CMD, "--max-ids", optarg, 1, 1LL << 30, &maxids)) return 2; break;
+      case O_CERT: tls.cert = optarg; break;
+      case O_KEY: tls.key = optarg; break;
+      case O_CA: tls.ca = optarg; break;
+      case 'h':
+      case O_HELP: usage(stdout); return 0;
+      case ':': cli_bad_option(CMD, ':', argv[optind - 1]); return 2;
+      default: cli_bad_option(CMD, '?', argv[optind - 1]); return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "shardrec serve: unexpected argument '%s'\n", argv[optind]);
+    return 2;
+  }
+  if (!plan_path || !shards_s) {
+    fprintf(stderr, "shardrec serve: --plan and --shard are required\n");
+    return 2;
+  }
+  if ((tls.cert || tls.key || tls.ca) && !(tls.cert && tls.key)) {
+    fprintf(stderr, "shardrec serve: TLS needs both --tls-cert and --tls-key\n");
+    return 2;
+  }
+  int shards[256], n_shards = 0;
+  {
+    n_shards = 0;
+    const char *p = shards_s;
+    while (*p) {
+      char *end;
+      long v = strtol(p, &end, 10);
+      if (end == p || v < 0 || (*end && *end != ',') || n_shards == 256) {
+        fprintf(stderr, "shardrec serve: --shard: '%s' is not a list of shard numbers like 0,2\n",
+                shards_s);
+        return 2;
+      }
+      shards[n_shards++] = (int)v;
+      p = *end ? end + 1 : end;
+    }
+  }
+  char err[1024];
+  emb_plan *plan = NULL;
+  if (emb_plan_load(plan_path, &plan, err, sizeof err)) {
+    fprintf(stderr, "shardrec serve: %s\n", err);
+    return 1;
+  }
+  if (data_dir && mkdir(data_dir, 0777) && errno != EEXIST) {
+    fprintf(stderr, "shardrec serve: --data-dir %s: %s\n", data_dir, strerror(errno));
+    emb_plan_free(plan);
+    return 1;
+  }
+  int status = 1;
+  rpc_service *svc = NULL;
+  emb_store *store = emb_store_create_local(plan, err, sizeof err);
+  if (!store) {
+    fprintf(stderr, "shardrec serve: %s\n", err);
+    goto done;
+  }
+  rpc_service_opts so = {.shards = shards, .n_shards = n_shards, .read_only = read_only,
+                         .max_ids = (size_t)maxids};
+  svc = rpc_service_create(plan, store, &so, err, sizeof err);
+  if (!svc) {
+    fprintf(stderr, "shardrec serve: %s\n", err);
+    goto done;
+  }
+  if (restore) {
+    char dir[4096];
+    int at = snprintf(dir, sizeof dir, "%s/shard", restore);
+    for (int i = 0; i < n_shards; i++) at += snprintf(dir + at, sizeof dir - (size_t)at, "-%d", shards[i]);
+    if (emb_store_restore(store, dir)) {
+      fprintf(stderr, "shardrec serve: --restore %s: %s\n", dir, emb_store_errmsg(store));
+      goto done;
+    }
+  }
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  listen_ctx lc = {listen};
+  rpc_server_opts o = {.listen = listen, .threads = (int)threads,
+                       .max_message_bytes = (int)(maxmsg << 20),
+                       .tls = tls.cert ? &tls : NULL, .stop = &g_stop, .shutdown_grace_s = 5};
+  if (rpc_server_run(svc, &o, on_listening, &lc, err, sizeof err)) {
+    fprintf(stderr, "shardrec serve: %s\n", err);
+    goto done;
+  }
+  printf("stopped\n");
+  status = 0;
+done:
+  rpc_service_destroy(svc);
+  emb_store_destroy(store);
+  emb_plan_free(plan);
+  return status;
+}
