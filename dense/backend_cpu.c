@@ -5,6 +5,8 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #include <immintrin.h>
@@ -17,10 +19,22 @@
  * which is most of a step's non-sgemm time, also has AVX2/FMA versions for
  * d == 16, chosen per call from the CPU's feature bits: a given machine always
  * runs the same code, so its results are the same bits run to run; machines
- * with and without AVX2/FMA differ in rounding only (FMA, summation order). */
+ * with and without AVX2/FMA differ in rounding only (FMA, summation order).
+ * SHARDREC_DENSE_ISA=baseline in the environment (read at the first kernel
+ * call) keeps to the baseline code, so tests cover both on one machine. */
+#define DENSE_ISA_ENV "SHARDREC_DENSE_ISA" /* "baseline": never AVX2 */
 static int cpu_has_avx2_fma(void) {
 #if DENSE_X86
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  /* -1 until the first call; threads that race here store the same value */
+  static int cached = -1;
+  int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+  if (v < 0) {
+    const char *isa = getenv(DENSE_ISA_ENV);
+    v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        !(isa && strcmp(isa, "baseline") == 0);
+    __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+  }
+  return v;
 #else
   return 0;
 #endif
