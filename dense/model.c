@@ -269,24 +269,38 @@ static void bias_act_rows(void *p, int r0, int r1) {
                           j->y + (size_t)r0 * j->N);
 }
 
+/* The dot interaction over rows [r0, r1), with the gathers around it:
+ * forward T[b] = [x_bot[b]; emb[b]] then R; backward dT then its scatter to
+ * dx_bot[b] and d_emb[b] (d_emb may be NULL). */
 typedef struct {
   const dense_backend *be;
   int ni, d, itself, r_stride;
-  const float *T, *dR;
-  float *R, *dT;
+  const float *xb, *emb; /* forward: [n][d], [n][ni-1][d] */
+  const float *dR;       /* backward: [n][r_stride] */
+  float *T, *R, *dT;     /* [n][ni][d], [n][r_stride], [n][ni][d] */
+  float *dxb, *d_emb;    /* backward: [n][d], [n][ni-1][d] or NULL */
 } interact_job;
 static void interact_fwd_rows(void *p, int r0, int r1) {
   interact_job *j = p;
-  size_t ts = (size_t)j->ni * j->d;
+  size_t d = (size_t)j->d, ts = (size_t)j->ni * d, es = ts - d;
+  for (int b = r0; b < r1; b++) {
+    memcpy(j->T + b * ts, j->xb + b * d, sizeof(float) * d);
+    memcpy(j->T + b * ts + d, j->emb + b * es, sizeof(float) * es);
+  }
   j->be->interact_dot_forward(r1 - r0, j->ni, j->d, j->itself, j->T + r0 * ts,
                               j->R + (size_t)r0 * j->r_stride, j->r_stride);
 }
 static void interact_bwd_rows(void *p, int r0, int r1) {
   interact_job *j = p;
-  size_t ts = (size_t)j->ni * j->d;
+  size_t d = (size_t)j->d, ts = (size_t)j->ni * d, es = ts - d;
   j->be->interact_dot_backward(r1 - r0, j->ni, j->d, j->itself,
                                j->T + r0 * ts, j->dR + (size_t)r0 * j->r_stride,
                                j->r_stride, j->dT + r0 * ts);
+  for (int b = r0; b < r1; b++) {
+    memcpy(j->dxb + b * d, j->dT + b * ts, sizeof(float) * d);
+    if (j->d_emb)
+      memcpy(j->d_emb + b * es, j->dT + b * ts + d, sizeof(float) * es);
+  }
 }
 
 /* Linear (+ReLU) forward with the bias/ReLU pass split by rows. */
@@ -450,13 +464,9 @@ int dense_model_forward(dense_model *m, int n, const float *x_dense,
 
   /* interaction -> R[n][r_width] */
   if (c->interaction == DENSE_INTERACT_DOT) {
-    size_t ts = (size_t)m->ni * c->emb_dim; /* T[b] = [x_bot[b]; emb[b]] */
-    for (int b = 0; b < n; b++) {
-      memcpy(m->T + b * ts, xb + (size_t)b * d, sizeof(float) * d);
-      memcpy(m->T + b * ts + d, emb + b * es, sizeof(float) * es);
-    }
-    interact_job j = {be, m->ni, d, c->interaction_itself, m->r_width,
-                      m->T, NULL, m->R, NULL};
+    interact_job j = {.be = be, .ni = m->ni, .d = d,
+                      .itself = c->interaction_itself, .r_stride = m->r_width,
+                      .xb = xb, .emb = emb, .T = m->T, .R = m->R};
     split_rows(m, n, interact_fwd_rows, &j);
   } else {
     for (int b = 0; b < n; b++) {
@@ -509,14 +519,11 @@ int dense_model_backward(dense_model *m, int n, const float *labels,
 
   /* interaction backward: g = dR -> h = dx_bot[n][d], d_emb */
   if (c->interaction == DENSE_INTERACT_DOT) {
-    size_t ts = (size_t)m->ni * c->emb_dim;
-    interact_job j = {be, m->ni, d, c->interaction_itself, m->r_width,
-                      m->T, g, NULL, m->dT};
+    interact_job j = {.be = be, .ni = m->ni, .d = d,
+                      .itself = c->interaction_itself, .r_stride = m->r_width,
+                      .dR = g, .T = m->T, .dT = m->dT, .dxb = h,
+                      .d_emb = d_emb};
     split_rows(m, n, interact_bwd_rows, &j);
-    for (int b = 0; b < n; b++) {
-      memcpy(h + (size_t)b * d, m->dT + b * ts, sizeof(float) * d);
-      if (d_emb) memcpy(d_emb + b * es, m->dT + b * ts + d, sizeof(float) * es);
-    }
   } else {
     for (int b = 0; b < n; b++) {
       const float *dr = g + (size_t)b * m->r_width;
