@@ -1,0 +1,598 @@
+/* The RocksDB cold tier (see kv.h).
+ *
+ * Compression, measured with `shardrec bench store --compression lz4|none`
+ * on random float rows (dim 16 + adagrad state): lz4 saves ~0% of the bytes
+ * (random mantissas do not compress) and costs read time, so the default is
+ * none. */
+#include "storage/kv.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <rocksdb/c.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/status.h"
+
+struct store_db {
+  rocksdb_t *db;
+  rocksdb_options_t *opts;
+  rocksdb_block_based_table_options_t *bbo;
+  rocksdb_cache_t *cache;
+  rocksdb_readoptions_t *ro;
+  rocksdb_writeoptions_t *wo;
+  rocksdb_writebatch_t *wb;
+  int n;                                /* families asked for */
+  int n_all;                            /* families opened (default + asked + others) */
+  uint32_t *ids;                        /* [n] */
+  rocksdb_column_family_handle_t **cf;  /* [n] the asked-for ones */
+  rocksdb_column_family_handle_t **all; /* [n_all] */
+  /* MultiGet scratch */
+  size_t cap;
+  const rocksdb_column_family_handle_t **mcf;
+  char *mkeys;       /* [cap][8] */
+  const char **mkp;  /* [cap] */
+  size_t *mkl;       /* [cap] */
+  char **merr;       /* [cap] */
+};
+
+#define RCHECK(e, what)                                                                  \
+  do {                                                                                   \
+    if (e) {                                                                             \
+      sr_fmt(err, errlen, "%s: %s (%s:%d)", what, e, __FILE__, __LINE__);                \
+      rocksdb_free(e);                                                                   \
+      e = NULL;                                                                          \
+      rc = SR_EIO;                                                                       \
+      goto out;                                                                          \
+    }                                                                                    \
+  } while (0)
+
+static void put_be64(char *p, uint64_t v) {
+  for (int i = 7; i >= 0; i--) {
+    p[i] = (char)(v & 0xff);
+    v >>= 8;
+  }
+}
+static uint64_t get_be64(const char *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v = (v << 8) | (unsigned char)p[i];
+  return v;
+}
+
+static int parse_cf_name(const char *name, uint32_t *id) {
+  if (name[0] != 't' || !name[1]) return -1;
+  char *end;
+  unsigned long long v = strtoull(name + 1, &end, 10);
+  if (*end || v > 0xffffffffULL) return -1;
+  *id = (uint32_t)v;
+  return 0;
+}
+
+int store_list_tables(const char *path, uint32_t **ids, int *n, char *err, size_t errlen) {
+  *ids = NULL;
+  *n = 0;
+  rocksdb_options_t *o = rocksdb_options_create();
+  char *e = NULL;
+  size_t cnt = 0;
+  char **names = rocksdb_list_column_families(o, path, &cnt, &e);
+  rocksdb_options_destroy(o);
+  if (e) {
+    sr_fmt(err, errlen, "%s: not a RocksDB database: %s", path, e);
+    rocksdb_free(e);
+    return SR_EIO;
+  }
+  uint32_t *out = malloc((cnt ? cnt : 1) * sizeof *out);
+  int m = 0;
+  for (size_t i = 0; out && i < cnt; i++) {
+    uint32_t id;
+    if (!parse_cf_name(names[i], &id)) out[m++] = id;
+  }
+  rocksdb_list_column_families_destroy(names, cnt);
+  if (!out) return SR_ENOMEM;
+  *ids = out;
+  *n = m;
+  return 0;
+}
+
+int store_open(const char *path, int n, const uint32_t *table_ids, const store_opts *o,
+               store_db **out, char *err, size_t errlen) {
+  *out = NULL;
+  int rc = 0;
+  char *e = NULL;
+  char **names = NULL;
+  const rocksdb_options_t **cfo = NULL;
+  store_db *d = calloc(1, sizeof *d);
+  if (!d) return SR_ENOMEM;
+  d->n = n;
+  d->ids = malloc((size_t)(n ? n : 1) * sizeof *d->ids);
+  d->cf = calloc((size_t)(n ? n : 1), sizeof *d->cf);
+  if (!d->ids || !d->cf) {
+    rc = SR_ENOMEM;
+    goto out;
+  }
+  memcpy(d->ids, table_ids, (size_t)n * sizeof *d->ids);
+  size_t cache = o && o->block_cache_bytes ? o->block_cache_bytes : (32u << 20);
+  size_t wbuf = o && o->write_buffer_bytes ? o->write_buffer_bytes : (16u << 20);
+  d->opts = rocksdb_options_create();
+  d->bbo = rocksdb_block_based_options_create();
+  d->cache = rocksdb_cache_create_lru(cache);
+  rocksdb_block_based_options_set_block_cache(d->bbo, d->cache);
+  rocksdb_block_based_options_set_cache_index_and_filter_blocks(d->bbo, 1);
+  rocksdb_block_based_options_set_pin_l0_filter_and_index_blocks_in_cache(d->bbo, 1);
+  rocksdb_block_based_options_set_filter_policy(d->bbo, rocksdb_filterpolicy_create_bloom_full(10));
+  rocksdb_block_based_options_set_block_size(d->bbo, 4096);
+  rocksdb_options_set_block_based_table_factory(d->opts, d->bbo);
+  rocksdb_options_set_create_if_missing(d->opts, !(o && o->read_only));
+  rocksdb_options_set_create_missing_column_families(d->opts, !(o && o->read_only));
+  rocksdb_options_set_db_write_buffer_size(d->opts, wbuf); /* the write buffer manager */
+  rocksdb_options_set_write_buffer_size(d->opts, wbuf / 4 > (1u << 20) ? wbuf / 4 : (1u << 20));
+  rocksdb_options_set_max_write_buffer_number(d->opts, 2);
+  rocksdb_options_set_compression(d->opts, o && o->compression == STORE_COMPRESSION_LZ4
+                                               ? rocksdb_lz4_compression
+                                               : rocksdb_no_compression);
+  rocksdb_options_set_max_open_files(d->opts, 256);
+  rocksdb_options_set_max_background_jobs(d->opts, 2);
+  rocksdb_options_set_info_log_level(d->opts, 3); /* errors only */
+  rocksdb_options_set_keep_log_file_num(d->opts, 2);
+  /* Families: default, every asked table, and any others the database has. */
+  uint32_t *have = NULL;
+  int n_have = 0;
+  struct stat st;
+  if (stat(path, &st) == 0) {
+    char lerr[256];
+    if (store_list_tables(path, &have, &n_have, lerr, sizeof lerr)) n_have = 0;
+  } else if (o && o->read_only) {
+    sr_fmt(err, errlen, "%s: no such database", path);
+    rc = SR_ENOTFOUND;
+    goto out;
+  }
+  int cap = 1 + n + n_have;
+  names = calloc((size_t)cap, sizeof *names);
+  cfo = calloc((size_t)cap, sizeof *cfo);
+  d->all = calloc((size_t)cap, sizeof *d->all);
+  if (!names || !cfo || !d->all) {
+    free(have);
+    rc = SR_ENOMEM;
+    goto out;
+  }
+  int m = 0;
+  names[m++] = strdup("default");
+  for (int i = 0; i < n; i++) {
+    names[m] = malloc(16);
+    snprintf(names[m++], 16, "t%u", table_ids[i]);
+  }
+  for (int i = 0; i < n_have; i++) {
+    int dup = 0;
+    for (int k = 0; k < n; k++) dup |= table_ids[k] == have[i];
+    if (dup) continue;
+    names[m] = malloc(16);
+    snprintf(names[m++], 16, "t%u", have[i]);
+  }
+  free(have);
+  for (int i = 0; i < m; i++) cfo[i] = d->opts;
+  d->n_all = m;
+  if (o && o->read_only)
+    d->db = rocksdb_open_for_read_only_column_families(d->opts, path, m, (const char *const *)names,
+                                                       cfo, d->all, 0, &e);
+  else
+    d->db = rocksdb_open_column_families(d->opts, path, m, (const char *const *)names, cfo,
+                                         d->all, &e);
+  if (e && o && o->read_only) {
+    sr_fmt(err, errlen, "%s: cannot open: %s", path, e);
+    rocksdb_free(e);
+    rc = SR_EIO;
+    goto out;
+  }
+  RCHECK(e, path);
+  for (int i = 0; i < n; i++) d->cf[i] = d->all[1 + i];
+  d->ro = rocksdb_readoptions_create();
+  rocksdb_readoptions_set_verify_checksums(d->ro, 1);
+  d->wo = rocksdb_writeoptions_create();
+  rocksdb_writeoptions_disable_WAL(d->wo, 0);
+  d->wb = rocksdb_writebatch_create();
+out:
+  if (names)
+    for (int i = 0; i < cap; i++) free(names[i]);
+  free(names);
+  free(cfo);
+  if (rc) {
+    store_close(d);
+    return rc;
+  }
+  *out = d;
+  return 0;
+}
+
+void store_close(store_db *d) {
+  if (!d) return;
+  if (d->all)
+    for (int i = 0; i < d->n_all; i++)
+      if (d->all[i]) rocksdb_column_family_handle_destroy(d->all[i]);
+  if (d->db) rocksdb_close(d->db);
+  if (d->wb) rocksdb_writebatch_destroy(d->wb);
+  if (d->ro) rocksdb_readoptions_destroy(d->ro);
+  if (d->wo) rocksdb_writeoptions_destroy(d->wo);
+  if (d->opts) rocksdb_options_destroy(d->opts);
+  if (d->bbo) rocksdb_block_based_options_destroy(d->bbo);
+  if (d->cache) rocksdb_cache_destroy(d->cache);
+  free(d->all);
+  free(d->cf);
+  free(d->ids);
+  free(d->mcf);
+  free(d->mkeys);
+  free(d->mkp);
+  free(d->mkl);
+  free(d->merr);
+  free(d);
+}
+
+int store_cf_index(const store_db *d, uint32_t table_id) {
+  for (int i = 0; i < d->n; i++)
+    if (d->ids[i] == table_id) return i;
+  return -1;
+}
+
+static int mg_reserve(store_db *d, size_t n) {
+  if (n <= d->cap) return 0;
+  size_t cap = d->cap ? d->cap : 256;
+  while (cap < n) cap *= 2;
+  free(d->mcf);
+  free(d->mkeys);
+  free(d->mkp);
+  free(d->mkl);
+  free(d->merr);
+  d->mcf = malloc(cap * sizeof *d->mcf);
+  d->mkeys = malloc(cap * 8);
+  d->mkp = malloc(cap * sizeof *d->mkp);
+  d->mkl = malloc(cap * sizeof *d->mkl);
+  d->merr = malloc(cap * sizeof *d->merr);
+  if (!d->mcf || !d->mkeys || !d->mkp || !d->mkl || !d->merr) {
+    d->cap = 0;
+    return SR_ENOMEM;
+  }
+  d->cap = cap;
+  return 0;
+}
+
+int store_multi_get(store_db *d, size_t n, const int *cf, const uint64_t *keys, char **vals,
+                    size_t *lens, char *err, size_t errlen) {
+  if (!n) return 0;
+  if (mg_reserve(d, n)) {
+    sr_fmt(err, errlen, "multiget: out of memory");
+    return SR_ENOMEM;
+  }
+  for (size_t k = 0; k < n; k++) {
+    d->mcf[k] = d->cf[cf[k]];
+    put_be64(d->mkeys + 8 * k, keys[k]);
+    d->mkp[k] = d->mkeys + 8 * k;
+    d->mkl[k] = 8;
+  }
+  rocksdb_multi_get_cf(d->db, d->ro, d->mcf, n, d->mkp, d->mkl, vals, lens, d->merr);
+  int rc = 0;
+  for (size_t k = 0; k < n; k++)
+    if (d->merr[k]) {
+      if (!rc) sr_fmt(err, errlen, "multiget: %s (%s:%d)", d->merr[k], __FILE__, __LINE__);
+      rocksdb_free(d->merr[k]);
+      rc = SR_EIO;
+    }
+  if (rc)
+    for (size_t k = 0; k < n; k++) {
+      if (vals[k]) rocksdb_free(vals[k]);
+      vals[k] = NULL;
+    }
+  return rc;
+}
+
+void store_value_free(char *v) {
+  if (v) rocksdb_free(v);
+}
+
+int store_batch_put(store_db *d, int cf, uint64_t key, const void *val, size_t len) {
+  char k[8];
+  put_be64(k, key);
+  rocksdb_writebatch_put_cf(d->wb, d->cf[cf], k, 8, val, len);
+  return 0;
+}
+
+size_t store_batch_count(const store_db *d) { return (size_t)rocksdb_writebatch_count(d->wb); }
+
+int store_batch_commit(store_db *d, char *err, size_t errlen) {
+  int rc = 0;
+  char *e = NULL;
+  if (rocksdb_writebatch_count(d->wb) == 0) return 0;
+  rocksdb_write(d->db, d->wo, d->wb, &e);
+  rocksdb_writebatch_clear(d->wb);
+  RCHECK(e, "write batch");
+out:
+  return rc;
+}
+
+int store_flush(store_db *d, char *err, size_t errlen) {
+  int rc = 0;
+  char *e = NULL;
+  rocksdb_flushoptions_t *fo = rocksdb_flushoptions_create();
+  rocksdb_flushoptions_set_wait(fo, 1);
+  for (int i = 0; i < d->n_all && !e; i++) rocksdb_flush_cf(d->db, fo, d->all[i], &e);
+  rocksdb_flushoptions_destroy(fo);
+  RCHECK(e, "flush");
+out:
+  return rc;
+}
+
+int store_checkpoint(store_db *d, const char *dir, char *err, size_t errlen) {
+  int rc = store_flush(d, err, errlen);
+  if (rc) return rc;
+  char *e = NULL;
+  rocksdb_checkpoint_t *c = rocksdb_checkpoint_object_create(d->db, &e);
+  RCHECK(e, dir);
+  rocksdb_checkpoint_create(c, dir, 0, &e);
+  rocksdb_checkpoint_object_destroy(c);
+  RCHECK(e, dir);
+out:
+  return rc;
+}
+
+struct store_iter {
+  rocksdb_iterator_t *it;
+};
+
+store_iter *store_iter_create(store_db *d, int cf) {
+  store_iter *it = malloc(sizeof *it);
+  if (!it) return NULL;
+  it->it = rocksdb_create_iterator_cf(d->db, d->ro, d->cf[cf]);
+  rocksdb_iter_seek_to_first(it->it);
+  return it;
+}
+int store_iter_valid(store_iter *it) {
+  if (!rocksdb_iter_valid(it->it)) return 0;
+  size_t kl;
+  rocksdb_iter_key(it->it, &kl);
+  return kl == 8;
+}
+uint64_t store_iter_key(store_iter *it) {
+  size_t kl;
+  return get_be64(rocksdb_iter_key(it->it, &kl));
+}
+const char *store_iter_value(store_iter *it, size_t *len) { return rocksdb_iter_value(it->it, len); }
+void store_iter_next(store_iter *it) { rocksdb_iter_next(it->it); }
+void store_iter_seek(store_iter *it, uint64_t key) {
+  char k[8];
+  put_be64(k, key);
+  rocksdb_iter_seek(it->it, k, 8);
+}
+void store_iter_destroy(store_iter *it) {
+  if (!it) return;
+  rocksdb_iter_destroy(it->it);
+  free(it);
+}
+
+uint64_t store_property(store_db *d, int cf, const char *name) {
+  uint64_t v = 0;
+  if (rocksdb_property_int_cf(d->db, d->cf[cf], name, &v)) return 0;
+  return v;
+}
+
+/* ---- rows ---- */
+
+void store_row_encode(int dim, int slen, const float *row, unsigned char *out) {
+  out[0] = 'S';
+  out[1] = 'R';
+  out[2] = STORE_ROW_VERSION;
+  out[3] = 0;
+  out[4] = (unsigned char)(dim & 0xff);
+  out[5] = (unsigned char)(dim >> 8);
+  out[6] = (unsigned char)(slen & 0xff);
+  out[7] = (unsigned char)(slen >> 8);
+  memcpy(out + STORE_ROW_HEADER, row, 4 * (size_t)(dim + slen));
+}
+
+int store_row_decode(const void *val, size_t len, int dim, int slen, float *row, char *err,
+                     size_t errlen) {
+  const unsigned char *p = val;
+  if (len < STORE_ROW_HEADER || p[0] != 'S' || p[1] != 'R') {
+    sr_fmt(err, errlen, "row value of %zu bytes is not a shardrec row (bad header)", len);
+    return SR_EFORMAT;
+  }
+  if (p[2] != STORE_ROW_VERSION) {
+    sr_fmt(err, errlen, "row layout version %u is not supported (this build reads %u)", p[2],
+           STORE_ROW_VERSION);
+    return SR_EVERSION;
+  }
+  int d = p[4] | (p[5] << 8), s = p[6] | (p[7] << 8);
+  if (d != dim || s != slen) {
+    sr_fmt(err, errlen, "row holds dim %d state %d, the plan wants dim %d state %d", d, s, dim, slen);
+    return SR_EMISMATCH;
+  }
+  if (len != store_row_size(dim, slen)) {
+    sr_fmt(err, errlen, "row value is %zu bytes, expected %zu (torn)", len, store_row_size(dim, slen));
+    return SR_EFORMAT;
+  }
+  memcpy(row, p + STORE_ROW_HEADER, 4 * (size_t)(dim + slen));
+  return 0;
+}
+
+/* ---- files ---- */
+
+int store_file_sha256(const char *path, char hex[65], uint64_t *size) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return SR_EIO;
+  EVP_MD_CTX *md = EVP_MD_CTX_new();
+  unsigned char *buf = malloc(1 << 20);
+  int rc = 0;
+  uint64_t total = 0;
+  if (!md || !buf || !EVP_DigestInit_ex(md, EVP_sha256(), NULL)) {
+    rc = SR_ENOMEM;
+    goto out;
+  }
+  size_t got;
+  while ((got = fread(buf, 1, 1 << 20, f)) > 0) {
+    EVP_DigestUpdate(md, buf, got);
+    total += got;
+  }
+  if (ferror(f)) {
+    rc = SR_EIO;
+    goto out;
+  }
+  unsigned char dig[32];
+  unsigned int dl = 0;
+  EVP_DigestFinal_ex(md, dig, &dl);
+  for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", dig[i]);
+  if (size) *size = total;
+out:
+  EVP_MD_CTX_free(md);
+  free(buf);
+  fclose(f);
+  return rc;
+}
+
+int store_rmtree(const char *path) {
+  struct stat st;
+  if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : SR_EIO;
+  if (!S_ISDIR(st.st_mode)) return unlink(path) == 0 ? 0 : SR_EIO;
+  DIR *dir = opendir(path);
+  if (!dir) return SR_EIO;
+  struct dirent *de;
+  int rc = 0;
+  while ((de = readdir(dir))) {
+    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", path, de->d_name);
+    if (store_rmtree(p)) rc = SR_EIO;
+  }
+  closedir(dir);
+  if (rmdir(path) != 0) rc = SR_EIO;
+  return rc;
+}
+
+static int copy_file(const char *src, const char *dst) {
+  int in = open(src, O_RDONLY), out = -1, rc = 0;
+  if (in < 0) return SR_EIO;
+  out = open(dst, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (out < 0) {
+    close(in);
+    return SR_EIO;
+  }
+  char buf[1 << 16];
+  ssize_t got;
+  while ((got = read(in, buf, sizeof buf)) > 0)
+    if (write(out, buf, (size_t)got) != got) {
+      rc = SR_EIO;
+      break;
+    }
+  if (got < 0) rc = SR_EIO;
+  if (fsync(out) != 0) rc = SR_EIO;
+  close(in);
+  if (close(out) != 0) rc = SR_EIO;
+  return rc;
+}
+
+int store_copytree(const char *src, const char *dst, char *err, size_t errlen) {
+  if (mkdir(dst, 0777) != 0) {
+    sr_fmt(err, errlen, "%s: cannot create: %s", dst, strerror(errno));
+    return SR_EIO;
+  }
+  DIR *dir = opendir(src);
+  if (!dir) {
+    sr_fmt(err, errlen, "%s: cannot open: %s", src, strerror(errno));
+    return SR_EIO;
+  }
+  struct dirent *de;
+  int rc = 0;
+  while (!rc && (de = readdir(dir))) {
+    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+    char s[4096], t[4096];
+    snprintf(s, sizeof s, "%s/%s", src, de->d_name);
+    snprintf(t, sizeof t, "%s/%s", dst, de->d_name);
+    struct stat st;
+    if (stat(s, &st) != 0) {
+      rc = SR_EIO;
+    } else if (S_ISDIR(st.st_mode)) {
+      rc = store_copytree(s, t, err, errlen);
+    } else {
+      size_t l = strlen(de->d_name);
+      int sst = l > 4 && !strcmp(de->d_name + l - 4, ".sst");
+      if (!(sst && link(s, t) == 0)) rc = copy_file(s, t);
+      if (rc) sr_fmt(err, errlen, "%s: cannot copy to %s: %s", s, t, strerror(errno));
+    }
+  }
+  closedir(dir);
+  return rc;
+}
+
+int store_fsync_dir(const char *path) {
+  int fd = open(path, O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return SR_EIO;
+  int rc = fsync(fd) == 0 ? 0 : SR_EIO;
+  close(fd);
+  return rc;
+}
+
+typedef struct {
+  char **p;
+  int n, cap;
+} plist;
+
+static int list_rec(const char *root, const char *rel, plist *l) {
+  char full[4096];
+  snprintf(full, sizeof full, "%s%s%s", root, *rel ? "/" : "", rel);
+  DIR *dir = opendir(full);
+  if (!dir) return SR_EIO;
+  struct dirent *de;
+  int rc = 0;
+  while (!rc && (de = readdir(dir))) {
+    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+    char r[4096], f[8200];
+    snprintf(r, sizeof r, "%s%s%s", rel, *rel ? "/" : "", de->d_name);
+    snprintf(f, sizeof f, "%s/%s", root, r);
+    struct stat st;
+    if (stat(f, &st) != 0) {
+      rc = SR_EIO;
+    } else if (S_ISDIR(st.st_mode)) {
+      rc = list_rec(root, r, l);
+    } else if (S_ISREG(st.st_mode)) {
+      if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 64;
+        char **np = realloc(l->p, (size_t)l->cap * sizeof *np);
+        if (!np) {
+          rc = SR_ENOMEM;
+          break;
+        }
+        l->p = np;
+      }
+      if (!(l->p[l->n] = strdup(r))) rc = SR_ENOMEM;
+      else l->n++;
+    }
+  }
+  closedir(dir);
+  return rc;
+}
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int store_list_files(const char *root, char ***paths, int *n) {
+  plist l = {0};
+  int rc = list_rec(root, "", &l);
+  if (rc) {
+    store_paths_free(l.p, l.n);
+    *paths = NULL;
+    *n = 0;
+    return rc;
+  }
+  if (l.n) qsort(l.p, (size_t)l.n, sizeof *l.p, cmp_str);
+  *paths = l.p;
+  *n = l.n;
+  return 0;
+}
+
+void store_paths_free(char **paths, int n) {
+  if (!paths) return;
+  for (int i = 0; i < n; i++) free(paths[i]);
+  free(paths);
+}

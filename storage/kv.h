@@ -1,0 +1,116 @@
+/* The RocksDB cold tier: one database per shard, a column family per table.
+ *
+ * storage/ knows nothing of plans or optimizers: a database is a set of
+ * column families named by table_id ("t<table_id>"), keys are row ids
+ * (8 bytes, big-endian, so iteration is in ascending row id) and values are
+ * rows encoded by store_row_encode. Every RocksDB call goes through one check
+ * that keeps the library's message with file and line.
+ *
+ * Options (tuned, not defaulted; figures in the header of kv.c):
+ *   - an LRU block cache of block_cache_bytes, index and filter blocks charged
+ *     to it (cache_index_and_filter_blocks, L0 ones pinned);
+ *   - full bloom filters, 10 bits/key (point lookups of absent rows are the
+ *     common miss: a never-written row);
+ *   - memtables capped by db_write_buffer_size (RocksDB's write buffer
+ *     manager) across every column family;
+ *   - compression none by default: float rows barely compress with lz4 and
+ *     lz4 costs read time (measured: see kv.c); STORE_COMPRESSION_LZ4 opt-in;
+ *   - WAL on (writes not synced per batch; a checkpoint flushes). */
+#ifndef SHARDREC_STORAGE_KV_H
+#define SHARDREC_STORAGE_KV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct store_db store_db;
+
+typedef enum { STORE_COMPRESSION_NONE = 0, STORE_COMPRESSION_LZ4 = 1 } store_compression;
+
+typedef struct store_opts {
+  size_t block_cache_bytes;  /* 0: 32 MiB */
+  size_t write_buffer_bytes; /* all memtables together; 0: 16 MiB */
+  store_compression compression;
+  int read_only;             /* open an existing database read-only */
+} store_opts;
+
+/* Open (create when missing, unless read_only) the database at path with one
+ * column family per entry of table_ids (missing ones created). Column
+ * families the database holds beyond those are opened too (kept, unused).
+ * Returns 0 and a handle in *out (store_close), or SR_EIO / SR_ENOTFOUND /
+ * SR_ENOMEM with the reason, naming path, in err. */
+int store_open(const char *path, int n, const uint32_t *table_ids, const store_opts *o,
+               store_db **out, char *err, size_t errlen);
+void store_close(store_db *db); /* NULL-safe */
+
+/* Column family index (0..n-1 as given to store_open) of table_id, or -1. */
+int store_cf_index(const store_db *db, uint32_t table_id);
+
+/* Table ids of the column families of the database at path (without opening
+ * it); *ids malloc'd. The "default" family is left out. 0 or SR_EIO. */
+int store_list_tables(const char *path, uint32_t **ids, int *n, char *err, size_t errlen);
+
+/* One MultiGet of n keys: key k of column family cf[k]. vals[k] gets a
+ * malloc'd value (free with store_value_free) or NULL when absent, lens[k]
+ * its size. 0 or SR_EIO (every vals[k] NULL then). */
+int store_multi_get(store_db *db, size_t n, const int *cf, const uint64_t *keys, char **vals,
+                    size_t *lens, char *err, size_t errlen);
+void store_value_free(char *v);
+
+/* A write batch of the database: puts gathered, then written in one write. */
+int store_batch_put(store_db *db, int cf, uint64_t key, const void *val, size_t len);
+size_t store_batch_count(const store_db *db);
+int store_batch_commit(store_db *db, char *err, size_t errlen);
+
+/* Flush memtables to SST files. */
+int store_flush(store_db *db, char *err, size_t errlen);
+
+/* A RocksDB checkpoint of the database into dir (must not exist; created;
+ * memtables flushed first). 0 or SR_EIO. */
+int store_checkpoint(store_db *db, const char *dir, char *err, size_t errlen);
+
+/* Iterate column family cf in ascending key order. */
+typedef struct store_iter store_iter;
+store_iter *store_iter_create(store_db *db, int cf);
+int store_iter_valid(store_iter *it);
+uint64_t store_iter_key(store_iter *it);
+const char *store_iter_value(store_iter *it, size_t *len);
+void store_iter_next(store_iter *it);
+void store_iter_seek(store_iter *it, uint64_t key);
+void store_iter_destroy(store_iter *it); /* NULL-safe */
+
+/* An integer property of a column family ("rocksdb.estimate-num-keys"...). */
+uint64_t store_property(store_db *db, int cf, const char *name);
+
+/* Row encoding: an 8-byte header then little-endian floats.
+ *   u8 'S', u8 'R', u8 version (STORE_ROW_VERSION), u8 reserved (0),
+ *   u16 dim, u16 state_len (little-endian), then float value[dim],
+ *   float state[state_len]. */
+#define STORE_ROW_VERSION 1
+#define STORE_ROW_HEADER 8
+static inline size_t store_row_size(int dim, int slen) {
+  return STORE_ROW_HEADER + 4 * (size_t)(dim + slen);
+}
+/* Encode row[dim + slen] into out[store_row_size]. */
+void store_row_encode(int dim, int slen, const float *row, unsigned char *out);
+/* Decode into row[dim + slen]. Checks the magic, the version (SR_EVERSION),
+ * the size and the layout (SR_EFORMAT / SR_EMISMATCH) before writing row;
+ * a message goes to err. */
+int store_row_decode(const void *val, size_t len, int dim, int slen, float *row, char *err,
+                     size_t errlen);
+
+/* ---- files (checkpoints) ---- */
+/* SHA-256 of a file (streamed) as hex[65], and its size. 0 or SR_EIO. */
+int store_file_sha256(const char *path, char hex[65], uint64_t *size);
+/* Remove a folder tree (or file). 0 or SR_EIO. Missing is fine. */
+int store_rmtree(const char *path);
+/* Copy the tree src to dst (created; must not exist), hard-linking *.sst
+ * files (immutable) and copying the rest. 0 or SR_EIO. */
+int store_copytree(const char *src, const char *dst, char *err, size_t errlen);
+/* fsync a folder (after renames in it). */
+int store_fsync_dir(const char *path);
+/* Relative paths of the regular files under root, sorted; *paths malloc'd
+ * array of malloc'd strings (store_paths_free). 0 or SR_EIO / SR_ENOMEM. */
+int store_list_files(const char *root, char ***paths, int *n);
+void store_paths_free(char **paths, int n);
+
+#endif

@@ -1,0 +1,351 @@
+/* Tests for the shard store (embedding/shard.h): a bounded row cache over
+ * RocksDB, checked bit for bit against the in-process local store. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/rng.h"
+#include "common/status.h"
+#include "embedding/optim.h"
+#include "embedding/shard.h"
+#include "embedding/store.h"
+#include "storage/kv.h"
+
+#define NT 3
+static const uint64_t ROWS[NT] = {5000, 300, 0}; /* bounded, small bounded, unbounded */
+#define MAXB 900
+
+static emb_plan *make_plan(emb_optim_kind k, int n_shards, int row_wise) {
+  emb_plan_params pp;
+  memset(&pp, 0, sizeof pp);
+  pp.n_tables = NT;
+  pp.rows = ROWS;
+  pp.dim = 8;
+  pp.optim.kind = k;
+  pp.optim.eps = -1;
+  pp.optim.init_acc = k == EMB_OPT_SGD ? 0 : 0.05;
+  pp.seed = 99;
+  pp.n_shards = n_shards;
+  pp.row_wise = row_wise;
+  char err[256];
+  emb_plan *p = NULL;
+  ck_assert_int_eq(emb_plan_create(&pp, &p, err, sizeof err), 0);
+  p->tables[1].dim = 4; /* mixed widths */
+  return p;
+}
+
+static char *tmpdir(void) {
+  char *d = strdup("/tmp/shardrec-shard-XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(d));
+  return d;
+}
+
+static emb_store *make_shard(const emb_plan *p, const char *dir, uint64_t cache_rows) {
+  char err[1024];
+  emb_shard_config c;
+  memset(&c, 0, sizeof c);
+  c.cache_rows = cache_rows;
+  c.block_cache_bytes = 4 << 20;
+  c.write_buffer_bytes = 4 << 20;
+  emb_store *s = emb_store_create_shard(p, dir, &c, err, sizeof err);
+  ck_assert_msg(s != NULL, "%s", err);
+  return s;
+}
+
+typedef struct {
+  uint64_t ids[NT][MAXB];
+  size_t counts[NT];
+  const uint64_t *idp[NT];
+  float grads[NT][MAXB * 8];
+  const float *gp[NT];
+  float out[NT][MAXB * 8], out2[NT][MAXB * 8];
+  float *op[NT], *op2[NT];
+  emb_idset set;
+} step_data;
+
+/* Unique ids, skewed so some rows come back often. */
+static void make_step(step_data *d, sr_rng *r, size_t n, const emb_plan *p) {
+  for (int t = 0; t < NT; t++) {
+    size_t want = t == 1 ? n / 4 : n;
+    size_t c = 0;
+    while (c < want) {
+      uint64_t id;
+      uint64_t bound = ROWS[t] ? ROWS[t] : 20000;
+      id = sr_rng_below(r, 4) == 0 ? sr_rng_below(r, bound / 20 + 1) : sr_rng_below(r, bound);
+      if (!ROWS[t]) id = id * 0x9E3779B97F4A7C15ULL; /* 64-bit hashed ids */
+      int dup = 0;
+      for (size_t k = 0; k < c && !dup; k++) dup = d->ids[t][k] == id;
+      if (!dup) d->ids[t][c++] = id;
+    }
+    d->counts[t] = c;
+    d->idp[t] = d->ids[t];
+    for (size_t k = 0; k < c * (size_t)p->tables[t].dim; k++)
+      d->grads[t][k] = (float)(sr_rng_uniform(r) - 0.5);
+    d->gp[t] = d->grads[t];
+    d->op[t] = d->out[t];
+    d->op2[t] = d->out2[t];
+  }
+  d->set.n_tables = NT;
+  d->set.ids = d->idp;
+  d->set.counts = d->counts;
+}
+
+static void lookup_both(emb_store *a, emb_store *b, step_data *d, const emb_plan *p) {
+  ck_assert_int_eq(emb_store_lookup_begin(a, 0, &d->set, d->op), 0);
+  ck_assert_int_eq(emb_store_lookup_wait(a), 0);
+  int rc = emb_store_lookup_begin(b, 0, &d->set, d->op2);
+  ck_assert_msg(rc == 0, "%s", emb_store_errmsg(b));
+  ck_assert_int_eq(emb_store_lookup_wait(b), 0);
+  for (int t = 0; t < NT; t++)
+    ck_assert_msg(!memcmp(d->out[t], d->out2[t], d->counts[t] * (size_t)p->tables[t].dim * 4),
+                  "table %d rows differ from the local store", t);
+}
+
+static void push_both(emb_store *a, emb_store *b, step_data *d, float lr) {
+  ck_assert_int_eq(emb_store_push(a, 0, lr, &d->set, d->gp), 0);
+  int rc = emb_store_push(b, 0, lr, &d->set, d->gp);
+  ck_assert_msg(rc == 0, "%s", emb_store_errmsg(b));
+}
+
+typedef struct {
+  uint64_t n, sum_bits;
+  uint64_t ids[32768];
+  float vals[32768][16];
+} collect;
+
+static int collect_fn(void *ctx, int table, uint64_t id, const float *v, int dim, const float *st,
+                      int sl) {
+  (void)table;
+  collect *c = ctx;
+  if (c->n < 32768) {
+    c->ids[c->n] = id;
+    memcpy(c->vals[c->n], v, 4 * (size_t)dim);
+    if (sl) memcpy(c->vals[c->n] + dim, st, 4 * (size_t)sl);
+  }
+  c->n++;
+  return 0;
+}
+
+static void compare_iterate(emb_store *a, emb_store *b, const emb_plan *p) {
+  static collect ca, cb;
+  for (int t = 0; t < NT; t++) {
+    memset(&ca, 0, sizeof ca);
+    memset(&cb, 0, sizeof cb);
+    ck_assert_int_eq(emb_store_iterate(a, t, collect_fn, &ca), 0);
+    int rc = emb_store_iterate(b, t, collect_fn, &cb);
+    ck_assert_msg(rc == 0, "%s", emb_store_errmsg(b));
+    ck_assert_uint_eq(ca.n, cb.n);
+    ck_assert(ca.n <= 32768);
+    int w = p->tables[t].dim + emb_optim_state_len(&p->tables[t].optim, p->tables[t].dim);
+    for (uint64_t i = 0; i < ca.n; i++) {
+      ck_assert_uint_eq(ca.ids[i], cb.ids[i]);
+      if (i) ck_assert(cb.ids[i] > cb.ids[i - 1]);
+      ck_assert_msg(!memcmp(ca.vals[i], cb.vals[i], 4 * (size_t)w), "table %d row %llu differs", t,
+                    (unsigned long long)ca.ids[i]);
+    }
+  }
+}
+
+/* Many evict/reload cycles: a 1024-row cache under ~1800 unique rows a step
+ * over ~25k rows; every value matches the local store, step after step. */
+static void pressure(emb_optim_kind k, int n_shards, int row_wise) {
+  emb_plan *p = make_plan(k, n_shards, row_wise);
+  char *dir = tmpdir();
+  emb_store *loc, *sh;
+  char err[256];
+  loc = emb_store_create_local(p, err, sizeof err);
+  sh = make_shard(p, dir, 1024);
+  static step_data d;
+  sr_rng r;
+  sr_rng_init(&r, 7, (uint64_t)k);
+  for (int step = 0; step < 40; step++) {
+    make_step(&d, &r, step % 3 == 0 ? 800 : 300, p);
+    lookup_both(loc, sh, &d, p);
+    push_both(loc, sh, &d, 0.05f);
+  }
+  emb_shard_counters c;
+  emb_shard_counters_get(sh, &c);
+  ck_assert_msg(c.evictions > 10000 && c.writebacks > 5000 && c.rocks_found > 1000,
+                "too little pressure: %llu evictions %llu writebacks %llu found",
+                (unsigned long long)c.evictions, (unsigned long long)c.writebacks,
+                (unsigned long long)c.rocks_found);
+  /* Every row, as read back after all the cycles. */
+  compare_iterate(loc, sh, p);
+  /* And again through a fresh store over the same folder (durable). */
+  emb_store_destroy(sh);
+  sh = make_shard(p, dir, 4096);
+  compare_iterate(loc, sh, p);
+  for (int step = 0; step < 5; step++) {
+    make_step(&d, &r, 600, p);
+    lookup_both(loc, sh, &d, p);
+    push_both(loc, sh, &d, 0.05f);
+  }
+  compare_iterate(loc, sh, p);
+  emb_store_destroy(sh);
+  emb_store_destroy(loc);
+  store_rmtree(dir);
+  free(dir);
+  emb_plan_free(p);
+}
+
+START_TEST(test_pressure_adagrad) { pressure(EMB_OPT_ADAGRAD, 1, 0); }
+END_TEST
+START_TEST(test_pressure_rowwise_sharded) { pressure(EMB_OPT_ROWWISE_ADAGRAD, 3, 1); }
+END_TEST
+START_TEST(test_pressure_sgd_tablewise) { pressure(EMB_OPT_SGD, 2, 0); }
+END_TEST
+
+/* A cache larger than the rows touched writes nothing until a flush. */
+START_TEST(test_big_cache_writes_nothing) {
+  emb_plan *p = make_plan(EMB_OPT_ADAGRAD, 1, 0);
+  char *dir = tmpdir();
+  emb_store *sh = make_shard(p, dir, 200000);
+  static step_data d;
+  sr_rng r;
+  sr_rng_init(&r, 3, 3);
+  for (int step = 0; step < 10; step++) {
+    make_step(&d, &r, 400, p);
+    ck_assert_int_eq(emb_store_lookup_begin(sh, 0, &d.set, d.op2), 0);
+    ck_assert_int_eq(emb_store_push(sh, 0, 0.1f, &d.set, d.gp), 0);
+  }
+  emb_shard_counters c;
+  emb_shard_counters_get(sh, &c);
+  ck_assert_uint_eq(c.evictions, 0);
+  ck_assert_uint_eq(c.writebacks, 0);
+  ck_assert_int_eq(emb_store_flush(sh), 0);
+  emb_shard_counters_get(sh, &c);
+  ck_assert_uint_gt(c.writebacks, 1000);
+  emb_store_destroy(sh);
+  store_rmtree(dir);
+  free(dir);
+  emb_plan_free(p);
+}
+END_TEST
+
+/* Checkpoint, change rows, restore: back to the checkpoint's rows, not the
+ * live folder's. */
+START_TEST(test_checkpoint_restore) {
+  emb_plan *p = make_plan(EMB_OPT_ADAGRAD, 2, 1);
+  char *dir = tmpdir(), *ck = tmpdir();
+  char ckp[512];
+  snprintf(ckp, sizeof ckp, "%s/shards", ck);
+  char err[256];
+  emb_store *loc = emb_store_create_local(p, err, sizeof err), *sh = make_shard(p, dir, 1024);
+  static step_data d;
+  sr_rng r;
+  sr_rng_init(&r, 5, 5);
+  for (int step = 0; step < 10; step++) {
+    make_step(&d, &r, 500, p);
+    lookup_both(loc, sh, &d, p);
+    push_both(loc, sh, &d, 0.05f);
+  }
+  char lck[512];
+  snprintf(lck, sizeof lck, "%s/local", ck);
+  ck_assert_int_eq(emb_store_checkpoint(loc, lck), 0);
+  int rc = emb_store_checkpoint(sh, ckp);
+  ck_assert_msg(rc == 0, "%s", emb_store_errmsg(sh));
+  for (int step = 0; step < 5; step++) {
+    make_step(&d, &r, 500, p);
+    push_both(loc, sh, &d, 0.5f);
+  }
+  ck_assert_int_eq(emb_store_restore(loc, lck), 0);
+  rc = emb_store_restore(sh, ckp);
+  ck_assert_msg(rc == 0, "%s", emb_store_errmsg(sh));
+  compare_iterate(loc, sh, p);
+  make_step(&d, &r, 500, p);
+  lookup_both(loc, sh, &d, p);
+  /* A missing checkpoint folder is refused and changes nothing. */
+  char bad[600];
+  snprintf(bad, sizeof bad, "%s/nope", ck);
+  ck_assert_int_ne(emb_store_restore(sh, bad), 0);
+  ck_assert_ptr_nonnull(strstr(emb_store_errmsg(sh), "nope"));
+  lookup_both(loc, sh, &d, p);
+  emb_store_destroy(sh);
+  emb_store_destroy(loc);
+  store_rmtree(dir);
+  store_rmtree(ck);
+  free(dir);
+  free(ck);
+  emb_plan_free(p);
+}
+END_TEST
+
+/* A row written with another layout version is refused on read, by name. */
+START_TEST(test_row_version_refused) {
+  emb_plan *p = make_plan(EMB_OPT_SGD, 1, 0);
+  char *dir = tmpdir();
+  emb_store *sh = make_shard(p, dir, 2048);
+  emb_store_destroy(sh);
+  char path[512], err[512];
+  snprintf(path, sizeof path, "%s/shard-0", dir);
+  uint32_t ids[NT] = {0, 1, 2};
+  store_db *db;
+  ck_assert_int_eq(store_open(path, NT, ids, NULL, &db, err, sizeof err), 0);
+  unsigned char row[8 + 4 * 8];
+  float v[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  store_row_encode(8, 0, v, row);
+  row[2] = 9; /* a future layout */
+  store_batch_put(db, 0, 42, row, sizeof row);
+  ck_assert_int_eq(store_batch_commit(db, err, sizeof err), 0);
+  store_close(db);
+  sh = make_shard(p, dir, 2048);
+  static step_data d;
+  memset(&d, 0, sizeof d);
+  d.ids[0][0] = 42;
+  d.counts[0] = 1;
+  for (int t = 0; t < NT; t++) {
+    d.idp[t] = d.ids[t];
+    d.op[t] = d.out[t];
+  }
+  d.set.n_tables = NT;
+  d.set.ids = d.idp;
+  d.set.counts = d.counts;
+  ck_assert_int_eq(emb_store_lookup_begin(sh, 0, &d.set, d.op), SR_EVERSION);
+  ck_assert_ptr_nonnull(strstr(emb_store_errmsg(sh), "version 9"));
+  ck_assert_ptr_nonnull(strstr(emb_store_errmsg(sh), "row 42"));
+  emb_store_destroy(sh);
+  store_rmtree(dir);
+  free(dir);
+  emb_plan_free(p);
+}
+END_TEST
+
+START_TEST(test_bad_config) {
+  emb_plan *p = make_plan(EMB_OPT_SGD, 2, 0);
+  char err[512];
+  emb_shard_config c;
+  memset(&c, 0, sizeof c);
+  c.cache_rows = 10;
+  ck_assert_ptr_null(emb_store_create_shard(p, "/tmp/x-never", &c, err, sizeof err));
+  ck_assert_ptr_nonnull(strstr(err, "cache"));
+  int hosted[1] = {5};
+  c.cache_rows = 4096;
+  c.n_hosted = 1;
+  c.hosted = hosted;
+  ck_assert_ptr_null(emb_store_create_shard(p, "/tmp/x-never", &c, err, sizeof err));
+  ck_assert_ptr_nonnull(strstr(err, "hosted shard 5"));
+  emb_plan_free(p);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("embedding_shard");
+  TCase *tc = tcase_create("shard");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_pressure_adagrad);
+  tcase_add_test(tc, test_pressure_rowwise_sharded);
+  tcase_add_test(tc, test_pressure_sgd_tablewise);
+  tcase_add_test(tc, test_big_cache_writes_nothing);
+  tcase_add_test(tc, test_checkpoint_restore);
+  tcase_add_test(tc, test_row_version_refused);
+  tcase_add_test(tc, test_bad_config);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
