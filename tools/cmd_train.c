@@ -18,6 +18,7 @@
 #include "dense/optim.h"
 #include "embedding/plan.h"
 #include "embedding/store.h"
+#include "rpc/rpc.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
 #include "tools/model_dir.h"
@@ -48,6 +49,9 @@ static void usage(FILE *f) {
 "  --plan PLAN.json          use this sharding plan (tables, seed, optimizers, placement)\n"
 "  --plan-out FILE           where to write the plan made when --plan is absent (plan.json)\n"
 "  --num-shards N            shards of a plan made here (1; all hosted in process)\n"
+"  --shard-servers H:P,...   train against shard servers (one per shard of --plan, in shard order)\n"
+"  --rpc-deadline S          seconds per shard-server call (30)\n"
+"  --tls-ca F [--tls-cert F --tls-key F]   TLS (and mTLS) to the shard servers\n"
 "Training\n"
 "  --mini-batch-size N       (128)\n"
 "  --test-mini-batch-size N  (the mini-batch size)\n"
@@ -71,7 +75,7 @@ enum {
   O_PROC = 1000, O_RAW, O_DATASET, O_TESTFRAC, O_MAXIND, O_FREQ, O_STRICT, O_DIM, O_EMBSIZE,
   O_BOT, O_TOP, O_OP, O_ITSELF, O_POOL, O_PLAN, O_PLANOUT, O_SHARDS, O_BATCH, O_TBATCH, O_LR,
   O_OPT, O_SOPT, O_SLR, O_WARM, O_DSTART, O_DSTEPS, O_EPOCHS, O_NBATCH, O_SEED, O_PRINT, O_TEST,
-  O_METRICS, O_SAVE, O_ORACLE, O_HELP
+  O_METRICS, O_SAVE, O_ORACLE, O_SERVERS, O_RPCDL, O_TLSCA, O_TLSCERT, O_TLSKEY, O_HELP
 };
 
 static const struct option long_opts[] = {
@@ -109,12 +113,19 @@ static const struct option long_opts[] = {
     {"metrics-out", required_argument, 0, O_METRICS},
     {"save-model", required_argument, 0, O_SAVE},
     {"oracle", required_argument, 0, O_ORACLE},
+    {"shard-servers", required_argument, 0, O_SERVERS},
+    {"rpc-deadline", required_argument, 0, O_RPCDL},
+    {"tls-ca", required_argument, 0, O_TLSCA},
+    {"tls-cert", required_argument, 0, O_TLSCERT},
+    {"tls-key", required_argument, 0, O_TLSKEY},
     {"help", no_argument, 0, O_HELP},
     {0, 0, 0, 0}};
 
 typedef struct {
   const char *proc, *raw, *dataset, *bot, *top, *op, *plan_path, *plan_out, *metrics, *save,
       *oracle, *emb_sizes, *pooling, *opt, *sopt;
+  const char *servers, *tls_ca, *tls_cert, *tls_key; /* --shard-servers and its TLS */
+  double rpc_deadline;
   double test_fraction;
   int have_test_fraction;
   uint64_t max_ind, seed;
@@ -299,6 +310,11 @@ int cmd_train(int argc, char **argv) {
       case O_METRICS: fl.metrics = optarg; break;
       case O_SAVE: fl.save = optarg; break;
       case O_ORACLE: fl.oracle = optarg; break;
+      case O_SERVERS: fl.servers = optarg; break;
+      case O_RPCDL: if (cli_double(CMD, "--rpc-deadline", optarg, 0.001, 1e6, &fl.rpc_deadline)) return 2; break;
+      case O_TLSCA: fl.tls_ca = optarg; break;
+      case O_TLSCERT: fl.tls_cert = optarg; break;
+      case O_TLSKEY: fl.tls_key = optarg; break;
       case 'h':
       case O_HELP: usage(stdout); return 0;
       case ':': cli_bad_option(CMD, ':', argv[optind - 1]); return 2;
@@ -433,7 +449,23 @@ int cmd_train(int argc, char **argv) {
   printf("data   %s: %llu train, %llu test samples\n", so.path, (unsigned long long)n_train,
          (unsigned long long)n_test);
 
-  store = emb_store_create_local(plan, err, sizeof err);
+  if (fl.servers) {
+    /* One address per shard of the plan, in shard order. */
+    char *list = strdup(fl.servers);
+    const char **addr = list ? malloc((strlen(list) / 2 + 1) * sizeof *addr) : NULL;
+    int n_addr = 0;
+    for (char *tok = addr ? strtok(list, ",") : NULL; tok; tok = strtok(NULL, ","))
+      addr[n_addr++] = tok;
+    rpc_tls tls = {.cert = fl.tls_cert, .key = fl.tls_key, .ca = fl.tls_ca};
+    rpc_client_opts ro = {.deadline_s = fl.rpc_deadline, .tls = fl.tls_ca ? &tls : NULL};
+    if (addr) store = emb_store_create_remote(plan, addr, n_addr, &ro, err, sizeof err);
+    else snprintf(err, sizeof err, "out of memory");
+    free(addr);
+    free(list);
+    if (store) printf("shards %d shard server(s): %s\n", n_addr, fl.servers);
+  } else {
+    store = emb_store_create_local(plan, err, sizeof err);
+  }
   if (!store) {
     fprintf(stderr, "shardrec train: %s\n", err);
     goto done;
