@@ -1,8 +1,9 @@
 /* shardrec plan: write a sharding plan (JSON) from table sizes and model flags.
  *
  * The table sizes come from --table-sizes (or the reference DLRM's
- * --arch-embedding-size); reading them from a converted data file will be
- * one more source feeding the same emb_plan_params. */
+ * --arch-embedding-size), or from the data: a converted file's stored counts
+ * (--processed-data-file) or the dictionaries built over a raw file's
+ * training part (--raw-data-file), as `shardrec train` sizes them. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "datasets/source.h"
 #include "embedding/plan.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
@@ -18,7 +20,8 @@
 
 static void plan_usage(FILE *f) {
   fprintf(f,
-          "usage: shardrec plan --out PLAN.json --table-sizes N1,N2,... [options]\n"
+          "usage: shardrec plan --out PLAN.json (--table-sizes N1,N2,... | --processed-data-file F\n"
+          "                     | --raw-data-file F) [options]\n"
           "\n"
           "Write a sharding plan: the embedding tables of the model and where they live.\n"
           "\n"
@@ -26,8 +29,13 @@ static void plan_usage(FILE *f) {
           "  --table-sizes N1,N2,...          rows of each table (',' or '-' separated;\n"
           "                                   0 or 'unbounded' for hashed 64-bit ids)\n"
           "  --arch-embedding-size N1-N2-...  same, the reference DLRM's flag\n"
+          "  --processed-data-file F          sizes from a file made by 'shardrec convert'\n"
+          "  --raw-data-file F                sizes from the dictionaries of a Criteo TSV's\n"
+          "                                   training part (--data-set kaggle|terabyte,\n"
+          "                                   --test-fraction, --max-ind-range,\n"
+          "                                   --frequency-threshold as for train)\n"
           "  --arch-sparse-feature-size D     embedding dim (default 16)\n"
-          "  --seed S                         model seed, uint64 (default 0)\n"
+          "  --seed S                         model seed, uint64 (default 123, as train)\n"
           "  --shards K                       number of shards (default 1)\n"
           "  --sparse-optimizer NAME          sgd | adagrad | rowwise_adagrad (default sgd)\n"
           "  --eps X                          optimizer eps (default 1e-10 adagrad, 1e-8 rowwise)\n"
@@ -91,7 +99,7 @@ bad:
 
 int cmd_plan(int argc, char **argv) {
   enum { O_OUT = 256, O_SIZES, O_ARCH_SIZES, O_DIM, O_SEED, O_SHARDS, O_OPT, O_EPS, O_ACC,
-         O_INIT, O_POOL, O_ROWWISE };
+         O_INIT, O_POOL, O_ROWWISE, O_PROC, O_RAW, O_DATASET, O_TESTFRAC, O_MAXIND, O_FREQ };
   static const struct option opts[] = {
       {"out", required_argument, NULL, O_OUT},
       {"table-sizes", required_argument, NULL, O_SIZES},
@@ -105,6 +113,12 @@ int cmd_plan(int argc, char **argv) {
       {"init-range", required_argument, NULL, O_INIT},
       {"pooling", required_argument, NULL, O_POOL},
       {"row-wise", no_argument, NULL, O_ROWWISE},
+      {"processed-data-file", required_argument, NULL, O_PROC},
+      {"raw-data-file", required_argument, NULL, O_RAW},
+      {"data-set", required_argument, NULL, O_DATASET},
+      {"test-fraction", required_argument, NULL, O_TESTFRAC},
+      {"max-ind-range", required_argument, NULL, O_MAXIND},
+      {"frequency-threshold", required_argument, NULL, O_FREQ},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
@@ -113,6 +127,12 @@ int cmd_plan(int argc, char **argv) {
   memset(&pp, 0, sizeof pp);
   pp.dim = 16;
   pp.n_shards = 1;
+  pp.seed = 123;
+  ds_source_opts so;
+  memset(&so, 0, sizeof so);
+  so.split = DS_SPLIT_TRAIN;
+  so.scheme = DS_SCHEME_KAGGLE;
+  int raw = 0;
   pp.optim.kind = EMB_OPT_SGD;
   pp.optim.eps = -1;
   pp.pooling = EMB_POOL_SUM;
@@ -173,6 +193,34 @@ int cmd_plan(int argc, char **argv) {
         }
         break;
       case O_ROWWISE: pp.row_wise = 1; break;
+      case O_PROC:
+      case O_RAW:
+        if (so.path) {
+          fprintf(stderr, "shardrec %s: give one data file\n", CMD);
+          return 2;
+        }
+        so.path = optarg;
+        raw = c == O_RAW;
+        break;
+      case O_DATASET:
+        if (strcmp(optarg, "kaggle") && strcmp(optarg, "terabyte")) {
+          fprintf(stderr, "shardrec %s: --data-set: '%s' is not kaggle or terabyte\n", CMD, optarg);
+          return 2;
+        }
+        if (so.scheme != DS_SCHEME_FRACTION)
+          so.scheme = !strcmp(optarg, "kaggle") ? DS_SCHEME_KAGGLE : DS_SCHEME_TERABYTE;
+        break;
+      case O_TESTFRAC:
+        if (cli_double(CMD, "--test-fraction", optarg, 0, 1, &so.test_fraction)) return 2;
+        so.scheme = DS_SCHEME_FRACTION;
+        break;
+      case O_MAXIND:
+        if (cli_u64(CMD, "--max-ind-range", optarg, &so.max_ind_range)) return 2;
+        break;
+      case O_FREQ:
+        if (cli_int(CMD, "--frequency-threshold", optarg, 0, 1LL << 31, &v)) return 2;
+        so.frequency_threshold = (uint32_t)v;
+        break;
       case ':':
         fprintf(stderr, "shardrec %s: option %s needs a value (see 'shardrec %s --help')\n", CMD,
                 argv[optind - 1], CMD);
@@ -191,8 +239,9 @@ int cmd_plan(int argc, char **argv) {
     fprintf(stderr, "shardrec %s: --out is required (see shardrec plan --help)\n", CMD);
     return 2;
   }
-  if (!sizes) {
-    fprintf(stderr, "shardrec %s: --table-sizes (or --arch-embedding-size) is required\n", CMD);
+  if (!sizes == !so.path) {
+    fprintf(stderr, "shardrec %s: give the table sizes (--table-sizes or --arch-embedding-size) "
+                    "or a data file to take them from, not both\n", CMD);
     return 2;
   }
   if (pp.optim.kind == EMB_OPT_SGD && (have_eps || have_acc)) {
@@ -201,10 +250,25 @@ int cmd_plan(int argc, char **argv) {
   }
   uint64_t *rows = NULL;
   int n = 0;
-  if (parse_sizes(sizes_flag, sizes, &rows, &n)) return 2;
+  char err[512];
+  if (sizes) {
+    if (parse_sizes(sizes_flag, sizes, &rows, &n)) return 2;
+  } else {
+    if (!raw) so.scheme = DS_SCHEME_NONE; /* a converted file holds its split */
+    so.report = stderr;
+    ds_source *src = ds_source_open(&so, err, sizeof err);
+    rows = malloc(DS_NUM_SPARSE * sizeof *rows);
+    if (!src || !rows || ds_source_table_sizes(src, rows)) {
+      fprintf(stderr, "shardrec %s: %s\n", CMD, src ? ds_source_errmsg(src) : err);
+      ds_source_destroy(src);
+      free(rows);
+      return 1;
+    }
+    ds_source_destroy(src);
+    n = DS_NUM_SPARSE;
+  }
   pp.n_tables = n;
   pp.rows = rows;
-  char err[512];
   emb_plan *plan = NULL;
   int rc = emb_plan_create(&pp, &plan, err, sizeof err);
   free(rows);

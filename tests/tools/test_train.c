@@ -89,6 +89,19 @@ START_TEST(test_plan_written_then_reused) {
   ck_assert_ptr_nonnull(la);
   ck_assert_ptr_nonnull(lb);
   ck_assert_int_eq(strncmp(la, lb, (size_t)(strstr(la, "\"samples_per_s\"") - la)), 0);
+  /* `shardrec plan` sizes the tables from the data as train does: the same
+   * model fingerprint, the same losses. */
+  char *out0;
+  int rc0 = run_cmd(&out0, "cd %s && %s plan --out q.json --processed-data-file d.bin --seed 9",
+                    dir, bin_path());
+  ck_assert_msg(rc0 == 0, "%s", out0);
+  free(out0);
+  snprintf(extra, sizeof extra, "--plan %s/q.json", dir);
+  char *q = train_metrics("p3", extra);
+  const char *lq = strstr(q, "\"step\":60,");
+  ck_assert_ptr_nonnull(lq);
+  ck_assert_int_eq(strncmp(la, lq, (size_t)(strstr(la, "\"samples_per_s\"") - la)), 0);
+  free(q);
   /* A plan of another embedding dim is refused with the table named. */
   char *out;
   int rc = run_cmd(&out, "cd %s && sed 's/\"dim\": *16/\"dim\": 8/' p1.plan.json > p8.json && "
