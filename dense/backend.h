@@ -26,8 +26,10 @@ typedef struct dense_backend {
   /* Unless y is NULL, dy[B][N] *= (y[B][N] > 0): ReLU backward from the
    * ReLU's output (the gradient at 0 is 0, as torch's threshold_backward),
    * in place. Then db[N] = sum over rows of dy (the bias gradient), rows
-   * added in order; db is overwritten. One pass over dy. */
-  void (*relu_bias_grad)(int B, int N, const float *y, float *dy, float *db);
+   * added in order; db is overwritten. One pass over dy. Rows of y and dy
+   * are ld >= N floats apart (so a caller can hand out column ranges). */
+  void (*relu_bias_grad)(int B, int N, int ld, const float *y, float *dy,
+                         float *db);
 
   /* Dot interaction, per sample b (see dense/layers.h for the exact order):
    * T[B][ni][d] -> R[B][r_stride], R[b] = [T[b][0], Zflat] with

@@ -87,14 +87,15 @@ DENSE_MULTIVERSION(cpu_bias_act_forward,
                    (B, N, bias, relu, y))
 
 /* dy[B][N] *= (y[B][N] > 0) unless y is NULL; db[N] = sum_r dy[r][N], rows
- * summed in order (deterministic). */
-DENSE_BODY cpu_relu_bias_grad_body(int B, int N, const float *restrict y,
+ * summed in order (deterministic). Row stride ld. */
+DENSE_BODY cpu_relu_bias_grad_body(int B, int N, int ld,
+                                   const float *restrict y,
                                    float *restrict dy, float *restrict db) {
   for (int c = 0; c < N; c++) db[c] = 0.0f;
   for (int r = 0; r < B; r++) {
-    float *restrict row = dy + (size_t)r * N;
+    float *restrict row = dy + (size_t)r * ld;
     if (y) {
-      const float *restrict yr = y + (size_t)r * N;
+      const float *restrict yr = y + (size_t)r * ld;
       for (int c = 0; c < N; c++) {
         float v = yr[c] > 0.0f ? row[c] : 0.0f;
         row[c] = v;
@@ -106,8 +107,9 @@ DENSE_BODY cpu_relu_bias_grad_body(int B, int N, const float *restrict y,
   }
 }
 DENSE_MULTIVERSION(cpu_relu_bias_grad,
-                   (int B, int N, const float *y, float *dy, float *db),
-                   (B, N, y, dy, db))
+                   (int B, int N, int ld, const float *y, float *dy,
+                    float *db),
+                   (B, N, ld, y, dy, db))
 
 static inline float dotf(const float *restrict a, const float *restrict b,
                          int d) {
@@ -350,7 +352,7 @@ void dense_linear_backward(const dense_backend *be, int B, int K, int N,
                            const float *in, const float *W, const float *out,
                            int relu, float *dout, float *dW, float *db,
                            float *din) {
-  be->relu_bias_grad(B, N, relu ? out : NULL, dout, db);
+  be->relu_bias_grad(B, N, N, relu ? out : NULL, dout, db);
   /* dW[N][K] = dz[B][N]^T * in[B][K] */
   be->gemm(1, 0, N, K, B, 1.0f, dout, N, in, K, 0.0f, dW, K);
   /* din[B][K] = dz[B][N] * W[N][K] */

@@ -16,10 +16,10 @@
 #include "common/status.h"
 #include "dense/layers.h"
 
-/* A helper thread for the per-sample kernels that are not sgemm (interaction
- * forward/backward, bias + ReLU): the main thread takes rows [0, mid), the
- * helper [mid, n). Only work whose rows are independent is split, so the
- * results are the same bits as on one thread. The helper sleeps on a condition
+/* A helper thread for the kernels that are not sgemm (interaction
+ * forward/backward and bias + ReLU by samples, ReLU backward + bias gradient
+ * by columns): the main thread takes [0, mid), the helper [mid, n). No sum
+ * is cut in two, so the results are the same bits as on one thread. The helper sleeps on a condition
  * variable between jobs (no spinning: OpenBLAS's own threads need the cores
  * during sgemm). */
 typedef void (*dense_rows_fn)(void *arg, int r0, int r1);
@@ -237,14 +237,15 @@ static int usable_cpus(void) {
   return CPU_COUNT(&set);
 }
 
-/* fn(arg, 0, n), rows split between this thread and the helper. */
-static void split_rows(dense_model *m, int n, dense_rows_fn fn, void *arg) {
+/* fn(arg, 0, n) on this thread, or fn(arg, 0, mid) here and fn(arg, mid, n)
+ * on the helper when there is one and 0 < mid < n. */
+static void split_at(dense_model *m, int n, int mid, dense_rows_fn fn,
+                     void *arg) {
   dense_helper *h = m->helper;
-  if (!h || n < DENSE_SPLIT_MIN_ROWS) {
+  if (!h || mid <= 0 || mid >= n) {
     fn(arg, 0, n);
     return;
   }
-  int mid = n / 2;
   pthread_mutex_lock(&h->mu);
   h->fn = fn, h->arg = arg, h->r0 = mid, h->r1 = n;
   unsigned job = ++h->gen;
@@ -254,6 +255,11 @@ static void split_rows(dense_model *m, int n, dense_rows_fn fn, void *arg) {
   pthread_mutex_lock(&h->mu);
   while (h->finished != job) pthread_cond_wait(&h->done, &h->mu);
   pthread_mutex_unlock(&h->mu);
+}
+
+/* fn(arg, 0, n) over n rows, halved when n is large enough. */
+static void split_rows(dense_model *m, int n, dense_rows_fn fn, void *arg) {
+  split_at(m, n, n >= DENSE_SPLIT_MIN_ROWS ? n / 2 : 0, fn, arg);
 }
 
 /* The split kernels, as row-range functions. */
@@ -301,6 +307,38 @@ static void interact_bwd_rows(void *p, int r0, int r1) {
     if (j->d_emb)
       memcpy(j->d_emb + b * es, j->dT + b * ts + d, sizeof(float) * es);
   }
+}
+
+/* ReLU backward + bias gradient over columns [c0, c1): each column's sum
+ * still adds the rows in order, so splitting by columns keeps the bits. */
+typedef struct {
+  const dense_backend *be;
+  int B, N;
+  const float *y; /* NULL: no ReLU */
+  float *dy, *db;
+} relu_bias_grad_job;
+static void relu_bias_grad_cols(void *p, int c0, int c1) {
+  relu_bias_grad_job *j = p;
+  j->be->relu_bias_grad(j->B, c1 - c0, j->N, j->y ? j->y + c0 : NULL,
+                        j->dy + c0, j->db + c0);
+}
+
+/* Backward of linear_forward (as dense_linear_backward), the ReLU/bias pass
+ * split by columns for a batch of >= DENSE_SPLIT_MIN_ROWS and >= 64 columns. */
+static void linear_backward(dense_model *m, int n, int l, const float *in,
+                            int relu, float *dout, float *din) {
+  const dense_backend *be = m->be;
+  int K = m->K[l], N = m->N[l];
+  const float *W = m->params + m->w_off[l];
+  float *dW = m->grads + m->w_off[l];
+  relu_bias_grad_job j = {be, n, N, relu ? m->out[l] : NULL, dout,
+                          m->grads + m->b_off[l]};
+  int mid = n >= DENSE_SPLIT_MIN_ROWS && N >= 64 ? (N / 2) & ~7 : 0;
+  split_at(m, N, mid, relu_bias_grad_cols, &j);
+  /* dW[N][K] = dz[n][N]^T * in[n][K] */
+  be->gemm(1, 0, N, K, n, 1.0f, dout, N, in, K, 0.0f, dW, K);
+  /* din[n][K] = dz[n][N] * W[N][K] */
+  if (din) be->gemm(0, 0, n, K, N, 1.0f, dout, N, W, K, 0.0f, din, K);
 }
 
 /* Linear (+ReLU) forward with the bias/ReLU pass split by rows. */
@@ -511,9 +549,7 @@ int dense_model_backward(dense_model *m, int n, const float *labels,
   /* top MLP, last layer first; the last din is dR[n][r_width] */
   for (int l = L - 1; l >= nb; l--) {
     const float *in = l == nb ? m->R : m->out[l - 1];
-    dense_linear_backward(be, n, m->K[l], m->N[l], in, m->params + m->w_off[l],
-                          m->out[l], l + 1 < L, g, m->grads + m->w_off[l],
-                          m->grads + m->b_off[l], h);
+    linear_backward(m, n, l, in, l + 1 < L, g, h);
     tmp = g, g = h, h = tmp;
   }
 
@@ -536,9 +572,7 @@ int dense_model_backward(dense_model *m, int n, const float *labels,
   /* bottom MLP; the first layer needs no input gradient */
   for (int l = nb - 1; l >= 0; l--) {
     const float *in = l == 0 ? m->x_in : m->out[l - 1];
-    dense_linear_backward(be, n, m->K[l], m->N[l], in, m->params + m->w_off[l],
-                          m->out[l], 1, g, m->grads + m->w_off[l],
-                          m->grads + m->b_off[l], l == 0 ? NULL : h);
+    linear_backward(m, n, l, in, 1, g, l == 0 ? NULL : h);
     tmp = g, g = h, h = tmp;
   }
   return SR_OK;

@@ -14,9 +14,10 @@
  *
  * Threads: the sgemm calls use OpenBLAS's threads. When max_batch >= 256 and
  * two CPUs are usable, the model also starts one helper thread (joined by
- * dense_model_destroy) and, for batches of >= 256 rows, splits the per-sample
- * kernels between it and the caller: bias+ReLU and the dot interaction. Each
- * sample's arithmetic is unchanged, so the bits are the same as on one thread.
+ * dense_model_destroy) and, for batches of >= 256 rows, splits the kernels
+ * that are not sgemm between it and the caller: bias+ReLU and the dot
+ * interaction by samples, ReLU backward + bias gradient by columns. No sum
+ * changes order, so the bits are the same as on one thread.
  * SHARDREC_DENSE_SPLIT=0 in the environment at create time turns it off.
  * A model must not be used by two threads at once.
  *
