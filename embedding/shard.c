@@ -526,7 +526,6 @@ static const char *sh_errmsg(emb_store *b) { return ((shstore *)b)->err; }
 static void sh_destroy(emb_store *b) {
   shstore *s = (shstore *)b;
   if (s->db) {
-    if (s->slab && s->n_db && s->db[0]) (void)sh_flush(b); /* make updates durable */
     for (int k = 0; k < s->n_db; k++) store_close(s->db[k]);
   }
   free(s->db);
@@ -567,7 +566,7 @@ static int max_stride(const emb_plan *plan) {
 }
 
 uint64_t emb_shard_rows_for_mb(const emb_plan *plan, uint64_t mb) {
-  uint64_t per = sizeof(sh_meta) + 4 * (uint64_t)max_stride(plan) + 2 * sizeof(sh_entry) +
+  uint64_t per = ((sizeof(sh_meta) + 4 * (uint64_t)max_stride(plan) + 15) & ~15ULL) + 2 * sizeof(sh_entry) +
                  4 * sizeof(uint64_t); /* slot, map at load 1/2, chunk scratch */
   return (mb << 20) / per;
 }
@@ -627,7 +626,7 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
     s->slen[t] = emb_optim_state_len(&plan->tables[t].optim, s->dim[t]);
   }
   s->stride = max_stride(plan);
-  s->slot_bytes = sizeof(sh_meta) + 4 * (size_t)s->stride;
+  s->slot_bytes = (sizeof(sh_meta) + 4 * (size_t)s->stride + 15) & ~(size_t)15; /* aligned slots */
   s->cap = (uint32_t)rows;
   size_t mcap = 64;
   while (mcap < 2 * (size_t)rows) mcap <<= 1;

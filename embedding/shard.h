@@ -25,7 +25,8 @@
  * per-batch scratch. Nothing proportional to a table's size.
  *
  * checkpoint(path): writes dirty rows back, then a RocksDB checkpoint of each
- * hosted shard into path/shard-K. restore(path): closes the databases, drops
+ * hosted shard into path/shard-K. destroy does not write dirty rows back:
+ * flush (or checkpoint) first to keep them. restore(path): closes the databases, drops
  * the cache, replaces DATA_DIR/shard-K with a copy of path/shard-K (SST files
  * hard-linked) and reopens. iterate() visits rows written to RocksDB (after
  * writing dirty ones back), merged across shards in ascending row id. */

@@ -19,6 +19,7 @@
 #include "embedding/plan.h"
 #include "embedding/store.h"
 #include "rpc/rpc.h"
+#include "tools/checkpoint.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
 #include "tools/model_dir.h"
@@ -68,14 +69,26 @@ static void usage(FILE *f) {
 "  --test-freq N             evaluate every N steps (0: at the end of each epoch)\n"
 "  --metrics-out FILE.jsonl  one JSON object per print and test interval\n"
 "  --save-model DIR          save the dense model, plan and touched rows\n"
-"  --oracle SUMMARY.json     the generator's summary: print the oracle's test AUC beside ours\n");
+"  --oracle SUMMARY.json     the generator's summary: print the oracle's test AUC beside ours\n"
+"Embedding rows and checkpoints\n"
+"  --cache-rows N, --cache-mb N   keep rows in the RocksDB shard store with a hot cache of\n"
+"                            N rows / N MiB (default: every row in memory, no RocksDB)\n"
+"  --data-dir DIR            where the shards' RocksDB databases live (DIR/shard-K; implies\n"
+"                            the shard store, cache 256 MiB unless given; default: a\n"
+"                            temporary folder removed at exit)\n"
+"  --save-checkpoint DIR     write DIR/step-N/ every --checkpoint-every steps and at the end\n"
+"  --checkpoint-every N      steps between checkpoints (0: only at the end)\n"
+"  --keep-checkpoints K      keep the newest K complete checkpoints (0: all)\n"
+"  --resume DIR              continue from the newest complete checkpoint in DIR (or the\n"
+"                            step-N folder named): rows, dense model, optimizer, data position\n");
 }
 
 enum {
   O_PROC = 1000, O_RAW, O_DATASET, O_TESTFRAC, O_MAXIND, O_FREQ, O_STRICT, O_DIM, O_EMBSIZE,
   O_BOT, O_TOP, O_OP, O_ITSELF, O_POOL, O_PLAN, O_PLANOUT, O_SHARDS, O_BATCH, O_TBATCH, O_LR,
   O_OPT, O_SOPT, O_SLR, O_WARM, O_DSTART, O_DSTEPS, O_EPOCHS, O_NBATCH, O_SEED, O_PRINT, O_TEST,
-  O_METRICS, O_SAVE, O_ORACLE, O_SERVERS, O_RPCDL, O_TLSCA, O_TLSCERT, O_TLSKEY, O_HELP
+  O_METRICS, O_SAVE, O_ORACLE, O_SERVERS, O_RPCDL, O_TLSCA, O_TLSCERT, O_TLSKEY, O_HELP,
+  O_CKPT = 1100, O_CKEVERY, O_CKKEEP, O_RESUME, O_DATADIR, O_CROWS, O_CMB
 };
 
 static const struct option long_opts[] = {
@@ -119,6 +132,13 @@ static const struct option long_opts[] = {
     {"tls-cert", required_argument, 0, O_TLSCERT},
     {"tls-key", required_argument, 0, O_TLSKEY},
     {"help", no_argument, 0, O_HELP},
+    {"save-checkpoint", required_argument, 0, O_CKPT},
+    {"checkpoint-every", required_argument, 0, O_CKEVERY},
+    {"keep-checkpoints", required_argument, 0, O_CKKEEP},
+    {"resume", required_argument, 0, O_RESUME},
+    {"data-dir", required_argument, 0, O_DATADIR},
+    {"cache-rows", required_argument, 0, O_CROWS},
+    {"cache-mb", required_argument, 0, O_CMB},
     {0, 0, 0, 0}};
 
 typedef struct {
@@ -133,6 +153,8 @@ typedef struct {
       dstart, dsteps;
   double lr, sparse_lr;
   int strict, itself;
+  const char *ckpt, *resume, *data_dir; /* checkpoints and the shard store (tools/checkpoint.h) */
+  long long ck_every, ck_keep, cache_rows, cache_mb;
 } train_flags;
 
 static double now_s(void) {
@@ -310,6 +332,13 @@ int cmd_train(int argc, char **argv) {
       case O_METRICS: fl.metrics = optarg; break;
       case O_SAVE: fl.save = optarg; break;
       case O_ORACLE: fl.oracle = optarg; break;
+      case O_CKPT: fl.ckpt = optarg; break;
+      case O_CKEVERY: if (cli_int(CMD, "--checkpoint-every", optarg, 0, 1LL << 40, &fl.ck_every)) return 2; break;
+      case O_CKKEEP: if (cli_int(CMD, "--keep-checkpoints", optarg, 0, 1 << 20, &fl.ck_keep)) return 2; break;
+      case O_RESUME: fl.resume = optarg; break;
+      case O_DATADIR: fl.data_dir = optarg; break;
+      case O_CROWS: if (cli_int(CMD, "--cache-rows", optarg, 1, 1LL << 31, &fl.cache_rows)) return 2; break;
+      case O_CMB: if (cli_int(CMD, "--cache-mb", optarg, 1, 1LL << 30, &fl.cache_mb)) return 2; break;
       case O_SERVERS: fl.servers = optarg; break;
       case O_RPCDL: if (cli_double(CMD, "--rpc-deadline", optarg, 0.001, 1e6, &fl.rpc_deadline)) return 2; break;
       case O_TLSCA: fl.tls_ca = optarg; break;
@@ -449,6 +478,7 @@ int cmd_train(int argc, char **argv) {
   printf("data   %s: %llu train, %llu test samples\n", so.path, (unsigned long long)n_train,
          (unsigned long long)n_test);
 
+  const char *store_kind = "remote";
   if (fl.servers) {
     /* One address per shard of the plan, in shard order. */
     char *list = strdup(fl.servers);
@@ -464,7 +494,8 @@ int cmd_train(int argc, char **argv) {
     free(list);
     if (store) printf("shards %d shard server(s): %s\n", n_addr, fl.servers);
   } else {
-    store = emb_store_create_local(plan, err, sizeof err);
+    store = train_store_create(plan, fl.data_dir, (uint64_t)fl.cache_rows, (uint64_t)fl.cache_mb,
+                               fl.resume != NULL, &store_kind, err, sizeof err);
   }
   if (!store) {
     fprintf(stderr, "shardrec train: %s\n", err);
@@ -506,12 +537,29 @@ int cmd_train(int argc, char **argv) {
     uint64_t total_steps = steps_per_epoch * (uint64_t)fl.epochs;
     if (fl.nbatches > 0 && (uint64_t)fl.nbatches < total_steps) total_steps = (uint64_t)fl.nbatches;
     int64_t step = 0;
+    ckpt_settings cks = {fl.opt, emb_optim_name(plan->tables[0].optim.kind), fl.lr, fl.sparse_lr,
+                         fl.warm, fl.dstart, fl.dsteps, fl.batch};
+    ckpt_state ckst = {0, 0, 0};
+    if (fl.resume) {
+      char ckdir[4096];
+      if (ckpt_resolve(fl.resume, ckdir, sizeof ckdir, err, sizeof err) ||
+          ckpt_load(ckdir, plan, store, store_kind, trainer_model(t), trainer_dense_opt(t), &cks,
+                    &ckst, err, sizeof err) ||
+          ds_source_seek(train, ckst.sample_index)) {
+        fprintf(stderr, "shardrec train: --resume: %s\n", err);
+        goto done;
+      }
+      step = ckst.step;
+      printf("resume %s: step %lld, epoch %d, sample %llu\n", ckdir, (long long)step, ckst.epoch,
+             (unsigned long long)ckst.sample_index);
+    }
     double t_start = now_s(), t_last = t_start, loss_sum = 0;
     int64_t loss_n = 0, samples_since = 0;
     int stop = 0;
     dense_metrics m;
-    for (int epoch = 0; epoch < fl.epochs && !stop; epoch++) {
-      if (epoch > 0 && ds_source_rewind(train)) {
+    const int start_epoch = ckst.epoch;
+    for (int epoch = start_epoch; epoch < fl.epochs && !stop; epoch++) {
+      if (epoch > start_epoch && ds_source_rewind(train)) {
         fprintf(stderr, "shardrec train: %s\n", ds_source_errmsg(train));
         goto done;
       }
@@ -541,6 +589,14 @@ int cmd_train(int argc, char **argv) {
         }
         step++;
         epoch_step++;
+        train_mem_sample();
+        ckst = (ckpt_state){step, epoch, b.first_index + (uint64_t)got};
+        if (fl.ckpt && fl.ck_every > 0 && step % fl.ck_every == 0 &&
+            ckpt_save(fl.ckpt, (int)fl.ck_keep, plan, store, store_kind, trainer_model(t),
+                      trainer_dense_opt(t), &ckst, &cks, err, sizeof err)) {
+          fprintf(stderr, "shardrec train: --save-checkpoint: %s\n", err);
+          goto done;
+        }
         loss_sum += loss;
         loss_n++;
         samples_since += got;
@@ -594,6 +650,15 @@ int cmd_train(int argc, char **argv) {
            1e3 * tt->scatter / (double)(tt->steps ? tt->steps : 1),
            1e3 * tt->push / (double)(tt->steps ? tt->steps : 1),
            1e3 * tt->dense_opt / (double)(tt->steps ? tt->steps : 1));
+    if (fl.ckpt) {
+      if (ckpt_save(fl.ckpt, (int)fl.ck_keep, plan, store, store_kind, trainer_model(t),
+                    trainer_dense_opt(t), &ckst, &cks, err, sizeof err)) {
+        fprintf(stderr, "shardrec train: --save-checkpoint: %s\n", err);
+        goto done;
+      }
+      printf("ckpt   %s/step-%lld\n", fl.ckpt, (long long)ckst.step);
+    }
+    printf("memory peak RssAnon %.1f MB (%s store)\n", (double)train_mem_sample() / 1024.0, store_kind);
     ds_source_stats st;
     if (!ds_source_stats_get(train, &st) && (st.malformed || st.scan_malformed))
       printf("data   %llu malformed lines skipped\n",

@@ -175,6 +175,7 @@ static void pressure(emb_optim_kind k, int n_shards, int row_wise) {
   /* Every row, as read back after all the cycles. */
   compare_iterate(loc, sh, p);
   /* And again through a fresh store over the same folder (durable). */
+  ck_assert_int_eq(emb_store_flush(sh), 0);
   emb_store_destroy(sh);
   sh = make_shard(p, dir, 4096);
   compare_iterate(loc, sh, p);

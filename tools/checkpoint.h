@@ -1,0 +1,86 @@
+/* Training checkpoints (shardrec train --save-checkpoint / --resume) and the
+ * trainer's choice of embedding store.
+ *
+ * A checkpoint is DIR/step-N/ holding
+ *   manifest.json  format, plan (canonical JSON) and both fingerprints, step,
+ *                  data position (epoch and the sample index after the last
+ *                  batch the trainer consumed, within the train split), the
+ *                  learning-rate schedule position (= step), RNG state (none:
+ *                  the trainer draws no random numbers after init), the
+ *                  optimizer settings, the store kind, and every other file
+ *                  with its size and SHA-256;
+ *   dense.bin      dense parameters and dense optimizer state: 256-byte
+ *                  header (magic "SRCKDENS", u32 version 1, u32 header bytes,
+ *                  u64 params, u64 state floats, i64 optimizer steps, u32
+ *                  optimizer kind, zeros), the floats, SHA-256 trailer;
+ *   shards/        the store's checkpoint: shards/shard-K/ (a RocksDB
+ *                  checkpoint per hosted shard) for the shard store, the
+ *                  local store's table-<id>.bin files for the in-memory one;
+ *   DONE           written last; holds the manifest's SHA-256.
+ * Everything but DONE is written under DIR/.step-N.tmp-PID and renamed into
+ * place; a folder without DONE is never taken by --resume DIR and is refused
+ * when named directly.
+ *
+ * Test hook: SHARDREC_TEST_CRASH_IN_CHECKPOINT=1 makes the process _exit(86)
+ * after dense.bin is written (inside the temporary folder), =2 after the
+ * rename and before DONE. Only tests set it. */
+#ifndef SHARDREC_TOOLS_CHECKPOINT_H
+#define SHARDREC_TOOLS_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dense/model.h"
+#include "dense/optim.h"
+#include "embedding/plan.h"
+#include "embedding/store.h"
+
+typedef struct ckpt_state {
+  int64_t step;          /* steps done */
+  int epoch;             /* epoch of the last consumed batch */
+  uint64_t sample_index; /* next sample of the train split to read in that epoch */
+} ckpt_state;
+
+/* Settings recorded in the manifest (and checked where a mismatch would make
+ * the resumed run differ: batch size, dense optimizer). */
+typedef struct ckpt_settings {
+  const char *dense_optimizer, *sparse_optimizer;
+  double lr, sparse_lr;
+  int64_t warmup, decay_start, decay_steps, batch;
+} ckpt_settings;
+
+/* Write DIR/step-<st->step>/ (see above), then keep only the newest keep
+ * complete checkpoints (keep <= 0: all). A complete step-N already there is
+ * kept as is. 0 or SR_E* with the reason in err. */
+int ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store,
+              const char *store_kind, dense_model *model, dense_opt *opt, const ckpt_state *st,
+              const ckpt_settings *set, char *err, size_t errlen);
+
+/* The checkpoint folder --resume path names: path itself when it is a step
+ * folder (has manifest.json or is named step-N), else the newest complete
+ * step-N under it. 0 or SR_ENOTFOUND with the reason in err. */
+int ckpt_resolve(const char *path, char *out, size_t outlen, char *err, size_t errlen);
+
+/* Check the checkpoint dir (DONE, manifest, fingerprints against plan, store
+ * kind, settings, every file's size and SHA-256), then load the dense model
+ * and optimizer and restore store from it. Nothing is changed when a check
+ * fails. 0 or SR_E* with a message naming the file and the problem. */
+int ckpt_load(const char *dir, const emb_plan *plan, emb_store *store, const char *store_kind,
+              dense_model *model, dense_opt *opt, const ckpt_settings *set, ckpt_state *st,
+              char *err, size_t errlen);
+
+/* The trainer's store: the RocksDB shard store when data_dir or a cache size
+ * is given (data_dir NULL: a temporary folder, removed by
+ * train_store_cleanup), else the in-memory local store. *kind is "shard" or
+ * "local". A data_dir already holding shard databases is refused unless
+ * resuming (the checkpoint replaces them). */
+emb_store *train_store_create(const emb_plan *plan, const char *data_dir, uint64_t cache_rows,
+                              uint64_t cache_mb, int resuming, const char **kind, char *err,
+                              size_t errlen);
+void train_store_cleanup(void);
+
+/* Peak anonymous memory: sample /proc/self/status RssAnon (call after each
+ * step); the peak so far in KiB. */
+uint64_t train_mem_sample(void);
+
+#endif
