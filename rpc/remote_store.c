@@ -30,6 +30,7 @@ typedef struct {
 typedef struct {
   int shard;
   rpc_method m;
+  const char *path; /* not NULL: call this method path, unregistered */
   uint8_t *req; /* owned */
   size_t req_len;
   int tries;
@@ -153,8 +154,15 @@ static int pcall_start(conn *c, grpc_completion_queue *cq, pcall *p, double dead
   grpc_metadata_array_init(&p->im);
   grpc_metadata_array_init(&p->tm);
   p->tries++;
-  p->call = grpc_channel_create_registered_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
-                                                c->reg[p->m], rpc__deadline(deadline_s), NULL);
+  if (p->path) {
+    grpc_slice method = grpc_slice_from_copied_string(p->path);
+    p->call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, NULL,
+                                       rpc__deadline(deadline_s), NULL);
+    grpc_slice_unref(method);
+  } else {
+    p->call = grpc_channel_create_registered_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                                  c->reg[p->m], rpc__deadline(deadline_s), NULL);
+  }
   p->send = rpc__bb_make(p->req, p->req_len);
   grpc_op ops[6];
   memset(ops, 0, sizeof ops);
@@ -670,6 +678,17 @@ fail:
 int rpc_call_once(const char *target, const rpc_tls *tls, rpc_method m, const uint8_t *req,
                   size_t len, double deadline_s, uint8_t **resp, size_t *resp_len, char *msg,
                   size_t msglen) {
+  if (m < 0 || m >= RPC_N_METHODS) {
+    if (msglen) snprintf(msg, msglen, "no such method");
+    return GRPC_STATUS_INVALID_ARGUMENT;
+  }
+  return rpc_call_path(target, tls, rpc_method_path(m), req, len, deadline_s, resp, resp_len, msg,
+                       msglen);
+}
+
+int rpc_call_path(const char *target, const rpc_tls *tls, const char *path, const uint8_t *req,
+                  size_t len, double deadline_s, uint8_t **resp, size_t *resp_len, char *msg,
+                  size_t msglen) {
   *resp = NULL;
   *resp_len = 0;
   if (msglen) msg[0] = 0;
@@ -688,7 +707,8 @@ int rpc_call_once(const char *target, const rpc_tls *tls, rpc_method m, const ui
   pcall p;
   uint8_t *copy = malloc(len ? len : 1);
   if (len) memcpy(copy, req, len);
-  pcall_init(&p, 0, m, copy, len);
+  pcall_init(&p, 0, RPC_LOOKUP, copy, len);
+  p.path = path;
   if (!pcall_start(&c, cq, &p, o.deadline_s)) run_calls(&c, cq, &p, 1, &o);
   int st = (int)p.status;
   char *d = grpc_slice_to_c_string(p.details);

@@ -131,6 +131,12 @@ int rpc_call_once(const char *target, const rpc_tls *tls, rpc_method m, const ui
                   size_t len, double deadline_s, uint8_t **resp, size_t *resp_len, char *msg,
                   size_t msglen);
 
+/* The same for a method named by its path ("/pkg.Service/Method"), known
+ * to the server or not. */
+int rpc_call_path(const char *target, const rpc_tls *tls, const char *path, const uint8_t *req,
+                  size_t len, double deadline_s, uint8_t **resp, size_t *resp_len, char *msg,
+                  size_t msglen);
+
 /* grpc_init / grpc_shutdown, reference counted by gRPC itself. */
 void rpc_global_init(void);
 void rpc_global_shutdown(void);

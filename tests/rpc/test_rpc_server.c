@@ -1,0 +1,438 @@
+/* The shard server over real gRPC on loopback: every bad request gets its
+ * status and changes nothing, a retried Push is applied once, read-only
+ * refuses Push, health answers SERVING, unknown methods get UNIMPLEMENTED,
+ * SIGTERM exits 0, and a Python grpcio client reads exactly the bytes the
+ * C client reads. */
+#include <check.h>
+#include <math.h>
+
+#include "embedding/plan.h"
+#include "rpc/health.pb-c.h"
+#include "rpc/rpc.h"
+#include "rpc/shardrec.pb-c.h"
+#include "tests/rpc/server.h"
+
+#define DIM 4
+
+static char *dir;
+static char plan_path[512], log_path[512];
+static emb_plan *plan;
+static char fp[EMB_FP_HEX];
+static test_server srv;
+/* Ids of each table on shard 0 (served) and one of table 0 on shard 1. */
+static uint64_t ids0[8], ids1[5], foreign0;
+
+static void setup(void) {
+  dir = make_tmpdir();
+  snprintf(plan_path, sizeof plan_path, "%s/plan.json", dir);
+  snprintf(log_path, sizeof log_path, "%s/server.log", dir);
+  uint64_t rows[2] = {100, 50};
+  emb_plan_params pp = {.n_tables = 2, .rows = rows, .dim = DIM, .optim = {.kind = EMB_OPT_ADAGRAD, .eps = -1},
+                        .seed = 7, .n_shards = 2, .row_wise = 1};
+  char err[512];
+  emb_plan *p;
+  ck_assert_msg(emb_plan_create(&pp, &p, err, sizeof err) == 0, "%s", err);
+  ck_assert_msg(emb_plan_save(p, plan_path, err, sizeof err) == 0, "%s", err);
+  emb_plan_free(p);
+  ck_assert_msg(emb_plan_load(plan_path, &plan, err, sizeof err) == 0, "%s", err);
+  ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
+  int n0 = 0, n1 = 0, nf = 0;
+  for (uint64_t r = 0; r < 100 && n0 < 8; r++)
+    if (emb_plan_shard_of(plan, 0, r) == 0) ids0[n0++] = r;
+    else if (!nf) foreign0 = r, nf = 1;
+  for (uint64_t r = 0; r < 50 && n1 < 5; r++)
+    if (emb_plan_shard_of(plan, 1, r) == 0) ids1[n1++] = r;
+  ck_assert(n0 == 8 && n1 == 5 && nf);
+  char args[1200];
+  snprintf(args, sizeof args, "--plan '%s' --shard 0 --max-ids 64 --data-dir '%s/data'", plan_path, dir);
+  server_start(&srv, args, log_path);
+}
+
+static void teardown(void) {
+  /* A clean exit: no sanitizer report, no crash while refusing requests. */
+  int st = server_stop(&srv);
+  ck_assert_msg(st == 0, "server exited with %d (log %s)", st, log_path);
+  emb_plan_free(plan);
+  run_cmd(NULL, "rm -rf %s", dir);
+  free(dir);
+}
+
+/* ---- requests ---- */
+
+typedef struct {
+  uint32_t table_id;
+  const uint64_t *ids;
+  size_t n;
+  const float *grads; /* n*DIM unless glen overrides */
+  size_t glen;        /* bytes; 0: n*DIM*4 */
+} tspec;
+
+static uint8_t *enc_header(Shardrec__V1__RequestHeader *h, const char *f, const char *job,
+                           int64_t step) {
+  shardrec__v1__request_header__init(h);
+  h->plan_fingerprint = (char *)f;
+  h->job_id = (char *)job;
+  h->step = step;
+  h->rank = 0;
+  h->world_size = 1;
+  return NULL;
+}
+
+static uint8_t *enc_lookup(const char *f, const tspec *t, int nt, size_t *len) {
+  Shardrec__V1__RequestHeader h;
+  enc_header(&h, f, "test", 0);
+  Shardrec__V1__TableIds ti[4], *tp[4];
+  for (int i = 0; i < nt; i++) {
+    shardrec__v1__table_ids__init(&ti[i]);
+    ti[i].table_id = t[i].table_id;
+    ti[i].ids = (uint64_t *)t[i].ids;
+    ti[i].n_ids = t[i].n;
+    tp[i] = &ti[i];
+  }
+  Shardrec__V1__LookupRequest q = SHARDREC__V1__LOOKUP_REQUEST__INIT;
+  q.header = &h;
+  q.n_tables = (size_t)nt;
+  q.tables = tp;
+  *len = shardrec__v1__lookup_request__get_packed_size(&q);
+  uint8_t *b = malloc(*len + 1);
+  shardrec__v1__lookup_request__pack(&q, b);
+  return b;
+}
+
+static uint8_t *enc_push(const char *f, const char *job, int64_t step, float lr, const tspec *t,
+                         int nt, size_t *len) {
+  Shardrec__V1__RequestHeader h;
+  enc_header(&h, f, job, step);
+  Shardrec__V1__TableGrads tg[4], *tp[4];
+  for (int i = 0; i < nt; i++) {
+    shardrec__v1__table_grads__init(&tg[i]);
+    tg[i].table_id = t[i].table_id;
+    tg[i].ids = (uint64_t *)t[i].ids;
+    tg[i].n_ids = t[i].n;
+    tg[i].grads.data = (uint8_t *)t[i].grads;
+    tg[i].grads.len = t[i].glen ? t[i].glen : t[i].n * DIM * sizeof(float);
+    tp[i] = &tg[i];
+  }
+  Shardrec__V1__PushRequest q = SHARDREC__V1__PUSH_REQUEST__INIT;
+  q.header = &h;
+  q.learning_rate = lr;
+  q.n_tables = (size_t)nt;
+  q.tables = tp;
+  *len = shardrec__v1__push_request__get_packed_size(&q);
+  uint8_t *b = malloc(*len + 1);
+  shardrec__v1__push_request__pack(&q, b);
+  return b;
+}
+
+/* Call and return the status; the answer (if OK) in *resp. */
+static int call(rpc_method m, const uint8_t *req, size_t len, uint8_t **resp, size_t *rlen,
+                char *msg) {
+  uint8_t *r = NULL;
+  size_t rl = 0;
+  int st = rpc_call_once(srv.addr, NULL, m, req, len, 10, &r, &rl, msg, 512);
+  if (resp) {
+    *resp = r;
+    *rlen = rl;
+  } else {
+    free(r);
+  }
+  return st;
+}
+
+/* Rows of ids0 and ids1 as the server has them: out[13*DIM] bytes. */
+static void snapshot(float *out) {
+  tspec t[2] = {{0, ids0, 8, NULL, 0}, {1, ids1, 5, NULL, 0}};
+  size_t len, rl;
+  uint8_t *q = enc_lookup(fp, t, 2, &len), *r;
+  char msg[512];
+  int st = call(RPC_LOOKUP, q, len, &r, &rl, msg);
+  free(q);
+  ck_assert_msg(st == RPC_OK, "lookup: %d %s", st, msg);
+  Shardrec__V1__LookupResponse *a = shardrec__v1__lookup_response__unpack(NULL, rl, r);
+  ck_assert_ptr_nonnull(a);
+  ck_assert_int_eq(a->n_tables, 2);
+  ck_assert_int_eq(a->tables[0]->rows.len, 8 * DIM * 4);
+  ck_assert_int_eq(a->tables[1]->rows.len, 5 * DIM * 4);
+  ck_assert_int_eq(a->tables[0]->dim, DIM);
+  memcpy(out, a->tables[0]->rows.data, 8 * DIM * 4);
+  memcpy(out + 8 * DIM, a->tables[1]->rows.data, 5 * DIM * 4);
+  shardrec__v1__lookup_response__free_unpacked(a, NULL);
+  free(r);
+}
+
+static float g0[8 * DIM], g1[5 * DIM];
+
+static void fill_grads(float scale) {
+  for (int i = 0; i < 8 * DIM; i++) g0[i] = scale * (float)(i % 7 - 3) / 8;
+  for (int i = 0; i < 5 * DIM; i++) g1[i] = scale * (float)(i % 5 - 2) / 4;
+}
+
+static int push_ok(const char *job, int64_t step, int *applied) {
+  tspec t[2] = {{0, ids0, 8, g0, 0}, {1, ids1, 5, g1, 0}};
+  size_t len, rl;
+  uint8_t *q = enc_push(fp, job, step, 0.5f, t, 2, &len), *r = NULL;
+  char msg[512];
+  int st = call(RPC_PUSH, q, len, &r, &rl, msg);
+  free(q);
+  if (st == RPC_OK) {
+    Shardrec__V1__PushResponse *a = shardrec__v1__push_response__unpack(NULL, rl, r);
+    ck_assert_ptr_nonnull(a);
+    *applied = a->applied;
+    shardrec__v1__push_response__free_unpacked(a, NULL);
+  }
+  free(r);
+  return st;
+}
+
+/* Send req, expect status want with a message, and rows unchanged. */
+/* lenp is read after req is made (argument order is unspecified). */
+static void expect_refused(const char *what, rpc_method m, uint8_t *req, const size_t *lenp,
+                           int want, const char *needle) {
+  const size_t len = *lenp;
+  float before[13 * DIM], after[13 * DIM];
+  snapshot(before);
+  char msg[512];
+  int st = call(m, req, len, NULL, NULL, msg);
+  free(req);
+  ck_assert_msg(st == want, "%s: status %d (want %d): %s", what, st, want, msg);
+  ck_assert_msg(msg[0], "%s: no message", what);
+  if (needle) ck_assert_msg(strstr(msg, needle), "%s: message '%s' lacks '%s'", what, msg, needle);
+  snapshot(after);
+  ck_assert_msg(memcmp(before, after, sizeof before) == 0, "%s changed rows", what);
+}
+
+START_TEST(test_bad_requests_change_nothing) {
+  fill_grads(1);
+  int applied = 0;
+  ck_assert_int_eq(push_ok("job-a", 0, &applied), RPC_OK);
+  ck_assert_int_eq(applied, 1);
+  const char *other = "0000000000000000000000000000000000000000000000000000000000000000";
+  size_t len;
+  tspec good[2] = {{0, ids0, 8, g0, 0}, {1, ids1, 5, g1, 0}};
+  /* Another plan. */
+  expect_refused("lookup, other plan", RPC_LOOKUP, enc_lookup(other, good, 2, &len), &len,
+                 RPC_FAILED_PRECONDITION, "plan");
+  expect_refused("push, other plan", RPC_PUSH, enc_push(other, "job-a", 1, 0.5f, good, 2, &len), &len, RPC_FAILED_PRECONDITION, "plan");
+  /* Unknown table. */
+  tspec unk[2] = {{0, ids0, 8, g0, 0}, {99, ids1, 5, g1, 0}};
+  expect_refused("push, unknown table", RPC_PUSH, enc_push(fp, "job-a", 1, 0.5f, unk, 2, &len), &len, RPC_INVALID_ARGUMENT, "table_id 99");
+  expect_refused("lookup, unknown table", RPC_LOOKUP, enc_lookup(fp, unk, 2, &len), &len,
+                 RPC_INVALID_ARGUMENT, "table_id 99");
+  /* Row id out of range (table 1 has 50 rows), in the second table. */
+  uint64_t oor[5] = {ids1[0], ids1[1], 50, ids1[3], ids1[4]};
+  tspec range[2] = {{0, ids0, 8, g0, 0}, {1, oor, 5, g1, 0}};
+  expect_refused("push, row out of range", RPC_PUSH, enc_push(fp, "job-a", 1, 0.5f, range, 2, &len), &len, RPC_INVALID_ARGUMENT, "out of range");
+  expect_refused("lookup, row out of range", RPC_LOOKUP, enc_lookup(fp, range, 2, &len), &len,
+                 RPC_INVALID_ARGUMENT, "out of range");
+  /* Gradient of the wrong length. */
+  tspec shortg[2] = {{0, ids0, 8, g0, 0}, {1, ids1, 5, g1, 5 * DIM * 4 - 4}};
+  expect_refused("push, short gradient", RPC_PUSH, enc_push(fp, "job-a", 1, 0.5f, shortg, 2, &len), &len, RPC_INVALID_ARGUMENT, "grads");
+  /* NaN and Inf in the second table's gradient. */
+  float bad[5 * DIM];
+  memcpy(bad, g1, sizeof bad);
+  bad[7] = NAN;
+  tspec nan[2] = {{0, ids0, 8, g0, 0}, {1, ids1, 5, bad, 0}};
+  expect_refused("push, NaN", RPC_PUSH, enc_push(fp, "job-a", 1, 0.5f, nan, 2, &len), &len,
+                 RPC_INVALID_ARGUMENT, "nan");
+  bad[7] = -INFINITY;
+  expect_refused("push, -Inf", RPC_PUSH, enc_push(fp, "job-a", 1, 0.5f, nan, 2, &len), &len,
+                 RPC_INVALID_ARGUMENT, "inf");
+  /* Too many ids (the server allows 64). */
+  uint64_t many[65];
+  for (int i = 0; i < 65; i++) many[i] = ids0[i % 8];
+  tspec toomany[1] = {{0, many, 65, NULL, 0}};
+  expect_refused("lookup, too many ids", RPC_LOOKUP, enc_lookup(fp, toomany, 1, &len), &len,
+                 RPC_INVALID_ARGUMENT, "more than 64");
+  /* A row that lives on the other shard. */
+  uint64_t fid[1] = {foreign0};
+  float fg[DIM] = {1, 1, 1, 1};
+  tspec fspec[2] = {{1, ids1, 5, g1, 0}, {0, fid, 1, fg, 0}};
+  expect_refused("push, row of another shard", RPC_PUSH,
+                 enc_push(fp, "job-a", 1, 0.5f, fspec, 2, &len), &len, RPC_FAILED_PRECONDITION,
+                 "shard 1");
+  /* A row given twice in one push. */
+  uint64_t dup[8];
+  memcpy(dup, ids0, sizeof dup);
+  dup[5] = dup[2];
+  tspec dspec[1] = {{0, dup, 8, g0, 0}};
+  expect_refused("push, repeated row", RPC_PUSH, enc_push(fp, "job-a", 1, 0.5f, dspec, 1, &len), &len, RPC_INVALID_ARGUMENT, "twice");
+  /* A negative learning rate. */
+  expect_refused("push, negative lr", RPC_PUSH, enc_push(fp, "job-a", 1, -1.0f, good, 2, &len), &len, RPC_INVALID_ARGUMENT, "learning_rate");
+  /* Truncated and garbage protobufs. */
+  uint8_t *full = enc_push(fp, "job-a", 1, 0.5f, good, 2, &len);
+  size_t cut = len / 2;
+  expect_refused("push, truncated", RPC_PUSH, full, &cut, RPC_INVALID_ARGUMENT, "PushRequest");
+  uint8_t *junk = malloc(64);
+  for (int i = 0; i < 64; i++) junk[i] = (uint8_t)(0xff - i * 7);
+  size_t n64 = 64;
+  expect_refused("push, garbage", RPC_PUSH, junk, &n64, RPC_INVALID_ARGUMENT, "PushRequest");
+  junk = malloc(64);
+  for (int i = 0; i < 64; i++) junk[i] = (uint8_t)(0xff - i * 7);
+  expect_refused("lookup, garbage", RPC_LOOKUP, junk, &n64, RPC_INVALID_ARGUMENT, "LookupRequest");
+  /* An unknown method. */
+  char msg[512];
+  uint8_t *r = NULL;
+  size_t rl = 0;
+  int st = rpc_call_path(srv.addr, NULL, "/shardrec.v1.EmbeddingShard/Nope", (const uint8_t *)"",
+                         0, 10, &r, &rl, msg, sizeof msg);
+  free(r);
+  ck_assert_msg(st == RPC_UNIMPLEMENTED, "unknown method: %d %s", st, msg);
+  /* Still serving, and a good push still applies. */
+  float before[13 * DIM], after[13 * DIM];
+  snapshot(before);
+  ck_assert_int_eq(push_ok("job-a", 1, &applied), RPC_OK);
+  ck_assert_int_eq(applied, 1);
+  snapshot(after);
+  ck_assert(memcmp(before, after, sizeof before) != 0);
+}
+END_TEST
+
+START_TEST(test_retried_push_applied_once) {
+  fill_grads(1);
+  float s0[13 * DIM], s1[13 * DIM], s2[13 * DIM];
+  snapshot(s0);
+  int applied = -1;
+  ck_assert_int_eq(push_ok("job-r", 0, &applied), RPC_OK);
+  ck_assert_int_eq(applied, 1);
+  snapshot(s1);
+  ck_assert(memcmp(s0, s1, sizeof s0) != 0);
+  /* The same (job, step, rank) again: OK, not applied, rows unchanged. */
+  ck_assert_int_eq(push_ok("job-r", 0, &applied), RPC_OK);
+  ck_assert_int_eq(applied, 0);
+  snapshot(s2);
+  ck_assert(memcmp(s1, s2, sizeof s1) == 0);
+  /* The next step applies. */
+  ck_assert_int_eq(push_ok("job-r", 1, &applied), RPC_OK);
+  ck_assert_int_eq(applied, 1);
+  snapshot(s2);
+  ck_assert(memcmp(s1, s2, sizeof s1) != 0);
+}
+END_TEST
+
+START_TEST(test_health_unknown_method_sigterm) {
+  Grpc__Health__V1__HealthCheckRequest hq = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+  uint8_t buf[64], *r = NULL;
+  size_t len = grpc__health__v1__health_check_request__pack(&hq, buf), rl = 0;
+  char msg[512];
+  ck_assert_int_eq(call(RPC_HEALTH_CHECK, buf, len, &r, &rl, msg), RPC_OK);
+  Grpc__Health__V1__HealthCheckResponse *a = grpc__health__v1__health_check_response__unpack(NULL, rl, r);
+  ck_assert_ptr_nonnull(a);
+  ck_assert_int_eq(a->status, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING);
+  grpc__health__v1__health_check_response__free_unpacked(a, NULL);
+  free(r);
+  /* Stats answers with this server's shards and plan. */
+  Shardrec__V1__StatsRequest sq = SHARDREC__V1__STATS_REQUEST__INIT;
+  len = shardrec__v1__stats_request__pack(&sq, buf);
+  ck_assert_int_eq(call(RPC_STATS, buf, len, &r, &rl, msg), RPC_OK);
+  Shardrec__V1__StatsResponse *sa = shardrec__v1__stats_response__unpack(NULL, rl, r);
+  ck_assert_ptr_nonnull(sa);
+  ck_assert_int_eq(sa->n_shards, 1);
+  ck_assert_int_eq(sa->shards[0], 0);
+  ck_assert_str_eq(sa->plan_fingerprint, fp);
+  shardrec__v1__stats_response__free_unpacked(sa, NULL);
+  free(r);
+  /* SIGTERM: a clean exit 0. */
+  ck_assert_int_eq(server_stop(&srv), 0);
+}
+END_TEST
+
+START_TEST(test_read_only_refuses_push) {
+  test_server ro;
+  char args[1200];
+  snprintf(args, sizeof args, "--plan '%s' --shard 0 --read-only", plan_path);
+  server_start(&ro, args, log_path);
+  fill_grads(1);
+  tspec t[2] = {{0, ids0, 8, g0, 0}, {1, ids1, 5, g1, 0}};
+  size_t len;
+  uint8_t *q = enc_push(fp, "job", 0, 0.5f, t, 2, &len), *r = NULL;
+  char msg[512];
+  size_t rl;
+  int st = rpc_call_once(ro.addr, NULL, RPC_PUSH, q, len, 10, &r, &rl, msg, sizeof msg);
+  free(q);
+  free(r);
+  ck_assert_msg(st == RPC_FAILED_PRECONDITION, "status %d: %s", st, msg);
+  ck_assert_msg(strstr(msg, "read-only"), "%s", msg);
+  ck_assert_int_eq(server_stop(&ro), 0);
+}
+END_TEST
+
+/* Python grpcio, stubs generated from rpc/shardrec.proto in the test:
+ * the same ids give exactly the bytes the C client gets; Health SERVING. */
+START_TEST(test_python_interop) {
+  const char *src = getenv("SHARDREC_SRC");
+  ck_assert_ptr_nonnull(src);
+  char *out;
+  int rc = run_cmd(&out, "/usr/bin/python3 -c 'import grpc, google.protobuf' && mkdir -p %s/py && "
+                         "(/usr/bin/python3 -m grpc_tools.protoc -I%s --python_out=%s/py --grpc_python_out=%s/py "
+                         "%s/rpc/shardrec.proto %s/rpc/health.proto 2>/dev/null || "
+                         "protoc -I%s --python_out=%s/py --grpc_out=%s/py "
+                         "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin %s/rpc/shardrec.proto %s/rpc/health.proto)",
+                   dir, src, dir, dir, src, src, src, dir, dir, src, src);
+  ck_assert_msg(rc == 0, "python stubs: %s", out);
+  free(out);
+  fill_grads(1);
+  int applied;
+  ck_assert_int_eq(push_ok("job-py", 0, &applied), RPC_OK);
+  float rows[13 * DIM];
+  snapshot(rows);
+  char script[600];
+  snprintf(script, sizeof script, "%s/client.py", dir);
+  FILE *f = fopen(script, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f,
+          "import sys, grpc\n"
+          "sys.path.insert(0, '%s/py')\n"
+          "from rpc import shardrec_pb2 as pb, shardrec_pb2_grpc as pbg, health_pb2 as hp, health_pb2_grpc as hpg\n"
+          "ch = grpc.insecure_channel('%s')\n"
+          "h = hpg.HealthStub(ch).Check(hp.HealthCheckRequest(), timeout=10)\n"
+          "print('health', hp.HealthCheckResponse.ServingStatus.Name(h.status))\n"
+          "q = pb.LookupRequest(header=pb.RequestHeader(plan_fingerprint='%s', job_id='py', step=0, rank=0, world_size=1))\n",
+          dir, srv.addr, fp);
+  fprintf(f, "q.tables.add(table_id=0, ids=[");
+  for (int i = 0; i < 8; i++) fprintf(f, "%llu,", (unsigned long long)ids0[i]);
+  fprintf(f, "])\nq.tables.add(table_id=1, ids=[");
+  for (int i = 0; i < 5; i++) fprintf(f, "%llu,", (unsigned long long)ids1[i]);
+  fprintf(f, "])\n"
+             "a = pbg.EmbeddingShardStub(ch).Lookup(q, timeout=10)\n"
+             "open('%s/py.bin', 'wb').write(a.tables[0].rows + a.tables[1].rows)\n"
+             "try:\n"
+             "    q.header.plan_fingerprint = 'x'\n"
+             "    pbg.EmbeddingShardStub(ch).Lookup(q, timeout=10)\n"
+             "except grpc.RpcError as e:\n"
+             "    print('refused', e.code().name)\n",
+          dir);
+  fclose(f);
+  rc = run_cmd(&out, "/usr/bin/python3 %s", script);
+  ck_assert_msg(rc == 0, "python client: %s", out);
+  ck_assert_msg(strstr(out, "health SERVING"), "%s", out);
+  ck_assert_msg(strstr(out, "refused FAILED_PRECONDITION"), "%s", out);
+  free(out);
+  char pyb[600];
+  snprintf(pyb, sizeof pyb, "%s/py.bin", dir);
+  FILE *pf = fopen(pyb, "rb");
+  ck_assert_ptr_nonnull(pf);
+  float py[13 * DIM + 1];
+  size_t got = fread(py, 1, sizeof py, pf);
+  fclose(pf);
+  ck_assert_int_eq(got, sizeof rows);
+  ck_assert(memcmp(py, rows, sizeof rows) == 0);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("rpc_server");
+  TCase *tc = tcase_create("server");
+  tcase_set_timeout(tc, 120);
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_add_test(tc, test_bad_requests_change_nothing);
+  tcase_add_test(tc, test_retried_push_applied_once);
+  tcase_add_test(tc, test_health_unknown_method_sigterm);
+  tcase_add_test(tc, test_read_only_refuses_push);
+  tcase_add_test(tc, test_python_interop);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
