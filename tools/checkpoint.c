@@ -21,9 +21,12 @@
 #define DN_VERSION 1u
 #define DN_HEADER 256u
 
-static void crash_hook(int where) {
+/* SHARDREC_TEST_CRASH_IN_CHECKPOINT=W or W:S (test hook, see checkpoint.h). */
+static void crash_hook(int where, int64_t step) {
   const char *v = getenv("SHARDREC_TEST_CRASH_IN_CHECKPOINT");
-  if (v && atoi(v) == where) _exit(86);
+  if (!v || atoi(v) != where) return;
+  const char *c = strchr(v, ':');
+  if (!c || atoll(c + 1) == step) _exit(86);
 }
 
 static int write_all(int fd, const void *p, size_t n) {
@@ -282,7 +285,7 @@ int ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store
   char *text = NULL;
   snprintf(path, sizeof path, "%s/dense.bin", tmp);
   if ((rc = dense_write(path, model, opt, err, errlen))) goto fail;
-  crash_hook(1);
+  crash_hook(1, st->step);
   snprintf(path, sizeof path, "%s/shards", tmp);
   if ((rc = emb_store_checkpoint(store, path))) {
     sr_fmt(err, errlen, "%s", emb_store_errmsg(store));
@@ -341,7 +344,7 @@ int ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store
     goto fail;
   }
   store_fsync_dir(root);
-  crash_hook(2);
+  crash_hook(2, st->step);
   char hex[65];
   emb_sha256_hex(text, strlen(text), hex);
   char done[80];

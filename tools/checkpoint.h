@@ -23,7 +23,8 @@
  *
  * Test hook: SHARDREC_TEST_CRASH_IN_CHECKPOINT=1 makes the process _exit(86)
  * after dense.bin is written (inside the temporary folder), =2 after the
- * rename and before DONE. Only tests set it. */
+ * rename and before DONE; "W:S" crashes only in the checkpoint of step S.
+ * Only tests set it. */
 #ifndef SHARDREC_TOOLS_CHECKPOINT_H
 #define SHARDREC_TOOLS_CHECKPOINT_H
 

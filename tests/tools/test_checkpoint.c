@@ -1,0 +1,275 @@
+/* End-to-end tests of the RocksDB shard store and checkpoints through the
+ * real shardrec binary: bit-identical losses under a small cache with peak
+ * memory bounded, exact resume, crash safety, and every refusal. */
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/tools/run.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+#ifndef UNDER_ASAN
+#define UNDER_ASAN 0
+#endif
+
+static char *dir;
+
+static void setup_data(void) {
+  dir = make_tmpdir();
+  char *out;
+  /* Small data for resume tests; uniform ids over 26 tables of 2M rows
+   * (modulo ids, no dictionary) for the bounded-memory test. */
+  int rc = run_cmd(&out, "cd %s && %s datagen --rows 12000 --seed 3 --out d.tsv && "
+                         "%s convert --test-fraction 0.1 d.tsv d.bin && "
+                         "%s datagen --rows 20000 --seed 5 --uniform --scale 1 --out u.tsv && "
+                         "%s convert --test-fraction 0.05 --modulo --max-ind-range 2000000 u.tsv m.bin",
+                   dir, bin_path(), bin_path(), bin_path(), bin_path());
+  ck_assert_msg(rc == 0, "data preparation failed: %s", out);
+  free(out);
+}
+
+static void teardown_data(void) {
+  run_cmd(NULL, "rm -rf %s", dir);
+  free(dir);
+}
+
+#define FLAGS "--processed-data-file d.bin --print-freq 1 --mini-batch-size 64 --optimizer adam "
+
+/* Run train with extra flags; returns output, asserts the exit status. */
+static char *train(int want_rc, const char *extra) {
+  char *out;
+  int rc = run_cmd(&out, "cd %s && %s train " FLAGS "%s", dir, bin_path(), extra);
+  ck_assert_msg(rc == want_rc, "train %s: exit %d, wanted %d:\n%s", extra, rc, want_rc, out);
+  return out;
+}
+
+/* The "step":N,...,"loss":X part of train lines with step > from, joined. */
+static char *losses(const char *file, int from) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", dir, file);
+  char *m = slurp(path);
+  ck_assert_msg(m != NULL, "no %s", path);
+  size_t cap = strlen(m) + 1, n = 0;
+  char *res = calloc(cap, 1);
+  for (char *line = strtok(m, "\n"); line; line = strtok(NULL, "\n")) {
+    if (!strstr(line, "\"kind\":\"train\"")) continue;
+    int step = (int)find_num(line, "\"step\":");
+    if (step <= from) continue;
+    char *l = strstr(line, "\"loss\":"), *e = strstr(line, ",\"lr\"");
+    ck_assert(l && e);
+    n += (size_t)snprintf(res + n, cap - n, "%d:%.*s;", step, (int)(e - l), l);
+  }
+  free(m);
+  return res;
+}
+
+static double test_auc(const char *file) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", dir, file);
+  char *m = slurp(path);
+  const char *last = NULL, *p = m;
+  while ((p = strstr(p, "\"kind\":\"test\""))) last = p++;
+  ck_assert(last != NULL);
+  double auc = find_num(last, "\"auc\":");
+  free(m);
+  return auc;
+}
+
+/* Losses and AUC bit-identical with rows in a 16 MB cache over RocksDB vs
+ * all in memory, with 26 x 2M-row tables and ~500k distinct rows touched;
+ * the shard run's peak RssAnon stays under cache + 256 MB (and well under
+ * the in-memory run's). */
+START_TEST(test_bounded_memory_identical) {
+  char *o1, *o2;
+  const char *f = "--processed-data-file m.bin --print-freq 1 --mini-batch-size 256 --optimizer adagrad "
+                  "--learning-rate 0.01 --arch-mlp-bot 13-64-16 --arch-mlp-top 64-1";
+  int rc = run_cmd(&o1, "cd %s && %s train %s --metrics-out mem.jsonl", dir, bin_path(), f);
+  ck_assert_msg(rc == 0, "%s", o1);
+  rc = run_cmd(&o2, "cd %s && %s train %s --metrics-out rocks.jsonl --cache-mb 16", dir, bin_path(), f);
+  ck_assert_msg(rc == 0, "%s", o2);
+  char *a = losses("mem.jsonl", 0), *b = losses("rocks.jsonl", 0);
+  ck_assert_uint_gt(strlen(a), 1000);
+  ck_assert_str_eq(a, b);
+  ck_assert(test_auc("mem.jsonl") == test_auc("rocks.jsonl"));
+  double mem = find_num(o1, "memory peak RssAnon "), rocks = find_num(o2, "memory peak RssAnon ");
+  ck_assert_msg(rocks > 0 && mem > 0, "no memory line");
+  if (!UNDER_ASAN) { /* ASan's shadow memory counts as anonymous */
+    ck_assert_msg(rocks < 16 + 256, "peak RssAnon %.1f MB with a 16 MB cache", rocks);
+    ck_assert_msg(rocks * 2 < mem, "shard store %.1f MB vs in-memory %.1f MB", rocks, mem);
+  }
+  free(a);
+  free(b);
+  free(o1);
+  free(o2);
+}
+END_TEST
+
+/* Straight 40 steps vs 20 steps, a checkpoint, SIGKILL, --resume, 20 more:
+ * per-step losses and the final test AUC bit-identical. Both stores. */
+static void exact_resume(const char *store_flags, const char *tag) {
+  char extra[1024];
+  snprintf(extra, sizeof extra, "%s --num-batches 40 --metrics-out %s-full.jsonl", store_flags, tag);
+  free(train(0, extra));
+  /* First half: killed with SIGKILL right after the step-20 checkpoint is
+   * complete (the run would go on to 400 steps). */
+  char *out;
+  int rc = run_cmd(&out,
+                   "cd %s && rm -rf %s-ck && (%s train " FLAGS "%s --num-batches 400 --save-checkpoint %s-ck "
+                   "--checkpoint-every 20 --metrics-out %s-a.jsonl > %s-a.out 2>&1 & pid=$!; "
+                   "for i in $(seq 1 600); do [ -f %s-ck/step-20/DONE ] && break; sleep 0.05; done; "
+                   "kill -9 $pid; wait $pid; echo status $?)",
+                   dir, tag, bin_path(), store_flags, tag, tag, tag, tag);
+  ck_assert_int_eq(rc, 0);
+  ck_assert_msg(strstr(out, "status 137") != NULL, "not killed: %s", out);
+  free(out);
+  snprintf(extra, sizeof extra, "%s --num-batches 40 --resume %s-ck --metrics-out %s-b.jsonl", store_flags,
+           tag, tag);
+  out = train(0, extra);
+  ck_assert_msg(strstr(out, "resume ") != NULL, "%s", out);
+  free(out);
+  char f1[64], f2[64];
+  snprintf(f1, sizeof f1, "%s-full.jsonl", tag);
+  snprintf(f2, sizeof f2, "%s-b.jsonl", tag);
+  char *a = losses(f1, 20), *b = losses(f2, 0);
+  ck_assert_uint_gt(strlen(a), 100);
+  ck_assert_str_eq(a, b);
+  ck_assert(test_auc(f1) == test_auc(f2));
+  free(a);
+  free(b);
+}
+
+START_TEST(test_exact_resume_shard) { exact_resume("--cache-rows 1024", "sh"); }
+END_TEST
+START_TEST(test_exact_resume_local) { exact_resume("", "lo"); }
+END_TEST
+
+/* A crash while writing a checkpoint leaves the previous one usable and the
+ * torn one refused. */
+START_TEST(test_crash_safety) {
+  char *out;
+  /* Crash inside the temporary folder of step 20. */
+  int rc = run_cmd(&out, "cd %s && rm -rf c1 && SHARDREC_TEST_CRASH_IN_CHECKPOINT=1:20 %s train " FLAGS
+                         "--cache-rows 1024 --num-batches 40 --save-checkpoint c1 --checkpoint-every 10",
+                   dir, bin_path());
+  ck_assert_msg(rc == 86, "exit %d: %s", rc, out);
+  free(out);
+  /* Crash after the rename, before DONE. */
+  rc = run_cmd(&out, "cd %s && rm -rf c2 && SHARDREC_TEST_CRASH_IN_CHECKPOINT=2:20 %s train " FLAGS
+                     "--cache-rows 1024 --num-batches 40 --save-checkpoint c2 --checkpoint-every 10",
+               dir, bin_path());
+  ck_assert_msg(rc == 86, "exit %d: %s", rc, out);
+  free(out);
+  char p[600];
+  snprintf(p, sizeof p, "%s/c2/step-20", dir);
+  ck_assert_int_eq(access(p, F_OK), 0); /* renamed into place, no DONE */
+  free(train(0, "--cache-rows 1024 --num-batches 40 --metrics-out full.jsonl"));
+  /* --resume DIR takes step-10, the newest complete one, and continues exactly. */
+  out = train(0, "--cache-rows 1024 --num-batches 40 --resume c1 --metrics-out r1.jsonl");
+  ck_assert_msg(strstr(out, "c1/step-10: step 10") != NULL, "%s", out);
+  free(out);
+  out = train(0, "--cache-rows 1024 --num-batches 40 --resume c2 --metrics-out r2.jsonl");
+  ck_assert_msg(strstr(out, "c2/step-10: step 10") != NULL, "%s", out);
+  free(out);
+  char *a = losses("full.jsonl", 10), *b = losses("r1.jsonl", 0), *c = losses("r2.jsonl", 0);
+  ck_assert_uint_gt(strlen(a), 200);
+  ck_assert_str_eq(a, b);
+  ck_assert_str_eq(a, c);
+  free(a);
+  free(b);
+  free(c);
+  /* The torn one named directly is refused, naming DONE. */
+  out = train(1, "--cache-rows 1024 --num-batches 40 --resume c2/step-20");
+  ck_assert_msg(strstr(out, "c2/step-20/DONE: missing") != NULL, "%s", out);
+  free(out);
+}
+END_TEST
+
+/* Every refusal names the file and the problem. */
+START_TEST(test_refusals) {
+  free(train(0, "--cache-rows 1024 --num-batches 10 --save-checkpoint r --data-dir live"));
+  char *out;
+  /* The live data folder holds databases: a fresh run is refused. */
+  out = train(1, "--cache-rows 1024 --num-batches 10 --data-dir live");
+  ck_assert_msg(strstr(out, "holds shard databases") != NULL, "%s", out);
+  free(out);
+  /* ... and --resume replaces them from the checkpoint. */
+  out = train(0, "--cache-rows 1024 --num-batches 12 --data-dir live --resume r");
+  free(out);
+  /* Missing. */
+  out = train(1, "--cache-rows 1024 --num-batches 10 --resume nowhere");
+  ck_assert_msg(strstr(out, "nowhere: no such checkpoint folder") != NULL, "%s", out);
+  free(out);
+  /* Other model (seed). */
+  out = train(1, "--cache-rows 1024 --num-batches 20 --seed 7 --resume r");
+  ck_assert_msg(strstr(out, "manifest.json: written for model fingerprint") != NULL, "%s", out);
+  free(out);
+  /* Other store kind. */
+  out = train(1, "--num-batches 20 --resume r");
+  ck_assert_msg(strstr(out, "holds rows of the shard store") != NULL, "%s", out);
+  free(out);
+  /* Other batch size. */
+  out = train(1, "--cache-rows 1024 --num-batches 20 --resume r --mini-batch-size 32");
+  ck_assert_msg(strstr(out, "--mini-batch-size 64") != NULL, "%s", out);
+  free(out);
+  /* A damaged dense file (same size). */
+  int rc = run_cmd(&out, "cd %s && cp -r r/step-10 bad1 && printf 'X' | dd of=bad1/dense.bin bs=1 seek=300 "
+                         "conv=notrunc 2>/dev/null && %s train " FLAGS "--cache-rows 1024 --num-batches 20 --resume bad1",
+                   dir, bin_path());
+  ck_assert_int_eq(rc, 1);
+  ck_assert_msg(strstr(out, "bad1/dense.bin: checksum mismatch") != NULL, "%s", out);
+  free(out);
+  /* A torn shard file. */
+  rc = run_cmd(&out, "cd %s && cp -r r/step-10 bad2 && f=$(ls bad2/shards/shard-0/*.sst | head -1) && "
+                     "truncate -s 100 $f && %s train " FLAGS "--cache-rows 1024 --num-batches 20 --resume bad2",
+               dir, bin_path());
+  ck_assert_int_eq(rc, 1);
+  ck_assert_msg(strstr(out, ".sst: 100 bytes, the manifest says") != NULL, "%s", out);
+  free(out);
+  /* A missing shard file. */
+  rc = run_cmd(&out, "cd %s && cp -r r/step-10 bad3 && rm bad3/shards/shard-0/CURRENT && %s train " FLAGS
+                     "--cache-rows 1024 --num-batches 20 --resume bad3",
+               dir, bin_path());
+  ck_assert_int_eq(rc, 1);
+  ck_assert_msg(strstr(out, "bad3/shards/shard-0/CURRENT: missing") != NULL, "%s", out);
+  free(out);
+  /* An edited manifest. */
+  rc = run_cmd(&out, "cd %s && cp -r r/step-10 bad4 && sed -i 's/\"step\":\t10/\"step\":\t11/' bad4/manifest.json && "
+                     "%s train " FLAGS "--cache-rows 1024 --num-batches 20 --resume bad4",
+               dir, bin_path());
+  ck_assert_int_eq(rc, 1);
+  ck_assert_msg(strstr(out, "bad4/manifest.json: checksum does not match") != NULL, "%s", out);
+  free(out);
+  /* --keep-checkpoints: only the newest K remain. */
+  free(train(0, "--cache-rows 1024 --num-batches 30 --save-checkpoint k --checkpoint-every 5 --keep-checkpoints 2"));
+  rc = run_cmd(&out, "cd %s && ls k", dir);
+  ck_assert_msg(!strcmp(out, "step-25\nstep-30\n"), "%s", out);
+  free(out);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("checkpoint");
+  TCase *tc = tcase_create("e2e");
+  tcase_add_unchecked_fixture(tc, setup_data, teardown_data);
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_exact_resume_shard);
+  tcase_add_test(tc, test_exact_resume_local);
+  tcase_add_test(tc, test_crash_safety);
+  tcase_add_test(tc, test_refusals);
+  tcase_add_test(tc, test_bounded_memory_identical);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
