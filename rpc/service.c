@@ -376,7 +376,7 @@ static void do_push(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r)
   for (size_t i = 0; i < q->n_tables; i++) {
     const Shardrec__V1__TableGrads *tg = q->tables[i];
     const int t = idx[i], dim = s->plan->tables[t].dim;
-    memcpy(sorted, tg->ids, tg->n_ids * sizeof *sorted);
+    if (tg->n_ids) memcpy(sorted, tg->ids, tg->n_ids * sizeof *sorted);
     qsort(sorted, tg->n_ids, sizeof *sorted, cmp_u64);
     for (size_t k = 1; k < tg->n_ids; k++)
       if (sorted[k] == sorted[k - 1])

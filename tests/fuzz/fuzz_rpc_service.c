@@ -8,6 +8,7 @@
  * tracing can learn the plan fingerprint.
  * Invariants: every answer is OK with bytes that decode, or an error with a
  * message; the store never holds rows of the other shard. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,15 +46,89 @@ static int check_row(void *ctx, int table, uint64_t row_id, const float *value, 
   return 0;
 }
 
+/* Structured mode: a well-formed Lookup or Push built from the bytes (the
+ * fuzzer cannot see inside the uninstrumented protobuf-c parser, so raw bytes
+ * alone rarely get past decoding): tables, ids and gradients all fuzzed,
+ * the plan fingerprint right unless a flag bit says otherwise. */
+static uint8_t *build(rpc_method m, uint8_t flags, const uint8_t *p, size_t n, size_t *len) {
+  size_t at = 0;
+#define NEXT() (at < n ? p[at++] : 0)
+  char fp[EMB_FP_HEX];
+  emb_plan_fingerprint(plan, fp);
+  if (flags & 0x40) fp[3] ^= 1;
+  Shardrec__V1__RequestHeader h = SHARDREC__V1__REQUEST_HEADER__INIT;
+  h.plan_fingerprint = fp;
+  h.job_id = (flags & 0x20) ? "b" : "a";
+  h.step = (int64_t)(NEXT() % 8) - 1;
+  h.world_size = (flags & 0x10) ? 2 : 1;
+  h.rank = (flags & 0x08) ? 1 : 0;
+  enum { MAXT = 3, MAXI = 16 };
+  Shardrec__V1__TableIds ti[MAXT], *tip[MAXT];
+  Shardrec__V1__TableGrads tg[MAXT], *tgp[MAXT];
+  uint64_t ids[MAXT][MAXI];
+  float g[MAXT][MAXI * 4 + 1];
+  size_t nt = NEXT() % (MAXT + 1);
+  static const uint32_t tids[4] = {0, 1, 0, 99};
+  for (size_t t = 0; t < nt; t++) {
+    size_t k = NEXT() % (MAXI + 1);
+    for (size_t i = 0; i < k; i++) {
+      uint64_t lo = NEXT(), hi = NEXT();
+      ids[t][i] = (lo | hi << 8) >> 6;
+    }
+    size_t gl = k * 4 + (NEXT() == 7);
+    for (size_t i = 0; i < gl; i++) {
+      uint8_t x = NEXT();
+      g[t][i] = x == 0xff ? (float)NAN : x == 0xfe ? (float)INFINITY : (float)(x - 128) / 64;
+    }
+    shardrec__v1__table_ids__init(&ti[t]);
+    ti[t].table_id = tids[t % 4 == 0 ? NEXT() % 4 : t % 4];
+    ti[t].n_ids = k;
+    ti[t].ids = ids[t];
+    tip[t] = &ti[t];
+    shardrec__v1__table_grads__init(&tg[t]);
+    tg[t].table_id = ti[t].table_id;
+    tg[t].n_ids = k;
+    tg[t].ids = ids[t];
+    tg[t].grads.data = (uint8_t *)g[t];
+    tg[t].grads.len = gl * sizeof(float);
+    tgp[t] = &tg[t];
+  }
+#undef NEXT
+  ProtobufCMessage *msg;
+  Shardrec__V1__LookupRequest lq = SHARDREC__V1__LOOKUP_REQUEST__INIT;
+  Shardrec__V1__PushRequest pq = SHARDREC__V1__PUSH_REQUEST__INIT;
+  if (m == RPC_LOOKUP) {
+    lq.header = &h;
+    lq.n_tables = nt;
+    lq.tables = tip;
+    msg = &lq.base;
+  } else {
+    pq.header = &h;
+    pq.learning_rate = (flags & 0x04) ? -1.0f : 0.1f;
+    pq.n_tables = nt;
+    pq.tables = tgp;
+    msg = &pq.base;
+  }
+  *len = protobuf_c_message_get_packed_size(msg);
+  uint8_t *out = malloc(*len ? *len : 1);
+  if (out) protobuf_c_message_pack(msg, out);
+  return out;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   init_once();
   if (size < 1) return 0;
   static const rpc_method pick[4] = {RPC_LOOKUP, RPC_PUSH, RPC_STATS, RPC_HEALTH_CHECK};
   rpc_method m = pick[data[0] % 4];
   size_t n = size - 1;
-  uint8_t *req = malloc(n ? n : 1);
+  uint8_t *req;
+  if ((data[0] & 0x80) && (m == RPC_LOOKUP || m == RPC_PUSH)) {
+    req = build(m, data[0], data + 1, n, &n);
+  } else {
+    req = malloc(n ? n : 1);
+    if (req && n) memcpy(req, data + 1, n);
+  }
   if (!req) return 0;
-  if (n) memcpy(req, data + 1, n);
   rpc_reply r;
   rpc_service_handle(svc, m, req, n, &r);
   free(req);
