@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include "common/rng.h"
@@ -68,7 +69,10 @@ typedef struct {
   uint64_t *mkey;         /* [chunk] */
   char **mval;            /* [chunk] */
   size_t *mlen;           /* [chunk] */
-  size_t *mitem;          /* [chunk] item index of the k-th key sent */
+  size_t *mitem;          /* [2 * chunk] item index of the k-th key sent; then row indices */
+  uint32_t *ms_t;         /* [chunk] lookup misses: table, id, row index */
+  uint64_t *ms_id;
+  size_t *ms_r;
   float *tmp;             /* [stride] */
   unsigned char *enc;     /* [8 + 4 * stride] */
   emb_store_stats st;
@@ -107,6 +111,20 @@ static void map_delete(shstore *s, size_t i) {
     s->map[j].slot1 = 0;
     i = j;
   }
+}
+
+/* Transparent huge pages for the slab and the map: random row access over
+ * hundreds of MB is TLB-bound with 4 KiB pages (as in store_local.c). */
+static void advise_huge(void *p, size_t bytes) {
+#ifdef MADV_HUGEPAGE
+  const uintptr_t huge = (uintptr_t)2 << 20;
+  if (bytes < 2 * huge) return;
+  uintptr_t a = ((uintptr_t)p + huge - 1) & ~(huge - 1), e = ((uintptr_t)p + bytes) & ~(huge - 1);
+  if (e > a) (void)madvise((void *)a, e - a, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)bytes;
+#endif
 }
 
 static int db_of(shstore *s, int t, uint64_t id) {
@@ -324,15 +342,69 @@ static void push_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
   }
 }
 
+/* Misses gathered by a lookup: resolved (MultiGet, insert) and copied out. */
+static int lookup_flush_misses(shstore *s, size_t *nm, float *const *out) {
+  if (!*nm) return 0;
+  size_t *it_r = s->mitem + s->chunk;
+  memcpy(s->it_t, s->ms_t, *nm * sizeof *s->it_t);
+  memcpy(s->it_id, s->ms_id, *nm * sizeof *s->it_id);
+  memcpy(it_r, s->ms_r, *nm * sizeof *it_r);
+  uint64_t dummy = 0;
+  int rc = chunk_resolve(s, *nm, &dummy);
+  if (rc) return rc;
+  lookup_ctx c = {out};
+  lookup_act(s, *nm, it_r, &c);
+  *nm = 0;
+  return 0;
+}
+
+/* Lookups take a lean path for hits (hash, probe with prefetch, copy; no
+ * pinning: a hit is copied out before anything can evict it) and gather
+ * misses for chunk_resolve. */
 static int sh_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, float *const *out) {
   (void)step;
   shstore *s = (shstore *)b;
   int rc = check_ids(s, ids, "lookup");
   if (rc) return s->last_lookup_rc = rc;
   uint64_t hits = 0, total = 0;
-  for (int t = 0; t < s->n_tables; t++) total += ids->counts[t];
-  lookup_ctx c = {out};
-  rc = for_chunks(s, ids, s->mitem + s->chunk, lookup_act, &c, &hits);
+  size_t nm = 0;
+  for (int t = 0; t < s->n_tables && !rc; t++) {
+    const uint64_t *id = ids->ids[t];
+    const size_t cnt = ids->counts[t], dim = (size_t)s->dim[t];
+    float *o = out[t];
+    total += cnt;
+    for (size_t base = 0; base < cnt && !rc; base += s->chunk) {
+      size_t n = cnt - base < s->chunk ? cnt - base : s->chunk;
+      if (nm + n > s->chunk && (rc = lookup_flush_misses(s, &nm, out))) break;
+      for (size_t i = 0; i < n; i++) s->it_pos[i] = home(s, (uint32_t)t, id[base + i]);
+      for (size_t i = 0; i < n; i++) {
+        if (i + SH_PREFETCH < n) __builtin_prefetch(&s->map[s->it_pos[i + SH_PREFETCH]], 0, 1);
+        size_t h = probe(s, s->it_pos[i], (uint32_t)t, id[base + i]);
+        uint32_t s1 = s->map[h].slot1;
+        s->it_slot[i] = s1;
+        if (s1) {
+          const char *m = (const char *)slot_meta(s, s1 - 1);
+          __builtin_prefetch(m, 1, 3);
+          __builtin_prefetch(m + sizeof(sh_meta) + dim * sizeof(float) - 1, 0, 3);
+        }
+      }
+      for (size_t i = 0; i < n; i++) {
+        uint32_t s1 = s->it_slot[i];
+        if (s1) {
+          sh_meta *m = slot_meta(s, s1 - 1);
+          if (!(m->flags & F_REF)) m->flags |= F_REF; /* hot rows' lines stay clean */
+          memcpy(o + (base + i) * dim, (const float *)(m + 1), dim * sizeof(float));
+          hits++;
+        } else {
+          s->ms_t[nm] = (uint32_t)t;
+          s->ms_id[nm] = id[base + i];
+          s->ms_r[nm] = base + i;
+          nm++;
+        }
+      }
+    }
+  }
+  if (!rc) rc = lookup_flush_misses(s, &nm, out);
   if (!rc) {
     s->st.lookups += total;
     s->st.hits += hits;
@@ -545,6 +617,9 @@ static void sh_destroy(emb_store *b) {
   free(s->mval);
   free(s->mlen);
   free(s->mitem);
+  free(s->ms_t);
+  free(s->ms_id);
+  free(s->ms_r);
   free(s->tmp);
   free(s->enc);
   free(s->dir);
@@ -633,6 +708,8 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
   s->mask = mcap - 1;
   s->map = calloc(mcap, sizeof *s->map);
   s->slab = malloc((size_t)s->cap * s->slot_bytes);
+  if (s->map) advise_huge(s->map, mcap * sizeof *s->map);
+  if (s->slab) advise_huge(s->slab, (size_t)s->cap * s->slot_bytes);
   s->chunk = s->cap / 2;
   if (s->chunk > 65536) s->chunk = 65536;
   size_t c = s->chunk;
@@ -646,10 +723,13 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
   s->mval = malloc(c * sizeof *s->mval);
   s->mlen = malloc(c * sizeof *s->mlen);
   s->mitem = malloc(2 * c * sizeof *s->mitem); /* second half: the chunk's row indices */
+  s->ms_t = malloc(c * sizeof *s->ms_t);
+  s->ms_id = malloc(c * sizeof *s->ms_id);
+  s->ms_r = malloc(c * sizeof *s->ms_r);
   s->tmp = malloc(4 * (size_t)s->stride);
   s->enc = malloc(STORE_ROW_HEADER + 4 * (size_t)s->stride);
   if (!s->map || !s->slab || !s->it_t || !s->it_id || !s->it_pos || !s->it_slot || !s->miss ||
-      !s->mcf || !s->mkey || !s->mval || !s->mlen || !s->mitem || !s->tmp || !s->enc)
+      !s->mcf || !s->mkey || !s->mval || !s->mlen || !s->mitem || !s->ms_t || !s->ms_id || !s->ms_r || !s->tmp || !s->enc)
     goto nomem;
   /* Hosted shards. */
   s->shard_db = malloc((size_t)plan->n_shards * sizeof *s->shard_db);

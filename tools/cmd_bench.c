@@ -7,6 +7,7 @@
 
 #pragma weak bench_data
 #pragma weak bench_train
+#pragma weak bench_store
 
 static const struct {
   const char *name;
@@ -15,6 +16,7 @@ static const struct {
 } benches[] = {
     {"data", bench_data, "TSV parse and binary read throughput vs. raw read()"},
     {"train", bench_train, "training samples/s vs. this machine's sgemm bound"},
+    {"store", bench_store, "shard store lookups (hits, misses, Zipf) vs. raw MultiGet and memcpy"},
 };
 #define N_BENCH (int)(sizeof benches / sizeof benches[0])
 

@@ -14,5 +14,6 @@ int cmd_serve(int argc, char **argv);
 
 int bench_data(int argc, char **argv);
 int bench_train(int argc, char **argv);
+int bench_store(int argc, char **argv);
 
 #endif
