@@ -10,6 +10,7 @@ int cmd_plan(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 
 int bench_data(int argc, char **argv);

@@ -12,6 +12,7 @@
 #pragma weak cmd_train
 #pragma weak cmd_eval
 #pragma weak cmd_serve
+#pragma weak cmd_inspect
 
 typedef struct {
   const char *name;
@@ -26,7 +27,8 @@ static const command commands[] = {
     {"train", cmd_train, "train a DLRM (in-process shards by default)"},
     {"eval", cmd_eval, "score a saved model on Criteo-format data"},
     {"serve", cmd_serve, "serve embedding shards of a plan over gRPC"},
-    {"bench", cmd_bench, "benchmarks: data, train"},
+    {"inspect", cmd_inspect, "tables, rows and bytes of a shard data folder or a checkpoint"},
+    {"bench", cmd_bench, "benchmarks: data, train, store"},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 

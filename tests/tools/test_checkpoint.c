@@ -206,6 +206,16 @@ END_TEST
 START_TEST(test_refusals) {
   free(train(0, "--cache-rows 1024 --num-batches 10 --save-checkpoint r --data-dir live"));
   char *out;
+  /* inspect: the checkpoint's manifest, tables, rows; a row by id. */
+  int rc0 = run_cmd(&out, "cd %s && %s inspect r && %s inspect r/step-10 --table 0 --rows 0,1,2,3,4,5,6,7",
+                    dir, bin_path(), bin_path());
+  ck_assert_msg(rc0 == 0, "%s", out);
+  ck_assert_msg(strstr(out, "checkpoint r/step-10 (complete)") && strstr(out, "step 10, epoch 0") &&
+                    strstr(out, "shard-0  table_id 25") && strstr(out, "row layout v1: dim 16") &&
+                    strstr(out, "(table_id 0, shard-0): value ["),
+                "%s", out);
+  ck_assert(find_num(out, "total ") > 100);
+  free(out);
   /* The live data folder holds databases: a fresh run is refused. */
   out = train(1, "--cache-rows 1024 --num-batches 10 --data-dir live");
   ck_assert_msg(strstr(out, "holds shard databases") != NULL, "%s", out);
