@@ -51,6 +51,7 @@ struct rpc_service {
   int *shards;          /* [n_shards] as given */
   int n_shards;
   int read_only;
+  int store_shard_dirs;
   size_t max_ids;
   pthread_mutex_t mu;
   job_entry jobs[SVC_MAX_JOBS];
@@ -77,6 +78,7 @@ rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
   s->plan = plan;
   s->store = store;
   s->read_only = o->read_only;
+  s->store_shard_dirs = o->store_shard_dirs;
   s->max_ids = o->max_ids ? o->max_ids : (size_t)1 << 22;
   s->served = calloc((size_t)plan->n_shards, 1);
   s->shards = malloc((size_t)o->n_shards * sizeof *s->shards);
@@ -476,7 +478,8 @@ static void do_checkpoint(rpc_service *s, const uint8_t *in, size_t len, rpc_rep
          fp && *fp ? fp : "(none)", s->fp);
   if (check_path(path, r)) goto out;
   char dir[4096];
-  if (shard_dir(s, path, dir, sizeof dir)) FAIL(r, RPC_INVALID_ARGUMENT, "path: too long");
+  if (s->store_shard_dirs) snprintf(dir, sizeof dir, "%s", path);
+  else if (shard_dir(s, path, dir, sizeof dir)) FAIL(r, RPC_INVALID_ARGUMENT, "path: too long");
   pthread_mutex_lock(&s->mu);
   int rc = 0;
   if (restore) {
@@ -484,7 +487,7 @@ static void do_checkpoint(rpc_service *s, const uint8_t *in, size_t len, rpc_rep
     if (!rc) s->n_jobs = 0; /* steps start over from the checkpoint's */
   } else {
     if (mkdir(path, 0777) && errno != EEXIST) rc = SR_EIO;
-    else if (mkdir(dir, 0777) && errno != EEXIST) rc = SR_EIO;
+    else if (!s->store_shard_dirs && mkdir(dir, 0777) && errno != EEXIST) rc = SR_EIO;
     if (rc)
       snprintf(r->msg, sizeof r->msg, "checkpoint: cannot create %.400s: %s", dir, strerror(errno));
     else {

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "embedding/plan.h"
+#include "embedding/shard.h"
 #include "embedding/store.h"
 #include "rpc/rpc.h"
 #include "tools/cli.h"
@@ -27,7 +28,9 @@ static void usage(FILE *f) {
 "  --plan PLAN.json        the sharding plan (the fingerprint every call must carry)\n"
 "  --shard K[,K...]        shards of the plan served here\n"
 "  --listen HOST:PORT      address (127.0.0.1:0; port 0 picks a free port)\n"
-"  --data-dir DIR          this server's folder (created)\n"
+"  --data-dir DIR          keep rows in RocksDB under DIR/shard-K with a bounded cache\n"
+"                          (default: every row in memory)\n"
+"  --cache-rows N, --cache-mb N   the cache's size with --data-dir (default 256 MiB)\n"
 "  --restore PATH          start from a checkpoint written by Checkpoint(PATH)\n"
 "  --read-only             refuse Push (FAILED_PRECONDITION)\n"
 "  --threads N             worker threads, one completion queue each (2)\n"
@@ -38,7 +41,7 @@ static void usage(FILE *f) {
 }
 
 enum { O_PLAN = 1000, O_SHARD, O_LISTEN, O_DATA, O_RESTORE, O_RO, O_THREADS, O_MAXMSG,
-       O_MAXIDS, O_CERT, O_KEY, O_CA, O_HELP };
+       O_MAXIDS, O_CERT, O_KEY, O_CA, O_CROWS, O_CMB, O_HELP };
 
 static const struct option long_opts[] = {
     {"plan", required_argument, 0, O_PLAN},        {"shard", required_argument, 0, O_SHARD},
@@ -47,6 +50,7 @@ static const struct option long_opts[] = {
     {"threads", required_argument, 0, O_THREADS},  {"max-message-mb", required_argument, 0, O_MAXMSG},
     {"max-ids", required_argument, 0, O_MAXIDS},   {"tls-cert", required_argument, 0, O_CERT},
     {"tls-key", required_argument, 0, O_KEY},      {"tls-client-ca", required_argument, 0, O_CA},
+    {"cache-rows", required_argument, 0, O_CROWS}, {"cache-mb", required_argument, 0, O_CMB},
     {"help", no_argument, 0, O_HELP},              {0, 0, 0, 0}};
 
 static volatile int g_stop;
@@ -73,7 +77,7 @@ int cmd_serve(int argc, char **argv) {
              *restore = NULL;
   rpc_tls tls = {0};
   int read_only = 0;
-  long long threads = 2, maxmsg = 64, maxids = 1 << 22;
+  long long threads = 2, maxmsg = 64, maxids = 1 << 22, cache_rows = 0, cache_mb = 0;
   optind = 1;
   opterr = 0;
   int c;
@@ -91,6 +95,8 @@ int cmd_serve(int argc, char **argv) {
       case O_CERT: tls.cert = optarg; break;
       case O_KEY: tls.key = optarg; break;
       case O_CA: tls.ca = optarg; break;
+      case O_CROWS: if (cli_int(CMD, "--cache-rows", optarg, EMB_SHARD_MIN_CACHE_ROWS, 1LL << 40, &cache_rows)) return 2; break;
+      case O_CMB: if (cli_int(CMD, "--cache-mb", optarg, 1, 1LL << 30, &cache_mb)) return 2; break;
       case 'h':
       case O_HELP: usage(stdout); return 0;
       case ':': cli_bad_option(CMD, ':', argv[optind - 1]); return 2;
@@ -131,20 +137,23 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "shardrec serve: %s\n", err);
     return 1;
   }
-  if (data_dir && mkdir(data_dir, 0777) && errno != EEXIST) {
-    fprintf(stderr, "shardrec serve: --data-dir %s: %s\n", data_dir, strerror(errno));
-    emb_plan_free(plan);
-    return 1;
-  }
   int status = 1;
   rpc_service *svc = NULL;
-  emb_store *store = emb_store_create_local(plan, err, sizeof err);
+  emb_store *store;
+  if (data_dir) {
+    emb_shard_config sc = {.cache_rows = (uint64_t)cache_rows,
+                           .cache_mb = cache_rows ? 0 : (uint64_t)(cache_mb ? cache_mb : 256),
+                           .n_hosted = n_shards, .hosted = shards};
+    store = emb_store_create_shard(plan, data_dir, &sc, err, sizeof err);
+  } else {
+    store = emb_store_create_local(plan, err, sizeof err);
+  }
   if (!store) {
     fprintf(stderr, "shardrec serve: %s\n", err);
     goto done;
   }
   rpc_service_opts so = {.shards = shards, .n_shards = n_shards, .read_only = read_only,
-                         .max_ids = (size_t)maxids};
+                         .max_ids = (size_t)maxids, .store_shard_dirs = data_dir != NULL};
   svc = rpc_service_create(plan, store, &so, err, sizeof err);
   if (!svc) {
     fprintf(stderr, "shardrec serve: %s\n", err);
@@ -152,8 +161,11 @@ int cmd_serve(int argc, char **argv) {
   }
   if (restore) {
     char dir[4096];
-    int at = snprintf(dir, sizeof dir, "%s/shard", restore);
-    for (int i = 0; i < n_shards; i++) at += snprintf(dir + at, sizeof dir - (size_t)at, "-%d", shards[i]);
+    int at = snprintf(dir, sizeof dir, "%s", restore);
+    if (!data_dir) {
+      at += snprintf(dir + at, sizeof dir - (size_t)at, "/shard");
+      for (int i = 0; i < n_shards; i++) at += snprintf(dir + at, sizeof dir - (size_t)at, "-%d", shards[i]);
+    }
     if (emb_store_restore(store, dir)) {
       fprintf(stderr, "shardrec serve: --restore %s: %s\n", dir, emb_store_errmsg(store));
       goto done;
