@@ -198,7 +198,10 @@ int bench_train(int argc, char **argv) {
       nsteps = (int)(3.0 / per);
       if (nsteps < 5) nsteps = 5;
     }
-    double rate[99];
+    /* Each run's rate is set beside the bound timed right after it, so a change
+     * of load between them moves both; the ratio reported is the median of the
+     * per-run ratios. */
+    double rate[99], ratio[99], bounds[99], gflops = 0;
     trainer_times_reset(t);
     for (int r = 0; r < runs; r++) {
       double s0 = now_s();
@@ -214,17 +217,20 @@ int bench_train(int argc, char **argv) {
         samples += got;
       }
       rate[r] = (double)samples / (now_s() - s0);
+      double tg = sgemm_step_time(&cfg, B, &gflops);
+      bounds[r] = B / tg;
+      ratio[r] = rate[r] / bounds[r];
     }
     const trainer_times *tt = trainer_times_get(t);
     double ms = 1e3 / (double)tt->steps;
     double med = median(rate, (int)runs);
-    double gflops = 0;
-    double tg = sgemm_step_time(&cfg, B, &gflops);
-    double bound = B / tg;
+    double bound = median(bounds, (int)runs);
+    double frac = median(ratio, (int)runs);
+    double tg = B / bound;
     double fps = dense_model_flops_per_sample(&cfg);
     printf("%6d %12.0f %9.2f %10.3f %13.1f %13.0f %8.1f%%  dedup %.2f lookup %.2f pool %.2f fwd %.2f "
            "bwd %.2f scatter %.2f push %.2f opt %.2f\n",
-           B, med, 1e3 * B / med, fps / 1e6, gflops / tg / 1e9, bound, 100.0 * med / bound,
+           B, med, 1e3 * B / med, fps / 1e6, gflops / tg / 1e9, bound, 100.0 * frac,
            tt->dedup * ms, tt->lookup * ms, tt->pool * ms, tt->forward * ms, tt->backward * ms,
            tt->scatter * ms, tt->push * ms, tt->dense_opt * ms);
     fflush(stdout);
@@ -238,8 +244,12 @@ int bench_train(int argc, char **argv) {
     if (status) goto out;
     if (bi + 1 < nb) status = 1;
   }
-  printf("samples/s: median of %lld runs; bound: the step's sgemm calls alone, timed on the same shapes\n",
-         runs);
+  double load[3] = {0, 0, 0};
+  if (getloadavg(load, 3) < 0) load[0] = -1;
+  printf("samples/s: median of %lld runs; bound: the step's sgemm calls alone on the same shapes, "
+         "timed after each run (hot caches: optimistic); of bound: median of per-run ratios; "
+         "load average %.2f\n",
+         runs, load[0]);
 out:;
   char rm[300];
   snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
