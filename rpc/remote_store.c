@@ -550,11 +550,29 @@ static int r_flush(emb_store *b) {
   (void)b;
   return 0;
 }
+/* Servers resolve paths from their own working folder: send absolute ones
+ * (the folder must be one the servers see at the same path). */
+static int abs_path(rstore *s, const char *path, char *out, size_t n) {
+  if (path[0] == '/') {
+    snprintf(out, n, "%s", path);
+    return 0;
+  }
+  char cwd[2048];
+  if (!getcwd(cwd, sizeof cwd) || (size_t)snprintf(out, n, "%s/%s", cwd, path) >= n) {
+    sr_fmt(s->err, sizeof s->err, "%s: cannot make the path absolute", path);
+    return SR_EINVAL;
+  }
+  return 0;
+}
 static int r_checkpoint(emb_store *b, const char *path) {
-  return broadcast((rstore *)b, RPC_CHECKPOINT, make_ckpt, (void *)path, "checkpoint", NULL);
+  char abs[4096];
+  int rc = abs_path((rstore *)b, path, abs, sizeof abs);
+  return rc ? rc : broadcast((rstore *)b, RPC_CHECKPOINT, make_ckpt, abs, "checkpoint", NULL);
 }
 static int r_restore(emb_store *b, const char *path) {
-  return broadcast((rstore *)b, RPC_RESTORE, make_restore, (void *)path, "restore", NULL);
+  char abs[4096];
+  int rc = abs_path((rstore *)b, path, abs, sizeof abs);
+  return rc ? rc : broadcast((rstore *)b, RPC_RESTORE, make_restore, abs, "restore", NULL);
 }
 static int r_stats(emb_store *b, emb_store_stats *out) {
   rstore *s = (rstore *)b;

@@ -131,6 +131,51 @@ START_TEST(test_server_down_is_named) {
 }
 END_TEST
 
+/* Shard servers SIGKILLed after a checkpoint: restarted on empty folders,
+ * the trainer resumes from the checkpoint (the servers restore their rows
+ * from it) and continues with exactly the losses of an uninterrupted run. */
+START_TEST(test_server_kill_resume) {
+  test_server s[3];
+  start_servers(s, 3, "p3r.json");
+  char list[256];
+  addr_list(s, 3, list, sizeof list);
+  char *full = train("full", "p3r.json", list);
+  for (int k = 0; k < 3; k++) ck_assert_int_eq(server_stop(&s[k]), 0);
+  /* 20 steps and a checkpoint, against fresh servers. */
+  run_cmd(NULL, "rm -rf %s/p3r.json.srv*", dir);
+  start_servers(s, 3, "p3r.json");
+  addr_list(s, 3, list, sizeof list);
+  char *out;
+  int rc = run_cmd(&out, "cd %s && %s train --processed-data-file d.bin --num-batches 20 "
+                         "--print-freq 1 --mini-batch-size 64 --optimizer adagrad "
+                         "--learning-rate 0.01 --sparse-learning-rate 0.1 --plan p3r.json "
+                         "--shard-servers %s --save-checkpoint ck",
+                   dir, bin_path(), list);
+  ck_assert_msg(rc == 0, "%s", out);
+  free(out);
+  for (int k = 0; k < 3; k++) {
+    kill(s[k].pid, SIGKILL);
+    int st;
+    waitpid(s[k].pid, &st, 0);
+    s[k].pid = 0;
+  }
+  run_cmd(NULL, "rm -rf %s/p3r.json.srv*", dir);
+  start_servers(s, 3, "p3r.json");
+  addr_list(s, 3, list, sizeof list);
+  char extra[400];
+  snprintf(extra, sizeof extra, "%s --resume ck", list);
+  char *res = train("resumed", "p3r.json", extra);
+  for (int k = 0; k < 3; k++) ck_assert_int_eq(server_stop(&s[k]), 0);
+  /* The resumed run prints steps 21..40 and the test line: the tail of the
+   * full run. */
+  const char *tail = strstr(full, "train 21 ");
+  ck_assert_ptr_nonnull(tail);
+  ck_assert_msg(strcmp(tail, res) == 0, "resumed:\n%s\nuninterrupted:\n%s", res, tail);
+  free(full);
+  free(res);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("rpc_train");
   TCase *tc = tcase_create("train");
@@ -138,6 +183,7 @@ int main(void) {
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_remote_equals_in_process);
   tcase_add_test(tc, test_server_down_is_named);
+  tcase_add_test(tc, test_server_kill_resume);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
