@@ -7,6 +7,7 @@
 
 #pragma weak bench_data
 #pragma weak bench_train
+#pragma weak bench_rpc
 #pragma weak bench_store
 
 static const struct {
@@ -15,6 +16,7 @@ static const struct {
   const char *what;
 } benches[] = {
     {"data", bench_data, "TSV parse and binary read throughput vs. raw read()"},
+    {"rpc", bench_rpc, "lookups over gRPC (1 and 4 servers) vs. in-process store and plain TCP"},
     {"train", bench_train, "training samples/s vs. this machine's sgemm bound"},
     {"store", bench_store, "shard store lookups (hits, misses, Zipf) vs. raw MultiGet and memcpy"},
 };

@@ -15,6 +15,7 @@ int cmd_serve(int argc, char **argv);
 
 int bench_data(int argc, char **argv);
 int bench_train(int argc, char **argv);
+int bench_rpc(int argc, char **argv);
 int bench_store(int argc, char **argv);
 
 #endif

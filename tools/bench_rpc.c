@@ -1,0 +1,296 @@
+/* shardrec bench rpc: embedding lookups over gRPC on loopback.
+ *
+ * Rows/s and MB/s of Lookup through the remote store (4096 unique random
+ * ids per step, split by shard, one call per shard in flight at once) for
+ * dim 16 and 128 against 1 and 4 shard servers, beside, on the same keys in
+ * the same run: the in-process local store, and a plain TCP loopback
+ * round trip of the same bytes (ids out, rows back) with no gRPC at all.
+ * Servers run as threads of this process (each its own gRPC server, store
+ * and completion queues), so client and servers share this machine's
+ * cores, as they would on one host. Medians of 3 runs. */
+#include <arpa/inet.h>
+#include <getopt.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/rng.h"
+#include "embedding/plan.h"
+#include "embedding/store.h"
+#include "rpc/rpc.h"
+#include "tools/cli.h"
+#include "tools/cmds.h"
+
+#define CMD "bench rpc"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct {
+  const emb_plan *plan;
+  emb_store *store;
+  rpc_service *svc;
+  int shard;
+  volatile int stop;
+  volatile int port;
+  pthread_t th;
+} bserver;
+
+static void on_port(int port, void *ctx) { ((bserver *)ctx)->port = port; }
+
+static void *server_main(void *arg) {
+  bserver *b = arg;
+  char err[512];
+  rpc_server_opts o = {.listen = "127.0.0.1:0", .threads = 1, .max_message_bytes = 256 << 20,
+                       .stop = &b->stop, .shutdown_grace_s = 1};
+  if (rpc_server_run(b->svc, &o, on_port, b, err, sizeof err)) {
+    fprintf(stderr, "shardrec bench rpc: server %d: %s\n", b->shard, err);
+    b->port = -1;
+  }
+  return NULL;
+}
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Step k's ids: n distinct ids from a random permutation window. */
+static void step_ids(uint64_t *perm, uint64_t rows, int k, size_t n, uint64_t *out) {
+  size_t at = ((size_t)k * n) % (size_t)(rows - n);
+  memcpy(out, perm + at, n * sizeof *out);
+}
+
+/* Seconds per lookup step through store, median of 3 runs of ~secs each. */
+static double time_store(emb_store *s, uint64_t *perm, uint64_t rows, size_t n, float *out,
+                         double secs) {
+  double runs[3];
+  uint64_t *ids = malloc(n * sizeof *ids);
+  for (int r = 0; r < 3; r++) {
+    int k = 0;
+    double t0 = now_s(), t;
+    do {
+      step_ids(perm, rows, k++, n, ids);
+      const uint64_t *ip[1] = {ids};
+      size_t counts[1] = {n};
+      emb_idset set = {1, ip, counts};
+      float *op[1] = {out};
+      if (emb_store_lookup_begin(s, k, &set, op) || emb_store_lookup_wait(s)) {
+        fprintf(stderr, "shardrec bench rpc: lookup: %s\n", emb_store_errmsg(s));
+        free(ids);
+        return -1;
+      }
+      t = now_s();
+    } while (t - t0 < secs);
+    runs[r] = (t - t0) / k;
+  }
+  free(ids);
+  qsort(runs, 3, sizeof *runs, cmp_d);
+  return runs[1];
+}
+
+/* Plain TCP: a peer thread reads req bytes and answers resp bytes. */
+typedef struct {
+  int fd;
+  size_t req, resp;
+} tcp_peer;
+
+static int full_io(int fd, void *buf, size_t n, int wr) {
+  char *p = buf;
+  while (n) {
+    ssize_t k = wr ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+    if (k <= 0) return -1;
+    p += k;
+    n -= (size_t)k;
+  }
+  return 0;
+}
+
+static void *tcp_main(void *arg) {
+  tcp_peer *t = arg;
+  char *in = malloc(t->req), *out = calloc(1, t->resp);
+  for (size_t i = 0; i < t->resp; i++) out[i] = (char)(i * 131);
+  while (!full_io(t->fd, in, t->req, 0) && !full_io(t->fd, out, t->resp, 1)) {
+  }
+  free(in);
+  free(out);
+  return NULL;
+}
+
+static double time_tcp(size_t req, size_t resp, double secs) {
+  int ls = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t al = sizeof a;
+  if (ls < 0 || bind(ls, (struct sockaddr *)&a, sizeof a) || listen(ls, 1) ||
+      getsockname(ls, (struct sockaddr *)&a, &al))
+    return -1;
+  int c = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(c, (struct sockaddr *)&a, sizeof a)) return -1;
+  int one = 1;
+  setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  tcp_peer p = {accept(ls, NULL, NULL), req, resp};
+  setsockopt(p.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  pthread_t th;
+  pthread_create(&th, NULL, tcp_main, &p);
+  char *q = calloc(1, req), *r = malloc(resp);
+  double runs[3];
+  for (int k = 0; k < 3; k++) {
+    int n = 0;
+    double t0 = now_s(), t;
+    do {
+      if (full_io(c, q, req, 1) || full_io(c, r, resp, 0)) return -1;
+      n++;
+      t = now_s();
+    } while (t - t0 < secs);
+    runs[k] = (t - t0) / n;
+  }
+  shutdown(c, SHUT_RDWR);
+  close(c);
+  pthread_join(th, NULL);
+  close(p.fd);
+  close(ls);
+  free(q);
+  free(r);
+  qsort(runs, 3, sizeof *runs, cmp_d);
+  return runs[1];
+}
+
+static void print_row(const char *what, double per_step, size_t n, int dim) {
+  double rows = (double)n / per_step, mb = rows * dim * 4 / 1e6;
+  printf("  %-28s %10.0f rows/s  %8.1f MB/s  %8.1f us/step\n", what, rows, mb, per_step * 1e6);
+}
+
+int bench_rpc(int argc, char **argv) {
+  long long rows = 262144, n = 4096;
+  double secs = 1.0;
+  static const struct option lo[] = {{"rows", required_argument, 0, 'r'},
+                                     {"ids", required_argument, 0, 'n'},
+                                     {"seconds", required_argument, 0, 's'},
+                                     {"help", no_argument, 0, 'h'},
+                                     {0, 0, 0, 0}};
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
+    switch (c) {
+      case 'r': if (cli_int(CMD, "--rows", optarg, 65536, 1LL << 26, &rows)) return 2; break;
+      case 'n': if (cli_int(CMD, "--ids", optarg, 1, 1 << 20, &n)) return 2; break;
+      case 's': if (cli_double(CMD, "--seconds", optarg, 0.05, 60, &secs)) return 2; break;
+      case 'h':
+        printf("usage: shardrec bench rpc [--rows N (262144)] [--ids N (4096)] [--seconds S (1)]\n");
+        return 0;
+      default: cli_bad_option(CMD, c == ':' ? ':' : '?', argv[optind - 1]); return 2;
+    }
+  }
+  if (n * 2 > rows) {
+    fprintf(stderr, "shardrec bench rpc: --ids must be at most half of --rows\n");
+    return 2;
+  }
+  printf("bench rpc: lookups of %lld unique random ids per step from a table of %lld rows (filled\n"
+         "with pushed, random rows), medians of 3 runs of %.1f s; servers are threads of this\n"
+         "process on 127.0.0.1\n", n, rows, secs);
+  uint64_t *perm = malloc((size_t)rows * sizeof *perm);
+  sr_rng rng;
+  sr_rng_init(&rng, 42, 0);
+  for (long long i = 0; i < rows; i++) perm[i] = (uint64_t)i;
+  for (long long i = rows - 1; i > 0; i--) {
+    uint64_t j = sr_rng_below(&rng, (uint64_t)i + 1), t = perm[i];
+    perm[i] = perm[j];
+    perm[j] = t;
+  }
+  const int dims[2] = {16, 128}, nsrv[2] = {1, 4};
+  int status = 0;
+  for (int di = 0; di < 2 && !status; di++) {
+    const int dim = dims[di];
+    float *out = malloc((size_t)n * (size_t)dim * sizeof *out);
+    float *grad = malloc((size_t)n * (size_t)dim * sizeof *grad);
+    for (size_t i = 0; i < (size_t)n * (size_t)dim; i++) grad[i] = (float)sr_rng_uniform(&rng) - 0.5f;
+    printf("dim %d (%zu bytes a row, %.2f MB of rows a step)\n", dim, (size_t)dim * 4,
+           (double)n * dim * 4 / 1e6);
+    double t_tcp = time_tcp((size_t)n * 8, (size_t)n * (size_t)dim * 4, secs);
+    for (int si = 0; si < 2 && !status; si++) {
+      const int ns = nsrv[si];
+      char err[512];
+      uint64_t r1[1] = {(uint64_t)rows};
+      emb_plan_params pp = {.n_tables = 1, .rows = r1, .dim = dim, .optim = {.kind = EMB_OPT_SGD},
+                            .seed = 1, .n_shards = ns, .row_wise = 1};
+      emb_plan *plan;
+      if (emb_plan_create(&pp, &plan, err, sizeof err)) {
+        fprintf(stderr, "shardrec bench rpc: %s\n", err);
+        status = 1;
+        break;
+      }
+      bserver *sv = calloc((size_t)ns, sizeof *sv);
+      const char *addrs[4];
+      char abuf[4][64];
+      for (int k = 0; k < ns; k++) {
+        sv[k].plan = plan;
+        sv[k].shard = k;
+        sv[k].store = emb_store_create_local(plan, err, sizeof err);
+        rpc_service_opts so = {.shards = &sv[k].shard, .n_shards = 1};
+        sv[k].svc = rpc_service_create(plan, sv[k].store, &so, err, sizeof err);
+        pthread_create(&sv[k].th, NULL, server_main, &sv[k]);
+        while (!sv[k].port) usleep(1000);
+        snprintf(abuf[k], sizeof abuf[k], "127.0.0.1:%d", sv[k].port);
+        addrs[k] = abuf[k];
+      }
+      emb_store *rem = emb_store_create_remote(plan, addrs, ns, NULL, err, sizeof err);
+      emb_store *loc = emb_store_create_local(plan, err, sizeof err);
+      /* Fill every row with a random value (one push of each). */
+      for (long long at = 0; at < rows && rem && loc; at += n) {
+        const uint64_t *ip[1] = {perm + at};
+        size_t counts[1] = {(size_t)(rows - at < n ? rows - at : n)};
+        emb_idset set = {1, ip, counts};
+        const float *gp[1] = {grad};
+        if (emb_store_push(rem, 0, 1.0f, &set, gp) || emb_store_push(loc, 0, 1.0f, &set, gp)) {
+          fprintf(stderr, "shardrec bench rpc: fill: %s\n", emb_store_errmsg(rem));
+          status = 1;
+          break;
+        }
+      }
+      if (!rem || !loc) {
+        fprintf(stderr, "shardrec bench rpc: %s\n", err);
+        status = 1;
+      }
+      if (!status) {
+        double t_rem = time_store(rem, perm, (uint64_t)rows, (size_t)n, out, secs);
+        double t_loc = time_store(loc, perm, (uint64_t)rows, (size_t)n, out, secs);
+        if (t_rem < 0 || t_loc < 0) status = 1;
+        else {
+          char what[64];
+          snprintf(what, sizeof what, "gRPC, %d server%s", ns, ns > 1 ? "s" : "");
+          print_row(what, t_rem, (size_t)n, dim);
+          if (si == 0) {
+            print_row("in-process local store", t_loc, (size_t)n, dim);
+            if (t_tcp > 0) print_row("plain TCP round trip", t_tcp, (size_t)n, dim);
+          }
+          printf("    (gRPC %d: %.1fx the in-process time%s)\n", ns, t_rem / t_loc,
+                 t_tcp > 0 ? "" : "; TCP baseline failed");
+        }
+      }
+      emb_store_destroy(rem);
+      emb_store_destroy(loc);
+      for (int k = 0; k < ns; k++) {
+        sv[k].stop = 1;
+        pthread_join(sv[k].th, NULL);
+        rpc_service_destroy(sv[k].svc);
+        emb_store_destroy(sv[k].store);
+      }
+      free(sv);
+      emb_plan_free(plan);
+    }
+    free(out);
+    free(grad);
+  }
+  free(perm);
+  return status;
+}
