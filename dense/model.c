@@ -14,6 +14,7 @@
 
 #include "common/rng.h"
 #include "common/status.h"
+#include "dense/cuda_hooks.h"
 #include "dense/layers.h"
 
 /* A helper thread for the kernels that are not sgemm (interaction
@@ -59,6 +60,10 @@ struct dense_model {
   float *dT;     /* dot: [max_batch][ni][emb_dim] */
   float *g0, *g1; /* gradient ping-pong [max_batch][max width] */
   int fwd_n;     /* batch of the last forward, 0 if none */
+  /* A device backend (cuda_hooks.h): its hooks and the device half of the
+   * model; NULL on the CPU. params/grads above stay the host copies. */
+  const dense_dev_hooks *dev_hooks;
+  void *dev; /* owned through dev_hooks */
   char errmsg[256];
 };
 
@@ -373,7 +378,8 @@ static void init_params(dense_model *m, uint64_t seed) {
 
 dense_model *dense_model_create(const dense_config *cfg, uint64_t seed,
                                 char *err, size_t errlen) {
-  return dense_model_create_on(cfg, seed, dense_backend_cpu(), err, errlen);
+  return dense_model_create_on(cfg, seed, dense_backend_default(), err,
+                               errlen);
 }
 
 dense_model *dense_model_create_on(const dense_config *cfg, uint64_t seed,
@@ -404,6 +410,19 @@ dense_model *dense_model_create_on(const dense_config *cfg, uint64_t seed,
   m->params = calloc(off, sizeof(float));
   m->grads = calloc(off, sizeof(float));
   if (!m->params || !m->grads) goto oom;
+
+  m->dev_hooks = dense_dev_hooks_of(be);
+  if (m->dev_hooks) { /* activations live on the device */
+    init_params(m, seed);
+    dense_dev_layout lay = {cfg,      m->n_layers, m->K,       m->N,
+                            m->w_off, m->b_off,    m->n_params, m->r_width};
+    m->dev = m->dev_hooks->create(be, &lay, err, errlen);
+    if (!m->dev) {
+      dense_model_destroy(m);
+      return NULL;
+    }
+    return m;
+  }
 
   size_t B = (size_t)cfg->max_batch, tsz = 0;
   if (cfg->interaction == DENSE_INTERACT_DOT) tsz = B * m->ni * cfg->emb_dim;
@@ -439,6 +458,7 @@ oom:
 
 void dense_model_destroy(dense_model *m) {
   if (!m) return;
+  if (m->dev_hooks) m->dev_hooks->destroy(m->dev);
   helper_destroy(m->helper);
   free(m->params);
   free(m->grads);
@@ -487,6 +507,13 @@ int dense_model_forward(dense_model *m, int n, const float *x_dense,
     sr_fmt(m->errmsg, sizeof m->errmsg,
            "forward: batch %d outside [1, %d] or NULL input", n, c->max_batch);
     return SR_EINVAL;
+  }
+  if (m->dev) {
+    m->fwd_n = 0;
+    int rc = m->dev_hooks->forward(m->dev, m->params, n, x_dense, emb, logits,
+                                   m->errmsg, sizeof m->errmsg);
+    if (rc == SR_OK) m->fwd_n = n;
+    return rc;
   }
   const dense_backend *be = m->be;
   int nb = c->n_bot - 1, d = c->bot[c->n_bot - 1];
@@ -540,6 +567,9 @@ int dense_model_backward(dense_model *m, int n, const float *labels,
            "backward of %d samples without a forward of %d", n, n);
     return SR_ESTATE;
   }
+  if (m->dev)
+    return m->dev_hooks->backward(m->dev, n, labels, loss_out, d_emb, m->grads,
+                                  m->errmsg, sizeof m->errmsg);
   const dense_backend *be = m->be;
   int nb = c->n_bot - 1, L = m->n_layers, d = c->bot[c->n_bot - 1];
   size_t es = (size_t)c->n_sparse * c->emb_dim;

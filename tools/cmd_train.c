@@ -13,6 +13,8 @@
 
 #include "common/status.h"
 #include "datasets/source.h"
+#include "dense/cuda_device.h"
+#include "dense/cuda_hooks.h"
 #include "dense/metrics.h"
 #include "dense/model.h"
 #include "dense/optim.h"
@@ -64,6 +66,7 @@ static void usage(FILE *f) {
 "  --nepochs N               (1)\n"
 "  --num-batches N           stop after N batches (0: whole epochs)\n"
 "  --seed N                  model seed (123, as the reference)\n"
+"  --device cpu|cuda[:N]     where the dense part runs (cpu; cuda needs a CUDA build and a GPU)\n"
 "Output\n"
 "  --print-freq N            progress every N steps (256)\n"
 "  --test-freq N             evaluate every N steps (0: at the end of each epoch)\n"
@@ -88,7 +91,8 @@ enum {
   O_BOT, O_TOP, O_OP, O_ITSELF, O_POOL, O_PLAN, O_PLANOUT, O_SHARDS, O_BATCH, O_TBATCH, O_LR,
   O_OPT, O_SOPT, O_SLR, O_WARM, O_DSTART, O_DSTEPS, O_EPOCHS, O_NBATCH, O_SEED, O_PRINT, O_TEST,
   O_METRICS, O_SAVE, O_ORACLE, O_SERVERS, O_RPCDL, O_TLSCA, O_TLSCERT, O_TLSKEY, O_HELP,
-  O_CKPT = 1100, O_CKEVERY, O_CKKEEP, O_RESUME, O_DATADIR, O_CROWS, O_CMB
+  O_CKPT = 1100, O_CKEVERY, O_CKKEEP, O_RESUME, O_DATADIR, O_CROWS, O_CMB,
+  O_DEVICE = 1200
 };
 
 static const struct option long_opts[] = {
@@ -139,6 +143,7 @@ static const struct option long_opts[] = {
     {"data-dir", required_argument, 0, O_DATADIR},
     {"cache-rows", required_argument, 0, O_CROWS},
     {"cache-mb", required_argument, 0, O_CMB},
+    {"device", required_argument, 0, O_DEVICE},
     {0, 0, 0, 0}};
 
 typedef struct {
@@ -284,6 +289,7 @@ int cmd_train(int argc, char **argv) {
                     .op = "dot", .plan_out = "plan.json", .pooling = "sum", .opt = "sgd",
                     .seed = 123, .freq = 0, .dim = 16, .shards = 1, .batch = 128, .tbatch = 0,
                     .epochs = 1, .nbatches = 0, .print_freq = 256, .test_freq = 0, .lr = 0.1, .sparse_lr = -1};
+  const char *device = "cpu";
   optind = 1;
   opterr = 0;
   int c;
@@ -340,6 +346,7 @@ int cmd_train(int argc, char **argv) {
       case O_CROWS: if (cli_int(CMD, "--cache-rows", optarg, 1, 1LL << 31, &fl.cache_rows)) return 2; break;
       case O_CMB: if (cli_int(CMD, "--cache-mb", optarg, 1, 1LL << 30, &fl.cache_mb)) return 2; break;
       case O_SERVERS: fl.servers = optarg; break;
+      case O_DEVICE: device = optarg; break;
       case O_RPCDL: if (cli_double(CMD, "--rpc-deadline", optarg, 0.001, 1e6, &fl.rpc_deadline)) return 2; break;
       case O_TLSCA: fl.tls_ca = optarg; break;
       case O_TLSCERT: fl.tls_cert = optarg; break;
@@ -362,6 +369,17 @@ int cmd_train(int argc, char **argv) {
     fprintf(stderr, "shardrec train: --test-fraction applies to raw data; a processed file holds "
                     "the split chosen by 'shardrec convert'\n");
     return 2;
+  }
+  {
+    const dense_backend *be;
+    int gpu = 0;
+    char derr[512];
+    if (dense_backend_for_device(device, &be, &gpu, derr, sizeof derr)) {
+      fprintf(stderr, "shardrec train: %s\n", derr);
+      return 2;
+    }
+    dense_backend_set_default(be); /* the trainer's dense model runs on it */
+    if (gpu) printf("device %s (%s)\n", device, be->name);
   }
   if (fl.tbatch == 0) fl.tbatch = fl.batch;
   if (fl.sparse_lr < 0) fl.sparse_lr = fl.lr;

@@ -1,0 +1,61 @@
+/* The collective interface's wrappers and the one-rank CPU collective. */
+#include "dense/collective.h"
+
+#include <stdlib.h>
+
+#include "common/status.h"
+
+static int single_all_reduce(dense_coll *c, float *buf, size_t n) {
+  (void)c, (void)buf, (void)n;
+  return SR_OK; /* the sum over one rank is the buffer itself */
+}
+static int single_broadcast(dense_coll *c, float *buf, size_t n, int root) {
+  (void)c, (void)buf, (void)n, (void)root;
+  return SR_OK;
+}
+static int single_barrier(dense_coll *c) {
+  (void)c;
+  return SR_OK;
+}
+static void single_destroy(dense_coll *c) { free(c); }
+
+static const dense_coll_ops single_ops = {"single", single_all_reduce,
+                                          single_broadcast, single_barrier,
+                                          single_destroy};
+
+dense_coll *dense_coll_single_create(void) {
+  dense_coll *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->ops = &single_ops;
+  c->rank = 0;
+  c->size = 1;
+  return c;
+}
+
+int dense_coll_all_reduce_sum(dense_coll *c, float *buf, size_t n) {
+  if (!c || (n && !buf)) return SR_EINVAL;
+  return n ? c->ops->all_reduce_sum(c, buf, n) : SR_OK;
+}
+
+int dense_coll_broadcast(dense_coll *c, float *buf, size_t n, int root) {
+  if (!c || (n && !buf)) return SR_EINVAL;
+  if (root < 0 || root >= c->size) {
+    sr_fmt(c->errmsg, sizeof c->errmsg, "broadcast root %d outside [0, %d)",
+           root, c->size);
+    return SR_EINVAL;
+  }
+  return n ? c->ops->broadcast(c, buf, n, root) : SR_OK;
+}
+
+int dense_coll_barrier(dense_coll *c) {
+  if (!c) return SR_EINVAL;
+  return c->ops->barrier(c);
+}
+
+void dense_coll_destroy(dense_coll *c) {
+  if (c) c->ops->destroy(c);
+}
+
+const char *dense_coll_errmsg(const dense_coll *c) {
+  return c ? c->errmsg : "no collective";
+}

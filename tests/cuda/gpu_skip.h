@@ -1,0 +1,70 @@
+/* GPU tests skip, visibly, where there is no GPU: "skipped: no GPU" and exit
+ * 77 (ctest SKIP_RETURN_CODE). */
+#ifndef SHARDREC_TESTS_CUDA_GPU_SKIP_H
+#define SHARDREC_TESTS_CUDA_GPU_SKIP_H
+
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/rng.h"
+#include "dense/backend_cuda.h"
+
+#define SR_SKIP_NO_GPU(name)                                              \
+  do {                                                                    \
+    if (dense_cuda_device_count() < 1) {                                  \
+      printf("%s: skipped: no GPU (cudaGetDeviceCount reports none)\n",  \
+             name);                                                       \
+      return 77;                                                          \
+    }                                                                     \
+  } while (0)
+
+static inline const dense_backend *cuda_be(void) {
+  char err[256];
+  const dense_backend *be = dense_backend_cuda(0, err, sizeof err);
+  ck_assert_msg(be != NULL, "%s", err);
+  return be;
+}
+
+static inline void fill_uniform(float *x, size_t n, uint64_t seed, float lo,
+                                float hi) {
+  sr_rng r;
+  sr_rng_init(&r, seed, 0);
+  for (size_t i = 0; i < n; i++)
+    x[i] = lo + (hi - lo) * (float)sr_rng_uniform(&r);
+}
+
+/* Device copy of host x[n] (owned by the caller: dense_cuda_free). */
+static inline float *to_dev(const float *x, size_t n) {
+  void *d = NULL;
+  ck_assert_msg(dense_cuda_malloc(&d, n * sizeof(float) + 4) == 0, "%s",
+                dense_cuda_last_error());
+  if (n)
+    ck_assert_msg(dense_cuda_upload(d, x, n * sizeof(float)) == 0, "%s",
+                  dense_cuda_last_error());
+  return (float *)d;
+}
+static inline void from_dev(float *x, const float *d, size_t n) {
+  ck_assert_msg(dense_cuda_download(x, d, n * sizeof(float)) == 0, "%s",
+                dense_cuda_last_error());
+}
+
+/* got[n] against want[n]: |got - want| <= rtol * (|want| + max|want|)
+ * for every element (the max term makes the tolerance relative to the
+ * array's scale where an element is a cancellation near zero). */
+static inline void assert_close(const char *what, const float *got,
+                                const float *want, size_t n, double rtol) {
+  double scale = 0.0;
+  for (size_t i = 0; i < n; i++)
+    if (fabs(want[i]) > scale) scale = fabs(want[i]);
+  for (size_t i = 0; i < n; i++) {
+    double e = fabs((double)got[i] - want[i]);
+    ck_assert_msg(e <= rtol * (fabs(want[i]) + scale),
+                  "%s[%zu]: cuda %.9g cpu %.9g (|diff| %.3g > %.1e relative; "
+                  "array scale %.3g)",
+                  what, i, got[i], want[i], e, rtol, scale);
+  }
+}
+
+#endif

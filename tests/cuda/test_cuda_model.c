@@ -1,0 +1,148 @@
+/* The whole dense step on the CUDA backend against the CPU backend: same
+ * configuration and seed (so the same initial bits), same inputs; logits,
+ * loss, parameter gradients and d_emb within 1e-4 relative (assert_close),
+ * for the dot (with and without itself) and cat interactions, a batch that
+ * spans several bias-gradient chunks, and five SGD steps in a row (host
+ * optimizer on both sides, as the trainer does). Also: the default backend
+ * switch, and save/load of a CUDA model. */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dense/cuda_hooks.h"
+#include "dense/model.h"
+#include "dense/optim.h"
+#include "gpu_skip.h"
+
+#define RTOL 1e-4
+
+static dense_config criteo_cfg(int interaction, int itself, int max_batch) {
+  dense_config c = {0};
+  c.n_dense = 13;
+  int bot[] = {13, 512, 256, 64, 16}, top[] = {512, 256, 1};
+  memcpy(c.bot, bot, sizeof bot);
+  c.n_bot = 5;
+  memcpy(c.top, top, sizeof top);
+  c.n_top = 3;
+  c.n_sparse = 26;
+  c.emb_dim = 16;
+  c.interaction = interaction;
+  c.interaction_itself = itself;
+  c.max_batch = max_batch;
+  return c;
+}
+
+static void run_steps(const dense_config *cfg, int n, int steps) {
+  char err[256];
+  dense_model *mc = dense_model_create_on(cfg, 42, dense_backend_cpu(), err,
+                                          sizeof err);
+  ck_assert_msg(mc != NULL, "%s", err);
+  dense_model *mg = dense_model_create_on(cfg, 42, cuda_be(), err, sizeof err);
+  ck_assert_msg(mg != NULL, "%s", err);
+  size_t np = 0, npg = 0;
+  float *pc = dense_model_params(mc, &np), *pg = dense_model_params(mg, &npg);
+  ck_assert_uint_eq(np, npg);
+  ck_assert_msg(memcmp(pc, pg, np * 4) == 0, "initial parameters differ");
+  size_t es = (size_t)cfg->n_sparse * cfg->emb_dim;
+  float *x = malloc((size_t)n * cfg->n_dense * 4), *emb = malloc(n * es * 4);
+  float *y = malloc(n * 4), *zc = malloc(n * 4), *zg = malloc(n * 4);
+  float *dec = malloc(n * es * 4), *deg = malloc(n * es * 4);
+  for (int s = 0; s < steps; s++) {
+    fill_uniform(x, (size_t)n * cfg->n_dense, 100 + s, 0, 3);
+    fill_uniform(emb, n * es, 200 + s, -0.2f, 0.2f);
+    fill_uniform(y, n, 300 + s, 0, 1);
+    for (int i = 0; i < n; i++) y[i] = y[i] < 0.25f ? 1.0f : 0.0f;
+    ck_assert_int_eq(dense_model_forward(mc, n, x, emb, zc), 0);
+    ck_assert_msg(dense_model_forward(mg, n, x, emb, zg) == 0, "%s",
+                  dense_model_errmsg(mg));
+    assert_close("logits", zg, zc, n, RTOL);
+    float lc, lg;
+    ck_assert_int_eq(dense_model_backward(mc, n, y, &lc, dec), 0);
+    ck_assert_msg(dense_model_backward(mg, n, y, &lg, deg) == 0, "%s",
+                  dense_model_errmsg(mg));
+    ck_assert_msg(fabs(lc - lg) <= RTOL * fabs(lc), "loss cuda %.9g cpu %.9g",
+                  lg, lc);
+    float *gc = dense_model_grads(mc, NULL), *gg = dense_model_grads(mg, NULL);
+    dense_tensor_info ti[64];
+    int nt = dense_model_tensors(mc, ti, 64);
+    for (int t = 0; t < nt; t++) /* per tensor: each has its own scale */
+      assert_close(ti[t].name, gg + ti[t].offset, gc + ti[t].offset,
+                   (size_t)ti[t].rows * ti[t].cols, RTOL);
+    assert_close("d_emb", deg, dec, n * es, RTOL);
+    for (size_t i = 0; i < np; i++) { /* SGD on both, from the CPU's grads */
+      pc[i] -= 0.1f * gc[i];
+      pg[i] -= 0.1f * gc[i];
+    }
+  }
+  free(x), free(emb), free(y), free(zc), free(zg), free(dec), free(deg);
+  dense_model_destroy(mc);
+  dense_model_destroy(mg);
+}
+
+START_TEST(test_step_dot) {
+  dense_config c = criteo_cfg(DENSE_INTERACT_DOT, 0, 2048);
+  run_steps(&c, 2048, 5);
+  run_steps(&c, 37, 2);
+}
+END_TEST
+
+START_TEST(test_step_dot_itself) {
+  dense_config c = criteo_cfg(DENSE_INTERACT_DOT, 1, 512);
+  run_steps(&c, 500, 3);
+}
+END_TEST
+
+START_TEST(test_step_cat) {
+  dense_config c = criteo_cfg(DENSE_INTERACT_CAT, 0, 300);
+  c.top[0] = 128;
+  run_steps(&c, 300, 3);
+}
+END_TEST
+
+START_TEST(test_default_backend_and_save) {
+  dense_config c = criteo_cfg(DENSE_INTERACT_DOT, 0, 64);
+  char err[256], path[] = "/tmp/sr-cuda-model-XXXXXX";
+  dense_backend_set_default(cuda_be());
+  dense_model *m = dense_model_create(&c, 7, err, sizeof err);
+  dense_backend_set_default(NULL);
+  ck_assert_msg(m != NULL, "%s", err);
+  ck_assert_ptr_eq(dense_backend_default(), dense_backend_cpu());
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  ck_assert_msg(dense_model_save(m, path, err, sizeof err) == 0, "%s", err);
+  dense_model *mc = dense_model_create(&c, 8, err, sizeof err);
+  ck_assert_msg(dense_model_load(mc, path, err, sizeof err) == 0, "%s", err);
+  size_t np;
+  ck_assert(memcmp(dense_model_params(m, &np), dense_model_params(mc, NULL),
+                   np * 4) == 0);
+  /* the loaded CPU model and the CUDA model predict alike */
+  float x[13 * 4], emb[4 * 26 * 16], zc[4], zg[4];
+  fill_uniform(x, 13 * 4, 1, 0, 1);
+  fill_uniform(emb, 4 * 26 * 16, 2, -0.1f, 0.1f);
+  ck_assert_int_eq(dense_model_forward(m, 4, x, emb, zg), 0);
+  ck_assert_int_eq(dense_model_forward(mc, 4, x, emb, zc), 0);
+  assert_close("logits", zg, zc, 4, RTOL);
+  unlink(path);
+  dense_model_destroy(m);
+  dense_model_destroy(mc);
+}
+END_TEST
+
+int main(void) {
+  SR_SKIP_NO_GPU("test_cuda_model");
+  Suite *s = suite_create("cuda_model");
+  TCase *tc = tcase_create("step");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_step_dot);
+  tcase_add_test(tc, test_step_dot_itself);
+  tcase_add_test(tc, test_step_cat);
+  tcase_add_test(tc, test_default_backend_and_save);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}
