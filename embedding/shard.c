@@ -65,7 +65,7 @@ typedef struct {
   size_t *it_pos;         /* [chunk] map position / miss-list index */
   uint32_t *it_slot;      /* [chunk] slot index */
   size_t *miss;           /* [chunk] item index */
-  int *mcf;               /* [chunk] */
+  int *mcf;               /* [chunk] database index of each miss */
   uint64_t *mkey;         /* [chunk] */
   char **mval;            /* [chunk] */
   size_t *mlen;           /* [chunk] */
@@ -200,68 +200,72 @@ static int chunk_resolve(shstore *s, size_t n, uint64_t *hits) {
       m->flags |= F_REF;
     }
   if (!nm) return 0;
-  /* One MultiGet per database over its misses. */
-  for (int k = 0; k < s->n_db; k++) {
-    size_t nk = 0;
-    for (size_t j = 0; j < nm; j++) {
-      size_t i = s->miss[j];
-      int d = db_of(s, (int)s->it_t[i], s->it_id[i]);
-      if (d < 0) {
-        sr_fmt(s->err, sizeof s->err, "table %d row %llu lives on shard %d, not hosted here",
-               (int)s->it_t[i], (unsigned long long)s->it_id[i],
-               emb_plan_shard_of(plan, (int)s->it_t[i], s->it_id[i]));
-        return SR_EINVAL;
-      }
-      if (d != k) continue;
-      s->mcf[nk] = (int)s->it_t[i];
-      s->mkey[nk] = s->it_id[i];
-      s->mitem[nk] = i;
-      nk++;
+  /* Misses grouped by database and table: one batched MultiGet each. */
+  for (size_t j = 0; j < nm; j++) {
+    size_t i = s->miss[j];
+    int d = db_of(s, (int)s->it_t[i], s->it_id[i]);
+    if (d < 0) {
+      sr_fmt(s->err, sizeof s->err, "table %d row %llu lives on shard %d, not hosted here",
+             (int)s->it_t[i], (unsigned long long)s->it_id[i],
+             emb_plan_shard_of(plan, (int)s->it_t[i], s->it_id[i]));
+      return SR_EINVAL;
     }
-    if (!nk) continue;
-    int rc = store_multi_get(s->db[k], nk, s->mcf, s->mkey, s->mval, s->mlen, s->err, sizeof s->err);
-    if (rc) return rc;
-    s->ctr.rocks_reads += nk;
-    for (size_t q = 0; q < nk; q++) {
-      size_t i = s->mitem[q];
-      uint32_t t = s->it_t[i];
-      uint64_t id = s->it_id[i];
-      int dim = s->dim[t], sl = s->slen[t];
-      if (s->mval[q]) {
-        char e2[256];
-        rc = store_row_decode(s->mval[q], s->mlen[q], dim, sl, s->tmp, e2, sizeof e2);
-        if (rc) {
-          sr_fmt(s->err, sizeof s->err, "%s/shard-%d: table %u row %llu: %s", s->dir, s->db_shard[k],
-                 plan->tables[t].table_id, (unsigned long long)id, e2);
-          for (size_t z = q; z < nk; z++) store_value_free(s->mval[z]);
-          return rc;
-        }
-        store_value_free(s->mval[q]);
-        s->ctr.rocks_found++;
-      } else {
-        emb_row_init(plan, (int)t, id, s->tmp);
-        emb_optim_state_init(&plan->tables[t].optim, dim, s->tmp + dim);
-      }
-      /* A repeated id in the chunk finds its first insertion. */
-      size_t h = probe(s, home(s, t, id), t, id);
-      if (s->map[h].slot1) {
-        s->it_slot[i] = s->map[h].slot1 - 1;
-        continue;
-      }
-      uint32_t slot = slot_alloc(s);
-      h = probe(s, home(s, t, id), t, id); /* eviction may have shifted entries */
-      s->map[h].key = id;
-      s->map[h].table = t;
-      s->map[h].slot1 = slot + 1;
-      sh_meta *m = slot_meta(s, slot);
-      m->key = id;
-      m->table = (uint16_t)t;
-      m->flags = F_REF;
-      m->pin = s->stamp;
-      memcpy(slot_row(s, slot), s->tmp, 4 * (size_t)(dim + sl));
-      s->it_slot[i] = slot;
-    }
+    s->mcf[j] = d;
   }
+  for (int k = 0; k < s->n_db; k++)
+    for (uint32_t t = 0; t < (uint32_t)s->n_tables; t++) {
+      size_t nk = 0;
+      for (size_t j = 0; j < nm; j++) {
+        size_t i = s->miss[j];
+        if (s->mcf[j] != k || s->it_t[i] != t) continue;
+        s->mkey[nk] = s->it_id[i];
+        s->mitem[nk] = i;
+        nk++;
+      }
+      if (!nk) continue;
+      int rc = store_multi_get_cf(s->db[k], (int)t, nk, s->mkey, (const char **)s->mval, s->mlen,
+                                  s->err, sizeof s->err);
+      if (rc) return rc;
+      s->ctr.rocks_reads += nk;
+      const int dim = s->dim[t], sl = s->slen[t];
+      for (size_t q = 0; q < nk; q++) {
+        size_t i = s->mitem[q];
+        uint64_t id = s->it_id[i];
+        if (s->mval[q]) {
+          char e2[256];
+          rc = store_row_decode(s->mval[q], s->mlen[q], dim, sl, s->tmp, e2, sizeof e2);
+          if (rc) {
+            sr_fmt(s->err, sizeof s->err, "%s/shard-%d: table %u row %llu: %s", s->dir,
+                   s->db_shard[k], plan->tables[t].table_id, (unsigned long long)id, e2);
+            store_multi_get_release(s->db[k]);
+            return rc;
+          }
+          s->ctr.rocks_found++;
+        } else {
+          emb_row_init(plan, (int)t, id, s->tmp);
+          emb_optim_state_init(&plan->tables[t].optim, dim, s->tmp + dim);
+        }
+        /* A repeated id in the chunk finds its first insertion. */
+        size_t h = probe(s, home(s, t, id), t, id);
+        if (s->map[h].slot1) {
+          s->it_slot[i] = s->map[h].slot1 - 1;
+          continue;
+        }
+        uint32_t slot = slot_alloc(s);
+        h = probe(s, home(s, t, id), t, id); /* eviction may have shifted entries */
+        s->map[h].key = id;
+        s->map[h].table = t;
+        s->map[h].slot1 = slot + 1;
+        sh_meta *m = slot_meta(s, slot);
+        m->key = id;
+        m->table = (uint16_t)t;
+        m->flags = F_REF;
+        m->pin = s->stamp;
+        memcpy(slot_row(s, slot), s->tmp, 4 * (size_t)(dim + sl));
+        s->it_slot[i] = slot;
+      }
+      store_multi_get_release(s->db[k]);
+    }
   return commit_all(s); /* rows evicted by this chunk */
 }
 

@@ -39,6 +39,8 @@ struct store_db {
   const char **mkp;  /* [cap] */
   size_t *mkl;       /* [cap] */
   char **merr;       /* [cap] */
+  rocksdb_pinnableslice_t **pins; /* [cap] values of the last batched MultiGet */
+  size_t n_pins;
 };
 
 #define RCHECK(e, what)                                                                  \
@@ -84,6 +86,7 @@ int store_list_tables(const char *path, uint32_t **ids, int *n, char *err, size_
   if (e) {
     sr_fmt(err, errlen, "%s: not a RocksDB database: %s", path, e);
     rocksdb_free(e);
+    if (names) rocksdb_list_column_families_destroy(names, cnt);
     return SR_EIO;
   }
   uint32_t *out = malloc((cnt ? cnt : 1) * sizeof *out);
@@ -210,6 +213,7 @@ out:
 
 void store_close(store_db *d) {
   if (!d) return;
+  store_multi_get_release(d);
   if (d->all)
     for (int i = 0; i < d->n_all; i++)
       if (d->all[i]) rocksdb_column_family_handle_destroy(d->all[i]);
@@ -228,6 +232,7 @@ void store_close(store_db *d) {
   free(d->mkp);
   free(d->mkl);
   free(d->merr);
+  free(d->pins);
   free(d);
 }
 
@@ -246,12 +251,15 @@ static int mg_reserve(store_db *d, size_t n) {
   free(d->mkp);
   free(d->mkl);
   free(d->merr);
+  store_multi_get_release(d);
+  free(d->pins);
+  d->pins = calloc(cap, sizeof *d->pins);
   d->mcf = malloc(cap * sizeof *d->mcf);
   d->mkeys = malloc(cap * 8);
   d->mkp = malloc(cap * sizeof *d->mkp);
   d->mkl = malloc(cap * sizeof *d->mkl);
   d->merr = malloc(cap * sizeof *d->merr);
-  if (!d->mcf || !d->mkeys || !d->mkp || !d->mkl || !d->merr) {
+  if (!d->mcf || !d->mkeys || !d->mkp || !d->mkl || !d->merr || !d->pins) {
     d->cap = 0;
     return SR_ENOMEM;
   }
@@ -286,6 +294,51 @@ int store_multi_get(store_db *d, size_t n, const int *cf, const uint64_t *keys, 
       vals[k] = NULL;
     }
   return rc;
+}
+
+void store_multi_get_release(store_db *d) {
+  for (size_t k = 0; k < d->n_pins; k++)
+    if (d->pins[k]) {
+      rocksdb_pinnableslice_destroy(d->pins[k]);
+      d->pins[k] = NULL;
+    }
+  d->n_pins = 0;
+}
+
+int store_multi_get_cf(store_db *d, int cf, size_t n, const uint64_t *keys, const char **vals,
+                       size_t *lens, char *err, size_t errlen) {
+  store_multi_get_release(d);
+  if (!n) return 0;
+  if (mg_reserve(d, n)) {
+    sr_fmt(err, errlen, "multiget: out of memory");
+    return SR_ENOMEM;
+  }
+  for (size_t k = 0; k < n; k++) {
+    put_be64(d->mkeys + 8 * k, keys[k]);
+    d->mkp[k] = d->mkeys + 8 * k;
+    d->mkl[k] = 8;
+    d->merr[k] = NULL;
+  }
+  rocksdb_batched_multi_get_cf(d->db, d->ro, d->cf[cf], n, d->mkp, d->mkl, d->pins, d->merr, 0);
+  d->n_pins = n;
+  int rc = 0;
+  for (size_t k = 0; k < n; k++) {
+    if (d->merr[k]) {
+      if (!rc) sr_fmt(err, errlen, "multiget: %s (%s:%d)", d->merr[k], __FILE__, __LINE__);
+      rocksdb_free(d->merr[k]);
+      rc = SR_EIO;
+    }
+    vals[k] = d->pins[k] ? rocksdb_pinnableslice_value(d->pins[k], &lens[k]) : NULL;
+  }
+  if (rc) store_multi_get_release(d);
+  return rc;
+}
+
+int store_compact(store_db *d, char *err, size_t errlen) {
+  (void)err;
+  (void)errlen;
+  for (int i = 0; i < d->n_all; i++) rocksdb_compact_range_cf(d->db, d->all[i], NULL, 0, NULL, 0);
+  return 0;
 }
 
 void store_value_free(char *v) {

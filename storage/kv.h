@@ -56,6 +56,17 @@ int store_multi_get(store_db *db, size_t n, const int *cf, const uint64_t *keys,
                     size_t *lens, char *err, size_t errlen);
 void store_value_free(char *v);
 
+/* RocksDB's batched MultiGet of n keys of one column family (the fast path:
+ * block reads batched, values pinned, no copy). vals[k] points at the value
+ * or is NULL when absent, lens[k] its size; both stay valid until the next
+ * store_multi_get_cf or store_multi_get_release on db. 0 or SR_EIO. */
+int store_multi_get_cf(store_db *db, int cf, size_t n, const uint64_t *keys, const char **vals,
+                       size_t *lens, char *err, size_t errlen);
+void store_multi_get_release(store_db *db);
+
+/* Compact every column family fully (after a bulk load). 0 or SR_EIO. */
+int store_compact(store_db *db, char *err, size_t errlen);
+
 /* A write batch of the database: puts gathered, then written in one write. */
 int store_batch_put(store_db *db, int cf, uint64_t key, const void *val, size_t len);
 size_t store_batch_count(const store_db *db);

@@ -4,11 +4,13 @@
  *
  * One table of --rows rows (dim --dim, adagrad state: value + state floats
  * per row, random contents) is written to a RocksDB database in a temporary
- * folder, flushed to SST files. Then, batches of --batch unique ids:
- *   raw MultiGet     store_multi_get of the batch + decoding each row
- *   miss             the shard store, cache --cache-rows, ids walking a
- *                    random permutation of the whole table (every id comes
- *                    back only after ~rows/cache_rows evictions: all misses)
+ * folder, flushed to SST files and compacted (no compaction runs during the
+ * measurements). Then, batches of --batch unique ids:
+ *   raw MultiGet     RocksDB's batched MultiGet (store_multi_get_cf) of the
+ *                    batch + decoding each row into the output
+ *   miss             the shard store, cache --cache-rows, the same batches
+ *                    as raw MultiGet (more ids than the cache holds, so each
+ *                    comes back evicted: all misses; hit rate printed)
  *   memcpy gather    dim floats per id from a random-filled [cache_rows][dim]
  *   hit              the shard store with the same cache, ids drawn from the
  *                    rows it already holds (all hits)
@@ -185,7 +187,7 @@ int bench_store(int argc, char **argv) {
         goto done;
       }
   }
-  if (store_flush(db, err, sizeof err)) {
+  if (store_flush(db, err, sizeof err) || store_compact(db, err, sizeof err)) {
     fprintf(stderr, "shardrec bench store: %s\n", err);
     goto done;
   }
@@ -206,44 +208,47 @@ int bench_store(int argc, char **argv) {
   long long nb = nbatches;
   if (nb * batch > rows) nb = rows / batch;
   double raw[99], miss[99], hit[99], memc[99], zz[99], zhit[99];
-  /* Raw MultiGet on the permutation's batches (warm the block cache once). */
-  for (int pass = -1; pass < runs; pass++) {
-    double t = now();
-    for (long long k = 0; k < nb; k++) {
-      if (store_multi_get(db, (size_t)batch, cfs, ids + k * batch, vals, lens, err, sizeof err)) {
-        fprintf(stderr, "shardrec bench store: %s\n", err);
-        goto done;
-      }
-      for (long long q = 0; q < batch; q++) {
-        if (vals[q] && !store_row_decode(vals[q], lens[q], (int)dim, slen, rowbuf, err, sizeof err))
-          memcpy(out + q * dim, rowbuf, (size_t)dim * 4);
-        store_value_free(vals[q]);
-      }
-    }
-    if (pass >= 0) raw[pass] = (double)(nb * batch) / (now() - t);
-  }
   store_close(db);
   db = NULL;
-  /* The shard store over the same database. */
+  /* The shard store over the database, and beside it a read-only handle
+   * for raw MultiGet (same block cache size); passes alternate raw and
+   * shard so both see the same machine. */
   emb_shard_config cfg = {.cache_rows = (uint64_t)cache_rows, .block_cache_bytes = block_cache,
                           .write_buffer_bytes = 64u << 20, .lz4 = lz4};
   s = emb_store_create_shard(plan, dir, &cfg, err, sizeof err);
-  if (!s) {
+  store_opts rso = so;
+  rso.read_only = 1;
+  if (!s || store_open(path, 1, &tid, &rso, &db, err, sizeof err)) {
     fprintf(stderr, "shardrec bench store: %s\n", err);
     goto done;
   }
   lk l = {.s = s, .out = out};
   emb_store_stats st0, st1;
-  /* Misses: walk the permutation; the cache holds cache_rows of rows rows. */
-  long long walk = rows / batch, pos = 0;
+  /* Misses: the raw baseline's batches, in the same order; with more ids
+   * than the cache holds, each comes back evicted (the hit rate shows it).
+   * Pass -1 warms both block caches. */
   for (int pass = -1; pass < runs; pass++) {
-    emb_store_stats_get(s, &st0);
     double t = now();
-    for (long long k = 0; k < nb; k++, pos = (pos + 1) % walk)
-      if (lookup(&l, ids + pos * batch, (size_t)batch)) goto done;
+    for (long long k = 0; k < nb; k++) {
+      if (store_multi_get_cf(db, 0, (size_t)batch, ids + k * batch, (const char **)vals, lens, err,
+                             sizeof err)) {
+        fprintf(stderr, "shardrec bench store: %s\n", err);
+        goto done;
+      }
+      for (long long q = 0; q < batch; q++)
+        if (vals[q] && !store_row_decode(vals[q], lens[q], (int)dim, slen, rowbuf, err, sizeof err))
+          memcpy(out + q * dim, rowbuf, (size_t)dim * 4);
+    }
+    if (pass >= 0) raw[pass] = (double)(nb * batch) / (now() - t);
+    emb_store_stats_get(s, &st0);
+    t = now();
+    for (long long k = 0; k < nb; k++)
+      if (lookup(&l, ids + k * batch, (size_t)batch)) goto done;
     emb_store_stats_get(s, &st1);
     if (pass >= 0) miss[pass] = (double)(nb * batch) / (now() - t);
   }
+  store_close(db);
+  db = NULL;
   double miss_hr = (double)(st1.hits - st0.hits) / (double)(st1.lookups - st0.lookups);
   /* Hits: bring cache_rows / 2 rows in, then look up random subsets of them. */
   long long hot = cache_rows / 2;
