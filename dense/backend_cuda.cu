@@ -8,6 +8,8 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dense/cuda_impl.h"
@@ -429,4 +431,54 @@ extern "C" int dense_cuda_download(void *dst, const void *src, size_t bytes) {
 extern "C" int dense_cuda_sync(void) {
   if (CUDA_CHECK(cudaStreamSynchronize(g.stream))) return SR_EBACKEND_;
   return g_err[0] ? SR_EBACKEND_ : SR_OK_;
+}
+
+/* ---- sgemm timing (bench train) ------------------------------------------- */
+
+__global__ void k_fill(size_t n, uint32_t seed, float *x) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+    h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+    x[i] = (float)(h >> 8) * (1.0f / 16777216.0f) - 0.5f;
+  }
+}
+
+static int cmp_float(const void *a, const void *b) {
+  float x = *(const float *)a, y = *(const float *)b;
+  return (x > y) - (x < y);
+}
+
+extern "C" double dense_cuda_gemm_seconds(int ta, int tb, int M, int N, int K,
+                                          int reps) {
+  if (!g.ready || M < 1 || N < 1 || K < 1 || reps < 1 || reps > 99)
+    return -1.0;
+  size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N;
+  float *A = NULL, *B = NULL, *C = NULL, ms[99];
+  cudaEvent_t e0 = NULL, e1 = NULL;
+  double out = -1.0;
+  if (CUDA_CHECK(cudaMalloc((void **)&A, na * 4)) ||
+      CUDA_CHECK(cudaMalloc((void **)&B, nb * 4)) ||
+      CUDA_CHECK(cudaMalloc((void **)&C, nc * 4)) ||
+      CUDA_CHECK(cudaEventCreate(&e0)) || CUDA_CHECK(cudaEventCreate(&e1)))
+    goto done;
+  k_fill<<<blocks_for(na, 256), 256, 0, g.stream>>>(na, 1, A);
+  k_fill<<<blocks_for(nb, 256), 256, 0, g.stream>>>(nb, 2, B);
+  k_fill<<<blocks_for(nc, 256), 256, 0, g.stream>>>(nc, 3, C);
+  for (int r = -2; r < reps; r++) {
+    if (CUDA_CHECK(cudaEventRecord(e0, g.stream))) goto done;
+    cu_gemm(ta, tb, M, N, K, 1.0f, A, ta ? M : K, B, tb ? K : N, 0.0f, C, N);
+    if (CUDA_CHECK(cudaEventRecord(e1, g.stream)) ||
+        CUDA_CHECK(cudaEventSynchronize(e1)))
+      goto done;
+    if (r >= 0 && CUDA_CHECK(cudaEventElapsedTime(&ms[r], e0, e1))) goto done;
+  }
+  if (g_err[0]) goto done;
+  qsort(ms, (size_t)reps, sizeof *ms, cmp_float);
+  out = 1e-3 * (reps % 2 ? ms[reps / 2] : 0.5 * (ms[reps / 2 - 1] + ms[reps / 2]));
+done:
+  cudaFree(A), cudaFree(B), cudaFree(C);
+  if (e0) cudaEventDestroy(e0);
+  if (e1) cudaEventDestroy(e1);
+  return out;
 }

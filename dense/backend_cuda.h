@@ -67,6 +67,13 @@ const char *dense_cuda_last_error(void); /* as dense_cuda_error */
 int dense_cuda_opt_step(const dense_opt_config *cfg, size_t n, float *p,
                         const float *g, float *state, int64_t t, float lr);
 
+/* Median seconds of one cublasSgemm of this row-major shape (as
+ * dense_backend.gemm; lda/ldb/ldc packed) over reps timed calls after two
+ * warm-up calls, on device matrices of uniform values, timed with CUDA
+ * events on the backend's stream. Negative on failure (dense_cuda_error). */
+double dense_cuda_gemm_seconds(int trans_a, int trans_b, int M, int N, int K,
+                               int reps);
+
 /* Seconds of device-stream time of the models' steps since the last reset,
  * measured with CUDA events: uploads (parameters, dense features, pooled
  * embeddings, labels), compute (forward + backward kernels and sgemm), and

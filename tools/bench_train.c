@@ -20,6 +20,8 @@
 #include "common/rng.h"
 #include "common/status.h"
 #include "datasets/source.h"
+#include "dense/cuda_device.h"
+#include "dense/cuda_hooks.h"
 #include "dense/model.h"
 #include "dense/optim.h"
 #include "embedding/plan.h"
@@ -28,6 +30,9 @@
 #include "tools/cmds.h"
 #include "tools/model_dir.h"
 #include "tools/trainer.h"
+#ifdef SHARDREC_HAVE_CUDA
+#include "dense/backend_cuda.h"
+#endif
 
 extern char **environ;
 
@@ -90,15 +95,37 @@ static double sgemm_step_time(const dense_config *cfg, int B, double *flops_out)
   return total;
 }
 
+/* The same bound on the GPU: each of the step's shapes through cublasSgemm
+ * (the CUDA backend's gemm), timed with CUDA events. */
+static double cublas_step_time(const dense_config *cfg, int B, double *flops_out) {
+#ifdef SHARDREC_HAVE_CUDA
+  dense_gemm_shape sh[64];
+  int ns = dense_model_gemm_shapes(cfg, B, sh, 64);
+  double total = 0, flops = 0;
+  for (int i = 0; i < ns; i++) {
+    double s = dense_cuda_gemm_seconds(sh[i].trans_a, sh[i].trans_b, sh[i].M, sh[i].N, sh[i].K, 9);
+    if (s < 0) return -1;
+    total += s;
+    flops += 2.0 * sh[i].M * sh[i].N * sh[i].K;
+  }
+  *flops_out = flops;
+  return total;
+#else
+  (void)cfg, (void)B, (void)flops_out;
+  return -1;
+#endif
+}
+
 int bench_train(int argc, char **argv) {
   static const struct option opts[] = {{"rows", required_argument, 0, 'r'},
                                        {"steps", required_argument, 0, 's'},
                                        {"runs", required_argument, 0, 'n'},
                                        {"batch", required_argument, 0, 'b'},
+                                       {"device", required_argument, 0, 'd'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
   long long rows = 300000, steps = 0, runs = 3;
-  const char *batches = "128,2048";
+  const char *batches = NULL, *device = "cpu";
   optind = 1;
   opterr = 0;
   int c;
@@ -108,15 +135,29 @@ int bench_train(int argc, char **argv) {
       case 's': if (cli_int("bench train", "--steps", optarg, 1, 1 << 20, &steps)) return 2; break;
       case 'n': if (cli_int("bench train", "--runs", optarg, 1, 99, &runs)) return 2; break;
       case 'b': batches = optarg; break;
+      case 'd': device = optarg; break;
       case 'h':
         printf("usage: shardrec bench train [--rows N (300000)] [--batch 128,2048] [--steps N] [--runs 3]\n"
                "Kaggle configuration (dim 16, 13-512-256-64-16 / 512-256-1, dot), SGD, in-process shards,\n"
                "data from a generated set converted to binary records. --steps: timed steps per run\n"
-               "(default: about 3 s of work per run).\n");
+               "(default: about 3 s of work per run).\n"
+               "--device cuda[:N]: the dense step on the GPU (default batches 2048,16384); the bound is\n"
+               "cublasSgemm on the step's shapes, and the step splits into lookup, H2D, compute, D2H, push.\n");
         return 0;
       default: cli_bad_option("bench train", c, argv[optind - 1]); return 2;
     }
   }
+  const dense_backend *be;
+  int gpu = 0;
+  {
+    char derr[512];
+    if (dense_backend_for_device(device, &be, &gpu, derr, sizeof derr)) {
+      fprintf(stderr, "bench train: %s\n", derr);
+      return 2;
+    }
+  }
+  dense_backend_set_default(be);
+  if (!batches) batches = gpu ? "2048,16384" : "128,2048";
   int bl[8], nb = 0;
   if (cli_int_list("bench train", "--batch", batches, ',', bl, 8, &nb)) return 2;
 
@@ -142,8 +183,9 @@ int bench_train(int argc, char **argv) {
   printf("\nOpenBLAS %s, %d thread(s)%s; OPENBLAS_CORETYPE=%s\n", OPENBLAS_VERSION,
          openblas_get_num_threads(), th ? " (OPENBLAS_NUM_THREADS)" : "",
          getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(unset)");
+  if (gpu) printf("device %s (%s): dense step on the GPU; bound = cublasSgemm\n", device, be->name);
   printf("%6s %12s %9s %10s %13s %13s %9s  %s\n", "batch", "samples/s", "step ms", "MFLOP/smp",
-         "sgemm GF/s", "bound smp/s", "of bound", "where the step's time goes (ms)");
+         gpu ? "cublas GF/s" : "sgemm GF/s", "bound smp/s", "of bound", "where the step's time goes (ms)");
   for (int bi = 0; bi < nb; bi++) {
     int B = bl[bi];
     char err[1024];
@@ -203,6 +245,9 @@ int bench_train(int argc, char **argv) {
      * per-run ratios. */
     double rate[99], ratio[99], bounds[99], gflops = 0;
     trainer_times_reset(t);
+#ifdef SHARDREC_HAVE_CUDA
+    dense_cuda_times_reset();
+#endif
     for (int r = 0; r < runs; r++) {
       double s0 = now_s();
       long long samples = 0;
@@ -217,7 +262,11 @@ int bench_train(int argc, char **argv) {
         samples += got;
       }
       rate[r] = (double)samples / (now_s() - s0);
-      double tg = sgemm_step_time(&cfg, B, &gflops);
+      double tg = gpu ? cublas_step_time(&cfg, B, &gflops) : sgemm_step_time(&cfg, B, &gflops);
+      if (tg <= 0) {
+        fprintf(stderr, "bench train: timing the gemm bound failed\n");
+        goto cleanup;
+      }
       bounds[r] = B / tg;
       ratio[r] = rate[r] / bounds[r];
     }
@@ -233,6 +282,17 @@ int bench_train(int argc, char **argv) {
            B, med, 1e3 * B / med, fps / 1e6, gflops / tg / 1e9, bound, 100.0 * frac,
            tt->dedup * ms, tt->lookup * ms, tt->pool * ms, tt->forward * ms, tt->backward * ms,
            tt->scatter * ms, tt->push * ms, tt->dense_opt * ms);
+#ifdef SHARDREC_HAVE_CUDA
+    if (gpu) {
+      dense_cuda_times ct;
+      dense_cuda_times_get(&ct);
+      /* device-stream times of the forward+backward, per step */
+      printf("%6s   GPU split (ms/step): lookup %.2f H2D %.2f compute %.2f D2H %.2f push %.2f"
+             " | host: dedup %.2f pool %.2f scatter %.2f opt %.2f\n",
+             "", tt->lookup * ms, ct.h2d * ms, ct.compute * ms, ct.d2h * ms, tt->push * ms,
+             tt->dedup * ms, tt->pool * ms, tt->scatter * ms, tt->dense_opt * ms);
+    }
+#endif
     fflush(stdout);
     status = 0;
   cleanup:
@@ -246,6 +306,7 @@ int bench_train(int argc, char **argv) {
   }
   double load[3] = {0, 0, 0};
   if (getloadavg(load, 3) < 0) load[0] = -1;
+  dense_backend_set_default(NULL);
   printf("samples/s: median of %lld runs; bound: the step's sgemm calls alone on the same shapes, "
          "timed after each run (hot caches: optimistic); of bound: median of per-run ratios; "
          "load average %.2f\n",
