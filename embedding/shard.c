@@ -22,7 +22,8 @@
 #include "embedding/optim.h"
 #include "storage/kv.h"
 
-#define SH_PREFETCH 16
+#define SH_PREFETCH 48
+#define SH_PASS 256 /* ids per lookup pass */
 #define F_REF 1u
 #define F_DIRTY 2u
 #define WB_ROWS 4096 /* dirty rows per WriteBatch when flushing */
@@ -180,7 +181,7 @@ static int chunk_resolve(shstore *s, size_t n, uint64_t *hits) {
   for (size_t i = 0; i < n; i++) s->it_pos[i] = home(s, s->it_t[i], s->it_id[i]);
   size_t nm = 0;
   for (size_t i = 0; i < n; i++) {
-    if (i + SH_PREFETCH < n) __builtin_prefetch(&s->map[s->it_pos[i + SH_PREFETCH]], 0, 1);
+    if (i + SH_PREFETCH < n) __builtin_prefetch(&s->map[s->it_pos[i + SH_PREFETCH]], 0, 3);
     size_t h = probe(s, s->it_pos[i], s->it_t[i], s->it_id[i]);
     uint32_t s1 = s->map[h].slot1;
     if (s1) {
@@ -377,12 +378,15 @@ static int sh_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, flo
     const size_t cnt = ids->counts[t], dim = (size_t)s->dim[t];
     float *o = out[t];
     total += cnt;
-    for (size_t base = 0; base < cnt && !rc; base += s->chunk) {
-      size_t n = cnt - base < s->chunk ? cnt - base : s->chunk;
+    /* Passes of SH_PASS ids: their map entries and slots, prefetched, are
+     * still in L1/L2 when copied. */
+    const size_t pass = s->chunk < SH_PASS ? s->chunk : SH_PASS;
+    for (size_t base = 0; base < cnt && !rc; base += pass) {
+      size_t n = cnt - base < pass ? cnt - base : pass;
       if (nm + n > s->chunk && (rc = lookup_flush_misses(s, &nm, out))) break;
       for (size_t i = 0; i < n; i++) s->it_pos[i] = home(s, (uint32_t)t, id[base + i]);
       for (size_t i = 0; i < n; i++) {
-        if (i + SH_PREFETCH < n) __builtin_prefetch(&s->map[s->it_pos[i + SH_PREFETCH]], 0, 1);
+        if (i + SH_PREFETCH < n) __builtin_prefetch(&s->map[s->it_pos[i + SH_PREFETCH]], 0, 3);
         size_t h = probe(s, s->it_pos[i], (uint32_t)t, id[base + i]);
         uint32_t s1 = s->map[h].slot1;
         s->it_slot[i] = s1;
