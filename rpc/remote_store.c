@@ -639,6 +639,7 @@ emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *serv
            plan->n_shards, n_servers);
     return NULL;
   }
+  rpc_malloc_tune();
   rpc_global_init();
   rstore *s = calloc(1, sizeof *s);
   if (!s) {

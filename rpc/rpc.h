@@ -140,6 +140,13 @@ int rpc_call_path(const char *target, const rpc_tls *tls, const char *path, cons
                   size_t len, double deadline_s, uint8_t **resp, size_t *resp_len, char *msg,
                   size_t msglen);
 
+/* Keep glibc from handing blocks over 128 KiB back to the kernel on free:
+ * every call's message and row buffers would otherwise come back as fresh
+ * pages (about 11 us per 4 KiB on our VMs), which made a 4096-row dim-16
+ * Lookup 5x slower (bench rpc). Process-wide; called by rpc_server_run and
+ * emb_store_create_remote; idempotent. */
+void rpc_malloc_tune(void);
+
 /* grpc_init / grpc_shutdown, reference counted by gRPC itself. */
 void rpc_global_init(void);
 void rpc_global_shutdown(void);

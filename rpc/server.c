@@ -12,6 +12,7 @@
  * own while the workers still poll; after the grace period
  * grpc_server_cancel_all_calls; once notified, each worker shuts down its
  * own queue when it holds no live tag and drains it; join; destroy. */
+#include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -224,6 +225,7 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
     sr_fmt(err, errlen, "server: out of memory");
     return SR_ENOMEM;
   }
+  rpc_malloc_tune();
   rpc_global_init();
   st.srv = grpc_server_create(&cargs, NULL);
   for (int m = 0; m < RPC_N_METHODS; m++)
@@ -299,4 +301,13 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
 }
 
 void rpc_global_init(void) { grpc_init(); }
+
+void rpc_malloc_tune(void) {
+#ifdef M_MMAP_THRESHOLD
+  static int done;
+  if (__atomic_exchange_n(&done, 1, __ATOMIC_SEQ_CST)) return;
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+#endif
+}
 void rpc_global_shutdown(void) { grpc_shutdown(); }
