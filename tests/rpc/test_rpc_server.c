@@ -331,6 +331,13 @@ START_TEST(test_health_unknown_method_sigterm) {
   ck_assert_str_eq(sa->plan_fingerprint, fp);
   shardrec__v1__stats_response__free_unpacked(sa, NULL);
   free(r);
+  /* SO_REUSEPORT is off: a second server on the same port is refused
+   * instead of silently sharing it. */
+  char *out;
+  int rc = run_cmd(&out, "timeout 20 %s serve --plan '%s' --shard 0 --listen %s", bin_path(),
+                   plan_path, srv.addr);
+  ck_assert_msg(rc == 1 && strstr(out, "cannot listen"), "rc %d: %s", rc, out);
+  free(out);
   /* SIGTERM: a clean exit 0. */
   ck_assert_int_eq(server_stop(&srv), 0);
 }
