@@ -14,6 +14,7 @@
  * own queue when it holds no live tag and drains it; join; destroy. */
 #include <malloc.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,7 +55,7 @@ struct server_state {
   void *methods[RPC_N_METHODS];
   worker *w;
   int n_workers;
-  volatile int server_down; /* shutdown notified: workers may close their queues */
+  _Atomic int server_down; /* shutdown notified: workers may close their queues */
   pthread_mutex_t mu;
 };
 
