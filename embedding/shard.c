@@ -19,6 +19,7 @@
 
 #include "common/rng.h"
 #include "common/status.h"
+#include "common/sys.h"
 #include "embedding/optim.h"
 #include "storage/kv.h"
 
@@ -112,20 +113,6 @@ static void map_delete(shstore *s, size_t i) {
     s->map[j].slot1 = 0;
     i = j;
   }
-}
-
-/* Transparent huge pages for the slab and the map: random row access over
- * hundreds of MB is TLB-bound with 4 KiB pages (as in store_local.c). */
-static void advise_huge(void *p, size_t bytes) {
-#ifdef MADV_HUGEPAGE
-  const uintptr_t huge = (uintptr_t)2 << 20;
-  if (bytes < 2 * huge) return;
-  uintptr_t a = ((uintptr_t)p + huge - 1) & ~(huge - 1), e = ((uintptr_t)p + bytes) & ~(huge - 1);
-  if (e > a) (void)madvise((void *)a, e - a, MADV_HUGEPAGE);
-#else
-  (void)p;
-  (void)bytes;
-#endif
 }
 
 static int db_of(shstore *s, int t, uint64_t id) {
@@ -716,8 +703,8 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
   s->mask = mcap - 1;
   s->map = calloc(mcap, sizeof *s->map);
   s->slab = malloc((size_t)s->cap * s->slot_bytes);
-  if (s->map) advise_huge(s->map, mcap * sizeof *s->map);
-  if (s->slab) advise_huge(s->slab, (size_t)s->cap * s->slot_bytes);
+  if (s->map) sr_advise_huge(s->map, mcap * sizeof *s->map);
+  if (s->slab) sr_advise_huge(s->slab, (size_t)s->cap * s->slot_bytes);
   s->chunk = s->cap / 2;
   if (s->chunk > 65536) s->chunk = 65536;
   size_t c = s->chunk;

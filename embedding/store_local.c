@@ -38,6 +38,7 @@
 
 #include "common/rng.h"
 #include "common/status.h"
+#include "common/sys.h"
 #include "embedding/optim.h"
 #include "embedding/store.h"
 
@@ -83,22 +84,6 @@ typedef struct {
 
 /* ---- map ---- */
 
-/* Ask for transparent huge pages on the 2 MiB-aligned part of a big block:
- * random row access over gigabytes is TLB-bound with 4 KiB pages (4x fewer
- * rows/s measured on our VMs), and first touch costs one fault per 2 MiB
- * instead of per 4 KiB. Advice only: failure changes nothing. */
-static void lt_advise(void *p, size_t bytes) {
-#ifdef MADV_HUGEPAGE
-  const uintptr_t huge = (uintptr_t)2 << 20;
-  if (bytes < 2 * huge) return;
-  uintptr_t a = ((uintptr_t)p + huge - 1) & ~(huge - 1), e = ((uintptr_t)p + bytes) & ~(huge - 1);
-  if (e > a) (void)madvise((void *)a, e - a, MADV_HUGEPAGE);
-#else
-  (void)p;
-  (void)bytes;
-#endif
-}
-
 static void lt_free(ltab *t) {
   free(t->direct);
   t->direct = NULL;
@@ -143,10 +128,10 @@ static int lt_init(ltab *t, int dim, int slen, uint64_t rows, size_t cap_rows) {
   while (cap < 2 * cap_rows) cap <<= 1;
   if (rows != EMB_ROWS_UNBOUNDED && rows <= LT_DIRECT_MAX) {
     t->direct = calloc((size_t)rows, sizeof *t->direct);
-    if (t->direct) lt_advise(t->direct, (size_t)rows * sizeof *t->direct);
+    if (t->direct) sr_advise_huge(t->direct, (size_t)rows * sizeof *t->direct);
   } else {
     t->map = calloc(cap, sizeof *t->map);
-    if (t->map) lt_advise(t->map, cap * sizeof *t->map);
+    if (t->map) sr_advise_huge(t->map, cap * sizeof *t->map);
   }
   t->slab_cap = cap_rows > 16 ? cap_rows : 16;
   t->slab = malloc(t->slab_cap * (size_t)t->stride * sizeof(float));
@@ -154,7 +139,7 @@ static int lt_init(ltab *t, int dim, int slen, uint64_t rows, size_t cap_rows) {
     lt_free(t);
     return SR_ENOMEM;
   }
-  lt_advise(t->slab, t->slab_cap * (size_t)t->stride * sizeof(float));
+  sr_advise_huge(t->slab, t->slab_cap * (size_t)t->stride * sizeof(float));
   t->mask = cap - 1;
   return 0;
 }
@@ -168,7 +153,7 @@ static int lt_reserve(ltab *t, size_t extra) {
     while (cap < 2 * need) cap <<= 1;
     lt_entry *m = calloc(cap, sizeof *m);
     if (!m) return SR_ENOMEM;
-    lt_advise(m, cap * sizeof *m);
+    sr_advise_huge(m, cap * sizeof *m);
     for (size_t i = 0; i <= t->mask; i++) {
       if (t->map[i].slot1 == LT_EMPTY) continue;
       size_t h = (size_t)sr_mix64(t->map[i].key) & (cap - 1);
@@ -186,7 +171,7 @@ static int lt_reserve(ltab *t, size_t extra) {
     if (!nb) return SR_ENOMEM;
     t->slab = nb;
     t->slab_cap = cap;
-    lt_advise(nb, cap * (size_t)t->stride * sizeof(float));
+    sr_advise_huge(nb, cap * (size_t)t->stride * sizeof(float));
   }
   return 0;
 }

@@ -27,22 +27,7 @@
 #include "datasets/source.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static double median3(double *v, int n) {
-  for (int i = 1; i < n; i++)
-    for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-      double t = v[j];
-      v[j] = v[j - 1];
-      v[j - 1] = t;
-    }
-  return v[n / 2];
-}
+#include "common/sys.h"
 
 static int write_tsv(const char *path, uint64_t rows, uint64_t seed) {
   dg_config cfg;
@@ -109,7 +94,7 @@ static int scan_file(const char *path, int parse, uint64_t *lines, uint64_t *bad
 /* Read every sample; *open_s = seconds spent in ds_source_open (NULL: not asked). */
 static int read_source(const char *path, ds_format fmt, int read_ahead, uint64_t *n_out,
                        double *open_s) {
-  double t0 = now();
+  double t0 = sr_now();
   ds_source_opts o = {.path = path, .format = fmt, .id_mode = DS_IDS_HASH, .read_ahead = read_ahead,
                       .no_verify = 1};
   char err[1024];
@@ -118,7 +103,7 @@ static int read_source(const char *path, ds_format fmt, int read_ahead, uint64_t
     fprintf(stderr, "shardrec bench data: %s\n", err);
     return -1;
   }
-  if (open_s) *open_s = now() - t0;
+  if (open_s) *open_s = sr_now() - t0;
   ds_batch b;
   ds_batch_init(&b, 2048);
   int n;
@@ -220,11 +205,11 @@ int bench_data(int argc, char **argv) {
   snprintf(tsv, sizeof tsv, "%s/data.tsv", dir);
   snprintf(bin, sizeof bin, "%s/data.bin", dir);
   int status = 1;
-  double t0 = now();
+  double t0 = sr_now();
   if (!file) {
     if (write_tsv(tsv, rows, seed)) goto out;
     file = tsv;
-    printf("generated %llu rows of synthetic Criteo TSV in %.1f s\n", (unsigned long long)rows, now() - t0);
+    printf("generated %llu rows of synthetic Criteo TSV in %.1f s\n", (unsigned long long)rows, sr_now() - t0);
   }
   struct stat st;
   if (stat(file, &st)) {
@@ -235,32 +220,32 @@ int bench_data(int argc, char **argv) {
   double t[5][99];
   uint64_t lines = 0, bad = 0, n = 0;
   for (int r = 0; r < runs; r++) {
-    double a = now();
+    double a = sr_now();
     if (scan_file(file, 0, &lines, &bad)) goto out;
-    t[0][r] = now() - a;
-    a = now();
+    t[0][r] = sr_now() - a;
+    a = sr_now();
     if (scan_file(file, 1, &lines, &bad)) goto out;
-    t[1][r] = now() - a;
-    a = now();
+    t[1][r] = sr_now() - a;
+    a = sr_now();
     if (read_source(file, DS_FORMAT_TSV, -1, &n, NULL)) goto out;
-    t[2][r] = now() - a;
-    a = now();
+    t[2][r] = sr_now() - a;
+    a = sr_now();
     if (read_source(file, DS_FORMAT_TSV, 2, &n, NULL)) goto out;
-    t[3][r] = now() - a;
+    t[3][r] = sr_now() - a;
   }
-  double ca = now();
+  double ca = sr_now();
   if (convert(file, bin)) goto out;
-  double conv = now() - ca;
+  double conv = sr_now() - ca;
   struct stat sb;
   stat(bin, &sb);
   uint64_t nb = 0;
   double topen[99];
   for (int r = 0; r < runs; r++) {
-    double a = now();
+    double a = sr_now();
     if (read_source(bin, DS_FORMAT_BIN, 0, &nb, &topen[r])) goto out;
-    t[4][r] = now() - a - topen[r];
+    t[4][r] = sr_now() - a - topen[r];
   }
-  double va = now();
+  double va = sr_now();
   {
     char err[512];
     ds_bin_reader *vr = ds_bin_reader_open(bin, 0, 1, err, sizeof err);
@@ -270,22 +255,22 @@ int bench_data(int argc, char **argv) {
     }
     ds_bin_reader_destroy(vr);
   }
-  double verify = now() - va;
-  double base = bytes / median3(t[0], (int)runs) / 1e6;
+  double verify = sr_now() - va;
+  double base = bytes / sr_median(t[0], (int)runs) / 1e6;
   printf("\nfile %s: %.1f MB, %llu lines (%llu malformed); median of %lld runs, page cache warm\n",
          file, bytes / 1e6, (unsigned long long)lines, (unsigned long long)bad, runs);
   printf("  %-24s %10s %14s %10s %10s\n", "", "MB/s", "lines/s", "seconds", "vs read()");
-  row("read() baseline", bytes, (double)lines, median3(t[0], (int)runs), 0);
-  row("parse_line, 1 core", bytes, (double)lines, median3(t[1], (int)runs), base);
-  row("source, 1 core (hash)", bytes, (double)n, median3(t[2], (int)runs), base);
-  row("source, reader thread", bytes, (double)n, median3(t[3], (int)runs), base);
+  row("read() baseline", bytes, (double)lines, sr_median(t[0], (int)runs), 0);
+  row("parse_line, 1 core", bytes, (double)lines, sr_median(t[1], (int)runs), base);
+  row("source, 1 core (hash)", bytes, (double)n, sr_median(t[2], (int)runs), base);
+  row("source, reader thread", bytes, (double)n, sr_median(t[3], (int)runs), base);
   printf("\nbinary file %.1f MB (converted, dictionary ids, in %.2f s: %.0f lines/s)\n",
          (double)sb.st_size / 1e6, conv, (double)lines / conv);
-  double bt = median3(t[4], (int)runs);
+  double bt = sr_median(t[4], (int)runs);
   printf("  %-24s %10.1f %14.0f %10.3f   (samples/s)\n", "binary reader (mmap)", (double)sb.st_size / bt / 1e6,
          (double)nb / bt, bt);
-  printf("  %-24s %10.1f %14s %10.3f\n", "open (mmap, no verify)", (double)sb.st_size / median3(topen, (int)runs) / 1e6, "-",
-         median3(topen, (int)runs));
+  printf("  %-24s %10.1f %14s %10.3f\n", "open (mmap, no verify)", (double)sb.st_size / sr_median(topen, (int)runs) / 1e6, "-",
+         sr_median(topen, (int)runs));
   printf("  %-24s %10.1f %14s %10.3f\n", "open + CRC32 verify", (double)sb.st_size / verify / 1e6, "-", verify);
   status = 0;
 out:

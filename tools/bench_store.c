@@ -33,24 +33,9 @@
 #include "storage/kv.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
+#include "common/sys.h"
 
 #define CMD "bench store"
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static double median(double *v, int n) {
-  for (int i = 1; i < n; i++)
-    for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-      double t = v[j];
-      v[j] = v[j - 1];
-      v[j - 1] = t;
-    }
-  return v[n / 2];
-}
 
 static int cmp_u64(const void *a, const void *b) {
   uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -172,7 +157,7 @@ int bench_store(int argc, char **argv) {
   uint32_t tid = plan->tables[0].table_id;
   store_opts so = {.block_cache_bytes = block_cache, .write_buffer_bytes = 64u << 20,
                    .compression = lz4 ? STORE_COMPRESSION_LZ4 : STORE_COMPRESSION_NONE};
-  double t0 = now();
+  double t0 = sr_now();
   if (store_open(path, 1, &tid, &so, &db, err, sizeof err)) {
     fprintf(stderr, "shardrec bench store: %s\n", err);
     goto done;
@@ -194,7 +179,7 @@ int bench_store(int argc, char **argv) {
   printf("store  %lld rows x (dim %lld + state %d) floats = %.1f MB of values, %s compression, "
          "block cache %.0f MB; loaded in %.1f s\n",
          rows, dim, slen, (double)rows * (double)rsz / 1e6, lz4 ? "lz4" : "no",
-         (double)block_cache / 1048576.0, now() - t0);
+         (double)block_cache / 1048576.0, sr_now() - t0);
   char prop[64];
   snprintf(prop, sizeof prop, "rocksdb.total-sst-files-size");
   printf("store  SST files %.1f MB\n", (double)store_property(db, 0, prop) / 1e6);
@@ -228,7 +213,7 @@ int bench_store(int argc, char **argv) {
    * than the cache holds, each comes back evicted (the hit rate shows it).
    * Pass -1 warms both block caches. */
   for (int pass = -1; pass < runs; pass++) {
-    double t = now();
+    double t = sr_now();
     for (long long k = 0; k < nb; k++) {
       if (store_multi_get_cf(db, 0, (size_t)batch, ids + k * batch, (const char **)vals, lens, err,
                              sizeof err)) {
@@ -239,13 +224,13 @@ int bench_store(int argc, char **argv) {
         if (vals[q] && !store_row_decode(vals[q], lens[q], (int)dim, slen, rowbuf, err, sizeof err))
           memcpy(out + q * dim, rowbuf, (size_t)dim * 4);
     }
-    if (pass >= 0) raw[pass] = (double)(nb * batch) / (now() - t);
+    if (pass >= 0) raw[pass] = (double)(nb * batch) / (sr_now() - t);
     emb_store_stats_get(s, &st0);
-    t = now();
+    t = sr_now();
     for (long long k = 0; k < nb; k++)
       if (lookup(&l, ids + k * batch, (size_t)batch)) goto done;
     emb_store_stats_get(s, &st1);
-    if (pass >= 0) miss[pass] = (double)(nb * batch) / (now() - t);
+    if (pass >= 0) miss[pass] = (double)(nb * batch) / (sr_now() - t);
   }
   store_close(db);
   db = NULL;
@@ -275,17 +260,17 @@ int bench_store(int argc, char **argv) {
   double hit_hr = 0;
   for (int pass = -1; pass < runs; pass++) {
     emb_store_stats_get(s, &st0);
-    double t = now();
+    double t = sr_now();
     for (long long k = 0; k < nb; k++)
       if (lookup(&l, hk + k * batch, (size_t)batch)) goto done;
     emb_store_stats_get(s, &st1);
-    if (pass >= 0) hit[pass] = (double)(nb * batch) / (now() - t);
+    if (pass >= 0) hit[pass] = (double)(nb * batch) / (sr_now() - t);
     hit_hr = (double)(st1.hits - st0.hits) / (double)(st1.lookups - st0.lookups);
-    t = now();
+    t = sr_now();
     for (long long k = 0; k < nb; k++)
       for (long long q = 0; q < batch; q++)
         memcpy(out + q * dim, gather + (size_t)hidx[k * batch + q] * (size_t)dim, (size_t)dim * 4);
-    if (pass >= 0) memc[pass] = (double)(nb * batch) / (now() - t);
+    if (pass >= 0) memc[pass] = (double)(nb * batch) / (sr_now() - t);
   }
   free(hidx);
   free(hk);
@@ -319,9 +304,9 @@ int bench_store(int argc, char **argv) {
         zb[q - 1] = zb[j];
         zb[j] = t2;
       }
-      double t = now();
+      double t = sr_now();
       if (lookup(&l, zb, n)) goto done;
-      tz += now() - t;
+      tz += sr_now() - t;
       n_rows += (double)n;
     }
     emb_store_stats_get(s, &st1);
@@ -331,9 +316,9 @@ int bench_store(int argc, char **argv) {
     }
   }
   free(zb);
-  z_hr = median(zhit, (int)runs);
-  double mraw = median(raw, (int)runs), mmiss = median(miss, (int)runs), mhit = median(hit, (int)runs),
-         mmem = median(memc, (int)runs), mz = median(zz, (int)runs);
+  z_hr = sr_median(zhit, (int)runs);
+  double mraw = sr_median(raw, (int)runs), mmiss = sr_median(miss, (int)runs), mhit = sr_median(hit, (int)runs),
+         mmem = sr_median(memc, (int)runs), mz = sr_median(zz, (int)runs);
   printf("lookup (batches of %lld unique ids, cache %lld rows, median of %lld)\n", batch, cache_rows, runs);
   printf("  raw RocksDB MultiGet   %10.0f rows/s\n", mraw);
   printf("  shard, all misses      %10.0f rows/s  (hit rate %.3f)  %.0f%% of raw MultiGet (target >= 70%%)\n",

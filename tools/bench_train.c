@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/rng.h"
+#include "common/sys.h"
 #include "common/status.h"
 #include "datasets/source.h"
 #include "dense/cuda_device.h"
@@ -35,22 +36,6 @@
 #endif
 
 extern char **environ;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* Run this executable with args (a NULL-terminated list); 0 on exit 0. */
 static int run_self(char *const *args) {
@@ -79,13 +64,13 @@ static double sgemm_step_time(const dense_config *cfg, int B, double *flops_out)
     double t[9];
     int reps = 9;
     for (int k = -2; k < reps; k++) {
-      double t0 = now_s();
+      double t0 = sr_now();
       cblas_sgemm(CblasRowMajor, sh[i].trans_a ? CblasTrans : CblasNoTrans,
                   sh[i].trans_b ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A, lda, Bm, ldb, 0.0f,
                   C, N);
-      if (k >= 0) t[k] = now_s() - t0;
+      if (k >= 0) t[k] = sr_now() - t0;
     }
-    total += median(t, reps);
+    total += sr_median(t, reps);
     flops += 2.0 * M * N * K;
     free(A);
     free(Bm);
@@ -223,9 +208,9 @@ int bench_train(int argc, char **argv) {
     }
     int64_t step = 0;
     /* Warm up: touch rows, fault pages, settle threads. */
-    double t0 = now_s();
+    double t0 = sr_now();
     int nsteps = (int)steps;
-    for (int w = 0; w < 10 || (!steps && now_s() - t0 < 1.0); w++) {
+    for (int w = 0; w < 10 || (!steps && sr_now() - t0 < 1.0); w++) {
       int got = ds_source_next(src, &b, B);
       if (got == 0) ds_source_rewind(src), got = ds_source_next(src, &b, B);
       float loss;
@@ -236,7 +221,7 @@ int bench_train(int argc, char **argv) {
       if (!steps) nsteps = w + 1;
     }
     if (!steps) {
-      double per = (now_s() - t0) / nsteps;
+      double per = (sr_now() - t0) / nsteps;
       nsteps = (int)(3.0 / per);
       if (nsteps < 5) nsteps = 5;
     }
@@ -249,7 +234,7 @@ int bench_train(int argc, char **argv) {
     dense_cuda_times_reset();
 #endif
     for (int r = 0; r < runs; r++) {
-      double s0 = now_s();
+      double s0 = sr_now();
       long long samples = 0;
       for (int k = 0; k < nsteps; k++) {
         int got = ds_source_next(src, &b, B);
@@ -261,7 +246,7 @@ int bench_train(int argc, char **argv) {
         }
         samples += got;
       }
-      rate[r] = (double)samples / (now_s() - s0);
+      rate[r] = (double)samples / (sr_now() - s0);
       double tg = gpu ? cublas_step_time(&cfg, B, &gflops) : sgemm_step_time(&cfg, B, &gflops);
       if (tg <= 0) {
         fprintf(stderr, "bench train: timing the gemm bound failed\n");
@@ -272,9 +257,9 @@ int bench_train(int argc, char **argv) {
     }
     const trainer_times *tt = trainer_times_get(t);
     double ms = 1e3 / (double)tt->steps;
-    double med = median(rate, (int)runs);
-    double bound = median(bounds, (int)runs);
-    double frac = median(ratio, (int)runs);
+    double med = sr_median(rate, (int)runs);
+    double bound = sr_median(bounds, (int)runs);
+    double frac = sr_median(ratio, (int)runs);
     double tg = B / bound;
     double fps = dense_model_flops_per_sample(&cfg);
     printf("%6d %12.0f %9.2f %10.3f %13.1f %13.0f %8.1f%%  dedup %.2f lookup %.2f pool %.2f fwd %.2f "

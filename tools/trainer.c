@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "common/status.h"
+#include "common/sys.h"
 #include "embedding/bag.h"
 
 struct trainer {
@@ -27,12 +28,6 @@ struct trainer {
   trainer_times times;
   char err[512];
 };
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int grow_table(trainer *t, int f, size_t need) {
   if (need <= t->cap[f]) return 0;
@@ -148,7 +143,7 @@ static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids) {
     sr_fmt(t->err, sizeof t->err, "trainer: batch of %d samples (max %d)", n, t->max_batch);
     return SR_EINVAL;
   }
-  double t0 = now_s();
+  double t0 = sr_now();
   for (int f = 0; f < t->T; f++) {
     const uint32_t *off = ds_batch_offsets(b, f);
     size_t nids = (size_t)(off[n] - off[0]);
@@ -164,7 +159,7 @@ static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids) {
   ids->n_tables = t->T;
   ids->ids = (const uint64_t *const *)t->unique;
   ids->counts = t->counts;
-  double t1 = now_s();
+  double t1 = sr_now();
   int rc = emb_store_lookup_begin(t->store, step, ids, t->rows);
   if (!rc) rc = emb_store_lookup_wait(t->store);
   if (rc) {
@@ -172,12 +167,12 @@ static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids) {
            emb_store_errmsg(t->store));
     return rc;
   }
-  double t2 = now_s();
+  double t2 = sr_now();
   size_t stride = (size_t)t->T * (size_t)t->dim;
   for (int f = 0; f < t->T; f++)
     emb_bag_forward(t->plan->tables[f].pooling, t->dim, n, ds_batch_offsets(b, f), t->inverse[f],
                     t->rows[f], t->emb + (size_t)f * (size_t)t->dim, stride);
-  double t3 = now_s();
+  double t3 = sr_now();
   t->times.dedup += t1 - t0;
   t->times.lookup += t2 - t1;
   t->times.pool += t3 - t2;
@@ -190,33 +185,33 @@ int trainer_step(trainer *t, const ds_batch *b, int64_t step, float lr, float sp
   int rc = gather(t, b, step, &ids);
   if (rc) return rc;
   int n = b->n;
-  double t0 = now_s();
+  double t0 = sr_now();
   rc = dense_model_forward(t->model, n, b->dense, t->emb, t->logits);
-  double t1 = now_s();
+  double t1 = sr_now();
   if (!rc) rc = dense_model_backward(t->model, n, b->labels, loss, t->d_emb);
   if (rc) {
     sr_fmt(t->err, sizeof t->err, "dense step: %s", dense_model_errmsg(t->model));
     return rc;
   }
-  double t2 = now_s();
+  double t2 = sr_now();
   size_t stride = (size_t)t->T * (size_t)t->dim;
   for (int f = 0; f < t->T; f++)
     emb_bag_backward(t->plan->tables[f].pooling, t->dim, n, ds_batch_offsets(b, f),
                      t->inverse[f], t->d_emb + (size_t)f * (size_t)t->dim, stride, t->counts[f],
                      t->grads[f]);
-  double t3 = now_s();
+  double t3 = sr_now();
   rc = emb_store_push(t->store, step, sparse_lr, &ids, (const float *const *)t->grads);
   if (rc) {
     sr_fmt(t->err, sizeof t->err, "push at step %lld: %s", (long long)step,
            emb_store_errmsg(t->store));
     return rc;
   }
-  double t4 = now_s();
+  double t4 = sr_now();
   size_t np = 0;
   float *p = dense_model_params(t->model, &np);
   float *g = dense_model_grads(t->model, &np);
   rc = dense_opt_step(t->opt, p, g, lr);
-  double t5 = now_s();
+  double t5 = sr_now();
   t->times.forward += t1 - t0;
   t->times.backward += t2 - t1;
   t->times.scatter += t3 - t2;
