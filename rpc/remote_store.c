@@ -24,6 +24,7 @@ typedef struct {
   char *addr;
   grpc_channel *ch;
   void *reg[RPC_N_METHODS];
+  uint64_t inc; /* the server's incarnation as first seen (0: not yet) */
 } conn;
 
 /* One call to one shard, maybe tried several times. */
@@ -56,6 +57,7 @@ typedef struct {
   char job[64];
   char fp[EMB_FP_HEX];
   char err[1024];
+  int lost; /* a server was unreachable or restarted: its rows may not be this run's */
   /* The lookup in flight. */
   pcall *calls; /* [n] */
   int n_calls;
@@ -236,12 +238,29 @@ static int call_error(rstore *s, const pcall *p, const char *what) {
          p->tries == 1 ? "y" : "ies");
   gpr_free(d);
   switch ((int)p->status) {
-    case GRPC_STATUS_UNAVAILABLE: return SR_EUNAVAILABLE;
+    case GRPC_STATUS_UNAVAILABLE: s->lost = 1; return SR_EUNAVAILABLE;
     case GRPC_STATUS_DEADLINE_EXCEEDED: return SR_ETIMEOUT;
     case GRPC_STATUS_FAILED_PRECONDITION: return SR_EMISMATCH;
     case GRPC_STATUS_INVALID_ARGUMENT: return SR_EINVAL;
     default: return SR_EBACKEND;
   }
+}
+
+/* The incarnation in shard k's answer: the first one seen is kept; another
+ * means the server restarted and lost (or rolled back) this run's rows. */
+static int check_inc(rstore *s, int k, uint64_t inc, const char *what) {
+  conn *c = &s->c[k];
+  if (!inc || c->inc == inc) return 0;
+  if (!c->inc) {
+    c->inc = inc;
+    return 0;
+  }
+  s->lost = 1;
+  sr_fmt(s->err, sizeof s->err,
+         "%s: shard %d server %s restarted (incarnation %016llx, was %016llx): the rows it "
+         "serves are no longer this run's",
+         what, k, c->addr, (unsigned long long)inc, (unsigned long long)c->inc);
+  return SR_EUNAVAILABLE;
 }
 
 static void header_fill(rstore *s, Shardrec__V1__RequestHeader *h, int64_t step) {
@@ -438,6 +457,10 @@ static int r_lookup_wait(emb_store *b) {
       rc = SR_EFORMAT;
       break;
     }
+    if ((rc = check_inc(s, p->shard, a->incarnation, "lookup"))) {
+      shardrec__v1__lookup_response__free_unpacked(a, NULL);
+      break;
+    }
     size_t j = 0;
     for (int t = 0; t < plan->n_tables && !rc; t++) {
       const size_t *off = &s->off[(size_t)t * (size_t)(ns + 1)];
@@ -479,8 +502,22 @@ static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
   for (int i = 0; i < s->n_calls; i++)
     pcall_start(&s->c[s->calls[i].shard], s->cq, &s->calls[i], s->o.deadline_s);
   run_calls(s->c, s->cq, s->calls, s->n_calls, &s->o);
-  for (int i = 0; i < s->n_calls && !rc; i++)
-    if (s->calls[i].status != GRPC_STATUS_OK) rc = call_error(s, &s->calls[i], "push");
+  for (int i = 0; i < s->n_calls && !rc; i++) {
+    pcall *p = &s->calls[i];
+    if (p->status != GRPC_STATUS_OK) {
+      rc = call_error(s, p, "push");
+      break;
+    }
+    Shardrec__V1__PushResponse *a = shardrec__v1__push_response__unpack(NULL, p->resp_len, p->resp);
+    if (!a) {
+      sr_fmt(s->err, sizeof s->err, "push: shard %d server %s: undecodable answer", p->shard,
+             s->c[p->shard].addr);
+      rc = SR_EFORMAT;
+      break;
+    }
+    rc = check_inc(s, p->shard, a->incarnation, "push");
+    shardrec__v1__push_response__free_unpacked(a, NULL);
+  }
   calls_free(s);
   if (!rc)
     for (int t = 0; t < ids->n_tables; t++) s->st.pushes += ids->counts[t];
@@ -546,6 +583,35 @@ static int sum_stats(rstore *s, pcall *p, void *ctx) {
   return 0;
 }
 
+static int ckpt_inc(rstore *s, pcall *p, void *ctx) {
+  (void)ctx;
+  Shardrec__V1__CheckpointResponse *a =
+      shardrec__v1__checkpoint_response__unpack(NULL, p->resp_len, p->resp);
+  if (!a) {
+    sr_fmt(s->err, sizeof s->err, "checkpoint: shard %d server %s: undecodable answer", p->shard,
+           s->c[p->shard].addr);
+    return SR_EFORMAT;
+  }
+  /* A server restarted since its rows were last seen would write stale rows. */
+  int rc = check_inc(s, p->shard, a->incarnation, "checkpoint");
+  shardrec__v1__checkpoint_response__free_unpacked(a, NULL);
+  return rc;
+}
+static int restore_inc(rstore *s, pcall *p, void *ctx) {
+  (void)ctx;
+  Shardrec__V1__RestoreResponse *a =
+      shardrec__v1__restore_response__unpack(NULL, p->resp_len, p->resp);
+  if (!a) {
+    sr_fmt(s->err, sizeof s->err, "restore: shard %d server %s: undecodable answer", p->shard,
+           s->c[p->shard].addr);
+    return SR_EFORMAT;
+  }
+  /* Restored: whatever incarnation answers now holds this run's rows. */
+  s->c[p->shard].inc = a->incarnation;
+  shardrec__v1__restore_response__free_unpacked(a, NULL);
+  return 0;
+}
+
 static int r_flush(emb_store *b) {
   (void)b;
   return 0;
@@ -567,12 +633,14 @@ static int abs_path(rstore *s, const char *path, char *out, size_t n) {
 static int r_checkpoint(emb_store *b, const char *path) {
   char abs[4096];
   int rc = abs_path((rstore *)b, path, abs, sizeof abs);
-  return rc ? rc : broadcast((rstore *)b, RPC_CHECKPOINT, make_ckpt, abs, "checkpoint", NULL);
+  return rc ? rc : broadcast((rstore *)b, RPC_CHECKPOINT, make_ckpt, abs, "checkpoint", ckpt_inc);
 }
 static int r_restore(emb_store *b, const char *path) {
   char abs[4096];
   int rc = abs_path((rstore *)b, path, abs, sizeof abs);
-  return rc ? rc : broadcast((rstore *)b, RPC_RESTORE, make_restore, abs, "restore", NULL);
+  if (!rc) rc = broadcast((rstore *)b, RPC_RESTORE, make_restore, abs, "restore", restore_inc);
+  if (!rc) ((rstore *)b)->lost = 0;
+  return rc;
 }
 static int r_stats(emb_store *b, emb_store_stats *out) {
   rstore *s = (rstore *)b;
@@ -629,6 +697,10 @@ static const emb_store_ops remote_ops = {
     r_lookup_begin, r_lookup_wait, r_push,    r_flush,  r_checkpoint,
     r_restore,      r_stats,       r_iterate, r_errmsg, r_destroy,
 };
+
+int rpc_remote_lost(const emb_store *b) {
+  return b && b->ops == &remote_ops && ((const rstore *)b)->lost;
+}
 
 emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *servers,
                                    int n_servers, const rpc_client_opts *o, char *err,

@@ -83,6 +83,11 @@ typedef struct rpc_reply {
 void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
                         rpc_reply *r);
 
+/* This service's incarnation: random, fixed for its life, carried by every
+ * answer to Lookup, Push, Checkpoint, Restore and Stats, so a client sees a
+ * restarted server (whose rows are no longer its run's) at once. */
+uint64_t rpc_service_incarnation(const rpc_service *s);
+
 /* Make the store's updates durable (rpc_server_run calls it on shutdown). */
 int rpc_service_flush(rpc_service *s);
 
@@ -126,6 +131,13 @@ typedef struct rpc_client_opts {
 emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *servers,
                                    int n_servers, const rpc_client_opts *o, char *err,
                                    size_t errlen);
+
+/* Nonzero when store is a remote store whose last failure means a server
+ * was unreachable after every retry (UNAVAILABLE) or answered from a new
+ * incarnation (it restarted): its rows may no longer be the run's, and only
+ * a Restore of every server from a checkpoint (emb_store_restore, which
+ * clears this) makes the store usable again. 0 for other stores. */
+int rpc_remote_lost(const emb_store *store);
 
 /* One unary call on a fresh channel to target, for tools and tests:
  * req[len] in, *resp (malloc'd, caller frees) out. Returns the gRPC status

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/status.h"
 #include "rpc/health.pb-c.h"
@@ -59,6 +60,7 @@ struct rpc_service {
   uint64_t clock;
   lat_stat lat[RPC_N_METHODS];
   uint64_t failed;
+  uint64_t incarnation; /* random, fixed for this service's life */
 };
 
 static double now_us(void) {
@@ -100,6 +102,21 @@ rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
   }
   s->n_shards = o->n_shards;
   if (emb_plan_fingerprint(plan, s->fp)) goto nomem;
+  {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = ((uint64_t)ts.tv_sec << 30) ^ (uint64_t)ts.tv_nsec ^
+                 ((uint64_t)getpid() << 40) ^ (uint64_t)(uintptr_t)s;
+    FILE *ur = fopen("/dev/urandom", "rb");
+    uint64_t y = 0;
+    if (ur) {
+      if (fread(&y, sizeof y, 1, ur) != 1) y = 0;
+      fclose(ur);
+    }
+    x ^= y;
+    x ^= x >> 33, x *= 0xff51afd7ed558ccdULL, x ^= x >> 33;
+    s->incarnation = x ? x : 1;
+  }
   pthread_mutex_init(&s->mu, NULL);
   return s;
 nomem:
@@ -299,6 +316,7 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
   Shardrec__V1__LookupResponse resp = SHARDREC__V1__LOOKUP_RESPONSE__INIT;
   resp.n_tables = q->n_tables;
   resp.tables = rowp;
+  resp.incarnation = s->incarnation;
   pack_reply(r, &resp.base);
 out:
   if (rows && q)
@@ -400,6 +418,7 @@ static void do_push(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r)
     grads[t] = g;
   }
   Shardrec__V1__PushResponse resp = SHARDREC__V1__PUSH_RESPONSE__INIT;
+  resp.incarnation = s->incarnation;
   emb_idset set = {.n_tables = nt, .ids = ids, .counts = counts};
   const Shardrec__V1__RequestHeader *h = q->header;
   pthread_mutex_lock(&s->mu);
@@ -506,10 +525,12 @@ static void do_checkpoint(rpc_service *s, const uint8_t *in, size_t len, rpc_rep
   if (restore) {
     Shardrec__V1__RestoreResponse resp = SHARDREC__V1__RESTORE_RESPONSE__INIT;
     resp.path = dir;
+    resp.incarnation = s->incarnation;
     pack_reply(r, &resp.base);
   } else {
     Shardrec__V1__CheckpointResponse resp = SHARDREC__V1__CHECKPOINT_RESPONSE__INIT;
     resp.path = dir;
+    resp.incarnation = s->incarnation;
     pack_reply(r, &resp.base);
   }
 out:
@@ -543,6 +564,7 @@ static void do_stats(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r
   resp.n_shards = (size_t)s->n_shards;
   resp.shards = s->shards;
   resp.plan_fingerprint = s->fp;
+  resp.incarnation = s->incarnation;
   pack_reply(r, &resp.base);
 out:
   if (q) shardrec__v1__stats_request__free_unpacked(q, NULL);
@@ -593,3 +615,5 @@ void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t 
   if (r->status != RPC_OK) s->failed++;
   pthread_mutex_unlock(&s->mu);
 }
+
+uint64_t rpc_service_incarnation(const rpc_service *s) { return s->incarnation; }

@@ -55,6 +55,10 @@ static void usage(FILE *f) {
 "  --shard-servers H:P,...   train against shard servers (one per shard of --plan, in shard order)\n"
 "  --rpc-deadline S          seconds per shard-server call (30)\n"
 "  --tls-ca F [--tls-cert F --tls-key F]   TLS (and mTLS) to the shard servers\n"
+"  --recover-timeout S       with --save-checkpoint: when a shard server is lost (down after\n"
+"                            every retry, or restarted), wait up to S seconds (60) for the\n"
+"                            servers, Restore all of them from the newest checkpoint, rewind\n"
+"                            the trainer to it and carry on\n"
 "Training\n"
 "  --mini-batch-size N       (128)\n"
 "  --test-mini-batch-size N  (the mini-batch size)\n"
@@ -92,7 +96,7 @@ enum {
   O_OPT, O_SOPT, O_SLR, O_WARM, O_DSTART, O_DSTEPS, O_EPOCHS, O_NBATCH, O_SEED, O_PRINT, O_TEST,
   O_METRICS, O_SAVE, O_ORACLE, O_SERVERS, O_RPCDL, O_TLSCA, O_TLSCERT, O_TLSKEY, O_HELP,
   O_CKPT = 1100, O_CKEVERY, O_CKKEEP, O_RESUME, O_DATADIR, O_CROWS, O_CMB,
-  O_DEVICE = 1200
+  O_DEVICE = 1200, O_RECOVER = 1300
 };
 
 static const struct option long_opts[] = {
@@ -144,13 +148,14 @@ static const struct option long_opts[] = {
     {"cache-rows", required_argument, 0, O_CROWS},
     {"cache-mb", required_argument, 0, O_CMB},
     {"device", required_argument, 0, O_DEVICE},
+    {"recover-timeout", required_argument, 0, O_RECOVER},
     {0, 0, 0, 0}};
 
 typedef struct {
   const char *proc, *raw, *dataset, *bot, *top, *op, *plan_path, *plan_out, *metrics, *save,
       *oracle, *emb_sizes, *pooling, *opt, *sopt;
   const char *servers, *tls_ca, *tls_cert, *tls_key; /* --shard-servers and its TLS */
-  double rpc_deadline;
+  double rpc_deadline, recover_timeout;
   double test_fraction;
   int have_test_fraction;
   uint64_t max_ind, seed;
@@ -284,11 +289,93 @@ static void report_test(const outputs *o, int64_t step, int epoch, const dense_m
   }
 }
 
+/* Test hook (only tests set it): SHARDREC_TEST_PAUSE=PREFIX:S1,S2,... makes
+ * the trainer, after step Si, create PREFIX-Si.wait and wait (120 s at most)
+ * for PREFIX-Si.go, so a test can kill and restart servers at a fixed step. */
+static void test_pause(int64_t step) {
+  const char *e = getenv("SHARDREC_TEST_PAUSE");
+  const char *colon = e ? strrchr(e, ':') : NULL;
+  if (!colon) return;
+  for (const char *p = colon + 1; *p;) {
+    char *end;
+    long long x = strtoll(p, &end, 10);
+    if (end == p) return;
+    if (x == step) {
+      char path[4096];
+      snprintf(path, sizeof path, "%.*s-%lld.wait", (int)(colon - e), e, x);
+      FILE *f = fopen(path, "w");
+      if (f) fclose(f);
+      snprintf(path, sizeof path, "%.*s-%lld.go", (int)(colon - e), e, x);
+      for (int i = 0; i < 12000; i++) {
+        FILE *g = fopen(path, "r");
+        if (g) {
+          fclose(g);
+          break;
+        }
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+      }
+      return;
+    }
+    p = *end == ',' ? end + 1 : end;
+  }
+}
+
+/* Automatic recovery from a lost shard server (rpc_remote_lost): wait for
+ * the servers, Restore every one of them from the newest complete checkpoint
+ * under --save-checkpoint, load the dense model and optimizer from it and
+ * seek the data to its position. why is the error that started it. 0 (st
+ * holds the checkpoint's position), or -1 with the reason printed. A push
+ * the lost server may have applied in part does not matter: every server's
+ * rows are replaced by the checkpoint's. */
+static int recover(const train_flags *fl, const emb_plan *plan, emb_store *store, trainer *t,
+                   ds_source *train, const ckpt_settings *cks, ckpt_state *st, const char *why) {
+  if (!fl->servers || !rpc_remote_lost(store)) return -1;
+  char ckdir[4096], err[1024];
+  if (!fl->ckpt) {
+    fprintf(stderr, "shardrec train: %s\nshardrec train: a shard server was lost and there is no "
+                    "checkpoint to recover from (--save-checkpoint DIR --checkpoint-every N "
+                    "recovers automatically)\n", why);
+    return -1;
+  }
+  if (ckpt_resolve(fl->ckpt, ckdir, sizeof ckdir, err, sizeof err)) {
+    fprintf(stderr, "shardrec train: %s\nshardrec train: a shard server was lost and no complete "
+                    "checkpoint is under %s yet to recover from (%s)\n", why, fl->ckpt, err);
+    return -1;
+  }
+  fprintf(stderr, "shardrec train: %s\nshardrec train: restoring every shard server from %s "
+                  "(waiting up to %g s for them)\n", why, ckdir, fl->recover_timeout);
+  double t0 = now_s();
+  for (;;) {
+    ckpt_state got;
+    if (!ckpt_load(ckdir, plan, store, "remote", trainer_model(t), trainer_dense_opt(t), cks,
+                   &got, err, sizeof err)) {
+      *st = got;
+      break;
+    }
+    if (!rpc_remote_lost(store) || now_s() - t0 > fl->recover_timeout) {
+      fprintf(stderr, "shardrec train: recovery from %s failed%s: %s\n", ckdir,
+              rpc_remote_lost(store) ? " (--recover-timeout passed)" : "", err);
+      return -1;
+    }
+    struct timespec ts = {0, 200 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  if (ds_source_seek(train, st->sample_index)) {
+    fprintf(stderr, "shardrec train: recovery: cannot seek the data to sample %llu: %s\n",
+            (unsigned long long)st->sample_index, ds_source_errmsg(train));
+    return -1;
+  }
+  printf("recovered from %s after: %s\n", ckdir, why);
+  fflush(stdout);
+  return 0;
+}
+
 int cmd_train(int argc, char **argv) {
   train_flags fl = {.dataset = "kaggle", .bot = "13-512-256-64-16", .top = "512-256-1",
                     .op = "dot", .plan_out = "plan.json", .pooling = "sum", .opt = "sgd",
                     .seed = 123, .freq = 0, .dim = 16, .shards = 1, .batch = 128, .tbatch = 0,
-                    .epochs = 1, .nbatches = 0, .print_freq = 256, .test_freq = 0, .lr = 0.1, .sparse_lr = -1};
+                    .epochs = 1, .nbatches = 0, .print_freq = 256, .test_freq = 0, .lr = 0.1, .sparse_lr = -1, .recover_timeout = 60};
   const char *device = "cpu";
   optind = 1;
   opterr = 0;
@@ -347,6 +434,7 @@ int cmd_train(int argc, char **argv) {
       case O_CMB: if (cli_int(CMD, "--cache-mb", optarg, 1, 1LL << 30, &fl.cache_mb)) return 2; break;
       case O_SERVERS: fl.servers = optarg; break;
       case O_DEVICE: device = optarg; break;
+      case O_RECOVER: if (cli_double(CMD, "--recover-timeout", optarg, 0.0, 1e6, &fl.recover_timeout)) return 2; break;
       case O_RPCDL: if (cli_double(CMD, "--rpc-deadline", optarg, 0.001, 1e6, &fl.rpc_deadline)) return 2; break;
       case O_TLSCA: fl.tls_ca = optarg; break;
       case O_TLSCERT: fl.tls_cert = optarg; break;
@@ -597,8 +685,13 @@ int cmd_train(int argc, char **argv) {
         float lr = dense_lr_at(&sched, step), loss = 0;
         float slr = fl.lr > 0 ? (float)((double)lr * (fl.sparse_lr / fl.lr)) : (float)fl.sparse_lr;
         if (trainer_step(t, &b, step, lr, slr, &loss)) {
-          fprintf(stderr, "shardrec train: step %lld: %s\n", (long long)step, trainer_errmsg(t));
-          goto done;
+          char why[1300];
+          snprintf(why, sizeof why, "step %lld: %s", (long long)step, trainer_errmsg(t));
+          if (recover(&fl, plan, store, t, train, &cks, &ckst, why)) {
+            if (!fl.servers || !rpc_remote_lost(store)) fprintf(stderr, "shardrec train: %s\n", why);
+            goto done;
+          }
+          goto rewound;
         }
         if (!isfinite(loss)) {
           fprintf(stderr, "shardrec train: step %lld: the loss is %g; lower --learning-rate\n",
@@ -612,9 +705,15 @@ int cmd_train(int argc, char **argv) {
         if (fl.ckpt && fl.ck_every > 0 && step % fl.ck_every == 0 &&
             ckpt_save(fl.ckpt, (int)fl.ck_keep, plan, store, store_kind, trainer_model(t),
                       trainer_dense_opt(t), &ckst, &cks, err, sizeof err)) {
-          fprintf(stderr, "shardrec train: --save-checkpoint: %s\n", err);
-          goto done;
+          char why[1300];
+          snprintf(why, sizeof why, "--save-checkpoint: %s", err);
+          if (recover(&fl, plan, store, t, train, &cks, &ckst, why)) {
+            if (!fl.servers || !rpc_remote_lost(store)) fprintf(stderr, "shardrec train: %s\n", why);
+            goto done;
+          }
+          goto rewound;
         }
+        test_pause(step);
         loss_sum += loss;
         loss_n++;
         samples_since += got;
@@ -649,6 +748,15 @@ int cmd_train(int argc, char **argv) {
           report_test(&out, step, epoch, &m);
           t_last = now_s();
         }
+        continue;
+      rewound: /* recovered: carry on from the checkpoint's step and data position */
+        step = ckst.step;
+        epoch = ckst.epoch;
+        epoch_step = (int64_t)((ckst.sample_index + (uint64_t)fl.batch - 1) / (uint64_t)fl.batch);
+        loss_sum = 0;
+        loss_n = 0;
+        samples_since = 0;
+        t_last = now_s();
       }
       if (tty) fprintf(stderr, "\n");
       if (n_test && (fl.test_freq == 0 || step % fl.test_freq != 0)) {

@@ -1,8 +1,8 @@
 /* Training against shard servers gives the same bits as in process: one
  * run (seed, data, model) in process, against 1 server, against 3 servers
  * table-wise and 3 row-wise; per-step losses and test AUC compared
- * exactly. Then a server restart in the middle of nothing: the trainer's
- * channel reconnects; a server that stays down is named in the error. */
+ * exactly. A server that stays down is named in the error; servers
+ * SIGKILLed mid-training are recovered from automatically. */
 #include <check.h>
 
 #include "tests/rpc/server.h"
@@ -131,48 +131,148 @@ START_TEST(test_server_down_is_named) {
 }
 END_TEST
 
-/* Shard servers SIGKILLed after a checkpoint: restarted on empty folders,
- * the trainer resumes from the checkpoint (the servers restore their rows
- * from it) and continues with exactly the losses of an uninterrupted run. */
-START_TEST(test_server_kill_resume) {
+/* (Re)start server k of plan on its own data dir; port NULL: any. */
+static void start_one(test_server *s, int k, const char *plan, const char *port) {
+  char args[1400], log[600];
+  snprintf(args, sizeof args,
+           "--plan '%s/%s' --shard %d --cache-rows 4096 --data-dir '%s/%s.srv%d'%s%s", dir, plan,
+           k, dir, plan, k, port ? " --listen 127.0.0.1:" : "", port ? port : "");
+  snprintf(log, sizeof log, "%s/srv%d.log", dir, k);
+  server_start(s, args, log);
+}
+
+static void kill9(test_server *s) {
+  kill(s->pid, SIGKILL);
+  int st;
+  waitpid(s->pid, &st, 0);
+  s->pid = 0;
+}
+
+static void wait_file(const char *name, double secs) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  double t0 = test_now();
+  while (access(path, F_OK) != 0) {
+    ck_assert_msg(test_now() - t0 < secs, "%s did not appear in %.0f s", path, secs);
+    usleep(20000);
+  }
+}
+
+static void touch(const char *name) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fclose(f);
+}
+
+/* Automatic recovery: training against 3 servers with a checkpoint every 10
+ * steps. After step 15 (the trainer paused by its test hook) server 1 is
+ * SIGKILLed and restarted at once on the same data dir and port: the
+ * trainer sees the new incarnation. After step 27 server 2 is SIGKILLed and
+ * restarted only 8 s later: the trainer's calls end UNAVAILABLE and it
+ * waits for the server. Both times it restores every server and itself from
+ * the newest checkpoint (step 10, then 20) and carries on; the last
+ * occurrence of each step's loss equals the uninterrupted run's, bit for
+ * bit. */
+START_TEST(test_server_kill_recovers) {
+  char *ref = train("local", "p3r.json", NULL);
   test_server s[3];
-  start_servers(s, 3, "p3r.json");
+  for (int k = 0; k < 3; k++) start_one(&s[k], k, "p3r.json", NULL);
   char list[256];
   addr_list(s, 3, list, sizeof list);
-  char *full = train("full", "p3r.json", list);
-  for (int k = 0; k < 3; k++) ck_assert_int_eq(server_stop(&s[k]), 0);
-  /* 20 steps and a checkpoint, against fresh servers. */
-  run_cmd(NULL, "rm -rf %s/p3r.json.srv*", dir);
-  start_servers(s, 3, "p3r.json");
-  addr_list(s, 3, list, sizeof list);
-  char *out;
-  int rc = run_cmd(&out, "cd %s && %s train --processed-data-file d.bin --num-batches 20 "
-                         "--print-freq 1 --mini-batch-size 64 --optimizer adagrad "
-                         "--learning-rate 0.01 --sparse-learning-rate 0.1 --plan p3r.json "
-                         "--shard-servers %s --save-checkpoint ck",
-                   dir, bin_path(), list);
-  ck_assert_msg(rc == 0, "%s", out);
-  free(out);
-  for (int k = 0; k < 3; k++) {
-    kill(s[k].pid, SIGKILL);
-    int st;
-    waitpid(s[k].pid, &st, 0);
-    s[k].pid = 0;
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd,
+           "cd '%s' && SHARDREC_TEST_PAUSE='%s/pause:15,27' exec '%s' train --processed-data-file "
+           "d.bin --num-batches 40 --print-freq 1 --mini-batch-size 64 --optimizer adagrad "
+           "--learning-rate 0.01 --sparse-learning-rate 0.1 --plan p3r.json --metrics-out rec.jsonl "
+           "--shard-servers %s --save-checkpoint ck --checkpoint-every 10 --recover-timeout 60 "
+           "--rpc-deadline 5 > rec.out 2>&1",
+           dir, dir, bin_path(), list);
+  pid_t tr = fork();
+  ck_assert_int_ge(tr, 0);
+  if (tr == 0) {
+    execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+    _exit(127);
   }
-  run_cmd(NULL, "rm -rf %s/p3r.json.srv*", dir);
-  start_servers(s, 3, "p3r.json");
-  addr_list(s, 3, list, sizeof list);
-  char extra[400];
-  snprintf(extra, sizeof extra, "%s --resume ck", list);
-  char *res = train("resumed", "p3r.json", extra);
+  char port[3][16];
+  for (int k = 0; k < 3; k++) snprintf(port[k], sizeof port[k], "%s", strrchr(s[k].addr, ':') + 1);
+  wait_file("pause-15.wait", 240);
+  kill9(&s[1]);
+  start_one(&s[1], 1, "p3r.json", port[1]);
+  touch("pause-15.go");
+  wait_file("pause-27.wait", 240);
+  kill9(&s[2]);
+  touch("pause-27.go");
+  usleep(8 * 1000 * 1000);
+  start_one(&s[2], 2, "p3r.json", port[2]);
+  int st = 0;
+  double t0 = test_now();
+  pid_t got;
+  while ((got = waitpid(tr, &st, WNOHANG)) == 0 && test_now() - t0 < 400) usleep(20000);
+  if (got == 0) {
+    kill(tr, SIGKILL);
+    waitpid(tr, &st, 0);
+  }
   for (int k = 0; k < 3; k++) ck_assert_int_eq(server_stop(&s[k]), 0);
-  /* The resumed run prints steps 21..40 and the test line: the tail of the
-   * full run. */
-  const char *tail = strstr(full, "train 21 ");
-  ck_assert_ptr_nonnull(tail);
-  ck_assert_msg(strcmp(tail, res) == 0, "resumed:\n%s\nuninterrupted:\n%s", res, tail);
-  free(full);
-  free(res);
+  char path[600];
+  snprintf(path, sizeof path, "%s/rec.out", dir);
+  char *log = slurp(path);
+  ck_assert_msg(got == tr && WIFEXITED(st) && WEXITSTATUS(st) == 0, "train failed:\n%s", log);
+  ck_assert_msg(strstr(log, "recovered from ") && strstr(log, "ck/step-10 after: ") &&
+                    strstr(log, "ck/step-20 after: ") && strstr(log, "restarted (incarnation"),
+                "%s", log);
+  free(log);
+  /* The final occurrence of each step, in step order. */
+  char *out;
+  int rc = run_cmd(&out, "cd %s && /usr/bin/python3 -c \"\n"
+                         "import json\n"
+                         "last = {}\n"
+                         "for l in open('rec.jsonl'):\n"
+                         "    j = json.loads(l)\n"
+                         "    last[(j['step'], j['kind'] == 'test')] = j\n"
+                         "for k in sorted(last):\n"
+                         "    j = last[k]\n"
+                         "    print(j['kind'], j['step'], j.get('loss'), j.get('last_loss'), j.get('auc'), j.get('logloss'))\"",
+                   dir);
+  ck_assert_msg(rc == 0, "%s", out);
+  ck_assert_msg(strcmp(ref, out) == 0, "recovered run:\n%s\nuninterrupted:\n%s", out, ref);
+  free(out);
+  free(ref);
+}
+END_TEST
+
+/* Without a checkpoint a lost server ends the run with its name. */
+START_TEST(test_server_lost_without_checkpoint) {
+  test_server s[1];
+  start_one(&s[0], 0, "p1.json", NULL);
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd,
+           "cd '%s' && SHARDREC_TEST_PAUSE='%s/pause:3' exec '%s' train --processed-data-file "
+           "d.bin --num-batches 6 --plan p1.json --shard-servers %s > nock.out 2>&1",
+           dir, dir, bin_path(), s[0].addr);
+  pid_t tr = fork();
+  ck_assert_int_ge(tr, 0);
+  if (tr == 0) {
+    execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+    _exit(127);
+  }
+  char port[16];
+  snprintf(port, sizeof port, "%s", strrchr(s[0].addr, ':') + 1);
+  wait_file("pause-3.wait", 240);
+  kill9(&s[0]);
+  start_one(&s[0], 0, "p1.json", port);
+  touch("pause-3.go");
+  int st = 0;
+  waitpid(tr, &st, 0);
+  ck_assert_int_eq(server_stop(&s[0]), 0);
+  char path[600];
+  snprintf(path, sizeof path, "%s/nock.out", dir);
+  char *log = slurp(path);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1 && strstr(log, s[0].addr) &&
+                    strstr(log, "restarted") && strstr(log, "no checkpoint to recover from"),
+                "%s", log);
+  free(log);
 }
 END_TEST
 
@@ -183,7 +283,8 @@ int main(void) {
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_remote_equals_in_process);
   tcase_add_test(tc, test_server_down_is_named);
-  tcase_add_test(tc, test_server_kill_resume);
+  tcase_add_test(tc, test_server_kill_recovers);
+  tcase_add_test(tc, test_server_lost_without_checkpoint);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
