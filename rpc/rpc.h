@@ -83,6 +83,30 @@ typedef struct rpc_reply {
 void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
                         rpc_reply *r);
 
+/* Multi-rank jobs (header.world_size > 1): a shard applies step t's pushes
+ * once every rank's is in (Push answers at once; applied = taken), summing
+ * a row's gradients over the ranks in rank order before the optimizer runs
+ * once, and holds a Lookup of step t+1 until then. Idempotent on (job,
+ * step, rank). Every rank pushes to every shard every step (an empty push
+ * where it has nothing). A held Lookup is parked: rpc_service_handle_call
+ * answers r->status RPC_PARKED, keeps a copy of the request and token, and
+ * rpc_service_take_woken later hands back (token, answer) once the step is
+ * applied, the call's timeout passed (DEADLINE_EXCEEDED, nothing changed) or
+ * the service stops parking (UNAVAILABLE). rpc_service_handle (no token)
+ * answers UNAVAILABLE instead of parking. */
+#define RPC_PARKED (-1)
+void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
+                             void *token, double timeout_s, rpc_reply *r);
+typedef struct rpc_woken {
+  void *token;
+  rpc_reply r;
+} rpc_woken;
+/* Parked calls that can be answered now, up to max; their count. Cheap when
+ * none is parked. Thread-safe. */
+int rpc_service_take_woken(rpc_service *s, rpc_woken *out, int max);
+/* From now on nothing parks; parked calls are woken with UNAVAILABLE. */
+void rpc_service_stop_parking(rpc_service *s);
+
 /* This service's incarnation: random, fixed for its life, carried by every
  * answer to Lookup, Push, Checkpoint, Restore and Stats, so a client sees a
  * restarted server (whose rows are no longer its run's) at once. */

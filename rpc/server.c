@@ -7,6 +7,13 @@
  * that received it and runs to the end there: decode, rpc_service_handle,
  * one batch of SEND_INITIAL_METADATA, SEND_MESSAGE, SEND_STATUS_FROM_SERVER,
  * RECV_CLOSE_ON_SERVER. The request is re-armed before the call is handled.
+ * Exception: a Lookup of a multi-rank job held until its previous step is
+ * applied (rpc.h) is parked in the service with its call; after each call
+ * and every 50 ms poll, a worker answers the parked calls the service hands
+ * back (grpc batches may be started from any thread; the batch completes on
+ * the owner's queue). A parked call counts as live on its owner, so the
+ * owner never shuts its queue down under it; on shutdown the service stops
+ * parking and the parked calls are answered UNAVAILABLE.
  *
  * Shutdown (grpc-core.md): grpc_server_shutdown_and_notify on a queue of its
  * own while the workers still poll; after the grace period
@@ -25,8 +32,11 @@
 
 typedef enum { TAG_REQUEST = 1, TAG_GENERIC, TAG_REPLY } tag_kind;
 
+typedef struct worker worker;
+
 typedef struct call_ctx {
   tag_kind kind;
+  worker *owner;        /* the worker whose queue the call lives on */
   int method;           /* TAG_REQUEST: rpc_method */
   grpc_call *call;
   gpr_timespec deadline;
@@ -42,12 +52,12 @@ typedef struct call_ctx {
 
 typedef struct server_state server_state;
 
-typedef struct {
+struct worker {
   server_state *st;
   grpc_completion_queue *cq;
   pthread_t th;
-  int live; /* tags posted and not yet returned */
-} worker;
+  _Atomic int live; /* tags posted and not yet returned, and calls parked */
+};
 
 struct server_state {
   grpc_server *srv;
@@ -85,6 +95,7 @@ static int post_request(worker *w, int m) {
   server_state *st = w->st;
   call_ctx *c = ctx_new(m < 0 ? TAG_GENERIC : TAG_REQUEST, m);
   if (!c) return -1;
+  c->owner = w;
   grpc_call_error e;
   if (m < 0)
     e = grpc_server_request_call(st->srv, &c->call, &c->details, &c->md, w->cq, w->cq, c);
@@ -99,7 +110,8 @@ static int post_request(worker *w, int m) {
   return 0;
 }
 
-/* Answer c's call with status (and body when status is OK). Takes c. */
+/* Answer c's call with status (and body when status is OK). Takes c. Any
+ * thread may answer a call: the batch completes on the owner's queue. */
 static void reply(worker *w, call_ctx *c, int status, const char *msg, const uint8_t *body,
                   size_t len) {
   c->kind = TAG_REPLY;
@@ -156,14 +168,36 @@ static void handle(worker *w, call_ctx *c) {
     return;
   }
   rpc_reply r;
-  rpc_service_handle(w->st->svc, (rpc_method)c->method, in, len, &r);
+  gpr_timespec left = gpr_time_sub(c->deadline, gpr_now(c->deadline.clock_type));
+  double left_s = (double)left.tv_sec + 1e-9 * (double)left.tv_nsec;
+  rpc_service_handle_call(w->st->svc, (rpc_method)c->method, in, len, c, left_s, &r);
   free(in);
+  if (r.status == RPC_PARKED) { /* answered later by whichever worker wakes it */
+    w->live++;
+    return;
+  }
   if (r.status == RPC_OK &&
       gpr_time_cmp(c->deadline, gpr_now(c->deadline.clock_type)) < 0)
     reply(w, c, RPC_DEADLINE_EXCEEDED, "deadline passed while handling the call", NULL, 0);
   else
     reply(w, c, r.status, r.msg, r.out, r.out_len);
   free(r.out);
+}
+
+/* Answer the parked calls that can be answered now (from any worker). */
+static void answer_woken(server_state *st) {
+  rpc_woken wk[16];
+  int n;
+  do {
+    n = rpc_service_take_woken(st->svc, wk, 16);
+    for (int i = 0; i < n; i++) {
+      call_ctx *c = wk[i].token;
+      worker *owner = c->owner;
+      reply(owner, c, wk[i].r.status, wk[i].r.msg, wk[i].r.out, wk[i].r.out_len);
+      owner->live--; /* no longer parked (reply counted its batch first) */
+      free(wk[i].r.out);
+    }
+  } while (n == 16);
 }
 
 static void *worker_main(void *arg) {
@@ -179,7 +213,10 @@ static void *worker_main(void *arg) {
         w->cq, gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(50, GPR_TIMESPAN)),
         NULL);
     if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
-    if (ev.type == GRPC_QUEUE_TIMEOUT) continue;
+    if (ev.type == GRPC_QUEUE_TIMEOUT) {
+      answer_woken(st); /* parked calls whose deadline passed */
+      continue;
+    }
     call_ctx *c = ev.tag;
     w->live--;
     switch (c->kind) {
@@ -191,6 +228,7 @@ static void *worker_main(void *arg) {
         }
         post_request(w, c->kind == TAG_GENERIC ? -1 : c->method);
         handle(w, c);
+        answer_woken(st);
         break;
       case TAG_REPLY:
         ctx_free(c);
@@ -279,6 +317,7 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
   /* Stop accepting; let in-flight calls finish within the grace period. */
   static int shut_tag;
   grpc_server_shutdown_and_notify(st.srv, shut_cq, &shut_tag);
+  rpc_service_stop_parking(svc); /* parked Lookups are answered UNAVAILABLE */
   double grace = o->shutdown_grace_s > 0 ? o->shutdown_grace_s : 5;
   grpc_event ev = grpc_completion_queue_next(shut_cq, rpc__deadline(grace), NULL);
   if (ev.type == GRPC_QUEUE_TIMEOUT) {

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,30 @@
 #endif
 
 #define SVC_MAX_JOBS 256 /* (job, rank) pairs remembered for Push idempotency */
+#define SVC_MAX_WORLD 1024 /* trainer ranks of one job */
+#define SVC_AHEAD 4        /* steps of pushes a multi-rank job may collect at once */
+
+/* A multi-rank job (world_size > 1): step t's pushes are collected from
+ * every rank and applied together, summed in rank order; Lookups for step
+ * t+1 wait (parked) until step t is applied. */
+typedef struct {
+  char job[128];
+  int world;
+  int64_t applied; /* last step applied */
+  /* have[a * world + rank]: rank's push of step applied+1+a (NULL: not in) */
+  Shardrec__V1__PushRequest **have;
+  uint64_t used;
+} sync_job;
+
+/* A Lookup waiting for its job's previous step. */
+typedef struct {
+  void *token;
+  uint8_t *in;
+  size_t len;
+  char job[128];
+  int64_t step;
+  double deadline; /* now_us() clock, microseconds */
+} parked_call;
 
 static const char *const method_paths[RPC_N_METHODS] = {
     "/shardrec.v1.EmbeddingShard/Lookup",     "/shardrec.v1.EmbeddingShard/Push",
@@ -61,6 +86,12 @@ struct rpc_service {
   lat_stat lat[RPC_N_METHODS];
   uint64_t failed;
   uint64_t incarnation; /* random, fixed for this service's life */
+  sync_job *sync;       /* [n_sync] multi-rank jobs */
+  int n_sync, cap_sync;
+  parked_call *parked;  /* [n_parked] */
+  int n_parked, cap_parked;
+  int stopping;         /* no more parking; parked calls are answered UNAVAILABLE */
+  atomic_int parked_hint; /* n_parked, readable without the lock */
 };
 
 static double now_us(void) {
@@ -129,8 +160,20 @@ nomem:
   return NULL;
 }
 
+static void sync_free(sync_job *j) {
+  if (j->have)
+    for (int i = 0; i < SVC_AHEAD * j->world; i++)
+      if (j->have[i]) shardrec__v1__push_request__free_unpacked(j->have[i], NULL);
+  free(j->have);
+  j->have = NULL;
+}
+
 void rpc_service_destroy(rpc_service *s) {
   if (!s) return;
+  for (int i = 0; i < s->n_sync; i++) sync_free(&s->sync[i]);
+  free(s->sync);
+  for (int i = 0; i < s->n_parked; i++) free(s->parked[i].in);
+  free(s->parked);
   pthread_mutex_destroy(&s->mu);
   free(s->served);
   free(s->shards);
@@ -180,10 +223,10 @@ static int check_header(rpc_service *s, const Shardrec__V1__RequestHeader *h, rp
     snprintf(r->msg, sizeof r->msg, "header: rank %d of world size %d", h->rank, h->world_size);
     return r->status;
   }
-  if (h->world_size != 1) {
-    r->status = RPC_UNIMPLEMENTED;
-    snprintf(r->msg, sizeof r->msg, "header.world_size %d: only 1 trainer rank is supported yet",
-             h->world_size);
+  if (h->world_size > SVC_MAX_WORLD) {
+    r->status = RPC_INVALID_ARGUMENT;
+    snprintf(r->msg, sizeof r->msg, "header.world_size %d: at most %d trainer ranks",
+             h->world_size, SVC_MAX_WORLD);
     return r->status;
   }
   if (h->step < 0) {
@@ -262,7 +305,39 @@ static void pack_reply(rpc_reply *r, const ProtobufCMessage *m) {
   r->out_len = protobuf_c_message_pack(m, r->out);
 }
 
-static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r) {
+static sync_job *sync_find(rpc_service *s, const char *job) {
+  for (int i = 0; i < s->n_sync; i++)
+    if (!strcmp(s->sync[i].job, job)) return &s->sync[i];
+  return NULL;
+}
+
+/* Keep a copy of a Lookup until its job's previous step is applied (s->mu
+ * held). 0, or -1 when out of memory. */
+static int park(rpc_service *s, void *token, const uint8_t *in, size_t len, const char *job,
+                int64_t step, double timeout_s) {
+  if (s->n_parked == s->cap_parked) {
+    int cap = s->cap_parked ? 2 * s->cap_parked : 16;
+    parked_call *p = realloc(s->parked, (size_t)cap * sizeof *p);
+    if (!p) return -1;
+    s->parked = p;
+    s->cap_parked = cap;
+  }
+  parked_call *p = &s->parked[s->n_parked];
+  p->in = malloc(len ? len : 1);
+  if (!p->in) return -1;
+  if (len) memcpy(p->in, in, len);
+  p->len = len;
+  p->token = token;
+  snprintf(p->job, sizeof p->job, "%s", job);
+  p->step = step;
+  p->deadline = now_us() + 1e6 * (timeout_s > 0 ? timeout_s : 0);
+  s->n_parked++;
+  atomic_store(&s->parked_hint, s->n_parked);
+  return 0;
+}
+
+static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r, void *token,
+                      double timeout_s) {
   const int nt = s->plan->n_tables;
   Shardrec__V1__LookupRequest *q = shardrec__v1__lookup_request__unpack(NULL, len, in);
   int *idx = NULL;
@@ -287,6 +362,26 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
     const Shardrec__V1__TableIds *ti = q->tables[i];
     if (check_ids(s, "tables", i, ti->table_id, ti->ids, ti->n_ids, &idx[i], seen, &total, r))
       goto out;
+  }
+  if (q->header->world_size > 1) {
+    /* Step t+1 is read only once every rank's push of step t is applied. */
+    const Shardrec__V1__RequestHeader *h = q->header;
+    pthread_mutex_lock(&s->mu);
+    const sync_job *j = sync_find(s, h->job_id);
+    int wait = j && j->applied < h->step - 1, parked = 0, stopping = s->stopping;
+    int64_t applied = j ? j->applied : 0;
+    if (wait && token && !stopping)
+      parked = park(s, token, in, len, h->job_id, h->step, timeout_s) == 0;
+    pthread_mutex_unlock(&s->mu);
+    if (parked) {
+      r->status = RPC_PARKED;
+      goto out;
+    }
+    if (wait)
+      FAIL(r, RPC_UNAVAILABLE,
+           "lookup of step %lld of job %s waits for step %lld (applied: %lld)%s", (long long)h->step,
+           h->job_id, (long long)h->step - 1, (long long)applied,
+           stopping ? "; the server is shutting down" : token ? "; out of memory to wait" : "");
   }
   static float dummy;
   for (int t = 0; t < nt; t++) outp[t] = &dummy;
@@ -355,6 +450,182 @@ static void job_record(rpc_service *s, const char *job, int rank, int64_t step) 
   s->jobs[i].used = ++s->clock;
 }
 
+static int plan_index(const rpc_service *s, uint32_t table_id) {
+  for (int t = 0; t < s->plan->n_tables; t++)
+    if (s->plan->tables[t].table_id == table_id) return t;
+  return -1;
+}
+
+typedef struct {
+  uint64_t id;
+  int rank;
+  const uint8_t *g; /* dim floats, maybe unaligned */
+} merge_ent;
+
+static int cmp_ent(const void *a, const void *b) {
+  const merge_ent *x = a, *y = b;
+  if (x->id != y->id) return x->id < y->id ? -1 : 1;
+  return (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+/* Apply one step of a multi-rank job: qs[world] (all present). Per table,
+ * the gradients of a row are summed over the ranks in rank order, then the
+ * optimizer runs once. s->mu held. 0 or an SR_E* code (message in r). */
+static int sync_apply(rpc_service *s, const sync_job *j, Shardrec__V1__PushRequest *const *qs,
+                      rpc_reply *r) {
+  const int nt = s->plan->n_tables, W = j->world;
+  int rc = 0;
+  size_t *cnt = calloc((size_t)nt, sizeof *cnt);
+  const uint64_t **ids = calloc((size_t)nt, sizeof *ids);
+  const float **grads = calloc((size_t)nt, sizeof *grads);
+  size_t *counts = calloc((size_t)nt, sizeof *counts);
+  uint64_t **uid = calloc((size_t)nt, sizeof *uid);
+  float **sum = calloc((size_t)nt, sizeof *sum);
+  merge_ent *e = NULL;
+  if (!cnt || !ids || !grads || !counts || !uid || !sum) goto nomem;
+  for (int k = 0; k < W; k++)
+    for (size_t i = 0; i < qs[k]->n_tables; i++)
+      cnt[plan_index(s, qs[k]->tables[i]->table_id)] += qs[k]->tables[i]->n_ids;
+  for (int t = 0; t < nt; t++) {
+    if (!cnt[t]) continue;
+    const size_t dim = (size_t)s->plan->tables[t].dim;
+    free(e);
+    e = malloc(cnt[t] * sizeof *e);
+    uid[t] = malloc(cnt[t] * sizeof **uid);
+    sum[t] = malloc(cnt[t] * dim * sizeof **sum);
+    if (!e || !uid[t] || !sum[t]) goto nomem;
+    size_t n = 0;
+    for (int k = 0; k < W; k++)
+      for (size_t i = 0; i < qs[k]->n_tables; i++) {
+        const Shardrec__V1__TableGrads *tg = qs[k]->tables[i];
+        if (plan_index(s, tg->table_id) != t) continue;
+        for (size_t x = 0; x < tg->n_ids; x++)
+          e[n++] = (merge_ent){tg->ids[x], k, tg->grads.data + x * dim * sizeof(float)};
+      }
+    qsort(e, n, sizeof *e, cmp_ent);
+    size_t u = 0;
+    for (size_t x = 0; x < n; x++) {
+      float *acc = sum[t] + u * dim;
+      if (x == 0 || e[x].id != e[x - 1].id) {
+        uid[t][u++] = e[x].id;
+        acc = sum[t] + (u - 1) * dim;
+        memcpy(acc, e[x].g, dim * sizeof(float));
+      } else {
+        acc = sum[t] + (u - 1) * dim;
+        for (size_t d = 0; d < dim; d++) {
+          float g;
+          memcpy(&g, e[x].g + d * sizeof(float), sizeof g);
+          acc[d] += g;
+        }
+      }
+    }
+    ids[t] = uid[t];
+    grads[t] = sum[t];
+    counts[t] = u;
+  }
+  emb_idset set = {.n_tables = nt, .ids = ids, .counts = counts};
+  rc = emb_store_push(s->store, j->applied + 1, qs[0]->learning_rate, &set, grads);
+  if (rc)
+    snprintf(r->msg, sizeof r->msg, "push of step %lld of job %s: %s", (long long)j->applied + 1,
+             j->job, emb_store_errmsg(s->store));
+  goto done;
+nomem:
+  rc = SR_ENOMEM;
+  snprintf(r->msg, sizeof r->msg, "out of memory merging the ranks' pushes");
+done:
+  if (uid)
+    for (int t = 0; t < nt; t++) free(uid[t]);
+  if (sum)
+    for (int t = 0; t < nt; t++) free(sum[t]);
+  free(uid);
+  free(sum);
+  free(e);
+  free(cnt);
+  free(ids);
+  free(grads);
+  free(counts);
+  return rc;
+}
+
+/* The multi-rank job named job (created at its first push, whose step
+ * becomes the first to collect). s->mu held. */
+static sync_job *sync_get(rpc_service *s, const char *job, int world, int64_t step) {
+  sync_job *j = sync_find(s, job);
+  if (j) return j;
+  if (s->n_sync == s->cap_sync && s->cap_sync < SVC_MAX_JOBS) {
+    int cap = s->cap_sync ? 2 * s->cap_sync : 8;
+    sync_job *p = realloc(s->sync, (size_t)cap * sizeof *p);
+    if (!p) return NULL;
+    s->sync = p;
+    s->cap_sync = cap;
+  }
+  if (s->n_sync < s->cap_sync) {
+    j = &s->sync[s->n_sync++];
+  } else { /* forget the least recently used job */
+    j = &s->sync[0];
+    for (int i = 1; i < s->n_sync; i++)
+      if (s->sync[i].used < j->used) j = &s->sync[i];
+    sync_free(j);
+  }
+  memset(j, 0, sizeof *j);
+  snprintf(j->job, sizeof j->job, "%s", job);
+  j->world = world;
+  j->applied = step - 1;
+  j->have = calloc((size_t)SVC_AHEAD * (size_t)world, sizeof *j->have);
+  if (!j->have) {
+    *j = s->sync[--s->n_sync];
+    return NULL;
+  }
+  return j;
+}
+
+/* Take rank's push *qp of a multi-rank job (on success *qp becomes NULL:
+ * the job owns it); apply every step that is complete. s->mu held. Returns
+ * RPC_OK or a status with the message in r. *applied: 1 when taken, 0 for a
+ * retry of a push already in (or applied). */
+static int sync_push(rpc_service *s, Shardrec__V1__PushRequest **qp, int *applied,
+                     rpc_reply *r) {
+  Shardrec__V1__PushRequest *q = *qp;
+  const Shardrec__V1__RequestHeader *h = q->header;
+  sync_job *j = sync_get(s, h->job_id, h->world_size, h->step);
+  if (!j) {
+    snprintf(r->msg, sizeof r->msg, "out of memory for job %s", h->job_id);
+    return RPC_RESOURCE_EXHAUSTED;
+  }
+  j->used = ++s->clock;
+  if (j->world != h->world_size) {
+    snprintf(r->msg, sizeof r->msg, "job %s runs with world size %d; this push says %d",
+             h->job_id, j->world, h->world_size);
+    return RPC_FAILED_PRECONDITION;
+  }
+  *applied = 0;
+  if (h->step <= j->applied) return RPC_OK;
+  int64_t a = h->step - j->applied - 1;
+  if (a >= SVC_AHEAD) {
+    snprintf(r->msg, sizeof r->msg,
+             "push of step %lld of job %s: step %lld still misses ranks' pushes (at most %d steps "
+             "are collected at once)",
+             (long long)h->step, h->job_id, (long long)j->applied + 1, SVC_AHEAD);
+    return RPC_FAILED_PRECONDITION;
+  }
+  Shardrec__V1__PushRequest **slot = &j->have[a * j->world + h->rank];
+  if (*slot) return RPC_OK;
+  *slot = q;
+  *qp = NULL;
+  *applied = 1;
+  const int W = j->world;
+  for (;;) {
+    for (int k = 0; k < W; k++)
+      if (!j->have[k]) return RPC_OK;
+    int rc = sync_apply(s, j, j->have, r);
+    for (int k = 0; k < W; k++) shardrec__v1__push_request__free_unpacked(j->have[k], NULL);
+    memmove(j->have, j->have + W, (size_t)(SVC_AHEAD - 1) * (size_t)W * sizeof *j->have);
+    memset(j->have + (size_t)(SVC_AHEAD - 1) * (size_t)W, 0, (size_t)W * sizeof *j->have);
+    j->applied++;
+    if (rc) return RPC_INTERNAL;
+  }
+}
+
 static void do_push(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r) {
   const int nt = s->plan->n_tables;
   Shardrec__V1__PushRequest *q = shardrec__v1__push_request__unpack(NULL, len, in);
@@ -364,6 +635,7 @@ static void do_push(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r)
   size_t *counts = NULL;
   const float **grads = NULL;
   float **copies = NULL;
+  size_t n_copies = 0;
   uint64_t *sorted = NULL;
   if (!q) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid shardrec.v1.PushRequest (%zu bytes)", len);
   if (s->read_only) FAIL(r, RPC_FAILED_PRECONDITION, "this server is read-only: Push refused");
@@ -377,6 +649,7 @@ static void do_push(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r)
   counts = calloc((size_t)nt, sizeof *counts);
   grads = calloc((size_t)nt, sizeof *grads);
   copies = calloc(q->n_tables + 1, sizeof *copies);
+  n_copies = q->n_tables;
   if (!idx || !seen || !ids || !counts || !grads || !copies)
     FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
   size_t total = 0, most = 0;
@@ -421,6 +694,22 @@ static void do_push(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r)
   resp.incarnation = s->incarnation;
   emb_idset set = {.n_tables = nt, .ids = ids, .counts = counts};
   const Shardrec__V1__RequestHeader *h = q->header;
+  if (h->world_size > 1) {
+    int applied = 0;
+    /* A rank's push is kept (with its unaligned-gradient copies freed: the
+     * merge reads the bytes with memcpy) until every rank's is in. */
+    pthread_mutex_lock(&s->mu);
+    int st = sync_push(s, &q, &applied, r);
+    pthread_mutex_unlock(&s->mu);
+    if (st) {
+      r->status = st;
+      goto out;
+    }
+    resp.applied = applied;
+    resp.rows = applied ? total : 0;
+    pack_reply(r, &resp.base);
+    goto out;
+  }
   pthread_mutex_lock(&s->mu);
   int j = job_find(s, h->job_id, h->rank);
   int rc = 0;
@@ -442,8 +731,8 @@ static void do_push(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r)
   }
   pack_reply(r, &resp.base);
 out:
-  if (copies && q)
-    for (size_t i = 0; i < q->n_tables; i++) free(copies[i]);
+  if (copies)
+    for (size_t i = 0; i < n_copies; i++) free(copies[i]);
   free(copies);
   free(sorted);
   free(idx);
@@ -503,7 +792,11 @@ static void do_checkpoint(rpc_service *s, const uint8_t *in, size_t len, rpc_rep
   int rc = 0;
   if (restore) {
     rc = emb_store_restore(s->store, dir);
-    if (!rc) s->n_jobs = 0; /* steps start over from the checkpoint's */
+    if (!rc) { /* steps start over from the checkpoint's */
+      s->n_jobs = 0;
+      for (int i = 0; i < s->n_sync; i++) sync_free(&s->sync[i]);
+      s->n_sync = 0;
+    }
   } else {
     if (mkdir(path, 0777) && errno != EEXIST) rc = SR_EIO;
     else if (!s->store_shard_dirs && mkdir(dir, 0777) && errno != EEXIST) rc = SR_EIO;
@@ -583,14 +876,14 @@ out:
   if (q) grpc__health__v1__health_check_request__free_unpacked(q, NULL);
 }
 
-void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
-                        rpc_reply *r) {
+void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
+                             void *token, double timeout_s, rpc_reply *r) {
   memset(r, 0, sizeof *r);
   static const uint8_t none[1];
   if (!in) in = none, len = 0;
   double t0 = now_us();
   switch (m) {
-    case RPC_LOOKUP: do_lookup(s, in, len, r); break;
+    case RPC_LOOKUP: do_lookup(s, in, len, r, token, timeout_s); break;
     case RPC_PUSH: do_push(s, in, len, r); break;
     case RPC_CHECKPOINT: do_checkpoint(s, in, len, r, 0); break;
     case RPC_RESTORE: do_checkpoint(s, in, len, r, 1); break;
@@ -606,6 +899,7 @@ void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t 
     r->out = NULL;
     r->out_len = 0;
   }
+  if (r->status == RPC_PARKED) return;
   double us = now_us() - t0;
   pthread_mutex_lock(&s->mu);
   lat_stat *l = &s->lat[m];
@@ -616,4 +910,63 @@ void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t 
   pthread_mutex_unlock(&s->mu);
 }
 
-uint64_t rpc_service_incarnation(const rpc_service *s) { return s->incarnation; }
+void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
+                        rpc_reply *r) {
+  rpc_service_handle_call(s, m, in, len, NULL, 0, r);
+}
+
+int rpc_service_take_woken(rpc_service *s, rpc_woken *out, int max) {
+  if (max < 1 || atomic_load(&s->parked_hint) == 0) return 0;
+  parked_call *taken = malloc((size_t)max * sizeof *taken);
+  int *kind = malloc((size_t)max * sizeof *kind);
+  if (!taken || !kind) {
+    free(taken);
+    free(kind);
+    return 0;
+  }
+  double now = now_us();
+  int n = 0;
+  pthread_mutex_lock(&s->mu);
+  for (int i = 0; i < s->n_parked && n < max;) {
+    parked_call *p = &s->parked[i];
+    const sync_job *j = sync_find(s, p->job);
+    int k = s->stopping ? 2 : (!j || j->applied >= p->step - 1) ? 1 : now >= p->deadline ? 3 : 0;
+    if (!k) {
+      i++;
+      continue;
+    }
+    taken[n] = *p;
+    kind[n++] = k;
+    s->parked[i] = s->parked[--s->n_parked];
+  }
+  atomic_store(&s->parked_hint, s->n_parked);
+  pthread_mutex_unlock(&s->mu);
+  for (int i = 0; i < n; i++) {
+    out[i].token = taken[i].token;
+    rpc_reply *r = &out[i].r;
+    if (kind[i] == 1) {
+      rpc_service_handle_call(s, RPC_LOOKUP, taken[i].in, taken[i].len, NULL, 0, r);
+    } else {
+      memset(r, 0, sizeof *r);
+      r->status = kind[i] == 2 ? RPC_UNAVAILABLE : RPC_DEADLINE_EXCEEDED;
+      snprintf(r->msg, sizeof r->msg, "lookup of step %lld of job %.128s: %s",
+               (long long)taken[i].step, taken[i].job,
+               kind[i] == 2 ? "the server is shutting down"
+                            : "deadline passed waiting for every rank's push of the step before");
+      pthread_mutex_lock(&s->mu);
+      s->failed++;
+      pthread_mutex_unlock(&s->mu);
+    }
+    free(taken[i].in);
+  }
+  free(taken);
+  free(kind);
+  return n;
+}
+
+void rpc_service_stop_parking(rpc_service *s) {
+  pthread_mutex_lock(&s->mu);
+  s->stopping = 1;
+  atomic_store(&s->parked_hint, s->n_parked);
+  pthread_mutex_unlock(&s->mu);
+}

@@ -1,0 +1,280 @@
+/* Multi-rank step order at the shard server (rpc.h, "Multi-rank jobs"):
+ * two fake ranks, each on its own thread and channel, against a real
+ * `shardrec serve`. Pushes of step t from rank 1 then rank 0 give exactly
+ * the rows one rank gets pushing their rank-order sum (checked against the
+ * in-process store); a retried push changes nothing; a Lookup of step t+1
+ * sent before the last push of t waits and then sees the updated rows; a
+ * rank that never pushes makes the Lookup end DEADLINE_EXCEEDED and changes
+ * nothing. */
+#include <check.h>
+#include <pthread.h>
+
+#include "embedding/plan.h"
+#include "embedding/store.h"
+#include "rpc/rpc.h"
+#include "rpc/shardrec.pb-c.h"
+#include "tests/rpc/server.h"
+
+#define DIM 4
+
+static char *dir;
+static char plan_path[512], log_path[512];
+static emb_plan *plan;
+static char fp[EMB_FP_HEX];
+static test_server srv;
+static emb_store *ref; /* the in-process reference */
+
+static void setup(void) {
+  dir = make_tmpdir();
+  snprintf(plan_path, sizeof plan_path, "%s/plan.json", dir);
+  snprintf(log_path, sizeof log_path, "%s/server.log", dir);
+  uint64_t rows[2] = {100, 50};
+  emb_plan_params pp = {.n_tables = 2, .rows = rows, .dim = DIM,
+                        .optim = {.kind = EMB_OPT_ADAGRAD, .eps = -1}, .seed = 7, .n_shards = 1};
+  char err[512];
+  emb_plan *p;
+  ck_assert_msg(emb_plan_create(&pp, &p, err, sizeof err) == 0, "%s", err);
+  ck_assert_msg(emb_plan_save(p, plan_path, err, sizeof err) == 0, "%s", err);
+  emb_plan_free(p);
+  ck_assert_msg(emb_plan_load(plan_path, &plan, err, sizeof err) == 0, "%s", err);
+  ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
+  ref = emb_store_create_local(plan, err, sizeof err);
+  ck_assert_msg(ref, "%s", err);
+  char args[1200];
+  snprintf(args, sizeof args, "--plan '%s' --shard 0 --threads 2", plan_path);
+  server_start(&srv, args, log_path);
+}
+
+static void teardown(void) {
+  int st = server_stop(&srv);
+  ck_assert_msg(st == 0, "server exited with %d (log %s)", st, log_path);
+  emb_store_destroy(ref);
+  emb_plan_free(plan);
+  run_cmd(NULL, "rm -rf %s", dir);
+  free(dir);
+}
+
+/* One table's part of a request. */
+typedef struct {
+  uint32_t table; /* plan index = table_id here */
+  const uint64_t *ids;
+  size_t n;
+  const float *grads; /* n*DIM */
+} part;
+
+static void header(Shardrec__V1__RequestHeader *h, const char *job, int64_t step, int rank,
+                   int world) {
+  shardrec__v1__request_header__init(h);
+  h->plan_fingerprint = fp;
+  h->job_id = (char *)job;
+  h->step = step;
+  h->rank = rank;
+  h->world_size = world;
+}
+
+/* Push parts[n] as (job, step, rank of world); returns the status; *applied. */
+static int push(const char *job, int64_t step, int rank, int world, const part *p, int n,
+                int *applied) {
+  Shardrec__V1__RequestHeader h;
+  header(&h, job, step, rank, world);
+  Shardrec__V1__TableGrads tg[2], *tp[2];
+  for (int i = 0; i < n; i++) {
+    shardrec__v1__table_grads__init(&tg[i]);
+    tg[i].table_id = plan->tables[p[i].table].table_id;
+    tg[i].ids = (uint64_t *)p[i].ids;
+    tg[i].n_ids = p[i].n;
+    tg[i].grads.data = (uint8_t *)p[i].grads;
+    tg[i].grads.len = p[i].n * DIM * sizeof(float);
+    tp[i] = &tg[i];
+  }
+  Shardrec__V1__PushRequest q = SHARDREC__V1__PUSH_REQUEST__INIT;
+  q.header = &h;
+  q.learning_rate = 0.1f;
+  q.n_tables = (size_t)n;
+  q.tables = tp;
+  size_t len = shardrec__v1__push_request__get_packed_size(&q);
+  uint8_t *b = malloc(len + 1), *resp;
+  shardrec__v1__push_request__pack(&q, b);
+  size_t rlen;
+  char msg[512];
+  int st = rpc_call_once(srv.addr, NULL, RPC_PUSH, b, len, 10, &resp, &rlen, msg, sizeof msg);
+  free(b);
+  ck_assert_msg(st == RPC_OK, "push %s step %lld rank %d: %d %s", job, (long long)step, rank, st,
+                msg);
+  Shardrec__V1__PushResponse *a = shardrec__v1__push_response__unpack(NULL, rlen, resp);
+  ck_assert_ptr_nonnull(a);
+  *applied = a->applied;
+  shardrec__v1__push_response__free_unpacked(a, NULL);
+  free(resp);
+  return st;
+}
+
+/* Lookup ids of table 0 into rows[n*DIM]; returns the status. */
+static int lookup(const char *job, int64_t step, int rank, int world, const uint64_t *ids,
+                  size_t n, double deadline, float *rows, char *msg, size_t msglen) {
+  Shardrec__V1__RequestHeader h;
+  header(&h, job, step, rank, world);
+  Shardrec__V1__TableIds ti, *tp = &ti;
+  shardrec__v1__table_ids__init(&ti);
+  ti.table_id = plan->tables[0].table_id;
+  ti.ids = (uint64_t *)ids;
+  ti.n_ids = n;
+  Shardrec__V1__LookupRequest q = SHARDREC__V1__LOOKUP_REQUEST__INIT;
+  q.header = &h;
+  q.n_tables = 1;
+  q.tables = &tp;
+  size_t len = shardrec__v1__lookup_request__get_packed_size(&q);
+  uint8_t *b = malloc(len + 1), *resp = NULL;
+  shardrec__v1__lookup_request__pack(&q, b);
+  size_t rlen;
+  int st = rpc_call_once(srv.addr, NULL, RPC_LOOKUP, b, len, deadline, &resp, &rlen, msg, msglen);
+  free(b);
+  if (st == RPC_OK) {
+    Shardrec__V1__LookupResponse *a = shardrec__v1__lookup_response__unpack(NULL, rlen, resp);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_uint_eq(a->tables[0]->rows.len, n * DIM * sizeof(float));
+    memcpy(rows, a->tables[0]->rows.data, n * DIM * sizeof(float));
+    shardrec__v1__lookup_response__free_unpacked(a, NULL);
+  }
+  free(resp);
+  return st;
+}
+
+/* The reference: push (ids, grads) of table 0 (and optionally table 1) in
+ * process, then look ids up. */
+static void ref_push(int64_t step, const uint64_t *ids, size_t n, const float *g) {
+  const uint64_t *ip[2] = {ids, NULL};
+  size_t counts[2] = {n, 0};
+  const float *gp[2] = {g, NULL};
+  emb_idset set = {2, ip, counts};
+  ck_assert_int_eq(emb_store_push(ref, step, 0.1f, &set, gp), 0);
+}
+static void ref_lookup(int64_t step, const uint64_t *ids, size_t n, float *rows) {
+  const uint64_t *ip[2] = {ids, NULL};
+  size_t counts[2] = {n, 0};
+  float *op[2] = {rows, NULL};
+  emb_idset set = {2, ip, counts};
+  ck_assert_int_eq(emb_store_lookup_begin(ref, step, &set, op), 0);
+  ck_assert_int_eq(emb_store_lookup_wait(ref), 0);
+}
+
+static void fill(float *g, size_t n, float base) {
+  for (size_t i = 0; i < n * DIM; i++) g[i] = base + 0.37f * (float)i - 0.011f * (float)(i * i);
+}
+
+START_TEST(test_rank_order_sum) {
+  /* Rank 0 pushes rows 7, 9; rank 1 pushes 5, 7: row 7 gets g0 + g1. */
+  uint64_t id0[2] = {7, 9}, id1[2] = {5, 7};
+  float g0[2 * DIM], g1[2 * DIM];
+  fill(g0, 2, 0.3f);
+  fill(g1, 2, -0.2f);
+  part p0 = {0, id0, 2, g0}, p1 = {0, id1, 2, g1};
+  int applied;
+  push("m1", 0, 1, 2, &p1, 1, &applied);
+  ck_assert_int_eq(applied, 1);
+  push("m1", 0, 1, 2, &p1, 1, &applied); /* a retry: taken once */
+  ck_assert_int_eq(applied, 0);
+  push("m1", 0, 0, 2, &p0, 1, &applied);
+  ck_assert_int_eq(applied, 1);
+  push("m1", 0, 0, 2, &p0, 1, &applied); /* a retry of an applied step */
+  ck_assert_int_eq(applied, 0);
+  uint64_t ids[3] = {5, 7, 9};
+  float got[3 * DIM], want[3 * DIM], sum[3 * DIM];
+  memcpy(sum, g1, DIM * sizeof(float));                   /* row 5: rank 1 only */
+  for (int d = 0; d < DIM; d++) sum[DIM + d] = g0[d] + g1[DIM + d]; /* row 7: rank order */
+  memcpy(sum + 2 * DIM, g0 + DIM, DIM * sizeof(float));   /* row 9: rank 0 only */
+  ref_push(0, ids, 3, sum);
+  ref_lookup(1, ids, 3, want);
+  char msg[512];
+  ck_assert_msg(lookup("m1", 1, 0, 2, ids, 3, 10, got, msg, sizeof msg) == RPC_OK, "%s", msg);
+  ck_assert(memcmp(got, want, sizeof got) == 0);
+  /* Empty pushes move the step on; the rows stay. */
+  push("m1", 1, 0, 2, NULL, 0, &applied);
+  push("m1", 1, 1, 2, NULL, 0, &applied);
+  ck_assert_msg(lookup("m1", 2, 1, 2, ids, 3, 10, got, msg, sizeof msg) == RPC_OK, "%s", msg);
+  ck_assert(memcmp(got, want, sizeof got) == 0);
+}
+END_TEST
+
+typedef struct {
+  const uint64_t *ids;
+  size_t n;
+  float rows[8 * DIM];
+  int status;
+  char msg[512];
+  _Atomic int done;
+  double secs;
+} lookup_job;
+
+static void *lookup_thread(void *arg) {
+  lookup_job *j = arg;
+  double t0 = test_now();
+  j->status = lookup("m2", 1, 0, 2, j->ids, j->n, 20, j->rows, j->msg, sizeof j->msg);
+  j->secs = test_now() - t0;
+  j->done = 1;
+  return NULL;
+}
+
+START_TEST(test_lookup_waits_for_step) {
+  uint64_t id0[1] = {11}, id1[2] = {11, 13};
+  float g0[DIM], g1[2 * DIM];
+  fill(g0, 1, 1.0f);
+  fill(g1, 2, 0.5f);
+  part p0 = {0, id0, 1, g0}, p1 = {0, id1, 2, g1};
+  int applied;
+  push("m2", 0, 0, 2, &p0, 1, &applied);
+  uint64_t ids[2] = {11, 13};
+  lookup_job lj = {.ids = ids, .n = 2};
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, lookup_thread, &lj), 0);
+  usleep(400 * 1000);
+  ck_assert_msg(!lj.done, "the lookup of step 1 did not wait for rank 1's push of step 0: %d %s",
+                lj.status, lj.msg);
+  push("m2", 0, 1, 2, &p1, 1, &applied);
+  ck_assert_int_eq(pthread_join(th, NULL), 0);
+  ck_assert_msg(lj.status == RPC_OK, "%d %s", lj.status, lj.msg);
+  ck_assert(lj.secs >= 0.35);
+  float sum[2 * DIM], want[2 * DIM];
+  for (int d = 0; d < DIM; d++) sum[d] = g0[d] + g1[d];
+  memcpy(sum + DIM, g1 + DIM, DIM * sizeof(float));
+  ref_push(0, ids, 2, sum);
+  ref_lookup(1, ids, 2, want);
+  ck_assert(memcmp(lj.rows, want, sizeof want) == 0);
+}
+END_TEST
+
+START_TEST(test_missing_rank_deadline) {
+  uint64_t id0[1] = {21};
+  float g0[DIM];
+  fill(g0, 1, 2.0f);
+  part p0 = {0, id0, 1, g0};
+  int applied;
+  push("m3", 0, 0, 2, &p0, 1, &applied);
+  float got[DIM], want[DIM];
+  char msg[512];
+  double t0 = test_now();
+  int st = lookup("m3", 1, 0, 2, id0, 1, 1.0, got, msg, sizeof msg);
+  ck_assert_msg(st == RPC_DEADLINE_EXCEEDED, "%d %s", st, msg);
+  ck_assert(test_now() - t0 >= 0.9);
+  /* Nothing changed: another (single-rank) job reads the initial row. */
+  ref_lookup(0, id0, 1, want);
+  ck_assert_msg(lookup("solo", 0, 0, 1, id0, 1, 10, got, msg, sizeof msg) == RPC_OK, "%s", msg);
+  ck_assert(memcmp(got, want, sizeof want) == 0);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("rpc_sync");
+  TCase *tc = tcase_create("sync");
+  tcase_set_timeout(tc, 120);
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_add_test(tc, test_rank_order_sum);
+  tcase_add_test(tc, test_lookup_waits_for_step);
+  tcase_add_test(tc, test_missing_rank_deadline);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
