@@ -7,15 +7,25 @@
  * round trip of the same bytes (ids out, rows back) with no gRPC at all.
  * Servers run as threads of this process (each its own gRPC server, store
  * and completion queues), so client and servers share this machine's
- * cores, as they would on one host. Medians of 3 runs. */
+ * cores, as they would on one host. Medians of 3 runs.
+ *
+ * Then training: samples/s of `shardrec train` for the Kaggle configuration
+ * (dim 16, 13-512-256-64-16 / 512-256-1, dot, SGD) on generated data, in
+ * process and against 2 `shardrec serve` child processes on loopback (a
+ * 2-shard row-wise plan), with the ratio and the trainer's per-phase times
+ * of both runs (where the time goes). */
 #include <arpa/inet.h>
 #include <getopt.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -169,10 +179,177 @@ static void print_row(const char *what, double per_step, size_t n, int dim) {
   printf("  %-28s %10.0f rows/s  %8.1f MB/s  %8.1f us/step\n", what, rows, mb, per_step * 1e6);
 }
 
+extern char **environ;
+
+/* Run `this-executable args` (a shell word list) in dir; its stdout into
+ * *out (malloc'd). 0 on exit 0. */
+static int run_out(const char *dir, const char *args, char **out) {
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, "cd '%s' && ( /proc/%d/exe %s ) 2>&1", dir, (int)getpid(), args);
+  FILE *f = popen(cmd, "r");
+  if (!f) return -1;
+  size_t cap = 1 << 16, n = 0;
+  char *buf = malloc(cap);
+  size_t got;
+  while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+    n += got;
+    if (cap - n < 4096) {
+      char *b2 = realloc(buf, cap * 2);
+      if (!b2) break;
+      buf = b2;
+      cap *= 2;
+    }
+  }
+  if (buf) buf[n] = 0;
+  int st = pclose(f);
+  *out = buf;
+  return buf && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+
+/* A `shardrec serve` child on 127.0.0.1:0; its address into addr. */
+static pid_t spawn_server(const char *dir, int shard, char *addr, size_t alen) {
+  int fd[2];
+  if (pipe(fd)) return -1;
+  char exe[64], sh[16], plan[600], log[600];
+  snprintf(exe, sizeof exe, "/proc/%d/exe", (int)getpid());
+  snprintf(sh, sizeof sh, "%d", shard);
+  snprintf(plan, sizeof plan, "%s/plan.json", dir);
+  snprintf(log, sizeof log, "%s/srv%d.log", dir, shard);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fd[1], 1);
+  posix_spawn_file_actions_addclose(&fa, fd[0]);
+  posix_spawn_file_actions_addopen(&fa, 2, log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  char *argv[] = {"shardrec", "serve", "--plan", plan, "--shard", sh, "--listen", "127.0.0.1:0",
+                  NULL};
+  pid_t pid;
+  int rc = posix_spawn(&pid, exe, &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(fd[1]);
+  if (rc) {
+    close(fd[0]);
+    return -1;
+  }
+  char buf[512];
+  size_t n = 0;
+  addr[0] = 0;
+  double t0 = now_s();
+  while (now_s() - t0 < 20 && n < sizeof buf - 1) {
+    ssize_t got = read(fd[0], buf + n, sizeof buf - 1 - n);
+    if (got <= 0) break;
+    n += (size_t)got;
+    buf[n] = 0;
+    char *l = strstr(buf, "listening on ");
+    if (l && strchr(l, '\n')) {
+      snprintf(addr, alen, "%.*s", (int)strcspn(l + 13, " \n"), l + 13);
+      break;
+    }
+  }
+  close(fd[0]);
+  if (!addr[0]) {
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+  }
+  return pid;
+}
+
+/* From train's "done   N steps in S s; per step: ..." line: samples/s and
+ * the per-step phase list. */
+static int parse_done(const char *out, long long batch, double *sps, char *phases, size_t plen) {
+  const char *d = strstr(out, "done   ");
+  long long steps;
+  double secs;
+  if (!d || sscanf(d, "done   %lld steps in %lf s", &steps, &secs) != 2 || secs <= 0) return -1;
+  *sps = (double)steps * (double)batch / secs;
+  const char *p = strstr(d, "per step: ");
+  snprintf(phases, plen, "%.*s", p ? (int)strcspn(p + 10, "\n") : 0, p ? p + 10 : "");
+  return 0;
+}
+
+/* Training samples/s in process and against 2 server processes. */
+static int bench_train_rpc(long long rows, long long steps, long long batch) {
+  char dir[] = "/tmp/shardrec-bench-rpc-XXXXXX";
+  if (!mkdtemp(dir)) {
+    perror("shardrec bench rpc: mkdtemp");
+    return 1;
+  }
+  printf("\ntraining: Kaggle configuration (dim 16, 13-512-256-64-16 / 512-256-1, dot, SGD), batch "
+         "%lld, %lld steps on %lld generated rows; a 2-shard row-wise plan, in process and against "
+         "2 'shardrec serve' processes on 127.0.0.1 (this machine's cores shared)\n",
+         batch, steps, rows);
+  fflush(stdout);
+  char args[2048], *out = NULL;
+  int status = 1;
+  pid_t srv[2] = {-1, -1};
+  snprintf(args, sizeof args,
+           "datagen --rows %lld --seed 1 --out d.tsv >/dev/null && /proc/%d/exe convert "
+           "--test-fraction 0.01 d.tsv d.bin >/dev/null && /proc/%d/exe train "
+           "--processed-data-file d.bin --num-batches 1 --num-shards 2 --plan-out p.json "
+           ">/dev/null && /usr/bin/env python3 -c \"import json; p = json.load(open('p.json')); "
+           "[t.__setitem__('placement', {'kind': 'row', 'shards': [0, 1]}) for t in p['tables']]; "
+           "json.dump(p, open('plan.json', 'w'))\"",
+           rows, (int)getpid(), (int)getpid());
+  if (run_out(dir, args, &out)) {
+    fprintf(stderr, "shardrec bench rpc: data preparation failed: %s\n", out ? out : "");
+    goto done;
+  }
+  free(out);
+  out = NULL;
+  const char *common =
+      "train --processed-data-file d.bin --plan plan.json --optimizer sgd --print-freq 100000 "
+      "--test-freq 0";
+  double sps_loc, sps_rem;
+  char ph_loc[512], ph_rem[512];
+  snprintf(args, sizeof args, "%s --num-batches %lld --mini-batch-size %lld", common, steps, batch);
+  if (run_out(dir, args, &out) || parse_done(out, batch, &sps_loc, ph_loc, sizeof ph_loc)) {
+    fprintf(stderr, "shardrec bench rpc: in-process training failed: %s\n", out ? out : "");
+    goto done;
+  }
+  free(out);
+  out = NULL;
+  char addr[2][64];
+  for (int k = 0; k < 2; k++)
+    if ((srv[k] = spawn_server(dir, k, addr[k], sizeof addr[k])) < 0) {
+      fprintf(stderr, "shardrec bench rpc: shard server %d did not start (log %s/srv%d.log)\n", k,
+              dir, k);
+      goto done;
+    }
+  snprintf(args, sizeof args, "%s --num-batches %lld --mini-batch-size %lld --shard-servers %s,%s",
+           common, steps, batch, addr[0], addr[1]);
+  if (run_out(dir, args, &out) || parse_done(out, batch, &sps_rem, ph_rem, sizeof ph_rem)) {
+    fprintf(stderr, "shardrec bench rpc: training against servers failed: %s\n", out ? out : "");
+    goto done;
+  }
+  printf("  %-34s %10.0f samples/s   per step: %s\n", "in process (2 shards)", sps_loc, ph_loc);
+  printf("  %-34s %10.0f samples/s   per step: %s\n", "2 shard servers (gRPC, processes)", sps_rem,
+         ph_rem);
+  printf("    (against servers: %.2fx the in-process rate; the lookup and push phases hold the "
+         "network time)\n",
+         sps_rem / sps_loc);
+  status = 0;
+done:
+  free(out);
+  for (int k = 0; k < 2; k++)
+    if (srv[k] > 0) {
+      kill(srv[k], SIGTERM);
+      waitpid(srv[k], NULL, 0);
+    }
+  char rm[600];
+  snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
+  if (system(rm) != 0) fprintf(stderr, "shardrec bench rpc: could not remove %s\n", dir);
+  return status;
+}
+
 int bench_rpc(int argc, char **argv) {
-  long long rows = 262144, n = 4096;
+  long long rows = 262144, n = 4096, train_rows = 100000, train_steps = 400, train_batch = 128;
+  const char *part = "all";
   double secs = 1.0;
   static const struct option lo[] = {{"rows", required_argument, 0, 'r'},
+                                     {"train-rows", required_argument, 0, 'R'},
+                                     {"train-steps", required_argument, 0, 'S'},
+                                     {"train-batch", required_argument, 0, 'B'},
+                                     {"part", required_argument, 0, 'p'},
                                      {"ids", required_argument, 0, 'n'},
                                      {"seconds", required_argument, 0, 's'},
                                      {"help", no_argument, 0, 'h'},
@@ -185,12 +362,25 @@ int bench_rpc(int argc, char **argv) {
       case 'r': if (cli_int(CMD, "--rows", optarg, 65536, 1LL << 26, &rows)) return 2; break;
       case 'n': if (cli_int(CMD, "--ids", optarg, 1, 1 << 20, &n)) return 2; break;
       case 's': if (cli_double(CMD, "--seconds", optarg, 0.05, 60, &secs)) return 2; break;
+      case 'R': if (cli_int(CMD, "--train-rows", optarg, 10000, 1LL << 32, &train_rows)) return 2; break;
+      case 'S': if (cli_int(CMD, "--train-steps", optarg, 1, 1 << 24, &train_steps)) return 2; break;
+      case 'B': if (cli_int(CMD, "--train-batch", optarg, 1, 1 << 20, &train_batch)) return 2; break;
+      case 'p':
+        if (strcmp(optarg, "all") && strcmp(optarg, "lookup") && strcmp(optarg, "train")) {
+          fprintf(stderr, "shardrec bench rpc: --part: '%s' is not all, lookup or train\n", optarg);
+          return 2;
+        }
+        part = optarg;
+        break;
       case 'h':
-        printf("usage: shardrec bench rpc [--rows N (262144)] [--ids N (4096)] [--seconds S (1)]\n");
+        printf("usage: shardrec bench rpc [--part all|lookup|train] [--rows N (262144)] [--ids N (4096)]\n"
+               "       [--seconds S (1)] [--train-rows N (100000)] [--train-steps N (400)]\n"
+               "       [--train-batch N (128)]\n");
         return 0;
       default: cli_bad_option(CMD, c == ':' ? ':' : '?', argv[optind - 1]); return 2;
     }
   }
+  if (!strcmp(part, "train")) return bench_train_rpc(train_rows, train_steps, train_batch);
   if (n * 2 > rows) {
     fprintf(stderr, "shardrec bench rpc: --ids must be at most half of --rows\n");
     return 2;
@@ -292,5 +482,6 @@ int bench_rpc(int argc, char **argv) {
     free(grad);
   }
   free(perm);
+  if (!status && !strcmp(part, "all")) status = bench_train_rpc(train_rows, train_steps, train_batch);
   return status;
 }
