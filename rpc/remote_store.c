@@ -117,6 +117,7 @@ static void opts_defaults(rpc_client_opts *o) {
   if (o->max_tries <= 0) o->max_tries = 10;
   if (o->backoff_s <= 0) o->backoff_s = 0.05;
   if (o->max_message_bytes <= 0) o->max_message_bytes = 256 << 20;
+  if (o->world_size <= 0) o->world_size = 1;
 }
 
 static void pcall_reset_attempt(pcall *p) {
@@ -268,8 +269,8 @@ static void header_fill(rstore *s, Shardrec__V1__RequestHeader *h, int64_t step)
   h->plan_fingerprint = s->fp;
   h->job_id = s->job;
   h->step = step;
-  h->rank = 0;
-  h->world_size = 1;
+  h->rank = s->o.rank;
+  h->world_size = s->o.world_size;
 }
 
 static uint8_t *pack(const ProtobufCMessage *m, size_t *len) {
@@ -372,7 +373,9 @@ static int build_calls(rstore *s, rpc_method m, int64_t step, float lr, const em
       }
       n++;
     }
-    if (rc || !n) goto next;
+    /* Ranks of a multi-rank job push to every shard every step: the shard
+     * applies a step once every rank's push is in. */
+    if (rc || (!n && (m == RPC_LOOKUP || s->o.world_size == 1))) goto next;
     Shardrec__V1__RequestHeader h;
     header_fill(s, &h, step);
     uint8_t *buf;
@@ -706,6 +709,10 @@ emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *serv
                                    int n_servers, const rpc_client_opts *o, char *err,
                                    size_t errlen) {
   if (emb_plan_validate(plan, "plan", err, errlen)) return NULL;
+  if (o && (o->world_size > 1 ? o->rank < 0 || o->rank >= o->world_size : o->rank != 0)) {
+    sr_fmt(err, errlen, "rank %d of world size %d", o->rank, o->world_size);
+    return NULL;
+  }
   if (n_servers != plan->n_shards) {
     sr_fmt(err, errlen, "the plan has %d shard(s) but %d server(s) were given (one per shard, in shard order)",
            plan->n_shards, n_servers);

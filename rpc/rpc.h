@@ -147,7 +147,9 @@ typedef struct rpc_client_opts {
   double backoff_s;         /* first wait between tries, doubled each time (0.05) */
   int max_message_bytes;    /* default 64 MiB */
   const rpc_tls *tls;       /* NULL: insecure */
-  const char *job_id;       /* NULL: a fresh random one */
+  const char *job_id;       /* NULL: a fresh random one (ranks of one job must share it) */
+  int rank, world_size;     /* this trainer's rank of world_size (0: 1 rank); with several,
+                               every step pushes to every shard (empty where nothing) */
 } rpc_client_opts;
 
 /* The remote store: servers[k] serves shard k of plan (plan->n_shards

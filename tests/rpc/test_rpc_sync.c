@@ -5,7 +5,7 @@
  * in-process store); a retried push changes nothing; a Lookup of step t+1
  * sent before the last push of t waits and then sees the updated rows; a
  * rank that never pushes makes the Lookup end DEADLINE_EXCEEDED and changes
- * nothing. */
+ * nothing. The remote store as two ranks pushes to every shard every step. */
 #include <check.h>
 #include <pthread.h>
 
@@ -263,6 +263,36 @@ START_TEST(test_missing_rank_deadline) {
 }
 END_TEST
 
+/* The remote store as two ranks of one job: rank 1 has no ids this step
+ * and still pushes (an empty push), so the step completes. */
+START_TEST(test_remote_store_ranks) {
+  char err[512];
+  const char *addr[1] = {srv.addr};
+  emb_store *r[2];
+  for (int k = 0; k < 2; k++) {
+    rpc_client_opts o = {.deadline_s = 5, .job_id = "rs", .rank = k, .world_size = 2};
+    r[k] = emb_store_create_remote(plan, addr, 1, &o, err, sizeof err);
+    ck_assert_msg(r[k], "%s", err);
+  }
+  uint64_t id[1] = {31};
+  float g[DIM], got[DIM], want[DIM];
+  fill(g, 1, 0.7f);
+  const uint64_t *ip[2] = {id, NULL}, *none[2] = {NULL, NULL};
+  size_t c1[2] = {1, 0}, c0[2] = {0, 0};
+  const float *gp[2] = {g, NULL}, *gn[2] = {NULL, NULL};
+  emb_idset s1 = {2, ip, c1}, s0 = {2, none, c0};
+  ck_assert_msg(emb_store_push(r[1], 0, 0.1f, &s0, gn) == 0, "%s", emb_store_errmsg(r[1]));
+  ck_assert_msg(emb_store_push(r[0], 0, 0.1f, &s1, gp) == 0, "%s", emb_store_errmsg(r[0]));
+  float *op[2] = {got, NULL};
+  ck_assert_int_eq(emb_store_lookup_begin(r[1], 1, &s1, op), 0);
+  ck_assert_msg(emb_store_lookup_wait(r[1]) == 0, "%s", emb_store_errmsg(r[1]));
+  ref_push(0, id, 1, g);
+  ref_lookup(1, id, 1, want);
+  ck_assert(memcmp(got, want, sizeof want) == 0);
+  for (int k = 0; k < 2; k++) emb_store_destroy(r[k]);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("rpc_sync");
   TCase *tc = tcase_create("sync");
@@ -271,6 +301,7 @@ int main(void) {
   tcase_add_test(tc, test_rank_order_sum);
   tcase_add_test(tc, test_lookup_waits_for_step);
   tcase_add_test(tc, test_missing_rank_deadline);
+  tcase_add_test(tc, test_remote_store_ranks);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
