@@ -187,7 +187,7 @@ START_TEST(test_server_kill_recovers) {
            "d.bin --num-batches 40 --print-freq 1 --mini-batch-size 64 --optimizer adagrad "
            "--learning-rate 0.01 --sparse-learning-rate 0.1 --plan p3r.json --metrics-out rec.jsonl "
            "--shard-servers %s --save-checkpoint ck --checkpoint-every 10 --recover-timeout 60 "
-           "--rpc-deadline 5 > rec.out 2>&1",
+           "--rpc-deadline 30 > rec.out 2>&1",
            dir, dir, bin_path(), list);
   pid_t tr = fork();
   ck_assert_int_ge(tr, 0);
