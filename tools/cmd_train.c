@@ -578,9 +578,10 @@ int cmd_train(int argc, char **argv) {
   emb_plan_fingerprint(plan, pfp);
   uint64_t total_rows = 0;
   for (int i = 0; i < plan->n_tables; i++) total_rows += plan->tables[i].rows;
-  printf("plan   %s%s: %d tables, %llu rows, dim %d, %d shard(s) in process; model %.12s plan %.12s\n",
+  printf("plan   %s%s: %d tables, %llu rows, dim %d, %d shard(s) %s; model %.12s plan %.12s\n",
          fl.plan_path ? fl.plan_path : fl.plan_out, fl.plan_path ? "" : " (written)",
-         plan->n_tables, (unsigned long long)total_rows, (int)fl.dim, plan->n_shards, mfp, pfp);
+         plan->n_tables, (unsigned long long)total_rows, plan->tables[0].dim, plan->n_shards,
+         fl.servers ? "on shard servers" : "in process", mfp, pfp);
   printf("data   %s: %llu train, %llu test samples\n", so.path, (unsigned long long)n_train,
          (unsigned long long)n_test);
 
