@@ -17,6 +17,7 @@
 #include "embedding/store.h"
 #include "rpc/rpc.h"
 #include "tools/cli.h"
+#include "tools/checkpoint.h"
 #include "tools/cmds.h"
 
 #define CMD "serve"
@@ -31,7 +32,9 @@ static void usage(FILE *f) {
 "  --data-dir DIR          keep rows in RocksDB under DIR/shard-K with a bounded cache\n"
 "                          (default: every row in memory)\n"
 "  --cache-rows N, --cache-mb N   the cache's size with --data-dir (default 256 MiB)\n"
-"  --restore PATH          start from a checkpoint written by Checkpoint(PATH)\n"
+"  --checkpoint CKPT       start from a trainer's checkpoint: CKPT is a step-N folder or\n"
+"                          a folder of them (the newest complete one is taken)\n"
+"  --restore PATH          start from the shard folders written by Checkpoint(PATH)\n"
 "  --read-only             refuse Push (FAILED_PRECONDITION)\n"
 "  --threads N             worker threads, one completion queue each (2)\n"
 "  --max-message-mb N      largest request or answer (64)\n"
@@ -40,13 +43,14 @@ static void usage(FILE *f) {
 "  --tls-client-ca F       require client certificates signed by this CA (mTLS)\n");
 }
 
-enum { O_PLAN = 1000, O_SHARD, O_LISTEN, O_DATA, O_RESTORE, O_RO, O_THREADS, O_MAXMSG,
+enum { O_PLAN = 1000, O_SHARD, O_LISTEN, O_DATA, O_RESTORE, O_CKPT, O_RO, O_THREADS, O_MAXMSG,
        O_MAXIDS, O_CERT, O_KEY, O_CA, O_CROWS, O_CMB, O_HELP };
 
 static const struct option long_opts[] = {
     {"plan", required_argument, 0, O_PLAN},        {"shard", required_argument, 0, O_SHARD},
     {"listen", required_argument, 0, O_LISTEN},    {"data-dir", required_argument, 0, O_DATA},
     {"restore", required_argument, 0, O_RESTORE},  {"read-only", no_argument, 0, O_RO},
+    {"checkpoint", required_argument, 0, O_CKPT},
     {"threads", required_argument, 0, O_THREADS},  {"max-message-mb", required_argument, 0, O_MAXMSG},
     {"max-ids", required_argument, 0, O_MAXIDS},   {"tls-cert", required_argument, 0, O_CERT},
     {"tls-key", required_argument, 0, O_KEY},      {"tls-client-ca", required_argument, 0, O_CA},
@@ -74,7 +78,7 @@ static void on_listening(int port, void *ctx) {
 
 int cmd_serve(int argc, char **argv) {
   const char *plan_path = NULL, *shards_s = NULL, *listen = "127.0.0.1:0", *data_dir = NULL,
-             *restore = NULL;
+             *restore = NULL, *checkpoint = NULL;
   rpc_tls tls = {0};
   int read_only = 0;
   long long threads = 2, maxmsg = 64, maxids = 1 << 22, cache_rows = 0, cache_mb = 0;
@@ -88,6 +92,7 @@ int cmd_serve(int argc, char **argv) {
       case O_LISTEN: listen = optarg; break;
       case O_DATA: data_dir = optarg; break;
       case O_RESTORE: restore = optarg; break;
+      case O_CKPT: checkpoint = optarg; break;
       case O_RO: read_only = 1; break;
       case O_THREADS: if (cli_int(CMD, "--threads", optarg, 1, 256, &threads)) return 2; break;
       case O_MAXMSG: if (cli_int(CMD, "--max-message-mb", optarg, 1, 2047, &maxmsg)) return 2; break;
@@ -158,6 +163,22 @@ int cmd_serve(int argc, char **argv) {
   if (!svc) {
     fprintf(stderr, "shardrec serve: %s\n", err);
     goto done;
+  }
+  char ckpt_shards[4200];
+  if (checkpoint) {
+    /* A trainer's checkpoint holds every server's part under step-N/shards. */
+    char step_dir[4096];
+    if (restore) {
+      fprintf(stderr, "shardrec serve: give --checkpoint or --restore, not both\n");
+      goto done;
+    }
+    if (ckpt_resolve(checkpoint, step_dir, sizeof step_dir, err, sizeof err)) {
+      fprintf(stderr, "shardrec serve: --checkpoint: %s\n", err);
+      goto done;
+    }
+    snprintf(ckpt_shards, sizeof ckpt_shards, "%s/shards", step_dir);
+    restore = ckpt_shards;
+    printf("restoring from %s\n", step_dir);
   }
   if (restore) {
     char dir[4096];
