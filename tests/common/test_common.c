@@ -1,5 +1,7 @@
 /* Tests for common/: status codes and the Philox generator. */
 #include <check.h>
+
+#include "tests/check_main.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,9 +88,5 @@ int main(void) {
   tcase_add_test(tc, test_rng_stream);
   tcase_add_test(tc, test_u01);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return sr_check_run(s);
 }

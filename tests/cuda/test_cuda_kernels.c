@@ -3,6 +3,8 @@
  * kernels and the optimizers are expected to give the CPU's bits (no FMA
  * contraction on either side) and are checked for that too. */
 #include <check.h>
+
+#include "tests/check_main.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -198,9 +200,5 @@ int main(void) {
   tcase_add_test(tc, test_bce);
   tcase_add_test(tc, test_optimizers);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return sr_check_run(s);
 }

@@ -6,6 +6,8 @@
  * optimizer on both sides, as the trainer does). Also: the default backend
  * switch, and save/load of a CUDA model. */
 #include <check.h>
+
+#include "tests/check_main.h"
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -140,9 +142,5 @@ int main(void) {
   tcase_add_test(tc, test_step_cat);
   tcase_add_test(tc, test_default_backend_and_save);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return sr_check_run(s);
 }

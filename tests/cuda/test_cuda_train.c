@@ -3,6 +3,8 @@
  * rounding: sgemm and reduction orders). Runs the real shardrec binary.
  * Skipped (exit 77, "skipped: no GPU") where there is no GPU. */
 #include <check.h>
+
+#include "tests/check_main.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,9 +54,5 @@ int main(void) {
   tcase_set_timeout(tc, 900);
   tcase_add_test(tc, test_auc_matches_cpu);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return sr_check_run(s);
 }

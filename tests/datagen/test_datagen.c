@@ -3,6 +3,8 @@
  * the logit variance, dense-only logistic regression well below the oracle),
  * and the datagen command's files (.probs, .summary.json) and flags. */
 #include <check.h>
+
+#include "tests/check_main.h"
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -740,9 +742,5 @@ static Suite *datagen_suite(void) {
 }
 
 int main(void) {
-  SRunner *sr = srunner_create(datagen_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return sr_check_run(datagen_suite());
 }

@@ -8,6 +8,8 @@
  * (float32 analytic gradients carry ~1e-6 relative rounding; the floor covers
  * elements that are small by cancellation). */
 #include <check.h>
+
+#include "tests/check_main.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -328,9 +330,5 @@ static Suite *suite(void) {
 }
 
 int main(void) {
-  SRunner *sr = srunner_create(suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return sr_check_run(suite());
 }

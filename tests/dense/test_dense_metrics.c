@@ -2,6 +2,8 @@
  * /usr/bin/python3, or $SHARDREC_PYTHON): AUC with many tied scores, log loss,
  * accuracy, means; equal within 1e-9. Plus small cases known by hand. */
 #include <check.h>
+
+#include "tests/check_main.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -139,9 +141,5 @@ static Suite *suite(void) {
 }
 
 int main(void) {
-  SRunner *sr = srunner_create(suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return sr_check_run(suite());
 }

@@ -7,6 +7,8 @@
  * embedding element. Tolerance per element (float32 analytic gradient):
  *   |analytic - fd| <= 1e-3 * |fd| + 1e-5 * max_k |fd_k|  (per tensor). */
 #include <check.h>
+
+#include "tests/check_main.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -451,9 +453,5 @@ static Suite *suite(void) {
 }
 
 int main(void) {
-  SRunner *sr = srunner_create(suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return sr_check_run(suite());
 }

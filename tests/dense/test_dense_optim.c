@@ -1,6 +1,8 @@
 /* Dense optimizers against hand-computed values, and the reference DLRM's
  * learning-rate schedule at chosen steps. */
 #include <check.h>
+
+#include "tests/check_main.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,9 +154,5 @@ static Suite *suite(void) {
 }
 
 int main(void) {
-  SRunner *sr = srunner_create(suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return sr_check_run(suite());
 }

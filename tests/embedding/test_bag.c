@@ -1,6 +1,8 @@
 /* Tests for embedding/bag.h (dedup, pooling forward/backward) and
  * embedding/optim.h (sparse optimizers against hand-computed values). */
 #include <check.h>
+
+#include "tests/check_main.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -278,9 +280,5 @@ int main(void) {
   tcase_add_test(tc, test_pool_finite_difference);
   tcase_add_test(tc, test_optim_hand_values);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return sr_check_run(s);
 }

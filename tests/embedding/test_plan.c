@@ -1,6 +1,8 @@
 /* Tests for embedding/plan.h: JSON round trip, validation messages,
  * fingerprints, placement, SHA-256, row init. */
 #include <check.h>
+
+#include "tests/check_main.h"
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -469,9 +471,5 @@ int main(void) {
   tcase_add_test(tc, test_balancer_and_shard_of);
   tcase_add_test(tc, test_row_init);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return sr_check_run(s);
 }

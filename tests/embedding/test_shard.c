@@ -1,6 +1,8 @@
 /* Tests for the shard store (embedding/shard.h): a bounded row cache over
  * RocksDB, checked bit for bit against the in-process local store. */
 #include <check.h>
+
+#include "tests/check_main.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -344,9 +346,5 @@ int main(void) {
   tcase_add_test(tc, test_row_version_refused);
   tcase_add_test(tc, test_bad_config);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return sr_check_run(s);
 }

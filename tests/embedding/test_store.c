@@ -1,5 +1,7 @@
 /* Tests for the in-process embedding store (embedding/store.h). */
 #include <check.h>
+
+#include "tests/check_main.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -448,9 +450,5 @@ int main(void) {
   tcase_add_test(tc, test_restore_refuses_damage);
   tcase_add_test(tc, test_growth);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return sr_check_run(s);
 }

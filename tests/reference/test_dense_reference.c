@@ -10,6 +10,8 @@
  * the floor (1e-6 of the tensor's largest element: float32 rounding carried
  * through a few layers) covers elements that come out tiny by cancellation. */
 #include <check.h>
+
+#include "tests/check_main.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -167,9 +169,5 @@ static Suite *suite(void) {
 }
 
 int main(void) {
-  SRunner *sr = srunner_create(suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return sr_check_run(suite());
 }

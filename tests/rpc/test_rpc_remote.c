@@ -4,6 +4,8 @@
  * servers, and a lookup started while a server is down reaches it once it
  * is back on the same port (retries with backoff, the channel reconnects). */
 #include <check.h>
+
+#include "tests/check_main.h"
 #include <stdio.h>
 
 #include "common/status.h"
@@ -182,9 +184,5 @@ int main(void) {
   tcase_add_test(tc, test_remote_matches_local);
   tcase_add_test(tc, test_reconnects_after_restart);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return sr_check_run(s);
 }

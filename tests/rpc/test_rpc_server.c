@@ -4,6 +4,8 @@
  * SIGTERM exits 0, and a Python grpcio client reads exactly the bytes the
  * C client reads. */
 #include <check.h>
+
+#include "tests/check_main.h"
 #include <math.h>
 
 #include "embedding/plan.h"
@@ -437,9 +439,5 @@ int main(void) {
   tcase_add_test(tc, test_read_only_refuses_push);
   tcase_add_test(tc, test_python_interop);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return sr_check_run(s);
 }

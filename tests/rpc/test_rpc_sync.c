@@ -7,6 +7,8 @@
  * rank that never pushes makes the Lookup end DEADLINE_EXCEEDED and changes
  * nothing. The remote store as two ranks pushes to every shard every step. */
 #include <check.h>
+
+#include "tests/check_main.h"
 #include <pthread.h>
 
 #include "embedding/plan.h"
@@ -303,9 +305,5 @@ int main(void) {
   tcase_add_test(tc, test_missing_rank_deadline);
   tcase_add_test(tc, test_remote_store_ranks);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return sr_check_run(s);
 }

@@ -4,6 +4,8 @@
  * one, or with one from another CA, is refused; a plaintext client is
  * refused. */
 #include <check.h>
+
+#include "tests/check_main.h"
 #include <stdio.h>
 
 #include "embedding/plan.h"
@@ -116,9 +118,5 @@ int main(void) {
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_mtls);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return sr_check_run(s);
 }

@@ -5,6 +5,8 @@
  * SIGKILLed mid-training are recovered from automatically. */
 #include <check.h>
 
+#include "tests/check_main.h"
+
 #include "tests/rpc/server.h"
 
 static char *dir;
@@ -286,9 +288,5 @@ int main(void) {
   tcase_add_test(tc, test_server_kill_recovers);
   tcase_add_test(tc, test_server_lost_without_checkpoint);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return sr_check_run(s);
 }

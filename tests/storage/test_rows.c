@@ -1,6 +1,8 @@
 /* Tests for storage/kv.h: the row encoding and its checks, the database
  * wrapper (column families, MultiGet, write batches, checkpoints). */
 #include <check.h>
+
+#include "tests/check_main.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,9 +125,5 @@ int main(void) {
   tcase_add_test(tc, test_row_refusals);
   tcase_add_test(tc, test_db_roundtrip);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return sr_check_run(s);
 }

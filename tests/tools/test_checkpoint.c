@@ -2,6 +2,8 @@
  * real shardrec binary: bit-identical losses under a small cache with peak
  * memory bounded, exact resume, crash safety, and every refusal. */
 #include <check.h>
+
+#include "tests/check_main.h"
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -291,9 +293,5 @@ int main(void) {
   tcase_add_test(tc, test_refusals);
 #endif
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return sr_check_run(s);
 }

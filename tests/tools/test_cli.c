@@ -2,6 +2,8 @@
  * values, missing files. Each error must name what was wrong. */
 #include <check.h>
 
+#include "tests/check_main.h"
+
 #include "tests/tools/run.h"
 
 START_TEST(test_help_lists_commands) {
@@ -88,9 +90,5 @@ int main(void) {
   tcase_add_test(tc, test_malformed_values);
   tcase_add_test(tc, test_missing_file);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return sr_check_run(s);
 }

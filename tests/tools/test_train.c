@@ -1,6 +1,8 @@
 /* shardrec train and eval end to end on generated data: determinism, the
  * plan it writes and reads, saved models scored by eval, raw TSV input. */
 #include <check.h>
+
+#include "tests/check_main.h"
 #include <math.h>
 
 #include "tests/tools/run.h"
@@ -185,9 +187,5 @@ int main(void) {
   tcase_add_test(tc, test_save_model_eval_matches);
   tcase_add_test(tc, test_raw_tsv_with_bad_lines);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return sr_check_run(s);
 }

@@ -3,6 +3,8 @@
  * the same test lines. ROWS (default 300000) and TOL (default 0.02) can be
  * set in the environment for the full-size run. */
 #include <check.h>
+
+#include "tests/check_main.h"
 #include <math.h>
 
 #include "tests/tools/run.h"
@@ -40,9 +42,5 @@ int main(void) {
   tcase_set_timeout(tc, 1400);
   tcase_add_test(tc, test_auc_near_oracle);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return sr_check_run(s);
 }
