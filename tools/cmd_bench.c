@@ -9,6 +9,8 @@
 #pragma weak bench_train
 #pragma weak bench_rpc
 #pragma weak bench_store
+#pragma weak bench_dp
+#pragma weak bench_reshard
 
 static const struct {
   const char *name;
@@ -19,6 +21,8 @@ static const struct {
     {"rpc", bench_rpc, "lookups over gRPC (1 and 4 servers) vs. in-process store and plain TCP"},
     {"train", bench_train, "training samples/s vs. this machine's sgemm bound"},
     {"store", bench_store, "shard store lookups (hits, misses, Zipf) vs. raw MultiGet and memcpy"},
+    {"dp", bench_dp, "data-parallel trainers under mpirun: 1, 2, 4 ranks, sync and async"},
+    {"reshard", bench_reshard, "resharding rows/s and MB/s vs. a raw RocksDB scan + SST write"},
 };
 #define N_BENCH (int)(sizeof benches / sizeof benches[0])
 
@@ -26,7 +30,7 @@ int cmd_bench(int argc, char **argv) {
   if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
     FILE *f = argc < 2 ? stderr : stdout;
     fprintf(f, "usage: shardrec bench <what> [options]\n\nbenchmarks:\n");
-    for (int i = 0; i < N_BENCH; i++) fprintf(f, "  %-6s %s\n", benches[i].name, benches[i].what);
+    for (int i = 0; i < N_BENCH; i++) fprintf(f, "  %-8s %s\n", benches[i].name, benches[i].what);
     return argc < 2 ? 2 : 0;
   }
   for (int i = 0; i < N_BENCH; i++)

@@ -13,6 +13,8 @@
 #pragma weak cmd_eval
 #pragma weak cmd_serve
 #pragma weak cmd_inspect
+#pragma weak cmd_reshard
+#pragma weak cmd_predict
 
 typedef struct {
   const char *name;
@@ -28,7 +30,9 @@ static const command commands[] = {
     {"eval", cmd_eval, "score a saved model on Criteo-format data"},
     {"serve", cmd_serve, "serve embedding shards of a plan over gRPC"},
     {"inspect", cmd_inspect, "tables, rows and bytes of a shard data folder or a checkpoint"},
-    {"bench", cmd_bench, "benchmarks: data, train, store"},
+    {"reshard", cmd_reshard, "rewrite a checkpoint's embedding shards for another plan (N to M)"},
+    {"predict", cmd_predict, "score Criteo-format data with a checkpoint's model and shards"},
+    {"bench", cmd_bench, "benchmarks: data, train, store, rpc, dp, reshard"},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 
