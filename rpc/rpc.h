@@ -150,6 +150,9 @@ typedef struct rpc_client_opts {
   const char *job_id;       /* NULL: a fresh random one (ranks of one job must share it) */
   int rank, world_size;     /* this trainer's rank of world_size (0: 1 rank); with several,
                                every step pushes to every shard (empty where nothing) */
+  int max_staleness;        /* 0: sync mode (the multi-rank step order above); S >= 1:
+                               async mode: pushes applied on arrival, and a Lookup of step
+                               t waits until every rank's push of step t-S is applied */
 } rpc_client_opts;
 
 /* The remote store: servers[k] serves shard k of plan (plan->n_shards
