@@ -2,6 +2,7 @@
 #include "dense/collective.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/status.h"
 
@@ -17,11 +18,20 @@ static int single_barrier(dense_coll *c) {
   (void)c;
   return SR_OK;
 }
+static int single_gather(dense_coll *c, const float *send, size_t n, float *recv,
+                         const size_t *counts, int root) {
+  (void)c, (void)counts, (void)root;
+  if (recv != send) memmove(recv, send, n * sizeof *recv);
+  return SR_OK;
+}
 static void single_destroy(dense_coll *c) { free(c); }
 
-static const dense_coll_ops single_ops = {"single", single_all_reduce,
-                                          single_broadcast, single_barrier,
-                                          single_destroy};
+static const dense_coll_ops single_ops = {.name = "single",
+                                          .all_reduce_sum = single_all_reduce,
+                                          .broadcast = single_broadcast,
+                                          .barrier = single_barrier,
+                                          .gather = single_gather,
+                                          .destroy = single_destroy};
 
 dense_coll *dense_coll_single_create(void) {
   dense_coll *c = calloc(1, sizeof *c);
@@ -50,6 +60,30 @@ int dense_coll_broadcast(dense_coll *c, float *buf, size_t n, int root) {
 int dense_coll_barrier(dense_coll *c) {
   if (!c) return SR_EINVAL;
   return c->ops->barrier(c);
+}
+
+int dense_coll_gather(dense_coll *c, const float *send, size_t n, float *recv,
+                      const size_t *counts, int root) {
+  if (!c || (n && !send)) return SR_EINVAL;
+  if (root < 0 || root >= c->size) {
+    sr_fmt(c->errmsg, sizeof c->errmsg, "gather root %d outside [0, %d)", root, c->size);
+    return SR_EINVAL;
+  }
+  if (c->rank == root) {
+    if (!counts) {
+      sr_fmt(c->errmsg, sizeof c->errmsg, "gather: the root needs every rank's count");
+      return SR_EINVAL;
+    }
+    size_t total = 0;
+    for (int r = 0; r < c->size; r++) total += counts[r];
+    if (counts[root] != n || (total && !recv)) {
+      sr_fmt(c->errmsg, sizeof c->errmsg,
+             "gather: root sends %zu floats but counts[%d] = %zu, or no receive buffer", n, root,
+             counts[root]);
+      return SR_EINVAL;
+    }
+  }
+  return c->ops->gather(c, send, n, recv, counts, root);
 }
 
 void dense_coll_destroy(dense_coll *c) {

@@ -1,9 +1,9 @@
 /* Collectives for data-parallel dense training: one small interface, a
- * backend behind a struct of function pointers (CPU single rank here; NCCL
- * in collective_nccl.c; MPI may be added beside them the same way).
+ * backend behind a struct of function pointers (CPU single rank in
+ * collective.c, MPI in collective_mpi.c, NCCL in collective_nccl.c).
  *
  * Buffers are where the backend works: host memory for the single-rank and
- * (later) MPI backends, device memory for NCCL. Every call is collective:
+ * MPI backends, device memory for NCCL. Every call is collective:
  * all ranks call it in the same order with the same n. Calls return 0 or a
  * negative SR_E* code with the text in dense_coll_errmsg.
  *
@@ -29,6 +29,13 @@ typedef struct dense_coll_ops {
   /* Returns when every rank has called it (for device backends: when the
    * collective work queued before it has finished on this rank). */
   int (*barrier)(dense_coll *c);
+  /* Variable-count gather (as MPI_Gatherv): every rank sends send[n] (its
+   * own n, may be 0); on rank root, recv receives the ranks' buffers
+   * concatenated in rank order, counts[r] being rank r's n (root knows them:
+   * the caller passes them; counts[root] must equal root's n). recv and
+   * counts are read only on root (may be NULL elsewhere). */
+  int (*gather)(dense_coll *c, const float *send, size_t n, float *recv,
+                const size_t *counts, int root);
   void (*destroy)(dense_coll *c);
 } dense_coll_ops;
 
@@ -46,8 +53,50 @@ dense_coll *dense_coll_single_create(void);
 int dense_coll_all_reduce_sum(dense_coll *c, float *buf, size_t n);
 int dense_coll_broadcast(dense_coll *c, float *buf, size_t n, int root);
 int dense_coll_barrier(dense_coll *c);
+int dense_coll_gather(dense_coll *c, const float *send, size_t n, float *recv,
+                      const size_t *counts, int root);
 void dense_coll_destroy(dense_coll *c); /* NULL-safe */
 const char *dense_coll_errmsg(const dense_coll *c);
+
+/* ---- MPI (collective_mpi.c) ----
+ *
+ * Declared in every build: without MPI (SHARDREC_HAVE_MPI undefined) the
+ * launch helpers report one rank and dense_coll_mpi_create fails with
+ * "built without MPI".
+ *
+ * The process side of an mpirun launch, kept here so that the tools never
+ * include mpi.h:
+ *   dense_mpi_launched  1 when the environment says this process was started
+ *                       by mpirun/mpiexec (OMPI_COMM_WORLD_SIZE or PMI_SIZE),
+ *                       with *rank, *size and *local_size (ranks on this node)
+ *                       read from it; 0 (and 0, 1, 1) otherwise. Reads the
+ *                       environment only: MPI is not initialised.
+ *   dense_mpi_init      MPI_Init (once). Before it, sets Open MPI's
+ *                       OMPI_MCA_mpi_yield_when_idle=1 when unset, so that
+ *                       ranks crowded on few cores block instead of spinning
+ *                       while they wait. 0 or SR_E* with the reason in err.
+ *   dense_mpi_abort     MPI_Abort(MPI_COMM_WORLD, code): every rank of the
+ *                       job stops; when MPI is not initialised, exit(code).
+ *   dense_mpi_finalize  MPI_Finalize when initialised (NULL-safe to call). */
+int dense_mpi_launched(int *rank, int *size, int *local_size);
+int dense_mpi_init(char *err, size_t errlen);
+void dense_mpi_abort(int code);
+void dense_mpi_finalize(void);
+
+/* The MPI collective over MPI_COMM_WORLD (duplicated, errors returned rather
+ * than fatal), host buffers; MPI must be initialised. NULL with the reason in
+ * err.
+ *
+ * All-reduce is deterministic and not MPI_Allreduce: Open MPI picks its
+ * algorithm (and so the order of the float sums) from the message size and
+ * the number of ranks, and nothing promises every rank the same bits. Here
+ * the buffer is cut into size chunks; chunk j of every rank goes to rank j
+ * (MPI_Alltoallv), which sums it in rank order (((b0 + b1) + b2) + ...),
+ * and the summed chunks are gathered back to every rank (MPI_Allgatherv).
+ * So every rank gets the same bits, and the same N and inputs always give
+ * the same bits. Broadcast, barrier and gather are MPI_Bcast, MPI_Barrier and
+ * MPI_Gatherv (exact copies). */
+dense_coll *dense_coll_mpi_create(char *err, size_t errlen);
 
 #ifdef SHARDREC_HAVE_NCCL
 /* NCCL over device buffers, one GPU per rank: the rank's device is

@@ -97,6 +97,38 @@ static int nccl_barrier(dense_coll *c) {
   return SR_OK;
 }
 
+/* Gatherv over point-to-point calls (NCCL has no gather): in one group,
+ * every other rank sends its n floats to root, which receives counts[r]
+ * into its place in recv and copies its own part on the stream. */
+static int nccl_gather(dense_coll *c, const float *send, size_t count,
+                       float *recv, const size_t *counts, int root) {
+  nccl_coll *n = (nccl_coll *)c;
+  if (before(n)) return SR_EBACKEND;
+  if (NCCL_CHECK(c, ncclGroupStart())) return SR_EBACKEND;
+  int rc = 0;
+  if (c->rank == root) {
+    size_t at = 0;
+    for (int r = 0; r < c->size && !rc; r++) {
+      if (r == root) {
+        if (counts[r])
+          rc = CUDA_CHECK_C(c, cudaMemcpyAsync(recv + at, send,
+                                               counts[r] * sizeof *recv,
+                                               cudaMemcpyDeviceToDevice,
+                                               n->stream));
+      } else if (counts[r]) {
+        rc = NCCL_CHECK(c, ncclRecv(recv + at, counts[r], ncclFloat, r,
+                                    n->comm, n->stream));
+      }
+      at += counts[r];
+    }
+  } else if (count) {
+    rc = NCCL_CHECK(c, ncclSend(send, count, ncclFloat, root, n->comm,
+                                n->stream));
+  }
+  if (NCCL_CHECK(c, ncclGroupEnd()) || rc) return SR_EBACKEND;
+  return after(n);
+}
+
 static void nccl_destroy(dense_coll *c) {
   nccl_coll *n = (nccl_coll *)c;
   if (n->stream) cudaStreamSynchronize(n->stream);
@@ -107,9 +139,12 @@ static void nccl_destroy(dense_coll *c) {
   free(n);
 }
 
-static const dense_coll_ops nccl_ops = {"nccl", nccl_all_reduce,
-                                        nccl_broadcast, nccl_barrier,
-                                        nccl_destroy};
+static const dense_coll_ops nccl_ops = {.name = "nccl",
+                                        .all_reduce_sum = nccl_all_reduce,
+                                        .broadcast = nccl_broadcast,
+                                        .barrier = nccl_barrier,
+                                        .gather = nccl_gather,
+                                        .destroy = nccl_destroy};
 
 dense_coll *dense_coll_nccl_create(int rank, int size, int local_rank,
                                    void *compute_stream, char *err,

@@ -3,16 +3,23 @@
  * Flags follow the reference DLRM (dlrm_s_pytorch.py) where it has them.
  * With no shard servers every shard of the plan is hosted in this process
  * (the embedded default). */
+#include <cblas.h>
 #include <cjson/cJSON.h>
 #include <getopt.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <unistd.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "common/rng.h"
 #include "common/status.h"
 #include "datasets/source.h"
+#include "dense/collective.h"
 #include "dense/cuda_device.h"
 #include "dense/cuda_hooks.h"
 #include "dense/metrics.h"
@@ -24,6 +31,7 @@
 #include "tools/checkpoint.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
+#include "tools/colocate.h"
 #include "tools/model_dir.h"
 #include "tools/trainer.h"
 
@@ -58,7 +66,22 @@ static void usage(FILE *f) {
 "  --recover-timeout S       with --save-checkpoint: when a shard server is lost (down after\n"
 "                            every retry, or restarted), wait up to S seconds (60) for the\n"
 "                            servers, Restore all of them from the newest checkpoint, rewind\n"
-"                            the trainer to it and carry on\n"
+"                            the trainer to it and carry on (one rank only: with several, a\n"
+"                            lost server stops the job)\n"
+"Data parallelism (mpirun -np N shardrec train ...)\n"
+"  Each rank takes a fixed slice of every global batch (--mini-batch-size is the global\n"
+"  batch and must divide by N); the dense gradients are all-reduced every step; rank 0\n"
+"  prints and writes everything. Embeddings stay on shards: --shard-servers (every rank\n"
+"  reaches the same servers) or --colocate-shards.\n"
+"  --colocate-shards         host the plan's shards in the ranks themselves (shard k on rank\n"
+"                            k %% N), served over gRPC to every rank (--data-dir, --cache-rows,\n"
+"                            --cache-mb apply to them)\n"
+"  --sparse-mode sync|async  sync (default): every rank's pushes of step t are applied, summed\n"
+"                            in rank order, before any lookup of t+1 (bit-reproducible);\n"
+"                            async: pushes applied on arrival, the next step's lookup issued\n"
+"                            while this step computes (needs shard servers or colocated shards)\n"
+"  --max-staleness S         async: a lookup of step t waits until every rank's push of step\n"
+"                            t-S is applied (2; >= 1)\n"
 "Training\n"
 "  --mini-batch-size N       (128)\n"
 "  --test-mini-batch-size N  (the mini-batch size)\n"
@@ -96,7 +119,7 @@ enum {
   O_OPT, O_SOPT, O_SLR, O_WARM, O_DSTART, O_DSTEPS, O_EPOCHS, O_NBATCH, O_SEED, O_PRINT, O_TEST,
   O_METRICS, O_SAVE, O_ORACLE, O_SERVERS, O_RPCDL, O_TLSCA, O_TLSCERT, O_TLSKEY, O_HELP,
   O_CKPT = 1100, O_CKEVERY, O_CKKEEP, O_RESUME, O_DATADIR, O_CROWS, O_CMB,
-  O_DEVICE = 1200, O_RECOVER = 1300
+  O_DEVICE = 1200, O_RECOVER = 1300, O_COLOCATE = 1400, O_SPMODE, O_STALE
 };
 
 static const struct option long_opts[] = {
@@ -149,7 +172,44 @@ static const struct option long_opts[] = {
     {"cache-mb", required_argument, 0, O_CMB},
     {"device", required_argument, 0, O_DEVICE},
     {"recover-timeout", required_argument, 0, O_RECOVER},
+    {"colocate-shards", no_argument, 0, O_COLOCATE},
+    {"sparse-mode", required_argument, 0, O_SPMODE},
+    {"max-staleness", required_argument, 0, O_STALE},
     {0, 0, 0, 0}};
+
+/* This process's place in an mpirun job (rank 0 of 1 without mpirun). Rank 0
+ * prints progress and metrics; the others print only errors. */
+static int g_rank = 0, g_size = 1;
+
+/* "shardrec train: <why>" on stderr; "shardrec train: rank R: <why>" in a
+ * job of several ranks. */
+__attribute__((format(printf, 1, 2))) static void errf(const char *fmt, ...) {
+  char msg[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (g_size > 1)
+    fprintf(stderr, "shardrec train: rank %d: %s", g_rank, msg);
+  else
+    fprintf(stderr, "shardrec train: %s", msg);
+  fflush(stderr);
+}
+
+static dense_coll *g_coll; /* the ranks' collective (NULL: one rank) */
+
+/* A collective call of the job; on failure the reason, and the job stops. */
+static int coll_ok(int rc, const char *what) {
+  if (rc) errf("%s: %s\n", what, dense_coll_errmsg(g_coll));
+  return rc == 0;
+}
+
+/* Colocated shards live in tools/colocate.c; until it is linked in, these
+ * resolve to NULL and --colocate-shards says so (as tools/main.c does for
+ * subcommands). */
+#pragma weak colocate_start
+#pragma weak colocate_stop
+#pragma weak colocate_addrs_free
 
 typedef struct {
   const char *proc, *raw, *dataset, *bot, *top, *op, *plan_path, *plan_out, *metrics, *save,
@@ -165,6 +225,9 @@ typedef struct {
   int strict, itself;
   const char *ckpt, *resume, *data_dir; /* checkpoints and the shard store (tools/checkpoint.h) */
   long long ck_every, ck_keep, cache_rows, cache_mb;
+  int colocate;       /* --colocate-shards */
+  int async;          /* --sparse-mode async */
+  long long staleness; /* --max-staleness (0: not given) */
 } train_flags;
 
 static double now_s(void) {
@@ -182,7 +245,7 @@ static ds_source_opts source_opts(const train_flags *fl, ds_split split) {
   o.max_ind_range = fl->max_ind;
   o.frequency_threshold = (uint32_t)fl->freq;
   o.strict = fl->strict;
-  o.report = stderr;
+  o.report = g_rank == 0 ? stderr : NULL; /* every rank reads the same data */
   if (fl->raw) {
     o.format = DS_FORMAT_AUTO;
     if (fl->have_test_fraction) {
@@ -204,7 +267,7 @@ typedef struct {
 static int read_oracle(const char *path, outputs *out) {
   FILE *f = fopen(path, "rb");
   if (!f) {
-    fprintf(stderr, "shardrec train: --oracle %s: cannot open\n", path);
+    errf("--oracle %s: cannot open\n", path);
     return -1;
   }
   char buf[1 << 16];
@@ -223,51 +286,81 @@ static int read_oracle(const char *path, outputs *out) {
   }
   cJSON_Delete(j);
   if (!ok) {
-    fprintf(stderr, "shardrec train: --oracle %s: no test.oracle_auc / test.oracle_logloss\n",
+    errf("--oracle %s: no test.oracle_auc / test.oracle_logloss\n",
             path);
     return -1;
   }
   return 0;
 }
 
-/* Evaluate on the whole test split; fills m. 0 or -1 (message printed). */
-static int evaluate(trainer *t, ds_source *test, ds_batch *tb, int tbatch, int64_t step,
-                    float *pred, float *labels, size_t cap, dense_metrics *m) {
+/* Evaluate on the whole test split; fills m (on rank 0). 0 or -1 (message
+ * printed). Several ranks: each predicts its slice of every test batch
+ * (tpart, lpred its buffers) and rank 0 gathers the predictions and labels
+ * in sample order, so its metrics are over the whole split. */
+static int evaluate(trainer *t, ds_source *test, ds_batch *tb, ds_batch *tpart, float *lpred,
+                    int tbatch, int64_t step, float *pred, float *labels, size_t cap,
+                    dense_metrics *m) {
   if (ds_source_rewind(test)) {
-    fprintf(stderr, "shardrec train: test data: %s\n", ds_source_errmsg(test));
+    errf("test data: %s\n", ds_source_errmsg(test));
     return -1;
   }
   size_t n = 0;
   for (;;) {
     int got = ds_source_next(test, tb, tbatch);
     if (got < 0) {
-      fprintf(stderr, "shardrec train: test data: %s\n", ds_source_errmsg(test));
+      errf("test data: %s\n", ds_source_errmsg(test));
       return -1;
     }
     if (got == 0) break;
     if (n + (size_t)got > cap) {
-      fprintf(stderr, "shardrec train: test split larger than counted (%zu)\n", cap);
+      errf("test split larger than counted (%zu)\n", cap);
       return -1;
     }
-    if (trainer_predict(t, tb, step, pred + n)) {
-      fprintf(stderr, "shardrec train: %s\n", trainer_errmsg(t));
-      return -1;
+    if (g_size == 1) {
+      if (trainer_predict(t, tb, step, pred + n)) {
+        errf("%s\n", trainer_errmsg(t));
+        return -1;
+      }
+      memcpy(labels + n, tb->labels, (size_t)got * sizeof *labels);
+    } else {
+      static size_t *counts; /* [g_size], kept for the process's life */
+      if (!counts && !(counts = malloc((size_t)g_size * sizeof *counts))) {
+        errf("out of memory\n");
+        return -1;
+      }
+      for (int r = 0; r < g_size; r++) counts[r] = (size_t)trainer_slice_count(got, r, g_size);
+      if (trainer_batch_slice(tb, g_rank, g_size, tpart)) {
+        errf("test data: out of memory for this rank's slice\n");
+        return -1;
+      }
+      if (trainer_predict(t, tpart, step, lpred)) {
+        errf("%s\n", trainer_errmsg(t));
+        return -1;
+      }
+      int r0 = g_rank == 0;
+      if (!coll_ok(dense_coll_gather(g_coll, lpred, (size_t)tpart->n, r0 ? pred + n : NULL,
+                                     r0 ? counts : NULL, 0), "gather of the test predictions") ||
+          !coll_ok(dense_coll_gather(g_coll, tpart->labels, (size_t)tpart->n,
+                                     r0 ? labels + n : NULL, r0 ? counts : NULL, 0),
+                   "gather of the test labels"))
+        return -1;
     }
-    memcpy(labels + n, tb->labels, (size_t)got * sizeof *labels);
     n += (size_t)got;
   }
+  if (g_rank != 0) return 0; /* rank 0 computes the job's metrics */
   if (n == 0) {
-    fprintf(stderr, "shardrec train: the test split is empty\n");
+    errf("the test split is empty\n");
     return -1;
   }
   if (dense_metrics_compute(pred, labels, n, m)) {
-    fprintf(stderr, "shardrec train: metrics failed (NaN predictions?)\n");
+    errf("metrics failed (NaN predictions?)\n");
     return -1;
   }
   return 0;
 }
 
 static void report_test(const outputs *o, int64_t step, int epoch, const dense_metrics *m) {
+  if (g_rank != 0) return;
   printf("test   step %lld epoch %d: auc %.6f  logloss %.6f  accuracy %.4f  mean pred %.4f  "
          "ctr %.4f  (%zu samples)\n",
          (long long)step, epoch, m->auc, m->log_loss, m->accuracy, m->mean_pred, m->ctr, m->n);
@@ -331,19 +424,27 @@ static void test_pause(int64_t step) {
 static int recover(const train_flags *fl, const emb_plan *plan, emb_store *store, trainer *t,
                    ds_source *train, const ckpt_settings *cks, ckpt_state *st, const char *why) {
   if (!fl->servers || !rpc_remote_lost(store)) return -1;
+  if (g_size > 1) {
+    /* Rewinding N ranks and the servers' step state together is not done:
+     * stop the job cleanly; --resume restarts it from the last checkpoint. */
+    errf("%s\n", why);
+    errf("a shard server was lost; with %d ranks the job stops (automatic recovery runs with "
+         "one rank): restart it with --resume from the newest checkpoint\n", g_size);
+    return -1;
+  }
   char ckdir[4096], err[1024];
   if (!fl->ckpt) {
-    fprintf(stderr, "shardrec train: %s\nshardrec train: a shard server was lost and there is no "
+    errf("%s\nshardrec train: a shard server was lost and there is no "
                     "checkpoint to recover from (--save-checkpoint DIR --checkpoint-every N "
                     "recovers automatically)\n", why);
     return -1;
   }
   if (ckpt_resolve(fl->ckpt, ckdir, sizeof ckdir, err, sizeof err)) {
-    fprintf(stderr, "shardrec train: %s\nshardrec train: a shard server was lost and no complete "
+    errf("%s\nshardrec train: a shard server was lost and no complete "
                     "checkpoint is under %s yet to recover from (%s)\n", why, fl->ckpt, err);
     return -1;
   }
-  fprintf(stderr, "shardrec train: %s\nshardrec train: restoring every shard server from %s "
+  errf("%s\nshardrec train: restoring every shard server from %s "
                   "(waiting up to %g s for them)\n", why, ckdir, fl->recover_timeout);
   double t0 = now_s();
   for (;;) {
@@ -354,7 +455,7 @@ static int recover(const train_flags *fl, const emb_plan *plan, emb_store *store
       break;
     }
     if (!rpc_remote_lost(store) || now_s() - t0 > fl->recover_timeout) {
-      fprintf(stderr, "shardrec train: recovery from %s failed%s: %s\n", ckdir,
+      errf("recovery from %s failed%s: %s\n", ckdir,
               rpc_remote_lost(store) ? " (--recover-timeout passed)" : "", err);
       return -1;
     }
@@ -362,7 +463,7 @@ static int recover(const train_flags *fl, const emb_plan *plan, emb_store *store
     nanosleep(&ts, NULL);
   }
   if (ds_source_seek(train, st->sample_index)) {
-    fprintf(stderr, "shardrec train: recovery: cannot seek the data to sample %llu: %s\n",
+    errf("recovery: cannot seek the data to sample %llu: %s\n",
             (unsigned long long)st->sample_index, ds_source_errmsg(train));
     return -1;
   }
@@ -371,7 +472,85 @@ static int recover(const train_flags *fl, const emb_plan *plan, emb_store *store
   return 0;
 }
 
+/* Test hook (only tests set it): SHARDREC_TEST_DIE=R:S makes rank R
+ * raise(SIGKILL) at the start of step S, before its lookups, as a rank that
+ * dies mid-job (the rank-death test). */
+static void test_die(int64_t step) {
+  const char *e = getenv("SHARDREC_TEST_DIE");
+  int r;
+  long long s;
+  if (e && sscanf(e, "%d:%lld", &r, &s) == 2 && r == g_rank && s == step) raise(SIGKILL);
+}
+
+static int g_stderr_saved = -1; /* stderr while ranks > 0 keep quiet about usage */
+static int g_local = 1;         /* ranks on this node */
+static int g_launched;          /* started by mpirun (MPI is initialised below) */
+
+static void stderr_restore(void) {
+  if (g_stderr_saved < 0) return;
+  fflush(stderr);
+  dup2(g_stderr_saved, 2);
+  close(g_stderr_saved);
+  g_stderr_saved = -1;
+}
+
+
+static int train_main(int argc, char **argv);
+
+/* A checkpoint of the job at st->step. Several ranks (sync mode): a barrier
+ * first, so every rank's push of the step is in and the shards have
+ * applied it (the last rank's push applies it inside its Push call); rank
+ * 0 then has the servers write their shards and writes dense.bin, the
+ * manifest and DONE; a second barrier keeps every rank from the next
+ * step's lookups until it is done. 0 or SR_E* with the reason in err (a
+ * failed collective's too). */
+static int ckpt_job(const train_flags *fl, const emb_plan *plan, emb_store *store,
+                    const char *store_kind, trainer *t, const ckpt_state *st,
+                    const ckpt_settings *cks, char *err, size_t errlen) {
+  int rc;
+  if (g_size > 1 && (rc = dense_coll_barrier(g_coll))) {
+    sr_fmt(err, errlen, "barrier before the checkpoint: %s", dense_coll_errmsg(g_coll));
+    return rc;
+  }
+  if (g_rank == 0 && (rc = ckpt_save(fl->ckpt, (int)fl->ck_keep, plan, store, store_kind,
+                                     trainer_model(t), trainer_dense_opt(t), st, cks, err,
+                                     errlen)))
+    return rc;
+  if (g_size > 1 && (rc = dense_coll_barrier(g_coll))) {
+    sr_fmt(err, errlen, "barrier after the checkpoint: %s", dense_coll_errmsg(g_coll));
+    return rc;
+  }
+  return 0;
+}
+
 int cmd_train(int argc, char **argv) {
+  g_launched = dense_mpi_launched(&g_rank, &g_size, &g_local);
+  if (g_launched && g_rank != 0) {
+    /* Rank 0 speaks for the job: the others' stdout goes nowhere, and their
+     * stderr only once the flags are accepted (every rank would print the
+     * same usage error). */
+    fflush(stdout);
+    int dn = open("/dev/null", O_WRONLY);
+    if (dn >= 0) {
+      dup2(dn, 1);
+      g_stderr_saved = dup(2);
+      dup2(dn, 2);
+      close(dn);
+    }
+  }
+  int rc = train_main(argc, argv);
+  stderr_restore();
+  fflush(stdout);
+  dense_coll_destroy(g_coll);
+  g_coll = NULL;
+  /* A failed rank stops the whole job: the others may be waiting for it in
+   * a collective or a step of the shard servers. */
+  if (rc && g_size > 1) dense_mpi_abort(rc);
+  dense_mpi_finalize();
+  return rc;
+}
+
+static int train_main(int argc, char **argv) {
   train_flags fl = {.dataset = "kaggle", .bot = "13-512-256-64-16", .top = "512-256-1",
                     .op = "dot", .plan_out = "plan.json", .pooling = "sum", .opt = "sgd",
                     .seed = 123, .freq = 0, .dim = 16, .shards = 1, .batch = 128, .tbatch = 0,
@@ -386,7 +565,7 @@ int cmd_train(int argc, char **argv) {
       case O_RAW: fl.raw = optarg; break;
       case O_DATASET:
         if (strcmp(optarg, "kaggle") && strcmp(optarg, "terabyte")) {
-          fprintf(stderr, "shardrec train: --data-set: '%s' is not kaggle or terabyte\n", optarg);
+          errf("--data-set: '%s' is not kaggle or terabyte\n", optarg);
           return 2;
         }
         fl.dataset = optarg;
@@ -434,6 +613,15 @@ int cmd_train(int argc, char **argv) {
       case O_CMB: if (cli_int(CMD, "--cache-mb", optarg, 1, 1LL << 30, &fl.cache_mb)) return 2; break;
       case O_SERVERS: fl.servers = optarg; break;
       case O_DEVICE: device = optarg; break;
+      case O_COLOCATE: fl.colocate = 1; break;
+      case O_SPMODE:
+        if (strcmp(optarg, "sync") && strcmp(optarg, "async")) {
+          errf("--sparse-mode: '%s' is not sync or async\n", optarg);
+          return 2;
+        }
+        fl.async = !strcmp(optarg, "async");
+        break;
+      case O_STALE: if (cli_int(CMD, "--max-staleness", optarg, 1, 1 << 20, &fl.staleness)) return 2; break;
       case O_RECOVER: if (cli_double(CMD, "--recover-timeout", optarg, 0.0, 1e6, &fl.recover_timeout)) return 2; break;
       case O_RPCDL: if (cli_double(CMD, "--rpc-deadline", optarg, 0.001, 1e6, &fl.rpc_deadline)) return 2; break;
       case O_TLSCA: fl.tls_ca = optarg; break;
@@ -446,15 +634,15 @@ int cmd_train(int argc, char **argv) {
     }
   }
   if (optind < argc) {
-    fprintf(stderr, "shardrec train: unexpected argument '%s'\n", argv[optind]);
+    errf("unexpected argument '%s'\n", argv[optind]);
     return 2;
   }
   if (!!fl.proc == !!fl.raw) {
-    fprintf(stderr, "shardrec train: give exactly one of --processed-data-file and --raw-data-file\n");
+    errf("give exactly one of --processed-data-file and --raw-data-file\n");
     return 2;
   }
   if (fl.proc && fl.have_test_fraction) {
-    fprintf(stderr, "shardrec train: --test-fraction applies to raw data; a processed file holds "
+    errf("--test-fraction applies to raw data; a processed file holds "
                     "the split chosen by 'shardrec convert'\n");
     return 2;
   }
@@ -463,7 +651,7 @@ int cmd_train(int argc, char **argv) {
     int gpu = 0;
     char derr[512];
     if (dense_backend_for_device(device, &be, &gpu, derr, sizeof derr)) {
-      fprintf(stderr, "shardrec train: %s\n", derr);
+      errf("%s\n", derr);
       return 2;
     }
     dense_backend_set_default(be); /* the trainer's dense model runs on it */
@@ -479,23 +667,23 @@ int cmd_train(int argc, char **argv) {
   else if (!strcmp(fl.opt, "adagrad")) dkind = DENSE_OPT_ADAGRAD, skind = EMB_OPT_ADAGRAD;
   else if (!strcmp(fl.opt, "adam")) dkind = DENSE_OPT_ADAM, skind = EMB_OPT_ROWWISE_ADAGRAD;
   else {
-    fprintf(stderr, "shardrec train: --optimizer: '%s' is not sgd, adagrad or adam\n", fl.opt);
+    errf("--optimizer: '%s' is not sgd, adagrad or adam\n", fl.opt);
     return 2;
   }
   if (fl.sopt && emb_optim_parse(fl.sopt, &skind)) {
-    fprintf(stderr, "shardrec train: --sparse-optimizer: '%s' is not sgd, adagrad or rowwise_adagrad\n", fl.sopt);
+    errf("--sparse-optimizer: '%s' is not sgd, adagrad or rowwise_adagrad\n", fl.sopt);
     return 2;
   }
   emb_pooling pooling;
   if (emb_pooling_parse(fl.pooling, &pooling)) {
-    fprintf(stderr, "shardrec train: --pooling: '%s' is not sum or mean\n", fl.pooling);
+    errf("--pooling: '%s' is not sum or mean\n", fl.pooling);
     return 2;
   }
   dense_lr_sched sched = {.base_lr = fl.lr, .num_warmup_steps = fl.warm,
                           .decay_start_step = fl.dstart, .num_decay_steps = fl.dsteps};
   char err[1024];
   if (dense_lr_sched_validate(&sched, err, sizeof err)) {
-    fprintf(stderr, "shardrec train: %s\n", err);
+    errf("%s\n", err);
     return 2;
   }
   dense_config cfg;
@@ -503,12 +691,74 @@ int cmd_train(int argc, char **argv) {
                             (int)(fl.batch > fl.tbatch ? fl.batch : fl.tbatch), &cfg))
     return 2;
   if (cfg.n_dense != DS_NUM_DENSE) {
-    fprintf(stderr, "shardrec train: --arch-mlp-bot must start with %d (the dense features), not %d\n",
+    errf("--arch-mlp-bot must start with %d (the dense features), not %d\n",
             DS_NUM_DENSE, cfg.n_dense);
     return 2;
   }
   outputs out = {0};
   if (fl.oracle && read_oracle(fl.oracle, &out)) return 2;
+  if (fl.staleness && !fl.async) {
+    errf("--max-staleness applies to --sparse-mode async\n");
+    return 2;
+  }
+  if (!fl.staleness) fl.staleness = 2;
+  if (fl.colocate && fl.servers) {
+    errf("give one of --shard-servers and --colocate-shards\n");
+    return 2;
+  }
+  if (fl.async && !fl.servers && !fl.colocate) {
+    errf("--sparse-mode async needs shard servers (--shard-servers or --colocate-shards): "
+         "in-process shards apply every push at once\n");
+    return 2;
+  }
+  if (fl.colocate && !colocate_start) {
+    errf("--colocate-shards: not built into this shardrec (tools/colocate.c has not landed)\n");
+    return 2;
+  }
+  if (g_size > 1) {
+    if (fl.batch % g_size) {
+      errf("--mini-batch-size %lld is the global batch and must divide by the %d ranks "
+           "(%lld %% %d = %lld)\n", fl.batch, g_size, fl.batch, g_size, fl.batch % g_size);
+      return 2;
+    }
+    if (!fl.servers && !fl.colocate) {
+      errf("%d ranks need the embeddings on shards every rank reaches: --shard-servers "
+           "H:P,... or --colocate-shards (in-process shards would be one copy per rank)\n",
+           g_size);
+      return 2;
+    }
+    if (fl.data_dir && !fl.colocate) {
+      errf("--data-dir: with shard servers the rows live on the servers\n");
+      return 2;
+    }
+  }
+  /* The flags are good: from here every rank reports its own failures. */
+  stderr_restore();
+  if (g_launched) {
+    if (dense_mpi_init(err, sizeof err)) {
+      errf("%s\n", err);
+      return 1;
+    }
+    g_coll = dense_coll_mpi_create(err, sizeof err);
+    if (!g_coll) {
+      errf("%s\n", err);
+      return 1;
+    }
+    if (g_coll->size != g_size || g_coll->rank != g_rank) {
+      errf("MPI says rank %d of %d, the environment rank %d of %d\n", g_coll->rank,
+           g_coll->size, g_rank, g_size);
+      return 1;
+    }
+    /* Ranks crowded on few cores: share the cores out rather than run
+     * (cores x ranks) BLAS threads. An explicit OPENBLAS_NUM_THREADS wins. */
+    if (!getenv("OPENBLAS_NUM_THREADS")) {
+      long cores = sysconf(_SC_NPROCESSORS_ONLN);
+      int per = (int)(cores / g_local);
+      openblas_set_num_threads(per < 1 ? 1 : per);
+    }
+  }
+  printf("ranks  %d rank(s)%s, %d on this node; %d BLAS thread(s) per rank\n", g_size,
+         g_size > 1 ? " (mpirun)" : "", g_local, openblas_get_num_threads());
 
   int status = 1;
   ds_source *train = NULL, *test = NULL;
@@ -516,30 +766,33 @@ int cmd_train(int argc, char **argv) {
   emb_store *store = NULL;
   trainer *t = NULL;
   ds_batch b = {0}, tb = {0};
-  float *pred = NULL, *labels = NULL;
+  ds_batch part = {0}, tpart = {0}; /* this rank's slices of b and tb (several ranks) */
+  float *pred = NULL, *labels = NULL, *lpred = NULL;
+  colocate *colo = NULL;
+  char **colo_addrs = NULL;
 
   ds_source_opts so = source_opts(&fl, DS_SPLIT_TRAIN);
   train = ds_source_open(&so, err, sizeof err);
   if (!train) {
-    fprintf(stderr, "shardrec train: %s\n", err);
+    errf("%s\n", err);
     goto done;
   }
   so = source_opts(&fl, DS_SPLIT_TEST);
   test = ds_source_open(&so, err, sizeof err);
   if (!test) {
-    fprintf(stderr, "shardrec train: %s\n", err);
+    errf("%s\n", err);
     goto done;
   }
   uint64_t n_train = ds_source_count(train), n_test = ds_source_count(test);
   if (n_train == 0) {
-    fprintf(stderr, "shardrec train: %s: the training split is empty\n", so.path);
+    errf("%s: the training split is empty\n", so.path);
     goto done;
   }
 
   /* The plan: given, or made from the data's table sizes and the flags. */
   if (fl.plan_path) {
     if (emb_plan_load(fl.plan_path, &plan, err, sizeof err)) {
-      fprintf(stderr, "shardrec train: %s\n", err);
+      errf("%s\n", err);
       goto done;
     }
   } else {
@@ -556,20 +809,21 @@ int cmd_train(int argc, char **argv) {
         p = *end ? end + 1 : end;
       }
       if (n != DS_NUM_SPARSE || *p) {
-        fprintf(stderr, "shardrec train: --arch-embedding-size: need %d positive sizes joined by '-'\n",
+        errf("--arch-embedding-size: need %d positive sizes joined by '-'\n",
                 DS_NUM_SPARSE);
         goto done;
       }
     } else if (ds_source_table_sizes(train, sizes)) {
-      fprintf(stderr, "shardrec train: %s: no table sizes: %s\n", so.path, ds_source_errmsg(train));
+      errf("%s: no table sizes: %s\n", so.path, ds_source_errmsg(train));
       goto done;
     }
     emb_plan_params pp = {.n_tables = DS_NUM_SPARSE, .rows = sizes, .dim = (int)fl.dim,
                           .pooling = pooling, .optim = {.kind = skind, .eps = -1, .init_acc = 0},
                           .init_range = 0, .seed = fl.seed, .n_shards = (int)fl.shards};
+    /* Every rank makes the same plan; rank 0 writes it. */
     if (emb_plan_create(&pp, &plan, err, sizeof err) ||
-        emb_plan_save(plan, fl.plan_out, err, sizeof err)) {
-      fprintf(stderr, "shardrec train: %s\n", err);
+        (g_rank == 0 && emb_plan_save(plan, fl.plan_out, err, sizeof err))) {
+      errf("%s\n", err);
       goto done;
     }
   }
@@ -581,56 +835,107 @@ int cmd_train(int argc, char **argv) {
   printf("plan   %s%s: %d tables, %llu rows, dim %d, %d shard(s) %s; model %.12s plan %.12s\n",
          fl.plan_path ? fl.plan_path : fl.plan_out, fl.plan_path ? "" : " (written)",
          plan->n_tables, (unsigned long long)total_rows, plan->tables[0].dim, plan->n_shards,
-         fl.servers ? "on shard servers" : "in process", mfp, pfp);
+         fl.servers ? "on shard servers" : fl.colocate ? "colocated with the ranks" : "in process",
+         mfp, pfp);
   printf("data   %s: %llu train, %llu test samples\n", so.path, (unsigned long long)n_train,
          (unsigned long long)n_test);
 
   const char *store_kind = "remote";
-  if (fl.servers) {
+  char job[64] = "";
+  if (g_size > 1) {
+    /* One job id for every rank (the servers key a step's pushes by it):
+     * rank 0 draws it and broadcasts it as four 16-bit integers in floats. */
+    float w[4] = {0};
+    if (g_rank == 0) {
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      uint64_t x = sr_mix64(((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^
+                            ((uint64_t)ts.tv_sec << 20));
+      for (int i = 0; i < 4; i++) w[i] = (float)((x >> (16 * i)) & 0xffff);
+    }
+    if (!coll_ok(dense_coll_broadcast(g_coll, w, 4, 0), "broadcast of the job id")) goto done;
+    uint64_t x = 0;
+    for (int i = 0; i < 4; i++) x |= (uint64_t)w[i] << (16 * i);
+    snprintf(job, sizeof job, "job-%016llx", (unsigned long long)x);
+  }
+  if (fl.colocate) {
+    colocate_opts co = {.host = "127.0.0.1", .data_dir = fl.data_dir,
+                        .cache_rows = (uint64_t)fl.cache_rows, .cache_mb = (uint64_t)fl.cache_mb,
+                        .threads = 2};
+    colo = colocate_start(plan, g_rank, g_size, &co, &colo_addrs, err, sizeof err);
+    if (!colo) {
+      errf("--colocate-shards: %s\n", err);
+      goto done;
+    }
+  }
+  if (fl.servers || fl.colocate) {
     /* One address per shard of the plan, in shard order. */
-    char *list = strdup(fl.servers);
-    const char **addr = list ? malloc((strlen(list) / 2 + 1) * sizeof *addr) : NULL;
+    char *list = fl.servers ? strdup(fl.servers) : NULL;
+    const char **addr = malloc(((list ? strlen(list) / 2 : 0) + (size_t)plan->n_shards + 1) *
+                               sizeof *addr);
     int n_addr = 0;
-    for (char *tok = addr ? strtok(list, ",") : NULL; tok; tok = strtok(NULL, ","))
+    if (fl.colocate && addr)
+      for (int k = 0; k < plan->n_shards; k++) addr[n_addr++] = colo_addrs[k];
+    for (char *tok = addr && list ? strtok(list, ",") : NULL; tok; tok = strtok(NULL, ","))
       addr[n_addr++] = tok;
     rpc_tls tls = {.cert = fl.tls_cert, .key = fl.tls_key, .ca = fl.tls_ca};
-    rpc_client_opts ro = {.deadline_s = fl.rpc_deadline, .tls = fl.tls_ca ? &tls : NULL};
-    if (addr) store = emb_store_create_remote(plan, addr, n_addr, &ro, err, sizeof err);
+    rpc_client_opts ro = {.deadline_s = fl.rpc_deadline,
+                          .tls = fl.tls_ca && !fl.colocate ? &tls : NULL,
+                          .job_id = job[0] ? job : NULL,
+                          .rank = g_rank,
+                          .world_size = g_size,
+                          .max_staleness = fl.async ? (int)fl.staleness : 0};
+    if (addr && (list || !fl.servers))
+      store = emb_store_create_remote(plan, addr, n_addr, &ro, err, sizeof err);
     else snprintf(err, sizeof err, "out of memory");
+    if (store && fl.servers)
+      printf("shards %d shard server(s): %s\n", n_addr, fl.servers);
+    else if (store)
+      printf("shards %d shard(s) colocated with %d rank(s): %s%s\n", n_addr, g_size,
+             n_addr ? addr[0] : "", n_addr > 1 ? ", ..." : "");
     free(addr);
     free(list);
-    if (store) printf("shards %d shard server(s): %s\n", n_addr, fl.servers);
+    if (store)
+      printf("mode   %s sparse updates%s\n", fl.async ? "async" : "sync",
+             fl.async ? "" : " (every rank's pushes of a step applied before the next lookups)");
+    if (store && fl.async)
+      printf("mode   max staleness %lld step(s); lookups prefetched one step ahead\n",
+             fl.staleness);
   } else {
     store = train_store_create(plan, fl.data_dir, (uint64_t)fl.cache_rows, (uint64_t)fl.cache_mb,
                                fl.resume != NULL, &store_kind, err, sizeof err);
   }
   if (!store) {
-    fprintf(stderr, "shardrec train: %s\n", err);
+    errf("%s\n", err);
     goto done;
   }
   dense_opt_config ocfg = dense_opt_defaults(dkind);
   t = trainer_create(plan, store, &cfg, &ocfg, plan->seed, err, sizeof err);
   if (!t) {
-    fprintf(stderr, "shardrec train: %s\n", err);
+    errf("%s\n", err);
     goto done;
   }
-  if (ds_batch_init(&b, (int)fl.batch) || ds_batch_init(&tb, (int)fl.tbatch)) {
-    fprintf(stderr, "shardrec train: out of memory for batches\n");
+  trainer_set_coll(t, g_size > 1 ? g_coll : NULL);
+  if (ds_batch_init(&b, (int)fl.batch) || ds_batch_init(&tb, (int)fl.tbatch) ||
+      (g_size > 1 && (ds_batch_init(&part, (int)(fl.batch / g_size) + 1) ||
+                      ds_batch_init(&tpart, (int)(fl.tbatch / g_size) + 1) ||
+                      !(lpred = malloc(((size_t)fl.tbatch / (size_t)g_size + 1) * sizeof *lpred))))) {
+    errf("out of memory for batches\n");
     goto done;
   }
   if (n_test) {
     pred = malloc(n_test * sizeof *pred);
     labels = malloc(n_test * sizeof *labels);
     if (!pred || !labels) {
-      fprintf(stderr, "shardrec train: out of memory for %llu test predictions\n",
+      errf("out of memory for %llu test predictions\n",
               (unsigned long long)n_test);
       goto done;
     }
   }
-  if (fl.metrics) {
+  if (fl.metrics && g_rank == 0) {
     out.metrics = fopen(fl.metrics, "w");
     if (!out.metrics) {
-      fprintf(stderr, "shardrec train: --metrics-out %s: cannot open for writing\n", fl.metrics);
+      errf("--metrics-out %s: cannot open for writing\n", fl.metrics);
       goto done;
     }
   }
@@ -639,7 +944,7 @@ int cmd_train(int argc, char **argv) {
            fl.bot, fl.top, fl.op, dense_config_param_count(&cfg), fl.opt,
            emb_optim_name(plan->tables[0].optim.kind), fl.lr, fl.sparse_lr);
     fflush(stdout);
-    int tty = cli_isatty_err();
+    int tty = cli_isatty_err() && g_rank == 0;
     uint64_t steps_per_epoch = (n_train + (uint64_t)fl.batch - 1) / (uint64_t)fl.batch;
     uint64_t total_steps = steps_per_epoch * (uint64_t)fl.epochs;
     if (fl.nbatches > 0 && (uint64_t)fl.nbatches < total_steps) total_steps = (uint64_t)fl.nbatches;
@@ -648,26 +953,42 @@ int cmd_train(int argc, char **argv) {
                          fl.warm, fl.dstart, fl.dsteps, fl.batch};
     ckpt_state ckst = {0, 0, 0};
     if (fl.resume) {
+      /* Several ranks: rank 0 restores the shards (and its dense part), then
+       * the others load the dense part only, once the shards are back. */
       char ckdir[4096];
-      if (ckpt_resolve(fl.resume, ckdir, sizeof ckdir, err, sizeof err) ||
-          ckpt_load(ckdir, plan, store, store_kind, trainer_model(t), trainer_dense_opt(t), &cks,
-                    &ckst, err, sizeof err) ||
-          ds_source_seek(train, ckst.sample_index)) {
-        fprintf(stderr, "shardrec train: --resume: %s\n", err);
+      int rc = ckpt_resolve(fl.resume, ckdir, sizeof ckdir, err, sizeof err);
+      if (!rc && g_rank == 0)
+        rc = ckpt_load(ckdir, plan, store, store_kind, trainer_model(t), trainer_dense_opt(t),
+                       &cks, &ckst, err, sizeof err);
+      if (rc) {
+        errf("--resume: %s\n", err);
+        goto done;
+      }
+      if (g_size > 1 && !coll_ok(dense_coll_barrier(g_coll), "barrier after the restore"))
+        goto done;
+      if (g_rank != 0 &&
+          (rc = ckpt_load(ckdir, plan, NULL, store_kind, trainer_model(t), trainer_dense_opt(t),
+                          &cks, &ckst, err, sizeof err))) {
+        errf("--resume: %s\n", err);
+        goto done;
+      }
+      if (ds_source_seek(train, ckst.sample_index)) {
+        errf("--resume: cannot seek the data to sample %llu: %s\n",
+             (unsigned long long)ckst.sample_index, ds_source_errmsg(train));
         goto done;
       }
       step = ckst.step;
       printf("resume %s: step %lld, epoch %d, sample %llu\n", ckdir, (long long)step, ckst.epoch,
              (unsigned long long)ckst.sample_index);
     }
-    double t_start = now_s(), t_last = t_start, loss_sum = 0;
-    int64_t loss_n = 0, samples_since = 0;
+    double t_start = now_s(), t_last = t_start, loss_sum = 0, t_eval = 0;
+    int64_t loss_n = 0, samples_since = 0, samples_done = 0;
     int stop = 0;
     dense_metrics m;
     const int start_epoch = ckst.epoch;
     for (int epoch = start_epoch; epoch < fl.epochs && !stop; epoch++) {
       if (epoch > start_epoch && ds_source_rewind(train)) {
-        fprintf(stderr, "shardrec train: %s\n", ds_source_errmsg(train));
+        errf("%s\n", ds_source_errmsg(train));
         goto done;
       }
       int64_t epoch_step = 0;
@@ -678,24 +999,34 @@ int cmd_train(int argc, char **argv) {
         }
         int got = ds_source_next(train, &b, (int)fl.batch);
         if (got < 0) {
-          fprintf(stderr, "shardrec train: %s\n", ds_source_errmsg(train));
+          errf("%s\n", ds_source_errmsg(train));
           goto done;
         }
         if (got == 0) break;
         /* The schedule scales both rates alike. */
         float lr = dense_lr_at(&sched, step), loss = 0;
         float slr = fl.lr > 0 ? (float)((double)lr * (fl.sparse_lr / fl.lr)) : (float)fl.sparse_lr;
-        if (trainer_step(t, &b, step, lr, slr, &loss)) {
+        test_die(step);
+        /* Every rank read the same global batch; each trains on its slice. */
+        const ds_batch *mine = &b;
+        if (g_size > 1) {
+          if (trainer_batch_slice(&b, g_rank, g_size, &part)) {
+            errf("step %lld: out of memory for this rank's slice\n", (long long)step);
+            goto done;
+          }
+          mine = &part;
+        }
+        if (trainer_step_part(t, mine, got, step, lr, slr, &loss)) {
           char why[1300];
           snprintf(why, sizeof why, "step %lld: %s", (long long)step, trainer_errmsg(t));
           if (recover(&fl, plan, store, t, train, &cks, &ckst, why)) {
-            if (!fl.servers || !rpc_remote_lost(store)) fprintf(stderr, "shardrec train: %s\n", why);
+            if (!fl.servers || !rpc_remote_lost(store)) errf("%s\n", why);
             goto done;
           }
           goto rewound;
         }
         if (!isfinite(loss)) {
-          fprintf(stderr, "shardrec train: step %lld: the loss is %g; lower --learning-rate\n",
+          errf("step %lld: the loss is %g; lower --learning-rate\n",
                   (long long)step, loss);
           goto done;
         }
@@ -704,12 +1035,11 @@ int cmd_train(int argc, char **argv) {
         train_mem_sample();
         ckst = (ckpt_state){step, epoch, b.first_index + (uint64_t)got};
         if (fl.ckpt && fl.ck_every > 0 && step % fl.ck_every == 0 &&
-            ckpt_save(fl.ckpt, (int)fl.ck_keep, plan, store, store_kind, trainer_model(t),
-                      trainer_dense_opt(t), &ckst, &cks, err, sizeof err)) {
+            ckpt_job(&fl, plan, store, store_kind, t, &ckst, &cks, err, sizeof err)) {
           char why[1300];
           snprintf(why, sizeof why, "--save-checkpoint: %s", err);
           if (recover(&fl, plan, store, t, train, &cks, &ckst, why)) {
-            if (!fl.servers || !rpc_remote_lost(store)) fprintf(stderr, "shardrec train: %s\n", why);
+            if (!fl.servers || !rpc_remote_lost(store)) errf("%s\n", why);
             goto done;
           }
           goto rewound;
@@ -718,6 +1048,7 @@ int cmd_train(int argc, char **argv) {
         loss_sum += loss;
         loss_n++;
         samples_since += got;
+        samples_done += got;
         if (step % fl.print_freq == 0 || (uint64_t)step == total_steps) {
           double tnow = now_s();
           double rate = samples_since / (tnow - t_last);
@@ -745,9 +1076,11 @@ int cmd_train(int argc, char **argv) {
         }
         if (fl.test_freq > 0 && step % fl.test_freq == 0 && n_test) {
           if (tty) fprintf(stderr, "\n");
-          if (evaluate(t, test, &tb, (int)fl.tbatch, step, pred, labels, n_test, &m)) goto done;
+          double e0 = now_s();
+          if (evaluate(t, test, &tb, &tpart, lpred, (int)fl.tbatch, step, pred, labels, n_test, &m)) goto done;
           report_test(&out, step, epoch, &m);
           t_last = now_s();
+          t_eval += t_last - e0;
         }
         continue;
       rewound: /* recovered: carry on from the checkpoint's step and data position */
@@ -761,8 +1094,10 @@ int cmd_train(int argc, char **argv) {
       }
       if (tty) fprintf(stderr, "\n");
       if (n_test && (fl.test_freq == 0 || step % fl.test_freq != 0)) {
-        if (evaluate(t, test, &tb, (int)fl.tbatch, step, pred, labels, n_test, &m)) goto done;
+        double e0 = now_s();
+        if (evaluate(t, test, &tb, &tpart, lpred, (int)fl.tbatch, step, pred, labels, n_test, &m)) goto done;
         report_test(&out, step, epoch, &m);
+        t_eval += now_s() - e0;
       }
     }
     double secs = now_s() - t_start;
@@ -777,10 +1112,18 @@ int cmd_train(int argc, char **argv) {
            1e3 * tt->scatter / (double)(tt->steps ? tt->steps : 1),
            1e3 * tt->push / (double)(tt->steps ? tt->steps : 1),
            1e3 * tt->dense_opt / (double)(tt->steps ? tt->steps : 1));
+    {
+      /* Samples per second of training (test passes left out), and where a
+       * step's time went: bench dp reads this line. */
+      double ts = secs - t_eval, ns = (double)(tt->steps ? tt->steps : 1);
+      printf("rate   %.1f samples/s over %d rank(s); per step: dense compute %.3f ms, "
+             "allreduce %.3f ms\n",
+             ts > 0 ? (double)samples_done / ts : 0.0, g_size,
+             1e3 * (tt->forward + tt->backward + tt->dense_opt) / ns, 1e3 * tt->allreduce / ns);
+    }
     if (fl.ckpt) {
-      if (ckpt_save(fl.ckpt, (int)fl.ck_keep, plan, store, store_kind, trainer_model(t),
-                    trainer_dense_opt(t), &ckst, &cks, err, sizeof err)) {
-        fprintf(stderr, "shardrec train: --save-checkpoint: %s\n", err);
+      if (ckpt_job(&fl, plan, store, store_kind, t, &ckst, &cks, err, sizeof err)) {
+        errf("--save-checkpoint: %s\n", err);
         goto done;
       }
       printf("ckpt   %s/step-%lld\n", fl.ckpt, (long long)ckst.step);
@@ -791,9 +1134,9 @@ int cmd_train(int argc, char **argv) {
       printf("data   %llu malformed lines skipped\n",
              (unsigned long long)(st.malformed > st.scan_malformed ? st.malformed : st.scan_malformed));
   }
-  if (fl.save) {
+  if (fl.save && g_rank == 0) {
     if (model_dir_save(fl.save, &cfg, plan, trainer_model(t), store, err, sizeof err)) {
-      fprintf(stderr, "shardrec train: --save-model: %s\n", err);
+      errf("--save-model: %s\n", err);
       goto done;
     }
     printf("saved  %s\n", fl.save);
@@ -803,10 +1146,19 @@ done:
   if (out.metrics) fclose(out.metrics);
   free(pred);
   free(labels);
+  free(lpred);
   ds_batch_free(&b);
   ds_batch_free(&tb);
+  ds_batch_free(&part);
+  ds_batch_free(&tpart);
   trainer_destroy(t);
   emb_store_destroy(store);
+  if (colo) {
+    /* Every rank's last call is in before any rank's servers go. */
+    if (status == 0 && g_coll) coll_ok(dense_coll_barrier(g_coll), "final barrier");
+    colocate_stop(colo);
+  }
+  if (colo_addrs) colocate_addrs_free(colo_addrs, plan ? plan->n_shards : 0);
   emb_plan_free(plan);
   ds_source_destroy(train);
   ds_source_destroy(test);

@@ -25,6 +25,8 @@ struct trainer {
   float *emb;         /* [max_batch][T][dim] pooled */
   float *d_emb;       /* [max_batch][T][dim] */
   float *logits;      /* [max_batch] */
+  dense_coll *coll;   /* borrowed; NULL: one rank */
+  float *flat;        /* [params + 1] dense gradients and loss sum to all-reduce */
   trainer_times times;
   char err[512];
 };
@@ -131,6 +133,7 @@ void trainer_destroy(trainer *t) {
   free(t->emb);
   free(t->d_emb);
   free(t->logits);
+  free(t->flat);
   dense_opt_destroy(t->opt);
   dense_model_destroy(t->model);
   free(t);
@@ -179,26 +182,92 @@ static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids) {
   return 0;
 }
 
+void trainer_set_coll(trainer *t, dense_coll *c) { t->coll = c; }
+
+int trainer_slice_count(int n, int rank, int size) {
+  return n / size + (rank < n % size);
+}
+
+int trainer_batch_slice(const ds_batch *b, int rank, int size, ds_batch *out) {
+  if (size < 1 || rank < 0 || rank >= size || b->n < 0) return SR_EINVAL;
+  int q = b->n / size, e = b->n % size;
+  int lo = rank * q + (rank < e ? rank : e), n = q + (rank < e);
+  if (n > out->cap) return SR_EINVAL;
+  size_t total = 0;
+  for (int f = 0; f < DS_NUM_SPARSE; f++) {
+    const uint32_t *off = ds_batch_offsets(b, f);
+    total += (size_t)(off[lo + n] - off[lo]);
+  }
+  int rc = ds_batch_reserve_ids(out, total);
+  if (rc) return rc;
+  out->n = n;
+  out->first_index = b->first_index + (uint64_t)lo;
+  memcpy(out->labels, b->labels + lo, (size_t)n * sizeof *out->labels);
+  memcpy(out->dense, b->dense + (size_t)lo * DS_NUM_DENSE,
+         (size_t)n * DS_NUM_DENSE * sizeof *out->dense);
+  /* Feature f's ids of the slice, moved to start right after feature f-1's. */
+  uint32_t at = 0;
+  for (int f = 0; f < DS_NUM_SPARSE; f++) {
+    const uint32_t *off = ds_batch_offsets(b, f);
+    uint32_t *o = ds_batch_offsets(out, f);
+    uint32_t first = off[lo];
+    for (int i = 0; i <= n; i++) o[i] = at + (off[lo + i] - first);
+    memcpy(out->ids + at, b->ids + first, (size_t)(off[lo + n] - first) * sizeof *out->ids);
+    at += off[lo + n] - first;
+  }
+  return 0;
+}
+
 int trainer_step(trainer *t, const ds_batch *b, int64_t step, float lr, float sparse_lr,
                  float *loss) {
-  emb_idset ids;
-  int rc = gather(t, b, step, &ids);
-  if (rc) return rc;
+  return trainer_step_part(t, b, b->n, step, lr, sparse_lr, loss);
+}
+
+int trainer_step_part(trainer *t, const ds_batch *b, int n_global, int64_t step, float lr,
+                      float sparse_lr, float *loss) {
   int n = b->n;
-  double t0 = sr_now();
-  rc = dense_model_forward(t->model, n, b->dense, t->emb, t->logits);
-  double t1 = sr_now();
-  if (!rc) rc = dense_model_backward(t->model, n, b->labels, loss, t->d_emb);
-  if (rc) {
-    sr_fmt(t->err, sizeof t->err, "dense step: %s", dense_model_errmsg(t->model));
-    return rc;
+  int ranks = t->coll ? t->coll->size : 1;
+  if (n < 0 || n_global < n || n_global < 1 || (ranks == 1 && n != n_global)) {
+    sr_fmt(t->err, sizeof t->err, "trainer: a part of %d samples of a global batch of %d (%d rank(s))",
+           n, n_global, ranks);
+    return SR_EINVAL;
   }
-  double t2 = sr_now();
-  size_t stride = (size_t)t->T * (size_t)t->dim;
-  for (int f = 0; f < t->T; f++)
-    emb_bag_backward(t->plan->tables[f].pooling, t->dim, n, ds_batch_offsets(b, f),
-                     t->inverse[f], t->d_emb + (size_t)f * (size_t)t->dim, stride, t->counts[f],
-                     t->grads[f]);
+  emb_idset ids;
+  int rc;
+  if (n > 0) {
+    rc = gather(t, b, step, &ids);
+    if (rc) return rc;
+  } else {
+    /* Nothing to look up; the rank still pushes (empty) and all-reduces. */
+    for (int f = 0; f < t->T; f++) t->counts[f] = 0;
+    ids.n_tables = t->T;
+    ids.ids = (const uint64_t *const *)t->unique;
+    ids.counts = t->counts;
+  }
+  size_t np = 0;
+  float *p = dense_model_params(t->model, &np);
+  float *g = dense_model_grads(t->model, &np);
+  /* The model's gradients are of this part's mean loss (1/n); the global
+   * mean's are scale times those. 1 with one rank: the bits stay as they were. */
+  float scale = n == n_global ? 1.0f : (float)n / (float)n_global, part_loss = 0;
+  double t0 = sr_now(), t1 = t0, t2 = t0;
+  if (n > 0) {
+    rc = dense_model_forward(t->model, n, b->dense, t->emb, t->logits);
+    t1 = sr_now();
+    if (!rc) rc = dense_model_backward(t->model, n, b->labels, &part_loss, t->d_emb);
+    if (rc) {
+      sr_fmt(t->err, sizeof t->err, "dense step: %s", dense_model_errmsg(t->model));
+      return rc;
+    }
+    t2 = sr_now();
+    size_t stride = (size_t)t->T * (size_t)t->dim;
+    if (scale != 1.0f)
+      for (size_t i = 0, m = (size_t)n * stride; i < m; i++) t->d_emb[i] *= scale;
+    for (int f = 0; f < t->T; f++)
+      emb_bag_backward(t->plan->tables[f].pooling, t->dim, n, ds_batch_offsets(b, f),
+                       t->inverse[f], t->d_emb + (size_t)f * (size_t)t->dim, stride, t->counts[f],
+                       t->grads[f]);
+  }
   double t3 = sr_now();
   rc = emb_store_push(t->store, step, sparse_lr, &ids, (const float *const *)t->grads);
   if (rc) {
@@ -206,22 +275,47 @@ int trainer_step(trainer *t, const ds_batch *b, int64_t step, float lr, float sp
            emb_store_errmsg(t->store));
     return rc;
   }
-  double t4 = sr_now();
-  size_t np = 0;
-  float *p = dense_model_params(t->model, &np);
-  float *g = dense_model_grads(t->model, &np);
-  rc = dense_opt_step(t->opt, p, g, lr);
+  double t4 = sr_now(), t4b = t4;
+  const float *gsum = g;
+  float mean = part_loss;
+  if (ranks > 1) {
+    if (!t->flat) {
+      t->flat = malloc((np + 1) * sizeof *t->flat);
+      if (!t->flat) {
+        sr_fmt(t->err, sizeof t->err, "trainer: out of memory for %zu gradients", np + 1);
+        return SR_ENOMEM;
+      }
+    }
+    if (n > 0)
+      for (size_t i = 0; i < np; i++) t->flat[i] = g[i] * scale;
+    else
+      memset(t->flat, 0, np * sizeof *t->flat);
+    t->flat[np] = part_loss * (float)n; /* this rank's loss sum */
+    rc = dense_coll_all_reduce_sum(t->coll, t->flat, np + 1);
+    if (rc) {
+      sr_fmt(t->err, sizeof t->err, "all-reduce of the dense gradients at step %lld: %s",
+             (long long)step, dense_coll_errmsg(t->coll));
+      return rc;
+    }
+    gsum = t->flat;
+    mean = t->flat[np] / (float)n_global;
+    t4b = sr_now();
+  }
+  if (loss) *loss = mean;
+  rc = dense_opt_step(t->opt, p, gsum, lr);
   double t5 = sr_now();
   t->times.forward += t1 - t0;
   t->times.backward += t2 - t1;
   t->times.scatter += t3 - t2;
   t->times.push += t4 - t3;
-  t->times.dense_opt += t5 - t4;
+  t->times.allreduce += t4b - t4;
+  t->times.dense_opt += t5 - t4b;
   t->times.steps++;
   return rc;
 }
 
 int trainer_predict(trainer *t, const ds_batch *b, int64_t step, float *prob) {
+  if (b->n == 0) return 0;
   emb_idset ids;
   int rc = gather(t, b, step, &ids);
   if (rc) return rc;

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "datasets/batch.h"
+#include "dense/collective.h"
 #include "dense/model.h"
 #include "dense/optim.h"
 #include "embedding/plan.h"
@@ -31,6 +32,7 @@ typedef struct trainer trainer;
 /* Seconds spent in each phase since create (or trainer_times_reset). */
 typedef struct trainer_times {
   double dedup, lookup, pool, forward, backward, scatter, push, dense_opt;
+  double allreduce; /* the dense gradients' all-reduce (data-parallel steps) */
   int64_t steps;
 } trainer_times;
 
@@ -48,8 +50,38 @@ void trainer_destroy(trainer *t); /* NULL-safe */
 int trainer_step(trainer *t, const ds_batch *b, int64_t step, float lr, float sparse_lr,
                  float *loss);
 
+/* Data parallelism (mpirun -np N shardrec train): every rank reads the same
+ * global batch of n_global samples and trains on its slice (see
+ * trainer_batch_slice). c (borrowed, NULL: one rank) is the ranks'
+ * collective. */
+void trainer_set_coll(trainer *t, dense_coll *c);
+
+/* One step of this rank's part of a global batch of n_global samples
+ * (part->n may be 0: the rank still takes part in the collectives and the
+ * store's step). The gradients are those of the MEAN loss over the global
+ * batch: this rank's loss gradient is scaled by 1/n_global (as
+ * part->n/n_global times the model's 1/part->n), the row gradients pushed to
+ * the store likewise (the shards sum the ranks' pushes), and the dense
+ * gradients with this rank's loss sum appended are all-reduced in one call
+ * before the dense optimizer step. *loss gets the global batch's mean BCE on
+ * every rank. With one rank (no collective, or size 1, and part->n ==
+ * n_global) this is trainer_step, bit for bit. */
+int trainer_step_part(trainer *t, const ds_batch *part, int n_global, int64_t step, float lr,
+                      float sparse_lr, float *loss);
+
+/* Rank rank of size's slice of the global batch b into out (initialised
+ * with ds_batch_init for at least b->n / size + 1 samples): samples
+ * [lo, lo + n) where a batch of B = q*size + e samples gives every rank q
+ * and ranks 0..e-1 one more, in rank order (B % size == 0: [r*B/size,
+ * (r+1)*B/size)). out->first_index is b's plus lo. 0 or SR_ENOMEM /
+ * SR_EINVAL (out too small). */
+int trainer_batch_slice(const ds_batch *b, int rank, int size, ds_batch *out);
+
+/* Samples of rank's slice of a global batch of n samples (as above). */
+int trainer_slice_count(int n, int rank, int size);
+
 /* Predicted click probabilities of b's samples into prob[b->n]; changes
- * nothing. step is passed to the store's lookup. */
+ * nothing. step is passed to the store's lookup. b->n == 0: nothing to do. */
 int trainer_predict(trainer *t, const ds_batch *b, int64_t step, float *prob);
 
 dense_model *trainer_model(trainer *t);
