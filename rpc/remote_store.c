@@ -3,7 +3,10 @@
  * A step's unique ids are grouped by shard (emb_plan_shard_of), one call
  * per shard, all in flight at once on one completion queue: lookup_begin
  * starts them and returns, lookup_wait collects them and scatters the rows
- * into the caller's buffers. Every attempt has its own deadline; a call that
+ * into the caller's buffers. Lookups have a queue (lane) of their own, so a
+ * Lookup of step t+1 may stay in flight while push() of step t runs
+ * (prefetch; the servers may hold that Lookup until the push is in). Every
+ * header carries rank, world size and max_staleness (rpc.h). Every attempt has its own deadline; a call that
  * ends UNAVAILABLE (server down, restarting, connection refused) is tried
  * again after a backoff (doubling, at most 1 s), on the same channel, which
  * reconnects by itself. When the tries run out the error names the shard
@@ -48,28 +51,39 @@ typedef struct {
   size_t resp_len;
 } pcall;
 
+/* One stream of calls: its own completion queue, calls and grouping of
+ * ids. The store has two, so that a Lookup of step t+1 (prefetch) stays in
+ * flight, with its grouping intact, while the push of step t runs: in sync
+ * mode (and async with bound 1) the servers hold that Lookup until this
+ * push is in, so the push must not wait for it. */
+typedef struct {
+  grpc_completion_queue *cq;
+  pcall *calls; /* [n] */
+  int n_calls;
+  /* Grouping of this lane's last request, per table: ids grouped by shard
+   * and their positions in the caller's list; off[t*(n+1)+k] ..
+   * off[t*(n+1)+k+1]. */
+  uint64_t **gids;
+  size_t **perm;
+  size_t *off;
+  size_t *cap;
+} lane;
+
 typedef struct {
   emb_store base;
   conn *c;      /* [n] one per shard */
   int n;
-  grpc_completion_queue *cq;
   rpc_client_opts o;
   char job[64];
   char fp[EMB_FP_HEX];
   char err[1024];
   int lost; /* a server was unreachable or restarted: its rows may not be this run's */
-  /* The lookup in flight. */
-  pcall *calls; /* [n] */
-  int n_calls;
+  lane lk;  /* the lookup in flight */
+  lane mn;  /* push, checkpoint, restore, stats */
   int lookup_rc;
   int lookup_pending;
+  int64_t lookup_step;
   float *const *lookup_out;
-  /* Grouping of the last lookup, per table: ids grouped by shard and their
-   * positions in the caller's list; off[t*(n+1)+k] .. off[t*(n+1)+k+1]. */
-  uint64_t **gids;
-  size_t **perm;
-  size_t *off;
-  size_t *cap;
   emb_store_stats st;
 } rstore;
 
@@ -242,6 +256,7 @@ static int call_error(rstore *s, const pcall *p, const char *what) {
     case GRPC_STATUS_UNAVAILABLE: s->lost = 1; return SR_EUNAVAILABLE;
     case GRPC_STATUS_DEADLINE_EXCEEDED: return SR_ETIMEOUT;
     case GRPC_STATUS_FAILED_PRECONDITION: return SR_EMISMATCH;
+    case GRPC_STATUS_ABORTED: return SR_ESTATE; /* the job's pending state was dropped */
     case GRPC_STATUS_INVALID_ARGUMENT: return SR_EINVAL;
     default: return SR_EBACKEND;
   }
@@ -271,6 +286,7 @@ static void header_fill(rstore *s, Shardrec__V1__RequestHeader *h, int64_t step)
   h->step = step;
   h->rank = s->o.rank;
   h->world_size = s->o.world_size;
+  h->max_staleness = s->o.max_staleness;
 }
 
 static uint8_t *pack(const ProtobufCMessage *m, size_t *len) {
@@ -280,21 +296,21 @@ static uint8_t *pack(const ProtobufCMessage *m, size_t *len) {
   return b;
 }
 
-/* Group ids by shard: fills s->gids, s->perm, s->off. */
-static int group(rstore *s, const emb_idset *ids) {
+/* Group ids by shard: fills L->gids, L->perm, L->off. */
+static int group(rstore *s, lane *L, const emb_idset *ids) {
   const emb_plan *plan = s->base.plan;
   const int ns = s->n;
   for (int t = 0; t < plan->n_tables; t++) {
     size_t cnt = ids->counts[t];
-    if (cnt > s->cap[t]) {
-      uint64_t *g = realloc(s->gids[t], cnt * sizeof *g);
-      if (g) s->gids[t] = g;
-      size_t *pp = realloc(s->perm[t], cnt * sizeof *pp);
-      if (pp) s->perm[t] = pp;
+    if (cnt > L->cap[t]) {
+      uint64_t *g = realloc(L->gids[t], cnt * sizeof *g);
+      if (g) L->gids[t] = g;
+      size_t *pp = realloc(L->perm[t], cnt * sizeof *pp);
+      if (pp) L->perm[t] = pp;
       if (!g || !pp) return SR_ENOMEM;
-      s->cap[t] = cnt;
+      L->cap[t] = cnt;
     }
-    size_t *off = &s->off[(size_t)t * (size_t)(ns + 1)];
+    size_t *off = &L->off[(size_t)t * (size_t)(ns + 1)];
     memset(off, 0, (size_t)(ns + 1) * sizeof *off);
     const uint64_t *id = ids->ids[t];
     const emb_table *tb = &plan->tables[t];
@@ -313,25 +329,25 @@ static int group(rstore *s, const emb_idset *ids) {
     memcpy(fill, off, (size_t)ns * sizeof *fill);
     for (size_t r = 0; r < cnt; r++) {
       size_t at = fill[emb_plan_shard_of(plan, t, id[r])]++;
-      s->gids[t][at] = id[r];
-      s->perm[t][at] = r;
+      L->gids[t][at] = id[r];
+      L->perm[t][at] = r;
     }
     free(fill);
   }
   return 0;
 }
 
-static void calls_free(rstore *s) {
-  for (int i = 0; i < s->n_calls; i++) pcall_free(&s->calls[i]);
-  s->n_calls = 0;
+static void calls_free(lane *L) {
+  for (int i = 0; i < L->n_calls; i++) pcall_free(&L->calls[i]);
+  L->n_calls = 0;
 }
 
 /* Build one request per shard with ids (lookup: grads NULL). */
-static int build_calls(rstore *s, rpc_method m, int64_t step, float lr, const emb_idset *ids,
-                       const float *const *grads) {
+static int build_calls(rstore *s, lane *L, rpc_method m, int64_t step, float lr,
+                       const emb_idset *ids, const float *const *grads) {
   const emb_plan *plan = s->base.plan;
   const int nt = plan->n_tables, ns = s->n;
-  int rc = group(s, ids);
+  int rc = group(s, L, ids);
   if (rc) {
     if (rc == SR_ENOMEM) sr_fmt(s->err, sizeof s->err, "out of memory grouping ids");
     return rc;
@@ -345,14 +361,14 @@ static int build_calls(rstore *s, rpc_method m, int64_t step, float lr, const em
   for (int k = 0; k < ns && !rc; k++) {
     int n = 0;
     for (int t = 0; t < nt && !rc; t++) {
-      const size_t *off = &s->off[(size_t)t * (size_t)(ns + 1)];
+      const size_t *off = &L->off[(size_t)t * (size_t)(ns + 1)];
       size_t a = off[k], cnt = off[k + 1] - off[k];
       if (!cnt) continue;
       if (m == RPC_LOOKUP) {
         shardrec__v1__table_ids__init(&ti[n]);
         ti[n].table_id = plan->tables[t].table_id;
         ti[n].n_ids = cnt;
-        ti[n].ids = s->gids[t] + a;
+        ti[n].ids = L->gids[t] + a;
         tip[n] = &ti[n];
       } else {
         const size_t dim = (size_t)plan->tables[t].dim;
@@ -362,11 +378,11 @@ static int build_calls(rstore *s, rpc_method m, int64_t step, float lr, const em
           break;
         }
         for (size_t j = 0; j < cnt; j++)
-          memcpy(gbuf[n] + j * dim, grads[t] + s->perm[t][a + j] * dim, dim * sizeof(float));
+          memcpy(gbuf[n] + j * dim, grads[t] + L->perm[t][a + j] * dim, dim * sizeof(float));
         shardrec__v1__table_grads__init(&tg[n]);
         tg[n].table_id = plan->tables[t].table_id;
         tg[n].n_ids = cnt;
-        tg[n].ids = s->gids[t] + a;
+        tg[n].ids = L->gids[t] + a;
         tg[n].grads.data = (uint8_t *)gbuf[n];
         tg[n].grads.len = cnt * dim * sizeof(float);
         tgp[n] = &tg[n];
@@ -398,7 +414,7 @@ static int build_calls(rstore *s, rpc_method m, int64_t step, float lr, const em
       rc = SR_ENOMEM;
       goto next;
     }
-    pcall_init(&s->calls[s->n_calls++], k, m, buf, len);
+    pcall_init(&L->calls[L->n_calls++], k, m, buf, len);
   next:
     for (int i = 0; i < nt; i++) {
       free(gbuf[i]);
@@ -411,15 +427,16 @@ static int build_calls(rstore *s, rpc_method m, int64_t step, float lr, const em
   free(tg);
   free(tgp);
   free(gbuf);
-  if (rc) calls_free(s);
+  if (rc) calls_free(L);
   return rc;
 }
 
 static int r_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, float *const *out) {
   rstore *s = (rstore *)b;
-  if (s->lookup_pending) {
-    run_calls(s->c, s->cq, s->calls, s->n_calls, &s->o);
-    calls_free(s);
+  lane *L = &s->lk;
+  if (s->lookup_pending) { /* one never waited for: finish it, drop its rows */
+    run_calls(s->c, L->cq, L->calls, L->n_calls, &s->o);
+    calls_free(L);
     s->lookup_pending = 0;
   }
   if (!ids || ids->n_tables != b->plan->n_tables) {
@@ -427,11 +444,12 @@ static int r_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, floa
            ids ? ids->n_tables : -1, b->plan->n_tables);
     return s->lookup_rc = SR_EINVAL;
   }
-  int rc = build_calls(s, RPC_LOOKUP, step, 0, ids, NULL);
+  int rc = build_calls(s, L, RPC_LOOKUP, step, 0, ids, NULL);
   if (rc) return s->lookup_rc = rc;
-  for (int i = 0; i < s->n_calls; i++)
-    pcall_start(&s->c[s->calls[i].shard], s->cq, &s->calls[i], s->o.deadline_s);
+  for (int i = 0; i < L->n_calls; i++)
+    pcall_start(&s->c[L->calls[i].shard], L->cq, &L->calls[i], s->o.deadline_s);
   s->lookup_out = out;
+  s->lookup_step = step;
   s->lookup_pending = 1;
   s->lookup_rc = 0;
   for (int t = 0; t < ids->n_tables; t++) s->st.lookups += ids->counts[t];
@@ -440,16 +458,19 @@ static int r_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, floa
 
 static int r_lookup_wait(emb_store *b) {
   rstore *s = (rstore *)b;
+  lane *L = &s->lk;
   if (!s->lookup_pending) return s->lookup_rc;
   s->lookup_pending = 0;
-  run_calls(s->c, s->cq, s->calls, s->n_calls, &s->o);
+  run_calls(s->c, L->cq, L->calls, L->n_calls, &s->o);
   const emb_plan *plan = b->plan;
   const int ns = s->n;
   int rc = 0;
-  for (int i = 0; i < s->n_calls && !rc; i++) {
-    pcall *p = &s->calls[i];
+  char what[48];
+  snprintf(what, sizeof what, "lookup of step %lld", (long long)s->lookup_step);
+  for (int i = 0; i < L->n_calls && !rc; i++) {
+    pcall *p = &L->calls[i];
     if (p->status != GRPC_STATUS_OK) {
-      rc = call_error(s, p, "lookup");
+      rc = call_error(s, p, what);
       break;
     }
     Shardrec__V1__LookupResponse *a =
@@ -466,7 +487,7 @@ static int r_lookup_wait(emb_store *b) {
     }
     size_t j = 0;
     for (int t = 0; t < plan->n_tables && !rc; t++) {
-      const size_t *off = &s->off[(size_t)t * (size_t)(ns + 1)];
+      const size_t *off = &L->off[(size_t)t * (size_t)(ns + 1)];
       size_t lo = off[p->shard], cnt = off[p->shard + 1] - lo;
       if (!cnt) continue;
       const size_t dim = (size_t)plan->tables[t].dim;
@@ -482,33 +503,37 @@ static int r_lookup_wait(emb_store *b) {
       }
       float *o = s->lookup_out[t];
       for (size_t r = 0; r < cnt; r++)
-        memcpy(o + s->perm[t][lo + r] * dim, tr->rows.data + r * dim * sizeof(float),
+        memcpy(o + L->perm[t][lo + r] * dim, tr->rows.data + r * dim * sizeof(float),
                dim * sizeof(float));
     }
     shardrec__v1__lookup_response__free_unpacked(a, NULL);
   }
-  calls_free(s);
+  calls_free(L);
   return s->lookup_rc = rc;
 }
 
 static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
                   const float *const *grads) {
   rstore *s = (rstore *)b;
-  if (s->lookup_pending) r_lookup_wait(b);
+  lane *L = &s->mn;
+  /* A Lookup in flight (the next step's, prefetched) stays in flight on its
+   * own lane: the servers may hold it until this push is in. */
   if (!ids || ids->n_tables != b->plan->n_tables) {
     sr_fmt(s->err, sizeof s->err, "push: id set has %d tables, the plan has %d",
            ids ? ids->n_tables : -1, b->plan->n_tables);
     return SR_EINVAL;
   }
-  int rc = build_calls(s, RPC_PUSH, step, lr, ids, grads);
+  int rc = build_calls(s, L, RPC_PUSH, step, lr, ids, grads);
   if (rc) return rc;
-  for (int i = 0; i < s->n_calls; i++)
-    pcall_start(&s->c[s->calls[i].shard], s->cq, &s->calls[i], s->o.deadline_s);
-  run_calls(s->c, s->cq, s->calls, s->n_calls, &s->o);
-  for (int i = 0; i < s->n_calls && !rc; i++) {
-    pcall *p = &s->calls[i];
+  for (int i = 0; i < L->n_calls; i++)
+    pcall_start(&s->c[L->calls[i].shard], L->cq, &L->calls[i], s->o.deadline_s);
+  run_calls(s->c, L->cq, L->calls, L->n_calls, &s->o);
+  char what[48];
+  snprintf(what, sizeof what, "push of step %lld", (long long)step);
+  for (int i = 0; i < L->n_calls && !rc; i++) {
+    pcall *p = &L->calls[i];
     if (p->status != GRPC_STATUS_OK) {
-      rc = call_error(s, p, "push");
+      rc = call_error(s, p, what);
       break;
     }
     Shardrec__V1__PushResponse *a = shardrec__v1__push_response__unpack(NULL, p->resp_len, p->resp);
@@ -521,7 +546,7 @@ static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
     rc = check_inc(s, p->shard, a->incarnation, "push");
     shardrec__v1__push_response__free_unpacked(a, NULL);
   }
-  calls_free(s);
+  calls_free(L);
   if (!rc)
     for (int t = 0; t < ids->n_tables; t++) s->st.pushes += ids->counts[t];
   return rc;
@@ -530,26 +555,28 @@ static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
 /* The same request to every server. */
 static int broadcast(rstore *s, rpc_method m, uint8_t *(*make)(rstore *, int, size_t *, void *),
                      void *ctx, const char *what, int (*each)(rstore *, pcall *, void *)) {
-  if (s->lookup_pending) r_lookup_wait(&s->base);
+  /* A Lookup in flight stays in flight on its own lane (a Restore, say, must
+   * not wait for a Lookup the servers hold for a step that never comes). */
+  lane *L = &s->mn;
   int rc = 0;
   for (int k = 0; k < s->n; k++) {
     size_t len = 0;
     uint8_t *req = make(s, k, &len, ctx);
     if (!req) {
-      calls_free(s);
+      calls_free(L);
       sr_fmt(s->err, sizeof s->err, "%s: out of memory", what);
       return SR_ENOMEM;
     }
-    pcall_init(&s->calls[s->n_calls++], k, m, req, len);
+    pcall_init(&L->calls[L->n_calls++], k, m, req, len);
   }
-  for (int i = 0; i < s->n_calls; i++)
-    pcall_start(&s->c[s->calls[i].shard], s->cq, &s->calls[i], s->o.deadline_s);
-  run_calls(s->c, s->cq, s->calls, s->n_calls, &s->o);
-  for (int i = 0; i < s->n_calls && !rc; i++) {
-    if (s->calls[i].status != GRPC_STATUS_OK) rc = call_error(s, &s->calls[i], what);
-    else if (each) rc = each(s, &s->calls[i], ctx);
+  for (int i = 0; i < L->n_calls; i++)
+    pcall_start(&s->c[L->calls[i].shard], L->cq, &L->calls[i], s->o.deadline_s);
+  run_calls(s->c, L->cq, L->calls, L->n_calls, &s->o);
+  for (int i = 0; i < L->n_calls && !rc; i++) {
+    if (L->calls[i].status != GRPC_STATUS_OK) rc = call_error(s, &L->calls[i], what);
+    else if (each) rc = each(s, &L->calls[i], ctx);
   }
-  calls_free(s);
+  calls_free(L);
   return rc;
 }
 
@@ -666,31 +693,47 @@ static int r_iterate(emb_store *b, int table, emb_row_fn fn, void *ctx) {
 }
 static const char *r_errmsg(emb_store *b) { return ((rstore *)b)->err; }
 
+static void lane_free(lane *L, int n_tables) {
+  calls_free(L);
+  if (L->cq) {
+    grpc_completion_queue_shutdown(L->cq);
+    while (grpc_completion_queue_next(L->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(L->cq);
+  }
+  if (L->gids)
+    for (int t = 0; t < n_tables; t++) free(L->gids[t]);
+  if (L->perm)
+    for (int t = 0; t < n_tables; t++) free(L->perm[t]);
+  free(L->gids);
+  free(L->perm);
+  free(L->off);
+  free(L->cap);
+  free(L->calls);
+}
+
+static int lane_init(lane *L, int n_tables, int n_servers) {
+  L->calls = calloc((size_t)n_servers, sizeof *L->calls);
+  L->gids = calloc((size_t)n_tables, sizeof *L->gids);
+  L->perm = calloc((size_t)n_tables, sizeof *L->perm);
+  L->cap = calloc((size_t)n_tables, sizeof *L->cap);
+  L->off = calloc((size_t)n_tables * (size_t)(n_servers + 1), sizeof *L->off);
+  L->cq = grpc_completion_queue_create_for_next(NULL);
+  return L->calls && L->gids && L->perm && L->cap && L->off && L->cq ? 0 : SR_ENOMEM;
+}
+
+/* A Lookup in flight is waited for (not cancelled: to the servers a
+ * cancelled held Lookup means this rank went away, rpc.h "Rank death"). */
 static void r_destroy(emb_store *b) {
   rstore *s = (rstore *)b;
   if (s->lookup_pending) r_lookup_wait(b);
-  calls_free(s);
+  lane_free(&s->lk, b->plan->n_tables);
+  lane_free(&s->mn, b->plan->n_tables);
   for (int k = 0; k < s->n; k++) {
     if (s->c && s->c[k].ch) grpc_channel_destroy(s->c[k].ch);
     if (s->c) free(s->c[k].addr);
   }
-  if (s->cq) {
-    grpc_completion_queue_shutdown(s->cq);
-    while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
-           GRPC_QUEUE_SHUTDOWN) {
-    }
-    grpc_completion_queue_destroy(s->cq);
-  }
-  if (s->gids)
-    for (int t = 0; t < b->plan->n_tables; t++) {
-      free(s->gids[t]);
-      free(s->perm[t]);
-    }
-  free(s->gids);
-  free(s->perm);
-  free(s->off);
-  free(s->cap);
-  free(s->calls);
   free(s->c);
   free(s);
   rpc_global_shutdown();
@@ -713,6 +756,11 @@ emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *serv
     sr_fmt(err, errlen, "rank %d of world size %d", o->rank, o->world_size);
     return NULL;
   }
+  if (o && o->max_staleness < 0) {
+    sr_fmt(err, errlen, "max_staleness %d: must be >= 0 (0: sync mode, S >= 1: async)",
+           o->max_staleness);
+    return NULL;
+  }
   if (n_servers != plan->n_shards) {
     sr_fmt(err, errlen, "the plan has %d shard(s) but %d server(s) were given (one per shard, in shard order)",
            plan->n_shards, n_servers);
@@ -732,13 +780,9 @@ emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *serv
   opts_defaults(&s->o);
   s->n = n_servers;
   s->c = calloc((size_t)n_servers, sizeof *s->c);
-  s->calls = calloc((size_t)n_servers, sizeof *s->calls);
-  s->gids = calloc((size_t)plan->n_tables, sizeof *s->gids);
-  s->perm = calloc((size_t)plan->n_tables, sizeof *s->perm);
-  s->cap = calloc((size_t)plan->n_tables, sizeof *s->cap);
-  s->off = calloc((size_t)plan->n_tables * (size_t)(n_servers + 1), sizeof *s->off);
-  s->cq = grpc_completion_queue_create_for_next(NULL);
-  if (!s->c || !s->calls || !s->gids || !s->perm || !s->cap || !s->off || !s->cq) {
+  int lk = lane_init(&s->lk, plan->n_tables, n_servers);
+  int mn = lane_init(&s->mn, plan->n_tables, n_servers);
+  if (!s->c || lk || mn) {
     sr_fmt(err, errlen, "remote store: out of memory");
     goto fail;
   }

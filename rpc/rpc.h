@@ -42,6 +42,7 @@ enum {
   RPC_NOT_FOUND = 5,
   RPC_RESOURCE_EXHAUSTED = 8,
   RPC_FAILED_PRECONDITION = 9,
+  RPC_ABORTED = 10,
   RPC_UNIMPLEMENTED = 12,
   RPC_INTERNAL = 13,
   RPC_UNAVAILABLE = 14,
@@ -59,6 +60,10 @@ typedef struct rpc_service_opts {
   int store_shard_dirs; /* the store's checkpoint(path) itself writes path/shard-K
                            (the RocksDB shard store); 0: the service passes it
                            path/shard-K (the in-memory local store) */
+  double pending_timeout_s; /* a multi-rank job whose pending state (held pushes,
+                               parked Lookups, ranks at different steps) makes no
+                               progress this long is dropped as if a rank went
+                               away (0: 300 s); see "Rank death" below */
 } rpc_service_opts;
 
 /* A service over plan (borrowed) and store (borrowed; holds the plan's rows,
@@ -83,17 +88,54 @@ typedef struct rpc_reply {
 void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
                         rpc_reply *r);
 
-/* Multi-rank jobs (header.world_size > 1): a shard applies step t's pushes
- * once every rank's is in (Push answers at once; applied = taken), summing
- * a row's gradients over the ranks in rank order before the optimizer runs
- * once, and holds a Lookup of step t+1 until then. Idempotent on (job,
- * step, rank). Every rank pushes to every shard every step (an empty push
- * where it has nothing). A held Lookup is parked: rpc_service_handle_call
- * answers r->status RPC_PARKED, keeps a copy of the request and token, and
- * rpc_service_take_woken later hands back (token, answer) once the step is
- * applied, the call's timeout passed (DEADLINE_EXCEEDED, nothing changed) or
- * the service stops parking (UNAVAILABLE). rpc_service_handle (no token)
- * answers UNAVAILABLE instead of parking. */
+/* Multi-rank jobs (header.world_size > 1). A job (header.job_id) is known
+ * from its first call, Lookup or Push, which fixes its world size, its mode
+ * (header.max_staleness) and its first step (that call's step); a later
+ * call that says another world size or mode is refused FAILED_PRECONDITION
+ * naming both. Single-rank jobs keep their mode too (a call with another is
+ * refused) and otherwise behave the same in both modes: a Push is applied
+ * on arrival, a Lookup never waits.
+ *
+ * Sync mode (max_staleness 0): a shard applies step t's pushes once every
+ * rank's is in (Push answers at once; applied = taken), summing a row's
+ * gradients over the ranks in rank order before the optimizer runs once,
+ * and holds a Lookup of step t+1 until then. At most 4 steps are collected
+ * at once.
+ *
+ * Async mode (max_staleness S >= 1): a Push is applied on arrival, in
+ * arrival order (not bit-reproducible across runs); a Lookup of step t is
+ * held until every rank's push of step t-S (and so of every step before) is
+ * applied; one with t-S before the job's first step never waits. S = 1 holds
+ * Lookups as sync mode does. A rank may have a Lookup of step t+1
+ * outstanding while it pushes step t (prefetch), in both modes.
+ *
+ * Both: Push is idempotent on (job, step, rank): a retry answers applied =
+ * false and changes nothing. Every rank pushes to every shard every step (an
+ * empty push where it has nothing). A held Lookup is parked:
+ * rpc_service_handle_call answers r->status RPC_PARKED, keeps a copy of the
+ * request and token, and rpc_service_take_woken later hands back (token,
+ * answer) once it may be served, the call's timeout passed
+ * (DEADLINE_EXCEEDED, nothing changed), its job's pending state was dropped
+ * (ABORTED) or the service stops parking (UNAVAILABLE).
+ * rpc_service_handle (no token) answers UNAVAILABLE instead of parking.
+ *
+ * Rank death. A job's pending state (sync: the held pushes of incomplete
+ * steps; both: its parked Lookups) is dropped, never half-applied, when
+ *   - a parked Lookup of the job is cancelled by its client before its
+ *     deadline (rpc_service_cancel: the rank's process went away; a rank
+ *     must not otherwise abandon a parked Lookup),
+ *   - the job makes no progress (no push taken) for pending_timeout_s while
+ *     it has held pushes, parked Lookups or (async) ranks at different steps,
+ *   - or the server is restored (Restore drops every job's pending state and
+ *     forgets every job: steps start over from the checkpoint's).
+ * The job's parked Lookups are answered ABORTED with a message naming the
+ * cause and where the job stood ("job J: rank R went away (its Lookup of
+ * step L was cancelled) during step T, which waited for rank(s) 1; the
+ * step's held pushes were dropped (nothing of it was applied)"), and every
+ * later call of that job id is refused ABORTED with the same message (after
+ * a Restore the job id is forgotten instead). Steps already applied stay
+ * applied; a new job id (a resumed run) starts afresh. Stats reports
+ * pending_pushes, dropped_steps and jobs. */
 #define RPC_PARKED (-1)
 void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
                              void *token, double timeout_s, rpc_reply *r);
@@ -106,6 +148,13 @@ typedef struct rpc_woken {
 int rpc_service_take_woken(rpc_service *s, rpc_woken *out, int max);
 /* From now on nothing parks; parked calls are woken with UNAVAILABLE. */
 void rpc_service_stop_parking(rpc_service *s);
+/* The client of the call parked with token cancelled it (in gRPC core,
+ * RECV_CLOSE_ON_SERVER reported cancelled before the call's deadline): its
+ * rank went away. Forgets the call (it is never handed back by
+ * take_woken) and drops its job's pending state as above (not while the
+ * service is stopping). Returns 1 when token was parked, 0 when it was not
+ * (already handed back or never parked). Thread-safe. */
+int rpc_service_cancel(rpc_service *s, void *token);
 
 /* This service's incarnation: random, fixed for its life, carried by every
  * answer to Lookup, Push, Checkpoint, Restore and Stats, so a client sees a

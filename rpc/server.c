@@ -13,7 +13,14 @@
  * back (grpc batches may be started from any thread; the batch completes on
  * the owner's queue). A parked call counts as live on its owner, so the
  * owner never shuts its queue down under it; on shutdown the service stops
- * parking and the parked calls are answered UNAVAILABLE.
+ * parking and the parked calls are answered UNAVAILABLE. A parked call also
+ * gets its RECV_CLOSE_ON_SERVER op at once, in a batch of its own: it
+ * completes with cancelled = 1 when the client goes away (its process died,
+ * or it cancelled the call), and before the call's deadline that is a rank
+ * gone: rpc_service_cancel drops its job's pending state and the job's other
+ * parked Lookups are answered ABORTED. Such a call is referenced by its
+ * parked entry (until answered) and by its close batch; the last one frees
+ * it.
  *
  * Shutdown (grpc-core.md): grpc_server_shutdown_and_notify on a queue of its
  * own while the workers still poll; after the grace period
@@ -30,7 +37,7 @@
 #include "common/status.h"
 #include "rpc/grpc_util.h"
 
-typedef enum { TAG_REQUEST = 1, TAG_GENERIC, TAG_REPLY } tag_kind;
+typedef enum { TAG_REQUEST = 1, TAG_GENERIC, TAG_REPLY, TAG_CLOSE } tag_kind;
 
 typedef struct worker worker;
 
@@ -48,7 +55,17 @@ typedef struct call_ctx {
   grpc_slice status_msg;
   int has_status_msg;
   int cancelled;
+  int close_early;      /* RECV_CLOSE_ON_SERVER runs in a batch of its own (parked calls) */
+  _Atomic int refs;     /* the reply batch (or parked entry) and the early close batch */
 } call_ctx;
+
+/* The tag of a parked call's early RECV_CLOSE_ON_SERVER batch. kind first:
+ * the worker reads a tag's kind before knowing its type. */
+typedef struct {
+  tag_kind kind; /* TAG_CLOSE */
+  call_ctx *c;   /* holds one reference */
+  int cancelled;
+} close_tag;
 
 typedef struct server_state server_state;
 
@@ -74,6 +91,7 @@ static call_ctx *ctx_new(tag_kind k, int method) {
   if (!c) return NULL;
   c->kind = k;
   c->method = method;
+  atomic_init(&c->refs, 1);
   grpc_metadata_array_init(&c->md);
   grpc_call_details_init(&c->details);
   return c;
@@ -88,6 +106,10 @@ static void ctx_free(call_ctx *c) {
   if (c->has_status_msg) grpc_slice_unref(c->status_msg);
   if (c->call) grpc_call_unref(c->call);
   free(c);
+}
+
+static void ctx_unref(call_ctx *c) {
+  if (c && atomic_fetch_sub(&c->refs, 1) == 1) ctx_free(c);
 }
 
 /* Post a request for method m (or a generic one, m < 0) on w's queue. */
@@ -134,11 +156,13 @@ static void reply(worker *w, call_ctx *c, int status, const char *msg, const uin
     ops[n].data.send_status_from_server.status_details = &c->status_msg;
   }
   n++;
-  ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-  ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
-  n++;
+  if (!c->close_early) {
+    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
+    n++;
+  }
   if (grpc_call_start_batch(c->call, ops, (size_t)n, c, NULL) != GRPC_CALL_OK) {
-    ctx_free(c);
+    ctx_unref(c);
     return;
   }
   w->live++;
@@ -170,11 +194,37 @@ static void handle(worker *w, call_ctx *c) {
   rpc_reply r;
   gpr_timespec left = gpr_time_sub(c->deadline, gpr_now(c->deadline.clock_type));
   double left_s = (double)left.tv_sec + 1e-9 * (double)left.tv_nsec;
+  /* A Lookup may park, and another worker may answer it before this one
+   * gets to start its close batch: set both up before it can. */
+  int may_park = c->method == RPC_LOOKUP;
+  if (may_park) {
+    c->close_early = 1;
+    atomic_store(&c->refs, 2);
+  }
   rpc_service_handle_call(w->st->svc, (rpc_method)c->method, in, len, c, left_s, &r);
   free(in);
   if (r.status == RPC_PARKED) { /* answered later by whichever worker wakes it */
     w->live++;
+    close_tag *ct = calloc(1, sizeof *ct);
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    if (ct) {
+      ct->kind = TAG_CLOSE;
+      ct->c = c;
+      op.data.recv_close_on_server.cancelled = &ct->cancelled;
+    }
+    if (ct && grpc_call_start_batch(c->call, &op, 1, ct, NULL) == GRPC_CALL_OK) {
+      w->live++;
+    } else { /* no word of a cancel: the timeouts still end the job's wait */
+      free(ct);
+      ctx_unref(c);
+    }
     return;
+  }
+  if (may_park) { /* not parked: nobody else holds c */
+    c->close_early = 0;
+    atomic_store(&c->refs, 1);
   }
   if (r.status == RPC_OK &&
       gpr_time_cmp(c->deadline, gpr_now(c->deadline.clock_type)) < 0)
@@ -200,6 +250,26 @@ static void answer_woken(server_state *st) {
   } while (n == 16);
 }
 
+/* A parked call's close batch ended. Cancelled before the call's deadline
+ * (a deadline cancels it too; the service answers those itself): the client
+ * went away; if the call is still parked the service forgets it and drops
+ * its job's pending state, and the job's other parked Lookups are answered
+ * now. */
+static void on_close(worker *w, close_tag *ct) {
+  call_ctx *c = ct->c;
+  if (ct->cancelled) {
+    gpr_timespec now = gpr_now(c->deadline.clock_type);
+    gpr_timespec near = gpr_time_sub(c->deadline, gpr_time_from_millis(200, GPR_TIMESPAN));
+    if (gpr_time_cmp(now, near) < 0 && rpc_service_cancel(w->st->svc, c)) {
+      c->owner->live--; /* no longer parked, never answered */
+      ctx_unref(c);
+    }
+    answer_woken(w->st);
+  }
+  ctx_unref(c);
+  free(ct);
+}
+
 static void *worker_main(void *arg) {
   worker *w = arg;
   server_state *st = w->st;
@@ -217,8 +287,12 @@ static void *worker_main(void *arg) {
       answer_woken(st); /* parked calls whose deadline passed */
       continue;
     }
-    call_ctx *c = ev.tag;
     w->live--;
+    if (*(tag_kind *)ev.tag == TAG_CLOSE) {
+      on_close(w, ev.tag);
+      continue;
+    }
+    call_ctx *c = ev.tag;
     switch (c->kind) {
       case TAG_REQUEST:
       case TAG_GENERIC:
@@ -231,7 +305,9 @@ static void *worker_main(void *arg) {
         answer_woken(st);
         break;
       case TAG_REPLY:
-        ctx_free(c);
+        ctx_unref(c);
+        break;
+      case TAG_CLOSE:
         break;
     }
   }

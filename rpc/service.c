@@ -25,26 +25,38 @@
 #define SVC_MAX_WORLD 1024 /* trainer ranks of one job */
 #define SVC_AHEAD 4        /* steps of pushes a multi-rank job may collect at once */
 
-/* A multi-rank job (world_size > 1): step t's pushes are collected from
- * every rank and applied together, summed in rank order; Lookups for step
- * t+1 wait (parked) until step t is applied. */
+/* A multi-rank job (world_size > 1), known from its first call, which
+ * fixes its world size and mode. Sync (stale 0): step t's pushes are
+ * collected from every rank and applied together, summed in rank order;
+ * Lookups for step t+1 wait (parked) until step t is applied. Async (stale
+ * S >= 1): pushes are applied on arrival; a Lookup of step t waits until
+ * every rank's push of step t-S is in. */
 typedef struct {
   char job[128];
   int world;
-  int64_t applied; /* last step applied */
-  /* have[a * world + rank]: rank's push of step applied+1+a (NULL: not in) */
+  int stale;       /* 0: sync; S >= 1: async with bound S */
+  int64_t applied; /* sync: last step applied */
+  /* sync: have[a * world + rank]: rank's push of step applied+1+a (NULL: not in) */
   Shardrec__V1__PushRequest **have;
+  int64_t *done;   /* async: [world] last step each rank pushed (first step - 1: none yet) */
   uint64_t used;
+  double progress; /* now_us() of the last push taken (or of the first call) */
+  int aborted;     /* its pending state was dropped: every further call is refused */
+  char why[480];
 } sync_job;
 
-/* A Lookup waiting for its job's previous step. */
+/* A Lookup waiting for its job's previous step (sync) or for the slowest
+ * rank (async). */
 typedef struct {
   void *token;
   uint8_t *in;
   size_t len;
   char job[128];
   int64_t step;
+  int rank;
   double deadline; /* now_us() clock, microseconds */
+  int abort;       /* answer ABORTED with why: its job's pending state was dropped */
+  char why[480];
 } parked_call;
 
 static const char *const method_paths[RPC_N_METHODS] = {
@@ -60,7 +72,8 @@ const char *rpc_method_path(rpc_method m) {
 typedef struct {
   char job[128];
   int rank;
-  int64_t last_step; /* highest step applied for (job, rank) */
+  int64_t last_step; /* highest step applied for (job, rank); -1: none yet */
+  int stale;         /* max_staleness of its first call */
   uint64_t used;     /* recency, for replacement */
 } job_entry;
 
@@ -92,12 +105,22 @@ struct rpc_service {
   int n_parked, cap_parked;
   int stopping;         /* no more parking; parked calls are answered UNAVAILABLE */
   atomic_int parked_hint; /* n_parked, readable without the lock */
+  atomic_int sync_hint;   /* n_sync, readable without the lock */
+  double pending_timeout_us; /* a job's pending state with no progress this long is dropped */
+  atomic_llong next_sweep_us; /* now_us() of the next timeout sweep */
+  uint64_t dropped_steps; /* steps whose held pushes were dropped */
 };
 
 static double now_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return 1e6 * (double)ts.tv_sec + 1e-3 * (double)ts.tv_nsec;
+}
+
+/* Sweep for stalled jobs a few times per timeout, at least every second. */
+static double sweep_every(const rpc_service *s) {
+  double t = s->pending_timeout_us / 4;
+  return t < 1e6 ? t : 1e6;
 }
 
 rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
@@ -113,6 +136,7 @@ rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
   s->read_only = o->read_only;
   s->store_shard_dirs = o->store_shard_dirs;
   s->max_ids = o->max_ids ? o->max_ids : (size_t)1 << 22;
+  s->pending_timeout_us = 1e6 * (o->pending_timeout_s > 0 ? o->pending_timeout_s : 300);
   s->served = calloc((size_t)plan->n_shards, 1);
   s->shards = malloc((size_t)o->n_shards * sizeof *s->shards);
   if (!s->served || !s->shards) goto nomem;
@@ -160,12 +184,31 @@ nomem:
   return NULL;
 }
 
-static void sync_free(sync_job *j) {
+/* Free j's held pushes; the number of steps that had any. */
+static int sync_drop_held(sync_job *j) {
+  int steps = 0;
   if (j->have)
-    for (int i = 0; i < SVC_AHEAD * j->world; i++)
-      if (j->have[i]) shardrec__v1__push_request__free_unpacked(j->have[i], NULL);
+    for (int a = 0; a < SVC_AHEAD; a++) {
+      int any = 0;
+      for (int k = 0; k < j->world; k++) {
+        Shardrec__V1__PushRequest **q = &j->have[a * j->world + k];
+        if (*q) {
+          shardrec__v1__push_request__free_unpacked(*q, NULL);
+          *q = NULL;
+          any = 1;
+        }
+      }
+      steps += any;
+    }
+  return steps;
+}
+
+static void sync_free(sync_job *j) {
+  sync_drop_held(j);
   free(j->have);
   j->have = NULL;
+  free(j->done);
+  j->done = NULL;
 }
 
 void rpc_service_destroy(rpc_service *s) {
@@ -232,6 +275,13 @@ static int check_header(rpc_service *s, const Shardrec__V1__RequestHeader *h, rp
   if (h->step < 0) {
     r->status = RPC_INVALID_ARGUMENT;
     snprintf(r->msg, sizeof r->msg, "header.step %lld: negative", (long long)h->step);
+    return r->status;
+  }
+  if (h->max_staleness < 0) {
+    r->status = RPC_INVALID_ARGUMENT;
+    snprintf(r->msg, sizeof r->msg,
+             "header.max_staleness %d: must be >= 0 (0: sync mode, S >= 1: async with bound S)",
+             h->max_staleness);
     return r->status;
   }
   if (!h->job_id || strlen(h->job_id) >= sizeof(((job_entry *)0)->job)) {
@@ -311,10 +361,35 @@ static sync_job *sync_find(rpc_service *s, const char *job) {
   return NULL;
 }
 
+static sync_job *job_enter(rpc_service *s, const Shardrec__V1__RequestHeader *h, rpc_reply *r);
+static int solo_enter(rpc_service *s, const Shardrec__V1__RequestHeader *h, rpc_reply *r);
+
+/* Async: every rank's push of this step (and all before) is in. */
+static int64_t job_min_done(const sync_job *j) {
+  int64_t m = j->done[0];
+  for (int k = 1; k < j->world; k++)
+    if (j->done[k] < m) m = j->done[k];
+  return m;
+}
+
+/* The step a Lookup of step needs complete before it is served. */
+static int64_t job_needs(const sync_job *j, int64_t step) {
+  return j->stale ? step - j->stale : step - 1;
+}
+
+/* The last step complete: sync, applied; async, pushed by every rank. */
+static int64_t job_complete(const sync_job *j) {
+  return j->stale ? job_min_done(j) : j->applied;
+}
+
+static int job_ready(const sync_job *j, int64_t step) {
+  return job_complete(j) >= job_needs(j, step);
+}
+
 /* Keep a copy of a Lookup until its job's previous step is applied (s->mu
  * held). 0, or -1 when out of memory. */
-static int park(rpc_service *s, void *token, const uint8_t *in, size_t len, const char *job,
-                int64_t step, double timeout_s) {
+static int park(rpc_service *s, void *token, const uint8_t *in, size_t len,
+                const Shardrec__V1__RequestHeader *h, double timeout_s) {
   if (s->n_parked == s->cap_parked) {
     int cap = s->cap_parked ? 2 * s->cap_parked : 16;
     parked_call *p = realloc(s->parked, (size_t)cap * sizeof *p);
@@ -328,8 +403,11 @@ static int park(rpc_service *s, void *token, const uint8_t *in, size_t len, cons
   if (len) memcpy(p->in, in, len);
   p->len = len;
   p->token = token;
-  snprintf(p->job, sizeof p->job, "%s", job);
-  p->step = step;
+  snprintf(p->job, sizeof p->job, "%s", h->job_id);
+  p->step = h->step;
+  p->rank = h->rank;
+  p->abort = 0;
+  p->why[0] = 0;
   p->deadline = now_us() + 1e6 * (timeout_s > 0 ? timeout_s : 0);
   s->n_parked++;
   atomic_store(&s->parked_hint, s->n_parked);
@@ -364,14 +442,18 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
       goto out;
   }
   if (q->header->world_size > 1) {
-    /* Step t+1 is read only once every rank's push of step t is applied. */
+    /* Sync: step t+1 is read only once every rank's push of step t is
+     * applied. Async: step t once every rank's push of step t-S is. */
     const Shardrec__V1__RequestHeader *h = q->header;
     pthread_mutex_lock(&s->mu);
-    const sync_job *j = sync_find(s, h->job_id);
-    int wait = j && j->applied < h->step - 1, parked = 0, stopping = s->stopping;
-    int64_t applied = j ? j->applied : 0;
-    if (wait && token && !stopping)
-      parked = park(s, token, in, len, h->job_id, h->step, timeout_s) == 0;
+    const sync_job *j = job_enter(s, h, r);
+    if (!j) {
+      pthread_mutex_unlock(&s->mu);
+      goto out;
+    }
+    int wait = !job_ready(j, h->step), parked = 0, stopping = s->stopping;
+    int64_t need = job_needs(j, h->step), have = job_complete(j);
+    if (wait && token && !stopping) parked = park(s, token, in, len, h, timeout_s) == 0;
     pthread_mutex_unlock(&s->mu);
     if (parked) {
       r->status = RPC_PARKED;
@@ -379,9 +461,15 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
     }
     if (wait)
       FAIL(r, RPC_UNAVAILABLE,
-           "lookup of step %lld of job %s waits for step %lld (applied: %lld)%s", (long long)h->step,
-           h->job_id, (long long)h->step - 1, (long long)applied,
+           "lookup of step %lld of job %s waits for every rank's push of step %lld (complete: "
+           "%lld)%s",
+           (long long)h->step, h->job_id, (long long)need, (long long)have,
            stopping ? "; the server is shutting down" : token ? "; out of memory to wait" : "");
+  } else {
+    pthread_mutex_lock(&s->mu);
+    int st = solo_enter(s, q->header, r);
+    pthread_mutex_unlock(&s->mu);
+    if (st) goto out;
   }
   static float dummy;
   for (int t = 0; t < nt; t++) outp[t] = &dummy;
@@ -433,7 +521,7 @@ static int job_find(rpc_service *s, const char *job, int rank) {
   return -1;
 }
 
-static void job_record(rpc_service *s, const char *job, int rank, int64_t step) {
+static void job_record(rpc_service *s, const char *job, int rank, int64_t step, int stale) {
   int i = job_find(s, job, rank);
   if (i < 0) {
     if (s->n_jobs < SVC_MAX_JOBS) {
@@ -445,6 +533,7 @@ static void job_record(rpc_service *s, const char *job, int rank, int64_t step) 
     }
     snprintf(s->jobs[i].job, sizeof s->jobs[i].job, "%s", job);
     s->jobs[i].rank = rank;
+    s->jobs[i].stale = stale;
   }
   s->jobs[i].last_step = step;
   s->jobs[i].used = ++s->clock;
@@ -547,9 +636,15 @@ done:
   return rc;
 }
 
-/* The multi-rank job named job (created at its first push, whose step
- * becomes the first to collect). s->mu held. */
-static sync_job *sync_get(rpc_service *s, const char *job, int world, int64_t step) {
+static const char *mode_str(int stale, char *buf, size_t n) {
+  if (stale) snprintf(buf, n, "async mode with max_staleness %d", stale);
+  else snprintf(buf, n, "sync mode");
+  return buf;
+}
+
+/* The multi-rank job named job, created at its first call, whose step
+ * becomes the job's first. s->mu held. NULL when out of memory. */
+static sync_job *sync_get(rpc_service *s, const char *job, int world, int64_t step, int stale) {
   sync_job *j = sync_find(s, job);
   if (j) return j;
   if (s->n_sync == s->cap_sync && s->cap_sync < SVC_MAX_JOBS) {
@@ -565,40 +660,154 @@ static sync_job *sync_get(rpc_service *s, const char *job, int world, int64_t st
     j = &s->sync[0];
     for (int i = 1; i < s->n_sync; i++)
       if (s->sync[i].used < j->used) j = &s->sync[i];
+    s->dropped_steps += (uint64_t)sync_drop_held(j);
     sync_free(j);
   }
   memset(j, 0, sizeof *j);
   snprintf(j->job, sizeof j->job, "%s", job);
   j->world = world;
+  j->stale = stale;
   j->applied = step - 1;
-  j->have = calloc((size_t)SVC_AHEAD * (size_t)world, sizeof *j->have);
-  if (!j->have) {
+  j->progress = now_us();
+  if (stale) {
+    j->done = malloc((size_t)world * sizeof *j->done);
+    if (j->done)
+      for (int k = 0; k < world; k++) j->done[k] = step - 1;
+  } else {
+    j->have = calloc((size_t)SVC_AHEAD * (size_t)world, sizeof *j->have);
+  }
+  if (!j->have && !j->done) {
     *j = s->sync[--s->n_sync];
+    atomic_store(&s->sync_hint, s->n_sync);
+    return NULL;
+  }
+  atomic_store(&s->sync_hint, s->n_sync);
+  return j;
+}
+
+/* The multi-rank job of h, created at its first call; refuses a call
+ * whose world size or mode differs from the job's, and every call of a job
+ * whose pending state was dropped. s->mu held. NULL with r->status and
+ * r->msg set when refused. */
+static sync_job *job_enter(rpc_service *s, const Shardrec__V1__RequestHeader *h, rpc_reply *r) {
+  sync_job *j = sync_get(s, h->job_id, h->world_size, h->step, h->max_staleness);
+  char a[64], b[64];
+  if (!j) {
+    r->status = RPC_RESOURCE_EXHAUSTED;
+    snprintf(r->msg, sizeof r->msg, "out of memory for job %s", h->job_id);
+    return NULL;
+  }
+  j->used = ++s->clock;
+  if (j->aborted) {
+    r->status = RPC_ABORTED;
+    snprintf(r->msg, sizeof r->msg, "%s", j->why);
+    return NULL;
+  }
+  if (j->world != h->world_size) {
+    r->status = RPC_FAILED_PRECONDITION;
+    snprintf(r->msg, sizeof r->msg, "job %s runs with world size %d; this call says %d", h->job_id,
+             j->world, h->world_size);
+    return NULL;
+  }
+  if (j->stale != h->max_staleness) {
+    r->status = RPC_FAILED_PRECONDITION;
+    snprintf(r->msg, sizeof r->msg,
+             "header.max_staleness: job %s runs in %s (fixed at its first call); this call "
+             "(rank %d, step %lld) asks for %s",
+             h->job_id, mode_str(j->stale, a, sizeof a), h->rank, (long long)h->step,
+             mode_str(h->max_staleness, b, sizeof b));
     return NULL;
   }
   return j;
 }
 
-/* Take rank's push *qp of a multi-rank job (on success *qp becomes NULL:
- * the job owns it); apply every step that is complete. s->mu held. Returns
- * RPC_OK or a status with the message in r. *applied: 1 when taken, 0 for a
- * retry of a push already in (or applied). */
-static int sync_push(rpc_service *s, Shardrec__V1__PushRequest **qp, int *applied,
-                     rpc_reply *r) {
+/* A single-rank job: its mode is fixed at its first call too (the
+ * idempotency table remembers it). s->mu held. RPC_OK or a status in r. */
+static int solo_enter(rpc_service *s, const Shardrec__V1__RequestHeader *h, rpc_reply *r) {
+  int i = job_find(s, h->job_id, h->rank);
+  char a[64], b[64];
+  if (i < 0) {
+    job_record(s, h->job_id, h->rank, -1, h->max_staleness);
+    return RPC_OK;
+  }
+  if (s->jobs[i].stale != h->max_staleness) {
+    r->status = RPC_FAILED_PRECONDITION;
+    snprintf(r->msg, sizeof r->msg,
+             "header.max_staleness: job %s runs in %s (fixed at its first call); this call "
+             "(step %lld) asks for %s",
+             h->job_id, mode_str(s->jobs[i].stale, a, sizeof a), (long long)h->step,
+             mode_str(h->max_staleness, b, sizeof b));
+    return r->status;
+  }
+  return RPC_OK;
+}
+
+/* "step T, which waited for rank(s) a,b": where j stands. s->mu held. */
+static void job_where(const sync_job *j, char *buf, size_t n) {
+  int64_t step = job_complete(j) + 1;
+  int at = snprintf(buf, n, "step %lld, which waited for rank(s) ", (long long)step);
+  int first = 1;
+  for (int k = 0; k < j->world && at > 0 && (size_t)at + 16 < n; k++) {
+    int missing = j->stale ? j->done[k] < step : !j->have[k];
+    if (!missing) continue;
+    at += snprintf(buf + at, n - (size_t)at, "%s%d", first ? "" : ",", k);
+    first = 0;
+  }
+  if (first && at > 0 && (size_t)at < n) snprintf(buf + at, n - (size_t)at, "(none)");
+}
+
+static int job_held(const sync_job *j) {
+  int n = 0;
+  if (j->have)
+    for (int i = 0; i < SVC_AHEAD * j->world; i++) n += j->have[i] != NULL;
+  return n;
+}
+
+/* Drop j's pending state: its held pushes (a step is never half-applied),
+ * and answer its parked Lookups ABORTED with a message that starts with
+ * what (the cause). Later calls of the job are refused with the same
+ * message; its completed steps stay applied. s->mu held. */
+static void job_abort(rpc_service *s, sync_job *j, const char *what) {
+  char where[160];
+  job_where(j, where, sizeof where);
+  int held = job_held(j), steps = sync_drop_held(j);
+  s->dropped_steps += (uint64_t)steps;
+  j->aborted = 1;
+  snprintf(j->why, sizeof j->why, "job %.64s: %.150s during %.120s; %s", j->job, what, where,
+           j->stale ? "its pushes so far stay applied (async mode)"
+           : held ? "the step's held pushes were dropped (nothing of it was applied)"
+                  : "no push of it was held");
+  for (int i = 0; i < s->n_parked; i++)
+    if (!strcmp(s->parked[i].job, j->job)) {
+      s->parked[i].abort = 1;
+      snprintf(s->parked[i].why, sizeof s->parked[i].why, "%s", j->why);
+    }
+}
+
+/* Take rank's push *qp of a multi-rank job. Sync: on success *qp becomes
+ * NULL (the job owns it) and every step that is complete is applied.
+ * Async: applied now from set/grads (q's arrays). s->mu held. Returns
+ * RPC_OK or a status with the message in r. *applied: 1 when taken, 0 for
+ * a retry of a push already in (or applied). */
+static int sync_push(rpc_service *s, Shardrec__V1__PushRequest **qp, const emb_idset *set,
+                     const float *const *grads, int *applied, rpc_reply *r) {
   Shardrec__V1__PushRequest *q = *qp;
   const Shardrec__V1__RequestHeader *h = q->header;
-  sync_job *j = sync_get(s, h->job_id, h->world_size, h->step);
-  if (!j) {
-    snprintf(r->msg, sizeof r->msg, "out of memory for job %s", h->job_id);
-    return RPC_RESOURCE_EXHAUSTED;
-  }
-  j->used = ++s->clock;
-  if (j->world != h->world_size) {
-    snprintf(r->msg, sizeof r->msg, "job %s runs with world size %d; this push says %d",
-             h->job_id, j->world, h->world_size);
-    return RPC_FAILED_PRECONDITION;
-  }
+  sync_job *j = job_enter(s, h, r);
+  if (!j) return r->status;
   *applied = 0;
+  if (j->stale) {
+    if (h->step <= j->done[h->rank]) return RPC_OK; /* a retry */
+    if (emb_store_push(s->store, h->step, q->learning_rate, set, grads)) {
+      snprintf(r->msg, sizeof r->msg, "push of step %lld of job %s: %s", (long long)h->step,
+               h->job_id, emb_store_errmsg(s->store));
+      return RPC_INTERNAL;
+    }
+    j->done[h->rank] = h->step;
+    j->progress = now_us();
+    *applied = 1;
+    return RPC_OK;
+  }
   if (h->step <= j->applied) return RPC_OK;
   int64_t a = h->step - j->applied - 1;
   if (a >= SVC_AHEAD) {
@@ -613,6 +822,7 @@ static int sync_push(rpc_service *s, Shardrec__V1__PushRequest **qp, int *applie
   *slot = q;
   *qp = NULL;
   *applied = 1;
+  j->progress = now_us();
   const int W = j->world;
   for (;;) {
     for (int k = 0; k < W; k++)
@@ -696,10 +906,11 @@ static void do_push(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r)
   const Shardrec__V1__RequestHeader *h = q->header;
   if (h->world_size > 1) {
     int applied = 0;
-    /* A rank's push is kept (with its unaligned-gradient copies freed: the
-     * merge reads the bytes with memcpy) until every rank's is in. */
+    /* Sync: a rank's push is kept (with its unaligned-gradient copies freed:
+     * the merge reads the bytes with memcpy) until every rank's is in.
+     * Async: applied now. */
     pthread_mutex_lock(&s->mu);
-    int st = sync_push(s, &q, &applied, r);
+    int st = sync_push(s, &q, &set, grads, &applied, r);
     pthread_mutex_unlock(&s->mu);
     if (st) {
       r->status = st;
@@ -711,15 +922,19 @@ static void do_push(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r)
     goto out;
   }
   pthread_mutex_lock(&s->mu);
-  int j = job_find(s, h->job_id, h->rank);
   int rc = 0;
+  if (solo_enter(s, h, r)) {
+    pthread_mutex_unlock(&s->mu);
+    goto out;
+  }
+  int j = job_find(s, h->job_id, h->rank);
   if (j >= 0 && h->step <= s->jobs[j].last_step) {
     resp.applied = 0; /* a retry: already applied */
   } else {
     rc = emb_store_push(s->store, h->step, q->learning_rate, &set, grads);
     if (rc) snprintf(r->msg, sizeof r->msg, "push: %s", emb_store_errmsg(s->store));
     else {
-      job_record(s, h->job_id, h->rank, h->step);
+      job_record(s, h->job_id, h->rank, h->step, h->max_staleness);
       resp.applied = 1;
       resp.rows = total;
     }
@@ -792,10 +1007,22 @@ static void do_checkpoint(rpc_service *s, const uint8_t *in, size_t len, rpc_rep
   int rc = 0;
   if (restore) {
     rc = emb_store_restore(s->store, dir);
-    if (!rc) { /* steps start over from the checkpoint's */
+    if (!rc) { /* steps start over from the checkpoint's: every job's pending
+                  state is dropped and its parked Lookups answered ABORTED */
       s->n_jobs = 0;
-      for (int i = 0; i < s->n_sync; i++) sync_free(&s->sync[i]);
+      for (int i = 0; i < s->n_sync; i++) {
+        s->dropped_steps += (uint64_t)sync_drop_held(&s->sync[i]);
+        sync_free(&s->sync[i]);
+      }
       s->n_sync = 0;
+      atomic_store(&s->sync_hint, 0);
+      for (int i = 0; i < s->n_parked; i++) {
+        s->parked[i].abort = 1;
+        snprintf(s->parked[i].why, sizeof s->parked[i].why,
+                 "job %.64s: the server was restored from a checkpoint while this Lookup of step "
+                 "%lld waited; the job's pending step state was dropped",
+                 s->parked[i].job, (long long)s->parked[i].step);
+      }
     }
   } else {
     if (mkdir(path, 0777) && errno != EEXIST) rc = SR_EIO;
@@ -840,6 +1067,9 @@ static void do_stats(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r
   int rc = emb_store_stats_get(s->store, &st);
   const lat_stat lk = s->lat[RPC_LOOKUP], ps = s->lat[RPC_PUSH];
   resp.failed_calls = s->failed;
+  for (int i = 0; i < s->n_sync; i++) resp.pending_pushes += (uint64_t)job_held(&s->sync[i]);
+  resp.dropped_steps = s->dropped_steps;
+  resp.jobs = (uint64_t)s->n_sync;
   pthread_mutex_unlock(&s->mu);
   if (rc) FAIL(r, RPC_INTERNAL, "stats: %s", emb_store_errmsg(s->store));
   resp.rows = st.rows;
@@ -915,8 +1145,39 @@ void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t 
   rpc_service_handle_call(s, m, in, len, NULL, 0, r);
 }
 
+/* Drop the pending state of jobs with no progress for pending_timeout_us
+ * (a rank went away without a parked call to tell). s->mu held. */
+static void sweep(rpc_service *s, double now) {
+  for (int i = 0; i < s->n_sync; i++) {
+    sync_job *j = &s->sync[i];
+    if (j->aborted || now - j->progress < s->pending_timeout_us) continue;
+    /* Pending: held pushes (sync), or ranks at different steps (async). */
+    int pending = j->stale ? 0 : job_held(j) > 0;
+    if (j->stale)
+      for (int k = 1; k < j->world; k++) pending |= j->done[k] != j->done[0];
+    int parked = 0;
+    for (int p = 0; p < s->n_parked && !parked; p++) parked = !strcmp(s->parked[p].job, j->job);
+    if (!pending && !parked) continue;
+    char what[128];
+    snprintf(what, sizeof what, "no progress for %.0f s (a rank went away?)",
+             s->pending_timeout_us / 1e6);
+    job_abort(s, j, what);
+  }
+}
+
 int rpc_service_take_woken(rpc_service *s, rpc_woken *out, int max) {
-  if (max < 1 || atomic_load(&s->parked_hint) == 0) return 0;
+  if (max < 1) return 0;
+  if (atomic_load(&s->parked_hint) == 0) {
+    if (atomic_load(&s->sync_hint) == 0) return 0;
+    double now = now_us();
+    if ((long long)now < atomic_load(&s->next_sweep_us)) return 0;
+    pthread_mutex_lock(&s->mu);
+    sweep(s, now);
+    atomic_store(&s->next_sweep_us, (long long)(now + sweep_every(s)));
+    int n = s->n_parked;
+    pthread_mutex_unlock(&s->mu);
+    if (!n) return 0;
+  }
   parked_call *taken = malloc((size_t)max * sizeof *taken);
   int *kind = malloc((size_t)max * sizeof *kind);
   if (!taken || !kind) {
@@ -927,15 +1188,24 @@ int rpc_service_take_woken(rpc_service *s, rpc_woken *out, int max) {
   double now = now_us();
   int n = 0;
   pthread_mutex_lock(&s->mu);
+  if ((long long)now >= atomic_load(&s->next_sweep_us)) {
+    sweep(s, now);
+    atomic_store(&s->next_sweep_us, (long long)(now + sweep_every(s)));
+  }
   for (int i = 0; i < s->n_parked && n < max;) {
     parked_call *p = &s->parked[i];
     const sync_job *j = sync_find(s, p->job);
-    int k = s->stopping ? 2 : (!j || j->applied >= p->step - 1) ? 1 : now >= p->deadline ? 3 : 0;
+    int k = s->stopping           ? 2
+            : p->abort            ? 4
+            : (!j || job_ready(j, p->step)) ? 1
+            : now >= p->deadline  ? 3
+                                  : 0;
     if (!k) {
       i++;
       continue;
     }
     taken[n] = *p;
+    if (k == 3) taken[n].step = job_needs(j, p->step); /* for the message */
     kind[n++] = k;
     s->parked[i] = s->parked[--s->n_parked];
   }
@@ -948,11 +1218,20 @@ int rpc_service_take_woken(rpc_service *s, rpc_woken *out, int max) {
       rpc_service_handle_call(s, RPC_LOOKUP, taken[i].in, taken[i].len, NULL, 0, r);
     } else {
       memset(r, 0, sizeof *r);
-      r->status = kind[i] == 2 ? RPC_UNAVAILABLE : RPC_DEADLINE_EXCEEDED;
-      snprintf(r->msg, sizeof r->msg, "lookup of step %lld of job %.128s: %s",
-               (long long)taken[i].step, taken[i].job,
-               kind[i] == 2 ? "the server is shutting down"
-                            : "deadline passed waiting for every rank's push of the step before");
+      if (kind[i] == 4) {
+        r->status = RPC_ABORTED;
+        snprintf(r->msg, sizeof r->msg, "%s", taken[i].why);
+      } else if (kind[i] == 2) {
+        r->status = RPC_UNAVAILABLE;
+        snprintf(r->msg, sizeof r->msg, "lookup of job %.128s: the server is shutting down",
+                 taken[i].job);
+      } else {
+        r->status = RPC_DEADLINE_EXCEEDED;
+        snprintf(r->msg, sizeof r->msg,
+                 "lookup of job %.128s: deadline passed waiting for every rank's push of step "
+                 "%lld",
+                 taken[i].job, (long long)taken[i].step);
+      }
       pthread_mutex_lock(&s->mu);
       s->failed++;
       pthread_mutex_unlock(&s->mu);
@@ -962,6 +1241,30 @@ int rpc_service_take_woken(rpc_service *s, rpc_woken *out, int max) {
   free(taken);
   free(kind);
   return n;
+}
+
+int rpc_service_cancel(rpc_service *s, void *token) {
+  pthread_mutex_lock(&s->mu);
+  int i = 0;
+  while (i < s->n_parked && s->parked[i].token != token) i++;
+  if (i == s->n_parked) {
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+  }
+  parked_call p = s->parked[i];
+  s->parked[i] = s->parked[--s->n_parked];
+  atomic_store(&s->parked_hint, s->n_parked);
+  sync_job *j = sync_find(s, p.job);
+  if (j && !j->aborted && !s->stopping) {
+    char what[200];
+    snprintf(what, sizeof what, "rank %d went away (its Lookup of step %lld was cancelled)", p.rank,
+             (long long)p.step);
+    job_abort(s, j, what);
+  }
+  s->failed++;
+  pthread_mutex_unlock(&s->mu);
+  free(p.in);
+  return 1;
 }
 
 void rpc_service_stop_parking(rpc_service *s) {

@@ -6,6 +6,10 @@
  * `shardrec serve` does. Checkpoint and Restore are left out: they write
  * and read paths named by the request, and libFuzzer's string-compare
  * tracing can learn the plan fingerprint.
+ * Multi-rank jobs (sync and async, header.max_staleness) run through the
+ * same handlers; a Lookup that would wait is answered UNAVAILABLE (no
+ * token: nothing parks). Every 64th input also runs the stalled-job sweep
+ * (pending_timeout_s is tiny) and a cancel of a token never parked.
  * Invariants: every answer is OK with bytes that decode, or an error with a
  * message; the store never holds rows of the other shard. */
 #include <math.h>
@@ -34,7 +38,8 @@ static void init_once(void) {
   store = emb_store_create_local(plan, err, sizeof err);
   if (!store) abort();
   int shard = 0;
-  rpc_service_opts o = {.shards = &shard, .n_shards = 1, .max_ids = 4096};
+  rpc_service_opts o = {.shards = &shard, .n_shards = 1, .max_ids = 4096,
+                        .pending_timeout_s = 1e-6};
   svc = rpc_service_create(plan, store, &o, err, sizeof err);
   if (!svc) abort();
 }
@@ -62,6 +67,9 @@ static uint8_t *build(rpc_method m, uint8_t flags, const uint8_t *p, size_t n, s
   h.step = (int64_t)(NEXT() % 8) - 1;
   h.world_size = (flags & 0x10) ? 2 : 1;
   h.rank = (flags & 0x08) ? 1 : 0;
+  /* -1 (refused), 0 (sync), 1 or 2 (async): a job keeps the mode of its
+   * first call, so most later ones are refused as a mismatch. */
+  h.max_staleness = (int32_t)(NEXT() % 4) - 1;
   enum { MAXT = 3, MAXI = 16 };
   Shardrec__V1__TableIds ti[MAXT], *tip[MAXT];
   Shardrec__V1__TableGrads tg[MAXT], *tgp[MAXT];
@@ -147,5 +155,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   free(r.out);
   if (m == RPC_PUSH && r.status == RPC_OK)
     for (int t = 0; t < 2; t++) emb_store_iterate(store, t, check_row, NULL);
+  static unsigned calls;
+  if (++calls % 64 == 0) {
+    rpc_woken wk[4];
+    if (rpc_service_take_woken(svc, wk, 4) != 0) abort(); /* nothing was ever parked */
+    static int not_parked;
+    if (rpc_service_cancel(svc, &not_parked) != 0) abort();
+  }
   return 0;
 }
