@@ -41,6 +41,7 @@ typedef struct {
   double retry_at;  /* monotonic seconds; 0: not waiting */
   double backoff;
   int active;       /* a call is in flight */
+  int no_deadline;  /* a Watch: held by the server for the job's life */
   int done;         /* finished: status below is final */
   grpc_call *call;
   grpc_byte_buffer *send, *recv;
@@ -80,6 +81,11 @@ typedef struct {
   int lost; /* a server was unreachable or restarted: its rows may not be this run's */
   lane lk;  /* the lookup in flight */
   lane mn;  /* push, checkpoint, restore, stats */
+  /* Multi-rank: one Watch per server, held open until destroy detaches
+   * (rpc.h, "Rank death"); their completions wait on wcq until then. */
+  grpc_completion_queue *wcq;
+  pcall *watch; /* [n_watch] */
+  int n_watch;
   int lookup_rc;
   int lookup_pending;
   int64_t lookup_step;
@@ -177,8 +183,9 @@ static int pcall_start(conn *c, grpc_completion_queue *cq, pcall *p, double dead
                                        rpc__deadline(deadline_s), NULL);
     grpc_slice_unref(method);
   } else {
-    p->call = grpc_channel_create_registered_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
-                                                  c->reg[p->m], rpc__deadline(deadline_s), NULL);
+    p->call = grpc_channel_create_registered_call(
+        c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, c->reg[p->m],
+        p->no_deadline ? gpr_inf_future(GPR_CLOCK_MONOTONIC) : rpc__deadline(deadline_s), NULL);
   }
   p->send = rpc__bb_make(p->req, p->req_len);
   grpc_op ops[6];
@@ -693,6 +700,75 @@ static int r_iterate(emb_store *b, int table, emb_row_fn fn, void *ctx) {
 }
 static const char *r_errmsg(emb_store *b) { return ((rstore *)b)->err; }
 
+static uint8_t *make_watch(rstore *s, int k, size_t *len, void *ctx) {
+  (void)k;
+  Shardrec__V1__RequestHeader h;
+  header_fill(s, &h, 0);
+  Shardrec__V1__WatchRequest q = SHARDREC__V1__WATCH_REQUEST__INIT;
+  q.header = &h;
+  q.detach = ctx != NULL;
+  return pack(&q.base, len);
+}
+
+/* Start a Watch on every server (not waited for: a server that cannot be
+ * reached just does not watch this rank). 0 or SR_ENOMEM. */
+static int watch_start(rstore *s) {
+  s->wcq = grpc_completion_queue_create_for_next(NULL);
+  s->watch = calloc((size_t)s->n, sizeof *s->watch);
+  if (!s->wcq || !s->watch) return SR_ENOMEM;
+  for (int k = 0; k < s->n; k++) {
+    size_t len = 0;
+    uint8_t *req = make_watch(s, k, &len, NULL);
+    if (!req) return SR_ENOMEM;
+    pcall_init(&s->watch[s->n_watch++], k, RPC_WATCH, req, len);
+    s->watch[k].no_deadline = 1;
+    pcall_start(&s->c[k], s->wcq, &s->watch[k], 0);
+  }
+  return 0;
+}
+
+/* Detach this rank (its Watches end OK and mean nothing from now on), then
+ * collect the Watches: those still held after a few seconds (a server that
+ * did not get the detach) are cancelled, which that server reads as this
+ * rank going away, as it has. */
+static void watch_stop(rstore *s) {
+  if (!s->wcq) return;
+  if (s->n_watch) {
+    int tries = s->o.max_tries;
+    s->o.max_tries = 2; /* a server that is gone does not hold this process up */
+    broadcast(s, RPC_WATCH, make_watch, s, "detach", NULL);
+    s->o.max_tries = tries;
+  }
+  int left = 0;
+  for (int i = 0; i < s->n_watch; i++) left += s->watch[i].active;
+  double until = mono_s() + 5;
+  while (left > 0) {
+    double now = mono_s();
+    grpc_event ev = grpc_completion_queue_next(
+        s->wcq, now < until ? rpc__deadline(until - now) : gpr_inf_future(GPR_CLOCK_MONOTONIC),
+        NULL);
+    if (ev.type == GRPC_QUEUE_TIMEOUT) {
+      for (int i = 0; i < s->n_watch; i++)
+        if (s->watch[i].active) grpc_call_cancel(s->watch[i].call, NULL);
+      until = 0;
+      continue;
+    }
+    if (ev.type != GRPC_OP_COMPLETE) break;
+    ((pcall *)ev.tag)->active = 0;
+    left--;
+  }
+  for (int i = 0; i < s->n_watch; i++) pcall_free(&s->watch[i]);
+  s->n_watch = 0;
+  grpc_completion_queue_shutdown(s->wcq);
+  while (grpc_completion_queue_next(s->wcq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+         GRPC_QUEUE_SHUTDOWN) {
+  }
+  grpc_completion_queue_destroy(s->wcq);
+  s->wcq = NULL;
+  free(s->watch);
+  s->watch = NULL;
+}
+
 static void lane_free(lane *L, int n_tables) {
   calls_free(L);
   if (L->cq) {
@@ -728,6 +804,7 @@ static int lane_init(lane *L, int n_tables, int n_servers) {
 static void r_destroy(emb_store *b) {
   rstore *s = (rstore *)b;
   if (s->lookup_pending) r_lookup_wait(b);
+  watch_stop(s);
   lane_free(&s->lk, b->plan->n_tables);
   lane_free(&s->mn, b->plan->n_tables);
   for (int k = 0; k < s->n; k++) {
@@ -810,6 +887,10 @@ emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *serv
     if (!s->c[k].ch) goto fail;
     for (int m = 0; m < RPC_N_METHODS; m++)
       s->c[k].reg[m] = grpc_channel_register_call(s->c[k].ch, rpc_method_path((rpc_method)m), NULL, NULL);
+  }
+  if (s->o.world_size > 1 && watch_start(s)) {
+    sr_fmt(err, errlen, "remote store: out of memory");
+    goto fail;
   }
   return &s->base;
 fail:

@@ -28,6 +28,7 @@ typedef enum {
   RPC_RESTORE,
   RPC_STATS,
   RPC_HEALTH_CHECK,
+  RPC_WATCH, /* "/shardrec.v1.EmbeddingShard/Watch": a rank's presence (Rank death) */
   RPC_N_METHODS
 } rpc_method;
 
@@ -89,10 +90,12 @@ void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t 
                         rpc_reply *r);
 
 /* Multi-rank jobs (header.world_size > 1). A job (header.job_id) is known
- * from its first call, Lookup or Push, which fixes its world size, its mode
- * (header.max_staleness) and its first step (that call's step); a later
- * call that says another world size or mode is refused FAILED_PRECONDITION
- * naming both. Single-rank jobs keep their mode too (a call with another is
+ * from its first call (Watch, Lookup or Push), which fixes its world size
+ * and its mode (header.max_staleness); its first Lookup or Push fixes its
+ * first step (that call's step: each rank's first call after its Watch is
+ * its Lookup or Push of the job's first step, as the trainer's are). A
+ * later call that says another world size or mode is refused
+ * FAILED_PRECONDITION naming both. Single-rank jobs keep their mode too (a call with another is
  * refused) and otherwise behave the same in both modes: a Push is applied
  * on arrival, a Lookup never waits.
  *
@@ -121,13 +124,21 @@ void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t 
  *
  * Rank death. A job's pending state (sync: the held pushes of incomplete
  * steps; both: its parked Lookups) is dropped, never half-applied, when
- *   - a parked Lookup of the job is cancelled by its client before its
- *     deadline (rpc_service_cancel: the rank's process went away; a rank
- *     must not otherwise abandon a parked Lookup),
+ *   - a parked Watch or Lookup of the job is cancelled by its client before
+ *     its deadline (rpc_service_cancel: the rank's process went away; a
+ *     rank must not otherwise abandon a parked Lookup). Every rank of a
+ *     multi-rank job holds a Watch (shardrec.proto) open on every server
+ *     while it runs, so a rank that dies anywhere (computing, or blocked
+ *     in a collective with nothing in flight to the servers) is heard at
+ *     once; a rank that finishes detaches first (Watch with detach = true),
+ *     after which its Watch ending means nothing. Watches are parked like
+ *     Lookups (RPC_PARKED, take_woken) and answered OK on detach;
  *   - the job makes no progress (no push taken) for pending_timeout_s while
  *     it has held pushes, parked Lookups or (async) ranks at different steps,
- *   - or the server is restored (Restore drops every job's pending state and
- *     forgets every job: steps start over from the checkpoint's).
+ *   - or the server is restored (Restore drops every job's pending state,
+ *     answers every parked Lookup ABORTED and forgets every job: steps start
+ *     over from the checkpoint's; parked Watches stay, the ranks are still
+ *     there).
  * The job's parked Lookups are answered ABORTED with a message naming the
  * cause and where the job stood ("job J: rank R went away (its Lookup of
  * step L was cancelled) during step T, which waited for rank(s) 1; the
@@ -160,6 +171,10 @@ int rpc_service_cancel(rpc_service *s, void *token);
  * answer to Lookup, Push, Checkpoint, Restore and Stats, so a client sees a
  * restarted server (whose rows are no longer its run's) at once. */
 uint64_t rpc_service_incarnation(const rpc_service *s);
+
+/* The remote store of a multi-rank job (rpc_client_opts.world_size > 1)
+ * starts a Watch on every server when it is created and detaches when it
+ * is destroyed (waiting for the prefetched Lookup, if any, first). */
 
 /* Make the store's updates durable (rpc_server_run calls it on shutdown). */
 int rpc_service_flush(rpc_service *s);

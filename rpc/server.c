@@ -8,7 +8,8 @@
  * one batch of SEND_INITIAL_METADATA, SEND_MESSAGE, SEND_STATUS_FROM_SERVER,
  * RECV_CLOSE_ON_SERVER. The request is re-armed before the call is handled.
  * Exception: a Lookup of a multi-rank job held until its previous step is
- * applied (rpc.h) is parked in the service with its call; after each call
+ * applied (rpc.h), and a rank's Watch, are parked in the service with
+ * their call; after each call
  * and every 50 ms poll, a worker answers the parked calls the service hands
  * back (grpc batches may be started from any thread; the batch completes on
  * the owner's queue). A parked call counts as live on its owner, so the
@@ -196,7 +197,7 @@ static void handle(worker *w, call_ctx *c) {
   double left_s = (double)left.tv_sec + 1e-9 * (double)left.tv_nsec;
   /* A Lookup may park, and another worker may answer it before this one
    * gets to start its close batch: set both up before it can. */
-  int may_park = c->method == RPC_LOOKUP;
+  int may_park = c->method == RPC_LOOKUP || c->method == RPC_WATCH;
   if (may_park) {
     c->close_early = 1;
     atomic_store(&c->refs, 2);

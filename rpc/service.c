@@ -39,6 +39,8 @@ typedef struct {
   /* sync: have[a * world + rank]: rank's push of step applied+1+a (NULL: not in) */
   Shardrec__V1__PushRequest **have;
   int64_t *done;   /* async: [world] last step each rank pushed (first step - 1: none yet) */
+  uint8_t *gone;   /* [world] 1: the rank detached (finished); its Watch ending means nothing */
+  int started;     /* a Lookup or Push came: the first step (applied, done) is fixed */
   uint64_t used;
   double progress; /* now_us() of the last push taken (or of the first call) */
   int aborted;     /* its pending state was dropped: every further call is refused */
@@ -56,6 +58,8 @@ typedef struct {
   int rank;
   double deadline; /* now_us() clock, microseconds */
   int abort;       /* answer ABORTED with why: its job's pending state was dropped */
+  int watch;       /* a Watch (not a Lookup): answered OK once released */
+  int released;    /* Watch: its rank detached */
   char why[480];
 } parked_call;
 
@@ -63,6 +67,7 @@ static const char *const method_paths[RPC_N_METHODS] = {
     "/shardrec.v1.EmbeddingShard/Lookup",     "/shardrec.v1.EmbeddingShard/Push",
     "/shardrec.v1.EmbeddingShard/Checkpoint", "/shardrec.v1.EmbeddingShard/Restore",
     "/shardrec.v1.EmbeddingShard/Stats",      "/grpc.health.v1.Health/Check",
+    "/shardrec.v1.EmbeddingShard/Watch",
 };
 
 const char *rpc_method_path(rpc_method m) {
@@ -209,6 +214,8 @@ static void sync_free(sync_job *j) {
   j->have = NULL;
   free(j->done);
   j->done = NULL;
+  free(j->gone);
+  j->gone = NULL;
 }
 
 void rpc_service_destroy(rpc_service *s) {
@@ -362,6 +369,8 @@ static sync_job *sync_find(rpc_service *s, const char *job) {
 }
 
 static sync_job *job_enter(rpc_service *s, const Shardrec__V1__RequestHeader *h, rpc_reply *r);
+static sync_job *job_enter_as(rpc_service *s, const Shardrec__V1__RequestHeader *h, int start,
+                              rpc_reply *r);
 static int solo_enter(rpc_service *s, const Shardrec__V1__RequestHeader *h, rpc_reply *r);
 
 /* Async: every rank's push of this step (and all before) is in. */
@@ -389,7 +398,7 @@ static int job_ready(const sync_job *j, int64_t step) {
 /* Keep a copy of a Lookup until its job's previous step is applied (s->mu
  * held). 0, or -1 when out of memory. */
 static int park(rpc_service *s, void *token, const uint8_t *in, size_t len,
-                const Shardrec__V1__RequestHeader *h, double timeout_s) {
+                const Shardrec__V1__RequestHeader *h, double timeout_s, int watch) {
   if (s->n_parked == s->cap_parked) {
     int cap = s->cap_parked ? 2 * s->cap_parked : 16;
     parked_call *p = realloc(s->parked, (size_t)cap * sizeof *p);
@@ -407,6 +416,8 @@ static int park(rpc_service *s, void *token, const uint8_t *in, size_t len,
   p->step = h->step;
   p->rank = h->rank;
   p->abort = 0;
+  p->watch = watch;
+  p->released = 0;
   p->why[0] = 0;
   p->deadline = now_us() + 1e6 * (timeout_s > 0 ? timeout_s : 0);
   s->n_parked++;
@@ -453,7 +464,7 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
     }
     int wait = !job_ready(j, h->step), parked = 0, stopping = s->stopping;
     int64_t need = job_needs(j, h->step), have = job_complete(j);
-    if (wait && token && !stopping) parked = park(s, token, in, len, h, timeout_s) == 0;
+    if (wait && token && !stopping) parked = park(s, token, in, len, h, timeout_s, 0) == 0;
     pthread_mutex_unlock(&s->mu);
     if (parked) {
       r->status = RPC_PARKED;
@@ -644,9 +655,20 @@ static const char *mode_str(int stale, char *buf, size_t n) {
 
 /* The multi-rank job named job, created at its first call, whose step
  * becomes the job's first. s->mu held. NULL when out of memory. */
-static sync_job *sync_get(rpc_service *s, const char *job, int world, int64_t step, int stale) {
+static sync_job *sync_get(rpc_service *s, const char *job, int world, int64_t step, int stale,
+                          int start) {
   sync_job *j = sync_find(s, job);
-  if (j) return j;
+  if (j) {
+    if (start && !j->started && !j->aborted && j->world == world && j->stale == stale) {
+      /* made by a Watch: the first Lookup or Push fixes the first step */
+      j->started = 1;
+      j->applied = step - 1;
+      if (j->done)
+        for (int k = 0; k < world; k++) j->done[k] = step - 1;
+      j->progress = now_us();
+    }
+    return j;
+  }
   if (s->n_sync == s->cap_sync && s->cap_sync < SVC_MAX_JOBS) {
     int cap = s->cap_sync ? 2 * s->cap_sync : 8;
     sync_job *p = realloc(s->sync, (size_t)cap * sizeof *p);
@@ -667,8 +689,10 @@ static sync_job *sync_get(rpc_service *s, const char *job, int world, int64_t st
   snprintf(j->job, sizeof j->job, "%s", job);
   j->world = world;
   j->stale = stale;
+  j->started = start;
   j->applied = step - 1;
   j->progress = now_us();
+  j->gone = calloc((size_t)world, 1);
   if (stale) {
     j->done = malloc((size_t)world * sizeof *j->done);
     if (j->done)
@@ -676,7 +700,8 @@ static sync_job *sync_get(rpc_service *s, const char *job, int world, int64_t st
   } else {
     j->have = calloc((size_t)SVC_AHEAD * (size_t)world, sizeof *j->have);
   }
-  if (!j->have && !j->done) {
+  if ((!j->have && !j->done) || !j->gone) {
+    sync_free(j);
     *j = s->sync[--s->n_sync];
     atomic_store(&s->sync_hint, s->n_sync);
     return NULL;
@@ -690,7 +715,12 @@ static sync_job *sync_get(rpc_service *s, const char *job, int world, int64_t st
  * whose pending state was dropped. s->mu held. NULL with r->status and
  * r->msg set when refused. */
 static sync_job *job_enter(rpc_service *s, const Shardrec__V1__RequestHeader *h, rpc_reply *r) {
-  sync_job *j = sync_get(s, h->job_id, h->world_size, h->step, h->max_staleness);
+  return job_enter_as(s, h, 1, r);
+}
+
+static sync_job *job_enter_as(rpc_service *s, const Shardrec__V1__RequestHeader *h, int start,
+                              rpc_reply *r) {
+  sync_job *j = sync_get(s, h->job_id, h->world_size, h->step, h->max_staleness, start);
   char a[64], b[64];
   if (!j) {
     r->status = RPC_RESOURCE_EXHAUSTED;
@@ -744,6 +774,10 @@ static int solo_enter(rpc_service *s, const Shardrec__V1__RequestHeader *h, rpc_
 
 /* "step T, which waited for rank(s) a,b": where j stands. s->mu held. */
 static void job_where(const sync_job *j, char *buf, size_t n) {
+  if (!j->started) {
+    snprintf(buf, n, "its start (before any Lookup or Push)");
+    return;
+  }
   int64_t step = job_complete(j) + 1;
   int at = snprintf(buf, n, "step %lld, which waited for rank(s) ", (long long)step);
   int first = 1;
@@ -1017,6 +1051,7 @@ static void do_checkpoint(rpc_service *s, const uint8_t *in, size_t len, rpc_rep
       s->n_sync = 0;
       atomic_store(&s->sync_hint, 0);
       for (int i = 0; i < s->n_parked; i++) {
+        if (s->parked[i].watch) continue; /* ranks are still there: keep watching */
         s->parked[i].abort = 1;
         snprintf(s->parked[i].why, sizeof s->parked[i].why,
                  "job %.64s: the server was restored from a checkpoint while this Lookup of step "
@@ -1056,6 +1091,44 @@ static void do_checkpoint(rpc_service *s, const uint8_t *in, size_t len, rpc_rep
 out:
   if (cq) shardrec__v1__checkpoint_request__free_unpacked(cq, NULL);
   if (rq) shardrec__v1__restore_request__free_unpacked(rq, NULL);
+}
+
+/* Watch: park until the rank detaches (rpc.h, "Rank death"); detach:
+ * release the rank's parked Watch and answer at once. */
+static void do_watch(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r, void *token,
+                     double timeout_s) {
+  Shardrec__V1__WatchRequest *q = shardrec__v1__watch_request__unpack(NULL, len, in);
+  if (!q) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid shardrec.v1.WatchRequest (%zu bytes)", len);
+  if (check_header(s, q->header, r)) goto out;
+  const Shardrec__V1__RequestHeader *h = q->header;
+  Shardrec__V1__WatchResponse resp = SHARDREC__V1__WATCH_RESPONSE__INIT;
+  resp.incarnation = s->incarnation;
+  if (h->world_size > 1) {
+    pthread_mutex_lock(&s->mu);
+    sync_job *j = job_enter_as(s, h, 0, r);
+    int parked = 0, stopping = s->stopping, ok = j != NULL, gone = j && j->gone[h->rank];
+    if (j && q->detach) {
+      j->gone[h->rank] = 1;
+      for (int i = 0; i < s->n_parked; i++)
+        if (s->parked[i].watch && s->parked[i].rank == h->rank &&
+            !strcmp(s->parked[i].job, h->job_id))
+          s->parked[i].released = 1;
+    } else if (j && !j->gone[h->rank] && token && !stopping) {
+      parked = park(s, token, in, len, h, timeout_s, 1) == 0;
+    }
+    pthread_mutex_unlock(&s->mu); /* j may move from here on */
+    if (!ok) goto out; /* refused: r has why */
+    if (parked) {
+      r->status = RPC_PARKED;
+      goto out;
+    }
+    if (!q->detach && !gone)
+      FAIL(r, RPC_UNAVAILABLE, "watch of job %s rank %d: %s", h->job_id, h->rank,
+           stopping ? "the server is shutting down" : token ? "out of memory to wait" : "nothing to wait on (no call to hold)");
+  }
+  pack_reply(r, &resp.base);
+out:
+  if (q) shardrec__v1__watch_request__free_unpacked(q, NULL);
 }
 
 static void do_stats(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r) {
@@ -1119,6 +1192,7 @@ void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, si
     case RPC_RESTORE: do_checkpoint(s, in, len, r, 1); break;
     case RPC_STATS: do_stats(s, in, len, r); break;
     case RPC_HEALTH_CHECK: do_health(s, in, len, r); break;
+    case RPC_WATCH: do_watch(s, in, len, r, token, timeout_s); break;
     default:
       r->status = RPC_UNIMPLEMENTED;
       snprintf(r->msg, sizeof r->msg, "unknown method");
@@ -1156,7 +1230,8 @@ static void sweep(rpc_service *s, double now) {
     if (j->stale)
       for (int k = 1; k < j->world; k++) pending |= j->done[k] != j->done[0];
     int parked = 0;
-    for (int p = 0; p < s->n_parked && !parked; p++) parked = !strcmp(s->parked[p].job, j->job);
+    for (int p = 0; p < s->n_parked && !parked; p++)
+      parked = !s->parked[p].watch && !strcmp(s->parked[p].job, j->job);
     if (!pending && !parked) continue;
     char what[128];
     snprintf(what, sizeof what, "no progress for %.0f s (a rank went away?)",
@@ -1197,6 +1272,7 @@ int rpc_service_take_woken(rpc_service *s, rpc_woken *out, int max) {
     const sync_job *j = sync_find(s, p->job);
     int k = s->stopping           ? 2
             : p->abort            ? 4
+            : p->watch            ? (p->released ? 5 : now >= p->deadline ? 3 : 0)
             : (!j || job_ready(j, p->step)) ? 1
             : now >= p->deadline  ? 3
                                   : 0;
@@ -1205,7 +1281,7 @@ int rpc_service_take_woken(rpc_service *s, rpc_woken *out, int max) {
       continue;
     }
     taken[n] = *p;
-    if (k == 3) taken[n].step = job_needs(j, p->step); /* for the message */
+    if (k == 3 && !p->watch) taken[n].step = job_needs(j, p->step); /* for the message */
     kind[n++] = k;
     s->parked[i] = s->parked[--s->n_parked];
   }
@@ -1216,6 +1292,11 @@ int rpc_service_take_woken(rpc_service *s, rpc_woken *out, int max) {
     rpc_reply *r = &out[i].r;
     if (kind[i] == 1) {
       rpc_service_handle_call(s, RPC_LOOKUP, taken[i].in, taken[i].len, NULL, 0, r);
+    } else if (kind[i] == 5) {
+      memset(r, 0, sizeof *r);
+      Shardrec__V1__WatchResponse resp = SHARDREC__V1__WATCH_RESPONSE__INIT;
+      resp.incarnation = s->incarnation;
+      pack_reply(r, &resp.base);
     } else {
       memset(r, 0, sizeof *r);
       if (kind[i] == 4) {
@@ -1223,8 +1304,12 @@ int rpc_service_take_woken(rpc_service *s, rpc_woken *out, int max) {
         snprintf(r->msg, sizeof r->msg, "%s", taken[i].why);
       } else if (kind[i] == 2) {
         r->status = RPC_UNAVAILABLE;
-        snprintf(r->msg, sizeof r->msg, "lookup of job %.128s: the server is shutting down",
-                 taken[i].job);
+        snprintf(r->msg, sizeof r->msg, "%s of job %.128s: the server is shutting down",
+                 taken[i].watch ? "watch" : "lookup", taken[i].job);
+      } else if (taken[i].watch) {
+        r->status = RPC_DEADLINE_EXCEEDED;
+        snprintf(r->msg, sizeof r->msg, "watch of job %.128s rank %d: deadline passed",
+                 taken[i].job, taken[i].rank);
       } else {
         r->status = RPC_DEADLINE_EXCEEDED;
         snprintf(r->msg, sizeof r->msg,
@@ -1255,10 +1340,20 @@ int rpc_service_cancel(rpc_service *s, void *token) {
   s->parked[i] = s->parked[--s->n_parked];
   atomic_store(&s->parked_hint, s->n_parked);
   sync_job *j = sync_find(s, p.job);
-  if (j && !j->aborted && !s->stopping) {
+  if (!j && p.watch && !s->stopping) { /* forgotten (Restore, or never started): refuse it now */
+    Shardrec__V1__WatchRequest *wq = shardrec__v1__watch_request__unpack(NULL, p.len, p.in);
+    if (wq && wq->header)
+      j = sync_get(s, p.job, wq->header->world_size, 0, wq->header->max_staleness, 0);
+    if (wq) shardrec__v1__watch_request__free_unpacked(wq, NULL);
+  }
+  if (j && !j->aborted && !s->stopping && !(p.rank < j->world && j->gone[p.rank])) {
     char what[200];
-    snprintf(what, sizeof what, "rank %d went away (its Lookup of step %lld was cancelled)", p.rank,
-             (long long)p.step);
+    if (p.watch)
+      snprintf(what, sizeof what, "rank %d went away (its Watch was cancelled: its process ended)",
+               p.rank);
+    else
+      snprintf(what, sizeof what, "rank %d went away (its Lookup of step %lld was cancelled)",
+               p.rank, (long long)p.step);
     job_abort(s, j, what);
   }
   s->failed++;

@@ -1,5 +1,5 @@
 /* libFuzzer target: the shard service's request handlers (rpc/service.c):
- * the first byte picks Lookup, Push, Stats or Health Check, the rest is the
+ * the first byte picks Lookup, Push, Stats, Health Check or Watch, the rest is the
  * request as it would arrive off the wire, copied to an exact-size heap
  * buffer. The service runs over an in-process store of a small plan (two
  * bounded tables, row-wise over two shards, shard 0 served), as
@@ -105,7 +105,12 @@ static uint8_t *build(rpc_method m, uint8_t flags, const uint8_t *p, size_t n, s
   ProtobufCMessage *msg;
   Shardrec__V1__LookupRequest lq = SHARDREC__V1__LOOKUP_REQUEST__INIT;
   Shardrec__V1__PushRequest pq = SHARDREC__V1__PUSH_REQUEST__INIT;
-  if (m == RPC_LOOKUP) {
+  Shardrec__V1__WatchRequest wq = SHARDREC__V1__WATCH_REQUEST__INIT;
+  if (m == RPC_WATCH) {
+    wq.header = &h;
+    wq.detach = (flags & 0x04) != 0;
+    msg = &wq.base;
+  } else if (m == RPC_LOOKUP) {
     lq.header = &h;
     lq.n_tables = nt;
     lq.tables = tip;
@@ -126,11 +131,12 @@ static uint8_t *build(rpc_method m, uint8_t flags, const uint8_t *p, size_t n, s
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   init_once();
   if (size < 1) return 0;
-  static const rpc_method pick[4] = {RPC_LOOKUP, RPC_PUSH, RPC_STATS, RPC_HEALTH_CHECK};
-  rpc_method m = pick[data[0] % 4];
+  static const rpc_method pick[5] = {RPC_LOOKUP, RPC_PUSH, RPC_STATS, RPC_HEALTH_CHECK,
+                                     RPC_WATCH};
+  rpc_method m = pick[data[0] % 5];
   size_t n = size - 1;
   uint8_t *req;
-  if ((data[0] & 0x80) && (m == RPC_LOOKUP || m == RPC_PUSH)) {
+  if ((data[0] & 0x80) && (m == RPC_LOOKUP || m == RPC_PUSH || m == RPC_WATCH)) {
     req = build(m, data[0], data + 1, n, &n);
   } else {
     req = malloc(n ? n : 1);
@@ -148,6 +154,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       for (size_t i = 0; i < a->n_tables; i++)
         if (a->tables[i]->rows.len % (4 * sizeof(float))) abort();
       shardrec__v1__lookup_response__free_unpacked(a, NULL);
+    }
+    if (m == RPC_WATCH) {
+      Shardrec__V1__WatchResponse *a = shardrec__v1__watch_response__unpack(NULL, r.out_len, r.out);
+      if (!a) abort();
+      shardrec__v1__watch_response__free_unpacked(a, NULL);
     }
   } else {
     if (r.out || !r.msg[0]) abort();

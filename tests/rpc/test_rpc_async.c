@@ -472,6 +472,87 @@ START_TEST(test_rank_death) {
 }
 END_TEST
 
+/* Rank 1 (a child process with a remote store, so it holds a Watch on the
+ * server) takes part in step 0, then is killed while computing: nothing of
+ * it is in flight to the server, rank 0's push of step 1 is held. The
+ * server hears of the death through the Watch and drops step 1. */
+START_TEST(test_rank_death_watch) {
+  int go[2], ready[2];
+  ck_assert_int_eq(pipe(go), 0);
+  ck_assert_int_eq(pipe(ready), 0);
+  pid_t child = fork();
+  ck_assert_int_ge(child, 0);
+  if (child == 0) {
+    close(go[1]);
+    close(ready[0]);
+    char c, err[512];
+    const char *addr[1] = {srv.addr};
+    rpc_client_opts o = {.deadline_s = 10, .job_id = "w1", .rank = 1, .world_size = 2};
+    emb_store *st = emb_store_create_remote(plan, addr, 1, &o, err, sizeof err);
+    if (!st) _exit(3);
+    uint64_t id[2] = {11, 50};
+    float rows[2 * DIM], g[2 * DIM];
+    const uint64_t *ip[1] = {id};
+    size_t cnt[1] = {2};
+    float *op[1] = {rows};
+    const float *gp[1] = {g};
+    emb_idset set = {1, ip, cnt};
+    grad(g, 1, 0, 11);
+    grad(g + DIM, 1, 0, 50);
+    if (emb_store_lookup_begin(st, 0, &set, op) || emb_store_lookup_wait(st) ||
+        emb_store_push(st, 0, LR, &set, gp))
+      _exit(4);
+    if (write(ready[1], "r", 1) != 1) _exit(5);
+    if (read(go[0], &c, 1) != 1) _exit(6); /* "computing step 1" until killed */
+    _exit(0);
+  }
+  close(go[0]);
+  close(ready[1]);
+  char c;
+  ck_assert_int_eq(read(ready[0], &c, 1), 1);
+  close(ready[0]);
+  push_ok("w1", 0, 0, 2, 0); /* completes step 0 */
+  {
+    float g0[DIM], g1[DIM], sum[DIM];
+    grad(g0, 0, 0, 10);
+    sgd(10, g0);
+    grad(g1, 1, 0, 11);
+    sgd(11, g1);
+    grad(g0, 0, 0, 50);
+    grad(g1, 1, 0, 50);
+    for (int d = 0; d < DIM; d++) sum[d] = g0[d] + g1[d];
+    sgd(50, sum);
+  }
+  push_ok("w1", 1, 0, 2, 0); /* held: rank 1 never pushes step 1 */
+  check_rows("step 0 applied, step 1 held");
+  svc_stats s = stats();
+  ck_assert_uint_eq(s.pending_pushes, 1);
+  double t0 = test_now();
+  kill(child, SIGKILL);
+  int wst;
+  waitpid(child, &wst, 0);
+  close(go[1]);
+  for (;;) {
+    s = stats();
+    if (s.dropped_steps >= 1 || test_now() - t0 > 10) break;
+    usleep(20 * 1000);
+  }
+  double waited = test_now() - t0;
+  ck_assert_msg(s.dropped_steps == 1, "dropped_steps %llu after %.1f s",
+                (unsigned long long)s.dropped_steps, waited);
+  ck_assert_uint_eq(s.pending_pushes, 0);
+  check_rows("after the drop: nothing of step 1");
+  uint64_t ids[3] = {10, 11, 50};
+  float rows[3 * DIM];
+  char msg[512];
+  int st = lookup("w1", 2, 0, 2, 0, ids, 3, 10, rows, msg, sizeof msg);
+  ck_assert_msg(st == RPC_ABORTED && strstr(msg, "rank 1 went away") && strstr(msg, "Watch") &&
+                    strstr(msg, "step 1") && strstr(msg, "held pushes were dropped"),
+                "%d %s", st, msg);
+  fprintf(stderr, "rank death (watch): step dropped %.3f s after the kill\n", waited);
+}
+END_TEST
+
 /* ---- service in process: timeout and Restore ---- */
 
 /* Handle the request in b[*len] (takes b). */
@@ -692,6 +773,11 @@ static void prefetch_run(int stale) {
     }
   }
   for (int k = 0; k < 2; k++) emb_store_destroy(rs[k]);
+  /* Destroying the stores detached the ranks: the job was not dropped. */
+  svc_stats s = stats();
+  ck_assert_uint_eq(s.dropped_steps, 0);
+  push_ok(job, 4, 0, 2, stale); /* async: applied at once; sync: held for rank 1 */
+  if (stale) apply_push(0, 4);
 }
 
 START_TEST(test_remote_prefetch) {
@@ -709,6 +795,7 @@ int main(void) {
   tcase_add_test(tc, test_staleness_bound);
   tcase_add_test(tc, test_async_single_rank_and_mismatch);
   tcase_add_test(tc, test_rank_death);
+  tcase_add_test(tc, test_rank_death_watch);
   tcase_add_test(tc, test_remote_prefetch);
   suite_add_tcase(s, tc);
   TCase *tp = tcase_create("service");
