@@ -767,6 +767,7 @@ static int train_main(int argc, char **argv) {
   trainer *t = NULL;
   ds_batch b = {0}, tb = {0};
   ds_batch part = {0}, tpart = {0}; /* this rank's slices of b and tb (several ranks) */
+  ds_batch nb = {0}, npart = {0};   /* async: the next global batch and its slice */
   float *pred = NULL, *labels = NULL, *lpred = NULL;
   colocate *colo = NULL;
   char **colo_addrs = NULL;
@@ -923,6 +924,11 @@ static int train_main(int argc, char **argv) {
     errf("out of memory for batches\n");
     goto done;
   }
+  if (fl.async && (ds_batch_init(&nb, (int)fl.batch) ||
+                   (g_size > 1 && ds_batch_init(&npart, (int)(fl.batch / g_size) + 1)))) {
+    errf("out of memory for batches\n");
+    goto done;
+  }
   if (n_test) {
     pred = malloc(n_test * sizeof *pred);
     labels = malloc(n_test * sizeof *labels);
@@ -983,6 +989,7 @@ static int train_main(int argc, char **argv) {
     }
     double t_start = now_s(), t_last = t_start, loss_sum = 0, t_eval = 0;
     int64_t loss_n = 0, samples_since = 0, samples_done = 0;
+    int have_next = 0, next_got = 0; /* async: the next batch is in nb (and npart) */
     int stop = 0;
     dense_metrics m;
     const int start_epoch = ckst.epoch;
@@ -997,24 +1004,52 @@ static int train_main(int argc, char **argv) {
           stop = 1;
           break;
         }
-        int got = ds_source_next(train, &b, (int)fl.batch);
-        if (got < 0) {
-          errf("%s\n", ds_source_errmsg(train));
-          goto done;
+        int got;
+        if (have_next) {
+          /* Async: this step's batch was read (and its rows asked for)
+           * during the last step. */
+          ds_batch x = b;
+          b = nb, nb = x;
+          x = part, part = npart, npart = x;
+          got = next_got;
+          have_next = 0;
+        } else {
+          got = ds_source_next(train, &b, (int)fl.batch);
+          if (got < 0) {
+            errf("%s\n", ds_source_errmsg(train));
+            goto done;
+          }
+          if (got == 0) break;
+          /* Every rank read the same global batch; each trains on its slice. */
+          if (g_size > 1 && trainer_batch_slice(&b, g_rank, g_size, &part)) {
+            errf("step %lld: out of memory for this rank's slice\n", (long long)step);
+            goto done;
+          }
         }
-        if (got == 0) break;
+        const ds_batch *mine = g_size > 1 ? &part : &b;
         /* The schedule scales both rates alike. */
         float lr = dense_lr_at(&sched, step), loss = 0;
         float slr = fl.lr > 0 ? (float)((double)lr * (fl.sparse_lr / fl.lr)) : (float)fl.sparse_lr;
         test_die(step);
-        /* Every rank read the same global batch; each trains on its slice. */
-        const ds_batch *mine = &b;
-        if (g_size > 1) {
-          if (trainer_batch_slice(&b, g_rank, g_size, &part)) {
-            errf("step %lld: out of memory for this rank's slice\n", (long long)step);
+        if (fl.async && (uint64_t)step + 1 < total_steps) {
+          /* Read the next batch now: the step below sends its lookup out
+           * while it computes (trainer_prefetch). */
+          next_got = ds_source_next(train, &nb, (int)fl.batch);
+          if (next_got < 0) {
+            errf("%s\n", ds_source_errmsg(train));
             goto done;
           }
-          mine = &part;
+          if (next_got > 0) {
+            if (g_size > 1 && trainer_batch_slice(&nb, g_rank, g_size, &npart)) {
+              errf("step %lld: out of memory for this rank's slice\n", (long long)step + 1);
+              goto done;
+            }
+            if (trainer_prefetch(t, g_size > 1 ? &npart : &nb, step + 1)) {
+              errf("%s\n", trainer_errmsg(t));
+              goto done;
+            }
+            have_next = 1;
+          }
         }
         if (trainer_step_part(t, mine, got, step, lr, slr, &loss)) {
           char why[1300];
@@ -1084,6 +1119,7 @@ static int train_main(int argc, char **argv) {
         }
         continue;
       rewound: /* recovered: carry on from the checkpoint's step and data position */
+        have_next = 0;
         step = ckst.step;
         epoch = ckst.epoch;
         epoch_step = (int64_t)((ckst.sample_index + (uint64_t)fl.batch - 1) / (uint64_t)fl.batch);
@@ -1151,6 +1187,8 @@ done:
   ds_batch_free(&tb);
   ds_batch_free(&part);
   ds_batch_free(&tpart);
+  ds_batch_free(&nb);
+  ds_batch_free(&npart);
   trainer_destroy(t);
   emb_store_destroy(store);
   if (colo) {

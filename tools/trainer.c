@@ -21,7 +21,20 @@ struct trainer {
   uint32_t **inverse; /* [T][cap] */
   size_t *counts;     /* [T] unique ids this step */
   float **rows;       /* [T][cap][dim] looked-up rows */
-  float **grads;      /* [T][cap][dim] summed row gradients */
+  float **grads;      /* [T][gcap][dim] summed row gradients */
+  size_t *gcap;       /* [T] ids grads holds */
+  /* Prefetch (trainer_prefetch): a second set of the buffers above, for the
+   * next step's ids and rows while this step's are in use; swapped with
+   * them when that step comes. Allocated by the first trainer_prefetch. */
+  size_t *pcap, *pcounts;
+  uint64_t **punique;
+  uint32_t **pinverse;
+  float **prows;
+  emb_idset pids;          /* the prefetch lookup's ids (borrowed by the store until waited) */
+  const ds_batch *pf_next; /* registered: looked up during the next step (borrowed) */
+  int64_t pf_next_step;
+  int pf_pending;          /* a prefetch lookup is in flight, for step pf_step */
+  int64_t pf_step;
   float *emb;         /* [max_batch][T][dim] pooled */
   float *d_emb;       /* [max_batch][T][dim] */
   float *logits;      /* [max_batch] */
@@ -31,24 +44,35 @@ struct trainer {
   char err[512];
 };
 
-static int grow_table(trainer *t, int f, size_t need) {
-  if (need <= t->cap[f]) return 0;
-  size_t cap = t->cap[f] ? t->cap[f] : 64;
+/* Room for need ids of table f in one buffer set (cap, unique, inverse,
+ * rows), or in grads (unique NULL). */
+static int grow_set(trainer *t, size_t *capv, uint64_t **unique, uint32_t **inverse, float **rows,
+                    int f, size_t need) {
+  if (need <= capv[f]) return 0;
+  size_t cap = capv[f] ? capv[f] : 64;
   while (cap < need) cap *= 2;
-  uint64_t *u = realloc(t->unique[f], cap * sizeof *u);
-  if (u) t->unique[f] = u;
-  uint32_t *inv = realloc(t->inverse[f], cap * sizeof *inv);
-  if (inv) t->inverse[f] = inv;
-  float *r = realloc(t->rows[f], cap * (size_t)t->dim * sizeof *r);
-  if (r) t->rows[f] = r;
-  float *g = realloc(t->grads[f], cap * (size_t)t->dim * sizeof *g);
-  if (g) t->grads[f] = g;
-  if (!u || !inv || !r || !g) {
+  int ok = 1;
+  if (unique) {
+    uint64_t *u = realloc(unique[f], cap * sizeof *u);
+    if (u) unique[f] = u;
+    uint32_t *inv = realloc(inverse[f], cap * sizeof *inv);
+    if (inv) inverse[f] = inv;
+    ok = u && inv;
+  }
+  float *r = realloc(rows[f], cap * (size_t)t->dim * sizeof *r);
+  if (r) rows[f] = r;
+  if (!ok || !r) {
     sr_fmt(t->err, sizeof t->err, "trainer: out of memory for %zu ids of table %d", need, f);
     return SR_ENOMEM;
   }
-  t->cap[f] = cap;
+  capv[f] = cap;
   return 0;
+}
+
+static int grow_table(trainer *t, int f, size_t need) {
+  int rc = grow_set(t, t->cap, t->unique, t->inverse, t->rows, f, need);
+  if (!rc) rc = grow_set(t, t->gcap, NULL, NULL, t->grads, f, need);
+  return rc;
 }
 
 trainer *trainer_create(const emb_plan *plan, emb_store *store, const dense_config *cfg,
@@ -92,11 +116,12 @@ trainer *trainer_create(const emb_plan *plan, emb_store *store, const dense_conf
   t->counts = calloc((size_t)T, sizeof *t->counts);
   t->rows = calloc((size_t)T, sizeof *t->rows);
   t->grads = calloc((size_t)T, sizeof *t->grads);
+  t->gcap = calloc((size_t)T, sizeof *t->gcap);
   size_t per = (size_t)t->max_batch * (size_t)T * (size_t)t->dim;
   t->emb = malloc(per * sizeof *t->emb);
   t->d_emb = malloc(per * sizeof *t->d_emb);
   t->logits = malloc((size_t)t->max_batch * sizeof *t->logits);
-  if (!t->dedup || !t->cap || !t->unique || !t->inverse || !t->counts || !t->rows || !t->grads ||
+  if (!t->dedup || !t->cap || !t->unique || !t->inverse || !t->counts || !t->rows || !t->grads || !t->gcap ||
       !t->emb || !t->d_emb || !t->logits) {
     sr_fmt(err, errlen, "trainer: out of memory");
     goto fail;
@@ -116,7 +141,11 @@ fail:
 
 void trainer_destroy(trainer *t) {
   if (!t) return;
+  if (t->pf_pending) emb_store_lookup_wait(t->store); /* its buffers are freed below */
   for (int f = 0; f < t->T; f++) {
+    if (t->punique) free(t->punique[f]);
+    if (t->pinverse) free(t->pinverse[f]);
+    if (t->prows) free(t->prows[f]);
     if (t->dedup) emb_dedup_destroy(t->dedup[f]);
     if (t->unique) free(t->unique[f]);
     if (t->inverse) free(t->inverse[f]);
@@ -130,6 +159,12 @@ void trainer_destroy(trainer *t) {
   free(t->counts);
   free(t->rows);
   free(t->grads);
+  free(t->gcap);
+  free(t->pcap);
+  free(t->pcounts);
+  free(t->punique);
+  free(t->pinverse);
+  free(t->prows);
   free(t->emb);
   free(t->d_emb);
   free(t->logits);
@@ -140,31 +175,66 @@ void trainer_destroy(trainer *t) {
 }
 
 /* Steps 1-3: dedup, lookup, pool into t->emb. */
-static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids) {
+static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids, int train) {
   int n = b->n;
   if (n <= 0 || n > t->max_batch) {
     sr_fmt(t->err, sizeof t->err, "trainer: batch of %d samples (max %d)", n, t->max_batch);
     return SR_EINVAL;
   }
-  double t0 = sr_now();
-  for (int f = 0; f < t->T; f++) {
-    const uint32_t *off = ds_batch_offsets(b, f);
-    size_t nids = (size_t)(off[n] - off[0]);
-    int rc = grow_table(t, f, nids);
-    if (rc) return rc;
-    rc = emb_dedup_run(t->dedup[f], b->ids + off[0], nids, t->unique[f], t->inverse[f],
-                       &t->counts[f]);
-    if (rc) {
-      sr_fmt(t->err, sizeof t->err, "trainer: dedup of table %d: %s", f, sr_strerror(rc));
+  double t0 = sr_now(), t1;
+  int rc;
+  if (t->pf_pending && (t->pf_step != step || !train)) {
+    /* A prefetch for another step, or a test pass (its batch is not the
+     * prefetched one): drop it; the training step looks up again. */
+    t->pf_pending = 0;
+    if ((rc = emb_store_lookup_wait(t->store))) {
+      sr_fmt(t->err, sizeof t->err, "prefetched lookup of step %lld: %s", (long long)t->pf_step,
+             emb_store_errmsg(t->store));
       return rc;
     }
+  }
+  if (t->pf_pending) {
+    /* This step's rows were asked for during the last step: take that set. */
+    t->pf_pending = 0;
+#define SWAP(a, b)          \
+  do {                      \
+    void *x_ = (void *)(a); \
+    (a) = (void *)(b);      \
+    (b) = x_;               \
+  } while (0)
+    SWAP(t->cap, t->pcap);
+    SWAP(t->counts, t->pcounts);
+    SWAP(t->unique, t->punique);
+    SWAP(t->inverse, t->pinverse);
+    SWAP(t->rows, t->prows);
+#undef SWAP
+    for (int f = 0; f < t->T; f++)
+      if ((rc = grow_set(t, t->gcap, NULL, NULL, t->grads, f, t->cap[f]))) return rc;
+    t1 = sr_now();
+    rc = emb_store_lookup_wait(t->store);
+  } else {
+    for (int f = 0; f < t->T; f++) {
+      const uint32_t *off = ds_batch_offsets(b, f);
+      size_t nids = (size_t)(off[n] - off[0]);
+      rc = grow_table(t, f, nids);
+      if (rc) return rc;
+      rc = emb_dedup_run(t->dedup[f], b->ids + off[0], nids, t->unique[f], t->inverse[f],
+                         &t->counts[f]);
+      if (rc) {
+        sr_fmt(t->err, sizeof t->err, "trainer: dedup of table %d: %s", f, sr_strerror(rc));
+        return rc;
+      }
+    }
+    t1 = sr_now();
+    ids->n_tables = t->T;
+    ids->ids = (const uint64_t *const *)t->unique;
+    ids->counts = t->counts;
+    rc = emb_store_lookup_begin(t->store, step, ids, t->rows);
+    if (!rc) rc = emb_store_lookup_wait(t->store);
   }
   ids->n_tables = t->T;
   ids->ids = (const uint64_t *const *)t->unique;
   ids->counts = t->counts;
-  double t1 = sr_now();
-  int rc = emb_store_lookup_begin(t->store, step, ids, t->rows);
-  if (!rc) rc = emb_store_lookup_wait(t->store);
   if (rc) {
     sr_fmt(t->err, sizeof t->err, "lookup at step %lld: %s", (long long)step,
            emb_store_errmsg(t->store));
@@ -179,6 +249,62 @@ static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids) {
   t->times.dedup += t1 - t0;
   t->times.lookup += t2 - t1;
   t->times.pool += t3 - t2;
+  return 0;
+}
+
+/* The registered prefetch (trainer_prefetch): dedup the next part into the
+ * second buffer set and begin its lookup, which stays in flight while this
+ * step computes and pushes. */
+static int prefetch_begin(trainer *t) {
+  const ds_batch *b = t->pf_next;
+  int64_t step = t->pf_next_step;
+  t->pf_next = NULL;
+  if (!b || b->n <= 0) return 0; /* nothing to look up: the step will do without */
+  double t0 = sr_now();
+  int n = b->n, rc;
+  for (int f = 0; f < t->T; f++) {
+    const uint32_t *off = ds_batch_offsets(b, f);
+    size_t nids = (size_t)(off[n] - off[0]);
+    if ((rc = grow_set(t, t->pcap, t->punique, t->pinverse, t->prows, f, nids))) return rc;
+    rc = emb_dedup_run(t->dedup[f], b->ids + off[0], nids, t->punique[f], t->pinverse[f],
+                       &t->pcounts[f]);
+    if (rc) {
+      sr_fmt(t->err, sizeof t->err, "trainer: dedup of table %d: %s", f, sr_strerror(rc));
+      return rc;
+    }
+  }
+  t->pids.n_tables = t->T;
+  t->pids.ids = (const uint64_t *const *)t->punique;
+  t->pids.counts = t->pcounts;
+  double t1 = sr_now();
+  rc = emb_store_lookup_begin(t->store, step, &t->pids, t->prows);
+  t->times.dedup += t1 - t0;
+  t->times.lookup += sr_now() - t1;
+  if (rc) {
+    sr_fmt(t->err, sizeof t->err, "prefetch lookup of step %lld: %s", (long long)step,
+           emb_store_errmsg(t->store));
+    return rc;
+  }
+  t->pf_pending = 1;
+  t->pf_step = step;
+  return 0;
+}
+
+int trainer_prefetch(trainer *t, const ds_batch *next, int64_t next_step) {
+  if (!t->pcap) {
+    int T = t->T;
+    t->pcap = calloc((size_t)T, sizeof *t->pcap);
+    t->pcounts = calloc((size_t)T, sizeof *t->pcounts);
+    t->punique = calloc((size_t)T, sizeof *t->punique);
+    t->pinverse = calloc((size_t)T, sizeof *t->pinverse);
+    t->prows = calloc((size_t)T, sizeof *t->prows);
+    if (!t->pcap || !t->pcounts || !t->punique || !t->pinverse || !t->prows) {
+      sr_fmt(t->err, sizeof t->err, "trainer: out of memory for the prefetch buffers");
+      return SR_ENOMEM;
+    }
+  }
+  t->pf_next = next;
+  t->pf_next_step = next_step;
   return 0;
 }
 
@@ -235,7 +361,7 @@ int trainer_step_part(trainer *t, const ds_batch *b, int n_global, int64_t step,
   emb_idset ids;
   int rc;
   if (n > 0) {
-    rc = gather(t, b, step, &ids);
+    rc = gather(t, b, step, &ids, 1);
     if (rc) return rc;
   } else {
     /* Nothing to look up; the rank still pushes (empty) and all-reduces. */
@@ -244,6 +370,9 @@ int trainer_step_part(trainer *t, const ds_batch *b, int n_global, int64_t step,
     ids.ids = (const uint64_t *const *)t->unique;
     ids.counts = t->counts;
   }
+  /* The next step's lookup goes out now, before this step's push: it
+   * overlaps this step's compute and push (async mode). */
+  if (t->pf_next && (rc = prefetch_begin(t))) return rc;
   size_t np = 0;
   float *p = dense_model_params(t->model, &np);
   float *g = dense_model_grads(t->model, &np);
@@ -317,7 +446,7 @@ int trainer_step_part(trainer *t, const ds_batch *b, int n_global, int64_t step,
 int trainer_predict(trainer *t, const ds_batch *b, int64_t step, float *prob) {
   if (b->n == 0) return 0;
   emb_idset ids;
-  int rc = gather(t, b, step, &ids);
+  int rc = gather(t, b, step, &ids, 0);
   if (rc) return rc;
   rc = dense_model_forward(t->model, b->n, b->dense, t->emb, t->logits);
   if (rc) {

@@ -80,6 +80,18 @@ int trainer_batch_slice(const ds_batch *b, int rank, int size, ds_batch *out);
 /* Samples of rank's slice of a global batch of n samples (as above). */
 int trainer_slice_count(int n, int rank, int size);
 
+/* Prefetch (async mode with shard servers): during the next
+ * trainer_step_part call, right after that step's own rows are in and
+ * before its compute and push, dedup next (this rank's part of the next
+ * global batch) into a second set of buffers and begin its lookup for
+ * next_step; the step of next_step then waits for those rows instead of
+ * looking up. next is borrowed and must stay unchanged until the step of
+ * next_step has run (the caller double-buffers its batches). The store must
+ * take a lookup in flight while a push is made (the remote store does).
+ * A trainer_predict in between drops the prefetched rows (the step looks up
+ * again). 0 or SR_ENOMEM. */
+int trainer_prefetch(trainer *t, const ds_batch *next, int64_t next_step);
+
 /* Predicted click probabilities of b's samples into prob[b->n]; changes
  * nothing. step is passed to the store's lookup. b->n == 0: nothing to do. */
 int trainer_predict(trainer *t, const ds_batch *b, int64_t step, float *prob);
