@@ -1,5 +1,6 @@
 /* Training checkpoints and the trainer's store (see checkpoint.h). */
 #include "tools/checkpoint.h"
+#include "tools/model_dir.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -260,6 +261,100 @@ static cJSON *settings_json(const ckpt_settings *s) {
   return o;
 }
 
+/* The plan (canonical JSON) and both fingerprints into the manifest. */
+static int manifest_set_plan(cJSON *man, const emb_plan *plan, char *err, size_t errlen) {
+  char mfp[EMB_FP_HEX], pfp[EMB_FP_HEX];
+  char *canon = emb_plan_canonical(plan, 1);
+  cJSON *pj = canon ? cJSON_Parse(canon) : NULL;
+  free(canon);
+  if (!pj || emb_plan_model_fingerprint(plan, mfp) || emb_plan_fingerprint(plan, pfp)) {
+    cJSON_Delete(pj);
+    sr_fmt(err, errlen, "manifest: out of memory");
+    return SR_ENOMEM;
+  }
+  cJSON_DeleteItemFromObjectCaseSensitive(man, "model_fingerprint");
+  cJSON_DeleteItemFromObjectCaseSensitive(man, "plan_fingerprint");
+  cJSON_DeleteItemFromObjectCaseSensitive(man, "plan");
+  cJSON_DeleteItemFromObjectCaseSensitive(man, "plan_canonical");
+  cJSON_AddStringToObject(man, "model_fingerprint", mfp);
+  cJSON_AddStringToObject(man, "plan_fingerprint", pfp);
+  /* "plan" is for people (cJSON prints doubles to 15 digits when they are
+   * close enough, so it is not exact); "plan_canonical" is the exact text
+   * the fingerprints hash, and what ckpt_open reads. */
+  cJSON_AddItemToObject(man, "plan", pj);
+  canon = emb_plan_canonical(plan, 1);
+  if (!canon || !cJSON_AddStringToObject(man, "plan_canonical", canon)) {
+    free(canon);
+    sr_fmt(err, errlen, "manifest: out of memory");
+    return SR_ENOMEM;
+  }
+  free(canon);
+  return 0;
+}
+
+/* Complete a checkpoint whose files are all under tmp: list them with size
+ * and SHA-256 into man's "files", write manifest.json, rename tmp to final,
+ * then write DONE (the manifest's SHA-256). Returns 0; a negative SR_E*
+ * when nothing was renamed (tmp is the caller's to remove); or the positive
+ * code when final is in place without DONE (never taken by --resume). */
+static int finish(const char *tmp, const char *final, const char *root, cJSON *man,
+                  int64_t step, char *err, size_t errlen) {
+  char path[4200];
+  char **files = NULL;
+  int nf = 0, rc;
+  char *text = NULL;
+  cJSON_DeleteItemFromObjectCaseSensitive(man, "files");
+  cJSON *fl = cJSON_AddArrayToObject(man, "files");
+  if ((rc = store_list_files(tmp, &files, &nf))) {
+    sr_fmt(err, errlen, "%s: cannot list files", tmp);
+    goto out;
+  }
+  for (int i = 0; i < nf; i++) {
+    char fp[8300], hex[65];
+    uint64_t size;
+    snprintf(fp, sizeof fp, "%s/%s", tmp, files[i]);
+    if ((rc = store_file_sha256(fp, hex, &size))) {
+      sr_fmt(err, errlen, "%s: cannot read", fp);
+      goto out;
+    }
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddStringToObject(f, "path", files[i]);
+    cJSON_AddNumberToObject(f, "size", (double)size);
+    cJSON_AddStringToObject(f, "sha256", hex);
+    cJSON_AddItemToArray(fl, f);
+  }
+  text = cJSON_Print(man);
+  snprintf(path, sizeof path, "%s/manifest.json", tmp);
+  if (!text) {
+    rc = SR_ENOMEM;
+    sr_fmt(err, errlen, "manifest: out of memory");
+    goto out;
+  }
+  if ((rc = write_file(path, text, strlen(text), err, errlen))) goto out;
+  store_fsync_dir(tmp);
+  if (rename(tmp, final) != 0) {
+    sr_fmt(err, errlen, "%s: cannot rename to %s: %s", tmp, final, strerror(errno));
+    rc = SR_EIO;
+    goto out;
+  }
+  store_fsync_dir(root);
+  crash_hook(2, step);
+  char hex[65];
+  emb_sha256_hex(text, strlen(text), hex);
+  char done[80];
+  snprintf(done, sizeof done, "%s\n", hex);
+  snprintf(path, sizeof path, "%s/DONE", final);
+  if ((rc = write_file(path, done, strlen(done), err, errlen))) {
+    rc = -rc;
+    goto out;
+  }
+  store_fsync_dir(final);
+out:
+  store_paths_free(files, nf);
+  free(text);
+  return rc;
+}
+
 int ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store,
               const char *store_kind, dense_model *model, dense_opt *opt, const ckpt_state *st,
               const ckpt_settings *set, char *err, size_t errlen) {
@@ -279,10 +374,7 @@ int ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store
     return SR_EIO;
   }
   int rc;
-  char **files = NULL;
-  int nf = 0;
   cJSON *man = NULL;
-  char *text = NULL;
   snprintf(path, sizeof path, "%s/dense.bin", tmp);
   if ((rc = dense_write(path, model, opt, err, errlen))) goto fail;
   crash_hook(1, st->step);
@@ -299,59 +391,18 @@ int ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store
   cJSON_AddNumberToObject(man, "sample_index", (double)st->sample_index);
   cJSON_AddNumberToObject(man, "lr_schedule_step", (double)st->step);
   cJSON_AddNullToObject(man, "rng");
-  char mfp[EMB_FP_HEX], pfp[EMB_FP_HEX];
-  emb_plan_model_fingerprint(plan, mfp);
-  emb_plan_fingerprint(plan, pfp);
-  cJSON_AddStringToObject(man, "model_fingerprint", mfp);
-  cJSON_AddStringToObject(man, "plan_fingerprint", pfp);
-  char *canon = emb_plan_canonical(plan, 1);
-  cJSON *pj = canon ? cJSON_Parse(canon) : NULL;
-  free(canon);
-  if (pj) cJSON_AddItemToObject(man, "plan", pj);
+  if ((rc = manifest_set_plan(man, plan, err, errlen))) goto fail;
   cJSON_AddStringToObject(man, "store", store_kind);
   cJSON_AddItemToObject(man, "settings", settings_json(set));
-  cJSON *fl = cJSON_AddArrayToObject(man, "files");
-  if ((rc = store_list_files(tmp, &files, &nf))) {
-    sr_fmt(err, errlen, "%s: cannot list files", tmp);
-    goto fail;
-  }
-  for (int i = 0; i < nf; i++) {
-    char fp[8300], hex[65];
-    uint64_t size;
-    snprintf(fp, sizeof fp, "%s/%s", tmp, files[i]);
-    if ((rc = store_file_sha256(fp, hex, &size))) {
-      sr_fmt(err, errlen, "%s: cannot read", fp);
-      goto fail;
+  cJSON *arch = model_arch_json(dense_model_config(model));
+  if (arch) cJSON_AddItemToObject(man, "dense", arch);
+  if ((rc = finish(tmp, final, root, man, st->step, err, errlen))) {
+    if (rc > 0) { /* renamed into place: only DONE is missing */
+      rc = -rc;
+      goto out;
     }
-    cJSON *f = cJSON_CreateObject();
-    cJSON_AddStringToObject(f, "path", files[i]);
-    cJSON_AddNumberToObject(f, "size", (double)size);
-    cJSON_AddStringToObject(f, "sha256", hex);
-    cJSON_AddItemToArray(fl, f);
-  }
-  text = cJSON_Print(man);
-  snprintf(path, sizeof path, "%s/manifest.json", tmp);
-  if (!text) {
-    rc = SR_ENOMEM;
-    sr_fmt(err, errlen, "manifest: out of memory");
     goto fail;
   }
-  if ((rc = write_file(path, text, strlen(text), err, errlen))) goto fail;
-  store_fsync_dir(tmp);
-  if (rename(tmp, final) != 0) {
-    sr_fmt(err, errlen, "%s: cannot rename to %s: %s", tmp, final, strerror(errno));
-    rc = SR_EIO;
-    goto fail;
-  }
-  store_fsync_dir(root);
-  crash_hook(2, st->step);
-  char hex[65];
-  emb_sha256_hex(text, strlen(text), hex);
-  char done[80];
-  snprintf(done, sizeof done, "%s\n", hex);
-  snprintf(path, sizeof path, "%s/DONE", final);
-  if ((rc = write_file(path, done, strlen(done), err, errlen))) goto out;
-  store_fsync_dir(final);
   /* Keep the newest keep complete ones; drop torn leftovers of crashed runs. */
   if (keep > 0) {
     step_dir *sd;
@@ -369,9 +420,7 @@ int ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store
 fail:
   store_rmtree(tmp);
 out:
-  store_paths_free(files, nf);
   cJSON_Delete(man);
-  free(text);
   return rc;
 }
 
@@ -413,14 +462,20 @@ static int jnum(const cJSON *o, const char *k, double *out) {
   return 0;
 }
 
-int ckpt_load(const char *dir, const emb_plan *plan, emb_store *store, const char *store_kind,
-              dense_model *model, dense_opt *opt, const ckpt_settings *set, ckpt_state *st,
-              char *err, size_t errlen) {
+void ckpt_info_free(ckpt_info *ci) {
+  if (!ci) return;
+  emb_plan_free(ci->plan);
+  cJSON_Delete((cJSON *)ci->manifest);
+  memset(ci, 0, sizeof *ci);
+}
+
+int ckpt_open(const char *dir, ckpt_info *ci, char *err, size_t errlen) {
   char path[4200];
   int rc = 0;
   cJSON *man = NULL;
   char *text = NULL, *done = NULL;
   struct stat sst;
+  memset(ci, 0, sizeof *ci);
   if (stat(dir, &sst) != 0 || !S_ISDIR(sst.st_mode)) {
     sr_fmt(err, errlen, "%s: no such checkpoint folder", dir);
     return SR_ENOTFOUND;
@@ -447,9 +502,10 @@ int ckpt_load(const char *dir, const emb_plan *plan, emb_store *store, const cha
   }
   man = cJSON_Parse(text);
   double fmt, step, epoch, sample;
+  const char *kind = man ? jstr(man, "store") : NULL;
   if (!man || jnum(man, "format", &fmt) || jnum(man, "step", &step) || jnum(man, "epoch", &epoch) ||
       jnum(man, "sample_index", &sample) || !jstr(man, "model_fingerprint") ||
-      !jstr(man, "plan_fingerprint") || !jstr(man, "store")) {
+      !jstr(man, "plan_fingerprint") || !kind || strlen(kind) >= sizeof ci->store_kind) {
     sr_fmt(err, errlen, "%s: not a checkpoint manifest (missing fields)", path);
     rc = SR_EFORMAT;
     goto out;
@@ -459,40 +515,30 @@ int ckpt_load(const char *dir, const emb_plan *plan, emb_store *store, const cha
     rc = SR_EVERSION;
     goto out;
   }
-  char mfp[EMB_FP_HEX], pfp[EMB_FP_HEX];
-  emb_plan_model_fingerprint(plan, mfp);
-  emb_plan_fingerprint(plan, pfp);
-  if (strcmp(jstr(man, "model_fingerprint"), mfp)) {
-    sr_fmt(err, errlen, "%s: written for model fingerprint %.12s..., this run's model is %.12s... "
-           "(other tables, seed or optimizer)", path, jstr(man, "model_fingerprint"), mfp);
-    rc = SR_EMISMATCH;
-    goto out;
-  }
-  if (strcmp(jstr(man, "plan_fingerprint"), pfp)) {
-    sr_fmt(err, errlen, "%s: written under plan fingerprint %.12s..., this run's plan is %.12s... "
-           "(other placement; reshard it first)", path, jstr(man, "plan_fingerprint"), pfp);
-    rc = SR_EMISMATCH;
-    goto out;
-  }
-  if (strcmp(jstr(man, "store"), store_kind)) {
-    sr_fmt(err, errlen, "%s: holds rows of the %s store; this run uses the %s store "
-           "(%s --data-dir/--cache-rows/--cache-mb)", path, jstr(man, "store"), store_kind,
-           !strcmp(store_kind, "local") ? "add" : "drop");
-    rc = SR_EMISMATCH;
-    goto out;
+  /* The plan it was written under, checked against its own fingerprints. */
+  {
+    const char *ptext = jstr(man, "plan_canonical");
+    char src[4300], mfp[EMB_FP_HEX], pfp[EMB_FP_HEX];
+    snprintf(src, sizeof src, "%s: plan_canonical", path);
+    if (!ptext) {
+      sr_fmt(err, errlen, "%s: no plan_canonical (written by an older shardrec)", path);
+      rc = SR_EFORMAT;
+      goto out;
+    }
+    if ((rc = emb_plan_parse(ptext, src, &ci->plan, err, errlen))) goto out;
+    emb_plan_model_fingerprint(ci->plan, mfp);
+    emb_plan_fingerprint(ci->plan, pfp);
+    if (strcmp(mfp, jstr(man, "model_fingerprint")) || strcmp(pfp, jstr(man, "plan_fingerprint"))) {
+      sr_fmt(err, errlen, "%s: the plan does not match the manifest's fingerprints", path);
+      rc = SR_ECHECKSUM;
+      goto out;
+    }
   }
   const cJSON *sj = cJSON_GetObjectItemCaseSensitive(man, "settings");
   double batch;
-  const char *dopt = jstr(sj, "dense_optimizer");
-  if (!sj || jnum(sj, "mini_batch_size", &batch) || !dopt) {
+  if (!sj || jnum(sj, "mini_batch_size", &batch) || !jstr(sj, "dense_optimizer")) {
     sr_fmt(err, errlen, "%s: no settings", path);
     rc = SR_EFORMAT;
-    goto out;
-  }
-  if ((int64_t)batch != set->batch || strcmp(dopt, set->dense_optimizer)) {
-    sr_fmt(err, errlen, "%s: trained with --mini-batch-size %lld --optimizer %s; this run has %lld and %s",
-           path, (long long)batch, dopt, (long long)set->batch, set->dense_optimizer);
-    rc = SR_EMISMATCH;
     goto out;
   }
   /* Every file: present, its size, its checksum. */
@@ -530,22 +576,122 @@ int ckpt_load(const char *dir, const emb_plan *plan, emb_store *store, const cha
       goto out;
     }
   }
-  snprintf(path, sizeof path, "%s/dense.bin", dir);
-  if ((rc = dense_read(path, model, opt, 0, err, errlen))) goto out;
-  snprintf(path, sizeof path, "%s/shards", dir);
-  if ((rc = emb_store_restore(store, path))) {
-    sr_fmt(err, errlen, "%s", emb_store_errmsg(store));
-    goto out;
+  const cJSON *dj = cJSON_GetObjectItemCaseSensitive(man, "dense");
+  if (dj) {
+    ci->dense.max_batch = 1; /* validated with the smallest batch; the user sets theirs */
+    if ((rc = model_arch_parse(dj, path, &ci->dense, err, errlen))) goto out;
+    ci->has_dense = 1;
   }
-  snprintf(path, sizeof path, "%s/dense.bin", dir);
-  if ((rc = dense_read(path, model, opt, 1, err, errlen))) goto out;
-  st->step = (int64_t)step;
-  st->epoch = (int)epoch;
-  st->sample_index = (uint64_t)sample;
+  snprintf(ci->dir, sizeof ci->dir, "%s", dir);
+  snprintf(ci->store_kind, sizeof ci->store_kind, "%s", kind);
+  ci->st.step = (int64_t)step;
+  ci->st.epoch = (int)epoch;
+  ci->st.sample_index = (uint64_t)sample;
+  ci->batch = (int64_t)batch;
+  ci->manifest = man;
+  man = NULL;
 out:
+  if (rc) ckpt_info_free(ci);
   cJSON_Delete(man);
   free(text);
   free(done);
+  return rc;
+}
+
+int ckpt_load(const char *dir, const emb_plan *plan, emb_store *store, const char *store_kind,
+              dense_model *model, dense_opt *opt, const ckpt_settings *set, ckpt_state *st,
+              char *err, size_t errlen) {
+  char path[4200];
+  ckpt_info ci;
+  int rc = ckpt_open(dir, &ci, err, errlen);
+  if (rc) return rc;
+  const cJSON *man = ci.manifest;
+  snprintf(path, sizeof path, "%s/manifest.json", dir);
+  char mfp[EMB_FP_HEX], pfp[EMB_FP_HEX];
+  emb_plan_model_fingerprint(plan, mfp);
+  emb_plan_fingerprint(plan, pfp);
+  if (strcmp(jstr(man, "model_fingerprint"), mfp)) {
+    sr_fmt(err, errlen, "%s: written for model fingerprint %.12s..., this run's model is %.12s... "
+           "(other tables, seed or optimizer)", path, jstr(man, "model_fingerprint"), mfp);
+    rc = SR_EMISMATCH;
+    goto out;
+  }
+  if (strcmp(jstr(man, "plan_fingerprint"), pfp)) {
+    sr_fmt(err, errlen, "%s: written under plan fingerprint %.12s..., this run's plan is %.12s... "
+           "(other placement; reshard it first)", path, jstr(man, "plan_fingerprint"), pfp);
+    rc = SR_EMISMATCH;
+    goto out;
+  }
+  if (store_kind && strcmp(ci.store_kind, store_kind)) {
+    sr_fmt(err, errlen, "%s: holds rows of the %s store; this run uses the %s store "
+           "(%s --data-dir/--cache-rows/--cache-mb)", path, ci.store_kind, store_kind,
+           !strcmp(store_kind, "local") ? "add" : "drop");
+    rc = SR_EMISMATCH;
+    goto out;
+  }
+  const char *dopt = jstr(cJSON_GetObjectItemCaseSensitive(man, "settings"), "dense_optimizer");
+  if (ci.batch != set->batch || strcmp(dopt, set->dense_optimizer)) {
+    sr_fmt(err, errlen, "%s: trained with --mini-batch-size %lld --optimizer %s; this run has %lld and %s",
+           path, (long long)ci.batch, dopt, (long long)set->batch, set->dense_optimizer);
+    rc = SR_EMISMATCH;
+    goto out;
+  }
+  if (ci.has_dense) {
+    const dense_config *mc = dense_model_config(model);
+    int same = mc->n_dense == ci.dense.n_dense && mc->n_bot == ci.dense.n_bot &&
+               mc->n_top == ci.dense.n_top && mc->n_sparse == ci.dense.n_sparse &&
+               mc->emb_dim == ci.dense.emb_dim && mc->interaction == ci.dense.interaction &&
+               mc->interaction_itself == ci.dense.interaction_itself &&
+               !memcmp(mc->bot, ci.dense.bot, (size_t)mc->n_bot * sizeof *mc->bot) &&
+               !memcmp(mc->top, ci.dense.top, (size_t)mc->n_top * sizeof *mc->top);
+    if (!same) {
+      sr_fmt(err, errlen, "%s: written for another dense architecture (--arch-mlp-bot/--arch-mlp-top/"
+             "--arch-interaction-op differ)", path);
+      rc = SR_EMISMATCH;
+      goto out;
+    }
+  }
+  snprintf(path, sizeof path, "%s/dense.bin", dir);
+  if ((rc = dense_read(path, model, opt, 0, err, errlen))) goto out;
+  if (store) {
+    snprintf(path, sizeof path, "%s/shards", dir);
+    if ((rc = emb_store_restore(store, path))) {
+      sr_fmt(err, errlen, "%s", emb_store_errmsg(store));
+      goto out;
+    }
+  }
+  snprintf(path, sizeof path, "%s/dense.bin", dir);
+  if ((rc = dense_read(path, model, opt, 1, err, errlen))) goto out;
+  *st = ci.st;
+out:
+  ckpt_info_free(&ci);
+  return rc;
+}
+
+int ckpt_write_as(const ckpt_info *src, const emb_plan *plan, const char *tmp, const char *final,
+                  char *err, size_t errlen) {
+  char mfp[EMB_FP_HEX], ofp[EMB_FP_HEX];
+  emb_plan_model_fingerprint(plan, mfp);
+  emb_plan_model_fingerprint(src->plan, ofp);
+  if (strcmp(mfp, ofp)) {
+    sr_fmt(err, errlen, "the new plan's model fingerprint %.12s... differs from the checkpoint's "
+           "%.12s...", mfp, ofp);
+    return SR_EMISMATCH;
+  }
+  cJSON *man = cJSON_Duplicate((const cJSON *)src->manifest, 1);
+  if (!man) {
+    sr_fmt(err, errlen, "manifest: out of memory");
+    return SR_ENOMEM;
+  }
+  char root[4096];
+  snprintf(root, sizeof root, "%s", final);
+  char *slash = strrchr(root, '/');
+  if (slash && slash != root) *slash = 0;
+  else snprintf(root, sizeof root, "%s", slash ? "/" : ".");
+  int rc = manifest_set_plan(man, plan, err, errlen);
+  if (!rc) rc = finish(tmp, final, root, man, src->st.step, err, errlen);
+  if (rc > 0) rc = -rc;
+  cJSON_Delete(man);
   return rc;
 }
 

@@ -64,11 +64,42 @@ int ckpt_resolve(const char *path, char *out, size_t outlen, char *err, size_t e
 
 /* Check the checkpoint dir (DONE, manifest, fingerprints against plan, store
  * kind, settings, every file's size and SHA-256), then load the dense model
- * and optimizer and restore store from it. Nothing is changed when a check
- * fails. 0 or SR_E* with a message naming the file and the problem. */
+ * and optimizer and restore store from it (store NULL: the dense part only,
+ * as ranks other than 0 of a data-parallel job do; store_kind NULL: any
+ * kind). A manifest that records the dense architecture must match model's.
+ * Nothing is changed when a check fails. 0 or SR_E* with a message naming the file and the problem. */
 int ckpt_load(const char *dir, const emb_plan *plan, emb_store *store, const char *store_kind,
               dense_model *model, dense_opt *opt, const ckpt_settings *set, ckpt_state *st,
               char *err, size_t errlen);
+
+/* A verified checkpoint, read without a model or store (reshard, predict,
+ * serve --checkpoint). */
+typedef struct ckpt_info {
+  char dir[4096];
+  emb_plan *plan;      /* the plan it was written under (owned) */
+  ckpt_state st;       /* step and data position */
+  char store_kind[16]; /* "local", "shard" or "remote" */
+  int has_dense;       /* the manifest records the dense architecture */
+  dense_config dense;  /* then: it (max_batch 1: set yours before dense_model_create) */
+  int64_t batch;       /* --mini-batch-size it was trained with */
+  void *manifest;      /* the parsed manifest (cJSON *), owned */
+} ckpt_info;
+
+/* Verify dir as ckpt_load does (DONE, manifest checksum, format, the plan
+ * against its fingerprints, every file's size and SHA-256) and read it into
+ * *ci (ckpt_info_free). 0 or SR_E* with a message naming the file. */
+int ckpt_open(const char *dir, ckpt_info *ci, char *err, size_t errlen);
+void ckpt_info_free(ckpt_info *ci); /* NULL-safe; leaves *ci zeroed */
+
+/* Complete a new checkpoint at final (a step-N folder that must not exist)
+ * from files already written under tmp (dense.bin and shards/, same
+ * layout as ckpt_save's): its manifest is src's (step, data position,
+ * settings, dense architecture, store kind) with plan's plan and
+ * fingerprints and tmp's file list; tmp is renamed to final, then DONE is
+ * written. plan must have src's model fingerprint (SR_EMISMATCH). On
+ * failure tmp is left for the caller to remove. 0 or SR_E*. */
+int ckpt_write_as(const ckpt_info *src, const emb_plan *plan, const char *tmp, const char *final,
+                  char *err, size_t errlen);
 
 /* The trainer's store: the RocksDB shard store when data_dir or a cache size
  * is given (data_dir NULL: a temporary folder, removed by

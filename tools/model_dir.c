@@ -43,6 +43,20 @@ static int rm_rf(const char *path) {
   return system(cmd) == 0 ? 0 : SR_EIO;
 }
 
+cJSON *model_arch_json(const dense_config *cfg) {
+  cJSON *j = cJSON_CreateObject();
+  if (!j) return NULL;
+  cJSON_AddNumberToObject(j, "format", 1);
+  cJSON_AddNumberToObject(j, "n_dense", cfg->n_dense);
+  cJSON_AddItemToObject(j, "bot", cJSON_CreateIntArray(cfg->bot, cfg->n_bot));
+  cJSON_AddItemToObject(j, "top", cJSON_CreateIntArray(cfg->top, cfg->n_top));
+  cJSON_AddNumberToObject(j, "n_sparse", cfg->n_sparse);
+  cJSON_AddNumberToObject(j, "emb_dim", cfg->emb_dim);
+  cJSON_AddStringToObject(j, "interaction", cfg->interaction == DENSE_INTERACT_CAT ? "cat" : "dot");
+  cJSON_AddBoolToObject(j, "interaction_itself", cfg->interaction_itself);
+  return j;
+}
+
 int model_dir_save(const char *dir, const dense_config *cfg, const emb_plan *plan,
                    dense_model *model, emb_store *store, char *err, size_t errlen) {
   char tmp[4096], path[4200];
@@ -52,16 +66,8 @@ int model_dir_save(const char *dir, const dense_config *cfg, const emb_plan *pla
     sr_fmt(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
     return SR_EIO;
   }
-  cJSON *j = cJSON_CreateObject();
-  cJSON_AddNumberToObject(j, "format", 1);
-  cJSON_AddNumberToObject(j, "n_dense", cfg->n_dense);
-  cJSON_AddItemToObject(j, "bot", cJSON_CreateIntArray(cfg->bot, cfg->n_bot));
-  cJSON_AddItemToObject(j, "top", cJSON_CreateIntArray(cfg->top, cfg->n_top));
-  cJSON_AddNumberToObject(j, "n_sparse", cfg->n_sparse);
-  cJSON_AddNumberToObject(j, "emb_dim", cfg->emb_dim);
-  cJSON_AddStringToObject(j, "interaction", cfg->interaction == DENSE_INTERACT_CAT ? "cat" : "dot");
-  cJSON_AddBoolToObject(j, "interaction_itself", cfg->interaction_itself);
-  char *text = cJSON_Print(j);
+  cJSON *j = model_arch_json(cfg);
+  char *text = j ? cJSON_Print(j) : NULL;
   cJSON_Delete(j);
   snprintf(path, sizeof path, "%s/model.json", tmp);
   int rc = text ? write_text(path, text) : SR_ENOMEM;
@@ -109,6 +115,15 @@ int model_dir_read_config(const char *dir, dense_config *cfg, emb_plan **plan, c
   }
   cJSON *j = cJSON_Parse(text);
   free(text);
+  int rc = model_arch_parse(j, path, cfg, err, errlen);
+  cJSON_Delete(j);
+  if (rc) return rc;
+  snprintf(path, sizeof path, "%s/plan.json", dir);
+  return emb_plan_load(path, plan, err, errlen);
+}
+
+int model_arch_parse(const cJSON *j, const char *src, dense_config *cfg, char *err,
+                     size_t errlen) {
   int max_batch = cfg->max_batch;
   memset(cfg, 0, sizeof *cfg);
   cfg->max_batch = max_batch;
@@ -128,15 +143,11 @@ int model_dir_read_config(const char *dir, dense_config *cfg, emb_plan **plan, c
     if (!bad) cfg->interaction = !strcmp(x->valuestring, "cat") ? DENSE_INTERACT_CAT : DENSE_INTERACT_DOT;
     cfg->interaction_itself = cJSON_IsTrue(cJSON_GetObjectItem(j, "interaction_itself"));
   }
-  cJSON_Delete(j);
   if (bad) {
-    sr_fmt(err, errlen, "%s: not a valid model description", path);
+    sr_fmt(err, errlen, "%s: not a valid model description", src);
     return SR_EFORMAT;
   }
-  int rc = dense_config_validate(cfg, err, errlen);
-  if (rc) return rc;
-  snprintf(path, sizeof path, "%s/plan.json", dir);
-  return emb_plan_load(path, plan, err, errlen);
+  return dense_config_validate(cfg, err, errlen);
 }
 
 int model_dir_load_state(const char *dir, dense_model *model, emb_store *store, char *err,

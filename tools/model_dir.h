@@ -27,6 +27,14 @@ int model_dir_read_config(const char *dir, dense_config *cfg, emb_plan **plan, c
 int model_dir_load_state(const char *dir, dense_model *model, emb_store *store, char *err,
                          size_t errlen);
 
+/* The dense architecture as JSON (model.json; a checkpoint manifest's
+ * "dense"), and back: parse fills cfg (max_batch left as the caller set it)
+ * and validates it; src names the text in messages. */
+struct cJSON;
+struct cJSON *model_arch_json(const dense_config *cfg);
+int model_arch_parse(const struct cJSON *j, const char *src, dense_config *cfg, char *err,
+                     size_t errlen);
+
 /* Parse "13-512-256" style widths and the interaction op shared by train and
  * eval; writes cfg fields. 0 or -1 with a message printed for cmd. */
 int model_arch_from_flags(const char *cmd, const char *bot, const char *top, const char *op,
