@@ -114,6 +114,7 @@ struct rpc_service {
   double pending_timeout_us; /* a job's pending state with no progress this long is dropped */
   atomic_llong next_sweep_us; /* now_us() of the next timeout sweep */
   uint64_t dropped_steps; /* steps whose held pushes were dropped */
+  uint64_t dropped_jobs;  /* jobs aborted (rank death, timeout) */
 };
 
 static double now_us(void) {
@@ -806,6 +807,7 @@ static void job_abort(rpc_service *s, sync_job *j, const char *what) {
   job_where(j, where, sizeof where);
   int held = job_held(j), steps = sync_drop_held(j);
   s->dropped_steps += (uint64_t)steps;
+  s->dropped_jobs++;
   j->aborted = 1;
   snprintf(j->why, sizeof j->why, "job %.64s: %.150s during %.120s; %s", j->job, what, where,
            j->stale ? "its pushes so far stay applied (async mode)"
@@ -1143,6 +1145,7 @@ static void do_stats(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r
   for (int i = 0; i < s->n_sync; i++) resp.pending_pushes += (uint64_t)job_held(&s->sync[i]);
   resp.dropped_steps = s->dropped_steps;
   resp.jobs = (uint64_t)s->n_sync;
+  resp.dropped_jobs = s->dropped_jobs;
   pthread_mutex_unlock(&s->mu);
   if (rc) FAIL(r, RPC_INTERNAL, "stats: %s", emb_store_errmsg(s->store));
   resp.rows = st.rows;

@@ -248,7 +248,7 @@ static void *bg_main(void *arg) {
 }
 
 typedef struct {
-  uint64_t pending_pushes, dropped_steps, jobs;
+  uint64_t pending_pushes, dropped_steps, jobs, dropped_jobs;
 } svc_stats;
 
 static svc_stats stats(void) {
@@ -260,7 +260,7 @@ static svc_stats stats(void) {
   ck_assert_msg(st == RPC_OK, "stats: %d %s", st, msg);
   Shardrec__V1__StatsResponse *a = shardrec__v1__stats_response__unpack(NULL, rlen, resp);
   ck_assert_ptr_nonnull(a);
-  svc_stats s = {a->pending_pushes, a->dropped_steps, a->jobs};
+  svc_stats s = {a->pending_pushes, a->dropped_steps, a->jobs, a->dropped_jobs};
   shardrec__v1__stats_response__free_unpacked(a, NULL);
   free(resp);
   return s;
@@ -431,6 +431,7 @@ START_TEST(test_rank_death) {
   ck_assert_msg(s.dropped_steps == 1, "dropped_steps %llu after %.1f s",
                 (unsigned long long)s.dropped_steps, waited);
   ck_assert_uint_eq(s.pending_pushes, 0);
+  ck_assert_uint_eq(s.dropped_jobs, 1);
   ck_assert_int_eq(pthread_join(th, NULL), 0);
   ck_assert_msg(b.status == RPC_ABORTED, "rank 1's held lookup: %d %s", b.status, b.msg);
   ck_assert_msg(strstr(b.msg, "rank 0 went away") && strstr(b.msg, "step 1") &&
@@ -541,6 +542,7 @@ START_TEST(test_rank_death_watch) {
   ck_assert_msg(s.dropped_steps == 1, "dropped_steps %llu after %.1f s",
                 (unsigned long long)s.dropped_steps, waited);
   ck_assert_uint_eq(s.pending_pushes, 0);
+  ck_assert_uint_eq(s.dropped_jobs, 1);
   check_rows("after the drop: nothing of step 1");
   uint64_t ids[3] = {10, 11, 50};
   float rows[3 * DIM];
@@ -776,6 +778,7 @@ static void prefetch_run(int stale) {
   /* Destroying the stores detached the ranks: the job was not dropped. */
   svc_stats s = stats();
   ck_assert_uint_eq(s.dropped_steps, 0);
+  ck_assert_uint_eq(s.dropped_jobs, 0);
   push_ok(job, 4, 0, 2, stale); /* async: applied at once; sync: held for rank 1 */
   if (stale) apply_push(0, 4);
 }

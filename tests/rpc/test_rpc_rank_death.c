@@ -1,0 +1,289 @@
+/* A rank that dies mid-job, end to end: `mpirun -np 2 shardrec train`
+ * against 2 real `shardrec serve` processes (rows in memory), sync mode,
+ * checkpoint every K steps; SHARDREC_TEST_DIE=1:K kills rank 1 at the
+ * start of the step after the step-K checkpoint (the hook's S counts steps
+ * done, so S = K is "step K+1" counted from 1).
+ *   - the job exits non-zero within a bounded time, naming the dead rank;
+ *   - both servers dropped the job (Stats: dropped_jobs 1, pending_pushes 0;
+ *     dropped_steps 0 or 1: whether rank 0's push of the step was held
+ *     before rank 1's death was heard is a race);
+ *   - the servers' rows equal the step-K checkpoint: the servers checkpoint
+ *     again and both shards are read back through the in-memory store and
+ *     compared row by row (a row only in the new one must be an untouched
+ *     initial row: a Lookup may create rows);
+ *   - `mpirun -np 2 ... --resume D/step-K` on the same servers finishes
+ *     with per-step losses bit-identical to an uninterrupted -np 2 run. */
+#include <check.h>
+#include <math.h>
+
+#include "tests/check_main.h"
+
+#include "embedding/plan.h"
+#include "embedding/store.h"
+#include "rpc/rpc.h"
+#include "rpc/shardrec.pb-c.h"
+#include "tests/rpc/server.h"
+
+#define K 4      /* checkpoint every K steps; rank 1 dies after step K */
+#define STEPS 10 /* steps of a whole run */
+#define ARCH "--arch-mlp-bot 13-16-16 --arch-mlp-top 32-1"
+#define HYPER "--optimizer adagrad --learning-rate 0.01 --sparse-learning-rate 0.1"
+#define MPIRUN "mpirun --allow-run-as-root --oversubscribe"
+
+static char *dir;
+
+static void setup(void) {
+  dir = make_tmpdir();
+  char *out;
+  int rc = run_cmd(&out,
+                   "cd %s && %s datagen --rows 6000 --seed 5 --out d.tsv && "
+                   "%s convert --test-fraction 0.1 d.tsv d.bin && "
+                   "%s train --processed-data-file d.bin --num-batches 1 --num-shards 2 " ARCH
+                   " --plan-out p.json",
+                   dir, bin_path(), bin_path(), bin_path());
+  ck_assert_msg(rc == 0, "data preparation failed: %s", out);
+  free(out);
+}
+
+static void teardown(void) {
+  run_cmd(NULL, "rm -rf %s", dir);
+  free(dir);
+}
+
+static void start_servers(test_server *s, const char *tag, char *addrs, size_t len) {
+  for (int k = 0; k < 2; k++) {
+    char args[1200], log[600];
+    snprintf(args, sizeof args, "--plan '%s/p.json' --shard %d --threads 2", dir, k);
+    snprintf(log, sizeof log, "%s/%s.srv%d.log", dir, tag, k);
+    server_start(&s[k], args, log);
+  }
+  snprintf(addrs, len, "%s,%s", s[0].addr, s[1].addr);
+}
+
+static int train(const char *name, const char *addrs, const char *env, const char *extra,
+                 char **out) {
+  return run_cmd(out,
+                 "cd %s && %s " MPIRUN " -np 2 %s train --processed-data-file d.bin --plan p.json "
+                 ARCH " " HYPER " --mini-batch-size 64 --num-batches %d --print-freq 1 "
+                 "--metrics-out %s.jsonl --shard-servers %s %s",
+                 dir, env, bin_path(), STEPS, name, addrs, extra);
+}
+
+/* Per-step last_loss texts of a run, by step (1-based, as printed). */
+static int losses(const char *name, char text[][40], int max) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/%s.jsonl", dir, name);
+  char *s = slurp(path);
+  ck_assert_msg(s != NULL, "no %s", path);
+  int n = 0;
+  for (char *l = strtok(s, "\n"); l; l = strtok(NULL, "\n")) {
+    if (!strstr(l, "\"kind\":\"train\"")) continue;
+    int step = (int)find_num(l, "\"step\":");
+    const char *p = strstr(l, "\"last_loss\":") + 12;
+    ck_assert(step >= 1 && step < max);
+    snprintf(text[step], 40, "%.*s", (int)strcspn(p, ","), p);
+    if (step > n) n = step;
+  }
+  free(s);
+  return n;
+}
+
+static Shardrec__V1__StatsResponse *stats(const char *addr) {
+  Shardrec__V1__StatsRequest q = SHARDREC__V1__STATS_REQUEST__INIT;
+  uint8_t b[8], *resp = NULL;
+  size_t len = shardrec__v1__stats_request__pack(&q, b), rlen;
+  char msg[256];
+  int st = rpc_call_once(addr, NULL, RPC_STATS, b, len, 10, &resp, &rlen, msg, sizeof msg);
+  ck_assert_msg(st == RPC_OK, "stats %s: %d %s", addr, st, msg);
+  Shardrec__V1__StatsResponse *a = shardrec__v1__stats_response__unpack(NULL, rlen, resp);
+  free(resp);
+  ck_assert_ptr_nonnull(a);
+  return a;
+}
+
+static void checkpoint(const char *addr, const char *fp, const char *path) {
+  Shardrec__V1__CheckpointRequest q = SHARDREC__V1__CHECKPOINT_REQUEST__INIT;
+  q.plan_fingerprint = (char *)fp;
+  q.path = (char *)path;
+  uint8_t b[2048], *resp = NULL;
+  size_t len = shardrec__v1__checkpoint_request__pack(&q, b), rlen;
+  char msg[512];
+  int st = rpc_call_once(addr, NULL, RPC_CHECKPOINT, b, len, 30, &resp, &rlen, msg, sizeof msg);
+  ck_assert_msg(st == RPC_OK, "checkpoint %s: %d %s", addr, st, msg);
+  free(resp);
+}
+
+/* Rows of one shard checkpoint, read through the in-memory store. */
+typedef struct {
+  int n, cap;
+  int *table;
+  uint64_t *id;
+  float *val; /* [n][dim + state_len] */
+  int width;
+} rowset;
+
+static int collect(void *ctx, int table, uint64_t row_id, const float *value, int dim,
+                   const float *state, int state_len) {
+  rowset *r = ctx;
+  if (!r->width) r->width = dim + state_len;
+  ck_assert_int_eq(r->width, dim + state_len);
+  if (r->n == r->cap) {
+    r->cap = r->cap ? 2 * r->cap : 1024;
+    r->table = realloc(r->table, (size_t)r->cap * sizeof *r->table);
+    r->id = realloc(r->id, (size_t)r->cap * sizeof *r->id);
+    r->val = realloc(r->val, (size_t)r->cap * (size_t)r->width * sizeof *r->val);
+  }
+  r->table[r->n] = table;
+  r->id[r->n] = row_id;
+  memcpy(r->val + (size_t)r->n * (size_t)r->width, value, (size_t)dim * sizeof(float));
+  if (state_len)
+    memcpy(r->val + (size_t)r->n * (size_t)r->width + dim, state, (size_t)state_len * sizeof(float));
+  r->n++;
+  return 0;
+}
+
+static void load_rows(const emb_plan *plan, const char *path, rowset *r) {
+  char err[512];
+  emb_store *st = emb_store_create_local(plan, err, sizeof err);
+  ck_assert_msg(st, "%s", err);
+  ck_assert_msg(emb_store_restore(st, path) == 0, "restore %s: %s", path, emb_store_errmsg(st));
+  memset(r, 0, sizeof *r);
+  for (int t = 0; t < plan->n_tables; t++)
+    ck_assert_int_eq(emb_store_iterate(st, t, collect, r), 0);
+  emb_store_destroy(st);
+}
+
+/* Every row of a (step-K checkpoint) is in b with the same value and
+ * optimizer state; a row only in b is an initial row. Returns rows compared. */
+static int same_rows(const emb_plan *plan, const rowset *a, const rowset *b, const char *what) {
+  int i = 0, same = 0;
+  const int w = a->width ? a->width : b->width;
+  for (int j = 0; j < b->n; j++) {
+    if (i < a->n && (a->table[i] < b->table[j] ||
+                     (a->table[i] == b->table[j] && a->id[i] < b->id[j]))) {
+      ck_abort_msg("%s: row %llu of table %d is in the step-%d checkpoint, not on the server",
+                   what, (unsigned long long)a->id[i], a->table[i], K);
+    }
+    const float *v = b->val + (size_t)j * (size_t)w;
+    if (i < a->n && a->table[i] == b->table[j] && a->id[i] == b->id[j]) {
+      ck_assert_msg(memcmp(a->val + (size_t)i * (size_t)w, v, (size_t)w * sizeof(float)) == 0,
+                    "%s: row %llu of table %d differs from the step-%d checkpoint", what,
+                    (unsigned long long)b->id[j], b->table[j], K);
+      i++;
+      same++;
+    } else { /* made by a Lookup after the checkpoint: must be untouched */
+      const emb_table *tb = &plan->tables[b->table[j]];
+      float init[256];
+      ck_assert_int_le(tb->dim, 256);
+      emb_row_init(plan, b->table[j], b->id[j], init);
+      ck_assert_msg(memcmp(init, v, (size_t)tb->dim * sizeof(float)) == 0,
+                    "%s: row %llu of table %d was updated after the step-%d checkpoint", what,
+                    (unsigned long long)b->id[j], b->table[j], K);
+    }
+  }
+  ck_assert_msg(i == a->n, "%s: rows of the checkpoint missing on the server", what);
+  return same;
+}
+
+static void rows_free(rowset *r) {
+  free(r->table);
+  free(r->id);
+  free(r->val);
+}
+
+START_TEST(test_rank_dies_job_stops_servers_drop_resume) {
+  char *out;
+  test_server sa[2], sb[2];
+  char addrs[200];
+  /* The uninterrupted run. */
+  start_servers(sa, "full", addrs, sizeof addrs);
+  int rc = train("full", addrs, "", "", &out);
+  ck_assert_msg(rc == 0, "uninterrupted run failed: %s", out);
+  free(out);
+  server_stop(&sa[0]);
+  server_stop(&sa[1]);
+  /* Rank 1 dies after the step-K checkpoint. */
+  start_servers(sb, "dead", addrs, sizeof addrs);
+  char extra[800];
+  snprintf(extra, sizeof extra, "--save-checkpoint %s/ck --checkpoint-every %d", dir, K);
+  char env[64];
+  snprintf(env, sizeof env, "SHARDREC_TEST_DIE=1:%d", K);
+  double t0 = test_now();
+  rc = train("dead", addrs, env, extra, &out);
+  double secs = test_now() - t0;
+  ck_assert_msg(rc != 0, "the job went on without rank 1: %s", out);
+  ck_assert_msg(secs < 60, "the job took %.0f s to stop", secs);
+  ck_assert_msg(strstr(out, "rank 1") != NULL, "the dead rank is not named:\n%s", out);
+  fprintf(stderr, "rank death end to end: the job stopped %.1f s after start (exit %d)\n", secs,
+          rc);
+  free(out);
+  /* Both servers dropped the job; nothing is held. */
+  for (int k = 0; k < 2; k++) {
+    Shardrec__V1__StatsResponse *a = NULL;
+    double t1 = test_now();
+    for (;;) { /* heard at once; poll a little for a loaded machine */
+      if (a) shardrec__v1__stats_response__free_unpacked(a, NULL);
+      a = stats(sb[k].addr);
+      if (a->dropped_jobs >= 1 || test_now() - t1 > 10) break;
+      usleep(20 * 1000);
+    }
+    ck_assert_msg(a->dropped_jobs == 1, "server %d: dropped_jobs %llu", k,
+                  (unsigned long long)a->dropped_jobs);
+    ck_assert_uint_eq(a->pending_pushes, 0);
+    ck_assert_msg(a->dropped_steps <= 1, "server %d: dropped_steps %llu", k,
+                  (unsigned long long)a->dropped_steps);
+    fprintf(stderr, "server %d: dropped_jobs %llu dropped_steps %llu jobs %llu\n", k,
+            (unsigned long long)a->dropped_jobs, (unsigned long long)a->dropped_steps,
+            (unsigned long long)a->jobs);
+    shardrec__v1__stats_response__free_unpacked(a, NULL);
+  }
+  /* Their rows are the step-K checkpoint's. */
+  char err[512], path[800], fp[EMB_FP_HEX];
+  emb_plan *plan;
+  snprintf(path, sizeof path, "%s/p.json", dir);
+  ck_assert_msg(emb_plan_load(path, &plan, err, sizeof err) == 0, "%s", err);
+  ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
+  snprintf(path, sizeof path, "%s/after", dir);
+  int compared = 0;
+  for (int k = 0; k < 2; k++) {
+    checkpoint(sb[k].addr, fp, path);
+    char a_dir[900], b_dir[900], what[64];
+    snprintf(a_dir, sizeof a_dir, "%s/ck/step-%d/shards/shard-%d", dir, K, k);
+    snprintf(b_dir, sizeof b_dir, "%s/after/shard-%d", dir, k);
+    rowset ra, rb;
+    load_rows(plan, a_dir, &ra);
+    load_rows(plan, b_dir, &rb);
+    snprintf(what, sizeof what, "shard %d", k);
+    ck_assert_msg(ra.n > 0, "%s: the checkpoint holds no rows", what);
+    compared += same_rows(plan, &ra, &rb, what);
+    rows_free(&ra);
+    rows_free(&rb);
+  }
+  emb_plan_free(plan);
+  /* Resumed on the same servers: the uninterrupted run's losses, bit for bit. */
+  snprintf(extra, sizeof extra, "--resume %s/ck/step-%d", dir, K);
+  rc = train("resumed", addrs, "", extra, &out);
+  ck_assert_msg(rc == 0, "resumed run failed: %s", out);
+  free(out);
+  server_stop(&sb[0]);
+  server_stop(&sb[1]);
+  static char lf[64][40], lr[64][40];
+  int nf = losses("full", lf, 64), nr = losses("resumed", lr, 64);
+  ck_assert_int_eq(nf, STEPS);
+  ck_assert_int_eq(nr, STEPS);
+  for (int s = K + 1; s <= STEPS; s++)
+    ck_assert_msg(lr[s][0] && !strcmp(lf[s], lr[s]), "step %d: resumed %s, uninterrupted %s", s,
+                  lr[s], lf[s]);
+  fprintf(stderr, "rows compared with the step-%d checkpoint: %d\n", K, compared);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("rpc_rank_death");
+  TCase *tc = tcase_create("e2e");
+  tcase_set_timeout(tc, 240);
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_add_test(tc, test_rank_dies_job_stops_servers_drop_resume);
+  suite_add_tcase(s, tc);
+  return sr_check_run(s);
+}
