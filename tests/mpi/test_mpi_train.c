@@ -6,7 +6,7 @@
  *     -np 4 two ranks train on none), test AUC within 1e-3; a second -np 2
  *     run gives the same bits (every loss and the AUC);
  *   - a full epoch of 300k rows at -np 2 and -np 4: test AUC within 1e-3 of
- *     one rank;
+ *     one rank; async mode at -np 2 within 0.005 of sync;
  *   - a global batch that does not divide by N is refused (exit 2);
  *   - checkpoint at step 30 of a -np 2 run and resume with -np 2: the losses
  *     after step 30 and the test AUC are bit-identical to the uninterrupted
@@ -187,9 +187,19 @@ START_TEST(test_full_epoch_300k) {
   free(out);
   ck_assert_msg(train("e4", 4, "big.bin", ex, &out) == 0, "%s", out);
   free(out);
+  /* Async mode (prefetched lookups, staleness 2) with 2 ranks. */
+  char aex[300];
+  snprintf(aex, sizeof aex, "%s --sparse-mode async --max-staleness 2", ex);
+  ck_assert_msg(train("a2", 2, "big.bin", aex, &out) == 0, "%s", out);
+  ck_assert_msg(strstr(out, "mode   async"), "%s", out);
+  free(out);
   load("e1", &ma);
   load("e2", &mb);
   load("e4", &md);
+  load("a2", &mc);
+  printf("mpi_train: 300k rows, async np2: test auc %.6f (sync np2 %+.2g)\n", mc.auc,
+         mc.auc - mb.auc);
+  ck_assert_msg(fabs(mc.auc - mb.auc) < 0.005, "async np2 auc %g vs sync %g", mc.auc, mb.auc);
   printf("mpi_train: 300k rows, one epoch: test auc 1 rank %.6f, np2 %.6f (%+.2g), np4 %.6f "
          "(%+.2g)\n", ma.auc, mb.auc, mb.auc - ma.auc, md.auc, md.auc - ma.auc);
   ck_assert_msg(ma.auc > 0.7, "one rank did not learn (auc %g)", ma.auc);
@@ -243,15 +253,20 @@ START_TEST(test_checkpoint_resume_np2) {
 }
 END_TEST
 
-int main(void) {
-  Suite *s = suite_create("mpi_train");
-  TCase *tc = tcase_create("train");
+/* One case per test, so that CK_RUN_CASE=epoch (etc.) runs one alone. */
+static void add(Suite *s, const char *name, const TTest *test) {
+  TCase *tc = tcase_create(name);
   tcase_set_timeout(tc, 300);
   tcase_add_checked_fixture(tc, setup, teardown);
-  tcase_add_test(tc, test_batch_must_divide);
-  tcase_add_test(tc, test_ranks_equal_one_rank);
-  tcase_add_test(tc, test_checkpoint_resume_np2);
-  tcase_add_test(tc, test_full_epoch_300k);
+  tcase_add_test(tc, test);
   suite_add_tcase(s, tc);
+}
+
+int main(void) {
+  Suite *s = suite_create("mpi_train");
+  add(s, "refuse", test_batch_must_divide);
+  add(s, "equal", test_ranks_equal_one_rank);
+  add(s, "resume", test_checkpoint_resume_np2);
+  add(s, "epoch", test_full_epoch_300k);
   return sr_check_run(s);
 }
