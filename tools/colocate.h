@@ -7,9 +7,15 @@
  *
  * colocate_start is collective: every rank calls it, in the same order
  * relative to other collectives. It starts this rank's servers (one
- * rpc_server per hosted shard set, listening on opts->host:0), then gathers
- * every rank's address over MPI so that (*addrs)[k] is the address of
- * shard k on every rank. */
+ * rpc_server, service and store per hosted shard, each listening on
+ * opts->host:0: the remote store sends each shard its own Push of a step,
+ * and a service taking two shards' pushes of one (job, step, rank) would
+ * drop the second as a retry), then gathers every rank's addresses over
+ * MPI_COMM_WORLD (MPI_Allgather) so that (*addrs)[k] is the address of
+ * shard k on every rank. A rank with no shard (more ranks than shards)
+ * starts nothing and still takes part. With size 1 there is no MPI call at
+ * all (MPI need not be initialised); with size > 1 MPI must be initialised
+ * and agree on rank and size. */
 #ifndef SHARDREC_TOOLS_COLOCATE_H
 #define SHARDREC_TOOLS_COLOCATE_H
 
@@ -24,15 +30,21 @@ typedef struct colocate_opts {
   const char *host;      /* address the servers listen on and advertise ("127.0.0.1") */
   const char *data_dir;  /* NULL: rows in memory (local store); else RocksDB shard store
                             under data_dir/shard-K with the cache below */
-  uint64_t cache_rows, cache_mb;
-  int threads;           /* server worker threads per rank (default 2) */
+  uint64_t cache_rows, cache_mb; /* the rank's cache, split evenly over its shards
+                                    (cache_rows 0: cache_mb, default 256) */
+  int threads;           /* worker threads per shard server (default 2) */
 } colocate_opts;
 
 /* Start this rank's shards of plan (borrowed, outlives the colocate) and
  * gather the addresses: on success *addrs is a malloc'd array of
  * plan->n_shards malloc'd "host:port" strings (free with colocate_addrs_free)
  * and the return value the running servers (colocate_stop). NULL with the
- * reason in err; collective even on failure (no rank is left waiting). */
+ * reason in err; collective even on failure (no rank is left waiting): a
+ * rank that failed still takes part in the gather, and every rank returns
+ * NULL with a message naming the first failing rank ("rank 1 of 3 could
+ * not host its shards: ..."). Checkpoint and Restore RPCs to these servers
+ * write and read path/shard-K, as separate `shardrec serve --shard K`
+ * processes do. */
 colocate *colocate_start(const emb_plan *plan, int rank, int size, const colocate_opts *o,
                          char ***addrs, char *err, size_t errlen);
 void colocate_addrs_free(char **addrs, int n);
