@@ -1,7 +1,10 @@
 /* shardrec serve: one embedding shard server (gRPC, rpc/shardrec.proto).
  *
- * Hosts the rows of the given shards of a plan in memory and serves
- * Lookup, Push, Checkpoint, Restore, Stats and grpc.health.v1 Check.
+ * Hosts the rows of the given shards of a plan in memory (or in RocksDB with
+ * --data-dir) and serves Lookup, Push, Checkpoint, Restore, Stats and
+ * grpc.health.v1 Check. With --checkpoint the plan and the rows come from a
+ * trainer's checkpoint (tools/ckpt_store.h), which is only read: several
+ * servers of one checkpoint run side by side.
  * Prints "listening on HOST:PORT" once bound (port 0 picks one). SIGTERM or
  * SIGINT: stop accepting, let in-flight calls finish, flush, exit 0. */
 #include <errno.h>
@@ -18,6 +21,7 @@
 #include "rpc/rpc.h"
 #include "tools/cli.h"
 #include "tools/checkpoint.h"
+#include "tools/ckpt_store.h"
 #include "tools/cmds.h"
 
 #define CMD "serve"
@@ -25,17 +29,24 @@
 static void usage(FILE *f) {
   fprintf(f,
 "usage: shardrec serve --plan PLAN.json --shard K[,K...] [options]\n"
+"       shardrec serve --checkpoint CKPT --shard K[,K...] [--read-only] [options]\n"
 "\n"
-"  --plan PLAN.json        the sharding plan (the fingerprint every call must carry)\n"
+"  --plan PLAN.json        the sharding plan (the fingerprint every call must carry); with\n"
+"                          --checkpoint optional, and then it must be the checkpoint's plan\n"
 "  --shard K[,K...]        shards of the plan served here\n"
 "  --listen HOST:PORT      address (127.0.0.1:0; port 0 picks a free port)\n"
 "  --data-dir DIR          keep rows in RocksDB under DIR/shard-K with a bounded cache\n"
 "                          (default: every row in memory)\n"
 "  --cache-rows N, --cache-mb N   the cache's size with --data-dir (default 256 MiB)\n"
-"  --checkpoint CKPT       start from a trainer's checkpoint: CKPT is a step-N folder or\n"
-"                          a folder of them (the newest complete one is taken)\n"
+"  --checkpoint CKPT       serve a trainer's checkpoint: CKPT is a step-N folder or a\n"
+"                          folder of them (the newest complete one is taken). It is\n"
+"                          verified (every file's size and SHA-256) and only read: its\n"
+"                          plan is served; RocksDB shards are copied (SST files linked)\n"
+"                          into --data-dir or a temporary folder removed at exit;\n"
+"                          in-memory table files are loaded. Several servers of one\n"
+"                          checkpoint (other shards, or the same) may run side by side\n"
 "  --restore PATH          start from the shard folders written by Checkpoint(PATH)\n"
-"  --read-only             refuse Push (FAILED_PRECONDITION)\n"
+"  --read-only             refuse Push (FAILED_PRECONDITION): serving for inference\n"
 "  --threads N             worker threads, one completion queue each (2)\n"
 "  --max-message-mb N      largest request or answer (64)\n"
 "  --max-ids N             most ids in one Lookup or Push (4194304)\n"
@@ -112,8 +123,12 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "shardrec serve: unexpected argument '%s'\n", argv[optind]);
     return 2;
   }
-  if (!plan_path || !shards_s) {
-    fprintf(stderr, "shardrec serve: --plan and --shard are required\n");
+  if (!shards_s || (!plan_path && !checkpoint)) {
+    fprintf(stderr, "shardrec serve: --shard and one of --plan, --checkpoint are required\n");
+    return 2;
+  }
+  if (checkpoint && restore) {
+    fprintf(stderr, "shardrec serve: give --checkpoint or --restore, not both\n");
     return 2;
   }
   if ((tls.cert || tls.key || tls.ca) && !(tls.cert && tls.key)) {
@@ -135,17 +150,64 @@ int cmd_serve(int argc, char **argv) {
       shards[n_shards++] = (int)v;
       p = *end ? end + 1 : end;
     }
+    if (n_shards == 0) {
+      fprintf(stderr, "shardrec serve: --shard: empty list\n");
+      return 2;
+    }
   }
   char err[1024];
   emb_plan *plan = NULL;
-  if (emb_plan_load(plan_path, &plan, err, sizeof err)) {
+  int status = 1;
+  rpc_service *svc = NULL;
+  emb_store *store = NULL;
+  ckpt_store cs = {0};
+  ckpt_info ci = {0};
+  if (plan_path && emb_plan_load(plan_path, &plan, err, sizeof err)) {
     fprintf(stderr, "shardrec serve: %s\n", err);
     return 1;
   }
-  int status = 1;
-  rpc_service *svc = NULL;
-  emb_store *store;
-  if (data_dir) {
+  if (checkpoint) {
+    /* The checkpoint names its own plan; a --plan given too must be it. */
+    char step_dir[4096];
+    if (ckpt_resolve(checkpoint, step_dir, sizeof step_dir, err, sizeof err) ||
+        ckpt_open(step_dir, &ci, err, sizeof err)) {
+      fprintf(stderr, "shardrec serve: --checkpoint: %s\n", err);
+      goto done;
+    }
+    if (plan) {
+      char want[EMB_FP_HEX], have[EMB_FP_HEX];
+      emb_plan_fingerprint(ci.plan, want);
+      emb_plan_fingerprint(plan, have);
+      if (strcmp(want, have)) {
+        fprintf(stderr, "shardrec serve: --plan %s has plan fingerprint %.12s..., the checkpoint "
+                "%s was written under %.12s... (serve it without --plan, or reshard it to this "
+                "plan first)\n", plan_path, have, step_dir, want);
+        goto done;
+      }
+      emb_plan_free(plan);
+    }
+    plan = ci.plan;
+    ci.plan = NULL;
+    for (int i = 0; i < n_shards; i++)
+      if (shards[i] >= plan->n_shards) {
+        fprintf(stderr, "shardrec serve: --shard %d: the checkpoint's plan has shards 0..%d\n",
+                shards[i], plan->n_shards - 1);
+        goto done;
+      }
+    ckpt_store_opts co = {.shards = shards, .n_shards = n_shards, .data_dir = data_dir,
+                          .cache_rows = (uint64_t)cache_rows, .cache_mb = (uint64_t)cache_mb};
+    if (ckpt_store_open(step_dir, plan, &co, &cs, err, sizeof err)) {
+      fprintf(stderr, "shardrec serve: --checkpoint: %s\n", err);
+      goto done;
+    }
+    store = cs.store;
+    char fp[EMB_FP_HEX];
+    emb_plan_fingerprint(plan, fp);
+    printf("checkpoint %s: step %lld, plan %.12s, %d shard(s); serving shard(s) %s%s; rows %s\n",
+           step_dir, (long long)ci.st.step, fp, plan->n_shards, shards_s,
+           read_only ? " read-only" : "", cs.layout);
+    fflush(stdout);
+  } else if (data_dir) {
     emb_shard_config sc = {.cache_rows = (uint64_t)cache_rows,
                            .cache_mb = cache_rows ? 0 : (uint64_t)(cache_mb ? cache_mb : 256),
                            .n_hosted = n_shards, .hosted = shards};
@@ -158,27 +220,12 @@ int cmd_serve(int argc, char **argv) {
     goto done;
   }
   rpc_service_opts so = {.shards = shards, .n_shards = n_shards, .read_only = read_only,
-                         .max_ids = (size_t)maxids, .store_shard_dirs = data_dir != NULL};
+                         .max_ids = (size_t)maxids,
+                         .store_shard_dirs = checkpoint ? cs.rocks : data_dir != NULL};
   svc = rpc_service_create(plan, store, &so, err, sizeof err);
   if (!svc) {
     fprintf(stderr, "shardrec serve: %s\n", err);
     goto done;
-  }
-  char ckpt_shards[4200];
-  if (checkpoint) {
-    /* A trainer's checkpoint holds every server's part under step-N/shards. */
-    char step_dir[4096];
-    if (restore) {
-      fprintf(stderr, "shardrec serve: give --checkpoint or --restore, not both\n");
-      goto done;
-    }
-    if (ckpt_resolve(checkpoint, step_dir, sizeof step_dir, err, sizeof err)) {
-      fprintf(stderr, "shardrec serve: --checkpoint: %s\n", err);
-      goto done;
-    }
-    snprintf(ckpt_shards, sizeof ckpt_shards, "%s/shards", step_dir);
-    restore = ckpt_shards;
-    printf("restoring from %s\n", step_dir);
   }
   if (restore) {
     char dir[4096];
@@ -210,7 +257,9 @@ int cmd_serve(int argc, char **argv) {
   status = 0;
 done:
   rpc_service_destroy(svc);
-  emb_store_destroy(store);
+  if (cs.store) ckpt_store_close(&cs); /* also removes its temporary folder */
+  else emb_store_destroy(store);
+  ckpt_info_free(&ci);
   emb_plan_free(plan);
   return status;
 }

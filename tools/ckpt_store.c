@@ -1,0 +1,389 @@
+/* The store of a trainer checkpoint's rows (tools/ckpt_store.h). */
+#define _XOPEN_SOURCE 700
+#include "tools/ckpt_store.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/status.h"
+#include "embedding/shard.h"
+
+/* ---- the routing store: rows of each shard in the in-memory store restored
+ * from that shard's server folder ---- */
+
+typedef struct rstore {
+  emb_store base;
+  int n_sub;
+  emb_store **sub; /* [n_sub] owned */
+  int *sub_of;     /* [plan->n_shards] index into sub, -1: not held */
+  int rc;          /* the last lookup's status */
+  char err[1024];
+} rstore;
+
+/* Split ids by sub-store, run fn on each part, scatter/gather rows. For a
+ * lookup rows = out (written); for a push rows = grads (read). */
+static int r_route(rstore *s, int64_t step, float lr, const emb_idset *ids, float *const *out,
+                   const float *const *grads) {
+  const emb_plan *plan = s->base.plan;
+  int T = plan->n_tables, rc = 0;
+  if (ids->n_tables != T) {
+    snprintf(s->err, sizeof s->err, "id set has %d tables, the plan has %d", ids->n_tables, T);
+    return SR_EINVAL;
+  }
+  uint64_t **sid = calloc((size_t)T, sizeof *sid);
+  size_t **pos = calloc((size_t)T, sizeof *pos), *cnt = calloc((size_t)T, sizeof *cnt);
+  float **buf = calloc((size_t)T, sizeof *buf);
+  if (!sid || !pos || !cnt || !buf) goto oom;
+  for (int t = 0; t < T; t++) {
+    size_t n = ids->counts[t] ? ids->counts[t] : 1;
+    sid[t] = malloc(n * sizeof **sid);
+    pos[t] = malloc(n * sizeof **pos);
+    buf[t] = malloc(n * (size_t)plan->tables[t].dim * sizeof **buf);
+    if (!sid[t] || !pos[t] || !buf[t]) goto oom;
+  }
+  for (int j = 0; j < s->n_sub && !rc; j++) {
+    for (int t = 0; t < T; t++) {
+      int dim = plan->tables[t].dim;
+      cnt[t] = 0;
+      for (size_t i = 0; i < ids->counts[t]; i++) {
+        uint64_t id = ids->ids[t][i];
+        int k = emb_plan_shard_of(plan, t, id);
+        int sj = k >= 0 && k < plan->n_shards ? s->sub_of[k] : -1;
+        if (sj < 0) {
+          snprintf(s->err, sizeof s->err, "table %d row %llu: its shard %d is not held here", t,
+                   (unsigned long long)id, k);
+          rc = SR_EINVAL;
+          break;
+        }
+        if (sj != j) continue;
+        if (grads) memcpy(buf[t] + cnt[t] * (size_t)dim, grads[t] + i * (size_t)dim, (size_t)dim * 4);
+        pos[t][cnt[t]] = i;
+        sid[t][cnt[t]++] = id;
+      }
+      if (rc) break;
+    }
+    if (rc) break;
+    emb_idset part = {.n_tables = T, .ids = (const uint64_t *const *)sid, .counts = cnt};
+    if (grads) {
+      rc = emb_store_push(s->sub[j], step, lr, &part, (const float *const *)buf);
+    } else {
+      rc = emb_store_lookup_begin(s->sub[j], step, &part, buf);
+      if (!rc) rc = emb_store_lookup_wait(s->sub[j]);
+      for (int t = 0; t < T && !rc; t++) {
+        size_t dim = (size_t)plan->tables[t].dim;
+        for (size_t r = 0; r < cnt[t]; r++)
+          memcpy(out[t] + pos[t][r] * dim, buf[t] + r * dim, dim * 4);
+      }
+    }
+    if (rc) snprintf(s->err, sizeof s->err, "%s", emb_store_errmsg(s->sub[j]));
+  }
+  goto out;
+oom:
+  snprintf(s->err, sizeof s->err, "out of memory routing rows");
+  rc = SR_ENOMEM;
+out:
+  for (int t = 0; t < T; t++) {
+    if (sid) free(sid[t]);
+    if (pos) free(pos[t]);
+    if (buf) free(buf[t]);
+  }
+  free(sid);
+  free(pos);
+  free(cnt);
+  free(buf);
+  return rc;
+}
+
+static int r_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, float *const *out) {
+  rstore *s = (rstore *)b;
+  s->rc = r_route(s, step, 0, ids, out, NULL);
+  return s->rc;
+}
+static int r_lookup_wait(emb_store *b) { return ((rstore *)b)->rc; }
+static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
+                  const float *const *grads) {
+  return r_route((rstore *)b, step, lr, ids, NULL, grads);
+}
+static int r_flush(emb_store *b) {
+  rstore *s = (rstore *)b;
+  for (int j = 0; j < s->n_sub; j++) {
+    int rc = emb_store_flush(s->sub[j]);
+    if (rc) {
+      snprintf(s->err, sizeof s->err, "%s", emb_store_errmsg(s->sub[j]));
+      return rc;
+    }
+  }
+  return 0;
+}
+static int r_unsupported(emb_store *b, const char *what) {
+  rstore *s = (rstore *)b;
+  snprintf(s->err, sizeof s->err,
+           "%s: not supported by a store assembled from several servers' checkpoint folders "
+           "(serve each server's shards as they were)", what);
+  return SR_EUNSUPPORTED;
+}
+static int r_checkpoint(emb_store *b, const char *path) {
+  (void)path;
+  return r_unsupported(b, "checkpoint");
+}
+static int r_restore(emb_store *b, const char *path) {
+  (void)path;
+  return r_unsupported(b, "restore");
+}
+static int r_iterate(emb_store *b, int table, emb_row_fn fn, void *ctx) {
+  (void)table, (void)fn, (void)ctx;
+  return r_unsupported(b, "iterate");
+}
+static int r_stats(emb_store *b, emb_store_stats *out) {
+  rstore *s = (rstore *)b;
+  memset(out, 0, sizeof *out);
+  for (int j = 0; j < s->n_sub; j++) {
+    emb_store_stats x;
+    if (emb_store_stats_get(s->sub[j], &x)) continue;
+    out->rows += x.rows;
+    out->bytes += x.bytes;
+    out->lookups += x.lookups;
+    out->hits += x.hits;
+    out->pushes += x.pushes;
+  }
+  return 0;
+}
+static const char *r_errmsg(emb_store *b) { return ((rstore *)b)->err; }
+static void r_destroy(emb_store *b) {
+  rstore *s = (rstore *)b;
+  for (int j = 0; j < s->n_sub; j++) emb_store_destroy(s->sub[j]);
+  free(s->sub);
+  free(s->sub_of);
+  free(s);
+}
+static const emb_store_ops route_ops = {r_lookup_begin, r_lookup_wait, r_push,   r_flush,
+                                        r_checkpoint,   r_restore,     r_stats,  r_iterate,
+                                        r_errmsg,       r_destroy};
+
+/* ---- layout ---- */
+
+static int exists(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0;
+}
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+  (void)sb, (void)flag, (void)ftw;
+  return remove(p);
+}
+
+static void rm_rf(const char *path) { nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+/* Shards listed in a server folder name "shard-K[-K2...]"; their count, 0 if
+ * the name is not one. */
+static int parse_folder(const char *name, int *ks, int max) {
+  if (strncmp(name, "shard-", 6)) return 0;
+  const char *p = name + 6;
+  int n = 0;
+  while (*p && n < max) {
+    char *end;
+    long v = strtol(p, &end, 10);
+    if (end == p || v < 0 || (*end && *end != '-')) return 0;
+    ks[n++] = (int)v;
+    p = *end ? end + 1 : end;
+  }
+  return *p ? 0 : n;
+}
+
+int ckpt_store_open(const char *dir, const emb_plan *plan, const ckpt_store_opts *o,
+                    ckpt_store *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  int S = plan->n_shards, n_want = o->n_shards ? o->n_shards : S;
+  int *want = malloc((size_t)n_want * sizeof *want);
+  char (*folder)[256] = calloc((size_t)S, sizeof *folder); /* mem layout: shard -> folder */
+  int rc = 0;
+  emb_store *store = NULL;
+  char shards[4200], path[8400];
+  if (!want || !folder) {
+    snprintf(err, errlen, "out of memory");
+    rc = SR_ENOMEM;
+    goto done;
+  }
+  for (int i = 0; i < n_want; i++) {
+    want[i] = o->n_shards ? o->shards[i] : i;
+    if (want[i] < 0 || want[i] >= S) {
+      snprintf(err, errlen, "shard %d: the checkpoint's plan has shards 0..%d", want[i], S - 1);
+      rc = SR_EINVAL;
+      goto done;
+    }
+  }
+  snprintf(shards, sizeof shards, "%s/shards", dir);
+  int n_rocks = 0;
+  for (int i = 0; i < n_want; i++) {
+    snprintf(path, sizeof path, "%s/shard-%d/CURRENT", shards, want[i]);
+    n_rocks += exists(path);
+  }
+  snprintf(path, sizeof path, "%s/table-%u.bin", shards, plan->tables[0].table_id);
+  int whole = exists(path);
+  emb_shard_config sc = {.cache_rows = o->cache_rows,
+                         .cache_mb = o->cache_rows ? 0 : (o->cache_mb ? o->cache_mb : 256),
+                         .n_hosted = n_want, .hosted = want};
+  if (n_rocks == n_want) {
+    const char *data = o->data_dir;
+    if (!data) {
+      const char *tmp = getenv("TMPDIR");
+      char tpl[4096];
+      snprintf(tpl, sizeof tpl, "%s/shardrec-ckpt-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+      if (!mkdtemp(tpl)) {
+        snprintf(err, errlen, "%s: cannot make a temporary folder: %s", tpl, strerror(errno));
+        rc = SR_EIO;
+        goto done;
+      }
+      out->tmp_dir = strdup(tpl);
+      if (!out->tmp_dir) {
+        rm_rf(tpl);
+        snprintf(err, errlen, "out of memory");
+        rc = SR_ENOMEM;
+        goto done;
+      }
+      data = out->tmp_dir;
+    }
+    store = emb_store_create_shard(plan, data, &sc, err, errlen);
+    if (!store) {
+      rc = SR_EIO;
+      goto done;
+    }
+    if ((rc = emb_store_restore(store, shards))) {
+      snprintf(err, errlen, "%s: %s", shards, emb_store_errmsg(store));
+      goto done;
+    }
+    out->rocks = 1;
+    snprintf(out->layout, sizeof out->layout, "RocksDB shard databases in %s%s", data,
+             o->data_dir ? "" : " (temporary)");
+    goto done;
+  }
+  if (n_rocks) {
+    snprintf(err, errlen, "%s: some of the wanted shards are RocksDB databases, others are not: "
+             "not a checkpoint this build wrote", shards);
+    rc = SR_EFORMAT;
+    goto done;
+  }
+  if (o->data_dir) {
+    snprintf(err, errlen, "%s: holds in-memory table files, not RocksDB databases: serve it "
+             "without --data-dir", shards);
+    rc = SR_EINVAL;
+    goto done;
+  }
+  if (whole) {
+    store = emb_store_create_local(plan, err, errlen);
+    if (!store) {
+      rc = SR_ENOMEM;
+      goto done;
+    }
+    if ((rc = emb_store_restore(store, shards))) {
+      snprintf(err, errlen, "%s", emb_store_errmsg(store));
+      goto done;
+    }
+    snprintf(out->layout, sizeof out->layout, "in memory (the trainer's table files)");
+    goto done;
+  }
+  /* In-memory servers' folders: which folder holds each wanted shard. */
+  DIR *d = opendir(shards);
+  if (!d) {
+    snprintf(err, errlen, "%s: cannot open: %s", shards, strerror(errno));
+    rc = SR_ENOTFOUND;
+    goto done;
+  }
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    int ks[256], n = parse_folder(e->d_name, ks, 256);
+    for (int i = 0; i < n; i++)
+      if (ks[i] < S && strlen(e->d_name) < sizeof folder[0])
+        snprintf(folder[ks[i]], sizeof folder[0], "%s", e->d_name);
+  }
+  closedir(d);
+  int n_folders = 0;
+  for (int i = 0; i < n_want; i++) {
+    if (!folder[want[i]][0]) {
+      snprintf(err, errlen, "%s: holds no rows of shard %d (no shard-%d/ folder, no "
+               "table-<id>.bin files)", shards, want[i], want[i]);
+      rc = SR_ENOTFOUND;
+      goto done;
+    }
+    int first = 1;
+    for (int j = 0; j < i; j++) first &= strcmp(folder[want[j]], folder[want[i]]) != 0;
+    n_folders += first;
+  }
+  if (n_folders == 1) {
+    snprintf(path, sizeof path, "%s/%s", shards, folder[want[0]]);
+    store = emb_store_create_local(plan, err, errlen);
+    if (!store) {
+      rc = SR_ENOMEM;
+      goto done;
+    }
+    if ((rc = emb_store_restore(store, path))) {
+      snprintf(err, errlen, "%s", emb_store_errmsg(store));
+      goto done;
+    }
+    snprintf(out->layout, sizeof out->layout, "in memory (%.60s)", folder[want[0]]);
+    goto done;
+  }
+  rstore *r = calloc(1, sizeof *r);
+  if (r) {
+    r->base.ops = &route_ops;
+    r->base.plan = plan;
+    r->sub = calloc((size_t)n_folders, sizeof *r->sub);
+    r->sub_of = malloc((size_t)S * sizeof *r->sub_of);
+  }
+  if (!r || !r->sub || !r->sub_of) {
+    if (r) r_destroy(&r->base);
+    snprintf(err, errlen, "out of memory");
+    rc = SR_ENOMEM;
+    goto done;
+  }
+  store = &r->base;
+  for (int k = 0; k < S; k++) r->sub_of[k] = -1;
+  for (int i = 0; i < n_want; i++) {
+    int same = -1; /* a wanted shard before this one in the same folder */
+    for (int m = 0; m < i && same < 0; m++)
+      if (!strcmp(folder[want[m]], folder[want[i]])) same = want[m];
+    if (same >= 0) {
+      r->sub_of[want[i]] = r->sub_of[same];
+      continue;
+    }
+    emb_store *sub = emb_store_create_local(plan, err, errlen);
+    if (!sub) {
+      rc = SR_ENOMEM;
+      goto done;
+    }
+    r->sub[r->n_sub] = sub;
+    r->sub_of[want[i]] = r->n_sub++;
+    snprintf(path, sizeof path, "%s/%s", shards, folder[want[i]]);
+    if ((rc = emb_store_restore(sub, path))) {
+      snprintf(err, errlen, "%s", emb_store_errmsg(sub));
+      goto done;
+    }
+  }
+  snprintf(out->layout, sizeof out->layout, "in memory (%d server folders)", r->n_sub);
+done:
+  if (rc) {
+    emb_store_destroy(store);
+    store = NULL;
+    if (out->tmp_dir) rm_rf(out->tmp_dir);
+    free(out->tmp_dir);
+    out->tmp_dir = NULL;
+  }
+  out->store = store;
+  free(want);
+  free(folder);
+  return rc;
+}
+
+void ckpt_store_close(ckpt_store *cs) {
+  if (!cs) return;
+  emb_store_destroy(cs->store);
+  if (cs->tmp_dir) rm_rf(cs->tmp_dir);
+  free(cs->tmp_dir);
+  memset(cs, 0, sizeof *cs);
+}

@@ -1,0 +1,56 @@
+/* An embedding store holding a trainer checkpoint's rows, for serving and
+ * scoring (shardrec serve --checkpoint, shardrec predict).
+ *
+ * A checkpoint's step-N/shards/ comes in three layouts (tools/checkpoint.h):
+ *   shard-K/CURRENT ...     a RocksDB checkpoint per shard (the trainer's
+ *                           shard store, or shard servers run with --data-dir);
+ *   table-<id>.bin          the trainer's in-memory store: every shard's rows;
+ *   shard-K[-K2...]/table-<id>.bin   in-memory shard servers, one folder per
+ *                           server (the shards it hosted).
+ * ckpt_store_open finds which one holds each wanted shard and builds:
+ *   RocksDB layout: the shard store over data_dir (given), or over a fresh
+ *     temporary folder (removed by ckpt_store_close); restore copies the
+ *     checkpoint's databases in, hard-linking the SST files, so the
+ *     checkpoint itself is never written;
+ *   table files: the in-memory store restored from the one folder holding the
+ *     wanted shards, or, when they lie in several server folders, a store
+ *     that routes each row (emb_plan_shard_of) to an in-memory store
+ *     restored from its shard's folder (checkpoint/restore/iterate refused).
+ * Every file is read and checked (sizes, checksums, fingerprints) by the
+ * stores' restore; the caller verifies the checkpoint first (ckpt_open). */
+#ifndef SHARDREC_TOOLS_CKPT_STORE_H
+#define SHARDREC_TOOLS_CKPT_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "embedding/plan.h"
+#include "embedding/store.h"
+
+typedef struct ckpt_store_opts {
+  const int *shards;   /* [n_shards] shards wanted (borrowed); n_shards 0: every shard */
+  int n_shards;
+  const char *data_dir; /* RocksDB layout: keep the databases here (NULL: a temporary
+                           folder); a table-file layout with data_dir is refused */
+  uint64_t cache_rows, cache_mb; /* RocksDB layout: the shard store's cache (0, 0: 256 MiB) */
+} ckpt_store_opts;
+
+typedef struct ckpt_store {
+  emb_store *store;     /* owned */
+  int rocks;            /* the RocksDB shard store (it writes path/shard-K itself on
+                           checkpoint: rpc_service_opts.store_shard_dirs) */
+  char *tmp_dir;        /* owned temporary data folder, or NULL */
+  char layout[96];      /* words for a status line */
+} ckpt_store;
+
+/* Open the store of checkpoint dir (a verified step-N folder) over plan
+ * (borrowed; outlives the store: the checkpoint's own plan). 0 or SR_E*
+ * with a message naming the folder or file in err; nothing is left behind
+ * on failure. */
+int ckpt_store_open(const char *dir, const emb_plan *plan, const ckpt_store_opts *o,
+                    ckpt_store *out, char *err, size_t errlen);
+
+/* Destroy the store and remove its temporary folder. NULL-safe; zeroes *cs. */
+void ckpt_store_close(ckpt_store *cs);
+
+#endif
