@@ -1,0 +1,84 @@
+/* The resharding engine behind `shardrec reshard` and `shardrec bench
+ * reshard`: rewrite the RocksDB shard databases of a checkpoint made under
+ * one plan into the shard databases of another plan with the same model.
+ *
+ * Sources: SRC/shard-K (K = 0..src plan's n_shards-1), each a RocksDB
+ * database (kv.h layout: family t<table_id>, key = row id big-endian,
+ * value = store_row_encode(value + optimizer state)), opened read-only.
+ *
+ * Streaming, per table: one iterator per source over the table's family
+ * (each ascending in row id), merged by row id (the sources hold disjoint
+ * rows, so the merge is globally ascending; a row id met twice is refused),
+ * each row routed by the new plan (emb_plan_shard_of) and appended to the
+ * SST file of its target shard for this table. Because the merged stream
+ * ascends, one SST writer per target shard suffices and every file is
+ * sorted; a file rolls over at sst_max_bytes (files of one table then
+ * never overlap). When the table is done its files are ingested (moved)
+ * into OUT/shard-K's family. Memory: n_targets SST writers' blocks, one
+ * iterator per source and RocksDB's own buffers; nothing grows with a
+ * table's size.
+ *
+ * Every target database gets a family for every table of the new plan,
+ * whether rows land on it or not: the shard store refuses to restore a
+ * database that lacks one (embedding/shard.c).
+ *
+ * Verification: per table, the row count and two order-independent sums
+ * (the wrapping sum and the xor) of a 64-bit hash of (table_id, row id,
+ * value bytes) over the rows read from the sources; the written databases
+ * are closed, reopened read-only and scanned again (also checking that each
+ * row sits on the shard the new plan routes it to), and every table's
+ * count and sums must be equal, else SR_ECHECKSUM naming the table. */
+#ifndef SHARDREC_TOOLS_RESHARD_H
+#define SHARDREC_TOOLS_RESHARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "embedding/plan.h"
+
+typedef struct reshard_table {
+  uint32_t table_id;
+  char name[EMB_NAME_MAX];
+  uint64_t rows_in, sum_in, xor_in;    /* over the sources */
+  uint64_t rows_out, sum_out, xor_out; /* over the written databases */
+  int ok;                              /* verified equal */
+} reshard_table;
+
+typedef struct reshard_stats {
+  uint64_t rows, bytes;  /* rows moved; their key + value bytes */
+  double seconds;        /* the whole run, verification included */
+  double verify_seconds; /* of which re-reading the targets */
+  int n_tables;
+  reshard_table *tables; /* [n_tables] in the new plan's order; reshard_stats_free */
+} reshard_stats;
+
+typedef struct reshard_opts {
+  const char *src_dir;    /* folder of the source databases shard-K */
+  const emb_plan *src;    /* the plan the sources were written under */
+  const emb_plan *dst;    /* the new plan (same model) */
+  const char *out_dir;    /* folder to create the target databases shard-K in (exists) */
+  const char *work_dir;   /* scratch (exists): SST files before ingestion, RocksDB info logs */
+  int progress;           /* a live line on stderr (rows, MB, rows/s, ETA) */
+  int verify;             /* re-read and compare the targets (1 unless benchmarking) */
+  uint64_t sst_max_bytes; /* roll an SST file over past this (0: 256 MiB) */
+  int corrupt;            /* test hook: 1 flips a byte of the first row written, 2 drops it */
+} reshard_opts;
+
+/* Reshard (see above). st gets the figures and per-table verification
+ * (also on SR_ECHECKSUM). 0, or SR_E* with the reason in err: a source
+ * that is not a database or holds a table the plan lacks (SR_EFORMAT /
+ * SR_ENOTFOUND), a damaged row (SR_EFORMAT), RocksDB errors (SR_EIO), a
+ * verification mismatch (SR_ECHECKSUM). On failure out_dir may hold partial
+ * databases: the caller removes them. */
+int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errlen);
+void reshard_stats_free(reshard_stats *st); /* NULL-safe; leaves *st zeroed */
+
+/* The first difference between the models of plans a and b (what changes
+ * the model fingerprint), as "table 3 (t3): dim 16 vs 32" into buf; "" when
+ * none is found. */
+void reshard_model_diff(const emb_plan *a, const emb_plan *b, char *buf, size_t len);
+
+/* The order-independent row hash used by verification. */
+uint64_t reshard_row_hash(uint32_t table_id, uint64_t row_id, const void *val, size_t len);
+
+#endif
