@@ -116,7 +116,12 @@ static grpc_channel *make_channel(const char *addr, const rpc_client_opts *o, ch
   const char *keys[6] = {GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
                          GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
                          GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, GRPC_ARG_ENABLE_RETRIES};
-  int vals[6] = {o->max_message_bytes, o->max_message_bytes, 100, 100, 1000, 0};
+  /* GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is also gRPC core's minimum connect
+   * timeout (the time a TCP + HTTP/2 handshake may take): at 100 ms a loaded
+   * machine failed fresh connections with "connection attempt timed out
+   * before receiving SETTINGS frame". A refused connection (server down)
+   * still fails at once; retries start 100 ms apart. */
+  int vals[6] = {o->max_message_bytes, o->max_message_bytes, 100, 2000, 1000, 0};
   for (int i = 0; i < 6; i++) {
     a[i].type = GRPC_ARG_INTEGER;
     a[i].key = (char *)keys[i];
