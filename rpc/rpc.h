@@ -223,7 +223,16 @@ typedef struct rpc_client_opts {
 } rpc_client_opts;
 
 /* The remote store: servers[k] serves shard k of plan (plan->n_shards
- * addresses). plan is borrowed. NULL with a message in err on failure. */
+ * addresses). plan is borrowed. NULL with a message in err on failure.
+ * Every request carries rank, world_size and max_staleness. A lookup_begin
+ * (say of step t+1, prefetched) may stay outstanding while push() of step t
+ * runs, in both modes: lookups have their own completion queue and id
+ * grouping, so push never waits for it and its rows land in the buffers of
+ * its own lookup_begin; a second lookup_begin before lookup_wait finishes
+ * the first and drops its rows. checkpoint, restore and stats do not wait
+ * for it either; destroy does (see "Rank death" for why it is not
+ * cancelled). A lookup refused because its job was dropped fails with
+ * SR_ESTATE and the server's message (ABORTED). */
 emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *servers,
                                    int n_servers, const rpc_client_opts *o, char *err,
                                    size_t errlen);
