@@ -13,7 +13,8 @@
  *   - resume: a -np 2 run checkpointed at step 30 (each colocated shard
  *     writes its part, shards/shard-K) and resumed with -np 2 gives the
  *     uninterrupted run's losses after step 30 and its test AUC bit for
- *     bit, with rows in memory and with rows in RocksDB (--data-dir). */
+ *     bit, with rows in memory and with rows in RocksDB (--data-dir);
+ *   - bench: `shardrec bench dp` on a small set prints its table. */
 #include <check.h>
 #include <math.h>
 #include <sys/stat.h>
@@ -243,6 +244,39 @@ START_TEST(test_colocated_checkpoint_resume_np2) {
 }
 END_TEST
 
+/* bench dp end to end on a small set: its table has a row per mode and rank
+ * count with figures read from the runs (one rank's ratio 1.00, positive
+ * rates, no all-reduce time at one rank); a batch the ranks do not divide
+ * is refused. */
+START_TEST(test_bench_dp_small) {
+  char *out;
+  int rc = run_cmd(&out, "%s bench dp --rows 6000 --batch 256 --steps 4 --runs 1 --ranks 1,2 "
+                         "--modes sync,async --shards 3 --arch-mlp-bot 13-16 --arch-mlp-top 16-1",
+                   bin_path());
+  ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
+  ck_assert_msg(strstr(out, "core(s) on this machine") && strstr(out, "not scaling"), "%s", out);
+  const char *want[4] = {"\nsync       1 ", "\nsync       2 ", "\nasync      1 ", "\nasync      2 "};
+  for (int i = 0; i < 4; i++) {
+    const char *l = strstr(out, want[i]);
+    ck_assert_msg(l, "no row '%s' in:\n%s", want[i] + 1, out);
+    double rate, ratio, dense, ar;
+    int ranks;
+    char mode[8];
+    ck_assert_int_eq(sscanf(l + 1, "%7s %d %lf %lf %lf %lf", mode, &ranks, &rate, &ratio, &dense,
+                            &ar), 6);
+    ck_assert_msg(rate > 0 && dense > 0, "%s", l + 1);
+    if (ranks == 1) ck_assert_msg(ratio == 1.0 && ar == 0.0, "%s", l + 1);
+    else ck_assert_msg(ar > 0, "two ranks without all-reduce time: %s", l + 1);
+  }
+  printf("dp_train: bench dp (small):\n%s\n", strstr(out, "mode   ranks"));
+  free(out);
+  rc = run_cmd(&out, "%s bench dp --batch 255 --ranks 1,2", bin_path());
+  ck_assert_msg(rc == 2 && strstr(out, "--batch 255 does not divide by 2 ranks"), "exit %d: %s", rc,
+                out);
+  free(out);
+}
+END_TEST
+
 /* One case per test, so that CK_RUN_CASE=epoch (etc.) runs one alone. */
 static void add(Suite *s, const char *name, const TTest *test) {
   TCase *tc = tcase_create(name);
@@ -257,5 +291,6 @@ int main(void) {
   add(s, "equal", test_colocated_equal_one_rank);
   add(s, "resume", test_colocated_checkpoint_resume_np2);
   add(s, "epoch", test_colocated_epoch_300k_and_async);
+  add(s, "bench", test_bench_dp_small);
   return sr_check_run(s);
 }
