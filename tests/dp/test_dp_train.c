@@ -14,6 +14,7 @@
  *     writes its part, shards/shard-K) and resumed with -np 2 gives the
  *     uninterrupted run's losses after step 30 and its test AUC bit for
  *     bit, with rows in memory and with rows in RocksDB (--data-dir);
+ *   - death: a rank killed mid-job stops the whole job, naming it;
  *   - bench: `shardrec bench dp` on a small set prints its table. */
 #include <check.h>
 #include <math.h>
@@ -244,6 +245,28 @@ START_TEST(test_colocated_checkpoint_resume_np2) {
 }
 END_TEST
 
+/* A rank that dies (SHARDREC_TEST_DIE kills rank 1 at step 20) takes its
+ * colocated shards with it: the whole job stops, soon, non-zero, and the
+ * output names the dead rank; nothing hangs on the dead rank's shards. */
+START_TEST(test_colocated_rank_death) {
+  char *out;
+  double t0 = test_now();
+  int rc = run_cmd(&out, "cd %s && SHARDREC_TEST_DIE=1:20 " MPIRUN " -x SHARDREC_TEST_DIE -np 2 "
+                         "%s train --processed-data-file d.bin --plan p.json " ARCH " " HYPER
+                         " --mini-batch-size 128 --num-batches 100 --print-freq 10 "
+                         "--colocate-shards",
+                   dir, bin_path());
+  double secs = test_now() - t0;
+  printf("dp_train: rank 1 killed at step 20: exit %d after %.1f s\n", rc, secs);
+  ck_assert_msg(rc != 0, "the job went on without rank 1:\n%s", out);
+  ck_assert_msg(secs < 60, "the job took %.0f s to stop", secs);
+  ck_assert_msg(strstr(out, "rank 1"), "the output does not name rank 1:\n%s", out);
+  ck_assert_msg(strstr(out, "step 10/100") && !strstr(out, "step 30/100"),
+                "not stopped at step 20:\n%s", out);
+  free(out);
+}
+END_TEST
+
 /* bench dp end to end on a small set: its table has a row per mode and rank
  * count with figures read from the runs (one rank's ratio 1.00, positive
  * rates, no all-reduce time at one rank); a batch the ranks do not divide
@@ -291,6 +314,7 @@ int main(void) {
   add(s, "equal", test_colocated_equal_one_rank);
   add(s, "resume", test_colocated_checkpoint_resume_np2);
   add(s, "epoch", test_colocated_epoch_300k_and_async);
+  add(s, "death", test_colocated_rank_death);
   add(s, "bench", test_bench_dp_small);
   return sr_check_run(s);
 }
