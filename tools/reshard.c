@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,6 +130,7 @@ typedef struct {
   char ***files;    /* [n_dst] the current table's finished files */
   int *n_files, *cap_files;
   uint64_t seq;     /* file name counter */
+  const uint32_t *ids; /* [dst n_tables] table ids in the new plan's order */
   progress pg;
   int corrupt_left;
 } run;
@@ -196,6 +198,72 @@ static int row_ok(const char *v, size_t len, int dim, int slen) {
   const unsigned char *p = (const unsigned char *)v;
   return len == store_row_size(dim, slen) && p[0] == 'S' && p[1] == 'R' &&
          p[2] == STORE_ROW_VERSION && (p[4] | (p[5] << 8)) == dim && (p[6] | (p[7] << 8)) == slen;
+}
+
+/* Run job(r, k, ...) for k = 0..n-1 on up to 16 threads at a time. Each
+ * target's database work is mostly waiting for fsync (RocksDB syncs the
+ * MANIFEST, the OPTIONS file and the folder for every family created and
+ * every file ingested), so targets proceed side by side. The first failure
+ * (lowest k) is reported. */
+typedef struct {
+  run *r;
+  int k, ti, rc;
+  char err[1024];
+  int (*job)(run *r, int k, int ti, char *err, size_t errlen);
+} par_job;
+
+static void *par_main(void *arg) {
+  par_job *j = arg;
+  j->rc = j->job(j->r, j->k, j->ti, j->err, sizeof j->err);
+  return NULL;
+}
+
+static int par_targets(run *r, int ti, int (*job)(run *, int, int, char *, size_t), char *err,
+                       size_t errlen) {
+  enum { PAR = 16 };
+  par_job jobs[PAR];
+  pthread_t th[PAR];
+  int rc = 0;
+  for (int base = 0; base < r->n_dst; base += PAR) {
+    int m = r->n_dst - base < PAR ? r->n_dst - base : PAR;
+    int started[PAR];
+    for (int i = 0; i < m; i++) {
+      jobs[i] = (par_job){.r = r, .k = base + i, .ti = ti, .job = job};
+      jobs[i].err[0] = 0;
+      started[i] = pthread_create(&th[i], NULL, par_main, &jobs[i]) == 0;
+      if (!started[i]) par_main(&jobs[i]); /* no thread: do it here */
+    }
+    for (int i = 0; i < m; i++) {
+      if (started[i]) pthread_join(th[i], NULL);
+      if (jobs[i].rc && !rc) {
+        rc = jobs[i].rc;
+        sr_fmt(err, errlen, "%s", jobs[i].err);
+      }
+    }
+    if (rc) break;
+  }
+  return rc;
+}
+
+/* Finish target k's file of table ti and ingest its files. */
+static int ingest_job(run *r, int k, int ti, char *err, size_t errlen) {
+  int rc = close_writer(r, k, err, errlen);
+  if (!rc && r->n_files[k])
+    rc = sst_db_ingest(r->dst[k], ti, (const char *const *)r->files[k], r->n_files[k], err, errlen);
+  for (int f = 0; f < r->n_files[k]; f++) {
+    unlink(r->files[k][f]); /* moved when ingested; gone either way */
+    free(r->files[k][f]);
+  }
+  r->n_files[k] = 0;
+  return rc;
+}
+
+static int create_job(run *r, int k, int ti, char *err, size_t errlen) {
+  (void)ti;
+  const emb_plan *dst = r->o->dst;
+  char path[4200];
+  snprintf(path, sizeof path, "%s/shard-%d", r->o->out_dir, k);
+  return sst_db_create(path, dst->n_tables, r->ids, r->o->work_dir, &r->dst[k], err, errlen);
 }
 
 /* Move table ti (new plan index) from every source to its targets. */
@@ -281,18 +349,7 @@ static int move_table(run *r, int ti, reshard_table *rt, reshard_stats *st, char
     }
   }
   /* Finish and ingest this table's files into each target. */
-  for (int k = 0; k < r->n_dst; k++) {
-    if ((rc = close_writer(r, k, err, errlen))) goto out;
-    if (r->n_files[k]) {
-      rc = sst_db_ingest(r->dst[k], ti, (const char *const *)r->files[k], r->n_files[k], err, errlen);
-      for (int f = 0; f < r->n_files[k]; f++) {
-        unlink(r->files[k][f]); /* moved when ingested; gone either way */
-        free(r->files[k][f]);
-      }
-      r->n_files[k] = 0;
-      if (rc) goto out;
-    }
-  }
+  rc = par_targets(r, ti, ingest_job, err, errlen);
 out:
   for (int s = 0; s < r->n_src; s++) sst_iter_destroy(it[s]);
   free(it);
@@ -408,11 +465,8 @@ int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errl
       r.pg.total += sst_db_estimate_rows(r.src[s], i);
     }
   }
-  for (int k = 0; k < r.n_dst; k++) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/shard-%d", o->out_dir, k);
-    if ((rc = sst_db_create(path, dst->n_tables, ids, o->work_dir, &r.dst[k], err, errlen))) goto out;
-  }
+  r.ids = ids;
+  if ((rc = par_targets(&r, 0, create_job, err, errlen))) goto out;
   r.pg.on = o->progress;
   r.pg.t0 = r.pg.last = sr_now();
   for (int ti = 0; ti < dst->n_tables; ti++)
