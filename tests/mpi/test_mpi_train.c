@@ -11,7 +11,7 @@
  *   - a global batch that does not divide by N is refused (exit 2);
  *   - checkpoint at step 30 of a -np 2 run and resume with -np 2: the losses
  *     after step 30 and the test AUC are bit-identical to the uninterrupted
- *     run. */
+ *     run, against servers and with colocated shards. */
 #include <check.h>
 #include <math.h>
 
@@ -290,6 +290,25 @@ START_TEST(test_checkpoint_resume_np2) {
     ck_assert_msg(!strcmp(mb.text[i], ma.text[30 + i]), "step %lld: resumed %s, uninterrupted %s",
                   (long long)mb.step[i], mb.text[i], ma.text[30 + i]);
   }
+  ck_assert_str_eq(mb.auc_text, ma.auc_text);
+
+  /* The same with colocated shards: the ranks' own servers write and
+   * restore their shards. */
+  snprintf(full, sizeof full, "%s --colocate-shards --save-checkpoint %s/kck --checkpoint-every 30",
+           ex, dir);
+  ck_assert_msg(train("k_full", 2, "d.bin", full, &out) == 0, "%s", out);
+  free(out);
+  snprintf(res, sizeof res, "%s --colocate-shards --resume %s/kck/step-30", ex, dir);
+  ck_assert_msg(train("k_res", 2, "d.bin", res, &out) == 0, "%s", out);
+  free(out);
+  load("k_full", &ma);
+  load("k_res", &mb);
+  ck_assert_int_eq(ma.n, 60);
+  ck_assert_int_eq(mb.n, 30);
+  for (int i = 0; i < 30; i++)
+    ck_assert_msg(!strcmp(mb.text[i], ma.text[30 + i]),
+                  "colocated, step %lld: resumed %s, uninterrupted %s", (long long)mb.step[i],
+                  mb.text[i], ma.text[30 + i]);
   ck_assert_str_eq(mb.auc_text, ma.auc_text);
 }
 END_TEST
