@@ -225,6 +225,7 @@ colocate *colocate_start(const emb_plan *plan, int rank, int size, const colocat
 
   /* Every rank takes part in the gather, failed or not, so none is left
    * waiting in it; then every rank sees every other's outcome. */
+  int gathered = 0;
   if (size > 1) {
 #ifdef SHARDREC_HAVE_MPI
     /* A rank short of memory sends a zeroed part (read as failed) so that
@@ -236,6 +237,7 @@ colocate *colocate_start(const emb_plan *plan, int rank, int size, const colocat
                           : MPI_ERR_OTHER;
     if (send != mine) free(send);
     if (recv != all) free(recv);
+    gathered = rc == MPI_SUCCESS && all;
     if (rc != MPI_SUCCESS && !failed) {
       snprintf(why, sizeof why, "MPI_Allgather of the shard addresses failed (%d)", rc);
       failed = 1;
@@ -243,20 +245,28 @@ colocate *colocate_start(const emb_plan *plan, int rank, int size, const colocat
 #endif
   } else if (mine && all) {
     memcpy(all, mine, part);
+    gathered = 1;
   }
 
-  /* The first failing rank, named on every rank. */
-  int bad = -1;
-  if (!failed && all)
-    for (int r = 0; r < size && bad < 0; r++)
-      if (all[(size_t)r * part] != 1) bad = r;
-  if (failed) {
-    sr_fmt(err, errlen, "rank %d of %d could not host its shards: %s", rank, size, why);
-  } else if (bad >= 0) {
+  /* The first failing rank (and how many failed), named alike on every
+   * rank from the gathered parts; only a rank whose gather itself failed
+   * speaks of itself. */
+  int bad = -1, n_bad = 0;
+  if (gathered)
+    for (int r = 0; r < size; r++)
+      if (all[(size_t)r * part] != 1) {
+        if (bad < 0) bad = r;
+        n_bad++;
+      }
+  if (bad >= 0) {
     const char *w = all + (size_t)bad * part + 1;
-    sr_fmt(err, errlen, "rank %d of %d could not host its shards: %.*s", bad, size, CO_ERR - 1,
-           w[0] ? w : "(no reason given)");
+    char more[48] = "";
+    if (n_bad > 1) snprintf(more, sizeof more, " (and %d more rank(s))", n_bad - 1);
+    sr_fmt(err, errlen, "rank %d of %d could not host its shards: %.*s%s", bad, size, CO_ERR - 1,
+           w[0] ? w : "(no reason given)", more);
     failed = 1;
+  } else if (failed) {
+    sr_fmt(err, errlen, "rank %d of %d could not host its shards: %s", rank, size, why);
   }
   char **a = NULL;
   if (!failed) {

@@ -1,6 +1,6 @@
 /* colo_prog: tools/colocate.c under a real mpirun (or alone, without MPI).
  *
- *   colo_prog SHARDS [--data-dir D] [--fail-rank R]
+ *   colo_prog SHARDS [--data-dir D] [--fail-rank R[,R2]]
  *
  * Makes a plan of 8 tables over SHARDS shards, starts this rank's shards with
  * colocate_start and checks, printing one line per fact and "ERROR: ..." for
@@ -12,10 +12,11 @@
  *     each stop every rank probes every shard, and shard K must be down
  *     exactly when K % size <= p ("rank R: after rank P stopped, shard K
  *     down|up").
- * --data-dir: RocksDB shard stores under D/shard-K. --fail-rank R: rank R
- * gets an unusable data dir, so its colocate_start fails; every rank must
- * then get NULL with a message naming rank R ("rank R: start failed as
- * expected: ..."). Without OMPI_COMM_WORLD_SIZE in the environment MPI is
+ * --data-dir: RocksDB shard stores under D/shard-K. --fail-rank R[,R2]:
+ * those ranks get an unusable data dir, so their colocate_start fails;
+ * every rank must then get NULL with a message naming the first of them
+ * R (and, with two, "and 1 more rank(s)"): "rank R: start failed as
+ * expected: ...". Without OMPI_COMM_WORLD_SIZE in the environment MPI is
  * never initialised (size 1). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,7 +68,7 @@ static int stats_shards(const char *addr, int *shards, int max) {
 }
 
 int main(int argc, char **argv) {
-  int rank = 0, size = 1, fail_rank = -1;
+  int rank = 0, size = 1, fail_rank = -1, fail_rank2 = -1;
   const char *data_dir = NULL;
   if (argc < 2) {
     fprintf(stderr, "usage: colo_prog SHARDS [--data-dir D] [--fail-rank R]\n");
@@ -76,7 +77,11 @@ int main(int argc, char **argv) {
   int n_shards = atoi(argv[1]);
   for (int i = 2; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--data-dir")) data_dir = argv[i + 1];
-    else if (!strcmp(argv[i], "--fail-rank")) fail_rank = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--fail-rank")) {
+      fail_rank = atoi(argv[i + 1]);
+      const char *comma = strchr(argv[i + 1], ',');
+      if (comma) fail_rank2 = atoi(comma + 1);
+    }
   }
   int mpi = getenv("OMPI_COMM_WORLD_SIZE") != NULL;
   if (mpi) {
@@ -97,14 +102,17 @@ int main(int argc, char **argv) {
     return 1;
   }
   colocate_opts o = {.host = "127.0.0.1", .data_dir = data_dir, .cache_rows = 4096, .threads = 1};
-  if (rank == fail_rank) o.data_dir = "/proc/colo_prog_cannot_create_this";
+  if (rank == fail_rank || rank == fail_rank2) o.data_dir = "/proc/colo_prog_cannot_create_this";
   char **addrs = NULL;
   colocate *c = colocate_start(plan, rank, size, &o, &addrs, err, sizeof err);
   if (fail_rank >= 0) {
     char want[64];
-    snprintf(want, sizeof want, "rank %d of %d", fail_rank, size);
+    int first = fail_rank2 >= 0 && fail_rank2 < fail_rank ? fail_rank2 : fail_rank;
+    snprintf(want, sizeof want, "rank %d of %d", first, size);
     CHECK(!c && !addrs, "colocate_start succeeded though rank %d could not host", fail_rank);
     CHECK(!c && strstr(err, want), "the message does not name %s: %s", want, err);
+    CHECK(fail_rank2 < 0 || strstr(err, "(and 1 more rank(s))"),
+          "the message does not count the second failing rank: %s", err);
     if (!c) printf("rank %d: start failed as expected: %s\n", rank, err);
     colocate_stop(c);
     goto out;

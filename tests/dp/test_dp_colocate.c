@@ -6,7 +6,8 @@
  *   - 2 shards over 3 ranks: rank 2 hosts nothing and still gets both;
  *   - RocksDB stores under a data dir: each shard's folder is made;
  *   - a rank that cannot host its shards: every rank gets NULL with a
- *     message naming it (and none hangs in the gather);
+ *     message naming it (and none hangs in the gather); with two, every
+ *     rank names the lower one;
  *   - size 1 without mpirun: 5 servers in one process. */
 #include <check.h>
 #include <sys/stat.h>
@@ -141,6 +142,16 @@ START_TEST(test_failing_rank_named_everywhere) {
   }
   /* The reason travels: rank 1's store could not be made under its dir. */
   ck_assert_msg(strstr(out, "colo_prog_cannot_create_this"), "%s", out);
+  free(out);
+  /* Two failing ranks: every rank names the first, rank 1, the same way
+   * (rank 2 too, not itself) and counts the other. */
+  rc = run_prog(3, "5 --fail-rank 2,1", &out);
+  ck_assert_msg(rc == 0 && !strstr(out, "ERROR"), "colo_prog failed (%d):\n%s", rc, out);
+  for (int r = 0; r < 3; r++) {
+    char key[64];
+    snprintf(key, sizeof key, "rank %d: start failed as expected: rank 1 of 3", r);
+    ck_assert_msg(strstr(out, key), "no '%s' in:\n%s", key, out);
+  }
   free(out);
 }
 END_TEST
