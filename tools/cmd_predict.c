@@ -381,13 +381,14 @@ int cmd_predict(int argc, char **argv) {
   if (raw) {
     /* Ids past a table's rows mean another dictionary than training's. */
     uint64_t sizes[DS_NUM_SPARSE];
+    int warned = 0;
     if (plan->n_tables != DS_NUM_SPARSE) {
       fprintf(stderr, "shardrec predict: the checkpoint's plan has %d tables, Criteo data %d\n",
               plan->n_tables, DS_NUM_SPARSE);
       goto done;
     }
-    if (!ds_source_table_sizes(src, sizes))
-      for (int i = 0; i < DS_NUM_SPARSE; i++)
+    if (!ds_source_table_sizes(src, sizes)) {
+      for (int i = 0; i < DS_NUM_SPARSE; i++) {
         if (sizes[i] > plan->tables[i].rows) {
           fprintf(stderr, "shardrec predict: %s: table %d (%s) gets ids up to %llu, the "
                   "checkpoint's table has %llu rows: the ids are not mapped as at training "
@@ -395,7 +396,16 @@ int cmd_predict(int argc, char **argv) {
                   "--frequency-threshold training used)\n", raw, i, plan->tables[i].name,
                   (unsigned long long)sizes[i], (unsigned long long)plan->tables[i].rows);
           goto done;
+        } else if (sizes[i] != plan->tables[i].rows && !warned) {
+          fprintf(stderr, "shardrec predict: warning: %s: table %d (%s) has %llu ids here, %llu "
+                  "rows in the checkpoint: unless training set --arch-embedding-size, the ids "
+                  "are not mapped as at training (check --test-fraction/--max-ind-range/"
+                  "--frequency-threshold and the file)\n", raw, i, plan->tables[i].name,
+                  (unsigned long long)sizes[i], (unsigned long long)plan->tables[i].rows);
+          warned = 1;
         }
+      }
+    }
     uint64_t n_lines = 0;
     if (find_bad_lines(raw, &so, &bad, &n_bad, &n_lines, err, sizeof err)) {
       fprintf(stderr, "shardrec predict: %s\n", err);

@@ -206,6 +206,9 @@ int cmd_serve(int argc, char **argv) {
     printf("checkpoint %s: step %lld, plan %.12s, %d shard(s); serving shard(s) %s%s; rows %s\n",
            step_dir, (long long)ci.st.step, fp, plan->n_shards, shards_s,
            read_only ? " read-only" : "", cs.layout);
+    if (!read_only && cs.tmp_dir)
+      printf("note: without --read-only, pushes change a temporary copy of the rows that is "
+             "removed at exit (give --data-dir to keep them)\n");
     fflush(stdout);
   } else if (data_dir) {
     emb_shard_config sc = {.cache_rows = (uint64_t)cache_rows,
