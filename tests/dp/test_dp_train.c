@@ -29,22 +29,41 @@ static char *dir;
 #define HYPER "--optimizer adagrad --learning-rate 0.01 --sparse-learning-rate 0.1"
 #define MPIRUN "mpirun --allow-run-as-root --oversubscribe"
 
-/* 20000 rows: 18000 train, 2000 test; a 3-shard plan p.json. */
-static void setup(void) {
-  dir = make_tmpdir();
-  char *out;
-  int rc = run_cmd(&out,
-                   "cd %s && %s datagen --rows 20000 --seed 3 --out d.tsv && "
-                   "%s convert --test-fraction 0.1 d.tsv d.bin && rm d.tsv && "
-                   "%s train --processed-data-file d.bin --num-batches 1 --num-shards 3 " ARCH
-                   " --plan-out p.json",
-                   dir, bin_path(), bin_path(), bin_path());
-  ck_assert_msg(rc == 0, "data preparation failed: %s", out);
-  free(out);
+/* 20000 rows: 18000 train, 2000 test; a 3-shard plan p.json. Made once in
+ * main, before the cases fork: every case reads it and writes files of its
+ * own names beside it. 0, or -1 with the reason printed. */
+static int data_make(void) {
+  /* Outside a test: no ck_assert here (run_cmd, bin_path use it). */
+  const char *bin = getenv("SHARDREC_BIN");
+  if (!bin) {
+    fprintf(stderr, "SHARDREC_BIN is not set (run through ctest)\n");
+    return -1;
+  }
+  dir = strdup("/tmp/shardrec-test-XXXXXX");
+  if (!dir || !mkdtemp(dir)) {
+    perror("mkdtemp");
+    return -1;
+  }
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd,
+           "cd %s && (%s datagen --rows 20000 --seed 3 --out d.tsv && "
+           "%s convert --test-fraction 0.1 d.tsv d.bin && rm d.tsv && "
+           "%s train --processed-data-file d.bin --num-batches 1 --num-shards 3 " ARCH
+           " --plan-out p.json) > prep.log 2>&1 || (cat prep.log >&2; exit 1)",
+           dir, bin, bin, bin);
+  if (system(cmd) != 0) {
+    fprintf(stderr, "data preparation in %s failed (above)\n", dir);
+    return -1;
+  }
+  return 0;
 }
 
-static void teardown(void) {
-  run_cmd(NULL, "rm -rf %s", dir);
+static void data_remove(void) {
+  if (dir) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+  }
   free(dir);
 }
 
@@ -304,7 +323,6 @@ END_TEST
 static void add(Suite *s, const char *name, const TTest *test) {
   TCase *tc = tcase_create(name);
   tcase_set_timeout(tc, 300);
-  tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test);
   suite_add_tcase(s, tc);
 }
@@ -316,5 +334,11 @@ int main(void) {
   add(s, "epoch", test_colocated_epoch_300k_and_async);
   add(s, "death", test_colocated_rank_death);
   add(s, "bench", test_bench_dp_small);
-  return sr_check_run(s);
+  if (data_make()) {
+    data_remove();
+    return 1; /* s is not run: exit frees it */
+  }
+  int rc = sr_check_run(s);
+  data_remove();
+  return rc;
 }
