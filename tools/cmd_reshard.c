@@ -255,8 +255,13 @@ int cmd_reshard(int argc, char **argv) {
     char src_shards[4300];
     snprintf(src_shards, sizeof src_shards, "%s/shards", step_dir);
     const char *cor = getenv("SHARDREC_TEST_RESHARD_CORRUPT");
+    /* One table per core at a time (scanning, hashing and SST encoding are
+     * CPU work; the per-target ingestion threads mostly wait on fsync). */
+    long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n_cpu < 1) n_cpu = 1;
     reshard_opts ro = {.src_dir = src_shards, .src = ci.plan, .dst = plan, .out_dir = shards,
                        .work_dir = work, .progress = cli_isatty_err(), .verify = 1,
+                       .threads = n_cpu > 8 ? 8 : (int)n_cpu,
                        .corrupt = cor ? atoi(cor) : 0};
     printf("reshard %s (%d shard%s) -> %s (%d shard%s), step %lld\n", step_dir, ci.plan->n_shards,
            ci.plan->n_shards == 1 ? "" : "s", out, plan->n_shards, plan->n_shards == 1 ? "" : "s",

@@ -120,76 +120,87 @@ static void progress_show(progress *p, int final) {
 
 /* ---- the run ---- */
 
-typedef struct {
+typedef struct run run;
+
+/* One table at a time per worker: its SST writer per target. */
+typedef struct worker {
+  run *r;
+  int id;
+  sst_writer **w;    /* [n_dst] the current table's writer per target (NULL: none open) */
+  uint64_t *w_bytes; /* [n_dst] bytes in the open file */
+  char ***files;     /* [n_dst] the current table's finished files */
+  int *n_files, *cap_files;
+  uint64_t seq;      /* file name counter */
+  uint64_t rows, bytes, unshown;
+  int rc;
+  char err[1024];
+} worker;
+
+struct run {
   const reshard_opts *o;
   int n_src, n_dst;
-  sst_db **src;  /* [n_src] */
-  sst_db **dst;  /* [n_dst] */
-  sst_writer **w;   /* [n_dst] the current table's writer per target (NULL: none open) */
-  uint64_t *w_bytes; /* [n_dst] bytes in the open file */
-  char ***files;    /* [n_dst] the current table's finished files */
-  int *n_files, *cap_files;
-  uint64_t seq;     /* file name counter */
+  sst_db **src;        /* [n_src] */
+  sst_db **dst;        /* [n_dst] */
   const uint32_t *ids; /* [dst n_tables] table ids in the new plan's order */
+  reshard_table *vt;   /* [n_dst][dst n_tables] what verification read per target */
+  reshard_table *tables; /* [dst n_tables] = the stats' */
+  pthread_mutex_t mu;  /* next_table, failed, pg */
+  int next_table, failed;
   progress pg;
-  int corrupt_left;
-} run;
+};
 
-static int add_file(run *r, int k, const char *path) {
-  if (r->n_files[k] == r->cap_files[k]) {
-    int cap = r->cap_files[k] ? 2 * r->cap_files[k] : 4;
-    char **np = realloc(r->files[k], (size_t)cap * sizeof *np);
+static int add_file(worker *w, int k, const char *path) {
+  if (w->n_files[k] == w->cap_files[k]) {
+    int cap = w->cap_files[k] ? 2 * w->cap_files[k] : 4;
+    char **np = realloc(w->files[k], (size_t)cap * sizeof *np);
     if (!np) return SR_ENOMEM;
-    r->files[k] = np;
-    r->cap_files[k] = cap;
+    w->files[k] = np;
+    w->cap_files[k] = cap;
   }
-  if (!(r->files[k][r->n_files[k]] = strdup(path))) return SR_ENOMEM;
-  r->n_files[k]++;
+  if (!(w->files[k][w->n_files[k]] = strdup(path))) return SR_ENOMEM;
+  w->n_files[k]++;
   return 0;
 }
 
-static int close_writer(run *r, int k, char *err, size_t errlen) {
-  if (!r->w[k]) return 0;
-  int rc = sst_writer_finish(r->w[k], NULL, err, errlen);
-  sst_writer_destroy(r->w[k]);
-  r->w[k] = NULL;
-  r->w_bytes[k] = 0;
+static int close_writer(worker *w, int k, char *err, size_t errlen) {
+  if (!w->w[k]) return 0;
+  int rc = sst_writer_finish(w->w[k], NULL, err, errlen);
+  sst_writer_destroy(w->w[k]);
+  w->w[k] = NULL;
+  w->w_bytes[k] = 0;
   return rc;
 }
 
-static void file_name(run *r, uint32_t tid, int k, char *buf, size_t len) {
-  snprintf(buf, len, "%s/t%u-s%d-%06llu.sst", r->o->work_dir, tid, k, (unsigned long long)r->seq++);
-}
-
 /* Append one row to target k's file for table tid (opened on first use,
- * rolled over past sst_max_bytes). */
-static int put_row(run *r, int k, uint32_t tid, uint64_t key, const char *val, size_t len,
-                   char *err, size_t errlen) {
-  uint64_t maxb = r->o->sst_max_bytes ? r->o->sst_max_bytes : (256ull << 20);
+ * rolled over past sst_max_bytes). corrupt: the test hook's change. */
+static int put_row(worker *w, int k, uint32_t tid, uint64_t key, const char *val, size_t len,
+                   int corrupt, char *err, size_t errlen) {
+  const reshard_opts *o = w->r->o;
+  uint64_t maxb = o->sst_max_bytes ? o->sst_max_bytes : (256ull << 20);
   int rc;
-  if (r->w[k] && r->w_bytes[k] >= maxb) {
-    if ((rc = close_writer(r, k, err, errlen))) return rc;
+  if (w->w[k] && w->w_bytes[k] >= maxb) {
+    if ((rc = close_writer(w, k, err, errlen))) return rc;
   }
-  if (!r->w[k]) {
+  if (!w->w[k]) {
     char path[4300];
-    file_name(r, tid, k, path, sizeof path);
-    if ((rc = sst_writer_open(path, &r->w[k], err, errlen))) return rc;
-    if ((rc = add_file(r, k, path))) {
+    snprintf(path, sizeof path, "%s/t%u-s%d-w%d-%06llu.sst", o->work_dir, tid, k, w->id,
+             (unsigned long long)w->seq++);
+    if ((rc = sst_writer_open(path, &w->w[k], err, errlen))) return rc;
+    if ((rc = add_file(w, k, path))) {
       sr_fmt(err, errlen, "out of memory");
       return rc;
     }
   }
-  if (r->corrupt_left) { /* test hook: what reaches the file differs from what was read */
-    r->corrupt_left = 0;
-    if (r->o->corrupt == 2) return 0;
+  if (corrupt == 2) return 0; /* test hook: the row never reaches the file */
+  if (corrupt == 1) {         /* test hook: one bit of it differs */
     char tmp[STORE_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
     memcpy(tmp, val, len);
     tmp[len - 1] ^= 0x01;
-    rc = sst_writer_put(r->w[k], key, tmp, len, err, errlen);
+    rc = sst_writer_put(w->w[k], key, tmp, len, err, errlen);
   } else {
-    rc = sst_writer_put(r->w[k], key, val, len, err, errlen);
+    rc = sst_writer_put(w->w[k], key, val, len, err, errlen);
   }
-  r->w_bytes[k] += 8 + len;
+  w->w_bytes[k] += 8 + len;
   return rc;
 }
 
@@ -200,38 +211,38 @@ static int row_ok(const char *v, size_t len, int dim, int slen) {
          p[2] == STORE_ROW_VERSION && (p[4] | (p[5] << 8)) == dim && (p[6] | (p[7] << 8)) == slen;
 }
 
-/* Run job(r, k, ...) for k = 0..n-1 on up to 16 threads at a time. Each
+/* Run job(ctx, k, ti) for k = 0..n-1 on up to 16 threads at a time. Each
  * target's database work is mostly waiting for fsync (RocksDB syncs the
  * MANIFEST, the OPTIONS file and the folder for every family created and
  * every file ingested), so targets proceed side by side. The first failure
  * (lowest k) is reported. */
+typedef int (*par_fn)(void *ctx, int k, int ti, char *err, size_t errlen);
 typedef struct {
-  run *r;
+  void *ctx;
   int k, ti, rc;
   char err[1024];
-  int (*job)(run *r, int k, int ti, char *err, size_t errlen);
+  par_fn job;
 } par_job;
 
 static void *par_main(void *arg) {
   par_job *j = arg;
-  j->rc = j->job(j->r, j->k, j->ti, j->err, sizeof j->err);
+  j->rc = j->job(j->ctx, j->k, j->ti, j->err, sizeof j->err);
   return NULL;
 }
 
-static int par_targets(run *r, int ti, int (*job)(run *, int, int, char *, size_t), char *err,
-                       size_t errlen) {
+static int par_each(void *ctx, int n, int ti, par_fn job, char *err, size_t errlen) {
   enum { PAR = 16 };
   par_job jobs[PAR];
   pthread_t th[PAR];
   int rc = 0;
-  for (int base = 0; base < r->n_dst; base += PAR) {
-    int m = r->n_dst - base < PAR ? r->n_dst - base : PAR;
+  for (int base = 0; base < n; base += PAR) {
+    int m = n - base < PAR ? n - base : PAR;
     int started[PAR];
     for (int i = 0; i < m; i++) {
-      jobs[i] = (par_job){.r = r, .k = base + i, .ti = ti, .job = job};
+      jobs[i] = (par_job){.ctx = ctx, .k = base + i, .ti = ti, .job = job};
       jobs[i].err[0] = 0;
-      started[i] = pthread_create(&th[i], NULL, par_main, &jobs[i]) == 0;
-      if (!started[i]) par_main(&jobs[i]); /* no thread: do it here */
+      started[i] = m > 1 && pthread_create(&th[i], NULL, par_main, &jobs[i]) == 0;
+      if (!started[i]) par_main(&jobs[i]); /* one job, or no thread: do it here */
     }
     for (int i = 0; i < m; i++) {
       if (started[i]) pthread_join(th[i], NULL);
@@ -245,34 +256,50 @@ static int par_targets(run *r, int ti, int (*job)(run *, int, int, char *, size_
   return rc;
 }
 
-/* Finish target k's file of table ti and ingest its files. */
-static int ingest_job(run *r, int k, int ti, char *err, size_t errlen) {
-  int rc = close_writer(r, k, err, errlen);
-  if (!rc && r->n_files[k])
-    rc = sst_db_ingest(r->dst[k], ti, (const char *const *)r->files[k], r->n_files[k], err, errlen);
-  for (int f = 0; f < r->n_files[k]; f++) {
-    unlink(r->files[k][f]); /* moved when ingested; gone either way */
-    free(r->files[k][f]);
+/* Finish worker w's file of table ti for target k and ingest its files. */
+static int ingest_job(void *ctx, int k, int ti, char *err, size_t errlen) {
+  worker *w = ctx;
+  int rc = close_writer(w, k, err, errlen);
+  if (!rc && w->n_files[k])
+    rc = sst_db_ingest(w->r->dst[k], ti, (const char *const *)w->files[k], w->n_files[k], err,
+                       errlen);
+  for (int f = 0; f < w->n_files[k]; f++) {
+    unlink(w->files[k][f]); /* moved when ingested; gone either way */
+    free(w->files[k][f]);
   }
-  r->n_files[k] = 0;
+  w->n_files[k] = 0;
   return rc;
 }
 
-static int create_job(run *r, int k, int ti, char *err, size_t errlen) {
+static int create_job(void *ctx, int k, int ti, char *err, size_t errlen) {
   (void)ti;
+  run *r = ctx;
   const emb_plan *dst = r->o->dst;
   char path[4200];
   snprintf(path, sizeof path, "%s/shard-%d", r->o->out_dir, k);
   return sst_db_create(path, dst->n_tables, r->ids, r->o->work_dir, &r->dst[k], err, errlen);
 }
 
+/* Hand the worker's rows since the last call to the progress line. */
+static void add_progress(worker *w, uint64_t rows, uint64_t bytes) {
+  run *r = w->r;
+  pthread_mutex_lock(&r->mu);
+  r->pg.rows += rows;
+  r->pg.bytes += bytes;
+  progress_show(&r->pg, 0);
+  pthread_mutex_unlock(&r->mu);
+}
+
 /* Move table ti (new plan index) from every source to its targets. */
-static int move_table(run *r, int ti, reshard_table *rt, reshard_stats *st, char *err,
-                      size_t errlen) {
+static int move_table(worker *w, int ti, char *err, size_t errlen) {
+  run *r = w->r;
   const emb_plan *dst = r->o->dst;
   const emb_table *tb = &dst->tables[ti];
+  reshard_table *rt = &r->tables[ti];
   uint32_t tid = tb->table_id;
   int dim = tb->dim, slen = emb_optim_state_len(&tb->optim, dim);
+  /* The test hook spoils the first row of the first table. */
+  int corrupt = ti == 0 && (r->o->corrupt == 1 || r->o->corrupt == 2) ? r->o->corrupt : 0;
   int rc = 0;
   sst_iter **it = calloc((size_t)r->n_src, sizeof *it);
   if (!it) {
@@ -293,7 +320,7 @@ static int move_table(run *r, int ti, reshard_table *rt, reshard_stats *st, char
       goto out;
     }
   }
-  uint64_t n = 0;
+  uint64_t n = 0, shown = 0, bytes = 0, shown_bytes = 0;
   for (;;) {
     /* The smallest row id among the sources (few: a linear pass). */
     int best = -1;
@@ -333,14 +360,20 @@ static int move_table(run *r, int ti, reshard_table *rt, reshard_stats *st, char
     rt->sum_in += h;
     rt->xor_in ^= h;
     int k = emb_plan_shard_of(dst, ti, bk);
-    if ((rc = put_row(r, k, tid, bk, v, len, err, errlen))) goto out;
-    st->rows++;
-    st->bytes += 8 + len;
-    r->pg.rows++;
-    r->pg.bytes += 8 + len;
-    if ((++n & 0xffff) == 0) progress_show(&r->pg, 0);
+    if ((rc = put_row(w, k, tid, bk, v, len, corrupt, err, errlen))) goto out;
+    corrupt = 0;
+    n++;
+    bytes += 8 + len;
+    if ((n & 0xffff) == 0) {
+      add_progress(w, n - shown, bytes - shown_bytes);
+      shown = n;
+      shown_bytes = bytes;
+    }
     sst_iter_next(it[best]);
   }
+  add_progress(w, n - shown, bytes - shown_bytes);
+  w->rows += n;
+  w->bytes += bytes;
   for (int s = 0; s < r->n_src; s++) {
     char e2[512];
     if ((rc = sst_iter_status(it[s], e2, sizeof e2))) {
@@ -349,15 +382,65 @@ static int move_table(run *r, int ti, reshard_table *rt, reshard_stats *st, char
     }
   }
   /* Finish and ingest this table's files into each target. */
-  rc = par_targets(r, ti, ingest_job, err, errlen);
+  rc = par_each(w, r->n_dst, ti, ingest_job, err, errlen);
 out:
   for (int s = 0; s < r->n_src; s++) sst_iter_destroy(it[s]);
   free(it);
   return rc;
 }
 
-/* Re-read target k: count and hash every table's rows, check their routing. */
-static int verify_target(run *r, int k, reshard_stats *st, char *err, size_t errlen) {
+/* A worker: tables in turn until none is left or one failed. */
+static void *worker_main(void *arg) {
+  worker *w = arg;
+  run *r = w->r;
+  for (;;) {
+    pthread_mutex_lock(&r->mu);
+    int ti = r->failed ? r->o->dst->n_tables : r->next_table++;
+    pthread_mutex_unlock(&r->mu);
+    if (ti >= r->o->dst->n_tables) break;
+    if ((w->rc = move_table(w, ti, w->err, sizeof w->err))) {
+      pthread_mutex_lock(&r->mu);
+      r->failed = 1;
+      pthread_mutex_unlock(&r->mu);
+      break;
+    }
+  }
+  return NULL;
+}
+
+static void worker_free(worker *w, int n_dst) {
+  for (int k = 0; w->w && k < n_dst; k++) {
+    sst_writer_destroy(w->w[k]);
+    for (int f = 0; w->files && f < w->n_files[k]; f++) {
+      unlink(w->files[k][f]);
+      free(w->files[k][f]);
+    }
+    if (w->files) free(w->files[k]);
+  }
+  free(w->w);
+  free(w->w_bytes);
+  free(w->files);
+  free(w->n_files);
+  free(w->cap_files);
+}
+
+static int worker_init(worker *w, run *r, int id) {
+  memset(w, 0, sizeof *w);
+  w->r = r;
+  w->id = id;
+  w->w = calloc((size_t)r->n_dst, sizeof *w->w);
+  w->w_bytes = calloc((size_t)r->n_dst, sizeof *w->w_bytes);
+  w->files = calloc((size_t)r->n_dst, sizeof *w->files);
+  w->n_files = calloc((size_t)r->n_dst, sizeof *w->n_files);
+  w->cap_files = calloc((size_t)r->n_dst, sizeof *w->cap_files);
+  return w->w && w->w_bytes && w->files && w->n_files && w->cap_files ? 0 : SR_ENOMEM;
+}
+/* Re-read target k: count and hash every table's rows into its own
+ * r->vt[k * n_tables + ti] (targets run side by side), check their routing. */
+static int verify_target(void *ctx, int k, int unused, char *err, size_t errlen) {
+  (void)unused;
+  run *r = ctx;
+  reshard_table *part = &r->vt[(size_t)k * (size_t)r->o->dst->n_tables];
   const emb_plan *dst = r->o->dst;
   char path[4200];
   snprintf(path, sizeof path, "%s/shard-%d", r->o->out_dir, k);
@@ -371,7 +454,7 @@ static int verify_target(run *r, int k, reshard_stats *st, char *err, size_t err
     goto out;
   }
   for (int ti = 0; ti < dst->n_tables && !rc; ti++) {
-    reshard_table *rt = &st->tables[ti];
+    reshard_table *rt = &part[ti];
     int cf = sst_db_find(db, rt->table_id);
     if (cf < 0) {
       sr_fmt(err, errlen, "%s: no column family for table_id %u (%s)", path, rt->table_id, rt->name);
@@ -426,24 +509,31 @@ int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errl
   r.o = o;
   r.n_src = o->src->n_shards;
   r.n_dst = dst->n_shards;
-  r.corrupt_left = o->corrupt == 1 || o->corrupt == 2;
-  int rc = 0;
+  pthread_mutex_init(&r.mu, NULL);
+  int n_work = o->threads > 0 ? o->threads : 1;
+  if (n_work > dst->n_tables) n_work = dst->n_tables;
+  int rc = 0, n_init = 0;
   uint32_t *ids = malloc((size_t)dst->n_tables * sizeof *ids);
   st->tables = calloc((size_t)dst->n_tables, sizeof *st->tables);
   r.src = calloc((size_t)r.n_src, sizeof *r.src);
   r.dst = calloc((size_t)r.n_dst, sizeof *r.dst);
-  r.w = calloc((size_t)r.n_dst, sizeof *r.w);
-  r.w_bytes = calloc((size_t)r.n_dst, sizeof *r.w_bytes);
-  r.files = calloc((size_t)r.n_dst, sizeof *r.files);
-  r.n_files = calloc((size_t)r.n_dst, sizeof *r.n_files);
-  r.cap_files = calloc((size_t)r.n_dst, sizeof *r.cap_files);
-  if (!ids || !st->tables || !r.src || !r.dst || !r.w || !r.w_bytes || !r.files || !r.n_files ||
-      !r.cap_files) {
+  worker *wk = calloc((size_t)n_work, sizeof *wk);
+  pthread_t *th = calloc((size_t)n_work, sizeof *th);
+  int *started = calloc((size_t)n_work, sizeof *started);
+  if (!ids || !st->tables || !r.src || !r.dst || !wk || !th || !started) {
     sr_fmt(err, errlen, "out of memory");
     rc = SR_ENOMEM;
     goto out;
   }
+  for (; n_init < n_work; n_init++)
+    if (worker_init(&wk[n_init], &r, n_init)) {
+      n_init++;
+      sr_fmt(err, errlen, "out of memory");
+      rc = SR_ENOMEM;
+      goto out;
+    }
   st->n_tables = dst->n_tables;
+  r.tables = st->tables;
   for (int t = 0; t < dst->n_tables; t++) {
     ids[t] = dst->tables[t].table_id;
     st->tables[t].table_id = ids[t];
@@ -466,11 +556,27 @@ int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errl
     }
   }
   r.ids = ids;
-  if ((rc = par_targets(&r, 0, create_job, err, errlen))) goto out;
+  if ((rc = par_each(&r, r.n_dst, 0, create_job, err, errlen))) goto out;
   r.pg.on = o->progress;
   r.pg.t0 = r.pg.last = sr_now();
-  for (int ti = 0; ti < dst->n_tables; ti++)
-    if ((rc = move_table(&r, ti, &st->tables[ti], st, err, errlen))) goto out;
+  /* Tables in parallel, each worker taking the next table not yet taken. */
+  for (int i = 0; i < n_work; i++)
+    started[i] = n_work > 1 && pthread_create(&th[i], NULL, worker_main, &wk[i]) == 0;
+  for (int i = 0; i < n_work; i++)
+    if (!started[i]) worker_main(&wk[i]);
+  for (int i = 0; i < n_work; i++) {
+    if (started[i]) pthread_join(th[i], NULL);
+    started[i] = 0;
+  }
+  for (int i = 0; i < n_work; i++) {
+    st->rows += wk[i].rows;
+    st->bytes += wk[i].bytes;
+    if (wk[i].rc && !rc) {
+      rc = wk[i].rc;
+      sr_fmt(err, errlen, "%s", wk[i].err);
+    }
+  }
+  if (rc) goto out;
   progress_show(&r.pg, 1);
   for (int k = 0; k < r.n_dst; k++) {
     sst_db_close(r.dst[k]);
@@ -481,9 +587,23 @@ int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errl
   }
   if (o->verify) {
     double tv = sr_now();
-    for (int k = 0; k < r.n_dst && !rc; k++) rc = verify_target(&r, k, st, err, errlen);
+    if (!(r.vt = calloc((size_t)r.n_dst * (size_t)dst->n_tables, sizeof *r.vt))) {
+      sr_fmt(err, errlen, "out of memory");
+      rc = SR_ENOMEM;
+      goto out;
+    }
+    for (int k = 0; k < r.n_dst; k++)
+      for (int ti = 0; ti < dst->n_tables; ti++) r.vt[(size_t)k * dst->n_tables + ti] = st->tables[ti];
+    rc = par_each(&r, r.n_dst, 0, verify_target, err, errlen);
     st->verify_seconds = sr_now() - tv;
     if (rc) goto out;
+    for (int k = 0; k < r.n_dst; k++)
+      for (int ti = 0; ti < dst->n_tables; ti++) {
+        const reshard_table *x = &r.vt[(size_t)k * dst->n_tables + ti];
+        st->tables[ti].rows_out += x->rows_out;
+        st->tables[ti].sum_out += x->sum_out;
+        st->tables[ti].xor_out ^= x->xor_out;
+      }
     for (int ti = 0; ti < dst->n_tables; ti++) {
       reshard_table *t = &st->tables[ti];
       t->ok = t->rows_in == t->rows_out && t->sum_in == t->sum_out && t->xor_in == t->xor_out;
@@ -504,20 +624,16 @@ int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errl
   }
 out:
   if (rc && r.pg.on && r.pg.rows) fprintf(stderr, "\n");
-  for (int k = 0; r.w && k < r.n_dst; k++) {
-    sst_writer_destroy(r.w[k]);
-    for (int f = 0; r.files && f < r.n_files[k]; f++) free(r.files[k][f]);
-    if (r.files) free(r.files[k]);
-  }
+  for (int i = 0; i < n_init; i++) worker_free(&wk[i], r.n_dst);
   for (int s = 0; r.src && s < r.n_src; s++) sst_db_close(r.src[s]);
   for (int k = 0; r.dst && k < r.n_dst; k++) sst_db_close(r.dst[k]);
+  pthread_mutex_destroy(&r.mu);
+  free(wk);
+  free(th);
+  free(started);
   free(r.src);
   free(r.dst);
-  free(r.w);
-  free(r.w_bytes);
-  free(r.files);
-  free(r.n_files);
-  free(r.cap_files);
+  free(r.vt);
   free(ids);
   st->seconds = sr_now() - t0;
   return rc;

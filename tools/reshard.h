@@ -6,7 +6,8 @@
  * database (kv.h layout: family t<table_id>, key = row id big-endian,
  * value = store_row_encode(value + optimizer state)), opened read-only.
  *
- * Streaming, per table: one iterator per source over the table's family
+ * Streaming, per table (tables side by side on opts.threads workers, each
+ * with its own writers): one iterator per source over the table's family
  * (each ascending in row id), merged by row id (the sources hold disjoint
  * rows, so the merge is globally ascending; a row id met twice is refused),
  * each row routed by the new plan (emb_plan_shard_of) and appended to the
@@ -14,9 +15,9 @@
  * ascends, one SST writer per target shard suffices and every file is
  * sorted; a file rolls over at sst_max_bytes (files of one table then
  * never overlap). When the table is done its files are ingested (moved)
- * into OUT/shard-K's family. Memory: n_targets SST writers' blocks, one
- * iterator per source and RocksDB's own buffers; nothing grows with a
- * table's size.
+ * into OUT/shard-K's family. Memory: per worker, n_targets SST writers'
+ * blocks and one iterator (2 MiB readahead) per source, and RocksDB's own
+ * buffers; nothing grows with a table's size.
  *
  * Every target database gets a family for every table of the new plan,
  * whether rows land on it or not: the shard store refuses to restore a
@@ -59,6 +60,7 @@ typedef struct reshard_opts {
   const char *out_dir;    /* folder to create the target databases shard-K in (exists) */
   const char *work_dir;   /* scratch (exists): SST files before ingestion, RocksDB info logs */
   int progress;           /* a live line on stderr (rows, MB, rows/s, ETA) */
+  int threads;            /* tables moved side by side (<= 1: one at a time) */
   int verify;             /* re-read and compare the targets (1 unless benchmarking) */
   uint64_t sst_max_bytes; /* roll an SST file over past this (0: 256 MiB) */
   int corrupt;            /* test hook: 1 flips a byte of the first row written, 2 drops it */
