@@ -232,10 +232,20 @@ int ckpt_store_open(const char *dir, const emb_plan *plan, const ckpt_store_opts
   if (n_rocks == n_want) {
     const char *data = o->data_dir;
     if (!data) {
+      /* $TMPDIR, else /tmp when it is on the checkpoint's file system (the
+       * SST files are then hard-linked, not copied), else a hidden folder
+       * beside the checkpoint's step-N folders. */
       const char *tmp = getenv("TMPDIR");
       char tpl[4096];
-      snprintf(tpl, sizeof tpl, "%s/shardrec-ckpt-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-      if (!mkdtemp(tpl)) {
+      struct stat a, c;
+      if (tmp && *tmp) snprintf(tpl, sizeof tpl, "%s/shardrec-ckpt-XXXXXX", tmp);
+      else if (stat("/tmp", &a) || stat(shards, &c) || a.st_dev == c.st_dev)
+        snprintf(tpl, sizeof tpl, "/tmp/shardrec-ckpt-XXXXXX");
+      else {
+        snprintf(tpl, sizeof tpl, "%s/../.shardrec-ckpt-XXXXXX", dir);
+        if (!mkdtemp(tpl)) snprintf(tpl, sizeof tpl, "/tmp/shardrec-ckpt-XXXXXX");
+      }
+      if (strncmp(tpl + strlen(tpl) - 6, "XXXXXX", 6) == 0 && !mkdtemp(tpl)) {
         snprintf(err, errlen, "%s: cannot make a temporary folder: %s", tpl, strerror(errno));
         rc = SR_EIO;
         goto done;
