@@ -100,6 +100,8 @@ static void usage(FILE *f) {
 "  --metrics-out FILE.jsonl  one JSON object per print and test interval\n"
 "  --save-model DIR          save the dense model, plan and touched rows\n"
 "  --oracle SUMMARY.json     the generator's summary: print the oracle's test AUC beside ours\n"
+"  --test-pred-out FILE      the test split's predicted probabilities, one per line in test\n"
+"                            order (%%.9g: the exact float), rewritten at every evaluation\n"
 "Embedding rows and checkpoints\n"
 "  --cache-rows N, --cache-mb N   keep rows in the RocksDB shard store with a hot cache of\n"
 "                            N rows / N MiB (default: every row in memory, no RocksDB)\n"
@@ -119,7 +121,7 @@ enum {
   O_OPT, O_SOPT, O_SLR, O_WARM, O_DSTART, O_DSTEPS, O_EPOCHS, O_NBATCH, O_SEED, O_PRINT, O_TEST,
   O_METRICS, O_SAVE, O_ORACLE, O_SERVERS, O_RPCDL, O_TLSCA, O_TLSCERT, O_TLSKEY, O_HELP,
   O_CKPT = 1100, O_CKEVERY, O_CKKEEP, O_RESUME, O_DATADIR, O_CROWS, O_CMB,
-  O_DEVICE = 1200, O_RECOVER = 1300, O_COLOCATE = 1400, O_SPMODE, O_STALE
+  O_DEVICE = 1200, O_RECOVER = 1300, O_COLOCATE = 1400, O_SPMODE, O_STALE, O_PREDOUT
 };
 
 static const struct option long_opts[] = {
@@ -172,6 +174,7 @@ static const struct option long_opts[] = {
     {"cache-mb", required_argument, 0, O_CMB},
     {"device", required_argument, 0, O_DEVICE},
     {"recover-timeout", required_argument, 0, O_RECOVER},
+    {"test-pred-out", required_argument, 0, O_PREDOUT},
     {"colocate-shards", no_argument, 0, O_COLOCATE},
     {"sparse-mode", required_argument, 0, O_SPMODE},
     {"max-staleness", required_argument, 0, O_STALE},
@@ -224,6 +227,7 @@ typedef struct {
   double lr, sparse_lr;
   int strict, itself;
   const char *ckpt, *resume, *data_dir; /* checkpoints and the shard store (tools/checkpoint.h) */
+  const char *pred_out;                 /* --test-pred-out */
   long long ck_every, ck_keep, cache_rows, cache_mb;
   int colocate;       /* --colocate-shards */
   int async;          /* --sparse-mode async */
@@ -354,6 +358,27 @@ static int evaluate(trainer *t, ds_source *test, ds_batch *tb, ds_batch *tpart, 
   }
   if (dense_metrics_compute(pred, labels, n, m)) {
     errf("metrics failed (NaN predictions?)\n");
+    return -1;
+  }
+  return 0;
+}
+
+/* --test-pred-out: the n test predictions, "%.9g" each (round-trips a
+ * float), written to a temporary name and renamed, so a reader never sees a
+ * half-written file. Rank 0 only. 0 or -1 (message printed). */
+static int write_preds(const char *path, const float *pred, size_t n) {
+  if (!path || g_rank != 0) return 0;
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  if (!f) {
+    errf("--test-pred-out %s: cannot open for writing\n", tmp);
+    return -1;
+  }
+  for (size_t i = 0; i < n; i++) fprintf(f, "%.9g\n", (double)pred[i]);
+  if (fclose(f) != 0 || rename(tmp, path) != 0) {
+    errf("--test-pred-out %s: cannot write\n", path);
+    remove(tmp);
     return -1;
   }
   return 0;
@@ -622,6 +647,7 @@ static int train_main(int argc, char **argv) {
         fl.async = !strcmp(optarg, "async");
         break;
       case O_STALE: if (cli_int(CMD, "--max-staleness", optarg, 1, 1 << 20, &fl.staleness)) return 2; break;
+      case O_PREDOUT: fl.pred_out = optarg; break;
       case O_RECOVER: if (cli_double(CMD, "--recover-timeout", optarg, 0.0, 1e6, &fl.recover_timeout)) return 2; break;
       case O_RPCDL: if (cli_double(CMD, "--rpc-deadline", optarg, 0.001, 1e6, &fl.rpc_deadline)) return 2; break;
       case O_TLSCA: fl.tls_ca = optarg; break;
@@ -1112,7 +1138,9 @@ static int train_main(int argc, char **argv) {
         if (fl.test_freq > 0 && step % fl.test_freq == 0 && n_test) {
           if (tty) fprintf(stderr, "\n");
           double e0 = now_s();
-          if (evaluate(t, test, &tb, &tpart, lpred, (int)fl.tbatch, step, pred, labels, n_test, &m)) goto done;
+          if (evaluate(t, test, &tb, &tpart, lpred, (int)fl.tbatch, step, pred, labels, n_test, &m) ||
+              write_preds(fl.pred_out, pred, m.n))
+            goto done;
           report_test(&out, step, epoch, &m);
           t_last = now_s();
           t_eval += t_last - e0;
@@ -1131,7 +1159,9 @@ static int train_main(int argc, char **argv) {
       if (tty) fprintf(stderr, "\n");
       if (n_test && (fl.test_freq == 0 || step % fl.test_freq != 0)) {
         double e0 = now_s();
-        if (evaluate(t, test, &tb, &tpart, lpred, (int)fl.tbatch, step, pred, labels, n_test, &m)) goto done;
+        if (evaluate(t, test, &tb, &tpart, lpred, (int)fl.tbatch, step, pred, labels, n_test, &m) ||
+            write_preds(fl.pred_out, pred, m.n))
+          goto done;
         report_test(&out, step, epoch, &m);
         t_eval += now_s() - e0;
       }
