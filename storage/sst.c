@@ -113,7 +113,6 @@ void sst_writer_destroy(sst_writer *w) {
 struct sst_db {
   rocksdb_t *db;
   rocksdb_options_t *opts;
-  rocksdb_readoptions_t *ro;
   rocksdb_ingestexternalfileoptions_t *io;
   int n;                               /* t<id> families */
   uint32_t *ids;                       /* [n] */
@@ -145,10 +144,6 @@ static sst_db *db_new(const char *path) {
   if (!d) return NULL;
   snprintf(d->path, sizeof d->path, "%s", path);
   d->opts = base_options();
-  d->ro = rocksdb_readoptions_create();
-  rocksdb_readoptions_set_verify_checksums(d->ro, 1);
-  rocksdb_readoptions_set_fill_cache(d->ro, 0); /* one pass: caching blocks is wasted work */
-  rocksdb_readoptions_set_readahead_size(d->ro, 2u << 20);
   return d;
 }
 
@@ -290,7 +285,6 @@ void sst_db_close(sst_db *d) {
       if (d->cf[i]) rocksdb_column_family_handle_destroy(d->cf[i]);
   if (d->db) rocksdb_close(d->db);
   if (d->io) rocksdb_ingestexternalfileoptions_destroy(d->io);
-  if (d->ro) rocksdb_readoptions_destroy(d->ro);
   if (d->opts) rocksdb_options_destroy(d->opts);
   free(d->cf);
   free(d->ids);
@@ -329,14 +323,19 @@ out:
 
 struct sst_iter {
   rocksdb_iterator_t *it;
+  rocksdb_readoptions_t *ro;
   int bad_key; /* a key of another length was met */
   size_t bad_len;
 };
 
-sst_iter *sst_iter_create(sst_db *d, int i) {
+sst_iter *sst_iter_create(sst_db *d, int i, int verify) {
   sst_iter *it = calloc(1, sizeof *it);
   if (!it) return NULL;
-  it->it = rocksdb_create_iterator_cf(d->db, d->ro, d->cf[i]);
+  it->ro = rocksdb_readoptions_create();
+  rocksdb_readoptions_set_verify_checksums(it->ro, (unsigned char)(verify != 0));
+  rocksdb_readoptions_set_fill_cache(it->ro, 0); /* one pass: caching blocks is wasted work */
+  rocksdb_readoptions_set_readahead_size(it->ro, 2u << 20);
+  it->it = rocksdb_create_iterator_cf(d->db, it->ro, d->cf[i]);
   rocksdb_iter_seek_to_first(it->it);
   return it;
 }
@@ -380,5 +379,6 @@ out:
 void sst_iter_destroy(sst_iter *it) {
   if (!it) return;
   rocksdb_iter_destroy(it->it);
+  rocksdb_readoptions_destroy(it->ro);
   free(it);
 }

@@ -70,9 +70,11 @@ int sst_db_ingest(sst_db *db, int i, const char *const *files, int n, char *err,
 /* ---- full scans ---- */
 typedef struct sst_iter sst_iter;
 
-/* Iterate family i in ascending key order (block checksums verified,
- * readahead, blocks not cached). NULL when out of memory. */
-sst_iter *sst_iter_create(sst_db *db, int i);
+/* Iterate family i in ascending key order (readahead, blocks not cached;
+ * RocksDB's block checksums verified when verify is 1, as RocksDB does by
+ * default: 0 is for files whose bytes the caller has just checked some
+ * other way). NULL when out of memory. */
+sst_iter *sst_iter_create(sst_db *db, int i, int verify);
 /* 1 while positioned on a row. A key that is not 8 bytes stops the scan
  * (valid 0) and is reported by sst_iter_status. */
 int sst_iter_valid(sst_iter *it);

@@ -158,7 +158,7 @@ static int baseline(const char *shards, int n_src, const char *work, uint64_t *r
   int rc = 0;
   *rows = *bytes = 0;
   for (int k = 0; k < n_src && !rc; k++) {
-    char path[8400];
+    char path[8500];
     snprintf(path, sizeof path, "%s/shard-%d", shards, k);
     sst_db *db = NULL;
     if ((rc = sst_db_open_read(path, work, &db, err, errlen))) break;
@@ -166,7 +166,7 @@ static int baseline(const char *shards, int n_src, const char *work, uint64_t *r
       char f[8400];
       snprintf(f, sizeof f, "%s/base-%d-%d.sst", work, k, i);
       sst_writer *w = NULL;
-      sst_iter *it = sst_iter_create(db, i);
+      sst_iter *it = sst_iter_create(db, i, 1);
       rc = sst_writer_open(f, &w, err, errlen);
       for (; !rc && sst_iter_valid(it); sst_iter_next(it)) {
         size_t len;
@@ -187,11 +187,12 @@ static int baseline(const char *shards, int n_src, const char *work, uint64_t *r
 }
 
 /* Run `shardrec reshard` in this process (its start-up, the same for every
- * size, is not what is measured) with its stdout silenced; its status. */
-static int run_ours(const char *ckpt, const char *out, const char *plan) {
+ * size, is not what is measured) with its stdout into the file log; its
+ * status. */
+static int run_ours(const char *ckpt, const char *out, const char *plan, const char *log) {
   char *argv[] = {"reshard", "--from", (char *)ckpt, "--to", (char *)out, "--plan", (char *)plan, NULL};
   fflush(stdout);
-  int saved = dup(1), devnull = open("/dev/null", O_WRONLY);
+  int saved = dup(1), devnull = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (saved >= 0 && devnull >= 0) dup2(devnull, 1);
   int rc = cmd_reshard(7, argv);
   fflush(stdout);
@@ -260,7 +261,7 @@ int bench_reshard(int argc, char **argv) {
     goto done;
   }
   uint64_t n_rows = 0, n_bytes = 0;
-  char src_shards[8400];
+  char src_shards[8300];
   snprintf(src_shards, sizeof src_shards, "%s/step-0/shards", ck);
   printf("checkpoint: %llu rows in %d tables, dim %lld + adagrad state, 2 shards row-wise; built in "
          "%.1f s\n", (unsigned long long)rows, N_TABLES, dim, sr_now() - t0);
@@ -274,8 +275,14 @@ int bench_reshard(int argc, char **argv) {
     t_base[r] = sr_now() - a;
     store_rmtree(out);
     a = sr_now();
-    int rc = run_ours(ck, out, p3path);
+    char log[4300], line[1024];
+    snprintf(log, sizeof log, "%s/reshard.out", work);
+    int rc = run_ours(ck, out, p3path, log);
     t_ours[r] = sr_now() - a;
+    FILE *lf = fopen(log, "r");
+    while (lf && fgets(line, sizeof line, lf))
+      if (!strncmp(line, "resharded ", 10)) printf("  %s", line); /* its own breakdown */
+    if (lf) fclose(lf);
     if (rc) {
       fprintf(stderr, "shardrec bench reshard: 'shardrec reshard' exited %d\n", rc);
       goto done;

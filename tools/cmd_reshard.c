@@ -261,6 +261,7 @@ int cmd_reshard(int argc, char **argv) {
     if (n_cpu < 1) n_cpu = 1;
     reshard_opts ro = {.src_dir = src_shards, .src = ci.plan, .dst = plan, .out_dir = shards,
                        .work_dir = work, .progress = cli_isatty_err(), .verify = 1,
+                       .src_checked = 1,
                        .threads = n_cpu > 8 ? 8 : (int)n_cpu,
                        .corrupt = cor ? atoi(cor) : 0};
     printf("reshard %s (%d shard%s) -> %s (%d shard%s), step %lld\n", step_dir, ci.plan->n_shards,

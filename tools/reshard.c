@@ -314,7 +314,9 @@ static int move_table(worker *w, int ti, char *err, size_t errlen) {
       rc = SR_EFORMAT;
       goto out;
     }
-    if (!(it[s] = sst_iter_create(r->src[s], cf))) {
+    /* Block checksums off: ckpt_open has just checked every source file's
+     * SHA-256 against the manifest, and every row is hashed here anyway. */
+    if (!(it[s] = sst_iter_create(r->src[s], cf, r->o->src_checked ? 0 : 1))) {
       sr_fmt(err, errlen, "out of memory");
       rc = SR_ENOMEM;
       goto out;
@@ -461,7 +463,7 @@ static int verify_target(void *ctx, int k, int unused, char *err, size_t errlen)
       rc = SR_EFORMAT;
       break;
     }
-    sst_iter *it = sst_iter_create(db, cf);
+    sst_iter *it = sst_iter_create(db, cf, 1);
     if (!it) {
       rc = SR_ENOMEM;
       break;

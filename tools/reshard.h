@@ -62,6 +62,8 @@ typedef struct reshard_opts {
   int progress;           /* a live line on stderr (rows, MB, rows/s, ETA) */
   int threads;            /* tables moved side by side (<= 1: one at a time) */
   int verify;             /* re-read and compare the targets (1 unless benchmarking) */
+  int src_checked;        /* the source files' bytes were just verified (ckpt_open's
+                             SHA-256): skip RocksDB's block checksums on the source scan */
   uint64_t sst_max_bytes; /* roll an SST file over past this (0: 256 MiB) */
   int corrupt;            /* test hook: 1 flips a byte of the first row written, 2 drops it */
 } reshard_opts;
