@@ -17,8 +17,6 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include <cjson/cJSON.h>
-
 #include "common/status.h"
 #include "datasets/source.h"
 #include "dense/metrics.h"
@@ -190,6 +188,65 @@ out:
   return rc;
 }
 
+/* Load the dense parameters of step_dir/dense.bin (format in
+ * tools/checkpoint.h) into m, checking its header against m and its own
+ * SHA-256 trailer. The optimizer state after them is not needed to score,
+ * and ckpt_open has already checked the file against the manifest, so this
+ * avoids ckpt_load's second pass over every file of the checkpoint. 0 or -1
+ * (err names the file). */
+static int load_dense(const char *step_dir, dense_model *m, char *err, size_t errlen) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/dense.bin", step_dir);
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    sr_fmt(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    return -1;
+  }
+  int rc = -1;
+  unsigned char *buf = NULL;
+  size_t np = 0;
+  float *p = dense_model_params(m, &np);
+  if (fseek(f, 0, SEEK_END) != 0) goto bad_read;
+  long len = ftell(f);
+  if (len < 256 + 32 || fseek(f, 0, SEEK_SET) != 0) goto bad_read;
+  buf = malloc((size_t)len);
+  if (!buf) {
+    sr_fmt(err, errlen, "%s: out of memory", path);
+    goto out;
+  }
+  if (fread(buf, 1, (size_t)len, f) != (size_t)len) goto bad_read;
+  uint32_t v, hb;
+  uint64_t n1, n2;
+  memcpy(&v, buf + 8, 4);
+  memcpy(&hb, buf + 12, 4);
+  memcpy(&n1, buf + 16, 8);
+  memcpy(&n2, buf + 24, 8);
+  unsigned char dig[32];
+  if (memcmp(buf, "SRCKDENS", 8) || v != 1 || hb != 256) {
+    sr_fmt(err, errlen, "%s: not a version 1 shardrec dense checkpoint file", path);
+    goto out;
+  }
+  if (n1 != np || n2 > ((uint64_t)len - 256 - 32) / 4 ||
+      (uint64_t)len != 256 + 4 * (n1 + n2) + 32) {
+    sr_fmt(err, errlen, "%s: holds %llu parameters (%ld bytes); the manifest's architecture "
+             "has %zu", path, (unsigned long long)n1, len, np);
+    goto out;
+  }
+  if (emb_sha256(buf, (size_t)len - 32, dig) || memcmp(dig, buf + len - 32, 32)) {
+    sr_fmt(err, errlen, "%s: checksum mismatch (file damaged)", path);
+    goto out;
+  }
+  memcpy(p, buf + 256, np * sizeof *p);
+  rc = 0;
+  goto out;
+bad_read:
+  sr_fmt(err, errlen, "%s: cannot read (torn or truncated?)", path);
+out:
+  free(buf);
+  fclose(f);
+  return rc;
+}
+
 int cmd_predict(int argc, char **argv) {
   const char *ckpt = NULL, *servers = NULL, *proc = NULL, *raw = NULL, *split_s = "all",
              *dataset = "kaggle", *outp = NULL, *metrics_p = NULL, *tls_ca = NULL,
@@ -345,23 +402,10 @@ int cmd_predict(int argc, char **argv) {
   /* The dense model as trained: its architecture and parameters. */
   dense_config cfg = ci.dense;
   cfg.max_batch = (int)batch;
-  const char *dopt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(
-      cJSON_GetObjectItemCaseSensitive((const cJSON *)ci.manifest, "settings"), "dense_optimizer"));
-  dense_opt_kind dk;
-  if (dopt && !strcmp(dopt, "sgd")) dk = DENSE_OPT_SGD;
-  else if (dopt && !strcmp(dopt, "adagrad")) dk = DENSE_OPT_ADAGRAD;
-  else if (dopt && !strcmp(dopt, "adam")) dk = DENSE_OPT_ADAM;
-  else {
-    fprintf(stderr, "shardrec predict: %s/manifest.json: settings.dense_optimizer '%s' is not "
-            "sgd, adagrad or adam\n", step_dir, dopt ? dopt : "(none)");
-    goto done;
-  }
-  dense_opt_config oc = dense_opt_defaults(dk);
+  /* The optimizer never runs here: SGD keeps no state. */
+  dense_opt_config oc = dense_opt_defaults(DENSE_OPT_SGD);
   t = trainer_create(plan, store, &cfg, &oc, plan->seed, err, sizeof err);
-  ckpt_settings set = {.dense_optimizer = dopt, .batch = ci.batch};
-  ckpt_state st;
-  if (!t || ckpt_load(step_dir, plan, NULL, NULL, trainer_model(t), trainer_dense_opt(t), &set,
-                      &st, err, sizeof err)) {
+  if (!t || load_dense(step_dir, trainer_model(t), err, sizeof err)) {
     fprintf(stderr, "shardrec predict: %s\n", err);
     goto done;
   }
