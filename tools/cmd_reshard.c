@@ -4,7 +4,9 @@
  *
  *   shardrec reshard --from CKPT --to OUT --plan NEW.json [--force]
  *
- * CKPT is a step-N folder or a folder of them (the newest complete one).
+ * CKPT is a step-N folder or a folder of them (the newest complete one),
+ * with RocksDB shards or the in-memory stores' table files (the output
+ * keeps the layout: its consumers restore only that one).
  * OUT becomes a checkpoint folder holding one complete OUT/step-N (same N):
  * `train --resume OUT` and `serve --checkpoint OUT` take it directly. The
  * rows move by tools/reshard.h (RocksDB scans, SST files, ingestion,
@@ -48,8 +50,10 @@ static void usage(FILE *f) {
 "manifest gets the new plan.\n"
 "\n"
 "  --from CKPT      a checkpoint step-N folder, or a folder of them (the newest\n"
-"                   complete one is taken); its shards must be RocksDB databases\n"
-"                   (train --data-dir/--cache-mb, or servers run with --data-dir)\n"
+"                   complete one is taken); any store: RocksDB shard databases\n"
+"                   (train --data-dir/--cache-mb, servers with --data-dir) or the\n"
+"                   in-memory store's table files (train without them, in-memory\n"
+"                   servers); the new checkpoint keeps the source's layout\n"
 "  --to OUT         the new checkpoint folder: OUT/step-N is written, so\n"
 "                   'train --resume OUT' and 'serve --checkpoint OUT' take it\n"
 "  --plan NEW.json  the new plan; only n_shards and placements may differ\n"
@@ -60,7 +64,8 @@ static void usage(FILE *f) {
 "\n"
 "Rows stream from read-only RocksDB scans of every source shard, are routed by\n"
 "the new plan, written to sorted SST files and ingested into fresh shard\n"
-"databases; memory stays bounded whatever the table size. Each table's row\n"
+"databases; memory stays bounded whatever the table size (table files are\n"
+"merged and rewritten per shard of the new plan likewise). Each table's row\n"
 "count and an order-independent checksum of (table_id, row id, value and\n"
 "optimizer-state bytes) are computed while reading and again by re-reading\n"
 "what was written; any difference fails the command and nothing is left at\n"
@@ -112,31 +117,38 @@ static int copy_file(const char *src, const char *dst, char *err, size_t errlen)
   return rc;
 }
 
-/* Is the source's shard layout the RocksDB one? 0, or 1 with the reason. */
-static int check_layout(const char *step_dir, const ckpt_info *ci, char *err, size_t errlen) {
+/* Which layout the source's shards/ has; -1 with the reason in err. */
+static int find_layout(const char *step_dir, const ckpt_info *ci, char *err, size_t errlen) {
   char p[4300];
   int n = ci->plan->n_shards;
+  uint32_t tid = ci->plan->tables[0].table_id;
+  snprintf(p, sizeof p, "%s/shards/table-%u.bin", step_dir, tid);
+  if (is_file(p)) return RESHARD_TABLE_FILES_LOCAL;
+  snprintf(p, sizeof p, "%s/shards/shard-0/table-%u.bin", step_dir, tid);
+  if (is_file(p)) return RESHARD_TABLE_FILES_SERVERS;
   for (int k = 0; k < n; k++) {
     snprintf(p, sizeof p, "%s/shards/shard-%d/CURRENT", step_dir, k);
     if (is_file(p)) continue;
-    /* The in-memory stores' layouts: the local store's table files under
-     * shards/, or in-memory servers' under shards/shard-K/. */
-    uint32_t tid = ci->plan->tables[0].table_id;
-    char a[4300], b[4300];
-    snprintf(a, sizeof a, "%s/shards/table-%u.bin", step_dir, tid);
-    snprintf(b, sizeof b, "%s/shards/shard-%d/table-%u.bin", step_dir, k, tid);
-    if (is_file(a) || is_file(b)) {
-      sr_fmt(err, errlen,
-             "%s: its shards are the in-memory store's table files (store '%s'), not RocksDB "
-             "databases; reshard reads RocksDB shards only: make the checkpoint with "
-             "'train --data-dir DIR' (or --cache-mb), or with shard servers run with --data-dir",
-             step_dir, ci->store_kind);
-      return 1;
+    /* Servers hosting several shards each: shard-0-1/... */
+    char d[4300];
+    snprintf(d, sizeof d, "%s/shards", step_dir);
+    char **files;
+    int nf;
+    int servers = 0;
+    if (!store_list_files(d, &files, &nf)) {
+      char want[64];
+      snprintf(want, sizeof want, "/table-%u.bin", tid);
+      for (int i = 0; i < nf && !servers; i++) {
+        size_t l = strlen(files[i]), wl = strlen(want);
+        servers = !strncmp(files[i], "shard-", 6) && l > wl && !strcmp(files[i] + l - wl, want);
+      }
+      store_paths_free(files, nf);
     }
+    if (servers) return RESHARD_TABLE_FILES_SERVERS;
     sr_fmt(err, errlen, "%s/shards/shard-%d: missing (the plan has %d shards)", step_dir, k, n);
-    return 1;
+    return -1;
   }
-  return 0;
+  return RESHARD_ROCKSDB;
 }
 
 int cmd_reshard(int argc, char **argv) {
@@ -209,7 +221,8 @@ int cmd_reshard(int argc, char **argv) {
       goto done;
     }
   }
-  if (check_layout(step_dir, &ci, err, sizeof err)) {
+  int layout = find_layout(step_dir, &ci, err, sizeof err);
+  if (layout < 0) {
     fprintf(stderr, "shardrec reshard: --from: %s\n", err);
     goto done;
   }
@@ -259,16 +272,19 @@ int cmd_reshard(int argc, char **argv) {
      * CPU work; the per-target ingestion threads mostly wait on fsync). */
     long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
     if (n_cpu < 1) n_cpu = 1;
-    reshard_opts ro = {.src_dir = src_shards, .src = ci.plan, .dst = plan, .out_dir = shards,
+    reshard_opts ro = {.layout = (reshard_layout)layout, .src_dir = src_shards, .src = ci.plan, .dst = plan, .out_dir = shards,
                        .work_dir = work, .progress = cli_isatty_err(), .verify = 1,
                        .src_checked = 1,
                        .threads = n_cpu > 8 ? 8 : (int)n_cpu,
                        .corrupt = cor ? atoi(cor) : 0};
-    printf("reshard %s (%d shard%s) -> %s (%d shard%s), step %lld\n", step_dir, ci.plan->n_shards,
-           ci.plan->n_shards == 1 ? "" : "s", out, plan->n_shards, plan->n_shards == 1 ? "" : "s",
-           (long long)ci.st.step);
+    static const char *const lname[] = {"RocksDB shard databases", "the in-memory trainer's table files",
+                                        "in-memory servers' table files"};
+    printf("reshard %s (%d shard%s) -> %s (%d shard%s), step %lld, %s\n", step_dir,
+           ci.plan->n_shards, ci.plan->n_shards == 1 ? "" : "s", out, plan->n_shards,
+           plan->n_shards == 1 ? "" : "s", (long long)ci.st.step, lname[layout]);
     fflush(stdout);
-    rc = reshard_run(&ro, &st, err, sizeof err);
+    rc = layout == RESHARD_ROCKSDB ? reshard_run(&ro, &st, err, sizeof err)
+                                   : reshard_run_files(&ro, &st, err, sizeof err);
     for (int t = 0; t < st.n_tables && (rc == 0 || rc == SR_ECHECKSUM); t++) {
       const reshard_table *x = &st.tables[t];
       printf("verify table_id %u (%s): %llu rows, checksum %016llx%016llx: %s\n", x->table_id,

@@ -502,6 +502,28 @@ static void tidy_db_dir(const char *path) {
   unlink(p);
 }
 
+int reshard__compare(reshard_stats *st, char *err, size_t errlen) {
+  int rc = 0;
+  for (int ti = 0; ti < st->n_tables; ti++) {
+    reshard_table *t = &st->tables[ti];
+    t->ok = t->rows_in == t->rows_out && t->sum_in == t->sum_out && t->xor_in == t->xor_out;
+    if (!t->ok && !rc) {
+      if (t->rows_in != t->rows_out)
+        sr_fmt(err, errlen, "verification failed: table_id %u (%s): %llu rows read from the "
+               "sources, %llu in the written shards", t->table_id, t->name,
+               (unsigned long long)t->rows_in, (unsigned long long)t->rows_out);
+      else
+        sr_fmt(err, errlen, "verification failed: table_id %u (%s): %llu rows, but their checksum "
+               "in the written shards (%016llx/%016llx) differs from the sources' "
+               "(%016llx/%016llx)", t->table_id, t->name, (unsigned long long)t->rows_in,
+               (unsigned long long)t->sum_out, (unsigned long long)t->xor_out,
+               (unsigned long long)t->sum_in, (unsigned long long)t->xor_in);
+      rc = SR_ECHECKSUM;
+    }
+  }
+  return rc;
+}
+
 int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errlen) {
   memset(st, 0, sizeof *st);
   double t0 = sr_now();
@@ -606,23 +628,7 @@ int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errl
         st->tables[ti].sum_out += x->sum_out;
         st->tables[ti].xor_out ^= x->xor_out;
       }
-    for (int ti = 0; ti < dst->n_tables; ti++) {
-      reshard_table *t = &st->tables[ti];
-      t->ok = t->rows_in == t->rows_out && t->sum_in == t->sum_out && t->xor_in == t->xor_out;
-      if (!t->ok && !rc) {
-        if (t->rows_in != t->rows_out)
-          sr_fmt(err, errlen, "verification failed: table_id %u (%s): %llu rows read from the "
-                 "sources, %llu in the written shards", t->table_id, t->name,
-                 (unsigned long long)t->rows_in, (unsigned long long)t->rows_out);
-        else
-          sr_fmt(err, errlen, "verification failed: table_id %u (%s): %llu rows, but their checksum "
-                 "in the written shards (%016llx/%016llx) differs from the sources' "
-                 "(%016llx/%016llx)", t->table_id, t->name, (unsigned long long)t->rows_in,
-                 (unsigned long long)t->sum_out, (unsigned long long)t->xor_out,
-                 (unsigned long long)t->sum_in, (unsigned long long)t->xor_in);
-        rc = SR_ECHECKSUM;
-      }
-    }
+    rc = reshard__compare(st, err, errlen);
   }
 out:
   if (rc && r.pg.on && r.pg.rows) fprintf(stderr, "\n");

@@ -53,8 +53,16 @@ typedef struct reshard_stats {
   reshard_table *tables; /* [n_tables] in the new plan's order; reshard_stats_free */
 } reshard_stats;
 
+/* Where a checkpoint's shards/ keeps its rows. */
+typedef enum {
+  RESHARD_ROCKSDB = 0,           /* shard-K/: RocksDB databases (shard store; servers with --data-dir) */
+  RESHARD_TABLE_FILES_LOCAL = 1, /* table-<id>.bin: the trainer's in-memory store, every row */
+  RESHARD_TABLE_FILES_SERVERS = 2, /* shard-K[-K2...]/table-<id>.bin: in-memory servers */
+} reshard_layout;
+
 typedef struct reshard_opts {
-  const char *src_dir;    /* folder of the source databases shard-K */
+  reshard_layout layout;  /* of the source; the output keeps it (see reshard_run_files) */
+  const char *src_dir;    /* the source's shards/ folder */
   const emb_plan *src;    /* the plan the sources were written under */
   const emb_plan *dst;    /* the new plan (same model) */
   const char *out_dir;    /* folder to create the target databases shard-K in (exists) */
@@ -76,6 +84,23 @@ typedef struct reshard_opts {
  * databases: the caller removes them. */
 int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errlen);
 void reshard_stats_free(reshard_stats *st); /* NULL-safe; leaves *st zeroed */
+
+/* The same for the in-memory stores' table files (tools/reshard_files.c),
+ * whose consumers restore only table files: RESHARD_TABLE_FILES_LOCAL
+ * writes out_dir/table-<id>.bin (the in-memory trainer holds every shard:
+ * the rows do not move, the files are rewritten and verified);
+ * RESHARD_TABLE_FILES_SERVERS merges the servers' files of each table by
+ * row id and writes out_dir/shard-K/table-<id>.bin for every shard K of the
+ * new plan (one in-memory server per shard restores its folder). Every
+ * (target, table) gets a file, empty or not: the in-memory store restores
+ * every table of the plan. Verification as above, plus each written file's
+ * SHA-256 trailer. Tables go one at a time (these checkpoints fit in
+ * memory by construction). */
+int reshard_run_files(const reshard_opts *o, reshard_stats *st, char *err, size_t errlen);
+
+/* Fill each table's ok from its counts and sums; SR_ECHECKSUM naming the
+ * first table that differs. */
+int reshard__compare(reshard_stats *st, char *err, size_t errlen);
 
 /* The first difference between the models of plans a and b (what changes
  * the model fingerprint), as "table 3 (t3): dim 16 vs 32" into buf; "" when

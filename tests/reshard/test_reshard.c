@@ -7,12 +7,15 @@
  *     SHARDREC_TEST_RESHARD_CORRUPT), naming the table, leaving nothing;
  *   - refusals: a torn source (no DONE, a damaged file), a plan of another
  *     model (dim, rows, pooling, init, optimizer, seed: each named), an
- *     existing OUT (and --force replacing it), the in-memory layout, usage.
+ *     existing OUT (and --force replacing it), usage;
+ *   - the in-memory trainer's table files: resharded in their layout,
+ *     resumed bit for bit, a flipped byte caught.
  * test_reshard_servers (integration): the issue's must-show with real
  *   shard servers: 2 servers, checkpoint at step k, reshard to 3 row-wise
  *   and to 1, resume against 3 (1) servers: steps k+1..2k and the test line
  *   string-equal to the 2-server run; 3 -> 2 again gives the original
- *   shard databases row for row, byte for byte. */
+ *   shard databases row for row, byte for byte. Then in-memory servers
+ *   (table files per server): 2 -> 3, resumed bit for bit. */
 #include <check.h>
 #include <dirent.h>
 #include <sys/stat.h>
@@ -218,15 +221,6 @@ START_TEST(test_reshard_refusals) {
                 "%s", out);
   free(out);
   ck_assert(!path_exists("o2"));
-  /* The in-memory store's layout (table files) is refused, named. */
-  rc = run_cmd(&out, "cd %s && %s train " TRAIN_FLAGS " --num-batches 1 --plan p2.json "
-                     "--save-checkpoint mem > /dev/null && %s reshard --from mem --to o2 --plan p3.json",
-               dir, bin_path(), bin_path());
-  ck_assert_msg(rc == 1 && strstr(out, "in-memory store's table files (store 'local')") &&
-                    strstr(out, "--data-dir"),
-                "%s", out);
-  free(out);
-  ck_assert(!path_exists("o2"));
   ck_assert_int_eq(tmp_left(), 0);
   /* Usage. */
   rc = run_cmd(&out, "%s reshard --from %s/ck --to %s/o2", bin_path(), dir, dir);
@@ -238,16 +232,51 @@ START_TEST(test_reshard_refusals) {
 }
 END_TEST
 
+
+/* The in-memory trainer's checkpoint (table files): resharded in its own
+ * layout, resumed bit for bit; verification covers it too. */
+START_TEST(test_reshard_table_files) {
+  char *out;
+  int rc = run_cmd(&out, "cd %s && %s train " TRAIN_FLAGS " --num-batches 8 --plan p2.json "
+                         "--save-checkpoint mem --checkpoint-every 4 --keep-checkpoints 0 "
+                         "--metrics-out mref.jsonl && "
+                         "%s reshard --from mem/step-4 --to mo3 --plan p3.json",
+                   dir, bin_path(), bin_path());
+  ck_assert_msg(rc == 0 && strstr(out, "the in-memory trainer's table files") &&
+                    strstr(out, "verified 26/26 tables ok"), "%s", out);
+  free(out);
+  ck_assert(path_exists("mo3/step-4/shards/table-0.bin") && !path_exists("mo3/step-4/shards/shard-0"));
+  rc = run_cmd(&out, "cd %s && %s train " TRAIN_FLAGS " --num-batches 8 --plan p3.json --resume mo3 "
+                     "--metrics-out m3.jsonl", dir, bin_path());
+  ck_assert_msg(rc == 0 && strstr(out, "resume mo3/step-4: step 4"), "%s", out);
+  free(out);
+  char *want = steps_after("mref.jsonl", 4), *got = steps_after("m3.jsonl", 4);
+  ck_assert_int_eq(count_lines(want), 5);
+  ck_assert_msg(strcmp(want, got) == 0, "resumed:\n%s\nstayed:\n%s", got, want);
+  free(want);
+  free(got);
+  rc = run_cmd(&out, "cd %s && SHARDREC_TEST_RESHARD_CORRUPT=1 %s reshard --from mem/step-4 --to mbad "
+                     "--plan p3.json", dir, bin_path());
+  ck_assert_msg(rc == 1 && strstr(out, "verification failed: table_id 0 (t0)"), "%s", out);
+  free(out);
+  ck_assert(!path_exists("mbad"));
+  ck_assert_int_eq(tmp_left(), 0);
+}
+END_TEST
 #endif
 
 /* ---- the must-show, with shard servers ---- */
 
+/* n servers of plan: RocksDB under DIR/TAG.srvK, or in memory (tag NULL). */
 static inline void start_servers(test_server *s, int n, const char *plan, const char *tag) {
   for (int k = 0; k < n; k++) {
     char args[1200], log[600];
-    snprintf(args, sizeof args, "--plan '%s/%s' --shard %d --cache-rows 4096 --data-dir '%s/%s.srv%d'",
-             dir, plan, k, dir, tag, k);
-    snprintf(log, sizeof log, "%s/%s.srv%d.log", dir, tag, k);
+    if (tag)
+      snprintf(args, sizeof args, "--plan '%s/%s' --shard %d --cache-rows 4096 --data-dir '%s/%s.srv%d'",
+               dir, plan, k, dir, tag, k);
+    else
+      snprintf(args, sizeof args, "--plan '%s/%s' --shard %d", dir, plan, k);
+    snprintf(log, sizeof log, "%s/%s.srv%d.log", dir, tag ? tag : "mem", k);
     server_start(&s[k], args, log);
   }
 }
@@ -360,6 +389,35 @@ START_TEST(test_reshard_servers_resume) {
                      "print('manifests agree')\"", dir, k, k);
   ck_assert_msg(rc == 0 && strstr(out, "manifests agree"), "%s", out);
   free(out);
+  /* In-memory servers: their checkpoint is one folder of table files per
+   * server; 2 -> 3 keeps that layout, resumed bit for bit. */
+  start_servers(s, 2, "p2.json", NULL);
+  addr_list(s, 2, list, sizeof list);
+  rc = run_cmd(&out, "cd %s && %s train " TRAIN_FLAGS " --num-batches %d --plan p2.json "
+                     "--shard-servers %s --save-checkpoint MC --checkpoint-every %d "
+                     "--keep-checkpoints 0 --metrics-out mref.jsonl",
+               dir, bin_path(), 2 * k, list, k);
+  for (int i = 0; i < 2; i++) ck_assert_int_eq(server_stop(&s[i]), 0);
+  ck_assert_msg(rc == 0, "%s", out);
+  free(out);
+  rc = run_cmd(&out, "cd %s && %s reshard --from MC/step-%d --to MO3 --plan p3.json", dir, bin_path(), k);
+  ck_assert_msg(rc == 0 && strstr(out, "in-memory servers' table files") &&
+                    strstr(out, "verified 26/26 tables ok"), "%s", out);
+  free(out);
+  start_servers(s, 3, "p3.json", NULL);
+  addr_list(s, 3, list, sizeof list);
+  rc = run_cmd(&out, "cd %s && %s train " TRAIN_FLAGS " --num-batches %d --plan p3.json "
+               "--shard-servers %s --resume MO3 --metrics-out mr3.jsonl",
+               dir, bin_path(), 2 * k, list);
+  for (int i = 0; i < 3; i++) ck_assert_int_eq(server_stop(&s[i]), 0);
+  ck_assert_msg(rc == 0, "%s", out);
+  free(out);
+  want = steps_after("mref.jsonl", k);
+  char *got = steps_after("mr3.jsonl", k);
+  ck_assert_int_eq(count_lines(want), k + 1);
+  ck_assert_msg(strcmp(want, got) == 0, "in-memory servers, resumed on 3:\n%s\nstayed on 2:\n%s", got, want);
+  free(want);
+  free(got);
 }
 END_TEST
 #endif
@@ -380,6 +438,7 @@ int main(void) {
   tcase_add_test(tc, test_reshard_resume_in_process);
   tcase_add_test(tc, test_reshard_verification_catches_corruption);
   tcase_add_test(tc, test_reshard_refusals);
+  tcase_add_test(tc, test_reshard_table_files);
 #endif
   suite_add_tcase(s, tc);
   return sr_check_run(s);

@@ -1,0 +1,410 @@
+/* Resharding the in-memory store's table files (see reshard.h,
+ * reshard_run_files).
+ *
+ * The file format is embedding/store_local.c's checkpoint format:
+ *   256-byte header: "SREMBTAB", u32 version 1, u32 header bytes 256,
+ *   u32 table_id, u32 dim, u32 state floats, u32 optimizer kind, u64 rows,
+ *   u64 record bytes (8 + 4 (dim + state)), the model fingerprint (64 hex
+ *   characters), zeros; then rows records (u64 row id, ascending, then the
+ *   floats), then the SHA-256 of everything before it.
+ * Rows are hashed as the RocksDB path hashes them (store_row_encode of the
+ * floats), so a table's checksum is the same whichever layout holds it. */
+#include <errno.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/status.h"
+#include "common/sys.h"
+#include "embedding/optim.h"
+#include "storage/kv.h"
+#include "tools/reshard.h"
+
+#define TF_MAGIC "SREMBTAB"
+#define TF_VERSION 1u
+#define TF_HEADER 256u
+#define TF_CHUNK 1024
+
+static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
+static uint32_t get32(const unsigned char *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+static uint64_t get64(const unsigned char *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
+
+/* A table file read in chunks. */
+typedef struct {
+  FILE *f;
+  char path[4600];
+  uint64_t n, next;   /* records in the file, records consumed */
+  size_t rec;
+  unsigned char *buf; /* [TF_CHUNK][rec] */
+  size_t have, at;    /* records in buf, position in buf */
+} tf_reader;
+
+static int tf_open(tf_reader *r, const char *path, const emb_table *tb, int slen, const char *mfp,
+                   char *err, size_t errlen) {
+  memset(r, 0, sizeof *r);
+  snprintf(r->path, sizeof r->path, "%s", path);
+  unsigned char hdr[TF_HEADER];
+  struct stat st;
+  if (!(r->f = fopen(path, "rb"))) {
+    sr_fmt(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    return errno == ENOENT ? SR_ENOTFOUND : SR_EIO;
+  }
+  if (fstat(fileno(r->f), &st) != 0 || (size_t)st.st_size < TF_HEADER + 32 ||
+      fread(hdr, 1, TF_HEADER, r->f) != TF_HEADER || memcmp(hdr, TF_MAGIC, 8)) {
+    sr_fmt(err, errlen, "%s: not a shardrec embedding table file", path);
+    return SR_EFORMAT;
+  }
+  r->n = get64(hdr + 32);
+  r->rec = (size_t)get64(hdr + 40);
+  if (get32(hdr + 8) != TF_VERSION || get32(hdr + 16) != tb->table_id ||
+      get32(hdr + 20) != (uint32_t)tb->dim || get32(hdr + 24) != (uint32_t)slen ||
+      r->rec != 8 + 4 * (size_t)(tb->dim + slen) || memcmp(hdr + 48, mfp, 64) ||
+      (uint64_t)st.st_size != TF_HEADER + r->n * r->rec + 32) {
+    sr_fmt(err, errlen, "%s: not table_id %u (%s) of this model (dim %d, %d state floats) in format "
+           "%u, or torn", path, tb->table_id, tb->name, tb->dim, slen, TF_VERSION);
+    return SR_EFORMAT;
+  }
+  if (!(r->buf = malloc(TF_CHUNK * r->rec))) {
+    sr_fmt(err, errlen, "out of memory");
+    return SR_ENOMEM;
+  }
+  return 0;
+}
+
+/* The current record (NULL at the end); *key its row id. */
+static const unsigned char *tf_peek(tf_reader *r, uint64_t *key, int *io_err) {
+  if (r->at == r->have) {
+    if (r->next == r->n) return NULL;
+    size_t m = r->n - r->next < TF_CHUNK ? (size_t)(r->n - r->next) : TF_CHUNK;
+    if (fread(r->buf, r->rec, m, r->f) != m) {
+      *io_err = 1;
+      return NULL;
+    }
+    r->have = m;
+    r->at = 0;
+    r->next += m;
+  }
+  const unsigned char *p = r->buf + r->at * r->rec;
+  *key = get64(p);
+  return p;
+}
+
+static void tf_close(tf_reader *r) {
+  if (r->f) fclose(r->f);
+  free(r->buf);
+  memset(r, 0, sizeof *r);
+}
+
+/* A table file being written: header rewritten with the count at the end,
+ * then the SHA-256 of header and records appended. */
+typedef struct {
+  FILE *f;
+  char path[4600];
+  unsigned char hdr[TF_HEADER];
+  uint64_t n, last;
+} tf_writer;
+
+static int tf_create(tf_writer *w, const char *path, const emb_table *tb, int slen, const char *mfp,
+                     char *err, size_t errlen) {
+  memset(w, 0, sizeof *w);
+  snprintf(w->path, sizeof w->path, "%s", path);
+  memcpy(w->hdr, TF_MAGIC, 8);
+  put32(w->hdr + 8, TF_VERSION);
+  put32(w->hdr + 12, TF_HEADER);
+  put32(w->hdr + 16, tb->table_id);
+  put32(w->hdr + 20, (uint32_t)tb->dim);
+  put32(w->hdr + 24, (uint32_t)slen);
+  put32(w->hdr + 28, (uint32_t)tb->optim.kind);
+  put64(w->hdr + 40, 8 + 4 * (uint64_t)(tb->dim + slen));
+  memcpy(w->hdr + 48, mfp, 64);
+  if (!(w->f = fopen(path, "w+b")) || fwrite(w->hdr, 1, TF_HEADER, w->f) != TF_HEADER) {
+    sr_fmt(err, errlen, "%s: cannot write: %s", path, strerror(errno));
+    return SR_EIO;
+  }
+  return 0;
+}
+
+static int tf_finish(tf_writer *w, char *err, size_t errlen) {
+  put64(w->hdr + 32, w->n);
+  int bad = fflush(w->f) != 0 || fseek(w->f, 0, SEEK_SET) != 0 ||
+            fwrite(w->hdr, 1, TF_HEADER, w->f) != TF_HEADER || fflush(w->f) != 0 ||
+            fseek(w->f, 0, SEEK_SET) != 0;
+  EVP_MD_CTX *md = EVP_MD_CTX_new();
+  unsigned char *buf = malloc(1 << 20), dig[32];
+  unsigned int dl = 0;
+  if (!bad && md && buf && EVP_DigestInit_ex(md, EVP_sha256(), NULL)) {
+    size_t got;
+    while ((got = fread(buf, 1, 1 << 20, w->f)) > 0) EVP_DigestUpdate(md, buf, got);
+    bad |= ferror(w->f) != 0;
+    EVP_DigestFinal_ex(md, dig, &dl);
+    bad |= fseek(w->f, 0, SEEK_END) != 0 || fwrite(dig, 1, 32, w->f) != 32 || fflush(w->f) != 0 ||
+           fsync(fileno(w->f)) != 0;
+  } else {
+    bad = 1;
+  }
+  EVP_MD_CTX_free(md);
+  free(buf);
+  bad |= fclose(w->f) != 0;
+  w->f = NULL;
+  if (bad) {
+    sr_fmt(err, errlen, "%s: cannot write: %s", w->path, strerror(errno));
+    return SR_EIO;
+  }
+  return 0;
+}
+
+/* Source folders: the local layout's shards/ itself, or every shard-K...
+ * folder of in-memory servers, in name order. */
+static int list_sources(const reshard_opts *o, char ***out, int *n) {
+  *out = NULL;
+  *n = 0;
+  char **paths = NULL;
+  int np = 0;
+  if (o->layout == RESHARD_TABLE_FILES_LOCAL) {
+    paths = malloc(sizeof *paths);
+    if (!paths || !(paths[0] = strdup(o->src_dir))) {
+      free(paths);
+      return SR_ENOMEM;
+    }
+    *out = paths;
+    *n = 1;
+    return 0;
+  }
+  char **files;
+  int rc = store_list_files(o->src_dir, &files, &np);
+  if (rc) return rc;
+  /* Folders holding table-<first id>.bin. */
+  char want[64];
+  snprintf(want, sizeof want, "table-%u.bin", o->src->tables[0].table_id);
+  paths = calloc((size_t)np + 1, sizeof *paths);
+  for (int i = 0; paths && i < np; i++) {
+    char *slash = strrchr(files[i], '/');
+    if (!slash || strcmp(slash + 1, want) || strncmp(files[i], "shard-", 6)) continue;
+    char p[4400];
+    snprintf(p, sizeof p, "%s/%.*s", o->src_dir, (int)(slash - files[i]), files[i]);
+    if (!(paths[*n] = strdup(p))) break;
+    (*n)++;
+  }
+  store_paths_free(files, np);
+  if (!paths) return SR_ENOMEM;
+  *out = paths;
+  return 0;
+}
+
+int reshard_run_files(const reshard_opts *o, reshard_stats *st, char *err, size_t errlen) {
+  memset(st, 0, sizeof *st);
+  double t0 = sr_now();
+  const emb_plan *dst = o->dst;
+  int local = o->layout == RESHARD_TABLE_FILES_LOCAL;
+  int n_dst = local ? 1 : dst->n_shards;
+  char mfp[EMB_FP_HEX];
+  char **src = NULL;
+  int n_src = 0, rc;
+  tf_reader *rd = NULL;
+  tf_writer *wr = NULL;
+  if ((rc = emb_plan_model_fingerprint(dst, mfp))) {
+    sr_fmt(err, errlen, "out of memory");
+    return rc;
+  }
+  if ((rc = list_sources(o, &src, &n_src))) {
+    sr_fmt(err, errlen, "%s: cannot list", o->src_dir);
+    return rc;
+  }
+  st->tables = calloc((size_t)dst->n_tables, sizeof *st->tables);
+  rd = calloc((size_t)(n_src ? n_src : 1), sizeof *rd);
+  wr = calloc((size_t)n_dst, sizeof *wr);
+  if (!st->tables || !rd || !wr) {
+    sr_fmt(err, errlen, "out of memory");
+    rc = SR_ENOMEM;
+    goto out;
+  }
+  if (!n_src) {
+    sr_fmt(err, errlen, "%s: no table files", o->src_dir);
+    rc = SR_ENOTFOUND;
+    goto out;
+  }
+  st->n_tables = dst->n_tables;
+  for (int k = 0; k < n_dst && !local; k++) {
+    char p[4400];
+    snprintf(p, sizeof p, "%s/shard-%d", o->out_dir, k);
+    if (mkdir(p, 0777) != 0) {
+      sr_fmt(err, errlen, "%s: cannot create: %s", p, strerror(errno));
+      rc = SR_EIO;
+      goto out;
+    }
+  }
+  unsigned char enc[STORE_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
+  for (int ti = 0; ti < dst->n_tables && !rc; ti++) {
+    const emb_table *tb = &dst->tables[ti];
+    reshard_table *rt = &st->tables[ti];
+    int slen = emb_optim_state_len(&tb->optim, tb->dim);
+    rt->table_id = tb->table_id;
+    snprintf(rt->name, sizeof rt->name, "%s", tb->name);
+    for (int s = 0; s < n_src && !rc; s++) {
+      char p[4500];
+      snprintf(p, sizeof p, "%s/table-%u.bin", src[s], tb->table_id);
+      rc = tf_open(&rd[s], p, tb, slen, mfp, err, errlen);
+    }
+    for (int k = 0; k < n_dst && !rc; k++) {
+      char p[4500];
+      if (local) snprintf(p, sizeof p, "%s/table-%u.bin", o->out_dir, tb->table_id);
+      else snprintf(p, sizeof p, "%s/shard-%d/table-%u.bin", o->out_dir, k, tb->table_id);
+      rc = tf_create(&wr[k], p, tb, slen, mfp, err, errlen);
+    }
+    int corrupt = ti == 0 ? o->corrupt : 0;
+    while (!rc) {
+      int best = -1, io = 0;
+      uint64_t bk = 0, key;
+      const unsigned char *bp = NULL;
+      for (int s = 0; s < n_src; s++) {
+        const unsigned char *p = tf_peek(&rd[s], &key, &io);
+        if (!p) continue;
+        if (best < 0 || key < bk) {
+          best = s;
+          bk = key;
+          bp = p;
+        } else if (key == bk) {
+          sr_fmt(err, errlen, "table_id %u (%s): row %llu is in both %s and %s", tb->table_id,
+                 tb->name, (unsigned long long)key, rd[best].path, rd[s].path);
+          rc = SR_EFORMAT;
+        }
+      }
+      if (io) {
+        sr_fmt(err, errlen, "table_id %u: a source table file: read error", tb->table_id);
+        rc = SR_EIO;
+      }
+      if (rc || best < 0) break;
+      if (tb->rows != EMB_ROWS_UNBOUNDED && bk >= tb->rows) {
+        sr_fmt(err, errlen, "%s: row id %llu is past the table's %llu rows", rd[best].path,
+               (unsigned long long)bk, (unsigned long long)tb->rows);
+        rc = SR_EFORMAT;
+        break;
+      }
+      size_t rec = rd[best].rec, len = store_row_size(tb->dim, slen);
+      store_row_encode(tb->dim, slen, (const float *)(const void *)(bp + 8), enc);
+      uint64_t h = reshard_row_hash(tb->table_id, bk, enc, len);
+      rt->rows_in++;
+      rt->sum_in += h;
+      rt->xor_in ^= h;
+      int k = local ? 0 : emb_plan_shard_of(dst, ti, bk);
+      tf_writer *w = &wr[k];
+      if (w->n && bk <= w->last) {
+        sr_fmt(err, errlen, "%s: row id %llu after %llu (a source is out of order)", rd[best].path,
+               (unsigned long long)bk, (unsigned long long)w->last);
+        rc = SR_EFORMAT;
+        break;
+      }
+      if (corrupt != 2) {
+        unsigned char tmp[8 + 4 * (EMB_MAX_DIM * 2 + 1)];
+        memcpy(tmp, bp, rec);
+        if (corrupt == 1) tmp[rec - 1] ^= 0x01; /* test hook */
+        if (fwrite(tmp, 1, rec, w->f) != rec) {
+          sr_fmt(err, errlen, "%s: cannot write: %s", w->path, strerror(errno));
+          rc = SR_EIO;
+          break;
+        }
+        w->n++;
+        w->last = bk;
+      }
+      corrupt = 0;
+      st->rows++;
+      st->bytes += 8 + len;
+      rd[best].at++;
+    }
+    for (int s = 0; s < n_src; s++) tf_close(&rd[s]);
+    for (int k = 0; k < n_dst; k++) {
+      if (!wr[k].f) continue;
+      if (rc) {
+        fclose(wr[k].f);
+        wr[k].f = NULL;
+      } else {
+        rc = tf_finish(&wr[k], err, errlen);
+      }
+    }
+  }
+  if (rc || !o->verify) goto out;
+  /* Re-read what was written: counts, hashes, routing, each file's SHA-256. */
+  double tv = sr_now();
+  for (int ti = 0; ti < dst->n_tables && !rc; ti++) {
+    const emb_table *tb = &dst->tables[ti];
+    reshard_table *rt = &st->tables[ti];
+    int slen = emb_optim_state_len(&tb->optim, tb->dim);
+    size_t len = store_row_size(tb->dim, slen);
+    for (int k = 0; k < n_dst && !rc; k++) {
+      char p[4500];
+      if (local) snprintf(p, sizeof p, "%s/table-%u.bin", o->out_dir, tb->table_id);
+      else snprintf(p, sizeof p, "%s/shard-%d/table-%u.bin", o->out_dir, k, tb->table_id);
+      tf_reader r;
+      if ((rc = tf_open(&r, p, tb, slen, mfp, err, errlen))) {
+        tf_close(&r);
+        break;
+      }
+      EVP_MD_CTX *md = EVP_MD_CTX_new();
+      unsigned char hdr[TF_HEADER], dig[32], want[32];
+      unsigned int dl = 0;
+      fseek(r.f, 0, SEEK_SET);
+      if (!md || fread(hdr, 1, TF_HEADER, r.f) != TF_HEADER || !EVP_DigestInit_ex(md, EVP_sha256(), NULL)) {
+        sr_fmt(err, errlen, "%s: cannot read", p);
+        rc = SR_EIO;
+      } else {
+        EVP_DigestUpdate(md, hdr, TF_HEADER);
+      }
+      uint64_t key;
+      int io = 0;
+      const unsigned char *q;
+      while (!rc && (q = tf_peek(&r, &key, &io))) {
+        if (r.at == 0) EVP_DigestUpdate(md, r.buf, r.have * r.rec);
+        if (!local && emb_plan_shard_of(dst, ti, key) != k) {
+          sr_fmt(err, errlen, "verification: table_id %u (%s): row %llu was written to shard %d, the "
+                 "plan puts it on shard %d", tb->table_id, tb->name, (unsigned long long)key, k,
+                 emb_plan_shard_of(dst, ti, key));
+          rc = SR_ECHECKSUM;
+          break;
+        }
+        store_row_encode(tb->dim, slen, (const float *)(const void *)(q + 8), enc);
+        uint64_t h = reshard_row_hash(tb->table_id, key, enc, len);
+        rt->rows_out++;
+        rt->sum_out += h;
+        rt->xor_out ^= h;
+        r.at++;
+      }
+      if (!rc && io) {
+        sr_fmt(err, errlen, "%s: read error", p);
+        rc = SR_EIO;
+      }
+      if (!rc) {
+        EVP_DigestFinal_ex(md, dig, &dl);
+        if (fread(want, 1, 32, r.f) != 32 || memcmp(dig, want, 32)) {
+          sr_fmt(err, errlen, "verification: %s: checksum mismatch", p);
+          rc = SR_ECHECKSUM;
+        }
+      }
+      EVP_MD_CTX_free(md);
+      tf_close(&r);
+    }
+  }
+  st->verify_seconds = sr_now() - tv;
+  if (!rc) rc = reshard__compare(st, err, errlen);
+out:
+  for (int s = 0; rd && s < n_src; s++) tf_close(&rd[s]);
+  for (int k = 0; wr && k < n_dst; k++)
+    if (wr[k].f) fclose(wr[k].f);
+  free(rd);
+  free(wr);
+  for (int s = 0; s < n_src; s++) free(src[s]);
+  free(src);
+  st->seconds = sr_now() - t0;
+  return rc;
+}
