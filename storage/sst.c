@@ -135,7 +135,6 @@ static rocksdb_options_t *base_options(void) {
    * thread starts per database for a handful of files (measured: seconds
    * for a 26-table checkpoint). One pass does not need it. */
   rocksdb_options_set_max_file_opening_threads(o, 1);
-  rocksdb_options_set_skip_stats_update_on_db_open(o, 1);
   return o;
 }
 
