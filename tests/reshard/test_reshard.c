@@ -124,6 +124,7 @@ START_TEST(test_reshard_resume_in_process) {
                     strstr(out, "verified 26/26 tables ok") && strstr(out, "ckpt   o3/step-4"),
                 "%s", out);
   ck_assert_ptr_null(strstr(out, "MISMATCH"));
+  ck_assert_ptr_null(strstr(out, "ETA")); /* no progress line off a terminal */
   ck_assert_msg(find_num(out, "resharded ") > 100, "%s", out);
   free(out);
   ck_assert(path_exists("o3/step-4/DONE") && path_exists("o3/step-4/shards/shard-2/CURRENT"));
@@ -206,6 +207,12 @@ START_TEST(test_reshard_refusals) {
   ck_assert_msg(rc == 0, "%s", out);
   free(out);
   ck_assert(!path_exists("o/marker") && path_exists("o/step-8/DONE"));
+  /* On a terminal (script(1) gives it one), the progress line. */
+  rc = run_cmd(&out, "cd %s && script -qec \"%s reshard --from ck --to otty --plan p3.json\" /dev/null",
+               dir, bin_path());
+  ck_assert_msg(rc == 0 && strstr(out, "reshard: ") && strstr(out, " rows (") && strstr(out, "MB, ") &&
+                    strstr(out, "rows/s, ETA "), "%s", out);
+  free(out);
   /* --from ck took the newest complete step (8). A torn source: no DONE
    * (a copy of step-4 without its marker), then a damaged file. */
   run_cmd(NULL, "cp -r %s/ck/step-4 %s/torn && rm %s/torn/DONE", dir, dir, dir);
