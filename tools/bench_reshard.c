@@ -11,13 +11,15 @@
  *
  *   ours      the real command, `shardrec reshard --from CKPT --to OUT
  *             --plan P3` (cmd_reshard, in this process: the executable's
- *             start-up is not counted; 3 shards row-wise): checking the
- *             source's checksums, scanning, routing, SST files, ingestion,
- *             re-reading to verify, the new manifest's checksums;
- *   baseline  a raw RocksDB full scan of the same source databases plus an
- *             SST write of the same rows (one file per source shard and
- *             table): no routing, no ingestion, no verification, no
- *             checksums of files.
+ *             start-up is not counted; 3 shards row-wise): checking every
+ *             source file's SHA-256 (ckpt_open), scanning (RocksDB's block
+ *             checksums off: the files were just checked whole), routing,
+ *             hashing, SST files, ingestion, re-reading to verify, the new
+ *             manifest's SHA-256 of every file; tables on up to 8 workers;
+ *   baseline  a raw RocksDB full scan of the same source databases (RocksDB's
+ *             default: block checksums verified) plus an SST write of the
+ *             same rows (one file per source shard and table), one thread:
+ *             no routing, no ingestion, no verification, no file checksums.
  * Runs alternate (baseline, ours) --runs times; medians are printed, and
  * ours / baseline. Nothing is cached across runs but the OS page cache,
  * which both see warm. */
