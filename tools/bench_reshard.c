@@ -57,16 +57,17 @@ static void usage(FILE *f) {
 "  --runs R   timed runs of each (default 3; medians)\n"
 "  --dir DIR  work folder (default $TMPDIR or /tmp; a fresh folder under it, removed)\n"
 "  --keep     keep that folder (the checkpoint, the plan, the last output)\n"
+"  --threads N   reshard's --threads (default: its own, the cores up to 8)\n"
 "\n"
 "Times 'shardrec reshard' from 2 shards to 3 (row-wise) against a raw RocksDB\n"
 "full scan plus SST write of the same rows, in the same run.\n");
 }
 
-enum { O_ROWS = 1000, O_DIM, O_RUNS, O_DIR, O_KEEP, O_HELP };
+enum { O_ROWS = 1000, O_DIM, O_RUNS, O_DIR, O_KEEP, O_THREADS, O_HELP };
 static const struct option long_opts[] = {
     {"rows", required_argument, 0, O_ROWS}, {"dim", required_argument, 0, O_DIM},
     {"runs", required_argument, 0, O_RUNS}, {"dir", required_argument, 0, O_DIR},
-    {"keep", no_argument, 0, O_KEEP},
+    {"keep", no_argument, 0, O_KEEP},      {"threads", required_argument, 0, O_THREADS},
     {"help", no_argument, 0, O_HELP},       {0, 0, 0, 0}};
 
 static emb_plan *make_plan(uint64_t rows, int dim, int n_shards, char *err, size_t errlen) {
@@ -191,12 +192,14 @@ static int baseline(const char *shards, int n_src, const char *work, uint64_t *r
 /* Run `shardrec reshard` in this process (its start-up, the same for every
  * size, is not what is measured) with its stdout into the file log; its
  * status. */
-static int run_ours(const char *ckpt, const char *out, const char *plan, const char *log) {
-  char *argv[] = {"reshard", "--from", (char *)ckpt, "--to", (char *)out, "--plan", (char *)plan, NULL};
+static int run_ours(const char *ckpt, const char *out, const char *plan, const char *log,
+                    const char *threads) {
+  char *argv[] = {"reshard", "--from", (char *)ckpt, "--to", (char *)out, "--plan", (char *)plan,
+                  threads ? "--threads" : NULL, (char *)threads, NULL};
   fflush(stdout);
   int saved = dup(1), devnull = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (saved >= 0 && devnull >= 0) dup2(devnull, 1);
-  int rc = cmd_reshard(7, argv);
+  int rc = cmd_reshard(threads ? 9 : 7, argv);
   fflush(stdout);
   if (saved >= 0) {
     dup2(saved, 1);
@@ -210,6 +213,7 @@ int bench_reshard(int argc, char **argv) {
   long long rows = 4000000, dim = 16, runs = 3;
   const char *base = NULL;
   int keep = 0;
+  const char *threads = NULL;
   optind = 1;
   opterr = 0;
   int c;
@@ -220,6 +224,12 @@ int bench_reshard(int argc, char **argv) {
       case O_RUNS: if (cli_int(CMD, "--runs", optarg, 1, 100, &runs)) return 2; break;
       case O_DIR: base = optarg; break;
       case O_KEEP: keep = 1; break;
+      case O_THREADS: {
+        long long t;
+        if (cli_int(CMD, "--threads", optarg, 1, 256, &t)) return 2;
+        threads = optarg;
+        break;
+      }
       case 'h':
       case O_HELP: usage(stdout); return 0;
       case ':': cli_bad_option("bench reshard", ':', argv[optind - 1]); return 2;
@@ -279,7 +289,7 @@ int bench_reshard(int argc, char **argv) {
     a = sr_now();
     char log[4300], line[1024];
     snprintf(log, sizeof log, "%s/reshard.out", work);
-    int rc = run_ours(ck, out, p3path, log);
+    int rc = run_ours(ck, out, p3path, log, threads);
     t_ours[r] = sr_now() - a;
     FILE *lf = fopen(log, "r");
     while (lf && fgets(line, sizeof line, lf))
@@ -303,8 +313,8 @@ int bench_reshard(int argc, char **argv) {
     printf("baseline (raw RocksDB scan + SST write): %.0f rows/s, %.1f MB/s (median of %lld: %.2f s "
            "for %llu rows, %.1f MB)\n", (double)n_rows / tb, mb / tb, runs, tb,
            (unsigned long long)n_rows, mb);
-    printf("reshard 2 -> 3 row-wise (verified):      %.0f rows/s, %.1f MB/s (median of %lld: %.2f s)\n",
-           (double)n_rows / to, mb / to, runs, to);
+    printf("reshard 2 -> 3 row-wise (verified):      %.0f rows/s, %.1f MB/s (median of %lld: %.2f s; "
+           "--threads %s)\n", (double)n_rows / to, mb / to, runs, to, threads ? threads : "default");
     printf("reshard / baseline: %.0f%% (target >= 60%%)\n", 100.0 * tb / to);
   }
   status = 0;

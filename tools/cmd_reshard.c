@@ -60,6 +60,7 @@ static void usage(FILE *f) {
 "                   (same model fingerprint: tables, rows, dim, pooling, init,\n"
 "                   optimizer, seed)\n"
 "  --force          replace OUT if it exists (after the new one is complete)\n"
+"  --threads N      tables moved side by side (default: the cores, at most 8)\n"
 "  -h, --help       this text\n"
 "\n"
 "Rows stream from read-only RocksDB scans of every source shard, are routed by\n"
@@ -74,11 +75,12 @@ static void usage(FILE *f) {
 "Exit status: 0 done, 1 refused or failed, 2 bad usage.\n");
 }
 
-enum { O_FROM = 1000, O_TO, O_PLAN, O_FORCE, O_HELP };
+enum { O_FROM = 1000, O_TO, O_PLAN, O_FORCE, O_THREADS, O_HELP };
 
 static const struct option long_opts[] = {
     {"from", required_argument, 0, O_FROM}, {"to", required_argument, 0, O_TO},
     {"plan", required_argument, 0, O_PLAN}, {"force", no_argument, 0, O_FORCE},
+    {"threads", required_argument, 0, O_THREADS},
     {"help", no_argument, 0, O_HELP},       {0, 0, 0, 0}};
 
 static int exists(const char *p) {
@@ -154,6 +156,7 @@ static int find_layout(const char *step_dir, const ckpt_info *ci, char *err, siz
 int cmd_reshard(int argc, char **argv) {
   const char *from = NULL, *to = NULL, *plan_path = NULL;
   int force = 0;
+  long long threads = 0;
   optind = 1;
   opterr = 0;
   int c;
@@ -163,6 +166,7 @@ int cmd_reshard(int argc, char **argv) {
       case O_TO: to = optarg; break;
       case O_PLAN: plan_path = optarg; break;
       case O_FORCE: force = 1; break;
+      case O_THREADS: if (cli_int(CMD, "--threads", optarg, 1, 256, &threads)) return 2; break;
       case 'h':
       case O_HELP: usage(stdout); return 0;
       case ':': cli_bad_option(CMD, ':', argv[optind - 1]); return 2;
@@ -270,12 +274,13 @@ int cmd_reshard(int argc, char **argv) {
     const char *cor = getenv("SHARDREC_TEST_RESHARD_CORRUPT");
     /* One table per core at a time (scanning, hashing and SST encoding are
      * CPU work; the per-target ingestion threads mostly wait on fsync). */
-    long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
+    long n_cpu = threads ? threads : sysconf(_SC_NPROCESSORS_ONLN);
     if (n_cpu < 1) n_cpu = 1;
+    if (!threads && n_cpu > 8) n_cpu = 8;
     reshard_opts ro = {.layout = (reshard_layout)layout, .src_dir = src_shards, .src = ci.plan, .dst = plan, .out_dir = shards,
                        .work_dir = work, .progress = cli_isatty_err(), .verify = 1,
                        .src_checked = 1,
-                       .threads = n_cpu > 8 ? 8 : (int)n_cpu,
+                       .threads = (int)n_cpu,
                        .corrupt = cor ? atoi(cor) : 0};
     static const char *const lname[] = {"RocksDB shard databases", "the in-memory trainer's table files",
                                         "in-memory servers' table files"};
