@@ -48,6 +48,9 @@ static void usage(FILE *f) {
 "                          checkpoint (other shards, or the same) may run side by side\n"
 "  --restore PATH          start from the shard folders written by Checkpoint(PATH)\n"
 "  --read-only             refuse Push (FAILED_PRECONDITION): serving for inference\n"
+"  --pending-timeout S     drop a multi-rank job's held step (pushes not yet summed, held\n"
+"                          lookups answered ABORTED) when it makes no progress for S\n"
+"                          seconds (300); a dead rank is normally heard at once\n"
 "  --threads N             worker threads, one completion queue each (2)\n"
 "  --max-message-mb N      largest request or answer (64)\n"
 "  --max-ids N             most ids in one Lookup or Push (4194304)\n"
@@ -56,7 +59,7 @@ static void usage(FILE *f) {
 }
 
 enum { O_PLAN = 1000, O_SHARD, O_LISTEN, O_DATA, O_RESTORE, O_CKPT, O_RO, O_THREADS, O_MAXMSG,
-       O_MAXIDS, O_CERT, O_KEY, O_CA, O_CROWS, O_CMB, O_HELP };
+       O_MAXIDS, O_CERT, O_KEY, O_CA, O_CROWS, O_CMB, O_HELP, O_PENDING };
 
 static const struct option long_opts[] = {
     {"plan", required_argument, 0, O_PLAN},        {"shard", required_argument, 0, O_SHARD},
@@ -67,6 +70,7 @@ static const struct option long_opts[] = {
     {"max-ids", required_argument, 0, O_MAXIDS},   {"tls-cert", required_argument, 0, O_CERT},
     {"tls-key", required_argument, 0, O_KEY},      {"tls-client-ca", required_argument, 0, O_CA},
     {"cache-rows", required_argument, 0, O_CROWS}, {"cache-mb", required_argument, 0, O_CMB},
+    {"pending-timeout", required_argument, 0, O_PENDING},
     {"help", no_argument, 0, O_HELP},              {0, 0, 0, 0}};
 
 static volatile int g_stop;
@@ -93,6 +97,7 @@ int cmd_serve(int argc, char **argv) {
              *restore = NULL, *checkpoint = NULL;
   rpc_tls tls = {0};
   int read_only = 0;
+  double pending_timeout = 300;
   long long threads = 2, maxmsg = 64, maxids = 1 << 22, cache_rows = 0, cache_mb = 0;
   optind = 1;
   opterr = 0;
@@ -106,6 +111,7 @@ int cmd_serve(int argc, char **argv) {
       case O_RESTORE: restore = optarg; break;
       case O_CKPT: checkpoint = optarg; break;
       case O_RO: read_only = 1; break;
+      case O_PENDING: if (cli_double(CMD, "--pending-timeout", optarg, 0.001, 1e9, &pending_timeout)) return 2; break;
       case O_THREADS: if (cli_int(CMD, "--threads", optarg, 1, 256, &threads)) return 2; break;
       case O_MAXMSG: if (cli_int(CMD, "--max-message-mb", optarg, 1, 2047, &maxmsg)) return 2; break;
       case O_MAXIDS: if (cli_int(CMD, "--max-ids", optarg, 1, 1LL << 30, &maxids)) return 2; break;
@@ -224,7 +230,7 @@ int cmd_serve(int argc, char **argv) {
     goto done;
   }
   rpc_service_opts so = {.shards = shards, .n_shards = n_shards, .read_only = read_only,
-                         .max_ids = (size_t)maxids,
+                         .max_ids = (size_t)maxids, .pending_timeout_s = pending_timeout,
                          .store_shard_dirs = checkpoint ? cs.rocks : data_dir != NULL};
   svc = rpc_service_create(plan, store, &so, err, sizeof err);
   if (!svc) {
