@@ -438,11 +438,11 @@ int ckpt_resolve(const char *path, char *out, size_t outlen, char *err, size_t e
   step_dir *sd;
   int n;
   if (list_complete(path, &sd, &n)) {
-    sr_fmt(err, errlen, "--resume %s: no such checkpoint folder", path);
+    sr_fmt(err, errlen, "%s: no such checkpoint folder", path);
     return SR_ENOTFOUND;
   }
   if (!n) {
-    sr_fmt(err, errlen, "--resume %s: no complete checkpoint (no step-N folder with a DONE marker)",
+    sr_fmt(err, errlen, "%s: no complete checkpoint (no step-N folder with a DONE marker)",
            path);
     return SR_ENOTFOUND;
   }
