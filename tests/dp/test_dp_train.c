@@ -54,36 +54,15 @@ static int train(const char *name, int np, const char *data, const char *plan, c
 static dp_metrics ma, mb, mc, md;
 
 START_TEST(test_colocated_equal_one_rank) {
-  char *out;
-  const char *ex = "--mini-batch-size 128 --num-batches 100";
-  ck_assert_msg(train("r1", 0, "d.bin", "p.json", ex, &out) == 0, "%s", out);
-  ck_assert_msg(strstr(out, "3 shard(s) in process"), "%s", out);
-  free(out);
-  ck_assert_msg(train("r2", 2, "d.bin", "p.json", ex, &out) == 0, "%s", out);
-  ck_assert_msg(strstr(out, "ranks  2 rank(s) (mpirun)") &&
-                    strstr(out, "samples/s over 2 rank(s); per step: dense compute "),
-                "%s", out);
-  free(out);
-  ck_assert_msg(train("r2b", 2, "d.bin", "p.json", ex, &out) == 0, "%s", out);
-  free(out);
-  ck_assert_msg(train("r4", 4, "d.bin", "p.json", ex, &out) == 0, "%s", out);
-  free(out);
-  dp_load("r1", &ma);
-  dp_load("r2", &mb);
-  dp_load("r2b", &mc);
-  dp_load("r4", &md);
-  ck_assert_int_eq(ma.n, 100);
-  double d2 = dp_max_rel(&ma, &mb), d4 = dp_max_rel(&ma, &md);
-  printf("dp_train: 100 steps, colocated: max relative loss difference np2 %.3g, np4 %.3g; "
-         "test auc 1 rank %.6f, np2 %.6f, np4 %.6f\n", d2, d4, ma.auc, mb.auc, md.auc);
-  ck_assert_msg(d2 < 1e-5, "np2: relative loss difference %g", d2);
-  ck_assert_msg(d4 < 1e-5, "np4: relative loss difference %g", d4);
+  char *o1, *o2;
+  double d2, d4;
+  dp_equal_runs(train, "dp_train", ", colocated", "--mini-batch-size 128 --num-batches 100", 100,
+                &ma, &mb, &mc, &md, &d2, &d4, &o1, &o2);
+  ck_assert_msg(strstr(o1, "3 shard(s) in process"), "%s", o1);
+  free(o1);
+  free(o2);
   /* Not one rank's bits: the ranks' parts were really summed. */
   ck_assert_msg(d2 > 0 && d4 > 0, "N ranks gave one rank's bits exactly (np2 %g, np4 %g)", d2, d4);
-  ck_assert_msg(fabs(ma.auc - mb.auc) < 1e-3 && fabs(ma.auc - md.auc) < 1e-3,
-                "auc 1 rank %g, np2 %g, np4 %g", ma.auc, mb.auc, md.auc);
-  /* The same N twice: the same bits. */
-  dp_assert_same_bits("np2 reruns", &mb, &mc);
 }
 END_TEST
 
@@ -215,27 +194,15 @@ START_TEST(test_bench_dp_small) {
 }
 END_TEST
 
-/* One case per test, so that CK_RUN_CASE=epoch (etc.) runs one alone. */
-static void add(Suite *s, const char *name, const TTest *test) {
-  TCase *tc = tcase_create(name);
-  tcase_set_timeout(tc, 300);
-  tcase_add_test(tc, test);
-  suite_add_tcase(s, tc);
-}
-
 int main(void) {
-  Suite *s = suite_create("dp_train");
-  add(s, "equal", test_colocated_equal_one_rank);
-  add(s, "resume", test_colocated_checkpoint_resume_np2);
-  add(s, "epoch", test_colocated_epoch_300k_and_async);
-  add(s, "death", test_colocated_rank_death);
-  add(s, "bench", test_bench_dp_small);
+  const dp_case cases[] = {
+      {"equal", test_colocated_equal_one_rank},
+      {"resume", test_colocated_checkpoint_resume_np2},
+      {"epoch", test_colocated_epoch_300k_and_async},
+      {"death", test_colocated_rank_death},
+      {"bench", test_bench_dp_small},
+  };
   /* 20000 rows: 18000 train, 2000 test; a 3-shard plan p.json. */
-  if (dp_data_make("test_dp_train", 20000, 3, ARCH)) {
-    dp_data_remove();
-    return 1; /* s is not run: exit frees it */
-  }
-  int rc = sr_check_run(s);
-  dp_data_remove();
-  return rc;
+  return dp_suite_run("dp_train", cases, (int)(sizeof cases / sizeof cases[0]), "test_dp_train",
+                      20000, 3, ARCH);
 }

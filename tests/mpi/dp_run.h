@@ -7,9 +7,10 @@
  * data by dp_data_make in main before the cases fork and removed by
  * dp_data_remove after them; every run writes its metrics to
  * dp_dir/NAME.jsonl (--metrics-out, --print-freq 1), which dp_load reads
- * back. A suite passes its own model shape (the ARCH flags) and the flags
- * of its deployment (--shard-servers or --colocate-shards) to these
- * helpers; nothing here knows which one it is. */
+ * back; a suite's main is dp_suite_run. A suite passes its own model
+ * shape (the ARCH flags) and the flags of its deployment (--shard-servers
+ * or --colocate-shards) to these helpers; nothing here knows which one it
+ * is. */
 #ifndef SHARDREC_TESTS_MPI_DP_RUN_H
 #define SHARDREC_TESTS_MPI_DP_RUN_H
 
@@ -20,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/check_main.h"
 #include "tests/rpc/server.h"
 
 #define DP_MPIRUN "mpirun --allow-run-as-root --oversubscribe"
@@ -183,6 +185,81 @@ static inline void dp_assert_resumed(const char *what, const dp_metrics *full,
                   res->text[i], full->text[at + i]);
   }
   ck_assert_str_eq(res->auc_text, full->auc_text);
+}
+
+/* A suite's train: run `name` with np ranks (0: one rank, no mpirun) on
+ * data and plan with the case's flags extra, in the suite's deployment;
+ * the exit status, the output in *out (NULL: dropped). */
+typedef int (*dp_train_fn)(const char *name, int np, const char *data, const char *plan,
+                           const char *extra, char **out);
+
+/* The equivalence runs on d.bin and p.json with extra: one rank (r1),
+ * -np 2 twice (r2, r2b), -np 4 (r4), each must exit 0, and r2 must say
+ * that it ran 2 ranks under mpirun and its per-step rates over them. Their
+ * metrics go to *r1, *r2, *r2b, *r4. Asserts that r1 ran `steps` steps,
+ * that -np 2 and -np 4 are within 1e-5 relative of one rank at every step
+ * (the largest differences in *d2, *d4) with test AUC within 1e-3, and
+ * that r2 and r2b have the same bits (every loss, the AUC). Prints
+ * "<who>: <steps> steps<what>: ..." with the figures. The outputs of r1
+ * and r2 in *out_r1 and *out_r2, for the suite's own checks (it frees
+ * them). */
+static inline void dp_equal_runs(dp_train_fn train, const char *who, const char *what,
+                                 const char *extra, int steps, dp_metrics *r1, dp_metrics *r2,
+                                 dp_metrics *r2b, dp_metrics *r4, double *d2, double *d4,
+                                 char **out_r1, char **out_r2) {
+  char *out;
+  ck_assert_msg(train("r1", 0, "d.bin", "p.json", extra, out_r1) == 0, "%s", *out_r1);
+  ck_assert_msg(train("r2", 2, "d.bin", "p.json", extra, out_r2) == 0, "%s", *out_r2);
+  ck_assert_msg(strstr(*out_r2, "ranks  2 rank(s) (mpirun)") &&
+                    strstr(*out_r2, "samples/s over 2 rank(s); per step: dense compute "),
+                "%s", *out_r2);
+  ck_assert_msg(train("r2b", 2, "d.bin", "p.json", extra, &out) == 0, "%s", out);
+  free(out);
+  ck_assert_msg(train("r4", 4, "d.bin", "p.json", extra, &out) == 0, "%s", out);
+  free(out);
+  dp_load("r1", r1);
+  dp_load("r2", r2);
+  dp_load("r2b", r2b);
+  dp_load("r4", r4);
+  ck_assert_int_eq(r1->n, steps);
+  *d2 = dp_max_rel(r1, r2);
+  *d4 = dp_max_rel(r1, r4);
+  printf("%s: %d steps%s: max relative loss difference np2 %.3g, np4 %.3g; test auc 1 rank "
+         "%.6f, np2 %.6f, np4 %.6f\n", who, steps, what, *d2, *d4, r1->auc, r2->auc, r4->auc);
+  ck_assert_msg(*d2 < 1e-5, "np2: relative loss difference %g", *d2);
+  ck_assert_msg(*d4 < 1e-5, "np4: relative loss difference %g", *d4);
+  ck_assert_msg(fabs(r1->auc - r2->auc) < 1e-3 && fabs(r1->auc - r4->auc) < 1e-3,
+                "auc 1 rank %g, np2 %g, np4 %g", r1->auc, r2->auc, r4->auc);
+  /* The same N twice: the same bits. */
+  dp_assert_same_bits("np2 reruns", r2, r2b);
+}
+
+/* A case of a suite: its name (CK_RUN_CASE=name runs it alone) and test. */
+typedef struct {
+  const char *name;
+  const TTest *test;
+} dp_case;
+
+/* All of main: a suite `suite` of the n cases, one case a test with a
+ * timeout of 300 s; make the data (dp_data_make with who, rows, shards,
+ * arch), run the suite, remove the data. The process's exit status (1 if
+ * the data could not be made: the suite is then not run, exit frees it). */
+static inline int dp_suite_run(const char *suite, const dp_case *cases, int n, const char *who,
+                               int rows, int shards, const char *arch) {
+  Suite *s = suite_create(suite);
+  for (int i = 0; i < n; i++) {
+    TCase *tc = tcase_create(cases[i].name);
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, cases[i].test);
+    suite_add_tcase(s, tc);
+  }
+  if (dp_data_make(who, rows, shards, arch)) {
+    dp_data_remove();
+    return 1;
+  }
+  int rc = sr_check_run(s);
+  dp_data_remove();
+  return rc;
 }
 
 #endif
