@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/status.h"
+#include "storage/rocks_util.h"
 
 struct store_db {
   rocksdb_t *db;
@@ -43,28 +44,6 @@ struct store_db {
   size_t n_pins;
 };
 
-#define RCHECK(e, what)                                                                  \
-  do {                                                                                   \
-    if (e) {                                                                             \
-      sr_fmt(err, errlen, "%s: %s (%s:%d)", what, e, __FILE__, __LINE__);                \
-      rocksdb_free(e);                                                                   \
-      e = NULL;                                                                          \
-      rc = SR_EIO;                                                                       \
-      goto out;                                                                          \
-    }                                                                                    \
-  } while (0)
-
-static void put_be64(char *p, uint64_t v) {
-  for (int i = 7; i >= 0; i--) {
-    p[i] = (char)(v & 0xff);
-    v >>= 8;
-  }
-}
-static uint64_t get_be64(const char *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v = (v << 8) | (unsigned char)p[i];
-  return v;
-}
 
 static int parse_cf_name(const char *name, uint32_t *id) {
   if (name[0] != 't' || !name[1]) return -1;

@@ -9,29 +9,7 @@
 #include <sys/stat.h>
 
 #include "common/status.h"
-
-#define RFAIL(e, what)                                                                   \
-  do {                                                                                   \
-    if (e) {                                                                             \
-      sr_fmt(err, errlen, "%s: %s (%s:%d)", what, e, __FILE__, __LINE__);                \
-      rocksdb_free(e);                                                                   \
-      e = NULL;                                                                          \
-      rc = SR_EIO;                                                                       \
-      goto out;                                                                          \
-    }                                                                                    \
-  } while (0)
-
-static void put_be64(char *p, uint64_t v) {
-  for (int i = 7; i >= 0; i--) {
-    p[i] = (char)(v & 0xff);
-    v >>= 8;
-  }
-}
-static uint64_t get_be64(const char *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v = (v << 8) | (unsigned char)p[i];
-  return v;
-}
+#include "storage/rocks_util.h"
 
 /* ---- SST files ---- */
 
@@ -56,7 +34,7 @@ int sst_writer_open(const char *path, sst_writer **out, char *err, size_t errlen
   rocksdb_options_set_compression(w->opts, rocksdb_no_compression);
   w->w = rocksdb_sstfilewriter_create(w->env, w->opts);
   rocksdb_sstfilewriter_open(w->w, path, &e);
-  RFAIL(e, path);
+  RCHECK(e, path);
 out:
   if (rc) {
     sst_writer_destroy(w);
@@ -77,7 +55,7 @@ int sst_writer_put(sst_writer *w, uint64_t key, const void *val, size_t len, cha
   char *e = NULL, k[8];
   put_be64(k, key);
   rocksdb_sstfilewriter_put(w->w, k, 8, val, len, &e);
-  RFAIL(e, w->path);
+  RCHECK(e, w->path);
   w->rows++;
   w->last = key;
 out:
@@ -94,7 +72,7 @@ int sst_writer_finish(sst_writer *w, uint64_t *bytes, char *err, size_t errlen) 
   int rc = 0;
   char *e = NULL;
   rocksdb_sstfilewriter_finish(w->w, &e);
-  RFAIL(e, w->path);
+  RCHECK(e, w->path);
   if (bytes) rocksdb_sstfilewriter_file_size(w->w, bytes);
 out:
   return rc;
@@ -175,7 +153,7 @@ static int db_open(sst_db *d, int m, char **names, int read_only, char *err, siz
                                                        &e);
   else
     d->db = rocksdb_open_column_families(d->opts, d->path, m + 1, all, cfo, d->cf, &e);
-  RFAIL(e, d->path);
+  RCHECK(e, d->path);
 out:
   free(all);
   free(cfo);
@@ -245,7 +223,7 @@ int sst_db_open_read(const char *path, const char *log_dir, sst_db **out, char *
   char *e = NULL;
   size_t cnt = 0;
   char **names = rocksdb_list_column_families(d->opts, path, &cnt, &e);
-  RFAIL(e, path);
+  RCHECK(e, path);
   /* The t<id> families first (in the database's order), default dropped. */
   char **mine = calloc(cnt + 1, sizeof *mine);
   d->ids = malloc((cnt + 1) * sizeof *d->ids);
@@ -313,7 +291,7 @@ int sst_db_ingest(sst_db *d, int i, const char *const *files, int n, char *err, 
   int rc = 0;
   char *e = NULL;
   rocksdb_ingest_external_file_cf(d->db, d->cf[i], files, (size_t)n, d->io, &e);
-  RFAIL(e, d->path);
+  RCHECK(e, d->path);
 out:
   return rc;
 }
@@ -366,7 +344,7 @@ int sst_iter_status(sst_iter *it, char *err, size_t errlen) {
   int rc = 0;
   char *e = NULL;
   rocksdb_iter_get_error(it->it, &e);
-  RFAIL(e, "scan");
+  RCHECK(e, "scan");
   if (it->bad_key) {
     sr_fmt(err, errlen, "scan: a key of %zu bytes (row ids are 8)", it->bad_len);
     return SR_EFORMAT;
