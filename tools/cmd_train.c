@@ -566,6 +566,11 @@ int cmd_train(int argc, char **argv) {
   int rc = train_main(argc, argv);
   stderr_restore();
   fflush(stdout);
+  /* A usage error (2) comes before MPI is up and every rank finds it alike
+   * (same flags): rank 0 prints it and owns the job's exit status. The
+   * others leave with 0, since mpirun ends the whole job at the first
+   * non-zero exit, which could come before rank 0 has printed. */
+  if (rc == 2 && g_launched && g_rank != 0 && !g_coll) return 0;
   dense_coll_destroy(g_coll);
   g_coll = NULL;
   /* A failed rank stops the whole job: the others may be waiting for it in
