@@ -60,7 +60,7 @@ static void teardown(void) {
 
 /* Lines of a metrics file after step `after`: kind, step and the exact
  * text of every loss/metric field (timings dropped). */
-static inline char *steps_after(const char *metrics, int after) {
+static __attribute__((unused)) char *steps_after(const char *metrics, int after) {
   char *out;
   int rc = run_cmd(&out, "cd %s && /usr/bin/python3 -c \"\n"
                          "import json, re\n"
@@ -74,13 +74,13 @@ static inline char *steps_after(const char *metrics, int after) {
   return out;
 }
 
-static inline int count_lines(const char *s) {
+static __attribute__((unused)) int count_lines(const char *s) {
   int n = 0;
   for (; *s; s++) n += *s == '\n';
   return n;
 }
 
-static inline int path_exists(const char *rel) {
+static __attribute__((unused)) int path_exists(const char *rel) {
   char p[1024];
   snprintf(p, sizeof p, "%s/%s", dir, rel);
   struct stat st;
@@ -88,7 +88,7 @@ static inline int path_exists(const char *rel) {
 }
 
 /* No OUT.tmp-* left beside OUT. */
-static inline int tmp_left(void) {
+static __attribute__((unused)) int tmp_left(void) {
   DIR *d = opendir(dir);
   struct dirent *de;
   int n = 0;
@@ -99,7 +99,7 @@ static inline int tmp_left(void) {
 
 /* An in-process shard-store run of 2k steps on p2.json checkpointing at k
  * and 2k (ck/step-k, ck/step-2k), its metrics in ref.jsonl. */
-static inline void make_ckpt(int k) {
+static __attribute__((unused)) void make_ckpt(int k) {
   char *out;
   int rc = run_cmd(&out, "cd %s && %s train " TRAIN_FLAGS " --num-batches %d --plan p2.json "
                          "--data-dir dd2 --cache-rows 4096 --save-checkpoint ck --checkpoint-every %d "
@@ -164,7 +164,7 @@ START_TEST(test_reshard_verification_catches_corruption) {
 END_TEST
 
 /* Write plan name from p2.json with one change (a python statement on p). */
-static inline void edit_plan(const char *name, const char *stmt) {
+static __attribute__((unused)) void edit_plan(const char *name, const char *stmt) {
   char *out;
   int rc = run_cmd(&out, "cd %s && /usr/bin/python3 -c \"\n"
                          "import json\n"
@@ -275,7 +275,7 @@ END_TEST
 /* ---- the must-show, with shard servers ---- */
 
 /* n servers of plan: RocksDB under DIR/TAG.srvK, or in memory (tag NULL). */
-static inline void start_servers(test_server *s, int n, const char *plan, const char *tag) {
+static __attribute__((unused)) void start_servers(test_server *s, int n, const char *plan, const char *tag) {
   for (int k = 0; k < n; k++) {
     char args[1200], log[600];
     if (tag)
@@ -288,13 +288,13 @@ static inline void start_servers(test_server *s, int n, const char *plan, const 
   }
 }
 
-static inline void addr_list(test_server *s, int n, char *buf, size_t len) {
+static __attribute__((unused)) void addr_list(test_server *s, int n, char *buf, size_t len) {
   size_t at = 0;
   for (int k = 0; k < n; k++) at += (size_t)snprintf(buf + at, len - at, "%s%s", k ? "," : "", s[k].addr);
 }
 
 /* Every row of every table of a and b's shard databases, byte for byte. */
-static inline void same_shards(const char *a, const char *b, int n_shards) {
+static __attribute__((unused)) void same_shards(const char *a, const char *b, int n_shards) {
   for (int k = 0; k < n_shards; k++) {
     char pa[1024], pb[1024], err[512];
     snprintf(pa, sizeof pa, "%s/%s/shard-%d", dir, a, k);
