@@ -30,6 +30,7 @@
 #include "embedding/store.h"
 #include "rpc/rpc.h"
 #include "rpc/shardrec.pb-c.h"
+#include "tests/rpc/calls.h"
 #include "tests/rpc/server.h"
 
 #define DIM 4
@@ -44,19 +45,10 @@ static test_server srv;
 static float want[ROWS][DIM]; /* the rows as the test expects them on the server */
 
 static void setup(void) {
-  dir = make_tmpdir();
-  snprintf(plan_path, sizeof plan_path, "%s/plan.json", dir);
-  snprintf(log_path, sizeof log_path, "%s/server.log", dir);
   uint64_t rows[1] = {ROWS};
   emb_plan_params pp = {.n_tables = 1, .rows = rows, .dim = DIM,
                         .optim = {.kind = EMB_OPT_SGD}, .seed = 11, .n_shards = 1};
-  char err[512];
-  emb_plan *p;
-  ck_assert_msg(emb_plan_create(&pp, &p, err, sizeof err) == 0, "%s", err);
-  ck_assert_msg(emb_plan_save(p, plan_path, err, sizeof err) == 0, "%s", err);
-  emb_plan_free(p);
-  ck_assert_msg(emb_plan_load(plan_path, &plan, err, sizeof err) == 0, "%s", err);
-  ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
+  calls_plan_setup(&pp, &dir, plan_path, log_path, sizeof plan_path, &plan, fp);
   for (uint64_t r = 0; r < ROWS; r++) emb_row_init(plan, 0, r, want[r]);
   char args[1200];
   snprintf(args, sizeof args, "--plan '%s' --shard 0 --threads 2", plan_path);
@@ -64,11 +56,7 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-  int st = server_stop(&srv);
-  ck_assert_msg(st == 0, "server exited with %d (log %s)", st, log_path);
-  emb_plan_free(plan);
-  run_cmd(NULL, "rm -rf %s", dir);
-  free(dir);
+  calls_teardown(&srv, log_path, plan, dir);
 }
 
 /* Setup without a server (service in process). */
@@ -98,70 +86,30 @@ static void sgd(uint64_t row, const float *g) {
   for (int d = 0; d < DIM; d++) want[row][d] -= LR * g[d];
 }
 
+/* The packed requests of this plan's one table (header with max_staleness
+ * stale); a push without ids carries no table. */
 static uint8_t *pack_push(const char *job, int64_t step, int rank, int world, int stale,
                           const uint64_t *ids, size_t n, const float *g, size_t *len) {
-  Shardrec__V1__RequestHeader h = SHARDREC__V1__REQUEST_HEADER__INIT;
-  h.plan_fingerprint = fp;
-  h.job_id = (char *)job;
-  h.step = step;
-  h.rank = rank;
-  h.world_size = world;
-  h.max_staleness = stale;
-  Shardrec__V1__TableGrads tg = SHARDREC__V1__TABLE_GRADS__INIT, *tp = &tg;
-  tg.table_id = plan->tables[0].table_id;
-  tg.ids = (uint64_t *)ids;
-  tg.n_ids = n;
-  tg.grads.data = (uint8_t *)g;
-  tg.grads.len = n * DIM * sizeof(float);
-  Shardrec__V1__PushRequest q = SHARDREC__V1__PUSH_REQUEST__INIT;
-  q.header = &h;
-  q.learning_rate = LR;
-  q.n_tables = n ? 1 : 0;
-  q.tables = &tp;
-  *len = shardrec__v1__push_request__get_packed_size(&q);
-  uint8_t *b = malloc(*len + 1);
-  shardrec__v1__push_request__pack(&q, b);
-  return b;
+  Shardrec__V1__RequestHeader h;
+  calls_header(&h, fp, job, step, rank, world, stale);
+  call_table t = {plan->tables[0].table_id, ids, n, g, 0};
+  return calls_pack_push(&h, LR, &t, n ? 1 : 0, DIM, len);
 }
 
 static uint8_t *pack_lookup(const char *job, int64_t step, int rank, int world, int stale,
                             const uint64_t *ids, size_t n, size_t *len) {
-  Shardrec__V1__RequestHeader h = SHARDREC__V1__REQUEST_HEADER__INIT;
-  h.plan_fingerprint = fp;
-  h.job_id = (char *)job;
-  h.step = step;
-  h.rank = rank;
-  h.world_size = world;
-  h.max_staleness = stale;
-  Shardrec__V1__TableIds ti = SHARDREC__V1__TABLE_IDS__INIT, *tp = &ti;
-  ti.table_id = plan->tables[0].table_id;
-  ti.ids = (uint64_t *)ids;
-  ti.n_ids = n;
-  Shardrec__V1__LookupRequest q = SHARDREC__V1__LOOKUP_REQUEST__INIT;
-  q.header = &h;
-  q.n_tables = 1;
-  q.tables = &tp;
-  *len = shardrec__v1__lookup_request__get_packed_size(&q);
-  uint8_t *b = malloc(*len + 1);
-  shardrec__v1__lookup_request__pack(&q, b);
-  return b;
+  Shardrec__V1__RequestHeader h;
+  calls_header(&h, fp, job, step, rank, world, stale);
+  call_table t = {plan->tables[0].table_id, ids, n, NULL, 0};
+  return calls_pack_lookup(&h, &t, 1, len);
 }
 
 /* Push over gRPC; returns the status (message in msg), *applied. */
 static int push(const char *job, int64_t step, int rank, int world, int stale, const uint64_t *ids,
                 size_t n, const float *g, int *applied, char *msg, size_t msglen) {
-  size_t len, rlen;
-  uint8_t *b = pack_push(job, step, rank, world, stale, ids, n, g, &len), *resp = NULL;
-  int st = rpc_call_once(srv.addr, NULL, RPC_PUSH, b, len, 10, &resp, &rlen, msg, msglen);
-  free(b);
-  if (st == RPC_OK) {
-    Shardrec__V1__PushResponse *a = shardrec__v1__push_response__unpack(NULL, rlen, resp);
-    ck_assert_ptr_nonnull(a);
-    if (applied) *applied = a->applied;
-    shardrec__v1__push_response__free_unpacked(a, NULL);
-  }
-  free(resp);
-  return st;
+  size_t len;
+  uint8_t *b = pack_push(job, step, rank, world, stale, ids, n, g, &len);
+  return calls_push(srv.addr, b, len, applied, msg, msglen);
 }
 
 /* A push that must be taken: one row per (rank, step) plus the shared row 50. */
@@ -182,19 +130,10 @@ static void push_ok(const char *job, int64_t step, int rank, int world, int stal
 static int lookup(const char *job, int64_t step, int rank, int world, int stale,
                   const uint64_t *ids, size_t n, double deadline, float *rows, char *msg,
                   size_t msglen) {
-  size_t len, rlen;
-  uint8_t *b = pack_lookup(job, step, rank, world, stale, ids, n, &len), *resp = NULL;
-  int st = rpc_call_once(srv.addr, NULL, RPC_LOOKUP, b, len, deadline, &resp, &rlen, msg, msglen);
-  free(b);
-  if (st == RPC_OK) {
-    Shardrec__V1__LookupResponse *a = shardrec__v1__lookup_response__unpack(NULL, rlen, resp);
-    ck_assert_ptr_nonnull(a);
-    ck_assert_uint_eq(a->tables[0]->rows.len, n * DIM * sizeof(float));
-    memcpy(rows, a->tables[0]->rows.data, n * DIM * sizeof(float));
-    shardrec__v1__lookup_response__free_unpacked(a, NULL);
-  }
-  free(resp);
-  return st;
+  size_t len;
+  uint8_t *b = pack_lookup(job, step, rank, world, stale, ids, n, &len);
+  call_table t = {plan->tables[0].table_id, ids, n, NULL, 0};
+  return calls_lookup(srv.addr, b, len, deadline, &t, 1, DIM, rows, msg, msglen);
 }
 
 static void assert_rows(const float *got, const uint64_t *ids, size_t n, const char *what) {
@@ -222,6 +161,26 @@ static void apply_push(int rank, int64_t step) { /* want after push_ok(rank, ste
   sgd(10 + (uint64_t)rank, g);
   grad(g, rank, step, 50);
   sgd(50, g);
+}
+
+/* want after push_ok of step t by ranks 0 and 1 of a 2-rank job: in sync
+ * mode row 50 takes the rank-order sum once; in async (stale > 0) each push
+ * as it came, rank 0's then rank 1's. */
+static void apply_step(int64_t t, int stale) {
+  float g0[DIM], g1[DIM], sum[DIM];
+  grad(g0, 0, t, 10);
+  sgd(10, g0);
+  grad(g1, 1, t, 11);
+  sgd(11, g1);
+  grad(g0, 0, t, 50);
+  grad(g1, 1, t, 50);
+  if (stale) {
+    sgd(50, g0);
+    sgd(50, g1);
+  } else {
+    for (int d = 0; d < DIM; d++) sum[d] = g0[d] + g1[d]; /* rank order */
+    sgd(50, sum);
+  }
 }
 
 typedef struct {
@@ -389,17 +348,7 @@ START_TEST(test_rank_death) {
   /* Step 0 complete; step 1 has rank 0's push only. */
   push_ok(job, 0, 0, 2, 0);
   push_ok(job, 0, 1, 2, 0);
-  {
-    float g0[DIM], g1[DIM], sum[DIM];
-    grad(g0, 0, 0, 10);
-    sgd(10, g0);
-    grad(g1, 1, 0, 11);
-    sgd(11, g1);
-    grad(g0, 0, 0, 50);
-    grad(g1, 1, 0, 50);
-    for (int d = 0; d < DIM; d++) sum[d] = g0[d] + g1[d]; /* rank order */
-    sgd(50, sum);
-  }
+  apply_step(0, 0);
   check_rows("after step 0");
   push_ok(job, 1, 0, 2, 0);
   check_rows("rank 0's push of step 1 is held, not applied");
@@ -450,17 +399,7 @@ START_TEST(test_rank_death) {
   /* A new run (new job id, from step 1) works on the same server. */
   push_ok("d2", 1, 1, 2, 0);
   push_ok("d2", 1, 0, 2, 0);
-  {
-    float g0[DIM], g1[DIM], sum[DIM];
-    grad(g0, 0, 1, 10);
-    sgd(10, g0);
-    grad(g1, 1, 1, 11);
-    sgd(11, g1);
-    grad(g0, 0, 1, 50);
-    grad(g1, 1, 1, 50);
-    for (int d = 0; d < DIM; d++) sum[d] = g0[d] + g1[d];
-    sgd(50, sum);
-  }
+  apply_step(1, 0);
   uint64_t ids[3] = {10, 11, 50};
   float rows[3 * DIM];
   st = lookup("d2", 2, 0, 2, 0, ids, 3, 5, rows, msg, sizeof msg);
@@ -513,17 +452,7 @@ START_TEST(test_rank_death_watch) {
   ck_assert_int_eq(read(ready[0], &c, 1), 1);
   close(ready[0]);
   push_ok("w1", 0, 0, 2, 0); /* completes step 0 */
-  {
-    float g0[DIM], g1[DIM], sum[DIM];
-    grad(g0, 0, 0, 10);
-    sgd(10, g0);
-    grad(g1, 1, 0, 11);
-    sgd(11, g1);
-    grad(g0, 0, 0, 50);
-    grad(g1, 1, 0, 50);
-    for (int d = 0; d < DIM; d++) sum[d] = g0[d] + g1[d];
-    sgd(50, sum);
-  }
+  apply_step(0, 0);
   push_ok("w1", 1, 0, 2, 0); /* held: rank 1 never pushes step 1 */
   check_rows("step 0 applied, step 1 held");
   svc_stats s = stats();
@@ -577,6 +506,41 @@ static Shardrec__V1__StatsResponse *svc_stats_get(rpc_service *svc) {
   return a;
 }
 
+/* Rows ids[n] as the service has them (a single-rank job's Lookup) vs want. */
+static void svc_check_rows(rpc_service *svc, const uint64_t *ids, size_t n, const char *what) {
+  size_t len;
+  rpc_reply r;
+  handle(svc, RPC_LOOKUP, pack_lookup("peek", 0, 0, 1, 0, ids, n, &len), &len, NULL, &r);
+  ck_assert_int_eq(r.status, RPC_OK);
+  Shardrec__V1__LookupResponse *la = shardrec__v1__lookup_response__unpack(NULL, r.out_len, r.out);
+  ck_assert_ptr_nonnull(la);
+  assert_rows((const float *)la->tables[0]->rows.data, ids, n, what);
+  shardrec__v1__lookup_response__free_unpacked(la, NULL);
+  free(r.out);
+}
+
+/* A Checkpoint (step 0) or Restore (m) of this plan at path, which must
+ * succeed. */
+static void svc_ck_call(rpc_service *svc, rpc_method m, char *path) {
+  uint8_t b[1024];
+  size_t len;
+  if (m == RPC_CHECKPOINT) {
+    Shardrec__V1__CheckpointRequest q = SHARDREC__V1__CHECKPOINT_REQUEST__INIT;
+    q.plan_fingerprint = fp;
+    q.path = path;
+    len = shardrec__v1__checkpoint_request__pack(&q, b);
+  } else {
+    Shardrec__V1__RestoreRequest q = SHARDREC__V1__RESTORE_REQUEST__INIT;
+    q.plan_fingerprint = fp;
+    q.path = path;
+    len = shardrec__v1__restore_request__pack(&q, b);
+  }
+  rpc_reply r;
+  rpc_service_handle(svc, m, b, len, &r);
+  ck_assert_msg(r.status == RPC_OK, "%s", r.msg);
+  free(r.out);
+}
+
 START_TEST(test_pending_timeout_and_restore) {
   char err[512];
   emb_store *store = emb_store_create_local(plan, err, sizeof err);
@@ -619,14 +583,7 @@ START_TEST(test_pending_timeout_and_restore) {
   ck_assert_uint_eq(a->jobs, 1);
   shardrec__v1__stats_response__free_unpacked(a, NULL);
   /* Nothing of step 0 was applied. */
-  handle(svc, RPC_LOOKUP, pack_lookup("peek", 0, 0, 1, 0, ids, 2, &len), &len, NULL, &r);
-  ck_assert_int_eq(r.status, RPC_OK);
-  {
-    Shardrec__V1__LookupResponse *la = shardrec__v1__lookup_response__unpack(NULL, r.out_len, r.out);
-    assert_rows((const float *)la->tables[0]->rows.data, ids, 2, "after the timeout");
-    shardrec__v1__lookup_response__free_unpacked(la, NULL);
-  }
-  free(r.out);
+  svc_check_rows(svc, ids, 2, "after the timeout");
   /* Cancel: rank 0's parked Lookup of job t2 is cancelled; rank 1's, also
    * parked, is answered ABORTED. */
   handle(svc, RPC_PUSH, pack_push("t2", 0, 0, 2, 1, ids, 2, g, &len), &len, NULL, &r);
@@ -650,31 +607,13 @@ START_TEST(test_pending_timeout_and_restore) {
   /* Restore: a sync job with a held push and a parked Lookup. */
   char ck[600];
   snprintf(ck, sizeof ck, "%s/ck", dir);
-  {
-    Shardrec__V1__CheckpointRequest q = SHARDREC__V1__CHECKPOINT_REQUEST__INIT;
-    q.plan_fingerprint = fp;
-    q.path = ck;
-    uint8_t b[1024];
-    len = shardrec__v1__checkpoint_request__pack(&q, b);
-    rpc_service_handle(svc, RPC_CHECKPOINT, b, len, &r);
-    ck_assert_msg(r.status == RPC_OK, "%s", r.msg);
-    free(r.out);
-  }
+  svc_ck_call(svc, RPC_CHECKPOINT, ck);
   handle(svc, RPC_PUSH, pack_push("t3", 5, 1, 2, 0, ids, 2, g, &len), &len, NULL, &r);
   free(r.out);
   int tok4;
   handle(svc, RPC_LOOKUP, pack_lookup("t3", 6, 1, 2, 0, ids, 2, &len), &len, &tok4, &r);
   ck_assert_int_eq(r.status, RPC_PARKED);
-  {
-    Shardrec__V1__RestoreRequest q = SHARDREC__V1__RESTORE_REQUEST__INIT;
-    q.plan_fingerprint = fp;
-    q.path = ck;
-    uint8_t b[1024];
-    len = shardrec__v1__restore_request__pack(&q, b);
-    rpc_service_handle(svc, RPC_RESTORE, b, len, &r);
-    ck_assert_msg(r.status == RPC_OK, "%s", r.msg);
-    free(r.out);
-  }
+  svc_ck_call(svc, RPC_RESTORE, ck);
   n = rpc_service_take_woken(svc, wk, 4);
   ck_assert_int_eq(n, 1);
   ck_assert_ptr_eq(wk[0].token, &tok4);
@@ -687,14 +626,7 @@ START_TEST(test_pending_timeout_and_restore) {
   shardrec__v1__stats_response__free_unpacked(a, NULL);
   /* The restored rows: the checkpoint's (t2's async push). The job id t3
    * starts afresh after a Restore. */
-  handle(svc, RPC_LOOKUP, pack_lookup("peek", 0, 0, 1, 0, ids, 2, &len), &len, NULL, &r);
-  ck_assert_int_eq(r.status, RPC_OK);
-  {
-    Shardrec__V1__LookupResponse *la = shardrec__v1__lookup_response__unpack(NULL, r.out_len, r.out);
-    assert_rows((const float *)la->tables[0]->rows.data, ids, 2, "after the restore");
-    shardrec__v1__lookup_response__free_unpacked(la, NULL);
-  }
-  free(r.out);
+  svc_check_rows(svc, ids, 2, "after the restore");
   handle(svc, RPC_PUSH, pack_push("t3", 0, 0, 2, 0, ids, 2, g, &len), &len, NULL, &r);
   ck_assert_msg(r.status == RPC_OK, "%s", r.msg);
   free(r.out);
@@ -752,20 +684,7 @@ static void prefetch_run(int stale) {
     }
     /* want after step t: async applies each push as it came (rank 0, then
      * 1); sync applies the rank-order sum once. */
-    float g0[DIM], g1[DIM], sum[DIM];
-    grad(g0, 0, t, 10);
-    sgd(10, g0);
-    grad(g1, 1, t, 11);
-    sgd(11, g1);
-    grad(g0, 0, t, 50);
-    grad(g1, 1, t, 50);
-    if (stale) {
-      sgd(50, g0);
-      sgd(50, g1);
-    } else {
-      for (int d = 0; d < DIM; d++) sum[d] = g0[d] + g1[d];
-      sgd(50, sum);
-    }
+    apply_step(t, stale);
     for (int k = 0; k < 2; k++) {
       ck_assert_msg(emb_store_lookup_wait(rs[k]) == 0, "%s", emb_store_errmsg(rs[k]));
       char what[96];
@@ -792,19 +711,10 @@ END_TEST
 
 int main(void) {
   Suite *s = suite_create("rpc_async");
-  TCase *tc = tcase_create("server");
-  tcase_set_timeout(tc, 60);
-  tcase_add_checked_fixture(tc, setup, teardown);
-  tcase_add_test(tc, test_staleness_bound);
-  tcase_add_test(tc, test_async_single_rank_and_mismatch);
-  tcase_add_test(tc, test_rank_death);
-  tcase_add_test(tc, test_rank_death_watch);
-  tcase_add_test(tc, test_remote_prefetch);
-  suite_add_tcase(s, tc);
-  TCase *tp = tcase_create("service");
-  tcase_set_timeout(tp, 60);
-  tcase_add_checked_fixture(tp, setup_plain, teardown_plain);
-  tcase_add_test(tp, test_pending_timeout_and_restore);
-  suite_add_tcase(s, tp);
+  const TTest *server[] = {test_staleness_bound, test_async_single_rank_and_mismatch,
+                           test_rank_death, test_rank_death_watch, test_remote_prefetch, NULL};
+  calls_tcase(s, "server", 60, setup, teardown, server);
+  const TTest *service[] = {test_pending_timeout_and_restore, NULL};
+  calls_tcase(s, "service", 60, setup_plain, teardown_plain, service);
   return sr_check_run(s);
 }

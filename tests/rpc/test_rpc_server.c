@@ -12,6 +12,7 @@
 #include "rpc/health.pb-c.h"
 #include "rpc/rpc.h"
 #include "rpc/shardrec.pb-c.h"
+#include "tests/rpc/calls.h"
 #include "tests/rpc/server.h"
 
 #define DIM 4
@@ -25,19 +26,10 @@ static test_server srv;
 static uint64_t ids0[8], ids1[5], foreign0;
 
 static void setup(void) {
-  dir = make_tmpdir();
-  snprintf(plan_path, sizeof plan_path, "%s/plan.json", dir);
-  snprintf(log_path, sizeof log_path, "%s/server.log", dir);
   uint64_t rows[2] = {100, 50};
   emb_plan_params pp = {.n_tables = 2, .rows = rows, .dim = DIM, .optim = {.kind = EMB_OPT_ADAGRAD, .eps = -1},
                         .seed = 7, .n_shards = 2, .row_wise = 1};
-  char err[512];
-  emb_plan *p;
-  ck_assert_msg(emb_plan_create(&pp, &p, err, sizeof err) == 0, "%s", err);
-  ck_assert_msg(emb_plan_save(p, plan_path, err, sizeof err) == 0, "%s", err);
-  emb_plan_free(p);
-  ck_assert_msg(emb_plan_load(plan_path, &plan, err, sizeof err) == 0, "%s", err);
-  ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
+  calls_plan_setup(&pp, &dir, plan_path, log_path, sizeof plan_path, &plan, fp);
   int n0 = 0, n1 = 0, nf = 0;
   for (uint64_t r = 0; r < 100 && n0 < 8; r++)
     if (emb_plan_shard_of(plan, 0, r) == 0) ids0[n0++] = r;
@@ -52,78 +44,24 @@ static void setup(void) {
 
 static void teardown(void) {
   /* A clean exit: no sanitizer report, no crash while refusing requests. */
-  int st = server_stop(&srv);
-  ck_assert_msg(st == 0, "server exited with %d (log %s)", st, log_path);
-  emb_plan_free(plan);
-  run_cmd(NULL, "rm -rf %s", dir);
-  free(dir);
+  calls_teardown(&srv, log_path, plan, dir);
 }
 
 /* ---- requests ---- */
 
-typedef struct {
-  uint32_t table_id;
-  const uint64_t *ids;
-  size_t n;
-  const float *grads; /* n*DIM unless glen overrides */
-  size_t glen;        /* bytes; 0: n*DIM*4 */
-} tspec;
-
-static uint8_t *enc_header(Shardrec__V1__RequestHeader *h, const char *f, const char *job,
-                           int64_t step) {
-  shardrec__v1__request_header__init(h);
-  h->plan_fingerprint = (char *)f;
-  h->job_id = (char *)job;
-  h->step = step;
-  h->rank = 0;
-  h->world_size = 1;
-  return NULL;
+/* A request of t[nt] as job "test" step 0 (a Lookup) or job, step (a
+ * Push), rank 0 of 1, under plan fingerprint f. */
+static uint8_t *enc_lookup(const char *f, const call_table *t, int nt, size_t *len) {
+  Shardrec__V1__RequestHeader h;
+  calls_header(&h, f, "test", 0, 0, 1, 0);
+  return calls_pack_lookup(&h, t, nt, len);
 }
 
-static uint8_t *enc_lookup(const char *f, const tspec *t, int nt, size_t *len) {
+static uint8_t *enc_push(const char *f, const char *job, int64_t step, float lr,
+                         const call_table *t, int nt, size_t *len) {
   Shardrec__V1__RequestHeader h;
-  enc_header(&h, f, "test", 0);
-  Shardrec__V1__TableIds ti[4], *tp[4];
-  for (int i = 0; i < nt; i++) {
-    shardrec__v1__table_ids__init(&ti[i]);
-    ti[i].table_id = t[i].table_id;
-    ti[i].ids = (uint64_t *)t[i].ids;
-    ti[i].n_ids = t[i].n;
-    tp[i] = &ti[i];
-  }
-  Shardrec__V1__LookupRequest q = SHARDREC__V1__LOOKUP_REQUEST__INIT;
-  q.header = &h;
-  q.n_tables = (size_t)nt;
-  q.tables = tp;
-  *len = shardrec__v1__lookup_request__get_packed_size(&q);
-  uint8_t *b = malloc(*len + 1);
-  shardrec__v1__lookup_request__pack(&q, b);
-  return b;
-}
-
-static uint8_t *enc_push(const char *f, const char *job, int64_t step, float lr, const tspec *t,
-                         int nt, size_t *len) {
-  Shardrec__V1__RequestHeader h;
-  enc_header(&h, f, job, step);
-  Shardrec__V1__TableGrads tg[4], *tp[4];
-  for (int i = 0; i < nt; i++) {
-    shardrec__v1__table_grads__init(&tg[i]);
-    tg[i].table_id = t[i].table_id;
-    tg[i].ids = (uint64_t *)t[i].ids;
-    tg[i].n_ids = t[i].n;
-    tg[i].grads.data = (uint8_t *)t[i].grads;
-    tg[i].grads.len = t[i].glen ? t[i].glen : t[i].n * DIM * sizeof(float);
-    tp[i] = &tg[i];
-  }
-  Shardrec__V1__PushRequest q = SHARDREC__V1__PUSH_REQUEST__INIT;
-  q.header = &h;
-  q.learning_rate = lr;
-  q.n_tables = (size_t)nt;
-  q.tables = tp;
-  *len = shardrec__v1__push_request__get_packed_size(&q);
-  uint8_t *b = malloc(*len + 1);
-  shardrec__v1__push_request__pack(&q, b);
-  return b;
+  calls_header(&h, f, job, step, 0, 1, 0);
+  return calls_pack_push(&h, lr, t, nt, DIM, len);
 }
 
 /* Call and return the status; the answer (if OK) in *resp. */
@@ -143,23 +81,12 @@ static int call(rpc_method m, const uint8_t *req, size_t len, uint8_t **resp, si
 
 /* Rows of ids0 and ids1 as the server has them: out[13*DIM] bytes. */
 static void snapshot(float *out) {
-  tspec t[2] = {{0, ids0, 8, NULL, 0}, {1, ids1, 5, NULL, 0}};
-  size_t len, rl;
-  uint8_t *q = enc_lookup(fp, t, 2, &len), *r;
+  call_table t[2] = {{0, ids0, 8, NULL, 0}, {1, ids1, 5, NULL, 0}};
+  size_t len;
+  uint8_t *q = enc_lookup(fp, t, 2, &len);
   char msg[512];
-  int st = call(RPC_LOOKUP, q, len, &r, &rl, msg);
-  free(q);
+  int st = calls_lookup(srv.addr, q, len, 10, t, 2, DIM, out, msg, sizeof msg);
   ck_assert_msg(st == RPC_OK, "lookup: %d %s", st, msg);
-  Shardrec__V1__LookupResponse *a = shardrec__v1__lookup_response__unpack(NULL, rl, r);
-  ck_assert_ptr_nonnull(a);
-  ck_assert_int_eq(a->n_tables, 2);
-  ck_assert_int_eq(a->tables[0]->rows.len, 8 * DIM * 4);
-  ck_assert_int_eq(a->tables[1]->rows.len, 5 * DIM * 4);
-  ck_assert_int_eq(a->tables[0]->dim, DIM);
-  memcpy(out, a->tables[0]->rows.data, 8 * DIM * 4);
-  memcpy(out + 8 * DIM, a->tables[1]->rows.data, 5 * DIM * 4);
-  shardrec__v1__lookup_response__free_unpacked(a, NULL);
-  free(r);
 }
 
 static float g0[8 * DIM], g1[5 * DIM];
@@ -170,20 +97,11 @@ static void fill_grads(float scale) {
 }
 
 static int push_ok(const char *job, int64_t step, int *applied) {
-  tspec t[2] = {{0, ids0, 8, g0, 0}, {1, ids1, 5, g1, 0}};
-  size_t len, rl;
-  uint8_t *q = enc_push(fp, job, step, 0.5f, t, 2, &len), *r = NULL;
+  call_table t[2] = {{0, ids0, 8, g0, 0}, {1, ids1, 5, g1, 0}};
+  size_t len;
+  uint8_t *q = enc_push(fp, job, step, 0.5f, t, 2, &len);
   char msg[512];
-  int st = call(RPC_PUSH, q, len, &r, &rl, msg);
-  free(q);
-  if (st == RPC_OK) {
-    Shardrec__V1__PushResponse *a = shardrec__v1__push_response__unpack(NULL, rl, r);
-    ck_assert_ptr_nonnull(a);
-    *applied = a->applied;
-    shardrec__v1__push_response__free_unpacked(a, NULL);
-  }
-  free(r);
-  return st;
+  return calls_push(srv.addr, q, len, applied, msg, sizeof msg);
 }
 
 /* Send req, expect status want with a message, and rows unchanged. */
@@ -210,30 +128,30 @@ START_TEST(test_bad_requests_change_nothing) {
   ck_assert_int_eq(applied, 1);
   const char *other = "0000000000000000000000000000000000000000000000000000000000000000";
   size_t len;
-  tspec good[2] = {{0, ids0, 8, g0, 0}, {1, ids1, 5, g1, 0}};
+  call_table good[2] = {{0, ids0, 8, g0, 0}, {1, ids1, 5, g1, 0}};
   /* Another plan. */
   expect_refused("lookup, other plan", RPC_LOOKUP, enc_lookup(other, good, 2, &len), &len,
                  RPC_FAILED_PRECONDITION, "plan");
   expect_refused("push, other plan", RPC_PUSH, enc_push(other, "job-a", 1, 0.5f, good, 2, &len), &len, RPC_FAILED_PRECONDITION, "plan");
   /* Unknown table. */
-  tspec unk[2] = {{0, ids0, 8, g0, 0}, {99, ids1, 5, g1, 0}};
+  call_table unk[2] = {{0, ids0, 8, g0, 0}, {99, ids1, 5, g1, 0}};
   expect_refused("push, unknown table", RPC_PUSH, enc_push(fp, "job-a", 1, 0.5f, unk, 2, &len), &len, RPC_INVALID_ARGUMENT, "table_id 99");
   expect_refused("lookup, unknown table", RPC_LOOKUP, enc_lookup(fp, unk, 2, &len), &len,
                  RPC_INVALID_ARGUMENT, "table_id 99");
   /* Row id out of range (table 1 has 50 rows), in the second table. */
   uint64_t oor[5] = {ids1[0], ids1[1], 50, ids1[3], ids1[4]};
-  tspec range[2] = {{0, ids0, 8, g0, 0}, {1, oor, 5, g1, 0}};
+  call_table range[2] = {{0, ids0, 8, g0, 0}, {1, oor, 5, g1, 0}};
   expect_refused("push, row out of range", RPC_PUSH, enc_push(fp, "job-a", 1, 0.5f, range, 2, &len), &len, RPC_INVALID_ARGUMENT, "out of range");
   expect_refused("lookup, row out of range", RPC_LOOKUP, enc_lookup(fp, range, 2, &len), &len,
                  RPC_INVALID_ARGUMENT, "out of range");
   /* Gradient of the wrong length. */
-  tspec shortg[2] = {{0, ids0, 8, g0, 0}, {1, ids1, 5, g1, 5 * DIM * 4 - 4}};
+  call_table shortg[2] = {{0, ids0, 8, g0, 0}, {1, ids1, 5, g1, 5 * DIM * 4 - 4}};
   expect_refused("push, short gradient", RPC_PUSH, enc_push(fp, "job-a", 1, 0.5f, shortg, 2, &len), &len, RPC_INVALID_ARGUMENT, "grads");
   /* NaN and Inf in the second table's gradient. */
   float bad[5 * DIM];
   memcpy(bad, g1, sizeof bad);
   bad[7] = NAN;
-  tspec nan[2] = {{0, ids0, 8, g0, 0}, {1, ids1, 5, bad, 0}};
+  call_table nan[2] = {{0, ids0, 8, g0, 0}, {1, ids1, 5, bad, 0}};
   expect_refused("push, NaN", RPC_PUSH, enc_push(fp, "job-a", 1, 0.5f, nan, 2, &len), &len,
                  RPC_INVALID_ARGUMENT, "nan");
   bad[7] = -INFINITY;
@@ -242,13 +160,13 @@ START_TEST(test_bad_requests_change_nothing) {
   /* Too many ids (the server allows 64). */
   uint64_t many[65];
   for (int i = 0; i < 65; i++) many[i] = ids0[i % 8];
-  tspec toomany[1] = {{0, many, 65, NULL, 0}};
+  call_table toomany[1] = {{0, many, 65, NULL, 0}};
   expect_refused("lookup, too many ids", RPC_LOOKUP, enc_lookup(fp, toomany, 1, &len), &len,
                  RPC_INVALID_ARGUMENT, "more than 64");
   /* A row that lives on the other shard. */
   uint64_t fid[1] = {foreign0};
   float fg[DIM] = {1, 1, 1, 1};
-  tspec fspec[2] = {{1, ids1, 5, g1, 0}, {0, fid, 1, fg, 0}};
+  call_table fspec[2] = {{1, ids1, 5, g1, 0}, {0, fid, 1, fg, 0}};
   expect_refused("push, row of another shard", RPC_PUSH,
                  enc_push(fp, "job-a", 1, 0.5f, fspec, 2, &len), &len, RPC_FAILED_PRECONDITION,
                  "shard 1");
@@ -256,7 +174,7 @@ START_TEST(test_bad_requests_change_nothing) {
   uint64_t dup[8];
   memcpy(dup, ids0, sizeof dup);
   dup[5] = dup[2];
-  tspec dspec[1] = {{0, dup, 8, g0, 0}};
+  call_table dspec[1] = {{0, dup, 8, g0, 0}};
   expect_refused("push, repeated row", RPC_PUSH, enc_push(fp, "job-a", 1, 0.5f, dspec, 1, &len), &len, RPC_INVALID_ARGUMENT, "twice");
   /* A negative learning rate. */
   expect_refused("push, negative lr", RPC_PUSH, enc_push(fp, "job-a", 1, -1.0f, good, 2, &len), &len, RPC_INVALID_ARGUMENT, "learning_rate");
@@ -351,14 +269,11 @@ START_TEST(test_read_only_refuses_push) {
   snprintf(args, sizeof args, "--plan '%s' --shard 0 --read-only", plan_path);
   server_start(&ro, args, log_path);
   fill_grads(1);
-  tspec t[2] = {{0, ids0, 8, g0, 0}, {1, ids1, 5, g1, 0}};
+  call_table t[2] = {{0, ids0, 8, g0, 0}, {1, ids1, 5, g1, 0}};
   size_t len;
-  uint8_t *q = enc_push(fp, "job", 0, 0.5f, t, 2, &len), *r = NULL;
+  uint8_t *q = enc_push(fp, "job", 0, 0.5f, t, 2, &len);
   char msg[512];
-  size_t rl;
-  int st = rpc_call_once(ro.addr, NULL, RPC_PUSH, q, len, 10, &r, &rl, msg, sizeof msg);
-  free(q);
-  free(r);
+  int st = calls_push(ro.addr, q, len, NULL, msg, sizeof msg);
   ck_assert_msg(st == RPC_FAILED_PRECONDITION, "status %d: %s", st, msg);
   ck_assert_msg(strstr(msg, "read-only"), "%s", msg);
   ck_assert_int_eq(server_stop(&ro), 0);
@@ -430,14 +345,9 @@ END_TEST
 
 int main(void) {
   Suite *s = suite_create("rpc_server");
-  TCase *tc = tcase_create("server");
-  tcase_set_timeout(tc, 120);
-  tcase_add_checked_fixture(tc, setup, teardown);
-  tcase_add_test(tc, test_bad_requests_change_nothing);
-  tcase_add_test(tc, test_retried_push_applied_once);
-  tcase_add_test(tc, test_health_unknown_method_sigterm);
-  tcase_add_test(tc, test_read_only_refuses_push);
-  tcase_add_test(tc, test_python_interop);
-  suite_add_tcase(s, tc);
+  const TTest *tests[] = {test_bad_requests_change_nothing, test_retried_push_applied_once,
+                          test_health_unknown_method_sigterm, test_read_only_refuses_push,
+                          test_python_interop, NULL};
+  calls_tcase(s, "server", 120, setup, teardown, tests);
   return sr_check_run(s);
 }

@@ -15,6 +15,7 @@
 #include "embedding/store.h"
 #include "rpc/rpc.h"
 #include "rpc/shardrec.pb-c.h"
+#include "tests/rpc/calls.h"
 #include "tests/rpc/server.h"
 
 #define DIM 4
@@ -27,19 +28,11 @@ static test_server srv;
 static emb_store *ref; /* the in-process reference */
 
 static void setup(void) {
-  dir = make_tmpdir();
-  snprintf(plan_path, sizeof plan_path, "%s/plan.json", dir);
-  snprintf(log_path, sizeof log_path, "%s/server.log", dir);
   uint64_t rows[2] = {100, 50};
   emb_plan_params pp = {.n_tables = 2, .rows = rows, .dim = DIM,
                         .optim = {.kind = EMB_OPT_ADAGRAD, .eps = -1}, .seed = 7, .n_shards = 1};
+  calls_plan_setup(&pp, &dir, plan_path, log_path, sizeof plan_path, &plan, fp);
   char err[512];
-  emb_plan *p;
-  ck_assert_msg(emb_plan_create(&pp, &p, err, sizeof err) == 0, "%s", err);
-  ck_assert_msg(emb_plan_save(p, plan_path, err, sizeof err) == 0, "%s", err);
-  emb_plan_free(p);
-  ck_assert_msg(emb_plan_load(plan_path, &plan, err, sizeof err) == 0, "%s", err);
-  ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
   ref = emb_store_create_local(plan, err, sizeof err);
   ck_assert_msg(ref, "%s", err);
   char args[1200];
@@ -48,12 +41,8 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-  int st = server_stop(&srv);
-  ck_assert_msg(st == 0, "server exited with %d (log %s)", st, log_path);
-  emb_store_destroy(ref);
-  emb_plan_free(plan);
-  run_cmd(NULL, "rm -rf %s", dir);
-  free(dir);
+  emb_store_destroy(ref); /* in process: apart from the server */
+  calls_teardown(&srv, log_path, plan, dir);
 }
 
 /* One table's part of a request. */
@@ -64,50 +53,20 @@ typedef struct {
   const float *grads; /* n*DIM */
 } part;
 
-static void header(Shardrec__V1__RequestHeader *h, const char *job, int64_t step, int rank,
-                   int world) {
-  shardrec__v1__request_header__init(h);
-  h->plan_fingerprint = fp;
-  h->job_id = (char *)job;
-  h->step = step;
-  h->rank = rank;
-  h->world_size = world;
-}
-
 /* Push parts[n] as (job, step, rank of world); returns the status; *applied. */
 static int push(const char *job, int64_t step, int rank, int world, const part *p, int n,
                 int *applied) {
   Shardrec__V1__RequestHeader h;
-  header(&h, job, step, rank, world);
-  Shardrec__V1__TableGrads tg[2], *tp[2];
-  for (int i = 0; i < n; i++) {
-    shardrec__v1__table_grads__init(&tg[i]);
-    tg[i].table_id = plan->tables[p[i].table].table_id;
-    tg[i].ids = (uint64_t *)p[i].ids;
-    tg[i].n_ids = p[i].n;
-    tg[i].grads.data = (uint8_t *)p[i].grads;
-    tg[i].grads.len = p[i].n * DIM * sizeof(float);
-    tp[i] = &tg[i];
-  }
-  Shardrec__V1__PushRequest q = SHARDREC__V1__PUSH_REQUEST__INIT;
-  q.header = &h;
-  q.learning_rate = 0.1f;
-  q.n_tables = (size_t)n;
-  q.tables = tp;
-  size_t len = shardrec__v1__push_request__get_packed_size(&q);
-  uint8_t *b = malloc(len + 1), *resp;
-  shardrec__v1__push_request__pack(&q, b);
-  size_t rlen;
+  calls_header(&h, fp, job, step, rank, world, 0);
+  call_table t[2];
+  for (int i = 0; i < n; i++)
+    t[i] = (call_table){plan->tables[p[i].table].table_id, p[i].ids, p[i].n, p[i].grads, 0};
+  size_t len;
+  uint8_t *b = calls_pack_push(&h, 0.1f, t, n, DIM, &len);
   char msg[512];
-  int st = rpc_call_once(srv.addr, NULL, RPC_PUSH, b, len, 10, &resp, &rlen, msg, sizeof msg);
-  free(b);
+  int st = calls_push(srv.addr, b, len, applied, msg, sizeof msg);
   ck_assert_msg(st == RPC_OK, "push %s step %lld rank %d: %d %s", job, (long long)step, rank, st,
                 msg);
-  Shardrec__V1__PushResponse *a = shardrec__v1__push_response__unpack(NULL, rlen, resp);
-  ck_assert_ptr_nonnull(a);
-  *applied = a->applied;
-  shardrec__v1__push_response__free_unpacked(a, NULL);
-  free(resp);
   return st;
 }
 
@@ -115,31 +74,11 @@ static int push(const char *job, int64_t step, int rank, int world, const part *
 static int lookup(const char *job, int64_t step, int rank, int world, const uint64_t *ids,
                   size_t n, double deadline, float *rows, char *msg, size_t msglen) {
   Shardrec__V1__RequestHeader h;
-  header(&h, job, step, rank, world);
-  Shardrec__V1__TableIds ti, *tp = &ti;
-  shardrec__v1__table_ids__init(&ti);
-  ti.table_id = plan->tables[0].table_id;
-  ti.ids = (uint64_t *)ids;
-  ti.n_ids = n;
-  Shardrec__V1__LookupRequest q = SHARDREC__V1__LOOKUP_REQUEST__INIT;
-  q.header = &h;
-  q.n_tables = 1;
-  q.tables = &tp;
-  size_t len = shardrec__v1__lookup_request__get_packed_size(&q);
-  uint8_t *b = malloc(len + 1), *resp = NULL;
-  shardrec__v1__lookup_request__pack(&q, b);
-  size_t rlen;
-  int st = rpc_call_once(srv.addr, NULL, RPC_LOOKUP, b, len, deadline, &resp, &rlen, msg, msglen);
-  free(b);
-  if (st == RPC_OK) {
-    Shardrec__V1__LookupResponse *a = shardrec__v1__lookup_response__unpack(NULL, rlen, resp);
-    ck_assert_ptr_nonnull(a);
-    ck_assert_uint_eq(a->tables[0]->rows.len, n * DIM * sizeof(float));
-    memcpy(rows, a->tables[0]->rows.data, n * DIM * sizeof(float));
-    shardrec__v1__lookup_response__free_unpacked(a, NULL);
-  }
-  free(resp);
-  return st;
+  calls_header(&h, fp, job, step, rank, world, 0);
+  call_table t = {plan->tables[0].table_id, ids, n, NULL, 0};
+  size_t len;
+  uint8_t *b = calls_pack_lookup(&h, &t, 1, &len);
+  return calls_lookup(srv.addr, b, len, deadline, &t, 1, DIM, rows, msg, msglen);
 }
 
 /* The reference: push (ids, grads) of table 0 (and optionally table 1) in
@@ -297,13 +236,8 @@ END_TEST
 
 int main(void) {
   Suite *s = suite_create("rpc_sync");
-  TCase *tc = tcase_create("sync");
-  tcase_set_timeout(tc, 120);
-  tcase_add_checked_fixture(tc, setup, teardown);
-  tcase_add_test(tc, test_rank_order_sum);
-  tcase_add_test(tc, test_lookup_waits_for_step);
-  tcase_add_test(tc, test_missing_rank_deadline);
-  tcase_add_test(tc, test_remote_store_ranks);
-  suite_add_tcase(s, tc);
+  const TTest *tests[] = {test_rank_order_sum, test_lookup_waits_for_step,
+                          test_missing_rank_deadline, test_remote_store_ranks, NULL};
+  calls_tcase(s, "sync", 120, setup, teardown, tests);
   return sr_check_run(s);
 }
