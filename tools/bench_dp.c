@@ -23,41 +23,11 @@
 #include "common/sys.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
+#include "tools/run_capture.h"
 
 #define CMD "bench dp"
 #define MAX_RANKS 8
 #define MAX_RUNS 15
-
-/* Run cmd through the shell, stdout and stderr into a malloc'd *out.
- * Returns the exit status (127: not found, -1: could not start). */
-static int run_capture(const char *cmd, char **out) {
-  *out = NULL;
-  char *full = malloc(strlen(cmd) + 16);
-  if (!full) return -1;
-  sprintf(full, "(%s) 2>&1", cmd);
-  FILE *p = popen(full, "r");
-  free(full);
-  if (!p) return -1;
-  size_t cap = 1 << 16, n = 0;
-  char *buf = malloc(cap);
-  size_t got;
-  while (buf && (got = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-    n += got;
-    if (cap - n < 4096) {
-      char *nb = realloc(buf, cap *= 2);
-      if (!nb) {
-        free(buf);
-        buf = NULL;
-        break;
-      }
-      buf = nb;
-    }
-  }
-  int st = pclose(p);
-  if (buf) buf[n] = 0;
-  *out = buf;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 /* The last 2000 bytes of text (for failure reports). */
 static const char *tail(const char *text) {

@@ -36,6 +36,7 @@
 #include "rpc/rpc.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
+#include "tools/run_capture.h"
 
 #define CMD "bench rpc"
 
@@ -181,29 +182,12 @@ static void print_row(const char *what, double per_step, size_t n, int dim) {
 
 extern char **environ;
 
-/* Run `this-executable args` (a shell word list) in dir; its stdout into
+/* Run `this-executable args` (a shell word list) in dir; its output into
  * *out (malloc'd). 0 on exit 0. */
 static int run_out(const char *dir, const char *args, char **out) {
   char cmd[4096];
-  snprintf(cmd, sizeof cmd, "cd '%s' && ( /proc/%d/exe %s ) 2>&1", dir, (int)getpid(), args);
-  FILE *f = popen(cmd, "r");
-  if (!f) return -1;
-  size_t cap = 1 << 16, n = 0;
-  char *buf = malloc(cap);
-  size_t got;
-  while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-    n += got;
-    if (cap - n < 4096) {
-      char *b2 = realloc(buf, cap * 2);
-      if (!b2) break;
-      buf = b2;
-      cap *= 2;
-    }
-  }
-  if (buf) buf[n] = 0;
-  int st = pclose(f);
-  *out = buf;
-  return buf && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+  snprintf(cmd, sizeof cmd, "cd '%s' && /proc/%d/exe %s", dir, (int)getpid(), args);
+  return run_capture(cmd, out) == 0 && *out ? 0 : -1;
 }
 
 /* A `shardrec serve` child on 127.0.0.1:0; its address into addr. */
