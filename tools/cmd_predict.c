@@ -13,11 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include "common/status.h"
+#include "common/sys.h"
 #include "datasets/source.h"
 #include "dense/metrics.h"
 #include "rpc/rpc.h"
@@ -101,12 +101,6 @@ static const struct option long_opts[] = {
     {"metrics-out", required_argument, 0, O_METRICS},
     {"help", no_argument, 0, O_HELP},
     {0, 0, 0, 0}};
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* The malformed lines of a raw file's split, as split-relative line numbers
  * in ascending order (*bad, malloc'd), found by the reader's own line parser
@@ -418,7 +412,7 @@ int cmd_predict(int argc, char **argv) {
     so.scheme = have_frac ? DS_SCHEME_FRACTION : DS_SCHEME_KAGGLE;
     so.test_fraction = frac;
   }
-  double t0 = now_s();
+  double t0 = sr_now();
   src = ds_source_open(&so, err, sizeof err);
   if (!src) {
     fprintf(stderr, "shardrec predict: %s\n", err);
@@ -516,7 +510,7 @@ int cmd_predict(int argc, char **argv) {
     goto done;
   }
   tmp_out[0] = 0;
-  double secs = now_s() - t0;
+  double secs = sr_now() - t0;
   printf("predict %s (%s): %zu samples scored in %.2f s (%.0f samples/s) -> %s\n", so.path,
          split_s, n, secs, secs > 0 ? (double)n / secs : 0.0, outp);
   if (n_bad)
