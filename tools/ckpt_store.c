@@ -4,7 +4,6 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +12,7 @@
 
 #include "common/status.h"
 #include "embedding/shard.h"
+#include "storage/kv.h"
 
 /* ---- the routing store: rows of each shard in the in-memory store restored
  * from that shard's server folder ---- */
@@ -173,13 +173,6 @@ static int exists(const char *path) {
   return stat(path, &st) == 0;
 }
 
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-  (void)sb, (void)flag, (void)ftw;
-  return remove(p);
-}
-
-static void rm_rf(const char *path) { nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
-
 /* Shards listed in a server folder name "shard-K[-K2...]"; their count, 0 if
  * the name is not one. */
 static int parse_folder(const char *name, int *ks, int max) {
@@ -252,7 +245,7 @@ int ckpt_store_open(const char *dir, const emb_plan *plan, const ckpt_store_opts
       }
       out->tmp_dir = strdup(tpl);
       if (!out->tmp_dir) {
-        rm_rf(tpl);
+        store_rmtree(tpl);
         snprintf(err, errlen, "out of memory");
         rc = SR_ENOMEM;
         goto done;
@@ -380,7 +373,7 @@ done:
   if (rc) {
     emb_store_destroy(store);
     store = NULL;
-    if (out->tmp_dir) rm_rf(out->tmp_dir);
+    if (out->tmp_dir) store_rmtree(out->tmp_dir);
     free(out->tmp_dir);
     out->tmp_dir = NULL;
   }
@@ -393,7 +386,7 @@ done:
 void ckpt_store_close(ckpt_store *cs) {
   if (!cs) return;
   emb_store_destroy(cs->store);
-  if (cs->tmp_dir) rm_rf(cs->tmp_dir);
+  if (cs->tmp_dir) store_rmtree(cs->tmp_dir);
   free(cs->tmp_dir);
   memset(cs, 0, sizeof *cs);
 }
