@@ -203,6 +203,13 @@ static int list_sources(const reshard_opts *o, char ***out, int *n) {
   return 0;
 }
 
+/* Target k's file of table tid: out_dir/table-<tid>.bin in the local layout,
+ * out_dir/shard-K/table-<tid>.bin for servers. */
+static void out_path(char *p, size_t n, const reshard_opts *o, int local, int k, uint32_t tid) {
+  if (local) snprintf(p, n, "%s/table-%u.bin", o->out_dir, tid);
+  else snprintf(p, n, "%s/shard-%d/table-%u.bin", o->out_dir, k, tid);
+}
+
 int reshard_run_files(const reshard_opts *o, reshard_stats *st, char *err, size_t errlen) {
   memset(st, 0, sizeof *st);
   double t0 = sr_now();
@@ -259,8 +266,7 @@ int reshard_run_files(const reshard_opts *o, reshard_stats *st, char *err, size_
     }
     for (int k = 0; k < n_dst && !rc; k++) {
       char p[4500];
-      if (local) snprintf(p, sizeof p, "%s/table-%u.bin", o->out_dir, tb->table_id);
-      else snprintf(p, sizeof p, "%s/shard-%d/table-%u.bin", o->out_dir, k, tb->table_id);
+      out_path(p, sizeof p, o, local, k, tb->table_id);
       rc = tf_create(&wr[k], p, tb, slen, mfp, err, errlen);
     }
     int corrupt = ti == 0 ? o->corrupt : 0;
@@ -307,10 +313,14 @@ int reshard_run_files(const reshard_opts *o, reshard_stats *st, char *err, size_
         break;
       }
       if (corrupt != 2) {
+        const unsigned char *wp = bp;
         unsigned char tmp[8 + 4 * (EMB_MAX_DIM * 2 + 1)];
-        memcpy(tmp, bp, rec);
-        if (corrupt == 1) tmp[rec - 1] ^= 0x01; /* test hook */
-        if (fwrite(tmp, 1, rec, w->f) != rec) {
+        if (corrupt == 1) { /* test hook: one flipped bit in the first row */
+          memcpy(tmp, bp, rec);
+          tmp[rec - 1] ^= 0x01;
+          wp = tmp;
+        }
+        if (fwrite(wp, 1, rec, w->f) != rec) {
           sr_fmt(err, errlen, "%s: cannot write: %s", w->path, strerror(errno));
           rc = SR_EIO;
           break;
@@ -344,8 +354,7 @@ int reshard_run_files(const reshard_opts *o, reshard_stats *st, char *err, size_
     size_t len = store_row_size(tb->dim, slen);
     for (int k = 0; k < n_dst && !rc; k++) {
       char p[4500];
-      if (local) snprintf(p, sizeof p, "%s/table-%u.bin", o->out_dir, tb->table_id);
-      else snprintf(p, sizeof p, "%s/shard-%d/table-%u.bin", o->out_dir, k, tb->table_id);
+      out_path(p, sizeof p, o, local, k, tb->table_id);
       tf_reader r;
       if ((rc = tf_open(&r, p, tb, slen, mfp, err, errlen))) {
         tf_close(&r);
