@@ -266,9 +266,9 @@ static int manifest_set_plan(cJSON *man, const emb_plan *plan, char *err, size_t
   char mfp[EMB_FP_HEX], pfp[EMB_FP_HEX];
   char *canon = emb_plan_canonical(plan, 1);
   cJSON *pj = canon ? cJSON_Parse(canon) : NULL;
-  free(canon);
   if (!pj || emb_plan_model_fingerprint(plan, mfp) || emb_plan_fingerprint(plan, pfp)) {
     cJSON_Delete(pj);
+    free(canon);
     sr_fmt(err, errlen, "manifest: out of memory");
     return SR_ENOMEM;
   }
@@ -282,13 +282,12 @@ static int manifest_set_plan(cJSON *man, const emb_plan *plan, char *err, size_t
    * close enough, so it is not exact); "plan_canonical" is the exact text
    * the fingerprints hash, and what ckpt_open reads. */
   cJSON_AddItemToObject(man, "plan", pj);
-  canon = emb_plan_canonical(plan, 1);
-  if (!canon || !cJSON_AddStringToObject(man, "plan_canonical", canon)) {
-    free(canon);
+  int ok = cJSON_AddStringToObject(man, "plan_canonical", canon) != NULL;
+  free(canon);
+  if (!ok) {
     sr_fmt(err, errlen, "manifest: out of memory");
     return SR_ENOMEM;
   }
-  free(canon);
   return 0;
 }
 
@@ -358,7 +357,7 @@ out:
 int ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store,
               const char *store_kind, dense_model *model, dense_opt *opt, const ckpt_state *st,
               const ckpt_settings *set, char *err, size_t errlen) {
-  char final[4096], tmp[4096], path[4200], e2[1024];
+  char final[4096], tmp[4096], path[4200];
   snprintf(final, sizeof final, "%s/step-%lld", root, (long long)st->step);
   snprintf(tmp, sizeof tmp, "%s/.step-%lld.tmp-%ld", root, (long long)st->step, (long)getpid());
   snprintf(path, sizeof path, "%s/DONE", final);
@@ -415,7 +414,6 @@ int ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store
       free(sd);
     }
   }
-  (void)e2;
   goto out;
 fail:
   store_rmtree(tmp);
