@@ -479,9 +479,9 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
            stopping ? "; the server is shutting down" : token ? "; out of memory to wait" : "");
   } else {
     pthread_mutex_lock(&s->mu);
-    int st = solo_enter(s, q->header, r);
+    int j = solo_enter(s, q->header, r);
     pthread_mutex_unlock(&s->mu);
-    if (st) goto out;
+    if (j < 0) goto out;
   }
   static float dummy;
   for (int t = 0; t < nt; t++) outp[t] = &dummy;
@@ -533,7 +533,9 @@ static int job_find(rpc_service *s, const char *job, int rank) {
   return -1;
 }
 
-static void job_record(rpc_service *s, const char *job, int rank, int64_t step, int stale) {
+/* Add (job, rank) to the idempotency table (replacing the least recently
+ * used entry when full); its index. */
+static int job_record(rpc_service *s, const char *job, int rank, int64_t step, int stale) {
   int i = job_find(s, job, rank);
   if (i < 0) {
     if (s->n_jobs < SVC_MAX_JOBS) {
@@ -549,6 +551,7 @@ static void job_record(rpc_service *s, const char *job, int rank, int64_t step, 
   }
   s->jobs[i].last_step = step;
   s->jobs[i].used = ++s->clock;
+  return i;
 }
 
 static int plan_index(const rpc_service *s, uint32_t table_id) {
@@ -753,14 +756,12 @@ static sync_job *job_enter_as(rpc_service *s, const Shardrec__V1__RequestHeader 
 }
 
 /* A single-rank job: its mode is fixed at its first call too (the
- * idempotency table remembers it). s->mu held. RPC_OK or a status in r. */
+ * idempotency table remembers it). s->mu held. Its index in the table, or
+ * -1 with a status in r. */
 static int solo_enter(rpc_service *s, const Shardrec__V1__RequestHeader *h, rpc_reply *r) {
   int i = job_find(s, h->job_id, h->rank);
   char a[64], b[64];
-  if (i < 0) {
-    job_record(s, h->job_id, h->rank, -1, h->max_staleness);
-    return RPC_OK;
-  }
+  if (i < 0) return job_record(s, h->job_id, h->rank, -1, h->max_staleness);
   if (s->jobs[i].stale != h->max_staleness) {
     r->status = RPC_FAILED_PRECONDITION;
     snprintf(r->msg, sizeof r->msg,
@@ -768,9 +769,9 @@ static int solo_enter(rpc_service *s, const Shardrec__V1__RequestHeader *h, rpc_
              "(step %lld) asks for %s",
              h->job_id, mode_str(s->jobs[i].stale, a, sizeof a), (long long)h->step,
              mode_str(h->max_staleness, b, sizeof b));
-    return r->status;
+    return -1;
   }
-  return RPC_OK;
+  return i;
 }
 
 /* "step T, which waited for rank(s) a,b": where j stands. s->mu held. */
@@ -958,19 +959,19 @@ static void do_push(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r)
     goto out;
   }
   pthread_mutex_lock(&s->mu);
-  int rc = 0;
-  if (solo_enter(s, h, r)) {
+  int rc = 0, j = solo_enter(s, h, r);
+  if (j < 0) {
     pthread_mutex_unlock(&s->mu);
     goto out;
   }
-  int j = job_find(s, h->job_id, h->rank);
-  if (j >= 0 && h->step <= s->jobs[j].last_step) {
+  if (h->step <= s->jobs[j].last_step) {
     resp.applied = 0; /* a retry: already applied */
   } else {
     rc = emb_store_push(s->store, h->step, q->learning_rate, &set, grads);
     if (rc) snprintf(r->msg, sizeof r->msg, "push: %s", emb_store_errmsg(s->store));
     else {
-      job_record(s, h->job_id, h->rank, h->step, h->max_staleness);
+      s->jobs[j].last_step = h->step;
+      s->jobs[j].used = ++s->clock;
       resp.applied = 1;
       resp.rows = total;
     }
