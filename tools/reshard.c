@@ -17,6 +17,8 @@
 #include "storage/kv.h"
 #include "storage/sst.h"
 
+#define RESHARD_SST_MAX_BYTES (256ull << 20) /* an SST file rolls over past this */
+
 uint64_t reshard_row_hash(uint32_t table_id, uint64_t row_id, const void *val, size_t len) {
   const unsigned char *v = val;
   uint64_t h = sr_mix64(((uint64_t)table_id << 32) ^ (uint64_t)len) ^ sr_mix64(row_id ^ 0x5bd1e995ULL);
@@ -172,13 +174,12 @@ static int close_writer(worker *w, int k, char *err, size_t errlen) {
 }
 
 /* Append one row to target k's file for table tid (opened on first use,
- * rolled over past sst_max_bytes). corrupt: the test hook's change. */
+ * rolled over past RESHARD_SST_MAX_BYTES). corrupt: the test hook's change. */
 static int put_row(worker *w, int k, uint32_t tid, uint64_t key, const char *val, size_t len,
                    int corrupt, char *err, size_t errlen) {
   const reshard_opts *o = w->r->o;
-  uint64_t maxb = o->sst_max_bytes ? o->sst_max_bytes : (256ull << 20);
   int rc;
-  if (w->w[k] && w->w_bytes[k] >= maxb) {
+  if (w->w[k] && w->w_bytes[k] >= RESHARD_SST_MAX_BYTES) {
     if ((rc = close_writer(w, k, err, errlen))) return rc;
   }
   if (!w->w[k]) {

@@ -13,7 +13,7 @@
  * each row routed by the new plan (emb_plan_shard_of) and appended to the
  * SST file of its target shard for this table. Because the merged stream
  * ascends, one SST writer per target shard suffices and every file is
- * sorted; a file rolls over at sst_max_bytes (files of one table then
+ * sorted; a file rolls over at 256 MiB (files of one table then
  * never overlap). When the table is done its files are ingested (moved)
  * into OUT/shard-K's family. Memory: per worker, n_targets SST writers'
  * blocks and one iterator (2 MiB readahead) per source, and RocksDB's own
@@ -72,7 +72,6 @@ typedef struct reshard_opts {
   int verify;             /* re-read and compare the targets (1 unless benchmarking) */
   int src_checked;        /* the source files' bytes were just verified (ckpt_open's
                              SHA-256): skip RocksDB's block checksums on the source scan */
-  uint64_t sst_max_bytes; /* roll an SST file over past this (0: 256 MiB) */
   int corrupt;            /* test hook: 1 flips a byte of the first row written, 2 drops it */
 } reshard_opts;
 
