@@ -609,13 +609,11 @@ static int sync_apply(rpc_service *s, const sync_job *j, Shardrec__V1__PushReque
     qsort(e, n, sizeof *e, cmp_ent);
     size_t u = 0;
     for (size_t x = 0; x < n; x++) {
-      float *acc = sum[t] + u * dim;
       if (x == 0 || e[x].id != e[x - 1].id) {
         uid[t][u++] = e[x].id;
-        acc = sum[t] + (u - 1) * dim;
-        memcpy(acc, e[x].g, dim * sizeof(float));
+        memcpy(sum[t] + (u - 1) * dim, e[x].g, dim * sizeof(float));
       } else {
-        acc = sum[t] + (u - 1) * dim;
+        float *acc = sum[t] + (u - 1) * dim;
         for (size_t d = 0; d < dim; d++) {
           float g;
           memcpy(&g, e[x].g + d * sizeof(float), sizeof g);
@@ -806,13 +804,13 @@ static int job_held(const sync_job *j) {
 static void job_abort(rpc_service *s, sync_job *j, const char *what) {
   char where[160];
   job_where(j, where, sizeof where);
-  int held = job_held(j), steps = sync_drop_held(j);
+  int steps = sync_drop_held(j); /* > 0 exactly when a push was held */
   s->dropped_steps += (uint64_t)steps;
   s->dropped_jobs++;
   j->aborted = 1;
   snprintf(j->why, sizeof j->why, "job %.64s: %.150s during %.120s; %s", j->job, what, where,
            j->stale ? "its pushes so far stay applied (async mode)"
-           : held ? "the step's held pushes were dropped (nothing of it was applied)"
+           : steps ? "the step's held pushes were dropped (nothing of it was applied)"
                   : "no push of it was held");
   for (int i = 0; i < s->n_parked; i++)
     if (!strcmp(s->parked[i].job, j->job)) {
