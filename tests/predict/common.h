@@ -18,15 +18,7 @@ static char *dir; /* the suite's temporary folder */
 
 /* datagen 10000 lines (d.tsv) and convert with the last 10% as the test
  * split (d.bin). */
-static void make_data(void) {
-  dir = make_tmpdir();
-  char *out;
-  int rc = run_cmd(&out, "cd %s && %s datagen --rows 10000 --seed 11 --out d.tsv && "
-                         "%s convert --test-fraction 0.1 d.tsv d.bin",
-                   dir, bin_path(), bin_path());
-  ck_assert_msg(rc == 0, "data preparation failed: %s", out);
-  free(out);
-}
+static void make_data(void) { dir = make_data_dir(10000, 11, NULL); }
 
 static void remove_data(void) {
   run_cmd(NULL, "rm -rf %s", dir);

@@ -33,16 +33,10 @@
 static char *dir;
 
 static void setup(void) {
-  dir = make_tmpdir();
-  char *out;
-  int rc = run_cmd(&out,
-                   "cd %s && %s datagen --rows 6000 --seed 5 --out d.tsv && "
-                   "%s convert --test-fraction 0.1 d.tsv d.bin && "
-                   "%s train --processed-data-file d.bin --num-batches 1 --num-shards 2 " ARCH
-                   " --plan-out p.json",
-                   dir, bin_path(), bin_path(), bin_path());
-  ck_assert_msg(rc == 0, "data preparation failed: %s", out);
-  free(out);
+  dir = make_data_dir(6000, 5,
+                      "%s train --processed-data-file d.bin --num-batches 1 --num-shards 2 " ARCH
+                      " --plan-out p.json",
+                      bin_path());
 }
 
 static void teardown(void) {

@@ -12,23 +12,17 @@
 static char *dir;
 
 static void setup(void) {
-  dir = make_tmpdir();
-  char *out;
-  int rc = run_cmd(&out,
-                   "cd %s && %s datagen --rows 12000 --seed 3 --out d.tsv && "
-                   "%s convert --test-fraction 0.1 d.tsv d.bin && "
-                   "%s train --processed-data-file d.bin --num-batches 1 --seed 11 --plan-out p1.json && "
-                   "/usr/bin/python3 -c \"\n"
-                   "import json\n"
-                   "p = json.load(open('p1.json'))\n"
-                   "p['n_shards'] = 3\n"
-                   "for i, t in enumerate(p['tables']): t['placement'] = {'kind': 'table', 'shards': [i %% 3]}\n"
-                   "json.dump(p, open('p3t.json', 'w'), indent=1)\n"
-                   "for t in p['tables']: t['placement'] = {'kind': 'row', 'shards': [0, 1, 2]}\n"
-                   "json.dump(p, open('p3r.json', 'w'), indent=1)\n\"",
-                   dir, bin_path(), bin_path(), bin_path());
-  ck_assert_msg(rc == 0, "data preparation failed: %s", out);
-  free(out);
+  dir = make_data_dir(12000, 3,
+                      "%s train --processed-data-file d.bin --num-batches 1 --seed 11 --plan-out p1.json && "
+                      "/usr/bin/python3 -c \"\n"
+                      "import json\n"
+                      "p = json.load(open('p1.json'))\n"
+                      "p['n_shards'] = 3\n"
+                      "for i, t in enumerate(p['tables']): t['placement'] = {'kind': 'table', 'shards': [i %% 3]}\n"
+                      "json.dump(p, open('p3t.json', 'w'), indent=1)\n"
+                      "for t in p['tables']: t['placement'] = {'kind': 'row', 'shards': [0, 1, 2]}\n"
+                      "json.dump(p, open('p3r.json', 'w'), indent=1)\n\"",
+                      bin_path());
 }
 
 static void teardown(void) {

@@ -49,6 +49,28 @@ static inline char *make_tmpdir(void) {
   return d;
 }
 
+/* A new temporary folder (returned, malloc'd) holding rows generated lines
+ * (datagen --seed seed, d.tsv) converted with the last 10% as the test
+ * split (d.bin); then the shell command then_fmt (printf-style; NULL:
+ * none) run there. Asserts that all of it succeeded. */
+__attribute__((format(printf, 3, 4))) static inline char *make_data_dir(int rows, int seed,
+                                                                        const char *then_fmt, ...) {
+  char then[6000] = "";
+  if (then_fmt) {
+    va_list ap;
+    va_start(ap, then_fmt);
+    vsnprintf(then, sizeof then, then_fmt, ap);
+    va_end(ap);
+  }
+  char *d = make_tmpdir(), *out;
+  int rc = run_cmd(&out, "cd %s && %s datagen --rows %d --seed %d --out d.tsv && "
+                         "%s convert --test-fraction 0.1 d.tsv d.bin%s%s",
+                   d, bin_path(), rows, seed, bin_path(), *then ? " && " : "", then);
+  ck_assert_msg(rc == 0, "data preparation failed: %s", out);
+  free(out);
+  return d;
+}
+
 /* Read a whole file into a malloc'd string; NULL if it cannot be read. */
 static inline char *slurp(const char *path) {
   FILE *f = fopen(path, "rb");
