@@ -174,6 +174,24 @@ void trainer_destroy(trainer *t) {
   free(t);
 }
 
+/* Dedup b's ids of every table into one buffer set (the step's, or the
+ * prefetch's), growing it first. */
+static int dedup_set(trainer *t, const ds_batch *b, size_t *capv, uint64_t **unique,
+                     uint32_t **inverse, float **rows, size_t *counts) {
+  int n = b->n, rc;
+  for (int f = 0; f < t->T; f++) {
+    const uint32_t *off = ds_batch_offsets(b, f);
+    size_t nids = (size_t)(off[n] - off[0]);
+    if ((rc = grow_set(t, capv, unique, inverse, rows, f, nids))) return rc;
+    rc = emb_dedup_run(t->dedup[f], b->ids + off[0], nids, unique[f], inverse[f], &counts[f]);
+    if (rc) {
+      sr_fmt(t->err, sizeof t->err, "trainer: dedup of table %d: %s", f, sr_strerror(rc));
+      return rc;
+    }
+  }
+  return 0;
+}
+
 /* Steps 1-3: dedup, lookup, pool into t->emb. */
 static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids, int train) {
   int n = b->n;
@@ -193,7 +211,8 @@ static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids, i
       return rc;
     }
   }
-  if (t->pf_pending) {
+  const int prefetched = t->pf_pending;
+  if (prefetched) {
     /* This step's rows were asked for during the last step: take that set. */
     t->pf_pending = 0;
 #define SWAP(a, b)          \
@@ -208,38 +227,25 @@ static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids, i
     SWAP(t->inverse, t->pinverse);
     SWAP(t->rows, t->prows);
 #undef SWAP
-    for (int f = 0; f < t->T; f++)
-      if ((rc = grow_set(t, t->gcap, NULL, NULL, t->grads, f, t->cap[f]))) return rc;
-    t1 = sr_now();
-    rc = emb_store_lookup_wait(t->store);
-  } else {
-    for (int f = 0; f < t->T; f++) {
-      const uint32_t *off = ds_batch_offsets(b, f);
-      size_t nids = (size_t)(off[n] - off[0]);
-      rc = grow_table(t, f, nids);
-      if (rc) return rc;
-      rc = emb_dedup_run(t->dedup[f], b->ids + off[0], nids, t->unique[f], t->inverse[f],
-                         &t->counts[f]);
-      if (rc) {
-        sr_fmt(t->err, sizeof t->err, "trainer: dedup of table %d: %s", f, sr_strerror(rc));
-        return rc;
-      }
-    }
-    t1 = sr_now();
-    ids->n_tables = t->T;
-    ids->ids = (const uint64_t *const *)t->unique;
-    ids->counts = t->counts;
-    rc = emb_store_lookup_begin(t->store, step, ids, t->rows);
-    if (!rc) rc = emb_store_lookup_wait(t->store);
+  } else if ((rc = dedup_set(t, b, t->cap, t->unique, t->inverse, t->rows, t->counts))) {
+    return rc;
   }
+  t1 = sr_now();
   ids->n_tables = t->T;
   ids->ids = (const uint64_t *const *)t->unique;
   ids->counts = t->counts;
+  /* A prefetched set's lookup is already in flight: wait for it. */
+  rc = prefetched ? 0 : emb_store_lookup_begin(t->store, step, ids, t->rows);
+  if (!rc) rc = emb_store_lookup_wait(t->store);
   if (rc) {
     sr_fmt(t->err, sizeof t->err, "lookup at step %lld: %s", (long long)step,
            emb_store_errmsg(t->store));
     return rc;
   }
+  /* Room for the row gradients (after the wait: no lookup is left in flight
+   * if this fails). */
+  for (int f = 0; f < t->T; f++)
+    if ((rc = grow_set(t, t->gcap, NULL, NULL, t->grads, f, t->cap[f]))) return rc;
   double t2 = sr_now();
   size_t stride = (size_t)t->T * (size_t)t->dim;
   for (int f = 0; f < t->T; f++)
@@ -261,18 +267,8 @@ static int prefetch_begin(trainer *t) {
   t->pf_next = NULL;
   if (!b || b->n <= 0) return 0; /* nothing to look up: the step will do without */
   double t0 = sr_now();
-  int n = b->n, rc;
-  for (int f = 0; f < t->T; f++) {
-    const uint32_t *off = ds_batch_offsets(b, f);
-    size_t nids = (size_t)(off[n] - off[0]);
-    if ((rc = grow_set(t, t->pcap, t->punique, t->pinverse, t->prows, f, nids))) return rc;
-    rc = emb_dedup_run(t->dedup[f], b->ids + off[0], nids, t->punique[f], t->pinverse[f],
-                       &t->pcounts[f]);
-    if (rc) {
-      sr_fmt(t->err, sizeof t->err, "trainer: dedup of table %d: %s", f, sr_strerror(rc));
-      return rc;
-    }
-  }
+  int rc = dedup_set(t, b, t->pcap, t->punique, t->pinverse, t->prows, t->pcounts);
+  if (rc) return rc;
   t->pids.n_tables = t->T;
   t->pids.ids = (const uint64_t *const *)t->punique;
   t->pids.counts = t->pcounts;
@@ -317,7 +313,7 @@ int trainer_slice_count(int n, int rank, int size) {
 int trainer_batch_slice(const ds_batch *b, int rank, int size, ds_batch *out) {
   if (size < 1 || rank < 0 || rank >= size || b->n < 0) return SR_EINVAL;
   int q = b->n / size, e = b->n % size;
-  int lo = rank * q + (rank < e ? rank : e), n = q + (rank < e);
+  int lo = rank * q + (rank < e ? rank : e), n = trainer_slice_count(b->n, rank, size);
   if (n > out->cap) return SR_EINVAL;
   size_t total = 0;
   for (int f = 0; f < DS_NUM_SPARSE; f++) {
