@@ -18,6 +18,7 @@
 
 #include "common/rng.h"
 #include "common/status.h"
+#include "common/sys.h"
 #include "datasets/source.h"
 #include "dense/collective.h"
 #include "dense/cuda_device.h"
@@ -234,12 +235,6 @@ typedef struct {
   long long staleness; /* --max-staleness (0: not given) */
 } train_flags;
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Options that open the train or test split of the data. */
 static ds_source_opts source_opts(const train_flags *fl, ds_split split) {
   ds_source_opts o;
@@ -407,6 +402,22 @@ static void report_test(const outputs *o, int64_t step, int epoch, const dense_m
   }
 }
 
+/* A test pass at step: evaluate, --test-pred-out, the report line. Its
+ * seconds are added to *t_eval. 0 or -1 (message printed). */
+static int test_pass(trainer *t, ds_source *test, ds_batch *tb, ds_batch *tpart, float *lpred,
+                     int tbatch, int64_t step, int epoch, float *pred, float *labels, size_t cap,
+                     const char *pred_out, const outputs *out, double *t_eval) {
+  double e0 = sr_now();
+  dense_metrics m;
+  if (evaluate(t, test, tb, tpart, lpred, tbatch, step, pred, labels, cap, &m)) return -1;
+  if (g_rank == 0) { /* m is rank 0's alone */
+    if (write_preds(pred_out, pred, m.n)) return -1;
+    report_test(out, step, epoch, &m);
+  }
+  *t_eval += sr_now() - e0;
+  return 0;
+}
+
 /* Test hook (only tests set it): SHARDREC_TEST_PAUSE=PREFIX:S1,S2,... makes
  * the trainer, after step Si, create PREFIX-Si.wait and wait (120 s at most)
  * for PREFIX-Si.go, so a test can kill and restart servers at a fixed step. */
@@ -448,7 +459,10 @@ static void test_pause(int64_t step) {
  * rows are replaced by the checkpoint's. */
 static int recover(const train_flags *fl, const emb_plan *plan, emb_store *store, trainer *t,
                    ds_source *train, const ckpt_settings *cks, ckpt_state *st, const char *why) {
-  if (!fl->servers || !rpc_remote_lost(store)) return -1;
+  if (!fl->servers || !rpc_remote_lost(store)) {
+    errf("%s\n", why); /* not a lost server: nothing to recover from */
+    return -1;
+  }
   if (g_size > 1) {
     /* Rewinding N ranks and the servers' step state together is not done:
      * stop the job cleanly; --resume restarts it from the last checkpoint. */
@@ -471,7 +485,7 @@ static int recover(const train_flags *fl, const emb_plan *plan, emb_store *store
   }
   errf("%s\nshardrec train: restoring every shard server from %s "
                   "(waiting up to %g s for them)\n", why, ckdir, fl->recover_timeout);
-  double t0 = now_s();
+  double t0 = sr_now();
   for (;;) {
     ckpt_state got;
     if (!ckpt_load(ckdir, plan, store, "remote", trainer_model(t), trainer_dense_opt(t), cks,
@@ -479,7 +493,7 @@ static int recover(const train_flags *fl, const emb_plan *plan, emb_store *store
       *st = got;
       break;
     }
-    if (!rpc_remote_lost(store) || now_s() - t0 > fl->recover_timeout) {
+    if (!rpc_remote_lost(store) || sr_now() - t0 > fl->recover_timeout) {
       errf("recovery from %s failed%s: %s\n", ckdir,
               rpc_remote_lost(store) ? " (--recover-timeout passed)" : "", err);
       return -1;
@@ -1018,11 +1032,10 @@ static int train_main(int argc, char **argv) {
       printf("resume %s: step %lld, epoch %d, sample %llu\n", ckdir, (long long)step, ckst.epoch,
              (unsigned long long)ckst.sample_index);
     }
-    double t_start = now_s(), t_last = t_start, loss_sum = 0, t_eval = 0;
+    double t_start = sr_now(), t_last = t_start, loss_sum = 0, t_eval = 0;
     int64_t loss_n = 0, samples_since = 0, samples_done = 0;
     int have_next = 0, next_got = 0; /* async: the next batch is in nb (and npart) */
     int stop = 0;
-    dense_metrics m;
     const int start_epoch = ckst.epoch;
     for (int epoch = start_epoch; epoch < fl.epochs && !stop; epoch++) {
       if (epoch > start_epoch && ds_source_rewind(train)) {
@@ -1085,10 +1098,7 @@ static int train_main(int argc, char **argv) {
         if (trainer_step_part(t, mine, got, step, lr, slr, &loss)) {
           char why[1300];
           snprintf(why, sizeof why, "step %lld: %s", (long long)step, trainer_errmsg(t));
-          if (recover(&fl, plan, store, t, train, &cks, &ckst, why)) {
-            if (!fl.servers || !rpc_remote_lost(store)) errf("%s\n", why);
-            goto done;
-          }
+          if (recover(&fl, plan, store, t, train, &cks, &ckst, why)) goto done;
           goto rewound;
         }
         if (!isfinite(loss)) {
@@ -1104,10 +1114,7 @@ static int train_main(int argc, char **argv) {
             ckpt_job(&fl, plan, store, store_kind, t, &ckst, &cks, err, sizeof err)) {
           char why[1300];
           snprintf(why, sizeof why, "--save-checkpoint: %s", err);
-          if (recover(&fl, plan, store, t, train, &cks, &ckst, why)) {
-            if (!fl.servers || !rpc_remote_lost(store)) errf("%s\n", why);
-            goto done;
-          }
+          if (recover(&fl, plan, store, t, train, &cks, &ckst, why)) goto done;
           goto rewound;
         }
         test_pause(step);
@@ -1116,7 +1123,7 @@ static int train_main(int argc, char **argv) {
         samples_since += got;
         samples_done += got;
         if (step % fl.print_freq == 0 || (uint64_t)step == total_steps) {
-          double tnow = now_s();
+          double tnow = sr_now();
           double rate = samples_since / (tnow - t_last);
           double frac = (double)epoch_step / (double)steps_per_epoch;
           double eta = (double)(total_steps - (uint64_t)step) * fl.batch / (rate > 0 ? rate : 1);
@@ -1138,17 +1145,14 @@ static int train_main(int argc, char **argv) {
           loss_sum = 0;
           loss_n = 0;
           samples_since = 0;
-          t_last = now_s();
+          t_last = sr_now();
         }
         if (fl.test_freq > 0 && step % fl.test_freq == 0 && n_test) {
           if (tty) fprintf(stderr, "\n");
-          double e0 = now_s();
-          if (evaluate(t, test, &tb, &tpart, lpred, (int)fl.tbatch, step, pred, labels, n_test, &m) ||
-              write_preds(fl.pred_out, pred, m.n))
+          if (test_pass(t, test, &tb, &tpart, lpred, (int)fl.tbatch, step, epoch, pred, labels,
+                        n_test, fl.pred_out, &out, &t_eval))
             goto done;
-          report_test(&out, step, epoch, &m);
-          t_last = now_s();
-          t_eval += t_last - e0;
+          t_last = sr_now();
         }
         continue;
       rewound: /* recovered: carry on from the checkpoint's step and data position */
@@ -1159,19 +1163,16 @@ static int train_main(int argc, char **argv) {
         loss_sum = 0;
         loss_n = 0;
         samples_since = 0;
-        t_last = now_s();
+        t_last = sr_now();
       }
       if (tty) fprintf(stderr, "\n");
       if (n_test && (fl.test_freq == 0 || step % fl.test_freq != 0)) {
-        double e0 = now_s();
-        if (evaluate(t, test, &tb, &tpart, lpred, (int)fl.tbatch, step, pred, labels, n_test, &m) ||
-            write_preds(fl.pred_out, pred, m.n))
+        if (test_pass(t, test, &tb, &tpart, lpred, (int)fl.tbatch, step, epoch, pred, labels,
+                      n_test, fl.pred_out, &out, &t_eval))
           goto done;
-        report_test(&out, step, epoch, &m);
-        t_eval += now_s() - e0;
       }
     }
-    double secs = now_s() - t_start;
+    double secs = sr_now() - t_start;
     const trainer_times *tt = trainer_times_get(t);
     printf("done   %lld steps in %.1f s; per step: dedup %.2f ms, lookup %.2f, pool %.2f, "
            "forward %.2f, backward %.2f, scatter %.2f, push %.2f, dense opt %.2f\n",
