@@ -1244,17 +1244,10 @@ static void sweep(rpc_service *s, double now) {
 
 int rpc_service_take_woken(rpc_service *s, rpc_woken *out, int max) {
   if (max < 1) return 0;
-  if (atomic_load(&s->parked_hint) == 0) {
-    if (atomic_load(&s->sync_hint) == 0) return 0;
-    double now = now_us();
-    if ((long long)now < atomic_load(&s->next_sweep_us)) return 0;
-    pthread_mutex_lock(&s->mu);
-    sweep(s, now);
-    atomic_store(&s->next_sweep_us, (long long)(now + sweep_every(s)));
-    int n = s->n_parked;
-    pthread_mutex_unlock(&s->mu);
-    if (!n) return 0;
-  }
+  /* Nothing parked and no sweep due: nothing to do (without the lock). */
+  if (atomic_load(&s->parked_hint) == 0 &&
+      (atomic_load(&s->sync_hint) == 0 || (long long)now_us() < atomic_load(&s->next_sweep_us)))
+    return 0;
   parked_call *taken = malloc((size_t)max * sizeof *taken);
   int *kind = malloc((size_t)max * sizeof *kind);
   if (!taken || !kind) {
