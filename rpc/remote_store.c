@@ -137,6 +137,15 @@ static grpc_channel *make_channel(const char *addr, const rpc_client_opts *o, ch
   return ch;
 }
 
+/* Shut cq down, drain it and destroy it. */
+static void cq_close(grpc_completion_queue *cq) {
+  grpc_completion_queue_shutdown(cq);
+  while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+         GRPC_QUEUE_SHUTDOWN) {
+  }
+  grpc_completion_queue_destroy(cq);
+}
+
 static void opts_defaults(rpc_client_opts *o) {
   if (o->deadline_s <= 0) o->deadline_s = 30;
   if (o->max_tries <= 0) o->max_tries = 10;
@@ -764,11 +773,7 @@ static void watch_stop(rstore *s) {
   }
   for (int i = 0; i < s->n_watch; i++) pcall_free(&s->watch[i]);
   s->n_watch = 0;
-  grpc_completion_queue_shutdown(s->wcq);
-  while (grpc_completion_queue_next(s->wcq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
-         GRPC_QUEUE_SHUTDOWN) {
-  }
-  grpc_completion_queue_destroy(s->wcq);
+  cq_close(s->wcq);
   s->wcq = NULL;
   free(s->watch);
   s->watch = NULL;
@@ -777,11 +782,7 @@ static void watch_stop(rstore *s) {
 static void lane_free(lane *L, int n_tables) {
   calls_free(L);
   if (L->cq) {
-    grpc_completion_queue_shutdown(L->cq);
-    while (grpc_completion_queue_next(L->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
-           GRPC_QUEUE_SHUTDOWN) {
-    }
-    grpc_completion_queue_destroy(L->cq);
+    cq_close(L->cq);
   }
   if (L->gids)
     for (int t = 0; t < n_tables; t++) free(L->gids[t]);
@@ -949,11 +950,7 @@ int rpc_call_path(const char *target, const rpc_tls *tls, const char *path, cons
   }
   pcall_free(&p);
   grpc_channel_destroy(ch);
-  grpc_completion_queue_shutdown(cq);
-  while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
-         GRPC_QUEUE_SHUTDOWN) {
-  }
-  grpc_completion_queue_destroy(cq);
+  cq_close(cq);
   rpc_global_shutdown();
   return st;
 }
