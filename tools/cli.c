@@ -100,3 +100,31 @@ void cli_bad_option(const char *cmd, int c, const char *arg) {
 }
 
 int cli_isatty_err(void) { return isatty(2); }
+
+int cli_model_arch(const char *cmd, const char *bot, const char *top, const char *op,
+                   int itself, int dim, int n_sparse, int max_batch, dense_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  if (cli_int_list(cmd, "--arch-mlp-bot", bot, '-', cfg->bot, DENSE_MAX_LAYERS, &cfg->n_bot))
+    return -1;
+  if (cli_int_list(cmd, "--arch-mlp-top", top, '-', cfg->top, DENSE_MAX_LAYERS, &cfg->n_top))
+    return -1;
+  if (!strcmp(op, "dot"))
+    cfg->interaction = DENSE_INTERACT_DOT;
+  else if (!strcmp(op, "cat"))
+    cfg->interaction = DENSE_INTERACT_CAT;
+  else {
+    fprintf(stderr, "shardrec %s: --arch-interaction-op: '%s' is not dot or cat\n", cmd, op);
+    return -1;
+  }
+  cfg->interaction_itself = itself;
+  cfg->n_dense = cfg->bot[0];
+  cfg->n_sparse = n_sparse;
+  cfg->emb_dim = dim;
+  cfg->max_batch = max_batch;
+  char err[512];
+  if (dense_config_validate(cfg, err, sizeof err)) {
+    fprintf(stderr, "shardrec %s: %s\n", cmd, err);
+    return -1;
+  }
+  return 0;
+}

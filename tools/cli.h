@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include "dense/model.h"
+
 int cli_int(const char *cmd, const char *flag, const char *s, long long lo, long long hi,
             long long *out);
 int cli_u64(const char *cmd, const char *flag, const char *s, uint64_t *out);
@@ -18,5 +20,10 @@ int cli_int_list(const char *cmd, const char *flag, const char *s, char sep, int
 void cli_bad_option(const char *cmd, int optopt_char, const char *arg);
 /* 1 when stderr is a terminal (live progress lines), 0 otherwise. */
 int cli_isatty_err(void);
+
+/* Parse "13-512-256" style widths and the interaction op shared by train and
+ * eval; writes cfg fields. 0 or -1 with a message printed for cmd. */
+int cli_model_arch(const char *cmd, const char *bot, const char *top, const char *op,
+                   int itself, int dim, int n_sparse, int max_batch, dense_config *cfg);
 
 #endif

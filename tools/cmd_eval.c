@@ -9,8 +9,8 @@
 #include "dense/metrics.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
-#include "tools/model_dir.h"
-#include "tools/trainer.h"
+#include "tools/train/model_dir.h"
+#include "tools/train/trainer.h"
 
 #define CMD "eval"
 

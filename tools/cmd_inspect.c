@@ -21,7 +21,7 @@
 
 #include "common/status.h"
 #include "storage/kv.h"
-#include "tools/checkpoint.h"
+#include "tools/train/checkpoint.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
 

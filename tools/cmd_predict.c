@@ -21,11 +21,11 @@
 #include "datasets/source.h"
 #include "dense/metrics.h"
 #include "rpc/rpc.h"
-#include "tools/checkpoint.h"
-#include "tools/ckpt_store.h"
+#include "tools/train/checkpoint.h"
+#include "embedding/ckpt_store.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
-#include "tools/trainer.h"
+#include "tools/train/trainer.h"
 
 #define CMD "predict"
 

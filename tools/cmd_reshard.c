@@ -33,10 +33,10 @@
 #include "common/status.h"
 #include "common/sys.h"
 #include "storage/kv.h"
-#include "tools/checkpoint.h"
+#include "tools/train/checkpoint.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
-#include "tools/reshard.h"
+#include "embedding/reshard.h"
 
 #define CMD "reshard"
 

@@ -20,8 +20,8 @@
 #include "embedding/store.h"
 #include "rpc/rpc.h"
 #include "tools/cli.h"
-#include "tools/checkpoint.h"
-#include "tools/ckpt_store.h"
+#include "tools/train/checkpoint.h"
+#include "embedding/ckpt_store.h"
 #include "tools/cmds.h"
 
 #define CMD "serve"

@@ -29,12 +29,12 @@
 #include "embedding/plan.h"
 #include "embedding/store.h"
 #include "rpc/rpc.h"
-#include "tools/checkpoint.h"
+#include "tools/train/checkpoint.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
-#include "tools/colocate.h"
-#include "tools/model_dir.h"
-#include "tools/trainer.h"
+#include "tools/train/colocate.h"
+#include "tools/train/model_dir.h"
+#include "tools/train/trainer.h"
 
 #define CMD "train"
 
@@ -732,7 +732,7 @@ static int train_main(int argc, char **argv) {
     return 2;
   }
   dense_config cfg;
-  if (model_arch_from_flags(CMD, fl.bot, fl.top, fl.op, fl.itself, (int)fl.dim, DS_NUM_SPARSE,
+  if (cli_model_arch(CMD, fl.bot, fl.top, fl.op, fl.itself, (int)fl.dim, DS_NUM_SPARSE,
                             (int)(fl.batch > fl.tbatch ? fl.batch : fl.tbatch), &cfg))
     return 2;
   if (cfg.n_dense != DS_NUM_DENSE) {

@@ -1,4 +1,4 @@
-/* colo_prog: tools/colocate.c under a real mpirun (or alone, without MPI).
+/* colo_prog: tools/train/colocate.c under a real mpirun (or alone, without MPI).
  *
  *   colo_prog SHARDS [--data-dir D] [--fail-rank R[,R2]]
  *
@@ -27,7 +27,7 @@
 #include "embedding/plan.h"
 #include "rpc/rpc.h"
 #include "rpc/shardrec.pb-c.h"
-#include "tools/colocate.h"
+#include "tools/train/colocate.h"
 
 static int errors;
 

@@ -23,7 +23,7 @@
 #include "common/sys.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
-#include "tools/run_capture.h"
+#include "tools/bench/run_capture.h"
 
 #define CMD "bench dp"
 #define MAX_RANKS 8

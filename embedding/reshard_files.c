@@ -21,7 +21,7 @@
 #include "common/sys.h"
 #include "embedding/optim.h"
 #include "storage/kv.h"
-#include "tools/reshard.h"
+#include "embedding/reshard.h"
 
 #define TF_MAGIC "SREMBTAB"
 #define TF_VERSION 1u

@@ -36,7 +36,7 @@
 #include "rpc/rpc.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
-#include "tools/run_capture.h"
+#include "tools/bench/run_capture.h"
 
 #define CMD "bench rpc"
 

@@ -25,8 +25,8 @@
  * after dense.bin is written (inside the temporary folder), =2 after the
  * rename and before DONE; "W:S" crashes only in the checkpoint of step S.
  * Only tests set it. */
-#ifndef SHARDREC_TOOLS_CHECKPOINT_H
-#define SHARDREC_TOOLS_CHECKPOINT_H
+#ifndef SHARDREC_TRAIN_CHECKPOINT_H
+#define SHARDREC_TRAIN_CHECKPOINT_H
 
 #include <stddef.h>
 #include <stdint.h>

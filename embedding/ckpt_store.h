@@ -20,8 +20,8 @@
  *     restored from its shard's folder (checkpoint/restore/iterate refused).
  * Every file is read and checked (sizes, checksums, fingerprints) by the
  * stores' restore; the caller verifies the checkpoint first (ckpt_open). */
-#ifndef SHARDREC_TOOLS_CKPT_STORE_H
-#define SHARDREC_TOOLS_CKPT_STORE_H
+#ifndef SHARDREC_EMBEDDING_CKPT_STORE_H
+#define SHARDREC_EMBEDDING_CKPT_STORE_H
 
 #include <stddef.h>
 #include <stdint.h>

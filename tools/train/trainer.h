@@ -14,8 +14,8 @@
  *   6. dense optimizer step.
  * Every buffer is allocated at create time for max_batch samples; a step
  * allocates only when a multi-hot batch holds more ids than seen before. */
-#ifndef SHARDREC_TOOLS_TRAINER_H
-#define SHARDREC_TOOLS_TRAINER_H
+#ifndef SHARDREC_TRAIN_TRAINER_H
+#define SHARDREC_TRAIN_TRAINER_H
 
 #include <stddef.h>
 #include <stdint.h>

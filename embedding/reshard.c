@@ -1,5 +1,5 @@
 /* The resharding engine (see reshard.h). */
-#include "tools/reshard.h"
+#include "embedding/reshard.h"
 
 #include <errno.h>
 #include <math.h>

@@ -1,6 +1,6 @@
 /* The store of a trainer checkpoint's rows (tools/ckpt_store.h). */
 #define _XOPEN_SOURCE 700
-#include "tools/ckpt_store.h"
+#include "embedding/ckpt_store.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -29,8 +29,8 @@
 #include "embedding/store.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
-#include "tools/model_dir.h"
-#include "tools/trainer.h"
+#include "tools/train/model_dir.h"
+#include "tools/train/trainer.h"
 #ifdef SHARDREC_HAVE_CUDA
 #include "dense/backend_cuda.h"
 #endif
@@ -175,7 +175,7 @@ int bench_train(int argc, char **argv) {
     int B = bl[bi];
     char err[1024];
     dense_config cfg;
-    if (model_arch_from_flags("bench train", "13-512-256-64-16", "512-256-1", "dot", 0, 16,
+    if (cli_model_arch("bench train", "13-512-256-64-16", "512-256-1", "dot", 0, 16,
                               DS_NUM_SPARSE, B, &cfg))
       goto out;
     ds_source_opts so = {.path = bin, .split = DS_SPLIT_TRAIN};

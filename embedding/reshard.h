@@ -29,8 +29,8 @@
  * are closed, reopened read-only and scanned again (also checking that each
  * row sits on the shard the new plan routes it to), and every table's
  * count and sums must be equal, else SR_ECHECKSUM naming the table. */
-#ifndef SHARDREC_TOOLS_RESHARD_H
-#define SHARDREC_TOOLS_RESHARD_H
+#ifndef SHARDREC_EMBEDDING_RESHARD_H
+#define SHARDREC_EMBEDDING_RESHARD_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-#include "tools/model_dir.h"
+#include "tools/train/model_dir.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include "common/status.h"
-#include "tools/cli.h"
 
 static int write_text(const char *path, const char *text) {
   FILE *f = fopen(path, "w");
@@ -160,32 +159,4 @@ int model_dir_load_state(const char *dir, dense_model *model, emb_store *store, 
   rc = emb_store_restore(store, path);
   if (rc) sr_fmt(err, errlen, "%s: %s", path, emb_store_errmsg(store));
   return rc;
-}
-
-int model_arch_from_flags(const char *cmd, const char *bot, const char *top, const char *op,
-                          int itself, int dim, int n_sparse, int max_batch, dense_config *cfg) {
-  memset(cfg, 0, sizeof *cfg);
-  if (cli_int_list(cmd, "--arch-mlp-bot", bot, '-', cfg->bot, DENSE_MAX_LAYERS, &cfg->n_bot))
-    return -1;
-  if (cli_int_list(cmd, "--arch-mlp-top", top, '-', cfg->top, DENSE_MAX_LAYERS, &cfg->n_top))
-    return -1;
-  if (!strcmp(op, "dot"))
-    cfg->interaction = DENSE_INTERACT_DOT;
-  else if (!strcmp(op, "cat"))
-    cfg->interaction = DENSE_INTERACT_CAT;
-  else {
-    fprintf(stderr, "shardrec %s: --arch-interaction-op: '%s' is not dot or cat\n", cmd, op);
-    return -1;
-  }
-  cfg->interaction_itself = itself;
-  cfg->n_dense = cfg->bot[0];
-  cfg->n_sparse = n_sparse;
-  cfg->emb_dim = dim;
-  cfg->max_batch = max_batch;
-  char err[512];
-  if (dense_config_validate(cfg, err, sizeof err)) {
-    fprintf(stderr, "shardrec %s: %s\n", cmd, err);
-    return -1;
-  }
-  return 0;
 }

@@ -1,4 +1,4 @@
-#include "tools/trainer.h"
+#include "tools/train/trainer.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -41,7 +41,7 @@
 #include "embedding/plan.h"
 #include "storage/kv.h"
 #include "storage/sst.h"
-#include "tools/checkpoint.h"
+#include "tools/train/checkpoint.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
 

@@ -5,8 +5,8 @@
  *   rows/       every touched embedding row (the store's checkpoint)
  * Written under DIR.tmp and renamed into place, so a half-written model is
  * never mistaken for a good one. */
-#ifndef SHARDREC_TOOLS_MODEL_DIR_H
-#define SHARDREC_TOOLS_MODEL_DIR_H
+#ifndef SHARDREC_TRAIN_MODEL_DIR_H
+#define SHARDREC_TRAIN_MODEL_DIR_H
 
 #include <stddef.h>
 
@@ -35,9 +35,5 @@ struct cJSON *model_arch_json(const dense_config *cfg);
 int model_arch_parse(const struct cJSON *j, const char *src, dense_config *cfg, char *err,
                      size_t errlen);
 
-/* Parse "13-512-256" style widths and the interaction op shared by train and
- * eval; writes cfg fields. 0 or -1 with a message printed for cmd. */
-int model_arch_from_flags(const char *cmd, const char *bot, const char *top, const char *op,
-                          int itself, int dim, int n_sparse, int max_batch, dense_config *cfg);
 
 #endif

@@ -1,6 +1,6 @@
 /* Training checkpoints and the trainer's store (see checkpoint.h). */
-#include "tools/checkpoint.h"
-#include "tools/model_dir.h"
+#include "tools/train/checkpoint.h"
+#include "tools/train/model_dir.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>

@@ -16,8 +16,8 @@
  * starts nothing and still takes part. With size 1 there is no MPI call at
  * all (MPI need not be initialised); with size > 1 MPI must be initialised
  * and agree on rank and size. */
-#ifndef SHARDREC_TOOLS_COLOCATE_H
-#define SHARDREC_TOOLS_COLOCATE_H
+#ifndef SHARDREC_TRAIN_COLOCATE_H
+#define SHARDREC_TRAIN_COLOCATE_H
 
 #include <stddef.h>
 #include <stdint.h>

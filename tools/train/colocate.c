@@ -24,7 +24,7 @@
 #include "embedding/shard.h"
 #include "embedding/store.h"
 #include "rpc/rpc.h"
-#include "tools/colocate.h"
+#include "tools/train/colocate.h"
 
 #define CO_ADDR 64  /* one "host:port" in the gathered buffer, NUL included */
 #define CO_ERR 448  /* a failing rank's reason in the gathered buffer */
