@@ -1,5 +1,4 @@
-/* Training checkpoints (shardrec train --save-checkpoint / --resume) and the
- * trainer's choice of embedding store.
+/* Training checkpoints (shardrec train --save-checkpoint / --resume).
  *
  * A checkpoint is DIR/step-N/ holding
  *   manifest.json  format, plan (canonical JSON) and both fingerprints, step,
@@ -101,18 +100,5 @@ void ckpt_info_free(ckpt_info *ci); /* NULL-safe; leaves *ci zeroed */
 int ckpt_write_as(const ckpt_info *src, const emb_plan *plan, const char *tmp, const char *final,
                   char *err, size_t errlen);
 
-/* The trainer's store: the RocksDB shard store when data_dir or a cache size
- * is given (data_dir NULL: a temporary folder, removed by
- * train_store_cleanup), else the in-memory local store. *kind is "shard" or
- * "local". A data_dir already holding shard databases is refused unless
- * resuming (the checkpoint replaces them). */
-emb_store *train_store_create(const emb_plan *plan, const char *data_dir, uint64_t cache_rows,
-                              uint64_t cache_mb, int resuming, const char **kind, char *err,
-                              size_t errlen);
-void train_store_cleanup(void);
-
-/* Peak anonymous memory: sample /proc/self/status RssAnon (call after each
- * step); the peak so far in KiB. */
-uint64_t train_mem_sample(void);
 
 #endif

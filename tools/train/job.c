@@ -1,0 +1,839 @@
+/* The training job: wiring (ranks, job id, data, plan, store), the loop of
+ * steps over the epochs with its explicit rewind after a recovery, and the
+ * end of the job. See job.h. */
+#include <cblas.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/rng.h"
+#include "common/status.h"
+#include "common/sys.h"
+#include "embedding/shard.h"
+#include "rpc/rpc.h"
+#include "storage/kv.h"
+#include "tools/train/job_impl.h"
+#include "tools/train/model_dir.h"
+
+void job__errf(const train_job *j, const char *fmt, ...) {
+  char msg[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (j->size > 1)
+    fprintf(stderr, "shardrec train: rank %d: %s", j->rank, msg);
+  else
+    fprintf(stderr, "shardrec train: %s", msg);
+  fflush(stderr);
+}
+
+/* ---- batches and the cursor ---- */
+
+int job_batches_init(job_batches *q, int batch, int rank, int size, int async) {
+  memset(q, 0, sizeof *q);
+  q->rank = rank;
+  q->size = size;
+  if (ds_batch_init(&q->b, batch) ||
+      (size > 1 && ds_batch_init(&q->part, batch / size + 1)) ||
+      (async && (ds_batch_init(&q->nb, batch) ||
+                 (size > 1 && ds_batch_init(&q->npart, batch / size + 1)))))
+    return SR_ENOMEM;
+  return 0;
+}
+
+void job_batches_free(job_batches *q) {
+  if (!q) return;
+  ds_batch_free(&q->b);
+  ds_batch_free(&q->part);
+  ds_batch_free(&q->nb);
+  ds_batch_free(&q->npart);
+  memset(q, 0, sizeof *q);
+}
+
+/* Read up to batch samples of src into g and cut this rank's slice into
+ * part. The samples, or SR_E* (err). */
+static int read_global(job_batches *q, ds_source *src, int batch, ds_batch *g, ds_batch *part,
+                       char *err, size_t errlen) {
+  int got = ds_source_next(src, g, batch);
+  if (got < 0) {
+    sr_fmt(err, errlen, "%s", ds_source_errmsg(src));
+    return got;
+  }
+  /* Every rank read the same global batch; each trains on its slice. */
+  if (got > 0 && q->size > 1 && trainer_batch_slice(g, q->rank, q->size, part)) {
+    sr_fmt(err, errlen, "out of memory for this rank's slice");
+    return SR_ENOMEM;
+  }
+  return got;
+}
+
+int job_batches_take(job_batches *q, ds_source *src, int batch, char *err, size_t errlen) {
+  if (!q->have_next) return read_global(q, src, batch, &q->b, &q->part, err, errlen);
+  /* Async: this step's batch was read (and its rows asked for) during the
+   * last step. */
+  ds_batch x = q->b;
+  q->b = q->nb, q->nb = x;
+  x = q->part, q->part = q->npart, q->npart = x;
+  q->have_next = 0;
+  return q->next_got;
+}
+
+int job_batches_read_next(job_batches *q, ds_source *src, int batch, int *got, char *err,
+                          size_t errlen) {
+  int n = read_global(q, src, batch, &q->nb, &q->npart, err, errlen);
+  if (n < 0) return n;
+  *got = q->next_got = n;
+  return 0;
+}
+
+void job_rewind(job_cursor *c, job_batches *q, const ckpt_state *st, int batch, double now) {
+  q->have_next = 0;
+  c->step = st->step;
+  c->epoch = st->epoch;
+  c->epoch_step = (int64_t)((st->sample_index + (uint64_t)batch - 1) / (uint64_t)batch);
+  c->loss_sum = 0;
+  c->loss_n = 0;
+  c->samples_since = 0;
+  c->t_last = now;
+}
+
+/* ---- wiring ---- */
+
+static int coll_ok(const train_job *j, int rc, const char *what) {
+  if (rc) job__errf(j, "%s: %s\n", what, dense_coll_errmsg(j->coll));
+  return rc == 0;
+}
+
+/* Options that open the train or test split of the data. */
+static ds_source_opts source_opts(const train_job *j, ds_split split) {
+  const train_config *c = j->cfg;
+  ds_source_opts o;
+  memset(&o, 0, sizeof o);
+  o.path = c->processed ? c->processed : c->raw;
+  o.split = split;
+  o.max_ind_range = c->max_ind_range;
+  o.frequency_threshold = c->frequency_threshold;
+  o.strict = c->strict;
+  o.report = j->rank == 0 ? stderr : NULL; /* every rank reads the same data */
+  if (c->raw) {
+    o.format = DS_FORMAT_AUTO;
+    if (c->have_test_fraction) {
+      o.scheme = DS_SCHEME_FRACTION;
+      o.test_fraction = c->test_fraction;
+    } else {
+      o.scheme = c->terabyte ? DS_SCHEME_TERABYTE : DS_SCHEME_KAGGLE;
+    }
+  }
+  return o;
+}
+
+static int open_data(train_job *j) {
+  char err[1024];
+  ds_source_opts so = source_opts(j, DS_SPLIT_TRAIN);
+  j->data_path = so.path;
+  if (!(j->train = ds_source_open(&so, err, sizeof err))) {
+    job__errf(j, "%s\n", err);
+    return -1;
+  }
+  so = source_opts(j, DS_SPLIT_TEST);
+  if (!(j->test = ds_source_open(&so, err, sizeof err))) {
+    job__errf(j, "%s\n", err);
+    return -1;
+  }
+  j->n_train = ds_source_count(j->train);
+  j->n_test = ds_source_count(j->test);
+  if (j->n_train == 0) {
+    job__errf(j, "%s: the training split is empty\n", so.path);
+    return -1;
+  }
+  return 0;
+}
+
+/* The plan: given, or made from the data's table sizes and the flags (every
+ * rank makes the same plan; rank 0 writes it). Prints the plan line. */
+static int make_plan(train_job *j) {
+  const train_config *c = j->cfg;
+  char err[1024];
+  if (c->plan_path) {
+    if (emb_plan_load(c->plan_path, &j->plan, err, sizeof err)) {
+      job__errf(j, "%s\n", err);
+      return -1;
+    }
+  } else {
+    uint64_t sizes[DS_NUM_SPARSE];
+    if (c->have_emb_sizes) {
+      memcpy(sizes, c->emb_sizes, sizeof sizes);
+    } else if (ds_source_table_sizes(j->train, sizes)) {
+      job__errf(j, "%s: no table sizes: %s\n", j->data_path, ds_source_errmsg(j->train));
+      return -1;
+    }
+    emb_plan_params pp = {.n_tables = DS_NUM_SPARSE, .rows = sizes, .dim = c->dim,
+                          .pooling = c->pooling,
+                          .optim = {.kind = c->sparse_opt, .eps = -1, .init_acc = 0},
+                          .init_range = 0, .seed = c->seed, .n_shards = c->n_shards};
+    if (emb_plan_create(&pp, &j->plan, err, sizeof err) ||
+        (j->rank == 0 && emb_plan_save(j->plan, c->plan_out, err, sizeof err))) {
+      job__errf(j, "%s\n", err);
+      return -1;
+    }
+  }
+  const emb_plan *plan = j->plan;
+  char mfp[EMB_FP_HEX], pfp[EMB_FP_HEX];
+  emb_plan_model_fingerprint(plan, mfp);
+  emb_plan_fingerprint(plan, pfp);
+  uint64_t total_rows = 0;
+  for (int i = 0; i < plan->n_tables; i++) total_rows += plan->tables[i].rows;
+  printf("plan   %s%s: %d tables, %llu rows, dim %d, %d shard(s) %s; model %.12s plan %.12s\n",
+         c->plan_path ? c->plan_path : c->plan_out, c->plan_path ? "" : " (written)",
+         plan->n_tables, (unsigned long long)total_rows, plan->tables[0].dim, plan->n_shards,
+         c->servers ? "on shard servers" : c->colocate ? "colocated with the ranks" : "in process",
+         mfp, pfp);
+  printf("data   %s: %llu train, %llu test samples\n", j->data_path,
+         (unsigned long long)j->n_train, (unsigned long long)j->n_test);
+  return 0;
+}
+
+/* One job id for every rank (the servers key a step's pushes by it): rank 0
+ * draws it and broadcasts it as four 16-bit integers in floats. */
+static int share_job_id(train_job *j) {
+  float w[4] = {0};
+  if (j->rank == 0) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = sr_mix64(((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^
+                          ((uint64_t)ts.tv_sec << 20));
+    for (int i = 0; i < 4; i++) w[i] = (float)((x >> (16 * i)) & 0xffff);
+  }
+  if (!coll_ok(j, dense_coll_broadcast(j->coll, w, 4, 0), "broadcast of the job id")) return -1;
+  uint64_t x = 0;
+  for (int i = 0; i < 4; i++) x |= (uint64_t)w[i] << (16 * i);
+  snprintf(j->job_id, sizeof j->job_id, "job-%016llx", (unsigned long long)x);
+  return 0;
+}
+
+/* The remote store over --shard-servers, or over the colocated shards: one
+ * address per shard of the plan, in shard order. */
+static int open_remote(train_job *j) {
+  const train_config *c = j->cfg;
+  char err[1024];
+  if (c->colocate) {
+    colocate_opts co = {.host = "127.0.0.1", .data_dir = c->data_dir,
+                        .cache_rows = c->cache_rows, .cache_mb = c->cache_mb, .threads = 2};
+    j->colo = colocate_start(j->plan, j->rank, j->size, &co, &j->colo_addrs, err, sizeof err);
+    if (!j->colo) {
+      job__errf(j, "--colocate-shards: %s\n", err);
+      return -1;
+    }
+  }
+  char *list = c->servers ? strdup(c->servers) : NULL;
+  const char **addr = malloc(((list ? strlen(list) / 2 : 0) + (size_t)j->plan->n_shards + 1) *
+                             sizeof *addr);
+  int n_addr = 0;
+  if (c->colocate && addr)
+    for (int k = 0; k < j->plan->n_shards; k++) addr[n_addr++] = j->colo_addrs[k];
+  char *save = NULL;
+  for (char *tok = addr && list ? strtok_r(list, ",", &save) : NULL; tok;
+       tok = strtok_r(NULL, ",", &save))
+    addr[n_addr++] = tok;
+  rpc_tls tls = {.cert = c->tls_cert, .key = c->tls_key, .ca = c->tls_ca};
+  rpc_client_opts ro = {.deadline_s = c->rpc_deadline,
+                        .tls = c->tls_ca && !c->colocate ? &tls : NULL,
+                        .job_id = j->job_id[0] ? j->job_id : NULL,
+                        .rank = j->rank,
+                        .world_size = j->size,
+                        .max_staleness = c->async ? c->max_staleness : 0};
+  if (addr && (list || !c->servers))
+    j->store = emb_store_create_remote(j->plan, addr, n_addr, &ro, err, sizeof err);
+  else
+    sr_fmt(err, sizeof err, "out of memory");
+  if (j->store && c->servers)
+    printf("shards %d shard server(s): %s\n", n_addr, c->servers);
+  else if (j->store)
+    printf("shards %d shard(s) colocated with %d rank(s): %s%s\n", n_addr, j->size,
+           n_addr ? addr[0] : "", n_addr > 1 ? ", ..." : "");
+  free(addr);
+  free(list);
+  if (!j->store) {
+    job__errf(j, "%s\n", err);
+    return -1;
+  }
+  printf("mode   %s sparse updates%s\n", c->async ? "async" : "sync",
+         c->async ? "" : " (every rank's pushes of a step applied before the next lookups)");
+  if (c->async)
+    printf("mode   max staleness %d step(s); lookups prefetched one step ahead\n",
+           c->max_staleness);
+  return 0;
+}
+
+static int is_file(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* The store in this process: the RocksDB shard store when --data-dir or a
+ * cache size is given (no --data-dir: a temporary folder the job removes at
+ * its end), else every row in memory. A --data-dir already holding shard
+ * databases is refused unless resuming (the checkpoint replaces them). */
+static int open_local(train_job *j) {
+  const train_config *c = j->cfg;
+  char err[1024];
+  const char *data_dir = c->data_dir;
+  if (!data_dir && !c->cache_rows && !c->cache_mb) {
+    j->store_kind = "local";
+    j->store = emb_store_create_local(j->plan, err, sizeof err);
+  } else {
+    j->store_kind = "shard";
+    if (!data_dir) {
+      const char *t = getenv("TMPDIR");
+      const char *base = t && *t ? t : "/tmp";
+      size_t len = strlen(base) + sizeof "/shardrec-data-XXXXXX";
+      if (!(j->tmp_data_dir = malloc(len))) {
+        job__errf(j, "out of memory\n");
+        return -1;
+      }
+      snprintf(j->tmp_data_dir, len, "%s/shardrec-data-XXXXXX", base);
+      if (!mkdtemp(j->tmp_data_dir)) {
+        job__errf(j, "%s: cannot create a temporary data folder: %s\n", j->tmp_data_dir,
+                  strerror(errno));
+        free(j->tmp_data_dir);
+        j->tmp_data_dir = NULL;
+        return -1;
+      }
+      data_dir = j->tmp_data_dir;
+    } else if (!c->resume) {
+      for (int k = 0; k < j->plan->n_shards; k++) {
+        char p[4200];
+        if (snprintf(p, sizeof p, "%s/shard-%d/CURRENT", data_dir, k) >= (int)sizeof p) {
+          job__errf(j, "--data-dir %s: path too long\n", data_dir);
+          return -1;
+        }
+        if (is_file(p)) {
+          job__errf(j, "--data-dir %s: holds shard databases of an earlier run (%s/shard-%d); "
+                    "remove them, or --resume a checkpoint\n", data_dir, data_dir, k);
+          return -1;
+        }
+      }
+    }
+    emb_shard_config sc;
+    memset(&sc, 0, sizeof sc);
+    sc.cache_rows = c->cache_rows;
+    sc.cache_mb = c->cache_mb ? c->cache_mb : 256;
+    sc.block_cache_bytes = 32u << 20;
+    sc.write_buffer_bytes = 16u << 20;
+    j->store = emb_store_create_shard(j->plan, data_dir, &sc, err, sizeof err);
+  }
+  if (!j->store) {
+    job__errf(j, "%s\n", err);
+    return -1;
+  }
+  return 0;
+}
+
+/* Peak anonymous memory: sample /proc/self/status RssAnon (after each step). */
+static void mem_sample(train_job *j) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f) return;
+  char line[256];
+  while (fgets(line, sizeof line, f))
+    if (!strncmp(line, "RssAnon:", 8)) {
+      uint64_t kb = strtoull(line + 8, NULL, 10);
+      if (kb > j->mem_peak_kb) j->mem_peak_kb = kb;
+      break;
+    }
+  fclose(f);
+}
+
+/* Everything the loop needs: data, plan, store, trainer, batches, outputs. */
+static int job_open(train_job *j) {
+  const train_config *c = j->cfg;
+  char err[1024];
+  if (open_data(j) || make_plan(j)) return -1;
+  j->store_kind = "remote";
+  if (j->size > 1 && share_job_id(j)) return -1;
+  if ((c->servers || c->colocate) ? open_remote(j) : open_local(j)) return -1;
+  dense_opt_config ocfg = dense_opt_defaults(c->dense_opt);
+  j->t = trainer_create(j->plan, j->store, &c->dense, &ocfg, j->plan->seed, err, sizeof err);
+  if (!j->t) {
+    job__errf(j, "%s\n", err);
+    return -1;
+  }
+  trainer_set_coll(j->t, j->size > 1 ? j->coll : NULL);
+  if (job_batches_init(&j->q, c->batch, j->rank, j->size, c->async)) {
+    job__errf(j, "out of memory for batches\n");
+    return -1;
+  }
+  if (job__eval_open(j)) return -1;
+  printf("model  bottom %s, top %s, %s interaction; %zu dense parameters; %s (dense) / %s "
+         "(sparse), lr %g / %g\n",
+         c->bot, c->top, c->op, dense_config_param_count(&c->dense), c->opt_name,
+         emb_optim_name(j->plan->tables[0].optim.kind), c->lr, c->sparse_lr);
+  fflush(stdout);
+  j->steps_per_epoch = (int64_t)((j->n_train + (uint64_t)c->batch - 1) / (uint64_t)c->batch);
+  j->total_steps = j->steps_per_epoch * c->epochs;
+  if (c->num_batches > 0 && c->num_batches < j->total_steps) j->total_steps = c->num_batches;
+  j->cks = (ckpt_settings){c->opt_name, emb_optim_name(j->plan->tables[0].optim.kind), c->lr,
+                           c->sparse_lr, c->sched.num_warmup_steps, c->sched.decay_start_step,
+                           c->sched.num_decay_steps, c->batch};
+  return 0;
+}
+
+static void job_close(train_job *j, int status) {
+  job__eval_close(j);
+  job_batches_free(&j->q);
+  trainer_destroy(j->t);
+  emb_store_destroy(j->store);
+  if (j->colo) {
+    /* Every rank's last call is in before any rank's servers go. */
+    if (status == 0 && j->coll) coll_ok(j, dense_coll_barrier(j->coll), "final barrier");
+    colocate_stop(j->colo);
+  }
+  if (j->colo_addrs) colocate_addrs_free(j->colo_addrs, j->plan ? j->plan->n_shards : 0);
+  if (j->tmp_data_dir) {
+    store_rmtree(j->tmp_data_dir);
+    free(j->tmp_data_dir);
+  }
+  emb_plan_free(j->plan);
+  ds_source_destroy(j->train);
+  ds_source_destroy(j->test);
+}
+
+/* ---- checkpoints and recovery ---- */
+
+/* --resume: several ranks: rank 0 restores the shards (and its dense part),
+ * then the others load the dense part only, once the shards are back. */
+static int job_resume(train_job *j) {
+  const train_config *c = j->cfg;
+  char ckdir[4096], err[1024];
+  int rc = ckpt_resolve(c->resume, ckdir, sizeof ckdir, err, sizeof err);
+  if (!rc && j->rank == 0)
+    rc = ckpt_load(ckdir, j->plan, j->store, j->store_kind, trainer_model(j->t),
+                   trainer_dense_opt(j->t), &j->cks, &j->ckst, err, sizeof err);
+  if (rc) {
+    job__errf(j, "--resume: %s\n", err);
+    return -1;
+  }
+  if (j->size > 1 && !coll_ok(j, dense_coll_barrier(j->coll), "barrier after the restore"))
+    return -1;
+  if (j->rank != 0 &&
+      ckpt_load(ckdir, j->plan, NULL, j->store_kind, trainer_model(j->t), trainer_dense_opt(j->t),
+                &j->cks, &j->ckst, err, sizeof err)) {
+    job__errf(j, "--resume: %s\n", err);
+    return -1;
+  }
+  if (ds_source_seek(j->train, j->ckst.sample_index)) {
+    job__errf(j, "--resume: cannot seek the data to sample %llu: %s\n",
+              (unsigned long long)j->ckst.sample_index, ds_source_errmsg(j->train));
+    return -1;
+  }
+  j->cur.step = j->ckst.step;
+  printf("resume %s: step %lld, epoch %d, sample %llu\n", ckdir, (long long)j->ckst.step,
+         j->ckst.epoch, (unsigned long long)j->ckst.sample_index);
+  return 0;
+}
+
+/* A checkpoint of the job at j->ckst. Several ranks (sync mode): a barrier
+ * first, so every rank's push of the step is in and the shards have applied
+ * it (the last rank's push applies it inside its Push call); rank 0 then has
+ * the servers write their shards and writes dense.bin, the manifest and
+ * DONE; a second barrier keeps every rank from the next step's lookups until
+ * it is done. 0 or SR_E* with the reason in err. */
+static int job_checkpoint(train_job *j, char *err, size_t errlen) {
+  const train_config *c = j->cfg;
+  int rc;
+  if (j->size > 1 && (rc = dense_coll_barrier(j->coll))) {
+    sr_fmt(err, errlen, "barrier before the checkpoint: %s", dense_coll_errmsg(j->coll));
+    return rc;
+  }
+  if (j->rank == 0 &&
+      (rc = ckpt_save(c->checkpoint_dir, c->keep_checkpoints, j->plan, j->store, j->store_kind,
+                      trainer_model(j->t), trainer_dense_opt(j->t), &j->ckst, &j->cks, err,
+                      errlen)))
+    return rc;
+  if (j->size > 1 && (rc = dense_coll_barrier(j->coll))) {
+    sr_fmt(err, errlen, "barrier after the checkpoint: %s", dense_coll_errmsg(j->coll));
+    return rc;
+  }
+  return 0;
+}
+
+/* Restore every shard server and the dense part from checkpoint ckdir,
+ * retrying while a server is still down, for up to --recover-timeout. */
+static int restore_servers(train_job *j, const char *ckdir) {
+  const train_config *c = j->cfg;
+  char err[1024];
+  double t0 = sr_now();
+  for (;;) {
+    ckpt_state got;
+    if (!ckpt_load(ckdir, j->plan, j->store, "remote", trainer_model(j->t),
+                   trainer_dense_opt(j->t), &j->cks, &got, err, sizeof err)) {
+      j->ckst = got;
+      return 0;
+    }
+    if (!rpc_remote_lost(j->store) || sr_now() - t0 > c->recover_timeout) {
+      job__errf(j, "recovery from %s failed%s: %s\n", ckdir,
+                rpc_remote_lost(j->store) ? " (--recover-timeout passed)" : "", err);
+      return -1;
+    }
+    struct timespec ts = {0, 200 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* Automatic recovery from a lost shard server (rpc_remote_lost): wait for
+ * the servers, Restore every one of them from the newest complete checkpoint
+ * under --save-checkpoint, load the dense model and optimizer from it and
+ * seek the data to its position. why is the error that started it. 0 (ckst
+ * holds the checkpoint's position), or -1 with the reason printed. A push the
+ * lost server may have applied in part does not matter: every server's rows
+ * are replaced by the checkpoint's. */
+static int job_recover(train_job *j, const char *why) {
+  const train_config *c = j->cfg;
+  if (!c->servers || !rpc_remote_lost(j->store)) {
+    job__errf(j, "%s\n", why); /* not a lost server: nothing to recover from */
+    return -1;
+  }
+  if (j->size > 1) {
+    /* Rewinding N ranks and the servers' step state together is not done:
+     * stop the job cleanly; --resume restarts it from the last checkpoint. */
+    job__errf(j, "%s\n", why);
+    job__errf(j, "a shard server was lost; with %d ranks the job stops (automatic recovery "
+              "runs with one rank): restart it with --resume from the newest checkpoint\n",
+              j->size);
+    return -1;
+  }
+  char ckdir[4096], err[1024];
+  if (!c->checkpoint_dir) {
+    job__errf(j, "%s\nshardrec train: a shard server was lost and there is no checkpoint to "
+              "recover from (--save-checkpoint DIR --checkpoint-every N recovers "
+              "automatically)\n", why);
+    return -1;
+  }
+  if (ckpt_resolve(c->checkpoint_dir, ckdir, sizeof ckdir, err, sizeof err)) {
+    job__errf(j, "%s\nshardrec train: a shard server was lost and no complete checkpoint is "
+              "under %s yet to recover from (%s)\n", why, c->checkpoint_dir, err);
+    return -1;
+  }
+  job__errf(j, "%s\nshardrec train: restoring every shard server from %s (waiting up to %g s "
+            "for them)\n", why, ckdir, c->recover_timeout);
+  if (restore_servers(j, ckdir)) return -1;
+  if (ds_source_seek(j->train, j->ckst.sample_index)) {
+    job__errf(j, "recovery: cannot seek the data to sample %llu: %s\n",
+              (unsigned long long)j->ckst.sample_index, ds_source_errmsg(j->train));
+    return -1;
+  }
+  printf("recovered from %s after: %s\n", ckdir, why);
+  fflush(stdout);
+  return 0;
+}
+
+/* ---- the loop ---- */
+
+typedef enum {
+  STEP_DONE = 0,  /* a step was taken */
+  STEP_EPOCH_END, /* the split is used up: the epoch is over */
+  STEP_ALL_DONE,  /* the job's steps are done */
+  STEP_LOST,      /* the step (or its checkpoint) failed: recover, then rewind */
+  STEP_FAILED,    /* the job stops (message printed) */
+} step_outcome;
+
+static void progress(train_job *j, float loss, float lr) {
+  const train_config *c = j->cfg;
+  job_cursor *cur = &j->cur;
+  double tnow = sr_now();
+  double rate = cur->samples_since / (tnow - cur->t_last);
+  double frac = (double)cur->epoch_step / (double)j->steps_per_epoch;
+  double eta = (double)(j->total_steps - cur->step) * c->batch / (rate > 0 ? rate : 1);
+  double mean = cur->loss_sum / (double)cur->loss_n;
+  if (j->tty)
+    fprintf(stderr, "\rstep %lld/%llu  epoch %d %5.1f%%  %8.0f samples/s  loss %.6f  ETA %4.0fs ",
+            (long long)cur->step, (unsigned long long)j->total_steps, cur->epoch, 100 * frac,
+            rate, mean, eta);
+  else
+    printf("train  step %lld/%llu epoch %d %.1f%%: loss %.6f  %.0f samples/s  ETA %.0fs\n",
+           (long long)cur->step, (unsigned long long)j->total_steps, cur->epoch, 100 * frac,
+           mean, rate, eta);
+  if (j->metrics)
+    fprintf(j->metrics,
+            "{\"kind\":\"train\",\"step\":%lld,\"epoch\":%d,\"loss\":%.9g,\"last_loss\":%.9g,"
+            "\"lr\":%.9g,\"samples_per_s\":%.1f}\n",
+            (long long)cur->step, cur->epoch, mean, loss, lr, rate);
+  fflush(stdout);
+  cur->loss_sum = 0;
+  cur->loss_n = 0;
+  cur->samples_since = 0;
+  cur->t_last = sr_now();
+}
+
+/* Async: read the next batch now, so that the step sends its lookup out
+ * while it computes (trainer_prefetch). 0 or -1 (message printed). */
+static int prefetch_next(train_job *j) {
+  const train_config *c = j->cfg;
+  char err[1024];
+  int next_got;
+  int rc = job_batches_read_next(&j->q, j->train, c->batch, &next_got, err, sizeof err);
+  if (rc == SR_ENOMEM) job__errf(j, "step %lld: %s\n", (long long)j->cur.step + 1, err);
+  else if (rc) job__errf(j, "%s\n", err);
+  if (rc) return -1;
+  if (next_got == 0) return 0;
+  if (trainer_prefetch(j->t, j->size > 1 ? &j->q.npart : &j->q.nb, j->cur.step + 1)) {
+    job__errf(j, "%s\n", trainer_errmsg(j->t));
+    return -1;
+  }
+  j->q.have_next = 1;
+  return 0;
+}
+
+/* One step of the job: the batch, the step, the checkpoint when due, the
+ * progress line and test pass when due. why gets the reason of STEP_LOST. */
+static step_outcome job_step(train_job *j, char *why, size_t whylen) {
+  const train_config *c = j->cfg;
+  job_cursor *cur = &j->cur;
+  char err[1024];
+  if (cur->step >= j->total_steps) return STEP_ALL_DONE;
+  int got = job_batches_take(&j->q, j->train, c->batch, err, sizeof err);
+  if (got < 0) {
+    if (got == SR_ENOMEM)
+      job__errf(j, "step %lld: %s\n", (long long)cur->step, err);
+    else
+      job__errf(j, "%s\n", err);
+    return STEP_FAILED;
+  }
+  if (got == 0) return STEP_EPOCH_END;
+  /* The schedule scales both rates alike. */
+  float lr = dense_lr_at(&c->sched, cur->step), loss = 0;
+  float slr = c->lr > 0 ? (float)((double)lr * (c->sparse_lr / c->lr)) : (float)c->sparse_lr;
+  if (c->async && cur->step + 1 < j->total_steps && prefetch_next(j)) return STEP_FAILED;
+  if (trainer_step_part(j->t, job_batches_mine(&j->q), got, cur->step, lr, slr, &loss)) {
+    sr_fmt(why, whylen, "step %lld: %s", (long long)cur->step, trainer_errmsg(j->t));
+    return STEP_LOST;
+  }
+  if (!isfinite(loss)) {
+    job__errf(j, "step %lld: the loss is %g; lower --learning-rate\n", (long long)cur->step,
+              loss);
+    return STEP_FAILED;
+  }
+  cur->step++;
+  cur->epoch_step++;
+  mem_sample(j);
+  j->ckst = (ckpt_state){cur->step, cur->epoch, j->q.b.first_index + (uint64_t)got};
+  if (c->checkpoint_dir && c->checkpoint_every > 0 && cur->step % c->checkpoint_every == 0 &&
+      job_checkpoint(j, err, sizeof err)) {
+    sr_fmt(why, whylen, "--save-checkpoint: %s", err);
+    return STEP_LOST;
+  }
+  cur->loss_sum += loss;
+  cur->loss_n++;
+  cur->samples_since += got;
+  j->samples_done += got;
+  if (cur->step % c->print_freq == 0 || cur->step == j->total_steps) progress(j, loss, lr);
+  if (c->test_freq > 0 && cur->step % c->test_freq == 0 && j->n_test) {
+    if (j->tty) fprintf(stderr, "\n");
+    if (job__test_pass(j)) return STEP_FAILED;
+    cur->t_last = sr_now();
+  }
+  return STEP_DONE;
+}
+
+/* The epochs from the resumed one on; a step lost to a shard server is
+ * recovered from and the cursor rewound to the checkpoint. 0 or -1. */
+static int job_loop(train_job *j) {
+  const train_config *c = j->cfg;
+  job_cursor *cur = &j->cur;
+  const int start_epoch = j->ckst.epoch;
+  int stop = 0;
+  char why[1300];
+  j->t_start = cur->t_last = sr_now();
+  for (cur->epoch = start_epoch; cur->epoch < c->epochs && !stop; cur->epoch++) {
+    if (cur->epoch > start_epoch && ds_source_rewind(j->train)) {
+      job__errf(j, "%s\n", ds_source_errmsg(j->train));
+      return -1;
+    }
+    cur->epoch_step = 0;
+    for (;;) {
+      step_outcome o = job_step(j, why, sizeof why);
+      if (o == STEP_FAILED) return -1;
+      if (o == STEP_ALL_DONE) stop = 1;
+      if (o == STEP_ALL_DONE || o == STEP_EPOCH_END) break;
+      if (o == STEP_LOST) {
+        if (job_recover(j, why)) return -1;
+        /* Recovered: carry on from the checkpoint's step and data position. */
+        job_rewind(cur, &j->q, &j->ckst, c->batch, sr_now());
+      }
+    }
+    if (j->tty) fprintf(stderr, "\n");
+    if (j->n_test && (c->test_freq == 0 || cur->step % c->test_freq != 0) && job__test_pass(j))
+      return -1;
+  }
+  return 0;
+}
+
+/* The end of the job: where the time went, the final checkpoint, memory,
+ * skipped lines, --save-model. 0 or -1. */
+static int job_finish(train_job *j) {
+  const train_config *c = j->cfg;
+  char err[1024];
+  double secs = sr_now() - j->t_start;
+  const trainer_times *tt = trainer_times_get(j->t);
+  double ns = (double)(tt->steps ? tt->steps : 1);
+  printf("done   %lld steps in %.1f s; per step: dedup %.2f ms, lookup %.2f, pool %.2f, "
+         "forward %.2f, backward %.2f, scatter %.2f, push %.2f, dense opt %.2f\n",
+         (long long)j->cur.step, secs, 1e3 * tt->dedup / ns, 1e3 * tt->lookup / ns,
+         1e3 * tt->pool / ns, 1e3 * tt->forward / ns, 1e3 * tt->backward / ns,
+         1e3 * tt->scatter / ns, 1e3 * tt->push / ns, 1e3 * tt->dense_opt / ns);
+  /* Samples per second of training (test passes left out), and where a
+   * step's time went: bench dp reads this line. */
+  double ts = secs - j->t_eval;
+  printf("rate   %.1f samples/s over %d rank(s); per step: dense compute %.3f ms, "
+         "allreduce %.3f ms\n",
+         ts > 0 ? (double)j->samples_done / ts : 0.0, j->size,
+         1e3 * (tt->forward + tt->backward + tt->dense_opt) / ns, 1e3 * tt->allreduce / ns);
+  if (c->checkpoint_dir) {
+    if (job_checkpoint(j, err, sizeof err)) {
+      job__errf(j, "--save-checkpoint: %s\n", err);
+      return -1;
+    }
+    printf("ckpt   %s/step-%lld\n", c->checkpoint_dir, (long long)j->ckst.step);
+  }
+  mem_sample(j);
+  printf("memory peak RssAnon %.1f MB (%s store)\n", (double)j->mem_peak_kb / 1024.0,
+         j->store_kind);
+  ds_source_stats st;
+  if (!ds_source_stats_get(j->train, &st) && (st.malformed || st.scan_malformed))
+    printf("data   %llu malformed lines skipped\n",
+           (unsigned long long)(st.malformed > st.scan_malformed ? st.malformed
+                                                                  : st.scan_malformed));
+  if (c->save_model && j->rank == 0) {
+    if (model_dir_save(c->save_model, &c->dense, j->plan, trainer_model(j->t), j->store, err,
+                       sizeof err)) {
+      job__errf(j, "--save-model: %s\n", err);
+      return -1;
+    }
+    printf("saved  %s\n", c->save_model);
+  }
+  return 0;
+}
+
+/* Under mpirun: MPI up, the collective, and the cores shared out between
+ * the ranks of a node. 0 or -1. */
+static int job_ranks(train_job *j) {
+  char err[1024];
+  if (dense_mpi_init(err, sizeof err)) {
+    job__errf(j, "%s\n", err);
+    return -1;
+  }
+  if (!(j->coll = dense_coll_mpi_create(err, sizeof err))) {
+    job__errf(j, "%s\n", err);
+    return -1;
+  }
+  if (j->coll->size != j->size || j->coll->rank != j->rank) {
+    job__errf(j, "MPI says rank %d of %d, the environment rank %d of %d\n", j->coll->rank,
+              j->coll->size, j->rank, j->size);
+    return -1;
+  }
+  /* Ranks crowded on few cores: share the cores out rather than run
+   * (cores x ranks) BLAS threads. An explicit OPENBLAS_NUM_THREADS wins. */
+  if (!getenv("OPENBLAS_NUM_THREADS")) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int per = (int)(cores / j->cfg->ranks.local_size);
+    openblas_set_num_threads(per < 1 ? 1 : per);
+  }
+  return 0;
+}
+
+int train_run(const train_config *c) {
+  train_job job, *j = &job;
+  memset(j, 0, sizeof *j);
+  j->cfg = c;
+  j->rank = c->ranks.rank;
+  j->size = c->ranks.size;
+  j->tty = isatty(2) && j->rank == 0;
+  int status = 1;
+  if (c->ranks.launched && job_ranks(j)) goto done;
+  printf("ranks  %d rank(s)%s, %d on this node; %d BLAS thread(s) per rank\n", j->size,
+         j->size > 1 ? " (mpirun)" : "", c->ranks.local_size, openblas_get_num_threads());
+  if (job_open(j) || (c->resume && job_resume(j)) || job_loop(j) || job_finish(j)) goto done;
+  status = 0;
+done:
+  job_close(j, status);
+  dense_coll_destroy(j->coll);
+  return status;
+}
+
+void train_ranks_enter(train_ranks *r) {
+  memset(r, 0, sizeof *r);
+  r->stderr_saved = -1;
+  r->launched = dense_mpi_launched(&r->rank, &r->size, &r->local_size);
+  if (!r->launched || r->rank == 0) return;
+  fflush(stdout);
+  int dn = open("/dev/null", O_WRONLY);
+  if (dn >= 0) {
+    dup2(dn, 1);
+    r->stderr_saved = dup(2);
+    dup2(dn, 2);
+    close(dn);
+  }
+}
+
+void train_ranks_speak(train_ranks *r) {
+  if (r->stderr_saved < 0) return;
+  fflush(stderr);
+  dup2(r->stderr_saved, 2);
+  close(r->stderr_saved);
+  r->stderr_saved = -1;
+}
+
+int train_ranks_leave(train_ranks *r, int rc) {
+  train_ranks_speak(r);
+  fflush(stdout);
+  if (rc == 2 && r->launched && r->rank != 0) return 0;
+  if (rc && r->size > 1) dense_mpi_abort(rc);
+  dense_mpi_finalize();
+  return rc;
+}
+
+int train_config_check(const train_config *c, char *err, size_t errlen) {
+  if (!!c->processed == !!c->raw) {
+    sr_fmt(err, errlen, "give exactly one of --processed-data-file and --raw-data-file");
+    return SR_EINVAL;
+  }
+  if (c->processed && c->have_test_fraction) {
+    sr_fmt(err, errlen, "--test-fraction applies to raw data; a processed file holds the split "
+           "chosen by 'shardrec convert'");
+    return SR_EINVAL;
+  }
+  if (c->colocate && c->servers) {
+    sr_fmt(err, errlen, "give one of --shard-servers and --colocate-shards");
+    return SR_EINVAL;
+  }
+  if (c->async && !c->servers && !c->colocate) {
+    sr_fmt(err, errlen, "--sparse-mode async needs shard servers (--shard-servers or "
+           "--colocate-shards): in-process shards apply every push at once");
+    return SR_EINVAL;
+  }
+  if (c->ranks.size > 1) {
+    if (c->batch % c->ranks.size) {
+      sr_fmt(err, errlen, "--mini-batch-size %d is the global batch and must divide by the %d "
+             "ranks (%d %% %d = %d)", c->batch, c->ranks.size, c->batch, c->ranks.size, c->batch % c->ranks.size);
+      return SR_EINVAL;
+    }
+    if (!c->servers && !c->colocate) {
+      sr_fmt(err, errlen, "%d ranks need the embeddings on shards every rank reaches: "
+             "--shard-servers H:P,... or --colocate-shards (in-process shards would be one copy "
+             "per rank)", c->ranks.size);
+      return SR_EINVAL;
+    }
+    if (c->data_dir && !c->colocate) {
+      sr_fmt(err, errlen, "--data-dir: with shard servers the rows live on the servers");
+      return SR_EINVAL;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,218 @@
+/* The training job's test passes: the whole test split through the model
+ * (split over the ranks, gathered on rank 0), --test-pred-out, the report
+ * line and its JSON. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "common/sys.h"
+#include "tools/train/job_impl.h"
+
+int train_oracle_read(const char *path, double *auc_out, double *ll_out, char *err,
+                      size_t errlen) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    sr_fmt(err, errlen, "--oracle %s: cannot open", path);
+    return SR_EIO;
+  }
+  char buf[1 << 16];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  cJSON *j = cJSON_Parse(buf);
+  const cJSON *test = j ? cJSON_GetObjectItem(j, "test") : NULL;
+  const cJSON *auc = test ? cJSON_GetObjectItem(test, "oracle_auc") : NULL;
+  const cJSON *ll = test ? cJSON_GetObjectItem(test, "oracle_logloss") : NULL;
+  int ok = cJSON_IsNumber(auc) && cJSON_IsNumber(ll);
+  if (ok) {
+    *auc_out = auc->valuedouble;
+    *ll_out = ll->valuedouble;
+  }
+  cJSON_Delete(j);
+  if (!ok) {
+    sr_fmt(err, errlen, "--oracle %s: no test.oracle_auc / test.oracle_logloss", path);
+    return SR_EFORMAT;
+  }
+  return 0;
+}
+
+int job__eval_open(train_job *j) {
+  const train_config *c = j->cfg;
+  if (ds_batch_init(&j->tb, c->test_batch) ||
+      (j->size > 1 && (ds_batch_init(&j->tpart, c->test_batch / j->size + 1) ||
+                       !(j->lpred = malloc(((size_t)c->test_batch / (size_t)j->size + 1) *
+                                           sizeof *j->lpred)) ||
+                       !(j->counts = malloc((size_t)j->size * sizeof *j->counts))))) {
+    job__errf(j, "out of memory for batches\n");
+    return -1;
+  }
+  if (j->n_test) {
+    j->pred = malloc(j->n_test * sizeof *j->pred);
+    j->labels = malloc(j->n_test * sizeof *j->labels);
+    if (!j->pred || !j->labels) {
+      job__errf(j, "out of memory for %llu test predictions\n", (unsigned long long)j->n_test);
+      return -1;
+    }
+  }
+  if (c->metrics_out && j->rank == 0) {
+    j->metrics = fopen(c->metrics_out, "w");
+    if (!j->metrics) {
+      job__errf(j, "--metrics-out %s: cannot open for writing\n", c->metrics_out);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+void job__eval_close(train_job *j) {
+  if (j->metrics) fclose(j->metrics);
+  j->metrics = NULL;
+  free(j->pred);
+  free(j->labels);
+  free(j->lpred);
+  free(j->counts);
+  j->pred = j->labels = j->lpred = NULL;
+  j->counts = NULL;
+  ds_batch_free(&j->tb);
+  ds_batch_free(&j->tpart);
+}
+
+/* A collective call of the job; on failure the reason, and the job stops. */
+static int coll_ok(const train_job *j, int rc, const char *what) {
+  if (rc) job__errf(j, "%s: %s\n", what, dense_coll_errmsg(j->coll));
+  return rc == 0;
+}
+
+/* One test batch tb of got samples: its predictions and labels at
+ * pred/labels + n on rank 0. Several ranks: each predicts its slice and rank
+ * 0 gathers them in sample order. 0 or -1 (message printed). */
+static int predict_batch(train_job *j, int got, size_t n) {
+  if (j->size == 1) {
+    if (trainer_predict(j->t, &j->tb, j->cur.step, j->pred + n)) {
+      job__errf(j, "%s\n", trainer_errmsg(j->t));
+      return -1;
+    }
+    memcpy(j->labels + n, j->tb.labels, (size_t)got * sizeof *j->labels);
+    return 0;
+  }
+  for (int r = 0; r < j->size; r++) j->counts[r] = (size_t)trainer_slice_count(got, r, j->size);
+  if (trainer_batch_slice(&j->tb, j->rank, j->size, &j->tpart)) {
+    job__errf(j, "test data: out of memory for this rank's slice\n");
+    return -1;
+  }
+  if (trainer_predict(j->t, &j->tpart, j->cur.step, j->lpred)) {
+    job__errf(j, "%s\n", trainer_errmsg(j->t));
+    return -1;
+  }
+  int r0 = j->rank == 0;
+  return coll_ok(j, dense_coll_gather(j->coll, j->lpred, (size_t)j->tpart.n,
+                                      r0 ? j->pred + n : NULL, r0 ? j->counts : NULL, 0),
+                 "gather of the test predictions") &&
+                 coll_ok(j, dense_coll_gather(j->coll, j->tpart.labels, (size_t)j->tpart.n,
+                                              r0 ? j->labels + n : NULL, r0 ? j->counts : NULL, 0),
+                         "gather of the test labels")
+             ? 0
+             : -1;
+}
+
+/* Evaluate on the whole test split; fills m (on rank 0). 0 or -1 (message
+ * printed). */
+static int evaluate(train_job *j, dense_metrics *m) {
+  if (ds_source_rewind(j->test)) {
+    job__errf(j, "test data: %s\n", ds_source_errmsg(j->test));
+    return -1;
+  }
+  size_t n = 0;
+  for (;;) {
+    int got = ds_source_next(j->test, &j->tb, j->cfg->test_batch);
+    if (got < 0) {
+      job__errf(j, "test data: %s\n", ds_source_errmsg(j->test));
+      return -1;
+    }
+    if (got == 0) break;
+    if (n + (size_t)got > j->n_test) {
+      job__errf(j, "test split larger than counted (%zu)\n", (size_t)j->n_test);
+      return -1;
+    }
+    if (predict_batch(j, got, n)) return -1;
+    n += (size_t)got;
+  }
+  if (j->rank != 0) return 0; /* rank 0 computes the job's metrics */
+  if (n == 0) {
+    job__errf(j, "the test split is empty\n");
+    return -1;
+  }
+  if (dense_metrics_compute(j->pred, j->labels, n, m)) {
+    job__errf(j, "metrics failed (NaN predictions?)\n");
+    return -1;
+  }
+  return 0;
+}
+
+/* --test-pred-out: the n test predictions, "%.9g" each (round-trips a
+ * float), written to a temporary name and renamed, so a reader never sees a
+ * half-written file. 0 or -1 (message printed). */
+static int write_preds(const train_job *j, const char *path, size_t n) {
+  if (!path) return 0;
+  size_t len = strlen(path) + 5;
+  char *tmp = malloc(len);
+  if (!tmp) {
+    job__errf(j, "--test-pred-out %s: out of memory\n", path);
+    return -1;
+  }
+  snprintf(tmp, len, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  if (!f) {
+    job__errf(j, "--test-pred-out %s: cannot open for writing\n", tmp);
+    free(tmp);
+    return -1;
+  }
+  for (size_t i = 0; i < n; i++) fprintf(f, "%.9g\n", (double)j->pred[i]);
+  int rc = 0;
+  if (fclose(f) != 0 || rename(tmp, path) != 0) {
+    job__errf(j, "--test-pred-out %s: cannot write\n", path);
+    remove(tmp);
+    rc = -1;
+  }
+  free(tmp);
+  return rc;
+}
+
+static void report_test(const train_job *j, const dense_metrics *m) {
+  const train_config *c = j->cfg;
+  long long step = (long long)j->cur.step;
+  int epoch = j->cur.epoch;
+  printf("test   step %lld epoch %d: auc %.6f  logloss %.6f  accuracy %.4f  mean pred %.4f  "
+         "ctr %.4f  (%zu samples)\n",
+         step, epoch, m->auc, m->log_loss, m->accuracy, m->mean_pred, m->ctr, m->n);
+  if (c->have_oracle)
+    printf("oracle              : auc %.6f  logloss %.6f  (gap: auc %+.4f, logloss %+.4f)\n",
+           c->oracle_auc, c->oracle_logloss, m->auc - c->oracle_auc,
+           m->log_loss - c->oracle_logloss);
+  fflush(stdout);
+  if (j->metrics) {
+    fprintf(j->metrics,
+            "{\"kind\":\"test\",\"step\":%lld,\"epoch\":%d,\"auc\":%.17g,\"logloss\":%.17g,"
+            "\"accuracy\":%.17g,\"mean_pred\":%.17g,\"ctr\":%.17g,\"n\":%zu",
+            step, epoch, m->auc, m->log_loss, m->accuracy, m->mean_pred, m->ctr, m->n);
+    if (c->have_oracle)
+      fprintf(j->metrics, ",\"oracle_auc\":%.17g,\"oracle_logloss\":%.17g", c->oracle_auc,
+              c->oracle_logloss);
+    fprintf(j->metrics, "}\n");
+    fflush(j->metrics);
+  }
+}
+
+int job__test_pass(train_job *j) {
+  double e0 = sr_now();
+  dense_metrics m;
+  if (evaluate(j, &m)) return -1;
+  if (j->rank == 0) { /* m is rank 0's alone */
+    if (write_preds(j, j->cfg->test_pred_out, m.n)) return -1;
+    report_test(j, &m);
+  }
+  j->t_eval += sr_now() - e0;
+  return 0;
+}

@@ -1,0 +1,112 @@
+/* Internals of the training job (job.c, job_eval.c), shared with their unit
+ * tests (tests/train). Not part of the engine's interface. */
+#ifndef SHARDREC_TRAIN_JOB_IMPL_H
+#define SHARDREC_TRAIN_JOB_IMPL_H
+
+#include <stdio.h>
+
+#include "datasets/source.h"
+#include "dense/collective.h"
+#include "dense/metrics.h"
+#include "embedding/store.h"
+#include "tools/train/checkpoint.h"
+#include "tools/train/colocate.h"
+#include "tools/train/job.h"
+#include "tools/train/trainer.h"
+
+/* The train batches of one rank: the global batch b every rank reads and
+ * this rank's slice of it, and in async mode the next global batch (read,
+ * and its rows asked for, during the step before) with its slice. */
+typedef struct job_batches {
+  ds_batch b, part;   /* this step's global batch and this rank's slice (size > 1) */
+  ds_batch nb, npart; /* async: the next step's */
+  int have_next;      /* nb (and npart) hold the next step's batch */
+  int next_got;       /* its samples */
+  int rank, size;
+} job_batches;
+
+/* Buffers for batches of up to batch samples for rank of size, the next
+ * batch's too when async. 0 or SR_ENOMEM (q left for job_batches_free). */
+int job_batches_init(job_batches *q, int batch, int rank, int size, int async);
+void job_batches_free(job_batches *q); /* NULL-safe; zeroes *q */
+
+/* This step's batch: the prefetched one when there is one (the buffers are
+ * swapped, nothing copied), else up to batch samples read from src (and this
+ * rank's slice cut). Returns the global batch's samples (0 at the end of the
+ * split) or SR_E* (the reason in err). */
+int job_batches_take(job_batches *q, ds_source *src, int batch, char *err, size_t errlen);
+
+/* Read the next step's batch into nb (and its slice into npart); *got gets
+ * its samples (0 at the end of the split). 0 or SR_E* (err). The caller sets
+ * have_next once the trainer has taken it (trainer_prefetch). */
+int job_batches_read_next(job_batches *q, ds_source *src, int batch, int *got, char *err,
+                          size_t errlen);
+
+/* This rank's part of this step's batch. */
+static inline const ds_batch *job_batches_mine(const job_batches *q) {
+  return q->size > 1 ? &q->part : &q->b;
+}
+
+/* Where the loop stands: the step, the epoch and the step within it, and the
+ * running figures of the progress line. */
+typedef struct job_cursor {
+  int64_t step;            /* steps done */
+  int epoch;
+  int64_t epoch_step;      /* steps done in this epoch */
+  double loss_sum;         /* since the last progress line */
+  int64_t loss_n, samples_since;
+  double t_last;           /* time of the last progress line */
+} job_cursor;
+
+/* Put the cursor at checkpoint state st (after a recovery): its step and
+ * epoch, the steps of that epoch up to its sample index (batch samples a
+ * step), the progress figures started afresh at time now; and drop the
+ * prefetched batch, if any (its rows were asked for before the rewind). */
+void job_rewind(job_cursor *c, job_batches *q, const ckpt_state *st, int batch, double now);
+
+/* A running job (train_run's). */
+typedef struct train_job {
+  const train_config *cfg;
+  int rank, size;
+  dense_coll *coll;        /* the ranks' collective (NULL: one rank), owned */
+  ds_source *train, *test; /* owned */
+  uint64_t n_train, n_test;
+  const char *data_path;
+  emb_plan *plan;          /* owned */
+  emb_store *store;        /* owned */
+  const char *store_kind;  /* "local", "shard" or "remote" */
+  char *tmp_data_dir;      /* the shard store's temporary folder (removed at the end), owned */
+  trainer *t;              /* owned */
+  colocate *colo;          /* this rank's colocated shard servers, owned */
+  char **colo_addrs;       /* [plan->n_shards], owned */
+  char job_id[64];         /* several ranks: the id every rank's calls carry */
+  job_batches q;
+  job_cursor cur;
+  ckpt_settings cks;
+  ckpt_state ckst;         /* the job's position after its last step */
+  int64_t total_steps, steps_per_epoch;
+  int64_t samples_done;
+  double t_start, t_eval;
+  uint64_t mem_peak_kb;    /* peak RssAnon so far */
+  int tty;                 /* rank 0 with stderr on a terminal: live progress line */
+  /* Test passes (job_eval.c) */
+  ds_batch tb, tpart;      /* a test batch and this rank's slice (size > 1) */
+  float *lpred;            /* [test_batch / size + 1] this rank's predictions */
+  float *pred, *labels;    /* [n_test] rank 0's predictions and labels */
+  size_t *counts;          /* [size] samples per rank of a test batch */
+  FILE *metrics;           /* --metrics-out (rank 0), owned */
+} train_job;
+
+/* "shardrec train: <why>" on stderr; with several ranks "shardrec train:
+ * rank R: <why>". */
+__attribute__((format(printf, 2, 3))) void job__errf(const train_job *j, const char *fmt, ...);
+
+/* job_eval.c: open --metrics-out and the test buffers
+ * (0 or -1, message printed); a test pass at the cursor's step: evaluate the
+ * whole test split, --test-pred-out, the report line and JSON (its seconds
+ * added to t_eval). */
+int job__eval_open(train_job *j);
+void job__eval_close(train_job *j);
+int job__test_pass(train_job *j);
+
+#endif
