@@ -1,0 +1,376 @@
+/* The engine library (tools/train) called directly: batch slicing over
+ * ranks, the job's double-buffered batches (the async prefetch swap), the
+ * cursor's rewind after a recovery, and the checkpoint refusals of
+ * ckpt_load. Real files in a temporary folder, a real in-memory store and
+ * dense model. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/status.h"
+#include "tests/check_main.h"
+#include "tools/train/job_impl.h"
+
+static char dir[256];
+
+static void setup(void) {
+  snprintf(dir, sizeof dir, "%s/sr-train-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+}
+
+static void teardown(void) {
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+
+/* A batch of n samples whose every field says which sample it is: label
+ * i % 2, dense[i][k] = 100 i + k, feature f's bag = {1000 i + f}. */
+static void fill_batch(ds_batch *b, int n, uint64_t first) {
+  b->n = n;
+  b->first_index = first;
+  ck_assert_int_eq(ds_batch_reserve_ids(b, (size_t)n * DS_NUM_SPARSE), 0);
+  size_t id = 0;
+  for (int f = 0; f < DS_NUM_SPARSE; f++) {
+    uint32_t *off = ds_batch_offsets(b, f);
+    for (int i = 0; i < n; i++) {
+      off[i] = (uint32_t)id;
+      b->ids[id++] = 1000u * (uint64_t)i + (uint64_t)f;
+    }
+    off[n] = (uint32_t)id;
+  }
+  for (int i = 0; i < n; i++) {
+    b->labels[i] = (float)(i % 2);
+    for (int k = 0; k < DS_NUM_DENSE; k++) b->dense[i * DS_NUM_DENSE + k] = (float)(100 * i + k);
+  }
+}
+
+/* fill_batch with inputs a model trains on: dense features scaled down. */
+static void fill_train_batch(ds_batch *b, int n) {
+  fill_batch(b, n, 0);
+  for (int i = 0; i < n * DS_NUM_DENSE; i++) b->dense[i] = log1pf(b->dense[i]);
+}
+
+/* Every rank's slice of batches of 1..40 samples over 1..5 ranks: the slices
+ * are the batch's samples in order, contiguous, sized q or q+1 with the
+ * larger ones first, each with its own first_index. */
+START_TEST(test_batch_slices) {
+  ds_batch b, part;
+  ck_assert_int_eq(ds_batch_init(&b, 40), 0);
+  ck_assert_int_eq(ds_batch_init(&part, 41), 0);
+  for (int n = 1; n <= 40; n++) {
+    fill_batch(&b, n, 500);
+    for (int size = 1; size <= 5; size++) {
+      int lo = 0;
+      for (int r = 0; r < size; r++) {
+        int want = n / size + (r < n % size);
+        ck_assert_int_eq(trainer_slice_count(n, r, size), want);
+        ck_assert_int_eq(trainer_batch_slice(&b, r, size, &part), 0);
+        ck_assert_int_eq(part.n, want);
+        ck_assert_uint_eq(part.first_index, 500u + (uint64_t)lo);
+        for (int i = 0; i < want; i++) {
+          int g = lo + i;
+          ck_assert_float_eq(part.labels[i], (float)(g % 2));
+          ck_assert_float_eq(part.dense[i * DS_NUM_DENSE + 3], (float)(100 * g + 3));
+          for (int f = 0; f < DS_NUM_SPARSE; f += 5) {
+            const uint32_t *off = ds_batch_offsets(&part, f);
+            ck_assert_uint_eq(off[i + 1] - off[i], 1);
+            ck_assert_uint_eq(part.ids[off[i]], 1000u * (uint64_t)g + (uint64_t)f);
+          }
+        }
+        lo += want;
+      }
+      ck_assert_int_eq(lo, n);
+    }
+  }
+  /* A slice buffer too small for the largest slice is refused. */
+  ds_batch tiny;
+  ck_assert_int_eq(ds_batch_init(&tiny, 3), 0);
+  fill_batch(&b, 40, 0);
+  ck_assert_int_ne(trainer_batch_slice(&b, 0, 2, &tiny), 0);
+  ds_batch_free(&tiny);
+  ds_batch_free(&b);
+  ds_batch_free(&part);
+}
+END_TEST
+
+/* A TSV file of n samples; sample i has I1 = i (its dense[0] is log(1 + i))
+ * and label i % 3 == 0. */
+static void write_tsv(const char *path, int n) {
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  for (int i = 0; i < n; i++) {
+    fprintf(f, "%d\t%d", i % 3 == 0, i);
+    for (int k = 1; k < DS_NUM_DENSE; k++) fprintf(f, "\t%d", k);
+    for (int c = 0; c < DS_NUM_SPARSE; c++) fprintf(f, "\t%08x", (unsigned)(i * 31 + c));
+    fprintf(f, "\n");
+  }
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+static ds_source *open_tsv(const char *path) {
+  ds_source_opts o;
+  memset(&o, 0, sizeof o);
+  o.path = path;
+  o.format = DS_FORMAT_TSV;
+  o.id_mode = DS_IDS_MODULO;
+  o.max_ind_range = 1000;
+  o.read_ahead = -1;
+  char err[512];
+  ds_source *s = ds_source_open(&o, err, sizeof err);
+  ck_assert_msg(s != NULL, "%s", err);
+  return s;
+}
+
+/* The sample a batch row came from, from its I1. */
+static int sample_of(const ds_batch *b, int i) {
+  return (int)lroundf(expf(b->dense[i * DS_NUM_DENSE]) - 1.0f);
+}
+
+/* Async prefetch: the next batch is read into the second buffers, then
+ * becomes this step's batch by swapping buffers (no copy), slices included;
+ * the split's end comes after the last partial batch. */
+START_TEST(test_prefetch_swap) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/d.tsv", dir);
+  write_tsv(path, 20);
+  ds_source *src = open_tsv(path);
+  job_batches q;
+  char err[256];
+  ck_assert_int_eq(job_batches_init(&q, 8, 1, 2, 1), 0); /* rank 1 of 2, async */
+  ck_assert_int_eq(job_batches_take(&q, src, 8, err, sizeof err), 8);
+  ck_assert_uint_eq(q.b.first_index, 0);
+  ck_assert_int_eq(q.part.n, 4);
+  ck_assert_uint_eq(q.part.first_index, 4); /* rank 1: samples 4..7 */
+  ck_assert_int_eq(sample_of(&q.part, 0), 4);
+  int got = -1;
+  ck_assert_int_eq(job_batches_read_next(&q, src, 8, &got, err, sizeof err), 0);
+  ck_assert_int_eq(got, 8);
+  ck_assert_uint_eq(q.nb.first_index, 8);
+  ck_assert_int_eq(sample_of(&q.npart, 0), 12);
+  /* This step's batch is untouched by reading the next one. */
+  ck_assert_uint_eq(q.b.first_index, 0);
+  ck_assert_int_eq(sample_of(&q.part, 3), 7);
+  float *next_labels = q.nb.labels, *next_part = q.npart.labels, *cur_labels = q.b.labels;
+  q.have_next = 1;
+  ck_assert_int_eq(job_batches_take(&q, src, 8, err, sizeof err), 8);
+  ck_assert_int_eq(q.have_next, 0);
+  ck_assert_ptr_eq(q.b.labels, next_labels); /* swapped, not copied */
+  ck_assert_ptr_eq(q.part.labels, next_part);
+  ck_assert_ptr_eq(q.nb.labels, cur_labels);
+  ck_assert_uint_eq(q.b.first_index, 8);
+  ck_assert_uint_eq(q.part.first_index, 12);
+  ck_assert_int_eq(sample_of(&q.part, 0), 12);
+  ck_assert_int_eq(sample_of(&q.part, 3), 15);
+  /* Without a prefetched batch the next take reads: the last 4 samples
+   * (rank 1's slice: 18, 19), then the end of the split. */
+  ck_assert_int_eq(job_batches_take(&q, src, 8, err, sizeof err), 4);
+  ck_assert_uint_eq(q.b.first_index, 16);
+  ck_assert_int_eq(q.part.n, 2);
+  ck_assert_int_eq(sample_of(&q.part, 0), 18);
+  ck_assert_int_eq(job_batches_take(&q, src, 8, err, sizeof err), 0);
+  job_batches_free(&q);
+  job_batches_free(&q); /* freed twice: harmless (zeroed) */
+  ds_source_destroy(src);
+}
+END_TEST
+
+/* A recovery rewinds the cursor to the checkpoint: its step and epoch, the
+ * epoch's steps up to the sample index (rounded up: a partial batch is a
+ * step), the progress figures afresh, the prefetched batch dropped; with the
+ * data sought to the checkpoint's sample, the next step's batch starts
+ * there. */
+START_TEST(test_rewind) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/d.tsv", dir);
+  write_tsv(path, 64);
+  ds_source *src = open_tsv(path);
+  job_batches q;
+  char err[256];
+  ck_assert_int_eq(job_batches_init(&q, 8, 0, 1, 1), 0);
+  job_cursor c = {.step = 9, .epoch = 1, .epoch_step = 2, .loss_sum = 3.5, .loss_n = 2,
+                  .samples_since = 16, .t_last = 1.0};
+  for (int k = 0; k < 3; k++) ck_assert_int_eq(job_batches_take(&q, src, 8, err, sizeof err), 8);
+  int got;
+  ck_assert_int_eq(job_batches_read_next(&q, src, 8, &got, err, sizeof err), 0);
+  q.have_next = 1;
+  ckpt_state st = {.step = 5, .epoch = 0, .sample_index = 40};
+  job_rewind(&c, &q, &st, 8, 42.0);
+  ck_assert_int_eq(c.step, 5);
+  ck_assert_int_eq(c.epoch, 0);
+  ck_assert_int_eq(c.epoch_step, 5);
+  ck_assert_int_eq(c.loss_n, 0);
+  ck_assert(c.loss_sum == 0.0);
+  ck_assert_int_eq(c.samples_since, 0);
+  ck_assert(c.t_last == 42.0);
+  ck_assert_int_eq(q.have_next, 0);
+  ck_assert_int_eq(ds_source_seek(src, st.sample_index), 0);
+  ck_assert_int_eq(job_batches_take(&q, src, 8, err, sizeof err), 8);
+  ck_assert_uint_eq(q.b.first_index, 40);
+  ck_assert_int_eq(sample_of(&q.b, 0), 40);
+  st.sample_index = 41; /* a partial batch ended the checkpointed step */
+  job_rewind(&c, &q, &st, 8, 43.0);
+  ck_assert_int_eq(c.epoch_step, 6);
+  job_batches_free(&q);
+  ds_source_destroy(src);
+}
+END_TEST
+
+/* A small model: 26 tables of 50 rows, dim 4, bottom 13-8-4, top 8-1. */
+typedef struct {
+  emb_plan *plan;
+  emb_store *store;
+  trainer *t;
+} small_model;
+
+static void small_open(small_model *m, uint64_t seed) {
+  uint64_t rows[DS_NUM_SPARSE];
+  for (int i = 0; i < DS_NUM_SPARSE; i++) rows[i] = 50;
+  emb_plan_params pp = {.n_tables = DS_NUM_SPARSE, .rows = rows, .dim = 4,
+                        .optim = {.kind = EMB_OPT_ADAGRAD, .eps = -1}, .seed = seed,
+                        .n_shards = 2};
+  char err[512];
+  ck_assert_int_eq(emb_plan_create(&pp, &m->plan, err, sizeof err), 0);
+  m->store = emb_store_create_local(m->plan, err, sizeof err);
+  ck_assert_msg(m->store != NULL, "%s", err);
+  dense_config cfg = {.n_dense = 13, .bot = {13, 8, 4}, .n_bot = 3, .top = {8, 1}, .n_top = 2,
+                      .n_sparse = DS_NUM_SPARSE, .emb_dim = 4,
+                      .interaction = DENSE_INTERACT_DOT, .max_batch = 16};
+  ck_assert_int_eq(dense_config_validate(&cfg, err, sizeof err), 0);
+  dense_opt_config oc = dense_opt_defaults(DENSE_OPT_ADAGRAD);
+  m->t = trainer_create(m->plan, m->store, &cfg, &oc, seed, err, sizeof err);
+  ck_assert_msg(m->t != NULL, "%s", err);
+}
+
+static void small_close(small_model *m) {
+  trainer_destroy(m->t);
+  emb_store_destroy(m->store);
+  emb_plan_free(m->plan);
+}
+
+/* Train two steps on a batch of the generated file so that the rows and the
+ * dense part differ from a fresh model's. */
+static void small_train(small_model *m) {
+  ds_batch b;
+  ck_assert_int_eq(ds_batch_init(&b, 16), 0);
+  fill_train_batch(&b, 16);
+  for (int f = 0; f < DS_NUM_SPARSE; f++)
+    for (int i = 0; i < 16; i++) b.ids[ds_batch_offsets(&b, f)[i]] %= 50;
+  float loss;
+  for (int s = 0; s < 2; s++)
+    ck_assert_int_eq(trainer_step(m->t, &b, s, 0.05f, 0.05f, &loss), 0);
+  ds_batch_free(&b);
+}
+
+/* The dense parameters' bits, summed: differs when any parameter does. */
+static double param0(small_model *m) {
+  size_t n;
+  const float *p = dense_model_params(trainer_model(m->t), &n);
+  double s = 0;
+  for (size_t i = 0; i < n; i++) s += (double)p[i] * (double)(i % 7 + 1);
+  return s;
+}
+
+static void flip_byte(const char *path, long off) {
+  FILE *f = fopen(path, "r+b");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_int_eq(fseek(f, off, SEEK_SET), 0);
+  int c = fgetc(f);
+  ck_assert_int_ne(c, EOF);
+  ck_assert_int_eq(fseek(f, off, SEEK_SET), 0);
+  fputc(c ^ 0x40, f);
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+/* ckpt_load refuses a checkpoint of another batch size or optimizer,
+ * another model (seed), a damaged dense.bin and one without DONE, each with
+ * a message naming the problem, and changes nothing when it refuses; the
+ * good checkpoint loads back the saved parameters. */
+START_TEST(test_checkpoint_refusals) {
+  small_model m;
+  small_open(&m, 7);
+  small_train(&m);
+  char root[512], ck[600], err[1024];
+  snprintf(root, sizeof root, "%s/ck", dir);
+  ckpt_settings set = {"adagrad", "adagrad", 0.05, 0.05, 0, 0, 0, 16};
+  ckpt_state st = {.step = 2, .epoch = 0, .sample_index = 32}, got;
+  ck_assert_int_eq(ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
+                             trainer_dense_opt(m.t), &st, &set, err, sizeof err), 0);
+  ck_assert_int_eq(ckpt_resolve(root, ck, sizeof ck, err, sizeof err), 0);
+  ck_assert_ptr_nonnull(strstr(ck, "step-2"));
+  double saved = param0(&m);
+
+  small_model fresh;
+  small_open(&fresh, 7);
+  double before = param0(&fresh);
+  ck_assert(before != saved);
+  ckpt_settings other = set;
+  other.batch = 32;
+  ck_assert_int_eq(ckpt_load(ck, fresh.plan, fresh.store, "local", trainer_model(fresh.t),
+                             trainer_dense_opt(fresh.t), &other, &got, err, sizeof err),
+                   SR_EMISMATCH);
+  ck_assert_ptr_nonnull(strstr(err, "--mini-batch-size 16"));
+  other = set;
+  other.dense_optimizer = "sgd";
+  ck_assert_int_eq(ckpt_load(ck, fresh.plan, fresh.store, "local", trainer_model(fresh.t),
+                             trainer_dense_opt(fresh.t), &other, &got, err, sizeof err),
+                   SR_EMISMATCH);
+  ck_assert_ptr_nonnull(strstr(err, "--optimizer adagrad"));
+  ck_assert(param0(&fresh) == before);
+
+  small_model seed8;
+  small_open(&seed8, 8);
+  ck_assert_int_eq(ckpt_load(ck, seed8.plan, seed8.store, "local", trainer_model(seed8.t),
+                             trainer_dense_opt(seed8.t), &set, &got, err, sizeof err),
+                   SR_EMISMATCH);
+  small_close(&seed8);
+
+  /* The good checkpoint loads: the saved parameters and position. */
+  ck_assert_int_eq(ckpt_load(ck, fresh.plan, fresh.store, "local", trainer_model(fresh.t),
+                             trainer_dense_opt(fresh.t), &set, &got, err, sizeof err), 0);
+  ck_assert(param0(&fresh) == saved);
+  ck_assert_int_eq(got.step, 2);
+  ck_assert_uint_eq(got.sample_index, 32);
+
+  /* A flipped byte in dense.bin: refused, nothing loaded. */
+  small_model third;
+  small_open(&third, 7);
+  char p[700];
+  snprintf(p, sizeof p, "%s/dense.bin", ck);
+  flip_byte(p, 300);
+  ck_assert_int_lt(ckpt_load(ck, third.plan, third.store, "local", trainer_model(third.t),
+                             trainer_dense_opt(third.t), &set, &got, err, sizeof err), 0);
+  ck_assert_ptr_nonnull(strstr(err, "dense.bin"));
+  ck_assert(param0(&third) == before);
+  flip_byte(p, 300);
+
+  /* Without DONE the folder is no checkpoint: --resume DIR finds none, and
+   * naming it is refused. */
+  snprintf(p, sizeof p, "%s/DONE", ck);
+  ck_assert_int_eq(unlink(p), 0);
+  char ck2[600];
+  ck_assert_int_eq(ckpt_resolve(root, ck2, sizeof ck2, err, sizeof err), SR_ENOTFOUND);
+  ck_assert_int_lt(ckpt_load(ck, third.plan, third.store, "local", trainer_model(third.t),
+                             trainer_dense_opt(third.t), &set, &got, err, sizeof err), 0);
+  ck_assert_ptr_nonnull(strstr(err, "DONE"));
+  ck_assert(param0(&third) == before);
+  small_close(&third);
+  small_close(&fresh);
+  small_close(&m);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("train_engine");
+  TCase *tc = tcase_create("engine");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_add_test(tc, test_batch_slices);
+  tcase_add_test(tc, test_prefetch_swap);
+  tcase_add_test(tc, test_rewind);
+  tcase_add_test(tc, test_checkpoint_refusals);
+  suite_add_tcase(s, tc);
+  return sr_check_run(s);
+}
