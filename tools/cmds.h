@@ -1,6 +1,7 @@
 /* The shardrec subcommands. Each lives in its own tools/cmd_*.c (benchmarks in
- * tools/bench_*.c) and returns the process exit status: 0 success, 1 failure,
- * 2 bad usage. Mains print errors; libraries return them. */
+ * tools/bench/bench_*.c): it parses its flags into a config and calls the
+ * library, and returns the process exit status: 0 success, 1 failure, 2 bad
+ * usage. Mains print errors; libraries return them. */
 #ifndef SHARDREC_TOOLS_CMDS_H
 #define SHARDREC_TOOLS_CMDS_H
 

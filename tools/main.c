@@ -4,18 +4,6 @@
 
 #include "tools/cmds.h"
 
-/* Weak while the subcommands land one by one: a command whose file is not
- * built yet says so instead of breaking the link. */
-#pragma weak cmd_datagen
-#pragma weak cmd_convert
-#pragma weak cmd_plan
-#pragma weak cmd_train
-#pragma weak cmd_eval
-#pragma weak cmd_serve
-#pragma weak cmd_inspect
-#pragma weak cmd_reshard
-#pragma weak cmd_predict
-
 typedef struct {
   const char *name;
   int (*fn)(int, char **);
@@ -54,7 +42,7 @@ int main(int argc, char **argv) {
   if (!strcmp(name, "help") || !strcmp(name, "--help") || !strcmp(name, "-h")) {
     if (argc >= 3) {
       for (int i = 0; i < N_COMMANDS; i++)
-        if (!strcmp(argv[2], commands[i].name) && commands[i].fn) {
+        if (!strcmp(argv[2], commands[i].name)) {
           char *av[] = {argv[2], "--help", NULL};
           return commands[i].fn(2, av);
         }
@@ -64,10 +52,6 @@ int main(int argc, char **argv) {
   }
   for (int i = 0; i < N_COMMANDS; i++)
     if (!strcmp(name, commands[i].name)) {
-      if (!commands[i].fn) {
-        fprintf(stderr, "shardrec: command '%s' is not built in this version\n", name);
-        return 2;
-      }
       return commands[i].fn(argc - 1, argv + 1);
     }
   fprintf(stderr, "shardrec: unknown command '%s'\n\n", name);
