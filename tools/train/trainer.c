@@ -288,16 +288,27 @@ static int prefetch_begin(trainer *t) {
 
 int trainer_prefetch(trainer *t, const ds_batch *next, int64_t next_step) {
   if (!t->pcap) {
-    int T = t->T;
-    t->pcap = calloc((size_t)T, sizeof *t->pcap);
-    t->pcounts = calloc((size_t)T, sizeof *t->pcounts);
-    t->punique = calloc((size_t)T, sizeof *t->punique);
-    t->pinverse = calloc((size_t)T, sizeof *t->pinverse);
-    t->prows = calloc((size_t)T, sizeof *t->prows);
-    if (!t->pcap || !t->pcounts || !t->punique || !t->pinverse || !t->prows) {
+    /* All five or none: a failure leaves the trainer as it was, so a retry
+     * allocates again instead of finding pcap set and prows NULL. */
+    size_t T = (size_t)t->T;
+    size_t *cap = calloc(T, sizeof *cap), *counts = calloc(T, sizeof *counts);
+    uint64_t **unique = calloc(T, sizeof *unique);
+    uint32_t **inverse = calloc(T, sizeof *inverse);
+    float **rows = calloc(T, sizeof *rows);
+    if (!cap || !counts || !unique || !inverse || !rows) {
+      free(cap);
+      free(counts);
+      free(unique);
+      free(inverse);
+      free(rows);
       sr_fmt(t->err, sizeof t->err, "trainer: out of memory for the prefetch buffers");
       return SR_ENOMEM;
     }
+    t->pcap = cap;
+    t->pcounts = counts;
+    t->punique = unique;
+    t->pinverse = inverse;
+    t->prows = rows;
   }
   t->pf_next = next;
   t->pf_next_step = next_step;
