@@ -150,19 +150,11 @@ static const struct option long_opts[] = {
     {"max-staleness", required_argument, 0, O_STALE},
     {0, 0, 0, 0}};
 
-/* "shardrec train: <why>" on stderr; "shardrec train: rank R: <why>" in a
- * job of several ranks. */
 __attribute__((format(printf, 2, 3))) static void errf(const train_ranks *r, const char *fmt, ...) {
-  char msg[4096];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  train_verrf(r->rank, r->size, fmt, ap);
   va_end(ap);
-  if (r->size > 1)
-    fprintf(stderr, "shardrec train: rank %d: %s", r->rank, msg);
-  else
-    fprintf(stderr, "shardrec train: %s", msg);
-  fflush(stderr);
 }
 
 /* The flags that need more than one call of a cli_* parser. */

@@ -22,17 +22,21 @@
 #include "tools/train/job_impl.h"
 #include "tools/train/model_dir.h"
 
-void job__errf(const train_job *j, const char *fmt, ...) {
+void train_verrf(int rank, int size, const char *fmt, va_list ap) {
   char msg[4096];
-  va_list ap;
-  va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  if (j->size > 1)
-    fprintf(stderr, "shardrec train: rank %d: %s", j->rank, msg);
+  if (size > 1)
+    fprintf(stderr, "shardrec train: rank %d: %s", rank, msg);
   else
     fprintf(stderr, "shardrec train: %s", msg);
   fflush(stderr);
+}
+
+void job__errf(const train_job *j, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  train_verrf(j->rank, j->size, fmt, ap);
+  va_end(ap);
 }
 
 /* ---- batches and the cursor ---- */

@@ -12,6 +12,7 @@
 #ifndef SHARDREC_TRAIN_JOB_H
 #define SHARDREC_TRAIN_JOB_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -43,6 +44,10 @@ void train_ranks_speak(train_ranks *r);
  * whole job (the others may be waiting for it in a collective or a step of
  * the shard servers); else MPI is finalised. */
 int train_ranks_leave(train_ranks *r, int rc);
+
+/* "shardrec train: <why>" on stderr; "shardrec train: rank R: <why>" in a
+ * job of several ranks. */
+void train_verrf(int rank, int size, const char *fmt, va_list ap);
 
 /* Everything a job needs, as the flags of `shardrec train` give it (their
  * names in the comments). Strings are borrowed for the job's life. */
