@@ -18,6 +18,7 @@
 #include "common/rng.h"
 #include "common/status.h"
 #include "dense/model.h"
+#include "tests/dense/dense_test_isa.h"
 
 #define H 1e-6
 
@@ -411,6 +412,7 @@ static Suite *suite(void) {
   return s;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  dense_test_isa_args(argc, argv);
   return sr_check_run(suite());
 }
