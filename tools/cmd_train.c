@@ -908,7 +908,7 @@ static int train_main(int argc, char **argv) {
     colocate_opts co = {.host = "127.0.0.1", .data_dir = fl.data_dir,
                         .cache_rows = (uint64_t)fl.cache_rows, .cache_mb = (uint64_t)fl.cache_mb,
                         .threads = 2};
-    colo = colocate_start(plan, g_rank, g_size, &co, &colo_addrs, err, sizeof err);
+    colo = colocate_start(plan, g_rank, g_size, g_coll, &co, &colo_addrs, err, sizeof err);
     if (!colo) {
       errf("--colocate-shards: %s\n", err);
       goto done;
