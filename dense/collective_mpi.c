@@ -149,10 +149,12 @@ static int mpi_all_reduce(dense_coll *c, float *buf, size_t n) {
                                  MPI_FLOAT, m->comm)))
     return SR_EBACKEND;
   float *out = buf + m->displ[me];
-  memcpy(out, m->tmp, mine * sizeof *out);
-  for (int j = 1; j < P; j++) {
-    const float *x = m->tmp + (size_t)j * mine;
-    for (size_t i = 0; i < mine; i++) out[i] += x[i];
+  if (mine) { /* an empty chunk (n < size) leaves tmp possibly NULL: nothing to sum */
+    memcpy(out, m->tmp, mine * sizeof *out);
+    for (int j = 1; j < P; j++) {
+      const float *x = m->tmp + (size_t)j * mine;
+      for (size_t i = 0; i < mine; i++) out[i] += x[i];
+    }
   }
   if (MPI_CHECK(c, MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, m->cnt, m->displ,
                                   MPI_FLOAT, m->comm)))
