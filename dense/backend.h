@@ -49,7 +49,23 @@ typedef struct dense_backend {
   void (*sgd)(size_t n, float lr, const float *g, float *p);
 } dense_backend;
 
-/* The CPU/OpenBLAS backend (static object; never freed). */
+/* Kernel sets of the CPU backend. */
+typedef enum {
+  DENSE_ISA_BEST = 0,     /* the widest this CPU runs: AVX2/FMA where it has them */
+  DENSE_ISA_BASELINE = 1, /* the build's baseline ISA only (SSE2 on x86-64) */
+} dense_isa;
+
+/* The CPU/OpenBLAS backend with the kernels of isa (static object; never
+ * freed); NULL for a value not in dense_isa. The sets share sgemm, the loss
+ * and SGD; the element-wise kernels give the same bits in both, the d == 16
+ * dot interaction differs in rounding (FMA, summation order). One machine
+ * and one isa always give the same bits. A program picks the set at start-up
+ * (dense_backend_set_default, dense_model_create_on); tests run their
+ * suites on both. */
+const dense_backend *dense_backend_cpu_isa(dense_isa isa);
+
+/* dense_backend_cpu_isa(DENSE_ISA_BEST): the backend every program uses
+ * unless it chooses another. */
 const dense_backend *dense_backend_cpu(void);
 
 #endif

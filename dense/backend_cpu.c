@@ -5,8 +5,6 @@
 
 #include <cblas.h>
 #include <math.h>
-#include <stdlib.h>
-#include <string.h>
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #include <immintrin.h>
@@ -15,30 +13,20 @@
 #define DENSE_X86 0
 #endif
 
-/* The build targets the baseline ISA (SSE2 on x86-64). The dot interaction,
- * which is most of a step's non-sgemm time, also has AVX2/FMA versions for
- * d == 16, chosen per call from the CPU's feature bits: a given machine always
- * runs the same code, so its results are the same bits run to run; machines
- * with and without AVX2/FMA differ in rounding only (FMA, summation order).
- * SHARDREC_DENSE_ISA=baseline in the environment (read at the first kernel
- * call) keeps to the baseline code, so tests cover both on one machine. */
-#define DENSE_ISA_ENV "SHARDREC_DENSE_ISA" /* "baseline": never AVX2 */
-static int cpu_has_avx2_fma(void) {
+/* The build targets the baseline ISA (SSE2 on x86-64). The element-wise
+ * kernels are also compiled for AVX2/FMA, and the dot interaction, which is
+ * most of a step's non-sgemm time, has AVX2/FMA versions for d == 16. They
+ * make two backend objects: the baseline one and the AVX2 one, which
+ * dense_backend_cpu() hands out where the CPU has AVX2 and FMA. A given
+ * machine always runs the same code, so its results are the same bits run to
+ * run; the two kernel sets differ in rounding only (FMA, summation order in
+ * the interaction). dense_backend_cpu_isa(DENSE_ISA_BASELINE) gives the
+ * baseline object on any machine, so tests cover both on one. */
 #if DENSE_X86
-  /* -1 until the first call; threads that race here store the same value */
-  static int cached = -1;
-  int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-  if (v < 0) {
-    const char *isa = getenv(DENSE_ISA_ENV);
-    v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        !(isa && strcmp(isa, "baseline") == 0);
-    __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
-  }
-  return v;
-#else
-  return 0;
-#endif
+static int cpu_has_avx2_fma(void) {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
+#endif
 
 static void cpu_gemm(int trans_a, int trans_b, int M, int N, int K,
                      float alpha, const float *A, int lda, const float *B,
@@ -48,22 +36,17 @@ static void cpu_gemm(int trans_a, int trans_b, int M, int N, int K,
               ldb, beta, C, ldc);
 }
 
-/* Element-wise kernels: one body, compiled twice (baseline and AVX2) and
- * chosen per call. -std=c11 keeps -ffp-contract=off, so both versions round
+/* Element-wise kernels: one body, compiled twice, as name_base (baseline)
+ * and name_avx2. -std=c11 keeps -ffp-contract=off, so both versions round
  * exactly alike: the AVX2 copy only moves more floats per instruction. */
 #if DENSE_X86
 #define DENSE_TARGET_AVX2 __attribute__((target("avx2,fma")))
-#define DENSE_MULTIVERSION(name, params, args)                          \
-  static DENSE_TARGET_AVX2 void name##_avx2 params { name##_body args; } \
-  static void name params {                                             \
-    if (cpu_has_avx2_fma())                                             \
-      name##_avx2 args;                                                 \
-    else                                                                \
-      name##_body args;                                                 \
-  }
+#define DENSE_MULTIVERSION(name, params, args)                \
+  static void name##_base params { name##_body args; }        \
+  static DENSE_TARGET_AVX2 void name##_avx2 params { name##_body args; }
 #else
 #define DENSE_MULTIVERSION(name, params, args) \
-  static void name params { name##_body args; }
+  static void name##_base params { name##_body args; }
 #endif
 #define DENSE_BODY static inline __attribute__((always_inline)) void
 
@@ -239,14 +222,9 @@ interact_bwd_d16_avx2(int B, int ni, int itself, const float *T,
 
 /* T[B][ni][d] -> R[B][r_stride]: R[b][0:d] = T[b][0], then Z[i][j] for
  * i in [0,ni), j in [0, i + itself). Only the lower triangle is computed. */
-static void cpu_interact_dot_forward(int B, int ni, int d, int itself,
-                                     const float *T, float *R, int r_stride) {
-#if DENSE_X86
-  if (d == 16 && cpu_has_avx2_fma()) {
-    interact_fwd_d16_avx2(B, ni, itself, T, R, r_stride);
-    return;
-  }
-#endif
+static void cpu_interact_dot_forward_base(int B, int ni, int d, int itself,
+                                          const float *T, float *R,
+                                          int r_stride) {
   int off = itself ? 1 : 0;
   for (int b = 0; b < B; b++) {
     const float *t = T + (size_t)b * ni * d;
@@ -267,15 +245,9 @@ static void cpu_interact_dot_forward(int B, int ni, int d, int itself,
 /* dT[b][i] = sum_j dZ[i][j] T[j] + sum_j dZ[j][i] T[j] over the pairs taken;
  * a diagonal term Z[i][i] = |T_i|^2 contributes 2 dZ[i][i] T_i. The dense
  * pass-through R[b][0:d] adds to dT[b][0]. */
-static void cpu_interact_dot_backward(int B, int ni, int d, int itself,
-                                      const float *T, const float *dR,
-                                      int r_stride, float *dT) {
-#if DENSE_X86
-  if (d == 16 && cpu_has_avx2_fma()) {
-    interact_bwd_d16_avx2(B, ni, itself, T, dR, r_stride, dT);
-    return;
-  }
-#endif
+static void cpu_interact_dot_backward_base(int B, int ni, int d, int itself,
+                                           const float *T, const float *dR,
+                                           int r_stride, float *dT) {
   int off = itself ? 1 : 0;
   for (int b = 0; b < B; b++) {
     const float *restrict t = T + (size_t)b * ni * d;
@@ -325,18 +297,59 @@ static void cpu_sgd(size_t n, float lr, const float *restrict g,
   for (size_t i = 0; i < n; i++) p[i] -= lr * g[i];
 }
 
-static const dense_backend cpu_backend = {
-    .name = "cpu-openblas",
-    .gemm = cpu_gemm,
-    .bias_act_forward = cpu_bias_act_forward,
-    .relu_bias_grad = cpu_relu_bias_grad,
-    .interact_dot_forward = cpu_interact_dot_forward,
-    .interact_dot_backward = cpu_interact_dot_backward,
-    .bce_logits = cpu_bce_logits,
-    .sgd = cpu_sgd,
-};
+#if DENSE_X86
+/* The AVX2 set: the d == 16 interaction in intrinsics, other widths on the
+ * baseline loops. */
+static void cpu_interact_dot_forward_avx2(int B, int ni, int d, int itself,
+                                          const float *T, float *R,
+                                          int r_stride) {
+  if (d == 16)
+    interact_fwd_d16_avx2(B, ni, itself, T, R, r_stride);
+  else
+    cpu_interact_dot_forward_base(B, ni, d, itself, T, R, r_stride);
+}
+static void cpu_interact_dot_backward_avx2(int B, int ni, int d, int itself,
+                                           const float *T, const float *dR,
+                                           int r_stride, float *dT) {
+  if (d == 16)
+    interact_bwd_d16_avx2(B, ni, itself, T, dR, r_stride, dT);
+  else
+    cpu_interact_dot_backward_base(B, ni, d, itself, T, dR, r_stride, dT);
+}
+#endif
 
-const dense_backend *dense_backend_cpu(void) { return &cpu_backend; }
+/* The two kernel sets (sgemm, loss and SGD shared). */
+#define CPU_BACKEND(label, isa)                                \
+  {.name = label,                                              \
+   .gemm = cpu_gemm,                                           \
+   .bias_act_forward = cpu_bias_act_forward_##isa,             \
+   .relu_bias_grad = cpu_relu_bias_grad_##isa,                 \
+   .interact_dot_forward = cpu_interact_dot_forward_##isa,     \
+   .interact_dot_backward = cpu_interact_dot_backward_##isa,   \
+   .bce_logits = cpu_bce_logits,                               \
+   .sgd = cpu_sgd}
+static const dense_backend cpu_backend_base = CPU_BACKEND("cpu-openblas", base);
+#if DENSE_X86
+static const dense_backend cpu_backend_avx2 =
+    CPU_BACKEND("cpu-openblas-avx2", avx2);
+#endif
+
+const dense_backend *dense_backend_cpu_isa(dense_isa isa) {
+  switch (isa) {
+  case DENSE_ISA_BASELINE:
+    return &cpu_backend_base;
+  case DENSE_ISA_BEST:
+#if DENSE_X86
+    if (cpu_has_avx2_fma()) return &cpu_backend_avx2;
+#endif
+    return &cpu_backend_base;
+  }
+  return NULL;
+}
+
+const dense_backend *dense_backend_cpu(void) {
+  return dense_backend_cpu_isa(DENSE_ISA_BEST);
+}
 
 /* ---- layers on top of a backend ---------------------------------------- */
 

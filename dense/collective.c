@@ -1,6 +1,7 @@
 /* The collective interface's wrappers and the one-rank CPU collective. */
 #include "dense/collective.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +25,17 @@ static int single_gather(dense_coll *c, const float *send, size_t n, float *recv
   if (recv != send) memmove(recv, send, n * sizeof *recv);
   return SR_OK;
 }
+static int single_broadcast_bytes(dense_coll *c, void *buf, size_t n,
+                                  int root) {
+  (void)c, (void)buf, (void)n, (void)root;
+  return SR_OK;
+}
+static int single_allgather_bytes(dense_coll *c, const void *send, size_t n,
+                                  void *recv) {
+  (void)c;
+  if (recv != send) memmove(recv, send, n);
+  return SR_OK;
+}
 static void single_destroy(dense_coll *c) { free(c); }
 
 static const dense_coll_ops single_ops = {.name = "single",
@@ -31,6 +43,8 @@ static const dense_coll_ops single_ops = {.name = "single",
                                           .broadcast = single_broadcast,
                                           .barrier = single_barrier,
                                           .gather = single_gather,
+                                          .broadcast_bytes = single_broadcast_bytes,
+                                          .allgather_bytes = single_allgather_bytes,
                                           .destroy = single_destroy};
 
 dense_coll *dense_coll_single_create(void) {
@@ -84,6 +98,34 @@ int dense_coll_gather(dense_coll *c, const float *send, size_t n, float *recv,
     }
   }
   return c->ops->gather(c, send, n, recv, counts, root);
+}
+
+int dense_coll_broadcast_bytes(dense_coll *c, void *buf, size_t n, int root) {
+  if (!c) return SR_EINVAL;
+  if (n && !buf) {
+    sr_fmt(c->errmsg, sizeof c->errmsg, "broadcast of %zu bytes: NULL buffer", n);
+    return SR_EINVAL;
+  }
+  if (root < 0 || root >= c->size) {
+    sr_fmt(c->errmsg, sizeof c->errmsg, "broadcast root %d outside [0, %d)", root, c->size);
+    return SR_EINVAL;
+  }
+  return n ? c->ops->broadcast_bytes(c, buf, n, root) : SR_OK;
+}
+
+int dense_coll_allgather_bytes(dense_coll *c, const void *send, size_t n, void *recv) {
+  if (!c) return SR_EINVAL;
+  if (n && (!send || !recv)) {
+    sr_fmt(c->errmsg, sizeof c->errmsg, "all-gather of %zu bytes: NULL %s buffer", n,
+           send ? "receive" : "send");
+    return SR_EINVAL;
+  }
+  if (n > SIZE_MAX / (size_t)c->size) {
+    sr_fmt(c->errmsg, sizeof c->errmsg, "all-gather of %zu bytes from %d ranks: the receive "
+           "size overflows", n, c->size);
+    return SR_EINVAL;
+  }
+  return n ? c->ops->allgather_bytes(c, send, n, recv) : SR_OK;
 }
 
 void dense_coll_destroy(dense_coll *c) {

@@ -36,6 +36,14 @@ typedef struct dense_coll_ops {
    * counts are read only on root (may be NULL elsewhere). */
   int (*gather)(dense_coll *c, const float *send, size_t n, float *recv,
                 const size_t *counts, int root);
+  /* buf[n] bytes on every rank = buf[n] of rank root (exact copy). */
+  int (*broadcast_bytes)(dense_coll *c, void *buf, size_t n, int root);
+  /* recv[size * n] bytes on every rank = every rank's send[n] in rank
+   * order (rank r's block at recv + r * n). send may be recv's own block
+   * (send == recv + rank * n: in place); otherwise the two must not
+   * overlap. */
+  int (*allgather_bytes)(dense_coll *c, const void *send, size_t n,
+                         void *recv);
   void (*destroy)(dense_coll *c);
 } dense_coll_ops;
 
@@ -46,7 +54,8 @@ struct dense_coll {
 };
 
 /* The one-rank collective (host buffers): all-reduce and broadcast leave the
- * buffer as it is, barrier returns at once. NULL only when out of memory. */
+ * buffer as it is, gathers copy send into recv, barrier returns at once.
+ * NULL only when out of memory. */
 dense_coll *dense_coll_single_create(void);
 
 /* Calls through c->ops; the wrappers check the arguments (SR_EINVAL). */
@@ -55,6 +64,16 @@ int dense_coll_broadcast(dense_coll *c, float *buf, size_t n, int root);
 int dense_coll_barrier(dense_coll *c);
 int dense_coll_gather(dense_coll *c, const float *send, size_t n, float *recv,
                       const size_t *counts, int root);
+/* Bytes rather than floats (addresses, ids, serialised records); the same
+ * rules: every rank passes the same n and root. broadcast_bytes: buf[n] of
+ * rank root to every rank's buf. allgather_bytes: send[n] of every rank into
+ * every rank's recv[size * n] in rank order (the caller owns both buffers;
+ * see dense_coll_ops for in place). n = 0 returns 0 at once. SR_EINVAL for a
+ * NULL buffer, a root outside [0, size) or a size * n that does not fit a
+ * size_t (the reason in dense_coll_errmsg, nothing communicated). */
+int dense_coll_broadcast_bytes(dense_coll *c, void *buf, size_t n, int root);
+int dense_coll_allgather_bytes(dense_coll *c, const void *send, size_t n,
+                               void *recv);
 void dense_coll_destroy(dense_coll *c); /* NULL-safe */
 const char *dense_coll_errmsg(const dense_coll *c);
 
@@ -95,7 +114,9 @@ void dense_mpi_finalize(void);
  * and the summed chunks are gathered back to every rank (MPI_Allgatherv).
  * So every rank gets the same bits, and the same N and inputs always give
  * the same bits. Broadcast, barrier and gather are MPI_Bcast, MPI_Barrier and
- * MPI_Gatherv (exact copies). */
+ * MPI_Gatherv (exact copies); the byte operations MPI_Bcast (in pieces of at
+ * most 1 GiB, so any n) and MPI_Allgather (n up to INT_MAX bytes per rank:
+ * SR_EINVAL above) on MPI_BYTE. */
 dense_coll *dense_coll_mpi_create(char *err, size_t errlen);
 
 #ifdef SHARDREC_HAVE_NCCL
@@ -109,7 +130,9 @@ dense_coll *dense_coll_mpi_create(char *err, size_t errlen);
  * communicator's own stream, ordered after the work already queued on
  * compute_stream by an event, and later work on compute_stream is ordered
  * after the collective by a second event. Calls return without waiting for
- * the GPU; dense_coll_barrier waits. NULL with the reason in err. */
+ * the GPU; dense_coll_barrier waits. The byte operations are ncclBroadcast
+ * and ncclAllGather on ncclUint8, device buffers as the others. NULL with
+ * the reason in err. */
 dense_coll *dense_coll_nccl_create(int rank, int size, int local_rank,
                                    void *compute_stream, char *err,
                                    size_t errlen);

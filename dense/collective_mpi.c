@@ -4,6 +4,7 @@
  * "built without MPI", so callers need no #ifdef. */
 #include "dense/collective.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,10 +149,12 @@ static int mpi_all_reduce(dense_coll *c, float *buf, size_t n) {
                                  MPI_FLOAT, m->comm)))
     return SR_EBACKEND;
   float *out = buf + m->displ[me];
-  memcpy(out, m->tmp, mine * sizeof *out);
-  for (int j = 1; j < P; j++) {
-    const float *x = m->tmp + (size_t)j * mine;
-    for (size_t i = 0; i < mine; i++) out[i] += x[i];
+  if (mine) { /* an empty chunk (n < size) leaves tmp possibly NULL: nothing to sum */
+    memcpy(out, m->tmp, mine * sizeof *out);
+    for (int j = 1; j < P; j++) {
+      const float *x = m->tmp + (size_t)j * mine;
+      for (size_t i = 0; i < mine; i++) out[i] += x[i];
+    }
   }
   if (MPI_CHECK(c, MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, m->cnt, m->displ,
                                   MPI_FLOAT, m->comm)))
@@ -191,6 +194,36 @@ static int mpi_gather(dense_coll *c, const float *send, size_t n, float *recv,
   return SR_OK;
 }
 
+/* Byte broadcast: MPI_Bcast on MPI_BYTE, in pieces of at most 1 GiB so that
+ * no count passes INT_MAX. */
+static int mpi_broadcast_bytes(dense_coll *c, void *buf, size_t n, int root) {
+  mpi_coll *m = (mpi_coll *)c;
+  const size_t piece = (size_t)1 << 30;
+  for (size_t at = 0; at < n; at += piece) {
+    size_t k = n - at < piece ? n - at : piece;
+    if (MPI_CHECK(c, MPI_Bcast((char *)buf + at, (int)k, MPI_BYTE, root, m->comm)))
+      return SR_EBACKEND;
+  }
+  return SR_OK;
+}
+
+/* Byte all-gather: MPI_Allgather on MPI_BYTE, MPI_IN_PLACE when send is this
+ * rank's own block of recv. MPI's per-rank count is an int. */
+static int mpi_allgather_bytes(dense_coll *c, const void *send, size_t n, void *recv) {
+  mpi_coll *m = (mpi_coll *)c;
+  if (n > (size_t)INT_MAX) {
+    sr_fmt(c->errmsg, sizeof c->errmsg,
+           "all-gather of %zu bytes per rank: more than MPI's int count", n);
+    return SR_EINVAL;
+  }
+  int in_place = send == (const char *)recv + (size_t)c->rank * n;
+  if (MPI_CHECK(c, MPI_Allgather(in_place ? MPI_IN_PLACE : send, in_place ? 0 : (int)n,
+                                 in_place ? MPI_DATATYPE_NULL : MPI_BYTE, recv, (int)n,
+                                 MPI_BYTE, m->comm)))
+    return SR_EBACKEND;
+  return SR_OK;
+}
+
 static void mpi_destroy(dense_coll *c) {
   mpi_coll *m = (mpi_coll *)c;
   int fin = 0;
@@ -209,6 +242,8 @@ static const dense_coll_ops mpi_ops = {.name = "mpi",
                                        .broadcast = mpi_broadcast,
                                        .barrier = mpi_barrier,
                                        .gather = mpi_gather,
+                                       .broadcast_bytes = mpi_broadcast_bytes,
+                                       .allgather_bytes = mpi_allgather_bytes,
                                        .destroy = mpi_destroy};
 
 dense_coll *dense_coll_mpi_create(char *err, size_t errlen) {

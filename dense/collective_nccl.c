@@ -129,6 +129,29 @@ static int nccl_gather(dense_coll *c, const float *send, size_t count,
   return after(n);
 }
 
+/* Bytes on device buffers: ncclBroadcast / ncclAllGather on ncclUint8
+ * (size_t counts; in place when send is this rank's block of recv, as NCCL
+ * allows). */
+static int nccl_broadcast_bytes(dense_coll *c, void *buf, size_t count,
+                                int root) {
+  nccl_coll *n = (nccl_coll *)c;
+  if (before(n)) return SR_EBACKEND;
+  if (NCCL_CHECK(c, ncclBroadcast(buf, buf, count, ncclUint8, root, n->comm,
+                                  n->stream)))
+    return SR_EBACKEND;
+  return after(n);
+}
+
+static int nccl_allgather_bytes(dense_coll *c, const void *send, size_t count,
+                                void *recv) {
+  nccl_coll *n = (nccl_coll *)c;
+  if (before(n)) return SR_EBACKEND;
+  if (NCCL_CHECK(c, ncclAllGather(send, recv, count, ncclUint8, n->comm,
+                                  n->stream)))
+    return SR_EBACKEND;
+  return after(n);
+}
+
 static void nccl_destroy(dense_coll *c) {
   nccl_coll *n = (nccl_coll *)c;
   if (n->stream) cudaStreamSynchronize(n->stream);
@@ -144,6 +167,8 @@ static const dense_coll_ops nccl_ops = {.name = "nccl",
                                         .broadcast = nccl_broadcast,
                                         .barrier = nccl_barrier,
                                         .gather = nccl_gather,
+                                        .broadcast_bytes = nccl_broadcast_bytes,
+                                        .allgather_bytes = nccl_allgather_bytes,
                                         .destroy = nccl_destroy};
 
 dense_coll *dense_coll_nccl_create(int rank, int size, int local_rank,

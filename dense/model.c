@@ -4,8 +4,6 @@
 #include <errno.h>
 #include <math.h>
 #include <fcntl.h>
-#include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,31 +15,8 @@
 #include "dense/cuda_hooks.h"
 #include "dense/layers.h"
 
-/* A helper thread for the kernels that are not sgemm (interaction
- * forward/backward and bias + ReLU by samples, ReLU backward + bias gradient
- * by columns): the main thread takes [0, mid), the helper [mid, n). No sum
- * is cut in two, so the results are the same bits as on one thread. The helper sleeps on a condition
- * variable between jobs (no spinning: OpenBLAS's own threads need the cores
- * during sgemm). */
-typedef void (*dense_rows_fn)(void *arg, int r0, int r1);
-typedef struct {
-  pthread_t th;
-  pthread_mutex_t mu;
-  pthread_cond_t go, done;
-  unsigned gen, finished; /* jobs posted / completed */
-  int quit;
-  dense_rows_fn fn;
-  void *arg;
-  int r0, r1;
-} dense_helper;
-
-/* Batches below this run on one thread: the handoff (~10-50 us on our VMs)
- * would cost more than half the work saves. */
-#define DENSE_SPLIT_MIN_ROWS 256
-
 struct dense_model {
   dense_config cfg;
-  dense_helper *helper; /* owned; NULL: everything on the calling thread */
   const dense_backend *be;
   int r_width;   /* top MLP input width */
   int ni;        /* interaction vectors: 1 + n_sparse */
@@ -183,170 +158,52 @@ size_t dense_config_param_count(const dense_config *c) {
   return n;
 }
 
-/* ---- helper thread -------------------------------------------------------- */
-
-static void *helper_main(void *p) {
-  dense_helper *h = p;
-  unsigned seen = 0;
-  pthread_mutex_lock(&h->mu);
-  for (;;) {
-    while (!h->quit && h->gen == seen) pthread_cond_wait(&h->go, &h->mu);
-    if (h->quit) break;
-    seen = h->gen;
-    dense_rows_fn fn = h->fn;
-    void *arg = h->arg;
-    int r0 = h->r0, r1 = h->r1;
-    pthread_mutex_unlock(&h->mu);
-    fn(arg, r0, r1);
-    pthread_mutex_lock(&h->mu);
-    h->finished = seen;
-    pthread_cond_signal(&h->done);
+/* The dot interaction with the gathers around it. Forward:
+ * T[n][ni][d] = [x_bot[b]; emb[b]] per sample, then R[n][r_stride]. */
+static void interact_forward(dense_model *m, int n, const float *xb,
+                             const float *emb) {
+  const dense_config *c = &m->cfg;
+  size_t d = (size_t)c->emb_dim, ts = (size_t)m->ni * d, es = ts - d;
+  for (int b = 0; b < n; b++) {
+    memcpy(m->T + b * ts, xb + b * d, sizeof(float) * d);
+    memcpy(m->T + b * ts + d, emb + b * es, sizeof(float) * es);
   }
-  pthread_mutex_unlock(&h->mu);
-  return NULL;
+  m->be->interact_dot_forward(n, m->ni, (int)d, c->interaction_itself, m->T,
+                              m->R, m->r_width);
 }
 
-static dense_helper *helper_create(void) {
-  dense_helper *h = calloc(1, sizeof *h);
-  if (!h) return NULL;
-  pthread_mutex_init(&h->mu, NULL);
-  pthread_cond_init(&h->go, NULL);
-  pthread_cond_init(&h->done, NULL);
-  if (pthread_create(&h->th, NULL, helper_main, h) != 0) {
-    pthread_mutex_destroy(&h->mu);
-    pthread_cond_destroy(&h->go);
-    pthread_cond_destroy(&h->done);
-    free(h);
-    return NULL;
-  }
-  return h;
-}
-
-static void helper_destroy(dense_helper *h) {
-  if (!h) return;
-  pthread_mutex_lock(&h->mu);
-  h->quit = 1;
-  pthread_cond_signal(&h->go);
-  pthread_mutex_unlock(&h->mu);
-  pthread_join(h->th, NULL);
-  pthread_mutex_destroy(&h->mu);
-  pthread_cond_destroy(&h->go);
-  pthread_cond_destroy(&h->done);
-  free(h);
-}
-
-/* CPUs this thread may run on (1 if unknown). */
-static int usable_cpus(void) {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
-  return CPU_COUNT(&set);
-}
-
-/* fn(arg, 0, n) on this thread, or fn(arg, 0, mid) here and fn(arg, mid, n)
- * on the helper when there is one and 0 < mid < n. */
-static void split_at(dense_model *m, int n, int mid, dense_rows_fn fn,
-                     void *arg) {
-  dense_helper *h = m->helper;
-  if (!h || mid <= 0 || mid >= n) {
-    fn(arg, 0, n);
-    return;
-  }
-  pthread_mutex_lock(&h->mu);
-  h->fn = fn, h->arg = arg, h->r0 = mid, h->r1 = n;
-  unsigned job = ++h->gen;
-  pthread_cond_signal(&h->go);
-  pthread_mutex_unlock(&h->mu);
-  fn(arg, 0, mid);
-  pthread_mutex_lock(&h->mu);
-  while (h->finished != job) pthread_cond_wait(&h->done, &h->mu);
-  pthread_mutex_unlock(&h->mu);
-}
-
-/* fn(arg, 0, n) over n rows, halved when n is large enough. */
-static void split_rows(dense_model *m, int n, dense_rows_fn fn, void *arg) {
-  split_at(m, n, n >= DENSE_SPLIT_MIN_ROWS ? n / 2 : 0, fn, arg);
-}
-
-/* The split kernels, as row-range functions. */
-typedef struct {
-  const dense_backend *be;
-  int N, relu;
-  const float *bias;
-  float *y;
-} bias_act_job;
-static void bias_act_rows(void *p, int r0, int r1) {
-  bias_act_job *j = p;
-  j->be->bias_act_forward(r1 - r0, j->N, j->bias, j->relu,
-                          j->y + (size_t)r0 * j->N);
-}
-
-/* The dot interaction over rows [r0, r1), with the gathers around it:
- * forward T[b] = [x_bot[b]; emb[b]] then R; backward dT then its scatter to
- * dx_bot[b] and d_emb[b] (d_emb may be NULL). */
-typedef struct {
-  const dense_backend *be;
-  int ni, d, itself, r_stride;
-  const float *xb, *emb; /* forward: [n][d], [n][ni-1][d] */
-  const float *dR;       /* backward: [n][r_stride] */
-  float *T, *R, *dT;     /* [n][ni][d], [n][r_stride], [n][ni][d] */
-  float *dxb, *d_emb;    /* backward: [n][d], [n][ni-1][d] or NULL */
-} interact_job;
-static void interact_fwd_rows(void *p, int r0, int r1) {
-  interact_job *j = p;
-  size_t d = (size_t)j->d, ts = (size_t)j->ni * d, es = ts - d;
-  for (int b = r0; b < r1; b++) {
-    memcpy(j->T + b * ts, j->xb + b * d, sizeof(float) * d);
-    memcpy(j->T + b * ts + d, j->emb + b * es, sizeof(float) * es);
-  }
-  j->be->interact_dot_forward(r1 - r0, j->ni, j->d, j->itself, j->T + r0 * ts,
-                              j->R + (size_t)r0 * j->r_stride, j->r_stride);
-}
-static void interact_bwd_rows(void *p, int r0, int r1) {
-  interact_job *j = p;
-  size_t d = (size_t)j->d, ts = (size_t)j->ni * d, es = ts - d;
-  j->be->interact_dot_backward(r1 - r0, j->ni, j->d, j->itself,
-                               j->T + r0 * ts, j->dR + (size_t)r0 * j->r_stride,
-                               j->r_stride, j->dT + r0 * ts);
-  for (int b = r0; b < r1; b++) {
-    memcpy(j->dxb + b * d, j->dT + b * ts, sizeof(float) * d);
-    if (j->d_emb)
-      memcpy(j->d_emb + b * es, j->dT + b * ts + d, sizeof(float) * es);
+/* Backward: dR[n][r_stride] -> dT[n][ni][d], scattered to dxb[n][d] and
+ * d_emb[n][ni-1][d] (d_emb may be NULL). */
+static void interact_backward(dense_model *m, int n, const float *dR,
+                              float *dxb, float *d_emb) {
+  const dense_config *c = &m->cfg;
+  size_t d = (size_t)c->emb_dim, ts = (size_t)m->ni * d, es = ts - d;
+  m->be->interact_dot_backward(n, m->ni, (int)d, c->interaction_itself, m->T,
+                               dR, m->r_width, m->dT);
+  for (int b = 0; b < n; b++) {
+    memcpy(dxb + b * d, m->dT + b * ts, sizeof(float) * d);
+    if (d_emb) memcpy(d_emb + b * es, m->dT + b * ts + d, sizeof(float) * es);
   }
 }
 
-/* ReLU backward + bias gradient over columns [c0, c1): each column's sum
- * still adds the rows in order, so splitting by columns keeps the bits. */
-typedef struct {
-  const dense_backend *be;
-  int B, N;
-  const float *y; /* NULL: no ReLU */
-  float *dy, *db;
-} relu_bias_grad_job;
-static void relu_bias_grad_cols(void *p, int c0, int c1) {
-  relu_bias_grad_job *j = p;
-  j->be->relu_bias_grad(j->B, c1 - c0, j->N, j->y ? j->y + c0 : NULL,
-                        j->dy + c0, j->db + c0);
-}
-
-/* Backward of linear_forward (as dense_linear_backward), the ReLU/bias pass
- * split by columns for a batch of >= DENSE_SPLIT_MIN_ROWS and >= 64 columns. */
+/* Backward of linear_forward (as dense_linear_backward): dout[n][N] is the
+ * output gradient (ReLU backward applied in place when relu), din[n][K]
+ * (may be NULL) receives the input gradient. */
 static void linear_backward(dense_model *m, int n, int l, const float *in,
                             int relu, float *dout, float *din) {
   const dense_backend *be = m->be;
   int K = m->K[l], N = m->N[l];
   const float *W = m->params + m->w_off[l];
   float *dW = m->grads + m->w_off[l];
-  relu_bias_grad_job j = {be, n, N, relu ? m->out[l] : NULL, dout,
-                          m->grads + m->b_off[l]};
-  int mid = n >= DENSE_SPLIT_MIN_ROWS && N >= 64 ? (N / 2) & ~7 : 0;
-  split_at(m, N, mid, relu_bias_grad_cols, &j);
+  be->relu_bias_grad(n, N, N, relu ? m->out[l] : NULL, dout,
+                     m->grads + m->b_off[l]);
   /* dW[N][K] = dz[n][N]^T * in[n][K] */
   be->gemm(1, 0, N, K, n, 1.0f, dout, N, in, K, 0.0f, dW, K);
   /* din[n][K] = dz[n][N] * W[N][K] */
   if (din) be->gemm(0, 0, n, K, N, 1.0f, dout, N, W, K, 0.0f, din, K);
 }
 
-/* Linear (+ReLU) forward with the bias/ReLU pass split by rows. */
+/* Linear (+ReLU) forward of layer l: out[l][n][N] = act(in W^T + b). */
 static void linear_forward(dense_model *m, int n, int l, const float *in,
                            int relu) {
   const dense_backend *be = m->be;
@@ -354,8 +211,7 @@ static void linear_forward(dense_model *m, int n, int l, const float *in,
   /* out[n][N] = in[n][K] * W[N][K]^T */
   be->gemm(0, 1, n, N, K, 1.0f, in, K, m->params + m->w_off[l], K, 0.0f,
            m->out[l], N);
-  bias_act_job j = {be, N, relu, m->params + m->b_off[l], m->out[l]};
-  split_rows(m, n, bias_act_rows, &j);
+  be->bias_act_forward(n, N, m->params + m->b_off[l], relu, m->out[l]);
 }
 
 /* ---- create / destroy ----------------------------------------------------- */
@@ -441,14 +297,6 @@ dense_model *dense_model_create_on(const dense_config *cfg, uint64_t seed,
   m->g1 = p, p += B * maxw;
 
   init_params(m, seed);
-  /* Opt-in (SHARDREC_DENSE_SPLIT=1) until a quiet machine shows it pays: on
-   * our loaded 2-vCPU VMs it measured 0.98-1.04x the single-thread step.
-   * Needs a second core and a batch worth splitting. Without the helper (off,
-   * or it could not start) everything runs on the calling thread. */
-  const char *split = getenv("SHARDREC_DENSE_SPLIT");
-  if (split && strcmp(split, "1") == 0 &&
-      cfg->max_batch >= DENSE_SPLIT_MIN_ROWS && usable_cpus() >= 2)
-    m->helper = helper_create();
   return m;
 oom:
   sr_fmt(err, errlen, "out of memory creating the dense model");
@@ -459,7 +307,6 @@ oom:
 void dense_model_destroy(dense_model *m) {
   if (!m) return;
   if (m->dev_hooks) m->dev_hooks->destroy(m->dev);
-  helper_destroy(m->helper);
   free(m->params);
   free(m->grads);
   free(m->acts);
@@ -515,7 +362,6 @@ int dense_model_forward(dense_model *m, int n, const float *x_dense,
     if (rc == SR_OK) m->fwd_n = n;
     return rc;
   }
-  const dense_backend *be = m->be;
   int nb = c->n_bot - 1, d = c->bot[c->n_bot - 1];
   size_t es = (size_t)c->n_sparse * c->emb_dim; /* floats of emb per sample */
   m->fwd_n = 0; /* activations are being overwritten */
@@ -531,10 +377,7 @@ int dense_model_forward(dense_model *m, int n, const float *x_dense,
 
   /* interaction -> R[n][r_width] */
   if (c->interaction == DENSE_INTERACT_DOT) {
-    interact_job j = {.be = be, .ni = m->ni, .d = d,
-                      .itself = c->interaction_itself, .r_stride = m->r_width,
-                      .xb = xb, .emb = emb, .T = m->T, .R = m->R};
-    split_rows(m, n, interact_fwd_rows, &j);
+    interact_forward(m, n, xb, emb);
   } else {
     for (int b = 0; b < n; b++) {
       float *r = m->R + (size_t)b * m->r_width;
@@ -587,11 +430,7 @@ int dense_model_backward(dense_model *m, int n, const float *labels,
 
   /* interaction backward: g = dR -> h = dx_bot[n][d], d_emb */
   if (c->interaction == DENSE_INTERACT_DOT) {
-    interact_job j = {.be = be, .ni = m->ni, .d = d,
-                      .itself = c->interaction_itself, .r_stride = m->r_width,
-                      .dR = g, .T = m->T, .dT = m->dT, .dxb = h,
-                      .d_emb = d_emb};
-    split_rows(m, n, interact_bwd_rows, &j);
+    interact_backward(m, n, g, h, d_emb);
   } else {
     for (int b = 0; b < n; b++) {
       const float *dr = g + (size_t)b * m->r_width;

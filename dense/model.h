@@ -12,15 +12,8 @@
  * bottom layers first, then top layers. Activations are allocated for
  * max_batch at create time; forward/backward never allocate.
  *
- * Threads: the sgemm calls use OpenBLAS's threads. With SHARDREC_DENSE_SPLIT=1
- * in the environment at create time (off by default: no wall-time gain shown
- * yet on our shared 2-vCPU machines), max_batch >= 256 and two usable CPUs,
- * the model also starts one helper thread (joined by
- * dense_model_destroy) and, for batches of >= 256 rows, splits the kernels
- * that are not sgemm between it and the caller: bias+ReLU and the dot
- * interaction by samples, ReLU backward + bias gradient by columns. No sum
- * changes order, so the bits are the same as on one thread.
- * A model must not be used by two threads at once.
+ * Threads: the sgemm calls use OpenBLAS's threads; everything else runs on
+ * the calling thread. A model must not be used by two threads at once.
  *
  * Initialisation (as the reference create_mlp): W ~ N(0, sqrt(2/(in+out))),
  * b ~ N(0, sqrt(1/out)), drawn in double by sr_rng_normal and rounded to float.

@@ -18,6 +18,7 @@
 #include "common/rng.h"
 #include "dense/backend.h"
 #include "dense/layers.h"
+#include "tests/dense/dense_test_isa.h"
 
 #define H 1e-6
 
@@ -55,7 +56,7 @@ static double lin_obj(const double *in, const double *W, const double *b,
 }
 
 static void run_linear(int relu) {
-  const dense_backend *be = dense_backend_cpu();
+  const dense_backend *be = dense_test_be;
   sr_rng r;
   sr_rng_init(&r, 11, (uint64_t)relu);
   float in[LB * LK], W[LN * LK], b[LN], out[LB * LN], dout[LB * LN];
@@ -109,7 +110,7 @@ END_TEST
 
 /* din may be NULL (first bottom layer) and the rest is unchanged */
 START_TEST(test_linear_no_din) {
-  const dense_backend *be = dense_backend_cpu();
+  const dense_backend *be = dense_test_be;
   sr_rng r;
   sr_rng_init(&r, 12, 0);
   float in[LB * LK], W[LN * LK], b[LN], out[LB * LN], d1[LB * LN], d2[LB * LN];
@@ -149,7 +150,7 @@ static double dot_obj(const double *T, int itself, const double *w, int rs) {
 }
 
 static void run_dot(int itself) {
-  const dense_backend *be = dense_backend_cpu();
+  const dense_backend *be = dense_test_be;
   int rs = DD + dense_interact_dot_pairs(NI, itself);
   sr_rng r;
   sr_rng_init(&r, 13, (uint64_t)itself);
@@ -197,7 +198,7 @@ END_TEST
 /* d = 16 takes a specialised loop; check it against the generic one (d = 16
  * via a stride trick is not possible, so compare with the double formula) */
 START_TEST(test_dot_d16) {
-  const dense_backend *be = dense_backend_cpu();
+  const dense_backend *be = dense_test_be;
   enum { B = 2, N = 27, D = 16 };
   int rs = D + dense_interact_dot_pairs(N, 0);
   static float T[B * N * D], R[B * (16 + 351)];
@@ -226,7 +227,7 @@ END_TEST
  * pair 2 dZ T[i], plus the pass-through into dT[0]. Tolerance: 1e-5 of the
  * sum of the terms' magnitudes. */
 static void run_dot_d16(int ni, int itself) {
-  const dense_backend *be = dense_backend_cpu();
+  const dense_backend *be = dense_test_be;
   enum { B = 3, D = 16, MAXN = 27 };
   int rs = D + dense_interact_dot_pairs(ni, itself);
   static float T[B * MAXN * D], R[B * (16 + 378)], dR[B * (16 + 378)],
@@ -293,7 +294,7 @@ static double bce_d(double z, double y) {
 }
 
 START_TEST(test_bce) {
-  const dense_backend *be = dense_backend_cpu();
+  const dense_backend *be = dense_test_be;
   enum { B = 8 };
   float z[B] = {0.0f, 1.5f, -2.25f, 30.0f, -30.0f, 0.125f, -80.0f, 7.0f};
   float y[B] = {1, 0, 1, 1, 0, 0.3f, 1, 0};
@@ -314,6 +315,51 @@ START_TEST(test_bce) {
 }
 END_TEST
 
+/* ---- the two kernel sets ------------------------------------------------ */
+
+/* dense_backend_cpu is the best set; on a CPU with AVX2 and FMA that is the
+ * AVX2 set, another object than the baseline one. The element-wise kernels
+ * give the same bits in both (no FMA contraction, the same sums in the same
+ * order): rows of 37 columns (a vector tail), a row stride past N. */
+START_TEST(test_isa_sets) {
+  const dense_backend *best = dense_backend_cpu_isa(DENSE_ISA_BEST);
+  const dense_backend *base = dense_backend_cpu_isa(DENSE_ISA_BASELINE);
+  ck_assert_ptr_nonnull(best);
+  ck_assert_ptr_nonnull(base);
+  ck_assert_ptr_eq(dense_backend_cpu(), best);
+  ck_assert_ptr_null(dense_backend_cpu_isa((dense_isa)7));
+  ck_assert_ptr_eq(dense_backend_default(), dense_test_be);
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  ck_assert_int_eq(best != base, avx2);
+  if (avx2) ck_assert_msg(strstr(best->name, "avx2") != NULL, "%s", best->name);
+#endif
+  enum { B = 9, N = 37, LD = 41 };
+  static float y0[B * LD], y1[B * LD], bias[N], dy0[B * LD], dy1[B * LD];
+  static float db0[N], db1[N];
+  sr_rng r;
+  sr_rng_init(&r, 16, 0);
+  for (int relu = 0; relu < 2; relu++) {
+    fill(&r, y0, B * N, 1.0);
+    fill(&r, bias, N, 0.5);
+    memcpy(y1, y0, sizeof y0);
+    best->bias_act_forward(B, N, bias, relu, y0);
+    base->bias_act_forward(B, N, bias, relu, y1);
+    ck_assert_msg(memcmp(y0, y1, B * N * sizeof(float)) == 0,
+                  "bias_act_forward (relu %d): the two sets differ", relu);
+  }
+  fill(&r, y0, B * LD, 1.0);
+  for (int with_y = 0; with_y < 2; with_y++) {
+    fill(&r, dy0, B * LD, 1.0);
+    memcpy(dy1, dy0, sizeof dy0);
+    best->relu_bias_grad(B, N, LD, with_y ? y0 : NULL, dy0, db0);
+    base->relu_bias_grad(B, N, LD, with_y ? y0 : NULL, dy1, db1);
+    ck_assert_msg(memcmp(dy0, dy1, sizeof dy0) == 0 && memcmp(db0, db1, sizeof db0) == 0,
+                  "relu_bias_grad (y %d): the two sets differ", with_y);
+  }
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("dense_layers");
   TCase *t = tcase_create("grad");
@@ -325,10 +371,12 @@ static Suite *suite(void) {
   tcase_add_test(t, test_dot_d16);
   tcase_add_test(t, test_dot_d16_shapes);
   tcase_add_test(t, test_bce);
+  tcase_add_test(t, test_isa_sets);
   suite_add_tcase(s, t);
   return s;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  dense_test_isa_args(argc, argv);
   return sr_check_run(suite());
 }

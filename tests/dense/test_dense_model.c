@@ -18,6 +18,7 @@
 #include "common/rng.h"
 #include "common/status.h"
 #include "dense/model.h"
+#include "tests/dense/dense_test_isa.h"
 
 #define H 1e-6
 
@@ -239,46 +240,6 @@ START_TEST(test_determinism) {
 }
 END_TEST
 
-/* With SHARDREC_DENSE_SPLIT=1, batches of >= 256 rows split the kernels that
- * are not sgemm across two threads (where two CPUs are usable); the split
- * must not change a bit. */
-START_TEST(test_split_same_bits) {
-  dense_config c = kaggle_cfg(512);
-  char err[256];
-  setenv("SHARDREC_DENSE_SPLIT", "1", 1);
-  dense_model *a = dense_model_create(&c, 77, err, sizeof err);
-  setenv("SHARDREC_DENSE_SPLIT", "0", 1);
-  dense_model *b = dense_model_create(&c, 77, err, sizeof err);
-  unsetenv("SHARDREC_DENSE_SPLIT");
-  ck_assert(a && b);
-  enum { B = 301 }; /* odd: the halves differ in size */
-  size_t n;
-  dense_model_params(a, &n);
-  float *x = malloc(B * 13 * 4), *e = malloc(B * 416 * 4), y[B];
-  float *de1 = malloc(B * 416 * 4), *de2 = malloc(B * 416 * 4);
-  float z1[B], z2[B], l1, l2;
-  sr_rng r;
-  sr_rng_init(&r, 6, 6);
-  fill(&r, x, B * 13, 1.0);
-  fill(&r, e, B * 416, 0.3);
-  for (int i = 0; i < B; i++) y[i] = (float)(sr_rng_u32(&r) & 1);
-  for (int rep = 0; rep < 3; rep++) {
-    ck_assert_int_eq(dense_model_forward(a, B, x, e, z1), 0);
-    ck_assert_int_eq(dense_model_backward(a, B, y, &l1, de1), 0);
-    ck_assert_int_eq(dense_model_forward(b, B, x, e, z2), 0);
-    ck_assert_int_eq(dense_model_backward(b, B, y, &l2, de2), 0);
-    ck_assert(memcmp(z1, z2, sizeof z1) == 0);
-    ck_assert(memcmp(&l1, &l2, 4) == 0);
-    ck_assert(memcmp(de1, de2, B * 416 * 4) == 0);
-    ck_assert(memcmp(dense_model_grads(a, NULL), dense_model_grads(b, NULL),
-                     n * 4) == 0);
-  }
-  free(x), free(e), free(de1), free(de2);
-  dense_model_destroy(a);
-  dense_model_destroy(b);
-}
-END_TEST
-
 /* ---- initialisation as the reference --------------------------------------- */
 
 START_TEST(test_init_stats) {
@@ -443,7 +404,6 @@ static Suite *suite(void) {
   tcase_add_test(t, test_grad_dot_itself);
   tcase_add_test(t, test_grad_cat);
   tcase_add_test(t, test_determinism);
-  tcase_add_test(t, test_split_same_bits);
   tcase_add_test(t, test_init_stats);
   tcase_add_test(t, test_config_errors);
   tcase_add_test(t, test_flops_and_shapes);
@@ -452,6 +412,7 @@ static Suite *suite(void) {
   return s;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  dense_test_isa_args(argc, argv);
   return sr_check_run(suite());
 }

@@ -16,14 +16,15 @@
  * those ranks get an unusable data dir, so their colocate_start fails;
  * every rank must then get NULL with a message naming the first of them
  * R (and, with two, "and 1 more rank(s)"): "rank R: start failed as
- * expected: ...". Without OMPI_COMM_WORLD_SIZE in the environment MPI is
- * never initialised (size 1). */
+ * expected: ...". Under mpirun the ranks share the addresses over the MPI
+ * collective (dense_mpi_init, dense_coll_mpi_create), as the trainer does;
+ * without it (dense_mpi_launched says no) MPI is never initialised and
+ * colocate_start gets no collective (size 1). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <mpi.h>
-
+#include "dense/collective.h"
 #include "embedding/plan.h"
 #include "rpc/rpc.h"
 #include "rpc/shardrec.pb-c.h"
@@ -83,20 +84,25 @@ int main(int argc, char **argv) {
       if (comma) fail_rank2 = atoi(comma + 1);
     }
   }
-  int mpi = getenv("OMPI_COMM_WORLD_SIZE") != NULL;
+  char err[1024];
+  dense_coll *coll = NULL;
+  int mpi = dense_mpi_launched(&rank, &size, NULL);
   if (mpi) {
-    /* As the trainer does (dense_mpi_init): a rank waiting in a barrier
-     * yields its core to the server threads the other ranks are calling. */
-    setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
-    MPI_Init(&argc, &argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    /* As the trainer: dense_mpi_init makes a rank waiting in a barrier
+     * yield its core to the server threads the other ranks are calling. */
+    if (dense_mpi_init(err, sizeof err) || !(coll = dense_coll_mpi_create(err, sizeof err))) {
+      printf("ERROR: rank %d: %s\n", rank, err);
+      dense_mpi_abort(1);
+    }
+    if (coll->rank != rank || coll->size != size) {
+      printf("ERROR: rank %d of %d, MPI says %d of %d\n", rank, size, coll->rank, coll->size);
+      dense_mpi_abort(1);
+    }
   }
   uint64_t rows[8] = {1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000};
   emb_plan_params pp = {.n_tables = 8, .rows = rows, .dim = 4, .optim = {.eps = -1},
                         .seed = 7, .n_shards = n_shards};
   emb_plan *plan = NULL;
-  char err[1024];
   if (emb_plan_create(&pp, &plan, err, sizeof err)) {
     printf("ERROR: plan: %s\n", err);
     return 1;
@@ -104,7 +110,7 @@ int main(int argc, char **argv) {
   colocate_opts o = {.host = "127.0.0.1", .data_dir = data_dir, .cache_rows = 4096, .threads = 1};
   if (rank == fail_rank || rank == fail_rank2) o.data_dir = "/proc/colo_prog_cannot_create_this";
   char **addrs = NULL;
-  colocate *c = colocate_start(plan, rank, size, &o, &addrs, err, sizeof err);
+  colocate *c = colocate_start(plan, rank, size, coll, &o, &addrs, err, sizeof err);
   if (fail_rank >= 0) {
     char want[64];
     int first = fail_rank2 >= 0 && fail_rank2 < fail_rank ? fail_rank2 : fail_rank;
@@ -134,12 +140,12 @@ int main(int argc, char **argv) {
   }
   /* Ownership: the ranks stop their servers one after another. */
   for (int p = 0; p < size; p++) {
-    if (mpi) MPI_Barrier(MPI_COMM_WORLD);
+    if (mpi) CHECK(dense_coll_barrier(coll) == 0, "barrier: %s", dense_coll_errmsg(coll));
     if (rank == p) {
       colocate_stop(c);
       c = NULL;
     }
-    if (mpi) MPI_Barrier(MPI_COMM_WORLD);
+    if (mpi) CHECK(dense_coll_barrier(coll) == 0, "barrier: %s", dense_coll_errmsg(coll));
     for (int k = 0; k < n_shards; k++) {
       int sh[8];
       int n = stats_shards(addrs[k], sh, 8);
@@ -155,9 +161,12 @@ out:
   fflush(stdout);
   emb_plan_free(plan);
   if (mpi) {
-    int total = 0;
-    MPI_Allreduce(&errors, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    MPI_Finalize();
+    /* Every rank exits 1 when any rank found an error (counts are exact in
+     * a float). */
+    float total = (float)errors;
+    if (dense_coll_all_reduce_sum(coll, &total, 1)) total = 1;
+    dense_coll_destroy(coll);
+    dense_mpi_finalize();
     return total ? 1 : 0;
   }
   return errors ? 1 : 0;

@@ -1,13 +1,15 @@
 /* Run under mpirun (test_mpi_coll starts it with -np 3): checks the MPI
- * collective's all-reduce, broadcast, gather and barrier values on every
- * rank and prints "rank R: ok" or "rank R: FAIL ..." lines; exit status 0
+ * collective's all-reduce, broadcast, gather, byte broadcast, byte
+ * all-gather and barrier values on every rank and prints "rank R: ok" or "rank R: FAIL ..." lines; exit status 0
  * only when every check on this rank held.
  *
  * Every rank can compute every rank's input (a seeded generator), so each
  * checks the all-reduce against the rank-order sum ((b0 + b1) + b2) bit for
  * bit; rank 0 also gathers every rank's result and checks that the bits are
  * the same everywhere. The inputs span 12 orders of magnitude, so another
- * summation order would change bits. */
+ * summation order would change bits. The byte operations carry a pattern
+ * that differs per rank (byte_of), so a block from the wrong rank, in the
+ * wrong place or cut short shows. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +41,60 @@ static float value(int r, size_t i, uint64_t salt) {
   for (; e > 0; e--) v *= 2;
   for (; e < 0; e++) v /= 2;
   return (x >> 40) & 1 ? -v : v;
+}
+
+/* Byte i of rank r's pattern (salted per check). */
+static unsigned char byte_of(int r, size_t i, uint64_t salt) {
+  return (unsigned char)(sr_mix64(salt ^ ((uint64_t)(r + 1) << 48) ^ (uint64_t)i) >> 17);
+}
+
+/* broadcast_bytes from every root and all_gather_bytes (apart and in
+ * place), exact bytes; the refusals, which every rank meets alike before
+ * any communication. */
+static void check_bytes(dense_coll *c, int rank, int size) {
+  enum { NB = 1237, NG = 333 };
+  unsigned char b[NB];
+  for (int root = 0; root < size; root++) {
+    for (size_t i = 0; i < NB; i++) b[i] = byte_of(rank, i, 1);
+    CHECK(dense_coll_broadcast_bytes(c, b, NB, root) == 0, "broadcast_bytes: %s",
+          dense_coll_errmsg(c));
+    size_t bad = 0;
+    for (size_t i = 0; i < NB; i++) bad += b[i] != byte_of(root, i, 1);
+    CHECK(bad == 0, "broadcast_bytes from %d: %zu of %d bytes differ from the root's", root,
+          bad, NB);
+  }
+  unsigned char send[NG], *recv = malloc((size_t)size * NG + 1);
+  for (size_t i = 0; i < NG; i++) send[i] = byte_of(rank, i, 2);
+  memset(recv, 0xa5, (size_t)size * NG + 1);
+  CHECK(dense_coll_allgather_bytes(c, send, NG, recv) == 0, "allgather_bytes: %s",
+        dense_coll_errmsg(c));
+  for (int r = 0; r < size; r++) {
+    size_t bad = 0;
+    for (size_t i = 0; i < NG; i++) bad += recv[(size_t)r * NG + i] != byte_of(r, i, 2);
+    CHECK(bad == 0, "allgather_bytes: block %d: %zu of %d bytes differ from rank %d's", r, bad,
+          NG, r);
+  }
+  CHECK(recv[(size_t)size * NG] == 0xa5, "allgather_bytes wrote past size * n");
+  /* in place: this rank's block already in recv, the others garbage */
+  memset(recv, 0x5a, (size_t)size * NG);
+  for (size_t i = 0; i < NG; i++) recv[(size_t)rank * NG + i] = byte_of(rank, i, 3);
+  CHECK(dense_coll_allgather_bytes(c, recv + (size_t)rank * NG, NG, recv) == 0,
+        "allgather_bytes in place: %s", dense_coll_errmsg(c));
+  for (int r = 0; r < size; r++) {
+    size_t bad = 0;
+    for (size_t i = 0; i < NG; i++) bad += recv[(size_t)r * NG + i] != byte_of(r, i, 3);
+    CHECK(bad == 0, "allgather_bytes in place: block %d: %zu bytes differ", r, bad);
+  }
+  /* refused on every rank alike, nothing sent (a hang otherwise) */
+  CHECK(dense_coll_broadcast_bytes(c, b, NB, size) == SR_EINVAL, "broadcast_bytes from root %d taken",
+        size);
+  CHECK(dense_coll_allgather_bytes(c, send, SIZE_MAX / 2, recv) == SR_EINVAL &&
+            strstr(dense_coll_errmsg(c), "overflows"),
+        "allgather_bytes of SIZE_MAX/2 bytes from %d ranks: %s", size, dense_coll_errmsg(c));
+  CHECK(dense_coll_allgather_bytes(c, send, (size_t)1 << 31, recv) == SR_EINVAL &&
+            strstr(dense_coll_errmsg(c), "int count"),
+        "allgather_bytes of 2^31 bytes per rank: %s", dense_coll_errmsg(c));
+  free(recv);
 }
 
 int main(void) {
@@ -126,6 +182,8 @@ int main(void) {
     CHECK(at == total, "gatherv: %zu values", at);
   }
   free(recv);
+
+  check_bytes(c, rank, size);
 
   /* Barrier: rank 0 arrives last (after 300 ms); nobody leaves before it
    * arrived, which the others see by the time they leave. */

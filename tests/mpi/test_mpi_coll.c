@@ -1,7 +1,8 @@
 /* The MPI collective under a real `mpirun -np 3` (tests/mpi/mpi_coll_prog.c
  * does the checks on every rank): all-reduce bits equal to the rank-order
  * sum and the same on every rank, broadcast from every root, variable-count
- * gather in rank order, barrier. */
+ * gather in rank order, byte broadcast and byte all-gather (exact bytes of
+ * each rank's own pattern, in rank order; in place; the refusals), barrier. */
 #include <check.h>
 
 #include "tests/check_main.h"

@@ -1,6 +1,6 @@
-/* Colocated shards (tools/colocate.h): this rank's shards of the plan in
- * gRPC server threads of the trainer's own process, their addresses
- * gathered to every rank over MPI.
+/* Colocated shards (tools/train/colocate.h): this rank's shards of the plan
+ * in gRPC server threads of the trainer's own process, their addresses
+ * gathered to every rank with the job's collective (dense/collective.h).
  *
  * One rpc_server (with its own service and store) per hosted shard, each on
  * a port of its own, rather than one server for all of a rank's shards: the
@@ -15,10 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#ifdef SHARDREC_HAVE_MPI
-#include <mpi.h>
-#endif
 
 #include "common/status.h"
 #include "embedding/shard.h"
@@ -156,42 +152,29 @@ static int server_start(co_server *s, const emb_plan *plan, int k, const colocat
  * shards filled, the others empty). */
 static size_t part_size(int n_shards) { return 1 + CO_ERR + (size_t)n_shards * CO_ADDR; }
 
-colocate *colocate_start(const emb_plan *plan, int rank, int size, const colocate_opts *o,
-                         char ***addrs, char *err, size_t errlen) {
+colocate *colocate_start(const emb_plan *plan, int rank, int size, dense_coll *coll,
+                         const colocate_opts *o, char ***addrs, char *err, size_t errlen) {
   *addrs = NULL;
   colocate_opts defaults = {.host = "127.0.0.1", .threads = 2};
   if (!o) o = &defaults;
   if (!plan || plan->n_shards < 1 || size < 1 || rank < 0 || rank >= size) {
     /* Bad arguments are the caller's bug and the same on every rank (plan,
-     * size) or caught by MPI's own rank check below: no gather needed. */
+     * size) or caught by the collective's rank check below: no gather
+     * needed. */
     sr_fmt(err, errlen, "colocate: rank %d of %d, %d shard(s): invalid", rank, size,
            plan ? plan->n_shards : 0);
     return NULL;
   }
-#ifndef SHARDREC_HAVE_MPI
-  if (size > 1) {
-    sr_fmt(err, errlen, "colocated shards over %d ranks need MPI, and this shardrec was built "
-           "without it", size);
+  if (coll && (coll->rank != rank || coll->size != size)) {
+    sr_fmt(err, errlen, "colocate: called as rank %d of %d, the collective says rank %d of %d",
+           rank, size, coll->rank, coll->size);
     return NULL;
   }
-#else
-  if (size > 1) {
-    int init = 0, fin = 0, mr = -1, ms = -1;
-    MPI_Initialized(&init);
-    MPI_Finalized(&fin);
-    if (!init || fin) {
-      sr_fmt(err, errlen, "colocate: rank %d of %d: MPI is not initialised", rank, size);
-      return NULL;
-    }
-    MPI_Comm_rank(MPI_COMM_WORLD, &mr);
-    MPI_Comm_size(MPI_COMM_WORLD, &ms);
-    if (mr != rank || ms != size) {
-      sr_fmt(err, errlen, "colocate: called as rank %d of %d, MPI says rank %d of %d", rank, size,
-             mr, ms);
-      return NULL;
-    }
+  if (size > 1 && !coll) {
+    sr_fmt(err, errlen, "colocate: rank %d of %d: %d ranks need the job's collective to share "
+           "the shard addresses", rank, size, size);
+    return NULL;
   }
-#endif
   const int ns = plan->n_shards;
   int n_hosted = 0;
   for (int k = rank; k < ns; k += size) n_hosted++;
@@ -227,22 +210,19 @@ colocate *colocate_start(const emb_plan *plan, int rank, int size, const colocat
    * waiting in it; then every rank sees every other's outcome. */
   int gathered = 0;
   if (size > 1) {
-#ifdef SHARDREC_HAVE_MPI
     /* A rank short of memory sends a zeroed part (read as failed) so that
      * the others still learn of it. */
     char *send = mine ? mine : calloc(1, part);
     char *recv = all ? all : calloc((size_t)size, part);
-    int rc = send && recv ? MPI_Allgather(send, (int)part, MPI_CHAR, recv, (int)part, MPI_CHAR,
-                                          MPI_COMM_WORLD)
-                          : MPI_ERR_OTHER;
+    int rc = send && recv ? dense_coll_allgather_bytes(coll, send, part, recv) : SR_ENOMEM;
     if (send != mine) free(send);
     if (recv != all) free(recv);
-    gathered = rc == MPI_SUCCESS && all;
-    if (rc != MPI_SUCCESS && !failed) {
-      snprintf(why, sizeof why, "MPI_Allgather of the shard addresses failed (%d)", rc);
+    gathered = rc == SR_OK && all;
+    if (rc != SR_OK && !failed) {
+      snprintf(why, sizeof why, "all-gather of the shard addresses failed: %.380s",
+               rc == SR_ENOMEM ? "out of memory" : dense_coll_errmsg(coll));
       failed = 1;
     }
-#endif
   } else if (mine && all) {
     memcpy(all, mine, part);
     gathered = 1;

@@ -10,18 +10,20 @@
  * rpc_server, service and store per hosted shard, each listening on
  * opts->host:0: the remote store sends each shard its own Push of a step,
  * and a service taking two shards' pushes of one (job, step, rank) would
- * drop the second as a retry), then gathers every rank's addresses over
- * MPI_COMM_WORLD (MPI_Allgather) so that (*addrs)[k] is the address of
- * shard k on every rank. A rank with no shard (more ranks than shards)
- * starts nothing and still takes part. With size 1 there is no MPI call at
- * all (MPI need not be initialised); with size > 1 MPI must be initialised
- * and agree on rank and size. */
+ * drop the second as a retry), then gathers every rank's addresses with the
+ * job's collective (dense_coll_allgather_bytes) so that (*addrs)[k] is the
+ * address of shard k on every rank. A rank with no shard (more ranks than
+ * shards) starts nothing and still takes part. With size 1 there is no
+ * collective call at all (coll may be NULL); with size > 1 coll must be the
+ * job's host-buffer collective (dense_coll_mpi_create) and agree on rank
+ * and size. */
 #ifndef SHARDREC_TRAIN_COLOCATE_H
 #define SHARDREC_TRAIN_COLOCATE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dense/collective.h"
 #include "embedding/plan.h"
 
 typedef struct colocate colocate;
@@ -36,7 +38,8 @@ typedef struct colocate_opts {
 } colocate_opts;
 
 /* Start this rank's shards of plan (borrowed, outlives the colocate) and
- * gather the addresses: on success *addrs is a malloc'd array of
+ * gather the addresses over coll (borrowed for the call; NULL or of size 1:
+ * one rank, no collective): on success *addrs is a malloc'd array of
  * plan->n_shards malloc'd "host:port" strings (free with colocate_addrs_free)
  * and the return value the running servers (colocate_stop). NULL with the
  * reason in err; collective even on failure (no rank is left waiting): a
@@ -45,8 +48,8 @@ typedef struct colocate_opts {
  * not host its shards: ..."). Checkpoint and Restore RPCs to these servers
  * write and read path/shard-K, as separate `shardrec serve --shard K`
  * processes do. */
-colocate *colocate_start(const emb_plan *plan, int rank, int size, const colocate_opts *o,
-                         char ***addrs, char *err, size_t errlen);
+colocate *colocate_start(const emb_plan *plan, int rank, int size, dense_coll *coll,
+                         const colocate_opts *o, char ***addrs, char *err, size_t errlen);
 void colocate_addrs_free(char **addrs, int n);
 /* Stop the servers (after the trainers' last call: a barrier first). NULL-safe. */
 void colocate_stop(colocate *c);

@@ -206,19 +206,16 @@ static int make_plan(train_job *j) {
 }
 
 /* One job id for every rank (the servers key a step's pushes by it): rank 0
- * draws it and broadcasts it as four 16-bit integers in floats. */
+ * draws it and broadcasts it. */
 static int share_job_id(train_job *j) {
-  float w[4] = {0};
+  uint64_t x = 0;
   if (j->rank == 0) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t x = sr_mix64(((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^
-                          ((uint64_t)ts.tv_sec << 20));
-    for (int i = 0; i < 4; i++) w[i] = (float)((x >> (16 * i)) & 0xffff);
+    x = sr_mix64(((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20));
   }
-  if (!coll_ok(j, dense_coll_broadcast(j->coll, w, 4, 0), "broadcast of the job id")) return -1;
-  uint64_t x = 0;
-  for (int i = 0; i < 4; i++) x |= (uint64_t)w[i] << (16 * i);
+  if (!coll_ok(j, dense_coll_broadcast_bytes(j->coll, &x, sizeof x, 0), "broadcast of the job id"))
+    return -1;
   snprintf(j->job_id, sizeof j->job_id, "job-%016llx", (unsigned long long)x);
   return 0;
 }
@@ -231,7 +228,8 @@ static int open_remote(train_job *j) {
   if (c->colocate) {
     colocate_opts co = {.host = "127.0.0.1", .data_dir = c->data_dir,
                         .cache_rows = c->cache_rows, .cache_mb = c->cache_mb, .threads = 2};
-    j->colo = colocate_start(j->plan, j->rank, j->size, &co, &j->colo_addrs, err, sizeof err);
+    j->colo = colocate_start(j->plan, j->rank, j->size, j->coll, &co, &j->colo_addrs, err,
+                            sizeof err);
     if (!j->colo) {
       job__errf(j, "--colocate-shards: %s\n", err);
       return -1;
