@@ -97,129 +97,128 @@ bad:
   return -1;
 }
 
-int cmd_plan(int argc, char **argv) {
-  enum { O_OUT = 256, O_SIZES, O_ARCH_SIZES, O_DIM, O_SEED, O_SHARDS, O_OPT, O_EPS, O_ACC,
-         O_INIT, O_POOL, O_ROWWISE, O_PROC, O_RAW, O_DATASET, O_TESTFRAC, O_MAXIND, O_FREQ };
-  static const struct option opts[] = {
-      {"out", required_argument, NULL, O_OUT},
-      {"table-sizes", required_argument, NULL, O_SIZES},
-      {"arch-embedding-size", required_argument, NULL, O_ARCH_SIZES},
-      {"arch-sparse-feature-size", required_argument, NULL, O_DIM},
-      {"seed", required_argument, NULL, O_SEED},
-      {"shards", required_argument, NULL, O_SHARDS},
-      {"sparse-optimizer", required_argument, NULL, O_OPT},
-      {"eps", required_argument, NULL, O_EPS},
-      {"initial-accumulator-value", required_argument, NULL, O_ACC},
-      {"init-range", required_argument, NULL, O_INIT},
-      {"pooling", required_argument, NULL, O_POOL},
-      {"row-wise", no_argument, NULL, O_ROWWISE},
-      {"processed-data-file", required_argument, NULL, O_PROC},
-      {"raw-data-file", required_argument, NULL, O_RAW},
-      {"data-set", required_argument, NULL, O_DATASET},
-      {"test-fraction", required_argument, NULL, O_TESTFRAC},
-      {"max-ind-range", required_argument, NULL, O_MAXIND},
-      {"frequency-threshold", required_argument, NULL, O_FREQ},
-      {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0},
-  };
-  const char *out = NULL, *sizes = NULL, *sizes_flag = NULL;
+/* The flags: the plan's parameters and where the table sizes come from. */
+typedef struct plan_flags {
+  const char *out, *sizes, *sizes_flag;
   emb_plan_params pp;
-  memset(&pp, 0, sizeof pp);
-  pp.dim = 16;
-  pp.n_shards = 1;
-  pp.seed = 123;
-  ds_source_opts so;
-  memset(&so, 0, sizeof so);
-  so.split = DS_SPLIT_TRAIN;
-  so.scheme = DS_SCHEME_KAGGLE;
-  int raw = 0;
-  pp.optim.kind = EMB_OPT_SGD;
-  pp.optim.eps = -1;
-  pp.pooling = EMB_POOL_SUM;
-  int have_eps = 0, have_acc = 0;
+  ds_source_opts so; /* sizes from this data file (so.path) */
+  int raw, have_eps, have_acc;
+} plan_flags;
+
+enum { O_OUT = 256, O_SIZES, O_ARCH_SIZES, O_DIM, O_SEED, O_SHARDS, O_OPT, O_EPS, O_ACC,
+       O_INIT, O_POOL, O_ROWWISE, O_PROC, O_RAW, O_DATASET, O_TESTFRAC, O_MAXIND, O_FREQ };
+
+static const struct option plan_opts[] = {
+    {"out", required_argument, NULL, O_OUT},
+    {"table-sizes", required_argument, NULL, O_SIZES},
+    {"arch-embedding-size", required_argument, NULL, O_ARCH_SIZES},
+    {"arch-sparse-feature-size", required_argument, NULL, O_DIM},
+    {"seed", required_argument, NULL, O_SEED},
+    {"shards", required_argument, NULL, O_SHARDS},
+    {"sparse-optimizer", required_argument, NULL, O_OPT},
+    {"eps", required_argument, NULL, O_EPS},
+    {"initial-accumulator-value", required_argument, NULL, O_ACC},
+    {"init-range", required_argument, NULL, O_INIT},
+    {"pooling", required_argument, NULL, O_POOL},
+    {"row-wise", no_argument, NULL, O_ROWWISE},
+    {"processed-data-file", required_argument, NULL, O_PROC},
+    {"raw-data-file", required_argument, NULL, O_RAW},
+    {"data-set", required_argument, NULL, O_DATASET},
+    {"test-fraction", required_argument, NULL, O_TESTFRAC},
+    {"max-ind-range", required_argument, NULL, O_MAXIND},
+    {"frequency-threshold", required_argument, NULL, O_FREQ},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+/* Parse argv into *f (defaults as train's). Returns -1 to go on, or the
+ * exit status (0 for --help, 2 for bad usage, the message printed). */
+static int parse_flags(int argc, char **argv, plan_flags *f) {
+  emb_plan_params *pp = &f->pp;
+  ds_source_opts *so = &f->so;
   long long v;
   double d;
   optind = 1;
   opterr = 0;
   int c;
-  while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, ":h", plan_opts, NULL)) != -1) {
     switch (c) {
       case 'h': plan_usage(stdout); return 0;
-      case O_OUT: out = optarg; break;
+      case O_OUT: f->out = optarg; break;
       case O_SIZES:
       case O_ARCH_SIZES:
-        if (sizes) {
+        if (f->sizes) {
           fprintf(stderr, "shardrec %s: give the table sizes once (--table-sizes or --arch-embedding-size)\n", CMD);
           return 2;
         }
-        sizes = optarg;
-        sizes_flag = c == O_SIZES ? "--table-sizes" : "--arch-embedding-size";
+        f->sizes = optarg;
+        f->sizes_flag = c == O_SIZES ? "--table-sizes" : "--arch-embedding-size";
         break;
       case O_DIM:
         if (cli_int(CMD, "--arch-sparse-feature-size", optarg, 1, EMB_MAX_DIM, &v)) return 2;
-        pp.dim = (int)v;
+        pp->dim = (int)v;
         break;
       case O_SEED:
-        if (cli_u64(CMD, "--seed", optarg, &pp.seed)) return 2;
+        if (cli_u64(CMD, "--seed", optarg, &pp->seed)) return 2;
         break;
       case O_SHARDS:
         if (cli_int(CMD, "--shards", optarg, 1, EMB_MAX_SHARDS, &v)) return 2;
-        pp.n_shards = (int)v;
+        pp->n_shards = (int)v;
         break;
       case O_OPT:
-        if (emb_optim_parse(optarg, &pp.optim.kind)) {
+        if (emb_optim_parse(optarg, &pp->optim.kind)) {
           fprintf(stderr, "shardrec %s: --sparse-optimizer: '%s' is not sgd, adagrad or rowwise_adagrad\n", CMD, optarg);
           return 2;
         }
         break;
       case O_EPS:
         if (cli_double(CMD, "--eps", optarg, 0, 1, &d)) return 2;
-        pp.optim.eps = d;
-        have_eps = 1;
+        pp->optim.eps = d;
+        f->have_eps = 1;
         break;
       case O_ACC:
         if (cli_double(CMD, "--initial-accumulator-value", optarg, 0, 1e30, &d)) return 2;
-        pp.optim.init_acc = d;
-        have_acc = 1;
+        pp->optim.init_acc = d;
+        f->have_acc = 1;
         break;
       case O_INIT:
         if (cli_double(CMD, "--init-range", optarg, 1e-30, 1e30, &d)) return 2;
-        pp.init_range = d;
+        pp->init_range = d;
         break;
       case O_POOL:
-        if (emb_pooling_parse(optarg, &pp.pooling)) {
+        if (emb_pooling_parse(optarg, &pp->pooling)) {
           fprintf(stderr, "shardrec %s: --pooling: '%s' is not sum or mean\n", CMD, optarg);
           return 2;
         }
         break;
-      case O_ROWWISE: pp.row_wise = 1; break;
+      case O_ROWWISE: pp->row_wise = 1; break;
       case O_PROC:
       case O_RAW:
-        if (so.path) {
+        if (so->path) {
           fprintf(stderr, "shardrec %s: give one data file\n", CMD);
           return 2;
         }
-        so.path = optarg;
-        raw = c == O_RAW;
+        so->path = optarg;
+        f->raw = c == O_RAW;
         break;
       case O_DATASET:
         if (strcmp(optarg, "kaggle") && strcmp(optarg, "terabyte")) {
           fprintf(stderr, "shardrec %s: --data-set: '%s' is not kaggle or terabyte\n", CMD, optarg);
           return 2;
         }
-        if (so.scheme != DS_SCHEME_FRACTION)
-          so.scheme = !strcmp(optarg, "kaggle") ? DS_SCHEME_KAGGLE : DS_SCHEME_TERABYTE;
+        if (so->scheme != DS_SCHEME_FRACTION)
+          so->scheme = !strcmp(optarg, "kaggle") ? DS_SCHEME_KAGGLE : DS_SCHEME_TERABYTE;
         break;
       case O_TESTFRAC:
-        if (cli_double(CMD, "--test-fraction", optarg, 0, 1, &so.test_fraction)) return 2;
-        so.scheme = DS_SCHEME_FRACTION;
+        if (cli_double(CMD, "--test-fraction", optarg, 0, 1, &so->test_fraction)) return 2;
+        so->scheme = DS_SCHEME_FRACTION;
         break;
       case O_MAXIND:
-        if (cli_u64(CMD, "--max-ind-range", optarg, &so.max_ind_range)) return 2;
+        if (cli_u64(CMD, "--max-ind-range", optarg, &so->max_ind_range)) return 2;
         break;
       case O_FREQ:
         if (cli_int(CMD, "--frequency-threshold", optarg, 0, 1LL << 31, &v)) return 2;
-        so.frequency_threshold = (uint32_t)v;
+        so->frequency_threshold = (uint32_t)v;
         break;
       case ':':
         fprintf(stderr, "shardrec %s: option %s needs a value (see 'shardrec %s --help')\n", CMD,
@@ -235,49 +234,61 @@ int cmd_plan(int argc, char **argv) {
     fprintf(stderr, "shardrec %s: unexpected argument '%s'\n", CMD, argv[optind]);
     return 2;
   }
-  if (!out) {
+  return -1;
+}
+
+/* The flags that do not go together; 0, or 2 with the message printed. */
+static int check_flags(const plan_flags *f) {
+  if (!f->out) {
     fprintf(stderr, "shardrec %s: --out is required (see shardrec plan --help)\n", CMD);
     return 2;
   }
-  if (!sizes == !so.path) {
+  if (!f->sizes == !f->so.path) {
     fprintf(stderr, "shardrec %s: give the table sizes (--table-sizes or --arch-embedding-size) "
                     "or a data file to take them from, not both\n", CMD);
     return 2;
   }
-  if (pp.optim.kind == EMB_OPT_SGD && (have_eps || have_acc)) {
+  if (f->pp.optim.kind == EMB_OPT_SGD && (f->have_eps || f->have_acc)) {
     fprintf(stderr, "shardrec %s: --eps and --initial-accumulator-value apply to adagrad and rowwise_adagrad only\n", CMD);
     return 2;
   }
-  uint64_t *rows = NULL;
-  int n = 0;
+  return 0;
+}
+
+/* The rows of each table (*rows malloc'd, *n of them): from the flag, or
+ * from the data file as train sizes them. Returns -1 to go on, or the exit
+ * status (the message printed). */
+static int table_rows(plan_flags *f, uint64_t **rows, int *n) {
+  if (f->sizes) return parse_sizes(f->sizes_flag, f->sizes, rows, n) ? 2 : -1;
   char err[512];
-  if (sizes) {
-    if (parse_sizes(sizes_flag, sizes, &rows, &n)) return 2;
-  } else {
-    if (!raw) so.scheme = DS_SCHEME_NONE; /* a converted file holds its split */
-    so.report = stderr;
-    ds_source *src = ds_source_open(&so, err, sizeof err);
-    rows = malloc(DS_NUM_SPARSE * sizeof *rows);
-    if (!src || !rows || ds_source_table_sizes(src, rows)) {
-      fprintf(stderr, "shardrec %s: %s\n", CMD, src ? ds_source_errmsg(src) : err);
-      ds_source_destroy(src);
-      free(rows);
-      return 1;
-    }
+  ds_source_opts *so = &f->so;
+  if (!f->raw) so->scheme = DS_SCHEME_NONE; /* a converted file holds its split */
+  so->report = stderr;
+  ds_source *src = ds_source_open(so, err, sizeof err);
+  uint64_t *r = malloc(DS_NUM_SPARSE * sizeof *r);
+  if (!src || !r || ds_source_table_sizes(src, r)) {
+    fprintf(stderr, "shardrec %s: %s\n", CMD, src ? ds_source_errmsg(src) : err);
     ds_source_destroy(src);
-    n = DS_NUM_SPARSE;
+    free(r);
+    return 1;
   }
-  pp.n_tables = n;
-  pp.rows = rows;
+  ds_source_destroy(src);
+  *rows = r;
+  *n = DS_NUM_SPARSE;
+  return -1;
+}
+
+/* Build the plan (emb_plan_create), write it to f->out and print what it
+ * holds. The exit status. */
+static int write_plan(const plan_flags *f) {
+  const emb_plan_params *pp = &f->pp;
+  char err[512];
   emb_plan *plan = NULL;
-  int rc = emb_plan_create(&pp, &plan, err, sizeof err);
-  free(rows);
-  if (rc) {
+  if (emb_plan_create(pp, &plan, err, sizeof err)) {
     fprintf(stderr, "shardrec %s: %s\n", CMD, err);
     return 2;
   }
-  rc = emb_plan_save(plan, out, err, sizeof err);
-  if (rc) {
+  if (emb_plan_save(plan, f->out, err, sizeof err)) {
     fprintf(stderr, "shardrec %s: %s\n", CMD, err);
     emb_plan_free(plan);
     return 1;
@@ -288,10 +299,34 @@ int cmd_plan(int argc, char **argv) {
     emb_plan_free(plan);
     return 1;
   }
-  printf("wrote %s: %d tables, dim %d, %d shards (%s), optimizer %s, pooling %s\n", out,
-         plan->n_tables, pp.dim, plan->n_shards, pp.row_wise ? "row-wise" : "table-wise",
-         emb_optim_name(pp.optim.kind), emb_pooling_name(pp.pooling));
+  printf("wrote %s: %d tables, dim %d, %d shards (%s), optimizer %s, pooling %s\n", f->out,
+         plan->n_tables, pp->dim, plan->n_shards, pp->row_wise ? "row-wise" : "table-wise",
+         emb_optim_name(pp->optim.kind), emb_pooling_name(pp->pooling));
   printf("model fingerprint %s\nplan fingerprint  %s\n", mfp, pfp);
   emb_plan_free(plan);
   return 0;
+}
+
+int cmd_plan(int argc, char **argv) {
+  plan_flags f;
+  memset(&f, 0, sizeof f);
+  f.pp.dim = 16;
+  f.pp.n_shards = 1;
+  f.pp.seed = 123;
+  f.pp.optim.kind = EMB_OPT_SGD;
+  f.pp.optim.eps = -1;
+  f.pp.pooling = EMB_POOL_SUM;
+  f.so.split = DS_SPLIT_TRAIN;
+  f.so.scheme = DS_SCHEME_KAGGLE;
+  int st = parse_flags(argc, argv, &f);
+  if (st >= 0) return st;
+  if ((st = check_flags(&f))) return st;
+  uint64_t *rows = NULL;
+  int n = 0;
+  if ((st = table_rows(&f, &rows, &n)) >= 0) return st;
+  f.pp.n_tables = n;
+  f.pp.rows = rows;
+  st = write_plan(&f);
+  free(rows);
+  return st;
 }

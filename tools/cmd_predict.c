@@ -7,25 +7,15 @@
  * output stays aligned with the input. Samples go through the model in
  * batches of --mini-batch-size valid samples, as the trainer's evaluation
  * does: at the trainer's test batch size the probabilities are the
- * trainer's own, bit for bit. */
-#include <errno.h>
+ * trainer's own, bit for bit. The scoring is predict_run
+ * (tools/train/predict.h); this file turns the flags into its options. */
 #include <getopt.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
-#include <zlib.h>
 
-#include "common/status.h"
-#include "common/sys.h"
-#include "datasets/source.h"
-#include "dense/metrics.h"
-#include "rpc/rpc.h"
-#include "tools/train/checkpoint.h"
-#include "embedding/ckpt_store.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
-#include "tools/train/trainer.h"
+#include "tools/train/predict.h"
 
 #define CMD "predict"
 
@@ -102,180 +92,46 @@ static const struct option long_opts[] = {
     {"help", no_argument, 0, O_HELP},
     {0, 0, 0, 0}};
 
-/* The malformed lines of a raw file's split, as split-relative line numbers
- * in ascending order (*bad, malloc'd), found by the reader's own line parser
- * over the same lines: the source skips them without a trace, and the
- * output must still have one line per input line. 0 or -1 (err). */
-static int find_bad_lines(const char *path, const ds_source_opts *so, uint64_t **bad,
-                          size_t *n_bad, uint64_t *n_lines, char *err, size_t errlen) {
-  *bad = NULL;
-  *n_bad = 0;
-  gzFile f = gzopen(path, "rb");
-  if (!f) {
-    snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-    return -1;
-  }
-  gzbuffer(f, 1 << 20);
-  const size_t max_line = (3u << 20); /* the reader skips longer lines (DS_BAD_LONG) */
-  size_t cap = 1 << 16, cap_bad = 0, all_bad = 0;
-  char *line = malloc(cap);
-  uint64_t *abs = NULL, total = 0;
-  int rc = 0;
-  ds_criteo_sample *smp = malloc(sizeof *smp);
-  const ds_criteo_parse_opts po = {.no_label = so->no_label};
-  if (!line || !smp) goto oom;
-  for (;;) {
-    size_t len = 0;
-    int got = 0;
-    while (gzgets(f, line + len, (int)(cap - len))) {
-      got = 1;
-      len += strlen(line + len);
-      if (len && line[len - 1] == '\n') break;
-      if (cap - len < 2) {
-        char *q = realloc(line, cap * 2);
-        if (!q) goto oom;
-        line = q;
-        cap *= 2;
-      }
-    }
-    if (!got) break;
-    int is_bad = len > max_line || ds_criteo_parse_line(line, len, &po, smp, NULL, 0) != 0;
-    if (is_bad) {
-      if (all_bad == cap_bad) {
-        cap_bad = cap_bad ? 2 * cap_bad : 64;
-        uint64_t *q = realloc(abs, cap_bad * sizeof *abs);
-        if (!q) goto oom;
-        abs = q;
-      }
-      abs[all_bad++] = total;
-    }
-    total++;
-  }
-  int zerr;
-  const char *zmsg = gzerror(f, &zerr);
-  if (zerr != Z_OK && zerr != Z_BUF_ERROR) {
-    snprintf(err, errlen, "%s: read error: %s", path, zmsg);
-    rc = -1;
-    goto out;
-  }
-  ds_split_ranges r;
-  if (ds_split_ranges_compute(so->scheme, total, 0, so->test_fraction, &r)) {
-    snprintf(err, errlen, "%s: cannot split %llu lines", path, (unsigned long long)total);
-    rc = -1;
-    goto out;
-  }
-  uint64_t lo = r.begin[so->split], hi = r.end[so->split];
-  for (size_t i = 0; i < all_bad; i++)
-    if (abs[i] >= lo && abs[i] < hi) abs[(*n_bad)++] = abs[i] - lo;
-  *bad = abs;
-  abs = NULL;
-  *n_lines = hi - lo;
-  goto out;
-oom:
-  snprintf(err, errlen, "out of memory scanning %s", path);
-  rc = -1;
-out:
-  gzclose(f);
-  free(line);
-  free(abs);
-  free(smp);
-  return rc;
-}
+/* The flags as given: the options, with what the checks need beside them. */
+typedef struct flags {
+  predict_opts o;
+  const char *proc, *raw, *dataset;
+  long long cache_mb;
+} flags;
 
-/* Load the dense parameters of step_dir/dense.bin (format in
- * tools/checkpoint.h) into m, checking its header against m and its own
- * SHA-256 trailer. The optimizer state after them is not needed to score,
- * and ckpt_open has already checked the file against the manifest, so this
- * avoids ckpt_load's second pass over every file of the checkpoint. 0 or -1
- * (err names the file). */
-static int load_dense(const char *step_dir, dense_model *m, char *err, size_t errlen) {
-  char path[4200];
-  snprintf(path, sizeof path, "%s/dense.bin", step_dir);
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    sr_fmt(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-    return -1;
-  }
-  int rc = -1;
-  unsigned char *buf = NULL;
-  size_t np = 0;
-  float *p = dense_model_params(m, &np);
-  if (fseek(f, 0, SEEK_END) != 0) goto bad_read;
-  long len = ftell(f);
-  if (len < 256 + 32 || fseek(f, 0, SEEK_SET) != 0) goto bad_read;
-  buf = malloc((size_t)len);
-  if (!buf) {
-    sr_fmt(err, errlen, "%s: out of memory", path);
-    goto out;
-  }
-  if (fread(buf, 1, (size_t)len, f) != (size_t)len) goto bad_read;
-  uint32_t v, hb;
-  uint64_t n1, n2;
-  memcpy(&v, buf + 8, 4);
-  memcpy(&hb, buf + 12, 4);
-  memcpy(&n1, buf + 16, 8);
-  memcpy(&n2, buf + 24, 8);
-  unsigned char dig[32];
-  if (memcmp(buf, "SRCKDENS", 8) || v != 1 || hb != 256) {
-    sr_fmt(err, errlen, "%s: not a version 1 shardrec dense checkpoint file", path);
-    goto out;
-  }
-  if (n1 != np || n2 > ((uint64_t)len - 256 - 32) / 4 ||
-      (uint64_t)len != 256 + 4 * (n1 + n2) + 32) {
-    sr_fmt(err, errlen, "%s: holds %llu parameters (%ld bytes); the manifest's architecture "
-             "has %zu", path, (unsigned long long)n1, len, np);
-    goto out;
-  }
-  if (emb_sha256(buf, (size_t)len - 32, dig) || memcmp(dig, buf + len - 32, 32)) {
-    sr_fmt(err, errlen, "%s: checksum mismatch (file damaged)", path);
-    goto out;
-  }
-  memcpy(p, buf + 256, np * sizeof *p);
-  rc = 0;
-  goto out;
-bad_read:
-  sr_fmt(err, errlen, "%s: cannot read (torn or truncated?)", path);
-out:
-  free(buf);
-  fclose(f);
-  return rc;
-}
-
-int cmd_predict(int argc, char **argv) {
-  const char *ckpt = NULL, *servers = NULL, *proc = NULL, *raw = NULL, *split_s = "all",
-             *dataset = "kaggle", *outp = NULL, *metrics_p = NULL, *tls_ca = NULL,
-             *tls_cert = NULL, *tls_key = NULL;
-  double frac = 0, deadline = 30;
-  int have_frac = 0, no_label = 0, strict = 0;
-  uint64_t maxind = 0;
-  long long freq = 0, batch = 0, cache_mb = 0;
+/* Parse argv into *f. Returns -1 to go on, or the exit status (0 for
+ * --help, 2 for bad usage, the message printed). */
+static int parse_flags(int argc, char **argv, flags *f) {
+  predict_opts *o = &f->o;
+  double deadline = 30;
+  long long freq = 0, batch = 0;
   optind = 1;
   opterr = 0;
   int c;
   while ((c = getopt_long(argc, argv, ":h", long_opts, NULL)) != -1) {
     switch (c) {
-      case O_CKPT: ckpt = optarg; break;
-      case O_SERVERS: servers = optarg; break;
+      case O_CKPT: o->checkpoint = optarg; break;
+      case O_SERVERS: o->shard_servers = optarg; break;
       case O_RPCDL: if (cli_double(CMD, "--rpc-deadline", optarg, 0.001, 86400, &deadline)) return 2; break;
-      case O_TLSCA: tls_ca = optarg; break;
-      case O_TLSCERT: tls_cert = optarg; break;
-      case O_TLSKEY: tls_key = optarg; break;
-      case O_CMB: if (cli_int(CMD, "--cache-mb", optarg, 1, 1LL << 30, &cache_mb)) return 2; break;
-      case O_PROC: proc = optarg; break;
-      case O_RAW: raw = optarg; break;
-      case O_SPLIT: split_s = optarg; break;
-      case O_DATASET: dataset = optarg; break;
+      case O_TLSCA: o->tls_ca = optarg; break;
+      case O_TLSCERT: o->tls_cert = optarg; break;
+      case O_TLSKEY: o->tls_key = optarg; break;
+      case O_CMB: if (cli_int(CMD, "--cache-mb", optarg, 1, 1LL << 30, &f->cache_mb)) return 2; break;
+      case O_PROC: f->proc = optarg; break;
+      case O_RAW: f->raw = optarg; break;
+      case O_SPLIT: o->split_name = optarg; break;
+      case O_DATASET: f->dataset = optarg; break;
       case O_TESTFRAC:
-        if (cli_double(CMD, "--test-fraction", optarg, 0, 1, &frac)) return 2;
-        have_frac = 1;
+        if (cli_double(CMD, "--test-fraction", optarg, 0, 1, &o->test_fraction)) return 2;
+        o->have_test_fraction = 1;
         break;
-      case O_MAXIND: if (cli_u64(CMD, "--max-ind-range", optarg, &maxind)) return 2; break;
+      case O_MAXIND: if (cli_u64(CMD, "--max-ind-range", optarg, &o->max_ind_range)) return 2; break;
       case O_FREQ: if (cli_int(CMD, "--frequency-threshold", optarg, 0, 1LL << 31, &freq)) return 2; break;
-      case O_NOLABEL: no_label = 1; break;
-      case O_STRICT: strict = 1; break;
+      case O_NOLABEL: o->no_label = 1; break;
+      case O_STRICT: o->strict = 1; break;
       case O_BATCH: if (cli_int(CMD, "--mini-batch-size", optarg, 1, 1 << 20, &batch)) return 2; break;
-      case O_OUT: outp = optarg; break;
-      case O_METRICS: metrics_p = optarg; break;
+      case O_OUT: o->out = optarg; break;
+      case O_METRICS: o->metrics_out = optarg; break;
       case 'h':
       case O_HELP: usage(stdout); return 0;
       case ':': cli_bad_option(CMD, ':', argv[optind - 1]); return 2;
@@ -286,274 +142,71 @@ int cmd_predict(int argc, char **argv) {
     fprintf(stderr, "shardrec predict: unexpected argument '%s'\n", argv[optind]);
     return 2;
   }
-  if (!ckpt || !outp || !!proc == !!raw) {
+  o->rpc_deadline = deadline;
+  o->frequency_threshold = (uint32_t)freq;
+  o->batch = (int)batch;
+  o->cache_mb = (uint64_t)f->cache_mb;
+  o->raw = f->raw != NULL;
+  o->data_path = f->proc ? f->proc : f->raw;
+  return -1;
+}
+
+/* The flags that do not go together; 0, or 2 with the message printed. */
+static int check_flags(flags *f) {
+  predict_opts *o = &f->o;
+  if (!o->checkpoint || !o->out || !!f->proc == !!f->raw) {
     fprintf(stderr, "shardrec predict: need --checkpoint, --out and exactly one of "
                     "--processed-data-file, --raw-data-file (see --help)\n");
     return 2;
   }
-  ds_split sp;
-  if (!strcmp(split_s, "all")) sp = DS_SPLIT_ALL;
-  else if (!strcmp(split_s, "train")) sp = DS_SPLIT_TRAIN;
-  else if (!strcmp(split_s, "test")) sp = DS_SPLIT_TEST;
-  else if (!strcmp(split_s, "val")) sp = DS_SPLIT_VAL;
+  const char *split_s = o->split_name;
+  if (!strcmp(split_s, "all")) o->split = DS_SPLIT_ALL;
+  else if (!strcmp(split_s, "train")) o->split = DS_SPLIT_TRAIN;
+  else if (!strcmp(split_s, "test")) o->split = DS_SPLIT_TEST;
+  else if (!strcmp(split_s, "val")) o->split = DS_SPLIT_VAL;
   else {
     fprintf(stderr, "shardrec predict: --data-split: '%s' is not all, train, test or val\n", split_s);
     return 2;
   }
-  if (strcmp(dataset, "kaggle")) {
+  if (strcmp(f->dataset, "kaggle")) {
     fprintf(stderr, "shardrec predict: --data-set: '%s': only kaggle (one file) is read here\n",
-            dataset);
+            f->dataset);
     return 2;
   }
-  if (proc && (have_frac || maxind || freq || strict || no_label)) {
+  if (f->proc && (o->have_test_fraction || o->max_ind_range || o->frequency_threshold ||
+                  o->strict || o->no_label)) {
     fprintf(stderr, "shardrec predict: --test-fraction, --max-ind-range, --frequency-threshold, "
                     "--strict and --no-label apply to --raw-data-file (a processed file holds "
                     "its split, ids and labels)\n");
     return 2;
   }
-  if (no_label && metrics_p) {
+  if (o->no_label && o->metrics_out) {
     fprintf(stderr, "shardrec predict: --metrics-out needs labels (drop --no-label)\n");
     return 2;
   }
-  if (!servers && (tls_ca || tls_cert || tls_key)) {
+  if (!o->shard_servers && (o->tls_ca || o->tls_cert || o->tls_key)) {
     fprintf(stderr, "shardrec predict: --tls-* apply to --shard-servers\n");
     return 2;
   }
-  if (servers && cache_mb) {
+  if (o->shard_servers && f->cache_mb) {
     fprintf(stderr, "shardrec predict: --cache-mb: with --shard-servers the rows live on the servers\n");
     return 2;
   }
+  return 0;
+}
 
-  char err[1024], step_dir[4096];
-  ckpt_info ci = {0};
-  ckpt_store cs = {0};
-  emb_store *store = NULL;
-  trainer *t = NULL;
-  ds_source *src = NULL;
-  ds_batch b = {0};
-  float *pred = NULL, *labels = NULL;
-  uint64_t *bad = NULL;
-  size_t n_bad = 0;
-  FILE *out = NULL;
-  char tmp_out[4200] = "";
-  int status = 1;
-  if (ckpt_resolve(ckpt, step_dir, sizeof step_dir, err, sizeof err) ||
-      ckpt_open(step_dir, &ci, err, sizeof err)) {
-    fprintf(stderr, "shardrec predict: --checkpoint: %s\n", err);
-    return 1;
-  }
-  const emb_plan *plan = ci.plan;
-  if (!ci.has_dense) {
-    fprintf(stderr, "shardrec predict: %s/manifest.json records no dense architecture (written "
-            "by an older shardrec): score its model with 'shardrec eval' instead\n", step_dir);
-    goto done;
-  }
-  if (!batch) batch = ci.batch;
-  char fp[EMB_FP_HEX];
-  emb_plan_fingerprint(plan, fp);
-
-  /* The rows: on the servers, or from the checkpoint in this process. */
-  if (servers) {
-    char *list = strdup(servers);
-    const char **addr = malloc((strlen(servers) / 2 + 2) * sizeof *addr);
-    int n_addr = 0;
-    if (!list || !addr) {
-      free(list);
-      free(addr);
-      fprintf(stderr, "shardrec predict: out of memory\n");
-      goto done;
-    }
-    for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) addr[n_addr++] = tok;
-    if (n_addr != plan->n_shards) {
-      fprintf(stderr, "shardrec predict: --shard-servers: %d address(es), the checkpoint's plan "
-              "has %d shard(s) (one server per shard, in shard order)\n", n_addr, plan->n_shards);
-      free(list);
-      free(addr);
-      status = 2;
-      goto done;
-    }
-    rpc_tls tls = {.cert = tls_cert, .key = tls_key, .ca = tls_ca};
-    rpc_client_opts ro = {.deadline_s = deadline, .tls = tls_ca ? &tls : NULL};
-    store = emb_store_create_remote(plan, addr, n_addr, &ro, err, sizeof err);
-    free(list);
-    free(addr);
-    if (!store) {
-      fprintf(stderr, "shardrec predict: --shard-servers: %s\n", err);
-      goto done;
-    }
-  } else {
-    ckpt_store_opts co = {.cache_mb = (uint64_t)cache_mb};
-    if (ckpt_store_open(step_dir, plan, &co, &cs, err, sizeof err)) {
-      fprintf(stderr, "shardrec predict: --checkpoint: %s\n", err);
-      goto done;
-    }
-    store = cs.store;
-  }
-  printf("checkpoint %s: step %lld, plan %.12s, %d shard(s) %s%s\n", step_dir,
-         (long long)ci.st.step, fp, plan->n_shards, servers ? "on shard servers: " : "in process, ",
-         servers ? servers : cs.layout);
-
-  /* The dense model as trained: its architecture and parameters. */
-  dense_config cfg = ci.dense;
-  cfg.max_batch = (int)batch;
-  /* The optimizer never runs here: SGD keeps no state. */
-  dense_opt_config oc = dense_opt_defaults(DENSE_OPT_SGD);
-  t = trainer_create(plan, store, &cfg, &oc, plan->seed, err, sizeof err);
-  if (!t || load_dense(step_dir, trainer_model(t), err, sizeof err)) {
+int cmd_predict(int argc, char **argv) {
+  flags f = {.o = {.split_name = "all", .log = stdout, .report = stderr,
+                   .who = "shardrec predict"},
+             .dataset = "kaggle"};
+  int st = parse_flags(argc, argv, &f);
+  if (st >= 0) return st;
+  if ((st = check_flags(&f))) return st;
+  char err[2048];
+  predict_result res;
+  if (predict_run(&f.o, &res, err, sizeof err)) {
     fprintf(stderr, "shardrec predict: %s\n", err);
-    goto done;
+    return res.bad_usage ? 2 : 1;
   }
-
-  /* The data, opened as train opens it. */
-  ds_source_opts so = {.path = proc ? proc : raw, .split = sp, .max_ind_range = maxind,
-                       .frequency_threshold = (uint32_t)freq, .no_label = no_label,
-                       .strict = strict, .report = stderr};
-  if (raw) {
-    so.scheme = have_frac ? DS_SCHEME_FRACTION : DS_SCHEME_KAGGLE;
-    so.test_fraction = frac;
-  }
-  double t0 = sr_now();
-  src = ds_source_open(&so, err, sizeof err);
-  if (!src) {
-    fprintf(stderr, "shardrec predict: %s\n", err);
-    goto done;
-  }
-  if (raw) {
-    /* Ids past a table's rows mean another dictionary than training's. */
-    uint64_t sizes[DS_NUM_SPARSE];
-    int warned = 0;
-    if (plan->n_tables != DS_NUM_SPARSE) {
-      fprintf(stderr, "shardrec predict: the checkpoint's plan has %d tables, Criteo data %d\n",
-              plan->n_tables, DS_NUM_SPARSE);
-      goto done;
-    }
-    if (!ds_source_table_sizes(src, sizes)) {
-      for (int i = 0; i < DS_NUM_SPARSE; i++) {
-        if (sizes[i] > plan->tables[i].rows) {
-          fprintf(stderr, "shardrec predict: %s: table %d (%s) gets ids up to %llu, the "
-                  "checkpoint's table has %llu rows: the ids are not mapped as at training "
-                  "(give the file and --data-set/--test-fraction/--max-ind-range/"
-                  "--frequency-threshold training used)\n", raw, i, plan->tables[i].name,
-                  (unsigned long long)sizes[i], (unsigned long long)plan->tables[i].rows);
-          goto done;
-        } else if (sizes[i] != plan->tables[i].rows && !warned) {
-          fprintf(stderr, "shardrec predict: warning: %s: table %d (%s) has %llu ids here, %llu "
-                  "rows in the checkpoint: unless training set --arch-embedding-size, the ids "
-                  "are not mapped as at training (check --test-fraction/--max-ind-range/"
-                  "--frequency-threshold and the file)\n", raw, i, plan->tables[i].name,
-                  (unsigned long long)sizes[i], (unsigned long long)plan->tables[i].rows);
-          warned = 1;
-        }
-      }
-    }
-    uint64_t n_lines = 0;
-    if (find_bad_lines(raw, &so, &bad, &n_bad, &n_lines, err, sizeof err)) {
-      fprintf(stderr, "shardrec predict: %s\n", err);
-      goto done;
-    }
-  }
-  uint64_t n_all = ds_source_count(src);
-  pred = malloc((n_all ? n_all : 1) * sizeof *pred);
-  labels = malloc((n_all ? n_all : 1) * sizeof *labels);
-  if (!pred || !labels || ds_batch_init(&b, (int)batch)) {
-    fprintf(stderr, "shardrec predict: out of memory for %llu predictions\n",
-            (unsigned long long)n_all);
-    goto done;
-  }
-  snprintf(tmp_out, sizeof tmp_out, "%s.tmp-%ld", outp, (long)getpid());
-  if (!(out = fopen(tmp_out, "w"))) {
-    fprintf(stderr, "shardrec predict: --out %s: cannot open for writing: %s\n", tmp_out,
-            strerror(errno));
-    tmp_out[0] = 0;
-    goto done;
-  }
-  size_t n = 0, bi = 0;
-  uint64_t line = 0; /* split-relative input line of the next output line */
-  for (;;) {
-    int got = ds_source_next(src, &b, (int)batch);
-    if (got < 0) {
-      fprintf(stderr, "shardrec predict: %s\n", ds_source_errmsg(src));
-      goto done;
-    }
-    if (got == 0) break;
-    if (n + (size_t)got > n_all) {
-      fprintf(stderr, "shardrec predict: %s: more samples than counted (%llu)\n", so.path,
-              (unsigned long long)n_all);
-      goto done;
-    }
-    if (trainer_predict(t, &b, ci.st.step, pred + n)) {
-      fprintf(stderr, "shardrec predict: %s\n", trainer_errmsg(t));
-      goto done;
-    }
-    memcpy(labels + n, b.labels, (size_t)got * sizeof *labels);
-    for (int i = 0; i < got; i++, line++) {
-      for (; bi < n_bad && bad[bi] == line; bi++, line++) fputs("nan\n", out);
-      fprintf(out, "%.9g\n", pred[n + (size_t)i]);
-    }
-    n += (size_t)got;
-  }
-  for (; bi < n_bad; bi++, line++) {
-    if (bad[bi] != line) break;
-    fputs("nan\n", out);
-  }
-  if (bi != n_bad) {
-    /* The reader and the scan disagree on which lines are malformed. */
-    fprintf(stderr, "shardrec predict: %s: %zu samples and %zu malformed lines do not add up to "
-            "the lines read; output not written\n", so.path, n, n_bad);
-    goto done;
-  }
-  int werr = fflush(out) != 0 || ferror(out);
-  werr |= fclose(out) != 0;
-  out = NULL;
-  if (werr || rename(tmp_out, outp) != 0) {
-    fprintf(stderr, "shardrec predict: --out %s: cannot write: %s\n", outp, strerror(errno));
-    goto done;
-  }
-  tmp_out[0] = 0;
-  double secs = sr_now() - t0;
-  printf("predict %s (%s): %zu samples scored in %.2f s (%.0f samples/s) -> %s\n", so.path,
-         split_s, n, secs, secs > 0 ? (double)n / secs : 0.0, outp);
-  if (n_bad)
-    printf("data   %zu malformed lines skipped (written as nan)\n", n_bad);
-  if (!no_label) {
-    dense_metrics m;
-    if (n == 0) {
-      fprintf(stderr, "shardrec predict: %s: the %s split is empty: no metrics\n", so.path, split_s);
-      goto done;
-    }
-    if (dense_metrics_compute(pred, labels, n, &m)) {
-      fprintf(stderr, "shardrec predict: metrics failed (NaN predictions?)\n");
-      goto done;
-    }
-    printf("metrics auc %.6f  logloss %.6f  accuracy %.4f  mean pred %.4f  ctr %.4f  (%zu samples)\n",
-           m.auc, m.log_loss, m.accuracy, m.mean_pred, m.ctr, n);
-    if (metrics_p) {
-      FILE *mf = fopen(metrics_p, "w");
-      if (!mf) {
-        fprintf(stderr, "shardrec predict: --metrics-out %s: cannot open for writing\n", metrics_p);
-        goto done;
-      }
-      fprintf(mf, "{\"kind\":\"predict\",\"n\":%zu,\"auc\":%.17g,\"logloss\":%.17g,"
-              "\"accuracy\":%.17g,\"mean_pred\":%.17g,\"ctr\":%.17g}\n",
-              n, m.auc, m.log_loss, m.accuracy, m.mean_pred, m.ctr);
-      if (fclose(mf) != 0) {
-        fprintf(stderr, "shardrec predict: --metrics-out %s: cannot write\n", metrics_p);
-        goto done;
-      }
-    }
-  }
-  status = 0;
-done:
-  if (out) fclose(out);
-  if (tmp_out[0]) unlink(tmp_out);
-  free(pred);
-  free(labels);
-  free(bad);
-  ds_batch_free(&b);
-  ds_source_destroy(src);
-  trainer_destroy(t);
-  if (cs.store) ckpt_store_close(&cs);
-  else emb_store_destroy(store);
-  ckpt_info_free(&ci);
-  return status;
+  return 0;
 }

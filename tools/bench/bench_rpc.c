@@ -325,6 +325,85 @@ done:
   return status;
 }
 
+/* One row group of the lookup table: ns shard servers (threads of this
+ * process) over a dim-wide table of rows rows, filled by pushes, timed
+ * beside the in-process store (and, for the first server count si 0, the
+ * local and plain-TCP rows). perm: [rows] the ids in push and lookup order;
+ * grad, out: [n][dim]. The exit status (1: failed, printed). */
+static int bench_servers(int dim, int ns, int si, long long rows, long long n,
+                         uint64_t *perm, const float *grad, float *out, double secs,
+                         double t_tcp) {
+  int status = 0;
+  char err[512];
+  uint64_t r1[1] = {(uint64_t)rows};
+  emb_plan_params pp = {.n_tables = 1, .rows = r1, .dim = dim, .optim = {.kind = EMB_OPT_SGD},
+                        .seed = 1, .n_shards = ns, .row_wise = 1};
+  emb_plan *plan;
+  if (emb_plan_create(&pp, &plan, err, sizeof err)) {
+    fprintf(stderr, "shardrec bench rpc: %s\n", err);
+    return 1;
+  }
+  bserver *sv = calloc((size_t)ns, sizeof *sv);
+  const char *addrs[4];
+  char abuf[4][64];
+  for (int k = 0; k < ns; k++) {
+    sv[k].plan = plan;
+    sv[k].shard = k;
+    sv[k].store = emb_store_create_local(plan, err, sizeof err);
+    rpc_service_opts so = {.shards = &sv[k].shard, .n_shards = 1};
+    sv[k].svc = rpc_service_create(plan, sv[k].store, &so, err, sizeof err);
+    pthread_create(&sv[k].th, NULL, server_main, &sv[k]);
+    while (!sv[k].port) usleep(1000);
+    snprintf(abuf[k], sizeof abuf[k], "127.0.0.1:%d", sv[k].port);
+    addrs[k] = abuf[k];
+  }
+  emb_store *rem = emb_store_create_remote(plan, addrs, ns, NULL, err, sizeof err);
+  emb_store *loc = emb_store_create_local(plan, err, sizeof err);
+  /* Fill every row with a random value (one push of each). */
+  for (long long at = 0; at < rows && rem && loc; at += n) {
+    const uint64_t *ip[1] = {perm + at};
+    size_t counts[1] = {(size_t)(rows - at < n ? rows - at : n)};
+    emb_idset set = {1, ip, counts};
+    const float *gp[1] = {grad};
+    if (emb_store_push(rem, 0, 1.0f, &set, gp) || emb_store_push(loc, 0, 1.0f, &set, gp)) {
+      fprintf(stderr, "shardrec bench rpc: fill: %s\n", emb_store_errmsg(rem));
+      status = 1;
+      break;
+    }
+  }
+  if (!rem || !loc) {
+    fprintf(stderr, "shardrec bench rpc: %s\n", err);
+    status = 1;
+  }
+  if (!status) {
+    double t_rem = time_store(rem, perm, (uint64_t)rows, (size_t)n, out, secs);
+    double t_loc = time_store(loc, perm, (uint64_t)rows, (size_t)n, out, secs);
+    if (t_rem < 0 || t_loc < 0) status = 1;
+    else {
+      char what[64];
+      snprintf(what, sizeof what, "gRPC, %d server%s", ns, ns > 1 ? "s" : "");
+      print_row(what, t_rem, (size_t)n, dim);
+      if (si == 0) {
+        print_row("in-process local store", t_loc, (size_t)n, dim);
+        if (t_tcp > 0) print_row("plain TCP round trip", t_tcp, (size_t)n, dim);
+      }
+      printf("    (gRPC %d: %.1fx the in-process time%s)\n", ns, t_rem / t_loc,
+             t_tcp > 0 ? "" : "; TCP baseline failed");
+    }
+  }
+  emb_store_destroy(rem);
+  emb_store_destroy(loc);
+  for (int k = 0; k < ns; k++) {
+    sv[k].stop = 1;
+    pthread_join(sv[k].th, NULL);
+    rpc_service_destroy(sv[k].svc);
+    emb_store_destroy(sv[k].store);
+  }
+  free(sv);
+  emb_plan_free(plan);
+  return status;
+}
+
 int bench_rpc(int argc, char **argv) {
   long long rows = 262144, n = 4096, train_rows = 100000, train_steps = 400, train_batch = 128;
   const char *part = "all";
@@ -391,77 +470,8 @@ int bench_rpc(int argc, char **argv) {
     printf("dim %d (%zu bytes a row, %.2f MB of rows a step)\n", dim, (size_t)dim * 4,
            (double)n * dim * 4 / 1e6);
     double t_tcp = time_tcp((size_t)n * 8, (size_t)n * (size_t)dim * 4, secs);
-    for (int si = 0; si < 2 && !status; si++) {
-      const int ns = nsrv[si];
-      char err[512];
-      uint64_t r1[1] = {(uint64_t)rows};
-      emb_plan_params pp = {.n_tables = 1, .rows = r1, .dim = dim, .optim = {.kind = EMB_OPT_SGD},
-                            .seed = 1, .n_shards = ns, .row_wise = 1};
-      emb_plan *plan;
-      if (emb_plan_create(&pp, &plan, err, sizeof err)) {
-        fprintf(stderr, "shardrec bench rpc: %s\n", err);
-        status = 1;
-        break;
-      }
-      bserver *sv = calloc((size_t)ns, sizeof *sv);
-      const char *addrs[4];
-      char abuf[4][64];
-      for (int k = 0; k < ns; k++) {
-        sv[k].plan = plan;
-        sv[k].shard = k;
-        sv[k].store = emb_store_create_local(plan, err, sizeof err);
-        rpc_service_opts so = {.shards = &sv[k].shard, .n_shards = 1};
-        sv[k].svc = rpc_service_create(plan, sv[k].store, &so, err, sizeof err);
-        pthread_create(&sv[k].th, NULL, server_main, &sv[k]);
-        while (!sv[k].port) usleep(1000);
-        snprintf(abuf[k], sizeof abuf[k], "127.0.0.1:%d", sv[k].port);
-        addrs[k] = abuf[k];
-      }
-      emb_store *rem = emb_store_create_remote(plan, addrs, ns, NULL, err, sizeof err);
-      emb_store *loc = emb_store_create_local(plan, err, sizeof err);
-      /* Fill every row with a random value (one push of each). */
-      for (long long at = 0; at < rows && rem && loc; at += n) {
-        const uint64_t *ip[1] = {perm + at};
-        size_t counts[1] = {(size_t)(rows - at < n ? rows - at : n)};
-        emb_idset set = {1, ip, counts};
-        const float *gp[1] = {grad};
-        if (emb_store_push(rem, 0, 1.0f, &set, gp) || emb_store_push(loc, 0, 1.0f, &set, gp)) {
-          fprintf(stderr, "shardrec bench rpc: fill: %s\n", emb_store_errmsg(rem));
-          status = 1;
-          break;
-        }
-      }
-      if (!rem || !loc) {
-        fprintf(stderr, "shardrec bench rpc: %s\n", err);
-        status = 1;
-      }
-      if (!status) {
-        double t_rem = time_store(rem, perm, (uint64_t)rows, (size_t)n, out, secs);
-        double t_loc = time_store(loc, perm, (uint64_t)rows, (size_t)n, out, secs);
-        if (t_rem < 0 || t_loc < 0) status = 1;
-        else {
-          char what[64];
-          snprintf(what, sizeof what, "gRPC, %d server%s", ns, ns > 1 ? "s" : "");
-          print_row(what, t_rem, (size_t)n, dim);
-          if (si == 0) {
-            print_row("in-process local store", t_loc, (size_t)n, dim);
-            if (t_tcp > 0) print_row("plain TCP round trip", t_tcp, (size_t)n, dim);
-          }
-          printf("    (gRPC %d: %.1fx the in-process time%s)\n", ns, t_rem / t_loc,
-                 t_tcp > 0 ? "" : "; TCP baseline failed");
-        }
-      }
-      emb_store_destroy(rem);
-      emb_store_destroy(loc);
-      for (int k = 0; k < ns; k++) {
-        sv[k].stop = 1;
-        pthread_join(sv[k].th, NULL);
-        rpc_service_destroy(sv[k].svc);
-        emb_store_destroy(sv[k].store);
-      }
-      free(sv);
-      emb_plan_free(plan);
-    }
+    for (int si = 0; si < 2 && !status; si++)
+      status = bench_servers(dim, nsrv[si], si, rows, n, perm, grad, out, secs, t_tcp);
     free(out);
     free(grad);
   }

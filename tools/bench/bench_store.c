@@ -67,11 +67,41 @@ static int lookup(lk *l, const uint64_t *ids, size_t n) {
   return 0;
 }
 
-int bench_store(int argc, char **argv) {
-  long long rows = 1000000, dim = 16, batch = 4096, cache_rows = 0, runs = 3, nbatches = 60,
-            bc_mb = 0;
-  double zipf = 1.1;
-  int lz4 = 0;
+/* One run: the flags, the buffers (owned) and the figures of each pass. */
+typedef struct bs {
+  long long rows, dim, batch, cache_rows, runs, nbatches, bc_mb;
+  double zipf;
+  int lz4;
+  char dir[64];        /* the temporary folder (removed at the end) */
+  char path[512];      /* its database, dir/shard-0 */
+  emb_plan *plan;
+  uint32_t tid;
+  int slen, w;         /* state floats per row; value + state */
+  size_t rsz, block_cache;
+  store_opts so;
+  uint64_t *ids;       /* [rows] a permutation of all ids */
+  uint64_t *bids;
+  float *out;          /* [batch][dim] */
+  float *rowbuf;       /* [w] */
+  float *gather;       /* [cache_rows][dim] */
+  unsigned char *enc;  /* [rsz] */
+  int *cfs;
+  char **vals;         /* [batch] */
+  size_t *lens;        /* [batch] */
+  double *cdf;         /* [rows] */
+  emb_store *s;
+  store_db *db;
+  sr_rng rng;
+  long long nb;        /* batches per pass */
+  lk l;
+  double raw[99], miss[99], hit[99], memc[99], zz[99], zhit[99];
+  double miss_hr, hit_hr, z_hr;
+  char err[1024];
+} bs;
+
+/* Parse argv into *b. Returns -1 to go on, or the exit status (0 for
+ * --help, 2 for bad usage, the message printed). */
+static int parse_flags(int argc, char **argv, bs *b) {
   static const struct option opts[] = {{"rows", required_argument, 0, 'r'},
                                        {"dim", required_argument, 0, 'd'},
                                        {"batch", required_argument, 0, 'b'},
@@ -88,20 +118,20 @@ int bench_store(int argc, char **argv) {
   int c;
   while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
     switch (c) {
-      case 'r': if (cli_int(CMD, "--rows", optarg, 10000, 1LL << 31, &rows)) return 2; break;
-      case 'd': if (cli_int(CMD, "--dim", optarg, 1, 1024, &dim)) return 2; break;
-      case 'b': if (cli_int(CMD, "--batch", optarg, 1, 1 << 20, &batch)) return 2; break;
-      case 'c': if (cli_int(CMD, "--cache-rows", optarg, 2048, 1LL << 30, &cache_rows)) return 2; break;
-      case 'n': if (cli_int(CMD, "--batches", optarg, 1, 1 << 20, &nbatches)) return 2; break;
-      case 'R': if (cli_int(CMD, "--runs", optarg, 1, 99, &runs)) return 2; break;
-      case 'z': if (cli_double(CMD, "--zipf", optarg, 1.0001, 3, &zipf)) return 2; break;
-      case 'B': if (cli_int(CMD, "--block-cache-mb", optarg, 1, 1 << 20, &bc_mb)) return 2; break;
+      case 'r': if (cli_int(CMD, "--rows", optarg, 10000, 1LL << 31, &b->rows)) return 2; break;
+      case 'd': if (cli_int(CMD, "--dim", optarg, 1, 1024, &b->dim)) return 2; break;
+      case 'b': if (cli_int(CMD, "--batch", optarg, 1, 1 << 20, &b->batch)) return 2; break;
+      case 'c': if (cli_int(CMD, "--cache-rows", optarg, 2048, 1LL << 30, &b->cache_rows)) return 2; break;
+      case 'n': if (cli_int(CMD, "--batches", optarg, 1, 1 << 20, &b->nbatches)) return 2; break;
+      case 'R': if (cli_int(CMD, "--runs", optarg, 1, 99, &b->runs)) return 2; break;
+      case 'z': if (cli_double(CMD, "--zipf", optarg, 1.0001, 3, &b->zipf)) return 2; break;
+      case 'B': if (cli_int(CMD, "--block-cache-mb", optarg, 1, 1 << 20, &b->bc_mb)) return 2; break;
       case 'C':
         if (strcmp(optarg, "none") && strcmp(optarg, "lz4")) {
           fprintf(stderr, "shardrec bench store: --compression: none or lz4\n");
           return 2;
         }
-        lz4 = !strcmp(optarg, "lz4");
+        b->lz4 = !strcmp(optarg, "lz4");
         break;
       case 'h':
         printf("usage: shardrec bench store [--rows N] [--dim D] [--batch B] [--cache-rows C] "
@@ -111,237 +141,301 @@ int bench_store(int argc, char **argv) {
       default: cli_bad_option(CMD, '?', argv[optind - 1]); return 2;
     }
   }
-  if (!cache_rows) cache_rows = rows / 10 > 2 * batch ? rows / 10 : 2 * batch;
-  if (cache_rows < 2 * batch) {
+  if (!b->cache_rows) b->cache_rows = b->rows / 10 > 2 * b->batch ? b->rows / 10 : 2 * b->batch;
+  if (b->cache_rows < 2 * b->batch) {
     fprintf(stderr, "shardrec bench store: --cache-rows must be at least twice --batch\n");
     return 2;
   }
-  int status = 1;
-  char dir[] = "/tmp/shardrec-bench-store-XXXXXX";
-  if (!mkdtemp(dir)) {
-    perror("mkdtemp");
-    return 1;
-  }
-  /* The plan: one table, adagrad. */
-  uint64_t r64 = (uint64_t)rows;
-  emb_plan_params pp = {.n_tables = 1, .rows = &r64, .dim = (int)dim,
+  return -1;
+}
+
+/* The plan (one table, adagrad) and the buffers. 0 or -1 (printed). */
+static int setup(bs *b) {
+  uint64_t r64 = (uint64_t)b->rows;
+  emb_plan_params pp = {.n_tables = 1, .rows = &r64, .dim = (int)b->dim,
                         .optim = {.kind = EMB_OPT_ADAGRAD, .eps = -1}, .seed = 1, .n_shards = 1};
-  emb_plan *plan = NULL;
-  char err[1024];
-  if (emb_plan_create(&pp, &plan, err, sizeof err)) {
-    fprintf(stderr, "shardrec bench store: %s\n", err);
-    return 1;
+  if (emb_plan_create(&pp, &b->plan, b->err, sizeof b->err)) {
+    fprintf(stderr, "shardrec bench store: %s\n", b->err);
+    return -1;
   }
-  int slen = emb_optim_state_len(&plan->tables[0].optim, (int)dim), w = (int)dim + slen;
-  size_t rsz = store_row_size((int)dim, slen);
-  size_t block_cache = bc_mb ? (size_t)bc_mb << 20 : (size_t)rows * (rsz + 24) * 5 / 4 + (16u << 20);
-  uint64_t *ids = malloc((size_t)rows * sizeof *ids), *bids = malloc((size_t)batch * sizeof *bids);
-  float *out = malloc((size_t)batch * (size_t)dim * sizeof *out);
-  float *rowbuf = malloc((size_t)w * 4), *gather = malloc((size_t)cache_rows * (size_t)dim * 4);
-  unsigned char *enc = malloc(rsz);
-  int *cfs = calloc((size_t)batch, sizeof *cfs);
-  char **vals = malloc((size_t)batch * sizeof *vals);
-  size_t *lens = malloc((size_t)batch * sizeof *lens);
-  double *cdf = malloc((size_t)rows * sizeof *cdf);
-  emb_store *s = NULL;
-  store_db *db = NULL;
-  if (!ids || !bids || !out || !rowbuf || !gather || !enc || !cfs || !vals || !lens || !cdf) {
+  long long rows = b->rows, dim = b->dim, batch = b->batch;
+  b->slen = emb_optim_state_len(&b->plan->tables[0].optim, (int)dim);
+  b->w = (int)dim + b->slen;
+  b->rsz = store_row_size((int)dim, b->slen);
+  b->block_cache = b->bc_mb ? (size_t)b->bc_mb << 20
+                            : (size_t)rows * (b->rsz + 24) * 5 / 4 + (16u << 20);
+  b->ids = malloc((size_t)rows * sizeof *b->ids);
+  b->bids = malloc((size_t)batch * sizeof *b->bids);
+  b->out = malloc((size_t)batch * (size_t)dim * sizeof *b->out);
+  b->rowbuf = malloc((size_t)b->w * 4);
+  b->gather = malloc((size_t)b->cache_rows * (size_t)dim * 4);
+  b->enc = malloc(b->rsz);
+  b->cfs = calloc((size_t)batch, sizeof *b->cfs);
+  b->vals = malloc((size_t)batch * sizeof *b->vals);
+  b->lens = malloc((size_t)batch * sizeof *b->lens);
+  b->cdf = malloc((size_t)rows * sizeof *b->cdf);
+  if (!b->ids || !b->bids || !b->out || !b->rowbuf || !b->gather || !b->enc || !b->cfs ||
+      !b->vals || !b->lens || !b->cdf) {
     fprintf(stderr, "shardrec bench store: out of memory\n");
-    goto done;
+    return -1;
   }
-  sr_rng rng;
-  sr_rng_init(&rng, 42, 0);
-  /* Fill RocksDB with random rows. */
-  char path[512];
-  snprintf(path, sizeof path, "%s/shard-0", dir);
-  uint32_t tid = plan->tables[0].table_id;
-  store_opts so = {.block_cache_bytes = block_cache, .write_buffer_bytes = 64u << 20,
-                   .compression = lz4 ? STORE_COMPRESSION_LZ4 : STORE_COMPRESSION_NONE};
+  sr_rng_init(&b->rng, 42, 0);
+  return 0;
+}
+
+/* Fill RocksDB with random rows, flushed and compacted; then a permutation
+ * of all ids (for the miss walk and the raw baseline). 0 or -1 (printed). */
+static int load_db(bs *b) {
+  long long rows = b->rows;
+  snprintf(b->path, sizeof b->path, "%s/shard-0", b->dir);
+  b->tid = b->plan->tables[0].table_id;
+  b->so = (store_opts){.block_cache_bytes = b->block_cache, .write_buffer_bytes = 64u << 20,
+                       .compression = b->lz4 ? STORE_COMPRESSION_LZ4 : STORE_COMPRESSION_NONE};
   double t0 = sr_now();
-  if (store_open(path, 1, &tid, &so, &db, err, sizeof err)) {
-    fprintf(stderr, "shardrec bench store: %s\n", err);
-    goto done;
+  if (store_open(b->path, 1, &b->tid, &b->so, &b->db, b->err, sizeof b->err)) {
+    fprintf(stderr, "shardrec bench store: %s\n", b->err);
+    return -1;
   }
   for (long long i = 0; i < rows; i++) {
-    for (int j = 0; j < w; j++) rowbuf[j] = (float)(sr_rng_uniform(&rng) - 0.5);
-    store_row_encode((int)dim, slen, rowbuf, enc);
-    store_batch_put(db, 0, (uint64_t)i, enc, rsz);
+    for (int j = 0; j < b->w; j++) b->rowbuf[j] = (float)(sr_rng_uniform(&b->rng) - 0.5);
+    store_row_encode((int)b->dim, b->slen, b->rowbuf, b->enc);
+    store_batch_put(b->db, 0, (uint64_t)i, b->enc, b->rsz);
     if ((i + 1) % 65536 == 0 || i + 1 == rows)
-      if (store_batch_commit(db, err, sizeof err)) {
-        fprintf(stderr, "shardrec bench store: %s\n", err);
-        goto done;
+      if (store_batch_commit(b->db, b->err, sizeof b->err)) {
+        fprintf(stderr, "shardrec bench store: %s\n", b->err);
+        return -1;
       }
   }
-  if (store_flush(db, err, sizeof err) || store_compact(db, err, sizeof err)) {
-    fprintf(stderr, "shardrec bench store: %s\n", err);
-    goto done;
+  if (store_flush(b->db, b->err, sizeof b->err) || store_compact(b->db, b->err, sizeof b->err)) {
+    fprintf(stderr, "shardrec bench store: %s\n", b->err);
+    return -1;
   }
   printf("store  %lld rows x (dim %lld + state %d) floats = %.1f MB of values, %s compression, "
          "block cache %.0f MB; loaded in %.1f s\n",
-         rows, dim, slen, (double)rows * (double)rsz / 1e6, lz4 ? "lz4" : "no",
-         (double)block_cache / 1048576.0, sr_now() - t0);
+         rows, b->dim, b->slen, (double)rows * (double)b->rsz / 1e6, b->lz4 ? "lz4" : "no",
+         (double)b->block_cache / 1048576.0, sr_now() - t0);
   char prop[64];
   snprintf(prop, sizeof prop, "rocksdb.total-sst-files-size");
-  printf("store  SST files %.1f MB\n", (double)store_property(db, 0, prop) / 1e6);
-  /* A permutation of all ids (for the miss walk and the raw baseline). */
-  for (long long i = 0; i < rows; i++) ids[i] = (uint64_t)i;
+  printf("store  SST files %.1f MB\n", (double)store_property(b->db, 0, prop) / 1e6);
+  for (long long i = 0; i < rows; i++) b->ids[i] = (uint64_t)i;
   for (long long i = rows - 1; i > 0; i--) {
-    uint64_t j = sr_rng_below(&rng, (uint64_t)i + 1), t = ids[i];
-    ids[i] = ids[j];
-    ids[j] = t;
+    uint64_t j = sr_rng_below(&b->rng, (uint64_t)i + 1), t = b->ids[i];
+    b->ids[i] = b->ids[j];
+    b->ids[j] = t;
   }
-  long long nb = nbatches;
-  if (nb * batch > rows) nb = rows / batch;
-  double raw[99], miss[99], hit[99], memc[99], zz[99], zhit[99];
-  store_close(db);
-  db = NULL;
-  /* The shard store over the database, and beside it a read-only handle
-   * for raw MultiGet (same block cache size); passes alternate raw and
-   * shard so both see the same machine. */
-  emb_shard_config cfg = {.cache_rows = (uint64_t)cache_rows, .block_cache_bytes = block_cache,
-                          .write_buffer_bytes = 64u << 20, .lz4 = lz4};
-  s = emb_store_create_shard(plan, dir, &cfg, err, sizeof err);
-  store_opts rso = so;
+  b->nb = b->nbatches;
+  if (b->nb * b->batch > rows) b->nb = rows / b->batch;
+  store_close(b->db);
+  b->db = NULL;
+  return 0;
+}
+
+/* The shard store over the database, and beside it a read-only handle for
+ * raw MultiGet (same block cache size); passes alternate raw and shard so
+ * both see the same machine. Misses: the raw baseline's batches, in the
+ * same order; with more ids than the cache holds, each comes back evicted
+ * (the hit rate shows it). Pass -1 warms both block caches. 0 or -1. */
+static int measure_miss(bs *b) {
+  long long nb = b->nb, batch = b->batch, dim = b->dim;
+  emb_shard_config cfg = {.cache_rows = (uint64_t)b->cache_rows, .block_cache_bytes = b->block_cache,
+                          .write_buffer_bytes = 64u << 20, .lz4 = b->lz4};
+  b->s = emb_store_create_shard(b->plan, b->dir, &cfg, b->err, sizeof b->err);
+  store_opts rso = b->so;
   rso.read_only = 1;
-  if (!s || store_open(path, 1, &tid, &rso, &db, err, sizeof err)) {
-    fprintf(stderr, "shardrec bench store: %s\n", err);
-    goto done;
+  if (!b->s || store_open(b->path, 1, &b->tid, &rso, &b->db, b->err, sizeof b->err)) {
+    fprintf(stderr, "shardrec bench store: %s\n", b->err);
+    return -1;
   }
-  lk l = {.s = s, .out = out};
+  b->l = (lk){.s = b->s, .out = b->out};
   emb_store_stats st0, st1;
-  /* Misses: the raw baseline's batches, in the same order; with more ids
-   * than the cache holds, each comes back evicted (the hit rate shows it).
-   * Pass -1 warms both block caches. */
-  for (int pass = -1; pass < runs; pass++) {
+  for (int pass = -1; pass < b->runs; pass++) {
     double t = sr_now();
     for (long long k = 0; k < nb; k++) {
-      if (store_multi_get_cf(db, 0, (size_t)batch, ids + k * batch, (const char **)vals, lens, err,
-                             sizeof err)) {
-        fprintf(stderr, "shardrec bench store: %s\n", err);
-        goto done;
+      if (store_multi_get_cf(b->db, 0, (size_t)batch, b->ids + k * batch, (const char **)b->vals,
+                             b->lens, b->err, sizeof b->err)) {
+        fprintf(stderr, "shardrec bench store: %s\n", b->err);
+        return -1;
       }
       for (long long q = 0; q < batch; q++)
-        if (vals[q] && !store_row_decode(vals[q], lens[q], (int)dim, slen, rowbuf, err, sizeof err))
-          memcpy(out + q * dim, rowbuf, (size_t)dim * 4);
+        if (b->vals[q] && !store_row_decode(b->vals[q], b->lens[q], (int)dim, b->slen, b->rowbuf,
+                                            b->err, sizeof b->err))
+          memcpy(b->out + q * dim, b->rowbuf, (size_t)dim * 4);
     }
-    if (pass >= 0) raw[pass] = (double)(nb * batch) / (sr_now() - t);
-    emb_store_stats_get(s, &st0);
+    if (pass >= 0) b->raw[pass] = (double)(nb * batch) / (sr_now() - t);
+    emb_store_stats_get(b->s, &st0);
     t = sr_now();
     for (long long k = 0; k < nb; k++)
-      if (lookup(&l, ids + k * batch, (size_t)batch)) goto done;
-    emb_store_stats_get(s, &st1);
-    if (pass >= 0) miss[pass] = (double)(nb * batch) / (sr_now() - t);
+      if (lookup(&b->l, b->ids + k * batch, (size_t)batch)) return -1;
+    emb_store_stats_get(b->s, &st1);
+    if (pass >= 0) b->miss[pass] = (double)(nb * batch) / (sr_now() - t);
   }
-  store_close(db);
-  db = NULL;
-  double miss_hr = (double)(st1.hits - st0.hits) / (double)(st1.lookups - st0.lookups);
-  /* Hits: bring cache_rows / 2 rows in, then look up random subsets of them. */
-  long long hot = cache_rows / 2;
+  store_close(b->db);
+  b->db = NULL;
+  b->miss_hr = (double)(st1.hits - st0.hits) / (double)(st1.lookups - st0.lookups);
+  return 0;
+}
+
+/* Hits: bring cache_rows / 2 rows in, then look up random subsets of them;
+ * beside it the memcpy gather of the same rows from a plain array. 0 or -1. */
+static int measure_hit(bs *b) {
+  long long nb = b->nb, batch = b->batch, dim = b->dim, hot = b->cache_rows / 2;
   for (long long k = 0; k + batch <= hot; k += batch)
-    if (lookup(&l, ids + k, (size_t)batch)) goto done;
-  for (long long i = 0; i < cache_rows * dim; i++) gather[i] = (float)(sr_rng_uniform(&rng) - 0.5);
+    if (lookup(&b->l, b->ids + k, (size_t)batch)) return -1;
+  for (long long i = 0; i < b->cache_rows * dim; i++)
+    b->gather[i] = (float)(sr_rng_uniform(&b->rng) - 0.5);
   uint64_t *hidx = malloc((size_t)(nb * batch) * sizeof *hidx);
-  if (!hidx) goto done;
+  uint64_t *hk = NULL;
+  int rc = -1;
+  if (!hidx) goto out;
   for (long long k = 0; k < nb; k++) { /* unique per batch: a random window of the hot ids */
-    long long off = (long long)sr_rng_below(&rng, (uint64_t)(hot - batch + 1));
+    long long off = (long long)sr_rng_below(&b->rng, (uint64_t)(hot - batch + 1));
     for (long long q = 0; q < batch; q++) hidx[k * batch + q] = (uint64_t)(off + q);
     for (long long q = batch - 1; q > 0; q--) { /* shuffle within the batch */
-      uint64_t j = sr_rng_below(&rng, (uint64_t)q + 1), t2 = hidx[k * batch + q];
+      uint64_t j = sr_rng_below(&b->rng, (uint64_t)q + 1), t2 = hidx[k * batch + q];
       hidx[k * batch + q] = hidx[k * batch + (long long)j];
       hidx[k * batch + (long long)j] = t2;
     }
   }
-  uint64_t *hk = malloc((size_t)(nb * batch) * sizeof *hk);
-  if (!hk) {
-    free(hidx);
-    goto done;
-  }
-  for (long long i = 0; i < nb * batch; i++) hk[i] = ids[hidx[i]];
-  double hit_hr = 0;
-  for (int pass = -1; pass < runs; pass++) {
-    emb_store_stats_get(s, &st0);
+  hk = malloc((size_t)(nb * batch) * sizeof *hk);
+  if (!hk) goto out;
+  for (long long i = 0; i < nb * batch; i++) hk[i] = b->ids[hidx[i]];
+  emb_store_stats st0, st1;
+  for (int pass = -1; pass < b->runs; pass++) {
+    emb_store_stats_get(b->s, &st0);
     double t = sr_now();
     for (long long k = 0; k < nb; k++)
-      if (lookup(&l, hk + k * batch, (size_t)batch)) goto done;
-    emb_store_stats_get(s, &st1);
-    if (pass >= 0) hit[pass] = (double)(nb * batch) / (sr_now() - t);
-    hit_hr = (double)(st1.hits - st0.hits) / (double)(st1.lookups - st0.lookups);
+      if (lookup(&b->l, hk + k * batch, (size_t)batch)) goto out;
+    emb_store_stats_get(b->s, &st1);
+    if (pass >= 0) b->hit[pass] = (double)(nb * batch) / (sr_now() - t);
+    b->hit_hr = (double)(st1.hits - st0.hits) / (double)(st1.lookups - st0.lookups);
     t = sr_now();
     for (long long k = 0; k < nb; k++)
       for (long long q = 0; q < batch; q++)
-        memcpy(out + q * dim, gather + (size_t)hidx[k * batch + q] * (size_t)dim, (size_t)dim * 4);
-    if (pass >= 0) memc[pass] = (double)(nb * batch) / (sr_now() - t);
+        memcpy(b->out + q * dim, b->gather + (size_t)hidx[k * batch + q] * (size_t)dim,
+               (size_t)dim * 4);
+    if (pass >= 0) b->memc[pass] = (double)(nb * batch) / (sr_now() - t);
   }
+  rc = 0;
+out:
   free(hidx);
   free(hk);
-  /* Zipf: rank r has weight 1/r^s; id = ids[r] (scrambled). */
+  return rc;
+}
+
+/* Zipf: rank r has weight 1/r^s; id = ids[r] (scrambled). Each batch holds
+ * up to batch unique ids of 2 * batch draws. 0 or -1. */
+static int measure_zipf(bs *b) {
+  long long rows = b->rows, batch = b->batch;
   double acc = 0;
-  for (long long r = 0; r < rows; r++) cdf[r] = (acc += pow((double)(r + 1), -zipf));
-  for (long long r = 0; r < rows; r++) cdf[r] /= acc;
+  for (long long r = 0; r < rows; r++) b->cdf[r] = (acc += pow((double)(r + 1), -b->zipf));
+  for (long long r = 0; r < rows; r++) b->cdf[r] /= acc;
   uint64_t *zb = malloc((size_t)(2 * batch) * sizeof *zb);
-  if (!zb) goto done;
-  double z_hr = 0;
-  for (int pass = -2; pass < runs; pass++) { /* two passes of warm-up */
-    emb_store_stats_get(s, &st0);
+  if (!zb) return -1;
+  emb_store_stats st0, st1;
+  for (int pass = -2; pass < b->runs; pass++) { /* two passes of warm-up */
+    emb_store_stats_get(b->s, &st0);
     double tz = 0, n_rows = 0;
-    for (long long k = 0; k < nb; k++) {
+    for (long long k = 0; k < b->nb; k++) {
       for (long long q = 0; q < 2 * batch; q++) {
-        double u = sr_rng_uniform(&rng);
+        double u = sr_rng_uniform(&b->rng);
         long long lo = 0, hi = rows - 1;
         while (lo < hi) {
           long long m = (lo + hi) / 2;
-          if (cdf[m] < u) lo = m + 1;
+          if (b->cdf[m] < u) lo = m + 1;
           else hi = m;
         }
-        zb[q] = ids[lo];
+        zb[q] = b->ids[lo];
       }
       qsort(zb, (size_t)(2 * batch), sizeof *zb, cmp_u64);
       size_t n = 0;
       for (long long q = 0; q < 2 * batch && (long long)n < batch; q++)
         if (!n || zb[q] != zb[n - 1]) zb[n++] = zb[q];
       for (size_t q = n; q > 1; q--) { /* unsorted, as a batch's ids are */
-        uint64_t j = sr_rng_below(&rng, q), t2 = zb[q - 1];
+        uint64_t j = sr_rng_below(&b->rng, q), t2 = zb[q - 1];
         zb[q - 1] = zb[j];
         zb[j] = t2;
       }
       double t = sr_now();
-      if (lookup(&l, zb, n)) goto done;
+      if (lookup(&b->l, zb, n)) {
+        free(zb);
+        return -1;
+      }
       tz += sr_now() - t;
       n_rows += (double)n;
     }
-    emb_store_stats_get(s, &st1);
+    emb_store_stats_get(b->s, &st1);
     if (pass >= 0) {
-      zz[pass] = n_rows / tz;
-      zhit[pass] = (double)(st1.hits - st0.hits) / (double)(st1.lookups - st0.lookups);
+      b->zz[pass] = n_rows / tz;
+      b->zhit[pass] = (double)(st1.hits - st0.hits) / (double)(st1.lookups - st0.lookups);
     }
   }
   free(zb);
-  z_hr = sr_median(zhit, (int)runs);
-  double mraw = sr_median(raw, (int)runs), mmiss = sr_median(miss, (int)runs), mhit = sr_median(hit, (int)runs),
-         mmem = sr_median(memc, (int)runs), mz = sr_median(zz, (int)runs);
-  printf("lookup (batches of %lld unique ids, cache %lld rows, median of %lld)\n", batch, cache_rows, runs);
+  b->z_hr = sr_median(b->zhit, (int)b->runs);
+  return 0;
+}
+
+static void print_figures(bs *b) { /* sr_median sorts the figures */
+  int runs = (int)b->runs;
+  double mraw = sr_median(b->raw, runs), mmiss = sr_median(b->miss, runs),
+         mhit = sr_median(b->hit, runs), mmem = sr_median(b->memc, runs),
+         mz = sr_median(b->zz, runs);
+  printf("lookup (batches of %lld unique ids, cache %lld rows, median of %lld)\n", b->batch,
+         b->cache_rows, b->runs);
   printf("  raw RocksDB MultiGet   %10.0f rows/s\n", mraw);
   printf("  shard, all misses      %10.0f rows/s  (hit rate %.3f)  %.0f%% of raw MultiGet (target >= 70%%)\n",
-         mmiss, miss_hr, 100 * mmiss / mraw);
+         mmiss, b->miss_hr, 100 * mmiss / mraw);
   printf("  memcpy gather          %10.0f rows/s\n", mmem);
   printf("  shard, all hits        %10.0f rows/s  (hit rate %.3f)  %.0f%% of memcpy gather (target >= 50%%)\n",
-         mhit, hit_hr, 100 * mhit / mmem);
-  printf("  shard, zipf %.2f       %10.0f rows/s  (hit rate %.3f)\n", zipf, mz, z_hr);
-  status = 0;
-done:
-  emb_store_destroy(s);
-  store_close(db);
-  store_rmtree(dir);
-  emb_plan_free(plan);
-  free(ids);
-  free(bids);
-  free(out);
-  free(rowbuf);
-  free(gather);
-  free(enc);
-  free(cfs);
-  free(vals);
-  free(lens);
-  free(cdf);
+         mhit, b->hit_hr, 100 * mhit / mmem);
+  printf("  shard, zipf %.2f       %10.0f rows/s  (hit rate %.3f)\n", b->zipf, mz, b->z_hr);
+}
+
+static void bs_free(bs *b) {
+  emb_store_destroy(b->s);
+  store_close(b->db);
+  if (b->dir[0]) store_rmtree(b->dir);
+  emb_plan_free(b->plan);
+  free(b->ids);
+  free(b->bids);
+  free(b->out);
+  free(b->rowbuf);
+  free(b->gather);
+  free(b->enc);
+  free(b->cfs);
+  free(b->vals);
+  free(b->lens);
+  free(b->cdf);
+}
+
+int bench_store(int argc, char **argv) {
+  bs *b = calloc(1, sizeof *b);
+  if (!b) {
+    fprintf(stderr, "shardrec bench store: out of memory\n");
+    return 1;
+  }
+  b->rows = 1000000;
+  b->dim = 16;
+  b->batch = 4096;
+  b->runs = 3;
+  b->nbatches = 60;
+  b->zipf = 1.1;
+  int status = parse_flags(argc, argv, b);
+  if (status >= 0) {
+    free(b);
+    return status;
+  }
+  status = 1;
+  snprintf(b->dir, sizeof b->dir, "/tmp/shardrec-bench-store-XXXXXX");
+  if (!mkdtemp(b->dir)) {
+    perror("mkdtemp");
+    free(b);
+    return 1;
+  }
+  if (!setup(b) && !load_db(b) && !measure_miss(b) && !measure_hit(b) && !measure_zipf(b)) {
+    print_figures(b);
+    status = 0;
+  }
+  bs_free(b);
+  free(b);
   return status;
 }

@@ -101,7 +101,18 @@ static double cublas_step_time(const dense_config *cfg, int B, double *flops_out
 #endif
 }
 
-int bench_train(int argc, char **argv) {
+/* The flags. */
+typedef struct bt_flags {
+  long long rows, steps, runs;
+  const char *device;
+  const dense_backend *be;
+  int gpu;
+  int bl[8], nb;       /* the batch sizes */
+} bt_flags;
+
+/* Parse argv into *f and choose the dense backend. Returns -1 to go on, or
+ * the exit status (0 for --help, 2 for bad usage, the message printed). */
+static int parse_flags(int argc, char **argv, bt_flags *f) {
   static const struct option opts[] = {{"rows", required_argument, 0, 'r'},
                                        {"steps", required_argument, 0, 's'},
                                        {"runs", required_argument, 0, 'n'},
@@ -109,18 +120,17 @@ int bench_train(int argc, char **argv) {
                                        {"device", required_argument, 0, 'd'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
-  long long rows = 300000, steps = 0, runs = 3;
-  const char *batches = NULL, *device = "cpu";
+  const char *batches = NULL;
   optind = 1;
   opterr = 0;
   int c;
   while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
     switch (c) {
-      case 'r': if (cli_int("bench train", "--rows", optarg, 10000, 1LL << 32, &rows)) return 2; break;
-      case 's': if (cli_int("bench train", "--steps", optarg, 1, 1 << 20, &steps)) return 2; break;
-      case 'n': if (cli_int("bench train", "--runs", optarg, 1, 99, &runs)) return 2; break;
+      case 'r': if (cli_int("bench train", "--rows", optarg, 10000, 1LL << 32, &f->rows)) return 2; break;
+      case 's': if (cli_int("bench train", "--steps", optarg, 1, 1 << 20, &f->steps)) return 2; break;
+      case 'n': if (cli_int("bench train", "--runs", optarg, 1, 99, &f->runs)) return 2; break;
       case 'b': batches = optarg; break;
-      case 'd': device = optarg; break;
+      case 'd': f->device = optarg; break;
       case 'h':
         printf("usage: shardrec bench train [--rows N (300000)] [--batch 128,2048] [--steps N] [--runs 3]\n"
                "Kaggle configuration (dim 16, 13-512-256-64-16 / 512-256-1, dot), SGD, in-process shards,\n"
@@ -132,170 +142,212 @@ int bench_train(int argc, char **argv) {
       default: cli_bad_option("bench train", c, argv[optind - 1]); return 2;
     }
   }
-  const dense_backend *be;
-  int gpu = 0;
-  {
-    char derr[512];
-    if (dense_backend_for_device(device, &be, &gpu, derr, sizeof derr)) {
-      fprintf(stderr, "bench train: %s\n", derr);
-      return 2;
-    }
+  char derr[512];
+  if (dense_backend_for_device(f->device, &f->be, &f->gpu, derr, sizeof derr)) {
+    fprintf(stderr, "bench train: %s\n", derr);
+    return 2;
   }
-  dense_backend_set_default(be);
-  if (!batches) batches = gpu ? "2048,16384" : "128,2048";
-  int bl[8], nb = 0;
-  if (cli_int_list("bench train", "--batch", batches, ',', bl, 8, &nb)) return 2;
+  dense_backend_set_default(f->be);
+  if (!batches) batches = f->gpu ? "2048,16384" : "128,2048";
+  if (cli_int_list("bench train", "--batch", batches, ',', f->bl, 8, &f->nb)) return 2;
+  return -1;
+}
 
-  char dir[] = "/tmp/shardrec-bench-XXXXXX";
-  if (!mkdtemp(dir)) {
-    perror("bench train: mkdtemp");
-    return 1;
-  }
-  char tsv[256], bin[256], rows_s[32];
+/* Generate rows lines into dir/d.tsv and convert them to bin. 0 or -1
+ * (printed). */
+static int prepare_data(const char *dir, long long rows, char *bin, size_t binlen) {
+  char tsv[256], rows_s[32];
   snprintf(tsv, sizeof tsv, "%s/d.tsv", dir);
-  snprintf(bin, sizeof bin, "%s/d.bin", dir);
+  snprintf(bin, binlen, "%s/d.bin", dir);
   snprintf(rows_s, sizeof rows_s, "%lld", rows);
   printf("bench train: generating %lld rows in %s\n", rows, dir);
   fflush(stdout);
   char *gen[] = {"shardrec", "datagen", "--rows", rows_s, "--seed", "1", "--out", tsv, NULL};
   char *conv[] = {"shardrec", "convert", "--test-fraction", "0", tsv, bin, NULL};
-  int status = 1;
   if (run_self(gen) || run_self(conv)) {
     fprintf(stderr, "bench train: data preparation failed\n");
-    goto out;
+    return -1;
   }
+  return 0;
+}
+
+/* One batch size's trainer over the data: everything owned. */
+typedef struct one {
+  int B;
+  dense_config cfg;
+  ds_source *src;
+  emb_plan *plan;
+  emb_store *store;
+  trainer *t;
+  ds_batch b;
+  int64_t step;
+} one;
+
+static void one_close(one *o) {
+  ds_batch_free(&o->b);
+  trainer_destroy(o->t);
+  emb_store_destroy(o->store);
+  emb_plan_free(o->plan);
+  ds_source_destroy(o->src);
+}
+
+/* The Kaggle configuration at batch B over bin: SGD, in-process shards.
+ * 0 or -1 (printed; what was opened is released by one_close). */
+static int one_open(one *o, int B, const char *bin) {
+  char err[1024];
+  o->B = B;
+  if (cli_model_arch("bench train", "13-512-256-64-16", "512-256-1", "dot", 0, 16,
+                     DS_NUM_SPARSE, B, &o->cfg))
+    return -1;
+  ds_source_opts so = {.path = bin, .split = DS_SPLIT_TRAIN};
+  o->src = ds_source_open(&so, err, sizeof err);
+  if (!o->src) {
+    fprintf(stderr, "bench train: %s\n", err);
+    return -1;
+  }
+  uint64_t sizes[DS_NUM_SPARSE];
+  ds_source_table_sizes(o->src, sizes);
+  emb_plan_params pp = {.n_tables = DS_NUM_SPARSE, .rows = sizes, .dim = 16,
+                        .pooling = EMB_POOL_SUM, .optim = {.kind = EMB_OPT_SGD, .eps = -1},
+                        .seed = 1, .n_shards = 1};
+  if (emb_plan_create(&pp, &o->plan, err, sizeof err) ||
+      !(o->store = emb_store_create_local(o->plan, err, sizeof err))) {
+    fprintf(stderr, "bench train: %s\n", err);
+    return -1;
+  }
+  dense_opt_config oc = dense_opt_defaults(DENSE_OPT_SGD);
+  o->t = trainer_create(o->plan, o->store, &o->cfg, &oc, 1, err, sizeof err);
+  if (!o->t || ds_batch_init(&o->b, B)) {
+    fprintf(stderr, "bench train: %s\n", o->t ? "out of memory" : err);
+    return -1;
+  }
+  return 0;
+}
+
+/* One training step on the next batch (the data rewound at its end); the
+ * samples in *got. 0 or -1 (printed). */
+static int one_step(one *o, int *got) {
+  *got = ds_source_next(o->src, &o->b, o->B);
+  if (*got == 0) ds_source_rewind(o->src), *got = ds_source_next(o->src, &o->b, o->B);
+  float loss;
+  if (*got < 0 || trainer_step(o->t, &o->b, o->step++, 0.01f, 0.01f, &loss)) {
+    fprintf(stderr, "bench train: %s\n", *got < 0 ? ds_source_errmsg(o->src) : trainer_errmsg(o->t));
+    return -1;
+  }
+  return 0;
+}
+
+/* Warm up (touch rows, fault pages, settle threads) and return the steps a
+ * run times: steps, or about 3 s of work (at least 5). -1 on failure. */
+static int warm_up(one *o, long long steps) {
+  double t0 = sr_now();
+  int nsteps = (int)steps, got;
+  for (int w = 0; w < 10 || (!steps && sr_now() - t0 < 1.0); w++) {
+    if (one_step(o, &got)) return -1;
+    if (!steps) nsteps = w + 1;
+  }
+  if (!steps) {
+    double per = (sr_now() - t0) / nsteps;
+    nsteps = (int)(3.0 / per);
+    if (nsteps < 5) nsteps = 5;
+  }
+  return nsteps;
+}
+
+/* The timed runs at one batch size and its line of figures. Each run's
+ * rate is set beside the bound timed right after it, so a change of load
+ * between them moves both; the ratio reported is the median of the per-run
+ * ratios. 0 or -1 (printed). */
+static int measure(one *o, const bt_flags *f, int nsteps) {
+  int B = o->B, gpu = f->gpu, runs = (int)f->runs;
+  double rate[99], ratio[99], bounds[99], gflops = 0;
+  trainer_times_reset(o->t);
+#ifdef SHARDREC_HAVE_CUDA
+  dense_cuda_times_reset();
+#endif
+  for (int r = 0; r < runs; r++) {
+    double s0 = sr_now();
+    long long samples = 0;
+    for (int k = 0; k < nsteps; k++) {
+      int got;
+      if (one_step(o, &got)) return -1;
+      samples += got;
+    }
+    rate[r] = (double)samples / (sr_now() - s0);
+    double tg = gpu ? cublas_step_time(&o->cfg, B, &gflops) : sgemm_step_time(&o->cfg, B, &gflops);
+    if (tg <= 0) {
+      fprintf(stderr, "bench train: timing the gemm bound failed\n");
+      return -1;
+    }
+    bounds[r] = B / tg;
+    ratio[r] = rate[r] / bounds[r];
+  }
+  const trainer_times *tt = trainer_times_get(o->t);
+  double ms = 1e3 / (double)tt->steps;
+  double med = sr_median(rate, runs);
+  double bound = sr_median(bounds, runs);
+  double frac = sr_median(ratio, runs);
+  double tg = B / bound;
+  double fps = dense_model_flops_per_sample(&o->cfg);
+  printf("%6d %12.0f %9.2f %10.3f %13.1f %13.0f %8.1f%%  dedup %.2f lookup %.2f pool %.2f fwd %.2f "
+         "bwd %.2f scatter %.2f push %.2f opt %.2f\n",
+         B, med, 1e3 * B / med, fps / 1e6, gflops / tg / 1e9, bound, 100.0 * frac,
+         tt->dedup * ms, tt->lookup * ms, tt->pool * ms, tt->forward * ms, tt->backward * ms,
+         tt->scatter * ms, tt->push * ms, tt->dense_opt * ms);
+#ifdef SHARDREC_HAVE_CUDA
+  if (gpu) {
+    dense_cuda_times ct;
+    dense_cuda_times_get(&ct);
+    /* device-stream times of the forward+backward, per step */
+    printf("%6s   GPU split (ms/step): lookup %.2f H2D %.2f compute %.2f D2H %.2f push %.2f"
+           " | host: dedup %.2f pool %.2f scatter %.2f opt %.2f\n",
+           "", tt->lookup * ms, ct.h2d * ms, ct.compute * ms, ct.d2h * ms, tt->push * ms,
+           tt->dedup * ms, tt->pool * ms, tt->scatter * ms, tt->dense_opt * ms);
+  }
+#endif
+  fflush(stdout);
+  return 0;
+}
+
+/* One batch size: open, warm up, measure, close. 0 or -1 (printed). */
+static int bench_batch(const bt_flags *f, int B, const char *bin) {
+  one o = {0};
+  int rc = one_open(&o, B, bin), nsteps = 0;
+  if (!rc && (nsteps = warm_up(&o, f->steps)) < 0) rc = -1;
+  if (!rc) rc = measure(&o, f, nsteps);
+  one_close(&o);
+  return rc;
+}
+
+int bench_train(int argc, char **argv) {
+  bt_flags f = {.rows = 300000, .runs = 3, .device = "cpu"};
+  int status = parse_flags(argc, argv, &f);
+  if (status >= 0) return status;
+  char dir[] = "/tmp/shardrec-bench-XXXXXX";
+  if (!mkdtemp(dir)) {
+    perror("bench train: mkdtemp");
+    return 1;
+  }
+  char bin[256];
+  status = 1;
+  if (prepare_data(dir, f.rows, bin, sizeof bin)) goto out;
   const char *th = getenv("OPENBLAS_NUM_THREADS");
   printf("\nOpenBLAS %s, %d thread(s)%s; OPENBLAS_CORETYPE=%s\n", OPENBLAS_VERSION,
          openblas_get_num_threads(), th ? " (OPENBLAS_NUM_THREADS)" : "",
          getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(unset)");
-  if (gpu) printf("device %s (%s): dense step on the GPU; bound = cublasSgemm\n", device, be->name);
+  if (f.gpu) printf("device %s (%s): dense step on the GPU; bound = cublasSgemm\n", f.device, f.be->name);
   printf("%6s %12s %9s %10s %13s %13s %9s  %s\n", "batch", "samples/s", "step ms", "MFLOP/smp",
-         gpu ? "cublas GF/s" : "sgemm GF/s", "bound smp/s", "of bound", "where the step's time goes (ms)");
-  for (int bi = 0; bi < nb; bi++) {
-    int B = bl[bi];
-    char err[1024];
-    dense_config cfg;
-    if (cli_model_arch("bench train", "13-512-256-64-16", "512-256-1", "dot", 0, 16,
-                              DS_NUM_SPARSE, B, &cfg))
-      goto out;
-    ds_source_opts so = {.path = bin, .split = DS_SPLIT_TRAIN};
-    ds_source *src = ds_source_open(&so, err, sizeof err);
-    if (!src) {
-      fprintf(stderr, "bench train: %s\n", err);
-      goto out;
-    }
-    uint64_t sizes[DS_NUM_SPARSE];
-    ds_source_table_sizes(src, sizes);
-    emb_plan_params pp = {.n_tables = DS_NUM_SPARSE, .rows = sizes, .dim = 16,
-                          .pooling = EMB_POOL_SUM, .optim = {.kind = EMB_OPT_SGD, .eps = -1},
-                          .seed = 1, .n_shards = 1};
-    emb_plan *plan = NULL;
-    emb_store *store = NULL;
-    trainer *t = NULL;
-    ds_batch b = {0};
-    if (emb_plan_create(&pp, &plan, err, sizeof err) ||
-        !(store = emb_store_create_local(plan, err, sizeof err))) {
-      fprintf(stderr, "bench train: %s\n", err);
-      ds_source_destroy(src);
-      emb_plan_free(plan);
-      goto out;
-    }
-    dense_opt_config oc = dense_opt_defaults(DENSE_OPT_SGD);
-    t = trainer_create(plan, store, &cfg, &oc, 1, err, sizeof err);
-    if (!t || ds_batch_init(&b, B)) {
-      fprintf(stderr, "bench train: %s\n", t ? "out of memory" : err);
-      goto cleanup;
-    }
-    int64_t step = 0;
-    /* Warm up: touch rows, fault pages, settle threads. */
-    double t0 = sr_now();
-    int nsteps = (int)steps;
-    for (int w = 0; w < 10 || (!steps && sr_now() - t0 < 1.0); w++) {
-      int got = ds_source_next(src, &b, B);
-      if (got == 0) ds_source_rewind(src), got = ds_source_next(src, &b, B);
-      float loss;
-      if (got < 0 || trainer_step(t, &b, step++, 0.01f, 0.01f, &loss)) {
-        fprintf(stderr, "bench train: %s\n", got < 0 ? ds_source_errmsg(src) : trainer_errmsg(t));
-        goto cleanup;
-      }
-      if (!steps) nsteps = w + 1;
-    }
-    if (!steps) {
-      double per = (sr_now() - t0) / nsteps;
-      nsteps = (int)(3.0 / per);
-      if (nsteps < 5) nsteps = 5;
-    }
-    /* Each run's rate is set beside the bound timed right after it, so a change
-     * of load between them moves both; the ratio reported is the median of the
-     * per-run ratios. */
-    double rate[99], ratio[99], bounds[99], gflops = 0;
-    trainer_times_reset(t);
-#ifdef SHARDREC_HAVE_CUDA
-    dense_cuda_times_reset();
-#endif
-    for (int r = 0; r < runs; r++) {
-      double s0 = sr_now();
-      long long samples = 0;
-      for (int k = 0; k < nsteps; k++) {
-        int got = ds_source_next(src, &b, B);
-        if (got == 0) ds_source_rewind(src), got = ds_source_next(src, &b, B);
-        float loss;
-        if (got < 0 || trainer_step(t, &b, step++, 0.01f, 0.01f, &loss)) {
-          fprintf(stderr, "bench train: %s\n", got < 0 ? ds_source_errmsg(src) : trainer_errmsg(t));
-          goto cleanup;
-        }
-        samples += got;
-      }
-      rate[r] = (double)samples / (sr_now() - s0);
-      double tg = gpu ? cublas_step_time(&cfg, B, &gflops) : sgemm_step_time(&cfg, B, &gflops);
-      if (tg <= 0) {
-        fprintf(stderr, "bench train: timing the gemm bound failed\n");
-        goto cleanup;
-      }
-      bounds[r] = B / tg;
-      ratio[r] = rate[r] / bounds[r];
-    }
-    const trainer_times *tt = trainer_times_get(t);
-    double ms = 1e3 / (double)tt->steps;
-    double med = sr_median(rate, (int)runs);
-    double bound = sr_median(bounds, (int)runs);
-    double frac = sr_median(ratio, (int)runs);
-    double tg = B / bound;
-    double fps = dense_model_flops_per_sample(&cfg);
-    printf("%6d %12.0f %9.2f %10.3f %13.1f %13.0f %8.1f%%  dedup %.2f lookup %.2f pool %.2f fwd %.2f "
-           "bwd %.2f scatter %.2f push %.2f opt %.2f\n",
-           B, med, 1e3 * B / med, fps / 1e6, gflops / tg / 1e9, bound, 100.0 * frac,
-           tt->dedup * ms, tt->lookup * ms, tt->pool * ms, tt->forward * ms, tt->backward * ms,
-           tt->scatter * ms, tt->push * ms, tt->dense_opt * ms);
-#ifdef SHARDREC_HAVE_CUDA
-    if (gpu) {
-      dense_cuda_times ct;
-      dense_cuda_times_get(&ct);
-      /* device-stream times of the forward+backward, per step */
-      printf("%6s   GPU split (ms/step): lookup %.2f H2D %.2f compute %.2f D2H %.2f push %.2f"
-             " | host: dedup %.2f pool %.2f scatter %.2f opt %.2f\n",
-             "", tt->lookup * ms, ct.h2d * ms, ct.compute * ms, ct.d2h * ms, tt->push * ms,
-             tt->dedup * ms, tt->pool * ms, tt->scatter * ms, tt->dense_opt * ms);
-    }
-#endif
-    fflush(stdout);
-    status = 0;
-  cleanup:
-    ds_batch_free(&b);
-    trainer_destroy(t);
-    emb_store_destroy(store);
-    emb_plan_free(plan);
-    ds_source_destroy(src);
-    if (status) goto out;
-    if (bi + 1 < nb) status = 1;
-  }
+         f.gpu ? "cublas GF/s" : "sgemm GF/s", "bound smp/s", "of bound", "where the step's time goes (ms)");
+  for (int bi = 0; bi < f.nb; bi++)
+    if (bench_batch(&f, f.bl[bi], bin)) goto out;
+  status = 0;
   double load[3] = {0, 0, 0};
   if (getloadavg(load, 3) < 0) load[0] = -1;
   dense_backend_set_default(NULL);
   printf("samples/s: median of %lld runs; bound: the step's sgemm calls alone on the same shapes, "
          "timed after each run (hot caches: optimistic); of bound: median of per-run ratios; "
          "load average %.2f\n",
-         runs, load[0]);
+         f.runs, load[0]);
 out:;
   char rm[300];
   snprintf(rm, sizeof rm, "rm -rf '%s'", dir);

@@ -1,0 +1,497 @@
+/* Scoring with a trainer checkpoint: see predict.h. */
+#include "tools/train/predict.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "common/status.h"
+#include "common/sys.h"
+#include "embedding/ckpt_store.h"
+#include "rpc/rpc.h"
+#include "tools/train/checkpoint.h"
+#include "tools/train/trainer.h"
+
+/* One run: what it opened (owned, released by run_free) and how far it got. */
+typedef struct run {
+  const predict_opts *o;
+  predict_result *res;
+  char *err;
+  size_t errlen;
+  char step_dir[4096];
+  ckpt_info ci;
+  ckpt_store cs;       /* in process: the checkpoint's store (cs.store) */
+  emb_store *store;    /* the rows: cs.store, or the remote store (owned) */
+  trainer *t;
+  ds_source_opts so;
+  ds_source *src;
+  ds_batch b;
+  int batch;
+  uint64_t n_all;      /* samples in the split */
+  float *pred, *labels; /* [n_all] */
+  uint64_t *bad;       /* [n_bad] split-relative malformed raw lines, ascending */
+  size_t n_bad;
+  FILE *out;
+  char tmp_out[4200];  /* the predictions' temporary name while it exists */
+  double t0;
+} run;
+
+/* The malformed lines of a raw file's split, as split-relative line numbers
+ * in ascending order (*bad, malloc'd), found by the reader's own line parser
+ * over the same lines: the source skips them without a trace, and the
+ * output must still have one line per input line. 0 or SR_E* (err). */
+static int find_bad_lines(const char *path, const ds_source_opts *so, uint64_t **bad,
+                          size_t *n_bad, uint64_t *n_lines, char *err, size_t errlen) {
+  *bad = NULL;
+  *n_bad = 0;
+  gzFile f = gzopen(path, "rb");
+  if (!f) {
+    snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    return SR_EIO;
+  }
+  gzbuffer(f, 1 << 20);
+  const size_t max_line = (3u << 20); /* the reader skips longer lines (DS_BAD_LONG) */
+  size_t cap = 1 << 16, cap_bad = 0, all_bad = 0;
+  char *line = malloc(cap);
+  uint64_t *abs = NULL, total = 0;
+  int rc = 0;
+  ds_criteo_sample *smp = malloc(sizeof *smp);
+  const ds_criteo_parse_opts po = {.no_label = so->no_label};
+  if (!line || !smp) goto oom;
+  for (;;) {
+    size_t len = 0;
+    int got = 0;
+    while (gzgets(f, line + len, (int)(cap - len))) {
+      got = 1;
+      len += strlen(line + len);
+      if (len && line[len - 1] == '\n') break;
+      if (cap - len < 2) {
+        char *q = realloc(line, cap * 2);
+        if (!q) goto oom;
+        line = q;
+        cap *= 2;
+      }
+    }
+    if (!got) break;
+    int is_bad = len > max_line || ds_criteo_parse_line(line, len, &po, smp, NULL, 0) != 0;
+    if (is_bad) {
+      if (all_bad == cap_bad) {
+        cap_bad = cap_bad ? 2 * cap_bad : 64;
+        uint64_t *q = realloc(abs, cap_bad * sizeof *abs);
+        if (!q) goto oom;
+        abs = q;
+      }
+      abs[all_bad++] = total;
+    }
+    total++;
+  }
+  int zerr;
+  const char *zmsg = gzerror(f, &zerr);
+  if (zerr != Z_OK && zerr != Z_BUF_ERROR) {
+    snprintf(err, errlen, "%s: read error: %s", path, zmsg);
+    rc = SR_EIO;
+    goto out;
+  }
+  ds_split_ranges r;
+  if (ds_split_ranges_compute(so->scheme, total, 0, so->test_fraction, &r)) {
+    snprintf(err, errlen, "%s: cannot split %llu lines", path, (unsigned long long)total);
+    rc = SR_EINVAL;
+    goto out;
+  }
+  uint64_t lo = r.begin[so->split], hi = r.end[so->split];
+  for (size_t i = 0; i < all_bad; i++)
+    if (abs[i] >= lo && abs[i] < hi) abs[(*n_bad)++] = abs[i] - lo;
+  *bad = abs;
+  abs = NULL;
+  *n_lines = hi - lo;
+  goto out;
+oom:
+  snprintf(err, errlen, "out of memory scanning %s", path);
+  rc = SR_ENOMEM;
+out:
+  gzclose(f);
+  free(line);
+  free(abs);
+  free(smp);
+  return rc;
+}
+
+/* Load the dense parameters of step_dir/dense.bin (format in
+ * tools/train/checkpoint.h) into m, checking its header against m and its
+ * own SHA-256 trailer. The optimizer state after them is not needed to
+ * score, and ckpt_open has already checked the file against the manifest,
+ * so this avoids ckpt_load's second pass over every file of the checkpoint.
+ * 0 or SR_E* (err names the file). */
+static int load_dense(const char *step_dir, dense_model *m, char *err, size_t errlen) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/dense.bin", step_dir);
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    sr_fmt(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    return SR_EIO;
+  }
+  int rc = SR_EFORMAT;
+  unsigned char *buf = NULL;
+  size_t np = 0;
+  float *p = dense_model_params(m, &np);
+  if (fseek(f, 0, SEEK_END) != 0) goto bad_read;
+  long len = ftell(f);
+  if (len < 256 + 32 || fseek(f, 0, SEEK_SET) != 0) goto bad_read;
+  buf = malloc((size_t)len);
+  if (!buf) {
+    sr_fmt(err, errlen, "%s: out of memory", path);
+    rc = SR_ENOMEM;
+    goto out;
+  }
+  if (fread(buf, 1, (size_t)len, f) != (size_t)len) goto bad_read;
+  uint32_t v, hb;
+  uint64_t n1, n2;
+  memcpy(&v, buf + 8, 4);
+  memcpy(&hb, buf + 12, 4);
+  memcpy(&n1, buf + 16, 8);
+  memcpy(&n2, buf + 24, 8);
+  unsigned char dig[32];
+  if (memcmp(buf, "SRCKDENS", 8) || v != 1 || hb != 256) {
+    sr_fmt(err, errlen, "%s: not a version 1 shardrec dense checkpoint file", path);
+    goto out;
+  }
+  if (n1 != np || n2 > ((uint64_t)len - 256 - 32) / 4 ||
+      (uint64_t)len != 256 + 4 * (n1 + n2) + 32) {
+    sr_fmt(err, errlen, "%s: holds %llu parameters (%ld bytes); the manifest's architecture "
+             "has %zu", path, (unsigned long long)n1, len, np);
+    rc = SR_EMISMATCH;
+    goto out;
+  }
+  if (emb_sha256(buf, (size_t)len - 32, dig) || memcmp(dig, buf + len - 32, 32)) {
+    sr_fmt(err, errlen, "%s: checksum mismatch (file damaged)", path);
+    rc = SR_ECHECKSUM;
+    goto out;
+  }
+  memcpy(p, buf + 256, np * sizeof *p);
+  rc = 0;
+  goto out;
+bad_read:
+  sr_fmt(err, errlen, "%s: cannot read (torn or truncated?)", path);
+  rc = SR_EIO;
+out:
+  free(buf);
+  fclose(f);
+  return rc;
+}
+
+/* The checkpoint, verified, with a dense architecture in its manifest. */
+static int open_checkpoint(run *r) {
+  char why[1024];
+  int rc = ckpt_resolve(r->o->checkpoint, r->step_dir, sizeof r->step_dir, why, sizeof why);
+  if (!rc) rc = ckpt_open(r->step_dir, &r->ci, why, sizeof why);
+  if (rc) {
+    snprintf(r->err, r->errlen, "--checkpoint: %s", why);
+    return rc;
+  }
+  if (!r->ci.has_dense) {
+    snprintf(r->err, r->errlen, "%s/manifest.json records no dense architecture (written "
+             "by an older shardrec): score its model with 'shardrec eval' instead", r->step_dir);
+    return SR_EVERSION;
+  }
+  r->batch = r->o->batch ? r->o->batch : (int)r->ci.batch;
+  if (r->res) r->res->step = r->ci.st.step;
+  return 0;
+}
+
+/* The store over shard servers: one per shard of the plan, in shard order. */
+static int open_remote(run *r) {
+  const predict_opts *o = r->o;
+  const emb_plan *plan = r->ci.plan;
+  char *list = strdup(o->shard_servers);
+  const char **addr = malloc((strlen(o->shard_servers) / 2 + 2) * sizeof *addr);
+  int n_addr = 0, rc = 0;
+  if (!list || !addr) {
+    snprintf(r->err, r->errlen, "out of memory");
+    rc = SR_ENOMEM;
+    goto out;
+  }
+  for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) addr[n_addr++] = tok;
+  if (n_addr != plan->n_shards) {
+    snprintf(r->err, r->errlen, "--shard-servers: %d address(es), the checkpoint's plan has "
+             "%d shard(s) (one server per shard, in shard order)", n_addr, plan->n_shards);
+    if (r->res) r->res->bad_usage = 1;
+    rc = SR_EINVAL;
+    goto out;
+  }
+  rpc_tls tls = {.cert = o->tls_cert, .key = o->tls_key, .ca = o->tls_ca};
+  rpc_client_opts ro = {.deadline_s = o->rpc_deadline > 0 ? o->rpc_deadline : 30,
+                        .tls = o->tls_ca ? &tls : NULL};
+  char why[1024];
+  r->store = emb_store_create_remote(plan, addr, n_addr, &ro, why, sizeof why);
+  if (!r->store) {
+    snprintf(r->err, r->errlen, "--shard-servers: %s", why);
+    rc = SR_EUNAVAILABLE;
+  }
+out:
+  free(list);
+  free(addr);
+  return rc;
+}
+
+/* The rows (on the servers, or from the checkpoint in this process) and the
+ * dense model as trained: its architecture and parameters. */
+static int open_model(run *r) {
+  const predict_opts *o = r->o;
+  const emb_plan *plan = r->ci.plan;
+  char fp[EMB_FP_HEX];
+  emb_plan_fingerprint(plan, fp);
+  int rc;
+  if (o->shard_servers) {
+    if ((rc = open_remote(r))) return rc;
+  } else {
+    ckpt_store_opts co = {.cache_mb = o->cache_mb};
+    char why[1024];
+    if ((rc = ckpt_store_open(r->step_dir, plan, &co, &r->cs, why, sizeof why))) {
+      snprintf(r->err, r->errlen, "--checkpoint: %s", why);
+      return rc;
+    }
+    r->store = r->cs.store;
+  }
+  if (o->log)
+    fprintf(o->log, "checkpoint %s: step %lld, plan %.12s, %d shard(s) %s%s\n", r->step_dir,
+            (long long)r->ci.st.step, fp, plan->n_shards,
+            o->shard_servers ? "on shard servers: " : "in process, ",
+            o->shard_servers ? o->shard_servers : r->cs.layout);
+  dense_config cfg = r->ci.dense;
+  cfg.max_batch = r->batch;
+  /* The optimizer never runs here: SGD keeps no state. */
+  dense_opt_config oc = dense_opt_defaults(DENSE_OPT_SGD);
+  r->t = trainer_create(plan, r->store, &cfg, &oc, plan->seed, r->err, r->errlen);
+  if (!r->t) return SR_EINVAL;
+  return load_dense(r->step_dir, trainer_model(r->t), r->err, r->errlen);
+}
+
+/* Raw data: ids past a table's rows mean another dictionary than
+ * training's (fatal); other sizes than the checkpoint's are warned about. */
+static int check_ids(run *r) {
+  const predict_opts *o = r->o;
+  const emb_plan *plan = r->ci.plan;
+  uint64_t sizes[DS_NUM_SPARSE];
+  if (plan->n_tables != DS_NUM_SPARSE) {
+    snprintf(r->err, r->errlen, "the checkpoint's plan has %d tables, Criteo data %d",
+             plan->n_tables, DS_NUM_SPARSE);
+    return SR_EMISMATCH;
+  }
+  if (ds_source_table_sizes(r->src, sizes)) return 0;
+  int warned = 0;
+  for (int i = 0; i < DS_NUM_SPARSE; i++) {
+    if (sizes[i] > plan->tables[i].rows) {
+      snprintf(r->err, r->errlen, "%s: table %d (%s) gets ids up to %llu, the "
+               "checkpoint's table has %llu rows: the ids are not mapped as at training "
+               "(give the file and --data-set/--test-fraction/--max-ind-range/"
+               "--frequency-threshold training used)", o->data_path, i, plan->tables[i].name,
+               (unsigned long long)sizes[i], (unsigned long long)plan->tables[i].rows);
+      return SR_EMISMATCH;
+    } else if (sizes[i] != plan->tables[i].rows && !warned) {
+      if (o->report)
+        fprintf(o->report, "%s: warning: %s: table %d (%s) has %llu ids here, %llu "
+                "rows in the checkpoint: unless training set --arch-embedding-size, the ids "
+                "are not mapped as at training (check --test-fraction/--max-ind-range/"
+                "--frequency-threshold and the file)\n", o->who ? o->who : "predict",
+                o->data_path, i, plan->tables[i].name, (unsigned long long)sizes[i],
+                (unsigned long long)plan->tables[i].rows);
+      warned = 1;
+    }
+  }
+  return 0;
+}
+
+/* The data, opened as train opens it, and the room for its predictions. */
+static int open_data(run *r) {
+  const predict_opts *o = r->o;
+  r->so = (ds_source_opts){.path = o->data_path, .split = o->split,
+                           .max_ind_range = o->max_ind_range,
+                           .frequency_threshold = o->frequency_threshold,
+                           .no_label = o->no_label, .strict = o->strict, .report = o->report};
+  if (o->raw) {
+    r->so.scheme = o->have_test_fraction ? DS_SCHEME_FRACTION : DS_SCHEME_KAGGLE;
+    r->so.test_fraction = o->test_fraction;
+  }
+  r->t0 = sr_now();
+  r->src = ds_source_open(&r->so, r->err, r->errlen);
+  if (!r->src) return SR_EIO;
+  int rc;
+  if (o->raw) {
+    if ((rc = check_ids(r))) return rc;
+    uint64_t n_lines = 0;
+    if ((rc = find_bad_lines(o->data_path, &r->so, &r->bad, &r->n_bad, &n_lines, r->err,
+                             r->errlen)))
+      return rc;
+  }
+  r->n_all = ds_source_count(r->src);
+  r->pred = malloc((r->n_all ? r->n_all : 1) * sizeof *r->pred);
+  r->labels = malloc((r->n_all ? r->n_all : 1) * sizeof *r->labels);
+  if (!r->pred || !r->labels || ds_batch_init(&r->b, r->batch)) {
+    snprintf(r->err, r->errlen, "out of memory for %llu predictions",
+             (unsigned long long)r->n_all);
+    return SR_ENOMEM;
+  }
+  return 0;
+}
+
+/* Every batch of the split through the model, one output line per input
+ * line (nan where the reader skipped a malformed one), into the temporary
+ * file; *n gets the samples scored. */
+static int score_all(run *r, size_t *n) {
+  size_t bi = 0;
+  uint64_t line = 0; /* split-relative input line of the next output line */
+  *n = 0;
+  for (;;) {
+    int got = ds_source_next(r->src, &r->b, r->batch);
+    if (got < 0) {
+      snprintf(r->err, r->errlen, "%s", ds_source_errmsg(r->src));
+      return got;
+    }
+    if (got == 0) break;
+    if (*n + (size_t)got > r->n_all) {
+      snprintf(r->err, r->errlen, "%s: more samples than counted (%llu)", r->so.path,
+               (unsigned long long)r->n_all);
+      return SR_EFORMAT;
+    }
+    int rc = trainer_predict(r->t, &r->b, r->ci.st.step, r->pred + *n);
+    if (rc) {
+      snprintf(r->err, r->errlen, "%s", trainer_errmsg(r->t));
+      return rc;
+    }
+    memcpy(r->labels + *n, r->b.labels, (size_t)got * sizeof *r->labels);
+    for (int i = 0; i < got; i++, line++) {
+      for (; bi < r->n_bad && r->bad[bi] == line; bi++, line++) fputs("nan\n", r->out);
+      fprintf(r->out, "%.9g\n", r->pred[*n + (size_t)i]);
+    }
+    *n += (size_t)got;
+  }
+  for (; bi < r->n_bad; bi++, line++) {
+    if (r->bad[bi] != line) break;
+    fputs("nan\n", r->out);
+  }
+  if (bi != r->n_bad) {
+    /* The reader and the scan disagree on which lines are malformed. */
+    snprintf(r->err, r->errlen, "%s: %zu samples and %zu malformed lines do not add up to "
+             "the lines read; output not written", r->so.path, *n, r->n_bad);
+    return SR_EFORMAT;
+  }
+  return 0;
+}
+
+/* The predictions, written under a temporary name and renamed into place. */
+static int write_predictions(run *r, size_t *n) {
+  const predict_opts *o = r->o;
+  snprintf(r->tmp_out, sizeof r->tmp_out, "%s.tmp-%ld", o->out, (long)getpid());
+  if (!(r->out = fopen(r->tmp_out, "w"))) {
+    snprintf(r->err, r->errlen, "--out %s: cannot open for writing: %s", r->tmp_out,
+             strerror(errno));
+    r->tmp_out[0] = 0;
+    return SR_EIO;
+  }
+  int rc = score_all(r, n);
+  if (rc) return rc;
+  int werr = fflush(r->out) != 0 || ferror(r->out);
+  werr |= fclose(r->out) != 0;
+  r->out = NULL;
+  if (werr || rename(r->tmp_out, o->out) != 0) {
+    snprintf(r->err, r->errlen, "--out %s: cannot write: %s", o->out, strerror(errno));
+    return SR_EIO;
+  }
+  r->tmp_out[0] = 0;
+  return 0;
+}
+
+/* Labelled input: the metrics of the n predictions, printed and written to
+ * o->metrics_out. */
+static int write_metrics(run *r, size_t n) {
+  const predict_opts *o = r->o;
+  const char *split = o->split_name ? o->split_name : "all";
+  dense_metrics m;
+  if (n == 0) {
+    snprintf(r->err, r->errlen, "%s: the %s split is empty: no metrics", r->so.path, split);
+    return SR_EINVAL;
+  }
+  if (dense_metrics_compute(r->pred, r->labels, n, &m)) {
+    snprintf(r->err, r->errlen, "metrics failed (NaN predictions?)");
+    return SR_EINVAL;
+  }
+  if (r->res) {
+    r->res->have_metrics = 1;
+    r->res->m = m;
+  }
+  if (o->log)
+    fprintf(o->log, "metrics auc %.6f  logloss %.6f  accuracy %.4f  mean pred %.4f  ctr %.4f  "
+            "(%zu samples)\n", m.auc, m.log_loss, m.accuracy, m.mean_pred, m.ctr, n);
+  if (!o->metrics_out) return 0;
+  FILE *mf = fopen(o->metrics_out, "w");
+  if (!mf) {
+    snprintf(r->err, r->errlen, "--metrics-out %s: cannot open for writing", o->metrics_out);
+    return SR_EIO;
+  }
+  fprintf(mf, "{\"kind\":\"predict\",\"n\":%zu,\"auc\":%.17g,\"logloss\":%.17g,"
+          "\"accuracy\":%.17g,\"mean_pred\":%.17g,\"ctr\":%.17g}\n",
+          n, m.auc, m.log_loss, m.accuracy, m.mean_pred, m.ctr);
+  if (fclose(mf) != 0) {
+    snprintf(r->err, r->errlen, "--metrics-out %s: cannot write", o->metrics_out);
+    return SR_EIO;
+  }
+  return 0;
+}
+
+static void run_free(run *r) {
+  if (r->out) fclose(r->out);
+  if (r->tmp_out[0]) unlink(r->tmp_out);
+  free(r->pred);
+  free(r->labels);
+  free(r->bad);
+  ds_batch_free(&r->b);
+  ds_source_destroy(r->src);
+  trainer_destroy(r->t);
+  if (r->cs.store) ckpt_store_close(&r->cs);
+  else emb_store_destroy(r->store);
+  ckpt_info_free(&r->ci);
+}
+
+int predict_run(const predict_opts *o, predict_result *res, char *err, size_t errlen) {
+  if (res) memset(res, 0, sizeof *res);
+  if (!o || !o->checkpoint || !o->data_path || !o->out) {
+    snprintf(err, errlen, "predict: need a checkpoint, a data file and an output file");
+    return SR_EINVAL;
+  }
+  run *r = calloc(1, sizeof *r);
+  if (!r) {
+    snprintf(err, errlen, "out of memory");
+    return SR_ENOMEM;
+  }
+  r->o = o;
+  r->res = res;
+  r->err = err;
+  r->errlen = errlen;
+  size_t n = 0;
+  int rc = open_checkpoint(r);
+  if (!rc) rc = open_model(r);
+  if (!rc) rc = open_data(r);
+  if (!rc) rc = write_predictions(r, &n);
+  if (!rc) {
+    double secs = sr_now() - r->t0;
+    if (res) {
+      res->n = n;
+      res->n_malformed = r->n_bad;
+      res->seconds = secs;
+    }
+    if (o->log) {
+      fprintf(o->log, "predict %s (%s): %zu samples scored in %.2f s (%.0f samples/s) -> %s\n",
+              r->so.path, o->split_name ? o->split_name : "all", n, secs,
+              secs > 0 ? (double)n / secs : 0.0, o->out);
+      if (r->n_bad)
+        fprintf(o->log, "data   %zu malformed lines skipped (written as nan)\n", r->n_bad);
+    }
+    if (!o->no_label) rc = write_metrics(r, n);
+  }
+  run_free(r);
+  free(r);
+  return rc;
+}

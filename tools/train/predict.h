@@ -1,0 +1,77 @@
+/* Scoring with a trainer checkpoint (the engine of `shardrec predict`).
+ *
+ * predict_run opens a verified checkpoint (tools/train/checkpoint.h), builds
+ * its dense model and its embedding rows: in this process, read from the
+ * checkpoint (embedding/ckpt_store.h), or on shard servers serving it (e.g.
+ * 'shardrec serve --checkpoint CKPT --read-only'). It streams Criteo-format
+ * data through trainer_predict in batches of valid samples, as the trainer's
+ * evaluation does (at the trainer's test batch size the probabilities are
+ * the trainer's own, bit for bit), and writes one probability per input line
+ * ("%.9g", a float round-trips) in input order; a malformed raw line the
+ * reader skips is written as "nan" so the output stays aligned with the
+ * input. Labelled input also gets its metrics (AUC, log loss, ...). */
+#ifndef SHARDREC_TRAIN_PREDICT_H
+#define SHARDREC_TRAIN_PREDICT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "datasets/source.h"
+#include "dense/metrics.h"
+
+/* Zero-initialised fields are the defaults named below; the strings are
+ * borrowed for the call. */
+typedef struct predict_opts {
+  const char *checkpoint;    /* a step-N folder, or a folder of them (the newest complete) */
+  const char *shard_servers; /* "H:P,...": one server per shard of the checkpoint's plan,
+                                in shard order; NULL: the rows in this process, read
+                                from the checkpoint */
+  double rpc_deadline;       /* seconds per shard-server call (0: 30) */
+  const char *tls_ca, *tls_cert, *tls_key; /* TLS (and mTLS) to the servers; tls_ca NULL:
+                                              none */
+  uint64_t cache_mb;         /* in process, RocksDB shards: the row cache (0: 256) */
+  const char *data_path;     /* the data file */
+  int raw;                   /* data_path is Criteo TSV (or .gz); else a converted file */
+  ds_split split;            /* the part scored */
+  const char *split_name;    /* its name, for messages ("all": NULL) */
+  /* Raw data: ids mapped as train maps them (kaggle split unless
+   * have_test_fraction: then the last test_fraction of the lines are test). */
+  int have_test_fraction;
+  double test_fraction;
+  uint64_t max_ind_range;
+  uint32_t frequency_threshold;
+  int no_label;              /* raw data without the label column: no metrics */
+  int strict;                /* raw data: the first malformed line is fatal */
+  int batch;                 /* samples per forward pass (0: the checkpoint's batch) */
+  const char *out;           /* the predictions, written whole under a temporary name
+                                and then renamed */
+  const char *metrics_out;   /* labelled input: the metrics as one JSON object (NULL: not) */
+  FILE *log;                 /* the status lines (checkpoint, predict, data, metrics);
+                                NULL: none */
+  FILE *report;              /* the reader's malformed-line reports and warnings; NULL:
+                                none */
+  const char *who;           /* names the caller at the start of a warning ("shardrec
+                                predict"; NULL: "predict") */
+} predict_opts;
+
+typedef struct predict_result {
+  int64_t step;              /* the checkpoint's step */
+  size_t n;                  /* samples scored */
+  size_t n_malformed;        /* raw lines skipped (written as nan) */
+  double seconds;            /* from opening the data to the predictions renamed into place */
+  int have_metrics;          /* labelled input: m holds the metrics */
+  dense_metrics m;
+  int bad_usage;             /* on failure: the options do not fit the checkpoint (a
+                                --shard-servers list that is not one server per shard) */
+} predict_result;
+
+/* Score o->data_path with the checkpoint o->checkpoint and write o->out (and
+ * o->metrics_out). Fills *res (may be NULL). 0, or SR_E* with the reason in
+ * err (naming the flag, file or server at fault). A failure before the
+ * predictions are complete leaves no o->out (the temporary file is
+ * removed); every store, server connection and temporary folder is released
+ * either way. */
+int predict_run(const predict_opts *o, predict_result *res, char *err, size_t errlen);
+
+#endif
