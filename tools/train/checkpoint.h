@@ -17,14 +17,11 @@
  *                  checkpoint per hosted shard) for the shard store, the
  *                  local store's table-<id>.bin files for the in-memory one;
  *   DONE           written last; holds the manifest's SHA-256.
- * Everything but DONE is written under DIR/.step-N.tmp-PID and renamed into
- * place; a folder without DONE is never taken by --resume DIR and is refused
- * when named directly.
- *
- * Test hook: SHARDREC_TEST_CRASH_IN_CHECKPOINT=1 makes the process _exit(86)
- * after dense.bin is written (inside the temporary folder), =2 after the
- * rename and before DONE; "W:S" crashes only in the checkpoint of step S.
- * Only tests set it. */
+ * The folder protocol (the temporary .step-N.tmp-PID folder and its
+ * rename, DONE last, the file list, finding the newest complete step-N,
+ * verification, keeping the newest K) is storage/ckpt_dir.h's; the plan
+ * fields are embedding/ckpt_plan.h's. A folder without DONE is never taken
+ * by --resume DIR and is refused when named directly. */
 #ifndef SHARDREC_TRAIN_CHECKPOINT_H
 #define SHARDREC_TRAIN_CHECKPOINT_H
 
