@@ -1,4 +1,4 @@
-/* The store of a trainer checkpoint's rows (tools/ckpt_store.h). */
+/* The store of a trainer checkpoint's rows (see ckpt_store.h). */
 #define _XOPEN_SOURCE 700
 #include "embedding/ckpt_store.h"
 
@@ -189,114 +189,76 @@ static int parse_folder(const char *name, int *ks, int max) {
   return *p ? 0 : n;
 }
 
-int ckpt_store_open(const char *dir, const emb_plan *plan, const ckpt_store_opts *o,
-                    ckpt_store *out, char *err, size_t errlen) {
-  memset(out, 0, sizeof *out);
-  int S = plan->n_shards, n_want = o->n_shards ? o->n_shards : S;
-  int *want = malloc((size_t)n_want * sizeof *want);
-  char (*folder)[256] = calloc((size_t)S, sizeof *folder); /* mem layout: shard -> folder */
-  int rc = 0;
-  emb_store *store = NULL;
-  char shards[4200], path[8400];
-  if (!want || !folder) {
+/* A temporary data folder for the RocksDB layout: $TMPDIR, else /tmp when
+ * it is on the checkpoint's file system (the SST files are then
+ * hard-linked, not copied), else a hidden folder beside the checkpoint's
+ * step-N folders. Into out->tmp_dir. */
+static int make_tmp_dir(const char *dir, const char *shards, ckpt_store *out, char *err,
+                        size_t errlen) {
+  const char *tmp = getenv("TMPDIR");
+  char tpl[4096];
+  struct stat a, c;
+  if (tmp && *tmp) snprintf(tpl, sizeof tpl, "%s/shardrec-ckpt-XXXXXX", tmp);
+  else if (stat("/tmp", &a) || stat(shards, &c) || a.st_dev == c.st_dev)
+    snprintf(tpl, sizeof tpl, "/tmp/shardrec-ckpt-XXXXXX");
+  else {
+    snprintf(tpl, sizeof tpl, "%s/../.shardrec-ckpt-XXXXXX", dir);
+    if (!mkdtemp(tpl)) snprintf(tpl, sizeof tpl, "/tmp/shardrec-ckpt-XXXXXX");
+  }
+  if (strncmp(tpl + strlen(tpl) - 6, "XXXXXX", 6) == 0 && !mkdtemp(tpl)) {
+    snprintf(err, errlen, "%s: cannot make a temporary folder: %s", tpl, strerror(errno));
+    return SR_EIO;
+  }
+  out->tmp_dir = strdup(tpl);
+  if (!out->tmp_dir) {
+    store_rmtree(tpl);
     snprintf(err, errlen, "out of memory");
-    rc = SR_ENOMEM;
-    goto done;
+    return SR_ENOMEM;
   }
-  for (int i = 0; i < n_want; i++) {
-    want[i] = o->n_shards ? o->shards[i] : i;
-    if (want[i] < 0 || want[i] >= S) {
-      snprintf(err, errlen, "shard %d: the checkpoint's plan has shards 0..%d", want[i], S - 1);
-      rc = SR_EINVAL;
-      goto done;
-    }
+  return 0;
+}
+
+/* The RocksDB layout: the shard store over data_dir or a temporary folder,
+ * restored from shards (databases copied in, SST files hard-linked). */
+static int open_rocks(const char *dir, const char *shards, const emb_plan *plan,
+                      const ckpt_store_opts *o, const emb_shard_config *sc, ckpt_store *out,
+                      char *err, size_t errlen) {
+  const char *data = o->data_dir;
+  int rc;
+  if (!data) {
+    if ((rc = make_tmp_dir(dir, shards, out, err, errlen))) return rc;
+    data = out->tmp_dir;
   }
-  snprintf(shards, sizeof shards, "%s/shards", dir);
-  int n_rocks = 0;
-  for (int i = 0; i < n_want; i++) {
-    snprintf(path, sizeof path, "%s/shard-%d/CURRENT", shards, want[i]);
-    n_rocks += exists(path);
+  out->store = emb_store_create_shard(plan, data, sc, err, errlen);
+  if (!out->store) return SR_EIO;
+  if ((rc = emb_store_restore(out->store, shards))) {
+    snprintf(err, errlen, "%s: %s", shards, emb_store_errmsg(out->store));
+    return rc;
   }
-  snprintf(path, sizeof path, "%s/table-%u.bin", shards, plan->tables[0].table_id);
-  int whole = exists(path);
-  emb_shard_config sc = {.cache_rows = o->cache_rows,
-                         .cache_mb = o->cache_rows ? 0 : (o->cache_mb ? o->cache_mb : 256),
-                         .n_hosted = n_want, .hosted = want};
-  if (n_rocks == n_want) {
-    const char *data = o->data_dir;
-    if (!data) {
-      /* $TMPDIR, else /tmp when it is on the checkpoint's file system (the
-       * SST files are then hard-linked, not copied), else a hidden folder
-       * beside the checkpoint's step-N folders. */
-      const char *tmp = getenv("TMPDIR");
-      char tpl[4096];
-      struct stat a, c;
-      if (tmp && *tmp) snprintf(tpl, sizeof tpl, "%s/shardrec-ckpt-XXXXXX", tmp);
-      else if (stat("/tmp", &a) || stat(shards, &c) || a.st_dev == c.st_dev)
-        snprintf(tpl, sizeof tpl, "/tmp/shardrec-ckpt-XXXXXX");
-      else {
-        snprintf(tpl, sizeof tpl, "%s/../.shardrec-ckpt-XXXXXX", dir);
-        if (!mkdtemp(tpl)) snprintf(tpl, sizeof tpl, "/tmp/shardrec-ckpt-XXXXXX");
-      }
-      if (strncmp(tpl + strlen(tpl) - 6, "XXXXXX", 6) == 0 && !mkdtemp(tpl)) {
-        snprintf(err, errlen, "%s: cannot make a temporary folder: %s", tpl, strerror(errno));
-        rc = SR_EIO;
-        goto done;
-      }
-      out->tmp_dir = strdup(tpl);
-      if (!out->tmp_dir) {
-        store_rmtree(tpl);
-        snprintf(err, errlen, "out of memory");
-        rc = SR_ENOMEM;
-        goto done;
-      }
-      data = out->tmp_dir;
-    }
-    store = emb_store_create_shard(plan, data, &sc, err, errlen);
-    if (!store) {
-      rc = SR_EIO;
-      goto done;
-    }
-    if ((rc = emb_store_restore(store, shards))) {
-      snprintf(err, errlen, "%s: %s", shards, emb_store_errmsg(store));
-      goto done;
-    }
-    out->rocks = 1;
-    snprintf(out->layout, sizeof out->layout, "RocksDB shard databases in %s%s", data,
-             o->data_dir ? "" : " (temporary)");
-    goto done;
-  }
-  if (n_rocks) {
-    snprintf(err, errlen, "%s: some of the wanted shards are RocksDB databases, others are not: "
-             "not a checkpoint this build wrote", shards);
-    rc = SR_EFORMAT;
-    goto done;
-  }
-  if (o->data_dir) {
-    snprintf(err, errlen, "%s: holds in-memory table files, not RocksDB databases: serve it "
-             "without --data-dir", shards);
-    rc = SR_EINVAL;
-    goto done;
-  }
-  if (whole) {
-    store = emb_store_create_local(plan, err, errlen);
-    if (!store) {
-      rc = SR_ENOMEM;
-      goto done;
-    }
-    if ((rc = emb_store_restore(store, shards))) {
-      snprintf(err, errlen, "%s", emb_store_errmsg(store));
-      goto done;
-    }
-    snprintf(out->layout, sizeof out->layout, "in memory (the trainer's table files)");
-    goto done;
-  }
-  /* In-memory servers' folders: which folder holds each wanted shard. */
+  out->rocks = 1;
+  snprintf(out->layout, sizeof out->layout, "RocksDB shard databases in %s%s", data,
+           o->data_dir ? "" : " (temporary)");
+  return 0;
+}
+
+/* The in-memory store restored from folder path, into *out. */
+static int open_local(const emb_plan *plan, const char *path, emb_store **out, char *err,
+                      size_t errlen) {
+  *out = emb_store_create_local(plan, err, errlen);
+  if (!*out) return SR_ENOMEM;
+  int rc = emb_store_restore(*out, path);
+  if (rc) snprintf(err, errlen, "%s", emb_store_errmsg(*out));
+  return rc;
+}
+
+/* Which server folder (shard-K[-K2...]) under shards holds each shard, into
+ * folder[S]; every wanted shard must have one. */
+static int map_folders(const char *shards, int S, const int *want, int n_want,
+                       char (*folder)[256], char *err, size_t errlen) {
   DIR *d = opendir(shards);
   if (!d) {
     snprintf(err, errlen, "%s: cannot open: %s", shards, strerror(errno));
-    rc = SR_ENOTFOUND;
-    goto done;
+    return SR_ENOTFOUND;
   }
   struct dirent *e;
   while ((e = readdir(d))) {
@@ -306,31 +268,37 @@ int ckpt_store_open(const char *dir, const emb_plan *plan, const ckpt_store_opts
         snprintf(folder[ks[i]], sizeof folder[0], "%s", e->d_name);
   }
   closedir(d);
-  int n_folders = 0;
-  for (int i = 0; i < n_want; i++) {
+  for (int i = 0; i < n_want; i++)
     if (!folder[want[i]][0]) {
       snprintf(err, errlen, "%s: holds no rows of shard %d (no shard-%d/ folder, no "
                "table-<id>.bin files)", shards, want[i], want[i]);
-      rc = SR_ENOTFOUND;
-      goto done;
+      return SR_ENOTFOUND;
     }
+  return 0;
+}
+
+/* The wanted shards' rows from in-memory servers' folders: one folder's
+ * in-memory store, or a routing store over one per folder. */
+static int open_servers(const char *shards, const emb_plan *plan, const int *want, int n_want,
+                        ckpt_store *out, char *err, size_t errlen) {
+  int S = plan->n_shards, rc, n_folders = 0;
+  char path[8400];
+  char (*folder)[256] = calloc((size_t)S, sizeof *folder);
+  if (!folder) {
+    snprintf(err, errlen, "out of memory");
+    return SR_ENOMEM;
+  }
+  if ((rc = map_folders(shards, S, want, n_want, folder, err, errlen))) goto out;
+  for (int i = 0; i < n_want; i++) {
     int first = 1;
     for (int j = 0; j < i; j++) first &= strcmp(folder[want[j]], folder[want[i]]) != 0;
     n_folders += first;
   }
   if (n_folders == 1) {
     snprintf(path, sizeof path, "%s/%s", shards, folder[want[0]]);
-    store = emb_store_create_local(plan, err, errlen);
-    if (!store) {
-      rc = SR_ENOMEM;
-      goto done;
-    }
-    if ((rc = emb_store_restore(store, path))) {
-      snprintf(err, errlen, "%s", emb_store_errmsg(store));
-      goto done;
-    }
-    snprintf(out->layout, sizeof out->layout, "in memory (%.60s)", folder[want[0]]);
-    goto done;
+    if (!(rc = open_local(plan, path, &out->store, err, errlen)))
+      snprintf(out->layout, sizeof out->layout, "in memory (%.60s)", folder[want[0]]);
+    goto out;
   }
   rstore *r = calloc(1, sizeof *r);
   if (r) {
@@ -343,11 +311,11 @@ int ckpt_store_open(const char *dir, const emb_plan *plan, const ckpt_store_opts
     if (r) r_destroy(&r->base);
     snprintf(err, errlen, "out of memory");
     rc = SR_ENOMEM;
-    goto done;
+    goto out;
   }
-  store = &r->base;
+  out->store = &r->base;
   for (int k = 0; k < S; k++) r->sub_of[k] = -1;
-  for (int i = 0; i < n_want; i++) {
+  for (int i = 0; i < n_want && !rc; i++) {
     int same = -1; /* a wanted shard before this one in the same folder */
     for (int m = 0; m < i && same < 0; m++)
       if (!strcmp(folder[want[m]], folder[want[i]])) same = want[m];
@@ -355,31 +323,76 @@ int ckpt_store_open(const char *dir, const emb_plan *plan, const ckpt_store_opts
       r->sub_of[want[i]] = r->sub_of[same];
       continue;
     }
-    emb_store *sub = emb_store_create_local(plan, err, errlen);
-    if (!sub) {
-      rc = SR_ENOMEM;
-      goto done;
-    }
-    r->sub[r->n_sub] = sub;
-    r->sub_of[want[i]] = r->n_sub++;
     snprintf(path, sizeof path, "%s/%s", shards, folder[want[i]]);
-    if ((rc = emb_store_restore(sub, path))) {
-      snprintf(err, errlen, "%s", emb_store_errmsg(sub));
-      goto done;
+    rc = open_local(plan, path, &r->sub[r->n_sub], err, errlen);
+    if (r->sub[r->n_sub]) r->sub_of[want[i]] = r->n_sub++;
+  }
+  if (!rc) snprintf(out->layout, sizeof out->layout, "in memory (%d server folders)", r->n_sub);
+out:
+  free(folder);
+  return rc;
+}
+
+/* Which layout holds the wanted shards, and the store over it. */
+static int open_layout(const char *dir, const emb_plan *plan, const ckpt_store_opts *o,
+                       int *want, int n_want, ckpt_store *out, char *err, size_t errlen) {
+  char shards[4200], path[8400];
+  snprintf(shards, sizeof shards, "%s/shards", dir);
+  int n_rocks = 0;
+  for (int i = 0; i < n_want; i++) {
+    snprintf(path, sizeof path, "%s/shard-%d/CURRENT", shards, want[i]);
+    n_rocks += exists(path);
+  }
+  if (n_rocks == n_want) {
+    emb_shard_config sc = {.cache_rows = o->cache_rows,
+                           .cache_mb = o->cache_rows ? 0 : (o->cache_mb ? o->cache_mb : 256),
+                           .n_hosted = n_want, .hosted = want};
+    return open_rocks(dir, shards, plan, o, &sc, out, err, errlen);
+  }
+  if (n_rocks) {
+    snprintf(err, errlen, "%s: some of the wanted shards are RocksDB databases, others are not: "
+             "not a checkpoint this build wrote", shards);
+    return SR_EFORMAT;
+  }
+  if (o->data_dir) {
+    snprintf(err, errlen, "%s: holds in-memory table files, not RocksDB databases: serve it "
+             "without --data-dir", shards);
+    return SR_EINVAL;
+  }
+  snprintf(path, sizeof path, "%s/table-%u.bin", shards, plan->tables[0].table_id);
+  if (exists(path)) { /* the trainer's in-memory store: every shard */
+    int rc = open_local(plan, shards, &out->store, err, errlen);
+    if (!rc) snprintf(out->layout, sizeof out->layout, "in memory (the trainer's table files)");
+    return rc;
+  }
+  return open_servers(shards, plan, want, n_want, out, err, errlen);
+}
+
+int ckpt_store_open(const char *dir, const emb_plan *plan, const ckpt_store_opts *o,
+                    ckpt_store *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  int S = plan->n_shards, n_want = o->n_shards ? o->n_shards : S, rc = 0;
+  int *want = malloc((size_t)n_want * sizeof *want);
+  if (!want) {
+    snprintf(err, errlen, "out of memory");
+    return SR_ENOMEM;
+  }
+  for (int i = 0; i < n_want && !rc; i++) {
+    want[i] = o->n_shards ? o->shards[i] : i;
+    if (want[i] < 0 || want[i] >= S) {
+      snprintf(err, errlen, "shard %d: the checkpoint's plan has shards 0..%d", want[i], S - 1);
+      rc = SR_EINVAL;
     }
   }
-  snprintf(out->layout, sizeof out->layout, "in memory (%d server folders)", r->n_sub);
-done:
+  if (!rc) rc = open_layout(dir, plan, o, want, n_want, out, err, errlen);
   if (rc) {
-    emb_store_destroy(store);
-    store = NULL;
+    emb_store_destroy(out->store);
+    out->store = NULL;
     if (out->tmp_dir) store_rmtree(out->tmp_dir);
     free(out->tmp_dir);
     out->tmp_dir = NULL;
   }
-  out->store = store;
   free(want);
-  free(folder);
   return rc;
 }
 

@@ -1,7 +1,7 @@
 /* An embedding store holding a trainer checkpoint's rows, for serving and
  * scoring (shardrec serve --checkpoint, shardrec predict).
  *
- * A checkpoint's step-N/shards/ comes in three layouts (tools/checkpoint.h):
+ * A checkpoint's step-N/shards/ comes in three layouts (tools/train/checkpoint.h):
  *   shard-K/CURRENT ...     a RocksDB checkpoint per shard (the trainer's
  *                           shard store, or shard servers run with --data-dir);
  *   table-<id>.bin          the trainer's in-memory store: every shard's rows;

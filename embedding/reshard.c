@@ -174,9 +174,9 @@ static int close_writer(worker *w, int k, char *err, size_t errlen) {
 }
 
 /* Append one row to target k's file for table tid (opened on first use,
- * rolled over past RESHARD_SST_MAX_BYTES). corrupt: the test hook's change. */
+ * rolled over past RESHARD_SST_MAX_BYTES), through the row hook if any. */
 static int put_row(worker *w, int k, uint32_t tid, uint64_t key, const char *val, size_t len,
-                   int corrupt, char *err, size_t errlen) {
+                   char *err, size_t errlen) {
   const reshard_opts *o = w->r->o;
   int rc;
   if (w->w[k] && w->w_bytes[k] >= RESHARD_SST_MAX_BYTES) {
@@ -192,11 +192,10 @@ static int put_row(worker *w, int k, uint32_t tid, uint64_t key, const char *val
       return rc;
     }
   }
-  if (corrupt == 2) return 0; /* test hook: the row never reaches the file */
-  if (corrupt == 1) {         /* test hook: one bit of it differs */
-    char tmp[STORE_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
+  if (o->row_hook) {
+    unsigned char tmp[STORE_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
     memcpy(tmp, val, len);
-    tmp[len - 1] ^= 0x01;
+    if (o->row_hook(o->row_hook_ctx, tid, key, tmp, len)) return 0; /* dropped */
     rc = sst_writer_put(w->w[k], key, tmp, len, err, errlen);
   } else {
     rc = sst_writer_put(w->w[k], key, val, len, err, errlen);
@@ -299,8 +298,6 @@ static int move_table(worker *w, int ti, char *err, size_t errlen) {
   reshard_table *rt = &r->tables[ti];
   uint32_t tid = tb->table_id;
   int dim = tb->dim, slen = emb_optim_state_len(&tb->optim, dim);
-  /* The test hook spoils the first row of the first table. */
-  int corrupt = ti == 0 && (r->o->corrupt == 1 || r->o->corrupt == 2) ? r->o->corrupt : 0;
   int rc = 0;
   sst_iter **it = calloc((size_t)r->n_src, sizeof *it);
   if (!it) {
@@ -363,8 +360,7 @@ static int move_table(worker *w, int ti, char *err, size_t errlen) {
     rt->sum_in += h;
     rt->xor_in ^= h;
     int k = emb_plan_shard_of(dst, ti, bk);
-    if ((rc = put_row(w, k, tid, bk, v, len, corrupt, err, errlen))) goto out;
-    corrupt = 0;
+    if ((rc = put_row(w, k, tid, bk, v, len, err, errlen))) goto out;
     n++;
     bytes += 8 + len;
     if ((n & 0xffff) == 0) {

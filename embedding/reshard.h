@@ -60,6 +60,14 @@ typedef enum {
   RESHARD_TABLE_FILES_SERVERS = 2, /* shard-K[-K2...]/table-<id>.bin: in-memory servers */
 } reshard_layout;
 
+/* A hook on the rows being written (tests: show that verification catches
+ * a changed or a lost row). Called with a private copy of each row about to
+ * be written, as the layout stores its value (RocksDB: the encoded row,
+ * header and floats; table files: the floats after the row id); it may
+ * change the bytes; nonzero drops the row. */
+typedef int (*reshard_row_hook)(void *ctx, uint32_t table_id, uint64_t row_id, unsigned char *val,
+                                size_t len);
+
 typedef struct reshard_opts {
   reshard_layout layout;  /* of the source; the output keeps it (see reshard_run_files) */
   const char *src_dir;    /* the source's shards/ folder */
@@ -72,7 +80,8 @@ typedef struct reshard_opts {
   int verify;             /* re-read and compare the targets (1 unless benchmarking) */
   int src_checked;        /* the source files' bytes were just verified (ckpt_open's
                              SHA-256): skip RocksDB's block checksums on the source scan */
-  int corrupt;            /* test hook: 1 flips a byte of the first row written, 2 drops it */
+  reshard_row_hook row_hook; /* NULL: rows written as read (see reshard_row_hook) */
+  void *row_hook_ctx;
 } reshard_opts;
 
 /* Reshard (see above). st gets the figures and per-table verification
@@ -84,7 +93,7 @@ typedef struct reshard_opts {
 int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errlen);
 void reshard_stats_free(reshard_stats *st); /* NULL-safe; leaves *st zeroed */
 
-/* The same for the in-memory stores' table files (tools/reshard_files.c),
+/* The same for the in-memory stores' table files (embedding/reshard_files.c),
  * whose consumers restore only table files: RESHARD_TABLE_FILES_LOCAL
  * writes out_dir/table-<id>.bin (the in-memory trainer holds every shard:
  * the rows do not move, the files are rewritten and verified);

@@ -210,210 +210,249 @@ static void out_path(char *p, size_t n, const reshard_opts *o, int local, int k,
   else snprintf(p, n, "%s/shard-%d/table-%u.bin", o->out_dir, k, tid);
 }
 
-int reshard_run_files(const reshard_opts *o, reshard_stats *st, char *err, size_t errlen) {
-  memset(st, 0, sizeof *st);
-  double t0 = sr_now();
-  const emb_plan *dst = o->dst;
-  int local = o->layout == RESHARD_TABLE_FILES_LOCAL;
-  int n_dst = local ? 1 : dst->n_shards;
+/* One run over the table files. */
+typedef struct {
+  const reshard_opts *o;
+  int local, n_dst, n_src;
   char mfp[EMB_FP_HEX];
-  char **src = NULL;
-  int n_src = 0, rc;
-  tf_reader *rd = NULL;
-  tf_writer *wr = NULL;
-  if ((rc = emb_plan_model_fingerprint(dst, mfp))) {
+  char **src;     /* [n_src] source folders */
+  tf_reader *rd;  /* [n_src] */
+  tf_writer *wr;  /* [n_dst] */
+  reshard_stats *st;
+} frun;
+
+/* Write one record (row id bk, bytes bp[rec]) to w, through the row hook. */
+static int put_record(const frun *f, tf_writer *w, uint32_t tid, uint64_t bk,
+                      const unsigned char *bp, size_t rec, char *err, size_t errlen) {
+  const unsigned char *wp = bp;
+  unsigned char tmp[8 + 4 * (EMB_MAX_DIM * 2 + 1)];
+  if (f->o->row_hook) {
+    memcpy(tmp, bp, rec);
+    if (f->o->row_hook(f->o->row_hook_ctx, tid, bk, tmp + 8, rec - 8)) return 0; /* dropped */
+    wp = tmp;
+  }
+  if (fwrite(wp, 1, rec, w->f) != rec) {
+    sr_fmt(err, errlen, "%s: cannot write: %s", w->path, strerror(errno));
+    return SR_EIO;
+  }
+  w->n++;
+  w->last = bk;
+  return 0;
+}
+
+/* The source holding the smallest next row id: its index into *best (-1:
+ * every source is done), the record into *bp, its id into *bk. */
+static int next_source(frun *f, const emb_table *tb, int *best, uint64_t *bk,
+                       const unsigned char **bp, char *err, size_t errlen) {
+  int io = 0;
+  uint64_t key;
+  *best = -1;
+  for (int s = 0; s < f->n_src; s++) {
+    const unsigned char *p = tf_peek(&f->rd[s], &key, &io);
+    if (!p) continue;
+    if (*best < 0 || key < *bk) {
+      *best = s;
+      *bk = key;
+      *bp = p;
+    } else if (key == *bk) {
+      sr_fmt(err, errlen, "table_id %u (%s): row %llu is in both %s and %s", tb->table_id,
+             tb->name, (unsigned long long)key, f->rd[*best].path, f->rd[s].path);
+      return SR_EFORMAT;
+    }
+  }
+  if (io) {
+    sr_fmt(err, errlen, "table_id %u: a source table file: read error", tb->table_id);
+    return SR_EIO;
+  }
+  return 0;
+}
+
+/* Merge table ti's source files by row id into its target files. */
+static int move_table_files(frun *f, int ti, char *err, size_t errlen) {
+  const emb_plan *dst = f->o->dst;
+  const emb_table *tb = &dst->tables[ti];
+  reshard_table *rt = &f->st->tables[ti];
+  int slen = emb_optim_state_len(&tb->optim, tb->dim), rc = 0;
+  size_t len = store_row_size(tb->dim, slen);
+  unsigned char enc[STORE_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
+  rt->table_id = tb->table_id;
+  snprintf(rt->name, sizeof rt->name, "%s", tb->name);
+  for (int s = 0; s < f->n_src && !rc; s++) {
+    char p[4500];
+    snprintf(p, sizeof p, "%s/table-%u.bin", f->src[s], tb->table_id);
+    rc = tf_open(&f->rd[s], p, tb, slen, f->mfp, err, errlen);
+  }
+  for (int k = 0; k < f->n_dst && !rc; k++) {
+    char p[4500];
+    out_path(p, sizeof p, f->o, f->local, k, tb->table_id);
+    rc = tf_create(&f->wr[k], p, tb, slen, f->mfp, err, errlen);
+  }
+  while (!rc) {
+    int best;
+    uint64_t bk = 0;
+    const unsigned char *bp = NULL;
+    if ((rc = next_source(f, tb, &best, &bk, &bp, err, errlen)) || best < 0) break;
+    if (tb->rows != EMB_ROWS_UNBOUNDED && bk >= tb->rows) {
+      sr_fmt(err, errlen, "%s: row id %llu is past the table's %llu rows", f->rd[best].path,
+             (unsigned long long)bk, (unsigned long long)tb->rows);
+      rc = SR_EFORMAT;
+      break;
+    }
+    store_row_encode(tb->dim, slen, (const float *)(const void *)(bp + 8), enc);
+    uint64_t h = reshard_row_hash(tb->table_id, bk, enc, len);
+    rt->rows_in++;
+    rt->sum_in += h;
+    rt->xor_in ^= h;
+    tf_writer *w = &f->wr[f->local ? 0 : emb_plan_shard_of(dst, ti, bk)];
+    if (w->n && bk <= w->last) {
+      sr_fmt(err, errlen, "%s: row id %llu after %llu (a source is out of order)", f->rd[best].path,
+             (unsigned long long)bk, (unsigned long long)w->last);
+      rc = SR_EFORMAT;
+      break;
+    }
+    if ((rc = put_record(f, w, tb->table_id, bk, bp, f->rd[best].rec, err, errlen))) break;
+    f->st->rows++;
+    f->st->bytes += 8 + len;
+    f->rd[best].at++;
+  }
+  for (int s = 0; s < f->n_src; s++) tf_close(&f->rd[s]);
+  for (int k = 0; k < f->n_dst; k++) {
+    if (!f->wr[k].f) continue;
+    if (rc) {
+      fclose(f->wr[k].f);
+      f->wr[k].f = NULL;
+    } else {
+      rc = tf_finish(&f->wr[k], err, errlen);
+    }
+  }
+  return rc;
+}
+
+/* Re-read target k's file of table ti: its rows' count and hashes into
+ * rt, their routing, and the file's SHA-256 trailer. */
+static int verify_file(frun *f, int ti, int k, char *err, size_t errlen) {
+  const emb_plan *dst = f->o->dst;
+  const emb_table *tb = &dst->tables[ti];
+  reshard_table *rt = &f->st->tables[ti];
+  int slen = emb_optim_state_len(&tb->optim, tb->dim), rc = 0;
+  size_t len = store_row_size(tb->dim, slen);
+  unsigned char enc[STORE_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
+  char p[4500];
+  out_path(p, sizeof p, f->o, f->local, k, tb->table_id);
+  tf_reader r;
+  if ((rc = tf_open(&r, p, tb, slen, f->mfp, err, errlen))) {
+    tf_close(&r);
+    return rc;
+  }
+  EVP_MD_CTX *md = EVP_MD_CTX_new();
+  unsigned char hdr[TF_HEADER], dig[32], want[32];
+  unsigned int dl = 0;
+  fseek(r.f, 0, SEEK_SET);
+  if (!md || fread(hdr, 1, TF_HEADER, r.f) != TF_HEADER || !EVP_DigestInit_ex(md, EVP_sha256(), NULL)) {
+    sr_fmt(err, errlen, "%s: cannot read", p);
+    rc = SR_EIO;
+  } else {
+    EVP_DigestUpdate(md, hdr, TF_HEADER);
+  }
+  uint64_t key;
+  int io = 0;
+  const unsigned char *q;
+  while (!rc && (q = tf_peek(&r, &key, &io))) {
+    if (r.at == 0) EVP_DigestUpdate(md, r.buf, r.have * r.rec);
+    if (!f->local && emb_plan_shard_of(dst, ti, key) != k) {
+      sr_fmt(err, errlen, "verification: table_id %u (%s): row %llu was written to shard %d, the "
+             "plan puts it on shard %d", tb->table_id, tb->name, (unsigned long long)key, k,
+             emb_plan_shard_of(dst, ti, key));
+      rc = SR_ECHECKSUM;
+      break;
+    }
+    store_row_encode(tb->dim, slen, (const float *)(const void *)(q + 8), enc);
+    uint64_t h = reshard_row_hash(tb->table_id, key, enc, len);
+    rt->rows_out++;
+    rt->sum_out += h;
+    rt->xor_out ^= h;
+    r.at++;
+  }
+  if (!rc && io) {
+    sr_fmt(err, errlen, "%s: read error", p);
+    rc = SR_EIO;
+  }
+  if (!rc) {
+    EVP_DigestFinal_ex(md, dig, &dl);
+    if (fread(want, 1, 32, r.f) != 32 || memcmp(dig, want, 32)) {
+      sr_fmt(err, errlen, "verification: %s: checksum mismatch", p);
+      rc = SR_ECHECKSUM;
+    }
+  }
+  EVP_MD_CTX_free(md);
+  tf_close(&r);
+  return rc;
+}
+
+/* The sources, the readers and writers, the servers' target folders. */
+static int frun_init(frun *f, const reshard_opts *o, reshard_stats *st, char *err, size_t errlen) {
+  memset(f, 0, sizeof *f);
+  f->o = o;
+  f->st = st;
+  f->local = o->layout == RESHARD_TABLE_FILES_LOCAL;
+  f->n_dst = f->local ? 1 : o->dst->n_shards;
+  int rc;
+  if ((rc = emb_plan_model_fingerprint(o->dst, f->mfp))) {
     sr_fmt(err, errlen, "out of memory");
     return rc;
   }
-  if ((rc = list_sources(o, &src, &n_src))) {
+  if ((rc = list_sources(o, &f->src, &f->n_src))) {
     sr_fmt(err, errlen, "%s: cannot list", o->src_dir);
     return rc;
   }
-  st->tables = calloc((size_t)dst->n_tables, sizeof *st->tables);
-  rd = calloc((size_t)(n_src ? n_src : 1), sizeof *rd);
-  wr = calloc((size_t)n_dst, sizeof *wr);
-  if (!st->tables || !rd || !wr) {
+  st->tables = calloc((size_t)o->dst->n_tables, sizeof *st->tables);
+  f->rd = calloc((size_t)(f->n_src ? f->n_src : 1), sizeof *f->rd);
+  f->wr = calloc((size_t)f->n_dst, sizeof *f->wr);
+  if (!st->tables || !f->rd || !f->wr) {
     sr_fmt(err, errlen, "out of memory");
-    rc = SR_ENOMEM;
-    goto out;
+    return SR_ENOMEM;
   }
-  if (!n_src) {
+  if (!f->n_src) {
     sr_fmt(err, errlen, "%s: no table files", o->src_dir);
-    rc = SR_ENOTFOUND;
-    goto out;
+    return SR_ENOTFOUND;
   }
-  st->n_tables = dst->n_tables;
-  for (int k = 0; k < n_dst && !local; k++) {
+  st->n_tables = o->dst->n_tables;
+  for (int k = 0; k < f->n_dst && !f->local; k++) {
     char p[4400];
     snprintf(p, sizeof p, "%s/shard-%d", o->out_dir, k);
     if (mkdir(p, 0777) != 0) {
       sr_fmt(err, errlen, "%s: cannot create: %s", p, strerror(errno));
-      rc = SR_EIO;
-      goto out;
+      return SR_EIO;
     }
   }
-  unsigned char enc[STORE_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
-  for (int ti = 0; ti < dst->n_tables && !rc; ti++) {
-    const emb_table *tb = &dst->tables[ti];
-    reshard_table *rt = &st->tables[ti];
-    int slen = emb_optim_state_len(&tb->optim, tb->dim);
-    rt->table_id = tb->table_id;
-    snprintf(rt->name, sizeof rt->name, "%s", tb->name);
-    for (int s = 0; s < n_src && !rc; s++) {
-      char p[4500];
-      snprintf(p, sizeof p, "%s/table-%u.bin", src[s], tb->table_id);
-      rc = tf_open(&rd[s], p, tb, slen, mfp, err, errlen);
-    }
-    for (int k = 0; k < n_dst && !rc; k++) {
-      char p[4500];
-      out_path(p, sizeof p, o, local, k, tb->table_id);
-      rc = tf_create(&wr[k], p, tb, slen, mfp, err, errlen);
-    }
-    int corrupt = ti == 0 ? o->corrupt : 0;
-    while (!rc) {
-      int best = -1, io = 0;
-      uint64_t bk = 0, key;
-      const unsigned char *bp = NULL;
-      for (int s = 0; s < n_src; s++) {
-        const unsigned char *p = tf_peek(&rd[s], &key, &io);
-        if (!p) continue;
-        if (best < 0 || key < bk) {
-          best = s;
-          bk = key;
-          bp = p;
-        } else if (key == bk) {
-          sr_fmt(err, errlen, "table_id %u (%s): row %llu is in both %s and %s", tb->table_id,
-                 tb->name, (unsigned long long)key, rd[best].path, rd[s].path);
-          rc = SR_EFORMAT;
-        }
-      }
-      if (io) {
-        sr_fmt(err, errlen, "table_id %u: a source table file: read error", tb->table_id);
-        rc = SR_EIO;
-      }
-      if (rc || best < 0) break;
-      if (tb->rows != EMB_ROWS_UNBOUNDED && bk >= tb->rows) {
-        sr_fmt(err, errlen, "%s: row id %llu is past the table's %llu rows", rd[best].path,
-               (unsigned long long)bk, (unsigned long long)tb->rows);
-        rc = SR_EFORMAT;
-        break;
-      }
-      size_t rec = rd[best].rec, len = store_row_size(tb->dim, slen);
-      store_row_encode(tb->dim, slen, (const float *)(const void *)(bp + 8), enc);
-      uint64_t h = reshard_row_hash(tb->table_id, bk, enc, len);
-      rt->rows_in++;
-      rt->sum_in += h;
-      rt->xor_in ^= h;
-      int k = local ? 0 : emb_plan_shard_of(dst, ti, bk);
-      tf_writer *w = &wr[k];
-      if (w->n && bk <= w->last) {
-        sr_fmt(err, errlen, "%s: row id %llu after %llu (a source is out of order)", rd[best].path,
-               (unsigned long long)bk, (unsigned long long)w->last);
-        rc = SR_EFORMAT;
-        break;
-      }
-      if (corrupt != 2) {
-        const unsigned char *wp = bp;
-        unsigned char tmp[8 + 4 * (EMB_MAX_DIM * 2 + 1)];
-        if (corrupt == 1) { /* test hook: one flipped bit in the first row */
-          memcpy(tmp, bp, rec);
-          tmp[rec - 1] ^= 0x01;
-          wp = tmp;
-        }
-        if (fwrite(wp, 1, rec, w->f) != rec) {
-          sr_fmt(err, errlen, "%s: cannot write: %s", w->path, strerror(errno));
-          rc = SR_EIO;
-          break;
-        }
-        w->n++;
-        w->last = bk;
-      }
-      corrupt = 0;
-      st->rows++;
-      st->bytes += 8 + len;
-      rd[best].at++;
-    }
-    for (int s = 0; s < n_src; s++) tf_close(&rd[s]);
-    for (int k = 0; k < n_dst; k++) {
-      if (!wr[k].f) continue;
-      if (rc) {
-        fclose(wr[k].f);
-        wr[k].f = NULL;
-      } else {
-        rc = tf_finish(&wr[k], err, errlen);
-      }
-    }
+  return 0;
+}
+
+static void frun_free(frun *f) {
+  for (int s = 0; f->rd && s < f->n_src; s++) tf_close(&f->rd[s]);
+  for (int k = 0; f->wr && k < f->n_dst; k++)
+    if (f->wr[k].f) fclose(f->wr[k].f);
+  free(f->rd);
+  free(f->wr);
+  for (int s = 0; s < f->n_src; s++) free(f->src[s]);
+  free(f->src);
+}
+
+int reshard_run_files(const reshard_opts *o, reshard_stats *st, char *err, size_t errlen) {
+  memset(st, 0, sizeof *st);
+  double t0 = sr_now();
+  frun f;
+  int rc = frun_init(&f, o, st, err, errlen);
+  for (int ti = 0; ti < o->dst->n_tables && !rc; ti++) rc = move_table_files(&f, ti, err, errlen);
+  if (!rc && o->verify) {
+    /* Re-read what was written: counts, hashes, routing, each file's SHA-256. */
+    double tv = sr_now();
+    for (int ti = 0; ti < o->dst->n_tables && !rc; ti++)
+      for (int k = 0; k < f.n_dst && !rc; k++) rc = verify_file(&f, ti, k, err, errlen);
+    st->verify_seconds = sr_now() - tv;
+    if (!rc) rc = reshard__compare(st, err, errlen);
   }
-  if (rc || !o->verify) goto out;
-  /* Re-read what was written: counts, hashes, routing, each file's SHA-256. */
-  double tv = sr_now();
-  for (int ti = 0; ti < dst->n_tables && !rc; ti++) {
-    const emb_table *tb = &dst->tables[ti];
-    reshard_table *rt = &st->tables[ti];
-    int slen = emb_optim_state_len(&tb->optim, tb->dim);
-    size_t len = store_row_size(tb->dim, slen);
-    for (int k = 0; k < n_dst && !rc; k++) {
-      char p[4500];
-      out_path(p, sizeof p, o, local, k, tb->table_id);
-      tf_reader r;
-      if ((rc = tf_open(&r, p, tb, slen, mfp, err, errlen))) {
-        tf_close(&r);
-        break;
-      }
-      EVP_MD_CTX *md = EVP_MD_CTX_new();
-      unsigned char hdr[TF_HEADER], dig[32], want[32];
-      unsigned int dl = 0;
-      fseek(r.f, 0, SEEK_SET);
-      if (!md || fread(hdr, 1, TF_HEADER, r.f) != TF_HEADER || !EVP_DigestInit_ex(md, EVP_sha256(), NULL)) {
-        sr_fmt(err, errlen, "%s: cannot read", p);
-        rc = SR_EIO;
-      } else {
-        EVP_DigestUpdate(md, hdr, TF_HEADER);
-      }
-      uint64_t key;
-      int io = 0;
-      const unsigned char *q;
-      while (!rc && (q = tf_peek(&r, &key, &io))) {
-        if (r.at == 0) EVP_DigestUpdate(md, r.buf, r.have * r.rec);
-        if (!local && emb_plan_shard_of(dst, ti, key) != k) {
-          sr_fmt(err, errlen, "verification: table_id %u (%s): row %llu was written to shard %d, the "
-                 "plan puts it on shard %d", tb->table_id, tb->name, (unsigned long long)key, k,
-                 emb_plan_shard_of(dst, ti, key));
-          rc = SR_ECHECKSUM;
-          break;
-        }
-        store_row_encode(tb->dim, slen, (const float *)(const void *)(q + 8), enc);
-        uint64_t h = reshard_row_hash(tb->table_id, key, enc, len);
-        rt->rows_out++;
-        rt->sum_out += h;
-        rt->xor_out ^= h;
-        r.at++;
-      }
-      if (!rc && io) {
-        sr_fmt(err, errlen, "%s: read error", p);
-        rc = SR_EIO;
-      }
-      if (!rc) {
-        EVP_DigestFinal_ex(md, dig, &dl);
-        if (fread(want, 1, 32, r.f) != 32 || memcmp(dig, want, 32)) {
-          sr_fmt(err, errlen, "verification: %s: checksum mismatch", p);
-          rc = SR_ECHECKSUM;
-        }
-      }
-      EVP_MD_CTX_free(md);
-      tf_close(&r);
-    }
-  }
-  st->verify_seconds = sr_now() - tv;
-  if (!rc) rc = reshard__compare(st, err, errlen);
-out:
-  for (int s = 0; rd && s < n_src; s++) tf_close(&rd[s]);
-  for (int k = 0; wr && k < n_dst; k++)
-    if (wr[k].f) fclose(wr[k].f);
-  free(rd);
-  free(wr);
-  for (int s = 0; s < n_src; s++) free(src[s]);
-  free(src);
+  frun_free(&f);
   st->seconds = sr_now() - t0;
   return rc;
 }

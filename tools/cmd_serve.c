@@ -3,25 +3,22 @@
  * Hosts the rows of the given shards of a plan in memory (or in RocksDB with
  * --data-dir) and serves Lookup, Push, Checkpoint, Restore, Stats and
  * grpc.health.v1 Check. With --checkpoint the plan and the rows come from a
- * trainer's checkpoint (tools/ckpt_store.h), which is only read: several
- * servers of one checkpoint run side by side.
+ * trainer's checkpoint, which is only read: several servers of one
+ * checkpoint run side by side. The plan and the store are
+ * embedding/served.h's (emb_served_open); this file parses the flags, opens
+ * them, and runs the RPC service over them.
  * Prints "listening on HOST:PORT" once bound (port 0 picks one). SIGTERM or
  * SIGINT: stop accepting, let in-flight calls finish, flush, exit 0. */
-#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
-#include "embedding/plan.h"
+#include "embedding/served.h"
 #include "embedding/shard.h"
-#include "embedding/store.h"
 #include "rpc/rpc.h"
 #include "tools/cli.h"
-#include "tools/train/checkpoint.h"
-#include "embedding/ckpt_store.h"
 #include "tools/cmds.h"
 
 #define CMD "serve"
@@ -92,162 +89,120 @@ static void on_listening(int port, void *ctx) {
   fflush(stdout);
 }
 
-int cmd_serve(int argc, char **argv) {
-  const char *plan_path = NULL, *shards_s = NULL, *listen = "127.0.0.1:0", *data_dir = NULL,
-             *restore = NULL, *checkpoint = NULL;
-  rpc_tls tls = {0};
-  int read_only = 0;
-  double pending_timeout = 300;
-  long long threads = 2, maxmsg = 64, maxids = 1 << 22, cache_rows = 0, cache_mb = 0;
+/* The served shards "K[,K...]" into shards[max]; their count, or -1. */
+static int parse_shards(const char *s, int *shards, int max) {
+  int n = 0;
+  const char *p = s;
+  while (*p) {
+    char *end;
+    long v = strtol(p, &end, 10);
+    if (end == p || v < 0 || (*end && *end != ',') || n == max) return -1;
+    shards[n++] = (int)v;
+    p = *end ? end + 1 : end;
+  }
+  return n;
+}
+
+typedef struct {
+  emb_served_opts so;
+  const char *shards_s, *listen;
+  int shards[256], read_only;
+  rpc_tls tls;
+  double pending_timeout;
+  long long threads, maxmsg, maxids;
+} serve_flags;
+
+/* Flags into *f; -1 when done (help), else 0, or 2 on bad usage (said). */
+static int parse_flags(int argc, char **argv, serve_flags *f) {
+  long long cache_rows = 0, cache_mb = 0;
   optind = 1;
   opterr = 0;
   int c;
   while ((c = getopt_long(argc, argv, ":h", long_opts, NULL)) != -1) {
     switch (c) {
-      case O_PLAN: plan_path = optarg; break;
-      case O_SHARD: shards_s = optarg; break;
-      case O_LISTEN: listen = optarg; break;
-      case O_DATA: data_dir = optarg; break;
-      case O_RESTORE: restore = optarg; break;
-      case O_CKPT: checkpoint = optarg; break;
-      case O_RO: read_only = 1; break;
-      case O_PENDING: if (cli_double(CMD, "--pending-timeout", optarg, 0.001, 1e9, &pending_timeout)) return 2; break;
-      case O_THREADS: if (cli_int(CMD, "--threads", optarg, 1, 256, &threads)) return 2; break;
-      case O_MAXMSG: if (cli_int(CMD, "--max-message-mb", optarg, 1, 2047, &maxmsg)) return 2; break;
-      case O_MAXIDS: if (cli_int(CMD, "--max-ids", optarg, 1, 1LL << 30, &maxids)) return 2; break;
-      case O_CERT: tls.cert = optarg; break;
-      case O_KEY: tls.key = optarg; break;
-      case O_CA: tls.ca = optarg; break;
+      case O_PLAN: f->so.plan_path = optarg; break;
+      case O_SHARD: f->shards_s = optarg; break;
+      case O_LISTEN: f->listen = optarg; break;
+      case O_DATA: f->so.data_dir = optarg; break;
+      case O_RESTORE: f->so.restore = optarg; break;
+      case O_CKPT: f->so.checkpoint = optarg; break;
+      case O_RO: f->read_only = 1; break;
+      case O_PENDING: if (cli_double(CMD, "--pending-timeout", optarg, 0.001, 1e9, &f->pending_timeout)) return 2; break;
+      case O_THREADS: if (cli_int(CMD, "--threads", optarg, 1, 256, &f->threads)) return 2; break;
+      case O_MAXMSG: if (cli_int(CMD, "--max-message-mb", optarg, 1, 2047, &f->maxmsg)) return 2; break;
+      case O_MAXIDS: if (cli_int(CMD, "--max-ids", optarg, 1, 1LL << 30, &f->maxids)) return 2; break;
+      case O_CERT: f->tls.cert = optarg; break;
+      case O_KEY: f->tls.key = optarg; break;
+      case O_CA: f->tls.ca = optarg; break;
       case O_CROWS: if (cli_int(CMD, "--cache-rows", optarg, EMB_SHARD_MIN_CACHE_ROWS, 1LL << 40, &cache_rows)) return 2; break;
       case O_CMB: if (cli_int(CMD, "--cache-mb", optarg, 1, 1LL << 30, &cache_mb)) return 2; break;
       case 'h':
-      case O_HELP: usage(stdout); return 0;
+      case O_HELP: usage(stdout); return -1;
       case ':': cli_bad_option(CMD, ':', argv[optind - 1]); return 2;
       default: cli_bad_option(CMD, '?', argv[optind - 1]); return 2;
     }
   }
+  f->so.cache_rows = (uint64_t)cache_rows;
+  f->so.cache_mb = (uint64_t)cache_mb;
   if (optind < argc) {
     fprintf(stderr, "shardrec serve: unexpected argument '%s'\n", argv[optind]);
     return 2;
   }
-  if (!shards_s || (!plan_path && !checkpoint)) {
+  if (!f->shards_s || (!f->so.plan_path && !f->so.checkpoint)) {
     fprintf(stderr, "shardrec serve: --shard and one of --plan, --checkpoint are required\n");
     return 2;
   }
-  if (checkpoint && restore) {
+  if (f->so.checkpoint && f->so.restore) {
     fprintf(stderr, "shardrec serve: give --checkpoint or --restore, not both\n");
     return 2;
   }
-  if ((tls.cert || tls.key || tls.ca) && !(tls.cert && tls.key)) {
+  if ((f->tls.cert || f->tls.key || f->tls.ca) && !(f->tls.cert && f->tls.key)) {
     fprintf(stderr, "shardrec serve: TLS needs both --tls-cert and --tls-key\n");
     return 2;
   }
-  int shards[256], n_shards = 0;
-  {
-    n_shards = 0;
-    const char *p = shards_s;
-    while (*p) {
-      char *end;
-      long v = strtol(p, &end, 10);
-      if (end == p || v < 0 || (*end && *end != ',') || n_shards == 256) {
-        fprintf(stderr, "shardrec serve: --shard: '%s' is not a list of shard numbers like 0,2\n",
-                shards_s);
-        return 2;
-      }
-      shards[n_shards++] = (int)v;
-      p = *end ? end + 1 : end;
-    }
-    if (n_shards == 0) {
-      fprintf(stderr, "shardrec serve: --shard: empty list\n");
-      return 2;
-    }
+  f->so.n_shards = parse_shards(f->shards_s, f->shards, 256);
+  f->so.shards = f->shards;
+  if (f->so.n_shards < 0) {
+    fprintf(stderr, "shardrec serve: --shard: '%s' is not a list of shard numbers like 0,2\n",
+            f->shards_s);
+    return 2;
   }
+  if (f->so.n_shards == 0) {
+    fprintf(stderr, "shardrec serve: --shard: empty list\n");
+    return 2;
+  }
+  return 0;
+}
+
+int cmd_serve(int argc, char **argv) {
+  serve_flags f = {.listen = "127.0.0.1:0", .pending_timeout = 300, .threads = 2, .maxmsg = 64,
+                   .maxids = 1 << 22};
+  int rc = parse_flags(argc, argv, &f);
+  if (rc) return rc < 0 ? 0 : rc;
   char err[1024];
-  emb_plan *plan = NULL;
-  int status = 1;
-  rpc_service *svc = NULL;
-  emb_store *store = NULL;
-  ckpt_store cs = {0};
-  ckpt_info ci = {0};
-  if (plan_path && emb_plan_load(plan_path, &plan, err, sizeof err)) {
-    fprintf(stderr, "shardrec serve: %s\n", err);
+  emb_served sv;
+  if (emb_served_open(&f.so, &sv, err, sizeof err)) {
+    static const char *const flag[] = {"", "--plan ", "--checkpoint: ", "--shard ", "--restore "};
+    fprintf(stderr, "shardrec serve: %s%s\n", flag[sv.failed], err);
     return 1;
   }
-  if (checkpoint) {
-    /* The checkpoint names its own plan; a --plan given too must be it. */
-    char step_dir[4096];
-    if (ckpt_resolve(checkpoint, step_dir, sizeof step_dir, err, sizeof err) ||
-        ckpt_open(step_dir, &ci, err, sizeof err)) {
-      fprintf(stderr, "shardrec serve: --checkpoint: %s\n", err);
-      goto done;
-    }
-    if (plan) {
-      char want[EMB_FP_HEX], have[EMB_FP_HEX];
-      emb_plan_fingerprint(ci.plan, want);
-      emb_plan_fingerprint(plan, have);
-      if (strcmp(want, have)) {
-        fprintf(stderr, "shardrec serve: --plan %s has plan fingerprint %.12s..., the checkpoint "
-                "%s was written under %.12s... (serve it without --plan, or reshard it to this "
-                "plan first)\n", plan_path, have, step_dir, want);
-        goto done;
-      }
-      emb_plan_free(plan);
-    }
-    plan = ci.plan;
-    ci.plan = NULL;
-    for (int i = 0; i < n_shards; i++)
-      if (shards[i] >= plan->n_shards) {
-        fprintf(stderr, "shardrec serve: --shard %d: the checkpoint's plan has shards 0..%d\n",
-                shards[i], plan->n_shards - 1);
-        goto done;
-      }
-    ckpt_store_opts co = {.shards = shards, .n_shards = n_shards, .data_dir = data_dir,
-                          .cache_rows = (uint64_t)cache_rows, .cache_mb = (uint64_t)cache_mb};
-    if (ckpt_store_open(step_dir, plan, &co, &cs, err, sizeof err)) {
-      fprintf(stderr, "shardrec serve: --checkpoint: %s\n", err);
-      goto done;
-    }
-    store = cs.store;
-    char fp[EMB_FP_HEX];
-    emb_plan_fingerprint(plan, fp);
+  if (f.so.checkpoint) {
     printf("checkpoint %s: step %lld, plan %.12s, %d shard(s); serving shard(s) %s%s; rows %s\n",
-           step_dir, (long long)ci.st.step, fp, plan->n_shards, shards_s,
-           read_only ? " read-only" : "", cs.layout);
-    if (!read_only && cs.tmp_dir)
+           sv.ckpt_dir, (long long)sv.step, sv.plan_fp, sv.plan->n_shards, f.shards_s,
+           f.read_only ? " read-only" : "", sv.layout);
+    if (!f.read_only && sv.temporary)
       printf("note: without --read-only, pushes change a temporary copy of the rows that is "
              "removed at exit (give --data-dir to keep them)\n");
     fflush(stdout);
-  } else if (data_dir) {
-    emb_shard_config sc = {.cache_rows = (uint64_t)cache_rows,
-                           .cache_mb = cache_rows ? 0 : (uint64_t)(cache_mb ? cache_mb : 256),
-                           .n_hosted = n_shards, .hosted = shards};
-    store = emb_store_create_shard(plan, data_dir, &sc, err, sizeof err);
-  } else {
-    store = emb_store_create_local(plan, err, sizeof err);
   }
-  if (!store) {
-    fprintf(stderr, "shardrec serve: %s\n", err);
-    goto done;
-  }
-  rpc_service_opts so = {.shards = shards, .n_shards = n_shards, .read_only = read_only,
-                         .max_ids = (size_t)maxids, .pending_timeout_s = pending_timeout,
-                         .store_shard_dirs = checkpoint ? cs.rocks : data_dir != NULL};
-  svc = rpc_service_create(plan, store, &so, err, sizeof err);
+  int status = 1;
+  rpc_service_opts so = {.shards = f.shards, .n_shards = f.so.n_shards, .read_only = f.read_only,
+                         .max_ids = (size_t)f.maxids, .pending_timeout_s = f.pending_timeout,
+                         .store_shard_dirs = sv.store_shard_dirs};
+  rpc_service *svc = rpc_service_create(sv.plan, sv.store, &so, err, sizeof err);
   if (!svc) {
     fprintf(stderr, "shardrec serve: %s\n", err);
     goto done;
-  }
-  if (restore) {
-    char dir[4096];
-    int at = snprintf(dir, sizeof dir, "%s", restore);
-    if (!data_dir) {
-      at += snprintf(dir + at, sizeof dir - (size_t)at, "/shard");
-      for (int i = 0; i < n_shards; i++) at += snprintf(dir + at, sizeof dir - (size_t)at, "-%d", shards[i]);
-    }
-    if (emb_store_restore(store, dir)) {
-      fprintf(stderr, "shardrec serve: --restore %s: %s\n", dir, emb_store_errmsg(store));
-      goto done;
-    }
   }
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
@@ -255,10 +210,10 @@ int cmd_serve(int argc, char **argv) {
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
-  listen_ctx lc = {listen};
-  rpc_server_opts o = {.listen = listen, .threads = (int)threads,
-                       .max_message_bytes = (int)(maxmsg << 20),
-                       .tls = tls.cert ? &tls : NULL, .stop = &g_stop, .shutdown_grace_s = 5};
+  listen_ctx lc = {f.listen};
+  rpc_server_opts o = {.listen = f.listen, .threads = (int)f.threads,
+                       .max_message_bytes = (int)(f.maxmsg << 20),
+                       .tls = f.tls.cert ? &f.tls : NULL, .stop = &g_stop, .shutdown_grace_s = 5};
   if (rpc_server_run(svc, &o, on_listening, &lc, err, sizeof err)) {
     fprintf(stderr, "shardrec serve: %s\n", err);
     goto done;
@@ -267,9 +222,6 @@ int cmd_serve(int argc, char **argv) {
   status = 0;
 done:
   rpc_service_destroy(svc);
-  if (cs.store) ckpt_store_close(&cs); /* also removes its temporary folder */
-  else emb_store_destroy(store);
-  ckpt_info_free(&ci);
-  emb_plan_free(plan);
+  emb_served_close(&sv);
   return status;
 }

@@ -16,14 +16,11 @@
  *                  checkpoint per hosted shard) for the shard store, the
  *                  local store's table-<id>.bin files for the in-memory one;
  *   DONE           written last; holds the manifest's SHA-256.
- * Everything but DONE is written under DIR/.step-N.tmp-PID and renamed into
- * place; a folder without DONE is never taken by --resume DIR and is refused
- * when named directly.
- *
- * Test hook: SHARDREC_TEST_CRASH_IN_CHECKPOINT=1 makes the process _exit(86)
- * after dense.bin is written (inside the temporary folder), =2 after the
- * rename and before DONE; "W:S" crashes only in the checkpoint of step S.
- * Only tests set it. */
+ * The folder protocol (the temporary .step-N.tmp-PID folder and its
+ * rename, DONE last, the file list, finding the newest complete step-N,
+ * verification, keeping the newest K) is storage/ckpt_dir.h's; the plan
+ * fields are embedding/ckpt_plan.h's. A folder without DONE is never taken
+ * by --resume DIR and is refused when named directly. */
 #ifndef SHARDREC_TRAIN_CHECKPOINT_H
 #define SHARDREC_TRAIN_CHECKPOINT_H
 
@@ -58,7 +55,8 @@ int ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store
 
 /* The checkpoint folder --resume path names: path itself when it is a step
  * folder (has manifest.json or is named step-N), else the newest complete
- * step-N under it. 0 or SR_ENOTFOUND with the reason in err. */
+ * step-N under it (ckpt_dir_resolve). 0 or SR_ENOTFOUND with the reason in
+ * err. */
 int ckpt_resolve(const char *path, char *out, size_t outlen, char *err, size_t errlen);
 
 /* Check the checkpoint dir (DONE, manifest, fingerprints against plan, store
@@ -71,8 +69,9 @@ int ckpt_load(const char *dir, const emb_plan *plan, emb_store *store, const cha
               dense_model *model, dense_opt *opt, const ckpt_settings *set, ckpt_state *st,
               char *err, size_t errlen);
 
-/* A verified checkpoint, read without a model or store (reshard, predict,
- * serve --checkpoint). */
+/* A verified training checkpoint, read without a model or store (predict;
+ * reshard and serve --checkpoint need only its plan and rows:
+ * embedding/ckpt_plan.h's emb_ckpt_open). */
 typedef struct ckpt_info {
   char dir[4096];
   emb_plan *plan;      /* the plan it was written under (owned) */
@@ -84,19 +83,20 @@ typedef struct ckpt_info {
   void *manifest;      /* the parsed manifest (cJSON *), owned */
 } ckpt_info;
 
-/* Verify dir as ckpt_load does (DONE, manifest checksum, format, the plan
- * against its fingerprints, every file's size and SHA-256) and read it into
- * *ci (ckpt_info_free). 0 or SR_E* with a message naming the file. */
+/* Verify dir as ckpt_load does (DONE, manifest checksum, format:
+ * ckpt_dir_read; the training job's fields and settings, the plan against
+ * its fingerprints; every file's size and SHA-256: ckpt_dir_verify; the
+ * dense architecture) and read it into *ci (ckpt_info_free). 0 or SR_E*
+ * with a message naming the file. */
 int ckpt_open(const char *dir, ckpt_info *ci, char *err, size_t errlen);
 void ckpt_info_free(ckpt_info *ci); /* NULL-safe; leaves *ci zeroed */
 
-/* Complete a new checkpoint at final (a step-N folder that must not exist)
- * from files already written under tmp (dense.bin and shards/, same
- * layout as ckpt_save's): its manifest is src's (step, data position,
- * settings, dense architecture, store kind) with plan's plan and
- * fingerprints and tmp's file list; tmp is renamed to final, then DONE is
- * written. plan must have src's model fingerprint (SR_EMISMATCH). On
- * failure tmp is left for the caller to remove. 0 or SR_E*. */
+/* emb_ckpt_write_as (embedding/ckpt_plan.h) with src's manifest and plan:
+ * a new checkpoint at final (a step-N folder that must not exist) from
+ * files already written under tmp (dense.bin and shards/, same layout as
+ * ckpt_save's), its manifest src's with plan's plan fields and tmp's file
+ * list. plan must have src's model fingerprint (SR_EMISMATCH). On failure
+ * tmp is left for the caller to remove. 0 or SR_E*. */
 int ckpt_write_as(const ckpt_info *src, const emb_plan *plan, const char *tmp, const char *final,
                   char *err, size_t errlen);
 

@@ -1,0 +1,250 @@
+/* Resharding a checkpoint (see reshard_ckpt.h). */
+#include "embedding/reshard_ckpt.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/status.h"
+#include "common/sys.h"
+#include "embedding/ckpt_plan.h"
+#include "storage/ckpt_dir.h"
+#include "storage/kv.h"
+
+const char *reshard_layout_name(reshard_layout l) {
+  static const char *const name[] = {"RocksDB shard databases", "the in-memory trainer's table files",
+                                     "in-memory servers' table files"};
+  return l >= RESHARD_ROCKSDB && l <= RESHARD_TABLE_FILES_SERVERS ? name[l] : "?";
+}
+
+static int exists(const char *p) {
+  struct stat st;
+  return lstat(p, &st) == 0;
+}
+
+static int is_file(const char *p) {
+  struct stat st;
+  return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int copy_file(const char *src, const char *dst, char *err, size_t errlen) {
+  int in = open(src, O_RDONLY), out = -1, rc = 0;
+  if (in < 0) {
+    sr_fmt(err, errlen, "%s: cannot open: %s", src, strerror(errno));
+    return SR_EIO;
+  }
+  out = open(dst, O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (out < 0) {
+    sr_fmt(err, errlen, "%s: cannot create: %s", dst, strerror(errno));
+    close(in);
+    return SR_EIO;
+  }
+  char *buf = malloc(1 << 16);
+  ssize_t got = -1;
+  while (buf && (got = read(in, buf, 1 << 16)) > 0)
+    if (write(out, buf, (size_t)got) != got) {
+      rc = SR_EIO;
+      break;
+    }
+  if (got < 0 || fsync(out) != 0) rc = SR_EIO;
+  if (close(out) != 0) rc = SR_EIO;
+  close(in);
+  free(buf);
+  if (rc) sr_fmt(err, errlen, "%s: cannot copy to %s: %s", src, dst, strerror(errno));
+  return rc;
+}
+
+/* A server folder of table files (shard-K[-K2...]/table-<tid>.bin) under
+ * shards? */
+static int has_server_folders(const char *shards, uint32_t tid) {
+  char **files;
+  int nf, servers = 0;
+  if (store_list_files(shards, &files, &nf)) return 0;
+  char want[64];
+  snprintf(want, sizeof want, "/table-%u.bin", tid);
+  size_t wl = strlen(want);
+  for (int i = 0; i < nf && !servers; i++) {
+    size_t l = strlen(files[i]);
+    servers = !strncmp(files[i], "shard-", 6) && l > wl && !strcmp(files[i] + l - wl, want);
+  }
+  store_paths_free(files, nf);
+  return servers;
+}
+
+/* Which layout the source's shards/ has; -1 with the reason in err. */
+static int find_layout(const char *step_dir, const emb_plan *plan, char *err, size_t errlen) {
+  char p[4300], shards[4200];
+  uint32_t tid = plan->tables[0].table_id;
+  snprintf(shards, sizeof shards, "%s/shards", step_dir);
+  snprintf(p, sizeof p, "%s/table-%u.bin", shards, tid);
+  if (is_file(p)) return RESHARD_TABLE_FILES_LOCAL;
+  snprintf(p, sizeof p, "%s/shard-0/table-%u.bin", shards, tid);
+  if (is_file(p)) return RESHARD_TABLE_FILES_SERVERS;
+  for (int k = 0; k < plan->n_shards; k++) {
+    snprintf(p, sizeof p, "%s/shard-%d/CURRENT", shards, k);
+    if (is_file(p)) continue;
+    /* Servers hosting several shards each: shard-0-1/... */
+    if (has_server_folders(shards, tid)) return RESHARD_TABLE_FILES_SERVERS;
+    sr_fmt(err, errlen, "%s/shard-%d: missing (the plan has %d shards)", shards, k,
+           plan->n_shards);
+    return -1;
+  }
+  return RESHARD_ROCKSDB;
+}
+
+/* The source, the new plan and OUT, checked before anything is written. */
+static int check_inputs(const reshard_ckpt_opts *o, emb_ckpt *ck, emb_plan **plan,
+                        reshard_ckpt_stats *st, char *err, size_t errlen) {
+  int rc;
+  st->failed = RESHARD_IN_FROM;
+  if ((rc = emb_ckpt_open(o->from, ck, err, errlen))) return rc;
+  snprintf(st->src_dir, sizeof st->src_dir, "%s", ck->dir);
+  st->step = ck->step;
+  st->src_shards = ck->plan->n_shards;
+  st->failed = RESHARD_IN_PLAN;
+  if ((rc = emb_plan_load(o->plan_path, plan, err, errlen))) return rc;
+  st->dst_shards = (*plan)->n_shards;
+  char a[EMB_FP_HEX], b[EMB_FP_HEX], diff[512];
+  emb_plan_model_fingerprint(ck->plan, a);
+  emb_plan_model_fingerprint(*plan, b);
+  if (strcmp(a, b)) {
+    reshard_model_diff(ck->plan, *plan, diff, sizeof diff);
+    sr_fmt(err, errlen,
+           "%s describes another model than the checkpoint %s (model fingerprint %.12s... vs "
+           "%.12s...)%s%s; a new plan may change only n_shards and placements",
+           o->plan_path, ck->dir, b, a, diff[0] ? ": " : "", diff);
+    return SR_EMISMATCH;
+  }
+  st->failed = RESHARD_IN_FROM;
+  int layout = find_layout(ck->dir, ck->plan, err, errlen);
+  if (layout < 0) return SR_ENOTFOUND;
+  st->layout = (reshard_layout)layout;
+  st->failed = RESHARD_IN_TO;
+  if (exists(st->out_dir) && !o->force) {
+    sr_fmt(err, errlen, "%s: already exists", st->out_dir);
+    return SR_EEXISTS;
+  }
+  if (exists(st->out_dir)) { /* force: the source must not live under what is replaced */
+    char ro[PATH_MAX], rs[PATH_MAX];
+    if (realpath(st->out_dir, ro) && realpath(ck->dir, rs)) {
+      size_t l = strlen(ro);
+      if (!strncmp(rs, ro, l) && (rs[l] == '/' || !rs[l])) {
+        sr_fmt(err, errlen, "%s holds the source checkpoint %s; write the new one elsewhere",
+               st->out_dir, ck->dir);
+        return SR_EINVAL;
+      }
+    }
+  }
+  st->failed = RESHARD_IN_NONE;
+  return 0;
+}
+
+/* Move the rows from ck's shards/ into t's shards/ (work: scratch). */
+static int move_rows(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_plan *plan,
+                     const ckpt_dir_txn *t, const char *work, reshard_ckpt_stats *st, char *err,
+                     size_t errlen) {
+  char src_shards[4300], shards[4300];
+  snprintf(src_shards, sizeof src_shards, "%s/shards", ck->dir);
+  snprintf(shards, sizeof shards, "%s/shards", t->tmp);
+  if (mkdir(shards, 0777) != 0) {
+    sr_fmt(err, errlen, "%s: cannot create: %s", shards, strerror(errno));
+    return SR_EIO;
+  }
+  /* One table per core at a time (scanning, hashing and SST encoding are
+   * CPU work; the per-target ingestion threads mostly wait on fsync). */
+  long n_cpu = o->threads > 0 ? o->threads : sysconf(_SC_NPROCESSORS_ONLN);
+  if (n_cpu < 1) n_cpu = 1;
+  if (o->threads <= 0 && n_cpu > 8) n_cpu = 8;
+  reshard_opts ro = {.layout = st->layout, .src_dir = src_shards, .src = ck->plan, .dst = plan,
+                     .out_dir = shards, .work_dir = work, .progress = o->progress, .verify = 1,
+                     .src_checked = 1, .threads = (int)n_cpu, .row_hook = o->row_hook,
+                     .row_hook_ctx = o->row_hook_ctx};
+  return st->layout == RESHARD_ROCKSDB ? reshard_run(&ro, &st->run, err, errlen)
+                                       : reshard_run_files(&ro, &st->run, err, errlen);
+}
+
+/* Replace OUT by tmp (OUT moved aside first, removed once tmp is in place). */
+static int publish(const char *tmp, const char *out, char *err, size_t errlen) {
+  char old[4200] = "", parent[4096];
+  store_fsync_dir(tmp);
+  if (exists(out)) {
+    snprintf(old, sizeof old, "%s.old-%ld", out, (long)getpid());
+    if (rename(out, old) != 0) {
+      sr_fmt(err, errlen, "%s: cannot move aside: %s", out, strerror(errno));
+      return SR_EIO;
+    }
+  }
+  if (rename(tmp, out) != 0) {
+    sr_fmt(err, errlen, "%s: cannot rename to %s: %s", tmp, out, strerror(errno));
+    if (old[0]) rename(old, out);
+    return SR_EIO;
+  }
+  ckpt_dir_parent(out, parent, sizeof parent);
+  store_fsync_dir(parent);
+  if (old[0]) store_rmtree(old);
+  return 0;
+}
+
+/* Everything under OUT.tmp-PID (OUT.tmp-PID/step-N once complete), then
+ * published. On failure the caller removes tmp. */
+static int write_out(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_plan *plan,
+                     const char *tmp, reshard_ckpt_stats *st, char *err, size_t errlen) {
+  ckpt_dir_txn t;
+  char work[4300], p1[4300], p2[4300];
+  int done, rc = ckpt_dir_begin(tmp, st->step, &t, &done, err, errlen);
+  if (rc) return rc;
+  snprintf(work, sizeof work, "%s/work", tmp);
+  if (mkdir(work, 0777) != 0) {
+    sr_fmt(err, errlen, "%s: cannot create folders: %s", tmp, strerror(errno));
+    return SR_EIO;
+  }
+  snprintf(p1, sizeof p1, "%s/dense.bin", ck->dir);
+  snprintf(p2, sizeof p2, "%s/dense.bin", t.tmp);
+  if (is_file(p1) && (rc = copy_file(p1, p2, err, errlen))) return rc;
+  if (o->on_start) o->on_start(st, o->ctx);
+  if ((rc = move_rows(o, ck, plan, &t, work, st, err, errlen))) {
+    size_t l = strlen(err);
+    snprintf(err + l, errlen > l ? errlen - l : 0, "; nothing written at %s", st->out_dir);
+    return rc;
+  }
+  store_rmtree(work);
+  if ((rc = emb_ckpt_write_as(ck->manifest, ck->plan, plan, t.tmp, t.final, err, errlen)))
+    return rc;
+  return publish(tmp, st->out_dir, err, errlen);
+}
+
+int reshard_checkpoint(const reshard_ckpt_opts *o, reshard_ckpt_stats *st, char *err,
+                       size_t errlen) {
+  double t0 = sr_now();
+  memset(st, 0, sizeof *st);
+  size_t tl = strlen(o->to);
+  while (tl > 1 && o->to[tl - 1] == '/') tl--;
+  if (tl >= 3000) {
+    st->failed = RESHARD_IN_TO;
+    sr_fmt(err, errlen, "%s: path too long", o->to);
+    return SR_EINVAL;
+  }
+  snprintf(st->out_dir, sizeof st->out_dir, "%.*s", (int)tl, o->to);
+  emb_ckpt ck;
+  emb_plan *plan = NULL;
+  char tmp[4200];
+  int rc = check_inputs(o, &ck, &plan, st, err, errlen);
+  if (rc) goto out;
+  snprintf(tmp, sizeof tmp, "%s.tmp-%ld", st->out_dir, (long)getpid());
+  if (mkdir(tmp, 0777) != 0) {
+    sr_fmt(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
+    rc = SR_EIO;
+    goto out;
+  }
+  if ((rc = write_out(o, &ck, plan, tmp, st, err, errlen))) store_rmtree(tmp);
+out:
+  emb_plan_free(plan);
+  emb_ckpt_close(&ck);
+  st->seconds = sr_now() - t0;
+  return rc;
+}

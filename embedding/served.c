@@ -1,0 +1,115 @@
+/* The plan and the store a shard server serves (see served.h). */
+#include "embedding/served.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "embedding/ckpt_plan.h"
+#include "embedding/shard.h"
+
+/* The checkpoint's plan (o->plan_path, when given, must be it) and store. */
+static int open_checkpoint(const emb_served_opts *o, emb_served *s, char *err, size_t errlen) {
+  emb_ckpt ck;
+  emb_plan *given = NULL;
+  s->failed = EMB_SERVED_IN_PLAN;
+  int rc = o->plan_path ? emb_plan_load(o->plan_path, &given, err, errlen) : 0;
+  if (rc) return rc;
+  s->failed = EMB_SERVED_IN_CHECKPOINT;
+  if ((rc = emb_ckpt_open(o->checkpoint, &ck, err, errlen))) goto out;
+  snprintf(s->ckpt_dir, sizeof s->ckpt_dir, "%s", ck.dir);
+  s->step = ck.step;
+  emb_plan_fingerprint(ck.plan, s->plan_fp);
+  if (given) {
+    char have[EMB_FP_HEX];
+    emb_plan_fingerprint(given, have);
+    if (strcmp(s->plan_fp, have)) {
+      s->failed = EMB_SERVED_IN_PLAN;
+      sr_fmt(err, errlen, "%s has plan fingerprint %.12s..., the checkpoint %s was written under "
+             "%.12s... (serve it without this plan, or reshard it to this plan first)",
+             o->plan_path, have, ck.dir, s->plan_fp);
+      rc = SR_EMISMATCH;
+      goto out;
+    }
+  }
+  s->plan = ck.plan;
+  ck.plan = NULL;
+  for (int i = 0; i < o->n_shards; i++)
+    if (o->shards[i] < 0 || o->shards[i] >= s->plan->n_shards) {
+      s->failed = EMB_SERVED_IN_SHARD;
+      sr_fmt(err, errlen, "%d: the checkpoint's plan has shards 0..%d", o->shards[i],
+             s->plan->n_shards - 1);
+      rc = SR_EINVAL;
+      goto out;
+    }
+  ckpt_store_opts co = {.shards = o->shards, .n_shards = o->n_shards, .data_dir = o->data_dir,
+                        .cache_rows = o->cache_rows, .cache_mb = o->cache_mb};
+  if ((rc = ckpt_store_open(s->ckpt_dir, s->plan, &co, &s->cs, err, errlen))) goto out;
+  s->store = s->cs.store;
+  s->store_shard_dirs = s->cs.rocks;
+  s->temporary = s->cs.tmp_dir != NULL;
+  snprintf(s->layout, sizeof s->layout, "%s", s->cs.layout);
+out:
+  emb_ckpt_close(&ck);
+  emb_plan_free(given);
+  return rc;
+}
+
+/* A fresh store of o->plan_path's rows, restored from o->restore if given. */
+static int open_plan(const emb_served_opts *o, emb_served *s, char *err, size_t errlen) {
+  s->failed = EMB_SERVED_IN_PLAN;
+  int rc = emb_plan_load(o->plan_path, &s->plan, err, errlen);
+  if (rc) return rc;
+  emb_plan_fingerprint(s->plan, s->plan_fp);
+  s->failed = EMB_SERVED_IN_NONE;
+  if (o->data_dir) {
+    emb_shard_config sc = {.cache_rows = o->cache_rows,
+                           .cache_mb = o->cache_rows ? 0 : (o->cache_mb ? o->cache_mb : 256),
+                           .n_hosted = o->n_shards, .hosted = o->shards};
+    s->store = emb_store_create_shard(s->plan, o->data_dir, &sc, err, errlen);
+    s->store_shard_dirs = 1;
+  } else {
+    s->store = emb_store_create_local(s->plan, err, errlen);
+  }
+  if (!s->store) return SR_EIO;
+  if (!o->restore) return 0;
+  char dir[4096];
+  int at = snprintf(dir, sizeof dir, "%s", o->restore);
+  if (!o->data_dir) {
+    at += snprintf(dir + at, sizeof dir - (size_t)at, "/shard");
+    for (int i = 0; i < o->n_shards && at < (int)sizeof dir; i++)
+      at += snprintf(dir + at, sizeof dir - (size_t)at, "-%d", o->shards[i]);
+  }
+  if ((rc = emb_store_restore(s->store, dir))) {
+    s->failed = EMB_SERVED_IN_RESTORE;
+    sr_fmt(err, errlen, "%s: %s", dir, emb_store_errmsg(s->store));
+  }
+  return rc;
+}
+
+int emb_served_open(const emb_served_opts *o, emb_served *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  if (o->checkpoint && o->restore) {
+    sr_fmt(err, errlen, "a checkpoint is served as it is: no restore");
+    return SR_EINVAL;
+  }
+  if (!o->checkpoint && !o->plan_path) {
+    sr_fmt(err, errlen, "neither a plan nor a checkpoint to serve");
+    return SR_EINVAL;
+  }
+  int rc = o->checkpoint ? open_checkpoint(o, out, err, errlen) : open_plan(o, out, err, errlen);
+  if (rc) {
+    emb_served_input failed = out->failed;
+    emb_served_close(out);
+    out->failed = failed;
+  }
+  return rc;
+}
+
+void emb_served_close(emb_served *s) {
+  if (!s) return;
+  if (s->cs.store) ckpt_store_close(&s->cs); /* also removes its temporary folder */
+  else emb_store_destroy(s->store);
+  emb_plan_free(s->plan);
+  memset(s, 0, sizeof *s);
+}

@@ -1,0 +1,73 @@
+/* The plan and the store a shard server serves (shardrec serve), below the
+ * RPC layer: the command opens them here and hands them to
+ * rpc_service_create.
+ *
+ * Three sources of rows:
+ *   - a checkpoint (a step-N folder or a folder of them, the newest complete
+ *     one): verified (every file's size and SHA-256: embedding/ckpt_plan.h),
+ *     only read; its plan is served (a plan given too must be it, same plan
+ *     fingerprint); its rows come from embedding/ckpt_store.h (RocksDB
+ *     databases copied, SST files linked, into data_dir or a temporary
+ *     folder; in-memory table files loaded);
+ *   - a plan with data_dir: the RocksDB shard store over data_dir/shard-K
+ *     with a bounded cache;
+ *   - a plan alone: every row in memory.
+ * With restore (not with a checkpoint), the store then restores the shard
+ * folders a Checkpoint(PATH) call wrote: PATH/shard-K... for the RocksDB
+ * store (it finds its shards itself), PATH/shard-K[-K2...] (the served
+ * shards, in order) for the in-memory one. */
+#ifndef SHARDREC_EMBEDDING_SERVED_H
+#define SHARDREC_EMBEDDING_SERVED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "embedding/ckpt_store.h"
+#include "embedding/plan.h"
+#include "embedding/store.h"
+
+typedef struct emb_served_opts {
+  const char *plan_path;  /* the plan (NULL with checkpoint: the checkpoint's) */
+  const char *checkpoint; /* serve a checkpoint's rows (NULL: plan_path's, fresh) */
+  const int *shards;      /* [n_shards] shards served (borrowed) */
+  int n_shards;
+  const char *data_dir;   /* RocksDB rows under data_dir (NULL: in memory, or a
+                             checkpoint's temporary copy) */
+  uint64_t cache_rows, cache_mb; /* the RocksDB store's cache (0, 0: 256 MiB) */
+  const char *restore;    /* restore from Checkpoint(restore)'s folders (NULL: none) */
+} emb_served_opts;
+
+/* Which input a failure is about (a command names its flag). */
+typedef enum {
+  EMB_SERVED_IN_NONE = 0,   /* the store itself */
+  EMB_SERVED_IN_PLAN,       /* plan_path (err starts with it) */
+  EMB_SERVED_IN_CHECKPOINT, /* the checkpoint (err names the file at fault) */
+  EMB_SERVED_IN_SHARD,      /* a shard the checkpoint's plan lacks (err starts with it) */
+  EMB_SERVED_IN_RESTORE,    /* the restore folder (err starts with it) */
+} emb_served_input;
+
+typedef struct emb_served {
+  emb_plan *plan;        /* owned */
+  emb_store *store;      /* owned */
+  int store_shard_dirs;  /* the store's checkpoint(path) writes path/shard-K itself
+                            (rpc_service_opts.store_shard_dirs) */
+  char plan_fp[EMB_FP_HEX];
+  /* With a checkpoint: */
+  char ckpt_dir[4096];   /* the step-N folder served */
+  int64_t step;
+  char layout[96];       /* where its rows are, in words */
+  int temporary;         /* the rows are a temporary copy, removed by emb_served_close */
+  ckpt_store cs;         /* its store (cs.store is store) */
+  emb_served_input failed; /* on failure: the input at fault */
+} emb_served;
+
+/* Open the plan and store of o into *out (emb_served_close). 0 or SR_E*
+ * with the reason in err and the input at fault in out->failed; nothing is
+ * left open or behind on failure. */
+int emb_served_open(const emb_served_opts *o, emb_served *out, char *err, size_t errlen);
+
+/* Destroy the store (removing a checkpoint's temporary copy) and the plan.
+ * NULL-safe; zeroes *s. */
+void emb_served_close(emb_served *s);
+
+#endif

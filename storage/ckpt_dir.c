@@ -1,0 +1,361 @@
+/* The checkpoint folder protocol (see ckpt_dir.h). */
+#include "storage/ckpt_dir.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/status.h"
+#include "storage/kv.h"
+
+static int is_file(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int mkdir_p(const char *path) {
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s", path);
+  for (char *q = tmp + 1; *q; q++)
+    if (*q == '/') {
+      *q = 0;
+      if (mkdir(tmp, 0777) != 0 && errno != EEXIST) return -1;
+      *q = '/';
+    }
+  return mkdir(tmp, 0777) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+static int write_all(int fd, const void *p, size_t n) {
+  const char *c = p;
+  while (n) {
+    ssize_t w = write(fd, c, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    c += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+static int write_file(const char *path, const void *data, size_t n, char *err, size_t errlen) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0 || write_all(fd, data, n) || fsync(fd) || close(fd)) {
+    sr_fmt(err, errlen, "%s: cannot write: %s", path, strerror(errno));
+    if (fd >= 0) close(fd);
+    return SR_EIO;
+  }
+  return 0;
+}
+
+static char *read_text(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
+  if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
+    free(s);
+    s = NULL;
+  }
+  fclose(f);
+  if (s) {
+    s[n] = 0;
+    if (len) *len = (size_t)n;
+  }
+  return s;
+}
+
+static void sha256_hex(const void *data, size_t n, char hex[65]) {
+  unsigned char dig[32];
+  unsigned int dl = 0;
+  EVP_Digest(data, n, dig, &dl, EVP_sha256(), NULL);
+  for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", dig[i]);
+}
+
+static const char *jstr(const cJSON *o, const char *k) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+  return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+long long ckpt_dir_step_of(const char *name) {
+  if (strncmp(name, "step-", 5) || !name[5]) return -1;
+  char *end;
+  long long n = strtoll(name + 5, &end, 10);
+  return *end || n < 0 ? -1 : n;
+}
+
+void ckpt_dir_parent(const char *path, char *out, size_t outlen) {
+  snprintf(out, outlen, "%s", path);
+  char *slash = strrchr(out, '/');
+  if (slash && slash != out) *slash = 0;
+  else snprintf(out, outlen, "%s", slash ? "/" : ".");
+}
+
+static int cmp_step(const void *a, const void *b) {
+  long long x = ((const ckpt_dir_entry *)a)->step, y = ((const ckpt_dir_entry *)b)->step;
+  return x < y ? -1 : x > y;
+}
+
+int ckpt_dir_list(const char *root, ckpt_dir_entry **out, int *n) {
+  *out = NULL;
+  *n = 0;
+  DIR *d = opendir(root);
+  if (!d) return SR_ENOTFOUND;
+  struct dirent *de;
+  int cap = 0;
+  while ((de = readdir(d))) {
+    long long s = ckpt_dir_step_of(de->d_name);
+    if (s < 0) continue;
+    char done[4096];
+    snprintf(done, sizeof done, "%s/%s/DONE", root, de->d_name);
+    if (!is_file(done)) continue;
+    if (*n == cap) {
+      cap = cap ? 2 * cap : 16;
+      ckpt_dir_entry *np = realloc(*out, (size_t)cap * sizeof *np);
+      if (!np) break;
+      *out = np;
+    }
+    (*out)[*n].step = s;
+    snprintf((*out)[*n].name, sizeof(*out)[*n].name, "%s", de->d_name);
+    (*n)++;
+  }
+  closedir(d);
+  if (*n) qsort(*out, (size_t)*n, sizeof **out, cmp_step);
+  return 0;
+}
+
+int ckpt_dir_resolve(const char *path, char *out, size_t outlen, char *err, size_t errlen) {
+  char p[4200];
+  snprintf(p, sizeof p, "%s/manifest.json", path);
+  const char *base = strrchr(path, '/');
+  base = base ? base + 1 : path;
+  if (is_file(p) || ckpt_dir_step_of(base) >= 0) {
+    snprintf(out, outlen, "%s", path);
+    return 0;
+  }
+  ckpt_dir_entry *sd;
+  int n;
+  if (ckpt_dir_list(path, &sd, &n)) {
+    sr_fmt(err, errlen, "%s: no such checkpoint folder", path);
+    return SR_ENOTFOUND;
+  }
+  if (!n) {
+    sr_fmt(err, errlen, "%s: no complete checkpoint (no step-N folder with a DONE marker)", path);
+    return SR_ENOTFOUND;
+  }
+  snprintf(out, outlen, "%s/%s", path, sd[n - 1].name);
+  free(sd);
+  return 0;
+}
+
+/* ---- writing ---- */
+
+int ckpt_dir_begin(const char *root, long long step, ckpt_dir_txn *t, int *exists, char *err,
+                   size_t errlen) {
+  char done[4300];
+  *exists = 0;
+  snprintf(t->root, sizeof t->root, "%s", root);
+  snprintf(t->final, sizeof t->final, "%s/step-%lld", root, step);
+  snprintf(t->tmp, sizeof t->tmp, "%s/.step-%lld.tmp-%ld", root, step, (long)getpid());
+  snprintf(done, sizeof done, "%s/DONE", t->final);
+  if (is_file(done)) {
+    *exists = 1;
+    return 0;
+  }
+  if (mkdir_p(root) != 0) {
+    sr_fmt(err, errlen, "%s: cannot create folder: %s", root, strerror(errno));
+    return SR_EIO;
+  }
+  store_rmtree(t->tmp);
+  store_rmtree(t->final); /* a torn one from an earlier crash */
+  if (mkdir(t->tmp, 0777) != 0) {
+    sr_fmt(err, errlen, "%s: cannot create folder: %s", t->tmp, strerror(errno));
+    return SR_EIO;
+  }
+  return 0;
+}
+
+cJSON *ckpt_dir_manifest_new(void) {
+  cJSON *man = cJSON_CreateObject();
+  if (man && !cJSON_AddNumberToObject(man, "format", CKPT_DIR_FORMAT)) {
+    cJSON_Delete(man);
+    man = NULL;
+  }
+  return man;
+}
+
+/* man's "files": every file under tmp with its size and SHA-256. */
+static int list_files(const char *tmp, cJSON *man, char *err, size_t errlen) {
+  char **files = NULL;
+  int nf = 0, rc;
+  cJSON_DeleteItemFromObjectCaseSensitive(man, "files");
+  cJSON *fl = cJSON_AddArrayToObject(man, "files");
+  if ((rc = store_list_files(tmp, &files, &nf))) {
+    sr_fmt(err, errlen, "%s: cannot list files", tmp);
+    return rc;
+  }
+  for (int i = 0; i < nf && !rc; i++) {
+    char fp[8300], hex[65];
+    uint64_t size;
+    snprintf(fp, sizeof fp, "%s/%s", tmp, files[i]);
+    if ((rc = store_file_sha256(fp, hex, &size))) {
+      sr_fmt(err, errlen, "%s: cannot read", fp);
+      break;
+    }
+    cJSON *f = cJSON_CreateObject();
+    if (!f || !fl) {
+      cJSON_Delete(f);
+      sr_fmt(err, errlen, "manifest: out of memory");
+      rc = SR_ENOMEM;
+      break;
+    }
+    cJSON_AddStringToObject(f, "path", files[i]);
+    cJSON_AddNumberToObject(f, "size", (double)size);
+    cJSON_AddStringToObject(f, "sha256", hex);
+    cJSON_AddItemToArray(fl, f);
+  }
+  store_paths_free(files, nf);
+  return rc;
+}
+
+int ckpt_dir_commit(const ckpt_dir_txn *t, cJSON *man, char *err, size_t errlen) {
+  char path[4300];
+  int rc = list_files(t->tmp, man, err, errlen);
+  if (rc) return rc;
+  char *text = cJSON_Print(man);
+  if (!text) {
+    sr_fmt(err, errlen, "manifest: out of memory");
+    return SR_ENOMEM;
+  }
+  snprintf(path, sizeof path, "%s/manifest.json", t->tmp);
+  if ((rc = write_file(path, text, strlen(text), err, errlen))) goto out;
+  store_fsync_dir(t->tmp);
+  if (rename(t->tmp, t->final) != 0) {
+    sr_fmt(err, errlen, "%s: cannot rename to %s: %s", t->tmp, t->final, strerror(errno));
+    rc = SR_EIO;
+    goto out;
+  }
+  store_fsync_dir(t->root);
+  char hex[65], done[80];
+  sha256_hex(text, strlen(text), hex);
+  snprintf(done, sizeof done, "%s\n", hex);
+  snprintf(path, sizeof path, "%s/DONE", t->final);
+  if ((rc = write_file(path, done, strlen(done), err, errlen))) goto out;
+  store_fsync_dir(t->final);
+out:
+  free(text);
+  return rc;
+}
+
+void ckpt_dir_abort(const ckpt_dir_txn *t) { store_rmtree(t->tmp); }
+
+void ckpt_dir_keep(const char *root, int keep) {
+  if (keep <= 0) return;
+  ckpt_dir_entry *sd;
+  int n;
+  if (ckpt_dir_list(root, &sd, &n)) return;
+  for (int i = 0; i + keep < n; i++) {
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", root, sd[i].name);
+    store_rmtree(path);
+  }
+  free(sd);
+}
+
+/* ---- reading ---- */
+
+int ckpt_dir_read(const char *dir, cJSON **out, char *err, size_t errlen) {
+  char path[4200];
+  int rc = 0;
+  char *text = NULL, *done = NULL;
+  cJSON *man = NULL;
+  struct stat sst;
+  *out = NULL;
+  if (stat(dir, &sst) != 0 || !S_ISDIR(sst.st_mode)) {
+    sr_fmt(err, errlen, "%s: no such checkpoint folder", dir);
+    return SR_ENOTFOUND;
+  }
+  snprintf(path, sizeof path, "%s/DONE", dir);
+  if (!(done = read_text(path, NULL))) {
+    sr_fmt(err, errlen,
+           "%s: missing: the checkpoint is incomplete (its writer stopped before the end)", path);
+    return SR_EFORMAT;
+  }
+  snprintf(path, sizeof path, "%s/manifest.json", dir);
+  size_t tl = 0;
+  if (!(text = read_text(path, &tl))) {
+    sr_fmt(err, errlen, "%s: missing or unreadable", path);
+    rc = SR_EFORMAT;
+    goto out;
+  }
+  char hex[65];
+  sha256_hex(text, tl, hex);
+  if (strncmp(done, hex, 64)) {
+    sr_fmt(err, errlen, "%s: checksum does not match the one in DONE (file damaged)", path);
+    rc = SR_ECHECKSUM;
+    goto out;
+  }
+  man = cJSON_Parse(text);
+  const cJSON *fmt = man ? cJSON_GetObjectItemCaseSensitive(man, "format") : NULL;
+  if (!cJSON_IsObject(man) || !cJSON_IsNumber(fmt)) {
+    sr_fmt(err, errlen, "%s: not a checkpoint manifest (missing fields)", path);
+    rc = SR_EFORMAT;
+    goto out;
+  }
+  if (fmt->valuedouble != CKPT_DIR_FORMAT) {
+    sr_fmt(err, errlen, "%s: format %g is not supported (this build reads %d)", path,
+           fmt->valuedouble, CKPT_DIR_FORMAT);
+    rc = SR_EVERSION;
+    goto out;
+  }
+  *out = man;
+  man = NULL;
+out:
+  cJSON_Delete(man);
+  free(text);
+  free(done);
+  return rc;
+}
+
+int ckpt_dir_verify(const char *dir, const cJSON *man, char *err, size_t errlen) {
+  const cJSON *files = cJSON_GetObjectItemCaseSensitive(man, "files"), *f;
+  if (!cJSON_IsArray(files) || cJSON_GetArraySize(files) == 0) {
+    sr_fmt(err, errlen, "%s/manifest.json: no file list", dir);
+    return SR_EFORMAT;
+  }
+  cJSON_ArrayForEach(f, files) {
+    const char *rel = jstr(f, "path"), *want = jstr(f, "sha256");
+    const cJSON *size = cJSON_GetObjectItemCaseSensitive(f, "size");
+    if (!rel || !want || !cJSON_IsNumber(size) || strstr(rel, "..")) {
+      sr_fmt(err, errlen, "%s/manifest.json: a malformed entry in files", dir);
+      return SR_EFORMAT;
+    }
+    char fp[8300], got[65];
+    uint64_t gs;
+    snprintf(fp, sizeof fp, "%s/%s", dir, rel);
+    if (store_file_sha256(fp, got, &gs)) {
+      sr_fmt(err, errlen, "%s: missing or unreadable (listed in the manifest)", fp);
+      return SR_ENOTFOUND;
+    }
+    if ((double)gs != size->valuedouble) {
+      sr_fmt(err, errlen, "%s: %llu bytes, the manifest says %.0f (torn or truncated)", fp,
+             (unsigned long long)gs, size->valuedouble);
+      return SR_EFORMAT;
+    }
+    if (strcmp(got, want)) {
+      sr_fmt(err, errlen, "%s: checksum mismatch (file damaged)", fp);
+      return SR_ECHECKSUM;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,112 @@
+/* The checkpoint folder protocol: how a checkpoint is named, written so that
+ * a half-written one is never taken, found and verified. It knows nothing
+ * of what a checkpoint holds (a training job's dense.bin and shards/, a
+ * plan): its callers own every file and every manifest field but two.
+ *
+ * A checkpoint of step N under ROOT is the folder ROOT/step-N holding
+ *   manifest.json  a JSON object; this module owns its "format" (the
+ *                  manifest format, CKPT_DIR_FORMAT) and "files" (every
+ *                  other file under the folder: {"path": relative, "size":
+ *                  bytes, "sha256": hex}, sorted by path); the rest is the
+ *                  caller's;
+ *   DONE           written last; the manifest's SHA-256 (64 hex digits and
+ *                  a newline);
+ *   the caller's files.
+ * Everything but DONE is written under ROOT/.step-N.tmp-PID, then listed
+ * into the manifest, which is written there too; the folder is renamed to
+ * ROOT/step-N and DONE written last. A step-N without DONE (the writer
+ * stopped between the rename and DONE) is never taken by ckpt_dir_resolve
+ * or ckpt_dir_list and is refused by ckpt_dir_read; a leftover
+ * .step-N.tmp-PID is not a step-N name and is ignored.
+ *
+ * The manifest is a cJSON object (cJSON, borrowed or owned as each function
+ * says). */
+#ifndef SHARDREC_STORAGE_CKPT_DIR_H
+#define SHARDREC_STORAGE_CKPT_DIR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct cJSON;
+
+#define CKPT_DIR_FORMAT 1
+
+/* N of a folder name "step-N" (N a decimal >= 0), or -1 for any other name
+ * (".step-N.tmp-PID" included). */
+long long ckpt_dir_step_of(const char *name);
+
+/* A complete (DONE) checkpoint folder found under a root. */
+typedef struct ckpt_dir_entry {
+  long long step;
+  char name[256]; /* "step-N" */
+} ckpt_dir_entry;
+
+/* The complete step-N folders under root (those holding a DONE file),
+ * ascending by N, into *out (malloc'd, caller frees; NULL when none) and
+ * *n. 0, or SR_ENOTFOUND when root cannot be opened. */
+int ckpt_dir_list(const char *root, ckpt_dir_entry **out, int *n);
+
+/* The checkpoint folder path names: path itself when it is a step folder
+ * (holds manifest.json or is named step-N, complete or not: reading it
+ * tells which), else the newest complete step-N under it, into out. 0, or
+ * SR_ENOTFOUND with "PATH: no such checkpoint folder" or "PATH: no complete
+ * checkpoint ..." in err. */
+int ckpt_dir_resolve(const char *path, char *out, size_t outlen, char *err, size_t errlen);
+
+/* A checkpoint being written. */
+typedef struct ckpt_dir_txn {
+  char root[4096];
+  char tmp[4200];   /* root/.step-N.tmp-PID: the caller writes its files here */
+  char final[4200]; /* root/step-N */
+} ckpt_dir_txn;
+
+/* Start the checkpoint of step under root: create root (and its parents),
+ * fill *t; when root/step-N is complete already, set *exists and do
+ * nothing else; otherwise remove a torn root/step-N (no DONE) and a stale
+ * tmp of this process, and create t->tmp. 0 or SR_EIO with the folder in
+ * err. */
+int ckpt_dir_begin(const char *root, long long step, ckpt_dir_txn *t, int *exists, char *err,
+                   size_t errlen);
+
+/* A new manifest object holding "format" (the caller adds its fields, then
+ * hands it to ckpt_dir_commit). Caller owns it (cJSON_Delete); NULL when out
+ * of memory. */
+struct cJSON *ckpt_dir_manifest_new(void);
+
+/* Complete t: list every file under t->tmp with its size and SHA-256 into
+ * man's "files" (replacing any), write man as t->tmp/manifest.json, rename
+ * t->tmp to t->final, then write DONE (the manifest's SHA-256), each step
+ * fsync'd. man is borrowed (its "files" is rewritten). 0, or SR_E* with the
+ * reason in err: before the rename t->tmp is left for ckpt_dir_abort; after
+ * it t->final is in place without DONE, which no reader takes. */
+int ckpt_dir_commit(const ckpt_dir_txn *t, struct cJSON *man, char *err, size_t errlen);
+
+/* Remove t->tmp (after a failure). */
+void ckpt_dir_abort(const ckpt_dir_txn *t);
+
+/* Keep the newest keep complete step-N folders under root, removing the
+ * older ones (keep <= 0: keep all). */
+void ckpt_dir_keep(const char *root, int keep);
+
+/* Read the manifest of the checkpoint folder dir and check it against DONE:
+ * dir exists (SR_ENOTFOUND), DONE exists (SR_EFORMAT, "DIR/DONE: missing:
+ * the checkpoint is incomplete ..."), the manifest's SHA-256 is DONE's
+ * (SR_ECHECKSUM), it is a JSON object with "format" CKPT_DIR_FORMAT
+ * (SR_EFORMAT, SR_EVERSION). The files are checked by ckpt_dir_verify
+ * (the caller checks its own fields in between: they cost nothing, hashing
+ * the files may take minutes). *man gets the parsed
+ * manifest (caller owns: cJSON_Delete). 0 or SR_E* with a message naming
+ * the file in err. */
+int ckpt_dir_read(const char *dir, struct cJSON **man, char *err, size_t errlen);
+
+/* Check every file man (ckpt_dir_read's) lists under dir: a non-empty
+ * "files" list (SR_EFORMAT), each file present
+ * (SR_ENOTFOUND), its size (SR_EFORMAT, "torn or truncated") and its
+ * SHA-256 (SR_ECHECKSUM, "checksum mismatch (file damaged)"); a malformed
+ * entry or a path with ".." is SR_EFORMAT. 0 or SR_E* naming the file. */
+int ckpt_dir_verify(const char *dir, const struct cJSON *man, char *err, size_t errlen);
+
+/* The folder above path ("." for a bare name, "/" for "/x") into out. */
+void ckpt_dir_parent(const char *path, char *out, size_t outlen);
+
+#endif

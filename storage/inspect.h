@@ -1,0 +1,34 @@
+/* What a shard data folder or a checkpoint holds (shardrec inspect): a
+ * report of tables, distinct rows and bytes per shard database, and the
+ * rows asked for.
+ *
+ * PATH is one of
+ *   - one shard database (holds CURRENT);
+ *   - a shard data folder (shard-K/ RocksDB databases, as --data-dir writes);
+ *   - a checkpoint step folder, or a folder of them (the newest complete one,
+ *     storage/ckpt_dir.h): first the manifest's step, data position, store
+ *     and fingerprints (read, not verified: inspect is for looking at torn
+ *     ones too), then its shards/ as a data folder (in-memory table files
+ *     are counted, not read).
+ * Databases are opened read-only. */
+#ifndef SHARDREC_STORAGE_INSPECT_H
+#define SHARDREC_STORAGE_INSPECT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct store_inspect_opts {
+  long long table;     /* only this table_id (< 0: every table) */
+  const uint64_t *rows; /* [n_rows] row ids to print (value and optimizer state) */
+  int n_rows;
+} store_inspect_opts;
+
+/* Write the report on path to out. 0, or SR_E* with the reason in err: path
+ * is no folder (SR_ENOTFOUND), neither a data folder nor a checkpoint, an
+ * unreadable manifest (SR_EFORMAT), a database that does not open (SR_EIO:
+ * the others are still reported; err holds the first such failure). */
+int store_inspect(const char *path, const store_inspect_opts *o, FILE *out, char *err,
+                  size_t errlen);
+
+#endif

@@ -1,0 +1,207 @@
+/* Tests for storage/ckpt_dir.h, the checkpoint folder protocol: a
+ * checkpoint written, listed, resolved, read and verified; the states a
+ * writer that stopped leaves (its temporary folder, a step-N without DONE)
+ * never taken; a DONE that does not match, a flipped byte, a truncated or
+ * missing file refused naming the file; keeping the newest K. */
+#include <check.h>
+
+#include "tests/check_main.h"
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/status.h"
+#include "storage/ckpt_dir.h"
+#include "storage/kv.h"
+
+static char dir[64], root[128];
+
+static void setup(void) {
+  snprintf(dir, sizeof dir, "/tmp/shardrec-ckdir-XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(root, sizeof root, "%s/a/b", dir); /* created by ckpt_dir_begin */
+}
+
+static void teardown(void) { store_rmtree(dir); }
+
+static void put(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+static void sh(const char *fmt, const char *arg) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, fmt, arg, arg, arg);
+  ck_assert_msg(system(cmd) == 0, "%s", cmd);
+}
+
+/* root/step-<step>: x.bin and sub/y.bin, manifest field "mine": step. */
+static void write_step(long long step) {
+  ckpt_dir_txn t;
+  char err[1024], p[4400];
+  int exists = -1;
+  ck_assert_msg(ckpt_dir_begin(root, step, &t, &exists, err, sizeof err) == 0, "%s", err);
+  ck_assert_int_eq(exists, 0);
+  char want[256];
+  snprintf(want, sizeof want, "%s/.step-%lld.tmp-%ld", root, step, (long)getpid());
+  ck_assert_str_eq(t.tmp, want);
+  snprintf(p, sizeof p, "%s/x.bin", t.tmp);
+  put(p, "hello");
+  snprintf(p, sizeof p, "%s/sub", t.tmp);
+  ck_assert_int_eq(mkdir(p, 0777), 0);
+  snprintf(p, sizeof p, "%s/sub/y.bin", t.tmp);
+  put(p, "0123456789");
+  cJSON *man = ckpt_dir_manifest_new();
+  cJSON_AddNumberToObject(man, "mine", (double)step);
+  ck_assert_msg(ckpt_dir_commit(&t, man, err, sizeof err) == 0, "%s", err);
+  cJSON_Delete(man);
+  ck_assert_int_ne(access(t.tmp, F_OK), 0); /* renamed */
+}
+
+/* Open root/rel: 0 or the status, the message into err. */
+static int open_step(const char *rel, char *err, size_t errlen) {
+  char p[512];
+  snprintf(p, sizeof p, "%s/%s", root, rel);
+  cJSON *man = NULL;
+  int rc = ckpt_dir_read(p, &man, err, errlen);
+  if (!rc) rc = ckpt_dir_verify(p, man, err, errlen);
+  cJSON_Delete(man);
+  return rc;
+}
+
+START_TEST(test_write_read) {
+  write_step(10);
+  char p[512], err[1024];
+  snprintf(p, sizeof p, "%s/step-10", root);
+  cJSON *man = NULL;
+  ck_assert_msg(ckpt_dir_read(p, &man, err, sizeof err) == 0, "%s", err);
+  ck_assert_int_eq(cJSON_GetObjectItem(man, "format")->valueint, CKPT_DIR_FORMAT);
+  ck_assert_int_eq(cJSON_GetObjectItem(man, "mine")->valueint, 10);
+  /* The file list: sorted relative paths, sizes, SHA-256. */
+  const cJSON *files = cJSON_GetObjectItem(man, "files");
+  ck_assert_int_eq(cJSON_GetArraySize(files), 2);
+  const cJSON *f0 = cJSON_GetArrayItem(files, 0), *f1 = cJSON_GetArrayItem(files, 1);
+  ck_assert_str_eq(cJSON_GetObjectItem(f0, "path")->valuestring, "sub/y.bin");
+  ck_assert_int_eq(cJSON_GetObjectItem(f0, "size")->valueint, 10);
+  ck_assert_str_eq(cJSON_GetObjectItem(f1, "path")->valuestring, "x.bin");
+  ck_assert_str_eq(cJSON_GetObjectItem(f1, "sha256")->valuestring,
+                   "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"); /* "hello" */
+  ck_assert_int_eq(ckpt_dir_verify(p, man, err, sizeof err), 0);
+  cJSON_Delete(man);
+  /* DONE holds the manifest's SHA-256. */
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "cd %s && test \"$(sha256sum manifest.json | cut -c1-64)\" = \"$(cat DONE)\"", p);
+  ck_assert_int_eq(system(cmd), 0);
+  /* A second save of the same step: complete already, nothing done. */
+  ckpt_dir_txn t;
+  int exists = 0;
+  ck_assert_int_eq(ckpt_dir_begin(root, 10, &t, &exists, err, sizeof err), 0);
+  ck_assert_int_eq(exists, 1);
+  ck_assert_int_ne(access(t.tmp, F_OK), 0);
+}
+END_TEST
+
+START_TEST(test_names_and_resolve) {
+  ck_assert_int_eq(ckpt_dir_step_of("step-0"), 0);
+  ck_assert_int_eq(ckpt_dir_step_of("step-123"), 123);
+  ck_assert_int_eq(ckpt_dir_step_of("step-"), -1);
+  ck_assert_int_eq(ckpt_dir_step_of("step-1x"), -1);
+  ck_assert_int_eq(ckpt_dir_step_of("step--1"), -1);
+  ck_assert_int_eq(ckpt_dir_step_of(".step-5.tmp-99"), -1);
+  char out[4096], err[1024];
+  ck_assert_int_eq(ckpt_dir_resolve(root, out, sizeof out, err, sizeof err), SR_ENOTFOUND);
+  ck_assert_msg(strstr(err, "no such checkpoint folder") != NULL, "%s", err);
+  write_step(5);
+  write_step(20);
+  write_step(100); /* numeric order, not name order */
+  /* A writer stopped after the rename (step-200 without DONE) and one still
+   * in its temporary folder (.step-300.tmp-1): neither is taken. */
+  write_step(200);
+  sh("rm %s/step-200/DONE", root);
+  write_step(300);
+  sh("mv %s/step-300 %s/.step-300.tmp-1 && rm %s/.step-300.tmp-1/DONE", root);
+  ckpt_dir_entry *e;
+  int n;
+  ck_assert_int_eq(ckpt_dir_list(root, &e, &n), 0);
+  ck_assert_int_eq(n, 3);
+  ck_assert(e[0].step == 5 && e[1].step == 20 && e[2].step == 100);
+  ck_assert_str_eq(e[2].name, "step-100");
+  free(e);
+  ck_assert_int_eq(ckpt_dir_resolve(root, out, sizeof out, err, sizeof err), 0);
+  char want[512];
+  snprintf(want, sizeof want, "%s/step-100", root);
+  ck_assert_str_eq(out, want);
+  /* Named directly, a step folder is itself (reading it tells the rest). */
+  snprintf(want, sizeof want, "%s/step-200", root);
+  ck_assert_int_eq(ckpt_dir_resolve(want, out, sizeof out, err, sizeof err), 0);
+  ck_assert_str_eq(out, want);
+  ck_assert_int_eq(open_step("step-200", err, sizeof err), SR_EFORMAT);
+  ck_assert_msg(strstr(err, "step-200/DONE: missing") && strstr(err, "incomplete"), "%s", err);
+  /* The temporary folder named directly: refused once its manifest is
+   * written (no DONE), not a checkpoint before that. */
+  ck_assert_int_eq(open_step(".step-300.tmp-1", err, sizeof err), SR_EFORMAT);
+  ck_assert_msg(strstr(err, ".step-300.tmp-1/DONE: missing") != NULL, "%s", err);
+  sh("rm %s/.step-300.tmp-1/manifest.json", root);
+  snprintf(want, sizeof want, "%s/.step-300.tmp-1", root);
+  ck_assert_int_eq(ckpt_dir_resolve(want, out, sizeof out, err, sizeof err), SR_ENOTFOUND);
+  ck_assert_msg(strstr(err, "no complete checkpoint") != NULL, "%s", err);
+  /* Keep the newest 2 complete ones; the torn ones are not counted. */
+  ckpt_dir_keep(root, 2);
+  ck_assert_int_eq(ckpt_dir_list(root, &e, &n), 0);
+  ck_assert_int_eq(n, 2);
+  ck_assert(e[0].step == 20 && e[1].step == 100);
+  free(e);
+  /* A new save of a torn step replaces it. */
+  write_step(200);
+  ck_assert_int_eq(open_step("step-200", err, sizeof err), 0);
+}
+END_TEST
+
+START_TEST(test_refusals) {
+  write_step(1);
+  char err[1024];
+  /* DONE with another hash. */
+  sh("cp -r %s/step-1 %s/step-2 && echo 0000000000000000000000000000000000000000000000000000000000000000 "
+     "> %s/step-2/DONE", root);
+  ck_assert_int_eq(open_step("step-2", err, sizeof err), SR_ECHECKSUM);
+  ck_assert_msg(strstr(err, "step-2/manifest.json: checksum does not match the one in DONE"), "%s", err);
+  /* A flipped byte, same size. */
+  sh("cp -r %s/step-1 %s/step-3 && printf 'J' | dd of=%s/step-3/x.bin bs=1 seek=0 conv=notrunc 2>/dev/null",
+     root);
+  ck_assert_int_eq(open_step("step-3", err, sizeof err), SR_ECHECKSUM);
+  ck_assert_msg(strstr(err, "step-3/x.bin: checksum mismatch (file damaged)"), "%s", err);
+  /* Truncated. */
+  sh("cp -r %s/step-1 %s/step-4 && truncate -s 4 %s/step-4/sub/y.bin", root);
+  ck_assert_int_eq(open_step("step-4", err, sizeof err), SR_EFORMAT);
+  ck_assert_msg(strstr(err, "step-4/sub/y.bin: 4 bytes, the manifest says 10 (torn or truncated)"), "%s", err);
+  /* Missing. */
+  sh("cp -r %s/step-1 %s/step-5 && rm %s/step-5/x.bin", root);
+  ck_assert_int_eq(open_step("step-5", err, sizeof err), SR_ENOTFOUND);
+  ck_assert_msg(strstr(err, "step-5/x.bin: missing"), "%s", err);
+  /* Another manifest format (DONE rewritten to match). */
+  sh("cp -r %s/step-1 %s/step-6 && cd %s/step-6 && sed -i 's/\"format\":\t1/\"format\":\t9/' manifest.json && "
+     "sha256sum manifest.json | cut -c1-64 > DONE", root);
+  ck_assert_int_eq(open_step("step-6", err, sizeof err), SR_EVERSION);
+  ck_assert_msg(strstr(err, "format 9 is not supported"), "%s", err);
+  /* Not a folder. */
+  ck_assert_int_eq(open_step("step-99", err, sizeof err), SR_ENOTFOUND);
+  /* The untouched one is still good. */
+  ck_assert_int_eq(open_step("step-1", err, sizeof err), 0);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("ckpt_dir");
+  TCase *tc = tcase_create("ckpt_dir");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_add_test(tc, test_write_read);
+  tcase_add_test(tc, test_names_and_resolve);
+  tcase_add_test(tc, test_refusals);
+  suite_add_tcase(s, tc);
+  return sr_check_run(s);
+}
