@@ -233,6 +233,48 @@ static void rows_free(rowset *r) {
   free(r->val);
 }
 
+/* Have both servers checkpoint (to D/after) and find the step M in
+ * from..to whose rows of the uninterrupted run (D/full/step-M) they hold
+ * exactly (rows_differ), printing it; fails the test if there is none. */
+static void servers_whole_step(const test_server *sb, int from, int to) {
+  char err[512], fp[EMB_FP_HEX], path[800];
+  emb_plan *plan;
+  snprintf(path, sizeof path, "%s/p.json", dir);
+  ck_assert_msg(emb_plan_load(path, &plan, err, sizeof err) == 0, "%s", err);
+  ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
+  snprintf(path, sizeof path, "%s/after", dir);
+  rowset on[2];
+  for (int k = 0; k < 2; k++) {
+    char b_dir[900];
+    checkpoint(sb[k].addr, fp, path);
+    snprintf(b_dir, sizeof b_dir, "%s/after/shard-%d", dir, k);
+    load_rows(plan, b_dir, &on[k]);
+  }
+  int m = -1, compared = 0;
+  char why[2][300] = {"", ""};
+  for (int step = from; step <= to && m < 0; step++) {
+    int differ = 0;
+    compared = 0;
+    for (int k = 0; k < 2; k++) {
+      char a_dir[900];
+      rowset ra;
+      snprintf(a_dir, sizeof a_dir, "%s/full/step-%d/shards/shard-%d", dir, step, k);
+      load_rows(plan, a_dir, &ra);
+      ck_assert_msg(ra.n > 0, "%s holds no rows", a_dir);
+      compared += ra.n;
+      differ |= rows_differ(plan, &ra, &on[k], why[k], sizeof why[k]) << k;
+      rows_free(&ra);
+    }
+    if (!differ) m = step;
+    else fprintf(stderr, "not step %d: %s\n", step, differ & 1 ? why[0] : why[1]);
+  }
+  ck_assert_msg(m >= 0, "the servers' rows are not the uninterrupted run's after any step from %d "
+                "to %d (the last: shard 0: %s; shard 1: %s)", from, to, why[0], why[1]);
+  for (int k = 0; k < 2; k++) rows_free(&on[k]);
+  emb_plan_free(plan);
+  fprintf(stderr, "the servers hold the rows of step %d (%d rows compared)\n", m, compared);
+}
+
 START_TEST(test_rank_dies_job_stops_servers_drop_resume) {
   char *out, path[800];
   test_server sa[2], sb[2];
@@ -273,7 +315,7 @@ START_TEST(test_rank_dies_job_stops_servers_drop_resume) {
   const int last = last_printed(out);
   snprintf(path, sizeof path, "%s/ck", dir);
   const int n = newest_ckpt(path);
-  fprintf(stderr, "rank death end to end: the job stopped %.1f s after the kill (exit status %d); "
+  fprintf(stderr, "rank death end to end: the job stopped %.1f s after the kill (wait status %d); "
           "last step printed %d, newest checkpoint step-%d\n", secs, st, last, n);
   ck_assert_msg(n >= K && n <= last, "newest checkpoint step-%d, last printed step %d", n, last);
   free(out);
@@ -298,42 +340,7 @@ START_TEST(test_rank_dies_job_stops_servers_drop_resume) {
     shardrec__v1__stats_response__free_unpacked(a, NULL);
   }
   /* Their rows are the uninterrupted run's after one whole step M. */
-  char err[512], fp[EMB_FP_HEX];
-  emb_plan *plan;
-  snprintf(path, sizeof path, "%s/p.json", dir);
-  ck_assert_msg(emb_plan_load(path, &plan, err, sizeof err) == 0, "%s", err);
-  ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
-  snprintf(path, sizeof path, "%s/after", dir);
-  rowset on[2];
-  for (int k = 0; k < 2; k++) {
-    char b_dir[900];
-    checkpoint(sb[k].addr, fp, path);
-    snprintf(b_dir, sizeof b_dir, "%s/after/shard-%d", dir, k);
-    load_rows(plan, b_dir, &on[k]);
-  }
-  int m = -1, compared = 0;
-  char why[2][300];
-  for (int step = n; step <= last + 1 && step <= STEPS && m < 0; step++) {
-    int differ = 0;
-    compared = 0;
-    for (int k = 0; k < 2; k++) {
-      char a_dir[900];
-      rowset ra;
-      snprintf(a_dir, sizeof a_dir, "%s/full/step-%d/shards/shard-%d", dir, step, k);
-      load_rows(plan, a_dir, &ra);
-      ck_assert_msg(ra.n > 0, "%s holds no rows", a_dir);
-      compared += ra.n;
-      differ |= rows_differ(plan, &ra, &on[k], why[k], sizeof why[k]) << k;
-      rows_free(&ra);
-    }
-    if (!differ) m = step;
-    else fprintf(stderr, "not step %d: %s\n", step, differ & 1 ? why[0] : why[1]);
-  }
-  ck_assert_msg(m >= 0, "the servers' rows are not the uninterrupted run's after any step from %d "
-                "to %d (the last: shard 0: %s; shard 1: %s)", n, last + 1, why[0], why[1]);
-  for (int k = 0; k < 2; k++) rows_free(&on[k]);
-  emb_plan_free(plan);
-  fprintf(stderr, "the servers hold the rows of step %d (%d rows compared)\n", m, compared);
+  servers_whole_step(sb, n, last + 1 < STEPS ? last + 1 : STEPS);
   /* Resumed on the same servers: the uninterrupted run's losses, bit for bit. */
   snprintf(extra, sizeof extra, "--resume %s/ck/step-%d", dir, n);
   rc = train("resumed", addrs, extra, &out);
