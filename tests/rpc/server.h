@@ -20,12 +20,6 @@ typedef struct {
   char addr[64];
 } test_server;
 
-static inline double test_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Start `shardrec serve --listen 127.0.0.1:0 ARGS` (args: a shell word list)
  * and wait (10 s at most) for its "listening on" line. stderr goes to log. */
 static inline void server_start(test_server *s, const char *args, const char *log) {

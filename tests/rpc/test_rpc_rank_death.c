@@ -1,19 +1,26 @@
 /* A rank that dies mid-job, end to end: `mpirun -np 2 shardrec train`
  * against 2 real `shardrec serve` processes (rows in memory), sync mode,
- * checkpoint every K steps; SHARDREC_TEST_DIE=1:K kills rank 1 at the
- * start of the step after the step-K checkpoint (the hook's S counts steps
- * done, so S = K is "step K+1" counted from 1).
- *   - the job exits non-zero within a bounded time, naming the dead rank;
+ * checkpoint every K steps; once rank 0 has printed step K the test finds
+ * rank 1's process (OMPI_COMM_WORLD_RANK=1 under the mpirun it started)
+ * and SIGKILLs it, so rank 1 dies somewhere after step K: the checks hold
+ * wherever it was.
+ *   - the job exits non-zero within a bounded time of the kill, naming the
+ *     dead rank, without finishing;
  *   - both servers dropped the job (Stats: dropped_jobs 1, pending_pushes 0;
  *     dropped_steps 0 or 1: whether rank 0's push of the step was held
  *     before rank 1's death was heard is a race);
- *   - the servers' rows equal the step-K checkpoint: the servers checkpoint
- *     again and both shards are read back through the in-memory store and
- *     compared row by row (a row only in the new one must be an untouched
- *     initial row: a Lookup may create rows);
- *   - `mpirun -np 2 ... --resume D/step-K` on the same servers finishes
- *     with per-step losses bit-identical to an uninterrupted -np 2 run. */
+ *   - nothing is half-applied: the servers checkpoint again and both
+ *     shards, read back through the in-memory store, equal row by row the
+ *     uninterrupted run's (which checkpoints every step) after one whole
+ *     step M, with N <= M <= L + 1 (N the newest complete checkpoint of
+ *     the killed run, read from disk; L the last step rank 0 printed). A
+ *     row only on the server must be an untouched initial row: a Lookup
+ *     may create rows;
+ *   - `mpirun -np 2 ... --resume D/step-N` on the same servers (which it
+ *     restores to step N) finishes with per-step losses bit-identical to
+ *     the uninterrupted -np 2 run. */
 #include <check.h>
+#include <dirent.h>
 #include <math.h>
 
 #include "tests/check_main.h"
@@ -24,8 +31,8 @@
 #include "rpc/shardrec.pb-c.h"
 #include "tests/rpc/server.h"
 
-#define K 4      /* checkpoint every K steps; rank 1 dies after step K */
-#define STEPS 10 /* steps of a whole run */
+#define K 4      /* checkpoint every K steps; rank 1 is killed after step K */
+#define STEPS 40 /* steps of a whole run: many more than run between print and kill */
 #define ARCH "--arch-mlp-bot 13-16-16 --arch-mlp-top 32-1"
 #define HYPER "--optimizer adagrad --learning-rate 0.01 --sparse-learning-rate 0.1"
 #define MPIRUN "mpirun --allow-run-as-root --oversubscribe"
@@ -54,13 +61,45 @@ static void start_servers(test_server *s, const char *tag, char *addrs, size_t l
   snprintf(addrs, len, "%s,%s", s[0].addr, s[1].addr);
 }
 
-static int train(const char *name, const char *addrs, const char *env, const char *extra,
-                 char **out) {
-  return run_cmd(out,
-                 "cd %s && %s " MPIRUN " -np 2 %s train --processed-data-file d.bin --plan p.json "
-                 ARCH " " HYPER " --mini-batch-size 64 --num-batches %d --print-freq 1 "
-                 "--metrics-out %s.jsonl --shard-servers %s %s",
-                 dir, env, bin_path(), STEPS, name, addrs, extra);
+/* The train command line of run `name` (metrics in name.jsonl) against
+ * addrs with the flags extra, into cmd. */
+static void train_cmd(char *cmd, size_t len, const char *name, const char *addrs,
+                      const char *extra) {
+  snprintf(cmd, len,
+           "cd %s && exec " MPIRUN " -np 2 %s train --processed-data-file d.bin --plan p.json "
+           ARCH " " HYPER " --mini-batch-size 64 --num-batches %d --print-freq 1 "
+           "--metrics-out %s.jsonl --shard-servers %s %s",
+           dir, bin_path(), STEPS, name, addrs, extra);
+}
+
+static int train(const char *name, const char *addrs, const char *extra, char **out) {
+  char cmd[4096];
+  train_cmd(cmd, sizeof cmd, name, addrs, extra);
+  return run_cmd(out, "%s", cmd);
+}
+
+/* The newest complete checkpoint's step under ck (a step-N folder with
+ * DONE); -1 if none. */
+static int newest_ckpt(const char *ck) {
+  DIR *d = opendir(ck);
+  ck_assert_msg(d != NULL, "no %s", ck);
+  int best = -1;
+  for (struct dirent *e; (e = readdir(d));) {
+    int n;
+    char tail, done[1200];
+    if (sscanf(e->d_name, "step-%d%c", &n, &tail) != 1) continue;
+    snprintf(done, sizeof done, "%s/%s/DONE", ck, e->d_name);
+    if (n > best && access(done, F_OK) == 0) best = n;
+  }
+  closedir(d);
+  return best;
+}
+
+/* The last step rank 0 printed in the output text; 0 if none. */
+static int last_printed(const char *text) {
+  int last = 0;
+  for (const char *p = text; (p = strstr(p, "train  step ")); p += 12) last = atoi(p + 12);
+  return last;
 }
 
 /* Per-step last_loss texts of a run, by step (1-based, as printed). */
@@ -147,36 +186,45 @@ static void load_rows(const emb_plan *plan, const char *path, rowset *r) {
   emb_store_destroy(st);
 }
 
-/* Every row of a (step-K checkpoint) is in b with the same value and
- * optimizer state; a row only in b is an initial row. Returns rows compared. */
-static int same_rows(const emb_plan *plan, const rowset *a, const rowset *b, const char *what) {
-  int i = 0, same = 0;
+/* Whether b (a server's rows) holds a (a checkpoint's) exactly: every row
+ * of a is in b with the same value and optimizer state, and a row only in
+ * b is an initial row. 0 if so; else 1 with the first difference in why. */
+static int rows_differ(const emb_plan *plan, const rowset *a, const rowset *b, char *why,
+                       size_t len) {
+  int i = 0;
   const int w = a->width ? a->width : b->width;
   for (int j = 0; j < b->n; j++) {
     if (i < a->n && (a->table[i] < b->table[j] ||
                      (a->table[i] == b->table[j] && a->id[i] < b->id[j]))) {
-      ck_abort_msg("%s: row %llu of table %d is in the step-%d checkpoint, not on the server",
-                   what, (unsigned long long)a->id[i], a->table[i], K);
+      snprintf(why, len, "row %llu of table %d is in the checkpoint, not on the server",
+               (unsigned long long)a->id[i], a->table[i]);
+      return 1;
     }
     const float *v = b->val + (size_t)j * (size_t)w;
     if (i < a->n && a->table[i] == b->table[j] && a->id[i] == b->id[j]) {
-      ck_assert_msg(memcmp(a->val + (size_t)i * (size_t)w, v, (size_t)w * sizeof(float)) == 0,
-                    "%s: row %llu of table %d differs from the step-%d checkpoint", what,
-                    (unsigned long long)b->id[j], b->table[j], K);
+      if (memcmp(a->val + (size_t)i * (size_t)w, v, (size_t)w * sizeof(float)) != 0) {
+        snprintf(why, len, "row %llu of table %d differs", (unsigned long long)b->id[j],
+                 b->table[j]);
+        return 1;
+      }
       i++;
-      same++;
     } else { /* made by a Lookup after the checkpoint: must be untouched */
       const emb_table *tb = &plan->tables[b->table[j]];
       float init[256];
       ck_assert_int_le(tb->dim, 256);
       emb_row_init(plan, b->table[j], b->id[j], init);
-      ck_assert_msg(memcmp(init, v, (size_t)tb->dim * sizeof(float)) == 0,
-                    "%s: row %llu of table %d was updated after the step-%d checkpoint", what,
-                    (unsigned long long)b->id[j], b->table[j], K);
+      if (memcmp(init, v, (size_t)tb->dim * sizeof(float)) != 0) {
+        snprintf(why, len, "row %llu of table %d is not in the checkpoint and not initial",
+                 (unsigned long long)b->id[j], b->table[j]);
+        return 1;
+      }
     }
   }
-  ck_assert_msg(i == a->n, "%s: rows of the checkpoint missing on the server", what);
-  return same;
+  if (i < a->n) {
+    snprintf(why, len, "%d rows of the checkpoint are not on the server", a->n - i);
+    return 1;
+  }
+  return 0;
 }
 
 static void rows_free(rowset *r) {
@@ -185,31 +233,91 @@ static void rows_free(rowset *r) {
   free(r->val);
 }
 
+/* Have both servers checkpoint (to D/after) and find the step M in
+ * from..to whose rows of the uninterrupted run (D/full/step-M) they hold
+ * exactly (rows_differ), printing it; fails the test if there is none. */
+static void servers_whole_step(const test_server *sb, int from, int to) {
+  char err[512], fp[EMB_FP_HEX], path[800];
+  emb_plan *plan;
+  snprintf(path, sizeof path, "%s/p.json", dir);
+  ck_assert_msg(emb_plan_load(path, &plan, err, sizeof err) == 0, "%s", err);
+  ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
+  snprintf(path, sizeof path, "%s/after", dir);
+  rowset on[2];
+  for (int k = 0; k < 2; k++) {
+    char b_dir[900];
+    checkpoint(sb[k].addr, fp, path);
+    snprintf(b_dir, sizeof b_dir, "%s/after/shard-%d", dir, k);
+    load_rows(plan, b_dir, &on[k]);
+  }
+  int m = -1, compared = 0;
+  char why[2][300] = {"", ""};
+  for (int step = from; step <= to && m < 0; step++) {
+    int differ = 0;
+    compared = 0;
+    for (int k = 0; k < 2; k++) {
+      char a_dir[900];
+      rowset ra;
+      snprintf(a_dir, sizeof a_dir, "%s/full/step-%d/shards/shard-%d", dir, step, k);
+      load_rows(plan, a_dir, &ra);
+      ck_assert_msg(ra.n > 0, "%s holds no rows", a_dir);
+      compared += ra.n;
+      differ |= rows_differ(plan, &ra, &on[k], why[k], sizeof why[k]) << k;
+      rows_free(&ra);
+    }
+    if (!differ) m = step;
+    else fprintf(stderr, "not step %d: %s\n", step, differ & 1 ? why[0] : why[1]);
+  }
+  ck_assert_msg(m >= 0, "the servers' rows are not the uninterrupted run's after any step from %d "
+                "to %d (the last: shard 0: %s; shard 1: %s)", from, to, why[0], why[1]);
+  for (int k = 0; k < 2; k++) rows_free(&on[k]);
+  emb_plan_free(plan);
+  fprintf(stderr, "the servers hold the rows of step %d (%d rows compared)\n", m, compared);
+}
+
 START_TEST(test_rank_dies_job_stops_servers_drop_resume) {
-  char *out;
+  char *out, path[800];
   test_server sa[2], sb[2];
-  char addrs[200];
-  /* The uninterrupted run. */
+  char addrs[200], extra[800], cmd[4096];
+  /* The uninterrupted run, with the servers' rows after every step on
+   * disk (full/step-M). */
   start_servers(sa, "full", addrs, sizeof addrs);
-  int rc = train("full", addrs, "", "", &out);
+  snprintf(extra, sizeof extra, "--save-checkpoint %s/full --checkpoint-every 1", dir);
+  int rc = train("full", addrs, extra, &out);
   ck_assert_msg(rc == 0, "uninterrupted run failed: %s", out);
   free(out);
   server_stop(&sa[0]);
   server_stop(&sa[1]);
-  /* Rank 1 dies after the step-K checkpoint. */
+  /* Rank 1 is killed once rank 0 has printed step K (its step-K
+   * checkpoint is complete by then: the print follows it). */
   start_servers(sb, "dead", addrs, sizeof addrs);
-  char extra[800];
-  snprintf(extra, sizeof extra, "--save-checkpoint %s/ck --checkpoint-every %d", dir, K);
-  char env[64];
-  snprintf(env, sizeof env, "SHARDREC_TEST_DIE=1:%d", K);
+  snprintf(extra, sizeof extra, "--save-checkpoint %s/ck --checkpoint-every %d > dead.out 2>&1",
+           dir, K);
+  train_cmd(cmd, sizeof cmd, "dead", addrs, extra);
+  pid_t job = spawn_sh("%s", cmd);
+  pid_t r1 = mpi_rank_pid(job, 1, 120);
+  char dead_out[700], want[64];
+  snprintf(dead_out, sizeof dead_out, "%s/dead.out", dir);
+  snprintf(want, sizeof want, "train  step %d/%d ", K, STEPS);
+  wait_text(dead_out, want, 1, job, 120);
+  ck_assert_int_eq(kill(r1, SIGKILL), 0);
   double t0 = test_now();
-  rc = train("dead", addrs, env, extra, &out);
+  int st = wait_exit(job, 120);
   double secs = test_now() - t0;
-  ck_assert_msg(rc != 0, "the job went on without rank 1: %s", out);
+  out = slurp(dead_out);
+  ck_assert_msg(st != -1, "the job did not stop within 120 s of rank 1's death:\n%s", out);
+  ck_assert_msg(!WIFEXITED(st) || WEXITSTATUS(st) != 0, "the job went on without rank 1: %s",
+                out);
   ck_assert_msg(secs < 60, "the job took %.0f s to stop", secs);
   ck_assert_msg(strstr(out, "rank 1") != NULL, "the dead rank is not named:\n%s", out);
-  fprintf(stderr, "rank death end to end: the job stopped %.1f s after start (exit %d)\n", secs,
-          rc);
+  snprintf(want, sizeof want, "train  step %d/%d ", STEPS, STEPS);
+  ck_assert_msg(!strstr(out, want), "the job finished without rank 1:\n%s", out);
+  const int last = last_printed(out);
+  snprintf(path, sizeof path, "%s/ck", dir);
+  const int n = newest_ckpt(path);
+  fprintf(stderr, "rank death end to end: the job stopped %.1f s after the kill (wait status %d); "
+          "last step printed %d, newest checkpoint step-%d\n", secs, st, last, n);
+  ck_assert_msg(n >= K && n <= last, "newest checkpoint step-%d, last printed step %d", n, last);
   free(out);
   /* Both servers dropped the job; nothing is held. */
   for (int k = 0; k < 2; k++) {
@@ -231,32 +339,11 @@ START_TEST(test_rank_dies_job_stops_servers_drop_resume) {
             (unsigned long long)a->jobs);
     shardrec__v1__stats_response__free_unpacked(a, NULL);
   }
-  /* Their rows are the step-K checkpoint's. */
-  char err[512], path[800], fp[EMB_FP_HEX];
-  emb_plan *plan;
-  snprintf(path, sizeof path, "%s/p.json", dir);
-  ck_assert_msg(emb_plan_load(path, &plan, err, sizeof err) == 0, "%s", err);
-  ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
-  snprintf(path, sizeof path, "%s/after", dir);
-  int compared = 0;
-  for (int k = 0; k < 2; k++) {
-    checkpoint(sb[k].addr, fp, path);
-    char a_dir[900], b_dir[900], what[64];
-    snprintf(a_dir, sizeof a_dir, "%s/ck/step-%d/shards/shard-%d", dir, K, k);
-    snprintf(b_dir, sizeof b_dir, "%s/after/shard-%d", dir, k);
-    rowset ra, rb;
-    load_rows(plan, a_dir, &ra);
-    load_rows(plan, b_dir, &rb);
-    snprintf(what, sizeof what, "shard %d", k);
-    ck_assert_msg(ra.n > 0, "%s: the checkpoint holds no rows", what);
-    compared += same_rows(plan, &ra, &rb, what);
-    rows_free(&ra);
-    rows_free(&rb);
-  }
-  emb_plan_free(plan);
+  /* Their rows are the uninterrupted run's after one whole step M. */
+  servers_whole_step(sb, n, last + 1 < STEPS ? last + 1 : STEPS);
   /* Resumed on the same servers: the uninterrupted run's losses, bit for bit. */
-  snprintf(extra, sizeof extra, "--resume %s/ck/step-%d", dir, K);
-  rc = train("resumed", addrs, "", extra, &out);
+  snprintf(extra, sizeof extra, "--resume %s/ck/step-%d", dir, n);
+  rc = train("resumed", addrs, extra, &out);
   ck_assert_msg(rc == 0, "resumed run failed: %s", out);
   free(out);
   server_stop(&sb[0]);
@@ -265,10 +352,9 @@ START_TEST(test_rank_dies_job_stops_servers_drop_resume) {
   int nf = losses("full", lf, 64), nr = losses("resumed", lr, 64);
   ck_assert_int_eq(nf, STEPS);
   ck_assert_int_eq(nr, STEPS);
-  for (int s = K + 1; s <= STEPS; s++)
+  for (int s = n + 1; s <= STEPS; s++)
     ck_assert_msg(lr[s][0] && !strcmp(lf[s], lr[s]), "step %d: resumed %s, uninterrupted %s", s,
                   lr[s], lf[s]);
-  fprintf(stderr, "rows compared with the step-%d checkpoint: %d\n", K, compared);
 }
 END_TEST
 

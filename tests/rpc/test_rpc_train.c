@@ -144,31 +144,29 @@ static void kill9(test_server *s) {
   s->pid = 0;
 }
 
-static void wait_file(const char *name, double secs) {
-  char path[600];
+/* dir/name, in a static buffer (one at a time). */
+static const char *at(const char *name) {
+  static char path[600];
   snprintf(path, sizeof path, "%s/%s", dir, name);
-  double t0 = test_now();
-  while (access(path, F_OK) != 0) {
-    ck_assert_msg(test_now() - t0 < secs, "%s did not appear in %.0f s", path, secs);
-    usleep(20000);
-  }
+  return path;
 }
 
-static void touch(const char *name) {
-  char path[600];
-  snprintf(path, sizeof path, "%s/%s", dir, name);
-  FILE *f = fopen(path, "w");
-  ck_assert_ptr_nonnull(f);
-  fclose(f);
+/* Whether text is on the line that starts at line. */
+static int in_line(const char *line, const char *text) {
+  const char *p = strstr(line, text), *end = strchr(line, '\n');
+  return p && (!end || p < end);
 }
 
 /* Automatic recovery: training against 3 servers with a checkpoint every 10
- * steps. After step 15 (the trainer paused by its test hook) server 1 is
- * SIGKILLed and restarted at once on the same data dir and port: the
- * trainer sees the new incarnation. After step 27 server 2 is SIGKILLed and
- * restarted only 8 s later: the trainer's calls end UNAVAILABLE and it
- * waits for the server. Both times it restores every server and itself from
- * the newest checkpoint (step 10, then 20) and carries on; the last
+ * steps, acted on from outside. Once the trainer has printed step 14 it is
+ * stopped (SIGSTOP, so it stays where it is), server 1 is SIGKILLed and
+ * restarted on the same data dir and port, and the trainer continued: it
+ * sees the new incarnation. Once it has printed step 24, server 2 is
+ * SIGKILLed and restarted only when the trainer says it is restoring the
+ * servers and waiting for them: its calls to server 2 ended UNAVAILABLE.
+ * Both times it restores every server and itself from the newest
+ * checkpoint (step 10, then 20: the stop lands within a step or two of the
+ * printed step, six steps before the next checkpoint) and carries on; the last
  * occurrence of each step's loss equals the uninterrupted run's, bit for
  * bit. */
 START_TEST(test_server_kill_recovers) {
@@ -177,47 +175,41 @@ START_TEST(test_server_kill_recovers) {
   for (int k = 0; k < 3; k++) start_one(&s[k], k, "p3r.json", NULL);
   char list[256];
   addr_list(s, 3, list, sizeof list);
-  char cmd[4096];
-  snprintf(cmd, sizeof cmd,
-           "cd '%s' && SHARDREC_TEST_PAUSE='%s/pause:15,27' exec '%s' train --processed-data-file "
-           "d.bin --num-batches 40 --print-freq 1 --mini-batch-size 64 --optimizer adagrad "
-           "--learning-rate 0.01 --sparse-learning-rate 0.1 --plan p3r.json --metrics-out rec.jsonl "
-           "--shard-servers %s --save-checkpoint ck --checkpoint-every 10 --recover-timeout 60 "
-           "--rpc-deadline 30 > rec.out 2>&1",
-           dir, dir, bin_path(), list);
-  pid_t tr = fork();
-  ck_assert_int_ge(tr, 0);
-  if (tr == 0) {
-    execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-    _exit(127);
-  }
-  char port[3][16];
+  pid_t tr = spawn_sh("cd '%s' && exec '%s' train --processed-data-file d.bin --num-batches 40 "
+                      "--print-freq 1 --mini-batch-size 64 --optimizer adagrad --learning-rate 0.01 "
+                      "--sparse-learning-rate 0.1 --plan p3r.json --metrics-out rec.jsonl "
+                      "--shard-servers %s --save-checkpoint ck --checkpoint-every 10 "
+                      "--recover-timeout 60 --rpc-deadline 30 > rec.out 2>&1",
+                      dir, bin_path(), list);
+  char port[3][16], log_path[600];
   for (int k = 0; k < 3; k++) snprintf(port[k], sizeof port[k], "%s", strrchr(s[k].addr, ':') + 1);
-  wait_file("pause-15.wait", 240);
+  snprintf(log_path, sizeof log_path, "%s", at("rec.out"));
+  /* stdout is flushed at every printed step; the metrics file is not. */
+  wait_text(log_path, "train  step 14/40 ", 1, tr, 240);
+  ck_assert_int_eq(kill(tr, SIGSTOP), 0);
   kill9(&s[1]);
   start_one(&s[1], 1, "p3r.json", port[1]);
-  touch("pause-15.go");
-  wait_file("pause-27.wait", 240);
+  ck_assert_int_eq(kill(tr, SIGCONT), 0);
+  /* Step 24 comes after the first recovery (steps from 11 on run again). */
+  wait_text(log_path, "train  step 24/40 ", 1, tr, 240);
+  ck_assert_int_eq(kill(tr, SIGSTOP), 0);
   kill9(&s[2]);
-  touch("pause-27.go");
-  usleep(8 * 1000 * 1000);
+  ck_assert_int_eq(kill(tr, SIGCONT), 0);
+  wait_text(log_path, "restoring every shard server from ", 2, tr, 240);
   start_one(&s[2], 2, "p3r.json", port[2]);
-  int st = 0;
-  double t0 = test_now();
-  pid_t got;
-  while ((got = waitpid(tr, &st, WNOHANG)) == 0 && test_now() - t0 < 400) usleep(20000);
-  if (got == 0) {
-    kill(tr, SIGKILL);
-    waitpid(tr, &st, 0);
-  }
+  int st = wait_exit(tr, 400);
   for (int k = 0; k < 3; k++) ck_assert_int_eq(server_stop(&s[k]), 0);
-  char path[600];
-  snprintf(path, sizeof path, "%s/rec.out", dir);
-  char *log = slurp(path);
-  ck_assert_msg(got == tr && WIFEXITED(st) && WEXITSTATUS(st) == 0, "train failed:\n%s", log);
-  ck_assert_msg(strstr(log, "recovered from ") && strstr(log, "ck/step-10 after: ") &&
-                    strstr(log, "ck/step-20 after: ") && strstr(log, "restarted (incarnation"),
-                "%s", log);
+  char *log = slurp(log_path);
+  ck_assert_msg(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "train failed:\n%s", log);
+  /* The first recovery is the restart seen; the second the calls that
+   * failed while server 2 was down, naming it. */
+  const char *r1 = strstr(log, "recovered from ck/step-10 after: ");
+  const char *r2 = r1 ? strstr(r1, "recovered from ck/step-20 after: ") : NULL;
+  ck_assert_msg(r1 && r2, "%s", log);
+  ck_assert_msg(in_line(r1, "restarted (incarnation") && in_line(r1, s[1].addr),
+                "the first recovery is not the restart of server 1 (%s):\n%s", s[1].addr, log);
+  ck_assert_msg(in_line(r2, "UNAVAILABLE") && in_line(r2, s[2].addr),
+                "the second recovery is not server 2 (%s) unavailable:\n%s", s[2].addr, log);
   free(log);
   /* The final occurrence of each step, in step order. */
   char *out;
@@ -238,35 +230,31 @@ START_TEST(test_server_kill_recovers) {
 }
 END_TEST
 
-/* Without a checkpoint a lost server ends the run with its name. */
+/* Without a checkpoint a lost server ends the run with its name: once the
+ * trainer has printed step 3 it is stopped, its server SIGKILLed and
+ * restarted on the same port, and the trainer continued; it sees the
+ * restart and stops. */
 START_TEST(test_server_lost_without_checkpoint) {
   test_server s[1];
   start_one(&s[0], 0, "p1.json", NULL);
-  char cmd[4096];
-  snprintf(cmd, sizeof cmd,
-           "cd '%s' && SHARDREC_TEST_PAUSE='%s/pause:3' exec '%s' train --processed-data-file "
-           "d.bin --num-batches 6 --plan p1.json --shard-servers %s > nock.out 2>&1",
-           dir, dir, bin_path(), s[0].addr);
-  pid_t tr = fork();
-  ck_assert_int_ge(tr, 0);
-  if (tr == 0) {
-    execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-    _exit(127);
-  }
-  char port[16];
+  /* 40 steps: far more than can run between the printed step 3 and the stop. */
+  pid_t tr = spawn_sh("cd '%s' && exec '%s' train --processed-data-file d.bin --num-batches 40 "
+                      "--print-freq 1 --plan p1.json --shard-servers %s > nock.out 2>&1",
+                      dir, bin_path(), s[0].addr);
+  char port[16], log_path[600];
   snprintf(port, sizeof port, "%s", strrchr(s[0].addr, ':') + 1);
-  wait_file("pause-3.wait", 240);
+  snprintf(log_path, sizeof log_path, "%s", at("nock.out"));
+  wait_text(log_path, "train  step 3/40 ", 1, tr, 240);
+  ck_assert_int_eq(kill(tr, SIGSTOP), 0);
   kill9(&s[0]);
   start_one(&s[0], 0, "p1.json", port);
-  touch("pause-3.go");
-  int st = 0;
-  waitpid(tr, &st, 0);
+  ck_assert_int_eq(kill(tr, SIGCONT), 0);
+  int st = wait_exit(tr, 400);
   ck_assert_int_eq(server_stop(&s[0]), 0);
-  char path[600];
-  snprintf(path, sizeof path, "%s/nock.out", dir);
-  char *log = slurp(path);
-  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1 && strstr(log, s[0].addr) &&
-                    strstr(log, "restarted") && strstr(log, "no checkpoint to recover from"),
+  char *log = slurp(log_path);
+  ck_assert_msg(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 1 && strstr(log, s[0].addr) &&
+                    strstr(log, "restarted") && strstr(log, "no checkpoint to recover from") &&
+                    !strstr(log, "train  step 40/40"),
                 "%s", log);
   free(log);
 }

@@ -1,7 +1,7 @@
 /* Quality on the synthetic set: one epoch on generated rows reaches the
  * oracle (the generator's true click probabilities) within a tolerance, on
- * the same test lines. ROWS (default 300000) and TOL (default 0.02) can be
- * set in the environment for the full-size run. */
+ * the same test lines. QUALITY_ROWS (default 300000) and QUALITY_TOL
+ * (default 0.02) can be set in the environment for the full-size run. */
 #include <check.h>
 
 #include "tests/check_main.h"
