@@ -567,6 +567,7 @@ static void progress(train_job *j, float loss, float lr) {
             "{\"kind\":\"train\",\"step\":%lld,\"epoch\":%d,\"loss\":%.9g,\"last_loss\":%.9g,"
             "\"lr\":%.9g,\"samples_per_s\":%.1f}\n",
             (long long)cur->step, cur->epoch, mean, loss, lr, rate);
+  if (j->metrics) fflush(j->metrics); /* a reader (a test, a dashboard) sees each line at once */
   fflush(stdout);
   cur->loss_sum = 0;
   cur->loss_n = 0;
