@@ -14,7 +14,7 @@
 
 #include "common/status.h"
 #include "rpc/health.pb-c.h"
-#include "rpc/rpc.h"
+#include "rpc/service.h"
 #include "rpc/shardrec.pb-c.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -230,6 +230,8 @@ void rpc_service_destroy(rpc_service *s) {
   free(s->shards);
   free(s);
 }
+
+uint64_t rpc_service_incarnation(const rpc_service *s) { return s->incarnation; }
 
 int rpc_service_flush(rpc_service *s) {
   pthread_mutex_lock(&s->mu);
@@ -1094,7 +1096,7 @@ out:
   if (rq) shardrec__v1__restore_request__free_unpacked(rq, NULL);
 }
 
-/* Watch: park until the rank detaches (rpc.h, "Rank death"); detach:
+/* Watch: park until the rank detaches (rpc/service.h, "Rank death"); detach:
  * release the rank's parked Watch and answer at once. */
 static void do_watch(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r, void *token,
                      double timeout_s) {

@@ -20,7 +20,7 @@
 #include "common/sys.h"
 #include "datasets/source.h"
 #include "dense/metrics.h"
-#include "rpc/rpc.h"
+#include "rpc/client.h"
 #include "tools/train/checkpoint.h"
 #include "embedding/ckpt_store.h"
 #include "tools/cli.h"

@@ -28,7 +28,7 @@
 #include "dense/optim.h"
 #include "embedding/plan.h"
 #include "embedding/store.h"
-#include "rpc/rpc.h"
+#include "rpc/client.h"
 #include "tools/train/checkpoint.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"

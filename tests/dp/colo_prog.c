@@ -25,7 +25,7 @@
 #include <mpi.h>
 
 #include "embedding/plan.h"
-#include "rpc/rpc.h"
+#include "rpc/client.h"
 #include "rpc/shardrec.pb-c.h"
 #include "tools/train/colocate.h"
 

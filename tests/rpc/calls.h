@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "embedding/plan.h"
-#include "rpc/rpc.h"
+#include "rpc/client.h"
 #include "rpc/shardrec.pb-c.h"
 #include "tests/rpc/server.h"
 
