@@ -605,6 +605,8 @@ static void do_stats(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r
   resp.dropped_steps = cs.dropped_steps;
   resp.jobs = cs.jobs;
   resp.dropped_jobs = cs.dropped_jobs;
+  resp.parked_lookups = cs.parked_lookups;
+  resp.parked_watches = cs.parked_watches;
   if (rc) FAIL(r, RPC_INTERNAL, "stats: %s", emb_store_errmsg(s->store));
   resp.rows = st.rows;
   resp.bytes = st.bytes;

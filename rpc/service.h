@@ -138,7 +138,8 @@ void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t 
  * later call of that job id is refused ABORTED with the same message (after
  * a Restore the job id is forgotten instead). Steps already applied stay
  * applied; a new job id (a resumed run) starts afresh. Stats reports
- * pending_pushes, dropped_steps, jobs and dropped_jobs. Which of a dying
+ * pending_pushes, dropped_steps, jobs and dropped_jobs, and the calls
+ * parked now (parked_lookups, parked_watches). Which of a dying
  * rank's peers' pushes of the step were already held when its death was
  * heard is a race (a peer's push that comes after is refused ABORTED), so
  * dropped_steps may be 0 or 1 for the same death; dropped_jobs is 1. */
