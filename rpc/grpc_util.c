@@ -1,9 +1,12 @@
-/* Byte buffers, deadlines and TLS credentials for the server and client. */
+/* Byte buffers, deadlines and TLS credentials for the server and client,
+ * and the process-wide set-up both call (rpc/client.h). */
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/status.h"
+#include "rpc/client.h"
 #include "rpc/grpc_util.h"
 
 int rpc__bb_read(grpc_byte_buffer *bb, uint8_t **out, size_t *len) {
@@ -107,3 +110,15 @@ grpc_channel_credentials *rpc__channel_creds(const rpc_tls *tls, char *err, size
   free(ca);
   return c;
 }
+
+void rpc_global_init(void) { grpc_init(); }
+
+void rpc_malloc_tune(void) {
+#ifdef M_MMAP_THRESHOLD
+  static int done;
+  if (__atomic_exchange_n(&done, 1, __ATOMIC_SEQ_CST)) return;
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+#endif
+}
+void rpc_global_shutdown(void) { grpc_shutdown(); }

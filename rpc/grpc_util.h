@@ -9,7 +9,7 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
-#include "rpc/rpc.h"
+#include "rpc/tls.h"
 
 /* Copy a received byte buffer (maybe several slices, maybe compressed) into
  * a malloc'd array. Returns 0, or -1 when out of memory. NULL bb: empty. */

@@ -6,7 +6,7 @@
  * into the caller's buffers. Lookups have a queue (lane) of their own, so a
  * Lookup of step t+1 may stay in flight while push() of step t runs
  * (prefetch; the servers may hold that Lookup until the push is in). Every
- * header carries rank, world size and max_staleness (rpc.h). Every attempt has its own deadline; a call that
+ * header carries rank, world size and max_staleness (rpc/service.h). Every attempt has its own deadline; a call that
  * ends UNAVAILABLE (server down, restarting, connection refused) is tried
  * again after a backoff (doubling, at most 1 s), on the same channel, which
  * reconnects by itself. When the tries run out the error names the shard
@@ -20,6 +20,7 @@
 
 #include "common/rng.h"
 #include "common/status.h"
+#include "rpc/client.h"
 #include "rpc/grpc_util.h"
 #include "rpc/shardrec.pb-c.h"
 
@@ -82,7 +83,7 @@ typedef struct {
   lane lk;  /* the lookup in flight */
   lane mn;  /* push, checkpoint, restore, stats */
   /* Multi-rank: one Watch per server, held open until destroy detaches
-   * (rpc.h, "Rank death"); their completions wait on wcq until then. */
+   * (rpc/service.h, "Rank death"); their completions wait on wcq until then. */
   grpc_completion_queue *wcq;
   pcall *watch; /* [n_watch] */
   int n_watch;
@@ -806,7 +807,7 @@ static int lane_init(lane *L, int n_tables, int n_servers) {
 }
 
 /* A Lookup in flight is waited for (not cancelled: to the servers a
- * cancelled held Lookup means this rank went away, rpc.h "Rank death"). */
+ * cancelled held Lookup means this rank went away, rpc/service.h, "Rank death"). */
 static void r_destroy(emb_store *b) {
   rstore *s = (rstore *)b;
   if (s->lookup_pending) r_lookup_wait(b);

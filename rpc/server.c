@@ -8,7 +8,7 @@
  * one batch of SEND_INITIAL_METADATA, SEND_MESSAGE, SEND_STATUS_FROM_SERVER,
  * RECV_CLOSE_ON_SERVER. The request is re-armed before the call is handled.
  * Exception: a Lookup of a multi-rank job held until its previous step is
- * applied (rpc.h), and a rank's Watch, are parked in the service with
+ * applied (rpc/service.h), and a rank's Watch, are parked in the service with
  * their call; after each call
  * and every 50 ms poll, a worker answers the parked calls the service hands
  * back (grpc batches may be started from any thread; the batch completes on
@@ -27,7 +27,6 @@
  * own while the workers still poll; after the grace period
  * grpc_server_cancel_all_calls; once notified, each worker shuts down its
  * own queue when it holds no live tag and drains it; join; destroy. */
-#include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -36,7 +35,9 @@
 #include <time.h>
 
 #include "common/status.h"
+#include "rpc/client.h"
 #include "rpc/grpc_util.h"
+#include "rpc/server.h"
 
 typedef enum { TAG_REQUEST = 1, TAG_GENERIC, TAG_REPLY, TAG_CLOSE } tag_kind;
 
@@ -416,15 +417,3 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
   rpc_global_shutdown();
   return rc;
 }
-
-void rpc_global_init(void) { grpc_init(); }
-
-void rpc_malloc_tune(void) {
-#ifdef M_MMAP_THRESHOLD
-  static int done;
-  if (__atomic_exchange_n(&done, 1, __ATOMIC_SEQ_CST)) return;
-  mallopt(M_MMAP_THRESHOLD, 64 << 20);
-  mallopt(M_TRIM_THRESHOLD, 256 << 20);
-#endif
-}
-void rpc_global_shutdown(void) { grpc_shutdown(); }

@@ -17,7 +17,8 @@
 
 #include "embedding/served.h"
 #include "embedding/shard.h"
-#include "rpc/rpc.h"
+#include "rpc/server.h"
+#include "rpc/service.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
 

@@ -26,7 +26,7 @@
 
 #include "dense/collective.h"
 #include "embedding/plan.h"
-#include "rpc/rpc.h"
+#include "rpc/client.h"
 #include "rpc/shardrec.pb-c.h"
 #include "tools/train/colocate.h"
 

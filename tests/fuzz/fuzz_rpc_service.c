@@ -20,7 +20,7 @@
 
 #include "embedding/plan.h"
 #include "embedding/store.h"
-#include "rpc/rpc.h"
+#include "rpc/service.h"
 #include "rpc/shardrec.pb-c.h"
 
 static emb_plan *plan;

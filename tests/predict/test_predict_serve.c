@@ -11,7 +11,7 @@
 
 #include "embedding/plan.h"
 #include "embedding/store.h"
-#include "rpc/rpc.h"
+#include "rpc/client.h"
 #include "tests/check_main.h"
 #include "tests/predict/common.h"
 #include "tests/rpc/server.h"

@@ -5,7 +5,8 @@
  * its own copy and a test that uses only part of it must not warn (hence
  * the unused attribute).
  *
- * It also holds the fixture halves and the suite shape the three share.
+ * It also holds Stats and the wait for parked calls, the fixture halves and
+ * the suite shape the three share.
  *
  * Every failed check is a Check assertion (ck_assert_*): use these from a
  * test (or its fixture), not from a forked child that must _exit. */
@@ -18,7 +19,7 @@
 #include <string.h>
 
 #include "embedding/plan.h"
-#include "rpc/rpc.h"
+#include "rpc/client.h"
 #include "rpc/shardrec.pb-c.h"
 #include "tests/rpc/server.h"
 
@@ -146,6 +147,41 @@ static CALLS_UNUSED int calls_lookup(const char *addr, uint8_t *req, size_t len,
   }
   free(resp);
   return st;
+}
+
+/* addr's Stats (which must answer OK), unpacked: the caller frees it with
+ * shardrec__v1__stats_response__free_unpacked. */
+static CALLS_UNUSED Shardrec__V1__StatsResponse *calls_stats(const char *addr) {
+  Shardrec__V1__StatsRequest q = SHARDREC__V1__STATS_REQUEST__INIT;
+  uint8_t b[8], *resp = NULL;
+  size_t len = shardrec__v1__stats_request__pack(&q, b), rlen = 0;
+  char msg[256];
+  int st = rpc_call_once(addr, NULL, RPC_STATS, b, len, 10, &resp, &rlen, msg, sizeof msg);
+  ck_assert_msg(st == RPC_OK, "stats: %d %s", st, msg);
+  Shardrec__V1__StatsResponse *a = shardrec__v1__stats_response__unpack(NULL, rlen, resp);
+  ck_assert_ptr_nonnull(a);
+  free(resp);
+  return a;
+}
+
+/* Wait until addr's Stats shows at least lookups parked Lookups and
+ * watches parked Watches: the server holds those calls. Polls; fails only
+ * when they are not all parked within timeout_s (a generous bound: an
+ * event the test waits for, not a time it measures). */
+static CALLS_UNUSED void calls_wait_parked(const char *addr, uint64_t lookups, uint64_t watches,
+                                           double timeout_s) {
+  double t0 = test_now();
+  for (;;) {
+    Shardrec__V1__StatsResponse *a = calls_stats(addr);
+    uint64_t l = a->parked_lookups, w = a->parked_watches;
+    shardrec__v1__stats_response__free_unpacked(a, NULL);
+    if (l >= lookups && w >= watches) return;
+    ck_assert_msg(test_now() - t0 < timeout_s,
+                  "%s: %llu Lookup(s) and %llu Watch(es) parked after %.0f s; want %llu and %llu",
+                  addr, (unsigned long long)l, (unsigned long long)w, timeout_s,
+                  (unsigned long long)lookups, (unsigned long long)watches);
+    usleep(10 * 1000);
+  }
 }
 
 /* A fixture's first half: a fresh temp folder (*dir, malloc'd),

@@ -1,4 +1,4 @@
-/* Async mode and rank death at the shard server (rpc.h, "Multi-rank jobs",
+/* Async mode and rank death at the shard server (rpc/service.h, "Multi-rank jobs",
  * "Rank death"), against a real `shardrec serve` on loopback and, for the
  * timeout and Restore paths, the service in process.
  *
@@ -18,7 +18,12 @@
  *     refused, and a new job on the same server runs.
  *   pending timeout and Restore (service in process).
  *   remote store prefetch: Lookup of t+1 in flight while push of t runs, in
- *     sync and async mode, rows of each step checked. */
+ *     sync and async mode, rows of each step checked.
+ * A held call is an event the test sees before it checks that the call was
+ * not answered: the server's Stats shows it parked (parked_lookups,
+ * parked_watches), or the service in process answers RPC_PARKED. No time
+ * bound: a Lookup that wrongly waits ends DEADLINE_EXCEEDED, one that is
+ * wrongly served shows the wrong rows or status. */
 #include <check.h>
 
 #include "tests/check_main.h"
@@ -28,7 +33,8 @@
 
 #include "embedding/plan.h"
 #include "embedding/store.h"
-#include "rpc/rpc.h"
+#include "rpc/client.h"
+#include "rpc/service.h"
 #include "rpc/shardrec.pb-c.h"
 #include "tests/rpc/calls.h"
 #include "tests/rpc/server.h"
@@ -193,15 +199,12 @@ typedef struct {
   int status;
   char msg[512];
   _Atomic int done;
-  double secs;
 } bg_lookup;
 
 static void *bg_main(void *arg) {
   bg_lookup *b = arg;
-  double t0 = test_now();
   b->status = lookup(b->job, b->step, b->rank, b->world, b->stale, b->ids, 3, b->deadline, b->rows,
                      b->msg, sizeof b->msg);
-  b->secs = test_now() - t0;
   b->done = 1;
   return NULL;
 }
@@ -211,17 +214,21 @@ typedef struct {
 } svc_stats;
 
 static svc_stats stats(void) {
-  Shardrec__V1__StatsRequest q = SHARDREC__V1__STATS_REQUEST__INIT;
-  uint8_t b[8], *resp = NULL;
-  size_t len = shardrec__v1__stats_request__pack(&q, b), rlen;
-  char msg[256];
-  int st = rpc_call_once(srv.addr, NULL, RPC_STATS, b, len, 10, &resp, &rlen, msg, sizeof msg);
-  ck_assert_msg(st == RPC_OK, "stats: %d %s", st, msg);
-  Shardrec__V1__StatsResponse *a = shardrec__v1__stats_response__unpack(NULL, rlen, resp);
-  ck_assert_ptr_nonnull(a);
+  Shardrec__V1__StatsResponse *a = calls_stats(srv.addr);
   svc_stats s = {a->pending_pushes, a->dropped_steps, a->jobs, a->dropped_jobs};
   shardrec__v1__stats_response__free_unpacked(a, NULL);
-  free(resp);
+  return s;
+}
+
+/* Poll Stats until dropped_steps >= 1 (the server heard of a rank's death);
+ * fails only when it never does within 60 s. */
+static svc_stats wait_dropped(void) {
+  double t0 = test_now();
+  svc_stats s;
+  while ((s = stats()).dropped_steps < 1) {
+    ck_assert_msg(test_now() - t0 < 60, "no step dropped 60 s after the kill");
+    usleep(20 * 1000);
+  }
   return s;
 }
 
@@ -233,11 +240,10 @@ START_TEST(test_staleness_bound) {
   for (int64_t t = 0; t <= k + S; t++) {
     for (int r = 0; r < W; r++) {
       if (r == 2 && t > k) continue;
-      /* Every rank's push of t-S is in (t <= k+S): answered at once. */
-      double t0 = test_now();
-      int st = lookup("a3", t, r, W, S, ids, 3, 5, rows, msg, sizeof msg);
+      /* Every rank's push of t-S is in (t <= k+S): answered at once (one
+       * held instead would end DEADLINE_EXCEEDED: nobody else pushes). */
+      int st = lookup("a3", t, r, W, S, ids, 3, 10, rows, msg, sizeof msg);
       ck_assert_msg(st == RPC_OK, "lookup step %lld rank %d: %d %s", (long long)t, r, st, msg);
-      ck_assert_msg(test_now() - t0 < 2, "lookup step %lld rank %d waited", (long long)t, r);
       assert_rows(rows, ids, 3, "lookup within the bound");
       push_ok("a3", t, r, W, S);
       apply_push(r, t); /* applied on arrival, not at the step's end */
@@ -260,10 +266,10 @@ START_TEST(test_staleness_bound) {
   for (int r = 0; r < 2; r++) {
     memset(&b[r], 0, sizeof b[r]);
     b[r] = (bg_lookup){.job = "a3", .step = k + S + 1, .rank = r, .world = W, .stale = S,
-                       .deadline = 20, .ids = {10, 12, 50}};
+                       .deadline = 60, .ids = {10, 12, 50}};
     ck_assert_int_eq(pthread_create(&th[r], NULL, bg_main, &b[r]), 0);
   }
-  usleep(500 * 1000);
+  calls_wait_parked(srv.addr, 2, 0, 60); /* the server holds both */
   for (int r = 0; r < 2; r++)
     ck_assert_msg(!b[r].done, "rank %d's lookup of step %d did not wait for rank 2: %d %s", r,
                   k + S + 1, b[r].status, b[r].msg);
@@ -272,7 +278,6 @@ START_TEST(test_staleness_bound) {
   for (int r = 0; r < 2; r++) {
     ck_assert_int_eq(pthread_join(th[r], NULL), 0);
     ck_assert_msg(b[r].status == RPC_OK, "rank %d: %d %s", r, b[r].status, b[r].msg);
-    ck_assert_msg(b[r].secs >= 0.45 && b[r].secs < 10, "rank %d waited %.2f s", r, b[r].secs);
     assert_rows(b[r].rows, b[r].ids, 3, "the held lookup sees rank 2's push");
   }
   /* The bound moves with the slowest rank: step k+S+2 needs its push of k+2. */
@@ -362,7 +367,7 @@ START_TEST(test_rank_death) {
   ck_assert_int_eq(pthread_create(&th, NULL, bg_main, &b), 0);
   ck_assert_int_eq(write(go[1], "x", 1), 1);
   close(go[1]);
-  usleep(600 * 1000);
+  calls_wait_parked(srv.addr, 2, 0, 60); /* rank 0's and rank 1's */
   int wst;
   ck_assert_msg(waitpid(child, &wst, WNOHANG) == 0, "rank 0's lookup of step 2 did not wait");
   ck_assert(!b.done);
@@ -370,23 +375,16 @@ START_TEST(test_rank_death) {
   double t0 = test_now();
   kill(child, SIGKILL);
   waitpid(child, &wst, 0);
-  double waited = 0;
-  for (;;) {
-    s = stats();
-    if (s.dropped_steps >= 1 || test_now() - t0 > 10) break;
-    usleep(20 * 1000);
-  }
-  waited = test_now() - t0;
-  ck_assert_msg(s.dropped_steps == 1, "dropped_steps %llu after %.1f s",
-                (unsigned long long)s.dropped_steps, waited);
+  s = wait_dropped();
+  double waited = test_now() - t0;
+  ck_assert_msg(s.dropped_steps == 1, "dropped_steps %llu", (unsigned long long)s.dropped_steps);
   ck_assert_uint_eq(s.pending_pushes, 0);
   ck_assert_uint_eq(s.dropped_jobs, 1);
   ck_assert_int_eq(pthread_join(th, NULL), 0);
   ck_assert_msg(b.status == RPC_ABORTED, "rank 1's held lookup: %d %s", b.status, b.msg);
   ck_assert_msg(strstr(b.msg, "rank 0 went away") && strstr(b.msg, "step 1") &&
                     strstr(b.msg, "rank(s) 1") && strstr(b.msg, "held pushes were dropped"),
-                "%s", b.msg);
-  ck_assert_msg(b.secs < 5, "rank 1's lookup was answered after %.1f s", b.secs);
+                "%s", b.msg); /* ABORTED, not its deadline's DEADLINE_EXCEEDED */
   check_rows("after the drop: step 0 only, nothing of step 1");
   /* The job is over: its late push is refused and changes nothing. */
   uint64_t rid[1] = {11};
@@ -457,19 +455,15 @@ START_TEST(test_rank_death_watch) {
   check_rows("step 0 applied, step 1 held");
   svc_stats s = stats();
   ck_assert_uint_eq(s.pending_pushes, 1);
+  calls_wait_parked(srv.addr, 0, 1, 60); /* rank 1's Watch is held: its death will be heard */
   double t0 = test_now();
   kill(child, SIGKILL);
   int wst;
   waitpid(child, &wst, 0);
   close(go[1]);
-  for (;;) {
-    s = stats();
-    if (s.dropped_steps >= 1 || test_now() - t0 > 10) break;
-    usleep(20 * 1000);
-  }
+  s = wait_dropped();
   double waited = test_now() - t0;
-  ck_assert_msg(s.dropped_steps == 1, "dropped_steps %llu after %.1f s",
-                (unsigned long long)s.dropped_steps, waited);
+  ck_assert_msg(s.dropped_steps == 1, "dropped_steps %llu", (unsigned long long)s.dropped_steps);
   ck_assert_uint_eq(s.pending_pushes, 0);
   ck_assert_uint_eq(s.dropped_jobs, 1);
   check_rows("after the drop: nothing of step 1");
@@ -556,17 +550,18 @@ START_TEST(test_pending_timeout_and_restore) {
   size_t len;
   rpc_reply r;
   /* Timeout: rank 0 pushes step 0 of a 2-rank sync job, its Lookup of
-   * step 1 is parked, rank 1 never comes. */
+   * step 1 is parked, rank 1 never comes. t0 is before the push (the job's
+   * last progress), so the drop comes 0.3 s after t0 at the earliest. */
+  double t0 = test_now();
   handle(svc, RPC_PUSH, pack_push("t1", 0, 0, 2, 0, ids, 2, g, &len), &len, NULL, &r);
   ck_assert_msg(r.status == RPC_OK, "%s", r.msg);
   free(r.out);
   int tok1;
-  double t0 = test_now();
   handle(svc, RPC_LOOKUP, pack_lookup("t1", 1, 0, 2, 0, ids, 2, &len), &len, &tok1, &r);
   ck_assert_int_eq(r.status, RPC_PARKED);
   rpc_woken wk[4];
   int n = 0;
-  while (n == 0 && test_now() - t0 < 10) {
+  while (n == 0 && test_now() - t0 < 60) {
     n = rpc_service_take_woken(svc, wk, 4);
     if (!n) usleep(10 * 1000);
   }
@@ -576,7 +571,7 @@ START_TEST(test_pending_timeout_and_restore) {
   ck_assert_msg(wk[0].r.status == RPC_ABORTED && strstr(wk[0].r.msg, "no progress") &&
                     strstr(wk[0].r.msg, "held pushes were dropped"),
                 "%d %s", wk[0].r.status, wk[0].r.msg);
-  ck_assert_msg(secs >= 0.29 && secs < 3, "dropped after %.2f s (timeout 0.3 s)", secs);
+  ck_assert_msg(secs >= 0.299, "dropped after %.3f s (timeout 0.3 s)", secs);
   Shardrec__V1__StatsResponse *a = svc_stats_get(svc);
   ck_assert_uint_eq(a->dropped_steps, 1);
   ck_assert_uint_eq(a->pending_pushes, 0);
@@ -677,10 +672,10 @@ static void prefetch_run(int stale) {
       size_t pc[1] = {2};
       const float *gp[1] = {g};
       emb_idset ps = {1, pp, pc};
-      double t0 = test_now();
+      /* A push that waited for its own Lookup would deadlock (the server
+       * holds the Lookup for the other rank's push, which this thread
+       * sends next) until the Lookup's deadline: lookup_wait below fails. */
       ck_assert_msg(emb_store_push(rs[k], t, LR, &ps, gp) == 0, "%s", emb_store_errmsg(rs[k]));
-      ck_assert_msg(test_now() - t0 < 3, "rank %d's push of step %lld waited for its lookup", k,
-                    (long long)t);
     }
     /* want after step t: async applies each push as it came (rank 0, then
      * 1); sync applies the rank-order sum once. */

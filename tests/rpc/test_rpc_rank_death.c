@@ -27,7 +27,7 @@
 
 #include "embedding/plan.h"
 #include "embedding/store.h"
-#include "rpc/rpc.h"
+#include "rpc/client.h"
 #include "rpc/shardrec.pb-c.h"
 #include "tests/rpc/server.h"
 

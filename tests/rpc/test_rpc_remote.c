@@ -11,7 +11,7 @@
 #include "common/status.h"
 #include "embedding/plan.h"
 #include "embedding/store.h"
-#include "rpc/rpc.h"
+#include "rpc/client.h"
 #include "tests/rpc/server.h"
 
 #define DIM 8

@@ -10,7 +10,7 @@
 
 #include "embedding/plan.h"
 #include "rpc/health.pb-c.h"
-#include "rpc/rpc.h"
+#include "rpc/client.h"
 #include "rpc/shardrec.pb-c.h"
 #include "tests/rpc/calls.h"
 #include "tests/rpc/server.h"

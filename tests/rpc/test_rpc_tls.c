@@ -10,7 +10,7 @@
 
 #include "embedding/plan.h"
 #include "embedding/store.h"
-#include "rpc/rpc.h"
+#include "rpc/client.h"
 #include "tests/rpc/server.h"
 
 static char *dir;

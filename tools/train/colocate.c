@@ -19,7 +19,8 @@
 #include "common/status.h"
 #include "embedding/shard.h"
 #include "embedding/store.h"
-#include "rpc/rpc.h"
+#include "rpc/server.h"
+#include "rpc/service.h"
 #include "tools/train/colocate.h"
 
 #define CO_ADDR 64  /* one "host:port" in the gathered buffer, NUL included */

@@ -17,7 +17,7 @@
 #include "common/status.h"
 #include "common/sys.h"
 #include "embedding/shard.h"
-#include "rpc/rpc.h"
+#include "rpc/client.h"
 #include "storage/kv.h"
 #include "tools/train/job_impl.h"
 #include "tools/train/model_dir.h"

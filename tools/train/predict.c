@@ -11,7 +11,7 @@
 #include "common/status.h"
 #include "common/sys.h"
 #include "embedding/ckpt_store.h"
-#include "rpc/rpc.h"
+#include "rpc/client.h"
 #include "tools/train/checkpoint.h"
 #include "tools/train/trainer.h"
 

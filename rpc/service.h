@@ -1,18 +1,12 @@
-/* The gRPC shard service (rpc/shardrec.proto): the request handlers, the
- * C-core server loop and the remote embedding store.
- *
- * Three layers, each usable alone:
- *   rpc_service  decodes a request's bytes, validates every field against the
- *                plan and the shards served, runs it on an embedding store and
- *                encodes the answer. No gRPC in it: the fuzz target and the
- *                server call the same function.
- *   rpc_server   the gRPC C-core loop around an rpc_service: one completion
- *                queue per worker thread, registered methods, a generic
- *                request so unknown methods get UNIMPLEMENTED.
- *   remote store emb_store over shard servers (embedding/store.h).
- * All gRPC calls of shardrec live in rpc/. */
-#ifndef SHARDREC_RPC_RPC_H
-#define SHARDREC_RPC_RPC_H
+/* The shard service's request handlers (rpc/shardrec.proto): rpc_service
+ * decodes a request's bytes, validates every field against the plan and the
+ * shards served, runs it on an embedding store and encodes the answer. No
+ * gRPC in it: the fuzz target and the server (rpc/server.h) call the same
+ * function. The methods and the gRPC status codes it answers with are here
+ * too; the client (rpc/client.h) speaks them. All gRPC calls of shardrec
+ * live in rpc/. */
+#ifndef SHARDREC_RPC_SERVICE_H
+#define SHARDREC_RPC_SERVICE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -48,8 +42,6 @@ enum {
   RPC_INTERNAL = 13,
   RPC_UNAVAILABLE = 14,
 };
-
-/* ---- service ---- */
 
 typedef struct rpc_service rpc_service;
 
@@ -146,7 +138,8 @@ void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t 
  * later call of that job id is refused ABORTED with the same message (after
  * a Restore the job id is forgotten instead). Steps already applied stay
  * applied; a new job id (a resumed run) starts afresh. Stats reports
- * pending_pushes, dropped_steps, jobs and dropped_jobs. Which of a dying
+ * pending_pushes, dropped_steps, jobs and dropped_jobs, and the calls
+ * parked now (parked_lookups, parked_watches). Which of a dying
  * rank's peers' pushes of the step were already held when its death was
  * heard is a race (a peer's push that comes after is refused ABORTED), so
  * dropped_steps may be 0 or 1 for the same death; dropped_jobs is 1. */
@@ -175,97 +168,7 @@ int rpc_service_cancel(rpc_service *s, void *token);
  * restarted server (whose rows are no longer its run's) at once. */
 uint64_t rpc_service_incarnation(const rpc_service *s);
 
-/* The remote store of a multi-rank job (rpc_client_opts.world_size > 1)
- * starts a Watch on every server when it is created and detaches when it
- * is destroyed (waiting for the prefetched Lookup, if any, first). */
-
 /* Make the store's updates durable (rpc_server_run calls it on shutdown). */
 int rpc_service_flush(rpc_service *s);
-
-/* ---- server ---- */
-
-typedef struct rpc_tls {
-  const char *cert, *key; /* PEM files: this side's certificate and key */
-  const char *ca;         /* server: client CA (mTLS, clients must present a cert);
-                             client: CA that signed the server */
-} rpc_tls;
-
-typedef struct rpc_server_opts {
-  const char *listen;       /* "127.0.0.1:0" */
-  int threads;              /* worker threads, each with its own completion queue */
-  int max_message_bytes;    /* send and receive limit */
-  const rpc_tls *tls;       /* NULL: insecure */
-  volatile int *stop;       /* set nonzero (e.g. from a signal handler) to stop */
-  double shutdown_grace_s;  /* in-flight calls get this long before cancellation */
-} rpc_server_opts;
-
-/* Serve svc until *o->stop. on_listening(port, ctx) is called once the port
- * is bound, before serving. Returns 0 after a clean shutdown, or an SR_E*
- * code with the reason in err. */
-int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
-                   void (*on_listening)(int port, void *ctx), void *ctx, char *err,
-                   size_t errlen);
-
-/* ---- client ---- */
-
-typedef struct rpc_client_opts {
-  double deadline_s;        /* per call (default 30) */
-  int max_tries;            /* attempts on UNAVAILABLE (default 8) */
-  double backoff_s;         /* first wait between tries, doubled each time (0.05) */
-  int max_message_bytes;    /* default 64 MiB */
-  const rpc_tls *tls;       /* NULL: insecure */
-  const char *job_id;       /* NULL: a fresh random one (ranks of one job must share it) */
-  int rank, world_size;     /* this trainer's rank of world_size (0: 1 rank); with several,
-                               every step pushes to every shard (empty where nothing) */
-  int max_staleness;        /* 0: sync mode (the multi-rank step order above); S >= 1:
-                               async mode: pushes applied on arrival, and a Lookup of step
-                               t waits until every rank's push of step t-S is applied */
-} rpc_client_opts;
-
-/* The remote store: servers[k] serves shard k of plan (plan->n_shards
- * addresses). plan is borrowed. NULL with a message in err on failure.
- * Every request carries rank, world_size and max_staleness. A lookup_begin
- * (say of step t+1, prefetched) may stay outstanding while push() of step t
- * runs, in both modes: lookups have their own completion queue and id
- * grouping, so push never waits for it and its rows land in the buffers of
- * its own lookup_begin; a second lookup_begin before lookup_wait finishes
- * the first and drops its rows. checkpoint, restore and stats do not wait
- * for it either; destroy does (see "Rank death" for why it is not
- * cancelled). A lookup refused because its job was dropped fails with
- * SR_ESTATE and the server's message (ABORTED). */
-emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *servers,
-                                   int n_servers, const rpc_client_opts *o, char *err,
-                                   size_t errlen);
-
-/* Nonzero when store is a remote store whose last failure means a server
- * was unreachable after every retry (UNAVAILABLE) or answered from a new
- * incarnation (it restarted): its rows may no longer be the run's, and only
- * a Restore of every server from a checkpoint (emb_store_restore, which
- * clears this) makes the store usable again. 0 for other stores. */
-int rpc_remote_lost(const emb_store *store);
-
-/* One unary call on a fresh channel to target, for tools and tests:
- * req[len] in, *resp (malloc'd, caller frees) out. Returns the gRPC status
- * code, with its message in msg. */
-int rpc_call_once(const char *target, const rpc_tls *tls, rpc_method m, const uint8_t *req,
-                  size_t len, double deadline_s, uint8_t **resp, size_t *resp_len, char *msg,
-                  size_t msglen);
-
-/* The same for a method named by its path ("/pkg.Service/Method"), known
- * to the server or not. */
-int rpc_call_path(const char *target, const rpc_tls *tls, const char *path, const uint8_t *req,
-                  size_t len, double deadline_s, uint8_t **resp, size_t *resp_len, char *msg,
-                  size_t msglen);
-
-/* Keep glibc from handing blocks over 128 KiB back to the kernel on free:
- * every call's message and row buffers would otherwise come back as fresh
- * pages (about 11 us per 4 KiB on our VMs), which made a 4096-row dim-16
- * Lookup 5x slower (bench rpc). Process-wide; called by rpc_server_run and
- * emb_store_create_remote; idempotent. */
-void rpc_malloc_tune(void);
-
-/* grpc_init / grpc_shutdown, reference counted by gRPC itself. */
-void rpc_global_init(void);
-void rpc_global_shutdown(void);
 
 #endif

@@ -1,0 +1,79 @@
+/* The client side of the shard service: the remote store (an emb_store over
+ * shard servers, embedding/store.h), one-off calls for tools and tests, and
+ * the process-wide gRPC set-up. The methods and status codes are the
+ * service's (rpc/service.h). */
+#ifndef SHARDREC_RPC_CLIENT_H
+#define SHARDREC_RPC_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "embedding/plan.h"
+#include "embedding/store.h"
+#include "rpc/service.h"
+#include "rpc/tls.h"
+
+typedef struct rpc_client_opts {
+  double deadline_s;        /* per call (default 30) */
+  int max_tries;            /* attempts on UNAVAILABLE (default 8) */
+  double backoff_s;         /* first wait between tries, doubled each time (0.05) */
+  int max_message_bytes;    /* default 64 MiB */
+  const rpc_tls *tls;       /* NULL: insecure */
+  const char *job_id;       /* NULL: a fresh random one (ranks of one job must share it) */
+  int rank, world_size;     /* this trainer's rank of world_size (0: 1 rank); with several,
+                               every step pushes to every shard (empty where nothing) */
+  int max_staleness;        /* 0: sync mode (rpc/service.h, "Multi-rank jobs"); S >= 1:
+                               async mode: pushes applied on arrival, and a Lookup of step
+                               t waits until every rank's push of step t-S is applied */
+} rpc_client_opts;
+
+/* The remote store: servers[k] serves shard k of plan (plan->n_shards
+ * addresses). plan is borrowed. NULL with a message in err on failure.
+ * Every request carries rank, world_size and max_staleness. A lookup_begin
+ * (say of step t+1, prefetched) may stay outstanding while push() of step t
+ * runs, in both modes: lookups have their own completion queue and id
+ * grouping, so push never waits for it and its rows land in the buffers of
+ * its own lookup_begin; a second lookup_begin before lookup_wait finishes
+ * the first and drops its rows. checkpoint, restore and stats do not wait
+ * for it either; destroy does (rpc/service.h, "Rank death", says why it is not
+ * cancelled). A multi-rank job's store (o->world_size > 1) starts a Watch
+ * on every server when it is created and detaches when it is destroyed
+ * (waiting for the prefetched Lookup, if any, first). A lookup refused
+ * because its job was dropped fails with SR_ESTATE and the server's message
+ * (ABORTED). */
+emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *servers,
+                                   int n_servers, const rpc_client_opts *o, char *err,
+                                   size_t errlen);
+
+/* Nonzero when store is a remote store whose last failure means a server
+ * was unreachable after every retry (UNAVAILABLE) or answered from a new
+ * incarnation (it restarted): its rows may no longer be the run's, and only
+ * a Restore of every server from a checkpoint (emb_store_restore, which
+ * clears this) makes the store usable again. 0 for other stores. */
+int rpc_remote_lost(const emb_store *store);
+
+/* One unary call on a fresh channel to target, for tools and tests:
+ * req[len] in, *resp (malloc'd, caller frees) out. Returns the gRPC status
+ * code, with its message in msg. */
+int rpc_call_once(const char *target, const rpc_tls *tls, rpc_method m, const uint8_t *req,
+                  size_t len, double deadline_s, uint8_t **resp, size_t *resp_len, char *msg,
+                  size_t msglen);
+
+/* The same for a method named by its path ("/pkg.Service/Method"), known
+ * to the server or not. */
+int rpc_call_path(const char *target, const rpc_tls *tls, const char *path, const uint8_t *req,
+                  size_t len, double deadline_s, uint8_t **resp, size_t *resp_len, char *msg,
+                  size_t msglen);
+
+/* Keep glibc from handing blocks over 128 KiB back to the kernel on free:
+ * every call's message and row buffers would otherwise come back as fresh
+ * pages (about 11 us per 4 KiB on our VMs), which made a 4096-row dim-16
+ * Lookup 5x slower (bench rpc). Process-wide; called by rpc_server_run and
+ * emb_store_create_remote; idempotent. */
+void rpc_malloc_tune(void);
+
+/* grpc_init / grpc_shutdown, reference counted by gRPC itself. */
+void rpc_global_init(void);
+void rpc_global_shutdown(void);
+
+#endif

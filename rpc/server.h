@@ -1,0 +1,28 @@
+/* The gRPC C-core server loop around an rpc_service (rpc/service.h): one
+ * completion queue per worker thread, registered methods, a generic
+ * request so unknown methods get UNIMPLEMENTED. */
+#ifndef SHARDREC_RPC_SERVER_H
+#define SHARDREC_RPC_SERVER_H
+
+#include <stddef.h>
+
+#include "rpc/service.h"
+#include "rpc/tls.h"
+
+typedef struct rpc_server_opts {
+  const char *listen;       /* "127.0.0.1:0" */
+  int threads;              /* worker threads, each with its own completion queue */
+  int max_message_bytes;    /* send and receive limit */
+  const rpc_tls *tls;       /* NULL: insecure */
+  volatile int *stop;       /* set nonzero (e.g. from a signal handler) to stop */
+  double shutdown_grace_s;  /* in-flight calls get this long before cancellation */
+} rpc_server_opts;
+
+/* Serve svc until *o->stop. on_listening(port, ctx) is called once the port
+ * is bound, before serving. Returns 0 after a clean shutdown, or an SR_E*
+ * code with the reason in err. */
+int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
+                   void (*on_listening)(int port, void *ctx), void *ctx, char *err,
+                   size_t errlen);
+
+#endif
