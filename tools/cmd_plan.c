@@ -36,7 +36,7 @@ static void plan_usage(FILE *f) {
           "                                   --frequency-threshold as for train)\n"
           "  --arch-sparse-feature-size D     embedding dim (default 16)\n"
           "  --seed S                         model seed, uint64 (default 123, as train)\n"
-          "  --shards K                       number of shards (default 1)\n"
+          "  --num-shards K                   number of shards (default 1; --shards is an alias)\n"
           "  --sparse-optimizer NAME          sgd | adagrad | rowwise_adagrad (default sgd)\n"
           "  --eps X                          optimizer eps (default 1e-10 adagrad, 1e-8 rowwise)\n"
           "  --initial-accumulator-value X    adagrad accumulators start here (default 0)\n"
@@ -114,7 +114,8 @@ static const struct option plan_opts[] = {
     {"arch-embedding-size", required_argument, NULL, O_ARCH_SIZES},
     {"arch-sparse-feature-size", required_argument, NULL, O_DIM},
     {"seed", required_argument, NULL, O_SEED},
-    {"shards", required_argument, NULL, O_SHARDS},
+    {"num-shards", required_argument, NULL, O_SHARDS},
+    {"shards", required_argument, NULL, O_SHARDS}, /* alias */
     {"sparse-optimizer", required_argument, NULL, O_OPT},
     {"eps", required_argument, NULL, O_EPS},
     {"initial-accumulator-value", required_argument, NULL, O_ACC},
@@ -162,7 +163,7 @@ static int parse_flags(int argc, char **argv, plan_flags *f) {
         if (cli_u64(CMD, "--seed", optarg, &pp->seed)) return 2;
         break;
       case O_SHARDS:
-        if (cli_int(CMD, "--shards", optarg, 1, EMB_MAX_SHARDS, &v)) return 2;
+        if (cli_int(CMD, "--num-shards", optarg, 1, EMB_MAX_SHARDS, &v)) return 2;
         pp->n_shards = (int)v;
         break;
       case O_OPT:
