@@ -5,13 +5,13 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/sha256.h"
 #include "common/status.h"
 #include "storage/kv.h"
 
@@ -73,13 +73,6 @@ static char *read_text(const char *path, size_t *len) {
     if (len) *len = (size_t)n;
   }
   return s;
-}
-
-static void sha256_hex(const void *data, size_t n, char hex[65]) {
-  unsigned char dig[32];
-  unsigned int dl = 0;
-  EVP_Digest(data, n, dig, &dl, EVP_sha256(), NULL);
-  for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", dig[i]);
 }
 
 static const char *jstr(const cJSON *o, const char *k) {
@@ -247,7 +240,10 @@ int ckpt_dir_commit(const ckpt_dir_txn *t, cJSON *man, char *err, size_t errlen)
   }
   store_fsync_dir(t->root);
   char hex[65], done[80];
-  sha256_hex(text, strlen(text), hex);
+  if ((rc = sr_sha256_hex(text, strlen(text), hex))) {
+    sr_fmt(err, errlen, "%s: SHA-256 of the manifest failed: %s", t->tmp, sr_strerror(rc));
+    goto out;
+  }
   snprintf(done, sizeof done, "%s\n", hex);
   snprintf(path, sizeof path, "%s/DONE", t->final);
   if ((rc = write_file(path, done, strlen(done), err, errlen))) goto out;
@@ -299,7 +295,10 @@ int ckpt_dir_read(const char *dir, cJSON **out, char *err, size_t errlen) {
     goto out;
   }
   char hex[65];
-  sha256_hex(text, tl, hex);
+  if ((rc = sr_sha256_hex(text, tl, hex))) {
+    sr_fmt(err, errlen, "%s: SHA-256 failed: %s", path, sr_strerror(rc));
+    goto out;
+  }
   if (strncmp(done, hex, 64)) {
     sr_fmt(err, errlen, "%s: checksum does not match the one in DONE (file damaged)", path);
     rc = SR_ECHECKSUM;
