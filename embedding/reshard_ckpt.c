@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/status.h"
 #include "common/sys.h"
 #include "embedding/ckpt_plan.h"
@@ -64,7 +65,7 @@ static int copy_file(const char *src, const char *dst, char *err, size_t errlen)
 static int has_server_folders(const char *shards, uint32_t tid) {
   char **files;
   int nf, servers = 0;
-  if (store_list_files(shards, &files, &nf)) return 0;
+  if (sr_list_files(shards, &files, &nf)) return 0;
   char want[64];
   snprintf(want, sizeof want, "/table-%u.bin", tid);
   size_t wl = strlen(want);
@@ -72,7 +73,7 @@ static int has_server_folders(const char *shards, uint32_t tid) {
     size_t l = strlen(files[i]);
     servers = !strncmp(files[i], "shard-", 6) && l > wl && !strcmp(files[i] + l - wl, want);
   }
-  store_paths_free(files, nf);
+  sr_paths_free(files, nf);
   return servers;
 }
 
@@ -171,7 +172,7 @@ static int move_rows(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_p
 /* Replace OUT by tmp (OUT moved aside first, removed once tmp is in place). */
 static int publish(const char *tmp, const char *out, char *err, size_t errlen) {
   char old[4200] = "", parent[4096];
-  store_fsync_dir(tmp);
+  sr_fsync_dir(tmp);
   if (exists(out)) {
     snprintf(old, sizeof old, "%s.old-%ld", out, (long)getpid());
     if (rename(out, old) != 0) {
@@ -185,8 +186,8 @@ static int publish(const char *tmp, const char *out, char *err, size_t errlen) {
     return SR_EIO;
   }
   ckpt_dir_parent(out, parent, sizeof parent);
-  store_fsync_dir(parent);
-  if (old[0]) store_rmtree(old);
+  sr_fsync_dir(parent);
+  if (old[0]) sr_rmtree(old);
   return 0;
 }
 
@@ -212,7 +213,7 @@ static int write_out(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_p
     snprintf(err + l, errlen > l ? errlen - l : 0, "; nothing written at %s", st->out_dir);
     return rc;
   }
-  store_rmtree(work);
+  sr_rmtree(work);
   if ((rc = emb_ckpt_write_as(ck->manifest, ck->plan, plan, t.tmp, t.final, err, errlen)))
     return rc;
   return publish(tmp, st->out_dir, err, errlen);
@@ -241,7 +242,7 @@ int reshard_checkpoint(const reshard_ckpt_opts *o, reshard_ckpt_stats *st, char 
     rc = SR_EIO;
     goto out;
   }
-  if ((rc = write_out(o, &ck, plan, tmp, st, err, errlen))) store_rmtree(tmp);
+  if ((rc = write_out(o, &ck, plan, tmp, st, err, errlen))) sr_rmtree(tmp);
 out:
   emb_plan_free(plan);
   emb_ckpt_close(&ck);

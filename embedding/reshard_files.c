@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "common/sha256.h"
+#include "common/fs.h"
 #include "common/status.h"
 #include "common/sys.h"
 #include "embedding/optim.h"
@@ -182,7 +183,7 @@ static int list_sources(const reshard_opts *o, char ***out, int *n) {
     return 0;
   }
   char **files;
-  int rc = store_list_files(o->src_dir, &files, &np);
+  int rc = sr_list_files(o->src_dir, &files, &np);
   if (rc) return rc;
   /* Folders holding table-<first id>.bin. */
   char want[64];
@@ -196,7 +197,7 @@ static int list_sources(const reshard_opts *o, char ***out, int *n) {
     if (!(paths[*n] = strdup(p))) break;
     (*n)++;
   }
-  store_paths_free(files, np);
+  sr_paths_free(files, np);
   if (!paths) return SR_ENOMEM;
   *out = paths;
   return 0;

@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include "common/fs.h"
 #include "common/rng.h"
 #include "common/status.h"
 #include "common/sys.h"
@@ -514,12 +515,12 @@ static int sh_restore(emb_store *b, const char *path) {
     snprintf(dst, sizeof dst, "%s/shard-%d", s->dir, s->db_shard[k]);
     store_close(s->db[k]);
     s->db[k] = NULL;
-    if (store_rmtree(dst)) {
+    if (sr_rmtree(dst)) {
       sr_fmt(s->err, sizeof s->err, "restore: %s: cannot remove", dst);
       return SR_EIO;
     }
     char e2[768];
-    int rc = store_copytree(src, dst, e2, sizeof e2);
+    int rc = sr_copytree(src, dst, e2, sizeof e2);
     if (rc) {
       sr_fmt(s->err, sizeof s->err, "restore: %s", e2);
       return rc;

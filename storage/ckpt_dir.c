@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/sha256.h"
 #include "common/status.h"
 #include "storage/kv.h"
@@ -169,8 +170,8 @@ int ckpt_dir_begin(const char *root, long long step, ckpt_dir_txn *t, int *exist
     sr_fmt(err, errlen, "%s: cannot create folder: %s", root, strerror(errno));
     return SR_EIO;
   }
-  store_rmtree(t->tmp);
-  store_rmtree(t->final); /* a torn one from an earlier crash */
+  sr_rmtree(t->tmp);
+  sr_rmtree(t->final); /* a torn one from an earlier crash */
   if (mkdir(t->tmp, 0777) != 0) {
     sr_fmt(err, errlen, "%s: cannot create folder: %s", t->tmp, strerror(errno));
     return SR_EIO;
@@ -193,7 +194,7 @@ static int list_files(const char *tmp, cJSON *man, char *err, size_t errlen) {
   int nf = 0, rc;
   cJSON_DeleteItemFromObjectCaseSensitive(man, "files");
   cJSON *fl = cJSON_AddArrayToObject(man, "files");
-  if ((rc = store_list_files(tmp, &files, &nf))) {
+  if ((rc = sr_list_files(tmp, &files, &nf))) {
     sr_fmt(err, errlen, "%s: cannot list files", tmp);
     return rc;
   }
@@ -201,7 +202,7 @@ static int list_files(const char *tmp, cJSON *man, char *err, size_t errlen) {
     char fp[8300], hex[65];
     uint64_t size;
     snprintf(fp, sizeof fp, "%s/%s", tmp, files[i]);
-    if ((rc = store_file_sha256(fp, hex, &size))) {
+    if ((rc = sr_sha256_file(fp, hex, &size))) {
       sr_fmt(err, errlen, "%s: cannot read", fp);
       break;
     }
@@ -217,7 +218,7 @@ static int list_files(const char *tmp, cJSON *man, char *err, size_t errlen) {
     cJSON_AddStringToObject(f, "sha256", hex);
     cJSON_AddItemToArray(fl, f);
   }
-  store_paths_free(files, nf);
+  sr_paths_free(files, nf);
   return rc;
 }
 
@@ -232,13 +233,13 @@ int ckpt_dir_commit(const ckpt_dir_txn *t, cJSON *man, char *err, size_t errlen)
   }
   snprintf(path, sizeof path, "%s/manifest.json", t->tmp);
   if ((rc = write_file(path, text, strlen(text), err, errlen))) goto out;
-  store_fsync_dir(t->tmp);
+  sr_fsync_dir(t->tmp);
   if (rename(t->tmp, t->final) != 0) {
     sr_fmt(err, errlen, "%s: cannot rename to %s: %s", t->tmp, t->final, strerror(errno));
     rc = SR_EIO;
     goto out;
   }
-  store_fsync_dir(t->root);
+  sr_fsync_dir(t->root);
   char hex[65], done[80];
   if ((rc = sr_sha256_hex(text, strlen(text), hex))) {
     sr_fmt(err, errlen, "%s: SHA-256 of the manifest failed: %s", t->tmp, sr_strerror(rc));
@@ -247,13 +248,13 @@ int ckpt_dir_commit(const ckpt_dir_txn *t, cJSON *man, char *err, size_t errlen)
   snprintf(done, sizeof done, "%s\n", hex);
   snprintf(path, sizeof path, "%s/DONE", t->final);
   if ((rc = write_file(path, done, strlen(done), err, errlen))) goto out;
-  store_fsync_dir(t->final);
+  sr_fsync_dir(t->final);
 out:
   free(text);
   return rc;
 }
 
-void ckpt_dir_abort(const ckpt_dir_txn *t) { store_rmtree(t->tmp); }
+void ckpt_dir_abort(const ckpt_dir_txn *t) { sr_rmtree(t->tmp); }
 
 void ckpt_dir_keep(const char *root, int keep) {
   if (keep <= 0) return;
@@ -263,7 +264,7 @@ void ckpt_dir_keep(const char *root, int keep) {
   for (int i = 0; i + keep < n; i++) {
     char path[4400];
     snprintf(path, sizeof path, "%s/%s", root, sd[i].name);
-    store_rmtree(path);
+    sr_rmtree(path);
   }
   free(sd);
 }
@@ -342,7 +343,7 @@ int ckpt_dir_verify(const char *dir, const cJSON *man, char *err, size_t errlen)
     char fp[8300], got[65];
     uint64_t gs;
     snprintf(fp, sizeof fp, "%s/%s", dir, rel);
-    if (store_file_sha256(fp, got, &gs)) {
+    if (sr_sha256_file(fp, got, &gs)) {
       sr_fmt(err, errlen, "%s: missing or unreadable (listed in the manifest)", fp);
       return SR_ENOTFOUND;
     }

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/rng.h"
 #include "common/status.h"
 #include "embedding/optim.h"
@@ -189,7 +190,7 @@ static void pressure(emb_optim_kind k, int n_shards, int row_wise) {
   compare_iterate(loc, sh, p);
   emb_store_destroy(sh);
   emb_store_destroy(loc);
-  store_rmtree(dir);
+  sr_rmtree(dir);
   free(dir);
   emb_plan_free(p);
 }
@@ -222,7 +223,7 @@ START_TEST(test_big_cache_writes_nothing) {
   emb_shard_counters_get(sh, &c);
   ck_assert_uint_gt(c.writebacks, 1000);
   emb_store_destroy(sh);
-  store_rmtree(dir);
+  sr_rmtree(dir);
   free(dir);
   emb_plan_free(p);
 }
@@ -268,8 +269,8 @@ START_TEST(test_checkpoint_restore) {
   lookup_both(loc, sh, &d, p);
   emb_store_destroy(sh);
   emb_store_destroy(loc);
-  store_rmtree(dir);
-  store_rmtree(ck);
+  sr_rmtree(dir);
+  sr_rmtree(ck);
   free(dir);
   free(ck);
   emb_plan_free(p);
@@ -310,7 +311,7 @@ START_TEST(test_row_version_refused) {
   ck_assert_ptr_nonnull(strstr(emb_store_errmsg(sh), "version 9"));
   ck_assert_ptr_nonnull(strstr(emb_store_errmsg(sh), "row 42"));
   emb_store_destroy(sh);
-  store_rmtree(dir);
+  sr_rmtree(dir);
   free(dir);
   emb_plan_free(p);
 }

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/fs.h"
+#include "common/sha256.h"
 #include "common/status.h"
 #include "storage/kv.h"
 
@@ -103,16 +105,16 @@ START_TEST(test_db_roundtrip) {
   store_close(db);
   char **files;
   int nf;
-  ck_assert_int_eq(store_list_files(ck, &files, &nf), 0);
+  ck_assert_int_eq(sr_list_files(ck, &files, &nf), 0);
   ck_assert_int_gt(nf, 2);
   char hex[65];
   uint64_t size;
   char fp[512];
   snprintf(fp, sizeof fp, "%s/%s", ck, files[0]);
-  ck_assert_int_eq(store_file_sha256(fp, hex, &size), 0);
+  ck_assert_int_eq(sr_sha256_file(fp, hex, &size), 0);
   ck_assert_uint_eq(strlen(hex), 64);
-  store_paths_free(files, nf);
-  ck_assert_int_eq(store_rmtree(dir), 0);
+  sr_paths_free(files, nf);
+  ck_assert_int_eq(sr_rmtree(dir), 0);
   ck_assert_int_ne(access(dir, F_OK), 0);
 }
 END_TEST

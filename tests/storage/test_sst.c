@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/status.h"
 #include "storage/kv.h"
 #include "storage/sst.h"
@@ -25,7 +26,7 @@ static void setup(void) {
   ck_assert_ptr_nonnull(mkdtemp(dir));
 }
 
-static void teardown(void) { store_rmtree(dir); }
+static void teardown(void) { sr_rmtree(dir); }
 
 /* Row (dim 2, one state float) of key k from file generation g. */
 static void row_of(uint64_t k, int g, unsigned char out[STORE_ROW_HEADER + 12]) {

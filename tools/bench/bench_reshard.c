@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "common/rng.h"
+#include "common/fs.h"
 #include "common/status.h"
 #include "common/sys.h"
 #include "embedding/optim.h"
@@ -285,7 +286,7 @@ int bench_reshard(int argc, char **argv) {
       goto done;
     }
     t_base[r] = sr_now() - a;
-    store_rmtree(out);
+    sr_rmtree(out);
     a = sr_now();
     char log[4300], line[1024];
     snprintf(log, sizeof log, "%s/reshard.out", work);
@@ -320,7 +321,7 @@ int bench_reshard(int argc, char **argv) {
   status = 0;
 done:
   if (keep) printf("kept %s\n", dir);
-  else store_rmtree(dir);
+  else sr_rmtree(dir);
   free(t_ours);
   free(t_base);
   emb_plan_free(p2);

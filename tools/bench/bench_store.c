@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "common/rng.h"
+#include "common/fs.h"
 #include "common/status.h"
 #include "embedding/optim.h"
 #include "embedding/shard.h"
@@ -393,7 +394,7 @@ static void print_figures(bs *b) { /* sr_median sorts the figures */
 static void bs_free(bs *b) {
   emb_store_destroy(b->s);
   store_close(b->db);
-  if (b->dir[0]) store_rmtree(b->dir);
+  if (b->dir[0]) sr_rmtree(b->dir);
   emb_plan_free(b->plan);
   free(b->ids);
   free(b->bids);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "common/rng.h"
+#include "common/fs.h"
 #include "common/status.h"
 #include "common/sys.h"
 #include "embedding/shard.h"
@@ -399,7 +400,7 @@ static void job_close(train_job *j, int status) {
   }
   if (j->colo_addrs) colocate_addrs_free(j->colo_addrs, j->plan ? j->plan->n_shards : 0);
   if (j->tmp_data_dir) {
-    store_rmtree(j->tmp_data_dir);
+    sr_rmtree(j->tmp_data_dir);
     free(j->tmp_data_dir);
   }
   emb_plan_free(j->plan);
