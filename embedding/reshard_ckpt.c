@@ -28,38 +28,6 @@ static int exists(const char *p) {
   return lstat(p, &st) == 0;
 }
 
-static int is_file(const char *p) {
-  struct stat st;
-  return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-static int copy_file(const char *src, const char *dst, char *err, size_t errlen) {
-  int in = open(src, O_RDONLY), out = -1, rc = 0;
-  if (in < 0) {
-    sr_fmt(err, errlen, "%s: cannot open: %s", src, strerror(errno));
-    return SR_EIO;
-  }
-  out = open(dst, O_WRONLY | O_CREAT | O_EXCL, 0644);
-  if (out < 0) {
-    sr_fmt(err, errlen, "%s: cannot create: %s", dst, strerror(errno));
-    close(in);
-    return SR_EIO;
-  }
-  char *buf = malloc(1 << 16);
-  ssize_t got = -1;
-  while (buf && (got = read(in, buf, 1 << 16)) > 0)
-    if (write(out, buf, (size_t)got) != got) {
-      rc = SR_EIO;
-      break;
-    }
-  if (got < 0 || fsync(out) != 0) rc = SR_EIO;
-  if (close(out) != 0) rc = SR_EIO;
-  close(in);
-  free(buf);
-  if (rc) sr_fmt(err, errlen, "%s: cannot copy to %s: %s", src, dst, strerror(errno));
-  return rc;
-}
-
 /* A server folder of table files (shard-K[-K2...]/table-<tid>.bin) under
  * shards? */
 static int has_server_folders(const char *shards, uint32_t tid) {
@@ -83,12 +51,12 @@ static int find_layout(const char *step_dir, const emb_plan *plan, char *err, si
   uint32_t tid = plan->tables[0].table_id;
   snprintf(shards, sizeof shards, "%s/shards", step_dir);
   snprintf(p, sizeof p, "%s/table-%u.bin", shards, tid);
-  if (is_file(p)) return RESHARD_TABLE_FILES_LOCAL;
+  if (sr_is_file(p)) return RESHARD_TABLE_FILES_LOCAL;
   snprintf(p, sizeof p, "%s/shard-0/table-%u.bin", shards, tid);
-  if (is_file(p)) return RESHARD_TABLE_FILES_SERVERS;
+  if (sr_is_file(p)) return RESHARD_TABLE_FILES_SERVERS;
   for (int k = 0; k < plan->n_shards; k++) {
     snprintf(p, sizeof p, "%s/shard-%d/CURRENT", shards, k);
-    if (is_file(p)) continue;
+    if (sr_is_file(p)) continue;
     /* Servers hosting several shards each: shard-0-1/... */
     if (has_server_folders(shards, tid)) return RESHARD_TABLE_FILES_SERVERS;
     sr_fmt(err, errlen, "%s/shard-%d: missing (the plan has %d shards)", shards, k,
@@ -206,7 +174,7 @@ static int write_out(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_p
   }
   snprintf(p1, sizeof p1, "%s/dense.bin", ck->dir);
   snprintf(p2, sizeof p2, "%s/dense.bin", t.tmp);
-  if (is_file(p1) && (rc = copy_file(p1, p2, err, errlen))) return rc;
+  if (sr_is_file(p1) && (rc = sr_copy_file(p1, p2, err, errlen))) return rc;
   if (o->on_start) o->on_start(st, o->ctx);
   if ((rc = move_rows(o, ck, plan, &t, work, st, err, errlen))) {
     size_t l = strlen(err);

@@ -650,18 +650,6 @@ int emb_shard_counters_get(emb_store *b, emb_shard_counters *out) {
   return 0;
 }
 
-static int mkdir_p(const char *path) {
-  char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s", path);
-  for (char *p = tmp + 1; *p; p++)
-    if (*p == '/') {
-      *p = 0;
-      if (mkdir(tmp, 0777) != 0 && errno != EEXIST) return -1;
-      *p = '/';
-    }
-  return mkdir(tmp, 0777) != 0 && errno != EEXIST ? -1 : 0;
-}
-
 emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
                                   const emb_shard_config *cfg, char *err, size_t errlen) {
   if (emb_plan_validate(plan, "plan", err, errlen)) return NULL;
@@ -679,7 +667,7 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
            (unsigned long long)rows, EMB_SHARD_MIN_CACHE_ROWS);
     return NULL;
   }
-  if (mkdir_p(data_dir) != 0) {
+  if (sr_mkdirs(data_dir) != 0) {
     sr_fmt(err, errlen, "shard store: %s: cannot create folder: %s", data_dir, strerror(errno));
     return NULL;
   }

@@ -16,23 +16,6 @@
 #include "common/status.h"
 #include "storage/kv.h"
 
-static int is_file(const char *path) {
-  struct stat st;
-  return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-static int mkdir_p(const char *path) {
-  char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s", path);
-  for (char *q = tmp + 1; *q; q++)
-    if (*q == '/') {
-      *q = 0;
-      if (mkdir(tmp, 0777) != 0 && errno != EEXIST) return -1;
-      *q = '/';
-    }
-  return mkdir(tmp, 0777) != 0 && errno != EEXIST ? -1 : 0;
-}
-
 static int write_all(int fd, const void *p, size_t n) {
   const char *c = p;
   while (n) {
@@ -112,7 +95,7 @@ int ckpt_dir_list(const char *root, ckpt_dir_entry **out, int *n) {
     if (s < 0) continue;
     char done[4096];
     snprintf(done, sizeof done, "%s/%s/DONE", root, de->d_name);
-    if (!is_file(done)) continue;
+    if (!sr_is_file(done)) continue;
     if (*n == cap) {
       cap = cap ? 2 * cap : 16;
       ckpt_dir_entry *np = realloc(*out, (size_t)cap * sizeof *np);
@@ -133,7 +116,7 @@ int ckpt_dir_resolve(const char *path, char *out, size_t outlen, char *err, size
   snprintf(p, sizeof p, "%s/manifest.json", path);
   const char *base = strrchr(path, '/');
   base = base ? base + 1 : path;
-  if (is_file(p) || ckpt_dir_step_of(base) >= 0) {
+  if (sr_is_file(p) || ckpt_dir_step_of(base) >= 0) {
     snprintf(out, outlen, "%s", path);
     return 0;
   }
@@ -162,11 +145,11 @@ int ckpt_dir_begin(const char *root, long long step, ckpt_dir_txn *t, int *exist
   snprintf(t->final, sizeof t->final, "%s/step-%lld", root, step);
   snprintf(t->tmp, sizeof t->tmp, "%s/.step-%lld.tmp-%ld", root, step, (long)getpid());
   snprintf(done, sizeof done, "%s/DONE", t->final);
-  if (is_file(done)) {
+  if (sr_is_file(done)) {
     *exists = 1;
     return 0;
   }
-  if (mkdir_p(root) != 0) {
+  if (sr_mkdirs(root) != 0) {
     sr_fmt(err, errlen, "%s: cannot create folder: %s", root, strerror(errno));
     return SR_EIO;
   }
@@ -276,9 +259,8 @@ int ckpt_dir_read(const char *dir, cJSON **out, char *err, size_t errlen) {
   int rc = 0;
   char *text = NULL, *done = NULL;
   cJSON *man = NULL;
-  struct stat sst;
   *out = NULL;
-  if (stat(dir, &sst) != 0 || !S_ISDIR(sst.st_mode)) {
+  if (!sr_is_dir(dir)) {
     sr_fmt(err, errlen, "%s: no such checkpoint folder", dir);
     return SR_ENOTFOUND;
   }

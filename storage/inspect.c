@@ -2,23 +2,14 @@
 #include "storage/inspect.h"
 
 #include <cjson/cJSON.h>
-#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
+#include "common/fs.h"
 #include "common/status.h"
 #include "storage/ckpt_dir.h"
 #include "storage/kv.h"
 
-static int is_dir(const char *p) {
-  struct stat st;
-  return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-static int is_file(const char *p) {
-  struct stat st;
-  return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
 
 /* The first failure of a report that goes on. */
 typedef struct {
@@ -151,7 +142,7 @@ static int print_manifest(FILE *out, const char *dir) {
     if (cJSON_IsNumber(sz)) bytes += sz->valuedouble;
   }
   snprintf(p, sizeof p, "%s/DONE", dir);
-  fprintf(out, "checkpoint %s (%s)\n", dir, is_file(p) ? "complete" : "INCOMPLETE: no DONE marker");
+  fprintf(out, "checkpoint %s (%s)\n", dir, sr_is_file(p) ? "complete" : "INCOMPLETE: no DONE marker");
   fprintf(out, "  step %.0f, epoch %.0f, next sample %.0f; %s store\n", NUM("step"), NUM("epoch"),
           NUM("sample_index"), STR("store"));
   fprintf(out, "  model %.12s plan %.12s; %d files, %.0f bytes\n", STR("model_fingerprint"),
@@ -162,36 +153,26 @@ static int print_manifest(FILE *out, const char *dir) {
   return 0;
 }
 
-static int cmp_name(const void *a, const void *b) {
-  return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 /* Every shard-* database of folder (and a count of table-* files). */
 static void inspect_folder(report *r, const char *folder) {
-  DIR *d = opendir(folder);
-  if (!d) {
+  char **names, p[4400];
+  int n, nn = 0, n_local = 0, rc = sr_list_dir(folder, &names, &n);
+  if (rc) {
     char e[4200];
-    snprintf(e, sizeof e, "%s: cannot open", folder);
-    fail(r, SR_EIO, e);
+    snprintf(e, sizeof e, "%s: cannot %s", folder, rc == SR_ENOMEM ? "list (out of memory)" : "open");
+    fail(r, rc == SR_ENOMEM ? rc : SR_EIO, e);
     return;
   }
-  char *names[4096], p[4400];
-  int nn = 0, n_local = 0;
-  struct dirent *de;
-  while ((de = readdir(d)) && nn < 4096) {
-    if (!strncmp(de->d_name, "shard-", 6)) {
-      if ((names[nn] = strdup(de->d_name))) nn++;
-    } else if (!strncmp(de->d_name, "table-", 6)) {
+  for (int i = 0; i < n; i++) { /* sorted by name */
+    if (!strncmp(names[i], "shard-", 6)) {
+      snprintf(p, sizeof p, "%s/%s", folder, names[i]);
+      inspect_db(r, p, names[i]);
+      nn++;
+    } else if (!strncmp(names[i], "table-", 6)) {
       n_local++;
     }
   }
-  closedir(d);
-  qsort(names, (size_t)nn, sizeof *names, cmp_name);
-  for (int i = 0; i < nn; i++) {
-    snprintf(p, sizeof p, "%s/%s", folder, names[i]);
-    inspect_db(r, p, names[i]);
-    free(names[i]);
-  }
+  sr_paths_free(names, n);
   if (!nn && n_local)
     fprintf(r->out, "in-memory store checkpoint: %d table files (table-<id>.bin) in %s\n", n_local,
             folder);
@@ -204,12 +185,12 @@ int store_inspect(const char *path, const store_inspect_opts *o, FILE *out, char
                   size_t errlen) {
   report r = {.out = out, .o = o, .err = err, .errlen = errlen};
   char target[4096], p[4200];
-  if (!is_dir(path)) {
+  if (!sr_is_dir(path)) {
     sr_fmt(err, errlen, "%s: no such folder", path);
     return SR_ENOTFOUND;
   }
   snprintf(p, sizeof p, "%s/CURRENT", path);
-  if (is_file(p)) { /* one database */
+  if (sr_is_file(p)) { /* one database */
     inspect_db(&r, path, "db");
     if (!r.rc)
       fprintf(out, "total    %llu rows, %llu bytes\n", (unsigned long long)r.rows,
@@ -218,7 +199,7 @@ int store_inspect(const char *path, const store_inspect_opts *o, FILE *out, char
   }
   snprintf(target, sizeof target, "%s", path);
   snprintf(p, sizeof p, "%s/shard-0", path);
-  if (!is_dir(p)) { /* a checkpoint or a folder of them */
+  if (!sr_is_dir(p)) { /* a checkpoint or a folder of them */
     char e[1024];
     if (ckpt_dir_resolve(path, target, sizeof target, e, sizeof e)) {
       sr_fmt(err, errlen, "%s: neither a shard data folder nor a checkpoint (%s)", path, e);

@@ -109,19 +109,4 @@ void store_row_encode(int dim, int slen, const float *row, unsigned char *out);
 int store_row_decode(const void *val, size_t len, int dim, int slen, float *row, char *err,
                      size_t errlen);
 
-/* ---- files (checkpoints) ---- */
-/* SHA-256 of a file (streamed) as hex[65], and its size. 0 or SR_EIO. */
-int store_file_sha256(const char *path, char hex[65], uint64_t *size);
-/* Remove a folder tree (or file). 0 or SR_EIO. Missing is fine. */
-int store_rmtree(const char *path);
-/* Copy the tree src to dst (created; must not exist), hard-linking *.sst
- * files (immutable) and copying the rest. 0 or SR_EIO. */
-int store_copytree(const char *src, const char *dst, char *err, size_t errlen);
-/* fsync a folder (after renames in it). */
-int store_fsync_dir(const char *path);
-/* Relative paths of the regular files under root, sorted; *paths malloc'd
- * array of malloc'd strings (store_paths_free). 0 or SR_EIO / SR_ENOMEM. */
-int store_list_files(const char *root, char ***paths, int *n);
-void store_paths_free(char **paths, int n);
-
 #endif
