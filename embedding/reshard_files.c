@@ -7,7 +7,7 @@
  *   u64 record bytes (8 + 4 (dim + state)), the model fingerprint (64 hex
  *   characters), zeros; then rows records (u64 row id, ascending, then the
  *   floats), then the SHA-256 of everything before it.
- * Rows are hashed as the RocksDB path hashes them (store_row_encode of the
+ * Rows are hashed as the RocksDB path hashes them (kv_row_encode of the
  * floats), so a table's checksum is the same whichever layout holds it. */
 #include <errno.h>
 #include <stdio.h>
@@ -273,8 +273,8 @@ static int move_table_files(frun *f, int ti, char *err, size_t errlen) {
   const emb_table *tb = &dst->tables[ti];
   reshard_table *rt = &f->st->tables[ti];
   int slen = emb_optim_state_len(&tb->optim, tb->dim), rc = 0;
-  size_t len = store_row_size(tb->dim, slen);
-  unsigned char enc[STORE_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
+  size_t len = kv_row_size(tb->dim, slen);
+  unsigned char enc[KV_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
   rt->table_id = tb->table_id;
   snprintf(rt->name, sizeof rt->name, "%s", tb->name);
   for (int s = 0; s < f->n_src && !rc; s++) {
@@ -298,7 +298,7 @@ static int move_table_files(frun *f, int ti, char *err, size_t errlen) {
       rc = SR_EFORMAT;
       break;
     }
-    store_row_encode(tb->dim, slen, (const float *)(const void *)(bp + 8), enc);
+    kv_row_encode(tb->dim, slen, (const float *)(const void *)(bp + 8), enc);
     uint64_t h = reshard_row_hash(tb->table_id, bk, enc, len);
     rt->rows_in++;
     rt->sum_in += h;
@@ -335,8 +335,8 @@ static int verify_file(frun *f, int ti, int k, char *err, size_t errlen) {
   const emb_table *tb = &dst->tables[ti];
   reshard_table *rt = &f->st->tables[ti];
   int slen = emb_optim_state_len(&tb->optim, tb->dim), rc = 0;
-  size_t len = store_row_size(tb->dim, slen);
-  unsigned char enc[STORE_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
+  size_t len = kv_row_size(tb->dim, slen);
+  unsigned char enc[KV_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
   char p[4500];
   out_path(p, sizeof p, f->o, f->local, k, tb->table_id);
   tf_reader r;
@@ -365,7 +365,7 @@ static int verify_file(frun *f, int ti, int k, char *err, size_t errlen) {
       rc = SR_ECHECKSUM;
       break;
     }
-    store_row_encode(tb->dim, slen, (const float *)(const void *)(q + 8), enc);
+    kv_row_encode(tb->dim, slen, (const float *)(const void *)(q + 8), enc);
     uint64_t h = reshard_row_hash(tb->table_id, key, enc, len);
     rt->rows_out++;
     rt->sum_out += h;

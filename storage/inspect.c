@@ -29,17 +29,17 @@ static void fail(report *r, int rc, const char *msg) {
 
 static void print_row(FILE *out, const char *v, size_t len) {
   const unsigned char *p = (const unsigned char *)v;
-  if (len < STORE_ROW_HEADER || p[0] != 'S' || p[1] != 'R') {
+  if (len < KV_ROW_HEADER || p[0] != 'S' || p[1] != 'R') {
     fprintf(out, " (not a shardrec row: %zu bytes)\n", len);
     return;
   }
   int dim = p[4] | (p[5] << 8), sl = p[6] | (p[7] << 8);
-  if (p[2] != STORE_ROW_VERSION || len != store_row_size(dim, sl)) {
+  if (p[2] != KV_ROW_VERSION || len != kv_row_size(dim, sl)) {
     fprintf(out, " (row layout version %u, %zu bytes: not readable by this build)\n", p[2], len);
     return;
   }
   float f[2048];
-  memcpy(f, v + STORE_ROW_HEADER, 4 * (size_t)(dim + sl));
+  memcpy(f, v + KV_ROW_HEADER, 4 * (size_t)(dim + sl));
   fprintf(out, " value [");
   for (int j = 0; j < dim; j++) fprintf(out, "%s%.9g", j ? " " : "", f[j]);
   fprintf(out, "]");
@@ -52,14 +52,14 @@ static void print_row(FILE *out, const char *v, size_t len) {
 }
 
 /* Family k of db: rows, bytes, layout; then the asked rows. */
-static void inspect_table(report *r, store_db *db, int k, uint32_t id, const char *name) {
+static void inspect_table(report *r, kv_db *db, int k, uint32_t id, const char *name) {
   uint64_t cnt = 0, bytes = 0;
   int dim = -1, sl = -1, ver = -1;
-  store_iter *it = store_iter_create(db, k);
-  for (; it && store_iter_valid(it); store_iter_next(it)) {
+  kv_iter *it = kv_iter_create(db, k);
+  for (; it && kv_iter_valid(it); kv_iter_next(it)) {
     size_t len;
-    const char *v = store_iter_value(it, &len);
-    if (!cnt && len >= STORE_ROW_HEADER) {
+    const char *v = kv_iter_value(it, &len);
+    if (!cnt && len >= KV_ROW_HEADER) {
       const unsigned char *p = (const unsigned char *)v;
       ver = p[2];
       dim = p[4] | (p[5] << 8);
@@ -68,7 +68,7 @@ static void inspect_table(report *r, store_db *db, int k, uint32_t id, const cha
     cnt++;
     bytes += 8 + len;
   }
-  store_iter_destroy(it);
+  kv_iter_destroy(it);
   fprintf(r->out, "%-8s table_id %-5u %10llu rows %12llu bytes", name, id,
           (unsigned long long)cnt, (unsigned long long)bytes);
   if (cnt) fprintf(r->out, "  (row layout v%d: dim %d, optimizer state %d)", ver, dim, sl);
@@ -79,14 +79,14 @@ static void inspect_table(report *r, store_db *db, int k, uint32_t id, const cha
   for (int i = 0; i < r->o->n_rows; i++) {
     char *val = NULL, e[1024];
     size_t len = 0;
-    if (store_multi_get(db, 1, cf, &r->o->rows[i], &val, &len, e, sizeof e)) {
+    if (kv_multi_get(db, 1, cf, &r->o->rows[i], &val, &len, e, sizeof e)) {
       fail(r, SR_EIO, e);
       continue;
     }
     if (!val) continue; /* on another shard, or never written */
     fprintf(r->out, "  row %llu (table_id %u, %s):", (unsigned long long)r->o->rows[i], id, name);
     print_row(r->out, val, len);
-    store_value_free(val);
+    kv_value_free(val);
   }
 }
 
@@ -95,20 +95,20 @@ static void inspect_db(report *r, const char *path, const char *name) {
   char e[1024];
   uint32_t *ids;
   int n;
-  if (store_list_tables(path, &ids, &n, e, sizeof e)) {
+  if (kv_list_tables(path, &ids, &n, e, sizeof e)) {
     fail(r, SR_EIO, e);
     return;
   }
-  store_opts so = {.read_only = 1, .block_cache_bytes = 8 << 20};
-  store_db *db;
-  if (store_open(path, n, ids, &so, &db, e, sizeof e)) {
+  kv_opts so = {.read_only = 1, .block_cache_bytes = 8 << 20};
+  kv_db *db;
+  if (kv_open(path, n, ids, &so, &db, e, sizeof e)) {
     fail(r, SR_EIO, e);
     free(ids);
     return;
   }
   for (int k = 0; k < n; k++)
     if (r->o->table < 0 || ids[k] == (uint32_t)r->o->table) inspect_table(r, db, k, ids[k], name);
-  store_close(db);
+  kv_close(db);
   free(ids);
 }
 

@@ -286,15 +286,15 @@ START_TEST(test_row_version_refused) {
   char path[512], err[512];
   snprintf(path, sizeof path, "%s/shard-0", dir);
   uint32_t ids[NT] = {0, 1, 2};
-  store_db *db;
-  ck_assert_int_eq(store_open(path, NT, ids, NULL, &db, err, sizeof err), 0);
+  kv_db *db;
+  ck_assert_int_eq(kv_open(path, NT, ids, NULL, &db, err, sizeof err), 0);
   unsigned char row[8 + 4 * 8];
   float v[8] = {1, 2, 3, 4, 5, 6, 7, 8};
-  store_row_encode(8, 0, v, row);
+  kv_row_encode(8, 0, v, row);
   row[2] = 9; /* a future layout */
-  store_batch_put(db, 0, 42, row, sizeof row);
-  ck_assert_int_eq(store_batch_commit(db, err, sizeof err), 0);
-  store_close(db);
+  kv_batch_put(db, 0, 42, row, sizeof row);
+  ck_assert_int_eq(kv_batch_commit(db, err, sizeof err), 0);
+  kv_close(db);
   sh = make_shard(p, dir, 2048);
   static step_data d;
   memset(&d, 0, sizeof d);
