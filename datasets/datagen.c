@@ -6,11 +6,12 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <zlib.h>
 
+#include "common/auc.h"
 #include "common/rng.h"
 #include "common/status.h"
+#include "common/sys.h"
 
 /* The reference DLRM's Kaggle cardinalities (C1..C26). */
 static const uint32_t kaggle_counts[DG_NUM_CAT] = {
@@ -540,67 +541,8 @@ size_t dg_row_format(const dg_row *row, char *buf) {
 
 /* ------------------------------------------------------------------ AUC */
 
-/* Order-preserving map of a float to uint32 (negative floats too). */
-static inline uint32_t float_key(float f) {
-  if (f == 0.0f) f = 0.0f; /* -0 ties +0 */
-  uint32_t b;
-  memcpy(&b, &f, 4);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-
-/* keys are (float_key << 1 | label); sort by the float part, LSD radix,
- * 3 passes of 11 bits over bits 1..33. */
-static int radix_sort(uint64_t *k, size_t n) {
-  uint64_t *tmp = malloc(sizeof(uint64_t) * (n ? n : 1));
-  if (!tmp) return SR_ENOMEM;
-  uint64_t *src = k, *dst = tmp;
-  for (int pass = 0; pass < 3; pass++) {
-    int shift = 1 + 11 * pass;
-    size_t cnt[2048] = {0};
-    for (size_t i = 0; i < n; i++) cnt[(src[i] >> shift) & 2047]++;
-    size_t sum = 0;
-    for (int b = 0; b < 2048; b++) {
-      size_t c = cnt[b];
-      cnt[b] = sum;
-      sum += c;
-    }
-    for (size_t i = 0; i < n; i++) dst[cnt[(src[i] >> shift) & 2047]++] = src[i];
-    uint64_t *t = src;
-    src = dst;
-    dst = t;
-  }
-  /* after 3 passes the sorted data is in tmp */
-  memcpy(k, src, sizeof(uint64_t) * n);
-  free(tmp);
-  return 0;
-}
-
-/* AUC of sorted keys: sum over groups of equal score of
- * pos_g * (neg below + neg_g / 2), over P * N. */
-static double auc_sorted(const uint64_t *k, size_t n) {
-  double pos = 0, neg = 0, acc = 0;
-  size_t i = 0;
-  while (i < n) {
-    uint64_t s = k[i] >> 1;
-    double pg = 0, ng = 0;
-    for (; i < n && (k[i] >> 1) == s; i++) {
-      if (k[i] & 1) pg++;
-      else ng++;
-    }
-    acc += pg * (neg + 0.5 * ng);
-    pos += pg, neg += ng;
-  }
-  return pos > 0 && neg > 0 ? acc / (pos * neg) : NAN;
-}
-
 int dg_auc_compute(const float *score, const uint8_t *label, size_t n, double *auc) {
-  uint64_t *k = malloc(sizeof(uint64_t) * (n ? n : 1));
-  if (!k) return SR_ENOMEM;
-  for (size_t i = 0; i < n; i++) k[i] = ((uint64_t)float_key(score[i]) << 1) | (label[i] != 0);
-  int rc = radix_sort(k, n);
-  if (!rc) *auc = auc_sorted(k, n);
-  free(k);
-  return rc;
+  return sr_auc(score, label, n, auc);
 }
 
 /* Streaming oracle figures of one split: exact keys up to `max` rows, then a
@@ -617,7 +559,7 @@ static int acc_add(auc_acc *a, float p, int y) {
   a->rows++;
   a->pos += (uint64_t)y;
   a->ll -= y ? log((double)p) : log1p(-(double)p);
-  uint64_t key = ((uint64_t)float_key(p) << 1) | (uint64_t)y;
+  uint64_t key = sr_auc_key(p, y);
   if (!a->hist && a->n == a->max) {
     a->hist = calloc(2 * (size_t)DG_HIST_BINS, sizeof(uint64_t));
     if (!a->hist) return SR_ENOMEM;
@@ -658,10 +600,7 @@ static int acc_finish(auc_acc *a, dg_split_stats *s) {
     s->auc = pos > 0 && neg > 0 ? acc / (pos * neg) : NAN;
     return 0;
   }
-  int rc = radix_sort(a->keys, a->n);
-  if (rc) return rc;
-  s->auc = auc_sorted(a->keys, a->n);
-  return 0;
+  return sr_auc_keys(a->keys, a->n, &s->auc);
 }
 
 static void acc_free(auc_acc *a) {
@@ -748,8 +687,7 @@ static int out_write(FILE *f, gzFile gz, const char *buf, size_t n, int *gzerr) 
 int dg_generator_write(dg_generator *g, const char *path, dg_summary *summary, char *errbuf,
                        size_t errlen) {
   if (errbuf && errlen) errbuf[0] = 0;
-  struct timespec t0, t1;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
+  double t0 = sr_now();
   const dg_config *c = &g->cfg;
   uint64_t ntest = (uint64_t)llround((double)c->rows * c->test_fraction);
   if (ntest > c->rows) ntest = c->rows;
@@ -828,8 +766,7 @@ int dg_generator_write(dg_generator *g, const char *path, dg_summary *summary, c
     }
   }
   if ((rc = acc_finish(&all, &sm.all)) || (rc = acc_finish(&test, &sm.test))) goto done;
-  clock_gettime(CLOCK_MONOTONIC, &t1);
-  sm.seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  sm.seconds = sr_now() - t0;
   if ((rc = write_summary(g, spath, &sm))) {
     what = spath;
     goto done;

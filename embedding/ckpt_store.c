@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/status.h"
 #include "embedding/shard.h"
 #include "storage/kv.h"
@@ -211,7 +212,7 @@ static int make_tmp_dir(const char *dir, const char *shards, ckpt_store *out, ch
   }
   out->tmp_dir = strdup(tpl);
   if (!out->tmp_dir) {
-    store_rmtree(tpl);
+    sr_rmtree(tpl);
     snprintf(err, errlen, "out of memory");
     return SR_ENOMEM;
   }
@@ -388,7 +389,7 @@ int ckpt_store_open(const char *dir, const emb_plan *plan, const ckpt_store_opts
   if (rc) {
     emb_store_destroy(out->store);
     out->store = NULL;
-    if (out->tmp_dir) store_rmtree(out->tmp_dir);
+    if (out->tmp_dir) sr_rmtree(out->tmp_dir);
     free(out->tmp_dir);
     out->tmp_dir = NULL;
   }
@@ -399,7 +400,7 @@ int ckpt_store_open(const char *dir, const emb_plan *plan, const ckpt_store_opts
 void ckpt_store_close(ckpt_store *cs) {
   if (!cs) return;
   emb_store_destroy(cs->store);
-  if (cs->tmp_dir) store_rmtree(cs->tmp_dir);
+  if (cs->tmp_dir) sr_rmtree(cs->tmp_dir);
   free(cs->tmp_dir);
   memset(cs, 0, sizeof *cs);
 }

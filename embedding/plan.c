@@ -5,7 +5,6 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
-#include <openssl/evp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/rng.h"
+#include "common/sha256.h"
 #include "common/status.h"
 
 /* ---- names ---- */
@@ -56,27 +56,6 @@ int emb_pooling_parse(const char *s, emb_pooling *out) {
 double emb_default_init_range(uint64_t rows) {
   if (rows == EMB_ROWS_UNBOUNDED) rows = EMB_UNBOUNDED_ROWS_ESTIMATE;
   return sqrt(1.0 / (double)rows);
-}
-
-/* ---- SHA-256 ---- */
-
-int emb_sha256(const void *data, size_t n, unsigned char out[32]) {
-  unsigned int len = 0;
-  if (!EVP_Digest(data, n, out, &len, EVP_sha256(), NULL) || len != 32) return SR_EBACKEND;
-  return 0;
-}
-
-int emb_sha256_hex(const void *data, size_t n, char hex[EMB_FP_HEX]) {
-  unsigned char d[32];
-  int rc = emb_sha256(data, n, d);
-  if (rc) return rc;
-  static const char digits[] = "0123456789abcdef";
-  for (int i = 0; i < 32; i++) {
-    hex[2 * i] = digits[d[i] >> 4];
-    hex[2 * i + 1] = digits[d[i] & 15];
-  }
-  hex[64] = '\0';
-  return 0;
 }
 
 /* ---- plan memory ---- */
@@ -597,7 +576,7 @@ char *emb_plan_canonical(const emb_plan *plan, int with_placement) {
 static int fingerprint(const emb_plan *plan, int with_placement, char hex[EMB_FP_HEX]) {
   char *s = emb_plan_canonical(plan, with_placement);
   if (!s) return SR_ENOMEM;
-  int rc = emb_sha256_hex(s, strlen(s), hex);
+  int rc = sr_sha256_hex(s, strlen(s), hex);
   free(s);
   return rc;
 }

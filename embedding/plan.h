@@ -174,10 +174,6 @@ char *emb_plan_canonical(const emb_plan *plan, int with_placement);
 int emb_plan_model_fingerprint(const emb_plan *plan, char hex[EMB_FP_HEX]);
 int emb_plan_fingerprint(const emb_plan *plan, char hex[EMB_FP_HEX]);
 
-/* SHA-256 of data[n] (OpenSSL EVP) as lowercase hex, and as 32 raw bytes. */
-int emb_sha256_hex(const void *data, size_t n, char hex[EMB_FP_HEX]);
-int emb_sha256(const void *data, size_t n, unsigned char out[32]);
-
 /* Index of the table with table_id, or -1. */
 int emb_plan_table_index(const emb_plan *plan, uint32_t table_id);
 

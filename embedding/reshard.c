@@ -193,7 +193,7 @@ static int put_row(worker *w, int k, uint32_t tid, uint64_t key, const char *val
     }
   }
   if (o->row_hook) {
-    unsigned char tmp[STORE_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
+    unsigned char tmp[KV_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
     memcpy(tmp, val, len);
     if (o->row_hook(o->row_hook_ctx, tid, key, tmp, len)) return 0; /* dropped */
     rc = sst_writer_put(w->w[k], key, tmp, len, err, errlen);
@@ -207,8 +207,8 @@ static int put_row(worker *w, int k, uint32_t tid, uint64_t key, const char *val
 /* Check an encoded row's header against the table's dim and state. */
 static int row_ok(const char *v, size_t len, int dim, int slen) {
   const unsigned char *p = (const unsigned char *)v;
-  return len == store_row_size(dim, slen) && p[0] == 'S' && p[1] == 'R' &&
-         p[2] == STORE_ROW_VERSION && (p[4] | (p[5] << 8)) == dim && (p[6] | (p[7] << 8)) == slen;
+  return len == kv_row_size(dim, slen) && p[0] == 'S' && p[1] == 'R' &&
+         p[2] == KV_ROW_VERSION && (p[4] | (p[5] << 8)) == dim && (p[6] | (p[7] << 8)) == slen;
 }
 
 /* Run job(ctx, k, ti) for k = 0..n-1 on up to 16 threads at a time. Each
@@ -344,7 +344,7 @@ static int move_table(worker *w, int ti, char *err, size_t errlen) {
     if (!row_ok(v, len, dim, slen)) {
       sr_fmt(err, errlen, "%s/shard-%d: table_id %u (%s) row %llu: a value of %zu bytes is not a row "
              "of dim %d with %d state floats (expected %zu bytes)", r->o->src_dir, best, tid, tb->name,
-             (unsigned long long)bk, len, dim, slen, store_row_size(dim, slen));
+             (unsigned long long)bk, len, dim, slen, kv_row_size(dim, slen));
       rc = SR_EFORMAT;
       goto out;
     }

@@ -4,7 +4,7 @@
  *
  * Sources: SRC/shard-K (K = 0..src plan's n_shards-1), each a RocksDB
  * database (kv.h layout: family t<table_id>, key = row id big-endian,
- * value = store_row_encode(value + optimizer state)), opened read-only.
+ * value = kv_row_encode(value + optimizer state)), opened read-only.
  *
  * Streaming, per table (tables side by side on opts.threads workers, each
  * with its own writers): one iterator per source over the table's family

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/status.h"
 #include "common/sys.h"
 #include "embedding/ckpt_plan.h"
@@ -27,44 +28,12 @@ static int exists(const char *p) {
   return lstat(p, &st) == 0;
 }
 
-static int is_file(const char *p) {
-  struct stat st;
-  return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-static int copy_file(const char *src, const char *dst, char *err, size_t errlen) {
-  int in = open(src, O_RDONLY), out = -1, rc = 0;
-  if (in < 0) {
-    sr_fmt(err, errlen, "%s: cannot open: %s", src, strerror(errno));
-    return SR_EIO;
-  }
-  out = open(dst, O_WRONLY | O_CREAT | O_EXCL, 0644);
-  if (out < 0) {
-    sr_fmt(err, errlen, "%s: cannot create: %s", dst, strerror(errno));
-    close(in);
-    return SR_EIO;
-  }
-  char *buf = malloc(1 << 16);
-  ssize_t got = -1;
-  while (buf && (got = read(in, buf, 1 << 16)) > 0)
-    if (write(out, buf, (size_t)got) != got) {
-      rc = SR_EIO;
-      break;
-    }
-  if (got < 0 || fsync(out) != 0) rc = SR_EIO;
-  if (close(out) != 0) rc = SR_EIO;
-  close(in);
-  free(buf);
-  if (rc) sr_fmt(err, errlen, "%s: cannot copy to %s: %s", src, dst, strerror(errno));
-  return rc;
-}
-
 /* A server folder of table files (shard-K[-K2...]/table-<tid>.bin) under
  * shards? */
 static int has_server_folders(const char *shards, uint32_t tid) {
   char **files;
   int nf, servers = 0;
-  if (store_list_files(shards, &files, &nf)) return 0;
+  if (sr_list_files(shards, &files, &nf)) return 0;
   char want[64];
   snprintf(want, sizeof want, "/table-%u.bin", tid);
   size_t wl = strlen(want);
@@ -72,7 +41,7 @@ static int has_server_folders(const char *shards, uint32_t tid) {
     size_t l = strlen(files[i]);
     servers = !strncmp(files[i], "shard-", 6) && l > wl && !strcmp(files[i] + l - wl, want);
   }
-  store_paths_free(files, nf);
+  sr_paths_free(files, nf);
   return servers;
 }
 
@@ -82,12 +51,12 @@ static int find_layout(const char *step_dir, const emb_plan *plan, char *err, si
   uint32_t tid = plan->tables[0].table_id;
   snprintf(shards, sizeof shards, "%s/shards", step_dir);
   snprintf(p, sizeof p, "%s/table-%u.bin", shards, tid);
-  if (is_file(p)) return RESHARD_TABLE_FILES_LOCAL;
+  if (sr_is_file(p)) return RESHARD_TABLE_FILES_LOCAL;
   snprintf(p, sizeof p, "%s/shard-0/table-%u.bin", shards, tid);
-  if (is_file(p)) return RESHARD_TABLE_FILES_SERVERS;
+  if (sr_is_file(p)) return RESHARD_TABLE_FILES_SERVERS;
   for (int k = 0; k < plan->n_shards; k++) {
     snprintf(p, sizeof p, "%s/shard-%d/CURRENT", shards, k);
-    if (is_file(p)) continue;
+    if (sr_is_file(p)) continue;
     /* Servers hosting several shards each: shard-0-1/... */
     if (has_server_folders(shards, tid)) return RESHARD_TABLE_FILES_SERVERS;
     sr_fmt(err, errlen, "%s/shard-%d: missing (the plan has %d shards)", shards, k,
@@ -171,7 +140,7 @@ static int move_rows(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_p
 /* Replace OUT by tmp (OUT moved aside first, removed once tmp is in place). */
 static int publish(const char *tmp, const char *out, char *err, size_t errlen) {
   char old[4200] = "", parent[4096];
-  store_fsync_dir(tmp);
+  sr_fsync_dir(tmp);
   if (exists(out)) {
     snprintf(old, sizeof old, "%s.old-%ld", out, (long)getpid());
     if (rename(out, old) != 0) {
@@ -185,8 +154,8 @@ static int publish(const char *tmp, const char *out, char *err, size_t errlen) {
     return SR_EIO;
   }
   ckpt_dir_parent(out, parent, sizeof parent);
-  store_fsync_dir(parent);
-  if (old[0]) store_rmtree(old);
+  sr_fsync_dir(parent);
+  if (old[0]) sr_rmtree(old);
   return 0;
 }
 
@@ -205,14 +174,14 @@ static int write_out(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_p
   }
   snprintf(p1, sizeof p1, "%s/dense.bin", ck->dir);
   snprintf(p2, sizeof p2, "%s/dense.bin", t.tmp);
-  if (is_file(p1) && (rc = copy_file(p1, p2, err, errlen))) return rc;
+  if (sr_is_file(p1) && (rc = sr_copy_file(p1, p2, err, errlen))) return rc;
   if (o->on_start) o->on_start(st, o->ctx);
   if ((rc = move_rows(o, ck, plan, &t, work, st, err, errlen))) {
     size_t l = strlen(err);
     snprintf(err + l, errlen > l ? errlen - l : 0, "; nothing written at %s", st->out_dir);
     return rc;
   }
-  store_rmtree(work);
+  sr_rmtree(work);
   if ((rc = emb_ckpt_write_as(ck->manifest, ck->plan, plan, t.tmp, t.final, err, errlen)))
     return rc;
   return publish(tmp, st->out_dir, err, errlen);
@@ -241,7 +210,7 @@ int reshard_checkpoint(const reshard_ckpt_opts *o, reshard_ckpt_stats *st, char 
     rc = SR_EIO;
     goto out;
   }
-  if ((rc = write_out(o, &ck, plan, tmp, st, err, errlen))) store_rmtree(tmp);
+  if ((rc = write_out(o, &ck, plan, tmp, st, err, errlen))) sr_rmtree(tmp);
 out:
   emb_plan_free(plan);
   emb_ckpt_close(&ck);

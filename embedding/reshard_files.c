@@ -7,16 +7,17 @@
  *   u64 record bytes (8 + 4 (dim + state)), the model fingerprint (64 hex
  *   characters), zeros; then rows records (u64 row id, ascending, then the
  *   floats), then the SHA-256 of everything before it.
- * Rows are hashed as the RocksDB path hashes them (store_row_encode of the
+ * Rows are hashed as the RocksDB path hashes them (kv_row_encode of the
  * floats), so a table's checksum is the same whichever layout holds it. */
 #include <errno.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/sha256.h"
+#include "common/fs.h"
 #include "common/status.h"
 #include "common/sys.h"
 #include "embedding/optim.h"
@@ -141,20 +142,19 @@ static int tf_finish(tf_writer *w, char *err, size_t errlen) {
   int bad = fflush(w->f) != 0 || fseek(w->f, 0, SEEK_SET) != 0 ||
             fwrite(w->hdr, 1, TF_HEADER, w->f) != TF_HEADER || fflush(w->f) != 0 ||
             fseek(w->f, 0, SEEK_SET) != 0;
-  EVP_MD_CTX *md = EVP_MD_CTX_new();
+  sr_sha256_ctx md = {0};
   unsigned char *buf = malloc(1 << 20), dig[32];
-  unsigned int dl = 0;
-  if (!bad && md && buf && EVP_DigestInit_ex(md, EVP_sha256(), NULL)) {
+  if (!bad && buf && !sr_sha256_init(&md)) {
     size_t got;
-    while ((got = fread(buf, 1, 1 << 20, w->f)) > 0) EVP_DigestUpdate(md, buf, got);
+    while ((got = fread(buf, 1, 1 << 20, w->f)) > 0) sr_sha256_update(&md, buf, got);
     bad |= ferror(w->f) != 0;
-    EVP_DigestFinal_ex(md, dig, &dl);
+    bad |= sr_sha256_final(&md, dig) != 0;
     bad |= fseek(w->f, 0, SEEK_END) != 0 || fwrite(dig, 1, 32, w->f) != 32 || fflush(w->f) != 0 ||
            fsync(fileno(w->f)) != 0;
   } else {
     bad = 1;
   }
-  EVP_MD_CTX_free(md);
+  sr_sha256_abort(&md);
   free(buf);
   bad |= fclose(w->f) != 0;
   w->f = NULL;
@@ -183,7 +183,7 @@ static int list_sources(const reshard_opts *o, char ***out, int *n) {
     return 0;
   }
   char **files;
-  int rc = store_list_files(o->src_dir, &files, &np);
+  int rc = sr_list_files(o->src_dir, &files, &np);
   if (rc) return rc;
   /* Folders holding table-<first id>.bin. */
   char want[64];
@@ -197,7 +197,7 @@ static int list_sources(const reshard_opts *o, char ***out, int *n) {
     if (!(paths[*n] = strdup(p))) break;
     (*n)++;
   }
-  store_paths_free(files, np);
+  sr_paths_free(files, np);
   if (!paths) return SR_ENOMEM;
   *out = paths;
   return 0;
@@ -273,8 +273,8 @@ static int move_table_files(frun *f, int ti, char *err, size_t errlen) {
   const emb_table *tb = &dst->tables[ti];
   reshard_table *rt = &f->st->tables[ti];
   int slen = emb_optim_state_len(&tb->optim, tb->dim), rc = 0;
-  size_t len = store_row_size(tb->dim, slen);
-  unsigned char enc[STORE_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
+  size_t len = kv_row_size(tb->dim, slen);
+  unsigned char enc[KV_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
   rt->table_id = tb->table_id;
   snprintf(rt->name, sizeof rt->name, "%s", tb->name);
   for (int s = 0; s < f->n_src && !rc; s++) {
@@ -298,7 +298,7 @@ static int move_table_files(frun *f, int ti, char *err, size_t errlen) {
       rc = SR_EFORMAT;
       break;
     }
-    store_row_encode(tb->dim, slen, (const float *)(const void *)(bp + 8), enc);
+    kv_row_encode(tb->dim, slen, (const float *)(const void *)(bp + 8), enc);
     uint64_t h = reshard_row_hash(tb->table_id, bk, enc, len);
     rt->rows_in++;
     rt->sum_in += h;
@@ -335,8 +335,8 @@ static int verify_file(frun *f, int ti, int k, char *err, size_t errlen) {
   const emb_table *tb = &dst->tables[ti];
   reshard_table *rt = &f->st->tables[ti];
   int slen = emb_optim_state_len(&tb->optim, tb->dim), rc = 0;
-  size_t len = store_row_size(tb->dim, slen);
-  unsigned char enc[STORE_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
+  size_t len = kv_row_size(tb->dim, slen);
+  unsigned char enc[KV_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
   char p[4500];
   out_path(p, sizeof p, f->o, f->local, k, tb->table_id);
   tf_reader r;
@@ -344,21 +344,20 @@ static int verify_file(frun *f, int ti, int k, char *err, size_t errlen) {
     tf_close(&r);
     return rc;
   }
-  EVP_MD_CTX *md = EVP_MD_CTX_new();
+  sr_sha256_ctx md = {0};
   unsigned char hdr[TF_HEADER], dig[32], want[32];
-  unsigned int dl = 0;
   fseek(r.f, 0, SEEK_SET);
-  if (!md || fread(hdr, 1, TF_HEADER, r.f) != TF_HEADER || !EVP_DigestInit_ex(md, EVP_sha256(), NULL)) {
+  if (fread(hdr, 1, TF_HEADER, r.f) != TF_HEADER) {
     sr_fmt(err, errlen, "%s: cannot read", p);
     rc = SR_EIO;
-  } else {
-    EVP_DigestUpdate(md, hdr, TF_HEADER);
+  } else if ((rc = sr_sha256_init(&md)) || (rc = sr_sha256_update(&md, hdr, TF_HEADER))) {
+    sr_fmt(err, errlen, "%s: SHA-256: %s", p, sr_strerror(rc));
   }
   uint64_t key;
   int io = 0;
   const unsigned char *q;
   while (!rc && (q = tf_peek(&r, &key, &io))) {
-    if (r.at == 0) EVP_DigestUpdate(md, r.buf, r.have * r.rec);
+    if (r.at == 0) sr_sha256_update(&md, r.buf, r.have * r.rec);
     if (!f->local && emb_plan_shard_of(dst, ti, key) != k) {
       sr_fmt(err, errlen, "verification: table_id %u (%s): row %llu was written to shard %d, the "
              "plan puts it on shard %d", tb->table_id, tb->name, (unsigned long long)key, k,
@@ -366,7 +365,7 @@ static int verify_file(frun *f, int ti, int k, char *err, size_t errlen) {
       rc = SR_ECHECKSUM;
       break;
     }
-    store_row_encode(tb->dim, slen, (const float *)(const void *)(q + 8), enc);
+    kv_row_encode(tb->dim, slen, (const float *)(const void *)(q + 8), enc);
     uint64_t h = reshard_row_hash(tb->table_id, key, enc, len);
     rt->rows_out++;
     rt->sum_out += h;
@@ -378,13 +377,14 @@ static int verify_file(frun *f, int ti, int k, char *err, size_t errlen) {
     rc = SR_EIO;
   }
   if (!rc) {
-    EVP_DigestFinal_ex(md, dig, &dl);
-    if (fread(want, 1, 32, r.f) != 32 || memcmp(dig, want, 32)) {
+    if ((rc = sr_sha256_final(&md, dig))) {
+      sr_fmt(err, errlen, "%s: SHA-256: %s", p, sr_strerror(rc));
+    } else if (fread(want, 1, 32, r.f) != 32 || memcmp(dig, want, 32)) {
       sr_fmt(err, errlen, "verification: %s: checksum mismatch", p);
       rc = SR_ECHECKSUM;
     }
   }
-  EVP_MD_CTX_free(md);
+  sr_sha256_abort(&md);
   tf_close(&r);
   return rc;
 }

@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include "common/fs.h"
 #include "common/rng.h"
 #include "common/status.h"
 #include "common/sys.h"
@@ -58,8 +59,8 @@ typedef struct {
   int n_db;
   int *db_shard;          /* [n_db] shard index of db k */
   int *shard_db;          /* [plan->n_shards] db index or -1 */
-  store_db **db;          /* [n_db] */
-  store_opts sopts;
+  kv_db **db;          /* [n_db] */
+  kv_opts sopts;
   /* chunk scratch */
   size_t chunk;           /* max items per chunk = cap / 2 */
   uint32_t *it_t;         /* [chunk] table */
@@ -124,15 +125,15 @@ static int db_of(shstore *s, int t, uint64_t id) {
 static void writeback(shstore *s, uint32_t i) {
   sh_meta *m = slot_meta(s, i);
   int t = m->table, k = db_of(s, t, m->key);
-  store_row_encode(s->dim[t], s->slen[t], slot_row(s, i), s->enc);
-  store_batch_put(s->db[k], t, m->key, s->enc, store_row_size(s->dim[t], s->slen[t]));
+  kv_row_encode(s->dim[t], s->slen[t], slot_row(s, i), s->enc);
+  kv_batch_put(s->db[k], t, m->key, s->enc, kv_row_size(s->dim[t], s->slen[t]));
   m->flags &= (uint16_t)~F_DIRTY;
   s->ctr.writebacks++;
 }
 
 static int commit_all(shstore *s) {
   for (int k = 0; k < s->n_db; k++) {
-    int rc = store_batch_commit(s->db[k], s->err, sizeof s->err);
+    int rc = kv_batch_commit(s->db[k], s->err, sizeof s->err);
     if (rc) return rc;
   }
   return 0;
@@ -211,7 +212,7 @@ static int chunk_resolve(shstore *s, size_t n, uint64_t *hits) {
         nk++;
       }
       if (!nk) continue;
-      int rc = store_multi_get_cf(s->db[k], (int)t, nk, s->mkey, (const char **)s->mval, s->mlen,
+      int rc = kv_multi_get_cf(s->db[k], (int)t, nk, s->mkey, (const char **)s->mval, s->mlen,
                                   s->err, sizeof s->err);
       if (rc) return rc;
       s->ctr.rocks_reads += nk;
@@ -221,11 +222,11 @@ static int chunk_resolve(shstore *s, size_t n, uint64_t *hits) {
         uint64_t id = s->it_id[i];
         if (s->mval[q]) {
           char e2[256];
-          rc = store_row_decode(s->mval[q], s->mlen[q], dim, sl, s->tmp, e2, sizeof e2);
+          rc = kv_row_decode(s->mval[q], s->mlen[q], dim, sl, s->tmp, e2, sizeof e2);
           if (rc) {
             sr_fmt(s->err, sizeof s->err, "%s/shard-%d: table %u row %llu: %s", s->dir,
                    s->db_shard[k], plan->tables[t].table_id, (unsigned long long)id, e2);
-            store_multi_get_release(s->db[k]);
+            kv_multi_get_release(s->db[k]);
             return rc;
           }
           s->ctr.rocks_found++;
@@ -252,7 +253,7 @@ static int chunk_resolve(shstore *s, size_t n, uint64_t *hits) {
         memcpy(slot_row(s, slot), s->tmp, 4 * (size_t)(dim + sl));
         s->it_slot[i] = slot;
       }
-      store_multi_get_release(s->db[k]);
+      kv_multi_get_release(s->db[k]);
     }
   return commit_all(s); /* rows evicted by this chunk */
 }
@@ -448,7 +449,7 @@ static int open_dbs(shstore *s) {
     if (s->db[k]) continue;
     char path[4096];
     snprintf(path, sizeof path, "%s/shard-%d", s->dir, s->db_shard[k]);
-    rc = store_open(path, s->n_tables, ids, &s->sopts, &s->db[k], s->err, sizeof s->err);
+    rc = kv_open(path, s->n_tables, ids, &s->sopts, &s->db[k], s->err, sizeof s->err);
   }
   free(ids);
   return rc;
@@ -472,7 +473,7 @@ static int sh_checkpoint(emb_store *b, const char *path) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/shard-%d", path, s->db_shard[k]);
     char e2[768];
-    if ((rc = store_checkpoint(s->db[k], dir, e2, sizeof e2))) {
+    if ((rc = kv_checkpoint(s->db[k], dir, e2, sizeof e2))) {
       sr_fmt(s->err, sizeof s->err, "checkpoint: %s", e2);
       return rc;
     }
@@ -490,7 +491,7 @@ static int sh_restore(emb_store *b, const char *path) {
     uint32_t *have;
     int n_have;
     char e2[512];
-    int rc = store_list_tables(src, &have, &n_have, e2, sizeof e2);
+    int rc = kv_list_tables(src, &have, &n_have, e2, sizeof e2);
     if (rc) {
       sr_fmt(s->err, sizeof s->err, "restore: %s", e2);
       return SR_ENOTFOUND;
@@ -512,14 +513,14 @@ static int sh_restore(emb_store *b, const char *path) {
     char src[4096], dst[4096];
     snprintf(src, sizeof src, "%s/shard-%d", path, s->db_shard[k]);
     snprintf(dst, sizeof dst, "%s/shard-%d", s->dir, s->db_shard[k]);
-    store_close(s->db[k]);
+    kv_close(s->db[k]);
     s->db[k] = NULL;
-    if (store_rmtree(dst)) {
+    if (sr_rmtree(dst)) {
       sr_fmt(s->err, sizeof s->err, "restore: %s: cannot remove", dst);
       return SR_EIO;
     }
     char e2[768];
-    int rc = store_copytree(src, dst, e2, sizeof e2);
+    int rc = sr_copytree(src, dst, e2, sizeof e2);
     if (rc) {
       sr_fmt(s->err, sizeof s->err, "restore: %s", e2);
       return rc;
@@ -534,7 +535,7 @@ static int sh_stats(emb_store *b, emb_store_stats *out) {
   uint64_t rows = 0, bytes = 0;
   for (int k = 0; k < s->n_db; k++)
     for (int t = 0; t < s->n_tables; t++) {
-      uint64_t r = store_property(s->db[k], t, "rocksdb.estimate-num-keys");
+      uint64_t r = kv_property(s->db[k], t, "rocksdb.estimate-num-keys");
       rows += r;
       bytes += r * 4 * (uint64_t)(s->dim[t] + s->slen[t]);
     }
@@ -558,32 +559,32 @@ static int sh_iterate(emb_store *b, int table, emb_row_fn fn, void *ctx) {
   }
   int rc = sh_flush(b);
   if (rc) return rc;
-  store_iter **it = calloc((size_t)s->n_db, sizeof *it);
+  kv_iter **it = calloc((size_t)s->n_db, sizeof *it);
   if (!it) return SR_ENOMEM;
   for (int k = 0; k < s->n_db; k++)
-    if (!(it[k] = store_iter_create(s->db[k], table))) rc = SR_ENOMEM;
+    if (!(it[k] = kv_iter_create(s->db[k], table))) rc = SR_ENOMEM;
   int dim = s->dim[table], sl = s->slen[table];
   while (!rc) {
     int best = -1;
     uint64_t bk = 0;
     for (int k = 0; k < s->n_db; k++)
-      if (store_iter_valid(it[k]) && (best < 0 || store_iter_key(it[k]) < bk)) {
+      if (kv_iter_valid(it[k]) && (best < 0 || kv_iter_key(it[k]) < bk)) {
         best = k;
-        bk = store_iter_key(it[k]);
+        bk = kv_iter_key(it[k]);
       }
     if (best < 0) break;
     size_t len;
-    const char *v = store_iter_value(it[best], &len);
+    const char *v = kv_iter_value(it[best], &len);
     char e2[256];
-    if ((rc = store_row_decode(v, len, dim, sl, s->tmp, e2, sizeof e2))) {
+    if ((rc = kv_row_decode(v, len, dim, sl, s->tmp, e2, sizeof e2))) {
       sr_fmt(s->err, sizeof s->err, "iterate: shard-%d table %d row %llu: %s", s->db_shard[best],
              table, (unsigned long long)bk, e2);
       break;
     }
     if (fn(ctx, table, bk, s->tmp, dim, sl ? s->tmp + dim : NULL, sl)) break;
-    store_iter_next(it[best]);
+    kv_iter_next(it[best]);
   }
-  for (int k = 0; k < s->n_db; k++) store_iter_destroy(it[k]);
+  for (int k = 0; k < s->n_db; k++) kv_iter_destroy(it[k]);
   free(it);
   return rc;
 }
@@ -593,7 +594,7 @@ static const char *sh_errmsg(emb_store *b) { return ((shstore *)b)->err; }
 static void sh_destroy(emb_store *b) {
   shstore *s = (shstore *)b;
   if (s->db) {
-    for (int k = 0; k < s->n_db; k++) store_close(s->db[k]);
+    for (int k = 0; k < s->n_db; k++) kv_close(s->db[k]);
   }
   free(s->db);
   free(s->db_shard);
@@ -649,18 +650,6 @@ int emb_shard_counters_get(emb_store *b, emb_shard_counters *out) {
   return 0;
 }
 
-static int mkdir_p(const char *path) {
-  char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s", path);
-  for (char *p = tmp + 1; *p; p++)
-    if (*p == '/') {
-      *p = 0;
-      if (mkdir(tmp, 0777) != 0 && errno != EEXIST) return -1;
-      *p = '/';
-    }
-  return mkdir(tmp, 0777) != 0 && errno != EEXIST ? -1 : 0;
-}
-
 emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
                                   const emb_shard_config *cfg, char *err, size_t errlen) {
   if (emb_plan_validate(plan, "plan", err, errlen)) return NULL;
@@ -678,7 +667,7 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
            (unsigned long long)rows, EMB_SHARD_MIN_CACHE_ROWS);
     return NULL;
   }
-  if (mkdir_p(data_dir) != 0) {
+  if (sr_mkdirs(data_dir) != 0) {
     sr_fmt(err, errlen, "shard store: %s: cannot create folder: %s", data_dir, strerror(errno));
     return NULL;
   }
@@ -722,7 +711,7 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
   s->ms_id = malloc(c * sizeof *s->ms_id);
   s->ms_r = malloc(c * sizeof *s->ms_r);
   s->tmp = malloc(4 * (size_t)s->stride);
-  s->enc = malloc(STORE_ROW_HEADER + 4 * (size_t)s->stride);
+  s->enc = malloc(KV_ROW_HEADER + 4 * (size_t)s->stride);
   if (!s->map || !s->slab || !s->it_t || !s->it_id || !s->it_pos || !s->it_slot || !s->miss ||
       !s->mcf || !s->mkey || !s->mval || !s->mlen || !s->mitem || !s->ms_t || !s->ms_id || !s->ms_r || !s->tmp || !s->enc)
     goto nomem;
@@ -747,7 +736,7 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
   }
   s->sopts.block_cache_bytes = cfg->block_cache_bytes;
   s->sopts.write_buffer_bytes = cfg->write_buffer_bytes;
-  s->sopts.compression = cfg->lz4 ? STORE_COMPRESSION_LZ4 : STORE_COMPRESSION_NONE;
+  s->sopts.compression = cfg->lz4 ? KV_COMPRESSION_LZ4 : KV_COMPRESSION_NONE;
   if (open_dbs(s)) {
     sr_fmt(err, errlen, "shard store: %s", s->err);
     sh_destroy(&s->base);

@@ -28,7 +28,6 @@
  * Restore checks the size, the header against the plan and the checksum
  * before replacing anything. */
 #include <errno.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +36,7 @@
 #include <unistd.h>
 
 #include "common/rng.h"
+#include "common/sha256.h"
 #include "common/status.h"
 #include "common/sys.h"
 #include "embedding/optim.h"
@@ -398,15 +398,15 @@ static int write_table(lstore *s, int ti, const char *dir) {
   put64(hdr + 40, (uint64_t)rec);
   memcpy(hdr + 48, s->model_fp, 64);
   FILE *f = fopen(tmp, "wb");
-  EVP_MD_CTX *md = EVP_MD_CTX_new();
+  sr_sha256_ctx md = {0};
   unsigned char *buf = malloc(rec * 1024);
-  if (!f || !md || !buf || !EVP_DigestInit_ex(md, EVP_sha256(), NULL)) {
-    sr_fmt(s->err, sizeof s->err, "checkpoint: %s: %s", tmp, f ? "out of memory" : strerror(errno));
-    rc = f ? SR_ENOMEM : SR_EIO;
+  if (!f || !buf || (rc = sr_sha256_init(&md))) {
+    sr_fmt(s->err, sizeof s->err, "checkpoint: %s: %s", tmp, f ? sr_strerror(rc ? rc : SR_ENOMEM) : strerror(errno));
+    rc = f ? (rc ? rc : SR_ENOMEM) : SR_EIO;
     goto out;
   }
   int bad = fwrite(hdr, 1, sizeof hdr, f) != sizeof hdr;
-  EVP_DigestUpdate(md, hdr, sizeof hdr);
+  sr_sha256_update(&md, hdr, sizeof hdr); /* a failure is reported by final */
   size_t fill = 0;
   for (size_t i = 0; i < t->n && !bad; i++) {
     const float *row = lt_row(t, lt_slot_at(t, lt_find(t, keys[i])));
@@ -414,14 +414,13 @@ static int write_table(lstore *s, int ti, const char *dir) {
     put64(p, keys[i]);
     memcpy(p + 8, row, 4 * (size_t)t->stride);
     if (++fill == 1024 || i + 1 == t->n) {
-      EVP_DigestUpdate(md, buf, fill * rec);
+      sr_sha256_update(&md, buf, fill * rec);
       bad |= fwrite(buf, 1, fill * rec, f) != fill * rec;
       fill = 0;
     }
   }
   unsigned char dig[32];
-  unsigned int dl = 0;
-  EVP_DigestFinal_ex(md, dig, &dl);
+  bad |= sr_sha256_final(&md, dig) != 0;
   bad |= fwrite(dig, 1, 32, f) != 32;
   bad |= fflush(f) != 0;
   bad |= fsync(fileno(f)) != 0;
@@ -437,7 +436,7 @@ out:
     fclose(f);
     unlink(tmp);
   }
-  EVP_MD_CTX_free(md);
+  sr_sha256_abort(&md);
   free(buf);
   free(keys);
   return rc;
@@ -470,7 +469,7 @@ static int read_table(lstore *s, int ti, const char *dir, ltab *nt) {
   }
   int rc = 0;
   unsigned char hdr[CK_HEADER], *buf = NULL;
-  EVP_MD_CTX *md = NULL;
+  sr_sha256_ctx md = {0};
   struct stat stt;
   if (fstat(fileno(f), &stt) != 0 || (size_t)stt.st_size < CK_HEADER + 32 ||
       fread(hdr, 1, CK_HEADER, f) != CK_HEADER) {
@@ -516,14 +515,13 @@ static int read_table(lstore *s, int ti, const char *dir, ltab *nt) {
     sr_fmt(s->err, sizeof s->err, "restore: out of memory");
     goto out;
   }
-  md = EVP_MD_CTX_new();
   buf = malloc(rec * 1024);
-  if (!md || !buf || !EVP_DigestInit_ex(md, EVP_sha256(), NULL)) {
-    sr_fmt(s->err, sizeof s->err, "restore: out of memory");
-    rc = SR_ENOMEM;
+  if (!buf || (rc = sr_sha256_init(&md))) {
+    rc = buf ? rc : SR_ENOMEM;
+    sr_fmt(s->err, sizeof s->err, "restore: %s", sr_strerror(rc));
     goto out;
   }
-  EVP_DigestUpdate(md, hdr, CK_HEADER);
+  sr_sha256_update(&md, hdr, CK_HEADER); /* a failure is reported by final */
   uint64_t prev = 0;
   for (uint64_t done = 0; done < n;) {
     size_t m = n - done < 1024 ? (size_t)(n - done) : 1024;
@@ -532,7 +530,7 @@ static int read_table(lstore *s, int ti, const char *dir, ltab *nt) {
       rc = SR_EIO;
       goto out;
     }
-    EVP_DigestUpdate(md, buf, m * rec);
+    sr_sha256_update(&md, buf, m * rec);
     for (size_t i = 0; i < m; i++) {
       const unsigned char *p = buf + i * rec;
       uint64_t key = get64(p);
@@ -548,15 +546,16 @@ static int read_table(lstore *s, int ti, const char *dir, ltab *nt) {
     done += m;
   }
   unsigned char dig[32], want[32];
-  unsigned int dl = 0;
-  EVP_DigestFinal_ex(md, dig, &dl);
-  if (fread(want, 1, 32, f) != 32 || memcmp(dig, want, 32) != 0) {
+  if (sr_sha256_final(&md, dig) != 0) {
+    sr_fmt(s->err, sizeof s->err, "restore: %s: SHA-256 failed", path);
+    rc = SR_EBACKEND;
+  } else if (fread(want, 1, 32, f) != 32 || memcmp(dig, want, 32) != 0) {
     sr_fmt(s->err, sizeof s->err, "restore: %s: checksum mismatch (file damaged)", path);
     rc = SR_ECHECKSUM;
   }
 out:
   if (rc) lt_free(nt);
-  EVP_MD_CTX_free(md);
+  sr_sha256_abort(&md);
   free(buf);
   fclose(f);
   return rc;

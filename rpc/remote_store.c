@@ -20,6 +20,7 @@
 
 #include "common/rng.h"
 #include "common/status.h"
+#include "common/sys.h"
 #include "rpc/client.h"
 #include "rpc/grpc_util.h"
 #include "rpc/shardrec.pb-c.h"
@@ -93,12 +94,6 @@ typedef struct {
   float *const *lookup_out;
   emb_store_stats st;
 } rstore;
-
-static double mono_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static const char *status_name(int s) {
   static const char *const names[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
@@ -231,7 +226,7 @@ static void run_calls(conn *conns, grpc_completion_queue *cq, pcall *calls, int 
                       const rpc_client_opts *o) {
   for (;;) {
     int busy = 0;
-    double now = mono_s(), next_retry = 0;
+    double now = sr_now(), next_retry = 0;
     for (int i = 0; i < n; i++) {
       pcall *p = &calls[i];
       if (p->done) continue;
@@ -253,7 +248,7 @@ static void run_calls(conn *conns, grpc_completion_queue *cq, pcall *calls, int 
     if (p->status == GRPC_STATUS_UNAVAILABLE && p->tries < o->max_tries) {
       p->backoff = p->backoff > 0 ? p->backoff * 2 : o->backoff_s;
       if (p->backoff > 1.0) p->backoff = 1.0;
-      p->retry_at = mono_s() + p->backoff;
+      p->retry_at = sr_now() + p->backoff;
       continue;
     }
     p->done = 1;
@@ -756,9 +751,9 @@ static void watch_stop(rstore *s) {
   }
   int left = 0;
   for (int i = 0; i < s->n_watch; i++) left += s->watch[i].active;
-  double until = mono_s() + 5;
+  double until = sr_now() + 5;
   while (left > 0) {
-    double now = mono_s();
+    double now = sr_now();
     grpc_event ev = grpc_completion_queue_next(
         s->wcq, now < until ? rpc__deadline(until - now) : gpr_inf_future(GPR_CLOCK_MONOTONIC),
         NULL);

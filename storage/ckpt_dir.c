@@ -5,32 +5,16 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fs.h"
+#include "common/sha256.h"
 #include "common/status.h"
 #include "storage/kv.h"
-
-static int is_file(const char *path) {
-  struct stat st;
-  return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-static int mkdir_p(const char *path) {
-  char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s", path);
-  for (char *q = tmp + 1; *q; q++)
-    if (*q == '/') {
-      *q = 0;
-      if (mkdir(tmp, 0777) != 0 && errno != EEXIST) return -1;
-      *q = '/';
-    }
-  return mkdir(tmp, 0777) != 0 && errno != EEXIST ? -1 : 0;
-}
 
 static int write_all(int fd, const void *p, size_t n) {
   const char *c = p;
@@ -75,13 +59,6 @@ static char *read_text(const char *path, size_t *len) {
   return s;
 }
 
-static void sha256_hex(const void *data, size_t n, char hex[65]) {
-  unsigned char dig[32];
-  unsigned int dl = 0;
-  EVP_Digest(data, n, dig, &dl, EVP_sha256(), NULL);
-  for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", dig[i]);
-}
-
 static const char *jstr(const cJSON *o, const char *k) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
   return cJSON_IsString(v) ? v->valuestring : NULL;
@@ -118,7 +95,7 @@ int ckpt_dir_list(const char *root, ckpt_dir_entry **out, int *n) {
     if (s < 0) continue;
     char done[4096];
     snprintf(done, sizeof done, "%s/%s/DONE", root, de->d_name);
-    if (!is_file(done)) continue;
+    if (!sr_is_file(done)) continue;
     if (*n == cap) {
       cap = cap ? 2 * cap : 16;
       ckpt_dir_entry *np = realloc(*out, (size_t)cap * sizeof *np);
@@ -139,7 +116,7 @@ int ckpt_dir_resolve(const char *path, char *out, size_t outlen, char *err, size
   snprintf(p, sizeof p, "%s/manifest.json", path);
   const char *base = strrchr(path, '/');
   base = base ? base + 1 : path;
-  if (is_file(p) || ckpt_dir_step_of(base) >= 0) {
+  if (sr_is_file(p) || ckpt_dir_step_of(base) >= 0) {
     snprintf(out, outlen, "%s", path);
     return 0;
   }
@@ -168,16 +145,16 @@ int ckpt_dir_begin(const char *root, long long step, ckpt_dir_txn *t, int *exist
   snprintf(t->final, sizeof t->final, "%s/step-%lld", root, step);
   snprintf(t->tmp, sizeof t->tmp, "%s/.step-%lld.tmp-%ld", root, step, (long)getpid());
   snprintf(done, sizeof done, "%s/DONE", t->final);
-  if (is_file(done)) {
+  if (sr_is_file(done)) {
     *exists = 1;
     return 0;
   }
-  if (mkdir_p(root) != 0) {
+  if (sr_mkdirs(root) != 0) {
     sr_fmt(err, errlen, "%s: cannot create folder: %s", root, strerror(errno));
     return SR_EIO;
   }
-  store_rmtree(t->tmp);
-  store_rmtree(t->final); /* a torn one from an earlier crash */
+  sr_rmtree(t->tmp);
+  sr_rmtree(t->final); /* a torn one from an earlier crash */
   if (mkdir(t->tmp, 0777) != 0) {
     sr_fmt(err, errlen, "%s: cannot create folder: %s", t->tmp, strerror(errno));
     return SR_EIO;
@@ -200,7 +177,7 @@ static int list_files(const char *tmp, cJSON *man, char *err, size_t errlen) {
   int nf = 0, rc;
   cJSON_DeleteItemFromObjectCaseSensitive(man, "files");
   cJSON *fl = cJSON_AddArrayToObject(man, "files");
-  if ((rc = store_list_files(tmp, &files, &nf))) {
+  if ((rc = sr_list_files(tmp, &files, &nf))) {
     sr_fmt(err, errlen, "%s: cannot list files", tmp);
     return rc;
   }
@@ -208,7 +185,7 @@ static int list_files(const char *tmp, cJSON *man, char *err, size_t errlen) {
     char fp[8300], hex[65];
     uint64_t size;
     snprintf(fp, sizeof fp, "%s/%s", tmp, files[i]);
-    if ((rc = store_file_sha256(fp, hex, &size))) {
+    if ((rc = sr_sha256_file(fp, hex, &size))) {
       sr_fmt(err, errlen, "%s: cannot read", fp);
       break;
     }
@@ -224,7 +201,7 @@ static int list_files(const char *tmp, cJSON *man, char *err, size_t errlen) {
     cJSON_AddStringToObject(f, "sha256", hex);
     cJSON_AddItemToArray(fl, f);
   }
-  store_paths_free(files, nf);
+  sr_paths_free(files, nf);
   return rc;
 }
 
@@ -239,25 +216,28 @@ int ckpt_dir_commit(const ckpt_dir_txn *t, cJSON *man, char *err, size_t errlen)
   }
   snprintf(path, sizeof path, "%s/manifest.json", t->tmp);
   if ((rc = write_file(path, text, strlen(text), err, errlen))) goto out;
-  store_fsync_dir(t->tmp);
+  sr_fsync_dir(t->tmp);
   if (rename(t->tmp, t->final) != 0) {
     sr_fmt(err, errlen, "%s: cannot rename to %s: %s", t->tmp, t->final, strerror(errno));
     rc = SR_EIO;
     goto out;
   }
-  store_fsync_dir(t->root);
+  sr_fsync_dir(t->root);
   char hex[65], done[80];
-  sha256_hex(text, strlen(text), hex);
+  if ((rc = sr_sha256_hex(text, strlen(text), hex))) {
+    sr_fmt(err, errlen, "%s: SHA-256 of the manifest failed: %s", t->tmp, sr_strerror(rc));
+    goto out;
+  }
   snprintf(done, sizeof done, "%s\n", hex);
   snprintf(path, sizeof path, "%s/DONE", t->final);
   if ((rc = write_file(path, done, strlen(done), err, errlen))) goto out;
-  store_fsync_dir(t->final);
+  sr_fsync_dir(t->final);
 out:
   free(text);
   return rc;
 }
 
-void ckpt_dir_abort(const ckpt_dir_txn *t) { store_rmtree(t->tmp); }
+void ckpt_dir_abort(const ckpt_dir_txn *t) { sr_rmtree(t->tmp); }
 
 void ckpt_dir_keep(const char *root, int keep) {
   if (keep <= 0) return;
@@ -267,7 +247,7 @@ void ckpt_dir_keep(const char *root, int keep) {
   for (int i = 0; i + keep < n; i++) {
     char path[4400];
     snprintf(path, sizeof path, "%s/%s", root, sd[i].name);
-    store_rmtree(path);
+    sr_rmtree(path);
   }
   free(sd);
 }
@@ -279,9 +259,8 @@ int ckpt_dir_read(const char *dir, cJSON **out, char *err, size_t errlen) {
   int rc = 0;
   char *text = NULL, *done = NULL;
   cJSON *man = NULL;
-  struct stat sst;
   *out = NULL;
-  if (stat(dir, &sst) != 0 || !S_ISDIR(sst.st_mode)) {
+  if (!sr_is_dir(dir)) {
     sr_fmt(err, errlen, "%s: no such checkpoint folder", dir);
     return SR_ENOTFOUND;
   }
@@ -299,7 +278,10 @@ int ckpt_dir_read(const char *dir, cJSON **out, char *err, size_t errlen) {
     goto out;
   }
   char hex[65];
-  sha256_hex(text, tl, hex);
+  if ((rc = sr_sha256_hex(text, tl, hex))) {
+    sr_fmt(err, errlen, "%s: SHA-256 failed: %s", path, sr_strerror(rc));
+    goto out;
+  }
   if (strncmp(done, hex, 64)) {
     sr_fmt(err, errlen, "%s: checksum does not match the one in DONE (file damaged)", path);
     rc = SR_ECHECKSUM;
@@ -343,7 +325,7 @@ int ckpt_dir_verify(const char *dir, const cJSON *man, char *err, size_t errlen)
     char fp[8300], got[65];
     uint64_t gs;
     snprintf(fp, sizeof fp, "%s/%s", dir, rel);
-    if (store_file_sha256(fp, got, &gs)) {
+    if (sr_sha256_file(fp, got, &gs)) {
       sr_fmt(err, errlen, "%s: missing or unreadable (listed in the manifest)", fp);
       return SR_ENOTFOUND;
     }

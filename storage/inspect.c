@@ -2,23 +2,14 @@
 #include "storage/inspect.h"
 
 #include <cjson/cJSON.h>
-#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
+#include "common/fs.h"
 #include "common/status.h"
 #include "storage/ckpt_dir.h"
 #include "storage/kv.h"
 
-static int is_dir(const char *p) {
-  struct stat st;
-  return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-static int is_file(const char *p) {
-  struct stat st;
-  return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
 
 /* The first failure of a report that goes on. */
 typedef struct {
@@ -38,17 +29,17 @@ static void fail(report *r, int rc, const char *msg) {
 
 static void print_row(FILE *out, const char *v, size_t len) {
   const unsigned char *p = (const unsigned char *)v;
-  if (len < STORE_ROW_HEADER || p[0] != 'S' || p[1] != 'R') {
+  if (len < KV_ROW_HEADER || p[0] != 'S' || p[1] != 'R') {
     fprintf(out, " (not a shardrec row: %zu bytes)\n", len);
     return;
   }
   int dim = p[4] | (p[5] << 8), sl = p[6] | (p[7] << 8);
-  if (p[2] != STORE_ROW_VERSION || len != store_row_size(dim, sl)) {
+  if (p[2] != KV_ROW_VERSION || len != kv_row_size(dim, sl)) {
     fprintf(out, " (row layout version %u, %zu bytes: not readable by this build)\n", p[2], len);
     return;
   }
   float f[2048];
-  memcpy(f, v + STORE_ROW_HEADER, 4 * (size_t)(dim + sl));
+  memcpy(f, v + KV_ROW_HEADER, 4 * (size_t)(dim + sl));
   fprintf(out, " value [");
   for (int j = 0; j < dim; j++) fprintf(out, "%s%.9g", j ? " " : "", f[j]);
   fprintf(out, "]");
@@ -61,14 +52,14 @@ static void print_row(FILE *out, const char *v, size_t len) {
 }
 
 /* Family k of db: rows, bytes, layout; then the asked rows. */
-static void inspect_table(report *r, store_db *db, int k, uint32_t id, const char *name) {
+static void inspect_table(report *r, kv_db *db, int k, uint32_t id, const char *name) {
   uint64_t cnt = 0, bytes = 0;
   int dim = -1, sl = -1, ver = -1;
-  store_iter *it = store_iter_create(db, k);
-  for (; it && store_iter_valid(it); store_iter_next(it)) {
+  kv_iter *it = kv_iter_create(db, k);
+  for (; it && kv_iter_valid(it); kv_iter_next(it)) {
     size_t len;
-    const char *v = store_iter_value(it, &len);
-    if (!cnt && len >= STORE_ROW_HEADER) {
+    const char *v = kv_iter_value(it, &len);
+    if (!cnt && len >= KV_ROW_HEADER) {
       const unsigned char *p = (const unsigned char *)v;
       ver = p[2];
       dim = p[4] | (p[5] << 8);
@@ -77,7 +68,7 @@ static void inspect_table(report *r, store_db *db, int k, uint32_t id, const cha
     cnt++;
     bytes += 8 + len;
   }
-  store_iter_destroy(it);
+  kv_iter_destroy(it);
   fprintf(r->out, "%-8s table_id %-5u %10llu rows %12llu bytes", name, id,
           (unsigned long long)cnt, (unsigned long long)bytes);
   if (cnt) fprintf(r->out, "  (row layout v%d: dim %d, optimizer state %d)", ver, dim, sl);
@@ -88,14 +79,14 @@ static void inspect_table(report *r, store_db *db, int k, uint32_t id, const cha
   for (int i = 0; i < r->o->n_rows; i++) {
     char *val = NULL, e[1024];
     size_t len = 0;
-    if (store_multi_get(db, 1, cf, &r->o->rows[i], &val, &len, e, sizeof e)) {
+    if (kv_multi_get(db, 1, cf, &r->o->rows[i], &val, &len, e, sizeof e)) {
       fail(r, SR_EIO, e);
       continue;
     }
     if (!val) continue; /* on another shard, or never written */
     fprintf(r->out, "  row %llu (table_id %u, %s):", (unsigned long long)r->o->rows[i], id, name);
     print_row(r->out, val, len);
-    store_value_free(val);
+    kv_value_free(val);
   }
 }
 
@@ -104,20 +95,20 @@ static void inspect_db(report *r, const char *path, const char *name) {
   char e[1024];
   uint32_t *ids;
   int n;
-  if (store_list_tables(path, &ids, &n, e, sizeof e)) {
+  if (kv_list_tables(path, &ids, &n, e, sizeof e)) {
     fail(r, SR_EIO, e);
     return;
   }
-  store_opts so = {.read_only = 1, .block_cache_bytes = 8 << 20};
-  store_db *db;
-  if (store_open(path, n, ids, &so, &db, e, sizeof e)) {
+  kv_opts so = {.read_only = 1, .block_cache_bytes = 8 << 20};
+  kv_db *db;
+  if (kv_open(path, n, ids, &so, &db, e, sizeof e)) {
     fail(r, SR_EIO, e);
     free(ids);
     return;
   }
   for (int k = 0; k < n; k++)
     if (r->o->table < 0 || ids[k] == (uint32_t)r->o->table) inspect_table(r, db, k, ids[k], name);
-  store_close(db);
+  kv_close(db);
   free(ids);
 }
 
@@ -151,7 +142,7 @@ static int print_manifest(FILE *out, const char *dir) {
     if (cJSON_IsNumber(sz)) bytes += sz->valuedouble;
   }
   snprintf(p, sizeof p, "%s/DONE", dir);
-  fprintf(out, "checkpoint %s (%s)\n", dir, is_file(p) ? "complete" : "INCOMPLETE: no DONE marker");
+  fprintf(out, "checkpoint %s (%s)\n", dir, sr_is_file(p) ? "complete" : "INCOMPLETE: no DONE marker");
   fprintf(out, "  step %.0f, epoch %.0f, next sample %.0f; %s store\n", NUM("step"), NUM("epoch"),
           NUM("sample_index"), STR("store"));
   fprintf(out, "  model %.12s plan %.12s; %d files, %.0f bytes\n", STR("model_fingerprint"),
@@ -162,36 +153,26 @@ static int print_manifest(FILE *out, const char *dir) {
   return 0;
 }
 
-static int cmp_name(const void *a, const void *b) {
-  return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 /* Every shard-* database of folder (and a count of table-* files). */
 static void inspect_folder(report *r, const char *folder) {
-  DIR *d = opendir(folder);
-  if (!d) {
+  char **names, p[4400];
+  int n, nn = 0, n_local = 0, rc = sr_list_dir(folder, &names, &n);
+  if (rc) {
     char e[4200];
-    snprintf(e, sizeof e, "%s: cannot open", folder);
-    fail(r, SR_EIO, e);
+    snprintf(e, sizeof e, "%s: cannot %s", folder, rc == SR_ENOMEM ? "list (out of memory)" : "open");
+    fail(r, rc == SR_ENOMEM ? rc : SR_EIO, e);
     return;
   }
-  char *names[4096], p[4400];
-  int nn = 0, n_local = 0;
-  struct dirent *de;
-  while ((de = readdir(d)) && nn < 4096) {
-    if (!strncmp(de->d_name, "shard-", 6)) {
-      if ((names[nn] = strdup(de->d_name))) nn++;
-    } else if (!strncmp(de->d_name, "table-", 6)) {
+  for (int i = 0; i < n; i++) { /* sorted by name */
+    if (!strncmp(names[i], "shard-", 6)) {
+      snprintf(p, sizeof p, "%s/%s", folder, names[i]);
+      inspect_db(r, p, names[i]);
+      nn++;
+    } else if (!strncmp(names[i], "table-", 6)) {
       n_local++;
     }
   }
-  closedir(d);
-  qsort(names, (size_t)nn, sizeof *names, cmp_name);
-  for (int i = 0; i < nn; i++) {
-    snprintf(p, sizeof p, "%s/%s", folder, names[i]);
-    inspect_db(r, p, names[i]);
-    free(names[i]);
-  }
+  sr_paths_free(names, n);
   if (!nn && n_local)
     fprintf(r->out, "in-memory store checkpoint: %d table files (table-<id>.bin) in %s\n", n_local,
             folder);
@@ -204,12 +185,12 @@ int store_inspect(const char *path, const store_inspect_opts *o, FILE *out, char
                   size_t errlen) {
   report r = {.out = out, .o = o, .err = err, .errlen = errlen};
   char target[4096], p[4200];
-  if (!is_dir(path)) {
+  if (!sr_is_dir(path)) {
     sr_fmt(err, errlen, "%s: no such folder", path);
     return SR_ENOTFOUND;
   }
   snprintf(p, sizeof p, "%s/CURRENT", path);
-  if (is_file(p)) { /* one database */
+  if (sr_is_file(p)) { /* one database */
     inspect_db(&r, path, "db");
     if (!r.rc)
       fprintf(out, "total    %llu rows, %llu bytes\n", (unsigned long long)r.rows,
@@ -218,7 +199,7 @@ int store_inspect(const char *path, const store_inspect_opts *o, FILE *out, char
   }
   snprintf(target, sizeof target, "%s", path);
   snprintf(p, sizeof p, "%s/shard-0", path);
-  if (!is_dir(p)) { /* a checkpoint or a folder of them */
+  if (!sr_is_dir(p)) { /* a checkpoint or a folder of them */
     char e[1024];
     if (ckpt_dir_resolve(path, target, sizeof target, e, sizeof e)) {
       sr_fmt(err, errlen, "%s: neither a shard data folder nor a checkpoint (%s)", path, e);

@@ -6,21 +6,16 @@
  * none. */
 #include "storage/kv.h"
 
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <openssl/evp.h>
 #include <rocksdb/c.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "common/status.h"
 #include "storage/rocks_util.h"
 
-struct store_db {
+struct kv_db {
   rocksdb_t *db;
   rocksdb_options_t *opts;
   rocksdb_block_based_table_options_t *bbo;
@@ -54,7 +49,7 @@ static int parse_cf_name(const char *name, uint32_t *id) {
   return 0;
 }
 
-int store_list_tables(const char *path, uint32_t **ids, int *n, char *err, size_t errlen) {
+int kv_list_tables(const char *path, uint32_t **ids, int *n, char *err, size_t errlen) {
   *ids = NULL;
   *n = 0;
   rocksdb_options_t *o = rocksdb_options_create();
@@ -81,14 +76,14 @@ int store_list_tables(const char *path, uint32_t **ids, int *n, char *err, size_
   return 0;
 }
 
-int store_open(const char *path, int n, const uint32_t *table_ids, const store_opts *o,
-               store_db **out, char *err, size_t errlen) {
+int kv_open(const char *path, int n, const uint32_t *table_ids, const kv_opts *o,
+               kv_db **out, char *err, size_t errlen) {
   *out = NULL;
   int rc = 0;
   char *e = NULL;
   char **names = NULL;
   const rocksdb_options_t **cfo = NULL;
-  store_db *d = calloc(1, sizeof *d);
+  kv_db *d = calloc(1, sizeof *d);
   if (!d) return SR_ENOMEM;
   d->n = n;
   d->ids = malloc((size_t)(n ? n : 1) * sizeof *d->ids);
@@ -114,7 +109,7 @@ int store_open(const char *path, int n, const uint32_t *table_ids, const store_o
   rocksdb_options_set_db_write_buffer_size(d->opts, wbuf); /* the write buffer manager */
   rocksdb_options_set_write_buffer_size(d->opts, wbuf / 4 > (1u << 20) ? wbuf / 4 : (1u << 20));
   rocksdb_options_set_max_write_buffer_number(d->opts, 2);
-  rocksdb_options_set_compression(d->opts, o && o->compression == STORE_COMPRESSION_LZ4
+  rocksdb_options_set_compression(d->opts, o && o->compression == KV_COMPRESSION_LZ4
                                                ? rocksdb_lz4_compression
                                                : rocksdb_no_compression);
   rocksdb_options_set_max_open_files(d->opts, 256);
@@ -127,7 +122,7 @@ int store_open(const char *path, int n, const uint32_t *table_ids, const store_o
   struct stat st;
   if (stat(path, &st) == 0) {
     char lerr[256];
-    if (store_list_tables(path, &have, &n_have, lerr, sizeof lerr)) n_have = 0;
+    if (kv_list_tables(path, &have, &n_have, lerr, sizeof lerr)) n_have = 0;
   } else if (o && o->read_only) {
     sr_fmt(err, errlen, "%s: no such database", path);
     rc = SR_ENOTFOUND;
@@ -183,16 +178,16 @@ out:
   free(names);
   free(cfo);
   if (rc) {
-    store_close(d);
+    kv_close(d);
     return rc;
   }
   *out = d;
   return 0;
 }
 
-void store_close(store_db *d) {
+void kv_close(kv_db *d) {
   if (!d) return;
-  store_multi_get_release(d);
+  kv_multi_get_release(d);
   if (d->all)
     for (int i = 0; i < d->n_all; i++)
       if (d->all[i]) rocksdb_column_family_handle_destroy(d->all[i]);
@@ -215,13 +210,13 @@ void store_close(store_db *d) {
   free(d);
 }
 
-int store_cf_index(const store_db *d, uint32_t table_id) {
+int kv_cf_index(const kv_db *d, uint32_t table_id) {
   for (int i = 0; i < d->n; i++)
     if (d->ids[i] == table_id) return i;
   return -1;
 }
 
-static int mg_reserve(store_db *d, size_t n) {
+static int mg_reserve(kv_db *d, size_t n) {
   if (n <= d->cap) return 0;
   size_t cap = d->cap ? d->cap : 256;
   while (cap < n) cap *= 2;
@@ -230,7 +225,7 @@ static int mg_reserve(store_db *d, size_t n) {
   free(d->mkp);
   free(d->mkl);
   free(d->merr);
-  store_multi_get_release(d);
+  kv_multi_get_release(d);
   free(d->pins);
   d->pins = calloc(cap, sizeof *d->pins);
   d->mcf = malloc(cap * sizeof *d->mcf);
@@ -246,7 +241,7 @@ static int mg_reserve(store_db *d, size_t n) {
   return 0;
 }
 
-int store_multi_get(store_db *d, size_t n, const int *cf, const uint64_t *keys, char **vals,
+int kv_multi_get(kv_db *d, size_t n, const int *cf, const uint64_t *keys, char **vals,
                     size_t *lens, char *err, size_t errlen) {
   if (!n) return 0;
   if (mg_reserve(d, n)) {
@@ -275,7 +270,7 @@ int store_multi_get(store_db *d, size_t n, const int *cf, const uint64_t *keys, 
   return rc;
 }
 
-void store_multi_get_release(store_db *d) {
+void kv_multi_get_release(kv_db *d) {
   for (size_t k = 0; k < d->n_pins; k++)
     if (d->pins[k]) {
       rocksdb_pinnableslice_destroy(d->pins[k]);
@@ -284,9 +279,9 @@ void store_multi_get_release(store_db *d) {
   d->n_pins = 0;
 }
 
-int store_multi_get_cf(store_db *d, int cf, size_t n, const uint64_t *keys, const char **vals,
+int kv_multi_get_cf(kv_db *d, int cf, size_t n, const uint64_t *keys, const char **vals,
                        size_t *lens, char *err, size_t errlen) {
-  store_multi_get_release(d);
+  kv_multi_get_release(d);
   if (!n) return 0;
   if (mg_reserve(d, n)) {
     sr_fmt(err, errlen, "multiget: out of memory");
@@ -309,31 +304,31 @@ int store_multi_get_cf(store_db *d, int cf, size_t n, const uint64_t *keys, cons
     }
     vals[k] = d->pins[k] ? rocksdb_pinnableslice_value(d->pins[k], &lens[k]) : NULL;
   }
-  if (rc) store_multi_get_release(d);
+  if (rc) kv_multi_get_release(d);
   return rc;
 }
 
-int store_compact(store_db *d, char *err, size_t errlen) {
+int kv_compact(kv_db *d, char *err, size_t errlen) {
   (void)err;
   (void)errlen;
   for (int i = 0; i < d->n_all; i++) rocksdb_compact_range_cf(d->db, d->all[i], NULL, 0, NULL, 0);
   return 0;
 }
 
-void store_value_free(char *v) {
+void kv_value_free(char *v) {
   if (v) rocksdb_free(v);
 }
 
-int store_batch_put(store_db *d, int cf, uint64_t key, const void *val, size_t len) {
+int kv_batch_put(kv_db *d, int cf, uint64_t key, const void *val, size_t len) {
   char k[8];
   put_be64(k, key);
   rocksdb_writebatch_put_cf(d->wb, d->cf[cf], k, 8, val, len);
   return 0;
 }
 
-size_t store_batch_count(const store_db *d) { return (size_t)rocksdb_writebatch_count(d->wb); }
+size_t kv_batch_count(const kv_db *d) { return (size_t)rocksdb_writebatch_count(d->wb); }
 
-int store_batch_commit(store_db *d, char *err, size_t errlen) {
+int kv_batch_commit(kv_db *d, char *err, size_t errlen) {
   int rc = 0;
   char *e = NULL;
   if (rocksdb_writebatch_count(d->wb) == 0) return 0;
@@ -344,7 +339,7 @@ out:
   return rc;
 }
 
-int store_flush(store_db *d, char *err, size_t errlen) {
+int kv_flush(kv_db *d, char *err, size_t errlen) {
   int rc = 0;
   char *e = NULL;
   rocksdb_flushoptions_t *fo = rocksdb_flushoptions_create();
@@ -356,8 +351,8 @@ out:
   return rc;
 }
 
-int store_checkpoint(store_db *d, const char *dir, char *err, size_t errlen) {
-  int rc = store_flush(d, err, errlen);
+int kv_checkpoint(kv_db *d, const char *dir, char *err, size_t errlen) {
+  int rc = kv_flush(d, err, errlen);
   if (rc) return rc;
   char *e = NULL;
   rocksdb_checkpoint_t *c = rocksdb_checkpoint_object_create(d->db, &e);
@@ -369,41 +364,41 @@ out:
   return rc;
 }
 
-struct store_iter {
+struct kv_iter {
   rocksdb_iterator_t *it;
 };
 
-store_iter *store_iter_create(store_db *d, int cf) {
-  store_iter *it = malloc(sizeof *it);
+kv_iter *kv_iter_create(kv_db *d, int cf) {
+  kv_iter *it = malloc(sizeof *it);
   if (!it) return NULL;
   it->it = rocksdb_create_iterator_cf(d->db, d->ro, d->cf[cf]);
   rocksdb_iter_seek_to_first(it->it);
   return it;
 }
-int store_iter_valid(store_iter *it) {
+int kv_iter_valid(kv_iter *it) {
   if (!rocksdb_iter_valid(it->it)) return 0;
   size_t kl;
   rocksdb_iter_key(it->it, &kl);
   return kl == 8;
 }
-uint64_t store_iter_key(store_iter *it) {
+uint64_t kv_iter_key(kv_iter *it) {
   size_t kl;
   return get_be64(rocksdb_iter_key(it->it, &kl));
 }
-const char *store_iter_value(store_iter *it, size_t *len) { return rocksdb_iter_value(it->it, len); }
-void store_iter_next(store_iter *it) { rocksdb_iter_next(it->it); }
-void store_iter_seek(store_iter *it, uint64_t key) {
+const char *kv_iter_value(kv_iter *it, size_t *len) { return rocksdb_iter_value(it->it, len); }
+void kv_iter_next(kv_iter *it) { rocksdb_iter_next(it->it); }
+void kv_iter_seek(kv_iter *it, uint64_t key) {
   char k[8];
   put_be64(k, key);
   rocksdb_iter_seek(it->it, k, 8);
 }
-void store_iter_destroy(store_iter *it) {
+void kv_iter_destroy(kv_iter *it) {
   if (!it) return;
   rocksdb_iter_destroy(it->it);
   free(it);
 }
 
-uint64_t store_property(store_db *d, int cf, const char *name) {
+uint64_t kv_property(kv_db *d, int cf, const char *name) {
   uint64_t v = 0;
   if (rocksdb_property_int_cf(d->db, d->cf[cf], name, &v)) return 0;
   return v;
@@ -411,28 +406,28 @@ uint64_t store_property(store_db *d, int cf, const char *name) {
 
 /* ---- rows ---- */
 
-void store_row_encode(int dim, int slen, const float *row, unsigned char *out) {
+void kv_row_encode(int dim, int slen, const float *row, unsigned char *out) {
   out[0] = 'S';
   out[1] = 'R';
-  out[2] = STORE_ROW_VERSION;
+  out[2] = KV_ROW_VERSION;
   out[3] = 0;
   out[4] = (unsigned char)(dim & 0xff);
   out[5] = (unsigned char)(dim >> 8);
   out[6] = (unsigned char)(slen & 0xff);
   out[7] = (unsigned char)(slen >> 8);
-  memcpy(out + STORE_ROW_HEADER, row, 4 * (size_t)(dim + slen));
+  memcpy(out + KV_ROW_HEADER, row, 4 * (size_t)(dim + slen));
 }
 
-int store_row_decode(const void *val, size_t len, int dim, int slen, float *row, char *err,
+int kv_row_decode(const void *val, size_t len, int dim, int slen, float *row, char *err,
                      size_t errlen) {
   const unsigned char *p = val;
-  if (len < STORE_ROW_HEADER || p[0] != 'S' || p[1] != 'R') {
+  if (len < KV_ROW_HEADER || p[0] != 'S' || p[1] != 'R') {
     sr_fmt(err, errlen, "row value of %zu bytes is not a shardrec row (bad header)", len);
     return SR_EFORMAT;
   }
-  if (p[2] != STORE_ROW_VERSION) {
+  if (p[2] != KV_ROW_VERSION) {
     sr_fmt(err, errlen, "row layout version %u is not supported (this build reads %u)", p[2],
-           STORE_ROW_VERSION);
+           KV_ROW_VERSION);
     return SR_EVERSION;
   }
   int d = p[4] | (p[5] << 8), s = p[6] | (p[7] << 8);
@@ -440,191 +435,10 @@ int store_row_decode(const void *val, size_t len, int dim, int slen, float *row,
     sr_fmt(err, errlen, "row holds dim %d state %d, the plan wants dim %d state %d", d, s, dim, slen);
     return SR_EMISMATCH;
   }
-  if (len != store_row_size(dim, slen)) {
-    sr_fmt(err, errlen, "row value is %zu bytes, expected %zu (torn)", len, store_row_size(dim, slen));
+  if (len != kv_row_size(dim, slen)) {
+    sr_fmt(err, errlen, "row value is %zu bytes, expected %zu (torn)", len, kv_row_size(dim, slen));
     return SR_EFORMAT;
   }
-  memcpy(row, p + STORE_ROW_HEADER, 4 * (size_t)(dim + slen));
+  memcpy(row, p + KV_ROW_HEADER, 4 * (size_t)(dim + slen));
   return 0;
-}
-
-/* ---- files ---- */
-
-int store_file_sha256(const char *path, char hex[65], uint64_t *size) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return SR_EIO;
-  EVP_MD_CTX *md = EVP_MD_CTX_new();
-  unsigned char *buf = malloc(1 << 20);
-  int rc = 0;
-  uint64_t total = 0;
-  if (!md || !buf || !EVP_DigestInit_ex(md, EVP_sha256(), NULL)) {
-    rc = SR_ENOMEM;
-    goto out;
-  }
-  size_t got;
-  while ((got = fread(buf, 1, 1 << 20, f)) > 0) {
-    EVP_DigestUpdate(md, buf, got);
-    total += got;
-  }
-  if (ferror(f)) {
-    rc = SR_EIO;
-    goto out;
-  }
-  unsigned char dig[32];
-  unsigned int dl = 0;
-  EVP_DigestFinal_ex(md, dig, &dl);
-  for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", dig[i]);
-  if (size) *size = total;
-out:
-  EVP_MD_CTX_free(md);
-  free(buf);
-  fclose(f);
-  return rc;
-}
-
-int store_rmtree(const char *path) {
-  struct stat st;
-  if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : SR_EIO;
-  if (!S_ISDIR(st.st_mode)) return unlink(path) == 0 ? 0 : SR_EIO;
-  DIR *dir = opendir(path);
-  if (!dir) return SR_EIO;
-  struct dirent *de;
-  int rc = 0;
-  while ((de = readdir(dir))) {
-    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-    char p[4096];
-    snprintf(p, sizeof p, "%s/%s", path, de->d_name);
-    if (store_rmtree(p)) rc = SR_EIO;
-  }
-  closedir(dir);
-  if (rmdir(path) != 0) rc = SR_EIO;
-  return rc;
-}
-
-static int copy_file(const char *src, const char *dst) {
-  int in = open(src, O_RDONLY), out = -1, rc = 0;
-  if (in < 0) return SR_EIO;
-  out = open(dst, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (out < 0) {
-    close(in);
-    return SR_EIO;
-  }
-  char buf[1 << 16];
-  ssize_t got;
-  while ((got = read(in, buf, sizeof buf)) > 0)
-    if (write(out, buf, (size_t)got) != got) {
-      rc = SR_EIO;
-      break;
-    }
-  if (got < 0) rc = SR_EIO;
-  if (fsync(out) != 0) rc = SR_EIO;
-  close(in);
-  if (close(out) != 0) rc = SR_EIO;
-  return rc;
-}
-
-int store_copytree(const char *src, const char *dst, char *err, size_t errlen) {
-  if (mkdir(dst, 0777) != 0) {
-    sr_fmt(err, errlen, "%s: cannot create: %s", dst, strerror(errno));
-    return SR_EIO;
-  }
-  DIR *dir = opendir(src);
-  if (!dir) {
-    sr_fmt(err, errlen, "%s: cannot open: %s", src, strerror(errno));
-    return SR_EIO;
-  }
-  struct dirent *de;
-  int rc = 0;
-  while (!rc && (de = readdir(dir))) {
-    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-    char s[4096], t[4096];
-    snprintf(s, sizeof s, "%s/%s", src, de->d_name);
-    snprintf(t, sizeof t, "%s/%s", dst, de->d_name);
-    struct stat st;
-    if (stat(s, &st) != 0) {
-      rc = SR_EIO;
-    } else if (S_ISDIR(st.st_mode)) {
-      rc = store_copytree(s, t, err, errlen);
-    } else {
-      size_t l = strlen(de->d_name);
-      int sst = l > 4 && !strcmp(de->d_name + l - 4, ".sst");
-      if (!(sst && link(s, t) == 0)) rc = copy_file(s, t);
-      if (rc) sr_fmt(err, errlen, "%s: cannot copy to %s: %s", s, t, strerror(errno));
-    }
-  }
-  closedir(dir);
-  return rc;
-}
-
-int store_fsync_dir(const char *path) {
-  int fd = open(path, O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return SR_EIO;
-  int rc = fsync(fd) == 0 ? 0 : SR_EIO;
-  close(fd);
-  return rc;
-}
-
-typedef struct {
-  char **p;
-  int n, cap;
-} plist;
-
-static int list_rec(const char *root, const char *rel, plist *l) {
-  char full[4096];
-  snprintf(full, sizeof full, "%s%s%s", root, *rel ? "/" : "", rel);
-  DIR *dir = opendir(full);
-  if (!dir) return SR_EIO;
-  struct dirent *de;
-  int rc = 0;
-  while (!rc && (de = readdir(dir))) {
-    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-    char r[4096], f[8200];
-    snprintf(r, sizeof r, "%s%s%s", rel, *rel ? "/" : "", de->d_name);
-    snprintf(f, sizeof f, "%s/%s", root, r);
-    struct stat st;
-    if (stat(f, &st) != 0) {
-      rc = SR_EIO;
-    } else if (S_ISDIR(st.st_mode)) {
-      rc = list_rec(root, r, l);
-    } else if (S_ISREG(st.st_mode)) {
-      if (l->n == l->cap) {
-        l->cap = l->cap ? 2 * l->cap : 64;
-        char **np = realloc(l->p, (size_t)l->cap * sizeof *np);
-        if (!np) {
-          rc = SR_ENOMEM;
-          break;
-        }
-        l->p = np;
-      }
-      if (!(l->p[l->n] = strdup(r))) rc = SR_ENOMEM;
-      else l->n++;
-    }
-  }
-  closedir(dir);
-  return rc;
-}
-
-static int cmp_str(const void *a, const void *b) {
-  return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-int store_list_files(const char *root, char ***paths, int *n) {
-  plist l = {0};
-  int rc = list_rec(root, "", &l);
-  if (rc) {
-    store_paths_free(l.p, l.n);
-    *paths = NULL;
-    *n = 0;
-    return rc;
-  }
-  if (l.n) qsort(l.p, (size_t)l.n, sizeof *l.p, cmp_str);
-  *paths = l.p;
-  *n = l.n;
-  return 0;
-}
-
-void store_paths_free(char **paths, int n) {
-  if (!paths) return;
-  for (int i = 0; i < n; i++) free(paths[i]);
-  free(paths);
 }

@@ -3,7 +3,7 @@
  * storage/ knows nothing of plans or optimizers: a database is a set of
  * column families named by table_id ("t<table_id>"), keys are row ids
  * (8 bytes, big-endian, so iteration is in ascending row id) and values are
- * rows encoded by store_row_encode. Every RocksDB call goes through one check
+ * rows encoded by kv_row_encode. Every RocksDB call goes through one check
  * that keeps the library's message with file and line.
  *
  * Options (tuned, not defaulted; figures in the header of kv.c):
@@ -14,7 +14,7 @@
  *   - memtables capped by db_write_buffer_size (RocksDB's write buffer
  *     manager) across every column family;
  *   - compression none by default: float rows barely compress with lz4 and
- *     lz4 costs read time (measured: see kv.c); STORE_COMPRESSION_LZ4 opt-in;
+ *     lz4 costs read time (measured: see kv.c); KV_COMPRESSION_LZ4 opt-in;
  *   - WAL on (writes not synced per batch; a checkpoint flushes). */
 #ifndef SHARDREC_STORAGE_KV_H
 #define SHARDREC_STORAGE_KV_H
@@ -22,106 +22,91 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct store_db store_db;
+typedef struct kv_db kv_db;
 
-typedef enum { STORE_COMPRESSION_NONE = 0, STORE_COMPRESSION_LZ4 = 1 } store_compression;
+typedef enum { KV_COMPRESSION_NONE = 0, KV_COMPRESSION_LZ4 = 1 } kv_compression;
 
-typedef struct store_opts {
+typedef struct kv_opts {
   size_t block_cache_bytes;  /* 0: 32 MiB */
   size_t write_buffer_bytes; /* all memtables together; 0: 16 MiB */
-  store_compression compression;
+  kv_compression compression;
   int read_only;             /* open an existing database read-only */
-} store_opts;
+} kv_opts;
 
 /* Open (create when missing, unless read_only) the database at path with one
  * column family per entry of table_ids (missing ones created). Column
  * families the database holds beyond those are opened too (kept, unused).
- * Returns 0 and a handle in *out (store_close), or SR_EIO / SR_ENOTFOUND /
+ * Returns 0 and a handle in *out (kv_close), or SR_EIO / SR_ENOTFOUND /
  * SR_ENOMEM with the reason, naming path, in err. */
-int store_open(const char *path, int n, const uint32_t *table_ids, const store_opts *o,
-               store_db **out, char *err, size_t errlen);
-void store_close(store_db *db); /* NULL-safe */
+int kv_open(const char *path, int n, const uint32_t *table_ids, const kv_opts *o,
+               kv_db **out, char *err, size_t errlen);
+void kv_close(kv_db *db); /* NULL-safe */
 
-/* Column family index (0..n-1 as given to store_open) of table_id, or -1. */
-int store_cf_index(const store_db *db, uint32_t table_id);
+/* Column family index (0..n-1 as given to kv_open) of table_id, or -1. */
+int kv_cf_index(const kv_db *db, uint32_t table_id);
 
 /* Table ids of the column families of the database at path (without opening
  * it); *ids malloc'd. The "default" family is left out. 0 or SR_EIO. */
-int store_list_tables(const char *path, uint32_t **ids, int *n, char *err, size_t errlen);
+int kv_list_tables(const char *path, uint32_t **ids, int *n, char *err, size_t errlen);
 
 /* One MultiGet of n keys: key k of column family cf[k]. vals[k] gets a
- * malloc'd value (free with store_value_free) or NULL when absent, lens[k]
+ * malloc'd value (free with kv_value_free) or NULL when absent, lens[k]
  * its size. 0 or SR_EIO (every vals[k] NULL then). */
-int store_multi_get(store_db *db, size_t n, const int *cf, const uint64_t *keys, char **vals,
+int kv_multi_get(kv_db *db, size_t n, const int *cf, const uint64_t *keys, char **vals,
                     size_t *lens, char *err, size_t errlen);
-void store_value_free(char *v);
+void kv_value_free(char *v);
 
 /* RocksDB's batched MultiGet of n keys of one column family (the fast path:
  * block reads batched, values pinned, no copy). vals[k] points at the value
  * or is NULL when absent, lens[k] its size; both stay valid until the next
- * store_multi_get_cf or store_multi_get_release on db. 0 or SR_EIO. */
-int store_multi_get_cf(store_db *db, int cf, size_t n, const uint64_t *keys, const char **vals,
+ * kv_multi_get_cf or kv_multi_get_release on db. 0 or SR_EIO. */
+int kv_multi_get_cf(kv_db *db, int cf, size_t n, const uint64_t *keys, const char **vals,
                        size_t *lens, char *err, size_t errlen);
-void store_multi_get_release(store_db *db);
+void kv_multi_get_release(kv_db *db);
 
 /* Compact every column family fully (after a bulk load). 0 or SR_EIO. */
-int store_compact(store_db *db, char *err, size_t errlen);
+int kv_compact(kv_db *db, char *err, size_t errlen);
 
 /* A write batch of the database: puts gathered, then written in one write. */
-int store_batch_put(store_db *db, int cf, uint64_t key, const void *val, size_t len);
-size_t store_batch_count(const store_db *db);
-int store_batch_commit(store_db *db, char *err, size_t errlen);
+int kv_batch_put(kv_db *db, int cf, uint64_t key, const void *val, size_t len);
+size_t kv_batch_count(const kv_db *db);
+int kv_batch_commit(kv_db *db, char *err, size_t errlen);
 
 /* Flush memtables to SST files. */
-int store_flush(store_db *db, char *err, size_t errlen);
+int kv_flush(kv_db *db, char *err, size_t errlen);
 
 /* A RocksDB checkpoint of the database into dir (must not exist; created;
  * memtables flushed first). 0 or SR_EIO. */
-int store_checkpoint(store_db *db, const char *dir, char *err, size_t errlen);
+int kv_checkpoint(kv_db *db, const char *dir, char *err, size_t errlen);
 
 /* Iterate column family cf in ascending key order. */
-typedef struct store_iter store_iter;
-store_iter *store_iter_create(store_db *db, int cf);
-int store_iter_valid(store_iter *it);
-uint64_t store_iter_key(store_iter *it);
-const char *store_iter_value(store_iter *it, size_t *len);
-void store_iter_next(store_iter *it);
-void store_iter_seek(store_iter *it, uint64_t key);
-void store_iter_destroy(store_iter *it); /* NULL-safe */
+typedef struct kv_iter kv_iter;
+kv_iter *kv_iter_create(kv_db *db, int cf);
+int kv_iter_valid(kv_iter *it);
+uint64_t kv_iter_key(kv_iter *it);
+const char *kv_iter_value(kv_iter *it, size_t *len);
+void kv_iter_next(kv_iter *it);
+void kv_iter_seek(kv_iter *it, uint64_t key);
+void kv_iter_destroy(kv_iter *it); /* NULL-safe */
 
 /* An integer property of a column family ("rocksdb.estimate-num-keys"...). */
-uint64_t store_property(store_db *db, int cf, const char *name);
+uint64_t kv_property(kv_db *db, int cf, const char *name);
 
 /* Row encoding: an 8-byte header then little-endian floats.
- *   u8 'S', u8 'R', u8 version (STORE_ROW_VERSION), u8 reserved (0),
+ *   u8 'S', u8 'R', u8 version (KV_ROW_VERSION), u8 reserved (0),
  *   u16 dim, u16 state_len (little-endian), then float value[dim],
  *   float state[state_len]. */
-#define STORE_ROW_VERSION 1
-#define STORE_ROW_HEADER 8
-static inline size_t store_row_size(int dim, int slen) {
-  return STORE_ROW_HEADER + 4 * (size_t)(dim + slen);
+#define KV_ROW_VERSION 1
+#define KV_ROW_HEADER 8
+static inline size_t kv_row_size(int dim, int slen) {
+  return KV_ROW_HEADER + 4 * (size_t)(dim + slen);
 }
-/* Encode row[dim + slen] into out[store_row_size]. */
-void store_row_encode(int dim, int slen, const float *row, unsigned char *out);
+/* Encode row[dim + slen] into out[kv_row_size]. */
+void kv_row_encode(int dim, int slen, const float *row, unsigned char *out);
 /* Decode into row[dim + slen]. Checks the magic, the version (SR_EVERSION),
  * the size and the layout (SR_EFORMAT / SR_EMISMATCH) before writing row;
  * a message goes to err. */
-int store_row_decode(const void *val, size_t len, int dim, int slen, float *row, char *err,
+int kv_row_decode(const void *val, size_t len, int dim, int slen, float *row, char *err,
                      size_t errlen);
-
-/* ---- files (checkpoints) ---- */
-/* SHA-256 of a file (streamed) as hex[65], and its size. 0 or SR_EIO. */
-int store_file_sha256(const char *path, char hex[65], uint64_t *size);
-/* Remove a folder tree (or file). 0 or SR_EIO. Missing is fine. */
-int store_rmtree(const char *path);
-/* Copy the tree src to dst (created; must not exist), hard-linking *.sst
- * files (immutable) and copying the rest. 0 or SR_EIO. */
-int store_copytree(const char *src, const char *dst, char *err, size_t errlen);
-/* fsync a folder (after renames in it). */
-int store_fsync_dir(const char *path);
-/* Relative paths of the regular files under root, sorted; *paths malloc'd
- * array of malloc'd strings (store_paths_free). 0 or SR_EIO / SR_ENOMEM. */
-int store_list_files(const char *root, char ***paths, int *n);
-void store_paths_free(char **paths, int n);
 
 #endif

@@ -5,8 +5,8 @@
  *
  * The layout is kv.h's: a column family "t<table_id>" per table, keys are
  * row ids (8 bytes, big-endian: byte order is row-id order), values are
- * store_row_encode rows (this module does not look inside them). These
- * handles are separate from kv.h's store_db: they own their rocksdb_t and
+ * kv_row_encode rows (this module does not look inside them). These
+ * handles are separate from kv.h's kv_db: they own their rocksdb_t and
  * tune it for one pass (no block cache fill, readahead, no WAL).
  *
  * Every RocksDB error comes back as SR_EIO with the library's text, the path

@@ -7,9 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/status.h"
+#include "common/sys.h"
 #include "datasets/binfmt.h"
 #include "datasets/source.h"
 #include "tools/cli.h"
@@ -128,8 +128,7 @@ int cmd_convert(int argc, char **argv) {
   o.format = DS_FORMAT_TSV;
   const char *out = argv[optind + 1];
 
-  struct timespec t0, t1;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
+  double t0 = sr_now();
   char err[1024];
   ds_source *s = ds_source_open(&o, err, sizeof err);
   if (!s) {
@@ -166,8 +165,7 @@ int cmd_convert(int argc, char **argv) {
     ds_source_destroy(s);
     return 1;
   }
-  clock_gettime(CLOCK_MONOTONIC, &t1);
-  double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  double secs = sr_now() - t0;
   printf("converted %s -> %s in %.2f s\n", o.path, out, secs);
   printf("  lines %llu, samples %llu (train %llu, test %llu, val %llu), malformed skipped %llu\n",
          (unsigned long long)st.scan_lines, (unsigned long long)info.n_samples,

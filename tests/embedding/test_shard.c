@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/rng.h"
 #include "common/status.h"
 #include "embedding/optim.h"
@@ -189,7 +190,7 @@ static void pressure(emb_optim_kind k, int n_shards, int row_wise) {
   compare_iterate(loc, sh, p);
   emb_store_destroy(sh);
   emb_store_destroy(loc);
-  store_rmtree(dir);
+  sr_rmtree(dir);
   free(dir);
   emb_plan_free(p);
 }
@@ -222,7 +223,7 @@ START_TEST(test_big_cache_writes_nothing) {
   emb_shard_counters_get(sh, &c);
   ck_assert_uint_gt(c.writebacks, 1000);
   emb_store_destroy(sh);
-  store_rmtree(dir);
+  sr_rmtree(dir);
   free(dir);
   emb_plan_free(p);
 }
@@ -268,8 +269,8 @@ START_TEST(test_checkpoint_restore) {
   lookup_both(loc, sh, &d, p);
   emb_store_destroy(sh);
   emb_store_destroy(loc);
-  store_rmtree(dir);
-  store_rmtree(ck);
+  sr_rmtree(dir);
+  sr_rmtree(ck);
   free(dir);
   free(ck);
   emb_plan_free(p);
@@ -285,15 +286,15 @@ START_TEST(test_row_version_refused) {
   char path[512], err[512];
   snprintf(path, sizeof path, "%s/shard-0", dir);
   uint32_t ids[NT] = {0, 1, 2};
-  store_db *db;
-  ck_assert_int_eq(store_open(path, NT, ids, NULL, &db, err, sizeof err), 0);
+  kv_db *db;
+  ck_assert_int_eq(kv_open(path, NT, ids, NULL, &db, err, sizeof err), 0);
   unsigned char row[8 + 4 * 8];
   float v[8] = {1, 2, 3, 4, 5, 6, 7, 8};
-  store_row_encode(8, 0, v, row);
+  kv_row_encode(8, 0, v, row);
   row[2] = 9; /* a future layout */
-  store_batch_put(db, 0, 42, row, sizeof row);
-  ck_assert_int_eq(store_batch_commit(db, err, sizeof err), 0);
-  store_close(db);
+  kv_batch_put(db, 0, 42, row, sizeof row);
+  ck_assert_int_eq(kv_batch_commit(db, err, sizeof err), 0);
+  kv_close(db);
   sh = make_shard(p, dir, 2048);
   static step_data d;
   memset(&d, 0, sizeof d);
@@ -310,7 +311,7 @@ START_TEST(test_row_version_refused) {
   ck_assert_ptr_nonnull(strstr(emb_store_errmsg(sh), "version 9"));
   ck_assert_ptr_nonnull(strstr(emb_store_errmsg(sh), "row 42"));
   emb_store_destroy(sh);
-  store_rmtree(dir);
+  sr_rmtree(dir);
   free(dir);
   emb_plan_free(p);
 }

@@ -268,33 +268,33 @@ static __attribute__((unused)) void same_shards(const char *a, const char *b, in
     snprintf(pb, sizeof pb, "%s/%s/shard-%d", dir, b, k);
     uint32_t *ids;
     int n;
-    ck_assert_msg(store_list_tables(pa, &ids, &n, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(kv_list_tables(pa, &ids, &n, err, sizeof err) == 0, "%s", err);
     ck_assert_int_eq(n, 26);
-    store_opts o = {.read_only = 1};
-    store_db *da, *db;
-    ck_assert_msg(store_open(pa, n, ids, &o, &da, err, sizeof err) == 0, "%s", err);
-    ck_assert_msg(store_open(pb, n, ids, &o, &db, err, sizeof err) == 0, "%s", err);
+    kv_opts o = {.read_only = 1};
+    kv_db *da, *db;
+    ck_assert_msg(kv_open(pa, n, ids, &o, &da, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(kv_open(pb, n, ids, &o, &db, err, sizeof err) == 0, "%s", err);
     uint64_t rows = 0;
     for (int t = 0; t < n; t++) {
-      store_iter *x = store_iter_create(da, t), *y = store_iter_create(db, t);
-      for (; store_iter_valid(x); store_iter_next(x), store_iter_next(y)) {
-        ck_assert_msg(store_iter_valid(y), "%s: table %u: fewer rows than %s", pb, ids[t], pa);
-        ck_assert_msg(store_iter_key(x) == store_iter_key(y), "%s vs %s: table %u: row %llu vs %llu", pa,
-                      pb, ids[t], (unsigned long long)store_iter_key(x),
-                      (unsigned long long)store_iter_key(y));
+      kv_iter *x = kv_iter_create(da, t), *y = kv_iter_create(db, t);
+      for (; kv_iter_valid(x); kv_iter_next(x), kv_iter_next(y)) {
+        ck_assert_msg(kv_iter_valid(y), "%s: table %u: fewer rows than %s", pb, ids[t], pa);
+        ck_assert_msg(kv_iter_key(x) == kv_iter_key(y), "%s vs %s: table %u: row %llu vs %llu", pa,
+                      pb, ids[t], (unsigned long long)kv_iter_key(x),
+                      (unsigned long long)kv_iter_key(y));
         size_t lx, ly;
-        const char *vx = store_iter_value(x, &lx), *vy = store_iter_value(y, &ly);
+        const char *vx = kv_iter_value(x, &lx), *vy = kv_iter_value(y, &ly);
         ck_assert_msg(lx == ly && memcmp(vx, vy, lx) == 0, "table %u row %llu differs", ids[t],
-                      (unsigned long long)store_iter_key(x));
+                      (unsigned long long)kv_iter_key(x));
         rows++;
       }
-      ck_assert_msg(!store_iter_valid(y), "%s: table %u: more rows than %s", pb, ids[t], pa);
-      store_iter_destroy(x);
-      store_iter_destroy(y);
+      ck_assert_msg(!kv_iter_valid(y), "%s: table %u: more rows than %s", pb, ids[t], pa);
+      kv_iter_destroy(x);
+      kv_iter_destroy(y);
     }
     ck_assert_msg(rows > 50, "shard %d: only %llu rows compared", k, (unsigned long long)rows);
-    store_close(da);
-    store_close(db);
+    kv_close(da);
+    kv_close(db);
     free(ids);
   }
 }

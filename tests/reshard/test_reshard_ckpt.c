@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/status.h"
 #include "embedding/ckpt_plan.h"
 #include "embedding/ckpt_store.h"
@@ -141,7 +142,7 @@ static void setup(void) {
   emb_plan_free(other);
 }
 
-static void teardown(void) { store_rmtree(dir); }
+static void teardown(void) { sr_rmtree(dir); }
 
 static int path_exists(const char *rel) {
   char p[600];

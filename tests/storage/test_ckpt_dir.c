@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/status.h"
 #include "storage/ckpt_dir.h"
 #include "storage/kv.h"
@@ -25,7 +26,7 @@ static void setup(void) {
   snprintf(root, sizeof root, "%s/a/b", dir); /* created by ckpt_dir_begin */
 }
 
-static void teardown(void) { store_rmtree(dir); }
+static void teardown(void) { sr_rmtree(dir); }
 
 static void put(const char *path, const char *text) {
   FILE *f = fopen(path, "w");

@@ -8,17 +8,19 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/fs.h"
+#include "common/sha256.h"
 #include "common/status.h"
 #include "storage/kv.h"
 
 START_TEST(test_row_roundtrip) {
   float v[6] = {1.5f, -2.25f, 3e-8f, -0.0f, 7, 8}, back[6];
   unsigned char buf[64];
-  store_row_encode(4, 2, v, buf);
-  ck_assert_uint_eq(store_row_size(4, 2), 8 + 24);
-  ck_assert_int_eq(buf[2], STORE_ROW_VERSION);
+  kv_row_encode(4, 2, v, buf);
+  ck_assert_uint_eq(kv_row_size(4, 2), 8 + 24);
+  ck_assert_int_eq(buf[2], KV_ROW_VERSION);
   char err[256];
-  ck_assert_int_eq(store_row_decode(buf, store_row_size(4, 2), 4, 2, back, err, sizeof err), 0);
+  ck_assert_int_eq(kv_row_decode(buf, kv_row_size(4, 2), 4, 2, back, err, sizeof err), 0);
   ck_assert(!memcmp(v, back, sizeof v));
 }
 END_TEST
@@ -27,19 +29,19 @@ START_TEST(test_row_refusals) {
   float v[6] = {1, 2, 3, 4, 5, 6}, back[6] = {0};
   unsigned char buf[64];
   char err[256];
-  size_t n = store_row_size(4, 2);
-  store_row_encode(4, 2, v, buf);
-  buf[2] = STORE_ROW_VERSION + 1;
-  ck_assert_int_eq(store_row_decode(buf, n, 4, 2, back, err, sizeof err), SR_EVERSION);
+  size_t n = kv_row_size(4, 2);
+  kv_row_encode(4, 2, v, buf);
+  buf[2] = KV_ROW_VERSION + 1;
+  ck_assert_int_eq(kv_row_decode(buf, n, 4, 2, back, err, sizeof err), SR_EVERSION);
   ck_assert_ptr_nonnull(strstr(err, "version"));
-  store_row_encode(4, 2, v, buf);
+  kv_row_encode(4, 2, v, buf);
   buf[0] = 'X';
-  ck_assert_int_eq(store_row_decode(buf, n, 4, 2, back, err, sizeof err), SR_EFORMAT);
-  store_row_encode(4, 2, v, buf);
-  ck_assert_int_eq(store_row_decode(buf, n, 4, 1, back, err, sizeof err), SR_EMISMATCH);
+  ck_assert_int_eq(kv_row_decode(buf, n, 4, 2, back, err, sizeof err), SR_EFORMAT);
+  kv_row_encode(4, 2, v, buf);
+  ck_assert_int_eq(kv_row_decode(buf, n, 4, 1, back, err, sizeof err), SR_EMISMATCH);
   ck_assert_ptr_nonnull(strstr(err, "dim 4 state 2"));
-  ck_assert_int_eq(store_row_decode(buf, n - 3, 4, 2, back, err, sizeof err), SR_EFORMAT);
-  ck_assert_int_eq(store_row_decode(buf, 3, 4, 2, back, err, sizeof err), SR_EFORMAT);
+  ck_assert_int_eq(kv_row_decode(buf, n - 3, 4, 2, back, err, sizeof err), SR_EFORMAT);
+  ck_assert_int_eq(kv_row_decode(buf, 3, 4, 2, back, err, sizeof err), SR_EFORMAT);
   for (int i = 0; i < 6; i++) ck_assert(back[i] == 0); /* nothing written on refusal */
 }
 END_TEST
@@ -51,68 +53,68 @@ START_TEST(test_db_roundtrip) {
   snprintf(path, sizeof path, "%s/db", dir);
   snprintf(ck, sizeof ck, "%s/ck", dir);
   uint32_t ids[2] = {7, 3};
-  store_db *db;
-  store_opts o = {.block_cache_bytes = 1 << 20, .write_buffer_bytes = 1 << 20};
-  ck_assert_int_eq(store_open(path, 2, ids, &o, &db, err, sizeof err), 0);
-  ck_assert_int_eq(store_cf_index(db, 3), 1);
-  ck_assert_int_eq(store_cf_index(db, 9), -1);
+  kv_db *db;
+  kv_opts o = {.block_cache_bytes = 1 << 20, .write_buffer_bytes = 1 << 20};
+  ck_assert_int_eq(kv_open(path, 2, ids, &o, &db, err, sizeof err), 0);
+  ck_assert_int_eq(kv_cf_index(db, 3), 1);
+  ck_assert_int_eq(kv_cf_index(db, 9), -1);
   /* Keys big-endian: iteration is by ascending row id. */
   uint64_t keys[5] = {1ULL << 40, 5, 256, 1, 0xffffffffffffffffULL};
   for (int i = 0; i < 5; i++) {
     float f = (float)i;
-    store_batch_put(db, 0, keys[i], &f, 4);
+    kv_batch_put(db, 0, keys[i], &f, 4);
   }
-  ck_assert_uint_eq(store_batch_count(db), 5);
-  ck_assert_int_eq(store_batch_commit(db, err, sizeof err), 0);
-  store_iter *it = store_iter_create(db, 0);
+  ck_assert_uint_eq(kv_batch_count(db), 5);
+  ck_assert_int_eq(kv_batch_commit(db, err, sizeof err), 0);
+  kv_iter *it = kv_iter_create(db, 0);
   uint64_t prev = 0;
   int n = 0;
-  for (; store_iter_valid(it); store_iter_next(it), n++) {
-    if (n) ck_assert(store_iter_key(it) > prev);
-    prev = store_iter_key(it);
+  for (; kv_iter_valid(it); kv_iter_next(it), n++) {
+    if (n) ck_assert(kv_iter_key(it) > prev);
+    prev = kv_iter_key(it);
   }
-  store_iter_destroy(it);
+  kv_iter_destroy(it);
   ck_assert_int_eq(n, 5);
   int cf[3] = {0, 1, 0};
   uint64_t q[3] = {256, 256, 77};
   char *vals[3];
   size_t lens[3];
-  ck_assert_int_eq(store_multi_get(db, 3, cf, q, vals, lens, err, sizeof err), 0);
+  ck_assert_int_eq(kv_multi_get(db, 3, cf, q, vals, lens, err, sizeof err), 0);
   ck_assert_ptr_nonnull(vals[0]);
   ck_assert_ptr_null(vals[1]); /* other family */
   ck_assert_ptr_null(vals[2]);
   float f;
   memcpy(&f, vals[0], 4);
   ck_assert(f == 2.0f);
-  store_value_free(vals[0]);
-  ck_assert_int_eq(store_checkpoint(db, ck, err, sizeof err), 0);
-  store_close(db);
+  kv_value_free(vals[0]);
+  ck_assert_int_eq(kv_checkpoint(db, ck, err, sizeof err), 0);
+  kv_close(db);
   uint32_t *have;
   int nh;
-  ck_assert_int_eq(store_list_tables(ck, &have, &nh, err, sizeof err), 0);
+  ck_assert_int_eq(kv_list_tables(ck, &have, &nh, err, sizeof err), 0);
   ck_assert_int_eq(nh, 2);
   free(have);
-  ck_assert_int_ne(store_list_tables("/nonexistent/db", &have, &nh, err, sizeof err), 0);
-  store_opts ro = {.read_only = 1};
-  ck_assert_int_eq(store_open(ck, 2, ids, &ro, &db, err, sizeof err), 0);
-  it = store_iter_create(db, 0);
+  ck_assert_int_ne(kv_list_tables("/nonexistent/db", &have, &nh, err, sizeof err), 0);
+  kv_opts ro = {.read_only = 1};
+  ck_assert_int_eq(kv_open(ck, 2, ids, &ro, &db, err, sizeof err), 0);
+  it = kv_iter_create(db, 0);
   n = 0;
-  for (; store_iter_valid(it); store_iter_next(it)) n++;
-  store_iter_destroy(it);
+  for (; kv_iter_valid(it); kv_iter_next(it)) n++;
+  kv_iter_destroy(it);
   ck_assert_int_eq(n, 5);
-  store_close(db);
+  kv_close(db);
   char **files;
   int nf;
-  ck_assert_int_eq(store_list_files(ck, &files, &nf), 0);
+  ck_assert_int_eq(sr_list_files(ck, &files, &nf), 0);
   ck_assert_int_gt(nf, 2);
   char hex[65];
   uint64_t size;
   char fp[512];
   snprintf(fp, sizeof fp, "%s/%s", ck, files[0]);
-  ck_assert_int_eq(store_file_sha256(fp, hex, &size), 0);
+  ck_assert_int_eq(sr_sha256_file(fp, hex, &size), 0);
   ck_assert_uint_eq(strlen(hex), 64);
-  store_paths_free(files, nf);
-  ck_assert_int_eq(store_rmtree(dir), 0);
+  sr_paths_free(files, nf);
+  ck_assert_int_eq(sr_rmtree(dir), 0);
   ck_assert_int_ne(access(dir, F_OK), 0);
 }
 END_TEST

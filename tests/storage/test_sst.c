@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/status.h"
 #include "storage/kv.h"
 #include "storage/sst.h"
@@ -25,12 +26,12 @@ static void setup(void) {
   ck_assert_ptr_nonnull(mkdtemp(dir));
 }
 
-static void teardown(void) { store_rmtree(dir); }
+static void teardown(void) { sr_rmtree(dir); }
 
 /* Row (dim 2, one state float) of key k from file generation g. */
-static void row_of(uint64_t k, int g, unsigned char out[STORE_ROW_HEADER + 12]) {
+static void row_of(uint64_t k, int g, unsigned char out[KV_ROW_HEADER + 12]) {
   float f[3] = {(float)k + 0.5f, (float)g, -(float)(k % 13)};
-  store_row_encode(2, 1, f, out);
+  kv_row_encode(2, 1, f, out);
 }
 
 /* An SST file at DIR/name with the keys [from, to) step 1 of generation g
@@ -41,7 +42,7 @@ static uint64_t write_file(const char *name, uint64_t from, uint64_t to, const u
   snprintf(path, sizeof path, "%s/%s", dir, name);
   sst_writer *w;
   ck_assert_msg(sst_writer_open(path, &w, err, sizeof err) == 0, "%s", err);
-  unsigned char v[STORE_ROW_HEADER + 12];
+  unsigned char v[KV_ROW_HEADER + 12];
   if (list) {
     for (int i = 0; i < n; i++) {
       row_of(list[i], g, v);
@@ -108,7 +109,7 @@ START_TEST(test_ingest_and_scan) {
   for (int verify = 0; verify <= 1; verify++) {
     sst_iter *it = sst_iter_create(db, i3, verify);
     uint64_t want = 0;
-    unsigned char v[STORE_ROW_HEADER + 12];
+    unsigned char v[KV_ROW_HEADER + 12];
     for (; sst_iter_valid(it); sst_iter_next(it), want++) {
       ck_assert_uint_eq(sst_iter_key(it), want);
       size_t len;
@@ -138,23 +139,23 @@ START_TEST(test_ingest_and_scan) {
   sst_db_close(db);
   /* kv.h's reader sees the same rows, decodable. */
   const uint32_t ids[2] = {3, 7};
-  store_opts so = {.read_only = 1};
-  store_db *kv;
-  ck_assert_msg(store_open(path, 2, ids, &so, &kv, err, sizeof err) == 0, "%s", err);
+  kv_opts so = {.read_only = 1};
+  kv_db *kv;
+  ck_assert_msg(kv_open(path, 2, ids, &so, &kv, err, sizeof err) == 0, "%s", err);
   int cf[3] = {0, 0, 1};
   uint64_t keys[3] = {49, 50, 1ull << 40};
   char *vals[3];
   size_t lens[3];
-  ck_assert_msg(store_multi_get(kv, 3, cf, keys, vals, lens, err, sizeof err) == 0, "%s", err);
+  ck_assert_msg(kv_multi_get(kv, 3, cf, keys, vals, lens, err, sizeof err) == 0, "%s", err);
   for (int k = 0; k < 3; k++) {
     float row[3];
     ck_assert_ptr_nonnull(vals[k]);
-    ck_assert_int_eq(store_row_decode(vals[k], lens[k], 2, 1, row, err, sizeof err), 0);
+    ck_assert_int_eq(kv_row_decode(vals[k], lens[k], 2, 1, row, err, sizeof err), 0);
     ck_assert(row[0] == (float)keys[k] + 0.5f);
     ck_assert(row[1] == (float)(k == 0 ? 1 : k == 1 ? 2 : 3));
-    store_value_free(vals[k]);
+    kv_value_free(vals[k]);
   }
-  store_close(kv);
+  kv_close(kv);
 }
 END_TEST
 
@@ -162,7 +163,7 @@ START_TEST(test_writer_refusals) {
   char path[256], err[1024];
   snprintf(path, sizeof path, "%s/w.sst", dir);
   sst_writer *w;
-  unsigned char v[STORE_ROW_HEADER + 12];
+  unsigned char v[KV_ROW_HEADER + 12];
   row_of(5, 1, v);
   ck_assert_int_eq(sst_writer_open(path, &w, err, sizeof err), 0);
   /* An empty file cannot be finished. */

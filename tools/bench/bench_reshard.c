@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "common/rng.h"
+#include "common/fs.h"
 #include "common/status.h"
 #include "common/sys.h"
 #include "embedding/optim.h"
@@ -96,7 +97,7 @@ static int write_sources(const emb_plan *plan, const char *shards, const char *w
       const emb_table *tb = &plan->tables[t];
       int slen = emb_optim_state_len(&tb->optim, tb->dim), n = tb->dim + slen;
       float *row = malloc(4 * (size_t)n);
-      unsigned char *enc = malloc(store_row_size(tb->dim, slen));
+      unsigned char *enc = malloc(kv_row_size(tb->dim, slen));
       char f[8400];
       snprintf(f, sizeof f, "%s/src-%d-%d.sst", work, k, t);
       sst_writer *w = NULL;
@@ -110,8 +111,8 @@ static int write_sources(const emb_plan *plan, const char *shards, const char *w
           row[j] = (float)((double)(x >> 11) * (1.0 / 9007199254740992.0)) - 0.5f;
         }
         if (slen) for (int j = tb->dim; j < n; j++) row[j] = row[j] * row[j]; /* accumulators >= 0 */
-        store_row_encode(tb->dim, slen, row, enc);
-        rc = sst_writer_put(w, id, enc, store_row_size(tb->dim, slen), err, errlen);
+        kv_row_encode(tb->dim, slen, row, enc);
+        rc = sst_writer_put(w, id, enc, kv_row_size(tb->dim, slen), err, errlen);
       }
       if (!rc) rc = sst_writer_finish(w, NULL, err, errlen);
       sst_writer_destroy(w);
@@ -285,7 +286,7 @@ int bench_reshard(int argc, char **argv) {
       goto done;
     }
     t_base[r] = sr_now() - a;
-    store_rmtree(out);
+    sr_rmtree(out);
     a = sr_now();
     char log[4300], line[1024];
     snprintf(log, sizeof log, "%s/reshard.out", work);
@@ -320,7 +321,7 @@ int bench_reshard(int argc, char **argv) {
   status = 0;
 done:
   if (keep) printf("kept %s\n", dir);
-  else store_rmtree(dir);
+  else sr_rmtree(dir);
   free(t_ours);
   free(t_base);
   emb_plan_free(p2);

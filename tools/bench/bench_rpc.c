@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "common/rng.h"
+#include "common/sys.h"
 #include "embedding/plan.h"
 #include "embedding/store.h"
 #include "rpc/client.h"
@@ -41,12 +42,6 @@
 #include "tools/bench/run_capture.h"
 
 #define CMD "bench rpc"
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef struct {
   const emb_plan *plan;
@@ -90,7 +85,7 @@ static double time_store(emb_store *s, uint64_t *perm, uint64_t rows, size_t n, 
   uint64_t *ids = malloc(n * sizeof *ids);
   for (int r = 0; r < 3; r++) {
     int k = 0;
-    double t0 = now_s(), t;
+    double t0 = sr_now(), t;
     do {
       step_ids(perm, rows, k++, n, ids);
       const uint64_t *ip[1] = {ids};
@@ -102,7 +97,7 @@ static double time_store(emb_store *s, uint64_t *perm, uint64_t rows, size_t n, 
         free(ids);
         return -1;
       }
-      t = now_s();
+      t = sr_now();
     } while (t - t0 < secs);
     runs[r] = (t - t0) / k;
   }
@@ -158,11 +153,11 @@ static double time_tcp(size_t req, size_t resp, double secs) {
   double runs[3];
   for (int k = 0; k < 3; k++) {
     int n = 0;
-    double t0 = now_s(), t;
+    double t0 = sr_now(), t;
     do {
       if (full_io(c, q, req, 1) || full_io(c, r, resp, 0)) return -1;
       n++;
-      t = now_s();
+      t = sr_now();
     } while (t - t0 < secs);
     runs[k] = (t - t0) / n;
   }
@@ -219,8 +214,8 @@ static pid_t spawn_server(const char *dir, int shard, char *addr, size_t alen) {
   char buf[512];
   size_t n = 0;
   addr[0] = 0;
-  double t0 = now_s();
-  while (now_s() - t0 < 20 && n < sizeof buf - 1) {
+  double t0 = sr_now();
+  while (sr_now() - t0 < 20 && n < sizeof buf - 1) {
     ssize_t got = read(fd[0], buf + n, sizeof buf - 1 - n);
     if (got <= 0) break;
     n += (size_t)got;

@@ -6,7 +6,7 @@
  * per row, random contents) is written to a RocksDB database in a temporary
  * folder, flushed to SST files and compacted (no compaction runs during the
  * measurements). Then, batches of --batch unique ids:
- *   raw MultiGet     RocksDB's batched MultiGet (store_multi_get_cf) of the
+ *   raw MultiGet     RocksDB's batched MultiGet (kv_multi_get_cf) of the
  *                    batch + decoding each row into the output
  *   miss             the shard store, cache --cache-rows, the same batches
  *                    as raw MultiGet (more ids than the cache holds, so each
@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "common/rng.h"
+#include "common/fs.h"
 #include "common/status.h"
 #include "embedding/optim.h"
 #include "embedding/shard.h"
@@ -78,7 +79,7 @@ typedef struct bs {
   uint32_t tid;
   int slen, w;         /* state floats per row; value + state */
   size_t rsz, block_cache;
-  store_opts so;
+  kv_opts so;
   uint64_t *ids;       /* [rows] a permutation of all ids */
   uint64_t *bids;
   float *out;          /* [batch][dim] */
@@ -90,7 +91,7 @@ typedef struct bs {
   size_t *lens;        /* [batch] */
   double *cdf;         /* [rows] */
   emb_store *s;
-  store_db *db;
+  kv_db *db;
   sr_rng rng;
   long long nb;        /* batches per pass */
   lk l;
@@ -161,7 +162,7 @@ static int setup(bs *b) {
   long long rows = b->rows, dim = b->dim, batch = b->batch;
   b->slen = emb_optim_state_len(&b->plan->tables[0].optim, (int)dim);
   b->w = (int)dim + b->slen;
-  b->rsz = store_row_size((int)dim, b->slen);
+  b->rsz = kv_row_size((int)dim, b->slen);
   b->block_cache = b->bc_mb ? (size_t)b->bc_mb << 20
                             : (size_t)rows * (b->rsz + 24) * 5 / 4 + (16u << 20);
   b->ids = malloc((size_t)rows * sizeof *b->ids);
@@ -189,24 +190,24 @@ static int load_db(bs *b) {
   long long rows = b->rows;
   snprintf(b->path, sizeof b->path, "%s/shard-0", b->dir);
   b->tid = b->plan->tables[0].table_id;
-  b->so = (store_opts){.block_cache_bytes = b->block_cache, .write_buffer_bytes = 64u << 20,
-                       .compression = b->lz4 ? STORE_COMPRESSION_LZ4 : STORE_COMPRESSION_NONE};
+  b->so = (kv_opts){.block_cache_bytes = b->block_cache, .write_buffer_bytes = 64u << 20,
+                       .compression = b->lz4 ? KV_COMPRESSION_LZ4 : KV_COMPRESSION_NONE};
   double t0 = sr_now();
-  if (store_open(b->path, 1, &b->tid, &b->so, &b->db, b->err, sizeof b->err)) {
+  if (kv_open(b->path, 1, &b->tid, &b->so, &b->db, b->err, sizeof b->err)) {
     fprintf(stderr, "shardrec bench store: %s\n", b->err);
     return -1;
   }
   for (long long i = 0; i < rows; i++) {
     for (int j = 0; j < b->w; j++) b->rowbuf[j] = (float)(sr_rng_uniform(&b->rng) - 0.5);
-    store_row_encode((int)b->dim, b->slen, b->rowbuf, b->enc);
-    store_batch_put(b->db, 0, (uint64_t)i, b->enc, b->rsz);
+    kv_row_encode((int)b->dim, b->slen, b->rowbuf, b->enc);
+    kv_batch_put(b->db, 0, (uint64_t)i, b->enc, b->rsz);
     if ((i + 1) % 65536 == 0 || i + 1 == rows)
-      if (store_batch_commit(b->db, b->err, sizeof b->err)) {
+      if (kv_batch_commit(b->db, b->err, sizeof b->err)) {
         fprintf(stderr, "shardrec bench store: %s\n", b->err);
         return -1;
       }
   }
-  if (store_flush(b->db, b->err, sizeof b->err) || store_compact(b->db, b->err, sizeof b->err)) {
+  if (kv_flush(b->db, b->err, sizeof b->err) || kv_compact(b->db, b->err, sizeof b->err)) {
     fprintf(stderr, "shardrec bench store: %s\n", b->err);
     return -1;
   }
@@ -216,7 +217,7 @@ static int load_db(bs *b) {
          (double)b->block_cache / 1048576.0, sr_now() - t0);
   char prop[64];
   snprintf(prop, sizeof prop, "rocksdb.total-sst-files-size");
-  printf("store  SST files %.1f MB\n", (double)store_property(b->db, 0, prop) / 1e6);
+  printf("store  SST files %.1f MB\n", (double)kv_property(b->db, 0, prop) / 1e6);
   for (long long i = 0; i < rows; i++) b->ids[i] = (uint64_t)i;
   for (long long i = rows - 1; i > 0; i--) {
     uint64_t j = sr_rng_below(&b->rng, (uint64_t)i + 1), t = b->ids[i];
@@ -225,7 +226,7 @@ static int load_db(bs *b) {
   }
   b->nb = b->nbatches;
   if (b->nb * b->batch > rows) b->nb = rows / b->batch;
-  store_close(b->db);
+  kv_close(b->db);
   b->db = NULL;
   return 0;
 }
@@ -240,9 +241,9 @@ static int measure_miss(bs *b) {
   emb_shard_config cfg = {.cache_rows = (uint64_t)b->cache_rows, .block_cache_bytes = b->block_cache,
                           .write_buffer_bytes = 64u << 20, .lz4 = b->lz4};
   b->s = emb_store_create_shard(b->plan, b->dir, &cfg, b->err, sizeof b->err);
-  store_opts rso = b->so;
+  kv_opts rso = b->so;
   rso.read_only = 1;
-  if (!b->s || store_open(b->path, 1, &b->tid, &rso, &b->db, b->err, sizeof b->err)) {
+  if (!b->s || kv_open(b->path, 1, &b->tid, &rso, &b->db, b->err, sizeof b->err)) {
     fprintf(stderr, "shardrec bench store: %s\n", b->err);
     return -1;
   }
@@ -251,13 +252,13 @@ static int measure_miss(bs *b) {
   for (int pass = -1; pass < b->runs; pass++) {
     double t = sr_now();
     for (long long k = 0; k < nb; k++) {
-      if (store_multi_get_cf(b->db, 0, (size_t)batch, b->ids + k * batch, (const char **)b->vals,
+      if (kv_multi_get_cf(b->db, 0, (size_t)batch, b->ids + k * batch, (const char **)b->vals,
                              b->lens, b->err, sizeof b->err)) {
         fprintf(stderr, "shardrec bench store: %s\n", b->err);
         return -1;
       }
       for (long long q = 0; q < batch; q++)
-        if (b->vals[q] && !store_row_decode(b->vals[q], b->lens[q], (int)dim, b->slen, b->rowbuf,
+        if (b->vals[q] && !kv_row_decode(b->vals[q], b->lens[q], (int)dim, b->slen, b->rowbuf,
                                             b->err, sizeof b->err))
           memcpy(b->out + q * dim, b->rowbuf, (size_t)dim * 4);
     }
@@ -269,7 +270,7 @@ static int measure_miss(bs *b) {
     emb_store_stats_get(b->s, &st1);
     if (pass >= 0) b->miss[pass] = (double)(nb * batch) / (sr_now() - t);
   }
-  store_close(b->db);
+  kv_close(b->db);
   b->db = NULL;
   b->miss_hr = (double)(st1.hits - st0.hits) / (double)(st1.lookups - st0.lookups);
   return 0;
@@ -392,8 +393,8 @@ static void print_figures(bs *b) { /* sr_median sorts the figures */
 
 static void bs_free(bs *b) {
   emb_store_destroy(b->s);
-  store_close(b->db);
-  if (b->dir[0]) store_rmtree(b->dir);
+  kv_close(b->db);
+  if (b->dir[0]) sr_rmtree(b->dir);
   emb_plan_free(b->plan);
   free(b->ids);
   free(b->bids);

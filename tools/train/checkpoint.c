@@ -5,13 +5,13 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/sha256.h"
 #include "common/status.h"
 #include "embedding/ckpt_plan.h"
 #include "embedding/shard.h"
@@ -74,14 +74,18 @@ static int dense_write(const char *path, dense_model *m, dense_opt *o, char *err
   memcpy(hdr + 32, &steps, 8);
   memcpy(hdr + 40, &kind, 4);
   unsigned char dig[32];
-  unsigned int dl;
-  EVP_MD_CTX *md = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(md, EVP_sha256(), NULL);
-  EVP_DigestUpdate(md, hdr, sizeof hdr);
-  EVP_DigestUpdate(md, p, np * 4);
-  if (ns) EVP_DigestUpdate(md, s, ns * 4);
-  EVP_DigestFinal_ex(md, dig, &dl);
-  EVP_MD_CTX_free(md);
+  sr_sha256_ctx h;
+  int hrc = sr_sha256_init(&h);
+  if (!hrc) { /* a failed update is reported by final */
+    sr_sha256_update(&h, hdr, sizeof hdr);
+    sr_sha256_update(&h, p, np * 4);
+    if (ns) sr_sha256_update(&h, s, ns * 4);
+    hrc = sr_sha256_final(&h, dig);
+  }
+  if (hrc) {
+    sr_fmt(err, errlen, "%s: SHA-256 failed: %s", path, sr_strerror(hrc));
+    return hrc;
+  }
   int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0 || write_all(fd, hdr, sizeof hdr) || write_all(fd, p, np * 4) ||
       (ns && write_all(fd, s, ns * 4)) || write_all(fd, dig, 32) || fsync(fd) || close(fd)) {
@@ -141,12 +145,10 @@ static int dense_read(const char *path, dense_model *m, dense_opt *o, int load, 
     goto out;
   }
   unsigned char dig[32];
-  unsigned int dl;
-  EVP_MD_CTX *md = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(md, EVP_sha256(), NULL);
-  EVP_DigestUpdate(md, buf, len - 32);
-  EVP_DigestFinal_ex(md, dig, &dl);
-  EVP_MD_CTX_free(md);
+  if ((rc = sr_sha256(buf, len - 32, dig))) {
+    sr_fmt(err, errlen, "%s: SHA-256 failed: %s", path, sr_strerror(rc));
+    goto out;
+  }
   if (memcmp(dig, buf + len - 32, 32)) {
     sr_fmt(err, errlen, "%s: checksum mismatch (file damaged)", path);
     rc = SR_ECHECKSUM;

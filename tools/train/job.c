@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "common/rng.h"
+#include "common/fs.h"
 #include "common/status.h"
 #include "common/sys.h"
 #include "embedding/shard.h"
@@ -275,11 +276,6 @@ static int open_remote(train_job *j) {
   return 0;
 }
 
-static int is_file(const char *path) {
-  struct stat st;
-  return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
 /* The store in this process: the RocksDB shard store when --data-dir or a
  * cache size is given (no --data-dir: a temporary folder the job removes at
  * its end), else every row in memory. A --data-dir already holding shard
@@ -317,7 +313,7 @@ static int open_local(train_job *j) {
           job__errf(j, "--data-dir %s: path too long\n", data_dir);
           return -1;
         }
-        if (is_file(p)) {
+        if (sr_is_file(p)) {
           job__errf(j, "--data-dir %s: holds shard databases of an earlier run (%s/shard-%d); "
                     "remove them, or --resume a checkpoint\n", data_dir, data_dir, k);
           return -1;
@@ -399,7 +395,7 @@ static void job_close(train_job *j, int status) {
   }
   if (j->colo_addrs) colocate_addrs_free(j->colo_addrs, j->plan ? j->plan->n_shards : 0);
   if (j->tmp_data_dir) {
-    store_rmtree(j->tmp_data_dir);
+    sr_rmtree(j->tmp_data_dir);
     free(j->tmp_data_dir);
   }
   emb_plan_free(j->plan);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "common/sha256.h"
 #include "common/status.h"
 #include "common/sys.h"
 #include "embedding/ckpt_store.h"
@@ -165,7 +166,7 @@ static int load_dense(const char *step_dir, dense_model *m, char *err, size_t er
     rc = SR_EMISMATCH;
     goto out;
   }
-  if (emb_sha256(buf, (size_t)len - 32, dig) || memcmp(dig, buf + len - 32, 32)) {
+  if (sr_sha256(buf, (size_t)len - 32, dig) || memcmp(dig, buf + len - 32, 32)) {
     sr_fmt(err, errlen, "%s: checksum mismatch (file damaged)", path);
     rc = SR_ECHECKSUM;
     goto out;

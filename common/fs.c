@@ -1,0 +1,235 @@
+#include "common/fs.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/status.h"
+
+#define SR_PATH_MAX 4096
+
+int sr_path(char *buf, size_t len, const char *fmt, ...) {
+  if (!buf || len == 0) return SR_EINVAL;
+  va_list ap;
+  va_start(ap, fmt);
+  int w = vsnprintf(buf, len, fmt, ap);
+  va_end(ap);
+  if (w < 0 || (size_t)w >= len) {
+    buf[0] = '\0';
+    return SR_ERANGE;
+  }
+  return 0;
+}
+
+int sr_is_file(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int sr_is_dir(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int mkdir_one(const char *p) {
+  if (mkdir(p, 0777) == 0) return 0;
+  return errno == EEXIST && sr_is_dir(p) ? 0 : SR_EIO;
+}
+
+int sr_mkdirs(const char *path) {
+  char tmp[SR_PATH_MAX];
+  int rc = sr_path(tmp, sizeof tmp, "%s", path);
+  if (rc) return rc;
+  if (!tmp[0]) return SR_EINVAL;
+  for (char *q = tmp + 1; *q; q++)
+    if (*q == '/' && q[-1] != '/') {
+      *q = '\0';
+      rc = mkdir_one(tmp);
+      *q = '/';
+      if (rc) return rc;
+    }
+  return mkdir_one(tmp);
+}
+
+int sr_rmtree(const char *path) {
+  struct stat st;
+  if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : SR_EIO;
+  if (!S_ISDIR(st.st_mode)) return unlink(path) == 0 ? 0 : SR_EIO;
+  DIR *dir = opendir(path);
+  if (!dir) return SR_EIO;
+  struct dirent *de;
+  int rc = 0;
+  while ((de = readdir(dir))) {
+    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+    char p[SR_PATH_MAX];
+    if (sr_path(p, sizeof p, "%s/%s", path, de->d_name) || sr_rmtree(p)) rc = SR_EIO;
+  }
+  closedir(dir);
+  if (rmdir(path) != 0) rc = SR_EIO;
+  return rc;
+}
+
+int sr_copy_file(const char *src, const char *dst, char *err, size_t errlen) {
+  int in = open(src, O_RDONLY), out = -1, rc = 0;
+  if (in < 0) {
+    sr_fmt(err, errlen, "%s: cannot open: %s", src, strerror(errno));
+    return SR_EIO;
+  }
+  out = open(dst, O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (out < 0) {
+    sr_fmt(err, errlen, "%s: cannot create: %s", dst, strerror(errno));
+    close(in);
+    return SR_EIO;
+  }
+  enum { CHUNK = 1 << 16 };
+  char *buf = malloc(CHUNK);
+  ssize_t got = -1;
+  int saved = ENOMEM;
+  while (buf && (got = read(in, buf, CHUNK)) > 0)
+    if (write(out, buf, (size_t)got) != got) {
+      saved = errno;
+      rc = SR_EIO;
+      break;
+    }
+  if (!rc && got < 0) saved = buf ? errno : ENOMEM, rc = SR_EIO;
+  if (!rc && fsync(out) != 0) saved = errno, rc = SR_EIO;
+  if (close(out) != 0 && !rc) saved = errno, rc = SR_EIO;
+  close(in);
+  free(buf);
+  if (rc) sr_fmt(err, errlen, "%s: cannot copy to %s: %s", src, dst, strerror(saved));
+  return rc;
+}
+
+int sr_copytree(const char *src, const char *dst, char *err, size_t errlen) {
+  if (mkdir(dst, 0777) != 0) {
+    sr_fmt(err, errlen, "%s: cannot create: %s", dst, strerror(errno));
+    return SR_EIO;
+  }
+  DIR *dir = opendir(src);
+  if (!dir) {
+    sr_fmt(err, errlen, "%s: cannot open: %s", src, strerror(errno));
+    return SR_EIO;
+  }
+  struct dirent *de;
+  int rc = 0;
+  while (!rc && (de = readdir(dir))) {
+    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+    char s[SR_PATH_MAX], t[SR_PATH_MAX];
+    if (sr_path(s, sizeof s, "%s/%s", src, de->d_name) ||
+        sr_path(t, sizeof t, "%s/%s", dst, de->d_name)) {
+      sr_fmt(err, errlen, "%s/%s: path too long", src, de->d_name);
+      rc = SR_ERANGE;
+      break;
+    }
+    struct stat st;
+    if (stat(s, &st) != 0) {
+      sr_fmt(err, errlen, "%s: cannot stat: %s", s, strerror(errno));
+      rc = SR_EIO;
+    } else if (S_ISDIR(st.st_mode)) {
+      rc = sr_copytree(s, t, err, errlen);
+    } else {
+      size_t l = strlen(de->d_name);
+      int sst = l > 4 && !strcmp(de->d_name + l - 4, ".sst");
+      if (!(sst && link(s, t) == 0)) rc = sr_copy_file(s, t, err, errlen);
+    }
+  }
+  closedir(dir);
+  return rc;
+}
+
+int sr_fsync_dir(const char *path) {
+  int fd = open(path, O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return SR_EIO;
+  int rc = fsync(fd) == 0 ? 0 : SR_EIO;
+  close(fd);
+  return rc;
+}
+
+typedef struct {
+  char **p;
+  int n, cap;
+} plist;
+
+static int plist_add(plist *l, const char *s) {
+  if (l->n == l->cap) {
+    int cap = l->cap ? 2 * l->cap : 64;
+    char **np = realloc(l->p, (size_t)cap * sizeof *np);
+    if (!np) return SR_ENOMEM;
+    l->p = np;
+    l->cap = cap;
+  }
+  if (!(l->p[l->n] = strdup(s))) return SR_ENOMEM;
+  l->n++;
+  return 0;
+}
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Hand l over sorted, or free it on failure. */
+static int plist_finish(plist *l, int rc, char ***out, int *n) {
+  if (rc) {
+    sr_paths_free(l->p, l->n);
+    *out = NULL;
+    *n = 0;
+    return rc;
+  }
+  if (l->n) qsort(l->p, (size_t)l->n, sizeof *l->p, cmp_str);
+  *out = l->p;
+  *n = l->n;
+  return 0;
+}
+
+static int list_rec(const char *root, const char *rel, plist *l) {
+  char full[SR_PATH_MAX];
+  if (sr_path(full, sizeof full, "%s%s%s", root, *rel ? "/" : "", rel)) return SR_ERANGE;
+  DIR *dir = opendir(full);
+  if (!dir) return SR_EIO;
+  struct dirent *de;
+  int rc = 0;
+  while (!rc && (de = readdir(dir))) {
+    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+    char r[SR_PATH_MAX], f[SR_PATH_MAX];
+    if (sr_path(r, sizeof r, "%s%s%s", rel, *rel ? "/" : "", de->d_name) ||
+        sr_path(f, sizeof f, "%s/%s", root, r)) {
+      rc = SR_ERANGE;
+      break;
+    }
+    struct stat st;
+    if (stat(f, &st) != 0) rc = SR_EIO;
+    else if (S_ISDIR(st.st_mode)) rc = list_rec(root, r, l);
+    else if (S_ISREG(st.st_mode)) rc = plist_add(l, r);
+  }
+  closedir(dir);
+  return rc;
+}
+
+int sr_list_files(const char *root, char ***paths, int *n) {
+  plist l = {0};
+  return plist_finish(&l, list_rec(root, "", &l), paths, n);
+}
+
+int sr_list_dir(const char *path, char ***names, int *n) {
+  plist l = {0};
+  DIR *dir = opendir(path);
+  if (!dir) return plist_finish(&l, SR_ENOTFOUND, names, n);
+  struct dirent *de;
+  int rc = 0;
+  while (!rc && (de = readdir(dir)))
+    if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) rc = plist_add(&l, de->d_name);
+  closedir(dir);
+  return plist_finish(&l, rc, names, n);
+}
+
+void sr_paths_free(char **paths, int n) {
+  if (!paths) return;
+  for (int i = 0; i < n; i++) free(paths[i]);
+  free(paths);
+}

@@ -1,0 +1,55 @@
+/* File-tree helpers every module uses (checkpoints, shard databases, table
+ * files, scratch folders): paths that never truncate silently, making,
+ * listing, copying, removing and fsyncing folders. Every call returns 0 or a
+ * negative SR_E* code (common/status.h); none prints. */
+#ifndef SHARDREC_COMMON_FS_H
+#define SHARDREC_COMMON_FS_H
+
+#include <stddef.h>
+
+/* Format a path into buf[len] in the manner of snprintf. Returns 0, or
+ * SR_ERANGE when the result (and its NUL) does not fit in len bytes: buf is
+ * then the empty string, never a truncated path. SR_EINVAL for len == 0. */
+int sr_path(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* 1 when path is a regular file / a folder (symlinks followed), else 0. */
+int sr_is_file(const char *path);
+int sr_is_dir(const char *path);
+
+/* Make the folder path and any missing parents (mode 0777 before umask); an
+ * existing folder is fine. 0, SR_ERANGE (path too long) or SR_EIO (a
+ * component cannot be made, or exists and is not a folder). */
+int sr_mkdirs(const char *path);
+
+/* Remove a folder tree, or a file (a symlink is removed, not followed).
+ * Missing is fine. 0 or SR_EIO (what could be removed is removed). */
+int sr_rmtree(const char *path);
+
+/* Copy the file src to dst (created; must not exist), fsynced. 0 or SR_EIO
+ * with the reason, naming both paths, in err. */
+int sr_copy_file(const char *src, const char *dst, char *err, size_t errlen);
+
+/* Copy the tree src to dst (created; must not exist), hard-linking *.sst
+ * files (immutable: RocksDB never rewrites one) and copying the rest. 0 or
+ * SR_EIO / SR_ERANGE with the reason in err; a failed copy leaves what it
+ * made at dst for the caller to remove. */
+int sr_copytree(const char *src, const char *dst, char *err, size_t errlen);
+
+/* fsync a folder (after creating or renaming entries in it). 0 or SR_EIO. */
+int sr_fsync_dir(const char *path);
+
+/* Relative paths ("a/b.sst") of the regular files under root, recursively,
+ * sorted by strcmp; *paths a malloc'd array of malloc'd strings, caller
+ * frees with sr_paths_free. 0 or SR_EIO / SR_ENOMEM / SR_ERANGE (*paths
+ * NULL, *n 0 then). */
+int sr_list_files(const char *root, char ***paths, int *n);
+
+/* Names of the entries of the folder path (files and folders, not "." and
+ * ".."), sorted by strcmp; ownership as sr_list_files. 0 or SR_ENOTFOUND
+ * (cannot open path) / SR_ENOMEM. */
+int sr_list_dir(const char *path, char ***names, int *n);
+
+/* Free what sr_list_files / sr_list_dir returned; NULL-safe. */
+void sr_paths_free(char **paths, int n);
+
+#endif

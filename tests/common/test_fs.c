@@ -1,0 +1,212 @@
+/* Tests for common/fs: paths that refuse to truncate, making, listing,
+ * copying (hard-linked *.sst), removing and fsyncing real folder trees under
+ * a fresh temporary folder. */
+#include <check.h>
+
+#include "tests/check_main.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/fs.h"
+#include "common/status.h"
+
+static char root[64];
+
+static void setup(void) {
+  snprintf(root, sizeof root, "/tmp/sr_test_fs_XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(root));
+}
+
+static void teardown(void) { sr_rmtree(root); }
+
+static void put(const char *rel, const char *text) {
+  char p[512];
+  ck_assert_int_eq(sr_path(p, sizeof p, "%s/%s", root, rel), 0);
+  FILE *f = fopen(p, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(text, f);
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+static char *slurp(const char *path) {
+  static char buf[256];
+  FILE *f = fopen(path, "r");
+  if (!f) return NULL;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  buf[n] = 0;
+  fclose(f);
+  return buf;
+}
+
+START_TEST(test_path) {
+  char b[8];
+  ck_assert_int_eq(sr_path(b, sizeof b, "%s/%d", "ab", 1234), 0);
+  ck_assert_str_eq(b, "ab/1234");
+  /* 8 characters and the NUL do not fit in 8 bytes: refused, empty */
+  ck_assert_int_eq(sr_path(b, sizeof b, "%s/%d", "ab", 12345), SR_ERANGE);
+  ck_assert_str_eq(b, "");
+  ck_assert_int_eq(sr_path(b, 0, "x"), SR_EINVAL);
+  char big[5000];
+  memset(big, 'a', sizeof big - 1);
+  big[sizeof big - 1] = 0;
+  char p[4096];
+  ck_assert_int_eq(sr_path(p, sizeof p, "/tmp/%s", big), SR_ERANGE);
+  ck_assert_str_eq(p, "");
+}
+END_TEST
+
+START_TEST(test_mkdirs_and_kinds) {
+  char p[512], f[512];
+  sr_path(p, sizeof p, "%s/a/b//c/d", root);
+  ck_assert_int_eq(sr_is_dir(p), 0);
+  ck_assert_int_eq(sr_mkdirs(p), 0);
+  ck_assert_int_eq(sr_is_dir(p), 1);
+  ck_assert_int_eq(sr_is_file(p), 0);
+  ck_assert_int_eq(sr_mkdirs(p), 0); /* existing is fine */
+  put("a/b/file", "x");
+  sr_path(f, sizeof f, "%s/a/b/file", root);
+  ck_assert_int_eq(sr_is_file(f), 1);
+  ck_assert_int_eq(sr_is_dir(f), 0);
+  /* a component that is a file: cannot be made */
+  sr_path(p, sizeof p, "%s/a/b/file/sub", root);
+  ck_assert_int_eq(sr_mkdirs(p), SR_EIO);
+  ck_assert_int_eq(sr_mkdirs(f), SR_EIO);
+  ck_assert_int_eq(sr_is_file("/nonexistent/x"), 0);
+  char big[5000];
+  memset(big, 'a', sizeof big - 1);
+  big[sizeof big - 1] = 0;
+  ck_assert_int_eq(sr_mkdirs(big), SR_ERANGE);
+  ck_assert_int_eq(sr_mkdirs(""), SR_EINVAL);
+}
+END_TEST
+
+START_TEST(test_list_files) {
+  put("z.txt", "z");
+  char p[512];
+  sr_path(p, sizeof p, "%s/d/e", root);
+  ck_assert_int_eq(sr_mkdirs(p), 0);
+  sr_path(p, sizeof p, "%s/empty", root);
+  ck_assert_int_eq(sr_mkdirs(p), 0);
+  put("d/b.sst", "b");
+  put("d/e/a", "a");
+  put("a", "a");
+  char **files;
+  int n;
+  ck_assert_int_eq(sr_list_files(root, &files, &n), 0);
+  ck_assert_int_eq(n, 4);
+  ck_assert_str_eq(files[0], "a");
+  ck_assert_str_eq(files[1], "d/b.sst");
+  ck_assert_str_eq(files[2], "d/e/a");
+  ck_assert_str_eq(files[3], "z.txt");
+  sr_paths_free(files, n);
+  ck_assert_int_eq(sr_list_dir(root, &files, &n), 0);
+  ck_assert_int_eq(n, 4);
+  ck_assert_str_eq(files[0], "a");
+  ck_assert_str_eq(files[1], "d");
+  ck_assert_str_eq(files[2], "empty");
+  ck_assert_str_eq(files[3], "z.txt");
+  sr_paths_free(files, n);
+  sr_path(p, sizeof p, "%s/missing", root);
+  files = (char **)1;
+  ck_assert_int_eq(sr_list_files(p, &files, &n), SR_EIO);
+  ck_assert_ptr_null(files);
+  ck_assert_int_eq(n, 0);
+  ck_assert_int_eq(sr_list_dir(p, &files, &n), SR_ENOTFOUND);
+  ck_assert_ptr_null(files);
+  sr_paths_free(NULL, 0);
+}
+END_TEST
+
+START_TEST(test_copytree) {
+  char src[512], dst[512], p[512], q[512];
+  sr_path(src, sizeof src, "%s/src", root);
+  sr_path(p, sizeof p, "%s/src/sub", root);
+  ck_assert_int_eq(sr_mkdirs(p), 0);
+  put("src/000007.sst", "table");
+  put("src/MANIFEST-1", "manifest");
+  put("src/sub/x", "nested");
+  sr_path(dst, sizeof dst, "%s/dst", root);
+  char err[512] = "";
+  ck_assert_msg(sr_copytree(src, dst, err, sizeof err) == 0, "%s", err);
+  sr_path(p, sizeof p, "%s/000007.sst", src);
+  sr_path(q, sizeof q, "%s/000007.sst", dst);
+  struct stat a, b;
+  ck_assert_int_eq(stat(p, &a), 0);
+  ck_assert_int_eq(stat(q, &b), 0);
+  ck_assert_uint_eq(a.st_ino, b.st_ino); /* hard link */
+  ck_assert_uint_eq(b.st_nlink, 2);
+  sr_path(p, sizeof p, "%s/MANIFEST-1", src);
+  sr_path(q, sizeof q, "%s/MANIFEST-1", dst);
+  ck_assert_int_eq(stat(p, &a), 0);
+  ck_assert_int_eq(stat(q, &b), 0);
+  ck_assert_uint_ne(a.st_ino, b.st_ino); /* a copy */
+  ck_assert_str_eq(slurp(q), "manifest");
+  sr_path(q, sizeof q, "%s/sub/x", dst);
+  ck_assert_str_eq(slurp(q), "nested");
+  /* dst must not exist */
+  ck_assert_int_eq(sr_copytree(src, dst, err, sizeof err), SR_EIO);
+  ck_assert_ptr_nonnull(strstr(err, dst));
+  sr_path(p, sizeof p, "%s/nosuch", root);
+  sr_path(q, sizeof q, "%s/dst2", root);
+  ck_assert_int_eq(sr_copytree(p, q, err, sizeof err), SR_EIO);
+  ck_assert_ptr_nonnull(strstr(err, p));
+}
+END_TEST
+
+START_TEST(test_copy_file) {
+  char p[512], q[512], err[512] = "";
+  put("one", "hello");
+  sr_path(p, sizeof p, "%s/one", root);
+  sr_path(q, sizeof q, "%s/two", root);
+  ck_assert_msg(sr_copy_file(p, q, err, sizeof err) == 0, "%s", err);
+  ck_assert_str_eq(slurp(q), "hello");
+  ck_assert_int_eq(sr_copy_file(p, q, err, sizeof err), SR_EIO); /* exists */
+  ck_assert_ptr_nonnull(strstr(err, q));
+  sr_path(p, sizeof p, "%s/none", root);
+  ck_assert_int_eq(sr_copy_file(p, q, err, sizeof err), SR_EIO);
+  ck_assert_ptr_nonnull(strstr(err, p));
+}
+END_TEST
+
+START_TEST(test_rmtree_and_fsync) {
+  char p[512];
+  sr_path(p, sizeof p, "%s/t/u/v", root);
+  ck_assert_int_eq(sr_mkdirs(p), 0);
+  put("t/u/v/f", "f");
+  put("t/g", "g");
+  sr_path(p, sizeof p, "%s/t", root);
+  ck_assert_int_eq(sr_fsync_dir(p), 0);
+  /* a symlink inside is removed, not followed */
+  char keep[512], link_at[512];
+  put("keep", "k");
+  sr_path(keep, sizeof keep, "%s/keep", root);
+  sr_path(link_at, sizeof link_at, "%s/t/link", root);
+  ck_assert_int_eq(symlink(keep, link_at), 0);
+  ck_assert_int_eq(sr_rmtree(p), 0);
+  ck_assert_int_eq(access(p, F_OK), -1);
+  ck_assert_int_eq(sr_is_file(keep), 1);
+  ck_assert_int_eq(sr_rmtree(p), 0); /* missing is fine */
+  ck_assert_int_eq(sr_rmtree(keep), 0); /* a file */
+  ck_assert_int_eq(sr_is_file(keep), 0);
+  ck_assert_int_eq(sr_fsync_dir(p), SR_EIO);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("common_fs");
+  TCase *tc = tcase_create("fs");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_add_test(tc, test_path);
+  tcase_add_test(tc, test_mkdirs_and_kinds);
+  tcase_add_test(tc, test_list_files);
+  tcase_add_test(tc, test_copytree);
+  tcase_add_test(tc, test_copy_file);
+  tcase_add_test(tc, test_rmtree_and_fsync);
+  suite_add_tcase(s, tc);
+  return sr_check_run(s);
+}
