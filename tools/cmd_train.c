@@ -43,7 +43,8 @@ static void usage(FILE *f) {
 "  --arch-interaction-itself include the diagonal in the dot interaction\n"
 "  --pooling sum|mean        embedding bag pooling (sum)\n"
 "  --plan PLAN.json          use this sharding plan (tables, seed, optimizers, placement)\n"
-"  --plan-out FILE           where to write the plan made when --plan is absent (plan.json)\n"
+"  --plan-out FILE           write the plan made here (no --plan) to FILE; it also goes into\n"
+"                            --save-checkpoint's folder, and nowhere else unasked\n"
 "  --num-shards N            shards of a plan made here (1; all hosted in process)\n"
 "  --shard-servers H:P,...   train against shard servers (one per shard of --plan, in shard order)\n"
 "  --rpc-deadline S          seconds per shard-server call (30)\n"
@@ -371,7 +372,7 @@ int cmd_train(int argc, char **argv) {
   train_ranks r;
   train_ranks_enter(&r);
   train_config c = {.bot = "13-512-256-64-16", .top = "512-256-1", .op = "dot",
-                    .plan_out = "plan.json", .opt_name = "sgd", .seed = 123, .dim = 16,
+                    .opt_name = "sgd", .seed = 123, .dim = 16,
                     .n_shards = 1, .batch = 128, .epochs = 1, .print_freq = 256, .lr = 0.1,
                     .sparse_lr = -1, .recover_timeout = 60, .ranks = r};
   int rc = parse_flags(&r, argc, argv, &c);

@@ -162,11 +162,42 @@ static int open_data(train_job *j) {
   return 0;
 }
 
+/* A plan made here is written to --plan-out when given, and into the
+ * checkpoint folder (--save-checkpoint DIR: DIR/plan.json) when there is
+ * one; nothing lands in the current folder unasked. where gets the files
+ * written, for the plan line ("" when none). Rank 0 only. 0 or -1. */
+static int write_plan(train_job *j, char *where, size_t len) {
+  const train_config *c = j->cfg;
+  char err[1024], ck[4096];
+  where[0] = 0;
+  if (c->plan_out) {
+    if (emb_plan_save(j->plan, c->plan_out, err, sizeof err)) {
+      job__errf(j, "%s\n", err);
+      return -1;
+    }
+    snprintf(where, len, "%s", c->plan_out);
+  }
+  if (c->checkpoint_dir) {
+    if (sr_path(ck, sizeof ck, "%s/plan.json", c->checkpoint_dir)) {
+      job__errf(j, "--save-checkpoint %s: path too long\n", c->checkpoint_dir);
+      return -1;
+    }
+    if (sr_mkdirs(c->checkpoint_dir) || emb_plan_save(j->plan, ck, err, sizeof err)) {
+      job__errf(j, "--save-checkpoint %s: cannot write its plan.json: %s\n", c->checkpoint_dir,
+                sr_is_dir(c->checkpoint_dir) ? err : strerror(errno));
+      return -1;
+    }
+    size_t n = strlen(where);
+    snprintf(where + n, len - n, "%s%s", n ? ", " : "", ck);
+  }
+  return 0;
+}
+
 /* The plan: given, or made from the data's table sizes and the flags (every
  * rank makes the same plan; rank 0 writes it). Prints the plan line. */
 static int make_plan(train_job *j) {
   const train_config *c = j->cfg;
-  char err[1024];
+  char err[1024], where[8300] = "";
   if (c->plan_path) {
     if (emb_plan_load(c->plan_path, &j->plan, err, sizeof err)) {
       job__errf(j, "%s\n", err);
@@ -184,11 +215,11 @@ static int make_plan(train_job *j) {
                           .pooling = c->pooling,
                           .optim = {.kind = c->sparse_opt, .eps = -1, .init_acc = 0},
                           .init_range = 0, .seed = c->seed, .n_shards = c->n_shards};
-    if (emb_plan_create(&pp, &j->plan, err, sizeof err) ||
-        (j->rank == 0 && emb_plan_save(j->plan, c->plan_out, err, sizeof err))) {
+    if (emb_plan_create(&pp, &j->plan, err, sizeof err)) {
       job__errf(j, "%s\n", err);
       return -1;
     }
+    if (j->rank == 0 && write_plan(j, where, sizeof where)) return -1;
   }
   const emb_plan *plan = j->plan;
   char mfp[EMB_FP_HEX], pfp[EMB_FP_HEX];
@@ -197,7 +228,8 @@ static int make_plan(train_job *j) {
   uint64_t total_rows = 0;
   for (int i = 0; i < plan->n_tables; i++) total_rows += plan->tables[i].rows;
   printf("plan   %s%s: %d tables, %llu rows, dim %d, %d shard(s) %s; model %.12s plan %.12s\n",
-         c->plan_path ? c->plan_path : c->plan_out, c->plan_path ? "" : " (written)",
+         c->plan_path ? c->plan_path : where[0] ? where : "made from the data",
+         c->plan_path ? "" : where[0] ? " (written)" : " (not written: --plan-out FILE keeps it)",
          plan->n_tables, (unsigned long long)total_rows, plan->tables[0].dim, plan->n_shards,
          c->servers ? "on shard servers" : c->colocate ? "colocated with the ranks" : "in process",
          mfp, pfp);

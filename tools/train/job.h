@@ -65,7 +65,8 @@ typedef struct train_config {
   dense_config dense;       /* the dense architecture (max_batch: the larger batch) */
   const char *bot, *top, *op; /* its flags as given, for the model line */
   const char *plan_path;    /* --plan (NULL: made here from the data and these flags) */
-  const char *plan_out;     /* --plan-out: where a plan made here is written */
+  const char *plan_out;     /* --plan-out: where a plan made here is written (NULL: only
+                               into --save-checkpoint's folder, if any) */
   int have_emb_sizes;       /* --arch-embedding-size given: rows per table below */
   uint64_t emb_sizes[DS_NUM_SPARSE];
   int dim;                  /* --arch-sparse-feature-size */
