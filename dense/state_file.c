@@ -121,11 +121,10 @@ int dense_state_save(const char *path, const dense_model *m, const dense_opt *o,
   return 0;
 }
 
-/* Read path whole into *buf (malloc'd, caller frees) and check it: magic,
- * version, size, SHA-256, then the counts and kind against m and o (o NULL:
- * the parameters only). *h gets the header. 0 or SR_E* (err). */
-static int read_checked(const char *path, const dense_model *m, const dense_opt *o,
-                        unsigned char **buf, hdr *h, char *err, size_t errlen) {
+/* path's bytes into *buf (malloc'd, caller frees) and *len. 0 or SR_EIO,
+ * SR_ENOMEM (err). */
+static int read_whole(const char *path, unsigned char **buf, size_t *len, char *err,
+                      size_t errlen) {
   *buf = NULL;
   int fd = open(path, O_RDONLY);
   struct stat st;
@@ -134,18 +133,32 @@ static int read_checked(const char *path, const dense_model *m, const dense_opt 
     if (fd >= 0) close(fd);
     return SR_EIO;
   }
-  size_t len = (size_t)st.st_size;
-  unsigned char *b = malloc(len ? len : 1);
+  *len = (size_t)st.st_size;
+  unsigned char *b = malloc(*len ? *len : 1);
   int rc = 0;
   if (!b) {
-    sr_fmt(err, errlen, "%s: out of memory for %zu bytes", path, len);
+    sr_fmt(err, errlen, "%s: out of memory for %zu bytes", path, *len);
     rc = SR_ENOMEM;
-  } else if ((errno = 0, read_all(fd, b, len))) {
+  } else if ((errno = 0, read_all(fd, b, *len))) {
     sr_fmt(err, errlen, "%s: cannot read: %s", path, errno ? strerror(errno) : "short read");
     rc = SR_EIO;
   }
   close(fd);
-  if (rc) goto fail;
+  if (rc) free(b);
+  else *buf = b;
+  return rc;
+}
+
+/* Read path whole into *buf (malloc'd, caller frees) and check it: magic,
+ * version, size, SHA-256, then the counts and kind against m and o (o NULL:
+ * the parameters only). *h gets the header. 0 or SR_E* (err). */
+static int read_checked(const char *path, const dense_model *m, const dense_opt *o,
+                        unsigned char **buf, hdr *h, char *err, size_t errlen) {
+  unsigned char *b;
+  size_t len = 0;
+  int rc = read_whole(path, &b, &len, err, errlen);
+  *buf = NULL;
+  if (rc) return rc;
   if (len < DENSE_STATE_HEADER + TRAILER || memcmp(b, DENSE_STATE_MAGIC, 8)) {
     sr_fmt(err, errlen, "%s: not a shardrec dense checkpoint file (bad magic or too short)", path);
     rc = SR_EFORMAT;
