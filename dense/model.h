@@ -103,19 +103,8 @@ typedef struct {
 /* Number of tensors (2 per layer); fills info[0..cap) if info != NULL. */
 int dense_model_tensors(const dense_model *m, dense_tensor_info *info, int cap);
 
-/* Save the parameter buffer to path (written to path.tmp, fsynced, renamed).
- * File: 256-byte header (magic "SRDNSPRM", version, header size, the shape
- * description: config fields and parameter count, FNV-1a 64 of the
- * parameters and of the header) then the little-endian floats.
- * Returns 0, SR_EIO; message in err. */
-int dense_model_save(const dense_model *m, const char *path, char *err,
-                     size_t errlen);
-
-/* Load parameters saved by dense_model_save into m. A file of another shape
- * (SR_EMISMATCH), another format or version (SR_EFORMAT, SR_EVERSION), torn
- * or corrupt (SR_EFORMAT, SR_ECHECKSUM) is refused and m is left unchanged. */
-int dense_model_load(dense_model *m, const char *path, char *err,
-                     size_t errlen);
+/* Saving and loading the parameters (with the optimizer's state or
+ * without): dense/state_file.h. */
 
 /* --- for benchmarks -------------------------------------------------------- */
 

@@ -30,7 +30,9 @@ static void usage(FILE *f) {
 "prints AUC and log loss.\n"
 "\n"
 "  --checkpoint CKPT         a step-N folder written by 'train --save-checkpoint', or a\n"
-"                            folder of them (the newest complete one); verified, only read\n"
+"                            folder of them (the newest complete one; 'train --save-model\n"
+"                            DIR' writes one too); verified, only read\n"
+"  --model CKPT              alias of --checkpoint\n"
 "  --shard-servers H:P,...   score against shard servers, one per shard of the checkpoint's\n"
 "                            plan in shard order (e.g. 'serve --checkpoint CKPT --shard K\n"
 "                            --read-only; they must serve THIS checkpoint: servers of\n"
@@ -50,6 +52,7 @@ static void usage(FILE *f) {
 "                            used (or score the processed file)\n"
 "  --data-split all|train|test|val   which part to score (all); 'test' is what train's\n"
 "                            evaluation scores\n"
+"  --split all|train|test|val        alias of --data-split\n"
 "  --data-set kaggle         raw data: split as the reference DLRM (kaggle; terabyte's\n"
 "                            day files are not read here)\n"
 "  --test-fraction F         raw data: the last F of the lines are the test part instead\n"
@@ -71,6 +74,7 @@ enum {
 
 static const struct option long_opts[] = {
     {"checkpoint", required_argument, 0, O_CKPT},
+    {"model", required_argument, 0, O_CKPT}, /* alias */
     {"shard-servers", required_argument, 0, O_SERVERS},
     {"rpc-deadline", required_argument, 0, O_RPCDL},
     {"tls-ca", required_argument, 0, O_TLSCA},
@@ -80,6 +84,7 @@ static const struct option long_opts[] = {
     {"processed-data-file", required_argument, 0, O_PROC},
     {"raw-data-file", required_argument, 0, O_RAW},
     {"data-split", required_argument, 0, O_SPLIT},
+    {"split", required_argument, 0, O_SPLIT}, /* alias */
     {"data-set", required_argument, 0, O_DATASET},
     {"test-fraction", required_argument, 0, O_TESTFRAC},
     {"max-ind-range", required_argument, 0, O_MAXIND},
@@ -159,13 +164,9 @@ static int check_flags(flags *f) {
                     "--processed-data-file, --raw-data-file (see --help)\n");
     return 2;
   }
-  const char *split_s = o->split_name;
-  if (!strcmp(split_s, "all")) o->split = DS_SPLIT_ALL;
-  else if (!strcmp(split_s, "train")) o->split = DS_SPLIT_TRAIN;
-  else if (!strcmp(split_s, "test")) o->split = DS_SPLIT_TEST;
-  else if (!strcmp(split_s, "val")) o->split = DS_SPLIT_VAL;
-  else {
-    fprintf(stderr, "shardrec predict: --data-split: '%s' is not all, train, test or val\n", split_s);
+  if (predict_split_parse(o->split_name, &o->split)) {
+    fprintf(stderr, "shardrec predict: --data-split: '%s' is not all, train, test or val\n",
+            o->split_name);
     return 2;
   }
   if (strcmp(f->dataset, "kaggle")) {

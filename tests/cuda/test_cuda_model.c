@@ -15,6 +15,7 @@
 #include "dense/cuda_hooks.h"
 #include "dense/model.h"
 #include "dense/optim.h"
+#include "dense/state_file.h"
 #include "gpu_skip.h"
 
 #define RTOL 1e-4
@@ -113,9 +114,9 @@ START_TEST(test_default_backend_and_save) {
   int fd = mkstemp(path);
   ck_assert_int_ge(fd, 0);
   close(fd);
-  ck_assert_msg(dense_model_save(m, path, err, sizeof err) == 0, "%s", err);
+  ck_assert_msg(dense_state_save(path, m, NULL, err, sizeof err) == 0, "%s", err);
   dense_model *mc = dense_model_create(&c, 8, err, sizeof err);
-  ck_assert_msg(dense_model_load(mc, path, err, sizeof err) == 0, "%s", err);
+  ck_assert_msg(dense_state_load(path, mc, NULL, err, sizeof err) == 0, "%s", err);
   size_t np;
   ck_assert(memcmp(dense_model_params(m, &np), dense_model_params(mc, NULL),
                    np * 4) == 0);

@@ -1,7 +1,8 @@
 /* Whole dense model: gradient check against central finite differences of a
  * double-precision re-implementation of the forward written here (reading
  * the parameters through dense_model_tensors), determinism, initialisation
- * statistics, save/load and its refusals, configuration errors, FLOP count.
+ * statistics, configuration errors, FLOP count (saving and loading:
+ * test_dense_state_file.c).
  *
  * Finite differences: h = 1e-6 in double on each parameter and each pooled
  * embedding element. Tolerance per element (float32 analytic gradient):
@@ -13,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "common/rng.h"
 #include "common/status.h"
@@ -327,75 +327,6 @@ START_TEST(test_flops_and_shapes) {
 }
 END_TEST
 
-/* ---- save / load ---------------------------------------------------------- */
-
-static void flip_byte(const char *path, long at) {
-  FILE *f = fopen(path, "r+b");
-  ck_assert(f);
-  fseek(f, at, SEEK_SET);
-  int ch = fgetc(f);
-  fseek(f, at, SEEK_SET);
-  fputc(ch ^ 0x40, f);
-  fclose(f);
-}
-
-START_TEST(test_save_load) {
-  char dir[] = "/tmp/sr_dense_XXXXXX", path[256], tmp[300], err[256];
-  ck_assert(mkdtemp(dir));
-  snprintf(path, sizeof path, "%s/dense.bin", dir);
-  dense_config c = small_cfg(DENSE_INTERACT_DOT, 0);
-  dense_model *a = dense_model_create(&c, 1, err, sizeof err);
-  dense_model *b = dense_model_create(&c, 2, err, sizeof err);
-  size_t n;
-  float *pa = dense_model_params(a, &n), *pb = dense_model_params(b, NULL);
-  float *keep = malloc(n * 4);
-  ck_assert_int_eq(dense_model_save(a, path, err, sizeof err), 0);
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  ck_assert(access(tmp, F_OK) != 0);
-  ck_assert_int_eq(dense_model_load(b, path, err, sizeof err), 0);
-  ck_assert(memcmp(pa, pb, n * 4) == 0);
-
-  /* a corrupt parameter byte */
-  memcpy(keep, pb, n * 4);
-  pb[0] += 1.0f;
-  memcpy(keep, pb, n * 4);
-  flip_byte(path, 256 + 5);
-  ck_assert_int_eq(dense_model_load(b, path, err, sizeof err), SR_ECHECKSUM);
-  ck_assert(memcmp(keep, pb, n * 4) == 0); /* unchanged on failure */
-  /* a corrupt header byte (a width) */
-  ck_assert_int_eq(dense_model_save(a, path, err, sizeof err), 0);
-  flip_byte(path, 6 * 4);
-  ck_assert_int_eq(dense_model_load(b, path, err, sizeof err), SR_ECHECKSUM);
-  /* torn: truncated */
-  ck_assert_int_eq(dense_model_save(a, path, err, sizeof err), 0);
-  ck_assert(truncate(path, 256 + 4 * (off_t)n - 4) == 0);
-  ck_assert_int_eq(dense_model_load(b, path, err, sizeof err), SR_EFORMAT);
-  ck_assert_msg(strstr(err, "torn") != NULL, "%s", err);
-  ck_assert(truncate(path, 10) == 0);
-  ck_assert_int_eq(dense_model_load(b, path, err, sizeof err), SR_EFORMAT);
-  /* foreign file */
-  FILE *f = fopen(path, "w");
-  for (int i = 0; i < 100; i++) fputs("not a model file\n", f);
-  fclose(f);
-  ck_assert_int_eq(dense_model_load(b, path, err, sizeof err), SR_EFORMAT);
-  ck_assert_msg(strstr(err, "magic") != NULL, "%s", err);
-  /* another shape */
-  ck_assert_int_eq(dense_model_save(a, path, err, sizeof err), 0);
-  dense_config c2 = small_cfg(DENSE_INTERACT_DOT, 1);
-  dense_model *o = dense_model_create(&c2, 1, err, sizeof err);
-  ck_assert_int_eq(dense_model_load(o, path, err, sizeof err), SR_EMISMATCH);
-  ck_assert_msg(strstr(err, "differs") != NULL, "%s", err);
-  /* missing */
-  unlink(path);
-  ck_assert_int_eq(dense_model_load(b, path, err, sizeof err), SR_EIO);
-  rmdir(dir);
-  free(keep);
-  dense_model_destroy(a);
-  dense_model_destroy(b);
-  dense_model_destroy(o);
-}
-END_TEST
-
 static Suite *suite(void) {
   Suite *s = suite_create("dense_model");
   TCase *t = tcase_create("model");
@@ -407,7 +338,6 @@ static Suite *suite(void) {
   tcase_add_test(t, test_init_stats);
   tcase_add_test(t, test_config_errors);
   tcase_add_test(t, test_flops_and_shapes);
-  tcase_add_test(t, test_save_load);
   suite_add_tcase(s, t);
   return s;
 }

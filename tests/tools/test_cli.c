@@ -22,6 +22,31 @@ START_TEST(test_help_lists_commands) {
 }
 END_TEST
 
+/* eval and predict name a concept alike: --checkpoint (alias --model) and
+ * --data-split (alias --split), each alias in --help and accepted. */
+START_TEST(test_eval_predict_flag_names) {
+  const char *cmds[] = {"eval", "predict"};
+  for (int i = 0; i < 2; i++) {
+    char *out;
+    ck_assert_int_eq(run_cmd(&out, "%s %s --help", bin_path(), cmds[i]), 0);
+    ck_assert_msg(strstr(out, "  --checkpoint "), "%s: %s", cmds[i], out);
+    ck_assert_msg(strstr(out, "  --data-split "), "%s: %s", cmds[i], out);
+    ck_assert_msg(strstr(out, "alias of --checkpoint"), "%s: %s", cmds[i], out);
+    ck_assert_msg(strstr(out, "alias of --data-split"), "%s: %s", cmds[i], out);
+    free(out);
+    /* Both spellings of the split reach the same check. */
+    const char *split[] = {"--data-split", "--split"};
+    for (int k = 0; k < 2; k++) {
+      ck_assert_int_eq(run_cmd(&out, "%s %s --model m --processed-data-file x --out p %s most",
+                               bin_path(), cmds[i], split[k]), 2);
+      ck_assert_msg(strstr(out, "--data-split: 'most' is not"), "%s %s: %s", cmds[i], split[k],
+                    out);
+      free(out);
+    }
+  }
+}
+END_TEST
+
 START_TEST(test_unknown_command_and_flags) {
   char *out;
   ck_assert_int_eq(run_cmd(&out, "%s frobnicate", bin_path()), 2);
@@ -82,7 +107,10 @@ START_TEST(test_missing_file) {
   ck_assert_msg(strstr(out, "/nonexistent/x.bin"), "message must name the file: %s", out);
   free(out);
   ck_assert_int_eq(run_cmd(&out, "%s eval --model /nonexistent/m --processed-data-file x", bin_path()), 1);
-  ck_assert_msg(strstr(out, "/nonexistent/m"), "%s", out);
+  ck_assert_msg(strstr(out, "/nonexistent/m: no such checkpoint folder"), "%s", out);
+  free(out);
+  ck_assert_int_eq(run_cmd(&out, "%s eval --checkpoint /nonexistent/m --processed-data-file x", bin_path()), 1);
+  ck_assert_msg(strstr(out, "/nonexistent/m: no such checkpoint folder"), "%s", out);
   free(out);
 }
 END_TEST
@@ -92,6 +120,7 @@ int main(void) {
   TCase *tc = tcase_create("cli");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_help_lists_commands);
+  tcase_add_test(tc, test_eval_predict_flag_names);
   tcase_add_test(tc, test_unknown_command_and_flags);
   tcase_add_test(tc, test_malformed_values);
   tcase_add_test(tc, test_missing_file);

@@ -1,5 +1,7 @@
 /* shardrec train and eval end to end on generated data: determinism, the
- * plan it writes and reads, saved models scored by eval, raw TSV input. */
+ * plan it writes and reads, saved models (checkpoints) scored by eval and
+ * predict alike, flag aliases, old saved-model folders refused, raw TSV
+ * input. */
 #include <check.h>
 
 #include "tests/check_main.h"
@@ -117,6 +119,18 @@ START_TEST(test_plan_written_then_reused) {
 }
 END_TEST
 
+/* The lines of dir/name (2000 expected: the test split). */
+static char *pred_file(const char *name) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  char *pred = slurp(path);
+  ck_assert_ptr_nonnull(pred);
+  int lines = 0;
+  for (char *p = pred; *p; p++) lines += *p == '\n';
+  ck_assert_int_eq(lines, 2000);
+  return pred;
+}
+
 START_TEST(test_save_model_eval_matches) {
   char *out;
   int rc = run_cmd(&out, "cd %s && %s train --processed-data-file d.bin --mini-batch-size 128 "
@@ -130,27 +144,87 @@ START_TEST(test_save_model_eval_matches) {
   auc = find_num(t, "auc ");
   ll = find_num(t, "logloss ");
   ck_assert_msg(auc > 0.6 && auc < 1.0, "auc %g", auc);
+  /* The saved model is a checkpoint: model/step-N with --save-checkpoint's
+   * files, N the steps trained (18000 samples in batches of 128). */
+  ck_assert_msg(strstr(out, "saved  model/step-141\n"), "%s", out);
   free(out);
-  rc = run_cmd(&out, "cd %s && %s eval --model model --processed-data-file d.bin "
+  rc = run_cmd(&out, "cd %s && LC_ALL=C ls -A model && LC_ALL=C ls model/step-141", dir);
+  ck_assert_msg(rc == 0 && !strcmp(out, "step-141\nDONE\ndense.bin\nmanifest.json\nshards\n"),
+                "%s", out);
+  free(out);
+  rc = run_cmd(&out, "cd %s && %s eval --checkpoint model --processed-data-file d.bin "
                      "--mini-batch-size 1000 --out pred.txt", dir, bin_path());
   ck_assert_msg(rc == 0, "%s", out);
   /* Same predictions, same metrics, to the printed digit. */
   ck_assert_double_eq(find_num(out, "auc "), auc);
   ck_assert_double_eq(find_num(out, "logloss "), ll);
+  ck_assert_msg(strstr(out, "eval   d.bin (test, 2000 samples): "), "%s", out);
   free(out);
-  char path[512];
-  snprintf(path, sizeof path, "%s/pred.txt", dir);
-  char *pred = slurp(path);
-  ck_assert_ptr_nonnull(pred);
-  int lines = 0;
-  for (char *p = pred; *p; p++) lines += *p == '\n';
-  ck_assert_int_eq(lines, 2000);
+  char *pred = pred_file("pred.txt");
+  /* The aliases: --model for --checkpoint, --split for --data-split. */
+  rc = run_cmd(&out, "cd %s && %s eval --model model/ --split test --processed-data-file d.bin "
+                     "--mini-batch-size 1000 --out pred2.txt", dir, bin_path());
+  ck_assert_msg(rc == 0, "%s", out);
+  ck_assert_double_eq(find_num(out, "auc "), auc);
+  free(out);
+  char *pred2 = pred_file("pred2.txt");
+  ck_assert_str_eq(pred, pred2);
+  free(pred2);
+  /* predict reads the same folder with the same reader: the same bits. */
+  rc = run_cmd(&out, "cd %s && %s predict --checkpoint model --data-split test "
+                     "--processed-data-file d.bin --mini-batch-size 1000 --out pred3.txt && "
+                     "%s predict --model model --split test --processed-data-file d.bin "
+                     "--mini-batch-size 1000 --out pred4.txt", dir, bin_path(), bin_path());
+  ck_assert_msg(rc == 0, "%s", out);
+  ck_assert_double_eq(find_num(out, "auc "), auc);
+  free(out);
+  pred2 = pred_file("pred3.txt");
+  ck_assert_str_eq(pred, pred2);
+  free(pred2);
+  pred2 = pred_file("pred4.txt");
+  ck_assert_str_eq(pred, pred2);
+  free(pred2);
   free(pred);
   /* A torn dense file is refused, naming it. */
-  rc = run_cmd(&out, "cd %s && truncate -s 1000 model/dense.bin && %s eval --model model "
-                     "--processed-data-file d.bin", dir, bin_path());
+  rc = run_cmd(&out, "cd %s && cp -r model torn && truncate -s 1000 torn/step-141/dense.bin && "
+                     "%s eval --checkpoint torn --processed-data-file d.bin", dir, bin_path());
   ck_assert_int_eq(rc, 1);
-  ck_assert_msg(strstr(out, "dense.bin"), "%s", out);
+  ck_assert_msg(strstr(out, "torn/step-141/dense.bin") && strstr(out, "torn or truncated"),
+                "%s", out);
+  free(out);
+  /* A second --save-model into the folder replaces it whole. */
+  rc = run_cmd(&out, "cd %s && %s train --processed-data-file d.bin --mini-batch-size 128 "
+                     "--optimizer adagrad --learning-rate 0.02 --num-batches 5 "
+                     "--plan-out s.plan.json --save-model model && LC_ALL=C ls -A model",
+               dir, bin_path());
+  ck_assert_msg(rc == 0 && strstr(out, "saved  model/step-5\nstep-5\n"), "%s", out);
+  free(out);
+}
+END_TEST
+
+START_TEST(test_old_model_folder_refused) {
+  /* A --save-model folder of the format before it wrote checkpoints. */
+  char *out;
+  int rc = run_cmd(&out, "cd %s && mkdir -p old/rows && %s plan --out old/plan.json "
+                         "--processed-data-file d.bin >/dev/null && "
+                         "printf '{\"format\": 1, \"n_dense\": 13}' > old/model.json && "
+                         "printf 'SRDNSPRM' > old/dense.bin && head -c 600 /dev/zero >> old/dense.bin",
+                   dir, bin_path());
+  ck_assert_msg(rc == 0, "%s", out);
+  free(out);
+  const char *cmds[] = {"eval --model old --processed-data-file d.bin",
+                        "eval --checkpoint old --raw-data-file d.tsv",
+                        "predict --checkpoint old --processed-data-file d.bin --out p.txt"};
+  for (int i = 0; i < 3; i++) {
+    rc = run_cmd(&out, "cd %s && %s %s", dir, bin_path(), cmds[i]);
+    ck_assert_msg(rc == 1, "%s: rc %d: %s", cmds[i], rc, out);
+    ck_assert_msg(strstr(out, "old: a model folder written by an older shardrec") &&
+                  strstr(out, "save the model again by training with --save-model"),
+                  "%s: %s", cmds[i], out);
+    free(out);
+  }
+  rc = run_cmd(&out, "cd %s && test ! -e p.txt && LC_ALL=C ls old", dir);
+  ck_assert_msg(rc == 0 && !strcmp(out, "dense.bin\nmodel.json\nplan.json\nrows\n"), "%s", out);
   free(out);
 }
 END_TEST
@@ -188,6 +262,7 @@ int main(void) {
   tcase_add_test(tc, test_same_seed_same_bits);
   tcase_add_test(tc, test_plan_written_then_reused);
   tcase_add_test(tc, test_save_model_eval_matches);
+  tcase_add_test(tc, test_old_model_folder_refused);
   tcase_add_test(tc, test_raw_tsv_with_bad_lines);
   suite_add_tcase(s, tc);
   return sr_check_run(s);

@@ -29,7 +29,6 @@
 #include "embedding/store.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
-#include "tools/train/model_dir.h"
 #include "tools/train/trainer.h"
 #ifdef SHARDREC_HAVE_CUDA
 #include "dense/backend_cuda.h"

@@ -1,167 +1,78 @@
 /* Training checkpoints and the trainer's store (see checkpoint.h). */
 #include "tools/train/checkpoint.h"
-#include "tools/train/model_dir.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/sha256.h"
 #include "common/status.h"
 #include "embedding/ckpt_plan.h"
+#include "dense/state_file.h"
 #include "embedding/shard.h"
 #include "storage/ckpt_dir.h"
 #include "storage/kv.h"
 
-#define DN_MAGIC "SRCKDENS"
-#define DN_VERSION 1u
-#define DN_HEADER 256u
+/* ---- the dense architecture (the manifest's "dense") ---- */
 
-static int write_all(int fd, const void *p, size_t n) {
-  const char *c = p;
-  while (n) {
-    ssize_t w = write(fd, c, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    c += w;
-    n -= (size_t)w;
-  }
-  return 0;
+static cJSON *arch_json(const dense_config *cfg) {
+  cJSON *j = cJSON_CreateObject();
+  if (!j) return NULL;
+  cJSON_AddNumberToObject(j, "format", 1);
+  cJSON_AddNumberToObject(j, "n_dense", cfg->n_dense);
+  cJSON_AddItemToObject(j, "bot", cJSON_CreateIntArray(cfg->bot, cfg->n_bot));
+  cJSON_AddItemToObject(j, "top", cJSON_CreateIntArray(cfg->top, cfg->n_top));
+  cJSON_AddNumberToObject(j, "n_sparse", cfg->n_sparse);
+  cJSON_AddNumberToObject(j, "emb_dim", cfg->emb_dim);
+  cJSON_AddStringToObject(j, "interaction", cfg->interaction == DENSE_INTERACT_CAT ? "cat" : "dot");
+  cJSON_AddBoolToObject(j, "interaction_itself", cfg->interaction_itself);
+  return j;
 }
 
-static char *read_text(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
-  if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
-    free(s);
-    s = NULL;
+static int json_int_array(const cJSON *a, int *out, int max, int *n) {
+  if (!cJSON_IsArray(a)) return -1;
+  *n = 0;
+  const cJSON *e;
+  cJSON_ArrayForEach(e, a) {
+    if (!cJSON_IsNumber(e) || *n >= max || e->valuedouble < 1) return -1;
+    out[(*n)++] = e->valueint;
   }
-  fclose(f);
-  if (s) {
-    s[n] = 0;
-    if (len) *len = (size_t)n;
-  }
-  return s;
+  return *n > 0 ? 0 : -1;
 }
 
-/* ---- dense.bin ---- */
-
-static int dense_write(const char *path, dense_model *m, dense_opt *o, char *err, size_t errlen) {
-  size_t np = 0, ns = 0;
-  const float *p = dense_model_params(m, &np);
-  const float *s = dense_opt_state(o, &ns);
-  unsigned char hdr[DN_HEADER];
-  memset(hdr, 0, sizeof hdr);
-  memcpy(hdr, DN_MAGIC, 8);
-  uint32_t v = DN_VERSION, hb = DN_HEADER, kind = (uint32_t)dense_opt_kind_of(o);
-  uint64_t n1 = np, n2 = ns;
-  int64_t steps = dense_opt_steps(o);
-  memcpy(hdr + 8, &v, 4);
-  memcpy(hdr + 12, &hb, 4);
-  memcpy(hdr + 16, &n1, 8);
-  memcpy(hdr + 24, &n2, 8);
-  memcpy(hdr + 32, &steps, 8);
-  memcpy(hdr + 40, &kind, 4);
-  unsigned char dig[32];
-  sr_sha256_ctx h;
-  int hrc = sr_sha256_init(&h);
-  if (!hrc) { /* a failed update is reported by final */
-    sr_sha256_update(&h, hdr, sizeof hdr);
-    sr_sha256_update(&h, p, np * 4);
-    if (ns) sr_sha256_update(&h, s, ns * 4);
-    hrc = sr_sha256_final(&h, dig);
-  }
-  if (hrc) {
-    sr_fmt(err, errlen, "%s: SHA-256 failed: %s", path, sr_strerror(hrc));
-    return hrc;
-  }
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0 || write_all(fd, hdr, sizeof hdr) || write_all(fd, p, np * 4) ||
-      (ns && write_all(fd, s, ns * 4)) || write_all(fd, dig, 32) || fsync(fd) || close(fd)) {
-    sr_fmt(err, errlen, "%s: cannot write: %s", path, strerror(errno));
-    if (fd >= 0) close(fd);
-    return SR_EIO;
-  }
-  return 0;
-}
-
-/* Check dense.bin against m and o; load it only when load is set. */
-static int dense_read(const char *path, dense_model *m, dense_opt *o, int load, char *err,
+/* arch_json's object back into cfg (max_batch left as the caller set it),
+ * validated; src names the text in messages. 0 or SR_EFORMAT/SR_EINVAL. */
+static int arch_parse(const cJSON *j, const char *src, dense_config *cfg, char *err,
                       size_t errlen) {
-  size_t len = 0;
-  char *buf = read_text(path, &len);
-  if (!buf) {
-    sr_fmt(err, errlen, "%s: cannot read: %s", path, strerror(errno));
-    return SR_EIO;
+  int max_batch = cfg->max_batch;
+  memset(cfg, 0, sizeof *cfg);
+  cfg->max_batch = max_batch;
+  const cJSON *x;
+  int bad = !j;
+  if (!bad) {
+    bad |= !cJSON_IsNumber(x = cJSON_GetObjectItem(j, "n_dense"));
+    if (!bad) cfg->n_dense = x->valueint;
+    bad |= json_int_array(cJSON_GetObjectItem(j, "bot"), cfg->bot, DENSE_MAX_LAYERS, &cfg->n_bot);
+    bad |= json_int_array(cJSON_GetObjectItem(j, "top"), cfg->top, DENSE_MAX_LAYERS, &cfg->n_top);
+    bad |= !cJSON_IsNumber(x = cJSON_GetObjectItem(j, "n_sparse"));
+    if (!bad) cfg->n_sparse = x->valueint;
+    bad |= !cJSON_IsNumber(x = cJSON_GetObjectItem(j, "emb_dim"));
+    if (!bad) cfg->emb_dim = x->valueint;
+    x = cJSON_GetObjectItem(j, "interaction");
+    bad |= !cJSON_IsString(x);
+    if (!bad) cfg->interaction = !strcmp(x->valuestring, "cat") ? DENSE_INTERACT_CAT : DENSE_INTERACT_DOT;
+    cfg->interaction_itself = cJSON_IsTrue(cJSON_GetObjectItem(j, "interaction_itself"));
   }
-  int rc = 0;
-  size_t np = 0, ns = 0;
-  float *p = dense_model_params(m, &np);
-  float *s = dense_opt_state(o, &ns);
-  uint32_t v, hb, kind;
-  uint64_t n1, n2;
-  int64_t steps;
-  if (len < DN_HEADER + 32 || memcmp(buf, DN_MAGIC, 8)) {
-    sr_fmt(err, errlen, "%s: not a shardrec dense checkpoint file (bad magic or too short)", path);
-    rc = SR_EFORMAT;
-    goto out;
+  if (bad) {
+    sr_fmt(err, errlen, "%s: not a valid model description", src);
+    return SR_EFORMAT;
   }
-  memcpy(&v, buf + 8, 4);
-  memcpy(&hb, buf + 12, 4);
-  memcpy(&n1, buf + 16, 8);
-  memcpy(&n2, buf + 24, 8);
-  memcpy(&steps, buf + 32, 8);
-  memcpy(&kind, buf + 40, 4);
-  if (v != DN_VERSION || hb != DN_HEADER) {
-    sr_fmt(err, errlen, "%s: format version %u is not supported (this build reads %u)", path, v,
-           DN_VERSION);
-    rc = SR_EVERSION;
-    goto out;
-  }
-  if (n1 != np || n2 != ns || kind != (uint32_t)dense_opt_kind_of(o)) {
-    sr_fmt(err, errlen,
-           "%s: holds %llu parameters and %llu optimizer floats (optimizer kind %u); this model "
-           "has %zu and %zu (kind %d)",
-           path, (unsigned long long)n1, (unsigned long long)n2, kind, np, ns,
-           (int)dense_opt_kind_of(o));
-    rc = SR_EMISMATCH;
-    goto out;
-  }
-  if (len != DN_HEADER + 4 * (np + ns) + 32) {
-    sr_fmt(err, errlen, "%s: size %zu, expected %zu (torn or truncated)", path, len,
-           DN_HEADER + 4 * (np + ns) + 32);
-    rc = SR_EFORMAT;
-    goto out;
-  }
-  unsigned char dig[32];
-  if ((rc = sr_sha256(buf, len - 32, dig))) {
-    sr_fmt(err, errlen, "%s: SHA-256 failed: %s", path, sr_strerror(rc));
-    goto out;
-  }
-  if (memcmp(dig, buf + len - 32, 32)) {
-    sr_fmt(err, errlen, "%s: checksum mismatch (file damaged)", path);
-    rc = SR_ECHECKSUM;
-    goto out;
-  }
-  if (load) {
-    memcpy(p, buf + DN_HEADER, np * 4);
-    if (ns) memcpy(s, buf + DN_HEADER + np * 4, ns * 4);
-    dense_opt_set_steps(o, steps);
-  }
-out:
-  free(buf);
-  return rc;
+  return dense_config_validate(cfg, err, errlen);
 }
 
 /* ---- save ---- */
@@ -201,7 +112,7 @@ static cJSON *job_manifest(const emb_plan *plan, const char *store_kind, dense_m
   }
   cJSON_AddStringToObject(man, "store", store_kind);
   cJSON_AddItemToObject(man, "settings", settings_json(set));
-  cJSON *arch = model_arch_json(dense_model_config(model));
+  cJSON *arch = arch_json(dense_model_config(model));
   if (arch) cJSON_AddItemToObject(man, "dense", arch);
   return man;
 }
@@ -215,7 +126,7 @@ int ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store
   if (rc || exists) return rc; /* exists: this step is saved already */
   cJSON *man = NULL;
   snprintf(path, sizeof path, "%s/dense.bin", t.tmp);
-  if ((rc = dense_write(path, model, opt, err, errlen))) goto fail;
+  if ((rc = dense_state_save(path, model, opt, err, errlen))) goto fail;
   snprintf(path, sizeof path, "%s/shards", t.tmp);
   if ((rc = emb_store_checkpoint(store, path))) {
     sr_fmt(err, errlen, "%s", emb_store_errmsg(store));
@@ -234,6 +145,29 @@ fail:
   ckpt_dir_abort(&t); /* nothing there once renamed: a step-N without DONE stays, never taken */
   cJSON_Delete(man);
   return rc;
+}
+
+int ckpt_replace(const char *tmp, const char *dir, char *err, size_t errlen) {
+  char old[4200] = "", parent[4096];
+  struct stat st;
+  sr_fsync_dir(tmp);
+  if (stat(dir, &st) == 0) {
+    snprintf(old, sizeof old, "%s.old-%ld", dir, (long)getpid());
+    sr_rmtree(old);
+    if (rename(dir, old) != 0) {
+      sr_fmt(err, errlen, "%s: cannot move the old one aside: %s", dir, strerror(errno));
+      return SR_EIO;
+    }
+  }
+  if (rename(tmp, dir) != 0) {
+    sr_fmt(err, errlen, "%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
+    if (old[0]) rename(old, dir);
+    return SR_EIO;
+  }
+  ckpt_dir_parent(dir, parent, sizeof parent);
+  sr_fsync_dir(parent);
+  if (old[0]) sr_rmtree(old);
+  return 0;
 }
 
 /* ---- resume ---- */
@@ -300,7 +234,7 @@ int ckpt_open(const char *dir, ckpt_info *ci, char *err, size_t errlen) {
   const cJSON *dj = cJSON_GetObjectItemCaseSensitive(man, "dense");
   if (dj) {
     ci->dense.max_batch = 1; /* validated with the smallest batch; the user sets theirs */
-    if ((rc = model_arch_parse(dj, path, &ci->dense, err, errlen))) goto out;
+    if ((rc = arch_parse(dj, path, &ci->dense, err, errlen))) goto out;
     ci->has_dense = 1;
   }
   snprintf(ci->dir, sizeof ci->dir, "%s", dir);
@@ -370,7 +304,7 @@ int ckpt_load(const char *dir, const emb_plan *plan, emb_store *store, const cha
   snprintf(path, sizeof path, "%s/manifest.json", dir);
   if ((rc = load_checks(&ci, path, plan, store_kind, model, set, err, errlen))) goto out;
   snprintf(path, sizeof path, "%s/dense.bin", dir);
-  if ((rc = dense_read(path, model, opt, 0, err, errlen))) goto out;
+  if ((rc = dense_state_check(path, model, opt, err, errlen))) goto out;
   if (store) {
     snprintf(path, sizeof path, "%s/shards", dir);
     if ((rc = emb_store_restore(store, path))) {
@@ -379,7 +313,7 @@ int ckpt_load(const char *dir, const emb_plan *plan, emb_store *store, const cha
     }
   }
   snprintf(path, sizeof path, "%s/dense.bin", dir);
-  if ((rc = dense_read(path, model, opt, 1, err, errlen))) goto out;
+  if ((rc = dense_state_load(path, model, opt, err, errlen))) goto out;
   *st = ci.st;
 out:
   ckpt_info_free(&ci);

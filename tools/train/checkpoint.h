@@ -1,4 +1,4 @@
-/* Training checkpoints (shardrec train --save-checkpoint / --resume).
+/* Training checkpoints (shardrec train --save-checkpoint, --save-model / --resume).
  *
  * A checkpoint is DIR/step-N/ holding
  *   manifest.json  format, plan (canonical JSON) and both fingerprints, step,
@@ -8,10 +8,9 @@
  *                  the trainer draws no random numbers after init), the
  *                  optimizer settings, the store kind, and every other file
  *                  with its size and SHA-256;
- *   dense.bin      dense parameters and dense optimizer state: 256-byte
- *                  header (magic "SRCKDENS", u32 version 1, u32 header bytes,
- *                  u64 params, u64 state floats, i64 optimizer steps, u32
- *                  optimizer kind, zeros), the floats, SHA-256 trailer;
+ *   dense.bin      dense parameters and dense optimizer state, SRCKDENS v1
+ *                  (dense/state_file.h: 256-byte header, the floats, SHA-256
+ *                  trailer);
  *   shards/        the store's checkpoint: shards/shard-K/ (a RocksDB
  *                  checkpoint per hosted shard) for the shard store, the
  *                  local store's table-<id>.bin files for the in-memory one;
@@ -52,6 +51,12 @@ typedef struct ckpt_settings {
 int ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store,
               const char *store_kind, dense_model *model, dense_opt *opt, const ckpt_state *st,
               const ckpt_settings *set, char *err, size_t errlen);
+
+/* Put tmp (a folder of checkpoints ckpt_save wrote, as --save-model's
+ * DIR.tmp-PID) in dir's place: an existing dir is moved aside first and
+ * removed once tmp is renamed to dir. 0, or SR_EIO with the reason in err
+ * and dir as it was (tmp is left for the caller to remove). */
+int ckpt_replace(const char *tmp, const char *dir, char *err, size_t errlen);
 
 /* The checkpoint folder --resume path names: path itself when it is a step
  * folder (has manifest.json or is named step-N), else the newest complete

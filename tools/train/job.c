@@ -21,7 +21,6 @@
 #include "rpc/client.h"
 #include "storage/kv.h"
 #include "tools/train/job_impl.h"
-#include "tools/train/model_dir.h"
 
 void train_verrf(int rank, int size, const char *fmt, va_list ap) {
   char msg[4096];
@@ -469,23 +468,23 @@ static int job_resume(train_job *j) {
   return 0;
 }
 
-/* A checkpoint of the job at j->ckst. Several ranks (sync mode): a barrier
- * first, so every rank's push of the step is in and the shards have applied
- * it (the last rank's push applies it inside its Push call); rank 0 then has
- * the servers write their shards and writes dense.bin, the manifest and
- * DONE; a second barrier keeps every rank from the next step's lookups until
- * it is done. 0 or SR_E* with the reason in err. */
-static int job_checkpoint(train_job *j, char *err, size_t errlen) {
-  const train_config *c = j->cfg;
+/* A checkpoint of the job at j->ckst under root (root/step-N; then only the
+ * newest keep are kept, keep <= 0: all): --save-checkpoint's, or
+ * --save-model's. Several ranks (sync mode): a barrier first, so every
+ * rank's push of the step is in and the shards have applied it (the last
+ * rank's push applies it inside its Push call); rank 0 then has the servers
+ * write their shards and writes dense.bin, the manifest and DONE; a second
+ * barrier keeps every rank from the next step's lookups until it is done.
+ * Only rank 0 reads root. 0 or SR_E* with the reason in err. */
+static int job_checkpoint(train_job *j, const char *root, int keep, char *err, size_t errlen) {
   int rc;
   if (j->size > 1 && (rc = dense_coll_barrier(j->coll))) {
     sr_fmt(err, errlen, "barrier before the checkpoint: %s", dense_coll_errmsg(j->coll));
     return rc;
   }
   if (j->rank == 0 &&
-      (rc = ckpt_save(c->checkpoint_dir, c->keep_checkpoints, j->plan, j->store, j->store_kind,
-                      trainer_model(j->t), trainer_dense_opt(j->t), &j->ckst, &j->cks, err,
-                      errlen)))
+      (rc = ckpt_save(root, keep, j->plan, j->store, j->store_kind, trainer_model(j->t),
+                      trainer_dense_opt(j->t), &j->ckst, &j->cks, err, errlen)))
     return rc;
   if (j->size > 1 && (rc = dense_coll_barrier(j->coll))) {
     sr_fmt(err, errlen, "barrier after the checkpoint: %s", dense_coll_errmsg(j->coll));
@@ -656,7 +655,7 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
   mem_sample(j);
   j->ckst = (ckpt_state){cur->step, cur->epoch, j->q.b.first_index + (uint64_t)got};
   if (c->checkpoint_dir && c->checkpoint_every > 0 && cur->step % c->checkpoint_every == 0 &&
-      job_checkpoint(j, err, sizeof err)) {
+      job_checkpoint(j, c->checkpoint_dir, c->keep_checkpoints, err, sizeof err)) {
     sr_fmt(why, whylen, "--save-checkpoint: %s", err);
     return STEP_LOST;
   }
@@ -706,6 +705,35 @@ static int job_loop(train_job *j) {
   return 0;
 }
 
+/* --save-model DIR: the job's checkpoint (job_checkpoint, every rank) at
+ * DIR/step-N, the same files as --save-checkpoint writes, so that eval and
+ * predict read it. Written under DIR.tmp-PID and put in DIR's place
+ * (ckpt_replace): an existing DIR is replaced. When DIR is the
+ * --save-checkpoint folder, the final checkpoint just written is the model.
+ * 0 or SR_E* with the reason in err. */
+static int job_save_model(train_job *j, char *err, size_t errlen) {
+  const train_config *c = j->cfg;
+  struct stat a, b;
+  if (c->checkpoint_dir && !stat(c->save_model, &a) && !stat(c->checkpoint_dir, &b) &&
+      a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+    printf("saved  %s/step-%lld\n", c->save_model, (long long)j->ckst.step);
+    return 0;
+  }
+  char tmp[4200];
+  int len = (int)strlen(c->save_model);
+  while (len > 1 && c->save_model[len - 1] == '/') len--;
+  snprintf(tmp, sizeof tmp, "%.*s.tmp-%ld", len, c->save_model, (long)getpid()); /* rank 0's */
+  int rc = job_checkpoint(j, tmp, 0, err, errlen);
+  if (j->rank != 0) return rc;
+  if (!rc) rc = ckpt_replace(tmp, c->save_model, err, errlen);
+  if (rc) {
+    sr_rmtree(tmp);
+    return rc;
+  }
+  printf("saved  %s/step-%lld\n", c->save_model, (long long)j->ckst.step);
+  return 0;
+}
+
 /* The end of the job: where the time went, the final checkpoint, memory,
  * skipped lines, --save-model. 0 or -1. */
 static int job_finish(train_job *j) {
@@ -727,7 +755,7 @@ static int job_finish(train_job *j) {
          ts > 0 ? (double)j->samples_done / ts : 0.0, j->size,
          1e3 * (tt->forward + tt->backward + tt->dense_opt) / ns, 1e3 * tt->allreduce / ns);
   if (c->checkpoint_dir) {
-    if (job_checkpoint(j, err, sizeof err)) {
+    if (job_checkpoint(j, c->checkpoint_dir, c->keep_checkpoints, err, sizeof err)) {
       job__errf(j, "--save-checkpoint: %s\n", err);
       return -1;
     }
@@ -741,13 +769,9 @@ static int job_finish(train_job *j) {
     printf("data   %llu malformed lines skipped\n",
            (unsigned long long)(st.malformed > st.scan_malformed ? st.malformed
                                                                   : st.scan_malformed));
-  if (c->save_model && j->rank == 0) {
-    if (model_dir_save(c->save_model, &c->dense, j->plan, trainer_model(j->t), j->store, err,
-                       sizeof err)) {
-      job__errf(j, "--save-model: %s\n", err);
-      return -1;
-    }
-    printf("saved  %s\n", c->save_model);
+  if (c->save_model && job_save_model(j, err, sizeof err)) {
+    job__errf(j, "--save-model: %s\n", err);
+    return -1;
   }
   return 0;
 }

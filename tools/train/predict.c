@@ -11,6 +11,7 @@
 #include "common/sha256.h"
 #include "common/status.h"
 #include "common/sys.h"
+#include "dense/state_file.h"
 #include "embedding/ckpt_store.h"
 #include "rpc/client.h"
 #include "tools/train/checkpoint.h"
@@ -120,73 +121,26 @@ out:
   return rc;
 }
 
-/* Load the dense parameters of step_dir/dense.bin (format in
- * tools/train/checkpoint.h) into m, checking its header against m and its
- * own SHA-256 trailer. The optimizer state after them is not needed to
- * score, and ckpt_open has already checked the file against the manifest,
- * so this avoids ckpt_load's second pass over every file of the checkpoint.
- * 0 or SR_E* (err names the file). */
-static int load_dense(const char *step_dir, dense_model *m, char *err, size_t errlen) {
-  char path[4200];
-  snprintf(path, sizeof path, "%s/dense.bin", step_dir);
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    sr_fmt(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-    return SR_EIO;
-  }
-  int rc = SR_EFORMAT;
-  unsigned char *buf = NULL;
-  size_t np = 0;
-  float *p = dense_model_params(m, &np);
-  if (fseek(f, 0, SEEK_END) != 0) goto bad_read;
-  long len = ftell(f);
-  if (len < 256 + 32 || fseek(f, 0, SEEK_SET) != 0) goto bad_read;
-  buf = malloc((size_t)len);
-  if (!buf) {
-    sr_fmt(err, errlen, "%s: out of memory", path);
-    rc = SR_ENOMEM;
-    goto out;
-  }
-  if (fread(buf, 1, (size_t)len, f) != (size_t)len) goto bad_read;
-  uint32_t v, hb;
-  uint64_t n1, n2;
-  memcpy(&v, buf + 8, 4);
-  memcpy(&hb, buf + 12, 4);
-  memcpy(&n1, buf + 16, 8);
-  memcpy(&n2, buf + 24, 8);
-  unsigned char dig[32];
-  if (memcmp(buf, "SRCKDENS", 8) || v != 1 || hb != 256) {
-    sr_fmt(err, errlen, "%s: not a version 1 shardrec dense checkpoint file", path);
-    goto out;
-  }
-  if (n1 != np || n2 > ((uint64_t)len - 256 - 32) / 4 ||
-      (uint64_t)len != 256 + 4 * (n1 + n2) + 32) {
-    sr_fmt(err, errlen, "%s: holds %llu parameters (%ld bytes); the manifest's architecture "
-             "has %zu", path, (unsigned long long)n1, len, np);
-    rc = SR_EMISMATCH;
-    goto out;
-  }
-  if (sr_sha256(buf, (size_t)len - 32, dig) || memcmp(dig, buf + len - 32, 32)) {
-    sr_fmt(err, errlen, "%s: checksum mismatch (file damaged)", path);
-    rc = SR_ECHECKSUM;
-    goto out;
-  }
-  memcpy(p, buf + 256, np * sizeof *p);
-  rc = 0;
-  goto out;
-bad_read:
-  sr_fmt(err, errlen, "%s: cannot read (torn or truncated?)", path);
-  rc = SR_EIO;
-out:
-  free(buf);
-  fclose(f);
-  return rc;
+/* The checkpoint, verified, with a dense architecture in its manifest. */
+/* 1 when dir is a saved-model folder of the format before --save-model
+ * wrote checkpoints (model.json, plan.json, dense.bin in SRDNSPRM, rows/). */
+static int is_old_model_dir(const char *dir) {
+  char a[4200], b[4200];
+  snprintf(a, sizeof a, "%s/model.json", dir);
+  snprintf(b, sizeof b, "%s/manifest.json", dir);
+  return access(a, F_OK) == 0 && access(b, F_OK) != 0;
 }
 
-/* The checkpoint, verified, with a dense architecture in its manifest. */
 static int open_checkpoint(run *r) {
   char why[1024];
-  int rc = ckpt_resolve(r->o->checkpoint, r->step_dir, sizeof r->step_dir, why, sizeof why);
+  const char *path = r->o->checkpoint;
+  int rc = ckpt_resolve(path, r->step_dir, sizeof r->step_dir, why, sizeof why);
+  if (rc && is_old_model_dir(path)) {
+    snprintf(r->err, r->errlen, "--checkpoint: %s: a model folder written by an older shardrec "
+             "(model.json, plan.json, dense.bin, rows/), a format this one no longer reads: "
+             "save the model again by training with --save-model %s", path, path);
+    return SR_EVERSION;
+  }
   if (!rc) rc = ckpt_open(r->step_dir, &r->ci, why, sizeof why);
   if (rc) {
     snprintf(r->err, r->errlen, "--checkpoint: %s", why);
@@ -194,7 +148,8 @@ static int open_checkpoint(run *r) {
   }
   if (!r->ci.has_dense) {
     snprintf(r->err, r->errlen, "%s/manifest.json records no dense architecture (written "
-             "by an older shardrec): score its model with 'shardrec eval' instead", r->step_dir);
+             "by an older shardrec): its dense model cannot be rebuilt; train again with "
+             "--save-checkpoint or --save-model", r->step_dir);
     return SR_EVERSION;
   }
   r->batch = r->o->batch ? r->o->batch : (int)r->ci.batch;
@@ -267,7 +222,11 @@ static int open_model(run *r) {
   dense_opt_config oc = dense_opt_defaults(DENSE_OPT_SGD);
   r->t = trainer_create(plan, r->store, &cfg, &oc, plan->seed, r->err, r->errlen);
   if (!r->t) return SR_EINVAL;
-  return load_dense(r->step_dir, trainer_model(r->t), r->err, r->errlen);
+  /* The parameters only: the optimizer state after them is not needed to
+   * score. ckpt_open has checked every file against the manifest. */
+  char path[4200];
+  snprintf(path, sizeof path, "%s/dense.bin", r->step_dir);
+  return dense_state_load(path, trainer_model(r->t), NULL, r->err, r->errlen);
 }
 
 /* Raw data: ids past a table's rows mean another dictionary than
@@ -313,15 +272,16 @@ static int open_data(run *r) {
                            .frequency_threshold = o->frequency_threshold,
                            .no_label = o->no_label, .strict = o->strict, .report = o->report};
   if (o->raw) {
-    r->so.scheme = o->have_test_fraction ? DS_SCHEME_FRACTION : DS_SCHEME_KAGGLE;
+    r->so.scheme = o->terabyte ? DS_SCHEME_TERABYTE
+                   : o->have_test_fraction ? DS_SCHEME_FRACTION : DS_SCHEME_KAGGLE;
     r->so.test_fraction = o->test_fraction;
   }
   r->t0 = sr_now();
   r->src = ds_source_open(&r->so, r->err, r->errlen);
   if (!r->src) return SR_EIO;
   int rc;
-  if (o->raw) {
-    if ((rc = check_ids(r))) return rc;
+  if (o->raw && (rc = check_ids(r))) return rc;
+  if (o->raw && o->out) {
     uint64_t n_lines = 0;
     if ((rc = find_bad_lines(o->data_path, &r->so, &r->bad, &r->n_bad, &n_lines, r->err,
                              r->errlen)))
@@ -340,7 +300,7 @@ static int open_data(run *r) {
 
 /* Every batch of the split through the model, one output line per input
  * line (nan where the reader skipped a malformed one), into the temporary
- * file; *n gets the samples scored. */
+ * file (r->out NULL: none); *n gets the samples scored. */
 static int score_all(run *r, size_t *n) {
   size_t bi = 0;
   uint64_t line = 0; /* split-relative input line of the next output line */
@@ -363,7 +323,7 @@ static int score_all(run *r, size_t *n) {
       return rc;
     }
     memcpy(r->labels + *n, r->b.labels, (size_t)got * sizeof *r->labels);
-    for (int i = 0; i < got; i++, line++) {
+    for (int i = 0; r->out && i < got; i++, line++) {
       for (; bi < r->n_bad && r->bad[bi] == line; bi++, line++) fputs("nan\n", r->out);
       fprintf(r->out, "%.9g\n", r->pred[*n + (size_t)i]);
     }
@@ -382,9 +342,11 @@ static int score_all(run *r, size_t *n) {
   return 0;
 }
 
-/* The predictions, written under a temporary name and renamed into place. */
+/* The predictions, written under a temporary name and renamed into place
+ * (o->out NULL: scored, not written). */
 static int write_predictions(run *r, size_t *n) {
   const predict_opts *o = r->o;
+  if (!o->out) return score_all(r, n);
   snprintf(r->tmp_out, sizeof r->tmp_out, "%s.tmp-%ld", o->out, (long)getpid());
   if (!(r->out = fopen(r->tmp_out, "w"))) {
     snprintf(r->err, r->errlen, "--out %s: cannot open for writing: %s", r->tmp_out,
@@ -456,10 +418,27 @@ static void run_free(run *r) {
   ckpt_info_free(&r->ci);
 }
 
+int predict_split_parse(const char *name, ds_split *sp) {
+  static const struct { const char *name; ds_split sp; } names[] = {
+      {"all", DS_SPLIT_ALL}, {"train", DS_SPLIT_TRAIN}, {"test", DS_SPLIT_TEST},
+      {"val", DS_SPLIT_VAL}};
+  for (size_t i = 0; name && i < sizeof names / sizeof names[0]; i++)
+    if (!strcmp(name, names[i].name)) {
+      *sp = names[i].sp;
+      return 0;
+    }
+  return -1;
+}
+
 int predict_run(const predict_opts *o, predict_result *res, char *err, size_t errlen) {
   if (res) memset(res, 0, sizeof *res);
-  if (!o || !o->checkpoint || !o->data_path || !o->out) {
-    snprintf(err, errlen, "predict: need a checkpoint, a data file and an output file");
+  if (!o || !o->checkpoint || !o->data_path) {
+    snprintf(err, errlen, "predict: need a checkpoint and a data file");
+    return SR_EINVAL;
+  }
+  if (o->raw && o->terabyte && o->out) {
+    snprintf(err, errlen, "--out: the predictions of the terabyte day files are not written "
+             "(score one file, split by --data-set kaggle or --test-fraction)");
     return SR_EINVAL;
   }
   run *r = calloc(1, sizeof *r);
@@ -484,9 +463,9 @@ int predict_run(const predict_opts *o, predict_result *res, char *err, size_t er
       res->seconds = secs;
     }
     if (o->log) {
-      fprintf(o->log, "predict %s (%s): %zu samples scored in %.2f s (%.0f samples/s) -> %s\n",
+      fprintf(o->log, "predict %s (%s): %zu samples scored in %.2f s (%.0f samples/s)%s%s\n",
               r->so.path, o->split_name ? o->split_name : "all", n, secs,
-              secs > 0 ? (double)n / secs : 0.0, o->out);
+              secs > 0 ? (double)n / secs : 0.0, o->out ? " -> " : "", o->out ? o->out : "");
       if (r->n_bad)
         fprintf(o->log, "data   %zu malformed lines skipped (written as nan)\n", r->n_bad);
     }

@@ -9,7 +9,11 @@
  * the trainer's own, bit for bit), and writes one probability per input line
  * ("%.9g", a float round-trips) in input order; a malformed raw line the
  * reader skips is written as "nan" so the output stays aligned with the
- * input. Labelled input also gets its metrics (AUC, log loss, ...). */
+ * input. Labelled input also gets its metrics (AUC, log loss, ...).
+ * `shardrec predict` and `shardrec eval` (predictions not written) are both
+ * fronts of predict_run. A saved-model folder of the format before
+ * --save-model wrote checkpoints is refused (SR_EVERSION) with a message
+ * saying to save it again. */
 #ifndef SHARDREC_TRAIN_PREDICT_H
 #define SHARDREC_TRAIN_PREDICT_H
 
@@ -33,9 +37,13 @@ typedef struct predict_opts {
   uint64_t cache_mb;         /* in process, RocksDB shards: the row cache (0: 256) */
   const char *data_path;     /* the data file */
   int raw;                   /* data_path is Criteo TSV (or .gz); else a converted file */
+  int terabyte;              /* raw data: data_path is a prefix, the files PATH_0 ..
+                                PATH_23 split as the reference's terabyte set (out must
+                                be NULL: the day files are not scanned for malformed
+                                lines) */
   ds_split split;            /* the part scored */
   const char *split_name;    /* its name, for messages ("all": NULL) */
-  /* Raw data: ids mapped as train maps them (kaggle split unless
+  /* Raw data: ids mapped as train maps them (kaggle split unless terabyte or
    * have_test_fraction: then the last test_fraction of the lines are test). */
   int have_test_fraction;
   double test_fraction;
@@ -45,7 +53,7 @@ typedef struct predict_opts {
   int strict;                /* raw data: the first malformed line is fatal */
   int batch;                 /* samples per forward pass (0: the checkpoint's batch) */
   const char *out;           /* the predictions, written whole under a temporary name
-                                and then renamed */
+                                and then renamed; NULL: scored, not written (eval) */
   const char *metrics_out;   /* labelled input: the metrics as one JSON object (NULL: not) */
   FILE *log;                 /* the status lines (checkpoint, predict, data, metrics);
                                 NULL: none */
@@ -66,8 +74,13 @@ typedef struct predict_result {
                                 --shard-servers list that is not one server per shard) */
 } predict_result;
 
+/* The part of the data a split name means: "all", "train", "test", "val"
+ * (--data-split, alias --split, of predict and eval). 0, or -1 for another
+ * name (*sp unchanged). */
+int predict_split_parse(const char *name, ds_split *sp);
+
 /* Score o->data_path with the checkpoint o->checkpoint and write o->out (and
- * o->metrics_out). Fills *res (may be NULL). 0, or SR_E* with the reason in
+ * o->metrics_out; either may be NULL). Fills *res (may be NULL). 0, or SR_E* with the reason in
  * err (naming the flag, file or server at fault). A failure before the
  * predictions are complete leaves no o->out (the temporary file is
  * removed); every store, server connection and temporary folder is released
