@@ -289,11 +289,20 @@ START_TEST(test_refusals) {
   ck_assert_int_eq(rc, 1);
   ck_assert_msg(strstr(out, "bad4/manifest.json: checksum does not match") != NULL, "%s", out);
   free(out);
-  /* --keep-checkpoints: only the newest K remain. */
-  free(train(0, "--cache-rows 1024 --num-batches 30 --save-checkpoint k --checkpoint-every 5 --keep-checkpoints 2"));
-  rc = run_cmd(&out, "cd %s && ls k", dir);
-  ck_assert_msg(!strcmp(out, "step-25\nstep-30\n"), "%s", out);
+  /* --keep-checkpoints: only the newest K remain, beside the plan made by
+   * the run (no --plan-out: written into the checkpoint folder and nowhere
+   * else, so none lands in the current folder). */
+  rc = run_cmd(&out, "cd %s && rm -f plan.json", dir);
   free(out);
+  out = train(0, "--cache-rows 1024 --num-batches 30 --save-checkpoint k --checkpoint-every 5 --keep-checkpoints 2");
+  ck_assert_msg(strstr(out, "plan   k/plan.json (written): ") != NULL, "%s", out);
+  free(out);
+  rc = run_cmd(&out, "cd %s && ls k && test ! -e plan.json", dir);
+  ck_assert_msg(rc == 0 && !strcmp(out, "plan.json\nstep-25\nstep-30\n"), "%s", out);
+  free(out);
+  /* The plan written there is the checkpoint's (resume checks the plan's
+   * fingerprints against the manifest's). */
+  free(train(0, "--cache-rows 1024 --num-batches 31 --plan k/plan.json --resume k"));
 }
 END_TEST
 
