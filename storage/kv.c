@@ -76,23 +76,8 @@ int kv_list_tables(const char *path, uint32_t **ids, int *n, char *err, size_t e
   return 0;
 }
 
-int kv_open(const char *path, int n, const uint32_t *table_ids, const kv_opts *o,
-               kv_db **out, char *err, size_t errlen) {
-  *out = NULL;
-  int rc = 0;
-  char *e = NULL;
-  char **names = NULL;
-  const rocksdb_options_t **cfo = NULL;
-  kv_db *d = calloc(1, sizeof *d);
-  if (!d) return SR_ENOMEM;
-  d->n = n;
-  d->ids = malloc((size_t)(n ? n : 1) * sizeof *d->ids);
-  d->cf = calloc((size_t)(n ? n : 1), sizeof *d->cf);
-  if (!d->ids || !d->cf) {
-    rc = SR_ENOMEM;
-    goto out;
-  }
-  memcpy(d->ids, table_ids, (size_t)n * sizeof *d->ids);
+/* The options of d (tuned, see the top of this file). */
+static void set_options(kv_db *d, const kv_opts *o) {
   size_t cache = o && o->block_cache_bytes ? o->block_cache_bytes : (32u << 20);
   size_t wbuf = o && o->write_buffer_bytes ? o->write_buffer_bytes : (16u << 20);
   d->opts = rocksdb_options_create();
@@ -116,41 +101,63 @@ int kv_open(const char *path, int n, const uint32_t *table_ids, const kv_opts *o
   rocksdb_options_set_max_background_jobs(d->opts, 2);
   rocksdb_options_set_info_log_level(d->opts, 3); /* errors only */
   rocksdb_options_set_keep_log_file_num(d->opts, 2);
-  /* Families: default, every asked table, and any others the database has. */
+}
+
+/* The column families to open: "default", every asked table, and any others
+ * the database already has (have[n_have]). *names gets the names (pointers
+ * into one block, *block: free both), *m their count. 0 or SR_ENOMEM. */
+#define KV_CF_NAME 16 /* "t" and a u32 in decimal */
+static int cf_names(int n, const uint32_t *table_ids, const uint32_t *have, int n_have,
+                    char ***names, char **block, int *m) {
+  int cap = 1 + n + n_have;
+  *names = calloc((size_t)cap, sizeof **names);
+  *block = calloc((size_t)cap, KV_CF_NAME);
+  if (!*names || !*block) return SR_ENOMEM;
+  int k = 0;
+  for (int i = 0; i < cap; i++) (*names)[i] = *block + (size_t)i * KV_CF_NAME;
+  snprintf((*names)[k++], KV_CF_NAME, "default");
+  for (int i = 0; i < n; i++) snprintf((*names)[k++], KV_CF_NAME, "t%u", table_ids[i]);
+  for (int i = 0; i < n_have; i++) {
+    int dup = 0;
+    for (int j = 0; j < n; j++) dup |= table_ids[j] == have[i];
+    if (!dup) snprintf((*names)[k++], KV_CF_NAME, "t%u", have[i]);
+  }
+  *m = k;
+  return 0;
+}
+
+int kv_open(const char *path, int n, const uint32_t *table_ids, const kv_opts *o,
+               kv_db **out, char *err, size_t errlen) {
+  *out = NULL;
+  int rc = 0, m = 0;
+  char *e = NULL, *block = NULL;
+  char **names = NULL;
   uint32_t *have = NULL;
+  const rocksdb_options_t **cfo = NULL;
+  kv_db *d = calloc(1, sizeof *d);
+  if (!d) goto oom;
+  d->n = n;
+  d->ids = malloc((size_t)(n ? n : 1) * sizeof *d->ids);
+  d->cf = calloc((size_t)(n ? n : 1), sizeof *d->cf);
+  if (!d->ids || !d->cf) goto oom;
+  memcpy(d->ids, table_ids, (size_t)n * sizeof *d->ids);
+  set_options(d, o);
   int n_have = 0;
   struct stat st;
   if (stat(path, &st) == 0) {
     char lerr[256];
-    if (kv_list_tables(path, &have, &n_have, lerr, sizeof lerr)) n_have = 0;
+    if ((rc = kv_list_tables(path, &have, &n_have, lerr, sizeof lerr)) == SR_ENOMEM) goto oom;
+    if (rc) n_have = 0;
+    rc = 0;
   } else if (o && o->read_only) {
     sr_fmt(err, errlen, "%s: no such database", path);
     rc = SR_ENOTFOUND;
     goto out;
   }
-  int cap = 1 + n + n_have;
-  names = calloc((size_t)cap, sizeof *names);
-  cfo = calloc((size_t)cap, sizeof *cfo);
-  d->all = calloc((size_t)cap, sizeof *d->all);
-  if (!names || !cfo || !d->all) {
-    free(have);
-    rc = SR_ENOMEM;
-    goto out;
-  }
-  int m = 0;
-  names[m++] = strdup("default");
-  for (int i = 0; i < n; i++) {
-    names[m] = malloc(16);
-    snprintf(names[m++], 16, "t%u", table_ids[i]);
-  }
-  for (int i = 0; i < n_have; i++) {
-    int dup = 0;
-    for (int k = 0; k < n; k++) dup |= table_ids[k] == have[i];
-    if (dup) continue;
-    names[m] = malloc(16);
-    snprintf(names[m++], 16, "t%u", have[i]);
-  }
-  free(have);
+  if (cf_names(n, table_ids, have, n_have, &names, &block, &m)) goto oom;
+  cfo = calloc((size_t)m, sizeof *cfo);
+  d->all = calloc((size_t)m, sizeof *d->all);
+  if (!cfo || !d->all) goto oom;
   for (int i = 0; i < m; i++) cfo[i] = d->opts;
   d->n_all = m;
   if (o && o->read_only)
@@ -172,9 +179,13 @@ int kv_open(const char *path, int n, const uint32_t *table_ids, const kv_opts *o
   d->wo = rocksdb_writeoptions_create();
   rocksdb_writeoptions_disable_WAL(d->wo, 0);
   d->wb = rocksdb_writebatch_create();
+  goto out;
+oom:
+  sr_fmt(err, errlen, "%s: out of memory opening the database", path);
+  rc = SR_ENOMEM;
 out:
-  if (names)
-    for (int i = 0; i < cap; i++) free(names[i]);
+  free(have);
+  free(block);
   free(names);
   free(cfo);
   if (rc) {
