@@ -495,8 +495,18 @@ static void l_destroy(emb_store *b) {
 }
 
 static const emb_store_ops local_ops = {
-    l_lookup_begin, l_lookup_wait, l_push,    l_flush,  l_checkpoint,
-    l_restore,      l_stats,       l_iterate, l_errmsg, l_destroy,
+    .kind = EMB_STORE_LOCAL,
+    .ckpt_layout = EMB_CKPT_TABLE_FILES,
+    .lookup_begin = l_lookup_begin,
+    .lookup_wait = l_lookup_wait,
+    .push = l_push,
+    .flush = l_flush,
+    .checkpoint = l_checkpoint,
+    .restore = l_restore,
+    .stats = l_stats,
+    .iterate = l_iterate,
+    .errmsg = l_errmsg,
+    .destroy = l_destroy,
 };
 
 emb_store *emb_store_create_local(const emb_plan *plan, char *err, size_t errlen) {
