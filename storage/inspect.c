@@ -166,36 +166,48 @@ static int cmp_name(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Every shard-* database of folder (and a count of table-* files). */
-static void inspect_folder(report *r, const char *folder) {
+/* The table files directly in folder. */
+static int count_tables(const char *folder) {
   DIR *d = opendir(folder);
-  if (!d) {
-    char e[4200];
-    snprintf(e, sizeof e, "%s: cannot open", folder);
-    fail(r, SR_EIO, e);
+  int n = 0;
+  struct dirent *de;
+  while (d && (de = readdir(d))) n += ckpt_dir_table_of(de->d_name) >= 0;
+  if (d) closedir(d);
+  return n;
+}
+
+/* The rows of a shards/ folder or a shard store's data folder, in the
+ * layout it has (storage/ckpt_dir.h): each shard-K database, or a count of
+ * the table files. */
+static void inspect_folder(report *r, const char *folder) {
+  ckpt_shards_layout layout;
+  char e[4600], p[4400], *names[4096];
+  int rc = ckpt_dir_shards_layout(folder, &layout, e, sizeof e), nn = 0, ks[1];
+  if (rc) {
+    fail(r, rc, e);
     return;
   }
-  char *names[4096], p[4400];
-  int nn = 0, n_local = 0;
-  struct dirent *de;
-  while ((de = readdir(d)) && nn < 4096) {
-    if (!strncmp(de->d_name, "shard-", 6)) {
-      if ((names[nn] = strdup(de->d_name))) nn++;
-    } else if (!strncmp(de->d_name, "table-", 6)) {
-      n_local++;
-    }
+  if (layout == CKPT_SHARDS_TABLES) {
+    fprintf(r->out, "in-memory store checkpoint: %d table files (table-<id>.bin) in %s\n",
+            count_tables(folder), folder);
+    return;
   }
-  closedir(d);
+  DIR *d = opendir(folder);
+  struct dirent *de;
+  while (d && (de = readdir(d)) && nn < 4096)
+    if (ckpt_dir_server_shards(de->d_name, ks, layout == CKPT_SHARDS_DBS ? 1 : 0x7fffffff) &&
+        (names[nn] = strdup(de->d_name)))
+      nn++;
+  if (d) closedir(d);
   qsort(names, (size_t)nn, sizeof *names, cmp_name);
   for (int i = 0; i < nn; i++) {
     snprintf(p, sizeof p, "%s/%s", folder, names[i]);
-    inspect_db(r, p, names[i]);
+    if (layout == CKPT_SHARDS_DBS) inspect_db(r, p, names[i]);
+    else fprintf(r->out, "%-8s in-memory server: %d table files (table-<id>.bin)\n", names[i],
+                 count_tables(p));
     free(names[i]);
   }
-  if (!nn && n_local)
-    fprintf(r->out, "in-memory store checkpoint: %d table files (table-<id>.bin) in %s\n", n_local,
-            folder);
-  else
+  if (layout == CKPT_SHARDS_DBS)
     fprintf(r->out, "total    %llu rows, %llu bytes in %d shard(s)\n", (unsigned long long)r->rows,
             (unsigned long long)r->bytes, nn);
 }
@@ -217,7 +229,7 @@ int store_inspect(const char *path, const store_inspect_opts *o, FILE *out, char
     return r.rc;
   }
   snprintf(target, sizeof target, "%s", path);
-  snprintf(p, sizeof p, "%s/shard-0", path);
+  ckpt_dir_shard_path(path, 0, p, sizeof p);
   if (!is_dir(p)) { /* a checkpoint or a folder of them */
     char e[1024];
     if (ckpt_dir_resolve(path, target, sizeof target, e, sizeof e)) {
@@ -228,8 +240,12 @@ int store_inspect(const char *path, const store_inspect_opts *o, FILE *out, char
       sr_fmt(err, errlen, "%s: no readable manifest.json", target);
       return SR_EFORMAT;
     }
-    size_t tl = strlen(target);
-    snprintf(target + tl, sizeof target - tl, "/shards");
+    char shards[sizeof target];
+    if (ckpt_dir_shards_path(target, shards, sizeof shards)) {
+      sr_fmt(err, errlen, "%s: path too long", target);
+      return SR_ERANGE;
+    }
+    memcpy(target, shards, sizeof target);
   }
   inspect_folder(&r, target);
   return r.rc;
