@@ -2,7 +2,6 @@
 #define _XOPEN_SOURCE 700
 #include "embedding/ckpt_store.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +12,7 @@
 #include "common/fs.h"
 #include "common/status.h"
 #include "embedding/shard.h"
+#include "storage/ckpt_dir.h"
 #include "storage/kv.h"
 
 /* ---- the routing store: rows of each shard in the in-memory store restored
@@ -163,32 +163,22 @@ static void r_destroy(emb_store *b) {
   free(s->sub_of);
   free(s);
 }
-static const emb_store_ops route_ops = {r_lookup_begin, r_lookup_wait, r_push,   r_flush,
-                                        r_checkpoint,   r_restore,     r_stats,  r_iterate,
-                                        r_errmsg,       r_destroy};
+static const emb_store_ops route_ops = {
+    .kind = EMB_STORE_ROUTED,
+    .ckpt_layout = EMB_CKPT_NONE,
+    .lookup_begin = r_lookup_begin,
+    .lookup_wait = r_lookup_wait,
+    .push = r_push,
+    .flush = r_flush,
+    .checkpoint = r_checkpoint,
+    .restore = r_restore,
+    .stats = r_stats,
+    .iterate = r_iterate,
+    .errmsg = r_errmsg,
+    .destroy = r_destroy,
+};
 
 /* ---- layout ---- */
-
-static int exists(const char *path) {
-  struct stat st;
-  return stat(path, &st) == 0;
-}
-
-/* Shards listed in a server folder name "shard-K[-K2...]"; their count, 0 if
- * the name is not one. */
-static int parse_folder(const char *name, int *ks, int max) {
-  if (strncmp(name, "shard-", 6)) return 0;
-  const char *p = name + 6;
-  int n = 0;
-  while (*p && n < max) {
-    char *end;
-    long v = strtol(p, &end, 10);
-    if (end == p || v < 0 || (*end && *end != '-')) return 0;
-    ks[n++] = (int)v;
-    p = *end ? end + 1 : end;
-  }
-  return *p ? 0 : n;
-}
 
 /* A temporary data folder for the RocksDB layout: $TMPDIR, else /tmp when
  * it is on the checkpoint's file system (the SST files are then
@@ -236,7 +226,6 @@ static int open_rocks(const char *dir, const char *shards, const emb_plan *plan,
     snprintf(err, errlen, "%s: %s", shards, emb_store_errmsg(out->store));
     return rc;
   }
-  out->rocks = 1;
   snprintf(out->layout, sizeof out->layout, "RocksDB shard databases in %s%s", data,
            o->data_dir ? "" : " (temporary)");
   return 0;
@@ -256,26 +245,14 @@ static int open_local(const emb_plan *plan, const char *path, emb_store **out, c
  * folder[S]; every wanted shard must have one. */
 static int map_folders(const char *shards, int S, const int *want, int n_want,
                        char (*folder)[256], char *err, size_t errlen) {
-  DIR *d = opendir(shards);
-  if (!d) {
-    snprintf(err, errlen, "%s: cannot open: %s", shards, strerror(errno));
-    return SR_ENOTFOUND;
-  }
-  struct dirent *e;
-  while ((e = readdir(d))) {
-    int ks[256], n = parse_folder(e->d_name, ks, 256);
-    for (int i = 0; i < n; i++)
-      if (ks[i] < S && strlen(e->d_name) < sizeof folder[0])
-        snprintf(folder[ks[i]], sizeof folder[0], "%s", e->d_name);
-  }
-  closedir(d);
-  for (int i = 0; i < n_want; i++)
+  int rc = ckpt_dir_server_folders(shards, S, folder, err, errlen);
+  for (int i = 0; i < n_want && !rc; i++)
     if (!folder[want[i]][0]) {
-      snprintf(err, errlen, "%s: holds no rows of shard %d (no shard-%d/ folder, no "
-               "table-<id>.bin files)", shards, want[i], want[i]);
-      return SR_ENOTFOUND;
+      snprintf(err, errlen, "%s: holds no rows of shard %d (no server folder lists it)", shards,
+               want[i]);
+      rc = SR_ENOTFOUND;
     }
-  return 0;
+  return rc;
 }
 
 /* The wanted shards' rows from in-memory servers' folders: one folder's
@@ -334,35 +311,47 @@ out:
   return rc;
 }
 
+/* Every wanted shard's database in the RocksDB layout. */
+static int check_dbs(const char *shards, const int *want, int n_want, char *err, size_t errlen) {
+  struct stat st;
+  for (int i = 0; i < n_want; i++) {
+    char db[4400], cur[4500];
+    ckpt_dir_shard_path(shards, want[i], db, sizeof db);
+    snprintf(cur, sizeof cur, "%s/CURRENT", db);
+    if (stat(cur, &st) != 0) {
+      snprintf(err, errlen, "%s: holds no rows of shard %d (no RocksDB database %s)", shards,
+               want[i], db);
+      return SR_ENOTFOUND;
+    }
+  }
+  return 0;
+}
+
 /* Which layout holds the wanted shards, and the store over it. */
 static int open_layout(const char *dir, const emb_plan *plan, const ckpt_store_opts *o,
                        int *want, int n_want, ckpt_store *out, char *err, size_t errlen) {
-  char shards[4200], path[8400];
-  snprintf(shards, sizeof shards, "%s/shards", dir);
-  int n_rocks = 0;
-  for (int i = 0; i < n_want; i++) {
-    snprintf(path, sizeof path, "%s/shard-%d/CURRENT", shards, want[i]);
-    n_rocks += exists(path);
+  char shards[4200];
+  ckpt_shards_layout layout;
+  if (ckpt_dir_shards_path(dir, shards, sizeof shards)) {
+    snprintf(err, errlen, "%s: path too long", dir);
+    return SR_ERANGE;
   }
-  if (n_rocks == n_want) {
+  int rc = ckpt_dir_shards_layout(shards, &layout, err, errlen);
+  if (rc) return rc;
+  if (layout == CKPT_SHARDS_DBS) {
+    if ((rc = check_dbs(shards, want, n_want, err, errlen))) return rc;
     emb_shard_config sc = {.cache_rows = o->cache_rows,
                            .cache_mb = o->cache_rows ? 0 : (o->cache_mb ? o->cache_mb : 256),
                            .n_hosted = n_want, .hosted = want};
     return open_rocks(dir, shards, plan, o, &sc, out, err, errlen);
-  }
-  if (n_rocks) {
-    snprintf(err, errlen, "%s: some of the wanted shards are RocksDB databases, others are not: "
-             "not a checkpoint this build wrote", shards);
-    return SR_EFORMAT;
   }
   if (o->data_dir) {
     snprintf(err, errlen, "%s: holds in-memory table files, not RocksDB databases: serve it "
              "without --data-dir", shards);
     return SR_EINVAL;
   }
-  snprintf(path, sizeof path, "%s/table-%u.bin", shards, plan->tables[0].table_id);
-  if (exists(path)) { /* the trainer's in-memory store: every shard */
-    int rc = open_local(plan, shards, &out->store, err, errlen);
+  if (layout == CKPT_SHARDS_TABLES) { /* the trainer's in-memory store: every shard */
+    rc = open_local(plan, shards, &out->store, err, errlen);
     if (!rc) snprintf(out->layout, sizeof out->layout, "in memory (the trainer's table files)");
     return rc;
   }

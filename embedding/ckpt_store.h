@@ -1,13 +1,12 @@
 /* An embedding store holding a trainer checkpoint's rows, for serving and
  * scoring (shardrec serve --checkpoint, shardrec predict).
  *
- * A checkpoint's step-N/shards/ comes in three layouts (tools/train/checkpoint.h):
- *   shard-K/CURRENT ...     a RocksDB checkpoint per shard (the trainer's
- *                           shard store, or shard servers run with --data-dir);
- *   table-<id>.bin          the trainer's in-memory store: every shard's rows;
- *   shard-K[-K2...]/table-<id>.bin   in-memory shard servers, one folder per
- *                           server (the shards it hosted).
- * ckpt_store_open finds which one holds each wanted shard and builds:
+ * A checkpoint's step-N/shards/ comes in three layouts (storage/ckpt_dir.h,
+ * which owns their names and tells which one a folder has): a RocksDB
+ * checkpoint per shard (shard-K/), the trainer's in-memory store's table
+ * files (table-<id>.bin, every shard's rows), in-memory shard servers' folders
+ * (shard-K[-K2...]/table-<id>.bin). ckpt_store_open finds which one the
+ * checkpoint has, checks that every wanted shard is in it, and builds:
  *   RocksDB layout: the shard store over data_dir (given), or over a fresh
  *     temporary folder (removed by ckpt_store_close): under $TMPDIR if set,
  *     else /tmp when it is on the checkpoint's file system, else a hidden
@@ -17,7 +16,10 @@
  *   table files: the in-memory store restored from the one folder holding the
  *     wanted shards, or, when they lie in several server folders, a store
  *     that routes each row (emb_plan_shard_of) to an in-memory store
- *     restored from its shard's folder (checkpoint/restore/iterate refused).
+ *     restored from its shard's folder (checkpoint/restore/iterate refused:
+ *     EMB_CKPT_NONE).
+ * The store says itself what its checkpoint(path) writes
+ * (emb_store_checkpoint_layout): callers ask it, not this module.
  * Every file is read and checked (sizes, checksums, fingerprints) by the
  * stores' restore; the caller verifies the checkpoint first (ckpt_open). */
 #ifndef SHARDREC_EMBEDDING_CKPT_STORE_H
@@ -39,8 +41,6 @@ typedef struct ckpt_store_opts {
 
 typedef struct ckpt_store {
   emb_store *store;     /* owned */
-  int rocks;            /* the RocksDB shard store (it writes path/shard-K itself on
-                           checkpoint: rpc_service_opts.store_shard_dirs) */
   char *tmp_dir;        /* owned temporary data folder, or NULL */
   char layout[96];      /* words for a status line */
 } ckpt_store;

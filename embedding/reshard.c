@@ -276,7 +276,10 @@ static int create_job(void *ctx, int k, int ti, char *err, size_t errlen) {
   run *r = ctx;
   const emb_plan *dst = r->o->dst;
   char path[4200];
-  snprintf(path, sizeof path, "%s/shard-%d", r->o->out_dir, k);
+  if (ckpt_dir_shard_path(r->o->out_dir, k, path, sizeof path)) {
+    sr_fmt(err, errlen, "%s: path too long", r->o->out_dir);
+    return SR_ERANGE;
+  }
   return sst_db_create(path, dst->n_tables, r->ids, r->o->work_dir, &r->dst[k], err, errlen);
 }
 
@@ -290,6 +293,12 @@ static void add_progress(worker *w, uint64_t rows, uint64_t bytes) {
   pthread_mutex_unlock(&r->mu);
 }
 
+/* Source s's folder (SRC/shard-K), for messages. */
+static const char *src_path(const run *r, int s, char buf[4200]) {
+  ckpt_dir_shard_path(r->o->src_dir, s, buf, 4200);
+  return buf;
+}
+
 /* Move table ti (new plan index) from every source to its targets. */
 static int move_table(worker *w, int ti, char *err, size_t errlen) {
   run *r = w->r;
@@ -299,6 +308,7 @@ static int move_table(worker *w, int ti, char *err, size_t errlen) {
   uint32_t tid = tb->table_id;
   int dim = tb->dim, slen = emb_optim_state_len(&tb->optim, dim);
   int rc = 0;
+  char sp[4200];
   sst_iter **it = calloc((size_t)r->n_src, sizeof *it);
   if (!it) {
     sr_fmt(err, errlen, "out of memory");
@@ -307,7 +317,7 @@ static int move_table(worker *w, int ti, char *err, size_t errlen) {
   for (int s = 0; s < r->n_src; s++) {
     int cf = sst_db_find(r->src[s], tid);
     if (cf < 0) {
-      sr_fmt(err, errlen, "%s/shard-%d: has no column family for table_id %u (%s)", r->o->src_dir, s,
+      sr_fmt(err, errlen, "%s: has no column family for table_id %u (%s)", src_path(r, s, sp),
              tid, tb->name);
       rc = SR_EFORMAT;
       goto out;
@@ -332,8 +342,9 @@ static int move_table(worker *w, int ti, char *err, size_t errlen) {
         best = s;
         bk = k;
       } else if (k == bk) {
-        sr_fmt(err, errlen, "table_id %u (%s): row %llu is in both %s/shard-%d and shard-%d", tid,
-               tb->name, (unsigned long long)k, r->o->src_dir, best, s);
+        char sp2[4200];
+        sr_fmt(err, errlen, "table_id %u (%s): row %llu is in both %s and %s", tid, tb->name,
+               (unsigned long long)k, src_path(r, best, sp), src_path(r, s, sp2));
         rc = SR_EFORMAT;
         goto out;
       }
@@ -342,15 +353,15 @@ static int move_table(worker *w, int ti, char *err, size_t errlen) {
     size_t len;
     const char *v = sst_iter_value(it[best], &len);
     if (!row_ok(v, len, dim, slen)) {
-      sr_fmt(err, errlen, "%s/shard-%d: table_id %u (%s) row %llu: a value of %zu bytes is not a row "
-             "of dim %d with %d state floats (expected %zu bytes)", r->o->src_dir, best, tid, tb->name,
+      sr_fmt(err, errlen, "%s: table_id %u (%s) row %llu: a value of %zu bytes is not a row "
+             "of dim %d with %d state floats (expected %zu bytes)", src_path(r, best, sp), tid, tb->name,
              (unsigned long long)bk, len, dim, slen, kv_row_size(dim, slen));
       rc = SR_EFORMAT;
       goto out;
     }
     if (tb->rows != EMB_ROWS_UNBOUNDED && bk >= tb->rows) {
-      sr_fmt(err, errlen, "%s/shard-%d: table_id %u (%s): row id %llu is past the table's %llu rows",
-             r->o->src_dir, best, tid, tb->name, (unsigned long long)bk,
+      sr_fmt(err, errlen, "%s: table_id %u (%s): row id %llu is past the table's %llu rows",
+             src_path(r, best, sp), tid, tb->name, (unsigned long long)bk,
              (unsigned long long)tb->rows);
       rc = SR_EFORMAT;
       goto out;
@@ -376,7 +387,7 @@ static int move_table(worker *w, int ti, char *err, size_t errlen) {
   for (int s = 0; s < r->n_src; s++) {
     char e2[512];
     if ((rc = sst_iter_status(it[s], e2, sizeof e2))) {
-      sr_fmt(err, errlen, "%s/shard-%d: table_id %u (%s): %s", r->o->src_dir, s, tid, tb->name, e2);
+      sr_fmt(err, errlen, "%s: table_id %u (%s): %s", src_path(r, s, sp), tid, tb->name, e2);
       goto out;
     }
   }
@@ -442,7 +453,10 @@ static int verify_target(void *ctx, int k, int unused, char *err, size_t errlen)
   reshard_table *part = &r->vt[(size_t)k * (size_t)r->o->dst->n_tables];
   const emb_plan *dst = r->o->dst;
   char path[4200];
-  snprintf(path, sizeof path, "%s/shard-%d", r->o->out_dir, k);
+  if (ckpt_dir_shard_path(r->o->out_dir, k, path, sizeof path)) {
+    sr_fmt(err, errlen, "%s: path too long", r->o->out_dir);
+    return SR_ERANGE;
+  }
   sst_db *db = NULL;
   int rc = sst_db_open_read(path, r->o->work_dir, &db, err, errlen);
   if (rc) return rc;
@@ -567,7 +581,11 @@ int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errl
    * (rows of another table would be lost). */
   for (int s = 0; s < r.n_src; s++) {
     char path[4200];
-    snprintf(path, sizeof path, "%s/shard-%d", o->src_dir, s);
+    if (ckpt_dir_shard_path(o->src_dir, s, path, sizeof path)) {
+      sr_fmt(err, errlen, "%s: path too long", o->src_dir);
+      rc = SR_ERANGE;
+      goto out;
+    }
     if ((rc = sst_db_open_read(path, o->work_dir, &r.src[s], err, errlen))) goto out;
     for (int i = 0; i < sst_db_n_tables(r.src[s]); i++) {
       uint32_t tid = sst_db_table_id(r.src[s], i);
@@ -606,8 +624,7 @@ int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errl
     sst_db_close(r.dst[k]);
     r.dst[k] = NULL;
     char path[4200];
-    snprintf(path, sizeof path, "%s/shard-%d", o->out_dir, k);
-    tidy_db_dir(path);
+    if (!ckpt_dir_shard_path(o->out_dir, k, path, sizeof path)) tidy_db_dir(path);
   }
   if (o->verify) {
     double tv = sr_now();

@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "embedding/plan.h"
+#include "storage/ckpt_dir.h"
 
 typedef struct reshard_table {
   uint32_t table_id;
@@ -53,12 +54,6 @@ typedef struct reshard_stats {
   reshard_table *tables; /* [n_tables] in the new plan's order; reshard_stats_free */
 } reshard_stats;
 
-/* Where a checkpoint's shards/ keeps its rows. */
-typedef enum {
-  RESHARD_ROCKSDB = 0,           /* shard-K/: RocksDB databases (shard store; servers with --data-dir) */
-  RESHARD_TABLE_FILES_LOCAL = 1, /* table-<id>.bin: the trainer's in-memory store, every row */
-  RESHARD_TABLE_FILES_SERVERS = 2, /* shard-K[-K2...]/table-<id>.bin: in-memory servers */
-} reshard_layout;
 
 /* A hook on the rows being written (tests: show that verification catches
  * a changed or a lost row). Called with a private copy of each row about to
@@ -69,7 +64,8 @@ typedef int (*reshard_row_hook)(void *ctx, uint32_t table_id, uint64_t row_id, u
                                 size_t len);
 
 typedef struct reshard_opts {
-  reshard_layout layout;  /* of the source; the output keeps it (see reshard_run_files) */
+  ckpt_shards_layout layout; /* of the source (storage/ckpt_dir.h); the output keeps it
+                                (see reshard_run_files) */
   const char *src_dir;    /* the source's shards/ folder */
   const emb_plan *src;    /* the plan the sources were written under */
   const emb_plan *dst;    /* the new plan (same model) */
@@ -93,17 +89,19 @@ typedef struct reshard_opts {
 int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errlen);
 void reshard_stats_free(reshard_stats *st); /* NULL-safe; leaves *st zeroed */
 
-/* The same for the in-memory stores' table files (embedding/reshard_files.c),
- * whose consumers restore only table files: RESHARD_TABLE_FILES_LOCAL
- * writes out_dir/table-<id>.bin (the in-memory trainer holds every shard:
- * the rows do not move, the files are rewritten and verified);
- * RESHARD_TABLE_FILES_SERVERS merges the servers' files of each table by
- * row id and writes out_dir/shard-K/table-<id>.bin for every shard K of the
- * new plan (one in-memory server per shard restores its folder). Every
+/* The same for the in-memory stores' table files (embedding/reshard_files.c,
+ * the files embedding/table_file.h's), whose consumers restore only table
+ * files: CKPT_SHARDS_TABLES writes out_dir/table-<id>.bin (the in-memory
+ * trainer holds every shard: the rows do not move, the files are rewritten
+ * and verified); CKPT_SHARDS_SERVER_TABLES merges the servers' files of
+ * each table by row id (every shard of the source plan must have a server
+ * folder) and writes out_dir/shard-K/table-<id>.bin for every shard K of
+ * the new plan (one in-memory server per shard restores its folder). Every
  * (target, table) gets a file, empty or not: the in-memory store restores
- * every table of the plan. Verification as above, plus each written file's
- * SHA-256 trailer. Tables go one at a time (these checkpoints fit in
- * memory by construction). */
+ * every table of the plan. The sources' SHA-256 trailers are checked as
+ * they are read. Verification as above, plus each written file's trailer.
+ * Tables go one at a time (these checkpoints fit in memory by
+ * construction). */
 int reshard_run_files(const reshard_opts *o, reshard_stats *st, char *err, size_t errlen);
 
 /* Fill each table's ok from its counts and sums; SR_ECHECKSUM naming the

@@ -17,53 +17,31 @@
 #include "storage/ckpt_dir.h"
 #include "storage/kv.h"
 
-const char *reshard_layout_name(reshard_layout l) {
-  static const char *const name[] = {"RocksDB shard databases", "the in-memory trainer's table files",
-                                     "in-memory servers' table files"};
-  return l >= RESHARD_ROCKSDB && l <= RESHARD_TABLE_FILES_SERVERS ? name[l] : "?";
-}
-
 static int exists(const char *p) {
   struct stat st;
   return lstat(p, &st) == 0;
 }
 
-/* A server folder of table files (shard-K[-K2...]/table-<tid>.bin) under
- * shards? */
-static int has_server_folders(const char *shards, uint32_t tid) {
-  char **files;
-  int nf, servers = 0;
-  if (sr_list_files(shards, &files, &nf)) return 0;
-  char want[64];
-  snprintf(want, sizeof want, "/table-%u.bin", tid);
-  size_t wl = strlen(want);
-  for (int i = 0; i < nf && !servers; i++) {
-    size_t l = strlen(files[i]);
-    servers = !strncmp(files[i], "shard-", 6) && l > wl && !strcmp(files[i] + l - wl, want);
+/* Which layout the source's shards/ has (ckpt_dir_shards_layout); a
+ * database layout must hold every shard of the plan. */
+static int find_layout(const char *step_dir, const emb_plan *plan, ckpt_shards_layout *out,
+                       char *err, size_t errlen) {
+  char shards[4200], p[4300];
+  if (ckpt_dir_shards_path(step_dir, shards, sizeof shards)) {
+    sr_fmt(err, errlen, "%s: path too long", step_dir);
+    return SR_ERANGE;
   }
-  sr_paths_free(files, nf);
-  return servers;
-}
-
-/* Which layout the source's shards/ has; -1 with the reason in err. */
-static int find_layout(const char *step_dir, const emb_plan *plan, char *err, size_t errlen) {
-  char p[4300], shards[4200];
-  uint32_t tid = plan->tables[0].table_id;
-  snprintf(shards, sizeof shards, "%s/shards", step_dir);
-  snprintf(p, sizeof p, "%s/table-%u.bin", shards, tid);
-  if (sr_is_file(p)) return RESHARD_TABLE_FILES_LOCAL;
-  snprintf(p, sizeof p, "%s/shard-0/table-%u.bin", shards, tid);
-  if (sr_is_file(p)) return RESHARD_TABLE_FILES_SERVERS;
-  for (int k = 0; k < plan->n_shards; k++) {
-    snprintf(p, sizeof p, "%s/shard-%d/CURRENT", shards, k);
-    if (sr_is_file(p)) continue;
-    /* Servers hosting several shards each: shard-0-1/... */
-    if (has_server_folders(shards, tid)) return RESHARD_TABLE_FILES_SERVERS;
-    sr_fmt(err, errlen, "%s/shard-%d: missing (the plan has %d shards)", shards, k,
-           plan->n_shards);
-    return -1;
+  int rc = ckpt_dir_shards_layout(shards, out, err, errlen);
+  for (int k = 0; !rc && *out == CKPT_SHARDS_DBS && k < plan->n_shards; k++) {
+    char cur[4400];
+    ckpt_dir_shard_path(shards, k, p, sizeof p);
+    snprintf(cur, sizeof cur, "%s/CURRENT", p);
+    if (!sr_is_file(cur)) {
+      sr_fmt(err, errlen, "%s: missing (the plan has %d shards)", p, plan->n_shards);
+      rc = SR_ENOTFOUND;
+    }
   }
-  return RESHARD_ROCKSDB;
+  return rc;
 }
 
 /* The source, the new plan and OUT, checked before anything is written. */
@@ -90,9 +68,7 @@ static int check_inputs(const reshard_ckpt_opts *o, emb_ckpt *ck, emb_plan **pla
     return SR_EMISMATCH;
   }
   st->failed = RESHARD_IN_FROM;
-  int layout = find_layout(ck->dir, ck->plan, err, errlen);
-  if (layout < 0) return SR_ENOTFOUND;
-  st->layout = (reshard_layout)layout;
+  if ((rc = find_layout(ck->dir, ck->plan, &st->layout, err, errlen))) return rc;
   st->failed = RESHARD_IN_TO;
   if (exists(st->out_dir) && !o->force) {
     sr_fmt(err, errlen, "%s: already exists", st->out_dir);
@@ -118,8 +94,11 @@ static int move_rows(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_p
                      const ckpt_dir_txn *t, const char *work, reshard_ckpt_stats *st, char *err,
                      size_t errlen) {
   char src_shards[4300], shards[4300];
-  snprintf(src_shards, sizeof src_shards, "%s/shards", ck->dir);
-  snprintf(shards, sizeof shards, "%s/shards", t->tmp);
+  if (ckpt_dir_shards_path(ck->dir, src_shards, sizeof src_shards) ||
+      ckpt_dir_shards_path(t->tmp, shards, sizeof shards)) {
+    sr_fmt(err, errlen, "%s: path too long", t->tmp);
+    return SR_ERANGE;
+  }
   if (mkdir(shards, 0777) != 0) {
     sr_fmt(err, errlen, "%s: cannot create: %s", shards, strerror(errno));
     return SR_EIO;
@@ -133,7 +112,7 @@ static int move_rows(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_p
                      .out_dir = shards, .work_dir = work, .progress = o->progress, .verify = 1,
                      .src_checked = 1, .threads = (int)n_cpu, .row_hook = o->row_hook,
                      .row_hook_ctx = o->row_hook_ctx};
-  return st->layout == RESHARD_ROCKSDB ? reshard_run(&ro, &st->run, err, errlen)
+  return st->layout == CKPT_SHARDS_DBS ? reshard_run(&ro, &st->run, err, errlen)
                                        : reshard_run_files(&ro, &st->run, err, errlen);
 }
 

@@ -39,7 +39,7 @@ typedef struct reshard_ckpt_stats {
   char out_dir[4096];     /* OUT, trailing slashes dropped */
   int64_t step;
   int src_shards, dst_shards;
-  reshard_layout layout;
+  ckpt_shards_layout layout; /* of the source (storage/ckpt_dir.h) */
   double seconds;         /* start to finish: verifying the source and writing the
                              manifest are part of the job */
   reshard_input failed;   /* on failure: the input at fault */
@@ -70,8 +70,5 @@ typedef struct reshard_ckpt_opts {
  * SR_EIO ...). Nothing is left at OUT or beside it on failure. */
 int reshard_checkpoint(const reshard_ckpt_opts *o, reshard_ckpt_stats *st, char *err,
                        size_t errlen);
-
-/* Words for a layout ("RocksDB shard databases", ...). */
-const char *reshard_layout_name(reshard_layout l);
 
 #endif

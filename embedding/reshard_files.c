@@ -1,179 +1,40 @@
 /* Resharding the in-memory store's table files (see reshard.h,
- * reshard_run_files).
- *
- * The file format is embedding/store_local.c's checkpoint format:
- *   256-byte header: "SREMBTAB", u32 version 1, u32 header bytes 256,
- *   u32 table_id, u32 dim, u32 state floats, u32 optimizer kind, u64 rows,
- *   u64 record bytes (8 + 4 (dim + state)), the model fingerprint (64 hex
- *   characters), zeros; then rows records (u64 row id, ascending, then the
- *   floats), then the SHA-256 of everything before it.
- * Rows are hashed as the RocksDB path hashes them (kv_row_encode of the
- * floats), so a table's checksum is the same whichever layout holds it. */
+ * reshard_run_files). The files are embedding/table_file.h's; their names
+ * and folders storage/ckpt_dir.h's. Rows are hashed as the RocksDB path
+ * hashes them (kv_row_encode of the floats), so a table's checksum is
+ * the same whichever layout holds it. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "common/sha256.h"
 #include "common/fs.h"
 #include "common/status.h"
 #include "common/sys.h"
 #include "embedding/optim.h"
-#include "storage/kv.h"
 #include "embedding/reshard.h"
+#include "embedding/table_file.h"
+#include "storage/ckpt_dir.h"
+#include "storage/kv.h"
 
-#define TF_MAGIC "SREMBTAB"
-#define TF_VERSION 1u
-#define TF_HEADER 256u
-#define TF_CHUNK 1024
-
-static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
-static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
-static uint32_t get32(const unsigned char *p) {
-  uint32_t v;
-  memcpy(&v, p, 4);
-  return v;
-}
-static uint64_t get64(const unsigned char *p) {
-  uint64_t v;
-  memcpy(&v, p, 8);
-  return v;
-}
-
-/* A table file read in chunks. */
+/* A source file being merged: its reader and its current record. */
 typedef struct {
-  FILE *f;
-  char path[4600];
-  uint64_t n, next;   /* records in the file, records consumed */
-  size_t rec;
-  unsigned char *buf; /* [TF_CHUNK][rec] */
-  size_t have, at;    /* records in buf, position in buf */
-} tf_reader;
+  emb_tabfile_reader *r;
+  uint64_t id;       /* the current record's row id */
+  const float *vals; /* its floats (the reader's), NULL once the file is done */
+} tf_source;
 
-static int tf_open(tf_reader *r, const char *path, const emb_table *tb, int slen, const char *mfp,
-                   char *err, size_t errlen) {
-  memset(r, 0, sizeof *r);
-  snprintf(r->path, sizeof r->path, "%s", path);
-  unsigned char hdr[TF_HEADER];
-  struct stat st;
-  if (!(r->f = fopen(path, "rb"))) {
-    sr_fmt(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-    return errno == ENOENT ? SR_ENOTFOUND : SR_EIO;
-  }
-  if (fstat(fileno(r->f), &st) != 0 || (size_t)st.st_size < TF_HEADER + 32 ||
-      fread(hdr, 1, TF_HEADER, r->f) != TF_HEADER || memcmp(hdr, TF_MAGIC, 8)) {
-    sr_fmt(err, errlen, "%s: not a shardrec embedding table file", path);
-    return SR_EFORMAT;
-  }
-  r->n = get64(hdr + 32);
-  r->rec = (size_t)get64(hdr + 40);
-  if (get32(hdr + 8) != TF_VERSION || get32(hdr + 16) != tb->table_id ||
-      get32(hdr + 20) != (uint32_t)tb->dim || get32(hdr + 24) != (uint32_t)slen ||
-      r->rec != 8 + 4 * (size_t)(tb->dim + slen) || memcmp(hdr + 48, mfp, 64) ||
-      (uint64_t)st.st_size != TF_HEADER + r->n * r->rec + 32) {
-    sr_fmt(err, errlen, "%s: not table_id %u (%s) of this model (dim %d, %d state floats) in format "
-           "%u, or torn", path, tb->table_id, tb->name, tb->dim, slen, TF_VERSION);
-    return SR_EFORMAT;
-  }
-  if (!(r->buf = malloc(TF_CHUNK * r->rec))) {
-    sr_fmt(err, errlen, "out of memory");
-    return SR_ENOMEM;
-  }
-  return 0;
-}
-
-/* The current record (NULL at the end); *key its row id. */
-static const unsigned char *tf_peek(tf_reader *r, uint64_t *key, int *io_err) {
-  if (r->at == r->have) {
-    if (r->next == r->n) return NULL;
-    size_t m = r->n - r->next < TF_CHUNK ? (size_t)(r->n - r->next) : TF_CHUNK;
-    if (fread(r->buf, r->rec, m, r->f) != m) {
-      *io_err = 1;
-      return NULL;
-    }
-    r->have = m;
-    r->at = 0;
-    r->next += m;
-  }
-  const unsigned char *p = r->buf + r->at * r->rec;
-  *key = get64(p);
-  return p;
-}
-
-static void tf_close(tf_reader *r) {
-  if (r->f) fclose(r->f);
-  free(r->buf);
-  memset(r, 0, sizeof *r);
-}
-
-/* A table file being written: header rewritten with the count at the end,
- * then the SHA-256 of header and records appended. */
-typedef struct {
-  FILE *f;
-  char path[4600];
-  unsigned char hdr[TF_HEADER];
-  uint64_t n, last;
-} tf_writer;
-
-static int tf_create(tf_writer *w, const char *path, const emb_table *tb, int slen, const char *mfp,
-                     char *err, size_t errlen) {
-  memset(w, 0, sizeof *w);
-  snprintf(w->path, sizeof w->path, "%s", path);
-  memcpy(w->hdr, TF_MAGIC, 8);
-  put32(w->hdr + 8, TF_VERSION);
-  put32(w->hdr + 12, TF_HEADER);
-  put32(w->hdr + 16, tb->table_id);
-  put32(w->hdr + 20, (uint32_t)tb->dim);
-  put32(w->hdr + 24, (uint32_t)slen);
-  put32(w->hdr + 28, (uint32_t)tb->optim.kind);
-  put64(w->hdr + 40, 8 + 4 * (uint64_t)(tb->dim + slen));
-  memcpy(w->hdr + 48, mfp, 64);
-  if (!(w->f = fopen(path, "w+b")) || fwrite(w->hdr, 1, TF_HEADER, w->f) != TF_HEADER) {
-    sr_fmt(err, errlen, "%s: cannot write: %s", path, strerror(errno));
-    return SR_EIO;
-  }
-  return 0;
-}
-
-static int tf_finish(tf_writer *w, char *err, size_t errlen) {
-  put64(w->hdr + 32, w->n);
-  int bad = fflush(w->f) != 0 || fseek(w->f, 0, SEEK_SET) != 0 ||
-            fwrite(w->hdr, 1, TF_HEADER, w->f) != TF_HEADER || fflush(w->f) != 0 ||
-            fseek(w->f, 0, SEEK_SET) != 0;
-  sr_sha256_ctx md = {0};
-  unsigned char *buf = malloc(1 << 20), dig[32];
-  if (!bad && buf && !sr_sha256_init(&md)) {
-    size_t got;
-    while ((got = fread(buf, 1, 1 << 20, w->f)) > 0) sr_sha256_update(&md, buf, got);
-    bad |= ferror(w->f) != 0;
-    bad |= sr_sha256_final(&md, dig) != 0;
-    bad |= fseek(w->f, 0, SEEK_END) != 0 || fwrite(dig, 1, 32, w->f) != 32 || fflush(w->f) != 0 ||
-           fsync(fileno(w->f)) != 0;
-  } else {
-    bad = 1;
-  }
-  sr_sha256_abort(&md);
-  free(buf);
-  bad |= fclose(w->f) != 0;
-  w->f = NULL;
-  if (bad) {
-    sr_fmt(err, errlen, "%s: cannot write: %s", w->path, strerror(errno));
-    return SR_EIO;
-  }
-  return 0;
-}
-
-/* Source folders: the local layout's shards/ itself, or every shard-K...
- * folder of in-memory servers, in name order. */
-static int list_sources(const reshard_opts *o, char ***out, int *n) {
+/* Source folders: the local layout's shards/ itself, or the in-memory
+ * servers' folders, one per server (every shard of the source plan must
+ * have one). */
+static int list_sources(const reshard_opts *o, char ***out, int *n, char *err, size_t errlen) {
   *out = NULL;
   *n = 0;
-  char **paths = NULL;
-  int np = 0;
-  if (o->layout == RESHARD_TABLE_FILES_LOCAL) {
-    paths = malloc(sizeof *paths);
+  int S = o->src->n_shards, rc = 0;
+  if (o->layout == CKPT_SHARDS_TABLES) {
+    char **paths = malloc(sizeof *paths);
     if (!paths || !(paths[0] = strdup(o->src_dir))) {
       free(paths);
       return SR_ENOMEM;
@@ -182,32 +43,37 @@ static int list_sources(const reshard_opts *o, char ***out, int *n) {
     *n = 1;
     return 0;
   }
-  char **files;
-  int rc = sr_list_files(o->src_dir, &files, &np);
-  if (rc) return rc;
-  /* Folders holding table-<first id>.bin. */
-  char want[64];
-  snprintf(want, sizeof want, "table-%u.bin", o->src->tables[0].table_id);
-  paths = calloc((size_t)np + 1, sizeof *paths);
-  for (int i = 0; paths && i < np; i++) {
-    char *slash = strrchr(files[i], '/');
-    if (!slash || strcmp(slash + 1, want) || strncmp(files[i], "shard-", 6)) continue;
+  char (*folder)[256] = calloc((size_t)S, sizeof *folder);
+  char **paths = calloc((size_t)S, sizeof *paths);
+  if (!folder || !paths) rc = SR_ENOMEM;
+  if (!rc) rc = ckpt_dir_server_folders(o->src_dir, S, folder, err, errlen);
+  for (int k = 0; k < S && !rc; k++) {
+    if (!folder[k][0]) {
+      sr_fmt(err, errlen, "%s: no server folder holds shard %d (the plan has %d shards)",
+             o->src_dir, k, S);
+      rc = SR_ENOTFOUND;
+      break;
+    }
+    int seen = 0;
+    for (int j = 0; j < k && !seen; j++) seen = !strcmp(folder[j], folder[k]);
+    if (seen) continue;
     char p[4400];
-    snprintf(p, sizeof p, "%s/%.*s", o->src_dir, (int)(slash - files[i]), files[i]);
-    if (!(paths[*n] = strdup(p))) break;
-    (*n)++;
+    snprintf(p, sizeof p, "%s/%s", o->src_dir, folder[k]);
+    if (!(paths[*n] = strdup(p))) rc = SR_ENOMEM;
+    else (*n)++;
   }
-  sr_paths_free(files, np);
-  if (!paths) return SR_ENOMEM;
+  free(folder);
+  if (rc == SR_ENOMEM) sr_fmt(err, errlen, "out of memory");
   *out = paths;
-  return 0;
+  return rc;
 }
 
 /* Target k's file of table tid: out_dir/table-<tid>.bin in the local layout,
  * out_dir/shard-K/table-<tid>.bin for servers. */
-static void out_path(char *p, size_t n, const reshard_opts *o, int local, int k, uint32_t tid) {
-  if (local) snprintf(p, n, "%s/table-%u.bin", o->out_dir, tid);
-  else snprintf(p, n, "%s/shard-%d/table-%u.bin", o->out_dir, k, tid);
+static int out_path(char *p, size_t n, const reshard_opts *o, int local, int k, uint32_t tid) {
+  char dir[4400];
+  if (!local && ckpt_dir_shard_path(o->out_dir, k, dir, sizeof dir)) return SR_ERANGE;
+  return ckpt_dir_table_file(local ? o->out_dir : dir, tid, p, n);
 }
 
 /* One run over the table files. */
@@ -215,56 +81,82 @@ typedef struct {
   const reshard_opts *o;
   int local, n_dst, n_src;
   char mfp[EMB_FP_HEX];
-  char **src;     /* [n_src] source folders */
-  tf_reader *rd;  /* [n_src] */
-  tf_writer *wr;  /* [n_dst] */
+  char **src;              /* [n_src] source folders */
+  tf_source *rd;           /* [n_src] */
+  emb_tabfile_writer **wr; /* [n_dst] */
   reshard_stats *st;
 } frun;
 
-/* Write one record (row id bk, bytes bp[rec]) to w, through the row hook. */
-static int put_record(const frun *f, tf_writer *w, uint32_t tid, uint64_t bk,
-                      const unsigned char *bp, size_t rec, char *err, size_t errlen) {
-  const unsigned char *wp = bp;
-  unsigned char tmp[8 + 4 * (EMB_MAX_DIM * 2 + 1)];
-  if (f->o->row_hook) {
-    memcpy(tmp, bp, rec);
-    if (f->o->row_hook(f->o->row_hook_ctx, tid, bk, tmp + 8, rec - 8)) return 0; /* dropped */
-    wp = tmp;
-  }
-  if (fwrite(wp, 1, rec, w->f) != rec) {
-    sr_fmt(err, errlen, "%s: cannot write: %s", w->path, strerror(errno));
-    return SR_EIO;
-  }
-  w->n++;
-  w->last = bk;
-  return 0;
+/* Move src to its next record (vals NULL at the end, once the file's
+ * trailer is checked). */
+static int advance(tf_source *src, char *err, size_t errlen) {
+  int rc = emb_tabfile_next(src->r, &src->id, &src->vals, err, errlen);
+  if (rc == 0) src->vals = NULL;
+  return rc < 0 ? rc : 0;
 }
 
-/* The source holding the smallest next row id: its index into *best (-1:
- * every source is done), the record into *bp, its id into *bk. */
-static int next_source(frun *f, const emb_table *tb, int *best, uint64_t *bk,
-                       const unsigned char **bp, char *err, size_t errlen) {
-  int io = 0;
-  uint64_t key;
+/* Write one record (row id id, floats vals[n]) to w, through the row hook. */
+static int put_record(const frun *f, emb_tabfile_writer *w, uint32_t tid, uint64_t id,
+                      const float *vals, size_t n, char *err, size_t errlen) {
+  float tmp[EMB_MAX_DIM * 2 + 1];
+  if (f->o->row_hook) {
+    memcpy(tmp, vals, n * sizeof *tmp);
+    if (f->o->row_hook(f->o->row_hook_ctx, tid, id, (unsigned char *)tmp, n * sizeof *tmp))
+      return 0; /* dropped */
+    vals = tmp;
+  }
+  return emb_tabfile_put(w, id, vals, err, errlen);
+}
+
+/* The source holding the smallest current row id, -1 when every source is
+ * done; a row id held by two sources is refused. */
+static int next_source(const frun *f, const emb_table *tb, int *best, char *err, size_t errlen) {
   *best = -1;
   for (int s = 0; s < f->n_src; s++) {
-    const unsigned char *p = tf_peek(&f->rd[s], &key, &io);
-    if (!p) continue;
-    if (*best < 0 || key < *bk) {
+    const tf_source *c = &f->rd[s];
+    if (!c->vals) continue;
+    if (*best < 0 || c->id < f->rd[*best].id) {
       *best = s;
-      *bk = key;
-      *bp = p;
-    } else if (key == *bk) {
+    } else if (c->id == f->rd[*best].id) {
       sr_fmt(err, errlen, "table_id %u (%s): row %llu is in both %s and %s", tb->table_id,
-             tb->name, (unsigned long long)key, f->rd[*best].path, f->rd[s].path);
+             tb->name, (unsigned long long)c->id, emb_tabfile_path(f->rd[*best].r),
+             emb_tabfile_path(c->r));
       return SR_EFORMAT;
     }
   }
-  if (io) {
-    sr_fmt(err, errlen, "table_id %u: a source table file: read error", tb->table_id);
-    return SR_EIO;
-  }
   return 0;
+}
+
+/* Open table ti's source files and create its target files. */
+static int open_table(frun *f, const emb_table *tb, char *err, size_t errlen) {
+  int rc = 0;
+  for (int s = 0; s < f->n_src && !rc; s++) {
+    char p[4500];
+    if ((rc = ckpt_dir_table_file(f->src[s], tb->table_id, p, sizeof p))) break;
+    rc = emb_tabfile_open(p, tb, f->mfp, &f->rd[s].r, err, errlen);
+    if (!rc) rc = advance(&f->rd[s], err, errlen);
+  }
+  for (int k = 0; k < f->n_dst && !rc; k++) {
+    char p[4500];
+    if ((rc = out_path(p, sizeof p, f->o, f->local, k, tb->table_id))) break;
+    rc = emb_tabfile_create(p, tb, f->mfp, EMB_TABFILE_COUNT_LATER, &f->wr[k], err, errlen);
+  }
+  if (rc == SR_ERANGE) sr_fmt(err, errlen, "%s: path too long", f->o->out_dir);
+  return rc;
+}
+
+/* Close table ti's sources; commit its targets (abort them on failure). */
+static int close_table(frun *f, int rc, char *err, size_t errlen) {
+  for (int s = 0; s < f->n_src; s++) {
+    emb_tabfile_close(f->rd[s].r);
+    memset(&f->rd[s], 0, sizeof f->rd[s]);
+  }
+  for (int k = 0; k < f->n_dst; k++) {
+    if (rc) emb_tabfile_abort(f->wr[k]);
+    else if (f->wr[k]) rc = emb_tabfile_commit(f->wr[k], err, errlen);
+    f->wr[k] = NULL;
+  }
+  return rc;
 }
 
 /* Merge table ti's source files by row id into its target files. */
@@ -272,120 +164,74 @@ static int move_table_files(frun *f, int ti, char *err, size_t errlen) {
   const emb_plan *dst = f->o->dst;
   const emb_table *tb = &dst->tables[ti];
   reshard_table *rt = &f->st->tables[ti];
-  int slen = emb_optim_state_len(&tb->optim, tb->dim), rc = 0;
-  size_t len = kv_row_size(tb->dim, slen);
+  int slen = emb_optim_state_len(&tb->optim, tb->dim), best;
+  size_t len = kv_row_size(tb->dim, slen), nv = (size_t)(tb->dim + slen);
   unsigned char enc[KV_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
   rt->table_id = tb->table_id;
   snprintf(rt->name, sizeof rt->name, "%s", tb->name);
-  for (int s = 0; s < f->n_src && !rc; s++) {
-    char p[4500];
-    snprintf(p, sizeof p, "%s/table-%u.bin", f->src[s], tb->table_id);
-    rc = tf_open(&f->rd[s], p, tb, slen, f->mfp, err, errlen);
-  }
-  for (int k = 0; k < f->n_dst && !rc; k++) {
-    char p[4500];
-    out_path(p, sizeof p, f->o, f->local, k, tb->table_id);
-    rc = tf_create(&f->wr[k], p, tb, slen, f->mfp, err, errlen);
-  }
-  while (!rc) {
-    int best;
-    uint64_t bk = 0;
-    const unsigned char *bp = NULL;
-    if ((rc = next_source(f, tb, &best, &bk, &bp, err, errlen)) || best < 0) break;
-    if (tb->rows != EMB_ROWS_UNBOUNDED && bk >= tb->rows) {
-      sr_fmt(err, errlen, "%s: row id %llu is past the table's %llu rows", f->rd[best].path,
-             (unsigned long long)bk, (unsigned long long)tb->rows);
-      rc = SR_EFORMAT;
-      break;
-    }
-    kv_row_encode(tb->dim, slen, (const float *)(const void *)(bp + 8), enc);
-    uint64_t h = reshard_row_hash(tb->table_id, bk, enc, len);
+  int rc = open_table(f, tb, err, errlen);
+  while (!rc && !(rc = next_source(f, tb, &best, err, errlen)) && best >= 0) {
+    tf_source *c = &f->rd[best];
+    kv_row_encode(tb->dim, slen, c->vals, enc);
+    uint64_t h = reshard_row_hash(tb->table_id, c->id, enc, len);
     rt->rows_in++;
     rt->sum_in += h;
     rt->xor_in ^= h;
-    tf_writer *w = &f->wr[f->local ? 0 : emb_plan_shard_of(dst, ti, bk)];
-    if (w->n && bk <= w->last) {
-      sr_fmt(err, errlen, "%s: row id %llu after %llu (a source is out of order)", f->rd[best].path,
-             (unsigned long long)bk, (unsigned long long)w->last);
-      rc = SR_EFORMAT;
-      break;
-    }
-    if ((rc = put_record(f, w, tb->table_id, bk, bp, f->rd[best].rec, err, errlen))) break;
+    emb_tabfile_writer *w = f->wr[f->local ? 0 : emb_plan_shard_of(dst, ti, c->id)];
+    if ((rc = put_record(f, w, tb->table_id, c->id, c->vals, nv, err, errlen))) break;
     f->st->rows++;
     f->st->bytes += 8 + len;
-    f->rd[best].at++;
+    rc = advance(c, err, errlen);
   }
-  for (int s = 0; s < f->n_src; s++) tf_close(&f->rd[s]);
-  for (int k = 0; k < f->n_dst; k++) {
-    if (!f->wr[k].f) continue;
-    if (rc) {
-      fclose(f->wr[k].f);
-      f->wr[k].f = NULL;
-    } else {
-      rc = tf_finish(&f->wr[k], err, errlen);
-    }
+  return close_table(f, rc, err, errlen);
+}
+
+/* What verify_record needs. */
+typedef struct {
+  const frun *f;
+  int ti, k, slen;
+  size_t len;
+  reshard_table *rt;
+  char *err; /* the caller's: a row on the wrong shard */
+  size_t errlen;
+  int misrouted;
+} vctx;
+
+/* One record of a written file: its routing, its count and hashes. */
+static int verify_record(void *ctx, uint64_t id, const float *vals) {
+  vctx *v = ctx;
+  const emb_plan *dst = v->f->o->dst;
+  const emb_table *tb = &dst->tables[v->ti];
+  unsigned char enc[KV_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
+  if (!v->f->local && emb_plan_shard_of(dst, v->ti, id) != v->k) {
+    sr_fmt(v->err, v->errlen, "verification: table_id %u (%s): row %llu was written to shard %d, "
+           "the plan puts it on shard %d", tb->table_id, tb->name, (unsigned long long)id, v->k,
+           emb_plan_shard_of(dst, v->ti, id));
+    v->misrouted = 1;
+    return SR_ECHECKSUM;
   }
-  return rc;
+  kv_row_encode(tb->dim, v->slen, vals, enc);
+  uint64_t h = reshard_row_hash(tb->table_id, id, enc, v->len);
+  v->rt->rows_out++;
+  v->rt->sum_out += h;
+  v->rt->xor_out ^= h;
+  return 0;
 }
 
 /* Re-read target k's file of table ti: its rows' count and hashes into
  * rt, their routing, and the file's SHA-256 trailer. */
 static int verify_file(frun *f, int ti, int k, char *err, size_t errlen) {
-  const emb_plan *dst = f->o->dst;
-  const emb_table *tb = &dst->tables[ti];
-  reshard_table *rt = &f->st->tables[ti];
-  int slen = emb_optim_state_len(&tb->optim, tb->dim), rc = 0;
-  size_t len = kv_row_size(tb->dim, slen);
-  unsigned char enc[KV_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
-  char p[4500];
-  out_path(p, sizeof p, f->o, f->local, k, tb->table_id);
-  tf_reader r;
-  if ((rc = tf_open(&r, p, tb, slen, f->mfp, err, errlen))) {
-    tf_close(&r);
-    return rc;
+  const emb_table *tb = &f->o->dst->tables[ti];
+  int slen = emb_optim_state_len(&tb->optim, tb->dim);
+  vctx v = {.f = f, .ti = ti, .k = k, .slen = slen, .len = kv_row_size(tb->dim, slen),
+            .rt = &f->st->tables[ti], .err = err, .errlen = errlen};
+  char p[4500], e2[1024];
+  if (out_path(p, sizeof p, f->o, f->local, k, tb->table_id)) {
+    sr_fmt(err, errlen, "%s: path too long", f->o->out_dir);
+    return SR_ERANGE;
   }
-  sr_sha256_ctx md = {0};
-  unsigned char hdr[TF_HEADER], dig[32], want[32];
-  fseek(r.f, 0, SEEK_SET);
-  if (fread(hdr, 1, TF_HEADER, r.f) != TF_HEADER) {
-    sr_fmt(err, errlen, "%s: cannot read", p);
-    rc = SR_EIO;
-  } else if ((rc = sr_sha256_init(&md)) || (rc = sr_sha256_update(&md, hdr, TF_HEADER))) {
-    sr_fmt(err, errlen, "%s: SHA-256: %s", p, sr_strerror(rc));
-  }
-  uint64_t key;
-  int io = 0;
-  const unsigned char *q;
-  while (!rc && (q = tf_peek(&r, &key, &io))) {
-    if (r.at == 0) sr_sha256_update(&md, r.buf, r.have * r.rec);
-    if (!f->local && emb_plan_shard_of(dst, ti, key) != k) {
-      sr_fmt(err, errlen, "verification: table_id %u (%s): row %llu was written to shard %d, the "
-             "plan puts it on shard %d", tb->table_id, tb->name, (unsigned long long)key, k,
-             emb_plan_shard_of(dst, ti, key));
-      rc = SR_ECHECKSUM;
-      break;
-    }
-    kv_row_encode(tb->dim, slen, (const float *)(const void *)(q + 8), enc);
-    uint64_t h = reshard_row_hash(tb->table_id, key, enc, len);
-    rt->rows_out++;
-    rt->sum_out += h;
-    rt->xor_out ^= h;
-    r.at++;
-  }
-  if (!rc && io) {
-    sr_fmt(err, errlen, "%s: read error", p);
-    rc = SR_EIO;
-  }
-  if (!rc) {
-    if ((rc = sr_sha256_final(&md, dig))) {
-      sr_fmt(err, errlen, "%s: SHA-256: %s", p, sr_strerror(rc));
-    } else if (fread(want, 1, 32, r.f) != 32 || memcmp(dig, want, 32)) {
-      sr_fmt(err, errlen, "verification: %s: checksum mismatch", p);
-      rc = SR_ECHECKSUM;
-    }
-  }
-  sr_sha256_abort(&md);
-  tf_close(&r);
+  int rc = emb_tabfile_read(p, tb, f->mfp, verify_record, &v, e2, sizeof e2);
+  if (rc && !v.misrouted) sr_fmt(err, errlen, "verification: %s", e2);
   return rc;
 }
 
@@ -394,17 +240,14 @@ static int frun_init(frun *f, const reshard_opts *o, reshard_stats *st, char *er
   memset(f, 0, sizeof *f);
   f->o = o;
   f->st = st;
-  f->local = o->layout == RESHARD_TABLE_FILES_LOCAL;
+  f->local = o->layout == CKPT_SHARDS_TABLES;
   f->n_dst = f->local ? 1 : o->dst->n_shards;
   int rc;
   if ((rc = emb_plan_model_fingerprint(o->dst, f->mfp))) {
     sr_fmt(err, errlen, "out of memory");
     return rc;
   }
-  if ((rc = list_sources(o, &f->src, &f->n_src))) {
-    sr_fmt(err, errlen, "%s: cannot list", o->src_dir);
-    return rc;
-  }
+  if ((rc = list_sources(o, &f->src, &f->n_src, err, errlen))) return rc;
   st->tables = calloc((size_t)o->dst->n_tables, sizeof *st->tables);
   f->rd = calloc((size_t)(f->n_src ? f->n_src : 1), sizeof *f->rd);
   f->wr = calloc((size_t)f->n_dst, sizeof *f->wr);
@@ -419,7 +262,10 @@ static int frun_init(frun *f, const reshard_opts *o, reshard_stats *st, char *er
   st->n_tables = o->dst->n_tables;
   for (int k = 0; k < f->n_dst && !f->local; k++) {
     char p[4400];
-    snprintf(p, sizeof p, "%s/shard-%d", o->out_dir, k);
+    if (ckpt_dir_shard_path(o->out_dir, k, p, sizeof p)) {
+      sr_fmt(err, errlen, "%s: path too long", o->out_dir);
+      return SR_ERANGE;
+    }
     if (mkdir(p, 0777) != 0) {
       sr_fmt(err, errlen, "%s: cannot create: %s", p, strerror(errno));
       return SR_EIO;
@@ -429,12 +275,11 @@ static int frun_init(frun *f, const reshard_opts *o, reshard_stats *st, char *er
 }
 
 static void frun_free(frun *f) {
-  for (int s = 0; f->rd && s < f->n_src; s++) tf_close(&f->rd[s]);
-  for (int k = 0; f->wr && k < f->n_dst; k++)
-    if (f->wr[k].f) fclose(f->wr[k].f);
+  for (int s = 0; f->rd && s < f->n_src; s++) emb_tabfile_close(f->rd[s].r);
+  for (int k = 0; f->wr && k < f->n_dst; k++) emb_tabfile_abort(f->wr[k]);
   free(f->rd);
   free(f->wr);
-  for (int s = 0; s < f->n_src; s++) free(f->src[s]);
+  for (int s = 0; f->src && s < f->n_src; s++) free(f->src[s]);
   free(f->src);
 }
 

@@ -7,6 +7,7 @@
 #include "common/status.h"
 #include "embedding/ckpt_plan.h"
 #include "embedding/shard.h"
+#include "storage/ckpt_dir.h"
 
 /* The checkpoint's plan (o->plan_path, when given, must be it) and store. */
 static int open_checkpoint(const emb_served_opts *o, emb_served *s, char *err, size_t errlen) {
@@ -46,7 +47,6 @@ static int open_checkpoint(const emb_served_opts *o, emb_served *s, char *err, s
                         .cache_rows = o->cache_rows, .cache_mb = o->cache_mb};
   if ((rc = ckpt_store_open(s->ckpt_dir, s->plan, &co, &s->cs, err, errlen))) goto out;
   s->store = s->cs.store;
-  s->store_shard_dirs = s->cs.rocks;
   s->temporary = s->cs.tmp_dir != NULL;
   snprintf(s->layout, sizeof s->layout, "%s", s->cs.layout);
 out:
@@ -67,18 +67,16 @@ static int open_plan(const emb_served_opts *o, emb_served *s, char *err, size_t 
                            .cache_mb = o->cache_rows ? 0 : (o->cache_mb ? o->cache_mb : 256),
                            .n_hosted = o->n_shards, .hosted = o->shards};
     s->store = emb_store_create_shard(s->plan, o->data_dir, &sc, err, errlen);
-    s->store_shard_dirs = 1;
   } else {
     s->store = emb_store_create_local(s->plan, err, errlen);
   }
   if (!s->store) return SR_EIO;
   if (!o->restore) return 0;
   char dir[4096];
-  int at = snprintf(dir, sizeof dir, "%s", o->restore);
-  if (!o->data_dir) {
-    at += snprintf(dir + at, sizeof dir - (size_t)at, "/shard");
-    for (int i = 0; i < o->n_shards && at < (int)sizeof dir; i++)
-      at += snprintf(dir + at, sizeof dir - (size_t)at, "-%d", o->shards[i]);
+  if (emb_served_checkpoint_dir(s->store, o->shards, o->n_shards, o->restore, dir, sizeof dir)) {
+    s->failed = EMB_SERVED_IN_RESTORE;
+    sr_fmt(err, errlen, "%s: path too long", o->restore);
+    return SR_ERANGE;
   }
   if ((rc = emb_store_restore(s->store, dir))) {
     s->failed = EMB_SERVED_IN_RESTORE;
@@ -104,6 +102,13 @@ int emb_served_open(const emb_served_opts *o, emb_served *out, char *err, size_t
     out->failed = failed;
   }
   return rc;
+}
+
+int emb_served_checkpoint_dir(const emb_store *store, const int *shards, int n, const char *path,
+                              char *buf, size_t len) {
+  if (emb_store_checkpoint_layout(store) == EMB_CKPT_SHARD_FOLDERS)
+    return snprintf(buf, len, "%s", path) < (int)len ? 0 : SR_ERANGE;
+  return ckpt_dir_server_path(path, shards, n, buf, len);
 }
 
 void emb_served_close(emb_served *s) {

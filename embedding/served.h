@@ -12,10 +12,8 @@
  *   - a plan with data_dir: the RocksDB shard store over data_dir/shard-K
  *     with a bounded cache;
  *   - a plan alone: every row in memory.
- * With restore (not with a checkpoint), the store then restores the shard
- * folders a Checkpoint(PATH) call wrote: PATH/shard-K... for the RocksDB
- * store (it finds its shards itself), PATH/shard-K[-K2...] (the served
- * shards, in order) for the in-memory one. */
+ * With restore (not with a checkpoint), the store then restores what a
+ * Checkpoint(PATH) call wrote: emb_served_checkpoint_dir's folder. */
 #ifndef SHARDREC_EMBEDDING_SERVED_H
 #define SHARDREC_EMBEDDING_SERVED_H
 
@@ -49,8 +47,6 @@ typedef enum {
 typedef struct emb_served {
   emb_plan *plan;        /* owned */
   emb_store *store;      /* owned */
-  int store_shard_dirs;  /* the store's checkpoint(path) writes path/shard-K itself
-                            (rpc_service_opts.store_shard_dirs) */
   char plan_fp[EMB_FP_HEX];
   /* With a checkpoint: */
   char ckpt_dir[4096];   /* the step-N folder served */
@@ -65,6 +61,16 @@ typedef struct emb_served {
  * with the reason in err and the input at fault in out->failed; nothing is
  * left open or behind on failure. */
 int emb_served_open(const emb_served_opts *o, emb_served *out, char *err, size_t errlen);
+
+/* The folder a shard server serving shards[n] (in that order) hands its
+ * store's checkpoint and restore for a Checkpoint or Restore of path, into
+ * buf: path itself when the store writes one folder per shard under it
+ * (EMB_CKPT_SHARD_FOLDERS: the RocksDB shard store writes path/shard-K),
+ * else the server's own folder path/shard-K1-K2... (storage/ckpt_dir.h,
+ * ckpt_dir_server_path), so in-memory servers writing table files under one
+ * path keep apart. 0, or SR_ERANGE when it does not fit in len. */
+int emb_served_checkpoint_dir(const emb_store *store, const int *shards, int n, const char *path,
+                              char *buf, size_t len);
 
 /* Destroy the store (removing a checkpoint's temporary copy) and the plan.
  * NULL-safe; zeroes *s. */

@@ -22,6 +22,7 @@
 #include "common/status.h"
 #include "common/sys.h"
 #include "embedding/optim.h"
+#include "storage/ckpt_dir.h"
 #include "storage/kv.h"
 
 #define SH_PREFETCH 48
@@ -224,8 +225,10 @@ static int chunk_resolve(shstore *s, size_t n, uint64_t *hits) {
           char e2[256];
           rc = kv_row_decode(s->mval[q], s->mlen[q], dim, sl, s->tmp, e2, sizeof e2);
           if (rc) {
-            sr_fmt(s->err, sizeof s->err, "%s/shard-%d: table %u row %llu: %s", s->dir,
-                   s->db_shard[k], plan->tables[t].table_id, (unsigned long long)id, e2);
+            char dp[4200];
+            ckpt_dir_shard_path(s->dir, s->db_shard[k], dp, sizeof dp);
+            sr_fmt(s->err, sizeof s->err, "%s: table %u row %llu: %s", dp,
+                   plan->tables[t].table_id, (unsigned long long)id, e2);
             kv_multi_get_release(s->db[k]);
             return rc;
           }
@@ -448,7 +451,11 @@ static int open_dbs(shstore *s) {
   for (int k = 0; k < s->n_db && !rc; k++) {
     if (s->db[k]) continue;
     char path[4096];
-    snprintf(path, sizeof path, "%s/shard-%d", s->dir, s->db_shard[k]);
+    if (ckpt_dir_shard_path(s->dir, s->db_shard[k], path, sizeof path)) {
+      sr_fmt(s->err, sizeof s->err, "%s: path too long", s->dir);
+      rc = SR_ERANGE;
+      break;
+    }
     rc = kv_open(path, s->n_tables, ids, &s->sopts, &s->db[k], s->err, sizeof s->err);
   }
   free(ids);
@@ -470,9 +477,11 @@ static int sh_checkpoint(emb_store *b, const char *path) {
     return SR_EIO;
   }
   for (int k = 0; k < s->n_db; k++) {
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s/shard-%d", path, s->db_shard[k]);
-    char e2[768];
+    char dir[4096], e2[768];
+    if (ckpt_dir_shard_path(path, s->db_shard[k], dir, sizeof dir)) {
+      sr_fmt(s->err, sizeof s->err, "checkpoint: %s: path too long", path);
+      return SR_ERANGE;
+    }
     if ((rc = kv_checkpoint(s->db[k], dir, e2, sizeof e2))) {
       sr_fmt(s->err, sizeof s->err, "checkpoint: %s", e2);
       return rc;
@@ -487,7 +496,10 @@ static int sh_restore(emb_store *b, const char *path) {
   /* Check every shard folder before touching anything. */
   for (int k = 0; k < s->n_db; k++) {
     char src[4096];
-    snprintf(src, sizeof src, "%s/shard-%d", path, s->db_shard[k]);
+    if (ckpt_dir_shard_path(path, s->db_shard[k], src, sizeof src)) {
+      sr_fmt(s->err, sizeof s->err, "restore: %s: path too long", path);
+      return SR_ERANGE;
+    }
     uint32_t *have;
     int n_have;
     char e2[512];
@@ -510,9 +522,9 @@ static int sh_restore(emb_store *b, const char *path) {
   }
   drop_cache(s); /* the live rows are replaced, not written */
   for (int k = 0; k < s->n_db; k++) {
-    char src[4096], dst[4096];
-    snprintf(src, sizeof src, "%s/shard-%d", path, s->db_shard[k]);
-    snprintf(dst, sizeof dst, "%s/shard-%d", s->dir, s->db_shard[k]);
+    char src[4096], dst[4096]; /* both fit: checked above and at open */
+    ckpt_dir_shard_path(path, s->db_shard[k], src, sizeof src);
+    ckpt_dir_shard_path(s->dir, s->db_shard[k], dst, sizeof dst);
     kv_close(s->db[k]);
     s->db[k] = NULL;
     if (sr_rmtree(dst)) {
@@ -577,8 +589,10 @@ static int sh_iterate(emb_store *b, int table, emb_row_fn fn, void *ctx) {
     const char *v = kv_iter_value(it[best], &len);
     char e2[256];
     if ((rc = kv_row_decode(v, len, dim, sl, s->tmp, e2, sizeof e2))) {
-      sr_fmt(s->err, sizeof s->err, "iterate: shard-%d table %d row %llu: %s", s->db_shard[best],
-             table, (unsigned long long)bk, e2);
+      char dp[4200];
+      ckpt_dir_shard_path(s->dir, s->db_shard[best], dp, sizeof dp);
+      sr_fmt(s->err, sizeof s->err, "iterate: %s: table %d row %llu: %s", dp, table,
+             (unsigned long long)bk, e2);
       break;
     }
     if (fn(ctx, table, bk, s->tmp, dim, sl ? s->tmp + dim : NULL, sl)) break;
@@ -623,8 +637,18 @@ static void sh_destroy(emb_store *b) {
 }
 
 static const emb_store_ops shard_ops = {
-    sh_lookup_begin, sh_lookup_wait, sh_push,    sh_flush,  sh_checkpoint,
-    sh_restore,      sh_stats,       sh_iterate, sh_errmsg, sh_destroy,
+    .kind = EMB_STORE_SHARD,
+    .ckpt_layout = EMB_CKPT_SHARD_FOLDERS,
+    .lookup_begin = sh_lookup_begin,
+    .lookup_wait = sh_lookup_wait,
+    .push = sh_push,
+    .flush = sh_flush,
+    .checkpoint = sh_checkpoint,
+    .restore = sh_restore,
+    .stats = sh_stats,
+    .iterate = sh_iterate,
+    .errmsg = sh_errmsg,
+    .destroy = sh_destroy,
 };
 
 static int max_stride(const emb_plan *plan) {
@@ -643,6 +667,7 @@ uint64_t emb_shard_rows_for_mb(const emb_plan *plan, uint64_t mb) {
 }
 
 int emb_shard_counters_get(emb_store *b, emb_shard_counters *out) {
+  if (!b || emb_store_kind_of(b) != EMB_STORE_SHARD) return SR_EINVAL;
   shstore *s = (shstore *)b;
   *out = s->ctr;
   out->cache_rows = s->cap;

@@ -24,8 +24,9 @@
  * cache_rows 16-byte entries), RocksDB's block cache and memtables, and
  * per-batch scratch. Nothing proportional to a table's size.
  *
- * checkpoint(path): writes dirty rows back, then a RocksDB checkpoint of each
- * hosted shard into path/shard-K. destroy does not write dirty rows back:
+ * checkpoint(path) (EMB_CKPT_SHARD_FOLDERS): writes dirty rows back, then a
+ * RocksDB checkpoint of each hosted shard into path/shard-K, nothing else
+ * (the names are storage/ckpt_dir.h's). destroy does not write dirty rows back:
  * flush (or checkpoint) first to keep them. restore(path): closes the databases, drops
  * the cache, replaces DATA_DIR/shard-K with a copy of path/shard-K (SST files
  * hard-linked) and reopens. iterate() visits rows written to RocksDB (after
@@ -60,7 +61,9 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
 /* Rows a cache of mb MiB holds for plan (the widest row sets the slot). */
 uint64_t emb_shard_rows_for_mb(const emb_plan *plan, uint64_t mb);
 
-/* Counters beyond emb_store_stats (for benches and tests). */
+/* Counters beyond emb_store_stats (for benches and tests) of the shard
+ * store s into *out. 0, or SR_EINVAL (*out untouched) when s is NULL or
+ * another kind of store (emb_store_kind_of). */
 typedef struct emb_shard_counters {
   uint64_t evictions, writebacks, rocks_reads, rocks_found, cache_rows, cache_used;
 } emb_shard_counters;

@@ -1,10 +1,12 @@
 /* The embedding-store interface: one API for every place rows live.
  *
  * The train loop sees embeddings only through this header, so the same code
- * trains against in-process shards (emb_store_create_local, this issue),
- * shards with a RocksDB cold tier (storage issue) and remote shard servers
- * (rpc/, service issue). A store is a struct of function pointers chosen at
- * start-up, as ggml's backends are.
+ * trains against in-process shards (emb_store_create_local), shards with a
+ * RocksDB cold tier (embedding/shard.h) and remote shard servers
+ * (rpc/client.h). A store is a struct of function pointers chosen at
+ * start-up, as ggml's backends are; the struct also says which
+ * implementation it is (kind) and how its checkpoint lays out its files
+ * (ckpt_layout), so no caller carries a flag about either.
  *
  * Tables are named by their index in the plan (0..n_tables-1); the plan maps
  * that index to the stable table_id. Rows are (table_id, row_id).
@@ -43,27 +45,104 @@ typedef struct emb_store_stats {
 typedef int (*emb_row_fn)(void *ctx, int table, uint64_t row_id, const float *value,
                           int dim, const float *state, int state_len);
 
+/* Which implementation a store is. */
+typedef enum emb_store_kind {
+  EMB_STORE_LOCAL = 1, /* emb_store_create_local: every row in memory (store_local.c) */
+  EMB_STORE_SHARD,     /* emb_store_create_shard: a row cache over RocksDB (shard.h) */
+  EMB_STORE_REMOTE,    /* emb_store_create_remote: shard servers (rpc/client.h) */
+  EMB_STORE_ROUTED,    /* a checkpoint's rows from several in-memory servers' folders,
+                          one in-memory store per folder (ckpt_store.h) */
+} emb_store_kind;
+
+/* What checkpoint(path) writes under path (and restore(path) reads). The
+ * names are storage/ckpt_dir.h's.
+ *   EMB_CKPT_TABLE_FILES   path/table-<id>.bin, one table file
+ *                          (embedding/table_file.h) per table of the plan,
+ *                          holding every row the store holds, whatever its
+ *                          shard: the local store. A caller that must keep
+ *                          several such stores apart gives each a folder of
+ *                          its own (a shard server: path/shard-K[-K2...],
+ *                          emb_served_checkpoint_dir).
+ *   EMB_CKPT_SHARD_FOLDERS path/shard-K for each shard the store holds and
+ *                          nothing else, so stores of other shards may write
+ *                          beside it under the same path: the shard store (a
+ *                          RocksDB checkpoint per hosted shard) and the
+ *                          remote store (each server writes its shards'
+ *                          folders under path on its own file system).
+ *   EMB_CKPT_NONE          nothing: checkpoint and restore are refused
+ *                          (SR_EUNSUPPORTED): the routed store. */
+typedef enum emb_ckpt_layout {
+  EMB_CKPT_NONE = 0,
+  EMB_CKPT_TABLE_FILES,
+  EMB_CKPT_SHARD_FOLDERS,
+} emb_ckpt_layout;
+
+/* The operations. Every one returns 0 or a negative SR_E* status with the
+ * reason in errmsg (a refused call changes no row), unless it says
+ * otherwise.
+ *
+ * Threads: no store is thread-safe. One thread at a time may call a store
+ * (rpc_service holds its lock around every call); different stores are
+ * independent and may be used from different threads at once (colocated
+ * shards run one store per server thread).
+ *
+ * Lookups: at most one is outstanding. lookup_begin starts one and
+ * lookup_wait finishes it, returning its status. The in-process stores
+ * (local, shard, routed) do the whole lookup in lookup_begin: the rows are
+ * in out when it returns and lookup_wait returns the status lookup_begin
+ * returned. The remote store sends the calls and returns; lookup_wait
+ * collects the answers into out. lookup_begin called again before
+ * lookup_wait is allowed: the outstanding lookup is finished first and its
+ * status dropped (remote store: its answers are awaited and discarded, so
+ * its out is left partly or wholly unwritten; in-process stores: its rows
+ * were written already), then the new one starts; the next lookup_wait is
+ * the new one's. lookup_wait with none outstanding returns the last
+ * lookup's status (0 before any). push, flush, stats, checkpoint and
+ * restore may be called while a lookup is outstanding (the remote store
+ * keeps it in flight on a queue of its own: the prefetch of the next
+ * step's rows while this step's push runs). */
 typedef struct emb_store_ops {
+  emb_store_kind kind;
+  emb_ckpt_layout ckpt_layout;
   /* Start fetching every row of ids; row r of table t lands in
-   * out[t][r*dim .. (r+1)*dim). out is the caller's, alive until lookup_wait.
-   * May return before the rows are there. */
+   * out[t][r*dim .. (r+1)*dim). out is the caller's, alive until
+   * lookup_wait. Ids out of a bounded table's range or an id set of
+   * another table count are refused (SR_ERANGE, SR_EINVAL). */
   int (*lookup_begin)(emb_store *s, int64_t step, const emb_idset *ids, float *const *out);
-  /* Wait for the last lookup_begin. */
+  /* Finish the outstanding lookup (see above); its status. */
   int (*lookup_wait)(emb_store *s);
   /* Apply step's summed row gradients: grads[t][r*dim..] is the gradient of
-   * row ids->ids[t][r]. lr is the step's learning rate. */
+   * row ids->ids[t][r]. lr is the step's learning rate. Where each row
+   * lives, its optimizer runs once (a row never pushed starts from its
+   * init value). The remote store sends every server its part and returns
+   * once each has answered (with several ranks a server may hold the push
+   * until every rank's is in). */
   int (*push)(emb_store *s, int64_t step, float lr, const emb_idset *ids,
               const float *const *grads);
-  /* Make every update durable where the store has a durable tier. */
+  /* Make every update durable where the store has a durable tier (the
+   * shard store writes its dirty rows to RocksDB; the others return 0). */
   int (*flush)(emb_store *s);
-  /* Write every row to the folder path (created); restore replaces every row
-   * held with the ones in path. */
+  /* Write every row held under the folder path (created if missing; the
+   * layout is ckpt_layout's, above); a failure may leave part of it
+   * written. The shard store writes its dirty rows back first. */
   int (*checkpoint)(emb_store *s, const char *path);
+  /* Replace every row held with the ones checkpoint wrote under path
+   * (same layout; another plan of the same model, i.e. another placement,
+   * restores: the rows are matched by table_id and row id). Every file is
+   * checked before any row is replaced: on failure the rows are as they
+   * were (shard store: unless copying the databases in fails midway, then
+   * SR_EIO). */
   int (*restore)(emb_store *s, const char *path);
+  /* Counters (see emb_store_stats); the remote store asks every server. */
   int (*stats)(emb_store *s, emb_store_stats *out);
-  /* Visit every stored row of table (plan index), in ascending row id. */
+  /* Visit every stored row of table (plan index), in ascending row id
+   * (local and shard stores; the remote and routed stores refuse with
+   * SR_EUNSUPPORTED). A row never pushed is not stored. */
   int (*iterate)(emb_store *s, int table, emb_row_fn fn, void *ctx);
+  /* The last failure's message (the store's own buffer, valid until the
+   * next call on the store; "" when none yet). */
   const char *(*errmsg)(emb_store *s);
+  /* Free everything (the shard store does not flush: flush first). */
   void (*destroy)(emb_store *s);
 } emb_store_ops;
 
@@ -73,6 +152,11 @@ struct emb_store {
   const emb_plan *plan; /* borrowed: outlives the store */
 };
 
+static inline emb_store_kind emb_store_kind_of(const emb_store *s) { return s->ops->kind; }
+/* What checkpoint(path) writes under path (emb_ckpt_layout). */
+static inline emb_ckpt_layout emb_store_checkpoint_layout(const emb_store *s) {
+  return s->ops->ckpt_layout;
+}
 static inline int emb_store_lookup_begin(emb_store *s, int64_t step, const emb_idset *ids,
                                          float *const *out) {
   return s->ops->lookup_begin(s, step, ids, out);

@@ -16,17 +16,10 @@
  * prefetches a few ids ahead, so the map and row cache misses of a batch
  * overlap instead of queueing one after another.
  *
- * Checkpoint: one file per table, DIR/table-<table_id>.bin, written to a
- * temporary name and renamed into place. Little-endian:
- *   header (256 bytes): magic "SREMBTAB", u32 version (1), u32 header bytes,
- *     u32 table_id, u32 dim, u32 state_len, u32 optimizer kind,
- *     u64 n_rows, u64 record bytes, char[64] model fingerprint (hex),
- *     zeros to 256 (reserved);
- *   n_rows records in ascending row id: u64 row_id, float value[dim],
- *     float state[state_len];
- *   trailer: SHA-256 of header and records (32 bytes).
- * Restore checks the size, the header against the plan and the checksum
- * before replacing anything. */
+ * Checkpoint: one table file per table, DIR/table-<table_id>.bin
+ * (embedding/table_file.h owns the format, storage/ckpt_dir.h the name).
+ * Restore reads and checks every table's file into fresh indexes before
+ * replacing anything. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,14 +34,13 @@
 #include "common/sys.h"
 #include "embedding/optim.h"
 #include "embedding/store.h"
+#include "embedding/table_file.h"
+#include "storage/ckpt_dir.h"
 
 #define LT_EMPTY 0u /* entry.slot1 of a free entry; slots are stored plus one */
 #define LT_MAX_ROWS 0x7ffffffeu /* slot + 1 fits 31 bits: push marks new rows with bit 31 */
 #define LT_DIRECT_MAX (1ULL << 28) /* 1 GiB of index at most, touched lazily */
 #define LT_PREFETCH 32 /* ids ahead: enough misses in flight to hide DRAM latency */
-#define CK_MAGIC "SREMBTAB"
-#define CK_VERSION 1u
-#define CK_HEADER 256u
 
 typedef struct {
   uint64_t key;
@@ -359,85 +351,27 @@ static int l_flush(emb_store *b) {
   return 0;
 }
 
-static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
-static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
-static uint32_t get32(const unsigned char *p) {
-  uint32_t v;
-  memcpy(&v, p, 4);
-  return v;
-}
-static uint64_t get64(const unsigned char *p) {
-  uint64_t v;
-  memcpy(&v, p, 8);
-  return v;
-}
-
 static int write_table(lstore *s, int ti, const char *dir) {
   const ltab *t = &s->t[ti];
-  uint32_t tid = s->base.plan->tables[ti].table_id;
-  char path[4096], tmp[4200];
-  snprintf(path, sizeof path, "%s/table-%u.bin", dir, tid);
-  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+  const emb_table *pt = &s->base.plan->tables[ti];
+  char path[4096], e2[1024];
+  if (ckpt_dir_table_file(dir, pt->table_id, path, sizeof path)) {
+    sr_fmt(s->err, sizeof s->err, "checkpoint: %s: path too long", dir);
+    return SR_ERANGE;
+  }
   uint64_t *keys;
   int rc = lt_sorted_keys(t, &keys);
   if (rc) {
     sr_fmt(s->err, sizeof s->err, "checkpoint: out of memory");
     return rc;
   }
-  unsigned char hdr[CK_HEADER];
-  const size_t rec = 8 + 4 * (size_t)t->stride;
-  memset(hdr, 0, sizeof hdr);
-  memcpy(hdr, CK_MAGIC, 8);
-  put32(hdr + 8, CK_VERSION);
-  put32(hdr + 12, CK_HEADER);
-  put32(hdr + 16, tid);
-  put32(hdr + 20, (uint32_t)t->dim);
-  put32(hdr + 24, (uint32_t)t->slen);
-  put32(hdr + 28, (uint32_t)s->base.plan->tables[ti].optim.kind);
-  put64(hdr + 32, (uint64_t)t->n);
-  put64(hdr + 40, (uint64_t)rec);
-  memcpy(hdr + 48, s->model_fp, 64);
-  FILE *f = fopen(tmp, "wb");
-  sr_sha256_ctx md = {0};
-  unsigned char *buf = malloc(rec * 1024);
-  if (!f || !buf || (rc = sr_sha256_init(&md))) {
-    sr_fmt(s->err, sizeof s->err, "checkpoint: %s: %s", tmp, f ? sr_strerror(rc ? rc : SR_ENOMEM) : strerror(errno));
-    rc = f ? (rc ? rc : SR_ENOMEM) : SR_EIO;
-    goto out;
-  }
-  int bad = fwrite(hdr, 1, sizeof hdr, f) != sizeof hdr;
-  sr_sha256_update(&md, hdr, sizeof hdr); /* a failure is reported by final */
-  size_t fill = 0;
-  for (size_t i = 0; i < t->n && !bad; i++) {
-    const float *row = lt_row(t, lt_slot_at(t, lt_find(t, keys[i])));
-    unsigned char *p = buf + fill * rec;
-    put64(p, keys[i]);
-    memcpy(p + 8, row, 4 * (size_t)t->stride);
-    if (++fill == 1024 || i + 1 == t->n) {
-      sr_sha256_update(&md, buf, fill * rec);
-      bad |= fwrite(buf, 1, fill * rec, f) != fill * rec;
-      fill = 0;
-    }
-  }
-  unsigned char dig[32];
-  bad |= sr_sha256_final(&md, dig) != 0;
-  bad |= fwrite(dig, 1, 32, f) != 32;
-  bad |= fflush(f) != 0;
-  bad |= fsync(fileno(f)) != 0;
-  bad |= fclose(f) != 0;
-  f = NULL;
-  if (bad || rename(tmp, path) != 0) {
-    sr_fmt(s->err, sizeof s->err, "checkpoint: %s: cannot write: %s", path, strerror(errno));
-    unlink(tmp);
-    rc = SR_EIO;
-  }
-out:
-  if (f) {
-    fclose(f);
-    unlink(tmp);
-  }
-  sr_sha256_abort(&md);
-  free(buf);
+  emb_tabfile_writer *w;
+  rc = emb_tabfile_create(path, pt, s->model_fp, t->n, &w, e2, sizeof e2);
+  for (size_t i = 0; i < t->n && !rc; i++)
+    rc = emb_tabfile_put(w, keys[i], lt_row(t, lt_slot_at(t, lt_find(t, keys[i]))), e2, sizeof e2);
+  if (!rc) rc = emb_tabfile_commit(w, e2, sizeof e2);
+  else emb_tabfile_abort(w);
+  if (rc) sr_fmt(s->err, sizeof s->err, "checkpoint: %s", e2);
   free(keys);
   return rc;
 }
@@ -455,109 +389,42 @@ static int l_checkpoint(emb_store *b, const char *path) {
   return 0;
 }
 
+/* Each record of a table file into the fresh ltab of emb_tabfile_read_all's
+ * ctx. A row id out of order or range refuses the file once its checksum is
+ * checked; until then a repeated one keeps its first record and one past a
+ * bounded table is skipped (it has no index entry to write). */
+static int read_record(void *ctx, uint64_t row_id, const float *vals) {
+  ltab *nt = ctx;
+  if (nt->rows != EMB_ROWS_UNBOUNDED && row_id >= nt->rows) return 0;
+  size_t h = lt_find(nt, row_id);
+  if (lt_slot_at(nt, h) == LT_EMPTY)
+    memcpy(lt_row(nt, lt_insert_at(nt, h, row_id)), vals, (size_t)nt->stride * sizeof(float));
+  return 0;
+}
+
 /* Read DIR/table-<id>.bin into a fresh ltab nt. */
 static int read_table(lstore *s, int ti, const char *dir, ltab *nt) {
   const emb_table *pt = &s->base.plan->tables[ti];
   const ltab *cur = &s->t[ti];
-  char path[4096];
-  snprintf(path, sizeof path, "%s/table-%u.bin", dir, pt->table_id);
+  char path[4096], e2[1024];
   memset(nt, 0, sizeof *nt);
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    sr_fmt(s->err, sizeof s->err, "restore: %s: cannot open: %s", path, strerror(errno));
-    return errno == ENOENT ? SR_ENOTFOUND : SR_EIO;
+  if (ckpt_dir_table_file(dir, pt->table_id, path, sizeof path)) {
+    sr_fmt(s->err, sizeof s->err, "restore: %s: path too long", dir);
+    return SR_ERANGE;
   }
-  int rc = 0;
-  unsigned char hdr[CK_HEADER], *buf = NULL;
-  sr_sha256_ctx md = {0};
-  struct stat stt;
-  if (fstat(fileno(f), &stt) != 0 || (size_t)stt.st_size < CK_HEADER + 32 ||
-      fread(hdr, 1, CK_HEADER, f) != CK_HEADER) {
-    sr_fmt(s->err, sizeof s->err, "restore: %s: too short to be a table file (torn write?)", path);
+  emb_tabfile_reader *r;
+  int rc = emb_tabfile_open(path, pt, s->model_fp, &r, e2, sizeof e2);
+  uint64_t n = rc ? 0 : emb_tabfile_rows(r);
+  if (!rc && n > LT_MAX_ROWS) {
+    sr_fmt(e2, sizeof e2, "%s: %llu rows, more than a table of this store holds (%u)", path,
+           (unsigned long long)n, LT_MAX_ROWS);
     rc = SR_EFORMAT;
-    goto out;
   }
-  if (memcmp(hdr, CK_MAGIC, 8) != 0) {
-    sr_fmt(s->err, sizeof s->err, "restore: %s: not a shardrec embedding table file (bad magic)", path);
-    rc = SR_EFORMAT;
-    goto out;
-  }
-  if (get32(hdr + 8) != CK_VERSION || get32(hdr + 12) != CK_HEADER) {
-    sr_fmt(s->err, sizeof s->err, "restore: %s: format version %u is not supported (this build reads %u)",
-           path, get32(hdr + 8), CK_VERSION);
-    rc = SR_EVERSION;
-    goto out;
-  }
-  uint64_t n = get64(hdr + 32), rec = get64(hdr + 40);
-  if (get32(hdr + 16) != pt->table_id || get32(hdr + 20) != (uint32_t)cur->dim ||
-      get32(hdr + 24) != (uint32_t)cur->slen || get32(hdr + 28) != (uint32_t)pt->optim.kind ||
-      rec != 8 + 4 * (uint64_t)cur->stride) {
-    sr_fmt(s->err, sizeof s->err,
-           "restore: %s: holds table_id %u dim %u state %u, the plan wants table_id %u dim %d state %d",
-           path, get32(hdr + 16), get32(hdr + 20), get32(hdr + 24), pt->table_id, cur->dim, cur->slen);
-    rc = SR_EMISMATCH;
-    goto out;
-  }
-  if (memcmp(hdr + 48, s->model_fp, 64) != 0) {
-    sr_fmt(s->err, sizeof s->err, "restore: %s: written under model fingerprint %.12s..., this plan's is %.12s...",
-           path, (const char *)(hdr + 48), s->model_fp);
-    rc = SR_EMISMATCH;
-    goto out;
-  }
-  if (n > LT_MAX_ROWS || (uint64_t)stt.st_size != CK_HEADER + n * rec + 32) {
-    sr_fmt(s->err, sizeof s->err, "restore: %s: size %lld, expected %llu for %llu rows (torn or truncated file)",
-           path, (long long)stt.st_size, (unsigned long long)(CK_HEADER + n * rec + 32),
-           (unsigned long long)n);
-    rc = SR_EFORMAT;
-    goto out;
-  }
-  if ((rc = lt_init(nt, cur->dim, cur->slen, cur->rows, (size_t)n))) {
-    sr_fmt(s->err, sizeof s->err, "restore: out of memory");
-    goto out;
-  }
-  buf = malloc(rec * 1024);
-  if (!buf || (rc = sr_sha256_init(&md))) {
-    rc = buf ? rc : SR_ENOMEM;
-    sr_fmt(s->err, sizeof s->err, "restore: %s", sr_strerror(rc));
-    goto out;
-  }
-  sr_sha256_update(&md, hdr, CK_HEADER); /* a failure is reported by final */
-  uint64_t prev = 0;
-  for (uint64_t done = 0; done < n;) {
-    size_t m = n - done < 1024 ? (size_t)(n - done) : 1024;
-    if (fread(buf, rec, m, f) != m) {
-      sr_fmt(s->err, sizeof s->err, "restore: %s: read error", path);
-      rc = SR_EIO;
-      goto out;
-    }
-    sr_sha256_update(&md, buf, m * rec);
-    for (size_t i = 0; i < m; i++) {
-      const unsigned char *p = buf + i * rec;
-      uint64_t key = get64(p);
-      if ((done + i > 0 && key <= prev) || (cur->rows != EMB_ROWS_UNBOUNDED && key >= cur->rows)) {
-        sr_fmt(s->err, sizeof s->err, "restore: %s: record %llu: row id %llu out of order or range", path,
-               (unsigned long long)(done + i), (unsigned long long)key);
-        rc = SR_EFORMAT; /* reported after the checksum check below if that fails first */
-      }
-      prev = key;
-      size_t h = lt_find(nt, key);
-      if (lt_slot_at(nt, h) == LT_EMPTY) memcpy(lt_row(nt, lt_insert_at(nt, h, key)), p + 8, rec - 8);
-    }
-    done += m;
-  }
-  unsigned char dig[32], want[32];
-  if (sr_sha256_final(&md, dig) != 0) {
-    sr_fmt(s->err, sizeof s->err, "restore: %s: SHA-256 failed", path);
-    rc = SR_EBACKEND;
-  } else if (fread(want, 1, 32, f) != 32 || memcmp(dig, want, 32) != 0) {
-    sr_fmt(s->err, sizeof s->err, "restore: %s: checksum mismatch (file damaged)", path);
-    rc = SR_ECHECKSUM;
-  }
-out:
-  if (rc) lt_free(nt);
-  sr_sha256_abort(&md);
-  free(buf);
-  fclose(f);
+  if (!rc && (rc = lt_init(nt, cur->dim, cur->slen, cur->rows, (size_t)n)))
+    sr_fmt(e2, sizeof e2, "out of memory");
+  if (!rc && (rc = emb_tabfile_read_all(r, read_record, nt, e2, sizeof e2))) lt_free(nt);
+  emb_tabfile_close(r);
+  if (rc) sr_fmt(s->err, sizeof s->err, "restore: %s", e2);
   return rc;
 }
 
@@ -629,8 +496,18 @@ static void l_destroy(emb_store *b) {
 }
 
 static const emb_store_ops local_ops = {
-    l_lookup_begin, l_lookup_wait, l_push,    l_flush,  l_checkpoint,
-    l_restore,      l_stats,       l_iterate, l_errmsg, l_destroy,
+    .kind = EMB_STORE_LOCAL,
+    .ckpt_layout = EMB_CKPT_TABLE_FILES,
+    .lookup_begin = l_lookup_begin,
+    .lookup_wait = l_lookup_wait,
+    .push = l_push,
+    .flush = l_flush,
+    .checkpoint = l_checkpoint,
+    .restore = l_restore,
+    .stats = l_stats,
+    .iterate = l_iterate,
+    .errmsg = l_errmsg,
+    .destroy = l_destroy,
 };
 
 emb_store *emb_store_create_local(const emb_plan *plan, char *err, size_t errlen) {

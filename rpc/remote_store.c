@@ -819,8 +819,18 @@ static void r_destroy(emb_store *b) {
 }
 
 static const emb_store_ops remote_ops = {
-    r_lookup_begin, r_lookup_wait, r_push,    r_flush,  r_checkpoint,
-    r_restore,      r_stats,       r_iterate, r_errmsg, r_destroy,
+    .kind = EMB_STORE_REMOTE,
+    .ckpt_layout = EMB_CKPT_SHARD_FOLDERS,
+    .lookup_begin = r_lookup_begin,
+    .lookup_wait = r_lookup_wait,
+    .push = r_push,
+    .flush = r_flush,
+    .checkpoint = r_checkpoint,
+    .restore = r_restore,
+    .stats = r_stats,
+    .iterate = r_iterate,
+    .errmsg = r_errmsg,
+    .destroy = r_destroy,
 };
 
 int rpc_remote_lost(const emb_store *b) {

@@ -16,6 +16,7 @@
 
 #include "common/status.h"
 #include "common/sys.h"
+#include "embedding/served.h"
 #include "rpc/coord.h"
 #include "rpc/health.pb-c.h"
 #include "rpc/service.h"
@@ -51,7 +52,6 @@ struct rpc_service {
   int *shards;          /* [n_shards] as given */
   int n_shards;
   int read_only;
-  int store_shard_dirs;
   size_t max_ids;
   pthread_mutex_t mu;   /* serialises the store, the coordinator and the counters below */
   rpc_coord *coord;     /* owned: the multi-rank jobs */
@@ -104,7 +104,6 @@ rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
   s->plan = plan;
   s->store = store;
   s->read_only = o->read_only;
-  s->store_shard_dirs = o->store_shard_dirs;
   s->max_ids = o->max_ids ? o->max_ids : (size_t)1 << 22;
   s->served = calloc((size_t)plan->n_shards, 1);
   s->shards = malloc((size_t)o->n_shards * sizeof *s->shards);
@@ -482,14 +481,6 @@ out:
   if (q) shardrec__v1__push_request__free_unpacked(q, NULL);
 }
 
-/* path/shard-K (several shards: path/shard-K1-K2-...). */
-static int shard_dir(const rpc_service *s, const char *path, char *out, size_t n) {
-  int at = snprintf(out, n, "%s/shard", path);
-  for (int i = 0; i < s->n_shards && at > 0 && (size_t)at < n; i++)
-    at += snprintf(out + at, n - (size_t)at, "-%d", s->shards[i]);
-  return (at > 0 && (size_t)at < n) ? 0 : -1;
-}
-
 static int check_path(const char *path, rpc_reply *r) {
   if (!path || !*path) {
     r->status = RPC_INVALID_ARGUMENT;
@@ -525,18 +516,18 @@ static void do_checkpoint(rpc_service *s, const uint8_t *in, size_t len, rpc_rep
          fp && *fp ? fp : "(none)", s->fp);
   if (check_path(path, r)) goto out;
   char dir[4096];
-  if (s->store_shard_dirs) snprintf(dir, sizeof dir, "%s", path);
-  else if (shard_dir(s, path, dir, sizeof dir)) FAIL(r, RPC_INVALID_ARGUMENT, "path: too long");
+  if (emb_served_checkpoint_dir(s->store, s->shards, s->n_shards, path, dir, sizeof dir))
+    FAIL(r, RPC_INVALID_ARGUMENT, "path: too long");
   pthread_mutex_lock(&s->mu);
   int rc = 0;
   if (restore) {
     rc = emb_store_restore(s->store, dir);
     if (!rc) rpc_coord_restore(s->coord); /* steps start over from the checkpoint's */
   } else {
+    /* The store creates dir itself (path or a folder in it). */
     if (mkdir(path, 0777) && errno != EEXIST) rc = SR_EIO;
-    else if (!s->store_shard_dirs && mkdir(dir, 0777) && errno != EEXIST) rc = SR_EIO;
     if (rc)
-      snprintf(r->msg, sizeof r->msg, "checkpoint: cannot create %.400s: %s", dir, strerror(errno));
+      snprintf(r->msg, sizeof r->msg, "checkpoint: cannot create %.400s: %s", path, strerror(errno));
     else {
       rc = emb_store_flush(s->store);
       if (!rc) rc = emb_store_checkpoint(s->store, dir);

@@ -50,9 +50,6 @@ typedef struct rpc_service_opts {
   int n_shards;
   int read_only;       /* refuse Push with FAILED_PRECONDITION */
   size_t max_ids;      /* most ids one Lookup or Push may carry (0: 1<<22) */
-  int store_shard_dirs; /* the store's checkpoint(path) itself writes path/shard-K
-                           (the RocksDB shard store); 0: the service passes it
-                           path/shard-K (the in-memory local store) */
   double pending_timeout_s; /* a multi-rank job whose pending state (held pushes,
                                parked Lookups, ranks at different steps) makes no
                                progress this long is dropped as if a rank went

@@ -341,3 +341,132 @@ int ckpt_dir_verify(const char *dir, const cJSON *man, char *err, size_t errlen)
   }
   return 0;
 }
+
+/* ---- shards/ ---- */
+
+/* snprintf into buf: 0, or SR_ERANGE when it did not fit. */
+static int fit(int n, size_t len) { return n >= 0 && (size_t)n < len ? 0 : SR_ERANGE; }
+
+int ckpt_dir_shards_path(const char *step_dir, char *buf, size_t len) {
+  return fit(snprintf(buf, len, "%s/shards", step_dir), len);
+}
+
+int ckpt_dir_shard_path(const char *dir, int k, char *buf, size_t len) {
+  return fit(snprintf(buf, len, "%s/shard-%d", dir, k), len);
+}
+
+int ckpt_dir_server_path(const char *dir, const int *shards, int n, char *buf, size_t len) {
+  int at = snprintf(buf, len, "%s/shard", dir);
+  for (int i = 0; i < n && !fit(at, len); i++)
+    at += snprintf(buf + at, len - (size_t)at, "-%d", shards[i]);
+  return n < 1 ? SR_EINVAL : fit(at, len);
+}
+
+int ckpt_dir_table_file(const char *dir, uint32_t table_id, char *buf, size_t len) {
+  return fit(snprintf(buf, len, "%s/table-%u.bin", dir, table_id), len);
+}
+
+int ckpt_dir_server_shards(const char *name, int *ks, int max) {
+  if (strncmp(name, "shard-", 6)) return 0;
+  const char *p = name + 6;
+  int n = 0;
+  while (*p) {
+    char *end;
+    if (*p < '0' || *p > '9' || n == max) return 0;
+    long v = strtol(p, &end, 10);
+    if (v > 0x7fffffffL || (*end && (*end != '-' || !end[1]))) return 0;
+    ks[n++] = (int)v;
+    p = *end ? end + 1 : end;
+  }
+  return n;
+}
+
+long long ckpt_dir_table_of(const char *name) {
+  if (strncmp(name, "table-", 6) || name[6] < '0' || name[6] > '9') return -1;
+  char *end;
+  unsigned long long v = strtoull(name + 6, &end, 10);
+  return v <= 0xffffffffULL && !strcmp(end, ".bin") ? (long long)v : -1;
+}
+
+static int is_table_name(const char *name) { return ckpt_dir_table_of(name) >= 0; }
+
+/* Does folder hold a table-<id>.bin file? */
+static int holds_table_files(const char *folder) {
+  DIR *d = opendir(folder);
+  if (!d) return 0;
+  struct dirent *de;
+  int found = 0;
+  while (!found && (de = readdir(d))) found = is_table_name(de->d_name);
+  closedir(d);
+  return found;
+}
+
+int ckpt_dir_shards_layout(const char *shards, ckpt_shards_layout *out, char *err, size_t errlen) {
+  DIR *d = opendir(shards);
+  if (!d) {
+    sr_fmt(err, errlen, "%s: cannot open: %s", shards, strerror(errno));
+    return SR_ENOTFOUND;
+  }
+  int n[3] = {0, 0, 0}, ks[256];
+  struct dirent *de;
+  char p[4600];
+  while ((de = readdir(d))) {
+    if (is_table_name(de->d_name)) {
+      n[CKPT_SHARDS_TABLES]++;
+      continue;
+    }
+    int nk = ckpt_dir_server_shards(de->d_name, ks, 256);
+    if (!nk) continue;
+    if (nk == 1 && !fit(snprintf(p, sizeof p, "%s/%s/CURRENT", shards, de->d_name), sizeof p) &&
+        sr_is_file(p))
+      n[CKPT_SHARDS_DBS]++;
+    else if (!fit(snprintf(p, sizeof p, "%s/%s", shards, de->d_name), sizeof p) &&
+             holds_table_files(p))
+      n[CKPT_SHARDS_SERVER_TABLES]++;
+  }
+  closedir(d);
+  int kinds = !!n[0] + !!n[1] + !!n[2];
+  if (kinds > 1) {
+    sr_fmt(err, errlen, "%s: holds %s%s%s%s%s: not a checkpoint this build wrote", shards,
+           n[0] ? "RocksDB shard databases" : "", n[0] && n[1] ? " and " : "",
+           n[1] ? "table files" : "", (n[0] || n[1]) && n[2] ? " and " : "",
+           n[2] ? "server folders of table files" : "");
+    return SR_EFORMAT;
+  }
+  if (!kinds) {
+    sr_fmt(err, errlen, "%s: holds no embedding rows (no shard-K/ databases, no "
+           "table-<id>.bin files)", shards);
+    return SR_ENOTFOUND;
+  }
+  *out = n[0] ? CKPT_SHARDS_DBS : n[1] ? CKPT_SHARDS_TABLES : CKPT_SHARDS_SERVER_TABLES;
+  return 0;
+}
+
+int ckpt_dir_server_folders(const char *shards, int n_shards, char (*folder)[256], char *err,
+                            size_t errlen) {
+  for (int k = 0; k < n_shards; k++) folder[k][0] = 0;
+  DIR *d = opendir(shards);
+  if (!d) {
+    sr_fmt(err, errlen, "%s: cannot open: %s", shards, strerror(errno));
+    return SR_ENOTFOUND;
+  }
+  struct dirent *de;
+  int ks[256];
+  while ((de = readdir(d))) {
+    int n = ckpt_dir_server_shards(de->d_name, ks, 256);
+    for (int i = 0; i < n; i++)
+      if (ks[i] < n_shards && strlen(de->d_name) < sizeof folder[0])
+        snprintf(folder[ks[i]], sizeof folder[0], "%s", de->d_name);
+  }
+  closedir(d);
+  return 0;
+}
+
+const char *ckpt_dir_shards_layout_name(ckpt_shards_layout l) {
+  switch (l) {
+    case CKPT_SHARDS_DBS: return "RocksDB shard databases";
+    case CKPT_SHARDS_TABLES: return "the in-memory trainer's table files";
+    case CKPT_SHARDS_SERVER_TABLES: return "in-memory servers' table files";
+  }
+  return "?";
+}

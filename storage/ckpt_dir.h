@@ -109,4 +109,70 @@ int ckpt_dir_verify(const char *dir, const struct cJSON *man, char *err, size_t 
 /* The folder above path ("." for a bare name, "/" for "/x") into out. */
 void ckpt_dir_parent(const char *path, char *out, size_t outlen);
 
+/* ---- shards/: where a checkpoint keeps its embedding rows ----
+ *
+ * step-N/shards/ is what the embedding store's checkpoint(path) wrote
+ * (embedding/store.h), in one of three layouts:
+ *   CKPT_SHARDS_DBS            shards/shard-K/: a RocksDB checkpoint per
+ *                              shard (the shard store, or shard servers run
+ *                              with --data-dir);
+ *   CKPT_SHARDS_TABLES         shards/table-<id>.bin: one table file per
+ *                              table holding every shard's rows (the
+ *                              in-process store);
+ *   CKPT_SHARDS_SERVER_TABLES  shards/shard-K[-K2...]/table-<id>.bin: one
+ *                              folder per in-memory shard server, named by
+ *                              the shards it served, in the order served.
+ * The same shard-K name is a shard's database in a shard store's data
+ * folder (DIR/shard-K). This module owns these names: every other file asks
+ * the functions below. Each path function writes into buf and returns 0, or
+ * SR_ERANGE when the path does not fit in len bytes (buf then holds a
+ * truncated, NUL-terminated string that must not be used). */
+typedef enum ckpt_shards_layout {
+  CKPT_SHARDS_DBS = 0,
+  CKPT_SHARDS_TABLES = 1,
+  CKPT_SHARDS_SERVER_TABLES = 2,
+} ckpt_shards_layout;
+
+/* step_dir/shards. */
+int ckpt_dir_shards_path(const char *step_dir, char *buf, size_t len);
+
+/* dir/shard-K: shard k's folder (a database or a server folder) under dir. */
+int ckpt_dir_shard_path(const char *dir, int k, char *buf, size_t len);
+
+/* dir/shard-K1-K2-...: the folder of one server serving shards[n] (n >= 1),
+ * in that order. */
+int ckpt_dir_server_path(const char *dir, const int *shards, int n, char *buf, size_t len);
+
+/* dir/table-<table_id>.bin. */
+int ckpt_dir_table_file(const char *dir, uint32_t table_id, char *buf, size_t len);
+
+/* table_id of a file name "table-<id>.bin", or -1 for any other name. */
+long long ckpt_dir_table_of(const char *name);
+
+/* The shards a folder name "shard-K[-K2...]" lists (each K a decimal >= 0),
+ * into ks[max]; their count, or 0 when name is not such a name or lists
+ * more than max. */
+int ckpt_dir_server_shards(const char *name, int *ks, int max);
+
+/* The layout of the shards/ folder shards, from what it holds: a
+ * table-<id>.bin file in it (TABLES), shard-K folders holding a RocksDB
+ * database (a CURRENT file: DBS), shard-K[-K2...] folders holding
+ * table-<id>.bin files (SERVER_TABLES). 0, or SR_ENOTFOUND (the folder
+ * cannot be opened or holds none of these) or SR_EFORMAT (it holds more
+ * than one kind: not a checkpoint this build wrote), naming the folder in
+ * err. Whether every shard is there is the caller's question
+ * (ckpt_dir_server_folders, ckpt_dir_shard_path). */
+int ckpt_dir_shards_layout(const char *shards, ckpt_shards_layout *out, char *err, size_t errlen);
+
+/* The SERVER_TABLES layout: which server folder under shards holds each
+ * shard 0..n_shards-1, into folder[n_shards] (the folder name, "" for a
+ * shard no folder lists; a name longer than 255 bytes is skipped). 0, or
+ * SR_ENOTFOUND when shards cannot be opened. */
+int ckpt_dir_server_folders(const char *shards, int n_shards, char (*folder)[256], char *err,
+                            size_t errlen);
+
+/* Words for a layout ("RocksDB shard databases", "the in-memory trainer's
+ * table files", "in-memory servers' table files"). */
+const char *ckpt_dir_shards_layout_name(ckpt_shards_layout l);
+
 #endif

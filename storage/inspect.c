@@ -153,32 +153,54 @@ static int print_manifest(FILE *out, const char *dir) {
   return 0;
 }
 
-/* Every shard-* database of folder (and a count of table-* files). */
+/* The table files directly in folder. */
+static int count_tables(const char *folder) {
+  char **names;
+  int nn, n = 0;
+  if (sr_list_dir(folder, &names, &nn)) return 0;
+  for (int i = 0; i < nn; i++) n += ckpt_dir_table_of(names[i]) >= 0;
+  sr_paths_free(names, nn);
+  return n;
+}
+
+/* The rows of a shards/ folder or a shard store's data folder, in the
+ * layout it has (storage/ckpt_dir.h): each shard-K database, or a count of
+ * the table files. */
 static void inspect_folder(report *r, const char *folder) {
-  char **names, p[4400];
-  int n, nn = 0, n_local = 0, rc = sr_list_dir(folder, &names, &n);
+  ckpt_shards_layout layout;
+  char e[4600], p[4400], **names;
+  int rc = ckpt_dir_shards_layout(folder, &layout, e, sizeof e), nn = 0, ks[1], shown = 0;
   if (rc) {
-    char e[4200];
-    snprintf(e, sizeof e, "%s: cannot %s", folder, rc == SR_ENOMEM ? "list (out of memory)" : "open");
-    fail(r, rc == SR_ENOMEM ? rc : SR_EIO, e);
+    fail(r, rc, e);
     return;
   }
-  for (int i = 0; i < n; i++) { /* sorted by name */
-    if (!strncmp(names[i], "shard-", 6)) {
-      snprintf(p, sizeof p, "%s/%s", folder, names[i]);
-      inspect_db(r, p, names[i]);
-      nn++;
-    } else if (!strncmp(names[i], "table-", 6)) {
-      n_local++;
-    }
+  if (layout == CKPT_SHARDS_TABLES) {
+    fprintf(r->out, "in-memory store checkpoint: %d table files (table-<id>.bin) in %s\n",
+            count_tables(folder), folder);
+    return;
   }
-  sr_paths_free(names, n);
-  if (!nn && n_local)
-    fprintf(r->out, "in-memory store checkpoint: %d table files (table-<id>.bin) in %s\n", n_local,
-            folder);
-  else
+  if ((rc = sr_list_dir(folder, &names, &nn))) { /* sorted by name */
+    sr_fmt(e, sizeof e, "%s: cannot list: %s", folder, sr_strerror(rc));
+    fail(r, rc, e);
+    return;
+  }
+  for (int i = 0; i < nn; i++) {
+    if (!ckpt_dir_server_shards(names[i], ks, layout == CKPT_SHARDS_DBS ? 1 : 0x7fffffff))
+      continue;
+    if (sr_path(p, sizeof p, "%s/%s", folder, names[i])) {
+      sr_fmt(e, sizeof e, "%s/%s: path too long", folder, names[i]);
+      fail(r, SR_ERANGE, e);
+      break;
+    }
+    shown++;
+    if (layout == CKPT_SHARDS_DBS) inspect_db(r, p, names[i]);
+    else fprintf(r->out, "%-8s in-memory server: %d table files (table-<id>.bin)\n", names[i],
+                 count_tables(p));
+  }
+  sr_paths_free(names, nn);
+  if (layout == CKPT_SHARDS_DBS)
     fprintf(r->out, "total    %llu rows, %llu bytes in %d shard(s)\n", (unsigned long long)r->rows,
-            (unsigned long long)r->bytes, nn);
+            (unsigned long long)r->bytes, shown);
 }
 
 int store_inspect(const char *path, const store_inspect_opts *o, FILE *out, char *err,
@@ -198,7 +220,7 @@ int store_inspect(const char *path, const store_inspect_opts *o, FILE *out, char
     return r.rc;
   }
   snprintf(target, sizeof target, "%s", path);
-  snprintf(p, sizeof p, "%s/shard-0", path);
+  ckpt_dir_shard_path(path, 0, p, sizeof p);
   if (!sr_is_dir(p)) { /* a checkpoint or a folder of them */
     char e[1024];
     if (ckpt_dir_resolve(path, target, sizeof target, e, sizeof e)) {
@@ -209,8 +231,12 @@ int store_inspect(const char *path, const store_inspect_opts *o, FILE *out, char
       sr_fmt(err, errlen, "%s: no readable manifest.json", target);
       return SR_EFORMAT;
     }
-    size_t tl = strlen(target);
-    snprintf(target + tl, sizeof target - tl, "/shards");
+    char shards[sizeof target];
+    if (ckpt_dir_shards_path(target, shards, sizeof shards)) {
+      sr_fmt(err, errlen, "%s: path too long", target);
+      return SR_ERANGE;
+    }
+    memcpy(target, shards, sizeof target);
   }
   inspect_folder(&r, target);
   return r.rc;

@@ -17,6 +17,7 @@
 
 #include "common/status.h"
 #include "embedding/reshard_ckpt.h"
+#include "storage/ckpt_dir.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
 
@@ -69,7 +70,7 @@ static void on_start(const reshard_ckpt_stats *st, void *ctx) {
   (void)ctx;
   printf("reshard %s (%d shard%s) -> %s (%d shard%s), step %lld, %s\n", st->src_dir,
          st->src_shards, st->src_shards == 1 ? "" : "s", st->out_dir, st->dst_shards,
-         st->dst_shards == 1 ? "" : "s", (long long)st->step, reshard_layout_name(st->layout));
+         st->dst_shards == 1 ? "" : "s", (long long)st->step, ckpt_dir_shards_layout_name(st->layout));
   fflush(stdout);
 }
 

@@ -198,8 +198,7 @@ int cmd_serve(int argc, char **argv) {
   }
   int status = 1;
   rpc_service_opts so = {.shards = f.shards, .n_shards = f.so.n_shards, .read_only = f.read_only,
-                         .max_ids = (size_t)f.maxids, .pending_timeout_s = f.pending_timeout,
-                         .store_shard_dirs = sv.store_shard_dirs};
+                         .max_ids = (size_t)f.maxids, .pending_timeout_s = f.pending_timeout};
   rpc_service *svc = rpc_service_create(sv.plan, sv.store, &so, err, sizeof err);
   if (!svc) {
     fprintf(stderr, "shardrec serve: %s\n", err);

@@ -15,6 +15,7 @@
 #include "embedding/optim.h"
 #include "embedding/shard.h"
 #include "embedding/store.h"
+#include "storage/ckpt_dir.h"
 #include "storage/kv.h"
 
 #define NT 3
@@ -277,6 +278,88 @@ START_TEST(test_checkpoint_restore) {
 }
 END_TEST
 
+/* The names in folder, sorted, joined by spaces, into buf. */
+static void names_in(const char *folder, char *buf, size_t len) {
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "ls %s | tr '\\n' ' '", folder);
+  FILE *f = popen(cmd, "r");
+  ck_assert_ptr_nonnull(f);
+  size_t n = fread(buf, 1, len - 1, f);
+  buf[n] = 0;
+  pclose(f);
+}
+
+/* Each store says what it is and what its checkpoint(path) writes, and
+ * writes exactly that: the local store a table file per table, the shard
+ * store a database per hosted shard and nothing else (so the stores of
+ * other shards can write beside it under one path). */
+START_TEST(test_kind_and_checkpoint_layout) {
+  emb_plan *p = make_plan(EMB_OPT_ADAGRAD, 3, 1);
+  char *dir = tmpdir(), *ck = tmpdir(), err[1024], got[512], path[600];
+  emb_store *loc = emb_store_create_local(p, err, sizeof err);
+  emb_shard_config c;
+  memset(&c, 0, sizeof c);
+  c.cache_rows = 2048;
+  int hosted[2] = {2, 0};
+  c.n_hosted = 2;
+  c.hosted = hosted;
+  emb_store *sh = emb_store_create_shard(p, dir, &c, err, sizeof err);
+  ck_assert_msg(sh != NULL, "%s", err);
+  ck_assert_int_eq(emb_store_kind_of(loc), EMB_STORE_LOCAL);
+  ck_assert_int_eq(emb_store_checkpoint_layout(loc), EMB_CKPT_TABLE_FILES);
+  ck_assert_int_eq(emb_store_kind_of(sh), EMB_STORE_SHARD);
+  ck_assert_int_eq(emb_store_checkpoint_layout(sh), EMB_CKPT_SHARD_FOLDERS);
+  static step_data d;
+  sr_rng r;
+  sr_rng_init(&r, 8, 1);
+  make_step(&d, &r, 300, p);
+  ck_assert_int_eq(emb_store_push(loc, 0, 0.1f, &d.set, d.gp), 0);
+  snprintf(path, sizeof path, "%s/local", ck);
+  ck_assert_int_eq(emb_store_checkpoint(loc, path), 0);
+  names_in(path, got, sizeof got);
+  ck_assert_str_eq(got, "table-0.bin table-1.bin table-2.bin ");
+  ckpt_shards_layout l;
+  ck_assert_int_eq(ckpt_dir_shards_layout(path, &l, err, sizeof err), 0);
+  ck_assert_int_eq(l, CKPT_SHARDS_TABLES);
+  snprintf(path, sizeof path, "%s/shards", ck);
+  ck_assert_msg(emb_store_checkpoint(sh, path) == 0, "%s", emb_store_errmsg(sh));
+  names_in(path, got, sizeof got);
+  ck_assert_str_eq(got, "shard-0 shard-2 ");
+  ck_assert_int_eq(ckpt_dir_shards_layout(path, &l, err, sizeof err), 0);
+  ck_assert_int_eq(l, CKPT_SHARDS_DBS);
+  emb_store_destroy(sh);
+  emb_store_destroy(loc);
+  sr_rmtree(dir);
+  sr_rmtree(ck);
+  free(dir);
+  free(ck);
+  emb_plan_free(p);
+}
+END_TEST
+
+/* The shard counters of a shard store; any other store (or none) refused,
+ * the output untouched. */
+START_TEST(test_counters_refuse_other_kinds) {
+  emb_plan *p = make_plan(EMB_OPT_SGD, 1, 0);
+  char *dir = tmpdir(), err[256];
+  emb_store *loc = emb_store_create_local(p, err, sizeof err), *sh = make_shard(p, dir, 2048);
+  emb_shard_counters c, before;
+  memset(&c, 0xab, sizeof c);
+  before = c;
+  ck_assert_int_eq(emb_shard_counters_get(loc, &c), SR_EINVAL);
+  ck_assert(memcmp(&c, &before, sizeof c) == 0);
+  ck_assert_int_eq(emb_shard_counters_get(NULL, &c), SR_EINVAL);
+  ck_assert_int_eq(emb_shard_counters_get(sh, &c), 0);
+  ck_assert_uint_eq(c.cache_rows, 2048);
+  ck_assert_uint_eq(c.cache_used, 0);
+  emb_store_destroy(sh);
+  emb_store_destroy(loc);
+  sr_rmtree(dir);
+  free(dir);
+  emb_plan_free(p);
+}
+END_TEST
+
 /* A row written with another layout version is refused on read, by name. */
 START_TEST(test_row_version_refused) {
   emb_plan *p = make_plan(EMB_OPT_SGD, 1, 0);
@@ -346,6 +429,8 @@ int main(void) {
   tcase_add_test(tc, test_checkpoint_restore);
   tcase_add_test(tc, test_row_version_refused);
   tcase_add_test(tc, test_bad_config);
+  tcase_add_test(tc, test_kind_and_checkpoint_layout);
+  tcase_add_test(tc, test_counters_refuse_other_kinds);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

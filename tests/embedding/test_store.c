@@ -150,6 +150,48 @@ START_TEST(test_push_then_lookup) {
 }
 END_TEST
 
+/* store.h's lookup contract for an in-process store: lookup_wait with none
+ * outstanding answers the last status (0 before any); lookup_begin again
+ * before lookup_wait drops the first one's status, and the second one's
+ * rows and status are what lookup_wait gives. */
+START_TEST(test_lookup_begin_twice) {
+  emb_plan *p = make_plan(EMB_OPT_SGD, 1, 0, 7);
+  emb_store *s = make_store(p);
+  ck_assert_int_eq(emb_store_kind_of(s), EMB_STORE_LOCAL);
+  ck_assert_int_eq(emb_store_checkpoint_layout(s), EMB_CKPT_TABLE_FILES);
+  ck_assert_int_eq(emb_store_lookup_wait(s), 0);
+  sr_rng r;
+  sr_rng_init(&r, 4, 0);
+  static step_data good, bad;
+  make_step(&good, &r);
+  make_step(&bad, &r);
+  ck_assert_int_eq(emb_store_push(s, 0, 0.1f, &good.set, good.gp), 0);
+  bad.ids[1][0] = 50; /* table 1 has 50 rows */
+  /* Bad, then good: the good one's rows and status. */
+  ck_assert_int_eq(emb_store_lookup_begin(s, 1, &bad.set, bad.op), SR_ERANGE);
+  memset(good.out, 0, sizeof good.out);
+  ck_assert_int_eq(emb_store_lookup_begin(s, 1, &good.set, good.op), 0);
+  ck_assert_int_eq(emb_store_lookup_wait(s), 0);
+  float want[8];
+  for (int t = 0; t < 3; t++) {
+    int dim = p->tables[t].dim;
+    float init[8];
+    emb_row_init(p, t, good.ids[t][0], init);
+    ck_assert(memcmp(init, good.out[t], (size_t)dim * 4) != 0); /* pushed: not init */
+  }
+  memcpy(want, good.out[0], sizeof(float) * 4);
+  /* Good, then bad: the good one's rows are in already; the status is the bad one's. */
+  memset(good.out, 0, sizeof good.out);
+  ck_assert_int_eq(emb_store_lookup_begin(s, 2, &good.set, good.op), 0);
+  ck_assert_int_eq(emb_store_lookup_begin(s, 2, &bad.set, bad.op), SR_ERANGE);
+  ck_assert_int_eq(emb_store_lookup_wait(s), SR_ERANGE);
+  ck_assert_int_eq(emb_store_lookup_wait(s), SR_ERANGE); /* none outstanding: the last status */
+  ck_assert_mem_eq(good.out[0], want, sizeof(float) * 4);
+  emb_store_destroy(s);
+  emb_plan_free(p);
+}
+END_TEST
+
 START_TEST(test_out_of_range) {
   emb_plan *p = make_plan(EMB_OPT_SGD, 1, 0, 7);
   emb_store *s = make_store(p);
@@ -444,6 +486,7 @@ int main(void) {
   tcase_add_test(tc, test_untouched_is_init);
   tcase_add_test(tc, test_push_then_lookup);
   tcase_add_test(tc, test_out_of_range);
+  tcase_add_test(tc, test_lookup_begin_twice);
   tcase_add_test(tc, test_placement_independent);
   tcase_add_test(tc, test_iterate_order);
   tcase_add_test(tc, test_checkpoint_restore);

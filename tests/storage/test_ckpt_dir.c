@@ -2,7 +2,8 @@
  * checkpoint written, listed, resolved, read and verified; the states a
  * writer that stopped leaves (its temporary folder, a step-N without DONE)
  * never taken; a DONE that does not match, a flipped byte, a truncated or
- * missing file refused naming the file; keeping the newest K. */
+ * missing file refused naming the file; keeping the newest K; the shards/
+ * names and layouts. */
 #include <check.h>
 
 #include "tests/check_main.h"
@@ -196,6 +197,111 @@ START_TEST(test_refusals) {
 }
 END_TEST
 
+/* The shards/ names: each path, SR_ERANGE when it does not fit; the
+ * server folder names parsed back. */
+START_TEST(test_shards_names) {
+  char b[64];
+  ck_assert_int_eq(ckpt_dir_shards_path("r/step-3", b, sizeof b), 0);
+  ck_assert_str_eq(b, "r/step-3/shards");
+  ck_assert_int_eq(ckpt_dir_shard_path("r/step-3/shards", 12, b, sizeof b), 0);
+  ck_assert_str_eq(b, "r/step-3/shards/shard-12");
+  ck_assert_int_eq(ckpt_dir_table_file("d", 4000000000u, b, sizeof b), 0);
+  ck_assert_str_eq(b, "d/table-4000000000.bin");
+  int ks[3] = {2, 0, 7};
+  ck_assert_int_eq(ckpt_dir_server_path("p", ks, 3, b, sizeof b), 0);
+  ck_assert_str_eq(b, "p/shard-2-0-7");
+  ck_assert_int_eq(ckpt_dir_server_path("p", ks, 1, b, sizeof b), 0);
+  ck_assert_str_eq(b, "p/shard-2");
+  ck_assert_int_eq(ckpt_dir_server_path("p", ks, 0, b, sizeof b), SR_EINVAL);
+  /* Exactly full (the NUL included) fits; one byte less does not. */
+  ck_assert_int_eq(ckpt_dir_shard_path("abc", 5, b, 12), 0);
+  ck_assert_str_eq(b, "abc/shard-5");
+  ck_assert_int_eq(ckpt_dir_shard_path("abc", 5, b, 11), SR_ERANGE);
+  ck_assert_int_eq(ckpt_dir_shards_path("abc", b, 10), SR_ERANGE);
+  ck_assert_int_eq(ckpt_dir_table_file("abc", 1, b, 15), SR_ERANGE);
+  ck_assert_int_eq(ckpt_dir_server_path("abc", ks, 3, b, 15), SR_ERANGE);
+  ck_assert_int_eq(ckpt_dir_server_path("abc", ks, 3, b, 16), 0);
+  /* Names parsed back. */
+  int got[4];
+  ck_assert_int_eq(ckpt_dir_server_shards("shard-2-0-7", got, 4), 3);
+  ck_assert_int_eq(got[0], 2);
+  ck_assert_int_eq(got[1], 0);
+  ck_assert_int_eq(got[2], 7);
+  ck_assert_int_eq(ckpt_dir_server_shards("shard-2-0-7", got, 2), 0); /* more than max */
+  ck_assert_int_eq(ckpt_dir_server_shards("shard-", got, 4), 0);
+  ck_assert_int_eq(ckpt_dir_server_shards("shard-1-", got, 4), 0);
+  ck_assert_int_eq(ckpt_dir_server_shards("shard--1", got, 4), 0);
+  ck_assert_int_eq(ckpt_dir_server_shards("shard-1x", got, 4), 0);
+  ck_assert_int_eq(ckpt_dir_server_shards("shards", got, 4), 0);
+  ck_assert_int_eq(ckpt_dir_table_of("table-25.bin"), 25);
+  ck_assert_int_eq(ckpt_dir_table_of("table-25.bin.tmp.9"), -1);
+  ck_assert_int_eq(ckpt_dir_table_of("table-.bin"), -1);
+  ck_assert_int_eq(ckpt_dir_table_of("table-4294967296.bin"), -1);
+}
+END_TEST
+
+/* dir/NAME created (a folder; with CURRENT or a table file in it). */
+static void mk(const char *name, const char *file) {
+  char p[512];
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  ck_assert_int_eq(mkdir(p, 0777), 0);
+  if (file) {
+    snprintf(p, sizeof p, "%s/%s/%s", dir, name, file);
+    put(p, "x");
+  }
+}
+
+/* Each layout told from what the folder holds; a mix or nothing refused
+ * naming the folder; which server folder holds each shard. */
+START_TEST(test_shards_layout) {
+  char err[1024], p[512];
+  ckpt_shards_layout l = (ckpt_shards_layout)-1;
+  /* Nothing (a stray file and a folder of another name do not count). */
+  snprintf(p, sizeof p, "%s/notes.txt", dir);
+  put(p, "x");
+  mk("other", "table-1.bin");
+  mk("shard-5", NULL); /* an empty shard folder */
+  ck_assert_int_eq(ckpt_dir_shards_layout(dir, &l, err, sizeof err), SR_ENOTFOUND);
+  ck_assert_msg(strstr(err, dir) && strstr(err, "holds no embedding rows"), "%s", err);
+  /* Databases. */
+  mk("shard-0", "CURRENT");
+  mk("shard-1", "CURRENT");
+  ck_assert_int_eq(ckpt_dir_shards_layout(dir, &l, err, sizeof err), 0);
+  ck_assert_int_eq(l, CKPT_SHARDS_DBS);
+  /* ... and server folders beside them: refused. */
+  mk("shard-2-3", "table-1.bin");
+  ck_assert_int_eq(ckpt_dir_shards_layout(dir, &l, err, sizeof err), SR_EFORMAT);
+  ck_assert_msg(strstr(err, "RocksDB shard databases and server folders of table files") &&
+                    strstr(err, "not a checkpoint this build wrote"), "%s", err);
+  sh("rm -r %s/shard-0 %s/shard-1", dir);
+  ck_assert_int_eq(ckpt_dir_shards_layout(dir, &l, err, sizeof err), 0);
+  ck_assert_int_eq(l, CKPT_SHARDS_SERVER_TABLES);
+  mk("shard-0-1", "table-1.bin");
+  char (*folder)[256] = calloc(6, sizeof *folder);
+  ck_assert_int_eq(ckpt_dir_server_folders(dir, 6, folder, err, sizeof err), 0);
+  ck_assert_str_eq(folder[0], "shard-0-1");
+  ck_assert_str_eq(folder[1], "shard-0-1");
+  ck_assert_str_eq(folder[2], "shard-2-3");
+  ck_assert_str_eq(folder[3], "shard-2-3");
+  ck_assert_str_eq(folder[4], "");
+  ck_assert_str_eq(folder[5], "shard-5"); /* named so, though empty */
+  free(folder);
+  /* A table file at the top: the in-process store's, mixed with servers'. */
+  snprintf(p, sizeof p, "%s/table-1.bin", dir);
+  put(p, "x");
+  ck_assert_int_eq(ckpt_dir_shards_layout(dir, &l, err, sizeof err), SR_EFORMAT);
+  sh("rm -r %s/shard-2-3 %s/shard-0-1", dir);
+  ck_assert_int_eq(ckpt_dir_shards_layout(dir, &l, err, sizeof err), 0);
+  ck_assert_int_eq(l, CKPT_SHARDS_TABLES);
+  /* No folder. */
+  snprintf(p, sizeof p, "%s/none", dir);
+  ck_assert_int_eq(ckpt_dir_shards_layout(p, &l, err, sizeof err), SR_ENOTFOUND);
+  ck_assert_msg(strstr(err, "none: cannot open"), "%s", err);
+  ck_assert_str_eq(ckpt_dir_shards_layout_name(CKPT_SHARDS_SERVER_TABLES),
+                   "in-memory servers' table files");
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("ckpt_dir");
   TCase *tc = tcase_create("ckpt_dir");
@@ -203,6 +309,8 @@ int main(void) {
   tcase_add_test(tc, test_write_read);
   tcase_add_test(tc, test_names_and_resolve);
   tcase_add_test(tc, test_refusals);
+  tcase_add_test(tc, test_shards_names);
+  tcase_add_test(tc, test_shards_layout);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

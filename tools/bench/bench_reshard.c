@@ -40,6 +40,7 @@
 #include "common/sys.h"
 #include "embedding/optim.h"
 #include "embedding/plan.h"
+#include "storage/ckpt_dir.h"
 #include "storage/kv.h"
 #include "storage/sst.h"
 #include "tools/train/checkpoint.h"
@@ -89,8 +90,8 @@ static int write_sources(const emb_plan *plan, const char *shards, const char *w
   uint32_t ids[N_TABLES];
   for (int t = 0; t < N_TABLES; t++) ids[t] = plan->tables[t].table_id;
   for (int k = 0; k < plan->n_shards && !rc; k++) {
-    char path[8400];
-    snprintf(path, sizeof path, "%s/shard-%d", shards, k);
+    char path[8400], lock[8500];
+    ckpt_dir_shard_path(shards, k, path, sizeof path);
     sst_db *db = NULL;
     if ((rc = sst_db_create(path, N_TABLES, ids, work, &db, err, errlen))) break;
     for (int t = 0; t < N_TABLES && !rc; t++) {
@@ -123,8 +124,8 @@ static int write_sources(const emb_plan *plan, const char *shards, const char *w
       free(enc);
     }
     sst_db_close(db);
-    snprintf(path, sizeof path, "%s/shard-%d/LOCK", shards, k);
-    unlink(path);
+    snprintf(lock, sizeof lock, "%s/LOCK", path);
+    unlink(lock);
   }
   return rc;
 }
@@ -163,7 +164,7 @@ static int baseline(const char *shards, int n_src, const char *work, uint64_t *r
   *rows = *bytes = 0;
   for (int k = 0; k < n_src && !rc; k++) {
     char path[8500];
-    snprintf(path, sizeof path, "%s/shard-%d", shards, k);
+    ckpt_dir_shard_path(shards, k, path, sizeof path);
     sst_db *db = NULL;
     if ((rc = sst_db_open_read(path, work, &db, err, errlen))) break;
     for (int i = 0; i < sst_db_n_tables(db) && !rc; i++) {
@@ -255,7 +256,7 @@ int bench_reshard(int argc, char **argv) {
   char ck[4200], stage[4300], shards[4400], work[4200], p3path[4200], out[4200];
   snprintf(ck, sizeof ck, "%s/ckpt", dir);
   snprintf(stage, sizeof stage, "%s/.step-0.tmp", ck);
-  snprintf(shards, sizeof shards, "%s/shards", stage);
+  ckpt_dir_shards_path(stage, shards, sizeof shards);
   snprintf(work, sizeof work, "%s/work", dir);
   snprintf(p3path, sizeof p3path, "%s/p3.json", dir);
   snprintf(out, sizeof out, "%s/out", dir);
@@ -274,8 +275,9 @@ int bench_reshard(int argc, char **argv) {
     goto done;
   }
   uint64_t n_rows = 0, n_bytes = 0;
-  char src_shards[8300];
-  snprintf(src_shards, sizeof src_shards, "%s/step-0/shards", ck);
+  char step0[4300], src_shards[8300];
+  snprintf(step0, sizeof step0, "%s/step-0", ck);
+  ckpt_dir_shards_path(step0, src_shards, sizeof src_shards);
   printf("checkpoint: %llu rows in %d tables, dim %lld + adagrad state, 2 shards row-wise; built in "
          "%.1f s\n", (unsigned long long)rows, N_TABLES, dim, sr_now() - t0);
   fflush(stdout);

@@ -19,6 +19,7 @@
 #include "common/sys.h"
 #include "embedding/shard.h"
 #include "rpc/client.h"
+#include "storage/ckpt_dir.h"
 #include "storage/kv.h"
 #include "tools/train/job_impl.h"
 
@@ -339,14 +340,15 @@ static int open_local(train_job *j) {
       data_dir = j->tmp_data_dir;
     } else if (!c->resume) {
       for (int k = 0; k < j->plan->n_shards; k++) {
-        char p[4200];
-        if (snprintf(p, sizeof p, "%s/shard-%d/CURRENT", data_dir, k) >= (int)sizeof p) {
+        char db[4100], p[4200];
+        if (ckpt_dir_shard_path(data_dir, k, db, sizeof db)) {
           job__errf(j, "--data-dir %s: path too long\n", data_dir);
           return -1;
         }
+        snprintf(p, sizeof p, "%s/CURRENT", db);
         if (sr_is_file(p)) {
-          job__errf(j, "--data-dir %s: holds shard databases of an earlier run (%s/shard-%d); "
-                    "remove them, or --resume a checkpoint\n", data_dir, data_dir, k);
+          job__errf(j, "--data-dir %s: holds shard databases of an earlier run (%s); "
+                    "remove them, or --resume a checkpoint\n", data_dir, db);
           return -1;
         }
       }
