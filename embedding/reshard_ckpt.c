@@ -45,25 +45,32 @@ static int has_server_folders(const char *shards, uint32_t tid) {
   return servers;
 }
 
-/* Which layout the source's shards/ has; -1 with the reason in err. */
-static int find_layout(const char *step_dir, const emb_plan *plan, char *err, size_t errlen) {
-  char p[4300], shards[4200];
+/* Which layout the source's shards/ has, into *layout. 0, SR_ENOTFOUND
+ * (a shard missing) or SR_ERANGE (a name too long), the reason in err. */
+static int find_layout(const char *step_dir, const emb_plan *plan, reshard_layout *layout,
+                       char *err, size_t errlen) {
+  char p[SR_PATH_MAX], shards[SR_PATH_MAX];
   uint32_t tid = plan->tables[0].table_id;
-  snprintf(shards, sizeof shards, "%s/shards", step_dir);
-  snprintf(p, sizeof p, "%s/table-%u.bin", shards, tid);
-  if (sr_is_file(p)) return RESHARD_TABLE_FILES_LOCAL;
-  snprintf(p, sizeof p, "%s/shard-0/table-%u.bin", shards, tid);
-  if (sr_is_file(p)) return RESHARD_TABLE_FILES_SERVERS;
+  int rc = sr_path_err(shards, sizeof shards, err, errlen, "%s/shards", step_dir);
+  if (!rc) rc = sr_path_err(p, sizeof p, err, errlen, "%s/table-%u.bin", shards, tid);
+  if (rc) return rc;
+  *layout = RESHARD_TABLE_FILES_LOCAL;
+  if (sr_is_file(p)) return 0;
+  *layout = RESHARD_TABLE_FILES_SERVERS;
+  if ((rc = sr_path_err(p, sizeof p, err, errlen, "%s/shard-0/table-%u.bin", shards, tid)))
+    return rc;
+  if (sr_is_file(p)) return 0;
   for (int k = 0; k < plan->n_shards; k++) {
-    snprintf(p, sizeof p, "%s/shard-%d/CURRENT", shards, k);
+    if ((rc = sr_path_err(p, sizeof p, err, errlen, "%s/shard-%d/CURRENT", shards, k))) return rc;
     if (sr_is_file(p)) continue;
     /* Servers hosting several shards each: shard-0-1/... */
-    if (has_server_folders(shards, tid)) return RESHARD_TABLE_FILES_SERVERS;
+    if (has_server_folders(shards, tid)) return 0;
     sr_fmt(err, errlen, "%s/shard-%d: missing (the plan has %d shards)", shards, k,
            plan->n_shards);
-    return -1;
+    return SR_ENOTFOUND;
   }
-  return RESHARD_ROCKSDB;
+  *layout = RESHARD_ROCKSDB;
+  return 0;
 }
 
 /* The source, the new plan and OUT, checked before anything is written. */
@@ -71,8 +78,9 @@ static int check_inputs(const reshard_ckpt_opts *o, emb_ckpt *ck, emb_plan **pla
                         reshard_ckpt_stats *st, char *err, size_t errlen) {
   int rc;
   st->failed = RESHARD_IN_FROM;
-  if ((rc = emb_ckpt_open(o->from, ck, err, errlen))) return rc;
-  snprintf(st->src_dir, sizeof st->src_dir, "%s", ck->dir);
+  if ((rc = emb_ckpt_open(o->from, ck, err, errlen)) ||
+      (rc = sr_path_err(st->src_dir, sizeof st->src_dir, err, errlen, "%s", ck->dir)))
+    return rc;
   st->step = ck->step;
   st->src_shards = ck->plan->n_shards;
   st->failed = RESHARD_IN_PLAN;
@@ -90,9 +98,7 @@ static int check_inputs(const reshard_ckpt_opts *o, emb_ckpt *ck, emb_plan **pla
     return SR_EMISMATCH;
   }
   st->failed = RESHARD_IN_FROM;
-  int layout = find_layout(ck->dir, ck->plan, err, errlen);
-  if (layout < 0) return SR_ENOTFOUND;
-  st->layout = (reshard_layout)layout;
+  if ((rc = find_layout(ck->dir, ck->plan, &st->layout, err, errlen))) return rc;
   st->failed = RESHARD_IN_TO;
   if (exists(st->out_dir) && !o->force) {
     sr_fmt(err, errlen, "%s: already exists", st->out_dir);
@@ -113,13 +119,19 @@ static int check_inputs(const reshard_ckpt_opts *o, emb_ckpt *ck, emb_plan **pla
   return 0;
 }
 
+/* The longest name under a checkpoint's step folder, the work folder's SST
+ * files included ("work/t<id>-s<K>-w<W>-<seq>.sst", "shards/shard-K/<a
+ * RocksDB file>"), with room to spare. */
+#define RESHARD_CKPT_NAME_ROOM 96
+
 /* Move the rows from ck's shards/ into t's shards/ (work: scratch). */
 static int move_rows(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_plan *plan,
                      const ckpt_dir_txn *t, const char *work, reshard_ckpt_stats *st, char *err,
                      size_t errlen) {
-  char src_shards[4300], shards[4300];
-  snprintf(src_shards, sizeof src_shards, "%s/shards", ck->dir);
-  snprintf(shards, sizeof shards, "%s/shards", t->tmp);
+  char src_shards[SR_PATH_MAX], shards[SR_PATH_MAX];
+  int rc = sr_path_err(src_shards, sizeof src_shards, err, errlen, "%s/shards", ck->dir);
+  if (!rc) rc = sr_path_err(shards, sizeof shards, err, errlen, "%s/shards", t->tmp);
+  if (rc) return rc;
   if (mkdir(shards, 0777) != 0) {
     sr_fmt(err, errlen, "%s: cannot create: %s", shards, strerror(errno));
     return SR_EIO;
@@ -137,12 +149,16 @@ static int move_rows(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_p
                                        : reshard_run_files(&ro, &st->run, err, errlen);
 }
 
-/* Replace OUT by tmp (OUT moved aside first, removed once tmp is in place). */
+/* Replace OUT by tmp (OUT moved aside first, removed once tmp is in place;
+ * an aside name too long: SR_ERANGE, nothing moved). */
 static int publish(const char *tmp, const char *out, char *err, size_t errlen) {
-  char old[4200] = "", parent[4096];
+  char old[SR_PATH_MAX], parent[SR_PATH_MAX];
+  int rc = sr_path_err(old, sizeof old, err, errlen, "%s.old-%ld", out, (long)getpid());
+  if (rc) return rc; /* parent, shorter than out, fits too */
   sr_fsync_dir(tmp);
-  if (exists(out)) {
-    snprintf(old, sizeof old, "%s.old-%ld", out, (long)getpid());
+  if (!exists(out)) {
+    old[0] = 0;
+  } else {
     if (rename(out, old) != 0) {
       sr_fmt(err, errlen, "%s: cannot move aside: %s", out, strerror(errno));
       return SR_EIO;
@@ -164,16 +180,16 @@ static int publish(const char *tmp, const char *out, char *err, size_t errlen) {
 static int write_out(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_plan *plan,
                      const char *tmp, reshard_ckpt_stats *st, char *err, size_t errlen) {
   ckpt_dir_txn t;
-  char work[4300], p1[4300], p2[4300];
+  char work[SR_PATH_MAX], p1[SR_PATH_MAX], p2[SR_PATH_MAX];
   int done, rc = ckpt_dir_begin(tmp, st->step, &t, &done, err, errlen);
+  if (!rc) rc = sr_path_err(work, sizeof work, err, errlen, "%s/work", tmp);
+  if (!rc) rc = sr_path_err(p1, sizeof p1, err, errlen, "%s/dense.bin", ck->dir);
+  if (!rc) rc = sr_path_err(p2, sizeof p2, err, errlen, "%s/dense.bin", t.tmp);
   if (rc) return rc;
-  snprintf(work, sizeof work, "%s/work", tmp);
   if (mkdir(work, 0777) != 0) {
     sr_fmt(err, errlen, "%s: cannot create folders: %s", tmp, strerror(errno));
     return SR_EIO;
   }
-  snprintf(p1, sizeof p1, "%s/dense.bin", ck->dir);
-  snprintf(p2, sizeof p2, "%s/dense.bin", t.tmp);
   if (sr_is_file(p1) && (rc = sr_copy_file(p1, p2, err, errlen))) return rc;
   if (o->on_start) o->on_start(st, o->ctx);
   if ((rc = move_rows(o, ck, plan, &t, work, st, err, errlen))) {
@@ -193,18 +209,23 @@ int reshard_checkpoint(const reshard_ckpt_opts *o, reshard_ckpt_stats *st, char 
   memset(st, 0, sizeof *st);
   size_t tl = strlen(o->to);
   while (tl > 1 && o->to[tl - 1] == '/') tl--;
-  if (tl >= 3000) {
+  /* OUT leaves room for the longest path made under it (checked before
+   * anything is read or written). */
+  char widest[128];
+  size_t room = (size_t)snprintf(widest, sizeof widest, ".tmp-%d/.step-%lld.tmp-%d/", INT_MAX,
+                                 LLONG_MAX, INT_MAX) + RESHARD_CKPT_NAME_ROOM;
+  if (tl + room >= SR_PATH_MAX) {
     st->failed = RESHARD_IN_TO;
-    sr_fmt(err, errlen, "%s: path too long", o->to);
-    return SR_EINVAL;
+    return sr_path_too_long(err, errlen, o->to, SR_PATH_MAX - room);
   }
-  snprintf(st->out_dir, sizeof st->out_dir, "%.*s", (int)tl, o->to);
+  snprintf(st->out_dir, sizeof st->out_dir, "%.*s", (int)tl, o->to); /* fits: checked */
   emb_ckpt ck;
   emb_plan *plan = NULL;
-  char tmp[4200];
+  char tmp[SR_PATH_MAX];
   int rc = check_inputs(o, &ck, &plan, st, err, errlen);
   if (rc) goto out;
-  snprintf(tmp, sizeof tmp, "%s.tmp-%ld", st->out_dir, (long)getpid());
+  if ((rc = sr_path_err(tmp, sizeof tmp, err, errlen, "%s.tmp-%ld", st->out_dir, (long)getpid())))
+    goto out;
   if (mkdir(tmp, 0777) != 0) {
     sr_fmt(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
     rc = SR_EIO;
