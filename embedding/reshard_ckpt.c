@@ -218,7 +218,7 @@ int reshard_checkpoint(const reshard_ckpt_opts *o, reshard_ckpt_stats *st, char 
     st->failed = RESHARD_IN_TO;
     return sr_path_too_long(err, errlen, o->to, SR_PATH_MAX - room);
   }
-  snprintf(st->out_dir, sizeof st->out_dir, "%.*s", (int)tl, o->to); /* fits: checked */
+  sr_path(st->out_dir, sizeof st->out_dir, "%.*s", (int)tl, o->to); /* fits: checked above */
   emb_ckpt ck;
   emb_plan *plan = NULL;
   char tmp[SR_PATH_MAX];

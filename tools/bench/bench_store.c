@@ -430,7 +430,7 @@ int bench_store(int argc, char **argv) {
     return status;
   }
   status = 1;
-  snprintf(b->dir, sizeof b->dir, "/tmp/shardrec-bench-store-XXXXXX");
+  sr_path(b->dir, sizeof b->dir, "/tmp/shardrec-bench-store-XXXXXX"); /* a literal that fits */
   if (!mkdtemp(b->dir)) {
     perror("mkdtemp");
     free(b);

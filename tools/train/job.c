@@ -329,7 +329,7 @@ static int open_local(train_job *j) {
         job__errf(j, "out of memory\n");
         return -1;
       }
-      snprintf(j->tmp_data_dir, len, "%s/shardrec-data-XXXXXX", base);
+      sr_path(j->tmp_data_dir, len, "%s/shardrec-data-XXXXXX", base); /* len fits it */
       if (!mkdtemp(j->tmp_data_dir)) {
         job__errf(j, "%s: cannot create a temporary data folder: %s\n", j->tmp_data_dir,
                   strerror(errno));
