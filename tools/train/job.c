@@ -395,17 +395,18 @@ static int path_room(const train_job *j, const char *flag, const char *path, siz
 /* The folders the job writes or reads under are refused before anything is
  * read, trained or made when a path under them would not fit: --save-checkpoint
  * DIR (DIR/.step-N.tmp-PID/...), --save-model DIR (DIR.tmp-PID/.step-N.tmp-PID/...),
- * --resume DIR (DIR/step-N/...), --data-dir DIR (DIR/shard-K/...), N, PID and K
- * at their widest. 0 or -1 (message printed). */
+ * --data-dir DIR (DIR/shard-K/...), N, PID and K at their widest; --resume DIR
+ * (DIR/<a checkpoint's file>: any step-N ckpt_save wrote passes, and a newest
+ * step-N under DIR that does not fit is refused by ckpt_resolve). 0 or -1
+ * (message printed). */
 static int check_paths(const train_job *j) {
   const train_config *c = j->cfg;
   char widest[64];
-  size_t step_dir = (size_t)snprintf(widest, sizeof widest, "/step-%lld/", LLONG_MAX);
   size_t tmp_ext = (size_t)snprintf(widest, sizeof widest, ".tmp-%d", INT_MAX);
   size_t shard_dir = (size_t)snprintf(widest, sizeof widest, "/shard-%d/", INT_MAX);
   return path_room(j, "--save-checkpoint", c->checkpoint_dir, ckpt_root_room()) ||
          path_room(j, "--save-model", c->save_model, tmp_ext + ckpt_root_room()) ||
-         path_room(j, "--resume", c->resume, step_dir + CKPT_NAME_ROOM) ||
+         path_room(j, "--resume", c->resume, 1 + CKPT_NAME_ROOM) ||
          path_room(j, "--data-dir", c->data_dir, shard_dir + CKPT_NAME_ROOM)
              ? -1
              : 0;
