@@ -12,8 +12,6 @@
 
 #include "common/status.h"
 
-#define SR_PATH_MAX 4096
-
 int sr_path(char *buf, size_t len, const char *fmt, ...) {
   if (!buf || len == 0) return SR_EINVAL;
   va_list ap;
@@ -21,6 +19,30 @@ int sr_path(char *buf, size_t len, const char *fmt, ...) {
   int w = vsnprintf(buf, len, fmt, ap);
   va_end(ap);
   if (w < 0 || (size_t)w >= len) {
+    buf[0] = '\0';
+    return SR_ERANGE;
+  }
+  return 0;
+}
+
+int sr_path_too_long(char *err, size_t errlen, const char *path, size_t limit) {
+  if (err && errlen) {
+    size_t n = strlen(path);
+    sr_fmt(err, errlen, "%.64s%s: path too long (over %zu characters)", path, n > 64 ? "..." : "",
+           limit ? limit - 1 : 0);
+  }
+  return SR_ERANGE;
+}
+
+int sr_path_err(char *buf, size_t len, char *err, size_t errlen, const char *fmt, ...) {
+  if (!buf || len == 0) return SR_EINVAL;
+  va_list ap;
+  va_start(ap, fmt);
+  int w = vsnprintf(buf, len, fmt, ap);
+  va_end(ap);
+  if (w < 0 || (size_t)w >= len) {
+    if (w >= 0) sr_path_too_long(err, errlen, buf, len); /* buf holds the path's start */
+    else if (err && errlen) sr_fmt(err, errlen, "%s: cannot format a path", fmt);
     buf[0] = '\0';
     return SR_ERANGE;
   }

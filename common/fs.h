@@ -7,10 +7,29 @@
 
 #include <stddef.h>
 
+/* The longest path the kernel takes (Linux PATH_MAX, the NUL included): a
+ * path buffer of this size holds any path a call can use. */
+#ifndef SR_PATH_MAX
+#define SR_PATH_MAX 4096
+#endif
+
 /* Format a path into buf[len] in the manner of snprintf. Returns 0, or
  * SR_ERANGE when the result (and its NUL) does not fit in len bytes: buf is
  * then the empty string, never a truncated path. SR_EINVAL for len == 0. */
 int sr_path(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* sr_path, and when the path does not fit, the message sr_path_too_long
+ * writes, into err (errlen 0: none). 0, SR_ERANGE or SR_EINVAL as
+ * sr_path. */
+int sr_path_err(char *buf, size_t len, char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* The message for a path that does not fit in limit bytes (its NUL
+ * included), naming its start (path: the whole path, or as much of it as
+ * was formatted) into err: "<the first 64 characters>...: path too long
+ * (over <limit - 1> characters)". Returns SR_ERANGE, for
+ * `return sr_path_too_long(...)`. */
+int sr_path_too_long(char *err, size_t errlen, const char *path, size_t limit);
 
 /* 1 when path is a regular file / a folder (symlinks followed), else 0. */
 int sr_is_file(const char *path);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "common/fs.h"
 #include "common/rng.h"
 #include "common/status.h"
 #include "datasets/binfmt.h"
@@ -459,7 +460,7 @@ static int open_tsv(ds_source *s) {
       size_t L = strlen(o->path) + 8;
       s->paths[d] = malloc(L);
       if (!s->paths[d]) return SR_ENOMEM;
-      snprintf(s->paths[d], L, "%s_%d", o->path, d);
+      sr_path(s->paths[d], L, "%s_%d", o->path, d); /* L fits it */
       if (access(s->paths[d], R_OK)) {
         sr_fmt(s->err, sizeof s->err, "%s: %s (the terabyte split reads %s_0 .. %s_23)",
                s->paths[d], strerror(errno), o->path, o->path);

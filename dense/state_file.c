@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/sha256.h"
 #include "common/status.h"
 
@@ -93,11 +94,9 @@ int dense_state_save(const char *path, const dense_model *m, const dense_opt *o,
     sr_fmt(err, errlen, "%s: SHA-256 failed", path);
     return SR_EBACKEND;
   }
-  char tmp[4200];
-  if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
-    sr_fmt(err, errlen, "%s: path too long", path);
-    return SR_EINVAL;
-  }
+  char tmp[SR_PATH_MAX];
+  int rc = sr_path_err(tmp, sizeof tmp, err, errlen, "%s.tmp", path);
+  if (rc) return rc; /* nothing written */
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) {
     sr_fmt(err, errlen, "%s: cannot write: %s", tmp, strerror(errno));

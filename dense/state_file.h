@@ -32,7 +32,7 @@
 /* Write m's parameters and o's state (o NULL: the parameters alone, written
  * as an SGD optimizer at step 0, which keeps no state) to path: under
  * path.tmp, fsynced, then renamed. m and o are only read. 0, or SR_EIO
- * (SR_EINVAL for a path too long) with the reason in err; on failure no
+ * (SR_ERANGE for a path too long: path.tmp would not fit) with the reason in err; on failure no
  * path.tmp is left and path is as it was. */
 int dense_state_save(const char *path, const dense_model *m, const dense_opt *o, char *err,
                      size_t errlen);

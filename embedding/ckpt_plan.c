@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fs.h"
 #include "common/status.h"
 #include "storage/ckpt_dir.h"
 
@@ -75,16 +76,26 @@ void emb_ckpt_close(emb_ckpt *ck) {
   memset(ck, 0, sizeof *ck);
 }
 
+int emb_ckpt_resolve(const char *path, char *out, size_t outlen, char *err, size_t errlen) {
+  char p[SR_PATH_MAX], found[SR_PATH_MAX + 260]; /* path, '/', a step-N name (< 256) */
+  if (outlen) out[0] = 0;
+  /* path and its manifest's name fit: ckpt_dir_resolve looks at both. */
+  int rc = sr_path(p, sizeof p, "%s/manifest.json", path);
+  if (rc) return sr_path_too_long(err, errlen, path, sizeof p - strlen("/manifest.json"));
+  if ((rc = ckpt_dir_resolve(path, found, sizeof found, err, errlen))) return rc;
+  return sr_path_err(out, outlen, err, errlen, "%s", found);
+}
+
 int emb_ckpt_open(const char *path, emb_ckpt *ck, char *err, size_t errlen) {
   memset(ck, 0, sizeof *ck);
-  int rc = ckpt_dir_resolve(path, ck->dir, sizeof ck->dir, err, errlen);
+  char src[SR_PATH_MAX];
+  int rc = emb_ckpt_resolve(path, ck->dir, sizeof ck->dir, err, errlen);
+  if (!rc) rc = sr_path_err(src, sizeof src, err, errlen, "%s/manifest.json", ck->dir);
   if (!rc) rc = ckpt_dir_read(ck->dir, &ck->manifest, err, errlen);
   if (rc) {
     emb_ckpt_close(ck);
     return rc;
   }
-  char src[4200];
-  snprintf(src, sizeof src, "%s/manifest.json", ck->dir);
   const cJSON *step = cJSON_GetObjectItemCaseSensitive(ck->manifest, "step");
   if (!cJSON_IsNumber(step)) {
     sr_fmt(err, errlen, "%s: not a checkpoint manifest (missing fields)", src);
@@ -116,10 +127,16 @@ int emb_ckpt_write_as(const cJSON *src_manifest, const emb_plan *src_plan, const
     return SR_ENOMEM;
   }
   ckpt_dir_txn t;
+  /* final's folder (t.root) is shorter than final. */
+  int rc = sr_path_err(t.tmp, sizeof t.tmp, err, errlen, "%s", tmp);
+  if (!rc) rc = sr_path_err(t.final, sizeof t.final, err, errlen, "%s", final);
+  if (!rc && strlen(final) >= sizeof t.root) rc = sr_path_too_long(err, errlen, final, sizeof t.root);
+  if (rc) {
+    cJSON_Delete(man);
+    return rc;
+  }
   ckpt_dir_parent(final, t.root, sizeof t.root);
-  snprintf(t.tmp, sizeof t.tmp, "%s", tmp);
-  snprintf(t.final, sizeof t.final, "%s", final);
-  int rc = emb_ckpt_set_plan(man, plan, err, errlen);
+  rc = emb_ckpt_set_plan(man, plan, err, errlen);
   if (!rc) rc = ckpt_dir_commit(&t, man, err, errlen);
   cJSON_Delete(man);
   return rc;

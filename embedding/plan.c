@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/rng.h"
 #include "common/sha256.h"
 #include "common/status.h"
@@ -606,7 +607,7 @@ int emb_plan_save(const emb_plan *plan, const char *path, char *err, size_t errl
     sr_fmt(err, errlen, "%s: out of memory", path);
     return SR_ENOMEM;
   }
-  snprintf(tmp, tl, "%s.tmp.%ld", path, (long)getpid());
+  sr_path(tmp, tl, "%s.tmp.%ld", path, (long)getpid()); /* tl fits it */
   FILE *f = fopen(tmp, "wb");
   rc = 0;
   if (!f) {

@@ -2,6 +2,7 @@
 #include "embedding/reshard.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/rng.h"
 #include "common/status.h"
 #include "common/sys.h"
@@ -183,9 +185,10 @@ static int put_row(worker *w, int k, uint32_t tid, uint64_t key, const char *val
     if ((rc = close_writer(w, k, err, errlen))) return rc;
   }
   if (!w->w[k]) {
-    char path[4300];
-    snprintf(path, sizeof path, "%s/t%u-s%d-w%d-%06llu.sst", o->work_dir, tid, k, w->id,
-             (unsigned long long)w->seq++);
+    char path[SR_PATH_MAX];
+    if ((rc = sr_path_err(path, sizeof path, err, errlen, "%s/t%u-s%d-w%d-%06llu.sst", o->work_dir,
+                          tid, k, w->id, (unsigned long long)w->seq++)))
+      return rc;
     if ((rc = sst_writer_open(path, &w->w[k], err, errlen))) return rc;
     if ((rc = add_file(w, k, path))) {
       sr_fmt(err, errlen, "out of memory");
@@ -275,7 +278,7 @@ static int create_job(void *ctx, int k, int ti, char *err, size_t errlen) {
   (void)ti;
   run *r = ctx;
   const emb_plan *dst = r->o->dst;
-  char path[4200];
+  char path[SR_PATH_MAX];
   if (ckpt_dir_shard_path(r->o->out_dir, k, path, sizeof path)) {
     sr_fmt(err, errlen, "%s: path too long", r->o->out_dir);
     return SR_ERANGE;
@@ -452,13 +455,14 @@ static int verify_target(void *ctx, int k, int unused, char *err, size_t errlen)
   run *r = ctx;
   reshard_table *part = &r->vt[(size_t)k * (size_t)r->o->dst->n_tables];
   const emb_plan *dst = r->o->dst;
-  char path[4200];
+  char path[SR_PATH_MAX];
   if (ckpt_dir_shard_path(r->o->out_dir, k, path, sizeof path)) {
     sr_fmt(err, errlen, "%s: path too long", r->o->out_dir);
     return SR_ERANGE;
   }
   sst_db *db = NULL;
-  int rc = sst_db_open_read(path, r->o->work_dir, &db, err, errlen);
+  int rc = sr_path_err(path, sizeof path, err, errlen, "%s/shard-%d", r->o->out_dir, k);
+  if (!rc) rc = sst_db_open_read(path, r->o->work_dir, &db, err, errlen);
   if (rc) return rc;
   if (sst_db_n_tables(db) != dst->n_tables) {
     sr_fmt(err, errlen, "%s: holds %d tables, the plan has %d", path, sst_db_n_tables(db),
@@ -511,9 +515,8 @@ out:
 /* Remove RocksDB's leftovers that are no part of a database's state (the
  * lock file), so the folder matches what a RocksDB checkpoint holds. */
 static void tidy_db_dir(const char *path) {
-  char p[4300];
-  snprintf(p, sizeof p, "%s/LOCK", path);
-  unlink(p);
+  char p[SR_PATH_MAX];
+  if (!sr_path(p, sizeof p, "%s/LOCK", path)) unlink(p);
 }
 
 int reshard__compare(reshard_stats *st, char *err, size_t errlen) {
@@ -538,8 +541,28 @@ int reshard__compare(reshard_stats *st, char *err, size_t errlen) {
   return rc;
 }
 
+/* The names a RocksDB database holds ("OPTIONS-000012.dbtmp",
+ * "LOG.old.1700000000000000"), with room to spare. */
+#define RESHARD_NAME_ROOM 64
+
+/* Every path reshard_run makes fits (the widest shard, worker and file
+ * numbers), checked before anything is written: 0 or SR_ERANGE with the
+ * folder's start in err. */
+static int paths_fit(const reshard_opts *o, char *err, size_t errlen) {
+  char p[SR_PATH_MAX];
+  int rc = sr_path_err(p, sizeof p, err, errlen, "%s/shard-%d/%*s", o->src_dir, INT_MAX,
+                       RESHARD_NAME_ROOM, "");
+  if (!rc) rc = sr_path_err(p, sizeof p, err, errlen, "%s/shard-%d/%*s", o->out_dir, INT_MAX,
+                            RESHARD_NAME_ROOM, "");
+  if (!rc) rc = sr_path_err(p, sizeof p, err, errlen, "%s/t%u-s%d-w%d-%06llu.sst", o->work_dir,
+                            UINT_MAX, INT_MAX, INT_MAX, ULLONG_MAX);
+  return rc;
+}
+
 int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errlen) {
   memset(st, 0, sizeof *st);
+  int rc = paths_fit(o, err, errlen);
+  if (rc) return rc;
   double t0 = sr_now();
   const emb_plan *dst = o->dst;
   run r;
@@ -550,7 +573,7 @@ int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errl
   pthread_mutex_init(&r.mu, NULL);
   int n_work = o->threads > 0 ? o->threads : 1;
   if (n_work > dst->n_tables) n_work = dst->n_tables;
-  int rc = 0, n_init = 0;
+  int n_init = 0;
   uint32_t *ids = malloc((size_t)dst->n_tables * sizeof *ids);
   st->tables = calloc((size_t)dst->n_tables, sizeof *st->tables);
   r.src = calloc((size_t)r.n_src, sizeof *r.src);
@@ -580,7 +603,7 @@ int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errl
   /* Sources: every table family they hold must be a table of the plan
    * (rows of another table would be lost). */
   for (int s = 0; s < r.n_src; s++) {
-    char path[4200];
+    char path[SR_PATH_MAX];
     if (ckpt_dir_shard_path(o->src_dir, s, path, sizeof path)) {
       sr_fmt(err, errlen, "%s: path too long", o->src_dir);
       rc = SR_ERANGE;
@@ -623,7 +646,7 @@ int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errl
   for (int k = 0; k < r.n_dst; k++) {
     sst_db_close(r.dst[k]);
     r.dst[k] = NULL;
-    char path[4200];
+    char path[SR_PATH_MAX];
     if (!ckpt_dir_shard_path(o->out_dir, k, path, sizeof path)) tidy_db_dir(path);
   }
   if (o->verify) {

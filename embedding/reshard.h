@@ -84,8 +84,9 @@ typedef struct reshard_opts {
  * (also on SR_ECHECKSUM). 0, or SR_E* with the reason in err: a source
  * that is not a database or holds a table the plan lacks (SR_EFORMAT /
  * SR_ENOTFOUND), a damaged row (SR_EFORMAT), RocksDB errors (SR_EIO), a
- * verification mismatch (SR_ECHECKSUM). On failure out_dir may hold partial
- * databases: the caller removes them. */
+ * verification mismatch (SR_ECHECKSUM), a folder too long for the paths
+ * made under it (SR_ERANGE, before anything is written). On failure out_dir
+ * may hold partial databases: the caller removes them. */
 int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errlen);
 void reshard_stats_free(reshard_stats *st); /* NULL-safe; leaves *st zeroed */
 

@@ -26,16 +26,15 @@ static int exists(const char *p) {
  * database layout must hold every shard of the plan. */
 static int find_layout(const char *step_dir, const emb_plan *plan, ckpt_shards_layout *out,
                        char *err, size_t errlen) {
-  char shards[4200], p[4300];
-  if (ckpt_dir_shards_path(step_dir, shards, sizeof shards)) {
-    sr_fmt(err, errlen, "%s: path too long", step_dir);
-    return SR_ERANGE;
-  }
+  char shards[SR_PATH_MAX], p[SR_PATH_MAX];
+  if (ckpt_dir_shards_path(step_dir, shards, sizeof shards))
+    return sr_path_too_long(err, errlen, step_dir, sizeof shards);
   int rc = ckpt_dir_shards_layout(shards, out, err, errlen);
   for (int k = 0; !rc && *out == CKPT_SHARDS_DBS && k < plan->n_shards; k++) {
-    char cur[4400];
-    ckpt_dir_shard_path(shards, k, p, sizeof p);
-    snprintf(cur, sizeof cur, "%s/CURRENT", p);
+    char cur[SR_PATH_MAX];
+    if (ckpt_dir_shard_path(shards, k, p, sizeof p) ||
+        sr_path_err(cur, sizeof cur, err, errlen, "%s/CURRENT", p))
+      return sr_path_too_long(err, errlen, shards, sizeof p);
     if (!sr_is_file(cur)) {
       sr_fmt(err, errlen, "%s: missing (the plan has %d shards)", p, plan->n_shards);
       rc = SR_ENOTFOUND;
@@ -49,8 +48,9 @@ static int check_inputs(const reshard_ckpt_opts *o, emb_ckpt *ck, emb_plan **pla
                         reshard_ckpt_stats *st, char *err, size_t errlen) {
   int rc;
   st->failed = RESHARD_IN_FROM;
-  if ((rc = emb_ckpt_open(o->from, ck, err, errlen))) return rc;
-  snprintf(st->src_dir, sizeof st->src_dir, "%s", ck->dir);
+  if ((rc = emb_ckpt_open(o->from, ck, err, errlen)) ||
+      (rc = sr_path_err(st->src_dir, sizeof st->src_dir, err, errlen, "%s", ck->dir)))
+    return rc;
   st->step = ck->step;
   st->src_shards = ck->plan->n_shards;
   st->failed = RESHARD_IN_PLAN;
@@ -89,11 +89,16 @@ static int check_inputs(const reshard_ckpt_opts *o, emb_ckpt *ck, emb_plan **pla
   return 0;
 }
 
+/* The longest name under a checkpoint's step folder, the work folder's SST
+ * files included ("work/t<id>-s<K>-w<W>-<seq>.sst", "shards/shard-K/<a
+ * RocksDB file>"), with room to spare. */
+#define RESHARD_CKPT_NAME_ROOM 96
+
 /* Move the rows from ck's shards/ into t's shards/ (work: scratch). */
 static int move_rows(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_plan *plan,
                      const ckpt_dir_txn *t, const char *work, reshard_ckpt_stats *st, char *err,
                      size_t errlen) {
-  char src_shards[4300], shards[4300];
+  char src_shards[SR_PATH_MAX], shards[SR_PATH_MAX];
   if (ckpt_dir_shards_path(ck->dir, src_shards, sizeof src_shards) ||
       ckpt_dir_shards_path(t->tmp, shards, sizeof shards)) {
     sr_fmt(err, errlen, "%s: path too long", t->tmp);
@@ -116,12 +121,16 @@ static int move_rows(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_p
                                        : reshard_run_files(&ro, &st->run, err, errlen);
 }
 
-/* Replace OUT by tmp (OUT moved aside first, removed once tmp is in place). */
+/* Replace OUT by tmp (OUT moved aside first, removed once tmp is in place;
+ * an aside name too long: SR_ERANGE, nothing moved). */
 static int publish(const char *tmp, const char *out, char *err, size_t errlen) {
-  char old[4200] = "", parent[4096];
+  char old[SR_PATH_MAX], parent[SR_PATH_MAX];
+  int rc = sr_path_err(old, sizeof old, err, errlen, "%s.old-%ld", out, (long)getpid());
+  if (rc) return rc; /* parent, shorter than out, fits too */
   sr_fsync_dir(tmp);
-  if (exists(out)) {
-    snprintf(old, sizeof old, "%s.old-%ld", out, (long)getpid());
+  if (!exists(out)) {
+    old[0] = 0;
+  } else {
     if (rename(out, old) != 0) {
       sr_fmt(err, errlen, "%s: cannot move aside: %s", out, strerror(errno));
       return SR_EIO;
@@ -143,16 +152,16 @@ static int publish(const char *tmp, const char *out, char *err, size_t errlen) {
 static int write_out(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_plan *plan,
                      const char *tmp, reshard_ckpt_stats *st, char *err, size_t errlen) {
   ckpt_dir_txn t;
-  char work[4300], p1[4300], p2[4300];
+  char work[SR_PATH_MAX], p1[SR_PATH_MAX], p2[SR_PATH_MAX];
   int done, rc = ckpt_dir_begin(tmp, st->step, &t, &done, err, errlen);
+  if (!rc) rc = sr_path_err(work, sizeof work, err, errlen, "%s/work", tmp);
+  if (!rc) rc = sr_path_err(p1, sizeof p1, err, errlen, "%s/dense.bin", ck->dir);
+  if (!rc) rc = sr_path_err(p2, sizeof p2, err, errlen, "%s/dense.bin", t.tmp);
   if (rc) return rc;
-  snprintf(work, sizeof work, "%s/work", tmp);
   if (mkdir(work, 0777) != 0) {
     sr_fmt(err, errlen, "%s: cannot create folders: %s", tmp, strerror(errno));
     return SR_EIO;
   }
-  snprintf(p1, sizeof p1, "%s/dense.bin", ck->dir);
-  snprintf(p2, sizeof p2, "%s/dense.bin", t.tmp);
   if (sr_is_file(p1) && (rc = sr_copy_file(p1, p2, err, errlen))) return rc;
   if (o->on_start) o->on_start(st, o->ctx);
   if ((rc = move_rows(o, ck, plan, &t, work, st, err, errlen))) {
@@ -172,18 +181,23 @@ int reshard_checkpoint(const reshard_ckpt_opts *o, reshard_ckpt_stats *st, char 
   memset(st, 0, sizeof *st);
   size_t tl = strlen(o->to);
   while (tl > 1 && o->to[tl - 1] == '/') tl--;
-  if (tl >= 3000) {
+  /* OUT leaves room for the longest path made under it (checked before
+   * anything is read or written). */
+  char widest[128];
+  size_t room = (size_t)snprintf(widest, sizeof widest, ".tmp-%d/.step-%lld.tmp-%d/", INT_MAX,
+                                 LLONG_MAX, INT_MAX) + RESHARD_CKPT_NAME_ROOM;
+  if (tl + room >= SR_PATH_MAX) {
     st->failed = RESHARD_IN_TO;
-    sr_fmt(err, errlen, "%s: path too long", o->to);
-    return SR_EINVAL;
+    return sr_path_too_long(err, errlen, o->to, SR_PATH_MAX - room);
   }
-  snprintf(st->out_dir, sizeof st->out_dir, "%.*s", (int)tl, o->to);
+  sr_path(st->out_dir, sizeof st->out_dir, "%.*s", (int)tl, o->to); /* fits: checked above */
   emb_ckpt ck;
   emb_plan *plan = NULL;
-  char tmp[4200];
+  char tmp[SR_PATH_MAX];
   int rc = check_inputs(o, &ck, &plan, st, err, errlen);
   if (rc) goto out;
-  snprintf(tmp, sizeof tmp, "%s.tmp-%ld", st->out_dir, (long)getpid());
+  if ((rc = sr_path_err(tmp, sizeof tmp, err, errlen, "%s.tmp-%ld", st->out_dir, (long)getpid())))
+    goto out;
   if (mkdir(tmp, 0777) != 0) {
     sr_fmt(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
     rc = SR_EIO;

@@ -65,7 +65,9 @@ typedef struct reshard_ckpt_opts {
  * input at fault in st->failed: the source (not found, torn, damaged:
  * SR_ENOTFOUND / SR_EFORMAT / SR_ECHECKSUM), the plan (unreadable, or
  * another model: SR_EMISMATCH naming the first difference), OUT (exists
- * without force, or holds the source: SR_EEXISTS / SR_EINVAL), the
+ * without force, or holds the source: SR_EEXISTS / SR_EINVAL; too long for
+ * the paths made under it: SR_ERANGE, "<OUT's start>...: path too long",
+ * before anything is read or written), the
  * resharding (SR_ECHECKSUM when verification fails, naming the table;
  * SR_EIO ...). Nothing is left at OUT or beside it on failure. */
 int reshard_checkpoint(const reshard_ckpt_opts *o, reshard_ckpt_stats *st, char *err,

@@ -12,12 +12,14 @@
  * reconnects by itself. When the tries run out the error names the shard
  * and the server. Push is idempotent on (job id, step, rank) at the server,
  * so retrying it is safe. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/rng.h"
 #include "common/status.h"
 #include "common/sys.h"
@@ -664,26 +666,24 @@ static int r_flush(emb_store *b) {
   return 0;
 }
 /* Servers resolve paths from their own working folder: send absolute ones
- * (the folder must be one the servers see at the same path). */
+ * (the folder must be one the servers see at the same path). 0, SR_EINVAL
+ * (no working folder) or SR_ERANGE (too long: never sent cut short). */
 static int abs_path(rstore *s, const char *path, char *out, size_t n) {
-  if (path[0] == '/') {
-    snprintf(out, n, "%s", path);
-    return 0;
-  }
-  char cwd[2048];
-  if (!getcwd(cwd, sizeof cwd) || (size_t)snprintf(out, n, "%s/%s", cwd, path) >= n) {
-    sr_fmt(s->err, sizeof s->err, "%s: cannot make the path absolute", path);
+  if (path[0] == '/') return sr_path_err(out, n, s->err, sizeof s->err, "%s", path);
+  char cwd[SR_PATH_MAX];
+  if (!getcwd(cwd, sizeof cwd)) {
+    sr_fmt(s->err, sizeof s->err, "%s: cannot make the path absolute: %s", path, strerror(errno));
     return SR_EINVAL;
   }
-  return 0;
+  return sr_path_err(out, n, s->err, sizeof s->err, "%s/%s", cwd, path);
 }
 static int r_checkpoint(emb_store *b, const char *path) {
-  char abs[4096];
+  char abs[SR_PATH_MAX];
   int rc = abs_path((rstore *)b, path, abs, sizeof abs);
   return rc ? rc : broadcast((rstore *)b, RPC_CHECKPOINT, make_ckpt, abs, "checkpoint", ckpt_inc);
 }
 static int r_restore(emb_store *b, const char *path) {
-  char abs[4096];
+  char abs[SR_PATH_MAX];
   int rc = abs_path((rstore *)b, path, abs, sizeof abs);
   if (!rc) rc = broadcast((rstore *)b, RPC_RESTORE, make_restore, abs, "restore", restore_inc);
   if (!rc) ((rstore *)b)->lost = 0;

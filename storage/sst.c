@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/fs.h"
 #include "common/status.h"
 #include "storage/rocks_util.h"
 
@@ -17,7 +18,7 @@ struct sst_writer {
   rocksdb_envoptions_t *env;
   rocksdb_options_t *opts;
   rocksdb_sstfilewriter_t *w;
-  char path[4096];
+  char path[SR_PATH_MAX];
   uint64_t rows, last;
 };
 
@@ -27,7 +28,10 @@ int sst_writer_open(const char *path, sst_writer **out, char *err, size_t errlen
   char *e = NULL;
   sst_writer *w = calloc(1, sizeof *w);
   if (!w) return SR_ENOMEM;
-  snprintf(w->path, sizeof w->path, "%s", path);
+  if ((rc = sr_path_err(w->path, sizeof w->path, err, errlen, "%s", path))) {
+    free(w); /* nothing made */
+    return rc;
+  }
   w->env = rocksdb_envoptions_create();
   w->opts = rocksdb_options_create();
   /* As kv.c's tables: no compression (float rows do not compress). */
@@ -95,7 +99,7 @@ struct sst_db {
   int n;                               /* t<id> families */
   uint32_t *ids;                       /* [n] */
   rocksdb_column_family_handle_t **cf; /* [n + 1]: default last */
-  char path[4096];
+  char path[SR_PATH_MAX];
 };
 
 static rocksdb_options_t *base_options(void) {
@@ -116,12 +120,23 @@ static rocksdb_options_t *base_options(void) {
   return o;
 }
 
-static sst_db *db_new(const char *path) {
+/* A handle for the database at path, not opened: 0 and *out, SR_ENOMEM, or
+ * SR_ERANGE (path too long to keep, message in err). */
+static int db_new(const char *path, sst_db **out, char *err, size_t errlen) {
   sst_db *d = calloc(1, sizeof *d);
-  if (!d) return NULL;
-  snprintf(d->path, sizeof d->path, "%s", path);
+  *out = NULL;
+  if (!d) {
+    sr_fmt(err, errlen, "%s: out of memory", path);
+    return SR_ENOMEM;
+  }
+  int rc = sr_path_err(d->path, sizeof d->path, err, errlen, "%s", path);
+  if (rc) {
+    free(d);
+    return rc;
+  }
   d->opts = base_options();
-  return d;
+  *out = d;
+  return 0;
 }
 
 static int parse_cf_name(const char *name, uint32_t *id) {
@@ -168,10 +183,11 @@ int sst_db_create(const char *path, int n, const uint32_t *table_ids, const char
     sr_fmt(err, errlen, "%s: already exists", path);
     return SR_EEXISTS;
   }
-  sst_db *d = db_new(path);
+  sst_db *d;
+  int rc = db_new(path, &d, err, errlen);
+  if (rc) return rc;
   char **names = calloc((size_t)n + 1, sizeof *names);
-  int rc = 0;
-  if (!d || !names || !(d->ids = malloc(((size_t)n + 1) * sizeof *d->ids))) {
+  if (!names || !(d->ids = malloc(((size_t)n + 1) * sizeof *d->ids))) {
     sr_fmt(err, errlen, "%s: out of memory", path);
     rc = SR_ENOMEM;
     goto out;
@@ -210,16 +226,16 @@ int sst_db_open_read(const char *path, const char *log_dir, sst_db **out, char *
                      size_t errlen) {
   *out = NULL;
   struct stat st;
-  char cur[4200];
-  snprintf(cur, sizeof cur, "%s/CURRENT", path);
+  char cur[SR_PATH_MAX];
+  int rc = sr_path_err(cur, sizeof cur, err, errlen, "%s/CURRENT", path);
+  if (rc) return rc;
   if (stat(cur, &st) != 0) {
     sr_fmt(err, errlen, "%s: not a RocksDB database (no CURRENT file)", path);
     return SR_ENOTFOUND;
   }
-  sst_db *d = db_new(path);
-  if (!d) return SR_ENOMEM;
+  sst_db *d;
+  if ((rc = db_new(path, &d, err, errlen))) return rc;
   if (log_dir) rocksdb_options_set_db_log_dir(d->opts, log_dir);
-  int rc = 0;
   char *e = NULL;
   size_t cnt = 0;
   char **names = rocksdb_list_column_families(d->opts, path, &cnt, &e);

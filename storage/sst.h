@@ -21,7 +21,7 @@
 typedef struct sst_writer sst_writer;
 
 /* Start an SST file at path (overwritten if there). 0 and *out, or SR_EIO /
- * SR_ENOMEM. */
+ * SR_ENOMEM / SR_ERANGE (path too long: nothing made). */
 int sst_writer_open(const char *path, sst_writer **out, char *err, size_t errlen);
 /* Append one row: keys must be strictly ascending within a file (SR_EINVAL
  * names both keys otherwise). 0 or SR_EIO / SR_EINVAL. */
@@ -41,13 +41,14 @@ typedef struct sst_db sst_db;
 /* Create a new, empty database at path (created; must not exist) with one
  * column family per table_ids[n], to be filled by sst_db_ingest. RocksDB's
  * info log goes to log_dir (NULL: into path). 0 or SR_EEXISTS / SR_EIO /
- * SR_ENOMEM. */
+ * SR_ENOMEM / SR_ERANGE (path too long: nothing made). */
 int sst_db_create(const char *path, int n, const uint32_t *table_ids, const char *log_dir,
                   sst_db **out, char *err, size_t errlen);
 /* Open an existing database read-only (nothing under path is written or
  * created when log_dir names another folder for RocksDB's info log; NULL:
  * RocksDB writes its LOG into path) with every
- * "t<id>" column family it holds. 0 or SR_ENOTFOUND / SR_EIO / SR_ENOMEM. */
+ * "t<id>" column family it holds. 0 or SR_ENOTFOUND / SR_EIO / SR_ENOMEM /
+ * SR_ERANGE (path too long). */
 int sst_db_open_read(const char *path, const char *log_dir, sst_db **out, char *err,
                      size_t errlen);
 void sst_db_close(sst_db *db); /* NULL-safe */

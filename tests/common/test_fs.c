@@ -60,6 +60,32 @@ START_TEST(test_path) {
 }
 END_TEST
 
+/* sr_path_err: the same refusal, and a message naming the path's start. */
+START_TEST(test_path_err) {
+  char b[8], err[256] = "untouched";
+  ck_assert_int_eq(sr_path_err(b, sizeof b, err, sizeof err, "%s/%d", "ab", 1234), 0);
+  ck_assert_str_eq(b, "ab/1234");
+  ck_assert_str_eq(err, "untouched");
+  ck_assert_int_eq(sr_path_err(b, sizeof b, err, sizeof err, "%s/%d", "ab", 12345), SR_ERANGE);
+  ck_assert_str_eq(b, "");
+  ck_assert_str_eq(err, "ab/1234: path too long (over 7 characters)");
+  /* A long one: its first 64 characters, then "...". */
+  char big[5000];
+  memset(big, 'a', sizeof big - 1);
+  big[sizeof big - 1] = 0;
+  char p[SR_PATH_MAX];
+  ck_assert_int_eq(sr_path_err(p, sizeof p, err, sizeof err, "/tmp/%s/x", big), SR_ERANGE);
+  ck_assert_str_eq(p, "");
+  char want[128];
+  snprintf(want, sizeof want, "/tmp/%.59s...: path too long (over 4095 characters)", big);
+  ck_assert_str_eq(err, want);
+  ck_assert_int_eq(sr_path_too_long(err, sizeof err, "short", 4), SR_ERANGE);
+  ck_assert_str_eq(err, "short: path too long (over 3 characters)");
+  ck_assert_int_eq(sr_path_err(b, 0, err, sizeof err, "x"), SR_EINVAL);
+  ck_assert_int_eq(sr_path_err(b, sizeof b, NULL, 0, "%s", "123456789"), SR_ERANGE);
+}
+END_TEST
+
 START_TEST(test_mkdirs_and_kinds) {
   char p[512], f[512];
   sr_path(p, sizeof p, "%s/a/b//c/d", root);
@@ -202,6 +228,7 @@ int main(void) {
   TCase *tc = tcase_create("fs");
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_path);
+  tcase_add_test(tc, test_path_err);
   tcase_add_test(tc, test_mkdirs_and_kinds);
   tcase_add_test(tc, test_list_files);
   tcase_add_test(tc, test_copytree);

@@ -342,6 +342,93 @@ START_TEST(test_refusals) {
 }
 END_TEST
 
+/* dir/ then folders of 200 'd's, made, until the path is at least len
+ * characters; into out (SR_PATH_MAX). */
+static void deep_folder(char *out, size_t len) {
+  char seg[202];
+  memset(seg, 'd', 200);
+  seg[200] = 0;
+  ck_assert_int_eq(sr_path(out, SR_PATH_MAX, "%s", dir), 0);
+  while (strlen(out) < len) {
+    size_t n = strlen(out);
+    ck_assert_int_eq(sr_path(out + n, SR_PATH_MAX - n, "/%.*s",
+                             (int)(len - n < 201 ? len - n - 1 : 200), seg), 0);
+    ck_assert_int_eq(mkdir(out, 0777), 0);
+  }
+}
+
+/* Entries of the folder path. */
+static int entries(const char *path) {
+  char **names;
+  int n;
+  ck_assert_int_eq(sr_list_dir(path, &names, &n), 0);
+  sr_paths_free(names, n);
+  return n;
+}
+
+/* OUT too long for the paths under it (OUT.tmp-PID/.step-7.tmp-PID/...):
+ * SR_ERANGE naming OUT's start before anything is read or written; a
+ * folder named as OUT's truncated name survives and nothing lands beside
+ * it. A --from too long: SR_ERANGE too. A long OUT that leaves room is
+ * written as any other. */
+START_TEST(test_path_too_long) {
+  char parent[SR_PATH_MAX], out[SR_PATH_MAX], err[8192];
+  deep_folder(parent, 4000);
+  /* OUT: parent/ooo...o (4080 characters), a valid path itself. */
+  size_t pl = strlen(parent);
+  memset(out, 0, sizeof out);
+  memcpy(out, parent, pl);
+  out[pl] = '/';
+  memset(out + pl + 1, 'o', 4080 - pl - 1);
+  ck_assert_uint_eq(strlen(out), 4080);
+  /* The sentinel: OUT's name cut short, holding a file. */
+  char sentinel[SR_PATH_MAX], keep[SR_PATH_MAX];
+  ck_assert_int_eq(sr_path(sentinel, sizeof sentinel, "%.*s", 4070, out), 0);
+  ck_assert_int_eq(mkdir(sentinel, 0777), 0);
+  ck_assert_int_eq(sr_path(keep, sizeof keep, "%s/keep", sentinel), 0);
+  write_text(keep, "kept\n");
+  char from[600], plan[600];
+  snprintf(from, sizeof from, "%s/rocks", dir);
+  snprintf(plan, sizeof plan, "%s/p3.json", dir);
+  reshard_ckpt_opts ro = {.from = from, .to = out, .plan_path = plan, .threads = 2};
+  reshard_ckpt_stats st;
+  int rc = reshard_checkpoint(&ro, &st, err, sizeof err);
+  ck_assert_msg(rc == SR_ERANGE, "rc %d (%s): %s", rc, sr_errname(rc), err);
+  ck_assert_int_eq(st.failed, RESHARD_IN_TO);
+  char want[128];
+  snprintf(want, sizeof want, "%.64s...: path too long", out);
+  ck_assert_msg(strstr(err, want) == err, "%s", err);
+  ck_assert_int_eq(entries(parent), 1); /* the sentinel only */
+  ck_assert(sr_is_file(keep));
+  /* The source named by a path too long. */
+  char from_long[SR_PATH_MAX + 100];
+  snprintf(from_long, sizeof from_long, "%s/%0*d/../../rocks", parent, 120, 0);
+  ro.from = from_long;
+  ro.to = from; /* never reached */
+  rc = reshard_checkpoint(&ro, &st, err, sizeof err);
+  ck_assert_msg(rc == SR_ERANGE, "rc %d (%s): %s", rc, sr_errname(rc), err);
+  ck_assert_int_eq(st.failed, RESHARD_IN_FROM);
+  ck_assert_msg(strstr(err, "path too long") != NULL, "%s", err);
+  /* A long OUT with room enough: resharded (the table files' layout: RocksDB
+   * names its info log in the work folder after the database's path, cut
+   * to one name of 259 characters, which fails past 251). */
+  ck_assert_int_eq(sr_path(out, sizeof out, "%.*s", 3600, parent), 0);
+  *strrchr(out, '/') = 0; /* a folder made above, about 3500 characters */
+  ck_assert(sr_is_dir(out) && strlen(out) > 3400);
+  size_t ol = strlen(out);
+  ck_assert_int_eq(sr_path(out + ol, sizeof out - ol, "/o3"), 0);
+  snprintf(from, sizeof from, "%s/mem", dir);
+  ro.from = from;
+  ro.to = out;
+  rc = reshard_checkpoint(&ro, &st, err, sizeof err);
+  size_t el = strlen(err);
+  ck_assert_msg(rc == 0, "rc %d (%s): ...%s", rc, sr_errname(rc), err + (el > 600 ? el - 600 : 0));
+  reshard_stats_free(&st.run);
+  ck_assert_int_eq(sr_path(keep, sizeof keep, "%s/step-7/DONE", out), 0);
+  ck_assert(sr_is_file(keep));
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("reshard_ckpt");
   TCase *tc = tcase_create("reshard_ckpt");
@@ -352,6 +439,7 @@ int main(void) {
   tcase_add_test(tc, test_verification_rocks);
   tcase_add_test(tc, test_verification_table_files);
   tcase_add_test(tc, test_refusals);
+  tcase_add_test(tc, test_path_too_long);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

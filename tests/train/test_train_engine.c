@@ -8,8 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/status.h"
 #include "tests/check_main.h"
 #include "tools/train/job_impl.h"
@@ -363,6 +365,103 @@ START_TEST(test_checkpoint_refusals) {
 }
 END_TEST
 
+/* dir/ then folders of 200 'd's (made) while the path is under len
+ * characters, then a last name of 'r's to len (not made); into out
+ * (SR_PATH_MAX). */
+static void deep_path(char *out, size_t len) {
+  ck_assert_int_eq(sr_path(out, SR_PATH_MAX, "%s", dir), 0);
+  while (strlen(out) + 201 < len) {
+    size_t n = strlen(out);
+    out[n] = '/';
+    memset(out + n + 1, 'd', 200);
+    out[n + 201] = 0;
+  }
+  ck_assert_int_eq(sr_mkdirs(out), 0);
+  size_t n = strlen(out);
+  out[n] = '/';
+  memset(out + n + 1, 'r', len - n - 1);
+  out[len] = 0;
+}
+
+/* Entries of the folder path. */
+static int entries(const char *path) {
+  char **names;
+  int n;
+  ck_assert_int_eq(sr_list_dir(path, &names, &n), 0);
+  sr_paths_free(names, n);
+  return n;
+}
+
+/* A checkpoint root too long for the paths under it (ckpt_root_room):
+ * ckpt_save is SR_ERANGE naming the root's start, and makes nothing (the
+ * root is not created; a folder named as the root cut short, and its file,
+ * survive). One character shorter it saves and loads back. ckpt_resolve
+ * and ckpt_load of paths too long, and ckpt_replace of a folder whose
+ * aside name is too long, are SR_ERANGE, nothing moved. */
+START_TEST(test_checkpoint_path_too_long) {
+  small_model m;
+  small_open(&m, 7);
+  small_train(&m);
+  ckpt_settings set = {"adagrad", "adagrad", 0.05, 0.05, 0, 0, 0, 16};
+  ckpt_state st = {.step = 2, .epoch = 0, .sample_index = 32}, got;
+  size_t limit = SR_PATH_MAX - ckpt_root_room(); /* a root fits in limit bytes */
+  char root[SR_PATH_MAX], parent[SR_PATH_MAX], sentinel[SR_PATH_MAX], keep[SR_PATH_MAX];
+  char err[1024];
+  deep_path(root, limit);
+  ck_assert_int_eq(sr_path(parent, sizeof parent, "%.*s", (int)(strrchr(root, '/') - root), root), 0);
+  ck_assert_int_eq(sr_path(sentinel, sizeof sentinel, "%.*s", (int)limit - 8, root), 0);
+  ck_assert_int_eq(mkdir(sentinel, 0777), 0);
+  ck_assert_int_eq(sr_path(keep, sizeof keep, "%s/keep", sentinel), 0);
+  FILE *f = fopen(keep, "w");
+  ck_assert_ptr_nonnull(f);
+  fclose(f);
+  int rc = ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
+                     trainer_dense_opt(m.t), &st, &set, err, sizeof err);
+  ck_assert_msg(rc == SR_ERANGE, "rc %d: %s", rc, err);
+  char want[128];
+  snprintf(want, sizeof want, "%.64s...: path too long (over %zu characters)", root, limit - 1);
+  ck_assert_str_eq(err, want);
+  ck_assert_int_eq(entries(parent), 1); /* the sentinel only: no root, no .step-N.tmp */
+  ck_assert(sr_is_file(keep));
+
+  /* One character shorter: saved, resolved and loaded back. */
+  root[limit - 1] = 0;
+  ck_assert_int_eq(ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
+                             trainer_dense_opt(m.t), &st, &set, err, sizeof err), 0);
+  char ck[SR_PATH_MAX];
+  ck_assert_int_eq(ckpt_resolve(root, ck, sizeof ck, err, sizeof err), 0);
+  small_model fresh;
+  small_open(&fresh, 7);
+  ck_assert_int_eq(ckpt_load(ck, fresh.plan, fresh.store, "local", trainer_model(fresh.t),
+                             trainer_dense_opt(fresh.t), &set, &got, err, sizeof err), 0);
+  ck_assert(param0(&fresh) == param0(&m));
+  ck_assert_int_eq(entries(parent), 2);
+
+  /* --resume and load of paths too long: refused, out never a cut name. */
+  char longer[SR_PATH_MAX + 64];
+  snprintf(longer, sizeof longer, "%s/%0*d/../step-2", root, 4090 - (int)strlen(root), 0);
+  ck_assert_int_eq(ckpt_resolve(longer, ck, sizeof ck, err, sizeof err), SR_ERANGE);
+  ck_assert_str_eq(ck, "");
+  ck_assert_ptr_nonnull(strstr(err, "path too long"));
+  ck_assert_int_eq(ckpt_load(longer, fresh.plan, fresh.store, "local", trainer_model(fresh.t),
+                             trainer_dense_opt(fresh.t), &set, &got, err, sizeof err),
+                   SR_ERANGE);
+  ck_assert_ptr_nonnull(strstr(err, "path too long"));
+
+  /* ckpt_replace: DIR.old-PID would not fit: nothing moved. */
+  char dir2[SR_PATH_MAX], tmp2[SR_PATH_MAX];
+  deep_path(dir2, SR_PATH_MAX - 4);
+  ck_assert_int_eq(mkdir(dir2, 0777), 0);
+  ck_assert_int_eq(sr_path(tmp2, sizeof tmp2, "%s/tmp2", dir), 0);
+  ck_assert_int_eq(mkdir(tmp2, 0777), 0);
+  ck_assert_int_eq(ckpt_replace(tmp2, dir2, err, sizeof err), SR_ERANGE);
+  ck_assert_ptr_nonnull(strstr(err, "path too long"));
+  ck_assert(sr_is_dir(dir2) && sr_is_dir(tmp2));
+  small_close(&fresh);
+  small_close(&m);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("train_engine");
   TCase *tc = tcase_create("engine");
@@ -371,6 +470,7 @@ int main(void) {
   tcase_add_test(tc, test_prefetch_swap);
   tcase_add_test(tc, test_rewind);
   tcase_add_test(tc, test_checkpoint_refusals);
+  tcase_add_test(tc, test_checkpoint_path_too_long);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

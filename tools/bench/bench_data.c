@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/status.h"
 #include "datasets/binfmt.h"
 #include "datasets/criteo.h"
@@ -201,9 +202,13 @@ int bench_data(int argc, char **argv) {
     fprintf(stderr, "shardrec bench data: mkdtemp: %s\n", strerror(errno));
     return 1;
   }
-  char tsv[256], bin[256];
-  snprintf(tsv, sizeof tsv, "%s/data.tsv", dir);
-  snprintf(bin, sizeof bin, "%s/data.bin", dir);
+  char tsv[SR_PATH_MAX], bin[SR_PATH_MAX], perr[256];
+  if (sr_path_err(tsv, sizeof tsv, perr, sizeof perr, "%s/data.tsv", dir) ||
+      sr_path_err(bin, sizeof bin, perr, sizeof perr, "%s/data.bin", dir)) {
+    fprintf(stderr, "shardrec bench data: %s\n", perr);
+    sr_rmtree(dir);
+    return 1;
+  }
   int status = 1;
   double t0 = sr_now();
   if (!file) {

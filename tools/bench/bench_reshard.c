@@ -90,8 +90,11 @@ static int write_sources(const emb_plan *plan, const char *shards, const char *w
   uint32_t ids[N_TABLES];
   for (int t = 0; t < N_TABLES; t++) ids[t] = plan->tables[t].table_id;
   for (int k = 0; k < plan->n_shards && !rc; k++) {
-    char path[8400], lock[8500];
-    ckpt_dir_shard_path(shards, k, path, sizeof path);
+    char path[SR_PATH_MAX], lock[SR_PATH_MAX];
+    if ((rc = ckpt_dir_shard_path(shards, k, path, sizeof path))) {
+      sr_path_too_long(err, errlen, shards, sizeof path);
+      break;
+    }
     sst_db *db = NULL;
     if ((rc = sst_db_create(path, N_TABLES, ids, work, &db, err, errlen))) break;
     for (int t = 0; t < N_TABLES && !rc; t++) {
@@ -99,10 +102,10 @@ static int write_sources(const emb_plan *plan, const char *shards, const char *w
       int slen = emb_optim_state_len(&tb->optim, tb->dim), n = tb->dim + slen;
       float *row = malloc(4 * (size_t)n);
       unsigned char *enc = malloc(kv_row_size(tb->dim, slen));
-      char f[8400];
-      snprintf(f, sizeof f, "%s/src-%d-%d.sst", work, k, t);
+      char f[SR_PATH_MAX];
       sst_writer *w = NULL;
-      if (!row || !enc) rc = SR_ENOMEM;
+      rc = sr_path_err(f, sizeof f, err, errlen, "%s/src-%d-%d.sst", work, k, t);
+      if (!rc && (!row || !enc)) rc = SR_ENOMEM;
       if (!rc) rc = sst_writer_open(f, &w, err, errlen);
       for (uint64_t id = 0; !rc && id < tb->rows; id++) {
         if (emb_plan_shard_of(plan, t, id) != k) continue;
@@ -124,8 +127,7 @@ static int write_sources(const emb_plan *plan, const char *shards, const char *w
       free(enc);
     }
     sst_db_close(db);
-    snprintf(lock, sizeof lock, "%s/LOCK", path);
-    unlink(lock);
+    if (!sr_path(lock, sizeof lock, "%s/LOCK", path)) unlink(lock);
   }
   return rc;
 }
@@ -150,9 +152,9 @@ static int write_ckpt(const emb_plan *plan, const char *root, const char *stage,
   ci.manifest = man;
   ci.plan = (emb_plan *)plan;
   snprintf(ci.store_kind, sizeof ci.store_kind, "shard");
-  char final[8400];
-  snprintf(final, sizeof final, "%s/step-0", root);
-  int rc = ckpt_write_as(&ci, plan, stage, final, err, errlen);
+  char final[SR_PATH_MAX];
+  int rc = sr_path_err(final, sizeof final, err, errlen, "%s/step-0", root);
+  if (!rc) rc = ckpt_write_as(&ci, plan, stage, final, err, errlen);
   cJSON_Delete(man);
   return rc;
 }
@@ -163,13 +165,16 @@ static int baseline(const char *shards, int n_src, const char *work, uint64_t *r
   int rc = 0;
   *rows = *bytes = 0;
   for (int k = 0; k < n_src && !rc; k++) {
-    char path[8500];
-    ckpt_dir_shard_path(shards, k, path, sizeof path);
+    char path[SR_PATH_MAX];
+    if ((rc = ckpt_dir_shard_path(shards, k, path, sizeof path))) {
+      sr_path_too_long(err, errlen, shards, sizeof path);
+      break;
+    }
     sst_db *db = NULL;
     if ((rc = sst_db_open_read(path, work, &db, err, errlen))) break;
     for (int i = 0; i < sst_db_n_tables(db) && !rc; i++) {
-      char f[8400];
-      snprintf(f, sizeof f, "%s/base-%d-%d.sst", work, k, i);
+      char f[SR_PATH_MAX];
+      if ((rc = sr_path_err(f, sizeof f, err, errlen, "%s/base-%d-%d.sst", work, k, i))) break;
       sst_writer *w = NULL;
       sst_iter *it = sst_iter_create(db, i, 1);
       rc = sst_writer_open(f, &w, err, errlen);
@@ -243,8 +248,11 @@ int bench_reshard(int argc, char **argv) {
     return 2;
   }
   if (!base) base = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-  char dir[4096], err[1024];
-  snprintf(dir, sizeof dir, "%s/shardrec-bench-reshard-XXXXXX", base);
+  char dir[SR_PATH_MAX], err[1024];
+  if (sr_path_err(dir, sizeof dir, err, sizeof err, "%s/shardrec-bench-reshard-XXXXXX", base)) {
+    fprintf(stderr, "shardrec bench reshard: --dir %s\n", err);
+    return 1;
+  }
   if (!mkdtemp(dir)) {
     fprintf(stderr, "shardrec bench reshard: %s: cannot create: %s\n", dir, strerror(errno));
     return 1;
@@ -253,13 +261,20 @@ int bench_reshard(int argc, char **argv) {
   emb_plan *p2 = make_plan((uint64_t)rows, (int)dim, 2, err, sizeof err);
   emb_plan *p3 = make_plan((uint64_t)rows, (int)dim, 3, err, sizeof err);
   double *t_ours = calloc((size_t)runs, sizeof(double)), *t_base = calloc((size_t)runs, sizeof(double));
-  char ck[4200], stage[4300], shards[4400], work[4200], p3path[4200], out[4200];
-  snprintf(ck, sizeof ck, "%s/ckpt", dir);
-  snprintf(stage, sizeof stage, "%s/.step-0.tmp", ck);
-  ckpt_dir_shards_path(stage, shards, sizeof shards);
-  snprintf(work, sizeof work, "%s/work", dir);
-  snprintf(p3path, sizeof p3path, "%s/p3.json", dir);
-  snprintf(out, sizeof out, "%s/out", dir);
+  char ck[SR_PATH_MAX], stage[SR_PATH_MAX], shards[SR_PATH_MAX], work[SR_PATH_MAX],
+      p3path[SR_PATH_MAX], out[SR_PATH_MAX], src_shards[SR_PATH_MAX], log[SR_PATH_MAX], perr[512];
+  if (sr_path_err(ck, sizeof ck, perr, sizeof perr, "%s/ckpt", dir) ||
+      sr_path_err(stage, sizeof stage, perr, sizeof perr, "%s/.step-0.tmp", ck) ||
+      (ckpt_dir_shards_path(stage, shards, sizeof shards) &&
+       sr_path_too_long(perr, sizeof perr, stage, sizeof shards)) ||
+      sr_path_err(work, sizeof work, perr, sizeof perr, "%s/work", dir) ||
+      sr_path_err(p3path, sizeof p3path, perr, sizeof perr, "%s/p3.json", dir) ||
+      sr_path_err(out, sizeof out, perr, sizeof perr, "%s/out", dir) ||
+      sr_path_err(src_shards, sizeof src_shards, perr, sizeof perr, "%s/step-0/shards", ck) ||
+      sr_path_err(log, sizeof log, perr, sizeof perr, "%s/reshard.out", work)) {
+    fprintf(stderr, "shardrec bench reshard: --dir %s: %s\n", base, perr);
+    goto done;
+  }
   if (!p2 || !p3 || !t_ours || !t_base) {
     fprintf(stderr, "shardrec bench reshard: %s\n", p2 && p3 ? "out of memory" : err);
     goto done;
@@ -275,9 +290,6 @@ int bench_reshard(int argc, char **argv) {
     goto done;
   }
   uint64_t n_rows = 0, n_bytes = 0;
-  char step0[4300], src_shards[8300];
-  snprintf(step0, sizeof step0, "%s/step-0", ck);
-  ckpt_dir_shards_path(step0, src_shards, sizeof src_shards);
   printf("checkpoint: %llu rows in %d tables, dim %lld + adagrad state, 2 shards row-wise; built in "
          "%.1f s\n", (unsigned long long)rows, N_TABLES, dim, sr_now() - t0);
   fflush(stdout);
@@ -290,8 +302,7 @@ int bench_reshard(int argc, char **argv) {
     t_base[r] = sr_now() - a;
     sr_rmtree(out);
     a = sr_now();
-    char log[4300], line[1024];
-    snprintf(log, sizeof log, "%s/reshard.out", work);
+    char line[1024];
     int rc = run_ours(ck, out, p3path, log, threads);
     t_ours[r] = sr_now() - a;
     FILE *lf = fopen(log, "r");

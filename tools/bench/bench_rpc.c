@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/rng.h"
 #include "common/sys.h"
 #include "embedding/plan.h"
@@ -191,11 +192,16 @@ static int run_out(const char *dir, const char *args, char **out) {
 static pid_t spawn_server(const char *dir, int shard, char *addr, size_t alen) {
   int fd[2];
   if (pipe(fd)) return -1;
-  char exe[64], sh[16], plan[600], log[600];
+  char exe[64], sh[16], plan[SR_PATH_MAX], log[SR_PATH_MAX], err[256];
   snprintf(exe, sizeof exe, "/proc/%d/exe", (int)getpid());
   snprintf(sh, sizeof sh, "%d", shard);
-  snprintf(plan, sizeof plan, "%s/plan.json", dir);
-  snprintf(log, sizeof log, "%s/srv%d.log", dir, shard);
+  if (sr_path_err(plan, sizeof plan, err, sizeof err, "%s/plan.json", dir) ||
+      sr_path_err(log, sizeof log, err, sizeof err, "%s/srv%d.log", dir, shard)) {
+    fprintf(stderr, "shardrec bench rpc: %s\n", err);
+    close(fd[0]);
+    close(fd[1]);
+    return -1;
+  }
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, fd[1], 1);

@@ -74,7 +74,7 @@ typedef struct bs {
   double zipf;
   int lz4;
   char dir[64];        /* the temporary folder (removed at the end) */
-  char path[512];      /* its database, dir/shard-0 */
+  char path[SR_PATH_MAX]; /* its database, dir/shard-0 */
   emb_plan *plan;
   uint32_t tid;
   int slen, w;         /* state floats per row; value + state */
@@ -188,7 +188,11 @@ static int setup(bs *b) {
  * of all ids (for the miss walk and the raw baseline). 0 or -1 (printed). */
 static int load_db(bs *b) {
   long long rows = b->rows;
-  snprintf(b->path, sizeof b->path, "%s/shard-0", b->dir);
+  char err[256];
+  if (sr_path_err(b->path, sizeof b->path, err, sizeof err, "%s/shard-0", b->dir)) {
+    fprintf(stderr, "shardrec bench store: %s\n", err);
+    return -1;
+  }
   b->tid = b->plan->tables[0].table_id;
   b->so = (kv_opts){.block_cache_bytes = b->block_cache, .write_buffer_bytes = 64u << 20,
                        .compression = b->lz4 ? KV_COMPRESSION_LZ4 : KV_COMPRESSION_NONE};
@@ -426,7 +430,7 @@ int bench_store(int argc, char **argv) {
     return status;
   }
   status = 1;
-  snprintf(b->dir, sizeof b->dir, "/tmp/shardrec-bench-store-XXXXXX");
+  sr_path(b->dir, sizeof b->dir, "/tmp/shardrec-bench-store-XXXXXX"); /* a literal that fits */
   if (!mkdtemp(b->dir)) {
     perror("mkdtemp");
     free(b);

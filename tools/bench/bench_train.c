@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/rng.h"
 #include "common/sys.h"
 #include "common/status.h"
@@ -155,9 +156,12 @@ static int parse_flags(int argc, char **argv, bt_flags *f) {
 /* Generate rows lines into dir/d.tsv and convert them to bin. 0 or -1
  * (printed). */
 static int prepare_data(const char *dir, long long rows, char *bin, size_t binlen) {
-  char tsv[256], rows_s[32];
-  snprintf(tsv, sizeof tsv, "%s/d.tsv", dir);
-  snprintf(bin, binlen, "%s/d.bin", dir);
+  char tsv[SR_PATH_MAX], rows_s[32], err[256];
+  if (sr_path_err(tsv, sizeof tsv, err, sizeof err, "%s/d.tsv", dir) ||
+      sr_path_err(bin, binlen, err, sizeof err, "%s/d.bin", dir)) {
+    fprintf(stderr, "bench train: %s\n", err);
+    return -1;
+  }
   snprintf(rows_s, sizeof rows_s, "%lld", rows);
   printf("bench train: generating %lld rows in %s\n", rows, dir);
   fflush(stdout);

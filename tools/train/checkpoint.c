@@ -3,6 +3,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,17 +118,33 @@ static cJSON *job_manifest(const emb_plan *plan, const char *store_kind, dense_m
   return man;
 }
 
+size_t ckpt_root_room(void) {
+  /* The temporary step folder with the widest step and pid, and a name. */
+  char widest[64];
+  return (size_t)snprintf(widest, sizeof widest, "/.step-%lld.tmp-%d/", LLONG_MAX, INT_MAX) +
+         CKPT_NAME_ROOM;
+}
+
+int ckpt_root_check(const char *root, char *err, size_t errlen) {
+  size_t room = ckpt_root_room();
+  return strlen(root) + room < SR_PATH_MAX ? 0
+                                           : sr_path_too_long(err, errlen, root, SR_PATH_MAX - room);
+}
+
 int ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store,
               const char *store_kind, dense_model *model, dense_opt *opt, const ckpt_state *st,
               const ckpt_settings *set, char *err, size_t errlen) {
   ckpt_dir_txn t;
-  char path[4300];
-  int exists, rc = ckpt_dir_begin(root, st->step, &t, &exists, err, errlen);
+  char path[SR_PATH_MAX];
+  /* Every path below fits before anything is made. */
+  int exists, rc = ckpt_root_check(root, err, errlen);
+  if (!rc) rc = ckpt_dir_begin(root, st->step, &t, &exists, err, errlen);
   if (rc || exists) return rc; /* exists: this step is saved already */
   cJSON *man = NULL;
-  snprintf(path, sizeof path, "%s/dense.bin", t.tmp);
-  if ((rc = dense_state_save(path, model, opt, err, errlen))) goto fail;
-  snprintf(path, sizeof path, "%s/shards", t.tmp);
+  if ((rc = sr_path_err(path, sizeof path, err, errlen, "%s/dense.bin", t.tmp)) ||
+      (rc = dense_state_save(path, model, opt, err, errlen)))
+    goto fail;
+  if ((rc = sr_path_err(path, sizeof path, err, errlen, "%s/shards", t.tmp))) goto fail;
   if ((rc = emb_store_checkpoint(store, path))) {
     sr_fmt(err, errlen, "%s", emb_store_errmsg(store));
     goto fail;
@@ -148,11 +165,15 @@ fail:
 }
 
 int ckpt_replace(const char *tmp, const char *dir, char *err, size_t errlen) {
-  char old[4200] = "", parent[4096];
+  char old[SR_PATH_MAX] = "", parent[SR_PATH_MAX];
   struct stat st;
+  /* The aside name and the parent fit, or nothing is moved or removed. */
+  int rc = sr_path_err(old, sizeof old, err, errlen, "%s.old-%ld", dir, (long)getpid());
+  if (rc) return rc;
+  old[0] = 0;
   sr_fsync_dir(tmp);
   if (stat(dir, &st) == 0) {
-    snprintf(old, sizeof old, "%s.old-%ld", dir, (long)getpid());
+    sr_path(old, sizeof old, "%s.old-%ld", dir, (long)getpid());
     sr_rmtree(old);
     if (rename(dir, old) != 0) {
       sr_fmt(err, errlen, "%s: cannot move the old one aside: %s", dir, strerror(errno));
@@ -173,7 +194,7 @@ int ckpt_replace(const char *tmp, const char *dir, char *err, size_t errlen) {
 /* ---- resume ---- */
 
 int ckpt_resolve(const char *path, char *out, size_t outlen, char *err, size_t errlen) {
-  return ckpt_dir_resolve(path, out, outlen, err, errlen);
+  return emb_ckpt_resolve(path, out, outlen, err, errlen);
 }
 
 static const char *jstr(const cJSON *o, const char *k) {
@@ -222,12 +243,17 @@ static int job_fields(const cJSON *man, const char *path, ckpt_info *ci, char *e
 }
 
 int ckpt_open(const char *dir, ckpt_info *ci, char *err, size_t errlen) {
-  char path[4200];
+  char path[SR_PATH_MAX];
   cJSON *man = NULL;
   memset(ci, 0, sizeof *ci);
-  int rc = ckpt_dir_read(dir, &man, err, errlen);
-  if (rc) return rc;
-  snprintf(path, sizeof path, "%s/manifest.json", dir);
+  /* Its name is kept in ci->dir; its files' names fit. */
+  int rc = sr_path_err(ci->dir, sizeof ci->dir, err, errlen, "%s", dir);
+  if (!rc) rc = sr_path_err(path, sizeof path, err, errlen, "%s/manifest.json", dir);
+  if (!rc) rc = ckpt_dir_read(dir, &man, err, errlen);
+  if (rc) {
+    memset(ci, 0, sizeof *ci);
+    return rc;
+  }
   if ((rc = job_fields(man, path, ci, err, errlen))) goto out;
   /* Every file: present, its size, its checksum. */
   if ((rc = ckpt_dir_verify(dir, man, err, errlen))) goto out;
@@ -237,7 +263,6 @@ int ckpt_open(const char *dir, ckpt_info *ci, char *err, size_t errlen) {
     if ((rc = arch_parse(dj, path, &ci->dense, err, errlen))) goto out;
     ci->has_dense = 1;
   }
-  snprintf(ci->dir, sizeof ci->dir, "%s", dir);
   ci->manifest = man;
   man = NULL;
 out:
@@ -297,23 +322,21 @@ static int load_checks(const ckpt_info *ci, const char *path, const emb_plan *pl
 int ckpt_load(const char *dir, const emb_plan *plan, emb_store *store, const char *store_kind,
               dense_model *model, dense_opt *opt, const ckpt_settings *set, ckpt_state *st,
               char *err, size_t errlen) {
-  char path[4200];
+  char path[SR_PATH_MAX], dense[SR_PATH_MAX], shards[SR_PATH_MAX];
   ckpt_info ci;
-  int rc = ckpt_open(dir, &ci, err, errlen);
+  /* Every name fits before anything is read or restored. */
+  int rc = sr_path_err(path, sizeof path, err, errlen, "%s/manifest.json", dir);
+  if (!rc) rc = sr_path_err(dense, sizeof dense, err, errlen, "%s/dense.bin", dir);
+  if (!rc) rc = sr_path_err(shards, sizeof shards, err, errlen, "%s/shards", dir);
+  if (!rc) rc = ckpt_open(dir, &ci, err, errlen);
   if (rc) return rc;
-  snprintf(path, sizeof path, "%s/manifest.json", dir);
   if ((rc = load_checks(&ci, path, plan, store_kind, model, set, err, errlen))) goto out;
-  snprintf(path, sizeof path, "%s/dense.bin", dir);
-  if ((rc = dense_state_check(path, model, opt, err, errlen))) goto out;
-  if (store) {
-    snprintf(path, sizeof path, "%s/shards", dir);
-    if ((rc = emb_store_restore(store, path))) {
-      sr_fmt(err, errlen, "%s", emb_store_errmsg(store));
-      goto out;
-    }
+  if ((rc = dense_state_check(dense, model, opt, err, errlen))) goto out;
+  if (store && (rc = emb_store_restore(store, shards))) {
+    sr_fmt(err, errlen, "%s", emb_store_errmsg(store));
+    goto out;
   }
-  snprintf(path, sizeof path, "%s/dense.bin", dir);
-  if ((rc = dense_state_load(path, model, opt, err, errlen))) goto out;
+  if ((rc = dense_state_load(dense, model, opt, err, errlen))) goto out;
   *st = ci.st;
 out:
   ckpt_info_free(&ci);

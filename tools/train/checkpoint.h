@@ -45,9 +45,25 @@ typedef struct ckpt_settings {
   int64_t warmup, decay_start, decay_steps, batch;
 } ckpt_settings;
 
+/* The longest name a checkpoint holds under its step folder
+ * ("shards/shard-K/OPTIONS-000012.dbtmp", "shards/table-<id>.bin"), with
+ * room to spare. */
+#define CKPT_NAME_ROOM 64
+
+/* The characters ckpt_save needs after its root: "/.step-N.tmp-PID/" with
+ * the widest N and PID, and CKPT_NAME_ROOM. */
+size_t ckpt_root_room(void);
+
+/* Whether root leaves room for every path ckpt_save makes under it
+ * (ckpt_root_room within SR_PATH_MAX): 0, or SR_ERANGE with "<root's start>...: path too long" in
+ * err. */
+int ckpt_root_check(const char *root, char *err, size_t errlen);
+
 /* Write DIR/step-<st->step>/ (see above), then keep only the newest keep
  * complete checkpoints (keep <= 0: all). A complete step-N already there is
- * kept as is. 0 or SR_E* with the reason in err. */
+ * kept as is. 0 or SR_E* with the reason in err; SR_ERANGE
+ * (ckpt_root_check) before anything is made when DIR is too long for its
+ * files' paths. */
 int ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store,
               const char *store_kind, dense_model *model, dense_opt *opt, const ckpt_state *st,
               const ckpt_settings *set, char *err, size_t errlen);
@@ -55,13 +71,15 @@ int ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store
 /* Put tmp (a folder of checkpoints ckpt_save wrote, as --save-model's
  * DIR.tmp-PID) in dir's place: an existing dir is moved aside first and
  * removed once tmp is renamed to dir. 0, or SR_EIO with the reason in err
- * and dir as it was (tmp is left for the caller to remove). */
+ * and dir as it was (tmp is left for the caller to remove); SR_ERANGE,
+ * nothing moved, when dir's aside name (DIR.old-PID) is too long. */
 int ckpt_replace(const char *tmp, const char *dir, char *err, size_t errlen);
 
 /* The checkpoint folder --resume path names: path itself when it is a step
  * folder (has manifest.json or is named step-N), else the newest complete
- * step-N under it (ckpt_dir_resolve). 0 or SR_ENOTFOUND with the reason in
- * err. */
+ * step-N under it (emb_ckpt_resolve). 0 or SR_ENOTFOUND with the reason in
+ * err; SR_ERANGE when path or the folder found does not fit (out is then
+ * ""). */
 int ckpt_resolve(const char *path, char *out, size_t outlen, char *err, size_t errlen);
 
 /* Check the checkpoint dir (DONE, manifest, fingerprints against plan, store
@@ -69,7 +87,8 @@ int ckpt_resolve(const char *path, char *out, size_t outlen, char *err, size_t e
  * and optimizer and restore store from it (store NULL: the dense part only,
  * as ranks other than 0 of a data-parallel job do; store_kind NULL: any
  * kind). A manifest that records the dense architecture must match model's.
- * Nothing is changed when a check fails. 0 or SR_E* with a message naming the file and the problem. */
+ * Nothing is changed when a check fails. 0 or SR_E* with a message naming the file and the problem
+ * (SR_ERANGE: dir is too long for its files' paths). */
 int ckpt_load(const char *dir, const emb_plan *plan, emb_store *store, const char *store_kind,
               dense_model *model, dense_opt *opt, const ckpt_settings *set, ckpt_state *st,
               char *err, size_t errlen);

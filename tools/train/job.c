@@ -4,6 +4,7 @@
 #include <cblas.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -329,7 +330,7 @@ static int open_local(train_job *j) {
         job__errf(j, "out of memory\n");
         return -1;
       }
-      snprintf(j->tmp_data_dir, len, "%s/shardrec-data-XXXXXX", base);
+      sr_path(j->tmp_data_dir, len, "%s/shardrec-data-XXXXXX", base); /* len fits it */
       if (!mkdtemp(j->tmp_data_dir)) {
         job__errf(j, "%s: cannot create a temporary data folder: %s\n", j->tmp_data_dir,
                   strerror(errno));
@@ -340,12 +341,12 @@ static int open_local(train_job *j) {
       data_dir = j->tmp_data_dir;
     } else if (!c->resume) {
       for (int k = 0; k < j->plan->n_shards; k++) {
-        char db[4100], p[4200];
-        if (ckpt_dir_shard_path(data_dir, k, db, sizeof db)) {
+        char db[SR_PATH_MAX], p[SR_PATH_MAX];
+        if (ckpt_dir_shard_path(data_dir, k, db, sizeof db) ||
+            sr_path_err(p, sizeof p, err, sizeof err, "%s/CURRENT", db)) {
           job__errf(j, "--data-dir %s: path too long\n", data_dir);
           return -1;
         }
-        snprintf(p, sizeof p, "%s/CURRENT", db);
         if (sr_is_file(p)) {
           job__errf(j, "--data-dir %s: holds shard databases of an earlier run (%s); "
                     "remove them, or --resume a checkpoint\n", data_dir, db);
@@ -382,11 +383,42 @@ static void mem_sample(train_job *j) {
   fclose(f);
 }
 
+/* 0 when path leaves room characters after it within SR_PATH_MAX; else -1
+ * with "FLAG <path's start>...: path too long (over N characters)"
+ * printed. */
+static int path_room(const train_job *j, const char *flag, const char *path, size_t room) {
+  if (!path || strlen(path) + room < SR_PATH_MAX) return 0;
+  char err[256];
+  sr_path_too_long(err, sizeof err, path, SR_PATH_MAX - room);
+  job__errf(j, "%s %s\n", flag, err);
+  return -1;
+}
+
+/* The folders the job writes or reads under are refused before anything is
+ * read, trained or made when a path under them would not fit: --save-checkpoint
+ * DIR (DIR/.step-N.tmp-PID/...), --save-model DIR (DIR.tmp-PID/.step-N.tmp-PID/...),
+ * --data-dir DIR (DIR/shard-K/...), N, PID and K at their widest; --resume DIR
+ * (DIR/<a checkpoint's file>: any step-N ckpt_save wrote passes, and a newest
+ * step-N under DIR that does not fit is refused by ckpt_resolve). 0 or -1
+ * (message printed). */
+static int check_paths(const train_job *j) {
+  const train_config *c = j->cfg;
+  char widest[64];
+  size_t tmp_ext = (size_t)snprintf(widest, sizeof widest, ".tmp-%d", INT_MAX);
+  size_t shard_dir = (size_t)snprintf(widest, sizeof widest, "/shard-%d/", INT_MAX);
+  return path_room(j, "--save-checkpoint", c->checkpoint_dir, ckpt_root_room()) ||
+         path_room(j, "--save-model", c->save_model, tmp_ext + ckpt_root_room()) ||
+         path_room(j, "--resume", c->resume, 1 + CKPT_NAME_ROOM) ||
+         path_room(j, "--data-dir", c->data_dir, shard_dir + CKPT_NAME_ROOM)
+             ? -1
+             : 0;
+}
+
 /* Everything the loop needs: data, plan, store, trainer, batches, outputs. */
 static int job_open(train_job *j) {
   const train_config *c = j->cfg;
   char err[1024];
-  if (open_data(j) || make_plan(j)) return -1;
+  if (check_paths(j) || open_data(j) || make_plan(j)) return -1;
   j->store_kind = "remote";
   if (j->size > 1 && share_job_id(j)) return -1;
   if ((c->servers || c->colocate) ? open_remote(j) : open_local(j)) return -1;
@@ -442,7 +474,7 @@ static void job_close(train_job *j, int status) {
  * then the others load the dense part only, once the shards are back. */
 static int job_resume(train_job *j) {
   const train_config *c = j->cfg;
-  char ckdir[4096], err[1024];
+  char ckdir[SR_PATH_MAX], err[1024];
   int rc = ckpt_resolve(c->resume, ckdir, sizeof ckdir, err, sizeof err);
   if (!rc && j->rank == 0)
     rc = ckpt_load(ckdir, j->plan, j->store, j->store_kind, trainer_model(j->t),
@@ -540,7 +572,7 @@ static int job_recover(train_job *j, const char *why) {
               j->size);
     return -1;
   }
-  char ckdir[4096], err[1024];
+  char ckdir[SR_PATH_MAX], err[1024];
   if (!c->checkpoint_dir) {
     job__errf(j, "%s\nshardrec train: a shard server was lost and there is no checkpoint to "
               "recover from (--save-checkpoint DIR --checkpoint-every N recovers "
@@ -721,11 +753,14 @@ static int job_save_model(train_job *j, char *err, size_t errlen) {
     printf("saved  %s/step-%lld\n", c->save_model, (long long)j->ckst.step);
     return 0;
   }
-  char tmp[4200];
+  char tmp[SR_PATH_MAX];
   int len = (int)strlen(c->save_model);
   while (len > 1 && c->save_model[len - 1] == '/') len--;
-  snprintf(tmp, sizeof tmp, "%.*s.tmp-%ld", len, c->save_model, (long)getpid()); /* rank 0's */
-  int rc = job_checkpoint(j, tmp, 0, err, errlen);
+  /* rank 0's name; too long: nothing written or removed */
+  int rc = sr_path_err(tmp, sizeof tmp, err, errlen, "%.*s.tmp-%ld", len, c->save_model,
+                       (long)getpid());
+  if (rc) return rc;
+  rc = job_checkpoint(j, tmp, 0, err, errlen);
   if (j->rank != 0) return rc;
   if (!rc) rc = ckpt_replace(tmp, c->save_model, err, errlen);
   if (rc) {

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fs.h"
 #include "common/status.h"
 #include "common/sys.h"
 #include "tools/train/job_impl.h"
@@ -162,7 +163,7 @@ static int write_preds(const train_job *j, const char *path, size_t n) {
     job__errf(j, "--test-pred-out %s: out of memory\n", path);
     return -1;
   }
-  snprintf(tmp, len, "%s.tmp", path);
+  sr_path(tmp, len, "%s.tmp", path); /* len fits it */
   FILE *f = fopen(tmp, "w");
   if (!f) {
     job__errf(j, "--test-pred-out %s: cannot open for writing\n", tmp);

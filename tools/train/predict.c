@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "common/fs.h"
 #include "common/sha256.h"
 #include "common/status.h"
 #include "common/sys.h"
@@ -23,7 +24,7 @@ typedef struct run {
   predict_result *res;
   char *err;
   size_t errlen;
-  char step_dir[4096];
+  char step_dir[SR_PATH_MAX];
   ckpt_info ci;
   ckpt_store cs;       /* in process: the checkpoint's store (cs.store) */
   emb_store *store;    /* the rows: cs.store, or the remote store (owned) */
@@ -37,7 +38,7 @@ typedef struct run {
   uint64_t *bad;       /* [n_bad] split-relative malformed raw lines, ascending */
   size_t n_bad;
   FILE *out;
-  char tmp_out[4200];  /* the predictions' temporary name while it exists */
+  char tmp_out[SR_PATH_MAX]; /* the predictions' temporary name while it exists */
   double t0;
 } run;
 
@@ -125,9 +126,9 @@ out:
 /* 1 when dir is a saved-model folder of the format before --save-model
  * wrote checkpoints (model.json, plan.json, dense.bin in SRDNSPRM, rows/). */
 static int is_old_model_dir(const char *dir) {
-  char a[4200], b[4200];
-  snprintf(a, sizeof a, "%s/model.json", dir);
-  snprintf(b, sizeof b, "%s/manifest.json", dir);
+  char a[SR_PATH_MAX], b[SR_PATH_MAX];
+  if (sr_path(a, sizeof a, "%s/model.json", dir) || sr_path(b, sizeof b, "%s/manifest.json", dir))
+    return 0;
   return access(a, F_OK) == 0 && access(b, F_OK) != 0;
 }
 
@@ -224,8 +225,9 @@ static int open_model(run *r) {
   if (!r->t) return SR_EINVAL;
   /* The parameters only: the optimizer state after them is not needed to
    * score. ckpt_open has checked every file against the manifest. */
-  char path[4200];
-  snprintf(path, sizeof path, "%s/dense.bin", r->step_dir);
+  char path[SR_PATH_MAX];
+  if ((rc = sr_path_err(path, sizeof path, r->err, r->errlen, "%s/dense.bin", r->step_dir)))
+    return rc;
   return dense_state_load(path, trainer_model(r->t), NULL, r->err, r->errlen);
 }
 
@@ -347,14 +349,20 @@ static int score_all(run *r, size_t *n) {
 static int write_predictions(run *r, size_t *n) {
   const predict_opts *o = r->o;
   if (!o->out) return score_all(r, n);
-  snprintf(r->tmp_out, sizeof r->tmp_out, "%s.tmp-%ld", o->out, (long)getpid());
+  char why[256];
+  int rc = sr_path_err(r->tmp_out, sizeof r->tmp_out, why, sizeof why, "%s.tmp-%ld", o->out,
+                       (long)getpid());
+  if (rc) {
+    snprintf(r->err, r->errlen, "--out %s", why); /* nothing opened, nothing to remove */
+    return rc;
+  }
   if (!(r->out = fopen(r->tmp_out, "w"))) {
     snprintf(r->err, r->errlen, "--out %s: cannot open for writing: %s", r->tmp_out,
              strerror(errno));
     r->tmp_out[0] = 0;
     return SR_EIO;
   }
-  int rc = score_all(r, n);
+  rc = score_all(r, n);
   if (rc) return rc;
   int werr = fflush(r->out) != 0 || ferror(r->out);
   werr |= fclose(r->out) != 0;
