@@ -135,8 +135,9 @@ int emb_ckpt_write_as(const cJSON *src_manifest, const emb_plan *src_plan, const
     cJSON_Delete(man);
     return rc;
   }
-  ckpt_dir_parent(final, t.root, sizeof t.root);
-  rc = emb_ckpt_set_plan(man, plan, err, errlen);
+  rc = ckpt_dir_parent(final, t.root, sizeof t.root)
+           ? sr_path_too_long(err, errlen, final, sizeof t.root)
+           : emb_ckpt_set_plan(man, plan, err, errlen);
   if (!rc) rc = ckpt_dir_commit(&t, man, err, errlen);
   cJSON_Delete(man);
   return rc;

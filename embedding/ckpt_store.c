@@ -187,14 +187,15 @@ static const emb_store_ops route_ops = {
 static int make_tmp_dir(const char *dir, const char *shards, ckpt_store *out, char *err,
                         size_t errlen) {
   const char *tmp = getenv("TMPDIR");
-  char tpl[4096];
+  char tpl[SR_PATH_MAX];
   struct stat a, c;
-  if (tmp && *tmp) snprintf(tpl, sizeof tpl, "%s/shardrec-ckpt-XXXXXX", tmp);
-  else if (stat("/tmp", &a) || stat(shards, &c) || a.st_dev == c.st_dev)
-    snprintf(tpl, sizeof tpl, "/tmp/shardrec-ckpt-XXXXXX");
-  else {
-    snprintf(tpl, sizeof tpl, "%s/../.shardrec-ckpt-XXXXXX", dir);
-    if (!mkdtemp(tpl)) snprintf(tpl, sizeof tpl, "/tmp/shardrec-ckpt-XXXXXX");
+  if (tmp && *tmp) {
+    if (sr_path_err(tpl, sizeof tpl, err, errlen, "%s/shardrec-ckpt-XXXXXX", tmp))
+      return SR_ERANGE;
+  } else if (stat("/tmp", &a) || stat(shards, &c) || a.st_dev == c.st_dev) {
+    sr_path(tpl, sizeof tpl, "/tmp/shardrec-ckpt-XXXXXX");
+  } else if (sr_path(tpl, sizeof tpl, "%s/../.shardrec-ckpt-XXXXXX", dir) || !mkdtemp(tpl)) {
+    sr_path(tpl, sizeof tpl, "/tmp/shardrec-ckpt-XXXXXX");
   }
   if (strncmp(tpl + strlen(tpl) - 6, "XXXXXX", 6) == 0 && !mkdtemp(tpl)) {
     snprintf(err, errlen, "%s: cannot make a temporary folder: %s", tpl, strerror(errno));
@@ -273,8 +274,8 @@ static int open_servers(const char *shards, const emb_plan *plan, const int *wan
     n_folders += first;
   }
   if (n_folders == 1) {
-    snprintf(path, sizeof path, "%s/%s", shards, folder[want[0]]);
-    if (!(rc = open_local(plan, path, &out->store, err, errlen)))
+    if (!(rc = sr_path_err(path, sizeof path, err, errlen, "%s/%s", shards, folder[want[0]])) &&
+        !(rc = open_local(plan, path, &out->store, err, errlen)))
       snprintf(out->layout, sizeof out->layout, "in memory (%.60s)", folder[want[0]]);
     goto out;
   }
@@ -301,8 +302,8 @@ static int open_servers(const char *shards, const emb_plan *plan, const int *wan
       r->sub_of[want[i]] = r->sub_of[same];
       continue;
     }
-    snprintf(path, sizeof path, "%s/%s", shards, folder[want[i]]);
-    rc = open_local(plan, path, &r->sub[r->n_sub], err, errlen);
+    rc = sr_path_err(path, sizeof path, err, errlen, "%s/%s", shards, folder[want[i]]);
+    if (!rc) rc = open_local(plan, path, &r->sub[r->n_sub], err, errlen);
     if (r->sub[r->n_sub]) r->sub_of[want[i]] = r->n_sub++;
   }
   if (!rc) snprintf(out->layout, sizeof out->layout, "in memory (%d server folders)", r->n_sub);
@@ -315,9 +316,10 @@ out:
 static int check_dbs(const char *shards, const int *want, int n_want, char *err, size_t errlen) {
   struct stat st;
   for (int i = 0; i < n_want; i++) {
-    char db[4400], cur[4500];
-    ckpt_dir_shard_path(shards, want[i], db, sizeof db);
-    snprintf(cur, sizeof cur, "%s/CURRENT", db);
+    char db[SR_PATH_MAX], cur[SR_PATH_MAX];
+    if (ckpt_dir_shard_path(shards, want[i], db, sizeof db) ||
+        sr_path_err(cur, sizeof cur, err, errlen, "%s/CURRENT", db))
+      return sr_path_too_long(err, errlen, shards, sizeof db);
     if (stat(cur, &st) != 0) {
       snprintf(err, errlen, "%s: holds no rows of shard %d (no RocksDB database %s)", shards,
                want[i], db);

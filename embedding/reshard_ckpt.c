@@ -121,32 +121,6 @@ static int move_rows(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_p
                                        : reshard_run_files(&ro, &st->run, err, errlen);
 }
 
-/* Replace OUT by tmp (OUT moved aside first, removed once tmp is in place;
- * an aside name too long: SR_ERANGE, nothing moved). */
-static int publish(const char *tmp, const char *out, char *err, size_t errlen) {
-  char old[SR_PATH_MAX], parent[SR_PATH_MAX];
-  int rc = sr_path_err(old, sizeof old, err, errlen, "%s.old-%ld", out, (long)getpid());
-  if (rc) return rc; /* parent, shorter than out, fits too */
-  sr_fsync_dir(tmp);
-  if (!exists(out)) {
-    old[0] = 0;
-  } else {
-    if (rename(out, old) != 0) {
-      sr_fmt(err, errlen, "%s: cannot move aside: %s", out, strerror(errno));
-      return SR_EIO;
-    }
-  }
-  if (rename(tmp, out) != 0) {
-    sr_fmt(err, errlen, "%s: cannot rename to %s: %s", tmp, out, strerror(errno));
-    if (old[0]) rename(old, out);
-    return SR_EIO;
-  }
-  ckpt_dir_parent(out, parent, sizeof parent);
-  sr_fsync_dir(parent);
-  if (old[0]) sr_rmtree(old);
-  return 0;
-}
-
 /* Everything under OUT.tmp-PID (OUT.tmp-PID/step-N once complete), then
  * published. On failure the caller removes tmp. */
 static int write_out(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_plan *plan,
@@ -172,7 +146,7 @@ static int write_out(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_p
   sr_rmtree(work);
   if ((rc = emb_ckpt_write_as(ck->manifest, ck->plan, plan, t.tmp, t.final, err, errlen)))
     return rc;
-  return publish(tmp, st->out_dir, err, errlen);
+  return ckpt_dir_replace(tmp, st->out_dir, err, errlen);
 }
 
 int reshard_checkpoint(const reshard_ckpt_opts *o, reshard_ckpt_stats *st, char *err,

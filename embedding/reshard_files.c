@@ -57,8 +57,8 @@ static int list_sources(const reshard_opts *o, char ***out, int *n, char *err, s
     int seen = 0;
     for (int j = 0; j < k && !seen; j++) seen = !strcmp(folder[j], folder[k]);
     if (seen) continue;
-    char p[4400];
-    snprintf(p, sizeof p, "%s/%s", o->src_dir, folder[k]);
+    char p[SR_PATH_MAX];
+    if ((rc = sr_path_err(p, sizeof p, err, errlen, "%s/%s", o->src_dir, folder[k]))) break;
     if (!(paths[*n] = strdup(p))) rc = SR_ENOMEM;
     else (*n)++;
   }

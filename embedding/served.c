@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/fs.h"
 #include "common/status.h"
 #include "embedding/ckpt_plan.h"
 #include "embedding/shard.h"
@@ -18,7 +19,7 @@ static int open_checkpoint(const emb_served_opts *o, emb_served *s, char *err, s
   if (rc) return rc;
   s->failed = EMB_SERVED_IN_CHECKPOINT;
   if ((rc = emb_ckpt_open(o->checkpoint, &ck, err, errlen))) goto out;
-  snprintf(s->ckpt_dir, sizeof s->ckpt_dir, "%s", ck.dir);
+  if ((rc = sr_path_err(s->ckpt_dir, sizeof s->ckpt_dir, err, errlen, "%s", ck.dir))) goto out;
   s->step = ck.step;
   emb_plan_fingerprint(ck.plan, s->plan_fp);
   if (given) {

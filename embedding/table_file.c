@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/sha256.h"
 #include "common/status.h"
 #include "embedding/optim.h"
@@ -69,12 +70,11 @@ int emb_tabfile_create(const char *path, const emb_table *tb, const char *model_
   if (!w) goto nomem;
   w->sh = shape_of(tb);
   w->want = n_rows;
-  if (snprintf(w->path, sizeof w->path, "%s", path) >= (int)sizeof w->path) {
-    sr_fmt(err, errlen, "%s: path too long", path);
+  if (sr_path_err(w->path, sizeof w->path, err, errlen, "%s", path) ||
+      sr_path_err(w->tmp, sizeof w->tmp, err, errlen, "%s.tmp.%ld", path, (long)getpid())) {
     free(w);
-    return SR_EINVAL;
+    return SR_ERANGE;
   }
-  snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%ld", path, (long)getpid());
   memcpy(w->hdr, TF_MAGIC, 8);
   put32(w->hdr + 8, EMB_TABFILE_VERSION);
   put32(w->hdr + 12, EMB_TABFILE_HEADER);
@@ -259,7 +259,10 @@ int emb_tabfile_open(const char *path, const emb_table *tb, const char *model_fp
     sr_fmt(err, errlen, "%s: out of memory", path);
     return SR_ENOMEM;
   }
-  snprintf(r->path, sizeof r->path, "%s", path);
+  if (sr_path_err(r->path, sizeof r->path, err, errlen, "%s", path)) {
+    free(r);
+    return SR_ERANGE;
+  }
   r->sh = shape_of(tb);
   r->rows = tb->rows;
   if (!(r->f = fopen(path, "rb"))) {

@@ -71,11 +71,40 @@ long long ckpt_dir_step_of(const char *name) {
   return *end || n < 0 ? -1 : n;
 }
 
-void ckpt_dir_parent(const char *path, char *out, size_t outlen) {
-  snprintf(out, outlen, "%s", path);
+int ckpt_dir_parent(const char *path, char *out, size_t outlen) {
+  if (sr_path(out, outlen, "%s", path)) return SR_ERANGE;
   char *slash = strrchr(out, '/');
   if (slash && slash != out) *slash = 0;
-  else snprintf(out, outlen, "%s", slash ? "/" : ".");
+  else sr_path(out, outlen, "%s", slash ? "/" : ".");
+  return 0;
+}
+
+int ckpt_dir_replace(const char *tmp, const char *dir, char *err, size_t errlen) {
+  char old[SR_PATH_MAX], parent[SR_PATH_MAX];
+  struct stat st;
+  /* The aside name and the parent fit, or nothing is moved or removed. */
+  int rc = sr_path_err(old, sizeof old, err, errlen, "%s.old-%ld", dir, (long)getpid());
+  if (!rc && (rc = ckpt_dir_parent(dir, parent, sizeof parent)))
+    sr_path_too_long(err, errlen, dir, sizeof parent);
+  if (rc) return rc;
+  sr_fsync_dir(tmp);
+  if (stat(dir, &st) != 0) {
+    old[0] = 0;
+  } else {
+    sr_rmtree(old); /* a leftover of an earlier run of this pid */
+    if (rename(dir, old) != 0) {
+      sr_fmt(err, errlen, "%s: cannot move the old one aside: %s", dir, strerror(errno));
+      return SR_EIO;
+    }
+  }
+  if (rename(tmp, dir) != 0) {
+    sr_fmt(err, errlen, "%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
+    if (old[0]) rename(old, dir);
+    return SR_EIO;
+  }
+  sr_fsync_dir(parent);
+  if (old[0]) sr_rmtree(old);
+  return 0;
 }
 
 static int cmp_step(const void *a, const void *b) {
@@ -93,9 +122,9 @@ int ckpt_dir_list(const char *root, ckpt_dir_entry **out, int *n) {
   while ((de = readdir(d))) {
     long long s = ckpt_dir_step_of(de->d_name);
     if (s < 0) continue;
-    char done[4096];
-    snprintf(done, sizeof done, "%s/%s/DONE", root, de->d_name);
-    if (!sr_is_file(done)) continue;
+    char done[SR_PATH_MAX];
+    if (sr_path(done, sizeof done, "%s/%s/DONE", root, de->d_name) || !sr_is_file(done))
+      continue; /* one too long to name is no checkpoint we can read */
     if (*n == cap) {
       cap = cap ? 2 * cap : 16;
       ckpt_dir_entry *np = realloc(*out, (size_t)cap * sizeof *np);
@@ -112,14 +141,12 @@ int ckpt_dir_list(const char *root, ckpt_dir_entry **out, int *n) {
 }
 
 int ckpt_dir_resolve(const char *path, char *out, size_t outlen, char *err, size_t errlen) {
-  char p[4200];
-  snprintf(p, sizeof p, "%s/manifest.json", path);
+  char p[SR_PATH_MAX];
+  if (sr_path_err(p, sizeof p, err, errlen, "%s/manifest.json", path)) return SR_ERANGE;
   const char *base = strrchr(path, '/');
   base = base ? base + 1 : path;
-  if (sr_is_file(p) || ckpt_dir_step_of(base) >= 0) {
-    snprintf(out, outlen, "%s", path);
-    return 0;
-  }
+  if (sr_is_file(p) || ckpt_dir_step_of(base) >= 0)
+    return sr_path_err(out, outlen, err, errlen, "%s", path);
   ckpt_dir_entry *sd;
   int n;
   if (ckpt_dir_list(path, &sd, &n)) {
@@ -130,21 +157,26 @@ int ckpt_dir_resolve(const char *path, char *out, size_t outlen, char *err, size
     sr_fmt(err, errlen, "%s: no complete checkpoint (no step-N folder with a DONE marker)", path);
     return SR_ENOTFOUND;
   }
-  snprintf(out, outlen, "%s/%s", path, sd[n - 1].name);
+  int rc = sr_path_err(out, outlen, err, errlen, "%s/%s", path, sd[n - 1].name);
   free(sd);
-  return 0;
+  return rc;
 }
 
 /* ---- writing ---- */
 
 int ckpt_dir_begin(const char *root, long long step, ckpt_dir_txn *t, int *exists, char *err,
                    size_t errlen) {
-  char done[4300];
+  char done[SR_PATH_MAX];
   *exists = 0;
-  snprintf(t->root, sizeof t->root, "%s", root);
-  snprintf(t->final, sizeof t->final, "%s/step-%lld", root, step);
-  snprintf(t->tmp, sizeof t->tmp, "%s/.step-%lld.tmp-%ld", root, step, (long)getpid());
-  snprintf(done, sizeof done, "%s/DONE", t->final);
+  /* A name that does not fit is refused before anything is made or removed:
+   * a cut-short tmp or final handed to the removes below could name another
+   * folder. */
+  if (sr_path_err(t->root, sizeof t->root, err, errlen, "%s", root) ||
+      sr_path_err(t->final, sizeof t->final, err, errlen, "%s/step-%lld", root, step) ||
+      sr_path_err(t->tmp, sizeof t->tmp, err, errlen, "%s/.step-%lld.tmp-%ld", root, step,
+                  (long)getpid()) ||
+      sr_path_err(done, sizeof done, err, errlen, "%s/DONE", t->final))
+    return SR_ERANGE;
   if (sr_is_file(done)) {
     *exists = 1;
     return 0;
@@ -182,9 +214,9 @@ static int list_files(const char *tmp, cJSON *man, char *err, size_t errlen) {
     return rc;
   }
   for (int i = 0; i < nf && !rc; i++) {
-    char fp[8300], hex[65];
+    char fp[SR_PATH_MAX], hex[65];
     uint64_t size;
-    snprintf(fp, sizeof fp, "%s/%s", tmp, files[i]);
+    if ((rc = sr_path_err(fp, sizeof fp, err, errlen, "%s/%s", tmp, files[i]))) break;
     if ((rc = sr_sha256_file(fp, hex, &size))) {
       sr_fmt(err, errlen, "%s: cannot read", fp);
       break;
@@ -206,15 +238,18 @@ static int list_files(const char *tmp, cJSON *man, char *err, size_t errlen) {
 }
 
 int ckpt_dir_commit(const ckpt_dir_txn *t, cJSON *man, char *err, size_t errlen) {
-  char path[4300];
+  char path[SR_PATH_MAX];
   int rc = list_files(t->tmp, man, err, errlen);
   if (rc) return rc;
+  if (sr_path_err(path, sizeof path, err, errlen, "%s/manifest.json", t->tmp) ||
+      sr_path_err(path, sizeof path, err, errlen, "%s/DONE", t->final))
+    return SR_ERANGE; /* both checked before anything is renamed */
   char *text = cJSON_Print(man);
   if (!text) {
     sr_fmt(err, errlen, "manifest: out of memory");
     return SR_ENOMEM;
   }
-  snprintf(path, sizeof path, "%s/manifest.json", t->tmp);
+  sr_path(path, sizeof path, "%s/manifest.json", t->tmp); /* fits: checked above */
   if ((rc = write_file(path, text, strlen(text), err, errlen))) goto out;
   sr_fsync_dir(t->tmp);
   if (rename(t->tmp, t->final) != 0) {
@@ -229,7 +264,7 @@ int ckpt_dir_commit(const ckpt_dir_txn *t, cJSON *man, char *err, size_t errlen)
     goto out;
   }
   snprintf(done, sizeof done, "%s\n", hex);
-  snprintf(path, sizeof path, "%s/DONE", t->final);
+  sr_path(path, sizeof path, "%s/DONE", t->final); /* fits: checked above */
   if ((rc = write_file(path, done, strlen(done), err, errlen))) goto out;
   sr_fsync_dir(t->final);
 out:
@@ -245,9 +280,8 @@ void ckpt_dir_keep(const char *root, int keep) {
   int n;
   if (ckpt_dir_list(root, &sd, &n)) return;
   for (int i = 0; i + keep < n; i++) {
-    char path[4400];
-    snprintf(path, sizeof path, "%s/%s", root, sd[i].name);
-    sr_rmtree(path);
+    char path[SR_PATH_MAX];
+    if (!sr_path(path, sizeof path, "%s/%s", root, sd[i].name)) sr_rmtree(path);
   }
   free(sd);
 }
@@ -255,7 +289,7 @@ void ckpt_dir_keep(const char *root, int keep) {
 /* ---- reading ---- */
 
 int ckpt_dir_read(const char *dir, cJSON **out, char *err, size_t errlen) {
-  char path[4200];
+  char path[SR_PATH_MAX];
   int rc = 0;
   char *text = NULL, *done = NULL;
   cJSON *man = NULL;
@@ -264,13 +298,14 @@ int ckpt_dir_read(const char *dir, cJSON **out, char *err, size_t errlen) {
     sr_fmt(err, errlen, "%s: no such checkpoint folder", dir);
     return SR_ENOTFOUND;
   }
-  snprintf(path, sizeof path, "%s/DONE", dir);
+  if (sr_path_err(path, sizeof path, err, errlen, "%s/manifest.json", dir)) return SR_ERANGE;
+  sr_path(path, sizeof path, "%s/DONE", dir); /* shorter than manifest.json's: fits */
   if (!(done = read_text(path, NULL))) {
     sr_fmt(err, errlen,
            "%s: missing: the checkpoint is incomplete (its writer stopped before the end)", path);
     return SR_EFORMAT;
   }
-  snprintf(path, sizeof path, "%s/manifest.json", dir);
+  sr_path(path, sizeof path, "%s/manifest.json", dir); /* fits: checked above */
   size_t tl = 0;
   if (!(text = read_text(path, &tl))) {
     sr_fmt(err, errlen, "%s: missing or unreadable", path);
@@ -322,9 +357,9 @@ int ckpt_dir_verify(const char *dir, const cJSON *man, char *err, size_t errlen)
       sr_fmt(err, errlen, "%s/manifest.json: a malformed entry in files", dir);
       return SR_EFORMAT;
     }
-    char fp[8300], got[65];
+    char fp[SR_PATH_MAX], got[65];
     uint64_t gs;
-    snprintf(fp, sizeof fp, "%s/%s", dir, rel);
+    if (sr_path_err(fp, sizeof fp, err, errlen, "%s/%s", dir, rel)) return SR_ERANGE;
     if (sr_sha256_file(fp, got, &gs)) {
       sr_fmt(err, errlen, "%s: missing or unreadable (listed in the manifest)", fp);
       return SR_ENOTFOUND;

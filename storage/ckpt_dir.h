@@ -63,7 +63,8 @@ typedef struct ckpt_dir_txn {
 /* Start the checkpoint of step under root: create root (and its parents),
  * fill *t; when root/step-N is complete already, set *exists and do
  * nothing else; otherwise remove a torn root/step-N (no DONE) and a stale
- * tmp of this process, and create t->tmp. 0 or SR_EIO with the folder in
+ * tmp of this process, and create t->tmp. 0, SR_ERANGE when a name under
+ * root does not fit (nothing made or removed), or SR_EIO with the folder in
  * err. */
 int ckpt_dir_begin(const char *root, long long step, ckpt_dir_txn *t, int *exists, char *err,
                    size_t errlen);
@@ -106,8 +107,15 @@ int ckpt_dir_read(const char *dir, struct cJSON **man, char *err, size_t errlen)
  * entry or a path with ".." is SR_EFORMAT. 0 or SR_E* naming the file. */
 int ckpt_dir_verify(const char *dir, const struct cJSON *man, char *err, size_t errlen);
 
-/* The folder above path ("." for a bare name, "/" for "/x") into out. */
-void ckpt_dir_parent(const char *path, char *out, size_t outlen);
+/* The folder above path ("." for a bare name, "/" for "/x") into out. 0 or
+ * SR_ERANGE when it does not fit. */
+int ckpt_dir_parent(const char *path, char *out, size_t outlen);
+
+/* Put the folder tmp in dir's place: an existing dir is moved aside to
+ * dir.old-PID, tmp renamed to dir, the aside one removed (on a failed
+ * rename it is moved back). 0, SR_ERANGE (a name does not fit: nothing
+ * moved) or SR_EIO, the reason in err. */
+int ckpt_dir_replace(const char *tmp, const char *dir, char *err, size_t errlen);
 
 /* ---- shards/: where a checkpoint keeps its embedding rows ----
  *

@@ -113,8 +113,8 @@ static void inspect_db(report *r, const char *path, const char *name) {
 }
 
 static int print_manifest(FILE *out, const char *dir) {
-  char p[4200];
-  snprintf(p, sizeof p, "%s/manifest.json", dir);
+  char p[SR_PATH_MAX];
+  if (sr_path(p, sizeof p, "%s/manifest.json", dir)) return -1;
   FILE *f = fopen(p, "rb");
   if (!f) return -1;
   fseek(f, 0, SEEK_END);
@@ -141,7 +141,7 @@ static int print_manifest(FILE *out, const char *dir) {
     const cJSON *sz = cJSON_GetObjectItem(e, "size");
     if (cJSON_IsNumber(sz)) bytes += sz->valuedouble;
   }
-  snprintf(p, sizeof p, "%s/DONE", dir);
+  sr_path(p, sizeof p, "%s/DONE", dir); /* shorter than manifest.json's: fits */
   fprintf(out, "checkpoint %s (%s)\n", dir, sr_is_file(p) ? "complete" : "INCOMPLETE: no DONE marker");
   fprintf(out, "  step %.0f, epoch %.0f, next sample %.0f; %s store\n", NUM("step"), NUM("epoch"),
           NUM("sample_index"), STR("store"));
@@ -206,12 +206,12 @@ static void inspect_folder(report *r, const char *folder) {
 int store_inspect(const char *path, const store_inspect_opts *o, FILE *out, char *err,
                   size_t errlen) {
   report r = {.out = out, .o = o, .err = err, .errlen = errlen};
-  char target[4096], p[4200];
+  char target[SR_PATH_MAX], p[SR_PATH_MAX];
   if (!sr_is_dir(path)) {
     sr_fmt(err, errlen, "%s: no such folder", path);
     return SR_ENOTFOUND;
   }
-  snprintf(p, sizeof p, "%s/CURRENT", path);
+  if (sr_path_err(p, sizeof p, err, errlen, "%s/CURRENT", path)) return SR_ERANGE;
   if (sr_is_file(p)) { /* one database */
     inspect_db(&r, path, "db");
     if (!r.rc)
@@ -219,7 +219,7 @@ int store_inspect(const char *path, const store_inspect_opts *o, FILE *out, char
               (unsigned long long)r.bytes);
     return r.rc;
   }
-  snprintf(target, sizeof target, "%s", path);
+  if (sr_path_err(target, sizeof target, err, errlen, "%s", path)) return SR_ERANGE;
   ckpt_dir_shard_path(path, 0, p, sizeof p);
   if (!sr_is_dir(p)) { /* a checkpoint or a folder of them */
     char e[1024];

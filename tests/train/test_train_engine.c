@@ -14,6 +14,7 @@
 #include "common/fs.h"
 #include "common/status.h"
 #include "tests/check_main.h"
+#include "storage/ckpt_dir.h"
 #include "tools/train/job_impl.h"
 
 static char dir[256];
@@ -454,7 +455,7 @@ START_TEST(test_checkpoint_path_too_long) {
   ck_assert_int_eq(mkdir(dir2, 0777), 0);
   ck_assert_int_eq(sr_path(tmp2, sizeof tmp2, "%s/tmp2", dir), 0);
   ck_assert_int_eq(mkdir(tmp2, 0777), 0);
-  ck_assert_int_eq(ckpt_replace(tmp2, dir2, err, sizeof err), SR_ERANGE);
+  ck_assert_int_eq(ckpt_dir_replace(tmp2, dir2, err, sizeof err), SR_ERANGE);
   ck_assert_ptr_nonnull(strstr(err, "path too long"));
   ck_assert(sr_is_dir(dir2) && sr_is_dir(tmp2));
   small_close(&fresh);

@@ -20,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/sys.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
@@ -267,7 +268,6 @@ int bench_dp(int argc, char **argv) {
   status = 0;
 out:
   free(out);
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  if (system(cmd) != 0) fprintf(stderr, "shardrec bench dp: could not remove %s\n", dir);
+  if (sr_rmtree(dir) != 0) fprintf(stderr, "shardrec bench dp: could not remove %s\n", dir);
   return status;
 }

@@ -183,8 +183,10 @@ extern char **environ;
 /* Run `this-executable args` (a shell word list) in dir; its output into
  * *out (malloc'd). 0 on exit 0. */
 static int run_out(const char *dir, const char *args, char **out) {
-  char cmd[4096];
-  snprintf(cmd, sizeof cmd, "cd '%s' && /proc/%d/exe %s", dir, (int)getpid(), args);
+  char cmd[8192];
+  *out = NULL;
+  int n = snprintf(cmd, sizeof cmd, "cd '%s' && /proc/%d/exe %s", dir, (int)getpid(), args);
+  if (n < 0 || n >= (int)sizeof cmd) return -1; /* never run a command cut short */
   return run_capture(cmd, out) == 0 && *out ? 0 : -1;
 }
 
@@ -322,9 +324,7 @@ done:
       kill(srv[k], SIGTERM);
       waitpid(srv[k], NULL, 0);
     }
-  char rm[600];
-  snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
-  if (system(rm) != 0) fprintf(stderr, "shardrec bench rpc: could not remove %s\n", dir);
+  if (sr_rmtree(dir) != 0) fprintf(stderr, "shardrec bench rpc: could not remove %s\n", dir);
   return status;
 }
 

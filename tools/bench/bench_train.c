@@ -352,8 +352,6 @@ int bench_train(int argc, char **argv) {
          "load average %.2f\n",
          f.runs, load[0]);
 out:;
-  char rm[300];
-  snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
-  if (system(rm) != 0) fprintf(stderr, "bench train: could not remove %s\n", dir);
+  if (sr_rmtree(dir) != 0) fprintf(stderr, "bench train: could not remove %s\n", dir);
   return status;
 }

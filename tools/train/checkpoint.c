@@ -164,33 +164,6 @@ fail:
   return rc;
 }
 
-int ckpt_replace(const char *tmp, const char *dir, char *err, size_t errlen) {
-  char old[SR_PATH_MAX] = "", parent[SR_PATH_MAX];
-  struct stat st;
-  /* The aside name and the parent fit, or nothing is moved or removed. */
-  int rc = sr_path_err(old, sizeof old, err, errlen, "%s.old-%ld", dir, (long)getpid());
-  if (rc) return rc;
-  old[0] = 0;
-  sr_fsync_dir(tmp);
-  if (stat(dir, &st) == 0) {
-    sr_path(old, sizeof old, "%s.old-%ld", dir, (long)getpid());
-    sr_rmtree(old);
-    if (rename(dir, old) != 0) {
-      sr_fmt(err, errlen, "%s: cannot move the old one aside: %s", dir, strerror(errno));
-      return SR_EIO;
-    }
-  }
-  if (rename(tmp, dir) != 0) {
-    sr_fmt(err, errlen, "%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
-    if (old[0]) rename(old, dir);
-    return SR_EIO;
-  }
-  ckpt_dir_parent(dir, parent, sizeof parent);
-  sr_fsync_dir(parent);
-  if (old[0]) sr_rmtree(old);
-  return 0;
-}
-
 /* ---- resume ---- */
 
 int ckpt_resolve(const char *path, char *out, size_t outlen, char *err, size_t errlen) {

@@ -68,12 +68,6 @@ int ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store
               const char *store_kind, dense_model *model, dense_opt *opt, const ckpt_state *st,
               const ckpt_settings *set, char *err, size_t errlen);
 
-/* Put tmp (a folder of checkpoints ckpt_save wrote, as --save-model's
- * DIR.tmp-PID) in dir's place: an existing dir is moved aside first and
- * removed once tmp is renamed to dir. 0, or SR_EIO with the reason in err
- * and dir as it was (tmp is left for the caller to remove); SR_ERANGE,
- * nothing moved, when dir's aside name (DIR.old-PID) is too long. */
-int ckpt_replace(const char *tmp, const char *dir, char *err, size_t errlen);
 
 /* The checkpoint folder --resume path names: path itself when it is a step
  * folder (has manifest.json or is named step-N), else the newest complete

@@ -742,7 +742,7 @@ static int job_loop(train_job *j) {
 /* --save-model DIR: the job's checkpoint (job_checkpoint, every rank) at
  * DIR/step-N, the same files as --save-checkpoint writes, so that eval and
  * predict read it. Written under DIR.tmp-PID and put in DIR's place
- * (ckpt_replace): an existing DIR is replaced. When DIR is the
+ * (ckpt_dir_replace): an existing DIR is replaced. When DIR is the
  * --save-checkpoint folder, the final checkpoint just written is the model.
  * 0 or SR_E* with the reason in err. */
 static int job_save_model(train_job *j, char *err, size_t errlen) {
@@ -762,7 +762,7 @@ static int job_save_model(train_job *j, char *err, size_t errlen) {
   if (rc) return rc;
   rc = job_checkpoint(j, tmp, 0, err, errlen);
   if (j->rank != 0) return rc;
-  if (!rc) rc = ckpt_replace(tmp, c->save_model, err, errlen);
+  if (!rc) rc = ckpt_dir_replace(tmp, c->save_model, err, errlen);
   if (rc) {
     sr_rmtree(tmp);
     return rc;
