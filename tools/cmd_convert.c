@@ -10,7 +10,7 @@
 
 #include "common/status.h"
 #include "common/sys.h"
-#include "datasets/binfmt.h"
+#include "datasets/convert.h"
 #include "datasets/source.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
@@ -136,32 +136,9 @@ int cmd_convert(int argc, char **argv) {
     return 1;
   }
   ds_source_stats st;
-  ds_source_stats_get(s, &st);
-  ds_bin_info info = {0};
-  info.n_samples = ds_source_split_count(s, DS_SPLIT_ALL);
-  info.n_train = ds_source_split_count(s, DS_SPLIT_TRAIN);
-  info.n_test = ds_source_split_count(s, DS_SPLIT_TEST);
-  info.n_val = ds_source_split_count(s, DS_SPLIT_VAL);
-  info.total_ids = st.scan_ids;
-  info.flags = (st.scan_max_bag > 1 ? DS_BIN_MULTI : 0) | (o.id_mode == DS_IDS_HASH ? DS_BIN_ID64 : 0);
-  info.id_mode = (uint32_t)ds_source_id_mode(s);
-  info.freq_threshold = o.frequency_threshold;
-  info.max_ind_range = o.max_ind_range;
-  ds_source_table_sizes(s, info.table_sizes);
-  ds_bin_writer *w = ds_bin_writer_create(out, &info, ds_source_dict(s), shuffle, seed, err, sizeof err);
-  if (!w) {
+  ds_bin_info info;
+  if (ds_convert_to_bin(s, &o, out, shuffle, seed, &info, &st, err, sizeof err)) {
     fprintf(stderr, "shardrec convert: %s\n", err);
-    ds_source_destroy(s);
-    return 1;
-  }
-  ds_batch b;
-  int rc = ds_batch_init(&b, 4096), n = 0;
-  while (!rc && (n = ds_source_next(s, &b, 4096)) > 0) rc = ds_bin_writer_add(w, &b);
-  if (rc || n < 0 || ds_bin_writer_finish(w)) {
-    fprintf(stderr, "shardrec convert: %s\n",
-            n < 0 ? ds_source_errmsg(s) : rc == SR_ENOMEM ? "out of memory" : ds_bin_writer_errmsg(w));
-    ds_bin_writer_destroy(w);
-    ds_batch_free(&b);
     ds_source_destroy(s);
     return 1;
   }
@@ -177,8 +154,6 @@ int cmd_convert(int argc, char **argv) {
   printf("  table sizes:");
   for (int k = 0; k < DS_NUM_SPARSE; k++) printf(" %llu", (unsigned long long)info.table_sizes[k]);
   printf("\n");
-  ds_bin_writer_destroy(w);
-  ds_batch_free(&b);
   ds_source_destroy(s);
   return 0;
 }

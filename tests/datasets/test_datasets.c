@@ -13,6 +13,7 @@
 
 #include "common/status.h"
 #include "datasets/binfmt.h"
+#include "datasets/convert.h"
 #include "datasets/criteo.h"
 #include "datasets/source.h"
 
@@ -659,28 +660,9 @@ static void convert_api(const char *in, const char *out, ds_split_scheme sch, do
   ds_source_opts o = {.path = in, .scheme = sch, .test_fraction = frac, .id_mode = mode,
                       .exact_count = 1, .max_ind_range = mode == DS_IDS_MODULO ? 100 : 0};
   ds_source *s = open_src(o);
-  ds_source_stats st;
-  ds_source_stats_get(s, &st);
-  ds_bin_info info = {0};
-  info.n_samples = ds_source_split_count(s, DS_SPLIT_ALL);
-  info.n_train = ds_source_split_count(s, DS_SPLIT_TRAIN);
-  info.n_test = ds_source_split_count(s, DS_SPLIT_TEST);
-  info.n_val = ds_source_split_count(s, DS_SPLIT_VAL);
-  info.total_ids = st.scan_ids;
-  info.flags = (st.scan_max_bag > 1 ? DS_BIN_MULTI : 0) | (mode == DS_IDS_HASH ? DS_BIN_ID64 : 0);
-  info.id_mode = ds_source_id_mode(s);
-  ds_source_table_sizes(s, info.table_sizes);
   char err[1024];
-  ds_bin_writer *w = ds_bin_writer_create(out, &info, ds_source_dict(s), shuffle, 42, err, sizeof err);
-  ck_assert_msg(w != NULL, "%s", err);
-  ds_batch b;
-  ds_batch_init(&b, 333);
-  int n;
-  while ((n = ds_source_next(s, &b, 333)) > 0) ck_assert_int_eq(ds_bin_writer_add(w, &b), 0);
-  ck_assert_int_eq(n, 0);
-  ck_assert_msg(ds_bin_writer_finish(w) == 0, "%s", ds_bin_writer_errmsg(w));
-  ds_bin_writer_destroy(w);
-  ds_batch_free(&b);
+  ck_assert_msg(ds_convert_to_bin(s, &o, out, shuffle, 42, NULL, NULL, err, sizeof err) == 0, "%s",
+                err);
   ds_source_destroy(s);
 }
 
