@@ -18,11 +18,9 @@ int sr_path(char *buf, size_t len, const char *fmt, ...) {
   va_start(ap, fmt);
   int w = vsnprintf(buf, len, fmt, ap);
   va_end(ap);
-  if (w < 0 || (size_t)w >= len) {
-    buf[0] = '\0';
-    return SR_ERANGE;
-  }
-  return 0;
+  if (w >= 0 && (size_t)w < len) return 0;
+  buf[0] = '\0';
+  return SR_ERANGE;
 }
 
 int sr_path_too_long(char *err, size_t errlen, const char *path, size_t limit) {
@@ -40,13 +38,11 @@ int sr_path_err(char *buf, size_t len, char *err, size_t errlen, const char *fmt
   va_start(ap, fmt);
   int w = vsnprintf(buf, len, fmt, ap);
   va_end(ap);
-  if (w < 0 || (size_t)w >= len) {
-    if (w >= 0) sr_path_too_long(err, errlen, buf, len); /* buf holds the path's start */
-    else if (err && errlen) sr_fmt(err, errlen, "%s: cannot format a path", fmt);
-    buf[0] = '\0';
-    return SR_ERANGE;
-  }
-  return 0;
+  if (w >= 0 && (size_t)w < len) return 0;
+  if (w >= 0) sr_path_too_long(err, errlen, buf, len); /* buf holds the path's start */
+  else if (err && errlen) sr_fmt(err, errlen, "%s: cannot format a path", fmt);
+  buf[0] = '\0';
+  return SR_ERANGE;
 }
 
 int sr_is_file(const char *path) {

@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tools/bench/run_capture.h"
+
 #include "tests/tools/run.h"
 
 typedef struct {
@@ -39,23 +41,7 @@ static inline void server_start(test_server *s, const char *args, const char *lo
   }
   close(fd[1]);
   s->pid = pid;
-  char buf[512];
-  size_t n = 0;
-  double t0 = test_now();
-  s->addr[0] = 0;
-  while (test_now() - t0 < 10 && n < sizeof buf - 1) {
-    struct pollfd p = {fd[0], POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;
-    ssize_t got = read(fd[0], buf + n, sizeof buf - 1 - n);
-    if (got <= 0) break;
-    n += (size_t)got;
-    buf[n] = 0;
-    char *l = strstr(buf, "listening on ");
-    if (l && strchr(l, '\n')) {
-      sscanf(l + 13, "%63s", s->addr);
-      break;
-    }
-  }
+  read_listen_addr(fd[0], 10, s->addr, sizeof s->addr);
   close(fd[0]);
   if (!s->addr[0]) {
     kill(pid, SIGKILL);

@@ -219,21 +219,7 @@ static pid_t spawn_server(const char *dir, int shard, char *addr, size_t alen) {
     close(fd[0]);
     return -1;
   }
-  char buf[512];
-  size_t n = 0;
-  addr[0] = 0;
-  double t0 = sr_now();
-  while (sr_now() - t0 < 20 && n < sizeof buf - 1) {
-    ssize_t got = read(fd[0], buf + n, sizeof buf - 1 - n);
-    if (got <= 0) break;
-    n += (size_t)got;
-    buf[n] = 0;
-    char *l = strstr(buf, "listening on ");
-    if (l && strchr(l, '\n')) {
-      snprintf(addr, alen, "%.*s", (int)strcspn(l + 13, " \n"), l + 13);
-      break;
-    }
-  }
+  read_listen_addr(fd[0], 20, addr, alen);
   close(fd[0]);
   if (!addr[0]) {
     kill(pid, SIGKILL);
