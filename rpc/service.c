@@ -173,7 +173,6 @@ void rpc_service_destroy(rpc_service *s) {
   free(s);
 }
 
-uint64_t rpc_service_incarnation(const rpc_service *s) { return s->incarnation; }
 
 int rpc_service_flush(rpc_service *s) {
   pthread_mutex_lock(&s->mu);

@@ -160,10 +160,6 @@ void rpc_service_stop_parking(rpc_service *s);
  * (already handed back or never parked). Thread-safe. */
 int rpc_service_cancel(rpc_service *s, void *token);
 
-/* This service's incarnation: random, fixed for its life, carried by every
- * answer to Lookup, Push, Checkpoint, Restore and Stats, so a client sees a
- * restarted server (whose rows are no longer its run's) at once. */
-uint64_t rpc_service_incarnation(const rpc_service *s);
 
 /* Make the store's updates durable (rpc_server_run calls it on shutdown). */
 int rpc_service_flush(rpc_service *s);
