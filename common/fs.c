@@ -12,17 +12,6 @@
 
 #include "common/status.h"
 
-int sr_path(char *buf, size_t len, const char *fmt, ...) {
-  if (!buf || len == 0) return SR_EINVAL;
-  va_list ap;
-  va_start(ap, fmt);
-  int w = vsnprintf(buf, len, fmt, ap);
-  va_end(ap);
-  if (w >= 0 && (size_t)w < len) return 0;
-  buf[0] = '\0';
-  return SR_ERANGE;
-}
-
 int sr_path_too_long(char *err, size_t errlen, const char *path, size_t limit) {
   if (err && errlen) {
     size_t n = strlen(path);
@@ -32,17 +21,31 @@ int sr_path_too_long(char *err, size_t errlen, const char *path, size_t limit) {
   return SR_ERANGE;
 }
 
-int sr_path_err(char *buf, size_t len, char *err, size_t errlen, const char *fmt, ...) {
+/* sr_path and sr_path_err (err NULL: no message). */
+static int vpath(char *buf, size_t len, char *err, size_t errlen, const char *fmt, va_list ap) {
   if (!buf || len == 0) return SR_EINVAL;
-  va_list ap;
-  va_start(ap, fmt);
   int w = vsnprintf(buf, len, fmt, ap);
-  va_end(ap);
   if (w >= 0 && (size_t)w < len) return 0;
   if (w >= 0) sr_path_too_long(err, errlen, buf, len); /* buf holds the path's start */
   else if (err && errlen) sr_fmt(err, errlen, "%s: cannot format a path", fmt);
   buf[0] = '\0';
   return SR_ERANGE;
+}
+
+int sr_path(char *buf, size_t len, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = vpath(buf, len, NULL, 0, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+int sr_path_err(char *buf, size_t len, char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = vpath(buf, len, err, errlen, fmt, ap);
+  va_end(ap);
+  return rc;
 }
 
 int sr_is_file(const char *path) {
