@@ -31,6 +31,10 @@ int sr_path_err(char *buf, size_t len, char *err, size_t errlen, const char *fmt
  * `return sr_path_too_long(...)`. */
 int sr_path_too_long(char *err, size_t errlen, const char *path, size_t limit);
 
+/* Write all of p[n] to fd (short writes and EINTR retried). 0, or -1 with
+ * errno set (a write that makes no progress is EIO). */
+int sr_write_all(int fd, const void *p, size_t n);
+
 /* 1 when path is a regular file / a folder (symlinks followed), else 0. */
 int sr_is_file(const char *path);
 int sr_is_dir(const char *path);

@@ -182,32 +182,18 @@ static void interact_backward(dense_model *m, int n, const float *dR,
   }
 }
 
-/* Backward of linear_forward (as dense_linear_backward): dout[n][N] is the
- * output gradient (ReLU backward applied in place when relu), din[n][K]
- * (may be NULL) receives the input gradient. */
-static void linear_backward(dense_model *m, int n, int l, const float *in,
-                            int relu, float *dout, float *din) {
-  const dense_backend *be = m->be;
-  int K = m->K[l], N = m->N[l];
-  const float *W = m->params + m->w_off[l];
-  float *dW = m->grads + m->w_off[l];
-  be->relu_bias_grad(n, N, N, relu ? m->out[l] : NULL, dout,
-                     m->grads + m->b_off[l]);
-  /* dW[N][K] = dz[n][N]^T * in[n][K] */
-  be->gemm(1, 0, N, K, n, 1.0f, dout, N, in, K, 0.0f, dW, K);
-  /* din[n][K] = dz[n][N] * W[N][K] */
-  if (din) be->gemm(0, 0, n, K, N, 1.0f, dout, N, W, K, 0.0f, din, K);
+/* Layer l of m through the shared layer code (dense/layers.h): forward
+ * out[l][n][N] = act(in W^T + b); backward from dout[n][N] (ReLU backward
+ * in place when relu) into its gradients and din[n][K] (may be NULL). */
+static void linear_forward(dense_model *m, int n, int l, const float *in, int relu) {
+  dense_linear_forward(m->be, n, m->K[l], m->N[l], in, m->params + m->w_off[l],
+                       m->params + m->b_off[l], relu, m->out[l]);
 }
 
-/* Linear (+ReLU) forward of layer l: out[l][n][N] = act(in W^T + b). */
-static void linear_forward(dense_model *m, int n, int l, const float *in,
-                           int relu) {
-  const dense_backend *be = m->be;
-  int K = m->K[l], N = m->N[l];
-  /* out[n][N] = in[n][K] * W[N][K]^T */
-  be->gemm(0, 1, n, N, K, 1.0f, in, K, m->params + m->w_off[l], K, 0.0f,
-           m->out[l], N);
-  be->bias_act_forward(n, N, m->params + m->b_off[l], relu, m->out[l]);
+static void linear_backward(dense_model *m, int n, int l, const float *in, int relu,
+                            float *dout, float *din) {
+  dense_linear_backward(m->be, n, m->K[l], m->N[l], in, m->params + m->w_off[l], m->out[l],
+                        relu, dout, m->grads + m->w_off[l], m->grads + m->b_off[l], din);
 }
 
 /* ---- create / destroy ----------------------------------------------------- */

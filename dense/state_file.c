@@ -55,18 +55,6 @@ static int sha256_parts(const void *a, size_t na, const void *b, size_t nb, cons
   return sr_sha256_final(&h, out);
 }
 
-static int write_all(int fd, const void *p, size_t n) {
-  const char *c = p;
-  while (n) {
-    ssize_t w = write(fd, c, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return -1;
-    c += w;
-    n -= (size_t)w;
-  }
-  return 0;
-}
-
 static int read_all(int fd, void *p, size_t n) {
   char *c = p;
   while (n) {
@@ -102,8 +90,8 @@ int dense_state_save(const char *path, const dense_model *m, const dense_opt *o,
     sr_fmt(err, errlen, "%s: cannot write: %s", tmp, strerror(errno));
     return SR_EIO;
   }
-  int bad = write_all(fd, b, sizeof b) || write_all(fd, p, np * 4) ||
-            (ns && write_all(fd, s, ns * 4)) || write_all(fd, dig, sizeof dig) || fsync(fd);
+  int bad = sr_write_all(fd, b, sizeof b) || sr_write_all(fd, p, np * 4) ||
+            (ns && sr_write_all(fd, s, ns * 4)) || sr_write_all(fd, dig, sizeof dig) || fsync(fd);
   int saved = errno;
   bad |= close(fd) != 0;
   if (!bad && rename(tmp, path) != 0) {

@@ -135,7 +135,7 @@ typedef struct worker {
   char ***files;     /* [n_dst] the current table's finished files */
   int *n_files, *cap_files;
   uint64_t seq;      /* file name counter */
-  uint64_t rows, bytes, unshown;
+  uint64_t rows, bytes;
   int rc;
   char err[1024];
 } worker;
@@ -456,13 +456,10 @@ static int verify_target(void *ctx, int k, int unused, char *err, size_t errlen)
   reshard_table *part = &r->vt[(size_t)k * (size_t)r->o->dst->n_tables];
   const emb_plan *dst = r->o->dst;
   char path[SR_PATH_MAX];
-  if (ckpt_dir_shard_path(r->o->out_dir, k, path, sizeof path)) {
-    sr_fmt(err, errlen, "%s: path too long", r->o->out_dir);
-    return SR_ERANGE;
-  }
+  if (ckpt_dir_shard_path(r->o->out_dir, k, path, sizeof path))
+    return sr_path_too_long(err, errlen, r->o->out_dir, sizeof path);
   sst_db *db = NULL;
-  int rc = sr_path_err(path, sizeof path, err, errlen, "%s/shard-%d", r->o->out_dir, k);
-  if (!rc) rc = sst_db_open_read(path, r->o->work_dir, &db, err, errlen);
+  int rc = sst_db_open_read(path, r->o->work_dir, &db, err, errlen);
   if (rc) return rc;
   if (sst_db_n_tables(db) != dst->n_tables) {
     sr_fmt(err, errlen, "%s: holds %d tables, the plan has %d", path, sst_db_n_tables(db),

@@ -2,7 +2,6 @@
 #include "embedding/reshard_ckpt.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -9,7 +9,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "common/sha256.h"
 #include "common/fs.h"
 #include "common/status.h"
 #include "common/sys.h"

@@ -16,23 +16,9 @@
 #include "common/status.h"
 #include "storage/kv.h"
 
-static int write_all(int fd, const void *p, size_t n) {
-  const char *c = p;
-  while (n) {
-    ssize_t w = write(fd, c, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    c += w;
-    n -= (size_t)w;
-  }
-  return 0;
-}
-
 static int write_file(const char *path, const void *data, size_t n, char *err, size_t errlen) {
   int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0 || write_all(fd, data, n) || fsync(fd) || close(fd)) {
+  if (fd < 0 || sr_write_all(fd, data, n) || fsync(fd) || close(fd)) {
     sr_fmt(err, errlen, "%s: cannot write: %s", path, strerror(errno));
     if (fd >= 0) close(fd);
     return SR_EIO;
@@ -379,26 +365,26 @@ int ckpt_dir_verify(const char *dir, const cJSON *man, char *err, size_t errlen)
 
 /* ---- shards/ ---- */
 
-/* snprintf into buf: 0, or SR_ERANGE when it did not fit. */
-static int fit(int n, size_t len) { return n >= 0 && (size_t)n < len ? 0 : SR_ERANGE; }
-
 int ckpt_dir_shards_path(const char *step_dir, char *buf, size_t len) {
-  return fit(snprintf(buf, len, "%s/shards", step_dir), len);
+  return sr_path(buf, len, "%s/shards", step_dir);
 }
 
 int ckpt_dir_shard_path(const char *dir, int k, char *buf, size_t len) {
-  return fit(snprintf(buf, len, "%s/shard-%d", dir, k), len);
+  return sr_path(buf, len, "%s/shard-%d", dir, k);
 }
 
 int ckpt_dir_server_path(const char *dir, const int *shards, int n, char *buf, size_t len) {
-  int at = snprintf(buf, len, "%s/shard", dir);
-  for (int i = 0; i < n && !fit(at, len); i++)
-    at += snprintf(buf + at, len - (size_t)at, "-%d", shards[i]);
-  return n < 1 ? SR_EINVAL : fit(at, len);
+  if (n < 1) return SR_EINVAL;
+  int rc = sr_path(buf, len, "%s/shard", dir);
+  for (int i = 0; i < n && !rc; i++) {
+    size_t at = strlen(buf);
+    if ((rc = sr_path(buf + at, len - at, "-%d", shards[i]))) buf[0] = 0;
+  }
+  return rc; /* a name that does not fit leaves buf empty, as sr_path */
 }
 
 int ckpt_dir_table_file(const char *dir, uint32_t table_id, char *buf, size_t len) {
-  return fit(snprintf(buf, len, "%s/table-%u.bin", dir, table_id), len);
+  return sr_path(buf, len, "%s/table-%u.bin", dir, table_id);
 }
 
 int ckpt_dir_server_shards(const char *name, int *ks, int max) {
@@ -452,10 +438,10 @@ int ckpt_dir_shards_layout(const char *shards, ckpt_shards_layout *out, char *er
     }
     int nk = ckpt_dir_server_shards(de->d_name, ks, 256);
     if (!nk) continue;
-    if (nk == 1 && !fit(snprintf(p, sizeof p, "%s/%s/CURRENT", shards, de->d_name), sizeof p) &&
+    if (nk == 1 && !sr_path(p, sizeof p, "%s/%s/CURRENT", shards, de->d_name) &&
         sr_is_file(p))
       n[CKPT_SHARDS_DBS]++;
-    else if (!fit(snprintf(p, sizeof p, "%s/%s", shards, de->d_name), sizeof p) &&
+    else if (!sr_path(p, sizeof p, "%s/%s", shards, de->d_name) &&
              holds_table_files(p))
       n[CKPT_SHARDS_SERVER_TABLES]++;
   }

@@ -133,8 +133,8 @@ int ckpt_dir_replace(const char *tmp, const char *dir, char *err, size_t errlen)
  * The same shard-K name is a shard's database in a shard store's data
  * folder (DIR/shard-K). This module owns these names: every other file asks
  * the functions below. Each path function writes into buf and returns 0, or
- * SR_ERANGE when the path does not fit in len bytes (buf then holds a
- * truncated, NUL-terminated string that must not be used). */
+ * SR_ERANGE when the path does not fit in len bytes (buf then empty, as
+ * sr_path leaves it). */
 typedef enum ckpt_shards_layout {
   CKPT_SHARDS_DBS = 0,
   CKPT_SHARDS_TABLES = 1,

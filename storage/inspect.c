@@ -38,16 +38,17 @@ static void print_row(FILE *out, const char *v, size_t len) {
     fprintf(out, " (row layout version %u, %zu bytes: not readable by this build)\n", p[2], len);
     return;
   }
-  float f[2048];
-  memcpy(f, v + KV_ROW_HEADER, 4 * (size_t)(dim + sl));
+  /* The floats read one at a time: dim and sl come from the file (up to
+   * 65535 each), so no fixed buffer holds them. */
+  const char *f = v + KV_ROW_HEADER;
   fprintf(out, " value [");
-  for (int j = 0; j < dim; j++) fprintf(out, "%s%.9g", j ? " " : "", f[j]);
-  fprintf(out, "]");
-  if (sl) {
-    fprintf(out, " state [");
-    for (int j = 0; j < sl; j++) fprintf(out, "%s%.9g", j ? " " : "", f[dim + j]);
-    fprintf(out, "]");
+  for (int j = 0; j < dim + sl; j++) {
+    float x;
+    memcpy(&x, f + 4 * (size_t)j, 4);
+    if (j == dim) fprintf(out, "] state [");
+    fprintf(out, "%s%.9g", j && j != dim ? " " : "", (double)x);
   }
+  fprintf(out, "]");
   fprintf(out, "\n");
 }
 

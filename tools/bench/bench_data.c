@@ -23,6 +23,7 @@
 #include "common/fs.h"
 #include "common/status.h"
 #include "datasets/binfmt.h"
+#include "datasets/convert.h"
 #include "datasets/criteo.h"
 #include "datasets/datagen.h"
 #include "datasets/source.h"
@@ -124,28 +125,8 @@ static int convert(const char *in, const char *out) {
     fprintf(stderr, "shardrec bench data: %s\n", err);
     return -1;
   }
-  ds_source_stats st;
-  ds_source_stats_get(s, &st);
-  ds_bin_info info = {0};
-  info.n_samples = info.n_train = ds_source_split_count(s, DS_SPLIT_ALL);
-  info.total_ids = st.scan_ids;
-  info.flags = st.scan_max_bag > 1 ? DS_BIN_MULTI : 0;
-  info.id_mode = DS_IDS_DICT;
-  ds_source_table_sizes(s, info.table_sizes);
-  ds_bin_writer *w = ds_bin_writer_create(out, &info, ds_source_dict(s), 0, 0, err, sizeof err);
-  if (!w) {
-    fprintf(stderr, "shardrec bench data: %s\n", err);
-    ds_source_destroy(s);
-    return -1;
-  }
-  ds_batch b;
-  ds_batch_init(&b, 4096);
-  int n, rc = 0;
-  while (!rc && (n = ds_source_next(s, &b, 4096)) > 0) rc = ds_bin_writer_add(w, &b);
-  if (!rc) rc = ds_bin_writer_finish(w);
-  if (rc) fprintf(stderr, "shardrec bench data: %s\n", ds_bin_writer_errmsg(w));
-  ds_bin_writer_destroy(w);
-  ds_batch_free(&b);
+  int rc = ds_convert_to_bin(s, &o, out, 0, 0, NULL, NULL, err, sizeof err);
+  if (rc) fprintf(stderr, "shardrec bench data: %s\n", err);
   ds_source_destroy(s);
   return rc ? -1 : 0;
 }
