@@ -21,8 +21,8 @@ void cli_bad_option(const char *cmd, int optopt_char, const char *arg);
 /* 1 when stderr is a terminal (live progress lines), 0 otherwise. */
 int cli_isatty_err(void);
 
-/* Parse "13-512-256" style widths and the interaction op shared by train and
- * eval; writes cfg fields. 0 or -1 with a message printed for cmd. */
+/* Parse "13-512-256" style widths and the interaction op (train, bench
+ * train); writes cfg fields. 0 or -1 with a message printed for cmd. */
 int cli_model_arch(const char *cmd, const char *bot, const char *top, const char *op,
                    int itself, int dim, int n_sparse, int max_batch, dense_config *cfg);
 

@@ -68,11 +68,6 @@ static void *server_main(void *arg) {
   return NULL;
 }
 
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 /* Step k's ids: n distinct ids from a random permutation window. */
 static void step_ids(uint64_t *perm, uint64_t rows, int k, size_t n, uint64_t *out) {
   size_t at = ((size_t)k * n) % (size_t)(rows - n);
@@ -103,8 +98,7 @@ static double time_store(emb_store *s, uint64_t *perm, uint64_t rows, size_t n, 
     runs[r] = (t - t0) / k;
   }
   free(ids);
-  qsort(runs, 3, sizeof *runs, cmp_d);
-  return runs[1];
+  return sr_median(runs, 3);
 }
 
 /* Plain TCP: a peer thread reads req bytes and answers resp bytes. */
@@ -169,8 +163,7 @@ static double time_tcp(size_t req, size_t resp, double secs) {
   close(ls);
   free(q);
   free(r);
-  qsort(runs, 3, sizeof *runs, cmp_d);
-  return runs[1];
+  return sr_median(runs, 3);
 }
 
 static void print_row(const char *what, double per_step, size_t n, int dim) {

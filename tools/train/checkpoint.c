@@ -2,22 +2,16 @@
 #include "tools/train/checkpoint.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "common/fs.h"
-#include "common/sha256.h"
 #include "common/status.h"
 #include "embedding/ckpt_plan.h"
 #include "dense/state_file.h"
-#include "embedding/shard.h"
 #include "storage/ckpt_dir.h"
-#include "storage/kv.h"
 
 /* ---- the dense architecture (the manifest's "dense") ---- */
 

@@ -21,7 +21,6 @@
 #include "embedding/shard.h"
 #include "rpc/client.h"
 #include "storage/ckpt_dir.h"
-#include "storage/kv.h"
 #include "tools/train/job_impl.h"
 
 void train_verrf(int rank, int size, const char *fmt, va_list ap) {
@@ -113,7 +112,7 @@ void job_rewind(job_cursor *c, job_batches *q, const ckpt_state *st, int batch, 
 
 /* ---- wiring ---- */
 
-static int coll_ok(const train_job *j, int rc, const char *what) {
+int job__coll_ok(const train_job *j, int rc, const char *what) {
   if (rc) job__errf(j, "%s: %s\n", what, dense_coll_errmsg(j->coll));
   return rc == 0;
 }
@@ -248,7 +247,7 @@ static int share_job_id(train_job *j) {
     clock_gettime(CLOCK_REALTIME, &ts);
     x = sr_mix64(((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20));
   }
-  if (!coll_ok(j, dense_coll_broadcast_bytes(j->coll, &x, sizeof x, 0), "broadcast of the job id"))
+  if (!job__coll_ok(j, dense_coll_broadcast_bytes(j->coll, &x, sizeof x, 0), "broadcast of the job id"))
     return -1;
   snprintf(j->job_id, sizeof j->job_id, "job-%016llx", (unsigned long long)x);
   return 0;
@@ -455,7 +454,7 @@ static void job_close(train_job *j, int status) {
   emb_store_destroy(j->store);
   if (j->colo) {
     /* Every rank's last call is in before any rank's servers go. */
-    if (status == 0 && j->coll) coll_ok(j, dense_coll_barrier(j->coll), "final barrier");
+    if (status == 0 && j->coll) job__coll_ok(j, dense_coll_barrier(j->coll), "final barrier");
     colocate_stop(j->colo);
   }
   if (j->colo_addrs) colocate_addrs_free(j->colo_addrs, j->plan ? j->plan->n_shards : 0);
@@ -483,7 +482,7 @@ static int job_resume(train_job *j) {
     job__errf(j, "--resume: %s\n", err);
     return -1;
   }
-  if (j->size > 1 && !coll_ok(j, dense_coll_barrier(j->coll), "barrier after the restore"))
+  if (j->size > 1 && !job__coll_ok(j, dense_coll_barrier(j->coll), "barrier after the restore"))
     return -1;
   if (j->rank != 0 &&
       ckpt_load(ckdir, j->plan, NULL, j->store_kind, trainer_model(j->t), trainer_dense_opt(j->t),
@@ -496,7 +495,7 @@ static int job_resume(train_job *j) {
               (unsigned long long)j->ckst.sample_index, ds_source_errmsg(j->train));
     return -1;
   }
-  j->cur.step = j->ckst.step;
+  job_rewind(&j->cur, &j->q, &j->ckst, j->cfg->batch, sr_now());
   printf("resume %s: step %lld, epoch %d, sample %llu\n", ckdir, (long long)j->ckst.step,
          j->ckst.epoch, (unsigned long long)j->ckst.sample_index);
   return 0;
@@ -720,7 +719,7 @@ static int job_loop(train_job *j) {
       job__errf(j, "%s\n", ds_source_errmsg(j->train));
       return -1;
     }
-    cur->epoch_step = 0;
+    if (cur->epoch > start_epoch) cur->epoch_step = 0; /* a resumed epoch goes on counting */
     for (;;) {
       step_outcome o = job_step(j, why, sizeof why);
       if (o == STEP_FAILED) return -1;

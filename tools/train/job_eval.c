@@ -80,12 +80,6 @@ void job__eval_close(train_job *j) {
   ds_batch_free(&j->tpart);
 }
 
-/* A collective call of the job; on failure the reason, and the job stops. */
-static int coll_ok(const train_job *j, int rc, const char *what) {
-  if (rc) job__errf(j, "%s: %s\n", what, dense_coll_errmsg(j->coll));
-  return rc == 0;
-}
-
 /* One test batch tb of got samples: its predictions and labels at
  * pred/labels + n on rank 0. Several ranks: each predicts its slice and rank
  * 0 gathers them in sample order. 0 or -1 (message printed). */
@@ -108,10 +102,10 @@ static int predict_batch(train_job *j, int got, size_t n) {
     return -1;
   }
   int r0 = j->rank == 0;
-  return coll_ok(j, dense_coll_gather(j->coll, j->lpred, (size_t)j->tpart.n,
+  return job__coll_ok(j, dense_coll_gather(j->coll, j->lpred, (size_t)j->tpart.n,
                                       r0 ? j->pred + n : NULL, r0 ? j->counts : NULL, 0),
                  "gather of the test predictions") &&
-                 coll_ok(j, dense_coll_gather(j->coll, j->tpart.labels, (size_t)j->tpart.n,
+                 job__coll_ok(j, dense_coll_gather(j->coll, j->tpart.labels, (size_t)j->tpart.n,
                                               r0 ? j->labels + n : NULL, r0 ? j->counts : NULL, 0),
                          "gather of the test labels")
              ? 0

@@ -101,6 +101,10 @@ typedef struct train_job {
  * rank R: <why>". */
 __attribute__((format(printf, 2, 3))) void job__errf(const train_job *j, const char *fmt, ...);
 
+/* A collective call of the job: 1 when rc is 0; else the reason (what and
+ * the collective's message) printed, and 0. */
+int job__coll_ok(const train_job *j, int rc, const char *what);
+
 /* job_eval.c: open --metrics-out and the test buffers
  * (0 or -1, message printed); a test pass at the cursor's step: evaluate the
  * whole test split, --test-pred-out, the report line and JSON (its seconds

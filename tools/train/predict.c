@@ -9,7 +9,6 @@
 #include <zlib.h>
 
 #include "common/fs.h"
-#include "common/sha256.h"
 #include "common/status.h"
 #include "common/sys.h"
 #include "dense/state_file.h"
@@ -122,7 +121,6 @@ out:
   return rc;
 }
 
-/* The checkpoint, verified, with a dense architecture in its manifest. */
 /* 1 when dir is a saved-model folder of the format before --save-model
  * wrote checkpoints (model.json, plan.json, dense.bin in SRDNSPRM, rows/). */
 static int is_old_model_dir(const char *dir) {
@@ -132,6 +130,7 @@ static int is_old_model_dir(const char *dir) {
   return access(a, F_OK) == 0 && access(b, F_OK) != 0;
 }
 
+/* The checkpoint, verified, with a dense architecture in its manifest. */
 static int open_checkpoint(run *r) {
   char why[1024];
   const char *path = r->o->checkpoint;
@@ -154,7 +153,6 @@ static int open_checkpoint(run *r) {
     return SR_EVERSION;
   }
   r->batch = r->o->batch ? r->o->batch : (int)r->ci.batch;
-  if (r->res) r->res->step = r->ci.st.step;
   return 0;
 }
 
@@ -389,10 +387,7 @@ static int write_metrics(run *r, size_t n) {
     snprintf(r->err, r->errlen, "metrics failed (NaN predictions?)");
     return SR_EINVAL;
   }
-  if (r->res) {
-    r->res->have_metrics = 1;
-    r->res->m = m;
-  }
+  if (r->res) r->res->m = m;
   if (o->log)
     fprintf(o->log, "metrics auc %.6f  logloss %.6f  accuracy %.4f  mean pred %.4f  ctr %.4f  "
             "(%zu samples)\n", m.auc, m.log_loss, m.accuracy, m.mean_pred, m.ctr, n);
@@ -465,11 +460,7 @@ int predict_run(const predict_opts *o, predict_result *res, char *err, size_t er
   if (!rc) rc = write_predictions(r, &n);
   if (!rc) {
     double secs = sr_now() - r->t0;
-    if (res) {
-      res->n = n;
-      res->n_malformed = r->n_bad;
-      res->seconds = secs;
-    }
+    if (res) res->n = n;
     if (o->log) {
       fprintf(o->log, "predict %s (%s): %zu samples scored in %.2f s (%.0f samples/s)%s%s\n",
               r->so.path, o->split_name ? o->split_name : "all", n, secs,

@@ -64,12 +64,8 @@ typedef struct predict_opts {
 } predict_opts;
 
 typedef struct predict_result {
-  int64_t step;              /* the checkpoint's step */
   size_t n;                  /* samples scored */
-  size_t n_malformed;        /* raw lines skipped (written as nan) */
-  double seconds;            /* from opening the data to the predictions renamed into place */
-  int have_metrics;          /* labelled input: m holds the metrics */
-  dense_metrics m;
+  dense_metrics m;           /* labelled input: the metrics */
   int bad_usage;             /* on failure: the options do not fit the checkpoint (a
                                 --shard-servers list that is not one server per shard) */
 } predict_result;
