@@ -541,10 +541,6 @@ size_t dg_row_format(const dg_row *row, char *buf) {
 
 /* ------------------------------------------------------------------ AUC */
 
-int dg_auc_compute(const float *score, const uint8_t *label, size_t n, double *auc) {
-  return sr_auc(score, label, n, auc);
-}
-
 /* Streaming oracle figures of one split: exact keys up to `max` rows, then a
  * histogram over the top 20 bits of the probability's float key. */
 typedef struct {

@@ -125,10 +125,4 @@ size_t dg_row_format(const dg_row *row, char *buf);
 int dg_generator_write(dg_generator *g, const char *path, dg_summary *summary, char *errbuf,
                        size_t errlen);
 
-/* Exact ROC AUC of scores against 0/1 labels, ties given averaged ranks (the
- * definition scikit-learn's roc_auc_score uses): common/auc.h's sr_auc, the
- * code that scores the model too. Inputs are not changed. Returns 0 and *auc
- * (NAN when one class is absent), SR_EINVAL (a NaN score) or SR_ENOMEM. */
-int dg_auc_compute(const float *score, const uint8_t *label, size_t n, double *auc);
-
 #endif

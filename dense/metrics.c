@@ -8,25 +8,15 @@
 #include "common/auc.h"
 #include "common/status.h"
 
-/* The AUC keys of (s, y) (label: y > 0.5), into *out (malloc'd); SR_EINVAL
- * on a NaN score. */
-static int make_keys(const float *s, const float *y, size_t n, uint64_t **out) {
+/* sr_auc over float labels (label: y > 0.5). SR_EINVAL on a NaN score. */
+static int auc_of(const float *s, const float *y, size_t n, double *auc) {
   uint64_t *a = malloc(n * sizeof *a);
   if (!a) return SR_ENOMEM;
-  for (size_t i = 0; i < n; i++) {
-    if (isnan(s[i])) {
-      free(a);
-      return SR_EINVAL;
-    }
+  int rc = SR_OK;
+  for (size_t i = 0; i < n && rc == SR_OK; i++) {
+    if (isnan(s[i])) rc = SR_EINVAL;
     a[i] = sr_auc_key(s[i], y[i] > 0.5f);
   }
-  *out = a;
-  return SR_OK;
-}
-
-static int auc_of(const float *s, const float *y, size_t n, double *auc) {
-  uint64_t *a = NULL;
-  int rc = make_keys(s, y, n, &a);
   if (rc == SR_OK) rc = sr_auc_keys(a, n, auc);
   free(a);
   return rc;

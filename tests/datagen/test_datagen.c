@@ -4,6 +4,7 @@
  * and the datagen command's files (.probs, .summary.json) and flags. */
 #include <check.h>
 
+#include "common/auc.h"
 #include "tests/check_main.h"
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -101,19 +102,19 @@ START_TEST(test_auc_ties) {
   /* scikit-learn's roc_auc_score docstring example */
   float s1[] = {0.1f, 0.4f, 0.35f, 0.8f};
   uint8_t y1[] = {0, 0, 1, 1};
-  REQUIRE((dg_auc_compute(s1, y1, 4, &auc)) == (0));
+  REQUIRE((sr_auc(s1, y1, 4, &auc)) == (0));
   REQUIRE(fabs((double)(auc) - (double)(0.75)) <= 1e-12);
   /* ties count one half */
   float s2[] = {0.1f, 0.5f, 0.5f, 0.9f};
-  REQUIRE((dg_auc_compute(s2, y1, 4, &auc)) == (0));
+  REQUIRE((sr_auc(s2, y1, 4, &auc)) == (0));
   REQUIRE(fabs((double)(auc) - (double)(0.875)) <= 1e-12);
   float s3[] = {-2.0f, -2.0f, -2.0f, 3.0f, -0.0f, 0.0f};
   uint8_t y3[] = {1, 0, 0, 1, 1, 0};
   /* pos {-2, 3, 0}, neg {-2, -2, 0}: pos -2: 2 ties = 1; pos 3: 3; pos 0: 2 + 0.5 */
-  REQUIRE((dg_auc_compute(s3, y3, 6, &auc)) == (0));
+  REQUIRE((sr_auc(s3, y3, 6, &auc)) == (0));
   REQUIRE(fabs((double)(auc) - (double)(6.5 / 9.0)) <= 1e-12);
   uint8_t y4[] = {1, 1, 1, 1};
-  REQUIRE((dg_auc_compute(s1, y4, 4, &auc)) == (0));
+  REQUIRE((sr_auc(s1, y4, 4, &auc)) == (0));
   REQUIRE(isnan(auc));
 }
 END_TEST
@@ -245,7 +246,7 @@ static double dense_lr_auc(const float *x, const uint8_t *y, size_t ntrain, size
     score[i - ntrain] = (float)z;
   }
   double auc;
-  REQUIRE((dg_auc_compute(score, y + ntrain, n - ntrain, &auc)) == (0));
+  REQUIRE((sr_auc(score, y + ntrain, n - ntrain, &auc)) == (0));
   free(score);
   return auc;
 }
@@ -343,7 +344,7 @@ START_TEST(test_statistics) {
   double rate = (double)pos / n;
   REQUIRE_MSG(fabs(rate - 0.25) < 0.03, "positive rate %.4f", rate);
   double oracle;
-  REQUIRE((dg_auc_compute(prob, y, n, &oracle)) == (0));
+  REQUIRE((sr_auc(prob, y, n, &oracle)) == (0));
   REQUIRE_MSG(oracle >= 0.75 && oracle <= 0.85, "oracle AUC %.4f", oracle);
   double var_cat = scc / n - (sc / n) * (sc / n), var_tot = stt / n - (st / n) * (st / n);
   double var_fm = sff / n - (sf / n) * (sf / n);
@@ -351,7 +352,7 @@ START_TEST(test_statistics) {
   REQUIRE_MSG(share >= 0.5, "categorical variance share %.3f", share);
   size_t ntrain = n * 9 / 10;
   double oracle_test;
-  REQUIRE((dg_auc_compute(prob + ntrain, y + ntrain, n - ntrain, &oracle_test)) == (0));
+  REQUIRE((sr_auc(prob + ntrain, y + ntrain, n - ntrain, &oracle_test)) == (0));
   double lr = dense_lr_auc(lrx, y, ntrain, n);
   REQUIRE_MSG(lr <= oracle_test - 0.03, "dense-only LR AUC %.4f vs oracle %.4f", lr, oracle_test);
   REQUIRE_MSG(lr > 0.55, "dense features carry some signal: LR AUC %.4f", lr);
@@ -646,8 +647,8 @@ START_TEST(test_command_files) {
   }
   REQUIRE((*q) == (0));
   double auc_all, auc_test;
-  REQUIRE((dg_auc_compute(p, y, n, &auc_all)) == (0));
-  REQUIRE((dg_auc_compute(p + n - ntest, y + n - ntest, ntest, &auc_test)) == (0));
+  REQUIRE((sr_auc(p, y, n, &auc_all)) == (0));
+  REQUIRE((sr_auc(p + n - ntest, y + n - ntest, ntest, &auc_test)) == (0));
 
   cJSON *root = cJSON_Parse(sum);
   REQUIRE(root != NULL);
