@@ -76,20 +76,10 @@ void emb_ckpt_close(emb_ckpt *ck) {
   memset(ck, 0, sizeof *ck);
 }
 
-int emb_ckpt_resolve(const char *path, char *out, size_t outlen, char *err, size_t errlen) {
-  char p[SR_PATH_MAX], found[SR_PATH_MAX + 260]; /* path, '/', a step-N name (< 256) */
-  if (outlen) out[0] = 0;
-  /* path and its manifest's name fit: ckpt_dir_resolve looks at both. */
-  int rc = sr_path(p, sizeof p, "%s/manifest.json", path);
-  if (rc) return sr_path_too_long(err, errlen, path, sizeof p - strlen("/manifest.json"));
-  if ((rc = ckpt_dir_resolve(path, found, sizeof found, err, errlen))) return rc;
-  return sr_path_err(out, outlen, err, errlen, "%s", found);
-}
-
 int emb_ckpt_open(const char *path, emb_ckpt *ck, char *err, size_t errlen) {
   memset(ck, 0, sizeof *ck);
   char src[SR_PATH_MAX];
-  int rc = emb_ckpt_resolve(path, ck->dir, sizeof ck->dir, err, errlen);
+  int rc = ckpt_dir_resolve(path, ck->dir, sizeof ck->dir, err, errlen);
   if (!rc) rc = sr_path_err(src, sizeof src, err, errlen, "%s/manifest.json", ck->dir);
   if (!rc) rc = ckpt_dir_read(ck->dir, &ck->manifest, err, errlen);
   if (rc) {

@@ -39,16 +39,8 @@ typedef struct emb_ckpt {
   struct cJSON *manifest;  /* the parsed manifest (owned) */
 } emb_ckpt;
 
-/* The checkpoint folder path names: path itself when it is a step folder
- * (has manifest.json or is named step-N), else the newest complete step-N
- * under it (ckpt_dir_resolve), into out[outlen]. 0, SR_ENOTFOUND with the
- * reason in err, or SR_ERANGE with "<path's start>...: path too long" when
- * path or the folder found does not fit (out is "" then: never a truncated
- * name). */
-int emb_ckpt_resolve(const char *path, char *out, size_t outlen, char *err, size_t errlen);
-
 /* Resolve path (a step-N folder, or a folder of them: the newest complete
- * one, emb_ckpt_resolve), read and check its manifest (ckpt_dir_read), its
+ * one, ckpt_dir_resolve), read and check its manifest (ckpt_dir_read), its
  * step and plan (emb_ckpt_get_plan), then every file's size and SHA-256
  * (ckpt_dir_verify). 0 or SR_E* with a message naming the file in err;
  * *ck zeroed then. */

@@ -128,6 +128,7 @@ int ckpt_dir_list(const char *root, ckpt_dir_entry **out, int *n) {
 
 int ckpt_dir_resolve(const char *path, char *out, size_t outlen, char *err, size_t errlen) {
   char p[SR_PATH_MAX];
+  if (outlen) out[0] = 0; /* never a cut or stale name on failure */
   if (sr_path_err(p, sizeof p, err, errlen, "%s/manifest.json", path)) return SR_ERANGE;
   const char *base = strrchr(path, '/');
   base = base ? base + 1 : path;

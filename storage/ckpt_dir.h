@@ -50,7 +50,8 @@ int ckpt_dir_list(const char *root, ckpt_dir_entry **out, int *n);
  * (holds manifest.json or is named step-N, complete or not: reading it
  * tells which), else the newest complete step-N under it, into out. 0, or
  * SR_ENOTFOUND with "PATH: no such checkpoint folder" or "PATH: no complete
- * checkpoint ..." in err. */
+ * checkpoint ..." in err, or SR_ERANGE ("...: path too long") when path or
+ * the folder found does not fit; out is "" on failure. */
 int ckpt_dir_resolve(const char *path, char *out, size_t outlen, char *err, size_t errlen);
 
 /* A checkpoint being written. */

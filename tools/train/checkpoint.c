@@ -161,7 +161,7 @@ fail:
 /* ---- resume ---- */
 
 int ckpt_resolve(const char *path, char *out, size_t outlen, char *err, size_t errlen) {
-  return emb_ckpt_resolve(path, out, outlen, err, errlen);
+  return ckpt_dir_resolve(path, out, outlen, err, errlen);
 }
 
 static const char *jstr(const cJSON *o, const char *k) {

@@ -71,7 +71,7 @@ int ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store
 
 /* The checkpoint folder --resume path names: path itself when it is a step
  * folder (has manifest.json or is named step-N), else the newest complete
- * step-N under it (emb_ckpt_resolve). 0 or SR_ENOTFOUND with the reason in
+ * step-N under it (ckpt_dir_resolve). 0 or SR_ENOTFOUND with the reason in
  * err; SR_ERANGE when path or the folder found does not fit (out is then
  * ""). */
 int ckpt_resolve(const char *path, char *out, size_t outlen, char *err, size_t errlen);
