@@ -64,8 +64,7 @@ static int open_plan(const emb_served_opts *o, emb_served *s, char *err, size_t 
   emb_plan_fingerprint(s->plan, s->plan_fp);
   s->failed = EMB_SERVED_IN_NONE;
   if (o->data_dir) {
-    emb_shard_config sc = {.cache_rows = o->cache_rows,
-                           .cache_mb = o->cache_rows ? 0 : (o->cache_mb ? o->cache_mb : 256),
+    emb_shard_config sc = {.cache_rows = o->cache_rows, .cache_mb = o->cache_mb,
                            .n_hosted = o->n_shards, .hosted = o->shards};
     s->store = emb_store_create_shard(s->plan, o->data_dir, &sc, err, errlen);
   } else {

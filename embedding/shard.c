@@ -686,7 +686,9 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
     sr_fmt(err, errlen, "shard store: at most 65535 tables");
     return NULL;
   }
-  uint64_t rows = cfg->cache_rows ? cfg->cache_rows : emb_shard_rows_for_mb(plan, cfg->cache_mb);
+  uint64_t rows = cfg->cache_rows ? cfg->cache_rows
+                                  : emb_shard_rows_for_mb(plan, cfg->cache_mb ? cfg->cache_mb
+                                                                             : EMB_SHARD_DEFAULT_CACHE_MB);
   if (rows < EMB_SHARD_MIN_CACHE_ROWS || rows > 0x7fffffffULL) {
     sr_fmt(err, errlen, "shard store: a cache of %llu rows: need %d..2^31 rows (a bigger --cache-mb/--cache-rows)",
            (unsigned long long)rows, EMB_SHARD_MIN_CACHE_ROWS);

@@ -39,9 +39,12 @@
 
 #include "embedding/store.h"
 
+#define EMB_SHARD_DEFAULT_CACHE_MB 256
+
 typedef struct emb_shard_config {
   uint64_t cache_rows;      /* rows the cache holds; 0: from cache_mb */
-  uint64_t cache_mb;        /* cache size in MiB (slab + map) when cache_rows is 0 */
+  uint64_t cache_mb;        /* cache size in MiB (slab + map) when cache_rows is 0
+                               (both 0: EMB_SHARD_DEFAULT_CACHE_MB) */
   size_t block_cache_bytes; /* RocksDB block cache (0: 32 MiB) */
   size_t write_buffer_bytes;/* RocksDB memtables, all families (0: 16 MiB) */
   int lz4;                  /* compress SST blocks with lz4 (default none) */

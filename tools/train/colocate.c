@@ -118,7 +118,7 @@ static int server_start(co_server *s, const emb_plan *plan, int k, const colocat
   if (o->data_dir) {
     /* The rank's cache budget is shared by its shards, each with a store of
      * its own. */
-    uint64_t rows = o->cache_rows, mb = rows ? 0 : (o->cache_mb ? o->cache_mb : 256);
+    uint64_t rows = o->cache_rows, mb = rows ? 0 : (o->cache_mb ? o->cache_mb : EMB_SHARD_DEFAULT_CACHE_MB);
     if (rows) rows = rows / (uint64_t)n_hosted;
     if (rows && rows < EMB_SHARD_MIN_CACHE_ROWS) rows = EMB_SHARD_MIN_CACHE_ROWS;
     if (mb) mb = mb / (uint64_t)n_hosted ? mb / (uint64_t)n_hosted : 1;
