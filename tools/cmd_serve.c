@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fs.h"
 #include "embedding/served.h"
 #include "embedding/shard.h"
 #include "rpc/server.h"
@@ -45,6 +46,11 @@ static void usage(FILE *f) {
 "                          in-memory table files are loaded. Several servers of one\n"
 "                          checkpoint (other shards, or the same) may run side by side\n"
 "  --restore PATH          start from the shard folders written by Checkpoint(PATH)\n"
+"  --checkpoint-root DIR   Checkpoint and Restore calls may only name paths inside DIR\n"
+"                          (after symlinks and '..'), and Checkpoint writes only new\n"
+"                          folders; without it both are refused. A trainer that saves\n"
+"                          checkpoints through these servers needs its --save-checkpoint\n"
+"                          and --save-model folders inside DIR (shared storage)\n"
 "  --read-only             refuse Push (FAILED_PRECONDITION): serving for inference\n"
 "  --pending-timeout S     drop a multi-rank job's held step (pushes not yet summed, held\n"
 "                          lookups answered ABORTED) when it makes no progress for S\n"
@@ -57,7 +63,7 @@ static void usage(FILE *f) {
 }
 
 enum { O_PLAN = 1000, O_SHARD, O_LISTEN, O_DATA, O_RESTORE, O_CKPT, O_RO, O_THREADS, O_MAXMSG,
-       O_MAXIDS, O_CERT, O_KEY, O_CA, O_CROWS, O_CMB, O_HELP, O_PENDING };
+       O_MAXIDS, O_CERT, O_KEY, O_CA, O_CROWS, O_CMB, O_HELP, O_PENDING, O_CROOT };
 
 static const struct option long_opts[] = {
     {"plan", required_argument, 0, O_PLAN},        {"shard", required_argument, 0, O_SHARD},
@@ -69,6 +75,7 @@ static const struct option long_opts[] = {
     {"tls-key", required_argument, 0, O_KEY},      {"tls-client-ca", required_argument, 0, O_CA},
     {"cache-rows", required_argument, 0, O_CROWS}, {"cache-mb", required_argument, 0, O_CMB},
     {"pending-timeout", required_argument, 0, O_PENDING},
+    {"checkpoint-root", required_argument, 0, O_CROOT},
     {"help", no_argument, 0, O_HELP},              {0, 0, 0, 0}};
 
 static volatile int g_stop;
@@ -106,7 +113,7 @@ static int parse_shards(const char *s, int *shards, int max) {
 
 typedef struct {
   emb_served_opts so;
-  const char *shards_s, *listen;
+  const char *shards_s, *listen, *ckpt_root;
   int shards[256], read_only;
   rpc_tls tls;
   double pending_timeout;
@@ -127,6 +134,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f) {
       case O_DATA: f->so.data_dir = optarg; break;
       case O_RESTORE: f->so.restore = optarg; break;
       case O_CKPT: f->so.checkpoint = optarg; break;
+      case O_CROOT: f->ckpt_root = optarg; break;
       case O_RO: f->read_only = 1; break;
       case O_PENDING: if (cli_double(CMD, "--pending-timeout", optarg, 0.001, 1e9, &f->pending_timeout)) return 2; break;
       case O_THREADS: if (cli_int(CMD, "--threads", optarg, 1, 256, &f->threads)) return 2; break;
@@ -159,6 +167,10 @@ static int parse_flags(int argc, char **argv, serve_flags *f) {
   }
   if ((f->tls.cert || f->tls.key || f->tls.ca) && !(f->tls.cert && f->tls.key)) {
     fprintf(stderr, "shardrec serve: TLS needs both --tls-cert and --tls-key\n");
+    return 2;
+  }
+  if (f->ckpt_root && !sr_is_dir(f->ckpt_root)) {
+    fprintf(stderr, "shardrec serve: --checkpoint-root %s: not an existing folder\n", f->ckpt_root);
     return 2;
   }
   f->so.n_shards = parse_shards(f->shards_s, f->shards, 256);
@@ -198,7 +210,8 @@ int cmd_serve(int argc, char **argv) {
   }
   int status = 1;
   rpc_service_opts so = {.shards = f.shards, .n_shards = f.so.n_shards, .read_only = f.read_only,
-                         .max_ids = (size_t)f.maxids, .pending_timeout_s = f.pending_timeout};
+                         .max_ids = (size_t)f.maxids, .pending_timeout_s = f.pending_timeout,
+                         .checkpoint_roots = &f.ckpt_root, .n_roots = f.ckpt_root ? 1 : 0};
   rpc_service *svc = rpc_service_create(sv.plan, sv.store, &so, err, sizeof err);
   if (!svc) {
     fprintf(stderr, "shardrec serve: %s\n", err);
