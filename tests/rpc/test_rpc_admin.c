@@ -4,7 +4,7 @@
  * the root are served; outside it, escaping it through ".." or a symlink,
  * or naming a folder that exists, they are refused and nothing outside is
  * made; without a root both are refused naming the flag. Then real
- * processes: a trainer whose --save-checkpoint or --save-model lies outside
+ * processes (a server of a checkpoint, the third store kind, too): a trainer whose --save-checkpoint or --save-model lies outside
  * its servers' root stops at start, naming the flag, the folder and the
  * root; one inside trains and saves. */
 #include <check.h>
@@ -16,6 +16,7 @@
 #include "embedding/plan.h"
 #include "embedding/shard.h"
 #include "embedding/store.h"
+#include "rpc/client.h"
 #include "rpc/service.h"
 #include "rpc/shardrec.pb-c.h"
 #include "tests/rpc/server.h"
@@ -171,6 +172,35 @@ START_TEST(test_confined_rocksdb) {
 }
 END_TEST
 
+/* Checkpoint (restore 0) or Restore of path on the server at addr, whose
+ * plan is data/p.json: the gRPC status, its message in msg. */
+static int remote_admin(const char *addr, const char *data, int restore, const char *path,
+                        char *msg, size_t n) {
+  char pp[700], err[512], fp[EMB_FP_HEX];
+  emb_plan *p;
+  snprintf(pp, sizeof pp, "%s/p.json", data);
+  ck_assert_msg(emb_plan_load(pp, &p, err, sizeof err) == 0, "%s", err);
+  ck_assert_int_eq(emb_plan_fingerprint(p, fp), 0);
+  emb_plan_free(p);
+  uint8_t b[8192], *resp = NULL;
+  size_t len, rlen;
+  if (!restore) {
+    Shardrec__V1__CheckpointRequest q = SHARDREC__V1__CHECKPOINT_REQUEST__INIT;
+    q.plan_fingerprint = fp;
+    q.path = (char *)path;
+    len = shardrec__v1__checkpoint_request__pack(&q, b);
+  } else {
+    Shardrec__V1__RestoreRequest q = SHARDREC__V1__RESTORE_REQUEST__INIT;
+    q.plan_fingerprint = fp;
+    q.path = (char *)path;
+    len = shardrec__v1__restore_request__pack(&q, b);
+  }
+  int st = rpc_call_once(addr, NULL, restore ? RPC_RESTORE : RPC_CHECKPOINT, b, len, 30, &resp,
+                         &rlen, msg, n);
+  free(resp);
+  return st;
+}
+
 /* A trainer against a server whose root does not hold its folders stops
  * before training, naming the flag, the folder and the root; with the
  * folders inside, it trains and checkpoints through the server. */
@@ -198,6 +228,20 @@ START_TEST(test_trainer_checks_root) {
   ck_assert_msg(rc == 0, "%s", out);
   free(out);
   ck_assert_int_eq(run_cmd(NULL, "cd '%s' && ls root/ck/step-4/shards/shard-0 root/m/step-4/shards/shard-0", data), 0);
+  ck_assert_int_eq(server_stop(&s), 0);
+  /* A server of that checkpoint (the third store kind): the same rules. */
+  snprintf(args, sizeof args, "--checkpoint '%s/root/ck' --shard 0 --checkpoint-root '%s/root'",
+           data, data);
+  server_start(&s, args, log);
+  char path[900], msg[600];
+  snprintf(path, sizeof path, "%s/root/ck/step-4/shards", data);
+  ck_assert_int_eq(remote_admin(s.addr, data, 0, path, msg, sizeof msg), RPC_ALREADY_EXISTS);
+  ck_assert_msg(strstr(msg, "shard-0") && strstr(msg, "exists"), "%s", msg);
+  snprintf(path, sizeof path, "%s/root/../m2", data);
+  ck_assert_int_eq(remote_admin(s.addr, data, 0, path, msg, sizeof msg), RPC_PERMISSION_DENIED);
+  ck_assert_msg(strstr(msg, "outside the checkpoint root"), "%s", msg);
+  snprintf(path, sizeof path, "%s/root/again", data);
+  ck_assert_msg(remote_admin(s.addr, data, 0, path, msg, sizeof msg) == RPC_OK, "%s", msg);
   ck_assert_int_eq(server_stop(&s), 0);
   /* A server without a root: the trainer says so. */
   snprintf(args, sizeof args, "--plan '%s/p.json' --shard 0", data);
