@@ -59,7 +59,7 @@ struct rpc_service {
   lat_stat lat[RPC_N_METHODS];
   uint64_t failed;
   uint64_t incarnation; /* random, fixed for this service's life */
-  char **roots;         /* [n_roots] checkpoint roots, realpath'd (Admin calls) */
+  char **roots;         /* [n_roots] checkpoint roots, resolved (Admin calls) */
   int n_roots;
 };
 
@@ -110,7 +110,7 @@ static int svc_roots(rpc_service *s, const rpc_service_opts *o, char *err, size_
     char real[SR_PATH_MAX], why[600] = "";
     const char *root = o->checkpoint_roots[i] ? o->checkpoint_roots[i] : "";
     int rc = sr_path_confine("/", root, real, sizeof real, why, sizeof why);
-    if (rc || (sr_is_file(real))) {
+    if (rc || sr_is_file(real)) {
       sr_fmt(err, errlen, "checkpoint root %s: %s", root, rc ? why : "a file, not a folder");
       return rc ? rc : SR_EINVAL;
     }
@@ -549,10 +549,11 @@ static int confine(const rpc_service *s, const char *what, const char *path, cha
  * other shards share it), every folder this server writes refused when it
  * exists; then the store writes dir. s->mu held. 0, or the failure in r. */
 static int checkpoint_to(rpc_service *s, const char *real, const char *dir, rpc_reply *r) {
-  if (mkdir(real, 0777) && (errno != EEXIST || !sr_is_dir(real))) {
+  int e = mkdir(real, 0777) ? errno : 0;
+  if (e && (e != EEXIST || !sr_is_dir(real))) {
     snprintf(r->msg, sizeof r->msg, "checkpoint: cannot create %.400s: %s", real,
-             errno == EEXIST ? "not a folder" : strerror(errno));
-    return RPC_INTERNAL;
+             e == EEXIST ? "not a folder" : strerror(e));
+    return e == ENOENT ? RPC_NOT_FOUND : e == EEXIST ? RPC_ALREADY_EXISTS : RPC_INTERNAL;
   }
   char t[SR_PATH_MAX];
   struct stat st;
