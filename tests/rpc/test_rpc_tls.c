@@ -255,11 +255,22 @@ START_TEST(test_tls_file_mistakes) {
                   "case %zu (rc %d): %s", i, rc, out);
     free(out);
   }
-  char addr[64], args[2000];
+  char addr[64], args[2000], err[1024];
   snprintf(args, sizeof args, "--tls-cert '%s' --tls-key '%s'", path("srv.pem"), path("srv.key"));
   pid_t pid = serve_bg("soon.out", args, addr, sizeof addr);
   char *said = slurp(path("soon.out"));
   ck_assert_msg(strstr(said, "srv.pem: the certificate expires within 7 days"), "%s", said);
+  free(said);
+  /* Server-only TLS serves a client without a certificate. */
+  rpc_tls server_only = {.ca = path("ca.pem")};
+  ck_assert_msg(lookup_at(addr, &server_only, err, sizeof err) == 0, "%s", err);
+  stop_bg(pid);
+  ck_assert_int_eq(run_cmd(NULL, "cd %s && openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key "
+                                 "-CAcreateserial -out old.pem -days -1 -extfile srv.ext", dir), 0);
+  snprintf(args, sizeof args, "--tls-cert '%s' --tls-key '%s'", path("old.pem"), path("srv.key"));
+  pid = serve_bg("old.out", args, addr, sizeof addr);
+  said = slurp(path("old.out"));
+  ck_assert_msg(strstr(said, "old.pem: the certificate expired on"), "%s", said);
   free(said);
   stop_bg(pid);
   snprintf(args, sizeof args, "--tls-cert '%s' --tls-key '%s'", path("long.pem"), path("srv.key"));
