@@ -261,6 +261,13 @@ START_TEST(test_tls_file_mistakes) {
   char *said = slurp(path("soon.out"));
   ck_assert_msg(strstr(said, "srv.pem: the certificate expires within 7 days"), "%s", said);
   free(said);
+  /* A client's files are checked too. */
+  rpc_tls bad_client = {.cert = path("cli.pem"), .key = path("srv.key"), .ca = path("garbage.pem")};
+  ck_assert_ptr_null(open_at(addr, &bad_client, err, sizeof err));
+  ck_assert_msg(strstr(err, "--tls-ca") && strstr(err, "garbage.pem: not a PEM certificate"), "%s", err);
+  bad_client = (rpc_tls){.cert = path("cli.pem"), .key = path("srv.key"), .ca = path("ca.pem")};
+  ck_assert_ptr_null(open_at(addr, &bad_client, err, sizeof err));
+  ck_assert_msg(strstr(err, "srv.key does not match the certificate"), "%s", err);
   /* Server-only TLS serves a client without a certificate. */
   rpc_tls server_only = {.ca = path("ca.pem")};
   ck_assert_msg(lookup_at(addr, &server_only, err, sizeof err) == 0, "%s", err);
