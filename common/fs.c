@@ -269,3 +269,76 @@ void sr_paths_free(char **paths, int n) {
   for (int i = 0; i < n; i++) free(paths[i]);
   free(paths);
 }
+
+/* 1 when the resolved path p is root or lies under it. */
+static int path_within(const char *root, const char *p) {
+  size_t rl = strlen(root);
+  if (rl == 1 && root[0] == '/') return p[0] == '/';
+  return !strncmp(p, root, rl) && (p[rl] == '\0' || p[rl] == '/');
+}
+
+/* The part of path that exists, resolved (realpath) into real, and the
+ * offset in path of the first component that does not exist (strlen(path)
+ * when all of it does). Each missing component is checked to be a plain
+ * name. 0 or an SR_E* code with the reason in err. */
+static int path_split_real(const char *path, char *real, size_t *tail_at, char *err,
+                           size_t errlen) {
+  char head[SR_PATH_MAX];
+  size_t n = strlen(path);
+  memcpy(head, path, n + 1);
+  *tail_at = n;
+  for (;;) {
+    while (n > 1 && head[n - 1] == '/') head[--n] = '\0';
+    if (realpath(n ? head : ".", real)) return 0;
+    if (errno != ENOENT) {
+      sr_fmt(err, errlen, "%.300s: cannot resolve %.300s: %s", path, n ? head : ".",
+             strerror(errno));
+      return SR_EIO;
+    }
+    char *slash = strrchr(head, '/');
+    char *name = slash ? slash + 1 : head;
+    struct stat st;
+    if (!strcmp(name, ".") || !strcmp(name, "..")) {
+      sr_fmt(err, errlen, "%.300s: '%s' after a folder that does not exist", path, name);
+      return SR_EFORMAT;
+    }
+    if (!lstat(head, &st)) {
+      sr_fmt(err, errlen, "%.300s: %.300s is a symlink that leads nowhere", path, head);
+      return SR_EFORMAT;
+    }
+    *tail_at = (size_t)(name - head);
+    n = slash == head ? 1 : slash ? (size_t)(slash - head) : 0;
+    head[n] = '\0';
+  }
+}
+
+int sr_path_confine(const char *root, const char *path, char *out, size_t len, char *err,
+                    size_t errlen) {
+  if (!path || !*path) {
+    sr_fmt(err, errlen, "empty path");
+    return SR_EFORMAT;
+  }
+  if (strlen(path) >= SR_PATH_MAX) return sr_path_too_long(err, errlen, path, SR_PATH_MAX);
+  char real[SR_PATH_MAX];
+  size_t tail_at;
+  int rc = path_split_real(path, real, &tail_at, err, errlen);
+  if (rc) return rc;
+  size_t at = strlen(real);
+  if (at >= len) return sr_path_too_long(err, errlen, real, len);
+  memcpy(out, real, at + 1);
+  for (const char *p = path + tail_at; *p;) { /* the missing names, one '/' between */
+    size_t k = strcspn(p, "/");
+    if (k) {
+      int slash = !(at == 1 && out[0] == '/');
+      if (at + (size_t)slash + k >= len) return sr_path_too_long(err, errlen, out, len);
+      if (slash) out[at++] = '/';
+      memcpy(out + at, p, k);
+      out[at += k] = '\0';
+    }
+    p += k + (p[k] == '/');
+  }
+  if (path_within(root, out)) return 0;
+  sr_fmt(err, errlen, "%.300s resolves to %.300s, outside %.300s", path, out, root);
+  out[0] = '\0';
+  return SR_EINVAL;
+}

@@ -75,4 +75,19 @@ int sr_list_dir(const char *path, char ***names, int *n);
 /* Free what sr_list_files / sr_list_dir returned; NULL-safe. */
 void sr_paths_free(char **paths, int n);
 
+/* Confine path to the folder root (as realpath gives it: absolute, no
+ * symlinks, no trailing '/'). path (absolute, or from the current folder) is
+ * resolved as the kernel would reach it: the realpath of its longest
+ * existing part (symlinks and ".." followed), then the components that do
+ * not exist yet, each a plain name (not "." or "..", not a symlink that
+ * leads nowhere). The result goes into out[len]. 0 when it is root or lies
+ * under it; SR_EINVAL when it lies outside ("PATH resolves to R, outside
+ * ROOT"); SR_EFORMAT (empty path, "." or ".." after a missing folder, a
+ * dangling symlink), SR_ERANGE (too long) or SR_EIO (a part cannot be
+ * resolved: permission, a symlink loop, not a folder); on failure the
+ * reason is in err and out is empty or untouched. A check, not a lock: a
+ * symlink made inside root after it is not seen. */
+int sr_path_confine(const char *root, const char *path, char *out, size_t len, char *err,
+                    size_t errlen);
+
 #endif

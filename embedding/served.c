@@ -118,3 +118,12 @@ void emb_served_close(emb_served *s) {
   emb_plan_free(s->plan);
   memset(s, 0, sizeof *s);
 }
+
+int emb_served_checkpoint_target(const emb_store *store, const int *shards, int n,
+                                 const char *path, int i, char *buf, size_t len) {
+  if (i < 0 || i >= n || (emb_store_checkpoint_layout(store) != EMB_CKPT_SHARD_FOLDERS && i > 0))
+    return SR_ENOTFOUND;
+  if (emb_store_checkpoint_layout(store) == EMB_CKPT_SHARD_FOLDERS)
+    return ckpt_dir_shard_path(path, shards[i], buf, len);
+  return ckpt_dir_server_path(path, shards, n, buf, len);
+}

@@ -72,6 +72,13 @@ int emb_served_open(const emb_served_opts *o, emb_served *out, char *err, size_t
 int emb_served_checkpoint_dir(const emb_store *store, const int *shards, int n, const char *path,
                               char *buf, size_t len);
 
+/* The i-th folder (from 0) that a Checkpoint(path) of that server writes
+ * and a Restore(path) reads: path/shard-K for its i-th shard K
+ * (EMB_CKPT_SHARD_FOLDERS), or its one folder path/shard-K1-K2... (i 0).
+ * 0; SR_ENOTFOUND past the last; SR_ERANGE when it does not fit in len. */
+int emb_served_checkpoint_target(const emb_store *store, const int *shards, int n,
+                                 const char *path, int i, char *buf, size_t len);
+
 /* Destroy the store (removing a checkpoint's temporary copy) and the plan.
  * NULL-safe; zeroes *s. */
 void emb_served_close(emb_served *s);

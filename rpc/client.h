@@ -52,6 +52,18 @@ emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *serv
  * clears this) makes the store usable again. 0 for other stores. */
 int rpc_remote_lost(const emb_store *store);
 
+/* Whether the folders paths[n] (named by the flags names[n] in messages;
+ * absolute or from the current folder, existing or not) lie inside a
+ * checkpoint root of every server behind the remote store store
+ * (StatsResponse.checkpoint_roots, asked of each server now), resolved on
+ * this machine with sr_path_confine (common/fs.h): the servers see the same
+ * folders at the same paths (shared storage). 0 (also for a store that is
+ * not remote); SR_EINVAL with a message naming the flag, the path, the
+ * server and its root (or that it has none) in err; the Stats call's
+ * SR_E* code otherwise. */
+int rpc_remote_check_roots(emb_store *store, const char *const *paths, const char *const *names,
+                           int n, char *err, size_t errlen);
+
 /* One unary call on a fresh channel to target, for tools and tests:
  * req[len] in, *resp (malloc'd, caller frees) out. Returns the gRPC status
  * code, with its message in msg. */

@@ -1,9 +1,15 @@
 /* Byte buffers, deadlines and TLS credentials for the server and client,
  * and the process-wide set-up both call (rpc/client.h). */
+#include <errno.h>
 #include <malloc.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <pthread.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/status.h"
 #include "rpc/client.h"
@@ -64,27 +70,157 @@ static char *read_pem(const char *path, char *err, size_t errlen) {
   return s;
 }
 
-grpc_server_credentials *rpc__server_creds(const rpc_tls *tls, char *err, size_t errlen) {
-  if (!tls->cert || !tls->key) {
-    sr_fmt(err, errlen, "TLS: a server needs --tls-cert and --tls-key");
-    return NULL;
+/* The PEM file path opened, or NULL with "FLAG FILE: cannot open: why". */
+static BIO *pem_open(const char *flag, const char *path, char *err, size_t errlen) {
+  BIO *b = BIO_new_file(path, "r");
+  if (!b) sr_fmt(err, errlen, "%s %s: cannot open: %s", flag, path, strerror(errno ? errno : EIO));
+  return b;
+}
+
+/* The first certificate of path, or NULL with the reason in err. */
+static X509 *pem_cert(const char *flag, const char *path, char *err, size_t errlen) {
+  BIO *b = pem_open(flag, path, err, errlen);
+  X509 *x = b ? PEM_read_bio_X509(b, NULL, NULL, NULL) : NULL;
+  if (b && !x)
+    sr_fmt(err, errlen, "%s %s: not a PEM certificate (no readable BEGIN CERTIFICATE block)", flag,
+           path);
+  BIO_free(b);
+  ERR_clear_error();
+  return x;
+}
+
+/* A warning for a certificate past or near its end (within 7 days). */
+static void cert_expiry(const char *flag, const char *path, X509 *x, char *warn, size_t warnlen) {
+  const ASN1_TIME *end = X509_get0_notAfter(x);
+  time_t soon = time(NULL) + 7 * 86400;
+  char when[64] = "?";
+  BIO *m = BIO_new(BIO_s_mem());
+  if (m && ASN1_TIME_print(m, end) > 0) {
+    int n = BIO_read(m, when, (int)sizeof when - 1);
+    when[n > 0 ? n : 0] = 0;
   }
+  BIO_free(m);
+  if (X509_cmp_current_time(end) < 0)
+    sr_fmt(warn, warnlen, "%s %s: the certificate expired on %s", flag, path, when);
+  else if (X509_cmp_time(end, &soon) < 0)
+    sr_fmt(warn, warnlen, "%s %s: the certificate expires within 7 days, on %s", flag, path, when);
+}
+
+int rpc__tls_check(const rpc_tls *tls, int server, char *err, size_t errlen, char *warn,
+                   size_t warnlen) {
+  const char *fc = "--tls-cert", *fk = "--tls-key", *fa = server ? "--tls-client-ca" : "--tls-ca";
+  if (warn && warnlen) warn[0] = 0;
+  int rc = 0;
+  X509 *ca = tls->ca ? pem_cert(fa, tls->ca, err, errlen) : NULL, *x = NULL;
+  EVP_PKEY *k = NULL;
+  if (tls->ca && !ca) rc = SR_EINVAL;
+  if (!rc && tls->cert && !(x = pem_cert(fc, tls->cert, err, errlen))) rc = SR_EINVAL;
+  if (!rc && tls->key) {
+    BIO *b = pem_open(fk, tls->key, err, errlen);
+    k = b ? PEM_read_bio_PrivateKey(b, NULL, NULL, NULL) : NULL;
+    if (b && !k) sr_fmt(err, errlen, "%s %s: not a PEM private key (or one with a passphrase)", fk, tls->key);
+    BIO_free(b);
+    if (!k) rc = SR_EINVAL;
+  }
+  if (!rc && x && k && X509_check_private_key(x, k) != 1) {
+    sr_fmt(err, errlen, "%s %s does not match the certificate %s %s (another key pair)", fk,
+           tls->key, fc, tls->cert);
+    rc = SR_EINVAL;
+  }
+  if (!rc && x && warn) cert_expiry(fc, tls->cert, x, warn, warnlen);
+  ERR_clear_error();
+  X509_free(ca);
+  X509_free(x);
+  EVP_PKEY_free(k);
+  return rc;
+}
+
+struct rpc__tls_server {
+  rpc_tls files;   /* borrowed paths */
+  pthread_mutex_t mu;
+  grpc_ssl_server_certificate_config *next; /* handed to gRPC at its next handshake */
+};
+
+/* The files of tls read into a gRPC certificate config, or NULL with the
+ * reason in err (rpc__tls_check said they are good). */
+static grpc_ssl_server_certificate_config *tls_config(const rpc_tls *tls, char *err, size_t errlen) {
   char *cert = read_pem(tls->cert, err, errlen), *key = cert ? read_pem(tls->key, err, errlen) : NULL;
   char *ca = key && tls->ca ? read_pem(tls->ca, err, errlen) : NULL;
-  grpc_server_credentials *c = NULL;
+  grpc_ssl_server_certificate_config *c = NULL;
   if (cert && key && (!tls->ca || ca)) {
     grpc_ssl_pem_key_cert_pair pair = {key, cert};
-    c = grpc_ssl_server_credentials_create_ex(
-        ca, &pair, 1,
-        ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-           : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
-        NULL);
+    /* gRPC 1.51 asserts that a fetched config has root certificates even
+     * when no client certificate is requested (server-only TLS): then they
+     * are never used, and the server's own certificate stands in. */
+    c = grpc_ssl_server_certificate_config_create(ca ? ca : cert, &pair, 1);
     if (!c) sr_fmt(err, errlen, "TLS: gRPC refused the certificate or key");
   }
   free(cert);
   free(key);
   free(ca);
   return c;
+}
+
+/* gRPC's fetcher, asked at each handshake: a reloaded config once, then
+ * unchanged. */
+static grpc_ssl_certificate_config_reload_status tls_fetch(void *ctx,
+                                                           grpc_ssl_server_certificate_config **c) {
+  rpc__tls_server *t = ctx;
+  pthread_mutex_lock(&t->mu);
+  grpc_ssl_server_certificate_config *next = t->next;
+  t->next = NULL;
+  pthread_mutex_unlock(&t->mu);
+  if (!next) return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_UNCHANGED;
+  *c = next; /* gRPC owns it now */
+  return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_NEW;
+}
+
+int rpc__tls_server_reload(rpc__tls_server *t, char *err, size_t errlen, char *warn,
+                           size_t warnlen) {
+  int rc = rpc__tls_check(&t->files, 1, err, errlen, warn, warnlen);
+  grpc_ssl_server_certificate_config *c = rc ? NULL : tls_config(&t->files, err, errlen);
+  if (!c) return rc ? rc : SR_EINVAL;
+  pthread_mutex_lock(&t->mu);
+  if (t->next) grpc_ssl_server_certificate_config_destroy(t->next);
+  t->next = c;
+  pthread_mutex_unlock(&t->mu);
+  return 0;
+}
+
+rpc__tls_server *rpc__tls_server_create(const rpc_tls *tls, char *err, size_t errlen, char *warn,
+                                        size_t warnlen) {
+  if (!tls->cert || !tls->key) {
+    sr_fmt(err, errlen, "TLS: a server needs --tls-cert and --tls-key");
+    return NULL;
+  }
+  rpc__tls_server *t = calloc(1, sizeof *t);
+  if (!t) {
+    sr_fmt(err, errlen, "TLS: out of memory");
+    return NULL;
+  }
+  t->files = *tls;
+  pthread_mutex_init(&t->mu, NULL);
+  if (rpc__tls_server_reload(t, err, errlen, warn, warnlen)) {
+    rpc__tls_server_destroy(t);
+    return NULL;
+  }
+  return t;
+}
+
+grpc_server_credentials *rpc__tls_server_creds(rpc__tls_server *t) {
+  grpc_ssl_server_credentials_options *o =
+      grpc_ssl_server_credentials_create_options_using_config_fetcher(
+          t->files.ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                      : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+          tls_fetch, t);
+  return o ? grpc_ssl_server_credentials_create_with_options(o) : NULL;
+}
+
+void rpc__tls_server_destroy(rpc__tls_server *t) {
+  if (!t) return;
+  if (t->next) grpc_ssl_server_certificate_config_destroy(t->next);
+  pthread_mutex_destroy(&t->mu);
+  free(t);
 }
 
 grpc_channel_credentials *rpc__channel_creds(const rpc_tls *tls, char *err, size_t errlen) {
@@ -96,6 +232,7 @@ grpc_channel_credentials *rpc__channel_creds(const rpc_tls *tls, char *err, size
     sr_fmt(err, errlen, "TLS: give both --tls-cert and --tls-key, or neither");
     return NULL;
   }
+  if (rpc__tls_check(tls, 0, err, errlen, NULL, 0)) return NULL;
   char *ca = read_pem(tls->ca, err, errlen);
   char *cert = ca && tls->cert ? read_pem(tls->cert, err, errlen) : NULL;
   char *key = cert ? read_pem(tls->key, err, errlen) : NULL;

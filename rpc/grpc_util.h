@@ -16,9 +16,33 @@
 int rpc__bb_read(grpc_byte_buffer *bb, uint8_t **out, size_t *len);
 /* A byte buffer holding a copy of data[len]. */
 grpc_byte_buffer *rpc__bb_make(const uint8_t *data, size_t len);
-/* Credentials from PEM files; NULL with a message in err on failure. */
-grpc_server_credentials *rpc__server_creds(const rpc_tls *tls, char *err, size_t errlen);
+/* Server TLS whose certificate, key and client CA can be reloaded from
+ * their files while serving: gRPC asks the fetcher for its certificate
+ * config at each handshake, and rpc__tls_server_reload hands it the files'
+ * new contents for the next one (connections made before keep theirs).
+ * create and reload check the files first (rpc__tls_check; warn as there)
+ * and keep the old config when they are bad. NULL / SR_E* with the reason
+ * in err. tls's paths are borrowed; destroy after the server and gRPC are
+ * shut down. */
+typedef struct rpc__tls_server rpc__tls_server;
+rpc__tls_server *rpc__tls_server_create(const rpc_tls *tls, char *err, size_t errlen, char *warn,
+                                        size_t warnlen);
+int rpc__tls_server_reload(rpc__tls_server *t, char *err, size_t errlen, char *warn,
+                           size_t warnlen);
+/* New credentials over t (the caller releases them); NULL on failure. */
+grpc_server_credentials *rpc__tls_server_creds(rpc__tls_server *t);
+void rpc__tls_server_destroy(rpc__tls_server *t); /* NULL-safe */
+/* Client credentials from PEM files; NULL with a message in err on failure. */
 grpc_channel_credentials *rpc__channel_creds(const rpc_tls *tls, char *err, size_t errlen);
 gpr_timespec rpc__deadline(double seconds);
+/* The TLS files of one side checked before gRPC sees them (server: the
+ * server's --tls-cert/--tls-key/--tls-client-ca; else a client's): each
+ * file opens and holds what it should (a PEM certificate, a PEM private
+ * key), and the key belongs to the certificate. 0, or SR_EINVAL with a
+ * message naming the flag, the file and the problem in err. warn (may be
+ * NULL) gets a line when the certificate has expired or expires within 7
+ * days, else "". */
+int rpc__tls_check(const rpc_tls *tls, int server, char *err, size_t errlen, char *warn,
+                   size_t warnlen);
 
 #endif

@@ -833,6 +833,51 @@ static const emb_store_ops remote_ops = {
     .destroy = r_destroy,
 };
 
+typedef struct {
+  const char *const *paths, *const *names;
+  int n;
+} roots_ctx;
+
+/* One server's Stats: every path of ctx inside one of its roots. */
+static int roots_each(rstore *s, pcall *p, void *ctx) {
+  const roots_ctx *q = ctx;
+  Shardrec__V1__StatsResponse *a = shardrec__v1__stats_response__unpack(NULL, p->resp_len, p->resp);
+  if (!a) {
+    sr_fmt(s->err, sizeof s->err, "stats: shard %d server %s: undecodable answer", p->shard,
+           s->c[p->shard].addr);
+    return SR_EFORMAT;
+  }
+  int rc = 0;
+  for (int i = 0; i < q->n && !rc; i++) {
+    char real[SR_PATH_MAX], why[600] = "";
+    rc = SR_EINVAL;
+    for (size_t r = 0; r < a->n_checkpoint_roots && rc == SR_EINVAL; r++)
+      rc = sr_path_confine(a->checkpoint_roots[r], q->paths[i], real, sizeof real, why, sizeof why);
+    if (rc && !a->n_checkpoint_roots)
+      sr_fmt(s->err, sizeof s->err, "%s %s: shard %d server %s has no checkpoint root (start it "
+             "with serve --checkpoint-root DIR, DIR holding this folder)", q->names[i], q->paths[i],
+             p->shard, s->c[p->shard].addr);
+    else if (rc == SR_EINVAL)
+      sr_fmt(s->err, sizeof s->err, "%s %s: not inside the checkpoint root %s of shard %d server "
+             "%s (serve --checkpoint-root; the servers must see this folder at the same path)",
+             q->names[i], q->paths[i], a->checkpoint_roots[0], p->shard, s->c[p->shard].addr);
+    else if (rc)
+      sr_fmt(s->err, sizeof s->err, "%s %s", q->names[i], why);
+  }
+  shardrec__v1__stats_response__free_unpacked(a, NULL);
+  return rc;
+}
+
+int rpc_remote_check_roots(emb_store *b, const char *const *paths, const char *const *names, int n,
+                           char *err, size_t errlen) {
+  if (!b || b->ops != &remote_ops) return 0;
+  rstore *s = (rstore *)b;
+  roots_ctx q = {paths, names, n};
+  int rc = broadcast(s, RPC_STATS, make_stats, &q, "stats", roots_each);
+  if (rc) sr_fmt(err, errlen, "%s", s->err);
+  return rc;
+}
+
 int rpc_remote_lost(const emb_store *b) {
   return b && b->ops == &remote_ops && ((const rstore *)b)->lost;
 }

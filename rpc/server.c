@@ -80,6 +80,7 @@ struct worker {
 
 struct server_state {
   grpc_server *srv;
+  const rpc_server_opts *o;
   rpc_service *svc;
   void *methods[RPC_N_METHODS];
   worker *w;
@@ -170,6 +171,55 @@ static void reply(worker *w, call_ctx *c, int status, const char *msg, const uin
   w->live++;
 }
 
+/* 1 when name is in the list "A,B,...". */
+static int name_listed(const char *list, const char *name, size_t n) {
+  for (const char *p = list; *p;) {
+    size_t k = strcspn(p, ",");
+    if (k == n && !memcmp(p, name, n)) return 1;
+    p += k + (p[k] == ',');
+  }
+  return 0;
+}
+
+/* The client's names (CN, SAN DNS names: auth context properties) checked
+ * against list. 1 when one is listed; else 0 with who it was in who. */
+static int peer_allowed(grpc_call *call, const char *list, char *who, size_t wlen) {
+  static const char *const props[2] = {"x509_common_name", "x509_subject_alternative_name"};
+  grpc_auth_context *ac = grpc_call_auth_context(call);
+  int ok = 0;
+  size_t at = 0;
+  who[0] = 0;
+  for (int i = 0; ac && i < 2 && !ok; i++) {
+    grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(ac, props[i]);
+    const grpc_auth_property *p;
+    while (!ok && (p = grpc_auth_property_iterator_next(&it))) {
+      ok = name_listed(list, p->value, p->value_length);
+      if (at + 8 < wlen)
+        at += (size_t)snprintf(who + at, wlen - at, "%s%s%.*s", at ? ", " : "", i ? "SAN " : "CN ",
+                               (int)p->value_length, p->value);
+    }
+  }
+  if (ac) grpc_auth_context_release(ac);
+  if (!who[0]) snprintf(who, wlen, "a client with no certificate names");
+  return ok;
+}
+
+/* Whether the call's method is open to its client (rpc_server_opts'
+ * allow lists); refused calls are answered here. 1 when allowed. */
+static int authorised(worker *w, call_ctx *c) {
+  const rpc_server_opts *o = w->st->o;
+  const char *list = c->method == RPC_PUSH ? o->allow_push
+                     : c->method == RPC_CHECKPOINT || c->method == RPC_RESTORE ? o->allow_admin
+                                                                               : NULL;
+  char who[256], msg[512];
+  if (!list || !o->tls || !o->tls->ca || peer_allowed(c->call, list, who, sizeof who)) return 1;
+  const char *m = strrchr(rpc_method_path((rpc_method)c->method), '/') + 1;
+  snprintf(msg, sizeof msg, "%s refused: client %s is not in --allow-%s (%s)", m, who,
+           c->method == RPC_PUSH ? "push" : "admin", list);
+  reply(w, c, RPC_PERMISSION_DENIED, msg, NULL, 0);
+  return 0;
+}
+
 static void handle(worker *w, call_ctx *c) {
   if (c->kind == TAG_GENERIC) {
     char msg[300];
@@ -183,6 +233,7 @@ static void handle(worker *w, call_ctx *c) {
     reply(w, c, RPC_DEADLINE_EXCEEDED, "deadline passed before the call was handled", NULL, 0);
     return;
   }
+  if (!authorised(w, c)) return;
   uint8_t *in;
   size_t len;
   if (!c->payload) {
@@ -316,6 +367,48 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
+/* Bind o->listen on srv, with TLS (*tlsrv, checked files; a warning about
+ * the certificate's end on stderr) or without. 0 with the port, or SR_E*
+ * with the reason in err. */
+static int listen_port(grpc_server *srv, const rpc_server_opts *o, rpc__tls_server **tlsrv,
+                       int *port, char *err, size_t errlen) {
+  grpc_server_credentials *creds;
+  if (o->tls) {
+    char warn[600];
+    *tlsrv = rpc__tls_server_create(o->tls, err, errlen, warn, sizeof warn);
+    if (!*tlsrv) return SR_EINVAL;
+    if (warn[0]) fprintf(stderr, "server: warning: %s\n", warn);
+    creds = rpc__tls_server_creds(*tlsrv);
+    if (!creds) {
+      sr_fmt(err, errlen, "server: gRPC refused the TLS credentials");
+      return SR_EINVAL;
+    }
+  } else {
+    creds = grpc_insecure_server_credentials_create();
+  }
+  *port = grpc_server_add_http2_port(srv, o->listen, creds);
+  grpc_server_credentials_release(creds);
+  if (*port > 0) return 0;
+  sr_fmt(err, errlen, "server: cannot listen on %s (address in use or invalid)", o->listen);
+  return SR_EIO;
+}
+
+/* SIGHUP: the TLS files read again for new connections; said on stderr. */
+static void tls_reload(rpc__tls_server *t, const rpc_server_opts *o) {
+  char err[600], warn[600];
+  if (!t) {
+    fprintf(stderr, "server: reload asked, but this server has no TLS files\n");
+    return;
+  }
+  if (rpc__tls_server_reload(t, err, sizeof err, warn, sizeof warn)) {
+    fprintf(stderr, "server: TLS reload failed, the old files stay in use: %s\n", err);
+    return;
+  }
+  if (warn[0]) fprintf(stderr, "server: warning: %s\n", warn);
+  fprintf(stderr, "server: TLS files reloaded (%s, %s%s%s): new connections use them\n",
+          o->tls->cert, o->tls->key, o->tls->ca ? ", " : "", o->tls->ca ? o->tls->ca : "");
+}
+
 int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
                    void (*on_listening)(int port, void *ctx), void *ctx, char *err,
                    size_t errlen) {
@@ -336,6 +429,7 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
   server_state st;
   memset(&st, 0, sizeof st);
   st.svc = svc;
+  st.o = o;
   st.n_workers = threads;
   st.w = calloc((size_t)threads, sizeof *st.w);
   if (!st.w) {
@@ -356,28 +450,15 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
   grpc_completion_queue *shut_cq = grpc_completion_queue_create_for_next(NULL);
   grpc_server_register_completion_queue(st.srv, shut_cq, NULL);
 
-  int rc = 0, port = 0;
-  grpc_server_credentials *creds;
-  if (o->tls) {
-    creds = rpc__server_creds(o->tls, err, errlen);
-    if (!creds) rc = SR_EINVAL;
-  } else {
-    creds = grpc_insecure_server_credentials_create();
-  }
-  if (!rc) {
-    port = grpc_server_add_http2_port(st.srv, o->listen, creds);
-    grpc_server_credentials_release(creds);
-    if (port <= 0) {
-      sr_fmt(err, errlen, "server: cannot listen on %s (address in use or invalid)", o->listen);
-      rc = SR_EIO;
-    }
-  }
+  rpc__tls_server *tlsrv = NULL;
+  int port = 0, rc = listen_port(st.srv, o, &tlsrv, &port, err, errlen);
   if (rc) {
     grpc_server_destroy(st.srv);
     for (int i = 0; i < threads; i++) grpc_completion_queue_destroy(st.w[i].cq);
     grpc_completion_queue_destroy(shut_cq);
     free(st.w);
     rpc_global_shutdown();
+    rpc__tls_server_destroy(tlsrv);
     return rc;
   }
   grpc_server_start(st.srv);
@@ -391,6 +472,10 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
   while (!*o->stop) {
     struct timespec ts = {0, 20 * 1000 * 1000};
     nanosleep(&ts, NULL);
+    if (o->reload && *o->reload) {
+      *o->reload = 0;
+      tls_reload(tlsrv, o);
+    }
   }
   /* Stop accepting; let in-flight calls finish within the grace period. */
   static int shut_tag;
@@ -415,5 +500,6 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
   rc = rpc_service_flush(svc);
   if (rc) sr_fmt(err, errlen, "server: flush on shutdown failed: %s", sr_strerror(rc));
   rpc_global_shutdown();
+  rpc__tls_server_destroy(tlsrv);
   return rc;
 }

@@ -16,11 +16,24 @@ typedef struct rpc_server_opts {
   const rpc_tls *tls;       /* NULL: insecure */
   volatile int *stop;       /* set nonzero (e.g. from a signal handler) to stop */
   double shutdown_grace_s;  /* in-flight calls get this long before cancellation */
+  volatile int *reload;     /* set nonzero (e.g. on SIGHUP) to reload tls's files: new
+                               connections get the new certificate, key and client CA,
+                               those made before keep theirs; bad files keep the old
+                               ones (said on stderr). NULL: never */
+  /* With mTLS (tls->ca): the clients (certificate subject CN or a SAN DNS
+   * name, "NAME[,NAME...]") that may call Push, and Checkpoint/Restore;
+   * NULL: every verified client. Lookup, Stats, Health and Watch are open
+   * to every verified client. A call refused is PERMISSION_DENIED naming
+   * the method and the client. */
+  const char *allow_push, *allow_admin;
 } rpc_server_opts;
 
 /* Serve svc until *o->stop. on_listening(port, ctx) is called once the port
- * is bound, before serving. Returns 0 after a clean shutdown, or an SR_E*
- * code with the reason in err. */
+ * is bound, before serving. The TLS files are checked first (a missing or
+ * unreadable file, one that is not a PEM certificate or key, a key that
+ * does not match the certificate: refused naming the file; a certificate
+ * expired or expiring within 7 days: a warning on stderr). Returns 0 after
+ * a clean shutdown, or an SR_E* code with the reason in err. */
 int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
                    void (*on_listening)(int port, void *ctx), void *ctx, char *err,
                    size_t errlen);

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/status.h"
 #include "common/sys.h"
 #include "embedding/served.h"
@@ -58,6 +59,8 @@ struct rpc_service {
   lat_stat lat[RPC_N_METHODS];
   uint64_t failed;
   uint64_t incarnation; /* random, fixed for this service's life */
+  char **roots;         /* [n_roots] checkpoint roots, resolved (Admin calls) */
+  int n_roots;
 };
 
 /* The coordinator's apply callback: a step's rows into the store (s->mu held). */
@@ -93,6 +96,33 @@ static rpc_coord_call coord_call(const Shardrec__V1__RequestHeader *h) {
                           .world = h->world_size, .stale = h->max_staleness};
 }
 
+/* The checkpoint roots of o, resolved into s (sr_path_confine from "/": a
+ * root that does not exist yet is the path it will have). 0, or SR_E*
+ * with the reason in err. */
+static int svc_roots(rpc_service *s, const rpc_service_opts *o, char *err, size_t errlen) {
+  if (o->n_roots < 1) return 0;
+  s->roots = calloc((size_t)o->n_roots, sizeof *s->roots);
+  if (!s->roots) {
+    sr_fmt(err, errlen, "service: out of memory");
+    return SR_ENOMEM;
+  }
+  for (int i = 0; i < o->n_roots; i++) {
+    char real[SR_PATH_MAX], why[600] = "";
+    const char *root = o->checkpoint_roots[i] ? o->checkpoint_roots[i] : "";
+    int rc = sr_path_confine("/", root, real, sizeof real, why, sizeof why);
+    if (rc || sr_is_file(real)) {
+      sr_fmt(err, errlen, "checkpoint root %s: %s", root, rc ? why : "a file, not a folder");
+      return rc ? rc : SR_EINVAL;
+    }
+    if (!(s->roots[i] = strdup(real))) {
+      sr_fmt(err, errlen, "service: out of memory");
+      return SR_ENOMEM;
+    }
+    s->n_roots = i + 1;
+  }
+  return 0;
+}
+
 rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
                                 const rpc_service_opts *o, char *err, size_t errlen) {
   if (!plan || !store || !o || o->n_shards < 1) {
@@ -124,6 +154,10 @@ rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
     s->shards[i] = k;
   }
   s->n_shards = o->n_shards;
+  if (svc_roots(s, o, err, errlen)) {
+    rpc_service_destroy(s);
+    return NULL;
+  }
   if (emb_plan_fingerprint(plan, s->fp)) goto nomem;
   {
     int *dims = malloc((size_t)(plan->n_tables ? plan->n_tables : 1) * sizeof *dims);
@@ -157,6 +191,8 @@ nomem:
   sr_fmt(err, errlen, "service: out of memory");
   if (s) {
     rpc_coord_destroy(s->coord);
+    for (int i = 0; i < s->n_roots; i++) free(s->roots[i]);
+    free(s->roots);
     free(s->served);
     free(s->shards);
     free(s);
@@ -168,6 +204,8 @@ void rpc_service_destroy(rpc_service *s) {
   if (!s) return;
   rpc_coord_destroy(s->coord);
   pthread_mutex_destroy(&s->mu);
+  for (int i = 0; i < s->n_roots; i++) free(s->roots[i]);
+  free(s->roots);
   free(s->served);
   free(s->shards);
   free(s);
@@ -480,25 +518,84 @@ out:
   if (q) shardrec__v1__push_request__free_unpacked(q, NULL);
 }
 
-static int check_path(const char *path, rpc_reply *r) {
-  if (!path || !*path) {
-    r->status = RPC_INVALID_ARGUMENT;
-    snprintf(r->msg, sizeof r->msg, "path: empty");
-    return r->status;
+/* The roots, "A, B", for messages. */
+static void roots_list(const rpc_service *s, char *buf, size_t n) {
+  size_t at = 0;
+  buf[0] = 0;
+  for (int i = 0; i < s->n_roots && at + 1 < n; i++)
+    at += (size_t)snprintf(buf + at, n - at, "%s%s", i ? ", " : "", s->roots[i]);
+}
+
+/* path confined to the roots (rpc/service.h, "Admin calls"): resolved into
+ * real[SR_PATH_MAX]. 0, or the refusal in r. */
+static int confine(const rpc_service *s, const char *what, const char *path, char *real,
+                   rpc_reply *r) {
+  char err[400] = "", roots[400];
+  int rc = SR_EINVAL;
+  for (int i = 0; i < s->n_roots && rc == SR_EINVAL; i++)
+    rc = sr_path_confine(s->roots[i], path, real, SR_PATH_MAX, err, sizeof err);
+  if (!rc) return 0;
+  roots_list(s, roots, sizeof roots);
+  r->status = rc == SR_EINVAL ? RPC_PERMISSION_DENIED : RPC_INVALID_ARGUMENT;
+  if (rc == SR_EINVAL)
+    snprintf(r->msg, sizeof r->msg, "%s: path %.200s is outside the checkpoint root %.250s",
+             what, path, roots);
+  else
+    snprintf(r->msg, sizeof r->msg, "%s: path %.400s", what, err);
+  return r->status;
+}
+
+/* Checkpoint into real (confined): real made when missing (servers of
+ * other shards share it), every folder this server writes refused when it
+ * exists; then the store writes dir. s->mu held. 0, or the failure in r. */
+static int checkpoint_to(rpc_service *s, const char *real, const char *dir, rpc_reply *r) {
+  int e = mkdir(real, 0777) ? errno : 0;
+  if (e && (e != EEXIST || !sr_is_dir(real))) {
+    snprintf(r->msg, sizeof r->msg, "checkpoint: cannot create %.400s: %s", real,
+             e == EEXIST ? "not a folder" : strerror(e));
+    return e == ENOENT ? RPC_NOT_FOUND : e == EEXIST ? RPC_ALREADY_EXISTS : RPC_INTERNAL;
   }
-  if (strlen(path) > 3000) {
-    r->status = RPC_INVALID_ARGUMENT;
-    snprintf(r->msg, sizeof r->msg, "path: longer than 3000 bytes");
-    return r->status;
+  char t[SR_PATH_MAX];
+  struct stat st;
+  for (int i = 0; !emb_served_checkpoint_target(s->store, s->shards, s->n_shards, real, i, t,
+                                                sizeof t); i++)
+    if (!lstat(t, &st)) {
+      snprintf(r->msg, sizeof r->msg, "checkpoint: %.400s exists: Checkpoint writes only new folders", t);
+      return RPC_ALREADY_EXISTS;
+    }
+  int rc = emb_store_flush(s->store);
+  if (!rc) rc = emb_store_checkpoint(s->store, dir);
+  if (!rc) return 0;
+  snprintf(r->msg, sizeof r->msg, "checkpoint %.300s: %.150s", dir, emb_store_errmsg(s->store));
+  return rc == SR_ENOTFOUND ? RPC_NOT_FOUND : rc == SR_EIO ? RPC_INTERNAL : RPC_FAILED_PRECONDITION;
+}
+
+/* Restore from real (confined): every folder to read that exists must
+ * resolve inside the roots too (no symlink out of them). s->mu held. */
+static int restore_from(rpc_service *s, const char *real, const char *dir, rpc_reply *r) {
+  char t[SR_PATH_MAX], tr[SR_PATH_MAX];
+  struct stat st;
+  if (!sr_is_dir(real)) {
+    snprintf(r->msg, sizeof r->msg, "restore: %.400s: no such folder", real);
+    return RPC_NOT_FOUND;
   }
-  return 0;
+  for (int i = 0; !emb_served_checkpoint_target(s->store, s->shards, s->n_shards, real, i, t,
+                                                sizeof t); i++)
+    if (!lstat(t, &st) && confine(s, "restore", t, tr, r)) return r->status;
+  int rc = emb_store_restore(s->store, dir);
+  if (!rc) {
+    rpc_coord_restore(s->coord); /* steps start over from the checkpoint's */
+    return 0;
+  }
+  snprintf(r->msg, sizeof r->msg, "restore %.300s: %.150s", dir, emb_store_errmsg(s->store));
+  return rc == SR_ENOTFOUND ? RPC_NOT_FOUND : rc == SR_EIO ? RPC_INTERNAL : RPC_FAILED_PRECONDITION;
 }
 
 static void do_checkpoint(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r,
                           int restore) {
   Shardrec__V1__CheckpointRequest *cq = NULL;
   Shardrec__V1__RestoreRequest *rq = NULL;
-  const char *fp, *path;
+  const char *fp, *path, *what = restore ? "Restore" : "Checkpoint";
   if (restore) {
     rq = shardrec__v1__restore_request__unpack(NULL, len, in);
     if (!rq) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid shardrec.v1.RestoreRequest (%zu bytes)", len);
@@ -510,36 +607,21 @@ static void do_checkpoint(rpc_service *s, const uint8_t *in, size_t len, rpc_rep
     fp = cq->plan_fingerprint;
     path = cq->path;
   }
+  if (!s->n_roots)
+    FAIL(r, RPC_FAILED_PRECONDITION, "%s refused: this server was started without "
+         "--checkpoint-root (the folder Checkpoint and Restore paths must lie in)", what);
   if (!fp || strcmp(fp, s->fp))
     FAIL(r, RPC_FAILED_PRECONDITION, "plan_fingerprint: request made under plan %.16s..., this server serves plan %.16s...",
          fp && *fp ? fp : "(none)", s->fp);
-  if (check_path(path, r)) goto out;
-  char dir[4096];
-  if (emb_served_checkpoint_dir(s->store, s->shards, s->n_shards, path, dir, sizeof dir))
-    FAIL(r, RPC_INVALID_ARGUMENT, "path: too long");
+  if (!path || !*path) FAIL(r, RPC_INVALID_ARGUMENT, "%s: path: empty", what);
+  char real[SR_PATH_MAX], dir[SR_PATH_MAX];
+  if (confine(s, what, path, real, r)) goto out;
+  if (emb_served_checkpoint_dir(s->store, s->shards, s->n_shards, real, dir, sizeof dir))
+    FAIL(r, RPC_INVALID_ARGUMENT, "%s: path %.400s: too long", what, real);
   pthread_mutex_lock(&s->mu);
-  int rc = 0;
-  if (restore) {
-    rc = emb_store_restore(s->store, dir);
-    if (!rc) rpc_coord_restore(s->coord); /* steps start over from the checkpoint's */
-  } else {
-    /* The store creates dir itself (path or a folder in it). */
-    if (mkdir(path, 0777) && errno != EEXIST) rc = SR_EIO;
-    if (rc)
-      snprintf(r->msg, sizeof r->msg, "checkpoint: cannot create %.400s: %s", path, strerror(errno));
-    else {
-      rc = emb_store_flush(s->store);
-      if (!rc) rc = emb_store_checkpoint(s->store, dir);
-    }
-  }
-  if (rc && !r->msg[0])
-    snprintf(r->msg, sizeof r->msg, "%s %.300s: %.150s", restore ? "restore" : "checkpoint", dir,
-             emb_store_errmsg(s->store));
+  r->status = restore ? restore_from(s, real, dir, r) : checkpoint_to(s, real, dir, r);
   pthread_mutex_unlock(&s->mu);
-  if (rc) {
-    r->status = rc == SR_ENOTFOUND ? RPC_NOT_FOUND : rc == SR_EIO ? RPC_INTERNAL : RPC_FAILED_PRECONDITION;
-    goto out;
-  }
+  if (r->status) goto out;
   if (restore) {
     Shardrec__V1__RestoreResponse resp = SHARDREC__V1__RESTORE_RESPONSE__INIT;
     resp.path = dir;
@@ -614,6 +696,8 @@ static void do_stats(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r
   resp.shards = s->shards;
   resp.plan_fingerprint = s->fp;
   resp.incarnation = s->incarnation;
+  resp.n_checkpoint_roots = (size_t)s->n_roots;
+  resp.checkpoint_roots = s->roots;
   pack_reply(r, &resp.base);
 out:
   if (q) shardrec__v1__stats_request__free_unpacked(q, NULL);

@@ -35,6 +35,8 @@ enum {
   RPC_INVALID_ARGUMENT = 3,
   RPC_DEADLINE_EXCEEDED = 4,
   RPC_NOT_FOUND = 5,
+  RPC_ALREADY_EXISTS = 6,
+  RPC_PERMISSION_DENIED = 7,
   RPC_RESOURCE_EXHAUSTED = 8,
   RPC_FAILED_PRECONDITION = 9,
   RPC_ABORTED = 10,
@@ -54,7 +56,27 @@ typedef struct rpc_service_opts {
                                parked Lookups, ranks at different steps) makes no
                                progress this long is dropped as if a rank went
                                away (0: 300 s); see "Rank death" below */
+  const char *const *checkpoint_roots; /* [n_roots] folders that Checkpoint and Restore
+                               paths must lie in (one that does not exist yet is
+                               taken as the path it will have); 0 roots: both are
+                               refused FAILED_PRECONDITION (see "Admin calls") */
+  int n_roots;
 } rpc_service_opts;
+
+/* Admin calls. Checkpoint(path) and Restore(path) touch only folders under
+ * one of the service's checkpoint roots (each resolved as below when the
+ * service is created): path is resolved as the kernel would reach it
+ * (sr_path_confine, common/fs.h: symlinks and ".." followed; the parent's
+ * realpath for a path that does not exist yet) and refused
+ * PERMISSION_DENIED naming the path, what it resolves to and the roots when
+ * it lies outside them, INVALID_ARGUMENT when it cannot be resolved. The
+ * store then works on the resolved path. Checkpoint writes only new
+ * folders: path itself may exist (servers of other shards write beside
+ * this one under it) but each folder this server would write
+ * (emb_served_checkpoint_dir: path/shard-K, or its path/shard-K1-K2...) is
+ * refused ALREADY_EXISTS when anything is there, whatever the store.
+ * Restore refuses (PERMISSION_DENIED) a folder to read that is a symlink
+ * out of the roots. Stats reports the roots (checkpoint_roots). */
 
 /* A service over plan (borrowed) and store (borrowed; holds the plan's rows,
  * of which only the served shards' are ever touched). Thread-safe: calls are

@@ -7,14 +7,18 @@
  * checkpoint run side by side. The plan and the store are
  * embedding/served.h's (emb_served_open); this file parses the flags, opens
  * them, and runs the RPC service over them.
- * Prints "listening on HOST:PORT" once bound (port 0 picks one). SIGTERM or
- * SIGINT: stop accepting, let in-flight calls finish, flush, exit 0. */
+ * Prints what is open to whom ("access: ..."), then "listening on
+ * HOST:PORT" once bound (port 0 picks one). Without client certificates it
+ * listens only on loopback unless --insecure. SIGTERM or SIGINT: stop
+ * accepting, let in-flight calls finish, flush, exit 0. SIGHUP: read the
+ * TLS files again for new connections. */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fs.h"
 #include "embedding/served.h"
 #include "embedding/shard.h"
 #include "rpc/server.h"
@@ -45,6 +49,11 @@ static void usage(FILE *f) {
 "                          in-memory table files are loaded. Several servers of one\n"
 "                          checkpoint (other shards, or the same) may run side by side\n"
 "  --restore PATH          start from the shard folders written by Checkpoint(PATH)\n"
+"  --checkpoint-root DIR   Checkpoint and Restore calls may only name paths inside DIR\n"
+"                          (after symlinks and '..'), and Checkpoint writes only new\n"
+"                          folders; without it both are refused. A trainer that saves\n"
+"                          checkpoints through these servers needs its --save-checkpoint\n"
+"                          and --save-model folders inside DIR (shared storage)\n"
 "  --read-only             refuse Push (FAILED_PRECONDITION): serving for inference\n"
 "  --pending-timeout S     drop a multi-rank job's held step (pushes not yet summed, held\n"
 "                          lookups answered ABORTED) when it makes no progress for S\n"
@@ -52,12 +61,19 @@ static void usage(FILE *f) {
 "  --threads N             worker threads, one completion queue each (2)\n"
 "  --max-message-mb N      largest request or answer (64)\n"
 "  --max-ids N             most ids in one Lookup or Push (4194304)\n"
-"  --tls-cert F --tls-key F   serve TLS with this certificate and key (PEM)\n"
-"  --tls-client-ca F       require client certificates signed by this CA (mTLS)\n");
+"  --tls-cert F --tls-key F   serve TLS with this certificate and key (PEM); SIGHUP\n"
+"                          reads them (and the client CA) again for new connections\n"
+"  --tls-client-ca F       require client certificates signed by this CA (mTLS)\n"
+"  --allow-push NAME[,NAME]   with mTLS: only these clients (certificate CN or SAN DNS\n"
+"                          name) may Push (default: every verified client)\n"
+"  --allow-admin NAME[,NAME]  with mTLS: only these clients may Checkpoint and Restore\n"
+"  --insecure              listen on a non-loopback address without client certificates\n"
+"                          (every method open to anyone who can connect)\n");
 }
 
 enum { O_PLAN = 1000, O_SHARD, O_LISTEN, O_DATA, O_RESTORE, O_CKPT, O_RO, O_THREADS, O_MAXMSG,
        O_MAXIDS, O_CERT, O_KEY, O_CA, O_CROWS, O_CMB, O_HELP, O_PENDING };
+enum { O_CROOT = 1100, O_APUSH, O_AADMIN, O_INSECURE }; /* who may call what */
 
 static const struct option long_opts[] = {
     {"plan", required_argument, 0, O_PLAN},        {"shard", required_argument, 0, O_SHARD},
@@ -69,13 +85,16 @@ static const struct option long_opts[] = {
     {"tls-key", required_argument, 0, O_KEY},      {"tls-client-ca", required_argument, 0, O_CA},
     {"cache-rows", required_argument, 0, O_CROWS}, {"cache-mb", required_argument, 0, O_CMB},
     {"pending-timeout", required_argument, 0, O_PENDING},
+    {"checkpoint-root", required_argument, 0, O_CROOT},
+    {"allow-push", required_argument, 0, O_APUSH}, {"allow-admin", required_argument, 0, O_AADMIN},
+    {"insecure", no_argument, 0, O_INSECURE},
     {"help", no_argument, 0, O_HELP},              {0, 0, 0, 0}};
 
-static volatile int g_stop;
+static volatile int g_stop, g_reload;
 
 static void on_signal(int sig) {
-  (void)sig;
-  g_stop = 1;
+  if (sig == SIGHUP) g_reload = 1;
+  else g_stop = 1;
 }
 
 typedef struct {
@@ -106,12 +125,69 @@ static int parse_shards(const char *s, int *shards, int max) {
 
 typedef struct {
   emb_served_opts so;
-  const char *shards_s, *listen;
-  int shards[256], read_only;
+  const char *shards_s, *listen, *ckpt_root, *allow_push, *allow_admin;
+  int shards[256], read_only, insecure;
   rpc_tls tls;
   double pending_timeout;
   long long threads, maxmsg, maxids;
 } serve_flags;
+
+/* 1 when the host of HOST:PORT is a loopback one (127.x, localhost, ::1). */
+static int is_loopback(const char *listen) {
+  const char *colon = strrchr(listen, ':');
+  size_t n = colon ? (size_t)(colon - listen) : strlen(listen);
+  if (n >= 2 && listen[0] == '[' && listen[n - 1] == ']') listen++, n -= 2;
+  return (n >= 4 && !strncmp(listen, "127.", 4)) || (n == 9 && !strncmp(listen, "localhost", 9)) ||
+         (n == 3 && !strncmp(listen, "::1", 3));
+}
+
+/* A "NAME[,NAME...]" list: 0 when every name is non-empty. */
+static int names_ok(const char *flag, const char *list) {
+  size_t n = strlen(list);
+  if (n && list[0] != ',' && list[n - 1] != ',' && !strstr(list, ",,")) return 0;
+  fprintf(stderr, "shardrec serve: %s '%s': a list of client names like trainer,ops\n", flag, list);
+  return 1;
+}
+
+/* Who may call what: the allow lists need mTLS; without client
+ * certificates only a loopback address, unless --insecure. 0, or 1 (said). */
+static int check_access(const serve_flags *f) {
+  int mtls = f->tls.cert && f->tls.ca;
+  if ((f->allow_push || f->allow_admin) && !mtls) {
+    fprintf(stderr, "shardrec serve: --allow-push and --allow-admin name client certificates: they "
+            "need mTLS (--tls-cert, --tls-key and --tls-client-ca)\n");
+    return 1;
+  }
+  if ((f->allow_push && names_ok("--allow-push", f->allow_push)) ||
+      (f->allow_admin && names_ok("--allow-admin", f->allow_admin)))
+    return 1;
+  if (!mtls && !f->insecure && !is_loopback(f->listen)) {
+    fprintf(stderr, "shardrec serve: --listen %s is not a loopback address, and without client "
+            "certificates (--tls-client-ca) every method, Push and Checkpoint included, is open to "
+            "anyone who can connect: use mTLS, or give --insecure\n", f->listen);
+    return 1;
+  }
+  return 0;
+}
+
+/* The access line at start: what is open to whom. */
+static void print_access(const serve_flags *f) {
+  if (!f->tls.cert || !f->tls.ca) {
+    printf("access: no client certificates (%s): every method (Lookup, Push, Checkpoint, Restore, "
+           "Stats, Health, Watch) is open to anyone who can connect to %s%s\n",
+           f->tls.cert ? "server-only TLS" : "plaintext", f->listen,
+           f->insecure && !is_loopback(f->listen) ? " (--insecure)" : "");
+  } else if (!f->allow_push && !f->allow_admin) {
+    printf("access: mTLS: every method is open to every client with a certificate of %s (no "
+           "--allow-push or --allow-admin)\n", f->tls.ca);
+  } else {
+    printf("access: mTLS (client CA %s): Lookup, Stats, Health, Watch: every verified client; "
+           "Push: %s; Checkpoint, Restore: %s\n", f->tls.ca,
+           f->allow_push ? f->allow_push : "every verified client",
+           f->allow_admin ? f->allow_admin : "every verified client");
+  }
+  fflush(stdout);
+}
 
 /* Flags into *f; -1 when done (help), else 0, or 2 on bad usage (said). */
 static int parse_flags(int argc, char **argv, serve_flags *f) {
@@ -127,6 +203,10 @@ static int parse_flags(int argc, char **argv, serve_flags *f) {
       case O_DATA: f->so.data_dir = optarg; break;
       case O_RESTORE: f->so.restore = optarg; break;
       case O_CKPT: f->so.checkpoint = optarg; break;
+      case O_CROOT: f->ckpt_root = optarg; break;
+      case O_APUSH: f->allow_push = optarg; break;
+      case O_AADMIN: f->allow_admin = optarg; break;
+      case O_INSECURE: f->insecure = 1; break;
       case O_RO: f->read_only = 1; break;
       case O_PENDING: if (cli_double(CMD, "--pending-timeout", optarg, 0.001, 1e9, &f->pending_timeout)) return 2; break;
       case O_THREADS: if (cli_int(CMD, "--threads", optarg, 1, 256, &f->threads)) return 2; break;
@@ -159,6 +239,11 @@ static int parse_flags(int argc, char **argv, serve_flags *f) {
   }
   if ((f->tls.cert || f->tls.key || f->tls.ca) && !(f->tls.cert && f->tls.key)) {
     fprintf(stderr, "shardrec serve: TLS needs both --tls-cert and --tls-key\n");
+    return 2;
+  }
+  if (check_access(f)) return 2;
+  if (f->ckpt_root && !sr_is_dir(f->ckpt_root)) {
+    fprintf(stderr, "shardrec serve: --checkpoint-root %s: not an existing folder\n", f->ckpt_root);
     return 2;
   }
   f->so.n_shards = parse_shards(f->shards_s, f->shards, 256);
@@ -198,7 +283,8 @@ int cmd_serve(int argc, char **argv) {
   }
   int status = 1;
   rpc_service_opts so = {.shards = f.shards, .n_shards = f.so.n_shards, .read_only = f.read_only,
-                         .max_ids = (size_t)f.maxids, .pending_timeout_s = f.pending_timeout};
+                         .max_ids = (size_t)f.maxids, .pending_timeout_s = f.pending_timeout,
+                         .checkpoint_roots = &f.ckpt_root, .n_roots = f.ckpt_root ? 1 : 0};
   rpc_service *svc = rpc_service_create(sv.plan, sv.store, &so, err, sizeof err);
   if (!svc) {
     fprintf(stderr, "shardrec serve: %s\n", err);
@@ -209,11 +295,15 @@ int cmd_serve(int argc, char **argv) {
   sa.sa_handler = on_signal;
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGHUP, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
   listen_ctx lc = {f.listen};
   rpc_server_opts o = {.listen = f.listen, .threads = (int)f.threads,
                        .max_message_bytes = (int)(f.maxmsg << 20),
-                       .tls = f.tls.cert ? &f.tls : NULL, .stop = &g_stop, .shutdown_grace_s = 5};
+                       .tls = f.tls.cert ? &f.tls : NULL, .stop = &g_stop, .shutdown_grace_s = 5,
+                       .reload = &g_reload, .allow_push = f.allow_push,
+                       .allow_admin = f.allow_admin};
+  print_access(&f);
   if (rpc_server_run(svc, &o, on_listening, &lc, err, sizeof err)) {
     fprintf(stderr, "shardrec serve: %s\n", err);
     goto done;

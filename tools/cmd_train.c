@@ -47,6 +47,8 @@ static void usage(FILE *f) {
 "                            --save-checkpoint's folder, and nowhere else unasked\n"
 "  --num-shards N            shards of a plan made here (1; all hosted in process)\n"
 "  --shard-servers H:P,...   train against shard servers (one per shard of --plan, in shard order)\n"
+"                            whose --checkpoint-root holds the --save-checkpoint, --save-model\n"
+"                            and --resume folders (asked at start: the run stops if not)\n"
 "  --rpc-deadline S          seconds per shard-server call (30)\n"
 "  --tls-ca F [--tls-cert F --tls-key F]   TLS (and mTLS) to the shard servers\n"
 "  --recover-timeout S       with --save-checkpoint: when a shard server is lost (down after\n"

@@ -223,6 +223,80 @@ START_TEST(test_rmtree_and_fsync) {
 }
 END_TEST
 
+/* sr_path_confine: the resolved path, or the refusal, for paths inside,
+ * outside, through "..", through symlinks in and out of the root, missing
+ * parts, dangling links. */
+START_TEST(test_path_confine) {
+  char r[SR_PATH_MAX], p[SR_PATH_MAX], out[SR_PATH_MAX], want[SR_PATH_MAX], err[1024];
+  ck_assert_ptr_nonnull(realpath(root, r));
+  ck_assert_int_eq(sr_path(p, sizeof p, "%s/in/sub", r), 0);
+  ck_assert_int_eq(sr_mkdirs(p), 0);
+  ck_assert_int_eq(sr_path(p, sizeof p, "%s/out", r), 0);
+  ck_assert_int_eq(sr_mkdirs(p), 0);
+  char link_at[SR_PATH_MAX], rin[SR_PATH_MAX];
+  sr_path(rin, sizeof rin, "%s/in", r);
+  sr_path(link_at, sizeof link_at, "%s/in/esc", r);
+  ck_assert_int_eq(symlink(p, link_at), 0); /* in/esc -> out */
+  sr_path(p, sizeof p, "%s/in/sub", r);
+  sr_path(link_at, sizeof link_at, "%s/in/s", r);
+  ck_assert_int_eq(symlink(p, link_at), 0); /* in/s -> in/sub */
+  sr_path(link_at, sizeof link_at, "%s/in/dangling", r);
+  ck_assert_int_eq(symlink("/nonexistent-shardrec", link_at), 0);
+  struct {
+    const char *rel; /* under r */
+    int rc;
+    const char *want; /* under r, when 0 */
+  } cases[] = {
+      {"in", 0, "in"},
+      {"in/", 0, "in"},
+      {"in/sub/new", 0, "in/sub/new"},
+      {"in/sub/a/b//c/", 0, "in/sub/a/b/c"},
+      {"in/s/new", 0, "in/sub/new"},
+      {"in/sub/../new", 0, "in/new"},
+      {"in/../out/x", SR_EINVAL, NULL},
+      {"in/esc/x", SR_EINVAL, NULL},
+      {"in/esc", SR_EINVAL, NULL},
+      {"out", SR_EINVAL, NULL},
+      {"in/../in2", SR_EINVAL, NULL}, /* a sibling with the root's name as prefix */
+      {"in/nothere/../x", SR_EFORMAT, NULL},
+      {"in/nothere/./x", SR_EFORMAT, NULL},
+      {"in/dangling", SR_EFORMAT, NULL},
+      {"in/dangling/x", SR_EFORMAT, NULL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    sr_path(p, sizeof p, "%s/%s", r, cases[i].rel);
+    err[0] = 0;
+    int rc = sr_path_confine(rin, p, out, sizeof out, err, sizeof err);
+    ck_assert_msg(rc == cases[i].rc, "%s: %d (%s), expected %d", cases[i].rel, rc, err, cases[i].rc);
+    if (!rc) {
+      sr_path(want, sizeof want, "%s/%s", r, cases[i].want);
+      ck_assert_str_eq(out, want);
+    } else {
+      ck_assert_msg(strstr(err, p) || strstr(err, cases[i].rel), "%s: %s", cases[i].rel, err);
+    }
+  }
+  /* Outside: the message names the path, what it is and the root. */
+  sr_path(p, sizeof p, "%s/in/esc/x", r);
+  ck_assert_int_eq(sr_path_confine(rin, p, out, sizeof out, err, sizeof err), SR_EINVAL);
+  sr_path(want, sizeof want, "%s/out/x", r);
+  ck_assert_msg(strstr(err, want) && strstr(err, "outside") && strstr(err, rin), "%s", err);
+  /* "/" holds everything; an empty path is refused; too long too. */
+  ck_assert_int_eq(sr_path_confine("/", p, out, sizeof out, err, sizeof err), 0);
+  ck_assert_str_eq(out, want);
+  ck_assert_int_eq(sr_path_confine(rin, "", out, sizeof out, err, sizeof err), SR_EFORMAT);
+  ck_assert_int_eq(sr_path_confine(rin, rin, out, 8, err, sizeof err), SR_ERANGE);
+  /* A relative path is from the current folder. */
+  char cwd[SR_PATH_MAX];
+  ck_assert_ptr_nonnull(getcwd(cwd, sizeof cwd));
+  ck_assert_int_eq(chdir(rin), 0);
+  int rc = sr_path_confine(rin, "s/../new2", out, sizeof out, err, sizeof err);
+  ck_assert_int_eq(chdir(cwd), 0);
+  ck_assert_msg(rc == 0, "%s", err);
+  sr_path(want, sizeof want, "%s/new2", rin);
+  ck_assert_str_eq(out, want);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("common_fs");
   TCase *tc = tcase_create("fs");
@@ -234,6 +308,7 @@ int main(void) {
   tcase_add_test(tc, test_copytree);
   tcase_add_test(tc, test_copy_file);
   tcase_add_test(tc, test_rmtree_and_fsync);
+  tcase_add_test(tc, test_path_confine);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

@@ -41,8 +41,8 @@ static void start_servers(test_server *s, const char *plan, const char *tag, cha
                           size_t len) {
   for (int k = 0; k < 2; k++) {
     char args[1200], log[600];
-    snprintf(args, sizeof args, "--plan '%s/%s' --shard %d --cache-rows 4096 --data-dir '%s/%s.srv%d'",
-             dp_dir, plan, k, dp_dir, tag, k);
+    snprintf(args, sizeof args, "--plan '%s/%s' --shard %d --cache-rows 4096 --data-dir '%s/%s.srv%d' "
+             "--checkpoint-root '%s'", dp_dir, plan, k, dp_dir, tag, k, dp_dir);
     snprintf(log, sizeof log, "%s/%s.srv%d.log", dp_dir, tag, k);
     server_start(&s[k], args, log);
   }

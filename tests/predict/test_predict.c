@@ -218,7 +218,8 @@ START_TEST(test_refusals) {
   free(out);
   /* The checkpoint's own plan is accepted (the server is not started:
    * a bad --listen stops it after the checks). */
-  out = in_dir(1, "%s serve --checkpoint ckr --plan plan.json --shard 0 --listen 256.0.0.1:1", bin_path());
+  out = in_dir(1, "%s serve --checkpoint ckr --plan plan.json --shard 0 --listen 256.0.0.1:1 --insecure",
+                  bin_path());
   ck_assert_msg(strstr(out, "checkpoint ") && strstr(out, "serving shard(s) 0"), "%s", out);
   free(out);
   out = in_dir(1, "%s serve --checkpoint ckr --shard 2", bin_path());

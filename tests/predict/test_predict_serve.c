@@ -137,8 +137,8 @@ END_TEST
 START_TEST(test_in_memory_servers_checkpoint) {
   free(in_dir(0, "%s plan --processed-data-file d.bin --shards 2 --row-wise --out rw.json", bin_path()));
   test_server m0, m1;
-  serve(&m0, "--plan rw.json --shard 0");
-  serve(&m1, "--plan rw.json --shard 1");
+  serve(&m0, "--plan rw.json --shard 0 --checkpoint-root .");
+  serve(&m1, "--plan rw.json --shard 1 --checkpoint-root .");
   free(in_dir(0, "%s train --processed-data-file d.bin " MODEL "--plan rw.json --shard-servers %s,%s "
                  "--save-checkpoint ckm --test-pred-out tm.txt > trm.out 2>&1", bin_path(), m0.addr,
               m1.addr));

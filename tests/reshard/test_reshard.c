@@ -246,10 +246,10 @@ static __attribute__((unused)) void start_servers(test_server *s, int n, const c
   for (int k = 0; k < n; k++) {
     char args[1200], log[600];
     if (tag)
-      snprintf(args, sizeof args, "--plan '%s/%s' --shard %d --cache-rows 4096 --data-dir '%s/%s.srv%d'",
-               dir, plan, k, dir, tag, k);
+      snprintf(args, sizeof args, "--plan '%s/%s' --shard %d --cache-rows 4096 --data-dir '%s/%s.srv%d' "
+               "--checkpoint-root '%s'", dir, plan, k, dir, tag, k, dir);
     else
-      snprintf(args, sizeof args, "--plan '%s/%s' --shard %d", dir, plan, k);
+      snprintf(args, sizeof args, "--plan '%s/%s' --shard %d --checkpoint-root '%s'", dir, plan, k, dir);
     snprintf(log, sizeof log, "%s/%s.srv%d.log", dir, tag ? tag : "mem", k);
     server_start(&s[k], args, log);
   }

@@ -57,7 +57,7 @@ static void setup(void) {
   calls_plan_setup(&pp, &dir, plan_path, log_path, sizeof plan_path, &plan, fp);
   for (uint64_t r = 0; r < ROWS; r++) emb_row_init(plan, 0, r, want[r]);
   char args[1200];
-  snprintf(args, sizeof args, "--plan '%s' --shard 0 --threads 2", plan_path);
+  snprintf(args, sizeof args, "--plan '%s' --shard 0 --threads 2 --checkpoint-root '%s'", plan_path, dir);
   server_start(&srv, args, log_path);
 }
 
@@ -540,7 +540,9 @@ START_TEST(test_pending_timeout_and_restore) {
   emb_store *store = emb_store_create_local(plan, err, sizeof err);
   ck_assert_msg(store, "%s", err);
   int shard = 0;
-  rpc_service_opts o = {.shards = &shard, .n_shards = 1, .pending_timeout_s = 0.3};
+  const char *root = dir;
+  rpc_service_opts o = {.shards = &shard, .n_shards = 1, .pending_timeout_s = 0.3,
+                        .checkpoint_roots = &root, .n_roots = 1};
   rpc_service *svc = rpc_service_create(plan, store, &o, err, sizeof err);
   ck_assert_msg(svc, "%s", err);
   uint64_t ids[2] = {10, 50};

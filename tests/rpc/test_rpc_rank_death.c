@@ -56,7 +56,7 @@ static void teardown(void) {
 static void start_servers(test_server *s, const char *tag, char *addrs, size_t len) {
   for (int k = 0; k < 2; k++) {
     char args[1200], log[600];
-    snprintf(args, sizeof args, "--plan '%s/p.json' --shard %d --threads 2", dir, k);
+    snprintf(args, sizeof args, "--plan '%s/p.json' --shard %d --threads 2 --checkpoint-root '%s'", dir, k, dir);
     snprintf(log, sizeof log, "%s/%s.srv%d.log", dir, tag, k);
     server_start(&s[k], args, log);
   }

@@ -24,7 +24,7 @@ static test_server srv[2];
 
 static void start(int k, const char *listen) {
   char args[1200], log[600];
-  snprintf(args, sizeof args, "--plan '%s' --shard %d%s%s", plan_path, k, listen ? " --listen " : "",
+  snprintf(args, sizeof args, "--plan '%s' --shard %d --checkpoint-root '%s'%s%s", plan_path, k, dir, listen ? " --listen " : "",
            listen ? listen : "");
   snprintf(log, sizeof log, "%s/srv%d.log", dir, k);
   server_start(&srv[k], args, log);

@@ -38,7 +38,7 @@ static void setup(void) {
     if (emb_plan_shard_of(plan, 1, r) == 0) ids1[n1++] = r;
   ck_assert(n0 == 8 && n1 == 5 && nf);
   char args[1200];
-  snprintf(args, sizeof args, "--plan '%s' --shard 0 --max-ids 64 --data-dir '%s/data'", plan_path, dir);
+  snprintf(args, sizeof args, "--plan '%s' --shard 0 --max-ids 64 --data-dir '%s/data' --checkpoint-root '%s'", plan_path, dir, dir);
   server_start(&srv, args, log_path);
 }
 

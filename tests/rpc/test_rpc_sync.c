@@ -38,7 +38,7 @@ static void setup(void) {
   ref = emb_store_create_local(plan, err, sizeof err);
   ck_assert_msg(ref, "%s", err);
   char args[1200];
-  snprintf(args, sizeof args, "--plan '%s' --shard 0 --threads 2", plan_path);
+  snprintf(args, sizeof args, "--plan '%s' --shard 0 --threads 2 --checkpoint-root '%s'", plan_path, dir);
   server_start(&srv, args, log_path);
 }
 

@@ -2,11 +2,16 @@
  * throwaway certificates made by openssl in the test: a client with a
  * certificate signed by the server's client CA gets rows; a client without
  * one, or with one from another CA, is refused; a plaintext client is
- * refused. */
+ * refused. Who may call what (--allow-push, --allow-admin: a Python grpcio
+ * client, tests/rpc/auth_client.py), what the server says at start about
+ * it, and the loopback rule without client certificates; TLS files checked
+ * before gRPC sees them; a certificate renewed under a running job
+ * (SIGHUP). */
 #include <check.h>
 
 #include "tests/check_main.h"
 #include <stdio.h>
+#include <sys/stat.h>
 
 #include "embedding/plan.h"
 #include "embedding/store.h"
@@ -40,8 +45,12 @@ static void setup(void) {
       "openssl req %s -keyout cli.key -out cli.csr -subj /CN=trainer && "
       "openssl x509 -req -in cli.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out cli.pem -days 2 && "
       "openssl req %s -keyout bad.key -out bad.csr -subj /CN=intruder && "
-      "openssl x509 -req -in bad.csr -CA ca2.pem -CAkey ca2.key -CAcreateserial -out bad.pem -days 2",
-      dir, ec, ec, ec, ec, ec);
+      "openssl x509 -req -in bad.csr -CA ca2.pem -CAkey ca2.key -CAcreateserial -out bad.pem -days 2 && "
+      "openssl req %s -keyout ops.key -out ops.csr -subj /CN=ops && "
+      "openssl x509 -req -in ops.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out ops.pem -days 30 && "
+      "openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out long.pem -days 30 -extfile srv.ext && "
+      "mkdir root out && ln -s %s/out root/esc",
+      dir, ec, ec, ec, ec, ec, ec, dir);
   ck_assert_msg(rc == 0, "openssl: %s", out);
   free(out);
   snprintf(plan_path, sizeof plan_path, "%s/plan.json", dir);
@@ -68,12 +77,15 @@ static void teardown(void) {
   free(dir);
 }
 
-/* Lookup 3 rows through a remote store with tls (NULL: plaintext). */
-static int try_lookup(const rpc_tls *tls, char *err, size_t errlen) {
-  const char *addr[1] = {srv.addr};
+/* A remote store over the server at addr with tls; NULL with err. */
+static emb_store *open_at(const char *at, const rpc_tls *tls, char *err, size_t errlen) {
+  const char *addr[1] = {at};
   rpc_client_opts o = {.deadline_s = 5, .max_tries = 2, .backoff_s = 0.05, .tls = tls};
-  emb_store *s = emb_store_create_remote(plan, addr, 1, &o, err, errlen);
-  if (!s) return -100;
+  return emb_store_create_remote(plan, addr, 1, &o, err, errlen);
+}
+
+/* Lookup 3 rows through store s: 0 with the right rows, or its error. */
+static int lookup3(emb_store *s, char *err, size_t errlen) {
   uint64_t ids[3] = {1, 2, 3};
   const uint64_t *ip[1] = {ids};
   size_t counts[1] = {3};
@@ -87,8 +99,21 @@ static int try_lookup(const rpc_tls *tls, char *err, size_t errlen) {
     for (int i = 0; i < 3; i++) emb_row_init(plan, 0, ids[i], expect + 4 * i);
     ck_assert(memcmp(rows, expect, sizeof rows) == 0);
   }
+  return rc;
+}
+
+/* Lookup 3 rows through a fresh remote store over at with tls (NULL:
+ * plaintext). */
+static int lookup_at(const char *at, const rpc_tls *tls, char *err, size_t errlen) {
+  emb_store *s = open_at(at, tls, err, errlen);
+  if (!s) return -100;
+  int rc = lookup3(s, err, errlen);
   emb_store_destroy(s);
   return rc;
+}
+
+static int try_lookup(const rpc_tls *tls, char *err, size_t errlen) {
+  return lookup_at(srv.addr, tls, err, errlen);
 }
 
 START_TEST(test_mtls) {
@@ -111,12 +136,214 @@ START_TEST(test_mtls) {
 }
 END_TEST
 
+/* `serve --plan P --shard 0 ARGS` in the background, its stdout and stderr
+ * into dir/name, until its "listening on" line; its address into addr. */
+static pid_t serve_bg(const char *name, const char *args, char *addr, size_t n) {
+  const char *out = path(name);
+  pid_t pid = spawn_sh("exec '%s' serve --plan '%s' --shard 0 %s > '%s' 2>&1", bin_path(),
+                       plan_path, args, out);
+  wait_text(out, "listening on", 1, pid, 30);
+  char *text = slurp(out);
+  const char *at = strstr(text, "listening on ");
+  ck_assert_ptr_nonnull(at);
+  ck_assert_int_eq(sscanf(at, "listening on %63s", addr), 1);
+  (void)n;
+  free(text);
+  return pid;
+}
+
+static void stop_bg(pid_t pid) {
+  kill(pid, SIGTERM);
+  int st = wait_exit(pid, 30);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "server exit status %d", st);
+}
+
+/* A run of serve (that must not start) with args: its exit code, and its
+ * output in *out. */
+static int serve_fails(char **out, const char *args) {
+  return run_cmd(out, "timeout 30 '%s' serve --plan '%s' --shard 0 %s", bin_path(), plan_path, args);
+}
+
+/* Python grpcio client (tests/rpc/auth_client.py): Push only for CN
+ * trainer, Checkpoint/Restore only for CN ops, the rest for both; admin
+ * paths inside the root written, outside it (directly, through "..",
+ * through a symlink) refused. The server says who may call what. */
+START_TEST(test_allow_lists_python) {
+  const char *src = getenv("SHARDREC_SRC");
+  ck_assert_ptr_nonnull(src);
+  char *out, addr[64], fp[EMB_FP_HEX], args[2000];
+  int rc = run_cmd(&out, "mkdir -p %s/py && protoc -I%s --python_out=%s/py %s/rpc/shardrec.proto "
+                         "%s/rpc/health.proto", dir, src, dir, src, src);
+  ck_assert_msg(rc == 0, "python stubs: %s", out);
+  free(out);
+  snprintf(args, sizeof args, "--tls-cert '%s' --tls-key '%s' --tls-client-ca '%s' --allow-push "
+           "trainer --allow-admin ops --checkpoint-root '%s'", path("srv.pem"), path("srv.key"),
+           path("ca.pem"), path("root"));
+  pid_t pid = serve_bg("auth.out", args, addr, sizeof addr);
+  char *said = slurp(path("auth.out"));
+  ck_assert_msg(strstr(said, "access: mTLS") && strstr(said, "Push: trainer") &&
+                strstr(said, "Checkpoint, Restore: ops"), "%s", said);
+  free(said);
+  ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
+  rc = run_cmd(&out, "/usr/bin/python3 '%s/tests/rpc/auth_client.py' '%s/py' %s '%s' %s '%s' '%s'",
+               src, dir, addr, dir, fp, path("root"), path("out"));
+  ck_assert_msg(rc == 0 && strstr(out, "all checks passed"), "python client (rc %d):\n%s", rc, out);
+  free(out);
+  stop_bg(pid);
+}
+END_TEST
+
+/* What the server says at start, and where it may listen: mTLS without
+ * lists is open to every verified client (said); without client
+ * certificates only loopback unless --insecure (said too); allow lists
+ * need mTLS. */
+START_TEST(test_access_rules_at_start) {
+  char addr[64], args[2000], *out;
+  snprintf(args, sizeof args, "--tls-cert '%s' --tls-key '%s' --tls-client-ca '%s'",
+           path("long.pem"), path("srv.key"), path("ca.pem"));
+  pid_t pid = serve_bg("open.out", args, addr, sizeof addr);
+  char *said = slurp(path("open.out"));
+  ck_assert_msg(strstr(said, "every method is open to every client with a certificate"), "%s", said);
+  free(said);
+  stop_bg(pid);
+  ck_assert_int_eq(serve_fails(&out, "--listen 0.0.0.0:0"), 2);
+  ck_assert_msg(strstr(out, "0.0.0.0:0 is not a loopback address") && strstr(out, "--insecure"),
+                "%s", out);
+  free(out);
+  snprintf(args, sizeof args, "--listen 0.0.0.0:0 --tls-cert '%s' --tls-key '%s'", path("long.pem"),
+           path("srv.key"));
+  ck_assert_int_eq(serve_fails(&out, args), 2);
+  ck_assert_msg(strstr(out, "not a loopback address"), "%s", out);
+  free(out);
+  ck_assert_int_eq(serve_fails(&out, "--allow-push trainer"), 2);
+  ck_assert_msg(strstr(out, "need mTLS"), "%s", out);
+  free(out);
+  pid = serve_bg("insecure.out", "--listen 0.0.0.0:0 --insecure", addr, sizeof addr);
+  said = slurp(path("insecure.out"));
+  ck_assert_msg(strstr(said, "access: no client certificates (plaintext): every method") &&
+                strstr(said, "--insecure"), "%s", said);
+  free(said);
+  stop_bg(pid);
+}
+END_TEST
+
+/* TLS files checked before gRPC sees them: each mistake named with its
+ * file, never "cannot listen"; a certificate near its end is warned
+ * about, one with a month left is not. */
+START_TEST(test_tls_file_mistakes) {
+  FILE *g = fopen(path("garbage.pem"), "w");
+  ck_assert_ptr_nonnull(g);
+  fputs("-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n", g);
+  fclose(g);
+  struct {
+    const char *cert, *key, *ca, *want;
+  } cases[] = {
+      {"srv.pem", "cli.key", "ca.pem", "cli.key does not match the certificate --tls-cert"},
+      {"garbage.pem", "srv.key", "ca.pem", "garbage.pem: not a PEM certificate"},
+      {"srv.pem", "srv.key", "garbage.pem", "--tls-client-ca"},
+      {"srv.pem", "srv.pem", "ca.pem", "srv.pem: not a PEM private key"},
+      {"srv.pem", "nope.key", "ca.pem", "nope.key: cannot open"},
+      {"nope.pem", "srv.key", NULL, "--tls-cert"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char args[2000], *out, ca[700] = "";
+    if (cases[i].ca) snprintf(ca, sizeof ca, "--tls-client-ca '%s'", path(cases[i].ca));
+    snprintf(args, sizeof args, "--tls-cert '%s' --tls-key '%s' %s", path(cases[i].cert),
+             path(cases[i].key), ca);
+    int rc = serve_fails(&out, args);
+    ck_assert_msg(rc == 1 && strstr(out, cases[i].want) && !strstr(out, "cannot listen"),
+                  "case %zu (rc %d): %s", i, rc, out);
+    free(out);
+  }
+  char addr[64], args[2000], err[1024];
+  snprintf(args, sizeof args, "--tls-cert '%s' --tls-key '%s'", path("srv.pem"), path("srv.key"));
+  pid_t pid = serve_bg("soon.out", args, addr, sizeof addr);
+  char *said = slurp(path("soon.out"));
+  ck_assert_msg(strstr(said, "srv.pem: the certificate expires within 7 days"), "%s", said);
+  free(said);
+  /* A client's files are checked too. */
+  rpc_tls bad_client = {.cert = path("cli.pem"), .key = path("srv.key"), .ca = path("garbage.pem")};
+  ck_assert_ptr_null(open_at(addr, &bad_client, err, sizeof err));
+  ck_assert_msg(strstr(err, "--tls-ca") && strstr(err, "garbage.pem: not a PEM certificate"), "%s", err);
+  bad_client = (rpc_tls){.cert = path("cli.pem"), .key = path("srv.key"), .ca = path("ca.pem")};
+  ck_assert_ptr_null(open_at(addr, &bad_client, err, sizeof err));
+  ck_assert_msg(strstr(err, "srv.key does not match the certificate"), "%s", err);
+  /* Server-only TLS serves a client without a certificate. */
+  rpc_tls server_only = {.ca = path("ca.pem")};
+  ck_assert_msg(lookup_at(addr, &server_only, err, sizeof err) == 0, "%s", err);
+  stop_bg(pid);
+  ck_assert_int_eq(run_cmd(NULL, "cd %s && openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key "
+                                 "-CAcreateserial -out old.pem -days -1 -extfile srv.ext", dir), 0);
+  snprintf(args, sizeof args, "--tls-cert '%s' --tls-key '%s'", path("old.pem"), path("srv.key"));
+  pid = serve_bg("old.out", args, addr, sizeof addr);
+  said = slurp(path("old.out"));
+  ck_assert_msg(strstr(said, "old.pem: the certificate expired on"), "%s", said);
+  free(said);
+  stop_bg(pid);
+  snprintf(args, sizeof args, "--tls-cert '%s' --tls-key '%s'", path("long.pem"), path("srv.key"));
+  pid = serve_bg("month.out", args, addr, sizeof addr);
+  said = slurp(path("month.out"));
+  ck_assert_msg(!strstr(said, "expire"), "%s", said);
+  free(said);
+  stop_bg(pid);
+}
+END_TEST
+
+/* A certificate renewed under a running job: the server's certificate is
+ * replaced by one of another CA and the server gets SIGHUP; a job's store
+ * opened before keeps its connection and its lookups; a new connection
+ * verifies against the new certificate (a client trusting only the old CA
+ * is refused, one trusting the new CA gets rows). Bad files on a later
+ * SIGHUP are refused and the last good ones stay. */
+START_TEST(test_sighup_renews_certificate) {
+  char *out, addr[64], args[2000], err[1024];
+  ck_assert_int_eq(run_cmd(&out, "cd %s && cp srv.pem cur.pem && cp srv.key cur.key && "
+                                 "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
+                                 "-keyout new.key -out new.csr -subj /CN=localhost && "
+                                 "openssl x509 -req -in new.csr -CA ca2.pem -CAkey ca2.key "
+                                 "-CAcreateserial -out new.pem -days 30 -extfile srv.ext", dir), 0);
+  free(out);
+  snprintf(args, sizeof args, "--tls-cert '%s' --tls-key '%s' --tls-client-ca '%s'",
+           path("cur.pem"), path("cur.key"), path("ca.pem"));
+  pid_t pid = serve_bg("hup.out", args, addr, sizeof addr);
+  rpc_tls old_ca = {.cert = path("cli.pem"), .key = path("cli.key"), .ca = path("ca.pem")};
+  emb_store *job = open_at(addr, &old_ca, err, sizeof err);
+  ck_assert_msg(job, "%s", err);
+  ck_assert_msg(lookup3(job, err, sizeof err) == 0, "%s", err);
+  rpc_tls new_ca = {.cert = path("cli.pem"), .key = path("cli.key"), .ca = path("ca2.pem")};
+  ck_assert_msg(lookup_at(addr, &new_ca, err, sizeof err) != 0, "new CA trusted before the renewal");
+  ck_assert_int_eq(run_cmd(NULL, "cd %s && cp new.pem cur.pem && cp new.key cur.key", dir), 0);
+  ck_assert_int_eq(kill(pid, SIGHUP), 0);
+  wait_text(path("hup.out"), "TLS files reloaded", 1, pid, 30);
+  new_ca = (rpc_tls){.cert = path("cli.pem"), .key = path("cli.key"), .ca = path("ca2.pem")};
+  ck_assert_msg(lookup_at(addr, &new_ca, err, sizeof err) == 0, "after SIGHUP: %s", err);
+  old_ca = (rpc_tls){.cert = path("cli.pem"), .key = path("cli.key"), .ca = path("ca.pem")};
+  ck_assert_msg(lookup_at(addr, &old_ca, err, sizeof err) != 0, "old certificate still served");
+  ck_assert_msg(lookup3(job, err, sizeof err) == 0, "the running job lost its server: %s", err);
+  /* Bad files: refused, the renewed certificate stays. */
+  ck_assert_int_eq(run_cmd(NULL, "cd %s && cp cli.key cur.key", dir), 0);
+  ck_assert_int_eq(kill(pid, SIGHUP), 0);
+  wait_text(path("hup.out"), "TLS reload failed", 1, pid, 30);
+  char *said = slurp(path("hup.out"));
+  ck_assert_msg(strstr(said, "cur.key does not match"), "%s", said);
+  free(said);
+  new_ca = (rpc_tls){.cert = path("cli.pem"), .key = path("cli.key"), .ca = path("ca2.pem")};
+  ck_assert_msg(lookup_at(addr, &new_ca, err, sizeof err) == 0, "after a bad reload: %s", err);
+  emb_store_destroy(job);
+  stop_bg(pid);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("rpc_tls");
   TCase *tc = tcase_create("tls");
   tcase_set_timeout(tc, 120);
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_mtls);
+  tcase_add_test(tc, test_allow_lists_python);
+  tcase_add_test(tc, test_access_rules_at_start);
+  tcase_add_test(tc, test_tls_file_mistakes);
+  tcase_add_test(tc, test_sighup_renews_certificate);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

@@ -59,8 +59,8 @@ static void start_servers(test_server *s, int n, const char *plan) {
     char args[1200], log[600];
     /* Each configuration starts from empty RocksDB folders: a server keeps
      * its rows across restarts. */
-    snprintf(args, sizeof args, "--plan '%s/%s' --shard %d --cache-rows 4096 --data-dir '%s/%s.srv%d'", dir, plan, k,
-             dir, plan, k);
+    snprintf(args, sizeof args, "--plan '%s/%s' --shard %d --cache-rows 4096 --data-dir '%s/%s.srv%d' "
+             "--checkpoint-root '%s'", dir, plan, k, dir, plan, k, dir);
     snprintf(log, sizeof log, "%s/srv%d.log", dir, k);
     server_start(&s[k], args, log);
   }
@@ -131,8 +131,8 @@ END_TEST
 static void start_one(test_server *s, int k, const char *plan, const char *port) {
   char args[1400], log[600];
   snprintf(args, sizeof args,
-           "--plan '%s/%s' --shard %d --cache-rows 4096 --data-dir '%s/%s.srv%d'%s%s", dir, plan,
-           k, dir, plan, k, port ? " --listen 127.0.0.1:" : "", port ? port : "");
+           "--plan '%s/%s' --shard %d --cache-rows 4096 --data-dir '%s/%s.srv%d' --checkpoint-root '%s'%s%s",
+           dir, plan, k, dir, plan, k, dir, port ? " --listen 127.0.0.1:" : "", port ? port : "");
   snprintf(log, sizeof log, "%s/srv%d.log", dir, k);
   server_start(s, args, log);
 }

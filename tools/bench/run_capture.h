@@ -48,7 +48,7 @@ static inline int run_capture(const char *cmd, char **out) {
  * HOST:PORT" line, for up to timeout_s seconds; the address into addr[alen].
  * 0, or -1 when the line did not come (the child died or was too slow). */
 static inline int read_listen_addr(int fd, double timeout_s, char *addr, size_t alen) {
-  char buf[512];
+  char buf[4096]; /* the lines before it: checkpoint, note, access (serve prints them first) */
   size_t n = 0;
   double t0 = sr_now();
   addr[0] = 0;

@@ -128,7 +128,8 @@ static int server_start(co_server *s, const emb_plan *plan, int k, const colocat
     s->store = emb_store_create_local(plan, err, errlen);
   }
   if (!s->store) return SR_EIO;
-  rpc_service_opts so = {.shards = &k, .n_shards = 1};
+  rpc_service_opts so = {.shards = &k, .n_shards = 1, .checkpoint_roots = o->checkpoint_roots,
+                         .n_roots = o->n_roots};
   s->svc = rpc_service_create(plan, s->store, &so, err, errlen);
   if (!s->svc) return SR_EINVAL;
   if (pthread_create(&s->th, NULL, server_main, s)) {

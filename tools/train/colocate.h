@@ -35,6 +35,10 @@ typedef struct colocate_opts {
   uint64_t cache_rows, cache_mb; /* the rank's cache, split evenly over its shards
                                     (cache_rows 0: cache_mb, default 256) */
   int threads;           /* worker threads per shard server (default 2) */
+  const char *const *checkpoint_roots; /* [n_roots] the folders Checkpoint and Restore
+                            calls to these servers may name (rpc/service.h, "Admin
+                            calls"): the trainer's checkpoint folders; 0: refused */
+  int n_roots;
 } colocate_opts;
 
 /* Start this rank's shards of plan (borrowed, outlives the colocate) and

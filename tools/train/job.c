@@ -253,14 +253,46 @@ static int share_job_id(train_job *j) {
   return 0;
 }
 
+/* The folders this job's Checkpoint and Restore calls to shard servers name
+ * (rpc/service.h, "Admin calls"), with their flags: --save-checkpoint DIR,
+ * --save-model DIR (written as DIR.tmp-PID beside DIR; beside: DIR's parent
+ * instead), --resume DIR. */
+typedef struct {
+  const char *path[3], *name[3];
+  char model[SR_PATH_MAX];
+  int n;
+} job_folders;
+
+static void job_folders_get(const train_config *c, int beside, job_folders *f) {
+  f->n = 0;
+  if (c->checkpoint_dir) f->path[f->n] = c->checkpoint_dir, f->name[f->n++] = "--save-checkpoint";
+  if (c->save_model) {
+    int len = (int)strlen(c->save_model);
+    while (len > 1 && c->save_model[len - 1] == '/') len--;
+    int rc;
+    if (beside) { /* DIR's parent */
+      const char *slash = memrchr(c->save_model, '/', (size_t)len);
+      int plen = !slash ? 0 : slash == c->save_model ? 1 : (int)(slash - c->save_model);
+      rc = sr_path(f->model, sizeof f->model, "%.*s", plen ? plen : 1, plen ? c->save_model : ".");
+    } else {
+      rc = sr_path(f->model, sizeof f->model, "%.*s.tmp-%ld", len, c->save_model, (long)getpid());
+    }
+    if (!rc) f->path[f->n] = f->model, f->name[f->n++] = beside ? "--save-model" : "--save-model (written as)";
+  }
+  if (c->resume) f->path[f->n] = c->resume, f->name[f->n++] = "--resume";
+}
+
 /* The remote store over --shard-servers, or over the colocated shards: one
  * address per shard of the plan, in shard order. */
 static int open_remote(train_job *j) {
   const train_config *c = j->cfg;
   char err[1024];
   if (c->colocate) {
+    job_folders jf;
+    job_folders_get(c, 1, &jf); /* the servers' roots */
     colocate_opts co = {.host = "127.0.0.1", .data_dir = c->data_dir,
-                        .cache_rows = c->cache_rows, .cache_mb = c->cache_mb, .threads = 2};
+                        .cache_rows = c->cache_rows, .cache_mb = c->cache_mb, .threads = 2,
+                        .checkpoint_roots = jf.path, .n_roots = jf.n};
     j->colo = colocate_start(j->plan, j->rank, j->size, j->coll, &co, &j->colo_addrs, err,
                             sizeof err);
     if (!j->colo) {
@@ -297,6 +329,12 @@ static int open_remote(train_job *j) {
   free(addr);
   free(list);
   if (!j->store) {
+    job__errf(j, "%s\n", err);
+    return -1;
+  }
+  job_folders jf;
+  job_folders_get(c, 0, &jf);
+  if (c->servers && rpc_remote_check_roots(j->store, jf.path, jf.name, jf.n, err, sizeof err)) {
     job__errf(j, "%s\n", err);
     return -1;
   }

@@ -1,0 +1,274 @@
+/* Admin calls confined (rpc/service.h, "Admin calls"): Checkpoint and
+ * Restore of the service over an in-memory store and over a RocksDB shard
+ * store (a real folder), with and without a checkpoint root: paths inside
+ * the root are served; outside it, escaping it through ".." or a symlink,
+ * or naming a folder that exists, they are refused and nothing outside is
+ * made; without a root both are refused naming the flag. Then real
+ * processes (a server of a checkpoint, the third store kind, too): a trainer whose --save-checkpoint or --save-model lies outside
+ * its servers' root stops at start, naming the flag, the folder and the
+ * root; one inside trains and saves. */
+#include <check.h>
+
+#include "tests/check_main.h"
+
+#include <sys/stat.h>
+
+#include "embedding/plan.h"
+#include "embedding/shard.h"
+#include "embedding/store.h"
+#include "rpc/client.h"
+#include "rpc/service.h"
+#include "rpc/shardrec.pb-c.h"
+#include "tests/rpc/server.h"
+
+static char *dir;
+static emb_plan *plan;
+
+/* dir/name in one of 8 static buffers. */
+static const char *at(const char *name) {
+  static char buf[8][700];
+  static int i;
+  i = (i + 1) % 8;
+  snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
+  return buf[i];
+}
+
+static void setup(void) {
+  dir = make_tmpdir();
+  uint64_t rows[1] = {100};
+  emb_plan_params pp = {.n_tables = 1, .rows = rows, .dim = 4,
+                        .optim = {.kind = EMB_OPT_SGD, .eps = -1}, .seed = 5, .n_shards = 2,
+                        .row_wise = 1};
+  char err[512];
+  ck_assert_msg(emb_plan_create(&pp, &plan, err, sizeof err) == 0, "%s", err);
+  /* root/, out/ beside it, root/esc -> out, root/in -> root/sub */
+  ck_assert_int_eq(run_cmd(NULL, "cd %s && mkdir -p root/sub out && ln -s %s/out root/esc && "
+                                 "ln -s %s/root/sub root/in", dir, dir, dir), 0);
+}
+
+static void teardown(void) {
+  emb_plan_free(plan);
+  run_cmd(NULL, "rm -rf %s", dir);
+  free(dir);
+}
+
+/* Checkpoint (restore 0) or Restore of path; the status, the message in msg. */
+static int admin(rpc_service *svc, int restore, const char *path, char *msg, size_t n) {
+  char fp[EMB_FP_HEX];
+  ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
+  uint8_t b[8192];
+  size_t len;
+  if (!restore) {
+    Shardrec__V1__CheckpointRequest q = SHARDREC__V1__CHECKPOINT_REQUEST__INIT;
+    q.plan_fingerprint = fp;
+    q.path = (char *)path;
+    len = shardrec__v1__checkpoint_request__pack(&q, b);
+  } else {
+    Shardrec__V1__RestoreRequest q = SHARDREC__V1__RESTORE_REQUEST__INIT;
+    q.plan_fingerprint = fp;
+    q.path = (char *)path;
+    len = shardrec__v1__restore_request__pack(&q, b);
+  }
+  rpc_reply r;
+  rpc_service_handle(svc, restore ? RPC_RESTORE : RPC_CHECKPOINT, b, len, &r);
+  snprintf(msg, n, "%s", r.msg);
+  free(r.out);
+  return r.status;
+}
+
+static int exists(const char *p) {
+  struct stat st;
+  return lstat(p, &st) == 0;
+}
+
+/* Every rule, on a service over store (serving shard 0) with root dir/root. */
+static void check_rules(emb_store *store, const char *tag) {
+  char err[512], msg[600], p[700];
+  int shard = 0;
+  /* No root: both refused, naming the flag. */
+  rpc_service_opts o = {.shards = &shard, .n_shards = 1};
+  rpc_service *svc = rpc_service_create(plan, store, &o, err, sizeof err);
+  ck_assert_msg(svc, "%s", err);
+  snprintf(p, sizeof p, "%s/root/%s-a", dir, tag);
+  ck_assert_int_eq(admin(svc, 0, p, msg, sizeof msg), RPC_FAILED_PRECONDITION);
+  ck_assert_msg(strstr(msg, "--checkpoint-root") && strstr(msg, "Checkpoint"), "%s", msg);
+  ck_assert_int_eq(admin(svc, 1, p, msg, sizeof msg), RPC_FAILED_PRECONDITION);
+  ck_assert_msg(strstr(msg, "--checkpoint-root") && strstr(msg, "Restore"), "%s", msg);
+  ck_assert(!exists(p));
+  rpc_service_destroy(svc);
+
+  const char *root = at("root");
+  o.checkpoint_roots = &root;
+  o.n_roots = 1;
+  svc = rpc_service_create(plan, store, &o, err, sizeof err);
+  ck_assert_msg(svc, "%s", err);
+  /* Inside: written (path/shard-0 either way), then restored. */
+  ck_assert_msg(admin(svc, 0, p, msg, sizeof msg) == RPC_OK, "%s", msg);
+  snprintf(p, sizeof p, "%s/root/%s-a/shard-0", dir, tag);
+  ck_assert_msg(exists(p), "%s not written", p);
+  snprintf(p, sizeof p, "%s/root/%s-a", dir, tag);
+  ck_assert_msg(admin(svc, 1, p, msg, sizeof msg) == RPC_OK, "%s", msg);
+  /* A target that exists: refused, whatever is in it stays. */
+  ck_assert_int_eq(admin(svc, 0, p, msg, sizeof msg), RPC_ALREADY_EXISTS);
+  ck_assert_msg(strstr(msg, "shard-0") && strstr(msg, "exists"), "%s", msg);
+  /* Through a symlink that stays inside: fine. */
+  snprintf(p, sizeof p, "%s/root/in/%s-b", dir, tag);
+  ck_assert_msg(admin(svc, 0, p, msg, sizeof msg) == RPC_OK, "%s", msg);
+  snprintf(p, sizeof p, "%s/root/sub/%s-b/shard-0", dir, tag);
+  ck_assert_msg(exists(p), "%s not written", p);
+  /* Outside, through "..", through a symlink: refused naming path and root,
+   * nothing made under out/. */
+  const char *bad[3] = {"%s/out/%s-c", "%s/root/../out/%s-c", "%s/root/esc/%s-c"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(p, sizeof p, bad[i], dir, tag);
+    ck_assert_int_eq(admin(svc, 0, p, msg, sizeof msg), RPC_PERMISSION_DENIED);
+    ck_assert_msg(strstr(msg, p) && strstr(msg, "/root") && strstr(msg, "outside"), "%s", msg);
+    ck_assert_int_eq(admin(svc, 1, p, msg, sizeof msg), RPC_PERMISSION_DENIED);
+    snprintf(p, sizeof p, "%s/out/%s-c", dir, tag);
+    ck_assert_msg(!exists(p), "%s made", p);
+  }
+  /* ".." after a folder that does not exist cannot be resolved. */
+  snprintf(p, sizeof p, "%s/root/nothere/../%s-d", dir, tag);
+  ck_assert_int_eq(admin(svc, 0, p, msg, sizeof msg), RPC_INVALID_ARGUMENT);
+  /* Restore from a folder whose shard folder is a symlink out of the root. */
+  ck_assert_int_eq(run_cmd(NULL, "cd %s && mkdir -p out/%s-e root/%s-e && ln -s %s/out/%s-e "
+                                 "root/%s-e/shard-0", dir, tag, tag, dir, tag, tag), 0);
+  snprintf(p, sizeof p, "%s/root/%s-e", dir, tag);
+  ck_assert_int_eq(admin(svc, 1, p, msg, sizeof msg), RPC_PERMISSION_DENIED);
+  ck_assert_msg(strstr(msg, "shard-0"), "%s", msg);
+  /* Stats names the root. */
+  Shardrec__V1__StatsRequest sq = SHARDREC__V1__STATS_REQUEST__INIT;
+  uint8_t b[16];
+  size_t len = shardrec__v1__stats_request__pack(&sq, b);
+  rpc_reply r;
+  rpc_service_handle(svc, RPC_STATS, b, len, &r);
+  ck_assert_int_eq(r.status, RPC_OK);
+  Shardrec__V1__StatsResponse *a = shardrec__v1__stats_response__unpack(NULL, r.out_len, r.out);
+  ck_assert_ptr_nonnull(a);
+  ck_assert_int_eq(a->n_checkpoint_roots, 1);
+  ck_assert_str_eq(a->checkpoint_roots[0], root);
+  shardrec__v1__stats_response__free_unpacked(a, NULL);
+  free(r.out);
+  rpc_service_destroy(svc);
+}
+
+START_TEST(test_confined_in_memory) {
+  char err[512];
+  emb_store *store = emb_store_create_local(plan, err, sizeof err);
+  ck_assert_msg(store, "%s", err);
+  check_rules(store, "mem");
+  emb_store_destroy(store);
+}
+END_TEST
+
+START_TEST(test_confined_rocksdb) {
+  char err[512];
+  int k = 0;
+  emb_shard_config sc = {.cache_rows = EMB_SHARD_MIN_CACHE_ROWS, .n_hosted = 1, .hosted = &k};
+  emb_store *store = emb_store_create_shard(plan, at("data"), &sc, err, sizeof err);
+  ck_assert_msg(store, "%s", err);
+  check_rules(store, "kv");
+  emb_store_destroy(store);
+}
+END_TEST
+
+/* Checkpoint (restore 0) or Restore of path on the server at addr, whose
+ * plan is data/p.json: the gRPC status, its message in msg. */
+static int remote_admin(const char *addr, const char *data, int restore, const char *path,
+                        char *msg, size_t n) {
+  char pp[700], err[512], fp[EMB_FP_HEX];
+  emb_plan *p;
+  snprintf(pp, sizeof pp, "%s/p.json", data);
+  ck_assert_msg(emb_plan_load(pp, &p, err, sizeof err) == 0, "%s", err);
+  ck_assert_int_eq(emb_plan_fingerprint(p, fp), 0);
+  emb_plan_free(p);
+  uint8_t b[8192], *resp = NULL;
+  size_t len, rlen;
+  if (!restore) {
+    Shardrec__V1__CheckpointRequest q = SHARDREC__V1__CHECKPOINT_REQUEST__INIT;
+    q.plan_fingerprint = fp;
+    q.path = (char *)path;
+    len = shardrec__v1__checkpoint_request__pack(&q, b);
+  } else {
+    Shardrec__V1__RestoreRequest q = SHARDREC__V1__RESTORE_REQUEST__INIT;
+    q.plan_fingerprint = fp;
+    q.path = (char *)path;
+    len = shardrec__v1__restore_request__pack(&q, b);
+  }
+  int st = rpc_call_once(addr, NULL, restore ? RPC_RESTORE : RPC_CHECKPOINT, b, len, 30, &resp,
+                         &rlen, msg, n);
+  free(resp);
+  return st;
+}
+
+/* A trainer against a server whose root does not hold its folders stops
+ * before training, naming the flag, the folder and the root; with the
+ * folders inside, it trains and checkpoints through the server. */
+START_TEST(test_trainer_checks_root) {
+  char *data = make_data_dir(3000, 3, "%s train --processed-data-file d.bin --num-batches 1 "
+                                      "--num-shards 1 --plan-out p.json > /dev/null && mkdir root",
+                             bin_path());
+  char args[1400], log[800], *out;
+  snprintf(args, sizeof args, "--plan '%s/p.json' --shard 0 --checkpoint-root '%s/root'", data, data);
+  snprintf(log, sizeof log, "%s/srv.log", data);
+  test_server s;
+  server_start(&s, args, log);
+  const char *tr = "cd '%s' && '%s' train --processed-data-file d.bin --num-batches 4 "
+                   "--plan p.json --shard-servers %s %s 2>&1";
+  int rc = run_cmd(&out, tr, data, bin_path(), s.addr, "--save-checkpoint out/ck");
+  ck_assert_msg(rc != 0 && strstr(out, "--save-checkpoint out/ck") &&
+                strstr(out, "checkpoint root") && strstr(out, "/root") && !strstr(out, "step 1/"),
+                "%s", out);
+  free(out);
+  rc = run_cmd(&out, tr, data, bin_path(), s.addr, "--save-model root/../m");
+  ck_assert_msg(rc != 0 && strstr(out, "--save-model") && strstr(out, "checkpoint root"), "%s", out);
+  free(out);
+  rc = run_cmd(&out, tr, data, bin_path(), s.addr,
+               "--save-checkpoint root/ck --checkpoint-every 2 --save-model root/m");
+  ck_assert_msg(rc == 0, "%s", out);
+  free(out);
+  ck_assert_int_eq(run_cmd(NULL, "cd '%s' && ls root/ck/step-4/shards/shard-0 root/m/step-4/shards/shard-0", data), 0);
+  ck_assert_int_eq(server_stop(&s), 0);
+  /* A server of that checkpoint (the third store kind): the same rules. */
+  snprintf(args, sizeof args, "--checkpoint '%s/root/ck' --shard 0 --checkpoint-root '%s/root'",
+           data, data);
+  server_start(&s, args, log);
+  char path[900], msg[600];
+  snprintf(path, sizeof path, "%s/root/ck/step-4/shards", data);
+  ck_assert_int_eq(remote_admin(s.addr, data, 0, path, msg, sizeof msg), RPC_ALREADY_EXISTS);
+  ck_assert_msg(strstr(msg, "shard-0") && strstr(msg, "exists"), "%s", msg);
+  snprintf(path, sizeof path, "%s/root/../m2", data);
+  ck_assert_int_eq(remote_admin(s.addr, data, 0, path, msg, sizeof msg), RPC_PERMISSION_DENIED);
+  ck_assert_msg(strstr(msg, "outside the checkpoint root"), "%s", msg);
+  snprintf(path, sizeof path, "%s/root/again", data);
+  ck_assert_msg(remote_admin(s.addr, data, 0, path, msg, sizeof msg) == RPC_OK, "%s", msg);
+  ck_assert_int_eq(server_stop(&s), 0);
+  /* A server without a root: the trainer says so. */
+  snprintf(args, sizeof args, "--plan '%s/p.json' --shard 0", data);
+  server_start(&s, args, log);
+  rc = run_cmd(&out, tr, data, bin_path(), s.addr, "--save-checkpoint root/ck2");
+  ck_assert_msg(rc != 0 && strstr(out, "no checkpoint root") && strstr(out, "--checkpoint-root"),
+                "%s", out);
+  free(out);
+  ck_assert_int_eq(server_stop(&s), 0);
+  /* serve --checkpoint-root must name a folder: a flag error. */
+  rc = run_cmd(&out, "'%s' serve --plan '%s/p.json' --shard 0 --checkpoint-root '%s/nope'",
+               bin_path(), data, data);
+  ck_assert_msg(rc == 2 && strstr(out, "--checkpoint-root") && strstr(out, "nope"), "%s", out);
+  free(out);
+  run_cmd(NULL, "rm -rf %s", data);
+  free(data);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("rpc_admin");
+  TCase *tc = tcase_create("admin");
+  tcase_set_timeout(tc, 240);
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_add_test(tc, test_confined_in_memory);
+  tcase_add_test(tc, test_confined_rocksdb);
+  tcase_add_test(tc, test_trainer_checks_root);
+  suite_add_tcase(s, tc);
+  return sr_check_run(s);
+}
