@@ -263,7 +263,10 @@ static int table_rows(plan_flags *f, uint64_t **rows, int *n) {
   if (f->sizes) return parse_sizes(f->sizes_flag, f->sizes, rows, n) ? 2 : -1;
   char err[512];
   ds_source_opts *so = &f->so;
-  if (!f->raw) so->scheme = DS_SCHEME_NONE; /* a converted file holds its split */
+  if (!f->raw) { /* a converted file holds its split */
+    so->scheme = DS_SCHEME_NONE;
+    so->format = DS_FORMAT_PROCESSED;
+  }
   so->report = stderr;
   ds_source *src = ds_source_open(so, err, sizeof err);
   uint64_t *r = malloc(DS_NUM_SPARSE * sizeof *r);

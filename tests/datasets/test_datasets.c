@@ -329,6 +329,68 @@ START_TEST(test_source_quirks_plain_gzip_crlf) {
 }
 END_TEST
 
+/* The complete lines in the part of a gzip file zlib can decode. */
+static uint64_t gz_complete_lines(const char *path) {
+  gzFile g = gzopen(path, "rb");
+  ck_assert_ptr_nonnull(g);
+  char buf[4096];
+  uint64_t nl = 0;
+  int k;
+  while ((k = gzread(g, buf, sizeof buf)) > 0)
+    for (int i = 0; i < k; i++) nl += buf[i] == '\n';
+  gzclose(g);
+  return nl;
+}
+
+/* A gzip file cut short or with a flipped byte is an error naming the file
+ * and the compressed offset, with or without strict; the cut line (and
+ * nothing after it) is never a sample. */
+START_TEST(test_source_gzip_truncated) {
+  write_lines(tpath("w.txt"), 200, 26);
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "gzip -c %s > %s", tpath("w.txt"), tpath("w.gz"));
+  ck_assert_int_eq(system(cmd), 0);
+  struct stat st;
+  ck_assert_int_eq(stat(tpath("w.gz"), &st), 0);
+  FILE *f = fopen(tpath("w.gz"), "rb");
+  char *all = malloc((size_t)st.st_size);
+  ck_assert_int_eq((long)fread(all, 1, (size_t)st.st_size, f), (long)st.st_size);
+  fclose(f);
+  write_file(tpath("cut.gz"), all, (size_t)st.st_size / 2);
+  all[st.st_size / 2] ^= 0x55;
+  write_file(tpath("flip.gz"), all, (size_t)st.st_size);
+  free(all);
+  const uint64_t whole = gz_complete_lines(tpath("cut.gz"));
+  ck_assert(whole > 10 && whole < 200);
+  char err[1024];
+  for (int strict = 0; strict < 2; strict++) {
+    /* a parsing pass at open (dictionaries) fails there */
+    ds_source_opts o = {.path = tpath("cut.gz"), .strict = strict};
+    ck_assert_ptr_null(ds_source_open(&o, err, sizeof err));
+    ck_assert_msg(strstr(err, "cut.gz: truncated or corrupt gzip stream at compressed byte") &&
+                      strstr(err, "unexpected end of file"), "%s", err);
+    ds_source_opts of = {.path = tpath("flip.gz"), .strict = strict};
+    ck_assert_ptr_null(ds_source_open(&of, err, sizeof err));
+    ck_assert_msg(strstr(err, "flip.gz: truncated or corrupt gzip stream at compressed byte "),
+                  "%s", err);
+    /* streamed (no pass at open): the complete lines, then the error */
+    ds_source_opts oh = {.path = tpath("cut.gz"), .id_mode = DS_IDS_HASH, .strict = strict};
+    ds_source *s = open_src(oh);
+    ds_batch b;
+    ds_batch_init(&b, 64);
+    uint64_t got = 0;
+    int n;
+    while ((n = ds_source_next(s, &b, 64)) > 0) got += (uint64_t)n;
+    ck_assert_int_eq(n, SR_EFORMAT);
+    ck_assert_uint_eq(got, whole);
+    ck_assert_msg(strstr(ds_source_errmsg(s), "cut.gz: truncated or corrupt gzip"), "%s",
+                  ds_source_errmsg(s));
+    ds_batch_free(&b);
+    ds_source_destroy(s);
+  }
+}
+END_TEST
+
 START_TEST(test_source_malformed_reported) {
   const char *text = "1\t1\n7\t1\n1\tx\n0\t\t\t\t\t\t\t\t\t\t\t\t\t\tzz\n1\t99999999999999999999\n"
                      "1\t\t\t\t\t\t\t\t\t\t\t\t\t\t1ffffffff\n0\t2\n";
@@ -875,6 +937,51 @@ START_TEST(test_bin_refused) {
 }
 END_TEST
 
+/* The format comes from the content: a damaged magic is never parsed as
+ * TSV; a converted-data file (PROCESSED) is a shardrec binary by its magic
+ * or an int32 file by its name, and an empty or 7-byte file is neither. */
+START_TEST(test_source_format_by_content) {
+  write_lines(tpath("r.txt"), 50, 26);
+  convert_api(tpath("r.txt"), tpath("r.bin"), DS_SCHEME_NONE, 0, DS_IDS_DICT, 0);
+  copy_trunc(tpath("r.bin"), tpath("m.bin"), 0, 2); /* 'C' -> 'S' */
+  write_str(tpath("e0"), "");
+  write_str(tpath("e7"), "SRCRITE");
+  char err[1024];
+  struct { const char *name; ds_format fmt; const char *want; } bad[] = {
+      {"m.bin", DS_FORMAT_AUTO, "m.bin: not a shardrec binary file (magic 'SRSRITEO'"},
+      {"m.bin", DS_FORMAT_PROCESSED, "m.bin: not a shardrec binary file (magic 'SRSRITEO'"},
+      {"e0", DS_FORMAT_PROCESSED, "e0: not a shardrec binary file (magic '': the file is empty"},
+      {"e7", DS_FORMAT_PROCESSED, "e7: not a shardrec binary file (magic 'SRCRITE': the file is shorter"},
+      {"e7", DS_FORMAT_AUTO, "e7: not a shardrec binary file"},
+      {"r.txt", DS_FORMAT_PROCESSED, "r.txt: not a shardrec binary file (magic '0\\x09"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ds_source_opts o = {.path = tpath(bad[i].name), .format = bad[i].fmt};
+    ck_assert_ptr_null(ds_source_open(&o, err, sizeof err));
+    ck_assert_msg(strstr(err, bad[i].want), "case %zu: %s", i, err);
+  }
+  /* what is right still opens: the binary, an int32 file by its name, text as TSV */
+  ds_source_opts ob = {.path = tpath("r.bin"), .format = DS_FORMAT_PROCESSED};
+  ds_source *s = open_src(ob);
+  ck_assert_uint_eq(ds_source_count(s), 50);
+  ds_source_destroy(s);
+  int32_t rec[40] = {1};
+  write_file(tpath("x.int32"), (const char *)rec, sizeof rec);
+  ds_source_opts oi = {.path = tpath("x.int32"), .format = DS_FORMAT_PROCESSED};
+  s = open_src(oi);
+  ck_assert_uint_eq(ds_source_count(s), 1);
+  ds_source_destroy(s);
+  ds_source_opts ot = {.path = tpath("r.txt"), .id_mode = DS_IDS_HASH};
+  s = open_src(ot);
+  ck_assert_uint_eq(ds_source_count(s), 50);
+  ds_source_destroy(s);
+  ds_source_opts oe = {.path = tpath("e0"), .id_mode = DS_IDS_HASH};
+  s = open_src(oe); /* an empty TSV is an empty TSV */
+  ck_assert_uint_eq(ds_source_count(s), 0);
+  ds_source_destroy(s);
+}
+END_TEST
+
 /* ---- shardrec convert ---- */
 
 static int run(const char *cmd, char *out, size_t n) {
@@ -955,6 +1062,7 @@ static Suite *suite(void) {
   tcase_add_test(t, test_source_quirks_plain_gzip_crlf);
   tcase_add_test(t, test_source_malformed_reported);
   tcase_add_test(t, test_source_long_line);
+  tcase_add_test(t, test_source_gzip_truncated);
   tcase_add_test(t, test_dict_threshold_unseen);
   tcase_add_test(t, test_modulo_hash_modes);
   tcase_add_test(t, test_source_splits);
@@ -970,6 +1078,7 @@ static Suite *suite(void) {
   tcase_add_test(b, test_bin_shuffle);
   tcase_add_test(b, test_int32_layout);
   tcase_add_test(b, test_bin_refused);
+  tcase_add_test(b, test_source_format_by_content);
   tcase_add_test(b, test_cli_convert);
   suite_add_tcase(s, b);
   return s;

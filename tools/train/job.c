@@ -128,6 +128,7 @@ static ds_source_opts source_opts(const train_job *j, ds_split split) {
   o.frequency_threshold = c->frequency_threshold;
   o.strict = c->strict;
   o.report = j->rank == 0 ? stderr : NULL; /* every rank reads the same data */
+  o.format = DS_FORMAT_PROCESSED;
   if (c->raw) {
     o.format = DS_FORMAT_AUTO;
     if (c->have_test_fraction) {
