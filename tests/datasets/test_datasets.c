@@ -982,6 +982,93 @@ START_TEST(test_source_format_by_content) {
 }
 END_TEST
 
+/* A copy of the bin file from with n bytes of p at offset at, and every
+ * checksum recomputed, as an editor that knows the format would leave it. */
+static void edit_bin(const char *from, const char *to, uint64_t at, const void *p, size_t n) {
+  FILE *f = fopen(from, "rb");
+  ck_assert_ptr_nonnull(f);
+  fseek(f, 0, SEEK_END);
+  long size = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  unsigned char *buf = malloc((size_t)size);
+  ck_assert_int_eq((long)fread(buf, 1, (size_t)size, f), size);
+  fclose(f);
+  memcpy(buf + at, p, n);
+  uint64_t doff, dbytes, xoff, xbytes;
+  memcpy(&xoff, buf + 72, 8);
+  memcpy(&xbytes, buf + 80, 8);
+  memcpy(&doff, buf + 88, 8);
+  memcpy(&dbytes, buf + 96, 8);
+  uint32_t c = (uint32_t)crc32(0, buf + xoff, (uInt)xbytes);
+  memcpy(buf + 104, &c, 4);
+  c = (uint32_t)crc32(0, buf + doff, (uInt)dbytes);
+  memcpy(buf + 108, &c, 4);
+  c = (uint32_t)crc32(0, buf, DS_BIN_HEADER_SIZE - 4);
+  memcpy(buf + DS_BIN_HEADER_SIZE - 4, &c, 4);
+  write_file(to, (const char *)buf, (size_t)size);
+  free(buf);
+}
+
+/* Read every sample of path: 0 at the end, or the failing code with the
+ * source's message in err. */
+static int read_all(const char *path, char *err, size_t n) {
+  ds_source_opts o = {.path = path};
+  ds_source *s = ds_source_open(&o, err, n);
+  if (!s) return SR_EFORMAT;
+  ds_batch b;
+  ds_batch_init(&b, 64);
+  int rc;
+  while ((rc = ds_source_next(s, &b, 64)) > 0) {}
+  snprintf(err, n, "%s", ds_source_errmsg(s));
+  ds_batch_free(&b);
+  ds_source_destroy(s);
+  return rc;
+}
+
+/* Values no writer writes, behind valid checksums, are refused naming the
+ * file, the record and the field (a record) or the header field. */
+START_TEST(test_bin_values_checked) {
+  write_lines(tpath("r.txt"), 100, 26);
+  convert_api(tpath("r.txt"), tpath("r.bin"), DS_SCHEME_NONE, 0, DS_IDS_DICT, 0);
+  ds_source_opts o = {.path = tpath("r.bin")};
+  ds_source *s = open_src(o);
+  ds_bin_info in = {0};
+  FILE *f = fopen(tpath("r.bin"), "rb");
+  unsigned char h[DS_BIN_HEADER_SIZE];
+  ck_assert_int_eq((int)fread(h, 1, sizeof h, f), (int)sizeof h);
+  fclose(f);
+  memcpy(&in.data_off, h + 88, 8);
+  ds_source_destroy(s);
+  char err[1024];
+  ck_assert_int_eq(read_all(tpath("r.bin"), err, sizeof err), 0);
+  const uint64_t rs = 56 + 26 * 4;
+  const float two = 2.0f, minus1 = -1.0f, inf = INFINITY, nan = NAN;
+  const uint32_t big = 9999, mode = 7;
+  const uint64_t zero64 = 0;
+  struct { uint64_t at; const void *p; size_t n; int at_open; const char *want; } cases[] = {
+      {in.data_off + 3 * rs, &two, 4, 0, "x.bin: record 3: label 2 is not 0 or 1"},
+      {in.data_off + 5 * rs, &minus1, 4, 0, "x.bin: record 5: label -1 is not 0 or 1"},
+      {in.data_off + 7 * rs + 4 + 4 * 4, &inf, 4, 0, "x.bin: record 7: dense I5 is inf"},
+      {in.data_off + 9 * rs + 4, &nan, 4, 0, "x.bin: record 9: dense I1 is nan"},
+      {in.data_off + 99 * rs + 56 + 4, &big, 4, 0,
+       "x.bin: record 99: C2 id 9999 is outside its table of"},
+      {16, &mode, 4, 1, "x.bin: header: id mode 7 is not one of 0..3"},
+      {12, &mode, 4, 1, "x.bin: header: unknown layout flags 0x7"},
+      {112 + 8 * 3, &zero64, 8, 1, "x.bin: header: table C4 has 0 rows"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    edit_bin(tpath("r.bin"), tpath("x.bin"), cases[i].at, cases[i].p, cases[i].n);
+    ds_source_opts ox = {.path = tpath("x.bin")};
+    ds_source *sx = ds_source_open(&ox, err, sizeof err);
+    ck_assert_msg((sx == NULL) == cases[i].at_open, "case %zu: %s", i, sx ? "opened" : err);
+    ds_source_destroy(sx);
+    int rc = read_all(tpath("x.bin"), err, sizeof err);
+    ck_assert_int_eq(rc, SR_EFORMAT);
+    ck_assert_msg(strstr(err, cases[i].want), "case %zu: %s", i, err);
+  }
+}
+END_TEST
+
 /* ---- shardrec convert ---- */
 
 static int run(const char *cmd, char *out, size_t n) {
@@ -1079,6 +1166,7 @@ static Suite *suite(void) {
   tcase_add_test(b, test_int32_layout);
   tcase_add_test(b, test_bin_refused);
   tcase_add_test(b, test_source_format_by_content);
+  tcase_add_test(b, test_bin_values_checked);
   tcase_add_test(b, test_cli_convert);
   suite_add_tcase(s, b);
   return s;
