@@ -1,0 +1,57 @@
+/* Bad files and flags from outside, through the real binary: nothing wrong
+ * is taken for data, every refusal names what and where, a flag error
+ * exits 2. */
+#include <check.h>
+
+#include "tests/check_main.h"
+
+#include "tests/tools/run.h"
+
+/* Occurrences of text in s. */
+static int count_in(const char *s, const char *text) {
+  int n = 0;
+  for (const char *p = s; p && (p = strstr(p, text)); p += strlen(text)) n++;
+  return n;
+}
+
+/* An empty or all-garbage input converts to nothing: non-zero, "no
+ * samples", no output file. */
+START_TEST(test_convert_no_samples) {
+  char *d = make_tmpdir(), *out;
+  ck_assert_int_eq(run_cmd(NULL, "cd %s && : > empty.tsv && printf 'x\\ny\\tz\\n' > junk.tsv", d), 0);
+  const char *in[] = {"empty.tsv", "junk.tsv"};
+  const char *want[] = {"empty.tsv: no samples (0 lines, 0 malformed)",
+                        "junk.tsv: no samples (2 lines, 2 malformed)"};
+  for (int i = 0; i < 2; i++) {
+    ck_assert_int_eq(run_cmd(&out, "cd %s && %s convert %s o.bin", d, bin_path(), in[i]), 1);
+    ck_assert_msg(strstr(out, want[i]), "%s", out);
+    free(out);
+    ck_assert_int_eq(run_cmd(NULL, "test -e %s/o.bin", d), 1);
+  }
+  run_cmd(NULL, "rm -rf %s", d);
+  free(d);
+}
+END_TEST
+
+/* train reads the raw file through a train and a test source: a malformed
+ * line is reported once, not by each. */
+START_TEST(test_train_malformed_once) {
+  char *d = make_data_dir(700, 3, "printf '7\\t1\\n' >> d.tsv"), *out;
+  ck_assert_int_eq(run_cmd(&out, "cd %s && %s train --raw-data-file d.tsv --test-fraction 0.2 "
+                                 "--num-batches 2 --mini-batch-size 64", d, bin_path()), 0);
+  ck_assert_msg(count_in(out, "d.tsv:701: bad label") == 1, "%s", out);
+  free(out);
+  run_cmd(NULL, "rm -rf %s", d);
+  free(d);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("bad_input");
+  TCase *tc = tcase_create("bad_input");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_convert_no_samples);
+  tcase_add_test(tc, test_train_malformed_once);
+  suite_add_tcase(s, tc);
+  return sr_check_run(s);
+}
