@@ -5,6 +5,8 @@
 
 #include "tests/check_main.h"
 
+#include "common/fs.h"
+
 #include "tests/tools/run.h"
 
 /* Occurrences of text in s. */
@@ -46,12 +48,53 @@ START_TEST(test_train_malformed_once) {
 }
 END_TEST
 
+/* A tag as sr_tmp_tag writes it for a process of this host that is gone:
+ * this one's PID, boot and host with another start time. */
+static void dead_tag(char *out, size_t n) {
+  char tag[SR_TMP_TAG_MAX], boot[16];
+  long pid;
+  unsigned long long start;
+  int used = 0;
+  ck_assert_int_eq(sr_tmp_tag(tag, sizeof tag), 0);
+  ck_assert_int_eq(sscanf(tag, "tmp-%ld-%llu-%15[0-9a-f]-%n", &pid, &start, boot, &used), 3);
+  snprintf(out, n, "tmp-%ld-%llu-%s-%s", pid, start + 12345, boot, tag + used);
+}
+
+/* What a kill -9 left (a checkpoint's .step-N.TAG, reshard's OUT.TAG) is
+ * removed at the next start when its owner is gone, saying so; a folder of
+ * a live owner (this test's own tag) is kept. */
+START_TEST(test_dead_owner_tmp_removed) {
+  char dead[SR_TMP_TAG_MAX + 16], live[SR_TMP_TAG_MAX], *out;
+  dead_tag(dead, sizeof dead);
+  ck_assert_int_eq(sr_tmp_tag(live, sizeof live), 0);
+  char *d = make_data_dir(600, 5, "mkdir -p ck/.step-9.%s/shards ck/.step-8.%s o.%s o.%s", dead,
+                          live, dead, live);
+  ck_assert_int_eq(run_cmd(&out, "cd %s && %s train --processed-data-file d.bin --num-batches 3 "
+                                 "--mini-batch-size 64 --save-checkpoint ck", d, bin_path()), 0);
+  ck_assert_msg(strstr(out, "ck/.step-9.") && strstr(out, "removed: a temporary folder whose owner"),
+                "%s", out);
+  free(out);
+  ck_assert_int_eq(run_cmd(NULL, "cd %s && test ! -e ck/.step-9.%s && test -d ck/.step-8.%s && "
+                                 "test -d ck/step-3", d, dead, live), 0);
+  ck_assert_int_eq(run_cmd(&out, "cd %s && %s plan --out p2.json --processed-data-file d.bin "
+                                 "--num-shards 2 && %s reshard --from ck --to o --plan p2.json",
+                           d, bin_path(), bin_path()), 0);
+  ck_assert_msg(strstr(out, "o.tmp-") && strstr(out, "removed: a temporary folder"), "%s", out);
+  free(out);
+  ck_assert_int_eq(run_cmd(NULL, "cd %s && test ! -e o.%s && test -d o.%s && test -d o", d, dead,
+                           live), 0);
+  run_cmd(NULL, "rm -rf %s", d);
+  free(d);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("bad_input");
   TCase *tc = tcase_create("bad_input");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_convert_no_samples);
   tcase_add_test(tc, test_train_malformed_once);
+  tcase_add_test(tc, test_dead_owner_tmp_removed);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
