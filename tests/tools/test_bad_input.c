@@ -88,6 +88,58 @@ START_TEST(test_dead_owner_tmp_removed) {
 }
 END_TEST
 
+/* One range per flag, checked once, the same in every command: the
+ * message names the flag and the range, and the exit is 2. */
+START_TEST(test_flag_ranges) {
+  char sizes0[200] = "0", sizes_big[600] = "9007199254740993";
+  for (int i = 1; i < 26; i++) {
+    strcat(sizes0, "-7");
+    strcat(sizes_big, "-7");
+  }
+  struct { const char *cmd, *flag, *value, *want; } c[] = {
+      {"train", "--cache-rows", "2147483648", "[1024, 2147483647] rows"},
+      {"serve", "--cache-rows", "2147483648", "[1024, 2147483647] rows"},
+      {"train", "--cache-rows", "1", "[1024, 2147483647] rows"},
+      {"serve", "--cache-rows", "1", "[1024, 2147483647] rows"},
+      {"train", "--cache-mb", "1073741824", "[1, 1048576] MiB"},
+      {"serve", "--cache-mb", "1073741824", "[1, 1048576] MiB"},
+      {"predict", "--cache-mb", "1073741824", "[1, 1048576] MiB"},
+      {"train", "--mini-batch-size", "0", "[1, 1048576] samples"},
+      {"eval", "--mini-batch-size", "0", "[1, 1048576] samples"},
+      {"predict", "--mini-batch-size", "0", "[1, 1048576] samples"},
+      {"train", "--frequency-threshold", "4294967296", "[0, 4294967295] occurrences"},
+      {"eval", "--frequency-threshold", "4294967296", "[0, 4294967295] occurrences"},
+      {"plan", "--frequency-threshold", "4294967296", "[0, 4294967295] occurrences"},
+      {"convert", "--frequency-threshold", "4294967296", "[0, 4294967295] occurrences"},
+      {"train", "--max-ind-range", "-1", "[0, 1099511627776] rows"},
+      {"convert", "--max-ind-range", "-1", "[0, 1099511627776] rows"},
+      {"train", "--test-freq", "-2", "[-1, 1099511627776] steps (-1, the reference DLRM's default, and 0: at the end only)"},
+      {"train", "--rpc-deadline", "0", "[0.001, 86400] seconds"},
+      {"predict", "--rpc-deadline", "0", "[0.001, 86400] seconds"},
+      {"serve", "--threads", "0", "[1, 256] threads"},
+      {"reshard", "--threads", "0", "[1, 256] threads"},
+      {"train", "--num-shards", "0", "[1, 65536] shards"},
+      {"plan", "--num-shards", "0", "[1, 65536] shards"},
+      {"train", "--arch-embedding-size", sizes0, "entry 1: 0 is out of range [1, 9007199254740992] rows per table"},
+      {"train", "--arch-embedding-size", sizes_big, "entry 1: 9007199254740993 is out of range [1, 9007199254740992] rows per table"},
+  };
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    char *out;
+    int rc = run_cmd(&out, "%s %s %s %s", bin_path(), c[i].cmd, c[i].flag, c[i].value);
+    char want[512];
+    snprintf(want, sizeof want, "shardrec %s: %s: ", c[i].cmd, c[i].flag);
+    ck_assert_msg(rc == 2 && strstr(out, want) && strstr(out, c[i].want), "%s %s %s: exit %d: %s",
+                  c[i].cmd, c[i].flag, c[i].value, rc, out);
+    free(out);
+  }
+  /* -1, the reference DLRM's default, is taken and documented */
+  char *out;
+  ck_assert_int_eq(run_cmd(&out, "%s train --help", bin_path()), 0);
+  ck_assert_msg(strstr(out, "--test-freq N") && strstr(out, "at the end only"), "%s", out);
+  free(out);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("bad_input");
   TCase *tc = tcase_create("bad_input");
@@ -95,6 +147,7 @@ int main(void) {
   tcase_add_test(tc, test_convert_no_samples);
   tcase_add_test(tc, test_train_malformed_once);
   tcase_add_test(tc, test_dead_owner_tmp_removed);
+  tcase_add_test(tc, test_flag_ranges);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
