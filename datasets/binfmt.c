@@ -639,11 +639,13 @@ static int read_records(ds_bin_reader *r, uint64_t index, int n, uint64_t mod, d
   return 0;
 }
 
-ds_criteo_dict *ds_bin_reader_dict(const ds_bin_reader *r) {
+ds_criteo_dict *ds_bin_reader_dict(ds_bin_reader *r) {
   const ds_bin_info *in = &r->info;
+  sr_fmt(r->err, sizeof r->err, "no dictionaries in the file");
   if (r->int32 || in->id_mode != DS_IDS_DICT) return NULL;
   const uint32_t *vals[DS_NUM_SPARSE];
   uint32_t *copy = malloc(in->dict_bytes ? in->dict_bytes : 4); /* alignment-safe copy */
+  sr_fmt(r->err, sizeof r->err, "out of memory loading the dictionaries");
   if (!copy) return NULL;
   memcpy(copy, r->map + in->dict_off, in->dict_bytes);
   uint64_t off = 0;
@@ -651,7 +653,9 @@ ds_criteo_dict *ds_bin_reader_dict(const ds_bin_reader *r) {
     vals[c] = copy + off;
     off += in->dict_n[c];
   }
-  ds_criteo_dict *d = ds_criteo_dict_from_values(vals, in->dict_n);
+  char why[256];
+  ds_criteo_dict *d = ds_criteo_dict_from_values(vals, in->dict_n, why, sizeof why);
+  if (!d) sr_fmt(r->err, sizeof r->err, "dictionary %s", why);
   free(copy);
   return d;
 }

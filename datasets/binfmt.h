@@ -89,8 +89,11 @@ const ds_bin_info *ds_bin_reader_info(const ds_bin_reader *r);
  * finite, an id outside its table (bin: a table of size 0 is unbounded;
  * int32: a negative id), SR_ERANGE for a range past the end. */
 int ds_bin_reader_read(ds_bin_reader *r, uint64_t index, int n, uint64_t mod, ds_batch *b);
-/* The stored dictionaries (NULL when none or out of memory); caller owns. */
-ds_criteo_dict *ds_bin_reader_dict(const ds_bin_reader *r);
+/* The stored dictionaries; caller owns. NULL with the reason in
+ * ds_bin_reader_errmsg when there are none, on out of memory, or when a
+ * column lists a value twice ("dictionary C5: value 0x1a is entries 2 and
+ * 7 ..."). */
+ds_criteo_dict *ds_bin_reader_dict(ds_bin_reader *r);
 /* int32: largest categorical id + 1 per column (found by the verify pass,
  * else by a pass now); 0s for bin files. */
 void ds_bin_reader_id_range(ds_bin_reader *r, uint64_t *sizes);

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -558,7 +559,10 @@ static int open_bin(ds_source *s) {
     r->end[DS_SPLIT_VAL] = in->n_samples;
     s->mode = (ds_id_mode)in->id_mode;
     memcpy(s->table_sizes, in->table_sizes, sizeof s->table_sizes);
-    if (s->mode == DS_IDS_DICT && !(s->dict = ds_bin_reader_dict(s->bin))) return SR_ENOMEM;
+    if (s->mode == DS_IDS_DICT && !(s->dict = ds_bin_reader_dict(s->bin))) {
+      sr_fmt(s->err, sizeof s->err, "%s: %s", o->path, ds_bin_reader_errmsg(s->bin));
+      return SR_EFORMAT;
+    }
   }
   for (int k = 0; k < 4; k++) s->split_count[k] = s->ranges.end[k] - s->ranges.begin[k];
   s->exact = 1;
@@ -595,6 +599,12 @@ static int pick_format(ds_source *s) {
   unsigned char m[8];
   int fd = open(o->path, O_RDONLY);
   if (fd < 0) return 0; /* the reader names the file and the reason */
+  struct stat st;
+  if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+    close(fd);
+    sr_fmt(s->err, sizeof s->err, "%s: a folder, not a data file (give the file in it)", o->path);
+    return SR_EFORMAT;
+  }
   ssize_t k = pread(fd, m, sizeof m, 0);
   close(fd);
   if (k < 0) k = 0;

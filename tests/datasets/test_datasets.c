@@ -1069,6 +1069,38 @@ START_TEST(test_bin_values_checked) {
 }
 END_TEST
 
+/* Two more a broken or hostile file brings: a dictionary that lists a
+ * value twice (behind valid checksums; the second entry's id would be one no
+ * raw value maps to) and a folder given as the data file. */
+START_TEST(test_bin_dict_duplicate_and_folder) {
+  write_lines(tpath("r.txt"), 300, 26);
+  convert_api(tpath("r.txt"), tpath("r.bin"), DS_SCHEME_NONE, 0, DS_IDS_DICT, 0);
+  FILE *f = fopen(tpath("r.bin"), "rb");
+  unsigned char h[DS_BIN_HEADER_SIZE];
+  ck_assert_int_eq((int)fread(h, 1, sizeof h, f), (int)sizeof h);
+  uint64_t n0, n1;
+  memcpy(&n0, h + 112 + 8 * 26, 8); /* C1's and C2's dictionary sizes */
+  memcpy(&n1, h + 112 + 8 * 27, 8);
+  ck_assert(n0 >= 1 && n1 >= 3);
+  uint32_t v[3]; /* C2's first three values */
+  fseek(f, (long)(DS_BIN_HEADER_SIZE + 4 * n0), SEEK_SET);
+  ck_assert_int_eq((int)fread(v, 4, 3, f), 3);
+  fclose(f);
+  edit_bin(tpath("r.bin"), tpath("x.bin"), DS_BIN_HEADER_SIZE + 4 * n0 + 8, &v[0], 4);
+  char err[1024], want[128];
+  ds_source_opts o = {.path = tpath("x.bin")};
+  ck_assert_ptr_null(ds_source_open(&o, err, sizeof err));
+  snprintf(want, sizeof want, "x.bin: dictionary C2: value 0x%x is entries 1 and 3", v[0]);
+  ck_assert_msg(strstr(err, want), "%s", err);
+  ck_assert_int_eq(mkdir(tpath("dir.bin"), 0777), 0);
+  for (int k = 0; k < 2; k++) {
+    ds_source_opts od = {.path = tpath("dir.bin"), .format = k ? DS_FORMAT_PROCESSED : DS_FORMAT_AUTO};
+    ck_assert_ptr_null(ds_source_open(&od, err, sizeof err));
+    ck_assert_msg(strstr(err, "dir.bin: a folder, not a data file"), "%s", err);
+  }
+}
+END_TEST
+
 /* ---- shardrec convert ---- */
 
 static int run(const char *cmd, char *out, size_t n) {
@@ -1167,6 +1199,7 @@ static Suite *suite(void) {
   tcase_add_test(b, test_bin_refused);
   tcase_add_test(b, test_source_format_by_content);
   tcase_add_test(b, test_bin_values_checked);
+  tcase_add_test(b, test_bin_dict_duplicate_and_folder);
   tcase_add_test(b, test_cli_convert);
   suite_add_tcase(s, b);
   return s;
