@@ -9,7 +9,9 @@
  *          sections with the rest of the input and recomputes the three
  *          CRC32s, so that the fuzzer gets past the checksums to the records
  * The file is a memfd, read through /proc/self/fd/N as a path. */
-#define _GNU_SOURCE
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* memfd_create */
+#endif
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
