@@ -621,16 +621,25 @@ static int read_records(ds_bin_reader *r, uint64_t index, int n, uint64_t mod, d
       int t1 = t0 + 64 < n ? t0 + 64 : n;
       for (int f = 0; f < DS_NUM_SPARSE; f++) {
         uint64_t *dst = b->ids + (size_t)f * n;
+        /* ids within their tables (size 0: unbounded): the largest, kept as the
+         * ids are copied (a pass over b->ids after would read it back from
+         * memory: 26 x 8 bytes a sample) */
+        const uint64_t top = in->table_sizes[f] ? in->table_sizes[f] - 1 : UINT64_MAX;
+        uint64_t m = 0;
         if (idw == 4)
-          for (int i = t0; i < t1; i++) dst[i] = get32(base + (uint64_t)i * rs + REC_HEAD + 4 * f);
+          for (int i = t0; i < t1; i++) {
+            uint64_t x = get32(base + (uint64_t)i * rs + REC_HEAD + 4 * f);
+            dst[i] = x;
+            m = x > m ? x : m;
+          }
         else
-          for (int i = t0; i < t1; i++) dst[i] = get64(base + (uint64_t)i * rs + REC_HEAD + 8 * f);
+          for (int i = t0; i < t1; i++) {
+            uint64_t x = get64(base + (uint64_t)i * rs + REC_HEAD + 8 * f);
+            dst[i] = x;
+            m = x > m ? x : m;
+          }
+        bad |= m > top;
       }
-    }
-    for (int f = 0; f < DS_NUM_SPARSE; f++) { /* ids within their tables (0: unbounded) */
-      const uint64_t top = in->table_sizes[f] ? in->table_sizes[f] - 1 : UINT64_MAX;
-      const uint64_t *ids = b->ids + (size_t)f * n;
-      for (int i = 0; i < n; i++) bad |= ids[i] > top;
     }
     one_hot_offsets(b, n);
     return bad ? 1 : 0;
