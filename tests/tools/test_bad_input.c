@@ -5,7 +5,11 @@
 
 #include "tests/check_main.h"
 
+#include <math.h>
+#include <zlib.h>
+
 #include "common/fs.h"
+#include "datasets/binfmt.h"
 
 #include "tests/tools/run.h"
 
@@ -140,6 +144,76 @@ START_TEST(test_flag_ranges) {
 }
 END_TEST
 
+/* Put 4 bytes at offset at of the bin file path and recompute its data and
+ * header CRC32s, as an editor that knows the format would. */
+static void edit_bin(const char *path, uint64_t at, const void *v) {
+  char *f = slurp(path);
+  ck_assert_ptr_nonnull(f);
+  FILE *fp = fopen(path, "rb");
+  fseek(fp, 0, SEEK_END);
+  long size = ftell(fp);
+  fclose(fp);
+  unsigned char *b = (unsigned char *)f;
+  memcpy(b + at, v, 4);
+  uint64_t doff, dbytes;
+  memcpy(&doff, b + 88, 8);
+  memcpy(&dbytes, b + 96, 8);
+  uint32_t c = (uint32_t)crc32(0, b + doff, (uInt)dbytes);
+  memcpy(b + 108, &c, 4);
+  c = (uint32_t)crc32(0, b, DS_BIN_HEADER_SIZE - 4);
+  memcpy(b + DS_BIN_HEADER_SIZE - 4, &c, 4);
+  fp = fopen(path, "wb");
+  ck_assert_int_eq((long)fwrite(b, 1, (size_t)size, fp), size);
+  fclose(fp);
+  free(f);
+}
+
+/* The issue's cases end to end: a gzip file cut in half (convert, strict
+ * or not), a converted file with one dense value made inf behind valid
+ * checksums, a damaged magic and an empty file given as processed data:
+ * each refused naming the file and where, never trained on. */
+START_TEST(test_bad_files_refused) {
+  char *d = make_data_dir(600, 9, "head -200 d.tsv | gzip > g.gz && "
+                          "head -c $(( $(stat -c %%s g.gz) / 2 )) g.gz > cut.gz && : > e.bin && "
+                          "cp d.bin m.bin && printf 'SR?' | dd of=m.bin conv=notrunc 2>/dev/null"),
+       *out;
+  for (int strict = 0; strict < 2; strict++) {
+    ck_assert_int_eq(run_cmd(&out, "cd %s && %s convert %s cut.gz o.bin", d, bin_path(),
+                             strict ? "--strict" : ""), 1);
+    ck_assert_msg(strstr(out, "cut.gz: truncated or corrupt gzip stream at compressed byte"), "%s",
+                  out);
+    free(out);
+    ck_assert_int_eq(run_cmd(NULL, "test -e %s/o.bin", d), 1);
+  }
+  char path[4200];
+  snprintf(path, sizeof path, "%s/d.bin", d);
+  FILE *f = fopen(path, "rb");
+  unsigned char h[DS_BIN_HEADER_SIZE];
+  ck_assert_int_eq((int)fread(h, 1, sizeof h, f), (int)sizeof h);
+  fclose(f);
+  uint64_t doff;
+  memcpy(&doff, h + 88, 8);
+  const float inf = INFINITY;
+  edit_bin(path, doff + 5 * (56 + 26 * 4) + 4 + 2 * 4, &inf); /* record 5, I3 */
+  ck_assert_int_ne(run_cmd(&out, "cd %s && %s train --processed-data-file d.bin --num-batches 4 "
+                                 "--mini-batch-size 16", d, bin_path()), 0);
+  ck_assert_msg(strstr(out, "d.bin: record 5: dense I3 is inf, not a finite number"), "%s", out);
+  ck_assert_msg(!strstr(out, "done   "), "%s", out);
+  free(out);
+  const char *bad[] = {"m.bin", "e.bin"};
+  const char *want[] = {"m.bin: not a shardrec binary file (magic 'SR?RITEO'",
+                        "e.bin: not a shardrec binary file (magic '': the file is empty"};
+  for (int i = 0; i < 2; i++) {
+    ck_assert_int_eq(run_cmd(&out, "cd %s && %s train --processed-data-file %s", d, bin_path(),
+                             bad[i]), 1);
+    ck_assert_msg(strstr(out, want[i]) && !strstr(out, "is not 0 or 1"), "%s", out);
+    free(out);
+  }
+  run_cmd(NULL, "rm -rf %s", d);
+  free(d);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("bad_input");
   TCase *tc = tcase_create("bad_input");
@@ -148,6 +222,7 @@ int main(void) {
   tcase_add_test(tc, test_train_malformed_once);
   tcase_add_test(tc, test_dead_owner_tmp_removed);
   tcase_add_test(tc, test_flag_ranges);
+  tcase_add_test(tc, test_bad_files_refused);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
