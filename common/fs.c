@@ -342,3 +342,97 @@ int sr_path_confine(const char *root, const char *path, char *out, size_t len, c
   out[0] = '\0';
   return SR_EINVAL;
 }
+
+/* ---- temporary folders and their owners ---- */
+
+/* Field 22 of /proc/PID/stat (start time in clock ticks), or 0 when there
+ * is no such process. */
+static unsigned long long proc_start(long pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return 0;
+  ssize_t k = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (k <= 0) return 0;
+  buf[k] = 0;
+  char *p = strrchr(buf, ')'); /* the command name may hold spaces and ')' */
+  if (!p) return 0;
+  p++;
+  for (int field = 2; field < 21 && p; field++) p = strchr(p + 1, ' '); /* to field 21's end */
+  return p ? strtoull(p + 1, NULL, 10) : 0;
+}
+
+/* This boot's id, 12 hex digits ("0" when unknown). */
+static void boot_id(char out[13]) {
+  char buf[64] = "";
+  int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY);
+  ssize_t k = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+  if (fd >= 0) close(fd);
+  int n = 0;
+  for (ssize_t i = 0; i < k && n < 12; i++)
+    if ((buf[i] >= '0' && buf[i] <= '9') || (buf[i] >= 'a' && buf[i] <= 'f')) out[n++] = buf[i];
+  if (!n) out[n++] = '0';
+  out[n] = 0;
+}
+
+/* The host name as tags spell it (at most 64 characters). */
+static void host_name(char out[65]) {
+  char h[256] = "";
+  if (gethostname(h, sizeof h - 1) != 0 || !h[0]) snprintf(h, sizeof h, "localhost");
+  int n = 0;
+  for (const char *p = h; *p && n < 64; p++, n++) {
+    char c = *p;
+    int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+             c == '.' || c == '-' || c == '_';
+    out[n] = ok ? c : '_';
+  }
+  out[n] = 0;
+}
+
+int sr_tmp_tag(char *buf, size_t len) {
+  char boot[13], host[65];
+  boot_id(boot);
+  host_name(host);
+  long pid = (long)getpid();
+  return sr_path(buf, len, "tmp-%ld-%llu-%s-%s", pid, proc_start(pid), boot, host);
+}
+
+int sr_tmp_owner_gone(const char *s) {
+  long pid;
+  unsigned long long start;
+  char boot[16], host[72], my_boot[13], my_host[65];
+  int used = 0;
+  if (strncmp(s, "tmp-", 4) != 0 ||
+      sscanf(s, "tmp-%ld-%llu-%15[0-9a-f]-%n", &pid, &start, boot, &used) != 3 || !used)
+    return 0;
+  snprintf(host, sizeof host, "%.71s", s + used);
+  host_name(my_host);
+  if (strcmp(host, my_host) != 0) return 0; /* another host's: its owner is not ours to judge */
+  boot_id(my_boot);
+  if (strcmp(boot, my_boot) != 0) return 1; /* written before this boot */
+  return pid <= 0 || proc_start(pid) != start;
+}
+
+int sr_tmp_sweep(const char *dir, const char *prefix, FILE *say) {
+  char **names;
+  int n, removed = 0;
+  int rc = sr_list_dir(dir, &names, &n);
+  if (rc == SR_ENOTFOUND) return 0;
+  if (rc) return rc;
+  size_t pl = strlen(prefix);
+  for (int i = 0; i < n; i++) {
+    const char *tag = strncmp(names[i], prefix, pl) == 0 ? strstr(names[i] + pl, "tmp-") : NULL;
+    char path[SR_PATH_MAX];
+    if (!tag || !sr_tmp_owner_gone(tag) ||
+        sr_path(path, sizeof path, "%s/%s", dir, names[i]))
+      continue;
+    if (sr_rmtree(path) == 0) {
+      removed++;
+      if (say)
+        fprintf(say, "%s: removed: a temporary folder whose owner (%s) is gone\n", path, tag);
+    }
+  }
+  sr_paths_free(names, n);
+  return removed;
+}

@@ -6,6 +6,7 @@
 #define SHARDREC_COMMON_FS_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 /* The longest path the kernel takes (Linux PATH_MAX, the NUL included): a
  * path buffer of this size holds any path a call can use. */
@@ -89,5 +90,34 @@ void sr_paths_free(char **paths, int n);
  * symlink made inside root after it is not seen. */
 int sr_path_confine(const char *root, const char *path, char *out, size_t len, char *err,
                     size_t errlen);
+
+/* ---- temporary folders and their owners ----
+ * A temporary name holds a tag naming its owner, "tmp-PID-START-BOOT-HOST":
+ * the process id, its start time (/proc/PID/stat field 22, clock ticks
+ * since boot), the first 12 hex digits of the boot id
+ * (/proc/sys/kernel/random/boot_id) and the host name (characters other
+ * than letters, digits, '.', '-' and '_' as '_', at most 64), so that a
+ * PID reused after a reboot or in another container of the host is never
+ * taken for the owner. */
+
+/* The widest tag sr_tmp_tag writes, its NUL included: room to keep under
+ * a folder whose names carry one. */
+#define SR_TMP_TAG_MAX 120
+
+/* This process's tag into buf[len]. 0, or SR_ERANGE (len too small: buf
+ * empty). */
+int sr_tmp_tag(char *buf, size_t len);
+
+/* 1 when the tag at the start of s (as sr_tmp_tag writes it) names a
+ * process of this host that is gone (another boot, no such PID, or a PID
+ * started at another time), 0 when its owner lives, is on another host,
+ * or s holds no tag. */
+int sr_tmp_owner_gone(const char *s);
+
+/* Remove the entries of dir named PREFIX...tmp-TAG (the first "tmp-" after
+ * prefix) whose owner is gone (sr_tmp_owner_gone), each with a line on say
+ * (NULL: none) naming it and its owner: what a killed writer left. A
+ * missing dir is fine. The number removed, or SR_ENOMEM. */
+int sr_tmp_sweep(const char *dir, const char *prefix, FILE *say);
 
 #endif

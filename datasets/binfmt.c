@@ -301,6 +301,39 @@ static int int32_scan(ds_bin_reader *r, char *err, size_t errlen) {
   return 0;
 }
 
+/* Header fields a writer never writes: an unknown id mode or flag, a table
+ * of 0 rows where the ids are bounded (dictionary, modulo), a dictionary
+ * larger than its table. 0, or SR_EFORMAT with "PATH: header: what". */
+static int check_header(const ds_bin_info *in, char *err, size_t errlen, const char *path) {
+  if (in->id_mode > DS_IDS_RAW) {
+    sr_fmt(err, errlen, "%s: header: id mode %u is not one of 0..%d", path, in->id_mode, DS_IDS_RAW);
+    return SR_EFORMAT;
+  }
+  if (in->flags & ~(DS_BIN_MULTI | DS_BIN_ID64)) {
+    sr_fmt(err, errlen, "%s: header: unknown layout flags 0x%x", path, in->flags);
+    return SR_EFORMAT;
+  }
+  if (in->id_mode == DS_IDS_MODULO && in->max_ind_range == 0) {
+    sr_fmt(err, errlen, "%s: header: modulo ids with max_ind_range 0", path);
+    return SR_EFORMAT;
+  }
+  const int bounded = in->id_mode == DS_IDS_DICT || in->id_mode == DS_IDS_MODULO;
+  for (int c = 0; c < DS_NUM_SPARSE; c++) {
+    if (bounded && in->table_sizes[c] == 0) {
+      sr_fmt(err, errlen, "%s: header: table C%d has 0 rows (%s ids are bounded)", path, c + 1,
+             in->id_mode == DS_IDS_DICT ? "dictionary" : "modulo");
+      return SR_EFORMAT;
+    }
+    if (in->dict_n[c] > (1ULL << 32) ||
+        (in->id_mode == DS_IDS_DICT && in->dict_n[c] >= in->table_sizes[c])) {
+      sr_fmt(err, errlen, "%s: header: C%d's dictionary of %llu values does not fit its %llu rows",
+             path, c + 1, (unsigned long long)in->dict_n[c], (unsigned long long)in->table_sizes[c]);
+      return SR_EFORMAT;
+    }
+  }
+  return 0;
+}
+
 ds_bin_reader *ds_bin_reader_open(const char *path, int int32_layout, int verify, char *err,
                                   size_t errlen) {
   ds_bin_reader *r = calloc(1, sizeof *r);
@@ -391,6 +424,7 @@ ds_bin_reader *ds_bin_reader_open(const char *path, int int32_layout, int verify
     in->table_sizes[c] = get64(h + H_TABLES + 8 * c);
     in->dict_n[c] = get64(h + H_DICTN + 8 * c);
   }
+  if (check_header(in, err, errlen, path)) goto fail;
   ds_bin_info want = *in;
   layout(&want);
   if (want.dict_off != get64(h + H_DICT_OFF) || want.data_off != get64(h + H_DATA_OFF) ||
@@ -432,7 +466,87 @@ fail:
 const ds_bin_info *ds_bin_reader_info(const ds_bin_reader *r) { return &r->info; }
 const char *ds_bin_reader_errmsg(const ds_bin_reader *r) { return r->err; }
 
+/* Nonzero when a label of b[0, n) is not +-0 or 1 or a dense value is inf
+ * or nan, compared as bits (loops the compiler vectorises). */
+static uint32_t values_bad(const ds_batch *b, int n) {
+  uint32_t bad = 0;
+  for (int i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &b->labels[i], 4);
+    bad |= ((u & 0x7fffffffu) != 0) & (u != 0x3f800000u);
+  }
+  const uint32_t *d = (const uint32_t *)(const void *)b->dense;
+  for (size_t k = 0; k < (size_t)n * DS_NUM_DENSE; k++) /* exponent all ones */
+    bad |= (int32_t)(d[k] & 0x7fffffffu) > 0x7f7fffff;
+  return bad;
+}
+
+/* Record index + i of b, which check_batch found wrong: "record R: what"
+ * into r->err for the first wrong field in file order. */
+static int report_record(ds_bin_reader *r, uint64_t index, const ds_batch *b) {
+  const uint64_t *ts = r->info.table_sizes;
+  for (int i = 0; i < b->n; i++) {
+    unsigned long long rec = (unsigned long long)(index + (uint64_t)i);
+    float l = b->labels[i];
+    if (l != 0.0f && l != 1.0f) {
+      sr_fmt(r->err, sizeof r->err, "record %llu: label %g is not 0 or 1", rec, (double)l);
+      return SR_EFORMAT;
+    }
+    for (int k = 0; k < DS_NUM_DENSE; k++)
+      if (!isfinite(b->dense[(size_t)i * DS_NUM_DENSE + k])) {
+        sr_fmt(r->err, sizeof r->err, "record %llu: dense I%d is %g, not a finite number", rec,
+               k + 1, (double)b->dense[(size_t)i * DS_NUM_DENSE + k]);
+        return SR_EFORMAT;
+      }
+    for (int f = 0; f < DS_NUM_SPARSE; f++) {
+      const uint32_t *o = ds_batch_offsets(b, f);
+      for (uint32_t k = o[i]; k < o[i + 1]; k++)
+        if (ts[f] && b->ids[k] >= ts[f]) {
+          sr_fmt(r->err, sizeof r->err, "record %llu: C%d id %llu is outside its table of %llu rows",
+                 rec, f + 1, (unsigned long long)b->ids[k], (unsigned long long)ts[f]);
+          return SR_EFORMAT;
+        }
+    }
+  }
+  return SR_EFORMAT;
+}
+
+/* A bin file's samples in b are what a writer writes: labels 0 or 1,
+ * finite dense values, ids within their tables (size 0: unbounded). One
+ * branch-free pass; the message only when something is wrong. */
+static int check_batch(ds_bin_reader *r, uint64_t index, const ds_batch *b) {
+  const int n = b->n;
+  uint32_t bad = values_bad(b, n);
+  for (int f = 0; f < DS_NUM_SPARSE; f++) {
+    const uint64_t size = r->info.table_sizes[f];
+    const uint32_t *o = ds_batch_offsets(b, f);
+    if (size)
+      for (uint32_t k = o[0]; k < o[n]; k++) bad |= b->ids[k] >= size;
+  }
+  return bad ? report_record(r, index, b) : 0;
+}
+
+static int read_records(ds_bin_reader *r, uint64_t index, int n, uint64_t mod, ds_batch *b);
+
+/* Samples [index, index + n) into b, then (bin files) checked: int32 and
+ * one-hot records as they are read (1 from read_records: one is wrong),
+ * multi-hot ones after. */
 int ds_bin_reader_read(ds_bin_reader *r, uint64_t index, int n, uint64_t mod, ds_batch *b) {
+  int rc = read_records(r, index, n, mod, b);
+  if (rc == 1) return report_record(r, index, b);
+  if (rc || r->int32 || !(r->info.flags & DS_BIN_MULTI)) return rc;
+  return check_batch(r, index, b);
+}
+
+/* one-hot: feature f's ids are ids[f*n .. f*n+n) */
+static void one_hot_offsets(ds_batch *b, int n) {
+  for (int f = 0; f < DS_NUM_SPARSE; f++) {
+    uint32_t *o = ds_batch_offsets(b, f);
+    for (int i = 0; i <= n; i++) o[i] = (uint32_t)(f * n + i);
+  }
+}
+
+static int read_records(ds_bin_reader *r, uint64_t index, int n, uint64_t mod, ds_batch *b) {
   const ds_bin_info *in = &r->info;
   if (n < 0 || n > b->cap || index + (uint64_t)n > in->n_samples) return SR_ERANGE;
   const unsigned char *data = r->map + in->data_off;
@@ -493,11 +607,13 @@ int ds_bin_reader_read(ds_bin_reader *r, uint64_t index, int n, uint64_t mod, ds
   } else {
     const uint64_t idw = idw_of(in->flags), rs = REC_HEAD + DS_NUM_SPARSE * idw;
     const unsigned char *base = data + index * rs;
+    uint32_t bad = 0; /* the checks of check_batch, done while the records are copied */
     for (int i = 0; i < n; i++) {
       const unsigned char *rec = base + (uint64_t)i * rs;
       memcpy(&b->labels[i], rec, 4);
       memcpy(&b->dense[(size_t)i * DS_NUM_DENSE], rec + 4, 4 * DS_NUM_DENSE);
     }
+    bad = values_bad(b, n);
     /* Transpose records to feature-major ids in tiles of 64 samples: writing
      * one id into each of 26 rows per sample would hit 26 addresses a power of
      * two apart (the same cache set) for power-of-two batch sizes. */
@@ -505,26 +621,40 @@ int ds_bin_reader_read(ds_bin_reader *r, uint64_t index, int n, uint64_t mod, ds
       int t1 = t0 + 64 < n ? t0 + 64 : n;
       for (int f = 0; f < DS_NUM_SPARSE; f++) {
         uint64_t *dst = b->ids + (size_t)f * n;
+        /* ids within their tables (size 0: unbounded): the largest, kept as the
+         * ids are copied (a pass over b->ids after would read it back from
+         * memory: 26 x 8 bytes a sample) */
+        const uint64_t top = in->table_sizes[f] ? in->table_sizes[f] - 1 : UINT64_MAX;
+        uint64_t m = 0;
         if (idw == 4)
-          for (int i = t0; i < t1; i++) dst[i] = get32(base + (uint64_t)i * rs + REC_HEAD + 4 * f);
+          for (int i = t0; i < t1; i++) {
+            uint64_t x = get32(base + (uint64_t)i * rs + REC_HEAD + 4 * f);
+            dst[i] = x;
+            m = x > m ? x : m;
+          }
         else
-          for (int i = t0; i < t1; i++) dst[i] = get64(base + (uint64_t)i * rs + REC_HEAD + 8 * f);
+          for (int i = t0; i < t1; i++) {
+            uint64_t x = get64(base + (uint64_t)i * rs + REC_HEAD + 8 * f);
+            dst[i] = x;
+            m = x > m ? x : m;
+          }
+        bad |= m > top;
       }
     }
+    one_hot_offsets(b, n);
+    return bad ? 1 : 0;
   }
-  /* one-hot: feature f's ids are ids[f*n .. f*n+n) */
-  for (int f = 0; f < DS_NUM_SPARSE; f++) {
-    uint32_t *o = ds_batch_offsets(b, f);
-    for (int i = 0; i <= n; i++) o[i] = (uint32_t)(f * n + i);
-  }
+  one_hot_offsets(b, n);
   return 0;
 }
 
-ds_criteo_dict *ds_bin_reader_dict(const ds_bin_reader *r) {
+ds_criteo_dict *ds_bin_reader_dict(ds_bin_reader *r) {
   const ds_bin_info *in = &r->info;
+  sr_fmt(r->err, sizeof r->err, "no dictionaries in the file");
   if (r->int32 || in->id_mode != DS_IDS_DICT) return NULL;
   const uint32_t *vals[DS_NUM_SPARSE];
   uint32_t *copy = malloc(in->dict_bytes ? in->dict_bytes : 4); /* alignment-safe copy */
+  sr_fmt(r->err, sizeof r->err, "out of memory loading the dictionaries");
   if (!copy) return NULL;
   memcpy(copy, r->map + in->dict_off, in->dict_bytes);
   uint64_t off = 0;
@@ -532,7 +662,9 @@ ds_criteo_dict *ds_bin_reader_dict(const ds_bin_reader *r) {
     vals[c] = copy + off;
     off += in->dict_n[c];
   }
-  ds_criteo_dict *d = ds_criteo_dict_from_values(vals, in->dict_n);
+  char why[256];
+  ds_criteo_dict *d = ds_criteo_dict_from_values(vals, in->dict_n, why, sizeof why);
+  if (!d) sr_fmt(r->err, sizeof r->err, "dictionary %s", why);
   free(copy);
   return d;
 }

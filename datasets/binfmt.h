@@ -75,17 +75,25 @@ typedef struct ds_bin_reader ds_bin_reader;
 
 /* mmap path. int32: the layout above (size must be a multiple of 160;
  * verify: every label 0/1 and every id >= 0). bin: checks magic, version,
- * header CRC, size, and (verify) the data and dictionary CRC32. NULL with
- * "PATH: problem" in err. */
+ * header CRC, the header's fields (a known id mode and flags, no table of 0
+ * rows for dictionary or modulo ids, dictionaries within their tables),
+ * size, and (verify) the data and dictionary CRC32. NULL with "PATH:
+ * problem" in err. */
 ds_bin_reader *ds_bin_reader_open(const char *path, int int32_layout, int verify, char *err,
                                   size_t errlen);
 /* The file's header fields (owned by r). */
 const ds_bin_info *ds_bin_reader_info(const ds_bin_reader *r);
 /* Samples [index, index + n) into b (n <= b->cap); int32 ids are % mod when
- * mod > 0. 0 or SR_E* (int32 bad label). */
+ * mod > 0. 0, or SR_EFORMAT with "record R: what" (ds_bin_reader_errmsg)
+ * for a record no writer writes: a label other than 0/1, a dense value not
+ * finite, an id outside its table (bin: a table of size 0 is unbounded;
+ * int32: a negative id), SR_ERANGE for a range past the end. */
 int ds_bin_reader_read(ds_bin_reader *r, uint64_t index, int n, uint64_t mod, ds_batch *b);
-/* The stored dictionaries (NULL when none or out of memory); caller owns. */
-ds_criteo_dict *ds_bin_reader_dict(const ds_bin_reader *r);
+/* The stored dictionaries; caller owns. NULL with the reason in
+ * ds_bin_reader_errmsg when there are none, on out of memory, or when a
+ * column lists a value twice ("dictionary C5: value 0x1a is entries 2 and
+ * 7 ..."). */
+ds_criteo_dict *ds_bin_reader_dict(ds_bin_reader *r);
 /* int32: largest categorical id + 1 per column (found by the verify pass,
  * else by a pass now); 0s for bin files. */
 void ds_bin_reader_id_range(ds_bin_reader *r, uint64_t *sizes);

@@ -20,6 +20,11 @@ int ds_convert_to_bin(ds_source *s, const ds_source_opts *o, const char *out, in
   ds_source_table_sizes(s, info.table_sizes);
   if (info_out) *info_out = info;
   if (stats_out) *stats_out = st;
+  if (info.n_samples == 0) {
+    sr_fmt(err, errlen, "%s: no samples (%llu lines, %llu malformed)", o->path,
+           (unsigned long long)st.scan_lines, (unsigned long long)st.scan_malformed);
+    return SR_EFORMAT;
+  }
   ds_bin_writer *w = ds_bin_writer_create(out, &info, ds_source_dict(s), shuffle, seed, err, errlen);
   if (!w) return SR_EIO;
   ds_batch b;

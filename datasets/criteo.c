@@ -325,8 +325,10 @@ const uint32_t *ds_criteo_dict_values(const ds_criteo_dict *d, int col, uint64_t
   return d->c[col].order;
 }
 
-ds_criteo_dict *ds_criteo_dict_from_values(const uint32_t *const *values, const uint64_t *n) {
+ds_criteo_dict *ds_criteo_dict_from_values(const uint32_t *const *values, const uint64_t *n,
+                                           char *err, size_t errlen) {
   ds_criteo_dict *d = calloc(1, sizeof *d);
+  sr_fmt(err, errlen, "out of memory loading the dictionaries");
   if (!d) return NULL;
   d->thr = 1;
   d->final = 1;
@@ -340,10 +342,20 @@ ds_criteo_dict *ds_criteo_dict_from_values(const uint32_t *const *values, const 
       return NULL;
     }
     if (n[ci]) memcpy(c->order, values[ci], n[ci] * sizeof *c->order);
-    for (uint64_t i = 0; i < n[ci]; i++) *dcol_find(c, values[ci][i]) = (uint32_t)(i + 1);
+    for (uint64_t i = 0; i < n[ci]; i++) {
+      uint32_t *id = dcol_find(c, values[ci][i]);
+      if (*id) {
+        sr_fmt(err, errlen, "C%d: value 0x%x is entries %u and %llu of its dictionary", ci + 1,
+               values[ci][i], *id, (unsigned long long)(i + 1));
+        ds_criteo_dict_destroy(d);
+        return NULL;
+      }
+      *id = (uint32_t)(i + 1);
+    }
     c->used = c->norder = c->order_cap = n[ci];
     c->size = n[ci] + 1;
   }
+  if (err && errlen) err[0] = 0;
   return d;
 }
 

@@ -97,8 +97,12 @@ uint64_t ds_criteo_dict_size(const ds_criteo_dict *d, int col);
  * array belongs to d. Only after finalize. */
 const uint32_t *ds_criteo_dict_values(const ds_criteo_dict *d, int col, uint64_t *n);
 /* A finalized dictionary from stored values (as ds_criteo_dict_values gave):
- * values[c] has n[c] entries. NULL on out of memory. */
-ds_criteo_dict *ds_criteo_dict_from_values(const uint32_t *const *values, const uint64_t *n);
+ * values[c] has n[c] entries. NULL with the reason in err: out of memory, or
+ * a value listed twice in a column ("C5: value 0x1a is entries 2 and 7":
+ * ds_criteo_dict_values never gives one, and it would leave an id no raw
+ * value maps to). */
+ds_criteo_dict *ds_criteo_dict_from_values(const uint32_t *const *values, const uint64_t *n,
+                                           char *err, size_t errlen);
 
 /* ---- splits --------------------------------------------------------------- */
 

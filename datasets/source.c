@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -88,6 +89,18 @@ static void ls_free(linesrc *l) {
   l->buf = NULL;
 }
 
+/* A gzip stream that ends early (zlib's Z_BUF_ERROR at the end of input) or
+ * does not decode: SR_EFORMAT naming the file and the compressed byte
+ * offset reached. The partial line held is never handed out. */
+static int gz_fail(linesrc *l, const char *zmsg, char *err, size_t en) {
+  const char *m = zmsg && *zmsg ? zmsg : "stream error";
+  if (!strncmp(m, "<fd:", 4) && strstr(m, ": ")) m = strstr(m, ": ") + 2; /* zlib's own name */
+  long long at = (long long)gzoffset(l->gz);
+  sr_fmt(err, en, "%s: truncated or corrupt gzip stream at compressed byte %lld: %s",
+         l->paths[l->cur], at, m);
+  return SR_EFORMAT;
+}
+
 /* Next line (without '\n'): 1; 2 for a line too long to hold (skipped, no
  * text); 0 at the end of all files; < 0 on a read error. */
 static int ls_next(linesrc *l, const char **p, size_t *n, char *err, size_t en) {
@@ -135,20 +148,9 @@ static int ls_next(linesrc *l, const char **p, size_t *n, char *err, size_t en) 
     ssize_t k;
     if (l->gz) {
       k = gzread(l->gz, l->buf + l->len, (unsigned)(l->cap - l->len));
-      if (k < 0) {
-        int e;
-        const char *m = gzerror(l->gz, &e);
-        sr_fmt(err, en, "%s: gzip: %s", l->paths[l->cur], m);
-        return SR_EIO;
-      }
-      if (k == 0) {
-        int e;
-        gzerror(l->gz, &e);
-        if (e != Z_OK && e != Z_BUF_ERROR) {
-          sr_fmt(err, en, "%s: gzip stream error", l->paths[l->cur]);
-          return SR_EIO;
-        }
-      }
+      int e = Z_OK;
+      const char *m = gzerror(l->gz, &e);
+      if (k < 0 || (k == 0 && e != Z_OK)) return gz_fail(l, m, err, en);
     } else {
       k = read(l->fd, l->buf + l->len, l->cap - l->len);
       if (k < 0) {
@@ -557,7 +559,10 @@ static int open_bin(ds_source *s) {
     r->end[DS_SPLIT_VAL] = in->n_samples;
     s->mode = (ds_id_mode)in->id_mode;
     memcpy(s->table_sizes, in->table_sizes, sizeof s->table_sizes);
-    if (s->mode == DS_IDS_DICT && !(s->dict = ds_bin_reader_dict(s->bin))) return SR_ENOMEM;
+    if (s->mode == DS_IDS_DICT && !(s->dict = ds_bin_reader_dict(s->bin))) {
+      sr_fmt(s->err, sizeof s->err, "%s: %s", o->path, ds_bin_reader_errmsg(s->bin));
+      return SR_EFORMAT;
+    }
   }
   for (int k = 0; k < 4; k++) s->split_count[k] = s->ranges.end[k] - s->ranges.begin[k];
   s->exact = 1;
@@ -565,6 +570,62 @@ static int open_bin(ds_source *s) {
   s->bin_end = s->ranges.end[o->split];
   s->next_index = 0;
   return 0;
+}
+
+/* First bytes that no Criteo text line starts with: a control byte other
+ * than tab, CR or LF, or half or more of shardrec's magic in place. */
+static int looks_binary(const unsigned char *m, ssize_t k) {
+  int same = 0;
+  for (ssize_t i = 0; i < k; i++) {
+    if (m[i] < 0x20 && m[i] != '\t' && m[i] != '\r' && m[i] != '\n') return 1;
+    same += m[i] == (unsigned char)DS_BIN_MAGIC[i];
+  }
+  return same >= 4;
+}
+
+/* s->fmt for AUTO and PROCESSED, from the file's first bytes (the int32
+ * layout, which has none of its own, from its name). 0, or SR_EFORMAT with
+ * "PATH: not a shardrec binary file (magic ...)" in s->err for a file that
+ * is not what it must be. */
+static int pick_format(ds_source *s) {
+  const ds_source_opts *o = &s->o;
+  const int processed = s->fmt == DS_FORMAT_PROCESSED;
+  s->fmt = DS_FORMAT_TSV;
+  if (o->scheme == DS_SCHEME_TERABYTE) return 0;
+  if (ends_with(o->path, ".int32")) {
+    s->fmt = DS_FORMAT_INT32;
+    return 0;
+  }
+  unsigned char m[8];
+  int fd = open(o->path, O_RDONLY);
+  if (fd < 0) return 0; /* the reader names the file and the reason */
+  struct stat st;
+  if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+    close(fd);
+    sr_fmt(s->err, sizeof s->err, "%s: a folder, not a data file (give the file in it)", o->path);
+    return SR_EFORMAT;
+  }
+  ssize_t k = pread(fd, m, sizeof m, 0);
+  close(fd);
+  if (k < 0) k = 0;
+  if (k == 8 && !memcmp(m, DS_BIN_MAGIC, 8)) {
+    s->fmt = DS_FORMAT_BIN;
+    return 0;
+  }
+  const int gz = k >= 2 && m[0] == 0x1f && m[1] == 0x8b;
+  if (!processed && (gz || !looks_binary(m, k))) return 0;
+  char shown[40] = "";
+  size_t w = 0;
+  for (ssize_t i = 0; i < k; i++)
+    w += (size_t)snprintf(shown + w, sizeof shown - w, m[i] >= 0x20 && m[i] < 0x7f ? "%c" : "\\x%02x",
+                          m[i]);
+  sr_fmt(s->err, sizeof s->err,
+         "%s: not a shardrec binary file (magic '%s'%s, want '%s'; %s)", o->path, shown,
+         k == 0 ? ": the file is empty" : k < 8 ? ": the file is shorter" : "", DS_BIN_MAGIC,
+         processed ? "convert a TSV with 'shardrec convert', the reference DLRM's int32 "
+                     "records are read from a name ending in .int32"
+                   : "a Criteo TSV is text");
+  return SR_EFORMAT;
 }
 
 ds_source *ds_source_open(const ds_source_opts *o, char *err, size_t errlen) {
@@ -587,15 +648,10 @@ ds_source *ds_source_open(const ds_source_opts *o, char *err, size_t errlen) {
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
   s->fmt = o->format;
-  if (s->fmt == DS_FORMAT_AUTO) {
-    s->fmt = DS_FORMAT_TSV;
-    if (o->scheme != DS_SCHEME_TERABYTE) {
-      int fd = open(o->path, O_RDONLY);
-      char m[8];
-      if (fd >= 0 && pread(fd, m, 8, 0) == 8 && !memcmp(m, DS_BIN_MAGIC, 8)) s->fmt = DS_FORMAT_BIN;
-      if (fd >= 0) close(fd);
-      if (ends_with(o->path, ".int32")) s->fmt = DS_FORMAT_INT32;
-    }
+  if ((s->fmt == DS_FORMAT_AUTO || s->fmt == DS_FORMAT_PROCESSED) && pick_format(s)) {
+    sr_fmt(err, errlen, "%s", s->err);
+    ds_source_destroy(s);
+    return NULL;
   }
   int rc = s->fmt == DS_FORMAT_TSV ? open_tsv(s) : open_bin(s);
   if (rc) {

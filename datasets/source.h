@@ -10,7 +10,10 @@
  *
  * Format detection (DS_FORMAT_AUTO): a file that starts with shardrec's
  * binary magic is DS_FORMAT_BIN; a name ending in ".int32" is DS_FORMAT_INT32;
- * anything else is TSV. The int32 layout has no header to detect, so a
+ * gzip or text is TSV; a file whose first bytes are neither text nor the
+ * magic (a control byte, or a damaged magic) is refused as "not a shardrec
+ * binary file (magic ...)", never parsed line by line. DS_FORMAT_PROCESSED
+ * takes BIN and INT32 alone (a 0- or 7-byte file is refused the same way). The int32 layout has no header to detect, so a
  * reference DLRM "*.bin" file must be opened with format DS_FORMAT_INT32.
  *
  * Terabyte: with scheme DS_SCHEME_TERABYTE, path is a prefix and the files
@@ -25,7 +28,11 @@
 #include "datasets/batch.h"
 #include "datasets/criteo.h"
 
-typedef enum { DS_FORMAT_AUTO = 0, DS_FORMAT_TSV, DS_FORMAT_BIN, DS_FORMAT_INT32 } ds_format;
+/* PROCESSED: a file given as converted data (--processed-data-file): BIN by
+ * its magic, INT32 by its name, anything else refused. */
+typedef enum {
+  DS_FORMAT_AUTO = 0, DS_FORMAT_TSV, DS_FORMAT_BIN, DS_FORMAT_INT32, DS_FORMAT_PROCESSED
+} ds_format;
 
 /* Zero-initialised options are the defaults named below. */
 typedef struct {

@@ -180,27 +180,45 @@ static const emb_store_ops route_ops = {
 
 /* ---- layout ---- */
 
-/* A temporary data folder for the RocksDB layout: $TMPDIR, else /tmp when
- * it is on the checkpoint's file system (the SST files are then
- * hard-linked, not copied), else a hidden folder beside the checkpoint's
- * step-N folders. Into out->tmp_dir. */
-static int make_tmp_dir(const char *dir, const char *shards, ckpt_store *out, char *err,
-                        size_t errlen) {
-  const char *tmp = getenv("TMPDIR");
-  char tpl[SR_PATH_MAX];
-  struct stat a, c;
-  if (tmp && *tmp) {
-    if (sr_path_err(tpl, sizeof tpl, err, errlen, "%s/shardrec-ckpt-XXXXXX", tmp))
-      return SR_ERANGE;
-  } else if (stat("/tmp", &a) || stat(shards, &c) || a.st_dev == c.st_dev) {
-    sr_path(tpl, sizeof tpl, "/tmp/shardrec-ckpt-XXXXXX");
-  } else if (sr_path(tpl, sizeof tpl, "%s/../.shardrec-ckpt-XXXXXX", dir) || !mkdtemp(tpl)) {
-    sr_path(tpl, sizeof tpl, "/tmp/shardrec-ckpt-XXXXXX");
-  }
-  if (strncmp(tpl + strlen(tpl) - 6, "XXXXXX", 6) == 0 && !mkdtemp(tpl)) {
+/* base/NAME-K.TAG (sr_tmp_tag; K counts this process's folders) made into
+ * tpl, after removing the NAME-*.TAG folders there whose owner is gone (a
+ * killed server's or predict's copies), saying so on stderr. 0 or SR_E*. */
+static int make_tagged(const char *base, const char *name, char *tpl, char *err,
+                       size_t errlen) {
+  static int made;
+  char tag[SR_TMP_TAG_MAX];
+  if (sr_tmp_tag(tag, sizeof tag) ||
+      sr_path_err(tpl, SR_PATH_MAX, err, errlen, "%s/%s%d.%s", base, name,
+                  __atomic_fetch_add(&made, 1, __ATOMIC_RELAXED), tag))
+    return SR_ERANGE;
+  sr_tmp_sweep(base, name, stderr);
+  if (mkdir(tpl, 0700) != 0) {
     snprintf(err, errlen, "%s: cannot make a temporary folder: %s", tpl, strerror(errno));
     return SR_EIO;
   }
+  return 0;
+}
+
+/* A temporary data folder for the RocksDB layout: $TMPDIR, else /tmp when
+ * it is on the checkpoint's file system (the SST files are then
+ * hard-linked, not copied), else a hidden folder beside the checkpoint's
+ * step-N folders (/tmp when that cannot be made). Into out->tmp_dir. */
+static int make_tmp_dir(const char *dir, const char *shards, ckpt_store *out, char *err,
+                        size_t errlen) {
+  const char *tmp = getenv("TMPDIR");
+  char beside[SR_PATH_MAX], tpl[SR_PATH_MAX];
+  struct stat a, c;
+  int rc;
+  if (tmp && *tmp) {
+    rc = make_tagged(tmp, "shardrec-ckpt-", tpl, err, errlen);
+  } else if (stat("/tmp", &a) || stat(shards, &c) || a.st_dev == c.st_dev ||
+             sr_path(beside, sizeof beside, "%s/..", dir) ||
+             make_tagged(beside, ".shardrec-ckpt-", tpl, err, errlen)) {
+    rc = make_tagged("/tmp", "shardrec-ckpt-", tpl, err, errlen);
+  } else {
+    rc = 0;
+  }
+  if (rc) return rc;
   out->tmp_dir = strdup(tpl);
   if (!out->tmp_dir) {
     sr_rmtree(tpl);

@@ -10,8 +10,9 @@
  *   RocksDB layout: the shard store over data_dir (given), or over a fresh
  *     temporary folder (removed by ckpt_store_close): under $TMPDIR if set,
  *     else /tmp when it is on the checkpoint's file system, else a hidden
- *     .shardrec-ckpt-XXXXXX beside the step-N folder (so the SST files can
- *     be hard-linked); restore copies the checkpoint's databases in,
+ *     .shardrec-ckpt-K.TAG beside the step-N folder (so the SST files can
+ *     be hard-linked; TAG names the owner, common/fs.h's sr_tmp_tag, and
+ *     the copies of owners that are gone are removed there first); restore copies the checkpoint's databases in,
  *     hard-linking the SST files, so the checkpoint itself is never written;
  *   table files: the in-memory store restored from the one folder holding the
  *     wanted shards, or, when they lie in several server folders, a store

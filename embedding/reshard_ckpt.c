@@ -120,7 +120,7 @@ static int move_rows(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_p
                                        : reshard_run_files(&ro, &st->run, err, errlen);
 }
 
-/* Everything under OUT.tmp-PID (OUT.tmp-PID/step-N once complete), then
+/* Everything under OUT.TAG (OUT.TAG/step-N once complete), then
  * published. On failure the caller removes tmp. */
 static int write_out(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_plan *plan,
                      const char *tmp, reshard_ckpt_stats *st, char *err, size_t errlen) {
@@ -148,6 +148,18 @@ static int write_out(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_p
   return ckpt_dir_replace(tmp, st->out_dir, err, errlen);
 }
 
+/* Remove the OUT.TAG folders beside out whose owner is gone (a reshard
+ * killed before us), saying so on stderr. */
+static void sweep_beside(const char *out) {
+  char parent[SR_PATH_MAX], prefix[SR_PATH_MAX];
+  const char *slash = strrchr(out, '/');
+  if (sr_path(parent, sizeof parent, "%.*s", slash ? (int)(slash - out) : 1, slash ? out : ".") ||
+      sr_path(prefix, sizeof prefix, "%s.", slash ? slash + 1 : out))
+    return;
+  if (!parent[0]) sr_path(parent, sizeof parent, "/");
+  sr_tmp_sweep(parent, prefix, stderr);
+}
+
 int reshard_checkpoint(const reshard_ckpt_opts *o, reshard_ckpt_stats *st, char *err,
                        size_t errlen) {
   double t0 = sr_now();
@@ -157,8 +169,8 @@ int reshard_checkpoint(const reshard_ckpt_opts *o, reshard_ckpt_stats *st, char 
   /* OUT leaves room for the longest path made under it (checked before
    * anything is read or written). */
   char widest[128];
-  size_t room = (size_t)snprintf(widest, sizeof widest, ".tmp-%d/.step-%lld.tmp-%d/", INT_MAX,
-                                 LLONG_MAX, INT_MAX) + RESHARD_CKPT_NAME_ROOM;
+  size_t room = (size_t)snprintf(widest, sizeof widest, "./.step-%lld./", LLONG_MAX) +
+                2 * (SR_TMP_TAG_MAX - 1) + RESHARD_CKPT_NAME_ROOM;
   if (tl + room >= SR_PATH_MAX) {
     st->failed = RESHARD_IN_TO;
     return sr_path_too_long(err, errlen, o->to, SR_PATH_MAX - room);
@@ -169,8 +181,11 @@ int reshard_checkpoint(const reshard_ckpt_opts *o, reshard_ckpt_stats *st, char 
   char tmp[SR_PATH_MAX];
   int rc = check_inputs(o, &ck, &plan, st, err, errlen);
   if (rc) goto out;
-  if ((rc = sr_path_err(tmp, sizeof tmp, err, errlen, "%s.tmp-%ld", st->out_dir, (long)getpid())))
+  char tag[SR_TMP_TAG_MAX];
+  if ((rc = sr_tmp_tag(tag, sizeof tag)) ||
+      (rc = sr_path_err(tmp, sizeof tmp, err, errlen, "%s.%s", st->out_dir, tag)))
     goto out;
+  sweep_beside(st->out_dir);
   if (mkdir(tmp, 0777) != 0) {
     sr_fmt(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
     rc = SR_EIO;

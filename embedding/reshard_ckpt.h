@@ -12,8 +12,9 @@
  * verification); dense.bin is copied; the manifest is the source's with the
  * new plan and its fingerprints (emb_ckpt_write_as).
  *
- * Everything is written under OUT.tmp-PID and renamed to OUT at the end, so
- * a failure (verification included) leaves nothing at OUT and no OUT.tmp-PID;
+ * Everything is written under OUT.TAG (common/fs.h sr_tmp_tag; those beside
+ * OUT whose owner is gone are removed first) and renamed to OUT at the end, so
+ * a failure (verification included) leaves nothing at OUT and no OUT.TAG;
  * with force an existing OUT is replaced only after the new one is
  * complete. */
 #ifndef SHARDREC_EMBEDDING_RESHARD_CKPT_H

@@ -690,8 +690,9 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
                                   : emb_shard_rows_for_mb(plan, cfg->cache_mb ? cfg->cache_mb
                                                                              : EMB_SHARD_DEFAULT_CACHE_MB);
   if (rows < EMB_SHARD_MIN_CACHE_ROWS || rows > 0x7fffffffULL) {
-    sr_fmt(err, errlen, "shard store: a cache of %llu rows: need %d..2^31 rows (a bigger --cache-mb/--cache-rows)",
-           (unsigned long long)rows, EMB_SHARD_MIN_CACHE_ROWS);
+    sr_fmt(err, errlen, "shard store: a cache of %llu rows%s: need %d..2^31-1 rows (a %s --cache-mb)",
+           (unsigned long long)rows, cfg->cache_rows ? "" : " (--cache-mb over this plan's rows)",
+           EMB_SHARD_MIN_CACHE_ROWS, rows < EMB_SHARD_MIN_CACHE_ROWS ? "bigger" : "smaller");
     return NULL;
   }
   if (sr_mkdirs(data_dir) != 0) {

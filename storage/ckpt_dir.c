@@ -153,15 +153,18 @@ int ckpt_dir_resolve(const char *path, char *out, size_t outlen, char *err, size
 
 int ckpt_dir_begin(const char *root, long long step, ckpt_dir_txn *t, int *exists, char *err,
                    size_t errlen) {
-  char done[SR_PATH_MAX];
+  char done[SR_PATH_MAX], tag[SR_TMP_TAG_MAX];
   *exists = 0;
+  if (sr_tmp_tag(tag, sizeof tag)) {
+    sr_fmt(err, errlen, "%s: cannot name a temporary folder", root);
+    return SR_ERANGE;
+  }
   /* A name that does not fit is refused before anything is made or removed:
    * a cut-short tmp or final handed to the removes below could name another
    * folder. */
   if (sr_path_err(t->root, sizeof t->root, err, errlen, "%s", root) ||
       sr_path_err(t->final, sizeof t->final, err, errlen, "%s/step-%lld", root, step) ||
-      sr_path_err(t->tmp, sizeof t->tmp, err, errlen, "%s/.step-%lld.tmp-%ld", root, step,
-                  (long)getpid()) ||
+      sr_path_err(t->tmp, sizeof t->tmp, err, errlen, "%s/.step-%lld.%s", root, step, tag) ||
       sr_path_err(done, sizeof done, err, errlen, "%s/DONE", t->final))
     return SR_ERANGE;
   if (sr_is_file(done)) {
@@ -172,6 +175,7 @@ int ckpt_dir_begin(const char *root, long long step, ckpt_dir_txn *t, int *exist
     sr_fmt(err, errlen, "%s: cannot create folder: %s", root, strerror(errno));
     return SR_EIO;
   }
+  sr_tmp_sweep(root, ".step-", stderr); /* what writers killed before us left */
   sr_rmtree(t->tmp);
   sr_rmtree(t->final); /* a torn one from an earlier crash */
   if (mkdir(t->tmp, 0777) != 0) {

@@ -12,12 +12,14 @@
  *   DONE           written last; the manifest's SHA-256 (64 hex digits and
  *                  a newline);
  *   the caller's files.
- * Everything but DONE is written under ROOT/.step-N.tmp-PID, then listed
+ * Everything but DONE is written under ROOT/.step-N.TAG, then listed
  * into the manifest, which is written there too; the folder is renamed to
  * ROOT/step-N and DONE written last. A step-N without DONE (the writer
  * stopped between the rename and DONE) is never taken by ckpt_dir_resolve
  * or ckpt_dir_list and is refused by ckpt_dir_read; a leftover
- * .step-N.tmp-PID is not a step-N name and is ignored.
+ * .step-N.TAG is not a step-N name and is ignored. TAG is sr_tmp_tag's
+ * (common/fs.h: tmp-PID-START-BOOT-HOST); ckpt_dir_begin removes the
+ * .step-N.TAG folders of this host whose owner is gone, saying so on stderr.
  *
  * The manifest is a cJSON object (cJSON, borrowed or owned as each function
  * says). */
@@ -32,7 +34,7 @@ struct cJSON;
 #define CKPT_DIR_FORMAT 1
 
 /* N of a folder name "step-N" (N a decimal >= 0), or -1 for any other name
- * (".step-N.tmp-PID" included). */
+ * (".step-N.TAG" included). */
 long long ckpt_dir_step_of(const char *name);
 
 /* A complete (DONE) checkpoint folder found under a root. */
@@ -57,7 +59,7 @@ int ckpt_dir_resolve(const char *path, char *out, size_t outlen, char *err, size
 /* A checkpoint being written. */
 typedef struct ckpt_dir_txn {
   char root[4096];
-  char tmp[4200];   /* root/.step-N.tmp-PID: the caller writes its files here */
+  char tmp[4200];   /* root/.step-N.TAG: the caller writes its files here */
   char final[4200]; /* root/step-N */
 } ckpt_dir_txn;
 

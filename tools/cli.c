@@ -7,6 +7,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "embedding/plan.h"
+#include "embedding/shard.h"
+
 int cli_int(const char *cmd, const char *flag, const char *s, long long lo, long long hi,
             long long *out) {
   char *end = NULL;
@@ -19,6 +22,103 @@ int cli_int(const char *cmd, const char *flag, const char *s, long long lo, long
   if (v < lo || v > hi) {
     fprintf(stderr, "shardrec %s: %s: %lld is out of range [%lld, %lld]\n", cmd, flag, v, lo,
             hi);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+/* One range per flag, for every command that takes it (issue 15): add a
+ * flag here, one line, and parse it with cli_flag / cli_flag_double. */
+static const cli_range ranges[] = {
+    {"--arch-embedding-size", 1, (double)EMB_ROWS_MAX, "rows per table"},
+    {"--arch-sparse-feature-size", 1, EMB_MAX_DIM, "floats per row"},
+    {"--cache-mb", 1, 1 << 20, "MiB"},
+    {"--cache-rows", EMB_SHARD_MIN_CACHE_ROWS, 2147483647.0, "rows"},
+    {"--frequency-threshold", 0, 4294967295.0, "occurrences"},
+    {"--max-ind-range", 0, 1099511627776.0, "rows (0: none)"},
+    {"--mini-batch-size", 1, 1 << 20, "samples"},
+    {"--num-shards", 1, EMB_MAX_SHARDS, "shards"},
+    {"--rpc-deadline", 0.001, 86400, "seconds"},
+    {"--test-fraction", 0, 1, "of the lines"},
+    {"--test-freq", -1, 1099511627776.0, "steps (-1, the reference DLRM's default, and 0: at the end only)"},
+    {"--test-mini-batch-size", 1, 1 << 20, "samples"},
+    {"--threads", 1, 256, "threads"},
+};
+
+const cli_range *cli_range_of(const char *flag) {
+  for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++)
+    if (!strcmp(ranges[i].flag, flag)) return &ranges[i];
+  return NULL;
+}
+
+/* One end of a range: whole numbers in full, others as %g. */
+static int end_text(char *buf, size_t n, double v) {
+  if (v == floor(v) && fabs(v) < 1e18) return snprintf(buf, n, "%lld", (long long)v);
+  return snprintf(buf, n, "%g", v);
+}
+
+const char *cli_range_text(const cli_range *r, char *buf, size_t n) {
+  char lo[32], hi[32];
+  end_text(lo, sizeof lo, r->lo);
+  end_text(hi, sizeof hi, r->hi);
+  snprintf(buf, n, "[%s, %s] %s", lo, hi, r->unit);
+  return buf;
+}
+
+/* The range's message: "shardrec CMD: FLAG: V is out of range [LO, HI] UNIT". */
+static void out_of_range(const char *cmd, const cli_range *r, const char *s) {
+  char t[256];
+  fprintf(stderr, "shardrec %s: %s: %s is out of range %s\n", cmd, r->flag, s,
+          cli_range_text(r, t, sizeof t));
+}
+
+int cli_flag(const char *cmd, const char *flag, const char *s, long long *out) {
+  const cli_range *r = cli_range_of(flag);
+  if (!r) {
+    fprintf(stderr, "shardrec %s: %s: no range for this flag (tools/cli.c)\n", cmd, flag);
+    return -1;
+  }
+  char *end = NULL;
+  errno = 0;
+  long long v = s ? strtoll(s, &end, 10) : 0;
+  if (!s || !*s || *end) {
+    fprintf(stderr, "shardrec %s: %s: '%s' is not an integer\n", cmd, flag, s ? s : "");
+    return -1;
+  }
+  if (errno || v < (long long)r->lo || v > (long long)r->hi) {
+    out_of_range(cmd, r, s);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+int cli_flag_u64(const char *cmd, const char *flag, const char *s, uint64_t *out) {
+  long long v;
+  if (cli_flag(cmd, flag, s, &v)) return -1;
+  if (v < 0) { /* a table range starting below 0 is not for this one */
+    out_of_range(cmd, cli_range_of(flag), s);
+    return -1;
+  }
+  *out = (uint64_t)v;
+  return 0;
+}
+
+int cli_flag_double(const char *cmd, const char *flag, const char *s, double *out) {
+  const cli_range *r = cli_range_of(flag);
+  if (!r) {
+    fprintf(stderr, "shardrec %s: %s: no range for this flag (tools/cli.c)\n", cmd, flag);
+    return -1;
+  }
+  char *end = NULL;
+  double v = s ? strtod(s, &end) : 0;
+  if (!s || !*s || *end || isnan(v)) {
+    fprintf(stderr, "shardrec %s: %s: '%s' is not a number\n", cmd, flag, s ? s : "");
+    return -1;
+  }
+  if (v < r->lo || v > r->hi) {
+    out_of_range(cmd, r, s);
     return -1;
   }
   *out = v;

@@ -4,9 +4,30 @@
 #ifndef SHARDREC_TOOLS_CLI_H
 #define SHARDREC_TOOLS_CLI_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "dense/model.h"
+
+/* A flag's one range, the same in every command that takes it: [lo, hi]
+ * in unit (the table is in cli.c). */
+typedef struct {
+  const char *flag;
+  double lo, hi;
+  const char *unit;
+} cli_range;
+
+/* The range of flag ("--cache-rows"), NULL when it has none in the table. */
+const cli_range *cli_range_of(const char *flag);
+/* "[LO, HI] UNIT" into buf[n], returned. */
+const char *cli_range_text(const cli_range *r, char *buf, size_t n);
+/* Parse s as flag's integer (cli_flag) or number (cli_flag_double) within
+ * its range; 0, or -1 with "shardrec CMD: FLAG: V is out of range [LO, HI]
+ * UNIT" (or what else was wrong) printed. A flag without a range is -1. */
+int cli_flag(const char *cmd, const char *flag, const char *s, long long *out);
+int cli_flag_double(const char *cmd, const char *flag, const char *s, double *out);
+/* cli_flag into a uint64_t (ranges from 0). */
+int cli_flag_u64(const char *cmd, const char *flag, const char *s, uint64_t *out);
 
 int cli_int(const char *cmd, const char *flag, const char *s, long long lo, long long hi,
             long long *out);

@@ -70,15 +70,15 @@ int cmd_convert(int argc, char **argv) {
         }
         break;
       case 'f':
-        if (cli_double("convert", "--test-fraction", optarg, 0.0, 1.0, &d)) return 2;
+        if (cli_flag_double("convert", "--test-fraction", optarg, &d)) return 2;
         o.test_fraction = d;
         have_fraction = 1;
         break;
       case 'm':
-        if (cli_u64("convert", "--max-ind-range", optarg, &o.max_ind_range)) return 2;
+        if (cli_flag_u64("convert", "--max-ind-range", optarg, &o.max_ind_range)) return 2;
         break;
       case 't':
-        if (cli_int("convert", "--frequency-threshold", optarg, 0, UINT32_MAX, &ll)) return 2;
+        if (cli_flag("convert", "--frequency-threshold", optarg, &ll)) return 2;
         o.frequency_threshold = (uint32_t)ll;
         break;
       case 'H': o.id_mode = DS_IDS_HASH; break;

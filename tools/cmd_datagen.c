@@ -71,7 +71,7 @@ int cmd_datagen(int argc, char **argv) {
       if (cli_u64(cmd, "--seed", optarg, &cfg.seed)) return 2;
       break;
     case 't':
-      if (cli_double(cmd, "--test-fraction", optarg, 0, 1, &cfg.test_fraction)) return 2;
+      if (cli_flag_double(cmd, "--test-fraction", optarg, &cfg.test_fraction)) return 2;
       break;
     case 'x':
       if (cli_double(cmd, "--scale", optarg, 1e-9, 1, &cfg.scale)) return 2;

@@ -70,12 +70,12 @@ static int parse_flags(int argc, char **argv, predict_opts *o) {
       case O_SPLIT: o->split_name = optarg; break;
       case O_DATASET: dataset = optarg; break;
       case O_TESTFRAC:
-        if (cli_double(CMD, "--test-fraction", optarg, 0, 1, &o->test_fraction)) return 2;
+        if (cli_flag_double(CMD, "--test-fraction", optarg, &o->test_fraction)) return 2;
         o->have_test_fraction = 1;
         break;
-      case O_MAXIND: if (cli_u64(CMD, "--max-ind-range", optarg, &o->max_ind_range)) return 2; break;
-      case O_FREQ: if (cli_int(CMD, "--frequency-threshold", optarg, 0, 1LL << 31, &freq)) return 2; break;
-      case O_BATCH: if (cli_int(CMD, "--mini-batch-size", optarg, 1, 1 << 20, &batch)) return 2; break;
+      case O_MAXIND: if (cli_flag_u64(CMD, "--max-ind-range", optarg, &o->max_ind_range)) return 2; break;
+      case O_FREQ: if (cli_flag(CMD, "--frequency-threshold", optarg, &freq)) return 2; break;
+      case O_BATCH: if (cli_flag(CMD, "--mini-batch-size", optarg, &batch)) return 2; break;
       case O_OUT: o->out = optarg; break;
       case 'h':
       case O_HELP: usage(stdout); return 0;

@@ -156,14 +156,14 @@ static int parse_flags(int argc, char **argv, plan_flags *f) {
         f->sizes_flag = c == O_SIZES ? "--table-sizes" : "--arch-embedding-size";
         break;
       case O_DIM:
-        if (cli_int(CMD, "--arch-sparse-feature-size", optarg, 1, EMB_MAX_DIM, &v)) return 2;
+        if (cli_flag(CMD, "--arch-sparse-feature-size", optarg, &v)) return 2;
         pp->dim = (int)v;
         break;
       case O_SEED:
         if (cli_u64(CMD, "--seed", optarg, &pp->seed)) return 2;
         break;
       case O_SHARDS:
-        if (cli_int(CMD, "--num-shards", optarg, 1, EMB_MAX_SHARDS, &v)) return 2;
+        if (cli_flag(CMD, "--num-shards", optarg, &v)) return 2;
         pp->n_shards = (int)v;
         break;
       case O_OPT:
@@ -211,14 +211,14 @@ static int parse_flags(int argc, char **argv, plan_flags *f) {
           so->scheme = !strcmp(optarg, "kaggle") ? DS_SCHEME_KAGGLE : DS_SCHEME_TERABYTE;
         break;
       case O_TESTFRAC:
-        if (cli_double(CMD, "--test-fraction", optarg, 0, 1, &so->test_fraction)) return 2;
+        if (cli_flag_double(CMD, "--test-fraction", optarg, &so->test_fraction)) return 2;
         so->scheme = DS_SCHEME_FRACTION;
         break;
       case O_MAXIND:
-        if (cli_u64(CMD, "--max-ind-range", optarg, &so->max_ind_range)) return 2;
+        if (cli_flag_u64(CMD, "--max-ind-range", optarg, &so->max_ind_range)) return 2;
         break;
       case O_FREQ:
-        if (cli_int(CMD, "--frequency-threshold", optarg, 0, 1LL << 31, &v)) return 2;
+        if (cli_flag(CMD, "--frequency-threshold", optarg, &v)) return 2;
         so->frequency_threshold = (uint32_t)v;
         break;
       case ':':
@@ -263,7 +263,10 @@ static int table_rows(plan_flags *f, uint64_t **rows, int *n) {
   if (f->sizes) return parse_sizes(f->sizes_flag, f->sizes, rows, n) ? 2 : -1;
   char err[512];
   ds_source_opts *so = &f->so;
-  if (!f->raw) so->scheme = DS_SCHEME_NONE; /* a converted file holds its split */
+  if (!f->raw) { /* a converted file holds its split */
+    so->scheme = DS_SCHEME_NONE;
+    so->format = DS_FORMAT_PROCESSED;
+  }
   so->report = stderr;
   ds_source *src = ds_source_open(so, err, sizeof err);
   uint64_t *r = malloc(DS_NUM_SPARSE * sizeof *r);

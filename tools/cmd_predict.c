@@ -117,24 +117,24 @@ static int parse_flags(int argc, char **argv, flags *f) {
     switch (c) {
       case O_CKPT: o->checkpoint = optarg; break;
       case O_SERVERS: o->shard_servers = optarg; break;
-      case O_RPCDL: if (cli_double(CMD, "--rpc-deadline", optarg, 0.001, 86400, &deadline)) return 2; break;
+      case O_RPCDL: if (cli_flag_double(CMD, "--rpc-deadline", optarg, &deadline)) return 2; break;
       case O_TLSCA: o->tls_ca = optarg; break;
       case O_TLSCERT: o->tls_cert = optarg; break;
       case O_TLSKEY: o->tls_key = optarg; break;
-      case O_CMB: if (cli_int(CMD, "--cache-mb", optarg, 1, 1LL << 30, &f->cache_mb)) return 2; break;
+      case O_CMB: if (cli_flag(CMD, "--cache-mb", optarg, &f->cache_mb)) return 2; break;
       case O_PROC: f->proc = optarg; break;
       case O_RAW: f->raw = optarg; break;
       case O_SPLIT: o->split_name = optarg; break;
       case O_DATASET: f->dataset = optarg; break;
       case O_TESTFRAC:
-        if (cli_double(CMD, "--test-fraction", optarg, 0, 1, &o->test_fraction)) return 2;
+        if (cli_flag_double(CMD, "--test-fraction", optarg, &o->test_fraction)) return 2;
         o->have_test_fraction = 1;
         break;
-      case O_MAXIND: if (cli_u64(CMD, "--max-ind-range", optarg, &o->max_ind_range)) return 2; break;
-      case O_FREQ: if (cli_int(CMD, "--frequency-threshold", optarg, 0, 1LL << 31, &freq)) return 2; break;
+      case O_MAXIND: if (cli_flag_u64(CMD, "--max-ind-range", optarg, &o->max_ind_range)) return 2; break;
+      case O_FREQ: if (cli_flag(CMD, "--frequency-threshold", optarg, &freq)) return 2; break;
       case O_NOLABEL: o->no_label = 1; break;
       case O_STRICT: o->strict = 1; break;
-      case O_BATCH: if (cli_int(CMD, "--mini-batch-size", optarg, 1, 1 << 20, &batch)) return 2; break;
+      case O_BATCH: if (cli_flag(CMD, "--mini-batch-size", optarg, &batch)) return 2; break;
       case O_OUT: o->out = optarg; break;
       case O_METRICS: o->metrics_out = optarg; break;
       case 'h':

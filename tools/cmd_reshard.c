@@ -98,7 +98,7 @@ int cmd_reshard(int argc, char **argv) {
       case O_TO: o.to = optarg; break;
       case O_PLAN: o.plan_path = optarg; break;
       case O_FORCE: o.force = 1; break;
-      case O_THREADS: if (cli_int(CMD, "--threads", optarg, 1, 256, &threads)) return 2; break;
+      case O_THREADS: if (cli_flag(CMD, "--threads", optarg, &threads)) return 2; break;
       case 'h':
       case O_HELP: usage(stdout); return 0;
       case ':': cli_bad_option(CMD, ':', argv[optind - 1]); return 2;

@@ -40,7 +40,7 @@ static void usage(FILE *f) {
 "  --data-dir DIR          keep rows in RocksDB under DIR/shard-K with a bounded cache\n"
 "                          (default: every row in memory)\n"
 "  --cache-rows N, --cache-mb N   the cache's size with --data-dir or a RocksDB checkpoint\n"
-"                          (default 256 MiB)\n"
+"                          (1024..2^31-1 rows / 1..2^20 MiB; default 256 MiB)\n"
 "  --checkpoint CKPT       serve a trainer's checkpoint: CKPT is a step-N folder or a\n"
 "                          folder of them (the newest complete one is taken). It is\n"
 "                          verified (every file's size and SHA-256) and only read: its\n"
@@ -209,14 +209,14 @@ static int parse_flags(int argc, char **argv, serve_flags *f) {
       case O_INSECURE: f->insecure = 1; break;
       case O_RO: f->read_only = 1; break;
       case O_PENDING: if (cli_double(CMD, "--pending-timeout", optarg, 0.001, 1e9, &f->pending_timeout)) return 2; break;
-      case O_THREADS: if (cli_int(CMD, "--threads", optarg, 1, 256, &f->threads)) return 2; break;
+      case O_THREADS: if (cli_flag(CMD, "--threads", optarg, &f->threads)) return 2; break;
       case O_MAXMSG: if (cli_int(CMD, "--max-message-mb", optarg, 1, 2047, &f->maxmsg)) return 2; break;
       case O_MAXIDS: if (cli_int(CMD, "--max-ids", optarg, 1, 1LL << 30, &f->maxids)) return 2; break;
       case O_CERT: f->tls.cert = optarg; break;
       case O_KEY: f->tls.key = optarg; break;
       case O_CA: f->tls.ca = optarg; break;
-      case O_CROWS: if (cli_int(CMD, "--cache-rows", optarg, EMB_SHARD_MIN_CACHE_ROWS, 1LL << 40, &cache_rows)) return 2; break;
-      case O_CMB: if (cli_int(CMD, "--cache-mb", optarg, 1, 1LL << 30, &cache_mb)) return 2; break;
+      case O_CROWS: if (cli_flag(CMD, "--cache-rows", optarg, &cache_rows)) return 2; break;
+      case O_CMB: if (cli_flag(CMD, "--cache-mb", optarg, &cache_mb)) return 2; break;
       case 'h':
       case O_HELP: usage(stdout); return -1;
       case ':': cli_bad_option(CMD, ':', argv[optind - 1]); return 2;

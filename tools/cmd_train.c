@@ -5,6 +5,7 @@
  * (the embedded default). */
 #include <cblas.h>
 #include <fcntl.h>
+#include <errno.h>
 #include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -84,7 +85,8 @@ static void usage(FILE *f) {
 "  --device cpu|cuda[:N]     where the dense part runs (cpu; cuda needs a CUDA build and a GPU)\n"
 "Output\n"
 "  --print-freq N            progress every N steps (256)\n"
-"  --test-freq N             evaluate every N steps (0: at the end of each epoch)\n"
+"  --test-freq N             evaluate every N steps (-1, the reference DLRM's default, or 0:\n"
+"                            at the end only, of each epoch)\n"
 "  --metrics-out FILE.jsonl  one JSON object per print and test interval\n"
 "  --save-model DIR          save the model as a checkpoint, DIR/step-N (read by eval and\n"
 "                            predict; an existing DIR is replaced)\n"
@@ -93,7 +95,8 @@ static void usage(FILE *f) {
 "                            order (%%.9g: the exact float), rewritten at every evaluation\n"
 "Embedding rows and checkpoints\n"
 "  --cache-rows N, --cache-mb N   keep rows in the RocksDB shard store with a hot cache of\n"
-"                            N rows / N MiB (default: every row in memory, no RocksDB)\n"
+"                            N rows (1024..2^31-1) / N MiB (1..2^20) (default: every row\n"
+"                            in memory, no RocksDB)\n"
 "  --data-dir DIR            where the shards' RocksDB databases live (DIR/shard-K; implies\n"
 "                            the shard store, cache 256 MiB unless given; default: a\n"
 "                            temporary folder removed at exit)\n"
@@ -167,19 +170,28 @@ typedef struct {
   int staleness; /* --max-staleness (0: not given) */
 } raw_flags;
 
-/* "A-B-..." of DS_NUM_SPARSE positive table sizes (they may exceed int). */
+/* "A-B-..." of DS_NUM_SPARSE table sizes, each in the flag's range (they
+ * may exceed int). */
 static int parse_sizes(const train_ranks *r, const char *s, uint64_t *sizes) {
+  const cli_range *range = cli_range_of("--arch-embedding-size");
   int n;
   const char *p = s;
   for (n = 0; n < DS_NUM_SPARSE && *p; n++) {
     char *end;
-    unsigned long long x = strtoull(p, &end, 10);
-    if (end == p || x == 0 || (*end && *end != '-')) break;
+    errno = 0;
+    unsigned long long x = *p >= '0' && *p <= '9' ? strtoull(p, &end, 10) : 0;
+    if (*p < '0' || *p > '9' || (*end && *end != '-')) break;
+    if (errno || x < (unsigned long long)range->lo || x > (unsigned long long)range->hi) {
+      char t[128];
+      errf(r, "--arch-embedding-size: entry %d: %.*s is out of range %s\n", n + 1,
+           (int)(end - p), p, cli_range_text(range, t, sizeof t));
+      return -1;
+    }
     sizes[n] = x;
     p = *end ? end + 1 : end;
   }
   if (n != DS_NUM_SPARSE || *p) {
-    errf(r, "--arch-embedding-size: need %d positive sizes joined by '-'\n", DS_NUM_SPARSE);
+    errf(r, "--arch-embedding-size: need %d sizes joined by '-'\n", DS_NUM_SPARSE);
     return -1;
   }
   return 0;
@@ -199,13 +211,17 @@ typedef struct {
   double *d;
 } flag_dest;
 
-/* Store arg at f's destination. 0 or 2 (message printed). */
+/* Store arg at f's destination, in the flag's range: the one of every
+ * command (tools/cli.c) when it has one, else f's. 0 or 2 (message printed). */
 static int flag_set(const flag_dest *f, const char *arg) {
   long long v;
+  const int shared = f->name && cli_range_of(f->name);
   if (f->str) *f->str = arg;
+  else if (f->d && shared) return cli_flag_double(CMD, f->name, arg, f->d) ? 2 : 0;
   else if (f->d) return cli_double(CMD, f->name, arg, f->lo, f->hi, f->d) ? 2 : 0;
-  else if (f->u && f->hi == 0) return cli_u64(CMD, f->name, arg, f->u) ? 2 : 0;
-  else if (cli_int(CMD, f->name, arg, (long long)f->lo, (long long)f->hi, &v)) return 2;
+  else if (f->u && !shared && f->hi == 0) return cli_u64(CMD, f->name, arg, f->u) ? 2 : 0;
+  else if (shared ? cli_flag(CMD, f->name, arg, &v)
+                  : cli_int(CMD, f->name, arg, (long long)f->lo, (long long)f->hi, &v)) return 2;
   else if (f->i) *f->i = (int)v;
   else if (f->l) *f->l = v;
   else if (f->u) *f->u = (uint64_t)v;
@@ -228,30 +244,31 @@ static int parse_opt(const train_ranks *r, int opt, const char *arg, train_confi
       {O_SERVERS, .str = &c->servers}, {O_DEVICE, .str = &rf->device},
       {O_PREDOUT, .str = &c->test_pred_out}, {O_TLSCA, .str = &c->tls_ca},
       {O_TLSCERT, .str = &c->tls_cert}, {O_TLSKEY, .str = &c->tls_key},
+      /* ranges 0, 0: the flag's range of every command (tools/cli.c) */
       {O_MAXIND, "--max-ind-range", 0, 0, .u = &c->max_ind_range},
       {O_SEED, "--seed", 0, 0, .u = &c->seed},
-      {O_FREQ, "--frequency-threshold", 0, (double)(1LL << 31), .u32 = &c->frequency_threshold},
-      {O_DIM, "--arch-sparse-feature-size", 1, EMB_MAX_DIM, .i = &c->dim},
-      {O_SHARDS, "--num-shards", 1, EMB_MAX_SHARDS, .i = &c->n_shards},
-      {O_BATCH, "--mini-batch-size", 1, 1 << 20, .i = &c->batch},
-      {O_TBATCH, "--test-mini-batch-size", 1, 1 << 20, .i = &c->test_batch},
+      {O_FREQ, "--frequency-threshold", 0, 0, .u32 = &c->frequency_threshold},
+      {O_DIM, "--arch-sparse-feature-size", 0, 0, .i = &c->dim},
+      {O_SHARDS, "--num-shards", 0, 0, .i = &c->n_shards},
+      {O_BATCH, "--mini-batch-size", 0, 0, .i = &c->batch},
+      {O_TBATCH, "--test-mini-batch-size", 0, 0, .i = &c->test_batch},
       {O_WARM, "--lr-num-warmup-steps", 0, L40, .l = &c->sched.num_warmup_steps},
       {O_DSTART, "--lr-decay-start-step", 0, L40, .l = &c->sched.decay_start_step},
       {O_DSTEPS, "--lr-num-decay-steps", 0, L40, .l = &c->sched.num_decay_steps},
       {O_EPOCHS, "--nepochs", 1, 1 << 20, .i = &c->epochs},
       {O_NBATCH, "--num-batches", 0, L40, .l = &c->num_batches},
       {O_PRINT, "--print-freq", 1, L40, .l = &c->print_freq},
-      {O_TEST, "--test-freq", -1, L40, .l = &c->test_freq},
+      {O_TEST, "--test-freq", 0, 0, .l = &c->test_freq},
       {O_CKEVERY, "--checkpoint-every", 0, L40, .l = &c->checkpoint_every},
       {O_CKKEEP, "--keep-checkpoints", 0, 1 << 20, .i = &c->keep_checkpoints},
-      {O_CROWS, "--cache-rows", 1, (double)(1LL << 31), .u = &c->cache_rows},
-      {O_CMB, "--cache-mb", 1, (double)(1LL << 30), .u = &c->cache_mb},
+      {O_CROWS, "--cache-rows", 0, 0, .u = &c->cache_rows},
+      {O_CMB, "--cache-mb", 0, 0, .u = &c->cache_mb},
       {O_STALE, "--max-staleness", 1, 1 << 20, .i = &rf->staleness},
-      {O_TESTFRAC, "--test-fraction", 0.0, 1.0, .d = &c->test_fraction},
+      {O_TESTFRAC, "--test-fraction", 0, 0, .d = &c->test_fraction},
       {O_LR, "--learning-rate", 0.0, 1e6, .d = &c->lr},
       {O_SLR, "--sparse-learning-rate", 0.0, 1e6, .d = &c->sparse_lr},
       {O_RECOVER, "--recover-timeout", 0.0, 1e6, .d = &c->recover_timeout},
-      {O_RPCDL, "--rpc-deadline", 0.001, 1e6, .d = &c->rpc_deadline},
+      {O_RPCDL, "--rpc-deadline", 0, 0, .d = &c->rpc_deadline},
   };
   for (size_t k = 0; k < sizeof dests / sizeof dests[0]; k++)
     if (dests[k].id == opt) {
@@ -288,6 +305,10 @@ static int parse_opt(const train_ranks *r, int opt, const char *arg, train_confi
  * into kinds, the dense architecture, the oracle. 0 or 2 (message printed). */
 static int finish_flags(const train_ranks *r, train_config *c, raw_flags *rf) {
   char err[1024];
+  if (rf->emb_sizes) { /* a flag's own range before what flags mean together */
+    if (parse_sizes(r, rf->emb_sizes, c->emb_sizes)) return 2;
+    c->have_emb_sizes = 1;
+  }
   if (train_config_check(c, err, sizeof err)) {
     errf(r, "%s\n", err);
     return 2;
@@ -343,10 +364,6 @@ static int finish_flags(const train_ranks *r, train_config *c, raw_flags *rf) {
     return 2;
   }
   c->max_staleness = rf->staleness ? rf->staleness : 2;
-  if (rf->emb_sizes) {
-    if (parse_sizes(r, rf->emb_sizes, c->emb_sizes)) return 2;
-    c->have_emb_sizes = 1;
-  }
   return 0;
 }
 

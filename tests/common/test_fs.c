@@ -297,6 +297,90 @@ START_TEST(test_path_confine) {
 }
 END_TEST
 
+/* This process's tag, with its fields read back from /proc as a check. */
+START_TEST(test_tmp_tag) {
+  char tag[SR_TMP_TAG_MAX], host[256] = "";
+  ck_assert_int_eq(sr_tmp_tag(tag, sizeof tag), 0);
+  long pid;
+  unsigned long long start;
+  char boot[16];
+  int used = 0;
+  ck_assert_int_eq(sscanf(tag, "tmp-%ld-%llu-%15[0-9a-f]-%n", &pid, &start, boot, &used), 3);
+  ck_assert_int_eq(pid, (long)getpid());
+  ck_assert(start > 0);
+  ck_assert_int_eq((int)strlen(boot), 12);
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  char bid[64] = "";
+  ck_assert_ptr_nonnull(fgets(bid, sizeof bid, f));
+  fclose(f);
+  ck_assert_int_eq(strncmp(bid, boot, 8), 0); /* 8 hex digits, then the boot id's first '-' */
+  gethostname(host, sizeof host);
+  ck_assert_msg(strncmp(tag + used, host, 8) == 0 || strchr(host, ' '), "%s vs %s", tag, host);
+  ck_assert_int_eq(sr_tmp_owner_gone(tag), 0);
+  char small[8];
+  ck_assert_int_eq(sr_tmp_tag(small, sizeof small), SR_ERANGE);
+  ck_assert_str_eq(small, "");
+}
+END_TEST
+
+/* A name whose owner is gone: a dead PID, this PID started at another
+ * time, another boot of this host. Not gone: this process, another host,
+ * no tag. */
+START_TEST(test_tmp_owner_gone) {
+  char tag[SR_TMP_TAG_MAX], t[SR_TMP_TAG_MAX + 32];
+  ck_assert_int_eq(sr_tmp_tag(tag, sizeof tag), 0);
+  long pid;
+  unsigned long long start;
+  char boot[16];
+  int used = 0;
+  sscanf(tag, "tmp-%ld-%llu-%15[0-9a-f]-%n", &pid, &start, boot, &used);
+  const char *host = tag + used;
+  snprintf(t, sizeof t, "tmp-%d-%llu-%s-%s", 2147483646, start, boot, host);
+  ck_assert_int_eq(sr_tmp_owner_gone(t), 1);
+  snprintf(t, sizeof t, "tmp-%ld-%llu-%s-%s", pid, start + 1, boot, host);
+  ck_assert_int_eq(sr_tmp_owner_gone(t), 1);
+  snprintf(t, sizeof t, "tmp-%ld-%llu-%s-%s", pid, start, strcmp(boot, "000000000000") ? "000000000000" : "111111111111", host);
+  ck_assert_int_eq(sr_tmp_owner_gone(t), 1);
+  snprintf(t, sizeof t, "tmp-%d-%llu-%s-%s.elsewhere", 2147483646, start, boot, host);
+  ck_assert_int_eq(sr_tmp_owner_gone(t), 0);
+  ck_assert_int_eq(sr_tmp_owner_gone("tmp-4242"), 0);
+  ck_assert_int_eq(sr_tmp_owner_gone("step-3"), 0);
+}
+END_TEST
+
+/* The sweep removes a folder with a dead owner's name and keeps one with a
+ * live owner's (this process: its PID and start time), other names, and
+ * what is not under the prefix; it says what it removed. */
+START_TEST(test_tmp_sweep) {
+  char tag[SR_TMP_TAG_MAX], dead[SR_TMP_TAG_MAX + 32], p[512];
+  ck_assert_int_eq(sr_tmp_tag(tag, sizeof tag), 0);
+  long pid;
+  unsigned long long start;
+  char boot[16];
+  int used = 0;
+  sscanf(tag, "tmp-%ld-%llu-%15[0-9a-f]-%n", &pid, &start, boot, &used);
+  snprintf(dead, sizeof dead, "tmp-%ld-%llu-%s-%s", pid, start + 7, boot, tag + used);
+  const char *names[] = {".step-3.", ".step-4.", "other.", ".step-5.tmp-4242"};
+  const char *tags[] = {dead, tag, dead, ""};
+  for (int i = 0; i < 4; i++) {
+    ck_assert_int_eq(sr_path(p, sizeof p, "%s/%s%s/sub", root, names[i], tags[i]), 0);
+    ck_assert_int_eq(sr_mkdirs(p), 0);
+  }
+  char said[2048] = "";
+  FILE *say = fmemopen(said, sizeof said, "w");
+  ck_assert_int_eq(sr_tmp_sweep(root, ".step-", say), 1);
+  fclose(say);
+  for (int i = 0; i < 4; i++) {
+    ck_assert_int_eq(sr_path(p, sizeof p, "%s/%s%s", root, names[i], tags[i]), 0);
+    ck_assert_int_eq(sr_is_dir(p), i != 0);
+  }
+  ck_assert_int_eq(sr_path(p, sizeof p, "%s/.step-3.%s: removed", root, dead), 0);
+  ck_assert_msg(strstr(said, p) && strstr(said, "is gone"), "%s", said);
+  ck_assert_int_eq(sr_path(p, sizeof p, "%s/missing", root), 0);
+  ck_assert_int_eq(sr_tmp_sweep(p, ".step-", NULL), 0);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("common_fs");
   TCase *tc = tcase_create("fs");
@@ -309,6 +393,9 @@ int main(void) {
   tcase_add_test(tc, test_copy_file);
   tcase_add_test(tc, test_rmtree_and_fsync);
   tcase_add_test(tc, test_path_confine);
+  tcase_add_test(tc, test_tmp_tag);
+  tcase_add_test(tc, test_tmp_owner_gone);
+  tcase_add_test(tc, test_tmp_sweep);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

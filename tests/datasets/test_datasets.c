@@ -329,6 +329,76 @@ START_TEST(test_source_quirks_plain_gzip_crlf) {
 }
 END_TEST
 
+/* The complete lines in the part of a gzip file zlib can decode. */
+static uint64_t gz_complete_lines(const char *path) {
+  gzFile g = gzopen(path, "rb");
+  ck_assert_ptr_nonnull(g);
+  char buf[4096];
+  uint64_t nl = 0;
+  int k;
+  while ((k = gzread(g, buf, sizeof buf)) > 0)
+    for (int i = 0; i < k; i++) nl += buf[i] == '\n';
+  gzclose(g);
+  return nl;
+}
+
+/* A gzip file cut short or with a flipped byte is an error naming the file
+ * and the compressed offset, with or without strict; the cut line (and
+ * nothing after it) is never a sample. */
+START_TEST(test_source_gzip_truncated) {
+  write_lines(tpath("w.txt"), 200, 26);
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "gzip -c %s > %s", tpath("w.txt"), tpath("w.gz"));
+  ck_assert_int_eq(system(cmd), 0);
+  struct stat st;
+  ck_assert_int_eq(stat(tpath("w.gz"), &st), 0);
+  FILE *f = fopen(tpath("w.gz"), "rb");
+  char *all = malloc((size_t)st.st_size);
+  ck_assert_int_eq((long)fread(all, 1, (size_t)st.st_size, f), (long)st.st_size);
+  fclose(f);
+  write_file(tpath("cut.gz"), all, (size_t)st.st_size / 2);
+  all[st.st_size / 2] ^= 0x55;
+  write_file(tpath("flip.gz"), all, (size_t)st.st_size);
+  free(all);
+  const uint64_t whole = gz_complete_lines(tpath("cut.gz"));
+  ck_assert(whole > 10 && whole < 200);
+  char err[1024];
+  for (int strict = 0; strict < 2; strict++) {
+    /* a parsing pass at open (dictionaries) fails there */
+    ds_source_opts o = {.path = tpath("cut.gz"), .strict = strict};
+    ck_assert_ptr_null(ds_source_open(&o, err, sizeof err));
+    ck_assert_msg(strstr(err, "cut.gz: truncated or corrupt gzip stream at compressed byte") &&
+                      strstr(err, "unexpected end of file"), "%s", err);
+    ds_source_opts of = {.path = tpath("flip.gz"), .strict = strict};
+    ck_assert_ptr_null(ds_source_open(&of, err, sizeof err));
+    ck_assert_msg(strstr(err, "flip.gz: truncated or corrupt gzip stream at compressed byte ") &&
+                      !strstr(err, "<fd:"), "%s", err);
+    /* gzip's magic, then a compression method zlib does not know: zlib's
+     * message, under the file's name (not zlib's "<fd:N>") */
+    write_file(tpath("m.gz"), "\x1f\x8b\x09\x00\x00\x00\x00\x00\x00\x03rest of it\n", 21);
+    ds_source_opts om = {.path = tpath("m.gz"), .strict = strict};
+    ck_assert_ptr_null(ds_source_open(&om, err, sizeof err));
+    ck_assert_msg(strstr(err, "m.gz: truncated or corrupt gzip stream at compressed byte ") &&
+                      strstr(err, "unknown compression method") && !strstr(err, "<fd:"),
+                  "%s", err);
+    /* streamed (no pass at open): the complete lines, then the error */
+    ds_source_opts oh = {.path = tpath("cut.gz"), .id_mode = DS_IDS_HASH, .strict = strict};
+    ds_source *s = open_src(oh);
+    ds_batch b;
+    ds_batch_init(&b, 64);
+    uint64_t got = 0;
+    int n;
+    while ((n = ds_source_next(s, &b, 64)) > 0) got += (uint64_t)n;
+    ck_assert_int_eq(n, SR_EFORMAT);
+    ck_assert_uint_eq(got, whole);
+    ck_assert_msg(strstr(ds_source_errmsg(s), "cut.gz: truncated or corrupt gzip"), "%s",
+                  ds_source_errmsg(s));
+    ds_batch_free(&b);
+    ds_source_destroy(s);
+  }
+}
+END_TEST
+
 START_TEST(test_source_malformed_reported) {
   const char *text = "1\t1\n7\t1\n1\tx\n0\t\t\t\t\t\t\t\t\t\t\t\t\t\tzz\n1\t99999999999999999999\n"
                      "1\t\t\t\t\t\t\t\t\t\t\t\t\t\t1ffffffff\n0\t2\n";
@@ -875,6 +945,170 @@ START_TEST(test_bin_refused) {
 }
 END_TEST
 
+/* The format comes from the content: a damaged magic is never parsed as
+ * TSV; a converted-data file (PROCESSED) is a shardrec binary by its magic
+ * or an int32 file by its name, and an empty or 7-byte file is neither. */
+START_TEST(test_source_format_by_content) {
+  write_lines(tpath("r.txt"), 50, 26);
+  convert_api(tpath("r.txt"), tpath("r.bin"), DS_SCHEME_NONE, 0, DS_IDS_DICT, 0);
+  copy_trunc(tpath("r.bin"), tpath("m.bin"), 0, 2); /* 'C' -> 'S' */
+  write_str(tpath("e0"), "");
+  write_str(tpath("e7"), "SRCRITE");
+  char err[1024];
+  struct { const char *name; ds_format fmt; const char *want; } bad[] = {
+      {"m.bin", DS_FORMAT_AUTO, "m.bin: not a shardrec binary file (magic 'SRSRITEO'"},
+      {"m.bin", DS_FORMAT_PROCESSED, "m.bin: not a shardrec binary file (magic 'SRSRITEO'"},
+      {"e0", DS_FORMAT_PROCESSED, "e0: not a shardrec binary file (magic '': the file is empty"},
+      {"e7", DS_FORMAT_PROCESSED, "e7: not a shardrec binary file (magic 'SRCRITE': the file is shorter"},
+      {"e7", DS_FORMAT_AUTO, "e7: not a shardrec binary file"},
+      {"r.txt", DS_FORMAT_PROCESSED, "r.txt: not a shardrec binary file (magic '0\\x09"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ds_source_opts o = {.path = tpath(bad[i].name), .format = bad[i].fmt};
+    ck_assert_ptr_null(ds_source_open(&o, err, sizeof err));
+    ck_assert_msg(strstr(err, bad[i].want), "case %zu: %s", i, err);
+  }
+  /* what is right still opens: the binary, an int32 file by its name, text as TSV */
+  ds_source_opts ob = {.path = tpath("r.bin"), .format = DS_FORMAT_PROCESSED};
+  ds_source *s = open_src(ob);
+  ck_assert_uint_eq(ds_source_count(s), 50);
+  ds_source_destroy(s);
+  int32_t rec[40] = {1};
+  write_file(tpath("x.int32"), (const char *)rec, sizeof rec);
+  ds_source_opts oi = {.path = tpath("x.int32"), .format = DS_FORMAT_PROCESSED};
+  s = open_src(oi);
+  ck_assert_uint_eq(ds_source_count(s), 1);
+  ds_source_destroy(s);
+  ds_source_opts ot = {.path = tpath("r.txt"), .id_mode = DS_IDS_HASH};
+  s = open_src(ot);
+  ck_assert_uint_eq(ds_source_count(s), 50);
+  ds_source_destroy(s);
+  ds_source_opts oe = {.path = tpath("e0"), .id_mode = DS_IDS_HASH};
+  s = open_src(oe); /* an empty TSV is an empty TSV */
+  ck_assert_uint_eq(ds_source_count(s), 0);
+  ds_source_destroy(s);
+}
+END_TEST
+
+/* A copy of the bin file from with n bytes of p at offset at, and every
+ * checksum recomputed, as an editor that knows the format would leave it. */
+static void edit_bin(const char *from, const char *to, uint64_t at, const void *p, size_t n) {
+  FILE *f = fopen(from, "rb");
+  ck_assert_ptr_nonnull(f);
+  fseek(f, 0, SEEK_END);
+  long size = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  unsigned char *buf = malloc((size_t)size);
+  ck_assert_int_eq((long)fread(buf, 1, (size_t)size, f), size);
+  fclose(f);
+  memcpy(buf + at, p, n);
+  uint64_t doff, dbytes, xoff, xbytes;
+  memcpy(&xoff, buf + 72, 8);
+  memcpy(&xbytes, buf + 80, 8);
+  memcpy(&doff, buf + 88, 8);
+  memcpy(&dbytes, buf + 96, 8);
+  uint32_t c = (uint32_t)crc32(0, buf + xoff, (uInt)xbytes);
+  memcpy(buf + 104, &c, 4);
+  c = (uint32_t)crc32(0, buf + doff, (uInt)dbytes);
+  memcpy(buf + 108, &c, 4);
+  c = (uint32_t)crc32(0, buf, DS_BIN_HEADER_SIZE - 4);
+  memcpy(buf + DS_BIN_HEADER_SIZE - 4, &c, 4);
+  write_file(to, (const char *)buf, (size_t)size);
+  free(buf);
+}
+
+/* Read every sample of path: 0 at the end, or the failing code with the
+ * source's message in err. */
+static int read_all(const char *path, char *err, size_t n) {
+  ds_source_opts o = {.path = path};
+  ds_source *s = ds_source_open(&o, err, n);
+  if (!s) return SR_EFORMAT;
+  ds_batch b;
+  ds_batch_init(&b, 64);
+  int rc;
+  while ((rc = ds_source_next(s, &b, 64)) > 0) {}
+  snprintf(err, n, "%s", ds_source_errmsg(s));
+  ds_batch_free(&b);
+  ds_source_destroy(s);
+  return rc;
+}
+
+/* Values no writer writes, behind valid checksums, are refused naming the
+ * file, the record and the field (a record) or the header field. */
+START_TEST(test_bin_values_checked) {
+  write_lines(tpath("r.txt"), 100, 26);
+  convert_api(tpath("r.txt"), tpath("r.bin"), DS_SCHEME_NONE, 0, DS_IDS_DICT, 0);
+  ds_source_opts o = {.path = tpath("r.bin")};
+  ds_source *s = open_src(o);
+  ds_bin_info in = {0};
+  FILE *f = fopen(tpath("r.bin"), "rb");
+  unsigned char h[DS_BIN_HEADER_SIZE];
+  ck_assert_int_eq((int)fread(h, 1, sizeof h, f), (int)sizeof h);
+  fclose(f);
+  memcpy(&in.data_off, h + 88, 8);
+  ds_source_destroy(s);
+  char err[1024];
+  ck_assert_int_eq(read_all(tpath("r.bin"), err, sizeof err), 0);
+  const uint64_t rs = 56 + 26 * 4;
+  const float two = 2.0f, minus1 = -1.0f, inf = INFINITY, nan = NAN;
+  const uint32_t big = 9999, mode = 7;
+  const uint64_t zero64 = 0;
+  struct { uint64_t at; const void *p; size_t n; int at_open; const char *want; } cases[] = {
+      {in.data_off + 3 * rs, &two, 4, 0, "x.bin: record 3: label 2 is not 0 or 1"},
+      {in.data_off + 5 * rs, &minus1, 4, 0, "x.bin: record 5: label -1 is not 0 or 1"},
+      {in.data_off + 7 * rs + 4 + 4 * 4, &inf, 4, 0, "x.bin: record 7: dense I5 is inf"},
+      {in.data_off + 9 * rs + 4, &nan, 4, 0, "x.bin: record 9: dense I1 is nan"},
+      {in.data_off + 99 * rs + 56 + 4, &big, 4, 0,
+       "x.bin: record 99: C2 id 9999 is outside its table of"},
+      {16, &mode, 4, 1, "x.bin: header: id mode 7 is not one of 0..3"},
+      {12, &mode, 4, 1, "x.bin: header: unknown layout flags 0x7"},
+      {112 + 8 * 3, &zero64, 8, 1, "x.bin: header: table C4 has 0 rows"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    edit_bin(tpath("r.bin"), tpath("x.bin"), cases[i].at, cases[i].p, cases[i].n);
+    ds_source_opts ox = {.path = tpath("x.bin")};
+    ds_source *sx = ds_source_open(&ox, err, sizeof err);
+    ck_assert_msg((sx == NULL) == cases[i].at_open, "case %zu: %s", i, sx ? "opened" : err);
+    ds_source_destroy(sx);
+    int rc = read_all(tpath("x.bin"), err, sizeof err);
+    ck_assert_int_eq(rc, SR_EFORMAT);
+    ck_assert_msg(strstr(err, cases[i].want), "case %zu: %s", i, err);
+  }
+}
+END_TEST
+
+/* Two more a broken or hostile file brings: a dictionary that lists a
+ * value twice (behind valid checksums; the second entry's id would be one no
+ * raw value maps to) and a folder given as the data file. */
+START_TEST(test_bin_dict_duplicate_and_folder) {
+  write_lines(tpath("r.txt"), 300, 26);
+  convert_api(tpath("r.txt"), tpath("r.bin"), DS_SCHEME_NONE, 0, DS_IDS_DICT, 0);
+  FILE *f = fopen(tpath("r.bin"), "rb");
+  unsigned char h[DS_BIN_HEADER_SIZE];
+  ck_assert_int_eq((int)fread(h, 1, sizeof h, f), (int)sizeof h);
+  uint64_t n0, n1;
+  memcpy(&n0, h + 112 + 8 * 26, 8); /* C1's and C2's dictionary sizes */
+  memcpy(&n1, h + 112 + 8 * 27, 8);
+  ck_assert(n0 >= 1 && n1 >= 3);
+  uint32_t v[3]; /* C2's first three values */
+  fseek(f, (long)(DS_BIN_HEADER_SIZE + 4 * n0), SEEK_SET);
+  ck_assert_int_eq((int)fread(v, 4, 3, f), 3);
+  fclose(f);
+  edit_bin(tpath("r.bin"), tpath("x.bin"), DS_BIN_HEADER_SIZE + 4 * n0 + 8, &v[0], 4);
+  char err[1024], want[128];
+  ds_source_opts o = {.path = tpath("x.bin")};
+  ck_assert_ptr_null(ds_source_open(&o, err, sizeof err));
+  snprintf(want, sizeof want, "x.bin: dictionary C2: value 0x%x is entries 1 and 3", v[0]);
+  ck_assert_msg(strstr(err, want), "%s", err);
+  ck_assert_int_eq(mkdir(tpath("dir.bin"), 0777), 0);
+  for (int k = 0; k < 2; k++) {
+    ds_source_opts od = {.path = tpath("dir.bin"), .format = k ? DS_FORMAT_PROCESSED : DS_FORMAT_AUTO};
+    ck_assert_ptr_null(ds_source_open(&od, err, sizeof err));
+    ck_assert_msg(strstr(err, "dir.bin: a folder, not a data file"), "%s", err);
+  }
+}
+END_TEST
+
 /* ---- shardrec convert ---- */
 
 static int run(const char *cmd, char *out, size_t n) {
@@ -955,6 +1189,7 @@ static Suite *suite(void) {
   tcase_add_test(t, test_source_quirks_plain_gzip_crlf);
   tcase_add_test(t, test_source_malformed_reported);
   tcase_add_test(t, test_source_long_line);
+  tcase_add_test(t, test_source_gzip_truncated);
   tcase_add_test(t, test_dict_threshold_unseen);
   tcase_add_test(t, test_modulo_hash_modes);
   tcase_add_test(t, test_source_splits);
@@ -970,6 +1205,9 @@ static Suite *suite(void) {
   tcase_add_test(b, test_bin_shuffle);
   tcase_add_test(b, test_int32_layout);
   tcase_add_test(b, test_bin_refused);
+  tcase_add_test(b, test_source_format_by_content);
+  tcase_add_test(b, test_bin_values_checked);
+  tcase_add_test(b, test_bin_dict_duplicate_and_folder);
   tcase_add_test(b, test_cli_convert);
   suite_add_tcase(s, b);
   return s;

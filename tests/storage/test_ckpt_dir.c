@@ -49,8 +49,9 @@ static void write_step(long long step) {
   int exists = -1;
   ck_assert_msg(ckpt_dir_begin(root, step, &t, &exists, err, sizeof err) == 0, "%s", err);
   ck_assert_int_eq(exists, 0);
-  char want[256];
-  snprintf(want, sizeof want, "%s/.step-%lld.tmp-%ld", root, step, (long)getpid());
+  char want[512], tag[SR_TMP_TAG_MAX];
+  ck_assert_int_eq(sr_tmp_tag(tag, sizeof tag), 0); /* this process's: tmp-PID-START-BOOT-HOST */
+  snprintf(want, sizeof want, "%s/.step-%lld.%s", root, step, tag);
   ck_assert_str_eq(t.tmp, want);
   snprintf(p, sizeof p, "%s/x.bin", t.tmp);
   put(p, "hello");

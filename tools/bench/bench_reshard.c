@@ -233,7 +233,7 @@ int bench_reshard(int argc, char **argv) {
       case O_KEEP: keep = 1; break;
       case O_THREADS: {
         long long t;
-        if (cli_int(CMD, "--threads", optarg, 1, 256, &t)) return 2;
+        if (cli_flag(CMD, "--threads", optarg, &t)) return 2;
         threads = optarg;
         break;
       }

@@ -122,7 +122,7 @@ static int parse_flags(int argc, char **argv, bs *b) {
       case 'r': if (cli_int(CMD, "--rows", optarg, 10000, 1LL << 31, &b->rows)) return 2; break;
       case 'd': if (cli_int(CMD, "--dim", optarg, 1, 1024, &b->dim)) return 2; break;
       case 'b': if (cli_int(CMD, "--batch", optarg, 1, 1 << 20, &b->batch)) return 2; break;
-      case 'c': if (cli_int(CMD, "--cache-rows", optarg, 2048, 1LL << 30, &b->cache_rows)) return 2; break;
+      case 'c': if (cli_flag(CMD, "--cache-rows", optarg, &b->cache_rows)) return 2; break;
       case 'n': if (cli_int(CMD, "--batches", optarg, 1, 1 << 20, &b->nbatches)) return 2; break;
       case 'R': if (cli_int(CMD, "--runs", optarg, 1, 99, &b->runs)) return 2; break;
       case 'z': if (cli_double(CMD, "--zipf", optarg, 1.0001, 3, &b->zipf)) return 2; break;

@@ -115,8 +115,8 @@ static cJSON *job_manifest(const emb_plan *plan, const char *store_kind, dense_m
 size_t ckpt_root_room(void) {
   /* The temporary step folder with the widest step and pid, and a name. */
   char widest[64];
-  return (size_t)snprintf(widest, sizeof widest, "/.step-%lld.tmp-%d/", LLONG_MAX, INT_MAX) +
-         CKPT_NAME_ROOM;
+  return (size_t)snprintf(widest, sizeof widest, "/.step-%lld./", LLONG_MAX) +
+         (SR_TMP_TAG_MAX - 1) + CKPT_NAME_ROOM;
 }
 
 int ckpt_root_check(const char *root, char *err, size_t errlen) {

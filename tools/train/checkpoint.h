@@ -50,8 +50,8 @@ typedef struct ckpt_settings {
  * room to spare. */
 #define CKPT_NAME_ROOM 64
 
-/* The characters ckpt_save needs after its root: "/.step-N.tmp-PID/" with
- * the widest N and PID, and CKPT_NAME_ROOM. */
+/* The characters ckpt_save needs after its root: "/.step-N.TAG/" with
+ * the widest N and tag (SR_TMP_TAG_MAX), and CKPT_NAME_ROOM. */
 size_t ckpt_root_room(void);
 
 /* Whether root leaves room for every path ckpt_save makes under it

@@ -127,7 +127,10 @@ static ds_source_opts source_opts(const train_job *j, ds_split split) {
   o.max_ind_range = c->max_ind_range;
   o.frequency_threshold = c->frequency_threshold;
   o.strict = c->strict;
-  o.report = j->rank == 0 ? stderr : NULL; /* every rank reads the same data */
+  /* every rank reads the same data, and the train and test sources the same
+   * file: rank 0's train source alone reports its malformed lines */
+  o.report = j->rank == 0 && split == DS_SPLIT_TRAIN ? stderr : NULL;
+  o.format = DS_FORMAT_PROCESSED;
   if (c->raw) {
     o.format = DS_FORMAT_AUTO;
     if (c->have_test_fraction) {

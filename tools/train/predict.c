@@ -270,7 +270,8 @@ static int open_data(run *r) {
   r->so = (ds_source_opts){.path = o->data_path, .split = o->split,
                            .max_ind_range = o->max_ind_range,
                            .frequency_threshold = o->frequency_threshold,
-                           .no_label = o->no_label, .strict = o->strict, .report = o->report};
+                           .no_label = o->no_label, .strict = o->strict, .report = o->report,
+                           .format = o->raw ? DS_FORMAT_AUTO : DS_FORMAT_PROCESSED};
   if (o->raw) {
     r->so.scheme = o->terabyte ? DS_SCHEME_TERABYTE
                    : o->have_test_fraction ? DS_SCHEME_FRACTION : DS_SCHEME_KAGGLE;
