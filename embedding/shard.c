@@ -338,6 +338,31 @@ static void push_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
   }
 }
 
+typedef struct {
+  float lr;
+  const float *const *grads;
+  float *scratch;      /* [stride] */
+  int bad_t;           /* -1, or the table of the first row that would turn non-finite */
+  uint64_t bad_id;
+} check_ctx;
+
+/* A push's first pass: emb_optim_check on each row (resident and pinned),
+ * nothing changed; the first row whose outcome is not finite is kept. */
+static void check_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
+  check_ctx *c = vctx;
+  const emb_plan *plan = s->base.plan;
+  for (size_t i = 0; i < n && c->bad_t < 0; i++) {
+    uint32_t t = s->it_t[i];
+    int dim = s->dim[t];
+    const float *row = slot_row(s, s->it_slot[i]);
+    if (!emb_optim_check(&plan->tables[t].optim, dim, c->lr, c->grads[t] + it_r[i] * (size_t)dim,
+                         row, row + dim, c->scratch)) {
+      c->bad_t = (int)t;
+      c->bad_id = s->it_id[i];
+    }
+  }
+}
+
 /* Misses gathered by a lookup: resolved (MultiGet, insert) and copied out. */
 static int lookup_flush_misses(shstore *s, size_t *nm, float *const *out) {
   if (!*nm) return 0;
@@ -419,8 +444,27 @@ static int sh_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
   shstore *s = (shstore *)b;
   int rc = check_ids(s, ids, "push");
   if (rc) return rc;
+  if (!emb_optim_lr_ok(lr)) {
+    sr_fmt(s->err, sizeof s->err, "push: learning rate %g is outside [0, %g]", (double)lr,
+           EMB_OPTIM_MAX_LR);
+    return SR_ERANGE;
+  }
   uint64_t hits = 0, total = 0;
   for (int t = 0; t < s->n_tables; t++) total += ids->counts[t];
+  /* Applied whole or not at all: every row checked first (the check brings
+   * rows into the cache, which changes no value). */
+  check_ctx cc = {lr, grads, s->tmp, -1, 0};
+  rc = for_chunks(s, ids, s->mitem + s->chunk, check_act, &cc, &hits);
+  if (rc) return rc;
+  if (cc.bad_t >= 0) {
+    const emb_table *tb = &s->base.plan->tables[cc.bad_t];
+    sr_fmt(s->err, sizeof s->err,
+           "push: table %u (%s) row %llu: the update (learning rate %g) would leave the row or "
+           "its optimizer state non-finite; nothing applied",
+           tb->table_id, tb->name, (unsigned long long)cc.bad_id, (double)lr);
+    return SR_ERANGE;
+  }
+  hits = 0;
   push_ctx c = {lr, grads};
   rc = for_chunks(s, ids, s->mitem + s->chunk, push_act, &c, &hits);
   if (!rc) s->st.pushes += total;

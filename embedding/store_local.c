@@ -68,6 +68,7 @@ typedef struct {
   size_t scratch_cap;
   size_t *pos;    /* [scratch_cap] map position of ids[r] */
   uint32_t *slot; /* [scratch_cap] slot + 1 of ids[r] (0: not stored) */
+  float *rowbuf;  /* [2][widest dim + state]: a row's start and its checked outcome */
   char model_fp[EMB_FP_HEX];
   emb_store_stats st;
   int last_lookup_rc;
@@ -299,12 +300,55 @@ static int l_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, floa
 
 static int l_lookup_wait(emb_store *b) { return ((lstore *)b)->last_lookup_rc; }
 
+/* Whether every row of the push would stay finite (emb_optim_check on
+ * each row's current value, or its init value when not stored): 0, or
+ * SR_ERANGE naming the first row that would not, nothing changed. */
+static int check_push(lstore *s, float lr, const emb_idset *ids, const float *const *grads) {
+  const emb_plan *plan = s->base.plan;
+  if (!emb_optim_lr_ok(lr)) {
+    sr_fmt(s->err, sizeof s->err, "push: learning rate %g is outside [0, %g]", (double)lr,
+           EMB_OPTIM_MAX_LR);
+    return SR_ERANGE;
+  }
+  for (int ti = 0; ti < s->n; ti++) {
+    const ltab *t = &s->t[ti];
+    const emb_optim_cfg *oc = &plan->tables[ti].optim;
+    const uint64_t *id = ids->ids[ti];
+    float *start = s->rowbuf, *out = s->rowbuf + t->stride;
+    resolve(s, t, id, ids->counts[ti]);
+    for (size_t r = 0; r < ids->counts[ti]; r++) {
+      const float *row = start;
+      if (s->slot[r]) {
+        row = lt_row(t, s->slot[r]);
+      } else {
+        emb_row_init(plan, ti, id[r], start);
+        emb_optim_state_init(oc, t->dim, start + t->dim);
+      }
+      if (!emb_optim_check(oc, t->dim, lr, grads[ti] + r * (size_t)t->dim, row, row + t->dim, out)) {
+        sr_fmt(s->err, sizeof s->err,
+               "push: table %u (%s) row %llu: the update (learning rate %g) would leave the row "
+               "or its optimizer state non-finite; nothing applied",
+               plan->tables[ti].table_id, plan->tables[ti].name, (unsigned long long)id[r],
+               (double)lr);
+        return SR_ERANGE;
+      }
+    }
+  }
+  return 0;
+}
+
 static int l_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
                   const float *const *grads) {
   (void)step;
   lstore *s = (lstore *)b;
   int rc = check_ids(s, ids, "push");
   if (rc) return rc;
+  for (int ti = 0; ti < s->n; ti++)
+    if ((rc = scratch_reserve(s, ids->counts[ti]))) {
+      sr_fmt(s->err, sizeof s->err, "push: table %d: %s", ti, sr_strerror(rc));
+      return rc;
+    }
+  if ((rc = check_push(s, lr, ids, grads))) return rc;
   for (int ti = 0; ti < s->n; ti++)
     if ((rc = lt_reserve(&s->t[ti], ids->counts[ti])) || (rc = scratch_reserve(s, ids->counts[ti]))) {
       sr_fmt(s->err, sizeof s->err, "push: table %d: %s", ti, sr_strerror(rc));
@@ -492,6 +536,7 @@ static void l_destroy(emb_store *b) {
   free(s->t);
   free(s->pos);
   free(s->slot);
+  free(s->rowbuf);
   free(s);
 }
 
@@ -520,10 +565,14 @@ emb_store *emb_store_create_local(const emb_plan *plan, char *err, size_t errlen
   s->n = plan->n_tables;
   s->t = calloc((size_t)s->n, sizeof *s->t);
   if (!s->t) goto nomem;
+  size_t widest = 1;
   for (int ti = 0; ti < s->n; ti++) {
     const emb_table *pt = &plan->tables[ti];
     if (lt_init(&s->t[ti], pt->dim, emb_optim_state_len(&pt->optim, pt->dim), pt->rows, 0)) goto nomem;
+    if ((size_t)s->t[ti].stride > widest) widest = (size_t)s->t[ti].stride;
   }
+  s->rowbuf = malloc(2 * widest * sizeof *s->rowbuf);
+  if (!s->rowbuf) goto nomem;
   if (emb_plan_model_fingerprint(plan, s->model_fp)) goto nomem;
   return &s->base;
 nomem:

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/status.h"
 #include "rpc/coord.h"
 
 #define WHY_LEN 480
@@ -469,8 +470,8 @@ static size_t merge_table(const rpc_coord *c, int t, held_push *const *qs, int W
 
 /* Apply the next step of sync job j from qs[world] (all present): per
  * table, a row's gradients summed over the ranks in rank order, then the
- * optimizer once, with rank 0's learning rate. 0, or -1 with the message
- * in msg. */
+ * optimizer once, with rank 0's learning rate. 0, or nonzero (the apply
+ * callback's code, or -1 when out of memory) with the message in msg. */
 static int job_apply(rpc_coord *c, const multi_job *j, held_push *const *qs, char *msg,
                      size_t msglen) {
   const int nt = c->n_tables, W = j->world;
@@ -498,11 +499,10 @@ static int job_apply(rpc_coord *c, const multi_job *j, held_push *const *qs, cha
   emb_idset set = {.n_tables = nt, .ids = ids, .counts = counts};
   char err[RPC_COORD_MSG];
   err[0] = 0;
-  if (c->apply(c->apply_ctx, j->applied + 1, qs[0]->lr, &set, grads, err, sizeof err))
+  rc = c->apply(c->apply_ctx, j->applied + 1, qs[0]->lr, &set, grads, err, sizeof err);
+  if (rc)
     snprintf(msg, msglen, "push of step %lld of job %s: %s", (long long)j->applied + 1, j->job,
              err);
-  else
-    rc = 0;
   goto done;
 nomem:
   snprintf(msg, msglen, "out of memory merging the ranks' pushes");
@@ -560,9 +560,10 @@ static rpc_coord_outcome solo_push(rpc_coord *c, const rpc_coord_call *k,
   if (k->step <= c->solo[i].last_step) return RPC_COORD_RETRY; /* already applied */
   char err[RPC_COORD_MSG];
   err[0] = 0;
-  if (c->apply(c->apply_ctx, k->step, p->lr, p->set, p->grads, err, sizeof err)) {
+  int rc = c->apply(c->apply_ctx, k->step, p->lr, p->set, p->grads, err, sizeof err);
+  if (rc) {
     snprintf(msg, msglen, "push: %s", err);
-    return RPC_COORD_FAILED;
+    return rc == SR_ERANGE ? RPC_COORD_INVALID : RPC_COORD_FAILED;
   }
   c->solo[i].last_step = k->step;
   c->solo[i].used = ++c->clock;
@@ -579,9 +580,10 @@ rpc_coord_outcome rpc_coord_push(rpc_coord *c, const rpc_coord_call *k, const rp
   err[0] = 0;
   if (j->stale) { /* async: applied on arrival */
     if (k->step <= j->done[k->rank]) return RPC_COORD_RETRY;
-    if (c->apply(c->apply_ctx, k->step, p->lr, p->set, p->grads, err, sizeof err)) {
+    int rc = c->apply(c->apply_ctx, k->step, p->lr, p->set, p->grads, err, sizeof err);
+    if (rc) {
       snprintf(msg, msglen, "push of step %lld of job %s: %s", (long long)k->step, k->job, err);
-      return RPC_COORD_FAILED;
+      return rc == SR_ERANGE ? RPC_COORD_INVALID : RPC_COORD_FAILED;
     }
     j->done[k->rank] = k->step;
     j->progress = now;
@@ -610,6 +612,13 @@ rpc_coord_outcome rpc_coord_push(rpc_coord *c, const rpc_coord_call *k, const rp
     for (int r = 0; r < W; r++)
       if (!j->have[r]) return RPC_COORD_GO;
     int rc = job_apply(c, j, j->have, msg, msglen);
+    if (rc == SR_ERANGE) { /* refused whole: the step is dropped, the job stops as for a dead rank */
+      char what[RPC_COORD_MSG];
+      snprintf(what, sizeof what, "%s", msg);
+      job_abort(c, j, what);
+      snprintf(msg, msglen, "%s", j->why);
+      return RPC_COORD_ABORTED;
+    }
     for (int r = 0; r < W; r++) free(j->have[r]);
     memmove(j->have, j->have + W, (size_t)(RPC_COORD_AHEAD - 1) * (size_t)W * sizeof *j->have);
     memset(j->have + (size_t)(RPC_COORD_AHEAD - 1) * (size_t)W, 0, (size_t)W * sizeof *j->have);

@@ -16,6 +16,7 @@
 
 #include "common/status.h"
 #include "common/sys.h"
+#include "embedding/optim.h"
 #include "embedding/served.h"
 #include "rpc/coord.h"
 #include "rpc/health.pb-c.h"
@@ -82,6 +83,7 @@ static int coord_status(rpc_coord_outcome o) {
     case RPC_COORD_ABORTED: return RPC_ABORTED;
     case RPC_COORD_NOMEM: return RPC_RESOURCE_EXHAUSTED;
     case RPC_COORD_FAILED: return RPC_INTERNAL;
+    case RPC_COORD_INVALID: return RPC_INVALID_ARGUMENT;
     case RPC_COORD_TIMED_OUT: return RPC_DEADLINE_EXCEEDED;
   }
   return RPC_INTERNAL;
@@ -400,9 +402,9 @@ static void do_push(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r)
   if (!q) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid shardrec.v1.PushRequest (%zu bytes)", len);
   if (s->read_only) FAIL(r, RPC_FAILED_PRECONDITION, "this server is read-only: Push refused");
   if (check_header(s, q->header, r)) goto out;
-  if (!isfinite(q->learning_rate) || q->learning_rate < 0)
-    FAIL(r, RPC_INVALID_ARGUMENT, "learning_rate %g: must be finite and >= 0",
-         (double)q->learning_rate);
+  if (!emb_optim_lr_ok(q->learning_rate))
+    FAIL(r, RPC_INVALID_ARGUMENT, "learning_rate %g: must be finite and within [0, %g]",
+         (double)q->learning_rate, EMB_OPTIM_MAX_LR);
   idx = calloc(q->n_tables + 1, sizeof *idx);
   seen = calloc((size_t)nt, 1);
   ids = calloc((size_t)nt, sizeof *ids);

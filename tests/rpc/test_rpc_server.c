@@ -178,6 +178,19 @@ START_TEST(test_bad_requests_change_nothing) {
   expect_refused("push, repeated row", RPC_PUSH, enc_push(fp, "job-a", 1, 0.5f, dspec, 1, &len), &len, RPC_INVALID_ARGUMENT, "twice");
   /* A negative learning rate. */
   expect_refused("push, negative lr", RPC_PUSH, enc_push(fp, "job-a", 1, -1.0f, good, 2, &len), &len, RPC_INVALID_ARGUMENT, "learning_rate");
+  /* Learning rates past 1e4 (finite, but they overflow rows). */
+  expect_refused("push, lr 3e38", RPC_PUSH, enc_push(fp, "job-a", 1, 3e38f, good, 2, &len), &len, RPC_INVALID_ARGUMENT, "within [0, 10000]");
+  expect_refused("push, lr 1e5", RPC_PUSH, enc_push(fp, "job-a", 1, 1e5f, good, 2, &len), &len, RPC_INVALID_ARGUMENT, "learning_rate");
+  /* A finite gradient whose square overflows the Adagrad accumulator of
+   * table 1's row ids1[3]: refused whole, table and row named. */
+  float big[5 * DIM];
+  memcpy(big, g1, sizeof big);
+  big[3 * DIM + 2] = 3e38f;
+  call_table over[2] = {{0, ids0, 8, g0, 0}, {1, ids1, 5, big, 0}};
+  char want[160];
+  snprintf(want, sizeof want, "table %u (%s) row %llu:", plan->tables[1].table_id,
+           plan->tables[1].name, (unsigned long long)ids1[3]);
+  expect_refused("push, overflowing gradient", RPC_PUSH, enc_push(fp, "job-a", 1, 0.5f, over, 2, &len), &len, RPC_INVALID_ARGUMENT, want);
   /* Truncated and garbage protobufs. */
   uint8_t *full = enc_push(fp, "job-a", 1, 0.5f, good, 2, &len);
   size_t cut = len / 2;
