@@ -11,11 +11,13 @@
 #include "embedding/shard.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/fs.h"
 #include "common/rng.h"
@@ -81,6 +83,8 @@ typedef struct {
   unsigned char *enc;     /* [8 + 4 * stride] */
   emb_store_stats st;
   emb_shard_counters ctr;
+  int unclean;            /* opened on rows without the clean-stop marks (a crash) */
+  int marked;             /* the clean-stop marks are written (emb_shard_mark_clean) */
   int last_lookup_rc;
   char err[1024];
 } shstore;
@@ -438,12 +442,90 @@ static int sh_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, flo
 
 static int sh_lookup_wait(emb_store *b) { return ((shstore *)b)->last_lookup_rc; }
 
+static int sh_flush(emb_store *b);
+
+/* ---- clean-stop marks: DIR/shard-K.clean, written at a clean stop ---- */
+
+static int mark_path(const shstore *s, int k, char *out, size_t n) {
+  char db[SR_PATH_MAX];
+  if (ckpt_dir_shard_path(s->dir, s->db_shard[k], db, sizeof db)) return SR_ERANGE;
+  return sr_path(out, n, "%s" EMB_SHARD_CLEAN_SUFFIX, db) ? SR_ERANGE : 0;
+}
+
+/* Remove every hosted shard's mark (the rows are about to change). */
+static int marks_remove(shstore *s) {
+  for (int k = 0; k < s->n_db; k++) {
+    char p[SR_PATH_MAX];
+    if (mark_path(s, k, p, sizeof p)) {
+      sr_fmt(s->err, sizeof s->err, "%s: path too long", s->dir);
+      return SR_ERANGE;
+    }
+    if (unlink(p) && errno != ENOENT) {
+      sr_fmt(s->err, sizeof s->err, "%s: cannot remove: %s", p, strerror(errno));
+      return SR_EIO;
+    }
+  }
+  s->marked = 0;
+  return sr_fsync_dir(s->dir) ? SR_EIO : 0;
+}
+
+/* Whether database k holds a row of any table. */
+static int db_has_rows(shstore *s, int k) {
+  int any = 0;
+  for (int t = 0; t < s->n_tables && !any; t++) {
+    kv_iter *it = kv_iter_create(s->db[k], t);
+    any = !it || kv_iter_valid(it); /* cannot tell: count it as rows */
+    kv_iter_destroy(it);
+  }
+  return any;
+}
+
+/* At open: a hosted shard that holds rows but no mark was not stopped
+ * cleanly; then every mark goes, before anything is written. */
+static int marks_check(shstore *s) {
+  for (int k = 0; k < s->n_db; k++) {
+    char p[SR_PATH_MAX];
+    if (mark_path(s, k, p, sizeof p)) {
+      sr_fmt(s->err, sizeof s->err, "%s: path too long", s->dir);
+      return SR_ERANGE;
+    }
+    if (!sr_is_file(p) && db_has_rows(s, k)) s->unclean = 1;
+  }
+  return marks_remove(s);
+}
+
+int emb_shard_mark_clean(emb_store *b) {
+  if (!b || emb_store_kind_of(b) != EMB_STORE_SHARD) return SR_EINVAL;
+  shstore *s = (shstore *)b;
+  int rc = sh_flush(b);
+  if (rc) return rc;
+  for (int k = 0; k < s->n_db; k++) {
+    char p[SR_PATH_MAX];
+    if (mark_path(s, k, p, sizeof p)) return SR_ERANGE;
+    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    int ok = fd >= 0 && write(fd, "clean\n", 6) == 6 && fsync(fd) == 0;
+    if (fd >= 0) close(fd);
+    if (!ok) {
+      sr_fmt(s->err, sizeof s->err, "%s: cannot write: %s", p, strerror(errno));
+      return SR_EIO;
+    }
+  }
+  if (sr_fsync_dir(s->dir)) return SR_EIO;
+  s->marked = 1;
+  return 0;
+}
+
+int emb_shard_unclean(const emb_store *b) {
+  return b && emb_store_kind_of(b) == EMB_STORE_SHARD && ((const shstore *)b)->unclean;
+}
+
 static int sh_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
                    const float *const *grads) {
   (void)step;
   shstore *s = (shstore *)b;
   int rc = check_ids(s, ids, "push");
   if (rc) return rc;
+  if (s->marked && (rc = marks_remove(s))) return rc;
   if (!emb_optim_lr_ok(lr)) {
     sr_fmt(s->err, sizeof s->err, "push: learning rate %g is outside [0, %g]", (double)lr,
            EMB_OPTIM_MAX_LR);
@@ -582,7 +664,9 @@ static int sh_restore(emb_store *b, const char *path) {
       return rc;
     }
   }
-  return open_dbs(s);
+  int rc = open_dbs(s);
+  if (!rc) s->unclean = 0; /* every row is the checkpoint's now */
+  return rc;
 }
 
 static int sh_stats(emb_store *b, emb_store_stats *out) {
@@ -808,7 +892,7 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
   s->sopts.block_cache_bytes = cfg->block_cache_bytes;
   s->sopts.write_buffer_bytes = cfg->write_buffer_bytes;
   s->sopts.compression = cfg->lz4 ? KV_COMPRESSION_LZ4 : KV_COMPRESSION_NONE;
-  if (open_dbs(s)) {
+  if (open_dbs(s) || marks_check(s)) {
     sr_fmt(err, errlen, "shard store: %s", s->err);
     sh_destroy(&s->base);
     return NULL;

@@ -46,8 +46,10 @@ emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *serv
                                    size_t errlen);
 
 /* Nonzero when store is a remote store whose last failure means a server
- * was unreachable after every retry (UNAVAILABLE) or answered from a new
- * incarnation (it restarted): its rows may no longer be the run's, and only
+ * was unreachable after every retry (UNAVAILABLE), answered from a new
+ * incarnation (it restarted), or refused the call because it restarted on
+ * rows left by a crash (FAILED_PRECONDITION RPC_MSG_UNCLEAN; the call fails
+ * with SR_EUNAVAILABLE, not SR_EMISMATCH): its rows may no longer be the run's, and only
  * a Restore of every server from a checkpoint (emb_store_restore, which
  * clears this) makes the store usable again. 0 for other stores. */
 int rpc_remote_lost(const emb_store *store);

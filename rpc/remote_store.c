@@ -264,13 +264,20 @@ static void run_calls(conn *conns, grpc_completion_queue *cq, pcall *calls, int 
   }
 }
 
-/* Message for a failed call into s->err; returns an SR_E* code. */
+/* Message for a failed call into s->err; returns an SR_E* code. A server
+ * that restarted on rows left by a crash (RPC_MSG_UNCLEAN) is a lost server,
+ * as one with a new incarnation is: only a Restore makes it usable. */
 static int call_error(rstore *s, const pcall *p, const char *what) {
   char *d = grpc_slice_to_c_string(p->details);
-  sr_fmt(s->err, sizeof s->err, "%s: shard %d server %s: %s%s%s (after %d tr%s)", what, p->shard,
-         s->c[p->shard].addr, status_name(p->status), d && *d ? ": " : "", d ? d : "", p->tries,
-         p->tries == 1 ? "y" : "ies");
+  const int crashed = p->status == GRPC_STATUS_FAILED_PRECONDITION && d && strstr(d, RPC_MSG_UNCLEAN);
+  sr_fmt(s->err, sizeof s->err, "%s: shard %d server %s%s: %s%s%s (after %d tr%s)", what, p->shard,
+         s->c[p->shard].addr, crashed ? " restarted after a crash" : "", status_name(p->status),
+         d && *d ? ": " : "", d ? d : "", p->tries, p->tries == 1 ? "y" : "ies");
   gpr_free(d);
+  if (crashed) {
+    s->lost = 1;
+    return SR_EUNAVAILABLE;
+  }
   switch ((int)p->status) {
     case GRPC_STATUS_UNAVAILABLE: s->lost = 1; return SR_EUNAVAILABLE;
     case GRPC_STATUS_DEADLINE_EXCEEDED: return SR_ETIMEOUT;

@@ -18,6 +18,7 @@
 #include "common/sys.h"
 #include "embedding/optim.h"
 #include "embedding/served.h"
+#include "embedding/shard.h"
 #include "rpc/coord.h"
 #include "rpc/health.pb-c.h"
 #include "rpc/service.h"
@@ -54,6 +55,7 @@ struct rpc_service {
   int n_shards;
   int read_only;
   size_t max_ids;
+  int unclean;          /* rows left by a crash, not restored since (RPC_MSG_UNCLEAN) */
   pthread_mutex_t mu;   /* serialises the store, the coordinator and the counters below */
   rpc_coord *coord;     /* owned: the multi-rank jobs */
   lat_stat lat[RPC_N_METHODS];
@@ -106,6 +108,7 @@ rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
   s->plan = plan;
   s->store = store;
   s->read_only = o->read_only;
+  s->unclean = o->refuse_unclean && emb_shard_unclean(store);
   s->max_ids = o->max_ids ? o->max_ids : (size_t)1 << 22;
   s->served = calloc((size_t)plan->n_shards, 1);
   s->shards = malloc((size_t)o->n_shards * sizeof *s->shards);
@@ -292,6 +295,17 @@ static int check_ids(rpc_service *s, const char *what, size_t i, uint32_t table_
   return RPC_OK;
 }
 
+/* Rows left by a crash are not served until a Restore. */
+static int check_clean(rpc_service *s, rpc_reply *r) {
+  pthread_mutex_lock(&s->mu);
+  int unclean = s->unclean;
+  pthread_mutex_unlock(&s->mu);
+  if (!unclean) return RPC_OK;
+  r->status = RPC_FAILED_PRECONDITION;
+  snprintf(r->msg, sizeof r->msg, "%s", RPC_MSG_UNCLEAN);
+  return r->status;
+}
+
 static int cmp_u64(const void *a, const void *b) {
   uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
   return x < y ? -1 : x > y;
@@ -318,7 +332,7 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
   float **outp = NULL;
   Shardrec__V1__TableRows *rows = NULL, **rowp = NULL;
   if (!q) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid shardrec.v1.LookupRequest (%zu bytes)", len);
-  if (check_header(s, q->header, r)) goto out;
+  if (check_header(s, q->header, r) || check_clean(s, r)) goto out;
   idx = calloc(q->n_tables + 1, sizeof *idx);
   seen = calloc((size_t)nt, 1);
   ids = calloc((size_t)nt, sizeof *ids);
@@ -401,7 +415,7 @@ static void do_push(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r)
   uint64_t *sorted = NULL;
   if (!q) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid shardrec.v1.PushRequest (%zu bytes)", len);
   if (s->read_only) FAIL(r, RPC_FAILED_PRECONDITION, "this server is read-only: Push refused");
-  if (check_header(s, q->header, r)) goto out;
+  if (check_header(s, q->header, r) || check_clean(s, r)) goto out;
   if (!emb_optim_lr_ok(q->learning_rate))
     FAIL(r, RPC_INVALID_ARGUMENT, "learning_rate %g: must be finite and within [0, %g]",
          (double)q->learning_rate, EMB_OPTIM_MAX_LR);
@@ -515,7 +529,7 @@ static void do_checkpoint(rpc_service *s, const uint8_t *in, size_t len, rpc_rep
   if (!fp || strcmp(fp, s->fp))
     FAIL(r, RPC_FAILED_PRECONDITION, "plan_fingerprint: request made under plan %.16s..., this server serves plan %.16s...",
          fp && *fp ? fp : "(none)", s->fp);
-  if (check_path(path, r)) goto out;
+  if (check_path(path, r) || (!restore && check_clean(s, r))) goto out;
   char dir[4096];
   if (emb_served_checkpoint_dir(s->store, s->shards, s->n_shards, path, dir, sizeof dir))
     FAIL(r, RPC_INVALID_ARGUMENT, "path: too long");
@@ -524,6 +538,7 @@ static void do_checkpoint(rpc_service *s, const uint8_t *in, size_t len, rpc_rep
   if (restore) {
     rc = emb_store_restore(s->store, dir);
     if (!rc) rpc_coord_restore(s->coord); /* steps start over from the checkpoint's */
+    if (!rc) s->unclean = 0;
   } else {
     /* The store creates dir itself (path or a folder in it). */
     if (mkdir(path, 0777) && errno != EEXIST) rc = SR_EIO;
@@ -590,6 +605,7 @@ static void do_stats(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r
   int rc = emb_store_stats_get(s->store, &st);
   const lat_stat lk = s->lat[RPC_LOOKUP], ps = s->lat[RPC_PUSH];
   resp.failed_calls = s->failed;
+  resp.unclean = s->unclean;
   rpc_coord_stats cs;
   rpc_coord_stats_get(s->coord, &cs);
   pthread_mutex_unlock(&s->mu);

@@ -45,11 +45,20 @@ enum {
 
 typedef struct rpc_service rpc_service;
 
+/* The detail of the FAILED_PRECONDITION a server started on rows left by a
+ * crash answers Lookup, Push and Checkpoint with until a Restore
+ * (rpc_service_opts.refuse_unclean). The remote store (rpc/client.h) knows
+ * it and treats the server as lost (restarted), not as a plan mismatch. */
+#define RPC_MSG_UNCLEAN "rows not consistent after a crash: Restore a checkpoint"
+
 typedef struct rpc_service_opts {
   const int *shards;   /* [n_shards] shards of the plan served here */
   int n_shards;
   int read_only;       /* refuse Push with FAILED_PRECONDITION */
   size_t max_ids;      /* most ids one Lookup or Push may carry (0: 1<<22) */
+  int refuse_unclean;  /* the store is a shard store opened on rows not stopped cleanly
+                          (emb_shard_unclean): refuse Lookup, Push and Checkpoint with
+                          FAILED_PRECONDITION RPC_MSG_UNCLEAN until a Restore */
   double pending_timeout_s; /* a multi-rank job whose pending state (held pushes,
                                parked Lookups, ranks at different steps) makes no
                                progress this long is dropped as if a rank went

@@ -46,6 +46,10 @@ static void usage(FILE *f) {
 "                          checkpoint (other shards, or the same) may run side by side\n"
 "  --restore PATH          start from the shard folders written by Checkpoint(PATH)\n"
 "  --read-only             refuse Push (FAILED_PRECONDITION): serving for inference\n"
+"  --accept-unclean        with --data-dir: serve rows left by a crash as they are. Without\n"
+"                          it, a --data-dir that holds rows but was not stopped cleanly\n"
+"                          (SIGTERM/SIGINT) answers Lookup, Push and Checkpoint\n"
+"                          FAILED_PRECONDITION until a Restore (a push may be torn)\n"
 "  --pending-timeout S     drop a multi-rank job's held step (pushes not yet summed, held\n"
 "                          lookups answered ABORTED) when it makes no progress for S\n"
 "                          seconds (300); a dead rank is normally heard at once\n"
@@ -57,7 +61,7 @@ static void usage(FILE *f) {
 }
 
 enum { O_PLAN = 1000, O_SHARD, O_LISTEN, O_DATA, O_RESTORE, O_CKPT, O_RO, O_THREADS, O_MAXMSG,
-       O_MAXIDS, O_CERT, O_KEY, O_CA, O_CROWS, O_CMB, O_HELP, O_PENDING };
+       O_MAXIDS, O_CERT, O_KEY, O_CA, O_CROWS, O_CMB, O_HELP, O_PENDING, O_UNCLEAN };
 
 static const struct option long_opts[] = {
     {"plan", required_argument, 0, O_PLAN},        {"shard", required_argument, 0, O_SHARD},
@@ -69,6 +73,7 @@ static const struct option long_opts[] = {
     {"tls-key", required_argument, 0, O_KEY},      {"tls-client-ca", required_argument, 0, O_CA},
     {"cache-rows", required_argument, 0, O_CROWS}, {"cache-mb", required_argument, 0, O_CMB},
     {"pending-timeout", required_argument, 0, O_PENDING},
+    {"accept-unclean", no_argument, 0, O_UNCLEAN},
     {"help", no_argument, 0, O_HELP},              {0, 0, 0, 0}};
 
 static volatile int g_stop;
@@ -107,7 +112,7 @@ static int parse_shards(const char *s, int *shards, int max) {
 typedef struct {
   emb_served_opts so;
   const char *shards_s, *listen;
-  int shards[256], read_only;
+  int shards[256], read_only, accept_unclean;
   rpc_tls tls;
   double pending_timeout;
   long long threads, maxmsg, maxids;
@@ -128,6 +133,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f) {
       case O_RESTORE: f->so.restore = optarg; break;
       case O_CKPT: f->so.checkpoint = optarg; break;
       case O_RO: f->read_only = 1; break;
+      case O_UNCLEAN: f->accept_unclean = 1; break;
       case O_PENDING: if (cli_double(CMD, "--pending-timeout", optarg, 0.001, 1e9, &f->pending_timeout)) return 2; break;
       case O_THREADS: if (cli_int(CMD, "--threads", optarg, 1, 256, &f->threads)) return 2; break;
       case O_MAXMSG: if (cli_int(CMD, "--max-message-mb", optarg, 1, 2047, &f->maxmsg)) return 2; break;
@@ -197,8 +203,16 @@ int cmd_serve(int argc, char **argv) {
     fflush(stdout);
   }
   int status = 1;
+  /* A --data-dir of this server's own (not a checkpoint's copy) left by a crash. */
+  const int own_rows = f.so.data_dir && !f.so.checkpoint;
+  if (own_rows && emb_shard_unclean(sv.store))
+    fprintf(stderr, "shardrec serve: warning: %s was not stopped cleanly: %s\n", f.so.data_dir,
+            f.accept_unclean ? "serving its rows as they are (--accept-unclean)"
+                             : "Lookup, Push and Checkpoint are refused until a Restore "
+                               "(--accept-unclean serves them as they are)");
   rpc_service_opts so = {.shards = f.shards, .n_shards = f.so.n_shards, .read_only = f.read_only,
-                         .max_ids = (size_t)f.maxids, .pending_timeout_s = f.pending_timeout};
+                         .max_ids = (size_t)f.maxids, .pending_timeout_s = f.pending_timeout,
+                         .refuse_unclean = own_rows && !f.accept_unclean};
   rpc_service *svc = rpc_service_create(sv.plan, sv.store, &so, err, sizeof err);
   if (!svc) {
     fprintf(stderr, "shardrec serve: %s\n", err);
@@ -216,6 +230,12 @@ int cmd_serve(int argc, char **argv) {
                        .tls = f.tls.cert ? &f.tls : NULL, .stop = &g_stop, .shutdown_grace_s = 5};
   if (rpc_server_run(svc, &o, on_listening, &lc, err, sizeof err)) {
     fprintf(stderr, "shardrec serve: %s\n", err);
+    goto done;
+  }
+  /* Flushed: mark the rows whole, so the next start serves them. */
+  if (own_rows && emb_store_kind_of(sv.store) == EMB_STORE_SHARD &&
+      emb_shard_mark_clean(sv.store)) {
+    fprintf(stderr, "shardrec serve: %s\n", emb_store_errmsg(sv.store));
     goto done;
   }
   printf("stopped\n");

@@ -160,8 +160,10 @@ static int in_line(const char *line, const char *text) {
 /* Automatic recovery: training against 3 servers with a checkpoint every 10
  * steps, acted on from outside. Once the trainer has printed step 14 it is
  * stopped (SIGSTOP, so it stays where it is), server 1 is SIGKILLed and
- * restarted on the same data dir and port, and the trainer continued: it
- * sees the new incarnation. Once it has printed step 24, server 2 is
+ * restarted on the same data dir and port, and the trainer continued: the
+ * restarted server refuses to serve the rows the crash left (FAILED_PRECONDITION,
+ * "rows not consistent after a crash") and the trainer takes that as a lost
+ * server, not as a plan mismatch. Once it has printed step 24, server 2 is
  * SIGKILLed and restarted only when the trainer says it is restoring the
  * servers and waiting for them: its calls to server 2 ended UNAVAILABLE.
  * Both times it restores every server and itself from the newest
@@ -206,7 +208,8 @@ START_TEST(test_server_kill_recovers) {
   const char *r1 = strstr(log, "recovered from ck/step-10 after: ");
   const char *r2 = r1 ? strstr(r1, "recovered from ck/step-20 after: ") : NULL;
   ck_assert_msg(r1 && r2, "%s", log);
-  ck_assert_msg(in_line(r1, "restarted (incarnation") && in_line(r1, s[1].addr),
+  ck_assert_msg(in_line(r1, "restarted after a crash") &&
+                    in_line(r1, "rows not consistent after a crash") && in_line(r1, s[1].addr),
                 "the first recovery is not the restart of server 1 (%s):\n%s", s[1].addr, log);
   ck_assert_msg(in_line(r2, "UNAVAILABLE") && in_line(r2, s[2].addr),
                 "the second recovery is not server 2 (%s) unavailable:\n%s", s[2].addr, log);
