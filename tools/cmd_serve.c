@@ -54,14 +54,21 @@ static void usage(FILE *f) {
 "                          lookups answered ABORTED) when it makes no progress for S\n"
 "                          seconds (300); a dead rank is normally heard at once\n"
 "  --threads N             worker threads, one completion queue each (2)\n"
-"  --max-message-mb N      largest request or answer (64)\n"
-"  --max-ids N             most ids in one Lookup or Push (4194304)\n"
+"  --max-message-mb N      largest request or answer (64); a Lookup whose answer (ids x dim\n"
+"                          x 4 bytes) would not fit is refused RESOURCE_EXHAUSTED up front\n"
+"  --max-ids N             most ids in one Lookup or Push (default: what fits the message\n"
+"                          limit at the plan's widest row, at most 4194304)\n"
+"  --inflight-mb N         memory all calls in flight may hold together (4 x\n"
+"                          --max-message-mb); past it a call waits up to 1 s, then is\n"
+"                          refused RESOURCE_EXHAUSTED. Clients read the limits from Stats\n"
+"                          and split their calls to fit them\n"
 "  --tls-cert F --tls-key F   serve TLS with this certificate and key (PEM)\n"
 "  --tls-client-ca F       require client certificates signed by this CA (mTLS)\n");
 }
 
 enum { O_PLAN = 1000, O_SHARD, O_LISTEN, O_DATA, O_RESTORE, O_CKPT, O_RO, O_THREADS, O_MAXMSG,
-       O_MAXIDS, O_CERT, O_KEY, O_CA, O_CROWS, O_CMB, O_HELP, O_PENDING, O_UNCLEAN };
+       O_MAXIDS, O_CERT, O_KEY, O_CA, O_CROWS, O_CMB, O_HELP, O_PENDING, O_UNCLEAN,
+       O_INFLIGHT };
 
 static const struct option long_opts[] = {
     {"plan", required_argument, 0, O_PLAN},        {"shard", required_argument, 0, O_SHARD},
@@ -74,6 +81,7 @@ static const struct option long_opts[] = {
     {"cache-rows", required_argument, 0, O_CROWS}, {"cache-mb", required_argument, 0, O_CMB},
     {"pending-timeout", required_argument, 0, O_PENDING},
     {"accept-unclean", no_argument, 0, O_UNCLEAN},
+    {"inflight-mb", required_argument, 0, O_INFLIGHT},
     {"help", no_argument, 0, O_HELP},              {0, 0, 0, 0}};
 
 static volatile int g_stop;
@@ -115,7 +123,7 @@ typedef struct {
   int shards[256], read_only, accept_unclean;
   rpc_tls tls;
   double pending_timeout;
-  long long threads, maxmsg, maxids;
+  long long threads, maxmsg, maxids, inflight_mb;
 } serve_flags;
 
 /* Flags into *f; -1 when done (help), else 0, or 2 on bad usage (said). */
@@ -138,6 +146,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f) {
       case O_THREADS: if (cli_int(CMD, "--threads", optarg, 1, 256, &f->threads)) return 2; break;
       case O_MAXMSG: if (cli_int(CMD, "--max-message-mb", optarg, 1, 2047, &f->maxmsg)) return 2; break;
       case O_MAXIDS: if (cli_int(CMD, "--max-ids", optarg, 1, 1LL << 30, &f->maxids)) return 2; break;
+      case O_INFLIGHT: if (cli_int(CMD, "--inflight-mb", optarg, 1, 1LL << 30, &f->inflight_mb)) return 2; break;
       case O_CERT: f->tls.cert = optarg; break;
       case O_KEY: f->tls.key = optarg; break;
       case O_CA: f->tls.ca = optarg; break;
@@ -182,8 +191,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f) {
 }
 
 int cmd_serve(int argc, char **argv) {
-  serve_flags f = {.listen = "127.0.0.1:0", .pending_timeout = 300, .threads = 2, .maxmsg = 64,
-                   .maxids = 1 << 22};
+  serve_flags f = {.listen = "127.0.0.1:0", .pending_timeout = 300, .threads = 2, .maxmsg = 64};
   int rc = parse_flags(argc, argv, &f);
   if (rc) return rc < 0 ? 0 : rc;
   char err[1024];
@@ -212,6 +220,8 @@ int cmd_serve(int argc, char **argv) {
                                "(--accept-unclean serves them as they are)");
   rpc_service_opts so = {.shards = f.shards, .n_shards = f.so.n_shards, .read_only = f.read_only,
                          .max_ids = (size_t)f.maxids, .pending_timeout_s = f.pending_timeout,
+                         .max_message_bytes = (size_t)f.maxmsg << 20,
+                         .inflight_bytes = (size_t)f.inflight_mb << 20,
                          .refuse_unclean = own_rows && !f.accept_unclean};
   rpc_service *svc = rpc_service_create(sv.plan, sv.store, &so, err, sizeof err);
   if (!svc) {
