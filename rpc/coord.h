@@ -25,6 +25,8 @@
 #define RPC_COORD_MAX_JOBS 256 /* multi-rank jobs, and single-rank (job, rank) pairs, remembered */
 #define RPC_COORD_AHEAD 4      /* steps of pushes a sync job may collect at once */
 #define RPC_COORD_MSG 512      /* bytes of an outcome's message */
+#define RPC_COORD_MAX_PARTS 4096 /* parts one push may be split into */
+#define RPC_COORD_PARTIALS 64  /* pushes whose parts are being collected at once */
 
 /* What became of a call. The service answers each with one gRPC status
  * (in brackets). */
@@ -58,6 +60,8 @@ typedef struct rpc_coord_call {
   int64_t step;
   int rank, world;
   int stale;       /* max_staleness: 0 sync, S >= 1 async with bound S */
+  int part, parts; /* Push: part of parts (0 <= part < parts <= RPC_COORD_MAX_PARTS) of
+                      (job, step, rank); parts 0 or 1: the whole push */
 } rpc_coord_call;
 
 /* Apply one step's row gradients (emb_store_push's arguments): 0, or a
@@ -136,7 +140,16 @@ rpc_coord_outcome rpc_coord_lookup(rpc_coord *c, const rpc_coord_call *k, void *
  * the cause (the table and row), and every later call of the job is
  * refused ABORTED with it. RETRY when (job, step, rank) was taken
  * before; REFUSED, ABORTED, NOMEM as for a Lookup, REFUSED also for a step
- * RPC_COORD_AHEAD or more past the last applied. msg as for a Lookup. */
+ * RPC_COORD_AHEAD or more past the last applied. msg as for a Lookup.
+ *
+ * A push split into parts (k->parts > 1, a client fitting the server's
+ * message limits): each part is copied and held (GO, taken) until every
+ * part of (job, step, rank) is in; then they are taken together as the one
+ * push above, whose outcome the last part gets, so a split push is applied
+ * whole or not at all too. A part taken before, or of a push taken before,
+ * is a RETRY; a row in two parts is INVALID (nothing applied). Parts of at
+ * most RPC_COORD_PARTIALS pushes are held at once (the least recent is
+ * dropped for a new one); a Restore or the job's abort drops them. */
 rpc_coord_outcome rpc_coord_push(rpc_coord *c, const rpc_coord_call *k, const rpc_coord_grads *p,
                                  double now, char *msg, size_t msglen);
 

@@ -99,7 +99,8 @@ static int coord_status(rpc_coord_outcome o) {
 /* The coordinator's view of a checked header (borrows h's job id). */
 static rpc_coord_call coord_call(const Shardrec__V1__RequestHeader *h) {
   return (rpc_coord_call){.job = h->job_id, .step = h->step, .rank = h->rank,
-                          .world = h->world_size, .stale = h->max_staleness};
+                          .world = h->world_size, .stale = h->max_staleness,
+                          .part = h->part, .parts = h->parts};
 }
 
 rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
@@ -327,6 +328,13 @@ static int check_header(rpc_service *s, const Shardrec__V1__RequestHeader *h, rp
     snprintf(r->msg, sizeof r->msg,
              "header.max_staleness %d: must be >= 0 (0: sync mode, S >= 1: async with bound S)",
              h->max_staleness);
+    return r->status;
+  }
+  if (h->parts < 0 || h->parts > RPC_COORD_MAX_PARTS ||
+      (h->parts > 1 && (h->part < 0 || h->part >= h->parts))) {
+    r->status = RPC_INVALID_ARGUMENT;
+    snprintf(r->msg, sizeof r->msg, "header: part %d of %d parts (at most %d parts)", h->part,
+             h->parts, RPC_COORD_MAX_PARTS);
     return r->status;
   }
   if (!h->job_id || strlen(h->job_id) >= RPC_COORD_JOB_MAX) {

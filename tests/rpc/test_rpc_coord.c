@@ -558,6 +558,55 @@ START_TEST(test_apply_failure) {
 }
 END_TEST
 
+/* A part of push p, call k with part/parts set. */
+static rpc_coord_outcome push_part0(const char *job, int64_t step, int rank, int world, int part,
+                                    int parts, const uint64_t *ids, size_t n, const float *g,
+                                    double now, char *msg) {
+  const uint64_t *ip[NT] = {ids, NULL};
+  size_t counts[NT] = {n, 0};
+  const float *gp[NT] = {g, NULL};
+  emb_idset set = {NT, ip, counts};
+  rpc_coord_grads p = {.lr = 0.1f, .set = &set, .grads = gp};
+  rpc_coord_call k = call(job, step, rank, world, 0);
+  k.part = part;
+  k.parts = parts;
+  return rpc_coord_push(co, &k, &p, now, msg, RPC_COORD_MSG);
+}
+
+/* A push cut into parts is held until every part is in, then applied as
+ * one (single rank: at the last part; sync: as the rank's push of the
+ * step); each part is idempotent, a row in two parts refuses the push. */
+START_TEST(test_push_parts) {
+  char msg[RPC_COORD_MSG];
+  const uint64_t a[2] = {5, 1}, b[1] = {9};
+  const float ga[4] = {1, 2, 3, 4}, gb[2] = {5, 6};
+  ck_assert_int_eq(push_part0("p", 0, 0, 1, 1, 2, b, 1, gb, 1, msg), RPC_COORD_GO);
+  ck_assert_int_eq(n_applied, 0);
+  ck_assert_int_eq(push_part0("p", 0, 0, 1, 1, 2, b, 1, gb, 1, msg), RPC_COORD_RETRY);
+  ck_assert_int_eq(push_part0("p", 0, 0, 1, 0, 2, a, 2, ga, 1, msg), RPC_COORD_GO);
+  ck_assert_int_eq(n_applied, 1);
+  ck_assert_uint_eq(applied[0].counts[0], 3); /* parts in part order: 5, 1, then 9 */
+  ck_assert(applied[0].ids[0][0] == 5 && applied[0].ids[0][1] == 1 && applied[0].ids[0][2] == 9);
+  ck_assert(applied[0].grads[0][4] == 5 && applied[0].grads[0][5] == 6);
+  ck_assert_int_eq(push_part0("p", 0, 0, 1, 0, 2, a, 2, ga, 1, msg), RPC_COORD_RETRY);
+  ck_assert_int_eq(n_applied, 1);
+  /* A row in two parts: nothing applied. */
+  ck_assert_int_eq(push_part0("p", 1, 0, 1, 0, 2, a, 2, ga, 1, msg), RPC_COORD_GO);
+  ck_assert_int_eq(push_part0("p", 1, 0, 1, 1, 2, a, 1, ga, 1, msg), RPC_COORD_INVALID);
+  ck_assert_msg(strstr(msg, "row 5") && strstr(msg, "two"), "%s", msg);
+  ck_assert_int_eq(n_applied, 1);
+  /* Sync, 2 ranks: rank 1 in 3 parts, rank 0 whole; applied once all are in. */
+  ck_assert_int_eq(push_part0("q", 0, 1, 2, 2, 3, b, 1, gb, 1, msg), RPC_COORD_GO);
+  ck_assert_int_eq(push_empty("q", 0, 0, 2, 0, 1), RPC_COORD_GO);
+  ck_assert_int_eq(push_part0("q", 0, 1, 2, 0, 3, a, 1, ga, 1, msg), RPC_COORD_GO);
+  ck_assert_int_eq(n_applied, 1);
+  ck_assert_int_eq(push_part0("q", 0, 1, 2, 1, 3, a + 1, 1, ga + 2, 1, msg), RPC_COORD_GO);
+  ck_assert_int_eq(n_applied, 2);
+  ck_assert_uint_eq(applied[1].counts[0], 3);
+  ck_assert_int_eq(push_part0("q", 0, 1, 2, 1, 3, a + 1, 1, ga + 2, 1, msg), RPC_COORD_RETRY);
+}
+END_TEST
+
 /* An update the store refuses whole (a row it would leave non-finite):
  * single rank and async answer INVALID; sync drops the step's held pushes,
  * nothing applied, and aborts the job: the push that completed the step and
@@ -612,6 +661,7 @@ int main(void) {
   tcase_add_test(tc, test_stop_parking);
   tcase_add_test(tc, test_apply_failure);
   tcase_add_test(tc, test_apply_refused);
+  tcase_add_test(tc, test_push_parts);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

@@ -101,6 +101,33 @@ START_TEST(test_remote_equals_in_process) {
 }
 END_TEST
 
+/* A step above the server's limits is never refused: the remote store
+ * reads them from Stats and cuts every Lookup and Push to fit (a push in
+ * parts the server takes as one). 26 tables x 64 samples = 1664 ids a
+ * step: against --max-ids 300 (6 calls each way), and against a 1 MiB
+ * budget (a call's share at most an eighth of it), the losses are the
+ * in-process run's, bit for bit. */
+START_TEST(test_limits_split) {
+  char *ref = train("local", "p1.json", NULL);
+  const char *flags[2] = {"--max-ids 300", "--max-message-mb 1 --inflight-mb 1"};
+  for (int c = 0; c < 2; c++) {
+    test_server s;
+    char args[1200], log[600], name[32];
+    snprintf(args, sizeof args, "--plan '%s/p1.json' --shard 0 --cache-rows 4096 --data-dir '%s/lim%d' %s",
+             dir, dir, c, flags[c]);
+    snprintf(log, sizeof log, "%s/lim%d.log", dir, c);
+    server_start(&s, args, log);
+    snprintf(name, sizeof name, "lim%d", c);
+    char *got = train(name, "p1.json", s.addr);
+    ck_assert_int_eq(server_stop(&s), 0);
+    ck_assert_msg(strcmp(ref, got) == 0, "against a server with %s:\n%s\nvs in process:\n%s",
+                  flags[c], got, ref);
+    free(got);
+  }
+  free(ref);
+}
+END_TEST
+
 START_TEST(test_server_down_is_named) {
   test_server s[1];
   start_servers(s, 1, "p1.json");
@@ -270,6 +297,7 @@ int main(void) {
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_remote_equals_in_process);
   tcase_add_test(tc, test_server_down_is_named);
+  tcase_add_test(tc, test_limits_split);
   tcase_add_test(tc, test_server_kill_recovers);
   tcase_add_test(tc, test_server_lost_without_checkpoint);
   suite_add_tcase(s, tc);
