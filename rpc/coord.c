@@ -797,8 +797,11 @@ static rpc_coord_outcome push_whole(rpc_coord *c, const rpc_coord_call *k,
       if (!j->have[r]) return RPC_COORD_GO;
     int rc = job_apply(c, j, j->have, msg, msglen);
     if (rc == SR_ERANGE) { /* refused whole: the step is dropped, the job stops as for a dead rank */
+      /* msg is "push of step S of job J: why"; job_abort names the job itself. */
+      int skip = snprintf(NULL, 0, "push of step %lld of job %s: ", (long long)j->applied + 1, j->job);
       char what[RPC_COORD_MSG];
-      snprintf(what, sizeof what, "%s", msg);
+      snprintf(what, sizeof what, "step %lld's summed update was refused (%s)",
+               (long long)j->applied + 1, skip > 0 && (size_t)skip < strlen(msg) ? msg + skip : msg);
       job_abort(c, j, what);
       snprintf(msg, msglen, "%s", j->why);
       return RPC_COORD_ABORTED;
