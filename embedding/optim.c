@@ -1,6 +1,7 @@
 #include "embedding/optim.h"
 
 #include <math.h>
+#include <string.h>
 
 int emb_optim_state_len(const emb_optim_cfg *o, int dim) {
   switch (o->kind) {
@@ -39,4 +40,17 @@ void emb_optim_apply(const emb_optim_cfg *o, int dim, float lr, const float *res
       break;
     }
   }
+}
+
+int emb_optim_lr_ok(float lr) { return isfinite(lr) && lr >= 0 && lr <= EMB_OPTIM_MAX_LR; }
+
+int emb_optim_check(const emb_optim_cfg *o, int dim, float lr, const float *g, const float *w,
+                    const float *state, float *scratch) {
+  const int sl = emb_optim_state_len(o, dim);
+  memcpy(scratch, w, (size_t)dim * sizeof *scratch);
+  if (sl) memcpy(scratch + dim, state, (size_t)sl * sizeof *scratch);
+  emb_optim_apply(o, dim, lr, g, scratch, sl ? scratch + dim : NULL);
+  for (int j = 0; j < dim + sl; j++)
+    if (!isfinite(scratch[j])) return 0;
+  return 1;
 }

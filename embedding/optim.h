@@ -29,4 +29,20 @@ void emb_optim_state_init(const emb_optim_cfg *o, int dim, float *state);
 void emb_optim_apply(const emb_optim_cfg *o, int dim, float lr, const float *g, float *w,
                      float *state);
 
+/* The largest sparse learning rate a store accepts; a push with a rate
+ * outside [0, EMB_OPTIM_MAX_LR] (or not finite) is refused. */
+#define EMB_OPTIM_MAX_LR 1e4
+
+/* 1 when lr is finite and within [0, EMB_OPTIM_MAX_LR], else 0. */
+int emb_optim_lr_ok(float lr);
+
+/* Whether emb_optim_apply(o, dim, lr, g, w, state) would leave the row and
+ * its state finite: the same update run on a copy in scratch (room for
+ * dim + emb_optim_state_len floats, the caller's); w and state are only
+ * read. 1 when every float of the outcome is finite, else 0. A store calls
+ * it for every row of a push before applying any, so that a push is
+ * applied whole or not at all. */
+int emb_optim_check(const emb_optim_cfg *o, int dim, float lr, const float *g, const float *w,
+                    const float *state, float *scratch);
+
 #endif

@@ -11,11 +11,13 @@
 #include "embedding/shard.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/fs.h"
 #include "common/rng.h"
@@ -81,6 +83,8 @@ typedef struct {
   unsigned char *enc;     /* [8 + 4 * stride] */
   emb_store_stats st;
   emb_shard_counters ctr;
+  int unclean;            /* opened on rows without the clean-stop marks (a crash) */
+  int marked;             /* the clean-stop marks are written (emb_shard_mark_clean) */
   int last_lookup_rc;
   char err[1024];
 } shstore;
@@ -338,6 +342,31 @@ static void push_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
   }
 }
 
+typedef struct {
+  float lr;
+  const float *const *grads;
+  float *scratch;      /* [stride] */
+  int bad_t;           /* -1, or the table of the first row that would turn non-finite */
+  uint64_t bad_id;
+} check_ctx;
+
+/* A push's first pass: emb_optim_check on each row (resident and pinned),
+ * nothing changed; the first row whose outcome is not finite is kept. */
+static void check_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
+  check_ctx *c = vctx;
+  const emb_plan *plan = s->base.plan;
+  for (size_t i = 0; i < n && c->bad_t < 0; i++) {
+    uint32_t t = s->it_t[i];
+    int dim = s->dim[t];
+    const float *row = slot_row(s, s->it_slot[i]);
+    if (!emb_optim_check(&plan->tables[t].optim, dim, c->lr, c->grads[t] + it_r[i] * (size_t)dim,
+                         row, row + dim, c->scratch)) {
+      c->bad_t = (int)t;
+      c->bad_id = s->it_id[i];
+    }
+  }
+}
+
 /* Misses gathered by a lookup: resolved (MultiGet, insert) and copied out. */
 static int lookup_flush_misses(shstore *s, size_t *nm, float *const *out) {
   if (!*nm) return 0;
@@ -413,14 +442,111 @@ static int sh_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, flo
 
 static int sh_lookup_wait(emb_store *b) { return ((shstore *)b)->last_lookup_rc; }
 
+static int sh_flush(emb_store *b);
+
+/* ---- clean-stop marks: DIR/shard-K.clean, written at a clean stop ---- */
+
+static int mark_path(const shstore *s, int k, char *out, size_t n) {
+  char db[SR_PATH_MAX];
+  if (ckpt_dir_shard_path(s->dir, s->db_shard[k], db, sizeof db)) return SR_ERANGE;
+  return sr_path(out, n, "%s" EMB_SHARD_CLEAN_SUFFIX, db) ? SR_ERANGE : 0;
+}
+
+/* Remove every hosted shard's mark (the rows are about to change). */
+static int marks_remove(shstore *s) {
+  for (int k = 0; k < s->n_db; k++) {
+    char p[SR_PATH_MAX];
+    if (mark_path(s, k, p, sizeof p)) {
+      sr_fmt(s->err, sizeof s->err, "%s: path too long", s->dir);
+      return SR_ERANGE;
+    }
+    if (unlink(p) && errno != ENOENT) {
+      sr_fmt(s->err, sizeof s->err, "%s: cannot remove: %s", p, strerror(errno));
+      return SR_EIO;
+    }
+  }
+  s->marked = 0;
+  return sr_fsync_dir(s->dir) ? SR_EIO : 0;
+}
+
+/* Whether database k holds a row of any table. */
+static int db_has_rows(shstore *s, int k) {
+  int any = 0;
+  for (int t = 0; t < s->n_tables && !any; t++) {
+    kv_iter *it = kv_iter_create(s->db[k], t);
+    any = !it || kv_iter_valid(it); /* cannot tell: count it as rows */
+    kv_iter_destroy(it);
+  }
+  return any;
+}
+
+/* At open: a hosted shard that holds rows but no mark was not stopped
+ * cleanly; then every mark goes, before anything is written. */
+static int marks_check(shstore *s) {
+  for (int k = 0; k < s->n_db; k++) {
+    char p[SR_PATH_MAX];
+    if (mark_path(s, k, p, sizeof p)) {
+      sr_fmt(s->err, sizeof s->err, "%s: path too long", s->dir);
+      return SR_ERANGE;
+    }
+    if (!sr_is_file(p) && db_has_rows(s, k)) s->unclean = 1;
+  }
+  return marks_remove(s);
+}
+
+int emb_shard_mark_clean(emb_store *b) {
+  if (!b || emb_store_kind_of(b) != EMB_STORE_SHARD) return SR_EINVAL;
+  shstore *s = (shstore *)b;
+  int rc = sh_flush(b);
+  if (rc) return rc;
+  for (int k = 0; k < s->n_db; k++) {
+    char p[SR_PATH_MAX];
+    if (mark_path(s, k, p, sizeof p)) return SR_ERANGE;
+    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    int ok = fd >= 0 && write(fd, "clean\n", 6) == 6 && fsync(fd) == 0;
+    if (fd >= 0) close(fd);
+    if (!ok) {
+      sr_fmt(s->err, sizeof s->err, "%s: cannot write: %s", p, strerror(errno));
+      return SR_EIO;
+    }
+  }
+  if (sr_fsync_dir(s->dir)) return SR_EIO;
+  s->marked = 1;
+  return 0;
+}
+
+int emb_shard_unclean(const emb_store *b) {
+  return b && emb_store_kind_of(b) == EMB_STORE_SHARD && ((const shstore *)b)->unclean;
+}
+
 static int sh_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
                    const float *const *grads) {
   (void)step;
   shstore *s = (shstore *)b;
   int rc = check_ids(s, ids, "push");
   if (rc) return rc;
+  if (s->marked && (rc = marks_remove(s))) return rc;
+  if (!emb_optim_lr_ok(lr)) {
+    sr_fmt(s->err, sizeof s->err, "push: learning rate %g is outside [0, %g]", (double)lr,
+           EMB_OPTIM_MAX_LR);
+    return SR_ERANGE;
+  }
   uint64_t hits = 0, total = 0;
   for (int t = 0; t < s->n_tables; t++) total += ids->counts[t];
+  /* Applied whole or not at all: every row checked first (the check brings
+   * rows into the cache, which changes no value). */
+  check_ctx cc = {lr, grads, s->tmp, -1, 0};
+  rc = for_chunks(s, ids, s->mitem + s->chunk, check_act, &cc, &hits);
+  if (rc) return rc;
+  if (cc.bad_t >= 0) {
+    const emb_table *tb = &s->base.plan->tables[cc.bad_t];
+    sr_fmt(s->err, sizeof s->err,
+           "push: table %u (%s) row %llu: the update (learning rate %g) would leave the row or "
+           "its optimizer state non-finite; nothing applied",
+           tb->table_id, tb->name, (unsigned long long)cc.bad_id, (double)lr);
+    return SR_ERANGE;
+  }
+  hits = 0;
   push_ctx c = {lr, grads};
   rc = for_chunks(s, ids, s->mitem + s->chunk, push_act, &c, &hits);
   if (!rc) s->st.pushes += total;
@@ -538,7 +664,9 @@ static int sh_restore(emb_store *b, const char *path) {
       return rc;
     }
   }
-  return open_dbs(s);
+  int rc = open_dbs(s);
+  if (!rc) s->unclean = 0; /* every row is the checkpoint's now */
+  return rc;
 }
 
 static int sh_stats(emb_store *b, emb_store_stats *out) {
@@ -765,7 +893,7 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
   s->sopts.block_cache_bytes = cfg->block_cache_bytes;
   s->sopts.write_buffer_bytes = cfg->write_buffer_bytes;
   s->sopts.compression = cfg->lz4 ? KV_COMPRESSION_LZ4 : KV_COMPRESSION_NONE;
-  if (open_dbs(s)) {
+  if (open_dbs(s) || marks_check(s)) {
     sr_fmt(err, errlen, "shard store: %s", s->err);
     sh_destroy(&s->base);
     return NULL;

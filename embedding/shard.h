@@ -72,4 +72,21 @@ typedef struct emb_shard_counters {
 } emb_shard_counters;
 int emb_shard_counters_get(emb_store *s, emb_shard_counters *out);
 
+/* Crashes. A store opened on databases that hold rows but were not
+ * stopped cleanly (no DIR/shard-K.clean, written by emb_shard_mark_clean)
+ * may hold a push applied in part: the process died while dirty rows were
+ * being written back. The store opens anyway and says so here; the marks
+ * are removed at open, before anything is written, so that a crash from
+ * now on is seen at the next open. restore() clears it (every row is the
+ * checkpoint's). 1 when s is a shard store opened unclean and not restored
+ * since, else 0 (other kinds of store too). */
+#define EMB_SHARD_CLEAN_SUFFIX ".clean"
+int emb_shard_unclean(const emb_store *s);
+
+/* A clean stop: flush, then write every hosted shard's mark (fsynced), so
+ * that the next open knows the rows are whole. A push after it removes the
+ * marks again. 0, SR_EINVAL (not a shard store), or SR_EIO / SR_ERANGE
+ * with the reason in errmsg. */
+int emb_shard_mark_clean(emb_store *s);
+
 #endif

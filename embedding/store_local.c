@@ -21,6 +21,7 @@
  * Restore reads and checks every table's file into fresh indexes before
  * replacing anything. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +39,7 @@
 #include "storage/ckpt_dir.h"
 
 #define LT_EMPTY 0u /* entry.slot1 of a free entry; slots are stored plus one */
-#define LT_MAX_ROWS 0x7ffffffeu /* slot + 1 fits 31 bits: push marks new rows with bit 31 */
+#define LT_MAX_ROWS 0x7ffffffeu /* slot + 1 fits 31 bits */
 #define LT_DIRECT_MAX (1ULL << 28) /* 1 GiB of index at most, touched lazily */
 #define LT_PREFETCH 32 /* ids ahead: enough misses in flight to hide DRAM latency */
 
@@ -68,6 +69,11 @@ typedef struct {
   size_t scratch_cap;
   size_t *pos;    /* [scratch_cap] map position of ids[r] */
   uint32_t *slot; /* [scratch_cap] slot + 1 of ids[r] (0: not stored) */
+  float *vals;     /* [vals_cap] a push's rows: old values of stored ones (the undo), new
+                      ones' values until they are stored */
+  size_t vals_cap;
+  uint32_t *slots; /* [slots_cap] their slots + 1 (0: new) */
+  size_t slots_cap;
   char model_fp[EMB_FP_HEX];
   emb_store_stats st;
   int last_lookup_rc;
@@ -299,50 +305,139 @@ static int l_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, floa
 
 static int l_lookup_wait(emb_store *b) { return ((lstore *)b)->last_lookup_rc; }
 
+/* Room for a push of n rows and f floats of outcome (grown, kept). */
+static int push_scratch(lstore *s, size_t n, size_t f) {
+  if (f > s->vals_cap) {
+    float *v = realloc(s->vals, f * sizeof *v);
+    if (!v) return SR_ENOMEM;
+    s->vals = v;
+    s->vals_cap = f;
+  }
+  if (n > s->slots_cap) {
+    uint32_t *q = realloc(s->slots, n * sizeof *q);
+    if (!q) return SR_ENOMEM;
+    s->slots = q;
+    s->slots_cap = n;
+  }
+  return 0;
+}
+
+/* Whether x[n] are all finite: exponent bits not all ones (integer ops
+ * the compiler vectorises; isfinite per float is a branch each). */
+static int all_finite(const float *x, size_t n) {
+  uint32_t bad = 0;
+  for (size_t j = 0; j < n; j++) {
+    uint32_t u;
+    memcpy(&u, &x[j], sizeof u);
+    bad |= (u & 0x7f800000u) == 0x7f800000u;
+  }
+  return !bad;
+}
+
+/* Undo the first `done` rows push_apply changed (their old values are in
+ * s->vals): a refused push leaves every row as it was. */
+static void push_undo(lstore *s, const emb_idset *ids, size_t done) {
+  size_t at = 0;
+  const float *v = s->vals;
+  for (int ti = 0; ti < s->n && at < done; ti++) {
+    const ltab *t = &s->t[ti];
+    const size_t stride = (size_t)t->stride;
+    for (size_t r = 0; r < ids->counts[ti] && at < done; r++, v += stride)
+      if (s->slots[at++]) memcpy(lt_row(t, s->slots[at - 1]), v, stride * sizeof *v);
+  }
+}
+
+/* A push's first half: every row's update, checked finite. A stored row
+ * is updated in place (hot in cache after resolve) with its old value kept
+ * in s->vals; a row not stored yet is computed into s->vals from its init
+ * value (the same emb_optim_apply: the same bits) and stored by
+ * push_commit. s->slots gets each row's slot + 1 (0: new). 0, or
+ * SR_ERANGE naming the first row whose value or optimizer state would not
+ * be finite, every row as it was. */
+static int push_apply(lstore *s, float lr, const emb_idset *ids, const float *const *grads) {
+  const emb_plan *plan = s->base.plan;
+  size_t at = 0;
+  float *v = s->vals;
+  for (int ti = 0; ti < s->n; ti++) {
+    const ltab *t = &s->t[ti];
+    const emb_optim_cfg *oc = &plan->tables[ti].optim;
+    const uint64_t *id = ids->ids[ti];
+    const size_t stride = (size_t)t->stride;
+    resolve(s, t, id, ids->counts[ti]);
+    for (size_t r = 0; r < ids->counts[ti]; r++, v += stride) {
+      uint32_t s1 = s->slot[r];
+      float *w = v;
+      s->slots[at++] = s1;
+      if (s1) {
+        w = lt_row(t, s1);
+        memcpy(v, w, stride * sizeof *v);
+      } else {
+        emb_row_init(plan, ti, id[r], w);
+        emb_optim_state_init(oc, t->dim, w + t->dim);
+      }
+      emb_optim_apply(oc, t->dim, lr, grads[ti] + r * (size_t)t->dim, w, t->slen ? w + t->dim : NULL);
+      if (!all_finite(w, stride)) {
+        push_undo(s, ids, at);
+        sr_fmt(s->err, sizeof s->err,
+               "push: table %u (%s) row %llu: the update (learning rate %g) would leave the row "
+               "or its optimizer state non-finite; nothing applied",
+               plan->tables[ti].table_id, plan->tables[ti].name, (unsigned long long)id[r],
+               (double)lr);
+        return SR_ERANGE;
+      }
+    }
+  }
+  return 0;
+}
+
+/* The second half: the new rows inserted (room reserved before), their
+ * values from s->vals. */
+static void push_commit(lstore *s, const emb_idset *ids) {
+  size_t at = 0;
+  const float *v = s->vals;
+  for (int ti = 0; ti < s->n; ti++) {
+    ltab *t = &s->t[ti];
+    const uint64_t *id = ids->ids[ti];
+    const size_t stride = (size_t)t->stride;
+    for (size_t r = 0; r < ids->counts[ti]; r++, v += stride) {
+      if (s->slots[at++]) continue;
+      size_t h = lt_find(t, id[r]);
+      uint32_t s1 = lt_slot_at(t, h);
+      if (!s1) s1 = lt_insert_at(t, h, id[r]);
+      memcpy(lt_row(t, s1), v, stride * sizeof *v);
+    }
+  }
+}
+
+/* Applied whole or not at all: every row's update is made and checked
+ * (push_apply, undone on a refusal), then the new rows stored (push_commit). */
 static int l_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
                   const float *const *grads) {
   (void)step;
   lstore *s = (lstore *)b;
   int rc = check_ids(s, ids, "push");
   if (rc) return rc;
-  for (int ti = 0; ti < s->n; ti++)
+  if (!emb_optim_lr_ok(lr)) {
+    sr_fmt(s->err, sizeof s->err, "push: learning rate %g is outside [0, %g]", (double)lr,
+           EMB_OPTIM_MAX_LR);
+    return SR_ERANGE;
+  }
+  size_t n = 0, f = 0;
+  for (int ti = 0; ti < s->n; ti++) {
+    n += ids->counts[ti];
+    f += ids->counts[ti] * (size_t)s->t[ti].stride;
     if ((rc = lt_reserve(&s->t[ti], ids->counts[ti])) || (rc = scratch_reserve(s, ids->counts[ti]))) {
       sr_fmt(s->err, sizeof s->err, "push: table %d: %s", ti, sr_strerror(rc));
       return rc;
     }
-  const emb_plan *plan = s->base.plan;
-  uint64_t total = 0;
-  for (int ti = 0; ti < s->n; ti++) {
-    ltab *t = &s->t[ti];
-    const emb_optim_cfg *oc = &plan->tables[ti].optim;
-    const uint64_t *id = ids->ids[ti];
-    const size_t cnt = ids->counts[ti];
-    const int dim = t->dim;
-    const float *g = grads[ti];
-    resolve(s, t, id, cnt);
-    uint32_t *slot = s->slot;
-    /* Insert the missing rows, in id order (a repeated id finds its first
-     * insertion: pos[] may be stale after an insert, so probe again). */
-    for (size_t r = 0; r < cnt; r++) {
-      if (slot[r]) continue;
-      size_t h = lt_probe(t, s->pos[r], id[r]);
-      if (lt_slot_at(t, h)) {
-        slot[r] = lt_slot_at(t, h);
-        continue;
-      }
-      slot[r] = lt_insert_at(t, h, id[r]) | 0x80000000u; /* new: init below */
-    }
-    for (size_t r = 0; r < cnt; r++) {
-      float *row = lt_row(t, slot[r] & 0x7fffffffu);
-      if (slot[r] & 0x80000000u) {
-        emb_row_init(plan, ti, id[r], row);
-        emb_optim_state_init(oc, dim, row + dim);
-      }
-      emb_optim_apply(oc, dim, lr, g + r * (size_t)dim, row, t->slen ? row + dim : NULL);
-    }
-    total += cnt;
   }
-  s->st.pushes += total;
+  if ((rc = push_scratch(s, n, f))) {
+    sr_fmt(s->err, sizeof s->err, "push: out of memory for %zu rows", n);
+    return rc;
+  }
+  if ((rc = push_apply(s, lr, ids, grads))) return rc;
+  push_commit(s, ids);
+  s->st.pushes += n;
   return 0;
 }
 
@@ -492,6 +587,8 @@ static void l_destroy(emb_store *b) {
   free(s->t);
   free(s->pos);
   free(s->slot);
+  free(s->vals);
+  free(s->slots);
   free(s);
 }
 

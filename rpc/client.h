@@ -40,14 +40,21 @@ typedef struct rpc_client_opts {
  * on every server when it is created and detaches when it is destroyed
  * (waiting for the prefetched Lookup, if any, first). A lookup refused
  * because its job was dropped fails with SR_ESTATE and the server's message
- * (ABORTED). */
+ * (ABORTED). Calls are cut to fit each server's limits, read from its Stats
+ * at the first Lookup or Push (and again after a Restore): max_ids, the
+ * message limit and the in-flight budget; a cut Push is sent as parts the
+ * server takes as one (RequestHeader.part, .parts). A call the server's
+ * in-flight budget refused (RESOURCE_EXHAUSTED) is retried as UNAVAILABLE
+ * is. */
 emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *servers,
                                    int n_servers, const rpc_client_opts *o, char *err,
                                    size_t errlen);
 
 /* Nonzero when store is a remote store whose last failure means a server
- * was unreachable after every retry (UNAVAILABLE) or answered from a new
- * incarnation (it restarted): its rows may no longer be the run's, and only
+ * was unreachable after every retry (UNAVAILABLE), answered from a new
+ * incarnation (it restarted), or refused the call because it restarted on
+ * rows left by a crash (FAILED_PRECONDITION RPC_MSG_UNCLEAN; the call fails
+ * with SR_EUNAVAILABLE, not SR_EMISMATCH): its rows may no longer be the run's, and only
  * a Restore of every server from a checkpoint (emb_store_restore, which
  * clears this) makes the store usable again. 0 for other stores. */
 int rpc_remote_lost(const emb_store *store);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/status.h"
 #include "rpc/coord.h"
 
 #define WHY_LEN 480
@@ -66,6 +67,16 @@ typedef struct {
   char why[WHY_LEN];
 } parked_call;
 
+/* A push split into parts, being collected (rpc_coord_push). */
+typedef struct {
+  char job[RPC_COORD_JOB_MAX];
+  int rank;
+  int64_t step;
+  int parts, got;
+  held_push **piece; /* [parts] */
+  uint64_t used;
+} partial_push;
+
 struct rpc_coord {
   int n_tables;
   int *dims; /* [n_tables] */
@@ -83,6 +94,8 @@ struct rpc_coord {
   atomic_int parked_hint;     /* n_parked, readable without the caller's lock */
   atomic_int jobs_hint;       /* n_jobs, readable without the caller's lock */
   atomic_llong next_sweep_us; /* now (in microseconds) of the next timeout sweep */
+  partial_push partial[RPC_COORD_PARTIALS];
+  int n_partial;
   uint64_t dropped_steps;     /* steps whose held pushes were dropped */
   uint64_t dropped_jobs;      /* jobs aborted (rank death, timeout) */
 };
@@ -133,8 +146,22 @@ static void job_free(multi_job *j) {
   j->gone = NULL;
 }
 
+static void partial_drop(rpc_coord *c, int i) {
+  partial_push *q = &c->partial[i];
+  for (int k = 0; k < q->parts; k++) free(q->piece[k]);
+  free(q->piece);
+  c->partial[i] = c->partial[--c->n_partial];
+}
+
+/* Drop the parts held for job (NULL: every job). */
+static void partials_drop_job(rpc_coord *c, const char *job) {
+  for (int i = c->n_partial - 1; i >= 0; i--)
+    if (!job || !strcmp(c->partial[i].job, job)) partial_drop(c, i);
+}
+
 void rpc_coord_destroy(rpc_coord *c) {
   if (!c) return;
+  partials_drop_job(c, NULL);
   for (int i = 0; i < c->n_jobs; i++) job_free(&c->jobs[i]);
   free(c->jobs);
   for (int i = 0; i < c->n_parked; i++) free(c->parked[i].in);
@@ -345,6 +372,7 @@ static void job_abort(rpc_coord *c, multi_job *j, const char *what) {
   c->dropped_steps += (uint64_t)steps;
   c->dropped_jobs++;
   j->aborted = 1;
+  partials_drop_job(c, j->job);
   snprintf(j->why, sizeof j->why, "job %.64s: %.150s during %.120s; %s", j->job, what, where,
            j->stale ? "its pushes so far stay applied (async mode)"
            : steps ? "the step's held pushes were dropped (nothing of it was applied)"
@@ -469,8 +497,8 @@ static size_t merge_table(const rpc_coord *c, int t, held_push *const *qs, int W
 
 /* Apply the next step of sync job j from qs[world] (all present): per
  * table, a row's gradients summed over the ranks in rank order, then the
- * optimizer once, with rank 0's learning rate. 0, or -1 with the message
- * in msg. */
+ * optimizer once, with rank 0's learning rate. 0, or nonzero (the apply
+ * callback's code, or -1 when out of memory) with the message in msg. */
 static int job_apply(rpc_coord *c, const multi_job *j, held_push *const *qs, char *msg,
                      size_t msglen) {
   const int nt = c->n_tables, W = j->world;
@@ -498,11 +526,10 @@ static int job_apply(rpc_coord *c, const multi_job *j, held_push *const *qs, cha
   emb_idset set = {.n_tables = nt, .ids = ids, .counts = counts};
   char err[RPC_COORD_MSG];
   err[0] = 0;
-  if (c->apply(c->apply_ctx, j->applied + 1, qs[0]->lr, &set, grads, err, sizeof err))
+  rc = c->apply(c->apply_ctx, j->applied + 1, qs[0]->lr, &set, grads, err, sizeof err);
+  if (rc)
     snprintf(msg, msglen, "push of step %lld of job %s: %s", (long long)j->applied + 1, j->job,
              err);
-  else
-    rc = 0;
   goto done;
 nomem:
   snprintf(msg, msglen, "out of memory merging the ranks' pushes");
@@ -560,17 +587,175 @@ static rpc_coord_outcome solo_push(rpc_coord *c, const rpc_coord_call *k,
   if (k->step <= c->solo[i].last_step) return RPC_COORD_RETRY; /* already applied */
   char err[RPC_COORD_MSG];
   err[0] = 0;
-  if (c->apply(c->apply_ctx, k->step, p->lr, p->set, p->grads, err, sizeof err)) {
+  int rc = c->apply(c->apply_ctx, k->step, p->lr, p->set, p->grads, err, sizeof err);
+  if (rc) {
     snprintf(msg, msglen, "push: %s", err);
-    return RPC_COORD_FAILED;
+    return rc == SR_ERANGE ? RPC_COORD_INVALID : RPC_COORD_FAILED;
   }
   c->solo[i].last_step = k->step;
   c->solo[i].used = ++c->clock;
   return RPC_COORD_GO;
 }
 
+/* Whether (job, step, rank) of k was taken already (a retry). */
+static int push_taken(rpc_coord *c, const rpc_coord_call *k) {
+  if (k->world <= 1) {
+    int i = solo_find(c, k->job, k->rank);
+    return i >= 0 && k->step <= c->solo[i].last_step;
+  }
+  const multi_job *j = job_find(c, k->job);
+  if (!j || !j->started || k->rank >= j->world) return 0;
+  if (j->stale) return k->step <= j->done[k->rank];
+  int64_t a = k->step - j->applied - 1;
+  return a < 0 || (a < RPC_COORD_AHEAD && j->have[a * j->world + k->rank]);
+}
+
+/* The collecting entry of k's push (made, the least recent replaced when
+ * full); NULL when out of memory. */
+static partial_push *partial_get(rpc_coord *c, const rpc_coord_call *k) {
+  for (int i = 0; i < c->n_partial; i++) {
+    partial_push *q = &c->partial[i];
+    if (q->rank == k->rank && q->step == k->step && !strcmp(q->job, k->job)) return q;
+  }
+  if (c->n_partial == RPC_COORD_PARTIALS) {
+    int old = 0;
+    for (int i = 1; i < c->n_partial; i++)
+      if (c->partial[i].used < c->partial[old].used) old = i;
+    partial_drop(c, old);
+  }
+  held_push **piece = calloc((size_t)k->parts, sizeof *piece);
+  if (!piece) return NULL;
+  partial_push *q = &c->partial[c->n_partial++];
+  memset(q, 0, sizeof *q);
+  snprintf(q->job, sizeof q->job, "%s", k->job);
+  q->rank = k->rank;
+  q->step = k->step;
+  q->parts = k->parts;
+  q->piece = piece;
+  return q;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* q's parts as one push into *h (one block, as held_copy makes): 0, -1 out
+ * of memory, or 1 with msg naming a row given in two parts. */
+static int partial_merge(const rpc_coord *c, const partial_push *q, held_push **h, char *msg,
+                         size_t msglen) {
+  const int nt = c->n_tables;
+  size_t *counts = calloc((size_t)nt + 1, sizeof *counts);
+  const uint64_t **ids = calloc((size_t)nt + 1, sizeof *ids);
+  const float **grads = calloc((size_t)nt + 1, sizeof *grads);
+  uint64_t *idbuf = NULL;
+  float *gbuf = NULL;
+  int rc = -1;
+  *h = NULL;
+  if (!counts || !ids || !grads) goto done;
+  size_t n_ids = 0, n_f = 0;
+  for (int t = 0; t < nt; t++)
+    for (int k = 0; k < q->parts; k++) {
+      counts[t] += q->piece[k]->counts[t];
+      n_ids += q->piece[k]->counts[t];
+      n_f += q->piece[k]->counts[t] * (size_t)c->dims[t];
+    }
+  idbuf = malloc((n_ids ? n_ids : 1) * sizeof *idbuf);
+  gbuf = malloc((n_f ? n_f : 1) * sizeof *gbuf);
+  if (!idbuf || !gbuf) goto done;
+  uint64_t *ip = idbuf;
+  float *gp = gbuf;
+  for (int t = 0; t < nt; t++) {
+    ids[t] = ip;
+    grads[t] = gp;
+    for (int k = 0; k < q->parts; k++) {
+      size_t n = q->piece[k]->counts[t], f = n * (size_t)c->dims[t];
+      if (n) memcpy(ip, q->piece[k]->ids[t], n * sizeof *ip);
+      if (f) memcpy(gp, q->piece[k]->grads[t], f * sizeof *gp);
+      ip += n;
+      gp += f;
+    }
+  }
+  emb_idset set = {.n_tables = nt, .ids = ids, .counts = counts};
+  rpc_coord_grads whole = {.lr = q->piece[0]->lr, .set = &set, .grads = grads};
+  *h = held_copy(c, &whole);
+  if (!*h) goto done;
+  rc = 0;
+  for (int t = 0; t < nt && !rc; t++) { /* unique within each part, so check across */
+    uint64_t *sorted = idbuf; /* reused: the copy in *h is what is applied */
+    size_t n = counts[t];
+    memcpy(sorted, (*h)->ids[t], n * sizeof *sorted);
+    qsort(sorted, n, sizeof *sorted, cmp_u64);
+    for (size_t x = 1; x < n && !rc; x++)
+      if (sorted[x] == sorted[x - 1]) {
+        snprintf(msg, msglen, "push of step %lld of job %s: row %llu of table index %d is in two "
+                 "of its %d parts; nothing applied", (long long)q->step, q->job,
+                 (unsigned long long)sorted[x], t, q->parts);
+        rc = 1;
+      }
+  }
+  if (rc) {
+    free(*h);
+    *h = NULL;
+  }
+done:
+  free(counts);
+  free(ids);
+  free(grads);
+  free(idbuf);
+  free(gbuf);
+  return rc;
+}
+
+static rpc_coord_outcome push_whole(rpc_coord *c, const rpc_coord_call *k,
+                                    const rpc_coord_grads *p, double now, char *msg,
+                                    size_t msglen);
+
+/* Part k->part of a split push: held until all are in, then the push. */
+static rpc_coord_outcome push_part(rpc_coord *c, const rpc_coord_call *k,
+                                   const rpc_coord_grads *p, double now, char *msg,
+                                   size_t msglen) {
+  if (push_taken(c, k)) return RPC_COORD_RETRY;
+  partial_push *q = partial_get(c, k);
+  if (!q) goto nomem;
+  if (q->parts != k->parts) {
+    snprintf(msg, msglen, "push of step %lld of job %s: part %d of %d, but its first part said %d "
+             "parts", (long long)k->step, k->job, k->part, k->parts, q->parts);
+    return RPC_COORD_REFUSED;
+  }
+  q->used = ++c->clock;
+  if (q->piece[k->part]) return RPC_COORD_RETRY;
+  if (!(q->piece[k->part] = held_copy(c, p))) goto nomem;
+  if (++q->got < q->parts) return RPC_COORD_GO; /* taken: held until the rest come */
+  held_push *h;
+  int m = partial_merge(c, q, &h, msg, msglen);
+  partial_drop(c, (int)(q - c->partial));
+  if (m > 0) return RPC_COORD_INVALID;
+  if (m < 0) goto nomem;
+  emb_idset set = {.n_tables = c->n_tables, .ids = (const uint64_t *const *)h->ids,
+                   .counts = h->counts};
+  rpc_coord_grads whole = {.lr = h->lr, .set = &set, .grads = (const float *const *)h->grads};
+  rpc_coord_call k1 = *k;
+  k1.part = 0;
+  k1.parts = 1;
+  rpc_coord_outcome o = push_whole(c, &k1, &whole, now, msg, msglen);
+  free(h);
+  return o;
+nomem:
+  snprintf(msg, msglen, "out of memory holding part %d of %d of the push of step %lld of job %s",
+           k->part, k->parts, (long long)k->step, k->job);
+  return RPC_COORD_NOMEM;
+}
+
 rpc_coord_outcome rpc_coord_push(rpc_coord *c, const rpc_coord_call *k, const rpc_coord_grads *p,
                                  double now, char *msg, size_t msglen) {
+  if (k->parts > 1) return push_part(c, k, p, now, msg, msglen);
+  return push_whole(c, k, p, now, msg, msglen);
+}
+
+static rpc_coord_outcome push_whole(rpc_coord *c, const rpc_coord_call *k,
+                                    const rpc_coord_grads *p, double now, char *msg,
+                                    size_t msglen) {
   if (k->world <= 1) return solo_push(c, k, p, msg, msglen);
   rpc_coord_outcome why;
   multi_job *j = job_enter(c, k, 1, now, &why, msg, msglen);
@@ -579,9 +764,10 @@ rpc_coord_outcome rpc_coord_push(rpc_coord *c, const rpc_coord_call *k, const rp
   err[0] = 0;
   if (j->stale) { /* async: applied on arrival */
     if (k->step <= j->done[k->rank]) return RPC_COORD_RETRY;
-    if (c->apply(c->apply_ctx, k->step, p->lr, p->set, p->grads, err, sizeof err)) {
+    int rc = c->apply(c->apply_ctx, k->step, p->lr, p->set, p->grads, err, sizeof err);
+    if (rc) {
       snprintf(msg, msglen, "push of step %lld of job %s: %s", (long long)k->step, k->job, err);
-      return RPC_COORD_FAILED;
+      return rc == SR_ERANGE ? RPC_COORD_INVALID : RPC_COORD_FAILED;
     }
     j->done[k->rank] = k->step;
     j->progress = now;
@@ -610,6 +796,16 @@ rpc_coord_outcome rpc_coord_push(rpc_coord *c, const rpc_coord_call *k, const rp
     for (int r = 0; r < W; r++)
       if (!j->have[r]) return RPC_COORD_GO;
     int rc = job_apply(c, j, j->have, msg, msglen);
+    if (rc == SR_ERANGE) { /* refused whole: the step is dropped, the job stops as for a dead rank */
+      /* msg is "push of step S of job J: why"; job_abort names the job itself. */
+      int skip = snprintf(NULL, 0, "push of step %lld of job %s: ", (long long)j->applied + 1, j->job);
+      char what[RPC_COORD_MSG];
+      snprintf(what, sizeof what, "step %lld's summed update was refused (%s)",
+               (long long)j->applied + 1, skip > 0 && (size_t)skip < strlen(msg) ? msg + skip : msg);
+      job_abort(c, j, what);
+      snprintf(msg, msglen, "%s", j->why);
+      return RPC_COORD_ABORTED;
+    }
     for (int r = 0; r < W; r++) free(j->have[r]);
     memmove(j->have, j->have + W, (size_t)(RPC_COORD_AHEAD - 1) * (size_t)W * sizeof *j->have);
     memset(j->have + (size_t)(RPC_COORD_AHEAD - 1) * (size_t)W, 0, (size_t)W * sizeof *j->have);
@@ -742,6 +938,7 @@ void rpc_coord_restore(rpc_coord *c) {
   /* Steps start over from the checkpoint's: every job's pending state is
    * dropped and its parked Lookups answered ABORTED. */
   c->n_solo = 0;
+  partials_drop_job(c, NULL);
   for (int i = 0; i < c->n_jobs; i++) {
     c->dropped_steps += (uint64_t)job_drop_held(&c->jobs[i]);
     job_free(&c->jobs[i]);

@@ -25,6 +25,8 @@
 #define RPC_COORD_MAX_JOBS 256 /* multi-rank jobs, and single-rank (job, rank) pairs, remembered */
 #define RPC_COORD_AHEAD 4      /* steps of pushes a sync job may collect at once */
 #define RPC_COORD_MSG 512      /* bytes of an outcome's message */
+#define RPC_COORD_MAX_PARTS 4096 /* parts one push may be split into */
+#define RPC_COORD_PARTIALS 64  /* pushes whose parts are being collected at once */
 
 /* What became of a call. The service answers each with one gRPC status
  * (in brackets). */
@@ -41,6 +43,9 @@ typedef enum rpc_coord_outcome {
   RPC_COORD_ABORTED, /* the job's pending state was dropped (the message says why) [ABORTED] */
   RPC_COORD_NOMEM,   /* [RESOURCE_EXHAUSTED] */
   RPC_COORD_FAILED,  /* the apply callback failed [INTERNAL] */
+  RPC_COORD_INVALID, /* the apply callback refused the update (SR_ERANGE: a learning rate out
+                        of range or a row that would turn non-finite), nothing applied
+                        [INVALID_ARGUMENT] */
   /* Outcomes of a parked call only (take_woken): */
   RPC_COORD_RELEASED,  /* Watch: its rank detached [OK] */
   RPC_COORD_TIMED_OUT, /* its timeout passed; nothing changed [DEADLINE_EXCEEDED] */
@@ -55,10 +60,14 @@ typedef struct rpc_coord_call {
   int64_t step;
   int rank, world;
   int stale;       /* max_staleness: 0 sync, S >= 1 async with bound S */
+  int part, parts; /* Push: part of parts (0 <= part < parts <= RPC_COORD_MAX_PARTS) of
+                      (job, step, rank); parts 0 or 1: the whole push */
 } rpc_coord_call;
 
-/* Apply one step's row gradients (emb_store_push's arguments): 0, or
- * nonzero with the reason in err. */
+/* Apply one step's row gradients (emb_store_push's arguments): 0, or a
+ * negative SR_E* code with the reason in err. SR_ERANGE: the update was
+ * refused whole (a learning rate out of range, or a row or optimizer state
+ * it would leave non-finite) and nothing of it was applied. */
 typedef int (*rpc_coord_apply_fn)(void *ctx, int64_t step, float lr, const emb_idset *set,
                                   const float *const *grads, char *err, size_t errlen);
 
@@ -120,13 +129,27 @@ rpc_coord_outcome rpc_coord_lookup(rpc_coord *c, const rpc_coord_call *k, void *
                                    char *msg, size_t msglen);
 
 /* A Push of call k. world 1 and async: applied now through the apply
- * callback (GO; FAILED when it fails, nothing recorded). Sync (world > 1):
- * held (a copy) until every rank's push of its step is in; then each
- * complete step is applied in order, a row's gradients summed over the
- * ranks in rank order, the optimizer run once with rank 0's lr (FAILED when
- * that fails: the step is gone). RETRY when (job, step, rank) was taken
+ * callback (GO; INVALID when it refuses the update with SR_ERANGE, FAILED
+ * when it fails otherwise, nothing recorded). Sync (world > 1): held (a
+ * copy) until every rank's push of its step is in; then each complete step
+ * is applied in order, a row's gradients summed over the ranks in rank
+ * order, the optimizer run once with rank 0's lr (FAILED when that fails:
+ * the step is gone). When the apply refuses the summed update (SR_ERANGE: a
+ * row it would leave non-finite) the step is dropped, nothing of it
+ * applied, and the job is aborted as for a dead rank: ABORTED, msg naming
+ * the cause (the table and row), and every later call of the job is
+ * refused ABORTED with it. RETRY when (job, step, rank) was taken
  * before; REFUSED, ABORTED, NOMEM as for a Lookup, REFUSED also for a step
- * RPC_COORD_AHEAD or more past the last applied. msg as for a Lookup. */
+ * RPC_COORD_AHEAD or more past the last applied. msg as for a Lookup.
+ *
+ * A push split into parts (k->parts > 1, a client fitting the server's
+ * message limits): each part is copied and held (GO, taken) until every
+ * part of (job, step, rank) is in; then they are taken together as the one
+ * push above, whose outcome the last part gets, so a split push is applied
+ * whole or not at all too. A part taken before, or of a push taken before,
+ * is a RETRY; a row in two parts is INVALID (nothing applied). Parts of at
+ * most RPC_COORD_PARTIALS pushes are held at once (the least recent is
+ * dropped for a new one); a Restore or the job's abort drops them. */
 rpc_coord_outcome rpc_coord_push(rpc_coord *c, const rpc_coord_call *k, const rpc_coord_grads *p,
                                  double now, char *msg, size_t msglen);
 

@@ -32,7 +32,15 @@ typedef struct {
   grpc_channel *ch;
   void *reg[RPC_N_METHODS];
   uint64_t inc; /* the server's incarnation as first seen (0: not yet) */
+  /* The server's limits, from its Stats (0: not said: none but ours). */
+  uint64_t max_ids, max_bytes, budget;
 } conn;
+
+/* One table's ids in a call: L->gids[t][lo .. lo + n). */
+typedef struct {
+  int t;
+  size_t lo, n;
+} call_part;
 
 /* One call to one shard, maybe tried several times. */
 typedef struct {
@@ -54,6 +62,8 @@ typedef struct {
   grpc_slice details;
   uint8_t *resp;    /* owned, when status OK */
   size_t resp_len;
+  call_part *parts; /* owned: Lookup and Push, the tables' ids it carries, in order */
+  int n_parts;
 } pcall;
 
 /* One stream of calls: its own completion queue, calls and grouping of
@@ -63,8 +73,8 @@ typedef struct {
  * push is in, so the push must not wait for it. */
 typedef struct {
   grpc_completion_queue *cq;
-  pcall *calls; /* [n] */
-  int n_calls;
+  pcall *calls; /* [cap_calls] */
+  int n_calls, cap_calls;
   /* Grouping of this lane's last request, per table: ids grouped by shard
    * and their positions in the caller's list; off[t*(n+1)+k] ..
    * off[t*(n+1)+k+1]. */
@@ -83,6 +93,7 @@ typedef struct {
   char fp[EMB_FP_HEX];
   char err[1024];
   int lost; /* a server was unreachable or restarted: its rows may not be this run's */
+  int limits_known; /* every conn's limits read from its Stats */
   lane lk;  /* the lookup in flight */
   lane mn;  /* push, checkpoint, restore, stats */
   /* Multi-rank: one Watch per server, held open until destroy detaches
@@ -169,6 +180,7 @@ static void pcall_free(pcall *p) {
   pcall_reset_attempt(p);
   free(p->req);
   free(p->resp);
+  free(p->parts);
   memset(p, 0, sizeof *p);
 }
 
@@ -223,6 +235,18 @@ static int pcall_start(conn *c, grpc_completion_queue *cq, pcall *p, double dead
   return 0;
 }
 
+/* A refusal of the server's in-flight budget (RPC_RESOURCE_EXHAUSTED,
+ * "in-flight memory budget"): tried again after a backoff, as UNAVAILABLE. */
+static int budget_refusal(const pcall *p) {
+  if (p->status != GRPC_STATUS_RESOURCE_EXHAUSTED) return 0;
+  static const char key[] = "in-flight memory budget";
+  size_t n = GRPC_SLICE_LENGTH(p->details), k = sizeof key - 1;
+  const char *d = (const char *)GRPC_SLICE_START_PTR(p->details);
+  for (size_t i = 0; i + k <= n; i++)
+    if (!memcmp(d + i, key, k)) return 1;
+  return 0;
+}
+
 /* Drive calls[n] (already started or waiting to retry) to their end. */
 static void run_calls(conn *conns, grpc_completion_queue *cq, pcall *calls, int n,
                       const rpc_client_opts *o) {
@@ -247,7 +271,7 @@ static void run_calls(conn *conns, grpc_completion_queue *cq, pcall *calls, int 
     pcall *p = ev.tag;
     p->active = 0;
     if (!ev.success) p->status = GRPC_STATUS_INTERNAL;
-    if (p->status == GRPC_STATUS_UNAVAILABLE && p->tries < o->max_tries) {
+    if ((p->status == GRPC_STATUS_UNAVAILABLE || budget_refusal(p)) && p->tries < o->max_tries) {
       p->backoff = p->backoff > 0 ? p->backoff * 2 : o->backoff_s;
       if (p->backoff > 1.0) p->backoff = 1.0;
       p->retry_at = sr_now() + p->backoff;
@@ -264,13 +288,20 @@ static void run_calls(conn *conns, grpc_completion_queue *cq, pcall *calls, int 
   }
 }
 
-/* Message for a failed call into s->err; returns an SR_E* code. */
+/* Message for a failed call into s->err; returns an SR_E* code. A server
+ * that restarted on rows left by a crash (RPC_MSG_UNCLEAN) is a lost server,
+ * as one with a new incarnation is: only a Restore makes it usable. */
 static int call_error(rstore *s, const pcall *p, const char *what) {
   char *d = grpc_slice_to_c_string(p->details);
-  sr_fmt(s->err, sizeof s->err, "%s: shard %d server %s: %s%s%s (after %d tr%s)", what, p->shard,
-         s->c[p->shard].addr, status_name(p->status), d && *d ? ": " : "", d ? d : "", p->tries,
-         p->tries == 1 ? "y" : "ies");
+  const int crashed = p->status == GRPC_STATUS_FAILED_PRECONDITION && d && strstr(d, RPC_MSG_UNCLEAN);
+  sr_fmt(s->err, sizeof s->err, "%s: shard %d server %s%s: %s%s%s (after %d tr%s)", what, p->shard,
+         s->c[p->shard].addr, crashed ? " restarted after a crash" : "", status_name(p->status),
+         d && *d ? ": " : "", d ? d : "", p->tries, p->tries == 1 ? "y" : "ies");
   gpr_free(d);
+  if (crashed) {
+    s->lost = 1;
+    return SR_EUNAVAILABLE;
+  }
   switch ((int)p->status) {
     case GRPC_STATUS_UNAVAILABLE: s->lost = 1; return SR_EUNAVAILABLE;
     case GRPC_STATUS_DEADLINE_EXCEEDED: return SR_ETIMEOUT;
@@ -361,60 +392,116 @@ static void calls_free(lane *L) {
   L->n_calls = 0;
 }
 
-/* Build one request per shard with ids (lookup: grads NULL). */
-static int build_calls(rstore *s, lane *L, rpc_method m, int64_t step, float lr,
-                       const emb_idset *ids, const float *const *grads) {
+/* Room for n more calls in L. */
+static int calls_reserve(lane *L, int n) {
+  if (L->n_calls + n <= L->cap_calls) return 0;
+  int cap = L->cap_calls ? L->cap_calls : 4;
+  while (cap < L->n_calls + n) cap *= 2;
+  pcall *c = realloc(L->calls, (size_t)cap * sizeof *c);
+  if (!c) return SR_ENOMEM;
+  memset(c + L->cap_calls, 0, (size_t)(cap - L->cap_calls) * sizeof *c);
+  L->calls = c;
+  L->cap_calls = cap;
+  return 0;
+}
+
+/* What one call to server k may carry: ids, and bytes at 4 x dim + 10 per
+ * id (a Lookup's answer row, a Push's gradient, with its id). The server's
+ * message limit less 64 KiB for the rest, at most an eighth of its
+ * in-flight budget (so that several calls fit it at once), and this
+ * client's own message limit. */
+static void call_room(const rstore *s, int k, size_t *ids, size_t *bytes) {
+  const conn *c = &s->c[k];
+  size_t b = (size_t)s->o.max_message_bytes;
+  if (c->max_bytes && c->max_bytes < b) b = (size_t)c->max_bytes;
+  if (c->budget && c->budget / 8 < b) b = (size_t)(c->budget / 8);
+  *bytes = b > (128u << 10) ? b - (64u << 10) : b / 2;
+  *ids = c->max_ids ? (size_t)c->max_ids : SIZE_MAX;
+}
+
+/* Cut shard k's ids (L->off) into the calls that fit call_room: parts[]
+ * gets each call's pieces in order, call_of[i] the call of piece i; the
+ * number of calls (at least 1). */
+static int cut_calls(const rstore *s, const lane *L, int k, call_part *parts, int *call_of,
+                     int *n_parts) {
   const emb_plan *plan = s->base.plan;
-  const int nt = plan->n_tables, ns = s->n;
-  int rc = group(s, L, ids);
-  if (rc) {
-    if (rc == SR_ENOMEM) sr_fmt(s->err, sizeof s->err, "out of memory grouping ids");
-    return rc;
-  }
-  Shardrec__V1__TableIds *ti = calloc((size_t)nt, sizeof *ti);
-  Shardrec__V1__TableIds **tip = calloc((size_t)nt, sizeof *tip);
-  Shardrec__V1__TableGrads *tg = calloc((size_t)nt, sizeof *tg);
-  Shardrec__V1__TableGrads **tgp = calloc((size_t)nt, sizeof *tgp);
-  float **gbuf = calloc((size_t)nt, sizeof *gbuf);
-  if (!ti || !tip || !tg || !tgp || !gbuf) rc = SR_ENOMEM;
-  for (int k = 0; k < ns && !rc; k++) {
-    int n = 0;
-    for (int t = 0; t < nt && !rc; t++) {
-      const size_t *off = &L->off[(size_t)t * (size_t)(ns + 1)];
-      size_t a = off[k], cnt = off[k + 1] - off[k];
-      if (!cnt) continue;
-      if (m == RPC_LOOKUP) {
-        shardrec__v1__table_ids__init(&ti[n]);
-        ti[n].table_id = plan->tables[t].table_id;
-        ti[n].n_ids = cnt;
-        ti[n].ids = L->gids[t] + a;
-        tip[n] = &ti[n];
-      } else {
-        const size_t dim = (size_t)plan->tables[t].dim;
-        gbuf[n] = malloc(cnt * dim * sizeof(float));
-        if (!gbuf[n]) {
-          rc = SR_ENOMEM;
-          break;
+  const int ns = s->n;
+  size_t max_ids, max_bytes;
+  call_room(s, k, &max_ids, &max_bytes);
+  size_t ids_left = max_ids, bytes_left = max_bytes;
+  int calls = 0, np = 0, open = 0;
+  for (int t = 0; t < plan->n_tables; t++) {
+    const size_t *off = &L->off[(size_t)t * (size_t)(ns + 1)];
+    size_t lo = off[k], left = off[k + 1] - off[k];
+    const size_t cost = 4 * (size_t)plan->tables[t].dim + 10 + 2;
+    while (left) {
+      size_t take = bytes_left / cost;
+      if (take > ids_left) take = ids_left;
+      if (take > left) take = left;
+      if (!take) { /* this call is full */
+        if (!open) take = 1; /* a row wider than the room still goes, alone */
+        else {
+          open = 0;
+          ids_left = max_ids, bytes_left = max_bytes;
+          continue;
         }
-        for (size_t j = 0; j < cnt; j++)
-          memcpy(gbuf[n] + j * dim, grads[t] + L->perm[t][a + j] * dim, dim * sizeof(float));
-        shardrec__v1__table_grads__init(&tg[n]);
-        tg[n].table_id = plan->tables[t].table_id;
-        tg[n].n_ids = cnt;
-        tg[n].ids = L->gids[t] + a;
-        tg[n].grads.data = (uint8_t *)gbuf[n];
-        tg[n].grads.len = cnt * dim * sizeof(float);
-        tgp[n] = &tg[n];
       }
-      n++;
+      if (!open) calls++, open = 1;
+      parts[np] = (call_part){t, lo, take};
+      call_of[np++] = calls - 1;
+      lo += take, left -= take;
+      ids_left -= take;
+      bytes_left -= take * cost < bytes_left ? take * cost : bytes_left;
     }
-    /* Ranks of a multi-rank job push to every shard every step: the shard
-     * applies a step once every rank's push is in. */
-    if (rc || (!n && (m == RPC_LOOKUP || s->o.world_size == 1))) goto next;
+  }
+  *n_parts = np;
+  return calls ? calls : 1;
+}
+
+/* One request to shard k of pieces parts[n] (lookup: grads NULL), part
+ * part of parts; the pcall gets a copy of its pieces. */
+static int build_one(rstore *s, lane *L, int k, rpc_method m, int64_t step, float lr,
+                     const float *const *grads, const call_part *parts, int n, int part,
+                     int n_calls) {
+  const emb_plan *plan = s->base.plan;
+  Shardrec__V1__TableIds *ti = calloc((size_t)n + 1, sizeof *ti);
+  Shardrec__V1__TableIds **tip = calloc((size_t)n + 1, sizeof *tip);
+  Shardrec__V1__TableGrads *tg = calloc((size_t)n + 1, sizeof *tg);
+  Shardrec__V1__TableGrads **tgp = calloc((size_t)n + 1, sizeof *tgp);
+  float **gbuf = calloc((size_t)n + 1, sizeof *gbuf);
+  call_part *mine = malloc(((size_t)n + 1) * sizeof *mine);
+  int rc = !ti || !tip || !tg || !tgp || !gbuf || !mine ? SR_ENOMEM : 0;
+  for (int i = 0; i < n && !rc; i++) {
+    const int t = parts[i].t;
+    const size_t a = parts[i].lo, cnt = parts[i].n, dim = (size_t)plan->tables[t].dim;
+    mine[i] = parts[i];
+    if (m == RPC_LOOKUP) {
+      shardrec__v1__table_ids__init(&ti[i]);
+      ti[i].table_id = plan->tables[t].table_id;
+      ti[i].n_ids = cnt;
+      ti[i].ids = L->gids[t] + a;
+      tip[i] = &ti[i];
+      continue;
+    }
+    if (!(gbuf[i] = malloc(cnt * dim * sizeof(float)))) {
+      rc = SR_ENOMEM;
+      break;
+    }
+    for (size_t j = 0; j < cnt; j++)
+      memcpy(gbuf[i] + j * dim, grads[t] + L->perm[t][a + j] * dim, dim * sizeof(float));
+    shardrec__v1__table_grads__init(&tg[i]);
+    tg[i].table_id = plan->tables[t].table_id;
+    tg[i].n_ids = cnt;
+    tg[i].ids = L->gids[t] + a;
+    tg[i].grads.data = (uint8_t *)gbuf[i];
+    tg[i].grads.len = cnt * dim * sizeof(float);
+    tgp[i] = &tg[i];
+  }
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  if (!rc) {
     Shardrec__V1__RequestHeader h;
     header_fill(s, &h, step);
-    uint8_t *buf;
-    size_t len = 0;
     if (m == RPC_LOOKUP) {
       Shardrec__V1__LookupRequest q = SHARDREC__V1__LOOKUP_REQUEST__INIT;
       q.header = &h;
@@ -422,6 +509,8 @@ static int build_calls(rstore *s, lane *L, rpc_method m, int64_t step, float lr,
       q.tables = tip;
       buf = pack(&q.base, &len);
     } else {
+      h.part = n_calls > 1 ? part : 0;
+      h.parts = n_calls > 1 ? n_calls : 0;
       Shardrec__V1__PushRequest q = SHARDREC__V1__PUSH_REQUEST__INIT;
       q.header = &h;
       q.learning_rate = lr;
@@ -429,26 +518,62 @@ static int build_calls(rstore *s, lane *L, rpc_method m, int64_t step, float lr,
       q.tables = tgp;
       buf = pack(&q.base, &len);
     }
-    if (!buf) {
-      rc = SR_ENOMEM;
-      goto next;
-    }
-    pcall_init(&L->calls[L->n_calls++], k, m, buf, len);
-  next:
-    for (int i = 0; i < nt; i++) {
-      free(gbuf[i]);
-      gbuf[i] = NULL;
-    }
+    if (!buf) rc = SR_ENOMEM;
   }
-  if (rc == SR_ENOMEM) sr_fmt(s->err, sizeof s->err, "out of memory building requests");
+  if (!rc) {
+    pcall *p = &L->calls[L->n_calls++];
+    pcall_init(p, k, m, buf, len);
+    p->parts = mine;
+    p->n_parts = n;
+    mine = NULL;
+  }
+  for (int i = 0; gbuf && i < n; i++) free(gbuf[i]);
   free(ti);
   free(tip);
   free(tg);
   free(tgp);
   free(gbuf);
+  free(mine);
+  return rc;
+}
+
+/* Build the requests of ids for every shard (lookup: grads NULL), each cut
+ * to fit its server's limits (cut_calls). A shard with nothing gets no
+ * Lookup, and a Push only in a multi-rank job (every rank pushes to every
+ * shard every step: the shard applies a step once every rank's is in). */
+static int build_calls(rstore *s, lane *L, rpc_method m, int64_t step, float lr,
+                       const emb_idset *ids, const float *const *grads) {
+  const emb_plan *plan = s->base.plan;
+  int rc = group(s, L, ids);
+  if (rc) {
+    if (rc == SR_ENOMEM) sr_fmt(s->err, sizeof s->err, "out of memory grouping ids");
+    return rc;
+  }
+  size_t most = 0;
+  for (int t = 0; t < plan->n_tables; t++) most += ids->counts[t];
+  /* At most one piece per table plus one per call cut. */
+  size_t cap = (size_t)plan->n_tables + most + 1;
+  call_part *parts = malloc(cap * sizeof *parts);
+  int *call_of = malloc(cap * sizeof *call_of);
+  if (!parts || !call_of) rc = SR_ENOMEM;
+  for (int k = 0; k < s->n && !rc; k++) {
+    int np = 0, nc = cut_calls(s, L, k, parts, call_of, &np);
+    if (!np && (m == RPC_LOOKUP || s->o.world_size == 1)) continue;
+    if ((rc = calls_reserve(L, nc))) break;
+    for (int call = 0, i = 0; call < nc && !rc; call++) {
+      int first = i;
+      while (i < np && call_of[i] == call) i++;
+      rc = build_one(s, L, k, m, step, lr, grads, parts + first, i - first, call, nc);
+    }
+  }
+  free(parts);
+  free(call_of);
+  if (rc == SR_ENOMEM) sr_fmt(s->err, sizeof s->err, "out of memory building requests");
   if (rc) calls_free(L);
   return rc;
 }
+
+static int fetch_limits(rstore *s);
 
 static int r_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, float *const *out) {
   rstore *s = (rstore *)b;
@@ -463,7 +588,8 @@ static int r_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, floa
            ids ? ids->n_tables : -1, b->plan->n_tables);
     return s->lookup_rc = SR_EINVAL;
   }
-  int rc = build_calls(s, L, RPC_LOOKUP, step, 0, ids, NULL);
+  int rc = fetch_limits(s);
+  if (!rc) rc = build_calls(s, L, RPC_LOOKUP, step, 0, ids, NULL);
   if (rc) return s->lookup_rc = rc;
   for (int i = 0; i < L->n_calls; i++)
     pcall_start(&s->c[L->calls[i].shard], L->cq, &L->calls[i], s->o.deadline_s);
@@ -482,7 +608,6 @@ static int r_lookup_wait(emb_store *b) {
   s->lookup_pending = 0;
   run_calls(s->c, L->cq, L->calls, L->n_calls, &s->o);
   const emb_plan *plan = b->plan;
-  const int ns = s->n;
   int rc = 0;
   char what[48];
   snprintf(what, sizeof what, "lookup of step %lld", (long long)s->lookup_step);
@@ -504,14 +629,11 @@ static int r_lookup_wait(emb_store *b) {
       shardrec__v1__lookup_response__free_unpacked(a, NULL);
       break;
     }
-    size_t j = 0;
-    for (int t = 0; t < plan->n_tables && !rc; t++) {
-      const size_t *off = &L->off[(size_t)t * (size_t)(ns + 1)];
-      size_t lo = off[p->shard], cnt = off[p->shard + 1] - lo;
-      if (!cnt) continue;
+    for (int j = 0; j < p->n_parts && !rc; j++) {
+      const int t = p->parts[j].t;
+      const size_t lo = p->parts[j].lo, cnt = p->parts[j].n;
       const size_t dim = (size_t)plan->tables[t].dim;
-      const Shardrec__V1__TableRows *tr = j < a->n_tables ? a->tables[j] : NULL;
-      j++;
+      const Shardrec__V1__TableRows *tr = (size_t)j < a->n_tables ? a->tables[j] : NULL;
       if (!tr || tr->table_id != plan->tables[t].table_id ||
           tr->rows.len != cnt * dim * sizeof(float)) {
         sr_fmt(s->err, sizeof s->err,
@@ -542,7 +664,8 @@ static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
            ids ? ids->n_tables : -1, b->plan->n_tables);
     return SR_EINVAL;
   }
-  int rc = build_calls(s, L, RPC_PUSH, step, lr, ids, grads);
+  int rc = fetch_limits(s);
+  if (!rc) rc = build_calls(s, L, RPC_PUSH, step, lr, ids, grads);
   if (rc) return rc;
   for (int i = 0; i < L->n_calls; i++)
     pcall_start(&s->c[L->calls[i].shard], L->cq, &L->calls[i], s->o.deadline_s);
@@ -632,6 +755,31 @@ static int sum_stats(rstore *s, pcall *p, void *ctx) {
   return 0;
 }
 
+static int read_limits(rstore *s, pcall *p, void *ctx) {
+  (void)ctx;
+  Shardrec__V1__StatsResponse *a = shardrec__v1__stats_response__unpack(NULL, p->resp_len, p->resp);
+  if (!a) {
+    sr_fmt(s->err, sizeof s->err, "stats: shard %d server %s: undecodable answer", p->shard,
+           s->c[p->shard].addr);
+    return SR_EFORMAT;
+  }
+  conn *c = &s->c[p->shard];
+  c->max_ids = a->max_ids;
+  c->max_bytes = a->max_message_bytes;
+  c->budget = a->inflight_budget_bytes;
+  shardrec__v1__stats_response__free_unpacked(a, NULL);
+  return 0;
+}
+
+/* Every server's limits, from its Stats (once, and again after a Restore:
+ * a restarted server may have others), so that calls are cut to fit them. */
+static int fetch_limits(rstore *s) {
+  if (s->limits_known) return 0;
+  int rc = broadcast(s, RPC_STATS, make_stats, NULL, "stats", read_limits);
+  if (!rc) s->limits_known = 1;
+  return rc;
+}
+
 static int ckpt_inc(rstore *s, pcall *p, void *ctx) {
   (void)ctx;
   Shardrec__V1__CheckpointResponse *a =
@@ -687,6 +835,7 @@ static int r_restore(emb_store *b, const char *path) {
   int rc = abs_path((rstore *)b, path, abs, sizeof abs);
   if (!rc) rc = broadcast((rstore *)b, RPC_RESTORE, make_restore, abs, "restore", restore_inc);
   if (!rc) ((rstore *)b)->lost = 0;
+  ((rstore *)b)->limits_known = 0;
   return rc;
 }
 static int r_stats(emb_store *b, emb_store_stats *out) {
@@ -793,6 +942,7 @@ static void lane_free(lane *L, int n_tables) {
 
 static int lane_init(lane *L, int n_tables, int n_servers) {
   L->calls = calloc((size_t)n_servers, sizeof *L->calls);
+  L->cap_calls = n_servers;
   L->gids = calloc((size_t)n_tables, sizeof *L->gids);
   L->perm = calloc((size_t)n_tables, sizeof *L->perm);
   L->cap = calloc((size_t)n_tables, sizeof *L->cap);

@@ -35,6 +35,7 @@
 #include <time.h>
 
 #include "common/status.h"
+#include "common/sys.h"
 #include "rpc/client.h"
 #include "rpc/grpc_util.h"
 #include "rpc/server.h"
@@ -59,6 +60,11 @@ typedef struct call_ctx {
   int cancelled;
   int close_early;      /* RECV_CLOSE_ON_SERVER runs in a batch of its own (parked calls) */
   _Atomic int refs;     /* the reply batch (or parked entry) and the early close batch */
+  size_t held;          /* in-flight budget the answer holds, given back when c is freed
+                           (the reply batch completed: the answer is sent) */
+  double give_up;       /* deferred (no room in the budget): answered RESOURCE_EXHAUSTED
+                           if still without room at this sr_now() */
+  struct call_ctx *next; /* in the deferred list */
 } call_ctx;
 
 /* The tag of a parked call's early RECV_CLOSE_ON_SERVER batch. kind first:
@@ -86,7 +92,10 @@ struct server_state {
   worker *w;
   int n_workers;
   _Atomic int server_down; /* shutdown notified: workers may close their queues */
-  pthread_mutex_t mu;
+  pthread_mutex_t mu;      /* the deferred list */
+  call_ctx *def_head, *def_tail; /* calls waiting for room in the in-flight budget */
+  _Atomic int n_deferred;
+  uint64_t def_gen;        /* rpc_service_budget_gen when they were last tried */
 };
 
 static call_ctx *ctx_new(tag_kind k, int method) {
@@ -102,6 +111,7 @@ static call_ctx *ctx_new(tag_kind k, int method) {
 
 static void ctx_free(call_ctx *c) {
   if (!c) return;
+  if (c->held) rpc_service_release(c->owner->st->svc, c->held);
   grpc_metadata_array_destroy(&c->md);
   grpc_call_details_destroy(&c->details);
   if (c->payload) grpc_byte_buffer_destroy(c->payload);
@@ -220,29 +230,43 @@ static int authorised(worker *w, call_ctx *c) {
   return 0;
 }
 
-static void handle(worker *w, call_ctx *c) {
+/* Keep c (its request still in c->payload) until the budget has room;
+ * it counts as live on its owner meanwhile. */
+static void defer_call(server_state *st, call_ctx *c) {
+  c->owner->live++;
+  c->next = NULL;
+  pthread_mutex_lock(&st->mu);
+  if (st->def_tail) st->def_tail->next = c;
+  else st->def_head = c;
+  st->def_tail = c;
+  st->n_deferred++;
+  pthread_mutex_unlock(&st->mu);
+}
+
+/* Handle call c; 1 when it was deferred (no room in the in-flight budget). */
+static int handle(worker *w, call_ctx *c) {
   if (c->kind == TAG_GENERIC) {
     char msg[300];
     char *method = grpc_slice_to_c_string(c->details.method);
     snprintf(msg, sizeof msg, "unknown method %s", method ? method : "?");
     gpr_free(method);
     reply(w, c, RPC_UNIMPLEMENTED, msg, NULL, 0);
-    return;
+    return 0;
   }
   if (gpr_time_cmp(c->deadline, gpr_now(c->deadline.clock_type)) < 0) {
     reply(w, c, RPC_DEADLINE_EXCEEDED, "deadline passed before the call was handled", NULL, 0);
-    return;
+    return 0;
   }
-  if (!authorised(w, c)) return;
+  if (!authorised(w, c)) return 0;
   uint8_t *in;
   size_t len;
   if (!c->payload) {
     reply(w, c, RPC_INVALID_ARGUMENT, "no request message", NULL, 0);
-    return;
+    return 0;
   }
   if (rpc__bb_read(c->payload, &in, &len)) {
     reply(w, c, RPC_RESOURCE_EXHAUSTED, "out of memory reading the request", NULL, 0);
-    return;
+    return 0;
   }
   rpc_reply r;
   gpr_timespec left = gpr_time_sub(c->deadline, gpr_now(c->deadline.clock_type));
@@ -273,18 +297,57 @@ static void handle(worker *w, call_ctx *c) {
       free(ct);
       ctx_unref(c);
     }
-    return;
+    return 0;
   }
   if (may_park) { /* not parked: nobody else holds c */
     c->close_early = 0;
     atomic_store(&c->refs, 1);
   }
+  if (r.status == RPC_DEFERRED) { /* tried again when budget is given back */
+    if (c->give_up == 0) c->give_up = sr_now() + rpc_service_budget_wait_s(w->st->svc);
+    defer_call(w->st, c);
+    return 1;
+  }
+  c->held = r.held;
   if (r.status == RPC_OK &&
       gpr_time_cmp(c->deadline, gpr_now(c->deadline.clock_type)) < 0)
     reply(w, c, RPC_DEADLINE_EXCEEDED, "deadline passed while handling the call", NULL, 0);
   else
     reply(w, c, r.status, r.msg, r.out, r.out_len);
   free(r.out);
+  return 0;
+}
+
+/* The deferred calls: given up on (RESOURCE_EXHAUSTED) once their time is
+ * past; tried again, in order, when budget was given back since the last
+ * try, until one finds no room again. Any worker may run them: each is
+ * answered on its owner's queue. */
+static void retry_deferred(server_state *st) {
+  if (!atomic_load(&st->n_deferred)) return;
+  pthread_mutex_lock(&st->mu);
+  uint64_t gen = rpc_service_budget_gen(st->svc);
+  int retry = gen != st->def_gen;
+  st->def_gen = gen;
+  call_ctx *c = st->def_head;
+  st->def_head = st->def_tail = NULL;
+  st->n_deferred = 0;
+  pthread_mutex_unlock(&st->mu);
+  double now = sr_now();
+  while (c) {
+    call_ctx *next = c->next;
+    c->next = NULL;
+    c->owner->live--; /* off the list: answered, handled or put back below */
+    if (now >= c->give_up) {
+      rpc_reply r;
+      rpc_service_refuse_busy(st->svc, &r);
+      reply(c->owner, c, r.status, r.msg, NULL, 0);
+    } else if (retry) {
+      retry = !handle(c->owner, c);
+    } else {
+      defer_call(st, c);
+    }
+    c = next;
+  }
 }
 
 /* Answer the parked calls that can be answered now (from any worker). */
@@ -296,6 +359,7 @@ static void answer_woken(server_state *st) {
     for (int i = 0; i < n; i++) {
       call_ctx *c = wk[i].token;
       worker *owner = c->owner;
+      c->held = wk[i].r.held;
       reply(owner, c, wk[i].r.status, wk[i].r.msg, wk[i].r.out, wk[i].r.out_len);
       owner->live--; /* no longer parked (reply counted its batch first) */
       free(wk[i].r.out);
@@ -338,6 +402,7 @@ static void *worker_main(void *arg) {
     if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
     if (ev.type == GRPC_QUEUE_TIMEOUT) {
       answer_woken(st); /* parked calls whose deadline passed */
+      retry_deferred(st);
       continue;
     }
     w->live--;
@@ -358,7 +423,8 @@ static void *worker_main(void *arg) {
         answer_woken(st);
         break;
       case TAG_REPLY:
-        ctx_unref(c);
+        ctx_unref(c); /* the answer is sent: its budget is given back */
+        retry_deferred(st);
         break;
       case TAG_CLOSE:
         break;
@@ -431,6 +497,7 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
   st.svc = svc;
   st.o = o;
   st.n_workers = threads;
+  pthread_mutex_init(&st.mu, NULL);
   st.w = calloc((size_t)threads, sizeof *st.w);
   if (!st.w) {
     sr_fmt(err, errlen, "server: out of memory");
@@ -457,6 +524,7 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
     for (int i = 0; i < threads; i++) grpc_completion_queue_destroy(st.w[i].cq);
     grpc_completion_queue_destroy(shut_cq);
     free(st.w);
+    pthread_mutex_destroy(&st.mu);
     rpc_global_shutdown();
     rpc__tls_server_destroy(tlsrv);
     return rc;
@@ -497,6 +565,7 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
   for (int i = 0; i < threads; i++) grpc_completion_queue_destroy(st.w[i].cq);
   grpc_completion_queue_destroy(shut_cq);
   free(st.w);
+  pthread_mutex_destroy(&st.mu);
   rc = rpc_service_flush(svc);
   if (rc) sr_fmt(err, errlen, "server: flush on shutdown failed: %s", sr_strerror(rc));
   rpc_global_shutdown();

@@ -17,7 +17,9 @@
 #include "common/fs.h"
 #include "common/status.h"
 #include "common/sys.h"
+#include "embedding/optim.h"
 #include "embedding/served.h"
+#include "embedding/shard.h"
 #include "rpc/coord.h"
 #include "rpc/health.pb-c.h"
 #include "rpc/service.h"
@@ -54,6 +56,12 @@ struct rpc_service {
   int n_shards;
   int read_only;
   size_t max_ids;
+  int unclean;          /* rows left by a crash, not restored since (RPC_MSG_UNCLEAN) */
+  size_t max_msg;       /* the message limit an answer must fit */
+  size_t budget, inflight; /* the in-flight budget and what calls hold of it now */
+  double budget_wait_s;
+  uint64_t budget_refused, budget_gen; /* refusals; releases so far */
+  pthread_cond_t room;  /* signalled when calls give budget back (with mu) */
   pthread_mutex_t mu;   /* serialises the store, the coordinator and the counters below */
   rpc_coord *coord;     /* owned: the multi-rank jobs */
   lat_stat lat[RPC_N_METHODS];
@@ -85,6 +93,7 @@ static int coord_status(rpc_coord_outcome o) {
     case RPC_COORD_ABORTED: return RPC_ABORTED;
     case RPC_COORD_NOMEM: return RPC_RESOURCE_EXHAUSTED;
     case RPC_COORD_FAILED: return RPC_INTERNAL;
+    case RPC_COORD_INVALID: return RPC_INVALID_ARGUMENT;
     case RPC_COORD_TIMED_OUT: return RPC_DEADLINE_EXCEEDED;
   }
   return RPC_INTERNAL;
@@ -93,7 +102,8 @@ static int coord_status(rpc_coord_outcome o) {
 /* The coordinator's view of a checked header (borrows h's job id). */
 static rpc_coord_call coord_call(const Shardrec__V1__RequestHeader *h) {
   return (rpc_coord_call){.job = h->job_id, .step = h->step, .rank = h->rank,
-                          .world = h->world_size, .stale = h->max_staleness};
+                          .world = h->world_size, .stale = h->max_staleness,
+                          .part = h->part, .parts = h->parts};
 }
 
 /* The checkpoint roots of o, resolved into s (sr_path_confine from "/": a
@@ -134,7 +144,11 @@ rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
   s->plan = plan;
   s->store = store;
   s->read_only = o->read_only;
-  s->max_ids = o->max_ids ? o->max_ids : (size_t)1 << 22;
+  s->unclean = o->refuse_unclean && emb_shard_unclean(store);
+  s->max_msg = o->max_message_bytes ? o->max_message_bytes : (size_t)64 << 20;
+  s->max_ids = o->max_ids ? o->max_ids : rpc_service_max_ids_for(plan, s->max_msg);
+  s->budget = o->inflight_bytes ? o->inflight_bytes : 4 * s->max_msg;
+  s->budget_wait_s = o->inflight_wait_s > 0 ? o->inflight_wait_s : 1;
   s->served = calloc((size_t)plan->n_shards, 1);
   s->shards = malloc((size_t)o->n_shards * sizeof *s->shards);
   if (!s->served || !s->shards) goto nomem;
@@ -186,6 +200,7 @@ rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
     s->incarnation = x ? x : 1;
   }
   pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->room, NULL);
   return s;
 nomem:
   sr_fmt(err, errlen, "service: out of memory");
@@ -203,6 +218,7 @@ nomem:
 void rpc_service_destroy(rpc_service *s) {
   if (!s) return;
   rpc_coord_destroy(s->coord);
+  pthread_cond_destroy(&s->room);
   pthread_mutex_destroy(&s->mu);
   for (int i = 0; i < s->n_roots; i++) free(s->roots[i]);
   free(s->roots);
@@ -211,6 +227,85 @@ void rpc_service_destroy(rpc_service *s) {
   free(s);
 }
 
+size_t rpc_service_max_ids_for(const emb_plan *plan, size_t max_message_bytes) {
+  int dim = 1;
+  for (int t = 0; t < plan->n_tables; t++)
+    if (plan->tables[t].dim > dim) dim = plan->tables[t].dim;
+  size_t room = max_message_bytes > 4096 ? max_message_bytes - 4096 : 0;
+  size_t n = room / (4 * (size_t)dim + 10);
+  return n < 1 ? 1 : n > ((size_t)1 << 22) ? (size_t)1 << 22 : n;
+}
+
+static void budget_refuse(rpc_service *s, size_t need, size_t held, rpc_reply *r) {
+  s->budget_refused++;
+  r->status = RPC_RESOURCE_EXHAUSTED;
+  snprintf(r->msg, sizeof r->msg,
+           "in-flight memory budget: %s%zu of the %zu bytes are held by calls in flight, "
+           "waited %g s (serve --inflight-mb); try again",
+           need ? "this call needs more room than is free: " : "", held, s->budget,
+           s->budget_wait_s);
+  (void)need;
+}
+
+/* Take need bytes of the in-flight budget for the call answering into r
+ * (r->held grows); a call holding all that is in flight is always let
+ * through. No room: with defer, RPC_DEFERRED at once (the server calls
+ * again later); else wait up to budget_wait_s for room, then
+ * RESOURCE_EXHAUSTED with the numbers in r. Not with s->mu held. */
+static int budget_take(rpc_service *s, size_t need, int defer, rpc_reply *r) {
+  pthread_mutex_lock(&s->mu);
+  if (s->inflight > r->held && s->inflight + need > s->budget && defer) {
+    pthread_mutex_unlock(&s->mu);
+    r->status = RPC_DEFERRED;
+    return r->status;
+  }
+  pthread_mutex_unlock(&s->mu);
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  double w = s->budget_wait_s;
+  until.tv_sec += (time_t)w;
+  until.tv_nsec += (long)((w - (double)(time_t)w) * 1e9);
+  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  pthread_mutex_lock(&s->mu);
+  int timed_out = 0;
+  while (s->inflight > r->held && s->inflight + need > s->budget && !timed_out)
+    timed_out = pthread_cond_timedwait(&s->room, &s->mu, &until) == ETIMEDOUT;
+  if (s->inflight > r->held && s->inflight + need > s->budget) {
+    budget_refuse(s, need, s->inflight - r->held, r);
+    pthread_mutex_unlock(&s->mu);
+    return r->status;
+  }
+  s->inflight += need;
+  r->held += need;
+  pthread_mutex_unlock(&s->mu);
+  return RPC_OK;
+}
+
+void rpc_service_release(rpc_service *s, size_t bytes) {
+  if (!bytes) return;
+  pthread_mutex_lock(&s->mu);
+  s->inflight -= bytes < s->inflight ? bytes : s->inflight;
+  s->budget_gen++;
+  pthread_cond_broadcast(&s->room);
+  pthread_mutex_unlock(&s->mu);
+}
+
+uint64_t rpc_service_budget_gen(rpc_service *s) {
+  pthread_mutex_lock(&s->mu);
+  uint64_t g = s->budget_gen;
+  pthread_mutex_unlock(&s->mu);
+  return g;
+}
+
+double rpc_service_budget_wait_s(const rpc_service *s) { return s->budget_wait_s; }
+
+void rpc_service_refuse_busy(rpc_service *s, rpc_reply *r) {
+  memset(r, 0, sizeof *r);
+  pthread_mutex_lock(&s->mu);
+  budget_refuse(s, 0, s->inflight, r);
+  s->failed++;
+  pthread_mutex_unlock(&s->mu);
+}
 
 int rpc_service_flush(rpc_service *s) {
   pthread_mutex_lock(&s->mu);
@@ -273,6 +368,13 @@ static int check_header(rpc_service *s, const Shardrec__V1__RequestHeader *h, rp
              h->max_staleness);
     return r->status;
   }
+  if (h->parts < 0 || h->parts > RPC_COORD_MAX_PARTS ||
+      (h->parts > 1 && (h->part < 0 || h->part >= h->parts))) {
+    r->status = RPC_INVALID_ARGUMENT;
+    snprintf(r->msg, sizeof r->msg, "header: part %d of %d parts (at most %d parts)", h->part,
+             h->parts, RPC_COORD_MAX_PARTS);
+    return r->status;
+  }
   if (!h->job_id || strlen(h->job_id) >= RPC_COORD_JOB_MAX) {
     r->status = RPC_INVALID_ARGUMENT;
     snprintf(r->msg, sizeof r->msg, "header.job_id: at most %zu bytes",
@@ -328,6 +430,17 @@ static int check_ids(rpc_service *s, const char *what, size_t i, uint32_t table_
   return RPC_OK;
 }
 
+/* Rows left by a crash are not served until a Restore. */
+static int check_clean(rpc_service *s, rpc_reply *r) {
+  pthread_mutex_lock(&s->mu);
+  int unclean = s->unclean;
+  pthread_mutex_unlock(&s->mu);
+  if (!unclean) return RPC_OK;
+  r->status = RPC_FAILED_PRECONDITION;
+  snprintf(r->msg, sizeof r->msg, "%s", RPC_MSG_UNCLEAN);
+  return r->status;
+}
+
 static int cmp_u64(const void *a, const void *b) {
   uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
   return x < y ? -1 : x > y;
@@ -343,9 +456,39 @@ static void pack_reply(rpc_reply *r, const ProtobufCMessage *m) {
   }
   r->out_len = protobuf_c_message_pack(m, r->out);
 }
+/* Refuse a Lookup of tables[n] (plan indexes idx) whose answer would not
+ * fit the message limit, before anything is allocated for it; else take
+ * its share of the in-flight budget. RPC_OK or a status in r. */
+static int check_answer(rpc_service *s, Shardrec__V1__TableIds *const *tables, size_t n,
+                        const int *idx, int defer, rpc_reply *r) {
+  size_t ids = 0, rows = 0, answer = 32;
+  int dlo = 0, dhi = 0;
+  for (size_t i = 0; i < n; i++) {
+    const int dim = s->plan->tables[idx[i]].dim;
+    ids += tables[i]->n_ids;
+    rows += tables[i]->n_ids * (size_t)dim * sizeof(float);
+    answer += tables[i]->n_ids * (size_t)dim * sizeof(float) + 16;
+    if (!i || dim < dlo) dlo = dim;
+    if (!i || dim > dhi) dhi = dim;
+  }
+  if (answer > s->max_msg) {
+    char dims[32];
+    if (dlo == dhi) snprintf(dims, sizeof dims, "dim %d", dlo);
+    else snprintf(dims, sizeof dims, "dims %d..%d", dlo, dhi);
+    r->status = RPC_RESOURCE_EXHAUSTED;
+    snprintf(r->msg, sizeof r->msg,
+             "the answer of %zu ids x %s x 4 bytes = %zu bytes of rows does not fit the message "
+             "limit of %zu bytes: split the Lookup (Stats gives max_ids and max_message_bytes)",
+             ids, dims, rows, s->max_msg);
+    return r->status;
+  }
+  return budget_take(s, 3 * answer, defer, r);
+}
+
 static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r, void *token,
                       double timeout_s) {
   const int nt = s->plan->n_tables;
+  if (budget_take(s, 2 * len, token != NULL, r)) return; /* the request's copy, decoded form */
   Shardrec__V1__LookupRequest *q = shardrec__v1__lookup_request__unpack(NULL, len, in);
   int *idx = NULL;
   uint8_t *seen = NULL;
@@ -354,7 +497,7 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
   float **outp = NULL;
   Shardrec__V1__TableRows *rows = NULL, **rowp = NULL;
   if (!q) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid shardrec.v1.LookupRequest (%zu bytes)", len);
-  if (check_header(s, q->header, r)) goto out;
+  if (check_header(s, q->header, r) || check_clean(s, r)) goto out;
   idx = calloc(q->n_tables + 1, sizeof *idx);
   seen = calloc((size_t)nt, 1);
   ids = calloc((size_t)nt, sizeof *ids);
@@ -381,6 +524,7 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
       goto out;
     }
   }
+  if (check_answer(s, q->tables, q->n_tables, idx, token != NULL, r)) goto out;
   static float dummy;
   for (int t = 0; t < nt; t++) outp[t] = &dummy;
   for (size_t i = 0; i < q->n_tables; i++) {
@@ -424,8 +568,10 @@ out:
   if (q) shardrec__v1__lookup_request__free_unpacked(q, NULL);
 }
 
-static void do_push(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r) {
+static void do_push(rpc_service *s, const uint8_t *in, size_t len, int defer, rpc_reply *r) {
   const int nt = s->plan->n_tables;
+  /* The request's copy, its decoded form and a held copy (sync mode). */
+  if (budget_take(s, 3 * len, defer, r)) return;
   Shardrec__V1__PushRequest *q = shardrec__v1__push_request__unpack(NULL, len, in);
   int *idx = NULL;
   uint8_t *seen = NULL;
@@ -437,10 +583,10 @@ static void do_push(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r)
   uint64_t *sorted = NULL;
   if (!q) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid shardrec.v1.PushRequest (%zu bytes)", len);
   if (s->read_only) FAIL(r, RPC_FAILED_PRECONDITION, "this server is read-only: Push refused");
-  if (check_header(s, q->header, r)) goto out;
-  if (!isfinite(q->learning_rate) || q->learning_rate < 0)
-    FAIL(r, RPC_INVALID_ARGUMENT, "learning_rate %g: must be finite and >= 0",
-         (double)q->learning_rate);
+  if (check_header(s, q->header, r) || check_clean(s, r)) goto out;
+  if (!emb_optim_lr_ok(q->learning_rate))
+    FAIL(r, RPC_INVALID_ARGUMENT, "learning_rate %g: must be finite and within [0, %g]",
+         (double)q->learning_rate, EMB_OPTIM_MAX_LR);
   idx = calloc(q->n_tables + 1, sizeof *idx);
   seen = calloc((size_t)nt, 1);
   ids = calloc((size_t)nt, sizeof *ids);
@@ -585,6 +731,7 @@ static int restore_from(rpc_service *s, const char *real, const char *dir, rpc_r
   int rc = emb_store_restore(s->store, dir);
   if (!rc) {
     rpc_coord_restore(s->coord); /* steps start over from the checkpoint's */
+    s->unclean = 0;
     return 0;
   }
   snprintf(r->msg, sizeof r->msg, "restore %.300s: %.150s", dir, emb_store_errmsg(s->store));
@@ -614,6 +761,7 @@ static void do_checkpoint(rpc_service *s, const uint8_t *in, size_t len, rpc_rep
     FAIL(r, RPC_FAILED_PRECONDITION, "plan_fingerprint: request made under plan %.16s..., this server serves plan %.16s...",
          fp && *fp ? fp : "(none)", s->fp);
   if (!path || !*path) FAIL(r, RPC_INVALID_ARGUMENT, "%s: path: empty", what);
+  if (!restore && check_clean(s, r)) goto out;
   char real[SR_PATH_MAX], dir[SR_PATH_MAX];
   if (confine(s, what, path, real, r)) goto out;
   if (emb_served_checkpoint_dir(s->store, s->shards, s->n_shards, real, dir, sizeof dir))
@@ -670,6 +818,9 @@ static void do_stats(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r
   int rc = emb_store_stats_get(s->store, &st);
   const lat_stat lk = s->lat[RPC_LOOKUP], ps = s->lat[RPC_PUSH];
   resp.failed_calls = s->failed;
+  resp.unclean = s->unclean;
+  resp.inflight_bytes = s->inflight;
+  resp.inflight_refused = s->budget_refused;
   rpc_coord_stats cs;
   rpc_coord_stats_get(s->coord, &cs);
   pthread_mutex_unlock(&s->mu);
@@ -698,6 +849,9 @@ static void do_stats(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r
   resp.incarnation = s->incarnation;
   resp.n_checkpoint_roots = (size_t)s->n_roots;
   resp.checkpoint_roots = s->roots;
+  resp.max_ids = s->max_ids;
+  resp.max_message_bytes = s->max_msg;
+  resp.inflight_budget_bytes = s->budget;
   pack_reply(r, &resp.base);
 out:
   if (q) shardrec__v1__stats_request__free_unpacked(q, NULL);
@@ -724,7 +878,7 @@ void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, si
   double t0 = sr_now();
   switch (m) {
     case RPC_LOOKUP: do_lookup(s, in, len, r, token, timeout_s); break;
-    case RPC_PUSH: do_push(s, in, len, r); break;
+    case RPC_PUSH: do_push(s, in, len, token != NULL, r); break;
     case RPC_CHECKPOINT: do_checkpoint(s, in, len, r, 0); break;
     case RPC_RESTORE: do_checkpoint(s, in, len, r, 1); break;
     case RPC_STATS: do_stats(s, in, len, r); break;
@@ -735,12 +889,14 @@ void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, si
       snprintf(r->msg, sizeof r->msg, "unknown method");
       return;
   }
-  if (r->status != RPC_OK) {
+  if (r->status != RPC_OK) { /* parked or refused: nothing big to send */
     free(r->out);
     r->out = NULL;
     r->out_len = 0;
+    rpc_service_release(s, r->held);
+    r->held = 0;
   }
-  if (r->status == RPC_PARKED) return;
+  if (r->status == RPC_PARKED || r->status == RPC_DEFERRED) return;
   double us = 1e6 * (sr_now() - t0);
   pthread_mutex_lock(&s->mu);
   lat_stat *l = &s->lat[m];
@@ -754,6 +910,8 @@ void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, si
 void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
                         rpc_reply *r) {
   rpc_service_handle_call(s, m, in, len, NULL, 0, r);
+  rpc_service_release(s, r->held); /* the caller holds the answer, not the server */
+  r->held = 0;
 }
 
 /* The answer to parked call w handed back by the coordinator. */

@@ -47,11 +47,27 @@ enum {
 
 typedef struct rpc_service rpc_service;
 
+/* The detail of the FAILED_PRECONDITION a server started on rows left by a
+ * crash answers Lookup, Push and Checkpoint with until a Restore
+ * (rpc_service_opts.refuse_unclean). The remote store (rpc/client.h) knows
+ * it and treats the server as lost (restarted), not as a plan mismatch. */
+#define RPC_MSG_UNCLEAN "rows not consistent after a crash: Restore a checkpoint"
+
 typedef struct rpc_service_opts {
   const int *shards;   /* [n_shards] shards of the plan served here */
   int n_shards;
   int read_only;       /* refuse Push with FAILED_PRECONDITION */
-  size_t max_ids;      /* most ids one Lookup or Push may carry (0: 1<<22) */
+  size_t max_ids;      /* most ids one Lookup or Push may carry (0: what fits the message
+                          limit at the plan's widest row, rpc_service_max_ids_for) */
+  size_t max_message_bytes; /* the server's message limit (0: 64 MiB): a Lookup whose
+                          answer would not fit is refused RESOURCE_EXHAUSTED before
+                          anything is allocated for it */
+  size_t inflight_bytes;    /* the memory budget of all calls in flight (0: 4 x
+                          max_message_bytes); see rpc_reply.held */
+  double inflight_wait_s;   /* how long a call waits for room in it (0: 1 s) */
+  int refuse_unclean;  /* the store is a shard store opened on rows not stopped cleanly
+                          (emb_shard_unclean): refuse Lookup, Push and Checkpoint with
+                          FAILED_PRECONDITION RPC_MSG_UNCLEAN until a Restore */
   double pending_timeout_s; /* a multi-rank job whose pending state (held pushes,
                                parked Lookups, ranks at different steps) makes no
                                progress this long is dropped as if a rank went
@@ -92,7 +108,41 @@ typedef struct rpc_reply {
   char msg[512];
   uint8_t *out;
   size_t out_len;
+  /* Bytes of the in-flight budget the answer still holds (an OK answer
+   * only): the request's copies and the answer's, until it is sent. The
+   * caller gives them back with rpc_service_release once the answer is
+   * sent (the server: when the call's reply batch completes). */
+  size_t held;
 } rpc_reply;
+
+/* The in-flight budget. Every Lookup and Push takes its share before it
+ * allocates: twice the request's bytes (its copy and its decoded form),
+ * and for a Lookup three times its answer's (the rows, the packed answer
+ * and gRPC's copy). Past the budget a call waits up to inflight_wait_s for
+ * calls in flight to give theirs back, then is refused RESOURCE_EXHAUSTED
+ * naming the numbers (Stats: inflight_refused); a call larger than the
+ * whole budget runs when nothing else is in flight. So the memory of the
+ * calls in flight stays within the budget plus one call. */
+void rpc_service_release(rpc_service *s, size_t bytes);
+
+/* With a token (the server's calls), a call that finds no room does not
+ * wait in the handler (a worker thread waiting would keep the answers it
+ * sent from being completed and released): rpc_service_handle_call answers
+ * RPC_DEFERRED, nothing done, and the server calls again with the same
+ * request once budget is given back (rpc_service_budget_gen changed), up
+ * to rpc_service_budget_wait_s after the first try; then it answers with
+ * rpc_service_refuse_busy (RESOURCE_EXHAUSTED, counted in Stats). Without
+ * a token (a woken parked Lookup, rpc_service_handle) the call waits for
+ * room on a condition, up to the same time. */
+#define RPC_DEFERRED (-2)
+uint64_t rpc_service_budget_gen(rpc_service *s);
+double rpc_service_budget_wait_s(const rpc_service *s);
+void rpc_service_refuse_busy(rpc_service *s, rpc_reply *r);
+
+/* The default max_ids: the most ids whose Lookup answer or Push request at
+ * the plan's widest row (4 x dim bytes, plus up to 10 bytes of id) fits
+ * max_message_bytes with 4 KiB to spare; at most 1 << 22, at least 1. */
+size_t rpc_service_max_ids_for(const emb_plan *plan, size_t max_message_bytes);
 
 /* Handle one request of method m from its serialised bytes in[len] (any
  * bytes: garbage is answered with INVALID_ARGUMENT). A refused request

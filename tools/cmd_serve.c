@@ -55,12 +55,22 @@ static void usage(FILE *f) {
 "                          checkpoints through these servers needs its --save-checkpoint\n"
 "                          and --save-model folders inside DIR (shared storage)\n"
 "  --read-only             refuse Push (FAILED_PRECONDITION): serving for inference\n"
+"  --accept-unclean        with --data-dir: serve rows left by a crash as they are. Without\n"
+"                          it, a --data-dir that holds rows but was not stopped cleanly\n"
+"                          (SIGTERM/SIGINT) answers Lookup, Push and Checkpoint\n"
+"                          FAILED_PRECONDITION until a Restore (a push may be torn)\n"
 "  --pending-timeout S     drop a multi-rank job's held step (pushes not yet summed, held\n"
 "                          lookups answered ABORTED) when it makes no progress for S\n"
 "                          seconds (300); a dead rank is normally heard at once\n"
 "  --threads N             worker threads, one completion queue each (2)\n"
-"  --max-message-mb N      largest request or answer (64)\n"
-"  --max-ids N             most ids in one Lookup or Push (4194304)\n"
+"  --max-message-mb N      largest request or answer (64); a Lookup whose answer (ids x dim\n"
+"                          x 4 bytes) would not fit is refused RESOURCE_EXHAUSTED up front\n"
+"  --max-ids N             most ids in one Lookup or Push (default: what fits the message\n"
+"                          limit at the plan's widest row, at most 4194304)\n"
+"  --inflight-mb N         memory all calls in flight may hold together (4 x\n"
+"                          --max-message-mb); past it a call waits up to 1 s, then is\n"
+"                          refused RESOURCE_EXHAUSTED. Clients read the limits from Stats\n"
+"                          and split their calls to fit them\n"
 "  --tls-cert F --tls-key F   serve TLS with this certificate and key (PEM); SIGHUP\n"
 "                          reads them (and the client CA) again for new connections\n"
 "  --tls-client-ca F       require client certificates signed by this CA (mTLS)\n"
@@ -72,7 +82,8 @@ static void usage(FILE *f) {
 }
 
 enum { O_PLAN = 1000, O_SHARD, O_LISTEN, O_DATA, O_RESTORE, O_CKPT, O_RO, O_THREADS, O_MAXMSG,
-       O_MAXIDS, O_CERT, O_KEY, O_CA, O_CROWS, O_CMB, O_HELP, O_PENDING };
+       O_MAXIDS, O_CERT, O_KEY, O_CA, O_CROWS, O_CMB, O_HELP, O_PENDING, O_UNCLEAN,
+       O_INFLIGHT };
 enum { O_CROOT = 1100, O_APUSH, O_AADMIN, O_INSECURE }; /* who may call what */
 
 static const struct option long_opts[] = {
@@ -88,6 +99,8 @@ static const struct option long_opts[] = {
     {"checkpoint-root", required_argument, 0, O_CROOT},
     {"allow-push", required_argument, 0, O_APUSH}, {"allow-admin", required_argument, 0, O_AADMIN},
     {"insecure", no_argument, 0, O_INSECURE},
+    {"accept-unclean", no_argument, 0, O_UNCLEAN},
+    {"inflight-mb", required_argument, 0, O_INFLIGHT},
     {"help", no_argument, 0, O_HELP},              {0, 0, 0, 0}};
 
 static volatile int g_stop, g_reload;
@@ -126,10 +139,10 @@ static int parse_shards(const char *s, int *shards, int max) {
 typedef struct {
   emb_served_opts so;
   const char *shards_s, *listen, *ckpt_root, *allow_push, *allow_admin;
-  int shards[256], read_only, insecure;
+  int shards[256], read_only, insecure, accept_unclean;
   rpc_tls tls;
   double pending_timeout;
-  long long threads, maxmsg, maxids;
+  long long threads, maxmsg, maxids, inflight_mb;
 } serve_flags;
 
 /* 1 when the host of HOST:PORT is a loopback one (127.x, localhost, ::1). */
@@ -208,10 +221,12 @@ static int parse_flags(int argc, char **argv, serve_flags *f) {
       case O_AADMIN: f->allow_admin = optarg; break;
       case O_INSECURE: f->insecure = 1; break;
       case O_RO: f->read_only = 1; break;
+      case O_UNCLEAN: f->accept_unclean = 1; break;
       case O_PENDING: if (cli_double(CMD, "--pending-timeout", optarg, 0.001, 1e9, &f->pending_timeout)) return 2; break;
       case O_THREADS: if (cli_flag(CMD, "--threads", optarg, &f->threads)) return 2; break;
       case O_MAXMSG: if (cli_int(CMD, "--max-message-mb", optarg, 1, 2047, &f->maxmsg)) return 2; break;
       case O_MAXIDS: if (cli_int(CMD, "--max-ids", optarg, 1, 1LL << 30, &f->maxids)) return 2; break;
+      case O_INFLIGHT: if (cli_int(CMD, "--inflight-mb", optarg, 1, 1LL << 30, &f->inflight_mb)) return 2; break;
       case O_CERT: f->tls.cert = optarg; break;
       case O_KEY: f->tls.key = optarg; break;
       case O_CA: f->tls.ca = optarg; break;
@@ -261,8 +276,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f) {
 }
 
 int cmd_serve(int argc, char **argv) {
-  serve_flags f = {.listen = "127.0.0.1:0", .pending_timeout = 300, .threads = 2, .maxmsg = 64,
-                   .maxids = 1 << 22};
+  serve_flags f = {.listen = "127.0.0.1:0", .pending_timeout = 300, .threads = 2, .maxmsg = 64};
   int rc = parse_flags(argc, argv, &f);
   if (rc) return rc < 0 ? 0 : rc;
   char err[1024];
@@ -282,9 +296,19 @@ int cmd_serve(int argc, char **argv) {
     fflush(stdout);
   }
   int status = 1;
+  /* A --data-dir of this server's own (not a checkpoint's copy) left by a crash. */
+  const int own_rows = f.so.data_dir && !f.so.checkpoint;
+  if (own_rows && emb_shard_unclean(sv.store))
+    fprintf(stderr, "shardrec serve: warning: %s was not stopped cleanly: %s\n", f.so.data_dir,
+            f.accept_unclean ? "serving its rows as they are (--accept-unclean)"
+                             : "Lookup, Push and Checkpoint are refused until a Restore "
+                               "(--accept-unclean serves them as they are)");
   rpc_service_opts so = {.shards = f.shards, .n_shards = f.so.n_shards, .read_only = f.read_only,
                          .max_ids = (size_t)f.maxids, .pending_timeout_s = f.pending_timeout,
-                         .checkpoint_roots = &f.ckpt_root, .n_roots = f.ckpt_root ? 1 : 0};
+                         .checkpoint_roots = &f.ckpt_root, .n_roots = f.ckpt_root ? 1 : 0,
+                         .max_message_bytes = (size_t)f.maxmsg << 20,
+                         .inflight_bytes = (size_t)f.inflight_mb << 20,
+                         .refuse_unclean = own_rows && !f.accept_unclean};
   rpc_service *svc = rpc_service_create(sv.plan, sv.store, &so, err, sizeof err);
   if (!svc) {
     fprintf(stderr, "shardrec serve: %s\n", err);
@@ -306,6 +330,12 @@ int cmd_serve(int argc, char **argv) {
   print_access(&f);
   if (rpc_server_run(svc, &o, on_listening, &lc, err, sizeof err)) {
     fprintf(stderr, "shardrec serve: %s\n", err);
+    goto done;
+  }
+  /* Flushed: mark the rows whole, so the next start serves them. */
+  if (own_rows && emb_store_kind_of(sv.store) == EMB_STORE_SHARD &&
+      emb_shard_mark_clean(sv.store)) {
+    fprintf(stderr, "shardrec serve: %s\n", emb_store_errmsg(sv.store));
     goto done;
   }
   printf("stopped\n");

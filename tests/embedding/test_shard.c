@@ -17,6 +17,7 @@
 #include "embedding/store.h"
 #include "storage/ckpt_dir.h"
 #include "storage/kv.h"
+#include "tests/embedding/nonfinite.h"
 
 #define NT 3
 static const uint64_t ROWS[NT] = {5000, 300, 0}; /* bounded, small bounded, unbounded */
@@ -400,6 +401,28 @@ START_TEST(test_row_version_refused) {
 }
 END_TEST
 
+/* A push is applied whole or not at all: a row that would turn non-finite
+ * (in a chunk after others were resolved, with a cache smaller than the
+ * push) refuses it and leaves every row as it was. */
+START_TEST(test_push_nonfinite_refused) {
+  const emb_optim_kind kinds[] = {EMB_OPT_SGD, EMB_OPT_ADAGRAD, EMB_OPT_ROWWISE_ADAGRAD};
+  for (int i = 0; i < 3; i++) {
+    emb_plan *p = make_plan(kinds[i], 2, 1);
+    char *dir = tmpdir();
+    emb_store *s = make_shard(p, dir, EMB_SHARD_MIN_CACHE_ROWS);
+    nonfinite_check(s, p);
+    ck_assert_int_eq(emb_store_flush(s), 0);
+    emb_store_destroy(s);
+    s = make_shard(p, dir, EMB_SHARD_MIN_CACHE_ROWS); /* what reached RocksDB is finite too */
+    nonfinite_check(s, p);
+    emb_store_destroy(s);
+    sr_rmtree(dir);
+    free(dir);
+    emb_plan_free(p);
+  }
+}
+END_TEST
+
 START_TEST(test_bad_config) {
   emb_plan *p = make_plan(EMB_OPT_SGD, 2, 0);
   char err[512];
@@ -429,6 +452,7 @@ int main(void) {
   tcase_add_test(tc, test_checkpoint_restore);
   tcase_add_test(tc, test_row_version_refused);
   tcase_add_test(tc, test_bad_config);
+  tcase_add_test(tc, test_push_nonfinite_refused);
   tcase_add_test(tc, test_kind_and_checkpoint_layout);
   tcase_add_test(tc, test_counters_refuse_other_kinds);
   suite_add_tcase(s, tc);

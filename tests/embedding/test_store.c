@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "embedding/optim.h"
 #include "embedding/store.h"
+#include "tests/embedding/nonfinite.h"
 
 /* Three tables: bounded dim 4, bounded dim 8, unbounded dim 5. */
 static emb_plan *make_plan(emb_optim_kind k, int n_shards, int row_wise, uint64_t seed) {
@@ -76,6 +77,19 @@ static void make_step(step_data *d, sr_rng *r) {
   d->set.ids = d->idp;
   d->set.counts = d->counts;
 }
+
+/* Non-finite outcomes and learning rates out of range: refused whole. */
+START_TEST(test_push_nonfinite_refused) {
+  const emb_optim_kind kinds[] = {EMB_OPT_SGD, EMB_OPT_ADAGRAD, EMB_OPT_ROWWISE_ADAGRAD};
+  for (int i = 0; i < 3; i++) {
+    emb_plan *p = make_plan(kinds[i], 1, 0, 7);
+    emb_store *s = make_store(p);
+    nonfinite_check(s, p);
+    emb_store_destroy(s);
+    emb_plan_free(p);
+  }
+}
+END_TEST
 
 START_TEST(test_untouched_is_init) {
   emb_plan *p = make_plan(EMB_OPT_ADAGRAD, 2, 0, 42);
@@ -492,6 +506,7 @@ int main(void) {
   tcase_add_test(tc, test_checkpoint_restore);
   tcase_add_test(tc, test_restore_refuses_damage);
   tcase_add_test(tc, test_growth);
+  tcase_add_test(tc, test_push_nonfinite_refused);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/status.h"
 #include "rpc/coord.h"
 #include "tests/check_main.h"
 
@@ -43,6 +44,7 @@ typedef struct {
 static applied_step applied[MAX_APPLIED];
 static int n_applied;
 static int fail_next; /* the next apply fails */
+static int refuse_next; /* the next apply refuses the update (SR_ERANGE, as a store does) */
 
 static int record(void *ctx, int64_t step, float lr, const emb_idset *set,
                   const float *const *grads, char *err, size_t errlen) {
@@ -52,6 +54,11 @@ static int record(void *ctx, int64_t step, float lr, const emb_idset *set,
     fail_next = 0;
     snprintf(err, errlen, "disk full");
     return -1;
+  }
+  if (refuse_next) {
+    refuse_next = 0;
+    snprintf(err, errlen, "push: table 3 (t3) row 9: would be non-finite; nothing applied");
+    return SR_ERANGE;
   }
   ck_assert_int_lt(n_applied, MAX_APPLIED);
   applied_step *a = &applied[n_applied++];
@@ -72,6 +79,7 @@ static rpc_coord *co;
 static void setup(void) {
   n_applied = 0;
   fail_next = 0;
+  refuse_next = 0;
   rpc_coord_opts o = {.n_tables = NT, .dims = dims, .pending_timeout_s = 10, .apply = record,
                       .apply_ctx = &n_applied};
   co = rpc_coord_create(&o);
@@ -550,6 +558,94 @@ START_TEST(test_apply_failure) {
 }
 END_TEST
 
+/* A part of push p, call k with part/parts set. */
+static rpc_coord_outcome push_part0(const char *job, int64_t step, int rank, int world, int part,
+                                    int parts, const uint64_t *ids, size_t n, const float *g,
+                                    double now, char *msg) {
+  const uint64_t *ip[NT] = {ids, NULL};
+  size_t counts[NT] = {n, 0};
+  const float *gp[NT] = {g, NULL};
+  emb_idset set = {NT, ip, counts};
+  rpc_coord_grads p = {.lr = 0.1f, .set = &set, .grads = gp};
+  rpc_coord_call k = call(job, step, rank, world, 0);
+  k.part = part;
+  k.parts = parts;
+  return rpc_coord_push(co, &k, &p, now, msg, RPC_COORD_MSG);
+}
+
+/* A push cut into parts is held until every part is in, then applied as
+ * one (single rank: at the last part; sync: as the rank's push of the
+ * step); each part is idempotent, a row in two parts refuses the push. */
+START_TEST(test_push_parts) {
+  char msg[RPC_COORD_MSG];
+  const uint64_t a[2] = {5, 1}, b[1] = {9};
+  const float ga[4] = {1, 2, 3, 4}, gb[2] = {5, 6};
+  ck_assert_int_eq(push_part0("p", 0, 0, 1, 1, 2, b, 1, gb, 1, msg), RPC_COORD_GO);
+  ck_assert_int_eq(n_applied, 0);
+  ck_assert_int_eq(push_part0("p", 0, 0, 1, 1, 2, b, 1, gb, 1, msg), RPC_COORD_RETRY);
+  ck_assert_int_eq(push_part0("p", 0, 0, 1, 0, 2, a, 2, ga, 1, msg), RPC_COORD_GO);
+  ck_assert_int_eq(n_applied, 1);
+  ck_assert_uint_eq(applied[0].counts[0], 3); /* parts in part order: 5, 1, then 9 */
+  ck_assert(applied[0].ids[0][0] == 5 && applied[0].ids[0][1] == 1 && applied[0].ids[0][2] == 9);
+  ck_assert(applied[0].grads[0][4] == 5 && applied[0].grads[0][5] == 6);
+  ck_assert_int_eq(push_part0("p", 0, 0, 1, 0, 2, a, 2, ga, 1, msg), RPC_COORD_RETRY);
+  ck_assert_int_eq(n_applied, 1);
+  /* A row in two parts: nothing applied. */
+  ck_assert_int_eq(push_part0("p", 1, 0, 1, 0, 2, a, 2, ga, 1, msg), RPC_COORD_GO);
+  ck_assert_int_eq(push_part0("p", 1, 0, 1, 1, 2, a, 1, ga, 1, msg), RPC_COORD_INVALID);
+  ck_assert_msg(strstr(msg, "row 5") && strstr(msg, "two"), "%s", msg);
+  ck_assert_int_eq(n_applied, 1);
+  /* Sync, 2 ranks: rank 1 in 3 parts, rank 0 whole; applied once all are in. */
+  ck_assert_int_eq(push_part0("q", 0, 1, 2, 2, 3, b, 1, gb, 1, msg), RPC_COORD_GO);
+  ck_assert_int_eq(push_empty("q", 0, 0, 2, 0, 1), RPC_COORD_GO);
+  ck_assert_int_eq(push_part0("q", 0, 1, 2, 0, 3, a, 1, ga, 1, msg), RPC_COORD_GO);
+  ck_assert_int_eq(n_applied, 1);
+  ck_assert_int_eq(push_part0("q", 0, 1, 2, 1, 3, a + 1, 1, ga + 2, 1, msg), RPC_COORD_GO);
+  ck_assert_int_eq(n_applied, 2);
+  ck_assert_uint_eq(applied[1].counts[0], 3);
+  ck_assert_int_eq(push_part0("q", 0, 1, 2, 1, 3, a + 1, 1, ga + 2, 1, msg), RPC_COORD_RETRY);
+}
+END_TEST
+
+/* An update the store refuses whole (a row it would leave non-finite):
+ * single rank and async answer INVALID; sync drops the step's held pushes,
+ * nothing applied, and aborts the job: the push that completed the step and
+ * every later call of the job are ABORTED naming the table and row. */
+START_TEST(test_apply_refused) {
+  char msg[RPC_COORD_MSG];
+  refuse_next = 1;
+  ck_assert_int_eq(push0("s", 0, 0, 1, 0, 0.1f, NULL, 0, NULL, 1, msg), RPC_COORD_INVALID);
+  ck_assert_msg(strstr(msg, "table 3 (t3) row 9"), "%s", msg);
+  ck_assert_int_eq(push_empty("s", 0, 0, 1, 0, 1), RPC_COORD_GO); /* not recorded as taken */
+  refuse_next = 1;
+  ck_assert_int_eq(push0("a", 0, 0, 2, 1, 0.1f, NULL, 0, NULL, 1, msg), RPC_COORD_INVALID);
+  ck_assert_int_eq(n_applied, 1);
+  /* Sync, two ranks: step 0 applies, step 1's summed update is refused. */
+  ck_assert_int_eq(push_empty("y", 0, 0, 2, 0, 1), RPC_COORD_GO);
+  ck_assert_int_eq(push_empty("y", 0, 1, 2, 0, 1), RPC_COORD_GO);
+  ck_assert_int_eq(n_applied, 2);
+  int token = 0;
+  ck_assert_int_eq(push_empty("y", 1, 0, 2, 0, 2), RPC_COORD_GO);
+  ck_assert_int_eq(lookup("y", 2, 0, 2, 0, &token, 100, 2, msg), RPC_COORD_PARKED);
+  refuse_next = 1;
+  ck_assert_int_eq(push0("y", 1, 1, 2, 0, 0.1f, NULL, 0, NULL, 2, msg), RPC_COORD_ABORTED);
+  ck_assert_msg(strstr(msg, "table 3 (t3) row 9") && strstr(msg, "nothing of it was applied"),
+                "%s", msg);
+  ck_assert_int_eq(n_applied, 2);
+  ck_assert_uint_eq(stats().pending_pushes, 0);
+  ck_assert_uint_eq(stats().dropped_steps, 1);
+  ck_assert_uint_eq(stats().dropped_jobs, 1);
+  rpc_coord_woken w[1];
+  woken(2, 1, w); /* the parked Lookup of step 2 */
+  ck_assert_int_eq(w[0].what, RPC_COORD_ABORTED);
+  ck_assert_msg(strstr(w[0].msg, "table 3 (t3) row 9"), "%s", w[0].msg);
+  ck_assert_int_eq(push_empty("y", 2, 0, 2, 0, 3), RPC_COORD_ABORTED);
+  ck_assert_int_eq(lookup("y", 2, 1, 2, 0, NULL, 1, 3, msg), RPC_COORD_ABORTED);
+  ck_assert_msg(strstr(msg, "table 3 (t3) row 9"), "%s", msg);
+  ck_assert_int_eq(n_applied, 2);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("rpc_coord");
   TCase *tc = tcase_create("coord");
@@ -564,6 +660,8 @@ int main(void) {
   tcase_add_test(tc, test_restore_forgets_jobs);
   tcase_add_test(tc, test_stop_parking);
   tcase_add_test(tc, test_apply_failure);
+  tcase_add_test(tc, test_apply_refused);
+  tcase_add_test(tc, test_push_parts);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

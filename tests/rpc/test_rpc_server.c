@@ -178,6 +178,19 @@ START_TEST(test_bad_requests_change_nothing) {
   expect_refused("push, repeated row", RPC_PUSH, enc_push(fp, "job-a", 1, 0.5f, dspec, 1, &len), &len, RPC_INVALID_ARGUMENT, "twice");
   /* A negative learning rate. */
   expect_refused("push, negative lr", RPC_PUSH, enc_push(fp, "job-a", 1, -1.0f, good, 2, &len), &len, RPC_INVALID_ARGUMENT, "learning_rate");
+  /* Learning rates past 1e4 (finite, but they overflow rows). */
+  expect_refused("push, lr 3e38", RPC_PUSH, enc_push(fp, "job-a", 1, 3e38f, good, 2, &len), &len, RPC_INVALID_ARGUMENT, "within [0, 10000]");
+  expect_refused("push, lr 1e5", RPC_PUSH, enc_push(fp, "job-a", 1, 1e5f, good, 2, &len), &len, RPC_INVALID_ARGUMENT, "learning_rate");
+  /* A finite gradient whose square overflows the Adagrad accumulator of
+   * table 1's row ids1[3]: refused whole, table and row named. */
+  float big[5 * DIM];
+  memcpy(big, g1, sizeof big);
+  big[3 * DIM + 2] = 3e38f;
+  call_table over[2] = {{0, ids0, 8, g0, 0}, {1, ids1, 5, big, 0}};
+  char want[160];
+  snprintf(want, sizeof want, "table %u (%s) row %llu:", plan->tables[1].table_id,
+           plan->tables[1].name, (unsigned long long)ids1[3]);
+  expect_refused("push, overflowing gradient", RPC_PUSH, enc_push(fp, "job-a", 1, 0.5f, over, 2, &len), &len, RPC_INVALID_ARGUMENT, want);
   /* Truncated and garbage protobufs. */
   uint8_t *full = enc_push(fp, "job-a", 1, 0.5f, good, 2, &len);
   size_t cut = len / 2;
@@ -280,6 +293,108 @@ START_TEST(test_read_only_refuses_push) {
 }
 END_TEST
 
+/* (Re)start the fixture's server on its data dir, extra flags after. */
+static void restart(const char *extra) {
+  char args[1400];
+  snprintf(args, sizeof args, "--plan '%s' --shard 0 --max-ids 64 --data-dir '%s/data' %s",
+           plan_path, dir, extra);
+  server_start(&srv, args, log_path);
+}
+
+static void kill9(void) {
+  kill(srv.pid, SIGKILL);
+  waitpid(srv.pid, NULL, 0);
+  srv.pid = 0;
+}
+
+/* Checkpoint (restore 0) or Restore (1) path on the fixture's server. */
+static int ckpt_call(int restore, const char *path, char *msg) {
+  uint8_t buf[1024];
+  size_t len;
+  if (restore) {
+    Shardrec__V1__RestoreRequest q = SHARDREC__V1__RESTORE_REQUEST__INIT;
+    q.plan_fingerprint = fp;
+    q.path = (char *)path;
+    len = shardrec__v1__restore_request__pack(&q, buf);
+  } else {
+    Shardrec__V1__CheckpointRequest q = SHARDREC__V1__CHECKPOINT_REQUEST__INIT;
+    q.plan_fingerprint = fp;
+    q.path = (char *)path;
+    len = shardrec__v1__checkpoint_request__pack(&q, buf);
+  }
+  return call(restore ? RPC_RESTORE : RPC_CHECKPOINT, buf, len, NULL, NULL, msg);
+}
+
+static int stats_unclean(void) {
+  Shardrec__V1__StatsResponse *a = calls_stats(srv.addr);
+  int u = a->unclean;
+  shardrec__v1__stats_response__free_unpacked(a, NULL);
+  return u;
+}
+
+/* A --data-dir server SIGKILLed after pushes reached RocksDB and restarted
+ * on the same folder refuses Lookup, Push and Checkpoint with
+ * FAILED_PRECONDITION until a Restore, which brings the checkpoint's rows
+ * back; a clean stop (SIGTERM) is restarted serving; --accept-unclean
+ * serves rows left by a crash as they are. */
+START_TEST(test_crash_refused_until_restore) {
+  char msg[512], ck[600];
+  snprintf(ck, sizeof ck, "%s/ck1", dir);
+  fill_grads(1);
+  int applied = 0;
+  ck_assert_int_eq(push_ok("job-c", 0, &applied), RPC_OK);
+  float s1[13 * DIM], s2[13 * DIM], now[13 * DIM];
+  snapshot(s1);
+  ck_assert_msg(ckpt_call(0, ck, msg) == RPC_OK, "checkpoint: %s", msg); /* rows now in RocksDB */
+  ck_assert_int_eq(push_ok("job-c", 1, &applied), RPC_OK);
+  ck_assert_int_eq(stats_unclean(), 0);
+  kill9();
+  restart("");
+  ck_assert_int_eq(stats_unclean(), 1);
+  call_table t[2] = {{0, ids0, 8, NULL, 0}, {1, ids1, 5, NULL, 0}};
+  size_t len;
+  uint8_t *q = enc_lookup(fp, t, 2, &len);
+  int st = calls_lookup(srv.addr, q, len, 10, t, 2, DIM, now, msg, sizeof msg);
+  ck_assert_msg(st == RPC_FAILED_PRECONDITION && !strcmp(msg, RPC_MSG_UNCLEAN), "lookup: %d %s", st, msg);
+  ck_assert_int_eq(push_ok("job-c", 2, &applied), RPC_FAILED_PRECONDITION);
+  char ck2[600];
+  snprintf(ck2, sizeof ck2, "%s/ck2", dir);
+  ck_assert_int_eq(ckpt_call(0, ck2, msg), RPC_FAILED_PRECONDITION);
+  ck_assert_msg(strstr(msg, "not consistent after a crash"), "%s", msg);
+  char *log = slurp(log_path);
+  ck_assert_msg(log && strstr(log, "was not stopped cleanly"), "%s", log ? log : "(no log)");
+  free(log);
+  /* Restore: the checkpoint's rows, served again. */
+  ck_assert_msg(ckpt_call(1, ck, msg) == RPC_OK, "restore: %s", msg);
+  ck_assert_int_eq(stats_unclean(), 0);
+  snapshot(now);
+  ck_assert(!memcmp(now, s1, sizeof now));
+  /* A clean stop: the next start serves the rows it left. */
+  ck_assert_int_eq(push_ok("job-d", 0, &applied), RPC_OK);
+  snapshot(s2);
+  ck_assert(memcmp(s2, s1, sizeof s2) != 0);
+  ck_assert_int_eq(server_stop(&srv), 0);
+  restart("");
+  ck_assert_int_eq(stats_unclean(), 0);
+  snapshot(now);
+  ck_assert(!memcmp(now, s2, sizeof now));
+  /* A crash again, with --accept-unclean: served as they are. */
+  ck_assert_int_eq(push_ok("job-d", 1, &applied), RPC_OK);
+  ck_assert_msg(ckpt_call(0, ck2, msg) == RPC_OK, "checkpoint: %s", msg);
+  snapshot(s2); /* all of it in RocksDB (the checkpoint wrote it back) */
+  kill9();
+  restart("--accept-unclean");
+  ck_assert_int_eq(stats_unclean(), 0);
+  snapshot(now);
+  ck_assert(!memcmp(now, s2, sizeof now));
+  ck_assert_int_eq(push_ok("job-e", 0, &applied), RPC_OK);
+  log = slurp(log_path);
+  ck_assert_msg(log && strstr(log, "serving its rows as they are (--accept-unclean)"), "%s",
+                log ? log : "(no log)");
+  free(log);
+}
+END_TEST
+
 /* Python grpcio, stubs generated from rpc/shardrec.proto in the test:
  * the same ids give exactly the bytes the C client gets; Health SERVING. */
 START_TEST(test_python_interop) {
@@ -347,7 +462,7 @@ int main(void) {
   Suite *s = suite_create("rpc_server");
   const TTest *tests[] = {test_bad_requests_change_nothing, test_retried_push_applied_once,
                           test_health_unknown_method_sigterm, test_read_only_refuses_push,
-                          test_python_interop, NULL};
+                          test_python_interop, test_crash_refused_until_restore, NULL};
   calls_tcase(s, "server", 120, setup, teardown, tests);
   return sr_check_run(s);
 }

@@ -235,10 +235,49 @@ START_TEST(test_remote_store_ranks) {
 }
 END_TEST
 
+/* Two ranks' pushes each fine alone whose sum overflows the Adagrad
+ * accumulator of row 7 (1.5e19 squared is finite, 3e19 squared is not):
+ * the step is dropped whole, nothing of it applied, and the job is aborted
+ * as for a dead rank: the push that completed the step and the job's next
+ * calls are answered ABORTED naming the table and row. */
+START_TEST(test_nonfinite_sum_drops_step) {
+  uint64_t ids[2] = {3, 7};
+  float g[2 * DIM];
+  fill(g, 2, 0.5f);
+  g[DIM + 1] = 1.5e19f;
+  part p = {0, ids, 2, g};
+  int applied = -1;
+  push("nf", 0, 1, 2, &p, 1, &applied); /* held */
+  Shardrec__V1__RequestHeader h;
+  calls_header(&h, fp, "nf", 0, 0, 2, 0);
+  call_table t = {plan->tables[0].table_id, ids, 2, g, 0};
+  size_t len;
+  uint8_t *b = calls_pack_push(&h, 0.1f, &t, 1, DIM, &len);
+  char msg[512], want[96];
+  int st = calls_push(srv.addr, b, len, NULL, msg, sizeof msg);
+  snprintf(want, sizeof want, "table %u (%s) row 7:", plan->tables[0].table_id, plan->tables[0].name);
+  ck_assert_msg(st == RPC_ABORTED && strstr(msg, want) && strstr(msg, "nothing of it was applied"),
+                "status %d: %s", st, msg);
+  float rows[2 * DIM], init[2 * DIM];
+  st = lookup("nf", 1, 0, 2, ids, 2, 10, rows, msg, sizeof msg);
+  ck_assert_msg(st == RPC_ABORTED && strstr(msg, want), "status %d: %s", st, msg);
+  Shardrec__V1__StatsResponse *a = calls_stats(srv.addr);
+  ck_assert_uint_eq(a->dropped_steps, 1);
+  ck_assert_uint_eq(a->dropped_jobs, 1);
+  ck_assert_uint_eq(a->pending_pushes, 0);
+  shardrec__v1__stats_response__free_unpacked(a, NULL);
+  /* Nothing applied: another job reads the rows' init values. */
+  ck_assert_int_eq(lookup("other", 0, 0, 1, ids, 2, 10, rows, msg, sizeof msg), RPC_OK);
+  ref_lookup(0, ids, 2, init);
+  ck_assert(!memcmp(rows, init, sizeof rows));
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("rpc_sync");
   const TTest *tests[] = {test_rank_order_sum, test_lookup_waits_for_step,
-                          test_missing_rank_deadline, test_remote_store_ranks, NULL};
+                          test_missing_rank_deadline, test_remote_store_ranks,
+                          test_nonfinite_sum_drops_step, NULL};
   calls_tcase(s, "sync", 120, setup, teardown, tests);
   return sr_check_run(s);
 }

@@ -101,6 +101,33 @@ START_TEST(test_remote_equals_in_process) {
 }
 END_TEST
 
+/* A step above the server's limits is never refused: the remote store
+ * reads them from Stats and cuts every Lookup and Push to fit (a push in
+ * parts the server takes as one). 26 tables x 64 samples = 1664 ids a
+ * step: against --max-ids 300 (6 calls each way), and against a 1 MiB
+ * budget (a call's share at most an eighth of it), the losses are the
+ * in-process run's, bit for bit. */
+START_TEST(test_limits_split) {
+  char *ref = train("local", "p1.json", NULL);
+  const char *flags[2] = {"--max-ids 300", "--max-message-mb 1 --inflight-mb 1"};
+  for (int c = 0; c < 2; c++) {
+    test_server s;
+    char args[1200], log[600], name[32];
+    snprintf(args, sizeof args, "--plan '%s/p1.json' --shard 0 --cache-rows 4096 --data-dir '%s/lim%d' %s",
+             dir, dir, c, flags[c]);
+    snprintf(log, sizeof log, "%s/lim%d.log", dir, c);
+    server_start(&s, args, log);
+    snprintf(name, sizeof name, "lim%d", c);
+    char *got = train(name, "p1.json", s.addr);
+    ck_assert_int_eq(server_stop(&s), 0);
+    ck_assert_msg(strcmp(ref, got) == 0, "against a server with %s:\n%s\nvs in process:\n%s",
+                  flags[c], got, ref);
+    free(got);
+  }
+  free(ref);
+}
+END_TEST
+
 START_TEST(test_server_down_is_named) {
   test_server s[1];
   start_servers(s, 1, "p1.json");
@@ -160,8 +187,10 @@ static int in_line(const char *line, const char *text) {
 /* Automatic recovery: training against 3 servers with a checkpoint every 10
  * steps, acted on from outside. Once the trainer has printed step 14 it is
  * stopped (SIGSTOP, so it stays where it is), server 1 is SIGKILLed and
- * restarted on the same data dir and port, and the trainer continued: it
- * sees the new incarnation. Once it has printed step 24, server 2 is
+ * restarted on the same data dir and port, and the trainer continued: the
+ * restarted server refuses to serve the rows the crash left (FAILED_PRECONDITION,
+ * "rows not consistent after a crash") and the trainer takes that as a lost
+ * server, not as a plan mismatch. Once it has printed step 24, server 2 is
  * SIGKILLed and restarted only when the trainer says it is restoring the
  * servers and waiting for them: its calls to server 2 ended UNAVAILABLE.
  * Both times it restores every server and itself from the newest
@@ -206,7 +235,8 @@ START_TEST(test_server_kill_recovers) {
   const char *r1 = strstr(log, "recovered from ck/step-10 after: ");
   const char *r2 = r1 ? strstr(r1, "recovered from ck/step-20 after: ") : NULL;
   ck_assert_msg(r1 && r2, "%s", log);
-  ck_assert_msg(in_line(r1, "restarted (incarnation") && in_line(r1, s[1].addr),
+  ck_assert_msg(in_line(r1, "restarted after a crash") &&
+                    in_line(r1, "rows not consistent after a crash") && in_line(r1, s[1].addr),
                 "the first recovery is not the restart of server 1 (%s):\n%s", s[1].addr, log);
   ck_assert_msg(in_line(r2, "UNAVAILABLE") && in_line(r2, s[2].addr),
                 "the second recovery is not server 2 (%s) unavailable:\n%s", s[2].addr, log);
@@ -267,6 +297,7 @@ int main(void) {
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_remote_equals_in_process);
   tcase_add_test(tc, test_server_down_is_named);
+  tcase_add_test(tc, test_limits_split);
   tcase_add_test(tc, test_server_kill_recovers);
   tcase_add_test(tc, test_server_lost_without_checkpoint);
   suite_add_tcase(s, tc);

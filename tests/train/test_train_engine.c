@@ -277,6 +277,53 @@ static double param0(small_model *m) {
   return s;
 }
 
+/* Rows 0..49 of table 0 into out[50 * 4]. */
+static void rows0(small_model *m, float *out) {
+  uint64_t ids[50];
+  for (int i = 0; i < 50; i++) ids[i] = (uint64_t)i;
+  const uint64_t *ip[DS_NUM_SPARSE] = {ids};
+  size_t counts[DS_NUM_SPARSE] = {50};
+  float *op[DS_NUM_SPARSE] = {out};
+  emb_idset set = {.n_tables = DS_NUM_SPARSE, .ids = ip, .counts = counts};
+  ck_assert_int_eq(emb_store_lookup_begin(m->store, 0, &set, op), 0);
+  ck_assert_int_eq(emb_store_lookup_wait(m->store), 0);
+}
+
+/* A step whose loss is not finite stops before anything of it is applied
+ * (no row pushed, no dense update); a dense update that leaves a parameter
+ * non-finite is an error too, so the job stops instead of training on. */
+START_TEST(test_step_nonfinite) {
+  small_model m;
+  small_open(&m, 11);
+  small_train(&m);
+  ds_batch b;
+  ck_assert_int_eq(ds_batch_init(&b, 16), 0);
+  fill_train_batch(&b, 16);
+  for (int f = 0; f < DS_NUM_SPARSE; f++)
+    for (int i = 0; i < 16; i++) b.ids[ds_batch_offsets(&b, f)[i]] %= 50;
+  static float before[200], after[200];
+  rows0(&m, before);
+  size_t np;
+  float *p = dense_model_params(trainer_model(m.t), &np);
+  const float keep = p[np - 1]; /* the top MLP's last bias: every logit goes NaN */
+  p[np - 1] = NAN;
+  float loss = 0;
+  ck_assert_int_eq(trainer_step(m.t, &b, 2, 0.05f, 0.05f, &loss), SR_ERANGE);
+  ck_assert_msg(strstr(trainer_errmsg(m.t), "the loss is nan (not finite)"), "%s",
+                trainer_errmsg(m.t));
+  rows0(&m, after);
+  ck_assert_msg(!memcmp(before, after, sizeof before), "rows changed by a step with a NaN loss");
+  p[np - 1] = keep;
+  /* A finite loss, an update that overflows (an infinite dense rate). */
+  ck_assert_int_eq(trainer_step(m.t, &b, 2, INFINITY, 0.05f, &loss), SR_ERANGE);
+  ck_assert(isfinite(loss));
+  ck_assert_msg(strstr(trainer_errmsg(m.t), "the dense update left parameter"), "%s",
+                trainer_errmsg(m.t));
+  ds_batch_free(&b);
+  small_close(&m);
+}
+END_TEST
+
 static void flip_byte(const char *path, long off) {
   FILE *f = fopen(path, "r+b");
   ck_assert_ptr_nonnull(f);
@@ -472,6 +519,7 @@ int main(void) {
   tcase_add_test(tc, test_rewind);
   tcase_add_test(tc, test_checkpoint_refusals);
   tcase_add_test(tc, test_checkpoint_path_too_long);
+  tcase_add_test(tc, test_step_nonfinite);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

@@ -404,6 +404,11 @@ int trainer_step_part(trainer *t, const ds_batch *b, int n_global, int64_t step,
                        t->inverse[f], t->d_emb + (size_t)f * (size_t)t->dim, stride, t->counts[f],
                        t->grads[f]);
   }
+  if (!isfinite(part_loss)) { /* stop before any row or parameter changes */
+    sr_fmt(t->err, sizeof t->err, "the loss is %g (not finite): nothing of this step was applied",
+           (double)part_loss);
+    return SR_ERANGE;
+  }
   double t3 = sr_now();
   rc = emb_store_push(t->store, step, sparse_lr, &ids, (const float *const *)t->grads);
   if (rc) {
@@ -439,6 +444,14 @@ int trainer_step_part(trainer *t, const ds_batch *b, int n_global, int64_t step,
   }
   if (loss) *loss = mean;
   rc = dense_opt_step(t->opt, p, gsum, lr);
+  for (size_t i = 0; !rc && i < np; i++)
+    if (!isfinite(p[i])) {
+      sr_fmt(t->err, sizeof t->err,
+             "the dense update left parameter %zu of %zu at %g (not finite; learning rate %g): "
+             "stopping",
+             i, np, (double)p[i], (double)lr);
+      rc = SR_ERANGE;
+    }
   double t5 = sr_now();
   t->times.forward += t1 - t0;
   t->times.backward += t2 - t1;

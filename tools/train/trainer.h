@@ -46,7 +46,11 @@ void trainer_destroy(trainer *t); /* NULL-safe */
 
 /* One training step on b: the dense optimizer at learning rate lr, the
  * sparse optimizer (in the store) at sparse_lr. *loss gets the batch's mean
- * BCE. Returns 0 or an SR_E* code (text in trainer_errmsg). */
+ * BCE. Returns 0 or an SR_E* code (text in trainer_errmsg). SR_ERANGE when
+ * the step's loss is not finite (checked before the push: nothing of the
+ * step is applied) or the dense update left a parameter non-finite (the
+ * run must stop: the model in memory is lost, the last checkpoint is not);
+ * a store refuses a push that would leave a row non-finite the same way. */
 int trainer_step(trainer *t, const ds_batch *b, int64_t step, float lr, float sparse_lr,
                  float *loss);
 

@@ -1,0 +1,109 @@
+/* A push that would leave a row or its optimizer state non-finite, or that
+ * carries a learning rate out of range, is refused whole (SR_ERANGE, the
+ * table and row named) and changes no row: the checks every store passes
+ * (test_store.c: local store, test_shard.c: shard store). */
+#ifndef SHARDREC_TESTS_EMBEDDING_NONFINITE_H
+#define SHARDREC_TESTS_EMBEDDING_NONFINITE_H
+
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "embedding/store.h"
+
+#define NF_IDS 10
+#define NF_MAXT 4
+#define NF_MAXD 16
+
+typedef struct {
+  uint64_t ids[NF_MAXT][NF_IDS];
+  const uint64_t *idp[NF_MAXT];
+  size_t counts[NF_MAXT];
+  float g[NF_MAXT][NF_IDS * NF_MAXD];
+  const float *gp[NF_MAXT];
+  float out[NF_MAXT][NF_IDS * NF_MAXD];
+  float *op[NF_MAXT];
+  emb_idset set;
+} nf_step;
+
+/* Rows 0..NF_IDS-1 of every table, gradient g0 everywhere. */
+static void nf_fill(nf_step *d, const emb_plan *p, float g0) {
+  ck_assert_int_le(p->n_tables, NF_MAXT);
+  for (int t = 0; t < p->n_tables; t++) {
+    ck_assert_int_le(p->tables[t].dim, NF_MAXD);
+    d->counts[t] = NF_IDS;
+    for (int r = 0; r < NF_IDS; r++) d->ids[t][r] = (uint64_t)r;
+    for (int k = 0; k < NF_IDS * p->tables[t].dim; k++) d->g[t][k] = g0 * (float)(1 + k % 3);
+    d->idp[t] = d->ids[t];
+    d->gp[t] = d->g[t];
+    d->op[t] = d->out[t];
+  }
+  d->set = (emb_idset){.n_tables = p->n_tables, .ids = d->idp, .counts = d->counts};
+}
+
+static void nf_lookup(emb_store *s, nf_step *d) {
+  ck_assert_int_eq(emb_store_lookup_begin(s, 0, &d->set, d->op), 0);
+  ck_assert_int_eq(emb_store_lookup_wait(s), 0);
+}
+
+/* The rows are those of before (bit for bit). */
+static void nf_same(emb_store *s, const emb_plan *p, const nf_step *before) {
+  static nf_step now;
+  memcpy(&now, before, sizeof now);
+  for (int t = 0; t < p->n_tables; t++) now.op[t] = now.out[t], now.idp[t] = now.ids[t];
+  now.set = (emb_idset){.n_tables = p->n_tables, .ids = now.idp, .counts = now.counts};
+  nf_lookup(s, &now);
+  for (int t = 0; t < p->n_tables; t++)
+    ck_assert_msg(!memcmp(now.out[t], before->out[t], NF_IDS * (size_t)p->tables[t].dim * 4),
+                  "table %d changed by a refused push", t);
+}
+
+/* p's tables must have at least NF_IDS rows; s holds p (any optimizer). */
+static void nonfinite_check(emb_store *s, const emb_plan *p) {
+  static nf_step d, before;
+  nf_fill(&d, p, 0.01f);
+  ck_assert_msg(emb_store_push(s, 1, 0.1f, &d.set, d.gp) == 0, "%s", emb_store_errmsg(s));
+  memcpy(&before, &d, sizeof before);
+  for (int t = 0; t < p->n_tables; t++) before.op[t] = before.out[t], before.idp[t] = before.ids[t];
+  before.set = (emb_idset){.n_tables = p->n_tables, .ids = before.idp, .counts = before.counts};
+  nf_lookup(s, &before);
+  /* Learning rates out of [0, 1e4], or not finite: refused, nothing applied. */
+  const float bad_lr[] = {3e38f, 1.5e4f, -0.5f, NAN, INFINITY};
+  for (size_t i = 0; i < sizeof bad_lr / sizeof *bad_lr; i++) {
+    ck_assert_int_eq(emb_store_push(s, 2, bad_lr[i], &d.set, d.gp), SR_ERANGE);
+    ck_assert_msg(strstr(emb_store_errmsg(s), "learning rate"), "%s", emb_store_errmsg(s));
+    nf_same(s, p, &before);
+  }
+  /* One element of the last table's row 7 overflows: with Adagrad its
+   * accumulator (g*g) turns inf, with SGD the row itself (lr 1e4 * 3e38).
+   * The rows before it in the push (every other table's, rows 0..6) would
+   * have been fine: none of them may change either. */
+  const int lt = p->n_tables - 1;
+  d.g[lt][7 * p->tables[lt].dim + 1] = 3e38f;
+  ck_assert_int_eq(emb_store_push(s, 2, 1e4f, &d.set, d.gp), SR_ERANGE);
+  char want[96];
+  snprintf(want, sizeof want, "table %u (%s) row 7:", p->tables[lt].table_id, p->tables[lt].name);
+  ck_assert_msg(strstr(emb_store_errmsg(s), want), "'%s' does not name '%s'",
+                emb_store_errmsg(s), want);
+  ck_assert_ptr_nonnull(strstr(emb_store_errmsg(s), "nothing applied"));
+  nf_same(s, p, &before);
+  /* The issue's case: the same push with a finite gradient each time but a
+   * large rate, three steps running, drives an SGD row to -inf. Every step
+   * the store takes leaves every row finite. */
+  nf_fill(&d, p, 1e34f);
+  for (int k = 0; k < 3; k++) {
+    int rc = emb_store_push(s, 3 + k, 1e4f, &d.set, d.gp);
+    ck_assert_msg(rc == 0 || rc == SR_ERANGE, "%s", emb_store_errmsg(s));
+    nf_lookup(s, &d);
+    for (int t = 0; t < p->n_tables; t++)
+      for (int k2 = 0; k2 < NF_IDS * p->tables[t].dim; k2++)
+        ck_assert_msg(isfinite(d.out[t][k2]), "table %d float %d is %g", t, k2, (double)d.out[t][k2]);
+  }
+  /* A valid push still applies afterwards. */
+  nf_fill(&d, p, 0.01f);
+  ck_assert_msg(emb_store_push(s, 9, 0.1f, &d.set, d.gp) == 0, "%s", emb_store_errmsg(s));
+}
+
+#endif
