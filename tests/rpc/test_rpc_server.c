@@ -296,8 +296,9 @@ END_TEST
 /* (Re)start the fixture's server on its data dir, extra flags after. */
 static void restart(const char *extra) {
   char args[1400];
-  snprintf(args, sizeof args, "--plan '%s' --shard 0 --max-ids 64 --data-dir '%s/data' %s",
-           plan_path, dir, extra);
+  snprintf(args, sizeof args,
+           "--plan '%s' --shard 0 --max-ids 64 --data-dir '%s/data' --checkpoint-root '%s' %s",
+           plan_path, dir, dir, extra);
   server_start(&srv, args, log_path);
 }
 
