@@ -38,6 +38,7 @@
 #include <stdint.h>
 
 #include "embedding/store.h"
+#include "storage/kv.h"
 
 #define EMB_SHARD_DEFAULT_CACHE_MB 256
 
@@ -71,5 +72,9 @@ typedef struct emb_shard_counters {
   uint64_t evictions, writebacks, rocks_reads, rocks_found, cache_rows, cache_used;
 } emb_shard_counters;
 int emb_shard_counters_get(emb_store *s, emb_shard_counters *out);
+
+/* The RocksDB figures (storage/kv.h) of the shard store s, summed over its
+ * databases. 0, or SR_EINVAL (*out untouched) as emb_shard_counters_get. */
+int emb_shard_kv_figures_get(emb_store *s, kv_figures *out);
 
 #endif

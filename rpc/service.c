@@ -58,6 +58,8 @@ struct rpc_service {
   lat_stat lat[RPC_N_METHODS];
   uint64_t failed;
   uint64_t incarnation; /* random, fixed for this service's life */
+  void (*observe)(void *, rpc_method, int, const char *, double, size_t, size_t);
+  void *observe_ctx;
 };
 
 /* The coordinator's apply callback: a step's rows into the store (s->mu held). */
@@ -105,6 +107,8 @@ rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
   s->store = store;
   s->read_only = o->read_only;
   s->max_ids = o->max_ids ? o->max_ids : (size_t)1 << 22;
+  s->observe = o->observe;
+  s->observe_ctx = o->observe_ctx;
   s->served = calloc((size_t)plan->n_shards, 1);
   s->shards = malloc((size_t)o->n_shards * sizeof *s->shards);
   if (!s->served || !s->shards) goto nomem;
@@ -664,6 +668,17 @@ void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, si
   l->sum_us += us;
   if (us > l->max_us) l->max_us = us;
   if (r->status != RPC_OK) s->failed++;
+  pthread_mutex_unlock(&s->mu);
+  if (s->observe) s->observe(s->observe_ctx, m, r->status, r->msg, us * 1e-6, len, r->out_len);
+}
+
+void rpc_service_inspect(rpc_service *s, void (*fn)(void *ctx, const rpc_service_view *v),
+                         void *ctx) {
+  rpc_coord_stats cs;
+  pthread_mutex_lock(&s->mu);
+  rpc_coord_stats_get(s->coord, &cs);
+  rpc_service_view v = {s->store, &cs, s->failed, s->incarnation, s->fp};
+  fn(ctx, &v);
   pthread_mutex_unlock(&s->mu);
 }
 

@@ -21,6 +21,7 @@
 #include "rpc/service.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
+#include "tools/serve_watch.h"
 
 #define CMD "serve"
 
@@ -53,11 +54,15 @@ static void usage(FILE *f) {
 "  --max-message-mb N      largest request or answer (64)\n"
 "  --max-ids N             most ids in one Lookup or Push (4194304)\n"
 "  --tls-cert F --tls-key F   serve TLS with this certificate and key (PEM)\n"
-"  --tls-client-ca F       require client certificates signed by this CA (mTLS)\n");
+"  --tls-client-ca F       require client certificates signed by this CA (mTLS)\n"
+"  --metrics-listen HOST:PORT   serve Prometheus figures on http://HOST:PORT/metrics\n"
+"                          (off unless given; HOST empty: 127.0.0.1)\n"
+"  --log-format text|json  json: one JSON object per line per event (start, stop,\n"
+"                          refused call, restore, dropped job) (text)\n");
 }
 
 enum { O_PLAN = 1000, O_SHARD, O_LISTEN, O_DATA, O_RESTORE, O_CKPT, O_RO, O_THREADS, O_MAXMSG,
-       O_MAXIDS, O_CERT, O_KEY, O_CA, O_CROWS, O_CMB, O_HELP, O_PENDING };
+       O_MAXIDS, O_CERT, O_KEY, O_CA, O_CROWS, O_CMB, O_HELP, O_PENDING, O_METRICS, O_LOGFMT };
 
 static const struct option long_opts[] = {
     {"plan", required_argument, 0, O_PLAN},        {"shard", required_argument, 0, O_SHARD},
@@ -69,6 +74,7 @@ static const struct option long_opts[] = {
     {"tls-key", required_argument, 0, O_KEY},      {"tls-client-ca", required_argument, 0, O_CA},
     {"cache-rows", required_argument, 0, O_CROWS}, {"cache-mb", required_argument, 0, O_CMB},
     {"pending-timeout", required_argument, 0, O_PENDING},
+    {"metrics-listen", required_argument, 0, O_METRICS}, {"log-format", required_argument, 0, O_LOGFMT},
     {"help", no_argument, 0, O_HELP},              {0, 0, 0, 0}};
 
 static volatile int g_stop;
@@ -80,14 +86,14 @@ static void on_signal(int sig) {
 
 typedef struct {
   const char *listen;
+  const serve_watch *watch;
 } listen_ctx;
 
 static void on_listening(int port, void *ctx) {
   const char *addr = ((listen_ctx *)ctx)->listen;
   const char *colon = strrchr(addr, ':');
   int hostlen = colon ? (int)(colon - addr) : (int)strlen(addr);
-  printf("listening on %.*s:%d\n", hostlen, addr, port);
-  fflush(stdout);
+  serve_watch_listening(((listen_ctx *)ctx)->watch, addr, hostlen, port);
 }
 
 /* The served shards "K[,K...]" into shards[max]; their count, or -1. */
@@ -111,6 +117,7 @@ typedef struct {
   rpc_tls tls;
   double pending_timeout;
   long long threads, maxmsg, maxids;
+  serve_watch watch;
 } serve_flags;
 
 /* Flags into *f; -1 when done (help), else 0, or 2 on bad usage (said). */
@@ -125,7 +132,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f) {
       case O_SHARD: f->shards_s = optarg; break;
       case O_LISTEN: f->listen = optarg; break;
       case O_DATA: f->so.data_dir = optarg; break;
-      case O_RESTORE: f->so.restore = optarg; break;
+      case O_RESTORE: f->so.restore = f->watch.restore = optarg; break;
       case O_CKPT: f->so.checkpoint = optarg; break;
       case O_RO: f->read_only = 1; break;
       case O_PENDING: if (cli_double(CMD, "--pending-timeout", optarg, 0.001, 1e9, &f->pending_timeout)) return 2; break;
@@ -135,6 +142,8 @@ static int parse_flags(int argc, char **argv, serve_flags *f) {
       case O_CERT: f->tls.cert = optarg; break;
       case O_KEY: f->tls.key = optarg; break;
       case O_CA: f->tls.ca = optarg; break;
+      case O_METRICS: f->watch.metrics_addr = optarg; break;
+      case O_LOGFMT: if (serve_watch_log_format(&f->watch, optarg)) return 2; break;
       case O_CROWS: if (cli_int(CMD, "--cache-rows", optarg, EMB_SHARD_MIN_CACHE_ROWS, 1LL << 40, &cache_rows)) return 2; break;
       case O_CMB: if (cli_int(CMD, "--cache-mb", optarg, 1, 1LL << 30, &cache_mb)) return 2; break;
       case 'h':
@@ -199,8 +208,10 @@ int cmd_serve(int argc, char **argv) {
   int status = 1;
   rpc_service_opts so = {.shards = f.shards, .n_shards = f.so.n_shards, .read_only = f.read_only,
                          .max_ids = (size_t)f.maxids, .pending_timeout_s = f.pending_timeout};
-  rpc_service *svc = rpc_service_create(sv.plan, sv.store, &so, err, sizeof err);
-  if (!svc) {
+  rpc_service *svc = NULL;
+  if (serve_watch_prepare(&f.watch, &so, err, sizeof err) ||
+      !(svc = rpc_service_create(sv.plan, sv.store, &so, err, sizeof err)) ||
+      serve_watch_start(&f.watch, svc, err, sizeof err)) {
     fprintf(stderr, "shardrec serve: %s\n", err);
     goto done;
   }
@@ -210,7 +221,7 @@ int cmd_serve(int argc, char **argv) {
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
-  listen_ctx lc = {f.listen};
+  listen_ctx lc = {f.listen, &f.watch};
   rpc_server_opts o = {.listen = f.listen, .threads = (int)f.threads,
                        .max_message_bytes = (int)(f.maxmsg << 20),
                        .tls = f.tls.cert ? &f.tls : NULL, .stop = &g_stop, .shutdown_grace_s = 5};
@@ -218,9 +229,9 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "shardrec serve: %s\n", err);
     goto done;
   }
-  printf("stopped\n");
   status = 0;
 done:
+  serve_watch_close(&f.watch, status == 0);
   rpc_service_destroy(svc);
   emb_served_close(&sv);
   return status;
