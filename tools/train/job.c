@@ -592,6 +592,7 @@ static int job_recover(train_job *j, const char *why) {
     return -1;
   }
   printf("recovered from %s after: %s\n", ckdir, why);
+  job__metrics_recovered(j);
   fflush(stdout);
   return 0;
 }
@@ -628,6 +629,7 @@ static void progress(train_job *j, float loss, float lr) {
             "\"lr\":%.9g,\"samples_per_s\":%.1f}\n",
             (long long)cur->step, cur->epoch, mean, loss, lr, rate);
   if (j->metrics) fflush(j->metrics); /* a reader (a test, a dashboard) sees each line at once */
+  job__metrics_progress(j, mean, rate);
   fflush(stdout);
   cur->loss_sum = 0;
   cur->loss_n = 0;
@@ -696,6 +698,7 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
   cur->loss_n++;
   cur->samples_since += got;
   j->samples_done += got;
+  job__metrics_step(j, got);
   if (cur->step % c->print_freq == 0 || cur->step == j->total_steps) progress(j, loss, lr);
   if (c->test_freq > 0 && cur->step % c->test_freq == 0 && j->n_test) {
     if (j->tty) fprintf(stderr, "\n");
@@ -848,12 +851,14 @@ int train_run(const train_config *c) {
   j->tty = isatty(2) && j->rank == 0;
   int status = 1;
   if (c->ranks.launched && job_ranks(j)) goto done;
+  if (c->metrics_listen && job__metrics_start(j)) goto done;
   printf("ranks  %d rank(s)%s, %d on this node; %d BLAS thread(s) per rank\n", j->size,
          j->size > 1 ? " (mpirun)" : "", c->ranks.local_size, openblas_get_num_threads());
   if (job_open(j) || (c->resume && job_resume(j)) || job_loop(j) || job_finish(j)) goto done;
   status = 0;
 done:
   job_close(j, status);
+  job__metrics_stop(j);
   dense_coll_destroy(j->coll);
   return status;
 }

@@ -95,6 +95,7 @@ typedef struct train_job {
   float *pred, *labels;    /* [n_test] rank 0's predictions and labels */
   size_t *counts;          /* [size] samples per rank of a test batch */
   FILE *metrics;           /* --metrics-out (rank 0), owned */
+  struct job_metrics *mx;  /* --metrics-listen, owned (job_metrics.c) */
 } train_job;
 
 /* "shardrec train: <why>" on stderr; with several ranks "shardrec train:
@@ -112,5 +113,17 @@ int job__coll_ok(const train_job *j, int rc, const char *what);
 int job__eval_open(train_job *j);
 void job__eval_close(train_job *j);
 int job__test_pass(train_job *j);
+
+/* job_metrics.c: --metrics-listen. start: the listener on PORT + this
+ * rank's local rank (0, or -1 with the message printed; j->mx is then for
+ * stop to free); stop: NULL-safe. The rest do nothing without it: a step
+ * taken (got samples of the global batch), a progress line (its mean loss
+ * and rate), a test pass, a recovery. */
+int job__metrics_start(train_job *j);
+void job__metrics_stop(train_job *j);
+void job__metrics_step(train_job *j, int got);
+void job__metrics_progress(train_job *j, double loss, double samples_per_s);
+void job__metrics_test(const train_job *j, double auc, double logloss);
+void job__metrics_recovered(train_job *j);
 
 #endif
