@@ -623,11 +623,13 @@ static void progress(train_job *j, float loss, float lr) {
     printf("train  step %lld/%llu epoch %d %.1f%%: loss %.6f  %.0f samples/s  ETA %.0fs\n",
            (long long)cur->step, (unsigned long long)j->total_steps, cur->epoch, 100 * frac,
            mean, rate, eta);
+  char phases[512];
+  job__phase_json(j, phases, sizeof phases);
   if (j->metrics)
     fprintf(j->metrics,
             "{\"kind\":\"train\",\"step\":%lld,\"epoch\":%d,\"loss\":%.9g,\"last_loss\":%.9g,"
-            "\"lr\":%.9g,\"samples_per_s\":%.1f}\n",
-            (long long)cur->step, cur->epoch, mean, loss, lr, rate);
+            "\"lr\":%.9g,\"samples_per_s\":%.1f%s}\n",
+            (long long)cur->step, cur->epoch, mean, loss, lr, rate, phases);
   if (j->metrics) fflush(j->metrics); /* a reader (a test, a dashboard) sees each line at once */
   job__metrics_progress(j, mean, rate);
   fflush(stdout);

@@ -96,6 +96,7 @@ typedef struct train_job {
   size_t *counts;          /* [size] samples per rank of a test batch */
   FILE *metrics;           /* --metrics-out (rank 0), owned */
   struct job_metrics *mx;  /* --metrics-listen, owned (job_metrics.c) */
+  trainer_times phase_mark; /* the trainer's times at the last progress line */
 } train_job;
 
 /* "shardrec train: <why>" on stderr; with several ranks "shardrec train:
@@ -125,5 +126,8 @@ void job__metrics_step(train_job *j, int got);
 void job__metrics_progress(train_job *j, double loss, double samples_per_s);
 void job__metrics_test(const train_job *j, double auc, double logloss);
 void job__metrics_recovered(train_job *j);
+/* `,"step_ms":{"dedup":x,...,"dense_opt":x}`: each phase's mean milliseconds
+ * per step since the last call, for the --metrics-out line (into buf[n]). */
+void job__phase_json(train_job *j, char *buf, size_t n);
 
 #endif

@@ -161,3 +161,18 @@ void job__metrics_test(const train_job *j, double auc, double logloss) {
 void job__metrics_recovered(train_job *j) {
   if (j->mx) metrics_counter_inc(j->mx->g[G_RECOVERIES]);
 }
+
+void job__phase_json(train_job *j, char *buf, size_t n) {
+  const trainer_times *tt = trainer_times_get(j->t), *m = &j->phase_mark;
+  const double now[PH_N] = {tt->dedup, tt->lookup, tt->pool, tt->forward, tt->backward,
+                            tt->scatter, tt->push, tt->allreduce, tt->dense_opt};
+  const double was[PH_N] = {m->dedup, m->lookup, m->pool, m->forward, m->backward,
+                            m->scatter, m->push, m->allreduce, m->dense_opt};
+  double steps = (double)(tt->steps - m->steps);
+  size_t len = (size_t)snprintf(buf, n, ",\"step_ms\":{");
+  for (int p = 0; p < PH_N && len < n; p++)
+    len += (size_t)snprintf(buf + len, n - len, "%s\"%s\":%.4f", p ? "," : "", phase_name[p],
+                            steps > 0 ? 1e3 * (now[p] - was[p]) / steps : 0.0);
+  if (len < n) snprintf(buf + len, n - len, "}");
+  j->phase_mark = *tt;
+}
