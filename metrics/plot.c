@@ -145,12 +145,14 @@ static void panels(FILE *s, const run_info *r, int n) {
           PLOT_PHASES + 1);
 }
 
-/* Runs the script text through gnuplot; 0 or SR_EBACKEND (err). */
-static int run_gnuplot(const plot_config *c, const char *script, size_t len, char *err,
-                       size_t errlen) {
+/* Runs the script text through gnuplot, its messages into log (shown only
+ * when it fails: an empty range is a warning, not worth a line); 0 or
+ * SR_EBACKEND (err). */
+static int run_gnuplot(const plot_config *c, const char *script, size_t len, const char *log,
+                       char *err, size_t errlen) {
   const char *prog = c->gnuplot ? c->gnuplot : "gnuplot";
-  char cmd[600];
-  snprintf(cmd, sizeof cmd, "exec '%s'", prog);
+  char cmd[SR_PATH_MAX + 700];
+  snprintf(cmd, sizeof cmd, "exec '%s' 2>'%s'", prog, log);
   FILE *p = popen(cmd, "w");
   if (!p) return sr_fmt(err, errlen, "cannot run %s", prog), SR_EBACKEND;
   void (*old)(int) = signal(SIGPIPE, SIG_IGN);
@@ -160,35 +162,38 @@ static int run_gnuplot(const plot_config *c, const char *script, size_t len, cha
   if (WIFEXITED(st) && WEXITSTATUS(st) == 127)
     return sr_fmt(err, errlen, "%s not found (Debian's gnuplot-nox; tools/setup installs it)", prog),
            SR_EBACKEND;
-  if (!WIFEXITED(st) || WEXITSTATUS(st))
-    return sr_fmt(err, errlen, "%s failed (its message above)", prog), SR_EBACKEND;
+  if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+    char msg[600] = "";
+    FILE *f = fopen(log, "r");
+    size_t n = f ? fread(msg, 1, sizeof msg - 1, f) : 0;
+    msg[n] = 0;
+    if (f) fclose(f);
+    return sr_fmt(err, errlen, "%s failed: %s", prog, msg), SR_EBACKEND;
+  }
   return 0;
 }
 
-/* s (a single-quoted gnuplot string's contents) with each ' doubled. */
-static void put_quoted(FILE *s, const char *v) {
-  for (; *v; v++) fputs(*v == '\'' ? "''" : (char[2]){*v, 0}, s);
-}
-
 int plot_write(const plot_config *c, char *err, size_t errlen) {
-  char tmp[SR_PATH_MAX];
-  if (sr_path_err(tmp, sizeof tmp, err, errlen, "%s.tmp-%ld", c->out, (long)getpid()))
+  char tmp[SR_PATH_MAX], log[SR_PATH_MAX];
+  if (sr_path_err(tmp, sizeof tmp, err, errlen, "%s.tmp-%ld", c->out, (long)getpid()) ||
+      sr_path_err(log, sizeof log, err, errlen, "%s.log", tmp))
     return SR_ERANGE;
+  if (strchr(tmp, '\'')) return sr_fmt(err, errlen, "%s: a name with ' is not supported (it is quoted for the shell and gnuplot)", c->out), SR_EINVAL;
   run_info *r = calloc((size_t)c->n_files, sizeof *r);
   char *script = NULL;
   size_t len = 0;
   FILE *s = open_memstream(&script, &len);
   int rc = r && s ? 0 : SR_ENOMEM;
   if (!rc) {
-    fprintf(s, "set terminal pngcairo size %d,%d noenhanced font 'sans,%d'\nset output '",
-            c->width, c->height, c->width >= 1000 ? 10 : 8);
-    put_quoted(s, tmp);
-    fprintf(s, "'\nset multiplot layout 2,2 title 'shardrec: %d run(s)'\n", c->n_files);
+    fprintf(s, "set terminal pngcairo size %d,%d noenhanced font 'sans,%d'\nset output '%s'\n",
+            c->width, c->height, c->width >= 1000 ? 10 : 8, tmp);
+    fprintf(s, "set multiplot layout 2,2 title 'shardrec: %d run(s)'\n", c->n_files);
   }
   for (int k = 0; !rc && k < c->n_files; k++) rc = read_run(c->files[k], k, s, &r[k], err, errlen);
   if (!rc) panels(s, r, c->n_files), fprintf(s, "unset multiplot\nset output\n");
   if (s) fclose(s);
-  if (!rc) rc = run_gnuplot(c, script, len, err, errlen);
+  if (!rc) rc = run_gnuplot(c, script, len, log, err, errlen);
+  unlink(log);
   if (!rc && !sr_is_file(tmp)) rc = SR_EBACKEND, sr_fmt(err, errlen, "gnuplot wrote no %s", tmp);
   if (!rc && rename(tmp, c->out)) rc = SR_EIO, sr_fmt(err, errlen, "%s: cannot write", c->out);
   if (rc) unlink(tmp);

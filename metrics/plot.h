@@ -18,7 +18,8 @@ typedef struct plot_config {
   const char *gnuplot;      /* the program (NULL: "gnuplot" from PATH) */
 } plot_config;
 
-/* Draws c's picture. 0, or SR_EIO / SR_EFORMAT / SR_ENOMEM / SR_EBACKEND
+/* Draws c's picture. 0, or SR_EIO / SR_EFORMAT / SR_ENOMEM / SR_EINVAL (a ' in
+ * c->out) / SR_ERANGE (c->out too long) / SR_EBACKEND
  * (gnuplot missing or failing) with the reason in err naming the file (and
  * line) at fault; nothing is left at c->out on failure. */
 int plot_write(const plot_config *c, char *err, size_t errlen);
