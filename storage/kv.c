@@ -483,3 +483,10 @@ int kv_figures_get(kv_db *d, kv_figures *out) {
   rocksdb_free(dump);
   return 0;
 }
+
+uint64_t kv_estimate_rows(kv_db *d, int cf) {
+  uint64_t v = 0;
+  if (cf < 0 || cf >= d->n || rocksdb_property_int_cf(d->db, d->cf[cf], "rocksdb.estimate-num-keys", &v))
+    return 0;
+  return v;
+}

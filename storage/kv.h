@@ -72,6 +72,8 @@ typedef struct kv_figures {
   uint64_t sst_bytes, pending_compaction_bytes, block_cache_hits, block_cache_misses;
 } kv_figures;
 int kv_figures_get(kv_db *db, kv_figures *out);
+/* RocksDB's estimate of the keys in family cf (0 when it has none). */
+uint64_t kv_estimate_rows(kv_db *db, int cf);
 
 /* Compact every column family fully (after a bulk load). 0 or SR_EIO. */
 int kv_compact(kv_db *db, char *err, size_t errlen);
