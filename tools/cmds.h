@@ -23,5 +23,6 @@ int bench_rpc(int argc, char **argv);
 int bench_store(int argc, char **argv);
 int bench_dp(int argc, char **argv);
 int bench_reshard(int argc, char **argv);
+int bench_metrics(int argc, char **argv);
 
 #endif

@@ -121,6 +121,15 @@ int job__test_pass(train_job *j);
  * taken (got samples of the global batch), a progress line (its mean loss
  * and rate), a test pass, a recovery. */
 int job__metrics_start(train_job *j);
+/* The series alone, without a listener (bench metrics measures them):
+ * open (NULL with the reason in err), its registry, close (NULL-safe), and
+ * note, what job__metrics_step records of a step. */
+typedef struct job_metrics job_metrics;
+job_metrics *job__metrics_open(int rank, char *err, size_t errlen);
+struct metrics_registry *job__metrics_registry(job_metrics *m);
+void job__metrics_close(job_metrics *m);
+void job__metrics_note(job_metrics *m, const trainer_times *tt, int dim, int64_t step,
+                       int epoch, int64_t total, int got);
 void job__metrics_stop(train_job *j);
 void job__metrics_step(train_job *j, int got);
 void job__metrics_progress(train_job *j, double loss, double samples_per_s);

@@ -44,7 +44,6 @@ static const gdef gdefs[G_N] = {
     [G_RECOVERIES] = {"shardrec_train_recoveries_total", "Recoveries from a lost shard server.", METRICS_COUNTER, 1},
 };
 
-typedef struct job_metrics job_metrics;
 struct job_metrics {
   metrics_registry *reg; /* owned */
   metrics_http *http;    /* owned */
@@ -81,20 +80,39 @@ static int add_series(job_metrics *m, int rank, char *err, size_t errlen) {
   return 0;
 }
 
+job_metrics *job__metrics_open(int rank, char *err, size_t errlen) {
+  job_metrics *m = calloc(1, sizeof *m);
+  char r[16];
+  snprintf(r, sizeof r, "%d", rank);
+  if (!m || !(m->reg = metrics_registry_create()) || metrics_registry_label(m->reg, "rank", r)) {
+    snprintf(err, errlen, "out of memory");
+    job__metrics_close(m);
+    return NULL;
+  }
+  if (metrics_process_add(m->reg, err, errlen) || add_series(m, rank, err, errlen)) {
+    job__metrics_close(m);
+    return NULL;
+  }
+  metrics_gauge_set(m->g[G_AUC], 0.0 / 0.0); /* NaN until the first test pass */
+  metrics_gauge_set(m->g[G_LOGLOSS], 0.0 / 0.0);
+  m->t_last = sr_now();
+  return m;
+}
+
+metrics_registry *job__metrics_registry(job_metrics *m) { return m->reg; }
+
+void job__metrics_close(job_metrics *m) {
+  if (!m) return;
+  metrics_http_stop(m->http);
+  metrics_registry_destroy(m->reg);
+  free(m);
+}
+
 int job__metrics_start(train_job *j) {
   const train_config *c = j->cfg;
   char err[512], host[256], addr[300];
   int port;
   if (metrics_addr_parse(c->metrics_listen, host, sizeof host, &port, err, sizeof err))
-    goto fail;
-  job_metrics *m = j->mx = calloc(1, sizeof *m);
-  char rank[16];
-  snprintf(rank, sizeof rank, "%d", j->rank);
-  if (!m || !(m->reg = metrics_registry_create()) || metrics_registry_label(m->reg, "rank", rank)) {
-    snprintf(err, sizeof err, "out of memory");
-    goto fail;
-  }
-  if (metrics_process_add(m->reg, err, sizeof err) || add_series(m, j->rank, err, sizeof err))
     goto fail;
   int lr = local_rank(j->rank);
   if (port && port + lr > 65535) {
@@ -102,11 +120,9 @@ int job__metrics_start(train_job *j) {
     goto fail;
   }
   snprintf(addr, sizeof addr, "%s:%d", host, port ? port + lr : 0);
-  if (!(m->http = metrics_http_start(m->reg, addr, NULL, err, sizeof err))) goto fail;
-  metrics_gauge_set(m->g[G_AUC], 0.0 / 0.0); /* NaN until the first test pass */
-  metrics_gauge_set(m->g[G_LOGLOSS], 0.0 / 0.0);
-  m->t_last = sr_now();
-  printf("metrics on %s:%d (rank %d)\n", host, metrics_http_port(m->http), j->rank);
+  if (!(j->mx = job__metrics_open(j->rank, err, sizeof err))) goto fail;
+  if (!(j->mx->http = metrics_http_start(j->mx->reg, addr, NULL, err, sizeof err))) goto fail;
+  printf("metrics on %s:%d (rank %d)\n", host, metrics_http_port(j->mx->http), j->rank);
   fflush(stdout);
   return 0;
 fail:
@@ -115,18 +131,12 @@ fail:
 }
 
 void job__metrics_stop(train_job *j) {
-  job_metrics *m = j->mx;
-  if (!m) return;
-  metrics_http_stop(m->http);
-  metrics_registry_destroy(m->reg);
-  free(m);
+  job__metrics_close(j->mx);
   j->mx = NULL;
 }
 
-void job__metrics_step(train_job *j, int got) {
-  job_metrics *m = j->mx;
-  if (!m) return;
-  const trainer_times *tt = trainer_times_get(j->t);
+void job__metrics_note(job_metrics *m, const trainer_times *tt, int dim, int64_t step,
+                       int epoch, int64_t total, int got) {
   const double now[PH_N] = {tt->dedup, tt->lookup, tt->pool, tt->forward, tt->backward,
                             tt->scatter, tt->push, tt->allreduce, tt->dense_opt};
   for (int p = 0; p < PH_N; p++) {
@@ -134,16 +144,22 @@ void job__metrics_step(train_job *j, int got) {
     metrics_counter_set(m->phase_total[p], now[p]);
     m->last_phase[p] = now[p];
   }
-  double t = sr_now(), bytes = (double)(tt->rows - m->last_rows) * j->plan->tables[0].dim * 4.0;
+  double t = sr_now(), bytes = (double)(tt->rows - m->last_rows) * dim * 4.0;
   m->last_rows = tt->rows;
   metrics_gauge_set(m->g[G_STEP_SECONDS], t - m->t_last);
   m->t_last = t;
   metrics_counter_add(m->g[G_LOOKUP_BYTES], bytes);
   metrics_counter_add(m->g[G_PUSH_BYTES], bytes);
   metrics_counter_add(m->g[G_SAMPLES], got);
-  metrics_gauge_set(m->g[G_TOTAL], (double)j->total_steps);
-  metrics_gauge_set(m->g[G_EPOCH], j->cur.epoch);
-  metrics_gauge_set(m->g[G_STEP], (double)j->cur.step);
+  metrics_gauge_set(m->g[G_TOTAL], (double)total);
+  metrics_gauge_set(m->g[G_EPOCH], epoch);
+  metrics_gauge_set(m->g[G_STEP], (double)step);
+}
+
+void job__metrics_step(train_job *j, int got) {
+  if (j->mx)
+    job__metrics_note(j->mx, trainer_times_get(j->t), j->plan->tables[0].dim, j->cur.step,
+                      j->cur.epoch, j->total_steps, got);
 }
 
 void job__metrics_progress(train_job *j, double loss, double samples_per_s) {
