@@ -1,10 +1,12 @@
 /* shardrec plot, end to end with the real binary and gnuplot: a valid PNG
  * of the size asked (signature, IHDR width and height), the same input
  * drawn twice gives the same bytes and two different metrics files give
- * different pictures, a real train --metrics-out file is drawn, and bad
+ * different pictures, a real train --metrics-out file is drawn (its rates
+ * right after test passes too), and bad
  * input is refused naming what and where, leaving nothing at --out. */
 #include <check.h>
 
+#include <cjson/cJSON.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,6 +107,45 @@ START_TEST(test_real_train_file) {
 }
 END_TEST
 
+/* The samples/s the plot draws: with a test pass just before most progress
+ * lines (--test-freq 9, --print-freq 10), each line's rate still agrees
+ * with its own step_ms (batch over the phases' time per step, within 2x:
+ * the phases are most of a step). The test pass's time is left out of the
+ * rate, and the steps before the pass stay in it (their samples were
+ * counted over the time since the pass alone: 10 steps' samples over 1). */
+START_TEST(test_rate_after_test_pass) {
+  char *out;
+  int rc = run_cmd(&out, "cd %s && %s datagen --rows 20000 --out d.tsv > /dev/null && "
+                         "%s convert --test-fraction 0.1 d.tsv d.bin > /dev/null && "
+                         "%s train --processed-data-file d.bin --num-batches 40 --print-freq 10 "
+                         "--test-freq 9 --mini-batch-size 128 --metrics-out m.jsonl > /dev/null",
+                   g_dir, bin_path(), bin_path(), bin_path());
+  ck_assert_msg(rc == 0, "%s", out);
+  free(out);
+  char p[512];
+  snprintf(p, sizeof p, "%s/m.jsonl", g_dir);
+  FILE *f = fopen(p, "r");
+  char line[4096];
+  int n = 0;
+  while (fgets(line, sizeof line, f)) {
+    cJSON *o = cJSON_Parse(line);
+    const cJSON *ms = cJSON_GetObjectItem(o, "step_ms");
+    if (ms) {
+      double sum = 0;
+      for (const cJSON *c = ms->child; c; c = c->next) sum += c->valuedouble;
+      double rate = cJSON_GetObjectItem(o, "samples_per_s")->valuedouble;
+      double ratio = rate * sum / (1000.0 * 128);
+      ck_assert_msg(ratio > 0.5 && ratio < 2, "step %d: %.0f samples/s but %.2f ms a step",
+                    cJSON_GetObjectItem(o, "step")->valueint, rate, sum);
+      n++;
+    }
+    cJSON_Delete(o);
+  }
+  fclose(f);
+  ck_assert_int_eq(n, 4);
+}
+END_TEST
+
 START_TEST(test_bad_input) {
   write_run("a.jsonl", 1.0);
   char *out, p[512];
@@ -138,6 +179,7 @@ int main(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_png_size_and_content);
   tcase_add_test(tc, test_real_train_file);
+  tcase_add_test(tc, test_rate_after_test_pass);
   tcase_add_test(tc, test_bad_input);
   suite_add_tcase(s, tc);
   return sr_check_run(s);

@@ -704,8 +704,9 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
   if (cur->step % c->print_freq == 0 || cur->step == j->total_steps) progress(j, loss, lr);
   if (c->test_freq > 0 && cur->step % c->test_freq == 0 && j->n_test) {
     if (j->tty) fprintf(stderr, "\n");
+    double e0 = sr_now();
     if (job__test_pass(j)) return STEP_FAILED;
-    cur->t_last = sr_now();
+    cur->t_last += sr_now() - e0; /* the rate leaves the pass out, not the steps before it */
   }
   return STEP_DONE;
 }
@@ -737,8 +738,10 @@ static int job_loop(train_job *j) {
       }
     }
     if (j->tty) fprintf(stderr, "\n");
+    double e0 = sr_now();
     if (j->n_test && (c->test_freq == 0 || cur->step % c->test_freq != 0) && job__test_pass(j))
       return -1;
+    cur->t_last += sr_now() - e0;
   }
   return 0;
 }
