@@ -36,7 +36,12 @@ int metrics_addr_parse(const char *addr, char *host, size_t hostlen, int *port, 
   size_t n = (size_t)(colon - addr);
   memcpy(host, addr, n);
   host[n] = 0;
-  if (!n) snprintf(host, hostlen, "127.0.0.1");
+  if (!n || !strcmp(host, "localhost")) snprintf(host, hostlen, "127.0.0.1");
+  struct in_addr ia;
+  if (inet_pton(AF_INET, host, &ia) != 1) {
+    sr_fmt(err, errlen, "'%s': '%s' is not an IPv4 address", addr, host);
+    return SR_EINVAL;
+  }
   *port = (int)p;
   return 0;
 }
@@ -88,11 +93,7 @@ metrics_http *metrics_http_start(metrics_registry *r, const char *addr,
   int port;
   if (metrics_addr_parse(addr, host, sizeof host, &port, err, errlen)) return NULL;
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-  if (!strcmp(host, "localhost")) snprintf(host, sizeof host, "127.0.0.1");
-  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
-    sr_fmt(err, errlen, "'%s': '%s' is not an IPv4 address", addr, host);
-    return NULL;
-  }
+  inet_pton(AF_INET, host, &sa.sin_addr); /* checked by metrics_addr_parse */
   metrics_http *h = calloc(1, sizeof *h);
   if (!h) {
     sr_fmt(err, errlen, "out of memory");

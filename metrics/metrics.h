@@ -112,8 +112,9 @@ int metrics_http_port(const metrics_http *h);
 /* Stops the listener (open connections are closed). NULL-safe. */
 void metrics_http_stop(metrics_http *h);
 
-/* "HOST:PORT" into host[hostlen] and *port (0..65535); HOST may be empty
- * (then 127.0.0.1). 0 or SR_EINVAL with the reason in err. */
+/* "HOST:PORT" into host[hostlen] and *port (0..65535); HOST an IPv4
+ * address, "localhost" or empty (both 127.0.0.1). 0 or SR_EINVAL with the
+ * reason in err. */
 int metrics_addr_parse(const char *addr, char *host, size_t hostlen, int *port, char *err,
                        size_t errlen);
 

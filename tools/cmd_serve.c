@@ -142,7 +142,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f) {
       case O_CERT: f->tls.cert = optarg; break;
       case O_KEY: f->tls.key = optarg; break;
       case O_CA: f->tls.ca = optarg; break;
-      case O_METRICS: f->watch.metrics_addr = optarg; break;
+      case O_METRICS: if (serve_watch_addr(&f->watch, optarg)) return 2; break;
       case O_LOGFMT: if (serve_watch_log_format(&f->watch, optarg)) return 2; break;
       case O_CROWS: if (cli_int(CMD, "--cache-rows", optarg, EMB_SHARD_MIN_CACHE_ROWS, 1LL << 40, &cache_rows)) return 2; break;
       case O_CMB: if (cli_int(CMD, "--cache-mb", optarg, 1, 1LL << 30, &cache_mb)) return 2; break;

@@ -11,6 +11,17 @@
 #include "common/status.h"
 #include "rpc/coord.h"
 
+int serve_watch_addr(serve_watch *w, const char *addr) {
+  char host[256], err[512];
+  int port;
+  if (metrics_addr_parse(addr, host, sizeof host, &port, err, sizeof err)) {
+    fprintf(stderr, "shardrec serve: --metrics-listen %s\n", err);
+    return 2;
+  }
+  w->metrics_addr = addr;
+  return 0;
+}
+
 int serve_watch_log_format(serve_watch *w, const char *s) {
   if (!strcmp(s, "text")) w->json = 0;
   else if (!strcmp(s, "json")) w->json = 1;

@@ -27,6 +27,9 @@ typedef struct serve_watch {
   pthread_t thread;
 } serve_watch;
 
+/* --metrics-listen HOST:PORT into w (checked); 0, or 2 with the message printed. */
+int serve_watch_addr(serve_watch *w, const char *addr);
+
 /* "text" or "json" into w->json; 0, or 2 with the message printed. */
 int serve_watch_log_format(serve_watch *w, const char *s);
 

@@ -2,7 +2,8 @@
  * object with "time" and "event"; start (its listen address and the
  * plan's fingerprint and incarnation, as Stats says), a refused call with
  * its method, status and message, a Restore, a dropped job (a 2-rank job
- * whose second rank never pushes, dropped by --pending-timeout), stop. */
+ * whose second rank never pushes, dropped by --pending-timeout), stop; and
+ * the flag errors of --metrics-listen and --log-format. */
 #include <check.h>
 
 #include <cjson/cJSON.h>
@@ -110,11 +111,50 @@ START_TEST(test_json_events) {
 }
 END_TEST
 
+/* Bad --metrics-listen and --log-format values are flag errors (exit 2,
+ * naming the flag and the value); a port taken is a failure (exit 1). */
+START_TEST(test_flag_errors) {
+  char *d = make_data_dir(2000, 5, "%s plan --out plan.json --processed-data-file d.bin "
+                                   "--num-shards 1 > /dev/null", bin_path());
+  static const char *const bad[][3] = {
+      {"serve --plan plan.json --shard 0 --metrics-listen foo", "--metrics-listen 'foo' is not HOST:PORT", "2"},
+      {"serve --plan plan.json --shard 0 --metrics-listen example.com:80", "'example.com' is not an IPv4 address", "2"},
+      {"serve --plan plan.json --shard 0 --log-format xml", "--log-format: 'xml' is not text or json", "2"},
+      {"train --processed-data-file d.bin --metrics-listen 127.0.0.1:70000", "--metrics-listen '127.0.0.1:70000' is not HOST:PORT", "2"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char *out;
+    int rc = run_cmd(&out, "cd %s && %s %s", d, bin_path(), bad[i][0]);
+    ck_assert_msg(rc == atoi(bad[i][2]) && strstr(out, bad[i][1]), "%s: %d %s", bad[i][0], rc, out);
+    free(out);
+  }
+  /* A port taken: the server says so and stops. */
+  char log[512];
+  snprintf(log, sizeof log, "%s/a.out", d);
+  pid_t a = spawn_sh("cd %s && exec %s serve --plan plan.json --shard 0 --listen 127.0.0.1:0 "
+                     "--metrics-listen 127.0.0.1:0 > a.out 2>&1", d, bin_path());
+  wait_text(log, "listening on", 1, a, 60);
+  char *ao = slurp(log), *out;
+  const char *m = strstr(ao, "metrics on ");
+  ck_assert_ptr_nonnull(m);
+  int rc = run_cmd(&out, "cd %s && %s serve --plan plan.json --shard 0 --metrics-listen %.*s", d,
+                   bin_path(), (int)strcspn(m + 11, "\n"), m + 11);
+  ck_assert_msg(rc == 1 && strstr(out, "cannot listen on"), "%d %s", rc, out);
+  free(out);
+  free(ao);
+  kill(a, SIGTERM);
+  wait_exit(a, 30);
+  sr_rmtree(d);
+  free(d);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("serve_log");
   TCase *tc = tcase_create("json");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_json_events);
+  tcase_add_test(tc, test_flag_errors);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

@@ -901,6 +901,7 @@ int train_ranks_leave(train_ranks *r, int rc) {
 }
 
 int train_config_check(const train_config *c, char *err, size_t errlen) {
+  if (c->metrics_listen && job__metrics_check(c->metrics_listen, err, errlen)) return SR_EINVAL;
   if (!!c->processed == !!c->raw) {
     sr_fmt(err, errlen, "give exactly one of --processed-data-file and --raw-data-file");
     return SR_EINVAL;

@@ -121,6 +121,9 @@ int job__test_pass(train_job *j);
  * taken (got samples of the global batch), a progress line (its mean loss
  * and rate), a test pass, a recovery. */
 int job__metrics_start(train_job *j);
+/* --metrics-listen's value: HOST:PORT, HOST empty or IPv4. 0, or -1 with
+ * "--metrics-listen ...: why" in err. */
+int job__metrics_check(const char *addr, char *err, size_t errlen);
 /* The series alone, without a listener (bench metrics measures them):
  * open (NULL with the reason in err), its registry, close (NULL-safe), and
  * note, what job__metrics_step records of a step. */

@@ -108,6 +108,14 @@ void job__metrics_close(job_metrics *m) {
   free(m);
 }
 
+int job__metrics_check(const char *addr, char *err, size_t errlen) {
+  char host[256], e[300];
+  int port;
+  if (!metrics_addr_parse(addr, host, sizeof host, &port, e, sizeof e)) return 0;
+  snprintf(err, errlen, "--metrics-listen %s", e);
+  return -1;
+}
+
 int job__metrics_start(train_job *j) {
   const train_config *c = j->cfg;
   char err[512], host[256], addr[300];
