@@ -4,8 +4,9 @@
  * time and the server's Lookup p99 within 25% of the same without them.
  * Step time: the median step (from --metrics-out) of one training run
  * with the load on and off in turn every second, 10 s each. Lookup p99: the
- * client side of 2000 Lookups through the remote store each way, in blocks
- * of 100 with and without the load in turn, pooled. So the machine's other
+ * client side of Lookups through the remote store in 30 blocks of 300 each
+ * way, with and without the load in turn, the median of the blocks' p99.
+ * So the machine's other
  * work falls on both alike; it is a comparison, not a time limit. */
 #include <check.h>
 
@@ -30,8 +31,8 @@
 
 #define IDLE 100
 #define STEP_BLOCKS 10   /* seconds of training of each kind */
-#define LOOKUP_BLOCKS 20 /* blocks of Lookups of each kind */
-#define LOOKUP_BLOCK 100
+#define LOOKUP_BLOCKS 30 /* blocks of Lookups of each kind */
+#define LOOKUP_BLOCK 300 /* Lookups in a block: its p99 is its 3rd slowest */
 
 typedef struct {
   int port;
@@ -197,8 +198,10 @@ START_TEST(test_slow_clients_do_not_stall) {
   kill(tr, SIGKILL);
   wait_exit(tr, 30);
   ck_assert_msg(ns[0] > 50 && ns[1] > 50, "steps seen: %d, %d", ns[0], ns[1]);
-  /* The Lookup p99: blocks of Lookups, with and without the load in turn,
-   * each kind's latencies pooled. */
+  /* The Lookup p99: blocks of Lookups, with and without the load in turn;
+   * each block's p99, and each kind's median of them (a burst of the
+   * machine's other work spoils a few blocks, not the median). */
+  double bp99[2][LOOKUP_BLOCKS];
   for (int b = 0; b < 2 * LOOKUP_BLOCKS; b++) {
     int loaded = b % 2;
     loader ls;
@@ -210,7 +213,10 @@ START_TEST(test_slow_clients_do_not_stall) {
         nap(0.01);
       }
     }
-    lookups(store, plan, LOOKUP_BLOCK, lat[loaded] + (b / 2) * LOOKUP_BLOCK);
+    double *bl = lat[loaded] + (b / 2) * LOOKUP_BLOCK;
+    lookups(store, plan, LOOKUP_BLOCK, bl);
+    qsort(bl, LOOKUP_BLOCK, sizeof bl[0], cmp_double);
+    bp99[loaded][b / 2] = bl[LOOKUP_BLOCK * 99 / 100];
     if (loaded) {
       char *m = http_get(ms, "/metrics"); /* a scrape still answers */
       ck_assert_ptr_nonnull(m);
@@ -220,13 +226,12 @@ START_TEST(test_slow_clients_do_not_stall) {
     }
   }
   const int nl = LOOKUP_BLOCKS * LOOKUP_BLOCK;
-  qsort(lat[0], (size_t)nl, sizeof lat[0][0], cmp_double);
-  qsort(lat[1], (size_t)nl, sizeof lat[1][0], cmp_double);
   double sb = sr_median(step[0], ns[0]), sl = sr_median(step[1], ns[1]);
-  double pb = lat[0][nl * 99 / 100], pl = lat[1][nl * 99 / 100];
+  double pb = sr_median(bp99[0], LOOKUP_BLOCKS), pl = sr_median(bp99[1], LOOKUP_BLOCKS);
   fprintf(stderr, "step time (median) %.2f ms without, %.2f ms with the load (x%.3f; %d and %d "
-                  "steps); Lookup p99 %.3f ms without, %.3f ms with (x%.3f; %d Lookups each)\n",
-          1e3 * sb, 1e3 * sl, sl / sb, ns[0], ns[1], 1e3 * pb, 1e3 * pl, pl / pb, nl);
+                  "steps); Lookup p99 (median of %d blocks) %.3f ms without, %.3f ms with (x%.3f; %d "
+                  "Lookups each)\n",
+          1e3 * sb, 1e3 * sl, sl / sb, ns[0], ns[1], LOOKUP_BLOCKS, 1e3 * pb, 1e3 * pl, pl / pb, nl);
   ck_assert_msg(sl <= 1.25 * sb, "step time %.3f ms under load vs %.3f ms", 1e3 * sl, 1e3 * sb);
   ck_assert_msg(pl <= 1.25 * pb, "Lookup p99 %.3f ms under load vs %.3f ms", 1e3 * pl, 1e3 * pb);
   emb_store_destroy(store);
