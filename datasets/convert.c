@@ -1,5 +1,8 @@
 #include "datasets/convert.h"
 
+#include <stdio.h>
+
+#include "common/progress.h"
 #include "common/status.h"
 
 int ds_convert_to_bin(ds_source *s, const ds_source_opts *o, const char *out, int shuffle,
@@ -29,8 +32,18 @@ int ds_convert_to_bin(ds_source *s, const ds_source_opts *o, const char *out, in
   if (!w) return SR_EIO;
   ds_batch b;
   int rc = ds_batch_init(&b, 4096), n = 0;
-  while (!rc && (n = ds_source_next(s, &b, 4096)) > 0) rc = ds_bin_writer_add(w, &b);
+  sr_progress pg;
+  char what[128];
+  snprintf(what, sizeof what, "%s: writing", o->progress ? o->progress : "");
+  sr_progress_begin(&pg, o->progress != NULL, what, "samples", info.n_samples);
+  uint64_t done = 0;
+  while (!rc && (n = ds_source_next(s, &b, 4096)) > 0) {
+    rc = ds_bin_writer_add(w, &b);
+    sr_progress_set(&pg, done += (uint64_t)n, 0);
+  }
   if (n < 0) rc = n;
+  if (!rc) sr_progress_end(&pg);
+  else if (pg.on && done) fprintf(stderr, "\n");
   if (!rc) rc = ds_bin_writer_finish(w);
   if (rc)
     sr_fmt(err, errlen, "%s", n < 0 ? ds_source_errmsg(s)

@@ -4,11 +4,13 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
 
 #include "common/auc.h"
+#include "common/progress.h"
 #include "common/rng.h"
 #include "common/status.h"
 #include "common/sys.h"
@@ -701,6 +703,7 @@ int dg_generator_write(dg_generator *g, const char *path, dg_summary *summary, c
   const char *what = path;
   dg_summary sm;
   memset(&sm, 0, sizeof sm);
+  sr_progress pg = {0}; /* off until the loop */
   if (!ppath || !spath || !buf || !pbuf || !row) {
     rc = SR_ENOMEM;
     goto done;
@@ -718,7 +721,9 @@ int dg_generator_write(dg_generator *g, const char *path, dg_summary *summary, c
     goto done;
   }
   size_t blen = 0, plen2 = 0;
+  sr_progress_begin(&pg, c->progress, "datagen", "lines", c->rows);
   for (uint64_t i = 0; i < c->rows; i++) {
+    if (!(i & 0xfff)) sr_progress_set(&pg, i, 0);
     dg_generator_row(g, i, row);
     blen += dg_row_format(row, buf + blen);
     plen2 += (size_t)snprintf(pbuf + plen2, 64, "%.9g\n", (double)row->prob);
@@ -741,6 +746,8 @@ int dg_generator_write(dg_generator *g, const char *path, dg_summary *summary, c
       plen2 = 0;
     }
   }
+  sr_progress_set(&pg, c->rows, 0);
+  sr_progress_end(&pg);
   if (out_write(f, gz, buf, blen, &gzerr)) {
     rc = SR_EIO;
     goto done;
@@ -769,6 +776,7 @@ int dg_generator_write(dg_generator *g, const char *path, dg_summary *summary, c
   }
   if (summary) *summary = sm;
 done:
+  if (rc && pg.on && pg.done) fputc('\n', stderr); /* end the progress line */
   if (rc && errbuf) {
     if (rc == SR_EIO && gzerr) sr_fmt(errbuf, errlen, "datagen: %s: gzip write failed", what);
     else if (rc == SR_EIO) sr_fmt(errbuf, errlen, "datagen: %s: %s", what, strerror(errno));

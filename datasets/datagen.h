@@ -45,6 +45,8 @@ typedef struct dg_config {
                              the summary stay plain */
   uint64_t auc_exact_max; /* rows kept for the exact AUC; beyond it a 2^20-bin
                              histogram (approximate). 0 = default 2^25 */
+  int progress;           /* 1: a progress line on stderr while writing (give it only
+                             when stderr is a terminal; common/progress.h) */
 } dg_config;
 
 /* Defaults for every field (rows 1000, seed 1, test_fraction 0.1, ...). */

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -12,6 +13,7 @@
 #include <zlib.h>
 
 #include "common/fs.h"
+#include "common/progress.h"
 #include "common/rng.h"
 #include "common/status.h"
 #include "datasets/binfmt.h"
@@ -33,7 +35,30 @@ typedef struct {
   int skipping;       /* dropping the rest of an over-long line */
   uint64_t line;      /* global index of the next line */
   uint64_t file_line; /* 1-based number of the next line in the current file */
+  uint64_t before;    /* bytes of the files before the current one (progress) */
 } linesrc;
+
+/* Bytes of the input files read so far (gzip: compressed bytes). */
+static uint64_t ls_bytes(const linesrc *l) {
+  off_t at = l->gz ? gzoffset(l->gz) : lseek(l->fd, 0, SEEK_CUR);
+  return l->before + (at > 0 ? (uint64_t)at : 0);
+}
+
+/* Bytes of paths[0..n). */
+static uint64_t paths_bytes(char **paths, int n) {
+  uint64_t b = 0;
+  struct stat st;
+  for (int i = 0; i < n; i++)
+    if (!stat(paths[i], &st)) b += (uint64_t)st.st_size;
+  return b;
+}
+
+/* Starts the line of a pass over paths: "NAME: what", in bytes. */
+static void pass_begin(sr_progress *pg, const char *name, const char *what, char *buf,
+                       size_t n, char **paths, int npaths) {
+  snprintf(buf, n, "%s: %s", name ? name : "", what);
+  sr_progress_begin(pg, name != NULL, buf, "bytes", paths_bytes(paths, npaths));
+}
 
 static void ls_close_file(linesrc *l) {
   if (l->gz) gzclose(l->gz);
@@ -48,6 +73,7 @@ static int ls_open_file(linesrc *l, int i, char *err, size_t en) {
   l->pos = l->len = 0;
   l->eof = 0;
   l->file_line = 1;
+  l->before = paths_bytes(l->paths, i);
   int fd = open(l->paths[i], O_RDONLY);
   if (fd < 0) {
     sr_fmt(err, en, "%s: %s", l->paths[i], strerror(errno));
@@ -377,9 +403,12 @@ static int tsv_restart(ds_source *s, uint64_t skip) {
 
 /* Counting pass: total lines and the last file's lines. */
 static int count_lines(char **paths, int npaths, uint64_t *total, uint64_t *last, char *err,
-                       size_t en) {
+                       size_t en, const char *progress) {
   linesrc l;
   int rc = ls_init(&l, paths, npaths, err, en);
+  sr_progress pg;
+  char what[128];
+  pass_begin(&pg, progress, "counting lines", what, sizeof what, paths, npaths);
   uint64_t at_last = 0;
   const char *p;
   size_t n;
@@ -387,7 +416,9 @@ static int count_lines(char **paths, int npaths, uint64_t *total, uint64_t *last
     if ((rc = ls_next(&l, &p, &n, err, en)) <= 0) break;
     rc = 0;
     if (l.cur == npaths - 1) at_last++;
+    if (!(l.line & 0xffff)) sr_progress_set(&pg, ls_bytes(&l), 0);
   }
+  if (!rc) sr_progress_set(&pg, pg.total, 0), sr_progress_end(&pg);
   *total = l.line;
   *last = at_last;
   ls_free(&l);
@@ -401,8 +432,11 @@ static int parse_pass(ds_source *s, int build_dict, uint64_t *total, uint64_t *l
   const ds_criteo_parse_opts po = {.no_label = s->o.no_label};
   const ds_split_ranges *r = &s->ranges;
   uint64_t at_last = 0;
-  char why[256];
+  char why[256], what[128];
   memset(s->split_count, 0, sizeof s->split_count);
+  sr_progress pg;
+  pass_begin(&pg, s->o.progress, build_dict ? "dictionaries and counts" : "counts", what,
+             sizeof what, s->paths, s->npaths);
   const char *p;
   size_t n;
   while (rc == 0) {
@@ -412,6 +446,7 @@ static int parse_pass(ds_source *s, int build_dict, uint64_t *total, uint64_t *l
     uint64_t li = l.line - 1;
     if (l.cur == s->npaths - 1) at_last++;
     s->st.scan_lines++;
+    if (!(l.line & 0xffff)) sr_progress_set(&pg, ls_bytes(&l), 0);
     if (too_long)
       sr_fmt(why, sizeof why, "%s: longer than %u MiB", ds_bad_kind_name(DS_BAD_LONG),
              (MAX_LINE_BUF - READ_BYTES) >> 20);
@@ -446,6 +481,7 @@ static int parse_pass(ds_source *s, int build_dict, uint64_t *total, uint64_t *l
         }
   }
 out:
+  if (rc >= 0) sr_progress_set(&pg, pg.total, 0), sr_progress_end(&pg);
   *total = l.line;
   *last = at_last;
   ls_free(&l);
@@ -494,7 +530,9 @@ static int open_tsv(ds_source *s) {
     ds_split_ranges_compute(DS_SCHEME_NONE, UINT64_MAX, 0, 0, &s->ranges);
     s->counted = 0;
   } else {
-    if ((rc = count_lines(s->paths, s->npaths, &total, &last, s->err, sizeof s->err))) return rc;
+    if ((rc = count_lines(s->paths, s->npaths, &total, &last, s->err, sizeof s->err,
+                          o->progress)))
+      return rc;
     if (ds_split_ranges_compute(o->scheme, total, last, o->test_fraction, &s->ranges)) {
       sr_fmt(s->err, sizeof s->err, "%s: bad split (test fraction %g)", o->path, o->test_fraction);
       return SR_EINVAL;
@@ -801,7 +839,7 @@ static void ensure_counted(ds_source *s) {
   if (s->counted) return;
   uint64_t total = 0, last = 0;
   char err[256]; /* the reader thread may be using s->err */
-  if (count_lines(s->paths, s->npaths, &total, &last, err, sizeof err) == 0) {
+  if (count_lines(s->paths, s->npaths, &total, &last, err, sizeof err, NULL) == 0) {
     s->split_count[DS_SPLIT_ALL] = s->split_count[DS_SPLIT_TRAIN] = total;
     s->counted = 1;
   }

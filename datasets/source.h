@@ -56,6 +56,9 @@ typedef struct {
   int no_verify;            /* bin: skip the payload checksum pass at open */
   FILE *report;             /* first malformed lines are printed here (NULL: not) */
   int max_reports;          /* how many are kept/printed (0: 5) */
+  const char *progress;     /* non-NULL: the passes at open (and ds_convert_to_bin's)
+                               draw a progress line on stderr named so ("convert";
+                               common/progress.h): give it only when stderr is a terminal */
 } ds_source_opts;
 
 typedef struct ds_source ds_source;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/fs.h"
+#include "common/progress.h"
 #include "common/rng.h"
 #include "common/status.h"
 #include "common/sys.h"
@@ -88,40 +89,6 @@ void reshard_stats_free(reshard_stats *st) {
   memset(st, 0, sizeof *st);
 }
 
-/* ---- progress ---- */
-
-typedef struct {
-  int on;
-  double t0, last;
-  uint64_t total, rows, bytes;
-} progress;
-
-static void fmt_count(char *b, size_t n, double v) {
-  if (v >= 1e6) snprintf(b, n, "%.2fM", v / 1e6);
-  else if (v >= 1e4) snprintf(b, n, "%.1fk", v / 1e3);
-  else snprintf(b, n, "%.0f", v);
-}
-
-static void progress_show(progress *p, int final) {
-  if (!p->on) return;
-  double now = sr_now();
-  if (!final && now - p->last < 0.25) return;
-  p->last = now;
-  double el = now - p->t0, rate = el > 0 ? (double)p->rows / el : 0;
-  char r[32], t[32], rs[32], eta[32];
-  fmt_count(r, sizeof r, (double)p->rows);
-  fmt_count(t, sizeof t, (double)(p->total > p->rows ? p->total : p->rows));
-  fmt_count(rs, sizeof rs, rate);
-  double left = rate > 0 && p->total > p->rows ? (double)(p->total - p->rows) / rate : 0;
-  snprintf(eta, sizeof eta, "%.0f s", left);
-  int pct = p->total ? (int)(100.0 * (double)p->rows / (double)p->total) : 0;
-  if (pct > 100) pct = 100;
-  fprintf(stderr, "\rreshard: %s/%s rows (%3d%%), %.1f MB, %s rows/s, ETA %s   ", r, t, pct,
-          (double)p->bytes / 1e6, rs, final ? "0 s" : eta);
-  if (final) fprintf(stderr, "\n");
-  fflush(stderr);
-}
-
 /* ---- the run ---- */
 
 typedef struct run run;
@@ -150,7 +117,7 @@ struct run {
   reshard_table *tables; /* [dst n_tables] = the stats' */
   pthread_mutex_t mu;  /* next_table, failed, pg */
   int next_table, failed;
-  progress pg;
+  sr_progress pg;      /* "reshard: rows ..." on a terminal (common/progress.h) */
 };
 
 static int add_file(worker *w, int k, const char *path) {
@@ -290,9 +257,7 @@ static int create_job(void *ctx, int k, int ti, char *err, size_t errlen) {
 static void add_progress(worker *w, uint64_t rows, uint64_t bytes) {
   run *r = w->r;
   pthread_mutex_lock(&r->mu);
-  r->pg.rows += rows;
-  r->pg.bytes += bytes;
-  progress_show(&r->pg, 0);
+  sr_progress_set(&r->pg, r->pg.done + rows, r->pg.bytes + bytes);
   pthread_mutex_unlock(&r->mu);
 }
 
@@ -619,8 +584,8 @@ int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errl
   }
   r.ids = ids;
   if ((rc = par_each(&r, r.n_dst, 0, create_job, err, errlen))) goto out;
-  r.pg.on = o->progress;
-  r.pg.t0 = r.pg.last = sr_now();
+  sr_progress_begin(&r.pg, o->progress, "reshard", "rows", r.pg.total);
+  r.pg.show_bytes = 1;
   /* Tables in parallel, each worker taking the next table not yet taken. */
   for (int i = 0; i < n_work; i++)
     started[i] = n_work > 1 && pthread_create(&th[i], NULL, worker_main, &wk[i]) == 0;
@@ -639,7 +604,7 @@ int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errl
     }
   }
   if (rc) goto out;
-  progress_show(&r.pg, 1);
+  sr_progress_end(&r.pg);
   for (int k = 0; k < r.n_dst; k++) {
     sst_db_close(r.dst[k]);
     r.dst[k] = NULL;
@@ -668,7 +633,7 @@ int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errl
     rc = reshard__compare(st, err, errlen);
   }
 out:
-  if (rc && r.pg.on && r.pg.rows) fprintf(stderr, "\n");
+  if (rc && r.pg.on && r.pg.done) fprintf(stderr, "\n");
   for (int i = 0; i < n_init; i++) worker_free(&wk[i], r.n_dst);
   for (int s = 0; r.src && s < r.n_src; s++) sst_db_close(r.src[s]);
   for (int k = 0; r.dst && k < r.n_dst; k++) sst_db_close(r.dst[k]);

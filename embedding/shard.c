@@ -803,6 +803,22 @@ int emb_shard_counters_get(emb_store *b, emb_shard_counters *out) {
   return 0;
 }
 
+int emb_shard_kv_figures_get(emb_store *b, kv_figures *out) {
+  if (!b || emb_store_kind_of(b) != EMB_STORE_SHARD) return SR_EINVAL;
+  shstore *s = (shstore *)b;
+  kv_figures sum = {0};
+  for (int k = 0; k < s->n_db; k++) {
+    kv_figures f;
+    if (!s->db[k] || kv_figures_get(s->db[k], &f)) continue;
+    sum.sst_bytes += f.sst_bytes;
+    sum.pending_compaction_bytes += f.pending_compaction_bytes;
+    sum.block_cache_hits += f.block_cache_hits;
+    sum.block_cache_misses += f.block_cache_misses;
+  }
+  *out = sum;
+  return 0;
+}
+
 emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
                                   const emb_shard_config *cfg, char *err, size_t errlen) {
   if (emb_plan_validate(plan, "plan", err, errlen)) return NULL;

@@ -38,6 +38,7 @@
 #include <stdint.h>
 
 #include "embedding/store.h"
+#include "storage/kv.h"
 
 #define EMB_SHARD_DEFAULT_CACHE_MB 256
 
@@ -88,5 +89,9 @@ int emb_shard_unclean(const emb_store *s);
  * marks again. 0, SR_EINVAL (not a shard store), or SR_EIO / SR_ERANGE
  * with the reason in errmsg. */
 int emb_shard_mark_clean(emb_store *s);
+
+/* The RocksDB figures (storage/kv.h) of the shard store s, summed over its
+ * databases. 0, or SR_EINVAL (*out untouched) as emb_shard_counters_get. */
+int emb_shard_kv_figures_get(emb_store *s, kv_figures *out);
 
 #endif

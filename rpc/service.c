@@ -69,6 +69,8 @@ struct rpc_service {
   uint64_t incarnation; /* random, fixed for this service's life */
   char **roots;         /* [n_roots] checkpoint roots, resolved (Admin calls) */
   int n_roots;
+  void (*observe)(void *, rpc_method, int, const char *, double, size_t, size_t);
+  void *observe_ctx;
 };
 
 /* The coordinator's apply callback: a step's rows into the store (s->mu held). */
@@ -149,6 +151,8 @@ rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
   s->max_ids = o->max_ids ? o->max_ids : rpc_service_max_ids_for(plan, s->max_msg);
   s->budget = o->inflight_bytes ? o->inflight_bytes : 4 * s->max_msg;
   s->budget_wait_s = o->inflight_wait_s > 0 ? o->inflight_wait_s : 1;
+  s->observe = o->observe;
+  s->observe_ctx = o->observe_ctx;
   s->served = calloc((size_t)plan->n_shards, 1);
   s->shards = malloc((size_t)o->n_shards * sizeof *s->shards);
   if (!s->served || !s->shards) goto nomem;
@@ -904,6 +908,17 @@ void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, si
   l->sum_us += us;
   if (us > l->max_us) l->max_us = us;
   if (r->status != RPC_OK) s->failed++;
+  pthread_mutex_unlock(&s->mu);
+  if (s->observe) s->observe(s->observe_ctx, m, r->status, r->msg, us * 1e-6, len, r->out_len);
+}
+
+void rpc_service_inspect(rpc_service *s, void (*fn)(void *ctx, const rpc_service_view *v),
+                         void *ctx) {
+  rpc_coord_stats cs;
+  pthread_mutex_lock(&s->mu);
+  rpc_coord_stats_get(s->coord, &cs);
+  rpc_service_view v = {s->store, &cs, s->failed, s->incarnation, s->fp};
+  fn(ctx, &v);
   pthread_mutex_unlock(&s->mu);
 }
 

@@ -77,6 +77,14 @@ typedef struct rpc_service_opts {
                                taken as the path it will have); 0 roots: both are
                                refused FAILED_PRECONDITION (see "Admin calls") */
   int n_roots;
+  /* Called after every handled call (not while it is parked), outside the
+   * service's lock, from the thread that handled it: its method, status,
+   * error text (when status is not RPC_OK), handling time and request and
+   * answer sizes (rpc/service_metrics.h).
+   * NULL: nothing. */
+  void (*observe)(void *ctx, rpc_method m, int status, const char *msg, double seconds,
+                  size_t in_bytes, size_t out_bytes);
+  void *observe_ctx;
 } rpc_service_opts;
 
 /* Admin calls. Checkpoint(path) and Restore(path) touch only folders under
@@ -232,6 +240,19 @@ void rpc_service_stop_parking(rpc_service *s);
  * (already handed back or never parked). Thread-safe. */
 int rpc_service_cancel(rpc_service *s, void *token);
 
+
+/* What Stats reports, for rpc/service_metrics.c: fn(ctx, view) runs under
+ * the service's lock, so it may read the store (stats, counters) but must
+ * not call the service. The view is valid during the call only. */
+struct rpc_coord_stats;
+typedef struct rpc_service_view {
+  emb_store *store; /* borrowed */
+  const struct rpc_coord_stats *coord;
+  uint64_t failed, incarnation;
+  const char *plan_fp;
+} rpc_service_view;
+void rpc_service_inspect(rpc_service *s, void (*fn)(void *ctx, const rpc_service_view *v),
+                         void *ctx);
 
 /* Make the store's updates durable (rpc_server_run calls it on shutdown). */
 int rpc_service_flush(rpc_service *s);

@@ -2,10 +2,12 @@
 #include "storage/inspect.h"
 
 #include <cjson/cJSON.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/fs.h"
+#include "common/progress.h"
 #include "common/status.h"
 #include "storage/ckpt_dir.h"
 #include "storage/kv.h"
@@ -19,6 +21,9 @@ typedef struct {
   char *err;
   size_t errlen;
   uint64_t rows, bytes;
+  sr_progress pg;     /* the rows of the database being read (estimated total) */
+  uint64_t pg_base;   /* its rows in the tables read before this one */
+  char what[300];
 } report;
 
 static void fail(report *r, int rc, const char *msg) {
@@ -56,6 +61,7 @@ static void print_row(FILE *out, const char *v, size_t len) {
 static void inspect_table(report *r, kv_db *db, int k, uint32_t id, const char *name) {
   uint64_t cnt = 0, bytes = 0;
   int dim = -1, sl = -1, ver = -1;
+  sr_progress_set(&r->pg, r->pg_base, 0); /* drawn at each table's start */
   kv_iter *it = kv_iter_create(db, k);
   for (; it && kv_iter_valid(it); kv_iter_next(it)) {
     size_t len;
@@ -68,8 +74,11 @@ static void inspect_table(report *r, kv_db *db, int k, uint32_t id, const char *
     }
     cnt++;
     bytes += 8 + len;
+    if (!(cnt & 0xfff)) sr_progress_set(&r->pg, r->pg_base + cnt, 0);
   }
   kv_iter_destroy(it);
+  sr_progress_clear(&r->pg);
+  r->pg_base += cnt;
   fprintf(r->out, "%-8s table_id %-5u %10llu rows %12llu bytes", name, id,
           (unsigned long long)cnt, (unsigned long long)bytes);
   if (cnt) fprintf(r->out, "  (row layout v%d: dim %d, optimizer state %d)", ver, dim, sl);
@@ -107,8 +116,15 @@ static void inspect_db(report *r, const char *path, const char *name) {
     free(ids);
     return;
   }
+  uint64_t est = 0;
+  for (int k = 0; k < n; k++)
+    if (r->o->table < 0 || ids[k] == (uint32_t)r->o->table) est += kv_estimate_rows(db, k);
+  snprintf(r->what, sizeof r->what, "inspect %s", name);
+  sr_progress_begin(&r->pg, r->o->progress, r->what, "rows", est);
+  r->pg_base = 0;
   for (int k = 0; k < n; k++)
     if (r->o->table < 0 || ids[k] == (uint32_t)r->o->table) inspect_table(r, db, k, ids[k], name);
+  sr_progress_clear(&r->pg);
   kv_close(db);
   free(ids);
 }

@@ -22,6 +22,8 @@ typedef struct store_inspect_opts {
   long long table;     /* only this table_id (< 0: every table) */
   const uint64_t *rows; /* [n_rows] row ids to print (value and optimizer state) */
   int n_rows;
+  int progress;        /* 1: a progress line on stderr while a database is read (give it
+                          only when stderr is a terminal; common/progress.h) */
 } store_inspect_opts;
 
 /* Write the report on path to out. 0, or SR_E* with the reason in err: path

@@ -98,6 +98,7 @@ static void set_options(kv_db *d, const kv_opts *o) {
                                                ? rocksdb_lz4_compression
                                                : rocksdb_no_compression);
   rocksdb_options_set_max_open_files(d->opts, 256);
+  rocksdb_options_enable_statistics(d->opts); /* the block cache's hits, for kv_figures_get */
   rocksdb_options_set_max_background_jobs(d->opts, 2);
   rocksdb_options_set_info_log_level(d->opts, 3); /* errors only */
   rocksdb_options_set_keep_log_file_num(d->opts, 2);
@@ -452,4 +453,40 @@ int kv_row_decode(const void *val, size_t len, int dim, int slen, float *row, ch
   }
   memcpy(row, p + KV_ROW_HEADER, 4 * (size_t)(dim + slen));
   return 0;
+}
+
+/* The value of ticker name ("rocksdb.block.cache.hit") in a statistics dump. */
+static uint64_t ticker(const char *dump, const char *name) {
+  size_t n = strlen(name);
+  for (const char *p = dump; p && (p = strstr(p, name)); p += n)
+    if ((p == dump || p[-1] == '\n') && p[n] == ' ') {
+      const char *c = strstr(p, "COUNT : ");
+      return c ? strtoull(c + 8, NULL, 10) : 0;
+    }
+  return 0;
+}
+
+int kv_figures_get(kv_db *d, kv_figures *out) {
+  memset(out, 0, sizeof *out);
+  for (int i = 0; i < d->n_all; i++) {
+    uint64_t v = 0;
+    if (!rocksdb_property_int_cf(d->db, d->all[i], "rocksdb.total-sst-files-size", &v))
+      out->sst_bytes += v;
+    v = 0;
+    if (!rocksdb_property_int_cf(d->db, d->all[i], "rocksdb.estimate-pending-compaction-bytes", &v))
+      out->pending_compaction_bytes += v;
+  }
+  char *dump = rocksdb_options_statistics_get_string(d->opts);
+  if (!dump) return 0;
+  out->block_cache_hits = ticker(dump, "rocksdb.block.cache.hit");
+  out->block_cache_misses = ticker(dump, "rocksdb.block.cache.miss");
+  rocksdb_free(dump);
+  return 0;
+}
+
+uint64_t kv_estimate_rows(kv_db *d, int cf) {
+  uint64_t v = 0;
+  if (cf < 0 || cf >= d->n || rocksdb_property_int_cf(d->db, d->cf[cf], "rocksdb.estimate-num-keys", &v))
+    return 0;
+  return v;
 }

@@ -64,6 +64,17 @@ int kv_multi_get_cf(kv_db *db, int cf, size_t n, const uint64_t *keys, const cha
                        size_t *lens, char *err, size_t errlen);
 void kv_multi_get_release(kv_db *db);
 
+/* Figures for monitoring (rpc/service_metrics.c): SST bytes and the
+ * estimated bytes compaction still has to rewrite, over every column
+ * family; the block cache's hits and misses since the database was opened
+ * (RocksDB's statistics). Always 0. */
+typedef struct kv_figures {
+  uint64_t sst_bytes, pending_compaction_bytes, block_cache_hits, block_cache_misses;
+} kv_figures;
+int kv_figures_get(kv_db *db, kv_figures *out);
+/* RocksDB's estimate of the keys in family cf (0 when it has none). */
+uint64_t kv_estimate_rows(kv_db *db, int cf);
+
 /* Compact every column family fully (after a bulk load). 0 or SR_EIO. */
 int kv_compact(kv_db *db, char *err, size_t errlen);
 

@@ -126,6 +126,7 @@ int cmd_convert(int argc, char **argv) {
   }
   o.path = argv[optind];
   o.format = DS_FORMAT_TSV;
+  o.progress = cli_isatty_err() ? "convert" : NULL; /* the passes' progress line */
   const char *out = argv[optind + 1];
 
   double t0 = sr_now();

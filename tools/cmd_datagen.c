@@ -50,6 +50,7 @@ int cmd_datagen(int argc, char **argv) {
   const char *cmd = "datagen";
   dg_config cfg;
   dg_config_default(&cfg);
+  cfg.progress = cli_isatty_err();
   const char *out = NULL;
   int have_rows = 0;
   long long v;

@@ -65,7 +65,8 @@ int cmd_inspect(int argc, char **argv) {
       p = *end ? end + 1 : end;
     }
   }
-  store_inspect_opts io = {.table = table, .rows = rows, .n_rows = n_rows};
+  store_inspect_opts io = {.table = table, .rows = rows, .n_rows = n_rows,
+                          .progress = cli_isatty_err()};
   char err[4600];
   if (store_inspect(argv[optind], &io, stdout, err, sizeof err)) {
     fprintf(stderr, "shardrec inspect: %s\n", err);

@@ -198,7 +198,7 @@ static int check_flags(flags *f) {
 
 int cmd_predict(int argc, char **argv) {
   flags f = {.o = {.split_name = "all", .log = stdout, .report = stderr,
-                   .who = "shardrec predict"},
+                   .who = "shardrec predict", .progress = cli_isatty_err()},
              .dataset = "kaggle"};
   int st = parse_flags(argc, argv, &f);
   if (st >= 0) return st;

@@ -25,6 +25,7 @@
 #include "rpc/service.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
+#include "tools/serve_watch.h"
 
 #define CMD "serve"
 
@@ -78,12 +79,16 @@ static void usage(FILE *f) {
 "                          name) may Push (default: every verified client)\n"
 "  --allow-admin NAME[,NAME]  with mTLS: only these clients may Checkpoint and Restore\n"
 "  --insecure              listen on a non-loopback address without client certificates\n"
-"                          (every method open to anyone who can connect)\n");
+"                          (every method open to anyone who can connect)\n"
+"  --metrics-listen HOST:PORT   serve Prometheus figures on http://HOST:PORT/metrics\n"
+"                          (off unless given; HOST empty: 127.0.0.1)\n"
+"  --log-format text|json  json: one JSON object per line per event (start, stop,\n"
+"                          refused call, restore, dropped job) (text)\n");
 }
 
 enum { O_PLAN = 1000, O_SHARD, O_LISTEN, O_DATA, O_RESTORE, O_CKPT, O_RO, O_THREADS, O_MAXMSG,
        O_MAXIDS, O_CERT, O_KEY, O_CA, O_CROWS, O_CMB, O_HELP, O_PENDING, O_UNCLEAN,
-       O_INFLIGHT };
+       O_INFLIGHT, O_METRICS, O_LOGFMT };
 enum { O_CROOT = 1100, O_APUSH, O_AADMIN, O_INSECURE }; /* who may call what */
 
 static const struct option long_opts[] = {
@@ -101,6 +106,7 @@ static const struct option long_opts[] = {
     {"insecure", no_argument, 0, O_INSECURE},
     {"accept-unclean", no_argument, 0, O_UNCLEAN},
     {"inflight-mb", required_argument, 0, O_INFLIGHT},
+    {"metrics-listen", required_argument, 0, O_METRICS}, {"log-format", required_argument, 0, O_LOGFMT},
     {"help", no_argument, 0, O_HELP},              {0, 0, 0, 0}};
 
 static volatile int g_stop, g_reload;
@@ -112,14 +118,14 @@ static void on_signal(int sig) {
 
 typedef struct {
   const char *listen;
+  const serve_watch *watch;
 } listen_ctx;
 
 static void on_listening(int port, void *ctx) {
   const char *addr = ((listen_ctx *)ctx)->listen;
   const char *colon = strrchr(addr, ':');
   int hostlen = colon ? (int)(colon - addr) : (int)strlen(addr);
-  printf("listening on %.*s:%d\n", hostlen, addr, port);
-  fflush(stdout);
+  serve_watch_listening(((listen_ctx *)ctx)->watch, addr, hostlen, port);
 }
 
 /* The served shards "K[,K...]" into shards[max]; their count, or -1. */
@@ -143,6 +149,7 @@ typedef struct {
   rpc_tls tls;
   double pending_timeout;
   long long threads, maxmsg, maxids, inflight_mb;
+  serve_watch watch;
 } serve_flags;
 
 /* 1 when the host of HOST:PORT is a loopback one (127.x, localhost, ::1). */
@@ -214,7 +221,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f) {
       case O_SHARD: f->shards_s = optarg; break;
       case O_LISTEN: f->listen = optarg; break;
       case O_DATA: f->so.data_dir = optarg; break;
-      case O_RESTORE: f->so.restore = optarg; break;
+      case O_RESTORE: f->so.restore = f->watch.restore = optarg; break;
       case O_CKPT: f->so.checkpoint = optarg; break;
       case O_CROOT: f->ckpt_root = optarg; break;
       case O_APUSH: f->allow_push = optarg; break;
@@ -230,6 +237,8 @@ static int parse_flags(int argc, char **argv, serve_flags *f) {
       case O_CERT: f->tls.cert = optarg; break;
       case O_KEY: f->tls.key = optarg; break;
       case O_CA: f->tls.ca = optarg; break;
+      case O_METRICS: if (serve_watch_addr(&f->watch, optarg)) return 2; break;
+      case O_LOGFMT: if (serve_watch_log_format(&f->watch, optarg)) return 2; break;
       case O_CROWS: if (cli_flag(CMD, "--cache-rows", optarg, &cache_rows)) return 2; break;
       case O_CMB: if (cli_flag(CMD, "--cache-mb", optarg, &cache_mb)) return 2; break;
       case 'h':
@@ -309,8 +318,10 @@ int cmd_serve(int argc, char **argv) {
                          .max_message_bytes = (size_t)f.maxmsg << 20,
                          .inflight_bytes = (size_t)f.inflight_mb << 20,
                          .refuse_unclean = own_rows && !f.accept_unclean};
-  rpc_service *svc = rpc_service_create(sv.plan, sv.store, &so, err, sizeof err);
-  if (!svc) {
+  rpc_service *svc = NULL;
+  if (serve_watch_prepare(&f.watch, &so, err, sizeof err) ||
+      !(svc = rpc_service_create(sv.plan, sv.store, &so, err, sizeof err)) ||
+      serve_watch_start(&f.watch, svc, err, sizeof err)) {
     fprintf(stderr, "shardrec serve: %s\n", err);
     goto done;
   }
@@ -321,7 +332,7 @@ int cmd_serve(int argc, char **argv) {
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGHUP, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
-  listen_ctx lc = {f.listen};
+  listen_ctx lc = {f.listen, &f.watch};
   rpc_server_opts o = {.listen = f.listen, .threads = (int)f.threads,
                        .max_message_bytes = (int)(f.maxmsg << 20),
                        .tls = f.tls.cert ? &f.tls : NULL, .stop = &g_stop, .shutdown_grace_s = 5,
@@ -338,9 +349,9 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "shardrec serve: %s\n", emb_store_errmsg(sv.store));
     goto done;
   }
-  printf("stopped\n");
   status = 0;
 done:
+  serve_watch_close(&f.watch, status == 0);
   rpc_service_destroy(svc);
   emb_served_close(&sv);
   return status;

@@ -88,6 +88,8 @@ static void usage(FILE *f) {
 "  --test-freq N             evaluate every N steps (-1, the reference DLRM's default, or 0:\n"
 "                            at the end only, of each epoch)\n"
 "  --metrics-out FILE.jsonl  one JSON object per print and test interval\n"
+"  --metrics-listen HOST:PORT  serve Prometheus figures on http://HOST:PORT/metrics (under\n"
+"                            mpirun each rank on PORT + its local rank; off unless given)\n"
 "  --save-model DIR          save the model as a checkpoint, DIR/step-N (read by eval and\n"
 "                            predict; an existing DIR is replaced)\n"
 "  --oracle SUMMARY.json     the generator's summary: print the oracle's test AUC beside ours\n"
@@ -113,7 +115,8 @@ enum {
   O_OPT, O_SOPT, O_SLR, O_WARM, O_DSTART, O_DSTEPS, O_EPOCHS, O_NBATCH, O_SEED, O_PRINT, O_TEST,
   O_METRICS, O_SAVE, O_ORACLE, O_SERVERS, O_RPCDL, O_TLSCA, O_TLSCERT, O_TLSKEY, O_HELP,
   O_CKPT = 1100, O_CKEVERY, O_CKKEEP, O_RESUME, O_DATADIR, O_CROWS, O_CMB,
-  O_DEVICE = 1200, O_RECOVER = 1300, O_COLOCATE = 1400, O_SPMODE, O_STALE, O_PREDOUT
+  O_DEVICE = 1200, O_RECOVER = 1300, O_COLOCATE = 1400, O_SPMODE, O_STALE, O_PREDOUT,
+  O_MLISTEN = 1500
 };
 
 static const struct option long_opts[] = {
@@ -140,6 +143,7 @@ static const struct option long_opts[] = {
     {"nepochs", required_argument, 0, O_EPOCHS}, {"num-batches", required_argument, 0, O_NBATCH},
     {"seed", required_argument, 0, O_SEED}, {"print-freq", required_argument, 0, O_PRINT},
     {"test-freq", required_argument, 0, O_TEST}, {"metrics-out", required_argument, 0, O_METRICS},
+    {"metrics-listen", required_argument, 0, O_MLISTEN},
     {"save-model", required_argument, 0, O_SAVE}, {"oracle", required_argument, 0, O_ORACLE},
     {"shard-servers", required_argument, 0, O_SERVERS},
     {"rpc-deadline", required_argument, 0, O_RPCDL}, {"tls-ca", required_argument, 0, O_TLSCA},
@@ -239,6 +243,7 @@ static int parse_opt(const train_ranks *r, int opt, const char *arg, train_confi
       {O_POOL, .str = &rf->pooling}, {O_PLAN, .str = &c->plan_path},
       {O_PLANOUT, .str = &c->plan_out}, {O_OPT, .str = &c->opt_name}, {O_SOPT, .str = &rf->sopt},
       {O_METRICS, .str = &c->metrics_out}, {O_SAVE, .str = &c->save_model},
+      {O_MLISTEN, .str = &c->metrics_listen},
       {O_ORACLE, .str = &rf->oracle}, {O_CKPT, .str = &c->checkpoint_dir},
       {O_RESUME, .str = &c->resume}, {O_DATADIR, .str = &c->data_dir},
       {O_SERVERS, .str = &c->servers}, {O_DEVICE, .str = &rf->device},

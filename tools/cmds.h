@@ -15,6 +15,7 @@ int cmd_inspect(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_reshard(int argc, char **argv);
 int cmd_predict(int argc, char **argv);
+int cmd_plot(int argc, char **argv);
 
 int bench_data(int argc, char **argv);
 int bench_train(int argc, char **argv);
@@ -22,5 +23,6 @@ int bench_rpc(int argc, char **argv);
 int bench_store(int argc, char **argv);
 int bench_dp(int argc, char **argv);
 int bench_reshard(int argc, char **argv);
+int bench_metrics(int argc, char **argv);
 
 #endif

@@ -1,5 +1,6 @@
 /* Tests for storage/kv.h: the row encoding and its checks, the database
- * wrapper (column families, MultiGet, write batches, checkpoints). */
+ * wrapper (column families, MultiGet, write batches, checkpoints, the
+ * figures for monitoring). */
 #include <check.h>
 
 #include "tests/check_main.h"
@@ -119,6 +120,50 @@ START_TEST(test_db_roundtrip) {
 }
 END_TEST
 
+/* kv_figures_get and kv_estimate_rows: nothing in SST files while the rows
+ * are in the memtable; after a flush the SST bytes are the files' and the
+ * estimate counts the rows; reading rows back from the files misses the
+ * block cache first and hits it after. */
+START_TEST(test_db_figures) {
+  char dir[] = "/tmp/shardrec-kv-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  char path[256], err[512];
+  snprintf(path, sizeof path, "%s/db", dir);
+  uint32_t ids[2] = {7, 3};
+  kv_db *db;
+  kv_opts o = {.block_cache_bytes = 1 << 20, .write_buffer_bytes = 1 << 20};
+  ck_assert_int_eq(kv_open(path, 2, ids, &o, &db, err, sizeof err), 0);
+  float v[16] = {0};
+  for (uint64_t k = 0; k < 1000; k++) kv_batch_put(db, 1, k, v, sizeof v);
+  ck_assert_int_eq(kv_batch_commit(db, err, sizeof err), 0);
+  kv_figures f;
+  ck_assert_int_eq(kv_figures_get(db, &f), 0);
+  ck_assert_uint_eq(f.sst_bytes, 0);
+  ck_assert_int_eq(kv_flush(db, err, sizeof err), 0);
+  ck_assert_int_eq(kv_figures_get(db, &f), 0);
+  ck_assert_uint_gt(f.sst_bytes, 1000 * sizeof v / 2);
+  ck_assert_uint_eq(kv_estimate_rows(db, 1), 1000);
+  ck_assert_uint_eq(kv_estimate_rows(db, 0), 0);
+  uint64_t hits0 = f.block_cache_hits, miss0 = f.block_cache_misses;
+  int cf[4] = {1, 1, 1, 1};
+  uint64_t q[4] = {10, 500, 10, 500};
+  char *vals[4];
+  size_t lens[4];
+  ck_assert_int_eq(kv_multi_get(db, 4, cf, q, vals, lens, err, sizeof err), 0);
+  for (int i = 0; i < 4; i++) {
+    ck_assert_ptr_nonnull(vals[i]);
+    kv_value_free(vals[i]);
+  }
+  ck_assert_int_eq(kv_multi_get(db, 4, cf, q, vals, lens, err, sizeof err), 0);
+  for (int i = 0; i < 4; i++) kv_value_free(vals[i]);
+  ck_assert_int_eq(kv_figures_get(db, &f), 0);
+  ck_assert_uint_gt(f.block_cache_misses, miss0);
+  ck_assert_uint_gt(f.block_cache_hits, hits0);
+  kv_close(db);
+  ck_assert_int_eq(sr_rmtree(dir), 0);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("storage");
   TCase *tc = tcase_create("kv");
@@ -126,6 +171,7 @@ int main(void) {
   tcase_add_test(tc, test_row_roundtrip);
   tcase_add_test(tc, test_row_refusals);
   tcase_add_test(tc, test_db_roundtrip);
+  tcase_add_test(tc, test_db_figures);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

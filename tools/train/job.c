@@ -633,6 +633,7 @@ static int job_recover(train_job *j, const char *why) {
     return -1;
   }
   printf("recovered from %s after: %s\n", ckdir, why);
+  job__metrics_recovered(j);
   fflush(stdout);
   return 0;
 }
@@ -663,12 +664,15 @@ static void progress(train_job *j, float loss, float lr) {
     printf("train  step %lld/%llu epoch %d %.1f%%: loss %.6f  %.0f samples/s  ETA %.0fs\n",
            (long long)cur->step, (unsigned long long)j->total_steps, cur->epoch, 100 * frac,
            mean, rate, eta);
+  char phases[512];
+  job__phase_json(j, phases, sizeof phases);
   if (j->metrics)
     fprintf(j->metrics,
             "{\"kind\":\"train\",\"step\":%lld,\"epoch\":%d,\"loss\":%.9g,\"last_loss\":%.9g,"
-            "\"lr\":%.9g,\"samples_per_s\":%.1f}\n",
-            (long long)cur->step, cur->epoch, mean, loss, lr, rate);
+            "\"lr\":%.9g,\"samples_per_s\":%.1f%s}\n",
+            (long long)cur->step, cur->epoch, mean, loss, lr, rate, phases);
   if (j->metrics) fflush(j->metrics); /* a reader (a test, a dashboard) sees each line at once */
+  job__metrics_progress(j, mean, rate);
   fflush(stdout);
   cur->loss_sum = 0;
   cur->loss_n = 0;
@@ -737,11 +741,13 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
   cur->loss_n++;
   cur->samples_since += got;
   j->samples_done += got;
+  job__metrics_step(j, got);
   if (cur->step % c->print_freq == 0 || cur->step == j->total_steps) progress(j, loss, lr);
   if (c->test_freq > 0 && cur->step % c->test_freq == 0 && j->n_test) {
     if (j->tty) fprintf(stderr, "\n");
+    double e0 = sr_now();
     if (job__test_pass(j)) return STEP_FAILED;
-    cur->t_last = sr_now();
+    cur->t_last += sr_now() - e0; /* the rate leaves the pass out, not the steps before it */
   }
   return STEP_DONE;
 }
@@ -773,8 +779,10 @@ static int job_loop(train_job *j) {
       }
     }
     if (j->tty) fprintf(stderr, "\n");
+    double e0 = sr_now();
     if (j->n_test && (c->test_freq == 0 || cur->step % c->test_freq != 0) && job__test_pass(j))
       return -1;
+    cur->t_last += sr_now() - e0;
   }
   return 0;
 }
@@ -889,12 +897,14 @@ int train_run(const train_config *c) {
   j->tty = isatty(2) && j->rank == 0;
   int status = 1;
   if (c->ranks.launched && job_ranks(j)) goto done;
+  if (c->metrics_listen && job__metrics_start(j)) goto done;
   printf("ranks  %d rank(s)%s, %d on this node; %d BLAS thread(s) per rank\n", j->size,
          j->size > 1 ? " (mpirun)" : "", c->ranks.local_size, openblas_get_num_threads());
   if (job_open(j) || (c->resume && job_resume(j)) || job_loop(j) || job_finish(j)) goto done;
   status = 0;
 done:
   job_close(j, status);
+  job__metrics_stop(j);
   dense_coll_destroy(j->coll);
   return status;
 }
@@ -932,6 +942,7 @@ int train_ranks_leave(train_ranks *r, int rc) {
 }
 
 int train_config_check(const train_config *c, char *err, size_t errlen) {
+  if (c->metrics_listen && job__metrics_check(c->metrics_listen, err, errlen)) return SR_EINVAL;
   if (!!c->processed == !!c->raw) {
     sr_fmt(err, errlen, "give exactly one of --processed-data-file and --raw-data-file");
     return SR_EINVAL;

@@ -85,6 +85,7 @@ typedef struct train_config {
   /* Output */
   int64_t print_freq, test_freq; /* --print-freq, --test-freq (0: at each epoch's end) */
   const char *metrics_out;  /* --metrics-out */
+  const char *metrics_listen; /* --metrics-listen HOST:PORT (Prometheus; PORT + local rank) */
   const char *save_model;   /* --save-model */
   int have_oracle;          /* --oracle read (train_oracle_read): its test figures */
   double oracle_auc, oracle_logloss;

@@ -187,6 +187,7 @@ static void report_test(const train_job *j, const dense_metrics *m) {
            c->oracle_auc, c->oracle_logloss, m->auc - c->oracle_auc,
            m->log_loss - c->oracle_logloss);
   fflush(stdout);
+  job__metrics_test(j, m->auc, m->log_loss);
   if (j->metrics) {
     fprintf(j->metrics,
             "{\"kind\":\"test\",\"step\":%lld,\"epoch\":%d,\"auc\":%.17g,\"logloss\":%.17g,"

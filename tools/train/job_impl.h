@@ -95,6 +95,8 @@ typedef struct train_job {
   float *pred, *labels;    /* [n_test] rank 0's predictions and labels */
   size_t *counts;          /* [size] samples per rank of a test batch */
   FILE *metrics;           /* --metrics-out (rank 0), owned */
+  struct job_metrics *mx;  /* --metrics-listen, owned (job_metrics.c) */
+  trainer_times phase_mark; /* the trainer's times at the last progress line */
 } train_job;
 
 /* "shardrec train: <why>" on stderr; with several ranks "shardrec train:
@@ -112,5 +114,32 @@ int job__coll_ok(const train_job *j, int rc, const char *what);
 int job__eval_open(train_job *j);
 void job__eval_close(train_job *j);
 int job__test_pass(train_job *j);
+
+/* job_metrics.c: --metrics-listen. start: the listener on PORT + this
+ * rank's local rank (0, or -1 with the message printed; j->mx is then for
+ * stop to free); stop: NULL-safe. The rest do nothing without it: a step
+ * taken (got samples of the global batch), a progress line (its mean loss
+ * and rate), a test pass, a recovery. */
+int job__metrics_start(train_job *j);
+/* --metrics-listen's value: HOST:PORT, HOST empty or IPv4. 0, or -1 with
+ * "--metrics-listen ...: why" in err. */
+int job__metrics_check(const char *addr, char *err, size_t errlen);
+/* The series alone, without a listener (bench metrics measures them):
+ * open (NULL with the reason in err), its registry, close (NULL-safe), and
+ * note, what job__metrics_step records of a step. */
+typedef struct job_metrics job_metrics;
+job_metrics *job__metrics_open(int rank, char *err, size_t errlen);
+struct metrics_registry *job__metrics_registry(job_metrics *m);
+void job__metrics_close(job_metrics *m);
+void job__metrics_note(job_metrics *m, const trainer_times *tt, int dim, int64_t step,
+                       int epoch, int64_t total, int got);
+void job__metrics_stop(train_job *j);
+void job__metrics_step(train_job *j, int got);
+void job__metrics_progress(train_job *j, double loss, double samples_per_s);
+void job__metrics_test(const train_job *j, double auc, double logloss);
+void job__metrics_recovered(train_job *j);
+/* `,"step_ms":{"dedup":x,...,"dense_opt":x}`: each phase's mean milliseconds
+ * per step since the last call, for the --metrics-out line (into buf[n]). */
+void job__phase_json(train_job *j, char *buf, size_t n);
 
 #endif

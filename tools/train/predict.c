@@ -9,6 +9,7 @@
 #include <zlib.h>
 
 #include "common/fs.h"
+#include "common/progress.h"
 #include "common/status.h"
 #include "common/sys.h"
 #include "dense/state_file.h"
@@ -306,7 +307,10 @@ static int score_all(run *r, size_t *n) {
   size_t bi = 0;
   uint64_t line = 0; /* split-relative input line of the next output line */
   *n = 0;
+  sr_progress pg;
+  sr_progress_begin(&pg, r->o->progress, "predict", "samples", r->n_all);
   for (;;) {
+    sr_progress_set(&pg, *n, 0);
     int got = ds_source_next(r->src, &r->b, r->batch);
     if (got < 0) {
       snprintf(r->err, r->errlen, "%s", ds_source_errmsg(r->src));
@@ -330,6 +334,8 @@ static int score_all(run *r, size_t *n) {
     }
     *n += (size_t)got;
   }
+  sr_progress_set(&pg, *n, 0);
+  sr_progress_end(&pg);
   for (; bi < r->n_bad; bi++, line++) {
     if (r->bad[bi] != line) break;
     fputs("nan\n", r->out);

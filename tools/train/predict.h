@@ -61,6 +61,8 @@ typedef struct predict_opts {
                                 none */
   const char *who;           /* names the caller at the start of a warning ("shardrec
                                 predict"; NULL: "predict") */
+  int progress;              /* 1: a progress line on stderr while scoring (give it only
+                                when stderr is a terminal; common/progress.h) */
 } predict_opts;
 
 typedef struct predict_result {

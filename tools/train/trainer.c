@@ -255,6 +255,7 @@ static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids, i
   t->times.dedup += t1 - t0;
   t->times.lookup += t2 - t1;
   t->times.pool += t3 - t2;
+  for (int f = 0; f < t->T; f++) t->times.rows += t->counts[f];
   return 0;
 }
 

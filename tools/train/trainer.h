@@ -34,6 +34,7 @@ typedef struct trainer_times {
   double dedup, lookup, pool, forward, backward, scatter, push, dense_opt;
   double allreduce; /* the dense gradients' all-reduce (data-parallel steps) */
   int64_t steps;
+  uint64_t rows;    /* unique rows looked up (each is pushed back once) */
 } trainer_times;
 
 /* Create a trainer over plan (borrowed) and store (borrowed), with a fresh

@@ -1,0 +1,27 @@
+/* Training curves as a picture: `shardrec plot`. Reads `train
+ * --metrics-out` JSON Lines files (one run each) and has gnuplot (Debian's
+ * gnuplot-nox, pngcairo terminal) draw one PNG of four panels: training
+ * loss against step and test AUC and log loss against step (the runs
+ * overlaid), samples/s against step, and the split of a step's time over
+ * its phases (one stacked bar per run, the mean milliseconds per step of
+ * the file's step_ms figures). */
+#ifndef SHARDREC_METRICS_PLOT_H
+#define SHARDREC_METRICS_PLOT_H
+
+#include <stddef.h>
+
+typedef struct plot_config {
+  const char *const *files; /* [n_files] metrics files (borrowed) */
+  int n_files;
+  const char *out;          /* the PNG to write (through OUT.tmp-PID, renamed) */
+  int width, height;        /* pixels */
+  const char *gnuplot;      /* the program (NULL: "gnuplot" from PATH) */
+} plot_config;
+
+/* Draws c's picture. 0, or SR_EIO / SR_EFORMAT / SR_ENOMEM / SR_EINVAL (a ' in
+ * c->out) / SR_ERANGE (c->out too long) / SR_EBACKEND
+ * (gnuplot missing or failing) with the reason in err naming the file (and
+ * line) at fault; nothing is left at c->out on failure. */
+int plot_write(const plot_config *c, char *err, size_t errlen);
+
+#endif

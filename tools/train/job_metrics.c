@@ -1,0 +1,202 @@
+/* train --metrics-listen HOST:PORT: a Prometheus /metrics listener per
+ * rank (metrics/metrics.h), on PORT + the rank's local rank (its place among
+ * the ranks of its node), every series labelled rank="R". Every rank
+ * exports its step, epoch, the time of its last step and of each phase in
+ * it, the cumulated phase seconds, the bytes of rows it looked up and
+ * pushed, and its process's memory; rank 0 adds the job's figures (the
+ * progress line's loss and samples/s, the last test AUC and log loss,
+ * recoveries). The updates are atomic stores made by the loop once per step
+ * (job__metrics_step), never blocked by a scrape. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/sys.h"
+#include "metrics/metrics.h"
+#include "tools/train/job_impl.h"
+
+enum { PH_DEDUP, PH_LOOKUP, PH_POOL, PH_FORWARD, PH_BACKWARD, PH_SCATTER, PH_PUSH, PH_ALLREDUCE,
+       PH_DENSE_OPT, PH_N };
+static const char *const phase_name[PH_N] = {"dedup", "lookup", "pool", "forward", "backward",
+                                             "scatter", "push", "allreduce", "dense_opt"};
+
+enum { G_STEP, G_EPOCH, G_TOTAL, G_STEP_SECONDS, G_SAMPLES, G_LOOKUP_BYTES, G_PUSH_BYTES,
+       G_LOSS, G_RATE, G_AUC, G_LOGLOSS, G_RECOVERIES, G_N };
+
+typedef struct {
+  const char *name, *help;
+  metrics_type type;
+  int rank0; /* the job's figure: rank 0 only */
+} gdef;
+
+static const gdef gdefs[G_N] = {
+    [G_STEP] = {"shardrec_train_step", "Steps done.", METRICS_GAUGE, 0},
+    [G_EPOCH] = {"shardrec_train_epoch", "The epoch the job is in (from 0).", METRICS_GAUGE, 0},
+    [G_TOTAL] = {"shardrec_train_steps", "Steps the job will take in all.", METRICS_GAUGE, 0},
+    [G_STEP_SECONDS] = {"shardrec_train_step_seconds", "Wall time of the last step (end to end).", METRICS_GAUGE, 0},
+    [G_SAMPLES] = {"shardrec_train_samples_total", "Samples of the global batches trained on.", METRICS_COUNTER, 0},
+    [G_LOOKUP_BYTES] = {"shardrec_train_lookup_bytes_total", "Bytes of embedding rows looked up (unique rows x dim x 4).", METRICS_COUNTER, 0},
+    [G_PUSH_BYTES] = {"shardrec_train_push_bytes_total", "Bytes of row gradients pushed (unique rows x dim x 4).", METRICS_COUNTER, 0},
+    [G_LOSS] = {"shardrec_train_loss", "Mean training loss since the progress line before (--print-freq).", METRICS_GAUGE, 1},
+    [G_RATE] = {"shardrec_train_samples_per_second", "Samples per second since the progress line before.", METRICS_GAUGE, 1},
+    [G_AUC] = {"shardrec_train_test_auc", "ROC AUC of the last test pass.", METRICS_GAUGE, 1},
+    [G_LOGLOSS] = {"shardrec_train_test_logloss", "Log loss of the last test pass.", METRICS_GAUGE, 1},
+    [G_RECOVERIES] = {"shardrec_train_recoveries_total", "Recoveries from a lost shard server.", METRICS_COUNTER, 1},
+};
+
+struct job_metrics {
+  metrics_registry *reg; /* owned */
+  metrics_http *http;    /* owned */
+  metrics_series *g[G_N], *phase[PH_N], *phase_total[PH_N];
+  double last_phase[PH_N], t_last;
+  uint64_t last_rows;
+};
+
+/* This rank's place among the ranks of its node: Open MPI's, else PMI's
+ * (hydra), else the rank itself. */
+static int local_rank(int rank) {
+  const char *v = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  if (!v) v = getenv("MPI_LOCALRANKID");
+  return v ? atoi(v) : rank;
+}
+
+/* The series of m (rank's). 0 or -1 (err). */
+static int add_series(job_metrics *m, int rank, char *err, size_t errlen) {
+  for (int i = 0; i < G_N; i++) {
+    if (gdefs[i].rank0 && rank != 0) continue;
+    metrics_family *f = metrics_family_add(m->reg, gdefs[i].name, gdefs[i].help, gdefs[i].type,
+                                           0, NULL, NULL, 0, err, errlen);
+    if (!f || !(m->g[i] = metrics_series_get(f, NULL))) return -1;
+  }
+  const char *pl[] = {"phase"};
+  metrics_family *ph = metrics_family_add(m->reg, "shardrec_train_step_phase_seconds", "Time of the last step in each phase.", METRICS_GAUGE, 1, pl, NULL, 0, err, errlen);
+  metrics_family *pt = metrics_family_add(m->reg, "shardrec_train_phase_seconds_total", "Time in each phase of the step, all steps.", METRICS_COUNTER, 1, pl, NULL, 0, err, errlen);
+  if (!ph || !pt) return -1;
+  for (int p = 0; p < PH_N; p++) {
+    const char *v[] = {phase_name[p]};
+    if (!(m->phase[p] = metrics_series_get(ph, v)) || !(m->phase_total[p] = metrics_series_get(pt, v)))
+      return -1;
+  }
+  return 0;
+}
+
+job_metrics *job__metrics_open(int rank, char *err, size_t errlen) {
+  job_metrics *m = calloc(1, sizeof *m);
+  char r[16];
+  snprintf(r, sizeof r, "%d", rank);
+  if (!m || !(m->reg = metrics_registry_create()) || metrics_registry_label(m->reg, "rank", r)) {
+    snprintf(err, errlen, "out of memory");
+    job__metrics_close(m);
+    return NULL;
+  }
+  if (metrics_process_add(m->reg, err, errlen) || add_series(m, rank, err, errlen)) {
+    job__metrics_close(m);
+    return NULL;
+  }
+  metrics_gauge_set(m->g[G_AUC], 0.0 / 0.0); /* NaN until the first test pass */
+  metrics_gauge_set(m->g[G_LOGLOSS], 0.0 / 0.0);
+  m->t_last = sr_now();
+  return m;
+}
+
+metrics_registry *job__metrics_registry(job_metrics *m) { return m->reg; }
+
+void job__metrics_close(job_metrics *m) {
+  if (!m) return;
+  metrics_http_stop(m->http);
+  metrics_registry_destroy(m->reg);
+  free(m);
+}
+
+int job__metrics_check(const char *addr, char *err, size_t errlen) {
+  char host[256], e[300];
+  int port;
+  if (!metrics_addr_parse(addr, host, sizeof host, &port, e, sizeof e)) return 0;
+  snprintf(err, errlen, "--metrics-listen %s", e);
+  return -1;
+}
+
+int job__metrics_start(train_job *j) {
+  const train_config *c = j->cfg;
+  char err[512], host[256], addr[300];
+  int port;
+  if (metrics_addr_parse(c->metrics_listen, host, sizeof host, &port, err, sizeof err))
+    goto fail;
+  int lr = local_rank(j->rank);
+  if (port && port + lr > 65535) {
+    snprintf(err, sizeof err, "port %d + local rank %d is over 65535", port, lr);
+    goto fail;
+  }
+  snprintf(addr, sizeof addr, "%s:%d", host, port ? port + lr : 0);
+  if (!(j->mx = job__metrics_open(j->rank, err, sizeof err))) goto fail;
+  if (!(j->mx->http = metrics_http_start(j->mx->reg, addr, NULL, err, sizeof err))) goto fail;
+  printf("metrics on %s:%d (rank %d)\n", host, metrics_http_port(j->mx->http), j->rank);
+  fflush(stdout);
+  return 0;
+fail:
+  job__errf(j, "--metrics-listen %s: %s\n", c->metrics_listen, err);
+  return -1;
+}
+
+void job__metrics_stop(train_job *j) {
+  job__metrics_close(j->mx);
+  j->mx = NULL;
+}
+
+void job__metrics_note(job_metrics *m, const trainer_times *tt, int dim, int64_t step,
+                       int epoch, int64_t total, int got) {
+  const double now[PH_N] = {tt->dedup, tt->lookup, tt->pool, tt->forward, tt->backward,
+                            tt->scatter, tt->push, tt->allreduce, tt->dense_opt};
+  for (int p = 0; p < PH_N; p++) {
+    metrics_gauge_set(m->phase[p], now[p] - m->last_phase[p]);
+    metrics_counter_set(m->phase_total[p], now[p]);
+    m->last_phase[p] = now[p];
+  }
+  double t = sr_now(), bytes = (double)(tt->rows - m->last_rows) * dim * 4.0;
+  m->last_rows = tt->rows;
+  metrics_gauge_set(m->g[G_STEP_SECONDS], t - m->t_last);
+  m->t_last = t;
+  metrics_counter_add(m->g[G_LOOKUP_BYTES], bytes);
+  metrics_counter_add(m->g[G_PUSH_BYTES], bytes);
+  metrics_counter_add(m->g[G_SAMPLES], got);
+  metrics_gauge_set(m->g[G_TOTAL], (double)total);
+  metrics_gauge_set(m->g[G_EPOCH], epoch);
+  metrics_gauge_set(m->g[G_STEP], (double)step);
+}
+
+void job__metrics_step(train_job *j, int got) {
+  if (j->mx)
+    job__metrics_note(j->mx, trainer_times_get(j->t), j->plan->tables[0].dim, j->cur.step,
+                      j->cur.epoch, j->total_steps, got);
+}
+
+void job__metrics_progress(train_job *j, double loss, double samples_per_s) {
+  if (!j->mx) return;
+  metrics_gauge_set(j->mx->g[G_LOSS], loss); /* NULL series (ranks > 0) are ignored */
+  metrics_gauge_set(j->mx->g[G_RATE], samples_per_s);
+}
+
+void job__metrics_test(const train_job *j, double auc, double logloss) {
+  if (!j->mx) return;
+  metrics_gauge_set(j->mx->g[G_AUC], auc);
+  metrics_gauge_set(j->mx->g[G_LOGLOSS], logloss);
+}
+
+void job__metrics_recovered(train_job *j) {
+  if (j->mx) metrics_counter_inc(j->mx->g[G_RECOVERIES]);
+}
+
+void job__phase_json(train_job *j, char *buf, size_t n) {
+  const trainer_times *tt = trainer_times_get(j->t), *m = &j->phase_mark;
+  const double now[PH_N] = {tt->dedup, tt->lookup, tt->pool, tt->forward, tt->backward,
+                            tt->scatter, tt->push, tt->allreduce, tt->dense_opt};
+  const double was[PH_N] = {m->dedup, m->lookup, m->pool, m->forward, m->backward,
+                            m->scatter, m->push, m->allreduce, m->dense_opt};
+  double steps = (double)(tt->steps - m->steps);
+  size_t len = (size_t)snprintf(buf, n, ",\"step_ms\":{");
+  for (int p = 0; p < PH_N && len < n; p++)
+    len += (size_t)snprintf(buf + len, n - len, "%s\"%s\":%.4f", p ? "," : "", phase_name[p],
+                            steps > 0 ? 1e3 * (now[p] - was[p]) / steps : 0.0);
+  if (len < n) snprintf(buf + len, n - len, "}");
+  j->phase_mark = *tt;
+}
