@@ -192,21 +192,22 @@ static int check_access(const serve_flags *f) {
 
 /* The access line at start: what is open to whom. */
 static void print_access(const serve_flags *f) {
+  char line[1024];
   if (!f->tls.cert || !f->tls.ca) {
-    printf("access: no client certificates (%s): every method (Lookup, Push, Checkpoint, Restore, "
-           "Stats, Health, Watch) is open to anyone who can connect to %s%s\n",
-           f->tls.cert ? "server-only TLS" : "plaintext", f->listen,
-           f->insecure && !is_loopback(f->listen) ? " (--insecure)" : "");
+    snprintf(line, sizeof line, "no client certificates (%s): every method (Lookup, Push, "
+             "Checkpoint, Restore, Stats, Health, Watch) is open to anyone who can connect to %s%s",
+             f->tls.cert ? "server-only TLS" : "plaintext", f->listen,
+             f->insecure && !is_loopback(f->listen) ? " (--insecure)" : "");
   } else if (!f->allow_push && !f->allow_admin) {
-    printf("access: mTLS: every method is open to every client with a certificate of %s (no "
-           "--allow-push or --allow-admin)\n", f->tls.ca);
+    snprintf(line, sizeof line, "mTLS: every method is open to every client with a certificate "
+             "of %s (no --allow-push or --allow-admin)", f->tls.ca);
   } else {
-    printf("access: mTLS (client CA %s): Lookup, Stats, Health, Watch: every verified client; "
-           "Push: %s; Checkpoint, Restore: %s\n", f->tls.ca,
-           f->allow_push ? f->allow_push : "every verified client",
-           f->allow_admin ? f->allow_admin : "every verified client");
+    snprintf(line, sizeof line, "mTLS (client CA %s): Lookup, Stats, Health, Watch: every "
+             "verified client; Push: %s; Checkpoint, Restore: %s", f->tls.ca,
+             f->allow_push ? f->allow_push : "every verified client",
+             f->allow_admin ? f->allow_admin : "every verified client");
   }
-  fflush(stdout);
+  serve_watch_access(&f->watch, line);
 }
 
 /* Flags into *f; -1 when done (help), else 0, or 2 on bad usage (said). */

@@ -157,6 +157,17 @@ static void read_identity(void *ctx, const rpc_service_view *v) {
   cJSON_AddStringToObject(o, "incarnation", inc);
 }
 
+void serve_watch_access(const serve_watch *w, const char *text) {
+  if (!w->json) {
+    printf("access: %s\n", text);
+    fflush(stdout);
+    return;
+  }
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "access", text);
+  emit(o, "access");
+}
+
 void serve_watch_listening(const serve_watch *w, const char *host, int hostlen, int port) {
   if (!w->json) {
     printf("listening on %.*s:%d\n", hostlen, host, port);

@@ -41,6 +41,10 @@ int serve_watch_prepare(serve_watch *w, rpc_service_opts *o, char *err, size_t e
  * HOST:PORT", or a JSON event) and the dropped-job watch. 0 or -1 (err). */
 int serve_watch_start(serve_watch *w, rpc_service *svc, char *err, size_t errlen);
 
+/* Prints what is open to whom (text): "access: TEXT", or an "access" event
+ * with it as "access". */
+void serve_watch_access(const serve_watch *w, const char *text);
+
 /* Prints the start event: listening on HOST:PORT, as text or JSON. */
 void serve_watch_listening(const serve_watch *w, const char *host, int hostlen, int port);
 

@@ -1,5 +1,5 @@
 /* serve --log-format json with a real server: every stdout line is one JSON
- * object with "time" and "event"; start (its listen address and the
+ * object with "time" and "event"; access (what is open to whom); start (its listen address and the
  * plan's fingerprint and incarnation, as Stats says), a refused call with
  * its method, status and message, a Restore, a dropped job (a 2-rank job
  * whose second rank never pushes, dropped by --pending-timeout), stop; and
@@ -57,6 +57,10 @@ START_TEST(test_json_events) {
   ck_assert_str_eq(str(start, "plan_fingerprint"), st->plan_fingerprint);
   ck_assert_uint_eq(strtoull(str(start, "incarnation"), NULL, 10), st->incarnation);
   cJSON_Delete(start);
+  cJSON *acc = event(log, "access"); /* what is open to whom, as an event too */
+  ck_assert_msg(strstr(str(acc, "access"), "no client certificates (plaintext)"), "%s",
+                str(acc, "access"));
+  cJSON_Delete(acc);
 
   /* A refused call. */
   uint8_t *resp = NULL;
