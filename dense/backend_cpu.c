@@ -98,8 +98,9 @@ static void cpu_gemm(int trans_a, int trans_b, int M, int N, int K,
                      float alpha, const float *A, int lda, const float *B,
                      int ldb, float beta, float *C, int ldc) {
   blas_single();
-  gemm_job g = {trans_a, trans_b, M, N, K, lda, ldb, ldc, 1, M,
-                alpha,   beta,    A, B, C};
+  gemm_job g = {.ta = trans_a, .tb = trans_b, .M = M, .N = N, .K = K, .lda = lda,
+                .ldb = ldb, .ldc = ldc, .alpha = alpha, .beta = beta, .A = A, .B = B,
+                .C = C};
   int n = dense_gemm_tasks(M, N, K, &g.by_rows, &g.blk);
   dense_pool_run(dense_pool_default(), n, gemm_task, &g);
 }
