@@ -96,6 +96,53 @@ END_TEST
 START_TEST(test_small_sgd_512) { same_bits("small-sgd-512", SMALL " --mini-batch-size 512"); }
 END_TEST
 
+/* A checkpoint records the kernels; --resume under the other set warns in
+ * one line naming both, under the same set it says nothing. */
+START_TEST(test_resume_other_kernels_warns) {
+  char *out;
+  const char *base = "--processed-data-file d.bin " SMALL " --mini-batch-size 128";
+  int rc = run_cmd(&out, "cd %s && %s train %s --num-batches 4 --dense-isa avx2 "
+                         "--save-checkpoint ck-kern", dir, bin_path(), base);
+  if (rc == 2 && strstr(out, "--dense-isa: avx2: this CPU")) { /* no AVX2 here: nothing to swap */
+    free(out);
+    return;
+  }
+  ck_assert_msg(rc == 0 && strstr(out, "dense  kernels avx2; OpenBLAS "), "%s", out);
+  free(out);
+  rc = run_cmd(&out, "cd %s && %s train %s --num-batches 6 --dense-isa baseline --resume ck-kern",
+               dir, bin_path(), base);
+  ck_assert_msg(rc == 0, "%s", out);
+  ck_assert_msg(strstr(out, "shardrec train: warning: --resume: ") &&
+                    strstr(out, "was written with dense kernels avx2, OpenBLAS ") &&
+                    strstr(out, "this run has dense kernels baseline, OpenBLAS "),
+                "%s", out);
+  free(out);
+  rc = run_cmd(&out, "cd %s && %s train %s --num-batches 6 --dense-isa avx2 --resume ck-kern",
+               dir, bin_path(), base);
+  ck_assert_msg(rc == 0 && strstr(out, "resume ") && !strstr(out, "warning"), "%s", out);
+  free(out);
+}
+END_TEST
+
+/* Bad values of the two flags: exit 2, the flag named. */
+START_TEST(test_flag_errors) {
+  const char *cmds[] = {"train --processed-data-file d.bin", "eval --checkpoint none "
+                        "--processed-data-file d.bin", "bench train"};
+  const char *bad[][2] = {{"--dense-isa sse9", "--dense-isa: 'sse9' is not baseline or avx2"},
+                          {"--dense-threads 0", "--dense-threads: 0 is out of range"},
+                          {"--dense-threads x", "--dense-threads: 'x' is not"}};
+  for (int c = 0; c < 3; c++)
+    for (int b = 0; b < 3; b++) {
+      if (c == 2 && b > 0) continue; /* bench train takes a list: its own messages */
+      char *out;
+      int rc = run_cmd(&out, "cd %s && %s %s %s", dir, bin_path(), cmds[c], bad[b][0]);
+      ck_assert_msg(rc == 2 && strstr(out, bad[b][1]), "%s %s: exit %d:\n%s", cmds[c],
+                    bad[b][0], rc, out);
+      free(out);
+    }
+}
+END_TEST
+
 int main(void) {
   const char *bin = getenv("SHARDREC_BIN");
   if (!bin || !mkdtemp(dir)) {
@@ -116,6 +163,8 @@ int main(void) {
     tcase_add_test(tc, test_kaggle_adagrad_512);
     tcase_add_test(tc, test_small_adagrad_128);
     tcase_add_test(tc, test_small_sgd_512);
+    tcase_add_test(tc, test_resume_other_kernels_warns);
+    tcase_add_test(tc, test_flag_errors);
     suite_add_tcase(s, tc);
     rc = sr_check_run(s);
   }
