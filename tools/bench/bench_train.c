@@ -129,7 +129,7 @@ static int parse_flags(int argc, char **argv, bt_flags *f) {
                                        {"dense-isa", required_argument, 0, 'i'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
-  const char *batches = NULL, *threads = "1,2", *isa = NULL;
+  const char *batches = NULL, *threads = NULL, *isa = NULL;
   optind = 1;
   opterr = 0;
   int c;
@@ -149,9 +149,9 @@ static int parse_flags(int argc, char **argv, bt_flags *f) {
                "(default: about 3 s of work per run).\n"
                "--device cuda[:N]: the dense step on the GPU (default batches 2048,16384); the bound is\n"
                "cublasSgemm on the step's shapes, and the step splits into lookup, H2D, compute, D2H, push.\n"
-               "--dense-threads 1,2: the dense pool's thread counts, each timed at every batch (the\n"
-               "bound is OpenBLAS's own threading over every core). --dense-isa baseline|avx2: our\n"
-               "kernels (default: the best this CPU runs).\n");
+               "--dense-threads 1,2: the dense pool's thread counts, each timed at every batch (with\n"
+               "--device cuda: every core, once); the bound is OpenBLAS's own threading over every core.\n"
+               "--dense-isa baseline|avx2: our kernels (default: the best this CPU runs).\n");
         return 0;
       default: cli_bad_option("bench train", c, argv[optind - 1]); return 2;
     }
@@ -170,6 +170,10 @@ static int parse_flags(int argc, char **argv, bt_flags *f) {
   dense_backend_set_default(f->be);
   if (!batches) batches = f->gpu ? "2048,16384" : "128,2048";
   if (cli_int_list("bench train", "--batch", batches, ',', f->bl, 8, &f->nb)) return 2;
+  /* The GPU runs the step: one pool (every core) for the host's parts. */
+  char all[16];
+  snprintf(all, sizeof all, "%d", dense_pool_threads_for(1));
+  if (!threads) threads = f->gpu ? all : "1,2";
   if (cli_int_list("bench train", "--dense-threads", threads, ',', f->th, 8, &f->nth)) return 2;
   for (int i = 0; i < f->nth; i++)
     if (f->th[i] > DENSE_POOL_MAX_THREADS) {
