@@ -126,8 +126,8 @@ END_TEST
 
 /* Bad values of the two flags: exit 2, the flag named. */
 START_TEST(test_flag_errors) {
-  const char *cmds[] = {"train --processed-data-file d.bin", "eval --checkpoint none "
-                        "--processed-data-file d.bin", "bench train"};
+  const char *cmds[] = {"train --processed-data-file d.bin",
+                        "eval --checkpoint none --processed-data-file d.bin", "bench train"};
   const char *bad[][2] = {{"--dense-isa sse9", "--dense-isa: 'sse9' is not baseline or avx2"},
                           {"--dense-threads 0", "--dense-threads: 0 is out of range"},
                           {"--dense-threads x", "--dense-threads: 'x' is not"}};
