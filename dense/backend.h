@@ -53,13 +53,43 @@ typedef struct dense_backend {
 typedef enum {
   DENSE_ISA_BEST = 0,     /* the widest this CPU runs: AVX2/FMA where it has them */
   DENSE_ISA_BASELINE = 1, /* the build's baseline ISA only (SSE2 on x86-64) */
+  DENSE_ISA_AVX2 = 2,     /* AVX2/FMA (only where the CPU has them) */
 } dense_isa;
 
+/* "baseline" or "avx2" (--dense-isa) into *out; 0, or SR_EINVAL for another
+ * name, or SR_EUNSUPPORTED for avx2 on a CPU (or build) without AVX2 and
+ * FMA, with the reason in err. */
+int dense_isa_parse(const char *name, dense_isa *out, char *err, size_t errlen);
+
+/* The kernel set of a CPU backend object: "baseline" or "avx2"; for any
+ * other backend its name. */
+const char *dense_backend_kernels(const dense_backend *be);
+
+/* OpenBLAS as this process runs it: its version ("0.3.21", from
+ * openblas_get_config) and the kernel family it picked for this CPU
+ * (openblas_get_corename: "Haswell", "Zen", "SkylakeX", ...; forced by
+ * OPENBLAS_CORETYPE). Static strings. */
+const char *dense_blas_version(void);
+const char *dense_blas_core(void);
+
+/* The CPU backend's fixed partition of a product C[M][N] (inner size K)
+ * into tasks for the dense pool (dense/pool.h): returns the task count; the
+ * tasks are blocks of *blk rows of C (*by_rows) or of *blk columns. Depends
+ * on the shape only, never on the thread count. */
+#define DENSE_GEMM_ROW_BLOCK 128
+#define DENSE_GEMM_COL_BLOCK 64
+#define DENSE_GEMM_SPLIT_MIN (1 << 20) /* multiply-adds: smaller is one task */
+int dense_gemm_tasks(int M, int N, int K, int *by_rows, int *blk);
+
 /* The CPU/OpenBLAS backend with the kernels of isa (static object; never
- * freed); NULL for a value not in dense_isa. The sets share sgemm, the loss
+ * freed); NULL for a value not in dense_isa, or DENSE_ISA_AVX2 on a CPU
+ * without it. The sets share sgemm, the loss
  * and SGD; the element-wise kernels give the same bits in both, the d == 16
  * dot interaction differs in rounding (FMA, summation order). One machine
- * and one isa always give the same bits. A program picks the set at start-up
+ * and one isa always give the same bits, whatever the dense pool's thread
+ * count: every kernel runs on the default pool (dense/pool.h) in blocks
+ * fixed by the shapes, and OpenBLAS is set to one thread before the first
+ * product. A program picks the set at start-up
  * (dense_backend_set_default, dense_model_create_on); tests run their
  * suites on both. */
 const dense_backend *dense_backend_cpu_isa(dense_isa isa);

@@ -2,9 +2,14 @@
  * loops the compiler vectorises for the rest. */
 #include "dense/backend.h"
 #include "dense/layers.h"
+#include "dense/pool.h"
 
 #include <cblas.h>
 #include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "common/status.h"
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #include <immintrin.h>
@@ -28,12 +33,76 @@ static int cpu_has_avx2_fma(void) {
 }
 #endif
 
+/* ---- the fixed partitions ---------------------------------------------
+ * Every kernel below cuts its work into blocks whose sizes depend on the
+ * shapes alone and hands them to the default pool (dense/pool.h) as tasks;
+ * each block is computed by the same single-threaded code whatever the
+ * thread count, so threads change speed, never bits. */
+
+/* OpenBLAS runs single-threaded in every call, whatever
+ * OPENBLAS_NUM_THREADS (or an openblas_set_num_threads of someone else)
+ * says: its threaded sgemm uses other kernels than its single-thread one
+ * (other bits). Checked before each product, on the caller's thread. */
+static void blas_single(void) {
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+}
+
+/* C[M][N] = alpha * op(A)[M][K] * op(B)[K][N] + beta * C, cut into blocks
+ * of C: DENSE_GEMM_ROW_BLOCK rows when M has two or more of them, else
+ * DENSE_GEMM_COL_BLOCK columns; never K (each element's sum is the one
+ * single-thread sgemm forms). Products under DENSE_GEMM_SPLIT_MIN
+ * multiply-adds are one task. */
+typedef struct {
+  int ta, tb, M, N, K, lda, ldb, ldc, by_rows, blk;
+  float alpha, beta;
+  const float *A, *B;
+  float *C;
+} gemm_job;
+
+int dense_gemm_tasks(int M, int N, int K, int *by_rows, int *blk) {
+  *by_rows = 1, *blk = M;
+  if ((double)M * N * K < DENSE_GEMM_SPLIT_MIN) return 1;
+  if (M >= 2 * DENSE_GEMM_ROW_BLOCK) {
+    *blk = DENSE_GEMM_ROW_BLOCK;
+    return (M + *blk - 1) / *blk;
+  }
+  if (N >= 2 * DENSE_GEMM_COL_BLOCK) {
+    *by_rows = 0, *blk = DENSE_GEMM_COL_BLOCK;
+    return (N + *blk - 1) / *blk;
+  }
+  return 1;
+}
+
+static void gemm_task(void *arg, int t) {
+  const gemm_job *g = arg;
+  int M = g->M, N = g->N;
+  const float *A = g->A, *B = g->B;
+  float *C = g->C;
+  if (g->by_rows) {
+    int r0 = t * g->blk;
+    M = M - r0 < g->blk ? M - r0 : g->blk;
+    A += g->ta ? (size_t)r0 : (size_t)r0 * g->lda; /* op(A) rows r0.. */
+    C += (size_t)r0 * g->ldc;
+  } else {
+    int c0 = t * g->blk;
+    N = N - c0 < g->blk ? N - c0 : g->blk;
+    B += g->tb ? (size_t)c0 * g->ldb : (size_t)c0; /* op(B) columns c0.. */
+    C += c0;
+  }
+  cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans,
+              g->tb ? CblasTrans : CblasNoTrans, M, N, g->K, g->alpha, A,
+              g->lda, B, g->ldb, g->beta, C, g->ldc);
+}
+
 static void cpu_gemm(int trans_a, int trans_b, int M, int N, int K,
                      float alpha, const float *A, int lda, const float *B,
                      int ldb, float beta, float *C, int ldc) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
-              ldb, beta, C, ldc);
+  blas_single();
+  gemm_job g = {.ta = trans_a, .tb = trans_b, .M = M, .N = N, .K = K, .lda = lda,
+                .ldb = ldb, .ldc = ldc, .alpha = alpha, .beta = beta, .A = A, .B = B,
+                .C = C};
+  int n = dense_gemm_tasks(M, N, K, &g.by_rows, &g.blk);
+  dense_pool_run(dense_pool_default(), n, gemm_task, &g);
 }
 
 /* Element-wise kernels: one body, compiled twice, as name_base (baseline)
@@ -276,26 +345,151 @@ static void cpu_interact_dot_backward_base(int B, int ni, int d, int itself,
   }
 }
 
-/* loss = mean(max(z,0) - z*y + log1p(exp(-|z|))); dz = (sigmoid(z) - y)/B */
-static double cpu_bce_logits(int B, const float *z, const float *y,
-                             float *dz) {
+/* loss = mean(max(z,0) - z*y + log1p(exp(-|z|))); dz = (sigmoid(z) - y)/B.
+ * Fixed blocks of BCE_BLOCK samples, each summed in order from 0; the
+ * blocks' sums added in block order (with one thread too). */
+#define BCE_BLOCK 256
+#define BCE_MAX_BLOCKS 4096
+typedef struct {
+  int B, blk;
+  const float *z, *y;
+  float *dz;
+  double part[BCE_MAX_BLOCKS];
+} bce_job;
+
+static void bce_task(void *arg, int t) {
+  bce_job *j = arg;
+  int i0 = t * j->blk, i1 = i0 + j->blk < j->B ? i0 + j->blk : j->B, B = j->B;
   double sum = 0.0;
-  for (int i = 0; i < B; i++) {
-    double zi = z[i], yi = y[i];
+  for (int i = i0; i < i1; i++) {
+    double zi = j->z[i], yi = j->y[i];
     sum += (zi > 0.0 ? zi : 0.0) - zi * yi + log1p(exp(-fabs(zi)));
-    if (dz) {
+    if (j->dz) {
       double p = zi >= 0.0 ? 1.0 / (1.0 + exp(-zi))
                            : exp(zi) / (1.0 + exp(zi));
-      dz[i] = (float)((p - yi) / B);
+      j->dz[i] = (float)((p - yi) / B);
     }
   }
-  return B > 0 ? sum / B : 0.0;
+  j->part[t] = sum;
 }
 
-static void cpu_sgd(size_t n, float lr, const float *restrict g,
-                    float *restrict p) {
-  for (size_t i = 0; i < n; i++) p[i] -= lr * g[i];
+static double cpu_bce_logits(int B, const float *z, const float *y,
+                             float *dz) {
+  if (B <= 0) return 0.0;
+  static _Thread_local bce_job j; /* part[] is 32 KiB: not on the stack */
+  j.B = B, j.z = z, j.y = y, j.dz = dz;
+  j.blk = BCE_BLOCK;
+  if (B > BCE_BLOCK * BCE_MAX_BLOCKS) j.blk = (B + BCE_MAX_BLOCKS - 1) / BCE_MAX_BLOCKS;
+  int n = (B + j.blk - 1) / j.blk;
+  dense_pool_run(dense_pool_default(), n, bce_task, &j);
+  double sum = 0.0;
+  for (int t = 0; t < n; t++) sum += j.part[t];
+  return sum / B;
 }
+
+/* Element-wise kernels split in fixed chunks (any split gives the same bits). */
+#define ELT_CHUNK 16384
+typedef struct {
+  size_t n, blk;
+  float lr;
+  const float *g;
+  float *p;
+} sgd_job;
+
+static void sgd_task(void *arg, int t) {
+  const sgd_job *j = arg;
+  size_t i0 = (size_t)t * j->blk, i1 = i0 + j->blk < j->n ? i0 + j->blk : j->n;
+  const float *restrict g = j->g;
+  float *restrict p = j->p;
+  for (size_t i = i0; i < i1; i++) p[i] -= j->lr * g[i];
+}
+
+static void cpu_sgd(size_t n, float lr, const float *g, float *p) {
+  sgd_job j = {n, ELT_CHUNK, lr, g, p};
+  size_t tasks = (n + ELT_CHUNK - 1) / ELT_CHUNK;
+  if (tasks > DENSE_POOL_MAX_TASKS) tasks = 1, j.blk = n; /* one pass */
+  dense_pool_run(dense_pool_default(), (int)tasks, sgd_task, &j);
+}
+
+/* The batch kernels of a kernel set over the pool: bias + activation by
+ * blocks of ELT_ROWS rows, the ReLU/bias gradient by blocks of ELT_COLS
+ * columns (each column still summed over the rows in order), the
+ * interaction by blocks of INTERACT_SAMPLES samples. Small batches are one
+ * task. */
+#define ELT_ROWS 32
+#define ELT_COLS 64
+#define ELT_SPLIT_MIN 65536 /* floats of a batch below which it is one task */
+#define INTERACT_SAMPLES 16
+typedef struct {
+  int B, N, ld, relu, ni, d, itself, r_stride, blk;
+  const float *bias, *y, *T, *dR;
+  float *out, *db, *R, *dT;
+  union {
+    void (*bias_act)(int, int, const float *, int, float *);
+    void (*relu_bias)(int, int, int, const float *, float *, float *);
+    void (*fwd)(int, int, int, int, const float *, float *, int);
+    void (*bwd)(int, int, int, int, const float *, const float *, int, float *);
+  } k;
+} batch_job;
+
+static int blocks_of(int n, int blk) { return (n + blk - 1) / blk; }
+static int rest(int n, int i0, int blk) { return n - i0 < blk ? n - i0 : blk; }
+
+static void bias_act_task(void *arg, int t) {
+  const batch_job *j = arg;
+  int r0 = t * j->blk;
+  j->k.bias_act(rest(j->B, r0, j->blk), j->N, j->bias, j->relu, j->out + (size_t)r0 * j->N);
+}
+static void relu_bias_task(void *arg, int t) {
+  const batch_job *j = arg;
+  int c0 = t * j->blk;
+  j->k.relu_bias(j->B, rest(j->N, c0, j->blk), j->ld, j->y ? j->y + c0 : NULL, j->out + c0,
+                 j->db + c0);
+}
+static void fwd_task(void *arg, int t) {
+  const batch_job *j = arg;
+  int b0 = t * j->blk;
+  size_t ts = (size_t)j->ni * j->d;
+  j->k.fwd(rest(j->B, b0, j->blk), j->ni, j->d, j->itself, j->T + b0 * ts,
+           j->R + (size_t)b0 * j->r_stride, j->r_stride);
+}
+static void bwd_task(void *arg, int t) {
+  const batch_job *j = arg;
+  int b0 = t * j->blk;
+  size_t ts = (size_t)j->ni * j->d;
+  j->k.bwd(rest(j->B, b0, j->blk), j->ni, j->d, j->itself, j->T + b0 * ts,
+           j->dR + (size_t)b0 * j->r_stride, j->r_stride, j->dT + b0 * ts);
+}
+
+#define DENSE_BATCH_KERNELS(isa)                                                     \
+  static void par_bias_act_##isa(int B, int N, const float *bias, int relu,        \
+                                 float *y) {                                       \
+    batch_job j = {.B = B, .N = N, .relu = relu, .bias = bias, .out = y,           \
+                   .blk = (size_t)B * N < ELT_SPLIT_MIN ? B : ELT_ROWS};           \
+    j.k.bias_act = cpu_bias_act_forward_##isa;                                     \
+    dense_pool_run(dense_pool_default(), blocks_of(B, j.blk), bias_act_task, &j);  \
+  }                                                                                \
+  static void par_relu_bias_##isa(int B, int N, int ld, const float *y,            \
+                                  float *dy, float *db) {                          \
+    batch_job j = {.B = B, .N = N, .ld = ld, .y = y, .out = dy, .db = db,          \
+                   .blk = (size_t)B * N < ELT_SPLIT_MIN ? N : ELT_COLS};           \
+    j.k.relu_bias = cpu_relu_bias_grad_##isa;                                      \
+    dense_pool_run(dense_pool_default(), blocks_of(N, j.blk), relu_bias_task, &j); \
+  }                                                                                \
+  static void par_fwd_##isa(int B, int ni, int d, int itself, const float *T,      \
+                            float *R, int r_stride) {                              \
+    batch_job j = {.B = B, .ni = ni, .d = d, .itself = itself, .T = T, .R = R,     \
+                   .r_stride = r_stride, .blk = INTERACT_SAMPLES};                 \
+    j.k.fwd = cpu_interact_dot_forward_##isa;                                      \
+    dense_pool_run(dense_pool_default(), blocks_of(B, j.blk), fwd_task, &j);       \
+  }                                                                                \
+  static void par_bwd_##isa(int B, int ni, int d, int itself, const float *T,      \
+                            const float *dR, int r_stride, float *dT) {            \
+    batch_job j = {.B = B, .ni = ni, .d = d, .itself = itself, .T = T, .dR = dR,   \
+                   .r_stride = r_stride, .dT = dT, .blk = INTERACT_SAMPLES};       \
+    j.k.bwd = cpu_interact_dot_backward_##isa;                                     \
+    dense_pool_run(dense_pool_default(), blocks_of(B, j.blk), bwd_task, &j);       \
+  }
 
 #if DENSE_X86
 /* The AVX2 set: the d == 16 interaction in intrinsics, other widths on the
@@ -318,14 +512,19 @@ static void cpu_interact_dot_backward_avx2(int B, int ni, int d, int itself,
 }
 #endif
 
-/* The two kernel sets (sgemm, loss and SGD shared). */
+DENSE_BATCH_KERNELS(base)
+#if DENSE_X86
+DENSE_BATCH_KERNELS(avx2)
+#endif
+
+/* The two kernel sets (sgemm, loss and SGD shared), each over the pool. */
 #define CPU_BACKEND(label, isa)                                \
   {.name = label,                                              \
    .gemm = cpu_gemm,                                           \
-   .bias_act_forward = cpu_bias_act_forward_##isa,             \
-   .relu_bias_grad = cpu_relu_bias_grad_##isa,                 \
-   .interact_dot_forward = cpu_interact_dot_forward_##isa,     \
-   .interact_dot_backward = cpu_interact_dot_backward_##isa,   \
+   .bias_act_forward = par_bias_act_##isa,                     \
+   .relu_bias_grad = par_relu_bias_##isa,                      \
+   .interact_dot_forward = par_fwd_##isa,                      \
+   .interact_dot_backward = par_bwd_##isa,                     \
    .bce_logits = cpu_bce_logits,                               \
    .sgd = cpu_sgd}
 static const dense_backend cpu_backend_base = CPU_BACKEND("cpu-openblas", base);
@@ -343,8 +542,59 @@ const dense_backend *dense_backend_cpu_isa(dense_isa isa) {
     if (cpu_has_avx2_fma()) return &cpu_backend_avx2;
 #endif
     return &cpu_backend_base;
+  case DENSE_ISA_AVX2:
+#if DENSE_X86
+    if (cpu_has_avx2_fma()) return &cpu_backend_avx2;
+#endif
+    return NULL;
   }
   return NULL;
+}
+
+int dense_isa_parse(const char *name, dense_isa *out, char *err, size_t errlen) {
+  if (name && !strcmp(name, "baseline")) {
+    *out = DENSE_ISA_BASELINE;
+    return SR_OK;
+  }
+  if (!name || strcmp(name, "avx2")) {
+    sr_fmt(err, errlen, "'%s' is not baseline or avx2", name ? name : "");
+    return SR_EINVAL;
+  }
+  if (!dense_backend_cpu_isa(DENSE_ISA_AVX2)) {
+    sr_fmt(err, errlen, "avx2: this CPU (or build) has no AVX2 and FMA; use baseline");
+    return SR_EUNSUPPORTED;
+  }
+  *out = DENSE_ISA_AVX2;
+  return SR_OK;
+}
+
+const char *dense_backend_kernels(const dense_backend *be) {
+  if (be == &cpu_backend_base) return "baseline";
+#if DENSE_X86
+  if (be == &cpu_backend_avx2) return "avx2";
+#endif
+  return be ? be->name : "none";
+}
+
+/* "OpenBLAS 0.3.21 DYNAMIC_ARCH ..." -> "0.3.21" */
+static char blas_version[32];
+static pthread_once_t blas_version_once = PTHREAD_ONCE_INIT;
+static void blas_version_read(void) {
+  const char *c = openblas_get_config();
+  const char *p = c ? strstr(c, "OpenBLAS ") : NULL;
+  p = p ? p + 9 : "unknown";
+  size_t n = strcspn(p, " ");
+  if (n >= sizeof blas_version) n = sizeof blas_version - 1;
+  memcpy(blas_version, p, n);
+  blas_version[n] = 0;
+}
+const char *dense_blas_version(void) {
+  pthread_once(&blas_version_once, blas_version_read);
+  return blas_version;
+}
+const char *dense_blas_core(void) {
+  const char *c = openblas_get_corename();
+  return c ? c : "unknown";
 }
 
 const dense_backend *dense_backend_cpu(void) {

@@ -12,8 +12,9 @@
  * bottom layers first, then top layers. Activations are allocated for
  * max_batch at create time; forward/backward never allocate.
  *
- * Threads: the sgemm calls use OpenBLAS's threads; everything else runs on
- * the calling thread. A model must not be used by two threads at once.
+ * Threads: on the CPU every kernel runs on the default dense pool
+ * (dense/pool.h) in blocks fixed by the shapes, so the thread count changes
+ * speed, never bits. A model must not be used by two threads at once.
  *
  * Initialisation (as the reference create_mlp): W ~ N(0, sqrt(2/(in+out))),
  * b ~ N(0, sqrt(1/out)), drawn in double by sr_rng_normal and rounded to float.

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "dense/pool.h"
 
 struct dense_opt {
   dense_opt_config cfg;
@@ -64,41 +65,65 @@ void dense_opt_destroy(dense_opt *o) {
   free(o);
 }
 
-int dense_opt_step(dense_opt *o, float *restrict p, const float *restrict g,
-                   float lr) {
-  if (!o || !p || !g) return SR_EINVAL;
-  size_t n = o->n;
-  o->steps++;
-  switch (o->cfg.kind) {
+/* One step's element-wise update, in fixed chunks over the dense pool
+ * (dense/pool.h): every element is updated by the same instructions
+ * whatever the split, so the thread count changes no bits. */
+#define OPT_CHUNK 16384
+typedef struct {
+  const dense_opt *o;
+  float *p;
+  const float *g;
+  float lr, c1, c2, fb1, fb2, step_size, bc2_sqrt;
+  size_t blk;
+} opt_job;
+
+static void opt_task(void *arg, int t) {
+  const opt_job *j = arg;
+  size_t n = j->o->n, i0 = (size_t)t * j->blk, i1 = i0 + j->blk < n ? i0 + j->blk : n;
+  float *restrict p = j->p;
+  const float *restrict g = j->g;
+  float lr = j->lr, eps = j->o->cfg.eps;
+  switch (j->o->cfg.kind) {
   case DENSE_OPT_SGD:
-    for (size_t i = 0; i < n; i++) p[i] -= lr * g[i];
+    for (size_t i = i0; i < i1; i++) p[i] -= lr * g[i];
     break;
   case DENSE_OPT_ADAGRAD: {
-    float *restrict s = o->state, eps = o->cfg.eps;
-    for (size_t i = 0; i < n; i++) {
+    float *restrict s = j->o->state;
+    for (size_t i = i0; i < i1; i++) {
       s[i] += g[i] * g[i];
       p[i] -= lr * (g[i] / (sqrtf(s[i]) + eps));
     }
     break;
   }
   case DENSE_OPT_ADAM: {
-    float *restrict m = o->state, *restrict v = o->state + n;
-    double b1 = o->cfg.beta1, b2 = o->cfg.beta2, t = (double)o->steps;
-    /* scalars as torch computes them (python floats), then used in float */
-    float fb1 = (float)b1, fb2 = (float)b2;
-    float c1 = (float)(1.0 - b1), c2 = (float)(1.0 - b2);
-    float step_size = (float)(lr / (1.0 - pow(b1, t)));
-    float bc2_sqrt = (float)sqrt(1.0 - pow(b2, t));
-    float eps = o->cfg.eps;
-    for (size_t i = 0; i < n; i++) {
-      m[i] = fb1 * m[i] + c1 * g[i];
-      v[i] = fb2 * v[i] + c2 * (g[i] * g[i]);
-      float denom = sqrtf(v[i]) / bc2_sqrt + eps;
-      p[i] -= step_size * (m[i] / denom);
+    float *restrict m = j->o->state, *restrict v = j->o->state + n;
+    for (size_t i = i0; i < i1; i++) {
+      m[i] = j->fb1 * m[i] + j->c1 * g[i];
+      v[i] = j->fb2 * v[i] + j->c2 * (g[i] * g[i]);
+      float denom = sqrtf(v[i]) / j->bc2_sqrt + eps;
+      p[i] -= j->step_size * (m[i] / denom);
     }
     break;
   }
   }
+}
+
+int dense_opt_step(dense_opt *o, float *restrict p, const float *restrict g,
+                   float lr) {
+  if (!o || !p || !g) return SR_EINVAL;
+  o->steps++;
+  opt_job j = {.o = o, .p = p, .g = g, .lr = lr, .blk = OPT_CHUNK};
+  if (o->cfg.kind == DENSE_OPT_ADAM) {
+    double b1 = o->cfg.beta1, b2 = o->cfg.beta2, t = (double)o->steps;
+    /* scalars as torch computes them (python floats), then used in float */
+    j.fb1 = (float)b1, j.fb2 = (float)b2;
+    j.c1 = (float)(1.0 - b1), j.c2 = (float)(1.0 - b2);
+    j.step_size = (float)(lr / (1.0 - pow(b1, t)));
+    j.bc2_sqrt = (float)sqrt(1.0 - pow(b2, t));
+  }
+  size_t tasks = (o->n + OPT_CHUNK - 1) / OPT_CHUNK;
+  if (tasks > DENSE_POOL_MAX_TASKS) tasks = 1, j.blk = o->n; /* one pass */
+  dense_pool_run(dense_pool_default(), (int)tasks, opt_task, &j);
   return SR_OK;
 }
 

@@ -1,5 +1,8 @@
 #include "tools/cli.h"
 
+#include "dense/cuda_hooks.h"
+#include "dense/pool.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -227,4 +230,39 @@ int cli_model_arch(const char *cmd, const char *bot, const char *top, const char
     return -1;
   }
   return 0;
+}
+
+int cli_dense_isa(const char *cmd, const char *name, const dense_backend **out) {
+  char err[256];
+  dense_isa isa;
+  if (dense_isa_parse(name, &isa, err, sizeof err)) {
+    fprintf(stderr, "shardrec %s: --dense-isa: %s\n", cmd, err);
+    return -1;
+  }
+  *out = dense_backend_cpu_isa(isa);
+  return 0;
+}
+
+int cli_dense_threads(const char *cmd, const char *s, int *out) {
+  long long v;
+  if (cli_int(cmd, "--dense-threads", s, 1, DENSE_POOL_MAX_THREADS, &v)) return -1;
+  *out = (int)v;
+  return 0;
+}
+
+struct dense_pool *cli_dense_begin(const char *cmd, int threads, const dense_backend *isa) {
+  char err[256];
+  dense_pool *p = dense_pool_create(threads ? threads : dense_pool_threads_for(1), err, sizeof err);
+  if (!p) {
+    fprintf(stderr, "shardrec %s: %s\n", cmd, err);
+    return NULL;
+  }
+  dense_backend_set_default(isa);
+  dense_pool_set_default(p);
+  return p;
+}
+
+void cli_dense_end(struct dense_pool *p) {
+  dense_pool_set_default(NULL);
+  dense_pool_destroy(p);
 }

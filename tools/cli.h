@@ -47,4 +47,20 @@ int cli_isatty_err(void);
 int cli_model_arch(const char *cmd, const char *bot, const char *top, const char *op,
                    int itself, int dim, int n_sparse, int max_batch, dense_config *cfg);
 
+/* --dense-isa NAME (train, eval, predict, bench train): the CPU backend with
+ * the baseline or avx2 kernels into *out. 0, or -1 with "shardrec CMD:
+ * --dense-isa: ..." printed (another name; avx2 on a CPU without it). */
+int cli_dense_isa(const char *cmd, const char *name, const dense_backend **out);
+
+/* --dense-threads N: 1 ... DENSE_POOL_MAX_THREADS into *out. 0 or -1 (printed). */
+int cli_dense_threads(const char *cmd, const char *s, int *out);
+
+/* For the commands that run the dense model without train's job (eval,
+ * predict): make isa's kernels (NULL: the best this CPU runs) the default
+ * backend and a pool of threads threads (0: every core) the default pool.
+ * The pool (the caller ends it with cli_dense_end), or NULL with the reason
+ * printed. */
+struct dense_pool *cli_dense_begin(const char *cmd, int threads, const dense_backend *isa);
+void cli_dense_end(struct dense_pool *p);
+
 #endif

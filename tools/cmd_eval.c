@@ -30,12 +30,15 @@ static void usage(FILE *f) {
 "  --max-ind-range N, --frequency-threshold N   raw data: as at training\n"
 "  --mini-batch-size N       samples per forward pass (the checkpoint's training batch)\n"
 "  --out FILE                write one predicted probability per input line ('nan' for a\n"
-"                            malformed raw line), as 'shardrec predict --out'\n");
+"                            malformed raw line), as 'shardrec predict --out'\n"
+"  --dense-threads N         threads of the dense forward (every core); never changes results\n"
+"  --dense-isa baseline|avx2 our dense kernels (the best this CPU runs; the checkpoint's\n"
+"                            train header and manifest say which it was trained with)\n");
 }
 
 enum {
   O_CKPT = 1000, O_PROC, O_RAW, O_SPLIT, O_DATASET, O_TESTFRAC, O_MAXIND, O_FREQ, O_BATCH,
-  O_OUT, O_HELP
+  O_OUT, O_HELP, O_DTHREADS, O_DISA
 };
 
 static const struct option long_opts[] = {
@@ -52,7 +55,13 @@ static const struct option long_opts[] = {
     {"mini-batch-size", required_argument, 0, O_BATCH},
     {"out", required_argument, 0, O_OUT},
     {"help", no_argument, 0, O_HELP},
+    {"dense-threads", required_argument, 0, O_DTHREADS},
+    {"dense-isa", required_argument, 0, O_DISA},
     {0, 0, 0, 0}};
+
+/* --dense-threads and --dense-isa (0 / NULL: every core, the best kernels). */
+static int dense_threads;
+static const dense_backend *dense_be;
 
 /* Parse argv into *o. Returns -1 to go on, or the exit status (0 for
  * --help, 2 for bad usage, the message printed). */
@@ -77,6 +86,8 @@ static int parse_flags(int argc, char **argv, predict_opts *o) {
       case O_FREQ: if (cli_flag(CMD, "--frequency-threshold", optarg, &freq)) return 2; break;
       case O_BATCH: if (cli_flag(CMD, "--mini-batch-size", optarg, &batch)) return 2; break;
       case O_OUT: o->out = optarg; break;
+      case O_DTHREADS: if (cli_dense_threads(CMD, optarg, &dense_threads)) return 2; break;
+      case O_DISA: if (cli_dense_isa(CMD, optarg, &dense_be)) return 2; break;
       case 'h':
       case O_HELP: usage(stdout); return 0;
       case ':': cli_bad_option(CMD, ':', argv[optind - 1]); return 2;
@@ -111,7 +122,11 @@ int cmd_eval(int argc, char **argv) {
   if (st >= 0) return st;
   char err[2048];
   predict_result res;
-  if (predict_run(&o, &res, err, sizeof err)) {
+  struct dense_pool *pool = cli_dense_begin(CMD, dense_threads, dense_be);
+  if (!pool) return 1;
+  int rc = predict_run(&o, &res, err, sizeof err);
+  cli_dense_end(pool);
+  if (rc) {
     fprintf(stderr, "shardrec eval: %s\n", err);
     return res.bad_usage ? 2 : 1;
   }

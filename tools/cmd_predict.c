@@ -63,13 +63,16 @@ static void usage(FILE *f) {
 "                            which is train's test batch unless --test-mini-batch-size\n"
 "                            was given: the same batch gives the trainer's bits)\n"
 "  --out PRED.tsv            where the probabilities go (written whole, then renamed)\n"
-"  --metrics-out FILE.json   labelled input: the metrics as one JSON object\n");
+"  --metrics-out FILE.json   labelled input: the metrics as one JSON object\n"
+"  --dense-threads N         threads of the dense forward (every core); never changes results\n"
+"  --dense-isa baseline|avx2 our dense kernels (the best this CPU runs; the checkpoint's\n"
+"                            train header and manifest say which it was trained with)\n");
 }
 
 enum {
   O_CKPT = 1000, O_SERVERS, O_RPCDL, O_TLSCA, O_TLSCERT, O_TLSKEY, O_CMB, O_PROC, O_RAW,
   O_SPLIT, O_DATASET, O_TESTFRAC, O_MAXIND, O_FREQ, O_NOLABEL, O_STRICT, O_BATCH, O_OUT,
-  O_METRICS, O_HELP
+  O_METRICS, O_HELP, O_DTHREADS, O_DISA
 };
 
 static const struct option long_opts[] = {
@@ -95,7 +98,13 @@ static const struct option long_opts[] = {
     {"out", required_argument, 0, O_OUT},
     {"metrics-out", required_argument, 0, O_METRICS},
     {"help", no_argument, 0, O_HELP},
+    {"dense-threads", required_argument, 0, O_DTHREADS},
+    {"dense-isa", required_argument, 0, O_DISA},
     {0, 0, 0, 0}};
+
+/* --dense-threads and --dense-isa (0 / NULL: every core, the best kernels). */
+static int dense_threads;
+static const dense_backend *dense_be;
 
 /* The flags as given: the options, with what the checks need beside them. */
 typedef struct flags {
@@ -137,6 +146,8 @@ static int parse_flags(int argc, char **argv, flags *f) {
       case O_BATCH: if (cli_flag(CMD, "--mini-batch-size", optarg, &batch)) return 2; break;
       case O_OUT: o->out = optarg; break;
       case O_METRICS: o->metrics_out = optarg; break;
+      case O_DTHREADS: if (cli_dense_threads(CMD, optarg, &dense_threads)) return 2; break;
+      case O_DISA: if (cli_dense_isa(CMD, optarg, &dense_be)) return 2; break;
       case 'h':
       case O_HELP: usage(stdout); return 0;
       case ':': cli_bad_option(CMD, ':', argv[optind - 1]); return 2;
@@ -205,7 +216,11 @@ int cmd_predict(int argc, char **argv) {
   if ((st = check_flags(&f))) return st;
   char err[2048];
   predict_result res;
-  if (predict_run(&f.o, &res, err, sizeof err)) {
+  struct dense_pool *pool = cli_dense_begin(CMD, dense_threads, dense_be);
+  if (!pool) return 1;
+  int rc = predict_run(&f.o, &res, err, sizeof err);
+  cli_dense_end(pool);
+  if (rc) {
     fprintf(stderr, "shardrec predict: %s\n", err);
     return res.bad_usage ? 2 : 1;
   }

@@ -17,6 +17,7 @@
 #include "dense/collective.h"
 #include "dense/cuda_device.h"
 #include "dense/cuda_hooks.h"
+#include "dense/pool.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
 #include "tools/train/job.h"
@@ -83,6 +84,10 @@ static void usage(FILE *f) {
 "  --num-batches N           stop after N batches (0: whole epochs)\n"
 "  --seed N                  model seed (123, as the reference)\n"
 "  --device cpu|cuda[:N]     where the dense part runs (cpu; cuda needs a CUDA build and a GPU)\n"
+"  --dense-threads N         threads of the dense step per rank (cores / ranks on this host);\n"
+"                            they change speed, never results (OPENBLAS_NUM_THREADS neither)\n"
+"  --dense-isa baseline|avx2 our dense kernels (the best this CPU runs): to reproduce the bits\n"
+"                            of a run on a machine that picked the other set\n"
 "Output\n"
 "  --print-freq N            progress every N steps (256)\n"
 "  --test-freq N             evaluate every N steps (-1, the reference DLRM's default, or 0:\n"
@@ -116,7 +121,7 @@ enum {
   O_METRICS, O_SAVE, O_ORACLE, O_SERVERS, O_RPCDL, O_TLSCA, O_TLSCERT, O_TLSKEY, O_HELP,
   O_CKPT = 1100, O_CKEVERY, O_CKKEEP, O_RESUME, O_DATADIR, O_CROWS, O_CMB,
   O_DEVICE = 1200, O_RECOVER = 1300, O_COLOCATE = 1400, O_SPMODE, O_STALE, O_PREDOUT,
-  O_MLISTEN = 1500
+  O_MLISTEN = 1500, O_DTHREADS, O_DISA
 };
 
 static const struct option long_opts[] = {
@@ -159,6 +164,8 @@ static const struct option long_opts[] = {
     {"colocate-shards", no_argument, 0, O_COLOCATE},
     {"sparse-mode", required_argument, 0, O_SPMODE},
     {"max-staleness", required_argument, 0, O_STALE},
+    {"dense-threads", required_argument, 0, O_DTHREADS},
+    {"dense-isa", required_argument, 0, O_DISA},
     {0, 0, 0, 0}};
 
 __attribute__((format(printf, 2, 3))) static void errf(const train_ranks *r, const char *fmt, ...) {
@@ -170,7 +177,7 @@ __attribute__((format(printf, 2, 3))) static void errf(const train_ranks *r, con
 
 /* The flags that need more than one call of a cli_* parser. */
 typedef struct {
-  const char *dataset, *pooling, *sopt, *device, *emb_sizes, *oracle;
+  const char *dataset, *pooling, *sopt, *device, *emb_sizes, *oracle, *dense_isa;
   int staleness; /* --max-staleness (0: not given) */
 } raw_flags;
 
@@ -248,6 +255,8 @@ static int parse_opt(const train_ranks *r, int opt, const char *arg, train_confi
       {O_RESUME, .str = &c->resume}, {O_DATADIR, .str = &c->data_dir},
       {O_SERVERS, .str = &c->servers}, {O_DEVICE, .str = &rf->device},
       {O_PREDOUT, .str = &c->test_pred_out}, {O_TLSCA, .str = &c->tls_ca},
+      {O_DISA, .str = &rf->dense_isa},
+      {O_DTHREADS, "--dense-threads", 1, DENSE_POOL_MAX_THREADS, .i = &c->dense_threads},
       {O_TLSCERT, .str = &c->tls_cert}, {O_TLSKEY, .str = &c->tls_key},
       /* ranges 0, 0: the flag's range of every command (tools/cli.c) */
       {O_MAXIND, "--max-ind-range", 0, 0, .u = &c->max_ind_range},
@@ -324,6 +333,11 @@ static int finish_flags(const train_ranks *r, train_config *c, raw_flags *rf) {
     errf(r, "%s\n", err);
     return 2;
   }
+  if (rf->dense_isa && gpu) {
+    errf(r, "--dense-isa picks CPU kernels; it does not apply to --device %s\n", rf->device);
+    return 2;
+  }
+  if (rf->dense_isa && cli_dense_isa(CMD, rf->dense_isa, &be)) return 2;
   dense_backend_set_default(be); /* the trainer's dense model runs on it */
   if (gpu) printf("device %s (%s)\n", rf->device, be->name);
   if (c->test_batch == 0) c->test_batch = c->batch;

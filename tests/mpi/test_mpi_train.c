@@ -148,8 +148,37 @@ START_TEST(test_checkpoint_resume_np2) {
 }
 END_TEST
 
+/* Two ranks crowded on this host (1 dense thread each, OPENBLAS_NUM_THREADS=1)
+ * and the same job with each rank given every core (2 dense threads each,
+ * OPENBLAS_NUM_THREADS=2): the same bits, every loss and the test AUC. The
+ * Kaggle MLPs at 128 samples per rank, so the products are split between
+ * the threads. */
+START_TEST(test_crowded_equals_spread) {
+  const char *ex = "--mini-batch-size 256 --num-batches 60 --test-freq 60 "
+                   "--arch-mlp-bot 13-512-256-64-16 --arch-mlp-top 512-256-1 " HYPER;
+  char *out, args[600];
+  const char *names[2] = {"crowded", "spread"};
+  for (int k = 0; k < 2; k++) {
+    setenv("OPENBLAS_NUM_THREADS", k ? "2" : "1", 1); /* this forked case only */
+    snprintf(args, sizeof args, "%s --dense-threads %d", ex, k + 1);
+    ck_assert_msg(train(names[k], 2, "d.bin", "p.json", args, &out) == 0, "%s", out);
+    char want[96];
+    snprintf(want, sizeof want, "ranks  2 rank(s) (mpirun), 2 on this node; %d dense thread(s)",
+             k + 1);
+    ck_assert_msg(strstr(out, want), "no '%s' in:\n%s", want, out);
+    free(out);
+  }
+  dp_load("crowded", &ma);
+  dp_load("spread", &mb);
+  ck_assert_int_eq(ma.n, 60);
+  ck_assert_msg(!isnan(ma.auc), "no test AUC");
+  dp_assert_same_bits("crowded vs spread", &ma, &mb);
+}
+END_TEST
+
 int main(void) {
   const dp_case cases[] = {
+      {"threads", test_crowded_equals_spread},
       {"refuse", test_batch_must_divide},
       {"equal", test_ranks_equal_one_rank},
       {"resume", test_checkpoint_resume_np2},

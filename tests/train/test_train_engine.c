@@ -345,7 +345,7 @@ START_TEST(test_checkpoint_refusals) {
   small_train(&m);
   char root[512], ck[600], err[1024];
   snprintf(root, sizeof root, "%s/ck", dir);
-  ckpt_settings set = {"adagrad", "adagrad", 0.05, 0.05, 0, 0, 0, 16};
+  ckpt_settings set = {"adagrad", "adagrad", 0.05, 0.05, 0, 0, 0, 16, NULL, NULL, NULL};
   ckpt_state st = {.step = 2, .epoch = 0, .sample_index = 32}, got;
   ck_assert_int_eq(ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
                              trainer_dense_opt(m.t), &st, &set, err, sizeof err), 0);
@@ -450,7 +450,7 @@ START_TEST(test_checkpoint_path_too_long) {
   small_model m;
   small_open(&m, 7);
   small_train(&m);
-  ckpt_settings set = {"adagrad", "adagrad", 0.05, 0.05, 0, 0, 0, 16};
+  ckpt_settings set = {"adagrad", "adagrad", 0.05, 0.05, 0, 0, 0, 16, NULL, NULL, NULL};
   ckpt_state st = {.step = 2, .epoch = 0, .sample_index = 32}, got;
   size_t limit = SR_PATH_MAX - ckpt_root_room(); /* a root fits in limit bytes */
   char root[SR_PATH_MAX], parent[SR_PATH_MAX], sentinel[SR_PATH_MAX], keep[SR_PATH_MAX];
@@ -510,6 +510,45 @@ START_TEST(test_checkpoint_path_too_long) {
 }
 END_TEST
 
+/* The manifest records the dense kernels, OpenBLAS's version and core;
+ * ckpt_kernels_differ names both sides when one differs, says nothing when
+ * all agree or the checkpoint records none (an older one). */
+START_TEST(test_checkpoint_kernels) {
+  small_model m;
+  small_open(&m, 7);
+  small_train(&m);
+  char root[512], ck[600], err[1024], msg[1024];
+  snprintf(root, sizeof root, "%s/kern", dir);
+  ckpt_settings set = {"adagrad", "adagrad", 0.05, 0.05, 0, 0, 0, 16, "avx2", "0.3.21", "Zen"};
+  ckpt_state st = {.step = 2, .epoch = 0, .sample_index = 32};
+  ck_assert_int_eq(ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
+                             trainer_dense_opt(m.t), &st, &set, err, sizeof err), 0);
+  ck_assert_int_eq(ckpt_resolve(root, ck, sizeof ck, err, sizeof err), 0);
+  ck_assert_int_eq(ckpt_kernels_differ(ck, &set, msg, sizeof msg), 0);
+  ckpt_settings other = set;
+  other.dense_kernels = "baseline";
+  ck_assert_int_eq(ckpt_kernels_differ(ck, &other, msg, sizeof msg), 1);
+  ck_assert_msg(strstr(msg, "dense kernels avx2, OpenBLAS 0.3.21, core Zen") &&
+                    strstr(msg, "this run has dense kernels baseline, OpenBLAS 0.3.21, core Zen"),
+                "%s", msg);
+  other = set;
+  other.blas_core = "SkylakeX";
+  ck_assert_int_eq(ckpt_kernels_differ(ck, &other, msg, sizeof msg), 1);
+  ck_assert_ptr_nonnull(strstr(msg, "core SkylakeX"));
+  other = set;
+  other.blas_version = "0.3.26";
+  ck_assert_int_eq(ckpt_kernels_differ(ck, &other, msg, sizeof msg), 1);
+  /* written without them: nothing to compare */
+  snprintf(root, sizeof root, "%s/kern-none", dir);
+  set.dense_kernels = set.blas_version = set.blas_core = NULL;
+  ck_assert_int_eq(ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
+                             trainer_dense_opt(m.t), &st, &set, err, sizeof err), 0);
+  ck_assert_int_eq(ckpt_resolve(root, ck, sizeof ck, err, sizeof err), 0);
+  ck_assert_int_eq(ckpt_kernels_differ(ck, &other, msg, sizeof msg), 0);
+  small_close(&m);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("train_engine");
   TCase *tc = tcase_create("engine");
@@ -520,6 +559,7 @@ int main(void) {
   tcase_add_test(tc, test_checkpoint_refusals);
   tcase_add_test(tc, test_checkpoint_path_too_long);
   tcase_add_test(tc, test_step_nonfinite);
+  tcase_add_test(tc, test_checkpoint_kernels);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

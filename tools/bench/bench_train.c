@@ -26,6 +26,7 @@
 #include "dense/cuda_hooks.h"
 #include "dense/model.h"
 #include "dense/optim.h"
+#include "dense/pool.h"
 #include "embedding/plan.h"
 #include "embedding/store.h"
 #include "tools/cli.h"
@@ -46,8 +47,12 @@ static int run_self(char *const *args) {
   return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
 }
 
-/* Seconds per step of the step's sgemm calls at batch B (median of reps). */
+/* Seconds per step of the step's sgemm calls at batch B (median of reps),
+ * with OpenBLAS's OWN threading over every core (set just for the bound,
+ * then back to one thread as the dense kernels run it), so that the share
+ * of the bound cannot rise by slowing the bound. */
 static double sgemm_step_time(const dense_config *cfg, int B, double *flops_out) {
+  openblas_set_num_threads((int)sysconf(_SC_NPROCESSORS_ONLN));
   dense_gemm_shape sh[64];
   int ns = dense_model_gemm_shapes(cfg, B, sh, 64);
   double total = 0, flops = 0;
@@ -77,6 +82,7 @@ static double sgemm_step_time(const dense_config *cfg, int B, double *flops_out)
     free(C);
   }
   *flops_out = flops;
+  openblas_set_num_threads(1);
   return total;
 }
 
@@ -108,6 +114,7 @@ typedef struct bt_flags {
   const dense_backend *be;
   int gpu;
   int bl[8], nb;       /* the batch sizes */
+  int th[8], nth;      /* the dense thread counts (--dense-threads) */
 } bt_flags;
 
 /* Parse argv into *f and choose the dense backend. Returns -1 to go on, or
@@ -118,9 +125,11 @@ static int parse_flags(int argc, char **argv, bt_flags *f) {
                                        {"runs", required_argument, 0, 'n'},
                                        {"batch", required_argument, 0, 'b'},
                                        {"device", required_argument, 0, 'd'},
+                                       {"dense-threads", required_argument, 0, 't'},
+                                       {"dense-isa", required_argument, 0, 'i'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
-  const char *batches = NULL;
+  const char *batches = NULL, *threads = NULL, *isa = NULL;
   optind = 1;
   opterr = 0;
   int c;
@@ -131,13 +140,18 @@ static int parse_flags(int argc, char **argv, bt_flags *f) {
       case 'n': if (cli_int("bench train", "--runs", optarg, 1, 99, &f->runs)) return 2; break;
       case 'b': batches = optarg; break;
       case 'd': f->device = optarg; break;
+      case 't': threads = optarg; break;
+      case 'i': isa = optarg; break;
       case 'h':
         printf("usage: shardrec bench train [--rows N (300000)] [--batch 128,2048] [--steps N] [--runs 3]\n"
                "Kaggle configuration (dim 16, 13-512-256-64-16 / 512-256-1, dot), SGD, in-process shards,\n"
                "data from a generated set converted to binary records. --steps: timed steps per run\n"
                "(default: about 3 s of work per run).\n"
                "--device cuda[:N]: the dense step on the GPU (default batches 2048,16384); the bound is\n"
-               "cublasSgemm on the step's shapes, and the step splits into lookup, H2D, compute, D2H, push.\n");
+               "cublasSgemm on the step's shapes, and the step splits into lookup, H2D, compute, D2H, push.\n"
+               "--dense-threads 1,2: the dense pool's thread counts, each timed at every batch (with\n"
+               "--device cuda: every core, once); the bound is OpenBLAS's own threading over every core.\n"
+               "--dense-isa baseline|avx2: our kernels (default: the best this CPU runs).\n");
         return 0;
       default: cli_bad_option("bench train", c, argv[optind - 1]); return 2;
     }
@@ -147,9 +161,26 @@ static int parse_flags(int argc, char **argv, bt_flags *f) {
     fprintf(stderr, "bench train: %s\n", derr);
     return 2;
   }
+  if (isa && f->gpu) {
+    fprintf(stderr, "bench train: --dense-isa picks CPU kernels; it does not apply to --device %s\n",
+            f->device);
+    return 2;
+  }
+  if (isa && cli_dense_isa("bench train", isa, &f->be)) return 2;
   dense_backend_set_default(f->be);
   if (!batches) batches = f->gpu ? "2048,16384" : "128,2048";
   if (cli_int_list("bench train", "--batch", batches, ',', f->bl, 8, &f->nb)) return 2;
+  /* The GPU runs the step: one pool (every core) for the host's parts. */
+  char all[16];
+  snprintf(all, sizeof all, "%d", dense_pool_threads_for(1));
+  if (!threads) threads = f->gpu ? all : "1,2";
+  if (cli_int_list("bench train", "--dense-threads", threads, ',', f->th, 8, &f->nth)) return 2;
+  for (int i = 0; i < f->nth; i++)
+    if (f->th[i] > DENSE_POOL_MAX_THREADS) {
+      fprintf(stderr, "bench train: --dense-threads: %d is over %d\n", f->th[i],
+              DENSE_POOL_MAX_THREADS);
+      return 2;
+    }
   return -1;
 }
 
@@ -261,7 +292,7 @@ static int warm_up(one *o, long long steps) {
  * rate is set beside the bound timed right after it, so a change of load
  * between them moves both; the ratio reported is the median of the per-run
  * ratios. 0 or -1 (printed). */
-static int measure(one *o, const bt_flags *f, int nsteps) {
+static int measure(one *o, const bt_flags *f, int nsteps, int th, double *rate_out) {
   int B = o->B, gpu = f->gpu, runs = (int)f->runs;
   double rate[99], ratio[99], bounds[99], gflops = 0;
   trainer_times_reset(o->t);
@@ -292,9 +323,10 @@ static int measure(one *o, const bt_flags *f, int nsteps) {
   double frac = sr_median(ratio, runs);
   double tg = B / bound;
   double fps = dense_model_flops_per_sample(&o->cfg);
-  printf("%6d %12.0f %9.2f %10.3f %13.1f %13.0f %8.1f%%  dedup %.2f lookup %.2f pool %.2f fwd %.2f "
-         "bwd %.2f scatter %.2f push %.2f opt %.2f\n",
-         B, med, 1e3 * B / med, fps / 1e6, gflops / tg / 1e9, bound, 100.0 * frac,
+  *rate_out = med;
+  printf("%6d %7d %12.0f %9.2f %10.3f %13.1f %13.0f %8.1f%%  dedup %.2f lookup %.2f pool %.2f "
+         "fwd %.2f bwd %.2f scatter %.2f push %.2f opt %.2f\n",
+         B, th, med, 1e3 * B / med, fps / 1e6, gflops / tg / 1e9, bound, 100.0 * frac,
          tt->dedup * ms, tt->lookup * ms, tt->pool * ms, tt->forward * ms, tt->backward * ms,
          tt->scatter * ms, tt->push * ms, tt->dense_opt * ms);
 #ifdef SHARDREC_HAVE_CUDA
@@ -312,12 +344,33 @@ static int measure(one *o, const bt_flags *f, int nsteps) {
   return 0;
 }
 
-/* One batch size: open, warm up, measure, close. 0 or -1 (printed). */
+/* One batch size: open, then for each dense thread count a pool of that
+ * many, warm up, measure; close. A line with each count's rate against the
+ * first's. 0 or -1 (printed). */
 static int bench_batch(const bt_flags *f, int B, const char *bin) {
   one o = {0};
+  char err[256];
+  double rate[8];
   int rc = one_open(&o, B, bin), nsteps = 0;
-  if (!rc && (nsteps = warm_up(&o, f->steps)) < 0) rc = -1;
-  if (!rc) rc = measure(&o, f, nsteps);
+  for (int i = 0; !rc && i < f->nth; i++) {
+    dense_pool *p = dense_pool_create(f->th[i], err, sizeof err);
+    if (!p) {
+      fprintf(stderr, "bench train: %s\n", err);
+      rc = -1;
+      break;
+    }
+    dense_pool_set_default(p);
+    if ((nsteps = warm_up(&o, f->steps)) < 0) rc = -1;
+    if (!rc) rc = measure(&o, f, nsteps, f->th[i], &rate[i]);
+    dense_pool_set_default(NULL);
+    dense_pool_destroy(p);
+  }
+  if (!rc && f->nth > 1) {
+    printf("%6d threads:", B);
+    for (int i = 1; i < f->nth; i++)
+      printf(" %d: %.2fx of %d", f->th[i], rate[i] / rate[0], f->th[0]);
+    printf("\n");
+  }
   one_close(&o);
   return rc;
 }
@@ -334,12 +387,13 @@ int bench_train(int argc, char **argv) {
   char bin[256];
   status = 1;
   if (prepare_data(dir, f.rows, bin, sizeof bin)) goto out;
-  const char *th = getenv("OPENBLAS_NUM_THREADS");
-  printf("\nOpenBLAS %s, %d thread(s)%s; OPENBLAS_CORETYPE=%s\n", OPENBLAS_VERSION,
-         openblas_get_num_threads(), th ? " (OPENBLAS_NUM_THREADS)" : "",
-         getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(unset)");
+  printf("\nOpenBLAS %s, core %s (OPENBLAS_CORETYPE=%s); dense kernels %s; the step's sgemm "
+         "calls single-threaded on the dense pool, the bound on OpenBLAS's own %ld threads\n",
+         dense_blas_version(), dense_blas_core(),
+         getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "unset",
+         dense_backend_kernels(f.be), sysconf(_SC_NPROCESSORS_ONLN));
   if (f.gpu) printf("device %s (%s): dense step on the GPU; bound = cublasSgemm\n", f.device, f.be->name);
-  printf("%6s %12s %9s %10s %13s %13s %9s  %s\n", "batch", "samples/s", "step ms", "MFLOP/smp",
+  printf("%6s %7s %12s %9s %10s %13s %13s %9s  %s\n", "batch", "threads", "samples/s", "step ms", "MFLOP/smp",
          f.gpu ? "cublas GF/s" : "sgemm GF/s", "bound smp/s", "of bound", "where the step's time goes (ms)");
   for (int bi = 0; bi < f.nb; bi++)
     if (bench_batch(&f, f.bl[bi], bin)) goto out;

@@ -82,6 +82,9 @@ static cJSON *settings_json(const ckpt_settings *s) {
   cJSON_AddNumberToObject(o, "lr_decay_start_step", (double)s->decay_start);
   cJSON_AddNumberToObject(o, "lr_num_decay_steps", (double)s->decay_steps);
   cJSON_AddNumberToObject(o, "mini_batch_size", (double)s->batch);
+  if (s->dense_kernels) cJSON_AddStringToObject(o, "dense_kernels", s->dense_kernels);
+  if (s->blas_version) cJSON_AddStringToObject(o, "openblas_version", s->blas_version);
+  if (s->blas_core) cJSON_AddStringToObject(o, "openblas_core", s->blas_core);
   return o;
 }
 
@@ -173,6 +176,25 @@ static int jnum(const cJSON *o, const char *k, double *out) {
   if (!cJSON_IsNumber(v)) return -1;
   *out = v->valuedouble;
   return 0;
+}
+
+int ckpt_kernels_differ(const char *dir, const ckpt_settings *set, char *msg, size_t len) {
+  cJSON *man = NULL;
+  char err[256];
+  if (ckpt_dir_read(dir, &man, err, sizeof err)) return 0;
+  const cJSON *sj = cJSON_GetObjectItemCaseSensitive(man, "settings");
+  const char *k = jstr(sj, "dense_kernels"), *v = jstr(sj, "openblas_version"),
+             *c = jstr(sj, "openblas_core");
+  int differ = k && v && c && set->dense_kernels && set->blas_version && set->blas_core &&
+               (strcmp(k, set->dense_kernels) || strcmp(v, set->blas_version) ||
+                strcmp(c, set->blas_core));
+  if (differ)
+    sr_fmt(msg, len, "%s was written with dense kernels %s, OpenBLAS %s, core %s; this run has "
+           "dense kernels %s, OpenBLAS %s, core %s: the steps from here will not be the same bits "
+           "as the run that wrote it (--dense-isa picks the kernels, OPENBLAS_CORETYPE the core)",
+           dir, k, v, c, set->dense_kernels, set->blas_version, set->blas_core);
+  cJSON_Delete(man);
+  return differ;
 }
 
 void ckpt_info_free(ckpt_info *ci) {

@@ -43,6 +43,11 @@ typedef struct ckpt_settings {
   const char *dense_optimizer, *sparse_optimizer;
   double lr, sparse_lr;
   int64_t warmup, decay_start, decay_steps, batch;
+  /* What can still change the dense bits (recorded, never refused: a
+   * resume elsewhere warns, ckpt_kernels_differ): the dense kernel set
+   * (dense_backend_kernels), OpenBLAS's version and its core (kernel
+   * family). NULL: not recorded. */
+  const char *dense_kernels, *blas_version, *blas_core;
 } ckpt_settings;
 
 /* The longest name a checkpoint holds under its step folder
@@ -86,6 +91,13 @@ int ckpt_resolve(const char *path, char *out, size_t outlen, char *err, size_t e
 int ckpt_load(const char *dir, const emb_plan *plan, emb_store *store, const char *store_kind,
               dense_model *model, dense_opt *opt, const ckpt_settings *set, ckpt_state *st,
               char *err, size_t errlen);
+
+/* Whether the checkpoint dir was written with other dense kernels, another
+ * OpenBLAS version or another OpenBLAS core than set records: 1 with
+ * "<dir> was written with ...; this run has ..." (both values) in msg, 0
+ * when they are the same or the checkpoint does not record them (or cannot
+ * be read: ckpt_load has said why). */
+int ckpt_kernels_differ(const char *dir, const ckpt_settings *set, char *msg, size_t len);
 
 /* A verified training checkpoint, read without a model or store (predict;
  * reshard and serve --checkpoint need only its plan and rows:

@@ -1,7 +1,6 @@
 /* The training job: wiring (ranks, job id, data, plan, store), the loop of
  * steps over the epochs with its explicit rewind after a recovery, and the
  * end of the job. See job.h. */
-#include <cblas.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -18,6 +17,9 @@
 #include "common/fs.h"
 #include "common/status.h"
 #include "common/sys.h"
+#include "dense/backend.h"
+#include "dense/cuda_hooks.h"
+#include "dense/pool.h"
 #include "embedding/shard.h"
 #include "rpc/client.h"
 #include "storage/ckpt_dir.h"
@@ -484,7 +486,9 @@ static int job_open(train_job *j) {
   if (c->num_batches > 0 && c->num_batches < j->total_steps) j->total_steps = c->num_batches;
   j->cks = (ckpt_settings){c->opt_name, emb_optim_name(j->plan->tables[0].optim.kind), c->lr,
                            c->sparse_lr, c->sched.num_warmup_steps, c->sched.decay_start_step,
-                           c->sched.num_decay_steps, c->batch};
+                           c->sched.num_decay_steps, c->batch,
+                           dense_backend_kernels(dense_backend_default()), dense_blas_version(),
+                           dense_blas_core()};
   return 0;
 }
 
@@ -536,6 +540,9 @@ static int job_resume(train_job *j) {
               (unsigned long long)j->ckst.sample_index, ds_source_errmsg(j->train));
     return -1;
   }
+  char why[512];
+  if (j->rank == 0 && ckpt_kernels_differ(ckdir, &j->cks, why, sizeof why))
+    job__errf(j, "warning: --resume: %s\n", why);
   job_rewind(&j->cur, &j->q, &j->ckst, j->cfg->batch, sr_now());
   printf("resume %s: step %lld, epoch %d, sample %llu\n", ckdir, (long long)j->ckst.step,
          j->ckst.epoch, (unsigned long long)j->ckst.sample_index);
@@ -878,13 +885,22 @@ static int job_ranks(train_job *j) {
               j->coll->size, j->rank, j->size);
     return -1;
   }
-  /* Ranks crowded on few cores: share the cores out rather than run
-   * (cores x ranks) BLAS threads. An explicit OPENBLAS_NUM_THREADS wins. */
-  if (!getenv("OPENBLAS_NUM_THREADS")) {
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int per = (int)(cores / j->cfg->ranks.local_size);
-    openblas_set_num_threads(per < 1 ? 1 : per);
+  return 0;
+}
+
+/* The dense pool every dense kernel of this process runs on (dense/pool.h):
+ * --dense-threads, or the cores shared out between the ranks of this host
+ * rather than (cores x ranks) threads. The thread count changes no bits.
+ * The pool in *out (the caller destroys it); 0 or -1. */
+static int job_dense_pool(train_job *j, dense_pool **out) {
+  const train_config *c = j->cfg;
+  char err[256];
+  int n = c->dense_threads ? c->dense_threads : dense_pool_threads_for(c->ranks.local_size);
+  if (!(*out = dense_pool_create(n, err, sizeof err))) {
+    job__errf(j, "%s\n", err);
+    return -1;
   }
+  dense_pool_set_default(*out);
   return 0;
 }
 
@@ -896,16 +912,22 @@ int train_run(const train_config *c) {
   j->size = c->ranks.size;
   j->tty = isatty(2) && j->rank == 0;
   int status = 1;
-  if (c->ranks.launched && job_ranks(j)) goto done;
+  dense_pool *pool = NULL;
+  if ((c->ranks.launched && job_ranks(j)) || job_dense_pool(j, &pool)) goto done;
   if (c->metrics_listen && job__metrics_start(j)) goto done;
-  printf("ranks  %d rank(s)%s, %d on this node; %d BLAS thread(s) per rank\n", j->size,
-         j->size > 1 ? " (mpirun)" : "", c->ranks.local_size, openblas_get_num_threads());
+  const dense_backend *be = dense_backend_default();
+  printf("ranks  %d rank(s)%s, %d on this node; %d dense thread(s) per rank\n", j->size,
+         j->size > 1 ? " (mpirun)" : "", c->ranks.local_size, dense_pool_threads(pool));
+  printf("dense  kernels %s; OpenBLAS %s, core %s, one thread per call\n",
+         dense_backend_kernels(be), dense_blas_version(), dense_blas_core());
   if (job_open(j) || (c->resume && job_resume(j)) || job_loop(j) || job_finish(j)) goto done;
   status = 0;
 done:
   job_close(j, status);
   job__metrics_stop(j);
   dense_coll_destroy(j->coll);
+  dense_pool_set_default(NULL);
+  dense_pool_destroy(pool);
   return status;
 }
 

@@ -82,6 +82,8 @@ typedef struct train_config {
   dense_lr_sched sched;     /* --lr-num-warmup-steps, --lr-decay-start-step, --lr-num-decay-steps */
   int epochs;               /* --nepochs */
   int64_t num_batches;      /* --num-batches (0: whole epochs) */
+  int dense_threads;        /* --dense-threads (0: cores / ranks on this host); the
+                               kernels (--dense-isa) are the default backend's */
   /* Output */
   int64_t print_freq, test_freq; /* --print-freq, --test-freq (0: at each epoch's end) */
   const char *metrics_out;  /* --metrics-out */

@@ -1,0 +1,236 @@
+/* The dense pool and the CPU backend's fixed partitions: every task of a run
+ * runs exactly once; the step's products, its other kernels and a whole
+ * model step give the same bits with 1, 2 and 3 threads, also when OpenBLAS
+ * has been told to use several threads of its own (it must be held at one:
+ * its threaded sgemm rounds differently). Runs on both kernel sets
+ * (tests/dense/dense_test_isa.h). */
+#include <cblas.h>
+#include <check.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "dense/backend.h"
+#include "dense/model.h"
+#include "dense/optim.h"
+#include "dense/pool.h"
+#include "tests/check_main.h"
+#include "tests/dense/dense_test_isa.h"
+
+static void fill(sr_rng *r, float *a, size_t n) {
+  for (size_t i = 0; i < n; i++) a[i] = (float)sr_rng_uniform(r) - 0.5f;
+}
+
+/* ---- the pool itself ------------------------------------------------------ */
+
+typedef struct {
+  _Atomic int hits[2000];
+} count_ctx;
+
+static void count_task(void *arg, int t) {
+  count_ctx *c = arg;
+  atomic_fetch_add(&c->hits[t], 1);
+}
+
+START_TEST(test_pool_runs_each_task_once) {
+  char err[256];
+  for (int th = 1; th <= 3; th++) {
+    dense_pool *p = dense_pool_create(th, err, sizeof err);
+    ck_assert_msg(p != NULL, "%s", err);
+    ck_assert_int_eq(dense_pool_threads(p), th);
+    static count_ctx c;
+    for (int run = 0; run < 300; run++) {
+      int n = 1 + (run * 37) % 2000;
+      memset(&c, 0, sizeof c);
+      dense_pool_run(p, n, count_task, &c);
+      for (int t = 0; t < 2000; t++)
+        ck_assert_msg(c.hits[t] == (t < n), "threads %d run %d: task %d ran %d times (n %d)",
+                      th, run, t, (int)c.hits[t], n);
+    }
+    dense_pool_destroy(p);
+  }
+  ck_assert_ptr_null(dense_pool_create(0, err, sizeof err));
+  ck_assert_ptr_nonnull(strstr(err, "out of range"));
+  ck_assert_int_eq(dense_pool_threads(NULL), 1);
+  dense_pool_destroy(NULL);
+}
+END_TEST
+
+/* A task that runs a pool itself: the inner run goes on its caller. */
+static dense_pool *nest_pool;
+static void nest_task(void *arg, int t) {
+  count_ctx *c = arg;
+  dense_pool_run(nest_pool, 10, count_task, &c[t + 1]);
+}
+
+START_TEST(test_pool_nested_run) {
+  char err[256];
+  nest_pool = dense_pool_create(3, err, sizeof err);
+  ck_assert_ptr_nonnull(nest_pool);
+  count_ctx *c = calloc(5, sizeof *c);
+  dense_pool_run(nest_pool, 4, nest_task, c);
+  for (int k = 1; k <= 4; k++)
+    for (int t = 0; t < 10; t++) ck_assert_int_eq(c[k].hits[t], 1);
+  free(c);
+  dense_pool_destroy(nest_pool);
+}
+END_TEST
+
+/* ---- the partitions ----------------------------------------------------- */
+
+static const dense_config *kaggle(int B) {
+  static dense_config c;
+  memset(&c, 0, sizeof c);
+  int bot[] = {13, 512, 256, 64, 16}, top[] = {512, 256, 1};
+  memcpy(c.bot, bot, sizeof bot);
+  memcpy(c.top, top, sizeof top);
+  c.n_bot = 5, c.n_top = 3, c.n_dense = 13, c.n_sparse = 26, c.emb_dim = 16;
+  c.interaction = DENSE_INTERACT_DOT, c.max_batch = B;
+  return &c;
+}
+
+/* Run with a pool of th threads as the default and OpenBLAS told to use
+ * blas threads of its own. */
+static dense_pool *use_threads(int th, int blas) {
+  char err[256];
+  dense_pool *p = dense_pool_create(th, err, sizeof err);
+  ck_assert_msg(p != NULL, "%s", err);
+  dense_pool_set_default(p);
+  openblas_set_num_threads(blas);
+  return p;
+}
+static void done_threads(dense_pool *p) {
+  dense_pool_set_default(NULL);
+  dense_pool_destroy(p);
+}
+
+/* Every sgemm of a Kaggle step at batches 128 and 512: C bit-identical with
+ * 1, 2 and 3 threads; some shapes are split (by rows and by columns), so the
+ * threads do share the work. */
+START_TEST(test_gemm_same_bits_any_threads) {
+  const dense_backend *be = dense_test_be;
+  int split_rows = 0, split_cols = 0;
+  for (int Bi = 0; Bi < 2; Bi++) {
+    int B = Bi ? 512 : 128;
+    dense_gemm_shape sh[64];
+    int ns = dense_model_gemm_shapes(kaggle(B), B, sh, 64);
+    ck_assert_int_gt(ns, 10);
+    for (int i = 0; i < ns; i++) {
+      int M = sh[i].M, N = sh[i].N, K = sh[i].K, by_rows, blk;
+      int tasks = dense_gemm_tasks(M, N, K, &by_rows, &blk);
+      if (tasks > 1) split_rows += by_rows, split_cols += !by_rows;
+      sr_rng r;
+      sr_rng_init(&r, 7, (uint64_t)i);
+      float *A = malloc(sizeof(float) * M * K), *Bm = malloc(sizeof(float) * K * N);
+      float *C[3];
+      fill(&r, A, (size_t)M * K);
+      fill(&r, Bm, (size_t)K * N);
+      int lda = sh[i].trans_a ? M : K, ldb = sh[i].trans_b ? K : N;
+      for (int th = 1; th <= 3; th++) {
+        C[th - 1] = malloc(sizeof(float) * M * N);
+        dense_pool *p = use_threads(th, th);
+        be->gemm(sh[i].trans_a, sh[i].trans_b, M, N, K, 1.0f, A, lda, Bm, ldb, 0.0f,
+                 C[th - 1], N);
+        done_threads(p);
+      }
+      for (int th = 2; th <= 3; th++)
+        ck_assert_msg(!memcmp(C[0], C[th - 1], sizeof(float) * M * N),
+                      "B %d gemm %d (%dx%dx%d, %d tasks): %d threads differ from 1", B, i, M,
+                      N, K, tasks, th);
+      for (int k = 0; k < 3; k++) free(C[k]);
+      free(A);
+      free(Bm);
+    }
+  }
+  ck_assert_int_gt(split_rows, 0);
+  ck_assert_int_gt(split_cols, 0);
+}
+END_TEST
+
+/* A whole Kaggle forward + backward + Adagrad step at batch 512: logits,
+ * loss, d_emb, gradients and parameters bit-identical with 1, 2, 3 threads. */
+START_TEST(test_model_step_same_bits_any_threads) {
+  enum { B = 512 };
+  const dense_config *cfg = kaggle(B);
+  size_t es = (size_t)B * 26 * 16;
+  float *x = malloc(sizeof(float) * B * 13), *emb = malloc(sizeof(float) * es);
+  float lab[B], logit[3][B], loss[3];
+  float *demb[3], *par[3];
+  size_t np = dense_config_param_count(cfg);
+  sr_rng r;
+  sr_rng_init(&r, 11, 0);
+  fill(&r, x, (size_t)B * 13);
+  fill(&r, emb, es);
+  for (int i = 0; i < B; i++) lab[i] = (float)(i % 3 == 0);
+  for (int th = 1; th <= 3; th++) {
+    dense_pool *p = use_threads(th, 2);
+    char err[256];
+    dense_model *m = dense_model_create(cfg, 5, err, sizeof err);
+    ck_assert_msg(m != NULL, "%s", err);
+    dense_opt_config oc = dense_opt_defaults(DENSE_OPT_ADAGRAD);
+    dense_opt *o = dense_opt_create(&oc, np, err, sizeof err);
+    demb[th - 1] = malloc(sizeof(float) * es);
+    ck_assert_int_eq(dense_model_forward(m, B, x, emb, logit[th - 1]), 0);
+    ck_assert_int_eq(dense_model_backward(m, B, lab, &loss[th - 1], demb[th - 1]), 0);
+    float *params = dense_model_params(m, NULL);
+    ck_assert_int_eq(dense_opt_step(o, params, dense_model_grads(m, NULL), 0.01f), 0);
+    par[th - 1] = malloc(sizeof(float) * np);
+    memcpy(par[th - 1], params, sizeof(float) * np);
+    dense_opt_destroy(o);
+    dense_model_destroy(m);
+    done_threads(p);
+  }
+  for (int th = 2; th <= 3; th++) {
+    ck_assert(!memcmp(logit[0], logit[th - 1], sizeof logit[0]));
+    ck_assert_msg(!memcmp(&loss[0], &loss[th - 1], sizeof loss[0]), "loss %.9g vs %.9g",
+                  loss[0], loss[th - 1]);
+    ck_assert(!memcmp(demb[0], demb[th - 1], sizeof(float) * es));
+    ck_assert(!memcmp(par[0], par[th - 1], sizeof(float) * np));
+  }
+  for (int k = 0; k < 3; k++) free(demb[k]), free(par[k]);
+  free(x);
+  free(emb);
+}
+END_TEST
+
+/* The loss of 1000 samples is its blocks of 256 summed in block order. */
+START_TEST(test_bce_fixed_blocks) {
+  enum { B = 1000 };
+  float z[B], y[B];
+  sr_rng r;
+  sr_rng_init(&r, 3, 0);
+  for (int i = 0; i < B; i++) z[i] = 4.0f * ((float)sr_rng_uniform(&r) - 0.5f), y[i] = i & 1;
+  double want = 0.0;
+  for (int b0 = 0; b0 < B; b0 += 256) {
+    double s = 0.0;
+    for (int i = b0; i < B && i < b0 + 256; i++) {
+      double zi = z[i], yi = y[i];
+      s += (zi > 0.0 ? zi : 0.0) - zi * yi + log1p(exp(-fabs(zi)));
+    }
+    want += s;
+  }
+  want /= B;
+  for (int th = 1; th <= 3; th++) {
+    dense_pool *p = use_threads(th, 1);
+    double got = dense_test_be->bce_logits(B, z, y, NULL);
+    done_threads(p);
+    ck_assert_msg(got == want, "threads %d: %.17g vs %.17g", th, got, want);
+  }
+}
+END_TEST
+
+int main(int argc, char **argv) {
+  dense_test_isa_args(argc, argv);
+  Suite *s = suite_create("dense_pool");
+  TCase *tc = tcase_create("pool");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_pool_runs_each_task_once);
+  tcase_add_test(tc, test_pool_nested_run);
+  tcase_add_test(tc, test_gemm_same_bits_any_threads);
+  tcase_add_test(tc, test_model_step_same_bits_any_threads);
+  tcase_add_test(tc, test_bce_fixed_blocks);
+  suite_add_tcase(s, tc);
+  return sr_check_run(s);
+}
