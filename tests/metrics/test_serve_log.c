@@ -48,8 +48,8 @@ START_TEST(test_json_events) {
   snprintf(log, sizeof log, "%s/serve.jsonl", d);
   snprintf(ck, sizeof ck, "%s/ck", d);
   pid_t srv = spawn_sh("cd %s && exec %s serve --plan plan.json --shard 0 --listen 127.0.0.1:0 "
-                       "--log-format json --pending-timeout 0.5 > serve.jsonl 2> serve.err",
-                       d, bin_path());
+                       "--log-format json --pending-timeout 0.5 --checkpoint-root '%s' > serve.jsonl 2> serve.err",
+                       d, bin_path(), d);
   wait_text(log, "\"event\":\"start\"", 1, srv, 60);
   cJSON *start = event(log, "start");
   snprintf(addr, sizeof addr, "%s", str(start, "listen"));
