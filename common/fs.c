@@ -287,6 +287,7 @@ static int path_split_real(const char *path, char *real, size_t *tail_at, char *
   size_t n = strlen(path);
   memcpy(head, path, n + 1);
   *tail_at = n;
+  int raced = 0;
   for (;;) {
     while (n > 1 && head[n - 1] == '/') head[--n] = '\0';
     if (realpath(n ? head : ".", real)) return 0;
@@ -303,6 +304,9 @@ static int path_split_real(const char *path, char *real, size_t *tail_at, char *
       return SR_EFORMAT;
     }
     if (!lstat(head, &st)) {
+      /* Made between realpath and lstat (servers of other shards create the
+       * same checkpoint folder at once): resolve it again. */
+      if ((!S_ISLNK(st.st_mode) || !stat(head, &st)) && ++raced < 16) continue;
       sr_fmt(err, errlen, "%.300s: %.300s is a symlink that leads nowhere", path, head);
       return SR_EFORMAT;
     }
