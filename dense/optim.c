@@ -1,6 +1,8 @@
 #include "dense/optim.h"
 
 #include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,6 +11,7 @@
 
 struct dense_opt {
   dense_opt_config cfg;
+  size_t bad_at; /* the last step's first non-finite parameter, or n */
   size_t n;
   int64_t steps;
   float *state; /* owned: 0, n or 2n floats */
@@ -43,6 +46,7 @@ dense_opt *dense_opt_create(const dense_opt_config *cfg, size_t n_params,
   if (!o) goto oom;
   o->cfg = *cfg;
   o->n = n_params;
+  o->bad_at = n_params;
   o->n_state = cfg->kind == DENSE_OPT_ADAGRAD ? n_params
                : cfg->kind == DENSE_OPT_ADAM  ? 2 * n_params
                                               : 0;
@@ -75,10 +79,27 @@ typedef struct {
   const float *g;
   float lr, c1, c2, fb1, fb2, step_size, bc2_sqrt;
   size_t blk;
+  _Atomic size_t bad; /* the first parameter left inf or nan, or n */
 } opt_job;
 
+/* The first of p[i0, i1) that is inf or nan, or i1. One pass over the
+ * exponent bits as integers (all ones: inf or nan), which vectorises; the
+ * element is then found by a second, scalar pass only when there is one. */
+static size_t chunk_nonfinite(const float *p, size_t i0, size_t i1) {
+  uint32_t any = 0;
+  for (size_t i = i0; i < i1; i++) {
+    uint32_t u;
+    memcpy(&u, &p[i], sizeof u);
+    any |= (u & 0x7f800000u) + 0x00800000u; /* carries into bit 31 only when all ones */
+  }
+  if (!(any & 0x80000000u)) return i1;
+  for (size_t i = i0; i < i1; i++)
+    if (!isfinite(p[i])) return i;
+  return i1;
+}
+
 static void opt_task(void *arg, int t) {
-  const opt_job *j = arg;
+  opt_job *j = arg;
   size_t n = j->o->n, i0 = (size_t)t * j->blk, i1 = i0 + j->blk < n ? i0 + j->blk : n;
   float *restrict p = j->p;
   const float *restrict g = j->g;
@@ -106,6 +127,12 @@ static void opt_task(void *arg, int t) {
     break;
   }
   }
+  size_t bad = chunk_nonfinite(j->p, i0, i1);
+  if (bad < i1) { /* keep the smallest index: the same whichever task finds one first */
+    size_t cur = atomic_load(&j->bad);
+    while (bad < cur && !atomic_compare_exchange_weak(&j->bad, &cur, bad)) {
+    }
+  }
 }
 
 int dense_opt_step(dense_opt *o, float *restrict p, const float *restrict g,
@@ -113,6 +140,7 @@ int dense_opt_step(dense_opt *o, float *restrict p, const float *restrict g,
   if (!o || !p || !g) return SR_EINVAL;
   o->steps++;
   opt_job j = {.o = o, .p = p, .g = g, .lr = lr, .blk = OPT_CHUNK};
+  atomic_init(&j.bad, o->n);
   if (o->cfg.kind == DENSE_OPT_ADAM) {
     double b1 = o->cfg.beta1, b2 = o->cfg.beta2, t = (double)o->steps;
     /* scalars as torch computes them (python floats), then used in float */
@@ -124,7 +152,8 @@ int dense_opt_step(dense_opt *o, float *restrict p, const float *restrict g,
   size_t tasks = (o->n + OPT_CHUNK - 1) / OPT_CHUNK;
   if (tasks > DENSE_POOL_MAX_TASKS) tasks = 1, j.blk = o->n; /* one pass */
   dense_pool_run(dense_pool_default(), (int)tasks, opt_task, &j);
-  return SR_OK;
+  o->bad_at = atomic_load(&j.bad);
+  return o->bad_at < o->n ? SR_ERANGE : SR_OK;
 }
 
 float *dense_opt_state(dense_opt *o, size_t *count) {
@@ -182,3 +211,5 @@ double dense_lr_at_double(const dense_lr_sched *s, int64_t step) {
 float dense_lr_at(const dense_lr_sched *s, int64_t step) {
   return (float)dense_lr_at_double(s, step);
 }
+
+size_t dense_opt_nonfinite_at(const dense_opt *o) { return o->bad_at; }

@@ -42,8 +42,14 @@ void dense_opt_destroy(dense_opt *o); /* NULL-safe */
  *   Adagrad: s += g^2; p -= lr g / (sqrt(s) + eps)
  *   Adam:    t += 1; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
  *            p -= (lr / (1-b1^t)) m / (sqrt(v) / sqrt(1-b2^t) + eps)
- * Returns 0 or SR_EINVAL (NULL buffer). */
+ * The update is applied whole; then, when it left any parameter inf or
+ * nan, SR_ERANGE (dense_opt_nonfinite_at names the first). Returns 0,
+ * SR_ERANGE, or SR_EINVAL (NULL buffer). */
 int dense_opt_step(dense_opt *o, float *params, const float *grads, float lr);
+
+/* The index of the first parameter the last dense_opt_step left inf or
+ * nan (the smallest, whatever the thread count), or the parameter count. */
+size_t dense_opt_nonfinite_at(const dense_opt *o);
 
 /* State for checkpoints: one buffer (owned by the optimizer) of *count
  * floats: none for SGD, s[n] for Adagrad, m[n] then v[n] for Adam. */

@@ -36,6 +36,33 @@ START_TEST(test_sgd) {
 }
 END_TEST
 
+/* An update that leaves parameters inf or nan is still applied whole, and
+ * refused SR_ERANGE naming the first such parameter, also when it lies in a
+ * later chunk than another (the optimizer's chunks run on the dense pool). */
+START_TEST(test_nonfinite_named) {
+  size_t n = 40000;
+  dense_opt *o = mk(DENSE_OPT_SGD, n);
+  float *p = calloc(n, sizeof *p), *g = calloc(n, sizeof *g);
+  ck_assert_int_eq(dense_opt_nonfinite_at(o), n);
+  g[7] = 1.0f;
+  ck_assert_int_eq(dense_opt_step(o, p, g, 1.0f), 0);
+  ck_assert_int_eq(dense_opt_nonfinite_at(o), n);
+  g[7] = 0;
+  g[33000] = -INFINITY; /* third chunk */
+  g[20000] = NAN;       /* second chunk: the first one */
+  ck_assert_int_eq(dense_opt_step(o, p, g, 1.0f), SR_ERANGE);
+  ck_assert_int_eq(dense_opt_nonfinite_at(o), 20000);
+  ck_assert(isnan(p[20000]) && isinf(p[33000]) && p[7] == -1.0f);
+  g[20000] = g[33000] = 0;
+  p[20000] = p[33000] = 0;
+  ck_assert_int_eq(dense_opt_step(o, p, g, 1.0f), 0);
+  ck_assert_int_eq(dense_opt_nonfinite_at(o), n);
+  free(p);
+  free(g);
+  dense_opt_destroy(o);
+}
+END_TEST
+
 START_TEST(test_adagrad) {
   /* constant g: s_t = t g^2, p_t = p_0 - lr sign(g) sum_k 1/sqrt(k) */
   dense_opt *o = mk(DENSE_OPT_ADAGRAD, 2);
@@ -145,6 +172,7 @@ static Suite *suite(void) {
   Suite *s = suite_create("dense_optim");
   TCase *t = tcase_create("optim");
   tcase_add_test(t, test_sgd);
+  tcase_add_test(t, test_nonfinite_named);
   tcase_add_test(t, test_adagrad);
   tcase_add_test(t, test_adam);
   tcase_add_test(t, test_opt_errors);

@@ -1,7 +1,6 @@
 #include "tools/train/trainer.h"
 
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -353,27 +352,6 @@ int trainer_batch_slice(const ds_batch *b, int rank, int size, ds_batch *out) {
   return 0;
 }
 
-/* The index of the first of p[n] that is inf or nan, or n. The exponent bits
- * are tested as integers, OR-ed over blocks, so the common case (all
- * finite) is one vectorised pass; isfinite() in a loop with an early exit is
- * not vectorised and cost as much as the optimizer itself. */
-static size_t first_nonfinite(const float *p, size_t n) {
-  enum { BLK = 4096 };
-  for (size_t at = 0; at < n; at += BLK) {
-    size_t end = n - at < BLK ? n : at + BLK;
-    uint32_t any = 0;
-    for (size_t i = at; i < end; i++) {
-      uint32_t u;
-      memcpy(&u, &p[i], sizeof u);
-      any |= (u & 0x7f800000u) == 0x7f800000u;
-    }
-    if (any)
-      for (size_t i = at; i < end; i++)
-        if (!isfinite(p[i])) return i;
-  }
-  return n;
-}
-
 int trainer_step(trainer *t, const ds_batch *b, int64_t step, float lr, float sparse_lr,
                  float *loss) {
   return trainer_step_part(t, b, b->n, step, lr, sparse_lr, loss);
@@ -467,13 +445,12 @@ int trainer_step_part(trainer *t, const ds_batch *b, int n_global, int64_t step,
   }
   if (loss) *loss = mean;
   rc = dense_opt_step(t->opt, p, gsum, lr);
-  size_t bad = rc ? np : first_nonfinite(p, np);
-  if (bad < np) {
+  if (rc == SR_ERANGE) {
+    size_t bad = dense_opt_nonfinite_at(t->opt);
     sr_fmt(t->err, sizeof t->err,
            "the dense update left parameter %zu of %zu at %g (not finite; learning rate %g): "
            "stopping",
            bad, np, (double)p[bad], (double)lr);
-    rc = SR_ERANGE;
   }
   double t5 = sr_now();
   t->times.forward += t1 - t0;
