@@ -108,16 +108,6 @@ typedef struct {
   emb_store_stats st;
 } rstore;
 
-static const char *status_name(int s) {
-  static const char *const names[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
-                                      "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
-                                      "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-                                      "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-                                      "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-                                      "UNAUTHENTICATED"};
-  return s >= 0 && s <= 16 ? names[s] : "?";
-}
-
 static grpc_channel *make_channel(const char *addr, const rpc_client_opts *o, char *err,
                                   size_t errlen) {
   grpc_arg a[6];
@@ -295,7 +285,7 @@ static int call_error(rstore *s, const pcall *p, const char *what) {
   char *d = grpc_slice_to_c_string(p->details);
   const int crashed = p->status == GRPC_STATUS_FAILED_PRECONDITION && d && strstr(d, RPC_MSG_UNCLEAN);
   sr_fmt(s->err, sizeof s->err, "%s: shard %d server %s%s: %s%s%s (after %d tr%s)", what, p->shard,
-         s->c[p->shard].addr, crashed ? " restarted after a crash" : "", status_name(p->status),
+         s->c[p->shard].addr, crashed ? " restarted after a crash" : "", rpc_status_name(p->status),
          d && *d ? ": " : "", d ? d : "", p->tries, p->tries == 1 ? "y" : "ies");
   gpr_free(d);
   if (crashed) {

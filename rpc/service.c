@@ -38,6 +38,16 @@ static const char *const method_paths[RPC_N_METHODS] = {
     "/shardrec.v1.EmbeddingShard/Watch",
 };
 
+const char *rpc_status_name(int c) {
+  static const char *const n[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
+                                  "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+                                  "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+                                  "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+                                  "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+                                  "UNAUTHENTICATED"};
+  return c >= 0 && c <= 16 ? n[c] : "UNKNOWN";
+}
+
 const char *rpc_method_path(rpc_method m) {
   return (m >= 0 && m < RPC_N_METHODS) ? method_paths[m] : NULL;
 }

@@ -45,6 +45,10 @@ enum {
   RPC_UNAVAILABLE = 14,
 };
 
+/* The name of gRPC status code c ("FAILED_PRECONDITION"); "UNKNOWN" for
+ * codes outside 0..16. */
+const char *rpc_status_name(int c);
+
 typedef struct rpc_service rpc_service;
 
 /* The detail of the FAILED_PRECONDITION a server started on rows left by a

@@ -63,16 +63,6 @@ struct rpc_service_metrics {
       *lat[RPC_N_METHODS], *fig[F_N];
 };
 
-const char *rpc_status_name(int c) {
-  static const char *const n[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
-                                  "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
-                                  "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-                                  "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-                                  "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-                                  "UNAUTHENTICATED"};
-  return c >= 0 && c <= 16 ? n[c] : "UNKNOWN";
-}
-
 void rpc_service_metrics_observe(void *ctx, rpc_method m, int status, const char *msg,
                                  double seconds, size_t in_bytes, size_t out_bytes) {
   (void)msg;

@@ -31,8 +31,4 @@ void rpc_service_metrics_observe(void *ctx, rpc_method m, int status, const char
  * destroying it). 0, or SR_ENOMEM. */
 int rpc_service_metrics_attach(rpc_service_metrics *m, rpc_service *svc);
 
-/* The name of gRPC status code c ("FAILED_PRECONDITION"); "UNKNOWN" for
- * codes outside 0..16. */
-const char *rpc_status_name(int c);
-
 #endif
