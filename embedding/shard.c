@@ -909,6 +909,7 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
   s->sopts.block_cache_bytes = cfg->block_cache_bytes;
   s->sopts.write_buffer_bytes = cfg->write_buffer_bytes;
   s->sopts.compression = cfg->lz4 ? KV_COMPRESSION_LZ4 : KV_COMPRESSION_NONE;
+  s->sopts.statistics = cfg->statistics;
   if (open_dbs(s) || marks_check(s)) {
     sr_fmt(err, errlen, "shard store: %s", s->err);
     sh_destroy(&s->base);

@@ -49,6 +49,7 @@ typedef struct emb_shard_config {
   size_t block_cache_bytes; /* RocksDB block cache (0: 32 MiB) */
   size_t write_buffer_bytes;/* RocksDB memtables, all families (0: 16 MiB) */
   int lz4;                  /* compress SST blocks with lz4 (default none) */
+  int statistics;           /* RocksDB statistics (kv_opts.statistics), for /metrics */
   int n_hosted;             /* 0: every shard of the plan; else hosted[n_hosted] */
   const int *hosted;        /* shard indices hosted here (borrowed; copied) */
 } emb_shard_config;

@@ -98,7 +98,7 @@ static void set_options(kv_db *d, const kv_opts *o) {
                                                ? rocksdb_lz4_compression
                                                : rocksdb_no_compression);
   rocksdb_options_set_max_open_files(d->opts, 256);
-  rocksdb_options_enable_statistics(d->opts); /* the block cache's hits, for kv_figures_get */
+  if (o && o->statistics) rocksdb_options_enable_statistics(d->opts); /* kv_figures_get's hits */
   rocksdb_options_set_max_background_jobs(d->opts, 2);
   rocksdb_options_set_info_log_level(d->opts, 3); /* errors only */
   rocksdb_options_set_keep_log_file_num(d->opts, 2);

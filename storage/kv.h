@@ -31,6 +31,8 @@ typedef struct kv_opts {
   size_t write_buffer_bytes; /* all memtables together; 0: 16 MiB */
   kv_compression compression;
   int read_only;             /* open an existing database read-only */
+  int statistics;            /* keep RocksDB's statistics (the block cache's hits and
+                                misses of kv_figures_get; a small cost on every read) */
 } kv_opts;
 
 /* Open (create when missing, unless read_only) the database at path with one

@@ -131,7 +131,7 @@ START_TEST(test_db_figures) {
   snprintf(path, sizeof path, "%s/db", dir);
   uint32_t ids[2] = {7, 3};
   kv_db *db;
-  kv_opts o = {.block_cache_bytes = 1 << 20, .write_buffer_bytes = 1 << 20};
+  kv_opts o = {.block_cache_bytes = 1 << 20, .write_buffer_bytes = 1 << 20, .statistics = 1};
   ck_assert_int_eq(kv_open(path, 2, ids, &o, &db, err, sizeof err), 0);
   float v[16] = {0};
   for (uint64_t k = 0; k < 1000; k++) kv_batch_put(db, 1, k, v, sizeof v);
