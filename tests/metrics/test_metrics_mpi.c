@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "common/fs.h"
 #include "tests/check_main.h"
@@ -39,7 +40,12 @@ START_TEST(test_ranks_listen_on_port_plus_local_rank) {
     snprintf(key, sizeof key, "shardrec_train_step{rank=\"%d\"}", r);
     while (!page[r] || sample(page[r], key) < 10) { /* a scrape after step 10 */
       free(page[r]);
-      ck_assert_msg(test_now() - t0 < 180, "rank %d on port %d: no step 10", r, port + r);
+      int st;
+      if (test_now() - t0 >= 180 || waitpid(job, &st, WNOHANG) == job) {
+        char *out = slurp(p_out); /* what the job said: a port taken, a rank gone */
+        ck_abort_msg("rank %d on port %d: no step 10; train said:\n%s", r, port + r,
+                     out ? out : "(nothing)");
+      }
       usleep(50000);
       page[r] = http_get(port + r, "/metrics");
     }
