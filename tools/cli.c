@@ -38,6 +38,7 @@ static const cli_range ranges[] = {
     {"--arch-sparse-feature-size", 1, EMB_MAX_DIM, "floats per row"},
     {"--cache-mb", 1, 1 << 20, "MiB"},
     {"--cache-rows", EMB_SHARD_MIN_CACHE_ROWS, 2147483647.0, "rows"},
+    {"--dense-threads", 1, DENSE_POOL_MAX_THREADS, "threads"},
     {"--frequency-threshold", 0, 4294967295.0, "occurrences"},
     {"--max-ind-range", 0, 1099511627776.0, "rows (0: none)"},
     {"--mini-batch-size", 1, 1 << 20, "samples"},
@@ -245,7 +246,7 @@ int cli_dense_isa(const char *cmd, const char *name, const dense_backend **out) 
 
 int cli_dense_threads(const char *cmd, const char *s, int *out) {
   long long v;
-  if (cli_int(cmd, "--dense-threads", s, 1, DENSE_POOL_MAX_THREADS, &v)) return -1;
+  if (cli_flag(cmd, "--dense-threads", s, &v)) return -1;
   *out = (int)v;
   return 0;
 }

@@ -256,9 +256,9 @@ static int parse_opt(const train_ranks *r, int opt, const char *arg, train_confi
       {O_SERVERS, .str = &c->servers}, {O_DEVICE, .str = &rf->device},
       {O_PREDOUT, .str = &c->test_pred_out}, {O_TLSCA, .str = &c->tls_ca},
       {O_DISA, .str = &rf->dense_isa},
-      {O_DTHREADS, "--dense-threads", 1, DENSE_POOL_MAX_THREADS, .i = &c->dense_threads},
       {O_TLSCERT, .str = &c->tls_cert}, {O_TLSKEY, .str = &c->tls_key},
       /* ranges 0, 0: the flag's range of every command (tools/cli.c) */
+      {O_DTHREADS, "--dense-threads", 0, 0, .i = &c->dense_threads},
       {O_MAXIND, "--max-ind-range", 0, 0, .u = &c->max_ind_range},
       {O_SEED, "--seed", 0, 0, .u = &c->seed},
       {O_FREQ, "--frequency-threshold", 0, 0, .u32 = &c->frequency_threshold},
