@@ -111,6 +111,25 @@ typedef struct emb_store_ops {
   int (*lookup_begin)(emb_store *s, int64_t step, const emb_idset *ids, float *const *out);
   /* Finish the outstanding lookup (see above); its status. */
   int (*lookup_wait)(emb_store *s);
+  /* Look-ahead (NULL: the store ignores it, as the local and routed stores
+   * do). Hands the store the unique ids of a later step, so that it can
+   * bring their rows near (the shard store reads its misses from RocksDB
+   * and pins them; the remote store sends the step's Lookups early) while
+   * the steps before it run. Steps are handed in increasing order, each
+   * above every step looked up or pushed so far; several may be ahead at
+   * once (the trainer's --prefetch-depth). The store copies what it needs:
+   * ids need not outlive the call.
+   * Exact: a prefetch changes no value. The lookup of step returns the bits
+   * it would have returned without the prefetch, whatever pushes of
+   * earlier steps, evictions, flushes and checkpoints come in between; a
+   * restore drops everything prefetched. That lookup may ask for ids that
+   * were not prefetched (they are read then); rows prefetched for a step
+   * are released by that step's push, or by the lookup or push of any
+   * later step (a step that is never pushed, a test pass, leaks nothing).
+   * Returns 0, or SR_EINVAL / SR_ERANGE for ids the lookup would refuse
+   * (nothing prefetched); a failure to read is reported by that step's
+   * lookup. */
+  int (*prefetch)(emb_store *s, int64_t step, const emb_idset *ids);
   /* Apply step's summed row gradients: grads[t][r*dim..] is the gradient of
    * row ids->ids[t][r]. lr is the step's learning rate. Where each row
    * lives, its optimizer runs once (a row never pushed starts from its
@@ -162,6 +181,10 @@ static inline int emb_store_lookup_begin(emb_store *s, int64_t step, const emb_i
   return s->ops->lookup_begin(s, step, ids, out);
 }
 static inline int emb_store_lookup_wait(emb_store *s) { return s->ops->lookup_wait(s); }
+/* The look-ahead op (see emb_store_ops.prefetch); 0 where the store has none. */
+static inline int emb_store_prefetch(emb_store *s, int64_t step, const emb_idset *ids) {
+  return s->ops->prefetch ? s->ops->prefetch(s, step, ids) : 0;
+}
 static inline int emb_store_push(emb_store *s, int64_t step, float lr, const emb_idset *ids,
                                  const float *const *grads) {
   return s->ops->push(s, step, lr, ids, grads);
