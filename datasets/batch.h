@@ -12,6 +12,8 @@
 
 #define DS_NUM_DENSE 13
 #define DS_NUM_SPARSE 26
+#define DS_MAX_BAG 128 /* most ids one sample's bag of one feature may hold, in
+                          every reader (TSV, binary) and writer */
 
 typedef struct ds_batch {
   int n;          /* samples in the batch, 0 <= n <= cap */

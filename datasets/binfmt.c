@@ -168,6 +168,11 @@ int ds_bin_writer_add(ds_bin_writer *w, const ds_batch *b) {
       for (int f = 0; f < DS_NUM_SPARSE; f++) {
         const uint32_t *o = ds_batch_offsets(b, f);
         put64(offs + (s * DS_NUM_SPARSE + f) * 8, w->next_id);
+        if (o[i + 1] - o[i] > DS_MAX_BAG) {
+          sr_fmt(w->err, sizeof w->err, "%s: sample %llu C%d has %u ids, more than the %d a bag may hold",
+                 w->path, (unsigned long long)s, f + 1, o[i + 1] - o[i], DS_MAX_BAG);
+          return SR_EINVAL;
+        }
         if (w->next_id + (o[i + 1] - o[i]) > in->total_ids) {
           sr_fmt(w->err, sizeof w->err, "%s: more ids than the %llu announced", w->path,
                  (unsigned long long)in->total_ids);
@@ -452,6 +457,13 @@ ds_bin_reader *ds_bin_reader_open(const char *path, int int32_layout, int verify
       uint64_t v = get64(offs + 8 * k);
       if (v < prev || v > in->total_ids || (k + 1 == m && v != in->total_ids)) {
         sr_fmt(err, errlen, "%s: corrupt multi-hot offsets at %llu", path, (unsigned long long)k);
+        goto fail;
+      }
+      if (k > 0 && v - prev > DS_MAX_BAG) { /* bag k - 1 */
+        sr_fmt(err, errlen, "%s: corrupt multi-hot offsets at %llu: sample %llu C%d has %llu ids, "
+               "more than the %d a bag may hold", path, (unsigned long long)k,
+               (unsigned long long)((k - 1) / DS_NUM_SPARSE), (int)((k - 1) % DS_NUM_SPARSE) + 1,
+               (unsigned long long)(v - prev), DS_MAX_BAG);
         goto fail;
       }
       prev = v;

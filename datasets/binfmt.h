@@ -15,7 +15,9 @@
  *              DS_BIN_ID64 flag is set: hashed ids).
  *   data section, multi-hot (DS_BIN_MULTI): n records of f32 label + f32 dense[13];
  *              then uint64 offsets[n*26 + 1] (sample-major: bag (i, f) is
- *              ids[off[i*26+f] .. off[i*26+f+1])); then the ids.
+ *              ids[off[i*26+f] .. off[i*26+f+1]), at most DS_MAX_BAG = 128
+ *              ids: the writer refuses a bigger bag, the reader a file with
+ *              one); then the ids.
  * Samples are stored train, then test, then val (counts in the header).
  *
  * The int32 layout (reference DLRM, MLPerf): no header; per record 40 int32:

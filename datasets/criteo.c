@@ -152,6 +152,7 @@ int ds_criteo_parse_line(const char *line, size_t len, const ds_criteo_parse_opt
           if (q == v0) BAD(DS_BAD_CAT, "has an empty value");
           if (q - v0 > 8) BAD(DS_BAD_CAT, "has more than 8 hex digits");
           if (nv >= DS_CRITEO_MAX_VALUES) BAD(DS_BAD_VALUES, "exceeds the values per line");
+          if (nv - s->off[c] >= DS_MAX_BAG) BAD(DS_BAD_VALUES, "holds more than 128 ids (a bag's limit)");
           s->vals[nv++] = v;
           if (q < end && *q == ',') {
             q++;

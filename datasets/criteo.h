@@ -5,7 +5,7 @@
  * (39 fields) when the caller says so (no_label: Kaggle test.txt). Trailing
  * empty fields may be stripped: a line with fewer fields has the missing ones
  * empty. A categorical field may hold several 1..8-digit hex values joined by
- * ',' (multi-hot). The streaming reader built on this parser is
+ * ',' (multi-hot), at most DS_MAX_BAG (128) of them, none empty. The streaming reader built on this parser is
  * datasets/source.h. */
 #ifndef SHARDREC_DATASETS_CRITEO_H
 #define SHARDREC_DATASETS_CRITEO_H

@@ -49,6 +49,7 @@ static const double dense_sigma[DG_NUM_DENSE] = {1.0, 1.6, 1.4, 0.9, 1.8, 1.5, 1
 #define DG_TEACHER_CAT 0.30   /* per-column value-bias std before shrink */
 #define DG_TEACHER_FM 0.08    /* latent entry scale before shrink */
 #define DG_FM_DIM 4
+#define DG_CROSS_N 8          /* cross triples */
 #define DG_SHRINK_RANK 8.0    /* shrink(r) = 1/(1 + r/8) */
 #define DG_VCACHE 4096        /* ranks whose teacher parameters are cached */
 #define DG_ALIAS_MAX (1u << 20)
@@ -96,7 +97,8 @@ struct dg_generator {
   double dw[DG_NUM_DENSE];     /* dense weights */
   double dmiss[DG_NUM_DENSE];  /* dense missing biases */
   double bias;
-  double pilot_var_dense, pilot_var_cat, pilot_var_total;
+  double cross_scale;          /* c of the cross part (0: none), from the pilot */
+  double pilot_var_dense, pilot_var_cat, pilot_var_cross, pilot_var_total;
 };
 
 /* ---------------------------------------------------------------- defaults */
@@ -294,6 +296,26 @@ static inline void vparam_get(const dg_generator *g, int col, uint32_t rank, vpa
   else vparam_compute(g, col, rank, v);
 }
 
+/* The teacher's cross triples (0-based columns): C5*C6*C8, C9*C14*C17,
+ * C20*C22*C23, C25*C1*C2, C6*C14*C23, C8*C17*C25, C1*C9*C20, C2*C13*C19,
+ * columns of a few dozen to a few thousand values, whose heads a model sees
+ * often enough to learn a three-way interaction from. */
+static const int cross_triples[DG_CROSS_N][3] = {{4, 5, 7},  {8, 13, 16}, {19, 21, 22}, {24, 0, 1},
+                                                 {5, 13, 22}, {7, 16, 24}, {0, 8, 19},  {1, 12, 18}};
+
+/* sum over the triples (a, b, c) of sum_d e_a[d] e_b[d] e_c[d], in units of
+ * the FM scale (so the raw value is of order 1 before calibration). */
+static double cross_raw(const float ecol[DG_NUM_CAT][DG_FM_DIM]) {
+  const double u = 1.0 / DG_TEACHER_FM;
+  double x = 0;
+  for (int t = 0; t < DG_CROSS_N; t++) {
+    const float *a = ecol[cross_triples[t][0]], *b = ecol[cross_triples[t][1]],
+                *c = ecol[cross_triples[t][2]];
+    for (int d = 0; d < DG_FM_DIM; d++) x += (a[d] * u) * (b[d] * u) * (c[d] * u);
+  }
+  return x;
+}
+
 /* Features and logit parts of row `index` under stream key `key`. */
 static void row_features(const dg_generator *g, uint64_t key, uint64_t index, dg_row *row) {
   sr_rng r;
@@ -327,17 +349,20 @@ static void row_features(const dg_generator *g, uint64_t key, uint64_t index, dg
 
   double gmiss[3] = {0, sr_rng_uniform(&r), sr_rng_uniform(&r)};
   double cat = 0, esum[DG_FM_DIM] = {0}, esq = 0;
+  float ecol[DG_NUM_CAT][DG_FM_DIM]; /* each column's bag vector, for the cross terms */
   int hot = g->cfg.multi_hot > 1 ? g->cfg.multi_hot : 1;
+  const int exact = g->cfg.bag_sizes[0] > 0;
   for (int j = 0; j < DG_NUM_CAT; j++) {
     const catcol *c = &g->cat[j];
     int grp = cat_miss_group[j];
     double u = grp ? gmiss[grp] : sr_rng_uniform(&r);
     vparam v;
-    if (u < cat_miss[j]) {
+    if (!exact && u < cat_miss[j]) {
       row->ncat[j] = 0;
       vparam_get(g, j, DG_MISSING_RANK, &v);
     } else {
-      int k = hot > 1 ? 1 + (int)below32(sr_rng_u32(&r), (uint32_t)hot) : 1;
+      int k = exact ? g->cfg.bag_sizes[j]
+                    : hot > 1 ? 1 + (int)below32(sr_rng_u32(&r), (uint32_t)hot) : 1;
       row->ncat[j] = k;
       double b = 0, e[DG_FM_DIM] = {0};
       for (int t = 0; t < k; t++) {
@@ -356,6 +381,7 @@ static void row_features(const dg_generator *g, uint64_t key, uint64_t index, dg
     for (int d = 0; d < DG_FM_DIM; d++) {
       esum[d] += v.e[d];
       esq += (double)v.e[d] * v.e[d];
+      ecol[j][d] = v.e[d];
     }
   }
   double fm = -esq;
@@ -364,6 +390,7 @@ static void row_features(const dg_generator *g, uint64_t key, uint64_t index, dg
   row->logit_dense = dense;
   row->logit_cat_fm = fm;
   row->logit_cat = cat + fm;
+  row->logit_cross = g->cross_scale != 0 ? g->cross_scale * cross_raw(ecol) : 0;
 }
 
 static float prob_of(double logit) {
@@ -377,35 +404,56 @@ static float prob_of(double logit) {
 void dg_generator_row(const dg_generator *g, uint64_t index, dg_row *row) {
   row_features(g, g->row_key, index, row);
   row->logit_bias = g->bias;
-  row->logit = g->bias + row->logit_dense + row->logit_cat;
+  row->logit = g->bias + row->logit_dense + row->logit_cat + row->logit_cross;
   row->prob = prob_of(row->logit);
   sr_philox_out o = sr_philox(g->label_key, index, 0);
   row->label = sr_u01d(o.v[0], o.v[1]) < (double)row->prob;
 }
 
-/* Solve mean(sigmoid(bias + l_i)) = target by bisection on a pilot sample
- * drawn from its own stream; also records the variance decomposition. */
+/* Mean and variance of x[0..n). */
+static void mean_var(const double *x, int n, double *mean, double *var) {
+  double s = 0, ss = 0;
+  for (int i = 0; i < n; i++) s += x[i], ss += x[i] * x[i];
+  *mean = s / n;
+  *var = ss / n - *mean * *mean;
+}
+
+/* With cross terms, the scale c that gives the cross part the standard
+ * deviation cfg.cross_terms on the pilot rows, then solve
+ * mean(sigmoid(bias + l_i)) = target by bisection on the pilot sample
+ * (drawn from its own stream); also records the variance decomposition. */
 static int calibrate(dg_generator *g) {
-  double *l = malloc(sizeof(double) * DG_PILOT_ROWS);
+  double *l = malloc(sizeof(double) * DG_PILOT_ROWS * 4);
   if (!l) return SR_ENOMEM;
-  dg_row row;
-  double sd = 0, sdd = 0, sc = 0, scc = 0, st = 0, stt = 0;
-  for (int i = 0; i < DG_PILOT_ROWS; i++) {
-    row_features(g, g->pilot_key, (uint64_t)i, &row);
-    l[i] = row.logit_dense + row.logit_cat;
-    sd += row.logit_dense, sdd += row.logit_dense * row.logit_dense;
-    sc += row.logit_cat, scc += row.logit_cat * row.logit_cat;
-    st += l[i], stt += l[i] * l[i];
+  double *ld = l + DG_PILOT_ROWS, *lc = ld + DG_PILOT_ROWS, *lx = lc + DG_PILOT_ROWS;
+  dg_row *row = malloc(sizeof *row);
+  if (!row) {
+    free(l);
+    return SR_ENOMEM;
   }
-  double n = DG_PILOT_ROWS;
-  g->pilot_var_dense = sdd / n - (sd / n) * (sd / n);
-  g->pilot_var_cat = scc / n - (sc / n) * (sc / n);
-  g->pilot_var_total = stt / n - (st / n) * (st / n);
+  g->cross_scale = g->cfg.cross_terms > 0 ? 1.0 : 0.0; /* raw values first */
+  for (int i = 0; i < DG_PILOT_ROWS; i++) {
+    row_features(g, g->pilot_key, (uint64_t)i, row);
+    ld[i] = row->logit_dense, lc[i] = row->logit_cat, lx[i] = row->logit_cross;
+  }
+  free(row);
+  double m, var_raw;
+  mean_var(lx, DG_PILOT_ROWS, &m, &var_raw);
+  if (g->cross_scale != 0) g->cross_scale = var_raw > 0 ? g->cfg.cross_terms / sqrt(var_raw) : 0;
+  for (int i = 0; i < DG_PILOT_ROWS; i++) {
+    lx[i] *= g->cross_scale;
+    l[i] = ld[i] + lc[i] + lx[i];
+  }
+  const double n = DG_PILOT_ROWS;
+  mean_var(ld, DG_PILOT_ROWS, &m, &g->pilot_var_dense);
+  mean_var(lc, DG_PILOT_ROWS, &m, &g->pilot_var_cat);
+  mean_var(lx, DG_PILOT_ROWS, &m, &g->pilot_var_cross);
+  mean_var(l, DG_PILOT_ROWS, &m, &g->pilot_var_total);
   double lo = -30, hi = 30;
   for (int it = 0; it < 60; it++) {
-    double mid = 0.5 * (lo + hi), m = 0;
-    for (int i = 0; i < DG_PILOT_ROWS; i++) m += 1.0 / (1.0 + exp(-(mid + l[i])));
-    if (m / n < DG_TARGET_RATE) lo = mid;
+    double mid = 0.5 * (lo + hi), p = 0;
+    for (int i = 0; i < DG_PILOT_ROWS; i++) p += 1.0 / (1.0 + exp(-(mid + l[i])));
+    if (p / n < DG_TARGET_RATE) lo = mid;
     else hi = mid;
   }
   g->bias = 0.5 * (lo + hi);
@@ -414,6 +462,52 @@ static int calibrate(dg_generator *g) {
 }
 
 /* ------------------------------------------------------------ life cycle */
+
+/* What is wrong with cfg's bag sizes (a static string), NULL when nothing. */
+static const char *bag_sizes_bad(const dg_config *cfg) {
+  if (cfg->bag_sizes[0] == 0) {
+    for (int j = 1; j < DG_NUM_CAT; j++)
+      if (cfg->bag_sizes[j]) return "bag_sizes: C1's size is 0 (every size in [1, 128], or all 0)";
+    return NULL;
+  }
+  for (int j = 0; j < DG_NUM_CAT; j++)
+    if (cfg->bag_sizes[j] < 1 || cfg->bag_sizes[j] > DG_MAX_HOT)
+      return "bag_sizes: every size must be in [1, 128]";
+  if (cfg->multi_hot > 1) return "bag_sizes and multi_hot > 1 exclude each other";
+  return NULL;
+}
+
+int dg_bag_sizes_parse(const char *text, int *sizes, char *err, size_t errlen) {
+  if (err && errlen) err[0] = 0;
+  if (text && strcmp(text, "mlperf") == 0) text = DG_MLPERF_BAG_SIZES;
+  if (!text || !*text) {
+    if (err) sr_fmt(err, errlen, "an empty list, 26 sizes expected (C1..C26)");
+    return SR_EINVAL;
+  }
+  int n = 1;
+  for (const char *p = text; *p; p++) n += *p == ',';
+  if (n != DG_NUM_CAT) {
+    if (err) sr_fmt(err, errlen, "%d sizes, 26 expected (C1..C26)", n);
+    return SR_EINVAL;
+  }
+  const char *p = text;
+  for (int j = 0; j < DG_NUM_CAT; j++) {
+    char *end;
+    errno = 0;
+    long v = strtol(p, &end, 10);
+    if (end == p || errno || (*end && *end != ',') || *p == '-' || *p == '+' || *p == ' ') {
+      if (err) sr_fmt(err, errlen, "size %d (C%d) is not an integer", j + 1, j + 1);
+      return SR_EINVAL;
+    }
+    if (v < 1 || v > DG_MAX_HOT) {
+      if (err) sr_fmt(err, errlen, "size %d (C%d) is %ld, must be in [1, %d]", j + 1, j + 1, v, DG_MAX_HOT);
+      return SR_EINVAL;
+    }
+    sizes[j] = (int)v;
+    p = *end ? end + 1 : end;
+  }
+  return 0;
+}
 
 void dg_generator_destroy(dg_generator *g) {
   if (!g) return;
@@ -438,7 +532,9 @@ int dg_generator_create(const dg_config *cfg_in, dg_generator **out, char *errbu
   if (!(cfg.scale > 0 && cfg.scale <= 1)) bad = "scale must be in (0, 1]";
   else if (!(cfg.test_fraction >= 0 && cfg.test_fraction <= 1)) bad = "test_fraction must be in [0, 1]";
   else if (!(cfg.zipf_s > 1.0 && cfg.zipf_s <= 3.0)) bad = "zipf_s must be in (1, 3]";
-  else if (cfg.multi_hot < 1 || cfg.multi_hot > DG_MAX_HOT) bad = "multi_hot must be in [1, 16]";
+  else if (cfg.multi_hot < 1 || cfg.multi_hot > DG_MAX_HOT) bad = "multi_hot must be in [1, 128]";
+  else if (!(cfg.cross_terms >= 0 && cfg.cross_terms <= DG_CROSS_MAX)) bad = "cross_terms must be in [0, 8]";
+  else if ((bad = bag_sizes_bad(&cfg)) != NULL) {}
   else if (!(cfg.strip_trailing >= 0 && cfg.strip_trailing <= 1)) bad = "strip_trailing must be in [0, 1]";
   else if (cfg.rows < 1) bad = "rows must be >= 1";
   if (bad) {
@@ -644,6 +740,11 @@ static int write_summary(const dg_generator *g, const char *path, const dg_summa
   cJSON_AddNumberToObject(o, "zipf_s", c->zipf_s);
   cJSON_AddBoolToObject(o, "uniform", c->uniform);
   cJSON_AddNumberToObject(o, "multi_hot", c->multi_hot);
+  if (c->bag_sizes[0]) {
+    cJSON *bs = cJSON_AddArrayToObject(o, "bag_sizes");
+    for (int j = 0; j < DG_NUM_CAT; j++) cJSON_AddItemToArray(bs, cJSON_CreateNumber(c->bag_sizes[j]));
+  }
+  if (c->cross_terms > 0) cJSON_AddNumberToObject(o, "cross_terms", c->cross_terms);
   cJSON_AddNumberToObject(o, "strip_trailing", c->strip_trailing);
   cJSON_AddBoolToObject(o, "gzip", c->gzip);
   cJSON *card = cJSON_AddArrayToObject(root, "cardinalities");
@@ -653,6 +754,10 @@ static int write_summary(const dg_generator *g, const char *path, const dg_summa
   cJSON_AddNumberToObject(t, "bias", g->bias);
   cJSON_AddNumberToObject(t, "pilot_var_dense", g->pilot_var_dense);
   cJSON_AddNumberToObject(t, "pilot_var_cat", g->pilot_var_cat);
+  if (c->cross_terms > 0) {
+    cJSON_AddNumberToObject(t, "cross_scale", g->cross_scale);
+    cJSON_AddNumberToObject(t, "pilot_var_cross", g->pilot_var_cross);
+  }
   cJSON_AddNumberToObject(t, "pilot_var_total", g->pilot_var_total);
   cJSON_AddNumberToObject(t, "cat_variance_share",
                           g->pilot_var_total > 0 ? g->pilot_var_cat / g->pilot_var_total : 0);

@@ -6,10 +6,21 @@
  * tailed integer counts, occasional negative I2) and whose labels come from a
  * hidden "teacher" model, so every line's true click probability is known:
  *
- *   logit = bias + dense + cat
+ *   logit = bias + dense + cat (+ cross)
  *   dense = sum_i w_i * (log1p(max(0, I_i)) - m_i)   (or a per-column missing bias)
  *   cat   = sum_j b_j(v_j)  +  sum_{j<k} <e_j(v_j), e_k(v_k)>   (FM, rank 4)
  *   label ~ Bernoulli(sigmoid(logit))
+ *
+ * A multi-hot field (a bag) enters the teacher through the mean of its
+ * values' b and e. With cross terms (cross_terms S > 0) the logit gains
+ *
+ *   cross = c * sum_{(a,b,c) in DG_CROSS_TRIPLES} sum_d e_a[d] * e_b[d] * e_c[d]
+ *
+ * three-way element-wise products of the FM vectors of 8 fixed column
+ * triples, c calibrated by the pilot so that the part's standard deviation
+ * is S: a degree-3 interaction, which a DCN-v2 cross network of two or more
+ * layers (x_{l+1} = x_0 * (W x_l + b) + x_l) can represent and a dot
+ * interaction (pairwise inner products only) cannot.
  *
  * b_j(v) and e_j(v) are functions of Philox(seed, column, value) scaled by a
  * shrink factor 1/sqrt(1 + rank/32): most of the signal sits on the Zipf head,
@@ -26,11 +37,18 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "datasets/batch.h"
+
 #define DG_NUM_DENSE 13
 #define DG_NUM_CAT 26
-#define DG_MAX_HOT 16          /* largest --multi-hot K */
-#define DG_LINE_MAX 4096       /* a formatted line never exceeds this (K <= 16) */
+#define DG_MAX_HOT DS_MAX_BAG  /* largest bag: --multi-hot K, --multi-hot-sizes */
+#define DG_LINE_MAX 32768      /* a formatted line never exceeds this (26 bags of 128
+                                  ids of 9 bytes, 13 integers of 21) */
 #define DG_MISSING_RANK UINT32_MAX
+#define DG_CROSS_MAX 8.0       /* largest cross_terms */
+/* MLPerf DLRM-DCNv2's multi-hot Criteo bag sizes, C1..C26. */
+#define DG_MLPERF_BAG_SIZES \
+  "3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1"
 
 typedef struct dg_config {
   uint64_t rows;          /* lines to write (dg_generator_write); >= 1 */
@@ -40,6 +58,12 @@ typedef struct dg_config {
   double zipf_s;          /* Zipf exponent; 0 = default 1.1 */
   int uniform;            /* 1: ids uniform over each column instead of Zipf */
   int multi_hot;          /* each categorical holds 1..multi_hot ids; 0 or 1 = one-hot */
+  int bag_sizes[DG_NUM_CAT]; /* all 0: off (multi_hot decides). Else column j's
+                             bag holds exactly bag_sizes[j] ids (1..DG_MAX_HOT)
+                             and no field is missing, as MLPerf's synthetic
+                             multi-hot set; not with multi_hot > 1 */
+  double cross_terms;     /* S: std of the teacher's three-way cross part of the
+                             logit; 0 = none (the bytes of before) */
   double strip_trailing;  /* fraction of lines whose trailing empty fields are cut */
   int gzip;               /* 1: the TSV is gzip-compressed (level 1); .probs and
                              the summary stay plain */
@@ -51,6 +75,13 @@ typedef struct dg_config {
 
 /* Defaults for every field (rows 1000, seed 1, test_fraction 0.1, ...). */
 void dg_config_default(dg_config *cfg);
+
+/* Parse a bag size list, 26 integers joined by ',' each in [1, DG_MAX_HOT]
+ * ("3,2,1,..."), or "mlperf" for DG_MLPERF_BAG_SIZES, into sizes[26].
+ * Returns 0, or SR_EINVAL with what and where in err ("25 sizes, 26 expected
+ * (C1..C26)", "size 3 (C3) is 0, must be in [1, 128]"); sizes may be partly
+ * written then. */
+int dg_bag_sizes_parse(const char *text, int *sizes, char *err, size_t errlen);
 
 /* Cardinality of categorical column j (0..25) for a scale: the reference DLRM's
  * Kaggle count c, scaled to max(min(c, 16), ceil(c * scale)), so tiny columns
@@ -68,6 +99,7 @@ typedef struct dg_row {
   float prob;                              /* true click probability */
   double logit, logit_bias, logit_dense, logit_cat; /* logit = bias + dense + cat */
   double logit_cat_fm;                     /* the FM part of logit_cat */
+  double logit_cross;                      /* the cross terms (0 without) */
   int64_t dense[DG_NUM_DENSE];             /* raw integer values */
   uint8_t dense_missing[DG_NUM_DENSE];
   int ncat[DG_NUM_CAT];                    /* ids in the field; 0 = missing */

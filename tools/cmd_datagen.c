@@ -24,7 +24,12 @@ static void datagen_usage(FILE *f) {
           "                        each column keeps at least min(real, 16) values)\n"
           "  --zipf S              Zipf exponent of categorical values, (1, 3] (default 1.1)\n"
           "  --uniform             uniform categorical values instead of Zipf\n"
-          "  --multi-hot K         each categorical holds 1..K ids joined by ',' (K <= 16)\n"
+          "  --multi-hot K         each categorical holds 1..K ids joined by ',' (K <= 128)\n"
+          "  --multi-hot-sizes L   26 bag sizes joined by ',' (each 1..128), or 'mlperf'\n"
+          "                        (" DG_MLPERF_BAG_SIZES "):\n"
+          "                        column j holds exactly L[j] ids, none missing\n"
+          "  --cross-terms S       teacher cross terms: three-way products of 8 column\n"
+          "                        triples' vectors, std S of the logit, [0, 8] (default 0)\n"
           "  --strip-trailing F    fraction of lines whose trailing empty fields are cut\n"
           "                        (default 0)\n"
           "  --gzip                gzip the TSV (zlib level 1); .probs and the summary\n"
@@ -42,6 +47,8 @@ int cmd_datagen(int argc, char **argv) {
       {"zipf", required_argument, NULL, 'z'},
       {"uniform", no_argument, NULL, 'u'},
       {"multi-hot", required_argument, NULL, 'm'},
+      {"multi-hot-sizes", required_argument, NULL, 'b'},
+      {"cross-terms", required_argument, NULL, 'c'},
       {"strip-trailing", required_argument, NULL, 'r'},
       {"gzip", no_argument, NULL, 'g'},
       {"help", no_argument, NULL, 'h'},
@@ -54,6 +61,7 @@ int cmd_datagen(int argc, char **argv) {
   const char *out = NULL;
   int have_rows = 0;
   long long v;
+  char err[512];
   opterr = 0;
   optind = 1;
   int c;
@@ -86,6 +94,15 @@ int cmd_datagen(int argc, char **argv) {
       if (cli_int(cmd, "--multi-hot", optarg, 1, DG_MAX_HOT, &v)) return 2;
       cfg.multi_hot = (int)v;
       break;
+    case 'b':
+      if (dg_bag_sizes_parse(optarg, cfg.bag_sizes, err, sizeof err)) {
+        fprintf(stderr, "shardrec datagen: --multi-hot-sizes: %s\n", err);
+        return 2;
+      }
+      break;
+    case 'c':
+      if (cli_double(cmd, "--cross-terms", optarg, 0, DG_CROSS_MAX, &cfg.cross_terms)) return 2;
+      break;
     case 'r':
       if (cli_double(cmd, "--strip-trailing", optarg, 0, 1, &cfg.strip_trailing)) return 2;
       break;
@@ -103,13 +120,16 @@ int cmd_datagen(int argc, char **argv) {
     fprintf(stderr, "shardrec datagen: unexpected argument '%s'\n", argv[optind]);
     return 2;
   }
+  if (cfg.bag_sizes[0] && cfg.multi_hot > 1) {
+    fprintf(stderr, "shardrec datagen: --multi-hot and --multi-hot-sizes exclude each other\n");
+    return 2;
+  }
   if (!have_rows || !out || !*out) {
     fprintf(stderr, "shardrec datagen: %s is required (see --help)\n",
             !have_rows ? "--rows" : "--out");
     return 2;
   }
 
-  char err[512];
   dg_generator *g = NULL;
   int rc = dg_generator_create(&cfg, &g, err, sizeof err);
   if (rc) {

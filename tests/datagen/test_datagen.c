@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "common/sha256.h"
 #include "common/status.h"
 #include "datasets/criteo.h"
 #include "datasets/datagen.h"
@@ -556,7 +557,7 @@ START_TEST(test_config_errors) {
   dg_generator *g = NULL;
   char err[256];
   dg_config_default(&cfg);
-  cfg.multi_hot = 17;
+  cfg.multi_hot = 129;
   REQUIRE((dg_generator_create(&cfg, &g, err, sizeof err)) == (SR_EINVAL));
   REQUIRE(g == NULL);
   REQUIRE(strstr(err, "multi_hot") != NULL);
@@ -588,6 +589,206 @@ START_TEST(test_config_errors) {
   }
   REQUIRE(seen_big);
   dg_generator_destroy(g);
+}
+END_TEST
+
+
+/* ------------------------------------------------- bag sizes, cross terms */
+
+static const int mlperf_sizes[DG_NUM_CAT] = {3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1,
+                                             6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1};
+
+static dg_generator *make_gen_cfg(const dg_config *cfg) {
+  dg_generator *g = NULL;
+  char err[256];
+  int rc = dg_generator_create(cfg, &g, err, sizeof err);
+  REQUIRE_MSG(rc == 0, "create: %s", err);
+  return g;
+}
+
+/* The bytes of --multi-hot K and of one-hot data for a seed are the ones
+ * written before bag sizes and cross terms existed (SHA-256 of files
+ * written at b12b305 by `datagen --rows 3000 --seed 5` with these flags). */
+START_TEST(test_old_bytes_pinned) {
+  const struct {
+    int hot, uniform;
+    double strip;
+    const char *tsv, *probs;
+  } c[3] = {
+      {1, 0, 0, "27338ae463dd1ca44454dcd9d553f1d2926001d95081020824c87f785b99366f",
+       "6e7693f917ac9b953926049bf637e842b3bb924db01c769810940d0e7a7cfd97"},
+      {4, 0, 0.3, "83c647717b9bf3748cef4a8686bfb05ba1714d0cf85f8f3d6e03e31a51bd6183",
+       "f5a738fdc14e817ed14443ecbceec53c147c53a47118c26c3684e8e322c39a68"},
+      {16, 1, 0, "0487ebbe2166b8b3c3e2987a2b7e13bd3a695f74324254cc65c17c70e2b7f0d1",
+       "b07178d704a15cba3c7c15849c5bb3662251a7786672bb007caa7eb0547eca38"},
+  };
+  char *d = tmpdir_make();
+  for (int k = 0; k < 3; k++) {
+    char p[256], pp[300], err[256], hex[SR_SHA256_HEX];
+    snprintf(p, sizeof p, "%s/o%d.tsv", d, k);
+    snprintf(pp, sizeof pp, "%s.probs", p);
+    dg_generator *g = make_gen(3000, 5, c[k].uniform, c[k].hot, c[k].strip);
+    REQUIRE((dg_generator_write(g, p, NULL, err, sizeof err)) == (0));
+    dg_generator_destroy(g);
+    REQUIRE((sr_sha256_file(p, hex, NULL)) == (0));
+    REQUIRE_MSG(strcmp(hex, c[k].tsv) == 0, "--multi-hot %d: TSV %s", c[k].hot, hex);
+    REQUIRE((sr_sha256_file(pp, hex, NULL)) == (0));
+    REQUIRE_MSG(strcmp(hex, c[k].probs) == 0, "--multi-hot %d: probs %s", c[k].hot, hex);
+  }
+  tmpdir_remove(d);
+  free(d);
+}
+END_TEST
+
+/* Each column's bag holds exactly its size, no field is missing, ids are
+ * Zipf-skewed within the bags. */
+START_TEST(test_bag_sizes_exact) {
+  const size_t n = 4000;
+  dg_config cfg;
+  dg_config_default(&cfg);
+  cfg.rows = n;
+  cfg.seed = 3;
+  memcpy(cfg.bag_sizes, mlperf_sizes, sizeof mlperf_sizes);
+  dg_generator *g = make_gen_cfg(&cfg);
+  dg_row row;
+  char line[DG_LINE_MAX];
+  /* C21 (100 ids a bag): the most frequent id's share of all its ids */
+  const uint32_t card = dg_cardinality(20, 0.01);
+  uint32_t *count = calloc(card, sizeof *count);
+  uint64_t dup_bags = 0;
+  for (size_t i = 0; i < n; i++) {
+    dg_generator_row(g, i, &row);
+    size_t len = dg_row_format(&row, line);
+    REQUIRE(len < DG_LINE_MAX);
+    line[len - 1] = 0;
+    char *f[40];
+    REQUIRE((split_tabs(line, f)) == (40));
+    for (int j = 0; j < DG_NUM_CAT; j++) {
+      REQUIRE((row.ncat[j]) == (mlperf_sizes[j]));
+      int k = 1;
+      for (const char *p = f[14 + j]; *p; p++) k += *p == ',';
+      REQUIRE_MSG(k == mlperf_sizes[j], "line %zu C%d: %d ids, %d expected", i, j + 1, k, mlperf_sizes[j]);
+      REQUIRE((strlen(f[14 + j])) == ((size_t)(9 * k - 1)));
+    }
+    int dup = 0;
+    for (int t = 0; t < 100; t++) {
+      REQUIRE((row.cat_rank[20][t]) < (card));
+      count[row.cat_rank[20][t]]++;
+      for (int u = 0; u < t && !dup; u++) dup = row.cat_rank[20][u] == row.cat_rank[20][t];
+    }
+    dup_bags += (uint64_t)dup;
+  }
+  uint32_t top = 0;
+  for (uint32_t v = 0; v < card; v++) top = count[v] > top ? count[v] : top;
+  double share = (double)top / (100.0 * n);
+  /* Zipf 1.1 over 70k values puts about 0.1 of the mass on rank 0; uniform
+   * values would give 1/card = 1.4e-5 */
+  REQUIRE_MSG(share > 0.05 && share < 0.25, "C21 top share %.4f", share);
+  REQUIRE((count[0]) == (top)); /* rank 0 is the head */
+  REQUIRE((dup_bags) == (n));    /* 100 draws from a skewed column repeat */
+  free(count);
+  /* no cross part without cross terms; the parts add up to the logit */
+  REQUIRE(fabs(row.logit - (row.logit_bias + row.logit_dense + row.logit_cat + row.logit_cross)) < 1e-12);
+  REQUIRE((row.logit_cross) == (0));
+  dg_generator_destroy(g);
+}
+END_TEST
+
+/* Cross terms: off, no part and the same bytes; on, a part whose standard
+ * deviation over the file's rows is S (calibrated on the pilot), which the
+ * oracle's probability includes: the oracle AUC rises. */
+START_TEST(test_cross_terms) {
+  char *d = tmpdir_make();
+  char p[256], err[256];
+  snprintf(p, sizeof p, "%s/x.tsv", d);
+  const size_t n = 20000;
+  dg_summary off, on;
+  dg_config cfg;
+  dg_config_default(&cfg);
+  cfg.rows = n;
+  cfg.seed = 4;
+  dg_generator *g = make_gen_cfg(&cfg);
+  REQUIRE((dg_generator_write(g, p, &off, err, sizeof err)) == (0));
+  dg_generator_destroy(g);
+  cfg.cross_terms = 1.5;
+  g = make_gen_cfg(&cfg);
+  REQUIRE((dg_generator_write(g, p, &on, err, sizeof err)) == (0));
+  double s = 0, ss = 0;
+  dg_row row;
+  for (size_t i = 0; i < n; i++) {
+    dg_generator_row(g, i, &row);
+    s += row.logit_cross, ss += row.logit_cross * row.logit_cross;
+    REQUIRE(fabs(row.logit - (row.logit_bias + row.logit_dense + row.logit_cat + row.logit_cross)) < 1e-12);
+  }
+  dg_generator_destroy(g);
+  double sd = sqrt(ss / n - (s / n) * (s / n));
+  REQUIRE_MSG(sd > 1.5 * 0.9 && sd < 1.5 * 1.1, "cross part std %.4f, 1.5 configured", sd);
+  REQUIRE_MSG(on.all.auc > off.all.auc + 0.03, "oracle AUC %.4f with cross terms, %.4f without",
+              on.all.auc, off.all.auc);
+  /* the positive rate stays calibrated */
+  double rate = (double)on.all.positives / (double)on.all.rows;
+  REQUIRE_MSG(fabs(rate - 0.25) < 0.02, "positive rate %.4f", rate);
+  /* the summary records the option and the part's pilot variance (S^2) */
+  char sp[300];
+  snprintf(sp, sizeof sp, "%s.summary.json", p);
+  size_t sn;
+  char *sum = file_read(sp, &sn);
+  cJSON *root = cJSON_Parse(sum);
+  REQUIRE(root != NULL);
+  const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "teacher");
+  const cJSON *o = cJSON_GetObjectItemCaseSensitive(root, "options");
+  const cJSON *pv = cJSON_GetObjectItemCaseSensitive(t, "pilot_var_cross");
+  const cJSON *ct = cJSON_GetObjectItemCaseSensitive(o, "cross_terms");
+  REQUIRE(cJSON_IsNumber(pv) && fabs(pv->valuedouble - 2.25) < 1e-9);
+  REQUIRE(cJSON_IsNumber(ct) && ct->valuedouble == 1.5);
+  cJSON_Delete(root);
+  free(sum);
+  tmpdir_remove(d);
+  free(d);
+}
+END_TEST
+
+START_TEST(test_bag_sizes_parse) {
+  int sz[DG_NUM_CAT];
+  char err[256];
+  REQUIRE((dg_bag_sizes_parse("mlperf", sz, err, sizeof err)) == (0));
+  REQUIRE(memcmp(sz, mlperf_sizes, sizeof sz) == 0);
+  REQUIRE((dg_bag_sizes_parse(DG_MLPERF_BAG_SIZES, sz, err, sizeof err)) == (0));
+  REQUIRE(memcmp(sz, mlperf_sizes, sizeof sz) == 0);
+  REQUIRE((dg_bag_sizes_parse("128,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,128", sz, err, sizeof err)) == (0));
+  REQUIRE((sz[0]) == (128));
+  REQUIRE((sz[25]) == (128));
+  const struct {
+    const char *text, *what;
+  } bad[] = {
+      {"1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1", "25 sizes, 26 expected"},
+      {"1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1", "27 sizes, 26 expected"},
+      {"1,1,0,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1", "size 3 (C3) is 0, must be in [1, 128]"},
+      {"1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,129", "size 26 (C26) is 129, must be in [1, 128]"},
+      {"1,1,1,x,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1", "size 4 (C4) is not an integer"},
+      {"1,,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1", "size 2 (C2) is not an integer"},
+      {"", "empty list"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    REQUIRE((dg_bag_sizes_parse(bad[i].text, sz, err, sizeof err)) == (SR_EINVAL));
+    REQUIRE_MSG(strstr(err, bad[i].what) != NULL, "'%s': '%s'", bad[i].text, err);
+  }
+  /* the library refuses sizes out of range and bag sizes with multi_hot */
+  dg_config cfg;
+  dg_generator *g = NULL;
+  dg_config_default(&cfg);
+  memcpy(cfg.bag_sizes, mlperf_sizes, sizeof mlperf_sizes);
+  cfg.bag_sizes[7] = 129;
+  REQUIRE((dg_generator_create(&cfg, &g, err, sizeof err)) == (SR_EINVAL));
+  REQUIRE(strstr(err, "bag_sizes") != NULL);
+  cfg.bag_sizes[7] = 1;
+  cfg.multi_hot = 3;
+  REQUIRE((dg_generator_create(&cfg, &g, err, sizeof err)) == (SR_EINVAL));
+  cfg.multi_hot = 1;
+  cfg.cross_terms = 9;
+  REQUIRE((dg_generator_create(&cfg, &g, err, sizeof err)) == (SR_EINVAL));
+  REQUIRE(strstr(err, "cross_terms") != NULL);
+  REQUIRE(g == NULL);
 }
 END_TEST
 
@@ -699,7 +900,7 @@ START_TEST(test_command_flags) {
   REQUIRE((run_bin("--rows abc --out /tmp/x.tsv")) == (2));
   REQUIRE((run_bin("--rows 0 --out /tmp/x.tsv")) == (2));
   REQUIRE((run_bin("--rows 10 --out /tmp/x.tsv --bogus")) == (2));
-  REQUIRE((run_bin("--rows 10 --out /tmp/x.tsv --multi-hot 17")) == (2));
+  REQUIRE((run_bin("--rows 10 --out /tmp/x.tsv --multi-hot 129")) == (2));
   REQUIRE((run_bin("--rows 10 --out /tmp/x.tsv --scale 0")) == (2));
   REQUIRE((run_bin("--rows 10 --out /tmp/x.tsv --test-fraction 1.5")) == (2));
   REQUIRE((run_bin("--rows 10 --out /tmp/x.tsv --seed")) == (2));
@@ -709,6 +910,114 @@ START_TEST(test_command_flags) {
   char *d = tmpdir_make();
   snprintf(args, sizeof args, "--rows 500 --uniform --multi-hot 3 --out '%s/m.tsv'", d);
   REQUIRE((run_bin(args)) == (0));
+  tmpdir_remove(d);
+  free(d);
+}
+END_TEST
+
+
+/* Run datagen with args; its stderr into *err (caller frees). Exit status. */
+static int run_bin_err(const char *args, char **err) {
+  const char *bin = getenv("SHARDREC_BIN");
+  REQUIRE_MSG(bin != NULL, "SHARDREC_BIN not set");
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "'%s' datagen %s 2>&1 >/dev/null", bin, args);
+  FILE *p = popen(cmd, "r");
+  REQUIRE(p != NULL);
+  size_t cap = 8192, n = 0, got;
+  char *b = malloc(cap);
+  while ((got = fread(b + n, 1, cap - 1 - n, p)) > 0) n += got;
+  b[n] = 0;
+  int st = pclose(p);
+  *err = b;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* datagen --multi-hot-sizes mlperf --cross-terms: same seed, same bytes;
+ * the summary's oracle AUC is the AUC of the .probs against the labels;
+ * flag errors exit 2 naming the flag and the entry. */
+START_TEST(test_command_bag_sizes) {
+  char *d = tmpdir_make();
+  char args[700], pa[256], pb[256], pc[256];
+  snprintf(pa, sizeof pa, "%s/a.tsv", d);
+  snprintf(pb, sizeof pb, "%s/b.tsv", d);
+  snprintf(pc, sizeof pc, "%s/c.tsv", d);
+  const char *f = "--rows 6000 --multi-hot-sizes mlperf --cross-terms 2 --test-fraction 0.5";
+  snprintf(args, sizeof args, "%s --seed 12 --out '%s'", f, pa);
+  REQUIRE((run_bin(args)) == (0));
+  snprintf(args, sizeof args, "%s --seed 12 --out '%s'", f, pb);
+  REQUIRE((run_bin(args)) == (0));
+  snprintf(args, sizeof args, "%s --seed 13 --out '%s'", f, pc);
+  REQUIRE((run_bin(args)) == (0));
+  size_t na, nb, nc;
+  char *a = file_read(pa, &na), *b = file_read(pb, &nb), *c = file_read(pc, &nc);
+  REQUIRE(na == nb && memcmp(a, b, na) == 0);
+  REQUIRE(na != nc || memcmp(a, c, na) != 0);
+  /* labels, probs, oracle AUC */
+  const size_t n = 6000;
+  float *p = malloc(sizeof(float) * n);
+  uint8_t *y = malloc(n);
+  size_t lines = 0;
+  for (char *l = a; *l; lines++) {
+    REQUIRE((lines) < (n));
+    y[lines] = (uint8_t)(l[0] - '0');
+    l = strchr(l, '\n') + 1;
+  }
+  REQUIRE((lines) == (n));
+  char pp[300], sp[300];
+  snprintf(pp, sizeof pp, "%s.probs", pa);
+  snprintf(sp, sizeof sp, "%s.summary.json", pa);
+  size_t pn, sn;
+  char *probs = file_read(pp, &pn), *sum = file_read(sp, &sn), *q = probs;
+  for (size_t i = 0; i < n; i++) {
+    char *end;
+    p[i] = strtof(q, &end);
+    REQUIRE(end != q && *end == '\n');
+    q = end + 1;
+  }
+  double auc_all, auc_test;
+  REQUIRE((sr_auc(p, y, n, &auc_all)) == (0));
+  REQUIRE((sr_auc(p + n / 2, y + n / 2, n / 2, &auc_test)) == (0));
+  cJSON *root = cJSON_Parse(sum);
+  REQUIRE(root != NULL);
+  const cJSON *all = cJSON_GetObjectItemCaseSensitive(root, "all");
+  const cJSON *test = cJSON_GetObjectItemCaseSensitive(root, "test");
+  REQUIRE(fabs(json_num(all, "oracle_auc") - auc_all) <= 1e-9);
+  REQUIRE(fabs(json_num(test, "oracle_auc") - auc_test) <= 1e-9);
+  const cJSON *bs = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "options"), "bag_sizes");
+  REQUIRE((cJSON_GetArraySize(bs)) == (DG_NUM_CAT));
+  for (int j = 0; j < DG_NUM_CAT; j++)
+    REQUIRE((cJSON_GetArrayItem(bs, j)->valueint) == (mlperf_sizes[j]));
+  cJSON_Delete(root);
+  free(a), free(b), free(c), free(probs), free(sum), free(p), free(y);
+
+  const struct {
+    const char *flags, *what;
+  } bad[] = {
+      {"--multi-hot-sizes 1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1",
+       "--multi-hot-sizes: 25 sizes, 26 expected"},
+      {"--multi-hot-sizes 1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1",
+       "--multi-hot-sizes: 27 sizes, 26 expected"},
+      {"--multi-hot-sizes 0,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1",
+       "--multi-hot-sizes: size 1 (C1) is 0, must be in [1, 128]"},
+      {"--multi-hot-sizes 1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,129,1",
+       "--multi-hot-sizes: size 25 (C25) is 129, must be in [1, 128]"},
+      {"--multi-hot-sizes mlperf --multi-hot 3", "--multi-hot and --multi-hot-sizes exclude each other"},
+      {"--cross-terms 9", "--cross-terms"},
+      {"--cross-terms -1", "--cross-terms"},
+      {"--multi-hot 129", "--multi-hot"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char *err;
+    snprintf(args, sizeof args, "--rows 10 --out '%s/e.tsv' %s", d, bad[i].flags);
+    int rc = run_bin_err(args, &err);
+    REQUIRE_MSG(rc == 2, "%s: exit %d: %s", bad[i].flags, rc, err);
+    REQUIRE_MSG(strstr(err, bad[i].what) != NULL, "%s: '%s'", bad[i].flags, err);
+    free(err);
+  }
+  REQUIRE(access(pa, F_OK) == 0);
+  snprintf(pc, sizeof pc, "%s/e.tsv", d);
+  REQUIRE(access(pc, F_OK) != 0); /* nothing written on a flag error */
   tmpdir_remove(d);
   free(d);
 }
@@ -731,6 +1040,11 @@ static Suite *datagen_suite(void) {
       {"config_errors", test_config_errors},
       {"command_files", test_command_files},
       {"command_flags", test_command_flags},
+      {"old_bytes_pinned", test_old_bytes_pinned},
+      {"bag_sizes_exact", test_bag_sizes_exact},
+      {"cross_terms", test_cross_terms},
+      {"bag_sizes_parse", test_bag_sizes_parse},
+      {"command_bag_sizes", test_command_bag_sizes},
   };
   /* one case per test, so CK_RUN_CASE can pick one */
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -723,6 +723,7 @@ START_TEST(test_batches_and_seek) {
 }
 END_TEST
 
+
 /* ---- binary format ---- */
 
 static void convert_api(const char *in, const char *out, ds_split_scheme sch, double frac,
@@ -1109,6 +1110,140 @@ START_TEST(test_bin_dict_duplicate_and_folder) {
 }
 END_TEST
 
+/* ---- multi-hot bags up to DS_MAX_BAG ---- */
+
+/* Line i with bags of up to 128 ids: C1 holds 128 (all distinct), C2 3, C21
+ * 100 (repeats: value j % 37), the rest one; every third line is cut after
+ * C21 (stripped trailing fields: C22..C26 empty). */
+static int big_bag_line(char *out, size_t n, uint64_t i) {
+  int k = snprintf(out, n, "%d\t%llu", (int)(i % 2), (unsigned long long)i);
+  for (int d = 1; d < 13; d++) k += snprintf(out + k, n - k, "\t%d", d);
+  for (int c = 0; c < 26; c++) {
+    if (i % 3 == 0 && c > 20) break;
+    int len = c == 0 ? 128 : c == 1 ? 3 : c == 20 ? 100 : 1;
+    k += snprintf(out + k, n - k, "\t");
+    for (int j = 0; j < len; j++)
+      k += snprintf(out + k, n - k, "%s%x", j ? "," : "",
+                    (unsigned)(c == 20 ? 1 + (j + (int)i) % 37 : 1 + j + 7 * c + (int)(i % 5)));
+  }
+  k += snprintf(out + k, n - k, "\n");
+  return k;
+}
+
+START_TEST(test_multi_hot_128) {
+  static char line[8192];
+  char err[256];
+  /* the parser: 128 ids a bag, stripped fields one id 0 after a multi-hot bag */
+  big_bag_line(line, sizeof line, 3);
+  ck_assert_int_eq(parse(line, &LAB, err), 0);
+  ck_assert_uint_eq(smp.off[1] - smp.off[0], 128);
+  ck_assert_uint_eq(smp.vals[127], 1 + 127 + 3);
+  ck_assert_uint_eq(smp.off[21] - smp.off[20], 100);
+  for (int c = 21; c < 26; c++) {
+    ck_assert_uint_eq(smp.off[c + 1] - smp.off[c], 1);
+    ck_assert_uint_eq(smp.vals[smp.off[c]], 0);
+  }
+  ck_assert_uint_eq(smp.off[26], 128 + 3 + 100 + 18 + 5);
+  /* a TSV file of such lines, converted (dictionary and hash ids): the
+   * binary file's samples are the TSV's, bag for bag */
+  FILE *f = fopen(tpath("big.txt"), "wb");
+  for (uint64_t i = 0; i < 300; i++) {
+    int k = big_bag_line(line, sizeof line, i);
+    ck_assert_int_eq((int)fwrite(line, 1, (size_t)k, f), k);
+  }
+  fclose(f);
+  const ds_id_mode modes[2] = {DS_IDS_DICT, DS_IDS_HASH};
+  for (int m = 0; m < 2; m++) {
+    convert_api(tpath("big.txt"), tpath("big.bin"), DS_SCHEME_FRACTION, 0.2, modes[m], 0);
+    ds_bin_reader *r = ds_bin_reader_open(tpath("big.bin"), 0, 1, err, sizeof err);
+    ck_assert_msg(r != NULL, "%s", err);
+    ck_assert(ds_bin_reader_info(r)->flags & DS_BIN_MULTI);
+    ck_assert_uint_eq(ds_bin_reader_info(r)->total_ids, 300 * (128 + 3 + 100 + 23));
+    ds_bin_reader_destroy(r);
+    ds_source_opts ot = {.path = tpath("big.txt"), .scheme = DS_SCHEME_FRACTION, .test_fraction = 0.2,
+                         .id_mode = modes[m]};
+    ds_source_opts ob = {.path = tpath("big.bin")};
+    ds_source *st = open_src(ot), *sb = open_src(ob);
+    flat ft, fb;
+    collect(st, 64, &ft);
+    collect(sb, 128, &fb);
+    flat_eq(&ft, &fb);
+    ck_assert_uint_eq(fb.n, 300);
+    for (uint64_t i = 0; i < fb.n; i++) {
+      ck_assert_uint_eq(fb.off[i * 26 + 1] - fb.off[i * 26], 128);
+      ck_assert_uint_eq(fb.off[i * 26 + 21] - fb.off[i * 26 + 20], 100);
+    }
+    flat_free(&ft);
+    flat_free(&fb);
+    ds_source_destroy(st);
+    ds_source_destroy(sb);
+  }
+}
+END_TEST
+
+/* A bag of 129 ids is refused naming the field (the parser) and the file's
+ * line (the source); an empty id inside a bag too; a binary file whose
+ * offsets make a bag of more than 128 ids is refused at open naming the
+ * sample and column. */
+START_TEST(test_multi_hot_limits) {
+  static char line[8192];
+  char err[256];
+  int k = snprintf(line, sizeof line, "1");
+  for (int d = 0; d < 13; d++) k += snprintf(line + k, sizeof line - k, "\t");
+  k += snprintf(line + k, sizeof line - k, "\t");
+  for (int j = 0; j < 129; j++) k += snprintf(line + k, sizeof line - k, "%s%x", j ? "," : "", j + 1);
+  ck_assert_int_eq(parse(line, &LAB, err), SR_EFORMAT);
+  ck_assert_int_eq(smp.bad, DS_BAD_VALUES);
+  ck_assert_msg(strstr(err, "too many categorical values: field 15: '1,2,3,4,5,6,7,8,...' holds more than "
+                            "128 ids (a bag's limit)"), "%s", err);
+  char *last = strrchr(line, ',');
+  *last = 0; /* 128 ids: taken */
+  ck_assert_int_eq(parse(line, &LAB, err), 0);
+  ck_assert_uint_eq(smp.off[1] - smp.off[0], 128);
+  *last = ',';
+  /* in a file: line 2 skipped and named; strict stops there */
+  char text[10000];
+  snprintf(text, sizeof text, "0\t1\n%s\n1\t\t\t\t\t\t\t\t\t\t\t\t\t\ta,,b\n1\t2\n", line);
+  write_str(tpath("bad.txt"), text);
+  ds_source_opts o = {.path = tpath("bad.txt"), .id_mode = DS_IDS_HASH};
+  ds_source *s = open_src(o);
+  flat f;
+  collect(s, 4, &f);
+  ck_assert_uint_eq(f.n, 2);
+  char want[600];
+  snprintf(want, sizeof want, "%s:2: too many categorical values: field 15:", tpath("bad.txt"));
+  ck_assert_msg(strstr(ds_source_report(s, 0), want), "%s", ds_source_report(s, 0));
+  snprintf(want, sizeof want, "%s:3: bad categorical value: field 15: 'a,,b' has an empty value",
+           tpath("bad.txt"));
+  ck_assert_msg(strstr(ds_source_report(s, 1), want), "%s", ds_source_report(s, 1));
+  ds_source_destroy(s);
+  flat_free(&f);
+  /* a binary file with a bag of 131 ids behind valid checksums */
+  FILE *fp = fopen(tpath("big.txt"), "wb");
+  for (uint64_t i = 0; i < 10; i++) {
+    k = big_bag_line(line, sizeof line, i);
+    ck_assert_int_eq((int)fwrite(line, 1, (size_t)k, fp), k);
+  }
+  fclose(fp);
+  convert_api(tpath("big.txt"), tpath("big.bin"), DS_SCHEME_NONE, 0, DS_IDS_HASH, 0);
+  ck_assert_int_eq(read_all(tpath("big.bin"), err, sizeof err), 0);
+  unsigned char h[DS_BIN_HEADER_SIZE];
+  FILE *hf = fopen(tpath("big.bin"), "rb");
+  ck_assert_int_eq((int)fread(h, 1, sizeof h, hf), (int)sizeof h);
+  fclose(hf);
+  uint64_t data_off, n;
+  memcpy(&data_off, h + 88, 8);
+  memcpy(&n, h + 24, 8);
+  /* sample 2: C1 [o, o+128), C2 [o+128, o+131): C1's end moved to C2's */
+  const uint64_t k1 = 2 * 26 + 1, o2 = 2 * (128 + 3 + 100 + 23) + 131;
+  edit_bin(tpath("big.bin"), tpath("x.bin"), data_off + n * 56 + 8 * k1, &o2, 8);
+  ck_assert_int_eq(read_all(tpath("x.bin"), err, sizeof err), SR_EFORMAT);
+  ck_assert_msg(strstr(err, "x.bin: corrupt multi-hot offsets at 53: sample 2 C1 has 131 ids, more than "
+                            "the 128 a bag may hold"), "%s", err);
+}
+END_TEST
+
+
 /* ---- shardrec convert ---- */
 
 static int run(const char *cmd, char *out, size_t n) {
@@ -1209,6 +1344,8 @@ static Suite *suite(void) {
   tcase_add_test(b, test_bin_values_checked);
   tcase_add_test(b, test_bin_dict_duplicate_and_folder);
   tcase_add_test(b, test_cli_convert);
+  tcase_add_test(b, test_multi_hot_128);
+  tcase_add_test(b, test_multi_hot_limits);
   suite_add_tcase(s, b);
   return s;
 }
