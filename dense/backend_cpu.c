@@ -163,7 +163,10 @@ DENSE_MULTIVERSION(cpu_relu_bias_grad,
                     float *db),
                    (B, N, ld, y, dy, db))
 
-/* DCN-v2 cross layer, forward: q[B][W] += bias[W]; out = x0 * q + xl. */
+/* DCN-v2 cross layer, forward: q[B][W] += bias[W]; out = x0 * q + xl.
+ * Each product is a statement of its own: no compiler may fuse it with the
+ * add into an FMA (clang contracts within a statement by default), so both
+ * kernel sets give the same bits. */
 DENSE_BODY cpu_cross_forward_body(int B, int W, const float *restrict bias,
                                   const float *restrict x0,
                                   const float *restrict xl, float *restrict q,
@@ -174,7 +177,8 @@ DENSE_BODY cpu_cross_forward_body(int B, int W, const float *restrict bias,
     for (int c = 0; c < W; c++) {
       float v = qr[c] + bias[c];
       qr[c] = v;
-      o[c] = a[c] * v + x[c];
+      float p = a[c] * v;
+      o[c] = p + x[c];
     }
   }
 }
@@ -190,9 +194,9 @@ DENSE_BODY cpu_cross_backward_body(int B, int W, const float *restrict g,
                                    float *restrict dq, float *restrict acc,
                                    int init, int add_g) {
   for (size_t i = 0; i < (size_t)B * W; i++) {
-    float t = init ? 0.0f : acc[i];
+    float t = init ? 0.0f : acc[i], gq = g[i] * q[i];
     dq[i] = g[i] * x0[i];
-    t += g[i] * q[i];
+    t += gq;
     acc[i] = add_g ? t + g[i] : t;
   }
 }
