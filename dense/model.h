@@ -79,7 +79,9 @@ size_t dense_config_param_count(const dense_config *cfg);
 dense_model *dense_model_create(const dense_config *cfg, uint64_t seed,
                                 char *err, size_t errlen);
 
-/* Same, on a given backend (borrowed; must outlive the model). */
+/* Same, on a given backend (borrowed; must outlive the model). A dcn
+ * configuration on a backend without the cross-network kernels (a device
+ * backend: CUDA) is refused, NULL with "runs on the CPU only" in err. */
 dense_model *dense_model_create_on(const dense_config *cfg, uint64_t seed,
                                    const dense_backend *be, char *err,
                                    size_t errlen);
