@@ -47,6 +47,18 @@ typedef struct dense_backend {
 
   /* p[i] -= lr * g[i] (plain SGD), n elements. */
   void (*sgd)(size_t n, float lr, const float *g, float *p);
+
+  /* The element-wise parts of a DCN-v2 cross layer (dense/layers.h), all
+   * [B][W] row-major. Forward: q += bias[W] (q = U V x_l on entry), then
+   * x_out = x0 * q + x_l (x_out may be neither x0, x_l nor q). Backward
+   * from g = d x_{l+1}: dq = g * x0, and
+   * acc = (init ? 0 : acc) + g * q, plus g when add_g (the identity path
+   * of the first layer). NULL in a backend without the cross network. */
+  void (*cross_forward)(int B, int W, const float *bias, const float *x0,
+                        const float *xl, float *q, float *x_out);
+  void (*cross_backward)(int B, int W, const float *g, const float *x0,
+                         const float *q, float *dq, float *acc, int init,
+                         int add_g);
 } dense_backend;
 
 /* Kernel sets of the CPU backend. */

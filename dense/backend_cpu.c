@@ -163,6 +163,49 @@ DENSE_MULTIVERSION(cpu_relu_bias_grad,
                     float *db),
                    (B, N, ld, y, dy, db))
 
+/* DCN-v2 cross layer, forward: q[B][W] += bias[W]; out = x0 * q + xl.
+ * Each product is a statement of its own: no compiler may fuse it with the
+ * add into an FMA (clang contracts within a statement by default), so both
+ * kernel sets give the same bits. */
+DENSE_BODY cpu_cross_forward_body(int B, int W, const float *restrict bias,
+                                  const float *restrict x0,
+                                  const float *restrict xl, float *restrict q,
+                                  float *restrict out) {
+  for (size_t r = 0; r < (size_t)B; r++) {
+    float *restrict qr = q + r * W, *restrict o = out + r * W;
+    const float *restrict a = x0 + r * W, *restrict x = xl + r * W;
+    for (int c = 0; c < W; c++) {
+      float v = qr[c] + bias[c];
+      qr[c] = v;
+      float p = a[c] * v;
+      o[c] = p + x[c];
+    }
+  }
+}
+DENSE_MULTIVERSION(cpu_cross_forward,
+                   (int B, int W, const float *bias, const float *x0,
+                    const float *xl, float *q, float *out),
+                   (B, W, bias, x0, xl, q, out))
+
+/* Backward: dq = g * x0; acc = (init ? 0 : acc) + g * q (+ g when add_g). */
+DENSE_BODY cpu_cross_backward_body(int B, int W, const float *restrict g,
+                                   const float *restrict x0,
+                                   const float *restrict q,
+                                   float *restrict dq, float *restrict acc,
+                                   int init, int add_g) {
+  for (size_t i = 0; i < (size_t)B * W; i++) {
+    float t = init ? 0.0f : acc[i], gq = g[i] * q[i];
+    dq[i] = g[i] * x0[i];
+    t += gq;
+    acc[i] = add_g ? t + g[i] : t;
+  }
+}
+DENSE_MULTIVERSION(cpu_cross_backward,
+                   (int B, int W, const float *g, const float *x0,
+                    const float *q, float *dq, float *acc, int init,
+                    int add_g),
+                   (B, W, g, x0, q, dq, acc, init, add_g))
+
 static inline float dotf(const float *restrict a, const float *restrict b,
                          int d) {
   float s = 0.0f;
@@ -517,6 +560,53 @@ DENSE_BATCH_KERNELS(base)
 DENSE_BATCH_KERNELS(avx2)
 #endif
 
+/* The cross layer's element-wise kernels over the pool, in blocks of
+ * ELT_ROWS rows (one task below ELT_SPLIT_MIN floats): every element is
+ * computed alone, so any split gives the same bits. */
+typedef struct {
+  int B, W, blk, init, add_g;
+  const float *bias, *x0, *xl, *g, *q;
+  float *qo, *out, *dq, *acc;
+  void (*fwd)(int, int, const float *, const float *, const float *, float *, float *);
+  void (*bwd)(int, int, const float *, const float *, const float *, float *, float *, int,
+              int);
+} cross_job;
+
+static void cross_fwd_task(void *arg, int t) {
+  const cross_job *j = arg;
+  size_t o = (size_t)t * j->blk * j->W;
+  j->fwd(rest(j->B, t * j->blk, j->blk), j->W, j->bias, j->x0 + o, j->xl + o, j->qo + o,
+         j->out + o);
+}
+static void cross_bwd_task(void *arg, int t) {
+  const cross_job *j = arg;
+  size_t o = (size_t)t * j->blk * j->W;
+  j->bwd(rest(j->B, t * j->blk, j->blk), j->W, j->g + o, j->x0 + o, j->q + o, j->dq + o,
+         j->acc + o, j->init, j->add_g);
+}
+
+#define DENSE_CROSS_KERNELS(isa)                                                          \
+  static void par_cross_fwd_##isa(int B, int W, const float *bias, const float *x0,     \
+                                  const float *xl, float *q, float *out) {              \
+    cross_job j = {.B = B, .W = W, .bias = bias, .x0 = x0, .xl = xl, .qo = q, .out = out, \
+                   .blk = (size_t)B * W < ELT_SPLIT_MIN ? B : ELT_ROWS,                 \
+                   .fwd = cpu_cross_forward_##isa};                                     \
+    dense_pool_run(dense_pool_default(), blocks_of(B, j.blk), cross_fwd_task, &j);      \
+  }                                                                                     \
+  static void par_cross_bwd_##isa(int B, int W, const float *g, const float *x0,        \
+                                  const float *q, float *dq, float *acc, int init,      \
+                                  int add_g) {                                          \
+    cross_job j = {.B = B, .W = W, .g = g, .x0 = x0, .q = q, .dq = dq, .acc = acc,      \
+                   .init = init, .add_g = add_g,                                        \
+                   .blk = (size_t)B * W < ELT_SPLIT_MIN ? B : ELT_ROWS,                 \
+                   .bwd = cpu_cross_backward_##isa};                                    \
+    dense_pool_run(dense_pool_default(), blocks_of(B, j.blk), cross_bwd_task, &j);      \
+  }
+DENSE_CROSS_KERNELS(base)
+#if DENSE_X86
+DENSE_CROSS_KERNELS(avx2)
+#endif
+
 /* The two kernel sets (sgemm, loss and SGD shared), each over the pool. */
 #define CPU_BACKEND(label, isa)                                \
   {.name = label,                                              \
@@ -526,7 +616,9 @@ DENSE_BATCH_KERNELS(avx2)
    .interact_dot_forward = par_fwd_##isa,                      \
    .interact_dot_backward = par_bwd_##isa,                     \
    .bce_logits = cpu_bce_logits,                               \
-   .sgd = cpu_sgd}
+   .sgd = cpu_sgd,                                             \
+   .cross_forward = par_cross_fwd_##isa,                       \
+   .cross_backward = par_cross_bwd_##isa}
 static const dense_backend cpu_backend_base = CPU_BACKEND("cpu-openblas", base);
 #if DENSE_X86
 static const dense_backend cpu_backend_avx2 =
@@ -620,4 +712,30 @@ void dense_linear_backward(const dense_backend *be, int B, int K, int N,
   be->gemm(1, 0, N, K, B, 1.0f, dout, N, in, K, 0.0f, dW, K);
   /* din[B][K] = dz[B][N] * W[N][K] */
   if (din) be->gemm(0, 0, B, K, N, 1.0f, dout, N, W, K, 0.0f, din, K);
+}
+
+void dense_cross_forward(const dense_backend *be, int B, int W, int R,
+                         const float *x0, const float *xl, const float *V,
+                         const float *U, const float *b, float *P, float *Q,
+                         float *out) {
+  /* P[B][R] = xl[B][W] * V[R][W]^T; Q[B][W] = P[B][R] * U[W][R]^T */
+  be->gemm(0, 1, B, R, W, 1.0f, xl, W, V, W, 0.0f, P, R);
+  be->gemm(0, 1, B, W, R, 1.0f, P, R, U, R, 0.0f, Q, W);
+  be->cross_forward(B, W, b, x0, xl, Q, out); /* Q += b; out = x0 * Q + xl */
+}
+
+void dense_cross_backward(const dense_backend *be, int B, int W, int R,
+                          const float *x0, const float *xl, const float *V,
+                          const float *U, const float *P, const float *Q,
+                          float *g, float *dq, float *dp, float *acc, int init,
+                          int first, float *dV, float *dU, float *db) {
+  /* dq = g * x0; acc (+)= g * Q (+ g when first) */
+  be->cross_backward(B, W, g, x0, Q, dq, acc, init, first);
+  be->relu_bias_grad(B, W, W, NULL, dq, db); /* db[W] = colsum(dq) */
+  /* dU[W][R] = dq[B][W]^T * P[B][R]; dp[B][R] = dq[B][W] * U[W][R] */
+  be->gemm(1, 0, W, R, B, 1.0f, dq, W, P, R, 0.0f, dU, R);
+  be->gemm(0, 0, B, R, W, 1.0f, dq, W, U, R, 0.0f, dp, R);
+  /* dV[R][W] = dp[B][R]^T * xl[B][W]; d xl = g + dp[B][R] * V[R][W] */
+  be->gemm(1, 0, R, W, B, 1.0f, dp, R, xl, W, 0.0f, dV, W);
+  be->gemm(0, 0, B, W, R, 1.0f, dp, R, V, W, 1.0f, first ? acc : g, W);
 }

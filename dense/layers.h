@@ -6,7 +6,11 @@
  * Zflat = Z[li, lj] with pairs enumerated
  *     for i in range(ni): for j in range(i + offset): (i, j)
  * offset = 0 (strict lower triangle) or 1 (--arch-interaction-itself: the
- * diagonal too). R = [x_bot, Zflat]: width d + ni*(ni-1)/2 (+ ni). */
+ * diagonal too). R = [x_bot, Zflat]: width d + ni*(ni-1)/2 (+ ni).
+ *
+ * Cross network (dcn): x_0 = [x_bot, e_1, ..., e_{ni-1}] (width W = ni*d),
+ * then dcn_layers cross layers (below); the top MLP reads the last one's
+ * output. */
 #ifndef SHARDREC_DENSE_LAYERS_H
 #define SHARDREC_DENSE_LAYERS_H
 
@@ -26,6 +30,28 @@ void dense_linear_backward(const dense_backend *be, int B, int K, int N,
                            const float *in, const float *W, const float *out,
                            int relu, float *dout, float *dW, float *db,
                            float *din);
+
+/* DCN-v2 cross layer (TorchRec's LowRankCrossNet, one layer), rows of width
+ * W, rank R: out[B][W] = x0 * (xl V^T U^T + b) + xl, with V[R][W], U[W][R],
+ * b[W]. Keeps P[B][R] = xl V^T and Q[B][W] = P U^T + b for the backward.
+ * Borrowed pointers; out must not alias x0, xl, P or Q. */
+void dense_cross_forward(const dense_backend *be, int B, int W, int R,
+                         const float *x0, const float *xl, const float *V,
+                         const float *U, const float *b, float *P, float *Q,
+                         float *out);
+
+/* Backward of dense_cross_forward from g[B][W] = d out. Overwrites
+ * dV[R][W], dU[W][R], db[W]; dq[B][W] and dp[B][R] are scratch. acc[B][W]
+ * gathers the gradient w.r.t. x0 over the layers: init (the first layer
+ * a backward visits, the top one) overwrites it, else it is added to.
+ * Unless first (layer 0, whose xl is x0), g is overwritten by the gradient
+ * w.r.t. xl (g + dp V), for the layer below; when first, acc receives
+ * g + dp V too and holds the whole gradient w.r.t. x0 at return. */
+void dense_cross_backward(const dense_backend *be, int B, int W, int R,
+                          const float *x0, const float *xl, const float *V,
+                          const float *U, const float *P, const float *Q,
+                          float *g, float *dq, float *dp, float *acc, int init,
+                          int first, float *dV, float *dU, float *db);
 
 /* Number of interaction terms: ni*(ni-1)/2, plus ni when itself. */
 static inline int dense_interact_dot_pairs(int ni, int itself) {

@@ -30,6 +30,14 @@ struct dense_model {
   float *R;      /* [max_batch][r_width] */
   float *dT;     /* dot: [max_batch][ni][emb_dim] */
   float *g0, *g1; /* gradient ping-pong [max_batch][max width] */
+  /* dcn: cross layer l's V, U, b in params, and its activations */
+  int n_cross, rank;
+  size_t cv_off[DENSE_MAX_CROSS], cu_off[DENSE_MAX_CROSS], cb_off[DENSE_MAX_CROSS];
+  float *X[DENSE_MAX_CROSS]; /* layer outputs x_{l+1} [max_batch][r_width] */
+  float *P[DENSE_MAX_CROSS]; /* V x_l [max_batch][rank] */
+  float *Q[DENSE_MAX_CROSS]; /* U P + b [max_batch][r_width] */
+  float *dp;     /* [max_batch][rank] */
+  float *acc;    /* gradient w.r.t. x_0 [max_batch][r_width] */
   int fwd_n;     /* batch of the last forward, 0 if none */
   /* A device backend (cuda_hooks.h): its hooks and the device half of the
    * model; NULL on the CPU. params/grads above stay the host copies. */
@@ -39,6 +47,31 @@ struct dense_model {
 };
 
 /* ---- configuration -------------------------------------------------------- */
+
+/* The cross network's part of dense_config_validate. */
+static int validate_dcn(const dense_config *c, char *err, size_t errlen) {
+  if (c->interaction != DENSE_INTERACT_DCN) {
+    if (c->dcn_layers || c->dcn_rank) {
+      sr_fmt(err, errlen, "dcn_layers and dcn_rank apply to the dcn interaction only");
+      return SR_EINVAL;
+    }
+    return SR_OK;
+  }
+  if (c->bot[c->n_bot - 1] != c->emb_dim) {
+    sr_fmt(err, errlen,
+           "dcn interaction needs the last bottom MLP width (%d) to equal "
+           "the embedding dimension (%d)",
+           c->bot[c->n_bot - 1], c->emb_dim);
+    return SR_EINVAL;
+  }
+  if (c->dcn_layers < 1 || c->dcn_layers > DENSE_MAX_CROSS || c->dcn_rank < 1 ||
+      c->dcn_rank > DENSE_MAX_CROSS_RANK) {
+    sr_fmt(err, errlen, "dcn needs 1..%d cross layers (got %d) of rank 1..%d (got %d)",
+           DENSE_MAX_CROSS, c->dcn_layers, DENSE_MAX_CROSS_RANK, c->dcn_rank);
+    return SR_EINVAL;
+  }
+  return SR_OK;
+}
 
 int dense_config_validate(const dense_config *c, char *err, size_t errlen) {
   if (!c) {
@@ -94,16 +127,19 @@ int dense_config_validate(const dense_config *c, char *err, size_t errlen) {
              c->bot[c->n_bot - 1], c->emb_dim);
       return SR_EINVAL;
     }
-  } else if (c->interaction == DENSE_INTERACT_CAT) {
+  } else if (c->interaction == DENSE_INTERACT_CAT ||
+             c->interaction == DENSE_INTERACT_DCN) {
     if (c->interaction_itself) {
       sr_fmt(err, errlen, "interaction_itself applies to dot only");
       return SR_EINVAL;
     }
   } else {
-    sr_fmt(err, errlen, "unknown interaction %d (dot=%d, cat=%d)",
-           c->interaction, DENSE_INTERACT_DOT, DENSE_INTERACT_CAT);
+    sr_fmt(err, errlen, "unknown interaction %d (dot=%d, cat=%d, dcn=%d)",
+           c->interaction, DENSE_INTERACT_DOT, DENSE_INTERACT_CAT,
+           DENSE_INTERACT_DCN);
     return SR_EINVAL;
   }
+  if (validate_dcn(c, err, errlen) != SR_OK) return SR_EINVAL;
   if (c->max_batch < 1) {
     sr_fmt(err, errlen, "max_batch must be >= 1 (got %d)", c->max_batch);
     return SR_EINVAL;
@@ -121,7 +157,8 @@ int dense_config_top_input(const dense_config *c) {
   if (c->interaction == DENSE_INTERACT_DOT) {
     long long ni = (long long)c->n_sparse + 1;
     w = d + ni * (ni - 1) / 2 + (c->interaction_itself ? ni : 0);
-  } else if (c->interaction == DENSE_INTERACT_CAT) {
+  } else if (c->interaction == DENSE_INTERACT_CAT ||
+             c->interaction == DENSE_INTERACT_DCN) {
     w = d + (long long)c->n_sparse * c->emb_dim;
   } else {
     return -1;
@@ -149,9 +186,9 @@ size_t dense_config_param_count(const dense_config *c) {
   int K[2 * DENSE_MAX_LAYERS], N[2 * DENSE_MAX_LAYERS];
   if (dense_config_validate(c, NULL, 0) != SR_OK) return 0;
   int L = layer_shapes(c, K, N);
-  size_t n = 0;
+  size_t n = 0, W = (size_t)dense_config_top_input(c);
   for (int l = 0; l < L; l++) n += (size_t)N[l] * K[l] + N[l];
-  return n;
+  return n + (size_t)c->dcn_layers * (2 * W * (size_t)c->dcn_rank + W);
 }
 
 /* The dot interaction with the gathers around it. Forward:
@@ -212,6 +249,54 @@ static void init_params(dense_model *m, uint64_t seed) {
     sr_rng_init(&r, key, 2 * (uint64_t)l + 1);
     for (int i = 0; i < N; i++) b[i] = (float)(sb * sr_rng_normal(&r));
   }
+  /* cross layers as LowRankCrossNet: xavier-normal V and U, zero bias */
+  uint64_t ckey = sr_mix64(seed ^ DENSE_CROSS_SALT);
+  size_t W = (size_t)m->r_width, R = (size_t)m->rank;
+  double sx = sqrt(2.0 / (double)(W + R));
+  for (int l = 0; l < m->n_cross; l++) {
+    sr_rng r;
+    float *V = m->params + m->cv_off[l], *U = m->params + m->cu_off[l];
+    sr_rng_init(&r, ckey, 2 * (uint64_t)l);
+    for (size_t i = 0; i < R * W; i++) V[i] = (float)(sx * sr_rng_normal(&r));
+    sr_rng_init(&r, ckey, 2 * (uint64_t)l + 1);
+    for (size_t i = 0; i < W * R; i++) U[i] = (float)(sx * sr_rng_normal(&r));
+    memset(m->params + m->cb_off[l], 0, W * sizeof(float));
+  }
+}
+
+/* Offsets of every tensor in the one buffer: bottom layers, cross layers,
+ * top layers; the widest activation into *maxw. Returns the float count. */
+static size_t lay_out(dense_model *m, int *maxw) {
+  size_t off = 0, W = (size_t)m->r_width, R = (size_t)m->rank;
+  int nb = m->cfg.n_bot - 1;
+  for (int l = 0; l < m->n_layers; l++) {
+    for (int x = 0; l == nb && x < m->n_cross; x++) {
+      m->cv_off[x] = off, off += R * W;
+      m->cu_off[x] = off, off += W * R;
+      m->cb_off[x] = off, off += W;
+    }
+    m->w_off[l] = off;
+    off += (size_t)m->N[l] * m->K[l];
+    m->b_off[l] = off;
+    off += m->N[l];
+    if (m->N[l] > *maxw) *maxw = m->N[l];
+  }
+  return off;
+}
+
+/* dcn: the cross layers' activations from p on; returns p past them. */
+static float *cross_acts(dense_model *m, float *p) {
+  size_t B = (size_t)m->cfg.max_batch, W = (size_t)m->r_width, R = (size_t)m->rank;
+  for (int l = 0; l < m->n_cross; l++) {
+    m->X[l] = p, p += B * W;
+    m->P[l] = p, p += B * R;
+    m->Q[l] = p, p += B * W;
+  }
+  if (m->n_cross) {
+    m->dp = p, p += B * R;
+    m->acc = p, p += B * W;
+  }
+  return p;
 }
 
 dense_model *dense_model_create(const dense_config *cfg, uint64_t seed,
@@ -228,6 +313,11 @@ dense_model *dense_model_create_on(const dense_config *cfg, uint64_t seed,
     sr_fmt(err, errlen, "no backend");
     return NULL;
   }
+  if (cfg->interaction == DENSE_INTERACT_DCN && (dense_dev_hooks_of(be) || !be->cross_forward)) {
+    sr_fmt(err, errlen, "the dcn interaction (cross network) runs on the CPU only; "
+           "backend %s has no cross-network kernels (use --device cpu)", be->name);
+    return NULL;
+  }
   dense_model *m = calloc(1, sizeof *m);
   if (!m) goto oom;
   m->cfg = *cfg;
@@ -235,15 +325,9 @@ dense_model *dense_model_create_on(const dense_config *cfg, uint64_t seed,
   m->r_width = dense_config_top_input(cfg);
   m->ni = cfg->n_sparse + 1;
   m->n_layers = layer_shapes(cfg, m->K, m->N);
-  size_t off = 0;
+  m->n_cross = cfg->dcn_layers, m->rank = cfg->dcn_rank;
   int maxw = cfg->n_dense > m->r_width ? cfg->n_dense : m->r_width;
-  for (int l = 0; l < m->n_layers; l++) {
-    m->w_off[l] = off;
-    off += (size_t)m->N[l] * m->K[l];
-    m->b_off[l] = off;
-    off += m->N[l];
-    if (m->N[l] > maxw) maxw = m->N[l];
-  }
+  size_t off = lay_out(m, &maxw);
   m->n_params = off;
   m->params = calloc(off, sizeof(float));
   m->grads = calloc(off, sizeof(float));
@@ -266,6 +350,8 @@ dense_model *dense_model_create_on(const dense_config *cfg, uint64_t seed,
   if (cfg->interaction == DENSE_INTERACT_DOT) tsz = B * m->ni * cfg->emb_dim;
   size_t total = B * cfg->n_dense + B * m->r_width + 2 * tsz + 2 * B * maxw;
   for (int l = 0; l < m->n_layers; l++) total += B * m->N[l];
+  if (m->n_cross) /* X, P, Q per layer; dp, acc */
+    total += B * ((size_t)m->n_cross * (2 * m->r_width + m->rank) + m->rank + m->r_width);
   m->acts = malloc(total * sizeof(float));
   if (!m->acts) goto oom;
   memset(m->acts, 0, total * sizeof(float)); /* pre-fault every page now */
@@ -277,6 +363,7 @@ dense_model *dense_model_create_on(const dense_config *cfg, uint64_t seed,
   m->dT = tsz ? p : NULL, p += tsz;
   m->g0 = p, p += B * maxw;
   m->g1 = p, p += B * maxw;
+  cross_acts(m, p);
 
   init_params(m, seed);
   return m;
@@ -309,10 +396,24 @@ float *dense_model_grads(dense_model *m, size_t *count) {
   return m->grads;
 }
 
+/* Cross layer x's three tensors into info[t..t+3) (those below cap). */
+static int cross_tensors(const dense_model *m, int x, dense_tensor_info *info, int t, int cap) {
+  const char *nm[3] = {"V", "U", "b"};
+  size_t off[3] = {m->cv_off[x], m->cu_off[x], m->cb_off[x]};
+  int rows[3] = {m->rank, m->r_width, m->r_width}, cols[3] = {m->r_width, m->rank, 1};
+  for (int k = 0; k < 3; k++, t++) {
+    if (!info || t >= cap) continue;
+    snprintf(info[t].name, sizeof info[t].name, "cross.%d.%s", x, nm[k]);
+    info[t].offset = off[k], info[t].rows = rows[k], info[t].cols = cols[k];
+  }
+  return t;
+}
+
 int dense_model_tensors(const dense_model *m, dense_tensor_info *info,
                         int cap) {
   int nb = m->cfg.n_bot - 1, t = 0;
   for (int l = 0; l < m->n_layers; l++) {
+    for (int x = 0; l == nb && x < m->n_cross; x++) t = cross_tensors(m, x, info, t, cap);
     const char *part = l < nb ? "bot" : "top";
     int idx = l < nb ? l : l - nb;
     for (int k = 0; k < 2; k++, t++) {
@@ -328,6 +429,23 @@ int dense_model_tensors(const dense_model *m, dense_tensor_info *info,
 }
 
 /* ---- forward / backward --------------------------------------------------- */
+
+/* The top MLP's input: R, or the last cross layer's output. */
+static const float *top_in(const dense_model *m) {
+  return m->n_cross ? m->X[m->n_cross - 1] : m->R;
+}
+
+/* The cross layers' backward from g = d x_L[n][W] (overwritten), h[n][W]
+ * scratch; returns d x_0 (m->acc). */
+static const float *cross_backward(dense_model *m, int n, float *g, float *h) {
+  for (int x = m->n_cross - 1; x >= 0; x--)
+    dense_cross_backward(m->be, n, m->r_width, m->rank, m->R, x ? m->X[x - 1] : m->R,
+                         m->params + m->cv_off[x], m->params + m->cu_off[x], m->P[x], m->Q[x],
+                         g, h, m->dp, m->acc, x == m->n_cross - 1, x == 0,
+                         m->grads + m->cv_off[x], m->grads + m->cu_off[x],
+                         m->grads + m->cb_off[x]);
+  return m->acc;
+}
 
 int dense_model_forward(dense_model *m, int n, const float *x_dense,
                         const float *emb, float *logits) {
@@ -357,10 +475,10 @@ int dense_model_forward(dense_model *m, int n, const float *x_dense,
   }
   const float *xb = in; /* [n][d] */
 
-  /* interaction -> R[n][r_width] */
+  /* interaction -> R[n][r_width] (dcn: x_0) */
   if (c->interaction == DENSE_INTERACT_DOT) {
     interact_forward(m, n, xb, emb);
-  } else {
+  } else { /* cat, dcn: [x_bot, emb] */
     for (int b = 0; b < n; b++) {
       float *r = m->R + (size_t)b * m->r_width;
       memcpy(r, xb + (size_t)b * d, sizeof(float) * d);
@@ -368,8 +486,14 @@ int dense_model_forward(dense_model *m, int n, const float *x_dense,
     }
   }
 
+  /* dcn: x_{l+1} = x_0 * (U_l (V_l x_l) + b_l) + x_l */
+  for (int x = 0; x < m->n_cross; x++)
+    dense_cross_forward(m->be, n, m->r_width, m->rank, m->R, x ? m->X[x - 1] : m->R,
+                        m->params + m->cv_off[x], m->params + m->cu_off[x],
+                        m->params + m->cb_off[x], m->P[x], m->Q[x], m->X[x]);
+
   /* top MLP: ReLU between layers, none after the last (it is the logit) */
-  in = m->R;
+  in = top_in(m);
   for (int l = nb; l < m->n_layers; l++) {
     linear_forward(m, n, l, in, l + 1 < m->n_layers);
     in = m->out[l];
@@ -405,7 +529,7 @@ int dense_model_backward(dense_model *m, int n, const float *labels,
 
   /* top MLP, last layer first; the last din is dR[n][r_width] */
   for (int l = L - 1; l >= nb; l--) {
-    const float *in = l == nb ? m->R : m->out[l - 1];
+    const float *in = l == nb ? top_in(m) : m->out[l - 1];
     linear_backward(m, n, l, in, l + 1 < L, g, h);
     tmp = g, g = h, h = tmp;
   }
@@ -413,9 +537,10 @@ int dense_model_backward(dense_model *m, int n, const float *labels,
   /* interaction backward: g = dR -> h = dx_bot[n][d], d_emb */
   if (c->interaction == DENSE_INTERACT_DOT) {
     interact_backward(m, n, g, h, d_emb);
-  } else {
+  } else { /* cat: dR is d[x_bot, emb]; dcn: d x_0, gathered in acc */
+    const float *dx0 = m->n_cross ? cross_backward(m, n, g, h) : g;
     for (int b = 0; b < n; b++) {
-      const float *dr = g + (size_t)b * m->r_width;
+      const float *dr = dx0 + (size_t)b * m->r_width;
       memcpy(h + (size_t)b * d, dr, sizeof(float) * d);
       if (d_emb) memcpy(d_emb + b * es, dr + d, sizeof(float) * es);
     }
@@ -439,6 +564,7 @@ double dense_model_flops_per_sample(const dense_config *c) {
   int L = layer_shapes(c, K, N);
   double f = 0.0;
   for (int l = 0; l < L; l++) f += (l == 0 ? 4.0 : 6.0) * K[l] * N[l];
+  f += 12.0 * c->dcn_layers * (double)dense_config_top_input(c) * c->dcn_rank;
   if (c->interaction == DENSE_INTERACT_DOT)
     f += 6.0 * c->emb_dim *
          (double)dense_interact_dot_pairs(c->n_sparse + 1,
@@ -456,10 +582,23 @@ int dense_model_gemm_shapes(const dense_config *c, int B,
     if (out && t < cap) out[t] = (dense_gemm_shape){ta, tb, m_, n_, k_};   \
     t++;                                                                   \
   } while (0)
-  for (int l = 0; l < L; l++) PUT(0, 1, B, N[l], K[l]);
+  int nb = c->n_bot - 1, W = dense_config_top_input(c), R = c->dcn_rank;
+  for (int l = 0; l < L; l++) {
+    for (int x = 0; l == nb && x < c->dcn_layers; x++) { /* dense_cross_forward */
+      PUT(0, 1, B, R, W);
+      PUT(0, 1, B, W, R);
+    }
+    PUT(0, 1, B, N[l], K[l]);
+  }
   for (int l = L - 1; l >= 0; l--) {
     PUT(1, 0, N[l], K[l], B);
     if (l > 0) PUT(0, 0, B, K[l], N[l]);
+    for (int x = 0; l == nb && x < c->dcn_layers; x++) { /* dense_cross_backward */
+      PUT(1, 0, W, R, B);
+      PUT(0, 0, B, R, W);
+      PUT(1, 0, R, W, B);
+      PUT(0, 0, B, W, R);
+    }
   }
 #undef PUT
   return t;

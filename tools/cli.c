@@ -38,6 +38,8 @@ static const cli_range ranges[] = {
     {"--arch-sparse-feature-size", 1, EMB_MAX_DIM, "floats per row"},
     {"--cache-mb", 1, 1 << 20, "MiB"},
     {"--cache-rows", EMB_SHARD_MIN_CACHE_ROWS, 2147483647.0, "rows"},
+    {"--dcn-low-rank-dim", 1, DENSE_MAX_CROSS_RANK, "rank of each cross layer"},
+    {"--dcn-num-layers", 1, DENSE_MAX_CROSS, "cross layers"},
     {"--dense-threads", 1, DENSE_POOL_MAX_THREADS, "threads"},
     {"--frequency-threshold", 0, 4294967295.0, "occurrences"},
     {"--max-ind-range", 0, 1099511627776.0, "rows (0: none)"},
@@ -207,6 +209,26 @@ int cli_isatty_err(void) { return isatty(2); }
 
 int cli_model_arch(const char *cmd, const char *bot, const char *top, const char *op,
                    int itself, int dim, int n_sparse, int max_batch, dense_config *cfg) {
+  return cli_model_arch_dcn(cmd, bot, top, op, itself, 0, 0, dim, n_sparse, max_batch, cfg);
+}
+
+/* --arch-interaction-op dcn's two numbers into cfg: given or TorchRec's
+ * defaults; any other op refuses them. 0 or -1 (printed). */
+static int model_dcn(const char *cmd, int layers, int rank, dense_config *cfg) {
+  if (cfg->interaction != DENSE_INTERACT_DCN) {
+    if (!layers && !rank) return 0;
+    fprintf(stderr, "shardrec %s: --dcn-num-layers and --dcn-low-rank-dim apply to "
+            "--arch-interaction-op dcn only\n", cmd);
+    return -1;
+  }
+  cfg->dcn_layers = layers ? layers : CLI_DCN_LAYERS;
+  cfg->dcn_rank = rank ? rank : CLI_DCN_RANK;
+  return 0;
+}
+
+int cli_model_arch_dcn(const char *cmd, const char *bot, const char *top, const char *op,
+                       int itself, int dcn_layers, int dcn_rank, int dim, int n_sparse,
+                       int max_batch, dense_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
   if (cli_int_list(cmd, "--arch-mlp-bot", bot, '-', cfg->bot, DENSE_MAX_LAYERS, &cfg->n_bot))
     return -1;
@@ -216,10 +238,13 @@ int cli_model_arch(const char *cmd, const char *bot, const char *top, const char
     cfg->interaction = DENSE_INTERACT_DOT;
   else if (!strcmp(op, "cat"))
     cfg->interaction = DENSE_INTERACT_CAT;
+  else if (!strcmp(op, "dcn"))
+    cfg->interaction = DENSE_INTERACT_DCN;
   else {
-    fprintf(stderr, "shardrec %s: --arch-interaction-op: '%s' is not dot or cat\n", cmd, op);
+    fprintf(stderr, "shardrec %s: --arch-interaction-op: '%s' is not dot, cat or dcn\n", cmd, op);
     return -1;
   }
+  if (model_dcn(cmd, dcn_layers, dcn_rank, cfg)) return -1;
   cfg->interaction_itself = itself;
   cfg->n_dense = cfg->bot[0];
   cfg->n_sparse = n_sparse;

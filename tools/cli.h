@@ -47,6 +47,15 @@ int cli_isatty_err(void);
 int cli_model_arch(const char *cmd, const char *bot, const char *top, const char *op,
                    int itself, int dim, int n_sparse, int max_batch, dense_config *cfg);
 
+/* The same with the op dcn's --dcn-num-layers and --dcn-low-rank-dim (0:
+ * not given: TorchRec dlrm_main's defaults, CLI_DCN_LAYERS of rank
+ * CLI_DCN_RANK); given with another op they are refused. */
+#define CLI_DCN_LAYERS 3
+#define CLI_DCN_RANK 512
+int cli_model_arch_dcn(const char *cmd, const char *bot, const char *top, const char *op,
+                       int itself, int dcn_layers, int dcn_rank, int dim, int n_sparse,
+                       int max_batch, dense_config *cfg);
+
 /* --dense-isa NAME (train, eval, predict, bench train): the CPU backend with
  * the baseline or avx2 kernels into *out. 0, or -1 with "shardrec CMD:
  * --dense-isa: ..." printed (another name; avx2 on a CPU without it). */

@@ -41,7 +41,10 @@ static void usage(FILE *f) {
 "  --arch-embedding-size A-B-...  rows per table (default: from the data)\n"
 "  --arch-mlp-bot 13-512-256-64-16   bottom MLP widths, input first\n"
 "  --arch-mlp-top 512-256-1  top MLP widths after the interaction\n"
-"  --arch-interaction-op dot|cat  (dot)\n"
+"  --arch-interaction-op dot|cat|dcn  (dot); dcn: the DCN-v2 cross network over\n"
+"                            [bottom MLP output, embeddings] (DLRM-DCNv2); alias --interaction_type\n"
+"  --dcn-num-layers N        dcn: cross layers (3); alias --dcn_num_layers\n"
+"  --dcn-low-rank-dim R      dcn: rank of each layer's U V (512); alias --dcn_low_rank_dim\n"
 "  --arch-interaction-itself include the diagonal in the dot interaction\n"
 "  --pooling sum|mean        embedding bag pooling (sum)\n"
 "  --plan PLAN.json          use this sharding plan (tables, seed, optimizers, placement)\n"
@@ -121,7 +124,8 @@ enum {
   O_METRICS, O_SAVE, O_ORACLE, O_SERVERS, O_RPCDL, O_TLSCA, O_TLSCERT, O_TLSKEY, O_HELP,
   O_CKPT = 1100, O_CKEVERY, O_CKKEEP, O_RESUME, O_DATADIR, O_CROWS, O_CMB,
   O_DEVICE = 1200, O_RECOVER = 1300, O_COLOCATE = 1400, O_SPMODE, O_STALE, O_PREDOUT,
-  O_MLISTEN = 1500, O_DTHREADS, O_DISA
+  O_MLISTEN = 1500, O_DTHREADS, O_DISA,
+  O_DCNL = 1600, O_DCNR
 };
 
 static const struct option long_opts[] = {
@@ -135,6 +139,10 @@ static const struct option long_opts[] = {
     {"arch-mlp-bot", required_argument, 0, O_BOT}, {"arch-mlp-top", required_argument, 0, O_TOP},
     {"arch-interaction-op", required_argument, 0, O_OP},
     {"arch-interaction-itself", no_argument, 0, O_ITSELF},
+    {"interaction_type", required_argument, 0, O_OP}, /* TorchRec dlrm_main's spellings */
+    {"dcn-num-layers", required_argument, 0, O_DCNL}, {"dcn_num_layers", required_argument, 0, O_DCNL},
+    {"dcn-low-rank-dim", required_argument, 0, O_DCNR},
+    {"dcn_low_rank_dim", required_argument, 0, O_DCNR},
     {"pooling", required_argument, 0, O_POOL}, {"plan", required_argument, 0, O_PLAN},
     {"plan-out", required_argument, 0, O_PLANOUT}, {"num-shards", required_argument, 0, O_SHARDS},
     {"mini-batch-size", required_argument, 0, O_BATCH},
@@ -179,6 +187,7 @@ __attribute__((format(printf, 2, 3))) static void errf(const train_ranks *r, con
 typedef struct {
   const char *dataset, *pooling, *sopt, *device, *emb_sizes, *oracle, *dense_isa;
   int staleness; /* --max-staleness (0: not given) */
+  int dcn_layers, dcn_rank; /* --dcn-num-layers, --dcn-low-rank-dim (0: not given) */
 } raw_flags;
 
 /* "A-B-..." of DS_NUM_SPARSE table sizes, each in the flag's range (they
@@ -259,6 +268,8 @@ static int parse_opt(const train_ranks *r, int opt, const char *arg, train_confi
       {O_TLSCERT, .str = &c->tls_cert}, {O_TLSKEY, .str = &c->tls_key},
       /* ranges 0, 0: the flag's range of every command (tools/cli.c) */
       {O_DTHREADS, "--dense-threads", 0, 0, .i = &c->dense_threads},
+      {O_DCNL, "--dcn-num-layers", 0, 0, .i = &rf->dcn_layers},
+      {O_DCNR, "--dcn-low-rank-dim", 0, 0, .i = &rf->dcn_rank},
       {O_MAXIND, "--max-ind-range", 0, 0, .u = &c->max_ind_range},
       {O_SEED, "--seed", 0, 0, .u = &c->seed},
       {O_FREQ, "--frequency-threshold", 0, 0, .u32 = &c->frequency_threshold},
@@ -329,6 +340,11 @@ static int finish_flags(const train_ranks *r, train_config *c, raw_flags *rf) {
   }
   const dense_backend *be;
   int gpu = 0;
+  if (!strncmp(rf->device, "cuda", 4) && !strcmp(c->op, "dcn")) {
+    errf(r, "--arch-interaction-op dcn runs on the CPU only (the CUDA backend has no "
+         "cross-network kernels); drop --device %s\n", rf->device);
+    return 2;
+  }
   if (dense_backend_for_device(rf->device, &be, &gpu, err, sizeof err)) {
     errf(r, "%s\n", err);
     return 2;
@@ -363,8 +379,9 @@ static int finish_flags(const train_ranks *r, train_config *c, raw_flags *rf) {
     return 2;
   }
   int itself = c->dense.interaction_itself;
-  if (cli_model_arch(CMD, c->bot, c->top, c->op, itself, c->dim, DS_NUM_SPARSE,
-                     c->batch > c->test_batch ? c->batch : c->test_batch, &c->dense))
+  if (cli_model_arch_dcn(CMD, c->bot, c->top, c->op, itself, rf->dcn_layers, rf->dcn_rank, c->dim,
+                         DS_NUM_SPARSE, c->batch > c->test_batch ? c->batch : c->test_batch,
+                         &c->dense))
     return 2;
   if (c->dense.n_dense != DS_NUM_DENSE) {
     errf(r, "--arch-mlp-bot must start with %d (the dense features), not %d\n", DS_NUM_DENSE,

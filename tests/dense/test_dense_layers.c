@@ -360,6 +360,133 @@ START_TEST(test_isa_sets) {
 }
 END_TEST
 
+/* ---- cross layer (DCN-v2) ------------------------------------------------- */
+
+enum { CB = 4, CW = 6, CR = 3 };
+/* L = sum(out * w), out = x0 * (U (V xl) + b) + xl; tied: xl is x0. */
+static double cross_obj(const double *x0, const double *xl, const double *V, const double *U,
+                        const double *b, const double *w, int tied) {
+  double L = 0;
+  for (int r = 0; r < CB; r++) {
+    const double *a = x0 + r * CW, *x = tied ? a : xl + r * CW;
+    double v[CR];
+    for (int k = 0; k < CR; k++) {
+      v[k] = 0;
+      for (int c = 0; c < CW; c++) v[k] += V[k * CW + c] * x[c];
+    }
+    for (int c = 0; c < CW; c++) {
+      double q = b[c];
+      for (int k = 0; k < CR; k++) q += U[c * CR + k] * v[k];
+      L += (a[c] * q + x[c]) * w[r * CW + c];
+    }
+  }
+  return L;
+}
+
+/* The central difference of cross_obj in each element of t[n] (a copy of
+ * the float values in d, the double arrays). */
+static void cross_fd(double *t, size_t n, double *const d[5], const double *w, int tied,
+                     double *fd) {
+  for (size_t i = 0; i < n; i++) {
+    double keep = t[i];
+    t[i] = keep + H;
+    double lp = cross_obj(d[0], d[1], d[2], d[3], d[4], w, tied);
+    t[i] = keep - H;
+    double lm = cross_obj(d[0], d[1], d[2], d[3], d[4], w, tied);
+    t[i] = keep;
+    fd[i] = (lp - lm) / (2 * H);
+  }
+}
+
+/* One cross layer: a middle one (xl apart from x0; init: acc overwritten
+ * with x0's direct part, g turned into d xl) and the first (xl is x0; acc,
+ * holding an earlier layer's part, receives the rest of d x0). */
+static void run_cross(int first) {
+  const dense_backend *be = dense_test_be;
+  sr_rng r;
+  sr_rng_init(&r, 21, (uint64_t)first);
+  float x0[CB * CW], xl[CB * CW], V[CR * CW], U[CW * CR], b[CW], w[CB * CW];
+  float P[CB * CR], Q[CB * CW], out[CB * CW], g[CB * CW], dq[CB * CW], dp[CB * CR];
+  float acc[CB * CW], acc0[CB * CW], dV[CR * CW], dU[CW * CR], db[CW], got[CB * CW];
+  fill(&r, x0, CB * CW, 1.0), fill(&r, xl, CB * CW, 1.0), fill(&r, V, CR * CW, 0.5);
+  fill(&r, U, CW * CR, 0.5), fill(&r, b, CW, 0.5), fill(&r, w, CB * CW, 1.0);
+  fill(&r, acc0, CB * CW, 1.0);
+  const float *in = first ? x0 : xl;
+  dense_cross_forward(be, CB, CW, CR, x0, in, V, U, b, P, Q, out);
+  memcpy(g, w, sizeof g);
+  memcpy(acc, acc0, sizeof acc);
+  dense_cross_backward(be, CB, CW, CR, x0, in, V, U, P, Q, g, dq, dp, acc, !first, first, dV, dU,
+                       db);
+  double dx0[CB * CW], dxl[CB * CW], dVd[CR * CW], dUd[CW * CR], dbd[CW], dw[CB * CW];
+  double fd[CB * CW];
+  for (int i = 0; i < CB * CW; i++) dx0[i] = x0[i], dxl[i] = xl[i], dw[i] = w[i];
+  for (int i = 0; i < CR * CW; i++) dVd[i] = V[i], dUd[i] = U[i];
+  for (int i = 0; i < CW; i++) dbd[i] = b[i];
+  double *d[5] = {dx0, dxl, dVd, dUd, dbd};
+  /* the forward itself: out[r][c] = d L / d w[r][c] */
+  cross_fd(dw, CB * CW, d, dw, first, fd);
+  check_grad("cross out", out, fd, CB * CW);
+  cross_fd(dVd, CR * CW, d, dw, first, fd);
+  check_grad("cross dV", dV, fd, CR * CW);
+  cross_fd(dUd, CW * CR, d, dw, first, fd);
+  check_grad("cross dU", dU, fd, CW * CR);
+  cross_fd(dbd, CW, d, dw, first, fd);
+  check_grad("cross db", db, fd, CW);
+  cross_fd(dx0, CB * CW, d, dw, first, fd); /* first: the whole d x0, else its direct part */
+  for (int i = 0; i < CB * CW; i++) got[i] = first ? acc[i] - acc0[i] : acc[i];
+  check_grad(first ? "cross d x0 (added to acc)" : "cross d x0 (direct, acc)", got, fd, CB * CW);
+  if (!first) {
+    cross_fd(dxl, CB * CW, d, dw, 0, fd);
+    check_grad("cross d xl (g)", g, fd, CB * CW);
+  }
+}
+
+START_TEST(test_cross) { run_cross(0); }
+END_TEST
+START_TEST(test_cross_first) { run_cross(1); }
+END_TEST
+
+/* The cross layer's forward values against the double formula, and its
+ * element-wise kernels alike in both kernel sets, split in row blocks or
+ * not (B * W over 65536 floats: several blocks), with a vector tail. */
+START_TEST(test_cross_forward_and_sets) {
+  const dense_backend *best = dense_backend_cpu_isa(DENSE_ISA_BEST);
+  const dense_backend *base = dense_backend_cpu_isa(DENSE_ISA_BASELINE);
+  enum { B = 100, W = 1003 }; /* 100 x 1003 floats: 4 blocks of 32 rows */
+  float *x0 = malloc(sizeof(float) * B * W), *xl = malloc(sizeof(float) * B * W);
+  float *q[2], *o[2], *dq[2], *acc[2], bias[W];
+  sr_rng r;
+  sr_rng_init(&r, 22, 0);
+  fill(&r, x0, (size_t)B * W, 1.0), fill(&r, xl, (size_t)B * W, 1.0), fill(&r, bias, W, 1.0);
+  for (int k = 0; k < 2; k++) {
+    const dense_backend *be = k ? base : best;
+    q[k] = malloc(sizeof(float) * B * W), o[k] = malloc(sizeof(float) * B * W);
+    dq[k] = malloc(sizeof(float) * B * W), acc[k] = malloc(sizeof(float) * B * W);
+    sr_rng_init(&r, 23, 0);
+    fill(&r, q[k], (size_t)B * W, 1.0);
+    be->cross_forward(B, W, bias, x0, xl, q[k], o[k]);
+    fill(&r, acc[k], (size_t)B * W, 1.0);
+    be->cross_backward(B, W, xl, x0, q[k], dq[k], acc[k], 0, 1); /* g = xl */
+  }
+  sr_rng_init(&r, 23, 0);
+  float *q0 = malloc(sizeof(float) * B * W), *a0 = malloc(sizeof(float) * B * W);
+  fill(&r, q0, (size_t)B * W, 1.0);
+  fill(&r, a0, (size_t)B * W, 1.0);
+  for (size_t i = 0; i < (size_t)B * W; i++) {
+    /* the kernels' exact float steps, each product rounded alone */
+    float qq = q0[i] + bias[i % W], p = x0[i] * qq, gq = xl[i] * qq;
+    ck_assert(q[0][i] == qq && o[0][i] == p + xl[i]);
+    ck_assert(dq[0][i] == xl[i] * x0[i] && acc[0][i] == (a0[i] + gq) + xl[i]);
+  }
+  size_t n = sizeof(float) * B * W;
+  ck_assert_msg(!memcmp(q[0], q[1], n) && !memcmp(o[0], o[1], n) && !memcmp(dq[0], dq[1], n) &&
+                    !memcmp(acc[0], acc[1], n),
+                "cross kernels: the two sets differ");
+  for (int k = 0; k < 2; k++) free(q[k]), free(o[k]), free(dq[k]), free(acc[k]);
+  free(x0), free(xl), free(q0), free(a0);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("dense_layers");
   TCase *t = tcase_create("grad");
@@ -372,6 +499,9 @@ static Suite *suite(void) {
   tcase_add_test(t, test_dot_d16_shapes);
   tcase_add_test(t, test_bce);
   tcase_add_test(t, test_isa_sets);
+  tcase_add_test(t, test_cross);
+  tcase_add_test(t, test_cross_first);
+  tcase_add_test(t, test_cross_forward_and_sets);
   suite_add_tcase(s, t);
   return s;
 }

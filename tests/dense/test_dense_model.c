@@ -37,6 +37,13 @@ static dense_config small_cfg(int interaction, int itself) {
   return c;
 }
 
+/* small_cfg with a cross network of layers layers of rank rank. */
+static dense_config small_dcn_cfg(int layers, int rank) {
+  dense_config c = small_cfg(DENSE_INTERACT_DCN, 0);
+  c.dcn_layers = layers, c.dcn_rank = rank;
+  return c;
+}
+
 static dense_config kaggle_cfg(int max_batch) {
   dense_config c = {0};
   int bot[] = {13, 512, 256, 64, 16}, top[] = {512, 256, 1};
@@ -64,6 +71,26 @@ typedef struct {
   int nt;
 } dref;
 
+/* The cross layers on x[W] in place (x holds x_0 on entry, x_L at return):
+ * x_{l+1} = x_0 * (U (V x_l) + b) + x_l, tensors after the bottom ones. */
+static void dcross(const dref *R, const double *P, double *x, int W) {
+  const dense_config *c = R->c;
+  double x0[1024], v[1024];
+  memcpy(x0, x, sizeof(double) * W);
+  for (int l = 0; l < c->dcn_layers; l++) {
+    const dense_tensor_info *t = &R->ti[2 * (c->n_bot - 1) + 3 * l];
+    for (int r = 0; r < t[0].rows; r++) {
+      v[r] = 0;
+      for (int k = 0; k < W; k++) v[r] += P[t[0].offset + (size_t)r * W + k] * x[k];
+    }
+    for (int w = 0; w < W; w++) {
+      double q = P[t[2].offset + w];
+      for (int r = 0; r < t[0].rows; r++) q += P[t[1].offset + (size_t)w * t[1].cols + r] * v[r];
+      x[w] = x0[w] * q + x[w];
+    }
+  }
+}
+
 /* out[N] = act(W in + b) */
 static void dlin(const double *P, const dense_tensor_info *W,
                  const dense_tensor_info *b, const double *in, int relu,
@@ -80,6 +107,7 @@ static double dloss(const dref *R, const double *P, int n, const float *x,
   const dense_config *c = R->c;
   double L = 0, a[1024], bvec[1024];
   int nb = c->n_bot - 1, d = c->bot[c->n_bot - 1], ni = c->n_sparse + 1;
+  int nx = c->interaction == DENSE_INTERACT_DCN ? c->dcn_layers : 0, tt = 3 * nx;
   for (int s = 0; s < n; s++) {
     for (int k = 0; k < c->n_dense; k++) a[k] = x[s * c->n_dense + k];
     for (int l = 0; l < nb; l++) {
@@ -101,11 +129,12 @@ static double dloss(const dref *R, const double *P, int n, const float *x,
         }
     } else {
       for (int k = 0; k < c->n_sparse * c->emb_dim; k++) Rv[p++] = e[k];
+      if (nx) dcross(R, P, Rv, p);
     }
     memcpy(a, Rv, sizeof(double) * p);
     for (int l = nb; l < nb + c->n_top; l++) {
-      dlin(P, &R->ti[2 * l], &R->ti[2 * l + 1], a, l + 1 < nb + c->n_top, bvec);
-      memcpy(a, bvec, sizeof(double) * R->ti[2 * l].rows);
+      dlin(P, &R->ti[2 * l + tt], &R->ti[2 * l + 1 + tt], a, l + 1 < nb + c->n_top, bvec);
+      memcpy(a, bvec, sizeof(double) * R->ti[2 * l + tt].rows);
     }
     double z = a[0], yy = y[s];
     L += (z > 0 ? z : 0) - z * yy + log1p(exp(-fabs(z)));
@@ -126,8 +155,7 @@ static void check_tensor(const char *what, const float *an, const double *fd,
   }
 }
 
-static void run_model_grad(int interaction, int itself) {
-  dense_config c = small_cfg(interaction, itself);
+static void run_grad(dense_config c) {
   char err[256];
   dense_model *m = dense_model_create(&c, 42, err, sizeof err);
   ck_assert_msg(m != NULL, "%s", err);
@@ -139,6 +167,11 @@ static void run_model_grad(int interaction, int itself) {
   fill(&r, x, N * 4, 1.0);
   fill(&r, emb, N * es, 0.7);
   for (int i = 0; i < N; i++) y[i] = (float)(i % 2);
+  dense_tensor_info ti[2 * 2 * DENSE_MAX_LAYERS];
+  int nt = dense_model_tensors(m, ti, 2 * 2 * DENSE_MAX_LAYERS);
+  for (int t = 0; t < nt; t++) /* cross biases start at 0: a missing bias would not show */
+    if (!strncmp(ti[t].name, "cross.", 6) && ti[t].cols == 1)
+      fill(&r, dense_model_params(m, NULL) + ti[t].offset, (size_t)ti[t].rows, 0.5);
   ck_assert_int_eq(dense_model_forward(m, N, x, emb, logits), 0);
   ck_assert_int_eq(dense_model_backward(m, N, y, &loss, d_emb), 0);
 
@@ -148,7 +181,7 @@ static void run_model_grad(int interaction, int itself) {
   ck_assert_uint_eq(np, dense_config_param_count(&c));
   dref R = {.c = &c};
   R.nt = dense_model_tensors(m, R.ti, 2 * 2 * DENSE_MAX_LAYERS);
-  ck_assert_int_eq(R.nt, 2 * (c.n_bot - 1 + c.n_top));
+  ck_assert_int_eq(R.nt, 2 * (c.n_bot - 1 + c.n_top) + 3 * c.dcn_layers);
   double *P = malloc(np * sizeof *P), *E = malloc(N * es * sizeof *E);
   double *fd = malloc((np > N * es ? np : N * es) * sizeof *fd);
   for (size_t i = 0; i < np; i++) P[i] = pf[i];
@@ -186,11 +219,25 @@ static void run_model_grad(int interaction, int itself) {
   dense_model_destroy(m);
 }
 
+static void run_model_grad(int interaction, int itself) {
+  run_grad(small_cfg(interaction, itself));
+}
+
 START_TEST(test_grad_dot) { run_model_grad(DENSE_INTERACT_DOT, 0); }
 END_TEST
 START_TEST(test_grad_dot_itself) { run_model_grad(DENSE_INTERACT_DOT, 1); }
 END_TEST
 START_TEST(test_grad_cat) { run_model_grad(DENSE_INTERACT_CAT, 0); }
+END_TEST
+/* The cross network: one layer (the top layer is also x_0's), three of a
+ * rank below the width (12), two of a rank above it. Every V, U, b, the
+ * MLPs' tensors and d_emb against finite differences (the biases, zero at
+ * creation, are set off zero first: run_grad). */
+START_TEST(test_grad_dcn) {
+  run_grad(small_dcn_cfg(1, 3));
+  run_grad(small_dcn_cfg(3, 2));
+  run_grad(small_dcn_cfg(2, 16));
+}
 END_TEST
 
 /* ---- determinism ---------------------------------------------------------- */
@@ -327,6 +374,117 @@ START_TEST(test_flops_and_shapes) {
 }
 END_TEST
 
+/* ---- the cross network: layout, initialisation, checks, FLOPs ------------- */
+
+static dense_config dcn_mid_cfg(int interaction) {
+  dense_config c = {0};
+  int bot[] = {13, 64, 16}, top[] = {128, 1};
+  c.n_dense = 13, c.n_bot = 3, c.n_top = 2;
+  memcpy(c.bot, bot, sizeof bot);
+  memcpy(c.top, top, sizeof top);
+  c.n_sparse = 26, c.emb_dim = 16, c.max_batch = 4;
+  c.interaction = interaction;
+  if (interaction == DENSE_INTERACT_DCN) c.dcn_layers = 2, c.dcn_rank = 64;
+  return c;
+}
+
+START_TEST(test_dcn_layout_init) {
+  dense_config c = dcn_mid_cfg(DENSE_INTERACT_DCN), d = dcn_mid_cfg(DENSE_INTERACT_DOT);
+  enum { W = 27 * 16 };
+  ck_assert_int_eq(dense_config_top_input(&c), W);
+  ck_assert_uint_eq(dense_config_param_count(&c),
+                    13 * 64 + 64 + 64 * 16 + 16 + 2 * (2 * 64 * W + W) + W * 128 + 128 + 128 + 1);
+  char err[256];
+  dense_model *m = dense_model_create(&c, 77, err, sizeof err);
+  dense_model *o = dense_model_create(&d, 77, err, sizeof err);
+  ck_assert_msg(m && o, "%s", err);
+  dense_tensor_info ti[16];
+  ck_assert_int_eq(dense_model_tensors(m, ti, 16), 4 + 6 + 4);
+  const char *names[] = {"bot.0.W", "bot.0.b", "bot.1.W", "bot.1.b", "cross.0.V", "cross.0.U",
+                         "cross.0.b", "cross.1.V", "cross.1.U", "cross.1.b", "top.0.W"};
+  size_t off = 0;
+  for (int t = 0; t < 11; t++) { /* in buffer order, back to back */
+    ck_assert_str_eq(ti[t].name, names[t]);
+    ck_assert_uint_eq(ti[t].offset, off);
+    off += (size_t)ti[t].rows * ti[t].cols;
+  }
+  ck_assert(ti[4].rows == 64 && ti[4].cols == W && ti[5].rows == W && ti[5].cols == 64);
+  ck_assert(ti[6].rows == W && ti[6].cols == 1 && ti[10].cols == W);
+  float *p = dense_model_params(m, NULL);
+  /* the bottom MLP draws as in the dot model of the same seed */
+  ck_assert(!memcmp(p, dense_model_params(o, NULL), (13 * 64 + 64 + 64 * 16 + 16) * sizeof(float)));
+  /* cross.1.U: stream 2*1+1 of the cross key, N(0, sqrt(2/(W+rank))); biases zero */
+  sr_rng r;
+  sr_rng_init(&r, sr_mix64(77 ^ DENSE_CROSS_SALT), 3);
+  for (int i = 0; i < W * 64; i++)
+    ck_assert(p[ti[8].offset + i] == (float)(sqrt(2.0 / (W + 64)) * sr_rng_normal(&r)));
+  for (int i = 0; i < W; i++) ck_assert(p[ti[6].offset + i] == 0 && p[ti[9].offset + i] == 0);
+  double s2 = 0;
+  for (int i = 0; i < 64 * W; i++) s2 += (double)p[ti[4].offset + i] * p[ti[4].offset + i];
+  ck_assert_msg(fabs(sqrt(s2 / (64 * W)) / sqrt(2.0 / (W + 64)) - 1) < 0.02, "cross.0.V sd");
+  dense_model_destroy(m);
+  dense_model_destroy(o);
+}
+END_TEST
+
+START_TEST(test_dcn_config_errors) {
+  char err[256];
+  dense_config c = dcn_mid_cfg(DENSE_INTERACT_DCN);
+  c.bot[2] = 32;
+  ck_assert_int_eq(dense_config_validate(&c, err, sizeof err), SR_EINVAL);
+  ck_assert_msg(strstr(err, "dcn interaction needs the last bottom MLP width (32)"), "%s", err);
+  c = dcn_mid_cfg(DENSE_INTERACT_DCN);
+  c.dcn_layers = 0;
+  ck_assert_int_eq(dense_config_validate(&c, err, sizeof err), SR_EINVAL);
+  ck_assert_msg(strstr(err, "cross layers (got 0)"), "%s", err);
+  c.dcn_layers = DENSE_MAX_CROSS + 1;
+  ck_assert_int_eq(dense_config_validate(&c, err, sizeof err), SR_EINVAL);
+  c = dcn_mid_cfg(DENSE_INTERACT_DCN);
+  c.dcn_rank = 0;
+  ck_assert_int_eq(dense_config_validate(&c, err, sizeof err), SR_EINVAL);
+  ck_assert_msg(strstr(err, "rank 1..65536 (got 0)"), "%s", err);
+  c = dcn_mid_cfg(DENSE_INTERACT_DCN);
+  c.interaction_itself = 1;
+  ck_assert_int_eq(dense_config_validate(&c, err, sizeof err), SR_EINVAL);
+  c = dcn_mid_cfg(DENSE_INTERACT_DOT);
+  c.dcn_layers = 3;
+  ck_assert_int_eq(dense_config_validate(&c, err, sizeof err), SR_EINVAL);
+  ck_assert_msg(strstr(err, "apply to the dcn interaction only"), "%s", err);
+  /* a backend without the cross kernels (a device backend's, say) is refused */
+  dense_backend nocross = *dense_test_be;
+  nocross.cross_forward = NULL;
+  c = dcn_mid_cfg(DENSE_INTERACT_DCN);
+  ck_assert_ptr_null(dense_model_create_on(&c, 1, &nocross, err, sizeof err));
+  ck_assert_msg(strstr(err, "runs on the CPU only") && strstr(err, "--device cpu"), "%s", err);
+  c = dcn_mid_cfg(DENSE_INTERACT_DOT); /* the other interactions do not need them */
+  dense_model *m = dense_model_create_on(&c, 1, &nocross, err, sizeof err);
+  ck_assert_msg(m != NULL, "%s", err);
+  dense_model_destroy(m);
+}
+END_TEST
+
+START_TEST(test_dcn_flops_and_shapes) {
+  dense_config c = dcn_mid_cfg(DENSE_INTERACT_DCN);
+  enum { W = 27 * 16, B = 512 };
+  double f = dense_model_flops_per_sample(&c);
+  double mlp = 13 * 64 + 64 * 16 + W * 128 + 128;
+  ck_assert(f == 6.0 * mlp - 2.0 * 13 * 64 + 2 * 12.0 * W * 64);
+  dense_gemm_shape s[64];
+  int n = dense_model_gemm_shapes(&c, B, s, 64);
+  ck_assert_int_eq(n, (2 + 2 * 2 + 2) + (2 * 2 + 2 * 4 + 2 + 1));
+  /* forward: bottom, cross 0 (V then U), cross 1, top */
+  ck_assert(s[2].M == B && s[2].N == 64 && s[2].K == W && !s[2].trans_a && s[2].trans_b);
+  ck_assert(s[3].M == B && s[3].N == W && s[3].K == 64 && s[3].trans_b);
+  ck_assert(s[6].N == 128 && s[6].K == W);
+  /* backward: top 1 (dW, din), top 0 (dW, din), then cross: dU, dp, dV, dx */
+  ck_assert(s[12].trans_a && s[12].M == W && s[12].N == 64 && s[12].K == B);
+  ck_assert(s[15].M == B && s[15].N == W && s[15].K == 64);
+  double g = 0;
+  for (int i = 0; i < n; i++) g += 2.0 * s[i].M * s[i].N * s[i].K;
+  ck_assert(g == f * B);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("dense_model");
   TCase *t = tcase_create("model");
@@ -334,10 +492,14 @@ static Suite *suite(void) {
   tcase_add_test(t, test_grad_dot);
   tcase_add_test(t, test_grad_dot_itself);
   tcase_add_test(t, test_grad_cat);
+  tcase_add_test(t, test_grad_dcn);
   tcase_add_test(t, test_determinism);
   tcase_add_test(t, test_init_stats);
   tcase_add_test(t, test_config_errors);
   tcase_add_test(t, test_flops_and_shapes);
+  tcase_add_test(t, test_dcn_layout_init);
+  tcase_add_test(t, test_dcn_config_errors);
+  tcase_add_test(t, test_dcn_flops_and_shapes);
   suite_add_tcase(s, t);
   return s;
 }

@@ -149,11 +149,20 @@ START_TEST(test_gemm_same_bits_any_threads) {
 }
 END_TEST
 
-/* A whole Kaggle forward + backward + Adagrad step at batch 512: logits,
- * loss, d_emb, gradients and parameters bit-identical with 1, 2, 3 threads. */
-START_TEST(test_model_step_same_bits_any_threads) {
+/* The Kaggle configuration with a cross network of 2 layers of rank 128
+ * (x_0 of width 27 * 16) in place of the dot interaction. */
+static const dense_config *kaggle_dcn(int B) {
+  static dense_config c;
+  c = *kaggle(B);
+  c.interaction = DENSE_INTERACT_DCN, c.dcn_layers = 2, c.dcn_rank = 128;
+  return &c;
+}
+
+/* A whole forward + backward + Adagrad step of cfg at batch 512 (cfg's
+ * max_batch): logits, loss, d_emb, gradients and parameters bit-identical
+ * with 1, 2, 3 threads. */
+static void model_step_same_bits(const dense_config *cfg) {
   enum { B = 512 };
-  const dense_config *cfg = kaggle(B);
   size_t es = (size_t)B * 26 * 16;
   float *x = malloc(sizeof(float) * B * 13), *emb = malloc(sizeof(float) * es);
   float lab[B], logit[3][B], loss[3];
@@ -193,6 +202,13 @@ START_TEST(test_model_step_same_bits_any_threads) {
   free(x);
   free(emb);
 }
+
+START_TEST(test_model_step_same_bits_any_threads) { model_step_same_bits(kaggle(512)); }
+END_TEST
+
+/* The same with the cross network: its products split by rows, its
+ * element-wise kernels in blocks of rows. */
+START_TEST(test_dcn_step_same_bits_any_threads) { model_step_same_bits(kaggle_dcn(512)); }
 END_TEST
 
 /* The loss of 1000 samples is its blocks of 256 summed in block order. */
@@ -230,6 +246,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, test_pool_nested_run);
   tcase_add_test(tc, test_gemm_same_bits_any_threads);
   tcase_add_test(tc, test_model_step_same_bits_any_threads);
+  tcase_add_test(tc, test_dcn_step_same_bits_any_threads);
   tcase_add_test(tc, test_bce_fixed_blocks);
   suite_add_tcase(s, tc);
   return sr_check_run(s);

@@ -11,15 +11,22 @@ loops):
        li, lj = [i for i in range(ni) for j in range(i + offset)], ...
        R = cat([x, Z[:, li, lj]])        dT = (dZ + dZ^T) @ T
   cat: R = cat([x] + ly)
+  dcn: x0 = cat([x] + ly); x_{l+1} = x0 * (x_l V_l^T U_l^T + b_l) + x_l (TorchRec
+       LowRankCrossNet: V_kernels [r][W], W_kernels [W][r], bias [W]); R = x_L.
+       Backward from g = dx_{l+1}: dq = g * x0, dU = dq^T v, db = sum dq,
+       dv = dq U, dV = dv^T x_l, dx_l = g + dv V, dx0 += g * q (over l)
   top MLP: ReLU between layers, none on the last (the logit z)
   loss: BCELoss(mean) of sigmoid(z)        dz = (sigmoid(z) - y) / B
 
 Usage: dlrm_ref.py DIR. DIR holds config.txt ("key value..." lines: n_dense,
-bot, top, n_sparse, emb_dim, interaction dot|cat, itself, batch, lr, steps),
+bot, top, n_sparse, emb_dim, interaction dot|cat|dcn, itself, batch, lr, steps;
+dcn: dcn_layers, dcn_rank; optional optimizer sgd|adagrad, eps),
 params.f32 (little-endian float32; per layer, bottom then top, W[out][in]
-row-major then b[out]), x.f32 [B][n_dense], emb.f32 [B][n_sparse][emb_dim],
+row-major then b[out]; dcn: between them, per cross layer V, U, b),
+x.f32 [B][n_dense], emb.f32 [B][n_sparse][emb_dim],
 y.f32 [B]. Writes DIR/ref.txt ("loss V", "loss_after_sgd V": the loss at the
-parameters after `steps` plain SGD steps on this batch at lr) and
+parameters after `steps` optimizer steps on this batch at lr, plain SGD or
+torch's Adagrad: s += g^2, p -= lr g / (sqrt(s) + eps)) and
 DIR/grads.f64 (parameter gradients in the params order, then d_emb).
 """
 import os
@@ -45,11 +52,57 @@ def layer_shapes(cfg):
     if cfg["interaction"][0] == "dot":
         ni = ns + 1
         r = bot[-1] + ni * (ni - 1) // 2 + (ni if itself else 0)
-    else:
+    else:  # cat, dcn
         r = bot[-1] + ns * d
     bot_l = list(zip(bot[:-1], bot[1:]))
     top_l = list(zip([r] + top[:-1], top))
     return bot_l, top_l
+
+
+def cross_shapes(cfg):
+    """(W, rank, layers) of the cross network; layers 0 without one."""
+    if cfg["interaction"][0] != "dcn":
+        return 0, 0, 0
+    w = int(cfg["bot"][-1]) + int(cfg["n_sparse"][0]) * int(cfg["emb_dim"][0])
+    return w, int(cfg["dcn_rank"][0]), int(cfg["dcn_layers"][0])
+
+
+def unpack_cross(flat, w, r, n):
+    layers, off = [], 0
+    for _ in range(n):
+        V = flat[off:off + r * w].reshape(r, w)
+        off += r * w
+        U = flat[off:off + w * r].reshape(w, r)
+        off += w * r
+        b = flat[off:off + w]
+        off += w
+        layers.append((V, U, b))
+    return layers, off
+
+
+def cross_forward(cross, x0):
+    """x_L and, per layer, (x_l, v_l, q_l)."""
+    xl, saved = x0, []
+    for V, U, b in cross:
+        v = xl @ V.T
+        q = v @ U.T + b
+        saved.append((xl, v, q))
+        xl = x0 * q + xl
+    return xl, saved
+
+
+def cross_backward(cross, saved, x0, g):
+    """dx0 and the flat gradients of the cross layers from g = dx_L."""
+    acc = np.zeros_like(x0)
+    grads = []
+    for (V, U, b), (xl, v, q) in zip(reversed(cross), reversed(saved)):
+        dq = g * x0
+        acc += g * q
+        dv = dq @ U
+        grads.append(np.concatenate([(dv.T @ xl).ravel(), (dq.T @ v).ravel(), dq.sum(axis=0)]))
+        g = g + dv @ V
+    grads.reverse()
+    return g + acc, grads
 
 
 def unpack(flat, shapes):
@@ -74,7 +127,9 @@ class Model:
 
     def forward_backward(self, flat, x, emb, y, want_grad=True):
         bot, nb = unpack(flat, self.bot_s)
-        top, _ = unpack(flat[nb:], self.top_s)
+        cross, nc = unpack_cross(flat[nb:], *cross_shapes(self.cfg))
+        top, _ = unpack(flat[nb + nc:], self.top_s)
+        cgrads = []
         B = x.shape[0]
         # bottom MLP
         acts = [x]
@@ -93,6 +148,9 @@ class Model:
             R = np.concatenate([xb, Z[:, li, lj]], axis=1)
         else:
             R = np.concatenate([xb] + ly, axis=1)
+        if cross:
+            x0 = R
+            R, saved = cross_forward(cross, x0)
         tacts = [R]
         for k, (W, b) in enumerate(top):
             zz = tacts[-1] @ W.T + b
@@ -113,6 +171,8 @@ class Model:
             g = g @ W
         tgrads.reverse()
         dR = g
+        if cross:
+            dR, cgrads = cross_backward(cross, saved, x0, dR)
         if self.inter == "dot":
             dZ = np.zeros((B, ni, nj))
             dZ[:, li, lj] = dR[:, d:]
@@ -130,7 +190,8 @@ class Model:
             bgrads.append((g.T @ acts[k], g.sum(axis=0)))
             g = g @ W
         bgrads.reverse()
-        flat_g = np.concatenate([np.concatenate([gw.ravel(), gb]) for gw, gb in bgrads + tgrads])
+        flat_g = np.concatenate([np.concatenate([gw.ravel(), gb]) for gw, gb in bgrads] + cgrads +
+                                [np.concatenate([gw.ravel(), gb]) for gw, gb in tgrads])
         return loss, flat_g, d_emb
 
 
@@ -151,9 +212,16 @@ def main():
     np.concatenate([g, d_emb.ravel()]).astype("<f8").tofile(os.path.join(dr, "grads.f64"))
     lr, steps = float(cfg["lr"][0]), int(cfg["steps"][0])
     p = flat.copy()
+    adagrad = cfg.get("optimizer", ["sgd"])[0] == "adagrad"
+    eps = float(cfg.get("eps", ["1e-10"])[0])
+    s = np.zeros_like(p)
     for _ in range(steps):
         _, gs, _ = m.forward_backward(p, x, emb, y)
-        p -= lr * gs
+        if adagrad:
+            s += gs * gs
+            p -= lr * gs / (np.sqrt(s) + eps)
+        else:
+            p -= lr * gs
     after, _, _ = m.forward_backward(p, x, emb, y, want_grad=False)
     with open(os.path.join(dr, "ref.txt"), "w") as f:
         f.write("loss %.17g\nloss_after_sgd %.17g\n" % (loss, after))

@@ -4,7 +4,9 @@
  * A tiny model's parameters (the documented buffer layout), a fixed batch of
  * dense features, pooled embeddings and labels are written to a temporary
  * folder; the script computes, in float64, the loss, every parameter gradient
- * and d_emb, and the loss after 20 plain SGD steps on that batch. Agreement
+ * and d_emb, and the loss after 20 plain SGD (or Adagrad) steps on that
+ * batch; the dot, cat and dcn (cross network: its biases set off zero
+ * first, so that a missing bias shows) interactions. Agreement
  * per element:
  *   |c - ref| <= 1e-5 * max(|c|, |ref|) + 1e-6 * max_k |ref_k|  (per tensor)
  * the floor (1e-6 of the tensor's largest element: float32 rounding carried
@@ -54,7 +56,31 @@ static void check_block(const char *what, const float *c, const double *r,
   }
 }
 
+/* One case: the interaction, dcn's layers and rank (0 otherwise), the
+ * optimizer of the 20 steps. */
+typedef struct {
+  int interaction, itself, dcn_layers, dcn_rank;
+  dense_opt_kind opt;
+  float lr;
+} ref_case;
+
+static const char *case_name(const ref_case *k) {
+  static char n[64];
+  snprintf(n, sizeof n, "%s%s%s", k->interaction == DENSE_INTERACT_DOT ? "dot" :
+           k->interaction == DENSE_INTERACT_CAT ? "cat" : "dcn", k->itself ? "+itself" : "",
+           k->opt == DENSE_OPT_ADAGRAD ? " adagrad" : "");
+  return n;
+}
+
+static void run_case(const ref_case *k);
+
 static void run(int interaction, int itself) {
+  ref_case k = {interaction, itself, 0, 0, DENSE_OPT_SGD, LR};
+  run_case(&k);
+}
+
+static void run_case(const ref_case *k) {
+  int interaction = k->interaction, itself = k->itself;
   dense_config c = {0};
   c.n_dense = 5;
   c.n_bot = 3;
@@ -65,6 +91,7 @@ static void run(int interaction, int itself) {
   c.emb_dim = 4;
   c.interaction = interaction;
   c.interaction_itself = itself;
+  c.dcn_layers = k->dcn_layers, c.dcn_rank = k->dcn_rank;
   c.max_batch = B;
   char err[256], dir[] = "/tmp/sr_dlrmref_XXXXXX", path[600], cmd[1500];
   dense_model *m = dense_model_create(&c, 77, err, sizeof err);
@@ -76,6 +103,11 @@ static void run(int interaction, int itself) {
   float x[B * 5], emb[B * 12], y[B], d_emb[B * 12], loss;
   sr_rng r;
   sr_rng_init(&r, 31, (uint64_t)(2 * interaction + itself));
+  dense_tensor_info ti[4 * DENSE_MAX_LAYERS + 3 * DENSE_MAX_CROSS];
+  int nt = dense_model_tensors(m, ti, 4 * DENSE_MAX_LAYERS + 3 * DENSE_MAX_CROSS);
+  for (int t = 0; t < nt; t++) /* the cross biases start at zero */
+    if (!strncmp(ti[t].name, "cross.", 6) && ti[t].cols == 1)
+      for (int i = 0; i < ti[t].rows; i++) p[ti[t].offset + i] = (float)(0.3 * sr_rng_normal(&r));
   for (int i = 0; i < B * 5; i++) x[i] = (float)sr_rng_normal(&r);
   for (size_t i = 0; i < B * es; i++) emb[i] = (float)(0.5 * sr_rng_normal(&r));
   for (int i = 0; i < B; i++) y[i] = (float)(i % 3 == 0);
@@ -84,8 +116,11 @@ static void run(int interaction, int itself) {
   FILE *f = fopen(path, "w");
   fprintf(f, "n_dense 5\nbot 5 8 4\ntop 7 5 1\nn_sparse 3\nemb_dim 4\n"
              "interaction %s\nitself %d\nbatch %d\nlr %.9g\nsteps %d\n",
-          interaction == DENSE_INTERACT_DOT ? "dot" : "cat", itself, B,
-          (double)LR, STEPS);
+          interaction == DENSE_INTERACT_DOT ? "dot" : interaction == DENSE_INTERACT_CAT ? "cat" : "dcn",
+          itself, B, (double)k->lr, STEPS);
+  if (k->dcn_layers) fprintf(f, "dcn_layers %d\ndcn_rank %d\n", k->dcn_layers, k->dcn_rank);
+  dense_opt_config oc = dense_opt_defaults(k->opt);
+  if (k->opt == DENSE_OPT_ADAGRAD) fprintf(f, "optimizer adagrad\neps %.9g\n", (double)oc.eps);
   fclose(f);
   write_f32(dir, "params.f32", p, np);
   write_f32(dir, "x.f32", x, B * 5);
@@ -115,22 +150,19 @@ static void run(int interaction, int itself) {
                 "loss C %.9g vs numpy %.12g", loss, ref_loss);
   float loss0 = loss;
   float *g = dense_model_grads(m, NULL);
-  dense_tensor_info ti[4 * DENSE_MAX_LAYERS];
-  int nt = dense_model_tensors(m, ti, 4 * DENSE_MAX_LAYERS);
   double worst = 0;
   for (int t = 0; t < nt; t++)
     check_block(ti[t].name, g + ti[t].offset, rg + ti[t].offset,
                 (size_t)ti[t].rows * ti[t].cols, &worst);
   check_block("d_emb", d_emb, rg + np, B * es, &worst);
 
-  /* 20 SGD steps on the same batch through the optimizer API */
-  dense_opt_config oc = dense_opt_defaults(DENSE_OPT_SGD);
+  /* 20 steps on the same batch through the optimizer API */
   dense_opt *o = dense_opt_create(&oc, np, err, sizeof err);
   ck_assert(o);
   for (int s = 0; s < STEPS; s++) {
     ck_assert_int_eq(dense_model_forward(m, B, x, emb, NULL), 0);
     ck_assert_int_eq(dense_model_backward(m, B, y, NULL, NULL), 0);
-    ck_assert_int_eq(dense_opt_step(o, p, g, LR), 0);
+    ck_assert_int_eq(dense_opt_step(o, p, g, k->lr), 0);
   }
   ck_assert_int_eq(dense_model_forward(m, B, x, emb, NULL), 0);
   ck_assert_int_eq(dense_model_backward(m, B, y, &loss, NULL), 0);
@@ -139,10 +171,9 @@ static void run(int interaction, int itself) {
                 ref_after);
   ck_assert_msg(ref_after < ref_loss, "SGD did not reduce the loss (%g -> %g)",
                 ref_loss, ref_after);
-  fprintf(stderr, "%s%s: loss %.9g (numpy %.12g), after %d SGD %.9g (numpy "
+  fprintf(stderr, "%s: loss %.9g (numpy %.12g), after %d steps %.9g (numpy "
           "%.12g), worst error/tolerance %.3f\n",
-          interaction == DENSE_INTERACT_DOT ? "dot" : "cat",
-          itself ? "+itself" : "", loss0, ref_loss, STEPS, loss, ref_after, worst);
+          case_name(k), loss0, ref_loss, STEPS, loss, ref_after, worst);
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   ck_assert(system(cmd) == 0);
   free(rg);
@@ -156,6 +187,20 @@ START_TEST(test_ref_dot_itself) { run(DENSE_INTERACT_DOT, 1); }
 END_TEST
 START_TEST(test_ref_cat) { run(DENSE_INTERACT_CAT, 0); }
 END_TEST
+/* x_0 is 4 + 3*4 = 16 wide: one layer of rank 3, two of rank 5 under SGD
+ * and three of rank 20 (above the width) under Adagrad. */
+START_TEST(test_ref_dcn) {
+  ref_case one = {DENSE_INTERACT_DCN, 0, 1, 3, DENSE_OPT_SGD, LR};
+  ref_case two = {DENSE_INTERACT_DCN, 0, 2, 5, DENSE_OPT_SGD, LR};
+  run_case(&one);
+  run_case(&two);
+}
+END_TEST
+START_TEST(test_ref_dcn_adagrad) {
+  ref_case k = {DENSE_INTERACT_DCN, 0, 3, 20, DENSE_OPT_ADAGRAD, 0.01f};
+  run_case(&k);
+}
+END_TEST
 
 static Suite *suite(void) {
   Suite *s = suite_create("dense_reference");
@@ -164,6 +209,8 @@ static Suite *suite(void) {
   tcase_add_test(t, test_ref_dot);
   tcase_add_test(t, test_ref_dot_itself);
   tcase_add_test(t, test_ref_cat);
+  tcase_add_test(t, test_ref_dcn);
+  tcase_add_test(t, test_ref_dcn_adagrad);
   suite_add_tcase(s, t);
   return s;
 }

@@ -163,6 +163,39 @@ END_TEST
 START_TEST(test_exact_resume_local) { exact_resume("", "lo"); }
 END_TEST
 
+/* The cross network end to end: exact resume as above; its manifest names
+ * the architecture, so a resume with other --dcn-* flags or another
+ * interaction is refused naming both; predict and eval read the architecture
+ * from the checkpoint and give train's own test predictions and metrics. */
+#define DCN "--arch-mlp-bot 13-32-16 --arch-mlp-top 64-1 --arch-interaction-op dcn " \
+            "--dcn-num-layers 2 --dcn-low-rank-dim 8 "
+START_TEST(test_dcn_resume_predict) {
+  exact_resume(DCN, "dc");
+  char *out = train(0, DCN "--num-batches 10 --save-checkpoint dck");
+  ck_assert_msg(strstr(out, "dcn interaction"), "%s", out);
+  free(out);
+  out = train(1, "--arch-mlp-bot 13-32-16 --arch-mlp-top 64-1 --interaction_type dcn "
+                 "--dcn_num_layers 3 --dcn_low_rank_dim 8 --num-batches 20 --resume dck");
+  ck_assert_msg(strstr(out, "manifest.json: written for a cross network of 2 layers of rank 8; "
+                            "this run has --dcn-num-layers 3 --dcn-low-rank-dim 8"), "%s", out);
+  free(out);
+  out = train(1, DCN "--dcn-low-rank-dim 4 --num-batches 20 --resume dck");
+  ck_assert_msg(strstr(out, "this run has --dcn-num-layers 2 --dcn-low-rank-dim 4"), "%s", out);
+  free(out);
+  out = train(1, "--arch-mlp-bot 13-32-16 --arch-mlp-top 64-1 --num-batches 20 --resume dck");
+  ck_assert_msg(strstr(out, "dcn interaction there, dot here"), "%s", out);
+  free(out);
+  /* predict and eval of a saved dcn model: train's bits */
+  free(train(0, DCN "--num-batches 30 --save-model dm --test-pred-out dtr.txt"));
+  int rc = run_cmd(&out, "cd %s && %s predict --checkpoint dm --processed-data-file d.bin "
+                         "--data-split test --out dp.txt && cmp dp.txt dtr.txt && "
+                         "%s eval --checkpoint dm --processed-data-file d.bin",
+                   dir, bin_path(), bin_path());
+  ck_assert_msg(rc == 0 && strstr(out, "auc "), "exit %d:\n%s", rc, out);
+  free(out);
+}
+END_TEST
+
 /* A checkpoint its writer did not finish leaves the previous one usable and
  * the torn one refused. The test writes each half-written state itself from
  * a complete step-20 (what a writer stopped at that point leaves behind):
@@ -320,6 +353,7 @@ int main(void) {
   tcase_add_test(tc, test_exact_resume_local);
   tcase_add_test(tc, test_crash_safety);
   tcase_add_test(tc, test_refusals);
+  tcase_add_test(tc, test_dcn_resume_predict);
 #endif
   suite_add_tcase(s, tc);
   return sr_check_run(s);

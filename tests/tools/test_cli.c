@@ -81,8 +81,27 @@ START_TEST(test_malformed_values) {
   ck_assert_msg(strstr(out, "--arch-mlp-bot"), "%s", out);
   free(out);
   ck_assert_int_eq(run_cmd(&out, "%s train --raw-data-file x --arch-interaction-op mul", bin_path()), 2);
-  ck_assert_msg(strstr(out, "'mul' is not dot or cat"), "%s", out);
+  ck_assert_msg(strstr(out, "'mul' is not dot, cat or dcn"), "%s", out);
   free(out);
+  /* The cross network's flags (and TorchRec's spellings): ranges, the op
+   * they belong to, the bottom MLP's width, no CUDA. */
+  const char *dcn_bad[][2] = {
+      {"--arch-interaction-op dcn --dcn-num-layers 0", "--dcn-num-layers: 0 is out of range [1, 16] cross layers"},
+      {"--interaction_type dcn --dcn_num_layers 17", "--dcn-num-layers: 17 is out of range [1, 16]"},
+      {"--arch-interaction-op dcn --dcn-low-rank-dim 65537", "--dcn-low-rank-dim: 65537 is out of range [1, 65536]"},
+      {"--arch-interaction-op dcn --dcn_low_rank_dim x", "--dcn-low-rank-dim: 'x' is not an integer"},
+      {"--dcn-num-layers 2", "--dcn-num-layers and --dcn-low-rank-dim apply to --arch-interaction-op dcn only"},
+      {"--arch-interaction-op cat --dcn-low-rank-dim 2", "apply to --arch-interaction-op dcn only"},
+      {"--arch-interaction-op dcn --arch-mlp-bot 13-64-8",
+       "dcn interaction needs the last bottom MLP width (8) to equal the embedding dimension (16)"},
+      {"--arch-interaction-op dcn --device cuda", "--arch-interaction-op dcn runs on the CPU only"},
+      {"--interaction_type dcn --device cuda:1", "drop --device cuda:1"},
+  };
+  for (size_t i = 0; i < sizeof dcn_bad / sizeof dcn_bad[0]; i++) {
+    ck_assert_int_eq(run_cmd(&out, "%s train --raw-data-file x %s", bin_path(), dcn_bad[i][0]), 2);
+    ck_assert_msg(strstr(out, dcn_bad[i][1]), "%s: %s", dcn_bad[i][0], out);
+    free(out);
+  }
   /* The bottom MLP's output must match the embedding dim for dot. */
   ck_assert_int_eq(run_cmd(&out, "%s train --raw-data-file x --arch-mlp-bot 13-64-8", bin_path()), 2);
   free(out);

@@ -2,7 +2,8 @@
  * 2 and 3 (and OPENBLAS_NUM_THREADS set to another count each time, which
  * must not matter either) gives the same per-step losses, test AUC and test
  * predictions, bit for bit, over 64 steps: the Kaggle architecture and a
- * small one, SGD and Adagrad, batch 128 and 512. The binary runs on one
+ * small one, SGD and Adagrad, batch 128 and 512, and a small cross network
+ * (--arch-interaction-op dcn). The binary runs on one
  * data set made in main (40000 rows of datagen --seed 4, a tenth test). */
 #include <check.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #define STEPS 64
 #define KAGGLE "--arch-mlp-bot 13-512-256-64-16 --arch-mlp-top 512-256-1"
 #define SMALL "--arch-mlp-bot 13-64-16 --arch-mlp-top 128-1"
+#define DCN SMALL " --arch-interaction-op dcn --dcn-num-layers 2 --dcn-low-rank-dim 64"
 
 static char dir[] = "/tmp/shardrec-threads-XXXXXX";
 
@@ -96,6 +98,13 @@ END_TEST
 START_TEST(test_small_sgd_512) { same_bits("small-sgd-512", SMALL " --mini-batch-size 512"); }
 END_TEST
 
+/* The cross network (x_0 27 x 16 wide): its products split by rows at batch
+ * 512, its element-wise kernels in blocks of rows. */
+START_TEST(test_dcn_adagrad_512) {
+  same_bits("dcn-adagrad-512", DCN " --mini-batch-size 512 --optimizer adagrad --learning-rate 0.01");
+}
+END_TEST
+
 /* A checkpoint records the kernels; --resume under the other set warns in
  * one line naming both, under the same set it says nothing. */
 START_TEST(test_resume_other_kernels_warns) {
@@ -163,6 +172,7 @@ int main(void) {
     tcase_add_test(tc, test_kaggle_adagrad_512);
     tcase_add_test(tc, test_small_adagrad_128);
     tcase_add_test(tc, test_small_sgd_512);
+    tcase_add_test(tc, test_dcn_adagrad_512);
     tcase_add_test(tc, test_resume_other_kernels_warns);
     tcase_add_test(tc, test_flag_errors);
     suite_add_tcase(s, tc);

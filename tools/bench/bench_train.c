@@ -1,4 +1,5 @@
-/* shardrec bench train: training samples/s for the Kaggle configuration,
+/* shardrec bench train: training samples/s for the Kaggle configuration
+ * (and with --arch mlperf-dcnv2 MLPerf's DLRM-DCNv2 beside it),
  * beside this machine's cblas_sgemm rate on the step's own shapes measured in
  * the same run, so the fraction of the FLOP bound is visible.
  *
@@ -107,9 +108,40 @@ static double cublas_step_time(const dense_config *cfg, int B, double *flops_out
 #endif
 }
 
+/* The models bench train times: the Kaggle dot model, and (--arch
+ * mlperf-dcnv2) MLPerf's DLRM-DCNv2 beside it. */
+enum { ARCH_KAGGLE = 0, ARCH_MLPERF = 1 };
+static const struct {
+  const char *name, *bot, *top, *op;
+  int dim, dcn_layers, dcn_rank;
+} archs[2] = {
+    {"kaggle-dot", "13-512-256-64-16", "512-256-1", "dot", 16, 0, 0},
+    {"mlperf-dcnv2", "13-512-256-128", "1024-1024-512-256-1", "dcn", 128, 3, 512},
+};
+
+static const char *arch_name(int arch) { return archs[arch].name; }
+
+/* arch's dense configuration at batch B. 0 or -1 (printed). */
+static int arch_config(int arch, int B, dense_config *cfg) {
+  return cli_model_arch_dcn("bench train", archs[arch].bot, archs[arch].top, archs[arch].op, 0,
+                            archs[arch].dcn_layers, archs[arch].dcn_rank, archs[arch].dim,
+                            DS_NUM_SPARSE, B, cfg);
+}
+
+/* "--arch NAME" into *arch. 0 or -1 (printed). */
+static int arch_parse(const char *name, int *arch) {
+  if (!strcmp(name, "kaggle") || !strcmp(name, "mlperf-dcnv2")) {
+    *arch = !strcmp(name, "mlperf-dcnv2") ? ARCH_MLPERF : ARCH_KAGGLE;
+    return 0;
+  }
+  fprintf(stderr, "bench train: --arch: '%s' is not kaggle or mlperf-dcnv2\n", name);
+  return -1;
+}
+
 /* The flags. */
 typedef struct bt_flags {
   long long rows, steps, runs;
+  int arch; /* ARCH_KAGGLE, or ARCH_MLPERF: that model and the Kaggle one */
   const char *device;
   const dense_backend *be;
   int gpu;
@@ -127,6 +159,7 @@ static int parse_flags(int argc, char **argv, bt_flags *f) {
                                        {"device", required_argument, 0, 'd'},
                                        {"dense-threads", required_argument, 0, 't'},
                                        {"dense-isa", required_argument, 0, 'i'},
+                                       {"arch", required_argument, 0, 'a'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
   const char *batches = NULL, *threads = NULL, *isa = NULL;
@@ -142,6 +175,7 @@ static int parse_flags(int argc, char **argv, bt_flags *f) {
       case 'd': f->device = optarg; break;
       case 't': threads = optarg; break;
       case 'i': isa = optarg; break;
+      case 'a': if (arch_parse(optarg, &f->arch)) return 2; break;
       case 'h':
         printf("usage: shardrec bench train [--rows N (300000)] [--batch 128,2048] [--steps N] [--runs 3]\n"
                "Kaggle configuration (dim 16, 13-512-256-64-16 / 512-256-1, dot), SGD, in-process shards,\n"
@@ -151,7 +185,10 @@ static int parse_flags(int argc, char **argv, bt_flags *f) {
                "cublasSgemm on the step's shapes, and the step splits into lookup, H2D, compute, D2H, push.\n"
                "--dense-threads 1,2: the dense pool's thread counts, each timed at every batch (with\n"
                "--device cuda: every core, once); the bound is OpenBLAS's own threading over every core.\n"
-               "--dense-isa baseline|avx2: our kernels (default: the best this CPU runs).\n");
+               "--dense-isa baseline|avx2: our kernels (default: the best this CPU runs).\n"
+               "--arch mlperf-dcnv2: MLPerf's DLRM-DCNv2 (dim 128, 13-512-256-128, 3 cross layers of\n"
+               "rank 512, 1024-1024-512-256-1; default batch 2048; one-hot data), each batch and thread\n"
+               "count beside the Kaggle model, and both models' shares of their own bounds.\n");
         return 0;
       default: cli_bad_option("bench train", c, argv[optind - 1]); return 2;
     }
@@ -168,7 +205,11 @@ static int parse_flags(int argc, char **argv, bt_flags *f) {
   }
   if (isa && cli_dense_isa("bench train", isa, &f->be)) return 2;
   dense_backend_set_default(f->be);
-  if (!batches) batches = f->gpu ? "2048,16384" : "128,2048";
+  if (f->arch == ARCH_MLPERF && f->gpu) {
+    fprintf(stderr, "bench train: --arch mlperf-dcnv2 runs on the CPU only (no CUDA cross network)\n");
+    return 2;
+  }
+  if (!batches) batches = f->gpu ? "2048,16384" : f->arch == ARCH_MLPERF ? "2048" : "128,2048";
   if (cli_int_list("bench train", "--batch", batches, ',', f->bl, 8, &f->nb)) return 2;
   /* The GPU runs the step: one pool (every core) for the host's parts. */
   char all[16];
@@ -207,7 +248,8 @@ static int prepare_data(const char *dir, long long rows, char *bin, size_t binle
 
 /* One batch size's trainer over the data: everything owned. */
 typedef struct one {
-  int B;
+  int B, arch; /* arch: ARCH_* */
+  double share; /* the last measure's share of the bound */
   dense_config cfg;
   ds_source *src;
   emb_plan *plan;
@@ -230,9 +272,7 @@ static void one_close(one *o) {
 static int one_open(one *o, int B, const char *bin) {
   char err[1024];
   o->B = B;
-  if (cli_model_arch("bench train", "13-512-256-64-16", "512-256-1", "dot", 0, 16,
-                     DS_NUM_SPARSE, B, &o->cfg))
-    return -1;
+  if (arch_config(o->arch, B, &o->cfg)) return -1;
   ds_source_opts so = {.path = bin, .split = DS_SPLIT_TRAIN};
   o->src = ds_source_open(&so, err, sizeof err);
   if (!o->src) {
@@ -241,7 +281,7 @@ static int one_open(one *o, int B, const char *bin) {
   }
   uint64_t sizes[DS_NUM_SPARSE];
   ds_source_table_sizes(o->src, sizes);
-  emb_plan_params pp = {.n_tables = DS_NUM_SPARSE, .rows = sizes, .dim = 16,
+  emb_plan_params pp = {.n_tables = DS_NUM_SPARSE, .rows = sizes, .dim = o->cfg.emb_dim,
                         .pooling = EMB_POOL_SUM, .optim = {.kind = EMB_OPT_SGD, .eps = -1},
                         .seed = 1, .n_shards = 1};
   if (emb_plan_create(&pp, &o->plan, err, sizeof err) ||
@@ -324,6 +364,7 @@ static int measure(one *o, const bt_flags *f, int nsteps, int th, double *rate_o
   double tg = B / bound;
   double fps = dense_model_flops_per_sample(&o->cfg);
   *rate_out = med;
+  o->share = frac;
   printf("%6d %7d %12.0f %9.2f %10.3f %13.1f %13.0f %8.1f%%  dedup %.2f lookup %.2f pool %.2f "
          "fwd %.2f bwd %.2f scatter %.2f push %.2f opt %.2f\n",
          B, th, med, 1e3 * B / med, fps / 1e6, gflops / tg / 1e9, bound, 100.0 * frac,
@@ -347,8 +388,8 @@ static int measure(one *o, const bt_flags *f, int nsteps, int th, double *rate_o
 /* One batch size: open, then for each dense thread count a pool of that
  * many, warm up, measure; close. A line with each count's rate against the
  * first's. 0 or -1 (printed). */
-static int bench_batch(const bt_flags *f, int B, const char *bin) {
-  one o = {0};
+static int bench_batch(const bt_flags *f, int arch, int B, const char *bin, double *share) {
+  one o = {.arch = arch};
   char err[256];
   double rate[8];
   int rc = one_open(&o, B, bin), nsteps = 0;
@@ -362,6 +403,7 @@ static int bench_batch(const bt_flags *f, int B, const char *bin) {
     dense_pool_set_default(p);
     if ((nsteps = warm_up(&o, f->steps)) < 0) rc = -1;
     if (!rc) rc = measure(&o, f, nsteps, f->th[i], &rate[i]);
+    if (!rc && share) share[i] = o.share;
     dense_pool_set_default(NULL);
     dense_pool_destroy(p);
   }
@@ -373,6 +415,29 @@ static int bench_batch(const bt_flags *f, int B, const char *bin) {
   }
   one_close(&o);
   return rc;
+}
+
+/* --arch mlperf-dcnv2 at batch B: the Kaggle model's lines, then
+ * MLPerf's, then per thread count each one's share of its own bound. 0 or
+ * -1 (printed). */
+static int bench_pair(const bt_flags *f, int B, const char *bin) {
+  double share[2][8];
+  for (int a = 0; a < 2; a++) {
+    dense_config c;
+    if (arch_config(a, B, &c)) return -1;
+    printf("%6d model %s: dim %d, bottom %s, %s", B, arch_name(a), c.emb_dim, archs[a].bot,
+           archs[a].op);
+    if (c.dcn_layers) printf(" (%d cross layers of rank %d)", c.dcn_layers, c.dcn_rank);
+    printf(", top %s; %.1f MFLOP a sample\n", archs[a].top, dense_model_flops_per_sample(&c) / 1e6);
+    fflush(stdout);
+    if (bench_batch(f, a, B, bin, share[a])) return -1;
+  }
+  for (int i = 0; i < f->nth; i++)
+    printf("%6d %7d share of its own sgemm bound: %s %.1f%%, %s %.1f%% (%.2fx the dot model's)\n", B,
+           f->th[i], arch_name(ARCH_MLPERF), 100.0 * share[ARCH_MLPERF][i], arch_name(ARCH_KAGGLE),
+           100.0 * share[ARCH_KAGGLE][i], share[ARCH_MLPERF][i] / share[ARCH_KAGGLE][i]);
+  fflush(stdout);
+  return 0;
 }
 
 int bench_train(int argc, char **argv) {
@@ -396,7 +461,9 @@ int bench_train(int argc, char **argv) {
   printf("%6s %7s %12s %9s %10s %13s %13s %9s  %s\n", "batch", "threads", "samples/s", "step ms", "MFLOP/smp",
          f.gpu ? "cublas GF/s" : "sgemm GF/s", "bound smp/s", "of bound", "where the step's time goes (ms)");
   for (int bi = 0; bi < f.nb; bi++)
-    if (bench_batch(&f, f.bl[bi], bin)) goto out;
+    if (f.arch == ARCH_MLPERF ? bench_pair(&f, f.bl[bi], bin)
+                              : bench_batch(&f, ARCH_KAGGLE, f.bl[bi], bin, NULL))
+      goto out;
   status = 0;
   double load[3] = {0, 0, 0};
   if (getloadavg(load, 3) < 0) load[0] = -1;

@@ -15,6 +15,19 @@
 
 /* ---- the dense architecture (the manifest's "dense") ---- */
 
+static const char *interaction_name(int interaction) {
+  return interaction == DENSE_INTERACT_CAT ? "cat" : interaction == DENSE_INTERACT_DCN ? "dcn" : "dot";
+}
+
+/* The manifest's dcn_layers and dcn_rank into cfg (dcn only); 1 if bad. */
+static int arch_parse_dcn(const cJSON *j, dense_config *cfg) {
+  if (cfg->interaction != DENSE_INTERACT_DCN) return 0;
+  const cJSON *l = cJSON_GetObjectItem(j, "dcn_layers"), *r = cJSON_GetObjectItem(j, "dcn_rank");
+  if (!cJSON_IsNumber(l) || !cJSON_IsNumber(r)) return 1;
+  cfg->dcn_layers = l->valueint, cfg->dcn_rank = r->valueint;
+  return 0;
+}
+
 static cJSON *arch_json(const dense_config *cfg) {
   cJSON *j = cJSON_CreateObject();
   if (!j) return NULL;
@@ -24,8 +37,12 @@ static cJSON *arch_json(const dense_config *cfg) {
   cJSON_AddItemToObject(j, "top", cJSON_CreateIntArray(cfg->top, cfg->n_top));
   cJSON_AddNumberToObject(j, "n_sparse", cfg->n_sparse);
   cJSON_AddNumberToObject(j, "emb_dim", cfg->emb_dim);
-  cJSON_AddStringToObject(j, "interaction", cfg->interaction == DENSE_INTERACT_CAT ? "cat" : "dot");
+  cJSON_AddStringToObject(j, "interaction", interaction_name(cfg->interaction));
   cJSON_AddBoolToObject(j, "interaction_itself", cfg->interaction_itself);
+  if (cfg->interaction == DENSE_INTERACT_DCN) {
+    cJSON_AddNumberToObject(j, "dcn_layers", cfg->dcn_layers);
+    cJSON_AddNumberToObject(j, "dcn_rank", cfg->dcn_rank);
+  }
   return j;
 }
 
@@ -60,8 +77,11 @@ static int arch_parse(const cJSON *j, const char *src, dense_config *cfg, char *
     if (!bad) cfg->emb_dim = x->valueint;
     x = cJSON_GetObjectItem(j, "interaction");
     bad |= !cJSON_IsString(x);
-    if (!bad) cfg->interaction = !strcmp(x->valuestring, "cat") ? DENSE_INTERACT_CAT : DENSE_INTERACT_DOT;
+    if (!bad) cfg->interaction = !strcmp(x->valuestring, "cat")   ? DENSE_INTERACT_CAT
+                                 : !strcmp(x->valuestring, "dcn") ? DENSE_INTERACT_DCN
+                                                                  : DENSE_INTERACT_DOT;
     cfg->interaction_itself = cJSON_IsTrue(cJSON_GetObjectItem(j, "interaction_itself"));
+    if (!bad) bad |= arch_parse_dcn(j, cfg);
   }
   if (bad) {
     sr_fmt(err, errlen, "%s: not a valid model description", src);
@@ -297,11 +317,20 @@ static int load_checks(const ckpt_info *ci, const char *path, const emb_plan *pl
                mc->n_top == ci->dense.n_top && mc->n_sparse == ci->dense.n_sparse &&
                mc->emb_dim == ci->dense.emb_dim && mc->interaction == ci->dense.interaction &&
                mc->interaction_itself == ci->dense.interaction_itself &&
+               mc->dcn_layers == ci->dense.dcn_layers && mc->dcn_rank == ci->dense.dcn_rank &&
                !memcmp(mc->bot, ci->dense.bot, (size_t)mc->n_bot * sizeof *mc->bot) &&
                !memcmp(mc->top, ci->dense.top, (size_t)mc->n_top * sizeof *mc->top);
+    if (!same && mc->interaction == DENSE_INTERACT_DCN && ci->dense.interaction == DENSE_INTERACT_DCN &&
+        (mc->dcn_layers != ci->dense.dcn_layers || mc->dcn_rank != ci->dense.dcn_rank)) {
+      sr_fmt(err, errlen, "%s: written for a cross network of %d layers of rank %d; this run has "
+             "--dcn-num-layers %d --dcn-low-rank-dim %d", path, ci->dense.dcn_layers,
+             ci->dense.dcn_rank, mc->dcn_layers, mc->dcn_rank);
+      return SR_EMISMATCH;
+    }
     if (!same) {
       sr_fmt(err, errlen, "%s: written for another dense architecture (--arch-mlp-bot/--arch-mlp-top/"
-             "--arch-interaction-op differ)", path);
+             "--arch-interaction-op differ: %s interaction there, %s here)", path,
+             interaction_name(ci->dense.interaction), interaction_name(mc->interaction));
       return SR_EMISMATCH;
     }
   }
