@@ -44,6 +44,10 @@
 
 #define CMD "bench rpc"
 
+/* The remote store's connections and chunk size (--rpc-connections,
+ * --rpc-chunk-kb; 0: the store's defaults). */
+static rpc_client_opts bench_ro;
+
 typedef struct {
   const emb_plan *plan;
   emb_store *store;
@@ -339,7 +343,7 @@ static int bench_servers(int dim, int ns, int si, long long rows, long long n,
     snprintf(abuf[k], sizeof abuf[k], "127.0.0.1:%d", sv[k].port);
     addrs[k] = abuf[k];
   }
-  emb_store *rem = emb_store_create_remote(plan, addrs, ns, NULL, err, sizeof err);
+  emb_store *rem = emb_store_create_remote(plan, addrs, ns, &bench_ro, err, sizeof err);
   emb_store *loc = emb_store_create_local(plan, err, sizeof err);
   /* Fill every row with a random value (one push of each). */
   for (long long at = 0; at < rows && rem && loc; at += n) {
@@ -397,6 +401,8 @@ int bench_rpc(int argc, char **argv) {
                                      {"part", required_argument, 0, 'p'},
                                      {"ids", required_argument, 0, 'n'},
                                      {"seconds", required_argument, 0, 's'},
+                                     {"rpc-connections", required_argument, 0, 'C'},
+                                     {"rpc-chunk-kb", required_argument, 0, 'K'},
                                      {"help", no_argument, 0, 'h'},
                                      {0, 0, 0, 0}};
   optind = 1;
@@ -407,6 +413,18 @@ int bench_rpc(int argc, char **argv) {
       case 'r': if (cli_int(CMD, "--rows", optarg, 65536, 1LL << 26, &rows)) return 2; break;
       case 'n': if (cli_int(CMD, "--ids", optarg, 1, 1 << 20, &n)) return 2; break;
       case 's': if (cli_double(CMD, "--seconds", optarg, 0.05, 60, &secs)) return 2; break;
+      case 'C': {
+        long long v;
+        if (cli_int(CMD, "--rpc-connections", optarg, 1, RPC_CONNECTIONS_MAX, &v)) return 2;
+        bench_ro.connections = (int)v;
+        break;
+      }
+      case 'K': {
+        long long v; /* 0: no chunks (one call per server, as the server's limits allow) */
+        if (cli_int(CMD, "--rpc-chunk-kb", optarg, 0, 1 << 20, &v)) return 2;
+        bench_ro.chunk_bytes = v ? (size_t)v << 10 : SIZE_MAX;
+        break;
+      }
       case 'R': if (cli_int(CMD, "--train-rows", optarg, 10000, 1LL << 32, &train_rows)) return 2; break;
       case 'S': if (cli_int(CMD, "--train-steps", optarg, 1, 1 << 24, &train_steps)) return 2; break;
       case 'B': if (cli_int(CMD, "--train-batch", optarg, 1, 1 << 20, &train_batch)) return 2; break;
@@ -420,7 +438,8 @@ int bench_rpc(int argc, char **argv) {
       case 'h':
         printf("usage: shardrec bench rpc [--part all|lookup|train] [--rows N (262144)] [--ids N (4096)]\n"
                "       [--seconds S (1)] [--train-rows N (100000)] [--train-steps N (400)]\n"
-               "       [--train-batch N (128)]\n");
+               "       [--train-batch N (128)] [--rpc-connections N (%d)] [--rpc-chunk-kb N (%u;\n"
+               "       0: no chunks)]\n", RPC_CONNECTIONS_DEFAULT, RPC_CHUNK_BYTES_DEFAULT >> 10);
         return 0;
       default: cli_bad_option(CMD, c == ':' ? ':' : '?', argv[optind - 1]); return 2;
     }
