@@ -656,6 +656,7 @@ static int build_calls(rstore *s, lane *L, rpc_method m, int64_t step, float lr,
 
 static int fetch_limits(rstore *s);
 static int lane_init(lane *L, int n_tables, int n_servers);
+static void lane_free(lane *L, int n_tables);
 
 /* Build and start L's Lookups of ids for step (appended to any hints L
  * holds that are not started yet: those start too). 0 or an SR_E* code. */
@@ -771,11 +772,14 @@ static int slot_send(rstore *s, pf_slot *f) {
 /* Copy ids into slot f (grown as needed). 0 or SR_ENOMEM. */
 static int slot_copy(rstore *s, pf_slot *f, const emb_idset *ids) {
   const int nt = s->base.plan->n_tables;
-  if (!f->L.cq) {
-    f->ids = calloc((size_t)nt, sizeof *f->ids);
-    f->counts = calloc((size_t)nt, sizeof *f->counts);
-    f->cap = calloc((size_t)nt, sizeof *f->cap);
-    if (!f->ids || !f->counts || !f->cap || lane_init(&f->L, nt, s->n)) return SR_ENOMEM;
+  if (!f->ids) f->ids = calloc((size_t)nt, sizeof *f->ids);
+  if (!f->counts) f->counts = calloc((size_t)nt, sizeof *f->counts);
+  if (!f->cap) f->cap = calloc((size_t)nt, sizeof *f->cap);
+  if (!f->ids || !f->counts || !f->cap) return SR_ENOMEM;
+  if (!f->L.cq && lane_init(&f->L, nt, s->n)) {
+    lane_free(&f->L, nt);
+    memset(&f->L, 0, sizeof f->L);
+    return SR_ENOMEM;
   }
   for (int t = 0; t < nt; t++) {
     size_t n = ids->counts[t];
@@ -1228,8 +1232,13 @@ static int lane_init(lane *L, int n_tables, int n_servers) {
 static void r_destroy(emb_store *b) {
   rstore *s = (rstore *)b;
   if (s->lookup_pending) r_lookup_wait(b);
+  watch_stop(s);
+  /* Prefetched steps never looked up (a job that ends with steps handed
+   * ahead): detached now, this rank may cancel its held Lookups. */
   for (int i = 0; i < RPC_PF_STEPS; i++) {
     pf_slot *f = &s->pf[i];
+    for (int j = 0; j < f->L.n_calls; j++)
+      if (f->L.calls[j].active) grpc_call_cancel(f->L.calls[j].call, NULL);
     slot_release(s, f);
     lane_free(&f->L, b->plan->n_tables);
     for (int t = 0; f->ids && t < b->plan->n_tables; t++) free(f->ids[t]);
@@ -1237,7 +1246,6 @@ static void r_destroy(emb_store *b) {
     free(f->counts);
     free(f->cap);
   }
-  watch_stop(s);
   lane_free(&s->lk, b->plan->n_tables);
   lane_free(&s->mn, b->plan->n_tables);
   for (int k = 0; k < s->n && s->c; k++) {
