@@ -31,13 +31,16 @@ typedef struct rpc_client_opts {
   size_t chunk_bytes;       /* most bytes of rows (or gradients) one Lookup or Push call
                                carries: a larger one is cut into chunks in flight at once
                                (0: RPC_CHUNK_BYTES_DEFAULT; SIZE_MAX: only the server's
-                               limits cut) */
+                               limits cut; no less than 1/4096 of a push to one server) */
 } rpc_client_opts;
 
 #define RPC_CONNECTIONS_MAX 16
-/* From `shardrec bench rpc` on a 2-core machine (README, "Benchmarks"). */
+/* From `shardrec bench rpc --part connections` on a 2-core machine
+ * (README, "Benchmarks"): 2 connections were as fast as 1 or faster (x0.97
+ * to x1.18), chunks slower for pushes (x0.6 to x0.9) and for lookups but at
+ * dim 128 against one server: so no chunks but the servers' limits. */
 #define RPC_CONNECTIONS_DEFAULT 2
-#define RPC_CHUNK_BYTES_DEFAULT (256u << 10)
+#define RPC_CHUNK_BYTES_DEFAULT SIZE_MAX
 
 /* The remote store: servers[k] serves shard k of plan (plan->n_shards
  * addresses). plan is borrowed. NULL with a message in err on failure.
