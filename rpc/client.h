@@ -65,7 +65,8 @@ typedef struct rpc_client_opts {
  * is.
  *
  * Look-ahead (emb_store_prefetch, up to 4 steps): the step's ids are copied,
- * sent at once as prefetch_only hints (the servers' stores read ahead), and
+ * sent at once as prefetch_only hints to the servers whose stores read
+ * ahead (StatsResponse.looks_ahead), and
  * the step's Lookups follow as soon as their answers cannot be stale
  * (multi-rank, after this rank's first push: at once, the servers hold them
  * by the job's rules; one rank: once this store's push of step-1, async

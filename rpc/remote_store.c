@@ -43,6 +43,7 @@ typedef struct {
   uint64_t inc; /* the server's incarnation as first seen (0: not yet) */
   /* The server's limits, from its Stats (0: not said: none but ours). */
   uint64_t max_ids, max_bytes, budget;
+  int looks_ahead; /* its store reads ahead: prefetch_only hints are worth sending */
 } conn;
 
 /* One table's ids in a call: L->gids[t][lo .. lo + n). */
@@ -638,6 +639,7 @@ static int build_calls(rstore *s, lane *L, rpc_method m, int64_t step, float lr,
   int *call_of = malloc(cap * sizeof *call_of);
   if (!parts || !call_of) rc = SR_ENOMEM;
   for (int k = 0; k < s->n && !rc; k++) {
+    if (L->hint && !s->c[k].looks_ahead) continue; /* a hint it would only decode */
     int np = 0, nc = cut_calls(s, L, k, parts, call_of, &np);
     if (!np && (m == RPC_LOOKUP || s->o.world_size == 1)) continue;
     if ((rc = calls_reserve(L, nc))) break;
@@ -1037,6 +1039,7 @@ static int read_limits(rstore *s, pcall *p, void *ctx) {
   c->max_ids = a->max_ids;
   c->max_bytes = a->max_message_bytes;
   c->budget = a->inflight_budget_bytes;
+  c->looks_ahead = a->looks_ahead;
   shardrec__v1__stats_response__free_unpacked(a, NULL);
   return 0;
 }

@@ -510,7 +510,7 @@ static int check_answer(rpc_service *s, Shardrec__V1__TableIds *const *tables, s
  * Lookup reads then). A refusal or failure is only a lost head start: the
  * Lookup of the step reads and reports. */
 static void svc_prefetch(rpc_service *s, int64_t step, const emb_idset *set) {
-  if (step <= s->hi_step) return;
+  if (step <= s->hi_step || !s->store->ops->prefetch) return;
   s->hi_step = step;
   s->prefetched++;
   (void)emb_store_prefetch(s->store, step, set);
@@ -873,6 +873,7 @@ static void do_stats(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r
   resp.inflight_bytes = s->inflight;
   resp.inflight_refused = s->budget_refused;
   resp.prefetched = s->prefetched;
+  resp.looks_ahead = s->store->ops->prefetch != NULL;
   rpc_coord_stats cs;
   rpc_coord_stats_get(s->coord, &cs);
   pthread_mutex_unlock(&s->mu);

@@ -225,12 +225,52 @@ static float *buf(size_t n) {
   return b;
 }
 
-static uint64_t stat_prefetched(const char *addr) {
-  Shardrec__V1__StatsResponse *a = calls_stats(addr);
-  uint64_t v = a->prefetched;
-  shardrec__v1__stats_response__free_unpacked(a, NULL);
-  return v;
+/* A prefetch_only Lookup straight to a server: answered OK at once with
+ * no rows and the server's incarnation; one of a bad table is refused as
+ * a Lookup would be. */
+START_TEST(test_prefetch_only_lookup) {
+  plan_make(16, 4000);
+  start(0, "");
+  start(1, "");
+  char fp[EMB_FP_HEX];
+  ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
+  uint64_t ids[3] = {2, 4, 6}; /* shard 0's rows of a row-wise plan */
+  for (int bad = 0; bad < 2; bad++) {
+    Shardrec__V1__RequestHeader h;
+    calls_header(&h, fp, "job-hint", 5, 0, 2, 0); /* a Lookup of it would park */
+    Shardrec__V1__TableIds ti = SHARDREC__V1__TABLE_IDS__INIT, *tp[1] = {&ti};
+    ti.table_id = bad ? 999 : plan->tables[0].table_id;
+    ti.n_ids = 3;
+    ti.ids = ids;
+    Shardrec__V1__LookupRequest q = SHARDREC__V1__LOOKUP_REQUEST__INIT;
+    q.header = &h;
+    q.n_tables = 1;
+    q.tables = tp;
+    q.prefetch_only = 1;
+    uint8_t b[256], *resp = NULL;
+    size_t len = shardrec__v1__lookup_request__pack(&q, b), rlen = 0;
+    char msg[256];
+    int st = rpc_call_once(srv[0].addr, NULL, RPC_LOOKUP, b, len, 10, &resp, &rlen, msg, sizeof msg);
+    if (bad) {
+      ck_assert_msg(st == RPC_INVALID_ARGUMENT, "%d %s", st, msg);
+      continue;
+    }
+    ck_assert_msg(st == RPC_OK, "%d %s", st, msg);
+    Shardrec__V1__LookupResponse *a = shardrec__v1__lookup_response__unpack(NULL, rlen, resp);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_uint_eq(a->n_tables, 0);
+    ck_assert_uint_ne(a->incarnation, 0);
+    shardrec__v1__lookup_response__free_unpacked(a, NULL);
+    free(resp);
+  }
+  /* Nothing was looked up, and the job's steps were not started by it. */
+  Shardrec__V1__StatsResponse *s0 = calls_stats(srv[0].addr);
+  ck_assert_uint_eq(s0->rows_looked_up, 0);
+  ck_assert_uint_eq(s0->jobs, 0);
+  shardrec__v1__stats_response__free_unpacked(s0, NULL);
+  stop_all();
 }
+END_TEST
 
 START_TEST(test_chunks_over_connections) {
   plan_make(32, 4000);
@@ -407,11 +447,16 @@ static void lookahead_case(const char *serve_extra, int data, int world, int ski
     start(1, extra);
     const char *addr[NS] = {srv[0].addr, srv[1].addr};
     run_lookahead(addr, depth, world, skip, "job-lookahead");
-    /* The steps were handed ahead to both servers' stores. */
+    /* The steps were handed ahead to both servers' stores, where they read
+     * ahead (a store without the op is handed nothing). */
     for (int k = 0; k < NS; k++) {
-      uint64_t pf = stat_prefetched(srv[k].addr);
-      ck_assert_msg(pf >= 10, "depth %d: shard %d's store was handed %llu look-aheads for 13 "
-                    "steps", depth, k, (unsigned long long)pf);
+      Shardrec__V1__StatsResponse *a = calls_stats(srv[k].addr);
+      if (a->looks_ahead)
+        ck_assert_msg(a->prefetched >= 10, "depth %d: shard %d's store was handed %llu "
+                      "look-aheads for 13 steps", depth, k, (unsigned long long)a->prefetched);
+      else
+        ck_assert_uint_eq(a->prefetched, 0);
+      shardrec__v1__stats_response__free_unpacked(a, NULL);
       int st = server_stop(&srv[k]);
       ck_assert_msg(st == 0, "server %d exited with %d (log %s/srv%d.log)", k, st, dir, k);
     }
@@ -441,6 +486,7 @@ int main(void) {
   TCase *tc = tcase_create("chunks");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_chunks_over_connections);
+  tcase_add_test(tc, test_prefetch_only_lookup);
   tcase_add_test(tc, test_lookahead_memory);
   tcase_add_test(tc, test_lookahead_shard_store);
   tcase_add_test(tc, test_lookahead_two_ranks);

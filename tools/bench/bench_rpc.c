@@ -497,6 +497,95 @@ static int sweep_one(int dim, int ns, long long rows, long long n, uint64_t *per
   return status;
 }
 
+/* --part lookahead: a training step's store calls against 2 server
+ * threads, lookup (waited for), work A (forward and backward), push, work
+ * B (the dense optimizer and the next batch's input), without and with the
+ * next step's ids handed ahead (emb_store_prefetch) before the push; the
+ * time the step waits in lookup, medians of 5 blocks of steps. Work is a
+ * spin on the clock of work_us microseconds each. */
+static void spin_us(double us) {
+  double until = sr_now() + us * 1e-6;
+  while (sr_now() < until) {
+  }
+}
+
+static int lookahead_one(int dim, long long rows, long long n, uint64_t *perm, float *grad,
+                         float *out, double work_us) {
+  char err[512];
+  const int ns = 2;
+  uint64_t r1[1] = {(uint64_t)rows};
+  emb_plan_params pp = {.n_tables = 1, .rows = r1, .dim = dim, .optim = {.kind = EMB_OPT_SGD},
+                        .seed = 1, .n_shards = ns, .row_wise = 1};
+  emb_plan *plan;
+  if (emb_plan_create(&pp, &plan, err, sizeof err)) return 1;
+  bserver sv[2];
+  memset(sv, 0, sizeof sv);
+  const char *addrs[2];
+  char abuf[2][64];
+  for (int k = 0; k < ns; k++) {
+    sv[k].plan = plan;
+    sv[k].shard = k;
+    sv[k].store = emb_store_create_local(plan, err, sizeof err);
+    rpc_service_opts so = {.shards = &sv[k].shard, .n_shards = 1};
+    sv[k].svc = rpc_service_create(plan, sv[k].store, &so, err, sizeof err);
+    pthread_create(&sv[k].th, NULL, server_main, &sv[k]);
+    while (!sv[k].port) usleep(1000);
+    snprintf(abuf[k], sizeof abuf[k], "127.0.0.1:%d", sv[k].port);
+    addrs[k] = abuf[k];
+  }
+  int status = 0;
+  double wait[2][5], step[2][5];
+  uint64_t *ids = malloc((size_t)n * sizeof *ids), *nids = malloc((size_t)n * sizeof *nids);
+  for (int blk = 0; blk < 5 && !status; blk++)
+    for (int la = 0; la < 2 && !status; la++) {
+      emb_store *s = emb_store_create_remote(plan, addrs, ns, &bench_ro, err, sizeof err);
+      if (!s) {
+        status = 1;
+        break;
+      }
+      const int steps = 20;
+      double w = 0, t0 = 0;
+      for (int k = 0; k <= steps && !status; k++) {
+        if (k == 1) t0 = sr_now(), w = 0; /* step 0 warms the connections */
+        step_ids(perm, (uint64_t)rows, k, (size_t)n, ids);
+        const uint64_t *ip[1] = {ids}, *np[1] = {nids};
+        size_t counts[1] = {(size_t)n};
+        emb_idset set = {1, ip, counts}, next = {1, np, counts};
+        float *op[1] = {out};
+        const float *gp[1] = {grad};
+        double a = sr_now();
+        if (emb_store_lookup_begin(s, k, &set, op) || emb_store_lookup_wait(s)) status = 1;
+        w += sr_now() - a;
+        spin_us(work_us);
+        step_ids(perm, (uint64_t)rows, k + 1, (size_t)n, nids);
+        if (la && emb_store_prefetch(s, k + 1, &next)) status = 1;
+        if (emb_store_push(s, k, 0.0f, &set, gp)) status = 1;
+        spin_us(work_us);
+      }
+      if (status) fprintf(stderr, "shardrec bench rpc: %s\n", emb_store_errmsg(s));
+      wait[la][blk] = w / steps;
+      step[la][blk] = (sr_now() - t0) / steps;
+      emb_store_destroy(s);
+    }
+  free(ids);
+  free(nids);
+  if (!status) {
+    double w0 = sr_median(wait[0], 5), w1 = sr_median(wait[1], 5);
+    double s0 = sr_median(step[0], 5), s1 = sr_median(step[1], 5);
+    printf("  dim %3d, work 2 x %4.0f us:  lookup wait %7.1f -> %7.1f us (%.0f%% hidden), step "
+           "%7.1f -> %7.1f us (x%.2f)\n", dim, work_us, w0 * 1e6, w1 * 1e6,
+           w0 > 0 ? 100 * (1 - w1 / w0) : 0, s0 * 1e6, s1 * 1e6, s1 > 0 ? s0 / s1 : 0);
+  }
+  for (int k = 0; k < ns; k++) {
+    sv[k].stop = 1;
+    pthread_join(sv[k].th, NULL);
+    rpc_service_destroy(sv[k].svc);
+    emb_store_destroy(sv[k].store);
+  }
+  emb_plan_free(plan);
+  return status;
+}
+
 int bench_rpc(int argc, char **argv) {
   long long rows = 262144, n = 4096, train_rows = 100000, train_steps = 400, train_batch = 128;
   const char *part = "all";
@@ -537,16 +626,16 @@ int bench_rpc(int argc, char **argv) {
       case 'B': if (cli_int(CMD, "--train-batch", optarg, 1, 1 << 20, &train_batch)) return 2; break;
       case 'p':
         if (strcmp(optarg, "all") && strcmp(optarg, "lookup") && strcmp(optarg, "train") &&
-            strcmp(optarg, "connections")) {
-          fprintf(stderr, "shardrec bench rpc: --part: '%s' is not all, lookup, train or "
-                  "connections\n", optarg);
+            strcmp(optarg, "connections") && strcmp(optarg, "lookahead")) {
+          fprintf(stderr, "shardrec bench rpc: --part: '%s' is not all, lookup, train, "
+                  "connections or lookahead\n", optarg);
           return 2;
         }
         part = optarg;
         break;
       case 'h':
-        printf("usage: shardrec bench rpc [--part all|lookup|train|connections] [--rows N (262144)]\n"
-               "       [--ids N (4096)]\n"
+        printf("usage: shardrec bench rpc [--part all|lookup|train|connections|lookahead]\n"
+               "       [--rows N (262144)] [--ids N (4096)]\n"
                "       [--seconds S (1)] [--train-rows N (100000)] [--train-steps N (400)]\n"
                "       [--train-batch N (128)] [--rpc-connections N (%d)]\n"
                "       [--rpc-chunk-kb N (0: no chunks but the servers' limits)]\n",
@@ -582,6 +671,22 @@ int bench_rpc(int argc, char **argv) {
         float *out = malloc((size_t)n * (size_t)dims[di] * sizeof *out);
         float *grad = calloc((size_t)n * (size_t)dims[di], sizeof *grad);
         status = sweep_one(dims[di], nsrv[si], rows, n, perm, grad, out, 15);
+        free(out);
+        free(grad);
+      }
+    free(perm);
+    return status;
+  }
+  if (!strcmp(part, "lookahead")) {
+    printf("a step's store calls against 2 server threads: lookup, work, push, work; without -> "
+           "with the next step's ids handed ahead before the push (medians of 5 blocks of 20 "
+           "steps, %lld ids a step)\n", n);
+    const double work[2] = {500, 2000};
+    for (int di = 0; di < 2 && !status; di++)
+      for (int wi = 0; wi < 2 && !status; wi++) {
+        float *out = malloc((size_t)n * (size_t)dims[di] * sizeof *out);
+        float *grad = calloc((size_t)n * (size_t)dims[di], sizeof *grad);
+        status = lookahead_one(dims[di], rows, n, perm, grad, out, work[wi]);
         free(out);
         free(grad);
       }
