@@ -1,15 +1,17 @@
 /* The remote embedding store: embedding/store.h over shard servers.
  *
  * A step's unique ids are grouped by shard (emb_plan_shard_of), one call
- * per shard, all in flight at once on one completion queue: lookup_begin
- * starts them and returns, lookup_wait collects them and scatters the rows
- * into the caller's buffers. Lookups have a queue (lane) of their own, so a
+ * per shard (or several: cut to the server's limits and to chunk_bytes),
+ * all in flight at once on one completion queue, round the server's
+ * connections: lookup_begin starts them and returns, lookup_wait collects
+ * them and scatters the rows into the caller's buffers. Steps handed ahead
+ * (prefetch) have a lane each (pf_slot). Lookups have a queue (lane) of their own, so a
  * Lookup of step t+1 may stay in flight while push() of step t runs
  * (prefetch; the servers may hold that Lookup until the push is in). Every
  * header carries rank, world size and max_staleness (rpc/service.h). Every attempt has its own deadline; a call that
  * ends UNAVAILABLE (server down, restarting, connection refused) is tried
- * again after a backoff (doubling, at most 1 s), on the same channel, which
- * reconnects by itself. When the tries run out the error names the shard
+ * again after a backoff (doubling, at most 1 s), on the server's next
+ * channel (each reconnects by itself). When the tries run out the error names the shard
  * and the server. Push is idempotent on (job id, step, rank) at the server,
  * so retrying it is safe. */
 #include <errno.h>
