@@ -18,7 +18,9 @@
  * them). Steps' ids overlap, so a row read before the previous step's push
  * was applied would differ. One step's lookup asks for other ids than were
  * prefetched, one prefetched step is never looked up; the servers report
- * the look-aheads handed to their stores (Stats.prefetched). */
+ * the look-aheads handed to their stores (Stats.prefetched). A prefetched
+ * Lookup that fails (its deadline passed while the servers held it) is read
+ * again by its step's lookup. */
 #include <check.h>
 
 #include "tests/check_main.h"
@@ -481,6 +483,73 @@ END_TEST
 START_TEST(test_lookahead_two_ranks_shard_store) { lookahead_case("--pending-timeout 120", 1, 2, 0); }
 END_TEST
 
+/* A prefetched Lookup that fails is read again by its step's lookup: in a
+ * 2-rank job rank 0 hands step 2 ahead after step 0, the servers hold its
+ * Lookups for step 1, which does not come before their deadline (8 s): they
+ * are answered DEADLINE_EXCEEDED. Step 2's lookup then reads afresh and
+ * gets the in-process store's rows. */
+START_TEST(test_lookahead_failed_is_redone) {
+  plan_make(16, 4000);
+  start(0, "");
+  start(1, "");
+  const char *addr[NS] = {srv[0].addr, srv[1].addr};
+  char err[512];
+  emb_store *loc = emb_store_create_local(plan, err, sizeof err), *rem[2];
+  ck_assert_ptr_nonnull(loc);
+  for (int r = 0; r < 2; r++) {
+    rpc_client_opts o = {.deadline_s = 8, .max_tries = 4, .rank = r, .world_size = 2,
+                         .job_id = "job-redo"};
+    rem[r] = emb_store_create_remote(plan, addr, NS, &o, err, sizeof err);
+    ck_assert_msg(rem[r] != NULL, "%s", err);
+  }
+  const size_t n = 50;
+  static uint64_t ids[NT][MAXN];
+  float *a[NT], *b[NT], *g[NT];
+  for (int t = 0; t < NT; t++) a[t] = buf(n), b[t] = buf(n), g[t] = buf(n);
+  const uint64_t *ip[NT];
+  size_t c[NT];
+  for (int st = 0; st < 3; st++) {
+    step_ids(st, n, ids);
+    emb_idset set = idset(ids, n, ip, c);
+    lookup(loc, st, &set, a);
+    for (int r = 0; r < 2; r++) {
+      lookup(rem[r], st, &set, b);
+      for (int t = 0; t < NT; t++)
+        ck_assert_msg(!memcmp(a[t], b[t], n * (size_t)dim * sizeof(float)),
+                      "step %d table %d: rank %d's rows differ from the in-process store's", st,
+                      t, r);
+    }
+    for (int t = 0; t < NT; t++) grads_of(a[t], n, st, 0, g[t]);
+    const float *gp[NT] = {g[0], g[1]};
+    for (int r = 0; r < 2; r++)
+      ck_assert_msg(emb_store_push(rem[r], st, 0.05f, &set, gp) == 0, "%s", emb_store_errmsg(rem[r]));
+    for (int t = 0; t < NT; t++)
+      for (size_t i = 0; i < n * (size_t)dim; i++) g[t][i] += g[t][i];
+    ck_assert_int_eq(emb_store_push(loc, st, 0.05f, &set, gp), 0);
+    if (st > 0) continue;
+    /* Step 2 ahead: held for step 1, until its deadline passes. */
+    step_ids(2, n, ids);
+    emb_idset ps = idset(ids, n, ip, c);
+    ck_assert_msg(emb_store_prefetch(rem[0], 2, &ps) == 0, "%s", emb_store_errmsg(rem[0]));
+    for (int k = 0; k < NS; k++) {
+      double t0 = test_now();
+      for (;;) { /* until the server answered it DEADLINE_EXCEEDED */
+        Shardrec__V1__StatsResponse *x = calls_stats(addr[k]);
+        int done = x->parked_lookups == 0 && x->failed_calls >= 1;
+        shardrec__v1__stats_response__free_unpacked(x, NULL);
+        if (done) break;
+        ck_assert_msg(test_now() - t0 < 120, "shard %d still holds the Lookup of step 2", k);
+        usleep(50 * 1000);
+      }
+    }
+  }
+  for (int r = 0; r < 2; r++) emb_store_destroy(rem[r]);
+  emb_store_destroy(loc);
+  for (int t = 0; t < NT; t++) free(a[t]), free(b[t]), free(g[t]);
+  stop_all();
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("rpc_chunks");
   TCase *tc = tcase_create("chunks");
@@ -491,6 +560,7 @@ int main(void) {
   tcase_add_test(tc, test_lookahead_shard_store);
   tcase_add_test(tc, test_lookahead_two_ranks);
   tcase_add_test(tc, test_lookahead_two_ranks_shard_store);
+  tcase_add_test(tc, test_lookahead_failed_is_redone);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
