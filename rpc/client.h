@@ -36,9 +36,10 @@ typedef struct rpc_client_opts {
 
 #define RPC_CONNECTIONS_MAX 16
 /* From `shardrec bench rpc --part connections` on a 2-core machine
- * (README, "Benchmarks"): 2 connections were as fast as 1 or faster (x0.97
- * to x1.18), chunks slower for pushes (x0.6 to x0.9) and for lookups but at
- * dim 128 against one server: so no chunks but the servers' limits. */
+ * (README, "Benchmarks"), three runs: 2 connections x0.96 to x1.18 of 1
+ * (within the noise, or faster), chunks slower for pushes (x0.6 to x0.9 at
+ * 64 and 128 KiB) and for lookups but at dim 128 against one server: so no
+ * chunks but the servers' limits. */
 #define RPC_CONNECTIONS_DEFAULT 2
 #define RPC_CHUNK_BYTES_DEFAULT SIZE_MAX
 
