@@ -823,17 +823,16 @@ static int r_prefetch(emb_store *b, int64_t step, const emb_idset *ids) {
   for (int i = 0; i < RPC_PF_STEPS && !f; i++)
     if (!s->pf[i].used) f = &s->pf[i];
   if (!f) return 0; /* as far ahead as this store looks: the lookup reads then */
-  int rc = slot_copy(s, f, ids);
-  if (rc) {
-    sr_fmt(s->err, sizeof s->err, "prefetch of step %lld: out of memory", (long long)step);
-    return rc;
-  }
+  /* Out of memory (or, below, a server not answering its Stats): nothing
+   * prefetched, and the step's lookup reads and reports. */
+  if (slot_copy(s, f, ids)) return 0;
   emb_idset v = slot_ids(s, f);
+  if (fetch_limits(s)) return 0;
   f->L.hint = 1;
-  rc = fetch_limits(s);
-  if (!rc) rc = build_calls(s, &f->L, RPC_LOOKUP, step, 0, &v, NULL);
+  int rc = build_calls(s, &f->L, RPC_LOOKUP, step, 0, &v, NULL);
   f->L.hint = 0;
-  if (rc) return rc; /* SR_ERANGE for an id out of range, as the lookup would say */
+  if (rc) /* SR_ERANGE for an id out of range, as the lookup would say */
+    return rc == SR_ERANGE || rc == SR_EINVAL ? rc : 0;
   f->used = 1;
   f->sent = 0;
   f->step = step;
