@@ -25,7 +25,23 @@ typedef struct rpc_client_opts {
   int max_staleness;        /* 0: sync mode (rpc/service.h, "Multi-rank jobs"); S >= 1:
                                async mode: pushes applied on arrival, and a Lookup of step
                                t waits until every rank's push of step t-S is applied */
+  int connections;          /* TCP connections (gRPC channels) per server, 1..
+                               RPC_CONNECTIONS_MAX; a call's chunks go round them (0:
+                               RPC_CONNECTIONS_DEFAULT) */
+  size_t chunk_bytes;       /* most bytes of rows (or gradients) one Lookup or Push call
+                               carries: a larger one is cut into chunks in flight at once
+                               (0: RPC_CHUNK_BYTES_DEFAULT; SIZE_MAX: only the server's
+                               limits cut; no less than 1/4096 of a push to one server) */
 } rpc_client_opts;
+
+#define RPC_CONNECTIONS_MAX 16
+/* From `shardrec bench rpc --part connections` on a 2-core machine
+ * (README, "Benchmarks"), three runs: 2 connections x0.96 to x1.18 of 1
+ * (within the noise, or faster), chunks slower for pushes (x0.6 to x0.9 at
+ * 64 and 128 KiB) and for lookups but at dim 128 against one server: so no
+ * chunks but the servers' limits. */
+#define RPC_CONNECTIONS_DEFAULT 2
+#define RPC_CHUNK_BYTES_DEFAULT SIZE_MAX
 
 /* The remote store: servers[k] serves shard k of plan (plan->n_shards
  * addresses). plan is borrowed. NULL with a message in err on failure.
@@ -43,9 +59,21 @@ typedef struct rpc_client_opts {
  * (ABORTED). Calls are cut to fit each server's limits, read from its Stats
  * at the first Lookup or Push (and again after a Restore): max_ids, the
  * message limit and the in-flight budget; a cut Push is sent as parts the
- * server takes as one (RequestHeader.part, .parts). A call the server's
+ * server takes as one (RequestHeader.part, .parts), and further into
+ * chunks of o->chunk_bytes, all in flight at once, round o->connections TCP
+ * connections per server (a retry goes on the next one). A call the server's
  * in-flight budget refused (RESOURCE_EXHAUSTED) is retried as UNAVAILABLE
- * is. */
+ * is.
+ *
+ * Look-ahead (emb_store_prefetch, up to 4 steps): the step's ids are copied,
+ * sent at once as prefetch_only hints to the servers whose stores read
+ * ahead (StatsResponse.looks_ahead), and
+ * the step's Lookups follow as soon as their answers cannot be stale
+ * (multi-rank, after this rank's first push: at once, the servers hold them
+ * by the job's rules; one rank: once this store's push of step-1, async
+ * step-S, is answered). The step's lookup_begin with the same ids takes
+ * their answers; with other ids it reads afresh; a failed prefetched Lookup
+ * is read again by it. Bits are those of a lookup without look-ahead. */
 emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *servers,
                                    int n_servers, const rpc_client_opts *o, char *err,
                                    size_t errlen);

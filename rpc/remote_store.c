@@ -1,15 +1,17 @@
 /* The remote embedding store: embedding/store.h over shard servers.
  *
  * A step's unique ids are grouped by shard (emb_plan_shard_of), one call
- * per shard, all in flight at once on one completion queue: lookup_begin
- * starts them and returns, lookup_wait collects them and scatters the rows
- * into the caller's buffers. Lookups have a queue (lane) of their own, so a
+ * per shard (or several: cut to the server's limits and to chunk_bytes),
+ * all in flight at once on one completion queue, round the server's
+ * connections: lookup_begin starts them and returns, lookup_wait collects
+ * them and scatters the rows into the caller's buffers. Steps handed ahead
+ * (prefetch) have a lane each (pf_slot). Lookups have a queue (lane) of their own, so a
  * Lookup of step t+1 may stay in flight while push() of step t runs
  * (prefetch; the servers may hold that Lookup until the push is in). Every
  * header carries rank, world size and max_staleness (rpc/service.h). Every attempt has its own deadline; a call that
  * ends UNAVAILABLE (server down, restarting, connection refused) is tried
- * again after a backoff (doubling, at most 1 s), on the same channel, which
- * reconnects by itself. When the tries run out the error names the shard
+ * again after a backoff (doubling, at most 1 s), on the server's next
+ * channel (each reconnects by itself). When the tries run out the error names the shard
  * and the server. Push is idempotent on (job id, step, rank) at the server,
  * so retrying it is safe. */
 #include <errno.h>
@@ -24,16 +26,26 @@
 #include "common/status.h"
 #include "common/sys.h"
 #include "rpc/client.h"
+#include "rpc/coord.h"
 #include "rpc/grpc_util.h"
 #include "rpc/shardrec.pb-c.h"
 
+/* One gRPC channel to a server: with a subchannel pool of its own
+ * (GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL), its own TCP connection. */
 typedef struct {
-  char *addr;
   grpc_channel *ch;
   void *reg[RPC_N_METHODS];
+} chan;
+
+typedef struct {
+  char *addr;
+  chan *chs; /* [n_ch] */
+  int n_ch;
+  unsigned rr; /* the channel of the next call, round the n_ch */
   uint64_t inc; /* the server's incarnation as first seen (0: not yet) */
   /* The server's limits, from its Stats (0: not said: none but ours). */
   uint64_t max_ids, max_bytes, budget;
+  int looks_ahead; /* its store reads ahead: prefetch_only hints are worth sending */
 } conn;
 
 /* One table's ids in a call: L->gids[t][lo .. lo + n). */
@@ -45,6 +57,8 @@ typedef struct {
 /* One call to one shard, maybe tried several times. */
 typedef struct {
   int shard;
+  int chan;         /* the channel of its next attempt (of the shard's n_ch) */
+  int hint;         /* a Lookup with prefetch_only: its answer is not used */
   rpc_method m;
   const char *path; /* not NULL: call this method path, unregistered */
   uint8_t *req; /* owned */
@@ -82,7 +96,22 @@ typedef struct {
   size_t **perm;
   size_t *off;
   size_t *cap;
+  int hint; /* the Lookups built now are prefetch_only hints */
 } lane;
+
+/* Look-ahead (emb_store_ops.prefetch): a later step's ids, copied, and the
+ * calls of its own lane: first the prefetch_only hints (sent at once: the
+ * servers' stores read those rows ahead), then the step's Lookups, sent as
+ * soon as their answers cannot be stale (pf_may_send), whose answers wait
+ * in the lane until that step's lookup_begin takes them. */
+#define RPC_PF_STEPS 4 /* steps prefetched at once; more are ignored */
+typedef struct {
+  int used, sent;  /* holds a step; its Lookups are out */
+  int64_t step;
+  uint64_t **ids;  /* [n_tables][cap[t]]: the step's ids, counts[t] each (owned) */
+  size_t *counts, *cap;
+  lane L;
+} pf_slot;
 
 typedef struct {
   emb_store base;
@@ -105,11 +134,35 @@ typedef struct {
   int lookup_pending;
   int64_t lookup_step;
   float *const *lookup_out;
+  lane *cur;        /* the lane of the lookup outstanding: &lk or a slot's */
+  pf_slot *cur_pf;  /* that slot (NULL: lk) */
+  pf_slot pf[RPC_PF_STEPS];
+  int64_t pushed;   /* the last step pushed (answered OK); -1: none */
+  int64_t seen;     /* the highest step looked up, pushed or prefetched; -1: none */
   emb_store_stats st;
 } rstore;
 
-static grpc_channel *make_channel(const char *addr, const rpc_client_opts *o, char *err,
-                                  size_t errlen) {
+/* grpc_channel_create with base's arguments, plus, when own_pool, a
+ * subchannel pool of the channel's own: gRPC core shares one subchannel
+ * (one TCP connection) between channels of equal arguments, so this is what
+ * gives a server's second channel a connection of its own. */
+static grpc_channel *channel_create(const char *addr, grpc_channel_credentials *cr,
+                                    const grpc_channel_args *base, int own_pool) {
+  if (!own_pool) return grpc_channel_create(addr, cr, base);
+  grpc_arg *a = calloc(base->num_args + 1, sizeof *a);
+  if (!a) return NULL;
+  memcpy(a, base->args, base->num_args * sizeof *a);
+  a[base->num_args].type = GRPC_ARG_INTEGER;
+  a[base->num_args].key = (char *)GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL;
+  a[base->num_args].value.integer = 1;
+  grpc_channel_args args = {base->num_args + 1, a};
+  grpc_channel *ch = grpc_channel_create(addr, cr, &args);
+  free(a);
+  return ch;
+}
+
+static grpc_channel *make_channel(const char *addr, const rpc_client_opts *o, int own_pool,
+                                  char *err, size_t errlen) {
   grpc_arg a[6];
   memset(a, 0, sizeof a);
   const char *keys[6] = {GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
@@ -130,10 +183,31 @@ static grpc_channel *make_channel(const char *addr, const rpc_client_opts *o, ch
   grpc_channel_credentials *cr =
       o->tls ? rpc__channel_creds(o->tls, err, errlen) : grpc_insecure_credentials_create();
   if (!cr) return NULL;
-  grpc_channel *ch = grpc_channel_create(addr, cr, &args);
+  grpc_channel *ch = channel_create(addr, cr, &args, own_pool);
   grpc_channel_credentials_release(cr);
   if (!ch) sr_fmt(err, errlen, "%s: cannot create a channel", addr);
   return ch;
+}
+
+/* c's o->connections channels to addr (the first in gRPC's shared pool,
+ * the others each in a pool of its own: a TCP connection each), their
+ * methods registered. 0, or -1 with a message in err (c->n_ch says how
+ * many were made, for the caller's clean-up). */
+static int conn_open(conn *c, const char *addr, const rpc_client_opts *o, char *err,
+                     size_t errlen) {
+  c->chs = calloc((size_t)o->connections, sizeof *c->chs);
+  if (!c->chs) {
+    sr_fmt(err, errlen, "remote store: out of memory");
+    return -1;
+  }
+  for (int i = 0; i < o->connections; i++) {
+    chan *h = &c->chs[i];
+    if (!(h->ch = make_channel(addr, o, i > 0, err, errlen))) return -1;
+    c->n_ch++;
+    for (int m = 0; m < RPC_N_METHODS; m++)
+      h->reg[m] = grpc_channel_register_call(h->ch, rpc_method_path((rpc_method)m), NULL, NULL);
+  }
+  return 0;
 }
 
 /* Shut cq down, drain it and destroy it. */
@@ -151,6 +225,9 @@ static void opts_defaults(rpc_client_opts *o) {
   if (o->backoff_s <= 0) o->backoff_s = 0.05;
   if (o->max_message_bytes <= 0) o->max_message_bytes = 256 << 20;
   if (o->world_size <= 0) o->world_size = 1;
+  if (o->connections <= 0) o->connections = RPC_CONNECTIONS_DEFAULT;
+  if (o->connections > RPC_CONNECTIONS_MAX) o->connections = RPC_CONNECTIONS_MAX;
+  if (o->chunk_bytes == 0) o->chunk_bytes = RPC_CHUNK_BYTES_DEFAULT;
 }
 
 static void pcall_reset_attempt(pcall *p) {
@@ -191,14 +268,15 @@ static int pcall_start(conn *c, grpc_completion_queue *cq, pcall *p, double dead
   grpc_metadata_array_init(&p->im);
   grpc_metadata_array_init(&p->tm);
   p->tries++;
+  chan *h = &c->chs[p->chan % c->n_ch];
   if (p->path) {
     grpc_slice method = grpc_slice_from_copied_string(p->path);
-    p->call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, NULL,
+    p->call = grpc_channel_create_call(h->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, NULL,
                                        rpc__deadline(deadline_s), NULL);
     grpc_slice_unref(method);
   } else {
     p->call = grpc_channel_create_registered_call(
-        c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, c->reg[p->m],
+        h->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, h->reg[p->m],
         p->no_deadline ? gpr_inf_future(GPR_CLOCK_MONOTONIC) : rpc__deadline(deadline_s), NULL);
   }
   p->send = rpc__bb_make(p->req, p->req_len);
@@ -262,6 +340,9 @@ static void run_calls(conn *conns, grpc_completion_queue *cq, pcall *calls, int 
     p->active = 0;
     if (!ev.success) p->status = GRPC_STATUS_INTERNAL;
     if ((p->status == GRPC_STATUS_UNAVAILABLE || budget_refusal(p)) && p->tries < o->max_tries) {
+      /* The next attempt goes on the server's next connection: one that
+       * broke need not hold the retry up while it reconnects. */
+      p->chan = (p->chan + 1) % conns[p->shard].n_ch;
       p->backoff = p->backoff > 0 ? p->backoff * 2 : o->backoff_s;
       if (p->backoff > 1.0) p->backoff = 1.0;
       p->retry_at = sr_now() + p->backoff;
@@ -399,13 +480,18 @@ static int calls_reserve(lane *L, int n) {
  * id (a Lookup's answer row, a Push's gradient, with its id). The server's
  * message limit less 64 KiB for the rest, at most an eighth of its
  * in-flight budget (so that several calls fit it at once), and this
- * client's own message limit. */
-static void call_room(const rstore *s, int k, size_t *ids, size_t *bytes) {
+ * client's own message limit; then at most the chunk size (o.chunk_bytes),
+ * so that a large call goes as chunks in flight at once, unless chunks
+ * (total bytes in all) would make more than RPC_COORD_MAX_PARTS calls. */
+static void call_room(const rstore *s, int k, size_t total, size_t *ids, size_t *bytes) {
   const conn *c = &s->c[k];
   size_t b = (size_t)s->o.max_message_bytes;
   if (c->max_bytes && c->max_bytes < b) b = (size_t)c->max_bytes;
   if (c->budget && c->budget / 8 < b) b = (size_t)(c->budget / 8);
   *bytes = b > (128u << 10) ? b - (64u << 10) : b / 2;
+  size_t chunk = s->o.chunk_bytes;
+  if (chunk < total / RPC_COORD_MAX_PARTS + 1) chunk = total / RPC_COORD_MAX_PARTS + 1;
+  if (chunk < *bytes) *bytes = chunk;
   *ids = c->max_ids ? (size_t)c->max_ids : SIZE_MAX;
 }
 
@@ -416,14 +502,19 @@ static int cut_calls(const rstore *s, const lane *L, int k, call_part *parts, in
                      int *n_parts) {
   const emb_plan *plan = s->base.plan;
   const int ns = s->n;
-  size_t max_ids, max_bytes;
-  call_room(s, k, &max_ids, &max_bytes);
+  size_t max_ids, max_bytes, total = 0;
+  for (int t = 0; t < plan->n_tables; t++) {
+    const size_t *off = &L->off[(size_t)t * (size_t)(ns + 1)];
+    total += (off[k + 1] - off[k]) * (L->hint ? 12 : 4 * (size_t)plan->tables[t].dim + 12);
+  }
+  call_room(s, k, L->hint ? SIZE_MAX : total, &max_ids, &max_bytes);
   size_t ids_left = max_ids, bytes_left = max_bytes;
   int calls = 0, np = 0, open = 0;
   for (int t = 0; t < plan->n_tables; t++) {
     const size_t *off = &L->off[(size_t)t * (size_t)(ns + 1)];
     size_t lo = off[k], left = off[k + 1] - off[k];
-    const size_t cost = 4 * (size_t)plan->tables[t].dim + 10 + 2;
+    /* A hint carries ids only (its answer no rows). */
+    const size_t cost = L->hint ? 12 : 4 * (size_t)plan->tables[t].dim + 10 + 2;
     while (left) {
       size_t take = bytes_left / cost;
       if (take > ids_left) take = ids_left;
@@ -497,6 +588,7 @@ static int build_one(rstore *s, lane *L, int k, rpc_method m, int64_t step, floa
       q.header = &h;
       q.n_tables = (size_t)n;
       q.tables = tip;
+      q.prefetch_only = L->hint;
       buf = pack(&q.base, &len);
     } else {
       h.part = n_calls > 1 ? part : 0;
@@ -513,6 +605,8 @@ static int build_one(rstore *s, lane *L, int k, rpc_method m, int64_t step, floa
   if (!rc) {
     pcall *p = &L->calls[L->n_calls++];
     pcall_init(p, k, m, buf, len);
+    p->chan = (int)(s->c[k].rr++ % (unsigned)s->c[k].n_ch);
+    p->hint = m == RPC_LOOKUP && L->hint;
     p->parts = mine;
     p->n_parts = n;
     mine = NULL;
@@ -547,6 +641,7 @@ static int build_calls(rstore *s, lane *L, rpc_method m, int64_t step, float lr,
   int *call_of = malloc(cap * sizeof *call_of);
   if (!parts || !call_of) rc = SR_ENOMEM;
   for (int k = 0; k < s->n && !rc; k++) {
+    if (L->hint && !s->c[k].looks_ahead) continue; /* a hint it would only decode */
     int np = 0, nc = cut_calls(s, L, k, parts, call_of, &np);
     if (!np && (m == RPC_LOOKUP || s->o.world_size == 1)) continue;
     if ((rc = calls_reserve(L, nc))) break;
@@ -564,45 +659,32 @@ static int build_calls(rstore *s, lane *L, rpc_method m, int64_t step, float lr,
 }
 
 static int fetch_limits(rstore *s);
+static int lane_init(lane *L, int n_tables, int n_servers);
+static void lane_free(lane *L, int n_tables);
 
-static int r_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, float *const *out) {
-  rstore *s = (rstore *)b;
-  lane *L = &s->lk;
-  if (s->lookup_pending) { /* one never waited for: finish it, drop its rows */
-    run_calls(s->c, L->cq, L->calls, L->n_calls, &s->o);
-    calls_free(L);
-    s->lookup_pending = 0;
-  }
-  if (!ids || ids->n_tables != b->plan->n_tables) {
-    sr_fmt(s->err, sizeof s->err, "lookup: id set has %d tables, the plan has %d",
-           ids ? ids->n_tables : -1, b->plan->n_tables);
-    return s->lookup_rc = SR_EINVAL;
-  }
+/* Build and start L's Lookups of ids for step (appended to any hints L
+ * holds that are not started yet: those start too). 0 or an SR_E* code. */
+static int lookup_start(rstore *s, lane *L, int64_t step, const emb_idset *ids) {
   int rc = fetch_limits(s);
   if (!rc) rc = build_calls(s, L, RPC_LOOKUP, step, 0, ids, NULL);
-  if (rc) return s->lookup_rc = rc;
+  if (rc) return rc;
   for (int i = 0; i < L->n_calls; i++)
-    pcall_start(&s->c[L->calls[i].shard], L->cq, &L->calls[i], s->o.deadline_s);
-  s->lookup_out = out;
-  s->lookup_step = step;
-  s->lookup_pending = 1;
-  s->lookup_rc = 0;
-  for (int t = 0; t < ids->n_tables; t++) s->st.lookups += ids->counts[t];
+    if (!L->calls[i].active && !L->calls[i].done && !L->calls[i].tries)
+      pcall_start(&s->c[L->calls[i].shard], L->cq, &L->calls[i], s->o.deadline_s);
   return 0;
 }
 
-static int r_lookup_wait(emb_store *b) {
-  rstore *s = (rstore *)b;
-  lane *L = &s->lk;
-  if (!s->lookup_pending) return s->lookup_rc;
-  s->lookup_pending = 0;
+/* Drive L's calls to their end and scatter its Lookups' rows (hints
+ * skipped) into out, by L's grouping. 0 or the first failure's code. */
+static int lookup_collect(rstore *s, lane *L, int64_t step, float *const *out) {
   run_calls(s->c, L->cq, L->calls, L->n_calls, &s->o);
-  const emb_plan *plan = b->plan;
+  const emb_plan *plan = s->base.plan;
   int rc = 0;
   char what[48];
-  snprintf(what, sizeof what, "lookup of step %lld", (long long)s->lookup_step);
+  snprintf(what, sizeof what, "lookup of step %lld", (long long)step);
   for (int i = 0; i < L->n_calls && !rc; i++) {
     pcall *p = &L->calls[i];
+    if (p->hint) continue;
     if (p->status != GRPC_STATUS_OK) {
       rc = call_error(s, p, what);
       break;
@@ -632,7 +714,7 @@ static int r_lookup_wait(emb_store *b) {
         rc = SR_EFORMAT;
         break;
       }
-      float *o = s->lookup_out[t];
+      float *o = out[t];
       for (size_t r = 0; r < cnt; r++)
         memcpy(o + L->perm[t][lo + r] * dim, tr->rows.data + r * dim * sizeof(float),
                dim * sizeof(float));
@@ -640,6 +722,203 @@ static int r_lookup_wait(emb_store *b) {
     shardrec__v1__lookup_response__free_unpacked(a, NULL);
   }
   calls_free(L);
+  return rc;
+}
+
+/* The slot's copy of its step's ids, as an id set. */
+static emb_idset slot_ids(const rstore *s, const pf_slot *f) {
+  emb_idset v = {s->base.plan->n_tables, (const uint64_t *const *)f->ids, f->counts};
+  return v;
+}
+
+/* Let slot f go: its calls are waited for, never cancelled (to a server, a
+ * held Lookup cancelled means its rank went away), their answers dropped. */
+static void slot_release(rstore *s, pf_slot *f) {
+  if (!f->used) return;
+  run_calls(s->c, f->L.cq, f->L.calls, f->L.n_calls, &s->o);
+  calls_free(&f->L);
+  f->used = f->sent = 0;
+}
+
+/* Release the slots of steps before step (never looked up), but the one
+ * the outstanding lookup reads. */
+static void slots_drop_before(rstore *s, int64_t step) {
+  for (int i = 0; i < RPC_PF_STEPS; i++)
+    if (s->pf[i].used && s->pf[i].step < step && &s->pf[i] != s->cur_pf) slot_release(s, &s->pf[i]);
+}
+
+/* Whether a Lookup of step sent now gets the rows its own lookup would.
+ * Multi-rank: the servers hold it until the job's rules allow (sync: step
+ * - 1 applied by every rank; async: step - S), once this rank has pushed
+ * (so every server knows the job's first step). One rank: a server answers
+ * at once, so this rank's own push of step - 1 (async: step - S) must be
+ * answered (applied) first. */
+static int pf_may_send(const rstore *s, int64_t step) {
+  if (s->pushed < 0) return 0;
+  if (s->o.world_size > 1) return 1;
+  const int64_t lag = s->o.max_staleness > 0 ? s->o.max_staleness : 1;
+  return s->pushed >= step - lag;
+}
+
+/* Send slot f's Lookups: its hints, started at prefetch, are collected
+ * first (the servers answer them at once). 0, or a code (the slot is then
+ * released: the step's lookup reads afresh and reports any failure). */
+static int slot_send(rstore *s, pf_slot *f) {
+  run_calls(s->c, f->L.cq, f->L.calls, f->L.n_calls, &s->o);
+  calls_free(&f->L);
+  emb_idset v = slot_ids(s, f);
+  int rc = lookup_start(s, &f->L, f->step, &v);
+  if (rc) slot_release(s, f);
+  else f->sent = 1;
+  return rc;
+}
+
+/* Copy ids into slot f (grown as needed). 0 or SR_ENOMEM. */
+static int slot_copy(rstore *s, pf_slot *f, const emb_idset *ids) {
+  const int nt = s->base.plan->n_tables;
+  if (!f->ids) f->ids = calloc((size_t)nt, sizeof *f->ids);
+  if (!f->counts) f->counts = calloc((size_t)nt, sizeof *f->counts);
+  if (!f->cap) f->cap = calloc((size_t)nt, sizeof *f->cap);
+  if (!f->ids || !f->counts || !f->cap) return SR_ENOMEM;
+  if (!f->L.cq && lane_init(&f->L, nt, s->n)) {
+    lane_free(&f->L, nt);
+    memset(&f->L, 0, sizeof f->L);
+    return SR_ENOMEM;
+  }
+  for (int t = 0; t < nt; t++) {
+    size_t n = ids->counts[t];
+    if (n > f->cap[t]) {
+      uint64_t *g = realloc(f->ids[t], n * sizeof *g);
+      if (!g) return SR_ENOMEM;
+      f->ids[t] = g;
+      f->cap[t] = n;
+    }
+    if (n) memcpy(f->ids[t], ids->ids[t], n * sizeof *f->ids[t]);
+    f->counts[t] = n;
+  }
+  return 0;
+}
+
+static int slot_same_ids(const rstore *s, const pf_slot *f, const emb_idset *ids) {
+  for (int t = 0; t < s->base.plan->n_tables; t++)
+    if (f->counts[t] != ids->counts[t] ||
+        (f->counts[t] && memcmp(f->ids[t], ids->ids[t], f->counts[t] * sizeof *f->ids[t])))
+      return 0;
+  return 1;
+}
+
+static int r_prefetch(emb_store *b, int64_t step, const emb_idset *ids) {
+  rstore *s = (rstore *)b;
+  if (!ids || ids->n_tables != b->plan->n_tables) {
+    sr_fmt(s->err, sizeof s->err, "prefetch: id set has %d tables, the plan has %d",
+           ids ? ids->n_tables : -1, b->plan->n_tables);
+    return SR_EINVAL;
+  }
+  if (step <= s->seen) {
+    sr_fmt(s->err, sizeof s->err, "prefetch of step %lld: not after step %lld (already looked "
+           "up, pushed or prefetched)", (long long)step, (long long)s->seen);
+    return SR_EINVAL;
+  }
+  pf_slot *f = NULL;
+  for (int i = 0; i < RPC_PF_STEPS && !f; i++)
+    if (!s->pf[i].used) f = &s->pf[i];
+  if (!f) return 0; /* as far ahead as this store looks: the lookup reads then */
+  /* Out of memory (or, below, a server not answering its Stats): nothing
+   * prefetched, and the step's lookup reads and reports. */
+  if (slot_copy(s, f, ids)) return 0;
+  emb_idset v = slot_ids(s, f);
+  if (fetch_limits(s)) return 0;
+  f->L.hint = 1;
+  int rc = build_calls(s, &f->L, RPC_LOOKUP, step, 0, &v, NULL);
+  f->L.hint = 0;
+  if (rc) /* SR_ERANGE for an id out of range, as the lookup would say */
+    return rc == SR_ERANGE || rc == SR_EINVAL ? rc : 0;
+  f->used = 1;
+  f->sent = 0;
+  f->step = step;
+  s->seen = step;
+  /* The Lookups too when they may go now (the hints first in the lane). */
+  if (pf_may_send(s, step)) {
+    if (lookup_start(s, &f->L, step, &v)) slot_release(s, f);
+    else f->sent = 1;
+    return 0;
+  }
+  for (int i = 0; i < f->L.n_calls; i++)
+    pcall_start(&s->c[f->L.calls[i].shard], f->L.cq, &f->L.calls[i], s->o.deadline_s);
+  return 0;
+}
+
+/* After a push answered: send the slots whose Lookups may go now. */
+static void slots_send_ready(rstore *s) {
+  for (int i = 0; i < RPC_PF_STEPS; i++) {
+    pf_slot *f = &s->pf[i];
+    if (f->used && !f->sent && f != s->cur_pf && pf_may_send(s, f->step)) slot_send(s, f);
+  }
+}
+
+/* Finish the outstanding lookup, dropping its rows. */
+static void lookup_drop(rstore *s) {
+  run_calls(s->c, s->cur->cq, s->cur->calls, s->cur->n_calls, &s->o);
+  calls_free(s->cur);
+  if (s->cur_pf) s->cur_pf->used = s->cur_pf->sent = 0;
+  s->cur = &s->lk;
+  s->cur_pf = NULL;
+  s->lookup_pending = 0;
+}
+
+static int r_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, float *const *out) {
+  rstore *s = (rstore *)b;
+  if (s->lookup_pending) lookup_drop(s); /* one never waited for: drop its rows */
+  if (!ids || ids->n_tables != b->plan->n_tables) {
+    sr_fmt(s->err, sizeof s->err, "lookup: id set has %d tables, the plan has %d",
+           ids ? ids->n_tables : -1, b->plan->n_tables);
+    return s->lookup_rc = SR_EINVAL;
+  }
+  slots_drop_before(s, step);
+  pf_slot *f = NULL;
+  for (int i = 0; i < RPC_PF_STEPS && !f; i++)
+    if (s->pf[i].used && s->pf[i].step == step) f = &s->pf[i];
+  if (f && !slot_same_ids(s, f, ids)) { /* other ids than prefetched: read these */
+    slot_release(s, f);
+    f = NULL;
+  }
+  if (f && !f->sent && slot_send(s, f)) f = NULL;
+  if (!f) {
+    int rc = lookup_start(s, &s->lk, step, ids);
+    if (rc) return s->lookup_rc = rc;
+  }
+  s->cur = f ? &f->L : &s->lk;
+  s->cur_pf = f;
+  if (step > s->seen) s->seen = step;
+  s->lookup_out = out;
+  s->lookup_step = step;
+  s->lookup_pending = 1;
+  s->lookup_rc = 0;
+  for (int t = 0; t < ids->n_tables; t++) s->st.lookups += ids->counts[t];
+  return 0;
+}
+
+/* A prefetched lookup that failed (a deadline passed while it waited, a
+ * server was down) is read again, as a lookup of its own: its error, if
+ * any, is that one's. */
+static int r_lookup_wait(emb_store *b) {
+  rstore *s = (rstore *)b;
+  if (!s->lookup_pending) return s->lookup_rc;
+  s->lookup_pending = 0;
+  pf_slot *f = s->cur_pf;
+  const int lost = s->lost;
+  int rc = lookup_collect(s, s->cur, s->lookup_step, s->lookup_out);
+  s->cur = &s->lk;
+  s->cur_pf = NULL;
+  if (f) {
+    f->used = f->sent = 0;
+    if (rc) {
+      s->lost = lost;
+      emb_idset v = slot_ids(s, f);
+      rc = lookup_start(s, &s->lk, s->lookup_step, &v);
+      if (!rc) rc = lookup_collect(s, &s->lk, s->lookup_step, s->lookup_out);
+    }
+  }
   return s->lookup_rc = rc;
 }
 
@@ -654,6 +933,7 @@ static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
            ids ? ids->n_tables : -1, b->plan->n_tables);
     return SR_EINVAL;
   }
+  slots_drop_before(s, step + 1); /* prefetched steps up to this one are over */
   int rc = fetch_limits(s);
   if (!rc) rc = build_calls(s, L, RPC_PUSH, step, lr, ids, grads);
   if (rc) return rc;
@@ -679,9 +959,12 @@ static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
     shardrec__v1__push_response__free_unpacked(a, NULL);
   }
   calls_free(L);
-  if (!rc)
-    for (int t = 0; t < ids->n_tables; t++) s->st.pushes += ids->counts[t];
-  return rc;
+  if (rc) return rc;
+  for (int t = 0; t < ids->n_tables; t++) s->st.pushes += ids->counts[t];
+  if (step > s->pushed) s->pushed = step;
+  if (step > s->seen) s->seen = step;
+  slots_send_ready(s);
+  return 0;
 }
 
 /* The same request to every server. */
@@ -757,6 +1040,7 @@ static int read_limits(rstore *s, pcall *p, void *ctx) {
   c->max_ids = a->max_ids;
   c->max_bytes = a->max_message_bytes;
   c->budget = a->inflight_budget_bytes;
+  c->looks_ahead = a->looks_ahead;
   shardrec__v1__stats_response__free_unpacked(a, NULL);
   return 0;
 }
@@ -826,6 +1110,12 @@ static int r_restore(emb_store *b, const char *path) {
   if (!rc) rc = broadcast((rstore *)b, RPC_RESTORE, make_restore, abs, "restore", restore_inc);
   if (!rc) ((rstore *)b)->lost = 0;
   ((rstore *)b)->limits_known = 0;
+  /* Everything prefetched goes (the servers answered held Lookups ABORTED),
+   * and the servers forgot the job: its steps start over. */
+  rstore *s = (rstore *)b;
+  for (int i = 0; i < RPC_PF_STEPS; i++)
+    if (&s->pf[i] != s->cur_pf) slot_release(s, &s->pf[i]);
+  s->pushed = s->seen = -1;
   return rc;
 }
 static int r_stats(emb_store *b, emb_store_stats *out) {
@@ -947,11 +1237,25 @@ static void r_destroy(emb_store *b) {
   rstore *s = (rstore *)b;
   if (s->lookup_pending) r_lookup_wait(b);
   watch_stop(s);
+  /* Prefetched steps never looked up (a job that ends with steps handed
+   * ahead): detached now, this rank may cancel its held Lookups. */
+  for (int i = 0; i < RPC_PF_STEPS; i++) {
+    pf_slot *f = &s->pf[i];
+    for (int j = 0; j < f->L.n_calls; j++)
+      if (f->L.calls[j].active) grpc_call_cancel(f->L.calls[j].call, NULL);
+    slot_release(s, f);
+    lane_free(&f->L, b->plan->n_tables);
+    for (int t = 0; f->ids && t < b->plan->n_tables; t++) free(f->ids[t]);
+    free(f->ids);
+    free(f->counts);
+    free(f->cap);
+  }
   lane_free(&s->lk, b->plan->n_tables);
   lane_free(&s->mn, b->plan->n_tables);
-  for (int k = 0; k < s->n; k++) {
-    if (s->c && s->c[k].ch) grpc_channel_destroy(s->c[k].ch);
-    if (s->c) free(s->c[k].addr);
+  for (int k = 0; k < s->n && s->c; k++) {
+    for (int i = 0; i < s->c[k].n_ch; i++) grpc_channel_destroy(s->c[k].chs[i].ch);
+    free(s->c[k].chs);
+    free(s->c[k].addr);
   }
   free(s->c);
   free(s);
@@ -963,6 +1267,7 @@ static const emb_store_ops remote_ops = {
     .ckpt_layout = EMB_CKPT_SHARD_FOLDERS,
     .lookup_begin = r_lookup_begin,
     .lookup_wait = r_lookup_wait,
+    .prefetch = r_prefetch,
     .push = r_push,
     .flush = r_flush,
     .checkpoint = r_checkpoint,
@@ -1035,6 +1340,11 @@ emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *serv
            o->max_staleness);
     return NULL;
   }
+  if (o && (o->connections < 0 || o->connections > RPC_CONNECTIONS_MAX)) {
+    sr_fmt(err, errlen, "connections %d: must be 1..%d (0: %d)", o->connections,
+           RPC_CONNECTIONS_MAX, RPC_CONNECTIONS_DEFAULT);
+    return NULL;
+  }
   if (n_servers != plan->n_shards) {
     sr_fmt(err, errlen, "the plan has %d shard(s) but %d server(s) were given (one per shard, in shard order)",
            plan->n_shards, n_servers);
@@ -1053,6 +1363,8 @@ emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *serv
   if (o) s->o = *o;
   opts_defaults(&s->o);
   s->n = n_servers;
+  s->cur = &s->lk;
+  s->pushed = s->seen = -1;
   s->c = calloc((size_t)n_servers, sizeof *s->c);
   int lk = lane_init(&s->lk, plan->n_tables, n_servers);
   int mn = lane_init(&s->mn, plan->n_tables, n_servers);
@@ -1080,10 +1392,7 @@ emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *serv
       sr_fmt(err, errlen, "remote store: out of memory");
       goto fail;
     }
-    s->c[k].ch = make_channel(servers[k], &s->o, err, errlen);
-    if (!s->c[k].ch) goto fail;
-    for (int m = 0; m < RPC_N_METHODS; m++)
-      s->c[k].reg[m] = grpc_channel_register_call(s->c[k].ch, rpc_method_path((rpc_method)m), NULL, NULL);
+    if (conn_open(&s->c[k], servers[k], &s->o, err, errlen)) goto fail;
   }
   if (s->o.world_size > 1 && watch_start(s)) {
     sr_fmt(err, errlen, "remote store: out of memory");
@@ -1115,14 +1424,15 @@ int rpc_call_path(const char *target, const rpc_tls *tls, const char *path, cons
   rpc_global_init();
   rpc_client_opts o = {.deadline_s = deadline_s, .max_tries = 1, .tls = tls};
   opts_defaults(&o);
-  grpc_channel *ch = make_channel(target, &o, msg, msglen);
+  grpc_channel *ch = make_channel(target, &o, 0, msg, msglen);
   if (!ch) {
     rpc_global_shutdown();
     return GRPC_STATUS_INTERNAL;
   }
-  conn c = {.ch = ch};
+  chan h = {.ch = ch};
+  conn c = {.chs = &h, .n_ch = 1};
   for (int i = 0; i < RPC_N_METHODS; i++)
-    c.reg[i] = grpc_channel_register_call(ch, rpc_method_path((rpc_method)i), NULL, NULL);
+    h.reg[i] = grpc_channel_register_call(ch, rpc_method_path((rpc_method)i), NULL, NULL);
   grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
   pcall p;
   uint8_t *copy = malloc(len ? len : 1);

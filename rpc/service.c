@@ -74,6 +74,9 @@ struct rpc_service {
   pthread_cond_t room;  /* signalled when calls give budget back (with mu) */
   pthread_mutex_t mu;   /* serialises the store, the coordinator and the counters below */
   rpc_coord *coord;     /* owned: the multi-rank jobs */
+  int64_t hi_step;      /* the highest step handed to the store (looked up, pushed or
+                           prefetched) since it was opened or restored; -1: none */
+  uint64_t prefetched;  /* look-aheads handed to the store (hints, parked Lookups) */
   lat_stat lat[RPC_N_METHODS];
   uint64_t failed;
   uint64_t incarnation; /* random, fixed for this service's life */
@@ -87,6 +90,7 @@ struct rpc_service {
 static int svc_apply(void *ctx, int64_t step, float lr, const emb_idset *set,
                      const float *const *grads, char *err, size_t errlen) {
   rpc_service *s = ctx;
+  if (step > s->hi_step) s->hi_step = step;
   int rc = emb_store_push(s->store, step, lr, set, grads);
   if (rc) snprintf(err, errlen, "%s", emb_store_errmsg(s->store));
   return rc;
@@ -213,6 +217,7 @@ rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
     x ^= x >> 33, x *= 0xff51afd7ed558ccdULL, x ^= x >> 33;
     s->incarnation = x ? x : 1;
   }
+  s->hi_step = -1;
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->room, NULL);
   return s;
@@ -499,6 +504,30 @@ static int check_answer(rpc_service *s, Shardrec__V1__TableIds *const *tables, s
   return budget_take(s, 3 * answer, defer, r);
 }
 
+/* Hand set (step's ids) to the store's look-ahead, with s->mu held, when
+ * step is past every step the store was handed (the contract of
+ * emb_store_prefetch: steps in increasing order); else nothing (the
+ * Lookup reads then). A refusal or failure is only a lost head start: the
+ * Lookup of the step reads and reports. */
+static void svc_prefetch(rpc_service *s, int64_t step, const emb_idset *set) {
+  if (step <= s->hi_step || !s->store->ops->prefetch) return;
+  s->hi_step = step;
+  s->prefetched++;
+  (void)emb_store_prefetch(s->store, step, set);
+}
+
+/* A prefetch_only Lookup (a look-ahead hint): the ids to the store's
+ * prefetch, an answer with no rows. Not seen by the coordinator: it parks
+ * nothing and fixes no step. */
+static void lookup_hint(rpc_service *s, int64_t step, const emb_idset *set, rpc_reply *r) {
+  pthread_mutex_lock(&s->mu);
+  svc_prefetch(s, step, set);
+  pthread_mutex_unlock(&s->mu);
+  Shardrec__V1__LookupResponse resp = SHARDREC__V1__LOOKUP_RESPONSE__INIT;
+  resp.incarnation = s->incarnation;
+  pack_reply(r, &resp.base);
+}
+
 static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r, void *token,
                       double timeout_s) {
   const int nt = s->plan->n_tables;
@@ -526,12 +555,21 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
     const Shardrec__V1__TableIds *ti = q->tables[i];
     if (check_ids(s, "tables", i, ti->table_id, ti->ids, ti->n_ids, &idx[i], seen, &total, r))
       goto out;
+    ids[idx[i]] = ti->ids;
+    counts[idx[i]] = ti->n_ids;
+  }
+  emb_idset set = {.n_tables = nt, .ids = ids, .counts = counts};
+  if (q->prefetch_only) {
+    lookup_hint(s, q->header->step, &set, r);
+    goto out;
   }
   {
     rpc_coord_call k = coord_call(q->header);
     pthread_mutex_lock(&s->mu);
     rpc_coord_outcome o = rpc_coord_lookup(s->coord, &k, token, in, len, timeout_s, sr_now(),
                                            r->msg, sizeof r->msg);
+    /* Held for an earlier step: the store reads its rows meanwhile. */
+    if (o == RPC_COORD_PARKED) svc_prefetch(s, q->header->step, &set);
     pthread_mutex_unlock(&s->mu);
     if (o != RPC_COORD_GO) { /* parked (RPC_PARKED), or refused: r->msg says why */
       r->status = coord_status(o);
@@ -550,12 +588,10 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
     rows[i].rows.data = malloc(rows[i].rows.len ? rows[i].rows.len : 1);
     if (!rows[i].rows.data) FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
     rowp[i] = &rows[i];
-    ids[t] = q->tables[i]->ids;
-    counts[t] = q->tables[i]->n_ids;
     outp[t] = (float *)rows[i].rows.data;
   }
-  emb_idset set = {.n_tables = nt, .ids = ids, .counts = counts};
   pthread_mutex_lock(&s->mu);
+  if (q->header->step > s->hi_step) s->hi_step = q->header->step;
   int rc = emb_store_lookup_begin(s->store, q->header->step, &set, outp);
   if (!rc) rc = emb_store_lookup_wait(s->store);
   if (rc) snprintf(r->msg, sizeof r->msg, "lookup: %s", emb_store_errmsg(s->store));
@@ -745,6 +781,7 @@ static int restore_from(rpc_service *s, const char *real, const char *dir, rpc_r
   int rc = emb_store_restore(s->store, dir);
   if (!rc) {
     rpc_coord_restore(s->coord); /* steps start over from the checkpoint's */
+    s->hi_step = -1;             /* and the store dropped what it prefetched */
     s->unclean = 0;
     return 0;
   }
@@ -835,6 +872,8 @@ static void do_stats(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r
   resp.unclean = s->unclean;
   resp.inflight_bytes = s->inflight;
   resp.inflight_refused = s->budget_refused;
+  resp.prefetched = s->prefetched;
+  resp.looks_ahead = s->store->ops->prefetch != NULL;
   rpc_coord_stats cs;
   rpc_coord_stats_get(s->coord, &cs);
   pthread_mutex_unlock(&s->mu);

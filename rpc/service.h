@@ -158,7 +158,15 @@ size_t rpc_service_max_ids_for(const emb_plan *plan, size_t max_message_bytes);
 
 /* Handle one request of method m from its serialised bytes in[len] (any
  * bytes: garbage is answered with INVALID_ARGUMENT). A refused request
- * changes nothing. */
+ * changes nothing.
+ *
+ * Look-ahead. A Lookup with prefetch_only set, once its header and ids are
+ * valid, is answered at once with no rows and is not seen by the step
+ * coordinator (it parks nothing, fixes no step); a Lookup parked for an
+ * earlier step (below) too. Both hand their ids to the store's
+ * emb_store_prefetch, under the lock, when their step is past every step
+ * the store was handed (looked up, pushed or prefetched) since it was
+ * created or restored; Stats counts those (prefetched). */
 void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
                         rpc_reply *r);
 
@@ -170,7 +178,9 @@ void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t 
  * later call that says another world size or mode is refused
  * FAILED_PRECONDITION naming both. Single-rank jobs keep their mode too (a call with another is
  * refused) and otherwise behave the same in both modes: a Push is applied
- * on arrival, a Lookup never waits.
+ * on arrival, a Lookup never waits (so a single-rank client that looks
+ * ahead sends a Lookup of step t only once its push of step t-1 is
+ * answered, as the remote store does, rpc/client.h).
  *
  * Sync mode (max_staleness 0): a shard applies step t's pushes once every
  * rank's is in (Push answers at once; applied = taken), summing a row's

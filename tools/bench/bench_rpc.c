@@ -44,6 +44,10 @@
 
 #define CMD "bench rpc"
 
+/* The remote store's connections and chunk size (--rpc-connections,
+ * --rpc-chunk-kb; 0: the store's defaults). */
+static rpc_client_opts bench_ro;
+
 typedef struct {
   const emb_plan *plan;
   emb_store *store;
@@ -339,7 +343,7 @@ static int bench_servers(int dim, int ns, int si, long long rows, long long n,
     snprintf(abuf[k], sizeof abuf[k], "127.0.0.1:%d", sv[k].port);
     addrs[k] = abuf[k];
   }
-  emb_store *rem = emb_store_create_remote(plan, addrs, ns, NULL, err, sizeof err);
+  emb_store *rem = emb_store_create_remote(plan, addrs, ns, &bench_ro, err, sizeof err);
   emb_store *loc = emb_store_create_local(plan, err, sizeof err);
   /* Fill every row with a random value (one push of each). */
   for (long long at = 0; at < rows && rem && loc; at += n) {
@@ -386,6 +390,202 @@ static int bench_servers(int dim, int ns, int si, long long rows, long long n,
   return status;
 }
 
+/* --part connections: the remote store's connections per server and chunk
+ * size, interleaved. Each round times a few lookup steps (and, apart, push
+ * steps) of every setting in turn against the same servers, so a burst of
+ * the machine's other work falls on all of them alike; a setting's figure
+ * is the median over the rounds of its speed-up against the first setting
+ * (1 connection, no chunks) in the same round. */
+#define SWEEP_N 7
+static const int sweep_conns[SWEEP_N] = {1, 1, 1, 2, 2, 2, 4};
+static const int sweep_kb[SWEEP_N] = {0, 64, 512, 0, 128, 512, 512};
+
+/* Seconds per step of steps lookup (push: push) steps through s. */
+static double sweep_time(emb_store *s, int push, uint64_t *perm, uint64_t rows, size_t n,
+                         float *out, const float *grad, int steps, int k0) {
+  uint64_t *ids = malloc(n * sizeof *ids);
+  double t0 = sr_now();
+  for (int k = k0; k < k0 + steps; k++) {
+    step_ids(perm, rows, k, n, ids);
+    const uint64_t *ip[1] = {ids};
+    size_t counts[1] = {n};
+    emb_idset set = {1, ip, counts};
+    float *op[1] = {out};
+    const float *gp[1] = {grad};
+    int rc = push ? emb_store_push(s, k, 0.0f, &set, gp)
+                  : emb_store_lookup_begin(s, k, &set, op) || emb_store_lookup_wait(s);
+    if (rc) {
+      fprintf(stderr, "shardrec bench rpc: %s: %s\n", push ? "push" : "lookup", emb_store_errmsg(s));
+      free(ids);
+      return -1;
+    }
+  }
+  free(ids);
+  return (sr_now() - t0) / steps;
+}
+
+static int sweep_one(int dim, int ns, long long rows, long long n, uint64_t *perm, float *grad,
+                     float *out, int rounds) {
+  char err[512];
+  uint64_t r1[1] = {(uint64_t)rows};
+  emb_plan_params pp = {.n_tables = 1, .rows = r1, .dim = dim, .optim = {.kind = EMB_OPT_SGD},
+                        .seed = 1, .n_shards = ns, .row_wise = 1};
+  emb_plan *plan;
+  if (emb_plan_create(&pp, &plan, err, sizeof err)) return 1;
+  bserver sv[4];
+  memset(sv, 0, sizeof sv);
+  const char *addrs[4];
+  char abuf[4][64];
+  for (int k = 0; k < ns; k++) {
+    sv[k].plan = plan;
+    sv[k].shard = k;
+    sv[k].store = emb_store_create_local(plan, err, sizeof err);
+    rpc_service_opts so = {.shards = &sv[k].shard, .n_shards = 1};
+    sv[k].svc = rpc_service_create(plan, sv[k].store, &so, err, sizeof err);
+    pthread_create(&sv[k].th, NULL, server_main, &sv[k]);
+    while (!sv[k].port) usleep(1000);
+    snprintf(abuf[k], sizeof abuf[k], "127.0.0.1:%d", sv[k].port);
+    addrs[k] = abuf[k];
+  }
+  emb_store *st[SWEEP_N];
+  int status = 0;
+  for (int c = 0; c < SWEEP_N; c++) {
+    rpc_client_opts o = {.connections = sweep_conns[c],
+                         .chunk_bytes = sweep_kb[c] ? (size_t)sweep_kb[c] << 10 : SIZE_MAX};
+    if (!(st[c] = emb_store_create_remote(plan, addrs, ns, &o, err, sizeof err))) status = 1;
+  }
+  /* Rows exist once pushed (lr 0 keeps them at their initial values). */
+  for (long long at = 0; at + n <= rows && !status; at += n)
+    if (sweep_time(st[0], 1, perm, (uint64_t)rows, (size_t)n, out, grad, 1, (int)(at / n)) < 0) status = 1;
+  double *ratio = calloc((size_t)(2 * SWEEP_N * rounds), sizeof *ratio);
+  double *abs_t = calloc((size_t)(2 * SWEEP_N * rounds), sizeof *abs_t);
+  const int steps = dim > 64 ? 4 : 16;
+  for (int r = 0; r < rounds && !status; r++)
+    for (int push = 0; push < 2 && !status; push++) {
+      double base = 0;
+      for (int c = 0; c < SWEEP_N && !status; c++) {
+        double t = sweep_time(st[c], push, perm, (uint64_t)rows, (size_t)n, out, grad, steps, r * steps);
+        if (t < 0) status = 1;
+        if (c == 0) base = t;
+        ratio[(push * SWEEP_N + c) * rounds + r] = base / t;
+        abs_t[(push * SWEEP_N + c) * rounds + r] = t;
+      }
+    }
+  if (!status) {
+    printf("dim %d, %d server%s (%.2f MB of rows a step), medians of %d rounds:\n", dim, ns,
+           ns > 1 ? "s" : "", (double)n * dim * 4 / 1e6, rounds);
+    for (int c = 0; c < SWEEP_N; c++) {
+      double lr = sr_median(ratio + c * rounds, rounds), pr = sr_median(ratio + (SWEEP_N + c) * rounds, rounds);
+      double lt = sr_median(abs_t + c * rounds, rounds), pt = sr_median(abs_t + (SWEEP_N + c) * rounds, rounds);
+      char what[48];
+      if (sweep_kb[c]) snprintf(what, sizeof what, "%d conn, chunks of %d KiB", sweep_conns[c], sweep_kb[c]);
+      else snprintf(what, sizeof what, "%d conn, no chunks", sweep_conns[c]);
+      printf("  %-26s lookup %7.1f MB/s x%.2f   push %7.1f MB/s x%.2f\n", what,
+             (double)n * dim * 4 / lt / 1e6, lr, (double)n * dim * 4 / pt / 1e6, pr);
+    }
+  }
+  free(ratio);
+  free(abs_t);
+  for (int c = 0; c < SWEEP_N; c++) emb_store_destroy(st[c]);
+  for (int k = 0; k < ns; k++) {
+    sv[k].stop = 1;
+    pthread_join(sv[k].th, NULL);
+    rpc_service_destroy(sv[k].svc);
+    emb_store_destroy(sv[k].store);
+  }
+  emb_plan_free(plan);
+  return status;
+}
+
+/* --part lookahead: a training step's store calls against 2 server
+ * threads, lookup (waited for), work A (forward and backward), push, work
+ * B (the dense optimizer and the next batch's input), without and with the
+ * next step's ids handed ahead (emb_store_prefetch) before the push; the
+ * time the step waits in lookup, medians of 5 blocks of steps. Work is a
+ * spin on the clock of work_us microseconds each. */
+static void spin_us(double us) {
+  double until = sr_now() + us * 1e-6;
+  while (sr_now() < until) {
+  }
+}
+
+static int lookahead_one(int dim, long long rows, long long n, uint64_t *perm, float *grad,
+                         float *out, double work_us) {
+  char err[512];
+  const int ns = 2;
+  uint64_t r1[1] = {(uint64_t)rows};
+  emb_plan_params pp = {.n_tables = 1, .rows = r1, .dim = dim, .optim = {.kind = EMB_OPT_SGD},
+                        .seed = 1, .n_shards = ns, .row_wise = 1};
+  emb_plan *plan;
+  if (emb_plan_create(&pp, &plan, err, sizeof err)) return 1;
+  bserver sv[2];
+  memset(sv, 0, sizeof sv);
+  const char *addrs[2];
+  char abuf[2][64];
+  for (int k = 0; k < ns; k++) {
+    sv[k].plan = plan;
+    sv[k].shard = k;
+    sv[k].store = emb_store_create_local(plan, err, sizeof err);
+    rpc_service_opts so = {.shards = &sv[k].shard, .n_shards = 1};
+    sv[k].svc = rpc_service_create(plan, sv[k].store, &so, err, sizeof err);
+    pthread_create(&sv[k].th, NULL, server_main, &sv[k]);
+    while (!sv[k].port) usleep(1000);
+    snprintf(abuf[k], sizeof abuf[k], "127.0.0.1:%d", sv[k].port);
+    addrs[k] = abuf[k];
+  }
+  int status = 0;
+  double wait[2][5], step[2][5];
+  uint64_t *ids = malloc((size_t)n * sizeof *ids), *nids = malloc((size_t)n * sizeof *nids);
+  for (int blk = 0; blk < 5 && !status; blk++)
+    for (int la = 0; la < 2 && !status; la++) {
+      emb_store *s = emb_store_create_remote(plan, addrs, ns, &bench_ro, err, sizeof err);
+      if (!s) {
+        status = 1;
+        break;
+      }
+      const int steps = 20;
+      double w = 0, t0 = 0;
+      for (int k = 0; k <= steps && !status; k++) {
+        if (k == 1) t0 = sr_now(), w = 0; /* step 0 warms the connections */
+        step_ids(perm, (uint64_t)rows, k, (size_t)n, ids);
+        const uint64_t *ip[1] = {ids}, *np[1] = {nids};
+        size_t counts[1] = {(size_t)n};
+        emb_idset set = {1, ip, counts}, next = {1, np, counts};
+        float *op[1] = {out};
+        const float *gp[1] = {grad};
+        double a = sr_now();
+        if (emb_store_lookup_begin(s, k, &set, op) || emb_store_lookup_wait(s)) status = 1;
+        w += sr_now() - a;
+        spin_us(work_us);
+        step_ids(perm, (uint64_t)rows, k + 1, (size_t)n, nids);
+        if (la && emb_store_prefetch(s, k + 1, &next)) status = 1;
+        if (emb_store_push(s, k, 0.0f, &set, gp)) status = 1;
+        spin_us(work_us);
+      }
+      if (status) fprintf(stderr, "shardrec bench rpc: %s\n", emb_store_errmsg(s));
+      wait[la][blk] = w / steps;
+      step[la][blk] = (sr_now() - t0) / steps;
+      emb_store_destroy(s);
+    }
+  free(ids);
+  free(nids);
+  if (!status) {
+    double w0 = sr_median(wait[0], 5), w1 = sr_median(wait[1], 5);
+    double s0 = sr_median(step[0], 5), s1 = sr_median(step[1], 5);
+    printf("  dim %3d, work 2 x %4.0f us:  lookup wait %7.1f -> %7.1f us (%.0f%% hidden), step "
+           "%7.1f -> %7.1f us (x%.2f)\n", dim, work_us, w0 * 1e6, w1 * 1e6,
+           w0 > 0 ? 100 * (1 - w1 / w0) : 0, s0 * 1e6, s1 * 1e6, s1 > 0 ? s0 / s1 : 0);
+  }
+  for (int k = 0; k < ns; k++) {
+    sv[k].stop = 1;
+    pthread_join(sv[k].th, NULL);
+    rpc_service_destroy(sv[k].svc);
+    emb_store_destroy(sv[k].store);
+  }
+  emb_plan_free(plan);
+  return status;
+}
+
 int bench_rpc(int argc, char **argv) {
   long long rows = 262144, n = 4096, train_rows = 100000, train_steps = 400, train_batch = 128;
   const char *part = "all";
@@ -397,6 +597,8 @@ int bench_rpc(int argc, char **argv) {
                                      {"part", required_argument, 0, 'p'},
                                      {"ids", required_argument, 0, 'n'},
                                      {"seconds", required_argument, 0, 's'},
+                                     {"rpc-connections", required_argument, 0, 'C'},
+                                     {"rpc-chunk-kb", required_argument, 0, 'K'},
                                      {"help", no_argument, 0, 'h'},
                                      {0, 0, 0, 0}};
   optind = 1;
@@ -407,20 +609,37 @@ int bench_rpc(int argc, char **argv) {
       case 'r': if (cli_int(CMD, "--rows", optarg, 65536, 1LL << 26, &rows)) return 2; break;
       case 'n': if (cli_int(CMD, "--ids", optarg, 1, 1 << 20, &n)) return 2; break;
       case 's': if (cli_double(CMD, "--seconds", optarg, 0.05, 60, &secs)) return 2; break;
+      case 'C': {
+        long long v;
+        if (cli_int(CMD, "--rpc-connections", optarg, 1, RPC_CONNECTIONS_MAX, &v)) return 2;
+        bench_ro.connections = (int)v;
+        break;
+      }
+      case 'K': {
+        long long v; /* 0: no chunks (one call per server, as the server's limits allow) */
+        if (cli_int(CMD, "--rpc-chunk-kb", optarg, 0, 1 << 20, &v)) return 2;
+        bench_ro.chunk_bytes = v ? (size_t)v << 10 : SIZE_MAX;
+        break;
+      }
       case 'R': if (cli_int(CMD, "--train-rows", optarg, 10000, 1LL << 32, &train_rows)) return 2; break;
       case 'S': if (cli_int(CMD, "--train-steps", optarg, 1, 1 << 24, &train_steps)) return 2; break;
       case 'B': if (cli_int(CMD, "--train-batch", optarg, 1, 1 << 20, &train_batch)) return 2; break;
       case 'p':
-        if (strcmp(optarg, "all") && strcmp(optarg, "lookup") && strcmp(optarg, "train")) {
-          fprintf(stderr, "shardrec bench rpc: --part: '%s' is not all, lookup or train\n", optarg);
+        if (strcmp(optarg, "all") && strcmp(optarg, "lookup") && strcmp(optarg, "train") &&
+            strcmp(optarg, "connections") && strcmp(optarg, "lookahead")) {
+          fprintf(stderr, "shardrec bench rpc: --part: '%s' is not all, lookup, train, "
+                  "connections or lookahead\n", optarg);
           return 2;
         }
         part = optarg;
         break;
       case 'h':
-        printf("usage: shardrec bench rpc [--part all|lookup|train] [--rows N (262144)] [--ids N (4096)]\n"
+        printf("usage: shardrec bench rpc [--part all|lookup|train|connections|lookahead]\n"
+               "       [--rows N (262144)] [--ids N (4096)]\n"
                "       [--seconds S (1)] [--train-rows N (100000)] [--train-steps N (400)]\n"
-               "       [--train-batch N (128)]\n");
+               "       [--train-batch N (128)] [--rpc-connections N (%d)]\n"
+               "       [--rpc-chunk-kb N (0: no chunks but the servers' limits)]\n",
+               RPC_CONNECTIONS_DEFAULT);
         return 0;
       default: cli_bad_option(CMD, c == ':' ? ':' : '?', argv[optind - 1]); return 2;
     }
@@ -444,6 +663,36 @@ int bench_rpc(int argc, char **argv) {
   }
   const int dims[2] = {16, 128}, nsrv[2] = {1, 4};
   int status = 0;
+  if (!strcmp(part, "connections")) {
+    printf("remote store settings interleaved (connections per server, chunk size), %lld ids a "
+           "step; speed-ups against 1 connection and no chunks in the same round\n", n);
+    for (int di = 0; di < 2 && !status; di++)
+      for (int si = 0; si < 2 && !status; si++) {
+        float *out = malloc((size_t)n * (size_t)dims[di] * sizeof *out);
+        float *grad = calloc((size_t)n * (size_t)dims[di], sizeof *grad);
+        status = sweep_one(dims[di], nsrv[si], rows, n, perm, grad, out, 15);
+        free(out);
+        free(grad);
+      }
+    free(perm);
+    return status;
+  }
+  if (!strcmp(part, "lookahead")) {
+    printf("a step's store calls against 2 server threads: lookup, work, push, work; without -> "
+           "with the next step's ids handed ahead before the push (medians of 5 blocks of 20 "
+           "steps, %lld ids a step)\n", n);
+    const double work[2] = {500, 2000};
+    for (int di = 0; di < 2 && !status; di++)
+      for (int wi = 0; wi < 2 && !status; wi++) {
+        float *out = malloc((size_t)n * (size_t)dims[di] * sizeof *out);
+        float *grad = calloc((size_t)n * (size_t)dims[di], sizeof *grad);
+        status = lookahead_one(dims[di], rows, n, perm, grad, out, work[wi]);
+        free(out);
+        free(grad);
+      }
+    free(perm);
+    return status;
+  }
   for (int di = 0; di < 2 && !status; di++) {
     const int dim = dims[di];
     float *out = malloc((size_t)n * (size_t)dim * sizeof *out);
