@@ -151,7 +151,9 @@ static int parse_flags(int argc, char **argv, bt_flags *f) {
                "cublasSgemm on the step's shapes, and the step splits into lookup, H2D, compute, D2H, push.\n"
                "--dense-threads 1,2: the dense pool's thread counts, each timed at every batch (with\n"
                "--device cuda: every core, once); the bound is OpenBLAS's own threading over every core.\n"
-               "--dense-isa baseline|avx2: our kernels (default: the best this CPU runs).\n");
+               "--dense-isa baseline|avx2: our kernels (default: the best this CPU runs).\n"
+               "--store shard [--cache-fraction F] [--prefetch-depth D,...]: in memory vs the\n"
+               "RocksDB shard store (bench train --store shard --help).\n");
         return 0;
       default: cli_bad_option("bench train", c, argv[optind - 1]); return 2;
     }
@@ -375,7 +377,18 @@ static int bench_batch(const bt_flags *f, int B, const char *bin) {
   return rc;
 }
 
+/* --store, --cache-fraction or --prefetch-depth: the in-memory vs shard
+ * store comparison (bench_train_store.c). */
+static int wants_store(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (!strncmp(argv[i], "--store", 7) || !strncmp(argv[i], "--cache-fraction", 16) ||
+        !strncmp(argv[i], "--prefetch-depth", 16))
+      return 1;
+  return 0;
+}
+
 int bench_train(int argc, char **argv) {
+  if (wants_store(argc, argv)) return bench_train_store(argc, argv);
   bt_flags f = {.rows = 300000, .runs = 3, .device = "cpu"};
   int status = parse_flags(argc, argv, &f);
   if (status >= 0) return status;
