@@ -282,7 +282,11 @@ static void ahead_retire(trainer *t, int64_t step) {
 /* Register part as step's batch in a set ahead (AH_WAITING). 0 or SR_ENOMEM. */
 static int ahead_register(trainer *t, const ds_batch *part, int64_t step, int hand) {
   int i = ahead_find(t, step);
-  if (i >= 0 && t->pf_pending && t->pf_set == i) return SR_EINVAL; /* its lookup is out */
+  if (i >= 0 && t->pf_pending && t->pf_set == i) {
+    sr_fmt(t->err, sizeof t->err, "trainer: step %lld's lookup is already in flight",
+           (long long)step);
+    return SR_EINVAL;
+  }
   if (i < 0 && (i = ahead_slot(t)) < 0) return SR_ENOMEM;
   ahead_set *a = &t->ahead[i];
   a->state = AH_WAITING;
