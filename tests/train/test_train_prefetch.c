@@ -111,6 +111,35 @@ END_TEST
 START_TEST(test_prefetch_rowwise_adagrad) { all_placements("rowwise_adagrad"); }
 END_TEST
 
+/* bench train --store shard on the suite's data: the in-memory line, then
+ * one line per depth through a shard store whose cache (0.2 of the rows
+ * touched) makes it read from RocksDB every step, each with the in-memory
+ * run's losses bit for bit. */
+START_TEST(test_bench_store) {
+  char *out;
+  int rc = run_cmd(&out, "cd %s && %s bench train --store shard --data d.bin --steps 12 "
+                         "--batch 256 --cache-fraction 0.2 --prefetch-depth 0,2 "
+                         "--arch-mlp-bot 13-64-16 --arch-mlp-top 64-1", dir, bin_path());
+  ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
+  ck_assert_msg(strstr(out, "(reference)"), "no in-memory line:\n%s", out);
+  int lines = 0;
+  for (char *l = strstr(out, "\nshard "); l; l = strstr(l + 1, "\nshard ")) {
+    char what[16], same[32];
+    int depth;
+    double v[11];
+    int n = sscanf(l + 1, "%15s %d %lf %lfx %lf %lf %lf %lf %lf %lf %lf %lf %31s", what, &depth,
+                   &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], same);
+    ck_assert_msg(n == 13, "a line of %d fields:\n%s", n, out);
+    ck_assert_int_eq(depth, lines ? 2 : 0);
+    ck_assert_msg(v[0] > 0 && v[7] > 0, "no samples/s or no RocksDB reads:\n%s", out);
+    ck_assert_msg(!strcmp(same, "bit-identical"), "depth %d: %s:\n%s", depth, same, out);
+    lines++;
+  }
+  ck_assert_msg(lines == 2, "%d shard lines:\n%s", lines, out);
+  free(out);
+}
+END_TEST
+
 #ifdef SR_MPIRUN
 /* Two ranks, each prefetching its own slice, rows in RocksDB at depth 2:
  * the bits of two ranks with rows in memory at depth 0. */
@@ -143,6 +172,7 @@ int main(void) {
     tcase_add_test(tc, test_prefetch_sgd);
     tcase_add_test(tc, test_prefetch_adagrad);
     tcase_add_test(tc, test_prefetch_rowwise_adagrad);
+    tcase_add_test(tc, test_bench_store);
 #ifdef SR_MPIRUN
     tcase_add_test(tc, test_prefetch_two_ranks);
 #endif
