@@ -298,13 +298,11 @@ static int ahead_register(trainer *t, const ds_batch *part, int64_t step, int ha
   return 0;
 }
 
-/* Dedup set i's batch (AH_WAITING -> AH_READY), timed as dedup. */
+/* Dedup set i's batch (AH_WAITING -> AH_READY). */
 static int ahead_dedup(trainer *t, int i) {
   ahead_set *a = &t->ahead[i];
   if (a->state != AH_WAITING) return 0;
-  double t0 = sr_now();
   int rc = dedup_set(t, a->b, a->cap, a->unique, a->inverse, a->counts);
-  t->times.dedup += sr_now() - t0;
   if (rc) return rc;
   a->b = NULL;
   a->state = AH_READY;
@@ -327,12 +325,14 @@ static int ahead_run(trainer *t, int64_t step) {
           (i < 0 || t->ahead[k].step < t->ahead[i].step))
         i = k;
     if (i < 0) return 0;
+    double t0 = sr_now();
     int rc = ahead_dedup(t, i);
+    t->times.dedup += sr_now() - t0;
     if (rc) return rc;
     ahead_set *a = &t->ahead[i];
     if (!a->hand || a->n <= 0) continue;
     emb_idset ids = ahead_ids(t, a);
-    double t0 = sr_now();
+    t0 = sr_now();
     rc = emb_store_prefetch(t->store, a->step, &ids);
     t->times.prefetch += sr_now() - t0;
     if (rc) {
@@ -458,7 +458,10 @@ static int prefetch_begin(trainer *t) {
   t->pf_want = 0;
   int i = ahead_find(t, step), rc;
   if (i < 0) return 0;
-  if ((rc = ahead_dedup(t, i))) return rc;
+  double t0 = sr_now();
+  rc = ahead_dedup(t, i);
+  t->times.dedup += sr_now() - t0;
+  if (rc) return rc;
   ahead_set *a = &t->ahead[i];
   if (a->n <= 0) return 0; /* nothing to look up: the step will do without */
   for (int f = 0; f < t->T; f++)
