@@ -368,11 +368,13 @@ static int prefetch_drop(trainer *t) {
   return rc;
 }
 
-static void swap_ptr(void *a, void *b) {
-  void **x = a, **y = b, *z = *x;
-  *x = *y;
-  *y = z;
-}
+/* Swap two pointers of one type (each read and written as its own type). */
+#define SWAP_PTR(a, b)      \
+  do {                      \
+    void *x_ = (void *)(a); \
+    (a) = (void *)(b);      \
+    (b) = x_;               \
+  } while (0)
 
 /* Step 1: this step's ids into the step's buffers: its set ahead when
  * there is one for b (swapped in, nothing deduplicated again), else
@@ -388,10 +390,10 @@ static int take_ids(trainer *t, const ds_batch *b, int64_t step, int train, int 
   *prefetched = i >= 0 && t->pf_pending && t->pf_set == i;
   if (i >= 0) {
     ahead_set *a = &t->ahead[i];
-    swap_ptr(&t->cap, &a->cap);
-    swap_ptr(&t->counts, &a->counts);
-    swap_ptr(&t->unique, &a->unique);
-    swap_ptr(&t->inverse, &a->inverse);
+    SWAP_PTR(t->cap, a->cap);
+    SWAP_PTR(t->counts, a->counts);
+    SWAP_PTR(t->unique, a->unique);
+    SWAP_PTR(t->inverse, a->inverse);
     a->state = AH_FREE;
   } else if ((rc = dedup_set(t, b, t->cap, t->unique, t->inverse, t->counts))) {
     return rc;
@@ -399,8 +401,8 @@ static int take_ids(trainer *t, const ds_batch *b, int64_t step, int train, int 
   if (*prefetched) {
     /* This step's rows were asked for during the last step: take them. */
     t->pf_pending = 0;
-    swap_ptr(&t->rows, &t->prows);
-    swap_ptr(&t->rcap, &t->prcap);
+    SWAP_PTR(t->rows, t->prows);
+    SWAP_PTR(t->rcap, t->prcap);
   }
   if (train) ahead_retire(t, step);
   return 0;
