@@ -128,7 +128,10 @@ typedef struct emb_store_ops {
    * later step (a step that is never pushed, a test pass, leaks nothing).
    * Returns 0, or SR_EINVAL / SR_ERANGE for ids the lookup would refuse
    * (nothing prefetched); a failure to read is reported by that step's
-   * lookup. */
+   * lookup.
+   * Rewind: after a restore the order starts afresh (a job rewound to a
+   * checkpoint hands and looks up steps from the checkpoint's on, below
+   * steps handed before it); the restore is the only "drop" there is. */
   int (*prefetch)(emb_store *s, int64_t step, const emb_idset *ids);
   /* Apply step's summed row gradients: grads[t][r*dim..] is the gradient of
    * row ids->ids[t][r]. lr is the step's learning rate. Where each row

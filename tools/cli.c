@@ -45,6 +45,7 @@ static const cli_range ranges[] = {
     {"--max-ind-range", 0, 1099511627776.0, "rows (0: none)"},
     {"--mini-batch-size", 1, 1 << 20, "samples"},
     {"--num-shards", 1, EMB_MAX_SHARDS, "shards"},
+    {"--prefetch-depth", 0, 8, "steps ahead (0: off)"},
     {"--rpc-deadline", 0.001, 86400, "seconds"},
     {"--test-fraction", 0, 1, "of the lines"},
     {"--test-freq", -1, 1099511627776.0, "steps (-1, the reference DLRM's default, and 0: at the end only)"},

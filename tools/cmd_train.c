@@ -74,7 +74,9 @@ static void usage(FILE *f) {
 "                            async: pushes applied on arrival, the next step's lookup issued\n"
 "                            while this step computes (needs shard servers or colocated shards)\n"
 "  --max-staleness S         async: a lookup of step t waits until every rank's push of step\n"
-"                            t-S is applied (2; >= 1)\n"
+"                            t-S is applied (2; >= 1)\n""  --prefetch-depth D        read D batches ahead and hand the store each later step's ids\n"
+"                            during the step before (the shard store reads their misses from\n"
+"                            RocksDB meanwhile); exact at any depth (2; 0..8, 0: off)\n"
 "Training\n"
 "  --mini-batch-size N       (128)\n"
 "  --test-mini-batch-size N  (the mini-batch size)\n"
@@ -127,6 +129,7 @@ enum {
   O_MLISTEN = 1500, O_DTHREADS, O_DISA,
   O_DCNL = 1600, O_DCNR
 };
+enum { O_PFDEPTH = 1600 }; /* --prefetch-depth */
 
 static const struct option long_opts[] = {
     {"processed-data-file", required_argument, 0, O_PROC},
@@ -172,6 +175,7 @@ static const struct option long_opts[] = {
     {"colocate-shards", no_argument, 0, O_COLOCATE},
     {"sparse-mode", required_argument, 0, O_SPMODE},
     {"max-staleness", required_argument, 0, O_STALE},
+    {"prefetch-depth", required_argument, 0, O_PFDEPTH},
     {"dense-threads", required_argument, 0, O_DTHREADS},
     {"dense-isa", required_argument, 0, O_DISA},
     {0, 0, 0, 0}};
@@ -289,6 +293,7 @@ static int parse_opt(const train_ranks *r, int opt, const char *arg, train_confi
       {O_CROWS, "--cache-rows", 0, 0, .u = &c->cache_rows},
       {O_CMB, "--cache-mb", 0, 0, .u = &c->cache_mb},
       {O_STALE, "--max-staleness", 1, 1 << 20, .i = &rf->staleness},
+      {O_PFDEPTH, "--prefetch-depth", 0, 0, .i = &c->prefetch_depth},
       {O_TESTFRAC, "--test-fraction", 0, 0, .d = &c->test_fraction},
       {O_LR, "--learning-rate", 0.0, 1e6, .d = &c->lr},
       {O_SLR, "--sparse-learning-rate", 0.0, 1e6, .d = &c->sparse_lr},
@@ -430,7 +435,8 @@ int cmd_train(int argc, char **argv) {
   train_config c = {.bot = "13-512-256-64-16", .top = "512-256-1", .op = "dot",
                     .opt_name = "sgd", .seed = 123, .dim = 16,
                     .n_shards = 1, .batch = 128, .epochs = 1, .print_freq = 256, .lr = 0.1,
-                    .sparse_lr = -1, .recover_timeout = 60, .ranks = r};
+                    .sparse_lr = -1, .recover_timeout = 60, .ranks = r,
+                    .prefetch_depth = TRAIN_PREFETCH_DEPTH_DEFAULT};
   int rc = parse_flags(&r, argc, argv, &c);
   if (rc == 1) rc = 0; /* --help */
   else if (rc == 0) {

@@ -19,6 +19,8 @@ int cmd_plot(int argc, char **argv);
 
 int bench_data(int argc, char **argv);
 int bench_train(int argc, char **argv);
+/* bench train --store shard (bench_train_store.c): in memory vs the shard store. */
+int bench_train_store(int argc, char **argv);
 int bench_rpc(int argc, char **argv);
 int bench_store(int argc, char **argv);
 int bench_dp(int argc, char **argv);

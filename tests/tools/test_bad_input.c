@@ -124,6 +124,10 @@ START_TEST(test_flag_ranges) {
       {"reshard", "--threads", "0", "[1, 256] threads"},
       {"train", "--num-shards", "0", "[1, 65536] shards"},
       {"plan", "--num-shards", "0", "[1, 65536] shards"},
+      {"train", "--prefetch-depth", "-1", "[0, 8] steps ahead (0: off)"},
+      {"train", "--prefetch-depth", "9", "[0, 8] steps ahead (0: off)"},
+      {"train", "--prefetch-depth", "two", "'two' is not an integer"},
+      {"bench train", "--prefetch-depth", "9", "[0, 8] steps ahead (0: off)"},
       {"train", "--arch-embedding-size", sizes0, "entry 1: 0 is out of range [1, 9007199254740992] rows per table"},
       {"train", "--arch-embedding-size", sizes_big, "entry 1: 9007199254740993 is out of range [1, 9007199254740992] rows per table"},
   };

@@ -158,7 +158,7 @@ static void exact_resume(const char *store_flags, const char *tag) {
   free(b);
 }
 
-START_TEST(test_exact_resume_shard) { exact_resume("--cache-rows 1024", "sh"); }
+START_TEST(test_exact_resume_shard) { exact_resume("--cache-rows 1024 --prefetch-depth 2", "sh"); }
 END_TEST
 START_TEST(test_exact_resume_local) { exact_resume("", "lo"); }
 END_TEST

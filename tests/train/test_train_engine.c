@@ -133,47 +133,57 @@ static int sample_of(const ds_batch *b, int i) {
   return (int)lroundf(expf(b->dense[i * DS_NUM_DENSE]) - 1.0f);
 }
 
-/* Async prefetch: the next batch is read into the second buffers, then
- * becomes this step's batch by swapping buffers (no copy), slices included;
- * the split's end comes after the last partial batch. */
+/* The ring of batches read ahead: batches read after this step's land in
+ * the next slots, this step's is untouched by them, and taking turns the
+ * ring (no copy), slices included; the split's end comes after the last
+ * partial batch, and a full ring is refused. */
 START_TEST(test_prefetch_swap) {
   char path[512];
   snprintf(path, sizeof path, "%s/d.tsv", dir);
-  write_tsv(path, 20);
+  write_tsv(path, 28);
   ds_source *src = open_tsv(path);
   job_batches q;
   char err[256];
-  ck_assert_int_eq(job_batches_init(&q, 8, 1, 2, 1), 0); /* rank 1 of 2, async */
+  ck_assert_int_eq(job_batches_init(&q, 8, 1, 2, 2), 0); /* rank 1 of 2, two ahead */
   ck_assert_int_eq(job_batches_take(&q, src, 8, err, sizeof err), 8);
-  ck_assert_uint_eq(q.b.first_index, 0);
-  ck_assert_int_eq(q.part.n, 4);
-  ck_assert_uint_eq(q.part.first_index, 4); /* rank 1: samples 4..7 */
-  ck_assert_int_eq(sample_of(&q.part, 0), 4);
+  ck_assert_uint_eq(job_batches_global(&q)->first_index, 0);
+  ck_assert_int_eq(job_batches_mine(&q)->n, 4);
+  ck_assert_uint_eq(job_batches_mine(&q)->first_index, 4); /* rank 1: samples 4..7 */
+  ck_assert_int_eq(sample_of(job_batches_mine(&q), 0), 4);
   int got = -1;
-  ck_assert_int_eq(job_batches_read_next(&q, src, 8, &got, err, sizeof err), 0);
+  ck_assert_int_eq(job_batches_read_ahead(&q, src, 8, &got, err, sizeof err), 0);
   ck_assert_int_eq(got, 8);
-  ck_assert_uint_eq(q.nb.first_index, 8);
-  ck_assert_int_eq(sample_of(&q.npart, 0), 12);
-  /* This step's batch is untouched by reading the next one. */
-  ck_assert_uint_eq(q.b.first_index, 0);
-  ck_assert_int_eq(sample_of(&q.part, 3), 7);
-  float *next_labels = q.nb.labels, *next_part = q.npart.labels, *cur_labels = q.b.labels;
-  q.have_next = 1;
+  ck_assert_int_eq(job_batches_read_ahead(&q, src, 8, &got, err, sizeof err), 0);
+  ck_assert_int_eq(got, 8);
+  ck_assert_int_eq(q.ahead, 2);
+  ck_assert_int_eq(job_batches_read_ahead(&q, src, 8, &got, err, sizeof err), SR_EINVAL);
+  ck_assert_ptr_nonnull(strstr(err, "full"));
+  ck_assert_uint_eq(job_batches_mine_at(&q, 1)->first_index, 12);
+  ck_assert_int_eq(sample_of(job_batches_mine_at(&q, 1), 0), 12);
+  ck_assert_int_eq(sample_of(job_batches_mine_at(&q, 2), 0), 20);
+  /* This step's batch is untouched by reading the next ones. */
+  ck_assert_uint_eq(job_batches_global(&q)->first_index, 0);
+  ck_assert_int_eq(sample_of(job_batches_mine(&q), 3), 7);
+  const float *next_labels = job_batches_mine_at(&q, 1)->labels;
   ck_assert_int_eq(job_batches_take(&q, src, 8, err, sizeof err), 8);
-  ck_assert_int_eq(q.have_next, 0);
-  ck_assert_ptr_eq(q.b.labels, next_labels); /* swapped, not copied */
-  ck_assert_ptr_eq(q.part.labels, next_part);
-  ck_assert_ptr_eq(q.nb.labels, cur_labels);
-  ck_assert_uint_eq(q.b.first_index, 8);
-  ck_assert_uint_eq(q.part.first_index, 12);
-  ck_assert_int_eq(sample_of(&q.part, 0), 12);
-  ck_assert_int_eq(sample_of(&q.part, 3), 15);
-  /* Without a prefetched batch the next take reads: the last 4 samples
-   * (rank 1's slice: 18, 19), then the end of the split. */
+  ck_assert_int_eq(q.ahead, 1);
+  ck_assert_ptr_eq(job_batches_mine(&q)->labels, next_labels); /* turned, not copied */
+  ck_assert_uint_eq(job_batches_global(&q)->first_index, 8);
+  ck_assert_int_eq(sample_of(job_batches_mine(&q), 0), 12);
+  ck_assert_int_eq(sample_of(job_batches_mine(&q), 3), 15);
+  /* The ring wraps: the slot of the first step holds the fourth batch. */
+  ck_assert_int_eq(job_batches_read_ahead(&q, src, 8, &got, err, sizeof err), 0);
+  ck_assert_int_eq(got, 4);
+  ck_assert_int_eq(job_batches_take(&q, src, 8, err, sizeof err), 8);
+  ck_assert_int_eq(sample_of(job_batches_mine(&q), 0), 20);
+  /* The end of the split read ahead adds nothing. */
+  ck_assert_int_eq(job_batches_read_ahead(&q, src, 8, &got, err, sizeof err), 0);
+  ck_assert_int_eq(got, 0);
+  ck_assert_int_eq(q.ahead, 1);
   ck_assert_int_eq(job_batches_take(&q, src, 8, err, sizeof err), 4);
-  ck_assert_uint_eq(q.b.first_index, 16);
-  ck_assert_int_eq(q.part.n, 2);
-  ck_assert_int_eq(sample_of(&q.part, 0), 18);
+  ck_assert_uint_eq(job_batches_global(&q)->first_index, 24);
+  ck_assert_int_eq(job_batches_mine(&q)->n, 2);
+  ck_assert_int_eq(sample_of(job_batches_mine(&q), 0), 26);
   ck_assert_int_eq(job_batches_take(&q, src, 8, err, sizeof err), 0);
   job_batches_free(&q);
   job_batches_free(&q); /* freed twice: harmless (zeroed) */
@@ -183,8 +193,8 @@ END_TEST
 
 /* A recovery rewinds the cursor to the checkpoint: its step and epoch, the
  * epoch's steps up to the sample index (rounded up: a partial batch is a
- * step), the progress figures afresh, the prefetched batch dropped; with the
- * data sought to the checkpoint's sample, the next step's batch starts
+ * step), the progress figures afresh, the batches read ahead dropped; with
+ * the data sought to the checkpoint's sample, the next step's batch starts
  * there. */
 START_TEST(test_rewind) {
   char path[512];
@@ -193,13 +203,14 @@ START_TEST(test_rewind) {
   ds_source *src = open_tsv(path);
   job_batches q;
   char err[256];
-  ck_assert_int_eq(job_batches_init(&q, 8, 0, 1, 1), 0);
+  ck_assert_int_eq(job_batches_init(&q, 8, 0, 1, 2), 0);
   job_cursor c = {.step = 9, .epoch = 1, .epoch_step = 2, .loss_sum = 3.5, .loss_n = 2,
                   .samples_since = 16, .t_last = 1.0};
   for (int k = 0; k < 3; k++) ck_assert_int_eq(job_batches_take(&q, src, 8, err, sizeof err), 8);
   int got;
-  ck_assert_int_eq(job_batches_read_next(&q, src, 8, &got, err, sizeof err), 0);
-  q.have_next = 1;
+  ck_assert_int_eq(job_batches_read_ahead(&q, src, 8, &got, err, sizeof err), 0);
+  ck_assert_int_eq(job_batches_read_ahead(&q, src, 8, &got, err, sizeof err), 0);
+  ck_assert_int_eq(q.ahead, 2);
   ckpt_state st = {.step = 5, .epoch = 0, .sample_index = 40};
   job_rewind(&c, &q, &st, 8, 42.0);
   ck_assert_int_eq(c.step, 5);
@@ -209,11 +220,11 @@ START_TEST(test_rewind) {
   ck_assert(c.loss_sum == 0.0);
   ck_assert_int_eq(c.samples_since, 0);
   ck_assert(c.t_last == 42.0);
-  ck_assert_int_eq(q.have_next, 0);
+  ck_assert_int_eq(q.ahead, 0);
   ck_assert_int_eq(ds_source_seek(src, st.sample_index), 0);
   ck_assert_int_eq(job_batches_take(&q, src, 8, err, sizeof err), 8);
-  ck_assert_uint_eq(q.b.first_index, 40);
-  ck_assert_int_eq(sample_of(&q.b, 0), 40);
+  ck_assert_uint_eq(job_batches_global(&q)->first_index, 40);
+  ck_assert_int_eq(sample_of(job_batches_global(&q), 0), 40);
   st.sample_index = 41; /* a partial batch ended the checkpointed step */
   job_rewind(&c, &q, &st, 8, 43.0);
   ck_assert_int_eq(c.epoch_step, 6);
@@ -288,6 +299,57 @@ static void rows0(small_model *m, float *out) {
   ck_assert_int_eq(emb_store_lookup_begin(m->store, 0, &set, op), 0);
   ck_assert_int_eq(emb_store_lookup_wait(m->store), 0);
 }
+
+/* Batch s of the look-ahead test: 16 samples from first_index 16 s, ids
+ * shifted by step so that every step's rows differ. */
+static void fill_step_batch(ds_batch *b, int s) {
+  fill_train_batch(b, 16);
+  b->first_index = 16u * (uint64_t)s;
+  for (int f = 0; f < DS_NUM_SPARSE; f++)
+    for (int i = 0; i < 16; i++) {
+      uint64_t *id = &b->ids[ds_batch_offsets(b, f)[i]];
+      *id = (*id + 7u * (uint64_t)s + (uint64_t)(i % 3)) % 50;
+    }
+}
+
+/* Batches handed ahead (trainer_ahead, two steps ahead as --prefetch-depth
+ * 2 does, with a test pass, a drop and a wrong batch in between) give the
+ * losses of steps without them, bit for bit: each step trains on its own
+ * batch's deduplicated ids whether they were deduplicated ahead or not. */
+START_TEST(test_ahead_same_bits) {
+  enum { STEPS = 8 };
+  static ds_batch b[STEPS], wrong;
+  for (int s = 0; s < STEPS; s++) {
+    ck_assert_int_eq(ds_batch_init(&b[s], 16), 0);
+    fill_step_batch(&b[s], s);
+  }
+  ck_assert_int_eq(ds_batch_init(&wrong, 16), 0);
+  fill_step_batch(&wrong, 3);
+  wrong.first_index = 16u * 6u + 1u; /* not step 6's batch */
+  float plain[STEPS], ahead[STEPS], prob[16];
+  small_model m;
+  small_open(&m, 5);
+  for (int s = 0; s < STEPS; s++)
+    ck_assert_int_eq(trainer_step(m.t, &b[s], s, 0.05f, 0.05f, &plain[s]), 0);
+  small_close(&m);
+  small_open(&m, 5);
+  for (int s = 0; s < STEPS; s++) {
+    for (int k = 1; k <= 2 && s + k < STEPS; k++)
+      if (s == 0 || k == 2 || s == 4)  /* the window's new batch (all after a drop) */
+        ck_assert_int_eq(trainer_ahead(m.t, s + k == 6 && s == 4 ? &wrong : &b[s + k], s + k), 0);
+    ck_assert_int_eq(trainer_step(m.t, &b[s], s, 0.05f, 0.05f, &ahead[s]), 0);
+    if (s == 1) ck_assert_int_eq(trainer_predict(m.t, &b[0], s + 1, prob), 0);
+    if (s == 3) trainer_ahead_drop(m.t); /* a rewind: step 4 and 5 are deduplicated again */
+  }
+  for (int s = 0; s < STEPS; s++)
+    ck_assert_msg(memcmp(&plain[s], &ahead[s], sizeof(float)) == 0, "step %d: %.9g vs %.9g", s,
+                  (double)plain[s], (double)ahead[s]);
+  ck_assert(plain[0] != plain[1]);
+  small_close(&m);
+  for (int s = 0; s < STEPS; s++) ds_batch_free(&b[s]);
+  ds_batch_free(&wrong);
+}
+END_TEST
 
 /* A step whose loss is not finite stops before anything of it is applied
  * (no row pushed, no dense update); a dense update that leaves a parameter
@@ -559,6 +621,7 @@ int main(void) {
   tcase_add_test(tc, test_checkpoint_refusals);
   tcase_add_test(tc, test_checkpoint_path_too_long);
   tcase_add_test(tc, test_step_nonfinite);
+  tcase_add_test(tc, test_ahead_same_bits);
   tcase_add_test(tc, test_checkpoint_kernels);
   suite_add_tcase(s, tc);
   return sr_check_run(s);

@@ -188,7 +188,9 @@ static int parse_flags(int argc, char **argv, bt_flags *f) {
                "--dense-isa baseline|avx2: our kernels (default: the best this CPU runs).\n"
                "--arch mlperf-dcnv2: MLPerf's DLRM-DCNv2 (dim 128, 13-512-256-128, 3 cross layers of\n"
                "rank 512, 1024-1024-512-256-1; default batch 2048; one-hot data), each batch and thread\n"
-               "count beside the Kaggle model, and both models' shares of their own bounds.\n");
+               "count beside the Kaggle model, and both models' shares of their own bounds.\n"
+               "--store shard [--cache-fraction F] [--prefetch-depth D,...]: in memory vs the\n"
+               "RocksDB shard store (bench train --store shard --help).\n");
         return 0;
       default: cli_bad_option("bench train", c, argv[optind - 1]); return 2;
     }
@@ -440,7 +442,18 @@ static int bench_pair(const bt_flags *f, int B, const char *bin) {
   return 0;
 }
 
+/* --store, --cache-fraction or --prefetch-depth: the in-memory vs shard
+ * store comparison (bench_train_store.c). */
+static int wants_store(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (!strncmp(argv[i], "--store", 7) || !strncmp(argv[i], "--cache-fraction", 16) ||
+        !strncmp(argv[i], "--prefetch-depth", 16))
+      return 1;
+  return 0;
+}
+
 int bench_train(int argc, char **argv) {
+  if (wants_store(argc, argv)) return bench_train_store(argc, argv);
   bt_flags f = {.rows = 300000, .runs = 3, .device = "cpu"};
   int status = parse_flags(argc, argv, &f);
   if (status >= 0) return status;

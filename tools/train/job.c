@@ -44,24 +44,32 @@ void job__errf(const train_job *j, const char *fmt, ...) {
 
 /* ---- batches and the cursor ---- */
 
-int job_batches_init(job_batches *q, int batch, int rank, int size, int async) {
+int job_batches_init(job_batches *q, int batch, int rank, int size, int max_ahead) {
   memset(q, 0, sizeof *q);
   q->rank = rank;
   q->size = size;
-  if (ds_batch_init(&q->b, batch) ||
-      (size > 1 && ds_batch_init(&q->part, batch / size + 1)) ||
-      (async && (ds_batch_init(&q->nb, batch) ||
-                 (size > 1 && ds_batch_init(&q->npart, batch / size + 1)))))
-    return SR_ENOMEM;
+  int n = max_ahead + 1;
+  q->g = calloc((size_t)n, sizeof *q->g);
+  q->p = calloc((size_t)n, sizeof *q->p);
+  q->got = calloc((size_t)n, sizeof *q->got);
+  if (!q->g || !q->p || !q->got) return SR_ENOMEM;
+  q->slots = n;
+  for (int i = 0; i < n; i++)
+    if (ds_batch_init(&q->g[i], batch) ||
+        (size > 1 && ds_batch_init(&q->p[i], batch / size + 1)))
+      return SR_ENOMEM;
   return 0;
 }
 
 void job_batches_free(job_batches *q) {
   if (!q) return;
-  ds_batch_free(&q->b);
-  ds_batch_free(&q->part);
-  ds_batch_free(&q->nb);
-  ds_batch_free(&q->npart);
+  for (int i = 0; i < q->slots; i++) {
+    ds_batch_free(&q->g[i]);
+    ds_batch_free(&q->p[i]);
+  }
+  free(q->g);
+  free(q->p);
+  free(q->got);
   memset(q, 0, sizeof *q);
 }
 
@@ -83,26 +91,32 @@ static int read_global(job_batches *q, ds_source *src, int batch, ds_batch *g, d
 }
 
 int job_batches_take(job_batches *q, ds_source *src, int batch, char *err, size_t errlen) {
-  if (!q->have_next) return read_global(q, src, batch, &q->b, &q->part, err, errlen);
-  /* Async: this step's batch was read (and its rows asked for) during the
-   * last step. */
-  ds_batch x = q->b;
-  q->b = q->nb, q->nb = x;
-  x = q->part, q->part = q->npart, q->npart = x;
-  q->have_next = 0;
-  return q->next_got;
+  if (q->ahead > 0) { /* read (and its rows asked for) during the steps before */
+    q->head = (q->head + 1) % q->slots;
+    q->ahead--;
+    return q->got[q->head];
+  }
+  int n = read_global(q, src, batch, &q->g[q->head], &q->p[q->head], err, errlen);
+  if (n >= 0) q->got[q->head] = n;
+  return n;
 }
 
-int job_batches_read_next(job_batches *q, ds_source *src, int batch, int *got, char *err,
-                          size_t errlen) {
-  int n = read_global(q, src, batch, &q->nb, &q->npart, err, errlen);
+int job_batches_read_ahead(job_batches *q, ds_source *src, int batch, int *got, char *err,
+                           size_t errlen) {
+  if (q->ahead + 1 >= q->slots) {
+    sr_fmt(err, errlen, "the ring of %d batches is full", q->slots);
+    return SR_EINVAL;
+  }
+  int i = (q->head + q->ahead + 1) % q->slots;
+  int n = read_global(q, src, batch, &q->g[i], &q->p[i], err, errlen);
   if (n < 0) return n;
-  *got = q->next_got = n;
+  *got = q->got[i] = n;
+  if (n > 0) q->ahead++;
   return 0;
 }
 
 void job_rewind(job_cursor *c, job_batches *q, const ckpt_state *st, int batch, double now) {
-  q->have_next = 0;
+  q->ahead = 0;
   c->step = st->step;
   c->epoch = st->epoch;
   c->epoch_step = (int64_t)((st->sample_index + (uint64_t)batch - 1) / (uint64_t)batch);
@@ -471,7 +485,8 @@ static int job_open(train_job *j) {
     return -1;
   }
   trainer_set_coll(j->t, j->size > 1 ? j->coll : NULL);
-  if (job_batches_init(&j->q, c->batch, j->rank, j->size, c->async)) {
+  int max_ahead = c->prefetch_depth > 0 ? c->prefetch_depth : c->async;
+  if (job_batches_init(&j->q, c->batch, j->rank, j->size, max_ahead)) {
     job__errf(j, "out of memory for batches\n");
     return -1;
   }
@@ -544,6 +559,7 @@ static int job_resume(train_job *j) {
   if (j->rank == 0 && ckpt_kernels_differ(ckdir, &j->cks, why, sizeof why))
     job__errf(j, "warning: --resume: %s\n", why);
   job_rewind(&j->cur, &j->q, &j->ckst, j->cfg->batch, sr_now());
+  trainer_ahead_drop(j->t);
   printf("resume %s: step %lld, epoch %d, sample %llu\n", ckdir, (long long)j->ckst.step,
          j->ckst.epoch, (unsigned long long)j->ckst.sample_index);
   return 0;
@@ -687,22 +703,35 @@ static void progress(train_job *j, float loss, float lr) {
   cur->t_last = sr_now();
 }
 
-/* Async: read the next batch now, so that the step sends its lookup out
- * while it computes (trainer_prefetch). 0 or -1 (message printed). */
-static int prefetch_next(train_job *j) {
+/* Fill the look-ahead before this step runs: read the batches of the
+ * steps after it up to --prefetch-depth ahead (async mode: at least the
+ * next), never past the job's last step nor the split's end (the next
+ * epoch's first steps enter once it starts); the trainer takes each batch
+ * entering the depth's window (trainer_ahead: deduplicated and handed to
+ * the store during this step), and in async mode the next one's lookup
+ * (trainer_prefetch). 0 or -1 (message printed). */
+static int fill_ahead(train_job *j) {
   const train_config *c = j->cfg;
+  job_batches *q = &j->q;
+  const int64_t step = j->cur.step;
   char err[1024];
-  int next_got;
-  int rc = job_batches_read_next(&j->q, j->train, c->batch, &next_got, err, sizeof err);
-  if (rc == SR_ENOMEM) job__errf(j, "step %lld: %s\n", (long long)j->cur.step + 1, err);
-  else if (rc) job__errf(j, "%s\n", err);
-  if (rc) return -1;
-  if (next_got == 0) return 0;
-  if (trainer_prefetch(j->t, j->size > 1 ? &j->q.npart : &j->q.nb, j->cur.step + 1)) {
+  while (q->ahead + 1 < q->slots && step + q->ahead + 1 < j->total_steps) {
+    int got;
+    int rc = job_batches_read_ahead(q, j->train, c->batch, &got, err, sizeof err);
+    if (rc == SR_ENOMEM) job__errf(j, "step %lld: %s\n", (long long)(step + q->ahead + 1), err);
+    else if (rc) job__errf(j, "%s\n", err);
+    if (rc) return -1;
+    if (got == 0) break;
+    if (q->ahead <= c->prefetch_depth &&
+        trainer_ahead(j->t, job_batches_mine_at(q, q->ahead), step + q->ahead)) {
+      job__errf(j, "%s\n", trainer_errmsg(j->t));
+      return -1;
+    }
+  }
+  if (c->async && q->ahead > 0 && trainer_prefetch(j->t, job_batches_mine_at(q, 1), step + 1)) {
     job__errf(j, "%s\n", trainer_errmsg(j->t));
     return -1;
   }
-  j->q.have_next = 1;
   return 0;
 }
 
@@ -725,7 +754,7 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
   /* The schedule scales both rates alike. */
   float lr = dense_lr_at(&c->sched, cur->step), loss = 0;
   float slr = c->lr > 0 ? (float)((double)lr * (c->sparse_lr / c->lr)) : (float)c->sparse_lr;
-  if (c->async && cur->step + 1 < j->total_steps && prefetch_next(j)) return STEP_FAILED;
+  if (fill_ahead(j)) return STEP_FAILED;
   if (trainer_step_part(j->t, job_batches_mine(&j->q), got, cur->step, lr, slr, &loss)) {
     sr_fmt(why, whylen, "step %lld: %s", (long long)cur->step, trainer_errmsg(j->t));
     return STEP_LOST;
@@ -738,7 +767,8 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
   cur->step++;
   cur->epoch_step++;
   mem_sample(j);
-  j->ckst = (ckpt_state){cur->step, cur->epoch, j->q.b.first_index + (uint64_t)got};
+  j->ckst = (ckpt_state){cur->step, cur->epoch,
+                         job_batches_global(&j->q)->first_index + (uint64_t)got};
   if (c->checkpoint_dir && c->checkpoint_every > 0 && cur->step % c->checkpoint_every == 0 &&
       job_checkpoint(j, c->checkpoint_dir, c->keep_checkpoints, err, sizeof err)) {
     sr_fmt(why, whylen, "--save-checkpoint: %s", err);
@@ -783,6 +813,7 @@ static int job_loop(train_job *j) {
         if (job_recover(j, why)) return -1;
         /* Recovered: carry on from the checkpoint's step and data position. */
         job_rewind(cur, &j->q, &j->ckst, c->batch, sr_now());
+        trainer_ahead_drop(j->t);
       }
     }
     if (j->tty) fprintf(stderr, "\n");
@@ -834,10 +865,10 @@ static int job_finish(train_job *j) {
   double secs = sr_now() - j->t_start;
   const trainer_times *tt = trainer_times_get(j->t);
   double ns = (double)(tt->steps ? tt->steps : 1);
-  printf("done   %lld steps in %.1f s; per step: dedup %.2f ms, lookup %.2f, pool %.2f, "
-         "forward %.2f, backward %.2f, scatter %.2f, push %.2f, dense opt %.2f\n",
+  printf("done   %lld steps in %.1f s; per step: dedup %.2f ms, lookup %.2f, prefetch %.2f, "
+         "pool %.2f, forward %.2f, backward %.2f, scatter %.2f, push %.2f, dense opt %.2f\n",
          (long long)j->cur.step, secs, 1e3 * tt->dedup / ns, 1e3 * tt->lookup / ns,
-         1e3 * tt->pool / ns, 1e3 * tt->forward / ns, 1e3 * tt->backward / ns,
+         1e3 * tt->prefetch / ns, 1e3 * tt->pool / ns, 1e3 * tt->forward / ns, 1e3 * tt->backward / ns,
          1e3 * tt->scatter / ns, 1e3 * tt->push / ns, 1e3 * tt->dense_opt / ns);
   /* Samples per second of training (test passes left out), and where a
    * step's time went: bench dp reads this line. */

@@ -100,6 +100,7 @@ typedef struct train_config {
   int colocate;             /* --colocate-shards */
   int async;                /* --sparse-mode async */
   int max_staleness;        /* --max-staleness */
+  int prefetch_depth;       /* --prefetch-depth: steps whose ids the store gets ahead (0: off) */
   const char *data_dir;     /* --data-dir */
   uint64_t cache_rows, cache_mb; /* --cache-rows, --cache-mb */
   /* Checkpoints */
@@ -109,6 +110,10 @@ typedef struct train_config {
   const char *resume;       /* --resume */
   train_ranks ranks;        /* train_ranks_enter's */
 } train_config;
+
+/* --prefetch-depth's default: measured with bench train --store shard
+ * (README, "Training from RocksDB"). */
+#define TRAIN_PREFETCH_DEPTH_DEFAULT 2
 
 /* Check what the flags' parsers cannot see alone: one data file, options
  * that need others or exclude them, the batch against the ranks. 0, or

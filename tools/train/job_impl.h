@@ -14,38 +14,49 @@
 #include "tools/train/job.h"
 #include "tools/train/trainer.h"
 
-/* The train batches of one rank: the global batch b every rank reads and
- * this rank's slice of it, and in async mode the next global batch (read,
- * and its rows asked for, during the step before) with its slice. */
+/* The train batches of one rank: a ring of the global batches every rank
+ * reads and this rank's slice of each, this step's and those read ahead of
+ * it (--prefetch-depth, and in async mode the next one, whose rows are asked
+ * for during the step before). Slot head is this step's; the next ahead
+ * slots hold steps step+1 .. step+ahead, each left unchanged until its step
+ * has run. */
 typedef struct job_batches {
-  ds_batch b, part;   /* this step's global batch and this rank's slice (size > 1) */
-  ds_batch nb, npart; /* async: the next step's */
-  int have_next;      /* nb (and npart) hold the next step's batch */
-  int next_got;       /* its samples */
+  ds_batch *g, *p;    /* [slots] global batches and this rank's slices (size > 1) */
+  int *got;           /* [slots] their samples */
+  int slots;          /* 1 + the most batches read ahead */
+  int head;           /* this step's slot */
+  int ahead;          /* batches read after it */
   int rank, size;
 } job_batches;
 
-/* Buffers for batches of up to batch samples for rank of size, the next
- * batch's too when async. 0 or SR_ENOMEM (q left for job_batches_free). */
-int job_batches_init(job_batches *q, int batch, int rank, int size, int async);
+/* Buffers for batches of up to batch samples for rank of size, and for
+ * max_ahead batches read ahead. 0 or SR_ENOMEM (q left for
+ * job_batches_free). */
+int job_batches_init(job_batches *q, int batch, int rank, int size, int max_ahead);
 void job_batches_free(job_batches *q); /* NULL-safe; zeroes *q */
 
-/* This step's batch: the prefetched one when there is one (the buffers are
- * swapped, nothing copied), else up to batch samples read from src (and this
+/* This step's batch: the first one read ahead when there is one (the ring
+ * turns, nothing copied), else up to batch samples read from src (and this
  * rank's slice cut). Returns the global batch's samples (0 at the end of the
  * split) or SR_E* (the reason in err). */
 int job_batches_take(job_batches *q, ds_source *src, int batch, char *err, size_t errlen);
 
-/* Read the next step's batch into nb (and its slice into npart); *got gets
- * its samples (0 at the end of the split). 0 or SR_E* (err). The caller sets
- * have_next once the trainer has taken it (trainer_prefetch). */
-int job_batches_read_next(job_batches *q, ds_source *src, int batch, int *got, char *err,
-                          size_t errlen);
+/* Read the batch after the last one in the ring into the next free slot
+ * (and its slice); *got gets its samples (0 at the end of the split: nothing
+ * added). 0, SR_EINVAL (the ring is full) or SR_E* (err). */
+int job_batches_read_ahead(job_batches *q, ds_source *src, int batch, int *got, char *err,
+                           size_t errlen);
 
-/* This rank's part of this step's batch. */
-static inline const ds_batch *job_batches_mine(const job_batches *q) {
-  return q->size > 1 ? &q->part : &q->b;
+/* This rank's part of the batch k steps after this one (0: this step's;
+ * k <= ahead), and the global batch. */
+static inline const ds_batch *job_batches_mine_at(const job_batches *q, int k) {
+  int i = (q->head + k) % q->slots;
+  return q->size > 1 ? &q->p[i] : &q->g[i];
 }
+static inline const ds_batch *job_batches_mine(const job_batches *q) {
+  return job_batches_mine_at(q, 0);
+}
+static inline const ds_batch *job_batches_global(const job_batches *q) { return &q->g[q->head]; }
 
 /* Where the loop stands: the step, the epoch and the step within it, and the
  * running figures of the progress line. */
@@ -61,7 +72,8 @@ typedef struct job_cursor {
 /* Put the cursor at checkpoint state st (after a recovery): its step and
  * epoch, the steps of that epoch up to its sample index (batch samples a
  * step), the progress figures started afresh at time now; and drop the
- * prefetched batch, if any (its rows were asked for before the rewind). */
+ * batches read ahead, if any (the trainer's sets ahead go with them:
+ * trainer_ahead_drop). */
 void job_rewind(job_cursor *c, job_batches *q, const ckpt_state *st, int batch, double now);
 
 /* A running job (train_run's). */

@@ -15,9 +15,9 @@
 #include "metrics/metrics.h"
 #include "tools/train/job_impl.h"
 
-enum { PH_DEDUP, PH_LOOKUP, PH_POOL, PH_FORWARD, PH_BACKWARD, PH_SCATTER, PH_PUSH, PH_ALLREDUCE,
+enum { PH_DEDUP, PH_LOOKUP, PH_PREFETCH, PH_POOL, PH_FORWARD, PH_BACKWARD, PH_SCATTER, PH_PUSH, PH_ALLREDUCE,
        PH_DENSE_OPT, PH_N };
-static const char *const phase_name[PH_N] = {"dedup", "lookup", "pool", "forward", "backward",
+static const char *const phase_name[PH_N] = {"dedup", "lookup", "prefetch", "pool", "forward", "backward",
                                              "scatter", "push", "allreduce", "dense_opt"};
 
 enum { G_STEP, G_EPOCH, G_TOTAL, G_STEP_SECONDS, G_SAMPLES, G_LOOKUP_BYTES, G_PUSH_BYTES,
@@ -145,7 +145,7 @@ void job__metrics_stop(train_job *j) {
 
 void job__metrics_note(job_metrics *m, const trainer_times *tt, int dim, int64_t step,
                        int epoch, int64_t total, int got) {
-  const double now[PH_N] = {tt->dedup, tt->lookup, tt->pool, tt->forward, tt->backward,
+  const double now[PH_N] = {tt->dedup, tt->lookup, tt->prefetch, tt->pool, tt->forward, tt->backward,
                             tt->scatter, tt->push, tt->allreduce, tt->dense_opt};
   for (int p = 0; p < PH_N; p++) {
     metrics_gauge_set(m->phase[p], now[p] - m->last_phase[p]);
@@ -188,9 +188,9 @@ void job__metrics_recovered(train_job *j) {
 
 void job__phase_json(train_job *j, char *buf, size_t n) {
   const trainer_times *tt = trainer_times_get(j->t), *m = &j->phase_mark;
-  const double now[PH_N] = {tt->dedup, tt->lookup, tt->pool, tt->forward, tt->backward,
+  const double now[PH_N] = {tt->dedup, tt->lookup, tt->prefetch, tt->pool, tt->forward, tt->backward,
                             tt->scatter, tt->push, tt->allreduce, tt->dense_opt};
-  const double was[PH_N] = {m->dedup, m->lookup, m->pool, m->forward, m->backward,
+  const double was[PH_N] = {m->dedup, m->lookup, m->prefetch, m->pool, m->forward, m->backward,
                             m->scatter, m->push, m->allreduce, m->dense_opt};
   double steps = (double)(tt->steps - m->steps);
   size_t len = (size_t)snprintf(buf, n, ",\"step_ms\":{");

@@ -9,6 +9,23 @@
 #include "common/sys.h"
 #include "embedding/bag.h"
 
+/* One batch's ids deduplicated ahead of its step (trainer_ahead,
+ * trainer_prefetch): per table the unique ids and the inverse index, kept
+ * until that step takes them (swapped with the step's own buffers, nothing
+ * copied), so that no batch is deduplicated twice. */
+enum { AH_FREE, AH_WAITING, AH_READY };
+typedef struct ahead_set {
+  int state;            /* AH_WAITING: registered, deduplicated at the next step */
+  int hand;             /* its ids go to the store's look-ahead (trainer_ahead) */
+  int64_t step;
+  uint64_t first_index; /* the batch's, checked against the step's */
+  int n;
+  const ds_batch *b;    /* AH_WAITING: borrowed until deduplicated */
+  size_t *cap, *counts; /* [T] */
+  uint64_t **unique;    /* [T][cap] */
+  uint32_t **inverse;   /* [T][cap] */
+} ahead_set;
+
 struct trainer {
   const emb_plan *plan; /* borrowed */
   emb_store *store;     /* borrowed */
@@ -16,25 +33,29 @@ struct trainer {
   dense_opt *opt;       /* owned */
   int T, dim, max_batch;
   emb_dedup **dedup;  /* [T] */
-  size_t *cap;        /* [T] ids each table's buffers hold */
+  size_t *cap;        /* [T] ids each table's unique and inverse hold */
   uint64_t **unique;  /* [T][cap] */
   uint32_t **inverse; /* [T][cap] */
   size_t *counts;     /* [T] unique ids this step */
-  float **rows;       /* [T][cap][dim] looked-up rows */
+  float **rows;       /* [T][rcap][dim] looked-up rows */
+  size_t *rcap;       /* [T] rows rows holds */
   float **grads;      /* [T][gcap][dim] summed row gradients */
   size_t *gcap;       /* [T] ids grads holds */
-  /* Prefetch (trainer_prefetch): a second set of the buffers above, for the
-   * next step's ids and rows while this step's are in use; swapped with
-   * them when that step comes. Allocated by the first trainer_prefetch. */
-  size_t *pcap, *pcounts;
-  uint64_t **punique;
-  uint32_t **pinverse;
+  /* Batches ahead of their step (trainer_ahead, trainer_prefetch), each
+   * deduplicated once; free sets are kept for reuse. */
+  ahead_set *ahead;
+  int n_ahead;
+  /* Prefetch (trainer_prefetch): the next step's rows, looked up while this
+   * step's are in use; swapped with rows when that step comes. Allocated by
+   * the first trainer_prefetch. */
+  size_t *prcap;
   float **prows;
   emb_idset pids;          /* the prefetch lookup's ids (borrowed by the store until waited) */
-  const ds_batch *pf_next; /* registered: looked up during the next step (borrowed) */
+  int pf_want;             /* registered: looked up during the next step */
   int64_t pf_next_step;
-  int pf_pending;          /* a prefetch lookup is in flight, for step pf_step */
+  int pf_pending;          /* a prefetch lookup is in flight, for step pf_step, set pf_set */
   int64_t pf_step;
+  int pf_set;
   float *emb;         /* [max_batch][T][dim] pooled */
   float *d_emb;       /* [max_batch][T][dim] */
   float *logits;      /* [max_batch] */
@@ -44,24 +65,18 @@ struct trainer {
   char err[512];
 };
 
-/* Room for need ids of table f in one buffer set (cap, unique, inverse,
- * rows), or in grads (unique NULL). */
-static int grow_set(trainer *t, size_t *capv, uint64_t **unique, uint32_t **inverse, float **rows,
-                    int f, size_t need) {
+/* Room for need ids of table f in unique and inverse (one buffer set: the
+ * step's or a batch's ahead). */
+static int grow_ids(trainer *t, size_t *capv, uint64_t **unique, uint32_t **inverse, int f,
+                    size_t need) {
   if (need <= capv[f]) return 0;
   size_t cap = capv[f] ? capv[f] : 64;
   while (cap < need) cap *= 2;
-  int ok = 1;
-  if (unique) {
-    uint64_t *u = realloc(unique[f], cap * sizeof *u);
-    if (u) unique[f] = u;
-    uint32_t *inv = realloc(inverse[f], cap * sizeof *inv);
-    if (inv) inverse[f] = inv;
-    ok = u && inv;
-  }
-  float *r = realloc(rows[f], cap * (size_t)t->dim * sizeof *r);
-  if (r) rows[f] = r;
-  if (!ok || !r) {
+  uint64_t *u = realloc(unique[f], cap * sizeof *u);
+  if (u) unique[f] = u;
+  uint32_t *inv = realloc(inverse[f], cap * sizeof *inv);
+  if (inv) inverse[f] = inv;
+  if (!u || !inv) {
     sr_fmt(t->err, sizeof t->err, "trainer: out of memory for %zu ids of table %d", need, f);
     return SR_ENOMEM;
   }
@@ -69,9 +84,25 @@ static int grow_set(trainer *t, size_t *capv, uint64_t **unique, uint32_t **inve
   return 0;
 }
 
+/* Room for need rows of table f in rows (looked-up rows or gradients). */
+static int grow_rows(trainer *t, size_t *capv, float **rows, int f, size_t need) {
+  if (need <= capv[f]) return 0;
+  size_t cap = capv[f] ? capv[f] : 64;
+  while (cap < need) cap *= 2;
+  float *r = realloc(rows[f], cap * (size_t)t->dim * sizeof *r);
+  if (!r) {
+    sr_fmt(t->err, sizeof t->err, "trainer: out of memory for %zu rows of table %d", need, f);
+    return SR_ENOMEM;
+  }
+  rows[f] = r;
+  capv[f] = cap;
+  return 0;
+}
+
 static int grow_table(trainer *t, int f, size_t need) {
-  int rc = grow_set(t, t->cap, t->unique, t->inverse, t->rows, f, need);
-  if (!rc) rc = grow_set(t, t->gcap, NULL, NULL, t->grads, f, need);
+  int rc = grow_ids(t, t->cap, t->unique, t->inverse, f, need);
+  if (!rc) rc = grow_rows(t, t->rcap, t->rows, f, need);
+  if (!rc) rc = grow_rows(t, t->gcap, t->grads, f, need);
   return rc;
 }
 
@@ -115,14 +146,15 @@ trainer *trainer_create(const emb_plan *plan, emb_store *store, const dense_conf
   t->inverse = calloc((size_t)T, sizeof *t->inverse);
   t->counts = calloc((size_t)T, sizeof *t->counts);
   t->rows = calloc((size_t)T, sizeof *t->rows);
+  t->rcap = calloc((size_t)T, sizeof *t->rcap);
   t->grads = calloc((size_t)T, sizeof *t->grads);
   t->gcap = calloc((size_t)T, sizeof *t->gcap);
   size_t per = (size_t)t->max_batch * (size_t)T * (size_t)t->dim;
   t->emb = malloc(per * sizeof *t->emb);
   t->d_emb = malloc(per * sizeof *t->d_emb);
   t->logits = malloc((size_t)t->max_batch * sizeof *t->logits);
-  if (!t->dedup || !t->cap || !t->unique || !t->inverse || !t->counts || !t->rows || !t->grads || !t->gcap ||
-      !t->emb || !t->d_emb || !t->logits) {
+  if (!t->dedup || !t->cap || !t->unique || !t->inverse || !t->counts || !t->rows || !t->rcap ||
+      !t->grads || !t->gcap || !t->emb || !t->d_emb || !t->logits) {
     sr_fmt(err, errlen, "trainer: out of memory");
     goto fail;
   }
@@ -139,12 +171,24 @@ fail:
   return NULL;
 }
 
+/* The buffers of one set ahead (NULL-safe members). */
+static void ahead_set_free(ahead_set *a, int T) {
+  for (int f = 0; f < T; f++) {
+    if (a->unique) free(a->unique[f]);
+    if (a->inverse) free(a->inverse[f]);
+  }
+  free(a->cap);
+  free(a->counts);
+  free(a->unique);
+  free(a->inverse);
+}
+
 void trainer_destroy(trainer *t) {
   if (!t) return;
   if (t->pf_pending) emb_store_lookup_wait(t->store); /* its buffers are freed below */
+  for (int i = 0; i < t->n_ahead; i++) ahead_set_free(&t->ahead[i], t->T);
+  free(t->ahead);
   for (int f = 0; f < t->T; f++) {
-    if (t->punique) free(t->punique[f]);
-    if (t->pinverse) free(t->pinverse[f]);
     if (t->prows) free(t->prows[f]);
     if (t->dedup) emb_dedup_destroy(t->dedup[f]);
     if (t->unique) free(t->unique[f]);
@@ -158,12 +202,10 @@ void trainer_destroy(trainer *t) {
   free(t->inverse);
   free(t->counts);
   free(t->rows);
+  free(t->rcap);
   free(t->grads);
   free(t->gcap);
-  free(t->pcap);
-  free(t->pcounts);
-  free(t->punique);
-  free(t->pinverse);
+  free(t->prcap);
   free(t->prows);
   free(t->emb);
   free(t->d_emb);
@@ -174,21 +216,195 @@ void trainer_destroy(trainer *t) {
   free(t);
 }
 
-/* Dedup b's ids of every table into one buffer set (the step's, or the
- * prefetch's), growing it first. */
+/* Dedup b's ids of every table into one buffer set (the step's, or a set
+ * ahead), growing it first. */
 static int dedup_set(trainer *t, const ds_batch *b, size_t *capv, uint64_t **unique,
-                     uint32_t **inverse, float **rows, size_t *counts) {
+                     uint32_t **inverse, size_t *counts) {
   int n = b->n, rc;
   for (int f = 0; f < t->T; f++) {
     const uint32_t *off = ds_batch_offsets(b, f);
-    size_t nids = (size_t)(off[n] - off[0]);
-    if ((rc = grow_set(t, capv, unique, inverse, rows, f, nids))) return rc;
+    size_t nids = n > 0 ? (size_t)(off[n] - off[0]) : 0;
+    if ((rc = grow_ids(t, capv, unique, inverse, f, nids))) return rc;
+    counts[f] = 0;
+    if (!nids) continue;
     rc = emb_dedup_run(t->dedup[f], b->ids + off[0], nids, unique[f], inverse[f], &counts[f]);
     if (rc) {
       sr_fmt(t->err, sizeof t->err, "trainer: dedup of table %d: %s", f, sr_strerror(rc));
       return rc;
     }
   }
+  return 0;
+}
+
+/* ---- batches ahead of their step ---- */
+
+/* A free set ahead (made when none is free), or -1 with SR_ENOMEM's message.
+ * A failure leaves the sets as they were. */
+static int ahead_slot(trainer *t) {
+  for (int i = 0; i < t->n_ahead; i++)
+    if (t->ahead[i].state == AH_FREE) return i;
+  ahead_set *v = realloc(t->ahead, (size_t)(t->n_ahead + 1) * sizeof *v);
+  if (v) t->ahead = v;
+  size_t T = (size_t)t->T;
+  ahead_set a = {.state = AH_FREE};
+  if (v) {
+    a.cap = calloc(T, sizeof *a.cap);
+    a.counts = calloc(T, sizeof *a.counts);
+    a.unique = calloc(T, sizeof *a.unique);
+    a.inverse = calloc(T, sizeof *a.inverse);
+  }
+  if (!v || !a.cap || !a.counts || !a.unique || !a.inverse) {
+    ahead_set_free(&a, 0);
+    sr_fmt(t->err, sizeof t->err, "trainer: out of memory for the batches ahead");
+    return -1;
+  }
+  t->ahead[t->n_ahead] = a;
+  return t->n_ahead++;
+}
+
+/* The set ahead of step, or -1. */
+static int ahead_find(const trainer *t, int64_t step) {
+  for (int i = 0; i < t->n_ahead; i++)
+    if (t->ahead[i].state != AH_FREE && t->ahead[i].step == step) return i;
+  return -1;
+}
+
+/* Free every set ahead of a step below step (none in flight: the caller
+ * waited for the prefetch lookup). */
+static void ahead_retire(trainer *t, int64_t step) {
+  for (int i = 0; i < t->n_ahead; i++)
+    if (t->ahead[i].state != AH_FREE && t->ahead[i].step < step) {
+      t->ahead[i].state = AH_FREE;
+      t->ahead[i].b = NULL;
+    }
+}
+
+/* Register part as step's batch in a set ahead (AH_WAITING). 0 or SR_ENOMEM. */
+static int ahead_register(trainer *t, const ds_batch *part, int64_t step, int hand) {
+  int i = ahead_find(t, step);
+  if (i >= 0 && t->pf_pending && t->pf_set == i) {
+    sr_fmt(t->err, sizeof t->err, "trainer: step %lld's lookup is already in flight",
+           (long long)step);
+    return SR_EINVAL;
+  }
+  if (i < 0 && (i = ahead_slot(t)) < 0) return SR_ENOMEM;
+  ahead_set *a = &t->ahead[i];
+  a->state = AH_WAITING;
+  a->hand = hand;
+  a->step = step;
+  a->b = part;
+  a->n = part->n;
+  a->first_index = part->first_index;
+  return 0;
+}
+
+/* Dedup set i's batch (AH_WAITING -> AH_READY). */
+static int ahead_dedup(trainer *t, int i) {
+  ahead_set *a = &t->ahead[i];
+  if (a->state != AH_WAITING) return 0;
+  int rc = dedup_set(t, a->b, a->cap, a->unique, a->inverse, a->counts);
+  if (rc) return rc;
+  a->b = NULL;
+  a->state = AH_READY;
+  return 0;
+}
+
+static emb_idset ahead_ids(const trainer *t, const ahead_set *a) {
+  return (emb_idset){.n_tables = t->T, .ids = (const uint64_t *const *)a->unique,
+                     .counts = a->counts};
+}
+
+/* During step: every batch registered since the step before, in step
+ * order, deduplicated, and those of trainer_ahead handed to the store's
+ * look-ahead (timed as prefetch). 0 or SR_E* (trainer_errmsg). */
+static int ahead_run(trainer *t, int64_t step) {
+  for (;;) {
+    int i = -1;
+    for (int k = 0; k < t->n_ahead; k++)
+      if (t->ahead[k].state == AH_WAITING && t->ahead[k].step > step &&
+          (i < 0 || t->ahead[k].step < t->ahead[i].step))
+        i = k;
+    if (i < 0) return 0;
+    double t0 = sr_now();
+    int rc = ahead_dedup(t, i);
+    t->times.dedup += sr_now() - t0;
+    if (rc) return rc;
+    ahead_set *a = &t->ahead[i];
+    if (!a->hand || a->n <= 0) continue;
+    emb_idset ids = ahead_ids(t, a);
+    t0 = sr_now();
+    rc = emb_store_prefetch(t->store, a->step, &ids);
+    t->times.prefetch += sr_now() - t0;
+    if (rc) {
+      sr_fmt(t->err, sizeof t->err, "look-ahead of step %lld: %s", (long long)a->step,
+             emb_store_errmsg(t->store));
+      return rc;
+    }
+  }
+}
+
+int trainer_ahead(trainer *t, const ds_batch *part, int64_t step) {
+  return ahead_register(t, part, step, 1);
+}
+
+void trainer_ahead_drop(trainer *t) {
+  if (t->pf_pending) emb_store_lookup_wait(t->store); /* its rows are not wanted */
+  t->pf_pending = 0;
+  t->pf_want = 0;
+  for (int i = 0; i < t->n_ahead; i++) {
+    t->ahead[i].state = AH_FREE;
+    t->ahead[i].b = NULL;
+  }
+}
+
+/* Wait for the prefetch lookup and forget its rows (the step looks up
+ * again). */
+static int prefetch_drop(trainer *t) {
+  t->pf_pending = 0;
+  int rc = emb_store_lookup_wait(t->store);
+  if (rc)
+    sr_fmt(t->err, sizeof t->err, "prefetched lookup of step %lld: %s", (long long)t->pf_step,
+           emb_store_errmsg(t->store));
+  return rc;
+}
+
+/* Swap two pointers of one type (each read and written as its own type). */
+#define SWAP_PTR(a, b)      \
+  do {                      \
+    void *x_ = (void *)(a); \
+    (a) = (void *)(b);      \
+    (b) = x_;               \
+  } while (0)
+
+/* Step 1: this step's ids into the step's buffers: its set ahead when
+ * there is one for b (swapped in, nothing deduplicated again), else
+ * deduplicated now. *prefetched: its rows are in flight (prows). */
+static int take_ids(trainer *t, const ds_batch *b, int64_t step, int train, int *prefetched) {
+  int rc, i = train ? ahead_find(t, step) : -1;
+  if (i >= 0 && (t->ahead[i].n != b->n || t->ahead[i].first_index != b->first_index)) {
+    if (t->pf_pending && t->pf_set == i && (rc = prefetch_drop(t))) return rc;
+    t->ahead[i].state = AH_FREE; /* not this batch: forget it */
+    i = -1;
+  }
+  if (i >= 0 && (rc = ahead_dedup(t, i))) return rc;
+  *prefetched = i >= 0 && t->pf_pending && t->pf_set == i;
+  if (i >= 0) {
+    ahead_set *a = &t->ahead[i];
+    SWAP_PTR(t->cap, a->cap);
+    SWAP_PTR(t->counts, a->counts);
+    SWAP_PTR(t->unique, a->unique);
+    SWAP_PTR(t->inverse, a->inverse);
+    a->state = AH_FREE;
+  } else if ((rc = dedup_set(t, b, t->cap, t->unique, t->inverse, t->counts))) {
+    return rc;
+  }
+  if (*prefetched) {
+    /* This step's rows were asked for during the last step: take them. */
+    t->pf_pending = 0;
+    SWAP_PTR(t->rows, t->prows);
+    SWAP_PTR(t->rcap, t->prcap);
+  }
+  if (train) ahead_retire(t, step);
   return 0;
 }
 
@@ -200,40 +416,17 @@ static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids, i
     return SR_EINVAL;
   }
   double t0 = sr_now(), t1;
-  int rc;
-  if (t->pf_pending && (t->pf_step != step || !train)) {
-    /* A prefetch for another step, or a test pass (its batch is not the
-     * prefetched one): drop it; the training step looks up again. */
-    t->pf_pending = 0;
-    if ((rc = emb_store_lookup_wait(t->store))) {
-      sr_fmt(t->err, sizeof t->err, "prefetched lookup of step %lld: %s", (long long)t->pf_step,
-             emb_store_errmsg(t->store));
-      return rc;
-    }
-  }
-  const int prefetched = t->pf_pending;
-  if (prefetched) {
-    /* This step's rows were asked for during the last step: take that set. */
-    t->pf_pending = 0;
-#define SWAP(a, b)          \
-  do {                      \
-    void *x_ = (void *)(a); \
-    (a) = (void *)(b);      \
-    (b) = x_;               \
-  } while (0)
-    SWAP(t->cap, t->pcap);
-    SWAP(t->counts, t->pcounts);
-    SWAP(t->unique, t->punique);
-    SWAP(t->inverse, t->pinverse);
-    SWAP(t->rows, t->prows);
-#undef SWAP
-  } else if ((rc = dedup_set(t, b, t->cap, t->unique, t->inverse, t->rows, t->counts))) {
-    return rc;
-  }
+  int rc, prefetched = 0;
+  /* A prefetch for another step, or a test pass (its batch is not the
+   * prefetched one): drop it; the training step looks up again. */
+  if (t->pf_pending && (t->pf_step != step || !train) && (rc = prefetch_drop(t))) return rc;
+  if ((rc = take_ids(t, b, step, train, &prefetched))) return rc;
   t1 = sr_now();
   ids->n_tables = t->T;
   ids->ids = (const uint64_t *const *)t->unique;
   ids->counts = t->counts;
+  for (int f = 0; !prefetched && f < t->T; f++)
+    if ((rc = grow_rows(t, t->rcap, t->rows, f, t->counts[f]))) return rc;
   /* A prefetched set's lookup is already in flight: wait for it. */
   rc = prefetched ? 0 : emb_store_lookup_begin(t->store, step, ids, t->rows);
   if (!rc) rc = emb_store_lookup_wait(t->store);
@@ -245,7 +438,7 @@ static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids, i
   /* Room for the row gradients (after the wait: no lookup is left in flight
    * if this fails). */
   for (int f = 0; f < t->T; f++)
-    if ((rc = grow_set(t, t->gcap, NULL, NULL, t->grads, f, t->cap[f]))) return rc;
+    if ((rc = grow_rows(t, t->gcap, t->grads, f, t->counts[f]))) return rc;
   double t2 = sr_now();
   size_t stride = (size_t)t->T * (size_t)t->dim;
   for (int f = 0; f < t->T; f++)
@@ -259,23 +452,25 @@ static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids, i
   return 0;
 }
 
-/* The registered prefetch (trainer_prefetch): dedup the next part into the
- * second buffer set and begin its lookup, which stays in flight while this
- * step computes and pushes. */
+/* The registered prefetch (trainer_prefetch): the next part's set ahead
+ * (deduplicated now if it is not yet) and its lookup begun, which stays in
+ * flight while this step computes and pushes. */
 static int prefetch_begin(trainer *t) {
-  const ds_batch *b = t->pf_next;
   int64_t step = t->pf_next_step;
-  t->pf_next = NULL;
-  if (!b || b->n <= 0) return 0; /* nothing to look up: the step will do without */
+  t->pf_want = 0;
+  int i = ahead_find(t, step), rc;
+  if (i < 0) return 0;
   double t0 = sr_now();
-  int rc = dedup_set(t, b, t->pcap, t->punique, t->pinverse, t->prows, t->pcounts);
+  rc = ahead_dedup(t, i);
+  t->times.dedup += sr_now() - t0;
   if (rc) return rc;
-  t->pids.n_tables = t->T;
-  t->pids.ids = (const uint64_t *const *)t->punique;
-  t->pids.counts = t->pcounts;
+  ahead_set *a = &t->ahead[i];
+  if (a->n <= 0) return 0; /* nothing to look up: the step will do without */
+  for (int f = 0; f < t->T; f++)
+    if ((rc = grow_rows(t, t->prcap, t->prows, f, a->counts[f]))) return rc;
+  t->pids = ahead_ids(t, a);
   double t1 = sr_now();
   rc = emb_store_lookup_begin(t->store, step, &t->pids, t->prows);
-  t->times.dedup += t1 - t0;
   t->times.lookup += sr_now() - t1;
   if (rc) {
     sr_fmt(t->err, sizeof t->err, "prefetch lookup of step %lld: %s", (long long)step,
@@ -284,34 +479,32 @@ static int prefetch_begin(trainer *t) {
   }
   t->pf_pending = 1;
   t->pf_step = step;
+  t->pf_set = i;
   return 0;
 }
 
 int trainer_prefetch(trainer *t, const ds_batch *next, int64_t next_step) {
-  if (!t->pcap) {
-    /* All five or none: a failure leaves the trainer as it was, so a retry
-     * allocates again instead of finding pcap set and prows NULL. */
+  if (!t->prows) {
+    /* Both or none: a failure leaves the trainer as it was, so a retry
+     * allocates again. */
     size_t T = (size_t)t->T;
-    size_t *cap = calloc(T, sizeof *cap), *counts = calloc(T, sizeof *counts);
-    uint64_t **unique = calloc(T, sizeof *unique);
-    uint32_t **inverse = calloc(T, sizeof *inverse);
+    size_t *cap = calloc(T, sizeof *cap);
     float **rows = calloc(T, sizeof *rows);
-    if (!cap || !counts || !unique || !inverse || !rows) {
+    if (!cap || !rows) {
       free(cap);
-      free(counts);
-      free(unique);
-      free(inverse);
       free(rows);
       sr_fmt(t->err, sizeof t->err, "trainer: out of memory for the prefetch buffers");
       return SR_ENOMEM;
     }
-    t->pcap = cap;
-    t->pcounts = counts;
-    t->punique = unique;
-    t->pinverse = inverse;
+    t->prcap = cap;
     t->prows = rows;
   }
-  t->pf_next = next;
+  /* A batch already ahead (trainer_ahead) keeps its set: deduplicated once. */
+  int i = ahead_find(t, next_step), rc;
+  if ((i < 0 || t->ahead[i].n != next->n || t->ahead[i].first_index != next->first_index) &&
+      (rc = ahead_register(t, next, next_step, 0)))
+    return rc;
+  t->pf_want = 1;
   t->pf_next_step = next_step;
   return 0;
 }
@@ -373,14 +566,18 @@ int trainer_step_part(trainer *t, const ds_batch *b, int n_global, int64_t step,
     if (rc) return rc;
   } else {
     /* Nothing to look up; the rank still pushes (empty) and all-reduces. */
+    if (t->pf_pending && (rc = prefetch_drop(t))) return rc;
+    ahead_retire(t, step + 1);
     for (int f = 0; f < t->T; f++) t->counts[f] = 0;
     ids.n_tables = t->T;
     ids.ids = (const uint64_t *const *)t->unique;
     ids.counts = t->counts;
   }
-  /* The next step's lookup goes out now, before this step's push: it
-   * overlaps this step's compute and push (async mode). */
-  if (t->pf_next && (rc = prefetch_begin(t))) return rc;
+  /* This step's rows are in: the batches that entered the look-ahead go to
+   * the store now (their reads overlap this step's compute and push), then
+   * the next step's lookup (async mode), in that order of steps. */
+  if ((rc = ahead_run(t, step))) return rc;
+  if (t->pf_want && (rc = prefetch_begin(t))) return rc;
   size_t np = 0;
   float *p = dense_model_params(t->model, &np);
   float *g = dense_model_grads(t->model, &np);

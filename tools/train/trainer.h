@@ -33,6 +33,8 @@ typedef struct trainer trainer;
 typedef struct trainer_times {
   double dedup, lookup, pool, forward, backward, scatter, push, dense_opt;
   double allreduce; /* the dense gradients' all-reduce (data-parallel steps) */
+  double prefetch;  /* handing later steps' ids to the store (trainer_ahead); lookup is
+                       the wait for this step's own rows */
   int64_t steps;
   uint64_t rows;    /* unique rows looked up (each is pushed back once) */
 } trainer_times;
@@ -86,16 +88,36 @@ int trainer_batch_slice(const ds_batch *b, int rank, int size, ds_batch *out);
 int trainer_slice_count(int n, int rank, int size);
 
 /* Prefetch (async mode with shard servers): during the next
- * trainer_step_part call, right after that step's own rows are in and
- * before its compute and push, dedup next (this rank's part of the next
- * global batch) into a second set of buffers and begin its lookup for
- * next_step; the step of next_step then waits for those rows instead of
- * looking up. next is borrowed and must stay unchanged until the step of
+ * trainer_step_part call, right after that step's own rows are in (and its
+ * look-ahead handed to the store) and before its compute and push, dedup
+ * next (this rank's part of the next global batch; already done when it
+ * entered through trainer_ahead) into a set of its own and begin its lookup
+ * for next_step into a second rows buffer; the step of next_step then waits
+ * for those rows instead of looking up. next is borrowed and must stay unchanged until the step of
  * next_step has run (the caller double-buffers its batches). The store must
  * take a lookup in flight while a push is made (the remote store does).
  * A trainer_predict in between drops the prefetched rows (the step looks up
- * again). 0 or SR_ENOMEM. */
+ * again, without deduplicating). 0 or SR_ENOMEM. */
 int trainer_prefetch(trainer *t, const ds_batch *next, int64_t next_step);
+
+/* Look-ahead (--prefetch-depth): part (this rank's part of the batch of
+ * step, a step after the one about to run) enters the window. During the
+ * next trainer_step_part call, right after that step's own rows are in and
+ * before its compute, it is deduplicated, once, into a set of its own kept
+ * until step runs (then swapped in: step deduplicates nothing), and its
+ * unique ids are handed to the store (emb_store_prefetch), batches
+ * registered together in increasing step order. part is borrowed and must
+ * stay unchanged until step has run (the job keeps a ring of batches). A
+ * step whose batch is not the one registered (another first_index or n)
+ * forgets the set and deduplicates its own; sets of steps before the one
+ * that runs are freed. 0, SR_ENOMEM (the set's buffers) or SR_EINVAL (step's
+ * lookup is already in flight). */
+int trainer_ahead(trainer *t, const ds_batch *part, int64_t step);
+
+/* Forget every batch ahead and any prefetch lookup in flight (its status
+ * ignored): the data position was rewound (a recovery, a resume), and the
+ * store's restore dropped what it had prefetched. */
+void trainer_ahead_drop(trainer *t);
 
 /* Predicted click probabilities of b's samples into prob[b->n]; changes
  * nothing. step is passed to the store's lookup. b->n == 0: nothing to do. */

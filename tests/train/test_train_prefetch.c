@@ -1,0 +1,185 @@
+/* The look-ahead (--prefetch-depth D) changes no bit: `shardrec train`
+ * with rows in the RocksDB shard store (--data-dir, --cache-rows 1024, less
+ * than one step's unique rows at batch 256: about 1480 here, so that rows
+ * handed ahead compete with the step's own and some are evicted between
+ * their prefetch and their use) gives the in-memory store's per-step losses
+ * and test AUC, compared as the metrics lines' text (%.9g), at depth 0, 1
+ * and 2, with SGD, Adagrad and row-wise Adagrad, 1 and 3 shards, in process
+ * and through colocated shard servers (sync); in async mode depth 1 and 2
+ * give depth 0's bits (one rank of async is deterministic, but not the sync
+ * bits: its lookups run one step ahead of the pushes). Each run is 60 steps
+ * over two epochs of 43 (a test pass every 25 steps and at the epoch's
+ * end, so the look-ahead stops at the split's end and at the run's last
+ * step). With MPI: two ranks (colocated shards, rows in RocksDB) at depth 2
+ * give the bits of two ranks in memory at depth 0. Every rank prefetches its
+ * own slice. On its own branch the stores ignore the op; the check is the
+ * merge with the stores that use it (DESIGN.md, "A training step").
+ * The data set is made once in main (12000 rows of datagen --seed 3). */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/check_main.h"
+#include "tests/tools/run.h"
+
+static char dir[] = "/tmp/shardrec-prefetch-XXXXXX";
+
+#define FLAGS                                                                            \
+  "--processed-data-file d.bin --mini-batch-size 256 --nepochs 2 --num-batches 60 "      \
+  "--test-freq 25 --print-freq 1 --arch-mlp-bot 13-64-16 --arch-mlp-top 64-1 "           \
+  "--optimizer adagrad --learning-rate 0.05"
+
+/* The metrics with the rates cut out: each line up to "samples_per_s"
+ * (test lines whole). */
+static char *bits_of(const char *name) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/%s.jsonl", dir, name);
+  char *s = slurp(path);
+  ck_assert_msg(s != NULL, "no %s", path);
+  char *out = malloc(strlen(s) + 1), *o = out;
+  for (char *l = strtok(s, "\n"); l; l = strtok(NULL, "\n")) {
+    char *r = strstr(l, ",\"samples_per_s\"");
+    size_t n = r ? (size_t)(r - l) : strlen(l);
+    memcpy(o, l, n);
+    o += n;
+    *o++ = '\n';
+  }
+  *o = 0;
+  free(s);
+  return out;
+}
+
+/* Train as name (metrics in name.jsonl) with launch (mpirun or "") and
+ * flags; asserts exit 0 and 60 steps. */
+static void train(const char *name, const char *launch, const char *flags) {
+  char *out;
+  int rc = run_cmd(&out, "cd %s && rm -rf %s.rows && %s %s train " FLAGS " --metrics-out %s.jsonl %s",
+                   dir, name, launch, bin_path(), name, flags);
+  ck_assert_msg(rc == 0, "%s: exit %d:\n%s", name, rc, out);
+  ck_assert_msg(strstr(out, "done   60 steps"), "%s: not 60 steps:\n%s", name, out);
+  free(out);
+}
+
+/* Train name with flags and compare its bits with ref's. */
+static void same_as(const char *ref, const char *name, const char *launch, const char *flags) {
+  train(name, launch, flags);
+  char *a = bits_of(ref), *b = bits_of(name);
+  ck_assert_uint_gt(strlen(a), 60 * 40);
+  ck_assert_ptr_nonnull(strstr(a, "\"kind\":\"test\""));
+  ck_assert_msg(!strcmp(a, b), "%s differs from %s:\n%s\n---\n%s", name, ref, b, a);
+  free(a);
+  free(b);
+}
+
+/* The shard store at every depth, 1 and 3 shards, in process and colocated
+ * (sync), against the in-memory store at depth 0; async depths against
+ * async depth 0. sopt: --sparse-optimizer. */
+static void all_placements(const char *sopt) {
+  char ref[64], name[64], f[512];
+  snprintf(ref, sizeof ref, "%s-mem", sopt);
+  snprintf(f, sizeof f, "--sparse-optimizer %s --prefetch-depth 0", sopt);
+  train(ref, "", f);
+  for (int d = 0; d <= 2; d++)
+    for (int shards = 1; shards <= 3; shards += 2) {
+      snprintf(name, sizeof name, "%s-d%d-s%d", sopt, d, shards);
+      snprintf(f, sizeof f, "--sparse-optimizer %s --prefetch-depth %d --num-shards %d "
+               "--data-dir %s.rows --cache-rows 1024", sopt, d, shards, name);
+      same_as(ref, name, "", f);
+    }
+  snprintf(name, sizeof name, "%s-colo", sopt);
+  snprintf(f, sizeof f, "--sparse-optimizer %s --prefetch-depth 2 --num-shards 3 "
+           "--colocate-shards --data-dir %s.rows --cache-rows 1024", sopt, name);
+  same_as(ref, name, "", f);
+  snprintf(ref, sizeof ref, "%s-async0", sopt);
+  snprintf(f, sizeof f, "--sparse-optimizer %s --prefetch-depth 0 --num-shards 3 "
+           "--colocate-shards --sparse-mode async --data-dir %s.rows --cache-rows 1024", sopt, ref);
+  train(ref, "", f);
+  for (int d = 1; d <= 2; d++) {
+    snprintf(name, sizeof name, "%s-async%d", sopt, d);
+    snprintf(f, sizeof f, "--sparse-optimizer %s --prefetch-depth %d --num-shards 3 "
+             "--colocate-shards --sparse-mode async --data-dir %s.rows --cache-rows 1024", sopt,
+             d, name);
+    same_as(ref, name, "", f);
+  }
+}
+
+START_TEST(test_prefetch_sgd) { all_placements("sgd"); }
+END_TEST
+START_TEST(test_prefetch_adagrad) { all_placements("adagrad"); }
+END_TEST
+START_TEST(test_prefetch_rowwise_adagrad) { all_placements("rowwise_adagrad"); }
+END_TEST
+
+/* bench train --store shard on the suite's data: the in-memory line, then
+ * one line per depth through a shard store whose cache (0.2 of the rows
+ * touched) makes it read from RocksDB every step, each with the in-memory
+ * run's losses bit for bit. */
+START_TEST(test_bench_store) {
+  char *out;
+  int rc = run_cmd(&out, "cd %s && %s bench train --store shard --data d.bin --steps 12 "
+                         "--batch 256 --cache-fraction 0.2 --prefetch-depth 0,2 "
+                         "--arch-mlp-bot 13-64-16 --arch-mlp-top 64-1", dir, bin_path());
+  ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
+  ck_assert_msg(strstr(out, "(reference)"), "no in-memory line:\n%s", out);
+  int lines = 0;
+  for (char *l = strstr(out, "\nshard "); l; l = strstr(l + 1, "\nshard ")) {
+    char what[16], same[32];
+    int depth;
+    double v[11];
+    int n = sscanf(l + 1, "%15s %d %lf %lfx %lf %lf %lf %lf %lf %lf %lf %lf %31s", what, &depth,
+                   &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], same);
+    ck_assert_msg(n == 13, "a line of %d fields:\n%s", n, out);
+    ck_assert_int_eq(depth, lines ? 2 : 0);
+    ck_assert_msg(v[0] > 0 && v[7] > 0, "no samples/s or no RocksDB reads:\n%s", out);
+    ck_assert_msg(!strcmp(same, "bit-identical"), "depth %d: %s:\n%s", depth, same, out);
+    lines++;
+  }
+  ck_assert_msg(lines == 2, "%d shard lines:\n%s", lines, out);
+  free(out);
+}
+END_TEST
+
+#ifdef SR_MPIRUN
+/* Two ranks, each prefetching its own slice, rows in RocksDB at depth 2:
+ * the bits of two ranks with rows in memory at depth 0. */
+START_TEST(test_prefetch_two_ranks) {
+  const char *mpi = "mpirun --allow-run-as-root --oversubscribe -np 2";
+  train("mpi-mem", mpi, "--num-shards 3 --colocate-shards --prefetch-depth 0");
+  same_as("mpi-mem", "mpi-d2", mpi,
+          "--num-shards 3 --colocate-shards --prefetch-depth 2 --data-dir mpi-d2.rows "
+          "--cache-rows 1024");
+}
+END_TEST
+#endif
+
+int main(void) {
+  const char *bin = getenv("SHARDREC_BIN");
+  if (!bin || !mkdtemp(dir)) {
+    fprintf(stderr, "test_train_prefetch: SHARDREC_BIN unset (run through ctest) or no temporary folder\n");
+    return 1;
+  }
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd,
+           "cd %s && (%s datagen --rows 12000 --seed 3 --out d.tsv && %s convert "
+           "--test-fraction 0.1 d.tsv d.bin && rm d.tsv) > prep.log 2>&1 || (cat prep.log >&2; exit 1)",
+           dir, bin, bin);
+  int rc = 1;
+  if (system(cmd) == 0) {
+    Suite *s = suite_create("train_prefetch");
+    TCase *tc = tcase_create("e2e");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_prefetch_sgd);
+    tcase_add_test(tc, test_prefetch_adagrad);
+    tcase_add_test(tc, test_prefetch_rowwise_adagrad);
+    tcase_add_test(tc, test_bench_store);
+#ifdef SR_MPIRUN
+    tcase_add_test(tc, test_prefetch_two_ranks);
+#endif
+    suite_add_tcase(s, tc);
+    rc = sr_check_run(s);
+  }
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+  return rc;
+}
