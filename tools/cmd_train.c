@@ -74,7 +74,8 @@ static void usage(FILE *f) {
 "                            async: pushes applied on arrival, the next step's lookup issued\n"
 "                            while this step computes (needs shard servers or colocated shards)\n"
 "  --max-staleness S         async: a lookup of step t waits until every rank's push of step\n"
-"                            t-S is applied (2; >= 1)\n""  --prefetch-depth D        read D batches ahead and hand the store each later step's ids\n"
+"                            t-S is applied (2; >= 1)\n"
+"  --prefetch-depth D        read D batches ahead and hand the store each later step's ids\n"
 "                            during the step before (the shard store reads their misses from\n"
 "                            RocksDB meanwhile); exact at any depth (2; 0..8, 0: off)\n"
 "Training\n"
@@ -129,7 +130,7 @@ enum {
   O_MLISTEN = 1500, O_DTHREADS, O_DISA,
   O_DCNL = 1600, O_DCNR
 };
-enum { O_PFDEPTH = 1600 }; /* --prefetch-depth */
+enum { O_PFDEPTH = 1700 }; /* --prefetch-depth */
 
 static const struct option long_opts[] = {
     {"processed-data-file", required_argument, 0, O_PROC},
