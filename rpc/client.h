@@ -37,10 +37,15 @@ typedef struct rpc_client_opts {
 #define RPC_CONNECTIONS_MAX 16
 /* From `shardrec bench rpc --part connections` on a 2-core machine
  * (README, "Benchmarks"), three runs: 2 connections x0.96 to x1.18 of 1
- * (within the noise, or faster), chunks slower for pushes (x0.6 to x0.9 at
- * 64 and 128 KiB) and for lookups but at dim 128 against one server: so no
- * chunks but the servers' limits. */
-#define RPC_CONNECTIONS_DEFAULT 2
+ * (within the noise), chunks slower for pushes (x0.6 to x0.9 at 64 and
+ * 128 KiB) and for lookups but at dim 128 against one server: so one
+ * connection and no chunks but the servers' limits. One connection also
+ * keeps a rank's calls to a server in the order they were sent, which one
+ * rank of async mode needs for its bits: over several, a Lookup of step
+ * t+1 sent before the Push of step t may reach the server after it (sync
+ * mode does not depend on it: its Lookups are sent after the push they
+ * must see is answered). */
+#define RPC_CONNECTIONS_DEFAULT 1
 #define RPC_CHUNK_BYTES_DEFAULT SIZE_MAX
 
 /* The remote store: servers[k] serves shard k of plan (plan->n_shards
