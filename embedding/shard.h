@@ -33,7 +33,7 @@
  *
  * Memory: the slab (cache_rows x (dim + state) floats), the map (2x
  * cache_rows 8-byte entries), the write-back buffers and their index (a
- * fixed 16 MiB plus about 2 MiB, EMB_SHARD_WB_*), prefetch pin lists (4
+ * fixed 4 MiB plus about 0.5 MiB, EMB_SHARD_WB_*), prefetch pin lists (4
  * bytes a pinned row), RocksDB's block cache and memtables, and per-batch
  * scratch. Nothing proportional to a table's size.
  *
@@ -83,11 +83,13 @@ typedef struct emb_shard_config {
  * take what the dense pool leaves (DESIGN.md, "Who owns the cores"). */
 #define EMB_SHARD_DEFAULT_THREADS 2
 /* Write-back memory, fixed whatever the cache: EMB_SHARD_WB_BUFFERS buffers
- * of EMB_SHARD_WB_BYTES (16 MiB in all) of encoded rows, plus their index
- * (8 bytes per row at load <= 1/2: 2 MiB at dim 16 with Adagrad). The
- * caller waits only when all four are being written. */
+ * of EMB_SHARD_WB_BYTES (4 MiB in all) of encoded rows, plus their index
+ * (16 bytes per row of the buffers: 512 KiB at dim 16 with Adagrad, whose
+ * rows take 152 bytes, 6898 a buffer). The caller waits only when all four
+ * are being written; a buffer is handed over when full and at the end of
+ * every lookup, push and prefetch. */
 #define EMB_SHARD_WB_BUFFERS 4
-#define EMB_SHARD_WB_BYTES (4u << 20)
+#define EMB_SHARD_WB_BYTES (1u << 20)
 
 #define EMB_SHARD_MIN_CACHE_ROWS 1024
 
