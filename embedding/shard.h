@@ -7,29 +7,45 @@
  * (all hosted shards and tables together): an open-addressing hash map from
  * (table, row id) to a slot of one slab, CLOCK eviction.
  *
- * - A lookup serves hits from the cache and reads a batch's misses with one
- *   MultiGet per shard; rows absent from RocksDB get emb_row_init and the
- *   optimizer's initial state (clean: never written unless pushed).
+ * - A lookup serves hits from the cache and reads a batch's misses on the
+ *   store threads, one batched MultiGet per (shard, table, 1024 rows) side
+ *   by side; rows absent from RocksDB get emb_row_init and the optimizer's
+ *   initial state (clean: never written unless pushed).
  * - A push brings its rows in the same way and applies embedding/optim.h's
  *   emb_optim_apply in place, marking them dirty.
- * - Eviction drops clean rows and writes dirty ones back in WriteBatches.
- *   With cache_rows above the rows touched nothing is written until flush or
- *   checkpoint.
+ * - prefetch (store.h's look-ahead) pins a later step's cached rows and
+ *   has its misses read by the store threads into pinned slots while the
+ *   steps before it run; its lookup waits only for reads not done yet. The
+ *   pins go at that step's push (or a later step's lookup or push); at
+ *   most cache_rows - chunk - 1 are held, so a cache smaller than two
+ *   steps still works: the prefetch stops there and the lookup reads the
+ *   rest. A prefetched row is read from where its latest value is (the
+ *   cache, a pending write-back, RocksDB): exact, see shard.c's top.
+ * - Eviction drops clean rows; dirty ones are encoded into a write buffer
+ *   that a store thread writes in a WriteBatch, off the caller's path (the
+ *   caller waits only when every buffer is in use). With cache_rows above
+ *   the rows touched nothing is written until flush or checkpoint.
  * - Work is done in chunks of at most cache_rows / 2 rows whose slots are
  *   pinned while in use, so a batch larger than the cache still runs.
  * Lookups return exactly the bits the local store returns (same init, same
- * optimizer code), so training is bit-identical whichever store holds rows.
+ * optimizer code), so training is bit-identical whichever store holds rows,
+ * with or without prefetch, whatever the threads' timing.
  *
  * Memory: the slab (cache_rows x (dim + state) floats), the map (2x
- * cache_rows 16-byte entries), RocksDB's block cache and memtables, and
- * per-batch scratch. Nothing proportional to a table's size.
+ * cache_rows 8-byte entries), the write-back buffers and their index (a
+ * fixed 4 MiB plus about 0.5 MiB, EMB_SHARD_WB_*), prefetch pin lists (4
+ * bytes a pinned row), RocksDB's block cache and memtables, and per-batch
+ * scratch. Nothing proportional to a table's size.
  *
  * checkpoint(path) (EMB_CKPT_SHARD_FOLDERS): writes dirty rows back, then a
  * RocksDB checkpoint of each hosted shard into path/shard-K, nothing else
  * (the names are storage/ckpt_dir.h's). destroy does not write dirty rows back:
  * flush (or checkpoint) first to keep them. restore(path): closes the databases, drops
- * the cache, replaces DATA_DIR/shard-K with a copy of path/shard-K (SST files
- * hard-linked) and reopens. iterate() visits rows written to RocksDB (after
+ * the cache and every prefetch, replaces DATA_DIR/shard-K with a copy of path/shard-K (SST files
+ * hard-linked) and reopens. flush, checkpoint, iterate, mark_clean and
+ * restore first wait for every read and write-back in flight. A write-back
+ * that fails is reported (SR_EIO and RocksDB's message) by every later
+ * lookup, push, flush and checkpoint until a restore: its rows are lost. iterate() visits rows written to RocksDB (after
  * writing dirty ones back), merged across shards in ascending row id. */
 #ifndef SHARDREC_EMBEDDING_SHARD_H
 #define SHARDREC_EMBEDDING_SHARD_H
@@ -52,7 +68,28 @@ typedef struct emb_shard_config {
   int statistics;           /* RocksDB statistics (kv_opts.statistics), for /metrics */
   int n_hosted;             /* 0: every shard of the plan; else hosted[n_hosted] */
   const int *hosted;        /* shard indices hosted here (borrowed; copied) */
+  int threads;              /* store threads: 0: EMB_SHARD_DEFAULT_THREADS; -1: none (the
+                               calling thread reads and writes everything itself) */
 } emb_shard_config;
+
+/* Store threads, made at create and joined at destroy: they read misses
+ * (one job per (database, table), at most 1024 rows each, batched
+ * MultiGet straight into the cache slots) and write evicted dirty rows back
+ * (WriteBatches, one buffer at a time, in order). 2 by default: a
+ * MultiGet of rows in the block cache is CPU work, so threads beyond the
+ * cores only queue; on the 2-core machines here two threads plus the
+ * caller (which runs queued work whenever it waits) keep both cores busy
+ * during a lookup, and while the dense step computes the prefetch reads
+ * take what the dense pool leaves (DESIGN.md, "Who owns the cores"). */
+#define EMB_SHARD_DEFAULT_THREADS 2
+/* Write-back memory, fixed whatever the cache: EMB_SHARD_WB_BUFFERS buffers
+ * of EMB_SHARD_WB_BYTES (4 MiB in all) of encoded rows, plus their index
+ * (16 bytes per row of the buffers: 512 KiB at dim 16 with Adagrad, whose
+ * rows take 152 bytes, 6898 a buffer). The caller waits only when all four
+ * are being written; a buffer is handed over when full and at the end of
+ * every lookup, push and prefetch. */
+#define EMB_SHARD_WB_BUFFERS 4
+#define EMB_SHARD_WB_BYTES (1u << 20)
 
 #define EMB_SHARD_MIN_CACHE_ROWS 1024
 
@@ -71,6 +108,17 @@ uint64_t emb_shard_rows_for_mb(const emb_plan *plan, uint64_t mb);
  * another kind of store (emb_store_kind_of). */
 typedef struct emb_shard_counters {
   uint64_t evictions, writebacks, rocks_reads, rocks_found, cache_rows, cache_used;
+  /* the pipeline (prefetch, threads, write-back) */
+  uint64_t prefetched;      /* rows prefetch found missing and had read (or took pending) */
+  uint64_t prefetch_cached; /* rows prefetch found cached (pinned only) */
+  uint64_t prefetch_stops;  /* prefetches cut short at the pin limit */
+  uint64_t pending_hits;    /* misses served from a write-back not yet in RocksDB */
+  uint64_t load_waits;      /* rows a lookup, push or release waited for while loading */
+  uint64_t wait_ns;         /* the caller's time waiting for the threads (running work meanwhile) */
+  uint64_t wb_batches;      /* write buffers written by the threads */
+  uint64_t wb_full_waits;   /* times the caller found every write buffer in use */
+  uint64_t wb_wait_ns;      /* of wait_ns, the time waiting for a free write buffer */
+  uint64_t pinned;          /* prefetch pins held now (a slot pinned by two steps counts 2) */
 } emb_shard_counters;
 int emb_shard_counters_get(emb_store *s, emb_shard_counters *out);
 

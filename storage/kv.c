@@ -15,6 +15,21 @@
 #include "common/status.h"
 #include "storage/rocks_util.h"
 
+/* One MultiGet's scratch and pinned values (kv_reader_get_cf). */
+struct kv_reader {
+  size_t cap;
+  char *mkeys;       /* [cap][8] */
+  const char **mkp;  /* [cap] */
+  size_t *mkl;       /* [cap] */
+  char **merr;       /* [cap] */
+  rocksdb_pinnableslice_t **pins; /* [cap] values of the last batched MultiGet */
+  size_t n_pins;
+};
+
+struct kv_writes {
+  rocksdb_writebatch_t *wb;
+};
+
 struct kv_db {
   rocksdb_t *db;
   rocksdb_options_t *opts;
@@ -29,14 +44,9 @@ struct kv_db {
   rocksdb_column_family_handle_t **cf;  /* [n] the asked-for ones */
   rocksdb_column_family_handle_t **all; /* [n_all] */
   /* MultiGet scratch */
-  size_t cap;
-  const rocksdb_column_family_handle_t **mcf;
-  char *mkeys;       /* [cap][8] */
-  const char **mkp;  /* [cap] */
-  size_t *mkl;       /* [cap] */
-  char **merr;       /* [cap] */
-  rocksdb_pinnableslice_t **pins; /* [cap] values of the last batched MultiGet */
-  size_t n_pins;
+  const rocksdb_column_family_handle_t **mcf; /* [mcf_cap] kv_multi_get's families */
+  size_t mcf_cap;
+  kv_reader *rd;     /* kv_multi_get / kv_multi_get_cf */
 };
 
 
@@ -180,6 +190,7 @@ int kv_open(const char *path, int n, const uint32_t *table_ids, const kv_opts *o
   d->wo = rocksdb_writeoptions_create();
   rocksdb_writeoptions_disable_WAL(d->wo, 0);
   d->wb = rocksdb_writebatch_create();
+  if (!(d->rd = kv_reader_create())) goto oom;
   goto out;
 oom:
   sr_fmt(err, errlen, "%s: out of memory opening the database", path);
@@ -199,7 +210,7 @@ out:
 
 void kv_close(kv_db *d) {
   if (!d) return;
-  kv_multi_get_release(d);
+  kv_reader_destroy(d->rd);
   if (d->all)
     for (int i = 0; i < d->n_all; i++)
       if (d->all[i]) rocksdb_column_family_handle_destroy(d->all[i]);
@@ -214,11 +225,6 @@ void kv_close(kv_db *d) {
   free(d->cf);
   free(d->ids);
   free(d->mcf);
-  free(d->mkeys);
-  free(d->mkp);
-  free(d->mkl);
-  free(d->merr);
-  free(d->pins);
   free(d);
 }
 
@@ -228,50 +234,76 @@ int kv_cf_index(const kv_db *d, uint32_t table_id) {
   return -1;
 }
 
-static int mg_reserve(kv_db *d, size_t n) {
-  if (n <= d->cap) return 0;
-  size_t cap = d->cap ? d->cap : 256;
+kv_reader *kv_reader_create(void) { return calloc(1, sizeof(kv_reader)); }
+
+void kv_reader_release(kv_reader *r) {
+  for (size_t k = 0; k < r->n_pins; k++)
+    if (r->pins[k]) {
+      rocksdb_pinnableslice_destroy(r->pins[k]);
+      r->pins[k] = NULL;
+    }
+  r->n_pins = 0;
+}
+
+void kv_reader_destroy(kv_reader *r) {
+  if (!r) return;
+  kv_reader_release(r);
+  free(r->mkeys);
+  free(r->mkp);
+  free(r->mkl);
+  free(r->merr);
+  free(r->pins);
+  free(r);
+}
+
+static int mg_reserve(kv_reader *r, size_t n) {
+  if (n <= r->cap) return 0;
+  size_t cap = r->cap ? r->cap : 256;
   while (cap < n) cap *= 2;
-  free(d->mcf);
-  free(d->mkeys);
-  free(d->mkp);
-  free(d->mkl);
-  free(d->merr);
-  kv_multi_get_release(d);
-  free(d->pins);
-  d->pins = calloc(cap, sizeof *d->pins);
-  d->mcf = malloc(cap * sizeof *d->mcf);
-  d->mkeys = malloc(cap * 8);
-  d->mkp = malloc(cap * sizeof *d->mkp);
-  d->mkl = malloc(cap * sizeof *d->mkl);
-  d->merr = malloc(cap * sizeof *d->merr);
-  if (!d->mcf || !d->mkeys || !d->mkp || !d->mkl || !d->merr || !d->pins) {
-    d->cap = 0;
+  kv_reader_release(r);
+  free(r->mkeys);
+  free(r->mkp);
+  free(r->mkl);
+  free(r->merr);
+  free(r->pins);
+  r->pins = calloc(cap, sizeof *r->pins);
+  r->mkeys = malloc(cap * 8);
+  r->mkp = malloc(cap * sizeof *r->mkp);
+  r->mkl = malloc(cap * sizeof *r->mkl);
+  r->merr = malloc(cap * sizeof *r->merr);
+  if (!r->mkeys || !r->mkp || !r->mkl || !r->merr || !r->pins) {
+    r->cap = 0;
     return SR_ENOMEM;
   }
-  d->cap = cap;
+  r->cap = cap;
   return 0;
 }
 
 int kv_multi_get(kv_db *d, size_t n, const int *cf, const uint64_t *keys, char **vals,
                     size_t *lens, char *err, size_t errlen) {
   if (!n) return 0;
-  if (mg_reserve(d, n)) {
+  kv_reader *r = d->rd;
+  if (!mg_reserve(r, n) && d->mcf_cap < n) {
+    free(d->mcf);
+    d->mcf = malloc(r->cap * sizeof *d->mcf);
+    d->mcf_cap = d->mcf ? r->cap : 0;
+  }
+  if (r->cap < n || d->mcf_cap < n) {
     sr_fmt(err, errlen, "multiget: out of memory");
     return SR_ENOMEM;
   }
   for (size_t k = 0; k < n; k++) {
     d->mcf[k] = d->cf[cf[k]];
-    put_be64(d->mkeys + 8 * k, keys[k]);
-    d->mkp[k] = d->mkeys + 8 * k;
-    d->mkl[k] = 8;
+    put_be64(r->mkeys + 8 * k, keys[k]);
+    r->mkp[k] = r->mkeys + 8 * k;
+    r->mkl[k] = 8;
   }
-  rocksdb_multi_get_cf(d->db, d->ro, d->mcf, n, d->mkp, d->mkl, vals, lens, d->merr);
+  rocksdb_multi_get_cf(d->db, d->ro, d->mcf, n, r->mkp, r->mkl, vals, lens, r->merr);
   int rc = 0;
   for (size_t k = 0; k < n; k++)
-    if (d->merr[k]) {
-      if (!rc) sr_fmt(err, errlen, "multiget: %s (%s:%d)", d->merr[k], __FILE__, __LINE__);
-      rocksdb_free(d->merr[k]);
+    if (r->merr[k]) {
+      if (!rc) sr_fmt(err, errlen, "multiget: %s (%s:%d)", r->merr[k], __FILE__, __LINE__);
+      rocksdb_free(r->merr[k]);
       rc = SR_EIO;
     }
   if (rc)
@@ -282,42 +314,40 @@ int kv_multi_get(kv_db *d, size_t n, const int *cf, const uint64_t *keys, char *
   return rc;
 }
 
-void kv_multi_get_release(kv_db *d) {
-  for (size_t k = 0; k < d->n_pins; k++)
-    if (d->pins[k]) {
-      rocksdb_pinnableslice_destroy(d->pins[k]);
-      d->pins[k] = NULL;
-    }
-  d->n_pins = 0;
-}
+void kv_multi_get_release(kv_db *d) { kv_reader_release(d->rd); }
 
-int kv_multi_get_cf(kv_db *d, int cf, size_t n, const uint64_t *keys, const char **vals,
-                       size_t *lens, char *err, size_t errlen) {
-  kv_multi_get_release(d);
+int kv_reader_get_cf(kv_reader *r, kv_db *d, int cf, size_t n, const uint64_t *keys,
+                     const char **vals, size_t *lens, char *err, size_t errlen) {
+  kv_reader_release(r);
   if (!n) return 0;
-  if (mg_reserve(d, n)) {
+  if (mg_reserve(r, n)) {
     sr_fmt(err, errlen, "multiget: out of memory");
     return SR_ENOMEM;
   }
   for (size_t k = 0; k < n; k++) {
-    put_be64(d->mkeys + 8 * k, keys[k]);
-    d->mkp[k] = d->mkeys + 8 * k;
-    d->mkl[k] = 8;
-    d->merr[k] = NULL;
+    put_be64(r->mkeys + 8 * k, keys[k]);
+    r->mkp[k] = r->mkeys + 8 * k;
+    r->mkl[k] = 8;
+    r->merr[k] = NULL;
   }
-  rocksdb_batched_multi_get_cf(d->db, d->ro, d->cf[cf], n, d->mkp, d->mkl, d->pins, d->merr, 0);
-  d->n_pins = n;
+  rocksdb_batched_multi_get_cf(d->db, d->ro, d->cf[cf], n, r->mkp, r->mkl, r->pins, r->merr, 0);
+  r->n_pins = n;
   int rc = 0;
   for (size_t k = 0; k < n; k++) {
-    if (d->merr[k]) {
-      if (!rc) sr_fmt(err, errlen, "multiget: %s (%s:%d)", d->merr[k], __FILE__, __LINE__);
-      rocksdb_free(d->merr[k]);
+    if (r->merr[k]) {
+      if (!rc) sr_fmt(err, errlen, "multiget: %s (%s:%d)", r->merr[k], __FILE__, __LINE__);
+      rocksdb_free(r->merr[k]);
       rc = SR_EIO;
     }
-    vals[k] = d->pins[k] ? rocksdb_pinnableslice_value(d->pins[k], &lens[k]) : NULL;
+    vals[k] = r->pins[k] ? rocksdb_pinnableslice_value(r->pins[k], &lens[k]) : NULL;
   }
-  if (rc) kv_multi_get_release(d);
+  if (rc) kv_reader_release(r);
   return rc;
+}
+
+int kv_multi_get_cf(kv_db *d, int cf, size_t n, const uint64_t *keys, const char **vals,
+                       size_t *lens, char *err, size_t errlen) {
+  return kv_reader_get_cf(d->rd, d, cf, n, keys, vals, lens, err, errlen);
 }
 
 int kv_compact(kv_db *d, char *err, size_t errlen) {
@@ -346,6 +376,38 @@ int kv_batch_commit(kv_db *d, char *err, size_t errlen) {
   if (rocksdb_writebatch_count(d->wb) == 0) return 0;
   rocksdb_write(d->db, d->wo, d->wb, &e);
   rocksdb_writebatch_clear(d->wb);
+  RCHECK(e, "write batch");
+out:
+  return rc;
+}
+
+kv_writes *kv_writes_create(void) {
+  kv_writes *w = calloc(1, sizeof *w);
+  if (w && !(w->wb = rocksdb_writebatch_create())) {
+    free(w);
+    w = NULL;
+  }
+  return w;
+}
+
+void kv_writes_destroy(kv_writes *w) {
+  if (!w) return;
+  rocksdb_writebatch_destroy(w->wb);
+  free(w);
+}
+
+void kv_writes_put(kv_writes *w, kv_db *d, int cf, uint64_t key, const void *val, size_t len) {
+  char k[8];
+  put_be64(k, key);
+  rocksdb_writebatch_put_cf(w->wb, d->cf[cf], k, 8, val, len);
+}
+
+int kv_writes_commit(kv_writes *w, kv_db *d, char *err, size_t errlen) {
+  int rc = 0;
+  char *e = NULL;
+  if (rocksdb_writebatch_count(w->wb) == 0) return 0;
+  rocksdb_write(d->db, d->wo, w->wb, &e);
+  rocksdb_writebatch_clear(w->wb);
   RCHECK(e, "write batch");
 out:
   return rc;

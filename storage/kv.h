@@ -66,6 +66,19 @@ int kv_multi_get_cf(kv_db *db, int cf, size_t n, const uint64_t *keys, const cha
                        size_t *lens, char *err, size_t errlen);
 void kv_multi_get_release(kv_db *db);
 
+/* A MultiGet's own scratch, so that several threads read one database at
+ * once (RocksDB reads are thread-safe; kv_multi_get_cf's scratch is the
+ * database's own, one caller at a time). kv_reader_get_cf is
+ * kv_multi_get_cf with r's scratch: vals[k] stay valid until the next
+ * kv_reader_get_cf or kv_reader_release on r. One thread uses a reader at
+ * a time. create: NULL when out of memory; destroy NULL-safe. */
+typedef struct kv_reader kv_reader;
+kv_reader *kv_reader_create(void);
+int kv_reader_get_cf(kv_reader *r, kv_db *db, int cf, size_t n, const uint64_t *keys,
+                     const char **vals, size_t *lens, char *err, size_t errlen);
+void kv_reader_release(kv_reader *r);
+void kv_reader_destroy(kv_reader *r);
+
 /* Figures for monitoring (rpc/service_metrics.c): SST bytes and the
  * estimated bytes compaction still has to rewrite, over every column
  * family; the block cache's hits and misses since the database was opened
@@ -84,6 +97,18 @@ int kv_compact(kv_db *db, char *err, size_t errlen);
 int kv_batch_put(kv_db *db, int cf, uint64_t key, const void *val, size_t len);
 size_t kv_batch_count(const kv_db *db);
 int kv_batch_commit(kv_db *db, char *err, size_t errlen);
+
+/* A write batch of its own (not the database's kv_batch_*), so that a
+ * thread other than the one using db's batch writes: puts of rows of db
+ * gathered, then written in one RocksDB write by kv_writes_commit (the
+ * batch is empty after, whether or not the write failed: 0 or SR_EIO).
+ * RocksDB writes are thread-safe. create: NULL when out of memory;
+ * destroy NULL-safe. */
+typedef struct kv_writes kv_writes;
+kv_writes *kv_writes_create(void);
+void kv_writes_put(kv_writes *w, kv_db *db, int cf, uint64_t key, const void *val, size_t len);
+int kv_writes_commit(kv_writes *w, kv_db *db, char *err, size_t errlen);
+void kv_writes_destroy(kv_writes *w);
 
 /* Flush memtables to SST files. */
 int kv_flush(kv_db *db, char *err, size_t errlen);

@@ -16,6 +16,17 @@
  *                    rows it already holds (all hits)
  *   zipf             ids Zipf(--zipf) over the table (rank -> id scrambled),
  *                    with the hit rate the cache reached
+ *   misses ahead     the miss batches again, each prefetched
+ *                    (emb_store_prefetch) one batch before its lookup, as a
+ *                    trainer at --prefetch-depth 1 does but with no step
+ *                    between: the store threads read batch k+1 while batch
+ *                    k's lookup waits for its own; the time split into the
+ *                    prefetch calls and the lookups, and the share of the
+ *                    run the caller spent waiting for the threads
+ *   checkpoint       every cached row pushed (dirty), then a checkpoint:
+ *                    the write-back of the dirty rows plus the RocksDB
+ *                    checkpoint, the stall a trainer sees, per GB of dirty
+ *                    rows
  * RocksDB block cache: --block-cache-mb (default: room for the whole table,
  * as in the machine notes' "everything in block cache" figure). */
 #include <getopt.h>
@@ -47,6 +58,7 @@ typedef struct {
   emb_store *s;
   uint64_t *ids;
   size_t count;
+  int64_t step; /* of the next lookup */
   const uint64_t *idp[1];
   size_t counts[1];
   float *out;
@@ -54,14 +66,18 @@ typedef struct {
   emb_idset set;
 } lk;
 
-static int lookup(lk *l, const uint64_t *ids, size_t n) {
+static void lk_set(lk *l, const uint64_t *ids, size_t n) {
   l->idp[0] = ids;
   l->counts[0] = n;
   l->op[0] = l->out;
   l->set.n_tables = 1;
   l->set.ids = l->idp;
   l->set.counts = l->counts;
-  if (emb_store_lookup_begin(l->s, 0, &l->set, l->op) || emb_store_lookup_wait(l->s)) {
+}
+
+static int lookup(lk *l, const uint64_t *ids, size_t n) {
+  lk_set(l, ids, n);
+  if (emb_store_lookup_begin(l->s, l->step, &l->set, l->op) || emb_store_lookup_wait(l->s)) {
     fprintf(stderr, "shardrec bench store: %s\n", emb_store_errmsg(l->s));
     return -1;
   }
@@ -95,7 +111,8 @@ typedef struct bs {
   sr_rng rng;
   long long nb;        /* batches per pass */
   lk l;
-  double raw[99], miss[99], hit[99], memc[99], zz[99], zhit[99];
+  double raw[99], miss[99], hit[99], memc[99], zz[99], zhit[99], pf[99], pf_call[99], pf_wait[99];
+  double ck_s, ck_mb;
   double miss_hr, hit_hr, z_hr;
   char err[1024];
 } bs;
@@ -202,7 +219,8 @@ static int load_db(bs *b) {
     return -1;
   }
   for (long long i = 0; i < rows; i++) {
-    for (int j = 0; j < b->w; j++) b->rowbuf[j] = (float)(sr_rng_uniform(&b->rng) - 0.5);
+    for (int j = 0; j < b->w; j++) /* the state (an accumulator) positive, so a push is valid */
+      b->rowbuf[j] = (float)(sr_rng_uniform(&b->rng) - (j < b->dim ? 0.5 : -0.01));
     kv_row_encode((int)b->dim, b->slen, b->rowbuf, b->enc);
     kv_batch_put(b->db, 0, (uint64_t)i, b->enc, b->rsz);
     if ((i + 1) % 65536 == 0 || i + 1 == rows)
@@ -379,6 +397,71 @@ static int measure_zipf(bs *b) {
   return 0;
 }
 
+/* The miss batches again, batch k+1 prefetched before batch k's lookup. 0 or -1. */
+static int measure_prefetch(bs *b) {
+  long long nb = b->nb, batch = b->batch;
+  b->l.step++; /* above every step looked up so far */
+  for (int pass = -1; pass < b->runs; pass++) {
+    emb_shard_counters c0, c1;
+    emb_shard_counters_get(b->s, &c0);
+    double tcall = 0, t = sr_now();
+    for (long long k = 0; k < nb; k++, b->l.step++) {
+      for (long long a = k ? k + 1 : 0; a <= k + 1 && a < nb; a++) {
+        lk_set(&b->l, b->ids + a * batch, (size_t)batch);
+        double t1 = sr_now();
+        if (emb_store_prefetch(b->s, b->l.step + (a - k), &b->l.set)) {
+          fprintf(stderr, "shardrec bench store: %s\n", emb_store_errmsg(b->s));
+          return -1;
+        }
+        tcall += sr_now() - t1;
+      }
+      if (lookup(&b->l, b->ids + k * batch, (size_t)batch)) return -1;
+    }
+    double dt = sr_now() - t;
+    emb_shard_counters_get(b->s, &c1);
+    if (pass >= 0) {
+      b->pf[pass] = (double)(nb * batch) / dt;
+      b->pf_call[pass] = tcall / dt;
+      b->pf_wait[pass] = (double)(c1.wait_ns - c0.wait_ns) * 1e-9 / dt;
+    }
+  }
+  return 0;
+}
+
+/* Every cached row pushed (dirty), then one checkpoint timed. 0 or -1. */
+static int measure_ckpt(bs *b) {
+  long long batch = b->batch, n = b->cache_rows - b->cache_rows % batch;
+  float *g = calloc((size_t)(batch * b->dim), sizeof *g);
+  if (!g) return -1;
+  for (long long i = 0; i < batch * b->dim; i++) g[i] = 1e-3f;
+  const float *gp[1] = {g};
+  for (long long k = 0; k < n; k += batch, b->l.step++) {
+    lk_set(&b->l, b->ids + k, (size_t)batch);
+    if (emb_store_push(b->s, b->l.step, 0.01f, &b->l.set, gp)) {
+      fprintf(stderr, "shardrec bench store: %s\n", emb_store_errmsg(b->s));
+      free(g);
+      return -1;
+    }
+  }
+  free(g);
+  char path[SR_PATH_MAX];
+  if (sr_path_err(path, sizeof path, b->err, sizeof b->err, "%s/ck", b->dir)) {
+    fprintf(stderr, "shardrec bench store: %s\n", b->err);
+    return -1;
+  }
+  emb_shard_counters c0, c1;
+  emb_shard_counters_get(b->s, &c0);
+  double t = sr_now();
+  if (emb_store_checkpoint(b->s, path)) {
+    fprintf(stderr, "shardrec bench store: %s\n", emb_store_errmsg(b->s));
+    return -1;
+  }
+  b->ck_s = sr_now() - t;
+  emb_shard_counters_get(b->s, &c1);
+  b->ck_mb = (double)(c1.writebacks - c0.writebacks) * (double)b->rsz / 1e6;
+  return 0;
+}
+
 static void print_figures(bs *b) { /* sr_median sorts the figures */
   int runs = (int)b->runs;
   double mraw = sr_median(b->raw, runs), mmiss = sr_median(b->miss, runs),
@@ -393,6 +476,14 @@ static void print_figures(bs *b) { /* sr_median sorts the figures */
   printf("  shard, all hits        %10.0f rows/s  (hit rate %.3f)  %.0f%% of memcpy gather (target >= 50%%)\n",
          mhit, b->hit_hr, 100 * mhit / mmem);
   printf("  shard, zipf %.2f       %10.0f rows/s  (hit rate %.3f)\n", b->zipf, mz, b->z_hr);
+  double mpf = sr_median(b->pf, runs), mcall = sr_median(b->pf_call, runs),
+         mwait = sr_median(b->pf_wait, runs);
+  printf("  shard, misses 1 ahead  %10.0f rows/s  %.2fx all misses; of the time: prefetch calls "
+         "%.0f%%, lookups %.0f%% (waiting for the %d store threads %.0f%%)\n",
+         mpf, mpf / mmiss, 100 * mcall, 100 * (1 - mcall), EMB_SHARD_DEFAULT_THREADS, 100 * mwait);
+  printf("checkpoint: %.1f MB of dirty rows written back + RocksDB checkpoint in %.3f s = %.1f s "
+         "per GB of dirty rows\n",
+         b->ck_mb, b->ck_s, b->ck_mb > 0 ? b->ck_s / (b->ck_mb / 1e3) : 0.0);
 }
 
 static void bs_free(bs *b) {
@@ -436,7 +527,8 @@ int bench_store(int argc, char **argv) {
     free(b);
     return 1;
   }
-  if (!setup(b) && !load_db(b) && !measure_miss(b) && !measure_hit(b) && !measure_zipf(b)) {
+  if (!setup(b) && !load_db(b) && !measure_miss(b) && !measure_prefetch(b) && !measure_hit(b) &&
+      !measure_zipf(b) && !measure_ckpt(b)) {
     print_figures(b);
     status = 0;
   }
