@@ -837,8 +837,12 @@ static int r_prefetch(emb_store *b, int64_t step, const emb_idset *ids) {
   f->sent = 0;
   f->step = step;
   s->seen = step;
-  /* The Lookups too when they may go now (the hints first in the lane). */
+  /* The Lookups too when they may go now, without the hints: a Lookup
+   * reads its rows itself, and a hint beside it would only widen the race
+   * between it and the Push sent after it (one rank of async mode: the
+   * servers' threads may take the Push first once the Lookup waits). */
   if (pf_may_send(s, step)) {
+    calls_free(&f->L);
     if (lookup_start(s, &f->L, step, &v)) slot_release(s, f);
     else f->sent = 1;
     return 0;

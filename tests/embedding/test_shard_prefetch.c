@@ -290,6 +290,56 @@ START_TEST(test_exact_without_threads) {
 }
 END_TEST
 
+/* Async mode's order, as a shard server sees one rank of it: the lookup of
+ * step t+1 (and the prefetch of the steps after it) comes before the push
+ * of step t. Each lookup compared with the local store's in the same
+ * order; the pushes' gradients come from the rows of their own step. */
+static void run_async_order(int depth, uint64_t cache) {
+  emb_plan *p = make_plan(EMB_OPT_ADAGRAD, 3, 1);
+  char *dir = tmpdir(), err[512];
+  emb_store *l = emb_store_create_local(p, err, sizeof err);
+  ck_assert_msg(l != NULL, "%s", err);
+  emb_store *sh = make_shard(p, dir, cache, 0);
+  static bufs b[2];
+  static idstep st[2], tmp;
+  for (int k = 0; k < 2; k++)
+    for (int t = 0; t < NT; t++) {
+      b[k].ol[t] = b[k].out_l[t];
+      b[k].os[t] = b[k].out_s[t];
+      b[k].gp[t] = b[k].grads[t];
+    }
+  const int steps = 24;
+  scenario sc = {EMB_OPT_ADAGRAD, 3, 1, depth, 0, cache, steps, BATCH, -1, -1, -1, -1};
+  int64_t hi = 0;
+  gen_step(&st[0], 11, 0, BATCH);
+  lookup_both(l, sh, p, 0, &st[0], &b[0]);
+  for (int64_t t = 0; t < steps; t++) {
+    int k = (int)(t & 1), n = k ^ 1;
+    prefetch_ahead(sh, &sc, t, steps - 1, &hi, &tmp);
+    if (t + 1 < steps) {
+      gen_step(&st[n], 11, t + 1, BATCH);
+      lookup_both(l, sh, p, t + 1, &st[n], &b[n]);
+    }
+    make_grads(p, t, &st[k], &b[k]);
+    push_both(l, sh, t, &st[k], &b[k]);
+  }
+  ck_assert_uint_eq(counters(sh).pinned, 0);
+  ck_assert_uint_gt(counters(sh).prefetched, 0);
+  emb_store_destroy(sh);
+  emb_store_destroy(l);
+  sr_rmtree(dir);
+  free(dir);
+  emb_plan_free(p);
+}
+
+START_TEST(test_exact_async_order) {
+  for (int depth = 1; depth <= 2; depth++) {
+    run_async_order(depth, SMALL);
+    run_async_order(depth, 8192);
+  }
+}
+END_TEST
+
 /* Steps prefetched and never looked up leak nothing: the lookup of a later
  * step releases their pins, and the whole cache is usable after. */
 START_TEST(test_unused_prefetch_released) {
@@ -408,6 +458,7 @@ int main(void) {
   tcase_add_test(tc, test_exact_rowwise_adagrad);
   tcase_add_test(tc, test_exact_through_pass_flush_restore);
   tcase_add_test(tc, test_exact_without_threads);
+  tcase_add_test(tc, test_exact_async_order);
   tcase_add_test(tc, test_unused_prefetch_released);
   tcase_add_test(tc, test_prefetch_read_failure_reported);
   tcase_add_test(tc, test_prefetch_refuses_bad_ids);
