@@ -19,6 +19,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -26,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -49,12 +51,24 @@ typedef struct {
   emb_store *store;
   rpc_service *svc;
   int shard;
+  /* Handling time of this server's Lookups and Pushes (rpc_service_opts
+   * observe: decode, checks, the store, encode; not gRPC's part). */
+  _Atomic uint64_t calls[2], ns[2];
   volatile int stop;
   volatile int port;
   pthread_t th;
 } bserver;
 
 static void on_port(int port, void *ctx) { ((bserver *)ctx)->port = port; }
+
+static void on_call(void *ctx, rpc_method m, int status, const char *msg, double seconds,
+                    size_t in, size_t out) {
+  bserver *b = ctx;
+  (void)status, (void)msg, (void)in, (void)out;
+  if (m != RPC_LOOKUP && m != RPC_PUSH) return;
+  b->calls[m == RPC_PUSH]++;
+  b->ns[m == RPC_PUSH] += (uint64_t)(seconds * 1e9);
+}
 
 static void *server_main(void *arg) {
   bserver *b = arg;
@@ -68,37 +82,60 @@ static void *server_main(void *arg) {
   return NULL;
 }
 
+/* The step number of the next store call: every Push a step of its own (a
+ * server takes one Push per (job, step, rank) and answers a repeat as a
+ * retry, changing nothing). */
+static int64_t next_step = 1;
+
 /* Step k's ids: n distinct ids from a random permutation window. */
 static void step_ids(uint64_t *perm, uint64_t rows, int k, size_t n, uint64_t *out) {
   size_t at = ((size_t)k * n) % (size_t)(rows - n);
   memcpy(out, perm + at, n * sizeof *out);
 }
 
-/* Seconds per lookup step through store, median of 3 runs of ~secs each. */
-static double time_store(emb_store *s, uint64_t *perm, uint64_t rows, size_t n, float *out,
-                         double secs) {
-  double runs[3];
+/* CPU seconds this process (every thread: client and in-process servers)
+ * has used so far. */
+static double cpu_s(void) {
+  struct rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+/* Seconds per step of one op through store, median of 5 runs of ~secs
+ * each: push (grad [n][dim], SGD at a small rate) when push, else lookup
+ * (into out [n][dim]). -1 on failure (printed). */
+static double time_store(emb_store *s, int push, uint64_t *perm, uint64_t rows, size_t n,
+                         float *out, const float *grad, double secs, double *cpu) {
+  double runs[5], cpus[5];
   uint64_t *ids = malloc(n * sizeof *ids);
-  for (int r = 0; r < 3; r++) {
+  for (int r = 0; r < 5; r++) {
     int k = 0;
-    double t0 = sr_now(), t;
+    double t0 = sr_now(), c0 = cpu_s(), t;
     do {
       step_ids(perm, rows, k++, n, ids);
       const uint64_t *ip[1] = {ids};
       size_t counts[1] = {n};
       emb_idset set = {1, ip, counts};
       float *op[1] = {out};
-      if (emb_store_lookup_begin(s, k, &set, op) || emb_store_lookup_wait(s)) {
-        fprintf(stderr, "shardrec bench rpc: lookup: %s\n", emb_store_errmsg(s));
+      const float *gp[1] = {grad};
+      const int64_t step = next_step++;
+      int rc = push ? emb_store_push(s, step, 1e-3f, &set, gp)
+                    : emb_store_lookup_begin(s, step, &set, op) || emb_store_lookup_wait(s);
+      if (rc) {
+        fprintf(stderr, "shardrec bench rpc: %s: %s\n", push ? "push" : "lookup",
+                emb_store_errmsg(s));
         free(ids);
         return -1;
       }
       t = sr_now();
     } while (t - t0 < secs);
     runs[r] = (t - t0) / k;
+    cpus[r] = (cpu_s() - c0) / k;
   }
   free(ids);
-  return sr_median(runs, 3);
+  *cpu = sr_median(cpus, 5);
+  return sr_median(runs, 5);
 }
 
 /* Plain TCP: a peer thread reads req bytes and answers resp bytes. */
@@ -145,8 +182,8 @@ static double time_tcp(size_t req, size_t resp, double secs) {
   pthread_t th;
   pthread_create(&th, NULL, tcp_main, &p);
   char *q = calloc(1, req), *r = malloc(resp);
-  double runs[3];
-  for (int k = 0; k < 3; k++) {
+  double runs[5];
+  for (int k = 0; k < 5; k++) {
     int n = 0;
     double t0 = sr_now(), t;
     do {
@@ -163,12 +200,15 @@ static double time_tcp(size_t req, size_t resp, double secs) {
   close(ls);
   free(q);
   free(r);
-  return sr_median(runs, 3);
+  return sr_median(runs, 5);
 }
 
-static void print_row(const char *what, double per_step, size_t n, int dim) {
+/* cpu: CPU seconds a step (< 0: not measured). */
+static void print_row(const char *what, double per_step, double cpu, size_t n, int dim) {
   double rows = (double)n / per_step, mb = rows * dim * 4 / 1e6;
-  printf("  %-28s %10.0f rows/s  %8.1f MB/s  %8.1f us/step\n", what, rows, mb, per_step * 1e6);
+  printf("  %-30s %10.0f rows/s  %8.1f MB/s  %8.1f us/step", what, rows, mb, per_step * 1e6);
+  if (cpu >= 0) printf("  (CPU %7.1f us)", cpu * 1e6);
+  printf("\n");
 }
 
 extern char **environ;
@@ -310,11 +350,13 @@ done:
 /* One row group of the lookup table: ns shard servers (threads of this
  * process) over a dim-wide table of rows rows, filled by pushes, timed
  * beside the in-process store (and, for the first server count si 0, the
- * local and plain-TCP rows). perm: [rows] the ids in push and lookup order;
- * grad, out: [n][dim]. The exit status (1: failed, printed). */
+ * local and plain-TCP rows), Lookup then Push; tcp: the plain TCP round
+ * trips of a Lookup's and a Push's bytes (<= 0: failed). perm: [rows] the
+ * ids in push and lookup order; grad, out: [n][dim]. The exit status (1:
+ * failed, printed). */
 static int bench_servers(int dim, int ns, int si, long long rows, long long n,
                          uint64_t *perm, const float *grad, float *out, double secs,
-                         double t_tcp) {
+                         const double tcp[2]) {
   int status = 0;
   char err[512];
   uint64_t r1[1] = {(uint64_t)rows};
@@ -332,7 +374,8 @@ static int bench_servers(int dim, int ns, int si, long long rows, long long n,
     sv[k].plan = plan;
     sv[k].shard = k;
     sv[k].store = emb_store_create_local(plan, err, sizeof err);
-    rpc_service_opts so = {.shards = &sv[k].shard, .n_shards = 1};
+    rpc_service_opts so = {.shards = &sv[k].shard, .n_shards = 1, .observe = on_call,
+                           .observe_ctx = &sv[k]};
     sv[k].svc = rpc_service_create(plan, sv[k].store, &so, err, sizeof err);
     pthread_create(&sv[k].th, NULL, server_main, &sv[k]);
     while (!sv[k].port) usleep(1000);
@@ -347,7 +390,8 @@ static int bench_servers(int dim, int ns, int si, long long rows, long long n,
     size_t counts[1] = {(size_t)(rows - at < n ? rows - at : n)};
     emb_idset set = {1, ip, counts};
     const float *gp[1] = {grad};
-    if (emb_store_push(rem, 0, 1.0f, &set, gp) || emb_store_push(loc, 0, 1.0f, &set, gp)) {
+    const int64_t step = next_step++;
+    if (emb_store_push(rem, step, 1.0f, &set, gp) || emb_store_push(loc, step, 1.0f, &set, gp)) {
       fprintf(stderr, "shardrec bench rpc: fill: %s\n", emb_store_errmsg(rem));
       status = 1;
       break;
@@ -357,20 +401,33 @@ static int bench_servers(int dim, int ns, int si, long long rows, long long n,
     fprintf(stderr, "shardrec bench rpc: %s\n", err);
     status = 1;
   }
-  if (!status) {
-    double t_rem = time_store(rem, perm, (uint64_t)rows, (size_t)n, out, secs);
-    double t_loc = time_store(loc, perm, (uint64_t)rows, (size_t)n, out, secs);
+  for (int push = 0; push < 2 && !status; push++) {
+    double c_rem, c_loc;
+    uint64_t calls0 = sv[0].calls[push], ns0 = sv[0].ns[push];
+    double t_rem = time_store(rem, push, perm, (uint64_t)rows, (size_t)n, out, grad, secs, &c_rem);
+    double t_loc = time_store(loc, push, perm, (uint64_t)rows, (size_t)n, out, grad, secs, &c_loc);
+    const double t_tcp = tcp[push];
     if (t_rem < 0 || t_loc < 0) status = 1;
     else {
       char what[64];
-      snprintf(what, sizeof what, "gRPC, %d server%s", ns, ns > 1 ? "s" : "");
-      print_row(what, t_rem, (size_t)n, dim);
+      const char *op = push ? "Push" : "Lookup";
+      snprintf(what, sizeof what, "%s gRPC, %d server%s", op, ns, ns > 1 ? "s" : "");
+      print_row(what, t_rem, c_rem, (size_t)n, dim);
+      if (ns == 1 && sv[0].calls[push] > calls0)
+        printf("    (of which the server's handling, gRPC's part left out: %.1f us a call)\n",
+               1e-3 * (double)(sv[0].ns[push] - ns0) / (double)(sv[0].calls[push] - calls0));
       if (si == 0) {
-        print_row("in-process local store", t_loc, (size_t)n, dim);
-        if (t_tcp > 0) print_row("plain TCP round trip", t_tcp, (size_t)n, dim);
+        snprintf(what, sizeof what, "%s in-process store", op);
+        print_row(what, t_loc, c_loc, (size_t)n, dim);
+        snprintf(what, sizeof what, "%s plain TCP, same bytes", op);
+        if (t_tcp > 0) print_row(what, t_tcp, -1, (size_t)n, dim);
       }
-      printf("    (gRPC %d: %.1fx the in-process time%s)\n", ns, t_rem / t_loc,
-             t_tcp > 0 ? "" : "; TCP baseline failed");
+      if (t_tcp > 0)
+        printf("    (%s gRPC %d: %.1f%% of plain TCP's rate, %.1fx the in-process time)\n", op, ns,
+               100 * t_tcp / t_rem, t_rem / t_loc);
+      else
+        printf("    (%s gRPC %d: %.1fx the in-process time; TCP baseline failed)\n", op, ns,
+               t_rem / t_loc);
     }
   }
   emb_store_destroy(rem);
@@ -386,10 +443,33 @@ static int bench_servers(int dim, int ns, int si, long long rows, long long n,
   return status;
 }
 
+/* "A,B,..." (at most 4 integers in lo..hi) into v[*n]; 0, or 2 with the
+ * flag error printed. */
+static int int_list(const char *flag, const char *arg, int lo, int hi, int *v, int *n) {
+  char buf[128];
+  snprintf(buf, sizeof buf, "%s", arg);
+  *n = 0;
+  for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    long long x;
+    if (*n == 4) {
+      fprintf(stderr, "shardrec bench rpc: %s '%s': at most 4 values\n", flag, arg);
+      return 2;
+    }
+    if (cli_int(CMD, flag, tok, lo, hi, &x)) return 2;
+    v[(*n)++] = (int)x;
+  }
+  if (!*n) {
+    fprintf(stderr, "shardrec bench rpc: %s '%s': no values\n", flag, arg);
+    return 2;
+  }
+  return 0;
+}
+
 int bench_rpc(int argc, char **argv) {
   long long rows = 262144, n = 4096, train_rows = 100000, train_steps = 400, train_batch = 128;
   const char *part = "all";
   double secs = 1.0;
+  int dims[4] = {16, 128}, n_dims = 2, nsrv[4] = {1, 4}, n_srv = 2;
   static const struct option lo[] = {{"rows", required_argument, 0, 'r'},
                                      {"train-rows", required_argument, 0, 'R'},
                                      {"train-steps", required_argument, 0, 'S'},
@@ -397,6 +477,8 @@ int bench_rpc(int argc, char **argv) {
                                      {"part", required_argument, 0, 'p'},
                                      {"ids", required_argument, 0, 'n'},
                                      {"seconds", required_argument, 0, 's'},
+                                     {"dims", required_argument, 0, 'd'},
+                                     {"servers", required_argument, 0, 'k'},
                                      {"help", no_argument, 0, 'h'},
                                      {0, 0, 0, 0}};
   optind = 1;
@@ -407,6 +489,8 @@ int bench_rpc(int argc, char **argv) {
       case 'r': if (cli_int(CMD, "--rows", optarg, 65536, 1LL << 26, &rows)) return 2; break;
       case 'n': if (cli_int(CMD, "--ids", optarg, 1, 1 << 20, &n)) return 2; break;
       case 's': if (cli_double(CMD, "--seconds", optarg, 0.05, 60, &secs)) return 2; break;
+      case 'd': if (int_list("--dims", optarg, 1, 1024, dims, &n_dims)) return 2; break;
+      case 'k': if (int_list("--servers", optarg, 1, 4, nsrv, &n_srv)) return 2; break;
       case 'R': if (cli_int(CMD, "--train-rows", optarg, 10000, 1LL << 32, &train_rows)) return 2; break;
       case 'S': if (cli_int(CMD, "--train-steps", optarg, 1, 1 << 24, &train_steps)) return 2; break;
       case 'B': if (cli_int(CMD, "--train-batch", optarg, 1, 1 << 20, &train_batch)) return 2; break;
@@ -419,8 +503,8 @@ int bench_rpc(int argc, char **argv) {
         break;
       case 'h':
         printf("usage: shardrec bench rpc [--part all|lookup|train] [--rows N (262144)] [--ids N (4096)]\n"
-               "       [--seconds S (1)] [--train-rows N (100000)] [--train-steps N (400)]\n"
-               "       [--train-batch N (128)]\n");
+               "       [--dims D,... (16,128)] [--servers K,... (1,4)] [--seconds S (1)]\n"
+               "       [--train-rows N (100000)] [--train-steps N (400)] [--train-batch N (128)]\n");
         return 0;
       default: cli_bad_option(CMD, c == ':' ? ':' : '?', argv[optind - 1]); return 2;
     }
@@ -431,7 +515,7 @@ int bench_rpc(int argc, char **argv) {
     return 2;
   }
   printf("bench rpc: lookups of %lld unique random ids per step from a table of %lld rows (filled\n"
-         "with pushed, random rows), medians of 3 runs of %.1f s; servers are threads of this\n"
+         "with pushed, random rows), medians of 5 runs of %.1f s; servers are threads of this\n"
          "process on 127.0.0.1\n", n, rows, secs);
   uint64_t *perm = malloc((size_t)rows * sizeof *perm);
   sr_rng rng;
@@ -442,18 +526,20 @@ int bench_rpc(int argc, char **argv) {
     perm[i] = perm[j];
     perm[j] = t;
   }
-  const int dims[2] = {16, 128}, nsrv[2] = {1, 4};
   int status = 0;
-  for (int di = 0; di < 2 && !status; di++) {
+  for (int di = 0; di < n_dims && !status; di++) {
     const int dim = dims[di];
     float *out = malloc((size_t)n * (size_t)dim * sizeof *out);
     float *grad = malloc((size_t)n * (size_t)dim * sizeof *grad);
     for (size_t i = 0; i < (size_t)n * (size_t)dim; i++) grad[i] = (float)sr_rng_uniform(&rng) - 0.5f;
     printf("dim %d (%zu bytes a row, %.2f MB of rows a step)\n", dim, (size_t)dim * 4,
            (double)n * dim * 4 / 1e6);
-    double t_tcp = time_tcp((size_t)n * 8, (size_t)n * (size_t)dim * 4, secs);
-    for (int si = 0; si < 2 && !status; si++)
-      status = bench_servers(dim, nsrv[si], si, rows, n, perm, grad, out, secs, t_tcp);
+    /* The same bytes as a Lookup (ids out, rows back) and a Push (ids and
+     * rows out, a short answer back). */
+    const double tcp[2] = {time_tcp((size_t)n * 8, (size_t)n * (size_t)dim * 4, secs),
+                           time_tcp((size_t)n * 8 + (size_t)n * (size_t)dim * 4, 16, secs)};
+    for (int si = 0; si < n_srv && !status; si++)
+      status = bench_servers(dim, nsrv[si], si, rows, n, perm, grad, out, secs, tcp);
     free(out);
     free(grad);
   }
