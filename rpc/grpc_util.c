@@ -36,6 +36,29 @@ int rpc__bb_read(grpc_byte_buffer *bb, uint8_t **out, size_t *len) {
   return 0;
 }
 
+int rpc__bb_view(grpc_byte_buffer *bb, grpc_slice *sl) {
+  *sl = grpc_empty_slice();
+  if (!bb) return 0;
+  if (bb->type == GRPC_BB_RAW && bb->data.raw.compression == GRPC_COMPRESS_NONE &&
+      bb->data.raw.slice_buffer.count <= 1) { /* in place: no copy */
+    if (bb->data.raw.slice_buffer.count) *sl = grpc_slice_ref(bb->data.raw.slice_buffer.slices[0]);
+    return 0;
+  }
+  grpc_byte_buffer_reader rd;
+  if (!grpc_byte_buffer_reader_init(&rd, bb)) return -1;
+  *sl = grpc_byte_buffer_reader_readall(&rd); /* one copy of several slices */
+  grpc_byte_buffer_reader_destroy(&rd);
+  return 0;
+}
+
+grpc_byte_buffer *rpc__bb_take(uint8_t *data, size_t len) {
+  if (!data) return rpc__bb_make(NULL, 0);
+  grpc_slice sl = grpc_slice_new(data, len, free);
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
+  grpc_slice_unref(sl);
+  return bb;
+}
+
 grpc_byte_buffer *rpc__bb_make(const uint8_t *data, size_t len) {
   grpc_slice sl = grpc_slice_malloc(len);
   if (len) memcpy(GRPC_SLICE_START_PTR(sl), data, len);
