@@ -24,15 +24,28 @@ int rpc__bb_read(grpc_byte_buffer *bb, uint8_t **out, size_t *len) {
   }
   grpc_byte_buffer_reader rd;
   if (!grpc_byte_buffer_reader_init(&rd, bb)) return -1;
-  grpc_slice sl = grpc_byte_buffer_reader_readall(&rd);
-  grpc_byte_buffer_reader_destroy(&rd);
-  size_t n = GRPC_SLICE_LENGTH(sl);
+  /* The slices copied once, straight into the array (readall would copy
+   * them into a slice of its own first). */
+  size_t n = grpc_byte_buffer_length(rd.buffer_out);
   uint8_t *p = malloc(n ? n : 1);
-  if (p) memcpy(p, GRPC_SLICE_START_PTR(sl), n);
-  grpc_slice_unref(sl);
+  size_t at = 0;
+  grpc_slice sl;
+  while (p && grpc_byte_buffer_reader_next(&rd, &sl)) {
+    size_t k = GRPC_SLICE_LENGTH(sl);
+    if (at + k > n) { /* cannot happen: the length is the slices' sum */
+      grpc_slice_unref(sl);
+      free(p);
+      p = NULL;
+      break;
+    }
+    memcpy(p + at, GRPC_SLICE_START_PTR(sl), k);
+    at += k;
+    grpc_slice_unref(sl);
+  }
+  grpc_byte_buffer_reader_destroy(&rd);
   if (!p) return -1;
   *out = p;
-  *len = n;
+  *len = at;
   return 0;
 }
 
