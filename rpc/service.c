@@ -534,7 +534,7 @@ static size_t table_layout(uint32_t table_id, int dim, size_t rows_len, size_t a
 }
 
 /* Offsets of each table's rows in the answer (rows_at[n_tables]) and the
- * answer's length. 0, or -1 when it would overflow. */
+ * answer's length. Always 0: check_answer has bounded the answer's size. */
 static int answer_layout(const rpc_service *s, const Shardrec__V1__LookupRequest *q,
                          const int *idx, size_t *rows_at, size_t *len) {
   size_t at = 0, inner, pad;
@@ -577,6 +577,7 @@ static void answer_write(const rpc_service *s, const Shardrec__V1__LookupRequest
   uint8_t *p = out + at;
   *p++ = 0x10; /* LookupResponse.incarnation */
   p = varint_put(p, s->incarnation);
+  assert((size_t)(p - out) == len); /* answer_layout's length */
   (void)len;
 }
 
