@@ -1,19 +1,30 @@
-/* shardrec bench rpc: embedding lookups over gRPC on loopback.
+/* shardrec bench rpc: embedding Lookups and Pushes over gRPC.
  *
- * Rows/s and MB/s of Lookup through the remote store (4096 unique random
- * ids per step, split by shard, one call per shard in flight at once) for
- * dim 16 and 128 against 1 and 4 shard servers, beside, on the same keys in
- * the same run: the in-process local store, and a plain TCP loopback
- * round trip of the same bytes (ids out, rows back) with no gRPC at all.
- * Servers run as threads of this process (each its own gRPC server, store
- * and completion queues), so client and servers share this machine's
- * cores, as they would on one host. Medians of 3 runs.
+ * Rows/s and MB/s of Lookup and Push through the remote store (4096 unique
+ * random ids per step, split by shard, one call per shard in flight at
+ * once) for dim 16 and 128 against 1 and 4 shard servers, beside, on the
+ * same keys in the same run: the in-process local store, and plain TCP
+ * round trips of the same bytes (Lookup: ids out, rows back; Push: ids and
+ * rows out, a short answer back) with no gRPC at all; the CPU time of the
+ * whole process per step, and for 1 server the server's own handling time
+ * per call (its observe hook: decode, checks, store, encode). Servers run
+ * as threads of this process (each its own gRPC server, store and
+ * completion queues), so client and servers share this machine's cores, as
+ * they would on one host. Medians of 5 runs. Then the p50 and p99 of a
+ * 128-id Lookup, one at a time, beside TCP round trips of its bytes.
+ *
+ * Then, as root, the same over a link between two network namespaces
+ * (tests/cluster/netns.sh): `serve --insecure` and a TCP peer (`--part
+ * tcp-peer`) in one, the client (`--part client`, which first checks its
+ * rows bit for bit against an in-process store) in the other; skipped with
+ * a message otherwise.
  *
  * Then training: samples/s of `shardrec train` for the Kaggle configuration
- * (dim 16, 13-512-256-64-16 / 512-256-1, dot, SGD) on generated data, in
- * process and against 2 `shardrec serve` child processes on loopback (a
- * 2-shard row-wise plan), with the ratio and the trainer's per-phase times
- * of both runs (where the time goes). */
+ * (dim 16, 13-512-256-64-16 / 512-256-1, dot, SGD) at --train-batch and the
+ * MLPerf-like one (dim 128, 13-512-256-128 / 1024-1024-512-256-1) at batch
+ * 2048, on generated data, in process and against 2 `shardrec serve` child
+ * processes on loopback (a 2-shard row-wise plan), with the ratio and the
+ * trainer's per-phase times of both runs (where the time goes). */
 #include <arpa/inet.h>
 #include <getopt.h>
 #include <netinet/in.h>
@@ -916,7 +927,7 @@ int bench_rpc(int argc, char **argv) {
     fprintf(stderr, "shardrec bench rpc: --ids must be at most half of --rows\n");
     return 2;
   }
-  printf("bench rpc: lookups of %lld unique random ids per step from a table of %lld rows (filled\n"
+  printf("bench rpc: Lookups and Pushes of %lld unique random ids per step, a table of %lld rows (filled\n"
          "with pushed, random rows), medians of 5 runs of %.1f s; servers are threads of this\n"
          "process on 127.0.0.1\n", n, rows, secs);
   uint64_t *perm = malloc((size_t)rows * sizeof *perm);
