@@ -70,6 +70,9 @@ typedef struct {
   pthread_t th;
 } bserver;
 
+/* Worker threads of each in-process server (--server-threads). */
+static int server_threads = 1;
+
 static void on_port(int port, void *ctx) { ((bserver *)ctx)->port = port; }
 
 static void on_call(void *ctx, rpc_method m, int status, const char *msg, double seconds,
@@ -84,7 +87,8 @@ static void on_call(void *ctx, rpc_method m, int status, const char *msg, double
 static void *server_main(void *arg) {
   bserver *b = arg;
   char err[512];
-  rpc_server_opts o = {.listen = "127.0.0.1:0", .threads = 1, .max_message_bytes = 256 << 20,
+  rpc_server_opts o = {.listen = "127.0.0.1:0", .threads = server_threads,
+                       .max_message_bytes = 256 << 20,
                        .stop = &b->stop, .shutdown_grace_s = 1};
   if (rpc_server_run(b->svc, &o, on_port, b, err, sizeof err)) {
     fprintf(stderr, "shardrec bench rpc: server %d: %s\n", b->shard, err);
@@ -865,6 +869,7 @@ int bench_rpc(int argc, char **argv) {
                                      {"listen", required_argument, 0, 'L'},
                                      {"netns", required_argument, 0, 'N'},
                                      {"rate", required_argument, 0, 'Q'},
+                                     {"server-threads", required_argument, 0, 'W'},
                                      {"servers", required_argument, 0, 'k'},
                                      {"help", no_argument, 0, 'h'},
                                      {0, 0, 0, 0}};
@@ -884,6 +889,12 @@ int bench_rpc(int argc, char **argv) {
       case 'L': listen_at = optarg; break;
       case 'N': netns = optarg; break;
       case 'Q': rate = optarg; break;
+      case 'W': {
+        long long t;
+        if (cli_int(CMD, "--server-threads", optarg, 1, 64, &t)) return 2;
+        server_threads = (int)t;
+        break;
+      }
       case 'R': if (cli_int(CMD, "--train-rows", optarg, 10000, 1LL << 32, &train_rows)) return 2; break;
       case 'S': if (cli_int(CMD, "--train-steps", optarg, 1, 1 << 24, &train_steps)) return 2; break;
       case 'B': if (cli_int(CMD, "--train-batch", optarg, 1, 1 << 20, &train_batch)) return 2; break;
@@ -898,7 +909,7 @@ int bench_rpc(int argc, char **argv) {
         break;
       case 'h':
         printf("usage: shardrec bench rpc [--part all|lookup|train|netns] [--rows N (262144)] [--ids N (4096)]\n"
-               "       [--dims D,... (16,128)] [--servers K,... (1,4)] [--seconds S (1)]\n"
+               "       [--dims D,... (16,128)] [--servers K,... (1,4)] [--server-threads N (1)] [--seconds S (1)]\n"
                "       [--train-rows N (100000)] [--train-steps N (400)] [--train-batch N (128)]\n"
                "       [--netns PATH (tests/cluster/netns.sh of the source tree)] [--rate R (tc's: 1gbit)]\n"
                "       shardrec bench rpc --part client --plan FILE --server ADDR [--tcp ADDR] [--ids N]\n"
