@@ -24,16 +24,52 @@ int rpc__bb_read(grpc_byte_buffer *bb, uint8_t **out, size_t *len) {
   }
   grpc_byte_buffer_reader rd;
   if (!grpc_byte_buffer_reader_init(&rd, bb)) return -1;
-  grpc_slice sl = grpc_byte_buffer_reader_readall(&rd);
-  grpc_byte_buffer_reader_destroy(&rd);
-  size_t n = GRPC_SLICE_LENGTH(sl);
+  /* The slices copied once, straight into the array (readall would copy
+   * them into a slice of its own first). */
+  size_t n = grpc_byte_buffer_length(rd.buffer_out);
   uint8_t *p = malloc(n ? n : 1);
-  if (p) memcpy(p, GRPC_SLICE_START_PTR(sl), n);
-  grpc_slice_unref(sl);
+  size_t at = 0;
+  grpc_slice sl;
+  while (p && grpc_byte_buffer_reader_next(&rd, &sl)) {
+    size_t k = GRPC_SLICE_LENGTH(sl);
+    if (at + k > n) { /* cannot happen: the length is the slices' sum */
+      grpc_slice_unref(sl);
+      free(p);
+      p = NULL;
+      break;
+    }
+    memcpy(p + at, GRPC_SLICE_START_PTR(sl), k);
+    at += k;
+    grpc_slice_unref(sl);
+  }
+  grpc_byte_buffer_reader_destroy(&rd);
   if (!p) return -1;
   *out = p;
-  *len = n;
+  *len = at;
   return 0;
+}
+
+int rpc__bb_view(grpc_byte_buffer *bb, grpc_slice *sl) {
+  *sl = grpc_empty_slice();
+  if (!bb) return 0;
+  if (bb->type == GRPC_BB_RAW && bb->data.raw.compression == GRPC_COMPRESS_NONE &&
+      bb->data.raw.slice_buffer.count <= 1) { /* in place: no copy */
+    if (bb->data.raw.slice_buffer.count) *sl = grpc_slice_ref(bb->data.raw.slice_buffer.slices[0]);
+    return 0;
+  }
+  grpc_byte_buffer_reader rd;
+  if (!grpc_byte_buffer_reader_init(&rd, bb)) return -1;
+  *sl = grpc_byte_buffer_reader_readall(&rd); /* one copy of several slices */
+  grpc_byte_buffer_reader_destroy(&rd);
+  return 0;
+}
+
+grpc_byte_buffer *rpc__bb_take(uint8_t *data, size_t len) {
+  if (!data) return rpc__bb_make(NULL, 0);
+  grpc_slice sl = grpc_slice_new(data, len, free);
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
+  grpc_slice_unref(sl);
+  return bb;
 }
 
 grpc_byte_buffer *rpc__bb_make(const uint8_t *data, size_t len) {

@@ -14,8 +14,18 @@
 /* Copy a received byte buffer (maybe several slices, maybe compressed) into
  * a malloc'd array. Returns 0, or -1 when out of memory. NULL bb: empty. */
 int rpc__bb_read(grpc_byte_buffer *bb, uint8_t **out, size_t *len);
+/* A received byte buffer's bytes as one slice (the caller unrefs it): the
+ * buffer's own slice, no copy, when it is one uncompressed slice (the
+ * slice holds a reference: it stays valid after bb is destroyed), else one
+ * copy of its slices (decompressed). NULL bb: an empty slice. 0, or -1
+ * when gRPC cannot read it. */
+int rpc__bb_view(grpc_byte_buffer *bb, grpc_slice *sl);
 /* A byte buffer holding a copy of data[len]. */
 grpc_byte_buffer *rpc__bb_make(const uint8_t *data, size_t len);
+/* A byte buffer over data[len] without a copy: it takes data (malloc'd),
+ * which gRPC frees once the last reference to it goes (after the message
+ * is sent). NULL data: an empty buffer. */
+grpc_byte_buffer *rpc__bb_take(uint8_t *data, size_t len);
 /* Server TLS whose certificate, key and client CA can be reloaded from
  * their files while serving: gRPC asks the fetcher for its certificate
  * config at each handshake, and rpc__tls_server_reload hands it the files'

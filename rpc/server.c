@@ -145,9 +145,11 @@ static int post_request(worker *w, int m) {
   return 0;
 }
 
-/* Answer c's call with status (and body when status is OK). Takes c. Any
- * thread may answer a call: the batch completes on the owner's queue. */
-static void reply(worker *w, call_ctx *c, int status, const char *msg, const uint8_t *body,
+/* Answer c's call with status (and body when status is OK). Takes c and
+ * body (malloc'd, or NULL: sent without a copy and freed when gRPC is done
+ * with it, whatever the status). Any thread may answer a call: the batch
+ * completes on the owner's queue. */
+static void reply(worker *w, call_ctx *c, int status, const char *msg, uint8_t *body,
                   size_t len) {
   c->kind = TAG_REPLY;
   grpc_op ops[4];
@@ -155,8 +157,9 @@ static void reply(worker *w, call_ctx *c, int status, const char *msg, const uin
   int n = 0;
   ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
   n++;
+  if (status != RPC_OK) free(body);
   if (status == RPC_OK) {
-    c->send = rpc__bb_make(body, len);
+    c->send = rpc__bb_take(body, len);
     ops[n].op = GRPC_OP_SEND_MESSAGE;
     ops[n].data.send_message.send_message = c->send;
     n++;
@@ -258,13 +261,12 @@ static int handle(worker *w, call_ctx *c) {
     return 0;
   }
   if (!authorised(w, c)) return 0;
-  uint8_t *in;
-  size_t len;
+  grpc_slice in;
   if (!c->payload) {
     reply(w, c, RPC_INVALID_ARGUMENT, "no request message", NULL, 0);
     return 0;
   }
-  if (rpc__bb_read(c->payload, &in, &len)) {
+  if (rpc__bb_view(c->payload, &in)) {
     reply(w, c, RPC_RESOURCE_EXHAUSTED, "out of memory reading the request", NULL, 0);
     return 0;
   }
@@ -278,8 +280,9 @@ static int handle(worker *w, call_ctx *c) {
     c->close_early = 1;
     atomic_store(&c->refs, 2);
   }
-  rpc_service_handle_call(w->st->svc, (rpc_method)c->method, in, len, c, left_s, &r);
-  free(in);
+  rpc_service_handle_call(w->st->svc, (rpc_method)c->method, GRPC_SLICE_START_PTR(in),
+                          GRPC_SLICE_LENGTH(in), c, left_s, &r);
+  grpc_slice_unref(in);
   if (r.status == RPC_PARKED) { /* answered later by whichever worker wakes it */
     w->live++;
     close_tag *ct = calloc(1, sizeof *ct);
@@ -311,10 +314,9 @@ static int handle(worker *w, call_ctx *c) {
   c->held = r.held;
   if (r.status == RPC_OK &&
       gpr_time_cmp(c->deadline, gpr_now(c->deadline.clock_type)) < 0)
-    reply(w, c, RPC_DEADLINE_EXCEEDED, "deadline passed while handling the call", NULL, 0);
+    reply(w, c, RPC_DEADLINE_EXCEEDED, "deadline passed while handling the call", r.out, 0);
   else
     reply(w, c, r.status, r.msg, r.out, r.out_len);
-  free(r.out);
   return 0;
 }
 
@@ -362,7 +364,6 @@ static void answer_woken(server_state *st) {
       c->held = wk[i].r.held;
       reply(owner, c, wk[i].r.status, wk[i].r.msg, wk[i].r.out, wk[i].r.out_len);
       owner->live--; /* no longer parked (reply counted its batch first) */
-      free(wk[i].r.out);
     }
   } while (n == 16);
 }

@@ -4,6 +4,7 @@
  * call waits, which push is held, when a job is dropped) is the
  * coordinator's (rpc/coord.c); this file decodes, validates, calls it under
  * the service's lock and encodes its outcome. */
+#include <assert.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -460,9 +461,29 @@ static int check_clean(rpc_service *s, rpc_reply *r) {
   return r->status;
 }
 
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
+/* Whether ids[n] holds a value twice (the first repeat into *twice), in
+ * one pass over an open-addressing set in scratch: cap (a power of two,
+ * >= 2n) slots then cap / 8 bytes of occupancy bits. (A qsort of the ids
+ * was a fifth of a 4096-id Push's handling.) */
+static int ids_repeated(const uint64_t *ids, size_t n, uint64_t *scratch, size_t cap,
+                        uint64_t *twice) {
+  uint8_t *used = (uint8_t *)(scratch + cap);
+  memset(used, 0, cap / 8);
+  for (size_t k = 0; k < n; k++) {
+    uint64_t h = ids[k] * 0x9e3779b97f4a7c15ULL;
+    for (size_t at = (size_t)(h >> 32) & (cap - 1);; at = (at + 1) & (cap - 1)) {
+      if (!(used[at / 8] & (1u << (at % 8)))) {
+        used[at / 8] |= (uint8_t)(1u << (at % 8));
+        scratch[at] = ids[k];
+        break;
+      }
+      if (scratch[at] == ids[k]) {
+        *twice = ids[k];
+        return 1;
+      }
+    }
+  }
+  return 0;
 }
 
 static void pack_reply(rpc_reply *r, const ProtobufCMessage *m) {
@@ -475,6 +496,96 @@ static void pack_reply(rpc_reply *r, const ProtobufCMessage *m) {
   }
   r->out_len = protobuf_c_message_pack(m, r->out);
 }
+/* The LookupResponse is written by hand, so that the store writes the rows
+ * straight into the answer (no TableRows buffers, no pack copy): per table
+ * a TableRows of table_id (1), dim (2), a padding field and rows (3), then
+ * incarnation (2). The padding is an unknown length-delimited field, 15,
+ * of 2 to 5 bytes, there when needed so that each table's rows start
+ * 4-byte aligned in the answer (the store writes floats); every protobuf
+ * decoder skips it. */
+#define PAD_FIELD_TAG 0x7a /* field 15, wire type 2 */
+
+static size_t varint_len(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) v >>= 7, n++;
+  return n;
+}
+
+static uint8_t *varint_put(uint8_t *p, uint64_t v) {
+  while (v >= 0x80) *p++ = (uint8_t)(v | 0x80), v >>= 7;
+  *p++ = (uint8_t)v;
+  return p;
+}
+
+/* One table's TableRows from its start at: its content's length (*inner),
+ * the padding field's size (*pad: 0, or 2..9 bytes: tag, length, zeros)
+ * and where its rows begin, a multiple of 4. Of the sizes 2..9 the header's
+ * varint changes length at most once, so four consecutive ones share it
+ * and one of them aligns the rows. */
+static size_t table_layout(uint32_t table_id, int dim, size_t rows_len, size_t at,
+                           size_t *inner, size_t *pad) {
+  const size_t fixed = 1 + varint_len(table_id) + 1 + varint_len((uint64_t)dim) + 1 +
+                       varint_len(rows_len) + rows_len;
+  for (size_t p = 0; p <= 9; p += p ? 1 : 2) {
+    const size_t in = fixed + p, from = at + 1 + varint_len(in) + in - rows_len;
+    if (from % 4 == 0) {
+      *inner = in;
+      *pad = p;
+      return from;
+    }
+  }
+  assert(!"no padding aligns the rows"); /* unreachable: see above */
+  return 0;
+}
+
+/* Offsets of each table's rows in the answer (rows_at[n_tables]) and the
+ * answer's length. Always 0: check_answer has bounded the answer's size. */
+static int answer_layout(const rpc_service *s, const Shardrec__V1__LookupRequest *q,
+                         const int *idx, size_t *rows_at, size_t *len) {
+  size_t at = 0, inner, pad;
+  for (size_t i = 0; i < q->n_tables; i++) {
+    const int dim = s->plan->tables[idx[i]].dim;
+    const size_t rl = q->tables[i]->n_ids * (size_t)dim * sizeof(float);
+    rows_at[i] = table_layout(q->tables[i]->table_id, dim, rl, at, &inner, &pad);
+    at = rows_at[i] + rl;
+  }
+  *len = at + 1 + varint_len(s->incarnation);
+  return 0;
+}
+
+/* Everything of the answer but the rows (left for the store at rows_at). */
+static void answer_write(const rpc_service *s, const Shardrec__V1__LookupRequest *q,
+                         const int *idx, const size_t *rows_at, uint8_t *out, size_t len) {
+  size_t at = 0, inner, pad;
+  for (size_t i = 0; i < q->n_tables; i++) {
+    const uint32_t id = q->tables[i]->table_id;
+    const int dim = s->plan->tables[idx[i]].dim;
+    const size_t rl = q->tables[i]->n_ids * (size_t)dim * sizeof(float);
+    table_layout(id, dim, rl, at, &inner, &pad);
+    uint8_t *p = out + at;
+    *p++ = 0x0a; /* LookupResponse.tables */
+    p = varint_put(p, inner);
+    *p++ = 0x08; /* TableRows.table_id */
+    p = varint_put(p, id);
+    *p++ = 0x10; /* TableRows.dim */
+    p = varint_put(p, (uint64_t)dim);
+    if (pad) {
+      *p++ = PAD_FIELD_TAG;
+      *p++ = (uint8_t)(pad - 2);
+      memset(p, 0, pad - 2);
+      p += pad - 2;
+    }
+    *p++ = 0x1a; /* TableRows.rows */
+    p = varint_put(p, rl);
+    at = rows_at[i] + rl;
+  }
+  uint8_t *p = out + at;
+  *p++ = 0x10; /* LookupResponse.incarnation */
+  p = varint_put(p, s->incarnation);
+  assert((size_t)(p - out) == len); /* answer_layout's length */
+  (void)len;
+}
+
 /* Refuse a Lookup of tables[n] (plan indexes idx) whose answer would not
  * fit the message limit, before anything is allocated for it; else take
  * its share of the in-flight budget. RPC_OK or a status in r. */
@@ -538,7 +649,7 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
   const uint64_t **ids = NULL;
   size_t *counts = NULL;
   float **outp = NULL;
-  Shardrec__V1__TableRows *rows = NULL, **rowp = NULL;
+  size_t *rows_at = NULL;
   if (!q) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid shardrec.v1.LookupRequest (%zu bytes)", len);
   if (check_header(s, q->header, r) || check_clean(s, r)) goto out;
   idx = calloc(q->n_tables + 1, sizeof *idx);
@@ -546,9 +657,8 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
   ids = calloc((size_t)nt, sizeof *ids);
   counts = calloc((size_t)nt, sizeof *counts);
   outp = calloc((size_t)nt, sizeof *outp);
-  rows = calloc(q->n_tables + 1, sizeof *rows);
-  rowp = calloc(q->n_tables + 1, sizeof *rowp);
-  if (!idx || !seen || !ids || !counts || !outp || !rows || !rowp)
+  rows_at = calloc(q->n_tables + 1, sizeof *rows_at);
+  if (!idx || !seen || !ids || !counts || !outp || !rows_at)
     FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
   size_t total = 0;
   for (size_t i = 0; i < q->n_tables; i++) {
@@ -577,39 +687,25 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
     }
   }
   if (check_answer(s, q->tables, q->n_tables, idx, token != NULL, r)) goto out;
+  if (answer_layout(s, q, idx, rows_at, &r->out_len) ||
+      !(r->out = malloc(r->out_len ? r->out_len : 1)))
+    FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory for the answer");
   static float dummy;
   for (int t = 0; t < nt; t++) outp[t] = &dummy;
   for (size_t i = 0; i < q->n_tables; i++) {
-    const int t = idx[i], dim = s->plan->tables[t].dim;
-    shardrec__v1__table_rows__init(&rows[i]);
-    rows[i].table_id = q->tables[i]->table_id;
-    rows[i].dim = dim;
-    rows[i].rows.len = q->tables[i]->n_ids * (size_t)dim * sizeof(float);
-    rows[i].rows.data = malloc(rows[i].rows.len ? rows[i].rows.len : 1);
-    if (!rows[i].rows.data) FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
-    rowp[i] = &rows[i];
-    outp[t] = (float *)rows[i].rows.data;
+    const int t = idx[i];
+    outp[t] = (float *)(r->out + rows_at[i]); /* 4-byte aligned: answer_layout */
   }
+  answer_write(s, q, idx, rows_at, r->out, r->out_len);
   pthread_mutex_lock(&s->mu);
   if (q->header->step > s->hi_step) s->hi_step = q->header->step;
   int rc = emb_store_lookup_begin(s->store, q->header->step, &set, outp);
   if (!rc) rc = emb_store_lookup_wait(s->store);
   if (rc) snprintf(r->msg, sizeof r->msg, "lookup: %s", emb_store_errmsg(s->store));
   pthread_mutex_unlock(&s->mu);
-  if (rc) {
-    r->status = RPC_INTERNAL;
-    goto out;
-  }
-  Shardrec__V1__LookupResponse resp = SHARDREC__V1__LOOKUP_RESPONSE__INIT;
-  resp.n_tables = q->n_tables;
-  resp.tables = rowp;
-  resp.incarnation = s->incarnation;
-  pack_reply(r, &resp.base);
+  if (rc) r->status = RPC_INTERNAL; /* rpc_service_handle_call frees the answer */
 out:
-  if (rows && q)
-    for (size_t i = 0; i < q->n_tables; i++) free(rows[i].rows.data);
-  free(rows);
-  free(rowp);
+  free(rows_at);
   free(idx);
   free(seen);
   free(ids);
@@ -658,17 +754,17 @@ static void do_push(rpc_service *s, const uint8_t *in, size_t len, int defer, rp
            tg->n_ids, dim, tg->n_ids * (size_t)dim * sizeof(float));
     if (tg->n_ids > most) most = tg->n_ids;
   }
-  sorted = malloc((most ? most : 1) * sizeof *sorted);
+  size_t hash_cap = 16;
+  while (hash_cap < 2 * most) hash_cap *= 2;
+  sorted = malloc(hash_cap * sizeof *sorted + hash_cap / 8);
   if (!sorted) FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
   for (size_t i = 0; i < q->n_tables; i++) {
     const Shardrec__V1__TableGrads *tg = q->tables[i];
     const int t = idx[i], dim = s->plan->tables[t].dim;
-    if (tg->n_ids) memcpy(sorted, tg->ids, tg->n_ids * sizeof *sorted);
-    qsort(sorted, tg->n_ids, sizeof *sorted, cmp_u64);
-    for (size_t k = 1; k < tg->n_ids; k++)
-      if (sorted[k] == sorted[k - 1])
-        FAIL(r, RPC_INVALID_ARGUMENT, "tables[%zu].ids: row %llu given twice (sum its gradients)",
-             i, (unsigned long long)sorted[k]);
+    uint64_t twice;
+    if (ids_repeated(tg->ids, tg->n_ids, sorted, hash_cap, &twice))
+      FAIL(r, RPC_INVALID_ARGUMENT, "tables[%zu].ids: row %llu given twice (sum its gradients)",
+           i, (unsigned long long)twice);
     const float *g = (const float *)tg->grads.data;
     if (((uintptr_t)g & 3u) != 0) {
       copies[i] = malloc(tg->grads.len ? tg->grads.len : 1);

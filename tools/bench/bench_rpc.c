@@ -1,24 +1,36 @@
-/* shardrec bench rpc: embedding lookups over gRPC on loopback.
+/* shardrec bench rpc: embedding Lookups and Pushes over gRPC.
  *
- * Rows/s and MB/s of Lookup through the remote store (4096 unique random
- * ids per step, split by shard, one call per shard in flight at once) for
- * dim 16 and 128 against 1 and 4 shard servers, beside, on the same keys in
- * the same run: the in-process local store, and a plain TCP loopback
- * round trip of the same bytes (ids out, rows back) with no gRPC at all.
- * Servers run as threads of this process (each its own gRPC server, store
- * and completion queues), so client and servers share this machine's
- * cores, as they would on one host. Medians of 3 runs.
+ * Rows/s and MB/s of Lookup and Push through the remote store (4096 unique
+ * random ids per step, split by shard, one call per shard in flight at
+ * once) for dim 16 and 128 against 1 and 4 shard servers, beside, on the
+ * same keys in the same run: the in-process local store, and plain TCP
+ * round trips of the same bytes (Lookup: ids out, rows back; Push: ids and
+ * rows out, a short answer back) with no gRPC at all; the CPU time of the
+ * whole process per step, and for 1 server the server's own handling time
+ * per call (its observe hook: decode, checks, store, encode). Servers run
+ * as threads of this process (each its own gRPC server, store and
+ * completion queues), so client and servers share this machine's cores, as
+ * they would on one host. Medians of 5 runs. Then the p50 and p99 of a
+ * 128-id Lookup, one at a time, beside TCP round trips of its bytes.
+ *
+ * Then, as root, the same over a link between two network namespaces
+ * (tests/cluster/netns.sh): `serve --insecure` and a TCP peer (`--part
+ * tcp-peer`) in one, the client (`--part client`, which first checks its
+ * rows bit for bit against an in-process store) in the other; skipped with
+ * a message otherwise.
  *
  * Then training: samples/s of `shardrec train` for the Kaggle configuration
- * (dim 16, 13-512-256-64-16 / 512-256-1, dot, SGD) on generated data, in
- * process and against 2 `shardrec serve` child processes on loopback (a
- * 2-shard row-wise plan), with the ratio and the trainer's per-phase times
- * of both runs (where the time goes). */
+ * (dim 16, 13-512-256-64-16 / 512-256-1, dot, SGD) at --train-batch and the
+ * MLPerf-like one (dim 128, 13-512-256-128 / 1024-1024-512-256-1) at batch
+ * 2048, on generated data, in process and against 2 `shardrec serve` child
+ * processes on loopback (a 2-shard row-wise plan), with the ratio and the
+ * trainer's per-phase times of both runs (where the time goes). */
 #include <arpa/inet.h>
 #include <getopt.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -26,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -53,17 +66,33 @@ typedef struct {
   emb_store *store;
   rpc_service *svc;
   int shard;
+  /* Handling time of this server's Lookups and Pushes (rpc_service_opts
+   * observe: decode, checks, the store, encode; not gRPC's part). */
+  _Atomic uint64_t calls[2], ns[2];
   volatile int stop;
   volatile int port;
   pthread_t th;
 } bserver;
 
+/* Worker threads of each in-process server (--server-threads). */
+static int server_threads = 1;
+
 static void on_port(int port, void *ctx) { ((bserver *)ctx)->port = port; }
+
+static void on_call(void *ctx, rpc_method m, int status, const char *msg, double seconds,
+                    size_t in, size_t out) {
+  bserver *b = ctx;
+  (void)status, (void)msg, (void)in, (void)out;
+  if (m != RPC_LOOKUP && m != RPC_PUSH) return;
+  b->calls[m == RPC_PUSH]++;
+  b->ns[m == RPC_PUSH] += (uint64_t)(seconds * 1e9);
+}
 
 static void *server_main(void *arg) {
   bserver *b = arg;
   char err[512];
-  rpc_server_opts o = {.listen = "127.0.0.1:0", .threads = 1, .max_message_bytes = 256 << 20,
+  rpc_server_opts o = {.listen = "127.0.0.1:0", .threads = server_threads,
+                       .max_message_bytes = 256 << 20,
                        .stop = &b->stop, .shutdown_grace_s = 1};
   if (rpc_server_run(b->svc, &o, on_port, b, err, sizeof err)) {
     fprintf(stderr, "shardrec bench rpc: server %d: %s\n", b->shard, err);
@@ -72,45 +101,66 @@ static void *server_main(void *arg) {
   return NULL;
 }
 
+/* The step number of the next store call: every Push a step of its own (a
+ * server takes one Push per (job, step, rank) and answers a repeat as a
+ * retry, changing nothing). */
+static int64_t next_step = 1;
+
 /* Step k's ids: n distinct ids from a random permutation window. */
 static void step_ids(uint64_t *perm, uint64_t rows, int k, size_t n, uint64_t *out) {
   size_t at = ((size_t)k * n) % (size_t)(rows - n);
   memcpy(out, perm + at, n * sizeof *out);
 }
 
-/* Seconds per lookup step through store, median of 3 runs of ~secs each. */
-static double time_store(emb_store *s, uint64_t *perm, uint64_t rows, size_t n, float *out,
-                         double secs) {
-  double runs[3];
+/* CPU seconds this process (every thread: client and in-process servers)
+ * has used so far. */
+static double cpu_s(void) {
+  struct rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+/* Seconds per step of one op through store, median of 5 runs of ~secs
+ * each: push (grad [n][dim], SGD at a small rate) when push, else lookup
+ * (into out [n][dim]). -1 on failure (printed). */
+static double time_store(emb_store *s, int push, uint64_t *perm, uint64_t rows, size_t n,
+                         float *out, const float *grad, double secs, double *cpu) {
+  double runs[5], cpus[5];
   uint64_t *ids = malloc(n * sizeof *ids);
-  for (int r = 0; r < 3; r++) {
+  for (int r = 0; r < 5; r++) {
     int k = 0;
-    double t0 = sr_now(), t;
+    double t0 = sr_now(), c0 = cpu_s(), t;
     do {
       step_ids(perm, rows, k++, n, ids);
       const uint64_t *ip[1] = {ids};
       size_t counts[1] = {n};
       emb_idset set = {1, ip, counts};
       float *op[1] = {out};
-      if (emb_store_lookup_begin(s, k, &set, op) || emb_store_lookup_wait(s)) {
-        fprintf(stderr, "shardrec bench rpc: lookup: %s\n", emb_store_errmsg(s));
+      const float *gp[1] = {grad};
+      const int64_t step = next_step++;
+      int rc = push ? emb_store_push(s, step, 1e-3f, &set, gp)
+                    : emb_store_lookup_begin(s, step, &set, op) || emb_store_lookup_wait(s);
+      if (rc) {
+        fprintf(stderr, "shardrec bench rpc: %s: %s\n", push ? "push" : "lookup",
+                emb_store_errmsg(s));
         free(ids);
         return -1;
       }
       t = sr_now();
     } while (t - t0 < secs);
     runs[r] = (t - t0) / k;
+    cpus[r] = (cpu_s() - c0) / k;
   }
   free(ids);
-  return sr_median(runs, 3);
+  *cpu = sr_median(cpus, 5);
+  return sr_median(runs, 5);
 }
 
-/* Plain TCP: a peer thread reads req bytes and answers resp bytes. */
-typedef struct {
-  int fd;
-  size_t req, resp;
-} tcp_peer;
-
+/* Plain TCP: a peer reads a header (the request's and the answer's sizes,
+ * two uint64), then, in turn, req bytes and answers resp bytes, until the
+ * connection ends. A thread of this process on loopback, or `bench rpc
+ * --part tcp-peer` elsewhere (another network namespace). */
 static int full_io(int fd, void *buf, size_t n, int wr) {
   char *p = buf;
   while (n) {
@@ -123,56 +173,123 @@ static int full_io(int fd, void *buf, size_t n, int wr) {
 }
 
 static void *tcp_main(void *arg) {
-  tcp_peer *t = arg;
-  char *in = malloc(t->req), *out = calloc(1, t->resp);
-  for (size_t i = 0; i < t->resp; i++) out[i] = (char)(i * 131);
-  while (!full_io(t->fd, in, t->req, 0) && !full_io(t->fd, out, t->resp, 1)) {
+  int fd = (int)(intptr_t)arg;
+  uint64_t hdr[2];
+  if (full_io(fd, hdr, sizeof hdr, 0) || hdr[0] > (1u << 30) || hdr[1] > (1u << 30)) {
+    close(fd);
+    return NULL;
+  }
+  char *in = malloc(hdr[0] ? hdr[0] : 1), *out = calloc(1, hdr[1] ? hdr[1] : 1);
+  for (size_t i = 0; out && i < hdr[1]; i++) out[i] = (char)(i * 131);
+  while (in && out && !full_io(fd, in, hdr[0], 0) && !full_io(fd, out, hdr[1], 1)) {
   }
   free(in);
   free(out);
+  close(fd);
   return NULL;
 }
 
-static double time_tcp(size_t req, size_t resp, double secs) {
-  int ls = socket(AF_INET, SOCK_STREAM, 0);
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* The q-quantile (0..1, nearest rank) of v[n]; sorts v. */
+static double quantile(double *v, int n, double q) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  int k = (int)(q * n + 0.5) - 1;
+  return v[k < 0 ? 0 : k >= n ? n - 1 : k];
+}
+
+/* "IP:PORT" (IPv4) into a. 0 or -1. */
+static int parse_addr(const char *s, struct sockaddr_in *a) {
+  char host[64];
+  const char *colon = strrchr(s, ':');
+  if (!colon || colon - s >= (long)sizeof host) return -1;
+  snprintf(host, sizeof host, "%.*s", (int)(colon - s), s);
+  memset(a, 0, sizeof *a);
+  a->sin_family = AF_INET;
+  a->sin_port = htons((uint16_t)atoi(colon + 1));
+  return inet_pton(AF_INET, host, &a->sin_addr) == 1 ? 0 : -1;
+}
+
+/* A connection to peer ("IP:PORT"), or with peer NULL to a peer thread of
+ * this process on loopback (*th, *ls set; joined by tcp_close). -1 on
+ * failure. */
+static int tcp_open(const char *peer, size_t req, size_t resp, pthread_t *th, int *ls) {
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t al = sizeof a;
-  if (ls < 0 || bind(ls, (struct sockaddr *)&a, sizeof a) || listen(ls, 1) ||
-      getsockname(ls, (struct sockaddr *)&a, &al))
+  *ls = -1;
+  if (peer && parse_addr(peer, &a)) return -1;
+  if (!peer && ((*ls = socket(AF_INET, SOCK_STREAM, 0)) < 0 ||
+                bind(*ls, (struct sockaddr *)&a, sizeof a) || listen(*ls, 1) ||
+                getsockname(*ls, (struct sockaddr *)&a, &al)))
     return -1;
-  int c = socket(AF_INET, SOCK_STREAM, 0);
-  if (connect(c, (struct sockaddr *)&a, sizeof a)) return -1;
-  int one = 1;
+  int c = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+  if (c < 0 || connect(c, (struct sockaddr *)&a, sizeof a)) return -1;
   setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  tcp_peer p = {accept(ls, NULL, NULL), req, resp};
-  setsockopt(p.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (!peer) {
+    int fd = accept(*ls, NULL, NULL);
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    pthread_create(th, NULL, tcp_main, (void *)(intptr_t)fd);
+  }
+  uint64_t hdr[2] = {req, resp};
+  if (full_io(c, hdr, sizeof hdr, 1)) return -1;
+  return c;
+}
+
+static void tcp_close(int c, pthread_t th, int ls) {
+  shutdown(c, SHUT_RDWR);
+  close(c);
+  if (ls >= 0) {
+    pthread_join(th, NULL);
+    close(ls);
+  }
+}
+
+/* Seconds per round trip of req bytes out and resp bytes back over plain
+ * TCP (to peer, or a peer thread on loopback when NULL), median of 5 runs
+ * of ~secs; with lat (not NULL), instead lat[0..1] = p50 and p99 of n_lat
+ * single round trips. -1 on failure. */
+static double time_tcp(const char *peer, size_t req, size_t resp, double secs, double *lat,
+                       int n_lat) {
   pthread_t th;
-  pthread_create(&th, NULL, tcp_main, &p);
-  char *q = calloc(1, req), *r = malloc(resp);
-  double runs[3];
-  for (int k = 0; k < 3; k++) {
+  int ls, c = tcp_open(peer, req, resp, &th, &ls);
+  if (c < 0) return -1;
+  char *q = calloc(1, req ? req : 1), *r = malloc(resp ? resp : 1);
+  double runs[5], res = -1, *one = lat ? malloc((size_t)n_lat * sizeof *one) : NULL;
+  int bad = 0;
+  for (int k = 0; k < (lat ? n_lat : 5) && !bad; k++) {
     int n = 0;
     double t0 = sr_now(), t;
     do {
-      if (full_io(c, q, req, 1) || full_io(c, r, resp, 0)) return -1;
+      bad = full_io(c, q, req, 1) || full_io(c, r, resp, 0);
       n++;
       t = sr_now();
-    } while (t - t0 < secs);
-    runs[k] = (t - t0) / n;
+    } while (!bad && !lat && t - t0 < secs);
+    if (lat) one[k] = t - t0;
+    else runs[k] = (t - t0) / n;
   }
-  shutdown(c, SHUT_RDWR);
-  close(c);
-  pthread_join(th, NULL);
-  close(p.fd);
-  close(ls);
+  if (!bad && lat) {
+    lat[0] = quantile(one, n_lat, 0.5);
+    lat[1] = quantile(one, n_lat, 0.99);
+    res = lat[0];
+  } else if (!bad) {
+    res = sr_median(runs, 5);
+  }
+  tcp_close(c, th, ls);
+  free(one);
   free(q);
   free(r);
-  return sr_median(runs, 3);
+  return res;
 }
 
-static void print_row(const char *what, double per_step, size_t n, int dim) {
+/* cpu: CPU seconds a step (< 0: not measured). */
+static void print_row(const char *what, double per_step, double cpu, size_t n, int dim) {
   double rows = (double)n / per_step, mb = rows * dim * 4 / 1e6;
-  printf("  %-28s %10.0f rows/s  %8.1f MB/s  %8.1f us/step\n", what, rows, mb, per_step * 1e6);
+  printf("  %-30s %10.0f rows/s  %8.1f MB/s  %8.1f us/step", what, rows, mb, per_step * 1e6);
+  if (cpu >= 0) printf("  (CPU %7.1f us)", cpu * 1e6);
+  printf("\n");
 }
 
 extern char **environ;
@@ -187,29 +304,19 @@ static int run_out(const char *dir, const char *args, char **out) {
   return run_capture(cmd, out) == 0 && *out ? 0 : -1;
 }
 
-/* A `shardrec serve` child on 127.0.0.1:0; its address into addr. */
-static pid_t spawn_server(const char *dir, int shard, char *addr, size_t alen) {
+/* A child running argv (argv[0] a path) whose stdout says "listening on
+ * ADDR" (serve, bench rpc --part tcp-peer); ADDR into addr, its stderr
+ * into log. The pid, or -1 (killed) when it did not say so in 20 s. */
+static pid_t spawn_listener(char *const argv[], const char *log, char *addr, size_t alen) {
   int fd[2];
   if (pipe(fd)) return -1;
-  char exe[64], sh[16], plan[SR_PATH_MAX], log[SR_PATH_MAX], err[256];
-  snprintf(exe, sizeof exe, "/proc/%d/exe", (int)getpid());
-  snprintf(sh, sizeof sh, "%d", shard);
-  if (sr_path_err(plan, sizeof plan, err, sizeof err, "%s/plan.json", dir) ||
-      sr_path_err(log, sizeof log, err, sizeof err, "%s/srv%d.log", dir, shard)) {
-    fprintf(stderr, "shardrec bench rpc: %s\n", err);
-    close(fd[0]);
-    close(fd[1]);
-    return -1;
-  }
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, fd[1], 1);
   posix_spawn_file_actions_addclose(&fa, fd[0]);
   posix_spawn_file_actions_addopen(&fa, 2, log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  char *argv[] = {"shardrec", "serve", "--plan", plan, "--shard", sh, "--listen", "127.0.0.1:0",
-                  NULL};
   pid_t pid;
-  int rc = posix_spawn(&pid, exe, &fa, NULL, argv, environ);
+  int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
   posix_spawn_file_actions_destroy(&fa);
   close(fd[1]);
   if (rc) {
@@ -226,6 +333,21 @@ static pid_t spawn_server(const char *dir, int shard, char *addr, size_t alen) {
   return pid;
 }
 
+/* A `shardrec serve` child of dir/plan.json's shard on 127.0.0.1:0; its
+ * address into addr. */
+static pid_t spawn_server(const char *dir, int shard, char *addr, size_t alen) {
+  char exe[64], sh[16], plan[SR_PATH_MAX], log[SR_PATH_MAX], err[256];
+  snprintf(exe, sizeof exe, "/proc/%d/exe", (int)getpid());
+  snprintf(sh, sizeof sh, "%d", shard);
+  if (sr_path_err(plan, sizeof plan, err, sizeof err, "%s/plan.json", dir) ||
+      sr_path_err(log, sizeof log, err, sizeof err, "%s/srv%d.log", dir, shard)) {
+    fprintf(stderr, "shardrec bench rpc: %s\n", err);
+    return -1;
+  }
+  char *argv[] = {exe, "serve", "--plan", plan, "--shard", sh, "--listen", "127.0.0.1:0", NULL};
+  return spawn_listener(argv, log, addr, alen);
+}
+
 /* From train's "done   N steps in S s; per step: ..." line: samples/s and
  * the per-step phase list. */
 static int parse_done(const char *out, long long batch, double *sps, char *phases, size_t plen) {
@@ -239,17 +361,28 @@ static int parse_done(const char *out, long long batch, double *sps, char *phase
   return 0;
 }
 
-/* Training samples/s in process and against 2 server processes. */
-static int bench_train_rpc(long long rows, long long steps, long long batch) {
+/* A model of the training comparison: its name and train's model flags. */
+typedef struct {
+  const char *name;
+  const char *flags; /* train's --arch-* flags ("": the Kaggle defaults) */
+} train_model;
+
+static const train_model kaggle = {"Kaggle configuration (dim 16, 13-512-256-64-16 / 512-256-1, dot, SGD)", ""};
+static const train_model mlperf = {
+    "MLPerf-like configuration (dim 128, 13-512-256-128 / 1024-1024-512-256-1, dot, SGD)",
+    "--arch-sparse-feature-size 128 --arch-mlp-bot 13-512-256-128 --arch-mlp-top 1024-1024-512-256-1"};
+
+/* Training samples/s of model m in process and against 2 server processes. */
+static int bench_train_rpc(const train_model *m, long long rows, long long steps, long long batch) {
   char dir[] = "/tmp/shardrec-bench-rpc-XXXXXX";
   if (!mkdtemp(dir)) {
     perror("shardrec bench rpc: mkdtemp");
     return 1;
   }
-  printf("\ntraining: Kaggle configuration (dim 16, 13-512-256-64-16 / 512-256-1, dot, SGD), batch "
-         "%lld, %lld steps on %lld generated rows; a 2-shard row-wise plan, in process and against "
-         "2 'shardrec serve' processes on 127.0.0.1 (this machine's cores shared)\n",
-         batch, steps, rows);
+  printf("\ntraining: %s, batch %lld, %lld steps on %lld generated rows; a 2-shard row-wise plan, "
+         "in process and against 2 'shardrec serve' processes on 127.0.0.1 (this machine's cores "
+         "shared)\n",
+         m->name, batch, steps, rows);
   fflush(stdout);
   char args[2048], *out = NULL;
   int status = 1;
@@ -257,20 +390,22 @@ static int bench_train_rpc(long long rows, long long steps, long long batch) {
   snprintf(args, sizeof args,
            "datagen --rows %lld --seed 1 --out d.tsv >/dev/null && /proc/%d/exe convert "
            "--test-fraction 0.01 d.tsv d.bin >/dev/null && /proc/%d/exe train "
-           "--processed-data-file d.bin --num-batches 1 --num-shards 2 --plan-out p.json "
+           "--processed-data-file d.bin --num-batches 1 --num-shards 2 %s --plan-out p.json "
            ">/dev/null && /usr/bin/env python3 -c \"import json; p = json.load(open('p.json')); "
            "[t.__setitem__('placement', {'kind': 'row', 'shards': [0, 1]}) for t in p['tables']]; "
            "json.dump(p, open('plan.json', 'w'))\"",
-           rows, (int)getpid(), (int)getpid());
+           rows, (int)getpid(), (int)getpid(), m->flags);
   if (run_out(dir, args, &out)) {
     fprintf(stderr, "shardrec bench rpc: data preparation failed: %s\n", out ? out : "");
     goto done;
   }
   free(out);
   out = NULL;
-  const char *common =
-      "train --processed-data-file d.bin --plan plan.json --optimizer sgd --print-freq 100000 "
-      "--test-freq 0";
+  char common[1024];
+  snprintf(common, sizeof common,
+           "train --processed-data-file d.bin --plan plan.json --optimizer sgd --print-freq 100000 "
+           "--test-freq 0 %s",
+           m->flags);
   double sps_loc, sps_rem;
   char ph_loc[512], ph_rem[512];
   snprintf(args, sizeof args, "%s --num-batches %lld --mini-batch-size %lld", common, steps, batch);
@@ -311,14 +446,118 @@ done:
   return status;
 }
 
+/* Every row of a and b (stores of one plan, one table of rows rows) set
+ * to the same random values: pushes of grad for perm's ids, n at a time,
+ * each a step of its own. 0, or -1 (printed). */
+static int fill_stores(emb_store *a, emb_store *b, const uint64_t *perm, long long rows,
+                       long long n, const float *grad) {
+  for (long long at = 0; at < rows; at += n) {
+    const uint64_t *ip[1] = {perm + at};
+    size_t counts[1] = {(size_t)(rows - at < n ? rows - at : n)};
+    emb_idset set = {1, ip, counts};
+    const float *gp[1] = {grad};
+    const int64_t step = next_step++;
+    if (emb_store_push(a, step, 1.0f, &set, gp) || emb_store_push(b, step, 1.0f, &set, gp)) {
+      fprintf(stderr, "shardrec bench rpc: fill: %s / %s\n", emb_store_errmsg(a),
+              emb_store_errmsg(b));
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* p50 and p99 (lat[2], seconds) of 1000 Lookups of 128 ids through s, one
+ * at a time. -1 on failure (printed). */
+static int lookup_latency(emb_store *s, const uint64_t *perm, long long rows, int dim,
+                          double lat[2]) {
+  enum { N_LAT = 1000, IDS = 128 };
+  double *one = malloc(N_LAT * sizeof *one);
+  float *out = malloc((size_t)IDS * (size_t)dim * sizeof *out);
+  int rc = one && out ? 0 : -1;
+  for (int k = 0; k < N_LAT && !rc; k++) {
+    const uint64_t *ip[1] = {perm + ((size_t)k * IDS) % (size_t)(rows - IDS)};
+    size_t counts[1] = {IDS};
+    emb_idset set = {1, ip, counts};
+    float *op[1] = {out};
+    double t0 = sr_now();
+    rc = emb_store_lookup_begin(s, next_step++, &set, op) || emb_store_lookup_wait(s);
+    one[k] = sr_now() - t0;
+  }
+  if (rc) fprintf(stderr, "shardrec bench rpc: latency: %s\n", emb_store_errmsg(s));
+  else lat[0] = quantile(one, N_LAT, 0.5), lat[1] = quantile(one, N_LAT, 0.99);
+  free(one);
+  free(out);
+  return rc ? -1 : 0;
+}
+
+/* The 128-id Lookup's p50/p99 through rem beside plain TCP round trips of
+ * its bytes (to tcp_peer, or on loopback when NULL). 0, or -1. */
+static int print_latency(emb_store *rem, const char *tcp_peer, const uint64_t *perm,
+                         long long rows, int dim) {
+  double g[2], t[2];
+  if (lookup_latency(rem, perm, rows, dim, g)) return -1;
+  int tcp_ok = time_tcp(tcp_peer, 128 * 8, (size_t)128 * (size_t)dim * 4, 0, t, 1000) > 0;
+  printf("  Lookup of 128 ids, one at a time: gRPC p50 %.1f us, p99 %.1f us", g[0] * 1e6,
+         g[1] * 1e6);
+  if (tcp_ok)
+    printf("; plain TCP, same bytes: p50 %.1f us, p99 %.1f us (gRPC p50 %.1fx TCP's)\n",
+           t[0] * 1e6, t[1] * 1e6, g[0] / t[0]);
+  else
+    printf("; TCP baseline failed\n");
+  return 0;
+}
+
+/* The rows of rem and loc (same plan, filled alike) for 3 windows of n of
+ * perm's ids, compared bit for bit. The rows compared, or -1 (printed). */
+static long long check_rows(emb_store *rem, emb_store *loc, const uint64_t *perm, long long rows,
+                            long long n, int dim) {
+  float *a = malloc((size_t)n * (size_t)dim * sizeof *a);
+  float *b = malloc((size_t)n * (size_t)dim * sizeof *b);
+  long long done = 0;
+  for (int w = 0; w < 3 && a && b && done >= 0; w++) {
+    const uint64_t *ip[1] = {perm + ((size_t)w * (size_t)n) % (size_t)(rows - n)};
+    size_t counts[1] = {(size_t)n};
+    emb_idset set = {1, ip, counts};
+    float *pa[1] = {a}, *pb[1] = {b};
+    const int64_t step = next_step++;
+    if (emb_store_lookup_begin(rem, step, &set, pa) || emb_store_lookup_wait(rem) ||
+        emb_store_lookup_begin(loc, step, &set, pb) || emb_store_lookup_wait(loc)) {
+      fprintf(stderr, "shardrec bench rpc: check: %s\n", emb_store_errmsg(rem));
+      done = -1;
+      break;
+    }
+    for (long long i = 0; i < n; i++)
+      if (memcmp(a + i * dim, b + i * dim, (size_t)dim * sizeof *a)) {
+        fprintf(stderr, "shardrec bench rpc: row %llu of table 0 differs from the in-process store's\n",
+                (unsigned long long)ip[0][i]);
+        done = -1;
+        break;
+      }
+    if (done >= 0) done += n;
+  }
+  free(a);
+  free(b);
+  return a && b ? done : -1;
+}
+
+/* Both training comparisons: the Kaggle model at batch (dim 16) and the
+ * MLPerf-like one at batch 2048 (dim 128, steps / 10, at least 10). */
+static int bench_train_all(long long rows, long long steps, long long batch) {
+  int st = bench_train_rpc(&kaggle, rows, steps, batch);
+  if (!st) st = bench_train_rpc(&mlperf, rows, steps / 10 > 10 ? steps / 10 : 10, 2048);
+  return st;
+}
+
 /* One row group of the lookup table: ns shard servers (threads of this
  * process) over a dim-wide table of rows rows, filled by pushes, timed
  * beside the in-process store (and, for the first server count si 0, the
- * local and plain-TCP rows). perm: [rows] the ids in push and lookup order;
- * grad, out: [n][dim]. The exit status (1: failed, printed). */
+ * local and plain-TCP rows), Lookup then Push; tcp: the plain TCP round
+ * trips of a Lookup's and a Push's bytes (<= 0: failed). perm: [rows] the
+ * ids in push and lookup order; grad, out: [n][dim]. The exit status (1:
+ * failed, printed). */
 static int bench_servers(int dim, int ns, int si, long long rows, long long n,
                          uint64_t *perm, const float *grad, float *out, double secs,
-                         double t_tcp) {
+                         const double tcp[2]) {
   int status = 0;
   char err[512];
   uint64_t r1[1] = {(uint64_t)rows};
@@ -336,7 +575,8 @@ static int bench_servers(int dim, int ns, int si, long long rows, long long n,
     sv[k].plan = plan;
     sv[k].shard = k;
     sv[k].store = emb_store_create_local(plan, err, sizeof err);
-    rpc_service_opts so = {.shards = &sv[k].shard, .n_shards = 1};
+    rpc_service_opts so = {.shards = &sv[k].shard, .n_shards = 1, .observe = on_call,
+                           .observe_ctx = &sv[k]};
     sv[k].svc = rpc_service_create(plan, sv[k].store, &so, err, sizeof err);
     pthread_create(&sv[k].th, NULL, server_main, &sv[k]);
     while (!sv[k].port) usleep(1000);
@@ -345,38 +585,41 @@ static int bench_servers(int dim, int ns, int si, long long rows, long long n,
   }
   emb_store *rem = emb_store_create_remote(plan, addrs, ns, &bench_ro, err, sizeof err);
   emb_store *loc = emb_store_create_local(plan, err, sizeof err);
-  /* Fill every row with a random value (one push of each). */
-  for (long long at = 0; at < rows && rem && loc; at += n) {
-    const uint64_t *ip[1] = {perm + at};
-    size_t counts[1] = {(size_t)(rows - at < n ? rows - at : n)};
-    emb_idset set = {1, ip, counts};
-    const float *gp[1] = {grad};
-    if (emb_store_push(rem, 0, 1.0f, &set, gp) || emb_store_push(loc, 0, 1.0f, &set, gp)) {
-      fprintf(stderr, "shardrec bench rpc: fill: %s\n", emb_store_errmsg(rem));
-      status = 1;
-      break;
-    }
-  }
+  if (rem && loc && fill_stores(rem, loc, perm, rows, n, grad)) status = 1;
   if (!rem || !loc) {
     fprintf(stderr, "shardrec bench rpc: %s\n", err);
     status = 1;
   }
-  if (!status) {
-    double t_rem = time_store(rem, perm, (uint64_t)rows, (size_t)n, out, secs);
-    double t_loc = time_store(loc, perm, (uint64_t)rows, (size_t)n, out, secs);
+  for (int push = 0; push < 2 && !status; push++) {
+    double c_rem, c_loc;
+    uint64_t calls0 = sv[0].calls[push], ns0 = sv[0].ns[push];
+    double t_rem = time_store(rem, push, perm, (uint64_t)rows, (size_t)n, out, grad, secs, &c_rem);
+    double t_loc = time_store(loc, push, perm, (uint64_t)rows, (size_t)n, out, grad, secs, &c_loc);
+    const double t_tcp = tcp[push];
     if (t_rem < 0 || t_loc < 0) status = 1;
     else {
       char what[64];
-      snprintf(what, sizeof what, "gRPC, %d server%s", ns, ns > 1 ? "s" : "");
-      print_row(what, t_rem, (size_t)n, dim);
+      const char *op = push ? "Push" : "Lookup";
+      snprintf(what, sizeof what, "%s gRPC, %d server%s", op, ns, ns > 1 ? "s" : "");
+      print_row(what, t_rem, c_rem, (size_t)n, dim);
+      if (ns == 1 && sv[0].calls[push] > calls0)
+        printf("    (of which the server's handling, gRPC's part left out: %.1f us a call)\n",
+               1e-3 * (double)(sv[0].ns[push] - ns0) / (double)(sv[0].calls[push] - calls0));
       if (si == 0) {
-        print_row("in-process local store", t_loc, (size_t)n, dim);
-        if (t_tcp > 0) print_row("plain TCP round trip", t_tcp, (size_t)n, dim);
+        snprintf(what, sizeof what, "%s in-process store", op);
+        print_row(what, t_loc, c_loc, (size_t)n, dim);
+        snprintf(what, sizeof what, "%s plain TCP, same bytes", op);
+        if (t_tcp > 0) print_row(what, t_tcp, -1, (size_t)n, dim);
       }
-      printf("    (gRPC %d: %.1fx the in-process time%s)\n", ns, t_rem / t_loc,
-             t_tcp > 0 ? "" : "; TCP baseline failed");
+      if (t_tcp > 0)
+        printf("    (%s gRPC %d: %.1f%% of plain TCP's rate, %.1fx the in-process time)\n", op, ns,
+               100 * t_tcp / t_rem, t_rem / t_loc);
+      else
+        printf("    (%s gRPC %d: %.1fx the in-process time; TCP baseline failed)\n", op, ns,
+               t_rem / t_loc);
     }
   }
+  if (!status && si == 0 && print_latency(rem, NULL, perm, rows, dim)) status = 1;
   emb_store_destroy(rem);
   emb_store_destroy(loc);
   for (int k = 0; k < ns; k++) {
@@ -586,10 +829,232 @@ static int lookahead_one(int dim, long long rows, long long n, uint64_t *perm, f
   return status;
 }
 
+/* bench rpc --part tcp-peer: the plain TCP peer (tcp_main) on listen,
+ * "listening on ADDR" on stdout, a thread per connection, until killed. */
+static int tcp_peer_run(const char *listen_at) {
+  struct sockaddr_in a;
+  socklen_t al = sizeof a;
+  int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+  if (parse_addr(listen_at, &a) || ls < 0 || bind(ls, (struct sockaddr *)&a, sizeof a) ||
+      listen(ls, 8) || getsockname(ls, (struct sockaddr *)&a, &al)) {
+    fprintf(stderr, "shardrec bench rpc: tcp-peer: cannot listen on %s\n", listen_at);
+    return 1;
+  }
+  char host[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &a.sin_addr, host, sizeof host);
+  printf("listening on %s:%d\n", host, ntohs(a.sin_port));
+  fflush(stdout);
+  for (;;) {
+    int fd = accept(ls, NULL, NULL);
+    if (fd < 0) continue;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    pthread_t th;
+    if (pthread_create(&th, NULL, tcp_main, (void *)(intptr_t)fd) == 0) pthread_detach(th);
+    else close(fd);
+  }
+}
+
+/* bench rpc --part client: Lookups and Pushes against one `shardrec serve`
+ * of plan (one table, every row on it) at server: fills every row through
+ * it and an in-process store alike, checks 3 windows of rows bit for bit
+ * against the in-process store (exit 1 when one differs), then times
+ * Lookup and Push of n ids beside plain TCP round trips of the same bytes
+ * to tcp_peer (bench rpc --part tcp-peer) when given, and the 128-id
+ * Lookup's latency. */
+static int client_run(const char *plan_path, const char *server, const char *tcp_peer, long long n,
+                      double secs) {
+  char err[512];
+  emb_plan *plan;
+  if (emb_plan_load(plan_path, &plan, err, sizeof err)) {
+    fprintf(stderr, "shardrec bench rpc: %s\n", err);
+    return 1;
+  }
+  const int dim = plan->tables[0].dim;
+  const long long rows = (long long)plan->tables[0].rows;
+  const char *addrs[1] = {server};
+  emb_store *rem = emb_store_create_remote(plan, addrs, 1, NULL, err, sizeof err);
+  emb_store *loc = rem ? emb_store_create_local(plan, err, sizeof err) : NULL;
+  uint64_t *perm = malloc((size_t)rows * sizeof *perm);
+  float *out = malloc((size_t)n * (size_t)dim * sizeof *out);
+  float *grad = malloc((size_t)n * (size_t)dim * sizeof *grad);
+  sr_rng rng;
+  sr_rng_init(&rng, 7, 0);
+  for (long long i = 0; perm && i < rows; i++) perm[i] = (uint64_t)i;
+  for (long long i = rows - 1; perm && i > 0; i--) {
+    uint64_t j = sr_rng_below(&rng, (uint64_t)i + 1), t = perm[i];
+    perm[i] = perm[j], perm[j] = t;
+  }
+  for (size_t i = 0; grad && i < (size_t)n * (size_t)dim; i++)
+    grad[i] = (float)sr_rng_uniform(&rng) - 0.5f;
+  int status = 1;
+  if (!rem || !loc) fprintf(stderr, "shardrec bench rpc: %s\n", err);
+  else if (perm && out && grad && n * 2 <= rows && !fill_stores(rem, loc, perm, rows, n, grad)) {
+    long long ok = check_rows(rem, loc, perm, rows, n, dim);
+    if (ok > 0) {
+      printf("client: %lld rows looked up from %s, identical to the in-process store's\n", ok,
+             server);
+      status = 0;
+    }
+  }
+  for (int push = 0; push < 2 && !status; push++) {
+    double cpu, t = time_store(rem, push, perm, (uint64_t)rows, (size_t)n, out, grad, secs, &cpu);
+    const size_t rb = (size_t)n * (size_t)dim * 4;
+    double tt = tcp_peer ? time_tcp(tcp_peer, (size_t)n * 8 + (push ? rb : 0), push ? 16 : rb,
+                                    secs, NULL, 0)
+                         : -1;
+    if (t < 0) {
+      status = 1;
+      break;
+    }
+    print_row(push ? "Push gRPC, 1 server" : "Lookup gRPC, 1 server", t, cpu, (size_t)n, dim);
+    if (tt > 0) {
+      print_row(push ? "Push plain TCP, same bytes" : "Lookup plain TCP, same bytes", tt, -1,
+                (size_t)n, dim);
+      printf("    (%s gRPC: %.1f%% of plain TCP's rate)\n", push ? "Push" : "Lookup", 100 * tt / t);
+    }
+  }
+  if (!status && print_latency(rem, tcp_peer, perm, rows, dim)) status = 1;
+  emb_store_destroy(rem);
+  emb_store_destroy(loc);
+  emb_plan_free(plan);
+  free(perm);
+  free(out);
+  free(grad);
+  return status;
+}
+
+/* The netns.sh beside this binary's source (build/tools/shardrec ->
+ * tests/cluster/netns.sh of the tree it was built from), into path; 0 when
+ * it exists. */
+static int find_netns(char *path, size_t n) {
+  char exe[SR_PATH_MAX];
+  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (k <= 0) return -1;
+  exe[k] = 0;
+  for (int up = 0; up < 4; up++) { /* .../build/tools/shardrec: 2 or 3 levels up */
+    char *slash = strrchr(exe, '/');
+    if (!slash) return -1;
+    *slash = 0;
+    if (snprintf(path, n, "%s/tests/cluster/netns.sh", exe) < (int)n && access(path, X_OK) == 0)
+      return 0;
+  }
+  return -1;
+}
+
+/* One dim of bench_netns: a one-table plan in dir, serve and the TCP peer
+ * in namespace 1, the client in namespace 0, its output printed. */
+static int netns_dim(const char *script, const char *tag, const char *dir, int dim,
+                     long long rows, long long n, double secs) {
+  char err[512], plan_path[SR_PATH_MAX], log[2][SR_PATH_MAX], exe[64], addr[2][64];
+  uint64_t r1[1] = {(uint64_t)rows};
+  emb_plan_params pp = {.n_tables = 1, .rows = r1, .dim = dim, .optim = {.kind = EMB_OPT_SGD},
+                        .seed = 1, .n_shards = 1};
+  emb_plan *plan;
+  snprintf(exe, sizeof exe, "/proc/%d/exe", (int)getpid());
+  if (sr_path_err(plan_path, sizeof plan_path, err, sizeof err, "%s/plan-%d.json", dir, dim) ||
+      sr_path_err(log[0], sizeof log[0], err, sizeof err, "%s/serve-%d.log", dir, dim) ||
+      sr_path_err(log[1], sizeof log[1], err, sizeof err, "%s/peer-%d.log", dir, dim) ||
+      emb_plan_create(&pp, &plan, err, sizeof err) ||
+      emb_plan_save(plan, plan_path, err, sizeof err)) {
+    fprintf(stderr, "shardrec bench rpc: %s\n", err);
+    return 1;
+  }
+  emb_plan_free(plan);
+  char *sv[] = {(char *)script, "exec", "1", "--tag", (char *)tag, exe, "serve", "--plan",
+                plan_path, "--shard", "0", "--listen", "198.18.0.2:0", "--insecure", NULL};
+  char *tp[] = {(char *)script, "exec", "1", "--tag", (char *)tag, exe, "bench", "rpc", "--part",
+                "tcp-peer", "--listen", "198.18.0.2:0", NULL};
+  pid_t pid[2] = {spawn_listener(sv, log[0], addr[0], sizeof addr[0]),
+                  spawn_listener(tp, log[1], addr[1], sizeof addr[1])};
+  int status = 1;
+  if (pid[0] < 0 || pid[1] < 0) {
+    fprintf(stderr, "shardrec bench rpc: the server or TCP peer in the namespace did not start "
+                    "(logs %s, %s)\n", log[0], log[1]);
+  } else {
+    char cmd[2 * SR_PATH_MAX + 512], *out = NULL;
+    snprintf(cmd, sizeof cmd,
+             "'%s' exec 0 --tag %s %s bench rpc --part client --plan '%s' --server %s --tcp %s "
+             "--ids %lld --seconds %g",
+             script, tag, exe, plan_path, addr[0], addr[1], n, secs);
+    status = run_capture(cmd, &out) == 0 ? 0 : 1;
+    printf("dim %d over the link (server %s):\n%s", dim, addr[0], out ? out : "");
+    free(out);
+  }
+  for (int k = 0; k < 2; k++)
+    if (pid[k] > 0) {
+      kill(pid[k], SIGTERM);
+      waitpid(pid[k], NULL, 0);
+    }
+  return status;
+}
+
+/* bench rpc --part netns: the client above in namespace 0 against a
+ * `shardrec serve --insecure` and a TCP peer in namespace 1 of a
+ * netns.sh link (rate: tc's, or NULL), for each dim. Root only: skipped
+ * with a message otherwise. */
+static int bench_netns(const char *script, const char *rate, const int *dims, int n_dims,
+                       long long rows, long long n, double secs) {
+  char sbuf[SR_PATH_MAX];
+  if (!script && find_netns(sbuf, sizeof sbuf) == 0) script = sbuf;
+  if (geteuid() != 0 || !script) {
+    printf("\nnamespace link: skipped (%s)\n",
+           geteuid() ? "not root: network namespaces need root"
+                     : "tests/cluster/netns.sh not found: give --netns PATH");
+    return 0;
+  }
+  char tag[16], dir[] = "/tmp/shardrec-bench-netns-XXXXXX", cmd[SR_PATH_MAX + 128], *out = NULL;
+  snprintf(tag, sizeof tag, "b%d", (int)(getpid() % 100000));
+  snprintf(cmd, sizeof cmd, "'%s' up 2 --tag %s%s%s", script, tag, rate ? " --rate " : "",
+           rate ? rate : "");
+  if (!mkdtemp(dir) || run_capture(cmd, &out) != 0) {
+    printf("\nnamespace link: skipped (netns.sh up failed: %s)\n", out ? out : "");
+    free(out);
+    return 0;
+  }
+  free(out);
+  printf("\nnamespace link: client in %s-0 (198.18.0.1), server and TCP peer in %s-1 "
+         "(198.18.0.2), veth pairs and a bridge%s%s\n",
+         tag, tag, rate ? ", each link shaped to " : " (no rate limit)", rate ? rate : "");
+  fflush(stdout);
+  int status = 0;
+  for (int di = 0; di < n_dims && !status; di++)
+    status = netns_dim(script, tag, dir, dims[di], rows, n, secs);
+  snprintf(cmd, sizeof cmd, "'%s' down --tag %s", script, tag);
+  if (run_capture(cmd, &out) != 0) fprintf(stderr, "shardrec bench rpc: netns.sh down: %s\n", out);
+  free(out);
+  sr_rmtree(dir);
+  return status;
+}
+
+/* "A,B,..." (at most 4 integers in lo..hi) into v[*n]; 0, or 2 with the
+ * flag error printed. */
+static int int_list(const char *flag, const char *arg, int lo, int hi, int *v, int *n) {
+  char buf[128];
+  snprintf(buf, sizeof buf, "%s", arg);
+  *n = 0;
+  for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    long long x;
+    if (*n == 4) {
+      fprintf(stderr, "shardrec bench rpc: %s '%s': at most 4 values\n", flag, arg);
+      return 2;
+    }
+    if (cli_int(CMD, flag, tok, lo, hi, &x)) return 2;
+    v[(*n)++] = (int)x;
+  }
+  if (!*n) {
+    fprintf(stderr, "shardrec bench rpc: %s '%s': no values\n", flag, arg);
+    return 2;
+  }
+  return 0;
+}
+
 int bench_rpc(int argc, char **argv) {
   long long rows = 262144, n = 4096, train_rows = 100000, train_steps = 400, train_batch = 128;
   const char *part = "all";
   double secs = 1.0;
+  int dims[4] = {16, 128}, n_dims = 2, nsrv[4] = {1, 4}, n_srv = 2;
+  const char *plan_path = NULL, *server = NULL, *tcp_peer = NULL, *listen_at = NULL;
+  const char *netns = NULL, *rate = NULL;
   static const struct option lo[] = {{"rows", required_argument, 0, 'r'},
                                      {"train-rows", required_argument, 0, 'R'},
                                      {"train-steps", required_argument, 0, 'S'},
@@ -599,6 +1064,15 @@ int bench_rpc(int argc, char **argv) {
                                      {"seconds", required_argument, 0, 's'},
                                      {"rpc-connections", required_argument, 0, 'C'},
                                      {"rpc-chunk-kb", required_argument, 0, 'K'},
+                                     {"dims", required_argument, 0, 'd'},
+                                     {"plan", required_argument, 0, 'P'},
+                                     {"server", required_argument, 0, 'A'},
+                                     {"tcp", required_argument, 0, 'T'},
+                                     {"listen", required_argument, 0, 'L'},
+                                     {"netns", required_argument, 0, 'N'},
+                                     {"rate", required_argument, 0, 'Q'},
+                                     {"server-threads", required_argument, 0, 'W'},
+                                     {"servers", required_argument, 0, 'k'},
                                      {"help", no_argument, 0, 'h'},
                                      {0, 0, 0, 0}};
   optind = 1;
@@ -619,6 +1093,18 @@ int bench_rpc(int argc, char **argv) {
         long long v; /* 0: no chunks (one call per server, as the server's limits allow) */
         if (cli_int(CMD, "--rpc-chunk-kb", optarg, 0, 1 << 20, &v)) return 2;
         bench_ro.chunk_bytes = v ? (size_t)v << 10 : SIZE_MAX;
+      case 'd': if (int_list("--dims", optarg, 1, 1024, dims, &n_dims)) return 2; break;
+      case 'k': if (int_list("--servers", optarg, 1, 4, nsrv, &n_srv)) return 2; break;
+      case 'P': plan_path = optarg; break;
+      case 'A': server = optarg; break;
+      case 'T': tcp_peer = optarg; break;
+      case 'L': listen_at = optarg; break;
+      case 'N': netns = optarg; break;
+      case 'Q': rate = optarg; break;
+      case 'W': {
+        long long t;
+        if (cli_int(CMD, "--server-threads", optarg, 1, 64, &t)) return 2;
+        server_threads = (int)t;
         break;
       }
       case 'R': if (cli_int(CMD, "--train-rows", optarg, 10000, 1LL << 32, &train_rows)) return 2; break;
@@ -626,31 +1112,50 @@ int bench_rpc(int argc, char **argv) {
       case 'B': if (cli_int(CMD, "--train-batch", optarg, 1, 1 << 20, &train_batch)) return 2; break;
       case 'p':
         if (strcmp(optarg, "all") && strcmp(optarg, "lookup") && strcmp(optarg, "train") &&
-            strcmp(optarg, "connections") && strcmp(optarg, "lookahead")) {
-          fprintf(stderr, "shardrec bench rpc: --part: '%s' is not all, lookup, train, "
-                  "connections or lookahead\n", optarg);
+            strcmp(optarg, "connections") && strcmp(optarg, "lookahead") &&
+            strcmp(optarg, "netns") && strcmp(optarg, "client") && strcmp(optarg, "tcp-peer")) {
+          fprintf(stderr, "shardrec bench rpc: --part: '%s' is not all, lookup, train, netns, "
+                          "connections, lookahead, client or tcp-peer\n", optarg);
           return 2;
         }
         part = optarg;
         break;
       case 'h':
-        printf("usage: shardrec bench rpc [--part all|lookup|train|connections|lookahead]\n"
+        printf("usage: shardrec bench rpc [--part all|lookup|train|netns|connections|lookahead]\n"
                "       [--rows N (262144)] [--ids N (4096)]\n"
-               "       [--seconds S (1)] [--train-rows N (100000)] [--train-steps N (400)]\n"
-               "       [--train-batch N (128)] [--rpc-connections N (%d)]\n"
-               "       [--rpc-chunk-kb N (0: no chunks but the servers' limits)]\n",
+               "       [--dims D,... (16,128)] [--servers K,... (1,4)] [--server-threads N (1)] [--seconds S (1)]\n"
+               "       [--train-rows N (100000)] [--train-steps N (400)] [--train-batch N (128)]\n"
+               "       [--rpc-connections N (%d)] [--rpc-chunk-kb N (0: no chunks but the servers' limits)]\n"
+               "       [--netns PATH (tests/cluster/netns.sh of the source tree)] [--rate R (tc's: 1gbit)]\n"
+               "       shardrec bench rpc --part client --plan FILE --server ADDR [--tcp ADDR] [--ids N]\n"
+               "       shardrec bench rpc --part tcp-peer --listen IP:PORT\n",
                RPC_CONNECTIONS_DEFAULT);
         return 0;
       default: cli_bad_option(CMD, c == ':' ? ':' : '?', argv[optind - 1]); return 2;
     }
   }
-  if (!strcmp(part, "train")) return bench_train_rpc(train_rows, train_steps, train_batch);
+  if (!strcmp(part, "tcp-peer")) {
+    if (!listen_at) {
+      fprintf(stderr, "shardrec bench rpc: --part tcp-peer needs --listen IP:PORT\n");
+      return 2;
+    }
+    return tcp_peer_run(listen_at);
+  }
+  if (!strcmp(part, "client")) {
+    if (!plan_path || !server) {
+      fprintf(stderr, "shardrec bench rpc: --part client needs --plan FILE and --server ADDR\n");
+      return 2;
+    }
+    return client_run(plan_path, server, tcp_peer, n, secs);
+  }
+  if (!strcmp(part, "train")) return bench_train_all(train_rows, train_steps, train_batch);
+  if (!strcmp(part, "netns")) return bench_netns(netns, rate, dims, n_dims, 65536, n, secs);
   if (n * 2 > rows) {
     fprintf(stderr, "shardrec bench rpc: --ids must be at most half of --rows\n");
     return 2;
   }
-  printf("bench rpc: lookups of %lld unique random ids per step from a table of %lld rows (filled\n"
-         "with pushed, random rows), medians of 3 runs of %.1f s; servers are threads of this\n"
+  printf("bench rpc: Lookups and Pushes of %lld unique random ids per step, a table of %lld rows (filled\n"
+         "with pushed, random rows), medians of 5 runs of %.1f s; servers are threads of this\n"
          "process on 127.0.0.1\n", n, rows, secs);
   uint64_t *perm = malloc((size_t)rows * sizeof *perm);
   sr_rng rng;
@@ -661,13 +1166,12 @@ int bench_rpc(int argc, char **argv) {
     perm[i] = perm[j];
     perm[j] = t;
   }
-  const int dims[2] = {16, 128}, nsrv[2] = {1, 4};
   int status = 0;
   if (!strcmp(part, "connections")) {
     printf("remote store settings interleaved (connections per server, chunk size), %lld ids a "
            "step; speed-ups against 1 connection and no chunks in the same round\n", n);
-    for (int di = 0; di < 2 && !status; di++)
-      for (int si = 0; si < 2 && !status; si++) {
+    for (int di = 0; di < n_dims && !status; di++)
+      for (int si = 0; si < n_srv && !status; si++) {
         float *out = malloc((size_t)n * (size_t)dims[di] * sizeof *out);
         float *grad = calloc((size_t)n * (size_t)dims[di], sizeof *grad);
         status = sweep_one(dims[di], nsrv[si], rows, n, perm, grad, out, 15);
@@ -682,7 +1186,7 @@ int bench_rpc(int argc, char **argv) {
            "with the next step's ids handed ahead before the push (medians of 5 blocks of 20 "
            "steps, %lld ids a step)\n", n);
     const double work[2] = {500, 2000};
-    for (int di = 0; di < 2 && !status; di++)
+    for (int di = 0; di < n_dims && !status; di++)
       for (int wi = 0; wi < 2 && !status; wi++) {
         float *out = malloc((size_t)n * (size_t)dims[di] * sizeof *out);
         float *grad = calloc((size_t)n * (size_t)dims[di], sizeof *grad);
@@ -693,20 +1197,25 @@ int bench_rpc(int argc, char **argv) {
     free(perm);
     return status;
   }
-  for (int di = 0; di < 2 && !status; di++) {
+  for (int di = 0; di < n_dims && !status; di++) {
     const int dim = dims[di];
     float *out = malloc((size_t)n * (size_t)dim * sizeof *out);
     float *grad = malloc((size_t)n * (size_t)dim * sizeof *grad);
     for (size_t i = 0; i < (size_t)n * (size_t)dim; i++) grad[i] = (float)sr_rng_uniform(&rng) - 0.5f;
     printf("dim %d (%zu bytes a row, %.2f MB of rows a step)\n", dim, (size_t)dim * 4,
            (double)n * dim * 4 / 1e6);
-    double t_tcp = time_tcp((size_t)n * 8, (size_t)n * (size_t)dim * 4, secs);
-    for (int si = 0; si < 2 && !status; si++)
-      status = bench_servers(dim, nsrv[si], si, rows, n, perm, grad, out, secs, t_tcp);
+    /* The same bytes as a Lookup (ids out, rows back) and a Push (ids and
+     * rows out, a short answer back). */
+    const double tcp[2] = {time_tcp(NULL, (size_t)n * 8, (size_t)n * (size_t)dim * 4, secs, NULL, 0),
+                           time_tcp(NULL, (size_t)n * 8 + (size_t)n * (size_t)dim * 4, 16, secs, NULL, 0)};
+    for (int si = 0; si < n_srv && !status; si++)
+      status = bench_servers(dim, nsrv[si], si, rows, n, perm, grad, out, secs, tcp);
     free(out);
     free(grad);
   }
   free(perm);
-  if (!status && !strcmp(part, "all")) status = bench_train_rpc(train_rows, train_steps, train_batch);
+  if (!status && !strcmp(part, "all"))
+    status = bench_netns(netns, rate, dims, n_dims, rows < 65536 ? rows : 65536, n, secs);
+  if (!status && !strcmp(part, "all")) status = bench_train_all(train_rows, train_steps, train_batch);
   return status;
 }
