@@ -370,16 +370,19 @@ int kv_batch_put(kv_db *d, int cf, uint64_t key, const void *val, size_t len) {
 
 size_t kv_batch_count(const kv_db *d) { return (size_t)rocksdb_writebatch_count(d->wb); }
 
-int kv_batch_commit(kv_db *d, char *err, size_t errlen) {
+/* Write wb into d and clear it (nothing when empty). */
+static int batch_write(kv_db *d, rocksdb_writebatch_t *wb, char *err, size_t errlen) {
   int rc = 0;
   char *e = NULL;
-  if (rocksdb_writebatch_count(d->wb) == 0) return 0;
-  rocksdb_write(d->db, d->wo, d->wb, &e);
-  rocksdb_writebatch_clear(d->wb);
+  if (rocksdb_writebatch_count(wb) == 0) return 0;
+  rocksdb_write(d->db, d->wo, wb, &e);
+  rocksdb_writebatch_clear(wb);
   RCHECK(e, "write batch");
 out:
   return rc;
 }
+
+int kv_batch_commit(kv_db *d, char *err, size_t errlen) { return batch_write(d, d->wb, err, errlen); }
 
 kv_writes *kv_writes_create(void) {
   kv_writes *w = calloc(1, sizeof *w);
@@ -403,14 +406,7 @@ void kv_writes_put(kv_writes *w, kv_db *d, int cf, uint64_t key, const void *val
 }
 
 int kv_writes_commit(kv_writes *w, kv_db *d, char *err, size_t errlen) {
-  int rc = 0;
-  char *e = NULL;
-  if (rocksdb_writebatch_count(w->wb) == 0) return 0;
-  rocksdb_write(d->db, d->wo, w->wb, &e);
-  rocksdb_writebatch_clear(w->wb);
-  RCHECK(e, "write batch");
-out:
-  return rc;
+  return batch_write(d, w->wb, err, errlen);
 }
 
 int kv_flush(kv_db *d, char *err, size_t errlen) {

@@ -101,6 +101,47 @@ static void *server_main(void *arg) {
   return NULL;
 }
 
+/* A one-table plan of rows rows of dim over ns row-wise shards (SGD), and
+ * ns in-process servers of it on 127.0.0.1, one shard each, in sv[ns]
+ * (their handling timed through on_call), their addresses in abuf/addrs.
+ * 0, or 1 with a message on stderr (nothing left running). */
+static int servers_start(int dim, int ns, long long rows, emb_plan **plan, bserver *sv,
+                         char abuf[][64], const char **addrs) {
+  char err[512];
+  uint64_t r1[1] = {(uint64_t)rows};
+  emb_plan_params pp = {.n_tables = 1, .rows = r1, .dim = dim, .optim = {.kind = EMB_OPT_SGD},
+                        .seed = 1, .n_shards = ns, .row_wise = 1};
+  if (emb_plan_create(&pp, plan, err, sizeof err)) {
+    fprintf(stderr, "shardrec bench rpc: %s\n", err);
+    return 1;
+  }
+  memset(sv, 0, (size_t)ns * sizeof *sv);
+  for (int k = 0; k < ns; k++) {
+    sv[k].plan = *plan;
+    sv[k].shard = k;
+    sv[k].store = emb_store_create_local(*plan, err, sizeof err);
+    rpc_service_opts so = {.shards = &sv[k].shard, .n_shards = 1, .observe = on_call,
+                           .observe_ctx = &sv[k]};
+    sv[k].svc = rpc_service_create(*plan, sv[k].store, &so, err, sizeof err);
+    pthread_create(&sv[k].th, NULL, server_main, &sv[k]);
+    while (!sv[k].port) usleep(1000);
+    snprintf(abuf[k], 64, "127.0.0.1:%d", sv[k].port);
+    addrs[k] = abuf[k];
+  }
+  return 0;
+}
+
+/* Stop and free what servers_start made. */
+static void servers_stop(emb_plan *plan, bserver *sv, int ns) {
+  for (int k = 0; k < ns; k++) {
+    sv[k].stop = 1;
+    pthread_join(sv[k].th, NULL);
+    rpc_service_destroy(sv[k].svc);
+    emb_store_destroy(sv[k].store);
+  }
+  emb_plan_free(plan);
+}
+
 /* The step number of the next store call: every Push a step of its own (a
  * server takes one Push per (job, step, rank) and answers a repeat as a
  * retry, changing nothing). */
@@ -560,29 +601,11 @@ static int bench_servers(int dim, int ns, int si, long long rows, long long n,
                          const double tcp[2]) {
   int status = 0;
   char err[512];
-  uint64_t r1[1] = {(uint64_t)rows};
-  emb_plan_params pp = {.n_tables = 1, .rows = r1, .dim = dim, .optim = {.kind = EMB_OPT_SGD},
-                        .seed = 1, .n_shards = ns, .row_wise = 1};
   emb_plan *plan;
-  if (emb_plan_create(&pp, &plan, err, sizeof err)) {
-    fprintf(stderr, "shardrec bench rpc: %s\n", err);
-    return 1;
-  }
-  bserver *sv = calloc((size_t)ns, sizeof *sv);
+  bserver sv[4];
   const char *addrs[4];
   char abuf[4][64];
-  for (int k = 0; k < ns; k++) {
-    sv[k].plan = plan;
-    sv[k].shard = k;
-    sv[k].store = emb_store_create_local(plan, err, sizeof err);
-    rpc_service_opts so = {.shards = &sv[k].shard, .n_shards = 1, .observe = on_call,
-                           .observe_ctx = &sv[k]};
-    sv[k].svc = rpc_service_create(plan, sv[k].store, &so, err, sizeof err);
-    pthread_create(&sv[k].th, NULL, server_main, &sv[k]);
-    while (!sv[k].port) usleep(1000);
-    snprintf(abuf[k], sizeof abuf[k], "127.0.0.1:%d", sv[k].port);
-    addrs[k] = abuf[k];
-  }
+  if (servers_start(dim, ns, rows, &plan, sv, abuf, addrs)) return 1;
   emb_store *rem = emb_store_create_remote(plan, addrs, ns, &bench_ro, err, sizeof err);
   emb_store *loc = emb_store_create_local(plan, err, sizeof err);
   if (rem && loc && fill_stores(rem, loc, perm, rows, n, grad)) status = 1;
@@ -622,14 +645,7 @@ static int bench_servers(int dim, int ns, int si, long long rows, long long n,
   if (!status && si == 0 && print_latency(rem, NULL, perm, rows, dim)) status = 1;
   emb_store_destroy(rem);
   emb_store_destroy(loc);
-  for (int k = 0; k < ns; k++) {
-    sv[k].stop = 1;
-    pthread_join(sv[k].th, NULL);
-    rpc_service_destroy(sv[k].svc);
-    emb_store_destroy(sv[k].store);
-  }
-  free(sv);
-  emb_plan_free(plan);
+  servers_stop(plan, sv, ns);
   return status;
 }
 
@@ -670,26 +686,11 @@ static double sweep_time(emb_store *s, int push, uint64_t *perm, uint64_t rows, 
 static int sweep_one(int dim, int ns, long long rows, long long n, uint64_t *perm, float *grad,
                      float *out, int rounds) {
   char err[512];
-  uint64_t r1[1] = {(uint64_t)rows};
-  emb_plan_params pp = {.n_tables = 1, .rows = r1, .dim = dim, .optim = {.kind = EMB_OPT_SGD},
-                        .seed = 1, .n_shards = ns, .row_wise = 1};
   emb_plan *plan;
-  if (emb_plan_create(&pp, &plan, err, sizeof err)) return 1;
   bserver sv[4];
-  memset(sv, 0, sizeof sv);
   const char *addrs[4];
   char abuf[4][64];
-  for (int k = 0; k < ns; k++) {
-    sv[k].plan = plan;
-    sv[k].shard = k;
-    sv[k].store = emb_store_create_local(plan, err, sizeof err);
-    rpc_service_opts so = {.shards = &sv[k].shard, .n_shards = 1};
-    sv[k].svc = rpc_service_create(plan, sv[k].store, &so, err, sizeof err);
-    pthread_create(&sv[k].th, NULL, server_main, &sv[k]);
-    while (!sv[k].port) usleep(1000);
-    snprintf(abuf[k], sizeof abuf[k], "127.0.0.1:%d", sv[k].port);
-    addrs[k] = abuf[k];
-  }
+  if (servers_start(dim, ns, rows, &plan, sv, abuf, addrs)) return 1;
   emb_store *st[SWEEP_N];
   int status = 0;
   for (int c = 0; c < SWEEP_N; c++) {
@@ -730,13 +731,7 @@ static int sweep_one(int dim, int ns, long long rows, long long n, uint64_t *per
   free(ratio);
   free(abs_t);
   for (int c = 0; c < SWEEP_N; c++) emb_store_destroy(st[c]);
-  for (int k = 0; k < ns; k++) {
-    sv[k].stop = 1;
-    pthread_join(sv[k].th, NULL);
-    rpc_service_destroy(sv[k].svc);
-    emb_store_destroy(sv[k].store);
-  }
-  emb_plan_free(plan);
+  servers_stop(plan, sv, ns);
   return status;
 }
 
@@ -756,26 +751,11 @@ static int lookahead_one(int dim, long long rows, long long n, uint64_t *perm, f
                          float *out, double work_us) {
   char err[512];
   const int ns = 2;
-  uint64_t r1[1] = {(uint64_t)rows};
-  emb_plan_params pp = {.n_tables = 1, .rows = r1, .dim = dim, .optim = {.kind = EMB_OPT_SGD},
-                        .seed = 1, .n_shards = ns, .row_wise = 1};
   emb_plan *plan;
-  if (emb_plan_create(&pp, &plan, err, sizeof err)) return 1;
   bserver sv[2];
-  memset(sv, 0, sizeof sv);
   const char *addrs[2];
   char abuf[2][64];
-  for (int k = 0; k < ns; k++) {
-    sv[k].plan = plan;
-    sv[k].shard = k;
-    sv[k].store = emb_store_create_local(plan, err, sizeof err);
-    rpc_service_opts so = {.shards = &sv[k].shard, .n_shards = 1};
-    sv[k].svc = rpc_service_create(plan, sv[k].store, &so, err, sizeof err);
-    pthread_create(&sv[k].th, NULL, server_main, &sv[k]);
-    while (!sv[k].port) usleep(1000);
-    snprintf(abuf[k], sizeof abuf[k], "127.0.0.1:%d", sv[k].port);
-    addrs[k] = abuf[k];
-  }
+  if (servers_start(dim, ns, rows, &plan, sv, abuf, addrs)) return 1;
   int status = 0;
   double wait[2][5], step[2][5];
   uint64_t *ids = malloc((size_t)n * sizeof *ids), *nids = malloc((size_t)n * sizeof *nids);
@@ -819,13 +799,7 @@ static int lookahead_one(int dim, long long rows, long long n, uint64_t *perm, f
            "%7.1f -> %7.1f us (x%.2f)\n", dim, work_us, w0 * 1e6, w1 * 1e6,
            w0 > 0 ? 100 * (1 - w1 / w0) : 0, s0 * 1e6, s1 * 1e6, s1 > 0 ? s0 / s1 : 0);
   }
-  for (int k = 0; k < ns; k++) {
-    sv[k].stop = 1;
-    pthread_join(sv[k].th, NULL);
-    rpc_service_destroy(sv[k].svc);
-    emb_store_destroy(sv[k].store);
-  }
-  emb_plan_free(plan);
+  servers_stop(plan, sv, ns);
   return status;
 }
 
@@ -1093,6 +1067,8 @@ int bench_rpc(int argc, char **argv) {
         long long v; /* 0: no chunks (one call per server, as the server's limits allow) */
         if (cli_int(CMD, "--rpc-chunk-kb", optarg, 0, 1 << 20, &v)) return 2;
         bench_ro.chunk_bytes = v ? (size_t)v << 10 : SIZE_MAX;
+        break;
+      }
       case 'd': if (int_list("--dims", optarg, 1, 1024, dims, &n_dims)) return 2; break;
       case 'k': if (int_list("--servers", optarg, 1, 4, nsrv, &n_srv)) return 2; break;
       case 'P': plan_path = optarg; break;
