@@ -1,7 +1,7 @@
 /* The CUDA backend: cuBLAS sgemm for the linear layers and CUDA kernels for
  * the rest of a dense step, behind dense_backend (backend.h), tested against
  * the CPU backend (tests/cuda). Built only where nvcc and the CUDA libraries
- * are found (SHARDREC_HAVE_CUDA); this header is plain C.
+ * are found (libshardrec_cuda.so, cuda_plugin.h; sr_dense_cuda for its tests); this header is plain C.
  *
  * One device and one stream per process (one GPU per rank). The backend's
  * kernel pointers take DEVICE pointers, are queued on the backend's stream

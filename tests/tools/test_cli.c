@@ -134,6 +134,42 @@ START_TEST(test_missing_file) {
 }
 END_TEST
 
+/* The CUDA backend is a module loaded only for --device cuda: a CPU run
+ * never maps cuBLAS (the loader's own trace, LD_DEBUG=files, lists every
+ * library it maps, dlopen'ed ones too), --device cuda loads the module from
+ * beside the binary, and a module that is not there is named. */
+START_TEST(test_cuda_module_on_request) {
+  char *out;
+  ck_assert_int_eq(run_cmd(&out, "LD_DEBUG=files %s train --raw-data-file /nonexistent/x --device cpu",
+                           bin_path()), 1);
+  ck_assert_msg(strstr(out, "file=libopenblas") && !strstr(out, "libcublas") && !strstr(out, "libcudart"),
+                "a CPU run maps CUDA libraries:\n%s", out);
+  free(out);
+#ifdef SR_TEST_CUDA_MODULE
+  /* This machine may have no GPU: the module still loads before the device
+   * is looked for. */
+  int rc = run_cmd(&out, "LD_DEBUG=files %s train --raw-data-file /nonexistent/x --device cuda", bin_path());
+  ck_assert_msg(rc != 0 && strstr(out, "libshardrec_cuda.so [0];  dynamically loaded by") &&
+                    strstr(out, "file=libcublas"), "exit %d:\n%s", rc, out);
+  free(out);
+  ck_assert_int_eq(run_cmd(&out, "SHARDREC_CUDA_MODULE=/nonexistent/libm.so %s train --raw-data-file x "
+                           "--device cuda:0", bin_path()), 2);
+  ck_assert_msg(strstr(out, "--device cuda:0: the CUDA backend /nonexistent/libm.so does not load: "),
+                "%s", out);
+  free(out);
+  /* a library that is not the module: named, refused */
+  ck_assert_int_eq(run_cmd(&out, "SHARDREC_CUDA_MODULE=libz.so.1 %s train --raw-data-file x --device cuda",
+                           bin_path()), 2);
+  ck_assert_msg(strstr(out, "libz.so.1 is not this build's CUDA backend"), "%s", out);
+  free(out);
+#else
+  ck_assert_int_eq(run_cmd(&out, "%s train --raw-data-file x --device cuda", bin_path()), 2);
+  ck_assert_msg(strstr(out, "this build has no CUDA backend"), "%s", out);
+  free(out);
+#endif
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("cli");
   TCase *tc = tcase_create("cli");
@@ -143,6 +179,7 @@ int main(void) {
   tcase_add_test(tc, test_unknown_command_and_flags);
   tcase_add_test(tc, test_malformed_values);
   tcase_add_test(tc, test_missing_file);
+  tcase_add_test(tc, test_cuda_module_on_request);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

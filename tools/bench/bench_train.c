@@ -33,9 +33,7 @@
 #include "tools/cli.h"
 #include "tools/cmds.h"
 #include "tools/train/trainer.h"
-#ifdef SHARDREC_HAVE_CUDA
-#include "dense/backend_cuda.h"
-#endif
+#include "dense/cuda_plugin.h"
 
 extern char **environ;
 
@@ -90,22 +88,20 @@ static double sgemm_step_time(const dense_config *cfg, int B, double *flops_out)
 /* The same bound on the GPU: each of the step's shapes through cublasSgemm
  * (the CUDA backend's gemm), timed with CUDA events. */
 static double cublas_step_time(const dense_config *cfg, int B, double *flops_out) {
-#ifdef SHARDREC_HAVE_CUDA
+  char err[640];
+  const dense_cuda_plugin *cu = dense_cuda_plugin_load(err, sizeof err);
+  if (!cu) return -1;
   dense_gemm_shape sh[64];
   int ns = dense_model_gemm_shapes(cfg, B, sh, 64);
   double total = 0, flops = 0;
   for (int i = 0; i < ns; i++) {
-    double s = dense_cuda_gemm_seconds(sh[i].trans_a, sh[i].trans_b, sh[i].M, sh[i].N, sh[i].K, 9);
+    double s = cu->gemm_seconds(sh[i].trans_a, sh[i].trans_b, sh[i].M, sh[i].N, sh[i].K, 9);
     if (s < 0) return -1;
     total += s;
     flops += 2.0 * sh[i].M * sh[i].N * sh[i].K;
   }
   *flops_out = flops;
   return total;
-#else
-  (void)cfg, (void)B, (void)flops_out;
-  return -1;
-#endif
 }
 
 /* The models bench train times: the Kaggle dot model, and (--arch
@@ -338,9 +334,10 @@ static int measure(one *o, const bt_flags *f, int nsteps, int th, double *rate_o
   int B = o->B, gpu = f->gpu, runs = (int)f->runs;
   double rate[99], ratio[99], bounds[99], gflops = 0;
   trainer_times_reset(o->t);
-#ifdef SHARDREC_HAVE_CUDA
-  dense_cuda_times_reset();
-#endif
+  char cerr[640];
+  /* --device cuda: the module is loaded already (dense_backend_for_device) */
+  const dense_cuda_plugin *cu = gpu ? dense_cuda_plugin_load(cerr, sizeof cerr) : NULL;
+  if (cu) cu->times_reset();
   for (int r = 0; r < runs; r++) {
     double s0 = sr_now();
     long long samples = 0;
@@ -372,17 +369,15 @@ static int measure(one *o, const bt_flags *f, int nsteps, int th, double *rate_o
          B, th, med, 1e3 * B / med, fps / 1e6, gflops / tg / 1e9, bound, 100.0 * frac,
          tt->dedup * ms, tt->lookup * ms, tt->pool * ms, tt->forward * ms, tt->backward * ms,
          tt->scatter * ms, tt->push * ms, tt->dense_opt * ms);
-#ifdef SHARDREC_HAVE_CUDA
-  if (gpu) {
+  if (cu) {
     dense_cuda_times ct;
-    dense_cuda_times_get(&ct);
+    cu->times_get(&ct);
     /* device-stream times of the forward+backward, per step */
     printf("%6s   GPU split (ms/step): lookup %.2f H2D %.2f compute %.2f D2H %.2f push %.2f"
            " | host: dedup %.2f pool %.2f scatter %.2f opt %.2f\n",
            "", tt->lookup * ms, ct.h2d * ms, ct.compute * ms, ct.d2h * ms, tt->push * ms,
            tt->dedup * ms, tt->pool * ms, tt->scatter * ms, tt->dense_opt * ms);
   }
-#endif
   fflush(stdout);
   return 0;
 }
