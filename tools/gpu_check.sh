@@ -43,7 +43,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 MODE=${1:-run}
 BUNDLE_DIR=$ROOT/build-gpu-bundle
-TARGETS="shardrec test_cuda_kernels test_cuda_model test_cuda_nccl test_cuda_train test_collective"
+TARGETS="shardrec shardrec_cuda test_cuda_kernels test_cuda_model test_cuda_nccl test_cuda_train test_collective"
 
 bundle() {
   set -e
@@ -52,7 +52,8 @@ bundle() {
   cmake --build build-gpu -j"$(nproc)" --target $TARGETS
   local stage; stage=$(mktemp -d)
   mkdir -p "$stage/sr-gpu/bin" "$stage/sr-gpu/lib" "$stage/sr-gpu/lib-fallback"
-  cp build-gpu/tools/shardrec "$stage/sr-gpu/bin/"
+  # the CUDA backend module sits beside the binary that loads it
+  cp build-gpu/tools/shardrec build-gpu/tools/libshardrec_cuda.so "$stage/sr-gpu/bin/"
   for t in test_cuda_kernels test_cuda_model test_cuda_nccl test_cuda_train test_collective; do
     cp "build-gpu/tests/cuda/$t" "$stage/sr-gpu/bin/"
   done
@@ -113,7 +114,8 @@ run_checks() {
     rm -rf "$sr" && tar -C /tmp -xJf "$BUNDLE_DIR/shardrec-gpu.tar.xz"
   elif [ -x "$ROOT/build-gpu/tools/shardrec" ]; then
     mkdir -p "$sr/bin" "$sr/lib"
-    cp "$ROOT"/build-gpu/tools/shardrec "$ROOT"/build-gpu/tests/cuda/test_* "$sr/bin/"
+    cp "$ROOT"/build-gpu/tools/shardrec "$ROOT"/build-gpu/tools/libshardrec_cuda.so \
+      "$ROOT"/build-gpu/tests/cuda/test_* "$sr/bin/"
   else
     echo "gpu_check: no bundle (build-gpu-bundle/) and no build-gpu/: run 'tools/gpu_check.sh bundle' here first, or 'build-there'" | tee "$OUT/summary.txt"
     return 1
