@@ -20,6 +20,7 @@
 #include "embedding/shard.h"
 #include "embedding/store.h"
 #include "storage/kv.h"
+#include "tests/embedding/shard_fixture.h"
 
 #define NT 3
 static const uint64_t ROWS[NT] = {20000, 600, 0}; /* bounded, small bounded, unbounded */
@@ -27,41 +28,13 @@ static const uint64_t ROWS[NT] = {20000, 600, 0}; /* bounded, small bounded, unb
 #define DIM 8
 
 static emb_plan *make_plan(emb_optim_kind k, int n_shards, int row_wise) {
-  emb_plan_params pp;
-  memset(&pp, 0, sizeof pp);
-  pp.n_tables = NT;
-  pp.rows = ROWS;
-  pp.dim = DIM;
-  pp.optim.kind = k;
-  pp.optim.eps = -1;
-  pp.optim.init_acc = k == EMB_OPT_SGD ? 0 : 0.05;
-  pp.seed = 7;
-  pp.n_shards = n_shards;
-  pp.row_wise = row_wise;
-  char err[256];
-  emb_plan *p = NULL;
-  ck_assert_int_eq(emb_plan_create(&pp, &p, err, sizeof err), 0);
-  p->tables[1].dim = 4; /* mixed widths */
-  return p;
+  return fx_plan(ROWS, DIM, 7, k, n_shards, row_wise);
 }
 
-static char *tmpdir(void) {
-  char *d = strdup("/tmp/shardrec-prefetch-XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(d));
-  return d;
-}
+static char *tmpdir(void) { return fx_tmpdir("prefetch"); }
 
 static emb_store *make_shard(const emb_plan *p, const char *dir, uint64_t cache_rows, int threads) {
-  char err[1024];
-  emb_shard_config c;
-  memset(&c, 0, sizeof c);
-  c.cache_rows = cache_rows;
-  c.block_cache_bytes = 4 << 20;
-  c.write_buffer_bytes = 4 << 20;
-  c.threads = threads;
-  emb_store *s = emb_store_create_shard(p, dir, &c, err, sizeof err);
-  ck_assert_msg(s != NULL, "%s", err);
-  return s;
+  return fx_shard(p, dir, cache_rows, threads);
 }
 
 /* One step's unique ids. */
