@@ -22,6 +22,7 @@
 
 #include "tests/check_main.h"
 #include "tests/tools/run.h"
+#include "tests/train/e2e_data.h"
 
 static char dir[] = "/tmp/shardrec-prefetch-XXXXXX";
 
@@ -154,18 +155,8 @@ END_TEST
 #endif
 
 int main(void) {
-  const char *bin = getenv("SHARDREC_BIN");
-  if (!bin || !mkdtemp(dir)) {
-    fprintf(stderr, "test_train_prefetch: SHARDREC_BIN unset (run through ctest) or no temporary folder\n");
-    return 1;
-  }
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd,
-           "cd %s && (%s datagen --rows 12000 --seed 3 --out d.tsv && %s convert "
-           "--test-fraction 0.1 d.tsv d.bin && rm d.tsv) > prep.log 2>&1 || (cat prep.log >&2; exit 1)",
-           dir, bin, bin);
   int rc = 1;
-  if (system(cmd) == 0) {
+  if (e2e_data_make("test_train_prefetch", dir, 12000, 3) == 0) {
     Suite *s = suite_create("train_prefetch");
     TCase *tc = tcase_create("e2e");
     tcase_set_timeout(tc, 600);
@@ -179,7 +170,6 @@ int main(void) {
     suite_add_tcase(s, tc);
     rc = sr_check_run(s);
   }
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+  e2e_data_remove(dir);
   return rc;
 }

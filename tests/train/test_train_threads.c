@@ -12,6 +12,7 @@
 
 #include "tests/check_main.h"
 #include "tests/tools/run.h"
+#include "tests/train/e2e_data.h"
 
 #define STEPS 64
 #define KAGGLE "--arch-mlp-bot 13-512-256-64-16 --arch-mlp-top 512-256-1"
@@ -153,18 +154,8 @@ START_TEST(test_flag_errors) {
 END_TEST
 
 int main(void) {
-  const char *bin = getenv("SHARDREC_BIN");
-  if (!bin || !mkdtemp(dir)) {
-    fprintf(stderr, "test_train_threads: SHARDREC_BIN unset (run through ctest) or no temporary folder\n");
-    return 1;
-  }
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd,
-           "cd %s && (%s datagen --rows 40000 --seed 4 --out d.tsv && %s convert "
-           "--test-fraction 0.1 d.tsv d.bin && rm d.tsv) > prep.log 2>&1 || (cat prep.log >&2; exit 1)",
-           dir, bin, bin);
   int rc = 1;
-  if (system(cmd) == 0) {
+  if (e2e_data_make("test_train_threads", dir, 40000, 4) == 0) {
     Suite *s = suite_create("train_threads");
     TCase *tc = tcase_create("threads");
     tcase_set_timeout(tc, 300);
@@ -178,7 +169,6 @@ int main(void) {
     suite_add_tcase(s, tc);
     rc = sr_check_run(s);
   }
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+  e2e_data_remove(dir);
   return rc;
 }

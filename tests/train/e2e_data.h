@@ -1,0 +1,33 @@
+/* The data the end-to-end train suites (test_train_prefetch.c,
+ * test_train_threads.c) share a folder of: `datagen --rows ROWS --seed
+ * SEED` converted with a 10% test split into DIR/d.bin. */
+#ifndef SHARDREC_TESTS_TRAIN_E2E_DATA_H
+#define SHARDREC_TESTS_TRAIN_E2E_DATA_H
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* Make dir (a mkdtemp template, filled in) and DIR/d.bin with the binary
+ * $SHARDREC_BIN. 0, or -1 with what failed on stderr under suite's name. */
+static inline int e2e_data_make(const char *suite, char *dir, long rows, int seed) {
+  const char *bin = getenv("SHARDREC_BIN");
+  if (!bin || !mkdtemp(dir)) {
+    fprintf(stderr, "%s: SHARDREC_BIN unset (run through ctest) or no temporary folder\n", suite);
+    return -1;
+  }
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd,
+           "cd %s && (%s datagen --rows %ld --seed %d --out d.tsv && %s convert "
+           "--test-fraction 0.1 d.tsv d.bin && rm d.tsv) > prep.log 2>&1 || (cat prep.log >&2; exit 1)",
+           dir, bin, rows, seed, bin);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+/* Remove what e2e_data_make made. */
+static inline void e2e_data_remove(const char *dir) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
+#endif
