@@ -7,14 +7,18 @@ For each run (RESULTS_DIR/r<G>g-d<D>/: run.json, host-K.jsonl from
 sample.py, K = 0, 1 the servers, 2, 3 the ranks), the steady part: from the
 first sample at 20% of the steps to the last sample before the last step
 (the start-up and the end's test pass left out). Samples/s over it; bytes a
-step on each host's eth0 (interface counters, Ethernet frames, both ways)
-and from the trainer's counters (shardrec_train_lookup_bytes_total: unique
-rows x dim x 4, the push the same); each link's utilisation (the busier
+step on each host's eth0 (interface counters, Ethernet frames, both ways),
+from the servers' counters (shardrec_server_{request,response}_bytes_total:
+the calls' messages) and from the trainer's (shardrec_train_lookup_bytes_total:
+unique rows x dim x 4, its U); each link's utilisation (the busier
 direction's bytes a second over the rate). The model (tools/scale_model.py)
-predicts each run's samples/s from the run at the highest rate of the same
-dim (the control: its phases outside the lookup, push and all-reduce are the
-base, its lookup, push and all-reduce times the CPU floors) and the bytes
-the model puts on each link.
+predicts each run's samples/s from its inputs: the run's own U and dense
+compute (the step outside the lookup, push and all-reduce), and the CPU time
+of those three phases from the run at the highest rate of the same dim (the
+control: each phase less its wire time there); at tc's rate and at the rate
+tcp_probe.py measured; and once more with the control's dense compute in
+place of the run's own (the machine's drift between runs then counts as a
+miss). Beside it, the bytes the model puts on a rank's link.
 """
 import argparse
 import glob
@@ -68,6 +72,14 @@ def analyse(d):
         tx = (interp(hosts[k], lambda s: s["tx_bytes"], tb) - interp(hosts[k], lambda s: s["tx_bytes"], ta)) / nstep
         rx = (interp(hosts[k], lambda s: s["rx_bytes"], tb) - interp(hosts[k], lambda s: s["rx_bytes"], ta)) / nstep
         out["link"].append({"tx": tx, "rx": rx})
+    for k in (0, 1):
+        own = {}
+        for key, series in (("rx", "shardrec_server_request_bytes_total"), ("tx", "shardrec_server_response_bytes_total")):
+            try:
+                own[key] = (interp(hosts[k], metric(series), tb) - interp(hosts[k], metric(series), ta)) / nstep
+            except ValueError:
+                own[key] = float("nan")
+        out["link"][k]["own"] = own
     rows = []
     for k in (2, 3):
         lb = interp(hosts[k], metric("shardrec_train_lookup_bytes_total"), tb) - \
@@ -95,19 +107,27 @@ def probe_gbit(run):
         return None
 
 
-def predict(run, ctrl, measured_rate):
-    """The model's step for run. Its base (the step outside the lookup,
-    push and all-reduce) and each phase's CPU time come from ctrl (the same
-    dim at the highest rate): ctrl's phase less its wire time at ctrl's
-    rate. The rates: tc's (nominal), or with measured_rate the payload rate
-    tcp_probe.py measured on each run's link (a busy machine moves less)."""
-    ph = ctrl["phase_ms"]
-    net = {"lookup": ph["lookup"] + ph["prefetch"], "push": ph["push"], "allreduce": ph["allreduce"]}
+def net_phases(run):
+    ph = run["phase_ms"]
+    return {"lookup": ph["lookup"] + ph["prefetch"], "push": ph["push"], "allreduce": ph["allreduce"]}
+
+
+def predict(run, ctrl, measured_rate, own_base=True):
+    """The model's step for run. Each network phase's CPU time comes from
+    ctrl (the same dim at the highest rate): ctrl's phase less its wire time
+    at ctrl's rate. The base (the step outside the lookup, push and
+    all-reduce: the dense compute, an input of the model like U) is the
+    run's own (own_base), or ctrl's (then the machine's drift between runs
+    is in the comparison too). The rates: tc's (nominal), or with
+    measured_rate the payload rate tcp_probe.py measured on each run's link
+    (a busy machine moves less)."""
+    net = net_phases(ctrl)
+    base = run if own_base else ctrl
     a = argparse.Namespace(dim=run["dim"], batch=run["batch"], ranks=2, servers=2,
                            mlp_bot=widths(run["mlp"], "--arch-mlp-bot"), mlp_top=widths(run["mlp"], "--arch-mlp-top"),
                            interaction="dot", id_bytes=3.0, latency_us=0.0, dense_ms=0.0, cpu_us_per_row=None,
                            server_threads=2, no_hints=False, overlap="serial",
-                           base_ms=ctrl["step_ms"] - sum(net.values()))
+                           base_ms=base["step_ms"] - sum(net_phases(base).values()))
     params = scale_model.dense_params(a.dim, a.mlp_bot, a.mlp_top)
     by = scale_model.step_bytes(a.dim, ctrl["rows_per_rank_step"], 2, 2, params, a.id_bytes)
     eta = scale_model.ETA
@@ -136,19 +156,21 @@ def main():
     print("cluster bench: 2 server hosts, 2 rank hosts (mpirun -np 2), sync mode, global batch %d; "
           "bytes a step per link from eth0's counters (frames, both ways); the model: tools/scale_model.py, "
           "base and CPU floors from the run at the highest rate of each dim" % runs[0]["batch"])
-    print("%6s %4s %5s | %9s | %-16s | %6s %-16s | %-17s %-17s | %-17s | %5s %7s | %s"
-          % ("Gbit/s", "dim", "steps", "samples/s", "model (tc rate)", "TCP", "model (TCP rate)",
-             "rank 0 tx / rx", "server 0 tx / rx", "model rank tx/rx", "util", "cap",
+    print("%6s %4s %5s | %9s | %-16s | %6s %-16s | %-16s | %-17s %-17s %-17s | %-17s | %5s %7s | %s"
+          % ("Gbit/s", "dim", "steps", "samples/s", "model (tc rate)", "TCP", "model (TCP rate)", "control's base",
+             "rank 0 eth0 tx/rx", "server 0 eth0", "server 0 counted", "model: rank link", "util", "cap",
              "rows a rank a step; ms a step: step, network phases"))
-    print("%6s %4s %5s | %9s | %-16s | %6s %-16s | %-17s %-17s | %-17s | %5s %7s |"
-          % ("", "", "", "measured", "samples/s  diff", "Gbit/s", "samples/s  diff", "MB a step", "MB a step",
-             "MB a step", "", "MB/step"))
+    print("%6s %4s %5s | %9s | %-16s | %6s %-16s | %-16s | %-17s %-17s %-17s | %-17s | %5s %7s |"
+          % ("", "", "", "measured", "samples/s  diff", "Gbit/s", "samples/s  diff", "samples/s  diff", "MB a step",
+             "tx / rx MB a step", "tx / rx MB a step", "tx / rx MB a step", "", "MB/step"))
     for r in runs:
+        pc = predict(r, ctrl[r["dim"]], False, own_base=False)["rates"][0]["samples_per_s"]
         pn = predict(r, ctrl[r["dim"]], False)["rates"][0]["samples_per_s"]
         probed = probe_gbit(r) is not None and probe_gbit(ctrl[r["dim"]]) is not None
         m = predict(r, ctrl[r["dim"]], probed)
         pm = m["rates"][0]["samples_per_s"] if probed else float("nan")
         r["predicted_tc_rate"], r["predicted_tcp_rate"], r["tcp_gbit"] = pn, pm, probe_gbit(r)
+        r["predicted_tc_rate_control_base"] = pc
         by = m["bytes"]
         mtx = sum(b["rank_tx"] for b in by.values()) / eta / 1e6
         mrx = sum(b["rank_rx"] for b in by.values()) / eta / 1e6
@@ -157,10 +179,12 @@ def main():
         util = max(max(x) for x in rk) / cap
         ph = r["phase_ms"]
         diff = lambda p: 100.0 * (p - r["samples_per_s"]) / r["samples_per_s"]
-        print("%6g %4d %5d | %9.0f | %9.0f %+5.0f%% | %6.2f %9.0f %+5.0f%% | %7.3f / %7.3f %7.3f / %7.3f | %7.3f / %7.3f | "
+        own = r["link"][0]["own"]
+        print("%6g %4d %5d | %9.0f | %9.0f %+5.0f%% | %6.2f %9.0f %+5.0f%% | %9.0f %+5.0f%% | %7.3f / %7.3f %7.3f / %7.3f %7.3f / %7.3f | %7.3f / %7.3f | "
               "%4.0f%% %7.2f | %.0f; %.1f: lookup %.1f, prefetch %.1f, push %.1f, all-reduce %.1f"
               % (r["rate_gbit"], r["dim"], r["steps_measured"], r["samples_per_s"], pn, diff(pn),
-                 r["tcp_gbit"] or float("nan"), pm, diff(pm), rk[2][0], rk[2][1], rk[0][0], rk[0][1], mtx, mrx,
+                 r["tcp_gbit"] or float("nan"), pm, diff(pm), pc, diff(pc), rk[2][0], rk[2][1], rk[0][0], rk[0][1],
+                 own["tx"] / 1e6, own["rx"] / 1e6, mtx, mrx,
                  100 * util, cap, r["rows_per_rank_step"], r["step_ms"], ph["lookup"], ph["prefetch"], ph["push"],
                  ph["allreduce"]))
     json.dump(runs, open(os.path.join(sys.argv[1], "runs.json"), "w"), indent=1)

@@ -6,9 +6,9 @@
 # 1, 5 and 20 Gbit/s (tc tbf on every host's link, both directions; 20 is
 # above what this machine moves: the control), at dim 16 (Kaggle MLPs) and
 # dim 128 (MLPerf-like MLPs 13-512-256-128 / 1024-1024-512-256-1), sync
-# mode. Each host's eth0 counters and each rank's Prometheus series
+# mode. Each host's eth0 counters, each rank's Prometheus series
 # (shardrec_train_*: steps, samples, lookup and push bytes, phase seconds)
-# are sampled every 0.25 s from inside its namespace (sample.py); report.py
+# and each server's (shardrec_server_{request,response}_bytes_total) are sampled every 0.25 s from inside its namespace (sample.py); report.py
 # takes the steady part of each run (from 20% of its steps to its last step
 # before the end), prints samples/s, bytes per step on each link beside its
 # capacity, and the model of docs/SCALE.md (tools/scale_model.py) beside it,
@@ -102,12 +102,12 @@ run_one() {
   for k in 0 1; do
     rm -rf "$WORK/run/s$k"
     "$NETNS" exec $k --tag "$TAG" "$BIN" serve --plan "$WORK/data/plan$dim.json" --shard $k \
-      --listen "198.18.0.$((k + 1)):7000" --insecure >"$dir/serve-$k.log" 2>&1 &
+      --listen "198.18.0.$((k + 1)):7000" --insecure --metrics-listen 127.0.0.1:9400 >"$dir/serve-$k.log" 2>&1 &
     PIDS+=($!)
     wait_line "$dir/serve-$k.log" "listening on" "$!" || die "$name: server $k did not start"
   done
   for k in 0 1 2 3; do
-    local m=()
+    local m=(--metrics http://127.0.0.1:9400/metrics)
     [ $k -ge 2 ] && m=(--metrics http://127.0.0.1:9500/metrics)
     "$NETNS" exec $k --tag "$TAG" /usr/bin/python3 "$HERE/sample.py" "$dir/host-$k.jsonl" "$WORK/stop" "${m[@]}" &
     PIDS+=($!)

@@ -3,7 +3,8 @@
 monotonic time, this namespace's eth0 byte counters
 (/sys/class/net/eth0/statistics/{tx,rx}_bytes) and, with --metrics URL,
 the trainer's Prometheus series (unlabelled but for rank, plus the phase
-totals), until the file STOP exists.
+totals) or a server's request and answer bytes (summed over methods),
+until the file STOP exists.
 
   sample.py OUT STOP [--metrics URL] [--interval S]
 """
@@ -13,7 +14,8 @@ import time
 import urllib.request
 
 WANT = ("shardrec_train_step", "shardrec_train_samples_total", "shardrec_train_lookup_bytes_total",
-        "shardrec_train_push_bytes_total", "shardrec_train_phase_seconds_total")
+        "shardrec_train_push_bytes_total", "shardrec_train_phase_seconds_total",
+        "shardrec_server_request_bytes_total", "shardrec_server_response_bytes_total")
 
 
 def counters():
@@ -38,8 +40,8 @@ def scrape(url):
         if "phase=" in name:
             name = "phase_" + name.split('phase="')[1].split('"')[0]
         else:
-            name = name.split("{")[0]
-        m[name] = float(value)
+            name = name.split("{")[0]  # a server's series by method: summed
+        m[name] = m.get(name, 0.0) + float(value)
     return m
 
 
