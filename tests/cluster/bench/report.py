@@ -154,8 +154,9 @@ def main():
             ctrl[r["dim"]] = r
     eta = scale_model.ETA
     print("cluster bench: 2 server hosts, 2 rank hosts (mpirun -np 2), sync mode, global batch %d; "
-          "bytes a step per link from eth0's counters (frames, both ways); the model: tools/scale_model.py, "
-          "base and CPU floors from the run at the highest rate of each dim" % runs[0]["batch"])
+          "bytes a step per link from eth0's counters (frames, both ways) and the servers'; the model: "
+          "tools/scale_model.py, given each run's U and dense compute, the CPU time of lookup, push and "
+          "all-reduce from the run at the highest rate of each dim" % runs[0]["batch"])
     print("%6s %4s %5s | %9s | %-16s | %6s %-16s | %-16s | %-17s %-17s %-17s | %-17s | %5s %7s | %s"
           % ("Gbit/s", "dim", "steps", "samples/s", "model (tc rate)", "TCP", "model (TCP rate)", "control's base",
              "rank 0 eth0 tx/rx", "server 0 eth0", "server 0 counted", "model: rank link", "util", "cap",
