@@ -61,7 +61,7 @@ cleanup() {
   PIDS=()
   "$NETNS" down --tag "$TAG" >/dev/null 2>&1
 }
-trap 'cleanup; rm -rf "$WORK/data" "$WORK/run"' EXIT
+trap 'cleanup; rm -rf "$WORK/data" "$WORK/run" "$WORK/stop"; rmdir "$WORK" 2>/dev/null' EXIT  # kept if it holds the results
 trap 'echo "run.sh: stopped" >&2; exit 1' INT TERM HUP
 
 say() { echo "run.sh: $*" >&2; }
