@@ -265,7 +265,8 @@ static void wait_file(const char *path, off_t size, pid_t pid, double secs) {
  * step-20 checkpoint is complete (DONE); the same command run again
  * resumes from the newest complete checkpoint and finishes. The first
  * run's metrics (saved aside: the second rewrites the file) and the
- * second's give the final losses. A fresh folder starts fresh. */
+ * second's give the final losses. A fresh folder starts fresh; without
+ * --save-checkpoint (or with --resume) the flag is refused. */
 START_TEST(test_auto_resume) {
   const char *flags = D "--num-batches 40";
   char *ref = reference("refa", 1, flags);
@@ -296,6 +297,14 @@ START_TEST(test_auto_resume) {
   ck_assert_str_eq(ref, got);
   free(got);
   free(ref);
+  /* Without --save-checkpoint, or beside --resume: a usage error. */
+  const char *bad[2] = {"", "--save-checkpoint ckb --resume ckb"};
+  for (int i = 0; i < 2; i++) {
+    rc = run_cmd(&out, "cd %s && %s train " COMMON " " D "--auto-resume %s", dir, bin_path(), bad[i]);
+    ck_assert_msg(rc == 2 && strstr(out, "--auto-resume needs --save-checkpoint DIR"), "%d: %s", rc,
+                  out);
+    free(out);
+  }
 }
 END_TEST
 
