@@ -717,7 +717,8 @@ static int job_recover_ranks(train_job *j, const char *why, int own) {
     inc[0] = 1;
     rpc_remote_incarnations(j->store, inc + 1, ns);
   }
-  int rc = job__coll_ok(j, dense_coll_broadcast_bytes(j->coll, inc, ((size_t)ns + 1) * sizeof *inc, 0),
+  size_t inc_bytes = ((size_t)ns + 1) * sizeof *inc;
+  int rc = job__coll_ok(j, dense_coll_broadcast_bytes(j->coll, inc, inc_bytes, 0),
                         "broadcast of the restore") ? 0 : -1;
   if (!rc && !inc[0]) {
     if (j->rank != 0) job__errf(j, "recovery: rank 0 could not restore the shard servers\n");
