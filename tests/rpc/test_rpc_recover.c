@@ -7,8 +7,8 @@
  *   - two ranks: a server SIGKILLed mid-run (restarted on its port) is
  *     recovered from by both ranks of `mpirun -np 2`, which restore every
  *     server from the newest checkpoint and go on;
- *   - evaluation: a server SIGKILLed during a --test-freq pass is recovered
- *     from the same way, and the pass runs again;
+ *   - evaluation: a server SIGKILLed during a --test-freq pass (one rank,
+ *     and two) is recovered from the same way, and the pass runs again;
  *   - --auto-resume: the trainer SIGKILLed after a checkpoint is complete
  *     and the same command run again resumes from it; a fresh folder starts
  *     fresh;
@@ -210,41 +210,55 @@ START_TEST(test_two_ranks_recover) {
 }
 END_TEST
 
-/* A server lost during a test pass: e.bin's test split is half the data,
- * read 8 samples a batch (about 380 lookups), so the pass after step 20
- * (--test-freq 20) lasts far longer than the test takes to stop the trainer
- * once step 20 is printed; the stop must land before the pass's line (else
- * the test says so). Server 0 is restarted (RocksDB folder); the trainer
- * restores the step-20 checkpoint, runs the pass again, and goes on. */
+/* A server lost during a test pass, with one rank and with mpirun -np 2
+ * (whose ranks agree at each test batch): e.bin's test split is half the
+ * data, read 8 samples a batch (375 batches), so the pass after step 20
+ * (--test-freq 20) lasts far longer than the test takes to stop the
+ * trainer (or both ranks) once step 20 is printed; the stop must land
+ * before the pass's line (else the test says so). Server 0 is restarted
+ * (RocksDB folder); the job restores the step-20 checkpoint, runs the pass
+ * again, and goes on. */
 START_TEST(test_eval_lost_recovers) {
   const char *flags = "--processed-data-file e.bin --num-batches 30 --test-freq 20 "
                       "--test-mini-batch-size 8";
-  char *ref = reference("refe", 1, flags);
-  test_server s[2];
-  char addrs[200];
-  start_two(s, "se", 1, addrs, sizeof addrs);
-  pid_t tr = spawn_sh("cd '%s' && exec '%s' train " COMMON " %s --metrics-out re.jsonl "
-                      "--shard-servers %s --save-checkpoint cke --checkpoint-every 10 "
-                      "--recover-timeout 60 > re.out 2>&1",
-                      dir, bin_path(), flags, addrs);
-  wait_text(at("re.out"), "train  step 20/30 ", 1, tr, 120);
-  ck_assert_int_eq(kill(tr, SIGSTOP), 0);
-  char *early = slurp(at("re.out"));
-  int passed = test_lines(early);
-  free(early);
-  restart(&s[0], 0, "se", 1);
-  ck_assert_int_eq(kill(tr, SIGCONT), 0);
-  ck_assert_msg(passed == 0, "the pass at step 20 ended before the trainer was stopped");
-  assert_ok(tr, "re.out");
-  for (int k = 0; k < 2; k++) ck_assert_int_eq(server_stop(&s[k]), 0);
-  char *log = slurp(at("re.out"));
-  const char *rec = strstr(log, "recovered from cke/step-20 after: test pass at step 20: ");
-  ck_assert_msg(rec, "no recovery from a lost test pass:\n%s", log);
-  free(log);
-  char *got = final_lines("re.jsonl");
-  ck_assert_msg(strcmp(ref, got) == 0, "recovered run:\n%s\nuninterrupted:\n%s", got, ref);
-  free(got);
-  free(ref);
+  for (int np = 1; np <= 2; np++) {
+    char name[16], out[16], jsonl[16], ck[16], tag[8], want[80];
+    snprintf(name, sizeof name, "refe%d", np);
+    snprintf(out, sizeof out, "re%d.out", np);
+    snprintf(jsonl, sizeof jsonl, "re%d.jsonl", np);
+    snprintf(ck, sizeof ck, "cke%d", np);
+    snprintf(tag, sizeof tag, "se%d", np);
+    char *ref = reference(name, np, flags);
+    test_server s[2];
+    char addrs[200];
+    start_two(s, tag, 1, addrs, sizeof addrs);
+    pid_t tr = spawn_sh("cd '%s' && exec %s'%s' train " COMMON " %s --metrics-out %s "
+                        "--shard-servers %s --save-checkpoint %s --checkpoint-every 10 "
+                        "--recover-timeout 60 > %s 2>&1",
+                        dir, np > 1 ? MPIRUN " -np 2 " : "", bin_path(), flags, jsonl, addrs, ck,
+                        out);
+    pid_t rk[2] = {tr, 0}; /* the processes to hold: the trainer, or both ranks */
+    for (int r = 0; np > 1 && r < 2; r++) rk[r] = mpi_rank_pid(tr, r, 120);
+    wait_text(at(out), "train  step 20/30 ", 1, tr, 120);
+    for (int r = 0; r < np; r++) ck_assert_int_eq(kill(rk[r], SIGSTOP), 0);
+    char *early = slurp(at(out));
+    int passed = test_lines(early);
+    free(early);
+    restart(&s[0], 0, tag, 1);
+    for (int r = 0; r < np; r++) ck_assert_int_eq(kill(rk[r], SIGCONT), 0);
+    ck_assert_msg(passed == 0, "the pass at step 20 ended before the trainer was stopped");
+    assert_ok(tr, out);
+    for (int k = 0; k < 2; k++) ck_assert_int_eq(server_stop(&s[k]), 0);
+    char *log = slurp(at(out));
+    snprintf(want, sizeof want, "recovered from %s/step-20 after: test pass at step 20: ", ck);
+    ck_assert_msg(strstr(log, want), "%d rank(s): no recovery from a lost test pass:\n%s", np, log);
+    free(log);
+    char *got = final_lines(jsonl);
+    ck_assert_msg(strcmp(ref, got) == 0, "%d rank(s): recovered run:\n%s\nuninterrupted:\n%s", np,
+                  got, ref);
+    free(got);
+    free(ref);
+  }
 }
 END_TEST
 
@@ -262,7 +276,8 @@ static void wait_file(const char *path, off_t size, pid_t pid, double secs) {
 }
 
 /* --auto-resume: the trainer (rows in process) SIGKILLed once its
- * step-20 checkpoint is complete (DONE); the same command run again
+ * step-20 checkpoint is complete (DONE written whole) and step 20's
+ * metrics line is out (it comes after the checkpoint); the same command run again
  * resumes from the newest complete checkpoint and finishes. The first
  * run's metrics (saved aside: the second rewrites the file) and the
  * second's give the final losses. A fresh folder starts fresh; without
@@ -276,6 +291,8 @@ START_TEST(test_auto_resume) {
            dir, bin_path(), flags);
   pid_t tr = spawn_sh("%s", cmd);
   wait_file(at("cka/step-20/DONE"), 65, tr, 120); /* the manifest's SHA-256 in hex, a newline */
+  /* and step 20's line, which the job prints after its checkpoint */
+  wait_text(at("ra.jsonl"), "\"step\":20,", 1, tr, 120);
   kill9(tr);
   char *out;
   ck_assert_int_eq(run_cmd(&out, "cd %s && cp ra.jsonl ra1.jsonl", dir), 0);
