@@ -15,7 +15,15 @@
 
 typedef struct rpc_client_opts {
   double deadline_s;        /* per call (default 30) */
-  int max_tries;            /* attempts on UNAVAILABLE (default 8) */
+  int max_tries;            /* attempts on UNAVAILABLE (default 10) */
+  int retry_deadline;       /* also try a Lookup, Push or Stats again when its deadline
+                               passed (a partition: nothing came back), up to max_tries;
+                               past them it is a lost server (rpc_remote_lost) */
+  /* Called (NULL: not) when a call is first tried again after UNAVAILABLE or
+   * its deadline, with "METHOD to ADDR: STATUS; trying again (N tries in
+   * all)", from the thread that drives the call. */
+  void (*on_retry)(void *ctx, const char *msg);
+  void *retry_ctx;
   double backoff_s;         /* first wait between tries, doubled each time (0.05) */
   int max_message_bytes;    /* default 64 MiB */
   const rpc_tls *tls;       /* NULL: insecure */
@@ -84,13 +92,48 @@ emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *serv
                                    size_t errlen);
 
 /* Nonzero when store is a remote store whose last failure means a server
- * was unreachable after every retry (UNAVAILABLE), answered from a new
+ * was unreachable after every retry (UNAVAILABLE; with retry_deadline also
+ * every attempt past its deadline), answered from a new
  * incarnation (it restarted), or refused the call because it restarted on
  * rows left by a crash (FAILED_PRECONDITION RPC_MSG_UNCLEAN; the call fails
  * with SR_EUNAVAILABLE, not SR_EMISMATCH): its rows may no longer be the run's, and only
  * a Restore of every server from a checkpoint (emb_store_restore, which
  * clears this) makes the store usable again. 0 for other stores. */
 int rpc_remote_lost(const emb_store *store);
+
+/* Recovery of a multi-rank job from a lost server, around rank 0's Restore
+ * of every server (rpc/service.h; each rank calls quiesce before it and
+ * rejoin after it).
+ *
+ * quiesce ends every call store has in flight: the look-ahead's Lookups
+ * (and a prefetched one) are cancelled, which a server that holds one
+ * reads as the rank going away (it drops the job's pending state: the job
+ * is about to be restored anyway), and calls waiting to be retried are not
+ * sent again; the steps handed ahead are forgotten. Nothing for other
+ * stores.
+ *
+ * incarnations: the servers' incarnations as this store last saw them
+ * (rank 0: its Restore's answers) into inc[n]; the number written (0 for
+ * other stores).
+ *
+ * rejoin: quiesce, then detach this rank from the job (its Watches) and go
+ * on as job job_id (the id every rank's calls carry from now on: a call of
+ * the old id still on its way to a server after the Restore cannot touch
+ * the new job's steps, which the servers count from the checkpoint's), with
+ * inc[n_shards] (rank 0's incarnations; NULL: the first seen) as the
+ * servers' incarnations, the lost mark cleared, the servers' limits read
+ * again, and (several ranks) a Watch on every server for the new id. 0 or
+ * SR_ENOMEM; 0 for other stores. */
+void rpc_remote_quiesce(emb_store *store);
+int rpc_remote_incarnations(const emb_store *store, uint64_t *inc, int n);
+int rpc_remote_rejoin(emb_store *store, const char *job_id, const uint64_t *inc);
+
+/* Calls of store answered only after failed attempts (UNAVAILABLE, or
+ * past their deadline with retry_deadline: a partition the retries
+ * outlasted) since the last call: their number (0 for other stores), and
+ * the first server's last one described in buf ("shard K: METHOD to ADDR
+ * answered after N tries over S s (STATUS before)"). */
+int rpc_remote_note(emb_store *store, char *buf, size_t len);
 
 /* Whether the folders paths[n] (named by the flags names[n] in messages;
  * absolute or from the current folder, existing or not) lie inside a

@@ -46,6 +46,8 @@ typedef struct {
   /* The server's limits, from its Stats (0: not said: none but ours). */
   uint64_t max_ids, max_bytes, budget;
   int looks_ahead; /* its store reads ahead: prefetch_only hints are worth sending */
+  int notes;       /* calls answered after a retry since rpc_remote_note last looked */
+  char note[400];  /* the last of them */
 } conn;
 
 /* One table's ids in a call: L->gids[t][lo .. lo + n). */
@@ -66,8 +68,12 @@ typedef struct {
   int tries;
   double retry_at;  /* monotonic seconds; 0: not waiting */
   double backoff;
+  int trouble;      /* attempts that failed UNAVAILABLE or past their deadline */
+  double t_trouble; /* monotonic seconds of the first of them */
+  grpc_status_code why_retry; /* the status of the last of them */
   int active;       /* a call is in flight */
   int no_deadline;  /* a Watch: held by the server for the job's life */
+  int cancelled;    /* given up by this client: never tried again */
   int done;         /* finished: status below is final */
   grpc_call *call;
   grpc_byte_buffer *send, *recv;
@@ -315,6 +321,22 @@ static int budget_refusal(const pcall *p) {
   return 0;
 }
 
+/* o->retry_deadline: a Lookup, Push or Stats whose deadline passed (a
+ * partition: nothing came back) is tried again too (each is safe to repeat:
+ * Push is idempotent at the server). */
+static int deadline_retry(const pcall *p, const rpc_client_opts *o) {
+  return o->retry_deadline && p->status == GRPC_STATUS_DEADLINE_EXCEEDED && !p->path &&
+         (p->m == RPC_LOOKUP || p->m == RPC_PUSH || p->m == RPC_STATS);
+}
+
+/* A call answered after failed attempts: c's note says so. */
+static void note_outlasted(conn *c, const pcall *p) {
+  c->notes++;
+  sr_fmt(c->note, sizeof c->note, "%s to %s answered after %d tries over %.1f s (%s before)",
+         rpc_method_path(p->m), c->addr ? c->addr : "?", p->tries, sr_now() - p->t_trouble,
+         rpc_status_name(p->why_retry));
+}
+
 /* Drive calls[n] (already started or waiting to retry) to their end. */
 static void run_calls(conn *conns, grpc_completion_queue *cq, pcall *calls, int n,
                       const rpc_client_opts *o) {
@@ -339,7 +361,19 @@ static void run_calls(conn *conns, grpc_completion_queue *cq, pcall *calls, int 
     pcall *p = ev.tag;
     p->active = 0;
     if (!ev.success) p->status = GRPC_STATUS_INTERNAL;
-    if ((p->status == GRPC_STATUS_UNAVAILABLE || budget_refusal(p)) && p->tries < o->max_tries) {
+    const int trouble = p->status == GRPC_STATUS_UNAVAILABLE || deadline_retry(p, o);
+    if (trouble && !p->trouble++) {
+      p->t_trouble = sr_now();
+      if (o->on_retry && p->tries < o->max_tries && !p->cancelled) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "%s to %s: %s; trying again (%d tries in all)",
+                 rpc_method_path(p->m), conns[p->shard].addr ? conns[p->shard].addr : "?",
+                 rpc_status_name(p->status), o->max_tries);
+        o->on_retry(o->retry_ctx, msg);
+      }
+    }
+    if (trouble) p->why_retry = p->status;
+    if ((trouble || budget_refusal(p)) && p->tries < o->max_tries && !p->cancelled) {
       /* The next attempt goes on the server's next connection: one that
        * broke need not hold the retry up while it reconnects. */
       p->chan = (p->chan + 1) % conns[p->shard].n_ch;
@@ -349,6 +383,7 @@ static void run_calls(conn *conns, grpc_completion_queue *cq, pcall *calls, int 
       continue;
     }
     p->done = 1;
+    if (p->status == GRPC_STATUS_OK && p->trouble) note_outlasted(&conns[p->shard], p);
     if (p->status == GRPC_STATUS_OK) {
       if (!p->recv || rpc__bb_read(p->recv, &p->resp, &p->resp_len)) {
         p->status = GRPC_STATUS_INTERNAL;
@@ -375,7 +410,11 @@ static int call_error(rstore *s, const pcall *p, const char *what) {
   }
   switch ((int)p->status) {
     case GRPC_STATUS_UNAVAILABLE: s->lost = 1; return SR_EUNAVAILABLE;
-    case GRPC_STATUS_DEADLINE_EXCEEDED: return SR_ETIMEOUT;
+    case GRPC_STATUS_DEADLINE_EXCEEDED:
+      /* past every retry's deadline (retry_deadline): unreachable as long
+       * as the budget, so lost as a server that is down */
+      if (deadline_retry(p, &s->o)) s->lost = 1;
+      return SR_ETIMEOUT;
     case GRPC_STATUS_FAILED_PRECONDITION: return SR_EMISMATCH;
     case GRPC_STATUS_ABORTED: return SR_ESTATE; /* the job's pending state was dropped */
     case GRPC_STATUS_INVALID_ARGUMENT: return SR_EINVAL;
@@ -1245,8 +1284,10 @@ static void r_destroy(emb_store *b) {
    * ahead): detached now, this rank may cancel its held Lookups. */
   for (int i = 0; i < RPC_PF_STEPS; i++) {
     pf_slot *f = &s->pf[i];
-    for (int j = 0; j < f->L.n_calls; j++)
+    for (int j = 0; j < f->L.n_calls; j++) {
+      f->L.calls[j].cancelled = 1;
       if (f->L.calls[j].active) grpc_call_cancel(f->L.calls[j].call, NULL);
+    }
     slot_release(s, f);
     lane_free(&f->L, b->plan->n_tables);
     for (int t = 0; f->ids && t < b->plan->n_tables; t++) free(f->ids[t]);
@@ -1325,6 +1366,81 @@ int rpc_remote_check_roots(emb_store *b, const char *const *paths, const char *c
   int rc = broadcast(s, RPC_STATS, make_stats, &q, "stats", roots_each);
   if (rc) sr_fmt(err, errlen, "%s", s->err);
   return rc;
+}
+
+/* End every call of L now: those in flight cancelled (a server reads a
+ * held Lookup cancelled as its rank going away: the job it names is
+ * dropped there), those waiting to be retried not sent again. */
+static void lane_cancel(rstore *s, lane *L) {
+  for (int i = 0; i < L->n_calls; i++) {
+    pcall *p = &L->calls[i];
+    p->cancelled = 1; /* an attempt that ends on its own now is not retried either */
+    if (p->active) {
+      grpc_call_cancel(p->call, NULL);
+    } else if (!p->done) {
+      p->done = 1;
+      p->status = GRPC_STATUS_CANCELLED;
+    }
+  }
+  run_calls(s->c, L->cq, L->calls, L->n_calls, &s->o);
+  calls_free(L);
+}
+
+void rpc_remote_quiesce(emb_store *b) {
+  if (!b || b->ops != &remote_ops) return;
+  rstore *s = (rstore *)b;
+  if (s->lookup_pending) {
+    lane_cancel(s, s->cur);
+    s->lookup_pending = 0;
+    s->lookup_rc = SR_ESTATE;
+    sr_fmt(s->err, sizeof s->err, "lookup of step %lld: dropped for a recovery",
+           (long long)s->lookup_step);
+  }
+  s->cur = &s->lk;
+  s->cur_pf = NULL;
+  for (int i = 0; i < RPC_PF_STEPS; i++) {
+    pf_slot *f = &s->pf[i];
+    if (f->used) lane_cancel(s, &f->L);
+    f->used = f->sent = 0;
+  }
+  s->pushed = s->seen = -1;
+}
+
+int rpc_remote_incarnations(const emb_store *b, uint64_t *inc, int n) {
+  if (!b || b->ops != &remote_ops) return 0;
+  const rstore *s = (const rstore *)b;
+  int k = 0;
+  for (; k < n && k < s->n; k++) inc[k] = s->c[k].inc;
+  return k;
+}
+
+int rpc_remote_rejoin(emb_store *b, const char *job_id, const uint64_t *inc) {
+  if (!b || b->ops != &remote_ops) return 0;
+  rstore *s = (rstore *)b;
+  rpc_remote_quiesce(b);
+  watch_stop(s); /* detached under the old id */
+  snprintf(s->job, sizeof s->job, "%s", job_id);
+  for (int k = 0; k < s->n; k++) s->c[k].inc = inc ? inc[k] : 0;
+  s->lost = 0;
+  s->limits_known = 0; /* a restarted server may have other limits */
+  if (s->o.world_size > 1 && watch_start(s)) {
+    sr_fmt(s->err, sizeof s->err, "remote store: out of memory");
+    return SR_ENOMEM;
+  }
+  return 0;
+}
+
+int rpc_remote_note(emb_store *b, char *buf, size_t len) {
+  if (!b || b->ops != &remote_ops) return 0;
+  rstore *s = (rstore *)b;
+  int n = 0;
+  for (int k = 0; k < s->n; k++) {
+    if (!s->c[k].notes) continue;
+    if (!n) sr_fmt(buf, len, "shard %d: %s", k, s->c[k].note);
+    n += s->c[k].notes;
+    s->c[k].notes = 0;
+  }
+  return n;
 }
 
 int rpc_remote_lost(const emb_store *b) {

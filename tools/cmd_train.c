@@ -54,13 +54,17 @@ static void usage(FILE *f) {
 "  --shard-servers H:P,...   train against shard servers (one per shard of --plan, in shard order)\n"
 "                            whose --checkpoint-root holds the --save-checkpoint, --save-model\n"
 "                            and --resume folders (asked at start: the run stops if not)\n"
-"  --rpc-deadline S          seconds per shard-server call (30)\n"
+"  --rpc-deadline S          seconds per shard-server call (30). A call that fails\n"
+"                            (UNAVAILABLE, or S passed with no answer: a partition) is\n"
+"                            tried again, 10 tries in all: a partition shorter than about\n"
+"                            10 x S (the budget: 300 s at the default) costs a log line;\n"
+"                            a longer one is a lost server (--recover-timeout)\n"
 "  --tls-ca F [--tls-cert F --tls-key F]   TLS (and mTLS) to the shard servers\n"
 "  --recover-timeout S       with --save-checkpoint: when a shard server is lost (down after\n"
 "                            every retry, or restarted), wait up to S seconds (60) for the\n"
 "                            servers, Restore all of them from the newest checkpoint, rewind\n"
-"                            the trainer to it and carry on (one rank only: with several, a\n"
-"                            lost server stops the job)\n"
+"                            the trainer to it and carry on (with several ranks in sync mode\n"
+"                            every rank, in the same step; in async mode the job stops)\n"
 "Data parallelism (mpirun -np N shardrec train ...)\n"
 "  Each rank takes a fixed slice of every global batch (--mini-batch-size is the global\n"
 "  batch and must divide by N); the dense gradients are all-reduced every step; rank 0\n"
@@ -114,10 +118,14 @@ static void usage(FILE *f) {
 "                            the shard store, cache 256 MiB unless given; default: a\n"
 "                            temporary folder removed at exit)\n"
 "  --save-checkpoint DIR     write DIR/step-N/ every --checkpoint-every steps and at the end\n"
+"                            (and, with --checkpoint-every, step-0 before training)\n"
 "  --checkpoint-every N      steps between checkpoints (0: only at the end)\n"
 "  --keep-checkpoints K      keep the newest K complete checkpoints (0: all)\n"
 "  --resume DIR              continue from the newest complete checkpoint in DIR (or the\n"
-"                            step-N folder named): rows, dense model, optimizer, data position\n");
+"                            step-N folder named): rows, dense model, optimizer, data position\n"
+"  --auto-resume             with --save-checkpoint DIR: --resume DIR when DIR holds a\n"
+"                            complete checkpoint, else start fresh (the same command under any\n"
+"                            restart policy: a loop, systemd Restart=, Slurm --requeue)\n");
 }
 
 enum {
@@ -131,6 +139,7 @@ enum {
   O_DCNL = 1600, O_DCNR
 };
 enum { O_PFDEPTH = 1700 }; /* --prefetch-depth */
+enum { O_AUTORESUME = 1900 }; /* --auto-resume */
 
 static const struct option long_opts[] = {
     {"processed-data-file", required_argument, 0, O_PROC},
@@ -179,6 +188,7 @@ static const struct option long_opts[] = {
     {"prefetch-depth", required_argument, 0, O_PFDEPTH},
     {"dense-threads", required_argument, 0, O_DTHREADS},
     {"dense-isa", required_argument, 0, O_DISA},
+    {"auto-resume", no_argument, 0, O_AUTORESUME},
     {0, 0, 0, 0}};
 
 __attribute__((format(printf, 2, 3))) static void errf(const train_ranks *r, const char *fmt, ...) {
@@ -326,6 +336,7 @@ static int parse_opt(const train_ranks *r, int opt, const char *arg, train_confi
     case O_STRICT: c->strict = 1; return 0;
     case O_ITSELF: c->dense.interaction_itself = 1; return 0;
     case O_COLOCATE: c->colocate = 1; return 0;
+    case O_AUTORESUME: c->auto_resume = 1; return 0;
     case 'h':
     case O_HELP: usage(stdout); return 1;
     default: return 2;

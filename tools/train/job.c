@@ -301,6 +301,9 @@ static void job_folders_get(const train_config *c, int beside, job_folders *f) {
   if (c->resume) f->path[f->n] = c->resume, f->name[f->n++] = "--resume";
 }
 
+/* A shard-server call tried again (rpc_client_opts.on_retry): a line. */
+static void say_retry(void *ctx, const char *msg) { job__errf(ctx, "%s\n", msg); }
+
 /* The remote store over --shard-servers, or over the colocated shards: one
  * address per shard of the plan, in shard order. */
 static int open_remote(train_job *j) {
@@ -335,7 +338,10 @@ static int open_remote(train_job *j) {
                         .job_id = j->job_id[0] ? j->job_id : NULL,
                         .rank = j->rank,
                         .world_size = j->size,
-                        .max_staleness = c->async ? c->max_staleness : 0};
+                        .max_staleness = c->async ? c->max_staleness : 0,
+                        .retry_deadline = 1, /* a partition outlasted is a log line */
+                        .on_retry = say_retry,
+                        .retry_ctx = j};
   if (addr && (list || !c->servers))
     j->store = emb_store_create_remote(j->plan, addr, n_addr, &ro, err, sizeof err);
   else
@@ -570,24 +576,31 @@ static int job_resume(train_job *j) {
  * --save-model's. Several ranks (sync mode): a barrier first, so every
  * rank's push of the step is in and the shards have applied it (the last
  * rank's push applies it inside its Push call); rank 0 then has the servers
- * write their shards and writes dense.bin, the manifest and DONE; a second
- * barrier keeps every rank from the next step's lookups until it is done.
- * Only rank 0 reads root. 0 or SR_E* with the reason in err. */
+ * write their shards and writes dense.bin, the manifest and DONE; then its
+ * outcome is broadcast, which keeps every rank from the next step's lookups
+ * until it is done and gives every rank its status. Only rank 0 reads
+ * root. 0 or SR_E* with the reason in err (rank 0's code on every rank). */
 static int job_checkpoint(train_job *j, const char *root, int keep, char *err, size_t errlen) {
   int rc;
   if (j->size > 1 && (rc = dense_coll_barrier(j->coll))) {
     sr_fmt(err, errlen, "barrier before the checkpoint: %s", dense_coll_errmsg(j->coll));
     return rc;
   }
-  if (j->rank == 0 &&
-      (rc = ckpt_save(root, keep, j->plan, j->store, j->store_kind, trainer_model(j->t),
-                      trainer_dense_opt(j->t), &j->ckst, &j->cks, err, errlen)))
-    return rc;
-  if (j->size > 1 && (rc = dense_coll_barrier(j->coll))) {
-    sr_fmt(err, errlen, "barrier after the checkpoint: %s", dense_coll_errmsg(j->coll));
-    return rc;
+  rc = j->rank == 0 ? ckpt_save(root, keep, j->plan, j->store, j->store_kind, trainer_model(j->t),
+                                trainer_dense_opt(j->t), &j->ckst, &j->cks, err, errlen)
+                    : 0;
+  if (j->size == 1) return rc;
+  /* Rank 0's outcome to every rank (the others wait for it as at a
+   * barrier): a checkpoint lost to a server is recovered from by all. */
+  int32_t out = rc;
+  int brc = dense_coll_broadcast_bytes(j->coll, &out, sizeof out, 0);
+  if (brc) {
+    sr_fmt(err, errlen, "broadcast after the checkpoint: %s", dense_coll_errmsg(j->coll));
+    return brc;
   }
-  return 0;
+  if (out && j->rank != 0)
+    sr_fmt(err, errlen, "rank 0's checkpoint under %s failed (%s)", root, sr_errname(out));
+  return out;
 }
 
 /* Restore every shard server and the dense part from checkpoint ckdir,
@@ -613,43 +626,22 @@ static int restore_servers(train_job *j, const char *ckdir) {
   }
 }
 
-/* Automatic recovery from a lost shard server (rpc_remote_lost): wait for
- * the servers, Restore every one of them from the newest complete checkpoint
- * under --save-checkpoint, load the dense model and optimizer from it and
- * seek the data to its position. why is the error that started it. 0 (ckst
- * holds the checkpoint's position), or -1 with the reason printed. A push the
- * lost server may have applied in part does not matter: every server's rows
- * are replaced by the checkpoint's. */
-static int job_recover(train_job *j, const char *why) {
+/* "no complete checkpoint is under DIR yet" or "there is no checkpoint":
+ * what job_recover says when there is nothing to restore. */
+static void say_no_checkpoint(const train_job *j, const char *why, const char *err) {
   const train_config *c = j->cfg;
-  if (!c->servers || !rpc_remote_lost(j->store)) {
-    job__errf(j, "%s\n", why); /* not a lost server: nothing to recover from */
-    return -1;
-  }
-  if (j->size > 1) {
-    /* Rewinding N ranks and the servers' step state together is not done:
-     * stop the job cleanly; --resume restarts it from the last checkpoint. */
-    job__errf(j, "%s\n", why);
-    job__errf(j, "a shard server was lost; with %d ranks the job stops (automatic recovery "
-              "runs with one rank): restart it with --resume from the newest checkpoint\n",
-              j->size);
-    return -1;
-  }
-  char ckdir[SR_PATH_MAX], err[1024];
-  if (!c->checkpoint_dir) {
+  if (!c->checkpoint_dir)
     job__errf(j, "%s\nshardrec train: a shard server was lost and there is no checkpoint to "
               "recover from (--save-checkpoint DIR --checkpoint-every N recovers "
               "automatically)\n", why);
-    return -1;
-  }
-  if (ckpt_resolve(c->checkpoint_dir, ckdir, sizeof ckdir, err, sizeof err)) {
+  else
     job__errf(j, "%s\nshardrec train: a shard server was lost and no complete checkpoint is "
               "under %s yet to recover from (%s)\n", why, c->checkpoint_dir, err);
-    return -1;
-  }
-  job__errf(j, "%s\nshardrec train: restoring every shard server from %s (waiting up to %g s "
-            "for them)\n", why, ckdir, c->recover_timeout);
-  if (restore_servers(j, ckdir)) return -1;
+}
+
+/* After the servers are restored (every rank): the data position, the
+ * recovery line and its metric. 0 or -1. */
+static int recovered(train_job *j, const char *ckdir, const char *why) {
   if (ds_source_seek(j->train, j->ckst.sample_index)) {
     job__errf(j, "recovery: cannot seek the data to sample %llu: %s\n",
               (unsigned long long)j->ckst.sample_index, ds_source_errmsg(j->train));
@@ -659,6 +651,119 @@ static int job_recover(train_job *j, const char *why) {
   job__metrics_recovered(j);
   fflush(stdout);
   return 0;
+}
+
+/* Whether every rank can recover (each rank whose own call failed lost a
+ * server: rpc_remote_lost), and rank 0's newest complete checkpoint
+ * (ckdir, the same on every rank): one answer for all, from one
+ * all-reduce and one broadcast. 0, or -1 with the reason printed. */
+static int recover_agree(train_job *j, const char *why, int own, char *ckdir, size_t len) {
+  const train_config *c = j->cfg;
+  char err[1024] = "";
+  float v[3] = {0, 0, 0}; /* ranks that cannot recover, rank 0 has no checkpoint, async */
+  v[0] = own && !(c->servers && rpc_remote_lost(j->store));
+  if (j->rank == 0)
+    v[1] = !c->checkpoint_dir || ckpt_resolve(c->checkpoint_dir, ckdir, len, err, sizeof err);
+  v[2] = c->async;
+  if (!job__coll_ok(j, dense_coll_all_reduce_sum(j->coll, v, 3), "all-reduce of the recovery"))
+    return -1;
+  if (v[0] > 0 || v[2] > 0) {
+    job__errf(j, "%s\n", why);
+    if (v[0] == 0)
+      job__errf(j, "a shard server was lost; with %d ranks in async mode the job stops "
+                "(automatic recovery runs in sync mode): restart it with --resume from the "
+                "newest checkpoint\n", j->size);
+    return -1;
+  }
+  if (v[1] > 0) {
+    if (j->rank == 0) say_no_checkpoint(j, why, err);
+    else job__errf(j, "%s\n", why);
+    return -1;
+  }
+  if (!job__coll_ok(j, dense_coll_broadcast_bytes(j->coll, ckdir, len, 0),
+                    "broadcast of the checkpoint to recover from"))
+    return -1;
+  return 0;
+}
+
+/* Recovery with several ranks (sync mode), every rank in the same step
+ * (the trainer's all-reduce told them all): agree (recover_agree); end
+ * every call of the old step (rpc_remote_quiesce); a new job id; rank 0
+ * restores every server and its dense part (restore_servers, waiting for
+ * the servers), then broadcasts whether it did and the servers'
+ * incarnations; the other ranks load the dense part; every rank rejoins
+ * the servers under the new id, so that the servers count its steps afresh
+ * from the checkpoint's. 0 or -1 (message printed). */
+static int job_recover_ranks(train_job *j, const char *why, int own) {
+  char ckdir[SR_PATH_MAX] = "", err[1024];
+  if (recover_agree(j, why, own, ckdir, sizeof ckdir)) return -1;
+  if (j->rank == 0)
+    job__errf(j, "%s\nshardrec train: restoring every shard server from %s (waiting up to %g "
+              "s for them)\n", why, ckdir, j->cfg->recover_timeout);
+  else if (own)
+    job__errf(j, "%s\n", why);
+  rpc_remote_quiesce(j->store);
+  trainer_ahead_drop(j->t);
+  if (share_job_id(j) ||
+      !job__coll_ok(j, dense_coll_barrier(j->coll), "barrier before the restore"))
+    return -1;
+  const int ns = j->plan->n_shards;
+  uint64_t *inc = calloc((size_t)ns + 1, sizeof *inc); /* [0]: restored; then the incarnations */
+  if (!inc) {
+    job__errf(j, "recovery: out of memory\n");
+    return -1;
+  }
+  if (j->rank == 0 && !restore_servers(j, ckdir)) {
+    inc[0] = 1;
+    rpc_remote_incarnations(j->store, inc + 1, ns);
+  }
+  size_t inc_bytes = ((size_t)ns + 1) * sizeof *inc;
+  int rc = job__coll_ok(j, dense_coll_broadcast_bytes(j->coll, inc, inc_bytes, 0),
+                        "broadcast of the restore") ? 0 : -1;
+  if (!rc && !inc[0]) {
+    if (j->rank != 0) job__errf(j, "recovery: rank 0 could not restore the shard servers\n");
+    rc = -1;
+  }
+  ckpt_state got;
+  if (!rc && j->rank != 0 &&
+      ckpt_load(ckdir, j->plan, NULL, j->store_kind, trainer_model(j->t), trainer_dense_opt(j->t),
+                &j->cks, &got, err, sizeof err)) {
+    job__errf(j, "recovery from %s: %s\n", ckdir, err);
+    rc = -1;
+  }
+  if (!rc && j->rank != 0) j->ckst = got;
+  if (!rc && rpc_remote_rejoin(j->store, j->job_id, inc + 1)) {
+    job__errf(j, "recovery: %s\n", emb_store_errmsg(j->store));
+    rc = -1;
+  }
+  free(inc);
+  return rc ? -1 : recovered(j, ckdir, why);
+}
+
+/* Automatic recovery from a lost shard server (rpc_remote_lost): wait for
+ * the servers, Restore every one of them from the newest complete checkpoint
+ * under --save-checkpoint, load the dense model and optimizer from it and
+ * seek the data to its position. why is the error that started it; own:
+ * this rank's own call failed (else another rank's did: several ranks).
+ * 0 (ckst holds the checkpoint's position), or -1 with the reason printed.
+ * A push the lost server may have applied in part does not matter: every
+ * server's rows are replaced by the checkpoint's. */
+static int job_recover(train_job *j, const char *why, int own) {
+  const train_config *c = j->cfg;
+  if (j->size > 1) return job_recover_ranks(j, why, own);
+  if (!c->servers || !rpc_remote_lost(j->store)) {
+    job__errf(j, "%s\n", why); /* not a lost server: nothing to recover from */
+    return -1;
+  }
+  char ckdir[SR_PATH_MAX], err[1024] = "";
+  if (!c->checkpoint_dir || ckpt_resolve(c->checkpoint_dir, ckdir, sizeof ckdir, err, sizeof err)) {
+    say_no_checkpoint(j, why, err);
+    return -1;
+  }
+  job__errf(j, "%s\nshardrec train: restoring every shard server from %s (waiting up to %g s "
+            "for them)\n", why, ckdir, c->recover_timeout);
+  if (restore_servers(j, ckdir)) return -1;
+  return recovered(j, ckdir, why);
 }
 
 /* ---- the loop ---- */
@@ -735,6 +840,21 @@ static int fill_ahead(train_job *j) {
   return 0;
 }
 
+/* The test pass of --test-freq when one is due after the cursor's step.
+ * STEP_DONE, STEP_LOST (why) or STEP_FAILED. */
+static step_outcome periodic_test(train_job *j, char *why, size_t whylen) {
+  const train_config *c = j->cfg;
+  job_cursor *cur = &j->cur;
+  if (c->test_freq <= 0 || cur->step == 0 || cur->step % c->test_freq || !j->n_test)
+    return STEP_DONE;
+  if (j->tty) fprintf(stderr, "\n");
+  double e0 = sr_now();
+  int tp = job__test_pass(j, why, whylen);
+  if (tp) return tp < 0 ? STEP_FAILED : STEP_LOST;
+  cur->t_last += sr_now() - e0; /* the rate leaves the pass out, not the steps before it */
+  return STEP_DONE;
+}
+
 /* One step of the job: the batch, the step, the checkpoint when due, the
  * progress line and test pass when due. why gets the reason of STEP_LOST. */
 static step_outcome job_step(train_job *j, char *why, size_t whylen) {
@@ -757,6 +877,7 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
   if (fill_ahead(j)) return STEP_FAILED;
   if (trainer_step_part(j->t, job_batches_mine(&j->q), got, cur->step, lr, slr, &loss)) {
     sr_fmt(why, whylen, "step %lld: %s", (long long)cur->step, trainer_errmsg(j->t));
+    j->own_fail = !trainer_peer_failed(j->t);
     return STEP_LOST;
   }
   if (!isfinite(loss)) {
@@ -764,6 +885,10 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
               loss);
     return STEP_FAILED;
   }
+  int notes = rpc_remote_note(j->store, err, sizeof err);
+  if (notes) /* a partition (or a restart) the retries outlasted: nothing else to do */
+    job__errf(j, "step %lld: %d call(s) answered only after retries; %s\n", (long long)cur->step,
+              notes, err);
   cur->step++;
   cur->epoch_step++;
   mem_sample(j);
@@ -772,6 +897,7 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
   if (c->checkpoint_dir && c->checkpoint_every > 0 && cur->step % c->checkpoint_every == 0 &&
       job_checkpoint(j, c->checkpoint_dir, c->keep_checkpoints, err, sizeof err)) {
     sr_fmt(why, whylen, "--save-checkpoint: %s", err);
+    j->own_fail = j->rank == 0;
     return STEP_LOST;
   }
   cur->loss_sum += loss;
@@ -780,49 +906,89 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
   j->samples_done += got;
   job__metrics_step(j, got);
   if (cur->step % c->print_freq == 0 || cur->step == j->total_steps) progress(j, loss, lr);
-  if (c->test_freq > 0 && cur->step % c->test_freq == 0 && j->n_test) {
-    if (j->tty) fprintf(stderr, "\n");
-    double e0 = sr_now();
-    if (job__test_pass(j)) return STEP_FAILED;
-    cur->t_last += sr_now() - e0; /* the rate leaves the pass out, not the steps before it */
-  }
-  return STEP_DONE;
+  return periodic_test(j, why, whylen);
 }
 
-/* The epochs from the resumed one on; a step lost to a shard server is
- * recovered from and the cursor rewound to the checkpoint. 0 or -1. */
+/* The test pass at an epoch's end (or the job's), unless the last step
+ * just had one (--test-freq). STEP_DONE, STEP_LOST (why) or STEP_FAILED. */
+static step_outcome epoch_test(train_job *j, char *why, size_t whylen) {
+  const train_config *c = j->cfg;
+  if (j->tty) fprintf(stderr, "\n");
+  if (!j->n_test || (c->test_freq > 0 && j->cur.step % c->test_freq == 0)) return STEP_DONE;
+  double e0 = sr_now();
+  int tp = job__test_pass(j, why, whylen);
+  j->cur.t_last += sr_now() - e0;
+  return tp < 0 ? STEP_FAILED : tp > 0 ? STEP_LOST : STEP_DONE;
+}
+
+/* --save-checkpoint DIR: the final checkpoint. STEP_DONE, or STEP_LOST with
+ * why (several ranks: every rank, rank 0's failure). */
+static step_outcome final_checkpoint(train_job *j, char *why, size_t whylen) {
+  const train_config *c = j->cfg;
+  char err[1024];
+  if (!c->checkpoint_dir) return STEP_DONE;
+  if (!job_checkpoint(j, c->checkpoint_dir, c->keep_checkpoints, err, sizeof err)) return STEP_DONE;
+  sr_fmt(why, whylen, "--save-checkpoint: %s", err);
+  j->own_fail = j->rank == 0;
+  return STEP_LOST;
+}
+
+/* The epochs from the resumed one on, their test passes and the final
+ * checkpoint; a step, test pass or checkpoint lost to a shard server is
+ * recovered from and the cursor rewound to the checkpoint restored, whose
+ * steps (and passes) run again. 0 or -1. */
 static int job_loop(train_job *j) {
   const train_config *c = j->cfg;
   job_cursor *cur = &j->cur;
-  const int start_epoch = j->ckst.epoch;
-  int stop = 0;
+  int stop = 0, next_epoch = 0, redo_pass = 0;
   char why[1300];
   j->t_start = cur->t_last = sr_now();
-  for (cur->epoch = start_epoch; cur->epoch < c->epochs && !stop; cur->epoch++) {
-    if (cur->epoch > start_epoch && ds_source_rewind(j->train)) {
-      job__errf(j, "%s\n", ds_source_errmsg(j->train));
-      return -1;
-    }
-    if (cur->epoch > start_epoch) cur->epoch_step = 0; /* a resumed epoch goes on counting */
-    for (;;) {
-      step_outcome o = job_step(j, why, sizeof why);
-      if (o == STEP_FAILED) return -1;
-      if (o == STEP_ALL_DONE) stop = 1;
-      if (o == STEP_ALL_DONE || o == STEP_EPOCH_END) break;
-      if (o == STEP_LOST) {
-        if (job_recover(j, why)) return -1;
-        /* Recovered: carry on from the checkpoint's step and data position. */
-        job_rewind(cur, &j->q, &j->ckst, c->batch, sr_now());
-        trainer_ahead_drop(j->t);
-      }
-    }
-    if (j->tty) fprintf(stderr, "\n");
-    double e0 = sr_now();
-    if (j->n_test && (c->test_freq == 0 || cur->step % c->test_freq != 0) && job__test_pass(j))
-      return -1;
-    cur->t_last += sr_now() - e0;
+  cur->epoch = j->ckst.epoch;
+  /* A point to return to before the first periodic checkpoint: step 0
+   * (cheap: no row touched yet, rows start from the seed at first touch). */
+  if (!c->resume && c->checkpoint_dir && c->checkpoint_every > 0 &&
+      job_checkpoint(j, c->checkpoint_dir, c->keep_checkpoints, why, sizeof why)) {
+    job__errf(j, "--save-checkpoint: %s\n", why);
+    return -1;
   }
-  return 0;
+  for (;;) {
+    step_outcome o;
+    if (redo_pass) { /* rewound to a step whose pass is due: it runs again */
+      redo_pass = 0;
+      if ((o = periodic_test(j, why, sizeof why)) != STEP_DONE) goto lost;
+    }
+    if (!stop && next_epoch && cur->epoch < c->epochs) { /* read the split from its start */
+      next_epoch = 0;
+      if (ds_source_rewind(j->train)) {
+        job__errf(j, "%s\n", ds_source_errmsg(j->train));
+        return -1;
+      }
+      cur->epoch_step = 0; /* a resumed epoch goes on counting */
+    }
+    if (!stop && cur->epoch < c->epochs) {
+      step_outcome ended = o = job_step(j, why, sizeof why);
+      if (o == STEP_DONE) continue;
+      if (o == STEP_ALL_DONE || o == STEP_EPOCH_END) {
+        o = epoch_test(j, why, sizeof why);
+        if (o == STEP_DONE && !(stop = ended == STEP_ALL_DONE)) {
+          cur->epoch++;
+          next_epoch = 1;
+        }
+      }
+    } else {
+      o = final_checkpoint(j, why, sizeof why);
+      if (o == STEP_DONE) return 0;
+    }
+  lost:
+    if (o == STEP_FAILED) return -1;
+    if (o != STEP_LOST) continue;
+    if (job_recover(j, why, j->own_fail)) return -1;
+    /* Recovered: carry on from the checkpoint's step and data position. */
+    job_rewind(cur, &j->q, &j->ckst, c->batch, sr_now());
+    trainer_ahead_drop(j->t);
+    stop = next_epoch = 0;
+    redo_pass = 1;
+  }
 }
 
 /* --save-model DIR: the job's checkpoint (job_checkpoint, every rank) at
@@ -877,13 +1043,8 @@ static int job_finish(train_job *j) {
          "allreduce %.3f ms\n",
          ts > 0 ? (double)j->samples_done / ts : 0.0, j->size,
          1e3 * (tt->forward + tt->backward + tt->dense_opt) / ns, 1e3 * tt->allreduce / ns);
-  if (c->checkpoint_dir) {
-    if (job_checkpoint(j, c->checkpoint_dir, c->keep_checkpoints, err, sizeof err)) {
-      job__errf(j, "--save-checkpoint: %s\n", err);
-      return -1;
-    }
+  if (c->checkpoint_dir) /* written at the loop's end (final_checkpoint) */
     printf("ckpt   %s/step-%lld\n", c->checkpoint_dir, (long long)j->ckst.step);
-  }
   mem_sample(j);
   printf("memory peak RssAnon %.1f MB (%s store)\n", (double)j->mem_peak_kb / 1024.0,
          j->store_kind);
@@ -935,7 +1096,22 @@ static int job_dense_pool(train_job *j, dense_pool **out) {
   return 0;
 }
 
-int train_run(const train_config *c) {
+/* --auto-resume: c with --resume DIR (into *out, path in dir) when the
+ * --save-checkpoint folder holds a complete checkpoint; else c as it is
+ * (a fresh start). Every rank finds the same: the job has not started. */
+static const train_config *auto_resume(const train_config *c, train_config *out, char *dir,
+                                       size_t len) {
+  char err[1024];
+  if (!c->auto_resume || ckpt_resolve(c->checkpoint_dir, dir, len, err, sizeof err)) return c;
+  *out = *c;
+  out->resume = dir;
+  return out;
+}
+
+int train_run(const train_config *cfg) {
+  train_config resumed;
+  char resume_dir[SR_PATH_MAX];
+  const train_config *c = auto_resume(cfg, &resumed, resume_dir, sizeof resume_dir);
   train_job job, *j = &job;
   memset(j, 0, sizeof *j);
   j->cfg = c;
@@ -1012,6 +1188,11 @@ int train_config_check(const train_config *c, char *err, size_t errlen) {
   if (c->async && !c->servers && !c->colocate) {
     sr_fmt(err, errlen, "--sparse-mode async needs shard servers (--shard-servers or "
            "--colocate-shards): in-process shards apply every push at once");
+    return SR_EINVAL;
+  }
+  if (c->auto_resume && (!c->checkpoint_dir || c->resume)) {
+    sr_fmt(err, errlen, "--auto-resume needs --save-checkpoint DIR (the folder it resumes "
+           "from) and takes no --resume");
     return SR_EINVAL;
   }
   if (c->ranks.size > 1) {

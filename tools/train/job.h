@@ -108,6 +108,8 @@ typedef struct train_config {
   int64_t checkpoint_every; /* --checkpoint-every */
   int keep_checkpoints;     /* --keep-checkpoints */
   const char *resume;       /* --resume */
+  int auto_resume;          /* --auto-resume: --resume checkpoint_dir when it holds a complete
+                               checkpoint, else start fresh */
   train_ranks ranks;        /* train_ranks_enter's */
 } train_config;
 

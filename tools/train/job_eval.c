@@ -80,15 +80,27 @@ void job__eval_close(train_job *j) {
   ds_batch_free(&j->tpart);
 }
 
+/* A failed prediction (own: this rank's; else another rank's) into why:
+ * 1, for the job to recover from. */
+static int predict_lost(train_job *j, int own, float ranks, char *why, size_t whylen) {
+  j->own_fail = own;
+  if (own)
+    sr_fmt(why, whylen, "test pass at step %lld: %s", (long long)j->cur.step, trainer_errmsg(j->t));
+  else
+    sr_fmt(why, whylen, "test pass at step %lld: the lookup of %.0f other rank(s) of %d failed",
+           (long long)j->cur.step, (double)ranks, j->size);
+  return 1;
+}
+
 /* One test batch tb of got samples: its predictions and labels at
- * pred/labels + n on rank 0. Several ranks: each predicts its slice and rank
- * 0 gathers them in sample order. 0 or -1 (message printed). */
-static int predict_batch(train_job *j, int got, size_t n) {
+ * pred/labels + n on rank 0. Several ranks: each predicts its slice, every
+ * rank learns whether any failed (a one-float all-reduce), and rank 0
+ * gathers them in sample order. 0, -1 (message printed) or 1 (a lookup
+ * failed: predict_lost). */
+static int predict_batch(train_job *j, int got, size_t n, char *why, size_t whylen) {
   if (j->size == 1) {
-    if (trainer_predict(j->t, &j->tb, j->cur.step, j->pred + n)) {
-      job__errf(j, "%s\n", trainer_errmsg(j->t));
-      return -1;
-    }
+    if (trainer_predict(j->t, &j->tb, j->cur.step, j->pred + n))
+      return predict_lost(j, 1, 1, why, whylen);
     memcpy(j->labels + n, j->tb.labels, (size_t)got * sizeof *j->labels);
     return 0;
   }
@@ -97,10 +109,12 @@ static int predict_batch(train_job *j, int got, size_t n) {
     job__errf(j, "test data: out of memory for this rank's slice\n");
     return -1;
   }
-  if (trainer_predict(j->t, &j->tpart, j->cur.step, j->lpred)) {
-    job__errf(j, "%s\n", trainer_errmsg(j->t));
+  int own = trainer_predict(j->t, &j->tpart, j->cur.step, j->lpred) != 0;
+  float failed = (float)own;
+  if (!job__coll_ok(j, dense_coll_all_reduce_sum(j->coll, &failed, 1),
+                    "all-reduce of the test lookups' outcome"))
     return -1;
-  }
+  if (failed > 0) return predict_lost(j, own, failed - (float)own, why, whylen);
   int r0 = j->rank == 0;
   return job__coll_ok(j, dense_coll_gather(j->coll, j->lpred, (size_t)j->tpart.n,
                                       r0 ? j->pred + n : NULL, r0 ? j->counts : NULL, 0),
@@ -112,9 +126,9 @@ static int predict_batch(train_job *j, int got, size_t n) {
              : -1;
 }
 
-/* Evaluate on the whole test split; fills m (on rank 0). 0 or -1 (message
- * printed). */
-static int evaluate(train_job *j, dense_metrics *m) {
+/* Evaluate on the whole test split; fills m (on rank 0). 0, -1 (message
+ * printed) or 1 (predict_batch). */
+static int evaluate(train_job *j, dense_metrics *m, char *why, size_t whylen) {
   if (ds_source_rewind(j->test)) {
     job__errf(j, "test data: %s\n", ds_source_errmsg(j->test));
     return -1;
@@ -131,7 +145,8 @@ static int evaluate(train_job *j, dense_metrics *m) {
       job__errf(j, "test split larger than counted (%zu)\n", (size_t)j->n_test);
       return -1;
     }
-    if (predict_batch(j, got, n)) return -1;
+    int rc = predict_batch(j, got, n, why, whylen);
+    if (rc) return rc;
     n += (size_t)got;
   }
   if (j->rank != 0) return 0; /* rank 0 computes the job's metrics */
@@ -201,10 +216,11 @@ static void report_test(const train_job *j, const dense_metrics *m) {
   }
 }
 
-int job__test_pass(train_job *j) {
+int job__test_pass(train_job *j, char *why, size_t whylen) {
   double e0 = sr_now();
   dense_metrics m;
-  if (evaluate(j, &m)) return -1;
+  int rc = evaluate(j, &m, why, whylen);
+  if (rc) return rc;
   if (j->rank == 0) { /* m is rank 0's alone */
     if (write_preds(j, j->cfg->test_pred_out, m.n)) return -1;
     report_test(j, &m);

@@ -101,6 +101,8 @@ typedef struct train_job {
   double t_start, t_eval;
   uint64_t mem_peak_kb;    /* peak RssAnon so far */
   int tty;                 /* rank 0 with stderr on a terminal: live progress line */
+  int own_fail;            /* the step, pass or checkpoint being recovered from failed in
+                              this rank's own call (else in another rank's) */
   /* Test passes (job_eval.c) */
   ds_batch tb, tpart;      /* a test batch and this rank's slice (size > 1) */
   float *lpred;            /* [test_batch / size + 1] this rank's predictions */
@@ -122,10 +124,13 @@ int job__coll_ok(const train_job *j, int rc, const char *what);
 /* job_eval.c: open --metrics-out and the test buffers
  * (0 or -1, message printed); a test pass at the cursor's step: evaluate the
  * whole test split, --test-pred-out, the report line and JSON (its seconds
- * added to t_eval). */
+ * added to t_eval). The pass returns 0, -1 (failed, message printed) or 1
+ * when a lookup failed (why says which; own_fail: this rank's; several
+ * ranks: every rank returns 1 at the same test batch), for the job to
+ * recover from as from a lost step. */
 int job__eval_open(train_job *j);
 void job__eval_close(train_job *j);
-int job__test_pass(train_job *j);
+int job__test_pass(train_job *j, char *why, size_t whylen);
 
 /* job_metrics.c: --metrics-listen. start: the listener on PORT + this
  * rank's local rank (0, or -1 with the message printed; j->mx is then for

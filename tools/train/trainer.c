@@ -60,7 +60,8 @@ struct trainer {
   float *d_emb;       /* [max_batch][T][dim] */
   float *logits;      /* [max_batch] */
   dense_coll *coll;   /* borrowed; NULL: one rank */
-  float *flat;        /* [params + 1] dense gradients and loss sum to all-reduce */
+  float *flat;        /* [params + 2] dense gradients, loss sum and failed ranks to all-reduce */
+  int peer_failed;    /* the last step failed on another rank only (trainer_peer_failed) */
   trainer_times times;
   char err[512];
 };
@@ -550,6 +551,70 @@ int trainer_step(trainer *t, const ds_batch *b, int64_t step, float lr, float sp
   return trainer_step_part(t, b, b->n, step, lr, sparse_lr, loss);
 }
 
+/* Steps 4-5 of this part (n > 0 samples): forward, backward, the row
+ * gradients (scaled to the global batch's mean) scattered onto the unique
+ * rows. *part_loss gets the part's mean BCE. 0 or the dense model's code. */
+static int step_compute(trainer *t, const ds_batch *b, float scale, float *part_loss,
+                        double *tf, double *tb) {
+  const int n = b->n;
+  double t0 = sr_now();
+  int rc = dense_model_forward(t->model, n, b->dense, t->emb, t->logits);
+  *tf = sr_now() - t0;
+  if (!rc) rc = dense_model_backward(t->model, n, b->labels, part_loss, t->d_emb);
+  if (rc) {
+    sr_fmt(t->err, sizeof t->err, "dense step: %s", dense_model_errmsg(t->model));
+    return rc;
+  }
+  *tb = sr_now() - t0 - *tf;
+  size_t stride = (size_t)t->T * (size_t)t->dim;
+  if (scale != 1.0f)
+    for (size_t i = 0, m = (size_t)n * stride; i < m; i++) t->d_emb[i] *= scale;
+  for (int f = 0; f < t->T; f++)
+    emb_bag_backward(t->plan->tables[f].pooling, t->dim, n, ds_batch_offsets(b, f),
+                     t->inverse[f], t->d_emb + (size_t)f * (size_t)t->dim, stride, t->counts[f],
+                     t->grads[f]);
+  return 0;
+}
+
+/* Several ranks: the dense gradients of this part (g[np], scaled; zeros
+ * when own failed or the part is empty), its loss sum and whether its
+ * lookup or push failed (own), all-reduced in one call into t->flat. The
+ * failure count rides in the step's one all-reduce, after every rank's
+ * push: no rank counts a step another rank did not finish. 0; SR_ESTATE
+ * (t->peer_failed) when another rank's step failed and this one's did
+ * not; own when it did; the collective's code. */
+static int step_all_reduce(trainer *t, const float *g, size_t np, float scale, int n,
+                           float part_loss, int own, int64_t step) {
+  if (!t->flat) {
+    t->flat = malloc((np + 2) * sizeof *t->flat);
+    if (!t->flat) {
+      sr_fmt(t->err, sizeof t->err, "trainer: out of memory for %zu gradients", np + 2);
+      return SR_ENOMEM;
+    }
+  }
+  if (n > 0 && !own)
+    for (size_t i = 0; i < np; i++) t->flat[i] = g[i] * scale;
+  else
+    memset(t->flat, 0, np * sizeof *t->flat);
+  t->flat[np] = own ? 0.0f : part_loss * (float)n; /* this rank's loss sum */
+  t->flat[np + 1] = own ? 1.0f : 0.0f;              /* ranks whose step failed */
+  int rc = dense_coll_all_reduce_sum(t->coll, t->flat, np + 2);
+  if (rc) {
+    sr_fmt(t->err, sizeof t->err, "all-reduce of the dense gradients at step %lld: %s",
+           (long long)step, dense_coll_errmsg(t->coll));
+    return rc;
+  }
+  if (own) return own; /* t->err says why */
+  if (t->flat[np + 1] > 0) {
+    t->peer_failed = 1;
+    sr_fmt(t->err, sizeof t->err, "step %lld: the lookup or push of %.0f other rank(s) of %d "
+           "failed; nothing of the step counts", (long long)step, (double)t->flat[np + 1],
+           t->coll->size);
+    return SR_ESTATE;
+  }
+  return 0;
+}
+
 int trainer_step_part(trainer *t, const ds_batch *b, int n_global, int64_t step, float lr,
                       float sparse_lr, float *loss) {
   int n = b->n;
@@ -559,11 +624,13 @@ int trainer_step_part(trainer *t, const ds_batch *b, int n_global, int64_t step,
            n, n_global, ranks);
     return SR_EINVAL;
   }
+  t->peer_failed = 0;
   emb_idset ids;
-  int rc;
+  int rc, own = 0; /* this rank's lookup or push failed (several ranks: told in the all-reduce) */
   if (n > 0) {
     rc = gather(t, b, step, &ids, 1);
-    if (rc) return rc;
+    if (rc && ranks == 1) return rc;
+    own = rc;
   } else {
     /* Nothing to look up; the rank still pushes (empty) and all-reduces. */
     if (t->pf_pending && (rc = prefetch_drop(t))) return rc;
@@ -576,66 +643,34 @@ int trainer_step_part(trainer *t, const ds_batch *b, int n_global, int64_t step,
   /* This step's rows are in: the batches that entered the look-ahead go to
    * the store now (their reads overlap this step's compute and push), then
    * the next step's lookup (async mode), in that order of steps. */
-  if ((rc = ahead_run(t, step))) return rc;
-  if (t->pf_want && (rc = prefetch_begin(t))) return rc;
+  if (!own && (rc = ahead_run(t, step))) return rc;
+  if (!own && t->pf_want && (rc = prefetch_begin(t))) return rc;
   size_t np = 0;
   float *p = dense_model_params(t->model, &np);
   float *g = dense_model_grads(t->model, &np);
   /* The model's gradients are of this part's mean loss (1/n); the global
    * mean's are scale times those. 1 with one rank: the bits stay as they were. */
   float scale = n == n_global ? 1.0f : (float)n / (float)n_global, part_loss = 0;
-  double t0 = sr_now(), t1 = t0, t2 = t0;
-  if (n > 0) {
-    rc = dense_model_forward(t->model, n, b->dense, t->emb, t->logits);
-    t1 = sr_now();
-    if (!rc) rc = dense_model_backward(t->model, n, b->labels, &part_loss, t->d_emb);
-    if (rc) {
-      sr_fmt(t->err, sizeof t->err, "dense step: %s", dense_model_errmsg(t->model));
-      return rc;
-    }
-    t2 = sr_now();
-    size_t stride = (size_t)t->T * (size_t)t->dim;
-    if (scale != 1.0f)
-      for (size_t i = 0, m = (size_t)n * stride; i < m; i++) t->d_emb[i] *= scale;
-    for (int f = 0; f < t->T; f++)
-      emb_bag_backward(t->plan->tables[f].pooling, t->dim, n, ds_batch_offsets(b, f),
-                       t->inverse[f], t->d_emb + (size_t)f * (size_t)t->dim, stride, t->counts[f],
-                       t->grads[f]);
-  }
+  double t0 = sr_now(), tf = 0, tb = 0;
+  if (n > 0 && !own && (rc = step_compute(t, b, scale, &part_loss, &tf, &tb))) return rc;
   if (!isfinite(part_loss)) { /* stop before any row or parameter changes */
     sr_fmt(t->err, sizeof t->err, "the loss is %g (not finite): nothing of this step was applied",
            (double)part_loss);
     return SR_ERANGE;
   }
   double t3 = sr_now();
-  rc = emb_store_push(t->store, step, sparse_lr, &ids, (const float *const *)t->grads);
-  if (rc) {
+  if (!own) rc = emb_store_push(t->store, step, sparse_lr, &ids, (const float *const *)t->grads);
+  if (!own && rc) {
     sr_fmt(t->err, sizeof t->err, "push at step %lld: %s", (long long)step,
            emb_store_errmsg(t->store));
-    return rc;
+    if (ranks == 1) return rc;
+    own = rc;
   }
   double t4 = sr_now(), t4b = t4;
   const float *gsum = g;
   float mean = part_loss;
   if (ranks > 1) {
-    if (!t->flat) {
-      t->flat = malloc((np + 1) * sizeof *t->flat);
-      if (!t->flat) {
-        sr_fmt(t->err, sizeof t->err, "trainer: out of memory for %zu gradients", np + 1);
-        return SR_ENOMEM;
-      }
-    }
-    if (n > 0)
-      for (size_t i = 0; i < np; i++) t->flat[i] = g[i] * scale;
-    else
-      memset(t->flat, 0, np * sizeof *t->flat);
-    t->flat[np] = part_loss * (float)n; /* this rank's loss sum */
-    rc = dense_coll_all_reduce_sum(t->coll, t->flat, np + 1);
-    if (rc) {
-      sr_fmt(t->err, sizeof t->err, "all-reduce of the dense gradients at step %lld: %s",
-             (long long)step, dense_coll_errmsg(t->coll));
-      return rc;
-    }
+    if ((rc = step_all_reduce(t, g, np, scale, n, part_loss, own, step))) return rc;
     gsum = t->flat;
     mean = t->flat[np] / (float)n_global;
     t4b = sr_now();
@@ -650,15 +685,17 @@ int trainer_step_part(trainer *t, const ds_batch *b, int n_global, int64_t step,
            bad, np, (double)p[bad], (double)lr);
   }
   double t5 = sr_now();
-  t->times.forward += t1 - t0;
-  t->times.backward += t2 - t1;
-  t->times.scatter += t3 - t2;
+  t->times.forward += tf;
+  t->times.backward += tb;
+  t->times.scatter += t3 - t0 - tf - tb;
   t->times.push += t4 - t3;
   t->times.allreduce += t4b - t4;
   t->times.dense_opt += t5 - t4b;
   t->times.steps++;
   return rc;
 }
+
+int trainer_peer_failed(const trainer *t) { return t->peer_failed; }
 
 int trainer_predict(trainer *t, const ds_batch *b, int64_t step, float *prob) {
   if (b->n == 0) return 0;

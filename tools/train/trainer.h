@@ -72,9 +72,20 @@ void trainer_set_coll(trainer *t, dense_coll *c);
  * gradients with this rank's loss sum appended are all-reduced in one call
  * before the dense optimizer step. *loss gets the global batch's mean BCE on
  * every rank. With one rank (no collective, or size 1, and part->n ==
- * n_global) this is trainer_step, bit for bit. */
+ * n_global) this is trainer_step, bit for bit.
+ *
+ * Several ranks: a rank whose lookup or push fails still takes part in the
+ * all-reduce (its gradients zero), which carries the count of ranks whose
+ * step failed beside the loss sum (the pushes come before it), so every rank
+ * learns in the same step that it failed and none applies its dense update:
+ * the failing rank returns its own code (trainer_errmsg: why), the others
+ * SR_ESTATE with trainer_peer_failed set. */
 int trainer_step_part(trainer *t, const ds_batch *part, int n_global, int64_t step, float lr,
                       float sparse_lr, float *loss);
+
+/* 1 when the last trainer_step_part failed because another rank's lookup
+ * or push did (this rank's own calls succeeded), else 0. */
+int trainer_peer_failed(const trainer *t);
 
 /* Rank rank of size's slice of the global batch b into out (initialised
  * with ds_batch_init for at least b->n / size + 1 samples): samples
