@@ -13,8 +13,6 @@
    the SAN names asked for;
 5. `systemd-analyze verify` of the unit (binary path pointed at this build),
    skipped with a message where systemd-analyze is not installed.
-Flags in PENDING are another branch's (issue 19's train --auto-resume):
-where this binary's --help lacks one it is reported, not failed.
 """
 import os
 import re
@@ -28,7 +26,6 @@ import yaml
 SRC = os.environ["SHARDREC_SRC"]
 BIN = os.environ["SHARDREC_BIN"]
 DEPLOY = os.path.join(SRC, "deploy")
-PENDING = {("train", "--auto-resume")}
 COMMANDS = ("serve", "train", "plan", "datagen", "convert", "eval", "predict", "reshard", "inspect")
 failures = []
 
@@ -165,11 +162,7 @@ def check_flags(texts):
         for cmd, flags in cmds:
             for f in flags:
                 n += 1
-                if has_flag(cmd, f):
-                    continue
-                if (cmd, f) in PENDING:
-                    print("pending: %s uses shardrec %s %s, not in this binary's --help yet (issue 19's branch adds it)" % (name, cmd, f))
-                else:
+                if not has_flag(cmd, f):
                     fail("%s: shardrec %s %s is not in `shardrec %s --help`" % (name, cmd, f, cmd))
         used = {(c, f) for c, fl in cmds for f in fl}
         if any(c == "serve" for c, _ in cmds):
