@@ -232,9 +232,10 @@ int ckpt_dir_commit(const ckpt_dir_txn *t, cJSON *man, char *err, size_t errlen)
   char path[SR_PATH_MAX];
   int rc = list_files(t->tmp, man, err, errlen);
   if (rc) return rc;
+  char done_tmp[SR_PATH_MAX];
   if (sr_path_err(path, sizeof path, err, errlen, "%s/manifest.json", t->tmp) ||
-      sr_path_err(path, sizeof path, err, errlen, "%s/DONE", t->final))
-    return SR_ERANGE; /* both checked before anything is renamed */
+      sr_path_err(done_tmp, sizeof done_tmp, err, errlen, "%s/DONE.tmp", t->final))
+    return SR_ERANGE; /* checked before anything is renamed (DONE is shorter) */
   char *text = cJSON_Print(man);
   if (!text) {
     sr_fmt(err, errlen, "manifest: out of memory");
@@ -255,8 +256,15 @@ int ckpt_dir_commit(const ckpt_dir_txn *t, cJSON *man, char *err, size_t errlen)
     goto out;
   }
   snprintf(done, sizeof done, "%s\n", hex);
+  /* DONE appears whole or not at all: a writer killed while writing it
+   * leaves DONE.tmp, and the folder stays incomplete. */
   sr_path(path, sizeof path, "%s/DONE", t->final); /* fits: checked above */
-  if ((rc = write_file(path, done, strlen(done), err, errlen))) goto out;
+  if ((rc = write_file(done_tmp, done, strlen(done), err, errlen))) goto out;
+  if (rename(done_tmp, path) != 0) {
+    sr_fmt(err, errlen, "%s: cannot rename to %s: %s", done_tmp, path, strerror(errno));
+    rc = SR_EIO;
+    goto out;
+  }
   sr_fsync_dir(t->final);
 out:
   free(text);

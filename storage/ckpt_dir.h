@@ -79,7 +79,8 @@ struct cJSON *ckpt_dir_manifest_new(void);
 
 /* Complete t: list every file under t->tmp with its size and SHA-256 into
  * man's "files" (replacing any), write man as t->tmp/manifest.json, rename
- * t->tmp to t->final, then write DONE (the manifest's SHA-256), each step
+ * t->tmp to t->final, then write DONE (the manifest's SHA-256) as DONE.tmp
+ * renamed to DONE, so that a DONE is never seen half written; each step
  * fsync'd. man is borrowed (its "files" is rewritten). 0, or SR_E* with the
  * reason in err: before the rename t->tmp is left for ckpt_dir_abort; after
  * it t->final is in place without DONE, which no reader takes. */
