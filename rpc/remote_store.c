@@ -404,7 +404,12 @@ static int call_error(rstore *s, const pcall *p, const char *what) {
          s->c[p->shard].addr, crashed ? " restarted after a crash" : "", rpc_status_name(p->status),
          d && *d ? ": " : "", d ? d : "", p->tries, p->tries == 1 ? "y" : "ies");
   gpr_free(d);
-  if (crashed) {
+  /* A Checkpoint tried again after its server went away finds the part of
+   * the folder that server wrote before it went (or the whole of it, when
+   * only its answer was lost): as a lost server, so the job recovers and
+   * writes the step again rather than stopping. */
+  const int torn = p->m == RPC_CHECKPOINT && p->status == GRPC_STATUS_ALREADY_EXISTS && p->trouble;
+  if (crashed || torn) {
     s->lost = 1;
     return SR_EUNAVAILABLE;
   }
