@@ -15,6 +15,8 @@
 #   bed_kill_host H            kill -9 every process in host H's namespace,
 #                              waited for until none is left
 #   bed_restart_host H         start H's servers again, same ports and flags
+#   bed_fresh_servers          every server stopped and started again (no rows)
+#   bed_run H CMD...           CMD in host H's namespace
 #   bed_cut H                  cut H's link (its bridge port down: the cable
 #                              pulled; H keeps its address and routes)
 #   bed_mend H                 restore it
@@ -31,6 +33,12 @@
 #   bed_final FILE             the last occurrence of each step's last_loss,
 #                              one "step loss" line each, then "auc A"
 #   bed_addr H                 host H's address
+#   bed_data ROWS              d.bin and p.json in BED_DIR; BED_JOB, the train
+#                              flags every test's job shares
+#
+# Each host has its own TMPDIR (BED_DIR/host-H, Open MPI's session folders
+# go there), as separate machines would; BED_MPIRUN_LIMIT (300 s) ends an
+# mpirun that hangs; BED_KEEP=1 keeps BED_DIR after the run, to look at.
 #
 # Nothing is ever sent outside 198.18.0.0/24 (and 127.0.0.1 inside a host):
 # the namespaces have no other route. Every wait is for an event (a line, a
@@ -82,8 +90,13 @@ bed_init() {
   command -v ip >/dev/null && ip netns list >/dev/null 2>&1 || bed_skip "'ip netns' is not available"
   command -v tc >/dev/null || bed_skip "tc is not installed"
   command -v mpirun >/dev/null || bed_skip "mpirun is not installed"
-  local old
-  for old in /tmp/shardrec-$BED_NAME-*; do # an earlier run's folder and processes
+  local old p
+  # What an earlier run killed outright left: its processes (netns.sh's
+  # `up` would only unname their namespaces), then its folder.
+  for old in $("$BED_NETNS" list --tag "$BED_TAG"); do
+    for p in $(ip netns pids "$old" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+  done
+  for old in /tmp/shardrec-$BED_NAME-*; do
     [ -d "$old" ] && rm -rf "$old"
   done
   BED_DIR=$(mktemp -d "/tmp/shardrec-$BED_NAME-XXXXXX")
@@ -105,6 +118,12 @@ case "\$host" in
   198.18.0.*) i=\$((\${host##*.} - 1)) ;;
   *) echo "agent: \$host is not a host of the test bed" >&2; exit 1 ;;
 esac
+# Each host its own temporary folder (Open MPI's session folders), as on
+# separate machines: in one /tmp, daemons of one host name raced at start
+# and exit. (TMPDIR, not orte_tmpdir_base, which mpirun hands every daemon.)
+TMPDIR=$BED_DIR/host-\$i
+export TMPDIR
+mkdir -p "\$TMPDIR"
 exec ip netns exec srn-$BED_TAG-\$i sh -c "\$*"
 EOF
   chmod +x "$BED_DIR/agent"
@@ -129,11 +148,12 @@ bed__start_server() {
   # shellcheck disable=SC2086
   "$BED_NETNS" exec "$1" --tag "$BED_TAG" ${BED_SERVE[$key]} >"$log" 2>&1 &
   BED_PID[$key]=$!
+  disown $! # not a job of this shell: a kill -9 prints no "Killed" line (bed__gone waits)
   bed_wait_for 60 bed__listening "$log" "listening on ${BED_LISTEN[$key]}" "${BED_PID[$key]}" ||
     bed_fail "server host $1 shard $2 did not listen: $(tail -5 "$log")"
 }
 bed__listening() {
-  grep -q "^$2" "$1" && return 0
+  grep -qs "^$2" "$1" && return 0
   kill -0 "$3" 2>/dev/null || bed_fail "server exited: $(tail -5 "$1")"
   return 1
 }
@@ -162,7 +182,7 @@ bed_kill_host() {
   for p in $(ip netns pids "$(bed_ns "$1")"); do kill -9 "$p" 2>/dev/null; done
   bed_wait_for 30 bed__ns_empty "$1" || bed_fail "host $1 still runs $(ip netns pids "$(bed_ns "$1")")"
   for key in "${!BED_PID[@]}"; do
-    [ "${key%% *}" = "$1" ] && { wait "${BED_PID[$key]}" 2>/dev/null; unset "BED_PID[$key]"; }
+    [ "${key%% *}" = "$1" ] && unset "BED_PID[$key]"
   done
   return 0
 }
@@ -175,14 +195,34 @@ bed_restart_host() {
   return 0
 }
 
-# Stop every server cleanly (SIGTERM) and wait for it.
+# Wait (up to 60 s) until process PID is gone.
+bed__dead() { ! kill -0 "$1" 2>/dev/null; }
+bed__gone() { bed_wait_for 60 bed__dead "$1" || bed_fail "process $1 did not stop"; }
+
+# Every server stopped (SIGTERM) and started again with the same flags:
+# fresh rows for the next job.
+bed_fresh_servers() {
+  local key
+  for key in "${!BED_PID[@]}"; do kill "${BED_PID[$key]}" 2>/dev/null; done
+  for key in "${!BED_PID[@]}"; do bed__gone "${BED_PID[$key]}"; done
+  for key in "${!BED_SERVE[@]}"; do bed__start_server "${key%% *}" "${key#* }"; done
+}
+
+# Stop every server cleanly (SIGTERM) and wait for it; forget them.
 bed_stop_servers() {
   local key
   for key in "${!BED_PID[@]}"; do kill "${BED_PID[$key]}" 2>/dev/null; done
-  for key in "${!BED_PID[@]}"; do wait "${BED_PID[$key]}" 2>/dev/null; done
+  for key in "${!BED_PID[@]}"; do bed__gone "${BED_PID[$key]}"; done
   BED_PID=()
   BED_SERVE=()
   BED_LISTEN=()
+}
+
+# bed_run H CMD...: CMD in host H's namespace.
+bed_run() {
+  local h=$1
+  shift
+  "$BED_NETNS" exec "$h" --tag "$BED_TAG" "$@"
 }
 
 bed_cut() { ip -n "srn-$BED_TAG-br" link set "v$1" down; }
@@ -198,16 +238,20 @@ bed_unsqueeze() {
   return 0
 }
 
+# A hung mpirun (a daemon that never reported) ends at this limit, exit 124.
+BED_MPIRUN_LIMIT=${BED_MPIRUN_LIMIT:-300}
 bed_mpirun() {
   local hosts="" h np=$2 IFS_=$IFS
   IFS=,
   for h in $1; do hosts="$hosts${hosts:+,}$(bed_addr "$h")"; done
   IFS=$IFS_
   shift 2
-  "$BED_NETNS" exec "$BED_K" --tag "$BED_TAG" mpirun --allow-run-as-root \
-    --mca plm_rsh_agent "$BED_DIR/agent" --mca plm_rsh_no_tree_spawn 1 \
-    --mca oob_tcp_if_include 198.18.0.0/24 --mca btl_tcp_if_include 198.18.0.0/24 \
-    --mca btl tcp,self --host "$hosts" -np "$np" "$@"
+  mkdir -p "$BED_DIR/host-$BED_K"
+  TMPDIR="$BED_DIR/host-$BED_K" timeout -k 10 "$BED_MPIRUN_LIMIT" \
+    "$BED_NETNS" exec "$BED_K" --tag "$BED_TAG" mpirun --allow-run-as-root \
+      --mca plm_rsh_agent "$BED_DIR/agent" --mca plm_rsh_no_tree_spawn 1 \
+      --mca oob_tcp_if_include 198.18.0.0/24 --mca btl_tcp_if_include 198.18.0.0/24 \
+      --mca btl tcp,self --host "$hosts" -np "$np" "$@"
 }
 
 # The job every test trains: d.bin (ROWS rows of `datagen --seed 3`, a
@@ -228,8 +272,10 @@ BED_ARCH="--arch-mlp-bot 13-32-16 --arch-mlp-top 64-1"
 bed_mpirun_lo() {
   local h=$1 np=$2
   shift 2
-  "$BED_NETNS" exec "$h" --tag "$BED_TAG" mpirun --allow-run-as-root --oversubscribe \
-    --mca oob_tcp_if_include lo --mca btl_tcp_if_include lo -np "$np" "$@"
+  mkdir -p "$BED_DIR/host-$h"
+  TMPDIR="$BED_DIR/host-$h" \
+    "$BED_NETNS" exec "$h" --tag "$BED_TAG" mpirun --allow-run-as-root --oversubscribe \
+      --mca oob_tcp_if_include lo --mca btl_tcp_if_include lo -np "$np" "$@"
 }
 
 bed_last_step() {
