@@ -31,7 +31,8 @@
 #                              line of step >= STEP (fails if PID exits first)
 #   bed_last_step FILE         the last train step in FILE (0: none)
 #   bed_final FILE             the last occurrence of each step's last_loss,
-#                              one "step loss" line each, then "auc A"
+#                              one "STEP LOSS" line each, then of each test
+#                              pass's AUC, "auc STEP AUC"
 #   bed_addr H                 host H's address
 #   bed_data ROWS              d.bin and p.json in BED_DIR; BED_JOB, the train
 #                              flags every test's job shares
@@ -52,6 +53,7 @@ BED_NAME=bed
 BED_TAG=""
 BED_DIR=""
 BED_K=0
+BED_BG=()               # background shells of the test (a job's loop): ended first
 declare -A BED_SERVE=() # "H SHARD" -> the serve command line (for restarts)
 declare -A BED_PID=()   # "H SHARD" -> its pid
 declare -A BED_LISTEN=() # "H SHARD" -> its ADDR:PORT
@@ -72,6 +74,7 @@ bed_addr() { "$BED_NETNS" addr "$1"; }
 # Every process left in the bed's namespaces, the namespaces, the folder.
 bed_cleanup() {
   local i p
+  for p in "${BED_BG[@]}"; do kill "$p" 2>/dev/null; done
   for ((i = 0; i <= BED_K; i++)); do
     for p in $(ip netns pids "$(bed_ns $i)" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
   done
@@ -297,6 +300,14 @@ bed_final() {
          if (!(s in loss)) order[n++] = s
          loss[s] = l
        }
-       /"kind":"test"/ { a = $0; sub(/.*"auc":/, "", a); sub(/[,}].*/, "", a); auc = a }
-       END { for (i = 0; i < n; i++) print order[i], loss[order[i]]; print "auc", auc }' "$1"
+       /"kind":"test"/ {
+         s = $0; sub(/.*"step":/, "", s); sub(/[,}].*/, "", s)
+         a = $0; sub(/.*"auc":/, "", a); sub(/[,}].*/, "", a)
+         if (!(s in auc)) torder[m++] = s
+         auc[s] = a
+       }
+       END {
+         for (i = 0; i < n; i++) print order[i], loss[order[i]]
+         for (i = 0; i < m; i++) print "auc", torder[i], auc[torder[i]]
+       }' "$1"
 }

@@ -66,6 +66,7 @@ same_as() {
 job ref || bed_fail "ref: $(tail -20 "$D/ref.out")"
 bed_final "$D/ref.jsonl" >"$D/ref.final"
 [ "$(grep -vc '^auc' "$D/ref.final")" -eq $STEPS ] || bed_fail "ref: not $STEPS steps"
+grep -q "^auc $STEPS 0\.[0-9]" "$D/ref.final" || bed_fail "ref: no test AUC at step $STEPS"
 [ "$(find "$CK/ref/step-$STEPS/shards" -name 'table-*.bin' | wc -l)" -eq 52 ] || bed_fail "ref: not 2 x 26 table files"
 bed_fresh_servers
 job1 ref1 || bed_fail "ref1: $(tail -20 "$D/ref1.out")"
