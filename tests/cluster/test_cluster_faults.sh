@@ -6,8 +6,8 @@
 # fresh servers, each fault injected at a step seen in the metrics file:
 #  1. a link squeezed: host 2's link at 20mbit from step 30 until 10 more
 #     steps are seen (tbf counted packets held back), then a link cut: host
-#     3's link down for 3 s from step 70, far inside the remote store's
-#     retry budget (a call waits out its 30 s deadline; TCP resends): the run
+#     3's link down for 3 s from step 70, far inside the 30 s --rpc-deadline
+#     that a call in flight waits for its answer (TCP resends): the run
 #     ends by itself with the uninterrupted run's losses, AUC and final
 #     checkpoint (dense state and every shard's rows), bit for bit;
 #  2. a trainer host killed: kill -9 of every process on host 3 at step 50;
@@ -15,7 +15,8 @@
 #     again, resuming from the newest complete checkpoint: the last
 #     occurrence of each step's loss, the AUC and the final checkpoint are
 #     the uninterrupted run's;
-#  2b. the same fault as 3 with the 2 ranks: the job stops and the loop
+#  2b. the same fault as 3 with the 2 ranks (--rpc-deadline 5: the ranks
+#     abort one deadline after they see the loss): the job stops and the loop
 #     runs it again (or, once several ranks recover, it ends in one run),
 #     to the uninterrupted run's bits;
 #  3. a server host killed (one rank on host 2, --recover-timeout): kill -9
