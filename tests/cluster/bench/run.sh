@@ -3,7 +3,7 @@
 # of one job on 4 hosts of tests/cluster/netns.sh, 2 with a shard server
 # each (srn-b20-0, -1) and 2 with one trainer rank each (srn-b20-2, -3;
 # `mpirun -np 2` started in host 2 through rsh-agent.sh), at link rates of
-# 1, 5 and 20 Gbit/s (tc tbf on every host's link, both directions; 20 is
+# 1, 5 and 20 Gbit/s by default (--rates; 0.1 reaches the network-bound side) (tc tbf on every host's link, both directions; 20 is
 # above what this machine moves: the control), at dim 16 (Kaggle MLPs) and
 # dim 128 (MLPerf-like MLPs 13-512-256-128 / 1024-1024-512-256-1), sync
 # mode. Each host's eth0 counters, each rank's Prometheus series
