@@ -12,6 +12,7 @@
 #pragma weak bench_dp
 #pragma weak bench_reshard
 #pragma weak bench_metrics
+#pragma weak bench_allreduce
 
 static const struct {
   const char *name;
@@ -24,6 +25,7 @@ static const struct {
     {"store", bench_store, "shard store lookups (hits, misses, Zipf) vs. raw MultiGet and memcpy"},
     {"dp", bench_dp, "data-parallel trainers under mpirun: 1, 2, 4 ranks, sync and async"},
     {"reshard", bench_reshard, "resharding rows/s and MB/s vs. a raw RocksDB scan + SST write"},
+    {"allreduce", bench_allreduce, "the trainer's dense all-reduce under mpirun: time and link rate"},
     {"metrics", bench_metrics, "Prometheus figures: update cost per step and per RPC, one scrape of 26 tables"},
 };
 #define N_BENCH (int)(sizeof benches / sizeof benches[0])

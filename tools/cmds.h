@@ -26,5 +26,6 @@ int bench_store(int argc, char **argv);
 int bench_dp(int argc, char **argv);
 int bench_reshard(int argc, char **argv);
 int bench_metrics(int argc, char **argv);
+int bench_allreduce(int argc, char **argv);
 
 #endif

@@ -31,12 +31,34 @@ START_TEST(test_mpi_not_launched) {
 }
 END_TEST
 
+/* bench allreduce: the trainer's collective timed under mpirun -np 2, the
+ * bytes it reports moved a rank's ring volume (2(R-1)/R x 4N: 0.004 MB for
+ * 1000 floats); refused without mpirun and with a bad flag. */
+START_TEST(test_bench_allreduce) {
+  char *out;
+  int rc = run_cmd(&out, "mpirun --allow-run-as-root --oversubscribe -np 2 %s bench allreduce --floats 1000 "
+                   "--reps 3 --gap-ms 1", bin_path());
+  ck_assert_msg(rc == 0 && strstr(out, "allreduce 1000 floats over 2 ranks, 3 calls each after 1 ms idle: median ") &&
+                    strstr(out, "; 0.004 MB each way a rank: "), "exit %d:\n%s", rc, out);
+  double ms = find_num(out, "median ");
+  ck_assert_msg(ms > 0, "%s", out);
+  free(out);
+  rc = run_cmd(&out, "env -u OMPI_COMM_WORLD_SIZE -u PMI_SIZE %s bench allreduce", bin_path());
+  ck_assert_msg(rc == 2 && strstr(out, "run it under mpirun with 2 or more ranks"), "exit %d: %s", rc, out);
+  free(out);
+  rc = run_cmd(&out, "%s bench allreduce --reps 0", bin_path());
+  ck_assert_msg(rc == 2 && strstr(out, "--reps: 0 is out of range"), "exit %d: %s", rc, out);
+  free(out);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("mpi_coll");
   TCase *tc = tcase_create("coll");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_mpi_collective_np3);
   tcase_add_test(tc, test_mpi_not_launched);
+  tcase_add_test(tc, test_bench_allreduce);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
