@@ -400,6 +400,12 @@ static void run_calls(conn *conns, grpc_completion_queue *cq, pcall *calls, int 
 static int call_error(rstore *s, const pcall *p, const char *what) {
   char *d = grpc_slice_to_c_string(p->details);
   const int crashed = p->status == GRPC_STATUS_FAILED_PRECONDITION && d && strstr(d, RPC_MSG_UNCLEAN);
+  /* A call tried again across a partition and answered ABORTED because a
+   * rank "went away": the server took a call the client gave up on at its
+   * deadline (a Lookup cancelled) for a rank gone and dropped the step's
+   * held pushes, so the step is lost there as on a restarted server: the
+   * job recovers rather than stopping. */
+  const int dropped = p->status == GRPC_STATUS_ABORTED && p->trouble && d && strstr(d, "went away");
   sr_fmt(s->err, sizeof s->err, "%s: shard %d server %s%s: %s%s%s (after %d tr%s)", what, p->shard,
          s->c[p->shard].addr, crashed ? " restarted after a crash" : "", rpc_status_name(p->status),
          d && *d ? ": " : "", d ? d : "", p->tries, p->tries == 1 ? "y" : "ies");
@@ -409,7 +415,7 @@ static int call_error(rstore *s, const pcall *p, const char *what) {
    * only its answer was lost): as a lost server, so the job recovers and
    * writes the step again rather than stopping. */
   const int torn = p->m == RPC_CHECKPOINT && p->status == GRPC_STATUS_ALREADY_EXISTS && p->trouble;
-  if (crashed || torn) {
+  if (crashed || torn || dropped) {
     s->lost = 1;
     return SR_EUNAVAILABLE;
   }

@@ -1,22 +1,20 @@
 #!/usr/bin/env bash
 # A server host lost during a Checkpoint call (issue 19; root only, exit 77
-# elsewhere). KNOWN TO FAIL: registered DISABLED in CMakeLists.txt until the
-# trainer recovers from it. One rank on host 2 against servers (rows in
-# memory) on hosts 0 and 1, --save-checkpoint, --checkpoint-every 40,
-# --recover-timeout 60. As soon as server 1's folder of step 40's
-# checkpoint appears (a busy wait on the folder, which catches it while it
-# writes its 26 table files, each fsync'ed), the server is stopped
-# (SIGSTOP: it has not answered, since it answers once every file is
-# written), then every process on host 1 is killed -9 and its server
-# started again on the same port 2 s later. The run must end by itself with
-# the uninterrupted one-rank run's losses, AUC and final checkpoint.
-# Today it ends at step 40: the trainer's retried Checkpoint reaches the
-# restarted server, which finds the folder its killed first try began:
-#   shardrec train: --save-checkpoint: checkpoint: shard 1 server
-#   198.18.0.2:7000: ALREADY_EXISTS: checkpoint: CK/.step-40.tmp-.../shards/
-#   shard-1 exists: Checkpoint writes only new folders (after 8 tries)
-# (and a restarted server would write its new, empty rows, were the folder
-# not there: the incarnation check on the answer is what would catch it).
+# elsewhere). One rank on host 2 against servers (rows in memory) on hosts
+# 0 and 1, --save-checkpoint, --checkpoint-every 40, --recover-timeout 60.
+# As soon as server 1's folder of step 40's checkpoint appears (a busy wait
+# on the folder, which catches it while it writes its 26 table files, each
+# fsync'ed), the server is stopped (SIGSTOP: it has not answered, since it
+# answers once every file is written), then every process on host 1 is
+# killed -9 and its server started again on the same port 2 s later. The
+# trainer's retried Checkpoint reaches the restarted server, which finds
+# the folder its killed first try began and answers ALREADY_EXISTS; the
+# remote store takes that for a lost server (a restarted one would write
+# its new, empty rows), so the trainer restores every server from its
+# newest complete checkpoint (step-0 here: step 40's never completed) and
+# writes step 40 again. The run must end by itself, having recovered
+# ("recovered from .../step-0"), with the uninterrupted one-rank run's
+# losses, AUC and final checkpoint.
 set -uo pipefail
 source "${SHARDREC_SRC:?SHARDREC_SRC (the source tree) must be set}/tests/cluster/bed.sh"
 bed_init cluster_ckpt_loss 4
@@ -56,6 +54,8 @@ sleep 2 # the server host is down this long
 bed_restart_host 1
 echo "$BED_NAME: server host 1 stopped after $n of 26 table files of step 40's checkpoint, killed, back 2 s later"
 wait $pid || bed_fail "the job failed: $(grep -v '^train  step' "$D/lost.out" | tail -5)"
+grep -q "^recovered from $CK/lost/step-0 after: .*ALREADY_EXISTS" "$D/lost.out" ||
+  bed_fail "no recovery from step-0 after the retried Checkpoint: $(grep -v '^train  step' "$D/lost.out" | tail -5)"
 bed_final "$D/lost.jsonl" >"$D/lost.final"
 cmp -s "$D/ref.final" "$D/lost.final" ||
   bed_fail "losses or AUC differ from the uninterrupted run's: $(diff "$D/ref.final" "$D/lost.final" | head -6)"
