@@ -270,6 +270,21 @@ bed_data() {
 }
 BED_ARCH="--arch-mlp-bot 13-32-16 --arch-mlp-top 64-1"
 
+# bed_two_servers NAME ROWS: the usual bed: 4 hosts (bed_init NAME 4), ROWS
+# lines of data (bed_data), the checkpoint folder every host sees,
+# CK=$BED_DIR/ck (D=$BED_DIR), and a shard server at port 7000 on hosts 0
+# and 1 rooted there (SERVERS: their addresses, in shard order).
+bed_two_servers() {
+  bed_init "$1" 4
+  bed_data "$2"
+  D=$BED_DIR
+  CK=$D/ck
+  mkdir "$CK"
+  SERVERS="$(bed_addr 0):7000,$(bed_addr 1):7000"
+  bed_serve 0 0 7000 --plan "$D/p.json" --checkpoint-root "$CK"
+  bed_serve 1 1 7000 --plan "$D/p.json" --checkpoint-root "$CK"
+}
+
 # bed_mpirun_lo H NP ARGS...: mpirun -np NP inside host H alone, Open MPI's
 # TCP on 127.0.0.1 only (the loopback run the network runs are held to).
 bed_mpirun_lo() {

@@ -17,15 +17,8 @@
 # losses, AUC and final checkpoint.
 set -uo pipefail
 source "${SHARDREC_SRC:?SHARDREC_SRC (the source tree) must be set}/tests/cluster/bed.sh"
-bed_init cluster_ckpt_loss 4
-bed_data 20000
-D=$BED_DIR
-CK=$D/ck
-mkdir "$CK"
+bed_two_servers cluster_ckpt_loss 20000
 STEPS=141
-SERVERS="$(bed_addr 0):7000,$(bed_addr 1):7000"
-bed_serve 0 0 7000 --plan "$D/p.json" --checkpoint-root "$CK"
-bed_serve 1 1 7000 --plan "$D/p.json" --checkpoint-root "$CK"
 job1() {
   local name=$1
   shift

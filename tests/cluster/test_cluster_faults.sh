@@ -43,15 +43,8 @@
 #     later): the ranks recover from step-0: one run.
 set -uo pipefail
 source "${SHARDREC_SRC:?SHARDREC_SRC (the source tree) must be set}/tests/cluster/bed.sh"
-bed_init cluster_faults 4
-bed_data 20000
-D=$BED_DIR
-CK=$D/ck
-mkdir "$CK"
+bed_two_servers cluster_faults 20000
 STEPS=141
-SERVERS="$(bed_addr 0):7000,$(bed_addr 1):7000"
-bed_serve 0 0 7000 --plan "$D/p.json" --checkpoint-root "$CK"
-bed_serve 1 1 7000 --plan "$D/p.json" --checkpoint-root "$CK"
 
 # The job on ranks of hosts 2 and 3 (NAME: its metrics NAME.jsonl, output
 # NAME.out, checkpoints ck/NAME), then ARGS; the same command for every run
