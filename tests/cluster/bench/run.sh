@@ -2,7 +2,8 @@
 # The cluster benchmark (issue 20; root only, not in CI): training samples/s
 # of one job on 4 hosts of tests/cluster/netns.sh, 2 with a shard server
 # each (srn-b20-0, -1) and 2 with one trainer rank each (srn-b20-2, -3;
-# `mpirun -np 2` started in host 2 through rsh-agent.sh), at link rates of
+# `mpirun -np 2` started in host 2 through the test bed's rsh agent,
+# tests/cluster/bed.sh's bed_write_agent), at link rates of
 # 1, 5 and 20 Gbit/s by default (--rates; 0.1 reaches the network-bound side) (tc tbf on every host's link, both directions; 20 is
 # above what this machine moves: the control), at dim 16 (Kaggle MLPs) and
 # dim 128 (MLPerf-like MLPs 13-512-256-128 / 1024-1024-512-256-1), sync
@@ -51,6 +52,12 @@ done
 [ -x "$BIN" ] || { echo "run.sh: $BIN: no shardrec binary (build first, or set SHARDREC_BIN)" >&2; exit 2; }
 
 WORK=$(mktemp -d /tmp/shardrec-bench-cluster-XXXXXX)
+# The test bed's rsh agent for these namespaces (a TMPDIR per host, as on
+# separate machines: Open MPI's daemons of one host name race in one /tmp).
+SHARDREC_SRC=$SRC SHARDREC_BIN=$BIN source "$SRC/tests/cluster/bed.sh"
+BED_DIR=$WORK
+BED_TAG=$TAG
+bed_write_agent
 OUT=${OUT:-$WORK/results}
 mkdir -p "$OUT"
 PIDS=()
@@ -61,7 +68,7 @@ cleanup() {
   PIDS=()
   "$NETNS" down --tag "$TAG" >/dev/null 2>&1
 }
-trap 'cleanup; rm -rf "$WORK/data" "$WORK/run" "$WORK/stop"; rmdir "$WORK" 2>/dev/null' EXIT  # kept if it holds the results
+trap 'cleanup; rm -rf "$WORK/data" "$WORK/run" "$WORK/stop" "$WORK/agent" "$WORK"/host-*; rmdir "$WORK" 2>/dev/null' EXIT  # kept if it holds the results
 trap 'echo "run.sh: stopped" >&2; exit 1' INT TERM HUP
 
 say() { echo "run.sh: $*" >&2; }
@@ -127,8 +134,9 @@ print(4 * m.dense_params($dim, [int(x) for x in '${mlp[1]}'.split('-')], [int(x)
   kill $probe 2>/dev/null
   wait $probe 2>/dev/null
   say "$name: training $steps steps of $BATCH at ${rate} Gbit/s, dim $dim"
-  "$NETNS" exec 2 --tag "$TAG" env SRN_BENCH_TAG="$TAG" mpirun --allow-run-as-root \
-    --mca plm_rsh_agent "$HERE/rsh-agent.sh" --mca oob_tcp_if_include 198.18.0.0/24 \
+  mkdir -p "$WORK/host-2"
+  TMPDIR="$WORK/host-2" "$NETNS" exec 2 --tag "$TAG" mpirun --allow-run-as-root \
+    --mca plm_rsh_agent "$WORK/agent" --mca plm_rsh_no_tree_spawn 1 --mca oob_tcp_if_include 198.18.0.0/24 \
     --mca btl_tcp_if_include 198.18.0.0/24 --mca btl tcp,self --host 198.18.0.3,198.18.0.4 -np 2 \
     "$BIN" train --processed-data-file "$WORK/data/d.bin" --plan "$WORK/data/plan$dim.json" \
     --arch-sparse-feature-size "$dim" "${mlp[@]}" \
