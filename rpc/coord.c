@@ -910,6 +910,15 @@ int rpc_coord_take_woken(rpc_coord *c, double now, rpc_coord_woken *out, int max
   return n;
 }
 
+/* Whether rank of job holds a Watch parked here (its process is alive). */
+static int watch_parked(const rpc_coord *c, const char *job, int rank) {
+  for (int i = 0; i < c->n_parked; i++) {
+    const parked_call *q = &c->parked[i];
+    if (q->watch && !q->released && q->rank == rank && !strcmp(q->job, job)) return 1;
+  }
+  return 0;
+}
+
 int rpc_coord_cancel(rpc_coord *c, void *token, double now) {
   int i = 0;
   while (i < c->n_parked && c->parked[i].token != token) i++;
@@ -917,6 +926,14 @@ int rpc_coord_cancel(rpc_coord *c, void *token, double now) {
   parked_call p = c->parked[i];
   c->parked[i] = c->parked[--c->n_parked];
   atomic_store(&c->parked_hint, c->n_parked);
+  /* A Lookup its rank gave up on while that rank's Watch is still open
+   * here: the rank lives (its client gave up at its own deadline and tries
+   * again, as after a partition, when the attempts given up on arrive
+   * late): forgotten, not a death. Its process ending cancels the Watch. */
+  if (!p.watch && watch_parked(c, p.job, p.rank)) {
+    free(p.in);
+    return 1;
+  }
   multi_job *j = job_find(c, p.job);
   if (!j && p.watch && !c->stopping) /* forgotten (Restore, or replaced): refuse the job now */
     j = job_get(c, p.job, p.world, 0, p.stale, 0, now);

@@ -173,7 +173,9 @@ int rpc_coord_idle(const rpc_coord *c, double now);
 
 /* The call parked with token was cancelled by its client (its rank went
  * away): forgets it and drops its job's pending state (not while stopping,
- * nor for a rank that detached). 1 when token was parked, else 0. */
+ * nor for a rank that detached, nor for a Lookup whose rank still holds a
+ * Watch parked here: that rank lives, and its process ending cancels the
+ * Watch). 1 when token was parked, else 0. */
 int rpc_coord_cancel(rpc_coord *c, void *token, double now);
 
 /* Restore: drops every job's pending state, marks every parked Lookup to be

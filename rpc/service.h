@@ -208,8 +208,11 @@ void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t 
  * Rank death. A job's pending state (sync: the held pushes of incomplete
  * steps; both: its parked Lookups) is dropped, never half-applied, when
  *   - a parked Watch or Lookup of the job is cancelled by its client before
- *     its deadline (rpc_service_cancel: the rank's process went away; a
- *     rank must not otherwise abandon a parked Lookup). Every rank of a
+ *     its deadline (rpc_service_cancel: the rank's process went away), a
+ *     Lookup only while its rank holds no Watch parked here (a rank whose
+ *     Watch is open lives: its client gave up on the Lookup at its own
+ *     deadline and tries again, as after a partition, when the attempts
+ *     it gave up on arrive late, each cancelled at once). Every rank of a
  *     multi-rank job holds a Watch (shardrec.proto) open on every server
  *     while it runs, so a rank that dies anywhere (computing, or blocked
  *     in a collective with nothing in flight to the servers) is heard at

@@ -418,6 +418,41 @@ START_TEST(test_watch_death_and_detach) {
 }
 END_TEST
 
+/* A Lookup given up by a rank whose Watch stays open (a client's deadline
+ * passed during a partition; its late attempts arrive cancelled) drops
+ * nothing: the step completes when that rank's next attempt and push come.
+ * Its process ending is still heard, from the Watch. */
+START_TEST(test_lookup_given_up_by_a_live_rank) {
+  char msg[RPC_COORD_MSG];
+  int w0, w1, stale0, tok0, tok1;
+  ck_assert_int_eq(watch("p", 0, 2, 0, &w0, 1, msg), RPC_COORD_PARKED);
+  ck_assert_int_eq(watch("p", 1, 2, 0, &w1, 1, msg), RPC_COORD_PARKED);
+  ck_assert_int_eq(push_empty("p", 0, 1, 2, 0, 1), RPC_COORD_GO); /* held: rank 0's is late */
+  ck_assert_int_eq(lookup("p", 1, 0, 2, 0, &stale0, 100, 1, msg), RPC_COORD_PARKED);
+  ck_assert_int_eq(rpc_coord_cancel(co, &stale0, 2), 1); /* the given-up attempt */
+  rpc_coord_stats st = stats();
+  ck_assert_uint_eq(st.dropped_jobs, 0);
+  ck_assert_uint_eq(st.dropped_steps, 0);
+  ck_assert_uint_eq(st.pending_pushes, 1);
+  ck_assert_uint_eq(st.parked_lookups, 0);
+  /* The rank's next attempt parks; rank 0's push completes step 0. */
+  ck_assert_int_eq(lookup("p", 1, 0, 2, 0, &tok0, 100, 2, msg), RPC_COORD_PARKED);
+  ck_assert_int_eq(lookup("p", 1, 1, 2, 0, &tok1, 100, 2, msg), RPC_COORD_PARKED);
+  ck_assert_int_eq(push_empty("p", 0, 0, 2, 0, 3), RPC_COORD_GO);
+  ck_assert_int_eq(n_applied, 1);
+  rpc_coord_woken w[2];
+  woken(3, 2, w);
+  for (int k = 0; k < 2; k++) ck_assert_int_eq(w[k].what, RPC_COORD_GO);
+  /* Rank 0's process ends: its Watch is cancelled, the job dropped. */
+  ck_assert_int_eq(push_empty("p", 1, 1, 2, 0, 4), RPC_COORD_GO); /* held */
+  ck_assert_int_eq(rpc_coord_cancel(co, &w0, 4), 1);
+  st = stats();
+  ck_assert_uint_eq(st.dropped_jobs, 1);
+  ck_assert_uint_eq(st.dropped_steps, 1);
+  ck_assert_int_eq(push_empty("p", 1, 0, 2, 0, 4), RPC_COORD_ABORTED);
+}
+END_TEST
+
 START_TEST(test_pending_timeout) {
   char msg[RPC_COORD_MSG];
   int tok;
@@ -656,6 +691,7 @@ int main(void) {
   tcase_add_test(tc, test_idempotent_retry);
   tcase_add_test(tc, test_rank_death);
   tcase_add_test(tc, test_watch_death_and_detach);
+  tcase_add_test(tc, test_lookup_given_up_by_a_live_rank);
   tcase_add_test(tc, test_pending_timeout);
   tcase_add_test(tc, test_restore_forgets_jobs);
   tcase_add_test(tc, test_stop_parking);
