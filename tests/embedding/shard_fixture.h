@@ -6,12 +6,14 @@
 #define SHARDREC_TESTS_EMBEDDING_SHARD_FIXTURE_H
 
 #include <check.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "embedding/plan.h"
 #include "embedding/shard.h"
 #include "embedding/store.h"
+#include "storage/kv.h"
 
 #define FX_NT 3
 
@@ -61,6 +63,23 @@ static inline emb_store *fx_shard(const emb_plan *p, const char *dir, uint64_t c
   emb_store *s = emb_store_create_shard(p, dir, &c, err, sizeof err);
   ck_assert_msg(s != NULL, "%s", err);
   return s;
+}
+
+/* Row `id` of table 0 in dir/shard-0 written with layout version 9 (a
+ * future one) at dim 8, for the refusals on read. */
+static inline void fx_put_future_row(const char *dir, uint64_t id) {
+  char path[512], err[512];
+  snprintf(path, sizeof path, "%s/shard-0", dir);
+  uint32_t ids[FX_NT] = {0, 1, 2};
+  kv_db *db;
+  ck_assert_int_eq(kv_open(path, FX_NT, ids, NULL, &db, err, sizeof err), 0);
+  unsigned char row[8 + 4 * 8];
+  float v[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  kv_row_encode(8, 0, v, row);
+  row[2] = 9; /* a future layout */
+  kv_batch_put(db, 0, id, row, sizeof row);
+  ck_assert_int_eq(kv_batch_commit(db, err, sizeof err), 0);
+  kv_close(db);
 }
 
 #endif

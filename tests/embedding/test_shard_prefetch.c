@@ -362,18 +362,7 @@ START_TEST(test_prefetch_read_failure_reported) {
   char *dir = tmpdir();
   emb_store *sh = make_shard(p, dir, 2048, 0);
   emb_store_destroy(sh);
-  char path[512], err[512];
-  snprintf(path, sizeof path, "%s/shard-0", dir);
-  uint32_t ids[NT] = {0, 1, 2};
-  kv_db *db;
-  ck_assert_int_eq(kv_open(path, NT, ids, NULL, &db, err, sizeof err), 0);
-  unsigned char row[8 + 4 * DIM];
-  float v[DIM] = {1, 2, 3, 4, 5, 6, 7, 8};
-  kv_row_encode(DIM, 0, v, row);
-  row[2] = 9; /* a future layout */
-  kv_batch_put(db, 0, 42, row, sizeof row);
-  ck_assert_int_eq(kv_batch_commit(db, err, sizeof err), 0);
-  kv_close(db);
+  fx_put_future_row(dir, 42);
   sh = make_shard(p, dir, 2048, 0);
   static idstep d;
   static float out[NT][MAXB * DIM];

@@ -1,11 +1,16 @@
-/* The data the end-to-end train suites (test_train_prefetch.c,
- * test_train_threads.c) share a folder of: `datagen --rows ROWS --seed
- * SEED` converted with a 10% test split into DIR/d.bin. */
+/* What the end-to-end train suites (test_train_prefetch.c,
+ * test_train_threads.c) share: their data, `datagen --rows ROWS --seed
+ * SEED` converted with a 10% test split into DIR/d.bin, and the bits of a
+ * metrics file. */
 #ifndef SHARDREC_TESTS_TRAIN_E2E_DATA_H
 #define SHARDREC_TESTS_TRAIN_E2E_DATA_H
 
+#include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "tests/tools/run.h"
 
 /* Make dir (a mkdtemp template, filled in) and DIR/d.bin with the binary
  * $SHARDREC_BIN. 0, or -1 with what failed on stderr under suite's name. */
@@ -21,6 +26,25 @@ static inline int e2e_data_make(const char *suite, char *dir, long rows, int see
            "--test-fraction 0.1 d.tsv d.bin && rm d.tsv) > prep.log 2>&1 || (cat prep.log >&2; exit 1)",
            dir, bin, rows, seed, bin);
   return system(cmd) == 0 ? 0 : -1;
+}
+
+/* The metrics file at path with the rates cut out (all that threads or
+ * the look-ahead may change): each line up to "samples_per_s", test lines
+ * whole. Caller frees. */
+static inline char *e2e_bits_of(const char *path) {
+  char *s = slurp(path);
+  ck_assert_msg(s != NULL, "no %s", path);
+  char *out = malloc(strlen(s) + 1), *o = out;
+  for (char *l = strtok(s, "\n"); l; l = strtok(NULL, "\n")) {
+    char *r = strstr(l, ",\"samples_per_s\"");
+    size_t n = r ? (size_t)(r - l) : strlen(l);
+    memcpy(o, l, n);
+    o += n;
+    *o++ = '\n';
+  }
+  *o = 0;
+  free(s);
+  return out;
 }
 
 /* Remove what e2e_data_make made. */

@@ -31,24 +31,11 @@ static char dir[] = "/tmp/shardrec-prefetch-XXXXXX";
   "--test-freq 25 --print-freq 1 --arch-mlp-bot 13-64-16 --arch-mlp-top 64-1 "           \
   "--optimizer adagrad --learning-rate 0.05"
 
-/* The metrics with the rates cut out: each line up to "samples_per_s"
- * (test lines whole). */
+/* The bits of name.jsonl (e2e_bits_of). */
 static char *bits_of(const char *name) {
   char path[600];
   snprintf(path, sizeof path, "%s/%s.jsonl", dir, name);
-  char *s = slurp(path);
-  ck_assert_msg(s != NULL, "no %s", path);
-  char *out = malloc(strlen(s) + 1), *o = out;
-  for (char *l = strtok(s, "\n"); l; l = strtok(NULL, "\n")) {
-    char *r = strstr(l, ",\"samples_per_s\"");
-    size_t n = r ? (size_t)(r - l) : strlen(l);
-    memcpy(o, l, n);
-    o += n;
-    *o++ = '\n';
-  }
-  *o = 0;
-  free(s);
-  return out;
+  return e2e_bits_of(path);
 }
 
 /* Train as name (metrics in name.jsonl) with launch (mpirun or "") and

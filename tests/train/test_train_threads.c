@@ -21,24 +21,6 @@
 
 static char dir[] = "/tmp/shardrec-threads-XXXXXX";
 
-/* The metrics with the rates cut out (the only thing threads may change):
- * each line up to "samples_per_s". */
-static char *bits_of(const char *path) {
-  char *s = slurp(path);
-  ck_assert_msg(s != NULL, "no %s", path);
-  char *out = malloc(strlen(s) + 1), *o = out;
-  for (char *l = strtok(s, "\n"); l; l = strtok(NULL, "\n")) {
-    char *r = strstr(l, ",\"samples_per_s\"");
-    size_t n = r ? (size_t)(r - l) : strlen(l);
-    memcpy(o, l, n);
-    o += n;
-    *o++ = '\n';
-  }
-  *o = 0;
-  free(s);
-  return out;
-}
-
 /* Train with th dense threads (OPENBLAS_NUM_THREADS=blas), metrics in
  * NAME.jsonl and the test predictions in NAME.pred. */
 static void train(const char *name, int th, int blas, const char *flags) {
@@ -63,7 +45,7 @@ static void same_bits(const char *tag, const char *flags) {
     snprintf(name[th - 1], sizeof name[0], "%s-t%d", tag, th);
     train(name[th - 1], th, 4 - th, flags);
     snprintf(path, sizeof path, "%s/%s.jsonl", dir, name[th - 1]);
-    m[th - 1] = bits_of(path);
+    m[th - 1] = e2e_bits_of(path);
     snprintf(path, sizeof path, "%s/%s.pred", dir, name[th - 1]);
     p[th - 1] = slurp(path);
     ck_assert_msg(p[th - 1] != NULL, "no %s", path);
