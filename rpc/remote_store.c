@@ -878,25 +878,22 @@ static int r_prefetch(emb_store *b, int64_t step, const emb_idset *ids) {
   if (slot_copy(s, f, ids)) return 0;
   emb_idset v = slot_ids(s, f);
   if (fetch_limits(s)) return 0;
-  f->L.hint = 1;
+  /* The Lookups themselves when they may go now: a Lookup reads its rows
+   * itself, and a hint beside it would only widen the race between it and
+   * the Push sent after it (one rank of async mode: the servers' threads
+   * may take the Push first once the Lookup waits). Else prefetch_only
+   * hints, answered at once; the Lookups follow when they may go
+   * (slot_send). */
+  const int now = pf_may_send(s, step);
+  f->L.hint = !now;
   int rc = build_calls(s, &f->L, RPC_LOOKUP, step, 0, &v, NULL);
   f->L.hint = 0;
   if (rc) /* SR_ERANGE for an id out of range, as the lookup would say */
     return rc == SR_ERANGE || rc == SR_EINVAL ? rc : 0;
   f->used = 1;
-  f->sent = 0;
+  f->sent = now;
   f->step = step;
   s->seen = step;
-  /* The Lookups too when they may go now, without the hints: a Lookup
-   * reads its rows itself, and a hint beside it would only widen the race
-   * between it and the Push sent after it (one rank of async mode: the
-   * servers' threads may take the Push first once the Lookup waits). */
-  if (pf_may_send(s, step)) {
-    calls_free(&f->L);
-    if (lookup_start(s, &f->L, step, &v)) slot_release(s, f);
-    else f->sent = 1;
-    return 0;
-  }
   for (int i = 0; i < f->L.n_calls; i++)
     pcall_start(&s->c[f->L.calls[i].shard], f->L.cq, &f->L.calls[i], s->o.deadline_s);
   return 0;
