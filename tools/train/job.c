@@ -611,12 +611,16 @@ static int restore_servers(train_job *j, const char *ckdir) {
   double t0 = sr_now();
   for (;;) {
     ckpt_state got;
-    if (!ckpt_load(ckdir, j->plan, j->store, "remote", trainer_model(j->t),
-                   trainer_dense_opt(j->t), &j->cks, &got, err, sizeof err)) {
+    int rc = ckpt_load(ckdir, j->plan, j->store, "remote", trainer_model(j->t),
+                       trainer_dense_opt(j->t), &j->cks, &got, err, sizeof err);
+    if (!rc) {
       j->ckst = got;
       return 0;
     }
-    if (!rpc_remote_lost(j->store) || sr_now() - t0 > c->recover_timeout) {
+    /* A Restore past its deadline (a link back from a cut while TCP has
+     * not resent yet, a channel still reconnecting) is waited for as a
+     * server that is down: a Restore is safe to repeat. */
+    if (!(rpc_remote_lost(j->store) || rc == SR_ETIMEOUT) || sr_now() - t0 > c->recover_timeout) {
       job__errf(j, "recovery from %s failed%s: %s\n", ckdir,
                 rpc_remote_lost(j->store) ? " (--recover-timeout passed)" : "", err);
       return -1;
