@@ -1063,16 +1063,19 @@ static int db_has_rows(shstore *s, int k) {
   return any;
 }
 
-/* At open: a hosted shard that holds rows but no mark was not stopped
- * cleanly; then every mark goes, before anything is written. */
-static int marks_check(shstore *s) {
+/* At open: a hosted shard with no mark whose database was there before
+ * this open (existed[k]) or holds rows was not stopped cleanly. Rows alone
+ * would miss a crash that lost every write: write-backs skip the
+ * write-ahead log, so rows not yet flushed go with the process. Then every
+ * mark goes, before anything is written. */
+static int marks_check(shstore *s, const uint8_t *existed) {
   for (int k = 0; k < s->n_db; k++) {
     char p[SR_PATH_MAX];
     if (mark_path(s, k, p, sizeof p)) {
       sr_fmt(s->err, sizeof s->err, "%s: path too long", s->dir);
       return SR_ERANGE;
     }
-    if (!sr_is_file(p) && db_has_rows(s, k)) s->unclean = 1;
+    if (!sr_is_file(p) && (existed[k] || db_has_rows(s, k))) s->unclean = 1;
   }
   return marks_remove(s);
 }
@@ -1082,6 +1085,10 @@ int emb_shard_mark_clean(emb_store *b) {
   shstore *s = (shstore *)b;
   int rc = sh_flush(b);
   if (rc) return rc;
+  /* Write-backs skip the write-ahead log (kv_writes): on disk only once
+   * the memtables are flushed, which the mark must follow. */
+  for (int k = 0; k < s->n_db; k++)
+    if ((rc = kv_flush(s->db[k], s->err, sizeof s->err))) return rc;
   for (int k = 0; k < s->n_db; k++) {
     char p[SR_PATH_MAX];
     if (mark_path(s, k, p, sizeof p)) return SR_ERANGE;
@@ -1156,7 +1163,9 @@ static int sh_flush(emb_store *b) {
   return s->wb_rc;
 }
 
-static int open_dbs(shstore *s) {
+/* Open every hosted shard's database not open yet; existed[k] (when not
+ * NULL): 1 when database k was there before (its CURRENT file). */
+static int open_dbs(shstore *s, uint8_t *existed) {
   const emb_plan *plan = s->base.plan;
   uint32_t *ids = malloc((size_t)s->n_tables * sizeof *ids);
   if (!ids) return SR_ENOMEM;
@@ -1164,12 +1173,14 @@ static int open_dbs(shstore *s) {
   int rc = 0;
   for (int k = 0; k < s->n_db && !rc; k++) {
     if (s->db[k]) continue;
-    char path[4096];
+    char path[4096], cur[4096 + 16];
     if (ckpt_dir_shard_path(s->dir, s->db_shard[k], path, sizeof path)) {
       sr_fmt(s->err, sizeof s->err, "%s: path too long", s->dir);
       rc = SR_ERANGE;
       break;
     }
+    snprintf(cur, sizeof cur, "%s/CURRENT", path);
+    if (existed) existed[k] = (uint8_t)sr_is_file(cur);
     rc = kv_open(path, s->n_tables, ids, &s->sopts, &s->db[k], s->err, sizeof s->err);
   }
   free(ids);
@@ -1257,7 +1268,7 @@ static int sh_restore(emb_store *b, const char *path) {
       return rc;
     }
   }
-  int rc = open_dbs(s);
+  int rc = open_dbs(s, NULL);
   if (!rc) {
     s->unclean = 0; /* every row is the checkpoint's now */
     s->wb_rc = 0;   /* and a failed write-back's rows with them */
@@ -1603,11 +1614,15 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
   if (pool_create(s, cfg->threads ? (cfg->threads < 0 ? 0 : cfg->threads)
                                   : EMB_SHARD_DEFAULT_THREADS))
     goto nomem;
-  if (open_dbs(s) || marks_check(s)) {
+  uint8_t *existed = calloc((size_t)s->n_db, 1);
+  if (!existed) goto nomem;
+  if (open_dbs(s, existed) || marks_check(s, existed)) {
+    free(existed);
     sr_fmt(err, errlen, "shard store: %s", s->err);
     sh_destroy(&s->base);
     return NULL;
   }
+  free(existed);
   return &s->base;
 nomem:
   sr_fmt(err, errlen, "shard store: out of memory");

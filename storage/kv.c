@@ -37,6 +37,7 @@ struct kv_db {
   rocksdb_cache_t *cache;
   rocksdb_readoptions_t *ro;
   rocksdb_writeoptions_t *wo;
+  rocksdb_writeoptions_t *wo_nowal; /* kv_writes: no write-ahead log */
   rocksdb_writebatch_t *wb;
   int n;                                /* families asked for */
   int n_all;                            /* families opened (default + asked + others) */
@@ -189,6 +190,8 @@ int kv_open(const char *path, int n, const uint32_t *table_ids, const kv_opts *o
   rocksdb_readoptions_set_verify_checksums(d->ro, 1);
   d->wo = rocksdb_writeoptions_create();
   rocksdb_writeoptions_disable_WAL(d->wo, 0);
+  d->wo_nowal = rocksdb_writeoptions_create();
+  rocksdb_writeoptions_disable_WAL(d->wo_nowal, 1);
   d->wb = rocksdb_writebatch_create();
   if (!(d->rd = kv_reader_create())) goto oom;
   goto out;
@@ -218,6 +221,7 @@ void kv_close(kv_db *d) {
   if (d->wb) rocksdb_writebatch_destroy(d->wb);
   if (d->ro) rocksdb_readoptions_destroy(d->ro);
   if (d->wo) rocksdb_writeoptions_destroy(d->wo);
+  if (d->wo_nowal) rocksdb_writeoptions_destroy(d->wo_nowal);
   if (d->opts) rocksdb_options_destroy(d->opts);
   if (d->bbo) rocksdb_block_based_options_destroy(d->bbo);
   if (d->cache) rocksdb_cache_destroy(d->cache);
@@ -370,19 +374,22 @@ int kv_batch_put(kv_db *d, int cf, uint64_t key, const void *val, size_t len) {
 
 size_t kv_batch_count(const kv_db *d) { return (size_t)rocksdb_writebatch_count(d->wb); }
 
-/* Write wb into d and clear it (nothing when empty). */
-static int batch_write(kv_db *d, rocksdb_writebatch_t *wb, char *err, size_t errlen) {
+/* Write wb into d with options wo and clear it (nothing when empty). */
+static int batch_write(kv_db *d, const rocksdb_writeoptions_t *wo, rocksdb_writebatch_t *wb,
+                       char *err, size_t errlen) {
   int rc = 0;
   char *e = NULL;
   if (rocksdb_writebatch_count(wb) == 0) return 0;
-  rocksdb_write(d->db, d->wo, wb, &e);
+  rocksdb_write(d->db, wo, wb, &e);
   rocksdb_writebatch_clear(wb);
   RCHECK(e, "write batch");
 out:
   return rc;
 }
 
-int kv_batch_commit(kv_db *d, char *err, size_t errlen) { return batch_write(d, d->wb, err, errlen); }
+int kv_batch_commit(kv_db *d, char *err, size_t errlen) {
+  return batch_write(d, d->wo, d->wb, err, errlen);
+}
 
 kv_writes *kv_writes_create(void) {
   kv_writes *w = calloc(1, sizeof *w);
@@ -406,7 +413,7 @@ void kv_writes_put(kv_writes *w, kv_db *d, int cf, uint64_t key, const void *val
 }
 
 int kv_writes_commit(kv_writes *w, kv_db *d, char *err, size_t errlen) {
-  return batch_write(d, w->wb, err, errlen);
+  return batch_write(d, d->wo_nowal, w->wb, err, errlen);
 }
 
 int kv_flush(kv_db *d, char *err, size_t errlen) {

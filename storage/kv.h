@@ -102,8 +102,12 @@ int kv_batch_commit(kv_db *db, char *err, size_t errlen);
  * thread other than the one using db's batch writes: puts of rows of db
  * gathered, then written in one RocksDB write by kv_writes_commit (the
  * batch is empty after, whether or not the write failed: 0 or SR_EIO).
- * RocksDB writes are thread-safe. create: NULL when out of memory;
- * destroy NULL-safe. */
+ * RocksDB writes are thread-safe. These writes skip RocksDB's write-ahead
+ * log: they are durable only once kv_flush (or kv_checkpoint, which
+ * flushes) returns, and a crash loses those since the last flush (the
+ * shard store's write-back, whose durability points are its checkpoint and
+ * its clean-stop mark, each after a flush). create: NULL when out of
+ * memory; destroy NULL-safe. */
 typedef struct kv_writes kv_writes;
 kv_writes *kv_writes_create(void);
 void kv_writes_put(kv_writes *w, kv_db *db, int cf, uint64_t key, const void *val, size_t len);
