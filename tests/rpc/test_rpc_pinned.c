@@ -29,8 +29,9 @@
 #include "tests/rpc/calls.h"
 #include "tests/rpc/server.h"
 
-#define DIM 128
-#define BIG 8000 /* ids of an unread Lookup: 4 MB of rows */
+#define DIM 512 /* 2 KiB rows: answered pinned (RPC_PIN_MIN_ROW_BYTES) */
+#define BIG 2000 /* ids of an unread Lookup: 4 MB of rows */
+#define SMALL 250
 #define ROW_BYTES (DIM * 4)
 
 static char *dir;
@@ -248,7 +249,7 @@ static float *grads(size_t n, float v) {
 /* An unread answer's bytes survive a Push to its rows and evictions
  * around them; the rows after the push are the pushed ones. */
 START_TEST(test_sent_bytes_never_change) {
-  start(20000, "");
+  start(5000, "");
   uint64_t *ids = id_range(1000, BIG);
   float *before = malloc(BIG * ROW_BYTES), *got = malloc(BIG * ROW_BYTES);
   oracle_rows(ids, BIG, before);
@@ -265,12 +266,12 @@ START_TEST(test_sent_bytes_never_change) {
   float *after = malloc(BIG * ROW_BYTES);
   oracle_rows(ids, BIG, after);
   ck_assert(memcmp(before, after, BIG * ROW_BYTES) != 0); /* the push changed them */
-  /* Rows pushed: a Lookup now sees them. (Beside the 8000 held, 8000 more
-   * do not fit the room pins may take in a cache of 20000: this one and
+  /* Rows pushed: a Lookup now sees them. (Beside the 2000 held, 2000 more
+   * do not fit the room pins may take in a cache of 5000: this one and
    * those below are gathered, the fallback.) */
   lookup_read(1, ids, BIG, got);
   ck_assert(memcmp(got, after, BIG * ROW_BYTES) == 0);
-  /* 4 x 8000 other rows through a cache of 20000 (8000 held, 8000 the
+  /* 4 x 2000 other rows through a cache of 5000 (2000 held, 2000 the
    * pushed copies): evictions, the pinned slots skipped, never waited for. */
   for (int k = 0; k < 4; k++) {
     uint64_t *o = id_range(100000 + (uint64_t)k * BIG, BIG);
@@ -302,7 +303,7 @@ END_TEST
 START_TEST(test_client_never_reads) {
   /* Budget 16 MiB: a BIG Lookup takes 3 x 4 MB while it is built and
    * keeps 4 MB pinned; two of them leave too little for a third. */
-  start(40000, "--inflight-mb 16");
+  start(10000, "--inflight-mb 16");
   grpc_channel *ch = slow_channel();
   grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
   raw_call c[2];
@@ -319,21 +320,21 @@ START_TEST(test_client_never_reads) {
   }
   uint64_t held = wait_pinned(2 * BIG);
   ck_assert_uint_ge(held, 2 * BIG * ROW_BYTES); /* the pinned bytes count in the budget */
-  /* Others go on: small Lookups of 30000 fresh rows (evicting around the
-   * 16000 pinned ones in a cache of 40000) and a Push to pinned rows. */
+  /* Others go on: small Lookups of 7500 fresh rows (evicting around the
+   * 4000 pinned ones in a cache of 10000) and a Push to pinned rows. */
   float *got = malloc(BIG * ROW_BYTES), *want = malloc(BIG * ROW_BYTES);
   for (int k = 0; k < 30; k++) {
-    uint64_t *o = id_range(200000 + (uint64_t)k * 1000, 1000);
-    lookup_read(1, o, 1000, got);
-    oracle_rows(o, 1000, want);
-    ck_assert(memcmp(got, want, 1000 * ROW_BYTES) == 0);
+    uint64_t *o = id_range(200000 + (uint64_t)k * SMALL, SMALL);
+    lookup_read(1, o, SMALL, got);
+    oracle_rows(o, SMALL, want);
+    ck_assert(memcmp(got, want, SMALL * ROW_BYTES) == 0);
     free(o);
   }
-  float *g = grads(1000, -0.5f);
-  push_both(1, ids[0], 1000, g);
-  lookup_read(2, ids[0], 1000, got);
-  oracle_rows(ids[0], 1000, want);
-  ck_assert(memcmp(got, want, 1000 * ROW_BYTES) == 0);
+  float *g = grads(SMALL, -0.5f);
+  push_both(1, ids[0], SMALL, g);
+  lookup_read(2, ids[0], SMALL, got);
+  oracle_rows(ids[0], SMALL, want);
+  ck_assert(memcmp(got, want, SMALL * ROW_BYTES) == 0);
   /* A third large Lookup finds no room: refused, naming the budget. */
   size_t len;
   uint64_t *more = id_range(500000, BIG);
