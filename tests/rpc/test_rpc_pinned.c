@@ -16,7 +16,9 @@
  *     against --inflight-mb (a further large Lookup is refused
  *     RESOURCE_EXHAUSTED "in-flight memory budget"); once the calls'
  *     deadline passes the pins are released (Stats 0) and the budget is
- *     there again. */
+ *     there again.
+ *   - Python grpcio decodes a pinned answer (a slice per row, no padding
+ *     field) to the rows the C client gets. */
 #include <check.h>
 
 #include "tests/check_main.h"
@@ -372,9 +374,62 @@ START_TEST(test_client_never_reads) {
 }
 END_TEST
 
+/* A pinned answer (one slice per row, no padding) decoded by Python
+ * grpcio with stubs generated from rpc/shardrec.proto: the rows the C
+ * client gets, the local store's bits. */
+START_TEST(test_pinned_python_interop) {
+  start(5000, "");
+  const char *src = getenv("SHARDREC_SRC");
+  ck_assert_ptr_nonnull(src);
+  char *out;
+  int rc = run_cmd(&out, "mkdir -p %s/py && (/usr/bin/python3 -m grpc_tools.protoc -I%s "
+                         "--python_out=%s/py --grpc_python_out=%s/py %s/rpc/shardrec.proto "
+                         "2>/dev/null || protoc -I%s --python_out=%s/py --grpc_out=%s/py "
+                         "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin %s/rpc/shardrec.proto)",
+                   dir, src, dir, dir, src, src, dir, dir, src);
+  ck_assert_msg(rc == 0, "python stubs: %s", out);
+  free(out);
+  enum { N = 300 };
+  uint64_t *ids = id_range(77, N);
+  float *c_rows = malloc(N * ROW_BYTES), *want = malloc(N * ROW_BYTES), *py = malloc(N * ROW_BYTES + 1);
+  lookup_read(0, ids, N, c_rows);
+  oracle_rows(ids, N, want);
+  ck_assert(memcmp(c_rows, want, N * ROW_BYTES) == 0);
+  char script[600], pyb[600];
+  snprintf(script, sizeof script, "%s/client.py", dir);
+  snprintf(pyb, sizeof pyb, "%s/py.bin", dir);
+  FILE *f = fopen(script, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f,
+          "import sys, grpc\n"
+          "sys.path.insert(0, '%s/py')\n"
+          "from rpc import shardrec_pb2 as pb, shardrec_pb2_grpc as pbg\n"
+          "ch = grpc.insecure_channel('%s', options=[('grpc.max_receive_message_length', 64 << 20)])\n"
+          "q = pb.LookupRequest(header=pb.RequestHeader(plan_fingerprint='%s', job_id='pinned', "
+          "step=1, rank=0, world_size=1))\n"
+          "q.tables.add(table_id=%u, ids=range(77, 77 + %d))\n"
+          "a = pbg.EmbeddingShardStub(ch).Lookup(q, timeout=60)\n"
+          "assert len(a.tables) == 1 and a.tables[0].dim == %d and a.incarnation != 0\n"
+          "open('%s', 'wb').write(a.tables[0].rows)\n",
+          dir, srv.addr, fp, plan->tables[0].table_id, N, DIM, pyb);
+  fclose(f);
+  rc = run_cmd(&out, "/usr/bin/python3 %s", script);
+  ck_assert_msg(rc == 0, "python client: %s", out);
+  free(out);
+  FILE *pf = fopen(pyb, "rb");
+  ck_assert_ptr_nonnull(pf);
+  size_t got = fread(py, 1, N * ROW_BYTES + 1, pf);
+  fclose(pf);
+  ck_assert_uint_eq(got, N * ROW_BYTES);
+  ck_assert(memcmp(py, want, N * ROW_BYTES) == 0);
+  free(ids), free(c_rows), free(want), free(py);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("rpc_pinned");
-  const TTest *tests[] = {test_sent_bytes_never_change, test_client_never_reads, NULL};
+  const TTest *tests[] = {test_sent_bytes_never_change, test_client_never_reads,
+                          test_pinned_python_interop, NULL};
   calls_tcase(s, "pinned", 300, setup, teardown, tests);
   return sr_check_run(s);
 }
