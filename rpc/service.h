@@ -158,7 +158,8 @@ typedef struct rpc_reply {
 /* The in-flight budget. Every Lookup and Push takes its share before it
  * allocates: twice the request's bytes (its copy and its decoded form),
  * and for a Lookup three times its answer's (the rows, the packed answer
- * and gRPC's copy). Past the budget a call waits up to inflight_wait_s for
+ * and gRPC's copy; an answer sent pinned gives two of them back once the
+ * rows are pinned and keeps the rest until rpc_pinned_release). Past the budget a call waits up to inflight_wait_s for
  * calls in flight to give theirs back, then is refused RESOURCE_EXHAUSTED
  * naming the numbers (Stats: inflight_refused); a call larger than the
  * whole budget runs when nothing else is in flight. So the memory of the
