@@ -1217,7 +1217,8 @@ void rpc_service_inspect(rpc_service *s, void (*fn)(void *ctx, const rpc_service
   rpc_coord_stats cs;
   pthread_mutex_lock(&s->mu);
   rpc_coord_stats_get(s->coord, &cs);
-  rpc_service_view v = {s->store, &cs, s->failed, s->incarnation, s->fp};
+  rpc_service_view v = {s->store, &cs, s->failed, s->incarnation, s->fp,
+                        atomic_load(&s->pin_rows), atomic_load(&s->pin_bytes)};
   fn(ctx, &v);
   pthread_mutex_unlock(&s->mu);
 }

@@ -296,6 +296,7 @@ typedef struct rpc_service_view {
   const struct rpc_coord_stats *coord;
   uint64_t failed, incarnation;
   const char *plan_fp;
+  uint64_t pinned_rows, pinned_bytes; /* Stats' pinned_rows, pinned_bytes */
 } rpc_service_view;
 void rpc_service_inspect(rpc_service *s, void (*fn)(void *ctx, const rpc_service_view *v),
                          void *ctx);
