@@ -24,7 +24,12 @@
  * MLPerf-like one (dim 128, 13-512-256-128 / 1024-1024-512-256-1) at batch
  * 2048, on generated data, in process and against 2 `shardrec serve` child
  * processes on loopback (a 2-shard row-wise plan), with the ratio and the
- * trainer's per-phase times of both runs (where the time goes). */
+ * trainer's per-phase times of both runs (where the time goes).
+ *
+ * --part pinned: Lookups from two shard-store servers of the same cached
+ * rows, timed in turn, one answering from the store's memory (pinned rows,
+ * rpc_server_opts.pin_min_row_bytes 1) and one gathering (never pinned),
+ * the ratio that RPC_PIN_MIN_ROW_BYTES was chosen from. */
 #include <arpa/inet.h>
 #include <getopt.h>
 #include <netinet/in.h>
