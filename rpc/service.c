@@ -88,6 +88,8 @@ struct rpc_service {
   void *observe_ctx;
   size_t pin_min;       /* rows of at least this many bytes answered pinned; 0: never */
   atomic_uint_least64_t pin_rows, pin_bytes; /* held by pinned answers not yet released */
+  atomic_size_t refs;   /* rpc_service_destroy's and one per pinned answer not released:
+                           the last frees the lock, the budget's condition and s */
 };
 
 /* The coordinator's apply callback: a step's rows into the store (s->mu held). */
@@ -161,6 +163,7 @@ rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
   }
   rpc_service *s = calloc(1, sizeof *s);
   if (!s) goto nomem;
+  atomic_init(&s->refs, 1);
   s->plan = plan;
   s->store = store;
   s->read_only = o->read_only;
@@ -238,16 +241,25 @@ nomem:
   return NULL;
 }
 
+/* One reference to s dropped; the last frees what a pinned answer's
+ * release touches (rpc_pinned_release may come after rpc_service_destroy:
+ * gRPC lets the last slices of a cancelled call go when it likes). */
+static void svc_unref(rpc_service *s) {
+  if (atomic_fetch_sub(&s->refs, 1) != 1) return;
+  pthread_cond_destroy(&s->room);
+  pthread_mutex_destroy(&s->mu);
+  free(s);
+}
+
 void rpc_service_destroy(rpc_service *s) {
   if (!s) return;
   rpc_coord_destroy(s->coord);
-  pthread_cond_destroy(&s->room);
-  pthread_mutex_destroy(&s->mu);
+  s->coord = NULL;
   for (int i = 0; i < s->n_roots; i++) free(s->roots[i]);
   free(s->roots);
   free(s->served);
   free(s->shards);
-  free(s);
+  svc_unref(s);
 }
 
 size_t rpc_service_max_ids_for(const emb_plan *plan, size_t max_message_bytes) {
@@ -657,6 +669,7 @@ void rpc_pinned_release(rpc_pinned *a) {
   rpc_service_release(s, a->held);
   free(a->head);
   free(a);
+  svc_unref(s);
 }
 
 void rpc_service_pin_answers(rpc_service *s, size_t min_row_bytes) { s->pin_min = min_row_bytes; }
@@ -741,6 +754,7 @@ static int answer_pinned(rpc_service *s, const Shardrec__V1__LookupRequest *q, c
   if (!rc) {
     *a = (rpc_pinned){.s = s, .unpin = s->store->ops->pins_release, .pins = pins, .head = head};
     pinned_layout(a, q, idx, (const float *const *const *)rows);
+    atomic_fetch_add(&s->refs, 1); /* for rpc_pinned_release */
     atomic_fetch_add(&s->pin_rows, a->rows);
     atomic_fetch_add(&s->pin_bytes, a->bytes);
     const size_t back = 2 * answer_bound(s, q->tables, q->n_tables, idx);

@@ -129,7 +129,8 @@ const rpc_piece *rpc_pinned_pieces(const rpc_pinned *a, size_t *n, const uint8_t
 /* Once nothing reads a's bytes any more (gRPC dropped its last reference:
  * the answer was sent, or its call cancelled): the rows' pins and the
  * answer's share of the in-flight budget given back, a freed. Any thread,
- * no lock held; once. NULL-safe. */
+ * no lock held; once; also after rpc_service_destroy (what it touches of
+ * the service goes with the last release). NULL-safe. */
 void rpc_pinned_release(rpc_pinned *a);
 
 /* Let rpc_service_handle_call answer Lookups with pinned rows (r->pinned)
