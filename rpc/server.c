@@ -23,6 +23,11 @@
  * parked entry (until answered) and by its close batch; the last one frees
  * it.
  *
+ * A Lookup answered from the store's memory (rpc_reply.pinned) goes out as
+ * a byte buffer of slices into the store's slots (rpc__bb_pinned); its
+ * share of the budget and the rows' pins go when gRPC drops the last of
+ * them (the send finished, or the call was cancelled), not when c is freed.
+ *
  * Shutdown (grpc-core.md): grpc_server_shutdown_and_notify on a queue of its
  * own while the workers still poll; after the grace period
  * grpc_server_cancel_all_calls; once notified, each worker shuts down its
