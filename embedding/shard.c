@@ -57,12 +57,28 @@
  *      it travels with the row.
  * flush, checkpoint, iterate, mark_clean and restore first wait for every
  * read and write (drain); a write that failed is reported (SR_EIO, the
- * RocksDB message) by every later call until a restore: rows were lost. */
+ * RocksDB message) by every later call until a restore: rows were lost.
+ *
+ * Send pins (lookup_pinned: answers sent from the slots, rpc/service.c).
+ * Besides its pin count a slot has a send count, sends->cnt[slot], one per
+ * answer being sent from it: raised by the caller (under its lock),
+ * dropped by sh_pins_release from any thread (gRPC's, with no lock), so
+ * it is atomic and the caller only ever reads it. A slot with a send count
+ * is never written: eviction skips it (and never waits for it), and a push
+ * to its row first moves the row (value and state) to a fresh slot that
+ * the map points to from then on; the old slot is left DETACHED, out of
+ * the map, and taken by the CLOCK hand once its counts are 0 (a restore
+ * leaves every slot DETACHED the same way while any is sent from). The
+ * slots sent from, sends->held, count with the prefetch pins against
+ * pf_limit (prefetch_one, sh_lookup_pinned), so a chunk still always finds
+ * a slot. The counts and the slab outlive the store while answers are out
+ * (sends_unref). */
 #include "embedding/shard.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +102,7 @@
 #define F_DIRTY 2u
 #define F_LOADING 4u /* a read job is filling the slot */
 #define F_FAILED 8u  /* the slot's read failed: read again when used */
+#define F_DETACHED 16u /* out of the map, left to answers being sent (see the top) */
 #define NONE32 UINT32_MAX
 
 typedef struct {
@@ -124,6 +141,23 @@ typedef struct sh_wbuf {
   int rc;
   char err[1024];
 } sh_wbuf;
+
+/* The send counts (see the top): one per slot; refs: the store's and one
+ * per pin set out; slab: the store's slots, freed here once the store is
+ * gone and the last pin set released. */
+typedef struct sh_sends {
+  atomic_size_t refs;
+  atomic_uint held;      /* slots whose count is not 0 */
+  unsigned char *slab;   /* owned once the store is destroyed */
+  atomic_uint cnt[];     /* [cap] */
+} sh_sends;
+
+/* One answer's send pins (store.h's emb_pins). */
+struct emb_pins {
+  sh_sends *sends;
+  size_t n;
+  uint32_t slot[];       /* [n] a slot once per row sent */
+};
 
 /* The slots one prefetched step pinned. */
 typedef struct {
@@ -173,6 +207,7 @@ struct shstore {
   sh_pinset *pf;          /* [n_pf] steps in increasing order */
   int n_pf, cap_pf;
   size_t pf_pinned, pf_limit; /* sum of the lists' lengths; its bound */
+  sh_sends *sends;        /* NULL until the first lookup_pinned */
   /* store threads (see the top) */
   pthread_mutex_t mu;
   pthread_cond_t cv_work, cv_done;
@@ -205,6 +240,14 @@ static inline sh_meta *slot_meta(const shstore *s, uint32_t i) {
 }
 static inline float *slot_row(const shstore *s, uint32_t i) {
   return (float *)(s->slab + (size_t)i * s->slot_bytes + sizeof(sh_meta));
+}
+/* Answers being sent from slot i now (see the top). */
+static inline unsigned slot_sent(const shstore *s, uint32_t i) {
+  return s->sends ? atomic_load_explicit(&s->sends->cnt[i], memory_order_acquire) : 0;
+}
+/* Slots answers are being sent from now. */
+static inline size_t sends_held(const shstore *s) {
+  return s->sends ? atomic_load_explicit(&s->sends->held, memory_order_relaxed) : 0;
 }
 static inline uint32_t key_tag(uint32_t t, uint64_t key) {
   return (uint32_t)sr_mix64(key ^ ((uint64_t)(t + 1) * 0x9E3779B97F4A7C15ULL));
@@ -588,7 +631,8 @@ static uint32_t slot_alloc(shstore *s) {
     uint32_t i = s->hand;
     s->hand = s->hand + 1 == s->cap ? 0 : s->hand + 1;
     sh_meta *m = slot_meta(s, i);
-    if (m->pins || (m->flags & F_LOADING)) continue;
+    if (m->pins || (m->flags & F_LOADING) || slot_sent(s, i)) continue;
+    if (m->flags & F_DETACHED) return i; /* a row's old copy, sent: free */
     if (m->flags & F_REF) {
       m->flags &= (uint16_t)~F_REF;
       continue;
@@ -790,7 +834,7 @@ static int check_ids(shstore *s, const emb_idset *ids, const char *what) {
 /* Pin one id for p: a resident row (counted cached), else a new slot read
  * by a job. 1 when the pin limit is reached (nothing pinned). */
 static int prefetch_one(shstore *s, sh_pinset *p, uint32_t t, uint64_t id) {
-  if (s->pf_pinned >= s->pf_limit || pins_reserve(p)) return 1;
+  if (s->pf_pinned + sends_held(s) >= s->pf_limit || pins_reserve(p)) return 1;
   size_t h = probe(s, key_tag(t, id), t, id);
   uint32_t slot;
   if (s->map[h].slot1) {
@@ -892,10 +936,33 @@ typedef struct {
   const float *const *grads;
 } push_ctx;
 
+/* Item i's row where a push may write it: a slot an answer is being sent
+ * from (or a copy of it left for one) is first replaced by the row's copy
+ * in a fresh slot (see the top), or by the copy an earlier item of the
+ * chunk made. The chunk's pin moves with it. */
+static void slot_unshare(shstore *s, size_t i) {
+  uint32_t x = s->it_slot[i], t = s->it_t[i];
+  if (!slot_sent(s, x) && !(slot_meta(s, x)->flags & F_DETACHED)) return;
+  uint64_t id = s->it_id[i];
+  uint32_t tag = key_tag(t, id), y = s->map[probe(s, tag, t, id)].slot1 - 1;
+  if (y == x) {
+    y = slot_alloc(s); /* never x: pinned */
+    memcpy(slot_meta(s, y), slot_meta(s, x), s->slot_bytes);
+    slot_meta(s, y)->pins = 0;
+    s->map[probe(s, tag, t, id)].slot1 = y + 1; /* after the eviction's shifts */
+    slot_meta(s, x)->flags = F_DETACHED;
+    s->ctr.send_copies++;
+  }
+  slot_meta(s, x)->pins--;
+  slot_meta(s, y)->pins++;
+  s->it_slot[i] = y;
+}
+
 static void push_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
   push_ctx *c = vctx;
   const emb_plan *plan = s->base.plan;
   for (size_t i = 0; i < n; i++) {
+    if (s->sends) slot_unshare(s, i);
     uint32_t t = s->it_t[i];
     int dim = s->dim[t];
     float *row = slot_row(s, s->it_slot[i]);
@@ -1024,6 +1091,105 @@ static int sh_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, flo
 }
 
 static int sh_lookup_wait(emb_store *b) { return ((shstore *)b)->last_lookup_rc; }
+
+/* ---- send pins (see the top) ---- */
+
+static void sends_unref(sh_sends *d) {
+  if (atomic_fetch_sub_explicit(&d->refs, 1, memory_order_acq_rel) != 1) return;
+  free(d->slab);
+  free(d);
+}
+
+/* The store's send counts, made at the first lookup_pinned. */
+static sh_sends *sends_get(shstore *s) {
+  if (!s->sends && (s->sends = calloc(1, sizeof *s->sends + s->cap * sizeof(atomic_uint)))) {
+    atomic_init(&s->sends->refs, 1);
+    atomic_init(&s->sends->held, 0);
+    for (uint32_t i = 0; i < s->cap; i++) atomic_init(&s->sends->cnt[i], 0);
+  }
+  return s->sends;
+}
+
+static void sh_pins_release(emb_pins *p) {
+  if (!p) return;
+  sh_sends *d = p->sends;
+  for (size_t i = 0; i < p->n; i++)
+    if (atomic_fetch_sub_explicit(&d->cnt[p->slot[i]], 1, memory_order_acq_rel) == 1)
+      atomic_fetch_sub_explicit(&d->held, 1, memory_order_relaxed);
+  free(p);
+  sends_unref(d);
+}
+
+typedef struct {
+  const float **const *rows;
+  emb_pins *p;
+} pinned_ctx;
+
+/* The chunk's rows pointed at and send-pinned (the chunk pins them now). */
+static void pinned_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
+  pinned_ctx *c = vctx;
+  sh_sends *d = s->sends;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t slot = s->it_slot[i];
+    c->rows[s->it_t[i]][it_r[i]] = slot_row(s, slot);
+    c->p->slot[c->p->n++] = slot;
+    if (atomic_fetch_add_explicit(&d->cnt[slot], 1, memory_order_relaxed) == 0)
+      atomic_fetch_add_explicit(&d->held, 1, memory_order_relaxed);
+  }
+}
+
+/* Rows of ids a lookup would count as hits: resident, loaded, not failed. */
+static uint64_t count_hits(const shstore *s, const emb_idset *ids) {
+  uint64_t hits = 0;
+  for (int t = 0; t < s->n_tables; t++)
+    for (size_t r = 0; r < ids->counts[t]; r++) {
+      uint64_t id = ids->ids[t][r];
+      uint32_t s1 = s->map[probe(s, key_tag((uint32_t)t, id), (uint32_t)t, id)].slot1;
+      hits += s1 && !(slot_meta(s, s1 - 1)->flags & (F_LOADING | F_FAILED));
+    }
+  return hits;
+}
+
+/* The lookup_pinned op (store.h): the rows resolved chunk by chunk as a
+ * lookup's misses are, each slot send-pinned once per row. */
+static int sh_lookup_pinned(emb_store *b, int64_t step, const emb_idset *ids,
+                            const float **const *rows, emb_pins **pins) {
+  shstore *s = (shstore *)b;
+  *pins = NULL;
+  int rc = check_ids(s, ids, "lookup");
+  if (!rc) rc = call_begin(s, step);
+  if (rc) return rc;
+  size_t total = 0;
+  for (int t = 0; t < s->n_tables; t++) total += ids->counts[t];
+  size_t held = sends_held(s);
+  if (held + s->pf_pinned + total > s->pf_limit) {
+    sr_fmt(s->err, sizeof s->err,
+           "lookup: %zu rows cannot be pinned for sending: %zu of the cache's %u slots are "
+           "pinned by answers being sent and %zu by look-aheads",
+           total, held, s->cap, s->pf_pinned);
+    return SR_ESTATE;
+  }
+  emb_pins *p = sends_get(s) ? malloc(sizeof *p + (total ? total : 1) * sizeof(uint32_t)) : NULL;
+  if (!p) {
+    sr_fmt(s->err, sizeof s->err, "shard store: out of memory");
+    return SR_ENOMEM;
+  }
+  p->sends = s->sends;
+  p->n = 0;
+  atomic_fetch_add_explicit(&s->sends->refs, 1, memory_order_relaxed);
+  uint64_t hits = count_hits(s, ids), dummy = 0;
+  pinned_ctx c = {rows, p};
+  rc = for_chunks(s, ids, s->mitem + s->chunk, pinned_act, &c, &dummy);
+  wbuf_submit(s);
+  if (rc) {
+    sh_pins_release(p);
+    return rc;
+  }
+  s->st.lookups += total;
+  s->st.hits += hits;
+  *pins = p;
+  return 0;
+}
 
 static int sh_flush(emb_store *b);
 
@@ -1193,8 +1359,15 @@ static void drop_cache(shstore *s) {
   s->n_pf = 0;
   s->pf_pinned = 0;
   memset(s->map, 0, (s->mask + 1) * sizeof *s->map);
-  s->used = 0;
   s->hand = 0;
+  if (sends_held(s)) { /* answers are sent from some: every slot detached, taken when free */
+    for (uint32_t i = 0; i < s->used; i++) {
+      slot_meta(s, i)->flags = F_DETACHED;
+      slot_meta(s, i)->pins = 0;
+    }
+    return;
+  }
+  s->used = 0;
 }
 
 static int sh_checkpoint(emb_store *b, const char *path) {
@@ -1448,7 +1621,12 @@ static void sh_destroy(emb_store *b) {
   free(s->shard_db);
   free(s->dim);
   free(s->slen);
-  free(s->slab);
+  if (s->sends) { /* answers still out keep the slots until their release */
+    s->sends->slab = s->slab;
+    sends_unref(s->sends);
+  } else {
+    free(s->slab);
+  }
   free(s->map);
   free(s->it_t);
   free(s->it_id);
@@ -1472,6 +1650,8 @@ static const emb_store_ops shard_ops = {
     .lookup_begin = sh_lookup_begin,
     .lookup_wait = sh_lookup_wait,
     .prefetch = sh_prefetch,
+    .lookup_pinned = sh_lookup_pinned,
+    .pins_release = sh_pins_release,
     .push = sh_push,
     .flush = sh_flush,
     .checkpoint = sh_checkpoint,
@@ -1504,6 +1684,7 @@ int emb_shard_counters_get(emb_store *b, emb_shard_counters *out) {
   out->cache_rows = s->cap;
   out->cache_used = s->used;
   out->pinned = s->pf_pinned;
+  out->send_held = sends_held(s);
   return 0;
 }
 

@@ -119,6 +119,8 @@ typedef struct emb_shard_counters {
   uint64_t wb_full_waits;   /* times the caller found every write buffer in use */
   uint64_t wb_wait_ns;      /* of wait_ns, the time waiting for a free write buffer */
   uint64_t pinned;          /* prefetch pins held now (a slot pinned by two steps counts 2) */
+  uint64_t send_held;       /* slots answers are being sent from now (lookup_pinned) */
+  uint64_t send_copies;     /* rows a push moved to a fresh slot: their old one was being sent */
 } emb_shard_counters;
 int emb_shard_counters_get(emb_store *s, emb_shard_counters *out);
 

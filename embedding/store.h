@@ -23,6 +23,7 @@
 #include "embedding/plan.h"
 
 typedef struct emb_store emb_store;
+typedef struct emb_pins emb_pins; /* rows pinned by lookup_pinned (the store's) */
 
 /* The unique ids of one step, per table. Borrowed: the caller keeps them
  * alive and unchanged until the matching lookup_wait (or push) returns. */
@@ -133,6 +134,25 @@ typedef struct emb_store_ops {
    * checkpoint hands and looks up steps from the checkpoint's on, below
    * steps handed before it); the restore is the only "drop" there is. */
   int (*prefetch)(emb_store *s, int64_t step, const emb_idset *ids);
+  /* Lookup without a copy (NULL: not offered; only the shard store offers
+   * it, the local, remote and routed stores keep lookup_begin's gather).
+   * Every row of ids is made resident as lookup_begin does (the same
+   * misses, init values and counters: the bits are lookup_begin's) and
+   * rows[t][r] (the caller's arrays, counts[t] entries each) gets a pointer
+   * to row r of table t (dim floats) in the store's memory, pinned for the
+   * answer: until the pins are released, nothing the store does (a push,
+   * an eviction, a flush, a checkpoint, a restore) changes those bytes. A
+   * push to a pinned row writes a copy of it (the lookups after see the
+   * push; the pinned bytes stay as they were); eviction skips pinned rows
+   * and never waits for them. *pins gets the handle to give to
+   * pins_release, once, from any thread, without the store's caller's lock
+   * (it may even come after destroy, which leaves the pinned memory to the
+   * last release). SR_ESTATE with nothing pinned when pinning the rows
+   * would leave the cache too few free slots (the caller gathers them with
+   * lookup_begin instead); other failures as lookup_begin's. */
+  int (*lookup_pinned)(emb_store *s, int64_t step, const emb_idset *ids,
+                       const float **const *rows, struct emb_pins **pins);
+  void (*pins_release)(struct emb_pins *pins); /* NULL-safe; any thread */
   /* Apply step's summed row gradients: grads[t][r*dim..] is the gradient of
    * row ids->ids[t][r]. lr is the step's learning rate. Where each row
    * lives, its optimizer runs once (a row never pushed starts from its

@@ -8,12 +8,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <time.h>
 
 #include "common/status.h"
 #include "rpc/client.h"
 #include "rpc/grpc_util.h"
+#include "rpc/service.h"
 
 int rpc__bb_read(grpc_byte_buffer *bb, uint8_t **out, size_t *len) {
   *out = NULL;
@@ -69,6 +71,54 @@ grpc_byte_buffer *rpc__bb_take(uint8_t *data, size_t len) {
   grpc_slice sl = grpc_slice_new(data, len, free);
   grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
   grpc_slice_unref(sl);
+  return bb;
+}
+
+/* The two base slices' shared hold on a pinned answer. */
+typedef struct {
+  atomic_int refs;
+  rpc_pinned *a;
+} pinned_hold;
+
+static void pinned_unref(void *p) {
+  pinned_hold *h = p;
+  if (atomic_fetch_sub(&h->refs, 1) != 1) return;
+  rpc_pinned_release(h->a);
+  free(h);
+}
+
+grpc_byte_buffer *rpc__bb_pinned(rpc_pinned *a) {
+  size_t n, head_len;
+  const uint8_t *head;
+  const rpc_piece *pc = rpc_pinned_pieces(a, &n, &head, &head_len);
+  const uint8_t *lo = NULL, *hi = NULL; /* the rows' span */
+  for (size_t i = 0; i < n; i++)
+    if (!pc[i].in_head) {
+      if (!lo || pc[i].p < lo) lo = pc[i].p;
+      if (!hi || pc[i].p + pc[i].n > hi) hi = pc[i].p + pc[i].n;
+    }
+  pinned_hold *h = malloc(sizeof *h);
+  grpc_byte_buffer *bb = h ? grpc_raw_byte_buffer_create(NULL, 0) : NULL;
+  if (!bb) {
+    free(h);
+    rpc_pinned_release(a);
+    return NULL;
+  }
+  atomic_init(&h->refs, lo ? 2 : 1);
+  h->a = a;
+  /* Base slices over the head and the rows' span (never sent themselves):
+   * every piece is a sub-slice holding one reference to its base. */
+  grpc_slice bh = grpc_slice_new_with_user_data((void *)head, head_len, pinned_unref, h);
+  grpc_slice br = lo ? grpc_slice_new_with_user_data((void *)lo, (size_t)(hi - lo), pinned_unref, h)
+                     : grpc_empty_slice();
+  grpc_slice_buffer *sb = &bb->data.raw.slice_buffer;
+  for (size_t i = 0; i < n; i++) {
+    const grpc_slice *base = pc[i].in_head ? &bh : &br;
+    size_t at = (size_t)(pc[i].p - GRPC_SLICE_START_PTR(*base));
+    grpc_slice_buffer_add(sb, grpc_slice_sub(*base, at, at + pc[i].n));
+  }
+  grpc_slice_unref(bh);
+  grpc_slice_unref(br);
   return bb;
 }
 

@@ -26,6 +26,13 @@ grpc_byte_buffer *rpc__bb_make(const uint8_t *data, size_t len);
  * which gRPC frees once the last reference to it goes (after the message
  * is sent). NULL data: an empty buffer. */
 grpc_byte_buffer *rpc__bb_take(uint8_t *data, size_t len);
+/* A byte buffer over a pinned Lookup answer's pieces without a copy
+ * (rpc/service.h): each piece a sub-slice of one of two base slices (the
+ * answer's head, the rows' span in the store), which hold a between them;
+ * gRPC dropping the last of them calls rpc_pinned_release (any thread).
+ * Takes a; NULL when out of memory (a released). */
+typedef struct rpc_pinned rpc_pinned;
+grpc_byte_buffer *rpc__bb_pinned(rpc_pinned *a);
 /* Server TLS whose certificate, key and client CA can be reloaded from
  * their files while serving: gRPC asks the fetcher for its certificate
  * config at each handshake, and rpc__tls_server_reload hands it the files'

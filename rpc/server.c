@@ -23,6 +23,11 @@
  * parked entry (until answered) and by its close batch; the last one frees
  * it.
  *
+ * A Lookup answered from the store's memory (rpc_reply.pinned) goes out as
+ * a byte buffer of slices into the store's slots (rpc__bb_pinned); its
+ * share of the budget and the rows' pins go when gRPC drops the last of
+ * them (the send finished, or the call was cancelled), not when c is freed.
+ *
  * Shutdown (grpc-core.md): grpc_server_shutdown_and_notify on a queue of its
  * own while the workers still poll; after the grace period
  * grpc_server_cancel_all_calls; once notified, each worker shuts down its
@@ -159,7 +164,7 @@ static void reply(worker *w, call_ctx *c, int status, const char *msg, uint8_t *
   n++;
   if (status != RPC_OK) free(body);
   if (status == RPC_OK) {
-    c->send = rpc__bb_take(body, len);
+    if (!c->send) c->send = rpc__bb_take(body, len); /* else a pinned answer's (reply_answer) */
     ops[n].op = GRPC_OP_SEND_MESSAGE;
     ops[n].data.send_message.send_message = c->send;
     n++;
@@ -182,6 +187,22 @@ static void reply(worker *w, call_ctx *c, int status, const char *msg, uint8_t *
     return;
   }
   w->live++;
+}
+
+/* Answer c's call with r (the service's reply: r->out or r->pinned); a
+ * pinned answer's budget share is given back when gRPC releases its
+ * rows (rpc__bb_pinned), the rest (r->held) when c is freed. late: the
+ * deadline passed while it was handled: DEADLINE_EXCEEDED instead. */
+static void reply_answer(worker *w, call_ctx *c, rpc_reply *r, int late) {
+  c->held = r->held;
+  if (r->pinned && (r->status != RPC_OK || late)) rpc_pinned_release(r->pinned);
+  else if (r->pinned && !(c->send = rpc__bb_pinned(r->pinned))) {
+    reply(w, c, RPC_RESOURCE_EXHAUSTED, "out of memory for the answer", NULL, 0);
+    return;
+  }
+  r->pinned = NULL;
+  if (late) reply(w, c, RPC_DEADLINE_EXCEEDED, "deadline passed while handling the call", r->out, 0);
+  else reply(w, c, r->status, r->msg, r->out, r->out_len);
 }
 
 /* 1 when name is in the list "A,B,...". */
@@ -311,12 +332,8 @@ static int handle(worker *w, call_ctx *c) {
     defer_call(w->st, c);
     return 1;
   }
-  c->held = r.held;
-  if (r.status == RPC_OK &&
-      gpr_time_cmp(c->deadline, gpr_now(c->deadline.clock_type)) < 0)
-    reply(w, c, RPC_DEADLINE_EXCEEDED, "deadline passed while handling the call", r.out, 0);
-  else
-    reply(w, c, r.status, r.msg, r.out, r.out_len);
+  reply_answer(w, c, &r,
+               r.status == RPC_OK && gpr_time_cmp(c->deadline, gpr_now(c->deadline.clock_type)) < 0);
   return 0;
 }
 
@@ -361,8 +378,7 @@ static void answer_woken(server_state *st) {
     for (int i = 0; i < n; i++) {
       call_ctx *c = wk[i].token;
       worker *owner = c->owner;
-      c->held = wk[i].r.held;
-      reply(owner, c, wk[i].r.status, wk[i].r.msg, wk[i].r.out, wk[i].r.out_len);
+      reply_answer(owner, c, &wk[i].r, 0);
       owner->live--; /* no longer parked (reply counted its batch first) */
     }
   } while (n == 16);
@@ -506,6 +522,7 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
   }
   rpc_malloc_tune();
   rpc_global_init();
+  rpc_service_pin_answers(svc, o->pin_min_row_bytes ? o->pin_min_row_bytes : RPC_PIN_MIN_ROW_BYTES);
   st.srv = grpc_server_create(&cargs, NULL);
   for (int m = 0; m < RPC_N_METHODS; m++)
     st.methods[m] = grpc_server_register_method(st.srv, rpc_method_path((rpc_method)m), NULL,

@@ -26,7 +26,16 @@ typedef struct rpc_server_opts {
    * to every verified client. A call refused is PERMISSION_DENIED naming
    * the method and the client. */
   const char *allow_push, *allow_admin;
+  /* Lookup answers are sent from the store's memory, its rows pinned until
+   * gRPC has sent them (rpc_service_pin_answers), when the store offers
+   * it (a shard store) and every table asked for has rows of at least
+   * this many bytes. 0: RPC_PIN_MIN_ROW_BYTES; SIZE_MAX: never. */
+  size_t pin_min_row_bytes;
 } rpc_server_opts;
+
+/* The default of pin_min_row_bytes, from `shardrec bench rpc` (docs/DESIGN.md,
+ * "Answers sent from the store"). */
+#define RPC_PIN_MIN_ROW_BYTES 2048
 
 /* Serve svc until *o->stop. on_listening(port, ctx) is called once the port
  * is bound, before serving. The TLS files are checked first (a missing or

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +86,10 @@ struct rpc_service {
   int n_roots;
   void (*observe)(void *, rpc_method, int, const char *, double, size_t, size_t);
   void *observe_ctx;
+  size_t pin_min;       /* rows of at least this many bytes answered pinned; 0: never */
+  atomic_uint_least64_t pin_rows, pin_bytes; /* held by pinned answers not yet released */
+  atomic_size_t refs;   /* rpc_service_destroy's and one per pinned answer not released:
+                           the last frees the lock, the budget's condition and s */
 };
 
 /* The coordinator's apply callback: a step's rows into the store (s->mu held). */
@@ -158,6 +163,7 @@ rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
   }
   rpc_service *s = calloc(1, sizeof *s);
   if (!s) goto nomem;
+  atomic_init(&s->refs, 1);
   s->plan = plan;
   s->store = store;
   s->read_only = o->read_only;
@@ -235,16 +241,25 @@ nomem:
   return NULL;
 }
 
+/* One reference to s dropped; the last frees what a pinned answer's
+ * release touches (rpc_pinned_release may come after rpc_service_destroy:
+ * gRPC lets the last slices of a cancelled call go when it likes). */
+static void svc_unref(rpc_service *s) {
+  if (atomic_fetch_sub(&s->refs, 1) != 1) return;
+  pthread_cond_destroy(&s->room);
+  pthread_mutex_destroy(&s->mu);
+  free(s);
+}
+
 void rpc_service_destroy(rpc_service *s) {
   if (!s) return;
   rpc_coord_destroy(s->coord);
-  pthread_cond_destroy(&s->room);
-  pthread_mutex_destroy(&s->mu);
+  s->coord = NULL;
   for (int i = 0; i < s->n_roots; i++) free(s->roots[i]);
   free(s->roots);
   free(s->served);
   free(s->shards);
-  free(s);
+  svc_unref(s);
 }
 
 size_t rpc_service_max_ids_for(const emb_plan *plan, size_t max_message_bytes) {
@@ -588,16 +603,26 @@ static void answer_write(const rpc_service *s, const Shardrec__V1__LookupRequest
 
 /* Refuse a Lookup of tables[n] (plan indexes idx) whose answer would not
  * fit the message limit, before anything is allocated for it; else take
- * its share of the in-flight budget. RPC_OK or a status in r. */
+ * its share of the in-flight budget (3 x the answer's bound: the rows, the
+ * packed answer and gRPC's copy; answer_pinned gives 2 of them back). RPC_OK
+ * or a status in r. */
+/* The bound on the answer's bytes check_answer takes budget for (3 x). */
+static size_t answer_bound(const rpc_service *s, Shardrec__V1__TableIds *const *tables, size_t n,
+                           const int *idx) {
+  size_t answer = 32;
+  for (size_t i = 0; i < n; i++)
+    answer += tables[i]->n_ids * (size_t)s->plan->tables[idx[i]].dim * sizeof(float) + 16;
+  return answer;
+}
+
 static int check_answer(rpc_service *s, Shardrec__V1__TableIds *const *tables, size_t n,
                         const int *idx, int defer, rpc_reply *r) {
-  size_t ids = 0, rows = 0, answer = 32;
+  size_t ids = 0, rows = 0, answer = answer_bound(s, tables, n, idx);
   int dlo = 0, dhi = 0;
   for (size_t i = 0; i < n; i++) {
     const int dim = s->plan->tables[idx[i]].dim;
     ids += tables[i]->n_ids;
     rows += tables[i]->n_ids * (size_t)dim * sizeof(float);
-    answer += tables[i]->n_ids * (size_t)dim * sizeof(float) + 16;
     if (!i || dim < dlo) dlo = dim;
     if (!i || dim > dhi) dhi = dim;
   }
@@ -613,6 +638,141 @@ static int check_answer(rpc_service *s, Shardrec__V1__TableIds *const *tables, s
     return r->status;
   }
   return budget_take(s, 3 * answer, defer, r);
+}
+
+/* ---- pinned answers (rpc_service_pin_answers) ---- */
+
+struct rpc_pinned {
+  rpc_service *s;                 /* borrowed: outlives the server's calls */
+  void (*unpin)(emb_pins *);      /* the store's pins_release */
+  emb_pins *pins;                 /* owned */
+  size_t held, rows, bytes;       /* budget share; rows and row bytes pinned */
+  uint8_t *head;                  /* [head_len] tags and lengths */
+  size_t head_len, n;
+  rpc_piece piece[];              /* [n] */
+};
+
+const rpc_piece *rpc_pinned_pieces(const rpc_pinned *a, size_t *n, const uint8_t **head,
+                                   size_t *head_len) {
+  *n = a->n;
+  *head = a->head;
+  *head_len = a->head_len;
+  return a->piece;
+}
+
+void rpc_pinned_release(rpc_pinned *a) {
+  if (!a) return;
+  rpc_service *s = a->s;
+  a->unpin(a->pins);
+  atomic_fetch_sub(&s->pin_rows, a->rows);
+  atomic_fetch_sub(&s->pin_bytes, a->bytes);
+  rpc_service_release(s, a->held);
+  free(a->head);
+  free(a);
+  svc_unref(s);
+}
+
+void rpc_service_pin_answers(rpc_service *s, size_t min_row_bytes) { s->pin_min = min_row_bytes; }
+
+/* Whether q's answer goes pinned: the store offers it and every table's
+ * rows are at least s->pin_min bytes. */
+static int answer_pins(const rpc_service *s, const Shardrec__V1__LookupRequest *q, const int *idx) {
+  if (!s->pin_min || !s->store->ops->lookup_pinned) return 0;
+  for (size_t i = 0; i < q->n_tables; i++)
+    if ((size_t)s->plan->tables[idx[i]].dim * sizeof(float) < s->pin_min) return 0;
+  return 1;
+}
+
+static void piece_head(rpc_pinned *a, uint8_t *from, uint8_t *to) {
+  a->piece[a->n++] = (rpc_piece){from, (size_t)(to - from), 1};
+}
+
+/* a's pieces over the pinned rows (rows[t][r]): per table a TableRows of
+ * table_id (1), dim (2) and rows (3), then incarnation (2), no padding
+ * (the store's floats are where they are); the same message protobuf-c
+ * packs. */
+static void pinned_layout(rpc_pinned *a, const Shardrec__V1__LookupRequest *q, const int *idx,
+                          const float *const *const *rows) {
+  uint8_t *p = a->head;
+  for (size_t i = 0; i < q->n_tables; i++) {
+    const uint32_t id = q->tables[i]->table_id;
+    const int dim = a->s->plan->tables[idx[i]].dim;
+    const size_t rb = (size_t)dim * sizeof(float), rl = q->tables[i]->n_ids * rb;
+    const size_t inner = 1 + varint_len(id) + 1 + varint_len((uint64_t)dim) + 1 + varint_len(rl) + rl;
+    uint8_t *from = p;
+    *p++ = 0x0a; /* LookupResponse.tables */
+    p = varint_put(p, inner);
+    *p++ = 0x08; /* TableRows.table_id */
+    p = varint_put(p, id);
+    *p++ = 0x10; /* TableRows.dim */
+    p = varint_put(p, (uint64_t)dim);
+    *p++ = 0x1a; /* TableRows.rows */
+    p = varint_put(p, rl);
+    piece_head(a, from, p);
+    for (size_t r = 0; r < q->tables[i]->n_ids; r++)
+      a->piece[a->n++] = (rpc_piece){(const uint8_t *)rows[idx[i]][r], rb, 0};
+    a->rows += q->tables[i]->n_ids;
+    a->bytes += rl;
+  }
+  uint8_t *from = p;
+  *p++ = 0x10; /* LookupResponse.incarnation */
+  p = varint_put(p, a->s->incarnation);
+  piece_head(a, from, p);
+  a->head_len = (size_t)(p - a->head);
+}
+
+/* Answer q (plan indexes idx, ids set) from the store's memory: the rows
+ * pinned (emb_store_ops.lookup_pinned) and r->pinned their pieces, holding
+ * r's budget share less the two copies a pinned answer does not make. 1
+ * when r is answered (pinned, or failed); 0 when the gather path is to
+ * answer instead (not offered, rows too narrow, or the cache too pinned to
+ * pin them: the store said SR_ESTATE). */
+static int answer_pinned(rpc_service *s, const Shardrec__V1__LookupRequest *q, const int *idx,
+                         const emb_idset *set, rpc_reply *r) {
+  if (!answer_pins(s, q, idx)) return 0;
+  size_t total = 0;
+  for (size_t i = 0; i < q->n_tables; i++) total += q->tables[i]->n_ids;
+  const int nt = s->plan->n_tables;
+  const float **ptr = malloc((total ? total : 1) * sizeof *ptr);
+  const float ***rows = calloc((size_t)nt, sizeof *rows);
+  rpc_pinned *a = malloc(sizeof *a + (total + q->n_tables + 1) * sizeof(rpc_piece));
+  uint8_t *head = malloc(40 * q->n_tables + 16);
+  if (!ptr || !rows || !a || !head) {
+    free(ptr), free(rows), free(a), free(head);
+    r->status = RPC_RESOURCE_EXHAUSTED;
+    snprintf(r->msg, sizeof r->msg, "out of memory for the answer");
+    return 1;
+  }
+  for (size_t i = 0, at = 0; i < q->n_tables; at += q->tables[i]->n_ids, i++) rows[idx[i]] = ptr + at;
+  pthread_mutex_lock(&s->mu);
+  if (q->header->step > s->hi_step) s->hi_step = q->header->step;
+  emb_pins *pins = NULL;
+  int rc = s->store->ops->lookup_pinned(s->store, q->header->step, set,
+                                        (const float **const *)rows, &pins);
+  if (rc && rc != SR_ESTATE) snprintf(r->msg, sizeof r->msg, "lookup: %s", emb_store_errmsg(s->store));
+  pthread_mutex_unlock(&s->mu);
+  if (!rc) {
+    *a = (rpc_pinned){.s = s, .unpin = s->store->ops->pins_release, .pins = pins, .head = head};
+    pinned_layout(a, q, idx, (const float *const *const *)rows);
+    atomic_fetch_add(&s->refs, 1); /* for rpc_pinned_release */
+    atomic_fetch_add(&s->pin_rows, a->rows);
+    atomic_fetch_add(&s->pin_bytes, a->bytes);
+    const size_t back = 2 * answer_bound(s, q->tables, q->n_tables, idx);
+    rpc_service_release(s, back < r->held ? back : 0);
+    r->held -= back < r->held ? back : 0;
+    a->held = r->held; /* given back by rpc_pinned_release */
+    r->held = 0;
+    r->pinned = a;
+    r->out_len = a->head_len + a->bytes;
+  } else {
+    free(a);
+    free(head);
+  }
+  free(ptr);
+  free(rows);
+  if (rc == SR_ESTATE) return 0;
+  if (rc) r->status = RPC_INTERNAL;
+  return 1;
 }
 
 /* Hand set (step's ids) to the store's look-ahead, with s->mu held, when
@@ -640,7 +800,7 @@ static void lookup_hint(rpc_service *s, int64_t step, const emb_idset *set, rpc_
 }
 
 static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r, void *token,
-                      double timeout_s) {
+                      double timeout_s, int pin) {
   const int nt = s->plan->n_tables;
   if (budget_take(s, 2 * len, token != NULL, r)) return; /* the request's copy, decoded form */
   Shardrec__V1__LookupRequest *q = shardrec__v1__lookup_request__unpack(NULL, len, in);
@@ -687,6 +847,7 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
     }
   }
   if (check_answer(s, q->tables, q->n_tables, idx, token != NULL, r)) goto out;
+  if (pin && answer_pinned(s, q, idx, &set, r)) goto out;
   if (answer_layout(s, q, idx, rows_at, &r->out_len) ||
       !(r->out = malloc(r->out_len ? r->out_len : 1)))
     FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory for the answer");
@@ -967,6 +1128,8 @@ static void do_stats(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r
   resp.failed_calls = s->failed;
   resp.unclean = s->unclean;
   resp.inflight_bytes = s->inflight;
+  resp.pinned_rows = atomic_load(&s->pin_rows);
+  resp.pinned_bytes = atomic_load(&s->pin_bytes);
   resp.inflight_refused = s->budget_refused;
   resp.prefetched = s->prefetched;
   resp.looks_ahead = s->store->ops->prefetch != NULL;
@@ -1019,14 +1182,15 @@ out:
   if (q) grpc__health__v1__health_check_request__free_unpacked(q, NULL);
 }
 
-void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
-                             void *token, double timeout_s, rpc_reply *r) {
+/* rpc_service_handle_call; pin: Lookups may be answered pinned. */
+static void handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t len, void *token,
+                        double timeout_s, int pin, rpc_reply *r) {
   memset(r, 0, sizeof *r);
   static const uint8_t none[1];
   if (!in) in = none, len = 0;
   double t0 = sr_now();
   switch (m) {
-    case RPC_LOOKUP: do_lookup(s, in, len, r, token, timeout_s); break;
+    case RPC_LOOKUP: do_lookup(s, in, len, r, token, timeout_s, pin); break;
     case RPC_PUSH: do_push(s, in, len, token != NULL, r); break;
     case RPC_CHECKPOINT: do_checkpoint(s, in, len, r, 0); break;
     case RPC_RESTORE: do_checkpoint(s, in, len, r, 1); break;
@@ -1057,19 +1221,25 @@ void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, si
   if (s->observe) s->observe(s->observe_ctx, m, r->status, r->msg, us * 1e-6, len, r->out_len);
 }
 
+void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
+                             void *token, double timeout_s, rpc_reply *r) {
+  handle_call(s, m, in, len, token, timeout_s, 1, r);
+}
+
 void rpc_service_inspect(rpc_service *s, void (*fn)(void *ctx, const rpc_service_view *v),
                          void *ctx) {
   rpc_coord_stats cs;
   pthread_mutex_lock(&s->mu);
   rpc_coord_stats_get(s->coord, &cs);
-  rpc_service_view v = {s->store, &cs, s->failed, s->incarnation, s->fp};
+  rpc_service_view v = {s->store, &cs, s->failed, s->incarnation, s->fp,
+                        atomic_load(&s->pin_rows), atomic_load(&s->pin_bytes)};
   fn(ctx, &v);
   pthread_mutex_unlock(&s->mu);
 }
 
 void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
                         rpc_reply *r) {
-  rpc_service_handle_call(s, m, in, len, NULL, 0, r);
+  handle_call(s, m, in, len, NULL, 0, 0, r);
   rpc_service_release(s, r->held); /* the caller holds the answer, not the server */
   r->held = 0;
 }

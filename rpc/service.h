@@ -113,13 +113,42 @@ rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
                                 const rpc_service_opts *o, char *err, size_t errlen);
 void rpc_service_destroy(rpc_service *s); /* NULL-safe */
 
+/* A Lookup answer sent from the store's memory (rpc_service_pin_answers):
+ * its bytes are pieces, in order, some in a buffer of the answer's own
+ * (head: the LookupResponse's tags and lengths), the others the rows,
+ * pinned in the store (emb_store_ops.lookup_pinned). */
+typedef struct rpc_pinned rpc_pinned;
+typedef struct rpc_piece {
+  const uint8_t *p;
+  size_t n;
+  int in_head; /* 1: inside head[head_len]; 0: a row in the store */
+} rpc_piece;
+/* a's pieces (*n of them) and its head buffer; borrowed from a. */
+const rpc_piece *rpc_pinned_pieces(const rpc_pinned *a, size_t *n, const uint8_t **head,
+                                   size_t *head_len);
+/* Once nothing reads a's bytes any more (gRPC dropped its last reference:
+ * the answer was sent, or its call cancelled): the rows' pins and the
+ * answer's share of the in-flight budget given back, a freed. Any thread,
+ * no lock held; once; also after rpc_service_destroy (what it touches of
+ * the service goes with the last release). NULL-safe. */
+void rpc_pinned_release(rpc_pinned *a);
+
+/* Let rpc_service_handle_call answer Lookups with pinned rows (r->pinned)
+ * when the store offers lookup_pinned and every table asked for has rows
+ * of at least min_row_bytes (4 x dim); 0: never (the default; and
+ * rpc_service_handle never does). The server turns it on. */
+void rpc_service_pin_answers(rpc_service *s, size_t min_row_bytes);
+
 /* The answer to one call. out is malloc'd (caller frees) when status is
  * RPC_OK; msg holds the error text otherwise. */
 typedef struct rpc_reply {
   int status;
   char msg[512];
   uint8_t *out;
-  size_t out_len;
+  size_t out_len;       /* with pinned: the answer's length */
+  rpc_pinned *pinned;   /* owned, RPC_OK only: the answer instead of out (which is NULL);
+                           it holds the answer's budget (held is 0): the caller sends it
+                           and calls rpc_pinned_release once the bytes are sent */
   /* Bytes of the in-flight budget the answer still holds (an OK answer
    * only): the request's copies and the answer's, until it is sent. The
    * caller gives them back with rpc_service_release once the answer is
@@ -130,7 +159,8 @@ typedef struct rpc_reply {
 /* The in-flight budget. Every Lookup and Push takes its share before it
  * allocates: twice the request's bytes (its copy and its decoded form),
  * and for a Lookup three times its answer's (the rows, the packed answer
- * and gRPC's copy). Past the budget a call waits up to inflight_wait_s for
+ * and gRPC's copy; an answer sent pinned gives two of them back once the
+ * rows are pinned and keeps the rest until rpc_pinned_release). Past the budget a call waits up to inflight_wait_s for
  * calls in flight to give theirs back, then is refused RESOURCE_EXHAUSTED
  * naming the numbers (Stats: inflight_refused); a call larger than the
  * whole budget runs when nothing else is in flight. So the memory of the
@@ -267,6 +297,7 @@ typedef struct rpc_service_view {
   const struct rpc_coord_stats *coord;
   uint64_t failed, incarnation;
   const char *plan_fp;
+  uint64_t pinned_rows, pinned_bytes; /* Stats' pinned_rows, pinned_bytes */
 } rpc_service_view;
 void rpc_service_inspect(rpc_service *s, void (*fn)(void *ctx, const rpc_service_view *v),
                          void *ctx);

@@ -17,7 +17,7 @@ enum {
   F_ROWS_LOOKUP, F_ROWS_PUSH, F_FAILED, F_HELD_ROWS, F_HELD_BYTES, F_HITS, F_MISSES,
   F_PENDING, F_DROPPED_STEPS, F_JOBS, F_DROPPED_JOBS, F_PARKED_LOOKUPS, F_PARKED_WATCHES,
   F_EVICTIONS, F_WRITEBACKS, F_CACHE_CAP, F_CACHE_USED, F_BC_HITS, F_BC_MISSES, F_BC_RATIO,
-  F_SST, F_PENDING_COMPACTION, F_N
+  F_SST, F_PENDING_COMPACTION, F_PINNED_ROWS, F_PINNED_BYTES, F_N
 };
 
 typedef struct {
@@ -50,6 +50,8 @@ static const fig_def figs[F_N] = {
     [F_BC_RATIO] = {"shardrec_rocksdb_block_cache_hit_ratio", "RocksDB block cache hits over hits and misses (0 before any read).", METRICS_GAUGE, NULL, 1},
     [F_SST] = {"shardrec_rocksdb_sst_bytes", "Bytes of SST files in the shards' databases.", METRICS_GAUGE, NULL, 1},
     [F_PENDING_COMPACTION] = {"shardrec_rocksdb_pending_compaction_bytes", "Bytes RocksDB estimates compaction still has to rewrite.", METRICS_GAUGE, NULL, 1},
+    [F_PINNED_ROWS] = {"shardrec_server_pinned_rows", "Rows of Lookup answers sent from the store's memory that gRPC still holds (Stats pinned_rows).", METRICS_GAUGE, NULL, 1},
+    [F_PINNED_BYTES] = {"shardrec_server_pinned_bytes", "Their bytes, counted in the in-flight budget until released (Stats pinned_bytes).", METRICS_GAUGE, NULL, 1},
 };
 
 static const char *const method_label[RPC_N_METHODS] = {
@@ -116,6 +118,7 @@ static void collect_view(void *ctx, const rpc_service_view *v) {
   f[F_JOBS] = (double)v->coord->jobs, f[F_DROPPED_JOBS] = (double)v->coord->dropped_jobs;
   f[F_PARKED_LOOKUPS] = (double)v->coord->parked_lookups;
   f[F_PARKED_WATCHES] = (double)v->coord->parked_watches;
+  f[F_PINNED_ROWS] = (double)v->pinned_rows, f[F_PINNED_BYTES] = (double)v->pinned_bytes;
   emb_shard_counters c;
   kv_figures k;
   if (!emb_shard_counters_get(v->store, &c) && !emb_shard_kv_figures_get(v->store, &k)) {

@@ -24,7 +24,12 @@
  * MLPerf-like one (dim 128, 13-512-256-128 / 1024-1024-512-256-1) at batch
  * 2048, on generated data, in process and against 2 `shardrec serve` child
  * processes on loopback (a 2-shard row-wise plan), with the ratio and the
- * trainer's per-phase times of both runs (where the time goes). */
+ * trainer's per-phase times of both runs (where the time goes).
+ *
+ * --part pinned: Lookups from two shard-store servers of the same cached
+ * rows, timed in turn, one answering from the store's memory (pinned rows,
+ * rpc_server_opts.pin_min_row_bytes 1) and one gathering (never pinned),
+ * the ratio that RPC_PIN_MIN_ROW_BYTES was chosen from. */
 #include <arpa/inet.h>
 #include <getopt.h>
 #include <netinet/in.h>
@@ -47,6 +52,7 @@
 #include "common/rng.h"
 #include "common/sys.h"
 #include "embedding/plan.h"
+#include "embedding/shard.h"
 #include "embedding/store.h"
 #include "rpc/client.h"
 #include "rpc/server.h"
@@ -71,6 +77,7 @@ typedef struct {
   _Atomic uint64_t calls[2], ns[2];
   volatile int stop;
   volatile int port;
+  size_t pin_min;  /* rpc_server_opts.pin_min_row_bytes (0: the default) */
   pthread_t th;
 } bserver;
 
@@ -93,7 +100,8 @@ static void *server_main(void *arg) {
   char err[512];
   rpc_server_opts o = {.listen = "127.0.0.1:0", .threads = server_threads,
                        .max_message_bytes = 256 << 20,
-                       .stop = &b->stop, .shutdown_grace_s = 1};
+                       .stop = &b->stop, .shutdown_grace_s = 1,
+                       .pin_min_row_bytes = b->pin_min};
   if (rpc_server_run(b->svc, &o, on_port, b, err, sizeof err)) {
     fprintf(stderr, "shardrec bench rpc: server %d: %s\n", b->shard, err);
     b->port = -1;
@@ -735,6 +743,87 @@ static int sweep_one(int dim, int ns, long long rows, long long n, uint64_t *per
   return status;
 }
 
+/* --part pinned: Lookups from shard-store servers (RocksDB under a
+ * temporary folder, a cache that holds every row) answered from the
+ * store's memory (pinned rows, no copy) against the same answered by a
+ * gather into one buffer: two servers of the same rows, one each way,
+ * timed in turn, rounds rounds; medians of each one's rate and of their
+ * ratio in the same round. */
+static int pinned_one(int dim, long long rows, long long n, uint64_t *perm, float *grad,
+                      float *out, int rounds) {
+  char err[512], tmpl[] = "/tmp/shardrec-bench-pin-XXXXXX";
+  const char *dir = mkdtemp(tmpl);
+  uint64_t r1[1] = {(uint64_t)rows};
+  emb_plan_params pp = {.n_tables = 1, .rows = r1, .dim = dim, .optim = {.kind = EMB_OPT_SGD},
+                        .seed = 1, .n_shards = 1};
+  emb_plan *plan = NULL;
+  if (!dir || emb_plan_create(&pp, &plan, err, sizeof err)) {
+    fprintf(stderr, "shardrec bench rpc: %s\n", dir ? err : "mkdtemp failed");
+    return 1;
+  }
+  bserver sv[2];
+  emb_store *st[2] = {NULL, NULL};
+  int status = 0, shard0 = 0;
+  memset(sv, 0, sizeof sv);
+  for (int k = 0; k < 2 && !status; k++) {
+    char sub[512], addr[64];
+    snprintf(sub, sizeof sub, "%s/%s", dir, k ? "pinned" : "gather");
+    emb_shard_config cfg = {.cache_rows = (uint64_t)rows + 1024};
+    sv[k].plan = plan;
+    sv[k].pin_min = k ? 1 : SIZE_MAX;
+    rpc_service_opts so = {.shards = &shard0, .n_shards = 1, .observe = on_call,
+                           .observe_ctx = &sv[k]};
+    if (!(sv[k].store = emb_store_create_shard(plan, sub, &cfg, err, sizeof err)) ||
+        !(sv[k].svc = rpc_service_create(plan, sv[k].store, &so, err, sizeof err))) {
+      fprintf(stderr, "shardrec bench rpc: %s\n", err);
+      status = 1;
+      break;
+    }
+    pthread_create(&sv[k].th, NULL, server_main, &sv[k]);
+    while (!sv[k].port) usleep(1000);
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", sv[k].port);
+    const char *addrs[1] = {addr};
+    if (!(st[k] = emb_store_create_remote(plan, addrs, 1, &bench_ro, err, sizeof err))) {
+      fprintf(stderr, "shardrec bench rpc: %s\n", err);
+      status = 1;
+    }
+  }
+  if (!status && fill_stores(st[0], st[1], perm, rows, n, grad)) status = 1;
+  double *v = calloc((size_t)(3 * rounds), sizeof *v);
+  const int steps = dim > 64 ? 4 : 16;
+  for (int r = 0; r < rounds && !status; r++) {
+    double t[2];
+    for (int k = 0; k < 2 && !status; k++) {
+      const int64_t k0 = next_step;
+      next_step += steps;
+      if ((t[k] = sweep_time(st[k], 0, perm, (uint64_t)rows, (size_t)n, out, grad, steps, (int)k0)) < 0)
+        status = 1;
+    }
+    if (!status) {
+      v[r] = (double)n * dim * 4 / t[0] / 1e6;
+      v[rounds + r] = (double)n * dim * 4 / t[1] / 1e6;
+      v[2 * rounds + r] = t[0] / t[1];
+    }
+  }
+  if (!status)
+    printf("  dim %4d (%4d bytes a row): gather %7.1f MB/s   pinned %7.1f MB/s   pinned/gather "
+           "x%.2f\n", dim, dim * 4, sr_median(v, rounds), sr_median(v + rounds, rounds),
+           sr_median(v + 2 * rounds, rounds));
+  free(v);
+  for (int k = 0; k < 2; k++) {
+    emb_store_destroy(st[k]);
+    if (sv[k].svc) {
+      sv[k].stop = 1;
+      pthread_join(sv[k].th, NULL);
+    }
+    rpc_service_destroy(sv[k].svc);
+    emb_store_destroy(sv[k].store);
+  }
+  emb_plan_free(plan);
+  if (dir) sr_rmtree(dir);
+  return status;
+}
+
 /* --part lookahead: a training step's store calls against 2 server
  * threads, lookup (waited for), work A (forward and backward), push, work
  * B (the dense optimizer and the next batch's input), without and with the
@@ -1088,16 +1177,16 @@ int bench_rpc(int argc, char **argv) {
       case 'B': if (cli_int(CMD, "--train-batch", optarg, 1, 1 << 20, &train_batch)) return 2; break;
       case 'p':
         if (strcmp(optarg, "all") && strcmp(optarg, "lookup") && strcmp(optarg, "train") &&
-            strcmp(optarg, "connections") && strcmp(optarg, "lookahead") &&
+            strcmp(optarg, "connections") && strcmp(optarg, "lookahead") && strcmp(optarg, "pinned") &&
             strcmp(optarg, "netns") && strcmp(optarg, "client") && strcmp(optarg, "tcp-peer")) {
           fprintf(stderr, "shardrec bench rpc: --part: '%s' is not all, lookup, train, netns, "
-                          "connections, lookahead, client or tcp-peer\n", optarg);
+                          "connections, lookahead, pinned, client or tcp-peer\n", optarg);
           return 2;
         }
         part = optarg;
         break;
       case 'h':
-        printf("usage: shardrec bench rpc [--part all|lookup|train|netns|connections|lookahead]\n"
+        printf("usage: shardrec bench rpc [--part all|lookup|train|netns|connections|lookahead|pinned]\n"
                "       [--rows N (262144)] [--ids N (4096)]\n"
                "       [--dims D,... (16,128)] [--servers K,... (1,4)] [--server-threads N (1)] [--seconds S (1)]\n"
                "       [--train-rows N (100000)] [--train-steps N (400)] [--train-batch N (128)]\n"
@@ -1154,6 +1243,19 @@ int bench_rpc(int argc, char **argv) {
         free(out);
         free(grad);
       }
+    free(perm);
+    return status;
+  }
+  if (!strcmp(part, "pinned")) {
+    printf("Lookups of %lld ids from a shard-store server (every row cached), answered from the "
+           "store's memory (pinned) and by a gather, interleaved; medians of 15 rounds\n", n);
+    for (int di = 0; di < n_dims && !status; di++) {
+      float *out = malloc((size_t)n * (size_t)dims[di] * sizeof *out);
+      float *grad = calloc((size_t)n * (size_t)dims[di], sizeof *grad);
+      status = pinned_one(dims[di], rows, n, perm, grad, out, 15);
+      free(out);
+      free(grad);
+    }
     free(perm);
     return status;
   }
