@@ -596,7 +596,7 @@ static svc_scratch *scratch_take(rpc_service *s) {
  * id counts into the service's. */
 static void scratch_give(rpc_service *s, svc_scratch *x) {
   if (!x) return;
-  if (x->cap_id * 8 + x->cap_hash * 9 + x->cap_g * 4 > SCRATCH_KEEP) {
+  if (x->cap_id * 8 + x->cap_hash * 8 + x->cap_g * 4 > SCRATCH_KEEP) {
     free(x->idbuf), free(x->hash), free(x->gbuf);
     x->idbuf = x->hash = NULL;
     x->gbuf = NULL;
@@ -1270,7 +1270,8 @@ static void do_push(rpc_service *s, const uint8_t *in, size_t len, int defer, rp
   }
   size_t hash_cap = 16;
   while (hash_cap < 2 * most) hash_cap *= 2;
-  if (grow((void **)&x->hash, &x->cap_hash, hash_cap + hash_cap / 64, sizeof *x->hash))
+  /* ids_repeated's slots, then hash_cap / 8 bytes of occupancy bits */
+  if (grow((void **)&x->hash, &x->cap_hash, hash_cap + hash_cap / 64 + 1, sizeof *x->hash))
     FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
   for (size_t i = 0; i < q->n_tables; i++) {
     const Shardrec__V1__TableGrads *tg = q->tables[i];
