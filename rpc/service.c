@@ -850,6 +850,35 @@ static int scratch_nomem(rpc_reply *r) {
   return -1;
 }
 
+/* tables[i]'s view (scanned as *t, its n ids at ids) in x->ti or, with
+ * push, x->tg, its gradients copied to g when not 4-byte aligned; returns
+ * where the next copy goes. */
+static float *table_view(svc_scratch *x, size_t i, int push, const table_scan *t, uint64_t *ids,
+                         size_t n, float *g) {
+  if (!push) {
+    shardrec__v1__table_ids__init(&x->ti[i]);
+    x->ti[i].table_id = t->table_id;
+    x->ti[i].n_ids = n;
+    x->ti[i].ids = ids;
+    x->tip[i] = &x->ti[i];
+    return g;
+  }
+  Shardrec__V1__TableGrads *tg = &x->tg[i];
+  shardrec__v1__table_grads__init(tg);
+  tg->table_id = t->table_id;
+  tg->n_ids = n;
+  tg->ids = ids;
+  tg->grads.len = t->grads_len;
+  tg->grads.data = (uint8_t *)(uintptr_t)t->grads; /* read only */
+  if ((uintptr_t)t->grads & 3u) {
+    memcpy(g, t->grads, t->grads_len);
+    tg->grads.data = (uint8_t *)g;
+    g += (t->grads_len + 3) / 4;
+  }
+  x->tgp[i] = tg;
+  return g;
+}
+
 /* The views of the request's tables[nt] (scanned into x->scan) in x->ti
  * (Lookup) or x->tg (push): ids and grads in place or copied. */
 static int tables_fill(const rpc_service *s, svc_scratch *x, const wire_rd *d, int push,
@@ -890,27 +919,7 @@ static int tables_fill(const rpc_service *s, svc_scratch *x, const wire_rd *d, i
       id += n;
       x->copied += n;
     }
-    if (!push) {
-      shardrec__v1__table_ids__init(&x->ti[i]);
-      x->ti[i].table_id = t->table_id;
-      x->ti[i].n_ids = n;
-      x->ti[i].ids = ids;
-      x->tip[i] = &x->ti[i];
-      continue;
-    }
-    Shardrec__V1__TableGrads *tg = &x->tg[i];
-    shardrec__v1__table_grads__init(tg);
-    tg->table_id = t->table_id;
-    tg->n_ids = n;
-    tg->ids = ids;
-    tg->grads.len = t->grads_len;
-    tg->grads.data = (uint8_t *)(uintptr_t)t->grads; /* read only */
-    if ((uintptr_t)t->grads & 3u) {
-      memcpy(g, t->grads, t->grads_len);
-      tg->grads.data = (uint8_t *)g;
-      g += (t->grads_len + 3) / 4;
-    }
-    x->tgp[i] = tg;
+    g = table_view(x, i, push, t, ids, n, g);
   }
   return 0;
 }
