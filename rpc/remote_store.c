@@ -29,6 +29,7 @@
 #include "rpc/coord.h"
 #include "rpc/grpc_util.h"
 #include "rpc/shardrec.pb-c.h"
+#include "rpc/wire.h"
 
 /* One gRPC channel to a server: with a subchannel pool of its own
  * (GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL), its own TCP connection. */
@@ -590,43 +591,23 @@ static int cut_calls(const rstore *s, const lane *L, int k, call_part *parts, in
 }
 
 /* One request to shard k of pieces parts[n] (lookup: grads NULL), part
- * part of parts; the pcall gets a copy of its pieces. */
+ * part of parts, written by hand (rpc/wire.h: ids_fixed, aligned, the
+ * gradients gathered straight into it); the pcall gets a copy of its
+ * pieces. */
 static int build_one(rstore *s, lane *L, int k, rpc_method m, int64_t step, float lr,
                      const float *const *grads, const call_part *parts, int n, int part,
                      int n_calls) {
   const emb_plan *plan = s->base.plan;
-  Shardrec__V1__TableIds *ti = calloc((size_t)n + 1, sizeof *ti);
-  Shardrec__V1__TableIds **tip = calloc((size_t)n + 1, sizeof *tip);
-  Shardrec__V1__TableGrads *tg = calloc((size_t)n + 1, sizeof *tg);
-  Shardrec__V1__TableGrads **tgp = calloc((size_t)n + 1, sizeof *tgp);
-  float **gbuf = calloc((size_t)n + 1, sizeof *gbuf);
+  rpc_wire_table *wt = calloc((size_t)n + 1, sizeof *wt);
   call_part *mine = malloc(((size_t)n + 1) * sizeof *mine);
-  int rc = !ti || !tip || !tg || !tgp || !gbuf || !mine ? SR_ENOMEM : 0;
+  int rc = !wt || !mine ? SR_ENOMEM : 0;
   for (int i = 0; i < n && !rc; i++) {
     const int t = parts[i].t;
-    const size_t a = parts[i].lo, cnt = parts[i].n, dim = (size_t)plan->tables[t].dim;
+    const size_t a = parts[i].lo;
     mine[i] = parts[i];
-    if (m == RPC_LOOKUP) {
-      shardrec__v1__table_ids__init(&ti[i]);
-      ti[i].table_id = plan->tables[t].table_id;
-      ti[i].n_ids = cnt;
-      ti[i].ids = L->gids[t] + a;
-      tip[i] = &ti[i];
-      continue;
-    }
-    if (!(gbuf[i] = malloc(cnt * dim * sizeof(float)))) {
-      rc = SR_ENOMEM;
-      break;
-    }
-    for (size_t j = 0; j < cnt; j++)
-      memcpy(gbuf[i] + j * dim, grads[t] + L->perm[t][a + j] * dim, dim * sizeof(float));
-    shardrec__v1__table_grads__init(&tg[i]);
-    tg[i].table_id = plan->tables[t].table_id;
-    tg[i].n_ids = cnt;
-    tg[i].ids = L->gids[t] + a;
-    tg[i].grads.data = (uint8_t *)gbuf[i];
-    tg[i].grads.len = cnt * dim * sizeof(float);
-    tgp[i] = &tg[i];
+    wt[i] = (rpc_wire_table){.table_id = plan->tables[t].table_id, .ids = L->gids[t] + a,
+                             .n = parts[i].n, .dim = plan->tables[t].dim};
+    if (m != RPC_LOOKUP) wt[i].grads = grads[t], wt[i].perm = L->perm[t] + a;
   }
   uint8_t *buf = NULL;
   size_t len = 0;
@@ -634,21 +615,11 @@ static int build_one(rstore *s, lane *L, int k, rpc_method m, int64_t step, floa
     Shardrec__V1__RequestHeader h;
     header_fill(s, &h, step);
     if (m == RPC_LOOKUP) {
-      Shardrec__V1__LookupRequest q = SHARDREC__V1__LOOKUP_REQUEST__INIT;
-      q.header = &h;
-      q.n_tables = (size_t)n;
-      q.tables = tip;
-      q.prefetch_only = L->hint;
-      buf = pack(&q.base, &len);
+      buf = rpc__lookup_encode(&h, wt, (size_t)n, L->hint, &len);
     } else {
       h.part = n_calls > 1 ? part : 0;
       h.parts = n_calls > 1 ? n_calls : 0;
-      Shardrec__V1__PushRequest q = SHARDREC__V1__PUSH_REQUEST__INIT;
-      q.header = &h;
-      q.learning_rate = lr;
-      q.n_tables = (size_t)n;
-      q.tables = tgp;
-      buf = pack(&q.base, &len);
+      buf = rpc__push_encode(&h, lr, wt, (size_t)n, &len);
     }
     if (!buf) rc = SR_ENOMEM;
   }
@@ -661,12 +632,7 @@ static int build_one(rstore *s, lane *L, int k, rpc_method m, int64_t step, floa
     p->n_parts = n;
     mine = NULL;
   }
-  for (int i = 0; gbuf && i < n; i++) free(gbuf[i]);
-  free(ti);
-  free(tip);
-  free(tg);
-  free(tgp);
-  free(gbuf);
+  free(wt);
   free(mine);
   return rc;
 }

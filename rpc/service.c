@@ -90,6 +90,9 @@ struct rpc_service {
   atomic_uint_least64_t pin_rows, pin_bytes; /* held by pinned answers not yet released */
   atomic_size_t refs;   /* rpc_service_destroy's and one per pinned answer not released:
                            the last frees the lock, the budget's condition and s */
+  pthread_mutex_t pool_mu;    /* the scratch pool and the id counts below */
+  struct svc_scratch *pool;   /* owned: the decoders' scratch, one per call in flight */
+  uint64_t ids_in_place, ids_copied; /* request ids read in place; decoded or copied */
 };
 
 /* The coordinator's apply callback: a step's rows into the store (s->mu held). */
@@ -226,6 +229,7 @@ rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
   }
   s->hi_step = -1;
   pthread_mutex_init(&s->mu, NULL);
+  pthread_mutex_init(&s->pool_mu, NULL);
   pthread_cond_init(&s->room, NULL);
   return s;
 nomem:
@@ -241,6 +245,8 @@ nomem:
   return NULL;
 }
 
+static void scratch_pool_free(rpc_service *s);
+
 /* One reference to s dropped; the last frees what a pinned answer's
  * release touches (rpc_pinned_release may come after rpc_service_destroy:
  * gRPC lets the last slices of a cancelled call go when it likes). */
@@ -255,6 +261,8 @@ void rpc_service_destroy(rpc_service *s) {
   if (!s) return;
   rpc_coord_destroy(s->coord);
   s->coord = NULL;
+  pthread_mutex_destroy(&s->pool_mu);
+  scratch_pool_free(s);
   for (int i = 0; i < s->n_roots; i++) free(s->roots[i]);
   free(s->roots);
   free(s->served);
@@ -474,6 +482,534 @@ static int check_clean(rpc_service *s, rpc_reply *r) {
   r->status = RPC_FAILED_PRECONDITION;
   snprintf(r->msg, sizeof r->msg, "%s", RPC_MSG_UNCLEAN);
   return r->status;
+}
+
+/* Lookup and Push requests decoded in place (lookup_decode, push_decode):
+ * one walk of the wire format fills protobuf-c's structs as views, owning
+ * nothing (no *_free_unpacked). A table's ids_fixed (8-byte little-endian
+ * ids; this host is little-endian, checked above) and a Push's grads point
+ * into the request bytes when they lie aligned there (8 and 4 bytes), else
+ * into a copy in the call's scratch; varint ids are decoded into the
+ * scratch, and the header's two strings copied into it NUL-terminated.
+ * The scratch comes from the service's pool (one per call in flight, kept
+ * between calls), so a call allocates nothing once its thread's scratch
+ * has grown to the size of its requests. */
+/* What the first walk of a request's table found. */
+typedef struct {
+  const uint8_t *p;     /* the TableIds (TableGrads) bytes */
+  size_t n;
+  uint32_t table_id;
+  size_t n_var, n_fix;  /* ids given as varints; as fixed64 */
+  int fix_fields;       /* ids_fixed fields seen */
+  const uint8_t *fix;   /* the first one's ids */
+  const uint8_t *grads; /* Push: the (last) grads field */
+  size_t grads_len;
+} table_scan;
+
+typedef struct svc_scratch {
+  struct svc_scratch *next; /* the pool's free list */
+  Shardrec__V1__RequestHeader h;
+  char fp[EMB_FP_HEX + 1], job[RPC_COORD_JOB_MAX + 1];
+  Shardrec__V1__LookupRequest lq;
+  Shardrec__V1__PushRequest pq;
+  /* per request table, [cap_req] */
+  Shardrec__V1__TableIds *ti, **tip;
+  Shardrec__V1__TableGrads *tg, **tgp;
+  table_scan *scan;
+  size_t *rows_at;
+  int *idx;
+  size_t cap_req;
+  /* per plan table, [n_tables + 1] */
+  uint8_t *seen;
+  const uint64_t **ids;
+  size_t *counts;
+  float **outp;
+  const float **grads;
+  /* the ids (and grads) that are not read in place, and the Push's set */
+  uint64_t *idbuf, *hash;
+  float *gbuf;
+  size_t cap_id, cap_hash, cap_g;
+  uint64_t in_place, copied; /* ids of this call, for Stats */
+} svc_scratch;
+
+#define SCRATCH_KEEP ((size_t)8 << 20) /* bytes of buffers a pooled scratch keeps */
+
+static void scratch_free(svc_scratch *x) {
+  if (!x) return;
+  free(x->ti), free(x->tip), free(x->tg), free(x->tgp), free(x->scan);
+  free(x->rows_at), free(x->idx), free(x->seen), free(x->ids), free(x->counts);
+  free(x->outp), free(x->grads), free(x->idbuf), free(x->hash), free(x->gbuf);
+  free(x);
+}
+
+/* *p grown to at least n elements of size bytes (contents dropped). */
+static int grow(void **p, size_t *cap, size_t n, size_t size) {
+  if (n <= *cap) return 0;
+  size_t c = *cap * 2 > n ? *cap * 2 : n;
+  void *q = malloc(c * size);
+  if (!q) return -1;
+  free(*p);
+  *p = q;
+  *cap = c;
+  return 0;
+}
+
+static void scratch_pool_free(rpc_service *s) {
+  while (s->pool) {
+    svc_scratch *x = s->pool;
+    s->pool = x->next;
+    scratch_free(x);
+  }
+}
+
+/* Room for n tables of a request in x. */
+static int scratch_tables(svc_scratch *x, size_t n) {
+  if (n <= x->cap_req) return 0;
+  size_t c = x->cap_req * 2 > n ? x->cap_req * 2 : n + 4;
+  void *a = realloc(x->ti, c * sizeof *x->ti);
+  if (!a) return -1;
+  x->ti = a;
+  if (!(a = realloc(x->tg, c * sizeof *x->tg))) return -1;
+  x->tg = a;
+  if (!(a = realloc(x->scan, c * sizeof *x->scan))) return -1;
+  x->scan = a;
+  free(x->tip), free(x->tgp), free(x->rows_at), free(x->idx);
+  x->tip = malloc(c * sizeof *x->tip);
+  x->tgp = malloc(c * sizeof *x->tgp);
+  x->rows_at = malloc(c * sizeof *x->rows_at);
+  x->idx = malloc(c * sizeof *x->idx);
+  if (!x->tip || !x->tgp || !x->rows_at || !x->idx) {
+    x->cap_req = 0;
+    return -1;
+  }
+  x->cap_req = c;
+  return 0;
+}
+
+/* A scratch for one call (the pool's, else a new one); NULL out of memory. */
+static svc_scratch *scratch_take(rpc_service *s) {
+  pthread_mutex_lock(&s->pool_mu);
+  svc_scratch *x = s->pool;
+  if (x) s->pool = x->next;
+  pthread_mutex_unlock(&s->pool_mu);
+  if (x) return x;
+  const size_t nt = (size_t)s->plan->n_tables + 1;
+  if (!(x = calloc(1, sizeof *x))) return NULL;
+  x->seen = malloc(nt);
+  x->ids = malloc(nt * sizeof *x->ids);
+  x->counts = malloc(nt * sizeof *x->counts);
+  x->outp = malloc(nt * sizeof *x->outp);
+  x->grads = malloc(nt * sizeof *x->grads);
+  if (!x->seen || !x->ids || !x->counts || !x->outp || !x->grads || scratch_tables(x, 4)) {
+    scratch_free(x);
+    return NULL;
+  }
+  return x;
+}
+
+/* x back into the pool (its buffers dropped past SCRATCH_KEEP), its call's
+ * id counts into the service's. */
+static void scratch_give(rpc_service *s, svc_scratch *x) {
+  if (!x) return;
+  if (x->cap_id * 8 + x->cap_hash * 8 + x->cap_g * 4 > SCRATCH_KEEP) {
+    free(x->idbuf), free(x->hash), free(x->gbuf);
+    x->idbuf = x->hash = NULL;
+    x->gbuf = NULL;
+    x->cap_id = x->cap_hash = x->cap_g = 0;
+  }
+  pthread_mutex_lock(&s->pool_mu);
+  s->ids_in_place += x->in_place;
+  s->ids_copied += x->copied;
+  x->in_place = x->copied = 0;
+  x->next = s->pool;
+  s->pool = x;
+  pthread_mutex_unlock(&s->pool_mu);
+}
+
+/* The decoder's place in a request: the message's name and first byte,
+ * for refusals that say what and where. */
+typedef struct {
+  const char *msg; /* "shardrec.v1.LookupRequest" */
+  const uint8_t *base;
+  size_t len;
+  rpc_reply *r;
+} wire_rd;
+
+enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_I32 = 5 };
+
+/* Refuse the request: INVALID_ARGUMENT, "not a valid MSG (N bytes): FIELD
+ * at offset K: WHY". */
+static int wire_bad(const wire_rd *d, const uint8_t *at, const char *field, const char *why) {
+  d->r->status = RPC_INVALID_ARGUMENT;
+  snprintf(d->r->msg, sizeof d->r->msg, "not a valid %s (%zu bytes): %s at offset %zu: %s",
+           d->msg, d->len, field, (size_t)(at - d->base), why);
+  return -1;
+}
+
+/* A varint at *p (before end) into *v, *p past it: 0, -1 cut off by end,
+ * -2 longer than 10 bytes. */
+static int wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+  const uint8_t *q = *p;
+  uint64_t x = 0;
+  for (unsigned sh = 0; sh < 70; sh += 7) {
+    if (q == end) return -1;
+    const uint8_t b = *q++;
+    x |= (uint64_t)(b & 0x7f) << sh;
+    if (!(b & 0x80)) {
+      *p = q;
+      *v = x;
+      return 0;
+    }
+  }
+  return -2;
+}
+
+/* The name of field num of the message in ("tables[2]"; "" the request),
+ * whose fields are names[n_names] (NULL: unknown), into buf[64]. */
+typedef struct {
+  const char *in;
+  const char *const *names;
+  uint32_t n_names;
+} wire_msg;
+
+static const char *field_name(char *buf, const wire_msg *m, uint32_t num) {
+  const char *dot = *m->in ? "." : "";
+  if (num < m->n_names && m->names[num]) snprintf(buf, 64, "%s%s%s", m->in, dot, m->names[num]);
+  else snprintf(buf, 64, "%s%sfield %u", m->in, *m->in ? " " : "", num);
+  return buf;
+}
+
+/* The next field of message m at [*p, end): its number, wire type, and
+ * for WT_LEN its bytes (*val, *n) or else its value (*v, the bits of a
+ * fixed one), *p past it. 0, or -1 with the refusal in d. */
+static int wire_field(const wire_rd *d, const uint8_t **p, const uint8_t *end, const wire_msg *m,
+                      uint32_t *num, int *wt, uint64_t *v, const uint8_t **val, size_t *n) {
+  const uint8_t *at = *p;
+  char f[64];
+  uint64_t tag;
+  int e = wire_varint(p, end, &tag);
+  if (e || tag > 0xffffffffu || (tag >> 3) == 0)
+    return wire_bad(d, at, *m->in ? m->in : "the request",
+                    e == -1 ? "field tag cut off" : "field tag out of range");
+  *num = (uint32_t)(tag >> 3);
+  *wt = (int)(tag & 7);
+  const uint8_t *vat = *p;
+  switch (*wt) {
+    case WT_VARINT:
+      if ((e = wire_varint(p, end, v)))
+        return wire_bad(d, vat, field_name(f, m, *num),
+                        e == -1 ? "varint cut off" : "varint longer than 10 bytes");
+      return 0;
+    case WT_I64:
+    case WT_I32: {
+      const size_t w = *wt == WT_I64 ? 8 : 4;
+      if ((size_t)(end - *p) < w)
+        return wire_bad(d, vat, field_name(f, m, *num), "fixed-size value cut off");
+      uint64_t x = 0;
+      memcpy(&x, *p, w); /* little-endian host */
+      *v = x;
+      *p += w;
+      return 0;
+    }
+    case WT_LEN:
+      if ((e = wire_varint(p, end, v)))
+        return wire_bad(d, vat, field_name(f, m, *num),
+                        e == -1 ? "length cut off" : "length longer than 10 bytes");
+      if (*v > (uint64_t)(end - *p))
+        return wire_bad(d, vat, field_name(f, m, *num), "length past the end");
+      *val = *p;
+      *n = (size_t)*v;
+      *p += *n;
+      return 0;
+  }
+  return wire_bad(d, at, field_name(f, m, *num), "wire type 3, 4, 6 or 7 (groups or none)");
+}
+
+/* A known field of number num seen with wire type wt where want was
+ * expected: refused naming it. */
+static int wire_type_bad(const wire_rd *d, const uint8_t *at, const char *field, int wt) {
+  char why[64];
+  snprintf(why, sizeof why, "wire type %d is not this field's", wt);
+  return wire_bad(d, at, field, why);
+}
+
+/* s[n] into dst[cap] NUL-terminated, at most cap - 1 bytes (a longer one
+ * stays longer than any value it is checked against). */
+static void wire_str(char *dst, size_t cap, const uint8_t *s, size_t n) {
+  if (n > cap - 1) n = cap - 1;
+  memcpy(dst, s, n);
+  dst[n] = 0;
+}
+
+/* The RequestHeader at [p, end) into x->h (fields seen again override:
+ * protobuf's merge of a message given twice). */
+static int header_decode(const wire_rd *d, svc_scratch *x, const uint8_t *p, const uint8_t *end) {
+  static const char *const names[9] = {NULL, "plan_fingerprint", "job_id", "step", "rank",
+                                       "world_size", "max_staleness", "part", "parts"};
+  const wire_msg m = {"header", names, 9};
+  char f[64];
+  while (p < end) {
+    const uint8_t *at = p, *val = NULL;
+    uint32_t num;
+    int wt;
+    uint64_t v = 0;
+    size_t n = 0;
+    if (wire_field(d, &p, end, &m, &num, &wt, &v, &val, &n)) return -1;
+    if (num > 8) continue; /* unknown: skipped */
+    if ((num <= 2) != (wt == WT_LEN) || (num > 2 && wt != WT_VARINT))
+      return wire_type_bad(d, at, field_name(f, &m, num), wt);
+    if (num == 1) wire_str(x->fp, sizeof x->fp, val, n);
+    else if (num == 2) wire_str(x->job, sizeof x->job, val, n);
+    else if (num == 3) x->h.step = (int64_t)v;
+    else {
+      const int32_t i = (int32_t)(uint32_t)v;
+      if (num == 4) x->h.rank = i;
+      else if (num == 5) x->h.world_size = i;
+      else if (num == 6) x->h.max_staleness = i;
+      else if (num == 7) x->h.part = i;
+      else x->h.parts = i;
+    }
+  }
+  return 0;
+}
+
+
+static const char *const table_ids_names[4] = {NULL, "table_id", "ids", "ids_fixed"};
+static const char *const table_grads_names[5] = {NULL, "table_id", "ids", "grads", "ids_fixed"};
+
+/* First walk of tables[i] (a TableIds, or with push a TableGrads) at
+ * [p, end): structure checked, ids counted. */
+static int table_walk(const wire_rd *d, size_t i, int push, const uint8_t *p, const uint8_t *end,
+                      table_scan *t) {
+  const uint32_t fix_num = push ? 4 : 3;
+  char in[32], f[64];
+  snprintf(in, sizeof in, "tables[%zu]", i);
+  const wire_msg m = {in, push ? table_grads_names : table_ids_names, push ? 5 : 4};
+  memset(t, 0, sizeof *t);
+  t->p = p;
+  t->n = (size_t)(end - p);
+  while (p < end) {
+    const uint8_t *at = p, *val = NULL;
+    uint32_t num;
+    int wt;
+    uint64_t v = 0;
+    size_t n = 0;
+    if (wire_field(d, &p, end, &m, &num, &wt, &v, &val, &n)) return -1;
+    const int want = num == 1 ? WT_VARINT : num == fix_num ? WT_I64 : num <= 3 ? WT_LEN : -1;
+    if (want >= 0 && wt != want && (num == 1 || (push && num == 3) || wt != WT_LEN) &&
+        !(num == 2 && wt == WT_VARINT))
+      return wire_type_bad(d, at, field_name(f, &m, num), wt);
+    if (num == 1) {
+      t->table_id = (uint32_t)v;
+    } else if (num == 2 && wt == WT_VARINT) {
+      t->n_var++;
+    } else if (num == 2) { /* packed varints */
+      for (size_t k = 0; k < n; k++) t->n_var += val[k] < 0x80;
+      if (n && val[n - 1] >= 0x80)
+        return wire_bad(d, val + n - 1, field_name(f, &m, num), "last varint cut off");
+    } else if (num == fix_num && wt == WT_I64) {
+      t->n_fix++;
+      t->fix_fields++;
+    } else if (num == fix_num) { /* packed fixed64 */
+      if (n % 8) return wire_bad(d, val, field_name(f, &m, num), "length not a multiple of 8 bytes");
+      if (n && !t->fix_fields++) t->fix = val;
+      t->n_fix += n / 8;
+    } else if (push && num == 3) {
+      t->grads = val;
+      t->grads_len = n;
+    }
+  }
+  return 0;
+}
+
+/* Second walk of tables[i] (scanned as *t): its ids in order into out
+ * (varints decoded, fixed64 copied). */
+static int table_copy(const wire_rd *d, size_t i, int push, const table_scan *t, uint64_t *out) {
+  const uint32_t fix_num = push ? 4 : 3;
+  const uint8_t *p = t->p, *end = t->p + t->n;
+  char in[32], f[64];
+  snprintf(in, sizeof in, "tables[%zu]", i);
+  const wire_msg m = {in, push ? table_grads_names : table_ids_names, push ? 5 : 4};
+  while (p < end) {
+    const uint8_t *val = NULL;
+    uint32_t num;
+    int wt;
+    uint64_t v = 0;
+    size_t n = 0;
+    if (wire_field(d, &p, end, &m, &num, &wt, &v, &val, &n)) return -1;
+    if (num == 2 && wt == WT_VARINT) {
+      *out++ = v;
+    } else if (num == 2) {
+      for (const uint8_t *q = val, *qe = val + n; q < qe;)
+        if (wire_varint(&q, qe, out++))
+          return wire_bad(d, q, field_name(f, &m, num), "varint longer than 10 bytes");
+    } else if (num == fix_num && wt == WT_I64) {
+      *out++ = v;
+    } else if (num == fix_num && n) {
+      memcpy(out, val, n); /* little-endian host */
+      out += n / 8;
+    }
+  }
+  return 0;
+}
+
+/* Whether a table's ids are read where they lie: one ids_fixed field,
+ * 8-byte aligned in memory. */
+static int scan_in_place(const table_scan *t) {
+  return !t->n_var && t->fix_fields == 1 && t->n_fix && !((uintptr_t)t->fix & 7u);
+}
+
+static int scratch_nomem(rpc_reply *r) {
+  r->status = RPC_RESOURCE_EXHAUSTED;
+  snprintf(r->msg, sizeof r->msg, "out of memory");
+  return -1;
+}
+
+/* tables[i]'s view (scanned as *t, its n ids at ids) in x->ti or, with
+ * push, x->tg, its gradients copied to g when not 4-byte aligned; returns
+ * where the next copy goes. */
+static float *table_view(svc_scratch *x, size_t i, int push, const table_scan *t, uint64_t *ids,
+                         size_t n, float *g) {
+  if (!push) {
+    shardrec__v1__table_ids__init(&x->ti[i]);
+    x->ti[i].table_id = t->table_id;
+    x->ti[i].n_ids = n;
+    x->ti[i].ids = ids;
+    x->tip[i] = &x->ti[i];
+    return g;
+  }
+  Shardrec__V1__TableGrads *tg = &x->tg[i];
+  shardrec__v1__table_grads__init(tg);
+  tg->table_id = t->table_id;
+  tg->n_ids = n;
+  tg->ids = ids;
+  tg->grads.len = t->grads_len;
+  tg->grads.data = (uint8_t *)(uintptr_t)t->grads; /* read only */
+  if ((uintptr_t)t->grads & 3u) {
+    memcpy(g, t->grads, t->grads_len);
+    tg->grads.data = (uint8_t *)g;
+    g += (t->grads_len + 3) / 4;
+  }
+  x->tgp[i] = tg;
+  return g;
+}
+
+/* The views of the request's tables[nt] (scanned into x->scan) in x->ti
+ * (Lookup) or x->tg (push): ids and grads in place or copied. */
+static int tables_fill(const rpc_service *s, svc_scratch *x, const wire_rd *d, int push,
+                       size_t nt) {
+  size_t need = 0, gneed = 0;
+  for (size_t i = 0; i < nt; i++) {
+    const table_scan *t = &x->scan[i];
+    if (t->n_var && t->n_fix) {
+      d->r->status = RPC_INVALID_ARGUMENT;
+      snprintf(d->r->msg, sizeof d->r->msg,
+               "tables[%zu].table_id %u: both ids and ids_fixed are given (send one)", i,
+               t->table_id);
+      return -1;
+    }
+    if (!scan_in_place(t)) need += t->n_var + t->n_fix;
+    if (push && ((uintptr_t)t->grads & 3u)) gneed += (t->grads_len + 3) / 4;
+  }
+  if (need > s->max_ids) {
+    d->r->status = RPC_INVALID_ARGUMENT;
+    snprintf(d->r->msg, sizeof d->r->msg, "tables: more than %zu ids in one request", s->max_ids);
+    return -1;
+  }
+  if (grow((void **)&x->idbuf, &x->cap_id, need, sizeof *x->idbuf) ||
+      grow((void **)&x->gbuf, &x->cap_g, gneed, sizeof *x->gbuf))
+    return scratch_nomem(d->r);
+  uint64_t *id = x->idbuf;
+  float *g = x->gbuf;
+  for (size_t i = 0; i < nt; i++) {
+    const table_scan *t = &x->scan[i];
+    const size_t n = t->n_var + t->n_fix;
+    uint64_t *ids = NULL;
+    if (n && scan_in_place(t)) {
+      ids = (uint64_t *)(uintptr_t)t->fix; /* read only */
+      x->in_place += n;
+    } else if (n) {
+      if (table_copy(d, i, push, t, id)) return -1;
+      ids = id;
+      id += n;
+      x->copied += n;
+    }
+    g = table_view(x, i, push, t, ids, n, g);
+  }
+  return 0;
+}
+
+/* A Lookup (push 0) or Push request in[len] decoded in place into x->lq
+ * or x->pq: the views protobuf-c's unpack would give (header NULL when
+ * absent), pointing into in and x, valid while both are. 0, or -1 with
+ * the refusal in r: INVALID_ARGUMENT naming the field and its offset in
+ * the request, RESOURCE_EXHAUSTED out of memory. */
+static int req_decode(const rpc_service *s, svc_scratch *x, int push, const uint8_t *in,
+                      size_t len, rpc_reply *r) {
+  static const char *const lookup_names[4] = {NULL, "header", "tables", "prefetch_only"};
+  static const char *const push_names[4] = {NULL, "header", "learning_rate", "tables"};
+  const wire_rd d = {push ? "shardrec.v1.PushRequest" : "shardrec.v1.LookupRequest", in, len, r};
+  const wire_msg m = {"", push ? push_names : lookup_names, 4};
+  shardrec__v1__request_header__init(&x->h);
+  x->fp[0] = x->job[0] = 0;
+  x->h.plan_fingerprint = x->fp;
+  x->h.job_id = x->job;
+  int has_header = 0, prefetch = 0;
+  float lr = 0;
+  size_t nt = 0;
+  const uint8_t *p = in, *end = in + len;
+  while (p < end) {
+    const uint8_t *at = p, *val = NULL;
+    uint32_t num;
+    int wt;
+    uint64_t v = 0;
+    size_t n = 0;
+    if (wire_field(&d, &p, end, &m, &num, &wt, &v, &val, &n)) return -1;
+    if (num == 1) {
+      if (wt != WT_LEN) return wire_type_bad(&d, at, "header", wt);
+      if (header_decode(&d, x, val, val + n)) return -1;
+      has_header = 1;
+    } else if (num == (push ? 3u : 2u)) {
+      char field[32];
+      snprintf(field, sizeof field, "tables[%zu]", nt);
+      if (wt != WT_LEN) return wire_type_bad(&d, at, field, wt);
+      if (scratch_tables(x, nt + 1)) return scratch_nomem(r);
+      if (table_walk(&d, nt, push, val, val + n, &x->scan[nt])) return -1;
+      nt++;
+    } else if (!push && num == 3) {
+      if (wt != WT_VARINT) return wire_type_bad(&d, at, "prefetch_only", wt);
+      prefetch = v != 0;
+    } else if (push && num == 2) {
+      if (wt != WT_I32) return wire_type_bad(&d, at, "learning_rate", wt);
+      const uint32_t b = (uint32_t)v;
+      memcpy(&lr, &b, sizeof lr);
+    }
+  }
+  if (tables_fill(s, x, &d, push, nt)) return -1;
+  if (push) {
+    shardrec__v1__push_request__init(&x->pq);
+    x->pq.header = has_header ? &x->h : NULL;
+    x->pq.learning_rate = lr;
+    x->pq.n_tables = nt;
+    x->pq.tables = x->tgp;
+  } else {
+    shardrec__v1__lookup_request__init(&x->lq);
+    x->lq.header = has_header ? &x->h : NULL;
+    x->lq.n_tables = nt;
+    x->lq.tables = x->tip;
+    x->lq.prefetch_only = prefetch;
+  }
+  return 0;
+}
+
+static int lookup_decode(const rpc_service *s, svc_scratch *x, const uint8_t *in, size_t len,
+                         rpc_reply *r) {
+  return req_decode(s, x, 0, in, len, r);
+}
+
+static int push_decode(const rpc_service *s, svc_scratch *x, const uint8_t *in, size_t len,
+                       rpc_reply *r) {
+  return req_decode(s, x, 1, in, len, r);
 }
 
 /* Whether ids[n] holds a value twice (the first repeat into *twice), in
@@ -803,23 +1339,21 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
                       double timeout_s, int pin) {
   const int nt = s->plan->n_tables;
   if (budget_take(s, 2 * len, token != NULL, r)) return; /* the request's copy, decoded form */
-  Shardrec__V1__LookupRequest *q = shardrec__v1__lookup_request__unpack(NULL, len, in);
-  int *idx = NULL;
-  uint8_t *seen = NULL;
-  const uint64_t **ids = NULL;
-  size_t *counts = NULL;
-  float **outp = NULL;
-  size_t *rows_at = NULL;
-  if (!q) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid shardrec.v1.LookupRequest (%zu bytes)", len);
+  svc_scratch *x = scratch_take(s); /* the decoded form and the arrays below */
+  const Shardrec__V1__LookupRequest *q = NULL;
+  if (!x) FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
+  if (lookup_decode(s, x, in, len, r)) goto out;
+  q = &x->lq;
   if (check_header(s, q->header, r) || check_clean(s, r)) goto out;
-  idx = calloc(q->n_tables + 1, sizeof *idx);
-  seen = calloc((size_t)nt, 1);
-  ids = calloc((size_t)nt, sizeof *ids);
-  counts = calloc((size_t)nt, sizeof *counts);
-  outp = calloc((size_t)nt, sizeof *outp);
-  rows_at = calloc(q->n_tables + 1, sizeof *rows_at);
-  if (!idx || !seen || !ids || !counts || !outp || !rows_at)
-    FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
+  int *idx = x->idx;
+  uint8_t *seen = x->seen;
+  const uint64_t **ids = x->ids;
+  size_t *counts = x->counts;
+  float **outp = x->outp;
+  size_t *rows_at = x->rows_at;
+  memset(seen, 0, (size_t)nt);
+  memset(ids, 0, (size_t)nt * sizeof *ids);
+  memset(counts, 0, (size_t)nt * sizeof *counts);
   size_t total = 0;
   for (size_t i = 0; i < q->n_tables; i++) {
     const Shardrec__V1__TableIds *ti = q->tables[i];
@@ -866,43 +1400,32 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
   pthread_mutex_unlock(&s->mu);
   if (rc) r->status = RPC_INTERNAL; /* rpc_service_handle_call frees the answer */
 out:
-  free(rows_at);
-  free(idx);
-  free(seen);
-  free(ids);
-  free(counts);
-  free(outp);
-  if (q) shardrec__v1__lookup_request__free_unpacked(q, NULL);
+  scratch_give(s, x);
 }
 
 static void do_push(rpc_service *s, const uint8_t *in, size_t len, int defer, rpc_reply *r) {
   const int nt = s->plan->n_tables;
   /* The request's copy, its decoded form and a held copy (sync mode). */
   if (budget_take(s, 3 * len, defer, r)) return;
-  Shardrec__V1__PushRequest *q = shardrec__v1__push_request__unpack(NULL, len, in);
-  int *idx = NULL;
-  uint8_t *seen = NULL;
-  const uint64_t **ids = NULL;
-  size_t *counts = NULL;
-  const float **grads = NULL;
-  float **copies = NULL;
-  size_t n_copies = 0;
-  uint64_t *sorted = NULL;
-  if (!q) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid shardrec.v1.PushRequest (%zu bytes)", len);
+  svc_scratch *x = scratch_take(s); /* the decoded form and the arrays below */
+  const Shardrec__V1__PushRequest *q = NULL;
+  if (!x) FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
+  if (push_decode(s, x, in, len, r)) goto out;
+  q = &x->pq;
   if (s->read_only) FAIL(r, RPC_FAILED_PRECONDITION, "this server is read-only: Push refused");
   if (check_header(s, q->header, r) || check_clean(s, r)) goto out;
   if (!emb_optim_lr_ok(q->learning_rate))
     FAIL(r, RPC_INVALID_ARGUMENT, "learning_rate %g: must be finite and within [0, %g]",
          (double)q->learning_rate, EMB_OPTIM_MAX_LR);
-  idx = calloc(q->n_tables + 1, sizeof *idx);
-  seen = calloc((size_t)nt, 1);
-  ids = calloc((size_t)nt, sizeof *ids);
-  counts = calloc((size_t)nt, sizeof *counts);
-  grads = calloc((size_t)nt, sizeof *grads);
-  copies = calloc(q->n_tables + 1, sizeof *copies);
-  n_copies = q->n_tables;
-  if (!idx || !seen || !ids || !counts || !grads || !copies)
-    FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
+  int *idx = x->idx;
+  uint8_t *seen = x->seen;
+  const uint64_t **ids = x->ids;
+  size_t *counts = x->counts;
+  const float **grads = x->grads;
+  memset(seen, 0, (size_t)nt);
+  memset(ids, 0, (size_t)nt * sizeof *ids);
+  memset(counts, 0, (size_t)nt * sizeof *counts);
+  memset(grads, 0, (size_t)nt * sizeof *grads);
   size_t total = 0, most = 0;
   for (size_t i = 0; i < q->n_tables; i++) {
     const Shardrec__V1__TableGrads *tg = q->tables[i];
@@ -917,22 +1440,17 @@ static void do_push(rpc_service *s, const uint8_t *in, size_t len, int defer, rp
   }
   size_t hash_cap = 16;
   while (hash_cap < 2 * most) hash_cap *= 2;
-  sorted = malloc(hash_cap * sizeof *sorted + hash_cap / 8);
-  if (!sorted) FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
+  /* ids_repeated's slots, then hash_cap / 8 bytes of occupancy bits */
+  if (grow((void **)&x->hash, &x->cap_hash, hash_cap + hash_cap / 64 + 1, sizeof *x->hash))
+    FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
   for (size_t i = 0; i < q->n_tables; i++) {
     const Shardrec__V1__TableGrads *tg = q->tables[i];
     const int t = idx[i], dim = s->plan->tables[t].dim;
     uint64_t twice;
-    if (ids_repeated(tg->ids, tg->n_ids, sorted, hash_cap, &twice))
+    if (ids_repeated(tg->ids, tg->n_ids, x->hash, hash_cap, &twice))
       FAIL(r, RPC_INVALID_ARGUMENT, "tables[%zu].ids: row %llu given twice (sum its gradients)",
            i, (unsigned long long)twice);
-    const float *g = (const float *)tg->grads.data;
-    if (((uintptr_t)g & 3u) != 0) {
-      copies[i] = malloc(tg->grads.len ? tg->grads.len : 1);
-      if (!copies[i]) FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
-      memcpy(copies[i], tg->grads.data, tg->grads.len);
-      g = copies[i];
-    }
+    const float *g = (const float *)tg->grads.data; /* 4-byte aligned: push_decode */
     for (size_t k = 0; k < tg->n_ids * (size_t)dim; k++)
       if (!isfinite(g[k]))
         FAIL(r, RPC_INVALID_ARGUMENT, "tables[%zu].grads: row %llu element %zu is %g", i,
@@ -959,16 +1477,7 @@ static void do_push(rpc_service *s, const uint8_t *in, size_t len, int defer, rp
   resp.rows = o == RPC_COORD_GO ? total : 0;
   pack_reply(r, &resp.base);
 out:
-  if (copies)
-    for (size_t i = 0; i < n_copies; i++) free(copies[i]);
-  free(copies);
-  free(sorted);
-  free(idx);
-  free(seen);
-  free(ids);
-  free(counts);
-  free(grads);
-  if (q) shardrec__v1__push_request__free_unpacked(q, NULL);
+  scratch_give(s, x);
 }
 
 /* The roots, "A, B", for messages. */
@@ -1164,6 +1673,10 @@ static void do_stats(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r
   resp.max_ids = s->max_ids;
   resp.max_message_bytes = s->max_msg;
   resp.inflight_budget_bytes = s->budget;
+  pthread_mutex_lock(&s->pool_mu);
+  resp.request_ids_in_place = s->ids_in_place;
+  resp.request_ids_copied = s->ids_copied;
+  pthread_mutex_unlock(&s->pool_mu);
   pack_reply(r, &resp.base);
 out:
   if (q) shardrec__v1__stats_request__free_unpacked(q, NULL);

@@ -10,8 +10,16 @@
  * same handlers; a Lookup that would wait is answered UNAVAILABLE (no
  * token: nothing parks). Every 64th input also runs the stalled-job sweep
  * (pending_timeout_s is tiny) and a cancel of a token never parked.
+ * Requests are decoded in place by the service's own decoders
+ * (lookup_decode, push_decode), compiled in here, so raw bytes reach them
+ * instrumented; the structured mode sends each table's ids as varints,
+ * ids_fixed or both, packed by protobuf-c or written by the client's
+ * encoder (rpc/wire.c), at any alignment in memory. Seeds of both:
+ * tests/fuzz/seeds/fuzz_rpc_service.
  * Invariants: every answer is OK with bytes that decode, or an error with a
- * message; the store never holds rows of the other shard. */
+ * message; the store never holds rows of the other shard; a single-rank
+ * Lookup answered OK is answered with the same bytes when its ids go as
+ * varints. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -22,6 +30,7 @@
 #include "embedding/store.h"
 #include "rpc/service.h"
 #include "rpc/shardrec.pb-c.h"
+#include "rpc/wire.h"
 
 static emb_plan *plan;
 static emb_store *store;
@@ -51,11 +60,15 @@ static int check_row(void *ctx, int table, uint64_t row_id, const float *value, 
   return 0;
 }
 
-/* Structured mode: a well-formed Lookup or Push built from the bytes (the
- * fuzzer cannot see inside the uninstrumented protobuf-c parser, so raw bytes
- * alone rarely get past decoding): tables, ids and gradients all fuzzed,
- * the plan fingerprint right unless a flag bit says otherwise. */
-static uint8_t *build(rpc_method m, uint8_t flags, const uint8_t *p, size_t n, size_t *len) {
+/* Structured mode: a well-formed Lookup or Push built from the bytes
+ * (raw bytes rarely carry the plan fingerprint): tables, ids and gradients
+ * all fuzzed, the plan fingerprint right unless a flag bit says otherwise.
+ * An encoding byte picks, unless varint_only: bit 0 the client's encoder
+ * (rpc/wire.h), else bits 1..3 ids_fixed for tables 0..2 and bit 4 both
+ * fields in table 0; bits 5..7 the request's offset from an 8-byte
+ * boundary (*off). */
+static uint8_t *build(rpc_method m, uint8_t flags, const uint8_t *p, size_t n, int varint_only,
+                      size_t *off, size_t *len) {
   size_t at = 0;
 #define NEXT() (at < n ? p[at++] : 0)
   char fp[EMB_FP_HEX];
@@ -70,12 +83,14 @@ static uint8_t *build(rpc_method m, uint8_t flags, const uint8_t *p, size_t n, s
   /* -1 (refused), 0 (sync), 1 or 2 (async): a job keeps the mode of its
    * first call, so most later ones are refused as a mismatch. */
   h.max_staleness = (int32_t)(NEXT() % 4) - 1;
+  const uint8_t enc_byte = NEXT(), enc = varint_only ? 0 : enc_byte;
+  *off = enc >> 5;
   enum { MAXT = 3, MAXI = 16 };
   Shardrec__V1__TableIds ti[MAXT], *tip[MAXT];
   Shardrec__V1__TableGrads tg[MAXT], *tgp[MAXT];
   uint64_t ids[MAXT][MAXI];
   float g[MAXT][MAXI * 4 + 1];
-  size_t nt = NEXT() % (MAXT + 1);
+  size_t nt = NEXT() % (MAXT + 1), k_of[MAXT] = {0};
   static const uint32_t tids[4] = {0, 1, 0, 99};
   for (size_t t = 0; t < nt; t++) {
     size_t k = NEXT() % (MAXI + 1);
@@ -91,6 +106,7 @@ static uint8_t *build(rpc_method m, uint8_t flags, const uint8_t *p, size_t n, s
     shardrec__v1__table_ids__init(&ti[t]);
     ti[t].table_id = tids[t % 4 == 0 ? NEXT() % 4 : t % 4];
     ti[t].n_ids = k;
+    k_of[t] = k;
     ti[t].ids = ids[t];
     tip[t] = &ti[t];
     shardrec__v1__table_grads__init(&tg[t]);
@@ -100,8 +116,21 @@ static uint8_t *build(rpc_method m, uint8_t flags, const uint8_t *p, size_t n, s
     tg[t].grads.data = (uint8_t *)g[t];
     tg[t].grads.len = gl * sizeof(float);
     tgp[t] = &tg[t];
+    if (enc & (2u << t)) { /* ids_fixed instead of ids; table 0 both with bit 4 */
+      ti[t].n_ids_fixed = tg[t].n_ids_fixed = k;
+      ti[t].ids_fixed = tg[t].ids_fixed = ids[t];
+      if (!(t == 0 && (enc & 0x10))) ti[t].n_ids = tg[t].n_ids = 0;
+    }
   }
 #undef NEXT
+  if ((enc & 1) && m != RPC_WATCH) { /* the client's encoder */
+    rpc_wire_table wt[MAXT];
+    for (size_t t = 0; t < nt; t++)
+      wt[t] = (rpc_wire_table){.table_id = ti[t].table_id, .ids = ids[t], .n = k_of[t],
+                               .grads = g[t], .dim = 4};
+    return m == RPC_LOOKUP ? rpc__lookup_encode(&h, wt, nt, 0, len)
+                           : rpc__push_encode(&h, (flags & 0x04) ? -1.0f : 0.1f, wt, nt, len);
+  }
   ProtobufCMessage *msg;
   Shardrec__V1__LookupRequest lq = SHARDREC__V1__LOOKUP_REQUEST__INIT;
   Shardrec__V1__PushRequest pq = SHARDREC__V1__PUSH_REQUEST__INIT;
@@ -128,23 +157,34 @@ static uint8_t *build(rpc_method m, uint8_t flags, const uint8_t *p, size_t n, s
   return out;
 }
 
+/* req[n] handed to the service from off bytes past an 8-byte boundary, in
+ * a copy that ends where the request does. */
+static void handle_at(rpc_method m, const uint8_t *req, size_t n, size_t off, rpc_reply *r) {
+  uint8_t *buf = malloc(n + off ? n + off : 1); /* malloc'd: 16-byte aligned */
+  if (!buf) abort();
+  if (n) memcpy(buf + off, req, n);
+  rpc_service_handle(svc, m, buf + off, n, r);
+  free(buf);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   init_once();
   if (size < 1) return 0;
   static const rpc_method pick[5] = {RPC_LOOKUP, RPC_PUSH, RPC_STATS, RPC_HEALTH_CHECK,
                                      RPC_WATCH};
   rpc_method m = pick[data[0] % 5];
-  size_t n = size - 1;
+  size_t n = size - 1, off = 0;
+  const int structured = (data[0] & 0x80) && (m == RPC_LOOKUP || m == RPC_PUSH || m == RPC_WATCH);
   uint8_t *req;
-  if ((data[0] & 0x80) && (m == RPC_LOOKUP || m == RPC_PUSH || m == RPC_WATCH)) {
-    req = build(m, data[0], data + 1, n, &n);
+  if (structured) {
+    req = build(m, data[0], data + 1, n, 0, &off, &n);
   } else {
     req = malloc(n ? n : 1);
     if (req && n) memcpy(req, data + 1, n);
   }
   if (!req) return 0;
   rpc_reply r;
-  rpc_service_handle(svc, m, req, n, &r);
+  handle_at(m, req, n, off, &r);
   free(req);
   if (r.status == RPC_OK) {
     if (!r.out) abort();
@@ -159,6 +199,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       Shardrec__V1__WatchResponse *a = shardrec__v1__watch_response__unpack(NULL, r.out_len, r.out);
       if (!a) abort();
       shardrec__v1__watch_response__free_unpacked(a, NULL);
+    }
+    if (structured && m == RPC_LOOKUP && !(data[0] & 0x10)) { /* the same ids as varints */
+      size_t vn = size - 1, voff;
+      uint8_t *v = build(m, data[0], data + 1, vn, 1, &voff, &vn);
+      if (!v) abort();
+      rpc_reply vr;
+      handle_at(m, v, vn, 0, &vr);
+      free(v);
+      if (vr.status != RPC_OK || vr.out_len != r.out_len || memcmp(vr.out, r.out, r.out_len))
+        abort(); /* ids_fixed and varint ids answered differently */
+      free(vr.out);
     }
   } else {
     if (r.out || !r.msg[0]) abort();

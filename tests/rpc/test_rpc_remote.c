@@ -12,6 +12,7 @@
 #include "embedding/plan.h"
 #include "embedding/store.h"
 #include "rpc/client.h"
+#include "tests/rpc/calls.h"
 #include "tests/rpc/server.h"
 
 #define DIM 8
@@ -109,6 +110,16 @@ START_TEST(test_remote_matches_local) {
   lookup(loc, 6, ids, 60, a);
   lookup(rem, 6, ids, 60, b);
   ck_assert(memcmp(a, b, sizeof a) == 0);
+  /* Every id the client sent (each to one server) was read by a server
+   * from its ids_fixed, in place or copied (Stats). */
+  uint64_t sent = 2 * 60, got = 0;
+  for (int step = 0; step < 6; step++) sent += 2 * 2 * (20 + (uint64_t)step * 7);
+  for (int k = 0; k < 2; k++) {
+    Shardrec__V1__StatsResponse *st = calls_stats(srv[k].addr);
+    got += st->request_ids_in_place + st->request_ids_copied;
+    shardrec__v1__stats_response__free_unpacked(st, NULL);
+  }
+  ck_assert_uint_eq(got, sent);
   /* Stats: both servers together hold the rows the local store holds. */
   emb_store_stats sl, sr;
   ck_assert_int_eq(emb_store_stats_get(loc, &sl), 0);

@@ -6,7 +6,14 @@
  * decodes with protobuf-c to exactly the rows of an in-process store, every
  * table's rows start at a multiple of 4 in the answer, and nothing else is
  * in it but the incarnation. Also the Push's repeated-id check (a hash set
- * since the qsort went): a repeat anywhere is refused naming the row. */
+ * since the qsort went): a repeat anywhere is refused naming the row.
+ * Then the requests' in-place decoding (issue 18): a Lookup or Push with
+ * ids_fixed (protobuf-c's packing, and the client's hand-written one,
+ * rpc/wire.h) at every alignment in memory is answered exactly as the same
+ * request with varint ids (the old encoding), its ids read in place when
+ * aligned (Stats' request_ids_in_place / _copied); both fields in one
+ * table, and cut, overlong and garbled fields, are refused naming the
+ * field and its offset. */
 #include <check.h>
 
 #include "tests/check_main.h"
@@ -19,6 +26,7 @@
 #include "embedding/store.h"
 #include "rpc/service.h"
 #include "rpc/shardrec.pb-c.h"
+#include "rpc/wire.h"
 
 #define NT 4
 
@@ -246,12 +254,429 @@ START_TEST(test_push_repeated_ids) {
 }
 END_TEST
 
+
+/* ---- requests decoded in place ---- */
+
+/* Stats' request id counts of svc. */
+static void ids_stats(rpc_service *svc, uint64_t *in_place, uint64_t *copied) {
+  rpc_reply r;
+  rpc_service_handle(svc, RPC_STATS, NULL, 0, &r);
+  ck_assert_msg(r.status == RPC_OK, "stats: %s", r.msg);
+  Shardrec__V1__StatsResponse *a = shardrec__v1__stats_response__unpack(NULL, r.out_len, r.out);
+  ck_assert_ptr_nonnull(a);
+  *in_place = a->request_ids_in_place;
+  *copied = a->request_ids_copied;
+  shardrec__v1__stats_response__free_unpacked(a, NULL);
+  free(r.out);
+}
+
+/* req[len] handed to svc from off bytes past a 16-byte aligned address. */
+static void handle_at(rpc_service *svc, rpc_method m, const uint8_t *req, size_t len, size_t off,
+                      rpc_reply *r) {
+  static _Alignas(16) uint8_t buf[1 << 20];
+  ck_assert_uint_le(off + len, sizeof buf);
+  memcpy(buf + off, req, len);
+  rpc_service_handle(svc, m, buf + off, len, r);
+}
+
+enum { ENC_VARINT, ENC_PBC_FIXED, ENC_HAND, N_ENC };
+
+/* The request of tables tab[k] (dims from the plan) in encoding e:
+ * protobuf-c with ids, protobuf-c with ids_fixed, or rpc/wire.h's.
+ * Lookup: grads NULL. Caller frees. */
+static uint8_t *encode_req(int e, char *fp, int64_t step, const int *tab, int k,
+                           uint64_t (*ids)[300], const size_t *cnt, const float *grads,
+                           size_t *len) {
+  Shardrec__V1__RequestHeader h;
+  header(&h, fp, step);
+  if (e == ENC_HAND) {
+    rpc_wire_table wt[NT];
+    for (int j = 0; j < k; j++)
+      wt[j] = (rpc_wire_table){.table_id = tids[tab[j]], .ids = ids[j], .n = cnt[j],
+                               .grads = grads, .dim = dims[tab[j]]};
+    return grads ? rpc__push_encode(&h, 0.25f, wt, (size_t)k, len)
+                 : rpc__lookup_encode(&h, wt, (size_t)k, 0, len);
+  }
+  Shardrec__V1__TableIds ti[NT], *tip[NT];
+  Shardrec__V1__TableGrads tg[NT], *tgp[NT];
+  for (int j = 0; j < k; j++) {
+    shardrec__v1__table_ids__init(&ti[j]);
+    shardrec__v1__table_grads__init(&tg[j]);
+    ti[j].table_id = tg[j].table_id = tids[tab[j]];
+    if (e == ENC_VARINT) ti[j].n_ids = tg[j].n_ids = cnt[j], ti[j].ids = tg[j].ids = ids[j];
+    else ti[j].n_ids_fixed = tg[j].n_ids_fixed = cnt[j], ti[j].ids_fixed = tg[j].ids_fixed = ids[j];
+    tg[j].grads.data = (uint8_t *)grads;
+    tg[j].grads.len = cnt[j] * (size_t)dims[tab[j]] * sizeof(float);
+    tip[j] = &ti[j];
+    tgp[j] = &tg[j];
+  }
+  Shardrec__V1__LookupRequest lq = SHARDREC__V1__LOOKUP_REQUEST__INIT;
+  Shardrec__V1__PushRequest pq = SHARDREC__V1__PUSH_REQUEST__INIT;
+  lq.header = pq.header = &h;
+  lq.n_tables = pq.n_tables = (size_t)k;
+  lq.tables = tip;
+  pq.tables = tgp;
+  pq.learning_rate = 0.25f;
+  ProtobufCMessage *msg = grads ? &pq.base : &lq.base;
+  *len = protobuf_c_message_get_packed_size(msg);
+  uint8_t *buf = malloc(*len);
+  protobuf_c_message_pack(msg, buf);
+  return buf;
+}
+
+/* Lookups of several tables (1 to 4, in several orders) and id counts
+ * with ids_fixed, each at memory offsets 0..7, are answered with exactly
+ * the bytes of the same Lookup with varint ids; the hand-written ones put
+ * every table's ids at a multiple of 8 in the message and protobuf-c
+ * reads them back; aligned ids are read in place, the rest copied. */
+START_TEST(test_ids_fixed_lookup) {
+  emb_plan *plan = plan_make();
+  char err[512], fp[EMB_FP_HEX];
+  ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
+  emb_store *st = emb_store_create_local(plan, err, sizeof err);
+  emb_store *loc = emb_store_create_local(plan, err, sizeof err);
+  int shard = 0;
+  rpc_service_opts so = {.shards = &shard, .n_shards = 1};
+  rpc_service *svc = rpc_service_create(plan, st, &so, err, sizeof err);
+  ck_assert_msg(svc != NULL, "%s", err);
+  fill(svc, loc, fp);
+  static uint64_t ids[NT][300];
+  static const size_t ns[] = {1, 2, 7, 40, 300};
+  int in_place_calls = 0, copied_calls = 0;
+  for (size_t c = 0; c < sizeof ns / sizeof *ns; c++)
+    for (int first = 0; first < NT; first++) {
+      const int k = 1 + (first + (int)c) % NT;
+      int tab[NT];
+      size_t cnt[NT], total = 0;
+      for (int j = 0; j < k; j++) {
+        tab[j] = (first + j) % NT;
+        cnt[j] = ns[c] + (size_t)j;
+        if (cnt[j] > 300) cnt[j] = 300;
+        for (size_t i = 0; i < cnt[j]; i++) ids[j][i] = (i * 613 + c * 7 + (size_t)j) % 1000;
+        total += cnt[j];
+      }
+      size_t len;
+      uint8_t *req = encode_req(ENC_VARINT, fp, 2, tab, k, ids, cnt, NULL, &len);
+      rpc_reply want;
+      handle_at(svc, RPC_LOOKUP, req, len, 0, &want);
+      ck_assert_msg(want.status == RPC_OK, "varint lookup: %s", want.msg);
+      free(req);
+      for (int e = ENC_PBC_FIXED; e < N_ENC; e++) {
+        req = encode_req(e, fp, 2, tab, k, ids, cnt, NULL, &len);
+        if (e == ENC_HAND) { /* any decoder reads it; every table's ids 8-aligned in it */
+          Shardrec__V1__LookupRequest *q = shardrec__v1__lookup_request__unpack(NULL, len, req);
+          ck_assert_ptr_nonnull(q);
+          ck_assert_uint_eq(q->n_tables, (size_t)k);
+          for (int j = 0; j < k; j++) {
+            ck_assert_uint_eq(q->tables[j]->table_id, tids[tab[j]]);
+            ck_assert_uint_eq(q->tables[j]->n_ids, 0);
+            ck_assert_uint_eq(q->tables[j]->n_ids_fixed, cnt[j]);
+            ck_assert(!memcmp(q->tables[j]->ids_fixed, ids[j], cnt[j] * 8));
+            long off = find(req, len, (const uint8_t *)ids[j], cnt[j] * 8);
+            ck_assert_msg(off >= 0 && off % 8 == 0, "table %d: ids at offset %ld", j, off);
+          }
+          shardrec__v1__lookup_request__free_unpacked(q, NULL);
+        }
+        for (size_t off = 0; off < 8; off++) {
+          uint64_t p0, c0, p1, c1;
+          ids_stats(svc, &p0, &c0);
+          rpc_reply r;
+          handle_at(svc, RPC_LOOKUP, req, len, off, &r);
+          ck_assert_msg(r.status == RPC_OK, "enc %d off %zu: %s", e, off, r.msg);
+          ck_assert_uint_eq(r.out_len, want.out_len);
+          ck_assert_msg(!memcmp(r.out, want.out, want.out_len),
+                        "enc %d off %zu n %zu: the answer differs from the varint request's", e,
+                        off, ns[c]);
+          free(r.out);
+          ids_stats(svc, &p1, &c1);
+          ck_assert_uint_eq((p1 - p0) + (c1 - c0), total);
+          if (e == ENC_HAND && off == 0) { /* aligned: all read in place */
+            ck_assert_uint_eq(p1 - p0, total);
+            in_place_calls++;
+          }
+          if (e == ENC_HAND && off % 8) { /* none is aligned: all copied */
+            ck_assert_uint_eq(c1 - c0, total);
+            copied_calls++;
+          }
+        }
+        free(req);
+      }
+      free(want.out);
+    }
+  ck_assert_int_eq(in_place_calls, 20);
+  ck_assert_int_eq(copied_calls, 140);
+  rpc_service_destroy(svc);
+  emb_store_destroy(st);
+  emb_store_destroy(loc);
+  emb_plan_free(plan);
+}
+END_TEST
+
+/* The same Pushes (several tables, several steps) sent to three services
+ * as varint ids, protobuf-c ids_fixed and hand-written ids_fixed (at
+ * offsets that leave ids and gradients aligned or not) leave exactly the
+ * same rows, and the varint one's are the in-process store's. */
+START_TEST(test_ids_fixed_push) {
+  emb_plan *plan = plan_make();
+  char err[512], fp[EMB_FP_HEX];
+  ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
+  emb_store *st[N_ENC], *loc = emb_store_create_local(plan, err, sizeof err);
+  rpc_service *svc[N_ENC];
+  int shard = 0;
+  rpc_service_opts so = {.shards = &shard, .n_shards = 1};
+  for (int e = 0; e < N_ENC; e++) {
+    st[e] = emb_store_create_local(plan, err, sizeof err);
+    svc[e] = rpc_service_create(plan, st[e], &so, err, sizeof err);
+    ck_assert_msg(svc[e] != NULL, "%s", err);
+  }
+  static uint64_t ids[NT][300];
+  static float g[300 * 33];
+  for (int step = 1; step <= 8; step++) {
+    const int k = 1 + step % NT;
+    int tab[NT];
+    size_t cnt[NT];
+    const uint64_t *ip[NT] = {0};
+    size_t counts[NT] = {0};
+    const float *gp[NT] = {0};
+    for (int j = 0; j < k; j++) {
+      tab[j] = (step + j) % NT;
+      cnt[j] = (size_t)(step * 37 + j) % 300 + 1;
+      for (size_t i = 0; i < cnt[j]; i++) ids[j][i] = (i * 331 + (size_t)step) % 1000; /* unique */
+      ip[tab[j]] = ids[j];
+      counts[tab[j]] = cnt[j];
+      gp[tab[j]] = g;
+    }
+    for (int i = 0; i < 300 * 33; i++) g[i] = (float)((i * 31 + step) % 97) / 97.0f - 0.5f;
+    emb_idset set = {NT, ip, counts};
+    ck_assert_int_eq(emb_store_push(loc, step, 0.25f, &set, gp), 0);
+    for (int e = 0; e < N_ENC; e++) {
+      size_t len;
+      uint8_t *req = encode_req(e, fp, step, tab, k, ids, cnt, g, &len);
+      rpc_reply r;
+      handle_at(svc[e], RPC_PUSH, req, len, e == ENC_HAND ? (size_t)step % 3 * 4 : 0, &r);
+      ck_assert_msg(r.status == RPC_OK, "enc %d step %d: %s", e, step, r.msg);
+      Shardrec__V1__PushResponse *a = shardrec__v1__push_response__unpack(NULL, r.out_len, r.out);
+      ck_assert_ptr_nonnull(a);
+      ck_assert(a->applied);
+      size_t total = 0;
+      for (int j = 0; j < k; j++) total += cnt[j];
+      ck_assert_uint_eq(a->rows, total);
+      shardrec__v1__push_response__free_unpacked(a, NULL);
+      free(r.out);
+      free(req);
+    }
+  }
+  uint64_t p, c;
+  ids_stats(svc[ENC_HAND], &p, &c);
+  ck_assert(p > 0 && c > 0); /* offsets 0 (in place) and 4, 8 (ids copied, grads in place) */
+  /* Every row of every table, as the three services and the store hold it. */
+  static uint64_t all[NT][300];
+  static float want[NT][1000 * 33];
+  for (int lo = 0; lo < 1000; lo += 250) {
+    int tab[NT];
+    size_t cnt[NT];
+    const uint64_t *ip[NT];
+    size_t counts[NT];
+    float *op[NT];
+    for (int t = 0; t < NT; t++) {
+      tab[t] = t;
+      cnt[t] = counts[t] = 250;
+      for (int i = 0; i < 250; i++) all[t][i] = (uint64_t)(lo + i);
+      ip[t] = all[t];
+      op[t] = want[t];
+    }
+    emb_idset set = {NT, ip, counts};
+    ck_assert_int_eq(emb_store_lookup_begin(loc, 9, &set, op), 0);
+    ck_assert_int_eq(emb_store_lookup_wait(loc), 0);
+    size_t len;
+    uint8_t *req = encode_req(ENC_VARINT, fp, 9, tab, NT, all, cnt, NULL, &len);
+    rpc_reply r[N_ENC];
+    for (int e = 0; e < N_ENC; e++) {
+      handle_at(svc[e], RPC_LOOKUP, req, len, 0, &r[e]);
+      ck_assert_msg(r[e].status == RPC_OK, "%s", r[e].msg);
+    }
+    /* (The answers differ in their incarnation only.) */
+    for (int e = 0; e < N_ENC; e++) {
+      Shardrec__V1__LookupResponse *a =
+          shardrec__v1__lookup_response__unpack(NULL, r[e].out_len, r[e].out);
+      ck_assert_ptr_nonnull(a);
+      ck_assert_uint_eq(a->n_tables, NT);
+      for (int t = 0; t < NT; t++)
+        ck_assert_msg(a->tables[t]->rows.len == 250 * (size_t)dims[t] * 4 &&
+                          !memcmp(a->tables[t]->rows.data, want[t], a->tables[t]->rows.len),
+                      "encoding %d, table %d rows %d..: the pushes left other rows than the "
+                      "store's", e, t, lo);
+      shardrec__v1__lookup_response__free_unpacked(a, NULL);
+    }
+    for (int e = 0; e < N_ENC; e++) free(r[e].out);
+    free(req);
+  }
+  for (int e = 0; e < N_ENC; e++) {
+    rpc_service_destroy(svc[e]);
+    emb_store_destroy(st[e]);
+  }
+  emb_store_destroy(loc);
+  emb_plan_free(plan);
+}
+END_TEST
+
+/* A request of header (fp, step 3) then one table field (field number
+ * tables_field) of content tab[tlen], into out; *at gets the offset of the
+ * table's content. Returns its length. */
+static size_t raw_req(char *fp, int push, const uint8_t *tab, size_t tlen, uint8_t *out,
+                      size_t *at) {
+  Shardrec__V1__RequestHeader h;
+  header(&h, fp, 3);
+  size_t hl = shardrec__v1__request_header__get_packed_size(&h), n = 0;
+  ck_assert_uint_lt(hl, 128);
+  ck_assert_uint_lt(tlen, 128);
+  out[n++] = 0x0a;
+  out[n++] = (uint8_t)hl;
+  n += shardrec__v1__request_header__pack(&h, out + n);
+  if (push) { /* learning_rate 0.25 */
+    const float lr = 0.25f;
+    out[n++] = 0x15;
+    memcpy(out + n, &lr, 4);
+    n += 4;
+  }
+  out[n++] = push ? 0x1a : 0x12;
+  out[n++] = (uint8_t)tlen;
+  *at = n;
+  memcpy(out + n, tab, tlen);
+  return n + tlen;
+}
+
+/* req[len] at an exact-size heap copy (an overread is the sanitizers'),
+ * refused INVALID_ARGUMENT with a message holding want. */
+static void expect_refused(rpc_service *svc, rpc_method m, const uint8_t *req, size_t len,
+                           const char *want) {
+  uint8_t *copy = malloc(len ? len : 1);
+  memcpy(copy, req, len);
+  rpc_reply r;
+  rpc_service_handle(svc, m, copy, len, &r);
+  free(copy);
+  ck_assert_msg(r.status == RPC_INVALID_ARGUMENT, "want '%s': status %d (%s)", want, r.status,
+                r.msg);
+  ck_assert_msg(strstr(r.msg, want) != NULL, "want '%s' in: %s", want, r.msg);
+  ck_assert_ptr_null(r.out);
+}
+
+/* A table with both ids and ids_fixed is refused naming it (Lookup and
+ * Push); cut, overlong and garbled fields are refused naming the field
+ * and its offset in the request; every prefix of a good request is
+ * answered or refused with a message, and nothing was pushed. */
+START_TEST(test_bad_requests_refused) {
+  emb_plan *plan = plan_make();
+  char err[512], fp[EMB_FP_HEX], want[200];
+  ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
+  emb_store *st = emb_store_create_local(plan, err, sizeof err);
+  int shard = 0;
+  rpc_service_opts so = {.shards = &shard, .n_shards = 1};
+  rpc_service *svc = rpc_service_create(plan, st, &so, err, sizeof err);
+  ck_assert_msg(svc != NULL, "%s", err);
+  uint8_t req[512];
+  size_t at, len;
+  /* table_id 300 (ac 02), ids [5], ids_fixed [6] */
+  const uint8_t both[] = {0x08, 0xac, 0x02, 0x12, 0x01, 0x05, 0x1a, 0x08, 6, 0, 0, 0, 0, 0, 0, 0};
+  len = raw_req(fp, 0, both, sizeof both, req, &at);
+  expect_refused(svc, RPC_LOOKUP, req, len, "tables[0].table_id 300: both ids and ids_fixed");
+  const uint8_t both_push[] = {0x08, 0x00, 0x12, 0x01, 0x05, 0x22, 0x08, 6, 0, 0, 0, 0, 0, 0,
+                               0, 0x1a, 0x04, 0, 0, 0, 0};
+  len = raw_req(fp, 1, both_push, sizeof both_push, req, &at);
+  expect_refused(svc, RPC_PUSH, req, len, "tables[0].table_id 0: both ids and ids_fixed");
+  /* ids_fixed of 12 bytes */
+  const uint8_t twelve[] = {0x08, 0x00, 0x1a, 0x0c, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0};
+  len = raw_req(fp, 0, twelve, sizeof twelve, req, &at);
+  snprintf(want, sizeof want, "tables[0].ids_fixed at offset %zu: length not a multiple of 8", at + 4);
+  expect_refused(svc, RPC_LOOKUP, req, len, want);
+  /* an 11-byte varint among packed ids */
+  const uint8_t overlong[] = {0x08, 0x00, 0x12, 0x0c, 0x03, 0xff, 0xff, 0xff, 0xff, 0xff,
+                              0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
+  len = raw_req(fp, 0, overlong, sizeof overlong, req, &at);
+  snprintf(want, sizeof want, "tables[0].ids at offset %zu: varint longer than 10 bytes", at + 5);
+  expect_refused(svc, RPC_LOOKUP, req, len, want);
+  /* packed ids whose last varint is cut off */
+  const uint8_t cutvar[] = {0x08, 0x00, 0x12, 0x02, 0x03, 0x85};
+  len = raw_req(fp, 0, cutvar, sizeof cutvar, req, &at);
+  snprintf(want, sizeof want, "tables[0].ids at offset %zu: last varint cut off", at + 5);
+  expect_refused(svc, RPC_LOOKUP, req, len, want);
+  /* table_id as bytes; a group; grads as a varint (Push) */
+  const uint8_t tid_len[] = {0x0a, 0x01, 0x00};
+  len = raw_req(fp, 0, tid_len, sizeof tid_len, req, &at);
+  snprintf(want, sizeof want, "tables[0].table_id at offset %zu: wire type 2", at);
+  expect_refused(svc, RPC_LOOKUP, req, len, want);
+  const uint8_t group[] = {0x08, 0x00, 0x23, 0x24};
+  len = raw_req(fp, 0, group, sizeof group, req, &at);
+  snprintf(want, sizeof want, "tables[0] field 4 at offset %zu: wire type 3", at + 2);
+  expect_refused(svc, RPC_LOOKUP, req, len, want);
+  const uint8_t grads_var[] = {0x08, 0x00, 0x22, 0x08, 6, 0, 0, 0, 0, 0, 0, 0, 0x18, 0x01};
+  len = raw_req(fp, 1, grads_var, sizeof grads_var, req, &at);
+  snprintf(want, sizeof want, "tables[0].grads at offset %zu: wire type 0", at + 12);
+  expect_refused(svc, RPC_PUSH, req, len, want);
+  /* a table longer than the request */
+  const uint8_t t3[] = {0x08, 0x00, 0x1a};
+  len = raw_req(fp, 0, t3, sizeof t3, req, &at);
+  req[at - 1] = 50;
+  snprintf(want, sizeof want, "not a valid shardrec.v1.LookupRequest (%zu bytes): tables at offset %zu: length past the end", len, at - 1);
+  expect_refused(svc, RPC_LOOKUP, req, len, want);
+  /* a header whose job_id runs past the header */
+  const uint8_t hdr[] = {0x0a, 0x04, 0x12, 0x05, 'a', 'b'};
+  expect_refused(svc, RPC_LOOKUP, hdr, sizeof hdr, "header.job_id at offset 3: length past the end");
+  /* a tag cut off at the end */
+  const uint8_t tag[] = {0x0a, 0x00, 0x80};
+  expect_refused(svc, RPC_PUSH, tag, sizeof tag, "the request at offset 2: field tag cut off");
+  /* Every prefix of a good Push and Lookup: answered when it ends where a
+   * field of the request ends (a request with fewer fields), else refused
+   * with a message. */
+  static uint64_t ids[NT][300];
+  static float g[300 * 33];
+  int tab[2] = {1, 3};
+  size_t cnt[2] = {5, 9};
+  for (int j = 0; j < 2; j++)
+    for (size_t i = 0; i < cnt[j]; i++) ids[j][i] = i * 3 + (size_t)j;
+  for (int push = 0; push < 2; push++) {
+    uint8_t *good = encode_req(ENC_HAND, fp, 4, tab, 2, ids, cnt, push ? g : NULL, &len);
+    uint8_t *ends = calloc(len + 1, 1); /* ends[k]: a field of the request ends at k */
+    for (size_t k = 0; k < len;) { /* tags and lengths of one or two bytes here */
+      const uint8_t wt = good[k++] & 7;
+      size_t n = wt == 5 ? 4 : good[k] < 0x80 ? good[k++] : (good[k] & 0x7f) | (size_t)good[k + 1] << 7;
+      if (wt == 2 && n >= 0x80) k += 2;
+      k += n;
+      ends[k] = 1;
+    }
+    ck_assert(ends[len]);
+    for (size_t cut = 0; cut < len; cut++) {
+      uint8_t *copy = malloc(cut ? cut : 1);
+      memcpy(copy, good, cut);
+      rpc_reply r;
+      rpc_service_handle(svc, push ? RPC_PUSH : RPC_LOOKUP, copy, cut, &r);
+      free(copy);
+      ck_assert_msg((r.status == RPC_OK) == (ends[cut] != 0), "push %d cut %zu of %zu: %d (%s)",
+                    push, cut, len, r.status, r.msg);
+      if (r.status != RPC_OK) {
+        ck_assert_msg(r.msg[0] != 0, "cut %zu: refused without a message", cut);
+        ck_assert_ptr_null(r.out);
+      }
+      free(r.out);
+    }
+    free(ends);
+    free(good);
+  }
+  rpc_service_destroy(svc);
+  emb_store_destroy(st);
+  emb_plan_free(plan);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("rpc_wire");
   TCase *tc = tcase_create("wire");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_lookup_answer_layout);
   tcase_add_test(tc, test_push_repeated_ids);
+  tcase_add_test(tc, test_ids_fixed_lookup);
+  tcase_add_test(tc, test_ids_fixed_push);
+  tcase_add_test(tc, test_bad_requests_refused);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
