@@ -30,17 +30,20 @@ static void teardown(void) {
   free(dir);
 }
 
-/* Train 40 steps on plan, in process (servers NULL) or against servers;
- * returns the metrics file without the timing fields. */
-static char *train(const char *name, const char *plan, const char *servers) {
+/* Train 40 steps on plan, in process (servers NULL) or against servers,
+ * with more flags extra; returns the metrics file without the timing
+ * fields, and train's output in *log (NULL: not kept; caller frees). */
+static char *train_with(const char *name, const char *plan, const char *servers,
+                        const char *extra, char **log) {
   char *out;
   int rc = run_cmd(&out, "cd %s && %s train --processed-data-file d.bin --num-batches 40 "
                          "--print-freq 1 --mini-batch-size 64 --optimizer adagrad "
-                         "--learning-rate 0.01 --sparse-learning-rate 0.1 --plan %s --metrics-out %s.jsonl %s%s",
+                         "--learning-rate 0.01 --sparse-learning-rate 0.1 --plan %s --metrics-out %s.jsonl %s%s %s",
                    dir, bin_path(), plan, name, servers ? "--shard-servers " : "",
-                   servers ? servers : "");
+                   servers ? servers : "", extra);
   ck_assert_msg(rc == 0, "train %s failed: %s", name, out);
-  free(out);
+  if (log) *log = out;
+  else free(out);
   /* Keep only the kind, step, loss and the test metrics of each line. */
   rc = run_cmd(&out, "cd %s && /usr/bin/python3 -c \"\n"
                      "import json\n"
@@ -52,18 +55,27 @@ static char *train(const char *name, const char *plan, const char *servers) {
   return out;
 }
 
+static char *train(const char *name, const char *plan, const char *servers) {
+  return train_with(name, plan, servers, "", NULL);
+}
+
 /* Servers keep rows in RocksDB (--data-dir) with a cache, so this also
- * checks the shard store behind the service. */
-static void start_servers(test_server *s, int n, const char *plan) {
+ * checks the shard store behind the service. tag names their folders
+ * beside the plan's ("": the plan's alone). */
+static void start_servers_in(test_server *s, int n, const char *plan, const char *tag) {
   for (int k = 0; k < n; k++) {
     char args[1200], log[600];
     /* Each configuration starts from empty RocksDB folders: a server keeps
      * its rows across restarts. */
-    snprintf(args, sizeof args, "--plan '%s/%s' --shard %d --cache-rows 4096 --data-dir '%s/%s.srv%d' "
-             "--checkpoint-root '%s'", dir, plan, k, dir, plan, k, dir);
+    snprintf(args, sizeof args, "--plan '%s/%s' --shard %d --cache-rows 4096 --data-dir '%s/%s%s.srv%d' "
+             "--checkpoint-root '%s'", dir, plan, k, dir, plan, tag, k, dir);
     snprintf(log, sizeof log, "%s/srv%d.log", dir, k);
     server_start(&s[k], args, log);
   }
+}
+
+static void start_servers(test_server *s, int n, const char *plan) {
+  start_servers_in(s, n, plan, "");
 }
 
 static void addr_list(test_server *s, int n, char *buf, size_t len) {
@@ -98,6 +110,32 @@ START_TEST(test_remote_equals_in_process) {
   ck_assert_str_eq(ref, t3);
   free(t3);
   free(ref);
+}
+END_TEST
+
+/* Two TCP connections per server (--rpc-connections 2: a server's calls go
+ * round them) give the bits of one in sync mode: 3 servers row-wise (every
+ * step calls each), per-step losses and the test figures compared exactly
+ * between the two runs, each on fresh RocksDB folders. */
+START_TEST(test_two_connections_same_bits) {
+  char *got[2];
+  for (int c = 0; c < 2; c++) {
+    test_server s[3];
+    char tag[8], list[256], name[32], flags[64];
+    snprintf(tag, sizeof tag, ".c%d", c + 1);
+    start_servers_in(s, 3, "p3r.json", tag);
+    addr_list(s, 3, list, sizeof list);
+    snprintf(name, sizeof name, "conn%d", c + 1);
+    snprintf(flags, sizeof flags, "--rpc-connections %d", c + 1);
+    got[c] = train_with(name, "p3r.json", list, flags, NULL);
+    for (int k = 0; k < 3; k++) ck_assert_int_eq(server_stop(&s[k]), 0);
+  }
+  int lines = 0;
+  for (char *p = got[0]; *p; p++) lines += *p == '\n';
+  ck_assert_int_eq(lines, 41); /* 40 train lines and the test line */
+  ck_assert_msg(strcmp(got[0], got[1]) == 0, "2 connections:\n%s\nvs 1:\n%s", got[1], got[0]);
+  free(got[0]);
+  free(got[1]);
 }
 END_TEST
 
@@ -296,6 +334,7 @@ int main(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_remote_equals_in_process);
+  tcase_add_test(tc, test_two_connections_same_bits);
   tcase_add_test(tc, test_server_down_is_named);
   tcase_add_test(tc, test_limits_split);
   tcase_add_test(tc, test_server_kill_recovers);

@@ -334,6 +334,7 @@ static int open_remote(train_job *j) {
     addr[n_addr++] = tok;
   rpc_tls tls = {.cert = c->tls_cert, .key = c->tls_key, .ca = c->tls_ca};
   rpc_client_opts ro = {.deadline_s = c->rpc_deadline,
+                        .connections = c->rpc_connections,
                         .tls = c->tls_ca && !c->colocate ? &tls : NULL,
                         .job_id = j->job_id[0] ? j->job_id : NULL,
                         .rank = j->rank,
@@ -1192,6 +1193,17 @@ int train_config_check(const train_config *c, char *err, size_t errlen) {
   if (c->async && !c->servers && !c->colocate) {
     sr_fmt(err, errlen, "--sparse-mode async needs shard servers (--shard-servers or "
            "--colocate-shards): in-process shards apply every push at once");
+    return SR_EINVAL;
+  }
+  if (c->rpc_connections && !c->servers && !c->colocate) {
+    sr_fmt(err, errlen, "--rpc-connections applies to shard servers (--shard-servers or "
+           "--colocate-shards)");
+    return SR_EINVAL;
+  }
+  if (c->rpc_connections > 1 && c->async) {
+    sr_fmt(err, errlen, "--rpc-connections %d needs --sparse-mode sync: in async mode a Lookup "
+           "of step t+1 sent on one connection may overtake the Push of step t sent on another, "
+           "and the bits would depend on which arrives first (use 1)", c->rpc_connections);
     return SR_EINVAL;
   }
   if (c->auto_resume && (!c->checkpoint_dir || c->resume)) {
