@@ -139,6 +139,54 @@ START_TEST(test_two_connections_same_bits) {
 }
 END_TEST
 
+/* The done line's lookup figures: the wait per step, the time in flight
+ * and the share hidden. */
+static void lookup_figures(const char *out, double *wait, double *flight, double *hidden) {
+  const char *d = strstr(out, "\ndone   ");
+  const char *l = d ? strstr(d, ", lookup ") : NULL;
+  ck_assert_msg(l && sscanf(l, ", lookup %lf (of %lf in flight, %lf%% hidden)", wait, flight,
+                            hidden) == 3,
+                "no lookup figures in the done line:\n%s", out);
+}
+
+/* The done line says how much of the lookups' time in flight (measured by
+ * the remote store from when a step's Lookups went out to when its rows
+ * were in hand) the trainer did not wait for. At --prefetch-depth 0 a step
+ * sends its Lookups and waits at once: nothing hidden, in flight what was
+ * waited. At depth 2 the next step's Lookups go out once this step's push
+ * is answered and are in flight while the dense optimizer and the next
+ * batch's input work run: some of it hidden, the figures agreeing with
+ * each other (hidden = 1 - wait / in flight, printed to 2 decimals). The
+ * metrics file has the time in flight beside the phases. */
+START_TEST(test_lookup_hidden_share) {
+  double w[2], f[2], h[2];
+  const int depth[2] = {0, 2};
+  for (int c = 0; c < 2; c++) {
+    test_server s[1];
+    char tag[8], name[32], flags[64], *log;
+    snprintf(tag, sizeof tag, ".d%d", depth[c]);
+    start_servers_in(s, 1, "p1.json", tag);
+    snprintf(name, sizeof name, "depth%d", depth[c]);
+    snprintf(flags, sizeof flags, "--prefetch-depth %d", depth[c]);
+    free(train_with(name, "p1.json", s[0].addr, flags, &log));
+    ck_assert_int_eq(server_stop(&s[0]), 0);
+    lookup_figures(log, &w[c], &f[c], &h[c]);
+    free(log);
+    ck_assert_msg(f[c] > 0 && h[c] >= 0 && h[c] <= 100, "depth %d: %g ms of %g, %g%% hidden",
+                  depth[c], w[c], f[c], h[c]);
+    char *n;
+    ck_assert_int_eq(run_cmd(&n, "grep -c '\"lookup_in_flight_ms\":' %s/%s.jsonl", dir, name), 0);
+    ck_assert_int_ge(atoi(n), 40);
+    free(n);
+  }
+  ck_assert_msg(h[0] == 0 && f[0] <= w[0] + 0.01, "depth 0: %g ms waited of %g in flight, %g%% hidden",
+                w[0], f[0], h[0]);
+  const double want = 100 * (1 - w[1] / f[1]), slack = 1 + 100 * 0.01 / f[1];
+  ck_assert_msg(h[1] > 0 && f[1] + 0.01 >= w[1] && h[1] >= want - slack && h[1] <= want + slack,
+                "depth 2: %g ms waited of %g in flight, %g%% hidden", w[1], f[1], h[1]);
+}
+END_TEST
+
 /* A step above the server's limits is never refused: the remote store
  * reads them from Stats and cuts every Lookup and Push to fit (a push in
  * parts the server takes as one). 26 tables x 64 samples = 1664 ids a
@@ -335,6 +383,7 @@ int main(void) {
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_remote_equals_in_process);
   tcase_add_test(tc, test_two_connections_same_bits);
+  tcase_add_test(tc, test_lookup_hidden_share);
   tcase_add_test(tc, test_server_down_is_named);
   tcase_add_test(tc, test_limits_split);
   tcase_add_test(tc, test_server_kill_recovers);
