@@ -961,7 +961,10 @@ static int r_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, floa
  * any, is that one's. */
 static int r_lookup_wait(emb_store *b) {
   rstore *s = (rstore *)b;
-  if (!s->lookup_pending) return s->lookup_rc;
+  if (!s->lookup_pending) {
+    s->lookup_flight = 0; /* nothing was in flight: not counted again */
+    return s->lookup_rc;
+  }
   s->lookup_pending = 0;
   pf_slot *f = s->cur_pf;
   const int lost = s->lost;
