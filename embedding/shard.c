@@ -96,6 +96,7 @@
 
 #define SH_PREFETCH 48
 #define SH_PASS 256 /* ids per lookup pass */
+#define SH_AHEAD 16 /* ids between the stages of a lookup pass */
 #define SH_JOB_ROWS 1024 /* rows per read job at most: a big batch still splits over threads */
 #define SH_REC_HEAD 16   /* a write record: u64 row id, u32 table, u32 database, then the row */
 #define F_REF 1u
@@ -1011,51 +1012,64 @@ static int lookup_flush_misses(shstore *s, size_t *nm, float *const *out) {
   return rc;
 }
 
-/* One pass of n ids of table t (out rows o): hits copied, the rest (misses,
- * rows being loaded or whose read failed) gathered for lookup_flush_misses.
- * Three sweeps, so that memory is asked for well before it is used: tags
- * and map entries prefetched; first tag matches found and their slots
- * prefetched; keys checked and rows copied. */
+/* dim floats from src to dst; the common dims as fixed-size copies, which
+ * the compiler inlines instead of a memcpy call per row. */
+static inline void row_copy(float *dst, const float *src, size_t dim) {
+  switch (dim) {
+    case 16: memcpy(dst, src, 16 * sizeof(float)); break;
+    case 32: memcpy(dst, src, 32 * sizeof(float)); break;
+    case 64: memcpy(dst, src, 64 * sizeof(float)); break;
+    case 128: memcpy(dst, src, 128 * sizeof(float)); break;
+    default: memcpy(dst, src, dim * sizeof(float));
+  }
+}
+
+/* One pass of n <= SH_PASS ids of table t (out rows o): hits copied, the
+ * rest (misses, rows being loaded or whose read failed) gathered for
+ * lookup_flush_misses, in id order. Software-pipelined, SH_AHEAD ids
+ * between the stages, so that memory is asked for well before it is used
+ * and the lines in flight are the ones used next: id i + 2A's map entry is
+ * prefetched, id i + A's first tag match found and its slot (header and
+ * row) prefetched, id i's key checked and its row copied. The map and slab
+ * are read through locals (stores to s's scratch would make the compiler
+ * reload them from s). */
 static uint64_t lookup_pass(shstore *s, uint32_t t, const uint64_t *id, size_t n, size_t base,
                             float *o, size_t *nm) {
-  const size_t dim = (size_t)s->dim[t];
+  const size_t dim = (size_t)s->dim[t], row_end = sizeof(sh_meta) + dim * sizeof(float) - 1;
+  const size_t mask = s->mask, sb = s->slot_bytes, a = SH_AHEAD;
+  const sh_entry *map = s->map;
+  unsigned char *slab = s->slab;
+  uint32_t tag[SH_PASS], s1[SH_PASS];
   uint64_t hits = 0;
-  for (size_t i = 0; i < n; i++) {
-    uint32_t tag = key_tag(t, id[i]);
-    s->it_pos[i] = tag;
-    __builtin_prefetch(&s->map[tag & s->mask], 0, 3);
-  }
-  for (size_t i = 0; i < n; i++) {
-    uint32_t tag = (uint32_t)s->it_pos[i], s1 = 0;
-    for (size_t h = tag & s->mask;; h = (h + 1) & s->mask) {
-      const sh_entry *e = &s->map[h];
-      if (!e->slot1 || e->tag == tag) {
-        s1 = e->slot1;
-        break;
+  for (size_t i = 0; i < n + 2 * a; i++) {
+    if (i < n) {
+      tag[i] = key_tag(t, id[i]);
+      __builtin_prefetch(&map[tag[i] & mask], 0, 3);
+    }
+    if (i >= a && i - a < n) {
+      size_t j = i - a, h = tag[j] & mask;
+      while (map[h].slot1 && map[h].tag != tag[j]) h = (h + 1) & mask;
+      if ((s1[j] = map[h].slot1)) {
+        const unsigned char *m = slab + (size_t)(s1[j] - 1) * sb;
+        __builtin_prefetch(m, 0, 3);
+        __builtin_prefetch(m + row_end, 0, 3);
       }
     }
-    s->it_slot[i] = s1;
-    if (s1) {
-      const char *m = (const char *)slot_meta(s, s1 - 1);
-      __builtin_prefetch(m, 1, 3);
-      __builtin_prefetch(m + sizeof(sh_meta) + dim * sizeof(float) - 1, 0, 3);
-    }
-  }
-  for (size_t i = 0; i < n; i++) {
-    uint32_t s1 = s->it_slot[i];
-    sh_meta *m = s1 ? slot_meta(s, s1 - 1) : NULL;
-    if (m && (m->key != id[i] || m->table != t)) { /* another key's tag: probe on */
-      s1 = s->map[probe(s, (uint32_t)s->it_pos[i], t, id[i])].slot1;
-      m = s1 ? slot_meta(s, s1 - 1) : NULL;
+    if (i < 2 * a) continue;
+    size_t j = i - 2 * a;
+    sh_meta *m = s1[j] ? (sh_meta *)(slab + (size_t)(s1[j] - 1) * sb) : NULL;
+    if (m && (m->key != id[j] || m->table != t)) { /* another key's tag: probe on */
+      uint32_t e = map[probe(s, tag[j], t, id[j])].slot1;
+      m = e ? slot_meta(s, e - 1) : NULL;
     }
     if (m && !(m->flags & (F_LOADING | F_FAILED))) {
       if (!(m->flags & F_REF)) m->flags |= F_REF; /* hot rows' lines stay clean */
-      memcpy(o + (base + i) * dim, (const float *)(m + 1), dim * sizeof(float));
+      row_copy(o + (base + j) * dim, (const float *)(m + 1), dim);
       hits++;
     } else {
       s->ms_t[*nm] = t;
-      s->ms_id[*nm] = id[i];
-      s->ms_r[*nm] = base + i;
+      s->ms_id[*nm] = id[j];
+      s->ms_r[*nm] = base + j;
       (*nm)++;
     }
   }

@@ -153,6 +153,14 @@ typedef struct emb_store_ops {
   int (*lookup_pinned)(emb_store *s, int64_t step, const emb_idset *ids,
                        const float **const *rows, struct emb_pins **pins);
   void (*pins_release)(struct emb_pins *pins); /* NULL-safe; any thread */
+  /* Seconds the last lookup (as of its lookup_wait) was in flight: from when
+   * the store began its requests (for a step handed ahead, when they went
+   * out: at its prefetch, or once the push they must follow was answered)
+   * to when its rows were in hand. Beside the time the caller waited in
+   * lookup_begin and lookup_wait, it says how much of the lookup was hidden
+   * behind other work. NULL where a lookup is done inside those calls
+   * (nothing of it is in flight between them). */
+  double (*lookup_flight)(emb_store *s);
   /* Apply step's summed row gradients: grads[t][r*dim..] is the gradient of
    * row ids->ids[t][r]. lr is the step's learning rate. Where each row
    * lives, its optimizer runs once (a row never pushed starts from its
@@ -207,6 +215,11 @@ static inline int emb_store_lookup_wait(emb_store *s) { return s->ops->lookup_wa
 /* The look-ahead op (see emb_store_ops.prefetch); 0 where the store has none. */
 static inline int emb_store_prefetch(emb_store *s, int64_t step, const emb_idset *ids) {
   return s->ops->prefetch ? s->ops->prefetch(s, step, ids) : 0;
+}
+/* The last lookup's time in flight (see emb_store_ops.lookup_flight); 0 where
+ * the store does not measure one. */
+static inline double emb_store_lookup_flight(emb_store *s) {
+  return s->ops->lookup_flight ? s->ops->lookup_flight(s) : 0;
 }
 static inline int emb_store_push(emb_store *s, int64_t step, float lr, const emb_idset *ids,
                                  const float *const *grads) {

@@ -115,6 +115,7 @@ typedef struct {
 typedef struct {
   int used, sent;  /* holds a step; its Lookups are out */
   int64_t step;
+  double t_sent;   /* when its Lookups were begun (sr_now) */
   uint64_t **ids;  /* [n_tables][cap[t]]: the step's ids, counts[t] each (owned) */
   size_t *counts, *cap;
   lane L;
@@ -141,6 +142,8 @@ typedef struct {
   int lookup_pending;
   int64_t lookup_step;
   float *const *lookup_out;
+  double lookup_t0;     /* when the outstanding lookup's requests were begun (sr_now) */
+  double lookup_flight; /* the last lookup's seconds in flight (emb_store_lookup_flight) */
   lane *cur;        /* the lane of the lookup outstanding: &lk or a slot's */
   pf_slot *cur_pf;  /* that slot (NULL: lk) */
   pf_slot pf[RPC_PF_STEPS];
@@ -783,6 +786,7 @@ static int slot_send(rstore *s, pf_slot *f) {
   run_calls(s->c, f->L.cq, f->L.calls, f->L.n_calls, &s->o);
   calls_free(&f->L);
   emb_idset v = slot_ids(s, f);
+  f->t_sent = sr_now();
   int rc = lookup_start(s, &f->L, f->step, &v);
   if (rc) slot_release(s, f);
   else f->sent = 1;
@@ -852,6 +856,7 @@ static int r_prefetch(emb_store *b, int64_t step, const emb_idset *ids) {
    * (slot_send). */
   const int now = pf_may_send(s, step);
   f->L.hint = !now;
+  f->t_sent = sr_now();
   int rc = build_calls(s, &f->L, RPC_LOOKUP, step, 0, &v, NULL);
   f->L.hint = 0;
   if (rc) /* SR_ERANGE for an id out of range, as the lookup would say */
@@ -885,6 +890,7 @@ static void lookup_drop(rstore *s) {
 
 static int r_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, float *const *out) {
   rstore *s = (rstore *)b;
+  const double t_in = sr_now();
   if (s->lookup_pending) lookup_drop(s); /* one never waited for: drop its rows */
   if (!ids || ids->n_tables != b->plan->n_tables) {
     sr_fmt(s->err, sizeof s->err, "lookup: id set has %d tables, the plan has %d",
@@ -906,6 +912,7 @@ static int r_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, floa
   }
   s->cur = f ? &f->L : &s->lk;
   s->cur_pf = f;
+  s->lookup_t0 = f && f->t_sent < t_in ? f->t_sent : t_in;
   if (step > s->seen) s->seen = step;
   s->lookup_out = out;
   s->lookup_step = step;
@@ -920,7 +927,10 @@ static int r_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, floa
  * any, is that one's. */
 static int r_lookup_wait(emb_store *b) {
   rstore *s = (rstore *)b;
-  if (!s->lookup_pending) return s->lookup_rc;
+  if (!s->lookup_pending) {
+    s->lookup_flight = 0; /* nothing was in flight: not counted again */
+    return s->lookup_rc;
+  }
   s->lookup_pending = 0;
   pf_slot *f = s->cur_pf;
   const int lost = s->lost;
@@ -936,8 +946,11 @@ static int r_lookup_wait(emb_store *b) {
       if (!rc) rc = lookup_collect(s, &s->lk, s->lookup_step, s->lookup_out);
     }
   }
+  s->lookup_flight = sr_now() - s->lookup_t0;
   return s->lookup_rc = rc;
 }
+
+static double r_lookup_flight(emb_store *b) { return ((rstore *)b)->lookup_flight; }
 
 static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
                   const float *const *grads) {
@@ -1287,6 +1300,7 @@ static const emb_store_ops remote_ops = {
     .lookup_begin = r_lookup_begin,
     .lookup_wait = r_lookup_wait,
     .prefetch = r_prefetch,
+    .lookup_flight = r_lookup_flight,
     .push = r_push,
     .flush = r_flush,
     .checkpoint = r_checkpoint,

@@ -12,6 +12,7 @@
 
 #include "embedding/plan.h"
 #include "embedding/shard.h"
+#include "rpc/client.h"
 
 int cli_int(const char *cmd, const char *flag, const char *s, long long lo, long long hi,
             long long *out) {
@@ -46,6 +47,7 @@ static const cli_range ranges[] = {
     {"--mini-batch-size", 1, 1 << 20, "samples"},
     {"--num-shards", 1, EMB_MAX_SHARDS, "shards"},
     {"--prefetch-depth", 0, 8, "steps ahead (0: off)"},
+    {"--rpc-connections", 1, RPC_CONNECTIONS_MAX, "TCP connections per shard server"},
     {"--rpc-deadline", 0.001, 86400, "seconds"},
     {"--test-fraction", 0, 1, "of the lines"},
     {"--test-freq", -1, 1099511627776.0, "steps (-1, the reference DLRM's default, and 0: at the end only)"},

@@ -59,6 +59,10 @@ static void usage(FILE *f) {
 "                            tried again, 10 tries in all: a partition shorter than about\n"
 "                            10 x S (the budget: 300 s at the default) costs a log line;\n"
 "                            a longer one is a lost server (--recover-timeout)\n"
+"  --rpc-connections N       TCP connections to each shard server (1; 1..16); the calls to a\n"
+"                            server go round them. N > 1 needs sync mode: in async mode a\n"
+"                            Lookup of step t+1 may overtake the Push of step t on another\n"
+"                            connection, which would change the bits\n"
 "  --tls-ca F [--tls-cert F --tls-key F]   TLS (and mTLS) to the shard servers\n"
 "  --recover-timeout S       with --save-checkpoint: when a shard server is lost (down after\n"
 "                            every retry, or restarted), wait up to S seconds (60) for the\n"
@@ -140,6 +144,7 @@ enum {
 };
 enum { O_PFDEPTH = 1700 }; /* --prefetch-depth */
 enum { O_AUTORESUME = 1900 }; /* --auto-resume */
+enum { O_RPCCONN = 2000 }; /* --rpc-connections */
 
 static const struct option long_opts[] = {
     {"processed-data-file", required_argument, 0, O_PROC},
@@ -189,6 +194,7 @@ static const struct option long_opts[] = {
     {"dense-threads", required_argument, 0, O_DTHREADS},
     {"dense-isa", required_argument, 0, O_DISA},
     {"auto-resume", no_argument, 0, O_AUTORESUME},
+    {"rpc-connections", required_argument, 0, O_RPCCONN},
     {0, 0, 0, 0}};
 
 __attribute__((format(printf, 2, 3))) static void errf(const train_ranks *r, const char *fmt, ...) {
@@ -310,6 +316,7 @@ static int parse_opt(const train_ranks *r, int opt, const char *arg, train_confi
       {O_SLR, "--sparse-learning-rate", 0.0, 1e6, .d = &c->sparse_lr},
       {O_RECOVER, "--recover-timeout", 0.0, 1e6, .d = &c->recover_timeout},
       {O_RPCDL, "--rpc-deadline", 0, 0, .d = &c->rpc_deadline},
+      {O_RPCCONN, "--rpc-connections", 0, 0, .i = &c->rpc_connections},
   };
   for (size_t k = 0; k < sizeof dests / sizeof dests[0]; k++)
     if (dests[k].id == opt) {

@@ -30,17 +30,20 @@ static void teardown(void) {
   free(dir);
 }
 
-/* Train 40 steps on plan, in process (servers NULL) or against servers;
- * returns the metrics file without the timing fields. */
-static char *train(const char *name, const char *plan, const char *servers) {
+/* Train 40 steps on plan, in process (servers NULL) or against servers,
+ * with more flags extra; returns the metrics file without the timing
+ * fields, and train's output in *log (NULL: not kept; caller frees). */
+static char *train_with(const char *name, const char *plan, const char *servers,
+                        const char *extra, char **log) {
   char *out;
   int rc = run_cmd(&out, "cd %s && %s train --processed-data-file d.bin --num-batches 40 "
                          "--print-freq 1 --mini-batch-size 64 --optimizer adagrad "
-                         "--learning-rate 0.01 --sparse-learning-rate 0.1 --plan %s --metrics-out %s.jsonl %s%s",
+                         "--learning-rate 0.01 --sparse-learning-rate 0.1 --plan %s --metrics-out %s.jsonl %s%s %s",
                    dir, bin_path(), plan, name, servers ? "--shard-servers " : "",
-                   servers ? servers : "");
+                   servers ? servers : "", extra);
   ck_assert_msg(rc == 0, "train %s failed: %s", name, out);
-  free(out);
+  if (log) *log = out;
+  else free(out);
   /* Keep only the kind, step, loss and the test metrics of each line. */
   rc = run_cmd(&out, "cd %s && /usr/bin/python3 -c \"\n"
                      "import json\n"
@@ -52,18 +55,27 @@ static char *train(const char *name, const char *plan, const char *servers) {
   return out;
 }
 
+static char *train(const char *name, const char *plan, const char *servers) {
+  return train_with(name, plan, servers, "", NULL);
+}
+
 /* Servers keep rows in RocksDB (--data-dir) with a cache, so this also
- * checks the shard store behind the service. */
-static void start_servers(test_server *s, int n, const char *plan) {
+ * checks the shard store behind the service. tag names their folders
+ * beside the plan's ("": the plan's alone). */
+static void start_servers_in(test_server *s, int n, const char *plan, const char *tag) {
   for (int k = 0; k < n; k++) {
     char args[1200], log[600];
     /* Each configuration starts from empty RocksDB folders: a server keeps
      * its rows across restarts. */
-    snprintf(args, sizeof args, "--plan '%s/%s' --shard %d --cache-rows 4096 --data-dir '%s/%s.srv%d' "
-             "--checkpoint-root '%s'", dir, plan, k, dir, plan, k, dir);
+    snprintf(args, sizeof args, "--plan '%s/%s' --shard %d --cache-rows 4096 --data-dir '%s/%s%s.srv%d' "
+             "--checkpoint-root '%s'", dir, plan, k, dir, plan, tag, k, dir);
     snprintf(log, sizeof log, "%s/srv%d.log", dir, k);
     server_start(&s[k], args, log);
   }
+}
+
+static void start_servers(test_server *s, int n, const char *plan) {
+  start_servers_in(s, n, plan, "");
 }
 
 static void addr_list(test_server *s, int n, char *buf, size_t len) {
@@ -98,6 +110,80 @@ START_TEST(test_remote_equals_in_process) {
   ck_assert_str_eq(ref, t3);
   free(t3);
   free(ref);
+}
+END_TEST
+
+/* Two TCP connections per server (--rpc-connections 2: a server's calls go
+ * round them) give the bits of one in sync mode: 3 servers row-wise (every
+ * step calls each), per-step losses and the test figures compared exactly
+ * between the two runs, each on fresh RocksDB folders. */
+START_TEST(test_two_connections_same_bits) {
+  char *got[2];
+  for (int c = 0; c < 2; c++) {
+    test_server s[3];
+    char tag[8], list[256], name[32], flags[64];
+    snprintf(tag, sizeof tag, ".c%d", c + 1);
+    start_servers_in(s, 3, "p3r.json", tag);
+    addr_list(s, 3, list, sizeof list);
+    snprintf(name, sizeof name, "conn%d", c + 1);
+    snprintf(flags, sizeof flags, "--rpc-connections %d", c + 1);
+    got[c] = train_with(name, "p3r.json", list, flags, NULL);
+    for (int k = 0; k < 3; k++) ck_assert_int_eq(server_stop(&s[k]), 0);
+  }
+  int lines = 0;
+  for (char *p = got[0]; *p; p++) lines += *p == '\n';
+  ck_assert_int_eq(lines, 41); /* 40 train lines and the test line */
+  ck_assert_msg(strcmp(got[0], got[1]) == 0, "2 connections:\n%s\nvs 1:\n%s", got[1], got[0]);
+  free(got[0]);
+  free(got[1]);
+}
+END_TEST
+
+/* The done line's lookup figures: the wait per step, the time in flight
+ * and the share hidden. */
+static void lookup_figures(const char *out, double *wait, double *flight, double *hidden) {
+  const char *d = strstr(out, "\ndone   ");
+  const char *l = d ? strstr(d, ", lookup ") : NULL;
+  ck_assert_msg(l && sscanf(l, ", lookup %lf (of %lf in flight, %lf%% hidden)", wait, flight,
+                            hidden) == 3,
+                "no lookup figures in the done line:\n%s", out);
+}
+
+/* The done line says how much of the lookups' time in flight (measured by
+ * the remote store from when a step's Lookups went out to when its rows
+ * were in hand) the trainer did not wait for. At --prefetch-depth 0 a step
+ * sends its Lookups and waits at once: nothing hidden, in flight what was
+ * waited. At depth 2 the next step's Lookups go out once this step's push
+ * is answered and are in flight while the dense optimizer and the next
+ * batch's input work run: some of it hidden, the figures agreeing with
+ * each other (hidden = 1 - wait / in flight, printed to 2 decimals). The
+ * metrics file has the time in flight beside the phases. */
+START_TEST(test_lookup_hidden_share) {
+  double w[2], f[2], h[2];
+  const int depth[2] = {0, 2};
+  for (int c = 0; c < 2; c++) {
+    test_server s[1];
+    char tag[8], name[32], flags[64], *log;
+    snprintf(tag, sizeof tag, ".d%d", depth[c]);
+    start_servers_in(s, 1, "p1.json", tag);
+    snprintf(name, sizeof name, "depth%d", depth[c]);
+    snprintf(flags, sizeof flags, "--prefetch-depth %d", depth[c]);
+    free(train_with(name, "p1.json", s[0].addr, flags, &log));
+    ck_assert_int_eq(server_stop(&s[0]), 0);
+    lookup_figures(log, &w[c], &f[c], &h[c]);
+    free(log);
+    ck_assert_msg(f[c] > 0 && h[c] >= 0 && h[c] <= 100, "depth %d: %g ms of %g, %g%% hidden",
+                  depth[c], w[c], f[c], h[c]);
+    char *n;
+    ck_assert_int_eq(run_cmd(&n, "grep -c '\"lookup_in_flight_ms\":' %s/%s.jsonl", dir, name), 0);
+    ck_assert_int_ge(atoi(n), 40);
+    free(n);
+  }
+  ck_assert_msg(h[0] == 0 && f[0] <= w[0] + 0.01, "depth 0: %g ms waited of %g in flight, %g%% hidden",
+                w[0], f[0], h[0]);
+  const double want = 100 * (1 - w[1] / f[1]), slack = 1 + 100 * 0.01 / f[1];
+  ck_assert_msg(h[1] > 0 && f[1] + 0.01 >= w[1] && h[1] >= want - slack && h[1] <= want + slack,
+                "depth 2: %g ms waited of %g in flight, %g%% hidden", w[1], f[1], h[1]);
 }
 END_TEST
 
@@ -296,6 +382,8 @@ int main(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_remote_equals_in_process);
+  tcase_add_test(tc, test_two_connections_same_bits);
+  tcase_add_test(tc, test_lookup_hidden_share);
   tcase_add_test(tc, test_server_down_is_named);
   tcase_add_test(tc, test_limits_split);
   tcase_add_test(tc, test_server_kill_recovers);

@@ -128,6 +128,10 @@ START_TEST(test_flag_ranges) {
       {"train", "--prefetch-depth", "9", "[0, 8] steps ahead (0: off)"},
       {"train", "--prefetch-depth", "two", "'two' is not an integer"},
       {"bench train", "--prefetch-depth", "9", "[0, 8] steps ahead (0: off)"},
+      {"train", "--rpc-connections", "0", "[1, 16] TCP connections per shard server"},
+      {"train", "--rpc-connections", "17", "[1, 16] TCP connections per shard server"},
+      {"train", "--rpc-connections", "two", "'two' is not an integer"},
+      {"bench rpc", "--rpc-connections", "17", "[1, 16] TCP connections per shard server"},
       {"train", "--arch-embedding-size", sizes0, "entry 1: 0 is out of range [1, 9007199254740992] rows per table"},
       {"train", "--arch-embedding-size", sizes_big, "entry 1: 9007199254740993 is out of range [1, 9007199254740992] rows per table"},
   };
@@ -140,8 +144,19 @@ START_TEST(test_flag_ranges) {
                   c[i].cmd, c[i].flag, c[i].value, rc, out);
     free(out);
   }
-  /* -1, the reference DLRM's default, is taken and documented */
+  /* --rpc-connections: only where there are servers, and 1 in async mode */
   char *out;
+  const char *conn[][2] = {
+      {"", "--rpc-connections applies to shard servers (--shard-servers or --colocate-shards)"},
+      {"--shard-servers 127.0.0.1:1 --sparse-mode async",
+       "--rpc-connections 2 needs --sparse-mode sync: in async mode a Lookup of step t+1"}};
+  for (size_t i = 0; i < sizeof conn / sizeof conn[0]; i++) {
+    int rc = run_cmd(&out, "%s train --processed-data-file none.bin %s --rpc-connections 2",
+                     bin_path(), conn[i][0]);
+    ck_assert_msg(rc == 2 && strstr(out, conn[i][1]), "%s: exit %d: %s", conn[i][0], rc, out);
+    free(out);
+  }
+  /* -1, the reference DLRM's default, is taken and documented */
   ck_assert_int_eq(run_cmd(&out, "%s train --help", bin_path()), 0);
   ck_assert_msg(strstr(out, "--test-freq N") && strstr(out, "at the end only"), "%s", out);
   free(out);

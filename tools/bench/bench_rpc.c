@@ -1148,7 +1148,7 @@ int bench_rpc(int argc, char **argv) {
       case 's': if (cli_double(CMD, "--seconds", optarg, 0.05, 60, &secs)) return 2; break;
       case 'C': {
         long long v;
-        if (cli_int(CMD, "--rpc-connections", optarg, 1, RPC_CONNECTIONS_MAX, &v)) return 2;
+        if (cli_flag(CMD, "--rpc-connections", optarg, &v)) return 2;
         bench_ro.connections = (int)v;
         break;
       }

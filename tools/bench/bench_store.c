@@ -11,9 +11,10 @@
  *   miss             the shard store, cache --cache-rows, the same batches
  *                    as raw MultiGet (more ids than the cache holds, so each
  *                    comes back evicted: all misses; hit rate printed)
- *   memcpy gather    dim floats per id from a random-filled [cache_rows][dim]
- *   hit              the shard store with the same cache, ids drawn from the
- *                    rows it already holds (all hits)
+ *   memcpy gather    dim floats per id from a random-filled [cache_rows][dim],
+ *                    each id at its own random row of the whole array
+ *   hit              the shard store with the same cache, the same ids: drawn
+ *                    at random from the rows it already holds (all hits)
  *   zipf             ids Zipf(--zipf) over the table (rank -> id scrambled),
  *                    with the hit rate the cache reached
  *   misses ahead     the miss batches again, each prefetched
@@ -298,8 +299,13 @@ static int measure_miss(bs *b) {
   return 0;
 }
 
-/* Hits: bring cache_rows / 2 rows in, then look up random subsets of them;
- * beside it the memcpy gather of the same rows from a plain array. 0 or -1. */
+/* Hits: bring cache_rows / 2 rows in, then look up batches of unique ids
+ * drawn at random from all of them; beside it the memcpy gather of the same
+ * ids' rows from a plain [cache_rows][dim] array, each hot id at a row of
+ * its own drawn at random over the whole array (as the cache's slots are
+ * spread over its slab). A batch drawn as a window of consecutive hot ids
+ * would gather from a few hundred KB that stay in L2 while the cache's map
+ * and slots are read at random. 0 or -1. */
 static int measure_hit(bs *b) {
   long long nb = b->nb, batch = b->batch, dim = b->dim, hot = b->cache_rows / 2;
   for (long long k = 0; k + batch <= hot; k += batch)
@@ -307,21 +313,26 @@ static int measure_hit(bs *b) {
   for (long long i = 0; i < b->cache_rows * dim; i++)
     b->gather[i] = (float)(sr_rng_uniform(&b->rng) - 0.5);
   uint64_t *hidx = malloc((size_t)(nb * batch) * sizeof *hidx);
-  uint64_t *hk = NULL;
+  uint64_t *hk = NULL, *perm = malloc((size_t)b->cache_rows * sizeof *perm);
   int rc = -1;
-  if (!hidx) goto out;
-  for (long long k = 0; k < nb; k++) { /* unique per batch: a random window of the hot ids */
-    long long off = (long long)sr_rng_below(&b->rng, (uint64_t)(hot - batch + 1));
-    for (long long q = 0; q < batch; q++) hidx[k * batch + q] = (uint64_t)(off + q);
-    for (long long q = batch - 1; q > 0; q--) { /* shuffle within the batch */
-      uint64_t j = sr_rng_below(&b->rng, (uint64_t)q + 1), t2 = hidx[k * batch + q];
-      hidx[k * batch + q] = hidx[k * batch + (long long)j];
-      hidx[k * batch + (long long)j] = t2;
+  if (!hidx || !perm) goto out;
+  for (long long i = 0; i < b->cache_rows; i++) perm[i] = (uint64_t)i;
+  for (long long k = 0; k < nb; k++) /* unique per batch: a partial shuffle of the hot ids */
+    for (long long q = 0; q < batch; q++) {
+      uint64_t j = (uint64_t)q + sr_rng_below(&b->rng, (uint64_t)(hot - q)), t2 = perm[q];
+      perm[q] = perm[j];
+      perm[j] = t2;
+      hidx[k * batch + q] = perm[q];
     }
-  }
   hk = malloc((size_t)(nb * batch) * sizeof *hk);
   if (!hk) goto out;
   for (long long i = 0; i < nb * batch; i++) hk[i] = b->ids[hidx[i]];
+  for (long long i = b->cache_rows - 1; i > 0; i--) { /* hot id k's gather row: perm[k] */
+    uint64_t j = sr_rng_below(&b->rng, (uint64_t)i + 1), t2 = perm[i];
+    perm[i] = perm[j];
+    perm[j] = t2;
+  }
+  for (long long i = 0; i < nb * batch; i++) hidx[i] = perm[hidx[i]];
   emb_store_stats st0, st1;
   for (int pass = -1; pass < b->runs; pass++) {
     emb_store_stats_get(b->s, &st0);
@@ -342,6 +353,7 @@ static int measure_hit(bs *b) {
 out:
   free(hidx);
   free(hk);
+  free(perm);
   return rc;
 }
 
@@ -473,7 +485,7 @@ static void print_figures(bs *b) { /* sr_median sorts the figures */
   printf("  shard, all misses      %10.0f rows/s  (hit rate %.3f)  %.0f%% of raw MultiGet (target >= 70%%)\n",
          mmiss, b->miss_hr, 100 * mmiss / mraw);
   printf("  memcpy gather          %10.0f rows/s\n", mmem);
-  printf("  shard, all hits        %10.0f rows/s  (hit rate %.3f)  %.0f%% of memcpy gather (target >= 50%%)\n",
+  printf("  shard, all hits        %10.0f rows/s  (hit rate %.3f)  %.0f%% of memcpy gather (target >= 60%%)\n",
          mhit, b->hit_hr, 100 * mhit / mmem);
   printf("  shard, zipf %.2f       %10.0f rows/s  (hit rate %.3f)\n", b->zipf, mz, b->z_hr);
   double mpf = sr_median(b->pf, runs), mcall = sr_median(b->pf_call, runs),

@@ -334,6 +334,7 @@ static int open_remote(train_job *j) {
     addr[n_addr++] = tok;
   rpc_tls tls = {.cert = c->tls_cert, .key = c->tls_key, .ca = c->tls_ca};
   rpc_client_opts ro = {.deadline_s = c->rpc_deadline,
+                        .connections = c->rpc_connections,
                         .tls = c->tls_ca && !c->colocate ? &tls : NULL,
                         .job_id = j->job_id[0] ? j->job_id : NULL,
                         .rank = j->rank,
@@ -1035,9 +1036,17 @@ static int job_finish(train_job *j) {
   double secs = sr_now() - j->t_start;
   const trainer_times *tt = trainer_times_get(j->t);
   double ns = (double)(tt->steps ? tt->steps : 1);
-  printf("done   %lld steps in %.1f s; per step: dedup %.2f ms, lookup %.2f, prefetch %.2f, "
+  /* Where the store times its lookups (shard servers): how much of their
+   * time in flight the step did not wait for. */
+  char hidden[80] = "";
+  if (tt->lookup_flight > 0) {
+    double h = 1 - tt->lookup / tt->lookup_flight;
+    snprintf(hidden, sizeof hidden, " (of %.2f in flight, %.0f%% hidden)",
+             1e3 * tt->lookup_flight / ns, 100 * (h > 0 ? h : 0));
+  }
+  printf("done   %lld steps in %.1f s; per step: dedup %.2f ms, lookup %.2f%s, prefetch %.2f, "
          "pool %.2f, forward %.2f, backward %.2f, scatter %.2f, push %.2f, dense opt %.2f\n",
-         (long long)j->cur.step, secs, 1e3 * tt->dedup / ns, 1e3 * tt->lookup / ns,
+         (long long)j->cur.step, secs, 1e3 * tt->dedup / ns, 1e3 * tt->lookup / ns, hidden,
          1e3 * tt->prefetch / ns, 1e3 * tt->pool / ns, 1e3 * tt->forward / ns, 1e3 * tt->backward / ns,
          1e3 * tt->scatter / ns, 1e3 * tt->push / ns, 1e3 * tt->dense_opt / ns);
   /* Samples per second of training (test passes left out), and where a
@@ -1192,6 +1201,17 @@ int train_config_check(const train_config *c, char *err, size_t errlen) {
   if (c->async && !c->servers && !c->colocate) {
     sr_fmt(err, errlen, "--sparse-mode async needs shard servers (--shard-servers or "
            "--colocate-shards): in-process shards apply every push at once");
+    return SR_EINVAL;
+  }
+  if (c->rpc_connections && !c->servers && !c->colocate) {
+    sr_fmt(err, errlen, "--rpc-connections applies to shard servers (--shard-servers or "
+           "--colocate-shards)");
+    return SR_EINVAL;
+  }
+  if (c->rpc_connections > 1 && c->async) {
+    sr_fmt(err, errlen, "--rpc-connections %d needs --sparse-mode sync: in async mode a Lookup "
+           "of step t+1 sent on one connection may overtake the Push of step t sent on another, "
+           "and the bits would depend on which arrives first (use 1)", c->rpc_connections);
     return SR_EINVAL;
   }
   if (c->auto_resume && (!c->checkpoint_dir || c->resume)) {

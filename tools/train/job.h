@@ -96,6 +96,8 @@ typedef struct train_config {
   const char *servers;      /* --shard-servers "H:P,..." */
   const char *tls_ca, *tls_cert, *tls_key;
   double rpc_deadline;      /* --rpc-deadline (0: the remote store's default) */
+  int rpc_connections;      /* --rpc-connections: TCP connections per server (0: the remote
+                               store's default, 1) */
   double recover_timeout;   /* --recover-timeout */
   int colocate;             /* --colocate-shards */
   int async;                /* --sparse-mode async */

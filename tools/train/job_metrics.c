@@ -197,6 +197,9 @@ void job__phase_json(train_job *j, char *buf, size_t n) {
   for (int p = 0; p < PH_N && len < n; p++)
     len += (size_t)snprintf(buf + len, n - len, "%s\"%s\":%.4f", p ? "," : "", phase_name[p],
                             steps > 0 ? 1e3 * (now[p] - was[p]) / steps : 0.0);
-  if (len < n) snprintf(buf + len, n - len, "}");
+  if (len < n) len += (size_t)snprintf(buf + len, n - len, "}");
+  if (len < n && tt->lookup_flight > 0) /* not a phase: the lookups' time in flight, hidden or not */
+    snprintf(buf + len, n - len, ",\"lookup_in_flight_ms\":%.4f",
+             steps > 0 ? 1e3 * (tt->lookup_flight - m->lookup_flight) / steps : 0.0);
   j->phase_mark = *tt;
 }

@@ -436,6 +436,7 @@ static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids, i
            emb_store_errmsg(t->store));
     return rc;
   }
+  t->times.lookup_flight += emb_store_lookup_flight(t->store);
   /* Room for the row gradients (after the wait: no lookup is left in flight
    * if this fails). */
   for (int f = 0; f < t->T; f++)

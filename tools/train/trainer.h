@@ -35,6 +35,9 @@ typedef struct trainer_times {
   double allreduce; /* the dense gradients' all-reduce (data-parallel steps) */
   double prefetch;  /* handing later steps' ids to the store (trainer_ahead); lookup is
                        the wait for this step's own rows */
+  double lookup_flight; /* the lookups' time in flight, as the store measured it
+                           (emb_store_lookup_flight; 0 where it does not): lookup is
+                           the part of it the trainer waited for */
   int64_t steps;
   uint64_t rows;    /* unique rows looked up (each is pushed back once) */
 } trainer_times;
