@@ -18,6 +18,7 @@
 #include "rpc/grpc_util.h"
 #include "rpc/shardrec.pb-c.h"
 #include "tests/rpc/calls.h"
+#include "tests/rpc/raw_call.h"
 #include "tests/rpc/server.h"
 
 #define DIM 64
@@ -89,82 +90,6 @@ static long proc_kb(pid_t pid, const char *field) {
   fclose(f);
   ck_assert_int_ge(kb, 0);
   return kb;
-}
-
-/* One call in flight on a raw gRPC core channel. */
-typedef struct {
-  grpc_call *call;
-  grpc_byte_buffer *send, *recv;
-  grpc_metadata_array im, tm;
-  grpc_status_code status;
-  grpc_slice details;
-  int read; /* 0: never read the answer (a stalled client) */
-} raw_call;
-
-static grpc_channel *raw_channel(void) {
-  grpc_arg a = {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
-                .value.integer = 64 << 20};
-  grpc_channel_args args = {1, &a};
-  grpc_channel_credentials *cr = grpc_insecure_credentials_create();
-  grpc_channel *ch = grpc_channel_create(srv.addr, cr, &args);
-  grpc_channel_credentials_release(cr);
-  ck_assert_ptr_nonnull(ch);
-  return ch;
-}
-
-static void raw_start(grpc_channel *ch, grpc_completion_queue *cq, raw_call *c, const uint8_t *req,
-                      size_t len, int read) {
-  memset(c, 0, sizeof *c);
-  c->read = read;
-  grpc_metadata_array_init(&c->im);
-  grpc_metadata_array_init(&c->tm);
-  c->details = grpc_empty_slice();
-  grpc_slice m = grpc_slice_from_static_string(rpc_method_path(RPC_LOOKUP));
-  c->call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, m, NULL,
-                                     rpc__deadline(300), NULL);
-  grpc_slice_unref(m);
-  c->send = rpc__bb_make(req, len);
-  grpc_op ops[6];
-  memset(ops, 0, sizeof ops);
-  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-  ops[1].op = GRPC_OP_SEND_MESSAGE;
-  ops[1].data.send_message.send_message = c->send;
-  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-  ops[3].data.recv_initial_metadata.recv_initial_metadata = &c->im;
-  ops[4].op = GRPC_OP_RECV_MESSAGE;
-  ops[4].data.recv_message.recv_message = &c->recv;
-  ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-  ops[5].data.recv_status_on_client.trailing_metadata = &c->tm;
-  ops[5].data.recv_status_on_client.status = &c->status;
-  ops[5].data.recv_status_on_client.status_details = &c->details;
-  /* A stalled client sends its request and never asks for the answer. */
-  ck_assert_int_eq(grpc_call_start_batch(c->call, ops, read ? 6 : 3, c, NULL), GRPC_CALL_OK);
-}
-
-static void raw_free(raw_call *c) {
-  if (c->call) grpc_call_unref(c->call);
-  if (c->send) grpc_byte_buffer_destroy(c->send);
-  if (c->recv) grpc_byte_buffer_destroy(c->recv);
-  grpc_metadata_array_destroy(&c->im);
-  grpc_metadata_array_destroy(&c->tm);
-  grpc_slice_unref(c->details);
-}
-
-/* Wait for n completions on cq (300 s at most: the only failure). */
-static void raw_wait(grpc_completion_queue *cq, int n) {
-  for (int i = 0; i < n; i++) {
-    grpc_event ev = grpc_completion_queue_next(cq, rpc__deadline(300), NULL);
-    ck_assert_int_eq(ev.type, GRPC_OP_COMPLETE);
-  }
-}
-
-static void cq_drain(grpc_completion_queue *cq) {
-  grpc_completion_queue_shutdown(cq);
-  while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
-         GRPC_QUEUE_SHUTDOWN) {
-  }
-  grpc_completion_queue_destroy(cq);
 }
 
 static char *details(const raw_call *c) { return grpc_slice_to_c_string(c->details); }
@@ -242,11 +167,11 @@ START_TEST(test_concurrent_lookups_bounded) {
   free(resp);
   long idle = proc_kb(srv.pid, "VmRSS:");
   grpc_channel *ch[8];
-  for (int i = 0; i < 8; i++) ch[i] = raw_channel();
+  for (int i = 0; i < 8; i++) ch[i] = raw_channel(srv.addr, 0);
   grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
   static raw_call c[N_CONC];
-  for (int i = 0; i < N_CONC; i++) raw_start(ch[i % 8], cq, &c[i], q, len, 1);
-  raw_wait(cq, N_CONC);
+  for (int i = 0; i < N_CONC; i++) raw_start(ch[i % 8], cq, &c[i], q, len, 300, 1);
+  raw_wait(cq, N_CONC, 0);
   long hwm = proc_kb(srv.pid, "VmHWM:");
   int ok = 0, refused = 0;
   for (int i = 0; i < N_CONC; i++) {
@@ -269,7 +194,7 @@ START_TEST(test_concurrent_lookups_bounded) {
     gpr_free(d);
     raw_free(&c[i]);
   }
-  cq_drain(cq);
+  raw_cq_drain(cq);
   for (int i = 0; i < 8; i++) grpc_channel_destroy(ch[i]);
   free(q);
   Shardrec__V1__StatsResponse *a = calls_stats(srv.addr);

@@ -30,6 +30,7 @@
 #include "rpc/grpc_util.h"
 #include "rpc/shardrec.pb-c.h"
 #include "tests/rpc/calls.h"
+#include "tests/rpc/raw_call.h"
 #include "tests/rpc/server.h"
 
 #define DIM 512 /* 2 KiB rows: answered pinned (RPC_PIN_MIN_ROW_BYTES) */
@@ -122,89 +123,12 @@ static void oracle_rows(const uint64_t *ids, size_t n, float *rows) {
   ck_assert_int_eq(emb_store_lookup_wait(oracle), 0);
 }
 
-/* ---- a gRPC core client that sends a Lookup and reads it later (or never) ---- */
-
-typedef struct {
-  grpc_call *call;
-  grpc_byte_buffer *send, *recv;
-  grpc_metadata_array im, tm;
-  grpc_status_code status;
-  grpc_slice details;
-} raw_call;
-
-/* A channel whose streams take 64 KiB before the application reads (no
- * BDP probing to grow the window). */
-static grpc_channel *slow_channel(void) {
-  grpc_arg a[3] = {
-      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = 64 << 20},
-      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_BDP_PROBE, .value.integer = 0},
-      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, .value.integer = 65535}};
-  grpc_channel_args args = {3, a};
-  grpc_channel_credentials *cr = grpc_insecure_credentials_create();
-  grpc_channel *ch = grpc_channel_create(srv.addr, cr, &args);
-  grpc_channel_credentials_release(cr);
-  ck_assert_ptr_nonnull(ch);
-  return ch;
-}
-
 /* Send request req[len] on a new call with a deadline of deadline_s and
  * wait until it is sent; nothing is read yet. */
 static void raw_send(grpc_channel *ch, grpc_completion_queue *cq, raw_call *c, const uint8_t *req,
                      size_t len, double deadline_s) {
-  memset(c, 0, sizeof *c);
-  grpc_metadata_array_init(&c->im);
-  grpc_metadata_array_init(&c->tm);
-  c->details = grpc_empty_slice();
-  grpc_slice m = grpc_slice_from_static_string(rpc_method_path(RPC_LOOKUP));
-  c->call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, m, NULL,
-                                     rpc__deadline(deadline_s), NULL);
-  grpc_slice_unref(m);
-  c->send = rpc__bb_make(req, len);
-  grpc_op ops[3];
-  memset(ops, 0, sizeof ops);
-  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-  ops[1].op = GRPC_OP_SEND_MESSAGE;
-  ops[1].data.send_message.send_message = c->send;
-  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-  ck_assert_int_eq(grpc_call_start_batch(c->call, ops, 3, c, NULL), GRPC_CALL_OK);
-  grpc_event ev = grpc_completion_queue_next(cq, rpc__deadline(300), NULL);
-  ck_assert_int_eq(ev.type, GRPC_OP_COMPLETE);
-  ck_assert(ev.success);
-}
-
-/* Read c's answer now (its status into c->status, its message into
- * c->recv). */
-static void raw_read(grpc_completion_queue *cq, raw_call *c) {
-  grpc_op ops[3];
-  memset(ops, 0, sizeof ops);
-  ops[0].op = GRPC_OP_RECV_INITIAL_METADATA;
-  ops[0].data.recv_initial_metadata.recv_initial_metadata = &c->im;
-  ops[1].op = GRPC_OP_RECV_MESSAGE;
-  ops[1].data.recv_message.recv_message = &c->recv;
-  ops[2].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-  ops[2].data.recv_status_on_client.trailing_metadata = &c->tm;
-  ops[2].data.recv_status_on_client.status = &c->status;
-  ops[2].data.recv_status_on_client.status_details = &c->details;
-  ck_assert_int_eq(grpc_call_start_batch(c->call, ops, 3, c, NULL), GRPC_CALL_OK);
-  grpc_event ev = grpc_completion_queue_next(cq, rpc__deadline(300), NULL);
-  ck_assert_int_eq(ev.type, GRPC_OP_COMPLETE);
-}
-
-static void raw_free(raw_call *c) {
-  if (c->call) grpc_call_unref(c->call);
-  if (c->send) grpc_byte_buffer_destroy(c->send);
-  if (c->recv) grpc_byte_buffer_destroy(c->recv);
-  grpc_metadata_array_destroy(&c->im);
-  grpc_metadata_array_destroy(&c->tm);
-  grpc_slice_unref(c->details);
-}
-
-static void cq_drain(grpc_completion_queue *cq) {
-  grpc_completion_queue_shutdown(cq);
-  while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
-         GRPC_QUEUE_SHUTDOWN) {
-  }
-  grpc_completion_queue_destroy(cq);
+  raw_start(ch, cq, c, req, len, deadline_s, 0);
+  raw_wait(cq, 1, 1);
 }
 
 /* Wait (polling Stats, 120 s at most) until the server holds exactly rows
@@ -256,7 +180,7 @@ START_TEST(test_sent_bytes_never_change) {
   uint64_t *ids = id_range(1000, BIG);
   float *before = malloc(BIG * ROW_BYTES), *got = malloc(BIG * ROW_BYTES);
   oracle_rows(ids, BIG, before);
-  grpc_channel *ch = slow_channel();
+  grpc_channel *ch = raw_channel(srv.addr, 1);
   grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
   raw_call c;
   size_t len;
@@ -295,7 +219,7 @@ START_TEST(test_sent_bytes_never_change) {
   /* And the rows are still the pushed ones (moved, not lost). */
   lookup_read(6, ids, BIG, got);
   ck_assert(memcmp(got, after, BIG * ROW_BYTES) == 0);
-  cq_drain(cq);
+  raw_cq_drain(cq);
   grpc_channel_destroy(ch);
   free(g), free(after), free(before), free(got), free(ids);
 }
@@ -307,7 +231,7 @@ START_TEST(test_client_never_reads) {
   /* Budget 16 MiB: a BIG Lookup takes 3 x 4 MB while it is built and
    * keeps 4 MB pinned; two of them leave too little for a third. */
   start(10000, "--inflight-mb 16");
-  grpc_channel *ch = slow_channel();
+  grpc_channel *ch = raw_channel(srv.addr, 1);
   grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
   raw_call c[2];
   uint64_t *ids[2];
@@ -369,7 +293,7 @@ START_TEST(test_client_never_reads) {
     raw_free(&c[k]);
     free(ids[k]);
   }
-  cq_drain(cq);
+  raw_cq_drain(cq);
   grpc_channel_destroy(ch);
   free(more), free(g), free(got), free(want);
 }
@@ -382,7 +306,7 @@ END_TEST
 START_TEST(test_stop_with_answer_unread) {
   start(5000, "");
   uint64_t *ids = id_range(3000, BIG);
-  grpc_channel *ch = slow_channel();
+  grpc_channel *ch = raw_channel(srv.addr, 1);
   grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
   raw_call c;
   size_t len;
@@ -395,7 +319,7 @@ START_TEST(test_stop_with_answer_unread) {
   raw_read(cq, &c);
   ck_assert_int_ne(c.status, GRPC_STATUS_OK);
   raw_free(&c);
-  cq_drain(cq);
+  raw_cq_drain(cq);
   grpc_channel_destroy(ch);
   free(ids);
 }
