@@ -248,7 +248,7 @@ static inline unsigned slot_sent(const shstore *s, uint32_t i) {
 }
 /* Slots answers are being sent from now. */
 static inline size_t sends_held(const shstore *s) {
-  return s->sends ? atomic_load_explicit(&s->sends->held, memory_order_relaxed) : 0;
+  return s->sends ? atomic_load_explicit(&s->sends->held, memory_order_acquire) : 0;
 }
 static inline uint32_t key_tag(uint32_t t, uint64_t key) {
   return (uint32_t)sr_mix64(key ^ ((uint64_t)(t + 1) * 0x9E3779B97F4A7C15ULL));

@@ -169,8 +169,11 @@ typedef struct emb_store_ops {
    * until every rank's is in). */
   int (*push)(emb_store *s, int64_t step, float lr, const emb_idset *ids,
               const float *const *grads);
-  /* Make every update durable where the store has a durable tier (the
-   * shard store writes its dirty rows to RocksDB; the others return 0). */
+  /* Hand every update to the store's durable tier, where it has one: the
+   * shard store writes its dirty rows to RocksDB, where they are durable
+   * at RocksDB's next memtable flush (write-backs skip its write-ahead
+   * log: storage/kv.h kv_writes), which a checkpoint and a clean stop
+   * (emb_shard_mark_clean) make first; the others return 0. */
   int (*flush)(emb_store *s);
   /* Write every row held under the folder path (created if missing; the
    * layout is ckpt_layout's, above); a failure may leave part of it

@@ -807,9 +807,9 @@ static int table_walk(const wire_rd *d, size_t i, int push, const uint8_t *p, co
       for (size_t k = 0; k < n; k++) t->n_var += val[k] < 0x80;
       if (n && val[n - 1] >= 0x80)
         return wire_bad(d, val + n - 1, field_name(f, &m, num), "last varint cut off");
-    } else if (num == fix_num && wt == WT_I64) {
+    } else if (num == fix_num && wt == WT_I64) { /* one id, not packed: copied */
       t->n_fix++;
-      t->fix_fields++;
+      t->fix_fields += 2;
     } else if (num == fix_num) { /* packed fixed64 */
       if (n % 8) return wire_bad(d, val, field_name(f, &m, num), "length not a multiple of 8 bytes");
       if (n && !t->fix_fields++) t->fix = val;
@@ -856,7 +856,7 @@ static int table_copy(const wire_rd *d, size_t i, int push, const table_scan *t,
 /* Whether a table's ids are read where they lie: one ids_fixed field,
  * 8-byte aligned in memory. */
 static int scan_in_place(const table_scan *t) {
-  return !t->n_var && t->fix_fields == 1 && t->n_fix && !((uintptr_t)t->fix & 7u);
+  return !t->n_var && t->fix_fields == 1 && t->n_fix && t->fix && !((uintptr_t)t->fix & 7u);
 }
 
 static int scratch_nomem(rpc_reply *r) {
@@ -973,6 +973,10 @@ static int req_decode(const rpc_service *s, svc_scratch *x, int push, const uint
       char field[32];
       snprintf(field, sizeof field, "tables[%zu]", nt);
       if (wt != WT_LEN) return wire_type_bad(&d, at, field, wt);
+      /* More tables than the plan has: one is given twice (or is not the
+       * plan's), refused before the scratch grows with the entries. */
+      if (nt == (size_t)s->plan->n_tables)
+        return wire_bad(&d, at, field, "more tables than the plan's (a table appears at most once)");
       if (scratch_tables(x, nt + 1)) return scratch_nomem(r);
       if (table_walk(&d, nt, push, val, val + n, &x->scan[nt])) return -1;
       nt++;
@@ -1179,7 +1183,7 @@ static int check_answer(rpc_service *s, Shardrec__V1__TableIds *const *tables, s
 /* ---- pinned answers (rpc_service_pin_answers) ---- */
 
 struct rpc_pinned {
-  rpc_service *s;                 /* borrowed: outlives the server's calls */
+  rpc_service *s;                 /* one of s->refs: s outlives this answer */
   void (*unpin)(emb_pins *);      /* the store's pins_release */
   emb_pins *pins;                 /* owned */
   size_t held, rows, bytes;       /* budget share; rows and row bytes pinned */

@@ -302,7 +302,9 @@ typedef struct rpc_service_view {
 void rpc_service_inspect(rpc_service *s, void (*fn)(void *ctx, const rpc_service_view *v),
                          void *ctx);
 
-/* Make the store's updates durable (rpc_server_run calls it on shutdown). */
+/* Hand the store's updates to its durable tier (emb_store_flush;
+ * rpc_server_run calls it on shutdown, before the clean-stop mark, which
+ * makes them durable). */
 int rpc_service_flush(rpc_service *s);
 
 #endif

@@ -561,6 +561,57 @@ static void expect_refused(rpc_service *svc, rpc_method m, const uint8_t *req, s
   ck_assert_ptr_null(r.out);
 }
 
+/* One id given as a single fixed64 field, not packed (protobuf's parsers
+ * take both forms of a repeated field), is answered as the same id as a
+ * varint; a request of more tables than the plan has is refused at the
+ * entry past them, before the decoder's scratch grows with them. */
+START_TEST(test_unpacked_fixed_and_too_many_tables) {
+  emb_plan *plan = plan_make();
+  char err[512], fp[EMB_FP_HEX];
+  ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
+  emb_store *st = emb_store_create_local(plan, err, sizeof err);
+  int shard = 0;
+  rpc_service_opts so = {.shards = &shard, .n_shards = 1};
+  rpc_service *svc = rpc_service_create(plan, st, &so, err, sizeof err);
+  ck_assert_msg(svc != NULL, "%s", err);
+  uint8_t req[512], req2[512];
+  size_t at, len, len2;
+  /* table_id 300 (ac 02: dim 16), id 5 */
+  const uint8_t unpacked[] = {0x08, 0xac, 0x02, 0x19, 5, 0, 0, 0, 0, 0, 0, 0};
+  const uint8_t varint[] = {0x08, 0xac, 0x02, 0x12, 0x01, 5};
+  len = raw_req(fp, 0, unpacked, sizeof unpacked, req, &at);
+  len2 = raw_req(fp, 0, varint, sizeof varint, req2, &at);
+  for (size_t off = 0; off < 8; off++) {
+    rpc_reply a, b;
+    handle_at(svc, RPC_LOOKUP, req, len, off, &a);
+    ck_assert_msg(a.status == RPC_OK, "offset %zu: status %d (%s)", off, a.status, a.msg);
+    handle_at(svc, RPC_LOOKUP, req2, len2, off, &b);
+    ck_assert_int_eq(b.status, RPC_OK);
+    ck_assert_uint_eq(a.out_len, b.out_len);
+    ck_assert(!memcmp(a.out, b.out, a.out_len));
+    free(a.out);
+    free(b.out);
+  }
+  /* NT + 1 table entries, each table 0 with no ids. */
+  Shardrec__V1__RequestHeader h;
+  header(&h, fp, 3);
+  size_t n = 0, hl = shardrec__v1__request_header__get_packed_size(&h), last = 0;
+  req[n++] = 0x0a;
+  req[n++] = (uint8_t)hl;
+  n += shardrec__v1__request_header__pack(&h, req + n);
+  for (int k = 0; k <= NT; k++) {
+    last = n;
+    req[n++] = 0x12, req[n++] = 0x02, req[n++] = 0x08, req[n++] = 0x00;
+  }
+  char want[160];
+  snprintf(want, sizeof want, "tables[%d] at offset %zu: more tables than the plan's", NT, last);
+  expect_refused(svc, RPC_LOOKUP, req, n, want);
+  rpc_service_destroy(svc);
+  emb_store_destroy(st);
+  emb_plan_free(plan);
+}
+END_TEST
+
 /* A table with both ids and ids_fixed is refused naming it (Lookup and
  * Push); cut, overlong and garbled fields are refused naming the field
  * and its offset in the request; every prefix of a good request is
@@ -677,6 +728,7 @@ int main(void) {
   tcase_add_test(tc, test_ids_fixed_lookup);
   tcase_add_test(tc, test_ids_fixed_push);
   tcase_add_test(tc, test_bad_requests_refused);
+  tcase_add_test(tc, test_unpacked_fixed_and_too_many_tables);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

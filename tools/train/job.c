@@ -621,9 +621,10 @@ static int restore_servers(train_job *j, const char *ckdir) {
     /* A Restore past its deadline (a link back from a cut while TCP has
      * not resent yet, a channel still reconnecting) is waited for as a
      * server that is down: a Restore is safe to repeat. */
-    if (!(rpc_remote_lost(j->store) || rc == SR_ETIMEOUT) || sr_now() - t0 > c->recover_timeout) {
+    const int waiting = rpc_remote_lost(j->store) || rc == SR_ETIMEOUT;
+    if (!waiting || sr_now() - t0 > c->recover_timeout) {
       job__errf(j, "recovery from %s failed%s: %s\n", ckdir,
-                rpc_remote_lost(j->store) ? " (--recover-timeout passed)" : "", err);
+                waiting ? " (--recover-timeout passed)" : "", err);
       return -1;
     }
     struct timespec ts = {0, 200 * 1000 * 1000};
