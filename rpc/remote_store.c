@@ -427,8 +427,11 @@ static int call_error(rstore *s, const pcall *p, const char *what) {
     case GRPC_STATUS_UNAVAILABLE: s->lost = 1; return SR_EUNAVAILABLE;
     case GRPC_STATUS_DEADLINE_EXCEEDED:
       /* past every retry's deadline (retry_deadline): unreachable as long
-       * as the budget, so lost as a server that is down */
-      if (deadline_retry(p, &s->o)) s->lost = 1;
+       * as the budget, so lost as a server that is down; so is one a
+       * Restore did not reach in time (a link back from a cut that TCP has
+       * not resent on yet): the recovery waits for it and tries again (a
+       * Restore is safe to repeat) */
+      if (deadline_retry(p, &s->o) || p->m == RPC_RESTORE) s->lost = 1;
       return SR_ETIMEOUT;
     case GRPC_STATUS_FAILED_PRECONDITION: return SR_EMISMATCH;
     case GRPC_STATUS_ABORTED: return SR_ESTATE; /* the job's pending state was dropped */

@@ -612,19 +612,14 @@ static int restore_servers(train_job *j, const char *ckdir) {
   double t0 = sr_now();
   for (;;) {
     ckpt_state got;
-    int rc = ckpt_load(ckdir, j->plan, j->store, "remote", trainer_model(j->t),
-                       trainer_dense_opt(j->t), &j->cks, &got, err, sizeof err);
-    if (!rc) {
+    if (!ckpt_load(ckdir, j->plan, j->store, "remote", trainer_model(j->t),
+                   trainer_dense_opt(j->t), &j->cks, &got, err, sizeof err)) {
       j->ckst = got;
       return 0;
     }
-    /* A Restore past its deadline (a link back from a cut while TCP has
-     * not resent yet, a channel still reconnecting) is waited for as a
-     * server that is down: a Restore is safe to repeat. */
-    const int waiting = rpc_remote_lost(j->store) || rc == SR_ETIMEOUT;
-    if (!waiting || sr_now() - t0 > c->recover_timeout) {
+    if (!rpc_remote_lost(j->store) || sr_now() - t0 > c->recover_timeout) {
       job__errf(j, "recovery from %s failed%s: %s\n", ckdir,
-                waiting ? " (--recover-timeout passed)" : "", err);
+                rpc_remote_lost(j->store) ? " (--recover-timeout passed)" : "", err);
       return -1;
     }
     struct timespec ts = {0, 200 * 1000 * 1000};
