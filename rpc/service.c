@@ -679,50 +679,60 @@ static const char *field_name(char *buf, const wire_msg *m, uint32_t num) {
   return buf;
 }
 
-/* The next field of message m at [*p, end): its number, wire type, and
- * for WT_LEN its bytes (*val, *n) or else its value (*v, the bits of a
- * fixed one), *p past it. 0, or -1 with the refusal in d. */
+/* One field as wire_field read it: where it starts, its number and wire
+ * type, and its value: a varint or the bits of a fixed-size one in v; a
+ * length-delimited one's bytes at val[n], inside the request (v: n). */
+typedef struct {
+  const uint8_t *at;
+  uint32_t num;
+  int wt;
+  uint64_t v;
+  const uint8_t *val;
+  size_t n;
+} wire_f;
+
+/* The next field of message m at [*p, end) into *w, *p past it. 0, or -1
+ * with the refusal in d. */
 static int wire_field(const wire_rd *d, const uint8_t **p, const uint8_t *end, const wire_msg *m,
-                      uint32_t *num, int *wt, uint64_t *v, const uint8_t **val, size_t *n) {
+                      wire_f *w) {
   const uint8_t *at = *p;
   char f[64];
   uint64_t tag;
+  *w = (wire_f){.at = at};
   int e = wire_varint(p, end, &tag);
   if (e || tag > 0xffffffffu || (tag >> 3) == 0)
     return wire_bad(d, at, *m->in ? m->in : "the request",
                     e == -1 ? "field tag cut off" : "field tag out of range");
-  *num = (uint32_t)(tag >> 3);
-  *wt = (int)(tag & 7);
+  w->num = (uint32_t)(tag >> 3);
+  w->wt = (int)(tag & 7);
   const uint8_t *vat = *p;
-  switch (*wt) {
+  switch (w->wt) {
     case WT_VARINT:
-      if ((e = wire_varint(p, end, v)))
-        return wire_bad(d, vat, field_name(f, m, *num),
+      if ((e = wire_varint(p, end, &w->v)))
+        return wire_bad(d, vat, field_name(f, m, w->num),
                         e == -1 ? "varint cut off" : "varint longer than 10 bytes");
       return 0;
     case WT_I64:
     case WT_I32: {
-      const size_t w = *wt == WT_I64 ? 8 : 4;
-      if ((size_t)(end - *p) < w)
-        return wire_bad(d, vat, field_name(f, m, *num), "fixed-size value cut off");
-      uint64_t x = 0;
-      memcpy(&x, *p, w); /* little-endian host */
-      *v = x;
-      *p += w;
+      const size_t n = w->wt == WT_I64 ? 8 : 4;
+      if ((size_t)(end - *p) < n)
+        return wire_bad(d, vat, field_name(f, m, w->num), "fixed-size value cut off");
+      memcpy(&w->v, *p, n); /* little-endian host */
+      *p += n;
       return 0;
     }
     case WT_LEN:
-      if ((e = wire_varint(p, end, v)))
-        return wire_bad(d, vat, field_name(f, m, *num),
+      if ((e = wire_varint(p, end, &w->v)))
+        return wire_bad(d, vat, field_name(f, m, w->num),
                         e == -1 ? "length cut off" : "length longer than 10 bytes");
-      if (*v > (uint64_t)(end - *p))
-        return wire_bad(d, vat, field_name(f, m, *num), "length past the end");
-      *val = *p;
-      *n = (size_t)*v;
-      *p += *n;
+      if (w->v > (uint64_t)(end - *p))
+        return wire_bad(d, vat, field_name(f, m, w->num), "length past the end");
+      w->val = *p;
+      w->n = (size_t)w->v;
+      *p += w->n;
       return 0;
   }
-  return wire_bad(d, at, field_name(f, m, *num), "wire type 3, 4, 6 or 7 (groups or none)");
+  return wire_bad(d, at, field_name(f, m, w->num), "wire type 3, 4, 6 or 7 (groups or none)");
 }
 
 /* A known field of number num seen with wire type wt where want was
@@ -749,24 +759,20 @@ static int header_decode(const wire_rd *d, svc_scratch *x, const uint8_t *p, con
   const wire_msg m = {"header", names, 9};
   char f[64];
   while (p < end) {
-    const uint8_t *at = p, *val = NULL;
-    uint32_t num;
-    int wt;
-    uint64_t v = 0;
-    size_t n = 0;
-    if (wire_field(d, &p, end, &m, &num, &wt, &v, &val, &n)) return -1;
-    if (num > 8) continue; /* unknown: skipped */
-    if ((num <= 2) != (wt == WT_LEN) || (num > 2 && wt != WT_VARINT))
-      return wire_type_bad(d, at, field_name(f, &m, num), wt);
-    if (num == 1) wire_str(x->fp, sizeof x->fp, val, n);
-    else if (num == 2) wire_str(x->job, sizeof x->job, val, n);
-    else if (num == 3) x->h.step = (int64_t)v;
+    wire_f w;
+    if (wire_field(d, &p, end, &m, &w)) return -1;
+    if (w.num > 8) continue; /* unknown: skipped */
+    if ((w.num <= 2) != (w.wt == WT_LEN) || (w.num > 2 && w.wt != WT_VARINT))
+      return wire_type_bad(d, w.at, field_name(f, &m, w.num), w.wt);
+    if (w.num == 1) wire_str(x->fp, sizeof x->fp, w.val, w.n);
+    else if (w.num == 2) wire_str(x->job, sizeof x->job, w.val, w.n);
+    else if (w.num == 3) x->h.step = (int64_t)w.v;
     else {
-      const int32_t i = (int32_t)(uint32_t)v;
-      if (num == 4) x->h.rank = i;
-      else if (num == 5) x->h.world_size = i;
-      else if (num == 6) x->h.max_staleness = i;
-      else if (num == 7) x->h.part = i;
+      const int32_t i = (int32_t)(uint32_t)w.v;
+      if (w.num == 4) x->h.rank = i;
+      else if (w.num == 5) x->h.world_size = i;
+      else if (w.num == 6) x->h.max_staleness = i;
+      else if (w.num == 7) x->h.part = i;
       else x->h.parts = i;
     }
   }
@@ -789,34 +795,30 @@ static int table_walk(const wire_rd *d, size_t i, int push, const uint8_t *p, co
   t->p = p;
   t->n = (size_t)(end - p);
   while (p < end) {
-    const uint8_t *at = p, *val = NULL;
-    uint32_t num;
-    int wt;
-    uint64_t v = 0;
-    size_t n = 0;
-    if (wire_field(d, &p, end, &m, &num, &wt, &v, &val, &n)) return -1;
-    const int want = num == 1 ? WT_VARINT : num == fix_num ? WT_I64 : num <= 3 ? WT_LEN : -1;
-    if (want >= 0 && wt != want && (num == 1 || (push && num == 3) || wt != WT_LEN) &&
-        !(num == 2 && wt == WT_VARINT))
-      return wire_type_bad(d, at, field_name(f, &m, num), wt);
-    if (num == 1) {
-      t->table_id = (uint32_t)v;
-    } else if (num == 2 && wt == WT_VARINT) {
+    wire_f w;
+    if (wire_field(d, &p, end, &m, &w)) return -1;
+    const int want = w.num == 1 ? WT_VARINT : w.num == fix_num ? WT_I64 : w.num <= 3 ? WT_LEN : -1;
+    if (want >= 0 && w.wt != want && (w.num == 1 || (push && w.num == 3) || w.wt != WT_LEN) &&
+        !(w.num == 2 && w.wt == WT_VARINT))
+      return wire_type_bad(d, w.at, field_name(f, &m, w.num), w.wt);
+    if (w.num == 1) {
+      t->table_id = (uint32_t)w.v;
+    } else if (w.num == 2 && w.wt == WT_VARINT) {
       t->n_var++;
-    } else if (num == 2) { /* packed varints */
-      for (size_t k = 0; k < n; k++) t->n_var += val[k] < 0x80;
-      if (n && val[n - 1] >= 0x80)
-        return wire_bad(d, val + n - 1, field_name(f, &m, num), "last varint cut off");
-    } else if (num == fix_num && wt == WT_I64) { /* one id, not packed: copied */
+    } else if (w.num == 2) { /* packed varints */
+      for (size_t k = 0; k < w.n; k++) t->n_var += w.val[k] < 0x80;
+      if (w.n && w.val[w.n - 1] >= 0x80)
+        return wire_bad(d, w.val + w.n - 1, field_name(f, &m, w.num), "last varint cut off");
+    } else if (w.num == fix_num && w.wt == WT_I64) { /* one id, not packed: copied */
       t->n_fix++;
       t->fix_fields += 2;
-    } else if (num == fix_num) { /* packed fixed64 */
-      if (n % 8) return wire_bad(d, val, field_name(f, &m, num), "length not a multiple of 8 bytes");
-      if (n && !t->fix_fields++) t->fix = val;
-      t->n_fix += n / 8;
-    } else if (push && num == 3) {
-      t->grads = val;
-      t->grads_len = n;
+    } else if (w.num == fix_num) { /* packed fixed64 */
+      if (w.n % 8) return wire_bad(d, w.val, field_name(f, &m, w.num), "length not a multiple of 8 bytes");
+      if (w.n && !t->fix_fields++) t->fix = w.val;
+      t->n_fix += w.n / 8;
+    } else if (push && w.num == 3) {
+      t->grads = w.val;
+      t->grads_len = w.n;
     }
   }
   return 0;
@@ -831,23 +833,19 @@ static int table_copy(const wire_rd *d, size_t i, int push, const table_scan *t,
   snprintf(in, sizeof in, "tables[%zu]", i);
   const wire_msg m = {in, push ? table_grads_names : table_ids_names, push ? 5 : 4};
   while (p < end) {
-    const uint8_t *val = NULL;
-    uint32_t num;
-    int wt;
-    uint64_t v = 0;
-    size_t n = 0;
-    if (wire_field(d, &p, end, &m, &num, &wt, &v, &val, &n)) return -1;
-    if (num == 2 && wt == WT_VARINT) {
-      *out++ = v;
-    } else if (num == 2) {
-      for (const uint8_t *q = val, *qe = val + n; q < qe;)
+    wire_f w;
+    if (wire_field(d, &p, end, &m, &w)) return -1;
+    if (w.num == 2 && w.wt == WT_VARINT) {
+      *out++ = w.v;
+    } else if (w.num == 2) {
+      for (const uint8_t *q = w.val, *qe = w.val + w.n; q < qe;)
         if (wire_varint(&q, qe, out++))
-          return wire_bad(d, q, field_name(f, &m, num), "varint longer than 10 bytes");
-    } else if (num == fix_num && wt == WT_I64) {
-      *out++ = v;
-    } else if (num == fix_num && n) {
-      memcpy(out, val, n); /* little-endian host */
-      out += n / 8;
+          return wire_bad(d, q, field_name(f, &m, w.num), "varint longer than 10 bytes");
+    } else if (w.num == fix_num && w.wt == WT_I64) {
+      *out++ = w.v;
+    } else if (w.num == fix_num && w.n) {
+      memcpy(out, w.val, w.n); /* little-endian host */
+      out += w.n / 8;
     }
   }
   return 0;
@@ -959,33 +957,29 @@ static int req_decode(const rpc_service *s, svc_scratch *x, int push, const uint
   size_t nt = 0;
   const uint8_t *p = in, *end = in + len;
   while (p < end) {
-    const uint8_t *at = p, *val = NULL;
-    uint32_t num;
-    int wt;
-    uint64_t v = 0;
-    size_t n = 0;
-    if (wire_field(&d, &p, end, &m, &num, &wt, &v, &val, &n)) return -1;
-    if (num == 1) {
-      if (wt != WT_LEN) return wire_type_bad(&d, at, "header", wt);
-      if (header_decode(&d, x, val, val + n)) return -1;
+    wire_f w;
+    if (wire_field(&d, &p, end, &m, &w)) return -1;
+    if (w.num == 1) {
+      if (w.wt != WT_LEN) return wire_type_bad(&d, w.at, "header", w.wt);
+      if (header_decode(&d, x, w.val, w.val + w.n)) return -1;
       has_header = 1;
-    } else if (num == (push ? 3u : 2u)) {
+    } else if (w.num == (push ? 3u : 2u)) {
       char field[32];
       snprintf(field, sizeof field, "tables[%zu]", nt);
-      if (wt != WT_LEN) return wire_type_bad(&d, at, field, wt);
+      if (w.wt != WT_LEN) return wire_type_bad(&d, w.at, field, w.wt);
       /* More tables than the plan has: one is given twice (or is not the
        * plan's), refused before the scratch grows with the entries. */
       if (nt == (size_t)s->plan->n_tables)
-        return wire_bad(&d, at, field, "more tables than the plan's (a table appears at most once)");
+        return wire_bad(&d, w.at, field, "more tables than the plan's (a table appears w.at most once)");
       if (scratch_tables(x, nt + 1)) return scratch_nomem(r);
-      if (table_walk(&d, nt, push, val, val + n, &x->scan[nt])) return -1;
+      if (table_walk(&d, nt, push, w.val, w.val + w.n, &x->scan[nt])) return -1;
       nt++;
-    } else if (!push && num == 3) {
-      if (wt != WT_VARINT) return wire_type_bad(&d, at, "prefetch_only", wt);
-      prefetch = v != 0;
-    } else if (push && num == 2) {
-      if (wt != WT_I32) return wire_type_bad(&d, at, "learning_rate", wt);
-      const uint32_t b = (uint32_t)v;
+    } else if (!push && w.num == 3) {
+      if (w.wt != WT_VARINT) return wire_type_bad(&d, w.at, "prefetch_only", w.wt);
+      prefetch = w.v != 0;
+    } else if (push && w.num == 2) {
+      if (w.wt != WT_I32) return wire_type_bad(&d, w.at, "learning_rate", w.wt);
+      const uint32_t b = (uint32_t)w.v;
       memcpy(&lr, &b, sizeof lr);
     }
   }
