@@ -1,5 +1,6 @@
-/* What the shard store's suites (test_shard.c, test_shard_prefetch.c) make
- * their stores from: a plan of three tables (bounded, small bounded,
+/* What the shard store's suites (test_shard.c, test_shard_prefetch.c,
+ * test_shard_pinned.c) make their stores from, and the plan test_store.c
+ * and tests/reshard/test_reshard_ckpt.c make theirs from: a plan of three tables (bounded, small bounded,
  * unbounded; table 1 at dim 4 for mixed widths), a temporary folder, and a
  * shard store with small RocksDB buffers. */
 #ifndef SHARDREC_TESTS_EMBEDDING_SHARD_FIXTURE_H

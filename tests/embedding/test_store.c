@@ -14,24 +14,12 @@
 #include "embedding/optim.h"
 #include "embedding/store.h"
 #include "tests/embedding/nonfinite.h"
+#include "tests/embedding/shard_fixture.h"
 
 /* Three tables: bounded dim 4, bounded dim 8, unbounded dim 5. */
 static emb_plan *make_plan(emb_optim_kind k, int n_shards, int row_wise, uint64_t seed) {
-  static const uint64_t rows[] = {1000, 50, 0};
-  emb_plan_params pp;
-  memset(&pp, 0, sizeof pp);
-  pp.n_tables = 3;
-  pp.rows = rows;
-  pp.dim = 4;
-  pp.optim.kind = k;
-  pp.optim.eps = -1;
-  pp.optim.init_acc = k == EMB_OPT_SGD ? 0 : 0.05;
-  pp.seed = seed;
-  pp.n_shards = n_shards;
-  pp.row_wise = row_wise;
-  char err[256];
-  emb_plan *p = NULL;
-  ck_assert_int_eq(emb_plan_create(&pp, &p, err, sizeof err), 0);
+  static const uint64_t rows[FX_NT] = {1000, 50, 0};
+  emb_plan *p = fx_plan(rows, 4, seed, k, n_shards, row_wise);
   p->tables[1].dim = 8;
   p->tables[2].dim = 5;
   return p;

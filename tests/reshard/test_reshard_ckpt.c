@@ -26,6 +26,7 @@
 #include "embedding/store.h"
 #include "storage/ckpt_dir.h"
 #include "storage/kv.h"
+#include "tests/embedding/shard_fixture.h"
 
 #define T 3
 static const uint64_t ROWS[T] = {200, 50, 300};
@@ -34,22 +35,11 @@ static const size_t TOUCHED[T] = {60, 25, 90}; /* rows 0, 2, 4, ... pushed */
 
 static char dir[256];
 
+_Static_assert(T == FX_NT, "fx_plan makes FX_NT tables");
+
+/* Every table at DIM (fx_plan's table 1 is at 4, DIM too). */
 static emb_plan *make_plan(int n_shards, int row_wise) {
-  emb_plan_params pp;
-  memset(&pp, 0, sizeof pp);
-  pp.n_tables = T;
-  pp.rows = ROWS;
-  pp.dim = DIM;
-  pp.optim.kind = EMB_OPT_ADAGRAD;
-  pp.optim.eps = -1;
-  pp.optim.init_acc = 0.05;
-  pp.seed = 11;
-  pp.n_shards = n_shards;
-  pp.row_wise = row_wise;
-  char err[256];
-  emb_plan *p = NULL;
-  ck_assert_msg(emb_plan_create(&pp, &p, err, sizeof err) == 0, "%s", err);
-  return p;
+  return fx_plan(ROWS, DIM, 11, EMB_OPT_ADAGRAD, n_shards, row_wise);
 }
 
 static void write_text(const char *path, const char *text) {

@@ -173,6 +173,20 @@ static float *grads(size_t n, float v) {
   return g;
 }
 
+/* A Lookup of ids[BIG] sent on a new slow channel (*ch, *cq) as *c and
+ * left unread, once the server has handled it and sent it from the store
+ * (Stats: its rows pinned). */
+static void send_unread(const uint64_t *ids, grpc_channel **ch, grpc_completion_queue **cq,
+                        raw_call *c) {
+  *ch = raw_channel(srv.addr, 1);
+  *cq = grpc_completion_queue_create_for_next(NULL);
+  size_t len;
+  uint8_t *q = lookup_req(0, ids, BIG, &len);
+  raw_send(*ch, *cq, c, q, len, 300);
+  free(q);
+  wait_pinned(BIG);
+}
+
 /* An unread answer's bytes survive a Push to its rows and evictions
  * around them; the rows after the push are the pushed ones. */
 START_TEST(test_sent_bytes_never_change) {
@@ -180,14 +194,10 @@ START_TEST(test_sent_bytes_never_change) {
   uint64_t *ids = id_range(1000, BIG);
   float *before = malloc(BIG * ROW_BYTES), *got = malloc(BIG * ROW_BYTES);
   oracle_rows(ids, BIG, before);
-  grpc_channel *ch = raw_channel(srv.addr, 1);
-  grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+  grpc_channel *ch;
+  grpc_completion_queue *cq;
   raw_call c;
-  size_t len;
-  uint8_t *q = lookup_req(0, ids, BIG, &len);
-  raw_send(ch, cq, &c, q, len, 300);
-  free(q);
-  wait_pinned(BIG); /* handled, and sent from the store: the rows pinned */
+  send_unread(ids, &ch, &cq, &c);
   float *g = grads(BIG, 0.125f);
   push_both(0, ids, BIG, g);
   float *after = malloc(BIG * ROW_BYTES);
@@ -306,14 +316,10 @@ END_TEST
 START_TEST(test_stop_with_answer_unread) {
   start(5000, "");
   uint64_t *ids = id_range(3000, BIG);
-  grpc_channel *ch = raw_channel(srv.addr, 1);
-  grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+  grpc_channel *ch;
+  grpc_completion_queue *cq;
   raw_call c;
-  size_t len;
-  uint8_t *q = lookup_req(0, ids, BIG, &len);
-  raw_send(ch, cq, &c, q, len, 300);
-  free(q);
-  wait_pinned(BIG);
+  send_unread(ids, &ch, &cq, &c);
   int st = server_stop(&srv);
   ck_assert_msg(st == 0, "server exited with %d (log %s)", st, log_path);
   raw_read(cq, &c);
