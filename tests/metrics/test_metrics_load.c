@@ -1,7 +1,13 @@
 /* A slow or garbage client cannot stall the server or the trainer: 100
  * idle connections and one client sending a byte a second to the metrics
  * port of `shardrec serve` and of `shardrec train` leave the trainer's step
- * time and the server's Lookup p99 within 25% of the same without them.
+ * time within 25% and the server's Lookup p99 within 2x of the same without
+ * them. (A server thread held by the byte-a-second client would hold
+ * Lookups about a second, x500 and more here; a listener that spins shows
+ * in the step time's median, which is steadier. The p99 of 300 Lookups on 2
+ * shared cores
+ * moves more than a median does: x0.4 to x1.29 between runs with nothing
+ * wrong, the x1.29 in a CI run; 25% was inside that noise.)
  * Step time: the median step (from --metrics-out) of one training run
  * with the load on and off in turn every second, 10 s each. Lookup p99: the
  * client side of Lookups through the remote store in 30 blocks of 300 each
@@ -233,7 +239,7 @@ START_TEST(test_slow_clients_do_not_stall) {
                   "Lookups each)\n",
           1e3 * sb, 1e3 * sl, sl / sb, ns[0], ns[1], LOOKUP_BLOCKS, 1e3 * pb, 1e3 * pl, pl / pb, nl);
   ck_assert_msg(sl <= 1.25 * sb, "step time %.3f ms under load vs %.3f ms", 1e3 * sl, 1e3 * sb);
-  ck_assert_msg(pl <= 1.25 * pb, "Lookup p99 %.3f ms under load vs %.3f ms", 1e3 * pl, 1e3 * pb);
+  ck_assert_msg(pl <= 2 * pb, "Lookup p99 %.3f ms under load vs %.3f ms", 1e3 * pl, 1e3 * pb);
   emb_store_destroy(store);
   emb_plan_free(plan);
   kill(srv, SIGTERM);
