@@ -20,7 +20,7 @@
  * dense_model_create after dense_backend_set_default) keeps its parameters
  * and gradients on the device in one buffer each, activations in a third,
  * and mirrors parameters/gradients in host memory for the caller (see
- * dense/cuda_hooks.h): per step the parameters, dense features and pooled
+ * dense/device.h): per step the parameters, dense features and pooled
  * embeddings go host-to-device and the gradients and d_emb device-to-host,
  * through pinned buffers on the backend's stream. */
 #ifndef SHARDREC_DENSE_BACKEND_CUDA_H

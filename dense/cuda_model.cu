@@ -1,5 +1,5 @@
 /* dense_model on the CUDA backend: the device half of a model (see
- * dense/cuda_hooks.h). Parameters, gradients and activations live in three
+ * dense/device.h). Parameters, gradients and activations live in three
  * device buffers; the host mirrors of parameters and gradients belong to
  * dense_model. Per step: forward uploads parameters, dense features and
  * pooled embeddings through one pinned buffer; backward downloads gradients
@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "dense/backend_cuda.h"
-#include "dense/cuda_hooks.h"
+#include "dense/device.h"
 #include "dense/cuda_impl.h"
 
 #define SR_EBACKEND_ (-14)

@@ -8,7 +8,7 @@
  *
  * The module's one exported symbol is shardrec_cuda_plugin (the
  * dense_cuda_plugin_fn type): the host hands it its hook registry (the
- * module's backend registers its device hooks there, cuda_hooks.h) and gets
+ * module's backend registers its device hooks there, device.h) and gets
  * the entry points back. The tests of the backend itself (tests/cuda) link
  * its static library, sr_dense_cuda, instead. */
 #ifndef SHARDREC_DENSE_CUDA_PLUGIN_H
@@ -18,7 +18,7 @@
 
 #include "dense/backend.h"
 #include "dense/backend_cuda.h"
-#include "dense/cuda_hooks.h"
+#include "dense/device.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -8,7 +8,7 @@
 
 #include "common/rng.h"
 #include "common/status.h"
-#include "dense/cuda_hooks.h"
+#include "dense/device.h"
 #include "dense/layers.h"
 
 struct dense_model {
@@ -39,7 +39,7 @@ struct dense_model {
   float *dp;     /* [max_batch][rank] */
   float *acc;    /* gradient w.r.t. x_0 [max_batch][r_width] */
   int fwd_n;     /* batch of the last forward, 0 if none */
-  /* A device backend (cuda_hooks.h): its hooks and the device half of the
+  /* A device backend (device.h): its hooks and the device half of the
    * model; NULL on the CPU. params/grads above stay the host copies. */
   const dense_dev_hooks *dev_hooks;
   void *dev; /* owned through dev_hooks */

@@ -1,6 +1,6 @@
 #include "tools/cli.h"
 
-#include "dense/cuda_hooks.h"
+#include "dense/device.h"
 #include "dense/pool.h"
 
 #include <errno.h>

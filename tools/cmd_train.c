@@ -16,7 +16,7 @@
 #include "common/status.h"
 #include "dense/collective.h"
 #include "dense/cuda_device.h"
-#include "dense/cuda_hooks.h"
+#include "dense/device.h"
 #include "dense/pool.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "dense/cuda_hooks.h"
+#include "dense/device.h"
 #include "dense/model.h"
 #include "dense/optim.h"
 #include "dense/state_file.h"

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "dense/backend.h"
-#include "dense/cuda_hooks.h"
+#include "dense/device.h"
 
 static const dense_backend *dense_test_be; /* static object of backend_cpu.c */
 

@@ -24,7 +24,7 @@
 #include "common/status.h"
 #include "datasets/source.h"
 #include "dense/cuda_device.h"
-#include "dense/cuda_hooks.h"
+#include "dense/device.h"
 #include "dense/model.h"
 #include "dense/optim.h"
 #include "dense/pool.h"

@@ -18,7 +18,7 @@
 #include "common/status.h"
 #include "common/sys.h"
 #include "dense/backend.h"
-#include "dense/cuda_hooks.h"
+#include "dense/device.h"
 #include "dense/pool.h"
 #include "embedding/shard.h"
 #include "rpc/client.h"

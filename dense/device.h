@@ -1,4 +1,4 @@
-/* How dense_model reaches a device backend, and the process's default
+/* Device backends: how dense_model reaches a device backend, and the process's default
  * backend. Plain C, compiled into every build (with or without CUDA).
  *
  * The kernels of a backend are the function pointers of dense_backend

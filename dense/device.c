@@ -1,5 +1,5 @@
-/* Device-backend hook registry and the default backend (see cuda_hooks.h). */
-#include "dense/cuda_hooks.h"
+/* Device backends: the hook registry, and the process's default backend (see device.h). */
+#include "dense/device.h"
 
 #include "common/status.h"
 
