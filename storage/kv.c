@@ -36,18 +36,12 @@ struct kv_db {
   rocksdb_block_based_table_options_t *bbo;
   rocksdb_cache_t *cache;
   rocksdb_readoptions_t *ro;
-  rocksdb_writeoptions_t *wo;
   rocksdb_writeoptions_t *wo_nowal; /* kv_writes: no write-ahead log */
-  rocksdb_writebatch_t *wb;
   int n;                                /* families asked for */
   int n_all;                            /* families opened (default + asked + others) */
   uint32_t *ids;                        /* [n] */
   rocksdb_column_family_handle_t **cf;  /* [n] the asked-for ones */
   rocksdb_column_family_handle_t **all; /* [n_all] */
-  /* MultiGet scratch */
-  const rocksdb_column_family_handle_t **mcf; /* [mcf_cap] kv_multi_get's families */
-  size_t mcf_cap;
-  kv_reader *rd;     /* kv_multi_get / kv_multi_get_cf */
 };
 
 
@@ -188,12 +182,8 @@ int kv_open(const char *path, int n, const uint32_t *table_ids, const kv_opts *o
   for (int i = 0; i < n; i++) d->cf[i] = d->all[1 + i];
   d->ro = rocksdb_readoptions_create();
   rocksdb_readoptions_set_verify_checksums(d->ro, 1);
-  d->wo = rocksdb_writeoptions_create();
-  rocksdb_writeoptions_disable_WAL(d->wo, 0);
   d->wo_nowal = rocksdb_writeoptions_create();
   rocksdb_writeoptions_disable_WAL(d->wo_nowal, 1);
-  d->wb = rocksdb_writebatch_create();
-  if (!(d->rd = kv_reader_create())) goto oom;
   goto out;
 oom:
   sr_fmt(err, errlen, "%s: out of memory opening the database", path);
@@ -213,14 +203,11 @@ out:
 
 void kv_close(kv_db *d) {
   if (!d) return;
-  kv_reader_destroy(d->rd);
   if (d->all)
     for (int i = 0; i < d->n_all; i++)
       if (d->all[i]) rocksdb_column_family_handle_destroy(d->all[i]);
   if (d->db) rocksdb_close(d->db);
-  if (d->wb) rocksdb_writebatch_destroy(d->wb);
   if (d->ro) rocksdb_readoptions_destroy(d->ro);
-  if (d->wo) rocksdb_writeoptions_destroy(d->wo);
   if (d->wo_nowal) rocksdb_writeoptions_destroy(d->wo_nowal);
   if (d->opts) rocksdb_options_destroy(d->opts);
   if (d->bbo) rocksdb_block_based_options_destroy(d->bbo);
@@ -228,7 +215,6 @@ void kv_close(kv_db *d) {
   free(d->all);
   free(d->cf);
   free(d->ids);
-  free(d->mcf);
   free(d);
 }
 
@@ -283,42 +269,6 @@ static int mg_reserve(kv_reader *r, size_t n) {
   return 0;
 }
 
-int kv_multi_get(kv_db *d, size_t n, const int *cf, const uint64_t *keys, char **vals,
-                    size_t *lens, char *err, size_t errlen) {
-  if (!n) return 0;
-  kv_reader *r = d->rd;
-  if (!mg_reserve(r, n) && d->mcf_cap < n) {
-    free(d->mcf);
-    d->mcf = malloc(r->cap * sizeof *d->mcf);
-    d->mcf_cap = d->mcf ? r->cap : 0;
-  }
-  if (r->cap < n || d->mcf_cap < n) {
-    sr_fmt(err, errlen, "multiget: out of memory");
-    return SR_ENOMEM;
-  }
-  for (size_t k = 0; k < n; k++) {
-    d->mcf[k] = d->cf[cf[k]];
-    put_be64(r->mkeys + 8 * k, keys[k]);
-    r->mkp[k] = r->mkeys + 8 * k;
-    r->mkl[k] = 8;
-  }
-  rocksdb_multi_get_cf(d->db, d->ro, d->mcf, n, r->mkp, r->mkl, vals, lens, r->merr);
-  int rc = 0;
-  for (size_t k = 0; k < n; k++)
-    if (r->merr[k]) {
-      if (!rc) sr_fmt(err, errlen, "multiget: %s (%s:%d)", r->merr[k], __FILE__, __LINE__);
-      rocksdb_free(r->merr[k]);
-      rc = SR_EIO;
-    }
-  if (rc)
-    for (size_t k = 0; k < n; k++) {
-      if (vals[k]) rocksdb_free(vals[k]);
-      vals[k] = NULL;
-    }
-  return rc;
-}
-
-void kv_multi_get_release(kv_db *d) { kv_reader_release(d->rd); }
 
 int kv_reader_get_cf(kv_reader *r, kv_db *d, int cf, size_t n, const uint64_t *keys,
                      const char **vals, size_t *lens, char *err, size_t errlen) {
@@ -349,10 +299,6 @@ int kv_reader_get_cf(kv_reader *r, kv_db *d, int cf, size_t n, const uint64_t *k
   return rc;
 }
 
-int kv_multi_get_cf(kv_db *d, int cf, size_t n, const uint64_t *keys, const char **vals,
-                       size_t *lens, char *err, size_t errlen) {
-  return kv_reader_get_cf(d->rd, d, cf, n, keys, vals, lens, err, errlen);
-}
 
 int kv_compact(kv_db *d, char *err, size_t errlen) {
   (void)err;
@@ -361,18 +307,6 @@ int kv_compact(kv_db *d, char *err, size_t errlen) {
   return 0;
 }
 
-void kv_value_free(char *v) {
-  if (v) rocksdb_free(v);
-}
-
-int kv_batch_put(kv_db *d, int cf, uint64_t key, const void *val, size_t len) {
-  char k[8];
-  put_be64(k, key);
-  rocksdb_writebatch_put_cf(d->wb, d->cf[cf], k, 8, val, len);
-  return 0;
-}
-
-size_t kv_batch_count(const kv_db *d) { return (size_t)rocksdb_writebatch_count(d->wb); }
 
 /* Write wb into d with options wo and clear it (nothing when empty). */
 static int batch_write(kv_db *d, const rocksdb_writeoptions_t *wo, rocksdb_writebatch_t *wb,
@@ -387,9 +321,6 @@ out:
   return rc;
 }
 
-int kv_batch_commit(kv_db *d, char *err, size_t errlen) {
-  return batch_write(d, d->wo, d->wb, err, errlen);
-}
 
 kv_writes *kv_writes_create(void) {
   kv_writes *w = calloc(1, sizeof *w);

@@ -51,27 +51,13 @@ int kv_cf_index(const kv_db *db, uint32_t table_id);
  * it); *ids malloc'd. The "default" family is left out. 0 or SR_EIO. */
 int kv_list_tables(const char *path, uint32_t **ids, int *n, char *err, size_t errlen);
 
-/* One MultiGet of n keys: key k of column family cf[k]. vals[k] gets a
- * malloc'd value (free with kv_value_free) or NULL when absent, lens[k]
- * its size. 0 or SR_EIO (every vals[k] NULL then). */
-int kv_multi_get(kv_db *db, size_t n, const int *cf, const uint64_t *keys, char **vals,
-                    size_t *lens, char *err, size_t errlen);
-void kv_value_free(char *v);
-
-/* RocksDB's batched MultiGet of n keys of one column family (the fast path:
- * block reads batched, values pinned, no copy). vals[k] points at the value
- * or is NULL when absent, lens[k] its size; both stay valid until the next
- * kv_multi_get_cf or kv_multi_get_release on db. 0 or SR_EIO. */
-int kv_multi_get_cf(kv_db *db, int cf, size_t n, const uint64_t *keys, const char **vals,
-                       size_t *lens, char *err, size_t errlen);
-void kv_multi_get_release(kv_db *db);
-
-/* A MultiGet's own scratch, so that several threads read one database at
- * once (RocksDB reads are thread-safe; kv_multi_get_cf's scratch is the
- * database's own, one caller at a time). kv_reader_get_cf is
- * kv_multi_get_cf with r's scratch: vals[k] stay valid until the next
- * kv_reader_get_cf or kv_reader_release on r. One thread uses a reader at
- * a time. create: NULL when out of memory; destroy NULL-safe. */
+/* Reads: RocksDB's batched MultiGet of n keys of one column family (block
+ * reads batched, values pinned, no copy), with the reader's own scratch so
+ * that several threads read one database at once (RocksDB reads are
+ * thread-safe). vals[k] points at the value or is NULL when absent, lens[k]
+ * its size; both stay valid until the next kv_reader_get_cf or
+ * kv_reader_release on r. One thread uses a reader at a time. 0, SR_ENOMEM
+ * or SR_EIO. create: NULL when out of memory; destroy NULL-safe. */
 typedef struct kv_reader kv_reader;
 kv_reader *kv_reader_create(void);
 int kv_reader_get_cf(kv_reader *r, kv_db *db, int cf, size_t n, const uint64_t *keys,
@@ -93,16 +79,10 @@ uint64_t kv_estimate_rows(kv_db *db, int cf);
 /* Compact every column family fully (after a bulk load). 0 or SR_EIO. */
 int kv_compact(kv_db *db, char *err, size_t errlen);
 
-/* A write batch of the database: puts gathered, then written in one write. */
-int kv_batch_put(kv_db *db, int cf, uint64_t key, const void *val, size_t len);
-size_t kv_batch_count(const kv_db *db);
-int kv_batch_commit(kv_db *db, char *err, size_t errlen);
-
-/* A write batch of its own (not the database's kv_batch_*), so that a
- * thread other than the one using db's batch writes: puts of rows of db
- * gathered, then written in one RocksDB write by kv_writes_commit (the
- * batch is empty after, whether or not the write failed: 0 or SR_EIO).
- * RocksDB writes are thread-safe. These writes skip RocksDB's write-ahead
+/* Writes: a write batch of its own, so that several threads write (RocksDB
+ * writes are thread-safe): puts of rows of db gathered, then written in one
+ * RocksDB write by kv_writes_commit (the batch is empty after, whether or
+ * not the write failed: 0 or SR_EIO). These writes skip RocksDB's write-ahead
  * log: they are durable only once kv_flush (or kv_checkpoint, which
  * flushes) returns, and a crash loses those since the last flush (the
  * shard store's write-back, whose durability points are its checkpoint and

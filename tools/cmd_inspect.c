@@ -10,13 +10,13 @@
  * and fingerprints. --rows prints those rows (value and optimizer state) of
  * --table (default: every table), or says they are not stored (a row never
  * written has its deterministic initial value). Databases are opened
- * read-only. The report is storage/inspect.h's (store_inspect): this file
+ * read-only. The report is storage/kv_inspect.h's (kv_inspect): this file
  * parses the flags and makes that call. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "storage/inspect.h"
+#include "storage/kv_inspect.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
 
@@ -65,10 +65,10 @@ int cmd_inspect(int argc, char **argv) {
       p = *end ? end + 1 : end;
     }
   }
-  store_inspect_opts io = {.table = table, .rows = rows, .n_rows = n_rows,
+  kv_inspect_opts io = {.table = table, .rows = rows, .n_rows = n_rows,
                           .progress = cli_isatty_err()};
   char err[4600];
-  if (store_inspect(argv[optind], &io, stdout, err, sizeof err)) {
+  if (kv_inspect(argv[optind], &io, stdout, err, sizeof err)) {
     fprintf(stderr, "shardrec inspect: %s\n", err);
     return 1;
   }

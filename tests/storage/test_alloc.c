@@ -63,16 +63,21 @@ START_TEST(test_kv_open_oom) {
   const float row[2] = {1.5f, -2.0f};
   unsigned char enc[64];
   kv_row_encode(2, 0, row, enc);
-  ck_assert_int_eq(kv_batch_put(db, 0, 77, enc, kv_row_size(2, 0)), 0);
-  ck_assert_int_eq(kv_batch_commit(db, err, sizeof err), 0);
+  kv_writes *wr = kv_writes_create();
+  ck_assert_ptr_nonnull(wr);
+  kv_writes_put(wr, db, 0, 77, enc, kv_row_size(2, 0));
+  ck_assert_int_eq(kv_writes_commit(wr, db, err, sizeof err), 0);
+  kv_writes_destroy(wr);
+  kv_reader *rd = kv_reader_create();
+  ck_assert_ptr_nonnull(rd);
   const uint64_t key = 77;
   const char *val = NULL;
   size_t len = 0;
   int failures = 0;
   for (long k = 1; k < 100; k++) { /* the MultiGet's buffers */
-    kv_multi_get_release(db);
+    kv_reader_release(rd);
     fail_alloc_arm(k);
-    int rc = kv_multi_get_cf(db, 0, 1, &key, &val, &len, err, sizeof err);
+    int rc = kv_reader_get_cf(rd, db, 0, 1, &key, &val, &len, err, sizeof err);
     long failed = fail_alloc_failed;
     fail_alloc_arm(0);
     if (!failed) {
@@ -87,7 +92,7 @@ START_TEST(test_kv_open_oom) {
   ck_assert_ptr_nonnull(val);
   ck_assert_int_eq(kv_row_decode(val, len, 2, 0, back, err, sizeof err), 0);
   ck_assert(back[0] == 1.5f && back[1] == -2.0f);
-  kv_multi_get_release(db);
+  kv_reader_destroy(rd);
   kv_close(db);
 }
 END_TEST

@@ -142,19 +142,22 @@ START_TEST(test_ingest_and_scan) {
   kv_opts so = {.read_only = 1};
   kv_db *kv;
   ck_assert_msg(kv_open(path, 2, ids, &so, &kv, err, sizeof err) == 0, "%s", err);
-  int cf[3] = {0, 0, 1};
-  uint64_t keys[3] = {49, 50, 1ull << 40};
-  char *vals[3];
-  size_t lens[3];
-  ck_assert_msg(kv_multi_get(kv, 3, cf, keys, vals, lens, err, sizeof err) == 0, "%s", err);
+  const int cf[3] = {0, 0, 1};
+  const uint64_t keys[3] = {49, 50, 1ull << 40};
+  kv_reader *rd = kv_reader_create();
+  ck_assert_ptr_nonnull(rd);
   for (int k = 0; k < 3; k++) {
+    const char *val;
+    size_t len;
     float row[3];
-    ck_assert_ptr_nonnull(vals[k]);
-    ck_assert_int_eq(kv_row_decode(vals[k], lens[k], 2, 1, row, err, sizeof err), 0);
+    ck_assert_msg(kv_reader_get_cf(rd, kv, cf[k], 1, &keys[k], &val, &len, err, sizeof err) == 0,
+                  "%s", err);
+    ck_assert_ptr_nonnull(val);
+    ck_assert_int_eq(kv_row_decode(val, len, 2, 1, row, err, sizeof err), 0);
     ck_assert(row[0] == (float)keys[k] + 0.5f);
     ck_assert(row[1] == (float)(k == 0 ? 1 : k == 1 ? 2 : 3));
-    kv_value_free(vals[k]);
   }
+  kv_reader_destroy(rd);
   kv_close(kv);
 }
 END_TEST

@@ -6,7 +6,7 @@
  * per row, random contents) is written to a RocksDB database in a temporary
  * folder, flushed to SST files and compacted (no compaction runs during the
  * measurements). Then, batches of --batch unique ids:
- *   raw MultiGet     RocksDB's batched MultiGet (kv_multi_get_cf) of the
+ *   raw MultiGet     RocksDB's batched MultiGet (kv_reader_get_cf) of the
  *                    batch + decoding each row into the output
  *   miss             the shard store, cache --cache-rows, the same batches
  *                    as raw MultiGet (more ids than the cache holds, so each
@@ -219,17 +219,24 @@ static int load_db(bs *b) {
     fprintf(stderr, "shardrec bench store: %s\n", b->err);
     return -1;
   }
+  kv_writes *wr = kv_writes_create();
+  if (!wr) {
+    fprintf(stderr, "shardrec bench store: out of memory\n");
+    return -1;
+  }
   for (long long i = 0; i < rows; i++) {
     for (int j = 0; j < b->w; j++) /* the state (an accumulator) positive, so a push is valid */
       b->rowbuf[j] = (float)(sr_rng_uniform(&b->rng) - (j < b->dim ? 0.5 : -0.01));
     kv_row_encode((int)b->dim, b->slen, b->rowbuf, b->enc);
-    kv_batch_put(b->db, 0, (uint64_t)i, b->enc, b->rsz);
+    kv_writes_put(wr, b->db, 0, (uint64_t)i, b->enc, b->rsz);
     if ((i + 1) % 65536 == 0 || i + 1 == rows)
-      if (kv_batch_commit(b->db, b->err, sizeof b->err)) {
+      if (kv_writes_commit(wr, b->db, b->err, sizeof b->err)) {
         fprintf(stderr, "shardrec bench store: %s\n", b->err);
+        kv_writes_destroy(wr);
         return -1;
       }
   }
+  kv_writes_destroy(wr); /* durable at the flush below */
   if (kv_flush(b->db, b->err, sizeof b->err) || kv_compact(b->db, b->err, sizeof b->err)) {
     fprintf(stderr, "shardrec bench store: %s\n", b->err);
     return -1;
@@ -271,13 +278,19 @@ static int measure_miss(bs *b) {
     return -1;
   }
   b->l = (lk){.s = b->s, .out = b->out};
+  kv_reader *rd = kv_reader_create();
+  if (!rd) {
+    fprintf(stderr, "shardrec bench store: out of memory\n");
+    return -1;
+  }
   emb_store_stats st0, st1;
   for (int pass = -1; pass < b->runs; pass++) {
     double t = sr_now();
     for (long long k = 0; k < nb; k++) {
-      if (kv_multi_get_cf(b->db, 0, (size_t)batch, b->ids + k * batch, (const char **)b->vals,
-                             b->lens, b->err, sizeof b->err)) {
+      if (kv_reader_get_cf(rd, b->db, 0, (size_t)batch, b->ids + k * batch,
+                           (const char **)b->vals, b->lens, b->err, sizeof b->err)) {
         fprintf(stderr, "shardrec bench store: %s\n", b->err);
+        kv_reader_destroy(rd);
         return -1;
       }
       for (long long q = 0; q < batch; q++)
@@ -289,10 +302,14 @@ static int measure_miss(bs *b) {
     emb_store_stats_get(b->s, &st0);
     t = sr_now();
     for (long long k = 0; k < nb; k++)
-      if (lookup(&b->l, b->ids + k * batch, (size_t)batch)) return -1;
+      if (lookup(&b->l, b->ids + k * batch, (size_t)batch)) {
+        kv_reader_destroy(rd);
+        return -1;
+      }
     emb_store_stats_get(b->s, &st1);
     if (pass >= 0) b->miss[pass] = (double)(nb * batch) / (sr_now() - t);
   }
+  kv_reader_destroy(rd);
   kv_close(b->db);
   b->db = NULL;
   b->miss_hr = (double)(st1.hits - st0.hits) / (double)(st1.lookups - st0.lookups);

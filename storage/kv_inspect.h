@@ -11,26 +11,26 @@
  *     ones too), then its shards/ as a data folder (in-memory table files
  *     are counted, not read).
  * Databases are opened read-only. */
-#ifndef SHARDREC_STORAGE_INSPECT_H
-#define SHARDREC_STORAGE_INSPECT_H
+#ifndef SHARDREC_STORAGE_KV_INSPECT_H
+#define SHARDREC_STORAGE_KV_INSPECT_H
 
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
-typedef struct store_inspect_opts {
+typedef struct kv_inspect_opts {
   long long table;     /* only this table_id (< 0: every table) */
   const uint64_t *rows; /* [n_rows] row ids to print (value and optimizer state) */
   int n_rows;
   int progress;        /* 1: a progress line on stderr while a database is read (give it
                           only when stderr is a terminal; common/progress.h) */
-} store_inspect_opts;
+} kv_inspect_opts;
 
 /* Write the report on path to out. 0, or SR_E* with the reason in err: path
  * is no folder (SR_ENOTFOUND), neither a data folder nor a checkpoint, an
  * unreadable manifest (SR_EFORMAT), a database that does not open (SR_EIO:
  * the others are still reported; err holds the first such failure). */
-int store_inspect(const char *path, const store_inspect_opts *o, FILE *out, char *err,
+int kv_inspect(const char *path, const kv_inspect_opts *o, FILE *out, char *err,
                   size_t errlen);
 
 #endif

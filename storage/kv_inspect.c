@@ -1,5 +1,5 @@
 /* The inspect report (see inspect.h). */
-#include "storage/inspect.h"
+#include "storage/kv_inspect.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -16,7 +16,7 @@
 /* The first failure of a report that goes on. */
 typedef struct {
   FILE *out;
-  const store_inspect_opts *o;
+  const kv_inspect_opts *o;
   int rc;
   char *err;
   size_t errlen;
@@ -85,19 +85,21 @@ static void inspect_table(report *r, kv_db *db, int k, uint32_t id, const char *
   fprintf(r->out, "\n");
   r->rows += cnt;
   r->bytes += bytes;
-  int cf[1] = {k};
-  for (int i = 0; i < r->o->n_rows; i++) {
-    char *val = NULL, e[1024];
+  kv_reader *rd = r->o->n_rows ? kv_reader_create() : NULL;
+  if (r->o->n_rows && !rd) fail(r, SR_ENOMEM, "out of memory");
+  for (int i = 0; rd && i < r->o->n_rows; i++) {
+    const char *val = NULL;
+    char e[1024];
     size_t len = 0;
-    if (kv_multi_get(db, 1, cf, &r->o->rows[i], &val, &len, e, sizeof e)) {
+    if (kv_reader_get_cf(rd, db, k, 1, &r->o->rows[i], &val, &len, e, sizeof e)) {
       fail(r, SR_EIO, e);
       continue;
     }
     if (!val) continue; /* on another shard, or never written */
     fprintf(r->out, "  row %llu (table_id %u, %s):", (unsigned long long)r->o->rows[i], id, name);
     print_row(r->out, val, len);
-    kv_value_free(val);
   }
+  kv_reader_destroy(rd);
 }
 
 /* One database: per table rows, bytes, layout; then the asked rows. */
@@ -220,7 +222,7 @@ static void inspect_folder(report *r, const char *folder) {
             (unsigned long long)r->bytes, shown);
 }
 
-int store_inspect(const char *path, const store_inspect_opts *o, FILE *out, char *err,
+int kv_inspect(const char *path, const kv_inspect_opts *o, FILE *out, char *err,
                   size_t errlen) {
   report r = {.out = out, .o = o, .err = err, .errlen = errlen};
   char target[SR_PATH_MAX], p[SR_PATH_MAX];
