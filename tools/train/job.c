@@ -934,14 +934,45 @@ static step_outcome final_checkpoint(train_job *j, char *why, size_t whylen) {
   return STEP_LOST;
 }
 
-/* The epochs from the resumed one on, their test passes and the final
- * checkpoint; a step, test pass or checkpoint lost to a shard server is
- * recovered from and the cursor rewound to the checkpoint restored, whose
- * steps (and passes) run again. 0 or -1. */
+/* The next epoch: the split read from its start. 0, or -1 (message printed). */
+static int epoch_begin(train_job *j) {
+  if (ds_source_rewind(j->train)) {
+    job__errf(j, "%s\n", ds_source_errmsg(j->train));
+    return -1;
+  }
+  j->cur.epoch_step = 0;
+  return 0;
+}
+
+/* The job from the cursor on: epochs of steps (each step with its
+ * checkpoint, progress line and test pass when due, job_step), each epoch
+ * ended by its test pass, then the final checkpoint. The cursor's epoch goes
+ * on where it stands (a resumed or rewound one); rewound: the position was
+ * just restored by a recovery, so its step's test pass, when due, runs again.
+ * STEP_DONE at the job's end, STEP_LOST (why) or STEP_FAILED. */
+static step_outcome job_run(train_job *j, int rewound, char *why, size_t whylen) {
+  const train_config *c = j->cfg;
+  job_cursor *cur = &j->cur;
+  step_outcome o;
+  if (rewound && (o = periodic_test(j, why, whylen)) != STEP_DONE) return o;
+  for (int first = 1; cur->epoch < c->epochs; cur->epoch++, first = 0) {
+    if (!first && epoch_begin(j)) return STEP_FAILED;
+    while ((o = job_step(j, why, whylen)) == STEP_DONE) continue;
+    if (o != STEP_EPOCH_END && o != STEP_ALL_DONE) return o;
+    step_outcome t = epoch_test(j, why, whylen);
+    if (t != STEP_DONE) return t;
+    if (o == STEP_ALL_DONE) break; /* the job's steps are done before its epochs */
+  }
+  return final_checkpoint(j, why, whylen);
+}
+
+/* The job from the resumed epoch on (job_run); a step, test pass or
+ * checkpoint lost to a shard server is recovered from, and the job runs on
+ * from the position the recovery rewound the cursor to (the checkpoint
+ * restored), whose steps and passes run again. 0 or -1. */
 static int job_loop(train_job *j) {
   const train_config *c = j->cfg;
   job_cursor *cur = &j->cur;
-  int stop = 0, next_epoch = 0, redo_pass = 0;
   char why[1300];
   j->t_start = cur->t_last = sr_now();
   cur->epoch = j->ckst.epoch;
@@ -952,44 +983,13 @@ static int job_loop(train_job *j) {
     job__errf(j, "--save-checkpoint: %s\n", why);
     return -1;
   }
-  for (;;) {
-    step_outcome o;
-    if (redo_pass) { /* rewound to a step whose pass is due: it runs again */
-      redo_pass = 0;
-      if ((o = periodic_test(j, why, sizeof why)) != STEP_DONE) goto lost;
-    }
-    if (!stop && next_epoch && cur->epoch < c->epochs) { /* read the split from its start */
-      next_epoch = 0;
-      if (ds_source_rewind(j->train)) {
-        job__errf(j, "%s\n", ds_source_errmsg(j->train));
-        return -1;
-      }
-      cur->epoch_step = 0; /* a resumed epoch goes on counting */
-    }
-    if (!stop && cur->epoch < c->epochs) {
-      step_outcome ended = o = job_step(j, why, sizeof why);
-      if (o == STEP_DONE) continue;
-      if (o == STEP_ALL_DONE || o == STEP_EPOCH_END) {
-        o = epoch_test(j, why, sizeof why);
-        if (o == STEP_DONE && !(stop = ended == STEP_ALL_DONE)) {
-          cur->epoch++;
-          next_epoch = 1;
-        }
-      }
-    } else {
-      o = final_checkpoint(j, why, sizeof why);
-      if (o == STEP_DONE) return 0;
-    }
-  lost:
-    if (o == STEP_FAILED) return -1;
-    if (o != STEP_LOST) continue;
+  step_outcome o;
+  for (int rewound = 0; (o = job_run(j, rewound, why, sizeof why)) == STEP_LOST; rewound = 1) {
     if (job_recover(j, why, j->own_fail)) return -1;
-    /* Recovered: carry on from the checkpoint's step and data position. */
     job_rewind(cur, &j->q, &j->ckst, c->batch, sr_now());
     trainer_ahead_drop(j->t);
-    stop = next_epoch = 0;
-    redo_pass = 1;
   }
+  return o == STEP_DONE ? 0 : -1;
 }
 
 /* --save-model DIR: the job's checkpoint (job_checkpoint, every rank) at
