@@ -685,7 +685,7 @@ static void prefetch_run(int stale) {
     for (int k = 0; k < 2; k++) {
       ck_assert_msg(emb_store_lookup_wait(rs[k]) == 0, "%s", emb_store_errmsg(rs[k]));
       char what[96];
-      snprintf(what, sizeof what, "%s rank %d's prefetched lookup of step %lld",
+      snprintf(what, sizeof what, "%s rank %d's early lookup of step %lld",
                stale ? "async" : "sync", k, (long long)t + 1);
       assert_rows(rows[k], lids[k], 3, what);
     }

@@ -1,5 +1,5 @@
 /* Out of memory in the engine: each allocation of trainer_create,
- * trainer_prefetch and job_batches_init failed in turn returns SR_ENOMEM
+ * trainer_lookup_early and job_batches_init failed in turn returns SR_ENOMEM
  * (or NULL with "out of memory"), crashes nothing, and a retry once memory
  * is back works. The allocator fails on the Nth call (tests/common/
  * fail_alloc.h, linked with --wrap). */
@@ -84,7 +84,7 @@ START_TEST(test_trainer_create_oom) {
 }
 END_TEST
 
-/* trainer_prefetch's buffers are made at its first call: any of them
+/* trainer_lookup_early's buffers are made at its first call: any of them
  * failing leaves the trainer as it was, so the retry allocates them all and
  * the prefetched step runs (before, a retry found pcap set and prows NULL). */
 START_TEST(test_prefetch_retry_after_oom) {
@@ -100,11 +100,11 @@ START_TEST(test_prefetch_retry_after_oom) {
     trainer *t = trainer_create(w.plan, w.store, &w.cfg, &w.oc, 1, err, sizeof err);
     ck_assert_ptr_nonnull(t);
     fail_alloc_arm(n);
-    int rc = trainer_prefetch(t, &next, 1);
+    int rc = trainer_lookup_early(t, &next, 1);
     fail_alloc_arm(0);
     ck_assert_int_eq(rc, SR_ENOMEM);
     ck_assert_ptr_nonnull(strstr(trainer_errmsg(t), "out of memory"));
-    ck_assert_int_eq(trainer_prefetch(t, &next, 1), 0);
+    ck_assert_int_eq(trainer_lookup_early(t, &next, 1), 0);
     float loss0 = 0, loss1 = 0;
     ck_assert_int_eq(trainer_step(t, &b, 0, 0.1f, 0.1f, &loss0), 0); /* begins next's lookup */
     ck_assert_int_eq(trainer_step(t, &next, 1, 0.1f, 0.1f, &loss1), 0); /* uses it */

@@ -367,7 +367,7 @@ static int open_remote(train_job *j) {
   printf("mode   %s sparse updates%s\n", c->async ? "async" : "sync",
          c->async ? "" : " (every rank's pushes of a step applied before the next lookups)");
   if (c->async)
-    printf("mode   max staleness %d step(s); lookups prefetched one step ahead\n",
+    printf("mode   max staleness %d step(s); each step's lookup sent during the step before\n",
            c->max_staleness);
   return 0;
 }
@@ -815,7 +815,7 @@ static void progress(train_job *j, float loss, float lr) {
  * epoch's first steps enter once it starts); the trainer takes each batch
  * entering the depth's window (trainer_ahead: deduplicated and handed to
  * the store during this step), and in async mode the next one's lookup
- * (trainer_prefetch). 0 or -1 (message printed). */
+ * (trainer_lookup_early). 0 or -1 (message printed). */
 static int fill_ahead(train_job *j) {
   const train_config *c = j->cfg;
   job_batches *q = &j->q;
@@ -834,7 +834,7 @@ static int fill_ahead(train_job *j) {
       return -1;
     }
   }
-  if (c->async && q->ahead > 0 && trainer_prefetch(j->t, job_batches_mine_at(q, 1), step + 1)) {
+  if (c->async && q->ahead > 0 && trainer_lookup_early(j->t, job_batches_mine_at(q, 1), step + 1)) {
     job__errf(j, "%s\n", trainer_errmsg(j->t));
     return -1;
   }

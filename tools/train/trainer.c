@@ -10,7 +10,7 @@
 #include "embedding/bag.h"
 
 /* One batch's ids deduplicated ahead of its step (trainer_ahead,
- * trainer_prefetch): per table the unique ids and the inverse index, kept
+ * trainer_lookup_early): per table the unique ids and the inverse index, kept
  * until that step takes them (swapped with the step's own buffers, nothing
  * copied), so that no batch is deduplicated twice. */
 enum { AH_FREE, AH_WAITING, AH_READY };
@@ -25,6 +25,25 @@ typedef struct ahead_set {
   uint64_t **unique;    /* [T][cap] */
   uint32_t **inverse;   /* [T][cap] */
 } ahead_set;
+
+/* The look-ahead's state: the batches ahead of their step (trainer_ahead,
+ * trainer_lookup_early), each deduplicated once, free sets kept for reuse;
+ * and the early lookup (trainer_lookup_early, async mode): the next step's
+ * rows, looked up while this step's are in use, swapped with the step's
+ * rows when that step comes (buffers allocated by the first
+ * trainer_lookup_early). */
+typedef struct trainer_lookahead {
+  ahead_set *sets;
+  int n;
+  size_t *early_rcap;        /* [T] */
+  float **early_rows;        /* [T][early_rcap][dim] */
+  emb_idset early_ids;       /* the early lookup's ids (borrowed by the store until waited) */
+  int early_want;            /* registered: looked up during the next step, for early_want_step */
+  int64_t early_want_step;
+  int early_pending;         /* an early lookup is in flight, for early_step, set early_set */
+  int64_t early_step;
+  int early_set;
+} trainer_lookahead;
 
 struct trainer {
   const emb_plan *plan; /* borrowed */
@@ -41,21 +60,9 @@ struct trainer {
   size_t *rcap;       /* [T] rows rows holds */
   float **grads;      /* [T][gcap][dim] summed row gradients */
   size_t *gcap;       /* [T] ids grads holds */
-  /* Batches ahead of their step (trainer_ahead, trainer_prefetch), each
-   * deduplicated once; free sets are kept for reuse. */
-  ahead_set *ahead;
-  int n_ahead;
-  /* Prefetch (trainer_prefetch): the next step's rows, looked up while this
-   * step's are in use; swapped with rows when that step comes. Allocated by
-   * the first trainer_prefetch. */
-  size_t *prcap;
-  float **prows;
-  emb_idset pids;          /* the prefetch lookup's ids (borrowed by the store until waited) */
-  int pf_want;             /* registered: looked up during the next step */
-  int64_t pf_next_step;
-  int pf_pending;          /* a prefetch lookup is in flight, for step pf_step, set pf_set */
-  int64_t pf_step;
-  int pf_set;
+  /* The look-ahead: batches deduplicated ahead of their step, and async
+   * mode's early lookup of the next step's rows. */
+  trainer_lookahead la;
   float *emb;         /* [max_batch][T][dim] pooled */
   float *d_emb;       /* [max_batch][T][dim] */
   float *logits;      /* [max_batch] */
@@ -186,11 +193,11 @@ static void ahead_set_free(ahead_set *a, int T) {
 
 void trainer_destroy(trainer *t) {
   if (!t) return;
-  if (t->pf_pending) emb_store_lookup_wait(t->store); /* its buffers are freed below */
-  for (int i = 0; i < t->n_ahead; i++) ahead_set_free(&t->ahead[i], t->T);
-  free(t->ahead);
+  if (t->la.early_pending) emb_store_lookup_wait(t->store); /* its buffers are freed below */
+  for (int i = 0; i < t->la.n; i++) ahead_set_free(&t->la.sets[i], t->T);
+  free(t->la.sets);
   for (int f = 0; f < t->T; f++) {
-    if (t->prows) free(t->prows[f]);
+    if (t->la.early_rows) free(t->la.early_rows[f]);
     if (t->dedup) emb_dedup_destroy(t->dedup[f]);
     if (t->unique) free(t->unique[f]);
     if (t->inverse) free(t->inverse[f]);
@@ -206,8 +213,8 @@ void trainer_destroy(trainer *t) {
   free(t->rcap);
   free(t->grads);
   free(t->gcap);
-  free(t->prcap);
-  free(t->prows);
+  free(t->la.early_rcap);
+  free(t->la.early_rows);
   free(t->emb);
   free(t->d_emb);
   free(t->logits);
@@ -242,10 +249,10 @@ static int dedup_set(trainer *t, const ds_batch *b, size_t *capv, uint64_t **uni
 /* A free set ahead (made when none is free), or -1 with SR_ENOMEM's message.
  * A failure leaves the sets as they were. */
 static int ahead_slot(trainer *t) {
-  for (int i = 0; i < t->n_ahead; i++)
-    if (t->ahead[i].state == AH_FREE) return i;
-  ahead_set *v = realloc(t->ahead, (size_t)(t->n_ahead + 1) * sizeof *v);
-  if (v) t->ahead = v;
+  for (int i = 0; i < t->la.n; i++)
+    if (t->la.sets[i].state == AH_FREE) return i;
+  ahead_set *v = realloc(t->la.sets, (size_t)(t->la.n + 1) * sizeof *v);
+  if (v) t->la.sets = v;
   size_t T = (size_t)t->T;
   ahead_set a = {.state = AH_FREE};
   if (v) {
@@ -259,37 +266,37 @@ static int ahead_slot(trainer *t) {
     sr_fmt(t->err, sizeof t->err, "trainer: out of memory for the batches ahead");
     return -1;
   }
-  t->ahead[t->n_ahead] = a;
-  return t->n_ahead++;
+  t->la.sets[t->la.n] = a;
+  return t->la.n++;
 }
 
 /* The set ahead of step, or -1. */
 static int ahead_find(const trainer *t, int64_t step) {
-  for (int i = 0; i < t->n_ahead; i++)
-    if (t->ahead[i].state != AH_FREE && t->ahead[i].step == step) return i;
+  for (int i = 0; i < t->la.n; i++)
+    if (t->la.sets[i].state != AH_FREE && t->la.sets[i].step == step) return i;
   return -1;
 }
 
 /* Free every set ahead of a step below step (none in flight: the caller
- * waited for the prefetch lookup). */
+ * waited for the early lookup). */
 static void ahead_retire(trainer *t, int64_t step) {
-  for (int i = 0; i < t->n_ahead; i++)
-    if (t->ahead[i].state != AH_FREE && t->ahead[i].step < step) {
-      t->ahead[i].state = AH_FREE;
-      t->ahead[i].b = NULL;
+  for (int i = 0; i < t->la.n; i++)
+    if (t->la.sets[i].state != AH_FREE && t->la.sets[i].step < step) {
+      t->la.sets[i].state = AH_FREE;
+      t->la.sets[i].b = NULL;
     }
 }
 
 /* Register part as step's batch in a set ahead (AH_WAITING). 0 or SR_ENOMEM. */
 static int ahead_register(trainer *t, const ds_batch *part, int64_t step, int hand) {
   int i = ahead_find(t, step);
-  if (i >= 0 && t->pf_pending && t->pf_set == i) {
+  if (i >= 0 && t->la.early_pending && t->la.early_set == i) {
     sr_fmt(t->err, sizeof t->err, "trainer: step %lld's lookup is already in flight",
            (long long)step);
     return SR_EINVAL;
   }
   if (i < 0 && (i = ahead_slot(t)) < 0) return SR_ENOMEM;
-  ahead_set *a = &t->ahead[i];
+  ahead_set *a = &t->la.sets[i];
   a->state = AH_WAITING;
   a->hand = hand;
   a->step = step;
@@ -301,7 +308,7 @@ static int ahead_register(trainer *t, const ds_batch *part, int64_t step, int ha
 
 /* Dedup set i's batch (AH_WAITING -> AH_READY). */
 static int ahead_dedup(trainer *t, int i) {
-  ahead_set *a = &t->ahead[i];
+  ahead_set *a = &t->la.sets[i];
   if (a->state != AH_WAITING) return 0;
   int rc = dedup_set(t, a->b, a->cap, a->unique, a->inverse, a->counts);
   if (rc) return rc;
@@ -321,16 +328,16 @@ static emb_idset ahead_ids(const trainer *t, const ahead_set *a) {
 static int ahead_run(trainer *t, int64_t step) {
   for (;;) {
     int i = -1;
-    for (int k = 0; k < t->n_ahead; k++)
-      if (t->ahead[k].state == AH_WAITING && t->ahead[k].step > step &&
-          (i < 0 || t->ahead[k].step < t->ahead[i].step))
+    for (int k = 0; k < t->la.n; k++)
+      if (t->la.sets[k].state == AH_WAITING && t->la.sets[k].step > step &&
+          (i < 0 || t->la.sets[k].step < t->la.sets[i].step))
         i = k;
     if (i < 0) return 0;
     double t0 = sr_now();
     int rc = ahead_dedup(t, i);
     t->times.dedup += sr_now() - t0;
     if (rc) return rc;
-    ahead_set *a = &t->ahead[i];
+    ahead_set *a = &t->la.sets[i];
     if (!a->hand || a->n <= 0) continue;
     emb_idset ids = ahead_ids(t, a);
     t0 = sr_now();
@@ -349,22 +356,22 @@ int trainer_ahead(trainer *t, const ds_batch *part, int64_t step) {
 }
 
 void trainer_ahead_drop(trainer *t) {
-  if (t->pf_pending) emb_store_lookup_wait(t->store); /* its rows are not wanted */
-  t->pf_pending = 0;
-  t->pf_want = 0;
-  for (int i = 0; i < t->n_ahead; i++) {
-    t->ahead[i].state = AH_FREE;
-    t->ahead[i].b = NULL;
+  if (t->la.early_pending) emb_store_lookup_wait(t->store); /* its rows are not wanted */
+  t->la.early_pending = 0;
+  t->la.early_want = 0;
+  for (int i = 0; i < t->la.n; i++) {
+    t->la.sets[i].state = AH_FREE;
+    t->la.sets[i].b = NULL;
   }
 }
 
-/* Wait for the prefetch lookup and forget its rows (the step looks up
+/* Wait for the early lookup and forget its rows (the step looks up
  * again). */
-static int prefetch_drop(trainer *t) {
-  t->pf_pending = 0;
+static int early_drop(trainer *t) {
+  t->la.early_pending = 0;
   int rc = emb_store_lookup_wait(t->store);
   if (rc)
-    sr_fmt(t->err, sizeof t->err, "prefetched lookup of step %lld: %s", (long long)t->pf_step,
+    sr_fmt(t->err, sizeof t->err, "early lookup of step %lld: %s", (long long)t->la.early_step,
            emb_store_errmsg(t->store));
   return rc;
 }
@@ -379,18 +386,18 @@ static int prefetch_drop(trainer *t) {
 
 /* Step 1: this step's ids into the step's buffers: its set ahead when
  * there is one for b (swapped in, nothing deduplicated again), else
- * deduplicated now. *prefetched: its rows are in flight (prows). */
-static int take_ids(trainer *t, const ds_batch *b, int64_t step, int train, int *prefetched) {
+ * deduplicated now. *early: its rows are in flight (the early lookup's). */
+static int take_ids(trainer *t, const ds_batch *b, int64_t step, int train, int *early) {
   int rc, i = train ? ahead_find(t, step) : -1;
-  if (i >= 0 && (t->ahead[i].n != b->n || t->ahead[i].first_index != b->first_index)) {
-    if (t->pf_pending && t->pf_set == i && (rc = prefetch_drop(t))) return rc;
-    t->ahead[i].state = AH_FREE; /* not this batch: forget it */
+  if (i >= 0 && (t->la.sets[i].n != b->n || t->la.sets[i].first_index != b->first_index)) {
+    if (t->la.early_pending && t->la.early_set == i && (rc = early_drop(t))) return rc;
+    t->la.sets[i].state = AH_FREE; /* not this batch: forget it */
     i = -1;
   }
   if (i >= 0 && (rc = ahead_dedup(t, i))) return rc;
-  *prefetched = i >= 0 && t->pf_pending && t->pf_set == i;
+  *early = i >= 0 && t->la.early_pending && t->la.early_set == i;
   if (i >= 0) {
-    ahead_set *a = &t->ahead[i];
+    ahead_set *a = &t->la.sets[i];
     SWAP_PTR(t->cap, a->cap);
     SWAP_PTR(t->counts, a->counts);
     SWAP_PTR(t->unique, a->unique);
@@ -399,11 +406,11 @@ static int take_ids(trainer *t, const ds_batch *b, int64_t step, int train, int 
   } else if ((rc = dedup_set(t, b, t->cap, t->unique, t->inverse, t->counts))) {
     return rc;
   }
-  if (*prefetched) {
+  if (*early) {
     /* This step's rows were asked for during the last step: take them. */
-    t->pf_pending = 0;
-    SWAP_PTR(t->rows, t->prows);
-    SWAP_PTR(t->rcap, t->prcap);
+    t->la.early_pending = 0;
+    SWAP_PTR(t->rows, t->la.early_rows);
+    SWAP_PTR(t->rcap, t->la.early_rcap);
   }
   if (train) ahead_retire(t, step);
   return 0;
@@ -417,19 +424,19 @@ static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids, i
     return SR_EINVAL;
   }
   double t0 = sr_now(), t1;
-  int rc, prefetched = 0;
-  /* A prefetch for another step, or a test pass (its batch is not the
-   * prefetched one): drop it; the training step looks up again. */
-  if (t->pf_pending && (t->pf_step != step || !train) && (rc = prefetch_drop(t))) return rc;
-  if ((rc = take_ids(t, b, step, train, &prefetched))) return rc;
+  int rc, early = 0;
+  /* An early lookup for another step, or a test pass (its batch is not
+   * the one looked up early): drop it; the training step looks up again. */
+  if (t->la.early_pending && (t->la.early_step != step || !train) && (rc = early_drop(t))) return rc;
+  if ((rc = take_ids(t, b, step, train, &early))) return rc;
   t1 = sr_now();
   ids->n_tables = t->T;
   ids->ids = (const uint64_t *const *)t->unique;
   ids->counts = t->counts;
-  for (int f = 0; !prefetched && f < t->T; f++)
+  for (int f = 0; !early && f < t->T; f++)
     if ((rc = grow_rows(t, t->rcap, t->rows, f, t->counts[f]))) return rc;
-  /* A prefetched set's lookup is already in flight: wait for it. */
-  rc = prefetched ? 0 : emb_store_lookup_begin(t->store, step, ids, t->rows);
+  /* A set looked up early is already in flight: wait for it. */
+  rc = early ? 0 : emb_store_lookup_begin(t->store, step, ids, t->rows);
   if (!rc) rc = emb_store_lookup_wait(t->store);
   if (rc) {
     sr_fmt(t->err, sizeof t->err, "lookup at step %lld: %s", (long long)step,
@@ -454,39 +461,39 @@ static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids, i
   return 0;
 }
 
-/* The registered prefetch (trainer_prefetch): the next part's set ahead
+/* The registered early lookup (trainer_lookup_early): the next part's set ahead
  * (deduplicated now if it is not yet) and its lookup begun, which stays in
  * flight while this step computes and pushes. */
-static int prefetch_begin(trainer *t) {
-  int64_t step = t->pf_next_step;
-  t->pf_want = 0;
+static int early_begin(trainer *t) {
+  int64_t step = t->la.early_want_step;
+  t->la.early_want = 0;
   int i = ahead_find(t, step), rc;
   if (i < 0) return 0;
   double t0 = sr_now();
   rc = ahead_dedup(t, i);
   t->times.dedup += sr_now() - t0;
   if (rc) return rc;
-  ahead_set *a = &t->ahead[i];
+  ahead_set *a = &t->la.sets[i];
   if (a->n <= 0) return 0; /* nothing to look up: the step will do without */
   for (int f = 0; f < t->T; f++)
-    if ((rc = grow_rows(t, t->prcap, t->prows, f, a->counts[f]))) return rc;
-  t->pids = ahead_ids(t, a);
+    if ((rc = grow_rows(t, t->la.early_rcap, t->la.early_rows, f, a->counts[f]))) return rc;
+  t->la.early_ids = ahead_ids(t, a);
   double t1 = sr_now();
-  rc = emb_store_lookup_begin(t->store, step, &t->pids, t->prows);
+  rc = emb_store_lookup_begin(t->store, step, &t->la.early_ids, t->la.early_rows);
   t->times.lookup += sr_now() - t1;
   if (rc) {
-    sr_fmt(t->err, sizeof t->err, "prefetch lookup of step %lld: %s", (long long)step,
+    sr_fmt(t->err, sizeof t->err, "early lookup of step %lld: %s", (long long)step,
            emb_store_errmsg(t->store));
     return rc;
   }
-  t->pf_pending = 1;
-  t->pf_step = step;
-  t->pf_set = i;
+  t->la.early_pending = 1;
+  t->la.early_step = step;
+  t->la.early_set = i;
   return 0;
 }
 
-int trainer_prefetch(trainer *t, const ds_batch *next, int64_t next_step) {
-  if (!t->prows) {
+int trainer_lookup_early(trainer *t, const ds_batch *next, int64_t next_step) {
+  if (!t->la.early_rows) {
     /* Both or none: a failure leaves the trainer as it was, so a retry
      * allocates again. */
     size_t T = (size_t)t->T;
@@ -495,19 +502,19 @@ int trainer_prefetch(trainer *t, const ds_batch *next, int64_t next_step) {
     if (!cap || !rows) {
       free(cap);
       free(rows);
-      sr_fmt(t->err, sizeof t->err, "trainer: out of memory for the prefetch buffers");
+      sr_fmt(t->err, sizeof t->err, "trainer: out of memory for the early lookup's buffers");
       return SR_ENOMEM;
     }
-    t->prcap = cap;
-    t->prows = rows;
+    t->la.early_rcap = cap;
+    t->la.early_rows = rows;
   }
   /* A batch already ahead (trainer_ahead) keeps its set: deduplicated once. */
   int i = ahead_find(t, next_step), rc;
-  if ((i < 0 || t->ahead[i].n != next->n || t->ahead[i].first_index != next->first_index) &&
+  if ((i < 0 || t->la.sets[i].n != next->n || t->la.sets[i].first_index != next->first_index) &&
       (rc = ahead_register(t, next, next_step, 0)))
     return rc;
-  t->pf_want = 1;
-  t->pf_next_step = next_step;
+  t->la.early_want = 1;
+  t->la.early_want_step = next_step;
   return 0;
 }
 
@@ -634,7 +641,7 @@ int trainer_step_part(trainer *t, const ds_batch *b, int n_global, int64_t step,
     own = rc;
   } else {
     /* Nothing to look up; the rank still pushes (empty) and all-reduces. */
-    if (t->pf_pending && (rc = prefetch_drop(t))) return rc;
+    if (t->la.early_pending && (rc = early_drop(t))) return rc;
     ahead_retire(t, step + 1);
     for (int f = 0; f < t->T; f++) t->counts[f] = 0;
     ids.n_tables = t->T;
@@ -645,7 +652,7 @@ int trainer_step_part(trainer *t, const ds_batch *b, int n_global, int64_t step,
    * the store now (their reads overlap this step's compute and push), then
    * the next step's lookup (async mode), in that order of steps. */
   if (!own && (rc = ahead_run(t, step))) return rc;
-  if (!own && t->pf_want && (rc = prefetch_begin(t))) return rc;
+  if (!own && t->la.early_want && (rc = early_begin(t))) return rc;
   size_t np = 0;
   float *p = dense_model_params(t->model, &np);
   float *g = dense_model_grads(t->model, &np);

@@ -101,7 +101,7 @@ int trainer_batch_slice(const ds_batch *b, int rank, int size, ds_batch *out);
 /* Samples of rank's slice of a global batch of n samples (as above). */
 int trainer_slice_count(int n, int rank, int size);
 
-/* Prefetch (async mode with shard servers): during the next
+/* Early lookup (async mode with shard servers): during the next
  * trainer_step_part call, right after that step's own rows are in (and its
  * look-ahead handed to the store) and before its compute and push, dedup
  * next (this rank's part of the next global batch; already done when it
@@ -110,11 +110,11 @@ int trainer_slice_count(int n, int rank, int size);
  * for those rows instead of looking up. next is borrowed and must stay unchanged until the step of
  * next_step has run (the caller double-buffers its batches). The store must
  * take a lookup in flight while a push is made (the remote store does).
- * A trainer_predict in between drops the prefetched rows (the step looks up
+ * A trainer_predict in between drops the rows looked up early (the step looks up
  * again, without deduplicating). 0 or SR_ENOMEM. */
-int trainer_prefetch(trainer *t, const ds_batch *next, int64_t next_step);
+int trainer_lookup_early(trainer *t, const ds_batch *next, int64_t next_step);
 
-/* Look-ahead (--prefetch-depth): part (this rank's part of the batch of
+/* Look-ahead (--prefetch-depth, the store's prefetch): part (this rank's part of the batch of
  * step, a step after the one about to run) enters the window. During the
  * next trainer_step_part call, right after that step's own rows are in and
  * before its compute, it is deduplicated, once, into a set of its own kept
@@ -128,7 +128,7 @@ int trainer_prefetch(trainer *t, const ds_batch *next, int64_t next_step);
  * lookup is already in flight). */
 int trainer_ahead(trainer *t, const ds_batch *part, int64_t step);
 
-/* Forget every batch ahead and any prefetch lookup in flight (its status
+/* Forget every batch ahead and any early lookup in flight (its status
  * ignored): the data position was rewound (a recovery, a resume), and the
  * store's restore dropped what it had prefetched. */
 void trainer_ahead_drop(trainer *t);
