@@ -1111,13 +1111,79 @@ static int int_list(const char *flag, const char *arg, int lo, int hi, int *v, i
   return 0;
 }
 
-int bench_rpc(int argc, char **argv) {
-  long long rows = 262144, n = 4096, train_rows = 100000, train_steps = 400, train_batch = 128;
-  const char *part = "all";
-  double secs = 1.0;
-  int dims[4] = {16, 128}, n_dims = 2, nsrv[4] = {1, 4}, n_srv = 2;
-  const char *plan_path = NULL, *server = NULL, *tcp_peer = NULL, *listen_at = NULL;
-  const char *netns = NULL, *rate = NULL;
+/* bench rpc's flags. */
+typedef struct rpc_args {
+  long long rows, n, train_rows, train_steps, train_batch;
+  const char *part;
+  double secs;
+  int dims[4], n_dims, nsrv[4], n_srv;
+  const char *plan_path, *server, *tcp_peer, *listen_at, *netns, *rate;
+} rpc_args;
+
+static void rpc_usage(void) {
+  printf("usage: shardrec bench rpc [--part all|lookup|train|netns|connections|lookahead|pinned]\n"
+         "       [--rows N (262144)] [--ids N (4096)]\n"
+         "       [--dims D,... (16,128)] [--servers K,... (1,4)] [--server-threads N (1)] [--seconds S (1)]\n"
+         "       [--train-rows N (100000)] [--train-steps N (400)] [--train-batch N (128)]\n"
+         "       [--rpc-connections N (%d)] [--rpc-chunk-kb N (0: no chunks but the servers' limits)]\n"
+         "       [--netns PATH (tests/cluster/netns.sh of the source tree)] [--rate R (tc's: 1gbit)]\n"
+         "       shardrec bench rpc --part client --plan FILE --server ADDR [--tcp ADDR] [--ids N]\n"
+         "       shardrec bench rpc --part tcp-peer --listen IP:PORT\n",
+         RPC_CONNECTIONS_DEFAULT);
+}
+
+static int rpc_part_check(const char *p) {
+  static const char *const parts[] = {"all", "lookup", "train", "connections", "lookahead",
+                                      "pinned", "netns", "client", "tcp-peer"};
+  for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
+    if (!strcmp(p, parts[i])) return 0;
+  fprintf(stderr, "shardrec bench rpc: --part: '%s' is not all, lookup, train, netns, "
+                  "connections, lookahead, pinned, client or tcp-peer\n", p);
+  return 2;
+}
+
+/* One flag (c, its optarg) into a (and bench_ro, server_threads). 0 or 2. */
+static int rpc_arg(rpc_args *a, int c, const char *arg) {
+  long long v;
+  switch (c) {
+    case 'r': return cli_int(CMD, "--rows", arg, 65536, 1LL << 26, &a->rows) ? 2 : 0;
+    case 'n': return cli_int(CMD, "--ids", arg, 1, 1 << 20, &a->n) ? 2 : 0;
+    case 's': return cli_double(CMD, "--seconds", arg, 0.05, 60, &a->secs) ? 2 : 0;
+    case 'C':
+      if (cli_flag(CMD, "--rpc-connections", arg, &v)) return 2;
+      bench_ro.connections = (int)v;
+      return 0;
+    case 'K': /* 0: no chunks (one call per server, as the server's limits allow) */
+      if (cli_int(CMD, "--rpc-chunk-kb", arg, 0, 1 << 20, &v)) return 2;
+      bench_ro.chunk_bytes = v ? (size_t)v << 10 : SIZE_MAX;
+      return 0;
+    case 'd': return int_list("--dims", arg, 1, 1024, a->dims, &a->n_dims) ? 2 : 0;
+    case 'k': return int_list("--servers", arg, 1, 4, a->nsrv, &a->n_srv) ? 2 : 0;
+    case 'P': a->plan_path = arg; return 0;
+    case 'A': a->server = arg; return 0;
+    case 'T': a->tcp_peer = arg; return 0;
+    case 'L': a->listen_at = arg; return 0;
+    case 'N': a->netns = arg; return 0;
+    case 'Q': a->rate = arg; return 0;
+    case 'W':
+      if (cli_int(CMD, "--server-threads", arg, 1, 64, &v)) return 2;
+      server_threads = (int)v;
+      return 0;
+    case 'R': return cli_int(CMD, "--train-rows", arg, 10000, 1LL << 32, &a->train_rows) ? 2 : 0;
+    case 'S': return cli_int(CMD, "--train-steps", arg, 1, 1 << 24, &a->train_steps) ? 2 : 0;
+    case 'B': return cli_int(CMD, "--train-batch", arg, 1, 1 << 20, &a->train_batch) ? 2 : 0;
+    case 'p':
+      a->part = arg;
+      return rpc_part_check(arg);
+  }
+  return 2;
+}
+
+/* The flags into a. 0, 1 (--help printed) or 2 (a bad flag, said). */
+static int rpc_args_parse(int argc, char **argv, rpc_args *a) {
+  *a = (rpc_args){.rows = 262144, .n = 4096, .train_rows = 100000, .train_steps = 400,
+                  .train_batch = 128, .part = "all", .secs = 1.0, .dims = {16, 128}, .n_dims = 2,
+                  .nsrv = {1, 4}, .n_srv = 2};
   static const struct option lo[] = {{"rows", required_argument, 0, 'r'},
                                      {"train-rows", required_argument, 0, 'R'},
                                      {"train-steps", required_argument, 0, 'S'},
@@ -1142,87 +1208,23 @@ int bench_rpc(int argc, char **argv) {
   opterr = 0;
   int c;
   while ((c = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
-    switch (c) {
-      case 'r': if (cli_int(CMD, "--rows", optarg, 65536, 1LL << 26, &rows)) return 2; break;
-      case 'n': if (cli_int(CMD, "--ids", optarg, 1, 1 << 20, &n)) return 2; break;
-      case 's': if (cli_double(CMD, "--seconds", optarg, 0.05, 60, &secs)) return 2; break;
-      case 'C': {
-        long long v;
-        if (cli_flag(CMD, "--rpc-connections", optarg, &v)) return 2;
-        bench_ro.connections = (int)v;
-        break;
-      }
-      case 'K': {
-        long long v; /* 0: no chunks (one call per server, as the server's limits allow) */
-        if (cli_int(CMD, "--rpc-chunk-kb", optarg, 0, 1 << 20, &v)) return 2;
-        bench_ro.chunk_bytes = v ? (size_t)v << 10 : SIZE_MAX;
-        break;
-      }
-      case 'd': if (int_list("--dims", optarg, 1, 1024, dims, &n_dims)) return 2; break;
-      case 'k': if (int_list("--servers", optarg, 1, 4, nsrv, &n_srv)) return 2; break;
-      case 'P': plan_path = optarg; break;
-      case 'A': server = optarg; break;
-      case 'T': tcp_peer = optarg; break;
-      case 'L': listen_at = optarg; break;
-      case 'N': netns = optarg; break;
-      case 'Q': rate = optarg; break;
-      case 'W': {
-        long long t;
-        if (cli_int(CMD, "--server-threads", optarg, 1, 64, &t)) return 2;
-        server_threads = (int)t;
-        break;
-      }
-      case 'R': if (cli_int(CMD, "--train-rows", optarg, 10000, 1LL << 32, &train_rows)) return 2; break;
-      case 'S': if (cli_int(CMD, "--train-steps", optarg, 1, 1 << 24, &train_steps)) return 2; break;
-      case 'B': if (cli_int(CMD, "--train-batch", optarg, 1, 1 << 20, &train_batch)) return 2; break;
-      case 'p':
-        if (strcmp(optarg, "all") && strcmp(optarg, "lookup") && strcmp(optarg, "train") &&
-            strcmp(optarg, "connections") && strcmp(optarg, "lookahead") && strcmp(optarg, "pinned") &&
-            strcmp(optarg, "netns") && strcmp(optarg, "client") && strcmp(optarg, "tcp-peer")) {
-          fprintf(stderr, "shardrec bench rpc: --part: '%s' is not all, lookup, train, netns, "
-                          "connections, lookahead, pinned, client or tcp-peer\n", optarg);
-          return 2;
-        }
-        part = optarg;
-        break;
-      case 'h':
-        printf("usage: shardrec bench rpc [--part all|lookup|train|netns|connections|lookahead|pinned]\n"
-               "       [--rows N (262144)] [--ids N (4096)]\n"
-               "       [--dims D,... (16,128)] [--servers K,... (1,4)] [--server-threads N (1)] [--seconds S (1)]\n"
-               "       [--train-rows N (100000)] [--train-steps N (400)] [--train-batch N (128)]\n"
-               "       [--rpc-connections N (%d)] [--rpc-chunk-kb N (0: no chunks but the servers' limits)]\n"
-               "       [--netns PATH (tests/cluster/netns.sh of the source tree)] [--rate R (tc's: 1gbit)]\n"
-               "       shardrec bench rpc --part client --plan FILE --server ADDR [--tcp ADDR] [--ids N]\n"
-               "       shardrec bench rpc --part tcp-peer --listen IP:PORT\n",
-               RPC_CONNECTIONS_DEFAULT);
-        return 0;
-      default: cli_bad_option(CMD, c == ':' ? ':' : '?', argv[optind - 1]); return 2;
+    if (c == 'h') {
+      rpc_usage();
+      return 1;
     }
-  }
-  if (!strcmp(part, "tcp-peer")) {
-    if (!listen_at) {
-      fprintf(stderr, "shardrec bench rpc: --part tcp-peer needs --listen IP:PORT\n");
+    if (c == ':' || c == '?') {
+      cli_bad_option(CMD, c, argv[optind - 1]);
       return 2;
     }
-    return tcp_peer_run(listen_at);
+    if (rpc_arg(a, c, optarg)) return 2;
   }
-  if (!strcmp(part, "client")) {
-    if (!plan_path || !server) {
-      fprintf(stderr, "shardrec bench rpc: --part client needs --plan FILE and --server ADDR\n");
-      return 2;
-    }
-    return client_run(plan_path, server, tcp_peer, n, secs);
-  }
-  if (!strcmp(part, "train")) return bench_train_all(train_rows, train_steps, train_batch);
-  if (!strcmp(part, "netns")) return bench_netns(netns, rate, dims, n_dims, 65536, n, secs);
-  if (n * 2 > rows) {
-    fprintf(stderr, "shardrec bench rpc: --ids must be at most half of --rows\n");
-    return 2;
-  }
-  printf("bench rpc: Lookups and Pushes of %lld unique random ids per step, a table of %lld rows (filled\n"
-         "with pushed, random rows), medians of 5 runs of %.1f s; servers are threads of this\n"
-         "process on 127.0.0.1\n", n, rows, secs);
+  return 0;
+}
+
+/* The ids 0..rows-1 in an order drawn from seed 42 (malloc'd; NULL when out of memory). */
+static uint64_t *perm_make(long long rows) {
   uint64_t *perm = malloc((size_t)rows * sizeof *perm);
+  if (!perm) return NULL;
   sr_rng rng;
   sr_rng_init(&rng, 42, 0);
   for (long long i = 0; i < rows; i++) perm[i] = (uint64_t)i;
@@ -1231,69 +1233,115 @@ int bench_rpc(int argc, char **argv) {
     perm[i] = perm[j];
     perm[j] = t;
   }
+  return perm;
+}
+
+/* --part connections, pinned or lookahead: one run per dim (and per server
+ * count or work size), each with its own row buffers. */
+static int rpc_sweeps(const rpc_args *a, uint64_t *perm) {
+  const long long n = a->n;
   int status = 0;
-  if (!strcmp(part, "connections")) {
+  if (!strcmp(a->part, "connections"))
     printf("remote store settings interleaved (connections per server, chunk size), %lld ids a "
            "step; speed-ups against 1 connection and no chunks in the same round\n", n);
-    for (int di = 0; di < n_dims && !status; di++)
-      for (int si = 0; si < n_srv && !status; si++) {
-        float *out = malloc((size_t)n * (size_t)dims[di] * sizeof *out);
-        float *grad = calloc((size_t)n * (size_t)dims[di], sizeof *grad);
-        status = sweep_one(dims[di], nsrv[si], rows, n, perm, grad, out, 15);
-        free(out);
-        free(grad);
-      }
-    free(perm);
-    return status;
-  }
-  if (!strcmp(part, "pinned")) {
+  else if (!strcmp(a->part, "pinned"))
     printf("Lookups of %lld ids from a shard-store server (every row cached), answered from the "
            "store's memory (pinned) and by a gather, interleaved; medians of 15 rounds\n", n);
-    for (int di = 0; di < n_dims && !status; di++) {
-      float *out = malloc((size_t)n * (size_t)dims[di] * sizeof *out);
-      float *grad = calloc((size_t)n * (size_t)dims[di], sizeof *grad);
-      status = pinned_one(dims[di], rows, n, perm, grad, out, 15);
-      free(out);
-      free(grad);
-    }
-    free(perm);
-    return status;
-  }
-  if (!strcmp(part, "lookahead")) {
+  else
     printf("a step's store calls against 2 server threads: lookup, work, push, work; without -> "
            "with the next step's ids handed ahead before the push (medians of 5 blocks of 20 "
            "steps, %lld ids a step)\n", n);
-    const double work[2] = {500, 2000};
-    for (int di = 0; di < n_dims && !status; di++)
-      for (int wi = 0; wi < 2 && !status; wi++) {
-        float *out = malloc((size_t)n * (size_t)dims[di] * sizeof *out);
-        float *grad = calloc((size_t)n * (size_t)dims[di], sizeof *grad);
-        status = lookahead_one(dims[di], rows, n, perm, grad, out, work[wi]);
-        free(out);
-        free(grad);
-      }
-    free(perm);
-    return status;
-  }
-  for (int di = 0; di < n_dims && !status; di++) {
-    const int dim = dims[di];
+  const double work[2] = {500, 2000};
+  const int inner = !strcmp(a->part, "connections") ? a->n_srv : !strcmp(a->part, "pinned") ? 1 : 2;
+  for (int di = 0; di < a->n_dims && !status; di++)
+    for (int k = 0; k < inner && !status; k++) {
+      float *out = malloc((size_t)n * (size_t)a->dims[di] * sizeof *out);
+      float *grad = calloc((size_t)n * (size_t)a->dims[di], sizeof *grad);
+      if (!out || !grad)
+        status = 1;
+      else if (!strcmp(a->part, "connections"))
+        status = sweep_one(a->dims[di], a->nsrv[k], a->rows, n, perm, grad, out, 15);
+      else if (!strcmp(a->part, "pinned"))
+        status = pinned_one(a->dims[di], a->rows, n, perm, grad, out, 15);
+      else
+        status = lookahead_one(a->dims[di], a->rows, n, perm, grad, out, work[k]);
+      free(out);
+      free(grad);
+    }
+  return status;
+}
+
+/* --part lookup (and all's first half): Lookups and Pushes per dim and
+ * server count beside plain TCP moving the same bytes. */
+static int rpc_lookups(const rpc_args *a, uint64_t *perm) {
+  const long long n = a->n;
+  sr_rng rng;
+  sr_rng_init(&rng, 42, 1);
+  int status = 0;
+  for (int di = 0; di < a->n_dims && !status; di++) {
+    const int dim = a->dims[di];
     float *out = malloc((size_t)n * (size_t)dim * sizeof *out);
     float *grad = malloc((size_t)n * (size_t)dim * sizeof *grad);
+    if (!out || !grad) {
+      free(out);
+      free(grad);
+      return 1;
+    }
     for (size_t i = 0; i < (size_t)n * (size_t)dim; i++) grad[i] = (float)sr_rng_uniform(&rng) - 0.5f;
     printf("dim %d (%zu bytes a row, %.2f MB of rows a step)\n", dim, (size_t)dim * 4,
            (double)n * dim * 4 / 1e6);
     /* The same bytes as a Lookup (ids out, rows back) and a Push (ids and
      * rows out, a short answer back). */
-    const double tcp[2] = {time_tcp(NULL, (size_t)n * 8, (size_t)n * (size_t)dim * 4, secs, NULL, 0),
-                           time_tcp(NULL, (size_t)n * 8 + (size_t)n * (size_t)dim * 4, 16, secs, NULL, 0)};
-    for (int si = 0; si < n_srv && !status; si++)
-      status = bench_servers(dim, nsrv[si], si, rows, n, perm, grad, out, secs, tcp);
+    const double tcp[2] = {time_tcp(NULL, (size_t)n * 8, (size_t)n * (size_t)dim * 4, a->secs, NULL, 0),
+                           time_tcp(NULL, (size_t)n * 8 + (size_t)n * (size_t)dim * 4, 16, a->secs, NULL, 0)};
+    for (int si = 0; si < a->n_srv && !status; si++)
+      status = bench_servers(dim, a->nsrv[si], si, a->rows, n, perm, grad, out, a->secs, tcp);
     free(out);
     free(grad);
   }
+  return status;
+}
+
+int bench_rpc(int argc, char **argv) {
+  rpc_args a;
+  int rc = rpc_args_parse(argc, argv, &a);
+  if (rc) return rc == 1 ? 0 : rc;
+  if (!strcmp(a.part, "tcp-peer")) {
+    if (!a.listen_at) {
+      fprintf(stderr, "shardrec bench rpc: --part tcp-peer needs --listen IP:PORT\n");
+      return 2;
+    }
+    return tcp_peer_run(a.listen_at);
+  }
+  if (!strcmp(a.part, "client")) {
+    if (!a.plan_path || !a.server) {
+      fprintf(stderr, "shardrec bench rpc: --part client needs --plan FILE and --server ADDR\n");
+      return 2;
+    }
+    return client_run(a.plan_path, a.server, a.tcp_peer, a.n, a.secs);
+  }
+  if (!strcmp(a.part, "train")) return bench_train_all(a.train_rows, a.train_steps, a.train_batch);
+  if (!strcmp(a.part, "netns")) return bench_netns(a.netns, a.rate, a.dims, a.n_dims, 65536, a.n, a.secs);
+  if (a.n * 2 > a.rows) {
+    fprintf(stderr, "shardrec bench rpc: --ids must be at most half of --rows\n");
+    return 2;
+  }
+  printf("bench rpc: Lookups and Pushes of %lld unique random ids per step, a table of %lld rows (filled\n"
+         "with pushed, random rows), medians of 5 runs of %.1f s; servers are threads of this\n"
+         "process on 127.0.0.1\n", a.n, a.rows, a.secs);
+  uint64_t *perm = perm_make(a.rows);
+  if (!perm) {
+    fprintf(stderr, "shardrec bench rpc: out of memory\n");
+    return 1;
+  }
+  int status;
+  if (!strcmp(a.part, "connections") || !strcmp(a.part, "pinned") || !strcmp(a.part, "lookahead"))
+    status = rpc_sweeps(&a, perm);
+  else
+    status = rpc_lookups(&a, perm);
   free(perm);
-  if (!status && !strcmp(part, "all"))
-    status = bench_netns(netns, rate, dims, n_dims, rows < 65536 ? rows : 65536, n, secs);
-  if (!status && !strcmp(part, "all")) status = bench_train_all(train_rows, train_steps, train_batch);
+  if (!status && !strcmp(a.part, "all"))
+    status = bench_netns(a.netns, a.rate, a.dims, a.n_dims, a.rows < 65536 ? a.rows : 65536, a.n, a.secs);
+  if (!status && !strcmp(a.part, "all")) status = bench_train_all(a.train_rows, a.train_steps, a.train_batch);
   return status;
 }
