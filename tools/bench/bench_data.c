@@ -140,6 +140,73 @@ static void row(const char *name, double bytes, double lines, double secs, doubl
     printf(" %10s\n", "-");
 }
 
+/* The parse and read rates of file (TSV), its conversion to bin and the
+ * binary reader's, medians of runs runs, printed. 0 or 1 (said). */
+static int measure(const char *file, const char *bin, int runs) {
+  struct stat st;
+  if (stat(file, &st)) {
+    fprintf(stderr, "shardrec bench data: %s: %s\n", file, strerror(errno));
+    return 1;
+  }
+  double bytes = (double)st.st_size;
+  double t[5][99];
+  uint64_t lines = 0, bad = 0, n = 0;
+  for (int r = 0; r < runs; r++) {
+    double a = sr_now();
+    if (scan_file(file, 0, &lines, &bad)) return 1;
+    t[0][r] = sr_now() - a;
+    a = sr_now();
+    if (scan_file(file, 1, &lines, &bad)) return 1;
+    t[1][r] = sr_now() - a;
+    a = sr_now();
+    if (read_source(file, DS_FORMAT_TSV, -1, &n, NULL)) return 1;
+    t[2][r] = sr_now() - a;
+    a = sr_now();
+    if (read_source(file, DS_FORMAT_TSV, 2, &n, NULL)) return 1;
+    t[3][r] = sr_now() - a;
+  }
+  double ca = sr_now();
+  if (convert(file, bin)) return 1;
+  double conv = sr_now() - ca;
+  struct stat sb;
+  stat(bin, &sb);
+  uint64_t nb = 0;
+  double topen[99];
+  for (int r = 0; r < runs; r++) {
+    double a = sr_now();
+    if (read_source(bin, DS_FORMAT_BIN, 0, &nb, &topen[r])) return 1;
+    t[4][r] = sr_now() - a - topen[r];
+  }
+  double va = sr_now();
+  {
+    char err[512];
+    ds_bin_reader *vr = ds_bin_reader_open(bin, 0, 1, err, sizeof err);
+    if (!vr) {
+      fprintf(stderr, "shardrec bench data: %s\n", err);
+      return 1;
+    }
+    ds_bin_reader_destroy(vr);
+  }
+  double verify = sr_now() - va;
+  double base = bytes / sr_median(t[0], runs) / 1e6;
+  printf("\nfile %s: %.1f MB, %llu lines (%llu malformed); median of %d runs, page cache warm\n",
+         file, bytes / 1e6, (unsigned long long)lines, (unsigned long long)bad, runs);
+  printf("  %-24s %10s %14s %10s %10s\n", "", "MB/s", "lines/s", "seconds", "vs read()");
+  row("read() baseline", bytes, (double)lines, sr_median(t[0], runs), 0);
+  row("parse_line, 1 core", bytes, (double)lines, sr_median(t[1], runs), base);
+  row("source, 1 core (hash)", bytes, (double)n, sr_median(t[2], runs), base);
+  row("source, reader thread", bytes, (double)n, sr_median(t[3], runs), base);
+  printf("\nbinary file %.1f MB (converted, dictionary ids, in %.2f s: %.0f lines/s)\n",
+         (double)sb.st_size / 1e6, conv, (double)lines / conv);
+  double bt = sr_median(t[4], runs);
+  printf("  %-24s %10.1f %14.0f %10.3f   (samples/s)\n", "binary reader (mmap)", (double)sb.st_size / bt / 1e6,
+         (double)nb / bt, bt);
+  printf("  %-24s %10.1f %14s %10.3f\n", "open (mmap, no verify)", (double)sb.st_size / sr_median(topen, runs) / 1e6, "-",
+         sr_median(topen, runs));
+  printf("  %-24s %10.1f %14s %10.3f\n", "open + CRC32 verify", (double)sb.st_size / verify / 1e6, "-", verify);
+  return 0;
+}
+
 int bench_data(int argc, char **argv) {
   static const struct option longs[] = {{"rows", required_argument, 0, 'n'},
                                         {"file", required_argument, 0, 'f'},
@@ -197,68 +264,7 @@ int bench_data(int argc, char **argv) {
     file = tsv;
     printf("generated %llu rows of synthetic Criteo TSV in %.1f s\n", (unsigned long long)rows, sr_now() - t0);
   }
-  struct stat st;
-  if (stat(file, &st)) {
-    fprintf(stderr, "shardrec bench data: %s: %s\n", file, strerror(errno));
-    goto out;
-  }
-  double bytes = (double)st.st_size;
-  double t[5][99];
-  uint64_t lines = 0, bad = 0, n = 0;
-  for (int r = 0; r < runs; r++) {
-    double a = sr_now();
-    if (scan_file(file, 0, &lines, &bad)) goto out;
-    t[0][r] = sr_now() - a;
-    a = sr_now();
-    if (scan_file(file, 1, &lines, &bad)) goto out;
-    t[1][r] = sr_now() - a;
-    a = sr_now();
-    if (read_source(file, DS_FORMAT_TSV, -1, &n, NULL)) goto out;
-    t[2][r] = sr_now() - a;
-    a = sr_now();
-    if (read_source(file, DS_FORMAT_TSV, 2, &n, NULL)) goto out;
-    t[3][r] = sr_now() - a;
-  }
-  double ca = sr_now();
-  if (convert(file, bin)) goto out;
-  double conv = sr_now() - ca;
-  struct stat sb;
-  stat(bin, &sb);
-  uint64_t nb = 0;
-  double topen[99];
-  for (int r = 0; r < runs; r++) {
-    double a = sr_now();
-    if (read_source(bin, DS_FORMAT_BIN, 0, &nb, &topen[r])) goto out;
-    t[4][r] = sr_now() - a - topen[r];
-  }
-  double va = sr_now();
-  {
-    char err[512];
-    ds_bin_reader *vr = ds_bin_reader_open(bin, 0, 1, err, sizeof err);
-    if (!vr) {
-      fprintf(stderr, "shardrec bench data: %s\n", err);
-      goto out;
-    }
-    ds_bin_reader_destroy(vr);
-  }
-  double verify = sr_now() - va;
-  double base = bytes / sr_median(t[0], (int)runs) / 1e6;
-  printf("\nfile %s: %.1f MB, %llu lines (%llu malformed); median of %lld runs, page cache warm\n",
-         file, bytes / 1e6, (unsigned long long)lines, (unsigned long long)bad, runs);
-  printf("  %-24s %10s %14s %10s %10s\n", "", "MB/s", "lines/s", "seconds", "vs read()");
-  row("read() baseline", bytes, (double)lines, sr_median(t[0], (int)runs), 0);
-  row("parse_line, 1 core", bytes, (double)lines, sr_median(t[1], (int)runs), base);
-  row("source, 1 core (hash)", bytes, (double)n, sr_median(t[2], (int)runs), base);
-  row("source, reader thread", bytes, (double)n, sr_median(t[3], (int)runs), base);
-  printf("\nbinary file %.1f MB (converted, dictionary ids, in %.2f s: %.0f lines/s)\n",
-         (double)sb.st_size / 1e6, conv, (double)lines / conv);
-  double bt = sr_median(t[4], (int)runs);
-  printf("  %-24s %10.1f %14.0f %10.3f   (samples/s)\n", "binary reader (mmap)", (double)sb.st_size / bt / 1e6,
-         (double)nb / bt, bt);
-  printf("  %-24s %10.1f %14s %10.3f\n", "open (mmap, no verify)", (double)sb.st_size / sr_median(topen, (int)runs) / 1e6, "-",
-         sr_median(topen, (int)runs));
-  printf("  %-24s %10.1f %14s %10.3f\n", "open + CRC32 verify", (double)sb.st_size / verify / 1e6, "-", verify);
-  status = 0;
+  status = measure(file, bin, (int)runs);
 out:
   unlink(tsv);
   unlink(bin);

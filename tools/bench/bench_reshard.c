@@ -216,6 +216,71 @@ static int run_ours(const char *ckpt, const char *out, const char *plan, const c
   return rc;
 }
 
+/* The folders and files of one bench reshard run under dir. */
+typedef struct rs_paths {
+  char ck[SR_PATH_MAX], stage[SR_PATH_MAX], shards[SR_PATH_MAX], work[SR_PATH_MAX],
+      p3path[SR_PATH_MAX], out[SR_PATH_MAX], src_shards[SR_PATH_MAX], log[SR_PATH_MAX];
+} rs_paths;
+
+static int rs_paths_make(rs_paths *p, const char *dir, char *perr, size_t n) {
+  if (sr_path_err(p->ck, sizeof p->ck, perr, n, "%s/ckpt", dir) ||
+      sr_path_err(p->stage, sizeof p->stage, perr, n, "%s/.step-0.tmp", p->ck) ||
+      (ckpt_dir_shards_path(p->stage, p->shards, sizeof p->shards) &&
+       sr_path_too_long(perr, n, p->stage, sizeof p->shards)) ||
+      sr_path_err(p->work, sizeof p->work, perr, n, "%s/work", dir) ||
+      sr_path_err(p->p3path, sizeof p->p3path, perr, n, "%s/p3.json", dir) ||
+      sr_path_err(p->out, sizeof p->out, perr, n, "%s/out", dir) ||
+      sr_path_err(p->src_shards, sizeof p->src_shards, perr, n, "%s/step-0/shards", p->ck) ||
+      sr_path_err(p->log, sizeof p->log, perr, n, "%s/reshard.out", p->work))
+    return -1;
+  return 0;
+}
+
+/* runs rounds of the baseline then our reshard (2 -> 3 shards) of the
+ * checkpoint at p->ck, their times into t_base/t_ours, and the medians
+ * printed. 0 or -1 (said). */
+static int timed_runs(const rs_paths *p, const char *threads, long long rows, int runs,
+                      double *t_base, double *t_ours) {
+  char err[1024];
+  uint64_t n_rows = 0, n_bytes = 0;
+  for (int r = 0; r < runs; r++) {
+    double a = sr_now();
+    if (baseline(p->src_shards, 2, p->work, &n_rows, &n_bytes, err, sizeof err)) {
+      fprintf(stderr, "shardrec bench reshard: baseline: %s\n", err);
+      return -1;
+    }
+    t_base[r] = sr_now() - a;
+    sr_rmtree(p->out);
+    a = sr_now();
+    char line[1024];
+    int rc = run_ours(p->ck, p->out, p->p3path, p->log, threads);
+    t_ours[r] = sr_now() - a;
+    FILE *lf = fopen(p->log, "r");
+    while (lf && fgets(line, sizeof line, lf))
+      if (!strncmp(line, "resharded ", 10)) printf("  %s", line); /* its own breakdown */
+    if (lf) fclose(lf);
+    if (rc) {
+      fprintf(stderr, "shardrec bench reshard: 'shardrec reshard' exited %d\n", rc);
+      return -1;
+    }
+    printf("run %d: baseline %.2f s, reshard %.2f s\n", r + 1, t_base[r], t_ours[r]);
+    fflush(stdout);
+  }
+  if (n_rows != (uint64_t)rows) {
+    fprintf(stderr, "shardrec bench reshard: the baseline read %llu rows, expected %lld\n",
+            (unsigned long long)n_rows, rows);
+    return -1;
+  }
+  double mb = (double)n_bytes / 1e6, tb = sr_median(t_base, runs), to = sr_median(t_ours, runs);
+  printf("baseline (raw RocksDB scan + SST write): %.0f rows/s, %.1f MB/s (median of %d: %.2f s "
+         "for %llu rows, %.1f MB)\n", (double)n_rows / tb, mb / tb, runs, tb,
+         (unsigned long long)n_rows, mb);
+  printf("reshard 2 -> 3 row-wise (verified):      %.0f rows/s, %.1f MB/s (median of %d: %.2f s; "
+         "--threads %s)\n", (double)n_rows / to, mb / to, runs, to, threads ? threads : "default");
+  printf("reshard / baseline: %.0f%% (target >= 60%%)\n", 100.0 * tb / to);
+  return 0;
+}
+
 int bench_reshard(int argc, char **argv) {
   long long rows = 4000000, dim = 16, runs = 3;
   const char *base = NULL;
@@ -261,17 +326,9 @@ int bench_reshard(int argc, char **argv) {
   emb_plan *p2 = make_plan((uint64_t)rows, (int)dim, 2, err, sizeof err);
   emb_plan *p3 = make_plan((uint64_t)rows, (int)dim, 3, err, sizeof err);
   double *t_ours = calloc((size_t)runs, sizeof(double)), *t_base = calloc((size_t)runs, sizeof(double));
-  char ck[SR_PATH_MAX], stage[SR_PATH_MAX], shards[SR_PATH_MAX], work[SR_PATH_MAX],
-      p3path[SR_PATH_MAX], out[SR_PATH_MAX], src_shards[SR_PATH_MAX], log[SR_PATH_MAX], perr[512];
-  if (sr_path_err(ck, sizeof ck, perr, sizeof perr, "%s/ckpt", dir) ||
-      sr_path_err(stage, sizeof stage, perr, sizeof perr, "%s/.step-0.tmp", ck) ||
-      (ckpt_dir_shards_path(stage, shards, sizeof shards) &&
-       sr_path_too_long(perr, sizeof perr, stage, sizeof shards)) ||
-      sr_path_err(work, sizeof work, perr, sizeof perr, "%s/work", dir) ||
-      sr_path_err(p3path, sizeof p3path, perr, sizeof perr, "%s/p3.json", dir) ||
-      sr_path_err(out, sizeof out, perr, sizeof perr, "%s/out", dir) ||
-      sr_path_err(src_shards, sizeof src_shards, perr, sizeof perr, "%s/step-0/shards", ck) ||
-      sr_path_err(log, sizeof log, perr, sizeof perr, "%s/reshard.out", work)) {
+  rs_paths P;
+  char perr[512];
+  if (rs_paths_make(&P, dir, perr, sizeof perr)) {
     fprintf(stderr, "shardrec bench reshard: --dir %s: %s\n", base, perr);
     goto done;
   }
@@ -279,58 +336,20 @@ int bench_reshard(int argc, char **argv) {
     fprintf(stderr, "shardrec bench reshard: %s\n", p2 && p3 ? "out of memory" : err);
     goto done;
   }
-  if (mkdir(ck, 0777) || mkdir(stage, 0777) || mkdir(shards, 0777) || mkdir(work, 0777)) {
+  if (mkdir(P.ck, 0777) || mkdir(P.stage, 0777) || mkdir(P.shards, 0777) || mkdir(P.work, 0777)) {
     fprintf(stderr, "shardrec bench reshard: %s: cannot create folders: %s\n", dir, strerror(errno));
     goto done;
   }
   double t0 = sr_now();
-  if (write_sources(p2, shards, work, err, sizeof err) || write_ckpt(p2, ck, stage, err, sizeof err) ||
-      emb_plan_save(p3, p3path, err, sizeof err)) {
+  if (write_sources(p2, P.shards, P.work, err, sizeof err) ||
+      write_ckpt(p2, P.ck, P.stage, err, sizeof err) || emb_plan_save(p3, P.p3path, err, sizeof err)) {
     fprintf(stderr, "shardrec bench reshard: building the checkpoint: %s\n", err);
     goto done;
   }
-  uint64_t n_rows = 0, n_bytes = 0;
   printf("checkpoint: %llu rows in %d tables, dim %lld + adagrad state, 2 shards row-wise; built in "
          "%.1f s\n", (unsigned long long)rows, N_TABLES, dim, sr_now() - t0);
   fflush(stdout);
-  for (int r = 0; r < runs; r++) {
-    double a = sr_now();
-    if (baseline(src_shards, 2, work, &n_rows, &n_bytes, err, sizeof err)) {
-      fprintf(stderr, "shardrec bench reshard: baseline: %s\n", err);
-      goto done;
-    }
-    t_base[r] = sr_now() - a;
-    sr_rmtree(out);
-    a = sr_now();
-    char line[1024];
-    int rc = run_ours(ck, out, p3path, log, threads);
-    t_ours[r] = sr_now() - a;
-    FILE *lf = fopen(log, "r");
-    while (lf && fgets(line, sizeof line, lf))
-      if (!strncmp(line, "resharded ", 10)) printf("  %s", line); /* its own breakdown */
-    if (lf) fclose(lf);
-    if (rc) {
-      fprintf(stderr, "shardrec bench reshard: 'shardrec reshard' exited %d\n", rc);
-      goto done;
-    }
-    printf("run %d: baseline %.2f s, reshard %.2f s\n", r + 1, t_base[r], t_ours[r]);
-    fflush(stdout);
-  }
-  if (n_rows != (uint64_t)rows) {
-    fprintf(stderr, "shardrec bench reshard: the baseline read %llu rows, expected %lld\n",
-            (unsigned long long)n_rows, rows);
-    goto done;
-  }
-  {
-    double mb = (double)n_bytes / 1e6, tb = sr_median(t_base, (int)runs),
-           to = sr_median(t_ours, (int)runs);
-    printf("baseline (raw RocksDB scan + SST write): %.0f rows/s, %.1f MB/s (median of %lld: %.2f s "
-           "for %llu rows, %.1f MB)\n", (double)n_rows / tb, mb / tb, runs, tb,
-           (unsigned long long)n_rows, mb);
-    printf("reshard 2 -> 3 row-wise (verified):      %.0f rows/s, %.1f MB/s (median of %lld: %.2f s; "
-           "--threads %s)\n", (double)n_rows / to, mb / to, runs, to, threads ? threads : "default");
-    printf("reshard / baseline: %.0f%% (target >= 60%%)\n", 100.0 * tb / to);
-  }
+  if (timed_runs(&P, threads, rows, (int)runs, t_base, t_ours)) goto done;
   status = 0;
 done:
   if (keep) printf("kept %s\n", dir);
