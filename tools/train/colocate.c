@@ -154,29 +154,62 @@ static int server_start(co_server *s, const emb_plan *plan, int k, const colocat
  * shards filled, the others empty). */
 static size_t part_size(int n_shards) { return 1 + CO_ERR + (size_t)n_shards * CO_ADDR; }
 
+/* Arguments that are the caller's bug: the same on every rank (plan, size)
+ * or caught by the collective's rank check, so no gather is needed. 0, or
+ * SR_EINVAL with the reason in err. */
+static int args_check(const emb_plan *plan, int rank, int size, const dense_coll *coll, char *err,
+                      size_t errlen) {
+  if (!plan || plan->n_shards < 1 || size < 1 || rank < 0 || rank >= size) {
+    sr_fmt(err, errlen, "colocate: rank %d of %d, %d shard(s): invalid", rank, size,
+           plan ? plan->n_shards : 0);
+    return SR_EINVAL;
+  }
+  if (coll && (coll->rank != rank || coll->size != size)) {
+    sr_fmt(err, errlen, "colocate: called as rank %d of %d, the collective says rank %d of %d",
+           rank, size, coll->rank, coll->size);
+    return SR_EINVAL;
+  }
+  if (size > 1 && !coll) {
+    sr_fmt(err, errlen, "colocate: rank %d of %d: %d ranks need the job's collective to share "
+           "the shard addresses", rank, size, size);
+    return SR_EINVAL;
+  }
+  return 0;
+}
+
+/* Every shard's address from the gathered parts (all: size parts of part
+ * bytes), malloc'd (colocate_addrs_free); NULL with *failed set and the
+ * reason in err when a rank sent none or memory ran out. */
+static char **addrs_of(const char *all, size_t part, int rank, int size, int ns, int *failed,
+                       char *err, size_t errlen) {
+  char **a = calloc((size_t)ns, sizeof *a);
+  for (int k = 0; a && k < ns; k++) {
+    const char *at = all + (size_t)(k % size) * part + 1 + CO_ERR + (size_t)k * CO_ADDR;
+    if (!at[0]) {
+      sr_fmt(err, errlen, "rank %d sent no address for shard %d", k % size, k);
+      *failed = 1;
+      break;
+    }
+    a[k] = strndup(at, CO_ADDR - 1);
+    if (!a[k]) break;
+  }
+  if (!*failed && (!a || !a[ns - 1])) {
+    sr_fmt(err, errlen, "rank %d: out of memory", rank);
+    *failed = 1;
+  }
+  if (*failed) {
+    colocate_addrs_free(a, ns);
+    return NULL;
+  }
+  return a;
+}
+
 colocate *colocate_start(const emb_plan *plan, int rank, int size, dense_coll *coll,
                          const colocate_opts *o, char ***addrs, char *err, size_t errlen) {
   *addrs = NULL;
   colocate_opts defaults = {.host = "127.0.0.1", .threads = 2};
   if (!o) o = &defaults;
-  if (!plan || plan->n_shards < 1 || size < 1 || rank < 0 || rank >= size) {
-    /* Bad arguments are the caller's bug and the same on every rank (plan,
-     * size) or caught by the collective's rank check below: no gather
-     * needed. */
-    sr_fmt(err, errlen, "colocate: rank %d of %d, %d shard(s): invalid", rank, size,
-           plan ? plan->n_shards : 0);
-    return NULL;
-  }
-  if (coll && (coll->rank != rank || coll->size != size)) {
-    sr_fmt(err, errlen, "colocate: called as rank %d of %d, the collective says rank %d of %d",
-           rank, size, coll->rank, coll->size);
-    return NULL;
-  }
-  if (size > 1 && !coll) {
-    sr_fmt(err, errlen, "colocate: rank %d of %d: %d ranks need the job's collective to share "
-           "the shard addresses", rank, size, size);
-    return NULL;
-  }
+  if (args_check(plan, rank, size, coll, err, errlen)) return NULL;
   const int ns = plan->n_shards;
   int n_hosted = 0;
   for (int k = rank; k < ns; k += size) n_hosted++;
@@ -250,24 +283,7 @@ colocate *colocate_start(const emb_plan *plan, int rank, int size, dense_coll *c
   } else if (failed) {
     sr_fmt(err, errlen, "rank %d of %d could not host its shards: %s", rank, size, why);
   }
-  char **a = NULL;
-  if (!failed) {
-    a = calloc((size_t)ns, sizeof *a);
-    for (int k = 0; a && k < ns; k++) {
-      const char *at = all + (size_t)(k % size) * part + 1 + CO_ERR + (size_t)k * CO_ADDR;
-      if (!at[0]) {
-        sr_fmt(err, errlen, "rank %d sent no address for shard %d", k % size, k);
-        failed = 1;
-        break;
-      }
-      a[k] = strndup(at, CO_ADDR - 1);
-      if (!a[k]) break;
-    }
-    if (!failed && (!a || !a[ns - 1])) {
-      sr_fmt(err, errlen, "rank %d: out of memory", rank);
-      failed = 1;
-    }
-  }
+  char **a = failed ? NULL : addrs_of(all, part, rank, size, ns, &failed, err, errlen);
   free(mine);
   free(all);
   if (failed) {
