@@ -521,6 +521,54 @@ static int paths_fit(const reshard_opts *o, char *err, size_t errlen) {
   return rc;
 }
 
+/* Open the source shards for reading; every table family they hold must
+ * be a table of the plan (rows of another table would be lost). Counts
+ * their rows for the progress line. 0 or SR_E* (err). */
+static int sources_open(run *r, char *err, size_t errlen) {
+  for (int s = 0; s < r->n_src; s++) {
+    char path[SR_PATH_MAX];
+    if (ckpt_dir_shard_path(r->o->src_dir, s, path, sizeof path)) {
+      sr_fmt(err, errlen, "%s: path too long", r->o->src_dir);
+      return SR_ERANGE;
+    }
+    int rc = sst_db_open_read(path, r->o->work_dir, &r->src[s], err, errlen);
+    if (rc) return rc;
+    for (int i = 0; i < sst_db_n_tables(r->src[s]); i++) {
+      uint32_t tid = sst_db_table_id(r->src[s], i);
+      if (emb_plan_table_index(r->o->dst, tid) < 0) {
+        sr_fmt(err, errlen, "%s: holds table_id %u, which the plan does not have", path, tid);
+        return SR_EFORMAT;
+      }
+      r->pg.total += sst_db_estimate_rows(r->src[s], i);
+    }
+  }
+  return 0;
+}
+
+/* Read every target back (--verify): per table its rows, sum and xor
+ * against the sources' (reshard__compare). 0 or SR_E* (err). */
+static int verify_all(run *r, reshard_stats *st, char *err, size_t errlen) {
+  const int nt = r->o->dst->n_tables;
+  double tv = sr_now();
+  if (!(r->vt = calloc((size_t)r->n_dst * (size_t)nt, sizeof *r->vt))) {
+    sr_fmt(err, errlen, "out of memory");
+    return SR_ENOMEM;
+  }
+  for (int k = 0; k < r->n_dst; k++)
+    for (int ti = 0; ti < nt; ti++) r->vt[(size_t)k * nt + ti] = st->tables[ti];
+  int rc = par_each(r, r->n_dst, 0, verify_target, err, errlen);
+  st->verify_seconds = sr_now() - tv;
+  if (rc) return rc;
+  for (int k = 0; k < r->n_dst; k++)
+    for (int ti = 0; ti < nt; ti++) {
+      const reshard_table *x = &r->vt[(size_t)k * nt + ti];
+      st->tables[ti].rows_out += x->rows_out;
+      st->tables[ti].sum_out += x->sum_out;
+      st->tables[ti].xor_out ^= x->xor_out;
+    }
+  return reshard__compare(st, err, errlen);
+}
+
 int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errlen) {
   memset(st, 0, sizeof *st);
   int rc = paths_fit(o, err, errlen);
@@ -562,26 +610,7 @@ int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errl
     st->tables[t].table_id = ids[t];
     snprintf(st->tables[t].name, sizeof st->tables[t].name, "%s", dst->tables[t].name);
   }
-  /* Sources: every table family they hold must be a table of the plan
-   * (rows of another table would be lost). */
-  for (int s = 0; s < r.n_src; s++) {
-    char path[SR_PATH_MAX];
-    if (ckpt_dir_shard_path(o->src_dir, s, path, sizeof path)) {
-      sr_fmt(err, errlen, "%s: path too long", o->src_dir);
-      rc = SR_ERANGE;
-      goto out;
-    }
-    if ((rc = sst_db_open_read(path, o->work_dir, &r.src[s], err, errlen))) goto out;
-    for (int i = 0; i < sst_db_n_tables(r.src[s]); i++) {
-      uint32_t tid = sst_db_table_id(r.src[s], i);
-      if (emb_plan_table_index(dst, tid) < 0) {
-        sr_fmt(err, errlen, "%s: holds table_id %u, which the plan does not have", path, tid);
-        rc = SR_EFORMAT;
-        goto out;
-      }
-      r.pg.total += sst_db_estimate_rows(r.src[s], i);
-    }
-  }
+  if ((rc = sources_open(&r, err, errlen))) goto out;
   r.ids = ids;
   if ((rc = par_each(&r, r.n_dst, 0, create_job, err, errlen))) goto out;
   sr_progress_begin(&r.pg, o->progress, "reshard", "rows", r.pg.total);
@@ -611,27 +640,7 @@ int reshard_run(const reshard_opts *o, reshard_stats *st, char *err, size_t errl
     char path[SR_PATH_MAX];
     if (!ckpt_dir_shard_path(o->out_dir, k, path, sizeof path)) tidy_db_dir(path);
   }
-  if (o->verify) {
-    double tv = sr_now();
-    if (!(r.vt = calloc((size_t)r.n_dst * (size_t)dst->n_tables, sizeof *r.vt))) {
-      sr_fmt(err, errlen, "out of memory");
-      rc = SR_ENOMEM;
-      goto out;
-    }
-    for (int k = 0; k < r.n_dst; k++)
-      for (int ti = 0; ti < dst->n_tables; ti++) r.vt[(size_t)k * dst->n_tables + ti] = st->tables[ti];
-    rc = par_each(&r, r.n_dst, 0, verify_target, err, errlen);
-    st->verify_seconds = sr_now() - tv;
-    if (rc) goto out;
-    for (int k = 0; k < r.n_dst; k++)
-      for (int ti = 0; ti < dst->n_tables; ti++) {
-        const reshard_table *x = &r.vt[(size_t)k * dst->n_tables + ti];
-        st->tables[ti].rows_out += x->rows_out;
-        st->tables[ti].sum_out += x->sum_out;
-        st->tables[ti].xor_out ^= x->xor_out;
-      }
-    rc = reshard__compare(st, err, errlen);
-  }
+  if (o->verify) rc = verify_all(&r, st, err, errlen);
 out:
   if (rc && r.pg.on && r.pg.done) fprintf(stderr, "\n");
   for (int i = 0; i < n_init; i++) worker_free(&wk[i], r.n_dst);
