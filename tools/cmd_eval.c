@@ -2,14 +2,14 @@
  * 'train --save-model DIR' or '--save-checkpoint DIR' writes) on
  * Criteo-format data. eval is predict without the predictions file (--out
  * optional) and with the test split by default: the scoring is predict_run
- * (tools/train/predict.h); this file turns the flags into its options. */
+ * (score/score.h); this file turns the flags into its options. */
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "tools/cli.h"
 #include "tools/cmds.h"
-#include "tools/train/predict.h"
+#include "score/score.h"
 
 #define CMD "eval"
 

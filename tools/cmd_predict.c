@@ -8,14 +8,14 @@
  * batches of --mini-batch-size valid samples, as the trainer's evaluation
  * does: at the trainer's test batch size the probabilities are the
  * trainer's own, bit for bit. The scoring is predict_run
- * (tools/train/predict.h); this file turns the flags into its options. */
+ * (score/score.h); this file turns the flags into its options. */
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "tools/cli.h"
 #include "tools/cmds.h"
-#include "tools/train/predict.h"
+#include "score/score.h"
 
 #define CMD "predict"
 

@@ -20,7 +20,7 @@
 #include "dense/pool.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
-#include "tools/train/job.h"
+#include "train/job.h"
 
 #define CMD "train"
 

@@ -1,4 +1,4 @@
-/* colo_prog: tools/train/colocate.c under a real mpirun (or alone, without MPI).
+/* colo_prog: train/colocate.c under a real mpirun (or alone, without MPI).
  *
  *   colo_prog SHARDS [--data-dir D] [--fail-rank R[,R2]]
  *
@@ -28,7 +28,7 @@
 #include "embedding/plan.h"
 #include "rpc/client.h"
 #include "rpc/shardrec.pb-c.h"
-#include "tools/train/colocate.h"
+#include "train/colocate.h"
 
 static int errors;
 

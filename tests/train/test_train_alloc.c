@@ -9,7 +9,7 @@
 #include "common/status.h"
 #include "tests/check_main.h"
 #include "tests/common/fail_alloc.h"
-#include "tools/train/job_impl.h"
+#include "train/job_impl.h"
 
 typedef struct {
   emb_plan *plan;

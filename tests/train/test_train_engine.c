@@ -1,4 +1,4 @@
-/* The engine library (tools/train) called directly: batch slicing over
+/* The engine library (train/) called directly: batch slicing over
  * ranks, the job's double-buffered batches (the async prefetch swap), the
  * cursor's rewind after a recovery, and the checkpoint refusals of
  * ckpt_load. Real files in a temporary folder, a real in-memory store and
@@ -15,7 +15,7 @@
 #include "common/status.h"
 #include "tests/check_main.h"
 #include "storage/ckpt_dir.h"
-#include "tools/train/job_impl.h"
+#include "train/job_impl.h"
 
 static char dir[256];
 

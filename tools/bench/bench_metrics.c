@@ -29,7 +29,7 @@
 #include "rpc/shardrec.pb-c.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
-#include "tools/train/job_impl.h"
+#include "train/job_impl.h"
 
 #define CMD "bench metrics"
 #define RUNS 7

@@ -43,7 +43,7 @@
 #include "storage/ckpt_dir.h"
 #include "storage/kv.h"
 #include "storage/sst.h"
-#include "tools/train/checkpoint.h"
+#include "train/checkpoint.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
 

@@ -32,7 +32,7 @@
 #include "embedding/store.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
-#include "tools/train/trainer.h"
+#include "train/trainer.h"
 #include "dense/cuda_plugin.h"
 
 extern char **environ;

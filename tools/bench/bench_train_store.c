@@ -11,7 +11,7 @@
  * folder this run makes and removes, with a cache of --cache-fraction F of
  * the rows the steps touch (counted before the runs). Each --prefetch-depth
  * D (a list: 0,1,2) runs through a fresh shard store reading D batches
- * ahead as train does (tools/train/job.c: a ring of D + 1 batches, each
+ * ahead as train does (train/job.c: a ring of D + 1 batches, each
  * handed to the trainer with trainer_ahead as it enters). Per run: samples/s,
  * the ratio to the in-memory run, the step's time split into lookup wait,
  * prefetch (handing the ids ahead) and push (where dirty evicted rows are
@@ -36,8 +36,8 @@
 #include "embedding/store.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
-#include "tools/train/job.h"
-#include "tools/train/trainer.h"
+#include "train/job.h"
+#include "train/trainer.h"
 
 #define CMD "bench train"
 #define MAX_DEPTHS 9

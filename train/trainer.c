@@ -1,4 +1,4 @@
-#include "tools/train/trainer.h"
+#include "train/trainer.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -23,7 +23,7 @@
 #include "embedding/shard.h"
 #include "rpc/client.h"
 #include "storage/ckpt_dir.h"
-#include "tools/train/job_impl.h"
+#include "train/job_impl.h"
 
 void train_verrf(int rank, int size, const char *fmt, va_list ap) {
   char msg[4096];

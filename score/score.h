@@ -1,6 +1,6 @@
 /* Scoring with a trainer checkpoint (the engine of `shardrec predict`).
  *
- * predict_run opens a verified checkpoint (tools/train/checkpoint.h), builds
+ * predict_run opens a verified checkpoint (train/checkpoint.h), builds
  * its dense model and its embedding rows: in this process, read from the
  * checkpoint (embedding/ckpt_store.h), or on shard servers serving it (e.g.
  * 'shardrec serve --checkpoint CKPT --read-only'). It streams Criteo-format

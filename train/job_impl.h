@@ -9,10 +9,10 @@
 #include "dense/collective.h"
 #include "dense/metrics.h"
 #include "embedding/store.h"
-#include "tools/train/checkpoint.h"
-#include "tools/train/colocate.h"
-#include "tools/train/job.h"
-#include "tools/train/trainer.h"
+#include "train/checkpoint.h"
+#include "train/colocate.h"
+#include "train/job.h"
+#include "train/trainer.h"
 
 /* The train batches of one rank: a ring of the global batches every rank
  * reads and this rank's slice of each, this step's and those read ahead of

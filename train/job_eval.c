@@ -9,7 +9,7 @@
 #include "common/fs.h"
 #include "common/status.h"
 #include "common/sys.h"
-#include "tools/train/job_impl.h"
+#include "train/job_impl.h"
 
 int train_oracle_read(const char *path, double *auc_out, double *ll_out, char *err,
                       size_t errlen) {

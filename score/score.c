@@ -1,5 +1,5 @@
 /* Scoring with a trainer checkpoint: see predict.h. */
-#include "tools/train/predict.h"
+#include "score/score.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -15,8 +15,8 @@
 #include "dense/state_file.h"
 #include "embedding/ckpt_store.h"
 #include "rpc/client.h"
-#include "tools/train/checkpoint.h"
-#include "tools/train/trainer.h"
+#include "train/checkpoint.h"
+#include "train/trainer.h"
 
 /* One run: what it opened (owned, released by run_free) and how far it got. */
 typedef struct run {

@@ -1,5 +1,5 @@
 /* Training checkpoints and the trainer's store (see checkpoint.h). */
-#include "tools/train/checkpoint.h"
+#include "train/checkpoint.h"
 
 #include <cjson/cJSON.h>
 #include <limits.h>

@@ -1,4 +1,4 @@
-/* Colocated shards (tools/train/colocate.h): this rank's shards of the plan
+/* Colocated shards (train/colocate.h): this rank's shards of the plan
  * in gRPC server threads of the trainer's own process, their addresses
  * gathered to every rank with the job's collective (dense/collective.h).
  *
@@ -21,7 +21,7 @@
 #include "embedding/store.h"
 #include "rpc/server.h"
 #include "rpc/service.h"
-#include "tools/train/colocate.h"
+#include "train/colocate.h"
 
 #define CO_ADDR 64  /* one "host:port" in the gathered buffer, NUL included */
 #define CO_ERR 448  /* a failing rank's reason in the gathered buffer */

@@ -13,7 +13,7 @@
 
 #include "common/sys.h"
 #include "metrics/metrics.h"
-#include "tools/train/job_impl.h"
+#include "train/job_impl.h"
 
 enum { PH_DEDUP, PH_LOOKUP, PH_PREFETCH, PH_POOL, PH_FORWARD, PH_BACKWARD, PH_SCATTER, PH_PUSH, PH_ALLREDUCE,
        PH_DENSE_OPT, PH_N };
