@@ -59,7 +59,8 @@ static void usage(FILE *f) {
 "  --accept-unclean        with --data-dir: serve rows left by a crash as they are. Without\n"
 "                          it, a --data-dir that holds rows but was not stopped cleanly\n"
 "                          (SIGTERM/SIGINT) answers Lookup, Push and Checkpoint\n"
-"                          FAILED_PRECONDITION until a Restore (a push may be torn)\n"
+"                          FAILED_PRECONDITION until a Restore (a push may be torn);\n"
+"                          a stop before that Restore leaves them so for the next start\n"
 "  --pending-timeout S     drop a multi-rank job's held step (pushes not yet summed, held\n"
 "                          lookups answered ABORTED) when it makes no progress for S\n"
 "                          seconds (300); a dead rank is normally heard at once\n"
@@ -309,11 +310,13 @@ int cmd_serve(int argc, char **argv) {
   int status = 1;
   /* A --data-dir of this server's own (not a checkpoint's copy) left by a crash. */
   const int own_rows = f.so.data_dir && !f.so.checkpoint;
-  if (own_rows && emb_shard_unclean(sv.store))
+  if (own_rows && emb_shard_unclean(sv.store)) {
     fprintf(stderr, "shardrec serve: warning: %s was not stopped cleanly: %s\n", f.so.data_dir,
             f.accept_unclean ? "serving its rows as they are (--accept-unclean)"
                              : "Lookup, Push and Checkpoint are refused until a Restore "
                                "(--accept-unclean serves them as they are)");
+    if (f.accept_unclean) emb_shard_accept_unclean(sv.store); /* marked at a clean stop */
+  }
   rpc_service_opts so = {.shards = f.shards, .n_shards = f.so.n_shards, .read_only = f.read_only,
                          .max_ids = (size_t)f.maxids, .pending_timeout_s = f.pending_timeout,
                          .checkpoint_roots = &f.ckpt_root, .n_roots = f.ckpt_root ? 1 : 0,
@@ -345,12 +348,16 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "shardrec serve: %s\n", err);
     goto done;
   }
-  /* Flushed: mark the rows whole, so the next start serves them. */
+  /* Flushed: mark the rows whole, so the next start serves them; rows a
+   * crash left and no Restore replaced stay unmarked (emb_shard_mark_clean). */
   if (own_rows && emb_store_kind_of(sv.store) == EMB_STORE_SHARD &&
       emb_shard_mark_clean(sv.store)) {
     fprintf(stderr, "shardrec serve: %s\n", emb_store_errmsg(sv.store));
     goto done;
   }
+  if (own_rows && emb_shard_unclean(sv.store))
+    fprintf(stderr, "shardrec serve: %s still holds the rows a crash left (no Restore since): "
+            "not marked clean, the next start refuses them too\n", f.so.data_dir);
   status = 0;
 done:
   serve_watch_close(&f.watch, status == 0);
