@@ -75,7 +75,8 @@ static void usage(FILE *f) {
 "                          and split their calls to fit them\n"
 "  --tls-cert F --tls-key F   serve TLS with this certificate and key (PEM); SIGHUP\n"
 "                          reads them (and the client CA) again for new connections\n"
-"  --tls-client-ca F       require client certificates signed by this CA (mTLS)\n"
+"  --tls-client-ca F       require client certificates signed by this CA (mTLS); each\n"
+"                          handshake refused is said in one line with its reason\n"
 "  --allow-push NAME[,NAME]   with mTLS: only these clients (certificate CN or SAN DNS\n"
 "                          name) may Push (default: every verified client)\n"
 "  --allow-admin NAME[,NAME]  with mTLS: only these clients may Checkpoint and Restore\n"
@@ -84,7 +85,8 @@ static void usage(FILE *f) {
 "  --metrics-listen HOST:PORT   serve Prometheus figures on http://HOST:PORT/metrics\n"
 "                          (off unless given; HOST empty: 127.0.0.1)\n"
 "  --log-format text|json  json: one JSON object per line per event (start, stop,\n"
-"                          refused call, restore, dropped job) (text)\n");
+"                          refused call, restore, dropped job, refused TLS handshake)\n"
+"                          (text)\n");
 }
 
 enum { O_PLAN = 1000, O_SHARD, O_LISTEN, O_DATA, O_RESTORE, O_CKPT, O_RO, O_THREADS, O_MAXMSG,
@@ -342,7 +344,9 @@ int cmd_serve(int argc, char **argv) {
                        .max_message_bytes = (int)(f.maxmsg << 20),
                        .tls = f.tls.cert ? &f.tls : NULL, .stop = &g_stop, .shutdown_grace_s = 5,
                        .reload = &g_reload, .allow_push = f.allow_push,
-                       .allow_admin = f.allow_admin};
+                       .allow_admin = f.allow_admin,
+                       .on_tls_refused = f.watch.json ? serve_watch_tls_refused : NULL,
+                       .tls_refused_ctx = &f.watch};
   print_access(&f);
   if (rpc_server_run(svc, &o, on_listening, &lc, err, sizeof err)) {
     fprintf(stderr, "shardrec serve: %s\n", err);
