@@ -1264,7 +1264,7 @@ int emb_shard_mark_clean(emb_store *b) {
   if (!b || emb_store_kind_of(b) != EMB_STORE_SHARD) return SR_EINVAL;
   shstore *s = (shstore *)b;
   int rc = sh_flush(b);
-  if (rc) return rc;
+  if (rc || s->unclean) return rc; /* a crash's rows stay unmarked until a restore */
   /* Write-backs skip the write-ahead log (kv_writes): on disk only once
    * the memtables are flushed, which the mark must follow. */
   for (int k = 0; k < s->n_db; k++)
@@ -1287,6 +1287,10 @@ int emb_shard_mark_clean(emb_store *b) {
 
 int emb_shard_unclean(const emb_store *b) {
   return b && emb_store_kind_of(b) == EMB_STORE_SHARD && ((const shstore *)b)->unclean;
+}
+
+void emb_shard_accept_unclean(emb_store *b) {
+  if (b && emb_store_kind_of(b) == EMB_STORE_SHARD) ((shstore *)b)->unclean = 0;
 }
 
 static int push_apply(shstore *s, float lr, const emb_idset *ids, const float *const *grads) {

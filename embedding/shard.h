@@ -130,15 +130,26 @@ int emb_shard_counters_get(emb_store *s, emb_shard_counters *out);
  * being written back. The store opens anyway and says so here; the marks
  * are removed at open, before anything is written, so that a crash from
  * now on is seen at the next open. restore() clears it (every row is the
- * checkpoint's). 1 when s is a shard store opened unclean and not restored
- * since, else 0 (other kinds of store too). */
+ * checkpoint's), and so does emb_shard_accept_unclean; nothing else does
+ * (a clean stop leaves such rows unmarked). 1 when s is a shard store
+ * opened unclean and neither restored nor accepted since, else 0 (other
+ * kinds of store too). */
 #define EMB_SHARD_CLEAN_SUFFIX ".clean"
 int emb_shard_unclean(const emb_store *s);
 
+/* The rows left by a crash taken as they are (serve --accept-unclean):
+ * emb_shard_unclean is 0 from now on, and a clean stop marks them whole.
+ * Nothing for other kinds of store. */
+void emb_shard_accept_unclean(emb_store *s);
+
 /* A clean stop: flush, then write every hosted shard's mark (fsynced), so
- * that the next open knows the rows are whole. A push after it removes the
- * marks again. 0, SR_EINVAL (not a shard store), or SR_EIO / SR_ERANGE
- * with the reason in errmsg. */
+ * that the next open knows the rows are whole. A store that is still
+ * unclean (emb_shard_unclean: opened on a crash's rows, neither restored
+ * nor accepted since) is only flushed: its rows stay unmarked, so the next
+ * open finds them unclean too, however often the process is stopped
+ * cleanly in between. A push after the marks removes them again. 0,
+ * SR_EINVAL (not a shard store), or SR_EIO / SR_ERANGE with the reason in
+ * errmsg. */
 int emb_shard_mark_clean(emb_store *s);
 
 /* The RocksDB figures (storage/kv.h) of the shard store s, summed over its

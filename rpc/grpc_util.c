@@ -12,6 +12,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <grpc/support/log.h>
+
 #include "common/status.h"
 #include "rpc/client.h"
 #include "rpc/grpc_util.h"
@@ -334,7 +336,63 @@ grpc_channel_credentials *rpc__channel_creds(const rpc_tls *tls, char *err, size
   return c;
 }
 
-void rpc_global_init(void) { grpc_init(); }
+/* ---- gRPC's log lines ---- */
+
+static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;
+static rpc__tls_refused_fn g_refused; /* under g_log_mu */
+static void *g_refused_ctx;
+
+void rpc__tls_refused_hook(rpc__tls_refused_fn fn, void *ctx) {
+  pthread_mutex_lock(&g_log_mu);
+  g_refused = fn;
+  g_refused_ctx = ctx;
+  pthread_mutex_unlock(&g_log_mu);
+}
+
+const char *rpc__tls_refusal_reason(const char *detail) {
+  static const struct {
+    const char *key, *reason;
+  } known[] = {
+      {"peer did not return a certificate", "no client certificate"},
+      {"certificate verify failed",
+       "the client's certificate is not signed by the client CA (or has expired)"},
+      {"wrong version number", "not TLS: a plaintext client"},
+      {"http request", "not TLS: a plaintext client"},
+      {"packet length too long", "not TLS: a plaintext client"},
+      {"unknown protocol", "not TLS: a plaintext client"},
+  };
+  for (size_t i = 0; detail && i < sizeof known / sizeof *known; i++)
+    if (strstr(detail, known[i].key)) return known[i].reason;
+  return "the TLS handshake failed";
+}
+
+/* gRPC's log function (gpr_set_log_function): OpenSSL's handshake failure,
+ * which gRPC logs once per connection as "Handshake failed with fatal
+ * error SSL_ERROR_SSL: error:...: REASON.", goes to the hook (or nowhere:
+ * a client's failed call carries it in its status); every other line to
+ * stderr as gRPC's own would, with the file's base name. */
+static void log_line(gpr_log_func_args *a) {
+  static const char key[] = "Handshake failed with fatal error ";
+  const char *m = a->message ? a->message : "";
+  if (!strncmp(m, key, sizeof key - 1)) {
+    char detail[512];
+    snprintf(detail, sizeof detail, "%s", m + sizeof key - 1);
+    size_t n = strlen(detail);
+    if (n && detail[n - 1] == '.') detail[n - 1] = 0;
+    pthread_mutex_lock(&g_log_mu);
+    if (g_refused) g_refused(g_refused_ctx, rpc__tls_refusal_reason(detail), detail);
+    pthread_mutex_unlock(&g_log_mu);
+    return;
+  }
+  const char *file = a->file ? strrchr(a->file, '/') : NULL;
+  fprintf(stderr, "grpc %s %s:%d] %s\n", gpr_log_severity_string(a->severity),
+          file ? file + 1 : a->file ? a->file : "?", a->line, m);
+}
+
+void rpc_global_init(void) {
+  gpr_set_log_function(log_line);
+  grpc_init();
+}
 
 void rpc_malloc_tune(void) {
 #ifdef M_MMAP_THRESHOLD

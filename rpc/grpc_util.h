@@ -52,6 +52,20 @@ void rpc__tls_server_destroy(rpc__tls_server *t); /* NULL-safe */
 /* Client credentials from PEM files; NULL with a message in err on failure. */
 grpc_channel_credentials *rpc__channel_creds(const rpc_tls *tls, char *err, size_t errlen);
 gpr_timespec rpc__deadline(double seconds);
+/* gRPC's own log lines (rpc_global_init installs the log function): a TLS
+ * handshake that failed, which gRPC logs once per connection with
+ * OpenSSL's error, goes to fn(ctx, reason, detail) from the gRPC thread
+ * that saw it (reason: rpc__tls_refusal_reason(detail); detail: OpenSSL's
+ * words, "SSL_ERROR_SSL: error:0A0000C7:SSL routines::peer did not return
+ * a certificate"), or nowhere while fn is NULL (a client: its failed call
+ * says it in its status); every other line goes to stderr. fn is called
+ * under a lock that this call takes too: once it returns, the old fn is
+ * not running and will not be called. */
+typedef void (*rpc__tls_refused_fn)(void *ctx, const char *reason, const char *detail);
+void rpc__tls_refused_hook(rpc__tls_refused_fn fn, void *ctx);
+/* What an OpenSSL handshake error says of the client, in words ("no client
+ * certificate", "not TLS: a plaintext client", ...); a static string. */
+const char *rpc__tls_refusal_reason(const char *detail);
 /* The TLS files of one side checked before gRPC sees them (server: the
  * server's --tls-cert/--tls-key/--tls-client-ca; else a client's): each
  * file opens and holds what it should (a PEM certificate, a PEM private

@@ -70,6 +70,7 @@ typedef struct {
   double retry_at;  /* monotonic seconds; 0: not waiting */
   double backoff;
   int trouble;      /* attempts that failed UNAVAILABLE or past their deadline */
+  int refusals;     /* the last attempts in a row that were TLS refusals (tls_refusal) */
   double t_trouble; /* monotonic seconds of the first of them */
   grpc_status_code why_retry; /* the status of the last of them */
   int active;       /* a call is in flight */
@@ -313,16 +314,40 @@ static int pcall_start(conn *c, grpc_completion_queue *cq, pcall *p, double dead
   return 0;
 }
 
-/* A refusal of the server's in-flight budget (RPC_RESOURCE_EXHAUSTED,
- * "in-flight memory budget"): tried again after a backoff, as UNAVAILABLE. */
-static int budget_refusal(const pcall *p) {
-  if (p->status != GRPC_STATUS_RESOURCE_EXHAUSTED) return 0;
-  static const char key[] = "in-flight memory budget";
-  size_t n = GRPC_SLICE_LENGTH(p->details), k = sizeof key - 1;
+/* Whether the status details of p's last attempt hold key. */
+static int details_have(const pcall *p, const char *key) {
+  size_t n = GRPC_SLICE_LENGTH(p->details), k = strlen(key);
   const char *d = (const char *)GRPC_SLICE_START_PTR(p->details);
   for (size_t i = 0; i + k <= n; i++)
     if (!memcmp(d + i, key, k)) return 1;
   return 0;
+}
+
+/* A refusal of the server's in-flight budget (RPC_RESOURCE_EXHAUSTED,
+ * "in-flight memory budget"): tried again after a backoff, as UNAVAILABLE. */
+static int budget_refusal(const pcall *p) {
+  return p->status == GRPC_STATUS_RESOURCE_EXHAUSTED && details_have(p, "in-flight memory budget");
+}
+
+/* Whether p's last attempt failed in a TLS handshake rather than on a
+ * server that is down (connection refused): TLS_CLOSED, the server closed
+ * each connection as soon as it was made, before any HTTP/2 frame (gRPC
+ * 1.51 says "Socket closed" while connecting): what a TLS server does to
+ * a client it refuses (no client certificate, one its client CA did not
+ * sign, a plaintext client; the server's reason stays on its side); or
+ * TLS_OURS, this client's own handshake failed ("Ssl handshake failed":
+ * the server's certificate did not verify, or the server does not speak
+ * TLS). Neither is tried again as a server down is: TLS_OURS is final at
+ * once, TLS_CLOSED after TLS_CLOSED_TRIES attempts in a row (a server that
+ * dies while a connection is made is refused at the next). */
+enum { TLS_NONE, TLS_CLOSED, TLS_OURS };
+#define TLS_CLOSED_TRIES 3
+static int tls_refusal(const pcall *p) {
+  if (p->status != GRPC_STATUS_UNAVAILABLE) return TLS_NONE;
+  if (details_have(p, "Ssl handshake failed")) return TLS_OURS;
+  if (details_have(p, "failed to connect to all addresses") && details_have(p, "Socket closed"))
+    return TLS_CLOSED;
+  return TLS_NONE;
 }
 
 /* o->retry_deadline: a Lookup, Push or Stats whose deadline passed (a
@@ -366,9 +391,12 @@ static void run_calls(conn *conns, grpc_completion_queue *cq, pcall *calls, int 
     p->active = 0;
     if (!ev.success) p->status = GRPC_STATUS_INTERNAL;
     const int trouble = p->status == GRPC_STATUS_UNAVAILABLE || deadline_retry(p, o);
+    const int tls = tls_refusal(p);
+    p->refusals = tls ? p->refusals + 1 : 0;
+    const int final = tls == TLS_OURS || p->refusals >= TLS_CLOSED_TRIES;
     if (trouble && !p->trouble++) {
       p->t_trouble = sr_now();
-      if (o->on_retry && p->tries < o->max_tries && !p->cancelled) {
+      if (o->on_retry && p->tries < o->max_tries && !p->cancelled && !tls) {
         char msg[400];
         snprintf(msg, sizeof msg, "%s to %s: %s; trying again (%d tries in all)",
                  rpc_method_path(p->m), conns[p->shard].addr ? conns[p->shard].addr : "?",
@@ -377,7 +405,7 @@ static void run_calls(conn *conns, grpc_completion_queue *cq, pcall *calls, int 
       }
     }
     if (trouble) p->why_retry = p->status;
-    if ((trouble || budget_refusal(p)) && p->tries < o->max_tries && !p->cancelled) {
+    if ((trouble || budget_refusal(p)) && p->tries < o->max_tries && !p->cancelled && !final) {
       /* The next attempt goes on the server's next connection: one that
        * broke need not hold the retry up while it reconnects. */
       p->chan = (p->chan + 1) % conns[p->shard].n_ch;
@@ -398,11 +426,46 @@ static void run_calls(conn *conns, grpc_completion_queue *cq, pcall *calls, int 
   }
 }
 
+/* A call that ended in a TLS refusal (tls_refusal): what this client
+ * can tell of it into s->err, from the status and its own TLS files (d:
+ * the status details). Not a lost server: a Restore would not help. */
+static int tls_error(rstore *s, const pcall *p, const char *what, const char *d) {
+  const rpc_tls *t = s->o.tls;
+  char head[400];
+  snprintf(head, sizeof head, "%s: shard %d server %s", what, p->shard, s->c[p->shard].addr);
+  const char *ssl = strstr(d, "Ssl handshake failed: ");
+  if (tls_refusal(p) == TLS_OURS)
+    sr_fmt(s->err, sizeof s->err, "%s: the TLS handshake failed on this side: %s (%s)", head,
+           strstr(d, "certificate verify failed")
+               ? "the server's certificate is not signed by --tls-ca's CA, or not made out to "
+                 "that address"
+               : "does the server speak TLS?",
+           ssl ? ssl + strlen("Ssl handshake failed: ") : d);
+  else if (!t)
+    sr_fmt(s->err, sizeof s->err, "%s refused the plaintext connection (closed it before any "
+           "HTTP/2 frame): the server speaks TLS: give --tls-ca (and --tls-cert, --tls-key "
+           "when it asks for client certificates) (after %d tries)", head, p->tries);
+  else if (!t->cert)
+    sr_fmt(s->err, sizeof s->err, "%s refused the TLS handshake: no client certificate (the "
+           "server asks for one: give --tls-cert and --tls-key) (after %d tries)", head, p->tries);
+  else
+    sr_fmt(s->err, sizeof s->err, "%s refused the TLS handshake: the client certificate "
+           "--tls-cert %s is not signed by the server's client CA (or has expired) (after %d "
+           "tries)", head, t->cert, p->tries);
+  return SR_EBACKEND;
+}
+
 /* Message for a failed call into s->err; returns an SR_E* code. A server
  * that restarted on rows left by a crash (RPC_MSG_UNCLEAN) is a lost server,
- * as one with a new incarnation is: only a Restore makes it usable. */
+ * as one with a new incarnation is: only a Restore makes it usable. A TLS
+ * refusal is not (tls_error). */
 static int call_error(rstore *s, const pcall *p, const char *what) {
   char *d = grpc_slice_to_c_string(p->details);
+  if (tls_refusal(p)) {
+    int rc = tls_error(s, p, what, d ? d : "");
+    gpr_free(d);
+    return rc;
+  }
   const int crashed = p->status == GRPC_STATUS_FAILED_PRECONDITION && d && strstr(d, RPC_MSG_UNCLEAN);
   /* A call tried again across a partition and answered ABORTED because a
    * rank "went away": the server took a call the client gave up on at its

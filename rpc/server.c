@@ -476,6 +476,14 @@ static int listen_port(grpc_server *srv, const rpc_server_opts *o, rpc__tls_serv
   return SR_EIO;
 }
 
+/* A client's TLS handshake refused (rpc__tls_refused_hook): said once per
+ * connection, by o's hook or as one line on stderr. */
+static void tls_refused(void *ctx, const char *reason, const char *detail) {
+  const rpc_server_opts *o = ctx;
+  if (o->on_tls_refused) o->on_tls_refused(o->tls_refused_ctx, reason, detail);
+  else fprintf(stderr, "server: refused a TLS handshake: %s (%s)\n", reason, detail);
+}
+
 /* SIGHUP: the TLS files read again for new connections; said on stderr. */
 static void tls_reload(rpc__tls_server *t, const rpc_server_opts *o) {
   char err[600], warn[600];
@@ -547,6 +555,7 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
     rpc__tls_server_destroy(tlsrv);
     return rc;
   }
+  if (o->tls) rpc__tls_refused_hook(tls_refused, (void *)o);
   grpc_server_start(st.srv);
   for (int i = 0; i < threads; i++) {
     for (int m = 0; m < RPC_N_METHODS; m++) post_request(&st.w[i], m);
@@ -576,6 +585,7 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
   st.server_down = 1;
   for (int i = 0; i < threads; i++) pthread_join(st.w[i].th, NULL);
   grpc_server_destroy(st.srv);
+  if (o->tls) rpc__tls_refused_hook(NULL, NULL);
   grpc_completion_queue_shutdown(shut_cq);
   while (grpc_completion_queue_next(shut_cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
          GRPC_QUEUE_SHUTDOWN) {

@@ -31,6 +31,13 @@ typedef struct rpc_server_opts {
    * it (a shard store) and every table asked for has rows of at least
    * this many bytes. 0: RPC_PIN_MIN_ROW_BYTES; SIZE_MAX: never. */
   size_t pin_min_row_bytes;
+  /* With TLS: a client's handshake this server refused (no client
+   * certificate, one its client CA did not sign, a plaintext client),
+   * once per connection, from a gRPC thread: reason in words and
+   * OpenSSL's error as detail (rpc/grpc_util.h). NULL: one line on stderr,
+   * "server: refused a TLS handshake: REASON (DETAIL)". */
+  void (*on_tls_refused)(void *ctx, const char *reason, const char *detail);
+  void *tls_refused_ctx;
 } rpc_server_opts;
 
 /* The default of pin_min_row_bytes, from `shardrec bench rpc` (docs/DESIGN.md,

@@ -1743,7 +1743,7 @@ void rpc_service_inspect(rpc_service *s, void (*fn)(void *ctx, const rpc_service
   pthread_mutex_lock(&s->mu);
   rpc_coord_stats_get(s->coord, &cs);
   rpc_service_view v = {s->store, &cs, s->failed, s->incarnation, s->fp,
-                        atomic_load(&s->pin_rows), atomic_load(&s->pin_bytes)};
+                        atomic_load(&s->pin_rows), atomic_load(&s->pin_bytes), s->unclean};
   fn(ctx, &v);
   pthread_mutex_unlock(&s->mu);
 }

@@ -298,6 +298,7 @@ typedef struct rpc_service_view {
   uint64_t failed, incarnation;
   const char *plan_fp;
   uint64_t pinned_rows, pinned_bytes; /* Stats' pinned_rows, pinned_bytes */
+  int unclean;                        /* Stats' unclean: a crash's rows, refused */
 } rpc_service_view;
 void rpc_service_inspect(rpc_service *s, void (*fn)(void *ctx, const rpc_service_view *v),
                          void *ctx);

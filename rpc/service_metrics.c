@@ -17,7 +17,7 @@ enum {
   F_ROWS_LOOKUP, F_ROWS_PUSH, F_FAILED, F_HELD_ROWS, F_HELD_BYTES, F_HITS, F_MISSES,
   F_PENDING, F_DROPPED_STEPS, F_JOBS, F_DROPPED_JOBS, F_PARKED_LOOKUPS, F_PARKED_WATCHES,
   F_EVICTIONS, F_WRITEBACKS, F_CACHE_CAP, F_CACHE_USED, F_BC_HITS, F_BC_MISSES, F_BC_RATIO,
-  F_SST, F_PENDING_COMPACTION, F_PINNED_ROWS, F_PINNED_BYTES, F_N
+  F_SST, F_PENDING_COMPACTION, F_PINNED_ROWS, F_PINNED_BYTES, F_UNCLEAN, F_N
 };
 
 typedef struct {
@@ -52,6 +52,7 @@ static const fig_def figs[F_N] = {
     [F_PENDING_COMPACTION] = {"shardrec_rocksdb_pending_compaction_bytes", "Bytes RocksDB estimates compaction still has to rewrite.", METRICS_GAUGE, NULL, 1},
     [F_PINNED_ROWS] = {"shardrec_server_pinned_rows", "Rows of Lookup answers sent from the store's memory that gRPC still holds (Stats pinned_rows).", METRICS_GAUGE, NULL, 1},
     [F_PINNED_BYTES] = {"shardrec_server_pinned_bytes", "Their bytes, counted in the in-flight budget until released (Stats pinned_bytes).", METRICS_GAUGE, NULL, 1},
+    [F_UNCLEAN] = {"shardrec_server_unclean", "1 while the served rows are the ones a crash left: Lookup, Push and Checkpoint refused until a Restore (Stats unclean).", METRICS_GAUGE, NULL, 0},
 };
 
 static const char *const method_label[RPC_N_METHODS] = {
@@ -119,6 +120,7 @@ static void collect_view(void *ctx, const rpc_service_view *v) {
   f[F_PARKED_LOOKUPS] = (double)v->coord->parked_lookups;
   f[F_PARKED_WATCHES] = (double)v->coord->parked_watches;
   f[F_PINNED_ROWS] = (double)v->pinned_rows, f[F_PINNED_BYTES] = (double)v->pinned_bytes;
+  f[F_UNCLEAN] = v->unclean;
   emb_shard_counters c;
   kv_figures k;
   if (!emb_shard_counters_get(v->store, &c) && !emb_shard_kv_figures_get(v->store, &k)) {

@@ -59,7 +59,8 @@ static void usage(FILE *f) {
 "  --accept-unclean        with --data-dir: serve rows left by a crash as they are. Without\n"
 "                          it, a --data-dir that holds rows but was not stopped cleanly\n"
 "                          (SIGTERM/SIGINT) answers Lookup, Push and Checkpoint\n"
-"                          FAILED_PRECONDITION until a Restore (a push may be torn)\n"
+"                          FAILED_PRECONDITION until a Restore (a push may be torn);\n"
+"                          a stop before that Restore leaves them so for the next start\n"
 "  --pending-timeout S     drop a multi-rank job's held step (pushes not yet summed, held\n"
 "                          lookups answered ABORTED) when it makes no progress for S\n"
 "                          seconds (300); a dead rank is normally heard at once\n"
@@ -74,7 +75,8 @@ static void usage(FILE *f) {
 "                          and split their calls to fit them\n"
 "  --tls-cert F --tls-key F   serve TLS with this certificate and key (PEM); SIGHUP\n"
 "                          reads them (and the client CA) again for new connections\n"
-"  --tls-client-ca F       require client certificates signed by this CA (mTLS)\n"
+"  --tls-client-ca F       require client certificates signed by this CA (mTLS); each\n"
+"                          handshake refused is said in one line with its reason\n"
 "  --allow-push NAME[,NAME]   with mTLS: only these clients (certificate CN or SAN DNS\n"
 "                          name) may Push (default: every verified client)\n"
 "  --allow-admin NAME[,NAME]  with mTLS: only these clients may Checkpoint and Restore\n"
@@ -83,7 +85,8 @@ static void usage(FILE *f) {
 "  --metrics-listen HOST:PORT   serve Prometheus figures on http://HOST:PORT/metrics\n"
 "                          (off unless given; HOST empty: 127.0.0.1)\n"
 "  --log-format text|json  json: one JSON object per line per event (start, stop,\n"
-"                          refused call, restore, dropped job) (text)\n");
+"                          refused call, restore, dropped job, refused TLS handshake)\n"
+"                          (text)\n");
 }
 
 enum { O_PLAN = 1000, O_SHARD, O_LISTEN, O_DATA, O_RESTORE, O_CKPT, O_RO, O_THREADS, O_MAXMSG,
@@ -309,11 +312,13 @@ int cmd_serve(int argc, char **argv) {
   int status = 1;
   /* A --data-dir of this server's own (not a checkpoint's copy) left by a crash. */
   const int own_rows = f.so.data_dir && !f.so.checkpoint;
-  if (own_rows && emb_shard_unclean(sv.store))
+  if (own_rows && emb_shard_unclean(sv.store)) {
     fprintf(stderr, "shardrec serve: warning: %s was not stopped cleanly: %s\n", f.so.data_dir,
             f.accept_unclean ? "serving its rows as they are (--accept-unclean)"
                              : "Lookup, Push and Checkpoint are refused until a Restore "
                                "(--accept-unclean serves them as they are)");
+    if (f.accept_unclean) emb_shard_accept_unclean(sv.store); /* marked at a clean stop */
+  }
   rpc_service_opts so = {.shards = f.shards, .n_shards = f.so.n_shards, .read_only = f.read_only,
                          .max_ids = (size_t)f.maxids, .pending_timeout_s = f.pending_timeout,
                          .checkpoint_roots = &f.ckpt_root, .n_roots = f.ckpt_root ? 1 : 0,
@@ -339,18 +344,24 @@ int cmd_serve(int argc, char **argv) {
                        .max_message_bytes = (int)(f.maxmsg << 20),
                        .tls = f.tls.cert ? &f.tls : NULL, .stop = &g_stop, .shutdown_grace_s = 5,
                        .reload = &g_reload, .allow_push = f.allow_push,
-                       .allow_admin = f.allow_admin};
+                       .allow_admin = f.allow_admin,
+                       .on_tls_refused = f.watch.json ? serve_watch_tls_refused : NULL,
+                       .tls_refused_ctx = &f.watch};
   print_access(&f);
   if (rpc_server_run(svc, &o, on_listening, &lc, err, sizeof err)) {
     fprintf(stderr, "shardrec serve: %s\n", err);
     goto done;
   }
-  /* Flushed: mark the rows whole, so the next start serves them. */
+  /* Flushed: mark the rows whole, so the next start serves them; rows a
+   * crash left and no Restore replaced stay unmarked (emb_shard_mark_clean). */
   if (own_rows && emb_store_kind_of(sv.store) == EMB_STORE_SHARD &&
       emb_shard_mark_clean(sv.store)) {
     fprintf(stderr, "shardrec serve: %s\n", emb_store_errmsg(sv.store));
     goto done;
   }
+  if (own_rows && emb_shard_unclean(sv.store))
+    fprintf(stderr, "shardrec serve: %s still holds the rows a crash left (no Restore since): "
+            "not marked clean, the next start refuses them too\n", f.so.data_dir);
   status = 0;
 done:
   serve_watch_close(&f.watch, status == 0);

@@ -157,6 +157,14 @@ static void read_identity(void *ctx, const rpc_service_view *v) {
   cJSON_AddStringToObject(o, "incarnation", inc);
 }
 
+void serve_watch_tls_refused(void *ctx, const char *reason, const char *detail) {
+  (void)ctx;
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "reason", reason);
+  cJSON_AddStringToObject(o, "detail", detail);
+  emit(o, "tls_refused");
+}
+
 void serve_watch_access(const serve_watch *w, const char *text) {
   if (!w->json) {
     printf("access: %s\n", text);

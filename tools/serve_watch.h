@@ -1,7 +1,8 @@
 /* What `serve` shows beyond its gRPC answers: --metrics-listen (a
  * Prometheus /metrics listener, rpc/service_metrics.h) and --log-format json
  * (one JSON object per line on stdout per event: start, stop, refused call
- * with its method, status and message, restore, dropped jobs). Kept apart
+ * with its method, status and message, restore, dropped jobs, a refused TLS
+ * handshake). Kept apart
  * from cmd_serve.c so that its flag lines stay the only change there. */
 #ifndef SHARDREC_TOOLS_SERVE_WATCH_H
 #define SHARDREC_TOOLS_SERVE_WATCH_H
@@ -44,6 +45,11 @@ int serve_watch_start(serve_watch *w, rpc_service *svc, char *err, size_t errlen
 /* Prints what is open to whom (text): "access: TEXT", or an "access" event
  * with it as "access". */
 void serve_watch_access(const serve_watch *w, const char *text);
+
+/* A client's TLS handshake the server refused (rpc_server_opts.on_tls_refused,
+ * with --log-format json; ctx is the serve_watch): a "tls_refused" event with
+ * its "reason" and OpenSSL's "detail". */
+void serve_watch_tls_refused(void *ctx, const char *reason, const char *detail);
 
 /* Prints the start event: listening on HOST:PORT, as text or JSON. */
 void serve_watch_listening(const serve_watch *w, const char *host, int hostlen, int port);

@@ -12,6 +12,7 @@
 #include "rpc/health.pb-c.h"
 #include "rpc/client.h"
 #include "rpc/shardrec.pb-c.h"
+#include "tests/metrics/http_get.h"
 #include "tests/rpc/calls.h"
 #include "tests/rpc/server.h"
 
@@ -396,6 +397,77 @@ START_TEST(test_crash_refused_until_restore) {
 }
 END_TEST
 
+/* The server's shardrec_server_unclean gauge on its /metrics at port. */
+static double metric_unclean(int port) {
+  char *page = http_get(port, "/metrics");
+  ck_assert_ptr_nonnull(page);
+  const char *at = strstr(page, "\nshardrec_server_unclean ");
+  ck_assert_msg(at, "no shardrec_server_unclean in:\n%s", page);
+  double v = atof(at + strlen("\nshardrec_server_unclean "));
+  free(page);
+  return v;
+}
+
+/* The rows a crash left stay refused across clean stops until a Restore:
+ * a --data-dir server SIGKILLed after pushes and restarted refuses them;
+ * stopped with SIGTERM (exit 0) while refusing, it says it leaves them
+ * unmarked, and the next start refuses them again (Stats unclean, metric
+ * shardrec_server_unclean 1), after a SIGINT too; a Restore serves the
+ * checkpoint's rows (metric 0), and a clean stop after it is restarted
+ * serving the rows it left. */
+START_TEST(test_clean_stop_keeps_crash) {
+  char msg[512], ck[600], extra[200];
+  snprintf(ck, sizeof ck, "%s/ck1", dir);
+  fill_grads(1);
+  int applied = 0;
+  ck_assert_int_eq(push_ok("job-k", 0, &applied), RPC_OK);
+  float saved[13 * DIM], now[13 * DIM];
+  snapshot(saved);
+  ck_assert_msg(ckpt_call(0, ck, msg) == RPC_OK, "checkpoint: %s", msg);
+  ck_assert_int_eq(push_ok("job-k", 1, &applied), RPC_OK);
+  ck_assert_int_eq(push_ok("job-k", 2, &applied), RPC_OK);
+  kill9();
+  restart("");
+  ck_assert_int_eq(stats_unclean(), 1);
+  ck_assert_int_eq(push_ok("job-k", 3, &applied), RPC_FAILED_PRECONDITION);
+  ck_assert_int_eq(server_stop(&srv), 0);
+  int port = free_port();
+  snprintf(extra, sizeof extra, "--metrics-listen 127.0.0.1:%d", port);
+  restart(extra);
+  ck_assert_int_eq(stats_unclean(), 1);
+  ck_assert(metric_unclean(port) == 1);
+  char *log = slurp(log_path);
+  ck_assert_msg(log && strstr(log, "not marked clean, the next start refuses them too"), "%s",
+                log ? log : "(no log)");
+  free(log);
+  call_table t[2] = {{0, ids0, 8, NULL, 0}, {1, ids1, 5, NULL, 0}};
+  size_t len;
+  uint8_t *q = enc_lookup(fp, t, 2, &len);
+  int st = calls_lookup(srv.addr, q, len, 10, t, 2, DIM, now, msg, sizeof msg);
+  ck_assert_msg(st == RPC_FAILED_PRECONDITION && !strcmp(msg, RPC_MSG_UNCLEAN), "lookup: %d %s",
+                st, msg);
+  /* SIGINT is a clean stop too: the rows stay refused. */
+  kill(srv.pid, SIGINT);
+  int ws = wait_exit(srv.pid, 30);
+  srv.pid = 0;
+  ck_assert_msg(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "exit status %d", ws);
+  restart(extra);
+  ck_assert_int_eq(stats_unclean(), 1);
+  ck_assert_msg(ckpt_call(1, ck, msg) == RPC_OK, "restore: %s", msg);
+  ck_assert_int_eq(stats_unclean(), 0);
+  ck_assert(metric_unclean(port) == 0);
+  snapshot(now);
+  ck_assert(!memcmp(now, saved, sizeof now));
+  ck_assert_int_eq(push_ok("job-m", 0, &applied), RPC_OK);
+  snapshot(saved);
+  ck_assert_int_eq(server_stop(&srv), 0);
+  restart("");
+  ck_assert_int_eq(stats_unclean(), 0);
+  snapshot(now);
+  ck_assert(!memcmp(now, saved, sizeof now));
+}
+END_TEST
+
 /* Python grpcio, stubs generated from rpc/shardrec.proto in the test:
  * the same ids give exactly the bytes the C client gets; Health SERVING. */
 START_TEST(test_python_interop) {
@@ -463,7 +535,8 @@ int main(void) {
   Suite *s = suite_create("rpc_server");
   const TTest *tests[] = {test_bad_requests_change_nothing, test_retried_push_applied_once,
                           test_health_unknown_method_sigterm, test_read_only_refuses_push,
-                          test_python_interop, test_crash_refused_until_restore, NULL};
+                          test_python_interop, test_crash_refused_until_restore,
+                          test_clean_stop_keeps_crash, NULL};
   calls_tcase(s, "server", 120, setup, teardown, tests);
   return sr_check_run(s);
 }

@@ -2,7 +2,9 @@
  * throwaway certificates made by openssl in the test: a client with a
  * certificate signed by the server's client CA gets rows; a client without
  * one, or with one from another CA, is refused; a plaintext client is
- * refused. Who may call what (--allow-push, --allow-admin: a Python grpcio
+ * refused, and the server says each refusal in one line of its own (a
+ * JSON event with --log-format json), the trainer what it lacks, at once.
+ * Who may call what (--allow-push, --allow-admin: a Python grpcio
  * client, tests/rpc/auth_client.py), what the server says at start about
  * it, and the loopback rule without client certificates; TLS files checked
  * before gRPC sees them; a certificate renewed under a running job
@@ -133,6 +135,18 @@ START_TEST(test_mtls) {
    * files again). */
   good = (rpc_tls){.cert = path("cli.pem"), .key = path("cli.key"), .ca = path("ca.pem")};
   ck_assert_msg(try_lookup(&good, err, sizeof err) == 0, "%s", err);
+  /* The server said each refusal in a line of its own, not gRPC's. */
+  static const char *const said[] = {
+      "no client certificate", "the client's certificate is not signed by the client CA",
+      "not TLS: a plaintext client"};
+  for (int i = 0; i < 3; i++) {
+    char line[200];
+    snprintf(line, sizeof line, "server: refused a TLS handshake: %s", said[i]);
+    wait_text(path("srv.log"), line, 1, srv.pid, 30);
+  }
+  char *log = slurp(path("srv.log"));
+  ck_assert_msg(!strstr(log, "Handshake failed"), "%s", log);
+  free(log);
 }
 END_TEST
 
@@ -289,6 +303,72 @@ START_TEST(test_tls_file_mistakes) {
 }
 END_TEST
 
+/* Handshakes the server refuses, as the trainer and the server tell them:
+ * `shardrec train` without a client certificate, with one of another CA,
+ * and in plaintext against an mTLS server with --log-format json stops at
+ * once (exit 1, a few tries, not ten as for a server that is down) saying
+ * the server refused the TLS handshake and what it lacks; the server says
+ * each refused handshake as one "tls_refused" event with the reason, and
+ * prints none of gRPC's own handshake lines. */
+START_TEST(test_handshake_refusals) {
+  char *data = make_data_dir(2000, 3, "%s plan --out dplan.json --processed-data-file d.bin "
+                                      "> /dev/null", bin_path());
+  char args[2000], addr[64];
+  const char *log = path("json.out");
+  snprintf(args, sizeof args, "--tls-cert '%s' --tls-key '%s' --tls-client-ca '%s' "
+           "--log-format json", path("srv.pem"), path("srv.key"), path("ca.pem"));
+  pid_t pid = spawn_sh("exec '%s' serve --plan '%s/dplan.json' --shard 0 %s > '%s' 2>&1",
+                       bin_path(), data, args, log);
+  wait_text(log, "\"event\":\"start\"", 1, pid, 30);
+  char *said = slurp(log);
+  const char *at = strstr(said, "\"listen\":\"");
+  ck_assert_msg(at && sscanf(at, "\"listen\":\"%63[^\"]", addr) == 1, "%s", said);
+  free(said);
+  struct {
+    const char *flags, *trainer, *server;
+  } cases[] = {
+      {"--tls-ca ca.pem", "refused the TLS handshake: no client certificate (the server asks "
+       "for one: give --tls-cert and --tls-key)", "\"reason\":\"no client certificate\""},
+      {"--tls-ca ca.pem --tls-cert bad.pem --tls-key bad.key",
+       "refused the TLS handshake: the client certificate --tls-cert bad.pem is not signed by "
+       "the server's client CA", "\"reason\":\"the client's certificate is not signed by the "
+       "client CA (or has expired)\""},
+      {"", "refused the plaintext connection (closed it before any HTTP/2 frame): the server "
+       "speaks TLS: give --tls-ca", "\"reason\":\"not TLS: a plaintext client\""},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char *out;
+    int rc = run_cmd(&out, "cd %s && timeout 60 '%s' train --processed-data-file '%s/d.bin' "
+                           "--plan '%s/dplan.json' --shard-servers %s --num-batches 2 %s 2>&1",
+                     dir, bin_path(), data, data, addr, cases[i].flags);
+    char want[300];
+    snprintf(want, sizeof want, "shard 0 server %s %s", addr, cases[i].trainer);
+    ck_assert_msg(rc == 1 && strstr(out, want), "case %zu (rc %d): want '%s' in:\n%s", i, rc,
+                  want, out);
+    ck_assert_msg(!strstr(out, "UNAVAILABLE") && !strstr(out, "trying again"), "case %zu: %s", i,
+                  out);
+    free(out);
+    char event[400];
+    snprintf(event, sizeof event, "\"event\":\"tls_refused\",%s,\"detail\":\"SSL_ERROR_SSL: ",
+             cases[i].server);
+    wait_text(log, event, 1, pid, 30);
+  }
+  said = slurp(log);
+  ck_assert_msg(!strstr(said, "Handshake failed") && !strstr(said, "ssl_transport_security"),
+                "%s", said);
+  /* One event a line, each a JSON object of the server's event shape. */
+  for (const char *l = said; (l = strstr(l, "tls_refused")); l++) {
+    const char *start = l, *end = strchr(l, '\n');
+    while (start > said && start[-1] != '\n') start--;
+    ck_assert_msg(!strncmp(start, "{\"time\":", 8) && end && end[-1] == '}', "%.300s", start);
+  }
+  free(said);
+  stop_bg(pid);
+  run_cmd(NULL, "rm -rf %s", data);
+  free(data);
+}
+END_TEST
+
 /* A certificate renewed under a running job: the server's certificate is
  * replaced by one of another CA and the server gets SIGHUP; a job's store
  * opened before keeps its connection and its lookups; a new connection
@@ -344,6 +424,7 @@ int main(void) {
   tcase_add_test(tc, test_access_rules_at_start);
   tcase_add_test(tc, test_tls_file_mistakes);
   tcase_add_test(tc, test_sighup_renews_certificate);
+  tcase_add_test(tc, test_handshake_refusals);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
