@@ -1,5 +1,5 @@
 """The files of a shardrec tree that the checks of tools/test read
-(tools/check_words.py): in a git checkout, the
+(tools/check_includes.py, tools/check_words.py): in a git checkout, the
 files git carries (tracked, and untracked ones .gitignore does not ignore),
 so build trees, demo data and caches are left out as git leaves them;
 elsewhere (a copy of some of the tree), every file under root but .git,
