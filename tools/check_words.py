@@ -27,17 +27,20 @@ from tree_files import tree_files
 
 I = re.IGNORECASE
 
-# (pattern, what it speaks of, allow: a function of (line, match) that
-# returns True for a product use, or None)
+# A product's sess(ion): a TLS, SSL, gRPC, HTTP or MPI one, or one's
+# tickets, caches, keys, ids, folders, timeouts.
 SESSION_BEFORE = re.compile(r"(?:TLS|SSL|gRPC|HTTPS?|MPI(?:['’]s)?)\s+$", I)
 SESSION_AFTER = re.compile(r"\s+(?:tickets?|caches?|keys?|ids?|resumption|folders?|"
                            r"director(?:y|ies)|timeouts?|reuse)\b", I)
 
 
 def product_session(line, m):
+    """True when the match m in line is a product's sess(ion)."""
     return bool(SESSION_BEFORE.search(line[:m.start()]) or SESSION_AFTER.match(line[m.end():]))
 
 
+# (pattern, what it speaks of, allow: None, or a function of (line, match)
+# that is True for a product use)
 PATTERNS = [
     (re.compile(r"\b(?:iss[u]e|tick[e]t|b[u]g)s?\s*#?\s*\d+(?:\s*/\s*\d+)*", I),
      "a tracker item by number", None),
@@ -53,6 +56,8 @@ PATTERNS = [
 
 
 COMMENT_LEAD = re.compile(r"^\s*(?:\*|//|#|--)?\s*")
+# The words every pattern holds: a line without one is passed at once.
+STEMS = re.compile(r"iss[u]e|tick[e]t|b[u]g|m[u]st|test[e]r|revi[e]w|st[o]p|sess[i]on|requ[e]st", I)
 
 
 def check_text(path, text):
@@ -63,6 +68,8 @@ def check_text(path, text):
     for i, line in enumerate(lines):
         nxt = COMMENT_LEAD.sub("", lines[i + 1]) if i + 1 < len(lines) else ""
         joined = line + " " + nxt
+        if not STEMS.search(joined):
+            continue
         for pat, what, allow in PATTERNS:
             for m in pat.finditer(joined):
                 if m.start() >= len(line):

@@ -79,6 +79,12 @@ class CheckWords(unittest.TestCase):
         self.assert_fails("tools/cli.c", "/* pinned rows, %s\n * 18), from outside */" % TICKET,
                           TICKET + " 18")
 
+    def test_other_items(self):
+        self.assert_fails("tools/cli.c", "/* the range check (b" + "ug #4) */", "b" + "ug #4")
+
+    def test_change_request(self):
+        self.assert_fails("docs/DESIGN.md", "As merged in the pull req" + "uest.", "pull req" + "uest")
+
     def test_the_item(self):
         self.assert_fails("README.md", "The defaults are as in %s's data." % ISSUE, ISSUE + "'s")
 
