@@ -32,7 +32,7 @@ int cli_int(const char *cmd, const char *flag, const char *s, long long lo, long
   return 0;
 }
 
-/* One range per flag, for every command that takes it (issue 15): add a
+/* One range per flag, for every command that takes it: add a
  * flag here, one line, and parse it with cli_flag / cli_flag_double. */
 static const cli_range ranges[] = {
     {"--arch-embedding-size", 1, (double)EMB_ROWS_MAX, "rows per table"},

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GPU checks, prepared for a session that is lent the device machine
-# (one H200, bare Debian-like image with the CUDA 13 toolkit, cmake and
-# python; nothing can be downloaded there). Two steps:
+# The GPU checks, for a machine with an NVIDIA GPU (an H200) that lacks the
+# build's Debian packages (a bare Debian-like image with the CUDA 13 toolkit,
+# cmake and python, and no network). Two steps:
 #
 #   1. HERE (no GPU needed):   tools/gpu_check.sh bundle
 #      Builds what the GPU checks need in build-gpu/ (shardrec and the
@@ -11,9 +11,9 @@
 #      build-gpu-bundle/shardrec-gpu.tar.xz (build-*/ is git-ignored).
 #      Built on Debian 12; the binaries need GLIBC_2.34 at most.
 #
-#   2. THERE, one device call (about 3-6 minutes of the 15):
-#        run(command="tools/gpu_check.sh run", carry=["build-gpu-bundle"],
-#            timeout_s=540)
+#   2. THERE (about 3-6 minutes), in a copy of the repository with
+#      build-gpu-bundle/ in it (logs in $OUT, default gpu-check-out/):
+#        tools/gpu_check.sh run
 #      Unpacks the bundle into /tmp/sr-gpu, finds CUDA's libraries (cublas,
 #      cublasLt from /usr/local/cuda; NCCL from there or from the image's
 #      nvidia-nccl-cu13 Python wheel), then runs, each with a time limit and
@@ -37,7 +37,7 @@
 #     libgrpc-dev libgrpc29 libprotobuf-c-dev libprotobuf-c1 protobuf-c-compiler \
 #     pkg-config
 # (plus what `apt-cache depends` lists for them that the image lacks), and
-# carry ["build-gpu-debs"]: they are unpacked under /tmp/sr-deps, never /.
+# copy build-gpu-debs/ over too: they are unpacked under /tmp/sr-deps, never /.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

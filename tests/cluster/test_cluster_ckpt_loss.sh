@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A server host lost during a Checkpoint call (issue 19; root only, exit 77
+# A server host lost during a Checkpoint call (root only, exit 77
 # elsewhere). One rank on host 2 against servers (rows in memory) on hosts
 # 0 and 1, --save-checkpoint, --checkpoint-every 40, --recover-timeout 60.
 # As soon as server 1's folder of step 40's checkpoint appears (a busy wait

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The 4-host equivalence (issue 19; root only, exit 77 elsewhere): shard
+# The 4-host equivalence (root only, exit 77 elsewhere): shard
 # servers on hosts 0 and 1, one trainer rank on each of hosts 2 and 3
 # (mpirun -np 2 from a fifth, launch host, Open MPI over TCP on the bed's
 # link), sync mode, one epoch of 141 steps. The same job on loopback (both

@@ -2,7 +2,7 @@
 # Faults on the 4-host bed, each injected mid-run at a step seen in the
 # metrics file, each run ending by itself with the uninterrupted run's final
 # losses (the last occurrence of each step), test AUCs, dense state and
-# every shard's rows, bit for bit (issue 19; root only, exit 77 elsewhere).
+# every shard's rows, bit for bit (root only, exit 77 elsewhere).
 # Shard servers (rows in memory) on hosts 0 and 1, ranks on hosts 2 and 3
 # (mpirun -np 2, sync mode), one epoch of 141 steps, a checkpoint every 40
 # steps (and step 0's), a test pass every 30 steps (test batches of 16, so

@@ -89,7 +89,7 @@ static void nonfinite_check(emb_store *s, const emb_plan *p) {
                 emb_store_errmsg(s), want);
   ck_assert_ptr_nonnull(strstr(emb_store_errmsg(s), "nothing applied"));
   nf_same(s, p, &before);
-  /* The issue's case: the same push with a finite gradient each time but a
+  /* Finite gradients alone: the same push with a finite gradient each time but a
    * large rate, three steps running, drives an SGD row to -inf. Every step
    * the store takes leaves every row finite. */
   nf_fill(&d, p, 1e34f);

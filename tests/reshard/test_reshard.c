@@ -10,7 +10,7 @@
  *     existing OUT (and --force replacing it), usage;
  *   - the in-memory trainer's table files: resharded in their layout,
  *     resumed bit for bit.
- * test_reshard_servers (integration): the issue's must-show with real
+ * test_reshard_servers (integration): resharding with real
  *   shard servers: 2 servers, checkpoint at step k, reshard to 3 row-wise
  *   and to 1, resume against 3 (1) servers: steps k+1..2k and the test line
  *   string-equal to the 2-server run; 3 -> 2 again gives the original
@@ -239,7 +239,7 @@ START_TEST(test_reshard_table_files) {
 END_TEST
 #endif
 
-/* ---- the must-show, with shard servers ---- */
+/* ---- resharding, with shard servers ---- */
 
 /* n servers of plan: RocksDB under DIR/TAG.srvK, or in memory (tag NULL). */
 static __attribute__((unused)) void start_servers(test_server *s, int n, const char *plan, const char *tag) {

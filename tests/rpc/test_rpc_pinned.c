@@ -1,5 +1,5 @@
-/* Lookup answers sent from the shard store's memory (pinned rows, issue
- * 18), from outside: a real `shardrec serve --data-dir` process, gRPC core
+/* Lookup answers sent from the shard store's memory (pinned rows), from
+ * outside: a real `shardrec serve --data-dir` process, gRPC core
  * clients that send a Lookup and do not read its answer (their stream
  * window kept at 64 KiB, no BDP probing, so most of a 4 MB answer stays in
  * the server, waiting), the in-process local store as the oracle of every

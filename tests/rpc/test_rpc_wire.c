@@ -7,7 +7,7 @@
  * table's rows start at a multiple of 4 in the answer, and nothing else is
  * in it but the incarnation. Also the Push's repeated-id check (a hash set
  * since the qsort went): a repeat anywhere is refused naming the row.
- * Then the requests' in-place decoding (issue 18): a Lookup or Push with
+ * Then the requests' in-place decoding: a Lookup or Push with
  * ids_fixed (protobuf-c's packing, and the client's hand-written one,
  * rpc/wire.h) at every alignment in memory is answered exactly as the same
  * request with varint ids (the old encoding), its ids read in place when

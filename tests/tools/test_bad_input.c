@@ -187,7 +187,7 @@ static void edit_bin(const char *path, uint64_t at, const void *v) {
   free(f);
 }
 
-/* The issue's cases end to end: a gzip file cut in half (convert, strict
+/* Damaged input end to end: a gzip file cut in half (convert, strict
  * or not), a converted file with one dense value made inf behind valid
  * checksums, a damaged magic and an empty file given as processed data:
  * each refused naming the file and where, never trained on. */

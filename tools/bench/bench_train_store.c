@@ -1,8 +1,8 @@
 /* shardrec bench train --store shard: the same training steps with every
  * row in memory and through the RocksDB shard store, in one run, and the
- * ratio of their samples/s (issue 17's comparison).
+ * ratio of their samples/s.
  *
- * The data is generated and converted as the issue did (datagen --rows N
+ * The data is generated and converted here (datagen --rows N
  * --scale 1 --seed 3 --test-fraction 0.01; convert --test-fraction 0.01
  * --max-ind-range R), or given (--data FILE.bin). The steps are train's:
  * batch --batch of the train split read from the binary file, dedup,
@@ -59,7 +59,7 @@ static void bts_usage(void) {
          "The same steps in memory and through the RocksDB shard store (a temporary folder, cache =\n"
          "F x the rows the steps touch), one shard store run per depth; samples/s, the ratio, the\n"
          "step split (lookup wait, prefetch, push), RocksDB reads, evictions and write-backs per\n"
-         "step, and whether the losses are the in-memory run's bit for bit. The issue's shapes:\n"
+         "step, and whether the losses are the in-memory run's bit for bit. Two shapes:\n"
          "dim 16 as is; dim 128 with --arch-sparse-feature-size 128 --arch-mlp-bot 13-512-256-128\n"
          "--arch-mlp-top 1024-1024-512-256-1.\n",
          TRAIN_PREFETCH_DEPTH_DEFAULT);
@@ -135,7 +135,7 @@ static int bts_parse(int argc, char **argv, bts_flags *f) {
   return -1;
 }
 
-/* The issue's data: generated and converted into dir/d.bin (bin). 0 or -1. */
+/* The data: generated and converted into dir/d.bin (bin). 0 or -1. */
 static int bts_prepare(const char *dir, const bts_flags *f, char *bin, size_t binlen) {
   char tsv[SR_PATH_MAX], err[256], cmd[8 * SR_PATH_MAX], self[SR_PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);

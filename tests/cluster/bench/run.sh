@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The cluster benchmark (issue 20; root only, not in CI): training samples/s
+# The cluster benchmark (root only, not in CI): training samples/s
 # of one job on 4 hosts of tests/cluster/netns.sh, 2 with a shard server
 # each (srn-b20-0, -1) and 2 with one trainer rank each (srn-b20-2, -3;
 # `mpirun -np 2` started in host 2 through the test bed's rsh agent,
