@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 
 #include "common/status.h"
-#include "storage/rocks_util.h"
+#include "storage/rocks_impl.h"
 
 /* One MultiGet's scratch and pinned values (kv_reader_get_cf). */
 struct kv_reader {

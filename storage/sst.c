@@ -10,7 +10,7 @@
 
 #include "common/fs.h"
 #include "common/status.h"
-#include "storage/rocks_util.h"
+#include "storage/rocks_impl.h"
 
 /* ---- SST files ---- */
 

@@ -101,13 +101,13 @@ class CheckIncludes(unittest.TestCase):
                           "a private header of dense/" % n)
 
     def test_private_header_relative(self):
-        n = self.plant("tools/cmd_plan.c", '#include "../storage/rocks_util.h"')
-        self.assert_fails('tools/cmd_plan.c:%d: #include "../storage/rocks_util.h": '
+        n = self.plant("tools/cmd_plan.c", '#include "../storage/rocks_impl.h"')
+        self.assert_fails('tools/cmd_plan.c:%d: #include "../storage/rocks_impl.h": '
                           "a private header of storage/" % n)
 
     def test_private_header_angled(self):
-        n = self.plant("tools/cmd_plan.c", "#include <storage/rocks_util.h>")
-        self.assert_fails("tools/cmd_plan.c:%d: #include <storage/rocks_util.h>: "
+        n = self.plant("tools/cmd_plan.c", "#include <storage/rocks_impl.h>")
+        self.assert_fails("tools/cmd_plan.c:%d: #include <storage/rocks_impl.h>: "
                           "a private header of storage/" % n)
 
     def test_private_header_of_another_folders_tests(self):
@@ -135,12 +135,15 @@ class CheckIncludes(unittest.TestCase):
                           "rpc/coord.h: no longer occurs; remove it from the list" % n)
 
     def test_private_header_list_names_a_file_that_is_gone(self):
-        os.rename(os.path.join(self.root, "storage", "rocks_util.h"),
-                  os.path.join(self.root, "storage", "rocks_impl.h"))
-        for rel in ("storage/kv.c", "storage/sst.c"):
-            self.write(rel, self.read(rel).replace('"storage/rocks_util.h"', '"storage/rocks_impl.h"'))
-        n = self.design_line("| `storage/rocks_util.h`")
-        self.assert_fails("docs/DESIGN.md:%d: private header storage/rocks_util.h: no such file" % n)
+        os.rename(os.path.join(self.root, "rpc", "grpc_util.h"),
+                  os.path.join(self.root, "rpc", "grpc_impl.h"))
+        for top, _, files in os.walk(self.root):
+            for f in files:
+                rel = os.path.relpath(os.path.join(top, f), self.root)
+                if rel.endswith((".c", ".h")) and '"rpc/grpc_util.h"' in self.read(rel):
+                    self.write(rel, self.read(rel).replace('"rpc/grpc_util.h"', '"rpc/grpc_impl.h"'))
+        n = self.design_line("| `rpc/grpc_util.h`")
+        self.assert_fails("docs/DESIGN.md:%d: private header rpc/grpc_util.h: no such file" % n)
 
     def test_unreadable_table(self):
         self.write("docs/DESIGN.md", self.read("docs/DESIGN.md").replace(

@@ -1,7 +1,7 @@
 /* Helpers shared by the RocksDB C API wrappers of storage/ (kv.c, sst.c);
  * internal to storage/. */
-#ifndef SHARDREC_STORAGE_ROCKS_UTIL_H
-#define SHARDREC_STORAGE_ROCKS_UTIL_H
+#ifndef SHARDREC_STORAGE_ROCKS_IMPL_H
+#define SHARDREC_STORAGE_ROCKS_IMPL_H
 
 #include <stdint.h>
 
