@@ -1,6 +1,9 @@
 /* Small helpers shared by the subcommands' flag parsing. Every parser checks
  * the whole string and prints "shardrec CMD: --flag: what was wrong" on
- * failure, returning -1; callers then exit with status 2. */
+ * failure, returning -1; callers then exit with status 2. A number is a
+ * plain decimal one (common/num.h: no space, '+', hexadecimal, inf or nan);
+ * one too large for any type is out of the flag's range, not "not an
+ * integer". */
 #ifndef SHARDREC_TOOLS_CLI_H
 #define SHARDREC_TOOLS_CLI_H
 
