@@ -154,6 +154,46 @@ int cli_double(const char *cmd, const char *flag, const char *s, double lo, doub
   return double_in(cmd, flag, s, lo, hi, NULL, out);
 }
 
+int cli_entry_u64(const char *cmd, const char *flag, int k, const char *s, size_t n, uint64_t lo,
+                  uint64_t hi, const char *unit, uint64_t *out) {
+  uint64_t v = 0;
+  const int rc = sr_num_u64(s, n, &v);
+  const int len = n > 64 ? 64 : (int)n;
+  if (rc == SR_EINVAL) {
+    fprintf(stderr, "shardrec %s: %s: entry %d: '%.*s%s' is not an integer\n", cmd, flag, k, len,
+            s, n > 64 ? "..." : "");
+    return -1;
+  }
+  if (rc || v < lo || v > hi) {
+    fprintf(stderr, "shardrec %s: %s: entry %d: %.*s%s is out of range [%llu, %llu]%s%s\n", cmd,
+            flag, k, len, s, n > 64 ? "..." : "", (unsigned long long)lo, (unsigned long long)hi,
+            unit ? " " : "", unit ? unit : "");
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+int cli_u64_list(const char *cmd, const char *flag, const char *s, const char *seps, uint64_t lo,
+                 uint64_t hi, const char *unit, uint64_t *out, int max, int *n) {
+  *n = 0;
+  if (!s || !*s) {
+    fprintf(stderr, "shardrec %s: %s: empty list\n", cmd, flag);
+    return -1;
+  }
+  for (const char *p = s;; p++) {
+    const size_t len = strcspn(p, seps);
+    if (*n == max) {
+      fprintf(stderr, "shardrec %s: %s: more than %d entries\n", cmd, flag, max);
+      return -1;
+    }
+    if (cli_entry_u64(cmd, flag, *n + 1, p, len, lo, hi, unit, &out[*n])) return -1;
+    ++*n;
+    p += len;
+    if (!*p) return 0;
+  }
+}
+
 int cli_int_list(const char *cmd, const char *flag, const char *s, char sep, int *out,
                  int max, int *n) {
   *n = 0;
