@@ -49,6 +49,7 @@
 #include <unistd.h>
 
 #include "common/fs.h"
+#include "common/num.h"
 #include "common/rng.h"
 #include "common/sys.h"
 #include "embedding/plan.h"
@@ -256,9 +257,11 @@ static int parse_addr(const char *s, struct sockaddr_in *a) {
   const char *colon = strrchr(s, ':');
   if (!colon || colon - s >= (long)sizeof host) return -1;
   snprintf(host, sizeof host, "%.*s", (int)(colon - s), s);
+  long long port;
+  if (sr_num_int(colon + 1, strlen(colon + 1), &port) || port < 0 || port > 65535) return -1;
   memset(a, 0, sizeof *a);
   a->sin_family = AF_INET;
-  a->sin_port = htons((uint16_t)atoi(colon + 1));
+  a->sin_port = htons((uint16_t)port);
   return inet_pton(AF_INET, host, &a->sin_addr) == 1 ? 0 : -1;
 }
 
