@@ -268,16 +268,22 @@ START_TEST(test_control_bytes_refused) {
 }
 END_TEST
 
-/* Checkpoint (restore 0) or Restore of path on the server at addr, whose
- * plan is data/p.json: the gRPC status, its message in msg. */
-static int remote_admin(const char *addr, const char *data, int restore, const char *path,
-                        char *msg, size_t n) {
-  char pp[700], err[512], fp[EMB_FP_HEX];
+/* The fingerprint of the plan data/p.json into fp. */
+static void data_fp(const char *data, char *fp) {
+  char pp[700], err[512];
   emb_plan *p;
   snprintf(pp, sizeof pp, "%s/p.json", data);
   ck_assert_msg(emb_plan_load(pp, &p, err, sizeof err) == 0, "%s", err);
   ck_assert_int_eq(emb_plan_fingerprint(p, fp), 0);
   emb_plan_free(p);
+}
+
+/* Checkpoint (restore 0) or Restore of path on the server at addr, whose
+ * plan is data/p.json: the gRPC status, its message in msg. */
+static int remote_admin(const char *addr, const char *data, int restore, const char *path,
+                        char *msg, size_t n) {
+  char fp[EMB_FP_HEX];
+  data_fp(data, fp);
   uint8_t b[8192], *resp = NULL;
   size_t len, rlen;
   if (!restore) {
@@ -301,12 +307,8 @@ static int remote_admin(const char *addr, const char *data, int restore, const c
  * more byte, 'x', past it) on the server at addr, as remote_admin. */
 static int remote_admin_n(const char *addr, const char *data, char *path, size_t n, char *msg,
                           size_t msgn) {
-  char pp[700], err[512], fp[EMB_FP_HEX];
-  emb_plan *p;
-  snprintf(pp, sizeof pp, "%s/p.json", data);
-  ck_assert_msg(emb_plan_load(pp, &p, err, sizeof err) == 0, "%s", err);
-  ck_assert_int_eq(emb_plan_fingerprint(p, fp), 0);
-  emb_plan_free(p);
+  char fp[EMB_FP_HEX];
+  data_fp(data, fp);
   path[strlen(path) + 1] = 'x';
   uint8_t b[2048], *resp = NULL;
   size_t len = admin_bytes(b, 0, fp, strlen(fp), path, n), rlen;
