@@ -14,14 +14,15 @@
 #endif
 
 #include "common/status.h"
+#include "common/num.h"
 
-/* A positive integer from the environment, or 0. */
+/* A positive integer from the environment, or 0 (unset, not a number,
+ * or past 2^24). */
 static int env_int(const char *name) {
   const char *v = getenv(name);
-  if (!v || !*v) return 0;
-  char *end;
-  long x = strtol(v, &end, 10);
-  return (*end || x < 0 || x > 1 << 24) ? 0 : (int)x;
+  long long x;
+  if (!v || sr_num_int(v, strlen(v), &x)) return 0;
+  return x < 0 || x > 1 << 24 ? 0 : (int)x;
 }
 
 int dense_mpi_launched(int *rank, int *size, int *local_size) {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "common/fs.h"
+#include "common/num.h"
 #include "common/status.h"
 #include "dense/cuda_plugin.h"
 
@@ -78,10 +79,11 @@ int dense_backend_for_device(const char *spec, const dense_backend **out,
   long dev = 0;
   if (!strncmp(spec, "cuda", 4) && (spec[4] == 0 || spec[4] == ':')) {
     if (spec[4] == ':') {
-      char *end;
-      dev = strtol(spec + 5, &end, 10);
-      if (end == spec + 5 || *end || dev < 0 || dev > 1023) {
-        sr_fmt(err, errlen, "--device %s: the GPU index must be a number "
+      long long d = -1;
+      sr_num_int(spec + 5, strlen(spec + 5), &d); /* d stays -1 unless a number */
+      dev = (long)d;
+      if (d < 0 || d > 1023) {
+        sr_fmt(err, errlen, "--device %s: the GPU index must be a number 0 to 1023 "
                "(cuda:0, cuda:1, ...)", spec);
         return SR_EINVAL;
       }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/status.h"
+#include "common/num.h"
 #include "metrics/metrics.h"
 
 struct metrics_http {
@@ -27,9 +28,9 @@ struct metrics_http {
 int metrics_addr_parse(const char *addr, char *host, size_t hostlen, int *port, char *err,
                        size_t errlen) {
   const char *colon = addr ? strrchr(addr, ':') : NULL;
-  char *end;
-  long p = colon ? strtol(colon + 1, &end, 10) : -1;
-  if (!colon || !colon[1] || *end || p < 0 || p > 65535 || (size_t)(colon - addr) >= hostlen) {
+  long long p = -1;
+  if (colon) sr_num_int(colon + 1, strlen(colon + 1), &p); /* p stays -1 unless a number */
+  if (!colon || p < 0 || p > 65535 || (size_t)(colon - addr) >= hostlen) {
     sr_fmt(err, errlen, "'%s' is not HOST:PORT (PORT 0 to 65535)", addr ? addr : "");
     return SR_EINVAL;
   }

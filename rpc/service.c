@@ -751,6 +751,51 @@ static void wire_str(char *dst, size_t cap, const uint8_t *s, size_t n) {
   dst[n] = 0;
 }
 
+/* The string field's bytes s[n] hold no control character (below 0x20, or
+ * 0x7f): a NUL would cut the C string made of them short, and a newline
+ * would forge a line of the server's log. 0, or -1 with the refusal in d
+ * naming the field and the byte's offset. */
+static int wire_text(const wire_rd *d, const char *field, const uint8_t *s, size_t n) {
+  for (size_t k = 0; k < n; k++)
+    if (s[k] < 0x20 || s[k] == 0x7f) {
+      char why[96];
+      snprintf(why, sizeof why, "byte 0x%02x in a string (a control character)", s[k]);
+      return wire_bad(d, s + k, field, why);
+    }
+  return 0;
+}
+
+/* Every string field of the message desc at [p, end) (in: its field name
+ * in the request, "" the request), those of the messages in it too,
+ * through wire_text: the check protobuf-c's unpack leaves out, for the
+ * requests it decodes. 0, or -1 with the refusal in d (a malformed field
+ * too). */
+static int wire_texts(const wire_rd *d, const ProtobufCMessageDescriptor *desc, const char *in,
+                      const uint8_t *p, const uint8_t *end) {
+  const wire_msg m = {in, NULL, 0};
+  while (p < end) {
+    wire_f w;
+    if (wire_field(d, &p, end, &m, &w)) return -1;
+    const ProtobufCFieldDescriptor *fd = protobuf_c_message_descriptor_get_field(desc, w.num);
+    if (!fd || w.wt != WT_LEN) continue; /* unknown, or a wrong type unpack refuses */
+    char f[64];
+    snprintf(f, sizeof f, "%s%s%s", in, *in ? "." : "", fd->name);
+    if (fd->type == PROTOBUF_C_TYPE_STRING && wire_text(d, f, w.val, w.n)) return -1;
+    if (fd->type == PROTOBUF_C_TYPE_MESSAGE &&
+        wire_texts(d, fd->descriptor, f, w.val, w.val + w.n))
+      return -1;
+  }
+  return 0;
+}
+
+/* The request in[len], a desc, passes wire_texts: 0, or -1 with the
+ * refusal (INVALID_ARGUMENT) in r. */
+static int texts_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *in, size_t len,
+                    rpc_reply *r) {
+  const wire_rd d = {desc->name, in, len, r};
+  return wire_texts(&d, desc, "", in, in + len);
+}
+
 /* The RequestHeader at [p, end) into x->h (fields seen again override:
  * protobuf's merge of a message given twice). */
 static int header_decode(const wire_rd *d, svc_scratch *x, const uint8_t *p, const uint8_t *end) {
@@ -764,6 +809,7 @@ static int header_decode(const wire_rd *d, svc_scratch *x, const uint8_t *p, con
     if (w.num > 8) continue; /* unknown: skipped */
     if ((w.num <= 2) != (w.wt == WT_LEN) || (w.num > 2 && w.wt != WT_VARINT))
       return wire_type_bad(d, w.at, field_name(f, &m, w.num), w.wt);
+    if (w.num <= 2 && wire_text(d, field_name(f, &m, w.num), w.val, w.n)) return -1;
     if (w.num == 1) wire_str(x->fp, sizeof x->fp, w.val, w.n);
     else if (w.num == 2) wire_str(x->job, sizeof x->job, w.val, w.n);
     else if (w.num == 3) x->h.step = (int64_t)w.v;
@@ -1558,6 +1604,9 @@ static void do_checkpoint(rpc_service *s, const uint8_t *in, size_t len, rpc_rep
   Shardrec__V1__CheckpointRequest *cq = NULL;
   Shardrec__V1__RestoreRequest *rq = NULL;
   const char *fp, *path, *what = restore ? "Restore" : "Checkpoint";
+  if (texts_ok(restore ? &shardrec__v1__restore_request__descriptor
+                       : &shardrec__v1__checkpoint_request__descriptor, in, len, r))
+    return;
   if (restore) {
     rq = shardrec__v1__restore_request__unpack(NULL, len, in);
     if (!rq) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid shardrec.v1.RestoreRequest (%zu bytes)", len);
@@ -1605,6 +1654,7 @@ out:
  * detach: release the rank's parked Watch and answer at once. */
 static void do_watch(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r, void *token,
                      double timeout_s) {
+  if (texts_ok(&shardrec__v1__watch_request__descriptor, in, len, r)) return;
   Shardrec__V1__WatchRequest *q = shardrec__v1__watch_request__unpack(NULL, len, in);
   if (!q) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid shardrec.v1.WatchRequest (%zu bytes)", len);
   if (check_header(s, q->header, r)) goto out;
@@ -1682,6 +1732,7 @@ out:
 
 static void do_health(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r) {
   (void)s;
+  if (texts_ok(&grpc__health__v1__health_check_request__descriptor, in, len, r)) return;
   Grpc__Health__V1__HealthCheckRequest *q = grpc__health__v1__health_check_request__unpack(NULL, len, in);
   if (!q) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid grpc.health.v1.HealthCheckRequest (%zu bytes)", len);
   if (q->service && *q->service && strcmp(q->service, "shardrec.v1.EmbeddingShard"))

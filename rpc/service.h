@@ -187,8 +187,11 @@ void rpc_service_refuse_busy(rpc_service *s, rpc_reply *r);
 size_t rpc_service_max_ids_for(const emb_plan *plan, size_t max_message_bytes);
 
 /* Handle one request of method m from its serialised bytes in[len] (any
- * bytes: garbage is answered with INVALID_ARGUMENT). A refused request
- * changes nothing.
+ * bytes: garbage is answered with INVALID_ARGUMENT). A string field
+ * (a path, a plan fingerprint, a job id, a service name) holding a control
+ * character, a NUL byte included, is refused INVALID_ARGUMENT naming the
+ * field and the byte's offset, before anything reads it as a C string. A
+ * refused request changes nothing.
  *
  * Look-ahead. A Lookup with prefetch_only set, once its header and ids are
  * valid, is answered at once with no rows and is not seen by the step

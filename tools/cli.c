@@ -3,37 +3,46 @@
 #include "dense/device.h"
 #include "dense/pool.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "common/num.h"
+#include "common/status.h"
 #include "embedding/plan.h"
 #include "embedding/shard.h"
 #include "rpc/client.h"
 
-int cli_int(const char *cmd, const char *flag, const char *s, long long lo, long long hi,
-            long long *out) {
-  char *end = NULL;
-  errno = 0;
-  long long v = s ? strtoll(s, &end, 10) : 0;
-  if (!s || !*s || *end || errno) {
+/* s as flag's integer in [lo, hi] into *out; unit (NULL: none) follows
+ * the range in the message. 0, or -1 (printed): "'S' is not an integer",
+ * or "S is out of range [LO, HI] UNIT" for one beyond the range or beyond
+ * every integer type. */
+static int int_in(const char *cmd, const char *flag, const char *s, long long lo, long long hi,
+                  const char *unit, long long *out) {
+  long long v = 0;
+  const int rc = s ? sr_num_int(s, strlen(s), &v) : SR_EINVAL;
+  if (rc == SR_EINVAL) {
     fprintf(stderr, "shardrec %s: %s: '%s' is not an integer\n", cmd, flag, s ? s : "");
     return -1;
   }
-  if (v < lo || v > hi) {
-    fprintf(stderr, "shardrec %s: %s: %lld is out of range [%lld, %lld]\n", cmd, flag, v, lo,
-            hi);
+  if (rc || v < lo || v > hi) {
+    fprintf(stderr, "shardrec %s: %s: %s is out of range [%lld, %lld]%s%s\n", cmd, flag, s, lo,
+            hi, unit ? " " : "", unit ? unit : "");
     return -1;
   }
   *out = v;
   return 0;
 }
 
-/* One range per flag, for every command that takes it: add a
- * flag here, one line, and parse it with cli_flag / cli_flag_double. */
+int cli_int(const char *cmd, const char *flag, const char *s, long long lo, long long hi,
+            long long *out) {
+  return int_in(cmd, flag, s, lo, hi, NULL, out);
+}
+
+/* One range per flag, for every command that takes it: add a flag here,
+ * one line, and parse it with cli_flag / cli_flag_double. */
 static const cli_range ranges[] = {
     {"--arch-embedding-size", 1, (double)EMB_ROWS_MAX, "rows per table"},
     {"--arch-sparse-feature-size", 1, EMB_MAX_DIM, "floats per row"},
@@ -75,76 +84,65 @@ const char *cli_range_text(const cli_range *r, char *buf, size_t n) {
   return buf;
 }
 
-/* The range's message: "shardrec CMD: FLAG: V is out of range [LO, HI] UNIT". */
-static void out_of_range(const char *cmd, const cli_range *r, const char *s) {
-  char t[256];
-  fprintf(stderr, "shardrec %s: %s: %s is out of range %s\n", cmd, r->flag, s,
-          cli_range_text(r, t, sizeof t));
-}
-
-int cli_flag(const char *cmd, const char *flag, const char *s, long long *out) {
-  const cli_range *r = cli_range_of(flag);
-  if (!r) {
-    fprintf(stderr, "shardrec %s: %s: no range for this flag (tools/cli.c)\n", cmd, flag);
+/* s as flag's number in [lo, hi] (unit: NULL or the range's) into *out.
+ * 0, or -1 (printed): "'S' is not a number", or "S is out of range [LO,
+ * HI] UNIT" (one beyond a double too). */
+static int double_in(const char *cmd, const char *flag, const char *s, double lo, double hi,
+                     const char *unit, double *out) {
+  double v = 0;
+  const int rc = sr_num_double(s, &v);
+  if (rc == SR_EINVAL) {
+    fprintf(stderr, "shardrec %s: %s: '%s' is not a number\n", cmd, flag, s ? s : "");
     return -1;
   }
-  char *end = NULL;
-  errno = 0;
-  long long v = s ? strtoll(s, &end, 10) : 0;
-  if (!s || !*s || *end) {
-    fprintf(stderr, "shardrec %s: %s: '%s' is not an integer\n", cmd, flag, s ? s : "");
-    return -1;
-  }
-  if (errno || v < (long long)r->lo || v > (long long)r->hi) {
-    out_of_range(cmd, r, s);
+  if (rc || v < lo || v > hi) {
+    char l[32], h[32];
+    end_text(l, sizeof l, lo);
+    end_text(h, sizeof h, hi);
+    fprintf(stderr, "shardrec %s: %s: %s is out of range [%s, %s]%s%s\n", cmd, flag, s, l, h,
+            unit ? " " : "", unit ? unit : "");
     return -1;
   }
   *out = v;
   return 0;
 }
 
+/* flag's line of the table, or NULL with the missing line printed. */
+static const cli_range *range_or_say(const char *cmd, const char *flag) {
+  const cli_range *r = cli_range_of(flag);
+  if (!r) fprintf(stderr, "shardrec %s: %s: no range for this flag (tools/cli.c)\n", cmd, flag);
+  return r;
+}
+
+int cli_flag(const char *cmd, const char *flag, const char *s, long long *out) {
+  const cli_range *r = range_or_say(cmd, flag);
+  return r ? int_in(cmd, flag, s, (long long)r->lo, (long long)r->hi, r->unit, out) : -1;
+}
+
 int cli_flag_u64(const char *cmd, const char *flag, const char *s, uint64_t *out) {
+  const cli_range *r = range_or_say(cmd, flag);
   long long v;
-  if (cli_flag(cmd, flag, s, &v)) return -1;
-  if (v < 0) { /* a table range starting below 0 is not for this one */
-    out_of_range(cmd, cli_range_of(flag), s);
+  if (!r || int_in(cmd, flag, s, r->lo < 0 ? 0 : (long long)r->lo, (long long)r->hi, r->unit, &v))
     return -1;
-  }
   *out = (uint64_t)v;
   return 0;
 }
 
 int cli_flag_double(const char *cmd, const char *flag, const char *s, double *out) {
-  const cli_range *r = cli_range_of(flag);
-  if (!r) {
-    fprintf(stderr, "shardrec %s: %s: no range for this flag (tools/cli.c)\n", cmd, flag);
-    return -1;
-  }
-  char *end = NULL;
-  double v = s ? strtod(s, &end) : 0;
-  if (!s || !*s || *end || isnan(v)) {
-    fprintf(stderr, "shardrec %s: %s: '%s' is not a number\n", cmd, flag, s ? s : "");
-    return -1;
-  }
-  if (v < r->lo || v > r->hi) {
-    out_of_range(cmd, r, s);
-    return -1;
-  }
-  *out = v;
-  return 0;
+  const cli_range *r = range_or_say(cmd, flag);
+  return r ? double_in(cmd, flag, s, r->lo, r->hi, r->unit, out) : -1;
 }
 
 int cli_u64(const char *cmd, const char *flag, const char *s, uint64_t *out) {
-  char *end = NULL;
-  errno = 0;
-  if (!s || !*s || *s == '-') {
-    fprintf(stderr, "shardrec %s: %s: '%s' is not a non-negative integer\n", cmd, flag,
-            s ? s : "");
+  uint64_t v = 0;
+  const int rc = s ? sr_num_u64(s, strlen(s), &v) : SR_EINVAL;
+  if (rc == SR_EINVAL) {
+    fprintf(stderr, "shardrec %s: %s: '%s' is not an integer\n", cmd, flag, s ? s : "");
     return -1;
   }
-  unsigned long long v = strtoull(s, &end, 10);
-  if (*end || errno) {
-    fprintf(stderr, "shardrec %s: %s: '%s' is not a non-negative integer\n", cmd, flag, s);
+  if (rc) {
+    fprintf(stderr, "shardrec %s: %s: %s is out of range [0, %llu]\n", cmd, flag, s,
+            (unsigned long long)UINT64_MAX);
     return -1;
   }
   *out = v;
@@ -153,19 +151,47 @@ int cli_u64(const char *cmd, const char *flag, const char *s, uint64_t *out) {
 
 int cli_double(const char *cmd, const char *flag, const char *s, double lo, double hi,
                double *out) {
-  char *end = NULL;
-  errno = 0;
-  double v = s ? strtod(s, &end) : 0;
-  if (!s || !*s || *end || errno || !isfinite(v)) {
-    fprintf(stderr, "shardrec %s: %s: '%s' is not a number\n", cmd, flag, s ? s : "");
+  return double_in(cmd, flag, s, lo, hi, NULL, out);
+}
+
+int cli_entry_u64(const char *cmd, const char *flag, int k, const char *s, size_t n, uint64_t lo,
+                  uint64_t hi, const char *unit, uint64_t *out) {
+  uint64_t v = 0;
+  const int rc = sr_num_u64(s, n, &v);
+  const int len = n > 64 ? 64 : (int)n;
+  if (rc == SR_EINVAL) {
+    fprintf(stderr, "shardrec %s: %s: entry %d: '%.*s%s' is not an integer\n", cmd, flag, k, len,
+            s, n > 64 ? "..." : "");
     return -1;
   }
-  if (v < lo || v > hi) {
-    fprintf(stderr, "shardrec %s: %s: %g is out of range [%g, %g]\n", cmd, flag, v, lo, hi);
+  if (rc || v < lo || v > hi) {
+    fprintf(stderr, "shardrec %s: %s: entry %d: %.*s%s is out of range [%llu, %llu]%s%s\n", cmd,
+            flag, k, len, s, n > 64 ? "..." : "", (unsigned long long)lo, (unsigned long long)hi,
+            unit ? " " : "", unit ? unit : "");
     return -1;
   }
   *out = v;
   return 0;
+}
+
+int cli_u64_list(const char *cmd, const char *flag, const char *s, const char *seps, uint64_t lo,
+                 uint64_t hi, const char *unit, uint64_t *out, int max, int *n) {
+  *n = 0;
+  if (!s || !*s) {
+    fprintf(stderr, "shardrec %s: %s: empty list\n", cmd, flag);
+    return -1;
+  }
+  for (const char *p = s;; p++) {
+    const size_t len = strcspn(p, seps);
+    if (*n == max) {
+      fprintf(stderr, "shardrec %s: %s: more than %d entries\n", cmd, flag, max);
+      return -1;
+    }
+    if (cli_entry_u64(cmd, flag, *n + 1, p, len, lo, hi, unit, &out[*n])) return -1;
+    ++*n;
+    p += len;
+    if (!*p) return 0;
+  }
 }
 
 int cli_int_list(const char *cmd, const char *flag, const char *s, char sep, int *out,
@@ -177,10 +203,10 @@ int cli_int_list(const char *cmd, const char *flag, const char *s, char sep, int
     return -1;
   }
   while (*p) {
-    char *end = NULL;
-    errno = 0;
-    long v = strtol(p, &end, 10);
-    if (end == p || errno || v < 1 || v > (1L << 24) || (*end && *end != sep)) {
+    const char *end = strchr(p, sep);
+    if (!end) end = p + strlen(p);
+    long long v;
+    if (sr_num_int(p, (size_t)(end - p), &v) || v < 1 || v > (1L << 24)) {
       fprintf(stderr, "shardrec %s: %s: '%s' is not a list of positive integers joined by '%c'\n",
               cmd, flag, s, sep);
       return -1;

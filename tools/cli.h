@@ -1,6 +1,9 @@
 /* Small helpers shared by the subcommands' flag parsing. Every parser checks
  * the whole string and prints "shardrec CMD: --flag: what was wrong" on
- * failure, returning -1; callers then exit with status 2. */
+ * failure, returning -1; callers then exit with status 2. A number is a
+ * plain decimal one (common/num.h: no space, '+', hexadecimal, inf or nan);
+ * one too large for any type is out of the flag's range, not "not an
+ * integer". */
 #ifndef SHARDREC_TOOLS_CLI_H
 #define SHARDREC_TOOLS_CLI_H
 
@@ -34,6 +37,17 @@ int cli_int(const char *cmd, const char *flag, const char *s, long long lo, long
 int cli_u64(const char *cmd, const char *flag, const char *s, uint64_t *out);
 int cli_double(const char *cmd, const char *flag, const char *s, double lo, double hi,
                double *out);
+/* Entry k (from 1) of flag's list: the n bytes at s (borrowed) as an
+ * integer in [lo, hi] into *out; unit (NULL: none) follows the range in
+ * the message. 0, or -1 with "shardrec CMD: FLAG: entry K: 'TOK' is not an
+ * integer" or "entry K: TOK is out of range [LO, HI] UNIT" printed. */
+int cli_entry_u64(const char *cmd, const char *flag, int k, const char *s, size_t n, uint64_t lo,
+                  uint64_t hi, const char *unit, uint64_t *out);
+/* flag's list s: entries joined by any byte of seps, each as
+ * cli_entry_u64 reads it, into out[max], their count into *n. 0, or -1
+ * (printed: an entry, an empty list, more than max entries). */
+int cli_u64_list(const char *cmd, const char *flag, const char *s, const char *seps, uint64_t lo,
+                 uint64_t hi, const char *unit, uint64_t *out, int max, int *n);
 /* Parse "13-512-256-64-16" into up to max ints (each >= 1). */
 int cli_int_list(const char *cmd, const char *flag, const char *s, char sep, int *out,
                  int max, int *n);

@@ -52,19 +52,8 @@ int cmd_inspect(int argc, char **argv) {
   }
   uint64_t rows[256];
   int n_rows = 0;
-  if (rows_s) {
-    const char *p = rows_s;
-    while (*p && n_rows < 256) {
-      char *end;
-      unsigned long long v = strtoull(p, &end, 10);
-      if (end == p || (*end && *end != ',')) {
-        fprintf(stderr, "shardrec inspect: --rows: '%s' is not a list of row ids\n", rows_s);
-        return 2;
-      }
-      rows[n_rows++] = v;
-      p = *end ? end + 1 : end;
-    }
-  }
+  if (rows_s && cli_u64_list(CMD, "--rows", rows_s, ",", 0, UINT64_MAX, NULL, rows, 256, &n_rows))
+    return 2;
   kv_inspect_opts io = {.table = table, .rows = rows, .n_rows = n_rows,
                           .progress = cli_isatty_err()};
   char err[4600];

@@ -4,7 +4,6 @@
  * --arch-embedding-size), or from the data: a converted file's stored counts
  * (--processed-data-file) or the dictionaries built over a raw file's
  * training part (--raw-data-file), as `shardrec train` sizes them. */
-#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,54 +46,34 @@ static void plan_usage(FILE *f) {
           "  -h, --help                       this text\n");
 }
 
-/* Parse "1460,583,..." or "1460-583-..." into a malloc'd array. */
+/* Parse "1460,583,..." or "1460-583-..." (an entry "unbounded" or 0 ...
+ * 2^53) into a malloc'd array. 0, or -1 (printed). */
 static int parse_sizes(const char *flag, const char *s, uint64_t **out, int *n) {
   int cap = 1;
   for (const char *p = s; *p; p++) cap += (*p == ',' || *p == '-');
+  if (cap > EMB_MAX_TABLES) {
+    fprintf(stderr, "shardrec %s: %s: more than %d tables\n", CMD, flag, EMB_MAX_TABLES);
+    return -1;
+  }
   uint64_t *v = malloc((size_t)cap * sizeof *v);
   if (!v) return -1;
   int k = 0;
-  const char *p = s;
-  for (;;) {
-    size_t len = strcspn(p, ",-");
-    char tok[32];
-    if (len == 0 || len >= sizeof tok) goto bad;
-    memcpy(tok, p, len);
-    tok[len] = '\0';
-    if (!strcmp(tok, "unbounded")) {
+  for (const char *p = s;; p++) {
+    const size_t len = strcspn(p, ",-");
+    if (len == 9 && !strncmp(p, "unbounded", 9)) {
       v[k++] = EMB_ROWS_UNBOUNDED;
+    } else if (cli_entry_u64(CMD, flag, k + 1, p, len, 0, EMB_ROWS_MAX, "rows", &v[k])) {
+      free(v);
+      return -1;
     } else {
-      char *end = NULL;
-      errno = 0;
-      if (tok[0] < '0' || tok[0] > '9') goto bad;
-      unsigned long long x = strtoull(tok, &end, 10);
-      if (*end || errno) goto bad;
-      if (x > EMB_ROWS_MAX) {
-        fprintf(stderr, "shardrec %s: %s: entry %d: %llu rows is more than 2^53\n", CMD, flag,
-                k + 1, x);
-        free(v);
-        return -1;
-      }
-      v[k++] = x;
+      k++;
     }
     p += len;
     if (!*p) break;
-    p++;
-  }
-  if (k > EMB_MAX_TABLES) {
-    fprintf(stderr, "shardrec %s: %s: more than %d tables\n", CMD, flag, EMB_MAX_TABLES);
-    free(v);
-    return -1;
   }
   *out = v;
   *n = k;
   return 0;
-bad:
-  fprintf(stderr,
-          "shardrec %s: %s: '%s' is not a list of row counts joined by ',' or '-'\n", CMD,
-          flag, s);
-  free(v);
-  return -1;
 }
 
 /* The flags: the plan's parameters and where the table sizes come from. */

@@ -131,17 +131,14 @@ static void on_listening(int port, void *ctx) {
   serve_watch_listening(((listen_ctx *)ctx)->watch, addr, hostlen, port);
 }
 
-/* The served shards "K[,K...]" into shards[max]; their count, or -1. */
+/* The served shards "K[,K...]" into shards[max] (each a shard number of
+ * some plan, 0 ... EMB_MAX_SHARDS - 1); their count, or -1 (printed). */
 static int parse_shards(const char *s, int *shards, int max) {
-  int n = 0;
-  const char *p = s;
-  while (*p) {
-    char *end;
-    long v = strtol(p, &end, 10);
-    if (end == p || v < 0 || (*end && *end != ',') || n == max) return -1;
-    shards[n++] = (int)v;
-    p = *end ? end + 1 : end;
-  }
+  uint64_t v[256];
+  int n;
+  if (max > 256) max = 256;
+  if (cli_u64_list(CMD, "--shard", s, ",", 0, EMB_MAX_SHARDS - 1, NULL, v, max, &n)) return -1;
+  for (int i = 0; i < n; i++) shards[i] = (int)v[i];
   return n;
 }
 
@@ -276,16 +273,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f) {
   }
   f->so.n_shards = parse_shards(f->shards_s, f->shards, 256);
   f->so.shards = f->shards;
-  if (f->so.n_shards < 0) {
-    fprintf(stderr, "shardrec serve: --shard: '%s' is not a list of shard numbers like 0,2\n",
-            f->shards_s);
-    return 2;
-  }
-  if (f->so.n_shards == 0) {
-    fprintf(stderr, "shardrec serve: --shard: empty list\n");
-    return 2;
-  }
-  return 0;
+  return f->so.n_shards < 0 ? 2 : 0;
 }
 
 int cmd_serve(int argc, char **argv) {

@@ -5,7 +5,6 @@
  * (the embedded default). */
 #include <cblas.h>
 #include <fcntl.h>
-#include <errno.h>
 #include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -215,26 +214,16 @@ typedef struct {
  * may exceed int). */
 static int parse_sizes(const train_ranks *r, const char *s, uint64_t *sizes) {
   const cli_range *range = cli_range_of("--arch-embedding-size");
+  uint64_t v[256];
   int n;
-  const char *p = s;
-  for (n = 0; n < DS_NUM_SPARSE && *p; n++) {
-    char *end;
-    errno = 0;
-    unsigned long long x = *p >= '0' && *p <= '9' ? strtoull(p, &end, 10) : 0;
-    if (*p < '0' || *p > '9' || (*end && *end != '-')) break;
-    if (errno || x < (unsigned long long)range->lo || x > (unsigned long long)range->hi) {
-      char t[128];
-      errf(r, "--arch-embedding-size: entry %d: %.*s is out of range %s\n", n + 1,
-           (int)(end - p), p, cli_range_text(range, t, sizeof t));
-      return -1;
-    }
-    sizes[n] = x;
-    p = *end ? end + 1 : end;
-  }
-  if (n != DS_NUM_SPARSE || *p) {
-    errf(r, "--arch-embedding-size: need %d sizes joined by '-'\n", DS_NUM_SPARSE);
+  if (cli_u64_list(CMD, "--arch-embedding-size", s, "-", (uint64_t)range->lo,
+                   (uint64_t)range->hi, range->unit, v, 256, &n))
+    return -1;
+  if (n != DS_NUM_SPARSE) {
+    errf(r, "--arch-embedding-size: need %d sizes joined by '-', not %d\n", DS_NUM_SPARSE, n);
     return -1;
   }
+  memcpy(sizes, v, sizeof v[0] * DS_NUM_SPARSE);
   return 0;
 }
 

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/sys.h"
+#include "common/num.h"
 #include "metrics/metrics.h"
 #include "train/job_impl.h"
 
@@ -53,11 +54,13 @@ struct job_metrics {
 };
 
 /* This rank's place among the ranks of its node: Open MPI's, else PMI's
- * (hydra), else the rank itself. */
+ * (hydra), else (neither set, or not a number 0 ... 65535) the rank
+ * itself. */
 static int local_rank(int rank) {
   const char *v = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
   if (!v) v = getenv("MPI_LOCALRANKID");
-  return v ? atoi(v) : rank;
+  long long x;
+  return v && !sr_num_int(v, strlen(v), &x) && x >= 0 && x <= 65535 ? (int)x : rank;
 }
 
 /* The series of m (rank's). 0 or -1 (err). */

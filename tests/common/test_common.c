@@ -1,8 +1,10 @@
-/* Tests for common/: status codes, the Philox generator, SHA-256 and AUC
- * (the file-tree helpers have their own suite, test_fs.c). */
+/* Tests for common/: status codes, the Philox generator, SHA-256, AUC and
+ * the number scanners (the file-tree helpers have their own suite,
+ * test_fs.c). */
 #include <check.h>
 
 #include "tests/check_main.h"
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -10,6 +12,7 @@
 #include <string.h>
 
 #include "common/auc.h"
+#include "common/num.h"
 #include "common/rng.h"
 #include "common/sha256.h"
 #include "common/status.h"
@@ -223,6 +226,51 @@ START_TEST(test_auc_pairs) {
 }
 END_TEST
 
+/* Plain decimal numbers only: the syntax each scanner takes, the ends of
+ * each type, and what is refused (space, '+', hexadecimal, inf, nan, an
+ * empty token) or out of the type's range. */
+START_TEST(test_num) {
+  long long i;
+  uint64_t u;
+  double d;
+  struct { const char *s; int rc; long long v; } ints[] = {
+      {"0", 0, 0}, {"-0", 0, 0}, {"007", 0, 7}, {"-5", 0, -5},
+      {"9223372036854775807", 0, LLONG_MAX}, {"-9223372036854775808", 0, LLONG_MIN},
+      {"9223372036854775808", SR_ERANGE, 0}, {"-9223372036854775809", SR_ERANGE, 0},
+      {"99999999999999999999999", SR_ERANGE, 0}, {"18446744073709551616", SR_ERANGE, 0},
+      {"", SR_EINVAL, 0}, {"-", SR_EINVAL, 0}, {" 5", SR_EINVAL, 0}, {"5 ", SR_EINVAL, 0},
+      {"+5", SR_EINVAL, 0}, {"0x10", SR_EINVAL, 0}, {"1e3", SR_EINVAL, 0}, {"1.0", SR_EINVAL, 0},
+      {"--5", SR_EINVAL, 0}, {"5-", SR_EINVAL, 0}};
+  for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++) {
+    i = 12345;
+    ck_assert_msg(sr_num_int(ints[k].s, strlen(ints[k].s), &i) == ints[k].rc, "'%s'", ints[k].s);
+    ck_assert_msg(i == (ints[k].rc ? 12345 : ints[k].v), "'%s': %lld", ints[k].s, i);
+  }
+  /* a token of a longer string: only its n bytes are read */
+  ck_assert_int_eq(sr_num_int("42,7", 2, &i), 0);
+  ck_assert_int_eq(i, 42);
+  ck_assert_int_eq(sr_num_u64("18446744073709551615", 20, &u), 0);
+  ck_assert(u == UINT64_MAX);
+  ck_assert_int_eq(sr_num_u64("18446744073709551616", 20, &u), SR_ERANGE);
+  ck_assert_int_eq(sr_num_u64("-1", 2, &u), SR_ERANGE);
+  ck_assert_int_eq(sr_num_u64("-0", 2, &u), 0);
+  ck_assert(u == 0);
+  ck_assert_int_eq(sr_num_u64(" 1", 2, &u), SR_EINVAL);
+  struct { const char *s; int rc; double v; } dbl[] = {
+      {"0.01", 0, 0.01}, {"-2.5e-3", 0, -2.5e-3}, {"1E+2", 0, 100}, {".5", 0, 0.5},
+      {"5.", 0, 5}, {"16", 0, 16}, {"1e-400", 0, 0}, {"1e400", SR_ERANGE, 0},
+      {"-1e400", SR_ERANGE, 0}, {"0x10", SR_EINVAL, 0}, {" 5", SR_EINVAL, 0},
+      {"5 ", SR_EINVAL, 0}, {"+5", SR_EINVAL, 0}, {"inf", SR_EINVAL, 0}, {"nan", SR_EINVAL, 0},
+      {"infinity", SR_EINVAL, 0}, {"", SR_EINVAL, 0}, {".", SR_EINVAL, 0}, {"1e", SR_EINVAL, 0},
+      {"e5", SR_EINVAL, 0}, {"1.2.3", SR_EINVAL, 0}};
+  for (size_t k = 0; k < sizeof dbl / sizeof dbl[0]; k++) {
+    d = 777;
+    ck_assert_msg(sr_num_double(dbl[k].s, &d) == dbl[k].rc, "'%s'", dbl[k].s);
+    ck_assert_msg(d == (dbl[k].rc ? 777 : dbl[k].v), "'%s': %g", dbl[k].s, d);
+  }
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("common");
   TCase *tc = tcase_create("core");
@@ -235,6 +283,7 @@ int main(void) {
   tcase_add_test(tc, test_sha256_file);
   tcase_add_test(tc, test_auc_by_hand);
   tcase_add_test(tc, test_auc_pairs);
+  tcase_add_test(tc, test_num);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

@@ -86,7 +86,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   char rest[SR_PATH_MAX], path[2 * SR_PATH_MAX];
   size_t n = size - 1 < SR_PATH_MAX - 1 ? size - 1 : SR_PATH_MAX - 1;
   memcpy(rest, data + 1, n);
-  rest[n] = 0; /* an inner NUL ends the path, as protobuf's string would not: fine */
+  rest[n] = 0; /* an inner NUL ends the path: the service refuses such a path before
+                 this (rpc/service.c, wire_texts), so none reaches sr_path_confine */
   switch (data[0] % 3) {
     case 0: snprintf(path, sizeof path, "%s/%s", root, rest); break;
     case 1: snprintf(path, sizeof path, "%s/%s", tmp, rest); break;

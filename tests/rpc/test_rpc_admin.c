@@ -3,7 +3,9 @@
  * store (a real folder), with and without a checkpoint root: paths inside
  * the root are served; outside it, escaping it through ".." or a symlink,
  * or naming a folder that exists, they are refused and nothing outside is
- * made; without a root both are refused naming the flag. Then real
+ * made; without a root both are refused naming the flag; a string field
+ * with a NUL byte or another control character in it is refused naming the
+ * field, in every request, and nothing is written. Then real
  * processes (a server of a checkpoint, the third store kind, too): a trainer whose --save-checkpoint or --save-model lies outside
  * its servers' root stops at start, naming the flag, the folder and the
  * root; one inside trains and saves. */
@@ -172,16 +174,116 @@ START_TEST(test_confined_rocksdb) {
 }
 END_TEST
 
-/* Checkpoint (restore 0) or Restore of path on the server at addr, whose
- * plan is data/p.json: the gRPC status, its message in msg. */
-static int remote_admin(const char *addr, const char *data, int restore, const char *path,
-                        char *msg, size_t n) {
-  char pp[700], err[512], fp[EMB_FP_HEX];
+/* A length-delimited field num of bytes v[n], as given (a NUL or a newline
+ * included: protobuf-c's pack would stop at a NUL), at b; past it. */
+static uint8_t *put_bytes(uint8_t *b, unsigned num, const void *v, size_t n) {
+  *b++ = (uint8_t)(num << 3 | 2);
+  size_t k = n;
+  do {
+    *b++ = (uint8_t)((k & 0x7f) | (k > 0x7f ? 0x80 : 0));
+    k >>= 7;
+  } while (k);
+  memcpy(b, v, n);
+  return b + n;
+}
+
+/* Checkpoint (restore 0) or Restore bytes of fingerprint fp[fn] and path
+ * p[pn] into b; their length. */
+static size_t admin_bytes(uint8_t *b, int restore, const char *fp, size_t fn, const char *p,
+                          size_t pn) {
+  uint8_t *e = put_bytes(b, 1, fp, fn);
+  return (size_t)(put_bytes(e, restore ? 2 : 3, p, pn) - b);
+}
+
+/* Method m of svc on in[len]: the status, the message in msg[600]. */
+static int call(rpc_service *svc, rpc_method m, const uint8_t *in, size_t len, char *msg) {
+  rpc_reply r;
+  rpc_service_handle(svc, m, in, len, &r);
+  snprintf(msg, 600, "%s", r.msg);
+  free(r.out);
+  return r.status;
+}
+
+/* A string field holding a control character (a NUL that protobuf-c would
+ * hand on as a shorter C string, a newline) is refused INVALID_ARGUMENT
+ * naming the field and the byte, in every request that has one, and
+ * nothing is written or restored; bytes of UTF-8 are not control
+ * characters. */
+START_TEST(test_control_bytes_refused) {
+  char err[512], msg[600], fp[EMB_FP_HEX], p[700];
+  ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
+  const size_t fn = strlen(fp);
+  emb_store *store = emb_store_create_local(plan, err, sizeof err);
+  ck_assert_msg(store, "%s", err);
+  int shard = 0;
+  const char *root = at("root");
+  rpc_service_opts o = {.shards = &shard, .n_shards = 1, .checkpoint_roots = &root, .n_roots = 1};
+  rpc_service *svc = rpc_service_create(plan, store, &o, err, sizeof err);
+  ck_assert_msg(svc, "%s", err);
+  uint8_t b[2048];
+  /* Checkpoint of "root/cut\0x", of "root/cut\nx": refused, root/cut not made. */
+  const char tail[2][3] = {{0, 'x', 0}, {'\n', 'x', 0}};
+  for (int i = 0; i < 2; i++) {
+    int n = snprintf(p, sizeof p, "%s/root/cut", dir);
+    memcpy(p + n, tail[i], 2);
+    size_t len = admin_bytes(b, 0, fp, fn, p, (size_t)n + 2);
+    ck_assert_int_eq(call(svc, RPC_CHECKPOINT, b, len, msg), RPC_INVALID_ARGUMENT);
+    char want[128];
+    snprintf(want, sizeof want, "path at offset %zu: byte 0x%02x in a string", len - 2,
+             (unsigned)(uint8_t)tail[i][0]);
+    ck_assert_msg(strstr(msg, "shardrec.v1.CheckpointRequest") && strstr(msg, want), "%s", msg);
+    ck_assert_msg(!exists(at("root/cut")), "%s made", at("root/cut"));
+  }
+  /* A checkpoint in root/ok (a UTF-8 name); its Restore as "root/ok\0x": refused. */
+  snprintf(p, sizeof p, "%s/root/ok\xc3\xa9", dir);
+  size_t len = admin_bytes(b, 0, fp, fn, p, strlen(p));
+  ck_assert_msg(call(svc, RPC_CHECKPOINT, b, len, msg) == RPC_OK, "%s", msg);
+  p[strlen(p) + 1] = 'x'; /* past the NUL */
+  len = admin_bytes(b, 1, fp, fn, p, strlen(p) + 2);
+  ck_assert_int_eq(call(svc, RPC_RESTORE, b, len, msg), RPC_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(msg, "shardrec.v1.RestoreRequest") && strstr(msg, "path at offset") &&
+                strstr(msg, "byte 0x00"), "%s", msg);
+  /* The plan fingerprint followed by a NUL and more: refused, nothing made. */
+  char fpx[EMB_FP_HEX + 8];
+  memcpy(fpx, fp, fn);
+  memcpy(fpx + fn, "\0junk", 5);
+  snprintf(p, sizeof p, "%s/root/fpx", dir);
+  len = admin_bytes(b, 0, fpx, fn + 5, p, strlen(p));
+  ck_assert_int_eq(call(svc, RPC_CHECKPOINT, b, len, msg), RPC_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(msg, "plan_fingerprint at offset"), "%s", msg);
+  ck_assert(!exists(p));
+  /* A Watch's and a Lookup's header.job_id, a health check's service. */
+  uint8_t h[256];
+  size_t hn = (size_t)(put_bytes(put_bytes(h, 1, fp, fn), 2, "job\0x", 5) - h);
+  len = (size_t)(put_bytes(b, 1, h, hn) - b);
+  ck_assert_int_eq(call(svc, RPC_WATCH, b, len, msg), RPC_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(msg, "WatchRequest") && strstr(msg, "header.job_id at offset"), "%s", msg);
+  ck_assert_int_eq(call(svc, RPC_LOOKUP, b, len, msg), RPC_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(msg, "LookupRequest") && strstr(msg, "header.job_id at offset"), "%s", msg);
+  len = (size_t)(put_bytes(b, 1, "shardrec.v1.EmbeddingShard\0", 27) - b);
+  ck_assert_int_eq(call(svc, RPC_HEALTH_CHECK, b, len, msg), RPC_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(msg, "service at offset 28: byte 0x00"), "%s", msg);
+  rpc_service_destroy(svc);
+  emb_store_destroy(store);
+}
+END_TEST
+
+/* The fingerprint of the plan data/p.json into fp. */
+static void data_fp(const char *data, char *fp) {
+  char pp[700], err[512];
   emb_plan *p;
   snprintf(pp, sizeof pp, "%s/p.json", data);
   ck_assert_msg(emb_plan_load(pp, &p, err, sizeof err) == 0, "%s", err);
   ck_assert_int_eq(emb_plan_fingerprint(p, fp), 0);
   emb_plan_free(p);
+}
+
+/* Checkpoint (restore 0) or Restore of path on the server at addr, whose
+ * plan is data/p.json: the gRPC status, its message in msg. */
+static int remote_admin(const char *addr, const char *data, int restore, const char *path,
+                        char *msg, size_t n) {
+  char fp[EMB_FP_HEX];
+  data_fp(data, fp);
   uint8_t b[8192], *resp = NULL;
   size_t len, rlen;
   if (!restore) {
@@ -197,6 +299,20 @@ static int remote_admin(const char *addr, const char *data, int restore, const c
   }
   int st = rpc_call_once(addr, NULL, restore ? RPC_RESTORE : RPC_CHECKPOINT, b, len, 30, &resp,
                          &rlen, msg, n);
+  free(resp);
+  return st;
+}
+
+/* Checkpoint of the n bytes at path (a NUL at path[strlen(path)] and one
+ * more byte, 'x', past it) on the server at addr, as remote_admin. */
+static int remote_admin_n(const char *addr, const char *data, char *path, size_t n, char *msg,
+                          size_t msgn) {
+  char fp[EMB_FP_HEX];
+  data_fp(data, fp);
+  path[strlen(path) + 1] = 'x';
+  uint8_t b[2048], *resp = NULL;
+  size_t len = admin_bytes(b, 0, fp, strlen(fp), path, n), rlen;
+  int st = rpc_call_once(addr, NULL, RPC_CHECKPOINT, b, len, 30, &resp, &rlen, msg, msgn);
   free(resp);
   return st;
 }
@@ -242,6 +358,14 @@ START_TEST(test_trainer_checks_root) {
   ck_assert_msg(strstr(msg, "outside the checkpoint root"), "%s", msg);
   snprintf(path, sizeof path, "%s/root/again", data);
   ck_assert_msg(remote_admin(s.addr, data, 0, path, msg, sizeof msg) == RPC_OK, "%s", msg);
+  /* A path with a NUL inside: refused naming the field, root/cut not made
+   * (read as a C string it would be). */
+  snprintf(path, sizeof path, "%s/root/cut", data);
+  ck_assert_int_eq(remote_admin_n(s.addr, data, path, strlen(path) + 2, msg, sizeof msg),
+                   RPC_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(msg, "path at offset") && strstr(msg, "byte 0x00"), "%s", msg);
+  snprintf(path, sizeof path, "%s/root/cut", data);
+  ck_assert_msg(!exists(path), "%s made", path);
   ck_assert_int_eq(server_stop(&s), 0);
   /* A server without a root: the trainer says so. */
   snprintf(args, sizeof args, "--plan '%s/p.json' --shard 0", data);
@@ -268,6 +392,7 @@ int main(void) {
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_confined_in_memory);
   tcase_add_test(tc, test_confined_rocksdb);
+  tcase_add_test(tc, test_control_bytes_refused);
   tcase_add_test(tc, test_trainer_checks_root);
   suite_add_tcase(s, tc);
   return sr_check_run(s);

@@ -163,6 +163,54 @@ START_TEST(test_flag_ranges) {
 }
 END_TEST
 
+/* Numbers in flags are plain decimal ones, read alike by every command: a
+ * hexadecimal number, a space before or after, a '+' in front, inf and nan
+ * are not numbers; an integer too large for any type is out of the flag's
+ * range (not "not an integer"); a list names its entry. Each stops the
+ * command with exit 2 before anything is read or served. */
+START_TEST(test_number_syntax) {
+  struct { const char *cmd, *args, *want; } c[] = {
+      {"train", "--learning-rate 0x10", "--learning-rate: '0x10' is not a number"},
+      {"train", "--learning-rate ' 5'", "--learning-rate: ' 5' is not a number"},
+      {"train", "--learning-rate '5 '", "--learning-rate: '5 ' is not a number"},
+      {"train", "--learning-rate inf", "--learning-rate: 'inf' is not a number"},
+      {"train", "--learning-rate 1e400", "--learning-rate: 1e400 is out of range [0, 1000000]"},
+      {"train", "--rpc-deadline 0x1p3", "--rpc-deadline: '0x1p3' is not a number"},
+      {"predict", "--rpc-deadline nan", "--rpc-deadline: 'nan' is not a number"},
+      {"datagen", "--scale ' 0.5'", "--scale: ' 0.5' is not a number"},
+      {"train", "--mini-batch-size ' 5'", "--mini-batch-size: ' 5' is not an integer"},
+      {"eval", "--mini-batch-size +5", "--mini-batch-size: '+5' is not an integer"},
+      {"serve", "--threads ' 4'", "--threads: ' 4' is not an integer"},
+      {"train", "--num-batches 99999999999999999999999",
+       "--num-batches: 99999999999999999999999 is out of range [0, 1099511627776]"},
+      {"train", "--seed 99999999999999999999999",
+       "--seed: 99999999999999999999999 is out of range [0, 18446744073709551615]"},
+      {"datagen", "--rows -1", "--rows: -1 is out of range [0, 18446744073709551615]"},
+      {"serve", "--shard 4294967297 --plan none.json",
+       "--shard: entry 1: 4294967297 is out of range [0, 65535]"},
+      {"serve", "--shard 0,-1 --plan none.json", "--shard: entry 2: -1 is out of range [0, 65535]"},
+      {"serve", "--shard '0, 1' --plan none.json", "--shard: entry 2: ' 1' is not an integer"},
+      {"inspect", "--rows 3,99999999999999999999 none",
+       "--rows: entry 2: 99999999999999999999 is out of range [0, 18446744073709551615]"},
+      {"plan", "--table-sizes 5,+7 --out none.json", "--table-sizes: entry 2: '+7' is not an integer"},
+      {"train", "--metrics-listen '127.0.0.1: 80'", "--metrics-listen '127.0.0.1: 80' is not HOST:PORT"},
+  };
+  char *d = make_tmpdir();
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    char *out;
+    int rc = run_cmd(&out, "cd %s && %s %s %s", d, bin_path(), c[i].cmd, c[i].args);
+    char want[512];
+    snprintf(want, sizeof want, "shardrec %s: %s", c[i].cmd, c[i].want);
+    ck_assert_msg(rc == 2 && strstr(out, want), "%s %s: exit %d: %s", c[i].cmd, c[i].args, rc,
+                  out);
+    free(out);
+  }
+  /* nothing was made */
+  ck_assert_int_eq(run_cmd(NULL, "rmdir %s", d), 0);
+  free(d);
+}
+END_TEST
+
 /* Put 4 bytes at offset at of the bin file path and recompute its data and
  * header CRC32s, as an editor that knows the format would. */
 static void edit_bin(const char *path, uint64_t at, const void *v) {
@@ -241,6 +289,7 @@ int main(void) {
   tcase_add_test(tc, test_train_malformed_once);
   tcase_add_test(tc, test_dead_owner_tmp_removed);
   tcase_add_test(tc, test_flag_ranges);
+  tcase_add_test(tc, test_number_syntax);
   tcase_add_test(tc, test_bad_files_refused);
   suite_add_tcase(s, tc);
   return sr_check_run(s);

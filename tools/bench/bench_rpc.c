@@ -49,6 +49,7 @@
 #include <unistd.h>
 
 #include "common/fs.h"
+#include "common/num.h"
 #include "common/rng.h"
 #include "common/sys.h"
 #include "embedding/plan.h"
@@ -256,9 +257,11 @@ static int parse_addr(const char *s, struct sockaddr_in *a) {
   const char *colon = strrchr(s, ':');
   if (!colon || colon - s >= (long)sizeof host) return -1;
   snprintf(host, sizeof host, "%.*s", (int)(colon - s), s);
+  long long port;
+  if (sr_num_int(colon + 1, strlen(colon + 1), &port) || port < 0 || port > 65535) return -1;
   memset(a, 0, sizeof *a);
   a->sin_family = AF_INET;
-  a->sin_port = htons((uint16_t)atoi(colon + 1));
+  a->sin_port = htons((uint16_t)port);
   return inet_pton(AF_INET, host, &a->sin_addr) == 1 ? 0 : -1;
 }
 
@@ -1092,22 +1095,9 @@ static int bench_netns(const char *script, const char *rate, const int *dims, in
 /* "A,B,..." (at most 4 integers in lo..hi) into v[*n]; 0, or 2 with the
  * flag error printed. */
 static int int_list(const char *flag, const char *arg, int lo, int hi, int *v, int *n) {
-  char buf[128];
-  snprintf(buf, sizeof buf, "%s", arg);
-  *n = 0;
-  for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-    long long x;
-    if (*n == 4) {
-      fprintf(stderr, "shardrec bench rpc: %s '%s': at most 4 values\n", flag, arg);
-      return 2;
-    }
-    if (cli_int(CMD, flag, tok, lo, hi, &x)) return 2;
-    v[(*n)++] = (int)x;
-  }
-  if (!*n) {
-    fprintf(stderr, "shardrec bench rpc: %s '%s': no values\n", flag, arg);
-    return 2;
-  }
+  uint64_t u[4];
+  if (cli_u64_list(CMD, flag, arg, ",", (uint64_t)lo, (uint64_t)hi, NULL, u, 4, n)) return 2;
+  for (int i = 0; i < *n; i++) v[i] = (int)u[i];
   return 0;
 }
 
