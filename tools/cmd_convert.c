@@ -128,6 +128,7 @@ int cmd_convert(int argc, char **argv) {
   o.format = DS_FORMAT_TSV;
   o.progress = cli_isatty_err() ? "convert" : NULL; /* the passes' progress line */
   const char *out = argv[optind + 1];
+  if (cli_out_file("convert", "OUT", out)) return 2;
 
   double t0 = sr_now();
   char err[1024];
