@@ -123,6 +123,27 @@ START_TEST(test_predict_full) {
 }
 END_TEST
 
+/* plot's picture on an 8 KiB tmpfs: gnuplot cuts it short without a word;
+ * the picture is not whole, so nothing goes under its name. */
+START_TEST(test_plot_full) {
+  char *d = make_data_dir(3000, 6, "%s train --processed-data-file d.bin --arch-mlp-bot 13-16 "
+                          "--arch-mlp-top 16-1 --print-freq 5 --metrics-out m.jsonl >/dev/null",
+                          bin_path()),
+       *out;
+  const char *m = mount_small("plot", "8k");
+  int rc = run_cmd(&out, "cd %s && %s plot m.jsonl --out %s/c.png", d, bin_path(), m);
+  ck_assert_msg(rc == 1 && strstr(out, "/c.png: gnuplot wrote no whole picture"), "exit %d:\n%s",
+                rc, out);
+  free(out);
+  char *ls = listing(m);
+  ck_assert_msg(!*ls, "left on the tmpfs:\n%s", ls);
+  free(ls);
+  unmount(m);
+  run_cmd(NULL, "rm -rf %s", d);
+  free(d);
+}
+END_TEST
+
 int main(void) {
   if (geteuid() != 0) {
     printf("skipped: the full-disk cases mount a tmpfs (root only)\n");
@@ -137,11 +158,12 @@ int main(void) {
   tcase_add_test(tc, test_datagen_full);
   tcase_add_test(tc, test_train_metrics_full);
   tcase_add_test(tc, test_predict_full);
+  tcase_add_test(tc, test_plot_full);
   suite_add_tcase(s, tc);
   int rc = sr_check_run(s);
   /* A case that failed may have left its tmpfs mounted: unmount them all. */
-  const char *names[] = {"convert", "datagen", "metrics", "predict"};
-  for (int i = 0; i < 4; i++) {
+  const char *names[] = {"convert", "datagen", "metrics", "predict", "plot"};
+  for (int i = 0; i < 5; i++) {
     char dir[128];
     snprintf(dir, sizeof dir, "%s/%s", base, names[i]);
     umount2(dir, MNT_DETACH);
