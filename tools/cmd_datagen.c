@@ -132,9 +132,9 @@ int cmd_datagen(int argc, char **argv) {
   }
   /* The TSV and the two files beside it replace files, never a folder. */
   char side[2][SR_PATH_MAX];
-  if (sr_path(side[0], sizeof side[0], "%s%s", out, DG_PROBS_SUFFIX) ||
-      sr_path(side[1], sizeof side[1], "%s%s", out, DG_SUMMARY_SUFFIX)) {
-    fprintf(stderr, "shardrec datagen: --out: %.64s...: path too long\n", out);
+  if (sr_path_err(side[0], sizeof side[0], err, sizeof err, "%s%s", out, DG_PROBS_SUFFIX) ||
+      sr_path_err(side[1], sizeof side[1], err, sizeof err, "%s%s", out, DG_SUMMARY_SUFFIX)) {
+    fprintf(stderr, "shardrec datagen: --out: %s\n", err);
     return 2;
   }
   if (cli_out_file(cmd, "--out", out) || cli_out_file(cmd, "--out", side[0]) ||
