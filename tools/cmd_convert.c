@@ -2,7 +2,8 @@
  * Two passes over the input: the first counts lines, checks every line and
  * builds the dictionaries; the second maps and writes. Memory is bounded by
  * the dictionaries and a batch; the output is written through a mapping of
- * the pre-sized file, then checksummed and renamed into place. */
+ * the file, its space reserved first (a full disk is an error naming it,
+ * before any record is written), then checksummed and renamed into place. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
