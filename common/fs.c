@@ -431,10 +431,13 @@ int sr_tmp_sweep(const char *dir, const char *prefix, FILE *say) {
     if (!tag || !sr_tmp_owner_gone(tag) ||
         sr_path(path, sizeof path, "%s/%s", dir, names[i]))
       continue;
+    struct stat st;
+    int folder = lstat(path, &st) == 0 && S_ISDIR(st.st_mode);
     if (sr_rmtree(path) == 0) {
       removed++;
       if (say)
-        fprintf(say, "%s: removed: a temporary folder whose owner (%s) is gone\n", path, tag);
+        fprintf(say, "%s: removed: a temporary %s whose owner (%s) is gone\n", path,
+                folder ? "folder" : "file", tag);
     }
   }
   sr_paths_free(names, n);

@@ -114,9 +114,10 @@ int sr_tmp_tag(char *buf, size_t len);
  * or s holds no tag. */
 int sr_tmp_owner_gone(const char *s);
 
-/* Remove the entries of dir named PREFIX...tmp-TAG (the first "tmp-" after
- * prefix) whose owner is gone (sr_tmp_owner_gone), each with a line on say
- * (NULL: none) naming it and its owner: what a killed writer left. A
+/* Remove the entries of dir (folders or files) named PREFIX...tmp-TAG (the
+ * first "tmp-" after prefix) whose owner is gone (sr_tmp_owner_gone), each
+ * with a line on say (NULL: none) naming it, "a temporary folder" or "a
+ * temporary file", and its owner: what a killed writer left. A
  * missing dir is fine. The number removed, or SR_ENOMEM. */
 int sr_tmp_sweep(const char *dir, const char *prefix, FILE *say);
 

@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "common/outfile.h"
 #include "common/rng.h"
 #include "common/status.h"
 
@@ -80,8 +81,8 @@ uint64_t ds_bin_shuffle_pos(uint64_t i, uint64_t n, uint64_t seed) {
 }
 
 struct ds_bin_writer {
-  char *path, *tmp;
-  int fd;
+  char *path;
+  sr_outfile *out; /* owned: the file under its temporary name, until finished */
   unsigned char *map;
   uint64_t size;
   ds_bin_info info;
@@ -89,7 +90,6 @@ struct ds_bin_writer {
   uint64_t seed;
   uint64_t next;     /* samples written */
   uint64_t next_id;  /* multi-hot: ids written */
-  int done;
   char err[512];
 };
 
@@ -101,7 +101,6 @@ ds_bin_writer *ds_bin_writer_create(const char *path, const ds_bin_info *info,
     sr_fmt(err, errlen, "%s: out of memory", path);
     return NULL;
   }
-  w->fd = -1;
   w->info = *info;
   w->info.version = DS_BIN_VERSION;
   w->shuffle = shuffle;
@@ -116,25 +115,27 @@ ds_bin_writer *ds_bin_writer_create(const char *path, const ds_bin_info *info,
     free(w);
     return NULL;
   }
-  w->path = strdup(path);
-  w->tmp = malloc(strlen(path) + 5);
-  if (!w->path || !w->tmp) {
+  if (!(w->path = strdup(path))) {
     sr_fmt(err, errlen, "%s: out of memory", path);
     ds_bin_writer_destroy(w);
     return NULL;
   }
-  sprintf(w->tmp, "%s.tmp", path);
   w->size = w->info.data_off + w->info.data_bytes;
-  w->fd = open(w->tmp, O_RDWR | O_CREAT | O_TRUNC, 0644);
-  if (w->fd < 0 || ftruncate(w->fd, (off_t)w->size) != 0) {
-    sr_fmt(err, errlen, "%s: %s", w->tmp, strerror(errno));
+  if (sr_out_open(path, &w->out, err, errlen)) {
     ds_bin_writer_destroy(w);
     return NULL;
   }
-  w->map = mmap(NULL, w->size, PROT_READ | PROT_WRITE, MAP_SHARED, w->fd, 0);
+  /* The blocks are allocated before the mapping is written: a full disk is
+   * this error, never a SIGBUS at a store into the mapping. */
+  if (sr_out_reserve(w->out, w->size)) {
+    sr_fmt(err, errlen, "%s", sr_out_errmsg(w->out));
+    ds_bin_writer_destroy(w);
+    return NULL;
+  }
+  w->map = mmap(NULL, w->size, PROT_READ | PROT_WRITE, MAP_SHARED, sr_out_fd(w->out), 0);
   if (w->map == MAP_FAILED) {
     w->map = NULL;
-    sr_fmt(err, errlen, "%s: mmap: %s", w->tmp, strerror(errno));
+    sr_fmt(err, errlen, "%s: mmap: %s", path, strerror(errno));
     ds_bin_writer_destroy(w);
     return NULL;
   }
@@ -250,12 +251,12 @@ int ds_bin_writer_finish(ds_bin_writer *w) {
     put64(h + H_DICTN + 8 * c, in->dict_n[c]);
   }
   put32(h + H_CRC, crc_of(h, H_CRC));
-  if (msync(w->map, w->size, MS_SYNC) != 0 || rename(w->tmp, w->path) != 0) {
-    sr_fmt(w->err, sizeof w->err, "%s: %s", w->path, strerror(errno));
-    return SR_EIO;
-  }
-  w->done = 1;
-  return 0;
+  if (msync(w->map, w->size, MS_SYNC) != 0) sr_out_fail(w->out, "cannot write", errno);
+  munmap(w->map, w->size);
+  w->map = NULL;
+  sr_outfile *out = w->out;
+  w->out = NULL;
+  return sr_out_commit(out, w->err, sizeof w->err) ? SR_EIO : 0;
 }
 
 const char *ds_bin_writer_errmsg(const ds_bin_writer *w) { return w->err; }
@@ -263,10 +264,8 @@ const char *ds_bin_writer_errmsg(const ds_bin_writer *w) { return w->err; }
 void ds_bin_writer_destroy(ds_bin_writer *w) {
   if (!w) return;
   if (w->map) munmap(w->map, w->size);
-  if (w->fd >= 0) close(w->fd);
-  if (!w->done && w->tmp) unlink(w->tmp);
+  sr_out_abort(w->out); /* unfinished: its temporary goes */
   free(w->path);
-  free(w->tmp);
   free(w);
 }
 

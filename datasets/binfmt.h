@@ -51,17 +51,23 @@ typedef struct {
 /* ---- writer ---- */
 typedef struct ds_bin_writer ds_bin_writer;
 
-/* Start writing path (through "path.tmp", renamed into place by finish).
- * info gives the layout and counts (n_*, total_ids, flags, id mode,
- * table_sizes); dict (may be NULL) is stored. With shuffle, the train part
- * is written in a deterministic permutation of seed (one-hot only; no extra
- * memory). NULL with a message in err on failure. */
+/* Start writing path (an sr_outfile, common/outfile.h: a temporary beside
+ * it, renamed into place by finish; a folder at path is refused). The
+ * file's whole size is reserved (posix_fallocate) before it is mapped, so a
+ * full disk is an error here ("PATH: cannot reserve N bytes: No space left
+ * on device"), never a SIGBUS later. info gives the layout and counts (n_*,
+ * total_ids, flags, id mode, table_sizes); dict (may be NULL) is stored.
+ * With shuffle, the train part is written in a deterministic permutation of
+ * seed (one-hot only; no extra memory). NULL with a message in err on
+ * failure, nothing left behind. */
 ds_bin_writer *ds_bin_writer_create(const char *path, const ds_bin_info *info,
                                     const ds_criteo_dict *dict, int shuffle, uint64_t seed,
                                     char *err, size_t errlen);
 /* Append the batch's samples. 0, or SR_ERANGE (more samples than announced). */
 int ds_bin_writer_add(ds_bin_writer *w, const ds_batch *b);
-/* Check the count, checksum, write the header, rename into place. 0 or SR_E*. */
+/* Check the count, checksum, write the header, msync, fsync and rename into
+ * place. 0 or SR_E* (a write error: SR_EIO naming the file; the temporary
+ * removed, whatever was at path left as it was). */
 int ds_bin_writer_finish(ds_bin_writer *w);
 /* Text of the last error (owned by w). */
 const char *ds_bin_writer_errmsg(const ds_bin_writer *w);

@@ -7,9 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "common/auc.h"
+#include "common/fs.h"
+#include "common/outfile.h"
 #include "common/progress.h"
 #include "common/rng.h"
 #include "common/status.h"
@@ -717,7 +720,7 @@ static cJSON *split_json(const dg_split_stats *s) {
   return o;
 }
 
-static int write_summary(const dg_generator *g, const char *path, const dg_summary *sm) {
+static int write_summary(const dg_generator *g, sr_outfile *out, const dg_summary *sm) {
   const dg_config *c = &g->cfg;
   cJSON *root = cJSON_CreateObject();
   cJSON_AddStringToObject(root, "format", "criteo-kaggle-tsv");
@@ -764,134 +767,118 @@ static int write_summary(const dg_generator *g, const char *path, const dg_summa
   char *text = cJSON_Print(root);
   cJSON_Delete(root);
   if (!text) return SR_ENOMEM;
-  FILE *f = fopen(path, "w");
-  int rc = 0;
-  if (!f || fputs(text, f) < 0 || fputc('\n', f) < 0) rc = SR_EIO;
-  if (f && fclose(f) != 0) rc = SR_EIO;
+  int rc = sr_out_write(out, text, strlen(text));
+  if (!rc) rc = sr_out_write(out, "\n", 1);
   free(text);
   return rc;
 }
 
 #define OUT_CHUNK (1u << 20)
 
-/* Write n bytes to the plain file f or, when gz is set, through zlib. */
-static int out_write(FILE *f, gzFile gz, const char *buf, size_t n, int *gzerr) {
-  if (!n) return 0;
-  if (gz) {
-    if (gzwrite(gz, buf, (unsigned)n) != (int)n) {
-      *gzerr = 1;
-      return -1;
-    }
-    return 0;
+enum { OUT_TSV, OUT_PROBS, OUT_SUMMARY, OUT_N };
+
+/* The three outputs of path, each under a temporary name beside its final
+ * one (common/outfile.h), and over the TSV's descriptor the gzip stream
+ * when c->gzip. 0 or SR_E* (err); what was opened is in o for the caller
+ * to abort. */
+static int outs_open(const dg_config *c, const char *path, sr_outfile *o[OUT_N], gzFile *gz,
+                     char *err, size_t errlen) {
+  static const char *const sfx[OUT_N] = {"", DG_PROBS_SUFFIX, DG_SUMMARY_SUFFIX};
+  for (int k = 0; k < OUT_N; k++) {
+    char p[SR_PATH_MAX];
+    int rc = sr_path_err(p, sizeof p, err, errlen, "%s%s", path, sfx[k]);
+    if (!rc) rc = sr_out_open(p, &o[k], err, errlen);
+    if (rc) return rc;
   }
-  return fwrite(buf, 1, n, f) == n ? 0 : -1;
+  if (!c->gzip) return 0;
+  int fd = dup(sr_out_fd(o[OUT_TSV])); /* gzclose closes it; the outfile keeps its own */
+  if (fd < 0 || !(*gz = gzdopen(fd, "wb1"))) {
+    if (fd >= 0) close(fd);
+    sr_fmt(err, errlen, "%s: cannot start a gzip stream: %s", path, strerror(errno));
+    return SR_EIO;
+  }
+  gzbuffer(*gz, 1u << 18);
+  return 0;
+}
+
+/* Write buf[n] to the TSV o, through zlib when gz is set. 0 or SR_EIO
+ * (recorded in o). */
+static int out_write(sr_outfile *o, gzFile gz, const char *buf, size_t n) {
+  if (!gz) return sr_out_write(o, buf, n);
+  if (!n || gzwrite(gz, buf, (unsigned)n) == (int)n) return 0;
+  int zerr;
+  gzerror(gz, &zerr);
+  return sr_out_fail(o, "cannot write (gzip)", zerr == Z_ERRNO ? errno : EIO);
+}
+
+/* Generate the rows into the TSV and .probs outputs (o) and the oracle's
+ * accumulators; sm->bytes gets the TSV's bytes. 0 or SR_E*. */
+static int write_rows(dg_generator *g, sr_outfile *o[OUT_N], gzFile gz, auc_acc *all,
+                      auc_acc *test, dg_summary *sm) {
+  const dg_config *c = &g->cfg;
+  uint64_t ntest = (uint64_t)llround((double)c->rows * c->test_fraction);
+  if (ntest > c->rows) ntest = c->rows;
+  uint64_t test_first = c->rows - ntest;
+  char *buf = malloc(OUT_CHUNK + DG_LINE_MAX), *pbuf = malloc(OUT_CHUNK + 64);
+  dg_row *row = malloc(sizeof *row);
+  int rc = buf && pbuf && row ? 0 : SR_ENOMEM;
+  size_t blen = 0, plen = 0;
+  sr_progress pg = {0}; /* off until the loop */
+  if (!rc) sr_progress_begin(&pg, c->progress, "datagen", "lines", c->rows);
+  for (uint64_t i = 0; !rc && i < c->rows; i++) {
+    if (!(i & 0xfff)) sr_progress_set(&pg, i, 0);
+    dg_generator_row(g, i, row);
+    blen += dg_row_format(row, buf + blen);
+    plen += (size_t)snprintf(pbuf + plen, 64, "%.9g\n", (double)row->prob);
+    if ((rc = acc_add(all, row->prob, row->label)) ||
+        (i >= test_first && (rc = acc_add(test, row->prob, row->label))))
+      break;
+    if (blen >= OUT_CHUNK) {
+      rc = out_write(o[OUT_TSV], gz, buf, blen);
+      sm->bytes += blen;
+      blen = 0;
+    }
+    if (!rc && plen >= OUT_CHUNK) rc = sr_out_write(o[OUT_PROBS], pbuf, plen), plen = 0;
+  }
+  if (!rc) {
+    sr_progress_set(&pg, c->rows, 0);
+    sr_progress_end(&pg);
+    rc = out_write(o[OUT_TSV], gz, buf, blen);
+    sm->bytes += blen;
+  }
+  if (!rc) rc = sr_out_write(o[OUT_PROBS], pbuf, plen);
+  if (rc && pg.on && pg.done) fputc('\n', stderr); /* end the progress line */
+  free(buf), free(pbuf), free(row);
+  return rc;
 }
 
 int dg_generator_write(dg_generator *g, const char *path, dg_summary *summary, char *errbuf,
                        size_t errlen) {
   if (errbuf && errlen) errbuf[0] = 0;
   double t0 = sr_now();
-  const dg_config *c = &g->cfg;
-  uint64_t ntest = (uint64_t)llround((double)c->rows * c->test_fraction);
-  if (ntest > c->rows) ntest = c->rows;
-  uint64_t test_first = c->rows - ntest;
-
-  size_t plen = strlen(path);
-  char *ppath = malloc(plen + 16), *spath = malloc(plen + 16);
-  char *buf = malloc(OUT_CHUNK + DG_LINE_MAX), *pbuf = malloc(OUT_CHUNK + 64);
-  dg_row *row = malloc(sizeof *row);
-  auc_acc all = {0}, test = {0};
-  all.max = test.max = (size_t)c->auc_exact_max;
-  FILE *f = NULL, *pf = NULL;
+  sr_outfile *o[OUT_N] = {NULL, NULL, NULL};
   gzFile gz = NULL;
-  int rc = 0, gzerr = 0;
-  const char *what = path;
+  auc_acc all = {0}, test = {0};
+  all.max = test.max = (size_t)g->cfg.auc_exact_max;
   dg_summary sm;
   memset(&sm, 0, sizeof sm);
-  sr_progress pg = {0}; /* off until the loop */
-  if (!ppath || !spath || !buf || !pbuf || !row) {
-    rc = SR_ENOMEM;
-    goto done;
+  int rc = outs_open(&g->cfg, path, o, &gz, errbuf, errlen);
+  if (!rc) rc = write_rows(g, o, gz, &all, &test, &sm);
+  if (gz) {
+    int zrc = gzclose(gz); /* the stream's tail */
+    if (!rc && zrc != Z_OK) rc = sr_out_fail(o[OUT_TSV], "cannot write (gzip)", zrc == Z_ERRNO ? errno : EIO);
   }
-  sprintf(ppath, "%s.probs", path);
-  sprintf(spath, "%s.summary.json", path);
-  if (c->gzip ? !(gz = gzopen(path, "wb1")) : !(f = fopen(path, "wb"))) {
-    rc = SR_EIO;
-    goto done;
+  if (!rc && !(rc = acc_finish(&all, &sm.all)) && !(rc = acc_finish(&test, &sm.test))) {
+    sm.seconds = sr_now() - t0;
+    rc = write_summary(g, o[OUT_SUMMARY], &sm);
   }
-  if (gz) gzbuffer(gz, 1u << 18);
-  if (!(pf = fopen(ppath, "wb"))) {
-    rc = SR_EIO;
-    what = ppath;
-    goto done;
-  }
-  size_t blen = 0, plen2 = 0;
-  sr_progress_begin(&pg, c->progress, "datagen", "lines", c->rows);
-  for (uint64_t i = 0; i < c->rows; i++) {
-    if (!(i & 0xfff)) sr_progress_set(&pg, i, 0);
-    dg_generator_row(g, i, row);
-    blen += dg_row_format(row, buf + blen);
-    plen2 += (size_t)snprintf(pbuf + plen2, 64, "%.9g\n", (double)row->prob);
-    if ((rc = acc_add(&all, row->prob, row->label))) goto done;
-    if (i >= test_first && (rc = acc_add(&test, row->prob, row->label))) goto done;
-    if (blen >= OUT_CHUNK) {
-      if (out_write(f, gz, buf, blen, &gzerr)) {
-        rc = SR_EIO;
-        goto done;
-      }
-      sm.bytes += blen;
-      blen = 0;
-    }
-    if (plen2 >= OUT_CHUNK) {
-      if (fwrite(pbuf, 1, plen2, pf) != plen2) {
-        rc = SR_EIO;
-        what = ppath;
-        goto done;
-      }
-      plen2 = 0;
-    }
-  }
-  sr_progress_set(&pg, c->rows, 0);
-  sr_progress_end(&pg);
-  if (out_write(f, gz, buf, blen, &gzerr)) {
-    rc = SR_EIO;
-    goto done;
-  }
-  sm.bytes += blen;
-  if (fwrite(pbuf, 1, plen2, pf) != plen2) {
-    rc = SR_EIO;
-    what = ppath;
-    goto done;
-  }
-  {
-    int e1 = gz ? gzclose(gz) != Z_OK : fclose(f) != 0, e2 = fclose(pf);
-    f = pf = NULL;
-    gz = NULL;
-    if (e1 || e2) {
-      rc = SR_EIO;
-      what = e1 ? path : ppath;
-      goto done;
-    }
-  }
-  if ((rc = acc_finish(&all, &sm.all)) || (rc = acc_finish(&test, &sm.test))) goto done;
-  sm.seconds = sr_now() - t0;
-  if ((rc = write_summary(g, spath, &sm))) {
-    what = spath;
-    goto done;
-  }
-  if (summary) *summary = sm;
-done:
-  if (rc && pg.on && pg.done) fputc('\n', stderr); /* end the progress line */
-  if (rc && errbuf) {
-    if (rc == SR_EIO && gzerr) sr_fmt(errbuf, errlen, "datagen: %s: gzip write failed", what);
-    else if (rc == SR_EIO) sr_fmt(errbuf, errlen, "datagen: %s: %s", what, strerror(errno));
-    else sr_fmt(errbuf, errlen, "datagen: %s", sr_strerror(rc));
-  }
-  if (f) fclose(f);
-  if (gz) gzclose(gz);
-  if (pf) fclose(pf);
+  for (int k = 0; rc == SR_EIO && k < OUT_N; k++) /* the write that failed names its file */
+    if (o[k] && *sr_out_errmsg(o[k])) sr_fmt(errbuf, errlen, "%s", sr_out_errmsg(o[k]));
+  if (rc && rc != SR_EIO && errbuf && !errbuf[0]) sr_fmt(errbuf, errlen, "%s", sr_strerror(rc));
+  if (!rc) rc = sr_out_commit_all(o, OUT_N, errbuf, errlen); /* all three whole, then renamed */
+  for (int k = 0; k < OUT_N; k++) sr_out_abort(o[k]);
   acc_free(&all);
   acc_free(&test);
-  free(ppath), free(spath), free(buf), free(pbuf), free(row);
+  if (!rc && summary) *summary = sm;
   return rc;
 }

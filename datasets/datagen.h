@@ -151,11 +151,21 @@ void dg_generator_row(const dg_generator *g, uint64_t index, dg_row *row);
  * bytes). Returns the length written (no NUL). */
 size_t dg_row_format(const dg_row *row, char *buf);
 
+/* The names of the files beside the TSV: PATH.probs, PATH.summary.json. */
+#define DG_PROBS_SUFFIX ".probs"
+#define DG_SUMMARY_SUFFIX ".summary.json"
+
 /* Write cfg->rows lines to `path`, the true probabilities to `path`.probs
  * (one %.9g float per line) and a JSON summary to `path`.summary.json.
  * Streams in 1 MiB chunks: memory is bounded by the AUC buffers (8 bytes a row
- * up to auc_exact_max, then a fixed histogram). Fills *summary when not NULL.
- * Returns 0, SR_EIO (message in errbuf) or SR_ENOMEM. */
+ * up to auc_exact_max, then a fixed histogram). The three are written under
+ * temporary names beside their final ones and renamed into place together
+ * once all are whole (common/outfile.h): a failure leaves none of them and
+ * no temporary, and the files that were there as they were; a folder at
+ * any of the three paths is refused before a line is made. Fills *summary
+ * when not NULL. Returns 0, SR_EIO ("PATH: cannot write: <errno's text>" in
+ * errbuf), SR_EEXISTS / SR_EINVAL (a folder or a non-file at a path) or
+ * SR_ENOMEM. */
 int dg_generator_write(dg_generator *g, const char *path, dg_summary *summary, char *errbuf,
                        size_t errlen);
 

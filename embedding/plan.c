@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/fs.h"
+#include "common/outfile.h"
 #include "common/rng.h"
 #include "common/sha256.h"
 #include "common/status.h"
@@ -600,31 +601,12 @@ int emb_plan_save(const emb_plan *plan, const char *path, char *err, size_t errl
     sr_fmt(err, errlen, "%s: out of memory", path);
     return SR_ENOMEM;
   }
-  size_t tl = strlen(path) + 32;
-  char *tmp = malloc(tl);
-  if (!tmp) {
-    free(b.s);
-    sr_fmt(err, errlen, "%s: out of memory", path);
-    return SR_ENOMEM;
+  sr_outfile *o;
+  rc = sr_out_open(path, &o, err, errlen);
+  if (!rc) {
+    sr_out_write(o, b.s, b.len);
+    rc = sr_out_commit(o, err, errlen); /* a write error is kept until here */
   }
-  sr_path(tmp, tl, "%s.tmp.%ld", path, (long)getpid()); /* tl fits it */
-  FILE *f = fopen(tmp, "wb");
-  rc = 0;
-  if (!f) {
-    sr_fmt(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
-    rc = SR_EIO;
-  } else {
-    int bad = fwrite(b.s, 1, b.len, f) != b.len;
-    bad |= fflush(f) != 0;
-    bad |= fsync(fileno(f)) != 0;
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, path) != 0) {
-      sr_fmt(err, errlen, "%s: cannot write: %s", path, strerror(errno));
-      unlink(tmp);
-      rc = SR_EIO;
-    }
-  }
-  free(tmp);
   free(b.s);
   return rc;
 }

@@ -149,9 +149,10 @@ int emb_plan_parse(const char *json, const char *src, emb_plan **out, char *err,
 /* Read and parse the file at path (messages are prefixed with path). */
 int emb_plan_load(const char *path, emb_plan **out, char *err, size_t errlen);
 
-/* Write the plan to path (through a temporary file renamed into place),
- * indented, keys in canonical order. Returns 0, SR_EINVAL if the plan does not
- * validate, or SR_EIO. */
+/* Write the plan to path (through a temporary file renamed into place,
+ * common/outfile.h), indented, keys in canonical order. Returns 0, SR_EINVAL
+ * if the plan does not validate, SR_EEXISTS for a folder at path (left as it
+ * is), or SR_EIO (naming path; whatever was at path left as it was). */
 int emb_plan_save(const emb_plan *plan, const char *path, char *err, size_t errlen);
 
 /* Check every field; src prefixes messages. Returns 0 or SR_EINVAL. Used by

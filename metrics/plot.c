@@ -1,6 +1,6 @@
 /* shardrec plot's engine (metrics/plot.h): the metrics files into gnuplot
  * datablocks, one script on gnuplot's standard input, the PNG written under
- * a temporary name and renamed into place. */
+ * a temporary name (common/outfile.h) and renamed into place once whole. */
 #include "metrics/plot.h"
 
 #include <cjson/cJSON.h>
@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/fs.h"
+#include "common/outfile.h"
 #include "common/status.h"
 
 #define PLOT_PHASES 9
@@ -173,17 +174,34 @@ static int run_gnuplot(const plot_config *c, const char *script, size_t len, con
   return 0;
 }
 
+/* Whether the file at path ends as a whole PNG does, with the IEND chunk
+ * (a picture cut short by a full disk does not). */
+static int png_whole(const char *path) {
+  static const unsigned char iend[12] = {0, 0, 0, 0, 'I', 'E', 'N', 'D', 0xae, 0x42, 0x60, 0x82};
+  unsigned char tail[12];
+  FILE *f = fopen(path, "rb");
+  int ok = f && fseek(f, -12, SEEK_END) == 0 && fread(tail, 1, 12, f) == 12 &&
+           !memcmp(tail, iend, 12);
+  if (f) fclose(f);
+  return ok;
+}
+
 int plot_write(const plot_config *c, char *err, size_t errlen) {
-  char tmp[SR_PATH_MAX], log[SR_PATH_MAX];
-  if (sr_path_err(tmp, sizeof tmp, err, errlen, "%s.tmp-%ld", c->out, (long)getpid()) ||
-      sr_path_err(log, sizeof log, err, errlen, "%s.log", tmp))
-    return SR_ERANGE;
-  if (strchr(tmp, '\'')) return sr_fmt(err, errlen, "%s: a name with ' is not supported (it is quoted for the shell and gnuplot)", c->out), SR_EINVAL;
+  if (strchr(c->out, '\'')) return sr_fmt(err, errlen, "%s: a name with ' is not supported (it is quoted for the shell and gnuplot)", c->out), SR_EINVAL;
+  sr_outfile *o;
+  char log[SR_PATH_MAX];
+  int rc = sr_out_open(c->out, &o, err, errlen); /* gnuplot writes its temporary */
+  if (rc) return rc;
+  const char *tmp = sr_out_tmp(o);
+  if ((rc = sr_path_err(log, sizeof log, err, errlen, "%s.log", tmp))) {
+    sr_out_abort(o);
+    return rc;
+  }
   run_info *r = calloc((size_t)c->n_files, sizeof *r);
   char *script = NULL;
   size_t len = 0;
   FILE *s = open_memstream(&script, &len);
-  int rc = r && s ? 0 : SR_ENOMEM;
+  rc = r && s ? 0 : SR_ENOMEM;
   if (!rc) {
     fprintf(s, "set terminal pngcairo size %d,%d noenhanced font 'sans,%d'\nset output '%s'\n",
             c->width, c->height, c->width >= 1000 ? 10 : 8, tmp);
@@ -194,9 +212,10 @@ int plot_write(const plot_config *c, char *err, size_t errlen) {
   if (s) fclose(s);
   if (!rc) rc = run_gnuplot(c, script, len, log, err, errlen);
   unlink(log);
-  if (!rc && !sr_is_file(tmp)) rc = SR_EBACKEND, sr_fmt(err, errlen, "gnuplot wrote no %s", tmp);
-  if (!rc && rename(tmp, c->out)) rc = SR_EIO, sr_fmt(err, errlen, "%s: cannot write", c->out);
-  if (rc) unlink(tmp);
+  if (!rc && !png_whole(tmp))
+    rc = SR_EIO, sr_fmt(err, errlen, "%s: gnuplot wrote no whole picture (a full disk?)", c->out);
+  if (!rc) rc = sr_out_commit(o, err, errlen);
+  else sr_out_abort(o);
   free(script);
   free(r);
   return rc;

@@ -13,7 +13,7 @@
 typedef struct plot_config {
   const char *const *files; /* [n_files] metrics files (borrowed) */
   int n_files;
-  const char *out;          /* the PNG to write (through OUT.tmp-PID, renamed) */
+  const char *out;          /* the PNG to write (through a temporary, renamed) */
   int width, height;        /* pixels */
   const char *gnuplot;      /* the program (NULL: "gnuplot" from PATH) */
 } plot_config;
@@ -21,7 +21,8 @@ typedef struct plot_config {
 /* Draws c's picture. 0, or SR_EIO / SR_EFORMAT / SR_ENOMEM / SR_EINVAL (a ' in
  * c->out) / SR_ERANGE (c->out too long) / SR_EBACKEND
  * (gnuplot missing or failing) with the reason in err naming the file (and
- * line) at fault; nothing is left at c->out on failure. */
+ * line) at fault; SR_EEXISTS for a folder at c->out (left as it is); on
+ * failure c->out is left as it was and no temporary remains. */
 int plot_write(const plot_config *c, char *err, size_t errlen);
 
 #endif

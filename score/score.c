@@ -9,6 +9,7 @@
 #include <zlib.h>
 
 #include "common/fs.h"
+#include "common/outfile.h"
 #include "common/progress.h"
 #include "common/status.h"
 #include "common/sys.h"
@@ -37,8 +38,7 @@ typedef struct run {
   float *pred, *labels; /* [n_all] */
   uint64_t *bad;       /* [n_bad] split-relative malformed raw lines, ascending */
   size_t n_bad;
-  FILE *out;
-  char tmp_out[SR_PATH_MAX]; /* the predictions' temporary name while it exists */
+  sr_outfile *out;     /* the predictions under their temporary name (owned), or NULL */
   double t0;
 } run;
 
@@ -329,16 +329,19 @@ static int score_all(run *r, size_t *n) {
     }
     memcpy(r->labels + *n, r->b.labels, (size_t)got * sizeof *r->labels);
     for (int i = 0; r->out && i < got; i++, line++) {
-      for (; bi < r->n_bad && r->bad[bi] == line; bi++, line++) fputs("nan\n", r->out);
-      fprintf(r->out, "%.9g\n", r->pred[*n + (size_t)i]);
+      for (; bi < r->n_bad && r->bad[bi] == line; bi++, line++) sr_out_write(r->out, "nan\n", 4);
+      if (sr_out_printf(r->out, "%.9g\n", r->pred[*n + (size_t)i])) {
+        snprintf(r->err, r->errlen, "--out %s", sr_out_errmsg(r->out));
+        return SR_EIO;
+      }
     }
     *n += (size_t)got;
   }
   sr_progress_set(&pg, *n, 0);
   sr_progress_end(&pg);
-  for (; bi < r->n_bad; bi++, line++) {
+  for (; r->out && bi < r->n_bad; bi++, line++) {
     if (r->bad[bi] != line) break;
-    fputs("nan\n", r->out);
+    sr_out_write(r->out, "nan\n", 4); /* an error is kept for the commit */
   }
   if (bi != r->n_bad) {
     /* The reader and the scan disagree on which lines are malformed. */
@@ -354,30 +357,18 @@ static int score_all(run *r, size_t *n) {
 static int write_predictions(run *r, size_t *n) {
   const predict_opts *o = r->o;
   if (!o->out) return score_all(r, n);
-  char why[256];
-  int rc = sr_path_err(r->tmp_out, sizeof r->tmp_out, why, sizeof why, "%s.tmp-%ld", o->out,
-                       (long)getpid());
+  char why[1024];
+  int rc = sr_out_open(o->out, &r->out, why, sizeof why);
   if (rc) {
     snprintf(r->err, r->errlen, "--out %s", why); /* nothing opened, nothing to remove */
     return rc;
   }
-  if (!(r->out = fopen(r->tmp_out, "w"))) {
-    snprintf(r->err, r->errlen, "--out %s: cannot open for writing: %s", r->tmp_out,
-             strerror(errno));
-    r->tmp_out[0] = 0;
-    return SR_EIO;
-  }
   rc = score_all(r, n);
-  if (rc) return rc;
-  int werr = fflush(r->out) != 0 || ferror(r->out);
-  werr |= fclose(r->out) != 0;
+  if (rc) return rc; /* run_free removes the temporary */
+  sr_outfile *out = r->out;
   r->out = NULL;
-  if (werr || rename(r->tmp_out, o->out) != 0) {
-    snprintf(r->err, r->errlen, "--out %s: cannot write: %s", o->out, strerror(errno));
-    return SR_EIO;
-  }
-  r->tmp_out[0] = 0;
-  return 0;
+  if ((rc = sr_out_commit(out, why, sizeof why))) snprintf(r->err, r->errlen, "--out %s", why);
+  return rc;
 }
 
 /* Labelled input: the metrics of the n predictions, printed and written to
@@ -399,24 +390,21 @@ static int write_metrics(run *r, size_t n) {
     fprintf(o->log, "metrics auc %.6f  logloss %.6f  accuracy %.4f  mean pred %.4f  ctr %.4f  "
             "(%zu samples)\n", m.auc, m.log_loss, m.accuracy, m.mean_pred, m.ctr, n);
   if (!o->metrics_out) return 0;
-  FILE *mf = fopen(o->metrics_out, "w");
-  if (!mf) {
-    snprintf(r->err, r->errlen, "--metrics-out %s: cannot open for writing", o->metrics_out);
-    return SR_EIO;
+  sr_outfile *mf;
+  char why[1024];
+  int rc = sr_out_open(o->metrics_out, &mf, why, sizeof why);
+  if (!rc) {
+    sr_out_printf(mf, "{\"kind\":\"predict\",\"n\":%zu,\"auc\":%.17g,\"logloss\":%.17g,"
+                  "\"accuracy\":%.17g,\"mean_pred\":%.17g,\"ctr\":%.17g}\n",
+                  n, m.auc, m.log_loss, m.accuracy, m.mean_pred, m.ctr);
+    rc = sr_out_commit(mf, why, sizeof why); /* a write error is kept until here */
   }
-  fprintf(mf, "{\"kind\":\"predict\",\"n\":%zu,\"auc\":%.17g,\"logloss\":%.17g,"
-          "\"accuracy\":%.17g,\"mean_pred\":%.17g,\"ctr\":%.17g}\n",
-          n, m.auc, m.log_loss, m.accuracy, m.mean_pred, m.ctr);
-  if (fclose(mf) != 0) {
-    snprintf(r->err, r->errlen, "--metrics-out %s: cannot write", o->metrics_out);
-    return SR_EIO;
-  }
-  return 0;
+  if (rc) snprintf(r->err, r->errlen, "--metrics-out %s", why);
+  return rc;
 }
 
 static void run_free(run *r) {
-  if (r->out) fclose(r->out);
-  if (r->tmp_out[0]) unlink(r->tmp_out);
+  sr_out_abort(r->out);
   free(r->pred);
   free(r->labels);
   free(r->bad);

@@ -54,7 +54,8 @@ typedef struct predict_opts {
   int batch;                 /* samples per forward pass (0: the checkpoint's batch) */
   const char *out;           /* the predictions, written whole under a temporary name
                                 and then renamed; NULL: scored, not written (eval) */
-  const char *metrics_out;   /* labelled input: the metrics as one JSON object (NULL: not) */
+  const char *metrics_out;   /* labelled input: the metrics as one JSON object, written
+                                whole as out is (NULL: not) */
   FILE *log;                 /* the status lines (checkpoint, predict, data, metrics);
                                 NULL: none */
   FILE *report;              /* the reader's malformed-line reports and warnings; NULL:
@@ -79,10 +80,12 @@ int predict_split_parse(const char *name, ds_split *sp);
 
 /* Score o->data_path with the checkpoint o->checkpoint and write o->out (and
  * o->metrics_out; either may be NULL). Fills *res (may be NULL). 0, or SR_E* with the reason in
- * err (naming the flag, file or server at fault). A failure before the
- * predictions are complete leaves no o->out (the temporary file is
- * removed); every store, server connection and temporary folder is released
- * either way. */
+ * err (naming the flag, file or server at fault). Both files are written
+ * whole under temporary names and renamed into place (common/outfile.h; a
+ * write error, a full disk included, is SR_EIO naming the file). A failure
+ * before the predictions are complete leaves o->out as it was (the
+ * temporary file is removed); every store, server connection and temporary
+ * folder is released either way. */
 int predict_run(const predict_opts *o, predict_result *res, char *err, size_t errlen);
 
 #endif

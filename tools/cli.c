@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/num.h"
+#include "common/outfile.h"
 #include "common/status.h"
 #include "embedding/plan.h"
 #include "embedding/shard.h"
@@ -320,4 +321,11 @@ struct dense_pool *cli_dense_begin(const char *cmd, int threads, const dense_bac
 void cli_dense_end(struct dense_pool *p) {
   dense_pool_set_default(NULL);
   dense_pool_destroy(p);
+}
+
+int cli_out_file(const char *cmd, const char *flag, const char *path) {
+  char err[1024];
+  if (!path || !sr_out_check(path, err, sizeof err)) return 0;
+  fprintf(stderr, "shardrec %s: %s: %s\n", cmd, flag, err);
+  return 2;
 }

@@ -86,4 +86,10 @@ int cli_dense_threads(const char *cmd, const char *s, int *out);
 struct dense_pool *cli_dense_begin(const char *cmd, int threads, const dense_backend *isa);
 void cli_dense_end(struct dense_pool *p);
 
+/* A single-file output named by flag (or an operand: "OUT") of cmd, before
+ * any work: path (NULL: not given, fine) must not be a folder or another
+ * non-file (common/outfile.h, sr_out_check). 0, or 2 (the exit status) with
+ * "shardrec CMD: FLAG: PATH: is a folder; ..." printed; nothing touched. */
+int cli_out_file(const char *cmd, const char *flag, const char *path);
+
 #endif

@@ -2,7 +2,8 @@
  * Two passes over the input: the first counts lines, checks every line and
  * builds the dictionaries; the second maps and writes. Memory is bounded by
  * the dictionaries and a batch; the output is written through a mapping of
- * the pre-sized file, then checksummed and renamed into place. */
+ * the file, its space reserved first (a full disk is an error naming it,
+ * before any record is written), then checksummed and renamed into place. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -128,6 +129,7 @@ int cmd_convert(int argc, char **argv) {
   o.format = DS_FORMAT_TSV;
   o.progress = cli_isatty_err() ? "convert" : NULL; /* the passes' progress line */
   const char *out = argv[optind + 1];
+  if (cli_out_file("convert", "OUT", out)) return 2;
 
   double t0 = sr_now();
   char err[1024];

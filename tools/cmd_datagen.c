@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/fs.h"
 #include "common/status.h"
 #include "datasets/datagen.h"
 #include "tools/cli.h"
@@ -129,6 +130,16 @@ int cmd_datagen(int argc, char **argv) {
             !have_rows ? "--rows" : "--out");
     return 2;
   }
+  /* The TSV and the two files beside it replace files, never a folder. */
+  char side[2][SR_PATH_MAX];
+  if (sr_path_err(side[0], sizeof side[0], err, sizeof err, "%s%s", out, DG_PROBS_SUFFIX) ||
+      sr_path_err(side[1], sizeof side[1], err, sizeof err, "%s%s", out, DG_SUMMARY_SUFFIX)) {
+    fprintf(stderr, "shardrec datagen: --out: %s\n", err);
+    return 2;
+  }
+  if (cli_out_file(cmd, "--out", out) || cli_out_file(cmd, "--out", side[0]) ||
+      cli_out_file(cmd, "--out", side[1]))
+    return 2;
 
   dg_generator *g = NULL;
   int rc = dg_generator_create(&cfg, &g, err, sizeof err);

@@ -108,6 +108,7 @@ static int parse_flags(int argc, char **argv, predict_opts *o) {
     fprintf(stderr, "shardrec eval: --data-set: '%s' is not kaggle or terabyte\n", dataset);
     return 2;
   }
+  if (cli_out_file(CMD, "--out", o->out)) return 2;
   o->terabyte = !strcmp(dataset, "terabyte") && !o->have_test_fraction;
   o->frequency_threshold = (uint32_t)freq;
   o->batch = (int)batch;

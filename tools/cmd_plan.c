@@ -223,6 +223,7 @@ static int check_flags(const plan_flags *f) {
     fprintf(stderr, "shardrec %s: --out is required (see shardrec plan --help)\n", CMD);
     return 2;
   }
+  if (cli_out_file(CMD, "--out", f->out)) return 2;
   if (!f->sizes == !f->so.path) {
     fprintf(stderr, "shardrec %s: give the table sizes (--table-sizes or --arch-embedding-size) "
                     "or a data file to take them from, not both\n", CMD);

@@ -68,6 +68,7 @@ int cmd_plot(int argc, char **argv) {
     fprintf(stderr, "shardrec plot: give one or more METRICS.jsonl and --out FILE.png\n");
     return 2;
   }
+  if (cli_out_file(CMD, "--out", c.out)) return 2;
   c.files = (const char *const *)argv + optind;
   c.n_files = argc - optind;
   char err[1024];

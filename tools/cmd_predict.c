@@ -196,6 +196,8 @@ static int check_flags(flags *f) {
     fprintf(stderr, "shardrec predict: --metrics-out needs labels (drop --no-label)\n");
     return 2;
   }
+  if (cli_out_file(CMD, "--out", o->out) || cli_out_file(CMD, "--metrics-out", o->metrics_out))
+    return 2;
   if (!o->shard_servers && (o->tls_ca || o->tls_cert || o->tls_key)) {
     fprintf(stderr, "shardrec predict: --tls-* apply to --shard-servers\n");
     return 2;

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/outfile.h"
 #include "common/status.h"
 #include "dense/collective.h"
 #include "dense/cuda_device.h"
@@ -351,6 +352,14 @@ static int finish_flags(const train_ranks *r, train_config *c, raw_flags *rf) {
     errf(r, "%s\n", err);
     return 2;
   }
+  const char *const outs[][2] = {{"--metrics-out", c->metrics_out},
+                                 {"--plan-out", c->plan_out},
+                                 {"--test-pred-out", c->test_pred_out}};
+  for (int k = 0; k < 3; k++) /* single files: a folder there is refused and kept */
+    if (outs[k][1] && sr_out_check(outs[k][1], err, sizeof err)) {
+      errf(r, "%s: %s\n", outs[k][0], err);
+      return 2;
+    }
   const dense_backend *be;
   int gpu = 0;
   if (!strncmp(rf->device, "cuda", 4) && !strcmp(c->op, "dcn")) {

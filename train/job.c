@@ -15,6 +15,7 @@
 
 #include "common/rng.h"
 #include "common/fs.h"
+#include "common/outfile.h"
 #include "common/status.h"
 #include "common/sys.h"
 #include "dense/backend.h"
@@ -777,7 +778,10 @@ typedef enum {
   STEP_FAILED,    /* the job stops (message printed) */
 } step_outcome;
 
-static void progress(train_job *j, float loss, float lr) {
+/* The progress line on stdout (or the terminal's live line) and in
+ * --metrics-out (each line's write checked: the file is read while it
+ * grows). 0 or -1 (message printed). */
+static int progress(train_job *j, float loss, float lr) {
   const train_config *c = j->cfg;
   job_cursor *cur = &j->cur;
   double tnow = sr_now();
@@ -793,20 +797,25 @@ static void progress(train_job *j, float loss, float lr) {
     printf("train  step %lld/%llu epoch %d %.1f%%: loss %.6f  %.0f samples/s  ETA %.0fs\n",
            (long long)cur->step, (unsigned long long)j->total_steps, cur->epoch, 100 * frac,
            mean, rate, eta);
-  char phases[512];
+  char phases[512], line[1024], err[1024];
   job__phase_json(j, phases, sizeof phases);
-  if (j->metrics)
-    fprintf(j->metrics,
-            "{\"kind\":\"train\",\"step\":%lld,\"epoch\":%d,\"loss\":%.9g,\"last_loss\":%.9g,"
-            "\"lr\":%.9g,\"samples_per_s\":%.1f%s}\n",
-            (long long)cur->step, cur->epoch, mean, loss, lr, rate, phases);
-  if (j->metrics) fflush(j->metrics); /* a reader (a test, a dashboard) sees each line at once */
+  /* Flushed per line: a reader (a test, a dashboard) sees each line at once. */
+  int len = snprintf(line, sizeof line,
+                     "{\"kind\":\"train\",\"step\":%lld,\"epoch\":%d,\"loss\":%.9g,"
+                     "\"last_loss\":%.9g,\"lr\":%.9g,\"samples_per_s\":%.1f%s}\n",
+                     (long long)cur->step, cur->epoch, mean, loss, lr, rate, phases);
+  if (j->metrics &&
+      sr_out_line(j->metrics, j->cfg->metrics_out, line, (size_t)len, err, sizeof err)) {
+    job__errf(j, "--metrics-out %s\n", err);
+    return -1;
+  }
   job__metrics_progress(j, mean, rate);
   fflush(stdout);
   cur->loss_sum = 0;
   cur->loss_n = 0;
   cur->samples_since = 0;
   cur->t_last = sr_now();
+  return 0;
 }
 
 /* Fill the look-ahead before this step runs: read the batches of the
@@ -906,7 +915,8 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
   cur->samples_since += got;
   j->samples_done += got;
   job__metrics_step(j, got);
-  if (cur->step % c->print_freq == 0 || cur->step == j->total_steps) progress(j, loss, lr);
+  if ((cur->step % c->print_freq == 0 || cur->step == j->total_steps) && progress(j, loss, lr))
+    return STEP_FAILED;
   return periodic_test(j, why, whylen);
 }
 

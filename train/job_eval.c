@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/fs.h"
+#include "common/outfile.h"
 #include "common/status.h"
 #include "common/sys.h"
 #include "train/job_impl.h"
@@ -162,35 +163,23 @@ static int evaluate(train_job *j, dense_metrics *m, char *why, size_t whylen) {
 }
 
 /* --test-pred-out: the n test predictions, "%.9g" each (round-trips a
- * float), written to a temporary name and renamed, so a reader never sees a
- * half-written file. 0 or -1 (message printed). */
+ * float), written under a temporary name and renamed (common/outfile.h), so
+ * a reader never sees a half-written file. 0 or -1 (message printed). */
 static int write_preds(const train_job *j, const char *path, size_t n) {
   if (!path) return 0;
-  size_t len = strlen(path) + 5;
-  char *tmp = malloc(len);
-  if (!tmp) {
-    job__errf(j, "--test-pred-out %s: out of memory\n", path);
-    return -1;
-  }
-  sr_path(tmp, len, "%s.tmp", path); /* len fits it */
-  FILE *f = fopen(tmp, "w");
-  if (!f) {
-    job__errf(j, "--test-pred-out %s: cannot open for writing\n", tmp);
-    free(tmp);
-    return -1;
-  }
-  for (size_t i = 0; i < n; i++) fprintf(f, "%.9g\n", (double)j->pred[i]);
-  int rc = 0;
-  if (fclose(f) != 0 || rename(tmp, path) != 0) {
-    job__errf(j, "--test-pred-out %s: cannot write\n", path);
-    remove(tmp);
-    rc = -1;
-  }
-  free(tmp);
-  return rc;
+  sr_outfile *o;
+  char err[1024];
+  int rc = sr_out_open(path, &o, err, sizeof err);
+  for (size_t i = 0; !rc && i < n; i++) rc = sr_out_printf(o, "%.9g\n", (double)j->pred[i]);
+  if (rc && o) sr_fmt(err, sizeof err, "%s", sr_out_errmsg(o)), sr_out_abort(o);
+  else if (!rc) rc = sr_out_commit(o, err, sizeof err);
+  if (rc) job__errf(j, "--test-pred-out %s\n", err);
+  return rc ? -1 : 0;
 }
 
-static void report_test(const train_job *j, const dense_metrics *m) {
+/* The test line on stdout and in --metrics-out (each line's write checked:
+ * the file is read while it grows). 0 or -1 (message printed). */
+static int report_test(const train_job *j, const dense_metrics *m) {
   const train_config *c = j->cfg;
   long long step = (long long)j->cur.step;
   int epoch = j->cur.epoch;
@@ -203,17 +192,22 @@ static void report_test(const train_job *j, const dense_metrics *m) {
            m->log_loss - c->oracle_logloss);
   fflush(stdout);
   job__metrics_test(j, m->auc, m->log_loss);
-  if (j->metrics) {
-    fprintf(j->metrics,
-            "{\"kind\":\"test\",\"step\":%lld,\"epoch\":%d,\"auc\":%.17g,\"logloss\":%.17g,"
-            "\"accuracy\":%.17g,\"mean_pred\":%.17g,\"ctr\":%.17g,\"n\":%zu",
-            step, epoch, m->auc, m->log_loss, m->accuracy, m->mean_pred, m->ctr, m->n);
-    if (c->have_oracle)
-      fprintf(j->metrics, ",\"oracle_auc\":%.17g,\"oracle_logloss\":%.17g", c->oracle_auc,
-              c->oracle_logloss);
-    fprintf(j->metrics, "}\n");
-    fflush(j->metrics);
+  if (!j->metrics) return 0;
+  char line[1024], oracle[128] = "", err[1024];
+  if (c->have_oracle)
+    snprintf(oracle, sizeof oracle, ",\"oracle_auc\":%.17g,\"oracle_logloss\":%.17g",
+             c->oracle_auc, c->oracle_logloss);
+  int len = snprintf(line, sizeof line,
+                     "{\"kind\":\"test\",\"step\":%lld,\"epoch\":%d,\"auc\":%.17g,"
+                     "\"logloss\":%.17g,\"accuracy\":%.17g,\"mean_pred\":%.17g,\"ctr\":%.17g,"
+                     "\"n\":%zu%s}\n",
+                     step, epoch, m->auc, m->log_loss, m->accuracy, m->mean_pred, m->ctr, m->n,
+                     oracle);
+  if (sr_out_line(j->metrics, c->metrics_out, line, (size_t)len, err, sizeof err)) {
+    job__errf(j, "--metrics-out %s\n", err);
+    return -1;
   }
+  return 0;
 }
 
 int job__test_pass(train_job *j, char *why, size_t whylen) {
@@ -222,8 +216,7 @@ int job__test_pass(train_job *j, char *why, size_t whylen) {
   int rc = evaluate(j, &m, why, whylen);
   if (rc) return rc;
   if (j->rank == 0) { /* m is rank 0's alone */
-    if (write_preds(j, j->cfg->test_pred_out, m.n)) return -1;
-    report_test(j, &m);
+    if (write_preds(j, j->cfg->test_pred_out, m.n) || report_test(j, &m)) return -1;
   }
   j->t_eval += sr_now() - e0;
   return 0;

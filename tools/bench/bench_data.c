@@ -56,8 +56,9 @@ static int write_tsv(const char *path, uint64_t rows, uint64_t seed) {
     fwrite(buf, 1, n, f);
   }
   int bad = ferror(f);
-  fclose(f);
+  bad |= fclose(f) != 0; /* the last buffer's write: a full disk shows here */
   dg_generator_destroy(g);
+  if (bad) fprintf(stderr, "shardrec bench data: %s: cannot write: %s\n", path, strerror(errno));
   return bad ? -1 : 0;
 }
 
