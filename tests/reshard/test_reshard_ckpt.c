@@ -314,15 +314,27 @@ START_TEST(test_refusals) {
   /* ... and as a folder of checkpoints: none complete. */
   st = run("torn", "o", "p3.json", 0, NULL, NULL, SR_ENOTFOUND, err, sizeof err);
   ck_assert_msg(strstr(err, "no complete checkpoint") != NULL, "%s", err);
-  /* OUT exists: refused without force; with force replaced. */
+  /* OUT holds a file no checkpoint holds: refused, force or not, naming
+   * it; the file stays. */
   snprintf(cmd, sizeof cmd, "mkdir -p %s/o && touch %s/o/marker", dir, dir);
+  ck_assert_int_eq(system(cmd), 0);
+  for (int force = 0; force < 2; force++) {
+    st = run("rocks", "o", "p3.json", force, NULL, NULL, SR_EINVAL, err, sizeof err);
+    ck_assert_int_eq(st.failed, RESHARD_IN_TO);
+    ck_assert_msg(strstr(err, "/o: holds marker, which is not part of a checkpoint folder"), "%s",
+                  err);
+    ck_assert(path_exists("o/marker") && !path_exists("o/step-7"));
+  }
+  /* OUT a folder of checkpoints (a plan.json): refused without force; with
+   * force replaced. */
+  snprintf(cmd, sizeof cmd, "mv %s/o/marker %s/o/plan.json", dir, dir);
   ck_assert_int_eq(system(cmd), 0);
   st = run("rocks", "o", "p3.json", 0, NULL, NULL, SR_EEXISTS, err, sizeof err);
   ck_assert_int_eq(st.failed, RESHARD_IN_TO);
-  ck_assert(path_exists("o/marker"));
+  ck_assert(path_exists("o/plan.json"));
   st = run("rocks", "o", "p3.json", 1, NULL, NULL, 0, err, sizeof err);
   reshard_stats_free(&st.run);
-  ck_assert(!path_exists("o/marker") && path_exists("o/step-7/DONE"));
+  ck_assert(!path_exists("o/plan.json") && path_exists("o/step-7/DONE"));
   /* force, but OUT holds the source. */
   st = run("o/step-7", "o", "p3.json", 1, NULL, NULL, SR_EINVAL, err, sizeof err);
   ck_assert_int_eq(st.failed, RESHARD_IN_TO);
