@@ -46,6 +46,16 @@ static int find_layout(const char *step_dir, const emb_plan *plan, ckpt_shards_l
 static int check_inputs(const reshard_ckpt_opts *o, emb_ckpt *ck, emb_plan **plan,
                         reshard_ckpt_stats *st, char *err, size_t errlen) {
   int rc;
+  memset(ck, 0, sizeof *ck); /* closed by the caller whatever happens */
+  /* OUT first, before the source is read and verified: only a checkpoint
+   * root is replaced, force or not (SR_EINVAL: force would not help). */
+  st->failed = RESHARD_IN_TO;
+  if ((rc = ckpt_dir_check_root(st->out_dir, err, errlen)))
+    return rc == SR_EEXISTS ? SR_EINVAL : rc;
+  if (exists(st->out_dir) && !o->force) {
+    sr_fmt(err, errlen, "%s: already exists", st->out_dir);
+    return SR_EEXISTS;
+  }
   st->failed = RESHARD_IN_FROM;
   if ((rc = emb_ckpt_open(o->from, ck, err, errlen)) ||
       (rc = sr_path_err(st->src_dir, sizeof st->src_dir, err, errlen, "%s", ck->dir)))
@@ -69,14 +79,6 @@ static int check_inputs(const reshard_ckpt_opts *o, emb_ckpt *ck, emb_plan **pla
   st->failed = RESHARD_IN_FROM;
   if ((rc = find_layout(ck->dir, ck->plan, &st->layout, err, errlen))) return rc;
   st->failed = RESHARD_IN_TO;
-  /* Only a checkpoint root is replaced, force or not (SR_EINVAL: force
-   * would not help). */
-  if ((rc = ckpt_dir_check_root(st->out_dir, err, errlen)))
-    return rc == SR_EEXISTS ? SR_EINVAL : rc;
-  if (exists(st->out_dir) && !o->force) {
-    sr_fmt(err, errlen, "%s: already exists", st->out_dir);
-    return SR_EEXISTS;
-  }
   if (exists(st->out_dir)) { /* force: the source must not live under what is replaced */
     char ro[PATH_MAX], rs[PATH_MAX];
     if (realpath(st->out_dir, ro) && realpath(ck->dir, rs)) {

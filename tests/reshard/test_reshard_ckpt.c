@@ -405,12 +405,15 @@ START_TEST(test_path_too_long) {
   /* The source named by a path too long. */
   char from_long[SR_PATH_MAX + 100];
   snprintf(from_long, sizeof from_long, "%s/%0*d/../../rocks", parent, 120, 0);
+  char never[600];
+  snprintf(never, sizeof never, "%s/never", dir);
   ro.from = from_long;
-  ro.to = from; /* never reached */
+  ro.to = never;
   rc = reshard_checkpoint(&ro, &st, err, sizeof err);
   ck_assert_msg(rc == SR_ERANGE, "rc %d (%s): %s", rc, sr_errname(rc), err);
   ck_assert_int_eq(st.failed, RESHARD_IN_FROM);
   ck_assert_msg(strstr(err, "path too long") != NULL, "%s", err);
+  ck_assert(!path_exists("never"));
   /* A long OUT with room enough: resharded (the table files' layout: RocksDB
    * names its info log in the work folder after the database's path, cut
    * to one name of 259 characters, which fails past 251). */
