@@ -11,7 +11,10 @@
  *     every file's size and SHA-256): nothing removed, nothing written, no
  *     temporary left;
  *   - an accepted one leaves its output, whole, where the old thing stood,
- *     and no temporary beside it. */
+ *     and no temporary beside it.
+ * And reshard --to without --force refuses its previous output; a
+ * --save-model folder that takes a foreign file while the job trains is
+ * refused when the model would replace it. */
 #include <check.h>
 #include <sys/stat.h>
 
@@ -245,6 +248,41 @@ START_TEST(test_reshard_no_force) {
 }
 END_TEST
 
+/* train --save-model over a previous output that takes a foreign file
+ * while the job trains (the trainer held stopped meanwhile): refused when
+ * the model would replace it, naming the file; the folder as it was, and
+ * the model's temporary removed. */
+START_TEST(test_save_model_changed_meanwhile) {
+  char w[4096], log[4200];
+  snprintf(w, sizeof w, "%s/wlate", data);
+  snprintf(log, sizeof log, "%s/late.out", data);
+  ck_assert_int_eq(mkdir(w, 0777), 0);
+  plant(&outputs[0], w, K_PREVIOUS);
+  pid_t pid = spawn_sh("cd %s && exec %s train --processed-data-file %s/d.bin --plan %s/p1.json "
+                       "--mini-batch-size 16 --nepochs 50 --num-batches 1500 --print-freq 1 "
+                       "--save-model tgt-model > %s 2>&1",
+                       w, bin_path(), data, data, log);
+  wait_text(log, "train  step 1/", 1, pid, 120);
+  ck_assert_int_eq(kill(pid, SIGSTOP), 0);
+  ck_assert_int_eq(run_cmd(NULL, "printf 'notes\\n' > %s/tgt-model/notes.txt", w), 0);
+  char *before = snapshot(w);
+  ck_assert_int_eq(kill(pid, SIGCONT), 0);
+  int st = wait_exit(pid, 300);
+  char *out = slurp(log);
+  const char *end = out + (strlen(out) > 1500 ? strlen(out) - 1500 : 0); /* for a message */
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1 &&
+                    strstr(out, "--save-model: tgt-model: holds notes.txt, which is not part"),
+                "status %d: ...%s", st, end);
+  ck_assert_msg(strstr(out, "train  step 1500/"), "...%s", end); /* refused at the end */
+  char *after = snapshot(w);
+  ck_assert_str_eq(before, after);
+  free(after);
+  free(out);
+  free(before);
+  run_cmd(NULL, "rm -rf %s", w);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("outputs");
   TCase *tc = tcase_create("outputs");
@@ -252,6 +290,7 @@ int main(void) {
   tcase_add_unchecked_fixture(tc, setup_data, teardown_data);
   tcase_add_loop_test(tc, test_output_rule, 0, n_cases());
   tcase_add_test(tc, test_reshard_no_force);
+  tcase_add_test(tc, test_save_model_changed_meanwhile);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
