@@ -46,6 +46,16 @@ static int find_layout(const char *step_dir, const emb_plan *plan, ckpt_shards_l
 static int check_inputs(const reshard_ckpt_opts *o, emb_ckpt *ck, emb_plan **plan,
                         reshard_ckpt_stats *st, char *err, size_t errlen) {
   int rc;
+  memset(ck, 0, sizeof *ck); /* closed by the caller whatever happens */
+  /* OUT first, before the source is read and verified: only a checkpoint
+   * root is replaced, force or not (SR_EINVAL: force would not help). */
+  st->failed = RESHARD_IN_TO;
+  if ((rc = ckpt_dir_check_root(st->out_dir, err, errlen)))
+    return rc == SR_EEXISTS ? SR_EINVAL : rc;
+  if (exists(st->out_dir) && !o->force) {
+    sr_fmt(err, errlen, "%s: already exists", st->out_dir);
+    return SR_EEXISTS;
+  }
   st->failed = RESHARD_IN_FROM;
   if ((rc = emb_ckpt_open(o->from, ck, err, errlen)) ||
       (rc = sr_path_err(st->src_dir, sizeof st->src_dir, err, errlen, "%s", ck->dir)))
@@ -69,10 +79,6 @@ static int check_inputs(const reshard_ckpt_opts *o, emb_ckpt *ck, emb_plan **pla
   st->failed = RESHARD_IN_FROM;
   if ((rc = find_layout(ck->dir, ck->plan, &st->layout, err, errlen))) return rc;
   st->failed = RESHARD_IN_TO;
-  if (exists(st->out_dir) && !o->force) {
-    sr_fmt(err, errlen, "%s: already exists", st->out_dir);
-    return SR_EEXISTS;
-  }
   if (exists(st->out_dir)) { /* force: the source must not live under what is replaced */
     char ro[PATH_MAX], rs[PATH_MAX];
     if (realpath(st->out_dir, ro) && realpath(ck->dir, rs)) {
@@ -145,19 +151,7 @@ static int write_out(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_p
   sr_rmtree(work);
   if ((rc = emb_ckpt_write_as(ck->manifest, ck->plan, plan, t.tmp, t.final, err, errlen)))
     return rc;
-  return ckpt_dir_replace(tmp, st->out_dir, err, errlen);
-}
-
-/* Remove the OUT.TAG folders beside out whose owner is gone (a reshard
- * killed before us), saying so on stderr. */
-static void sweep_beside(const char *out) {
-  char parent[SR_PATH_MAX], prefix[SR_PATH_MAX];
-  const char *slash = strrchr(out, '/');
-  if (sr_path(parent, sizeof parent, "%.*s", slash ? (int)(slash - out) : 1, slash ? out : ".") ||
-      sr_path(prefix, sizeof prefix, "%s.", slash ? slash + 1 : out))
-    return;
-  if (!parent[0]) sr_path(parent, sizeof parent, "/");
-  sr_tmp_sweep(parent, prefix, stderr);
+  return ckpt_dir_replace(tmp, st->out_dir, NULL, err, errlen);
 }
 
 int reshard_checkpoint(const reshard_ckpt_opts *o, reshard_ckpt_stats *st, char *err,
@@ -181,11 +175,8 @@ int reshard_checkpoint(const reshard_ckpt_opts *o, reshard_ckpt_stats *st, char 
   char tmp[SR_PATH_MAX];
   int rc = check_inputs(o, &ck, &plan, st, err, errlen);
   if (rc) goto out;
-  char tag[SR_TMP_TAG_MAX];
-  if ((rc = sr_tmp_tag(tag, sizeof tag)) ||
-      (rc = sr_path_err(tmp, sizeof tmp, err, errlen, "%s.%s", st->out_dir, tag)))
-    goto out;
-  sweep_beside(st->out_dir);
+  if ((rc = ckpt_dir_tmp_beside(st->out_dir, tmp, sizeof tmp, err, errlen))) goto out;
+  ckpt_dir_sweep_beside(st->out_dir);
   if (mkdir(tmp, 0777) != 0) {
     sr_fmt(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
     rc = SR_EIO;

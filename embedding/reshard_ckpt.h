@@ -16,7 +16,9 @@
  * OUT whose owner is gone are removed first) and renamed to OUT at the end, so
  * a failure (verification included) leaves nothing at OUT and no OUT.TAG;
  * with force an existing OUT is replaced only after the new one is
- * complete. */
+ * complete, and only when it is a checkpoint root (storage/ckpt_dir.h,
+ * ckpt_dir_check_root): anything else at OUT is refused, force or not,
+ * before anything is read or written. */
 #ifndef SHARDREC_EMBEDDING_RESHARD_CKPT_H
 #define SHARDREC_EMBEDDING_RESHARD_CKPT_H
 
@@ -66,7 +68,8 @@ typedef struct reshard_ckpt_opts {
  * input at fault in st->failed: the source (not found, torn, damaged:
  * SR_ENOTFOUND / SR_EFORMAT / SR_ECHECKSUM), the plan (unreadable, or
  * another model: SR_EMISMATCH naming the first difference), OUT (exists
- * without force, or holds the source: SR_EEXISTS / SR_EINVAL; too long for
+ * without force: SR_EEXISTS; not a checkpoint root, or holds the source:
+ * SR_EINVAL; too long for
  * the paths made under it: SR_ERANGE, "<OUT's start>...: path too long",
  * before anything is read or written), the
  * resharding (SR_ECHECKSUM when verification fails, naming the table;

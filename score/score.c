@@ -122,21 +122,12 @@ out:
   return rc;
 }
 
-/* 1 when dir is a saved-model folder of the format before --save-model
- * wrote checkpoints (model.json, plan.json, dense.bin in SRDNSPRM, rows/). */
-static int is_old_model_dir(const char *dir) {
-  char a[SR_PATH_MAX], b[SR_PATH_MAX];
-  if (sr_path(a, sizeof a, "%s/model.json", dir) || sr_path(b, sizeof b, "%s/manifest.json", dir))
-    return 0;
-  return access(a, F_OK) == 0 && access(b, F_OK) != 0;
-}
-
 /* The checkpoint, verified, with a dense architecture in its manifest. */
 static int open_checkpoint(run *r) {
   char why[1024];
   const char *path = r->o->checkpoint;
   int rc = ckpt_resolve(path, r->step_dir, sizeof r->step_dir, why, sizeof why);
-  if (rc && is_old_model_dir(path)) {
+  if (rc && ckpt_is_old_model(path)) {
     snprintf(r->err, r->errlen, "--checkpoint: %s: a model folder written by an older shardrec "
              "(model.json, plan.json, dense.bin, rows/), a format this one no longer reads: "
              "save the model again by training with --save-model %s", path, path);

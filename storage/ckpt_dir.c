@@ -65,31 +65,181 @@ int ckpt_dir_parent(const char *path, char *out, size_t outlen) {
   return 0;
 }
 
-int ckpt_dir_replace(const char *tmp, const char *dir, char *err, size_t errlen) {
-  char old[SR_PATH_MAX], parent[SR_PATH_MAX];
-  struct stat st;
-  /* The aside name and the parent fit, or nothing is moved or removed. */
-  int rc = sr_path_err(old, sizeof old, err, errlen, "%s.old-%ld", dir, (long)getpid());
-  if (!rc && (rc = ckpt_dir_parent(dir, parent, sizeof parent)))
-    sr_path_too_long(err, errlen, dir, sizeof parent);
-  if (rc) return rc;
-  sr_fsync_dir(tmp);
-  if (stat(dir, &st) != 0) {
-    old[0] = 0;
-  } else {
-    sr_rmtree(old); /* a leftover of an earlier run of this pid */
-    if (rename(dir, old) != 0) {
-      sr_fmt(err, errlen, "%s: cannot move the old one aside: %s", dir, strerror(errno));
-      return SR_EIO;
+/* ---- checkpoint roots as outputs ---- */
+
+/* 1 when name is ".step-N.tmp-..." (a checkpoint being written). */
+static int is_step_tmp_name(const char *name) {
+  if (strncmp(name, ".step-", 6) || name[6] < '0' || name[6] > '9') return 0;
+  const char *p = name + 6;
+  while (*p >= '0' && *p <= '9') p++;
+  return !strncmp(p, ".tmp-", 5);
+}
+
+/* 1 when rel is one of the files man lists ("files": [{"path": ...}]). */
+static int manifest_lists(const cJSON *man, const char *rel) {
+  const cJSON *f, *files = cJSON_GetObjectItemCaseSensitive(man, "files");
+  cJSON_ArrayForEach(f, files) {
+    const char *p = jstr(f, "path");
+    if (p && !strcmp(p, rel)) return 1;
+  }
+  return 0;
+}
+
+/* The files of the folder root/name (a step-N): manifest.json, DONE,
+ * DONE.tmp and what the manifest lists. 0, or SR_EEXISTS naming the first
+ * other file in err. */
+static int check_step_files(const char *root, const char *name, char *err, size_t errlen) {
+  char dir[SR_PATH_MAX], path[SR_PATH_MAX];
+  char **files = NULL;
+  int nf = 0, rc;
+  if ((rc = sr_path_err(dir, sizeof dir, err, errlen, "%s/%s", root, name)) ||
+      (rc = sr_path_err(path, sizeof path, err, errlen, "%s/manifest.json", dir)))
+    return rc;
+  char *text = read_text(path, NULL);
+  cJSON *man = text ? cJSON_Parse(text) : NULL;
+  free(text);
+  if (sr_is_file(path) && !cJSON_IsObject(man)) {
+    sr_fmt(err, errlen, "%s: holds %s/manifest.json, which is not a checkpoint manifest", root,
+           name);
+    rc = SR_EEXISTS;
+  } else if (sr_list_files(dir, &files, &nf)) {
+    sr_fmt(err, errlen, "%s: cannot list its files", dir);
+    rc = SR_EIO;
+  }
+  for (int i = 0; i < nf && !rc; i++) {
+    const char *f = files[i];
+    if (strcmp(f, "manifest.json") && strcmp(f, "DONE") && strcmp(f, "DONE.tmp") &&
+        !manifest_lists(man, f)) {
+      sr_fmt(err, errlen, "%s: holds %s/%s, which its checkpoint's manifest does not list", root,
+             name, f);
+      rc = SR_EEXISTS;
     }
+  }
+  sr_paths_free(files, nf);
+  cJSON_Delete(man);
+  return rc;
+}
+
+/* Is the entry name of root one a checkpoint root holds (ckpt_dir.h)? 0,
+ * or SR_EEXISTS / SR_EIO / SR_ERANGE with the reason in err. */
+static int check_root_entry(const char *root, const char *name, char *err, size_t errlen) {
+  char p[SR_PATH_MAX];
+  struct stat st;
+  int rc = sr_path_err(p, sizeof p, err, errlen, "%s/%s", root, name);
+  if (rc) return rc;
+  if (lstat(p, &st) != 0) return 0; /* gone since the listing */
+  if (S_ISDIR(st.st_mode) && is_step_tmp_name(name)) return 0;
+  if (S_ISDIR(st.st_mode) && ckpt_dir_step_of(name) >= 0)
+    return check_step_files(root, name, err, errlen);
+  size_t pl = strlen(CKPT_DIR_PLAN);
+  if (S_ISREG(st.st_mode) &&
+      (!strcmp(name, CKPT_DIR_PLAN) || (!strncmp(name, CKPT_DIR_PLAN, pl) &&
+                                        !strncmp(name + pl, ".tmp", 4))))
+    return 0;
+  sr_fmt(err, errlen, "%s: holds %s, which is not part of a checkpoint folder (step-N folders "
+         "of checkpoint files, their temporaries, %s)", root, name, CKPT_DIR_PLAN);
+  return SR_EEXISTS;
+}
+
+int ckpt_dir_check_root(const char *path, char *err, size_t errlen) {
+  struct stat st;
+  if (lstat(path, &st) != 0) {
+    if (errno == ENOENT) return 0;
+    sr_fmt(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+    return SR_EIO;
+  }
+  if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    sr_fmt(err, errlen, "%s: is %s, not a checkpoint folder", path,
+           S_ISREG(st.st_mode) ? "a file" : "not a folder");
+    return SR_EEXISTS;
+  }
+  char **names;
+  int n, rc = sr_list_dir(path, &names, &n);
+  if (rc) {
+    sr_fmt(err, errlen, "%s: cannot list: %s", path, sr_strerror(rc));
+    return rc == SR_ENOMEM ? rc : SR_EIO;
+  }
+  for (int i = 0; i < n && !rc; i++) rc = check_root_entry(path, names[i], err, errlen);
+  sr_paths_free(names, n);
+  return rc;
+}
+
+/* dir without its trailing '/'s: its length. */
+static int trimmed_len(const char *dir) {
+  int len = (int)strlen(dir);
+  while (len > 1 && dir[len - 1] == '/') len--;
+  return len;
+}
+
+int ckpt_dir_tmp_beside(const char *dir, char *tmp, size_t len, char *err, size_t errlen) {
+  char tag[SR_TMP_TAG_MAX];
+  if (sr_tmp_tag(tag, sizeof tag)) {
+    if (len) tmp[0] = 0;
+    sr_fmt(err, errlen, "%s: cannot name a temporary folder", dir);
+    return SR_ERANGE;
+  }
+  return sr_path_err(tmp, len, err, errlen, "%.*s.%s", trimmed_len(dir), dir, tag);
+}
+
+void ckpt_dir_sweep_beside(const char *dir) {
+  char parent[SR_PATH_MAX], prefix[SR_PATH_MAX], d[SR_PATH_MAX];
+  if (sr_path(d, sizeof d, "%.*s", trimmed_len(dir), dir) ||
+      ckpt_dir_parent(d, parent, sizeof parent))
+    return;
+  const char *slash = strrchr(d, '/');
+  if (!sr_path(prefix, sizeof prefix, "%s.", slash ? slash + 1 : d))
+    sr_tmp_sweep(parent, prefix, stderr);
+}
+
+/* Where the file system cannot exchange two names: move the old dir aside
+ * to dir.old-PID, rename tmp to dir (moving the old one back on failure),
+ * then remove the old one. */
+static int replace_aside(const char *tmp, const char *dir, const char *parent, char *err,
+                         size_t errlen) {
+  char old[SR_PATH_MAX];
+  int rc = sr_path_err(old, sizeof old, err, errlen, "%s.old-%ld", dir, (long)getpid());
+  if (rc) return rc;
+  sr_rmtree(old); /* a leftover of an earlier run of this pid */
+  if (rename(dir, old) != 0) {
+    sr_fmt(err, errlen, "%s: cannot move the old one aside: %s", dir, strerror(errno));
+    return SR_EIO;
   }
   if (rename(tmp, dir) != 0) {
     sr_fmt(err, errlen, "%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
-    if (old[0]) rename(old, dir);
+    rename(old, dir);
     return SR_EIO;
   }
   sr_fsync_dir(parent);
-  if (old[0]) sr_rmtree(old);
+  sr_rmtree(old);
+  return 0;
+}
+
+int ckpt_dir_replace(const char *tmp, const char *dir, int (*also)(const char *dir), char *err,
+                     size_t errlen) {
+  char parent[SR_PATH_MAX];
+  struct stat st;
+  if (ckpt_dir_parent(dir, parent, sizeof parent))
+    return sr_path_too_long(err, errlen, dir, sizeof parent);
+  int rc = ckpt_dir_check_root(dir, err, errlen);
+  if (rc && !(rc == SR_EEXISTS && also && also(dir))) return rc; /* foreign: left as it is */
+  sr_fsync_dir(tmp);
+  if (lstat(dir, &st) != 0) {
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_NOREPLACE) == 0 ||
+        (errno == EINVAL && rename(tmp, dir) == 0)) {
+      sr_fsync_dir(parent);
+      return 0;
+    }
+    sr_fmt(err, errlen, "%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
+    return SR_EIO;
+  }
+  if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) != 0) {
+    if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP)
+      return replace_aside(tmp, dir, parent, err, errlen);
+    sr_fmt(err, errlen, "%s: cannot exchange with %s: %s", tmp, dir, strerror(errno));
+    return SR_EIO;
+  }
+  sr_fsync_dir(parent);
+  sr_rmtree(tmp); /* the old one; a kill here leaves it to ckpt_dir_sweep_beside */
   return 0;
 }
 

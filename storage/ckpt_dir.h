@@ -115,11 +115,53 @@ int ckpt_dir_verify(const char *dir, const struct cJSON *man, char *err, size_t 
  * SR_ERANGE when it does not fit. */
 int ckpt_dir_parent(const char *path, char *out, size_t outlen);
 
-/* Put the folder tmp in dir's place: an existing dir is moved aside to
- * dir.old-PID, tmp renamed to dir, the aside one removed (on a failed
- * rename it is moved back). 0, SR_ERANGE (a name does not fit: nothing
- * moved) or SR_EIO, the reason in err. */
-int ckpt_dir_replace(const char *tmp, const char *dir, char *err, size_t errlen);
+/* ---- checkpoint roots as outputs ----
+ *
+ * A checkpoint root is what a folder output (train --save-checkpoint,
+ * --save-model, reshard --to) writes or replaces, and the only thing it
+ * writes into or replaces. Every entry of one is
+ *   step-N/          a folder whose files are manifest.json, DONE, DONE.tmp
+ *                    and the files its manifest lists (complete or torn:
+ *                    ckpt_dir_commit's rename comes after the manifest);
+ *   .step-N.tmp-...  a folder: a checkpoint being written, or left by a
+ *                    killed writer (ckpt_dir_begin);
+ *   plan.json        a regular file: the plan the trainer writes into its
+ *                    --save-checkpoint folder (CKPT_DIR_PLAN), and its
+ *                    temporary plan.json.tmp...
+ * An empty folder is one. Anything else (a regular file at the path, a
+ * folder holding another name, a file in a step-N that its manifest does not
+ * list) is foreign, and refused. */
+#define CKPT_DIR_PLAN "plan.json"
+
+/* Whether path may be written as a checkpoint root: 0 when nothing is there
+ * or it is a checkpoint root (above); SR_EEXISTS when it is anything else,
+ * with "PATH: ..." in err naming what is there (the first foreign entry);
+ * SR_EIO when it cannot be read, SR_ERANGE when a name under it does not
+ * fit. Reads only. */
+int ckpt_dir_check_root(const char *path, char *err, size_t errlen);
+
+/* The temporary name a folder output dir is written under before
+ * ckpt_dir_replace puts it in place: dir.TAG beside dir (TAG sr_tmp_tag's;
+ * trailing '/'s of dir dropped) into tmp. 0 or SR_ERANGE (tmp empty, the
+ * reason in err). */
+int ckpt_dir_tmp_beside(const char *dir, char *tmp, size_t len, char *err, size_t errlen);
+
+/* Remove the dir.TAG folders beside dir whose owner is gone (a writer
+ * killed before ckpt_dir_replace, or after its exchange), a line each on
+ * stderr. */
+void ckpt_dir_sweep_beside(const char *dir);
+
+/* Put the folder tmp in dir's place, when dir is absent or a checkpoint
+ * root (ckpt_dir_check_root, asked again here), or a folder the caller's
+ * also (NULL: none) says is of its own kind too (1): tmp is renamed to dir, or
+ * exchanged with it in one rename (RENAME_EXCHANGE) and the old one, now at
+ * tmp, removed; dir is always whole, the old one or the new. Where the file
+ * system cannot exchange, the old dir is moved aside to dir.old-PID first
+ * and moved back on a failed rename. 0, or SR_EEXISTS (dir is foreign:
+ * nothing moved), SR_ERANGE (a name does not fit: nothing moved) or
+ * SR_EIO, the reason in err; tmp is the caller's to remove on failure. */
+int ckpt_dir_replace(const char *tmp, const char *dir, int (*also)(const char *dir), char *err,
+                     size_t errlen);
 
 /* ---- shards/: where a checkpoint keeps its embedding rows ----
  *

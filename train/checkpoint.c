@@ -148,6 +148,24 @@ int ckpt_root_check(const char *root, char *err, size_t errlen) {
                                            : sr_path_too_long(err, errlen, root, SR_PATH_MAX - room);
 }
 
+int ckpt_is_old_model(const char *dir) {
+  static const char *const names[] = {"dense.bin", "model.json", "plan.json", "rows"};
+  char **have;
+  int n, ok = 0;
+  if (sr_list_dir(dir, &have, &n)) return 0;
+  for (int i = 0; i < n; i++) {
+    int known = 0;
+    for (int k = 0; k < 4; k++) known |= !strcmp(have[i], names[k]);
+    if (!known) {
+      ok = -1;
+      break;
+    }
+    ok |= !strcmp(have[i], "model.json");
+  }
+  sr_paths_free(have, n);
+  return ok == 1;
+}
+
 int ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store,
               const char *store_kind, dense_model *model, dense_opt *opt, const ckpt_state *st,
               const ckpt_settings *set, char *err, size_t errlen) {

@@ -64,6 +64,12 @@ size_t ckpt_root_room(void);
  * err. */
 int ckpt_root_check(const char *root, char *err, size_t errlen);
 
+/* 1 when dir is a saved-model folder of the format before --save-model
+ * wrote checkpoints: model.json beside no manifest.json, and nothing but
+ * model.json, plan.json, dense.bin and rows/. eval and predict refuse one
+ * (save it again); train --save-model replaces one as of its own kind. */
+int ckpt_is_old_model(const char *dir);
+
 /* Write DIR/step-<st->step>/ (see above), then keep only the newest keep
  * complete checkpoints (keep <= 0: all). A complete step-N already there is
  * kept as is. 0 or SR_E* with the reason in err; SR_ERANGE

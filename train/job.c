@@ -198,12 +198,12 @@ static int write_plan(train_job *j, char *where, size_t len) {
     snprintf(where, len, "%s", c->plan_out);
   }
   if (c->checkpoint_dir) {
-    if (sr_path(ck, sizeof ck, "%s/plan.json", c->checkpoint_dir)) {
+    if (sr_path(ck, sizeof ck, "%s/" CKPT_DIR_PLAN, c->checkpoint_dir)) {
       job__errf(j, "--save-checkpoint %s: path too long\n", c->checkpoint_dir);
       return -1;
     }
     if (sr_mkdirs(c->checkpoint_dir) || emb_plan_save(j->plan, ck, err, sizeof err)) {
-      job__errf(j, "--save-checkpoint %s: cannot write its plan.json: %s\n", c->checkpoint_dir,
+      job__errf(j, "--save-checkpoint %s: cannot write its " CKPT_DIR_PLAN ": %s\n", c->checkpoint_dir,
                 sr_is_dir(c->checkpoint_dir) ? err : strerror(errno));
       return -1;
     }
@@ -275,8 +275,8 @@ static int share_job_id(train_job *j) {
 
 /* The folders this job's Checkpoint and Restore calls to shard servers name
  * (rpc/service.h, "Admin calls"), with their flags: --save-checkpoint DIR,
- * --save-model DIR (written as DIR.tmp-PID beside DIR; beside: DIR's parent
- * instead), --resume DIR. */
+ * --save-model DIR (written as DIR.TAG beside DIR, ckpt_dir_tmp_beside;
+ * beside: DIR's parent instead), --resume DIR. */
 typedef struct {
   const char *path[3], *name[3];
   char model[SR_PATH_MAX];
@@ -295,7 +295,7 @@ static void job_folders_get(const train_config *c, int beside, job_folders *f) {
       int plen = !slash ? 0 : slash == c->save_model ? 1 : (int)(slash - c->save_model);
       rc = sr_path(f->model, sizeof f->model, "%.*s", plen ? plen : 1, plen ? c->save_model : ".");
     } else {
-      rc = sr_path(f->model, sizeof f->model, "%.*s.tmp-%ld", len, c->save_model, (long)getpid());
+      rc = ckpt_dir_tmp_beside(c->save_model, f->model, sizeof f->model, NULL, 0);
     }
     if (!rc) f->path[f->n] = f->model, f->name[f->n++] = beside ? "--save-model" : "--save-model (written as)";
   }
@@ -460,15 +460,15 @@ static int path_room(const train_job *j, const char *flag, const char *path, siz
 
 /* The folders the job writes or reads under are refused before anything is
  * read, trained or made when a path under them would not fit: --save-checkpoint
- * DIR (DIR/.step-N.tmp-PID/...), --save-model DIR (DIR.tmp-PID/.step-N.tmp-PID/...),
- * --data-dir DIR (DIR/shard-K/...), N, PID and K at their widest; --resume DIR
+ * DIR (DIR/.step-N.TAG/...), --save-model DIR (DIR.TAG/.step-N.TAG/...),
+ * --data-dir DIR (DIR/shard-K/...), N, TAG and K at their widest; --resume DIR
  * (DIR/<a checkpoint's file>: any step-N ckpt_save wrote passes, and a newest
  * step-N under DIR that does not fit is refused by ckpt_resolve). 0 or -1
  * (message printed). */
 static int check_paths(const train_job *j) {
   const train_config *c = j->cfg;
   char widest[64];
-  size_t tmp_ext = (size_t)snprintf(widest, sizeof widest, ".tmp-%d", INT_MAX);
+  size_t tmp_ext = 1 + SR_TMP_TAG_MAX - 1; /* ".TAG" */
   size_t shard_dir = (size_t)snprintf(widest, sizeof widest, "/shard-%d/", INT_MAX);
   return path_room(j, "--save-checkpoint", c->checkpoint_dir, ckpt_root_room()) ||
          path_room(j, "--save-model", c->save_model, tmp_ext + ckpt_root_room()) ||
@@ -478,11 +478,36 @@ static int check_paths(const train_job *j) {
              : 0;
 }
 
+/* The folder outputs, before anything is read or trained, by rank 0 (the
+ * one that writes them): --save-checkpoint DIR is written into, and
+ * --save-model DIR replaced, only when nothing is there or a checkpoint
+ * root is (ckpt_dir_check_root); --save-model also replaces a saved model
+ * of the format before (ckpt_is_old_model), which eval and predict say to
+ * save again. The DIR.TAG folders beside --save-model DIR that a killed run
+ * left are removed. 0 or -1 (message printed). */
+static int check_outputs(const train_job *j) {
+  const train_config *c = j->cfg;
+  char err[SR_PATH_MAX + 512];
+  if (j->rank != 0) return 0;
+  if (c->checkpoint_dir && ckpt_dir_check_root(c->checkpoint_dir, err, sizeof err)) {
+    job__errf(j, "--save-checkpoint %s; refused before training, nothing written or removed\n",
+              err);
+    return -1;
+  }
+  if (c->save_model && ckpt_dir_check_root(c->save_model, err, sizeof err) &&
+      !ckpt_is_old_model(c->save_model)) {
+    job__errf(j, "--save-model %s; refused before training, nothing written or removed\n", err);
+    return -1;
+  }
+  if (c->save_model) ckpt_dir_sweep_beside(c->save_model);
+  return 0;
+}
+
 /* Everything the loop needs: data, plan, store, trainer, batches, outputs. */
 static int job_open(train_job *j) {
   const train_config *c = j->cfg;
   char err[1024];
-  if (check_paths(j) || open_data(j) || make_plan(j)) return -1;
+  if (check_paths(j) || check_outputs(j) || open_data(j) || make_plan(j)) return -1;
   j->store_kind = "remote";
   if (j->size > 1 && share_job_id(j)) return -1;
   if ((c->servers || c->colocate) ? open_remote(j) : open_local(j)) return -1;
@@ -1004,10 +1029,12 @@ static int job_loop(train_job *j) {
 
 /* --save-model DIR: the job's checkpoint (job_checkpoint, every rank) at
  * DIR/step-N, the same files as --save-checkpoint writes, so that eval and
- * predict read it. Written under DIR.tmp-PID and put in DIR's place
- * (ckpt_dir_replace): an existing DIR is replaced. When DIR is the
- * --save-checkpoint folder, the final checkpoint just written is the model.
- * 0 or SR_E* with the reason in err. */
+ * predict read it. Written under DIR.TAG beside DIR and put in DIR's place
+ * (ckpt_dir_replace): DIR is replaced when it is a checkpoint root or a
+ * saved model of the format before (check_outputs said so at the start; a
+ * folder that became anything else since is refused, and DIR.TAG removed).
+ * When DIR is the --save-checkpoint folder, the final checkpoint just
+ * written is the model. 0 or SR_E* with the reason in err. */
 static int job_save_model(train_job *j, char *err, size_t errlen) {
   const train_config *c = j->cfg;
   struct stat a, b;
@@ -1016,16 +1043,16 @@ static int job_save_model(train_job *j, char *err, size_t errlen) {
     printf("saved  %s/step-%lld\n", c->save_model, (long long)j->ckst.step);
     return 0;
   }
-  char tmp[SR_PATH_MAX];
+  char tmp[SR_PATH_MAX], dir[SR_PATH_MAX];
   int len = (int)strlen(c->save_model);
   while (len > 1 && c->save_model[len - 1] == '/') len--;
-  /* rank 0's name; too long: nothing written or removed */
-  int rc = sr_path_err(tmp, sizeof tmp, err, errlen, "%.*s.tmp-%ld", len, c->save_model,
-                       (long)getpid());
+  /* rank 0's names; too long: nothing written or removed */
+  int rc = sr_path_err(dir, sizeof dir, err, errlen, "%.*s", len, c->save_model);
+  if (!rc) rc = ckpt_dir_tmp_beside(dir, tmp, sizeof tmp, err, errlen);
   if (rc) return rc;
   rc = job_checkpoint(j, tmp, 0, err, errlen);
   if (j->rank != 0) return rc;
-  if (!rc) rc = ckpt_dir_replace(tmp, c->save_model, err, errlen);
+  if (!rc) rc = ckpt_dir_replace(tmp, dir, ckpt_is_old_model, err, errlen);
   if (rc) {
     sr_rmtree(tmp);
     return rc;

@@ -170,16 +170,28 @@ START_TEST(test_reshard_refusals) {
     free(out);
     ck_assert(!path_exists("o"));
   }
-  /* OUT exists: refused; --force replaces it once the new one is complete. */
+  /* OUT holds a file no checkpoint holds: refused, --force or not. */
   run_cmd(NULL, "mkdir -p %s/o && touch %s/o/marker", dir, dir);
-  int rc = run_cmd(&out, "cd %s && %s reshard --from ck --to o --plan p3.json", dir, bin_path());
+  int rc;
+  for (int force = 0; force < 2; force++) {
+    rc = run_cmd(&out, "cd %s && %s reshard --from ck --to o --plan p3.json%s", dir, bin_path(),
+                 force ? " --force" : "");
+    ck_assert_msg(rc == 1 && strstr(out, "--to o: holds marker, which is not part of a checkpoint"),
+                  "%s", out);
+    free(out);
+    ck_assert(path_exists("o/marker") && !path_exists("o/step-8"));
+  }
+  /* OUT a folder of checkpoints: refused; --force replaces it once the new
+   * one is complete. */
+  run_cmd(NULL, "mv %s/o/marker %s/o/plan.json", dir, dir);
+  rc = run_cmd(&out, "cd %s && %s reshard --from ck --to o --plan p3.json", dir, bin_path());
   ck_assert_msg(rc == 1 && strstr(out, "--to o: already exists") && strstr(out, "--force"), "%s", out);
   free(out);
-  ck_assert(path_exists("o/marker"));
+  ck_assert(path_exists("o/plan.json"));
   rc = run_cmd(&out, "cd %s && %s reshard --from ck --to o --plan p3.json --force", dir, bin_path());
   ck_assert_msg(rc == 0, "%s", out);
   free(out);
-  ck_assert(!path_exists("o/marker") && path_exists("o/step-8/DONE"));
+  ck_assert(!path_exists("o/plan.json") && path_exists("o/step-8/DONE"));
   /* On a terminal (script(1) gives it one), the progress line. */
   rc = run_cmd(&out, "cd %s && script -qec \"%s reshard --from ck --to otty --plan p3.json\" /dev/null",
                dir, bin_path());

@@ -314,15 +314,27 @@ START_TEST(test_refusals) {
   /* ... and as a folder of checkpoints: none complete. */
   st = run("torn", "o", "p3.json", 0, NULL, NULL, SR_ENOTFOUND, err, sizeof err);
   ck_assert_msg(strstr(err, "no complete checkpoint") != NULL, "%s", err);
-  /* OUT exists: refused without force; with force replaced. */
+  /* OUT holds a file no checkpoint holds: refused, force or not, naming
+   * it; the file stays. */
   snprintf(cmd, sizeof cmd, "mkdir -p %s/o && touch %s/o/marker", dir, dir);
+  ck_assert_int_eq(system(cmd), 0);
+  for (int force = 0; force < 2; force++) {
+    st = run("rocks", "o", "p3.json", force, NULL, NULL, SR_EINVAL, err, sizeof err);
+    ck_assert_int_eq(st.failed, RESHARD_IN_TO);
+    ck_assert_msg(strstr(err, "/o: holds marker, which is not part of a checkpoint folder"), "%s",
+                  err);
+    ck_assert(path_exists("o/marker") && !path_exists("o/step-7"));
+  }
+  /* OUT a folder of checkpoints (a plan.json): refused without force; with
+   * force replaced. */
+  snprintf(cmd, sizeof cmd, "mv %s/o/marker %s/o/plan.json", dir, dir);
   ck_assert_int_eq(system(cmd), 0);
   st = run("rocks", "o", "p3.json", 0, NULL, NULL, SR_EEXISTS, err, sizeof err);
   ck_assert_int_eq(st.failed, RESHARD_IN_TO);
-  ck_assert(path_exists("o/marker"));
+  ck_assert(path_exists("o/plan.json"));
   st = run("rocks", "o", "p3.json", 1, NULL, NULL, 0, err, sizeof err);
   reshard_stats_free(&st.run);
-  ck_assert(!path_exists("o/marker") && path_exists("o/step-7/DONE"));
+  ck_assert(!path_exists("o/plan.json") && path_exists("o/step-7/DONE"));
   /* force, but OUT holds the source. */
   st = run("o/step-7", "o", "p3.json", 1, NULL, NULL, SR_EINVAL, err, sizeof err);
   ck_assert_int_eq(st.failed, RESHARD_IN_TO);
@@ -393,12 +405,15 @@ START_TEST(test_path_too_long) {
   /* The source named by a path too long. */
   char from_long[SR_PATH_MAX + 100];
   snprintf(from_long, sizeof from_long, "%s/%0*d/../../rocks", parent, 120, 0);
+  char never[600];
+  snprintf(never, sizeof never, "%s/never", dir);
   ro.from = from_long;
-  ro.to = from; /* never reached */
+  ro.to = never;
   rc = reshard_checkpoint(&ro, &st, err, sizeof err);
   ck_assert_msg(rc == SR_ERANGE, "rc %d (%s): %s", rc, sr_errname(rc), err);
   ck_assert_int_eq(st.failed, RESHARD_IN_FROM);
   ck_assert_msg(strstr(err, "path too long") != NULL, "%s", err);
+  ck_assert(!path_exists("never"));
   /* A long OUT with room enough: resharded (the table files' layout: RocksDB
    * names its info log in the work folder after the database's path, cut
    * to one name of 259 characters, which fails past 251). */

@@ -3,7 +3,8 @@
  * writer that stopped leaves (its temporary folder, a step-N without DONE)
  * never taken; a DONE that does not match, a flipped byte, a truncated or
  * missing file refused naming the file; keeping the newest K; the shards/
- * names and layouts. */
+ * names and layouts; what a checkpoint root holds, and what
+ * ckpt_dir_replace replaces. */
 #include <check.h>
 
 #include "tests/check_main.h"
@@ -303,6 +304,125 @@ START_TEST(test_shards_layout) {
 }
 END_TEST
 
+/* ckpt_dir_check_root on root (written by write_step and what the test
+ * adds): 0, or SR_EEXISTS with err naming want. */
+static void root_is(int want_rc, const char *want) {
+  char err[1024] = "";
+  int rc = ckpt_dir_check_root(root, err, sizeof err);
+  ck_assert_msg(rc == want_rc && (!want || strstr(err, want)), "rc %d: %s (wanted %s)", rc, err,
+                want ? want : "");
+}
+
+/* What a checkpoint root holds (ckpt_dir_check_root) and what
+ * ckpt_dir_replace replaces: step-N folders of their manifest's files,
+ * complete or torn, the .step-N temporaries, plan.json and its temporary;
+ * nothing else, and a refused folder is left as it was. */
+START_TEST(test_root_kind) {
+  char p[512], tmp[512], err[1024];
+  root_is(0, NULL); /* nothing there */
+  ck_assert_int_eq(sr_mkdirs(root), 0);
+  root_is(0, NULL); /* empty */
+  write_step(3);
+  write_step(5);
+  snprintf(p, sizeof p, "%s/step-5/DONE", root);
+  ck_assert_int_eq(unlink(p), 0); /* torn: the manifest, no DONE */
+  snprintf(p, sizeof p, "%s/step-5/DONE.tmp", root);
+  put(p, "half");
+  snprintf(p, sizeof p, "%s/.step-9.tmp-1-2-3-host/shards", root);
+  ck_assert_int_eq(sr_mkdirs(p), 0);
+  snprintf(p, sizeof p, "%s/.step-9.tmp-1-2-3-host/shards/any", root);
+  put(p, "being written");
+  snprintf(p, sizeof p, "%s/plan.json", root);
+  put(p, "{}");
+  snprintf(p, sizeof p, "%s/plan.json.tmp.77", root);
+  put(p, "{");
+  root_is(0, NULL);
+
+  /* A file the manifest does not list, in a step folder or in a folder of it. */
+  snprintf(p, sizeof p, "%s/step-3/sub/notes.txt", root);
+  put(p, "mine");
+  root_is(SR_EEXISTS, "/a/b: holds step-3/sub/notes.txt, which its checkpoint's manifest");
+  ck_assert_int_eq(unlink(p), 0);
+  /* A manifest that is not one. */
+  snprintf(p, sizeof p, "%s/step-5/manifest.json", root);
+  put(p, "not json");
+  root_is(SR_EEXISTS, "holds step-5/manifest.json, which is not a checkpoint manifest");
+  sh("rm -rf %s/a/b/step-5", dir);
+  /* Other names at the top: a file, a folder, a file named as a step, a
+   * folder named plan.json, a symlink named as a step. */
+  const char *make[] = {"touch %s/a/b/data.bin", "mkdir %s/a/b/runs",
+                        "touch %s/a/b/step-7", "mkdir %s/a/b/plan.json.tmp",
+                        "ln -s step-3 %s/a/b/step-8"};
+  const char *name[] = {"holds data.bin, which is not part of a checkpoint folder",
+                        "holds runs,", "holds step-7,", "holds plan.json.tmp,", "holds step-8,"};
+  for (int i = 0; i < 5; i++) {
+    sh(make[i], dir);
+    root_is(SR_EEXISTS, name[i]);
+    sh("rm -rf %s/a/b/data.bin %s/a/b/runs %s/a/b/step-7", dir);
+    sh("rm -rf %s/a/b/plan.json.tmp %s/a/b/step-8", dir);
+  }
+  root_is(0, NULL);
+
+  /* A regular file at the path. */
+  snprintf(p, sizeof p, "%s/file", dir);
+  put(p, "x");
+  ck_assert_int_eq(ckpt_dir_check_root(p, err, sizeof err), SR_EEXISTS);
+  ck_assert_msg(strstr(err, "/file: is a file, not a checkpoint folder"), "%s", err);
+
+  /* ckpt_dir_replace: a foreign root is left as it was, tmp too. */
+  snprintf(tmp, sizeof tmp, "%s/new", dir);
+  ck_assert_int_eq(mkdir(tmp, 0777), 0);
+  snprintf(p, sizeof p, "%s/new/step-1", dir);
+  ck_assert_int_eq(mkdir(p, 0777), 0);
+  snprintf(p, sizeof p, "%s/notes.txt", root);
+  put(p, "mine");
+  ck_assert_int_eq(ckpt_dir_replace(tmp, root, NULL, err, sizeof err), SR_EEXISTS);
+  ck_assert_msg(strstr(err, "holds notes.txt"), "%s", err);
+  ck_assert(sr_is_file(p) && sr_is_dir(tmp));
+  /* ... unless the caller's also says it is of its kind. */
+  ck_assert_int_eq(ckpt_dir_replace(tmp, root, sr_is_dir, err, sizeof err), 0);
+  ck_assert(!sr_is_file(p) && !sr_is_dir(tmp));
+  snprintf(p, sizeof p, "%s/step-1", root);
+  ck_assert(sr_is_dir(p));
+  /* A root replaced: exchanged, the old one gone with the temporary name. */
+  ck_assert_int_eq(mkdir(tmp, 0777), 0);
+  snprintf(p, sizeof p, "%s/new/step-2", dir);
+  ck_assert_int_eq(mkdir(p, 0777), 0);
+  ck_assert_msg(ckpt_dir_replace(tmp, root, NULL, err, sizeof err) == 0, "%s", err);
+  snprintf(p, sizeof p, "%s/step-2", root);
+  ck_assert(sr_is_dir(p) && !sr_is_dir(tmp));
+  snprintf(p, sizeof p, "%s/step-1", root);
+  ck_assert(!sr_is_dir(p));
+}
+END_TEST
+
+/* ckpt_dir_tmp_beside names DIR.TAG (trailing '/'s dropped); a DIR.TAG of
+ * a dead owner is swept, a live one's and other names are not. */
+START_TEST(test_tmp_beside) {
+  char tmp[512], want[512], tag[SR_TMP_TAG_MAX], err[256], d[160];
+  ck_assert_int_eq(sr_tmp_tag(tag, sizeof tag), 0);
+  snprintf(d, sizeof d, "%s/m//", dir);
+  ck_assert_int_eq(ckpt_dir_tmp_beside(d, tmp, sizeof tmp, err, sizeof err), 0);
+  snprintf(want, sizeof want, "%s/m.%s", dir, tag);
+  ck_assert_str_eq(tmp, want);
+  ck_assert_int_eq(mkdir(tmp, 0777), 0);
+  /* This process's tag with another start time: an owner that is gone. */
+  long pid;
+  unsigned long long start;
+  int used = 0;
+  ck_assert_int_eq(sscanf(tag, "tmp-%ld-%llu-%n", &pid, &start, &used), 2);
+  char dead[512], other[512], keep[512];
+  snprintf(dead, sizeof dead, "%s/m.tmp-%ld-%llu-%s", dir, pid, start + 1, tag + used);
+  snprintf(other, sizeof other, "%s/mx.tmp-%ld-%llu-%s", dir, pid, start + 1, tag + used);
+  snprintf(keep, sizeof keep, "%s/m.keep", dir);
+  ck_assert(!mkdir(dead, 0777) && !mkdir(other, 0777) && !mkdir(keep, 0777));
+  ckpt_dir_sweep_beside(d);
+  ck_assert(sr_is_dir(tmp)); /* this process's */
+  ck_assert(!sr_is_dir(dead));
+  ck_assert(sr_is_dir(keep) && sr_is_dir(other));
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("ckpt_dir");
   TCase *tc = tcase_create("ckpt_dir");
@@ -312,6 +432,8 @@ int main(void) {
   tcase_add_test(tc, test_refusals);
   tcase_add_test(tc, test_shards_names);
   tcase_add_test(tc, test_shards_layout);
+  tcase_add_test(tc, test_root_kind);
+  tcase_add_test(tc, test_tmp_beside);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

@@ -226,6 +226,14 @@ START_TEST(test_old_model_folder_refused) {
   rc = run_cmd(&out, "cd %s && test ! -e p.txt && LC_ALL=C ls old", dir);
   ck_assert_msg(rc == 0 && !strcmp(out, "dense.bin\nmodel.json\nplan.json\nrows\n"), "%s", out);
   free(out);
+  /* Saved again as the refusal says: --save-model replaces it as a model
+   * folder, and eval reads it. */
+  rc = run_cmd(&out, "cd %s && %s train --processed-data-file d.bin --mini-batch-size 128 "
+                     "--num-batches 2 --save-model old > /dev/null && LC_ALL=C ls -A old && "
+                     "%s eval --checkpoint old --processed-data-file d.bin",
+               dir, bin_path(), bin_path());
+  ck_assert_msg(rc == 0 && !strncmp(out, "step-2\neval   d.bin (test, ", 27), "%s", out);
+  free(out);
 }
 END_TEST
 
