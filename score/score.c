@@ -21,8 +21,8 @@
 
 /* One run: what it opened (owned, released by run_free) and how far it got. */
 typedef struct run {
-  const predict_opts *o;
-  predict_result *res;
+  const score_opts *o;
+  score_result *res;
   char *err;
   size_t errlen;
   char step_dir[SR_PATH_MAX];
@@ -150,7 +150,7 @@ static int open_checkpoint(run *r) {
 
 /* The store over shard servers: one per shard of the plan, in shard order. */
 static int open_remote(run *r) {
-  const predict_opts *o = r->o;
+  const score_opts *o = r->o;
   const emb_plan *plan = r->ci.plan;
   char *list = strdup(o->shard_servers);
   const char **addr = malloc((strlen(o->shard_servers) / 2 + 2) * sizeof *addr);
@@ -186,7 +186,7 @@ out:
 /* The rows (on the servers, or from the checkpoint in this process) and the
  * dense model as trained: its architecture and parameters. */
 static int open_model(run *r) {
-  const predict_opts *o = r->o;
+  const score_opts *o = r->o;
   const emb_plan *plan = r->ci.plan;
   char fp[EMB_FP_HEX];
   emb_plan_fingerprint(plan, fp);
@@ -224,7 +224,7 @@ static int open_model(run *r) {
 /* Raw data: ids past a table's rows mean another dictionary than
  * training's (fatal); other sizes than the checkpoint's are warned about. */
 static int check_ids(run *r) {
-  const predict_opts *o = r->o;
+  const score_opts *o = r->o;
   const emb_plan *plan = r->ci.plan;
   uint64_t sizes[DS_NUM_SPARSE];
   if (plan->n_tables != DS_NUM_SPARSE) {
@@ -258,7 +258,7 @@ static int check_ids(run *r) {
 
 /* The data, opened as train opens it, and the room for its predictions. */
 static int open_data(run *r) {
-  const predict_opts *o = r->o;
+  const score_opts *o = r->o;
   r->so = (ds_source_opts){.path = o->data_path, .split = o->split,
                            .max_ind_range = o->max_ind_range,
                            .frequency_threshold = o->frequency_threshold,
@@ -346,7 +346,7 @@ static int score_all(run *r, size_t *n) {
 /* The predictions, written under a temporary name and renamed into place
  * (o->out NULL: scored, not written). */
 static int write_predictions(run *r, size_t *n) {
-  const predict_opts *o = r->o;
+  const score_opts *o = r->o;
   if (!o->out) return score_all(r, n);
   char why[1024];
   int rc = sr_out_open(o->out, &r->out, why, sizeof why);
@@ -365,7 +365,7 @@ static int write_predictions(run *r, size_t *n) {
 /* Labelled input: the metrics of the n predictions, printed and written to
  * o->metrics_out. */
 static int write_metrics(run *r, size_t n) {
-  const predict_opts *o = r->o;
+  const score_opts *o = r->o;
   const char *split = o->split_name ? o->split_name : "all";
   dense_metrics m;
   if (n == 0) {
@@ -407,7 +407,7 @@ static void run_free(run *r) {
   ckpt_info_free(&r->ci);
 }
 
-int predict_split_parse(const char *name, ds_split *sp) {
+int score_split_parse(const char *name, ds_split *sp) {
   static const struct { const char *name; ds_split sp; } names[] = {
       {"all", DS_SPLIT_ALL}, {"train", DS_SPLIT_TRAIN}, {"test", DS_SPLIT_TEST},
       {"val", DS_SPLIT_VAL}};
@@ -419,7 +419,7 @@ int predict_split_parse(const char *name, ds_split *sp) {
   return -1;
 }
 
-int predict_run(const predict_opts *o, predict_result *res, char *err, size_t errlen) {
+int score_run(const score_opts *o, score_result *res, char *err, size_t errlen) {
   if (res) memset(res, 0, sizeof *res);
   if (!o || !o->checkpoint || !o->data_path) {
     snprintf(err, errlen, "predict: need a checkpoint and a data file");

@@ -1,6 +1,6 @@
 /* Scoring with a trainer checkpoint (the engine of `shardrec predict`).
  *
- * predict_run opens a verified checkpoint (train/checkpoint.h), builds
+ * score_run opens a verified checkpoint (train/checkpoint.h), builds
  * its dense model and its embedding rows: in this process, read from the
  * checkpoint (embedding/ckpt_store.h), or on shard servers serving it (e.g.
  * 'shardrec serve --checkpoint CKPT --read-only'). It streams Criteo-format
@@ -11,7 +11,7 @@
  * reader skips is written as "nan" so the output stays aligned with the
  * input. Labelled input also gets its metrics (AUC, log loss, ...).
  * `shardrec predict` and `shardrec eval` (predictions not written) are both
- * fronts of predict_run. A saved-model folder of the format before
+ * fronts of score_run. A saved-model folder of the format before
  * --save-model wrote checkpoints is refused (SR_EVERSION) with a message
  * saying to save it again. */
 #ifndef SHARDREC_TRAIN_PREDICT_H
@@ -26,7 +26,7 @@
 
 /* Zero-initialised fields are the defaults named below; the strings are
  * borrowed for the call. */
-typedef struct predict_opts {
+typedef struct score_opts {
   const char *checkpoint;    /* a step-N folder, or a folder of them (the newest complete) */
   const char *shard_servers; /* "H:P,...": one server per shard of the checkpoint's plan,
                                 in shard order; NULL: the rows in this process, read
@@ -64,19 +64,19 @@ typedef struct predict_opts {
                                 predict"; NULL: "predict") */
   int progress;              /* 1: a progress line on stderr while scoring (give it only
                                 when stderr is a terminal; common/progress.h) */
-} predict_opts;
+} score_opts;
 
-typedef struct predict_result {
+typedef struct score_result {
   size_t n;                  /* samples scored */
   dense_metrics m;           /* labelled input: the metrics */
   int bad_usage;             /* on failure: the options do not fit the checkpoint (a
                                 --shard-servers list that is not one server per shard) */
-} predict_result;
+} score_result;
 
 /* The part of the data a split name means: "all", "train", "test", "val"
  * (--data-split, alias --split, of predict and eval). 0, or -1 for another
  * name (*sp unchanged). */
-int predict_split_parse(const char *name, ds_split *sp);
+int score_split_parse(const char *name, ds_split *sp);
 
 /* Score o->data_path with the checkpoint o->checkpoint and write o->out (and
  * o->metrics_out; either may be NULL). Fills *res (may be NULL). 0, or SR_E* with the reason in
@@ -86,6 +86,6 @@ int predict_split_parse(const char *name, ds_split *sp);
  * before the predictions are complete leaves o->out as it was (the
  * temporary file is removed); every store, server connection and temporary
  * folder is released either way. */
-int predict_run(const predict_opts *o, predict_result *res, char *err, size_t errlen);
+int score_run(const score_opts *o, score_result *res, char *err, size_t errlen);
 
 #endif

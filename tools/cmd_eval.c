@@ -1,7 +1,7 @@
 /* shardrec eval: the metrics of a trained model (a checkpoint, as
  * 'train --save-model DIR' or '--save-checkpoint DIR' writes) on
  * Criteo-format data. eval is predict without the predictions file (--out
- * optional) and with the test split by default: the scoring is predict_run
+ * optional) and with the test split by default: the scoring is score_run
  * (score/score.h); this file turns the flags into its options. */
 #include <getopt.h>
 #include <stdio.h>
@@ -65,7 +65,7 @@ static const dense_backend *dense_be;
 
 /* Parse argv into *o. Returns -1 to go on, or the exit status (0 for
  * --help, 2 for bad usage, the message printed). */
-static int parse_flags(int argc, char **argv, predict_opts *o) {
+static int parse_flags(int argc, char **argv, score_opts *o) {
   const char *proc = NULL, *raw = NULL, *dataset = "kaggle";
   long long freq = 0, batch = 0;
   optind = 1;
@@ -99,7 +99,7 @@ static int parse_flags(int argc, char **argv, predict_opts *o) {
                     "--processed-data-file, --raw-data-file (see --help)\n");
     return 2;
   }
-  if (predict_split_parse(o->split_name, &o->split)) {
+  if (score_split_parse(o->split_name, &o->split)) {
     fprintf(stderr, "shardrec eval: --data-split: '%s' is not test, val, train or all\n",
             o->split_name);
     return 2;
@@ -118,14 +118,14 @@ static int parse_flags(int argc, char **argv, predict_opts *o) {
 }
 
 int cmd_eval(int argc, char **argv) {
-  predict_opts o = {.split_name = "test", .report = stderr, .who = "shardrec eval"};
+  score_opts o = {.split_name = "test", .report = stderr, .who = "shardrec eval"};
   int st = parse_flags(argc, argv, &o);
   if (st >= 0) return st;
   char err[2048];
-  predict_result res;
+  score_result res;
   struct dense_pool *pool = cli_dense_begin(CMD, dense_threads, dense_be);
   if (!pool) return 1;
-  int rc = predict_run(&o, &res, err, sizeof err);
+  int rc = score_run(&o, &res, err, sizeof err);
   cli_dense_end(pool);
   if (rc) {
     fprintf(stderr, "shardrec eval: %s\n", err);

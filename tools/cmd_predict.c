@@ -7,7 +7,7 @@
  * output stays aligned with the input. Samples go through the model in
  * batches of --mini-batch-size valid samples, as the trainer's evaluation
  * does: at the trainer's test batch size the probabilities are the
- * trainer's own, bit for bit. The scoring is predict_run
+ * trainer's own, bit for bit. The scoring is score_run
  * (score/score.h); this file turns the flags into its options. */
 #include <getopt.h>
 #include <stdio.h>
@@ -108,7 +108,7 @@ static const dense_backend *dense_be;
 
 /* The flags as given: the options, with what the checks need beside them. */
 typedef struct flags {
-  predict_opts o;
+  score_opts o;
   const char *proc, *raw, *dataset;
   long long cache_mb;
 } flags;
@@ -116,7 +116,7 @@ typedef struct flags {
 /* Parse argv into *f. Returns -1 to go on, or the exit status (0 for
  * --help, 2 for bad usage, the message printed). */
 static int parse_flags(int argc, char **argv, flags *f) {
-  predict_opts *o = &f->o;
+  score_opts *o = &f->o;
   double deadline = 30;
   long long freq = 0, batch = 0;
   optind = 1;
@@ -169,13 +169,13 @@ static int parse_flags(int argc, char **argv, flags *f) {
 
 /* The flags that do not go together; 0, or 2 with the message printed. */
 static int check_flags(flags *f) {
-  predict_opts *o = &f->o;
+  score_opts *o = &f->o;
   if (!o->checkpoint || !o->out || !!f->proc == !!f->raw) {
     fprintf(stderr, "shardrec predict: need --checkpoint, --out and exactly one of "
                     "--processed-data-file, --raw-data-file (see --help)\n");
     return 2;
   }
-  if (predict_split_parse(o->split_name, &o->split)) {
+  if (score_split_parse(o->split_name, &o->split)) {
     fprintf(stderr, "shardrec predict: --data-split: '%s' is not all, train, test or val\n",
             o->split_name);
     return 2;
@@ -217,10 +217,10 @@ int cmd_predict(int argc, char **argv) {
   if (st >= 0) return st;
   if ((st = check_flags(&f))) return st;
   char err[2048];
-  predict_result res;
+  score_result res;
   struct dense_pool *pool = cli_dense_begin(CMD, dense_threads, dense_be);
   if (!pool) return 1;
-  int rc = predict_run(&f.o, &res, err, sizeof err);
+  int rc = score_run(&f.o, &res, err, sizeof err);
   cli_dense_end(pool);
   if (rc) {
     fprintf(stderr, "shardrec predict: %s\n", err);
