@@ -26,8 +26,14 @@ enum {
   H_MAGIC = 0, H_VERSION = 8, H_FLAGS = 12, H_IDMODE = 16, H_THR = 20, H_N = 24, H_TRAIN = 32,
   H_TEST = 40, H_VAL = 48, H_IDS = 56, H_MIR = 64, H_DICT_OFF = 72, H_DICT_BYTES = 80,
   H_DATA_OFF = 88, H_DATA_BYTES = 96, H_DICT_CRC = 104, H_DATA_CRC = 108, H_TABLES = 112,
-  H_DICTN = H_TABLES + 8 * DS_NUM_SPARSE, H_CRC = DS_BIN_HEADER_SIZE - 4
+  H_DICTN = H_TABLES + 8 * DS_NUM_SPARSE, H_DENSE_LO = H_DICTN + 8 * DS_NUM_SPARSE,
+  H_DENSE_HI = H_DENSE_LO + 4, H_CRC = DS_BIN_HEADER_SIZE - 4
 };
+
+float ds_bin_dense_max(void) { return (float)log1p((double)INT64_MAX); }
+
+static void putf(unsigned char *p, float v) { memcpy(p, &v, 4); }
+static float getf(const unsigned char *p) { float v; memcpy(&v, p, 4); return v; }
 
 static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
 static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
@@ -250,6 +256,10 @@ int ds_bin_writer_finish(ds_bin_writer *w) {
     put64(h + H_TABLES + 8 * c, in->table_sizes[c]);
     put64(h + H_DICTN + 8 * c, in->dict_n[c]);
   }
+  if (in->flags & DS_BIN_DENSE_RANGE) {
+    putf(h + H_DENSE_LO, in->dense_lo);
+    putf(h + H_DENSE_HI, in->dense_hi);
+  }
   put32(h + H_CRC, crc_of(h, H_CRC));
   if (msync(w->map, w->size, MS_SYNC) != 0) sr_out_fail(w->out, "cannot write", errno);
   munmap(w->map, w->size);
@@ -313,8 +323,13 @@ static int check_header(const ds_bin_info *in, char *err, size_t errlen, const c
     sr_fmt(err, errlen, "%s: header: id mode %u is not one of 0..%d", path, in->id_mode, DS_IDS_RAW);
     return SR_EFORMAT;
   }
-  if (in->flags & ~(DS_BIN_MULTI | DS_BIN_ID64)) {
+  if (in->flags & ~(DS_BIN_MULTI | DS_BIN_ID64 | DS_BIN_DENSE_RANGE)) {
     sr_fmt(err, errlen, "%s: header: unknown layout flags 0x%x", path, in->flags);
+    return SR_EFORMAT;
+  }
+  if (!(in->dense_lo <= in->dense_hi)) { /* NaN bounds too */
+    sr_fmt(err, errlen, "%s: header: dense range [%g, %g] is empty", path, (double)in->dense_lo,
+           (double)in->dense_hi);
     return SR_EFORMAT;
   }
   if (in->id_mode == DS_IDS_MODULO && in->max_ind_range == 0) {
@@ -428,6 +443,12 @@ ds_bin_reader *ds_bin_reader_open(const char *path, int int32_layout, int verify
     in->table_sizes[c] = get64(h + H_TABLES + 8 * c);
     in->dict_n[c] = get64(h + H_DICTN + 8 * c);
   }
+  in->dense_lo = 0.0f; /* convert's range, unless the header declares one */
+  in->dense_hi = ds_bin_dense_max();
+  if (in->flags & DS_BIN_DENSE_RANGE) {
+    in->dense_lo = getf(h + H_DENSE_LO);
+    in->dense_hi = getf(h + H_DENSE_HI);
+  }
   if (check_header(in, err, errlen, path)) goto fail;
   ds_bin_info want = *in;
   layout(&want);
@@ -478,8 +499,9 @@ const ds_bin_info *ds_bin_reader_info(const ds_bin_reader *r) { return &r->info;
 const char *ds_bin_reader_errmsg(const ds_bin_reader *r) { return r->err; }
 
 /* Nonzero when a label of b[0, n) is not +-0 or 1 or a dense value is inf
- * or nan, compared as bits (loops the compiler vectorises). */
-static uint32_t values_bad(const ds_batch *b, int n) {
+ * or nan (compared as bits) or outside [lo, hi] (loops the compiler
+ * vectorises). */
+static uint32_t values_bad(const ds_batch *b, int n, float lo, float hi) {
   uint32_t bad = 0;
   for (int i = 0; i < n; i++) {
     uint32_t u;
@@ -489,45 +511,72 @@ static uint32_t values_bad(const ds_batch *b, int n) {
   const uint32_t *d = (const uint32_t *)(const void *)b->dense;
   for (size_t k = 0; k < (size_t)n * DS_NUM_DENSE; k++) /* exponent all ones */
     bad |= (int32_t)(d[k] & 0x7fffffffu) > 0x7f7fffff;
+  for (size_t k = 0; k < (size_t)n * DS_NUM_DENSE; k++)
+    bad |= (uint32_t)(b->dense[k] < lo) | (uint32_t)(b->dense[k] > hi);
   return bad;
 }
 
-/* Record index + i of b, which check_batch found wrong: "record R: what"
- * into r->err for the first wrong field in file order. */
-static int report_record(ds_bin_reader *r, uint64_t index, const ds_batch *b) {
-  const uint64_t *ts = r->info.table_sizes;
-  for (int i = 0; i < b->n; i++) {
-    unsigned long long rec = (unsigned long long)(index + (uint64_t)i);
-    float l = b->labels[i];
-    if (l != 0.0f && l != 1.0f) {
-      sr_fmt(r->err, sizeof r->err, "record %llu: label %g is not 0 or 1", rec, (double)l);
-      return SR_EFORMAT;
+/* The split record rec of the file is in: "train", "test" or "val". */
+static const char *split_of(const ds_bin_info *in, uint64_t rec) {
+  return rec < in->n_train ? "train" : rec < in->n_train + in->n_test ? "test" : "val";
+}
+
+/* What is wrong with record i of b (one of values_bad's or check_batch's
+ * findings) into what; 0 when nothing is. */
+static int record_fault(const ds_bin_info *in, const ds_batch *b, int i, char *what, size_t len) {
+  float l = b->labels[i];
+  if (l != 0.0f && l != 1.0f) {
+    sr_fmt(what, len, "label %g is not 0 or 1", (double)l);
+    return 1;
+  }
+  for (int k = 0; k < DS_NUM_DENSE; k++) {
+    float v = b->dense[(size_t)i * DS_NUM_DENSE + k];
+    if (!isfinite(v)) {
+      sr_fmt(what, len, "dense I%d is %g, not a finite number", k + 1, (double)v);
+      return 1;
     }
-    for (int k = 0; k < DS_NUM_DENSE; k++)
-      if (!isfinite(b->dense[(size_t)i * DS_NUM_DENSE + k])) {
-        sr_fmt(r->err, sizeof r->err, "record %llu: dense I%d is %g, not a finite number", rec,
-               k + 1, (double)b->dense[(size_t)i * DS_NUM_DENSE + k]);
-        return SR_EFORMAT;
+    if (v < in->dense_lo || v > in->dense_hi) {
+      sr_fmt(what, len, "dense I%d is %g, outside [%g, %g], the range %s", k + 1, (double)v,
+             (double)in->dense_lo, (double)in->dense_hi,
+             (in->flags & DS_BIN_DENSE_RANGE) ? "the file's header declares"
+                                             : "convert writes (log1p of the integer)");
+      return 1;
+    }
+  }
+  for (int f = 0; f < DS_NUM_SPARSE; f++) {
+    const uint32_t *o = ds_batch_offsets(b, f);
+    const uint64_t ts = in->table_sizes[f];
+    for (uint32_t k = o[i]; k < o[i + 1]; k++)
+      if (ts && b->ids[k] >= ts) {
+        sr_fmt(what, len, "C%d id %llu is outside its table of %llu rows", f + 1,
+               (unsigned long long)b->ids[k], (unsigned long long)ts);
+        return 1;
       }
-    for (int f = 0; f < DS_NUM_SPARSE; f++) {
-      const uint32_t *o = ds_batch_offsets(b, f);
-      for (uint32_t k = o[i]; k < o[i + 1]; k++)
-        if (ts[f] && b->ids[k] >= ts[f]) {
-          sr_fmt(r->err, sizeof r->err, "record %llu: C%d id %llu is outside its table of %llu rows",
-                 rec, f + 1, (unsigned long long)b->ids[k], (unsigned long long)ts[f]);
-          return SR_EFORMAT;
-        }
+  }
+  return 0;
+}
+
+/* Record index + i of b, which check_batch found wrong: "record R: what
+ * (S split)" into r->err for the first wrong field in file order. */
+static int report_record(ds_bin_reader *r, uint64_t index, const ds_batch *b) {
+  char what[256];
+  for (int i = 0; i < b->n; i++) {
+    uint64_t rec = index + (uint64_t)i;
+    if (record_fault(&r->info, b, i, what, sizeof what)) {
+      sr_fmt(r->err, sizeof r->err, "record %llu: %s (%s split)", (unsigned long long)rec, what,
+             split_of(&r->info, rec));
+      break;
     }
   }
   return SR_EFORMAT;
 }
 
 /* A bin file's samples in b are what a writer writes: labels 0 or 1,
- * finite dense values, ids within their tables (size 0: unbounded). One
+ * finite dense values within the file's range, ids within their tables (size 0: unbounded). One
  * branch-free pass; the message only when something is wrong. */
 static int check_batch(ds_bin_reader *r, uint64_t index, const ds_batch *b) {
   const int n = b->n;
-  uint32_t bad = values_bad(b, n);
+  uint32_t bad = values_bad(b, n, r->info.dense_lo, r->info.dense_hi);
   for (int f = 0; f < DS_NUM_SPARSE; f++) {
     const uint64_t size = r->info.table_sizes[f];
     const uint32_t *o = ds_batch_offsets(b, f);
@@ -624,7 +673,7 @@ static int read_records(ds_bin_reader *r, uint64_t index, int n, uint64_t mod, d
       memcpy(&b->labels[i], rec, 4);
       memcpy(&b->dense[(size_t)i * DS_NUM_DENSE], rec + 4, 4 * DS_NUM_DENSE);
     }
-    bad = values_bad(b, n);
+    bad = values_bad(b, n, in->dense_lo, in->dense_hi);
     /* Transpose records to feature-major ids in tiles of 64 samples: writing
      * one id into each of 26 rows per sample would hit 26 addresses a power of
      * two apart (the same cache set) for power-of-two batch sizes. */

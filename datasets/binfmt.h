@@ -5,8 +5,10 @@
  *   [0, 4096)  header: magic "SRCRITEO", version, layout flags, counts (samples,
  *              train/test/val, total ids), id mode, max_ind_range, frequency
  *              threshold, table sizes[26], dictionary sizes[26], section
- *              offsets, CRC32 of the dictionary and of the data, reserved
- *              bytes (zero), and the CRC32 of bytes [0, 4092) in the last 4.
+ *              offsets, CRC32 of the dictionary and of the data, with the
+ *              DS_BIN_DENSE_RANGE flag the range of the dense values (f32 low,
+ *              f32 high at bytes 528 and 532), reserved bytes (zero), and the
+ *              CRC32 of bytes [0, 4092) in the last 4.
  *   dictionary section: per column, its kept values (uint32) in id order
  *              (value i has id i+1; id 0 = rare/unseen), so raw data can later
  *              be mapped the same way.
@@ -35,6 +37,11 @@
 #define DS_BIN_HEADER_SIZE 4096u
 #define DS_BIN_MULTI 1u /* flags: multi-hot layout */
 #define DS_BIN_ID64 2u  /* flags: 64-bit ids */
+/* flags: the header declares the dense values' range [dense_lo, dense_hi]
+ * (either bound may be infinite: no bound on that side; the values must
+ * still be finite). Without it the range is convert's, [0,
+ * ds_bin_dense_max()]. */
+#define DS_BIN_DENSE_RANGE 4u
 #define DS_INT32_RECORD_BYTES 160u
 
 typedef struct {
@@ -46,7 +53,14 @@ typedef struct {
   uint64_t dict_n[DS_NUM_SPARSE];
   uint64_t dict_off, dict_bytes, data_off, data_bytes;
   uint32_t dict_crc, data_crc;
+  float dense_lo, dense_hi; /* the dense values' range (reader: convert's without
+                               DS_BIN_DENSE_RANGE; writer: written with it) */
 } ds_bin_info;
+
+/* The largest dense value convert writes: log1p of INT64_MAX, the largest
+ * integer the TSV parser takes (datasets/criteo.c), rounded to float as it
+ * rounds it (43.66827...). Values below 0 are written as 0. */
+float ds_bin_dense_max(void);
 
 /* ---- writer ---- */
 typedef struct ds_bin_writer ds_bin_writer;
@@ -92,10 +106,12 @@ ds_bin_reader *ds_bin_reader_open(const char *path, int int32_layout, int verify
 /* The file's header fields (owned by r). */
 const ds_bin_info *ds_bin_reader_info(const ds_bin_reader *r);
 /* Samples [index, index + n) into b (n <= b->cap); int32 ids are % mod when
- * mod > 0. 0, or SR_EFORMAT with "record R: what" (ds_bin_reader_errmsg)
- * for a record no writer writes: a label other than 0/1, a dense value not
- * finite, an id outside its table (bin: a table of size 0 is unbounded;
- * int32: a negative id), SR_ERANGE for a range past the end. */
+ * mod > 0. 0, or SR_EFORMAT with "record R: what (S split)"
+ * (ds_bin_reader_errmsg; R the record's index in the file, S train, test
+ * or val) for a record no writer writes: a label other than 0/1, a dense
+ * value not finite or outside the file's range (info's dense_lo, dense_hi),
+ * an id outside its table (bin: a table of size 0 is unbounded; int32: a
+ * negative id), SR_ERANGE for a range past the end. */
 int ds_bin_reader_read(ds_bin_reader *r, uint64_t index, int n, uint64_t mod, ds_batch *b);
 /* The stored dictionaries; caller owns. NULL with the reason in
  * ds_bin_reader_errmsg when there are none, on out of memory, or when a
