@@ -883,6 +883,12 @@ const char *ds_source_report(ds_source *s, int i) {
 
 const char *ds_source_errmsg(ds_source *s) { return s ? s->err : "no source"; }
 
+int ds_source_record_of(const ds_source *s, uint64_t sample_index, uint64_t *record) {
+  if (!s || !s->bin) return SR_EINVAL;
+  *record = s->bin_begin + sample_index;
+  return 0;
+}
+
 void ds_source_destroy(ds_source *s) {
   if (!s) return;
   reader_stop(s);

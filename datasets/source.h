@@ -122,6 +122,11 @@ int ds_source_stats_get(ds_source *s, ds_source_stats *st);
  * Owned by s. */
 const char *ds_source_report(ds_source *s, int i);
 
+/* Where sample sample_index of the split is in a bin or int32 file: its
+ * record's index in the file (the one a read error names) into *record.
+ * 0, or SR_EINVAL for TSV input (a sample is a line that parsed). */
+int ds_source_record_of(const ds_source *s, uint64_t sample_index, uint64_t *record);
+
 /* Text of the last error (empty when none). Owned by s. */
 const char *ds_source_errmsg(ds_source *s);
 
