@@ -890,6 +890,19 @@ static step_outcome periodic_test(train_job *j, char *why, size_t whylen) {
   return STEP_DONE;
 }
 
+/* The samples of batch g (got of them, the train split's) as a message
+ * names them: "FILE records A..B" (bin and int32 files: the records'
+ * indices in the file), "FILE's train samples A..B" (TSV). */
+static void batch_where(const train_job *j, const ds_batch *g, int got, char *buf, size_t len) {
+  uint64_t first = g->first_index, rec;
+  if (!ds_source_record_of(j->train, first, &rec))
+    sr_fmt(buf, len, "%s records %llu..%llu", j->data_path, (unsigned long long)rec,
+           (unsigned long long)(rec + (uint64_t)got - 1));
+  else
+    sr_fmt(buf, len, "%s's train samples %llu..%llu", j->data_path, (unsigned long long)first,
+           (unsigned long long)(first + (uint64_t)got - 1));
+}
+
 /* One step of the job: the batch, the step, the checkpoint when due, the
  * progress line and test pass when due. why gets the reason of STEP_LOST. */
 static step_outcome job_step(train_job *j, char *why, size_t whylen) {
@@ -910,14 +923,21 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
   float lr = dense_lr_at(&c->sched, cur->step), loss = 0;
   float slr = c->lr > 0 ? (float)((double)lr * (c->sparse_lr / c->lr)) : (float)c->sparse_lr;
   if (fill_ahead(j)) return STEP_FAILED;
-  if (trainer_step_part(j->t, job_batches_mine(&j->q), got, cur->step, lr, slr, &loss)) {
-    sr_fmt(why, whylen, "step %lld: %s", (long long)cur->step, trainer_errmsg(j->t));
+  int rc = trainer_step_part(j->t, job_batches_mine(&j->q), got, cur->step, lr, slr, &loss);
+  if (rc) {
+    char where[600] = "";
+    if (rc == SR_ERANGE) /* a loss or update not finite: the samples that made it */
+      batch_where(j, job_batches_global(&j->q), got, where, sizeof where);
+    sr_fmt(why, whylen, "step %lld: %s%s%s%s", (long long)cur->step, trainer_errmsg(j->t),
+           *where ? " (batch of " : "", where, *where ? ")" : "");
     j->own_fail = !trainer_peer_failed(j->t);
     return STEP_LOST;
   }
   if (!isfinite(loss)) {
-    job__errf(j, "step %lld: the loss is %g; lower --learning-rate\n", (long long)cur->step,
-              loss);
+    char where[600];
+    batch_where(j, job_batches_global(&j->q), got, where, sizeof where);
+    job__errf(j, "step %lld: the loss is %g (batch of %s); lower --learning-rate, or look at "
+              "those samples\n", (long long)cur->step, loss, where);
     return STEP_FAILED;
   }
   int notes = rpc_remote_note(j->store, err, sizeof err);
