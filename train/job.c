@@ -523,7 +523,7 @@ static int job_open(train_job *j) {
     job__errf(j, "out of memory for batches\n");
     return -1;
   }
-  if (job__eval_open(j)) return -1;
+  if (job__eval_open(j) || (c->processed && job__test_check(j))) return -1;
   printf("model  bottom %s, top %s, %s interaction; %zu dense parameters; %s (dense) / %s "
          "(sparse), lr %g / %g\n",
          c->bot, c->top, c->op, dense_config_param_count(&c->dense), c->opt_name,

@@ -68,6 +68,18 @@ int job__eval_open(train_job *j) {
   return 0;
 }
 
+int job__test_check(train_job *j) {
+  const int batch = j->cfg->test_batch;
+  int got;
+  while ((got = ds_source_next(j->test, &j->tb, batch)) > 0) {
+  }
+  if (got < 0 || ds_source_rewind(j->test)) {
+    job__errf(j, "test data, read before the first step: %s\n", ds_source_errmsg(j->test));
+    return -1;
+  }
+  return 0;
+}
+
 void job__eval_close(train_job *j) {
   if (j->metrics) fclose(j->metrics);
   j->metrics = NULL;

@@ -129,6 +129,11 @@ int job__coll_ok(const train_job *j, int rc, const char *what);
  * ranks: every rank returns 1 at the same test batch), for the job to
  * recover from as from a lost step. */
 int job__eval_open(train_job *j);
+/* The whole test split read once through its checks (a bin file's labels,
+ * dense values and ids), so that a bad test record stops the job before
+ * its first step rather than at its first test pass; then rewound. 0 or -1
+ * (the record named on stderr). After job__eval_open. */
+int job__test_check(train_job *j);
 void job__eval_close(train_job *j);
 int job__test_pass(train_job *j, char *why, size_t whylen);
 
