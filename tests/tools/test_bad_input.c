@@ -6,11 +6,11 @@
 #include "tests/check_main.h"
 
 #include <math.h>
-#include <zlib.h>
 
 #include "common/fs.h"
 #include "datasets/binfmt.h"
 
+#include "tests/tools/bin_edit.h"
 #include "tests/tools/run.h"
 
 /* Occurrences of text in s. */
@@ -210,30 +210,6 @@ START_TEST(test_number_syntax) {
   free(d);
 }
 END_TEST
-
-/* Put 4 bytes at offset at of the bin file path and recompute its data and
- * header CRC32s, as an editor that knows the format would. */
-static void edit_bin(const char *path, uint64_t at, const void *v) {
-  char *f = slurp(path);
-  ck_assert_ptr_nonnull(f);
-  FILE *fp = fopen(path, "rb");
-  fseek(fp, 0, SEEK_END);
-  long size = ftell(fp);
-  fclose(fp);
-  unsigned char *b = (unsigned char *)f;
-  memcpy(b + at, v, 4);
-  uint64_t doff, dbytes;
-  memcpy(&doff, b + 88, 8);
-  memcpy(&dbytes, b + 96, 8);
-  uint32_t c = (uint32_t)crc32(0, b + doff, (uInt)dbytes);
-  memcpy(b + 108, &c, 4);
-  c = (uint32_t)crc32(0, b, DS_BIN_HEADER_SIZE - 4);
-  memcpy(b + DS_BIN_HEADER_SIZE - 4, &c, 4);
-  fp = fopen(path, "wb");
-  ck_assert_int_eq((long)fwrite(b, 1, (size_t)size, fp), size);
-  fclose(fp);
-  free(f);
-}
 
 /* Damaged input end to end: a gzip file cut in half (convert, strict
  * or not), a converted file with one dense value made inf behind valid
