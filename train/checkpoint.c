@@ -124,6 +124,12 @@ static cJSON *job_manifest(const emb_plan *plan, const char *store_kind, dense_m
   cJSON_AddNumberToObject(man, "sample_index", (double)st->sample_index);
   cJSON_AddNumberToObject(man, "lr_schedule_step", (double)st->step);
   cJSON_AddNullToObject(man, "rng");
+  cJSON *pr = cJSON_AddObjectToObject(man, "progress");
+  if (pr) {
+    cJSON_AddNumberToObject(pr, "loss_sum", st->loss_sum);
+    cJSON_AddNumberToObject(pr, "loss_n", (double)st->loss_n);
+    cJSON_AddNumberToObject(pr, "last_loss", (double)st->last_loss);
+  }
   if (emb_ckpt_set_plan(man, plan, err, errlen)) {
     cJSON_Delete(man);
     return NULL;
@@ -266,6 +272,21 @@ static int job_fields(const cJSON *man, const char *path, ckpt_info *ci, char *e
   ci->st.epoch = (int)epoch;
   ci->st.sample_index = (uint64_t)sample;
   ci->batch = (int64_t)batch;
+  /* The progress figures: absent in a checkpoint written before they were
+   * recorded (its resumed job starts the running mean afresh). */
+  const cJSON *pr = cJSON_GetObjectItemCaseSensitive(man, "progress");
+  double sum, n, last;
+  if (pr && (jnum(pr, "loss_sum", &sum) || jnum(pr, "loss_n", &n) || jnum(pr, "last_loss", &last) ||
+             n < 0 || n > step)) {
+    sr_fmt(err, errlen, "%s: progress: loss_sum, loss_n (0..step) and last_loss are not all "
+           "numbers", path);
+    return SR_EFORMAT;
+  }
+  if (pr) {
+    ci->st.loss_sum = sum;
+    ci->st.loss_n = (int64_t)n;
+    ci->st.last_loss = (float)last;
+  }
   return 0;
 }
 

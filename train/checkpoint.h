@@ -4,7 +4,8 @@
  *   manifest.json  format, plan (canonical JSON) and both fingerprints, step,
  *                  data position (epoch and the sample index after the last
  *                  batch the trainer consumed, within the train split), the
- *                  learning-rate schedule position (= step), RNG state (none:
+ *                  learning-rate schedule position (= step), the progress
+ *                  line's running loss figures, RNG state (none:
  *                  the trainer draws no random numbers after init), the
  *                  optimizer settings, the store kind, and every other file
  *                  with its size and SHA-256;
@@ -35,6 +36,13 @@ typedef struct ckpt_state {
   int64_t step;          /* steps done */
   int epoch;             /* epoch of the last consumed batch */
   uint64_t sample_index; /* next sample of the train split to read in that epoch */
+  /* The progress line's running figures after this step (so that a resumed
+   * job's --metrics-out lines are the uninterrupted job's): the sum and
+   * count of the step losses since the line before, and this step's loss.
+   * A checkpoint written before they were recorded reads as 0, 0, 0. */
+  double loss_sum;
+  int64_t loss_n;
+  float last_loss;
 } ckpt_state;
 
 /* Settings recorded in the manifest (and checked where a mismatch would make

@@ -592,9 +592,19 @@ static int job_resume(train_job *j) {
   if (j->rank == 0 && ckpt_kernels_differ(ckdir, &j->cks, why, sizeof why))
     job__errf(j, "warning: --resume: %s\n", why);
   job_rewind(&j->cur, &j->q, &j->ckst, j->cfg->batch, sr_now());
+  if (!job__print_due(j, j->ckst.step)) { /* the progress line's window goes on */
+    j->cur.loss_sum = j->ckst.loss_sum;
+    j->cur.loss_n = j->ckst.loss_n;
+  }
   trainer_ahead_drop(j->t);
   printf("resume %s: step %lld, epoch %d, sample %llu\n", ckdir, (long long)j->ckst.step,
          j->ckst.epoch, (unsigned long long)j->ckst.sample_index);
+  if (j->rank == 0 && c->metrics_out && job__metrics_out_resume(j)) return -1;
+  int32_t redo = j->resume_redo; /* rank 0's finding: a pass is every rank's */
+  if (j->size > 1 && !job__coll_ok(j, dense_coll_broadcast_bytes(j->coll, &redo, sizeof redo, 0),
+                                   "broadcast of the resumed step's lines"))
+    return -1;
+  j->resume_redo = redo;
   return 0;
 }
 
@@ -878,10 +888,8 @@ static int fill_ahead(train_job *j) {
 /* The test pass of --test-freq when one is due after the cursor's step.
  * STEP_DONE, STEP_LOST (why) or STEP_FAILED. */
 static step_outcome periodic_test(train_job *j, char *why, size_t whylen) {
-  const train_config *c = j->cfg;
   job_cursor *cur = &j->cur;
-  if (c->test_freq <= 0 || cur->step == 0 || cur->step % c->test_freq || !j->n_test)
-    return STEP_DONE;
+  if (!job__pass_due(j, cur->step)) return STEP_DONE;
   if (j->tty) fprintf(stderr, "\n");
   double e0 = sr_now();
   int tp = job__test_pass(j, why, whylen);
@@ -947,21 +955,23 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
   cur->step++;
   cur->epoch_step++;
   mem_sample(j);
+  /* The loss joins the progress figures before the checkpoint, which
+   * records them (a failed checkpoint rewinds them with the cursor). */
+  cur->loss_sum += loss;
+  cur->loss_n++;
   j->ckst = (ckpt_state){cur->step, cur->epoch,
-                         job_batches_global(&j->q)->first_index + (uint64_t)got};
+                         job_batches_global(&j->q)->first_index + (uint64_t)got, cur->loss_sum,
+                         cur->loss_n, loss};
   if (c->checkpoint_dir && c->checkpoint_every > 0 && cur->step % c->checkpoint_every == 0 &&
       job_checkpoint(j, c->checkpoint_dir, c->keep_checkpoints, err, sizeof err)) {
     sr_fmt(why, whylen, "--save-checkpoint: %s", err);
     j->own_fail = j->rank == 0;
     return STEP_LOST;
   }
-  cur->loss_sum += loss;
-  cur->loss_n++;
   cur->samples_since += got;
   j->samples_done += got;
   job__metrics_step(j, got);
-  if ((cur->step % c->print_freq == 0 || cur->step == j->total_steps) && progress(j, loss, lr))
-    return STEP_FAILED;
+  if (job__print_due(j, cur->step) && progress(j, loss, lr)) return STEP_FAILED;
   return periodic_test(j, why, whylen);
 }
 
@@ -1003,7 +1013,8 @@ static int epoch_begin(train_job *j) {
  * checkpoint, progress line and test pass when due, job_step), each epoch
  * ended by its test pass, then the final checkpoint. The cursor's epoch goes
  * on where it stands (a resumed or rewound one); rewound: the position was
- * just restored by a recovery, so its step's test pass, when due, runs again.
+ * just restored by a recovery (or resumed without its step's test line in
+ * --metrics-out), so its step's test pass, when due, runs again.
  * STEP_DONE at the job's end, STEP_LOST (why) or STEP_FAILED. */
 static step_outcome job_run(train_job *j, int rewound, char *why, size_t whylen) {
   const train_config *c = j->cfg;
@@ -1038,8 +1049,17 @@ static int job_loop(train_job *j) {
     job__errf(j, "--save-checkpoint: %s\n", why);
     return -1;
   }
+  /* Resumed: the lines of the checkpoint's step that the interrupted job
+   * did not write (they come after its checkpoint), as it would have: the
+   * progress line here, the test pass as after a recovery. */
+  if (j->resume_redo & JOB_REDO_LINE) {
+    cur->loss_sum = j->ckst.loss_sum;
+    cur->loss_n = j->ckst.loss_n;
+    if (progress(j, j->ckst.last_loss, dense_lr_at(&c->sched, cur->step - 1))) return -1;
+  }
   step_outcome o;
-  for (int rewound = 0; (o = job_run(j, rewound, why, sizeof why)) == STEP_LOST; rewound = 1) {
+  for (int rewound = (j->resume_redo & JOB_REDO_PASS) != 0;
+       (o = job_run(j, rewound, why, sizeof why)) == STEP_LOST; rewound = 1) {
     if (job_recover(j, why, j->own_fail)) return -1;
     job_rewind(cur, &j->q, &j->ckst, c->batch, sr_now());
     trainer_ahead_drop(j->t);

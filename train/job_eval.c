@@ -2,9 +2,11 @@
  * (split over the ranks, gathered on rank 0), --test-pred-out, the report
  * line and its JSON. */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/fs.h"
 #include "common/outfile.h"
@@ -58,7 +60,7 @@ int job__eval_open(train_job *j) {
       return -1;
     }
   }
-  if (c->metrics_out && j->rank == 0) {
+  if (c->metrics_out && j->rank == 0 && !c->resume) { /* resumed: job__metrics_out_resume */
     j->metrics = fopen(c->metrics_out, "w");
     if (!j->metrics) {
       job__errf(j, "--metrics-out %s: cannot open for writing\n", c->metrics_out);
@@ -78,6 +80,68 @@ int job__test_check(train_job *j) {
     return -1;
   }
   return 0;
+}
+
+/* What a resumed job at step keeps of its --metrics-out text[0, n): the
+ * length of its whole lines that parse as JSON objects with a "step" up to
+ * step, up to the first that is not or is a test line of step that
+ * --test-freq did not write. *lines gets their count, *has the
+ * JOB_REDO_* bits of the lines of step among them. */
+static size_t metrics_kept(const train_job *j, char *text, size_t n, long *lines, int *has) {
+  const double step = (double)j->cur.step;
+  size_t keep = 0;
+  *lines = 0;
+  *has = 0;
+  while (keep < n) {
+    char *nl = memchr(text + keep, '\n', n - keep);
+    if (!nl) break; /* a torn last line */
+    *nl = 0;
+    cJSON *o = cJSON_Parse(text + keep);
+    *nl = '\n';
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "step");
+    const cJSON *kind = cJSON_GetObjectItemCaseSensitive(o, "kind");
+    int test = cJSON_IsString(kind) && !strcmp(kind->valuestring, "test");
+    int ok = cJSON_IsNumber(st) && cJSON_IsString(kind) && st->valuedouble <= step &&
+             !(test && st->valuedouble == step && !job__pass_due(j, j->cur.step));
+    if (ok && st->valuedouble == step) *has |= test ? JOB_REDO_PASS : JOB_REDO_LINE;
+    cJSON_Delete(o);
+    if (!ok) break;
+    keep = (size_t)(nl - text) + 1;
+    (*lines)++;
+  }
+  return keep;
+}
+
+int job__metrics_out_resume(train_job *j) {
+  const char *path = j->cfg->metrics_out;
+  const int64_t step = j->cur.step;
+  FILE *f = fopen(path, "a+"); /* made when missing; writes go to its end */
+  char *text = NULL;
+  long size = -1, lines = 0;
+  int has = 0;
+  if (f && fseek(f, 0, SEEK_END) == 0) size = ftell(f);
+  if (size >= 0 && fseek(f, 0, SEEK_SET) == 0 && (text = malloc((size_t)size + 1)) &&
+      fread(text, 1, (size_t)size, f) == (size_t)size) {
+    size_t keep = metrics_kept(j, text, (size_t)size, &lines, &has);
+    free(text);
+    if (ftruncate(fileno(f), (off_t)keep) == 0) {
+      j->metrics = f;
+      if (lines > 0 && step > 0) /* the interrupted job's lines go on */
+        j->resume_redo = (job__print_due(j, step) && j->ckst.loss_n > 0 && !(has & JOB_REDO_LINE)
+                              ? JOB_REDO_LINE : 0) |
+                         (job__pass_due(j, step) && !(has & JOB_REDO_PASS) ? JOB_REDO_PASS : 0);
+      if ((size_t)size > keep)
+        printf("metrics %s: %ld line(s) up to step %lld kept, %zu byte(s) after them dropped\n",
+               path, lines, (long long)step, (size_t)size - keep);
+      return 0;
+    }
+    text = NULL;
+  }
+  free(text);
+  if (f) fclose(f);
+  job__errf(j, "--metrics-out %s: cannot read it and cut it back to step %lld: %s\n", path,
+            (long long)step, strerror(errno));
+  return -1;
 }
 
 void job__eval_close(train_job *j) {

@@ -109,9 +109,24 @@ typedef struct train_job {
   float *pred, *labels;    /* [n_test] rank 0's predictions and labels */
   size_t *counts;          /* [size] samples per rank of a test batch */
   FILE *metrics;           /* --metrics-out (rank 0), owned */
+  int resume_redo;         /* JOB_REDO_*: the resumed step's lines to write again */
   struct job_metrics *mx;  /* --metrics-listen, owned (job_metrics.c) */
   trainer_times phase_mark; /* the trainer's times at the last progress line */
 } train_job;
+
+/* A resumed job's --metrics-out lacks the lines of the checkpoint's step
+ * (written after its checkpoint, lost in the interruption): the progress
+ * line (rank 0), the test pass (every rank). */
+enum { JOB_REDO_LINE = 1, JOB_REDO_PASS = 2 };
+
+/* Whether the progress line, and --test-freq's test pass, are due after
+ * step (steps done). */
+static inline int job__print_due(const train_job *j, int64_t step) {
+  return step % j->cfg->print_freq == 0 || step == j->total_steps;
+}
+static inline int job__pass_due(const train_job *j, int64_t step) {
+  return j->cfg->test_freq > 0 && step > 0 && step % j->cfg->test_freq == 0 && j->n_test;
+}
 
 /* "shardrec train: <why>" on stderr; with several ranks "shardrec train:
  * rank R: <why>". */
@@ -129,6 +144,16 @@ int job__coll_ok(const train_job *j, int rc, const char *what);
  * ranks: every rank returns 1 at the same test batch), for the job to
  * recover from as from a lost step. */
 int job__eval_open(train_job *j);
+/* --metrics-out of a job resumed at the cursor's step (rank 0): the file
+ * (made when missing) cut back to its whole lines up to that step, up to
+ * the first torn or unreadable line, and without a test line of that step
+ * other than --test-freq's (the resumed job runs an epoch's last pass
+ * again); then opened for appending in j->metrics. When lines are kept
+ * but the step's own are not (the job stopped between its checkpoint and
+ * them), j->resume_redo says which to write again (JOB_REDO_*; the line
+ * only from a checkpoint that records the progress figures). What was
+ * dropped is said on stdout. 0 or -1 (printed). */
+int job__metrics_out_resume(train_job *j);
 /* The whole test split read once through its checks (a bin file's labels,
  * dense values and ids), so that a bad test record stops the job before
  * its first step rather than at its first test pass; then rewound. 0 or -1
