@@ -279,7 +279,7 @@ static void wait_file(const char *path, off_t size, pid_t pid, double secs) {
  * step-20 checkpoint is complete (DONE written whole) and step 20's
  * metrics line is out (it comes after the checkpoint); the same command run again
  * resumes from the newest complete checkpoint and finishes. The first
- * run's metrics (saved aside: the second rewrites the file) and the
+ * run's metrics (saved aside: the second cuts the file back to its checkpoint's step) and the
  * second's give the final losses. A fresh folder starts fresh; without
  * --save-checkpoint (or with --resume) the flag is refused. */
 START_TEST(test_auto_resume) {
