@@ -203,7 +203,7 @@ static int make_tagged(const char *base, const char *name, char *tpl, char *err,
  * it is on the checkpoint's file system (the SST files are then
  * hard-linked, not copied), else a hidden folder beside the checkpoint's
  * step-N folders (/tmp when that cannot be made). Into out->tmp_dir. */
-static int make_tmp_dir(const char *dir, const char *shards, ckpt_store *out, char *err,
+static int make_tmp_dir(const char *dir, const char *shards, emb_ckpt_store *out, char *err,
                         size_t errlen) {
   const char *tmp = getenv("TMPDIR");
   char beside[SR_PATH_MAX], tpl[SR_PATH_MAX];
@@ -231,7 +231,7 @@ static int make_tmp_dir(const char *dir, const char *shards, ckpt_store *out, ch
 /* The RocksDB layout: the shard store over data_dir or a temporary folder,
  * restored from shards (databases copied in, SST files hard-linked). */
 static int open_rocks(const char *dir, const char *shards, const emb_plan *plan,
-                      const ckpt_store_opts *o, const emb_shard_config *sc, ckpt_store *out,
+                      const emb_ckpt_store_opts *o, const emb_shard_config *sc, emb_ckpt_store *out,
                       char *err, size_t errlen) {
   const char *data = o->data_dir;
   int rc;
@@ -277,7 +277,7 @@ static int map_folders(const char *shards, int S, const int *want, int n_want,
 /* The wanted shards' rows from in-memory servers' folders: one folder's
  * in-memory store, or a routing store over one per folder. */
 static int open_servers(const char *shards, const emb_plan *plan, const int *want, int n_want,
-                        ckpt_store *out, char *err, size_t errlen) {
+                        emb_ckpt_store *out, char *err, size_t errlen) {
   int S = plan->n_shards, rc, n_folders = 0;
   char path[8400];
   char (*folder)[256] = calloc((size_t)S, sizeof *folder);
@@ -348,8 +348,8 @@ static int check_dbs(const char *shards, const int *want, int n_want, char *err,
 }
 
 /* Which layout holds the wanted shards, and the store over it. */
-static int open_layout(const char *dir, const emb_plan *plan, const ckpt_store_opts *o,
-                       int *want, int n_want, ckpt_store *out, char *err, size_t errlen) {
+static int open_layout(const char *dir, const emb_plan *plan, const emb_ckpt_store_opts *o,
+                       int *want, int n_want, emb_ckpt_store *out, char *err, size_t errlen) {
   char shards[4200];
   ckpt_shards_layout layout;
   if (ckpt_dir_shards_path(dir, shards, sizeof shards)) {
@@ -378,8 +378,8 @@ static int open_layout(const char *dir, const emb_plan *plan, const ckpt_store_o
   return open_servers(shards, plan, want, n_want, out, err, errlen);
 }
 
-int ckpt_store_open(const char *dir, const emb_plan *plan, const ckpt_store_opts *o,
-                    ckpt_store *out, char *err, size_t errlen) {
+int emb_ckpt_store_open(const char *dir, const emb_plan *plan, const emb_ckpt_store_opts *o,
+                    emb_ckpt_store *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   int S = plan->n_shards, n_want = o->n_shards ? o->n_shards : S, rc = 0;
   int *want = malloc((size_t)n_want * sizeof *want);
@@ -406,7 +406,7 @@ int ckpt_store_open(const char *dir, const emb_plan *plan, const ckpt_store_opts
   return rc;
 }
 
-void ckpt_store_close(ckpt_store *cs) {
+void emb_ckpt_store_close(emb_ckpt_store *cs) {
   if (!cs) return;
   emb_store_destroy(cs->store);
   if (cs->tmp_dir) sr_rmtree(cs->tmp_dir);

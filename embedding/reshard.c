@@ -290,7 +290,7 @@ static int move_table(worker *w, int ti, char *err, size_t errlen) {
       rc = SR_EFORMAT;
       goto out;
     }
-    /* Block checksums off: ckpt_open has just checked every source file's
+    /* Block checksums off: train_ckpt_open has just checked every source file's
      * SHA-256 against the manifest, and every row is hashed here anyway. */
     if (!(it[s] = sst_iter_create(r->src[s], cf, r->o->src_checked ? 0 : 1))) {
       sr_fmt(err, errlen, "out of memory");

@@ -74,7 +74,7 @@ typedef struct reshard_opts {
   int progress;           /* a live line on stderr (rows, MB, rows/s, ETA) */
   int threads;            /* tables moved side by side (<= 1: one at a time) */
   int verify;             /* re-read and compare the targets (1 unless benchmarking) */
-  int src_checked;        /* the source files' bytes were just verified (ckpt_open's
+  int src_checked;        /* the source files' bytes were just verified (train_ckpt_open's
                              SHA-256): skip RocksDB's block checksums on the source scan */
   reshard_row_hook row_hook; /* NULL: rows written as read (see reshard_row_hook) */
   void *row_hook_ctx;

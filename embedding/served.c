@@ -44,10 +44,10 @@ static int open_checkpoint(const emb_served_opts *o, emb_served *s, char *err, s
       rc = SR_EINVAL;
       goto out;
     }
-  ckpt_store_opts co = {.shards = o->shards, .n_shards = o->n_shards, .data_dir = o->data_dir,
+  emb_ckpt_store_opts co = {.shards = o->shards, .n_shards = o->n_shards, .data_dir = o->data_dir,
                         .cache_rows = o->cache_rows, .cache_mb = o->cache_mb,
                         .statistics = o->statistics};
-  if ((rc = ckpt_store_open(s->ckpt_dir, s->plan, &co, &s->cs, err, errlen))) goto out;
+  if ((rc = emb_ckpt_store_open(s->ckpt_dir, s->plan, &co, &s->cs, err, errlen))) goto out;
   s->store = s->cs.store;
   s->temporary = s->cs.tmp_dir != NULL;
   snprintf(s->layout, sizeof s->layout, "%s", s->cs.layout);
@@ -115,7 +115,7 @@ int emb_served_checkpoint_dir(const emb_store *store, const int *shards, int n, 
 
 void emb_served_close(emb_served *s) {
   if (!s) return;
-  if (s->cs.store) ckpt_store_close(&s->cs); /* also removes its temporary folder */
+  if (s->cs.store) emb_ckpt_store_close(&s->cs); /* also removes its temporary folder */
   else emb_store_destroy(s->store);
   emb_plan_free(s->plan);
   memset(s, 0, sizeof *s);

@@ -54,7 +54,7 @@ typedef struct emb_served {
   int64_t step;
   char layout[96];       /* where its rows are, in words */
   int temporary;         /* the rows are a temporary copy, removed by emb_served_close */
-  ckpt_store cs;         /* its store (cs.store is store) */
+  emb_ckpt_store cs;         /* its store (cs.store is store) */
   emb_served_input failed; /* on failure: the input at fault */
 } emb_served;
 

@@ -26,8 +26,8 @@ typedef struct run {
   char *err;
   size_t errlen;
   char step_dir[SR_PATH_MAX];
-  ckpt_info ci;
-  ckpt_store cs;       /* in process: the checkpoint's store (cs.store) */
+  train_ckpt_info ci;
+  emb_ckpt_store cs;       /* in process: the checkpoint's store (cs.store) */
   emb_store *store;    /* the rows: cs.store, or the remote store (owned) */
   trainer *t;
   ds_source_opts so;
@@ -126,14 +126,14 @@ out:
 static int open_checkpoint(run *r) {
   char why[1024];
   const char *path = r->o->checkpoint;
-  int rc = ckpt_resolve(path, r->step_dir, sizeof r->step_dir, why, sizeof why);
-  if (rc && ckpt_is_old_model(path)) {
+  int rc = train_ckpt_resolve(path, r->step_dir, sizeof r->step_dir, why, sizeof why);
+  if (rc && train_ckpt_is_old_model(path)) {
     snprintf(r->err, r->errlen, "--checkpoint: %s: a model folder written by an older shardrec "
              "(model.json, plan.json, dense.bin, rows/), a format this one no longer reads: "
              "save the model again by training with --save-model %s", path, path);
     return SR_EVERSION;
   }
-  if (!rc) rc = ckpt_open(r->step_dir, &r->ci, why, sizeof why);
+  if (!rc) rc = train_ckpt_open(r->step_dir, &r->ci, why, sizeof why);
   if (rc) {
     snprintf(r->err, r->errlen, "--checkpoint: %s", why);
     return rc;
@@ -194,9 +194,9 @@ static int open_model(run *r) {
   if (o->shard_servers) {
     if ((rc = open_remote(r))) return rc;
   } else {
-    ckpt_store_opts co = {.cache_mb = o->cache_mb};
+    emb_ckpt_store_opts co = {.cache_mb = o->cache_mb};
     char why[1024];
-    if ((rc = ckpt_store_open(r->step_dir, plan, &co, &r->cs, why, sizeof why))) {
+    if ((rc = emb_ckpt_store_open(r->step_dir, plan, &co, &r->cs, why, sizeof why))) {
       snprintf(r->err, r->errlen, "--checkpoint: %s", why);
       return rc;
     }
@@ -214,7 +214,7 @@ static int open_model(run *r) {
   r->t = trainer_create(plan, r->store, &cfg, &oc, plan->seed, r->err, r->errlen);
   if (!r->t) return SR_EINVAL;
   /* The parameters only: the optimizer state after them is not needed to
-   * score. ckpt_open has checked every file against the manifest. */
+   * score. train_ckpt_open has checked every file against the manifest. */
   char path[SR_PATH_MAX];
   if ((rc = sr_path_err(path, sizeof path, r->err, r->errlen, "%s/dense.bin", r->step_dir)))
     return rc;
@@ -402,9 +402,9 @@ static void run_free(run *r) {
   ds_batch_free(&r->b);
   ds_source_destroy(r->src);
   trainer_destroy(r->t);
-  if (r->cs.store) ckpt_store_close(&r->cs);
+  if (r->cs.store) emb_ckpt_store_close(&r->cs);
   else emb_store_destroy(r->store);
-  ckpt_info_free(&r->ci);
+  train_ckpt_info_free(&r->ci);
 }
 
 int score_split_parse(const char *name, ds_split *sp) {

@@ -92,7 +92,7 @@ static int arch_parse(const cJSON *j, const char *src, dense_config *cfg, char *
 
 /* ---- save ---- */
 
-static cJSON *settings_json(const ckpt_settings *s) {
+static cJSON *settings_json(const train_ckpt_settings *s) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "dense_optimizer", s->dense_optimizer);
   cJSON_AddStringToObject(o, "sparse_optimizer", s->sparse_optimizer);
@@ -112,7 +112,7 @@ static cJSON *settings_json(const ckpt_settings *s) {
  * schedule, RNG, plan, store kind, settings, dense architecture; the file
  * list is added by ckpt_dir_commit. NULL with the reason in err. */
 static cJSON *job_manifest(const emb_plan *plan, const char *store_kind, dense_model *model,
-                           const ckpt_state *st, const ckpt_settings *set, char *err,
+                           const train_ckpt_state *st, const train_ckpt_settings *set, char *err,
                            size_t errlen) {
   cJSON *man = ckpt_dir_manifest_new();
   if (!man) {
@@ -141,20 +141,20 @@ static cJSON *job_manifest(const emb_plan *plan, const char *store_kind, dense_m
   return man;
 }
 
-size_t ckpt_root_room(void) {
+size_t train_ckpt_root_room(void) {
   /* The temporary step folder with the widest step and pid, and a name. */
   char widest[64];
   return (size_t)snprintf(widest, sizeof widest, "/.step-%lld./", LLONG_MAX) +
-         (SR_TMP_TAG_MAX - 1) + CKPT_NAME_ROOM;
+         (SR_TMP_TAG_MAX - 1) + TRAIN_CKPT_NAME_ROOM;
 }
 
-int ckpt_root_check(const char *root, char *err, size_t errlen) {
-  size_t room = ckpt_root_room();
+int train_ckpt_root_check(const char *root, char *err, size_t errlen) {
+  size_t room = train_ckpt_root_room();
   return strlen(root) + room < SR_PATH_MAX ? 0
                                            : sr_path_too_long(err, errlen, root, SR_PATH_MAX - room);
 }
 
-int ckpt_is_old_model(const char *dir) {
+int train_ckpt_is_old_model(const char *dir) {
   static const char *const names[] = {"dense.bin", "model.json", "plan.json", "rows"};
   char **have;
   int n, ok = 0;
@@ -172,13 +172,14 @@ int ckpt_is_old_model(const char *dir) {
   return ok == 1;
 }
 
-int ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store,
-              const char *store_kind, dense_model *model, dense_opt *opt, const ckpt_state *st,
-              const ckpt_settings *set, char *err, size_t errlen) {
+int train_ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store,
+                    const char *store_kind, dense_model *model, dense_opt *opt,
+                    const train_ckpt_state *st, const train_ckpt_settings *set, char *err,
+                    size_t errlen) {
   ckpt_dir_txn t;
   char path[SR_PATH_MAX];
   /* Every path below fits before anything is made. */
-  int exists, rc = ckpt_root_check(root, err, errlen);
+  int exists, rc = train_ckpt_root_check(root, err, errlen);
   if (!rc) rc = ckpt_dir_begin(root, st->step, &t, &exists, err, errlen);
   if (rc || exists) return rc; /* exists: this step is saved already */
   cJSON *man = NULL;
@@ -207,7 +208,7 @@ fail:
 
 /* ---- resume ---- */
 
-int ckpt_resolve(const char *path, char *out, size_t outlen, char *err, size_t errlen) {
+int train_ckpt_resolve(const char *path, char *out, size_t outlen, char *err, size_t errlen) {
   return ckpt_dir_resolve(path, out, outlen, err, errlen);
 }
 
@@ -222,7 +223,8 @@ static int jnum(const cJSON *o, const char *k, double *out) {
   return 0;
 }
 
-int ckpt_kernels_differ(const char *dir, const ckpt_settings *set, char *msg, size_t len) {
+int train_ckpt_kernels_differ(const char *dir, const train_ckpt_settings *set, char *msg,
+                              size_t len) {
   cJSON *man = NULL;
   char err[256];
   if (ckpt_dir_read(dir, &man, err, sizeof err)) return 0;
@@ -241,7 +243,7 @@ int ckpt_kernels_differ(const char *dir, const ckpt_settings *set, char *msg, si
   return differ;
 }
 
-void ckpt_info_free(ckpt_info *ci) {
+void train_ckpt_info_free(train_ckpt_info *ci) {
   if (!ci) return;
   emb_plan_free(ci->plan);
   cJSON_Delete((cJSON *)ci->manifest);
@@ -250,7 +252,7 @@ void ckpt_info_free(ckpt_info *ci) {
 
 /* The training job's fields of a manifest ckpt_dir_read accepted, into ci
  * (the plan, checked against its fingerprints, included). */
-static int job_fields(const cJSON *man, const char *path, ckpt_info *ci, char *err,
+static int job_fields(const cJSON *man, const char *path, train_ckpt_info *ci, char *err,
                       size_t errlen) {
   double step, epoch, sample, batch;
   const char *kind = jstr(man, "store");
@@ -290,7 +292,7 @@ static int job_fields(const cJSON *man, const char *path, ckpt_info *ci, char *e
   return 0;
 }
 
-int ckpt_open(const char *dir, ckpt_info *ci, char *err, size_t errlen) {
+int train_ckpt_open(const char *dir, train_ckpt_info *ci, char *err, size_t errlen) {
   char path[SR_PATH_MAX];
   cJSON *man = NULL;
   memset(ci, 0, sizeof *ci);
@@ -314,15 +316,15 @@ int ckpt_open(const char *dir, ckpt_info *ci, char *err, size_t errlen) {
   ci->manifest = man;
   man = NULL;
 out:
-  if (rc) ckpt_info_free(ci);
+  if (rc) train_ckpt_info_free(ci);
   cJSON_Delete(man);
   return rc;
 }
 
-/* What ckpt_load refuses before touching anything: another model or plan,
+/* What train_ckpt_load refuses before touching anything: another model or plan,
  * store kind, batch size, dense optimizer or architecture. */
-static int load_checks(const ckpt_info *ci, const char *path, const emb_plan *plan,
-                       const char *store_kind, dense_model *model, const ckpt_settings *set,
+static int load_checks(const train_ckpt_info *ci, const char *path, const emb_plan *plan,
+                       const char *store_kind, dense_model *model, const train_ckpt_settings *set,
                        char *err, size_t errlen) {
   const cJSON *man = ci->manifest;
   char mfp[EMB_FP_HEX], pfp[EMB_FP_HEX];
@@ -376,16 +378,17 @@ static int load_checks(const ckpt_info *ci, const char *path, const emb_plan *pl
   return 0;
 }
 
-int ckpt_load(const char *dir, const emb_plan *plan, emb_store *store, const char *store_kind,
-              dense_model *model, dense_opt *opt, const ckpt_settings *set, ckpt_state *st,
-              char *err, size_t errlen) {
+int train_ckpt_load(const char *dir, const emb_plan *plan, emb_store *store,
+                    const char *store_kind, dense_model *model, dense_opt *opt,
+                    const train_ckpt_settings *set, train_ckpt_state *st, char *err,
+                    size_t errlen) {
   char path[SR_PATH_MAX], dense[SR_PATH_MAX], shards[SR_PATH_MAX];
-  ckpt_info ci;
+  train_ckpt_info ci;
   /* Every name fits before anything is read or restored. */
   int rc = sr_path_err(path, sizeof path, err, errlen, "%s/manifest.json", dir);
   if (!rc) rc = sr_path_err(dense, sizeof dense, err, errlen, "%s/dense.bin", dir);
   if (!rc) rc = sr_path_err(shards, sizeof shards, err, errlen, "%s/shards", dir);
-  if (!rc) rc = ckpt_open(dir, &ci, err, errlen);
+  if (!rc) rc = train_ckpt_open(dir, &ci, err, errlen);
   if (rc) return rc;
   if ((rc = load_checks(&ci, path, plan, store_kind, model, set, err, errlen))) goto out;
   if ((rc = dense_state_check(dense, model, opt, err, errlen))) goto out;
@@ -396,12 +399,12 @@ int ckpt_load(const char *dir, const emb_plan *plan, emb_store *store, const cha
   if ((rc = dense_state_load(dense, model, opt, err, errlen))) goto out;
   *st = ci.st;
 out:
-  ckpt_info_free(&ci);
+  train_ckpt_info_free(&ci);
   return rc;
 }
 
-int ckpt_write_as(const ckpt_info *src, const emb_plan *plan, const char *tmp, const char *final,
-                  char *err, size_t errlen) {
+int train_ckpt_write_as(const train_ckpt_info *src, const emb_plan *plan, const char *tmp,
+                        const char *final, char *err, size_t errlen) {
   return emb_ckpt_write_as((const cJSON *)src->manifest, src->plan, plan, tmp, final, err,
                            errlen);
 }

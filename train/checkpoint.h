@@ -32,7 +32,7 @@
 #include "embedding/plan.h"
 #include "embedding/store.h"
 
-typedef struct ckpt_state {
+typedef struct train_ckpt_state {
   int64_t step;          /* steps done */
   int epoch;             /* epoch of the last consumed batch */
   uint64_t sample_index; /* next sample of the train split to read in that epoch */
@@ -43,49 +43,50 @@ typedef struct ckpt_state {
   double loss_sum;
   int64_t loss_n;
   float last_loss;
-} ckpt_state;
+} train_ckpt_state;
 
 /* Settings recorded in the manifest (and checked where a mismatch would make
  * the resumed run differ: batch size, dense optimizer). */
-typedef struct ckpt_settings {
+typedef struct train_ckpt_settings {
   const char *dense_optimizer, *sparse_optimizer;
   double lr, sparse_lr;
   int64_t warmup, decay_start, decay_steps, batch;
   /* What can still change the dense bits (recorded, never refused: a
-   * resume elsewhere warns, ckpt_kernels_differ): the dense kernel set
+   * resume elsewhere warns, train_ckpt_kernels_differ): the dense kernel set
    * (dense_backend_kernels), OpenBLAS's version and its core (kernel
    * family). NULL: not recorded. */
   const char *dense_kernels, *blas_version, *blas_core;
-} ckpt_settings;
+} train_ckpt_settings;
 
 /* The longest name a checkpoint holds under its step folder
  * ("shards/shard-K/OPTIONS-000012.dbtmp", "shards/table-<id>.bin"), with
  * room to spare. */
-#define CKPT_NAME_ROOM 64
+#define TRAIN_CKPT_NAME_ROOM 64
 
-/* The characters ckpt_save needs after its root: "/.step-N.TAG/" with
- * the widest N and tag (SR_TMP_TAG_MAX), and CKPT_NAME_ROOM. */
-size_t ckpt_root_room(void);
+/* The characters train_ckpt_save needs after its root: "/.step-N.TAG/" with
+ * the widest N and tag (SR_TMP_TAG_MAX), and TRAIN_CKPT_NAME_ROOM. */
+size_t train_ckpt_root_room(void);
 
-/* Whether root leaves room for every path ckpt_save makes under it
- * (ckpt_root_room within SR_PATH_MAX): 0, or SR_ERANGE with "<root's start>...: path too long" in
- * err. */
-int ckpt_root_check(const char *root, char *err, size_t errlen);
+/* Whether root leaves room for every path train_ckpt_save makes under it
+ * (train_ckpt_root_room within SR_PATH_MAX): 0, or SR_ERANGE with "<root's
+ * start>...: path too long" in err. */
+int train_ckpt_root_check(const char *root, char *err, size_t errlen);
 
 /* 1 when dir is a saved-model folder of the format before --save-model
  * wrote checkpoints: model.json beside no manifest.json, and nothing but
  * model.json, plan.json, dense.bin and rows/. eval and predict refuse one
  * (save it again); train --save-model replaces one as of its own kind. */
-int ckpt_is_old_model(const char *dir);
+int train_ckpt_is_old_model(const char *dir);
 
 /* Write DIR/step-<st->step>/ (see above), then keep only the newest keep
  * complete checkpoints (keep <= 0: all). A complete step-N already there is
  * kept as is. 0 or SR_E* with the reason in err; SR_ERANGE
- * (ckpt_root_check) before anything is made when DIR is too long for its
+ * (train_ckpt_root_check) before anything is made when DIR is too long for its
  * files' paths. */
-int ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store,
-              const char *store_kind, dense_model *model, dense_opt *opt, const ckpt_state *st,
-              const ckpt_settings *set, char *err, size_t errlen);
+int train_ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store,
+                    const char *store_kind, dense_model *model, dense_opt *opt,
+                    const train_ckpt_state *st, const train_ckpt_settings *set, char *err,
+                    size_t errlen);
 
 
 /* The checkpoint folder --resume path names: path itself when it is a step
@@ -93,7 +94,7 @@ int ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store
  * step-N under it (ckpt_dir_resolve). 0 or SR_ENOTFOUND with the reason in
  * err; SR_ERANGE when path or the folder found does not fit (out is then
  * ""). */
-int ckpt_resolve(const char *path, char *out, size_t outlen, char *err, size_t errlen);
+int train_ckpt_resolve(const char *path, char *out, size_t outlen, char *err, size_t errlen);
 
 /* Check the checkpoint dir (DONE, manifest, fingerprints against plan, store
  * kind, settings, every file's size and SHA-256), then load the dense model
@@ -102,47 +103,48 @@ int ckpt_resolve(const char *path, char *out, size_t outlen, char *err, size_t e
  * kind). A manifest that records the dense architecture must match model's.
  * Nothing is changed when a check fails. 0 or SR_E* with a message naming the file and the problem
  * (SR_ERANGE: dir is too long for its files' paths). */
-int ckpt_load(const char *dir, const emb_plan *plan, emb_store *store, const char *store_kind,
-              dense_model *model, dense_opt *opt, const ckpt_settings *set, ckpt_state *st,
-              char *err, size_t errlen);
+int train_ckpt_load(const char *dir, const emb_plan *plan, emb_store *store,
+                    const char *store_kind, dense_model *model, dense_opt *opt,
+                    const train_ckpt_settings *set, train_ckpt_state *st, char *err, size_t errlen);
 
 /* Whether the checkpoint dir was written with other dense kernels, another
  * OpenBLAS version or another OpenBLAS core than set records: 1 with
  * "<dir> was written with ...; this run has ..." (both values) in msg, 0
  * when they are the same or the checkpoint does not record them (or cannot
- * be read: ckpt_load has said why). */
-int ckpt_kernels_differ(const char *dir, const ckpt_settings *set, char *msg, size_t len);
+ * be read: train_ckpt_load has said why). */
+int train_ckpt_kernels_differ(const char *dir, const train_ckpt_settings *set, char *msg,
+                              size_t len);
 
 /* A verified training checkpoint, read without a model or store (predict;
  * reshard and serve --checkpoint need only its plan and rows:
  * embedding/ckpt_plan.h's emb_ckpt_open). */
-typedef struct ckpt_info {
+typedef struct train_ckpt_info {
   char dir[4096];
   emb_plan *plan;      /* the plan it was written under (owned) */
-  ckpt_state st;       /* step and data position */
+  train_ckpt_state st;       /* step and data position */
   char store_kind[16]; /* "local", "shard" or "remote" */
   int has_dense;       /* the manifest records the dense architecture */
   dense_config dense;  /* then: it (max_batch 1: set yours before dense_model_create) */
   int64_t batch;       /* --mini-batch-size it was trained with */
   void *manifest;      /* the parsed manifest (cJSON *), owned */
-} ckpt_info;
+} train_ckpt_info;
 
-/* Verify dir as ckpt_load does (DONE, manifest checksum, format:
+/* Verify dir as train_ckpt_load does (DONE, manifest checksum, format:
  * ckpt_dir_read; the training job's fields and settings, the plan against
  * its fingerprints; every file's size and SHA-256: ckpt_dir_verify; the
- * dense architecture) and read it into *ci (ckpt_info_free). 0 or SR_E*
+ * dense architecture) and read it into *ci (train_ckpt_info_free). 0 or SR_E*
  * with a message naming the file. */
-int ckpt_open(const char *dir, ckpt_info *ci, char *err, size_t errlen);
-void ckpt_info_free(ckpt_info *ci); /* NULL-safe; leaves *ci zeroed */
+int train_ckpt_open(const char *dir, train_ckpt_info *ci, char *err, size_t errlen);
+void train_ckpt_info_free(train_ckpt_info *ci); /* NULL-safe; leaves *ci zeroed */
 
 /* emb_ckpt_write_as (embedding/ckpt_plan.h) with src's manifest and plan:
  * a new checkpoint at final (a step-N folder that must not exist) from
  * files already written under tmp (dense.bin and shards/, same layout as
- * ckpt_save's), its manifest src's with plan's plan fields and tmp's file
+ * train_ckpt_save's), its manifest src's with plan's plan fields and tmp's file
  * list. plan must have src's model fingerprint (SR_EMISMATCH). On failure
  * tmp is left for the caller to remove. 0 or SR_E*. */
-int ckpt_write_as(const ckpt_info *src, const emb_plan *plan, const char *tmp, const char *final,
-                  char *err, size_t errlen);
+int train_ckpt_write_as(const train_ckpt_info *src, const emb_plan *plan, const char *tmp,
+                        const char *final, char *err, size_t errlen);
 
 
 #endif

@@ -116,7 +116,7 @@ int job_batches_read_ahead(job_batches *q, ds_source *src, int batch, int *got, 
   return 0;
 }
 
-void job_rewind(job_cursor *c, job_batches *q, const ckpt_state *st, int batch, double now) {
+void job_rewind(job_cursor *c, job_batches *q, const train_ckpt_state *st, int batch, double now) {
   q->ahead = 0;
   c->step = st->step;
   c->epoch = st->epoch;
@@ -462,18 +462,18 @@ static int path_room(const train_job *j, const char *flag, const char *path, siz
  * read, trained or made when a path under them would not fit: --save-checkpoint
  * DIR (DIR/.step-N.TAG/...), --save-model DIR (DIR.TAG/.step-N.TAG/...),
  * --data-dir DIR (DIR/shard-K/...), N, TAG and K at their widest; --resume DIR
- * (DIR/<a checkpoint's file>: any step-N ckpt_save wrote passes, and a newest
- * step-N under DIR that does not fit is refused by ckpt_resolve). 0 or -1
+ * (DIR/<a checkpoint's file>: any step-N train_ckpt_save wrote passes, and a newest
+ * step-N under DIR that does not fit is refused by train_ckpt_resolve). 0 or -1
  * (message printed). */
 static int check_paths(const train_job *j) {
   const train_config *c = j->cfg;
   char widest[64];
   size_t tmp_ext = 1 + SR_TMP_TAG_MAX - 1; /* ".TAG" */
   size_t shard_dir = (size_t)snprintf(widest, sizeof widest, "/shard-%d/", INT_MAX);
-  return path_room(j, "--save-checkpoint", c->checkpoint_dir, ckpt_root_room()) ||
-         path_room(j, "--save-model", c->save_model, tmp_ext + ckpt_root_room()) ||
-         path_room(j, "--resume", c->resume, 1 + CKPT_NAME_ROOM) ||
-         path_room(j, "--data-dir", c->data_dir, shard_dir + CKPT_NAME_ROOM)
+  return path_room(j, "--save-checkpoint", c->checkpoint_dir, train_ckpt_root_room()) ||
+         path_room(j, "--save-model", c->save_model, tmp_ext + train_ckpt_root_room()) ||
+         path_room(j, "--resume", c->resume, 1 + TRAIN_CKPT_NAME_ROOM) ||
+         path_room(j, "--data-dir", c->data_dir, shard_dir + TRAIN_CKPT_NAME_ROOM)
              ? -1
              : 0;
 }
@@ -482,7 +482,7 @@ static int check_paths(const train_job *j) {
  * one that writes them): --save-checkpoint DIR is written into, and
  * --save-model DIR replaced, only when nothing is there or a checkpoint
  * root is (ckpt_dir_check_root); --save-model also replaces a saved model
- * of the format before (ckpt_is_old_model), which eval and predict say to
+ * of the format before (train_ckpt_is_old_model), which eval and predict say to
  * save again. The DIR.TAG folders beside --save-model DIR that a killed run
  * left are removed. 0 or -1 (message printed). */
 static int check_outputs(const train_job *j) {
@@ -495,7 +495,7 @@ static int check_outputs(const train_job *j) {
     return -1;
   }
   if (c->save_model && ckpt_dir_check_root(c->save_model, err, sizeof err) &&
-      !ckpt_is_old_model(c->save_model)) {
+      !train_ckpt_is_old_model(c->save_model)) {
     job__errf(j, "--save-model %s; refused before training, nothing written or removed\n", err);
     return -1;
   }
@@ -532,7 +532,7 @@ static int job_open(train_job *j) {
   j->steps_per_epoch = (int64_t)((j->n_train + (uint64_t)c->batch - 1) / (uint64_t)c->batch);
   j->total_steps = j->steps_per_epoch * c->epochs;
   if (c->num_batches > 0 && c->num_batches < j->total_steps) j->total_steps = c->num_batches;
-  j->cks = (ckpt_settings){c->opt_name, emb_optim_name(j->plan->tables[0].optim.kind), c->lr,
+  j->cks = (train_ckpt_settings){c->opt_name, emb_optim_name(j->plan->tables[0].optim.kind), c->lr,
                            c->sparse_lr, c->sched.num_warmup_steps, c->sched.decay_start_step,
                            c->sched.num_decay_steps, c->batch,
                            dense_backend_kernels(dense_backend_default()), dense_blas_version(),
@@ -567,9 +567,9 @@ static void job_close(train_job *j, int status) {
 static int job_resume(train_job *j) {
   const train_config *c = j->cfg;
   char ckdir[SR_PATH_MAX], err[1024];
-  int rc = ckpt_resolve(c->resume, ckdir, sizeof ckdir, err, sizeof err);
+  int rc = train_ckpt_resolve(c->resume, ckdir, sizeof ckdir, err, sizeof err);
   if (!rc && j->rank == 0)
-    rc = ckpt_load(ckdir, j->plan, j->store, j->store_kind, trainer_model(j->t),
+    rc = train_ckpt_load(ckdir, j->plan, j->store, j->store_kind, trainer_model(j->t),
                    trainer_dense_opt(j->t), &j->cks, &j->ckst, err, sizeof err);
   if (rc) {
     job__errf(j, "--resume: %s\n", err);
@@ -578,8 +578,8 @@ static int job_resume(train_job *j) {
   if (j->size > 1 && !job__coll_ok(j, dense_coll_barrier(j->coll), "barrier after the restore"))
     return -1;
   if (j->rank != 0 &&
-      ckpt_load(ckdir, j->plan, NULL, j->store_kind, trainer_model(j->t), trainer_dense_opt(j->t),
-                &j->cks, &j->ckst, err, sizeof err)) {
+      train_ckpt_load(ckdir, j->plan, NULL, j->store_kind, trainer_model(j->t),
+                      trainer_dense_opt(j->t), &j->cks, &j->ckst, err, sizeof err)) {
     job__errf(j, "--resume: %s\n", err);
     return -1;
   }
@@ -589,7 +589,7 @@ static int job_resume(train_job *j) {
     return -1;
   }
   char why[512];
-  if (j->rank == 0 && ckpt_kernels_differ(ckdir, &j->cks, why, sizeof why))
+  if (j->rank == 0 && train_ckpt_kernels_differ(ckdir, &j->cks, why, sizeof why))
     job__errf(j, "warning: --resume: %s\n", why);
   job_rewind(&j->cur, &j->q, &j->ckst, j->cfg->batch, sr_now());
   if (!job__print_due(j, j->ckst.step)) { /* the progress line's window goes on */
@@ -623,8 +623,9 @@ static int job_checkpoint(train_job *j, const char *root, int keep, char *err, s
     sr_fmt(err, errlen, "barrier before the checkpoint: %s", dense_coll_errmsg(j->coll));
     return rc;
   }
-  rc = j->rank == 0 ? ckpt_save(root, keep, j->plan, j->store, j->store_kind, trainer_model(j->t),
-                                trainer_dense_opt(j->t), &j->ckst, &j->cks, err, errlen)
+  rc = j->rank == 0 ? train_ckpt_save(root, keep, j->plan, j->store, j->store_kind,
+                                      trainer_model(j->t), trainer_dense_opt(j->t), &j->ckst,
+                                      &j->cks, err, errlen)
                     : 0;
   if (j->size == 1) return rc;
   /* Rank 0's outcome to every rank (the others wait for it as at a
@@ -647,8 +648,8 @@ static int restore_servers(train_job *j, const char *ckdir) {
   char err[1024];
   double t0 = sr_now();
   for (;;) {
-    ckpt_state got;
-    if (!ckpt_load(ckdir, j->plan, j->store, "remote", trainer_model(j->t),
+    train_ckpt_state got;
+    if (!train_ckpt_load(ckdir, j->plan, j->store, "remote", trainer_model(j->t),
                    trainer_dense_opt(j->t), &j->cks, &got, err, sizeof err)) {
       j->ckst = got;
       return 0;
@@ -700,7 +701,7 @@ static int recover_agree(train_job *j, const char *why, int own, char *ckdir, si
   float v[3] = {0, 0, 0}; /* ranks that cannot recover, rank 0 has no checkpoint, async */
   v[0] = own && !(c->servers && rpc_remote_lost(j->store));
   if (j->rank == 0)
-    v[1] = !c->checkpoint_dir || ckpt_resolve(c->checkpoint_dir, ckdir, len, err, sizeof err);
+    v[1] = !c->checkpoint_dir || train_ckpt_resolve(c->checkpoint_dir, ckdir, len, err, sizeof err);
   v[2] = c->async;
   if (!job__coll_ok(j, dense_coll_all_reduce_sum(j->coll, v, 3), "all-reduce of the recovery"))
     return -1;
@@ -761,10 +762,10 @@ static int job_recover_ranks(train_job *j, const char *why, int own) {
     if (j->rank != 0) job__errf(j, "recovery: rank 0 could not restore the shard servers\n");
     rc = -1;
   }
-  ckpt_state got;
+  train_ckpt_state got;
   if (!rc && j->rank != 0 &&
-      ckpt_load(ckdir, j->plan, NULL, j->store_kind, trainer_model(j->t), trainer_dense_opt(j->t),
-                &j->cks, &got, err, sizeof err)) {
+      train_ckpt_load(ckdir, j->plan, NULL, j->store_kind, trainer_model(j->t),
+                      trainer_dense_opt(j->t), &j->cks, &got, err, sizeof err)) {
     job__errf(j, "recovery from %s: %s\n", ckdir, err);
     rc = -1;
   }
@@ -793,7 +794,8 @@ static int job_recover(train_job *j, const char *why, int own) {
     return -1;
   }
   char ckdir[SR_PATH_MAX], err[1024] = "";
-  if (!c->checkpoint_dir || ckpt_resolve(c->checkpoint_dir, ckdir, sizeof ckdir, err, sizeof err)) {
+  if (!c->checkpoint_dir ||
+      train_ckpt_resolve(c->checkpoint_dir, ckdir, sizeof ckdir, err, sizeof err)) {
     say_no_checkpoint(j, why, err);
     return -1;
   }
@@ -959,7 +961,7 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
    * records them (a failed checkpoint rewinds them with the cursor). */
   cur->loss_sum += loss;
   cur->loss_n++;
-  j->ckst = (ckpt_state){cur->step, cur->epoch,
+  j->ckst = (train_ckpt_state){cur->step, cur->epoch,
                          job_batches_global(&j->q)->first_index + (uint64_t)got, cur->loss_sum,
                          cur->loss_n, loss};
   if (c->checkpoint_dir && c->checkpoint_every > 0 && cur->step % c->checkpoint_every == 0 &&
@@ -1092,7 +1094,7 @@ static int job_save_model(train_job *j, char *err, size_t errlen) {
   if (rc) return rc;
   rc = job_checkpoint(j, tmp, 0, err, errlen);
   if (j->rank != 0) return rc;
-  if (!rc) rc = ckpt_dir_replace(tmp, dir, ckpt_is_old_model, err, errlen);
+  if (!rc) rc = ckpt_dir_replace(tmp, dir, train_ckpt_is_old_model, err, errlen);
   if (rc) {
     sr_rmtree(tmp);
     return rc;
@@ -1188,7 +1190,7 @@ static int job_dense_pool(train_job *j, dense_pool **out) {
 static const train_config *auto_resume(const train_config *c, train_config *out, char *dir,
                                        size_t len) {
   char err[1024];
-  if (!c->auto_resume || ckpt_resolve(c->checkpoint_dir, dir, len, err, sizeof err)) return c;
+  if (!c->auto_resume || train_ckpt_resolve(c->checkpoint_dir, dir, len, err, sizeof err)) return c;
   *out = *c;
   out->resume = dir;
   return out;

@@ -74,7 +74,7 @@ typedef struct job_cursor {
  * step), the progress figures started afresh at time now; and drop the
  * batches read ahead, if any (the trainer's sets ahead go with them:
  * trainer_ahead_drop). */
-void job_rewind(job_cursor *c, job_batches *q, const ckpt_state *st, int batch, double now);
+void job_rewind(job_cursor *c, job_batches *q, const train_ckpt_state *st, int batch, double now);
 
 /* A running job (train_run's). */
 typedef struct train_job {
@@ -94,8 +94,8 @@ typedef struct train_job {
   char job_id[64];         /* several ranks: the id every rank's calls carry */
   job_batches q;
   job_cursor cur;
-  ckpt_settings cks;
-  ckpt_state ckst;         /* the job's position after its last step */
+  train_ckpt_settings cks;
+  train_ckpt_state ckst;         /* the job's position after its last step */
   int64_t total_steps, steps_per_epoch;
   int64_t samples_done;
   double t_start, t_eval;

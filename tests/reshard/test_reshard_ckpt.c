@@ -158,9 +158,9 @@ static void read_rows(const char *rel, float out[T][200 * DIM]) {
   snprintf(path, sizeof path, "%s/%s", dir, rel);
   emb_ckpt ck;
   ck_assert_msg(emb_ckpt_open(path, &ck, err, sizeof err) == 0, "%s", err);
-  ckpt_store_opts o = {0};
-  ckpt_store cs;
-  ck_assert_msg(ckpt_store_open(ck.dir, ck.plan, &o, &cs, err, sizeof err) == 0, "%s", err);
+  emb_ckpt_store_opts o = {0};
+  emb_ckpt_store cs;
+  ck_assert_msg(emb_ckpt_store_open(ck.dir, ck.plan, &o, &cs, err, sizeof err) == 0, "%s", err);
   uint64_t ids[T][200];
   const uint64_t *idp[T];
   size_t counts[T];
@@ -174,7 +174,7 @@ static void read_rows(const char *rel, float out[T][200 * DIM]) {
   emb_idset set = {.n_tables = T, .ids = idp, .counts = counts};
   ck_assert_msg(emb_store_lookup_begin(cs.store, 8, &set, op) == 0, "%s", emb_store_errmsg(cs.store));
   ck_assert_msg(emb_store_lookup_wait(cs.store) == 0, "%s", emb_store_errmsg(cs.store));
-  ckpt_store_close(&cs);
+  emb_ckpt_store_close(&cs);
   emb_ckpt_close(&ck);
 }
 

@@ -1,7 +1,7 @@
 /* The engine library (train/) called directly: batch slicing over
  * ranks, the job's double-buffered batches (the async prefetch swap), the
  * cursor's rewind after a recovery, and the checkpoint refusals of
- * ckpt_load. Real files in a temporary folder, a real in-memory store and
+ * train_ckpt_load. Real files in a temporary folder, a real in-memory store and
  * dense model. */
 #include <check.h>
 #include <fcntl.h>
@@ -212,7 +212,7 @@ START_TEST(test_rewind) {
   ck_assert_int_eq(job_batches_read_ahead(&q, src, 8, &got, err, sizeof err), 0);
   ck_assert_int_eq(job_batches_read_ahead(&q, src, 8, &got, err, sizeof err), 0);
   ck_assert_int_eq(q.ahead, 2);
-  ckpt_state st = {.step = 5, .epoch = 0, .sample_index = 40};
+  train_ckpt_state st = {.step = 5, .epoch = 0, .sample_index = 40};
   job_rewind(&c, &q, &st, 8, 42.0);
   ck_assert_int_eq(c.step, 5);
   ck_assert_int_eq(c.epoch, 0);
@@ -398,7 +398,7 @@ static void flip_byte(const char *path, long off) {
   ck_assert_int_eq(fclose(f), 0);
 }
 
-/* ckpt_load refuses a checkpoint of another batch size or optimizer,
+/* train_ckpt_load refuses a checkpoint of another batch size or optimizer,
  * another model (seed), a damaged dense.bin and one without DONE, each with
  * a message naming the problem, and changes nothing when it refuses; the
  * good checkpoint loads back the saved parameters. */
@@ -408,11 +408,11 @@ START_TEST(test_checkpoint_refusals) {
   small_train(&m);
   char root[512], ck[600], err[1024];
   snprintf(root, sizeof root, "%s/ck", dir);
-  ckpt_settings set = {"adagrad", "adagrad", 0.05, 0.05, 0, 0, 0, 16, NULL, NULL, NULL};
-  ckpt_state st = {.step = 2, .epoch = 0, .sample_index = 32}, got;
-  ck_assert_int_eq(ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
+  train_ckpt_settings set = {"adagrad", "adagrad", 0.05, 0.05, 0, 0, 0, 16, NULL, NULL, NULL};
+  train_ckpt_state st = {.step = 2, .epoch = 0, .sample_index = 32}, got;
+  ck_assert_int_eq(train_ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
                              trainer_dense_opt(m.t), &st, &set, err, sizeof err), 0);
-  ck_assert_int_eq(ckpt_resolve(root, ck, sizeof ck, err, sizeof err), 0);
+  ck_assert_int_eq(train_ckpt_resolve(root, ck, sizeof ck, err, sizeof err), 0);
   ck_assert_ptr_nonnull(strstr(ck, "step-2"));
   double saved = param0(&m);
 
@@ -420,15 +420,15 @@ START_TEST(test_checkpoint_refusals) {
   small_open(&fresh, 7);
   double before = param0(&fresh);
   ck_assert(before != saved);
-  ckpt_settings other = set;
+  train_ckpt_settings other = set;
   other.batch = 32;
-  ck_assert_int_eq(ckpt_load(ck, fresh.plan, fresh.store, "local", trainer_model(fresh.t),
+  ck_assert_int_eq(train_ckpt_load(ck, fresh.plan, fresh.store, "local", trainer_model(fresh.t),
                              trainer_dense_opt(fresh.t), &other, &got, err, sizeof err),
                    SR_EMISMATCH);
   ck_assert_ptr_nonnull(strstr(err, "--mini-batch-size 16"));
   other = set;
   other.dense_optimizer = "sgd";
-  ck_assert_int_eq(ckpt_load(ck, fresh.plan, fresh.store, "local", trainer_model(fresh.t),
+  ck_assert_int_eq(train_ckpt_load(ck, fresh.plan, fresh.store, "local", trainer_model(fresh.t),
                              trainer_dense_opt(fresh.t), &other, &got, err, sizeof err),
                    SR_EMISMATCH);
   ck_assert_ptr_nonnull(strstr(err, "--optimizer adagrad"));
@@ -436,13 +436,13 @@ START_TEST(test_checkpoint_refusals) {
 
   small_model seed8;
   small_open(&seed8, 8);
-  ck_assert_int_eq(ckpt_load(ck, seed8.plan, seed8.store, "local", trainer_model(seed8.t),
+  ck_assert_int_eq(train_ckpt_load(ck, seed8.plan, seed8.store, "local", trainer_model(seed8.t),
                              trainer_dense_opt(seed8.t), &set, &got, err, sizeof err),
                    SR_EMISMATCH);
   small_close(&seed8);
 
   /* The good checkpoint loads: the saved parameters and position. */
-  ck_assert_int_eq(ckpt_load(ck, fresh.plan, fresh.store, "local", trainer_model(fresh.t),
+  ck_assert_int_eq(train_ckpt_load(ck, fresh.plan, fresh.store, "local", trainer_model(fresh.t),
                              trainer_dense_opt(fresh.t), &set, &got, err, sizeof err), 0);
   ck_assert(param0(&fresh) == saved);
   ck_assert_int_eq(got.step, 2);
@@ -454,7 +454,7 @@ START_TEST(test_checkpoint_refusals) {
   char p[700];
   snprintf(p, sizeof p, "%s/dense.bin", ck);
   flip_byte(p, 300);
-  ck_assert_int_lt(ckpt_load(ck, third.plan, third.store, "local", trainer_model(third.t),
+  ck_assert_int_lt(train_ckpt_load(ck, third.plan, third.store, "local", trainer_model(third.t),
                              trainer_dense_opt(third.t), &set, &got, err, sizeof err), 0);
   ck_assert_ptr_nonnull(strstr(err, "dense.bin"));
   ck_assert(param0(&third) == before);
@@ -465,8 +465,8 @@ START_TEST(test_checkpoint_refusals) {
   snprintf(p, sizeof p, "%s/DONE", ck);
   ck_assert_int_eq(unlink(p), 0);
   char ck2[600];
-  ck_assert_int_eq(ckpt_resolve(root, ck2, sizeof ck2, err, sizeof err), SR_ENOTFOUND);
-  ck_assert_int_lt(ckpt_load(ck, third.plan, third.store, "local", trainer_model(third.t),
+  ck_assert_int_eq(train_ckpt_resolve(root, ck2, sizeof ck2, err, sizeof err), SR_ENOTFOUND);
+  ck_assert_int_lt(train_ckpt_load(ck, third.plan, third.store, "local", trainer_model(third.t),
                              trainer_dense_opt(third.t), &set, &got, err, sizeof err), 0);
   ck_assert_ptr_nonnull(strstr(err, "DONE"));
   ck_assert(param0(&third) == before);
@@ -503,19 +503,19 @@ static int entries(const char *path) {
   return n;
 }
 
-/* A checkpoint root too long for the paths under it (ckpt_root_room):
- * ckpt_save is SR_ERANGE naming the root's start, and makes nothing (the
+/* A checkpoint root too long for the paths under it (train_ckpt_root_room):
+ * train_ckpt_save is SR_ERANGE naming the root's start, and makes nothing (the
  * root is not created; a folder named as the root cut short, and its file,
- * survive). One character shorter it saves and loads back. ckpt_resolve
- * and ckpt_load of paths too long, and ckpt_replace of a folder whose
+ * survive). One character shorter it saves and loads back. train_ckpt_resolve
+ * and train_ckpt_load of paths too long, and ckpt_replace of a folder whose
  * aside name is too long, are SR_ERANGE, nothing moved. */
 START_TEST(test_checkpoint_path_too_long) {
   small_model m;
   small_open(&m, 7);
   small_train(&m);
-  ckpt_settings set = {"adagrad", "adagrad", 0.05, 0.05, 0, 0, 0, 16, NULL, NULL, NULL};
-  ckpt_state st = {.step = 2, .epoch = 0, .sample_index = 32}, got;
-  size_t limit = SR_PATH_MAX - ckpt_root_room(); /* a root fits in limit bytes */
+  train_ckpt_settings set = {"adagrad", "adagrad", 0.05, 0.05, 0, 0, 0, 16, NULL, NULL, NULL};
+  train_ckpt_state st = {.step = 2, .epoch = 0, .sample_index = 32}, got;
+  size_t limit = SR_PATH_MAX - train_ckpt_root_room(); /* a root fits in limit bytes */
   char root[SR_PATH_MAX], parent[SR_PATH_MAX], sentinel[SR_PATH_MAX], keep[SR_PATH_MAX];
   char err[1024];
   deep_path(root, limit);
@@ -526,7 +526,7 @@ START_TEST(test_checkpoint_path_too_long) {
   FILE *f = fopen(keep, "w");
   ck_assert_ptr_nonnull(f);
   fclose(f);
-  int rc = ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
+  int rc = train_ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
                      trainer_dense_opt(m.t), &st, &set, err, sizeof err);
   ck_assert_msg(rc == SR_ERANGE, "rc %d: %s", rc, err);
   char want[128];
@@ -537,13 +537,13 @@ START_TEST(test_checkpoint_path_too_long) {
 
   /* One character shorter: saved, resolved and loaded back. */
   root[limit - 1] = 0;
-  ck_assert_int_eq(ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
+  ck_assert_int_eq(train_ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
                              trainer_dense_opt(m.t), &st, &set, err, sizeof err), 0);
   char ck[SR_PATH_MAX];
-  ck_assert_int_eq(ckpt_resolve(root, ck, sizeof ck, err, sizeof err), 0);
+  ck_assert_int_eq(train_ckpt_resolve(root, ck, sizeof ck, err, sizeof err), 0);
   small_model fresh;
   small_open(&fresh, 7);
-  ck_assert_int_eq(ckpt_load(ck, fresh.plan, fresh.store, "local", trainer_model(fresh.t),
+  ck_assert_int_eq(train_ckpt_load(ck, fresh.plan, fresh.store, "local", trainer_model(fresh.t),
                              trainer_dense_opt(fresh.t), &set, &got, err, sizeof err), 0);
   ck_assert(param0(&fresh) == param0(&m));
   ck_assert_int_eq(entries(parent), 2);
@@ -551,10 +551,10 @@ START_TEST(test_checkpoint_path_too_long) {
   /* --resume and load of paths too long: refused, out never a cut name. */
   char longer[SR_PATH_MAX + 64];
   snprintf(longer, sizeof longer, "%s/%0*d/../step-2", root, 4090 - (int)strlen(root), 0);
-  ck_assert_int_eq(ckpt_resolve(longer, ck, sizeof ck, err, sizeof err), SR_ERANGE);
+  ck_assert_int_eq(train_ckpt_resolve(longer, ck, sizeof ck, err, sizeof err), SR_ERANGE);
   ck_assert_str_eq(ck, "");
   ck_assert_ptr_nonnull(strstr(err, "path too long"));
-  ck_assert_int_eq(ckpt_load(longer, fresh.plan, fresh.store, "local", trainer_model(fresh.t),
+  ck_assert_int_eq(train_ckpt_load(longer, fresh.plan, fresh.store, "local", trainer_model(fresh.t),
                              trainer_dense_opt(fresh.t), &set, &got, err, sizeof err),
                    SR_ERANGE);
   ck_assert_ptr_nonnull(strstr(err, "path too long"));
@@ -580,7 +580,7 @@ START_TEST(test_checkpoint_path_too_long) {
 END_TEST
 
 /* The manifest records the dense kernels, OpenBLAS's version and core;
- * ckpt_kernels_differ names both sides when one differs, says nothing when
+ * train_ckpt_kernels_differ names both sides when one differs, says nothing when
  * all agree or the checkpoint records none (an older one). */
 START_TEST(test_checkpoint_kernels) {
   small_model m;
@@ -588,32 +588,33 @@ START_TEST(test_checkpoint_kernels) {
   small_train(&m);
   char root[512], ck[600], err[1024], msg[1024];
   snprintf(root, sizeof root, "%s/kern", dir);
-  ckpt_settings set = {"adagrad", "adagrad", 0.05, 0.05, 0, 0, 0, 16, "avx2", "0.3.21", "Zen"};
-  ckpt_state st = {.step = 2, .epoch = 0, .sample_index = 32};
-  ck_assert_int_eq(ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
+  train_ckpt_settings set = {"adagrad", "adagrad", 0.05, 0.05, 0,      0,
+                             0,         16,        "avx2", "0.3.21", "Zen"};
+  train_ckpt_state st = {.step = 2, .epoch = 0, .sample_index = 32};
+  ck_assert_int_eq(train_ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
                              trainer_dense_opt(m.t), &st, &set, err, sizeof err), 0);
-  ck_assert_int_eq(ckpt_resolve(root, ck, sizeof ck, err, sizeof err), 0);
-  ck_assert_int_eq(ckpt_kernels_differ(ck, &set, msg, sizeof msg), 0);
-  ckpt_settings other = set;
+  ck_assert_int_eq(train_ckpt_resolve(root, ck, sizeof ck, err, sizeof err), 0);
+  ck_assert_int_eq(train_ckpt_kernels_differ(ck, &set, msg, sizeof msg), 0);
+  train_ckpt_settings other = set;
   other.dense_kernels = "baseline";
-  ck_assert_int_eq(ckpt_kernels_differ(ck, &other, msg, sizeof msg), 1);
+  ck_assert_int_eq(train_ckpt_kernels_differ(ck, &other, msg, sizeof msg), 1);
   ck_assert_msg(strstr(msg, "dense kernels avx2, OpenBLAS 0.3.21, core Zen") &&
                     strstr(msg, "this run has dense kernels baseline, OpenBLAS 0.3.21, core Zen"),
                 "%s", msg);
   other = set;
   other.blas_core = "SkylakeX";
-  ck_assert_int_eq(ckpt_kernels_differ(ck, &other, msg, sizeof msg), 1);
+  ck_assert_int_eq(train_ckpt_kernels_differ(ck, &other, msg, sizeof msg), 1);
   ck_assert_ptr_nonnull(strstr(msg, "core SkylakeX"));
   other = set;
   other.blas_version = "0.3.26";
-  ck_assert_int_eq(ckpt_kernels_differ(ck, &other, msg, sizeof msg), 1);
+  ck_assert_int_eq(train_ckpt_kernels_differ(ck, &other, msg, sizeof msg), 1);
   /* written without them: nothing to compare */
   snprintf(root, sizeof root, "%s/kern-none", dir);
   set.dense_kernels = set.blas_version = set.blas_core = NULL;
-  ck_assert_int_eq(ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
+  ck_assert_int_eq(train_ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
                              trainer_dense_opt(m.t), &st, &set, err, sizeof err), 0);
-  ck_assert_int_eq(ckpt_resolve(root, ck, sizeof ck, err, sizeof err), 0);
-  ck_assert_int_eq(ckpt_kernels_differ(ck, &other, msg, sizeof msg), 0);
+  ck_assert_int_eq(train_ckpt_resolve(root, ck, sizeof ck, err, sizeof err), 0);
+  ck_assert_int_eq(train_ckpt_kernels_differ(ck, &other, msg, sizeof msg), 0);
   small_close(&m);
 }
 END_TEST

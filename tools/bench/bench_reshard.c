@@ -6,13 +6,13 @@
  * D state floats per row, so a row is 8 + 8 D bytes plus its 8-byte key),
  * row-wise over 2 shards; every row present with random contents. Its
  * shard databases are written directly (one SST file per shard and table,
- * ingested), and the manifest by ckpt_write_as, so `reshard` reads a real
+ * ingested), and the manifest by train_ckpt_write_as, so `reshard` reads a real
  * checkpoint (manifest checksums, plan, fingerprints).
  *
  *   ours      the real command, `shardrec reshard --from CKPT --to OUT
  *             --plan P3` (cmd_reshard, in this process: the executable's
  *             start-up is not counted; 3 shards row-wise): checking every
- *             source file's SHA-256 (ckpt_open), scanning (RocksDB's block
+ *             source file's SHA-256 (train_ckpt_open), scanning (RocksDB's block
  *             checksums off: the files were just checked whole), routing,
  *             hashing, SST files, ingestion, re-reading to verify, the new
  *             manifest's SHA-256 of every file; tables on up to 8 workers;
@@ -135,7 +135,7 @@ static int write_sources(const emb_plan *plan, const char *shards, const char *w
 /* A checkpoint manifest around the shards (no dense part). */
 static int write_ckpt(const emb_plan *plan, const char *root, const char *stage, char *err,
                       size_t errlen) {
-  ckpt_info ci;
+  train_ckpt_info ci;
   memset(&ci, 0, sizeof ci);
   cJSON *man = cJSON_CreateObject(), *set = cJSON_CreateObject();
   cJSON_AddNumberToObject(man, "format", 1);
@@ -154,7 +154,7 @@ static int write_ckpt(const emb_plan *plan, const char *root, const char *stage,
   snprintf(ci.store_kind, sizeof ci.store_kind, "shard");
   char final[SR_PATH_MAX];
   int rc = sr_path_err(final, sizeof final, err, errlen, "%s/step-0", root);
-  if (!rc) rc = ckpt_write_as(&ci, plan, stage, final, err, errlen);
+  if (!rc) rc = train_ckpt_write_as(&ci, plan, stage, final, err, errlen);
   cJSON_Delete(man);
   return rc;
 }
