@@ -13,6 +13,7 @@
 #include "train/colocate.h"
 #include "train/job.h"
 #include "train/trainer.h"
+#include "train/train_metrics.h"
 
 /* The train batches of one rank: a ring of the global batches every rank
  * reads and this rank's slice of each, this step's and those read ahead of
@@ -110,7 +111,7 @@ typedef struct train_job {
   size_t *counts;          /* [size] samples per rank of a test batch */
   FILE *metrics;           /* --metrics-out (rank 0), owned */
   int resume_redo;         /* JOB_REDO_*: the resumed step's lines to write again */
-  struct job_metrics *mx;  /* --metrics-listen, owned (job_metrics.c) */
+  train_metrics *mx;       /* --metrics-listen, owned (job_metrics.c) */
   trainer_times phase_mark; /* the trainer's times at the last progress line */
 } train_job;
 
@@ -171,15 +172,6 @@ int job__metrics_start(train_job *j);
 /* --metrics-listen's value: HOST:PORT, HOST empty or IPv4. 0, or -1 with
  * "--metrics-listen ...: why" in err. */
 int job__metrics_check(const char *addr, char *err, size_t errlen);
-/* The series alone, without a listener (bench metrics measures them):
- * open (NULL with the reason in err), its registry, close (NULL-safe), and
- * note, what job__metrics_step records of a step. */
-typedef struct job_metrics job_metrics;
-job_metrics *job__metrics_open(int rank, char *err, size_t errlen);
-struct metrics_registry *job__metrics_registry(job_metrics *m);
-void job__metrics_close(job_metrics *m);
-void job__metrics_note(job_metrics *m, const trainer_times *tt, int dim, int64_t step,
-                       int epoch, int64_t total, int got);
 void job__metrics_stop(train_job *j);
 void job__metrics_step(train_job *j, int got);
 void job__metrics_progress(train_job *j, double loss, double samples_per_s);

@@ -45,7 +45,7 @@ static const gdef gdefs[G_N] = {
     [G_RECOVERIES] = {"shardrec_train_recoveries_total", "Recoveries from a lost shard server.", METRICS_COUNTER, 1},
 };
 
-struct job_metrics {
+struct train_metrics {
   metrics_registry *reg; /* owned */
   metrics_http *http;    /* owned */
   metrics_series *g[G_N], *phase[PH_N], *phase_total[PH_N];
@@ -64,7 +64,7 @@ static int local_rank(int rank) {
 }
 
 /* The series of m (rank's). 0 or -1 (err). */
-static int add_series(job_metrics *m, int rank, char *err, size_t errlen) {
+static int add_series(train_metrics *m, int rank, char *err, size_t errlen) {
   for (int i = 0; i < G_N; i++) {
     if (gdefs[i].rank0 && rank != 0) continue;
     metrics_family *f = metrics_family_add(m->reg, gdefs[i].name, gdefs[i].help, gdefs[i].type,
@@ -83,17 +83,17 @@ static int add_series(job_metrics *m, int rank, char *err, size_t errlen) {
   return 0;
 }
 
-job_metrics *job__metrics_open(int rank, char *err, size_t errlen) {
-  job_metrics *m = calloc(1, sizeof *m);
+train_metrics *train_metrics_open(int rank, char *err, size_t errlen) {
+  train_metrics *m = calloc(1, sizeof *m);
   char r[16];
   snprintf(r, sizeof r, "%d", rank);
   if (!m || !(m->reg = metrics_registry_create()) || metrics_registry_label(m->reg, "rank", r)) {
     snprintf(err, errlen, "out of memory");
-    job__metrics_close(m);
+    train_metrics_close(m);
     return NULL;
   }
   if (metrics_process_add(m->reg, err, errlen) || add_series(m, rank, err, errlen)) {
-    job__metrics_close(m);
+    train_metrics_close(m);
     return NULL;
   }
   metrics_gauge_set(m->g[G_AUC], 0.0 / 0.0); /* NaN until the first test pass */
@@ -102,9 +102,9 @@ job_metrics *job__metrics_open(int rank, char *err, size_t errlen) {
   return m;
 }
 
-metrics_registry *job__metrics_registry(job_metrics *m) { return m->reg; }
+metrics_registry *train_metrics_registry(train_metrics *m) { return m->reg; }
 
-void job__metrics_close(job_metrics *m) {
+void train_metrics_close(train_metrics *m) {
   if (!m) return;
   metrics_http_stop(m->http);
   metrics_registry_destroy(m->reg);
@@ -131,7 +131,7 @@ int job__metrics_start(train_job *j) {
     goto fail;
   }
   snprintf(addr, sizeof addr, "%s:%d", host, port ? port + lr : 0);
-  if (!(j->mx = job__metrics_open(j->rank, err, sizeof err))) goto fail;
+  if (!(j->mx = train_metrics_open(j->rank, err, sizeof err))) goto fail;
   if (!(j->mx->http = metrics_http_start(j->mx->reg, addr, NULL, err, sizeof err))) goto fail;
   printf("metrics on %s:%d (rank %d)\n", host, metrics_http_port(j->mx->http), j->rank);
   fflush(stdout);
@@ -142,12 +142,12 @@ fail:
 }
 
 void job__metrics_stop(train_job *j) {
-  job__metrics_close(j->mx);
+  train_metrics_close(j->mx);
   j->mx = NULL;
 }
 
-void job__metrics_note(job_metrics *m, const trainer_times *tt, int dim, int64_t step,
-                       int epoch, int64_t total, int got) {
+void train_metrics_note(train_metrics *m, const trainer_times *tt, int dim, int64_t step,
+                        int epoch, int64_t total, int got) {
   const double now[PH_N] = {tt->dedup, tt->lookup, tt->prefetch, tt->pool, tt->forward, tt->backward,
                             tt->scatter, tt->push, tt->allreduce, tt->dense_opt};
   for (int p = 0; p < PH_N; p++) {
@@ -169,8 +169,8 @@ void job__metrics_note(job_metrics *m, const trainer_times *tt, int dim, int64_t
 
 void job__metrics_step(train_job *j, int got) {
   if (j->mx)
-    job__metrics_note(j->mx, trainer_times_get(j->t), j->plan->tables[0].dim, j->cur.step,
-                      j->cur.epoch, j->total_steps, got);
+    train_metrics_note(j->mx, trainer_times_get(j->t), j->plan->tables[0].dim, j->cur.step,
+                       j->cur.epoch, j->total_steps, got);
 }
 
 void job__metrics_progress(train_job *j, double loss, double samples_per_s) {

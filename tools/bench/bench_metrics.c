@@ -1,6 +1,6 @@
 /* shardrec bench metrics: what the Prometheus figures cost.
  *
- * Per training step: job__metrics_note, the update train --metrics-listen
+ * Per training step: train_metrics_note, the update train --metrics-listen
  * makes after every step (9 phase gauges and counters, bytes, samples,
  * step, epoch). Per RPC: rpc_service_metrics_observe (calls, bytes, latency
  * histogram). Both beside the baseline measured here: the server-side
@@ -29,15 +29,15 @@
 #include "rpc/shardrec.pb-c.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
-#include "train/job_impl.h"
+#include "train/train_metrics.h"
 
 #define CMD "bench metrics"
 #define RUNS 7
 
-/* ns per call of job__metrics_note, median of RUNS runs of n calls. */
+/* ns per call of train_metrics_note, median of RUNS runs of n calls. */
 static double per_step_ns(long long n) {
   char err[256];
-  job_metrics *m = job__metrics_open(0, err, sizeof err);
+  train_metrics *m = train_metrics_open(0, err, sizeof err);
   if (!m) return -1;
   trainer_times tt = {0};
   double r[RUNS];
@@ -45,11 +45,11 @@ static double per_step_ns(long long n) {
     double t0 = sr_now();
     for (long long i = 0; i < n; i++) {
       tt.forward += 1e-3, tt.rows += 4096, tt.steps++;
-      job__metrics_note(m, &tt, 16, i, 0, n, 128);
+      train_metrics_note(m, &tt, 16, i, 0, n, 128);
     }
     r[k] = 1e9 * (sr_now() - t0) / (double)n;
   }
-  job__metrics_close(m);
+  train_metrics_close(m);
   return sr_median(r, RUNS);
 }
 
@@ -193,7 +193,7 @@ static int run(server *s, long long n) {
   metrics_http_stop(h);
   if (step < 0 || sc < 0 || hs < 0) return fprintf(stderr, "shardrec bench metrics: %s\n", h ? "scrape failed" : err), 1;
   printf("metrics cost (medians of %d runs)\n", RUNS);
-  printf("  per training step   job__metrics_note         %8.1f ns   (%.4f%% of the Lookup below)\n",
+  printf("  per training step   train_metrics_note        %8.1f ns   (%.4f%% of the Lookup below)\n",
          step, 100.0 * step * 1e-3 / lk);
   printf("  per RPC             rpc_service_metrics_observe %6.1f ns   (a Lookup of 26 x 64 ids "
          "handled: %.1f us; %.4f%% of it)\n", obs, lk, 100.0 * obs * 1e-3 / lk);
