@@ -1,818 +1,34 @@
-/* The shard store: a bounded row cache over RocksDB (see shard.h).
+/* The shard store: a bounded row cache over RocksDB (see shard.h); its ops.
  *
- * Cache layout: one slab of cap slots; a slot is a 16-byte header (row id,
- * table, flags, pin count) followed by the row's value and optimizer state
- * (the widest table's dim + state_len floats), so a hit touches the map entry
- * and one contiguous slot. The map: open addressing, linear probing,
- * power-of-two size >= 2 x cap, 8-byte entries {slot + 1, tag}: the tag is
- * the low 32 bits of the (table, row id) hash, the home position is the tag
- * masked, and the key itself is checked in the slot (a hit reads the slot
- * anyway); deletion by backward shift (no tombstones). CLOCK: a reference
- * bit per slot, set on every access, cleared by the hand; the hand skips
- * pinned slots (pin count > 0) and slots being loaded.
- *
- * Pins. A slot's pin count is the number of holders: the chunk in progress
- * (one pin per item, dropped when the chunk is done) and each prefetched
- * step that asked for the row (a list of slots per step, dropped by that
- * step's push or by the lookup or push of a later step). Prefetch pins at
- * most cap - chunk - 1 slots (counted with repeats), so a chunk always finds
- * a slot to evict: a prefetch that reaches the limit stops, and the rest of
- * its step is read by its lookup.
- *
- * Store threads (EMB_SHARD_DEFAULT_THREADS, made at create, joined at
- * destroy) run two kinds of work from one queue under one lock:
- *   - read jobs: the misses of one (database, table), at most SH_JOB_ROWS
- *     rows, each already given a slot that is in the map, pinned and marked
- *     LOADING; the job reads them with one batched MultiGet straight into
- *     the slots (or the init value and optimizer init state when absent).
- *   - write buffers: dirty rows evicted (or flushed), encoded; one RocksDB
- *     WriteBatch per database. Written one buffer at a time, in the order
- *     they were handed over.
- * The caller thread alone touches the map, the slots' headers, the pin
- * lists and the pending index; a store thread touches only the rows of the
- * slots its job loads and its buffer. A finished job or buffer goes on a
- * done list that the caller reaps (clears LOADING, frees the buffer). The
- * caller, when it must wait (a LOADING slot it needs, no free write
- * buffer), runs queued work itself rather than sleep.
- *
- * Exactness (a row's bits never depend on prefetch, threads or timing):
- *   1. A row in the map is the single truth while it is there: every
- *      lookup and push of it uses the slot, and a LOADING slot is waited for
- *      before it is used. A slot is LOADING only while it holds no value
- *      yet (a new slot, or one whose read failed), so no update can be lost
- *      under a load.
- *   2. A row leaves the map only by eviction: clean, it is dropped (its
- *      latest value is where it was read from); dirty, it is encoded into a
- *      write buffer and entered in the pending index (table, row id) ->
- *      record, newest record first, before the slot is reused.
- *   3. A row brought into the map (lookup, push or prefetch) is taken from
- *      the pending index when it is there, else read from RocksDB. An
- *      index entry goes only when the caller reaps its buffer, after the
- *      write is in RocksDB, so a row missing from both the map and the
- *      index has its latest value in RocksDB; and while the read runs the
- *      row is in the map (LOADING, not evictable), so no newer write-back
- *      of it can exist. Buffers are written in order, so the newest value
- *      is the one RocksDB keeps.
- *   4. Optimizer state is in the slot and the record beside the value, so
- *      it travels with the row.
- * flush, checkpoint, iterate, mark_clean and restore first wait for every
- * read and write (drain); a write that failed is reported (SR_EIO, the
- * RocksDB message) by every later call until a restore: rows were lost.
- *
- * Send pins (lookup_pinned: answers sent from the slots, rpc/service.c).
- * Besides its pin count a slot has a send count, sends->cnt[slot], one per
- * answer being sent from it: raised by the caller (under its lock),
- * dropped by sh_pins_release from any thread (gRPC's, with no lock), so
- * it is atomic and the caller only ever reads it. A slot with a send count
- * is never written: eviction skips it (and never waits for it), and a push
- * to its row first moves the row (value and state) to a fresh slot that
- * the map points to from then on; the old slot is left DETACHED, out of
- * the map, and taken by the CLOCK hand once its counts are 0 (a restore
- * leaves every slot DETACHED the same way while any is sent from). The
- * slots sent from, sends->held, count with the prefetch pins against
- * pf_limit (prefetch_one, sh_lookup_pinned), so a chunk still always finds
- * a slot. The counts and the slab outlive the store while answers are out
- * (sends_unref). */
-#include "embedding/shard.h"
+ * Here: the ops table and what is none of the other files' job: create and
+ * destroy, lookup (hits copied in a software-pipelined pass over the map,
+ * the rest made resident chunk by chunk by shard_cache.c), push (every row
+ * checked, then the update applied), flush, checkpoint, restore, stats,
+ * iterate, the clean-stop marks and the counters. The internals, their
+ * invariants and the other files' jobs: shard_impl.h. */
+#include "embedding/shard_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/fs.h"
-#include "common/rng.h"
 #include "common/status.h"
 #include "common/sys.h"
 #include "embedding/optim.h"
 #include "storage/ckpt_dir.h"
 #include "storage/kv.h"
 
-#define SH_PREFETCH 48
 #define SH_PASS 256 /* ids per lookup pass */
 #define SH_AHEAD 16 /* ids between the stages of a lookup pass */
-#define SH_JOB_ROWS 1024 /* rows per read job at most: a big batch still splits over threads */
-#define SH_REC_HEAD 16   /* a write record: u64 row id, u32 table, u32 database, then the row */
-#define F_REF 1u
-#define F_DIRTY 2u
-#define F_LOADING 4u /* a read job is filling the slot */
-#define F_FAILED 8u  /* the slot's read failed: read again when used */
-#define F_DETACHED 16u /* out of the map, left to answers being sent (see the top) */
-#define NONE32 UINT32_MAX
 
-typedef struct {
-  uint32_t slot1; /* 0: empty */
-  uint32_t tag;   /* low 32 bits of the key's hash; home = tag & mask */
-} sh_entry;
-
-typedef struct {
-  uint64_t key;
-  uint16_t table;
-  uint16_t flags;
-  uint32_t pins;
-} sh_meta; /* 16 bytes, first in each slot */
-
-/* A read job (see the top). key/slot/vals/lens: [cap]. */
-typedef struct sh_job {
-  struct sh_job *next, *all;
-  int db, table;
-  size_t n, cap;
-  uint64_t *key;
-  uint32_t *slot;
-  const char **vals;
-  size_t *lens;
-  uint64_t found;
-  int rc;
-  char err[1024];
-} sh_job;
-
-/* A write buffer: n records of rec_bytes. */
-typedef struct sh_wbuf {
-  struct sh_wbuf *next;
-  uint32_t idx;
-  size_t n;
-  unsigned char *rec;
-  kv_writes *w;
-  int rc;
-  char err[1024];
-} sh_wbuf;
-
-/* The send counts (see the top): one per slot; refs: the store's and one
- * per pin set out; slab: the store's slots, freed here once the store is
- * gone and the last pin set released. */
-typedef struct sh_sends {
-  atomic_size_t refs;
-  atomic_uint held;      /* slots whose count is not 0 */
-  unsigned char *slab;   /* owned once the store is destroyed */
-  atomic_uint cnt[];     /* [cap] */
-} sh_sends;
-
-/* One answer's send pins (store.h's emb_pins). */
-struct emb_pins {
-  sh_sends *sends;
-  size_t n;
-  uint32_t slot[];       /* [n] a slot once per row sent */
-};
-
-/* The slots one prefetched step pinned. */
-typedef struct {
-  int64_t step;
-  uint32_t *slot;
-  size_t n, cap;
-} sh_pinset;
-
-typedef struct shstore shstore;
-typedef struct {
-  shstore *s;
-  pthread_t th;
-  kv_reader *rd;
-} sh_worker;
-
-struct shstore {
-  emb_store base;
-  int n_tables;
-  int *dim, *slen;        /* [n_tables] */
-  int stride;             /* floats per slot after the meta */
-  size_t slot_bytes;
-  unsigned char *slab;    /* [cap][slot_bytes] */
-  uint32_t cap, used, hand;
-  sh_entry *map;
-  size_t mask;
-  /* databases */
-  char *dir;
-  int n_db;
-  int *db_shard;          /* [n_db] shard index of db k */
-  int *shard_db;          /* [plan->n_shards] db index or -1 */
-  kv_db **db;          /* [n_db] */
-  kv_opts sopts;
-  /* chunk scratch */
-  size_t chunk;           /* max items per chunk = cap / 2 */
-  uint32_t *it_t;         /* [chunk] table */
-  uint64_t *it_id;        /* [chunk] row id */
-  size_t *it_pos;         /* [chunk] map position */
-  uint32_t *it_slot;      /* [chunk] slot index (NONE32: not resident) */
-  size_t *miss;           /* [chunk] item index */
-  int *mcf;               /* [chunk] database index of each miss */
-  size_t *mitem;          /* [2 * chunk]: second half the chunk's row indices */
-  uint32_t *ms_t;         /* [chunk] lookup misses: table, id, row index */
-  uint64_t *ms_id;
-  size_t *ms_r;
-  float *tmp;             /* [stride] */
-  /* prefetch pins */
-  sh_pinset *pf;          /* [n_pf] steps in increasing order */
-  int n_pf, cap_pf;
-  size_t pf_pinned, pf_limit; /* sum of the lists' lengths; its bound */
-  sh_sends *sends;        /* NULL until the first lookup_pinned */
-  /* store threads (see the top) */
-  pthread_mutex_t mu;
-  pthread_cond_t cv_work, cv_done;
-  int pool_ok, stop, writing, n_workers, n_wk; /* threads running; wk[] length */
-  sh_worker *wk;
-  sh_job *rq, *rq_tail, *rdone; /* under mu */
-  sh_wbuf *wq, *wq_tail, *wdone; /* under mu */
-  /* the caller's side of the threads */
-  kv_reader *crd;
-  sh_job *jfree, *jall;
-  sh_job **open;          /* [n_db * n_tables] the job being filled */
-  int *open_list, n_open;
-  size_t reads_out, wbufs_out; /* handed over, not reaped */
-  sh_wbuf *wbufs, *wfree, *wcur; /* [EMB_SHARD_WB_BUFFERS] */
-  size_t rec_bytes, rows_per_buf;
-  sh_entry *pidx;         /* pending index: {record + 1, tag} */
-  size_t pmask;
-  int rd_rc, wb_rc;       /* the last failed read; the first failed write (sticky) */
-  char rd_err[1024], wb_err[1024];
-  emb_store_stats st;
-  emb_shard_counters ctr;
-  int unclean;            /* opened on rows without the clean-stop marks (a crash) */
-  int marked;             /* the clean-stop marks are written (emb_shard_mark_clean) */
-  int last_lookup_rc;
-  char err[1024];
-};
-
-static inline sh_meta *slot_meta(const shstore *s, uint32_t i) {
-  return (sh_meta *)(s->slab + (size_t)i * s->slot_bytes);
-}
-static inline float *slot_row(const shstore *s, uint32_t i) {
-  return (float *)(s->slab + (size_t)i * s->slot_bytes + sizeof(sh_meta));
-}
-/* Answers being sent from slot i now (see the top). */
-static inline unsigned slot_sent(const shstore *s, uint32_t i) {
-  return s->sends ? atomic_load_explicit(&s->sends->cnt[i], memory_order_acquire) : 0;
-}
-/* Slots answers are being sent from now. */
-static inline size_t sends_held(const shstore *s) {
-  return s->sends ? atomic_load_explicit(&s->sends->held, memory_order_acquire) : 0;
-}
-static inline uint32_t key_tag(uint32_t t, uint64_t key) {
-  return (uint32_t)sr_mix64(key ^ ((uint64_t)(t + 1) * 0x9E3779B97F4A7C15ULL));
-}
-/* The entry of (t, key), or the empty one where it would go. */
-static inline size_t probe(const shstore *s, uint32_t tag, uint32_t t, uint64_t key) {
-  for (size_t h = tag & s->mask;; h = (h + 1) & s->mask) {
-    const sh_entry *e = &s->map[h];
-    if (!e->slot1) return h;
-    if (e->tag == tag) {
-      const sh_meta *m = slot_meta(s, e->slot1 - 1);
-      if (m->key == key && m->table == t) return h;
-    }
-  }
-}
-
-/* Backward-shift deletion of entry i of an open-addressing table. */
-static void entries_delete(sh_entry *map, size_t mask, size_t i) {
-  size_t j = i;
-  map[i].slot1 = 0;
-  for (;;) {
-    j = (j + 1) & mask;
-    if (!map[j].slot1) break;
-    size_t k = map[j].tag & mask;
-    int stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
-    if (stays) continue;
-    map[i] = map[j];
-    map[j].slot1 = 0;
-    i = j;
-  }
-}
-
-static int db_of(shstore *s, int t, uint64_t id) {
-  int sh = emb_plan_shard_of(s->base.plan, t, id);
-  return s->shard_db[sh];
-}
-
-/* ---- the store threads ---- */
-
-/* Under mu: the next piece of work, a read first; a write only when no other
- * is being written (buffers are written in order). 1 when one is taken. */
-static int work_pick(shstore *s, sh_job **j, sh_wbuf **b) {
-  *j = NULL;
-  *b = NULL;
-  if (s->rq) {
-    *j = s->rq;
-    if (!(s->rq = s->rq->next)) s->rq_tail = NULL;
-    return 1;
-  }
-  if (s->wq && !s->writing) {
-    *b = s->wq;
-    if (!(s->wq = s->wq->next)) s->wq_tail = NULL;
-    s->writing = 1;
-    return 1;
-  }
-  return 0;
-}
-
-/* Read job j into its slots with reader rd (any thread). */
-static void job_read(shstore *s, kv_reader *rd, sh_job *j) {
-  const emb_plan *plan = s->base.plan;
-  const int t = j->table, dim = s->dim[t], sl = s->slen[t];
-  j->found = 0;
-  char e2[512];
-  j->rc = kv_reader_get_cf(rd, s->db[j->db], t, j->n, j->key, j->vals, j->lens, e2, sizeof e2);
-  if (j->rc) {
-    char dp[4200];
-    ckpt_dir_shard_path(s->dir, s->db_shard[j->db], dp, sizeof dp);
-    sr_fmt(j->err, sizeof j->err, "%s: table %u: %s", dp, plan->tables[t].table_id, e2);
-  }
-  for (size_t q = 0; q < j->n && !j->rc; q++) {
-    float *row = slot_row(s, j->slot[q]);
-    if (!j->vals[q]) {
-      emb_row_init(plan, t, j->key[q], row);
-      emb_optim_state_init(&plan->tables[t].optim, dim, row + dim);
-      continue;
-    }
-    j->rc = kv_row_decode(j->vals[q], j->lens[q], dim, sl, row, e2, sizeof e2);
-    if (j->rc) {
-      char dp[4200];
-      ckpt_dir_shard_path(s->dir, s->db_shard[j->db], dp, sizeof dp);
-      sr_fmt(j->err, sizeof j->err, "%s: table %u row %llu: %s", dp, plan->tables[t].table_id,
-             (unsigned long long)j->key[q], e2);
-    }
-    j->found++;
-  }
-  kv_reader_release(rd);
-}
-
-/* Write buffer b's records, one WriteBatch per database (any thread). */
-static void wbuf_write(shstore *s, sh_wbuf *b) {
-  b->rc = 0;
-  for (int k = 0; k < s->n_db && !b->rc; k++) {
-    for (size_t r = 0; r < b->n; r++) {
-      const unsigned char *p = b->rec + r * s->rec_bytes;
-      uint64_t key;
-      uint32_t t, d;
-      memcpy(&key, p, 8);
-      memcpy(&t, p + 8, 4);
-      memcpy(&d, p + 12, 4);
-      if ((int)d == k)
-        kv_writes_put(b->w, s->db[k], (int)t, key, p + SH_REC_HEAD, kv_row_size(s->dim[t], s->slen[t]));
-    }
-    b->rc = kv_writes_commit(b->w, s->db[k], b->err, sizeof b->err);
-  }
-}
-
-static void work_run(shstore *s, kv_reader *rd, sh_job *j, sh_wbuf *b) {
-  if (j) job_read(s, rd, j);
-  if (b) wbuf_write(s, b);
-}
-
-/* Under mu: j or b is done; the caller reaps it. */
-static void work_done(shstore *s, sh_job *j, sh_wbuf *b) {
-  if (j) {
-    j->next = s->rdone;
-    s->rdone = j;
-  }
-  if (b) {
-    b->next = s->wdone;
-    s->wdone = b;
-    s->writing = 0;
-    if (s->wq) pthread_cond_signal(&s->cv_work);
-  }
-  pthread_cond_broadcast(&s->cv_done);
-}
-
-static void *worker_main(void *arg) {
-  sh_worker *w = arg;
-  shstore *s = w->s;
-  pthread_mutex_lock(&s->mu);
-  for (;;) {
-    sh_job *j;
-    sh_wbuf *b;
-    if (work_pick(s, &j, &b)) {
-      pthread_mutex_unlock(&s->mu);
-      work_run(s, w->rd, j, b);
-      pthread_mutex_lock(&s->mu);
-      work_done(s, j, b);
-      continue;
-    }
-    if (s->stop) break;
-    pthread_cond_wait(&s->cv_work, &s->mu);
-  }
-  pthread_mutex_unlock(&s->mu);
-  return NULL;
-}
-
-/* ---- the caller's side ---- */
-
-static void pidx_remove(shstore *s, const sh_wbuf *b, size_t r);
-
-/* Take what the threads finished: loaded slots lose LOADING (FAILED when
- * the read failed), written buffers leave the pending index and are free. */
-static void reap(shstore *s) {
-  pthread_mutex_lock(&s->mu);
-  sh_job *jd = s->rdone;
-  sh_wbuf *bd = s->wdone;
-  s->rdone = NULL;
-  s->wdone = NULL;
-  pthread_mutex_unlock(&s->mu);
-  while (jd) {
-    sh_job *j = jd;
-    jd = j->next;
-    for (size_t q = 0; q < j->n; q++) {
-      sh_meta *m = slot_meta(s, j->slot[q]);
-      m->flags = (uint16_t)((m->flags & ~F_LOADING) | (j->rc ? F_FAILED : 0));
-    }
-    if (j->rc) {
-      s->rd_rc = j->rc;
-      memcpy(s->rd_err, j->err, sizeof s->rd_err);
-    }
-    s->ctr.rocks_reads += j->n;
-    s->ctr.rocks_found += j->found;
-    s->reads_out--;
-    j->next = s->jfree;
-    s->jfree = j;
-  }
-  while (bd) {
-    sh_wbuf *b = bd;
-    bd = b->next;
-    for (size_t r = 0; r < b->n; r++) pidx_remove(s, b, r);
-    if (b->rc && !s->wb_rc) {
-      s->wb_rc = b->rc;
-      sr_fmt(s->wb_err, sizeof s->wb_err, "writing evicted rows back: %s", b->err);
-    }
-    s->ctr.wb_batches++;
-    s->wbufs_out--;
-    b->n = 0;
-    b->next = s->wfree;
-    s->wfree = b;
-  }
-}
-
-/* Wait for some handed-over work to finish (there must be some), running
- * queued work on this thread meanwhile; then reap. */
-static void wait_some(shstore *s) {
-  double t0 = sr_now();
-  pthread_mutex_lock(&s->mu);
-  if (!s->rdone && !s->wdone) {
-    sh_job *j;
-    sh_wbuf *b;
-    if (work_pick(s, &j, &b)) {
-      pthread_mutex_unlock(&s->mu);
-      work_run(s, s->crd, j, b);
-      pthread_mutex_lock(&s->mu);
-      work_done(s, j, b);
-    } else {
-      pthread_cond_wait(&s->cv_done, &s->mu);
-    }
-  }
-  pthread_mutex_unlock(&s->mu);
-  s->ctr.wait_ns += (uint64_t)((sr_now() - t0) * 1e9);
-  reap(s);
-}
-
-/* Wait until every read and write handed over is done and reaped. */
-static void drain(shstore *s);
-
-static void job_submit(shstore *s, sh_job *j) {
-  j->next = NULL;
-  pthread_mutex_lock(&s->mu);
-  if (s->rq_tail) s->rq_tail->next = j;
-  else s->rq = j;
-  s->rq_tail = j;
-  pthread_cond_signal(&s->cv_work);
-  pthread_mutex_unlock(&s->mu);
-  s->reads_out++;
-}
-
-static void wbuf_submit(shstore *s) {
-  sh_wbuf *b = s->wcur;
-  if (!b || !b->n) return;
-  s->wcur = NULL;
-  b->next = NULL;
-  pthread_mutex_lock(&s->mu);
-  if (s->wq_tail) s->wq_tail->next = b;
-  else s->wq = b;
-  s->wq_tail = b;
-  pthread_cond_signal(&s->cv_work);
-  pthread_mutex_unlock(&s->mu);
-  s->wbufs_out++;
-}
-
-static void drain(shstore *s) {
-  wbuf_submit(s);
-  while (s->reads_out || s->wbufs_out) wait_some(s);
-}
-
-/* Every job being filled, handed to the threads. */
-static void jobs_submit(shstore *s) {
-  for (int q = 0; q < s->n_open; q++) {
-    job_submit(s, s->open[s->open_list[q]]);
-    s->open[s->open_list[q]] = NULL;
-  }
-  s->n_open = 0;
-}
-
-static sh_job *job_get(shstore *s) {
-  sh_job *j = s->jfree;
-  if (j) {
-    s->jfree = j->next;
-  } else if ((j = calloc(1, sizeof *j))) {
-    j->all = s->jall;
-    s->jall = j;
-  }
-  return j;
-}
-
-static int job_grow(sh_job *j) {
-  size_t cap = j->cap ? 2 * j->cap : 64;
-  uint64_t *k = realloc(j->key, cap * sizeof *k);
-  if (k) j->key = k;
-  uint32_t *sl = realloc(j->slot, cap * sizeof *sl);
-  if (sl) j->slot = sl;
-  const char **v = realloc(j->vals, cap * sizeof *v);
-  if (v) j->vals = v;
-  size_t *l = realloc(j->lens, cap * sizeof *l);
-  if (l) j->lens = l;
-  if (!k || !sl || !v || !l) return SR_ENOMEM;
-  j->cap = cap;
-  return 0;
-}
-
-/* Slot (new, LOADING) gets row id of table t from database d by a read job. */
-static int job_add(shstore *s, int d, uint32_t t, uint64_t id, uint32_t slot) {
-  int q = d * s->n_tables + (int)t;
-  sh_job *j = s->open[q];
-  if (!j) {
-    if (!(j = job_get(s))) return SR_ENOMEM;
-    j->db = d;
-    j->table = (int)t;
-    j->n = 0;
-    s->open[q] = j;
-    s->open_list[s->n_open++] = q;
-  }
-  if (j->n == j->cap && job_grow(j)) return SR_ENOMEM;
-  j->key[j->n] = id;
-  j->slot[j->n] = slot;
-  if (++j->n == SH_JOB_ROWS) { /* full: the threads start on it now */
-    for (int k = 0; k < s->n_open; k++)
-      if (s->open_list[k] == q) s->open_list[k] = s->open_list[--s->n_open];
-    s->open[q] = NULL;
-    job_submit(s, j);
-  }
-  return 0;
-}
-
-/* ---- the pending index: rows written back, not yet in RocksDB ---- */
-
-static unsigned char *rec_at(const shstore *s, uint32_t loc) {
-  return s->wbufs[loc / s->rows_per_buf].rec + (size_t)(loc % s->rows_per_buf) * s->rec_bytes;
-}
-
-static size_t pidx_probe(const shstore *s, uint32_t tag, uint32_t t, uint64_t key) {
-  for (size_t h = tag & s->pmask;; h = (h + 1) & s->pmask) {
-    const sh_entry *e = &s->pidx[h];
-    if (!e->slot1) return h;
-    if (e->tag == tag) {
-      const unsigned char *p = rec_at(s, e->slot1 - 1);
-      uint64_t k;
-      uint32_t tt;
-      memcpy(&k, p, 8);
-      memcpy(&tt, p + 8, 4);
-      if (k == key && tt == t) return h;
-    }
-  }
-}
-
-static void pidx_remove(shstore *s, const sh_wbuf *b, size_t r) {
-  const unsigned char *p = b->rec + r * s->rec_bytes;
-  uint64_t key;
-  uint32_t t;
-  memcpy(&key, p, 8);
-  memcpy(&t, p + 8, 4);
-  size_t h = pidx_probe(s, key_tag(t, key), t, key);
-  if (s->pidx[h].slot1 == (uint32_t)(b->idx * s->rows_per_buf + r) + 1) /* else a newer one */
-    entries_delete(s->pidx, s->pmask, h);
-}
-
-/* A free write buffer, waiting for one when every buffer is handed over. */
-static sh_wbuf *wbuf_get(shstore *s) {
-  if (!s->wfree) {
-    double t0 = sr_now();
-    s->ctr.wb_full_waits++;
-    while (!s->wfree) wait_some(s);
-    s->ctr.wb_wait_ns += (uint64_t)((sr_now() - t0) * 1e9);
-  }
-  sh_wbuf *b = s->wfree;
-  s->wfree = b->next;
-  b->n = 0;
-  return b;
-}
-
-/* Write dirty slot i back: its row encoded into the current buffer and
- * entered in the pending index; the slot is clean after. */
-static void writeback(shstore *s, uint32_t i) {
-  if (!s->wcur) s->wcur = wbuf_get(s);
-  sh_wbuf *b = s->wcur;
-  sh_meta *m = slot_meta(s, i);
-  uint32_t t = m->table, d = (uint32_t)db_of(s, (int)t, m->key);
-  unsigned char *p = b->rec + b->n * s->rec_bytes;
-  memcpy(p, &m->key, 8);
-  memcpy(p + 8, &t, 4);
-  memcpy(p + 12, &d, 4);
-  kv_row_encode(s->dim[t], s->slen[t], slot_row(s, i), p + SH_REC_HEAD);
-  uint32_t tag = key_tag(t, m->key);
-  size_t h = pidx_probe(s, tag, t, m->key);
-  s->pidx[h].slot1 = (uint32_t)(b->idx * s->rows_per_buf + b->n) + 1;
-  s->pidx[h].tag = tag;
-  b->n++;
-  m->flags &= (uint16_t)~F_DIRTY;
-  s->ctr.writebacks++;
-  if (b->n == s->rows_per_buf) wbuf_submit(s);
-}
-
-/* A free slot: a never-used one, else CLOCK's victim (written back if dirty). */
-static uint32_t slot_alloc(shstore *s) {
-  if (s->used < s->cap) return s->used++;
-  for (;;) {
-    uint32_t i = s->hand;
-    s->hand = s->hand + 1 == s->cap ? 0 : s->hand + 1;
-    sh_meta *m = slot_meta(s, i);
-    if (m->pins || (m->flags & F_LOADING) || slot_sent(s, i)) continue;
-    if (m->flags & F_DETACHED) return i; /* a row's old copy, sent: free */
-    if (m->flags & F_REF) {
-      m->flags &= (uint16_t)~F_REF;
-      continue;
-    }
-    if (m->flags & F_DIRTY) writeback(s, i);
-    entries_delete(s->map, s->mask, probe(s, key_tag(m->table, m->key), m->table, m->key));
-    s->ctr.evictions++;
-    return i;
-  }
-}
-
-/* Row id of table t (database d) into the map, pinned once: its slot when
- * there (a repeated id), else a new slot filled from the pending index or
- * left LOADING for a read job. NONE32 when out of memory. */
-static uint32_t row_bring(shstore *s, uint32_t t, uint64_t id, int d) {
-  uint32_t tag = key_tag(t, id);
-  size_t h = probe(s, tag, t, id);
-  if (!s->map[h].slot1) {
-    uint32_t slot = slot_alloc(s);
-    h = probe(s, tag, t, id); /* eviction may have shifted entries */
-    s->map[h].slot1 = slot + 1;
-    s->map[h].tag = tag;
-    sh_meta *m = slot_meta(s, slot);
-    m->key = id;
-    m->table = (uint16_t)t;
-    m->flags = F_REF;
-    m->pins = 0;
-    size_t ph = pidx_probe(s, tag, t, id);
-    if (s->pidx[ph].slot1) { /* written back, maybe not in RocksDB yet: this is its value */
-      char e2[256];
-      kv_row_decode(rec_at(s, s->pidx[ph].slot1 - 1) + SH_REC_HEAD,
-                    kv_row_size(s->dim[t], s->slen[t]), s->dim[t], s->slen[t], slot_row(s, slot),
-                    e2, sizeof e2); /* our own encoding: cannot fail */
-      s->ctr.pending_hits++;
-    } else {
-      m->flags |= F_LOADING;
-      if (job_add(s, d, t, id, slot)) {
-        m->flags &= (uint16_t)~F_LOADING;
-        m->flags |= F_FAILED;
-        return NONE32;
-      }
-    }
-  }
-  sh_meta *m = slot_meta(s, s->map[h].slot1 - 1);
-  m->pins++;
-  m->flags |= F_REF;
-  return s->map[h].slot1 - 1;
-}
-
-/* A slot whose read failed is read again (it is pinned by the caller). */
-static int slot_reload(shstore *s, uint32_t slot) {
-  sh_meta *m = slot_meta(s, slot);
-  m->flags = (uint16_t)((m->flags & ~F_FAILED) | F_LOADING);
-  if (job_add(s, db_of(s, m->table, m->key), m->table, m->key, slot)) {
-    m->flags = (uint16_t)((m->flags & ~F_LOADING) | F_FAILED);
-    return SR_ENOMEM;
-  }
-  return 0;
-}
-
-static void slot_wait(shstore *s, uint32_t slot) {
-  if (!(slot_meta(s, slot)->flags & F_LOADING)) return;
-  s->ctr.load_waits++;
-  while (slot_meta(s, slot)->flags & F_LOADING) wait_some(s);
-}
-
-/* The chunk's pins dropped (every item resolved so far). */
-static void chunk_unpin(shstore *s, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    if (s->it_slot[i] != NONE32) slot_meta(s, s->it_slot[i])->pins--;
-}
-
-/* Make the chunk's n items resident and pinned: it_slot[i] gets each slot
- * (NONE32 for items not reached on failure; chunk_unpin undoes it either
- * way). Misses are read by jobs per (database, table), on the threads and
- * this one, and waited for. */
-static int chunk_resolve(shstore *s, size_t n, uint64_t *hits) {
-  const emb_plan *plan = s->base.plan;
-  for (size_t i = 0; i < n; i++) s->it_pos[i] = key_tag(s->it_t[i], s->it_id[i]);
-  size_t nm = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (i + SH_PREFETCH < n) __builtin_prefetch(&s->map[s->it_pos[i + SH_PREFETCH] & s->mask], 0, 3);
-    size_t h = probe(s, (uint32_t)s->it_pos[i], s->it_t[i], s->it_id[i]);
-    uint32_t s1 = s->map[h].slot1;
-    s->it_slot[i] = s1 ? s1 - 1 : NONE32;
-    if (s1) {
-      sh_meta *m = slot_meta(s, s1 - 1);
-      m->pins++;
-      m->flags |= F_REF;
-      (*hits)++;
-    } else {
-      s->miss[nm++] = i;
-    }
-  }
-  for (size_t j = 0; j < nm; j++) {
-    size_t i = s->miss[j];
-    if ((s->mcf[j] = db_of(s, (int)s->it_t[i], s->it_id[i])) < 0) {
-      sr_fmt(s->err, sizeof s->err, "table %d row %llu lives on shard %d, not hosted here",
-             (int)s->it_t[i], (unsigned long long)s->it_id[i],
-             emb_plan_shard_of(plan, (int)s->it_t[i], s->it_id[i]));
-      return SR_EINVAL;
-    }
-  }
-  int rc = 0;
-  for (size_t j = 0; j < nm && !rc; j++) {
-    size_t i = s->miss[j];
-    if ((s->it_slot[i] = row_bring(s, s->it_t[i], s->it_id[i], s->mcf[j])) == NONE32) rc = SR_ENOMEM;
-  }
-  for (size_t i = 0; i < n && !rc; i++)
-    if (s->it_slot[i] != NONE32 && (slot_meta(s, s->it_slot[i])->flags & F_FAILED))
-      rc = slot_reload(s, s->it_slot[i]);
-  jobs_submit(s);
-  for (size_t i = 0; i < n; i++)
-    if (s->it_slot[i] != NONE32) slot_wait(s, s->it_slot[i]);
-  if (rc) {
-    sr_fmt(s->err, sizeof s->err, "shard store: out of memory");
-    return rc;
-  }
-  for (size_t i = 0; i < n; i++)
-    if (slot_meta(s, s->it_slot[i])->flags & F_FAILED) {
-      memcpy(s->err, s->rd_err, sizeof s->err);
-      return s->rd_rc ? s->rd_rc : SR_EIO;
-    }
-  return 0;
-}
-
-/* ---- prefetch pins ---- */
-
-/* Drop the pins of every prefetched step below step (upto: at or below). */
-static void pins_release(shstore *s, int64_t step, int upto) {
-  int k = 0;
-  while (k < s->n_pf && (s->pf[k].step < step || (upto && s->pf[k].step == step))) {
-    sh_pinset *p = &s->pf[k];
-    for (size_t i = 0; i < p->n; i++) {
-      slot_wait(s, p->slot[i]); /* an unpinned slot is never LOADING */
-      slot_meta(s, p->slot[i])->pins--;
-    }
-    s->pf_pinned -= p->n;
-    p->n = 0;
-    k++;
-  }
-  if (!k) return;
-  for (int i = 0; i < s->n_pf - k; i++) { /* keep the released lists' memory */
-    sh_pinset tmp = s->pf[i];
-    s->pf[i] = s->pf[i + k];
-    s->pf[i + k] = tmp;
-  }
-  s->n_pf -= k;
-}
-
-/* The pin list of step (the last one, or a new one). NULL when out of memory. */
-static sh_pinset *pins_of(shstore *s, int64_t step) {
-  if (s->n_pf && s->pf[s->n_pf - 1].step == step) return &s->pf[s->n_pf - 1];
-  if (s->n_pf == s->cap_pf) {
-    int cap = s->cap_pf ? 2 * s->cap_pf : 4;
-    sh_pinset *p = realloc(s->pf, (size_t)cap * sizeof *p);
-    if (!p) return NULL;
-    memset(p + s->cap_pf, 0, (size_t)(cap - s->cap_pf) * sizeof *p);
-    s->pf = p;
-    s->cap_pf = cap;
-  }
-  sh_pinset *p = &s->pf[s->n_pf++];
-  p->step = step;
-  p->n = 0;
-  return p;
-}
-
-/* Room for one more slot in p. */
-static int pins_reserve(sh_pinset *p) {
-  if (p->n < p->cap) return 0;
-  size_t cap = p->cap ? 2 * p->cap : 256;
-  uint32_t *n = realloc(p->slot, cap * sizeof *n);
-  if (!n) return SR_ENOMEM;
-  p->slot = n;
-  p->cap = cap;
-  return 0;
-}
-
-static int check_ids(shstore *s, const emb_idset *ids, const char *what) {
+/* The ids of an op (what) against the plan: a list per table, each id in
+ * its table's range. */
+int shard__check_ids(shstore *s, const emb_idset *ids, const char *what) {
   if (!ids || ids->n_tables != s->n_tables || (s->n_tables && (!ids->ids || !ids->counts))) {
     sr_fmt(s->err, sizeof s->err, "%s: id set has %d tables, the plan has %d", what,
            ids ? ids->n_tables : -1, s->n_tables);
@@ -832,91 +48,16 @@ static int check_ids(shstore *s, const emb_idset *ids, const char *what) {
   return 0;
 }
 
-/* Pin one id for p: a resident row (counted cached), else a new slot read
- * by a job. 1 when the pin limit is reached (nothing pinned). */
-static int prefetch_one(shstore *s, sh_pinset *p, uint32_t t, uint64_t id) {
-  if (s->pf_pinned + sends_held(s) >= s->pf_limit || pins_reserve(p)) return 1;
-  size_t h = probe(s, key_tag(t, id), t, id);
-  uint32_t slot;
-  if (s->map[h].slot1) {
-    slot = s->map[h].slot1 - 1;
-    sh_meta *m = slot_meta(s, slot);
-    m->pins++;
-    m->flags |= F_REF;
-    if ((m->flags & F_FAILED) && slot_reload(s, slot)) {
-      m->pins--;
-      return 1;
-    }
-    s->ctr.prefetch_cached++;
-  } else {
-    int d = db_of(s, (int)t, id);
-    if (d < 0) return 0; /* not hosted here: the lookup says so */
-    if ((slot = row_bring(s, t, id, d)) == NONE32) return 1;
-    s->ctr.prefetched++;
-  }
-  p->slot[p->n++] = slot;
-  s->pf_pinned++;
-  return 0;
-}
-
-/* The look-ahead op (store.h): every id of step pinned, misses read by the
- * threads; stops at the pin limit (the rest is read by the step's lookup). */
-static int sh_prefetch(emb_store *b, int64_t step, const emb_idset *ids) {
-  shstore *s = (shstore *)b;
-  int rc = check_ids(s, ids, "prefetch");
-  if (rc) return rc;
-  reap(s);
-  if (s->wb_rc) return 0; /* the next lookup or push reports it */
-  sh_pinset *p = pins_of(s, step);
-  if (!p) return 0; /* out of memory: the lookup reads the rows */
-  int full = 0;
-  for (int t = 0; t < s->n_tables && !full; t++)
-    for (size_t r = 0; r < ids->counts[t] && !full; r++)
-      full = prefetch_one(s, p, (uint32_t)t, ids->ids[t][r]);
-  if (full) s->ctr.prefetch_stops++;
-  jobs_submit(s);
-  wbuf_submit(s);
-  return 0;
-}
-
 /* Common start of a lookup or push of step: finished work reaped, a failed
  * write-back reported, earlier steps' prefetch pins dropped. */
-static int call_begin(shstore *s, int64_t step) {
-  reap(s);
-  pins_release(s, step, 0);
+int shard__call_begin(shstore *s, int64_t step) {
+  shard__reap(s);
+  shard__prefetch_release(s, step, 0);
   if (s->wb_rc) {
     memcpy(s->err, s->wb_err, sizeof s->err);
     return s->wb_rc;
   }
   return 0;
-}
-
-/* Walk every (table, r) of ids in chunks; per chunk resolve then act. */
-typedef void (*chunk_fn)(shstore *s, size_t n, const size_t *it_r, void *ctx);
-
-static int chunk_run(shstore *s, size_t n, const size_t *it_r, chunk_fn fn, void *ctx,
-                     uint64_t *hits) {
-  int rc = chunk_resolve(s, n, hits);
-  if (!rc) fn(s, n, it_r, ctx);
-  chunk_unpin(s, n);
-  return rc;
-}
-
-static int for_chunks(shstore *s, const emb_idset *ids, size_t *it_r, chunk_fn fn, void *ctx,
-                      uint64_t *hits) {
-  size_t n = 0;
-  for (int t = 0; t < s->n_tables; t++)
-    for (size_t r = 0; r < ids->counts[t]; r++) {
-      s->it_t[n] = (uint32_t)t;
-      s->it_id[n] = ids->ids[t][r];
-      it_r[n] = r;
-      if (++n == s->chunk) {
-        int rc = chunk_run(s, n, it_r, fn, ctx, hits);
-        if (rc) return rc;
-        n = 0;
-      }
-    }
-  return n ? chunk_run(s, n, it_r, fn, ctx, hits) : 0;
 }
 
 typedef struct {
@@ -937,33 +78,11 @@ typedef struct {
   const float *const *grads;
 } push_ctx;
 
-/* Item i's row where a push may write it: a slot an answer is being sent
- * from (or a copy of it left for one) is first replaced by the row's copy
- * in a fresh slot (see the top), or by the copy an earlier item of the
- * chunk made. The chunk's pin moves with it. */
-static void slot_unshare(shstore *s, size_t i) {
-  uint32_t x = s->it_slot[i], t = s->it_t[i];
-  if (!slot_sent(s, x) && !(slot_meta(s, x)->flags & F_DETACHED)) return;
-  uint64_t id = s->it_id[i];
-  uint32_t tag = key_tag(t, id), y = s->map[probe(s, tag, t, id)].slot1 - 1;
-  if (y == x) {
-    y = slot_alloc(s); /* never x: pinned */
-    memcpy(slot_meta(s, y), slot_meta(s, x), s->slot_bytes);
-    slot_meta(s, y)->pins = 0;
-    s->map[probe(s, tag, t, id)].slot1 = y + 1; /* after the eviction's shifts */
-    slot_meta(s, x)->flags = F_DETACHED;
-    s->ctr.send_copies++;
-  }
-  slot_meta(s, x)->pins--;
-  slot_meta(s, y)->pins++;
-  s->it_slot[i] = y;
-}
-
 static void push_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
   push_ctx *c = vctx;
   const emb_plan *plan = s->base.plan;
   for (size_t i = 0; i < n; i++) {
-    if (s->sends) slot_unshare(s, i);
+    if (s->sends) shard__slot_unshare(s, i);
     uint32_t t = s->it_t[i];
     int dim = s->dim[t];
     float *row = slot_row(s, s->it_slot[i]);
@@ -1007,7 +126,7 @@ static int lookup_flush_misses(shstore *s, size_t *nm, float *const *out) {
   memcpy(it_r, s->ms_r, *nm * sizeof *it_r);
   uint64_t dummy = 0;
   lookup_ctx c = {out};
-  int rc = chunk_run(s, *nm, it_r, lookup_act, &c, &dummy);
+  int rc = shard__chunk_run(s, *nm, it_r, lookup_act, &c, &dummy);
   *nm = 0;
   return rc;
 }
@@ -1080,8 +199,8 @@ static uint64_t lookup_pass(shstore *s, uint32_t t, const uint64_t *id, size_t n
  * anything can evict it) and gather the rest for chunk_resolve. */
 static int sh_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, float *const *out) {
   shstore *s = (shstore *)b;
-  int rc = check_ids(s, ids, "lookup");
-  if (!rc) rc = call_begin(s, step);
+  int rc = shard__check_ids(s, ids, "lookup");
+  if (!rc) rc = shard__call_begin(s, step);
   if (rc) return s->last_lookup_rc = rc;
   uint64_t hits = 0, total = 0;
   size_t nm = 0;
@@ -1096,7 +215,7 @@ static int sh_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, flo
     }
   }
   if (!rc) rc = lookup_flush_misses(s, &nm, out);
-  wbuf_submit(s);
+  shard__wbuf_submit(s);
   if (!rc) {
     s->st.lookups += total;
     s->st.hits += hits;
@@ -1105,105 +224,6 @@ static int sh_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, flo
 }
 
 static int sh_lookup_wait(emb_store *b) { return ((shstore *)b)->last_lookup_rc; }
-
-/* ---- send pins (see the top) ---- */
-
-static void sends_unref(sh_sends *d) {
-  if (atomic_fetch_sub_explicit(&d->refs, 1, memory_order_acq_rel) != 1) return;
-  free(d->slab);
-  free(d);
-}
-
-/* The store's send counts, made at the first lookup_pinned. */
-static sh_sends *sends_get(shstore *s) {
-  if (!s->sends && (s->sends = calloc(1, sizeof *s->sends + s->cap * sizeof(atomic_uint)))) {
-    atomic_init(&s->sends->refs, 1);
-    atomic_init(&s->sends->held, 0);
-    for (uint32_t i = 0; i < s->cap; i++) atomic_init(&s->sends->cnt[i], 0);
-  }
-  return s->sends;
-}
-
-static void sh_pins_release(emb_pins *p) {
-  if (!p) return;
-  sh_sends *d = p->sends;
-  for (size_t i = 0; i < p->n; i++)
-    if (atomic_fetch_sub_explicit(&d->cnt[p->slot[i]], 1, memory_order_acq_rel) == 1)
-      atomic_fetch_sub_explicit(&d->held, 1, memory_order_relaxed);
-  free(p);
-  sends_unref(d);
-}
-
-typedef struct {
-  const float **const *rows;
-  emb_pins *p;
-} pinned_ctx;
-
-/* The chunk's rows pointed at and send-pinned (the chunk pins them now). */
-static void pinned_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
-  pinned_ctx *c = vctx;
-  sh_sends *d = s->sends;
-  for (size_t i = 0; i < n; i++) {
-    uint32_t slot = s->it_slot[i];
-    c->rows[s->it_t[i]][it_r[i]] = slot_row(s, slot);
-    c->p->slot[c->p->n++] = slot;
-    if (atomic_fetch_add_explicit(&d->cnt[slot], 1, memory_order_relaxed) == 0)
-      atomic_fetch_add_explicit(&d->held, 1, memory_order_relaxed);
-  }
-}
-
-/* Rows of ids a lookup would count as hits: resident, loaded, not failed. */
-static uint64_t count_hits(const shstore *s, const emb_idset *ids) {
-  uint64_t hits = 0;
-  for (int t = 0; t < s->n_tables; t++)
-    for (size_t r = 0; r < ids->counts[t]; r++) {
-      uint64_t id = ids->ids[t][r];
-      uint32_t s1 = s->map[probe(s, key_tag((uint32_t)t, id), (uint32_t)t, id)].slot1;
-      hits += s1 && !(slot_meta(s, s1 - 1)->flags & (F_LOADING | F_FAILED));
-    }
-  return hits;
-}
-
-/* The lookup_pinned op (store.h): the rows resolved chunk by chunk as a
- * lookup's misses are, each slot send-pinned once per row. */
-static int sh_lookup_pinned(emb_store *b, int64_t step, const emb_idset *ids,
-                            const float **const *rows, emb_pins **pins) {
-  shstore *s = (shstore *)b;
-  *pins = NULL;
-  int rc = check_ids(s, ids, "lookup");
-  if (!rc) rc = call_begin(s, step);
-  if (rc) return rc;
-  size_t total = 0;
-  for (int t = 0; t < s->n_tables; t++) total += ids->counts[t];
-  size_t held = sends_held(s);
-  if (held + s->pf_pinned + total > s->pf_limit) {
-    sr_fmt(s->err, sizeof s->err,
-           "lookup: %zu rows cannot be pinned for sending: %zu of the cache's %u slots are "
-           "pinned by answers being sent and %zu by look-aheads",
-           total, held, s->cap, s->pf_pinned);
-    return SR_ESTATE;
-  }
-  emb_pins *p = sends_get(s) ? malloc(sizeof *p + (total ? total : 1) * sizeof(uint32_t)) : NULL;
-  if (!p) {
-    sr_fmt(s->err, sizeof s->err, "shard store: out of memory");
-    return SR_ENOMEM;
-  }
-  p->sends = s->sends;
-  p->n = 0;
-  atomic_fetch_add_explicit(&s->sends->refs, 1, memory_order_relaxed);
-  uint64_t hits = count_hits(s, ids), dummy = 0;
-  pinned_ctx c = {rows, p};
-  rc = for_chunks(s, ids, s->mitem + s->chunk, pinned_act, &c, &dummy);
-  wbuf_submit(s);
-  if (rc) {
-    sh_pins_release(p);
-    return rc;
-  }
-  s->st.lookups += total;
-  s->st.hits += hits;
-  *pins = p;
-  return 0;
-}
 
 static int sh_flush(emb_store *b);
 
@@ -1294,7 +314,7 @@ void emb_shard_accept_unclean(emb_store *b) {
 }
 
 static int push_apply(shstore *s, float lr, const emb_idset *ids, const float *const *grads) {
-  int rc = check_ids(s, ids, "push");
+  int rc = shard__check_ids(s, ids, "push");
   if (rc) return rc;
   if (s->marked && (rc = marks_remove(s))) return rc;
   if (!emb_optim_lr_ok(lr)) {
@@ -1307,7 +327,7 @@ static int push_apply(shstore *s, float lr, const emb_idset *ids, const float *c
   /* Applied whole or not at all: every row checked first (the check brings
    * rows into the cache, which changes no value). */
   check_ctx cc = {lr, grads, s->tmp, -1, 0};
-  rc = for_chunks(s, ids, s->mitem + s->chunk, check_act, &cc, &hits);
+  rc = shard__for_chunks(s, ids, s->mitem + s->chunk, check_act, &cc, &hits);
   if (rc) return rc;
   if (cc.bad_t >= 0) {
     const emb_table *tb = &s->base.plan->tables[cc.bad_t];
@@ -1319,7 +339,7 @@ static int push_apply(shstore *s, float lr, const emb_idset *ids, const float *c
   }
   hits = 0;
   push_ctx c = {lr, grads};
-  rc = for_chunks(s, ids, s->mitem + s->chunk, push_act, &c, &hits);
+  rc = shard__for_chunks(s, ids, s->mitem + s->chunk, push_act, &c, &hits);
   if (!rc) s->st.pushes += total;
   return rc;
 }
@@ -1329,20 +349,20 @@ static int push_apply(shstore *s, float lr, const emb_idset *ids, const float *c
 static int sh_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
                    const float *const *grads) {
   shstore *s = (shstore *)b;
-  int rc = call_begin(s, step);
+  int rc = shard__call_begin(s, step);
   if (!rc) rc = push_apply(s, lr, ids, grads);
-  pins_release(s, step, 1);
-  wbuf_submit(s);
+  shard__prefetch_release(s, step, 1);
+  shard__wbuf_submit(s);
   return rc;
 }
 
 /* Every dirty row written back and in RocksDB (and every read done). */
 static int sh_flush(emb_store *b) {
   shstore *s = (shstore *)b;
-  drain(s);
+  shard__drain(s);
   for (uint32_t i = 0; i < s->used && !s->wb_rc; i++)
-    if (slot_meta(s, i)->flags & F_DIRTY) writeback(s, i);
-  drain(s);
+    if (slot_meta(s, i)->flags & F_DIRTY) shard__writeback(s, i);
+  shard__drain(s);
   if (s->wb_rc) memcpy(s->err, s->wb_err, sizeof s->err);
   return s->wb_rc;
 }
@@ -1440,7 +460,7 @@ static int sh_restore(emb_store *b, const char *path) {
     free(have);
     if (rc) return rc;
   }
-  drain(s);
+  shard__drain(s);
   drop_cache(s); /* the live rows are replaced, not written */
   for (int k = 0; k < s->n_db; k++) {
     char src[4096], dst[4096]; /* both fit: checked above and at open */
@@ -1531,106 +551,9 @@ static int sh_iterate(emb_store *b, int table, emb_row_fn fn, void *ctx) {
 
 static const char *sh_errmsg(emb_store *b) { return ((shstore *)b)->err; }
 
-/* The write buffers, the pending index, the job table and the store
- * threads (n of them; 0: the caller does all the work). */
-static int pool_create(shstore *s, int n) {
-  s->rec_bytes = (SH_REC_HEAD + KV_ROW_HEADER + 4 * (size_t)s->stride + 7) & ~(size_t)7;
-  s->rows_per_buf = EMB_SHARD_WB_BYTES / s->rec_bytes;
-  if (!s->rows_per_buf) s->rows_per_buf = 1;
-  size_t pcap = 64;
-  while (pcap < 2 * EMB_SHARD_WB_BUFFERS * s->rows_per_buf) pcap <<= 1;
-  s->pmask = pcap - 1;
-  s->pidx = calloc(pcap, sizeof *s->pidx);
-  s->wbufs = calloc(EMB_SHARD_WB_BUFFERS, sizeof *s->wbufs);
-  s->open = calloc((size_t)s->n_db * (size_t)s->n_tables + 1, sizeof *s->open);
-  s->open_list = malloc(((size_t)s->n_db * (size_t)s->n_tables + 1) * sizeof *s->open_list);
-  s->crd = kv_reader_create();
-  if (!s->pidx || !s->wbufs || !s->open || !s->open_list || !s->crd) return SR_ENOMEM;
-  for (int k = 0; k < EMB_SHARD_WB_BUFFERS; k++) {
-    sh_wbuf *b = &s->wbufs[k];
-    b->idx = (uint32_t)k;
-    if (!(b->rec = malloc(s->rows_per_buf * s->rec_bytes)) || !(b->w = kv_writes_create()))
-      return SR_ENOMEM;
-    b->next = s->wfree;
-    s->wfree = b;
-  }
-  if (pthread_mutex_init(&s->mu, NULL)) return SR_ENOMEM;
-  if (pthread_cond_init(&s->cv_work, NULL)) {
-    pthread_mutex_destroy(&s->mu);
-    return SR_ENOMEM;
-  }
-  if (pthread_cond_init(&s->cv_done, NULL)) {
-    pthread_cond_destroy(&s->cv_work);
-    pthread_mutex_destroy(&s->mu);
-    return SR_ENOMEM;
-  }
-  s->pool_ok = 1;
-  if (!(s->wk = calloc((size_t)(n ? n : 1), sizeof *s->wk))) return SR_ENOMEM;
-  s->n_wk = n;
-  for (int k = 0; k < n; k++) {
-    s->wk[k].s = s;
-    if (!(s->wk[k].rd = kv_reader_create())) return SR_ENOMEM;
-    if (pthread_create(&s->wk[k].th, NULL, worker_main, &s->wk[k])) return SR_ENOMEM;
-    s->n_workers++;
-  }
-  return 0;
-}
-
-/* Join the threads once they have done every piece of work queued. */
-static void pool_stop(shstore *s) {
-  if (!s->pool_ok) return;
-  wbuf_submit(s);
-  pthread_mutex_lock(&s->mu);
-  s->stop = 1;
-  pthread_cond_broadcast(&s->cv_work);
-  pthread_mutex_unlock(&s->mu);
-  for (int k = 0; k < s->n_workers; k++) pthread_join(s->wk[k].th, NULL);
-  s->n_workers = 0;
-  /* no thread left: what is still queued (with none, all) is done here */
-  while (s->rq || s->wq) {
-    sh_job *j;
-    sh_wbuf *b;
-    work_pick(s, &j, &b);
-    work_run(s, s->crd, j, b);
-    work_done(s, j, b);
-  }
-}
-
-static void pool_free(shstore *s) {
-  if (s->wk)
-    for (int k = 0; k < s->n_wk; k++) kv_reader_destroy(s->wk[k].rd);
-  free(s->wk);
-  if (s->pool_ok) {
-    pthread_cond_destroy(&s->cv_done);
-    pthread_cond_destroy(&s->cv_work);
-    pthread_mutex_destroy(&s->mu);
-  }
-  while (s->jall) {
-    sh_job *j = s->jall;
-    s->jall = j->all;
-    free(j->key);
-    free(j->slot);
-    free(j->vals);
-    free(j->lens);
-    free(j);
-  }
-  if (s->wbufs)
-    for (int k = 0; k < EMB_SHARD_WB_BUFFERS; k++) {
-      free(s->wbufs[k].rec);
-      kv_writes_destroy(s->wbufs[k].w);
-    }
-  free(s->wbufs);
-  for (int k = 0; k < s->cap_pf; k++) free(s->pf[k].slot);
-  free(s->pf);
-  free(s->pidx);
-  free(s->open);
-  free(s->open_list);
-  kv_reader_destroy(s->crd);
-}
-
 static void sh_destroy(emb_store *b) {
   shstore *s = (shstore *)b;
-  pool_stop(s); /* queued write-backs are written first */
+  shard__pool_stop(s); /* queued write-backs are written first */
   if (s->db) {
     for (int k = 0; k < s->n_db; k++) kv_close(s->db[k]);
   }
@@ -1641,7 +564,7 @@ static void sh_destroy(emb_store *b) {
   free(s->slen);
   if (s->sends) { /* answers still out keep the slots until their release */
     s->sends->slab = s->slab;
-    sends_unref(s->sends);
+    shard__sends_unref(s->sends);
   } else {
     free(s->slab);
   }
@@ -1658,7 +581,7 @@ static void sh_destroy(emb_store *b) {
   free(s->ms_r);
   free(s->tmp);
   free(s->dir);
-  pool_free(s);
+  shard__pool_free(s);
   free(s);
 }
 
@@ -1667,9 +590,9 @@ static const emb_store_ops shard_ops = {
     .ckpt_layout = EMB_CKPT_SHARD_FOLDERS,
     .lookup_begin = sh_lookup_begin,
     .lookup_wait = sh_lookup_wait,
-    .prefetch = sh_prefetch,
-    .lookup_pinned = sh_lookup_pinned,
-    .pins_release = sh_pins_release,
+    .prefetch = shard__prefetch,
+    .lookup_pinned = shard__lookup_pinned,
+    .pins_release = shard__pins_release,
     .push = sh_push,
     .flush = sh_flush,
     .checkpoint = sh_checkpoint,
@@ -1810,7 +733,7 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
   s->sopts.compression = cfg->lz4 ? KV_COMPRESSION_LZ4 : KV_COMPRESSION_NONE;
   s->sopts.statistics = cfg->statistics;
   s->pf_limit = s->cap - s->chunk - 1;
-  if (pool_create(s, cfg->threads ? (cfg->threads < 0 ? 0 : cfg->threads)
+  if (shard__pool_create(s, cfg->threads ? (cfg->threads < 0 ? 0 : cfg->threads)
                                   : EMB_SHARD_DEFAULT_THREADS))
     goto nomem;
   uint8_t *existed = calloc((size_t)s->n_db, 1);

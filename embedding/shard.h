@@ -20,7 +20,7 @@
  *   most cache_rows - chunk - 1 are held, so a cache smaller than two
  *   steps still works: the prefetch stops there and the lookup reads the
  *   rest. A prefetched row is read from where its latest value is (the
- *   cache, a pending write-back, RocksDB): exact, see shard.c's top.
+ *   cache, a pending write-back, RocksDB): exact, see shard_impl.h's top.
  * - Eviction drops clean rows; dirty ones are encoded into a write buffer
  *   that a store thread writes in a WriteBatch, off the caller's path (the
  *   caller waits only when every buffer is in use). With cache_rows above

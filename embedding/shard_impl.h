@@ -1,0 +1,383 @@
+/* The shard store's internals, shared by its files (not public: the store's
+ * contract is embedding/shard.h).
+ *
+ * The files, one job each:
+ *   shard.c           the store's ops (emb_store_ops): create and destroy,
+ *                     lookup (the hit path), push, flush, checkpoint,
+ *                     restore, stats, iterate; the clean-stop marks; the
+ *                     counters
+ *   shard_cache.c     the cache: slots, the map, CLOCK eviction, rows made
+ *                     resident and pinned chunk by chunk
+ *   shard_io.c        the store threads and the caller's side of them: read
+ *                     jobs, write buffers, the pending index of rows written
+ *                     back
+ *   shard_prefetch.c  the look-ahead op: a prefetched step's pins
+ *   shard_pins.c      answers sent from the slots: send pins, lookup_pinned,
+ *                     the copy a push makes of a row being sent
+ *
+ * Cache layout: one slab of cap slots; a slot is a 16-byte header (row id,
+ * table, flags, pin count) followed by the row's value and optimizer state
+ * (the widest table's dim + state_len floats), so a hit touches the map entry
+ * and one contiguous slot. The map: open addressing, linear probing,
+ * power-of-two size >= 2 x cap, 8-byte entries {slot + 1, tag}: the tag is
+ * the low 32 bits of the (table, row id) hash, the home position is the tag
+ * masked, and the key itself is checked in the slot (a hit reads the slot
+ * anyway); deletion by backward shift (no tombstones). CLOCK: a reference
+ * bit per slot, set on every access, cleared by the hand; the hand skips
+ * pinned slots (pin count > 0) and slots being loaded.
+ *
+ * Pins. A slot's pin count is the number of holders: the chunk in progress
+ * (one pin per item, dropped when the chunk is done) and each prefetched
+ * step that asked for the row (a list of slots per step, dropped by that
+ * step's push or by the lookup or push of a later step). Prefetch pins at
+ * most cap - chunk - 1 slots (counted with repeats), so a chunk always finds
+ * a slot to evict: a prefetch that reaches the limit stops, and the rest of
+ * its step is read by its lookup.
+ *
+ * Store threads (EMB_SHARD_DEFAULT_THREADS, made at create, joined at
+ * destroy) run two kinds of work from one queue under one lock:
+ *   - read jobs: the misses of one (database, table), at most SH_JOB_ROWS
+ *     rows, each already given a slot that is in the map, pinned and marked
+ *     LOADING; the job reads them with one batched MultiGet straight into
+ *     the slots (or the init value and optimizer init state when absent).
+ *   - write buffers: dirty rows evicted (or flushed), encoded; one RocksDB
+ *     WriteBatch per database. Written one buffer at a time, in the order
+ *     they were handed over.
+ * The caller thread alone touches the map, the slots' headers, the pin
+ * lists and the pending index; a store thread touches only the rows of the
+ * slots its job loads and its buffer. A finished job or buffer goes on a
+ * done list that the caller reaps (clears LOADING, frees the buffer). The
+ * caller, when it must wait (a LOADING slot it needs, no free write
+ * buffer), runs queued work itself rather than sleep.
+ *
+ * Exactness (a row's bits never depend on prefetch, threads or timing):
+ *   1. A row in the map is the single truth while it is there: every
+ *      lookup and push of it uses the slot, and a LOADING slot is waited for
+ *      before it is used. A slot is LOADING only while it holds no value
+ *      yet (a new slot, or one whose read failed), so no update can be lost
+ *      under a load.
+ *   2. A row leaves the map only by eviction: clean, it is dropped (its
+ *      latest value is where it was read from); dirty, it is encoded into a
+ *      write buffer and entered in the pending index (table, row id) ->
+ *      record, newest record first, before the slot is reused.
+ *   3. A row brought into the map (lookup, push or prefetch) is taken from
+ *      the pending index when it is there, else read from RocksDB. An
+ *      index entry goes only when the caller reaps its buffer, after the
+ *      write is in RocksDB, so a row missing from both the map and the
+ *      index has its latest value in RocksDB; and while the read runs the
+ *      row is in the map (LOADING, not evictable), so no newer write-back
+ *      of it can exist. Buffers are written in order, so the newest value
+ *      is the one RocksDB keeps.
+ *   4. Optimizer state is in the slot and the record beside the value, so
+ *      it travels with the row.
+ * flush, checkpoint, iterate, mark_clean and restore first wait for every
+ * read and write (drain); a write that failed is reported (SR_EIO, the
+ * RocksDB message) by every later call until a restore: rows were lost.
+ *
+ * Send pins (lookup_pinned: answers sent from the slots, rpc/service.c).
+ * Besides its pin count a slot has a send count, sends->cnt[slot], one per
+ * answer being sent from it: raised by the caller (under its lock),
+ * dropped by shard__pins_release from any thread (gRPC's, with no lock), so
+ * it is atomic and the caller only ever reads it. A slot with a send count
+ * is never written: eviction skips it (and never waits for it), and a push
+ * to its row first moves the row (value and state) to a fresh slot that
+ * the map points to from then on; the old slot is left DETACHED, out of
+ * the map, and taken by the CLOCK hand once its counts are 0 (a restore
+ * leaves every slot DETACHED the same way while any is sent from). The
+ * slots sent from, sends->held, count with the prefetch pins against
+ * pf_limit (prefetch_one, shard__lookup_pinned), so a chunk still always
+ * finds a slot. The counts and the slab outlive the store while answers
+ * are out (shard__sends_unref). */
+#ifndef SHARDREC_EMBEDDING_SHARD_IMPL_H
+#define SHARDREC_EMBEDDING_SHARD_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "embedding/shard.h"
+#include "storage/kv.h"
+
+#define SH_JOB_ROWS 1024 /* rows per read job at most: a big batch still splits over threads */
+#define SH_REC_HEAD 16   /* a write record: u64 row id, u32 table, u32 database, then the row */
+#define F_REF 1u
+#define F_DIRTY 2u
+#define F_LOADING 4u /* a read job is filling the slot */
+#define F_FAILED 8u  /* the slot's read failed: read again when used */
+#define F_DETACHED 16u /* out of the map, left to answers being sent (see the top) */
+#define NONE32 UINT32_MAX
+
+typedef struct {
+  uint32_t slot1; /* 0: empty */
+  uint32_t tag;   /* low 32 bits of the key's hash; home = tag & mask */
+} sh_entry;
+
+typedef struct {
+  uint64_t key;
+  uint16_t table;
+  uint16_t flags;
+  uint32_t pins;
+} sh_meta; /* 16 bytes, first in each slot */
+
+/* A read job (see the top). key/slot/vals/lens: [cap]. */
+typedef struct sh_job {
+  struct sh_job *next, *all;
+  int db, table;
+  size_t n, cap;
+  uint64_t *key;
+  uint32_t *slot;
+  const char **vals;
+  size_t *lens;
+  uint64_t found;
+  int rc;
+  char err[1024];
+} sh_job;
+
+/* A write buffer: n records of rec_bytes. */
+typedef struct sh_wbuf {
+  struct sh_wbuf *next;
+  uint32_t idx;
+  size_t n;
+  unsigned char *rec;
+  kv_writes *w;
+  int rc;
+  char err[1024];
+} sh_wbuf;
+
+/* The send counts (see the top): one per slot; refs: the store's and one
+ * per pin set out; slab: the store's slots, freed here once the store is
+ * gone and the last pin set released. */
+typedef struct sh_sends {
+  atomic_size_t refs;
+  atomic_uint held;      /* slots whose count is not 0 */
+  unsigned char *slab;   /* owned once the store is destroyed */
+  atomic_uint cnt[];     /* [cap] */
+} sh_sends;
+
+/* The slots one prefetched step pinned. */
+typedef struct {
+  int64_t step;
+  uint32_t *slot;
+  size_t n, cap;
+} sh_pinset;
+
+typedef struct shstore shstore;
+typedef struct {
+  shstore *s;
+  pthread_t th;
+  kv_reader *rd;
+} sh_worker;
+
+struct shstore {
+  emb_store base;
+  int n_tables;
+  int *dim, *slen;        /* [n_tables] */
+  int stride;             /* floats per slot after the meta */
+  size_t slot_bytes;
+  unsigned char *slab;    /* [cap][slot_bytes] */
+  uint32_t cap, used, hand;
+  sh_entry *map;
+  size_t mask;
+  /* databases */
+  char *dir;
+  int n_db;
+  int *db_shard;          /* [n_db] shard index of db k */
+  int *shard_db;          /* [plan->n_shards] db index or -1 */
+  kv_db **db;          /* [n_db] */
+  kv_opts sopts;
+  /* chunk scratch */
+  size_t chunk;           /* max items per chunk = cap / 2 */
+  uint32_t *it_t;         /* [chunk] table */
+  uint64_t *it_id;        /* [chunk] row id */
+  size_t *it_pos;         /* [chunk] map position */
+  uint32_t *it_slot;      /* [chunk] slot index (NONE32: not resident) */
+  size_t *miss;           /* [chunk] item index */
+  int *mcf;               /* [chunk] database index of each miss */
+  size_t *mitem;          /* [2 * chunk]: second half the chunk's row indices */
+  uint32_t *ms_t;         /* [chunk] lookup misses: table, id, row index */
+  uint64_t *ms_id;
+  size_t *ms_r;
+  float *tmp;             /* [stride] */
+  /* prefetch pins */
+  sh_pinset *pf;          /* [n_pf] steps in increasing order */
+  int n_pf, cap_pf;
+  size_t pf_pinned, pf_limit; /* sum of the lists' lengths; its bound */
+  sh_sends *sends;        /* NULL until the first lookup_pinned */
+  /* store threads (see the top) */
+  pthread_mutex_t mu;
+  pthread_cond_t cv_work, cv_done;
+  int pool_ok, stop, writing, n_workers, n_wk; /* threads running; wk[] length */
+  sh_worker *wk;
+  sh_job *rq, *rq_tail, *rdone; /* under mu */
+  sh_wbuf *wq, *wq_tail, *wdone; /* under mu */
+  /* the caller's side of the threads */
+  kv_reader *crd;
+  sh_job *jfree, *jall;
+  sh_job **open;          /* [n_db * n_tables] the job being filled */
+  int *open_list, n_open;
+  size_t reads_out, wbufs_out; /* handed over, not reaped */
+  sh_wbuf *wbufs, *wfree, *wcur; /* [EMB_SHARD_WB_BUFFERS] */
+  size_t rec_bytes, rows_per_buf;
+  sh_entry *pidx;         /* pending index: {record + 1, tag} */
+  size_t pmask;
+  int rd_rc, wb_rc;       /* the last failed read; the first failed write (sticky) */
+  char rd_err[1024], wb_err[1024];
+  emb_store_stats st;
+  emb_shard_counters ctr;
+  int unclean;            /* opened on rows without the clean-stop marks (a crash) */
+  int marked;             /* the clean-stop marks are written (emb_shard_mark_clean) */
+  int last_lookup_rc;
+  char err[1024];
+};
+
+static inline sh_meta *slot_meta(const shstore *s, uint32_t i) {
+  return (sh_meta *)(s->slab + (size_t)i * s->slot_bytes);
+}
+static inline float *slot_row(const shstore *s, uint32_t i) {
+  return (float *)(s->slab + (size_t)i * s->slot_bytes + sizeof(sh_meta));
+}
+/* Answers being sent from slot i now (see the top). */
+static inline unsigned slot_sent(const shstore *s, uint32_t i) {
+  return s->sends ? atomic_load_explicit(&s->sends->cnt[i], memory_order_acquire) : 0;
+}
+/* Slots answers are being sent from now. */
+static inline size_t sends_held(const shstore *s) {
+  return s->sends ? atomic_load_explicit(&s->sends->held, memory_order_acquire) : 0;
+}
+static inline uint32_t key_tag(uint32_t t, uint64_t key) {
+  return (uint32_t)sr_mix64(key ^ ((uint64_t)(t + 1) * 0x9E3779B97F4A7C15ULL));
+}
+/* The entry of (t, key), or the empty one where it would go. */
+static inline size_t probe(const shstore *s, uint32_t tag, uint32_t t, uint64_t key) {
+  for (size_t h = tag & s->mask;; h = (h + 1) & s->mask) {
+    const sh_entry *e = &s->map[h];
+    if (!e->slot1) return h;
+    if (e->tag == tag) {
+      const sh_meta *m = slot_meta(s, e->slot1 - 1);
+      if (m->key == key && m->table == t) return h;
+    }
+  }
+}
+
+/* Backward-shift deletion of entry i of an open-addressing table. */
+static inline void entries_delete(sh_entry *map, size_t mask, size_t i) {
+  size_t j = i;
+  map[i].slot1 = 0;
+  for (;;) {
+    j = (j + 1) & mask;
+    if (!map[j].slot1) break;
+    size_t k = map[j].tag & mask;
+    int stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
+    if (stays) continue;
+    map[i] = map[j];
+    map[j].slot1 = 0;
+    i = j;
+  }
+}
+
+/* The database index of row id of table t (-1: its shard is not hosted here). */
+static inline int db_of(shstore *s, int t, uint64_t id) {
+  int sh = emb_plan_shard_of(s->base.plan, t, id);
+  return s->shard_db[sh];
+}
+
+/* The pending index (shard_io.c): rows written back, not yet in RocksDB.
+ * Record loc of the write buffers. */
+static inline unsigned char *rec_at(const shstore *s, uint32_t loc) {
+  return s->wbufs[loc / s->rows_per_buf].rec + (size_t)(loc % s->rows_per_buf) * s->rec_bytes;
+}
+
+/* The pending index's entry of (t, key), or the empty one where it would go. */
+static inline size_t pidx_probe(const shstore *s, uint32_t tag, uint32_t t, uint64_t key) {
+  for (size_t h = tag & s->pmask;; h = (h + 1) & s->pmask) {
+    const sh_entry *e = &s->pidx[h];
+    if (!e->slot1) return h;
+    if (e->tag == tag) {
+      const unsigned char *p = rec_at(s, e->slot1 - 1);
+      uint64_t k;
+      uint32_t tt;
+      memcpy(&k, p, 8);
+      memcpy(&tt, p + 8, 4);
+      if (k == key && tt == t) return h;
+    }
+  }
+}
+
+/* Walk every (table, r) of ids in chunks; per chunk resolve then act. */
+typedef void (*chunk_fn)(shstore *s, size_t n, const size_t *it_r, void *ctx);
+
+/* ---- shard_cache.c: the map, the slots, CLOCK ---- */
+
+/* A free slot: a never-used one, else CLOCK's victim (written back if dirty). */
+uint32_t shard__slot_alloc(shstore *s);
+/* Row id of table t (database d) into the map, pinned once; NONE32 when out
+ * of memory. */
+uint32_t shard__row_bring(shstore *s, uint32_t t, uint64_t id, int d);
+/* A slot whose read failed read again (pinned by the caller): 0 or SR_ENOMEM. */
+int shard__slot_reload(shstore *s, uint32_t slot);
+/* Wait until slot is loaded (running queued work meanwhile). */
+void shard__slot_wait(shstore *s, uint32_t slot);
+/* The chunk of n items in s->it_t/it_id (rows it_r[n]) made resident and
+ * pinned, fn run on it, the pins dropped; hits counted into *hits. 0 or an
+ * SR_E* with the reason in s->err. */
+int shard__chunk_run(shstore *s, size_t n, const size_t *it_r, chunk_fn fn, void *ctx,
+                     uint64_t *hits);
+/* Every (table, r) of ids run through shard__chunk_run, chunk by chunk
+ * (it_r: [s->chunk] scratch for the rows). */
+int shard__for_chunks(shstore *s, const emb_idset *ids, size_t *it_r, chunk_fn fn, void *ctx,
+                      uint64_t *hits);
+
+/* ---- shard_io.c: the store threads, read jobs, write buffers ---- */
+
+/* The write buffers, the pending index, the job table and n store threads
+ * (0: the caller does all the work). 0 or SR_ENOMEM (shard__pool_free
+ * frees what was made). */
+int shard__pool_create(shstore *s, int n);
+/* Join the threads once they have done every piece of work queued. */
+void shard__pool_stop(shstore *s);
+void shard__pool_free(shstore *s);
+/* Take what the threads finished (loaded slots, written buffers). */
+void shard__reap(shstore *s);
+/* Wait for some handed-over work to finish, running queued work meanwhile. */
+void shard__wait_some(shstore *s);
+/* Wait until every read and write handed over is done and reaped. */
+void shard__drain(shstore *s);
+/* Slot (new, LOADING) gets row id of table t from database d by a read job:
+ * 0 or SR_ENOMEM. */
+int shard__job_add(shstore *s, int d, uint32_t t, uint64_t id, uint32_t slot);
+/* Every read job being filled, handed to the threads. */
+void shard__jobs_submit(shstore *s);
+/* The write buffer being filled, handed to the threads. */
+void shard__wbuf_submit(shstore *s);
+/* Dirty slot i written back (into a write buffer and the pending index). */
+void shard__writeback(shstore *s, uint32_t i);
+
+/* ---- shard_prefetch.c: the look-ahead op ---- */
+
+/* Drop the pins of every prefetched step below step (upto: at or below). */
+void shard__prefetch_release(shstore *s, int64_t step, int upto);
+/* store.h's prefetch op. */
+int shard__prefetch(emb_store *b, int64_t step, const emb_idset *ids);
+
+/* ---- shard_pins.c: answers sent from the slots ---- */
+
+/* store.h's lookup_pinned and pins_release ops. */
+int shard__lookup_pinned(emb_store *b, int64_t step, const emb_idset *ids,
+                         const float **const *rows, emb_pins **pins);
+void shard__pins_release(emb_pins *p);
+/* Drop a reference to d; the last one frees it (and the slab it owns). */
+void shard__sends_unref(sh_sends *d);
+/* The chunk's item i moved off a slot an answer is being sent from. */
+void shard__slot_unshare(shstore *s, size_t i);
+
+/* ---- shard.c: the ops ---- */
+
+/* ids checked against the plan (what: the op, for the message). */
+int shard__check_ids(shstore *s, const emb_idset *ids, const char *what);
+/* Common start of a lookup or push of step. */
+int shard__call_begin(shstore *s, int64_t step);
+
+#endif
