@@ -7,8 +7,10 @@
 #ifndef SHARDREC_TOOLS_CLI_H
 #define SHARDREC_TOOLS_CLI_H
 
+#include <getopt.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "dense/model.h"
 
@@ -91,5 +93,68 @@ void cli_dense_end(struct dense_pool *p);
  * non-file (common/outfile.h, sr_out_check). 0, or 2 (the exit status) with
  * "shardrec CMD: FLAG: PATH: is a folder; ..." printed; nothing touched. */
 int cli_out_file(const char *cmd, const char *flag, const char *path);
+
+/* The data flags: what several commands take to open a data file and map
+ * its ids (one table and one parser in tools/cli_data.c, one help text).
+ * A command names the ones it takes with CLI_DATA_* bits; getopt_long
+ * refuses the others as it refuses any unknown option. */
+enum {
+  CLI_DATA_PROCESSED = 1 << 0, /* --processed-data-file F */
+  CLI_DATA_RAW = 1 << 1,       /* --raw-data-file F */
+  CLI_DATA_SPLIT = 1 << 2,     /* --data-split NAME, alias --split (eval, predict) */
+  CLI_DATA_SET = 1 << 3,       /* --data-set kaggle|terabyte */
+  CLI_DATA_TEST_FRACTION = 1 << 4, /* --test-fraction F */
+  CLI_DATA_MAX_IND = 1 << 5,   /* --max-ind-range N */
+  CLI_DATA_FREQ = 1 << 6,      /* --frequency-threshold N */
+  CLI_DATA_NO_LABEL = 1 << 7,  /* --no-label */
+  CLI_DATA_STRICT = 1 << 8,    /* --strict */
+};
+/* Both data files, and the flags that map a raw file's ids as train does. */
+#define CLI_DATA_FILES (CLI_DATA_PROCESSED | CLI_DATA_RAW)
+#define CLI_DATA_MAPPING (CLI_DATA_SET | CLI_DATA_TEST_FRACTION | CLI_DATA_MAX_IND | CLI_DATA_FREQ)
+
+/* The data flags as given. The strings are borrowed from argv. */
+typedef struct cli_data {
+  const char *cmd;          /* the command, for messages (a static string) */
+  unsigned takes;           /* the CLI_DATA_* flags the command accepts */
+  const char *processed;    /* --processed-data-file (the last one given) */
+  const char *raw;          /* --raw-data-file (the last one given) */
+  int n_files;              /* how many of the two were given, repeats counted */
+  const char *split_name;   /* --data-split (the command's default until given) */
+  const char *split_default; /* the command's default, for its help */
+  int terabyte;             /* --data-set terabyte (kaggle: 0) */
+  int have_test_fraction;   /* --test-fraction given */
+  double test_fraction;
+  uint64_t max_ind_range;   /* 0: off */
+  uint32_t frequency_threshold;
+  int no_label, strict;
+} cli_data;
+
+/* d zeroed, for cmd, taking the flags of takes; split_default (NULL: no
+ * --data-split) is --data-split's value until one is given. */
+void cli_data_init(cli_data *d, const char *cmd, unsigned takes, const char *split_default);
+
+/* The getopt_long table of a command: own's entries up to its {0} end,
+ * then the data flags d takes, then the {0} end, into out[cap]. 0, or -1
+ * when cap is too small (printed). */
+#define CLI_OPTIONS_MAX 128
+int cli_data_options(const cli_data *d, const struct option *own, struct option *out, size_t cap);
+
+/* One option of getopt_long's loop, opt with its argument arg (borrowed),
+ * into d: 0, 2 (the exit status) for a bad value with "shardrec CMD:
+ * --flag: ..." printed, or -1 when opt is not a data flag d takes. */
+int cli_data_flag(cli_data *d, int opt, const char *arg);
+
+/* The help lines of the data flags d takes, in the table's order: two
+ * spaces, the flag and its argument padded to width, the text (its further
+ * lines indented as far). --data-split's line names d's default. */
+void cli_data_help(FILE *f, const cli_data *d, int width);
+
+/* d's data file and flags into scoring's options (eval, predict): the
+ * file, its kind, the split by name (a test fraction over --data-set, as
+ * train reads it) and the raw data's mapping. 0, or 2 (the exit status)
+ * with "shardrec CMD: --data-split: 'NAME' is not ..." printed. */
+struct score_opts;
+int cli_data_score(const cli_data *d, struct score_opts *o);
 
 #endif

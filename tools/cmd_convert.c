@@ -16,7 +16,13 @@
 #include "tools/cli.h"
 #include "tools/cmds.h"
 
+/* The data flags convert takes (its input is the operand IN). */
+#define CONVERT_DATA (CLI_DATA_TEST_FRACTION | CLI_DATA_MAX_IND | CLI_DATA_FREQ | \
+                      CLI_DATA_NO_LABEL | CLI_DATA_STRICT)
+
 static void convert_usage(FILE *f) {
+  cli_data d;
+  cli_data_init(&d, "convert", CONVERT_DATA, NULL);
   fprintf(f,
           "usage: shardrec convert [options] IN.tsv[.gz] OUT.bin\n\n"
           "Convert Criteo TSV (Kaggle train.txt, Terabyte day_N; gzip detected by its\n"
@@ -24,16 +30,12 @@ static void convert_usage(FILE *f) {
           "and a checksum stored in it.\n\n"
           "options:\n"
           "  --split none|kaggle|terabyte|fraction  split scheme (default none: all train).\n"
-          "                          terabyte: IN is a prefix, reading IN_0 .. IN_23\n"
-          "  --test-fraction F       last F of the lines are the test set (implies\n"
-          "                          --split fraction)\n"
-          "  --max-ind-range N       categorical value %% N before the dictionary\n"
-          "  --frequency-threshold T values seen fewer than T times (in the train\n"
-          "                          part) share id 0 with unseen values\n"
+          "                          terabyte: IN is a prefix, reading IN_0 .. IN_23;\n"
+          "                          fraction: --test-fraction F (which implies it)\n");
+  cli_data_help(f, &d, 24);
+  fprintf(f,
           "  --hash                  64-bit hashed ids, no dictionary (unbounded tables)\n"
           "  --modulo                ids = value %% --max-ind-range, no dictionary\n"
-          "  --no-label              the input has no label column (39 fields)\n"
-          "  --strict                stop at the first malformed line\n"
           "  --shuffle               shuffle the train part (deterministic; one-hot only)\n"
           "  --seed S                shuffle seed (default 1)\n"
           "  --help                  this text\n");
@@ -41,23 +43,23 @@ static void convert_usage(FILE *f) {
 
 int cmd_convert(int argc, char **argv) {
   static const struct option longs[] = {
-      {"split", required_argument, 0, 's'},       {"test-fraction", required_argument, 0, 'f'},
-      {"max-ind-range", required_argument, 0, 'm'}, {"frequency-threshold", required_argument, 0, 't'},
-      {"hash", no_argument, 0, 'H'},              {"modulo", no_argument, 0, 'M'},
-      {"no-label", no_argument, 0, 'n'},          {"strict", no_argument, 0, 'S'},
-      {"shuffle", no_argument, 0, 'x'},           {"seed", required_argument, 0, 'r'},
-      {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
+      {"split", required_argument, 0, 's'},  {"hash", no_argument, 0, 'H'},
+      {"modulo", no_argument, 0, 'M'},       {"shuffle", no_argument, 0, 'x'},
+      {"seed", required_argument, 0, 'r'},   {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0}}; /* and the data flags of CONVERT_DATA (tools/cli_data.c) */
+  cli_data d;
+  cli_data_init(&d, "convert", CONVERT_DATA, NULL);
+  struct option opts[CLI_OPTIONS_MAX];
+  if (cli_data_options(&d, longs, opts, CLI_OPTIONS_MAX)) return 1;
   ds_source_opts o = {0};
   o.report = stderr;
   o.exact_count = 1;
-  int shuffle = 0, have_fraction = 0, have_split = 0;
+  int shuffle = 0, have_split = 0;
   uint64_t seed = 1;
-  long long ll;
-  double d;
   opterr = 0;
   optind = 1;
-  int c;
-  while ((c = getopt_long(argc, argv, ":h", longs, NULL)) != -1) {
+  int c, rc;
+  while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
     switch (c) {
       case 's':
         have_split = 1;
@@ -70,22 +72,8 @@ int cmd_convert(int argc, char **argv) {
           return 2;
         }
         break;
-      case 'f':
-        if (cli_flag_double("convert", "--test-fraction", optarg, &d)) return 2;
-        o.test_fraction = d;
-        have_fraction = 1;
-        break;
-      case 'm':
-        if (cli_flag_u64("convert", "--max-ind-range", optarg, &o.max_ind_range)) return 2;
-        break;
-      case 't':
-        if (cli_flag("convert", "--frequency-threshold", optarg, &ll)) return 2;
-        o.frequency_threshold = (uint32_t)ll;
-        break;
       case 'H': o.id_mode = DS_IDS_HASH; break;
       case 'M': o.id_mode = DS_IDS_MODULO; break;
-      case 'n': o.no_label = 1; break;
-      case 'S': o.strict = 1; break;
       case 'x': shuffle = 1; break;
       case 'r':
         if (cli_u64("convert", "--seed", optarg, &seed)) return 2;
@@ -93,17 +81,17 @@ int cmd_convert(int argc, char **argv) {
       case 'h':
         convert_usage(stdout);
         return 0;
-      case ':':
-        fprintf(stderr, "shardrec convert: option %s needs a value (see 'shardrec convert --help')\n",
-                argv[optind - 1]);
-        return 2;
-      default:
-        fprintf(stderr, "shardrec convert: unknown option %s (see 'shardrec convert --help')\n",
-                argv[optind - 1]);
-        return 2;
+      default: /* a data flag, or ':' / '?' from getopt_long */
+        if ((rc = cli_data_flag(&d, c, optarg)) < 0) cli_bad_option("convert", c, argv[optind - 1]);
+        if (rc) return 2;
     }
   }
-  if (have_fraction) {
+  o.test_fraction = d.test_fraction;
+  o.max_ind_range = d.max_ind_range;
+  o.frequency_threshold = d.frequency_threshold;
+  o.no_label = d.no_label;
+  o.strict = d.strict;
+  if (d.have_test_fraction) {
     if (have_split && o.scheme != DS_SCHEME_FRACTION) {
       fprintf(stderr, "shardrec convert: --test-fraction goes with --split fraction only\n");
       return 2;

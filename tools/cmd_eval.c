@@ -13,21 +13,21 @@
 
 #define CMD "eval"
 
+/* The data flags eval takes, and its split unless --data-split is given. */
+#define EVAL_DATA (CLI_DATA_FILES | CLI_DATA_SPLIT | CLI_DATA_MAPPING)
+#define EVAL_SPLIT "test"
+
 static void usage(FILE *f) {
+  cli_data d;
+  cli_data_init(&d, CMD, EVAL_DATA, EVAL_SPLIT);
   fprintf(f,
 "usage: shardrec eval --checkpoint DIR (--processed-data-file F | --raw-data-file F) [options]\n"
 "  --checkpoint DIR          a model saved by 'shardrec train --save-model DIR', or any\n"
 "                            checkpoint folder ('--save-checkpoint': a step-N folder, or a\n"
 "                            folder of them: the newest complete one); verified, only read\n"
-"  --model DIR               alias of --checkpoint\n"
-"  --processed-data-file F   binary records ('shardrec convert')\n"
-"  --raw-data-file F         Criteo TSV (or .gz); ids mapped as train maps them, so give\n"
-"                            the flags training used\n"
-"  --data-split test|val|train|all   which part to score (test)\n"
-"  --split test|val|train|all        alias of --data-split\n"
-"  --data-set kaggle|terabyte   raw data split as the reference DLRM (kaggle)\n"
-"  --test-fraction F         raw data: the last F of the lines are the test set\n"
-"  --max-ind-range N, --frequency-threshold N   raw data: as at training\n"
+"  --model DIR               alias of --checkpoint\n");
+  cli_data_help(f, &d, 26);
+  fprintf(f,
 "  --mini-batch-size N       samples per forward pass (the checkpoint's training batch)\n"
 "  --out FILE                write one predicted probability per input line ('nan' for a\n"
 "                            malformed raw line), as 'shardrec predict --out'\n"
@@ -36,22 +36,12 @@ static void usage(FILE *f) {
 "                            train header and manifest say which it was trained with)\n");
 }
 
-enum {
-  O_CKPT = 1000, O_PROC, O_RAW, O_SPLIT, O_DATASET, O_TESTFRAC, O_MAXIND, O_FREQ, O_BATCH,
-  O_OUT, O_HELP, O_DTHREADS, O_DISA
-};
+enum { O_CKPT = 1000, O_BATCH, O_OUT, O_HELP, O_DTHREADS, O_DISA };
 
 static const struct option long_opts[] = {
     {"checkpoint", required_argument, 0, O_CKPT},
     {"model", required_argument, 0, O_CKPT}, /* alias */
-    {"processed-data-file", required_argument, 0, O_PROC},
-    {"raw-data-file", required_argument, 0, O_RAW},
-    {"data-split", required_argument, 0, O_SPLIT},
-    {"split", required_argument, 0, O_SPLIT}, /* alias */
-    {"data-set", required_argument, 0, O_DATASET},
-    {"test-fraction", required_argument, 0, O_TESTFRAC},
-    {"max-ind-range", required_argument, 0, O_MAXIND},
-    {"frequency-threshold", required_argument, 0, O_FREQ},
+    /* and the data flags of EVAL_DATA (tools/cli_data.c) */
     {"mini-batch-size", required_argument, 0, O_BATCH},
     {"out", required_argument, 0, O_OUT},
     {"help", no_argument, 0, O_HELP},
@@ -66,59 +56,41 @@ static const dense_backend *dense_be;
 /* Parse argv into *o. Returns -1 to go on, or the exit status (0 for
  * --help, 2 for bad usage, the message printed). */
 static int parse_flags(int argc, char **argv, score_opts *o) {
-  const char *proc = NULL, *raw = NULL, *dataset = "kaggle";
-  long long freq = 0, batch = 0;
+  cli_data d;
+  cli_data_init(&d, CMD, EVAL_DATA, EVAL_SPLIT);
+  struct option opts[CLI_OPTIONS_MAX];
+  if (cli_data_options(&d, long_opts, opts, CLI_OPTIONS_MAX)) return 1;
+  long long batch = 0;
   optind = 1;
   opterr = 0;
-  int c;
-  while ((c = getopt_long(argc, argv, ":h", long_opts, NULL)) != -1) {
+  int c, rc;
+  while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
     switch (c) {
       case O_CKPT: o->checkpoint = optarg; break;
-      case O_PROC: proc = optarg; break;
-      case O_RAW: raw = optarg; break;
-      case O_SPLIT: o->split_name = optarg; break;
-      case O_DATASET: dataset = optarg; break;
-      case O_TESTFRAC:
-        if (cli_flag_double(CMD, "--test-fraction", optarg, &o->test_fraction)) return 2;
-        o->have_test_fraction = 1;
-        break;
-      case O_MAXIND: if (cli_flag_u64(CMD, "--max-ind-range", optarg, &o->max_ind_range)) return 2; break;
-      case O_FREQ: if (cli_flag(CMD, "--frequency-threshold", optarg, &freq)) return 2; break;
       case O_BATCH: if (cli_flag(CMD, "--mini-batch-size", optarg, &batch)) return 2; break;
       case O_OUT: o->out = optarg; break;
       case O_DTHREADS: if (cli_dense_threads(CMD, optarg, &dense_threads)) return 2; break;
       case O_DISA: if (cli_dense_isa(CMD, optarg, &dense_be)) return 2; break;
       case 'h':
       case O_HELP: usage(stdout); return 0;
-      case ':': cli_bad_option(CMD, ':', argv[optind - 1]); return 2;
-      default: cli_bad_option(CMD, '?', argv[optind - 1]); return 2;
+      default: /* a data flag, or ':' / '?' from getopt_long */
+        if ((rc = cli_data_flag(&d, c, optarg)) < 0) cli_bad_option(CMD, c, argv[optind - 1]);
+        if (rc) return 2;
     }
   }
-  if (!o->checkpoint || !!proc == !!raw || optind < argc) {
+  if (!o->checkpoint || !!d.processed == !!d.raw || optind < argc) {
     fprintf(stderr, "shardrec eval: need --checkpoint (or --model) and exactly one of "
                     "--processed-data-file, --raw-data-file (see --help)\n");
     return 2;
   }
-  if (score_split_parse(o->split_name, &o->split)) {
-    fprintf(stderr, "shardrec eval: --data-split: '%s' is not test, val, train or all\n",
-            o->split_name);
-    return 2;
-  }
-  if (strcmp(dataset, "kaggle") && strcmp(dataset, "terabyte")) {
-    fprintf(stderr, "shardrec eval: --data-set: '%s' is not kaggle or terabyte\n", dataset);
-    return 2;
-  }
+  if (cli_data_score(&d, o)) return 2;
   if (cli_out_file(CMD, "--out", o->out)) return 2;
-  o->terabyte = !strcmp(dataset, "terabyte") && !o->have_test_fraction;
-  o->frequency_threshold = (uint32_t)freq;
   o->batch = (int)batch;
-  o->raw = raw != NULL;
-  o->data_path = proc ? proc : raw;
   return -1;
 }
 
 int cmd_eval(int argc, char **argv) {
-  score_opts o = {.split_name = "test", .report = stderr, .who = "shardrec eval"};
+  score_opts o = {.report = stderr, .who = "shardrec eval"};
   int st = parse_flags(argc, argv, &o);
   if (st >= 0) return st;
   char err[2048];

@@ -17,7 +17,12 @@
 
 #define CMD "plan"
 
+/* The data flags plan takes (a data file to size the tables from). */
+#define PLAN_DATA (CLI_DATA_FILES | CLI_DATA_MAPPING)
+
 static void plan_usage(FILE *f) {
+  cli_data d;
+  cli_data_init(&d, CMD, PLAN_DATA, NULL);
   fprintf(f,
           "usage: shardrec plan --out PLAN.json (--table-sizes N1,N2,... | --processed-data-file F\n"
           "                     | --raw-data-file F) [options]\n"
@@ -28,11 +33,10 @@ static void plan_usage(FILE *f) {
           "  --table-sizes N1,N2,...          rows of each table (',' or '-' separated;\n"
           "                                   0 or 'unbounded' for hashed 64-bit ids)\n"
           "  --arch-embedding-size N1-N2-...  same, the reference DLRM's flag\n"
-          "  --processed-data-file F          sizes from a file made by 'shardrec convert'\n"
-          "  --raw-data-file F                sizes from the dictionaries of a Criteo TSV's\n"
-          "                                   training part (--data-set kaggle|terabyte,\n"
-          "                                   --test-fraction, --max-ind-range,\n"
-          "                                   --frequency-threshold as for train)\n"
+          "  sizes from a data file, as train sizes the tables: a converted file's stored\n"
+          "  counts, or the dictionaries of a Criteo TSV's training part:\n");
+  cli_data_help(f, &d, 33);
+  fprintf(f,
           "  --arch-sparse-feature-size D     embedding dim (default 16)\n"
           "  --seed S                         model seed, uint64 (default 123, as train)\n"
           "  --num-shards K                   number of shards (default 1; --shards is an alias)\n"
@@ -80,12 +84,12 @@ static int parse_sizes(const char *flag, const char *s, uint64_t **out, int *n) 
 typedef struct plan_flags {
   const char *out, *sizes, *sizes_flag;
   emb_plan_params pp;
-  ds_source_opts so; /* sizes from this data file (so.path) */
-  int raw, have_eps, have_acc;
+  cli_data data;     /* sizes from this data file */
+  int have_eps, have_acc;
 } plan_flags;
 
 enum { O_OUT = 256, O_SIZES, O_ARCH_SIZES, O_DIM, O_SEED, O_SHARDS, O_OPT, O_EPS, O_ACC,
-       O_INIT, O_POOL, O_ROWWISE, O_PROC, O_RAW, O_DATASET, O_TESTFRAC, O_MAXIND, O_FREQ };
+       O_INIT, O_POOL, O_ROWWISE };
 
 static const struct option plan_opts[] = {
     {"out", required_argument, NULL, O_OUT},
@@ -101,27 +105,23 @@ static const struct option plan_opts[] = {
     {"init-range", required_argument, NULL, O_INIT},
     {"pooling", required_argument, NULL, O_POOL},
     {"row-wise", no_argument, NULL, O_ROWWISE},
-    {"processed-data-file", required_argument, NULL, O_PROC},
-    {"raw-data-file", required_argument, NULL, O_RAW},
-    {"data-set", required_argument, NULL, O_DATASET},
-    {"test-fraction", required_argument, NULL, O_TESTFRAC},
-    {"max-ind-range", required_argument, NULL, O_MAXIND},
-    {"frequency-threshold", required_argument, NULL, O_FREQ},
     {"help", no_argument, NULL, 'h'},
-    {NULL, 0, NULL, 0},
+    {NULL, 0, NULL, 0}, /* and the data flags of PLAN_DATA (tools/cli_data.c) */
 };
 
 /* Parse argv into *f (defaults as train's). Returns -1 to go on, or the
  * exit status (0 for --help, 2 for bad usage, the message printed). */
 static int parse_flags(int argc, char **argv, plan_flags *f) {
   emb_plan_params *pp = &f->pp;
-  ds_source_opts *so = &f->so;
+  cli_data_init(&f->data, CMD, PLAN_DATA, NULL);
+  struct option opts[CLI_OPTIONS_MAX];
+  if (cli_data_options(&f->data, plan_opts, opts, CLI_OPTIONS_MAX)) return 1;
   long long v;
   double d;
   optind = 1;
   opterr = 0;
-  int c;
-  while ((c = getopt_long(argc, argv, ":h", plan_opts, NULL)) != -1) {
+  int c, rc;
+  while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
     switch (c) {
       case 'h': plan_usage(stdout); return 0;
       case O_OUT: f->out = optarg; break;
@@ -172,42 +172,13 @@ static int parse_flags(int argc, char **argv, plan_flags *f) {
         }
         break;
       case O_ROWWISE: pp->row_wise = 1; break;
-      case O_PROC:
-      case O_RAW:
-        if (so->path) {
+      default: /* a data flag, or ':' / '?' from getopt_long */
+        if ((rc = cli_data_flag(&f->data, c, optarg)) < 0) cli_bad_option(CMD, c, argv[optind - 1]);
+        if (rc) return 2;
+        if (f->data.n_files > 1) {
           fprintf(stderr, "shardrec %s: give one data file\n", CMD);
           return 2;
         }
-        so->path = optarg;
-        f->raw = c == O_RAW;
-        break;
-      case O_DATASET:
-        if (strcmp(optarg, "kaggle") && strcmp(optarg, "terabyte")) {
-          fprintf(stderr, "shardrec %s: --data-set: '%s' is not kaggle or terabyte\n", CMD, optarg);
-          return 2;
-        }
-        if (so->scheme != DS_SCHEME_FRACTION)
-          so->scheme = !strcmp(optarg, "kaggle") ? DS_SCHEME_KAGGLE : DS_SCHEME_TERABYTE;
-        break;
-      case O_TESTFRAC:
-        if (cli_flag_double(CMD, "--test-fraction", optarg, &so->test_fraction)) return 2;
-        so->scheme = DS_SCHEME_FRACTION;
-        break;
-      case O_MAXIND:
-        if (cli_flag_u64(CMD, "--max-ind-range", optarg, &so->max_ind_range)) return 2;
-        break;
-      case O_FREQ:
-        if (cli_flag(CMD, "--frequency-threshold", optarg, &v)) return 2;
-        so->frequency_threshold = (uint32_t)v;
-        break;
-      case ':':
-        fprintf(stderr, "shardrec %s: option %s needs a value (see 'shardrec %s --help')\n", CMD,
-                argv[optind - 1], CMD);
-        return 2;
-      default:
-        fprintf(stderr, "shardrec %s: unknown option %s (see 'shardrec %s --help')\n", CMD,
-                argv[optind - 1], CMD);
-        return 2;
     }
   }
   if (optind < argc) {
@@ -224,7 +195,7 @@ static int check_flags(const plan_flags *f) {
     return 2;
   }
   if (cli_out_file(CMD, "--out", f->out)) return 2;
-  if (!f->sizes == !f->so.path) {
+  if (!f->sizes == !f->data.n_files) {
     fprintf(stderr, "shardrec %s: give the table sizes (--table-sizes or --arch-embedding-size) "
                     "or a data file to take them from, not both\n", CMD);
     return 2;
@@ -242,13 +213,17 @@ static int check_flags(const plan_flags *f) {
 static int table_rows(plan_flags *f, uint64_t **rows, int *n) {
   if (f->sizes) return parse_sizes(f->sizes_flag, f->sizes, rows, n) ? 2 : -1;
   char err[512];
-  ds_source_opts *so = &f->so;
-  if (!f->raw) { /* a converted file holds its split */
-    so->scheme = DS_SCHEME_NONE;
-    so->format = DS_FORMAT_PROCESSED;
-  }
-  so->report = stderr;
-  ds_source *src = ds_source_open(so, err, sizeof err);
+  const cli_data *d = &f->data;
+  ds_source_opts so = {.path = d->raw ? d->raw : d->processed, .split = DS_SPLIT_TRAIN,
+                       .test_fraction = d->test_fraction, .max_ind_range = d->max_ind_range,
+                       .frequency_threshold = d->frequency_threshold, .report = stderr};
+  if (d->raw) /* the split as train reads it; a converted file holds its own */
+    so.scheme = d->have_test_fraction ? DS_SCHEME_FRACTION
+                : d->terabyte         ? DS_SCHEME_TERABYTE
+                                      : DS_SCHEME_KAGGLE;
+  else
+    so.scheme = DS_SCHEME_NONE, so.format = DS_FORMAT_PROCESSED;
+  ds_source *src = ds_source_open(&so, err, sizeof err);
   uint64_t *r = malloc(DS_NUM_SPARSE * sizeof *r);
   if (!src || !r || ds_source_table_sizes(src, r)) {
     fprintf(stderr, "shardrec %s: %s\n", CMD, src ? ds_source_errmsg(src) : err);
@@ -300,8 +275,6 @@ int cmd_plan(int argc, char **argv) {
   f.pp.optim.kind = EMB_OPT_SGD;
   f.pp.optim.eps = -1;
   f.pp.pooling = EMB_POOL_SUM;
-  f.so.split = DS_SPLIT_TRAIN;
-  f.so.scheme = DS_SCHEME_KAGGLE;
   int st = parse_flags(argc, argv, &f);
   if (st >= 0) return st;
   if ((st = check_flags(&f))) return st;

@@ -11,7 +11,6 @@
  * (score/score.h); this file turns the flags into its options. */
 #include <getopt.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "tools/cli.h"
 #include "tools/cmds.h"
@@ -19,7 +18,14 @@
 
 #define CMD "predict"
 
+/* The data flags predict takes, and its split unless --data-split is given. */
+#define PREDICT_DATA (CLI_DATA_FILES | CLI_DATA_SPLIT | CLI_DATA_MAPPING | CLI_DATA_NO_LABEL | \
+                      CLI_DATA_STRICT)
+#define PREDICT_SPLIT "all"
+
 static void usage(FILE *f) {
+  cli_data d;
+  cli_data_init(&d, CMD, PREDICT_DATA, PREDICT_SPLIT);
   fprintf(f,
 "usage: shardrec predict --checkpoint CKPT (--processed-data-file F | --raw-data-file F)\n"
 "                        --out PRED.tsv [options]\n"
@@ -27,7 +33,9 @@ static void usage(FILE *f) {
 "Scores every sample of the file (or of --data-split) with the checkpoint's dense model\n"
 "and embedding rows; writes one probability per line (\"%%.9g\") in input order, \"nan\" for\n"
 "a malformed raw line (skipped, reported as train reports them). Labelled input also\n"
-"prints AUC and log loss.\n"
+"prints AUC and log loss (--no-label: none). Raw data is read as train read it: give\n"
+"the file and flags training used, or score the processed file; --data-set kaggle only\n"
+"(terabyte's day files are not read here).\n"
 "\n"
 "  --checkpoint CKPT         a step-N folder written by 'train --save-checkpoint', or a\n"
 "                            folder of them (the newest complete one; 'train --save-model\n"
@@ -42,23 +50,9 @@ static void usage(FILE *f) {
 "                            temporary folder removed at exit)\n"
 "  --rpc-deadline S          seconds per shard-server call (30)\n"
 "  --tls-ca F [--tls-cert F --tls-key F]   TLS (and mTLS) to the shard servers\n"
-"  --cache-mb N              in process, RocksDB shards: the row cache (256)\n"
-"  --processed-data-file F   binary records made by 'shardrec convert' (holds its split\n"
-"                            and the ids as training saw them)\n"
-"  --raw-data-file F         Criteo TSV (or .gz). Ids are mapped as train maps them: the\n"
-"                            dictionary is built from the train part of THIS file under\n"
-"                            --data-set/--test-fraction, --max-ind-range and\n"
-"                            --frequency-threshold, so give the file and flags training\n"
-"                            used (or score the processed file)\n"
-"  --data-split all|train|test|val   which part to score (all); 'test' is what train's\n"
-"                            evaluation scores\n"
-"  --split all|train|test|val        alias of --data-split\n"
-"  --data-set kaggle         raw data: split as the reference DLRM (kaggle; terabyte's\n"
-"                            day files are not read here)\n"
-"  --test-fraction F         raw data: the last F of the lines are the test part instead\n"
-"  --max-ind-range N, --frequency-threshold N   raw data: as at training\n"
-"  --no-label                raw data without the label column (no metrics)\n"
-"  --strict                  raw data: the first malformed line is fatal\n"
+"  --cache-mb N              in process, RocksDB shards: the row cache (256)\n");
+  cli_data_help(f, &d, 26);
+  fprintf(f,
 "  --mini-batch-size N       samples per forward pass (the checkpoint's training batch,\n"
 "                            which is train's test batch unless --test-mini-batch-size\n"
 "                            was given: the same batch gives the trainer's bits)\n"
@@ -70,8 +64,7 @@ static void usage(FILE *f) {
 }
 
 enum {
-  O_CKPT = 1000, O_SERVERS, O_RPCDL, O_TLSCA, O_TLSCERT, O_TLSKEY, O_CMB, O_PROC, O_RAW,
-  O_SPLIT, O_DATASET, O_TESTFRAC, O_MAXIND, O_FREQ, O_NOLABEL, O_STRICT, O_BATCH, O_OUT,
+  O_CKPT = 1000, O_SERVERS, O_RPCDL, O_TLSCA, O_TLSCERT, O_TLSKEY, O_CMB, O_BATCH, O_OUT,
   O_METRICS, O_HELP, O_DTHREADS, O_DISA
 };
 
@@ -84,16 +77,7 @@ static const struct option long_opts[] = {
     {"tls-cert", required_argument, 0, O_TLSCERT},
     {"tls-key", required_argument, 0, O_TLSKEY},
     {"cache-mb", required_argument, 0, O_CMB},
-    {"processed-data-file", required_argument, 0, O_PROC},
-    {"raw-data-file", required_argument, 0, O_RAW},
-    {"data-split", required_argument, 0, O_SPLIT},
-    {"split", required_argument, 0, O_SPLIT}, /* alias */
-    {"data-set", required_argument, 0, O_DATASET},
-    {"test-fraction", required_argument, 0, O_TESTFRAC},
-    {"max-ind-range", required_argument, 0, O_MAXIND},
-    {"frequency-threshold", required_argument, 0, O_FREQ},
-    {"no-label", no_argument, 0, O_NOLABEL},
-    {"strict", no_argument, 0, O_STRICT},
+    /* and the data flags of PREDICT_DATA (tools/cli_data.c) */
     {"mini-batch-size", required_argument, 0, O_BATCH},
     {"out", required_argument, 0, O_OUT},
     {"metrics-out", required_argument, 0, O_METRICS},
@@ -109,7 +93,7 @@ static const dense_backend *dense_be;
 /* The flags as given: the options, with what the checks need beside them. */
 typedef struct flags {
   score_opts o;
-  const char *proc, *raw, *dataset;
+  cli_data data;
   long long cache_mb;
 } flags;
 
@@ -117,12 +101,15 @@ typedef struct flags {
  * --help, 2 for bad usage, the message printed). */
 static int parse_flags(int argc, char **argv, flags *f) {
   score_opts *o = &f->o;
+  cli_data_init(&f->data, CMD, PREDICT_DATA, PREDICT_SPLIT);
+  struct option opts[CLI_OPTIONS_MAX];
+  if (cli_data_options(&f->data, long_opts, opts, CLI_OPTIONS_MAX)) return 1;
   double deadline = 30;
-  long long freq = 0, batch = 0;
+  long long batch = 0;
   optind = 1;
   opterr = 0;
-  int c;
-  while ((c = getopt_long(argc, argv, ":h", long_opts, NULL)) != -1) {
+  int c, rc;
+  while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
     switch (c) {
       case O_CKPT: o->checkpoint = optarg; break;
       case O_SERVERS: o->shard_servers = optarg; break;
@@ -131,18 +118,6 @@ static int parse_flags(int argc, char **argv, flags *f) {
       case O_TLSCERT: o->tls_cert = optarg; break;
       case O_TLSKEY: o->tls_key = optarg; break;
       case O_CMB: if (cli_flag(CMD, "--cache-mb", optarg, &f->cache_mb)) return 2; break;
-      case O_PROC: f->proc = optarg; break;
-      case O_RAW: f->raw = optarg; break;
-      case O_SPLIT: o->split_name = optarg; break;
-      case O_DATASET: f->dataset = optarg; break;
-      case O_TESTFRAC:
-        if (cli_flag_double(CMD, "--test-fraction", optarg, &o->test_fraction)) return 2;
-        o->have_test_fraction = 1;
-        break;
-      case O_MAXIND: if (cli_flag_u64(CMD, "--max-ind-range", optarg, &o->max_ind_range)) return 2; break;
-      case O_FREQ: if (cli_flag(CMD, "--frequency-threshold", optarg, &freq)) return 2; break;
-      case O_NOLABEL: o->no_label = 1; break;
-      case O_STRICT: o->strict = 1; break;
       case O_BATCH: if (cli_flag(CMD, "--mini-batch-size", optarg, &batch)) return 2; break;
       case O_OUT: o->out = optarg; break;
       case O_METRICS: o->metrics_out = optarg; break;
@@ -150,8 +125,10 @@ static int parse_flags(int argc, char **argv, flags *f) {
       case O_DISA: if (cli_dense_isa(CMD, optarg, &dense_be)) return 2; break;
       case 'h':
       case O_HELP: usage(stdout); return 0;
-      case ':': cli_bad_option(CMD, ':', argv[optind - 1]); return 2;
-      default: cli_bad_option(CMD, '?', argv[optind - 1]); return 2;
+      default: /* a data flag, or ':' / '?' from getopt_long */
+        if ((rc = cli_data_flag(&f->data, c, optarg)) < 0)
+          cli_bad_option(CMD, c, argv[optind - 1]);
+        if (rc) return 2;
     }
   }
   if (optind < argc) {
@@ -159,34 +136,28 @@ static int parse_flags(int argc, char **argv, flags *f) {
     return 2;
   }
   o->rpc_deadline = deadline;
-  o->frequency_threshold = (uint32_t)freq;
   o->batch = (int)batch;
   o->cache_mb = (uint64_t)f->cache_mb;
-  o->raw = f->raw != NULL;
-  o->data_path = f->proc ? f->proc : f->raw;
   return -1;
 }
 
 /* The flags that do not go together; 0, or 2 with the message printed. */
 static int check_flags(flags *f) {
   score_opts *o = &f->o;
-  if (!o->checkpoint || !o->out || !!f->proc == !!f->raw) {
+  const cli_data *d = &f->data;
+  if (!o->checkpoint || !o->out || !!d->processed == !!d->raw) {
     fprintf(stderr, "shardrec predict: need --checkpoint, --out and exactly one of "
                     "--processed-data-file, --raw-data-file (see --help)\n");
     return 2;
   }
-  if (score_split_parse(o->split_name, &o->split)) {
-    fprintf(stderr, "shardrec predict: --data-split: '%s' is not all, train, test or val\n",
-            o->split_name);
+  if (cli_data_score(d, o)) return 2;
+  if (d->terabyte) {
+    fprintf(stderr, "shardrec predict: --data-set: 'terabyte': only kaggle (one file) is read "
+                    "here\n");
     return 2;
   }
-  if (strcmp(f->dataset, "kaggle")) {
-    fprintf(stderr, "shardrec predict: --data-set: '%s': only kaggle (one file) is read here\n",
-            f->dataset);
-    return 2;
-  }
-  if (f->proc && (o->have_test_fraction || o->max_ind_range || o->frequency_threshold ||
-                  o->strict || o->no_label)) {
+  if (d->processed && (o->have_test_fraction || o->max_ind_range || o->frequency_threshold ||
+                       o->strict || o->no_label)) {
     fprintf(stderr, "shardrec predict: --test-fraction, --max-ind-range, --frequency-threshold, "
                     "--strict and --no-label apply to --raw-data-file (a processed file holds "
                     "its split, ids and labels)\n");
@@ -210,9 +181,8 @@ static int check_flags(flags *f) {
 }
 
 int cmd_predict(int argc, char **argv) {
-  flags f = {.o = {.split_name = "all", .log = stdout, .report = stderr,
-                   .who = "shardrec predict", .progress = cli_isatty_err()},
-             .dataset = "kaggle"};
+  flags f = {.o = {.log = stdout, .report = stderr, .who = "shardrec predict",
+                   .progress = cli_isatty_err()}};
   int st = parse_flags(argc, argv, &f);
   if (st >= 0) return st;
   if ((st = check_flags(&f))) return st;

@@ -24,18 +24,18 @@
 
 #define CMD "train"
 
+/* The data flags train takes. */
+#define TRAIN_DATA (CLI_DATA_FILES | CLI_DATA_MAPPING | CLI_DATA_STRICT)
+
 static void usage(FILE *f) {
+  cli_data d;
+  cli_data_init(&d, CMD, TRAIN_DATA, NULL);
   fprintf(f,
 "usage: shardrec train (--processed-data-file FILE.bin | --raw-data-file FILE.tsv[.gz]) [options]\n"
 "\n"
-"Data\n"
-"  --processed-data-file F   binary records made by 'shardrec convert' (holds its split)\n"
-"  --raw-data-file F         Criteo TSV (or .gz); Terabyte: the day_ prefix with --data-set terabyte\n"
-"  --data-set kaggle|terabyte   split of raw data as the reference DLRM (default kaggle)\n"
-"  --test-fraction F         raw data: the last F of the lines are the test set instead\n"
-"  --max-ind-range N         categorical value %% N before the dictionary (0: off)\n"
-"  --frequency-threshold N   raw data: values seen fewer than N times share one id\n"
-"  --strict                  raw data: the first malformed line is fatal\n"
+"Data\n");
+  cli_data_help(f, &d, 26);
+  fprintf(f,
 "Model\n"
 "  --arch-sparse-feature-size N   embedding dim (16)\n"
 "  --arch-embedding-size A-B-...  rows per table (default: from the data)\n"
@@ -136,7 +136,7 @@ static void usage(FILE *f) {
 }
 
 enum {
-  O_PROC = 1000, O_RAW, O_DATASET, O_TESTFRAC, O_MAXIND, O_FREQ, O_STRICT, O_DIM, O_EMBSIZE,
+  O_DIM = 1000, O_EMBSIZE,
   O_BOT, O_TOP, O_OP, O_ITSELF, O_POOL, O_PLAN, O_PLANOUT, O_SHARDS, O_BATCH, O_TBATCH, O_LR,
   O_OPT, O_SOPT, O_SLR, O_WARM, O_DSTART, O_DSTEPS, O_EPOCHS, O_NBATCH, O_SEED, O_PRINT, O_TEST,
   O_METRICS, O_SAVE, O_ORACLE, O_SERVERS, O_RPCDL, O_TLSCA, O_TLSCERT, O_TLSKEY, O_HELP,
@@ -149,12 +149,7 @@ enum { O_PFDEPTH = 1700 }; /* --prefetch-depth */
 enum { O_AUTORESUME = 1900 }; /* --auto-resume */
 enum { O_RPCCONN = 2000 }; /* --rpc-connections */
 
-static const struct option long_opts[] = {
-    {"processed-data-file", required_argument, 0, O_PROC},
-    {"raw-data-file", required_argument, 0, O_RAW}, {"data-set", required_argument, 0, O_DATASET},
-    {"test-fraction", required_argument, 0, O_TESTFRAC},
-    {"max-ind-range", required_argument, 0, O_MAXIND},
-    {"frequency-threshold", required_argument, 0, O_FREQ}, {"strict", no_argument, 0, O_STRICT},
+static const struct option long_opts[] = { /* and the data flags of TRAIN_DATA (cli_data.c) */
     {"arch-sparse-feature-size", required_argument, 0, O_DIM},
     {"arch-embedding-size", required_argument, 0, O_EMBSIZE},
     {"arch-mlp-bot", required_argument, 0, O_BOT}, {"arch-mlp-top", required_argument, 0, O_TOP},
@@ -209,7 +204,8 @@ __attribute__((format(printf, 2, 3))) static void errf(const train_ranks *r, con
 
 /* The flags that need more than one call of a cli_* parser. */
 typedef struct {
-  const char *dataset, *pooling, *sopt, *device, *emb_sizes, *oracle, *dense_isa;
+  cli_data data; /* the data flags */
+  const char *pooling, *sopt, *device, *emb_sizes, *oracle, *dense_isa;
   int staleness; /* --max-staleness (0: not given) */
   int dcn_layers, dcn_rank; /* --dcn-num-layers, --dcn-low-rank-dim (0: not given) */
 } raw_flags;
@@ -241,7 +237,6 @@ typedef struct {
   int *i;
   int64_t *l;
   uint64_t *u;
-  uint32_t *u32;
   double *d;
 } flag_dest;
 
@@ -258,8 +253,7 @@ static int flag_set(const flag_dest *f, const char *arg) {
                   : cli_int(CMD, f->name, arg, (long long)f->lo, (long long)f->hi, &v)) return 2;
   else if (f->i) *f->i = (int)v;
   else if (f->l) *f->l = v;
-  else if (f->u) *f->u = (uint64_t)v;
-  else *f->u32 = (uint32_t)v;
+  else *f->u = (uint64_t)v;
   return 0;
 }
 
@@ -268,7 +262,7 @@ static int flag_set(const flag_dest *f, const char *arg) {
 static int parse_opt(const train_ranks *r, int opt, const char *arg, train_config *c, raw_flags *rf) {
   const double L40 = (double)(1LL << 40);
   const flag_dest dests[] = {
-      {O_PROC, .str = &c->processed}, {O_RAW, .str = &c->raw}, {O_EMBSIZE, .str = &rf->emb_sizes},
+      {O_EMBSIZE, .str = &rf->emb_sizes},
       {O_BOT, .str = &c->bot}, {O_TOP, .str = &c->top}, {O_OP, .str = &c->op},
       {O_POOL, .str = &rf->pooling}, {O_PLAN, .str = &c->plan_path},
       {O_PLANOUT, .str = &c->plan_out}, {O_OPT, .str = &c->opt_name}, {O_SOPT, .str = &rf->sopt},
@@ -284,9 +278,7 @@ static int parse_opt(const train_ranks *r, int opt, const char *arg, train_confi
       {O_DTHREADS, "--dense-threads", 0, 0, .i = &c->dense_threads},
       {O_DCNL, "--dcn-num-layers", 0, 0, .i = &rf->dcn_layers},
       {O_DCNR, "--dcn-low-rank-dim", 0, 0, .i = &rf->dcn_rank},
-      {O_MAXIND, "--max-ind-range", 0, 0, .u = &c->max_ind_range},
       {O_SEED, "--seed", 0, 0, .u = &c->seed},
-      {O_FREQ, "--frequency-threshold", 0, 0, .u32 = &c->frequency_threshold},
       {O_DIM, "--arch-sparse-feature-size", 0, 0, .i = &c->dim},
       {O_SHARDS, "--num-shards", 0, 0, .i = &c->n_shards},
       {O_BATCH, "--mini-batch-size", 0, 0, .i = &c->batch},
@@ -304,7 +296,6 @@ static int parse_opt(const train_ranks *r, int opt, const char *arg, train_confi
       {O_CMB, "--cache-mb", 0, 0, .u = &c->cache_mb},
       {O_STALE, "--max-staleness", 1, 1 << 20, .i = &rf->staleness},
       {O_PFDEPTH, "--prefetch-depth", 0, 0, .i = &c->prefetch_depth},
-      {O_TESTFRAC, "--test-fraction", 0, 0, .d = &c->test_fraction},
       {O_LR, "--learning-rate", 0.0, 1e6, .d = &c->lr},
       {O_SLR, "--sparse-learning-rate", 0.0, 1e6, .d = &c->sparse_lr},
       {O_RECOVER, "--recover-timeout", 0.0, 1e6, .d = &c->recover_timeout},
@@ -314,18 +305,10 @@ static int parse_opt(const train_ranks *r, int opt, const char *arg, train_confi
   for (size_t k = 0; k < sizeof dests / sizeof dests[0]; k++)
     if (dests[k].id == opt) {
       if (flag_set(&dests[k], arg)) return 2;
-      if (opt == O_TESTFRAC) c->have_test_fraction = 1;
       if (opt == O_TEST && c->test_freq < 0) c->test_freq = 0;
       return 0;
     }
   switch (opt) {
-    case O_DATASET:
-      if (strcmp(arg, "kaggle") && strcmp(arg, "terabyte")) {
-        errf(r, "--data-set: '%s' is not kaggle or terabyte\n", arg);
-        return 2;
-      }
-      c->terabyte = !strcmp(arg, "terabyte");
-      return 0;
     case O_SPMODE:
       if (strcmp(arg, "sync") && strcmp(arg, "async")) {
         errf(r, "--sparse-mode: '%s' is not sync or async\n", arg);
@@ -333,13 +316,12 @@ static int parse_opt(const train_ranks *r, int opt, const char *arg, train_confi
       }
       c->async = !strcmp(arg, "async");
       return 0;
-    case O_STRICT: c->strict = 1; return 0;
     case O_ITSELF: c->dense.interaction_itself = 1; return 0;
     case O_COLOCATE: c->colocate = 1; return 0;
     case O_AUTORESUME: c->auto_resume = 1; return 0;
     case 'h':
     case O_HELP: usage(stdout); return 1;
-    default: return 2;
+    default: return cli_data_flag(&rf->data, opt, arg) ? 2 : 0; /* a data flag */
   }
 }
 
@@ -347,6 +329,15 @@ static int parse_opt(const train_ranks *r, int opt, const char *arg, train_confi
  * into kinds, the dense architecture, the oracle. 0 or 2 (message printed). */
 static int finish_flags(const train_ranks *r, train_config *c, raw_flags *rf) {
   char err[1024];
+  const cli_data *d = &rf->data;
+  c->processed = d->processed;
+  c->raw = d->raw;
+  c->terabyte = d->terabyte;
+  c->have_test_fraction = d->have_test_fraction;
+  c->test_fraction = d->test_fraction;
+  c->max_ind_range = d->max_ind_range;
+  c->frequency_threshold = d->frequency_threshold;
+  c->strict = d->strict;
   if (rf->emb_sizes) { /* a flag's own range before what flags mean together */
     if (parse_sizes(r, rf->emb_sizes, c->emb_sizes)) return 2;
     c->have_emb_sizes = 1;
@@ -431,10 +422,13 @@ static int finish_flags(const train_ranks *r, train_config *c, raw_flags *rf) {
 /* Flags into c; 0, 1 for --help (printed) or 2 for a usage error. */
 static int parse_flags(const train_ranks *r, int argc, char **argv, train_config *c) {
   raw_flags rf = {.pooling = "sum", .device = "cpu"};
+  cli_data_init(&rf.data, CMD, TRAIN_DATA, NULL);
+  struct option opts[CLI_OPTIONS_MAX];
+  if (cli_data_options(&rf.data, long_opts, opts, CLI_OPTIONS_MAX)) return 2;
   optind = 1;
   opterr = 0;
   int opt;
-  while ((opt = getopt_long(argc, argv, ":h", long_opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
     if (opt == ':' || opt == '?') {
       cli_bad_option(CMD, opt, argv[optind - 1]);
       return 2;

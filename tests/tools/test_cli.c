@@ -47,6 +47,119 @@ START_TEST(test_eval_predict_flag_names) {
 }
 END_TEST
 
+/* The commands that open a data file, the data flags each takes, and the
+ * operands around a flag under test that carry the command to its flag
+ * checks (paths under a folder that does not exist: nothing is written). */
+static const struct {
+  const char *cmd, *pre, *post, *takes, *split; /* split: --data-split's default */
+} data_cmds[] = {
+    {"train", "--raw-data-file /nonexistent/d.tsv", "",
+     " processed-data-file raw-data-file data-set test-fraction max-ind-range"
+     " frequency-threshold strict ", NULL},
+    {"eval", "--model /nonexistent/m --processed-data-file /nonexistent/d.bin", "",
+     " processed-data-file raw-data-file data-split split data-set test-fraction"
+     " max-ind-range frequency-threshold ", "test"},
+    {"predict", "--model /nonexistent/m --processed-data-file /nonexistent/d.bin"
+     " --out /nonexistent/p.tsv", "",
+     " processed-data-file raw-data-file data-split split data-set test-fraction"
+     " max-ind-range frequency-threshold no-label strict ", "all"},
+    {"plan", "--out /nonexistent/plan.json --table-sizes 3", "",
+     " processed-data-file raw-data-file data-set test-fraction max-ind-range"
+     " frequency-threshold ", NULL},
+    {"convert", "", "/nonexistent/in.tsv /nonexistent/out.bin",
+     " test-fraction max-ind-range frequency-threshold no-label strict ", NULL},
+};
+#define N_DATA_CMDS (sizeof data_cmds / sizeof data_cmds[0])
+
+static int takes_flag(size_t c, const char *flag) {
+  char word[64];
+  snprintf(word, sizeof word, " %s ", flag);
+  return strstr(data_cmds[c].takes, word) != NULL;
+}
+
+/* The text of flag's line in help (after the flag, its argument and the
+ * padding; an argument follows one space, the text two or more), into
+ * buf; NULL when help has no line for the flag. */
+static const char *help_text(const char *help, const char *flag, char *buf, size_t n) {
+  char head[64];
+  snprintf(head, sizeof head, "\n  --%s ", flag);
+  const char *p = strstr(help, head);
+  if (!p) return NULL;
+  p += strlen(head);
+  if (*p != ' ') p += strcspn(p, " \n"); /* the argument */
+  p += strspn(p, " ");
+  snprintf(buf, n, "%.*s", (int)strcspn(p, "\n"), p);
+  return buf;
+}
+
+/* Every command that takes a data flag prints the same help for it (but
+ * for --data-split's default) and the same message for the same bad value;
+ * one that does not take it refuses it as an unknown option. */
+START_TEST(test_data_flags_alike) {
+  const char *flags[] = {"processed-data-file", "raw-data-file", "data-split", "split",
+                         "data-set", "test-fraction", "max-ind-range", "frequency-threshold",
+                         "no-label", "strict"};
+  char *help[N_DATA_CMDS];
+  for (size_t c = 0; c < N_DATA_CMDS; c++)
+    ck_assert_int_eq(run_cmd(&help[c], "%s %s --help", bin_path(), data_cmds[c].cmd), 0);
+  for (size_t f = 0; f < sizeof flags / sizeof flags[0]; f++) {
+    char first[512] = "", text[512];
+    const char *first_cmd = NULL;
+    for (size_t c = 0; c < N_DATA_CMDS; c++) {
+      char *out;
+      if (!takes_flag(c, flags[f])) {
+        if (!strcmp(data_cmds[c].cmd, "convert") && !strcmp(flags[f], "split")) continue;
+        ck_assert_int_eq(run_cmd(&out, "%s %s %s --%s v %s", bin_path(), data_cmds[c].cmd,
+                                 data_cmds[c].pre, flags[f], data_cmds[c].post), 2);
+        char want[96];
+        snprintf(want, sizeof want, "unknown option --%s", flags[f]);
+        ck_assert_msg(strstr(out, want), "%s --%s: %s", data_cmds[c].cmd, flags[f], out);
+        free(out);
+        continue;
+      }
+      ck_assert_msg(help_text(help[c], flags[f], text, sizeof text), "%s --help lacks --%s: %s",
+                    data_cmds[c].cmd, flags[f], help[c]);
+      if (!strcmp(flags[f], "data-split")) {
+        char want[64];
+        snprintf(want, sizeof want, "which part to score (%s);", data_cmds[c].split);
+        ck_assert_msg(!strcmp(text, want), "%s --data-split: '%s'", data_cmds[c].cmd, text);
+        continue;
+      }
+      if (!first_cmd) {
+        first_cmd = data_cmds[c].cmd;
+        snprintf(first, sizeof first, "%s", text);
+      }
+      ck_assert_msg(!strcmp(text, first), "--%s: %s says '%s', %s says '%s'", flags[f],
+                    first_cmd, first, data_cmds[c].cmd, text);
+    }
+  }
+  for (size_t c = 0; c < N_DATA_CMDS; c++) free(help[c]);
+  /* One bad value per flag that reads one, and the message every command
+   * taking the flag prints for it ("shardrec CMD: " first). */
+  const char *bad[][3] = {
+      {"data-set", "bogus", "--data-set: 'bogus' is not kaggle or terabyte"},
+      {"data-split", "most", "--data-split: 'most' is not test, val, train or all"},
+      {"split", "most", "--data-split: 'most' is not test, val, train or all"},
+      {"test-fraction", "2", "--test-fraction: 2 is out of range [0, 1] of the lines"},
+      {"max-ind-range", "-1",
+       "--max-ind-range: -1 is out of range [0, 1099511627776] rows (0: none)"},
+      {"frequency-threshold", "4294967296",
+       "--frequency-threshold: 4294967296 is out of range [0, 4294967295] occurrences"},
+  };
+  for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++)
+    for (size_t c = 0; c < N_DATA_CMDS; c++) {
+      if (!takes_flag(c, bad[b][0])) continue;
+      char *out, want[256];
+      ck_assert_int_eq(run_cmd(&out, "%s %s %s --%s %s %s", bin_path(), data_cmds[c].cmd,
+                               data_cmds[c].pre, bad[b][0], bad[b][1], data_cmds[c].post), 2);
+      snprintf(want, sizeof want, "shardrec %s: %s\n", data_cmds[c].cmd, bad[b][2]);
+      ck_assert_msg(strstr(out, want), "%s --%s %s: want '%s', got: %s", data_cmds[c].cmd,
+                    bad[b][0], bad[b][1], want, out);
+      free(out);
+    }
+}
+END_TEST
+
 START_TEST(test_unknown_command_and_flags) {
   char *out;
   ck_assert_int_eq(run_cmd(&out, "%s frobnicate", bin_path()), 2);
@@ -176,6 +289,7 @@ int main(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_help_lists_commands);
   tcase_add_test(tc, test_eval_predict_flag_names);
+  tcase_add_test(tc, test_data_flags_alike);
   tcase_add_test(tc, test_unknown_command_and_flags);
   tcase_add_test(tc, test_malformed_values);
   tcase_add_test(tc, test_missing_file);
