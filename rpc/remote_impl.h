@@ -9,7 +9,8 @@
  *                     grouped per server and cut into calls, Lookups and
  *                     Pushes built and their answers read, the broadcasts
  *                     (Checkpoint, Restore, Stats), the Watches, create and
- *                     destroy, the look-ahead slots. */
+ *                     destroy;
+ *   remote_ahead.c    the look-ahead slots (emb_store_ops.prefetch). */
 #ifndef SHARDREC_RPC_REMOTE_IMPL_H
 #define SHARDREC_RPC_REMOTE_IMPL_H
 
@@ -107,5 +108,108 @@ void rpc__run_calls(conn *conns, grpc_completion_queue *cq, pcall *calls, int n,
  * the server's rows may no longer be the run's (rpc_remote_lost). */
 int rpc__call_error(const conn *c, const rpc_client_opts *o, const pcall *p, const char *what,
                     char *err, size_t errlen, int *lost);
+
+/* ---- remote_store.c: the store ---- */
+
+/* One stream of calls: its own completion queue, calls and grouping of
+ * ids. The store has two, so that a Lookup of step t+1 (prefetch) stays in
+ * flight, with its grouping intact, while the push of step t runs: in sync
+ * mode (and async with bound 1) the servers hold that Lookup until this
+ * push is in, so the push must not wait for it. */
+typedef struct {
+  grpc_completion_queue *cq;
+  pcall *calls; /* [cap_calls] */
+  int n_calls, cap_calls;
+  /* Grouping of this lane's last request, per table: ids grouped by shard
+   * and their positions in the caller's list; off[t*(n+1)+k] ..
+   * off[t*(n+1)+k+1]. */
+  uint64_t **gids;
+  size_t **perm;
+  size_t *off;
+  size_t *cap;
+  int hint; /* the Lookups built now are prefetch_only hints */
+} lane;
+
+/* Look-ahead (emb_store_ops.prefetch): a later step's ids, copied, and the
+ * calls of its own lane: first the prefetch_only hints (sent at once: the
+ * servers' stores read those rows ahead), then the step's Lookups, sent as
+ * soon as their answers cannot be stale (pf_may_send), whose answers wait
+ * in the lane until that step's lookup_begin takes them. */
+#define RPC_PF_STEPS 4 /* steps prefetched at once; more are ignored */
+typedef struct {
+  int used, sent;  /* holds a step; its Lookups are out */
+  int64_t step;
+  double t_sent;   /* when its Lookups were begun (sr_now) */
+  uint64_t **ids;  /* [n_tables][cap[t]]: the step's ids, counts[t] each (owned) */
+  size_t *counts, *cap;
+  lane L;
+} pf_slot;
+
+/* The remote store: an emb_store (base, first) over n shard servers. */
+typedef struct {
+  emb_store base;
+  conn *c;      /* [n] one per shard */
+  int n;
+  rpc_client_opts o;
+  char job[64];
+  char fp[EMB_FP_HEX];
+  char err[1024];
+  int lost; /* a server was unreachable or restarted: its rows may not be this run's */
+  int limits_known; /* every conn's limits read from its Stats */
+  lane lk;  /* the lookup in flight */
+  lane mn;  /* push, checkpoint, restore, stats */
+  /* Multi-rank: one Watch per server, held open until destroy detaches
+   * (rpc/service.h, "Rank death"); their completions wait on wcq until then. */
+  grpc_completion_queue *wcq;
+  pcall *watch; /* [n_watch] */
+  int n_watch;
+  int lookup_rc;
+  int lookup_pending;
+  int64_t lookup_step;
+  float *const *lookup_out;
+  double lookup_t0;     /* when the outstanding lookup's requests were begun (sr_now) */
+  double lookup_flight; /* the last lookup's seconds in flight (emb_store_lookup_flight) */
+  lane *cur;        /* the lane of the lookup outstanding: &lk or a slot's */
+  pf_slot *cur_pf;  /* that slot (NULL: lk) */
+  pf_slot pf[RPC_PF_STEPS];
+  int64_t pushed;   /* the last step pushed (answered OK); -1: none */
+  int64_t seen;     /* the highest step looked up, pushed or prefetched; -1: none */
+  emb_store_stats st;
+} rstore;
+
+/* L (zeroed) made ready: its completion queue, room for n_servers calls
+ * and the grouping of n_tables tables. 0 or SR_ENOMEM (rpc__lane_free
+ * frees what was made). */
+int rpc__lane_init(lane *L, int n_tables, int n_servers);
+/* Everything L owns freed: its calls, its queue (shut down and drained),
+ * its grouping. */
+void rpc__lane_free(lane *L, int n_tables);
+/* Every call of L freed (L keeps its room for more). */
+void rpc__calls_free(lane *L);
+/* Build the requests of ids for every shard into L (lookup: grads NULL),
+ * each cut to fit its server's limits. 0 or an SR_E* code (s->err). */
+int rpc__build_calls(rstore *s, lane *L, rpc_method m, int64_t step, float lr,
+                     const emb_idset *ids, const float *const *grads);
+/* Build and start L's Lookups of ids for step. 0 or an SR_E* code. */
+int rpc__lookup_start(rstore *s, lane *L, int64_t step, const emb_idset *ids);
+/* Every server's limits, from its Stats (once, and again after a Restore). */
+int rpc__fetch_limits(rstore *s);
+/* ---- remote_ahead.c: the look-ahead ---- */
+
+/* emb_store_ops.prefetch. */
+int rpc__remote_prefetch(emb_store *b, int64_t step, const emb_idset *ids);
+/* The slot's copy of its step's ids, as an id set. */
+emb_idset rpc__slot_ids(const rstore *s, const pf_slot *f);
+/* Whether slot f holds exactly ids. */
+int rpc__slot_same_ids(const rstore *s, const pf_slot *f, const emb_idset *ids);
+/* Let slot f go (its calls waited for, their answers dropped). */
+void rpc__slot_release(rstore *s, pf_slot *f);
+/* Release the slots of steps before step, but the one the outstanding
+ * lookup reads. */
+void rpc__slots_drop_before(rstore *s, int64_t step);
+/* Send slot f's Lookups. 0, or a code (the slot is then released). */
+int rpc__slot_send(rstore *s, pf_slot *f);
+/* After a push answered: send the slots whose Lookups may go now. */
+void rpc__slots_send_ready(rstore *s);
 
 #endif

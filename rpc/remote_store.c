@@ -5,8 +5,8 @@
  * all in flight at once on one completion queue, round the server's
  * connections (rpc/remote_call.c): lookup_begin starts them and returns,
  * lookup_wait collects them and scatters the rows into the caller's
- * buffers. Steps handed ahead (prefetch) have a lane each (pf_slot).
- * Lookups have a queue (lane) of their own, so a
+ * buffers. Steps handed ahead (prefetch) have a lane each (pf_slot,
+ * rpc/remote_ahead.c). Lookups have a queue (lane) of their own, so a
  * Lookup of step t+1 may stay in flight while push() of step t runs
  * (prefetch; the servers may hold that Lookup until the push is in). Every
  * header carries rank, world size and max_staleness (rpc/service.h). Push
@@ -29,71 +29,6 @@
 #include "rpc/remote_impl.h"
 #include "rpc/shardrec.pb-c.h"
 #include "rpc/wire.h"
-
-/* One stream of calls: its own completion queue, calls and grouping of
- * ids. The store has two, so that a Lookup of step t+1 (prefetch) stays in
- * flight, with its grouping intact, while the push of step t runs: in sync
- * mode (and async with bound 1) the servers hold that Lookup until this
- * push is in, so the push must not wait for it. */
-typedef struct {
-  grpc_completion_queue *cq;
-  pcall *calls; /* [cap_calls] */
-  int n_calls, cap_calls;
-  /* Grouping of this lane's last request, per table: ids grouped by shard
-   * and their positions in the caller's list; off[t*(n+1)+k] ..
-   * off[t*(n+1)+k+1]. */
-  uint64_t **gids;
-  size_t **perm;
-  size_t *off;
-  size_t *cap;
-  int hint; /* the Lookups built now are prefetch_only hints */
-} lane;
-
-/* Look-ahead (emb_store_ops.prefetch): a later step's ids, copied, and the
- * calls of its own lane: first the prefetch_only hints (sent at once: the
- * servers' stores read those rows ahead), then the step's Lookups, sent as
- * soon as their answers cannot be stale (pf_may_send), whose answers wait
- * in the lane until that step's lookup_begin takes them. */
-#define RPC_PF_STEPS 4 /* steps prefetched at once; more are ignored */
-typedef struct {
-  int used, sent;  /* holds a step; its Lookups are out */
-  int64_t step;
-  double t_sent;   /* when its Lookups were begun (sr_now) */
-  uint64_t **ids;  /* [n_tables][cap[t]]: the step's ids, counts[t] each (owned) */
-  size_t *counts, *cap;
-  lane L;
-} pf_slot;
-
-typedef struct {
-  emb_store base;
-  conn *c;      /* [n] one per shard */
-  int n;
-  rpc_client_opts o;
-  char job[64];
-  char fp[EMB_FP_HEX];
-  char err[1024];
-  int lost; /* a server was unreachable or restarted: its rows may not be this run's */
-  int limits_known; /* every conn's limits read from its Stats */
-  lane lk;  /* the lookup in flight */
-  lane mn;  /* push, checkpoint, restore, stats */
-  /* Multi-rank: one Watch per server, held open until destroy detaches
-   * (rpc/service.h, "Rank death"); their completions wait on wcq until then. */
-  grpc_completion_queue *wcq;
-  pcall *watch; /* [n_watch] */
-  int n_watch;
-  int lookup_rc;
-  int lookup_pending;
-  int64_t lookup_step;
-  float *const *lookup_out;
-  double lookup_t0;     /* when the outstanding lookup's requests were begun (sr_now) */
-  double lookup_flight; /* the last lookup's seconds in flight (emb_store_lookup_flight) */
-  lane *cur;        /* the lane of the lookup outstanding: &lk or a slot's */
-  pf_slot *cur_pf;  /* that slot (NULL: lk) */
-  pf_slot pf[RPC_PF_STEPS];
-  int64_t pushed;   /* the last step pushed (answered OK); -1: none */
-  int64_t seen;     /* the highest step looked up, pushed or prefetched; -1: none */
-  emb_store_stats st;
-} rstore;
 
 /* rpc__call_error of p, a call of s, into s->err and s->lost. */
 static int call_error(rstore *s, const pcall *p, const char *what) {
@@ -175,7 +110,7 @@ static int group(rstore *s, lane *L, const emb_idset *ids) {
   return 0;
 }
 
-static void calls_free(lane *L) {
+void rpc__calls_free(lane *L) {
   for (int i = 0; i < L->n_calls; i++) rpc__pcall_free(&L->calls[i]);
   L->n_calls = 0;
 }
@@ -307,7 +242,7 @@ static int build_one(rstore *s, lane *L, int k, rpc_method m, int64_t step, floa
  * to fit its server's limits (cut_calls). A shard with nothing gets no
  * Lookup, and a Push only in a multi-rank job (every rank pushes to every
  * shard every step: the shard applies a step once every rank's is in). */
-static int build_calls(rstore *s, lane *L, rpc_method m, int64_t step, float lr,
+int rpc__build_calls(rstore *s, lane *L, rpc_method m, int64_t step, float lr,
                        const emb_idset *ids, const float *const *grads) {
   const emb_plan *plan = s->base.plan;
   int rc = group(s, L, ids);
@@ -336,19 +271,15 @@ static int build_calls(rstore *s, lane *L, rpc_method m, int64_t step, float lr,
   free(parts);
   free(call_of);
   if (rc == SR_ENOMEM) sr_fmt(s->err, sizeof s->err, "out of memory building requests");
-  if (rc) calls_free(L);
+  if (rc) rpc__calls_free(L);
   return rc;
 }
 
-static int fetch_limits(rstore *s);
-static int lane_init(lane *L, int n_tables, int n_servers);
-static void lane_free(lane *L, int n_tables);
-
 /* Build and start L's Lookups of ids for step (appended to any hints L
  * holds that are not started yet: those start too). 0 or an SR_E* code. */
-static int lookup_start(rstore *s, lane *L, int64_t step, const emb_idset *ids) {
-  int rc = fetch_limits(s);
-  if (!rc) rc = build_calls(s, L, RPC_LOOKUP, step, 0, ids, NULL);
+int rpc__lookup_start(rstore *s, lane *L, int64_t step, const emb_idset *ids) {
+  int rc = rpc__fetch_limits(s);
+  if (!rc) rc = rpc__build_calls(s, L, RPC_LOOKUP, step, 0, ids, NULL);
   if (rc) return rc;
   for (int i = 0; i < L->n_calls; i++)
     if (!L->calls[i].active && !L->calls[i].done && !L->calls[i].tries)
@@ -403,148 +334,14 @@ static int lookup_collect(rstore *s, lane *L, int64_t step, float *const *out) {
     }
     shardrec__v1__lookup_response__free_unpacked(a, NULL);
   }
-  calls_free(L);
+  rpc__calls_free(L);
   return rc;
-}
-
-/* The slot's copy of its step's ids, as an id set. */
-static emb_idset slot_ids(const rstore *s, const pf_slot *f) {
-  emb_idset v = {s->base.plan->n_tables, (const uint64_t *const *)f->ids, f->counts};
-  return v;
-}
-
-/* Let slot f go: its calls are waited for, never cancelled (to a server, a
- * held Lookup cancelled means its rank went away), their answers dropped. */
-static void slot_release(rstore *s, pf_slot *f) {
-  if (!f->used) return;
-  rpc__run_calls(s->c, f->L.cq, f->L.calls, f->L.n_calls, &s->o);
-  calls_free(&f->L);
-  f->used = f->sent = 0;
-}
-
-/* Release the slots of steps before step (never looked up), but the one
- * the outstanding lookup reads. */
-static void slots_drop_before(rstore *s, int64_t step) {
-  for (int i = 0; i < RPC_PF_STEPS; i++)
-    if (s->pf[i].used && s->pf[i].step < step && &s->pf[i] != s->cur_pf) slot_release(s, &s->pf[i]);
-}
-
-/* Whether a Lookup of step sent now gets the rows its own lookup would.
- * Multi-rank: the servers hold it until the job's rules allow (sync: step
- * - 1 applied by every rank; async: step - S), once this rank has pushed
- * (so every server knows the job's first step). One rank: a server answers
- * at once, so this rank's own push of step - 1 (async: step - S) must be
- * answered (applied) first. */
-static int pf_may_send(const rstore *s, int64_t step) {
-  if (s->pushed < 0) return 0;
-  if (s->o.world_size > 1) return 1;
-  const int64_t lag = s->o.max_staleness > 0 ? s->o.max_staleness : 1;
-  return s->pushed >= step - lag;
-}
-
-/* Send slot f's Lookups: its hints, started at prefetch, are collected
- * first (the servers answer them at once). 0, or a code (the slot is then
- * released: the step's lookup reads afresh and reports any failure). */
-static int slot_send(rstore *s, pf_slot *f) {
-  rpc__run_calls(s->c, f->L.cq, f->L.calls, f->L.n_calls, &s->o);
-  calls_free(&f->L);
-  emb_idset v = slot_ids(s, f);
-  f->t_sent = sr_now();
-  int rc = lookup_start(s, &f->L, f->step, &v);
-  if (rc) slot_release(s, f);
-  else f->sent = 1;
-  return rc;
-}
-
-/* Copy ids into slot f (grown as needed). 0 or SR_ENOMEM. */
-static int slot_copy(rstore *s, pf_slot *f, const emb_idset *ids) {
-  const int nt = s->base.plan->n_tables;
-  if (!f->ids) f->ids = calloc((size_t)nt, sizeof *f->ids);
-  if (!f->counts) f->counts = calloc((size_t)nt, sizeof *f->counts);
-  if (!f->cap) f->cap = calloc((size_t)nt, sizeof *f->cap);
-  if (!f->ids || !f->counts || !f->cap) return SR_ENOMEM;
-  if (!f->L.cq && lane_init(&f->L, nt, s->n)) {
-    lane_free(&f->L, nt);
-    memset(&f->L, 0, sizeof f->L);
-    return SR_ENOMEM;
-  }
-  for (int t = 0; t < nt; t++) {
-    size_t n = ids->counts[t];
-    if (n > f->cap[t]) {
-      uint64_t *g = realloc(f->ids[t], n * sizeof *g);
-      if (!g) return SR_ENOMEM;
-      f->ids[t] = g;
-      f->cap[t] = n;
-    }
-    if (n) memcpy(f->ids[t], ids->ids[t], n * sizeof *f->ids[t]);
-    f->counts[t] = n;
-  }
-  return 0;
-}
-
-static int slot_same_ids(const rstore *s, const pf_slot *f, const emb_idset *ids) {
-  for (int t = 0; t < s->base.plan->n_tables; t++)
-    if (f->counts[t] != ids->counts[t] ||
-        (f->counts[t] && memcmp(f->ids[t], ids->ids[t], f->counts[t] * sizeof *f->ids[t])))
-      return 0;
-  return 1;
-}
-
-static int r_prefetch(emb_store *b, int64_t step, const emb_idset *ids) {
-  rstore *s = (rstore *)b;
-  if (!ids || ids->n_tables != b->plan->n_tables) {
-    sr_fmt(s->err, sizeof s->err, "prefetch: id set has %d tables, the plan has %d",
-           ids ? ids->n_tables : -1, b->plan->n_tables);
-    return SR_EINVAL;
-  }
-  if (step <= s->seen) {
-    sr_fmt(s->err, sizeof s->err, "prefetch of step %lld: not after step %lld (already looked "
-           "up, pushed or prefetched)", (long long)step, (long long)s->seen);
-    return SR_EINVAL;
-  }
-  pf_slot *f = NULL;
-  for (int i = 0; i < RPC_PF_STEPS && !f; i++)
-    if (!s->pf[i].used) f = &s->pf[i];
-  if (!f) return 0; /* as far ahead as this store looks: the lookup reads then */
-  /* Out of memory (or, below, a server not answering its Stats): nothing
-   * prefetched, and the step's lookup reads and reports. */
-  if (slot_copy(s, f, ids)) return 0;
-  emb_idset v = slot_ids(s, f);
-  if (fetch_limits(s)) return 0;
-  /* The Lookups themselves when they may go now: a Lookup reads its rows
-   * itself, and a hint beside it would only widen the race between it and
-   * the Push sent after it (one rank of async mode: the servers' threads
-   * may take the Push first once the Lookup waits). Else prefetch_only
-   * hints, answered at once; the Lookups follow when they may go
-   * (slot_send). */
-  const int now = pf_may_send(s, step);
-  f->L.hint = !now;
-  f->t_sent = sr_now();
-  int rc = build_calls(s, &f->L, RPC_LOOKUP, step, 0, &v, NULL);
-  f->L.hint = 0;
-  if (rc) /* SR_ERANGE for an id out of range, as the lookup would say */
-    return rc == SR_ERANGE || rc == SR_EINVAL ? rc : 0;
-  f->used = 1;
-  f->sent = now;
-  f->step = step;
-  s->seen = step;
-  for (int i = 0; i < f->L.n_calls; i++)
-    rpc__pcall_start(&s->c[f->L.calls[i].shard], f->L.cq, &f->L.calls[i], s->o.deadline_s);
-  return 0;
-}
-
-/* After a push answered: send the slots whose Lookups may go now. */
-static void slots_send_ready(rstore *s) {
-  for (int i = 0; i < RPC_PF_STEPS; i++) {
-    pf_slot *f = &s->pf[i];
-    if (f->used && !f->sent && f != s->cur_pf && pf_may_send(s, f->step)) slot_send(s, f);
-  }
 }
 
 /* Finish the outstanding lookup, dropping its rows. */
 static void lookup_drop(rstore *s) {
   rpc__run_calls(s->c, s->cur->cq, s->cur->calls, s->cur->n_calls, &s->o);
-  calls_free(s->cur);
+  rpc__calls_free(s->cur);
   if (s->cur_pf) s->cur_pf->used = s->cur_pf->sent = 0;
   s->cur = &s->lk;
   s->cur_pf = NULL;
@@ -560,17 +357,17 @@ static int r_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, floa
            ids ? ids->n_tables : -1, b->plan->n_tables);
     return s->lookup_rc = SR_EINVAL;
   }
-  slots_drop_before(s, step);
+  rpc__slots_drop_before(s, step);
   pf_slot *f = NULL;
   for (int i = 0; i < RPC_PF_STEPS && !f; i++)
     if (s->pf[i].used && s->pf[i].step == step) f = &s->pf[i];
-  if (f && !slot_same_ids(s, f, ids)) { /* other ids than prefetched: read these */
-    slot_release(s, f);
+  if (f && !rpc__slot_same_ids(s, f, ids)) { /* other ids than prefetched: read these */
+    rpc__slot_release(s, f);
     f = NULL;
   }
-  if (f && !f->sent && slot_send(s, f)) f = NULL;
+  if (f && !f->sent && rpc__slot_send(s, f)) f = NULL;
   if (!f) {
-    int rc = lookup_start(s, &s->lk, step, ids);
+    int rc = rpc__lookup_start(s, &s->lk, step, ids);
     if (rc) return s->lookup_rc = rc;
   }
   s->cur = f ? &f->L : &s->lk;
@@ -604,8 +401,8 @@ static int r_lookup_wait(emb_store *b) {
     f->used = f->sent = 0;
     if (rc) {
       s->lost = lost;
-      emb_idset v = slot_ids(s, f);
-      rc = lookup_start(s, &s->lk, s->lookup_step, &v);
+      emb_idset v = rpc__slot_ids(s, f);
+      rc = rpc__lookup_start(s, &s->lk, s->lookup_step, &v);
       if (!rc) rc = lookup_collect(s, &s->lk, s->lookup_step, s->lookup_out);
     }
   }
@@ -626,9 +423,9 @@ static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
            ids ? ids->n_tables : -1, b->plan->n_tables);
     return SR_EINVAL;
   }
-  slots_drop_before(s, step + 1); /* prefetched steps up to this one are over */
-  int rc = fetch_limits(s);
-  if (!rc) rc = build_calls(s, L, RPC_PUSH, step, lr, ids, grads);
+  rpc__slots_drop_before(s, step + 1); /* prefetched steps up to this one are over */
+  int rc = rpc__fetch_limits(s);
+  if (!rc) rc = rpc__build_calls(s, L, RPC_PUSH, step, lr, ids, grads);
   if (rc) return rc;
   for (int i = 0; i < L->n_calls; i++)
     rpc__pcall_start(&s->c[L->calls[i].shard], L->cq, &L->calls[i], s->o.deadline_s);
@@ -651,12 +448,12 @@ static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
     rc = check_inc(s, p->shard, a->incarnation, "push");
     shardrec__v1__push_response__free_unpacked(a, NULL);
   }
-  calls_free(L);
+  rpc__calls_free(L);
   if (rc) return rc;
   for (int t = 0; t < ids->n_tables; t++) s->st.pushes += ids->counts[t];
   if (step > s->pushed) s->pushed = step;
   if (step > s->seen) s->seen = step;
-  slots_send_ready(s);
+  rpc__slots_send_ready(s);
   return 0;
 }
 
@@ -671,7 +468,7 @@ static int broadcast(rstore *s, rpc_method m, uint8_t *(*make)(rstore *, int, si
     size_t len = 0;
     uint8_t *req = make(s, k, &len, ctx);
     if (!req) {
-      calls_free(L);
+      rpc__calls_free(L);
       sr_fmt(s->err, sizeof s->err, "%s: out of memory", what);
       return SR_ENOMEM;
     }
@@ -684,7 +481,7 @@ static int broadcast(rstore *s, rpc_method m, uint8_t *(*make)(rstore *, int, si
     if (L->calls[i].status != GRPC_STATUS_OK) rc = call_error(s, &L->calls[i], what);
     else if (each) rc = each(s, &L->calls[i], ctx);
   }
-  calls_free(L);
+  rpc__calls_free(L);
   return rc;
 }
 
@@ -740,7 +537,7 @@ static int read_limits(rstore *s, pcall *p, void *ctx) {
 
 /* Every server's limits, from its Stats (once, and again after a Restore:
  * a restarted server may have others), so that calls are cut to fit them. */
-static int fetch_limits(rstore *s) {
+int rpc__fetch_limits(rstore *s) {
   if (s->limits_known) return 0;
   int rc = broadcast(s, RPC_STATS, make_stats, NULL, "stats", read_limits);
   if (!rc) s->limits_known = 1;
@@ -807,7 +604,7 @@ static int r_restore(emb_store *b, const char *path) {
    * and the servers forgot the job: its steps start over. */
   rstore *s = (rstore *)b;
   for (int i = 0; i < RPC_PF_STEPS; i++)
-    if (&s->pf[i] != s->cur_pf) slot_release(s, &s->pf[i]);
+    if (&s->pf[i] != s->cur_pf) rpc__slot_release(s, &s->pf[i]);
   s->pushed = s->seen = -1;
   return rc;
 }
@@ -897,8 +694,8 @@ static void watch_stop(rstore *s) {
   s->watch = NULL;
 }
 
-static void lane_free(lane *L, int n_tables) {
-  calls_free(L);
+void rpc__lane_free(lane *L, int n_tables) {
+  rpc__calls_free(L);
   if (L->cq) {
     rpc__cq_close(L->cq);
   }
@@ -913,7 +710,7 @@ static void lane_free(lane *L, int n_tables) {
   free(L->calls);
 }
 
-static int lane_init(lane *L, int n_tables, int n_servers) {
+int rpc__lane_init(lane *L, int n_tables, int n_servers) {
   L->calls = calloc((size_t)n_servers, sizeof *L->calls);
   L->cap_calls = n_servers;
   L->gids = calloc((size_t)n_tables, sizeof *L->gids);
@@ -938,15 +735,15 @@ static void r_destroy(emb_store *b) {
       f->L.calls[j].cancelled = 1;
       if (f->L.calls[j].active) grpc_call_cancel(f->L.calls[j].call, NULL);
     }
-    slot_release(s, f);
-    lane_free(&f->L, b->plan->n_tables);
+    rpc__slot_release(s, f);
+    rpc__lane_free(&f->L, b->plan->n_tables);
     for (int t = 0; f->ids && t < b->plan->n_tables; t++) free(f->ids[t]);
     free(f->ids);
     free(f->counts);
     free(f->cap);
   }
-  lane_free(&s->lk, b->plan->n_tables);
-  lane_free(&s->mn, b->plan->n_tables);
+  rpc__lane_free(&s->lk, b->plan->n_tables);
+  rpc__lane_free(&s->mn, b->plan->n_tables);
   for (int k = 0; k < s->n && s->c; k++) {
     for (int i = 0; i < s->c[k].n_ch; i++) grpc_channel_destroy(s->c[k].chs[i].ch);
     free(s->c[k].chs);
@@ -962,7 +759,7 @@ static const emb_store_ops remote_ops = {
     .ckpt_layout = EMB_CKPT_SHARD_FOLDERS,
     .lookup_begin = r_lookup_begin,
     .lookup_wait = r_lookup_wait,
-    .prefetch = r_prefetch,
+    .prefetch = rpc__remote_prefetch,
     .lookup_flight = r_lookup_flight,
     .push = r_push,
     .flush = r_flush,
@@ -1034,7 +831,7 @@ static void lane_cancel(rstore *s, lane *L) {
     }
   }
   rpc__run_calls(s->c, L->cq, L->calls, L->n_calls, &s->o);
-  calls_free(L);
+  rpc__calls_free(L);
 }
 
 void rpc_remote_quiesce(emb_store *b) {
@@ -1137,8 +934,8 @@ emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *serv
   s->cur = &s->lk;
   s->pushed = s->seen = -1;
   s->c = calloc((size_t)n_servers, sizeof *s->c);
-  int lk = lane_init(&s->lk, plan->n_tables, n_servers);
-  int mn = lane_init(&s->mn, plan->n_tables, n_servers);
+  int lk = rpc__lane_init(&s->lk, plan->n_tables, n_servers);
+  int mn = rpc__lane_init(&s->mn, plan->n_tables, n_servers);
   if (!s->c || lk || mn) {
     sr_fmt(err, errlen, "remote store: out of memory");
     goto fail;
