@@ -10,7 +10,11 @@
  *                     Pushes built and their answers read, the broadcasts
  *                     (Checkpoint, Restore, Stats), the Watches, create and
  *                     destroy;
- *   remote_ahead.c    the look-ahead slots (emb_store_ops.prefetch). */
+ *   remote_ahead.c    the look-ahead slots (emb_store_ops.prefetch);
+ *   remote_recover.c  what a job asks of the store beyond embedding/store.h:
+ *                     recovery from a lost server (rpc_remote_quiesce,
+ *                     _rejoin, _incarnations, _lost), retries' notes, the
+ *                     check of checkpoint folders against the servers' roots. */
 #ifndef SHARDREC_RPC_REMOTE_IMPL_H
 #define SHARDREC_RPC_REMOTE_IMPL_H
 
@@ -177,6 +181,9 @@ typedef struct {
   emb_store_stats st;
 } rstore;
 
+/* The store's emb_store_ops: a store is remote when its ops are these. */
+extern const emb_store_ops rpc__remote_ops;
+
 /* L (zeroed) made ready: its completion queue, room for n_servers calls
  * and the grouping of n_tables tables. 0 or SR_ENOMEM (rpc__lane_free
  * frees what was made). */
@@ -194,6 +201,16 @@ int rpc__build_calls(rstore *s, lane *L, rpc_method m, int64_t step, float lr,
 int rpc__lookup_start(rstore *s, lane *L, int64_t step, const emb_idset *ids);
 /* Every server's limits, from its Stats (once, and again after a Restore). */
 int rpc__fetch_limits(rstore *s);
+/* The same request to every server (make builds server k's; each, when
+ * not NULL, reads each answer), waited for. 0 or the first failure's code. */
+int rpc__broadcast(rstore *s, rpc_method m, uint8_t *(*make)(rstore *, int, size_t *, void *),
+                   void *ctx, const char *what, int (*each)(rstore *, pcall *, void *));
+/* A StatsRequest (rpc__broadcast's make). */
+uint8_t *rpc__make_stats(rstore *s, int k, size_t *len, void *ctx);
+/* Multi-rank: start a Watch on every server; detach and end them. */
+int rpc__watch_start(rstore *s);
+void rpc__watch_stop(rstore *s);
+
 /* ---- remote_ahead.c: the look-ahead ---- */
 
 /* emb_store_ops.prefetch. */

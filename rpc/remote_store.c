@@ -458,7 +458,7 @@ static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
 }
 
 /* The same request to every server. */
-static int broadcast(rstore *s, rpc_method m, uint8_t *(*make)(rstore *, int, size_t *, void *),
+int rpc__broadcast(rstore *s, rpc_method m, uint8_t *(*make)(rstore *, int, size_t *, void *),
                      void *ctx, const char *what, int (*each)(rstore *, pcall *, void *)) {
   /* A Lookup in flight stays in flight on its own lane (a Restore, say, must
    * not wait for a Lookup the servers hold for a step that never comes). */
@@ -499,7 +499,7 @@ static uint8_t *make_restore(rstore *s, int k, size_t *len, void *ctx) {
   q.path = (char *)ctx;
   return pack(&q.base, len);
 }
-static uint8_t *make_stats(rstore *s, int k, size_t *len, void *ctx) {
+uint8_t *rpc__make_stats(rstore *s, int k, size_t *len, void *ctx) {
   (void)s, (void)k, (void)ctx;
   Shardrec__V1__StatsRequest q = SHARDREC__V1__STATS_REQUEST__INIT;
   return pack(&q.base, len);
@@ -539,7 +539,7 @@ static int read_limits(rstore *s, pcall *p, void *ctx) {
  * a restarted server may have others), so that calls are cut to fit them. */
 int rpc__fetch_limits(rstore *s) {
   if (s->limits_known) return 0;
-  int rc = broadcast(s, RPC_STATS, make_stats, NULL, "stats", read_limits);
+  int rc = rpc__broadcast(s, RPC_STATS, rpc__make_stats, NULL, "stats", read_limits);
   if (!rc) s->limits_known = 1;
   return rc;
 }
@@ -592,12 +592,13 @@ static int abs_path(rstore *s, const char *path, char *out, size_t n) {
 static int r_checkpoint(emb_store *b, const char *path) {
   char abs[SR_PATH_MAX];
   int rc = abs_path((rstore *)b, path, abs, sizeof abs);
-  return rc ? rc : broadcast((rstore *)b, RPC_CHECKPOINT, make_ckpt, abs, "checkpoint", ckpt_inc);
+  return rc ? rc
+            : rpc__broadcast((rstore *)b, RPC_CHECKPOINT, make_ckpt, abs, "checkpoint", ckpt_inc);
 }
 static int r_restore(emb_store *b, const char *path) {
   char abs[SR_PATH_MAX];
   int rc = abs_path((rstore *)b, path, abs, sizeof abs);
-  if (!rc) rc = broadcast((rstore *)b, RPC_RESTORE, make_restore, abs, "restore", restore_inc);
+  if (!rc) rc = rpc__broadcast((rstore *)b, RPC_RESTORE, make_restore, abs, "restore", restore_inc);
   if (!rc) ((rstore *)b)->lost = 0;
   ((rstore *)b)->limits_known = 0;
   /* Everything prefetched goes (the servers answered held Lookups ABORTED),
@@ -611,7 +612,7 @@ static int r_restore(emb_store *b, const char *path) {
 static int r_stats(emb_store *b, emb_store_stats *out) {
   rstore *s = (rstore *)b;
   emb_store_stats sum = {0};
-  int rc = broadcast(s, RPC_STATS, make_stats, &sum, "stats", sum_stats);
+  int rc = rpc__broadcast(s, RPC_STATS, rpc__make_stats, &sum, "stats", sum_stats);
   if (rc) return rc;
   /* Rows looked up and pushed as this client counted them. */
   sum.lookups = s->st.lookups;
@@ -641,7 +642,7 @@ static uint8_t *make_watch(rstore *s, int k, size_t *len, void *ctx) {
 
 /* Start a Watch on every server (not waited for: a server that cannot be
  * reached just does not watch this rank). 0 or SR_ENOMEM. */
-static int watch_start(rstore *s) {
+int rpc__watch_start(rstore *s) {
   s->wcq = grpc_completion_queue_create_for_next(NULL);
   s->watch = calloc((size_t)s->n, sizeof *s->watch);
   if (!s->wcq || !s->watch) return SR_ENOMEM;
@@ -660,12 +661,12 @@ static int watch_start(rstore *s) {
  * collect the Watches: those still held after a few seconds (a server that
  * did not get the detach) are cancelled, which that server reads as this
  * rank going away, as it has. */
-static void watch_stop(rstore *s) {
+void rpc__watch_stop(rstore *s) {
   if (!s->wcq) return;
   if (s->n_watch) {
     int tries = s->o.max_tries;
     s->o.max_tries = 2; /* a server that is gone does not hold this process up */
-    broadcast(s, RPC_WATCH, make_watch, s, "detach", NULL);
+    rpc__broadcast(s, RPC_WATCH, make_watch, s, "detach", NULL);
     s->o.max_tries = tries;
   }
   int left = 0;
@@ -726,7 +727,7 @@ int rpc__lane_init(lane *L, int n_tables, int n_servers) {
 static void r_destroy(emb_store *b) {
   rstore *s = (rstore *)b;
   if (s->lookup_pending) r_lookup_wait(b);
-  watch_stop(s);
+  rpc__watch_stop(s);
   /* Prefetched steps never looked up (a job that ends with steps handed
    * ahead): detached now, this rank may cancel its held Lookups. */
   for (int i = 0; i < RPC_PF_STEPS; i++) {
@@ -754,7 +755,7 @@ static void r_destroy(emb_store *b) {
   rpc_global_shutdown();
 }
 
-static const emb_store_ops remote_ops = {
+const emb_store_ops rpc__remote_ops = {
     .kind = EMB_STORE_REMOTE,
     .ckpt_layout = EMB_CKPT_SHARD_FOLDERS,
     .lookup_begin = r_lookup_begin,
@@ -770,130 +771,6 @@ static const emb_store_ops remote_ops = {
     .errmsg = r_errmsg,
     .destroy = r_destroy,
 };
-
-typedef struct {
-  const char *const *paths, *const *names;
-  int n;
-} roots_ctx;
-
-/* One server's Stats: every path of ctx inside one of its roots. */
-static int roots_each(rstore *s, pcall *p, void *ctx) {
-  const roots_ctx *q = ctx;
-  Shardrec__V1__StatsResponse *a = shardrec__v1__stats_response__unpack(NULL, p->resp_len, p->resp);
-  if (!a) {
-    sr_fmt(s->err, sizeof s->err, "stats: shard %d server %s: undecodable answer", p->shard,
-           s->c[p->shard].addr);
-    return SR_EFORMAT;
-  }
-  int rc = 0;
-  for (int i = 0; i < q->n && !rc; i++) {
-    char real[SR_PATH_MAX], why[600] = "";
-    rc = SR_EINVAL;
-    for (size_t r = 0; r < a->n_checkpoint_roots && rc == SR_EINVAL; r++)
-      rc = sr_path_confine(a->checkpoint_roots[r], q->paths[i], real, sizeof real, why, sizeof why);
-    if (rc && !a->n_checkpoint_roots)
-      sr_fmt(s->err, sizeof s->err, "%s %s: shard %d server %s has no checkpoint root (start it "
-             "with serve --checkpoint-root DIR, DIR holding this folder)", q->names[i], q->paths[i],
-             p->shard, s->c[p->shard].addr);
-    else if (rc == SR_EINVAL)
-      sr_fmt(s->err, sizeof s->err, "%s %s: not inside the checkpoint root %s of shard %d server "
-             "%s (serve --checkpoint-root; the servers must see this folder at the same path)",
-             q->names[i], q->paths[i], a->checkpoint_roots[0], p->shard, s->c[p->shard].addr);
-    else if (rc)
-      sr_fmt(s->err, sizeof s->err, "%s %s", q->names[i], why);
-  }
-  shardrec__v1__stats_response__free_unpacked(a, NULL);
-  return rc;
-}
-
-int rpc_remote_check_roots(emb_store *b, const char *const *paths, const char *const *names, int n,
-                           char *err, size_t errlen) {
-  if (!b || b->ops != &remote_ops) return 0;
-  rstore *s = (rstore *)b;
-  roots_ctx q = {paths, names, n};
-  int rc = broadcast(s, RPC_STATS, make_stats, &q, "stats", roots_each);
-  if (rc) sr_fmt(err, errlen, "%s", s->err);
-  return rc;
-}
-
-/* End every call of L now: those in flight cancelled (a server reads a
- * held Lookup cancelled as its rank going away: the job it names is
- * dropped there), those waiting to be retried not sent again. */
-static void lane_cancel(rstore *s, lane *L) {
-  for (int i = 0; i < L->n_calls; i++) {
-    pcall *p = &L->calls[i];
-    p->cancelled = 1; /* an attempt that ends on its own now is not retried either */
-    if (p->active) {
-      grpc_call_cancel(p->call, NULL);
-    } else if (!p->done) {
-      p->done = 1;
-      p->status = GRPC_STATUS_CANCELLED;
-    }
-  }
-  rpc__run_calls(s->c, L->cq, L->calls, L->n_calls, &s->o);
-  rpc__calls_free(L);
-}
-
-void rpc_remote_quiesce(emb_store *b) {
-  if (!b || b->ops != &remote_ops) return;
-  rstore *s = (rstore *)b;
-  if (s->lookup_pending) {
-    lane_cancel(s, s->cur);
-    s->lookup_pending = 0;
-    s->lookup_rc = SR_ESTATE;
-    sr_fmt(s->err, sizeof s->err, "lookup of step %lld: dropped for a recovery",
-           (long long)s->lookup_step);
-  }
-  s->cur = &s->lk;
-  s->cur_pf = NULL;
-  for (int i = 0; i < RPC_PF_STEPS; i++) {
-    pf_slot *f = &s->pf[i];
-    if (f->used) lane_cancel(s, &f->L);
-    f->used = f->sent = 0;
-  }
-  s->pushed = s->seen = -1;
-}
-
-int rpc_remote_incarnations(const emb_store *b, uint64_t *inc, int n) {
-  if (!b || b->ops != &remote_ops) return 0;
-  const rstore *s = (const rstore *)b;
-  int k = 0;
-  for (; k < n && k < s->n; k++) inc[k] = s->c[k].inc;
-  return k;
-}
-
-int rpc_remote_rejoin(emb_store *b, const char *job_id, const uint64_t *inc) {
-  if (!b || b->ops != &remote_ops) return 0;
-  rstore *s = (rstore *)b;
-  rpc_remote_quiesce(b);
-  watch_stop(s); /* detached under the old id */
-  snprintf(s->job, sizeof s->job, "%s", job_id);
-  for (int k = 0; k < s->n; k++) s->c[k].inc = inc ? inc[k] : 0;
-  s->lost = 0;
-  s->limits_known = 0; /* a restarted server may have other limits */
-  if (s->o.world_size > 1 && watch_start(s)) {
-    sr_fmt(s->err, sizeof s->err, "remote store: out of memory");
-    return SR_ENOMEM;
-  }
-  return 0;
-}
-
-int rpc_remote_note(emb_store *b, char *buf, size_t len) {
-  if (!b || b->ops != &remote_ops) return 0;
-  rstore *s = (rstore *)b;
-  int n = 0;
-  for (int k = 0; k < s->n; k++) {
-    if (!s->c[k].notes) continue;
-    if (!n) sr_fmt(buf, len, "shard %d: %s", k, s->c[k].note);
-    n += s->c[k].notes;
-    s->c[k].notes = 0;
-  }
-  return n;
-}
-
-int rpc_remote_lost(const emb_store *b) {
-  return b && b->ops == &remote_ops && ((const rstore *)b)->lost;
-}
 
 emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *servers,
                                    int n_servers, const rpc_client_opts *o, char *err,
@@ -926,7 +803,7 @@ emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *serv
     sr_fmt(err, errlen, "remote store: out of memory");
     return NULL;
   }
-  s->base.ops = &remote_ops;
+  s->base.ops = &rpc__remote_ops;
   s->base.plan = plan;
   if (o) s->o = *o;
   rpc__opts_defaults(&s->o);
@@ -962,7 +839,7 @@ emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *serv
     }
     if (rpc__conn_open(&s->c[k], servers[k], &s->o, err, errlen)) goto fail;
   }
-  if (s->o.world_size > 1 && watch_start(s)) {
+  if (s->o.world_size > 1 && rpc__watch_start(s)) {
     sr_fmt(err, errlen, "remote store: out of memory");
     goto fail;
   }
