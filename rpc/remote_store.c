@@ -3,17 +3,15 @@
  * A step's unique ids are grouped by shard (emb_plan_shard_of), one call
  * per shard (or several: cut to the server's limits and to chunk_bytes),
  * all in flight at once on one completion queue, round the server's
- * connections: lookup_begin starts them and returns, lookup_wait collects
- * them and scatters the rows into the caller's buffers. Steps handed ahead
- * (prefetch) have a lane each (pf_slot). Lookups have a queue (lane) of their own, so a
+ * connections (rpc/remote_call.c): lookup_begin starts them and returns,
+ * lookup_wait collects them and scatters the rows into the caller's
+ * buffers. Steps handed ahead (prefetch) have a lane each (pf_slot,
+ * rpc/remote_ahead.c). Lookups have a queue (lane) of their own, so a
  * Lookup of step t+1 may stay in flight while push() of step t runs
  * (prefetch; the servers may hold that Lookup until the push is in). Every
- * header carries rank, world size and max_staleness (rpc/service.h). Every attempt has its own deadline; a call that
- * ends UNAVAILABLE (server down, restarting, connection refused) is tried
- * again after a backoff (doubling, at most 1 s), on the server's next
- * channel (each reconnects by itself). When the tries run out the error names the shard
- * and the server. Push is idempotent on (job id, step, rank) at the server,
- * so retrying it is safe. */
+ * header carries rank, world size and max_staleness (rpc/service.h). Push
+ * is idempotent on (job id, step, rank) at the server, so retrying it is
+ * safe. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,479 +26,13 @@
 #include "rpc/client.h"
 #include "rpc/coord.h"
 #include "rpc/grpc_util.h"
+#include "rpc/remote_impl.h"
 #include "rpc/shardrec.pb-c.h"
 #include "rpc/wire.h"
 
-/* One gRPC channel to a server: with a subchannel pool of its own
- * (GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL), its own TCP connection. */
-typedef struct {
-  grpc_channel *ch;
-  void *reg[RPC_N_METHODS];
-} chan;
-
-typedef struct {
-  char *addr;
-  chan *chs; /* [n_ch] */
-  int n_ch;
-  unsigned rr; /* the channel of the next call, round the n_ch */
-  uint64_t inc; /* the server's incarnation as first seen (0: not yet) */
-  /* The server's limits, from its Stats (0: not said: none but ours). */
-  uint64_t max_ids, max_bytes, budget;
-  int looks_ahead; /* its store reads ahead: prefetch_only hints are worth sending */
-  int notes;       /* calls answered after a retry since rpc_remote_note last looked */
-  char note[400];  /* the last of them */
-} conn;
-
-/* One table's ids in a call: L->gids[t][lo .. lo + n). */
-typedef struct {
-  int t;
-  size_t lo, n;
-} call_part;
-
-/* One call to one shard, maybe tried several times. */
-typedef struct {
-  int shard;
-  int chan;         /* the channel of its next attempt (of the shard's n_ch) */
-  int hint;         /* a Lookup with prefetch_only: its answer is not used */
-  rpc_method m;
-  const char *path; /* not NULL: call this method path, unregistered */
-  uint8_t *req; /* owned */
-  size_t req_len;
-  int tries;
-  double retry_at;  /* monotonic seconds; 0: not waiting */
-  double backoff;
-  int trouble;      /* attempts that failed UNAVAILABLE or past their deadline */
-  int refusals;     /* the last attempts in a row that were TLS refusals (tls_refusal) */
-  double t_trouble; /* monotonic seconds of the first of them */
-  grpc_status_code why_retry; /* the status of the last of them */
-  int active;       /* a call is in flight */
-  int no_deadline;  /* a Watch: held by the server for the job's life */
-  int cancelled;    /* given up by this client: never tried again */
-  int done;         /* finished: status below is final */
-  grpc_call *call;
-  grpc_byte_buffer *send, *recv;
-  grpc_metadata_array im, tm;
-  grpc_status_code status;
-  grpc_slice details;
-  uint8_t *resp;    /* owned, when status OK */
-  size_t resp_len;
-  call_part *parts; /* owned: Lookup and Push, the tables' ids it carries, in order */
-  int n_parts;
-} pcall;
-
-/* One stream of calls: its own completion queue, calls and grouping of
- * ids. The store has two, so that a Lookup of step t+1 (prefetch) stays in
- * flight, with its grouping intact, while the push of step t runs: in sync
- * mode (and async with bound 1) the servers hold that Lookup until this
- * push is in, so the push must not wait for it. */
-typedef struct {
-  grpc_completion_queue *cq;
-  pcall *calls; /* [cap_calls] */
-  int n_calls, cap_calls;
-  /* Grouping of this lane's last request, per table: ids grouped by shard
-   * and their positions in the caller's list; off[t*(n+1)+k] ..
-   * off[t*(n+1)+k+1]. */
-  uint64_t **gids;
-  size_t **perm;
-  size_t *off;
-  size_t *cap;
-  int hint; /* the Lookups built now are prefetch_only hints */
-} lane;
-
-/* Look-ahead (emb_store_ops.prefetch): a later step's ids, copied, and the
- * calls of its own lane: first the prefetch_only hints (sent at once: the
- * servers' stores read those rows ahead), then the step's Lookups, sent as
- * soon as their answers cannot be stale (pf_may_send), whose answers wait
- * in the lane until that step's lookup_begin takes them. */
-#define RPC_PF_STEPS 4 /* steps prefetched at once; more are ignored */
-typedef struct {
-  int used, sent;  /* holds a step; its Lookups are out */
-  int64_t step;
-  double t_sent;   /* when its Lookups were begun (sr_now) */
-  uint64_t **ids;  /* [n_tables][cap[t]]: the step's ids, counts[t] each (owned) */
-  size_t *counts, *cap;
-  lane L;
-} pf_slot;
-
-typedef struct {
-  emb_store base;
-  conn *c;      /* [n] one per shard */
-  int n;
-  rpc_client_opts o;
-  char job[64];
-  char fp[EMB_FP_HEX];
-  char err[1024];
-  int lost; /* a server was unreachable or restarted: its rows may not be this run's */
-  int limits_known; /* every conn's limits read from its Stats */
-  lane lk;  /* the lookup in flight */
-  lane mn;  /* push, checkpoint, restore, stats */
-  /* Multi-rank: one Watch per server, held open until destroy detaches
-   * (rpc/service.h, "Rank death"); their completions wait on wcq until then. */
-  grpc_completion_queue *wcq;
-  pcall *watch; /* [n_watch] */
-  int n_watch;
-  int lookup_rc;
-  int lookup_pending;
-  int64_t lookup_step;
-  float *const *lookup_out;
-  double lookup_t0;     /* when the outstanding lookup's requests were begun (sr_now) */
-  double lookup_flight; /* the last lookup's seconds in flight (emb_store_lookup_flight) */
-  lane *cur;        /* the lane of the lookup outstanding: &lk or a slot's */
-  pf_slot *cur_pf;  /* that slot (NULL: lk) */
-  pf_slot pf[RPC_PF_STEPS];
-  int64_t pushed;   /* the last step pushed (answered OK); -1: none */
-  int64_t seen;     /* the highest step looked up, pushed or prefetched; -1: none */
-  emb_store_stats st;
-} rstore;
-
-/* grpc_channel_create with base's arguments, plus, when own_pool, a
- * subchannel pool of the channel's own: gRPC core shares one subchannel
- * (one TCP connection) between channels of equal arguments, so this is what
- * gives a server's second channel a connection of its own. */
-static grpc_channel *channel_create(const char *addr, grpc_channel_credentials *cr,
-                                    const grpc_channel_args *base, int own_pool) {
-  if (!own_pool) return grpc_channel_create(addr, cr, base);
-  grpc_arg *a = calloc(base->num_args + 1, sizeof *a);
-  if (!a) return NULL;
-  memcpy(a, base->args, base->num_args * sizeof *a);
-  a[base->num_args].type = GRPC_ARG_INTEGER;
-  a[base->num_args].key = (char *)GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL;
-  a[base->num_args].value.integer = 1;
-  grpc_channel_args args = {base->num_args + 1, a};
-  grpc_channel *ch = grpc_channel_create(addr, cr, &args);
-  free(a);
-  return ch;
-}
-
-static grpc_channel *make_channel(const char *addr, const rpc_client_opts *o, int own_pool,
-                                  char *err, size_t errlen) {
-  grpc_arg a[6];
-  memset(a, 0, sizeof a);
-  const char *keys[6] = {GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
-                         GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
-                         GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, GRPC_ARG_ENABLE_RETRIES};
-  /* GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is also gRPC core's minimum connect
-   * timeout (the time a TCP + HTTP/2 handshake may take): at 100 ms a loaded
-   * machine failed fresh connections with "connection attempt timed out
-   * before receiving SETTINGS frame". A refused connection (server down)
-   * still fails at once; retries start 100 ms apart. */
-  int vals[6] = {o->max_message_bytes, o->max_message_bytes, 100, 2000, 1000, 0};
-  for (int i = 0; i < 6; i++) {
-    a[i].type = GRPC_ARG_INTEGER;
-    a[i].key = (char *)keys[i];
-    a[i].value.integer = vals[i];
-  }
-  grpc_channel_args args = {6, a};
-  grpc_channel_credentials *cr =
-      o->tls ? rpc__channel_creds(o->tls, err, errlen) : grpc_insecure_credentials_create();
-  if (!cr) return NULL;
-  grpc_channel *ch = channel_create(addr, cr, &args, own_pool);
-  grpc_channel_credentials_release(cr);
-  if (!ch) sr_fmt(err, errlen, "%s: cannot create a channel", addr);
-  return ch;
-}
-
-/* c's o->connections channels to addr (the first in gRPC's shared pool,
- * the others each in a pool of its own: a TCP connection each), their
- * methods registered. 0, or -1 with a message in err (c->n_ch says how
- * many were made, for the caller's clean-up). */
-static int conn_open(conn *c, const char *addr, const rpc_client_opts *o, char *err,
-                     size_t errlen) {
-  c->chs = calloc((size_t)o->connections, sizeof *c->chs);
-  if (!c->chs) {
-    sr_fmt(err, errlen, "remote store: out of memory");
-    return -1;
-  }
-  for (int i = 0; i < o->connections; i++) {
-    chan *h = &c->chs[i];
-    if (!(h->ch = make_channel(addr, o, i > 0, err, errlen))) return -1;
-    c->n_ch++;
-    for (int m = 0; m < RPC_N_METHODS; m++)
-      h->reg[m] = grpc_channel_register_call(h->ch, rpc_method_path((rpc_method)m), NULL, NULL);
-  }
-  return 0;
-}
-
-/* Shut cq down, drain it and destroy it. */
-static void cq_close(grpc_completion_queue *cq) {
-  grpc_completion_queue_shutdown(cq);
-  while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
-         GRPC_QUEUE_SHUTDOWN) {
-  }
-  grpc_completion_queue_destroy(cq);
-}
-
-static void opts_defaults(rpc_client_opts *o) {
-  if (o->deadline_s <= 0) o->deadline_s = 30;
-  if (o->max_tries <= 0) o->max_tries = 10;
-  if (o->backoff_s <= 0) o->backoff_s = 0.05;
-  if (o->max_message_bytes <= 0) o->max_message_bytes = 256 << 20;
-  if (o->world_size <= 0) o->world_size = 1;
-  if (o->connections <= 0) o->connections = RPC_CONNECTIONS_DEFAULT;
-  if (o->connections > RPC_CONNECTIONS_MAX) o->connections = RPC_CONNECTIONS_MAX;
-  if (o->chunk_bytes == 0) o->chunk_bytes = RPC_CHUNK_BYTES_DEFAULT;
-}
-
-static void pcall_reset_attempt(pcall *p) {
-  if (p->call) grpc_call_unref(p->call);
-  p->call = NULL;
-  if (p->send) grpc_byte_buffer_destroy(p->send);
-  p->send = NULL;
-  if (p->recv) grpc_byte_buffer_destroy(p->recv);
-  p->recv = NULL;
-  grpc_metadata_array_destroy(&p->im);
-  grpc_metadata_array_destroy(&p->tm);
-  grpc_slice_unref(p->details);
-  p->details = grpc_empty_slice();
-}
-
-static void pcall_free(pcall *p) {
-  pcall_reset_attempt(p);
-  free(p->req);
-  free(p->resp);
-  free(p->parts);
-  memset(p, 0, sizeof *p);
-}
-
-static void pcall_init(pcall *p, int shard, rpc_method m, uint8_t *req, size_t len) {
-  memset(p, 0, sizeof *p);
-  p->shard = shard;
-  p->m = m;
-  p->req = req;
-  p->req_len = len;
-  p->details = grpc_empty_slice();
-  grpc_metadata_array_init(&p->im);
-  grpc_metadata_array_init(&p->tm);
-}
-
-/* Start one attempt of p on conn c. 0, or -1 (p->done set with a status). */
-static int pcall_start(conn *c, grpc_completion_queue *cq, pcall *p, double deadline_s) {
-  pcall_reset_attempt(p);
-  grpc_metadata_array_init(&p->im);
-  grpc_metadata_array_init(&p->tm);
-  p->tries++;
-  chan *h = &c->chs[p->chan % c->n_ch];
-  if (p->path) {
-    grpc_slice method = grpc_slice_from_copied_string(p->path);
-    p->call = grpc_channel_create_call(h->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, NULL,
-                                       rpc__deadline(deadline_s), NULL);
-    grpc_slice_unref(method);
-  } else {
-    p->call = grpc_channel_create_registered_call(
-        h->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, h->reg[p->m],
-        p->no_deadline ? gpr_inf_future(GPR_CLOCK_MONOTONIC) : rpc__deadline(deadline_s), NULL);
-  }
-  p->send = rpc__bb_make(p->req, p->req_len);
-  grpc_op ops[6];
-  memset(ops, 0, sizeof ops);
-  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-  ops[1].op = GRPC_OP_SEND_MESSAGE;
-  ops[1].data.send_message.send_message = p->send;
-  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-  ops[3].data.recv_initial_metadata.recv_initial_metadata = &p->im;
-  ops[4].op = GRPC_OP_RECV_MESSAGE;
-  ops[4].data.recv_message.recv_message = &p->recv;
-  ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-  ops[5].data.recv_status_on_client.trailing_metadata = &p->tm;
-  ops[5].data.recv_status_on_client.status = &p->status;
-  ops[5].data.recv_status_on_client.status_details = &p->details;
-  if (!p->call || grpc_call_start_batch(p->call, ops, 6, p, NULL) != GRPC_CALL_OK) {
-    p->status = GRPC_STATUS_INTERNAL;
-    p->done = 1;
-    return -1;
-  }
-  p->active = 1;
-  return 0;
-}
-
-/* Whether the status details of p's last attempt hold key. */
-static int details_have(const pcall *p, const char *key) {
-  size_t n = GRPC_SLICE_LENGTH(p->details), k = strlen(key);
-  const char *d = (const char *)GRPC_SLICE_START_PTR(p->details);
-  for (size_t i = 0; i + k <= n; i++)
-    if (!memcmp(d + i, key, k)) return 1;
-  return 0;
-}
-
-/* A refusal of the server's in-flight budget (RPC_RESOURCE_EXHAUSTED,
- * "in-flight memory budget"): tried again after a backoff, as UNAVAILABLE. */
-static int budget_refusal(const pcall *p) {
-  return p->status == GRPC_STATUS_RESOURCE_EXHAUSTED && details_have(p, "in-flight memory budget");
-}
-
-/* Whether p's last attempt failed in a TLS handshake rather than on a
- * server that is down (connection refused): TLS_CLOSED, the server closed
- * each connection as soon as it was made, before any HTTP/2 frame (gRPC
- * 1.51 says "Socket closed" while connecting): what a TLS server does to
- * a client it refuses (no client certificate, one its client CA did not
- * sign, a plaintext client; the server's reason stays on its side); or
- * TLS_OURS, this client's own handshake failed ("Ssl handshake failed":
- * the server's certificate did not verify, or the server does not speak
- * TLS). Neither is tried again as a server down is: TLS_OURS is final at
- * once, TLS_CLOSED after TLS_CLOSED_TRIES attempts in a row (a server that
- * dies while a connection is made is refused at the next). */
-enum { TLS_NONE, TLS_CLOSED, TLS_OURS };
-#define TLS_CLOSED_TRIES 3
-static int tls_refusal(const pcall *p) {
-  if (p->status != GRPC_STATUS_UNAVAILABLE) return TLS_NONE;
-  if (details_have(p, "Ssl handshake failed")) return TLS_OURS;
-  if (details_have(p, "failed to connect to all addresses") && details_have(p, "Socket closed"))
-    return TLS_CLOSED;
-  return TLS_NONE;
-}
-
-/* o->retry_deadline: a Lookup, Push or Stats whose deadline passed (a
- * partition: nothing came back) is tried again too (each is safe to repeat:
- * Push is idempotent at the server). */
-static int deadline_retry(const pcall *p, const rpc_client_opts *o) {
-  return o->retry_deadline && p->status == GRPC_STATUS_DEADLINE_EXCEEDED && !p->path &&
-         (p->m == RPC_LOOKUP || p->m == RPC_PUSH || p->m == RPC_STATS);
-}
-
-/* A call answered after failed attempts: c's note says so. */
-static void note_outlasted(conn *c, const pcall *p) {
-  c->notes++;
-  sr_fmt(c->note, sizeof c->note, "%s to %s answered after %d tries over %.1f s (%s before)",
-         rpc_method_path(p->m), c->addr ? c->addr : "?", p->tries, sr_now() - p->t_trouble,
-         rpc_status_name(p->why_retry));
-}
-
-/* Drive calls[n] (already started or waiting to retry) to their end. */
-static void run_calls(conn *conns, grpc_completion_queue *cq, pcall *calls, int n,
-                      const rpc_client_opts *o) {
-  for (;;) {
-    int busy = 0;
-    double now = sr_now(), next_retry = 0;
-    for (int i = 0; i < n; i++) {
-      pcall *p = &calls[i];
-      if (p->done) continue;
-      busy = 1;
-      if (!p->active && p->retry_at <= now) pcall_start(&conns[p->shard], cq, p, o->deadline_s);
-      else if (!p->active && (next_retry == 0 || p->retry_at < next_retry)) next_retry = p->retry_at;
-    }
-    int active = 0;
-    for (int i = 0; i < n; i++) active += calls[i].active;
-    if (!busy) return;
-    gpr_timespec until = active ? gpr_inf_future(GPR_CLOCK_MONOTONIC)
-                                : rpc__deadline(next_retry - now > 0 ? next_retry - now : 0);
-    if (active && next_retry > 0) until = rpc__deadline(next_retry - now > 0 ? next_retry - now : 0);
-    grpc_event ev = grpc_completion_queue_next(cq, until, NULL);
-    if (ev.type != GRPC_OP_COMPLETE) continue;
-    pcall *p = ev.tag;
-    p->active = 0;
-    if (!ev.success) p->status = GRPC_STATUS_INTERNAL;
-    const int trouble = p->status == GRPC_STATUS_UNAVAILABLE || deadline_retry(p, o);
-    const int tls = tls_refusal(p);
-    p->refusals = tls ? p->refusals + 1 : 0;
-    const int final = tls == TLS_OURS || p->refusals >= TLS_CLOSED_TRIES;
-    if (trouble && !p->trouble++) {
-      p->t_trouble = sr_now();
-      if (o->on_retry && p->tries < o->max_tries && !p->cancelled && !tls) {
-        char msg[400];
-        snprintf(msg, sizeof msg, "%s to %s: %s; trying again (%d tries in all)",
-                 rpc_method_path(p->m), conns[p->shard].addr ? conns[p->shard].addr : "?",
-                 rpc_status_name(p->status), o->max_tries);
-        o->on_retry(o->retry_ctx, msg);
-      }
-    }
-    if (trouble) p->why_retry = p->status;
-    if ((trouble || budget_refusal(p)) && p->tries < o->max_tries && !p->cancelled && !final) {
-      /* The next attempt goes on the server's next connection: one that
-       * broke need not hold the retry up while it reconnects. */
-      p->chan = (p->chan + 1) % conns[p->shard].n_ch;
-      p->backoff = p->backoff > 0 ? p->backoff * 2 : o->backoff_s;
-      if (p->backoff > 1.0) p->backoff = 1.0;
-      p->retry_at = sr_now() + p->backoff;
-      continue;
-    }
-    p->done = 1;
-    if (p->status == GRPC_STATUS_OK && p->trouble) note_outlasted(&conns[p->shard], p);
-    if (p->status == GRPC_STATUS_OK) {
-      if (!p->recv || rpc__bb_read(p->recv, &p->resp, &p->resp_len)) {
-        p->status = GRPC_STATUS_INTERNAL;
-        grpc_slice_unref(p->details);
-        p->details = grpc_slice_from_static_string("no answer message");
-      }
-    }
-  }
-}
-
-/* A call that ended in a TLS refusal (tls_refusal): what this client
- * can tell of it into s->err, from the status and its own TLS files (d:
- * the status details). Not a lost server: a Restore would not help. */
-static int tls_error(rstore *s, const pcall *p, const char *what, const char *d) {
-  const rpc_tls *t = s->o.tls;
-  char head[400];
-  snprintf(head, sizeof head, "%s: shard %d server %s", what, p->shard, s->c[p->shard].addr);
-  const char *ssl = strstr(d, "Ssl handshake failed: ");
-  if (tls_refusal(p) == TLS_OURS)
-    sr_fmt(s->err, sizeof s->err, "%s: the TLS handshake failed on this side: %s (%s)", head,
-           strstr(d, "certificate verify failed")
-               ? "the server's certificate is not signed by --tls-ca's CA, or not made out to "
-                 "that address"
-               : "does the server speak TLS?",
-           ssl ? ssl + strlen("Ssl handshake failed: ") : d);
-  else if (!t)
-    sr_fmt(s->err, sizeof s->err, "%s refused the plaintext connection (closed it before any "
-           "HTTP/2 frame): the server speaks TLS: give --tls-ca (and --tls-cert, --tls-key "
-           "when it asks for client certificates) (after %d tries)", head, p->tries);
-  else if (!t->cert)
-    sr_fmt(s->err, sizeof s->err, "%s refused the TLS handshake: no client certificate (the "
-           "server asks for one: give --tls-cert and --tls-key) (after %d tries)", head, p->tries);
-  else
-    sr_fmt(s->err, sizeof s->err, "%s refused the TLS handshake: the client certificate "
-           "--tls-cert %s is not signed by the server's client CA (or has expired) (after %d "
-           "tries)", head, t->cert, p->tries);
-  return SR_EBACKEND;
-}
-
-/* Message for a failed call into s->err; returns an SR_E* code. A server
- * that restarted on rows left by a crash (RPC_MSG_UNCLEAN) is a lost server,
- * as one with a new incarnation is: only a Restore makes it usable. A TLS
- * refusal is not (tls_error). */
+/* rpc__call_error of p, a call of s, into s->err and s->lost. */
 static int call_error(rstore *s, const pcall *p, const char *what) {
-  char *d = grpc_slice_to_c_string(p->details);
-  if (tls_refusal(p)) {
-    int rc = tls_error(s, p, what, d ? d : "");
-    gpr_free(d);
-    return rc;
-  }
-  const int crashed = p->status == GRPC_STATUS_FAILED_PRECONDITION && d && strstr(d, RPC_MSG_UNCLEAN);
-  /* A call tried again across a partition and answered ABORTED because a
-   * rank "went away": the server took a call the client gave up on at its
-   * deadline (a Lookup cancelled) for a rank gone and dropped the step's
-   * held pushes, so the step is lost there as on a restarted server: the
-   * job recovers rather than stopping. */
-  const int dropped = p->status == GRPC_STATUS_ABORTED && p->trouble && d && strstr(d, "went away");
-  sr_fmt(s->err, sizeof s->err, "%s: shard %d server %s%s: %s%s%s (after %d tr%s)", what, p->shard,
-         s->c[p->shard].addr, crashed ? " restarted after a crash" : "", rpc_status_name(p->status),
-         d && *d ? ": " : "", d ? d : "", p->tries, p->tries == 1 ? "y" : "ies");
-  gpr_free(d);
-  /* A Checkpoint tried again after its server went away finds the part of
-   * the folder that server wrote before it went (or the whole of it, when
-   * only its answer was lost): as a lost server, so the job recovers and
-   * writes the step again rather than stopping. */
-  const int torn = p->m == RPC_CHECKPOINT && p->status == GRPC_STATUS_ALREADY_EXISTS && p->trouble;
-  if (crashed || torn || dropped) {
-    s->lost = 1;
-    return SR_EUNAVAILABLE;
-  }
-  switch ((int)p->status) {
-    case GRPC_STATUS_UNAVAILABLE: s->lost = 1; return SR_EUNAVAILABLE;
-    case GRPC_STATUS_DEADLINE_EXCEEDED:
-      /* past every retry's deadline (retry_deadline): unreachable as long
-       * as the budget, so lost as a server that is down; so is one a
-       * Restore did not reach in time (a link back from a cut that TCP has
-       * not resent on yet): the recovery waits for it and tries again (a
-       * Restore is safe to repeat) */
-      if (deadline_retry(p, &s->o) || p->m == RPC_RESTORE) s->lost = 1;
-      return SR_ETIMEOUT;
-    case GRPC_STATUS_FAILED_PRECONDITION: return SR_EMISMATCH;
-    case GRPC_STATUS_ABORTED: return SR_ESTATE; /* the job's pending state was dropped */
-    case GRPC_STATUS_INVALID_ARGUMENT: return SR_EINVAL;
-    default: return SR_EBACKEND;
-  }
+  return rpc__call_error(&s->c[p->shard], &s->o, p, what, s->err, sizeof s->err, &s->lost);
 }
 
 /* The incarnation in shard k's answer: the first one seen is kept; another
@@ -578,8 +110,8 @@ static int group(rstore *s, lane *L, const emb_idset *ids) {
   return 0;
 }
 
-static void calls_free(lane *L) {
-  for (int i = 0; i < L->n_calls; i++) pcall_free(&L->calls[i]);
+void rpc__calls_free(lane *L) {
+  for (int i = 0; i < L->n_calls; i++) rpc__pcall_free(&L->calls[i]);
   L->n_calls = 0;
 }
 
@@ -694,7 +226,7 @@ static int build_one(rstore *s, lane *L, int k, rpc_method m, int64_t step, floa
   }
   if (!rc) {
     pcall *p = &L->calls[L->n_calls++];
-    pcall_init(p, k, m, buf, len);
+    rpc__pcall_init(p, k, m, buf, len);
     p->chan = (int)(s->c[k].rr++ % (unsigned)s->c[k].n_ch);
     p->hint = m == RPC_LOOKUP && L->hint;
     p->parts = mine;
@@ -710,7 +242,7 @@ static int build_one(rstore *s, lane *L, int k, rpc_method m, int64_t step, floa
  * to fit its server's limits (cut_calls). A shard with nothing gets no
  * Lookup, and a Push only in a multi-rank job (every rank pushes to every
  * shard every step: the shard applies a step once every rank's is in). */
-static int build_calls(rstore *s, lane *L, rpc_method m, int64_t step, float lr,
+int rpc__build_calls(rstore *s, lane *L, rpc_method m, int64_t step, float lr,
                        const emb_idset *ids, const float *const *grads) {
   const emb_plan *plan = s->base.plan;
   int rc = group(s, L, ids);
@@ -739,30 +271,26 @@ static int build_calls(rstore *s, lane *L, rpc_method m, int64_t step, float lr,
   free(parts);
   free(call_of);
   if (rc == SR_ENOMEM) sr_fmt(s->err, sizeof s->err, "out of memory building requests");
-  if (rc) calls_free(L);
+  if (rc) rpc__calls_free(L);
   return rc;
 }
 
-static int fetch_limits(rstore *s);
-static int lane_init(lane *L, int n_tables, int n_servers);
-static void lane_free(lane *L, int n_tables);
-
 /* Build and start L's Lookups of ids for step (appended to any hints L
  * holds that are not started yet: those start too). 0 or an SR_E* code. */
-static int lookup_start(rstore *s, lane *L, int64_t step, const emb_idset *ids) {
-  int rc = fetch_limits(s);
-  if (!rc) rc = build_calls(s, L, RPC_LOOKUP, step, 0, ids, NULL);
+int rpc__lookup_start(rstore *s, lane *L, int64_t step, const emb_idset *ids) {
+  int rc = rpc__fetch_limits(s);
+  if (!rc) rc = rpc__build_calls(s, L, RPC_LOOKUP, step, 0, ids, NULL);
   if (rc) return rc;
   for (int i = 0; i < L->n_calls; i++)
     if (!L->calls[i].active && !L->calls[i].done && !L->calls[i].tries)
-      pcall_start(&s->c[L->calls[i].shard], L->cq, &L->calls[i], s->o.deadline_s);
+      rpc__pcall_start(&s->c[L->calls[i].shard], L->cq, &L->calls[i], s->o.deadline_s);
   return 0;
 }
 
 /* Drive L's calls to their end and scatter its Lookups' rows (hints
  * skipped) into out, by L's grouping. 0 or the first failure's code. */
 static int lookup_collect(rstore *s, lane *L, int64_t step, float *const *out) {
-  run_calls(s->c, L->cq, L->calls, L->n_calls, &s->o);
+  rpc__run_calls(s->c, L->cq, L->calls, L->n_calls, &s->o);
   const emb_plan *plan = s->base.plan;
   int rc = 0;
   char what[48];
@@ -806,148 +334,14 @@ static int lookup_collect(rstore *s, lane *L, int64_t step, float *const *out) {
     }
     shardrec__v1__lookup_response__free_unpacked(a, NULL);
   }
-  calls_free(L);
+  rpc__calls_free(L);
   return rc;
-}
-
-/* The slot's copy of its step's ids, as an id set. */
-static emb_idset slot_ids(const rstore *s, const pf_slot *f) {
-  emb_idset v = {s->base.plan->n_tables, (const uint64_t *const *)f->ids, f->counts};
-  return v;
-}
-
-/* Let slot f go: its calls are waited for, never cancelled (to a server, a
- * held Lookup cancelled means its rank went away), their answers dropped. */
-static void slot_release(rstore *s, pf_slot *f) {
-  if (!f->used) return;
-  run_calls(s->c, f->L.cq, f->L.calls, f->L.n_calls, &s->o);
-  calls_free(&f->L);
-  f->used = f->sent = 0;
-}
-
-/* Release the slots of steps before step (never looked up), but the one
- * the outstanding lookup reads. */
-static void slots_drop_before(rstore *s, int64_t step) {
-  for (int i = 0; i < RPC_PF_STEPS; i++)
-    if (s->pf[i].used && s->pf[i].step < step && &s->pf[i] != s->cur_pf) slot_release(s, &s->pf[i]);
-}
-
-/* Whether a Lookup of step sent now gets the rows its own lookup would.
- * Multi-rank: the servers hold it until the job's rules allow (sync: step
- * - 1 applied by every rank; async: step - S), once this rank has pushed
- * (so every server knows the job's first step). One rank: a server answers
- * at once, so this rank's own push of step - 1 (async: step - S) must be
- * answered (applied) first. */
-static int pf_may_send(const rstore *s, int64_t step) {
-  if (s->pushed < 0) return 0;
-  if (s->o.world_size > 1) return 1;
-  const int64_t lag = s->o.max_staleness > 0 ? s->o.max_staleness : 1;
-  return s->pushed >= step - lag;
-}
-
-/* Send slot f's Lookups: its hints, started at prefetch, are collected
- * first (the servers answer them at once). 0, or a code (the slot is then
- * released: the step's lookup reads afresh and reports any failure). */
-static int slot_send(rstore *s, pf_slot *f) {
-  run_calls(s->c, f->L.cq, f->L.calls, f->L.n_calls, &s->o);
-  calls_free(&f->L);
-  emb_idset v = slot_ids(s, f);
-  f->t_sent = sr_now();
-  int rc = lookup_start(s, &f->L, f->step, &v);
-  if (rc) slot_release(s, f);
-  else f->sent = 1;
-  return rc;
-}
-
-/* Copy ids into slot f (grown as needed). 0 or SR_ENOMEM. */
-static int slot_copy(rstore *s, pf_slot *f, const emb_idset *ids) {
-  const int nt = s->base.plan->n_tables;
-  if (!f->ids) f->ids = calloc((size_t)nt, sizeof *f->ids);
-  if (!f->counts) f->counts = calloc((size_t)nt, sizeof *f->counts);
-  if (!f->cap) f->cap = calloc((size_t)nt, sizeof *f->cap);
-  if (!f->ids || !f->counts || !f->cap) return SR_ENOMEM;
-  if (!f->L.cq && lane_init(&f->L, nt, s->n)) {
-    lane_free(&f->L, nt);
-    memset(&f->L, 0, sizeof f->L);
-    return SR_ENOMEM;
-  }
-  for (int t = 0; t < nt; t++) {
-    size_t n = ids->counts[t];
-    if (n > f->cap[t]) {
-      uint64_t *g = realloc(f->ids[t], n * sizeof *g);
-      if (!g) return SR_ENOMEM;
-      f->ids[t] = g;
-      f->cap[t] = n;
-    }
-    if (n) memcpy(f->ids[t], ids->ids[t], n * sizeof *f->ids[t]);
-    f->counts[t] = n;
-  }
-  return 0;
-}
-
-static int slot_same_ids(const rstore *s, const pf_slot *f, const emb_idset *ids) {
-  for (int t = 0; t < s->base.plan->n_tables; t++)
-    if (f->counts[t] != ids->counts[t] ||
-        (f->counts[t] && memcmp(f->ids[t], ids->ids[t], f->counts[t] * sizeof *f->ids[t])))
-      return 0;
-  return 1;
-}
-
-static int r_prefetch(emb_store *b, int64_t step, const emb_idset *ids) {
-  rstore *s = (rstore *)b;
-  if (!ids || ids->n_tables != b->plan->n_tables) {
-    sr_fmt(s->err, sizeof s->err, "prefetch: id set has %d tables, the plan has %d",
-           ids ? ids->n_tables : -1, b->plan->n_tables);
-    return SR_EINVAL;
-  }
-  if (step <= s->seen) {
-    sr_fmt(s->err, sizeof s->err, "prefetch of step %lld: not after step %lld (already looked "
-           "up, pushed or prefetched)", (long long)step, (long long)s->seen);
-    return SR_EINVAL;
-  }
-  pf_slot *f = NULL;
-  for (int i = 0; i < RPC_PF_STEPS && !f; i++)
-    if (!s->pf[i].used) f = &s->pf[i];
-  if (!f) return 0; /* as far ahead as this store looks: the lookup reads then */
-  /* Out of memory (or, below, a server not answering its Stats): nothing
-   * prefetched, and the step's lookup reads and reports. */
-  if (slot_copy(s, f, ids)) return 0;
-  emb_idset v = slot_ids(s, f);
-  if (fetch_limits(s)) return 0;
-  /* The Lookups themselves when they may go now: a Lookup reads its rows
-   * itself, and a hint beside it would only widen the race between it and
-   * the Push sent after it (one rank of async mode: the servers' threads
-   * may take the Push first once the Lookup waits). Else prefetch_only
-   * hints, answered at once; the Lookups follow when they may go
-   * (slot_send). */
-  const int now = pf_may_send(s, step);
-  f->L.hint = !now;
-  f->t_sent = sr_now();
-  int rc = build_calls(s, &f->L, RPC_LOOKUP, step, 0, &v, NULL);
-  f->L.hint = 0;
-  if (rc) /* SR_ERANGE for an id out of range, as the lookup would say */
-    return rc == SR_ERANGE || rc == SR_EINVAL ? rc : 0;
-  f->used = 1;
-  f->sent = now;
-  f->step = step;
-  s->seen = step;
-  for (int i = 0; i < f->L.n_calls; i++)
-    pcall_start(&s->c[f->L.calls[i].shard], f->L.cq, &f->L.calls[i], s->o.deadline_s);
-  return 0;
-}
-
-/* After a push answered: send the slots whose Lookups may go now. */
-static void slots_send_ready(rstore *s) {
-  for (int i = 0; i < RPC_PF_STEPS; i++) {
-    pf_slot *f = &s->pf[i];
-    if (f->used && !f->sent && f != s->cur_pf && pf_may_send(s, f->step)) slot_send(s, f);
-  }
 }
 
 /* Finish the outstanding lookup, dropping its rows. */
 static void lookup_drop(rstore *s) {
-  run_calls(s->c, s->cur->cq, s->cur->calls, s->cur->n_calls, &s->o);
-  calls_free(s->cur);
+  rpc__run_calls(s->c, s->cur->cq, s->cur->calls, s->cur->n_calls, &s->o);
+  rpc__calls_free(s->cur);
   if (s->cur_pf) s->cur_pf->used = s->cur_pf->sent = 0;
   s->cur = &s->lk;
   s->cur_pf = NULL;
@@ -963,17 +357,17 @@ static int r_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, floa
            ids ? ids->n_tables : -1, b->plan->n_tables);
     return s->lookup_rc = SR_EINVAL;
   }
-  slots_drop_before(s, step);
+  rpc__slots_drop_before(s, step);
   pf_slot *f = NULL;
   for (int i = 0; i < RPC_PF_STEPS && !f; i++)
     if (s->pf[i].used && s->pf[i].step == step) f = &s->pf[i];
-  if (f && !slot_same_ids(s, f, ids)) { /* other ids than prefetched: read these */
-    slot_release(s, f);
+  if (f && !rpc__slot_same_ids(s, f, ids)) { /* other ids than prefetched: read these */
+    rpc__slot_release(s, f);
     f = NULL;
   }
-  if (f && !f->sent && slot_send(s, f)) f = NULL;
+  if (f && !f->sent && rpc__slot_send(s, f)) f = NULL;
   if (!f) {
-    int rc = lookup_start(s, &s->lk, step, ids);
+    int rc = rpc__lookup_start(s, &s->lk, step, ids);
     if (rc) return s->lookup_rc = rc;
   }
   s->cur = f ? &f->L : &s->lk;
@@ -1007,8 +401,8 @@ static int r_lookup_wait(emb_store *b) {
     f->used = f->sent = 0;
     if (rc) {
       s->lost = lost;
-      emb_idset v = slot_ids(s, f);
-      rc = lookup_start(s, &s->lk, s->lookup_step, &v);
+      emb_idset v = rpc__slot_ids(s, f);
+      rc = rpc__lookup_start(s, &s->lk, s->lookup_step, &v);
       if (!rc) rc = lookup_collect(s, &s->lk, s->lookup_step, s->lookup_out);
     }
   }
@@ -1029,13 +423,13 @@ static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
            ids ? ids->n_tables : -1, b->plan->n_tables);
     return SR_EINVAL;
   }
-  slots_drop_before(s, step + 1); /* prefetched steps up to this one are over */
-  int rc = fetch_limits(s);
-  if (!rc) rc = build_calls(s, L, RPC_PUSH, step, lr, ids, grads);
+  rpc__slots_drop_before(s, step + 1); /* prefetched steps up to this one are over */
+  int rc = rpc__fetch_limits(s);
+  if (!rc) rc = rpc__build_calls(s, L, RPC_PUSH, step, lr, ids, grads);
   if (rc) return rc;
   for (int i = 0; i < L->n_calls; i++)
-    pcall_start(&s->c[L->calls[i].shard], L->cq, &L->calls[i], s->o.deadline_s);
-  run_calls(s->c, L->cq, L->calls, L->n_calls, &s->o);
+    rpc__pcall_start(&s->c[L->calls[i].shard], L->cq, &L->calls[i], s->o.deadline_s);
+  rpc__run_calls(s->c, L->cq, L->calls, L->n_calls, &s->o);
   char what[48];
   snprintf(what, sizeof what, "push of step %lld", (long long)step);
   for (int i = 0; i < L->n_calls && !rc; i++) {
@@ -1054,17 +448,17 @@ static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
     rc = check_inc(s, p->shard, a->incarnation, "push");
     shardrec__v1__push_response__free_unpacked(a, NULL);
   }
-  calls_free(L);
+  rpc__calls_free(L);
   if (rc) return rc;
   for (int t = 0; t < ids->n_tables; t++) s->st.pushes += ids->counts[t];
   if (step > s->pushed) s->pushed = step;
   if (step > s->seen) s->seen = step;
-  slots_send_ready(s);
+  rpc__slots_send_ready(s);
   return 0;
 }
 
 /* The same request to every server. */
-static int broadcast(rstore *s, rpc_method m, uint8_t *(*make)(rstore *, int, size_t *, void *),
+int rpc__broadcast(rstore *s, rpc_method m, uint8_t *(*make)(rstore *, int, size_t *, void *),
                      void *ctx, const char *what, int (*each)(rstore *, pcall *, void *)) {
   /* A Lookup in flight stays in flight on its own lane (a Restore, say, must
    * not wait for a Lookup the servers hold for a step that never comes). */
@@ -1074,20 +468,20 @@ static int broadcast(rstore *s, rpc_method m, uint8_t *(*make)(rstore *, int, si
     size_t len = 0;
     uint8_t *req = make(s, k, &len, ctx);
     if (!req) {
-      calls_free(L);
+      rpc__calls_free(L);
       sr_fmt(s->err, sizeof s->err, "%s: out of memory", what);
       return SR_ENOMEM;
     }
-    pcall_init(&L->calls[L->n_calls++], k, m, req, len);
+    rpc__pcall_init(&L->calls[L->n_calls++], k, m, req, len);
   }
   for (int i = 0; i < L->n_calls; i++)
-    pcall_start(&s->c[L->calls[i].shard], L->cq, &L->calls[i], s->o.deadline_s);
-  run_calls(s->c, L->cq, L->calls, L->n_calls, &s->o);
+    rpc__pcall_start(&s->c[L->calls[i].shard], L->cq, &L->calls[i], s->o.deadline_s);
+  rpc__run_calls(s->c, L->cq, L->calls, L->n_calls, &s->o);
   for (int i = 0; i < L->n_calls && !rc; i++) {
     if (L->calls[i].status != GRPC_STATUS_OK) rc = call_error(s, &L->calls[i], what);
     else if (each) rc = each(s, &L->calls[i], ctx);
   }
-  calls_free(L);
+  rpc__calls_free(L);
   return rc;
 }
 
@@ -1105,7 +499,7 @@ static uint8_t *make_restore(rstore *s, int k, size_t *len, void *ctx) {
   q.path = (char *)ctx;
   return pack(&q.base, len);
 }
-static uint8_t *make_stats(rstore *s, int k, size_t *len, void *ctx) {
+uint8_t *rpc__make_stats(rstore *s, int k, size_t *len, void *ctx) {
   (void)s, (void)k, (void)ctx;
   Shardrec__V1__StatsRequest q = SHARDREC__V1__STATS_REQUEST__INIT;
   return pack(&q.base, len);
@@ -1143,9 +537,9 @@ static int read_limits(rstore *s, pcall *p, void *ctx) {
 
 /* Every server's limits, from its Stats (once, and again after a Restore:
  * a restarted server may have others), so that calls are cut to fit them. */
-static int fetch_limits(rstore *s) {
+int rpc__fetch_limits(rstore *s) {
   if (s->limits_known) return 0;
-  int rc = broadcast(s, RPC_STATS, make_stats, NULL, "stats", read_limits);
+  int rc = rpc__broadcast(s, RPC_STATS, rpc__make_stats, NULL, "stats", read_limits);
   if (!rc) s->limits_known = 1;
   return rc;
 }
@@ -1198,26 +592,27 @@ static int abs_path(rstore *s, const char *path, char *out, size_t n) {
 static int r_checkpoint(emb_store *b, const char *path) {
   char abs[SR_PATH_MAX];
   int rc = abs_path((rstore *)b, path, abs, sizeof abs);
-  return rc ? rc : broadcast((rstore *)b, RPC_CHECKPOINT, make_ckpt, abs, "checkpoint", ckpt_inc);
+  return rc ? rc
+            : rpc__broadcast((rstore *)b, RPC_CHECKPOINT, make_ckpt, abs, "checkpoint", ckpt_inc);
 }
 static int r_restore(emb_store *b, const char *path) {
   char abs[SR_PATH_MAX];
   int rc = abs_path((rstore *)b, path, abs, sizeof abs);
-  if (!rc) rc = broadcast((rstore *)b, RPC_RESTORE, make_restore, abs, "restore", restore_inc);
+  if (!rc) rc = rpc__broadcast((rstore *)b, RPC_RESTORE, make_restore, abs, "restore", restore_inc);
   if (!rc) ((rstore *)b)->lost = 0;
   ((rstore *)b)->limits_known = 0;
   /* Everything prefetched goes (the servers answered held Lookups ABORTED),
    * and the servers forgot the job: its steps start over. */
   rstore *s = (rstore *)b;
   for (int i = 0; i < RPC_PF_STEPS; i++)
-    if (&s->pf[i] != s->cur_pf) slot_release(s, &s->pf[i]);
+    if (&s->pf[i] != s->cur_pf) rpc__slot_release(s, &s->pf[i]);
   s->pushed = s->seen = -1;
   return rc;
 }
 static int r_stats(emb_store *b, emb_store_stats *out) {
   rstore *s = (rstore *)b;
   emb_store_stats sum = {0};
-  int rc = broadcast(s, RPC_STATS, make_stats, &sum, "stats", sum_stats);
+  int rc = rpc__broadcast(s, RPC_STATS, rpc__make_stats, &sum, "stats", sum_stats);
   if (rc) return rc;
   /* Rows looked up and pushed as this client counted them. */
   sum.lookups = s->st.lookups;
@@ -1247,7 +642,7 @@ static uint8_t *make_watch(rstore *s, int k, size_t *len, void *ctx) {
 
 /* Start a Watch on every server (not waited for: a server that cannot be
  * reached just does not watch this rank). 0 or SR_ENOMEM. */
-static int watch_start(rstore *s) {
+int rpc__watch_start(rstore *s) {
   s->wcq = grpc_completion_queue_create_for_next(NULL);
   s->watch = calloc((size_t)s->n, sizeof *s->watch);
   if (!s->wcq || !s->watch) return SR_ENOMEM;
@@ -1255,9 +650,9 @@ static int watch_start(rstore *s) {
     size_t len = 0;
     uint8_t *req = make_watch(s, k, &len, NULL);
     if (!req) return SR_ENOMEM;
-    pcall_init(&s->watch[s->n_watch++], k, RPC_WATCH, req, len);
+    rpc__pcall_init(&s->watch[s->n_watch++], k, RPC_WATCH, req, len);
     s->watch[k].no_deadline = 1;
-    pcall_start(&s->c[k], s->wcq, &s->watch[k], 0);
+    rpc__pcall_start(&s->c[k], s->wcq, &s->watch[k], 0);
   }
   return 0;
 }
@@ -1266,12 +661,12 @@ static int watch_start(rstore *s) {
  * collect the Watches: those still held after a few seconds (a server that
  * did not get the detach) are cancelled, which that server reads as this
  * rank going away, as it has. */
-static void watch_stop(rstore *s) {
+void rpc__watch_stop(rstore *s) {
   if (!s->wcq) return;
   if (s->n_watch) {
     int tries = s->o.max_tries;
     s->o.max_tries = 2; /* a server that is gone does not hold this process up */
-    broadcast(s, RPC_WATCH, make_watch, s, "detach", NULL);
+    rpc__broadcast(s, RPC_WATCH, make_watch, s, "detach", NULL);
     s->o.max_tries = tries;
   }
   int left = 0;
@@ -1292,18 +687,18 @@ static void watch_stop(rstore *s) {
     ((pcall *)ev.tag)->active = 0;
     left--;
   }
-  for (int i = 0; i < s->n_watch; i++) pcall_free(&s->watch[i]);
+  for (int i = 0; i < s->n_watch; i++) rpc__pcall_free(&s->watch[i]);
   s->n_watch = 0;
-  cq_close(s->wcq);
+  rpc__cq_close(s->wcq);
   s->wcq = NULL;
   free(s->watch);
   s->watch = NULL;
 }
 
-static void lane_free(lane *L, int n_tables) {
-  calls_free(L);
+void rpc__lane_free(lane *L, int n_tables) {
+  rpc__calls_free(L);
   if (L->cq) {
-    cq_close(L->cq);
+    rpc__cq_close(L->cq);
   }
   if (L->gids)
     for (int t = 0; t < n_tables; t++) free(L->gids[t]);
@@ -1316,7 +711,7 @@ static void lane_free(lane *L, int n_tables) {
   free(L->calls);
 }
 
-static int lane_init(lane *L, int n_tables, int n_servers) {
+int rpc__lane_init(lane *L, int n_tables, int n_servers) {
   L->calls = calloc((size_t)n_servers, sizeof *L->calls);
   L->cap_calls = n_servers;
   L->gids = calloc((size_t)n_tables, sizeof *L->gids);
@@ -1332,7 +727,7 @@ static int lane_init(lane *L, int n_tables, int n_servers) {
 static void r_destroy(emb_store *b) {
   rstore *s = (rstore *)b;
   if (s->lookup_pending) r_lookup_wait(b);
-  watch_stop(s);
+  rpc__watch_stop(s);
   /* Prefetched steps never looked up (a job that ends with steps handed
    * ahead): detached now, this rank may cancel its held Lookups. */
   for (int i = 0; i < RPC_PF_STEPS; i++) {
@@ -1341,15 +736,15 @@ static void r_destroy(emb_store *b) {
       f->L.calls[j].cancelled = 1;
       if (f->L.calls[j].active) grpc_call_cancel(f->L.calls[j].call, NULL);
     }
-    slot_release(s, f);
-    lane_free(&f->L, b->plan->n_tables);
+    rpc__slot_release(s, f);
+    rpc__lane_free(&f->L, b->plan->n_tables);
     for (int t = 0; f->ids && t < b->plan->n_tables; t++) free(f->ids[t]);
     free(f->ids);
     free(f->counts);
     free(f->cap);
   }
-  lane_free(&s->lk, b->plan->n_tables);
-  lane_free(&s->mn, b->plan->n_tables);
+  rpc__lane_free(&s->lk, b->plan->n_tables);
+  rpc__lane_free(&s->mn, b->plan->n_tables);
   for (int k = 0; k < s->n && s->c; k++) {
     for (int i = 0; i < s->c[k].n_ch; i++) grpc_channel_destroy(s->c[k].chs[i].ch);
     free(s->c[k].chs);
@@ -1360,12 +755,12 @@ static void r_destroy(emb_store *b) {
   rpc_global_shutdown();
 }
 
-static const emb_store_ops remote_ops = {
+const emb_store_ops rpc__remote_ops = {
     .kind = EMB_STORE_REMOTE,
     .ckpt_layout = EMB_CKPT_SHARD_FOLDERS,
     .lookup_begin = r_lookup_begin,
     .lookup_wait = r_lookup_wait,
-    .prefetch = r_prefetch,
+    .prefetch = rpc__remote_prefetch,
     .lookup_flight = r_lookup_flight,
     .push = r_push,
     .flush = r_flush,
@@ -1376,130 +771,6 @@ static const emb_store_ops remote_ops = {
     .errmsg = r_errmsg,
     .destroy = r_destroy,
 };
-
-typedef struct {
-  const char *const *paths, *const *names;
-  int n;
-} roots_ctx;
-
-/* One server's Stats: every path of ctx inside one of its roots. */
-static int roots_each(rstore *s, pcall *p, void *ctx) {
-  const roots_ctx *q = ctx;
-  Shardrec__V1__StatsResponse *a = shardrec__v1__stats_response__unpack(NULL, p->resp_len, p->resp);
-  if (!a) {
-    sr_fmt(s->err, sizeof s->err, "stats: shard %d server %s: undecodable answer", p->shard,
-           s->c[p->shard].addr);
-    return SR_EFORMAT;
-  }
-  int rc = 0;
-  for (int i = 0; i < q->n && !rc; i++) {
-    char real[SR_PATH_MAX], why[600] = "";
-    rc = SR_EINVAL;
-    for (size_t r = 0; r < a->n_checkpoint_roots && rc == SR_EINVAL; r++)
-      rc = sr_path_confine(a->checkpoint_roots[r], q->paths[i], real, sizeof real, why, sizeof why);
-    if (rc && !a->n_checkpoint_roots)
-      sr_fmt(s->err, sizeof s->err, "%s %s: shard %d server %s has no checkpoint root (start it "
-             "with serve --checkpoint-root DIR, DIR holding this folder)", q->names[i], q->paths[i],
-             p->shard, s->c[p->shard].addr);
-    else if (rc == SR_EINVAL)
-      sr_fmt(s->err, sizeof s->err, "%s %s: not inside the checkpoint root %s of shard %d server "
-             "%s (serve --checkpoint-root; the servers must see this folder at the same path)",
-             q->names[i], q->paths[i], a->checkpoint_roots[0], p->shard, s->c[p->shard].addr);
-    else if (rc)
-      sr_fmt(s->err, sizeof s->err, "%s %s", q->names[i], why);
-  }
-  shardrec__v1__stats_response__free_unpacked(a, NULL);
-  return rc;
-}
-
-int rpc_remote_check_roots(emb_store *b, const char *const *paths, const char *const *names, int n,
-                           char *err, size_t errlen) {
-  if (!b || b->ops != &remote_ops) return 0;
-  rstore *s = (rstore *)b;
-  roots_ctx q = {paths, names, n};
-  int rc = broadcast(s, RPC_STATS, make_stats, &q, "stats", roots_each);
-  if (rc) sr_fmt(err, errlen, "%s", s->err);
-  return rc;
-}
-
-/* End every call of L now: those in flight cancelled (a server reads a
- * held Lookup cancelled as its rank going away: the job it names is
- * dropped there), those waiting to be retried not sent again. */
-static void lane_cancel(rstore *s, lane *L) {
-  for (int i = 0; i < L->n_calls; i++) {
-    pcall *p = &L->calls[i];
-    p->cancelled = 1; /* an attempt that ends on its own now is not retried either */
-    if (p->active) {
-      grpc_call_cancel(p->call, NULL);
-    } else if (!p->done) {
-      p->done = 1;
-      p->status = GRPC_STATUS_CANCELLED;
-    }
-  }
-  run_calls(s->c, L->cq, L->calls, L->n_calls, &s->o);
-  calls_free(L);
-}
-
-void rpc_remote_quiesce(emb_store *b) {
-  if (!b || b->ops != &remote_ops) return;
-  rstore *s = (rstore *)b;
-  if (s->lookup_pending) {
-    lane_cancel(s, s->cur);
-    s->lookup_pending = 0;
-    s->lookup_rc = SR_ESTATE;
-    sr_fmt(s->err, sizeof s->err, "lookup of step %lld: dropped for a recovery",
-           (long long)s->lookup_step);
-  }
-  s->cur = &s->lk;
-  s->cur_pf = NULL;
-  for (int i = 0; i < RPC_PF_STEPS; i++) {
-    pf_slot *f = &s->pf[i];
-    if (f->used) lane_cancel(s, &f->L);
-    f->used = f->sent = 0;
-  }
-  s->pushed = s->seen = -1;
-}
-
-int rpc_remote_incarnations(const emb_store *b, uint64_t *inc, int n) {
-  if (!b || b->ops != &remote_ops) return 0;
-  const rstore *s = (const rstore *)b;
-  int k = 0;
-  for (; k < n && k < s->n; k++) inc[k] = s->c[k].inc;
-  return k;
-}
-
-int rpc_remote_rejoin(emb_store *b, const char *job_id, const uint64_t *inc) {
-  if (!b || b->ops != &remote_ops) return 0;
-  rstore *s = (rstore *)b;
-  rpc_remote_quiesce(b);
-  watch_stop(s); /* detached under the old id */
-  snprintf(s->job, sizeof s->job, "%s", job_id);
-  for (int k = 0; k < s->n; k++) s->c[k].inc = inc ? inc[k] : 0;
-  s->lost = 0;
-  s->limits_known = 0; /* a restarted server may have other limits */
-  if (s->o.world_size > 1 && watch_start(s)) {
-    sr_fmt(s->err, sizeof s->err, "remote store: out of memory");
-    return SR_ENOMEM;
-  }
-  return 0;
-}
-
-int rpc_remote_note(emb_store *b, char *buf, size_t len) {
-  if (!b || b->ops != &remote_ops) return 0;
-  rstore *s = (rstore *)b;
-  int n = 0;
-  for (int k = 0; k < s->n; k++) {
-    if (!s->c[k].notes) continue;
-    if (!n) sr_fmt(buf, len, "shard %d: %s", k, s->c[k].note);
-    n += s->c[k].notes;
-    s->c[k].notes = 0;
-  }
-  return n;
-}
-
-int rpc_remote_lost(const emb_store *b) {
-  return b && b->ops == &remote_ops && ((const rstore *)b)->lost;
-}
 
 emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *servers,
                                    int n_servers, const rpc_client_opts *o, char *err,
@@ -1532,16 +803,16 @@ emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *serv
     sr_fmt(err, errlen, "remote store: out of memory");
     return NULL;
   }
-  s->base.ops = &remote_ops;
+  s->base.ops = &rpc__remote_ops;
   s->base.plan = plan;
   if (o) s->o = *o;
-  opts_defaults(&s->o);
+  rpc__opts_defaults(&s->o);
   s->n = n_servers;
   s->cur = &s->lk;
   s->pushed = s->seen = -1;
   s->c = calloc((size_t)n_servers, sizeof *s->c);
-  int lk = lane_init(&s->lk, plan->n_tables, n_servers);
-  int mn = lane_init(&s->mn, plan->n_tables, n_servers);
+  int lk = rpc__lane_init(&s->lk, plan->n_tables, n_servers);
+  int mn = rpc__lane_init(&s->mn, plan->n_tables, n_servers);
   if (!s->c || lk || mn) {
     sr_fmt(err, errlen, "remote store: out of memory");
     goto fail;
@@ -1566,9 +837,9 @@ emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *serv
       sr_fmt(err, errlen, "remote store: out of memory");
       goto fail;
     }
-    if (conn_open(&s->c[k], servers[k], &s->o, err, errlen)) goto fail;
+    if (rpc__conn_open(&s->c[k], servers[k], &s->o, err, errlen)) goto fail;
   }
-  if (s->o.world_size > 1 && watch_start(s)) {
+  if (s->o.world_size > 1 && rpc__watch_start(s)) {
     sr_fmt(err, errlen, "remote store: out of memory");
     goto fail;
   }
@@ -1578,54 +849,3 @@ fail:
   return NULL;
 }
 
-int rpc_call_once(const char *target, const rpc_tls *tls, rpc_method m, const uint8_t *req,
-                  size_t len, double deadline_s, uint8_t **resp, size_t *resp_len, char *msg,
-                  size_t msglen) {
-  if (m < 0 || m >= RPC_N_METHODS) {
-    if (msglen) snprintf(msg, msglen, "no such method");
-    return GRPC_STATUS_INVALID_ARGUMENT;
-  }
-  return rpc_call_path(target, tls, rpc_method_path(m), req, len, deadline_s, resp, resp_len, msg,
-                       msglen);
-}
-
-int rpc_call_path(const char *target, const rpc_tls *tls, const char *path, const uint8_t *req,
-                  size_t len, double deadline_s, uint8_t **resp, size_t *resp_len, char *msg,
-                  size_t msglen) {
-  *resp = NULL;
-  *resp_len = 0;
-  if (msglen) msg[0] = 0;
-  rpc_global_init();
-  rpc_client_opts o = {.deadline_s = deadline_s, .max_tries = 1, .tls = tls};
-  opts_defaults(&o);
-  grpc_channel *ch = make_channel(target, &o, 0, msg, msglen);
-  if (!ch) {
-    rpc_global_shutdown();
-    return GRPC_STATUS_INTERNAL;
-  }
-  chan h = {.ch = ch};
-  conn c = {.chs = &h, .n_ch = 1};
-  for (int i = 0; i < RPC_N_METHODS; i++)
-    h.reg[i] = grpc_channel_register_call(ch, rpc_method_path((rpc_method)i), NULL, NULL);
-  grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
-  pcall p;
-  uint8_t *copy = malloc(len ? len : 1);
-  if (len) memcpy(copy, req, len);
-  pcall_init(&p, 0, RPC_LOOKUP, copy, len);
-  p.path = path;
-  if (!pcall_start(&c, cq, &p, o.deadline_s)) run_calls(&c, cq, &p, 1, &o);
-  int st = (int)p.status;
-  char *d = grpc_slice_to_c_string(p.details);
-  if (msglen) snprintf(msg, msglen, "%s", d ? d : "");
-  gpr_free(d);
-  if (st == GRPC_STATUS_OK) {
-    *resp = p.resp;
-    *resp_len = p.resp_len;
-    p.resp = NULL;
-  }
-  pcall_free(&p);
-  grpc_channel_destroy(ch);
-  cq_close(cq);
-  rpc_global_shutdown();
-  return st;
-}
