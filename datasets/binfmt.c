@@ -353,21 +353,14 @@ static int check_header(const ds_bin_info *in, char *err, size_t errlen, const c
   return 0;
 }
 
-ds_bin_reader *ds_bin_reader_open(const char *path, int int32_layout, int verify, char *err,
-                                  size_t errlen) {
-  ds_bin_reader *r = calloc(1, sizeof *r);
-  if (!r) {
-    sr_fmt(err, errlen, "%s: out of memory", path);
-    return NULL;
-  }
-  r->int32 = int32_layout;
+/* Open and map path into r (size, map). 0, or -1 with the reason in err. */
+static int map_file(ds_bin_reader *r, const char *path, char *err, size_t errlen) {
   int fd = open(path, O_RDONLY);
   struct stat st;
   if (fd < 0 || fstat(fd, &st) != 0) {
     sr_fmt(err, errlen, "%s: %s", path, strerror(errno));
     if (fd >= 0) close(fd);
-    free(r);
-    return NULL;
+    return -1;
   }
   r->size = (uint64_t)st.st_size;
   if (r->size) {
@@ -377,33 +370,43 @@ ds_bin_reader *ds_bin_reader_open(const char *path, int int32_layout, int verify
     if (m == MAP_FAILED) {
       sr_fmt(err, errlen, "%s: mmap: %s", path, strerror(errno));
       close(fd);
-      free(r);
-      return NULL;
+      return -1;
     }
     madvise(m, r->size, MADV_SEQUENTIAL);
     r->map = m;
   }
   close(fd);
+  return 0;
+}
+
+/* The reference DLRM's int32 layout: records of DS_INT32_RECORD_BYTES and
+ * no header (verify: every record scanned). 0, or -1 with the reason in err. */
+static int int32_open(ds_bin_reader *r, int verify, const char *path, char *err, size_t errlen) {
   ds_bin_info *in = &r->info;
-  if (int32_layout) {
-    if (r->size % DS_INT32_RECORD_BYTES) {
-      sr_fmt(err, errlen, "%s: torn int32 record file: %llu bytes is not a multiple of %u",
-             path, (unsigned long long)r->size, DS_INT32_RECORD_BYTES);
-      goto fail;
-    }
-    in->n_samples = in->n_train = r->size / DS_INT32_RECORD_BYTES;
-    in->id_mode = DS_IDS_RAW;
-    in->data_off = 0;
-    in->data_bytes = r->size;
-    if (verify) {
-      char why[256];
-      if (int32_scan(r, why, sizeof why)) {
-        sr_fmt(err, errlen, "%s: %s", path, why);
-        goto fail;
-      }
-    }
-    return r;
+  if (r->size % DS_INT32_RECORD_BYTES) {
+    sr_fmt(err, errlen, "%s: torn int32 record file: %llu bytes is not a multiple of %u",
+           path, (unsigned long long)r->size, DS_INT32_RECORD_BYTES);
+    return -1;
   }
+  in->n_samples = in->n_train = r->size / DS_INT32_RECORD_BYTES;
+  in->id_mode = DS_IDS_RAW;
+  in->data_off = 0;
+  in->data_bytes = r->size;
+  if (verify) {
+    char why[256];
+    if (int32_scan(r, why, sizeof why)) {
+      sr_fmt(err, errlen, "%s: %s", path, why);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* The header of a shardrec binary: magic, version, checksum, counts and the
+ * layout they imply, which must match the file's size. 0, or -1 with the
+ * reason in err. */
+static int header_read(ds_bin_reader *r, const char *path, char *err, size_t errlen) {
+  ds_bin_info *in = &r->info;
   const unsigned char *h = r->map;
   if (r->size < DS_BIN_HEADER_SIZE) {
     if (r->size >= 8 && !memcmp(h, DS_BIN_MAGIC, 8))
@@ -412,21 +415,21 @@ ds_bin_reader *ds_bin_reader_open(const char *path, int int32_layout, int verify
     else
       sr_fmt(err, errlen, "%s: not a shardrec binary file (%llu bytes, no header)", path,
              (unsigned long long)r->size);
-    goto fail;
+    return -1;
   }
   if (memcmp(h, DS_BIN_MAGIC, 8)) {
     sr_fmt(err, errlen, "%s: not a shardrec binary file (bad magic)", path);
-    goto fail;
+    return -1;
   }
   in->version = get32(h + H_VERSION);
   if (in->version != DS_BIN_VERSION) {
     sr_fmt(err, errlen, "%s: format version %u, this build reads version %u", path, in->version,
            DS_BIN_VERSION);
-    goto fail;
+    return -1;
   }
   if (get32(h + H_CRC) != crc_of(h, H_CRC)) {
     sr_fmt(err, errlen, "%s: header checksum mismatch (corrupt header)", path);
-    goto fail;
+    return -1;
   }
   in->flags = get32(h + H_FLAGS);
   in->id_mode = get32(h + H_IDMODE);
@@ -449,46 +452,73 @@ ds_bin_reader *ds_bin_reader_open(const char *path, int int32_layout, int verify
     in->dense_lo = getf(h + H_DENSE_LO);
     in->dense_hi = getf(h + H_DENSE_HI);
   }
-  if (check_header(in, err, errlen, path)) goto fail;
+  if (check_header(in, err, errlen, path)) return -1;
   ds_bin_info want = *in;
   layout(&want);
   if (want.dict_off != get64(h + H_DICT_OFF) || want.data_off != get64(h + H_DATA_OFF) ||
       want.data_bytes != get64(h + H_DATA_BYTES) ||
       in->n_train + in->n_test + in->n_val != in->n_samples || in->n_samples > (1ULL << 48)) {
     sr_fmt(err, errlen, "%s: inconsistent header (sizes or counts disagree)", path);
-    goto fail;
+    return -1;
   }
   *in = want;
   if (r->size != in->data_off + in->data_bytes) {
     sr_fmt(err, errlen, "%s: %s: %llu bytes, the header says %llu", path,
            r->size < in->data_off + in->data_bytes ? "truncated" : "trailing bytes",
            (unsigned long long)r->size, (unsigned long long)(in->data_off + in->data_bytes));
-    goto fail;
+    return -1;
   }
+  return 0;
+}
+
+/* A multi-hot file's bag offsets: monotone, in range, each bag at most
+ * DS_MAX_BAG ids. 0, or -1 with the reason in err. */
+static int offsets_check(const ds_bin_reader *r, const char *path, char *err, size_t errlen) {
+  const ds_bin_info *in = &r->info;
+  const unsigned char *offs = r->map + in->data_off + in->n_samples * REC_HEAD;
+  uint64_t prev = 0, m = in->n_samples * DS_NUM_SPARSE + 1;
+  for (uint64_t k = 0; k < m; k++) {
+    uint64_t v = get64(offs + 8 * k);
+    if (v < prev || v > in->total_ids || (k + 1 == m && v != in->total_ids)) {
+      sr_fmt(err, errlen, "%s: corrupt multi-hot offsets at %llu", path, (unsigned long long)k);
+      return -1;
+    }
+    if (k > 0 && v - prev > DS_MAX_BAG) { /* bag k - 1 */
+      sr_fmt(err, errlen, "%s: corrupt multi-hot offsets at %llu: sample %llu C%d has %llu ids, "
+             "more than the %d a bag may hold", path, (unsigned long long)k,
+             (unsigned long long)((k - 1) / DS_NUM_SPARSE), (int)((k - 1) % DS_NUM_SPARSE) + 1,
+             (unsigned long long)(v - prev), DS_MAX_BAG);
+      return -1;
+    }
+    prev = v;
+  }
+  return 0;
+}
+
+ds_bin_reader *ds_bin_reader_open(const char *path, int int32_layout, int verify, char *err,
+                                  size_t errlen) {
+  ds_bin_reader *r = calloc(1, sizeof *r);
+  if (!r) {
+    sr_fmt(err, errlen, "%s: out of memory", path);
+    return NULL;
+  }
+  r->int32 = int32_layout;
+  if (map_file(r, path, err, errlen)) {
+    free(r);
+    return NULL;
+  }
+  if (int32_layout) {
+    if (int32_open(r, verify, path, err, errlen)) goto fail;
+    return r;
+  }
+  if (header_read(r, path, err, errlen)) goto fail;
+  const ds_bin_info *in = &r->info;
   if (verify && (crc_of(r->map + in->dict_off, in->dict_bytes) != in->dict_crc ||
                  crc_of(r->map + in->data_off, in->data_bytes) != in->data_crc)) {
     sr_fmt(err, errlen, "%s: checksum mismatch: the file is corrupt", path);
     goto fail;
   }
-  if (in->flags & DS_BIN_MULTI) { /* offsets must be monotone and in range */
-    const unsigned char *offs = r->map + in->data_off + in->n_samples * REC_HEAD;
-    uint64_t prev = 0, m = in->n_samples * DS_NUM_SPARSE + 1;
-    for (uint64_t k = 0; k < m; k++) {
-      uint64_t v = get64(offs + 8 * k);
-      if (v < prev || v > in->total_ids || (k + 1 == m && v != in->total_ids)) {
-        sr_fmt(err, errlen, "%s: corrupt multi-hot offsets at %llu", path, (unsigned long long)k);
-        goto fail;
-      }
-      if (k > 0 && v - prev > DS_MAX_BAG) { /* bag k - 1 */
-        sr_fmt(err, errlen, "%s: corrupt multi-hot offsets at %llu: sample %llu C%d has %llu ids, "
-               "more than the %d a bag may hold", path, (unsigned long long)k,
-               (unsigned long long)((k - 1) / DS_NUM_SPARSE), (int)((k - 1) % DS_NUM_SPARSE) + 1,
-               (unsigned long long)(v - prev), DS_MAX_BAG);
-        goto fail;
-      }
-      prev = v;
-    }
-  }
+  if ((in->flags & DS_BIN_MULTI) && offsets_check(r, path, err, errlen)) goto fail;
   return r;
 fail:
   ds_bin_reader_destroy(r);

@@ -38,6 +38,55 @@ static void datagen_usage(FILE *f) {
           "  -h, --help            this text\n");
 }
 
+/* One of datagen's flags (c, its value arg) into cfg. 0, or 2 with the
+ * message printed. */
+static int datagen_flag(dg_config *cfg, int c, const char *arg, int *have_rows) {
+  const char *cmd = "datagen";
+  long long v;
+  char err[512];
+  switch (c) {
+  case 'n':
+    if (cli_u64(cmd, "--rows", arg, &cfg->rows)) return 2;
+    if (cfg->rows < 1) {
+      fprintf(stderr, "shardrec datagen: --rows: must be at least 1\n");
+      return 2;
+    }
+    *have_rows = 1;
+    break;
+  case 's':
+    if (cli_u64(cmd, "--seed", arg, &cfg->seed)) return 2;
+    break;
+  case 't':
+    if (cli_flag_double(cmd, "--test-fraction", arg, &cfg->test_fraction)) return 2;
+    break;
+  case 'x':
+    if (cli_double(cmd, "--scale", arg, 1e-9, 1, &cfg->scale)) return 2;
+    break;
+  case 'z':
+    if (cli_double(cmd, "--zipf", arg, 1.000001, 3, &cfg->zipf_s)) return 2;
+    break;
+  case 'u': cfg->uniform = 1; break;
+  case 'g': cfg->gzip = 1; break;
+  case 'm':
+    if (cli_int(cmd, "--multi-hot", arg, 1, DG_MAX_HOT, &v)) return 2;
+    cfg->multi_hot = (int)v;
+    break;
+  case 'b':
+    if (dg_bag_sizes_parse(arg, cfg->bag_sizes, err, sizeof err)) {
+      fprintf(stderr, "shardrec datagen: --multi-hot-sizes: %s\n", err);
+      return 2;
+    }
+    break;
+  case 'c':
+    if (cli_double(cmd, "--cross-terms", arg, 0, DG_CROSS_MAX, &cfg->cross_terms)) return 2;
+    break;
+  case 'r':
+    if (cli_double(cmd, "--strip-trailing", arg, 0, 1, &cfg->strip_trailing)) return 2;
+    break;
+  }
+  return 0;
+}
+
 int cmd_datagen(int argc, char **argv) {
   static const struct option opts[] = {
       {"rows", required_argument, NULL, 'n'},
@@ -61,51 +110,16 @@ int cmd_datagen(int argc, char **argv) {
   cfg.progress = cli_isatty_err();
   const char *out = NULL;
   int have_rows = 0;
-  long long v;
   char err[512];
   opterr = 0;
   optind = 1;
   int c;
   while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
     switch (c) {
-    case 'n':
-      if (cli_u64(cmd, "--rows", optarg, &cfg.rows)) return 2;
-      if (cfg.rows < 1) {
-        fprintf(stderr, "shardrec datagen: --rows: must be at least 1\n");
-        return 2;
-      }
-      have_rows = 1;
-      break;
-    case 'o': out = optarg; break;
-    case 's':
-      if (cli_u64(cmd, "--seed", optarg, &cfg.seed)) return 2;
-      break;
-    case 't':
-      if (cli_flag_double(cmd, "--test-fraction", optarg, &cfg.test_fraction)) return 2;
-      break;
-    case 'x':
-      if (cli_double(cmd, "--scale", optarg, 1e-9, 1, &cfg.scale)) return 2;
-      break;
-    case 'z':
-      if (cli_double(cmd, "--zipf", optarg, 1.000001, 3, &cfg.zipf_s)) return 2;
-      break;
-    case 'u': cfg.uniform = 1; break;
-    case 'g': cfg.gzip = 1; break;
-    case 'm':
-      if (cli_int(cmd, "--multi-hot", optarg, 1, DG_MAX_HOT, &v)) return 2;
-      cfg.multi_hot = (int)v;
-      break;
-    case 'b':
-      if (dg_bag_sizes_parse(optarg, cfg.bag_sizes, err, sizeof err)) {
-        fprintf(stderr, "shardrec datagen: --multi-hot-sizes: %s\n", err);
-        return 2;
-      }
-      break;
-    case 'c':
-      if (cli_double(cmd, "--cross-terms", optarg, 0, DG_CROSS_MAX, &cfg.cross_terms)) return 2;
-      break;
-    case 'r':
-      if (cli_double(cmd, "--strip-trailing", optarg, 0, 1, &cfg.strip_trailing)) return 2;
+    case 'n': case 'o': case 's': case 't': case 'x': case 'z': case 'u': case 'g': case 'm':
+    case 'b': case 'c': case 'r':
+      if (c == 'o') out = optarg;
+      else if (datagen_flag(&cfg, c, optarg, &have_rows)) return 2;
       break;
     case 'h': datagen_usage(stdout); return 0;
     case ':':
