@@ -585,6 +585,22 @@ static void sh_destroy(emb_store *b) {
   free(s);
 }
 
+/* emb_store_ops.figures: the cache's counters and the databases' figures. */
+static int sh_figures(emb_store *b, emb_store_figures *out) {
+  emb_shard_counters c;
+  kv_figures k;
+  int rc = emb_shard_counters_get(b, &c);
+  if (!rc) rc = emb_shard_kv_figures_get(b, &k);
+  if (rc) return rc;
+  *out = (emb_store_figures){.evictions = c.evictions, .writebacks = c.writebacks,
+                             .cache_rows = c.cache_rows, .cache_used = c.cache_used,
+                             .block_cache_hits = k.block_cache_hits,
+                             .block_cache_misses = k.block_cache_misses,
+                             .sst_bytes = k.sst_bytes,
+                             .pending_compaction_bytes = k.pending_compaction_bytes};
+  return 0;
+}
+
 static const emb_store_ops shard_ops = {
     .kind = EMB_STORE_SHARD,
     .ckpt_layout = EMB_CKPT_SHARD_FOLDERS,
@@ -598,6 +614,8 @@ static const emb_store_ops shard_ops = {
     .checkpoint = sh_checkpoint,
     .restore = sh_restore,
     .stats = sh_stats,
+    .figures = sh_figures,
+    .unclean = emb_shard_unclean,
     .iterate = sh_iterate,
     .errmsg = sh_errmsg,
     .destroy = sh_destroy,

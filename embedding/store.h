@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/status.h"
 #include "embedding/plan.h"
 
 typedef struct emb_store emb_store;
@@ -40,6 +41,15 @@ typedef struct emb_store_stats {
   uint64_t hits;          /* of which served from memory */
   uint64_t pushes;        /* rows updated */
 } emb_store_stats;
+
+/* Figures of a store's row cache and cold tier (emb_store_figures_get), for
+ * a shard server's metrics; only a store that has both keeps them. */
+typedef struct emb_store_figures {
+  uint64_t evictions, writebacks;   /* rows evicted from the cache; dirty rows written back */
+  uint64_t cache_rows, cache_used;  /* rows the cache may hold; rows in it now */
+  uint64_t block_cache_hits, block_cache_misses; /* the cold tier's (RocksDB's block cache) */
+  uint64_t sst_bytes, pending_compaction_bytes;  /* its files; what compaction has to rewrite */
+} emb_store_figures;
 
 /* Called once per stored row by iterate; return nonzero to stop early.
  * value has dim floats, state has state_len floats (optimizer state). */
@@ -188,6 +198,15 @@ typedef struct emb_store_ops {
   int (*restore)(emb_store *s, const char *path);
   /* Counters (see emb_store_stats); the remote store asks every server. */
   int (*stats)(emb_store *s, emb_store_stats *out);
+  /* The row cache's and cold tier's figures (see emb_store_figures; NULL:
+   * the store has neither, as the local, remote and routed stores). */
+  int (*figures)(emb_store *s, emb_store_figures *out);
+  /* 1 when the store was opened on rows that were not stopped cleanly (a
+   * crash: they may hold a push applied in part) and has neither restored
+   * a checkpoint nor been told to take them as they are since, else 0 (the
+   * shard store: emb_shard_unclean, emb_shard_accept_unclean; NULL: never,
+   * as the stores whose rows start from nothing or a checkpoint). */
+  int (*unclean)(const emb_store *s);
   /* Visit every stored row of table (plan index), in ascending row id
    * (local and shard stores; the remote and routed stores refuse with
    * SR_EUNSUPPORTED). A row never pushed is not stored. */
@@ -237,6 +256,15 @@ static inline int emb_store_restore(emb_store *s, const char *path) {
 }
 static inline int emb_store_stats_get(emb_store *s, emb_store_stats *out) {
   return s->ops->stats(s, out);
+}
+/* The figures op (see emb_store_ops.figures); SR_EUNSUPPORTED, *out
+ * untouched, where the store has none. */
+static inline int emb_store_figures_get(emb_store *s, emb_store_figures *out) {
+  return s->ops->figures ? s->ops->figures(s, out) : SR_EUNSUPPORTED;
+}
+/* The unclean query (see emb_store_ops.unclean); 0 where the store has none. */
+static inline int emb_store_unclean(const emb_store *s) {
+  return s->ops->unclean ? s->ops->unclean(s) : 0;
 }
 static inline int emb_store_iterate(emb_store *s, int table, emb_row_fn fn, void *ctx) {
   return s->ops->iterate(s, table, fn, ctx);

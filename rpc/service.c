@@ -21,7 +21,6 @@
 #include "common/sys.h"
 #include "embedding/optim.h"
 #include "embedding/served.h"
-#include "embedding/shard.h"
 #include "rpc/coord.h"
 #include "rpc/health.pb-c.h"
 #include "rpc/service.h"
@@ -170,7 +169,7 @@ rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
   s->plan = plan;
   s->store = store;
   s->read_only = o->read_only;
-  s->unclean = o->refuse_unclean && emb_shard_unclean(store);
+  s->unclean = o->refuse_unclean && emb_store_unclean(store);
   s->max_msg = o->max_message_bytes ? o->max_message_bytes : (size_t)64 << 20;
   s->max_ids = o->max_ids ? o->max_ids : rpc_service_max_ids_for(plan, s->max_msg);
   s->budget = o->inflight_bytes ? o->inflight_bytes : 4 * s->max_msg;

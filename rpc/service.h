@@ -69,9 +69,10 @@ typedef struct rpc_service_opts {
   size_t inflight_bytes;    /* the memory budget of all calls in flight (0: 4 x
                           max_message_bytes); see rpc_reply.held */
   double inflight_wait_s;   /* how long a call waits for room in it (0: 1 s) */
-  int refuse_unclean;  /* the store is a shard store opened on rows not stopped cleanly
-                          (emb_shard_unclean): refuse Lookup, Push and Checkpoint with
-                          FAILED_PRECONDITION RPC_MSG_UNCLEAN until a Restore */
+  int refuse_unclean;  /* when the store says its rows were not stopped cleanly
+                          (emb_store_unclean: a shard store after a crash), refuse
+                          Lookup, Push and Checkpoint with FAILED_PRECONDITION
+                          RPC_MSG_UNCLEAN until a Restore */
   double pending_timeout_s; /* a multi-rank job whose pending state (held pushes,
                                parked Lookups, ranks at different steps) makes no
                                progress this long is dropped as if a rank went

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "common/status.h"
-#include "embedding/shard.h"
+#include "embedding/store.h"
 #include "rpc/coord.h"
 
 /* The figures copied in at scrape time, by index into m->fig. */
@@ -121,11 +121,10 @@ static void collect_view(void *ctx, const rpc_service_view *v) {
   f[F_PARKED_WATCHES] = (double)v->coord->parked_watches;
   f[F_PINNED_ROWS] = (double)v->pinned_rows, f[F_PINNED_BYTES] = (double)v->pinned_bytes;
   f[F_UNCLEAN] = v->unclean;
-  emb_shard_counters c;
-  kv_figures k;
-  if (!emb_shard_counters_get(v->store, &c) && !emb_shard_kv_figures_get(v->store, &k)) {
-    f[F_EVICTIONS] = (double)c.evictions, f[F_WRITEBACKS] = (double)c.writebacks;
-    f[F_CACHE_CAP] = (double)c.cache_rows, f[F_CACHE_USED] = (double)c.cache_used;
+  emb_store_figures k;
+  if (!emb_store_figures_get(v->store, &k)) {
+    f[F_EVICTIONS] = (double)k.evictions, f[F_WRITEBACKS] = (double)k.writebacks;
+    f[F_CACHE_CAP] = (double)k.cache_rows, f[F_CACHE_USED] = (double)k.cache_used;
     f[F_BC_HITS] = (double)k.block_cache_hits, f[F_BC_MISSES] = (double)k.block_cache_misses;
     uint64_t reads = k.block_cache_hits + k.block_cache_misses;
     f[F_BC_RATIO] = reads ? (double)k.block_cache_hits / (double)reads : 0;
