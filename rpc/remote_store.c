@@ -24,11 +24,11 @@
 #include "common/status.h"
 #include "common/sys.h"
 #include "rpc/client.h"
+#include "rpc/codec_impl.h"
 #include "rpc/coord.h"
 #include "rpc/grpc_util.h"
 #include "rpc/remote_impl.h"
 #include "rpc/shardrec.pb-c.h"
-#include "rpc/wire.h"
 
 /* rpc__call_error of p, a call of s, into s->err and s->lost. */
 static int call_error(rstore *s, const pcall *p, const char *what) {
@@ -192,7 +192,7 @@ static int cut_calls(const rstore *s, const lane *L, int k, call_part *parts, in
 }
 
 /* One request to shard k of pieces parts[n] (lookup: grads NULL), part
- * part of parts, written by hand (rpc/wire.h: ids_fixed, aligned, the
+ * part of parts, written by hand (rpc/codec_impl.h: ids_fixed, aligned, the
  * gradients gathered straight into it); the pcall gets a copy of its
  * pieces. */
 static int build_one(rstore *s, lane *L, int k, rpc_method m, int64_t step, float lr,

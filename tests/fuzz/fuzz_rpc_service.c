@@ -11,10 +11,10 @@
  * token: nothing parks). Every 64th input also runs the stalled-job sweep
  * (pending_timeout_s is tiny) and a cancel of a token never parked.
  * Requests are decoded in place by the service's own decoders
- * (lookup_decode, push_decode), compiled in here, so raw bytes reach them
- * instrumented; the structured mode sends each table's ids as varints,
- * ids_fixed or both, packed by protobuf-c or written by the client's
- * encoder (rpc/wire.c), at any alignment in memory. Seeds of both:
+ * (rpc__lookup_decode, rpc__push_decode in rpc/codec.c), compiled in here,
+ * so raw bytes reach them instrumented; the structured mode sends each
+ * table's ids as varints, ids_fixed or both, packed by protobuf-c or
+ * written by the client's encoder (rpc/codec.c), at any alignment in memory. Seeds of both:
  * tests/fuzz/seeds/fuzz_rpc_service.
  * Invariants: every answer is OK with bytes that decode, or an error with a
  * message; the store never holds rows of the other shard; a single-rank
@@ -28,9 +28,9 @@
 
 #include "embedding/plan.h"
 #include "embedding/store.h"
+#include "rpc/codec_impl.h"
 #include "rpc/service.h"
 #include "rpc/shardrec.pb-c.h"
-#include "rpc/wire.h"
 
 static emb_plan *plan;
 static emb_store *store;
@@ -64,9 +64,9 @@ static int check_row(void *ctx, int table, uint64_t row_id, const float *value, 
  * (raw bytes rarely carry the plan fingerprint): tables, ids and gradients
  * all fuzzed, the plan fingerprint right unless a flag bit says otherwise.
  * An encoding byte picks, unless varint_only: bit 0 the client's encoder
- * (rpc/wire.h), else bits 1..3 ids_fixed for tables 0..2 and bit 4 both
- * fields in table 0; bits 5..7 the request's offset from an 8-byte
- * boundary (*off). */
+ * (rpc__lookup_encode, rpc__push_encode), else bits 1..3 ids_fixed for
+ * tables 0..2 and bit 4 both fields in table 0; bits 5..7 the request's
+ * offset from an 8-byte boundary (*off). */
 static uint8_t *build(rpc_method m, uint8_t flags, const uint8_t *p, size_t n, int varint_only,
                       size_t *off, size_t *len) {
   size_t at = 0;

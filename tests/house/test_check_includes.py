@@ -112,9 +112,9 @@ class CheckIncludes(unittest.TestCase):
 
     def test_private_header_of_another_folders_tests(self):
         # tests/rpc/ may include rpc/'s private headers; tests/storage/ may not.
-        self.plant("tests/rpc/test_rpc_coord.c", '#include "rpc/wire.h"')
-        n = self.plant("tests/storage/test_sst.c", '#include "rpc/wire.h"')
-        self.assert_fails('tests/storage/test_sst.c:%d: #include "rpc/wire.h": '
+        self.plant("tests/rpc/test_rpc_coord.c", '#include "rpc/codec_impl.h"')
+        n = self.plant("tests/storage/test_sst.c", '#include "rpc/codec_impl.h"')
+        self.assert_fails('tests/storage/test_sst.c:%d: #include "rpc/codec_impl.h": '
                           "a private header of rpc/" % n)
 
     def test_header_the_folder_may_not_see(self):

@@ -1,4 +1,4 @@
-/* The service's hand-written LookupResponse (rpc/service.c): the rows are
+/* The service's hand-written LookupResponse (rpc/codec.c): the rows are
  * written by the store straight into the answer, each table's rows 4-byte
  * aligned in it behind a padding field that protobuf decoders skip. For
  * plans of tables with many dims and table ids (one- to three-byte varints)
@@ -9,7 +9,7 @@
  * since the qsort went): a repeat anywhere is refused naming the row.
  * Then the requests' in-place decoding: a Lookup or Push with
  * ids_fixed (protobuf-c's packing, and the client's hand-written one,
- * rpc/wire.h) at every alignment in memory is answered exactly as the same
+ * rpc/codec_impl.h) at every alignment in memory is answered exactly as the same
  * request with varint ids (the old encoding), its ids read in place when
  * aligned (Stats' request_ids_in_place / _copied); both fields in one
  * table, and cut, overlong and garbled fields, are refused naming the
@@ -24,9 +24,9 @@
 
 #include "embedding/plan.h"
 #include "embedding/store.h"
+#include "rpc/codec_impl.h"
 #include "rpc/service.h"
 #include "rpc/shardrec.pb-c.h"
-#include "rpc/wire.h"
 
 #define NT 4
 
@@ -282,7 +282,7 @@ static void handle_at(rpc_service *svc, rpc_method m, const uint8_t *req, size_t
 enum { ENC_VARINT, ENC_PBC_FIXED, ENC_HAND, N_ENC };
 
 /* The request of tables tab[k] (dims from the plan) in encoding e:
- * protobuf-c with ids, protobuf-c with ids_fixed, or rpc/wire.h's.
+ * protobuf-c with ids, protobuf-c with ids_fixed, or rpc__lookup_encode's.
  * Lookup: grads NULL. Caller frees. */
 static uint8_t *encode_req(int e, char *fp, int64_t step, const int *tab, int k,
                            uint64_t (*ids)[300], const size_t *cnt, const float *grads,

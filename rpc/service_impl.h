@@ -1,0 +1,110 @@
+/* The shard service's state (struct rpc_service) and the calls between
+ * the files that make it up, private to rpc/:
+ *   service.c    create and destroy, the handlers (Lookup, Push,
+ *                Checkpoint, Restore, Stats, Health, Watch), the dispatch
+ *                and the step coordinator's glue;
+ *   admission.c  the in-flight memory budget and the pool of the calls'
+ *                scratch;
+ *   pinned.c     Lookup answers sent from the store's memory;
+ *   codec.c      the wire format (rpc/codec_impl.h). */
+#ifndef SHARDREC_RPC_SERVICE_IMPL_H
+#define SHARDREC_RPC_SERVICE_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "embedding/plan.h"
+#include "embedding/store.h"
+#include "rpc/codec_impl.h"
+#include "rpc/coord.h"
+#include "rpc/service.h"
+
+typedef struct {
+  uint64_t calls;
+  double sum_us, max_us;
+} lat_stat;
+
+struct rpc_service {
+  const emb_plan *plan; /* borrowed */
+  emb_store *store;     /* borrowed */
+  char fp[EMB_FP_HEX];
+  uint8_t *served;      /* [plan->n_shards] 1 when served here */
+  int *shards;          /* [n_shards] as given */
+  int n_shards;
+  int read_only;
+  size_t max_ids;
+  int unclean;          /* rows left by a crash, not restored since (RPC_MSG_UNCLEAN) */
+  size_t max_msg;       /* the message limit an answer must fit */
+  size_t budget, inflight; /* the in-flight budget and what calls hold of it now */
+  double budget_wait_s;
+  uint64_t budget_refused, budget_gen; /* refusals; releases so far */
+  pthread_cond_t room;  /* signalled when calls give budget back (with mu) */
+  pthread_mutex_t mu;   /* serialises the store, the coordinator and the counters below */
+  rpc_coord *coord;     /* owned: the multi-rank jobs */
+  int64_t hi_step;      /* the highest step handed to the store (looked up, pushed or
+                           prefetched) since it was opened or restored; -1: none */
+  uint64_t prefetched;  /* look-aheads handed to the store (hints, parked Lookups) */
+  lat_stat lat[RPC_N_METHODS];
+  uint64_t failed;
+  uint64_t incarnation; /* random, fixed for this service's life */
+  char **roots;         /* [n_roots] checkpoint roots, resolved (Admin calls) */
+  int n_roots;
+  void (*observe)(void *, rpc_method, int, const char *, double, size_t, size_t);
+  void *observe_ctx;
+  size_t pin_min;       /* rows of at least this many bytes answered pinned; 0: never */
+  atomic_uint_least64_t pin_rows, pin_bytes; /* held by pinned answers not yet released */
+  atomic_size_t refs;   /* rpc_service_destroy's and one per pinned answer not released:
+                           the last frees the lock, the budget's condition and s */
+  pthread_mutex_t pool_mu;    /* the scratch pool and the id counts below */
+  struct rpc_scratch *pool;   /* owned: the decoders' scratch, one per call in flight */
+  uint64_t ids_in_place, ids_copied; /* request ids read in place; decoded or copied */
+};
+
+/* ---- service.c ---- */
+
+/* One reference to s dropped; the last frees what a pinned answer's
+ * release touches (rpc_pinned_release may come after rpc_service_destroy:
+ * gRPC lets the last slices of a cancelled call go when it likes). */
+void rpc__service_unref(rpc_service *s);
+
+/* ---- admission.c ---- */
+
+/* Take need bytes of the in-flight budget for the call answering into r
+ * (r->held grows); a call holding all that is in flight is always let
+ * through. No room: with defer, RPC_DEFERRED at once (the server calls
+ * again later); else wait up to budget_wait_s for room, then
+ * RESOURCE_EXHAUSTED with the numbers in r. Not with s->mu held. */
+int rpc__budget_take(rpc_service *s, size_t need, int defer, rpc_reply *r);
+/* The bound on the answer's bytes of a Lookup of tables[n] (plan indexes
+ * idx) that rpc__check_answer takes budget for (3 x). */
+size_t rpc__answer_bound(const rpc_service *s, Shardrec__V1__TableIds *const *tables, size_t n,
+                         const int *idx);
+/* Refuse a Lookup of tables[n] (plan indexes idx) whose answer would not
+ * fit the message limit, before anything is allocated for it; else take
+ * its share of the in-flight budget (3 x the answer's bound: the rows, the
+ * packed answer and gRPC's copy; rpc__answer_pinned gives 2 of them back).
+ * RPC_OK or a status in r. */
+int rpc__check_answer(rpc_service *s, Shardrec__V1__TableIds *const *tables, size_t n,
+                      const int *idx, int defer, rpc_reply *r);
+/* A scratch for one call (the pool's, else a new one); NULL out of memory. */
+rpc_scratch *rpc__scratch_take(rpc_service *s);
+/* x back into the pool (its buffers dropped past a size), its call's id
+ * counts into the service's. NULL-safe. */
+void rpc__scratch_give(rpc_service *s, rpc_scratch *x);
+/* Every pooled scratch freed (rpc_service_destroy). */
+void rpc__scratch_pool_free(rpc_service *s);
+
+/* ---- pinned.c ---- */
+
+/* Answer q (plan indexes idx, ids set) from the store's memory: the rows
+ * pinned (emb_store_ops.lookup_pinned) and r->pinned their pieces, holding
+ * r's budget share less the two copies a pinned answer does not make. 1
+ * when r is answered (pinned, or failed); 0 when the gather path is to
+ * answer instead (not offered, rows too narrow, or the cache too pinned to
+ * pin them: the store said SR_ESTATE). */
+int rpc__answer_pinned(rpc_service *s, const Shardrec__V1__LookupRequest *q, const int *idx,
+                       const emb_idset *set, rpc_reply *r);
+
+#endif
