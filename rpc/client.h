@@ -30,7 +30,7 @@ typedef struct rpc_client_opts {
   const char *job_id;       /* NULL: a fresh random one (ranks of one job must share it) */
   int rank, world_size;     /* this trainer's rank of world_size (0: 1 rank); with several,
                                every step pushes to every shard (empty where nothing) */
-  int max_staleness;        /* 0: sync mode (rpc/service.h, "Multi-rank jobs"); S >= 1:
+  int max_staleness;        /* 0: sync mode (rpc/shardrec.proto, "Multi-rank jobs"); S >= 1:
                                async mode: pushes applied on arrival, and a Lookup of step
                                t waits until every rank's push of step t-S is applied */
   int connections;          /* TCP connections (gRPC channels) per server, 1..
@@ -64,7 +64,7 @@ typedef struct rpc_client_opts {
  * grouping, so push never waits for it and its rows land in the buffers of
  * its own lookup_begin; a second lookup_begin before lookup_wait finishes
  * the first and drops its rows. checkpoint, restore and stats do not wait
- * for it either; destroy does (rpc/service.h, "Rank death", says why it is not
+ * for it either; destroy does (rpc/shardrec.proto, "Rank death", says why it is not
  * cancelled). A multi-rank job's store (o->world_size > 1) starts a Watch
  * on every server when it is created and detaches when it is destroyed
  * (waiting for the prefetched Lookup, if any, first). A lookup refused

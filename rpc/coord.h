@@ -1,5 +1,5 @@
 /* The step coordinator of the shard service's multi-rank jobs (internal to
- * rpc/): the rules of rpc/service.h, "Multi-rank jobs" and "Rank death",
+ * rpc/): the rules of rpc/shardrec.proto, "Multi-rank jobs" and "Rank death",
  * with no protobuf or gRPC in it. It knows jobs, ranks and steps, holds the
  * pushes of incomplete sync steps (its own copy of their ids and
  * gradients) and the parked Lookups and Watches (an opaque token and a copy

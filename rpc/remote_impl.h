@@ -163,7 +163,7 @@ typedef struct {
   lane lk;  /* the lookup in flight */
   lane mn;  /* push, checkpoint, restore, stats */
   /* Multi-rank: one Watch per server, held open until destroy detaches
-   * (rpc/service.h, "Rank death"); their completions wait on wcq until then. */
+   * (rpc/shardrec.proto, "Rank death"); their completions wait on wcq until then. */
   grpc_completion_queue *wcq;
   pcall *watch; /* [n_watch] */
   int n_watch;

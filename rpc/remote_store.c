@@ -9,7 +9,7 @@
  * rpc/remote_ahead.c). Lookups have a queue (lane) of their own, so a
  * Lookup of step t+1 may stay in flight while push() of step t runs
  * (prefetch; the servers may hold that Lookup until the push is in). Every
- * header carries rank, world size and max_staleness (rpc/service.h). Push
+ * header carries rank, world size and max_staleness (rpc/shardrec.proto). Push
  * is idempotent on (job id, step, rank) at the server, so retrying it is
  * safe. */
 #include <errno.h>
@@ -723,7 +723,7 @@ int rpc__lane_init(lane *L, int n_tables, int n_servers) {
 }
 
 /* A Lookup in flight is waited for (not cancelled: to the servers a
- * cancelled held Lookup means this rank went away, rpc/service.h, "Rank death"). */
+ * cancelled held Lookup means this rank went away, rpc/shardrec.proto, "Rank death"). */
 static void r_destroy(emb_store *b) {
   rstore *s = (rstore *)b;
   if (s->lookup_pending) r_lookup_wait(b);

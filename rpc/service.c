@@ -685,7 +685,7 @@ out:
   if (rq) shardrec__v1__restore_request__free_unpacked(rq, NULL);
 }
 
-/* Watch: park until the rank detaches (rpc/service.h, "Rank death");
+/* Watch: park until the rank detaches (rpc/shardrec.proto, "Rank death");
  * detach: release the rank's parked Watch and answer at once. */
 static void do_watch(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r, void *token,
                      double timeout_s) {

@@ -4,7 +4,13 @@
  * gRPC in it: the fuzz target and the server (rpc/server.h) call the same
  * function. The methods and the gRPC status codes it answers with are here
  * too; the client (rpc/client.h) speaks them. All gRPC calls of shardrec
- * live in rpc/. */
+ * live in rpc/.
+ *
+ * What a call does, as any client sees it (multi-rank jobs, rank death,
+ * admin calls, look-ahead, the limits), is rpc/shardrec.proto's, in the
+ * comments of its messages and of service EmbeddingShard; this header says
+ * what a C caller of the service does beyond that (parked calls, the
+ * in-flight budget's bytes, pinned answers). */
 #ifndef SHARDREC_RPC_SERVICE_H
 #define SHARDREC_RPC_SERVICE_H
 
@@ -76,7 +82,7 @@ typedef struct rpc_service_opts {
   double pending_timeout_s; /* a multi-rank job whose pending state (held pushes,
                                parked Lookups, ranks at different steps) makes no
                                progress this long is dropped as if a rank went
-                               away (0: 300 s); see "Rank death" below */
+                               away (0: 300 s); rpc/shardrec.proto, "Rank death" */
   const char *const *checkpoint_roots; /* [n_roots] folders that Checkpoint and Restore
                                paths must lie in (one that does not exist yet is
                                taken as the path it will have); 0 roots: both are
@@ -92,20 +98,12 @@ typedef struct rpc_service_opts {
   void *observe_ctx;
 } rpc_service_opts;
 
-/* Admin calls. Checkpoint(path) and Restore(path) touch only folders under
- * one of the service's checkpoint roots (each resolved as below when the
- * service is created): path is resolved as the kernel would reach it
- * (sr_path_confine, common/fs.h: symlinks and ".." followed; the parent's
- * realpath for a path that does not exist yet) and refused
- * PERMISSION_DENIED naming the path, what it resolves to and the roots when
- * it lies outside them, INVALID_ARGUMENT when it cannot be resolved. The
- * store then works on the resolved path. Checkpoint writes only new
- * folders: path itself may exist (servers of other shards write beside
- * this one under it) but each folder this server would write
- * (emb_served_checkpoint_dir: path/shard-K, or its path/shard-K1-K2...) is
- * refused ALREADY_EXISTS when anything is there, whatever the store.
- * Restore refuses (PERMISSION_DENIED) a folder to read that is a symlink
- * out of the roots. Stats reports the roots (checkpoint_roots). */
+/* Admin calls: Checkpoint and Restore paths are confined to the checkpoint
+ * roots (rpc/shardrec.proto, "Admin calls"). Each root is resolved when the
+ * service is created (sr_path_confine from "/", common/fs.h), each path at
+ * its call (sr_path_confine from each root); the store then works on the
+ * resolved path, in the folder emb_served_checkpoint_dir names for the
+ * served shards. */
 
 /* A service over plan (borrowed) and store (borrowed; holds the plan's rows,
  * of which only the served shards' are ever touched). Thread-safe: calls are
@@ -188,89 +186,25 @@ void rpc_service_refuse_busy(rpc_service *s, rpc_reply *r);
 size_t rpc_service_max_ids_for(const emb_plan *plan, size_t max_message_bytes);
 
 /* Handle one request of method m from its serialised bytes in[len] (any
- * bytes: garbage is answered with INVALID_ARGUMENT). A string field
- * (a path, a plan fingerprint, a job id, a service name) holding a control
- * character, a NUL byte included, is refused INVALID_ARGUMENT naming the
- * field and the byte's offset, before anything reads it as a C string. A
- * refused request changes nothing.
- *
- * Look-ahead. A Lookup with prefetch_only set, once its header and ids are
- * valid, is answered at once with no rows and is not seen by the step
- * coordinator (it parks nothing, fixes no step); a Lookup parked for an
- * earlier step (below) too. Both hand their ids to the store's
- * emb_store_prefetch, under the lock, when their step is past every step
- * the store was handed (looked up, pushed or prefetched) since it was
- * created or restored; Stats counts those (prefetched). */
+ * bytes: garbage is answered with INVALID_ARGUMENT, as is a string field
+ * holding a control character: rpc/shardrec.proto). A refused request
+ * changes nothing. Without a token nothing parks: a Lookup that would be
+ * held (below) is answered UNAVAILABLE. A prefetch_only Lookup and a
+ * parked one hand their ids to emb_store_prefetch under the service's lock
+ * (rpc/shardrec.proto, "Look-ahead"). */
 void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
                         rpc_reply *r);
 
-/* Multi-rank jobs (header.world_size > 1). A job (header.job_id) is known
- * from its first call (Watch, Lookup or Push), which fixes its world size
- * and its mode (header.max_staleness); its first Lookup or Push fixes its
- * first step (that call's step: each rank's first call after its Watch is
- * its Lookup or Push of the job's first step, as the trainer's are). A
- * later call that says another world size or mode is refused
- * FAILED_PRECONDITION naming both. Single-rank jobs keep their mode too (a call with another is
- * refused) and otherwise behave the same in both modes: a Push is applied
- * on arrival, a Lookup never waits (so a single-rank client that looks
- * ahead sends a Lookup of step t only once its push of step t-1 is
- * answered, as the remote store does, rpc/client.h).
- *
- * Sync mode (max_staleness 0): a shard applies step t's pushes once every
- * rank's is in (Push answers at once; applied = taken), summing a row's
- * gradients over the ranks in rank order before the optimizer runs once,
- * and holds a Lookup of step t+1 until then. At most 4 steps are collected
- * at once.
- *
- * Async mode (max_staleness S >= 1): a Push is applied on arrival, in
- * arrival order (not bit-reproducible across runs); a Lookup of step t is
- * held until every rank's push of step t-S (and so of every step before) is
- * applied; one with t-S before the job's first step never waits. S = 1 holds
- * Lookups as sync mode does. A rank may have a Lookup of step t+1
- * outstanding while it pushes step t (prefetch), in both modes.
- *
- * Both: Push is idempotent on (job, step, rank): a retry answers applied =
- * false and changes nothing. Every rank pushes to every shard every step (an
- * empty push where it has nothing). A held Lookup is parked:
- * rpc_service_handle_call answers r->status RPC_PARKED, keeps a copy of the
- * request and token, and rpc_service_take_woken later hands back (token,
- * answer) once it may be served, the call's timeout passed
- * (DEADLINE_EXCEEDED, nothing changed), its job's pending state was dropped
- * (ABORTED) or the service stops parking (UNAVAILABLE).
- * rpc_service_handle (no token) answers UNAVAILABLE instead of parking.
- *
- * Rank death. A job's pending state (sync: the held pushes of incomplete
- * steps; both: its parked Lookups) is dropped, never half-applied, when
- *   - a parked Watch or Lookup of the job is cancelled by its client before
- *     its deadline (rpc_service_cancel: the rank's process went away), a
- *     Lookup only while its rank holds no Watch parked here (a rank whose
- *     Watch is open lives: its client gave up on the Lookup at its own
- *     deadline and tries again, as after a partition, when the attempts
- *     it gave up on arrive late, each cancelled at once). Every rank of a
- *     multi-rank job holds a Watch (shardrec.proto) open on every server
- *     while it runs, so a rank that dies anywhere (computing, or blocked
- *     in a collective with nothing in flight to the servers) is heard at
- *     once; a rank that finishes detaches first (Watch with detach = true),
- *     after which its Watch ending means nothing. Watches are parked like
- *     Lookups (RPC_PARKED, take_woken) and answered OK on detach;
- *   - the job makes no progress (no push taken) for pending_timeout_s while
- *     it has held pushes, parked Lookups or (async) ranks at different steps,
- *   - or the server is restored (Restore drops every job's pending state,
- *     answers every parked Lookup ABORTED and forgets every job: steps start
- *     over from the checkpoint's; parked Watches stay, the ranks are still
- *     there).
- * The job's parked Lookups are answered ABORTED with a message naming the
- * cause and where the job stood ("job J: rank R went away (its Lookup of
- * step L was cancelled) during step T, which waited for rank(s) 1; the
- * step's held pushes were dropped (nothing of it was applied)"), and every
- * later call of that job id is refused ABORTED with the same message (after
- * a Restore the job id is forgotten instead). Steps already applied stay
- * applied; a new job id (a resumed run) starts afresh. Stats reports
- * pending_pushes, dropped_steps, jobs and dropped_jobs, and the calls
- * parked now (parked_lookups, parked_watches). Which of a dying
- * rank's peers' pushes of the step were already held when its death was
- * heard is a race (a peer's push that comes after is refused ABORTED), so
- * dropped_steps may be 0 or 1 for the same death; dropped_jobs is 1. */
+/* Multi-rank jobs (rpc/shardrec.proto, "Multi-rank jobs" and "Rank
+ * death"). A Lookup the step coordinator holds (rpc/coord.h) is parked:
+ * rpc_service_handle_call answers r->status RPC_PARKED, keeps a copy of
+ * the request and token, and rpc_service_take_woken later hands back
+ * (token, answer) once it may be served, the call's timeout passed
+ * (DEADLINE_EXCEEDED, nothing changed), its job's pending state was
+ * dropped (ABORTED) or the service stops parking (UNAVAILABLE). A Watch
+ * parks the same way and is answered OK once its rank detaches. A parked
+ * call cancelled by its client is reported with rpc_service_cancel: that
+ * is how the service hears of a rank that went away. */
 #define RPC_PARKED (-1)
 void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
                              void *token, double timeout_s, rpc_reply *r);

@@ -1,4 +1,4 @@
-/* Admin calls confined (rpc/service.h, "Admin calls"): Checkpoint and
+/* Admin calls confined (rpc/shardrec.proto, "Admin calls"): Checkpoint and
  * Restore of the service over an in-memory store and over a RocksDB shard
  * store (a real folder), with and without a checkpoint root: paths inside
  * the root are served; outside it, escaping it through ".." or a symlink,

@@ -1,4 +1,4 @@
-/* Async mode and rank death at the shard server (rpc/service.h, "Multi-rank jobs",
+/* Async mode and rank death at the shard server (rpc/shardrec.proto, "Multi-rank jobs",
  * "Rank death"), against a real `shardrec serve` on loopback and, for the
  * timeout and Restore paths, the service in process.
  *

@@ -1,5 +1,5 @@
 /* The step coordinator of multi-rank jobs alone (rpc/coord.h; the rules are
- * rpc/service.h's "Multi-rank jobs" and "Rank death"), with no service, no
+ * rpc/shardrec.proto's "Multi-rank jobs" and "Rank death"), with no service, no
  * protobuf and no clock of its own: every call gets now from the test.
  *
  * The apply callback records each step it is given (step, lr, and every

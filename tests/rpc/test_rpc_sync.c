@@ -1,4 +1,4 @@
-/* Multi-rank step order at the shard server (rpc/service.h, "Multi-rank jobs"):
+/* Multi-rank step order at the shard server (rpc/shardrec.proto, "Multi-rank jobs"):
  * two fake ranks, each on its own thread and channel, against a real
  * `shardrec serve`. Pushes of step t from rank 1 then rank 0 give exactly
  * the rows one rank gets pushing their rank-order sum (checked against the
