@@ -152,6 +152,12 @@ static void pressure(emb_optim_kind k, int n_shards, int row_wise) {
                 "too little pressure: %llu evictions %llu writebacks %llu found",
                 (unsigned long long)c.evictions, (unsigned long long)c.writebacks,
                 (unsigned long long)c.rocks_found);
+  /* The cache's figures through the store interface are these counters. */
+  emb_store_figures g;
+  ck_assert_int_eq(emb_store_figures_get(sh, &g), 0);
+  ck_assert_uint_eq(g.evictions, c.evictions);
+  ck_assert_uint_eq(g.cache_rows, c.cache_rows);
+  ck_assert_uint_eq(g.cache_used, c.cache_used);
   /* Every row, as read back after all the cycles. */
   compare_iterate(loc, sh, p);
   /* And again through a fresh store over the same folder (durable). */
@@ -258,6 +264,7 @@ static void crash_case(int mark) {
   crash_after(p, dir, mark, &d);
   emb_store *sh = make_shard(p, dir, 200000);
   ck_assert_int_eq(emb_shard_unclean(sh), !mark);
+  ck_assert_int_eq(emb_store_unclean(sh), !mark); /* the same through the interface */
   if (mark) {
     char path[512];
     snprintf(path, sizeof path, "%s/rows.bin", dir);
@@ -403,7 +410,9 @@ START_TEST(test_kind_and_checkpoint_layout) {
 END_TEST
 
 /* The shard counters of a shard store; any other store (or none) refused,
- * the output untouched. */
+ * the output untouched. Through the store interface: the local store has
+ * no figures (SR_EUNSUPPORTED, the output untouched) and is never unclean;
+ * a fresh shard store's figures are its empty cache's. */
 START_TEST(test_counters_refuse_other_kinds) {
   emb_plan *p = make_plan(EMB_OPT_SGD, 1, 0);
   char *dir = tmpdir(), err[256];
@@ -417,6 +426,17 @@ START_TEST(test_counters_refuse_other_kinds) {
   ck_assert_int_eq(emb_shard_counters_get(sh, &c), 0);
   ck_assert_uint_eq(c.cache_rows, 2048);
   ck_assert_uint_eq(c.cache_used, 0);
+  emb_store_figures g, gbefore;
+  memset(&g, 0xab, sizeof g);
+  gbefore = g;
+  ck_assert_int_eq(emb_store_figures_get(loc, &g), SR_EUNSUPPORTED);
+  ck_assert(memcmp(&g, &gbefore, sizeof g) == 0);
+  ck_assert_int_eq(emb_store_unclean(loc), 0);
+  ck_assert_int_eq(emb_store_figures_get(sh, &g), 0);
+  ck_assert_uint_eq(g.cache_rows, 2048);
+  ck_assert_uint_eq(g.cache_used, 0);
+  ck_assert_uint_eq(g.evictions, 0);
+  ck_assert_int_eq(emb_store_unclean(sh), 0);
   emb_store_destroy(sh);
   emb_store_destroy(loc);
   sr_rmtree(dir);
