@@ -21,7 +21,7 @@
 #include <stdint.h>
 
 #include "embedding/plan.h"
-#include "rpc/coord.h"
+#include "rpc/coord_impl.h"
 #include "rpc/service.h"
 #include "rpc/shardrec.pb-c.h"
 

@@ -1,4 +1,4 @@
-/* The step coordinator of multi-rank jobs (rpc/coord.h): step order, held
+/* The step coordinator of multi-rank jobs (rpc/coord_impl.h): step order, held
  * pushes, parked Lookups and Watches, rank death, the pending timeout and
  * Push idempotency, without protobuf or gRPC. */
 #include <stdatomic.h>
@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "common/status.h"
-#include "rpc/coord.h"
+#include "rpc/coord_impl.h"
 
 #define WHY_LEN 480
 

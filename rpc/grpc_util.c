@@ -16,7 +16,7 @@
 
 #include "common/status.h"
 #include "rpc/client.h"
-#include "rpc/grpc_util.h"
+#include "rpc/grpc_impl.h"
 #include "rpc/service.h"
 
 int rpc__bb_read(grpc_byte_buffer *bb, uint8_t **out, size_t *len) {

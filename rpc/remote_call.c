@@ -14,7 +14,7 @@
 #include "common/status.h"
 #include "common/sys.h"
 #include "rpc/client.h"
-#include "rpc/grpc_util.h"
+#include "rpc/grpc_impl.h"
 #include "rpc/remote_impl.h"
 
 /* grpc_channel_create with base's arguments, plus, when own_pool, a

@@ -24,7 +24,7 @@
 #include "embedding/plan.h"
 #include "embedding/store.h"
 #include "rpc/client.h"
-#include "rpc/grpc_util.h"
+#include "rpc/grpc_impl.h"
 
 /* ---- remote_call.c: the transport ---- */
 

@@ -10,7 +10,7 @@
 #include "common/fs.h"
 #include "common/status.h"
 #include "rpc/client.h"
-#include "rpc/grpc_util.h"
+#include "rpc/grpc_impl.h"
 #include "rpc/remote_impl.h"
 #include "rpc/shardrec.pb-c.h"
 

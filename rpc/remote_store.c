@@ -25,8 +25,8 @@
 #include "common/sys.h"
 #include "rpc/client.h"
 #include "rpc/codec_impl.h"
-#include "rpc/coord.h"
-#include "rpc/grpc_util.h"
+#include "rpc/coord_impl.h"
+#include "rpc/grpc_impl.h"
 #include "rpc/remote_impl.h"
 #include "rpc/shardrec.pb-c.h"
 

@@ -42,7 +42,7 @@
 #include "common/status.h"
 #include "common/sys.h"
 #include "rpc/client.h"
-#include "rpc/grpc_util.h"
+#include "rpc/grpc_impl.h"
 #include "rpc/server.h"
 
 typedef enum { TAG_REQUEST = 1, TAG_GENERIC, TAG_REPLY, TAG_CLOSE } tag_kind;

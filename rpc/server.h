@@ -34,7 +34,7 @@ typedef struct rpc_server_opts {
   /* With TLS: a client's handshake this server refused (no client
    * certificate, one its client CA did not sign, a plaintext client),
    * once per connection, from a gRPC thread: reason in words and
-   * OpenSSL's error as detail (rpc/grpc_util.h). NULL: one line on stderr,
+   * OpenSSL's error as detail (rpc/grpc_impl.h). NULL: one line on stderr,
    * "server: refused a TLS handshake: REASON (DETAIL)". */
   void (*on_tls_refused)(void *ctx, const char *reason, const char *detail);
   void *tls_refused_ctx;

@@ -24,7 +24,7 @@
 #include "common/sys.h"
 #include "embedding/optim.h"
 #include "embedding/served.h"
-#include "rpc/coord.h"
+#include "rpc/coord_impl.h"
 #include "rpc/health.pb-c.h"
 #include "rpc/service_impl.h"
 #include "rpc/shardrec.pb-c.h"
@@ -828,7 +828,7 @@ void rpc_service_inspect(rpc_service *s, void (*fn)(void *ctx, const rpc_service
   rpc_coord_stats cs;
   pthread_mutex_lock(&s->mu);
   rpc_coord_stats_get(s->coord, &cs);
-  rpc_service_view v = {s->store, &cs, s->failed, s->incarnation, s->fp,
+  rpc_service_view v = {s->store, cs, s->failed, s->incarnation, s->fp,
                         atomic_load(&s->pin_rows), atomic_load(&s->pin_bytes), s->unclean};
   fn(ctx, &v);
   pthread_mutex_unlock(&s->mu);

@@ -196,7 +196,7 @@ void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t 
                         rpc_reply *r);
 
 /* Multi-rank jobs (rpc/shardrec.proto, "Multi-rank jobs" and "Rank
- * death"). A Lookup the step coordinator holds (rpc/coord.h) is parked:
+ * death"). A Lookup the step coordinator holds (rpc/coord_impl.h) is parked:
  * rpc_service_handle_call answers r->status RPC_PARKED, keeps a copy of
  * the request and token, and rpc_service_take_woken later hands back
  * (token, answer) once it may be served, the call's timeout passed
@@ -229,10 +229,18 @@ int rpc_service_cancel(rpc_service *s, void *token);
 /* What Stats reports, for rpc/service_metrics.c: fn(ctx, view) runs under
  * the service's lock, so it may read the store (stats, counters) but must
  * not call the service. The view is valid during the call only. */
-struct rpc_coord_stats;
+/* The step coordinator's figures (multi-rank jobs), as Stats reports them. */
+typedef struct rpc_coord_stats {
+  uint64_t pending_pushes; /* pushes held now (sync steps not complete) */
+  uint64_t dropped_steps;  /* steps whose held pushes were dropped so far */
+  uint64_t jobs;           /* multi-rank jobs known (aborted ones included) */
+  uint64_t dropped_jobs;   /* jobs whose pending state was dropped (rank death, timeout) */
+  uint64_t parked_lookups; /* Lookups parked now */
+  uint64_t parked_watches; /* Watches parked now */
+} rpc_coord_stats;
 typedef struct rpc_service_view {
   emb_store *store; /* borrowed */
-  const struct rpc_coord_stats *coord;
+  rpc_coord_stats coord;
   uint64_t failed, incarnation;
   const char *plan_fp;
   uint64_t pinned_rows, pinned_bytes; /* Stats' pinned_rows, pinned_bytes */

@@ -18,7 +18,7 @@
 #include "embedding/plan.h"
 #include "embedding/store.h"
 #include "rpc/codec_impl.h"
-#include "rpc/coord.h"
+#include "rpc/coord_impl.h"
 #include "rpc/service.h"
 
 typedef struct {

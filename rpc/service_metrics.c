@@ -10,7 +10,6 @@
 
 #include "common/status.h"
 #include "embedding/store.h"
-#include "rpc/coord.h"
 
 /* The figures copied in at scrape time, by index into m->fig. */
 enum {
@@ -115,10 +114,10 @@ static void collect_view(void *ctx, const rpc_service_view *v) {
     f[F_HITS] = (double)st.hits, f[F_MISSES] = (double)(st.lookups - st.hits);
   }
   f[F_FAILED] = (double)v->failed;
-  f[F_PENDING] = (double)v->coord->pending_pushes, f[F_DROPPED_STEPS] = (double)v->coord->dropped_steps;
-  f[F_JOBS] = (double)v->coord->jobs, f[F_DROPPED_JOBS] = (double)v->coord->dropped_jobs;
-  f[F_PARKED_LOOKUPS] = (double)v->coord->parked_lookups;
-  f[F_PARKED_WATCHES] = (double)v->coord->parked_watches;
+  f[F_PENDING] = (double)v->coord.pending_pushes, f[F_DROPPED_STEPS] = (double)v->coord.dropped_steps;
+  f[F_JOBS] = (double)v->coord.jobs, f[F_DROPPED_JOBS] = (double)v->coord.dropped_jobs;
+  f[F_PARKED_LOOKUPS] = (double)v->coord.parked_lookups;
+  f[F_PARKED_WATCHES] = (double)v->coord.parked_watches;
   f[F_PINNED_ROWS] = (double)v->pinned_rows, f[F_PINNED_BYTES] = (double)v->pinned_bytes;
   f[F_UNCLEAN] = v->unclean;
   emb_store_figures k;

@@ -10,11 +10,10 @@ The section's tables, read by the names in backticks of their cells:
                                        headers of the folders it names (`*`:
                                        every folder), less the headers of its
                                        third cell
-  private header | ...                 headers private to their folder, besides
-                                       every header named *_impl.h
   test folder | ...                    the folders whose private headers the
                                        tests of a tests/ folder may include
-  file | includes | ...                known exceptions, to be removed
+
+A header named *_impl.h is private to its folder.
 
 An include is resolved as the compiler does: beside the including file
 first, else from ROOT (quoted names of a folder in the table that are not
@@ -24,9 +23,8 @@ and library headers, not checked. The files read are the tree's
 (tools/tree_files.py: in a git checkout the files git carries).
 
 Prints one line per include the tables do not allow (FILE:LINE: #include
-"NAME": why), one per listed exception that no longer occurs and one per
-listed private header that does not exist, and exits 1 if there was any;
-0 when every include is allowed. Exit 2: the tables cannot be read.
+"NAME": why) and exits 1 if there was any; 0 when every include is
+allowed. Exit 2: the tables cannot be read.
 """
 import argparse
 import os
@@ -96,7 +94,7 @@ def folder_name(name, lineno):
 
 
 class Rules:
-    """The four tables of the section."""
+    """The two tables of the section."""
 
     def __init__(self, root):
         tables = section_tables(os.path.join(root, DESIGN))
@@ -115,22 +113,11 @@ class Rules:
                 if t not in self.allow:
                     raise TableError("%s: %s may include %s, a folder the table does not list"
                                      % (DESIGN, f, t))
-        self.private = {}  # header -> line of DESIGN.md
-        for lineno, cells in find_table(tables, "private header", 1):
-            for h in TICKS.findall(cells[0]):
-                self.private[h] = lineno
         self.tests = {}  # tests/X/ -> folders whose private headers it may include
         for lineno, cells in find_table(tables, "test folder", 2):
             targets = {folder_name(t, lineno) for t in TICKS.findall(cells[1])}
             for f in TICKS.findall(cells[0]):
                 self.tests.setdefault(folder_name(f, lineno), set()).update(targets)
-        self.exceptions = {}  # (file, header) -> line of DESIGN.md
-        for lineno, cells in find_table(tables, "file", 2):
-            a, b = TICKS.findall(cells[0]), TICKS.findall(cells[1])
-            if len(a) != 1 or len(b) != 1:
-                raise TableError("%s:%d: a known exception names one file and one header"
-                                 % (DESIGN, lineno))
-            self.exceptions[(a[0], b[0])] = lineno
 
     def folder_of(self, path):
         for f in self.folders:
@@ -139,7 +126,7 @@ class Rules:
         return None
 
     def is_private(self, header):
-        return header in self.private or os.path.basename(header).endswith(PRIVATE_SUFFIX)
+        return os.path.basename(header).endswith(PRIVATE_SUFFIX)
 
     def test_folder(self, path):
         parts = path.split("/")
@@ -184,7 +171,7 @@ def resolve(root, rules, path, kind, name):
 def check(root):
     """Lines to print, one per fault found."""
     rules = Rules(root)
-    faults, seen = [], set()
+    faults = []
     paths = sources(root)
     for path in paths:
         folder = rules.folder_of(path)
@@ -211,18 +198,8 @@ def check(root):
                 why = rules.why_not(path, folder, header, hfolder)
             if why is None:
                 continue
-            if (path, header) in rules.exceptions:
-                seen.add((path, header))
-                continue
             faults.append('%s:%d: #include %s%s%s: %s' % (
                 path, lineno, m.group(1), m.group(2), '"' if m.group(1) == '"' else ">", why))
-    for (path, header), lineno in sorted(rules.exceptions.items(), key=lambda e: e[1]):
-        if (path, header) not in seen:
-            faults.append("%s:%d: known exception %s includes %s: no longer occurs; "
-                          "remove it from the list" % (DESIGN, lineno, path, header))
-    for header, lineno in sorted(rules.private.items(), key=lambda e: e[1]):
-        if not os.path.isfile(os.path.join(root, header)):
-            faults.append("%s:%d: private header %s: no such file" % (DESIGN, lineno, header))
     return faults, len(paths)
 
 

@@ -9,7 +9,6 @@
 #include <time.h>
 
 #include "common/status.h"
-#include "rpc/coord.h"
 
 int serve_watch_addr(serve_watch *w, const char *addr) {
   char host[256], err[512];
@@ -97,8 +96,8 @@ typedef struct {
 
 static void read_drops(void *ctx, const rpc_service_view *v) {
   drops *d = ctx;
-  d->dropped_jobs = v->coord->dropped_jobs;
-  d->dropped_steps = v->coord->dropped_steps;
+  d->dropped_jobs = v->coord.dropped_jobs;
+  d->dropped_steps = v->coord.dropped_steps;
 }
 
 /* Says each time the service's dropped jobs go up (JSON log only). */

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "rpc/client.h"
-#include "rpc/grpc_util.h"
+#include "rpc/grpc_impl.h"
 
 #define RAW_UNUSED __attribute__((unused))
 

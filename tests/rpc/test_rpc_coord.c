@@ -1,4 +1,4 @@
-/* The step coordinator of multi-rank jobs alone (rpc/coord.h; the rules are
+/* The step coordinator of multi-rank jobs alone (rpc/coord_impl.h; the rules are
  * rpc/shardrec.proto's "Multi-rank jobs" and "Rank death"), with no service, no
  * protobuf and no clock of its own: every call gets now from the test.
  *
@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "common/status.h"
-#include "rpc/coord.h"
+#include "rpc/coord_impl.h"
 #include "tests/check_main.h"
 
 #define NT 2          /* tables */

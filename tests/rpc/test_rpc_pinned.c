@@ -27,7 +27,7 @@
 #include "embedding/plan.h"
 #include "embedding/store.h"
 #include "rpc/client.h"
-#include "rpc/grpc_util.h"
+#include "rpc/grpc_impl.h"
 #include "rpc/shardrec.pb-c.h"
 #include "tests/rpc/calls.h"
 #include "tests/rpc/raw_call.h"

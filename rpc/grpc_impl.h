@@ -1,6 +1,6 @@
 /* Internal helpers shared by the server and the client (rpc/ only). */
-#ifndef SHARDREC_RPC_GRPC_UTIL_H
-#define SHARDREC_RPC_GRPC_UTIL_H
+#ifndef SHARDREC_RPC_GRPC_IMPL_H
+#define SHARDREC_RPC_GRPC_IMPL_H
 
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>

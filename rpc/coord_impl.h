@@ -13,13 +13,14 @@
  * except rpc_coord_idle. Time is the caller's: every call that needs it
  * takes now, seconds on a monotonic clock (the service passes sr_now(); a
  * test drives the clock itself). */
-#ifndef SHARDREC_RPC_COORD_H
-#define SHARDREC_RPC_COORD_H
+#ifndef SHARDREC_RPC_COORD_IMPL_H
+#define SHARDREC_RPC_COORD_IMPL_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "embedding/store.h"
+#include "rpc/service.h" /* rpc_coord_stats */
 
 #define RPC_COORD_JOB_MAX 128  /* bytes of a job id, its NUL included */
 #define RPC_COORD_MAX_JOBS 256 /* multi-rank jobs, and single-rank (job, rank) pairs, remembered */
@@ -100,14 +101,6 @@ typedef struct rpc_coord_woken {
   char msg[RPC_COORD_MSG]; /* the answer's message for TIMED_OUT, STOPPING and ABORTED */
 } rpc_coord_woken;
 
-typedef struct rpc_coord_stats {
-  uint64_t pending_pushes; /* pushes held now (sync steps not complete) */
-  uint64_t dropped_steps;  /* steps whose held pushes were dropped so far */
-  uint64_t jobs;           /* multi-rank jobs known (aborted ones included) */
-  uint64_t dropped_jobs;   /* jobs whose pending state was dropped (rank death, timeout) */
-  uint64_t parked_lookups; /* Lookups parked now */
-  uint64_t parked_watches; /* Watches parked now */
-} rpc_coord_stats;
 
 typedef struct rpc_coord rpc_coord;
 
