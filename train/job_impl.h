@@ -1,5 +1,6 @@
-/* Internals of the training job (job.c, job_eval.c), shared with their unit
- * tests (tests/train). Not part of the engine's interface. */
+/* Internals of the training job (job.c, job_batches.c, job_eval.c,
+ * job_metrics.c), shared with their unit tests (tests/train). Not part of
+ * the engine's interface. */
 #ifndef SHARDREC_TRAIN_JOB_IMPL_H
 #define SHARDREC_TRAIN_JOB_IMPL_H
 
@@ -136,6 +137,15 @@ __attribute__((format(printf, 2, 3))) void job__errf(const train_job *j, const c
 /* A collective call of the job: 1 when rc is 0; else the reason (what and
  * the collective's message) printed, and 0. */
 int job__coll_ok(const train_job *j, int rc, const char *what);
+
+/* job_batches.c: fill the look-ahead before this step runs: read the batches
+ * of the steps after it up to --prefetch-depth ahead (async mode: at least
+ * the next), never past the job's last step nor the split's end (the next
+ * epoch's first steps enter once it starts); the trainer takes each batch
+ * entering the depth's window (trainer_ahead: deduplicated and handed to the
+ * store during this step), and in async mode the next one's lookup
+ * (trainer_lookup_early). 0 or -1 (message printed). */
+int job__fill_ahead(train_job *j);
 
 /* job_eval.c: open --metrics-out and the test buffers
  * (0 or -1, message printed); a test pass at the cursor's step: evaluate the

@@ -11,7 +11,7 @@
  * folder this run makes and removes, with a cache of --cache-fraction F of
  * the rows the steps touch (counted before the runs). Each --prefetch-depth
  * D (a list: 0,1,2) runs through a fresh shard store reading D batches
- * ahead as train does (train/job.c: a ring of D + 1 batches, each
+ * ahead as train does (train/job_batches.c: a ring of D + 1 batches, each
  * handed to the trainer with trainer_ahead as it enters). Per run: samples/s,
  * the ratio to the in-memory run, the step's time split into lookup wait,
  * prefetch (handing the ids ahead) and push (where dirty evicted rows are
@@ -216,7 +216,7 @@ typedef struct bts_result {
 
 /* The steps through store, reading depth batches ahead (a ring of depth + 1
  * batches; each batch entering the window handed to trainer_ahead, as
- * job.c's fill_ahead does). 0 or -1 (printed). */
+ * job_batches.c's job__fill_ahead does). 0 or -1 (printed). */
 static int bts_steps(const bts_flags *f, const char *bin, const emb_plan *plan,
                      const dense_config *cfg, emb_store *store, int depth, bts_result *r) {
   char err[1024];
