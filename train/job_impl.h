@@ -1,6 +1,6 @@
-/* Internals of the training job (job.c, job_batches.c, job_eval.c,
- * job_metrics.c), shared with their unit tests (tests/train). Not part of
- * the engine's interface. */
+/* Internals of the training job (job.c, job_batches.c, job_recover.c,
+ * job_eval.c, job_metrics.c), shared with their unit tests (tests/train).
+ * Not part of the engine's interface. */
 #ifndef SHARDREC_TRAIN_JOB_IMPL_H
 #define SHARDREC_TRAIN_JOB_IMPL_H
 
@@ -138,6 +138,10 @@ __attribute__((format(printf, 2, 3))) void job__errf(const train_job *j, const c
  * the collective's message) printed, and 0. */
 int job__coll_ok(const train_job *j, int rc, const char *what);
 
+/* job.c: one job id for every rank (the servers key a step's pushes by
+ * it): rank 0 draws it and broadcasts it. */
+int job__share_job_id(train_job *j);
+
 /* job_batches.c: fill the look-ahead before this step runs: read the batches
  * of the steps after it up to --prefetch-depth ahead (async mode: at least
  * the next), never past the job's last step nor the split's end (the next
@@ -146,6 +150,18 @@ int job__coll_ok(const train_job *j, int rc, const char *what);
  * store during this step), and in async mode the next one's lookup
  * (trainer_lookup_early). 0 or -1 (message printed). */
 int job__fill_ahead(train_job *j);
+
+/* job_recover.c (with job_rewind above, which puts the cursor at the
+ * restored position): automatic recovery from a lost shard server
+ * (rpc_remote_lost): wait for the servers, Restore every one of them from
+ * the newest complete checkpoint under --save-checkpoint, load the dense
+ * model and optimizer from it and seek the data to its position. why is the
+ * error that started it; own: this rank's own call failed (else another
+ * rank's did: several ranks). 0 (ckst holds the checkpoint's position), or
+ * -1 with the reason printed. A push the lost server may have applied in
+ * part does not matter: every server's rows are replaced by the
+ * checkpoint's. */
+int job__recover(train_job *j, const char *why, int own);
 
 /* job_eval.c: open --metrics-out and the test buffers
  * (0 or -1, message printed); a test pass at the cursor's step: evaluate the
