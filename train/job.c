@@ -3,13 +3,11 @@
  * end of the job. See job.h. */
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -361,67 +359,11 @@ static void mem_sample(train_job *j) {
   fclose(f);
 }
 
-/* 0 when path leaves room characters after it within SR_PATH_MAX; else -1
- * with "FLAG <path's start>...: path too long (over N characters)"
- * printed. */
-static int path_room(const train_job *j, const char *flag, const char *path, size_t room) {
-  if (!path || strlen(path) + room < SR_PATH_MAX) return 0;
-  char err[256];
-  sr_path_too_long(err, sizeof err, path, SR_PATH_MAX - room);
-  job__errf(j, "%s %s\n", flag, err);
-  return -1;
-}
-
-/* The folders the job writes or reads under are refused before anything is
- * read, trained or made when a path under them would not fit: --save-checkpoint
- * DIR (DIR/.step-N.TAG/...), --save-model DIR (DIR.TAG/.step-N.TAG/...),
- * --data-dir DIR (DIR/shard-K/...), N, TAG and K at their widest; --resume DIR
- * (DIR/<a checkpoint's file>: any step-N train_ckpt_save wrote passes, and a newest
- * step-N under DIR that does not fit is refused by train_ckpt_resolve). 0 or -1
- * (message printed). */
-static int check_paths(const train_job *j) {
-  const train_config *c = j->cfg;
-  char widest[64];
-  size_t tmp_ext = 1 + SR_TMP_TAG_MAX - 1; /* ".TAG" */
-  size_t shard_dir = (size_t)snprintf(widest, sizeof widest, "/shard-%d/", INT_MAX);
-  return path_room(j, "--save-checkpoint", c->checkpoint_dir, train_ckpt_root_room()) ||
-         path_room(j, "--save-model", c->save_model, tmp_ext + train_ckpt_root_room()) ||
-         path_room(j, "--resume", c->resume, 1 + TRAIN_CKPT_NAME_ROOM) ||
-         path_room(j, "--data-dir", c->data_dir, shard_dir + TRAIN_CKPT_NAME_ROOM)
-             ? -1
-             : 0;
-}
-
-/* The folder outputs, before anything is read or trained, by rank 0 (the
- * one that writes them): --save-checkpoint DIR is written into, and
- * --save-model DIR replaced, only when nothing is there or a checkpoint
- * root is (ckpt_dir_check_root); --save-model also replaces a saved model
- * of the format before (train_ckpt_is_old_model), which eval and predict say to
- * save again. The DIR.TAG folders beside --save-model DIR that a killed run
- * left are removed. 0 or -1 (message printed). */
-static int check_outputs(const train_job *j) {
-  const train_config *c = j->cfg;
-  char err[SR_PATH_MAX + 512];
-  if (j->rank != 0) return 0;
-  if (c->checkpoint_dir && ckpt_dir_check_root(c->checkpoint_dir, err, sizeof err)) {
-    job__errf(j, "--save-checkpoint %s; refused before training, nothing written or removed\n",
-              err);
-    return -1;
-  }
-  if (c->save_model && ckpt_dir_check_root(c->save_model, err, sizeof err) &&
-      !train_ckpt_is_old_model(c->save_model)) {
-    job__errf(j, "--save-model %s; refused before training, nothing written or removed\n", err);
-    return -1;
-  }
-  if (c->save_model) ckpt_dir_sweep_beside(c->save_model);
-  return 0;
-}
-
 /* Everything the loop needs: data, plan, store, trainer, batches, outputs. */
 static int job_open(train_job *j) {
   const train_config *c = j->cfg;
   char err[1024];
-  if (check_paths(j) || check_outputs(j) || open_data(j) || make_plan(j)) return -1;
+  if (job__check_paths(j) || job__check_outputs(j) || open_data(j) || make_plan(j)) return -1;
   j->store_kind = "remote";
   if (j->size > 1 && job__share_job_id(j)) return -1;
   if ((c->servers || c->colocate) ? open_remote(j) : open_local(j)) return -1;
@@ -472,87 +414,6 @@ static void job_close(train_job *j, int status) {
   emb_plan_free(j->plan);
   ds_source_destroy(j->train);
   ds_source_destroy(j->test);
-}
-
-/* ---- checkpoints ---- */
-
-/* --resume: several ranks: rank 0 restores the shards (and its dense part),
- * then the others load the dense part only, once the shards are back. */
-static int job_resume(train_job *j) {
-  const train_config *c = j->cfg;
-  char ckdir[SR_PATH_MAX], err[1024];
-  int rc = train_ckpt_resolve(c->resume, ckdir, sizeof ckdir, err, sizeof err);
-  if (!rc && j->rank == 0)
-    rc = train_ckpt_load(ckdir, j->plan, j->store, j->store_kind, trainer_model(j->t),
-                   trainer_dense_opt(j->t), &j->cks, &j->ckst, err, sizeof err);
-  if (rc) {
-    job__errf(j, "--resume: %s\n", err);
-    return -1;
-  }
-  if (j->size > 1 && !job__coll_ok(j, dense_coll_barrier(j->coll), "barrier after the restore"))
-    return -1;
-  if (j->rank != 0 &&
-      train_ckpt_load(ckdir, j->plan, NULL, j->store_kind, trainer_model(j->t),
-                      trainer_dense_opt(j->t), &j->cks, &j->ckst, err, sizeof err)) {
-    job__errf(j, "--resume: %s\n", err);
-    return -1;
-  }
-  if (ds_source_seek(j->train, j->ckst.sample_index)) {
-    job__errf(j, "--resume: cannot seek the data to sample %llu: %s\n",
-              (unsigned long long)j->ckst.sample_index, ds_source_errmsg(j->train));
-    return -1;
-  }
-  char why[512];
-  if (j->rank == 0 && train_ckpt_kernels_differ(ckdir, &j->cks, why, sizeof why))
-    job__errf(j, "warning: --resume: %s\n", why);
-  job_rewind(&j->cur, &j->q, &j->ckst, j->cfg->batch, sr_now());
-  if (!job__print_due(j, j->ckst.step)) { /* the progress line's window goes on */
-    j->cur.loss_sum = j->ckst.loss_sum;
-    j->cur.loss_n = j->ckst.loss_n;
-  }
-  trainer_ahead_drop(j->t);
-  printf("resume %s: step %lld, epoch %d, sample %llu\n", ckdir, (long long)j->ckst.step,
-         j->ckst.epoch, (unsigned long long)j->ckst.sample_index);
-  if (j->rank == 0 && c->metrics_out && job__metrics_out_resume(j)) return -1;
-  int32_t redo = j->resume_redo; /* rank 0's finding: a pass is every rank's */
-  if (j->size > 1 && !job__coll_ok(j, dense_coll_broadcast_bytes(j->coll, &redo, sizeof redo, 0),
-                                   "broadcast of the resumed step's lines"))
-    return -1;
-  j->resume_redo = redo;
-  return 0;
-}
-
-/* A checkpoint of the job at j->ckst under root (root/step-N; then only the
- * newest keep are kept, keep <= 0: all): --save-checkpoint's, or
- * --save-model's. Several ranks (sync mode): a barrier first, so every
- * rank's push of the step is in and the shards have applied it (the last
- * rank's push applies it inside its Push call); rank 0 then has the servers
- * write their shards and writes dense.bin, the manifest and DONE; then its
- * outcome is broadcast, which keeps every rank from the next step's lookups
- * until it is done and gives every rank its status. Only rank 0 reads
- * root. 0 or SR_E* with the reason in err (rank 0's code on every rank). */
-static int job_checkpoint(train_job *j, const char *root, int keep, char *err, size_t errlen) {
-  int rc;
-  if (j->size > 1 && (rc = dense_coll_barrier(j->coll))) {
-    sr_fmt(err, errlen, "barrier before the checkpoint: %s", dense_coll_errmsg(j->coll));
-    return rc;
-  }
-  rc = j->rank == 0 ? train_ckpt_save(root, keep, j->plan, j->store, j->store_kind,
-                                      trainer_model(j->t), trainer_dense_opt(j->t), &j->ckst,
-                                      &j->cks, err, errlen)
-                    : 0;
-  if (j->size == 1) return rc;
-  /* Rank 0's outcome to every rank (the others wait for it as at a
-   * barrier): a checkpoint lost to a server is recovered from by all. */
-  int32_t out = rc;
-  int brc = dense_coll_broadcast_bytes(j->coll, &out, sizeof out, 0);
-  if (brc) {
-    sr_fmt(err, errlen, "broadcast after the checkpoint: %s", dense_coll_errmsg(j->coll));
-    return brc;
-  }
-  if (out && j->rank != 0)
-    sr_fmt(err, errlen, "rank 0's checkpoint under %s failed (%s)", root, sr_errname(out));
-  return out;
 }
 
 /* ---- the loop ---- */
@@ -683,7 +544,7 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
                          job_batches_global(&j->q)->first_index + (uint64_t)got, cur->loss_sum,
                          cur->loss_n, loss};
   if (c->checkpoint_dir && c->checkpoint_every > 0 && cur->step % c->checkpoint_every == 0 &&
-      job_checkpoint(j, c->checkpoint_dir, c->keep_checkpoints, err, sizeof err)) {
+      job__checkpoint(j, c->checkpoint_dir, c->keep_checkpoints, err, sizeof err)) {
     sr_fmt(why, whylen, "--save-checkpoint: %s", err);
     j->own_fail = j->rank == 0;
     return STEP_LOST;
@@ -713,7 +574,7 @@ static step_outcome final_checkpoint(train_job *j, char *why, size_t whylen) {
   const train_config *c = j->cfg;
   char err[1024];
   if (!c->checkpoint_dir) return STEP_DONE;
-  if (!job_checkpoint(j, c->checkpoint_dir, c->keep_checkpoints, err, sizeof err)) return STEP_DONE;
+  if (!job__checkpoint(j, c->checkpoint_dir, c->keep_checkpoints, err, sizeof err)) return STEP_DONE;
   sr_fmt(why, whylen, "--save-checkpoint: %s", err);
   j->own_fail = j->rank == 0;
   return STEP_LOST;
@@ -765,7 +626,7 @@ static int job_loop(train_job *j) {
   /* A point to return to before the first periodic checkpoint: step 0
    * (cheap: no row touched yet, rows start from the seed at first touch). */
   if (!c->resume && c->checkpoint_dir && c->checkpoint_every > 0 &&
-      job_checkpoint(j, c->checkpoint_dir, c->keep_checkpoints, why, sizeof why)) {
+      job__checkpoint(j, c->checkpoint_dir, c->keep_checkpoints, why, sizeof why)) {
     job__errf(j, "--save-checkpoint: %s\n", why);
     return -1;
   }
@@ -785,40 +646,6 @@ static int job_loop(train_job *j) {
     trainer_ahead_drop(j->t);
   }
   return o == STEP_DONE ? 0 : -1;
-}
-
-/* --save-model DIR: the job's checkpoint (job_checkpoint, every rank) at
- * DIR/step-N, the same files as --save-checkpoint writes, so that eval and
- * predict read it. Written under DIR.TAG beside DIR and put in DIR's place
- * (ckpt_dir_replace): DIR is replaced when it is a checkpoint root or a
- * saved model of the format before (check_outputs said so at the start; a
- * folder that became anything else since is refused, and DIR.TAG removed).
- * When DIR is the --save-checkpoint folder, the final checkpoint just
- * written is the model. 0 or SR_E* with the reason in err. */
-static int job_save_model(train_job *j, char *err, size_t errlen) {
-  const train_config *c = j->cfg;
-  struct stat a, b;
-  if (c->checkpoint_dir && !stat(c->save_model, &a) && !stat(c->checkpoint_dir, &b) &&
-      a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
-    printf("saved  %s/step-%lld\n", c->save_model, (long long)j->ckst.step);
-    return 0;
-  }
-  char tmp[SR_PATH_MAX], dir[SR_PATH_MAX];
-  int len = (int)strlen(c->save_model);
-  while (len > 1 && c->save_model[len - 1] == '/') len--;
-  /* rank 0's names; too long: nothing written or removed */
-  int rc = sr_path_err(dir, sizeof dir, err, errlen, "%.*s", len, c->save_model);
-  if (!rc) rc = ckpt_dir_tmp_beside(dir, tmp, sizeof tmp, err, errlen);
-  if (rc) return rc;
-  rc = job_checkpoint(j, tmp, 0, err, errlen);
-  if (j->rank != 0) return rc;
-  if (!rc) rc = ckpt_dir_replace(tmp, dir, train_ckpt_is_old_model, err, errlen);
-  if (rc) {
-    sr_rmtree(tmp);
-    return rc;
-  }
-  printf("saved  %s/step-%lld\n", c->save_model, (long long)j->ckst.step);
-  return 0;
 }
 
 /* The end of the job: where the time went, the final checkpoint, memory,
@@ -859,7 +686,7 @@ static int job_finish(train_job *j) {
     printf("data   %llu malformed lines skipped\n",
            (unsigned long long)(st.malformed > st.scan_malformed ? st.malformed
                                                                   : st.scan_malformed));
-  if (c->save_model && job_save_model(j, err, sizeof err)) {
+  if (c->save_model && job__save_model(j, err, sizeof err)) {
     job__errf(j, "--save-model: %s\n", err);
     return -1;
   }
@@ -933,7 +760,7 @@ int train_run(const train_config *cfg) {
          j->size > 1 ? " (mpirun)" : "", c->ranks.local_size, dense_pool_threads(pool));
   printf("dense  kernels %s; OpenBLAS %s, core %s, one thread per call\n",
          dense_backend_kernels(be), dense_blas_version(), dense_blas_core());
-  if (job_open(j) || (c->resume && job_resume(j)) || job_loop(j) || job_finish(j)) goto done;
+  if (job_open(j) || (c->resume && job__resume(j)) || job_loop(j) || job_finish(j)) goto done;
   status = 0;
 done:
   job_close(j, status);

@@ -8,8 +8,8 @@
  * server) and writes what was asked for at the end (final checkpoint, saved
  * model). Rank 0 prints progress and metrics; every rank prints its own
  * failures. The loop itself is in job.c, the batches read ahead in
- * job_batches.c, the recovery in job_recover.c, the test passes in
- * job_eval.c; the step is trainer.c's. */
+ * job_batches.c, checkpoints and --resume in job_ckpt.c, the recovery in
+ * job_recover.c, the test passes in job_eval.c; the step is trainer.c's. */
 #ifndef SHARDREC_TRAIN_JOB_H
 #define SHARDREC_TRAIN_JOB_H
 

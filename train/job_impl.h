@@ -1,6 +1,6 @@
-/* Internals of the training job (job.c, job_batches.c, job_recover.c,
- * job_eval.c, job_metrics.c), shared with their unit tests (tests/train).
- * Not part of the engine's interface. */
+/* Internals of the training job (job.c, job_batches.c, job_ckpt.c,
+ * job_recover.c, job_eval.c, job_metrics.c), shared with their unit tests
+ * (tests/train). Not part of the engine's interface. */
 #ifndef SHARDREC_TRAIN_JOB_IMPL_H
 #define SHARDREC_TRAIN_JOB_IMPL_H
 
@@ -150,6 +150,46 @@ int job__share_job_id(train_job *j);
  * store during this step), and in async mode the next one's lookup
  * (trainer_lookup_early). 0 or -1 (message printed). */
 int job__fill_ahead(train_job *j);
+
+/* job_ckpt.c: the output folders' checks, --resume, checkpoints,
+ * --save-model. The folders the job writes or reads under are refused before
+ * anything is read, trained or made when a path under them would not fit:
+ * --save-checkpoint DIR (DIR/.step-N.TAG/...), --save-model DIR
+ * (DIR.TAG/.step-N.TAG/...), --data-dir DIR (DIR/shard-K/...), N, TAG and K
+ * at their widest; --resume DIR (DIR/<a checkpoint's file>: any step-N
+ * train_ckpt_save wrote passes, and a newest step-N under DIR that does not
+ * fit is refused by train_ckpt_resolve). 0 or -1 (message printed). */
+int job__check_paths(const train_job *j);
+/* The folder outputs, before anything is read or trained, by rank 0 (the one
+ * that writes them): --save-checkpoint DIR is written into, and --save-model
+ * DIR replaced, only when nothing is there or a checkpoint root is
+ * (ckpt_dir_check_root); --save-model also replaces a saved model of the
+ * format before (train_ckpt_is_old_model), which eval and predict say to
+ * save again. The DIR.TAG folders beside --save-model DIR that a killed run
+ * left are removed. 0 or -1 (message printed). */
+int job__check_outputs(const train_job *j);
+/* --resume: several ranks: rank 0 restores the shards (and its dense part),
+ * then the others load the dense part only, once the shards are back. */
+int job__resume(train_job *j);
+/* A checkpoint of the job at j->ckst under root (root/step-N; then only the
+ * newest keep are kept, keep <= 0: all): --save-checkpoint's, or
+ * --save-model's. Several ranks (sync mode): a barrier first, so every
+ * rank's push of the step is in and the shards have applied it (the last
+ * rank's push applies it inside its Push call); rank 0 then has the servers
+ * write their shards and writes dense.bin, the manifest and DONE; then its
+ * outcome is broadcast, which keeps every rank from the next step's lookups
+ * until it is done and gives every rank its status. Only rank 0 reads
+ * root. 0 or SR_E* with the reason in err (rank 0's code on every rank). */
+int job__checkpoint(train_job *j, const char *root, int keep, char *err, size_t errlen);
+/* --save-model DIR: the job's checkpoint (job__checkpoint, every rank) at
+ * DIR/step-N, the same files as --save-checkpoint writes, so that eval and
+ * predict read it. Written under DIR.TAG beside DIR and put in DIR's place
+ * (ckpt_dir_replace): DIR is replaced when it is a checkpoint root or a
+ * saved model of the format before (job__check_outputs said so at the start;
+ * a folder that became anything else since is refused, and DIR.TAG removed).
+ * When DIR is the --save-checkpoint folder, the final checkpoint just
+ * written is the model. 0 or SR_E* with the reason in err. */
+int job__save_model(train_job *j, char *err, size_t errlen);
 
 /* job_recover.c (with job_rewind above, which puts the cursor at the
  * restored position): automatic recovery from a lost shard server

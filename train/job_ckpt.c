@@ -1,0 +1,150 @@
+/* The training job's checkpoints: the folders it writes checked before
+ * anything is read or trained, --resume, a checkpoint of the job
+ * (--save-checkpoint every --checkpoint-every steps and at the end) and
+ * --save-model. What a checkpoint holds is checkpoint.c's. */
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/fs.h"
+#include "common/status.h"
+#include "common/sys.h"
+#include "storage/ckpt_dir.h"
+#include "train/job_impl.h"
+
+/* 0 when path leaves room characters after it within SR_PATH_MAX; else -1
+ * with "FLAG <path's start>...: path too long (over N characters)"
+ * printed. */
+static int path_room(const train_job *j, const char *flag, const char *path, size_t room) {
+  if (!path || strlen(path) + room < SR_PATH_MAX) return 0;
+  char err[256];
+  sr_path_too_long(err, sizeof err, path, SR_PATH_MAX - room);
+  job__errf(j, "%s %s\n", flag, err);
+  return -1;
+}
+
+int job__check_paths(const train_job *j) {
+  const train_config *c = j->cfg;
+  char widest[64];
+  size_t tmp_ext = 1 + SR_TMP_TAG_MAX - 1; /* ".TAG" */
+  size_t shard_dir = (size_t)snprintf(widest, sizeof widest, "/shard-%d/", INT_MAX);
+  return path_room(j, "--save-checkpoint", c->checkpoint_dir, train_ckpt_root_room()) ||
+         path_room(j, "--save-model", c->save_model, tmp_ext + train_ckpt_root_room()) ||
+         path_room(j, "--resume", c->resume, 1 + TRAIN_CKPT_NAME_ROOM) ||
+         path_room(j, "--data-dir", c->data_dir, shard_dir + TRAIN_CKPT_NAME_ROOM)
+             ? -1
+             : 0;
+}
+
+int job__check_outputs(const train_job *j) {
+  const train_config *c = j->cfg;
+  char err[SR_PATH_MAX + 512];
+  if (j->rank != 0) return 0;
+  if (c->checkpoint_dir && ckpt_dir_check_root(c->checkpoint_dir, err, sizeof err)) {
+    job__errf(j, "--save-checkpoint %s; refused before training, nothing written or removed\n",
+              err);
+    return -1;
+  }
+  if (c->save_model && ckpt_dir_check_root(c->save_model, err, sizeof err) &&
+      !train_ckpt_is_old_model(c->save_model)) {
+    job__errf(j, "--save-model %s; refused before training, nothing written or removed\n", err);
+    return -1;
+  }
+  if (c->save_model) ckpt_dir_sweep_beside(c->save_model);
+  return 0;
+}
+
+int job__resume(train_job *j) {
+  const train_config *c = j->cfg;
+  char ckdir[SR_PATH_MAX], err[1024];
+  int rc = train_ckpt_resolve(c->resume, ckdir, sizeof ckdir, err, sizeof err);
+  if (!rc && j->rank == 0)
+    rc = train_ckpt_load(ckdir, j->plan, j->store, j->store_kind, trainer_model(j->t),
+                   trainer_dense_opt(j->t), &j->cks, &j->ckst, err, sizeof err);
+  if (rc) {
+    job__errf(j, "--resume: %s\n", err);
+    return -1;
+  }
+  if (j->size > 1 && !job__coll_ok(j, dense_coll_barrier(j->coll), "barrier after the restore"))
+    return -1;
+  if (j->rank != 0 &&
+      train_ckpt_load(ckdir, j->plan, NULL, j->store_kind, trainer_model(j->t),
+                      trainer_dense_opt(j->t), &j->cks, &j->ckst, err, sizeof err)) {
+    job__errf(j, "--resume: %s\n", err);
+    return -1;
+  }
+  if (ds_source_seek(j->train, j->ckst.sample_index)) {
+    job__errf(j, "--resume: cannot seek the data to sample %llu: %s\n",
+              (unsigned long long)j->ckst.sample_index, ds_source_errmsg(j->train));
+    return -1;
+  }
+  char why[512];
+  if (j->rank == 0 && train_ckpt_kernels_differ(ckdir, &j->cks, why, sizeof why))
+    job__errf(j, "warning: --resume: %s\n", why);
+  job_rewind(&j->cur, &j->q, &j->ckst, j->cfg->batch, sr_now());
+  if (!job__print_due(j, j->ckst.step)) { /* the progress line's window goes on */
+    j->cur.loss_sum = j->ckst.loss_sum;
+    j->cur.loss_n = j->ckst.loss_n;
+  }
+  trainer_ahead_drop(j->t);
+  printf("resume %s: step %lld, epoch %d, sample %llu\n", ckdir, (long long)j->ckst.step,
+         j->ckst.epoch, (unsigned long long)j->ckst.sample_index);
+  if (j->rank == 0 && c->metrics_out && job__metrics_out_resume(j)) return -1;
+  int32_t redo = j->resume_redo; /* rank 0's finding: a pass is every rank's */
+  if (j->size > 1 && !job__coll_ok(j, dense_coll_broadcast_bytes(j->coll, &redo, sizeof redo, 0),
+                                   "broadcast of the resumed step's lines"))
+    return -1;
+  j->resume_redo = redo;
+  return 0;
+}
+
+int job__checkpoint(train_job *j, const char *root, int keep, char *err, size_t errlen) {
+  int rc;
+  if (j->size > 1 && (rc = dense_coll_barrier(j->coll))) {
+    sr_fmt(err, errlen, "barrier before the checkpoint: %s", dense_coll_errmsg(j->coll));
+    return rc;
+  }
+  rc = j->rank == 0 ? train_ckpt_save(root, keep, j->plan, j->store, j->store_kind,
+                                      trainer_model(j->t), trainer_dense_opt(j->t), &j->ckst,
+                                      &j->cks, err, errlen)
+                    : 0;
+  if (j->size == 1) return rc;
+  /* Rank 0's outcome to every rank (the others wait for it as at a
+   * barrier): a checkpoint lost to a server is recovered from by all. */
+  int32_t out = rc;
+  int brc = dense_coll_broadcast_bytes(j->coll, &out, sizeof out, 0);
+  if (brc) {
+    sr_fmt(err, errlen, "broadcast after the checkpoint: %s", dense_coll_errmsg(j->coll));
+    return brc;
+  }
+  if (out && j->rank != 0)
+    sr_fmt(err, errlen, "rank 0's checkpoint under %s failed (%s)", root, sr_errname(out));
+  return out;
+}
+
+int job__save_model(train_job *j, char *err, size_t errlen) {
+  const train_config *c = j->cfg;
+  struct stat a, b;
+  if (c->checkpoint_dir && !stat(c->save_model, &a) && !stat(c->checkpoint_dir, &b) &&
+      a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+    printf("saved  %s/step-%lld\n", c->save_model, (long long)j->ckst.step);
+    return 0;
+  }
+  char tmp[SR_PATH_MAX], dir[SR_PATH_MAX];
+  int len = (int)strlen(c->save_model);
+  while (len > 1 && c->save_model[len - 1] == '/') len--;
+  /* rank 0's names; too long: nothing written or removed */
+  int rc = sr_path_err(dir, sizeof dir, err, errlen, "%.*s", len, c->save_model);
+  if (!rc) rc = ckpt_dir_tmp_beside(dir, tmp, sizeof tmp, err, errlen);
+  if (rc) return rc;
+  rc = job__checkpoint(j, tmp, 0, err, errlen);
+  if (j->rank != 0) return rc;
+  if (!rc) rc = ckpt_dir_replace(tmp, dir, train_ckpt_is_old_model, err, errlen);
+  if (rc) {
+    sr_rmtree(tmp);
+    return rc;
+  }
+  printf("saved  %s/step-%lld\n", c->save_model, (long long)j->ckst.step);
+  return 0;
+}
