@@ -1,6 +1,10 @@
-/* The training job: wiring (ranks, job id, data, plan, store), the loop of
- * steps over the epochs with its explicit rewind after a recovery, and the
- * end of the job. See job.h. */
+/* The training job, in the order it runs: wiring (ranks, job id, data,
+ * plan, store), the loop of steps over the epochs with its explicit rewind
+ * after a recovery, the end of the job; then the job's public entry points
+ * (train_run ties the rest together). Its batches read ahead are
+ * job_batches.c's; its checkpoints, --resume and --save-model job_ckpt.c's;
+ * its recovery from a lost shard server job_recover.c's; its test passes
+ * job_eval.c's. See job.h. */
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -396,26 +400,6 @@ static int job_open(train_job *j) {
   return 0;
 }
 
-static void job_close(train_job *j, int status) {
-  job__eval_close(j);
-  job_batches_free(&j->q);
-  trainer_destroy(j->t);
-  emb_store_destroy(j->store);
-  if (j->colo) {
-    /* Every rank's last call is in before any rank's servers go. */
-    if (status == 0 && j->coll) job__coll_ok(j, dense_coll_barrier(j->coll), "final barrier");
-    colocate_stop(j->colo);
-  }
-  if (j->colo_addrs) colocate_addrs_free(j->colo_addrs, j->plan ? j->plan->n_shards : 0);
-  if (j->tmp_data_dir) {
-    sr_rmtree(j->tmp_data_dir);
-    free(j->tmp_data_dir);
-  }
-  emb_plan_free(j->plan);
-  ds_source_destroy(j->train);
-  ds_source_destroy(j->test);
-}
-
 /* ---- the loop ---- */
 
 typedef enum {
@@ -691,6 +675,26 @@ static int job_finish(train_job *j) {
     return -1;
   }
   return 0;
+}
+
+static void job_close(train_job *j, int status) {
+  job__eval_close(j);
+  job_batches_free(&j->q);
+  trainer_destroy(j->t);
+  emb_store_destroy(j->store);
+  if (j->colo) {
+    /* Every rank's last call is in before any rank's servers go. */
+    if (status == 0 && j->coll) job__coll_ok(j, dense_coll_barrier(j->coll), "final barrier");
+    colocate_stop(j->colo);
+  }
+  if (j->colo_addrs) colocate_addrs_free(j->colo_addrs, j->plan ? j->plan->n_shards : 0);
+  if (j->tmp_data_dir) {
+    sr_rmtree(j->tmp_data_dir);
+    free(j->tmp_data_dir);
+  }
+  emb_plan_free(j->plan);
+  ds_source_destroy(j->train);
+  ds_source_destroy(j->test);
 }
 
 /* Under mpirun: MPI up, the collective, and the cores shared out between
