@@ -14,15 +14,18 @@
 
 #include "common/fs.h"
 #include "common/status.h"
+#include "tests/support/files.h"
 
-static char root[64];
+static char *root;
 
 static void setup(void) {
-  snprintf(root, sizeof root, "/tmp/sr_test_fs_XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(root));
+  root = tmpdir_make("fs");
 }
 
-static void teardown(void) { sr_rmtree(root); }
+static void teardown(void) {
+  sr_rmtree(root);
+  free(root);
+}
 
 static void put(const char *rel, const char *text) {
   char p[512];
@@ -31,16 +34,6 @@ static void put(const char *rel, const char *text) {
   ck_assert_ptr_nonnull(f);
   fputs(text, f);
   ck_assert_int_eq(fclose(f), 0);
-}
-
-static char *slurp(const char *path) {
-  static char buf[256];
-  FILE *f = fopen(path, "r");
-  if (!f) return NULL;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  buf[n] = 0;
-  fclose(f);
-  return buf;
 }
 
 START_TEST(test_path) {

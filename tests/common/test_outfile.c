@@ -17,15 +17,18 @@
 #include "common/fs.h"
 #include "common/outfile.h"
 #include "common/status.h"
+#include "tests/support/files.h"
 
-static char root[64];
+static char *root;
 
 static void setup(void) {
-  snprintf(root, sizeof root, "/tmp/sr_test_outfile_XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(root));
+  root = tmpdir_make("outfile");
 }
 
-static void teardown(void) { sr_rmtree(root); }
+static void teardown(void) {
+  sr_rmtree(root);
+  free(root);
+}
 
 /* root/rel into p[512]. */
 static const char *at(char *p, const char *rel) {

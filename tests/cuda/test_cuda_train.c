@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../tools/run.h"
+#include "tests/support/proc.h"
 #include "gpu_skip.h"
 
 #define FLAGS                                                               \
@@ -31,7 +31,7 @@ static double run_auc(const char *dir, const char *device) {
 }
 
 START_TEST(test_auc_matches_cpu) {
-  char *dir = make_tmpdir(), *out;
+  char *dir = tmpdir_make("test"), *out;
   int rc = run_cmd(&out, "cd %s && %s datagen --rows 200000 --seed 5 "
                          "--test-fraction 0.1 --out d.tsv && %s convert "
                          "--test-fraction 0.1 d.tsv d.bin && rm d.tsv",

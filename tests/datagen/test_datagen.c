@@ -6,6 +6,7 @@
 
 #include "common/auc.h"
 #include "tests/check_main.h"
+#include "tests/support/files.h"
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -50,30 +51,10 @@ static dg_generator *make_gen(uint64_t rows, uint64_t seed, int uniform, int hot
   return g;
 }
 
-static char *tmpdir_make(void) {
-  char *d = strdup("/tmp/sr_datagen_XXXXXX");
-  REQUIRE(mkdtemp(d) != NULL);
-  return d;
-}
-
 static void tmpdir_remove(const char *d) {
   char cmd[512];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", d);
   REQUIRE((system(cmd)) == (0));
-}
-
-static char *file_read(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  REQUIRE_MSG(f != NULL, "open %s", path);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *b = malloc((size_t)n + 1);
-  REQUIRE((fread(b, 1, (size_t)n, f)) == ((size_t)n));
-  b[n] = 0;
-  fclose(f);
-  *len = (size_t)n;
-  return b;
 }
 
 /* Split a line (no newline) into up to 40 fields in place. */
@@ -123,7 +104,7 @@ END_TEST
 /* ----------------------------------------------------------- determinism */
 
 START_TEST(test_determinism) {
-  char *d = tmpdir_make();
+  char *d = tmpdir_make("datagen");
   char p1[256], p2[256], p3[256];
   snprintf(p1, sizeof p1, "%s/a.tsv", d);
   snprintf(p2, sizeof p2, "%s/b.tsv", d);
@@ -144,7 +125,7 @@ START_TEST(test_determinism) {
   REQUIRE((dg_generator_write(g, p3, NULL, err, sizeof err)) == (0));
   dg_generator_destroy(g);
   size_t n1, n2, n3;
-  char *a = file_read(p1, &n1), *b = file_read(p2, &n2), *c = file_read(p3, &n3);
+  char *a = slurp_file(p1, &n1, 1), *b = slurp_file(p2, &n2, 1), *c = slurp_file(p3, &n3, 1);
   REQUIRE((n1) == (n2));
   REQUIRE(memcmp(a, b, n1) == 0);
   REQUIRE(n1 != n3 || memcmp(a, c, n1) != 0);
@@ -157,7 +138,7 @@ START_TEST(test_determinism) {
   snprintf(q1, sizeof q1, "%s.probs", p1);
   snprintf(q2, sizeof q2, "%s.probs", p2);
   free(a), free(b), free(c);
-  a = file_read(q1, &n1), b = file_read(q2, &n2);
+  a = slurp_file(q1, &n1, 1), b = slurp_file(q2, &n2, 1);
   REQUIRE((n1) == (n2));
   REQUIRE(memcmp(a, b, n1) == 0);
   free(a), free(b);
@@ -453,7 +434,7 @@ START_TEST(test_multi_hot_and_strip) {
 END_TEST
 
 START_TEST(test_histogram_fallback) {
-  char *d = tmpdir_make();
+  char *d = tmpdir_make("datagen");
   char p[256];
   snprintf(p, sizeof p, "%s/h.tsv", d);
   dg_config cfg;
@@ -520,7 +501,7 @@ START_TEST(test_reader_accepts) {
 END_TEST
 
 START_TEST(test_gzip) {
-  char *d = tmpdir_make();
+  char *d = tmpdir_make("datagen");
   char p1[256], p2[256], err[256];
   snprintf(p1, sizeof p1, "%s/plain.tsv", d);
   snprintf(p2, sizeof p2, "%s/z.tsv.gz", d);
@@ -536,7 +517,7 @@ START_TEST(test_gzip) {
   REQUIRE((dg_generator_write(g, p2, NULL, err, sizeof err)) == (0));
   dg_generator_destroy(g);
   size_t n1, nz;
-  char *a = file_read(p1, &n1), *z = file_read(p2, &nz);
+  char *a = slurp_file(p1, &n1, 1), *z = slurp_file(p2, &nz, 1);
   REQUIRE((nz) < (n1 / 2));
   REQUIRE(nz > 2 && (unsigned char)z[0] == 0x1f && (unsigned char)z[1] == 0x8b);
   char *b = malloc(n1 + 16);
@@ -622,7 +603,7 @@ START_TEST(test_old_bytes_pinned) {
       {16, 1, 0, "0487ebbe2166b8b3c3e2987a2b7e13bd3a695f74324254cc65c17c70e2b7f0d1",
        "b07178d704a15cba3c7c15849c5bb3662251a7786672bb007caa7eb0547eca38"},
   };
-  char *d = tmpdir_make();
+  char *d = tmpdir_make("datagen");
   for (int k = 0; k < 3; k++) {
     char p[256], pp[300], err[256], hex[SR_SHA256_HEX];
     snprintf(p, sizeof p, "%s/o%d.tsv", d, k);
@@ -698,7 +679,7 @@ END_TEST
  * deviation over the file's rows is S (calibrated on the pilot), which the
  * oracle's probability includes: the oracle AUC rises. */
 START_TEST(test_cross_terms) {
-  char *d = tmpdir_make();
+  char *d = tmpdir_make("datagen");
   char p[256], err[256];
   snprintf(p, sizeof p, "%s/x.tsv", d);
   const size_t n = 20000;
@@ -732,7 +713,7 @@ START_TEST(test_cross_terms) {
   char sp[300];
   snprintf(sp, sizeof sp, "%s.summary.json", p);
   size_t sn;
-  char *sum = file_read(sp, &sn);
+  char *sum = slurp_file(sp, &sn, 1);
   cJSON *root = cJSON_Parse(sum);
   REQUIRE(root != NULL);
   const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "teacher");
@@ -811,7 +792,7 @@ static double json_num(const cJSON *o, const char *k) {
 }
 
 START_TEST(test_command_files) {
-  char *d = tmpdir_make();
+  char *d = tmpdir_make("datagen");
   char args[512], path[256], pp[300], sp[300];
   snprintf(path, sizeof path, "%s/s.tsv", d);
   snprintf(pp, sizeof pp, "%s.probs", path);
@@ -819,7 +800,7 @@ START_TEST(test_command_files) {
   snprintf(args, sizeof args, "--rows 30000 --seed 9 --test-fraction 0.2 --out '%s'", path);
   REQUIRE((run_bin(args)) == (0));
   size_t tn, pn, sn;
-  char *tsv = file_read(path, &tn), *probs = file_read(pp, &pn), *sum = file_read(sp, &sn);
+  char *tsv = slurp_file(path, &tn, 1), *probs = slurp_file(pp, &pn, 1), *sum = slurp_file(sp, &sn, 1);
   const size_t n = 30000, ntest = 6000;
   float *p = malloc(sizeof(float) * n);
   uint8_t *y = malloc(n);
@@ -883,7 +864,7 @@ START_TEST(test_command_files) {
   REQUIRE((dg_generator_write(g, lib, NULL, err, sizeof err)) == (0));
   dg_generator_destroy(g);
   size_t ln;
-  char *lb = file_read(lib, &ln);
+  char *lb = slurp_file(lib, &ln, 1);
   REQUIRE((ln) == (tn));
   REQUIRE(memcmp(lb, tsv, tn) == 0);
   free(lb), free(tsv), free(probs), free(sum), free(p), free(y);
@@ -907,7 +888,7 @@ START_TEST(test_command_flags) {
   REQUIRE((run_bin("--rows 10 --out /tmp/x.tsv extra")) == (2));
   /* an unwritable path is a failure, not a usage error */
   REQUIRE((run_bin("--rows 10 --out /nonexistent-dir/x.tsv")) == (1));
-  char *d = tmpdir_make();
+  char *d = tmpdir_make("datagen");
   snprintf(args, sizeof args, "--rows 500 --uniform --multi-hot 3 --out '%s/m.tsv'", d);
   REQUIRE((run_bin(args)) == (0));
   tmpdir_remove(d);
@@ -937,7 +918,7 @@ static int run_bin_err(const char *args, char **err) {
  * the summary's oracle AUC is the AUC of the .probs against the labels;
  * flag errors exit 2 naming the flag and the entry. */
 START_TEST(test_command_bag_sizes) {
-  char *d = tmpdir_make();
+  char *d = tmpdir_make("datagen");
   char args[700], pa[256], pb[256], pc[256];
   snprintf(pa, sizeof pa, "%s/a.tsv", d);
   snprintf(pb, sizeof pb, "%s/b.tsv", d);
@@ -950,7 +931,7 @@ START_TEST(test_command_bag_sizes) {
   snprintf(args, sizeof args, "%s --seed 13 --out '%s'", f, pc);
   REQUIRE((run_bin(args)) == (0));
   size_t na, nb, nc;
-  char *a = file_read(pa, &na), *b = file_read(pb, &nb), *c = file_read(pc, &nc);
+  char *a = slurp_file(pa, &na, 1), *b = slurp_file(pb, &nb, 1), *c = slurp_file(pc, &nc, 1);
   REQUIRE(na == nb && memcmp(a, b, na) == 0);
   REQUIRE(na != nc || memcmp(a, c, na) != 0);
   /* labels, probs, oracle AUC */
@@ -968,7 +949,7 @@ START_TEST(test_command_bag_sizes) {
   snprintf(pp, sizeof pp, "%s.probs", pa);
   snprintf(sp, sizeof sp, "%s.summary.json", pa);
   size_t pn, sn;
-  char *probs = file_read(pp, &pn), *sum = file_read(sp, &sn), *q = probs;
+  char *probs = slurp_file(pp, &pn, 1), *sum = slurp_file(sp, &sn, 1), *q = probs;
   for (size_t i = 0; i < n; i++) {
     char *end;
     p[i] = strtof(q, &end);

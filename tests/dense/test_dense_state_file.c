@@ -22,6 +22,7 @@
 #include "dense/optim.h"
 #include "dense/state_file.h"
 #include "tests/dense/dense_test_isa.h"
+#include "tests/support/files.h"
 
 static dense_config small_cfg(int itself) {
   dense_config c = {0};
@@ -40,30 +41,18 @@ static dense_config small_cfg(int itself) {
 
 /* A temporary folder and the file path in it. */
 typedef struct tmpf {
-  char dir[64], path[128];
+  char *dir, path[128];
 } tmpf;
 
 static void tmpf_make(tmpf *t) {
-  snprintf(t->dir, sizeof t->dir, "/tmp/sr_dense_state_XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(t->dir));
+  t->dir = tmpdir_make("dense-state");
   snprintf(t->path, sizeof t->path, "%s/dense.bin", t->dir);
 }
 
 static void tmpf_drop(tmpf *t) {
   unlink(t->path);
   ck_assert_int_eq(rmdir(t->dir), 0); /* nothing else was left there (no dense.bin.tmp) */
-}
-
-static unsigned char *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  ck_assert_ptr_nonnull(f);
-  fseek(f, 0, SEEK_END);
-  *len = (size_t)ftell(f);
-  fseek(f, 0, SEEK_SET);
-  unsigned char *b = malloc(*len ? *len : 1);
-  ck_assert(fread(b, 1, *len, f) == *len);
-  fclose(f);
-  return b;
+  free(t->dir);
 }
 
 static void spit(const char *path, const void *b, size_t len) {
@@ -138,7 +127,7 @@ START_TEST(test_bytes_are_the_format) {
   const float *p = dense_model_params(m, &np), *s = dense_opt_state(o, &ns);
   ck_assert_uint_eq(ns, 2 * np);
   ck_assert_int_eq(dense_state_save(t.path, m, o, err, sizeof err), 0);
-  unsigned char *got = slurp(t.path, &len);
+  unsigned char *got = (unsigned char *)slurp_file(t.path, &len, 1);
   unsigned char *want = expected_bytes(p, np, s, ns, 5, DENSE_OPT_ADAM, &want_len);
   ck_assert_uint_eq(len, want_len);
   ck_assert(memcmp(got, want, len) == 0);
@@ -146,7 +135,7 @@ START_TEST(test_bytes_are_the_format) {
   free(want);
   /* Without an optimizer: the parameters as SGD at step 0 (no state). */
   ck_assert_int_eq(dense_state_save(t.path, m, NULL, err, sizeof err), 0);
-  got = slurp(t.path, &len);
+  got = (unsigned char *)slurp_file(t.path, &len, 1);
   want = expected_bytes(p, np, NULL, 0, 0, DENSE_OPT_SGD, &want_len);
   ck_assert_uint_eq(len, want_len);
   ck_assert(memcmp(got, want, len) == 0);
@@ -336,14 +325,14 @@ START_TEST(test_failed_save_leaves_the_old_file) {
   dense_model *a = dense_model_create(&c, 1, err, sizeof err);
   ck_assert_int_eq(dense_state_save(t.path, a, NULL, err, sizeof err), 0);
   size_t len0, len1;
-  unsigned char *before = slurp(t.path, &len0);
+  unsigned char *before = (unsigned char *)slurp_file(t.path, &len0, 1);
   /* path.tmp is a folder: the temporary file cannot be made. */
   snprintf(bad, sizeof bad, "%s.tmp", t.path);
   ck_assert_int_eq(mkdir(bad, 0755), 0);
   dense_model *b = dense_model_create(&c, 9, err, sizeof err);
   ck_assert_int_eq(dense_state_save(t.path, b, NULL, err, sizeof err), SR_EIO);
   ck_assert_msg(strstr(err, "dense.bin.tmp") && strstr(err, "cannot write"), "%s", err);
-  unsigned char *after = slurp(t.path, &len1);
+  unsigned char *after = (unsigned char *)slurp_file(t.path, &len1, 1);
   ck_assert_uint_eq(len0, len1);
   ck_assert(memcmp(before, after, len0) == 0);
   ck_assert_int_eq(rmdir(bad), 0);

@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 
 #include "tests/check_main.h"
-#include "tests/tools/run.h"
+#include "tests/support/proc.h"
 
 #define MPIRUN "mpirun --allow-run-as-root --oversubscribe"
 
@@ -115,7 +115,7 @@ START_TEST(test_rank_without_shards) {
 END_TEST
 
 START_TEST(test_data_dir) {
-  char *dir = make_tmpdir(), *out, args[600];
+  char *dir = tmpdir_make("test"), *out, args[600];
   snprintf(args, sizeof args, "5 --data-dir '%s/rows'", dir);
   int rc = run_prog(3, args, &out);
   check_ok(out, rc, 3, 5);

@@ -1,7 +1,7 @@
 /* What the shard store's suites (test_shard.c, test_shard_prefetch.c,
  * test_shard_pinned.c) make their stores from, and the plan test_store.c
  * and tests/reshard/test_reshard_ckpt.c make theirs from: a plan of three tables (bounded, small bounded,
- * unbounded; table 1 at dim 4 for mixed widths), a temporary folder, and a
+ * unbounded; table 1 at dim 4 for mixed widths) and a
  * shard store with small RocksDB buffers. */
 #ifndef SHARDREC_TESTS_EMBEDDING_SHARD_FIXTURE_H
 #define SHARDREC_TESTS_EMBEDDING_SHARD_FIXTURE_H
@@ -15,6 +15,7 @@
 #include "embedding/shard.h"
 #include "embedding/store.h"
 #include "storage/kv.h"
+#include "tests/support/files.h"
 
 #define FX_NT 3
 
@@ -37,17 +38,6 @@ static inline emb_plan *fx_plan(const uint64_t *rows, int dim, uint64_t seed, em
   ck_assert_int_eq(emb_plan_create(&pp, &p, err, sizeof err), 0);
   p->tables[1].dim = 4; /* mixed widths */
   return p;
-}
-
-/* A new folder /tmp/shardrec-TAG-XXXXXX (free() the name). */
-static inline char *fx_tmpdir(const char *tag) {
-  char *d = malloc(strlen(tag) + 32);
-  ck_assert_ptr_nonnull(d);
-  strcpy(d, "/tmp/shardrec-");
-  strcat(d, tag);
-  strcat(d, "-XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(d));
-  return d;
 }
 
 /* A shard store over dir caching cache_rows rows with 4 MiB RocksDB block

@@ -29,7 +29,7 @@ static emb_plan *make_plan(emb_optim_kind k, int n_shards, int row_wise) {
   return fx_plan(ROWS, 8, 99, k, n_shards, row_wise);
 }
 
-static char *tmpdir(void) { return fx_tmpdir("shard"); }
+static char *tmpdir(void) { return tmpdir_make("shard"); }
 
 static emb_store *make_shard(const emb_plan *p, const char *dir, uint64_t cache_rows) {
   return fx_shard(p, dir, cache_rows, 0);

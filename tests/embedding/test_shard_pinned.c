@@ -30,8 +30,8 @@ static emb_store *a, *b; /* a: pinned; b: gathered */
 
 static void setup(void) {
   plan = fx_plan(ROWS, DIM, 11, EMB_OPT_ADAGRAD, 1, 0);
-  dir_a = fx_tmpdir("pinned-a");
-  dir_b = fx_tmpdir("pinned-b");
+  dir_a = tmpdir_make("pinned-a");
+  dir_b = tmpdir_make("pinned-b");
   a = fx_shard(plan, dir_a, CACHE, 0);
   b = fx_shard(plan, dir_b, CACHE, 0);
   ck_assert_ptr_nonnull(a->ops->lookup_pinned);

@@ -31,7 +31,7 @@ static emb_plan *make_plan(emb_optim_kind k, int n_shards, int row_wise) {
   return fx_plan(ROWS, DIM, 7, k, n_shards, row_wise);
 }
 
-static char *tmpdir(void) { return fx_tmpdir("prefetch"); }
+static char *tmpdir(void) { return tmpdir_make("prefetch"); }
 
 static emb_store *make_shard(const emb_plan *p, const char *dir, uint64_t cache_rows, int threads) {
   return fx_shard(p, dir, cache_rows, threads);

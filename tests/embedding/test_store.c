@@ -15,6 +15,7 @@
 #include "embedding/store.h"
 #include "tests/embedding/nonfinite.h"
 #include "tests/embedding/shard_fixture.h"
+#include "tests/support/files.h"
 
 /* Three tables: bounded dim 4, bounded dim 8, unbounded dim 5. */
 static emb_plan *make_plan(emb_optim_kind k, int n_shards, int row_wise, uint64_t seed) {
@@ -312,10 +313,6 @@ START_TEST(test_iterate_order) {
 }
 END_TEST
 
-static void tmpdir(char *buf, size_t n, const char *tag) {
-  snprintf(buf, n, "/tmp/sr_test_store_%ld_%s", (long)getpid(), tag);
-}
-
 static void rmdir_all(const char *dir) {
   char cmd[512];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
@@ -337,9 +334,8 @@ START_TEST(test_checkpoint_restore) {
   for (int k = 0; k < 3; k++) {
     emb_plan *p = make_plan((emb_optim_kind)k, 2, 0, 5);
     emb_store *s = train(p, 13, 25);
-    char dir[256];
-    tmpdir(dir, sizeof dir, "ck");
-    rmdir_all(dir);
+    char *tmp = tmpdir_make("store"), dir[256];
+    snprintf(dir, sizeof dir, "%s/ck", tmp); /* made by the checkpoint */
     ck_assert_msg(emb_store_checkpoint(s, dir) == 0, "%s", emb_store_errmsg(s));
     /* Restore into a fresh store under another placement (same model). */
     emb_plan *q = make_plan((emb_optim_kind)k, 4, 1, 5);
@@ -370,7 +366,8 @@ START_TEST(test_checkpoint_restore) {
     emb_store_destroy(s2);
     emb_plan_free(q);
     emb_plan_free(p);
-    rmdir_all(dir);
+    rmdir_all(tmp);
+    free(tmp);
   }
 }
 END_TEST
@@ -378,9 +375,8 @@ END_TEST
 START_TEST(test_restore_refuses_damage) {
   emb_plan *p = make_plan(EMB_OPT_ADAGRAD, 1, 0, 5);
   emb_store *s = train(p, 14, 10);
-  char dir[256], file[300], good[300];
-  tmpdir(dir, sizeof dir, "dmg");
-  rmdir_all(dir);
+  char *tmp = tmpdir_make("store"), dir[256], file[300], good[300];
+  snprintf(dir, sizeof dir, "%s/dmg", tmp); /* made by the checkpoint */
   ck_assert_int_eq(emb_store_checkpoint(s, dir), 0);
   snprintf(file, sizeof file, "%s/table-1.bin", dir);
   snprintf(good, sizeof good, "%s/good.bak", dir);
@@ -436,7 +432,8 @@ START_TEST(test_restore_refuses_damage) {
   emb_store_destroy(s2);
   emb_store_destroy(s2ref);
   emb_plan_free(p);
-  rmdir_all(dir);
+  rmdir_all(tmp);
+  free(tmp);
 }
 END_TEST
 

@@ -18,15 +18,15 @@
 #include "embedding/optim.h"
 #include "embedding/table_file.h"
 #include "storage/kv.h"
+#include "tests/support/files.h"
 
-static char dir[64], path[128];
+static char *dir, path[128];
 static emb_plan *plan;
 static char fp[EMB_FP_HEX];
 
 /* One table: table_id 7, 100 rows, dim 3, adagrad (3 state floats). */
 static void setup(void) {
-  snprintf(dir, sizeof dir, "/tmp/shardrec-tabfile-XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(dir));
+  dir = tmpdir_make("tabfile");
   snprintf(path, sizeof path, "%s/table-7.bin", dir);
   static const uint64_t rows[] = {100};
   emb_plan_params pp;
@@ -48,6 +48,7 @@ static void setup(void) {
 static void teardown(void) {
   emb_plan_free(plan);
   sr_rmtree(dir);
+  free(dir);
 }
 
 static const uint64_t IDS[3] = {2, 40, 99};
@@ -68,18 +69,6 @@ static void write_file(const char *p, uint64_t n_rows) {
   }
   ck_assert_uint_eq(emb_tabfile_written(w), 3);
   ck_assert_msg(emb_tabfile_commit(w, err, sizeof err) == 0, "%s", err);
-}
-
-static unsigned char *slurp(const char *p, size_t *n) {
-  FILE *f = fopen(p, "rb");
-  ck_assert_ptr_nonnull(f);
-  fseek(f, 0, SEEK_END);
-  *n = (size_t)ftell(f);
-  fseek(f, 0, SEEK_SET);
-  unsigned char *b = malloc(*n);
-  ck_assert_uint_eq(fread(b, 1, *n, f), *n);
-  fclose(f);
-  return b;
 }
 
 static void spill(const char *p, const unsigned char *b, size_t n) {
@@ -109,7 +98,7 @@ static void reseal(unsigned char *b, size_t n) {
 START_TEST(test_bytes) {
   write_file(path, 3);
   size_t n;
-  unsigned char *b = slurp(path, &n);
+  unsigned char *b = (unsigned char *)slurp_file(path, &n, 1);
   const size_t rec = 8 + 4 * 6;
   ck_assert_uint_eq(n, 256 + 3 * rec + 32);
   ck_assert(memcmp(b, "SREMBTAB", 8) == 0);
@@ -139,7 +128,7 @@ START_TEST(test_bytes) {
   snprintf(late, sizeof late, "%s/late.bin", dir);
   write_file(late, EMB_TABFILE_COUNT_LATER);
   size_t n2;
-  unsigned char *b2 = slurp(late, &n2);
+  unsigned char *b2 = (unsigned char *)slurp_file(late, &n2, 1);
   ck_assert_uint_eq(n2, n);
   ck_assert(memcmp(b, b2, n) == 0);
   /* Nothing but the files is left behind (no temporary name). */
@@ -209,7 +198,7 @@ static int count_rec(void *ctx, uint64_t id, const float *v) {
 START_TEST(test_reader_refusals) {
   write_file(path, 3);
   size_t n;
-  unsigned char *good = slurp(path, &n), *b = malloc(n);
+  unsigned char *good = (unsigned char *)slurp_file(path, &n, 1), *b = malloc(n);
   char err[1024];
   emb_tabfile_reader *r;
   int seen = 0;

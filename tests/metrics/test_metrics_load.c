@@ -33,7 +33,7 @@
 #include "rpc/client.h"
 #include "tests/check_main.h"
 #include "tests/metrics/http_get.h"
-#include "tests/tools/run.h"
+#include "tests/support/proc.h"
 
 #define IDLE 100
 #define STEP_BLOCKS 10   /* seconds of training of each kind */

@@ -12,7 +12,7 @@
 #include "common/fs.h"
 #include "tests/check_main.h"
 #include "tests/metrics/http_get.h"
-#include "tests/tools/run.h"
+#include "tests/support/proc.h"
 
 /* The value of the sample line starting with prefix in page; -1 if absent. */
 static double sample(const char *page, const char *prefix) {

@@ -19,7 +19,7 @@
 #include "tests/check_main.h"
 #include "tests/metrics/http_get.h"
 #include "tests/rpc/calls.h"
-#include "tests/tools/run.h"
+#include "tests/support/proc.h"
 
 #define PROM "/usr/bin/prometheus"
 

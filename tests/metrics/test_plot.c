@@ -16,11 +16,11 @@
 
 #include "common/fs.h"
 #include "tests/check_main.h"
-#include "tests/tools/run.h"
+#include "tests/support/proc.h"
 
 static char *g_dir;
 
-static void setup(void) { g_dir = make_tmpdir(); }
+static void setup(void) { g_dir = tmpdir_make("test"); }
 static void teardown(void) {
   sr_rmtree(g_dir);
   free(g_dir);

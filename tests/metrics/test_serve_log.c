@@ -15,7 +15,7 @@
 #include "common/fs.h"
 #include "tests/check_main.h"
 #include "tests/rpc/calls.h"
-#include "tests/tools/run.h"
+#include "tests/support/proc.h"
 
 /* The first line of the log whose "event" is ev, parsed (caller deletes). */
 static cJSON *event(const char *log, const char *ev) {

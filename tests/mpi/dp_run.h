@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "tests/check_main.h"
-#include "tests/rpc/server.h"
+#include "tests/support/servers.h"
 
 #define DP_MPIRUN "mpirun --allow-run-as-root --oversubscribe"
 /* The equivalence runs use Adagrad at these rates: with SGD lr 0.1 the
@@ -45,11 +45,9 @@ static inline int dp_data_make(const char *who, int rows, int shards, const char
     fprintf(stderr, "%s: SHARDREC_BIN is not set (run through ctest)\n", who);
     return -1;
   }
-  dp_dir = strdup("/tmp/shardrec-test-XXXXXX");
-  if (!dp_dir || !mkdtemp(dp_dir)) {
+  dp_dir = tmpdir_new("test");
+  if (!dp_dir) {
     fprintf(stderr, "%s: no temporary folder\n", who);
-    free(dp_dir);
-    dp_dir = NULL;
     return -1;
   }
   char cmd[4096];

@@ -6,7 +6,7 @@
 #include <check.h>
 
 #include "tests/check_main.h"
-#include "tests/tools/run.h"
+#include "tests/support/proc.h"
 
 START_TEST(test_mpi_collective_np3) {
   char *out;

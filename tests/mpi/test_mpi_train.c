@@ -35,20 +35,6 @@
 #define HYPER DP_HYPER
 #define MPIRUN DP_MPIRUN
 
-/* Two fresh servers (rows in RocksDB under tag.srvK) for plan; their
- * addresses joined by ',' into addrs. */
-static void start_servers(test_server *s, const char *plan, const char *tag, char *addrs,
-                          size_t len) {
-  for (int k = 0; k < 2; k++) {
-    char args[1200], log[600];
-    snprintf(args, sizeof args, "--plan '%s/%s' --shard %d --cache-rows 4096 --data-dir '%s/%s.srv%d' "
-             "--checkpoint-root '%s'", dp_dir, plan, k, dp_dir, tag, k, dp_dir);
-    snprintf(log, sizeof log, "%s/%s.srv%d.log", dp_dir, tag, k);
-    server_start(&s[k], args, log);
-  }
-  snprintf(addrs, len, "%s,%s", s[0].addr, s[1].addr);
-}
-
 /* Train against 2 fresh servers for plan with np ranks (0: no mpirun);
  * metrics in name.jsonl; returns the exit status, the output in *out (may
  * be NULL). */
@@ -56,7 +42,9 @@ static int train(const char *name, int np, const char *data, const char *plan, c
                  char **out) {
   test_server s[2] = {{0}, {0}};
   char addrs[200], args[1200];
-  start_servers(s, plan, name, addrs, sizeof addrs);
+  /* fresh servers: rows in RocksDB under NAME.srvK */
+  servers_start(s, 2, &(servers_opts){.dir = dp_dir, .plan = plan, .data = name, .log = name});
+  servers_addrs(s, 2, addrs, sizeof addrs);
   snprintf(args, sizeof args, ARCH " --shard-servers %s %s", addrs, extra);
   int rc = dp_train("mpi_train", ", shard servers", name, np, data, plan, args, out);
   server_stop(&s[0]);

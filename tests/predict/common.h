@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tests/tools/run.h"
+#include "tests/support/proc.h"
 
 /* A small model so that a training run takes a second or two. */
 #define MODEL "--arch-mlp-bot 13-32-16 --arch-mlp-top 32-1 --print-freq 1000 "

@@ -14,7 +14,7 @@
 #include "rpc/client.h"
 #include "tests/check_main.h"
 #include "tests/predict/common.h"
-#include "tests/rpc/server.h"
+#include "tests/support/servers.h"
 
 #define N_TEST 1000
 

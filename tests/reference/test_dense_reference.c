@@ -23,6 +23,7 @@
 #include "common/rng.h"
 #include "dense/model.h"
 #include "dense/optim.h"
+#include "tests/support/files.h"
 
 enum { B = 6, STEPS = 20 };
 #define LR 0.1f
@@ -93,10 +94,9 @@ static void run_case(const ref_case *k) {
   c.interaction_itself = itself;
   c.dcn_layers = k->dcn_layers, c.dcn_rank = k->dcn_rank;
   c.max_batch = B;
-  char err[256], dir[] = "/tmp/sr_dlrmref_XXXXXX", path[600], cmd[1500];
+  char err[256], *dir = tmpdir_make("dlrmref"), path[600], cmd[1500];
   dense_model *m = dense_model_create(&c, 77, err, sizeof err);
   ck_assert_msg(m, "%s", err);
-  ck_assert(mkdtemp(dir));
 
   size_t np, es = (size_t)c.n_sparse * c.emb_dim;
   float *p = dense_model_params(m, &np);
@@ -176,6 +176,7 @@ static void run_case(const ref_case *k) {
           case_name(k), loss0, ref_loss, STEPS, loss, ref_after, worst);
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   ck_assert(system(cmd) == 0);
+  free(dir);
   free(rg);
   dense_opt_destroy(o);
   dense_model_destroy(m);

@@ -23,7 +23,7 @@
 #include "tests/check_main.h"
 
 #include "storage/kv.h"
-#include "tests/rpc/server.h"
+#include "tests/support/servers.h"
 
 static char *dir;
 
@@ -253,25 +253,6 @@ END_TEST
 
 /* ---- resharding, with shard servers ---- */
 
-/* n servers of plan: RocksDB under DIR/TAG.srvK, or in memory (tag NULL). */
-static __attribute__((unused)) void start_servers(test_server *s, int n, const char *plan, const char *tag) {
-  for (int k = 0; k < n; k++) {
-    char args[1200], log[600];
-    if (tag)
-      snprintf(args, sizeof args, "--plan '%s/%s' --shard %d --cache-rows 4096 --data-dir '%s/%s.srv%d' "
-               "--checkpoint-root '%s'", dir, plan, k, dir, tag, k, dir);
-    else
-      snprintf(args, sizeof args, "--plan '%s/%s' --shard %d --checkpoint-root '%s'", dir, plan, k, dir);
-    snprintf(log, sizeof log, "%s/%s.srv%d.log", dir, tag ? tag : "mem", k);
-    server_start(&s[k], args, log);
-  }
-}
-
-static __attribute__((unused)) void addr_list(test_server *s, int n, char *buf, size_t len) {
-  size_t at = 0;
-  for (int k = 0; k < n; k++) at += (size_t)snprintf(buf + at, len - at, "%s%s", k ? "," : "", s[k].addr);
-}
-
 /* Every row of every table of a and b's shard databases, byte for byte. */
 static __attribute__((unused)) void same_shards(const char *a, const char *b, int n_shards) {
   for (int k = 0; k < n_shards; k++) {
@@ -317,8 +298,8 @@ START_TEST(test_reshard_servers_resume) {
   char *out, list[256];
   /* The reference: 2 servers, a checkpoint at step k, 2k steps. */
   test_server s[3];
-  start_servers(s, 2, "p2.json", "a");
-  addr_list(s, 2, list, sizeof list);
+  servers_start(s, 2, &(servers_opts){.dir = dir, .plan = "p2.json", .data = "a", .log = "a"});
+  servers_addrs(s, 2, list, sizeof list);
   int rc = run_cmd(&out, "cd %s && %s train " TRAIN_FLAGS " --num-batches %d --plan p2.json "
                          "--shard-servers %s --save-checkpoint C --checkpoint-every %d "
                          "--keep-checkpoints 0 --metrics-out ref.jsonl",
@@ -338,8 +319,8 @@ START_TEST(test_reshard_servers_resume) {
     free(out);
     char tag[8];
     snprintf(tag, sizeof tag, "b%d", n_srv[c]);
-    start_servers(s, n_srv[c], plans[c], tag);
-    addr_list(s, n_srv[c], list, sizeof list);
+    servers_start(s, n_srv[c], &(servers_opts){.dir = dir, .plan = plans[c], .data = tag, .log = tag});
+    servers_addrs(s, n_srv[c], list, sizeof list);
     rc = run_cmd(&out, "cd %s && %s train " TRAIN_FLAGS " --num-batches %d --plan %s "
                        "--shard-servers %s --resume O%d --metrics-out r%d.jsonl",
                  dir, bin_path(), 2 * k, plans[c], list, n_srv[c], n_srv[c]);
@@ -377,8 +358,8 @@ START_TEST(test_reshard_servers_resume) {
   free(out);
   /* In-memory servers: their checkpoint is one folder of table files per
    * server; 2 -> 3 keeps that layout, resumed bit for bit. */
-  start_servers(s, 2, "p2.json", NULL);
-  addr_list(s, 2, list, sizeof list);
+  servers_start(s, 2, &(servers_opts){.dir = dir, .plan = "p2.json", .log = "mem"}); /* in memory */
+  servers_addrs(s, 2, list, sizeof list);
   rc = run_cmd(&out, "cd %s && %s train " TRAIN_FLAGS " --num-batches %d --plan p2.json "
                      "--shard-servers %s --save-checkpoint MC --checkpoint-every %d "
                      "--keep-checkpoints 0 --metrics-out mref.jsonl",
@@ -390,8 +371,8 @@ START_TEST(test_reshard_servers_resume) {
   ck_assert_msg(rc == 0 && strstr(out, "in-memory servers' table files") &&
                     strstr(out, "verified 26/26 tables ok"), "%s", out);
   free(out);
-  start_servers(s, 3, "p3.json", NULL);
-  addr_list(s, 3, list, sizeof list);
+  servers_start(s, 3, &(servers_opts){.dir = dir, .plan = "p3.json", .log = "mem"});
+  servers_addrs(s, 3, list, sizeof list);
   rc = run_cmd(&out, "cd %s && %s train " TRAIN_FLAGS " --num-batches %d --plan p3.json "
                "--shard-servers %s --resume MO3 --metrics-out mr3.jsonl",
                dir, bin_path(), 2 * k, list);

@@ -21,7 +21,7 @@
 #include "embedding/plan.h"
 #include "rpc/client.h"
 #include "rpc/shardrec.pb-c.h"
-#include "tests/rpc/server.h"
+#include "tests/support/servers.h"
 
 #define CALLS_UNUSED __attribute__((unused))
 
@@ -191,7 +191,7 @@ static CALLS_UNUSED void calls_wait_parked(const char *addr, uint64_t lookups, u
 static CALLS_UNUSED void calls_plan_setup(const emb_plan_params *pp, char **dir, char *plan_path,
                                           char *log_path, size_t pathlen, emb_plan **plan,
                                           char fp[EMB_FP_HEX]) {
-  *dir = make_tmpdir();
+  *dir = tmpdir_make("test");
   snprintf(plan_path, pathlen, "%s/plan.json", *dir);
   snprintf(log_path, pathlen, "%s/server.log", *dir);
   char err[512];

@@ -21,7 +21,7 @@
 #include "rpc/client.h"
 #include "rpc/service.h"
 #include "rpc/shardrec.pb-c.h"
-#include "tests/rpc/server.h"
+#include "tests/support/servers.h"
 
 static char *dir;
 static emb_plan *plan;
@@ -36,7 +36,7 @@ static const char *at(const char *name) {
 }
 
 static void setup(void) {
-  dir = make_tmpdir();
+  dir = tmpdir_make("test");
   uint64_t rows[1] = {100};
   emb_plan_params pp = {.n_tables = 1, .rows = rows, .dim = 4,
                         .optim = {.kind = EMB_OPT_SGD, .eps = -1}, .seed = 5, .n_shards = 2,

@@ -37,7 +37,7 @@
 #include "rpc/service.h"
 #include "rpc/shardrec.pb-c.h"
 #include "tests/rpc/calls.h"
-#include "tests/rpc/server.h"
+#include "tests/support/servers.h"
 
 #define DIM 4
 #define ROWS 100
@@ -67,7 +67,7 @@ static void teardown(void) {
 
 /* Setup without a server (service in process). */
 static void setup_plain(void) {
-  dir = make_tmpdir();
+  dir = tmpdir_make("test");
   uint64_t rows[1] = {ROWS};
   emb_plan_params pp = {.n_tables = 1, .rows = rows, .dim = DIM,
                         .optim = {.kind = EMB_OPT_SGD}, .seed = 11, .n_shards = 1};

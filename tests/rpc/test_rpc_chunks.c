@@ -35,7 +35,7 @@
 #include "embedding/store.h"
 #include "rpc/client.h"
 #include "tests/rpc/calls.h"
-#include "tests/rpc/server.h"
+#include "tests/support/servers.h"
 
 #define NT 2
 #define NS 2
@@ -48,7 +48,7 @@ static int dim;
 
 static void plan_make(int d, uint64_t rows0) {
   dim = d;
-  dir = make_tmpdir();
+  dir = tmpdir_make("test");
   snprintf(plan_path, sizeof plan_path, "%s/plan.json", dir);
   uint64_t rows[NT] = {rows0, EMB_ROWS_UNBOUNDED};
   emb_plan_params pp = {.n_tables = NT, .rows = rows, .dim = d,

@@ -19,7 +19,7 @@
 #include "rpc/shardrec.pb-c.h"
 #include "tests/rpc/calls.h"
 #include "tests/rpc/raw_call.h"
-#include "tests/rpc/server.h"
+#include "tests/support/servers.h"
 
 #define DIM 64
 #define MSG_MB 8

@@ -31,7 +31,7 @@
 #include "rpc/shardrec.pb-c.h"
 #include "tests/rpc/calls.h"
 #include "tests/rpc/raw_call.h"
-#include "tests/rpc/server.h"
+#include "tests/support/servers.h"
 
 #define DIM 512 /* 2 KiB rows: answered pinned (RPC_PIN_MIN_ROW_BYTES) */
 #define BIG 2000 /* ids of an unread Lookup: 4 MB of rows */

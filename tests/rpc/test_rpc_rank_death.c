@@ -31,7 +31,7 @@
 #include "embedding/store.h"
 #include "rpc/client.h"
 #include "rpc/shardrec.pb-c.h"
-#include "tests/rpc/server.h"
+#include "tests/support/servers.h"
 
 #define K 4      /* checkpoint every K steps; rank 1 is killed after step K */
 #define STEPS 40 /* steps of a whole run: many more than run between print and kill */
@@ -51,16 +51,6 @@ static void setup(void) {
 static void teardown(void) {
   run_cmd(NULL, "rm -rf %s", dir);
   free(dir);
-}
-
-static void start_servers(test_server *s, const char *tag, char *addrs, size_t len) {
-  for (int k = 0; k < 2; k++) {
-    char args[1200], log[600];
-    snprintf(args, sizeof args, "--plan '%s/p.json' --shard %d --threads 2 --checkpoint-root '%s'", dir, k, dir);
-    snprintf(log, sizeof log, "%s/%s.srv%d.log", dir, tag, k);
-    server_start(&s[k], args, log);
-  }
-  snprintf(addrs, len, "%s,%s", s[0].addr, s[1].addr);
 }
 
 /* The train command line of run `name` (metrics in name.jsonl) against
@@ -282,7 +272,8 @@ START_TEST(test_rank_dies_job_stops_servers_drop_resume) {
   char addrs[200], extra[800], cmd[4096];
   /* The uninterrupted run, with the servers' rows after every step on
    * disk (full/step-M). */
-  start_servers(sa, "full", addrs, sizeof addrs);
+  servers_start(sa, 2, &(servers_opts){.dir = dir, .plan = "p.json", .log = "full", .flags = "--threads 2"});
+  servers_addrs(sa, 2, addrs, sizeof addrs);
   snprintf(extra, sizeof extra, "--save-checkpoint %s/full --checkpoint-every 1", dir);
   int rc = train("full", addrs, extra, &out);
   ck_assert_msg(rc == 0, "uninterrupted run failed: %s", out);
@@ -291,7 +282,8 @@ START_TEST(test_rank_dies_job_stops_servers_drop_resume) {
   server_stop(&sa[1]);
   /* Rank 1 is killed once rank 0 has printed step K (its step-K
    * checkpoint is complete by then: the print follows it). */
-  start_servers(sb, "dead", addrs, sizeof addrs);
+  servers_start(sb, 2, &(servers_opts){.dir = dir, .plan = "p.json", .log = "dead", .flags = "--threads 2"});
+  servers_addrs(sb, 2, addrs, sizeof addrs);
   snprintf(extra, sizeof extra, "--save-checkpoint %s/ck --checkpoint-every %d > dead.out 2>&1",
            dir, K);
   train_cmd(cmd, sizeof cmd, "dead", addrs, extra);

@@ -22,7 +22,7 @@
 
 #include "tests/check_main.h"
 
-#include "tests/rpc/server.h"
+#include "tests/support/servers.h"
 
 #define ARCH "--arch-mlp-bot 13-16-16 --arch-mlp-top 32-1"
 #define HYPER "--optimizer adagrad --learning-rate 0.01 --sparse-learning-rate 0.1"
@@ -54,37 +54,24 @@ static const char *at(const char *name) {
   return path;
 }
 
-/* Start server k (shard k of p.json) on port (NULL: any); rows in RocksDB
- * under dir/tag.srvK when disk, else in memory. */
-static void start_one(test_server *s, int k, const char *tag, int disk, const char *port) {
-  char args[1600], log[600];
-  int n = snprintf(args, sizeof args, "--plan '%s/p.json' --shard %d --threads 2 --checkpoint-root '%s'",
-                   dir, k, dir);
-  if (disk)
-    n += snprintf(args + n, sizeof args - (size_t)n, " --cache-rows 4096 --data-dir '%s/%s.srv%d'",
-                  dir, tag, k);
-  if (port) snprintf(args + n, sizeof args - (size_t)n, " --listen 127.0.0.1:%s", port);
-  snprintf(log, sizeof log, "%s/%s.srv%d.log", dir, tag, k);
-  server_start(s, args, log);
+/* The servers of p.json: rows in RocksDB under dir/tag.srvK when disk,
+ * else in memory; logs dir/tag.srvK.log. */
+static servers_opts srv_opts(const char *tag, int disk) {
+  return (servers_opts){.dir = dir, .plan = "p.json", .data = disk ? tag : NULL, .log = tag,
+                        .flags = "--threads 2"};
 }
 
+/* Two servers as srv_opts says; their addresses joined by ',' into addrs. */
 static void start_two(test_server *s, const char *tag, int disk, char *addrs, size_t len) {
-  for (int k = 0; k < 2; k++) start_one(&s[k], k, tag, disk, NULL);
-  snprintf(addrs, len, "%s,%s", s[0].addr, s[1].addr);
+  servers_opts o = srv_opts(tag, disk);
+  servers_start(s, 2, &o);
+  servers_addrs(s, 2, addrs, len);
 }
 
-static void kill9(pid_t pid) {
-  kill(pid, SIGKILL);
-  waitpid(pid, NULL, 0);
-}
-
-/* SIGKILL server s and start it again on its port (and folder). */
+/* SIGKILL server s (shard k) and start it again on its port (and folder). */
 static void restart(test_server *s, int k, const char *tag, int disk) {
-  char port[16];
-  snprintf(port, sizeof port, "%s", strrchr(s->addr, ':') + 1);
-  kill9(s->pid);
-  s->pid = 0;
-  start_one(s, k, tag, disk, port);
+  servers_opts o = srv_opts(tag, disk);
+  server_restart(s, k, &o);
 }
 
 /* The last occurrence of each step's train line and test line of the
@@ -293,7 +280,7 @@ START_TEST(test_auto_resume) {
   wait_file(at("cka/step-20/DONE"), 65, tr, 120); /* the manifest's SHA-256 in hex, a newline */
   /* and step 20's line, which the job prints after its checkpoint */
   wait_text(at("ra.jsonl"), "\"step\":20,", 1, tr, 120);
-  kill9(tr);
+  proc_kill9(tr);
   char *out;
   ck_assert_int_eq(run_cmd(&out, "cd %s && cp ra.jsonl ra1.jsonl", dir), 0);
   free(out);

@@ -13,7 +13,7 @@
 #include "embedding/store.h"
 #include "rpc/client.h"
 #include "tests/rpc/calls.h"
-#include "tests/rpc/server.h"
+#include "tests/support/servers.h"
 
 #define DIM 8
 #define NT 2
@@ -32,7 +32,7 @@ static void start(int k, const char *listen) {
 }
 
 static void setup(void) {
-  dir = make_tmpdir();
+  dir = tmpdir_make("test");
   snprintf(plan_path, sizeof plan_path, "%s/plan.json", dir);
   uint64_t rows[NT] = {1000, EMB_ROWS_UNBOUNDED};
   emb_plan_params pp = {.n_tables = NT, .rows = rows, .dim = DIM,

@@ -14,7 +14,7 @@
 #include "rpc/shardrec.pb-c.h"
 #include "tests/metrics/http_get.h"
 #include "tests/rpc/calls.h"
-#include "tests/rpc/server.h"
+#include "tests/support/servers.h"
 
 #define DIM 4
 
@@ -303,12 +303,6 @@ static void restart(const char *extra) {
   server_start(&srv, args, log_path);
 }
 
-static void kill9(void) {
-  kill(srv.pid, SIGKILL);
-  waitpid(srv.pid, NULL, 0);
-  srv.pid = 0;
-}
-
 /* Checkpoint (restore 0) or Restore (1) path on the fixture's server. */
 static int ckpt_call(int restore, const char *path, char *msg) {
   uint8_t buf[1024];
@@ -350,7 +344,7 @@ START_TEST(test_crash_refused_until_restore) {
   ck_assert_msg(ckpt_call(0, ck, msg) == RPC_OK, "checkpoint: %s", msg); /* rows now in RocksDB */
   ck_assert_int_eq(push_ok("job-c", 1, &applied), RPC_OK);
   ck_assert_int_eq(stats_unclean(), 0);
-  kill9();
+  server_kill9(&srv);
   restart("");
   ck_assert_int_eq(stats_unclean(), 1);
   call_table t[2] = {{0, ids0, 8, NULL, 0}, {1, ids1, 5, NULL, 0}};
@@ -384,7 +378,7 @@ START_TEST(test_crash_refused_until_restore) {
   ck_assert_int_eq(push_ok("job-d", 1, &applied), RPC_OK);
   ck_assert_msg(ckpt_call(0, ck2, msg) == RPC_OK, "checkpoint: %s", msg);
   snapshot(s2); /* all of it in RocksDB (the checkpoint wrote it back) */
-  kill9();
+  server_kill9(&srv);
   restart("--accept-unclean");
   ck_assert_int_eq(stats_unclean(), 0);
   snapshot(now);
@@ -426,7 +420,7 @@ START_TEST(test_clean_stop_keeps_crash) {
   ck_assert_msg(ckpt_call(0, ck, msg) == RPC_OK, "checkpoint: %s", msg);
   ck_assert_int_eq(push_ok("job-k", 1, &applied), RPC_OK);
   ck_assert_int_eq(push_ok("job-k", 2, &applied), RPC_OK);
-  kill9();
+  server_kill9(&srv);
   restart("");
   ck_assert_int_eq(stats_unclean(), 1);
   ck_assert_int_eq(push_ok("job-k", 3, &applied), RPC_FAILED_PRECONDITION);

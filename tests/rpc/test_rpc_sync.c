@@ -18,7 +18,7 @@
 #include "rpc/client.h"
 #include "rpc/shardrec.pb-c.h"
 #include "tests/rpc/calls.h"
-#include "tests/rpc/server.h"
+#include "tests/support/servers.h"
 
 #define DIM 4
 

@@ -18,7 +18,7 @@
 #include "embedding/plan.h"
 #include "embedding/store.h"
 #include "rpc/client.h"
-#include "tests/rpc/server.h"
+#include "tests/support/servers.h"
 
 static char *dir;
 static char plan_path[512];
@@ -34,7 +34,7 @@ static char *path(const char *name) {
 }
 
 static void setup(void) {
-  dir = make_tmpdir();
+  dir = tmpdir_make("test");
   char *out;
   const char *ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
   int rc = run_cmd(&out,

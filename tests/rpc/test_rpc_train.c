@@ -7,7 +7,7 @@
 
 #include "tests/check_main.h"
 
-#include "tests/rpc/server.h"
+#include "tests/support/servers.h"
 
 static char *dir;
 
@@ -60,28 +60,9 @@ static char *train(const char *name, const char *plan, const char *servers) {
 }
 
 /* Servers keep rows in RocksDB (--data-dir) with a cache, so this also
- * checks the shard store behind the service. tag names their folders
- * beside the plan's ("": the plan's alone). */
-static void start_servers_in(test_server *s, int n, const char *plan, const char *tag) {
-  for (int k = 0; k < n; k++) {
-    char args[1200], log[600];
-    /* Each configuration starts from empty RocksDB folders: a server keeps
-     * its rows across restarts. */
-    snprintf(args, sizeof args, "--plan '%s/%s' --shard %d --cache-rows 4096 --data-dir '%s/%s%s.srv%d' "
-             "--checkpoint-root '%s'", dir, plan, k, dir, plan, tag, k, dir);
-    snprintf(log, sizeof log, "%s/srv%d.log", dir, k);
-    server_start(&s[k], args, log);
-  }
-}
-
-static void start_servers(test_server *s, int n, const char *plan) {
-  start_servers_in(s, n, plan, "");
-}
-
-static void addr_list(test_server *s, int n, char *buf, size_t len) {
-  size_t at = 0;
-  for (int k = 0; k < n; k++) at += (size_t)snprintf(buf + at, len - at, "%s%s", k ? "," : "", s[k].addr);
-}
+ * checks the shard store behind the service. Each configuration starts
+ * from empty RocksDB folders (a server keeps its rows across restarts),
+ * named after its plan: DIR/PLAN.srvK, DIR/PLAN.TAG.srvK. */
 
 START_TEST(test_remote_equals_in_process) {
   char *ref = train("local", "p1.json", NULL);
@@ -94,9 +75,9 @@ START_TEST(test_remote_equals_in_process) {
   const int nsrv[3] = {1, 3, 3};
   for (int c = 0; c < 3; c++) {
     test_server s[3];
-    start_servers(s, nsrv[c], plans[c]);
+    servers_start(s, nsrv[c], &(servers_opts){.dir = dir, .plan = plans[c], .data = plans[c]});
     char list[256], name[32];
-    addr_list(s, nsrv[c], list, sizeof list);
+    servers_addrs(s, nsrv[c], list, sizeof list);
     snprintf(name, sizeof name, "remote%d", c);
     char *got = train(name, plans[c], list);
     for (int k = 0; k < nsrv[c]; k++) ck_assert_int_eq(server_stop(&s[k]), 0);
@@ -121,10 +102,10 @@ START_TEST(test_two_connections_same_bits) {
   char *got[2];
   for (int c = 0; c < 2; c++) {
     test_server s[3];
-    char tag[8], list[256], name[32], flags[64];
-    snprintf(tag, sizeof tag, ".c%d", c + 1);
-    start_servers_in(s, 3, "p3r.json", tag);
-    addr_list(s, 3, list, sizeof list);
+    char data[32], list[256], name[32], flags[64];
+    snprintf(data, sizeof data, "p3r.json.c%d", c + 1);
+    servers_start(s, 3, &(servers_opts){.dir = dir, .plan = "p3r.json", .data = data});
+    servers_addrs(s, 3, list, sizeof list);
     snprintf(name, sizeof name, "conn%d", c + 1);
     snprintf(flags, sizeof flags, "--rpc-connections %d", c + 1);
     got[c] = train_with(name, "p3r.json", list, flags, NULL);
@@ -163,9 +144,9 @@ START_TEST(test_lookup_hidden_share) {
   const int depth[2] = {0, 2};
   for (int c = 0; c < 2; c++) {
     test_server s[1];
-    char tag[8], name[32], flags[64], *log;
-    snprintf(tag, sizeof tag, ".d%d", depth[c]);
-    start_servers_in(s, 1, "p1.json", tag);
+    char data[32], name[32], flags[64], *log;
+    snprintf(data, sizeof data, "p1.json.d%d", depth[c]);
+    servers_start(s, 1, &(servers_opts){.dir = dir, .plan = "p1.json", .data = data});
     snprintf(name, sizeof name, "depth%d", depth[c]);
     snprintf(flags, sizeof flags, "--prefetch-depth %d", depth[c]);
     free(train_with(name, "p1.json", s[0].addr, flags, &log));
@@ -216,7 +197,7 @@ END_TEST
 
 START_TEST(test_server_down_is_named) {
   test_server s[1];
-  start_servers(s, 1, "p1.json");
+  servers_start(s, 1, &(servers_opts){.dir = dir, .plan = "p1.json", .data = "p1.json"});
   char addr[64];
   snprintf(addr, sizeof addr, "%s", s[0].addr);
   ck_assert_int_eq(server_stop(&s[0]), 0);
@@ -228,7 +209,7 @@ START_TEST(test_server_down_is_named) {
   ck_assert_msg(strstr(out, addr) && strstr(out, "UNAVAILABLE") && strstr(out, "shard 0"), "%s", out);
   free(out);
   /* Another plan's fingerprint is refused with a clear message. */
-  start_servers(s, 1, "p1.json");
+  servers_start(s, 1, &(servers_opts){.dir = dir, .plan = "p1.json", .data = "p1.json"});
   rc = run_cmd(&out, "cd %s && sed 's/\"seed\": \"11\"/\"seed\": \"12\"/' p1.json > p1b.json && "
                      "grep -q '\"12\"' p1b.json && %s train --processed-data-file d.bin --num-batches 3 "
                      "--plan p1b.json --shard-servers %s",
@@ -240,22 +221,6 @@ START_TEST(test_server_down_is_named) {
 }
 END_TEST
 
-/* (Re)start server k of plan on its own data dir; port NULL: any. */
-static void start_one(test_server *s, int k, const char *plan, const char *port) {
-  char args[1400], log[600];
-  snprintf(args, sizeof args,
-           "--plan '%s/%s' --shard %d --cache-rows 4096 --data-dir '%s/%s.srv%d' --checkpoint-root '%s'%s%s",
-           dir, plan, k, dir, plan, k, dir, port ? " --listen 127.0.0.1:" : "", port ? port : "");
-  snprintf(log, sizeof log, "%s/srv%d.log", dir, k);
-  server_start(s, args, log);
-}
-
-static void kill9(test_server *s) {
-  kill(s->pid, SIGKILL);
-  int st;
-  waitpid(s->pid, &st, 0);
-  s->pid = 0;
-}
 
 /* dir/name, in a static buffer (one at a time). */
 static const char *at(const char *name) {
@@ -287,9 +252,10 @@ static int in_line(const char *line, const char *text) {
 START_TEST(test_server_kill_recovers) {
   char *ref = train("local", "p3r.json", NULL);
   test_server s[3];
-  for (int k = 0; k < 3; k++) start_one(&s[k], k, "p3r.json", NULL);
+  const servers_opts p3r = {.dir = dir, .plan = "p3r.json", .data = "p3r.json"}; /* restarts too */
+  servers_start(s, 3, &p3r);
   char list[256];
-  addr_list(s, 3, list, sizeof list);
+  servers_addrs(s, 3, list, sizeof list);
   pid_t tr = spawn_sh("cd '%s' && exec '%s' train --processed-data-file d.bin --num-batches 40 "
                       "--print-freq 1 --mini-batch-size 64 --optimizer adagrad --learning-rate 0.01 "
                       "--sparse-learning-rate 0.1 --plan p3r.json --metrics-out rec.jsonl "
@@ -302,16 +268,15 @@ START_TEST(test_server_kill_recovers) {
   /* stdout is flushed at every printed step; the metrics file is not. */
   wait_text(log_path, "train  step 14/40 ", 1, tr, 240);
   ck_assert_int_eq(kill(tr, SIGSTOP), 0);
-  kill9(&s[1]);
-  start_one(&s[1], 1, "p3r.json", port[1]);
+  server_restart(&s[1], 1, &p3r);
   ck_assert_int_eq(kill(tr, SIGCONT), 0);
   /* Step 24 comes after the first recovery (steps from 11 on run again). */
   wait_text(log_path, "train  step 24/40 ", 1, tr, 240);
   ck_assert_int_eq(kill(tr, SIGSTOP), 0);
-  kill9(&s[2]);
+  server_kill9(&s[2]);
   ck_assert_int_eq(kill(tr, SIGCONT), 0);
   wait_text(log_path, "restoring every shard server from ", 2, tr, 240);
-  start_one(&s[2], 2, "p3r.json", port[2]);
+  server_start_shard(&s[2], 2, &p3r, port[2]);
   int st = wait_exit(tr, 400);
   for (int k = 0; k < 3; k++) ck_assert_int_eq(server_stop(&s[k]), 0);
   char *log = slurp(log_path);
@@ -352,18 +317,17 @@ END_TEST
  * restart and stops. */
 START_TEST(test_server_lost_without_checkpoint) {
   test_server s[1];
-  start_one(&s[0], 0, "p1.json", NULL);
+  const servers_opts p1 = {.dir = dir, .plan = "p1.json", .data = "p1.json"}; /* the restart too */
+  servers_start(s, 1, &p1);
   /* 40 steps: far more than can run between the printed step 3 and the stop. */
   pid_t tr = spawn_sh("cd '%s' && exec '%s' train --processed-data-file d.bin --num-batches 40 "
                       "--print-freq 1 --plan p1.json --shard-servers %s > nock.out 2>&1",
                       dir, bin_path(), s[0].addr);
-  char port[16], log_path[600];
-  snprintf(port, sizeof port, "%s", strrchr(s[0].addr, ':') + 1);
+  char log_path[600];
   snprintf(log_path, sizeof log_path, "%s", at("nock.out"));
   wait_text(log_path, "train  step 3/40 ", 1, tr, 240);
   ck_assert_int_eq(kill(tr, SIGSTOP), 0);
-  kill9(&s[0]);
-  start_one(&s[0], 0, "p1.json", port);
+  server_restart(&s[0], 0, &p1);
   ck_assert_int_eq(kill(tr, SIGCONT), 0);
   int st = wait_exit(tr, 400);
   ck_assert_int_eq(server_stop(&s[0]), 0);

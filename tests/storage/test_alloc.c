@@ -13,15 +13,18 @@
 #include "storage/kv.h"
 #include "tests/check_main.h"
 #include "tests/common/fail_alloc.h"
+#include "tests/support/files.h"
 
-static char dir[256];
+static char *dir;
 
 static void setup(void) {
-  snprintf(dir, sizeof dir, "%s/sr-kvalloc-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-  ck_assert_ptr_nonnull(mkdtemp(dir));
+  dir = tmpdir_make("kvalloc");
 }
 
-static void teardown(void) { sr_rmtree(dir); }
+static void teardown(void) {
+  sr_rmtree(dir);
+  free(dir);
+}
 
 /* kv_open of path with tables ids[n], its Nth allocation failing for every
  * N it makes; the number of failures seen. */

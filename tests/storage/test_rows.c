@@ -13,6 +13,7 @@
 #include "common/sha256.h"
 #include "common/status.h"
 #include "storage/kv.h"
+#include "tests/support/files.h"
 
 START_TEST(test_row_roundtrip) {
   float v[6] = {1.5f, -2.25f, 3e-8f, -0.0f, 7, 8}, back[6];
@@ -48,8 +49,7 @@ START_TEST(test_row_refusals) {
 END_TEST
 
 START_TEST(test_db_roundtrip) {
-  char dir[] = "/tmp/shardrec-kv-XXXXXX";
-  ck_assert_ptr_nonnull(mkdtemp(dir));
+  char *dir = tmpdir_make("kv");
   char path[256], ck[256], err[512];
   snprintf(path, sizeof path, "%s/db", dir);
   snprintf(ck, sizeof ck, "%s/ck", dir);
@@ -122,6 +122,7 @@ START_TEST(test_db_roundtrip) {
   sr_paths_free(files, nf);
   ck_assert_int_eq(sr_rmtree(dir), 0);
   ck_assert_int_ne(access(dir, F_OK), 0);
+  free(dir);
 }
 END_TEST
 
@@ -130,8 +131,7 @@ END_TEST
  * estimate counts the rows; reading rows back from the files misses the
  * block cache first and hits it after. */
 START_TEST(test_db_figures) {
-  char dir[] = "/tmp/shardrec-kv-XXXXXX";
-  ck_assert_ptr_nonnull(mkdtemp(dir));
+  char *dir = tmpdir_make("kv");
   char path[256], err[512];
   snprintf(path, sizeof path, "%s/db", dir);
   uint32_t ids[2] = {7, 3};
@@ -168,6 +168,7 @@ START_TEST(test_db_figures) {
   ck_assert_uint_gt(f.block_cache_hits, hits0);
   kv_close(db);
   ck_assert_int_eq(sr_rmtree(dir), 0);
+  free(dir);
 }
 END_TEST
 

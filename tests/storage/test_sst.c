@@ -18,15 +18,18 @@
 #include "common/status.h"
 #include "storage/kv.h"
 #include "storage/sst.h"
+#include "tests/support/files.h"
 
-static char dir[64];
+static char *dir;
 
 static void setup(void) {
-  snprintf(dir, sizeof dir, "/tmp/shardrec-sst-XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(dir));
+  dir = tmpdir_make("sst");
 }
 
-static void teardown(void) { sr_rmtree(dir); }
+static void teardown(void) {
+  sr_rmtree(dir);
+  free(dir);
+}
 
 /* Row (dim 2, one state float) of key k from file generation g. */
 static void row_of(uint64_t k, int g, unsigned char out[KV_ROW_HEADER + 12]) {

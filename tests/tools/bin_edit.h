@@ -9,7 +9,7 @@
 #include <zlib.h>
 
 #include "datasets/binfmt.h"
-#include "tests/tools/run.h"
+#include "tests/support/proc.h"
 
 /* Put the 4 bytes v at offsets at, at + stride, ... (count of them) of the
  * bin file path and recompute its data and header CRC32s. */

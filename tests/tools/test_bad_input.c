@@ -10,8 +10,8 @@
 #include "common/fs.h"
 #include "datasets/binfmt.h"
 
+#include "tests/support/proc.h"
 #include "tests/tools/bin_edit.h"
-#include "tests/tools/run.h"
 
 /* Occurrences of text in s. */
 static int count_in(const char *s, const char *text) {
@@ -23,7 +23,7 @@ static int count_in(const char *s, const char *text) {
 /* An empty or all-garbage input converts to nothing: non-zero, "no
  * samples", no output file. */
 START_TEST(test_convert_no_samples) {
-  char *d = make_tmpdir(), *out;
+  char *d = tmpdir_make("test"), *out;
   ck_assert_int_eq(run_cmd(NULL, "cd %s && : > empty.tsv && printf 'x\\ny\\tz\\n' > junk.tsv", d), 0);
   const char *in[] = {"empty.tsv", "junk.tsv"};
   const char *want[] = {"empty.tsv: no samples (0 lines, 0 malformed)",
@@ -195,7 +195,7 @@ START_TEST(test_number_syntax) {
       {"plan", "--table-sizes 5,+7 --out none.json", "--table-sizes: entry 2: '+7' is not an integer"},
       {"train", "--metrics-listen '127.0.0.1: 80'", "--metrics-listen '127.0.0.1: 80' is not HOST:PORT"},
   };
-  char *d = make_tmpdir();
+  char *d = tmpdir_make("test");
   for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
     char *out;
     int rc = run_cmd(&out, "cd %s && %s %s %s", d, bin_path(), c[i].cmd, c[i].args);

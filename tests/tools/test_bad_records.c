@@ -10,8 +10,8 @@
 
 #include <math.h>
 
+#include "tests/support/proc.h"
 #include "tests/tools/bin_edit.h"
-#include "tests/tools/run.h"
 
 #define REC 160u /* one-hot, 32-bit ids: f32 label, f32 dense[13], u32 ids[26] */
 #define H_FLAGS 12u

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "tests/tools/run.h"
+#include "tests/support/proc.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define UNDER_ASAN 1
@@ -26,7 +26,7 @@
 static char *dir;
 
 static void setup_data(void) {
-  dir = make_tmpdir();
+  dir = tmpdir_make("test");
   char *out;
   /* Small data for resume tests; uniform ids over 26 tables of 2M rows
    * (modulo ids, no dictionary) for the bounded-memory test. */

@@ -4,7 +4,7 @@
 
 #include "tests/check_main.h"
 
-#include "tests/tools/run.h"
+#include "tests/support/proc.h"
 
 START_TEST(test_help_lists_commands) {
   char *out;

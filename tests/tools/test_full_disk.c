@@ -11,9 +11,9 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 
-#include "tests/tools/run.h"
+#include "tests/support/proc.h"
 
-static char base[64]; /* the mount points' folder, made by main */
+static char *base; /* the mount points' folder, made by main */
 
 /* A tmpfs of size bytes at base/name (returned, static). */
 static const char *mount_small(const char *name, const char *size) {
@@ -149,8 +149,7 @@ int main(void) {
     printf("skipped: the full-disk cases mount a tmpfs (root only)\n");
     return 77;
   }
-  snprintf(base, sizeof base, "/tmp/shardrec-full-XXXXXX");
-  if (!mkdtemp(base)) return EXIT_FAILURE;
+  if (!(base = tmpdir_new("full"))) return EXIT_FAILURE;
   Suite *s = suite_create("full_disk");
   TCase *tc = tcase_create("full_disk");
   tcase_set_timeout(tc, 120);
@@ -170,5 +169,6 @@ int main(void) {
     rmdir(dir);
   }
   rmdir(base);
+  free(base);
   return rc;
 }

@@ -11,12 +11,12 @@
 #include "tests/check_main.h"
 
 #include "tests/metrics/http_get.h"
-#include "tests/rpc/server.h"
+#include "tests/support/servers.h"
 
 static char *dir;
 
 static void setup(void) {
-  dir = make_tmpdir();
+  dir = tmpdir_make("test");
   char *out;
   int rc = run_cmd(&out, "cd %s && %s datagen --rows 5000 --seed 3 --multi-hot-sizes mlperf --cross-terms 2 "
                          "--out d.tsv && %s convert --test-fraction 0.1 d.tsv d.bin && "

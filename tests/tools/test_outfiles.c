@@ -6,7 +6,7 @@
 #include <check.h>
 
 #include "tests/check_main.h"
-#include "tests/tools/run.h"
+#include "tests/support/proc.h"
 
 /* Each command with a folder where one of its files goes: the folder's
  * name, the command line (%s: the binary), what must not appear in its
@@ -64,7 +64,7 @@ END_TEST
 /* datagen's three files, plain and gzipped, land under their names with no
  * temporary beside them, the gzipped TSV holding the plain one's bytes. */
 START_TEST(test_datagen_no_temporaries) {
-  char *d = make_tmpdir(), *out;
+  char *d = tmpdir_make("test"), *out;
   ck_assert_int_eq(run_cmd(&out, "cd %s && %s datagen --rows 3000 --seed 4 --out a.tsv && "
                                  "%s datagen --rows 3000 --seed 4 --gzip --out b.tsv.gz && ls",
                            d, bin_path(), bin_path()), 0);

@@ -19,7 +19,7 @@
 #include <sys/stat.h>
 
 #include "tests/check_main.h"
-#include "tests/tools/run.h"
+#include "tests/support/proc.h"
 
 static char *data; /* datagen, convert, two plans, a checkpoint folder, two metrics files */
 

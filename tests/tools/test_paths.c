@@ -12,7 +12,7 @@
 
 #include "common/fs.h"
 #include "tests/check_main.h"
-#include "tests/tools/run.h"
+#include "tests/support/proc.h"
 
 static char *dir;
 

@@ -13,7 +13,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
-#include "tests/tools/run.h"
+#include "tests/support/proc.h"
 
 /* 2700 train samples, 43 steps an epoch: the 150 steps cross epochs (and
  * their test passes at 43, 86 and 129); lines every 5 steps, a test pass

@@ -7,12 +7,12 @@
 #include "tests/check_main.h"
 #include <math.h>
 
-#include "tests/tools/run.h"
+#include "tests/support/proc.h"
 
 static char *dir;
 
 static void setup_data(void) {
-  dir = make_tmpdir();
+  dir = tmpdir_make("test");
   char *out;
   int rc = run_cmd(&out, "cd %s && %s datagen --rows 20000 --seed 3 --out d.tsv && "
                          "%s convert --test-fraction 0.1 d.tsv d.bin", dir, bin_path(), bin_path());

@@ -7,12 +7,12 @@
 #include "tests/check_main.h"
 #include <math.h>
 
-#include "tests/tools/run.h"
+#include "tests/support/proc.h"
 
 START_TEST(test_auc_near_oracle) {
   const char *rows = getenv("QUALITY_ROWS") ? getenv("QUALITY_ROWS") : "300000";
   double tol = getenv("QUALITY_TOL") ? atof(getenv("QUALITY_TOL")) : 0.02;
-  char *dir = make_tmpdir(), *out;
+  char *dir = tmpdir_make("test"), *out;
   int rc = run_cmd(&out, "cd %s && %s datagen --rows %s --seed 11 --test-fraction 0.1 --out d.tsv && "
                          "%s convert --test-fraction 0.1 d.tsv d.bin && rm d.tsv && "
                          "%s train --processed-data-file d.bin --oracle d.tsv.summary.json "
@@ -61,7 +61,7 @@ static double dcn_test_auc(const char *dir, const char *op) {
 }
 
 START_TEST(test_dcn_beats_dot) {
-  char *dir = make_tmpdir(), *out;
+  char *dir = tmpdir_make("test"), *out;
   int rc = run_cmd(&out, "cd %s && %s datagen --rows 100000 --seed 11 " DCN_DATAGEN_FLAGS
                          " --out d.tsv && %s convert --test-fraction 0.1 d.tsv d.bin && rm d.tsv",
                    dir, bin_path(), bin_path());

@@ -10,22 +10,26 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tests/tools/run.h"
+#include "tests/support/proc.h"
 
-/* Make dir (a mkdtemp template, filled in) and DIR/d.bin with the binary
- * $SHARDREC_BIN. 0, or -1 with what failed on stderr under suite's name. */
-static inline int e2e_data_make(const char *suite, char *dir, long rows, int seed) {
+/* A new folder /tmp/shardrec-TAG-XXXXXX (returned, malloc'd) and in it
+ * d.bin, made with the binary $SHARDREC_BIN. NULL with what failed on
+ * stderr under suite's name. Plain C: for a suite's main. */
+static inline char *e2e_data_make(const char *suite, const char *tag, long rows, int seed) {
   const char *bin = getenv("SHARDREC_BIN");
-  if (!bin || !mkdtemp(dir)) {
+  char *dir = bin ? tmpdir_new(tag) : NULL;
+  if (!dir) {
     fprintf(stderr, "%s: SHARDREC_BIN unset (run through ctest) or no temporary folder\n", suite);
-    return -1;
+    return NULL;
   }
   char cmd[2048];
   snprintf(cmd, sizeof cmd,
            "cd %s && (%s datagen --rows %ld --seed %d --out d.tsv && %s convert "
            "--test-fraction 0.1 d.tsv d.bin && rm d.tsv) > prep.log 2>&1 || (cat prep.log >&2; exit 1)",
            dir, bin, rows, seed, bin);
-  return system(cmd) == 0 ? 0 : -1;
+  if (system(cmd) == 0) return dir;
+  free(dir);
+  return NULL;
 }
 
 /* The metrics file at path with the rates cut out (all that threads or
@@ -47,11 +51,13 @@ static inline char *e2e_bits_of(const char *path) {
   return out;
 }
 
-/* Remove what e2e_data_make made. */
-static inline void e2e_data_remove(const char *dir) {
+/* Remove what e2e_data_make made (nothing if dir is NULL) and free dir. */
+static inline void e2e_data_remove(char *dir) {
+  if (!dir) return;
   char cmd[2048];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+  free(dir);
 }
 
 #endif

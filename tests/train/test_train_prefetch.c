@@ -21,10 +21,10 @@
 #include <string.h>
 
 #include "tests/check_main.h"
-#include "tests/tools/run.h"
+#include "tests/support/proc.h"
 #include "tests/train/e2e_data.h"
 
-static char dir[] = "/tmp/shardrec-prefetch-XXXXXX";
+static char *dir; /* made in main */
 
 #define FLAGS                                                                            \
   "--processed-data-file d.bin --mini-batch-size 256 --nepochs 2 --num-batches 60 "      \
@@ -143,7 +143,7 @@ END_TEST
 
 int main(void) {
   int rc = 1;
-  if (e2e_data_make("test_train_prefetch", dir, 12000, 3) == 0) {
+  if ((dir = e2e_data_make("test_train_prefetch", "prefetch", 12000, 3))) {
     Suite *s = suite_create("train_prefetch");
     TCase *tc = tcase_create("e2e");
     tcase_set_timeout(tc, 600);

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "tests/check_main.h"
-#include "tests/tools/run.h"
+#include "tests/support/proc.h"
 #include "tests/train/e2e_data.h"
 
 #define STEPS 64
@@ -19,7 +19,7 @@
 #define SMALL "--arch-mlp-bot 13-64-16 --arch-mlp-top 128-1"
 #define DCN SMALL " --arch-interaction-op dcn --dcn-num-layers 2 --dcn-low-rank-dim 64"
 
-static char dir[] = "/tmp/shardrec-threads-XXXXXX";
+static char *dir; /* made in main */
 
 /* Train with th dense threads (OPENBLAS_NUM_THREADS=blas), metrics in
  * NAME.jsonl and the test predictions in NAME.pred. */
@@ -137,7 +137,7 @@ END_TEST
 
 int main(void) {
   int rc = 1;
-  if (e2e_data_make("test_train_threads", dir, 40000, 4) == 0) {
+  if ((dir = e2e_data_make("test_train_threads", "threads", 40000, 4))) {
     Suite *s = suite_create("train_threads");
     TCase *tc = tcase_create("threads");
     tcase_set_timeout(tc, 300);

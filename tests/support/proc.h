@@ -1,10 +1,10 @@
-/* Helpers for tests that run the shardrec binary (SHARDREC_BIN) in a shell,
- * and for tests that act on a running one from outside: start it in the
- * background (spawn_sh), wait for a line in its output or metrics
- * (wait_text), find an MPI rank's process (mpi_rank_pid), stop, continue or
- * kill it by signal, wait for it to end (wait_exit). */
-#ifndef SHARDREC_TESTS_TOOLS_RUN_H
-#define SHARDREC_TESTS_TOOLS_RUN_H
+/* Processes for tests: run the shardrec binary (SHARDREC_BIN) in a shell
+ * (run_cmd, make_data_dir), and act on a running one from outside: start it
+ * in the background (spawn_sh), wait for a line in its output or metrics
+ * (wait_text), find an MPI rank's process (mpi_rank_pid), kill it
+ * (proc_kill9), wait for it to end (wait_exit). */
+#ifndef SHARDREC_TESTS_SUPPORT_PROC_H
+#define SHARDREC_TESTS_SUPPORT_PROC_H
 
 #include <check.h>
 #include <dirent.h>
@@ -17,6 +17,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "tests/support/files.h"
 
 static inline double test_now(void) {
   struct timespec ts;
@@ -58,15 +60,9 @@ static inline int run_cmd(char **out, const char *fmt, ...) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
-static inline char *make_tmpdir(void) {
-  char *d = strdup("/tmp/shardrec-test-XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(d));
-  return d;
-}
-
-/* A new temporary folder (returned, malloc'd) holding rows generated lines
- * (datagen --seed seed, d.tsv) converted with the last 10% as the test
- * split (d.bin); then the shell command then_fmt (printf-style; NULL:
+/* A new temporary folder (tmpdir_make("test"); returned, malloc'd)
+ * holding rows generated lines (datagen --seed seed, d.tsv) converted with
+ * the last 10% as the test split (d.bin); then the shell command then_fmt (printf-style; NULL:
  * none) run there. Asserts that all of it succeeded. */
 __attribute__((format(printf, 3, 4))) static inline char *make_data_dir(int rows, int seed,
                                                                         const char *then_fmt, ...) {
@@ -77,42 +73,13 @@ __attribute__((format(printf, 3, 4))) static inline char *make_data_dir(int rows
     vsnprintf(then, sizeof then, then_fmt, ap);
     va_end(ap);
   }
-  char *d = make_tmpdir(), *out;
+  char *d = tmpdir_make("test"), *out;
   int rc = run_cmd(&out, "cd %s && %s datagen --rows %d --seed %d --out d.tsv && "
                          "%s convert --test-fraction 0.1 d.tsv d.bin%s%s",
                    d, bin_path(), rows, seed, bin_path(), *then ? " && " : "", then);
   ck_assert_msg(rc == 0, "data preparation failed: %s", out);
   free(out);
   return d;
-}
-
-/* Read a whole file into a malloc'd string; NULL if it cannot be read. */
-static inline char *slurp(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = malloc((size_t)n + 1);
-  size_t got = fread(s, 1, (size_t)n, f);
-  s[got] = 0;
-  fclose(f);
-  return s;
-}
-
-/* Value after `key` in text (e.g. "auc "), as a double; NAN if absent. */
-static inline double find_num(const char *text, const char *key) {
-  const char *p = strstr(text, key);
-  return p ? strtod(p + strlen(key), NULL) : __builtin_nan("");
-}
-
-/* Occurrences of text in the file at path (0 if it cannot be read). */
-static inline int file_count(const char *path, const char *text) {
-  char *s = slurp(path);
-  int n = 0;
-  for (const char *p = s; p && (p = strstr(p, text)); p += strlen(text)) n++;
-  free(s);
-  return n;
 }
 
 /* Start the shell command (printf-style) in the background: sh -c, with
@@ -164,6 +131,14 @@ static inline int wait_exit(pid_t pid, double secs) {
   kill(pid, SIGKILL);
   waitpid(pid, &st, 0);
   return -1;
+}
+
+/* SIGKILL the child pid and reap it. Its wait status. */
+static inline int proc_kill9(pid_t pid) {
+  int st = 0;
+  kill(pid, SIGKILL);
+  waitpid(pid, &st, 0);
+  return st;
 }
 
 /* Parent pid of pid from /proc/PID/stat; 0 if it cannot be read. */

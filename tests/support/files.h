@@ -1,0 +1,75 @@
+/* Files for tests: a new temporary folder (tmpdir_new, tmpdir_make), a
+ * whole file read back (slurp_file, slurp), what a text file holds
+ * (file_count, find_num). One copy of each, for every suite. */
+#ifndef SHARDREC_TESTS_SUPPORT_FILES_H
+#define SHARDREC_TESTS_SUPPORT_FILES_H
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A new folder shardrec-TAG-XXXXXX (mkdtemp) in $TMPDIR, or in /tmp where
+ * TMPDIR is not set. Its name, malloc'd (caller frees); NULL if it could
+ * not be made (errno says why). Plain C, no Check assertion: usable in a
+ * suite's main before the cases fork. */
+static inline char *tmpdir_new(const char *tag) {
+  const char *base = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+  size_t n = strlen(base) + strlen("/shardrec--XXXXXX") + strlen(tag) + 1;
+  char *d = malloc(n);
+  if (!d) return NULL;
+  snprintf(d, n, "%s/shardrec-%s-XXXXXX", base, tag);
+  if (!mkdtemp(d)) {
+    free(d);
+    return NULL;
+  }
+  return d;
+}
+
+/* Inside a test: tmpdir_new, failing the test when no folder is made. */
+static inline char *tmpdir_make(const char *tag) {
+  char *d = tmpdir_new(tag);
+  ck_assert_msg(d != NULL, "no temporary folder shardrec-%s-XXXXXX", tag);
+  return d;
+}
+
+/* The whole file at path in a malloc'd buffer with a NUL after its bytes
+ * (caller frees); its size in *len (len may be NULL). A file that cannot
+ * be opened or read whole gives NULL, or with must (inside a test) fails
+ * the test naming the file. */
+static inline char *slurp_file(const char *path, size_t *len, int must) {
+  FILE *f = fopen(path, "rb");
+  char *s = NULL;
+  long n = -1;
+  if (f && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+      (s = malloc((size_t)n + 1)) != NULL && fread(s, 1, (size_t)n, f) != (size_t)n) {
+    free(s);
+    s = NULL;
+  }
+  if (f) fclose(f);
+  if (must) ck_assert_msg(s != NULL, "%s: cannot read it whole", path);
+  if (!s) return NULL;
+  s[n] = 0;
+  if (len) *len = (size_t)n;
+  return s;
+}
+
+/* The text of the file at path (caller frees); NULL if it cannot be read. */
+static inline char *slurp(const char *path) { return slurp_file(path, NULL, 0); }
+
+/* Value after `key` in text (e.g. "auc "), as a double; NAN if absent. */
+static inline double find_num(const char *text, const char *key) {
+  const char *p = strstr(text, key);
+  return p ? strtod(p + strlen(key), NULL) : __builtin_nan("");
+}
+
+/* Occurrences of text in the file at path (0 if it cannot be read). */
+static inline int file_count(const char *path, const char *text) {
+  char *s = slurp(path);
+  int n = 0;
+  for (const char *p = s; p && (p = strstr(p, text)); p += strlen(text)) n++;
+  free(s);
+  return n;
+}
+
+#endif
