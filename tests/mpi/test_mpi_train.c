@@ -14,12 +14,13 @@
  *     run.
  * The same with the shards colocated in the ranks (--colocate-shards):
  * equivalence and reruns, the 300k epoch, async vs sync and resume, is
- * tests/dp/test_dp_train.c; the helpers both use are tests/mpi/dp_run.h. */
+ * tests/train/test_dp_train.c; the helpers both use are
+ * tests/support/dp_run.h. */
 #include <check.h>
 #include <math.h>
 
 #include "tests/check_main.h"
-#include "tests/mpi/dp_run.h"
+#include "tests/support/dp_run.h"
 
 #define ARCH "--arch-mlp-bot 13-32-16 --arch-mlp-top 64-1"
 /* Training this small ReLU model is chaotic at the 1e-7 level: a one-rank
@@ -117,7 +118,7 @@ END_TEST
 
 /* Against fresh servers for each run (the resumed run's servers restore
  * their shards from the checkpoint). The colocated variant is
- * tests/dp/test_dp_train.c (resume: rows in memory and in RocksDB). */
+ * tests/train/test_dp_train.c (resume: rows in memory and in RocksDB). */
 START_TEST(test_checkpoint_resume_np2) {
   char *out;
   const char *ex = "--mini-batch-size 128 --num-batches 60 " HYPER;

@@ -1,8 +1,9 @@
-/* Shared by the predict suites: one data folder per suite, trainings that
- * leave a checkpoint and the trainer's own test predictions
- * (train --test-pred-out), and small file helpers. */
-#ifndef SHARDREC_TESTS_PREDICT_COMMON_H
-#define SHARDREC_TESTS_PREDICT_COMMON_H
+/* Shared by the scoring suites (test_predict.c, test_predict_serve.c): one
+ * data folder per suite, trainings that leave a checkpoint and the
+ * trainer's own test predictions (train --test-pred-out), and small file
+ * helpers. */
+#ifndef SHARDREC_TESTS_SCORE_COMMON_H
+#define SHARDREC_TESTS_SCORE_COMMON_H
 
 #include <check.h>
 #include <stdio.h>

@@ -19,13 +19,13 @@
  *   - bench: `shardrec bench dp` on a small set prints its table.
  * The same against shard servers (--shard-servers: equivalence over a
  * whole epoch, the 300k epoch, resume, the refusals) is tests/mpi/
- * test_mpi_train.c; the helpers both use are tests/mpi/dp_run.h. */
+ * test_mpi_train.c; the helpers both use are tests/support/dp_run.h. */
 #include <check.h>
 #include <math.h>
 #include <sys/stat.h>
 
 #include "tests/check_main.h"
-#include "tests/mpi/dp_run.h"
+#include "tests/support/dp_run.h"
 
 #define ARCH "--arch-mlp-bot 13-64-16 --arch-mlp-top 64-1"
 #define HYPER DP_HYPER

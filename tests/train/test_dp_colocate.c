@@ -1,4 +1,4 @@
-/* train/colocate.c through colo_prog (tests/dp/colo_prog.c) under a real
+/* train/colocate.c through colo_prog (tests/train/colo_prog.c) under a real
  * `mpirun -np 3` and alone without MPI:
  *   - 5 shards over 3 ranks: every rank gets the same 5 addresses, all
  *     different; each answers Stats with exactly its shard; shard k's

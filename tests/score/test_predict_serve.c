@@ -13,7 +13,7 @@
 #include "embedding/store.h"
 #include "rpc/client.h"
 #include "tests/check_main.h"
-#include "tests/predict/common.h"
+#include "tests/score/common.h"
 #include "tests/support/servers.h"
 
 #define N_TEST 1000

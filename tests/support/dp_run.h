@@ -1,6 +1,6 @@
 /* Helpers shared by the suites that run data-parallel `shardrec train`
  * jobs under a real mpirun and compare their per-step losses
- * (tests/mpi/test_mpi_train.c: against shard servers; tests/dp/
+ * (tests/mpi/test_mpi_train.c: against shard servers; tests/train/
  * test_dp_train.c: with colocated shards).
  *
  * The contract: one temporary folder per suite (dp_dir), made with its
@@ -11,8 +11,8 @@
  * shape (the ARCH flags) and the flags of its deployment (--shard-servers
  * or --colocate-shards) to these helpers; nothing here knows which one it
  * is. */
-#ifndef SHARDREC_TESTS_MPI_DP_RUN_H
-#define SHARDREC_TESTS_MPI_DP_RUN_H
+#ifndef SHARDREC_TESTS_SUPPORT_DP_RUN_H
+#define SHARDREC_TESTS_SUPPORT_DP_RUN_H
 
 #include <check.h>
 #include <math.h>

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "tests/check_main.h"
-#include "tests/predict/common.h"
+#include "tests/score/common.h"
 
 /* 1000 test samples (10% of 10000 lines). */
 #define N_TEST 1000
