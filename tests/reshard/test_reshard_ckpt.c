@@ -33,7 +33,7 @@ static const uint64_t ROWS[T] = {200, 50, 300};
 static const size_t TOUCHED[T] = {60, 25, 90}; /* rows 0, 2, 4, ... pushed */
 #define DIM 4
 
-static char dir[256];
+static char *dir;
 
 _Static_assert(T == FX_NT, "fx_plan makes FX_NT tables");
 
@@ -110,8 +110,7 @@ static void make_ckpt(const char *name, int rocks, const emb_plan *p2) {
 }
 
 static void setup(void) {
-  snprintf(dir, sizeof dir, "/tmp/shardrec-reshard-ckpt-XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(dir));
+  dir = tmpdir_make("reshard-ckpt");
   emb_plan *p2 = make_plan(2, 0), *p3 = make_plan(3, 1);
   char path[512];
   char *canon = emb_plan_canonical(p3, 1);
@@ -132,7 +131,10 @@ static void setup(void) {
   emb_plan_free(other);
 }
 
-static void teardown(void) { sr_rmtree(dir); }
+static void teardown(void) {
+  sr_rmtree(dir);
+  free(dir);
+}
 
 static int path_exists(const char *rel) {
   char p[600];

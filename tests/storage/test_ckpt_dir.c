@@ -19,16 +19,19 @@
 #include "common/status.h"
 #include "storage/ckpt_dir.h"
 #include "storage/kv.h"
+#include "tests/support/files.h"
 
-static char dir[64], root[128];
+static char *dir, root[128];
 
 static void setup(void) {
-  snprintf(dir, sizeof dir, "/tmp/shardrec-ckdir-XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(dir));
+  dir = tmpdir_make("ckdir");
   snprintf(root, sizeof root, "%s/a/b", dir); /* created by ckpt_dir_begin */
 }
 
-static void teardown(void) { sr_rmtree(dir); }
+static void teardown(void) {
+  sr_rmtree(dir);
+  free(dir);
+}
 
 static void put(const char *path, const char *text) {
   FILE *f = fopen(path, "w");

@@ -17,18 +17,19 @@
 #include "tests/check_main.h"
 #include "storage/ckpt_dir.h"
 #include "train/job_impl.h"
+#include "tests/support/files.h"
 
-static char dir[256];
+static char *dir;
 
 static void setup(void) {
-  snprintf(dir, sizeof dir, "%s/sr-train-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-  ck_assert_ptr_nonnull(mkdtemp(dir));
+  dir = tmpdir_make("train");
 }
 
 static void teardown(void) {
   char cmd[512];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   ck_assert_int_eq(system(cmd), 0);
+  free(dir);
 }
 
 /* A batch of n samples whose every field says which sample it is: label
