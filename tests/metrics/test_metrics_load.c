@@ -201,8 +201,7 @@ START_TEST(test_slow_clients_do_not_stall) {
     if (loaded) load_stop(&ls), load_stop(&lt);
   }
   fclose(mf);
-  kill(tr, SIGKILL);
-  wait_exit(tr, 30);
+  proc_kill9(tr);
   ck_assert_msg(ns[0] > 50 && ns[1] > 50, "steps seen: %d, %d", ns[0], ns[1]);
   /* The Lookup p99: blocks of Lookups, with and without the load in turn;
    * each block's p99, and each kind's median of them (a burst of the

@@ -209,8 +209,7 @@ START_TEST(test_prometheus_scrapes_serve_and_train) {
                 "loss %.17g at step %g is not in %s", loss, step, p_m);
   ck_assert(prom_value("shardrec_train_lookup_bytes_total", NULL, NULL, 0) > 0);
   ck_assert(prom_value("process_resident_memory_bytes{job=\"train\"}", NULL, NULL, 0) > 1e6);
-  kill(tr, SIGKILL);
-  wait_exit(tr, 30);
+  proc_kill9(tr);
 
   /* The server, now idle: Prometheus' figures equal its Stats. */
   Shardrec__V1__StatsResponse *a = calls_stats(addr);

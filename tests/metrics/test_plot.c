@@ -47,14 +47,8 @@ static void write_run(const char *name, double a) {
 static unsigned char *png_check(const char *name, int w, int h, size_t *len) {
   char p[512];
   snprintf(p, sizeof p, "%s/%s", g_dir, name);
-  FILE *f = fopen(p, "rb");
-  ck_assert_msg(f != NULL, "%s was not written", p);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  unsigned char *b = malloc((size_t)n);
-  ck_assert_int_eq(fread(b, 1, (size_t)n, f), n);
-  fclose(f);
+  size_t n;
+  unsigned char *b = (unsigned char *)slurp_file(p, &n, 1); /* fails the test if not written */
   static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
   ck_assert_int_gt(n, 33);
   ck_assert_int_eq(memcmp(b, sig, 8), 0);
@@ -63,7 +57,7 @@ static unsigned char *png_check(const char *name, int w, int h, size_t *len) {
   uint32_t ph = (uint32_t)b[20] << 24 | (uint32_t)b[21] << 16 | (uint32_t)b[22] << 8 | b[23];
   ck_assert_uint_eq(pw, (uint32_t)w);
   ck_assert_uint_eq(ph, (uint32_t)h);
-  *len = (size_t)n;
+  *len = n;
   return b;
 }
 

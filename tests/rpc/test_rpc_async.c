@@ -373,8 +373,7 @@ START_TEST(test_rank_death) {
   ck_assert(!b.done);
   /* Rank 0 dies. */
   double t0 = test_now();
-  kill(child, SIGKILL);
-  waitpid(child, &wst, 0);
+  proc_kill9(child);
   s = wait_dropped();
   double waited = test_now() - t0;
   ck_assert_msg(s.dropped_steps == 1, "dropped_steps %llu", (unsigned long long)s.dropped_steps);
@@ -457,9 +456,7 @@ START_TEST(test_rank_death_watch) {
   ck_assert_uint_eq(s.pending_pushes, 1);
   calls_wait_parked(srv.addr, 0, 1, 60); /* rank 1's Watch is held: its death will be heard */
   double t0 = test_now();
-  kill(child, SIGKILL);
-  int wst;
-  waitpid(child, &wst, 0);
+  proc_kill9(child);
   close(go[1]);
   s = wait_dropped();
   double waited = test_now() - t0;
