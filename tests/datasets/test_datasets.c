@@ -16,20 +16,19 @@
 #include "datasets/convert.h"
 #include "datasets/criteo.h"
 #include "datasets/source.h"
+#include "tests/support/files.h"
 
 /* ---- helpers ---- */
 
-static char tmpdir[256];
+static char *tmpdir;
 
-static void setup(void) {
-  snprintf(tmpdir, sizeof tmpdir, "/tmp/sr_ds_XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(tmpdir));
-}
+static void setup(void) { tmpdir = tmpdir_make("ds"); }
 
 static void teardown(void) {
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
   if (system(cmd)) {}
+  free(tmpdir);
 }
 
 static const char *tpath(const char *name) {
@@ -900,15 +899,10 @@ START_TEST(test_int32_layout) {
 END_TEST
 
 static void copy_trunc(const char *from, const char *to, long cut, long flip_at) {
-  FILE *f = fopen(from, "rb");
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *buf = malloc((size_t)n);
-  ck_assert_int_eq((long)fread(buf, 1, (size_t)n, f), n);
-  fclose(f);
+  size_t n;
+  char *buf = slurp_file(from, &n, 1);
   if (flip_at >= 0) buf[flip_at] ^= 0x10;
-  write_file(to, buf, (size_t)(n - cut));
+  write_file(to, buf, n - (size_t)cut);
   free(buf);
 }
 
@@ -994,14 +988,8 @@ END_TEST
 /* A copy of the bin file from with n bytes of p at offset at, and every
  * checksum recomputed, as an editor that knows the format would leave it. */
 static void edit_bin(const char *from, const char *to, uint64_t at, const void *p, size_t n) {
-  FILE *f = fopen(from, "rb");
-  ck_assert_ptr_nonnull(f);
-  fseek(f, 0, SEEK_END);
-  long size = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  unsigned char *buf = malloc((size_t)size);
-  ck_assert_int_eq((long)fread(buf, 1, (size_t)size, f), size);
-  fclose(f);
+  size_t size;
+  unsigned char *buf = (unsigned char *)slurp_file(from, &size, 1);
   memcpy(buf + at, p, n);
   uint64_t doff, dbytes, xoff, xbytes;
   memcpy(&xoff, buf + 72, 8);

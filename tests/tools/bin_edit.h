@@ -15,13 +15,8 @@
  * bin file path and recompute its data and header CRC32s. */
 static inline void edit_bin_each(const char *path, uint64_t at, uint64_t stride, uint64_t count,
                                  const void *v) {
-  char *f = slurp(path);
-  ck_assert_ptr_nonnull(f);
-  FILE *fp = fopen(path, "rb");
-  fseek(fp, 0, SEEK_END);
-  long size = ftell(fp);
-  fclose(fp);
-  unsigned char *b = (unsigned char *)f;
+  size_t size;
+  unsigned char *b = (unsigned char *)slurp_file(path, &size, 1);
   for (uint64_t i = 0; i < count; i++) {
     ck_assert(at + i * stride + 4 <= (uint64_t)size);
     memcpy(b + at + i * stride, v, 4);
@@ -33,10 +28,10 @@ static inline void edit_bin_each(const char *path, uint64_t at, uint64_t stride,
   memcpy(b + 108, &c, 4);
   c = (uint32_t)crc32(0, b, DS_BIN_HEADER_SIZE - 4);
   memcpy(b + DS_BIN_HEADER_SIZE - 4, &c, 4);
-  fp = fopen(path, "wb");
-  ck_assert_int_eq((long)fwrite(b, 1, (size_t)size, fp), size);
+  FILE *fp = fopen(path, "wb");
+  ck_assert_uint_eq(fwrite(b, 1, size, fp), size);
   fclose(fp);
-  free(f);
+  free(b);
 }
 
 /* Put 4 bytes at offset at of the bin file path and recompute its data and
