@@ -25,8 +25,9 @@
 
 #include "common/fs.h"
 #include "common/status.h"
+#include "tests/support/files.h"
 
-static char tmp[64], root[SR_PATH_MAX];
+static char *tmp, root[SR_PATH_MAX];
 
 static void sh(const char *cmd) {
   if (system(cmd) != 0) abort();
@@ -36,8 +37,7 @@ static void cleanup(void) { sr_rmtree(tmp); }
 
 static void init_once(void) {
   if (root[0]) return;
-  snprintf(tmp, sizeof tmp, "/tmp/fuzz-confine-XXXXXX");
-  if (!mkdtemp(tmp)) abort();
+  if (!(tmp = tmpdir_new("fuzz-confine"))) abort();
   atexit(cleanup); /* libFuzzer ends with exit() */
   char cmd[1024];
   snprintf(cmd, sizeof cmd,
