@@ -164,9 +164,9 @@ START_TEST(test_copytree) {
   ck_assert_int_eq(stat(p, &a), 0);
   ck_assert_int_eq(stat(q, &b), 0);
   ck_assert_uint_ne(a.st_ino, b.st_ino); /* a copy */
-  ck_assert_str_eq(slurp(q), "manifest");
+  file_text_is(q, "manifest");
   sr_path(q, sizeof q, "%s/sub/x", dst);
-  ck_assert_str_eq(slurp(q), "nested");
+  file_text_is(q, "nested");
   /* dst must not exist */
   ck_assert_int_eq(sr_copytree(src, dst, err, sizeof err), SR_EIO);
   ck_assert_ptr_nonnull(strstr(err, dst));
@@ -183,7 +183,7 @@ START_TEST(test_copy_file) {
   sr_path(p, sizeof p, "%s/one", root);
   sr_path(q, sizeof q, "%s/two", root);
   ck_assert_msg(sr_copy_file(p, q, err, sizeof err) == 0, "%s", err);
-  ck_assert_str_eq(slurp(q), "hello");
+  file_text_is(q, "hello");
   ck_assert_int_eq(sr_copy_file(p, q, err, sizeof err), SR_EIO); /* exists */
   ck_assert_ptr_nonnull(strstr(err, q));
   sr_path(p, sizeof p, "%s/none", root);

@@ -57,6 +57,14 @@ static inline char *slurp_file(const char *path, size_t *len, int must) {
 /* The text of the file at path (caller frees); NULL if it cannot be read. */
 static inline char *slurp(const char *path) { return slurp_file(path, NULL, 0); }
 
+/* The file at path holds exactly the text want (fails the test naming the
+ * file otherwise). */
+static inline void file_text_is(const char *path, const char *want) {
+  char *got = slurp_file(path, NULL, 1);
+  ck_assert_msg(!strcmp(got, want), "%s: holds '%s', not '%s'", path, got, want);
+  free(got);
+}
+
 /* Value after `key` in text (e.g. "auc "), as a double; NAN if absent. */
 static inline double find_num(const char *text, const char *key) {
   const char *p = strstr(text, key);
