@@ -436,7 +436,7 @@ static int req_decode(rpc_scratch *x, int push, int n_tables, size_t max_ids, co
       /* More tables than the plan has: one is given twice (or is not the
        * plan's), refused before the scratch grows with the entries. */
       if (nt == (size_t)n_tables)
-        return wire_bad(&d, w.at, field, "more tables than the plan's (a table appears w.at most once)");
+        return wire_bad(&d, w.at, field, "more tables than the plan's (a table appears at most once)");
       if (rpc__scratch_tables(x, nt + 1)) return scratch_nomem(r);
       if (table_walk(&d, nt, push, w.val, w.val + w.n, &x->scan[nt])) return -1;
       nt++;
