@@ -12,6 +12,7 @@
 
 #include "common/auc.h"
 #include "common/fs.h"
+#include "common/num.h"
 #include "common/outfile.h"
 #include "common/progress.h"
 #include "common/rng.h"
@@ -495,15 +496,22 @@ int dg_bag_sizes_parse(const char *text, int *sizes, char *err, size_t errlen) {
   }
   const char *p = text;
   for (int j = 0; j < DG_NUM_CAT; j++) {
-    char *end;
-    errno = 0;
-    long v = strtol(p, &end, 10);
-    if (end == p || errno || (*end && *end != ',') || *p == '-' || *p == '+' || *p == ' ') {
+    const char *end = strchr(p, ',');
+    if (!end) end = p + strlen(p);
+    long long v;
+    int rc = sr_num_int(p, (size_t)(end - p), &v);
+    if (rc == SR_EINVAL) {
       if (err) sr_fmt(err, errlen, "size %d (C%d) is not an integer", j + 1, j + 1);
       return SR_EINVAL;
     }
+    if (rc) { /* beyond a long long */
+      if (err) sr_fmt(err, errlen, "size %d (C%d) '%.*s' is out of range [1, %d]", j + 1, j + 1,
+                      (int)(end - p), p, DG_MAX_HOT);
+      return SR_EINVAL;
+    }
     if (v < 1 || v > DG_MAX_HOT) {
-      if (err) sr_fmt(err, errlen, "size %d (C%d) is %ld, must be in [1, %d]", j + 1, j + 1, v, DG_MAX_HOT);
+      if (err) sr_fmt(err, errlen, "size %d (C%d) is %lld, must be in [1, %d]", j + 1, j + 1, v,
+                      DG_MAX_HOT);
       return SR_EINVAL;
     }
     sizes[j] = (int)v;

@@ -324,11 +324,12 @@ static int tls_error(const conn *c, const rpc_client_opts *o, const pcall *p, co
 /* Message for a failed call into err; returns an SR_E* code. A server
  * that restarted on rows left by a crash (RPC_MSG_UNCLEAN) is a lost server,
  * as one with a new incarnation is: only a Restore makes it usable. A TLS
- * refusal is not (tls_error). */
+ * refusal (final, as run_calls decides it) is not (tls_error). */
 int rpc__call_error(const conn *c, const rpc_client_opts *o, const pcall *p, const char *what,
                     char *err, size_t errlen, int *lost) {
   char *d = grpc_slice_to_c_string(p->details);
-  if (tls_refusal(p)) {
+  const int tls = tls_refusal(p); /* a closed socket is a refusal only when it was final */
+  if (tls == TLS_OURS || (tls && p->refusals >= TLS_CLOSED_TRIES)) {
     int rc = tls_error(c, o, p, what, d ? d : "", err, errlen);
     gpr_free(d);
     return rc;

@@ -225,7 +225,7 @@ int ckpt_dir_replace(const char *tmp, const char *dir, int (*also)(const char *d
   sr_fsync_dir(tmp);
   if (lstat(dir, &st) != 0) {
     if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_NOREPLACE) == 0 ||
-        (errno == EINVAL && rename(tmp, dir) == 0)) {
+        ((errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) && rename(tmp, dir) == 0)) {
       sr_fsync_dir(parent);
       return 0;
     }

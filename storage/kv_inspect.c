@@ -1,4 +1,4 @@
-/* The inspect report (see inspect.h). */
+/* The inspect report (see kv_inspect.h). */
 #include "storage/kv_inspect.h"
 
 #include <cjson/cJSON.h>

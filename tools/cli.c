@@ -77,14 +77,6 @@ static int end_text(char *buf, size_t n, double v) {
   return snprintf(buf, n, "%g", v);
 }
 
-const char *cli_range_text(const cli_range *r, char *buf, size_t n) {
-  char lo[32], hi[32];
-  end_text(lo, sizeof lo, r->lo);
-  end_text(hi, sizeof hi, r->hi);
-  snprintf(buf, n, "[%s, %s] %s", lo, hi, r->unit);
-  return buf;
-}
-
 /* s as flag's number in [lo, hi] (unit: NULL or the range's) into *out.
  * 0, or -1 (printed): "'S' is not a number", or "S is out of range [LO,
  * HI] UNIT" (one beyond a double too). */

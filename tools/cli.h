@@ -24,8 +24,6 @@ typedef struct {
 
 /* The range of flag ("--cache-rows"), NULL when it has none in the table. */
 const cli_range *cli_range_of(const char *flag);
-/* "[LO, HI] UNIT" into buf[n], returned. */
-const char *cli_range_text(const cli_range *r, char *buf, size_t n);
 /* Parse s as flag's integer (cli_flag) or number (cli_flag_double) within
  * its range; 0, or -1 with "shardrec CMD: FLAG: V is out of range [LO, HI]
  * UNIT" (or what else was wrong) printed. A flag without a range is -1. */

@@ -286,8 +286,7 @@ colocate *colocate_start(const emb_plan *plan, int rank, int size, dense_coll *c
   char **a = failed ? NULL : addrs_of(all, part, rank, size, ns, &failed, err, errlen);
   free(mine);
   free(all);
-  if (failed) {
-    colocate_addrs_free(a, ns);
+  if (failed) { /* a is NULL: addrs_of frees what it made when it fails */
     colocate_stop(c);
     return NULL;
   }

@@ -508,7 +508,7 @@ static int entries(const char *path) {
  * train_ckpt_save is SR_ERANGE naming the root's start, and makes nothing (the
  * root is not created; a folder named as the root cut short, and its file,
  * survive). One character shorter it saves and loads back. train_ckpt_resolve
- * and train_ckpt_load of paths too long, and ckpt_replace of a folder whose
+ * and train_ckpt_load of paths too long, and ckpt_dir_replace of a folder whose
  * aside name is too long, are SR_ERANGE, nothing moved. */
 START_TEST(test_checkpoint_path_too_long) {
   small_model m;
