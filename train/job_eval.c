@@ -119,6 +119,7 @@ int job__metrics_out_resume(train_job *j) {
   char *text = NULL;
   long size = -1, lines = 0;
   int has = 0;
+  errno = 0; /* a short read sets none: said as such below */
   if (f && fseek(f, 0, SEEK_END) == 0) size = ftell(f);
   if (size >= 0 && fseek(f, 0, SEEK_SET) == 0 && (text = malloc((size_t)size + 1)) &&
       fread(text, 1, (size_t)size, f) == (size_t)size) {
@@ -140,7 +141,7 @@ int job__metrics_out_resume(train_job *j) {
   free(text);
   if (f) fclose(f);
   job__errf(j, "--metrics-out %s: cannot read it and cut it back to step %lld: %s\n", path,
-            (long long)step, strerror(errno));
+            (long long)step, errno ? strerror(errno) : "it changed while read");
   return -1;
 }
 
