@@ -30,10 +30,7 @@ static void teardown(void) {
 static void put(const char *rel, const char *text) {
   char p[512];
   ck_assert_int_eq(sr_path(p, sizeof p, "%s/%s", root, rel), 0);
-  FILE *f = fopen(p, "w");
-  ck_assert_ptr_nonnull(f);
-  fputs(text, f);
-  ck_assert_int_eq(fclose(f), 0);
+  file_put(p, text);
 }
 
 START_TEST(test_path) {

@@ -38,22 +38,19 @@ static const char *at(char *p, const char *rel) {
 
 static void put(const char *rel, const char *text) {
   char p[512];
-  FILE *f = fopen(at(p, rel), "w");
-  ck_assert_ptr_nonnull(f);
-  fputs(text, f);
-  ck_assert_int_eq(fclose(f), 0);
+  file_put(at(p, rel), text);
 }
 
-/* The whole file rel (static buffer), or NULL. */
-static const char *text_of(const char *rel) {
-  static char buf[256];
+/* root/rel holds exactly want. */
+static void text_is(const char *rel, const char *want) {
   char p[512];
-  FILE *f = fopen(at(p, rel), "r");
-  if (!f) return NULL;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  buf[n] = 0;
-  fclose(f);
-  return buf;
+  file_text_is(at(p, rel), want);
+}
+
+/* Whether root/rel exists. */
+static int exists(const char *rel) {
+  char p[512];
+  return access(at(p, rel), F_OK) == 0;
 }
 
 /* The number of entries of root. */
@@ -77,10 +74,10 @@ START_TEST(test_commit_replaces_whole) {
    * temporary beside it, named after it and its owner. */
   const char *tmp = sr_out_tmp(o);
   ck_assert_msg(!strncmp(tmp, p, strlen(p)) && strstr(tmp, "x.txt.tmp-"), "%s", tmp);
-  ck_assert_str_eq(text_of("x.txt"), "old\n");
+  text_is("x.txt", "old\n");
   ck_assert_int_eq(entries(), 2);
   ck_assert_int_eq(sr_out_commit(o, err, sizeof err), 0);
-  ck_assert_str_eq(text_of("x.txt"), "new 42\n");
+  text_is("x.txt", "new 42\n");
   ck_assert_int_eq(entries(), 1);
   struct stat st;
   ck_assert_int_eq(stat(p, &st), 0);
@@ -95,7 +92,7 @@ START_TEST(test_abort_and_error_keep_old) {
   ck_assert_int_eq(sr_out_open(at(p, "x.txt"), &o, err, sizeof err), 0);
   sr_out_write(o, "half", 4);
   sr_out_abort(o);
-  ck_assert_str_eq(text_of("x.txt"), "old\n");
+  text_is("x.txt", "old\n");
   ck_assert_int_eq(entries(), 1);
   /* A write error is kept: later writes write nothing, the commit refuses. */
   ck_assert_int_eq(sr_out_open(p, &o, err, sizeof err), 0);
@@ -103,7 +100,7 @@ START_TEST(test_abort_and_error_keep_old) {
   ck_assert_int_eq(sr_out_write(o, "more", 4), SR_EIO);
   ck_assert_int_eq(sr_out_commit(o, err, sizeof err), SR_EIO);
   ck_assert_msg(strstr(err, p) && strstr(err, "No space left on device"), "%s", err);
-  ck_assert_str_eq(text_of("x.txt"), "old\n");
+  text_is("x.txt", "old\n");
   ck_assert_int_eq(entries(), 1);
 }
 END_TEST
@@ -116,7 +113,7 @@ START_TEST(test_folder_refused_and_kept) {
   ck_assert_int_eq(sr_out_open(p, &o, err, sizeof err), SR_EEXISTS);
   ck_assert_ptr_null(o);
   ck_assert_msg(strstr(err, p) && strstr(err, "is a folder"), "%s", err);
-  ck_assert_str_eq(text_of("dir/inside"), "kept\n");
+  text_is("dir/inside", "kept\n");
   ck_assert_int_eq(entries(), 1); /* no temporary beside it */
   ck_assert_int_eq(sr_out_check(p, err, sizeof err), SR_EEXISTS);
   ck_assert_int_eq(sr_out_check("/dev/null", err, sizeof err), SR_EINVAL);
@@ -138,15 +135,15 @@ START_TEST(test_commit_all_or_none) {
   ck_assert_int_eq(sr_out_commit_all(o, 3, err, sizeof err), SR_EIO);
   ck_assert_msg(strstr(err, at(p, "c")) != NULL, "%s", err);
   ck_assert_ptr_null(o[0]);
-  ck_assert_str_eq(text_of("a"), "old a\n");
+  text_is("a", "old a\n");
   ck_assert_int_eq(entries(), 1);
   for (int k = 0; k < 3; k++) {
     ck_assert_int_eq(sr_out_open(at(p, names[k]), &o[k], err, sizeof err), 0);
     ck_assert_int_eq(sr_out_printf(o[k], "new %s\n", names[k]), 0);
   }
   ck_assert_int_eq(sr_out_commit_all(o, 3, err, sizeof err), 0);
-  ck_assert_str_eq(text_of("a"), "new a\n");
-  ck_assert_str_eq(text_of("c"), "new c\n");
+  text_is("a", "new a\n");
+  text_is("c", "new c\n");
   ck_assert_int_eq(entries(), 3);
 }
 END_TEST
@@ -186,8 +183,8 @@ START_TEST(test_dead_writer_swept) {
   put(yname, "cut");
   sr_outfile *o;
   ck_assert_int_eq(sr_out_open(at(p, "x.txt"), &o, err, sizeof err), 0);
-  ck_assert_ptr_null(text_of(xname));
-  ck_assert_ptr_nonnull(text_of(yname));
+  ck_assert(!exists(xname));
+  ck_assert(exists(yname));
   ck_assert_int_eq(entries(), 2); /* y's leftover and x's own temporary */
   sr_out_abort(o);
   ck_assert_int_eq(entries(), 1);
@@ -203,7 +200,7 @@ START_TEST(test_line_checked) {
   fclose(f);
   f = fopen(at(p, "m.jsonl"), "w");
   ck_assert_int_eq(sr_out_line(f, p, "{\"a\":1}\n", 8, err, sizeof err), 0);
-  ck_assert_str_eq(text_of("m.jsonl"), "{\"a\":1}\n"); /* flushed: a reader sees it now */
+  text_is("m.jsonl", "{\"a\":1}\n"); /* flushed: a reader sees it now */
   fclose(f);
 }
 END_TEST

@@ -39,13 +39,6 @@ static const char *tpath(const char *name) {
   return buf[k];
 }
 
-static void write_file(const char *path, const char *text, size_t n) {
-  FILE *f = fopen(path, "wb");
-  ck_assert_ptr_nonnull(f);
-  ck_assert_uint_eq(fwrite(text, 1, n, f), n);
-  fclose(f);
-}
-static void write_str(const char *path, const char *text) { write_file(path, text, strlen(text)); }
 
 /* A deterministic labelled line i: I1 = i (so tests see which line a sample
  * came from), I2 negative on every third line, some empty fields, categorical
@@ -299,8 +292,8 @@ START_TEST(test_source_quirks_plain_gzip_crlf) {
   /* the same three lines, plain LF, CRLF without a final newline, gzip */
   const char *lf = "1\t\t-1\n0\t3\t2\t\t\t\t\t\t\t\t\t\t\t\tab\n1\t1\n";
   const char *crlf = "1\t\t-1\r\n0\t3\t2\t\t\t\t\t\t\t\t\t\t\t\tab\r\n1\t1";
-  write_str(tpath("a.txt"), lf);
-  write_str(tpath("b.txt"), crlf);
+  file_put(tpath("a.txt"), lf);
+  file_put(tpath("b.txt"), crlf);
   gzFile g = gzopen(tpath("c.data"), "wb"); /* name says nothing: magic decides */
   gzwrite(g, lf, (unsigned)strlen(lf));
   gzclose(g);
@@ -355,9 +348,9 @@ START_TEST(test_source_gzip_truncated) {
   char *all = malloc((size_t)st.st_size);
   ck_assert_int_eq((long)fread(all, 1, (size_t)st.st_size, f), (long)st.st_size);
   fclose(f);
-  write_file(tpath("cut.gz"), all, (size_t)st.st_size / 2);
+  file_put_bytes(tpath("cut.gz"), all, (size_t)st.st_size / 2);
   all[st.st_size / 2] ^= 0x55;
-  write_file(tpath("flip.gz"), all, (size_t)st.st_size);
+  file_put_bytes(tpath("flip.gz"), all, (size_t)st.st_size);
   free(all);
   const uint64_t whole = gz_complete_lines(tpath("cut.gz"));
   ck_assert(whole > 10 && whole < 200);
@@ -374,7 +367,7 @@ START_TEST(test_source_gzip_truncated) {
                       !strstr(err, "<fd:"), "%s", err);
     /* gzip's magic, then a compression method zlib does not know: zlib's
      * message, under the file's name (not zlib's "<fd:N>") */
-    write_file(tpath("m.gz"), "\x1f\x8b\x09\x00\x00\x00\x00\x00\x00\x03rest of it\n", 21);
+    file_put_bytes(tpath("m.gz"), "\x1f\x8b\x09\x00\x00\x00\x00\x00\x00\x03rest of it\n", 21);
     ds_source_opts om = {.path = tpath("m.gz"), .strict = strict};
     ck_assert_ptr_null(ds_source_open(&om, err, sizeof err));
     ck_assert_msg(strstr(err, "m.gz: truncated or corrupt gzip stream at compressed byte ") &&
@@ -401,7 +394,7 @@ END_TEST
 START_TEST(test_source_malformed_reported) {
   const char *text = "1\t1\n7\t1\n1\tx\n0\t\t\t\t\t\t\t\t\t\t\t\t\t\tzz\n1\t99999999999999999999\n"
                      "1\t\t\t\t\t\t\t\t\t\t\t\t\t\t1ffffffff\n0\t2\n";
-  write_str(tpath("m.txt"), text);
+  file_put(tpath("m.txt"), text);
   char rep[4096] = {0};
   FILE *mem = fmemopen(rep, sizeof rep, "w");
   ds_source_opts o = {.path = tpath("m.txt"), .id_mode = DS_IDS_HASH, .report = mem, .max_reports = 4};
@@ -490,7 +483,7 @@ START_TEST(test_dict_threshold_unseen) {
     strcat(text, vals[i]);
     strcat(text, "\n");
   }
-  write_str(tpath("d.txt"), text);
+  file_put(tpath("d.txt"), text);
   ds_source_opts o = {.path = tpath("d.txt")};
   ds_source *s = open_src(o);
   uint64_t sizes[26];
@@ -527,7 +520,7 @@ START_TEST(test_dict_threshold_unseen) {
   flat_free(&f);
   ds_source_destroy(s);
   /* a value only in the test part maps to 0 */
-  write_str(tpath("e.txt"), "1\t\t\t\t\t\t\t\t\t\t\t\t\t\t5\n1\t\t\t\t\t\t\t\t\t\t\t\t\t\t6\n");
+  file_put(tpath("e.txt"), "1\t\t\t\t\t\t\t\t\t\t\t\t\t\t5\n1\t\t\t\t\t\t\t\t\t\t\t\t\t\t6\n");
   ds_source_opts u = {.path = tpath("e.txt"), .scheme = DS_SCHEME_FRACTION, .test_fraction = 0.5, .split = DS_SPLIT_TEST};
   s = open_src(u);
   collect(s, 5, &f);
@@ -849,7 +842,7 @@ START_TEST(test_int32_layout) {
   int32_t rec[3][40];
   for (int i = 0; i < 3; i++)
     for (int k = 0; k < 40; k++) rec[i][k] = k == 0 ? i % 2 : (k == 2 ? -1 : i * 100 + k);
-  write_file(tpath("t.int32"), (const char *)rec, sizeof rec);
+  file_put_bytes(tpath("t.int32"), (const char *)rec, sizeof rec);
   ds_source_opts o = {.path = tpath("t.int32")};
   ds_source *s = open_src(o);
   ck_assert_uint_eq(ds_source_count(s), 3);
@@ -867,7 +860,7 @@ START_TEST(test_int32_layout) {
   flat_free(&f);
   ds_source_destroy(s);
   /* explicit format, modulo, split */
-  write_file(tpath("ref.bin"), (const char *)rec, sizeof rec);
+  file_put_bytes(tpath("ref.bin"), (const char *)rec, sizeof rec);
   ds_source_opts m = {.path = tpath("ref.bin"), .format = DS_FORMAT_INT32, .max_ind_range = 7,
                       .scheme = DS_SCHEME_FRACTION, .test_fraction = 0.34, .split = DS_SPLIT_TEST};
   s = open_src(m);
@@ -878,19 +871,19 @@ START_TEST(test_int32_layout) {
   ds_source_destroy(s);
   /* a negative id or a bad label is refused, naming the record */
   rec[1][20] = -3;
-  write_file(tpath("neg.int32"), (const char *)rec, sizeof rec);
+  file_put_bytes(tpath("neg.int32"), (const char *)rec, sizeof rec);
   ds_source_opts ng = {.path = tpath("neg.int32")};
   char nerr[512];
   ck_assert_ptr_null(ds_source_open(&ng, nerr, sizeof nerr));
   ck_assert_msg(strstr(nerr, "neg.int32: record 1: categorical C7 id -3"), "%s", nerr);
   rec[1][20] = 5;
   rec[2][0] = 2;
-  write_file(tpath("lab.int32"), (const char *)rec, sizeof rec);
+  file_put_bytes(tpath("lab.int32"), (const char *)rec, sizeof rec);
   ds_source_opts lb = {.path = tpath("lab.int32")};
   ck_assert_ptr_null(ds_source_open(&lb, nerr, sizeof nerr));
   ck_assert_msg(strstr(nerr, "record 2: label 2"), "%s", nerr);
   /* torn */
-  write_file(tpath("bad.int32"), (const char *)rec, sizeof rec - 4);
+  file_put_bytes(tpath("bad.int32"), (const char *)rec, sizeof rec - 4);
   char err[512];
   ds_source_opts t = {.path = tpath("bad.int32")};
   ck_assert_ptr_null(ds_source_open(&t, err, sizeof err));
@@ -902,7 +895,7 @@ static void copy_trunc(const char *from, const char *to, long cut, long flip_at)
   size_t n;
   char *buf = slurp_file(from, &n, 1);
   if (flip_at >= 0) buf[flip_at] ^= 0x10;
-  write_file(to, buf, n - (size_t)cut);
+  file_put_bytes(to, buf, n - (size_t)cut);
   free(buf);
 }
 
@@ -928,7 +921,7 @@ START_TEST(test_bin_refused) {
     ck_assert_msg(strstr(err, cases[i].want) && strstr(err, "x.bin"), "case %zu: %s", i, err);
   }
   /* a foreign file named .bin is read as TSV by AUTO, refused as BIN */
-  write_str(tpath("f.bin"), "hello\n");
+  file_put(tpath("f.bin"), "hello\n");
   ds_source_opts o = {.path = tpath("f.bin"), .format = DS_FORMAT_BIN};
   ck_assert_ptr_null(ds_source_open(&o, err, sizeof err));
   ck_assert_msg(strstr(err, "not a shardrec binary file"), "%s", err);
@@ -947,8 +940,8 @@ START_TEST(test_source_format_by_content) {
   write_lines(tpath("r.txt"), 50, 26);
   convert_api(tpath("r.txt"), tpath("r.bin"), DS_SCHEME_NONE, 0, DS_IDS_DICT, 0);
   copy_trunc(tpath("r.bin"), tpath("m.bin"), 0, 2); /* 'C' -> 'S' */
-  write_str(tpath("e0"), "");
-  write_str(tpath("e7"), "SRCRITE");
+  file_put(tpath("e0"), "");
+  file_put(tpath("e7"), "SRCRITE");
   char err[1024];
   struct { const char *name; ds_format fmt; const char *want; } bad[] = {
       {"m.bin", DS_FORMAT_AUTO, "m.bin: not a shardrec binary file (magic 'SRSRITEO'"},
@@ -969,7 +962,7 @@ START_TEST(test_source_format_by_content) {
   ck_assert_uint_eq(ds_source_count(s), 50);
   ds_source_destroy(s);
   int32_t rec[40] = {1};
-  write_file(tpath("x.int32"), (const char *)rec, sizeof rec);
+  file_put_bytes(tpath("x.int32"), (const char *)rec, sizeof rec);
   ds_source_opts oi = {.path = tpath("x.int32"), .format = DS_FORMAT_PROCESSED};
   s = open_src(oi);
   ck_assert_uint_eq(ds_source_count(s), 1);
@@ -1002,7 +995,7 @@ static void edit_bin(const char *from, const char *to, uint64_t at, const void *
   memcpy(buf + 108, &c, 4);
   c = (uint32_t)crc32(0, buf, DS_BIN_HEADER_SIZE - 4);
   memcpy(buf + DS_BIN_HEADER_SIZE - 4, &c, 4);
-  write_file(to, (const char *)buf, (size_t)size);
+  file_put_bytes(to, (const char *)buf, (size_t)size);
   free(buf);
 }
 
@@ -1195,7 +1188,7 @@ START_TEST(test_multi_hot_limits) {
   /* in a file: line 2 skipped and named; strict stops there */
   char text[10000];
   snprintf(text, sizeof text, "0\t1\n%s\n1\t\t\t\t\t\t\t\t\t\t\t\t\t\ta,,b\n1\t2\n", line);
-  write_str(tpath("bad.txt"), text);
+  file_put(tpath("bad.txt"), text);
   ds_source_opts o = {.path = tpath("bad.txt"), .id_mode = DS_IDS_HASH};
   ds_source *s = open_src(o);
   flat f;

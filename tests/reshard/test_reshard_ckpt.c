@@ -27,6 +27,7 @@
 #include "storage/ckpt_dir.h"
 #include "storage/kv.h"
 #include "tests/embedding/shard_fixture.h"
+#include "tests/support/files.h"
 
 #define T 3
 static const uint64_t ROWS[T] = {200, 50, 300};
@@ -40,13 +41,6 @@ _Static_assert(T == FX_NT, "fx_plan makes FX_NT tables");
 /* Every table at DIM (fx_plan's table 1 is at 4, DIM too). */
 static emb_plan *make_plan(int n_shards, int row_wise) {
   return fx_plan(ROWS, DIM, 11, EMB_OPT_ADAGRAD, n_shards, row_wise);
-}
-
-static void write_text(const char *path, const char *text) {
-  FILE *f = fopen(path, "w");
-  ck_assert_ptr_nonnull(f);
-  fputs(text, f);
-  fclose(f);
 }
 
 /* Ids 0, 2, 4, ... of each table and a buffer for their rows. */
@@ -97,7 +91,7 @@ static void make_ckpt(const char *name, int rocks, const emb_plan *p2) {
   ck_assert_msg(ckpt_dir_begin(root, 7, &t, &exists, err, sizeof err) == 0, "%s", err);
   ck_assert_int_eq(exists, 0);
   snprintf(path, sizeof path, "%s/dense.bin", t.tmp);
-  write_text(path, "dense bytes\n");
+  file_put(path, "dense bytes\n");
   snprintf(path, sizeof path, "%s/shards", t.tmp);
   ck_assert_msg(emb_store_checkpoint(s, path) == 0, "%s", emb_store_errmsg(s));
   emb_store_destroy(s);
@@ -115,14 +109,14 @@ static void setup(void) {
   char path[512];
   char *canon = emb_plan_canonical(p3, 1);
   snprintf(path, sizeof path, "%s/p3.json", dir);
-  write_text(path, canon);
+  file_put(path, canon);
   free(canon);
   /* Another model: another seed. */
   emb_plan *other = make_plan(3, 1);
   other->seed = 12;
   canon = emb_plan_canonical(other, 1);
   snprintf(path, sizeof path, "%s/other.json", dir);
-  write_text(path, canon);
+  file_put(path, canon);
   free(canon);
   make_ckpt("rocks", 1, p2);
   make_ckpt("mem", 0, p2);
@@ -390,7 +384,7 @@ START_TEST(test_path_too_long) {
   ck_assert_int_eq(sr_path(sentinel, sizeof sentinel, "%.*s", 4070, out), 0);
   ck_assert_int_eq(mkdir(sentinel, 0777), 0);
   ck_assert_int_eq(sr_path(keep, sizeof keep, "%s/keep", sentinel), 0);
-  write_text(keep, "kept\n");
+  file_put(keep, "kept\n");
   char from[600], plan[600];
   snprintf(from, sizeof from, "%s/rocks", dir);
   snprintf(plan, sizeof plan, "%s/p3.json", dir);

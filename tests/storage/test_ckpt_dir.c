@@ -33,13 +33,6 @@ static void teardown(void) {
   free(dir);
 }
 
-static void put(const char *path, const char *text) {
-  FILE *f = fopen(path, "w");
-  ck_assert_ptr_nonnull(f);
-  fputs(text, f);
-  fclose(f);
-}
-
 static void sh(const char *fmt, const char *arg) {
   char cmd[1024];
   snprintf(cmd, sizeof cmd, fmt, arg, arg, arg);
@@ -58,11 +51,11 @@ static void write_step(long long step) {
   snprintf(want, sizeof want, "%s/.step-%lld.%s", root, step, tag);
   ck_assert_str_eq(t.tmp, want);
   snprintf(p, sizeof p, "%s/x.bin", t.tmp);
-  put(p, "hello");
+  file_put(p, "hello");
   snprintf(p, sizeof p, "%s/sub", t.tmp);
   ck_assert_int_eq(mkdir(p, 0777), 0);
   snprintf(p, sizeof p, "%s/sub/y.bin", t.tmp);
-  put(p, "0123456789");
+  file_put(p, "0123456789");
   cJSON *man = ckpt_dir_manifest_new();
   cJSON_AddNumberToObject(man, "mine", (double)step);
   ck_assert_msg(ckpt_dir_commit(&t, man, err, sizeof err) == 0, "%s", err);
@@ -252,7 +245,7 @@ static void mk(const char *name, const char *file) {
   ck_assert_int_eq(mkdir(p, 0777), 0);
   if (file) {
     snprintf(p, sizeof p, "%s/%s/%s", dir, name, file);
-    put(p, "x");
+    file_put(p, "x");
   }
 }
 
@@ -263,7 +256,7 @@ START_TEST(test_shards_layout) {
   ckpt_shards_layout l = (ckpt_shards_layout)-1;
   /* Nothing (a stray file and a folder of another name do not count). */
   snprintf(p, sizeof p, "%s/notes.txt", dir);
-  put(p, "x");
+  file_put(p, "x");
   mk("other", "table-1.bin");
   mk("shard-5", NULL); /* an empty shard folder */
   ck_assert_int_eq(ckpt_dir_shards_layout(dir, &l, err, sizeof err), SR_ENOTFOUND);
@@ -293,7 +286,7 @@ START_TEST(test_shards_layout) {
   free(folder);
   /* A table file at the top: the in-process store's, mixed with servers'. */
   snprintf(p, sizeof p, "%s/table-1.bin", dir);
-  put(p, "x");
+  file_put(p, "x");
   ck_assert_int_eq(ckpt_dir_shards_layout(dir, &l, err, sizeof err), SR_EFORMAT);
   sh("rm -r %s/shard-2-3 %s/shard-0-1", dir);
   ck_assert_int_eq(ckpt_dir_shards_layout(dir, &l, err, sizeof err), 0);
@@ -330,25 +323,25 @@ START_TEST(test_root_kind) {
   snprintf(p, sizeof p, "%s/step-5/DONE", root);
   ck_assert_int_eq(unlink(p), 0); /* torn: the manifest, no DONE */
   snprintf(p, sizeof p, "%s/step-5/DONE.tmp", root);
-  put(p, "half");
+  file_put(p, "half");
   snprintf(p, sizeof p, "%s/.step-9.tmp-1-2-3-host/shards", root);
   ck_assert_int_eq(sr_mkdirs(p), 0);
   snprintf(p, sizeof p, "%s/.step-9.tmp-1-2-3-host/shards/any", root);
-  put(p, "being written");
+  file_put(p, "being written");
   snprintf(p, sizeof p, "%s/plan.json", root);
-  put(p, "{}");
+  file_put(p, "{}");
   snprintf(p, sizeof p, "%s/plan.json.tmp.77", root);
-  put(p, "{");
+  file_put(p, "{");
   root_is(0, NULL);
 
   /* A file the manifest does not list, in a step folder or in a folder of it. */
   snprintf(p, sizeof p, "%s/step-3/sub/notes.txt", root);
-  put(p, "mine");
+  file_put(p, "mine");
   root_is(SR_EEXISTS, "/a/b: holds step-3/sub/notes.txt, which its checkpoint's manifest");
   ck_assert_int_eq(unlink(p), 0);
   /* A manifest that is not one. */
   snprintf(p, sizeof p, "%s/step-5/manifest.json", root);
-  put(p, "not json");
+  file_put(p, "not json");
   root_is(SR_EEXISTS, "holds step-5/manifest.json, which is not a checkpoint manifest");
   sh("rm -rf %s/a/b/step-5", dir);
   /* Other names at the top: a file, a folder, a file named as a step, a
@@ -368,7 +361,7 @@ START_TEST(test_root_kind) {
 
   /* A regular file at the path. */
   snprintf(p, sizeof p, "%s/file", dir);
-  put(p, "x");
+  file_put(p, "x");
   ck_assert_int_eq(ckpt_dir_check_root(p, err, sizeof err), SR_EEXISTS);
   ck_assert_msg(strstr(err, "/file: is a file, not a checkpoint folder"), "%s", err);
 
@@ -378,7 +371,7 @@ START_TEST(test_root_kind) {
   snprintf(p, sizeof p, "%s/new/step-1", dir);
   ck_assert_int_eq(mkdir(p, 0777), 0);
   snprintf(p, sizeof p, "%s/notes.txt", root);
-  put(p, "mine");
+  file_put(p, "mine");
   ck_assert_int_eq(ckpt_dir_replace(tmp, root, NULL, err, sizeof err), SR_EEXISTS);
   ck_assert_msg(strstr(err, "holds notes.txt"), "%s", err);
   ck_assert(sr_is_file(p) && sr_is_dir(tmp));

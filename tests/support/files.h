@@ -57,6 +57,17 @@ static inline char *slurp_file(const char *path, size_t *len, int must) {
 /* The text of the file at path (caller frees); NULL if it cannot be read. */
 static inline char *slurp(const char *path) { return slurp_file(path, NULL, 0); }
 
+/* Write n bytes of data to path, replacing what was there (fails the test
+ * naming the file when it cannot). file_put: a NUL-terminated text. */
+static inline void file_put_bytes(const char *path, const void *data, size_t n) {
+  FILE *f = fopen(path, "wb");
+  ck_assert_msg(f != NULL, "%s: cannot create it", path);
+  ck_assert_msg(fwrite(data, 1, n, f) == n && fclose(f) == 0, "%s: cannot write it", path);
+}
+static inline void file_put(const char *path, const char *text) {
+  file_put_bytes(path, text, strlen(text));
+}
+
 /* The file at path holds exactly the text want (fails the test naming the
  * file otherwise). */
 static inline void file_text_is(const char *path, const char *want) {
