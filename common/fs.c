@@ -63,6 +63,27 @@ int sr_write_all(int fd, const void *p, size_t n) {
   return 0;
 }
 
+char *sr_read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  char *s = NULL;
+  long n = fseek(f, 0, SEEK_END) ? -1 : ftell(f);
+  if (n >= 0 && !fseek(f, 0, SEEK_SET) && (s = malloc((size_t)n + 1)) &&
+      fread(s, 1, (size_t)n, f) != (size_t)n) {
+    free(s);
+    s = NULL;
+    errno = EIO;
+  }
+  int e = errno;
+  fclose(f);
+  errno = e;
+  if (s) {
+    s[n] = 0;
+    if (len) *len = (size_t)n;
+  }
+  return s;
+}
+
 int sr_is_file(const char *path) {
   struct stat st;
   return stat(path, &st) == 0 && S_ISREG(st.st_mode);

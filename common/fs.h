@@ -36,6 +36,10 @@ int sr_path_too_long(char *err, size_t errlen, const char *path, size_t limit);
  * errno set (a write that makes no progress is EIO). */
 int sr_write_all(int fd, const void *p, size_t n);
 
+/* The whole file at path, NUL-terminated (malloc'd, the caller frees);
+ * *len (may be NULL) gets its size. NULL with errno set on failure. */
+char *sr_read_file(const char *path, size_t *len);
+
 /* 1 when path is a regular file / a folder (symlinks followed), else 0. */
 int sr_is_file(const char *path);
 int sr_is_dir(const char *path);

@@ -16,10 +16,11 @@ int ds_convert_to_bin(ds_source *s, const ds_source_opts *o, const char *out, in
   info.n_test = ds_source_split_count(s, DS_SPLIT_TEST);
   info.n_val = ds_source_split_count(s, DS_SPLIT_VAL);
   info.total_ids = st.scan_ids;
-  info.flags = (st.scan_max_bag > 1 ? DS_BIN_MULTI : 0) | (o->id_mode == DS_IDS_HASH ? DS_BIN_ID64 : 0);
+  const ds_transform *xf = ds_source_transform(s);
   info.id_mode = (uint32_t)ds_source_id_mode(s);
-  info.freq_threshold = o->frequency_threshold;
-  info.max_ind_range = o->max_ind_range;
+  info.flags = (st.scan_max_bag > 1 ? DS_BIN_MULTI : 0) | (info.id_mode == DS_IDS_HASH ? DS_BIN_ID64 : 0);
+  info.freq_threshold = xf ? xf->frequency_threshold : 0;
+  info.max_ind_range = xf ? xf->max_ind_range : 0;
   ds_source_table_sizes(s, info.table_sizes);
   if (info_out) *info_out = info;
   if (stats_out) *stats_out = st;

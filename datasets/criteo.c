@@ -254,6 +254,22 @@ ds_criteo_dict *ds_criteo_dict_create(uint32_t thr) {
   return d;
 }
 
+ds_criteo_dict *ds_criteo_dict_extend(const ds_criteo_dict *base, uint32_t thr) {
+  ds_criteo_dict *d = ds_criteo_dict_create(thr);
+  for (int c = 0; d && c < DS_NUM_SPARSE; c++) {
+    uint64_t n;
+    const uint32_t *v = ds_criteo_dict_values(base, c, &n);
+    for (uint64_t i = 0; i < n; i++) {
+      if (ds_criteo_dict_add(d, c, v[i])) {
+        ds_criteo_dict_destroy(d);
+        return NULL;
+      }
+      *dcol_find(&d->c[c], v[i]) = UINT32_MAX; /* kept, counted no further */
+    }
+  }
+  return d;
+}
+
 void ds_criteo_dict_destroy(ds_criteo_dict *d) {
   if (!d) return;
   for (int c = 0; c < DS_NUM_SPARSE; c++) {

@@ -83,6 +83,11 @@ typedef struct ds_criteo_dict ds_criteo_dict;
 /* New empty dictionaries (threshold <= 1 keeps every seen value). NULL on
  * out of memory. The caller owns the result (ds_criteo_dict_destroy). */
 ds_criteo_dict *ds_criteo_dict_create(uint32_t freq_threshold);
+/* New dictionaries that extend base (finalized): base's kept values keep
+ * their ids whatever their count here; values then added and kept (seen
+ * freq_threshold times) get the ids after them, in order of first
+ * appearance. NULL on out of memory. */
+ds_criteo_dict *ds_criteo_dict_extend(const ds_criteo_dict *base, uint32_t freq_threshold);
 /* Free. NULL-safe. */
 void ds_criteo_dict_destroy(ds_criteo_dict *d);
 /* Count one value of column col (0..25). 0, SR_ENOMEM or SR_ESTATE (final). */

@@ -217,7 +217,8 @@ struct ds_source {
   uint64_t split_count[4];
   int exact;
   int counted; /* split_count is known (else counted on first ask) */
-  ds_criteo_dict *dict;
+  ds_criteo_dict *dict;    /* the dictionaries while they are built (owned) */
+  uint64_t range;          /* the max_ind_range in use: the transform's or the options' */
   uint64_t table_sizes[DS_NUM_SPARSE];
   linesrc ls;
   uint64_t skip;
@@ -236,6 +237,8 @@ struct ds_source {
   uint64_t next_index;
   ds_source_stats st;
   ds_id_mode mode;
+  ds_transform *own_xf;    /* the transform made here (owned) */
+  const ds_transform *xf;  /* the one in use: own_xf or o.transform; NULL: raw ids */
   uint64_t hkey[DS_NUM_SPARSE]; /* ds_criteo_hash_id(c, 0) ^ 0: the column keys */
 };
 
@@ -253,10 +256,10 @@ static void add_report(ds_source *s, const char *file, uint64_t line, const char
 static inline uint64_t map_id(const ds_source *s, int c, uint32_t v) {
   switch (s->mode) {
     case DS_IDS_DICT:
-      if (s->o.max_ind_range) v = (uint32_t)(v % s->o.max_ind_range);
-      return ds_criteo_dict_lookup(s->dict, c, v);
+      if (s->range) v = (uint32_t)(v % s->range);
+      return ds_criteo_dict_lookup(s->xf->dict, c, v);
     case DS_IDS_MODULO:
-      return v % s->o.max_ind_range;
+      return v % s->range;
     case DS_IDS_HASH: /* = ds_criteo_hash_id(c, v), with the column's key kept */
       return sr_mix64(s->hkey[c] ^ (uint64_t)v);
     default:
@@ -472,7 +475,7 @@ static int parse_pass(ds_source *s, int build_dict, uint64_t *total, uint64_t *l
       for (int f = 0; f < DS_NUM_SPARSE; f++)
         for (uint32_t k = m->off[f]; k < m->off[f + 1]; k++) {
           uint32_t v = m->vals[k];
-          if (s->o.max_ind_range) v = (uint32_t)(v % s->o.max_ind_range);
+          if (s->range) v = (uint32_t)(v % s->range);
           if (ds_criteo_dict_add(s->dict, f, v)) {
             sr_fmt(s->err, sizeof s->err, "out of memory building the dictionaries");
             rc = SR_ENOMEM;
@@ -510,14 +513,24 @@ static int open_tsv(ds_source *s) {
     s->paths = calloc(1, sizeof *s->paths);
     if (!s->paths || !(s->paths[0] = strdup(o->path))) return SR_ENOMEM;
   }
-  if (s->mode == DS_IDS_MODULO && !o->max_ind_range) {
+  const ds_transform *given = o->transform;
+  if (given) s->mode = given->id_mode;
+  s->range = given ? given->max_ind_range : o->max_ind_range;
+  if (s->mode == DS_IDS_MODULO && !s->range) {
     sr_fmt(s->err, sizeof s->err, "%s: modulo ids need max_ind_range > 0", o->path);
     return SR_EINVAL;
   }
-  int dict = s->mode == DS_IDS_DICT;
+  if (o->extend && (!given || given->id_mode != DS_IDS_DICT)) {
+    sr_fmt(s->err, sizeof s->err, "%s: only dictionaries are extended", o->path);
+    return SR_EINVAL;
+  }
+  /* Dictionaries are built unless given as they are. */
+  int dict = s->mode == DS_IDS_DICT && (!given || o->extend);
   uint64_t total = 0, last = 0;
   int rc;
-  if (dict && !(s->dict = ds_criteo_dict_create(o->frequency_threshold))) return SR_ENOMEM;
+  if (dict && !(s->dict = given ? ds_criteo_dict_extend(given->dict, given->frequency_threshold)
+                                : ds_criteo_dict_create(o->frequency_threshold)))
+    return SR_ENOMEM;
   if (o->scheme == DS_SCHEME_NONE && (dict || o->exact_count)) {
     /* train = everything: one parsing pass gives counts and dictionaries */
     ds_split_ranges_compute(DS_SCHEME_NONE, UINT64_MAX, 0, 0, &s->ranges);
@@ -543,13 +556,17 @@ static int open_tsv(ds_source *s) {
       s->exact = 1;
     }
   }
-  for (int c = 0; c < DS_NUM_SPARSE; c++) s->table_sizes[c] = 0;
-  if (dict) {
-    if (ds_criteo_dict_finalize(s->dict)) return SR_ENOMEM;
-    for (int c = 0; c < DS_NUM_SPARSE; c++) s->table_sizes[c] = ds_criteo_dict_size(s->dict, c);
-  } else if (s->mode == DS_IDS_MODULO) {
-    for (int c = 0; c < DS_NUM_SPARSE; c++) s->table_sizes[c] = o->max_ind_range;
+  if (dict && ds_criteo_dict_finalize(s->dict)) return SR_ENOMEM;
+  if (given && !dict) {
+    s->xf = given;
+  } else if (s->mode != DS_IDS_RAW) {
+    uint32_t thr = given ? given->frequency_threshold : o->frequency_threshold;
+    ds_criteo_dict *d = s->dict;
+    s->dict = NULL; /* the transform's now, even on failure */
+    if (!(s->xf = s->own_xf = ds_transform_create(s->mode, s->range, thr, d))) return SR_ENOMEM;
   }
+  for (int c = 0; c < DS_NUM_SPARSE; c++) s->table_sizes[c] = 0;
+  if (s->xf) ds_transform_table_sizes(s->xf, s->table_sizes);
   s->nch = o->read_ahead > 0 ? o->read_ahead + 1 : 1;
   s->ch = calloc((size_t)s->nch, sizeof *s->ch);
   if (!s->ch) return SR_ENOMEM;
@@ -597,10 +614,14 @@ static int open_bin(ds_source *s) {
     r->end[DS_SPLIT_VAL] = in->n_samples;
     s->mode = (ds_id_mode)in->id_mode;
     memcpy(s->table_sizes, in->table_sizes, sizeof s->table_sizes);
-    if (s->mode == DS_IDS_DICT && !(s->dict = ds_bin_reader_dict(s->bin))) {
+    ds_criteo_dict *d = NULL;
+    if (s->mode == DS_IDS_DICT && !(d = ds_bin_reader_dict(s->bin))) {
       sr_fmt(s->err, sizeof s->err, "%s: %s", o->path, ds_bin_reader_errmsg(s->bin));
       return SR_EFORMAT;
     }
+    if (s->mode != DS_IDS_RAW &&
+        !(s->xf = s->own_xf = ds_transform_create(s->mode, in->max_ind_range, in->freq_threshold, d)))
+      return SR_ENOMEM;
   }
   for (int k = 0; k < 4; k++) s->split_count[k] = s->ranges.end[k] - s->ranges.begin[k];
   s->exact = 1;
@@ -863,7 +884,9 @@ int ds_source_table_sizes(ds_source *s, uint64_t *sizes) {
   return 0;
 }
 
-const ds_criteo_dict *ds_source_dict(ds_source *s) { return s ? s->dict : NULL; }
+const ds_criteo_dict *ds_source_dict(ds_source *s) { return s && s->xf ? s->xf->dict : NULL; }
+
+const ds_transform *ds_source_transform(const ds_source *s) { return s ? s->xf : NULL; }
 
 ds_id_mode ds_source_id_mode(ds_source *s) { return s->mode; }
 
@@ -899,6 +922,7 @@ void ds_source_destroy(ds_source *s) {
   for (int i = 0; i < s->npaths && s->paths; i++) free(s->paths[i]);
   free(s->paths);
   ds_criteo_dict_destroy(s->dict);
+  ds_transform_free(s->own_xf);
   ds_bin_reader_destroy(s->bin);
   free(s->sc_off);
   free(s->sc_ids);

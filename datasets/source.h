@@ -27,6 +27,7 @@
 
 #include "datasets/batch.h"
 #include "datasets/criteo.h"
+#include "datasets/transform.h"
 
 /* PROCESSED: a file given as converted data (--processed-data-file): BIN by
  * its magic, INT32 by its name, anything else refused. */
@@ -47,6 +48,12 @@ typedef struct {
   uint64_t max_ind_range;   /* > 0: value % max_ind_range before the dictionary (DICT),
                                the whole mapping (MODULO) */
   uint32_t frequency_threshold; /* DICT: values seen fewer times share id 0 */
+  const ds_transform *transform; /* TSV: map with this transform (borrowed; it outlives the
+                               source) instead of id_mode, max_ind_range and
+                               frequency_threshold: no dictionary is built */
+  int extend;               /* with a dictionary transform: build dictionaries that
+                               extend it over the train part (its values keep their
+                               ids; new values kept at its threshold get the next ones) */
   int no_label;             /* TSV without the label column (labels read as 0) */
   int strict;               /* the first malformed line is an error */
   int exact_count;          /* TSV, non-DICT: parse once at open so counts are exact */
@@ -108,6 +115,11 @@ uint64_t ds_source_split_count(ds_source *s, ds_split split);
 /* Rows per table (sizes[26]): dictionary counts, max_ind_range, the largest
  * id + 1 (int32 without max_ind_range), or 0 for unbounded hashed ids. */
 int ds_source_table_sizes(ds_source *s, uint64_t *sizes);
+
+/* The transform the ids were mapped with (datasets/transform.h): TSV the
+ * one given or built, bin the file's own; NULL for raw ids (int32 files,
+ * a bin file of raw ids). Owned by s (or the caller's o->transform). */
+const ds_transform *ds_source_transform(const ds_source *s);
 
 /* The dictionaries in use (DICT mode), owned by s; NULL otherwise. */
 const ds_criteo_dict *ds_source_dict(ds_source *s);

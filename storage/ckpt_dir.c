@@ -26,25 +26,6 @@ static int write_file(const char *path, const void *data, size_t n, char *err, s
   return 0;
 }
 
-static char *read_text(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
-  if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
-    free(s);
-    s = NULL;
-  }
-  fclose(f);
-  if (s) {
-    s[n] = 0;
-    if (len) *len = (size_t)n;
-  }
-  return s;
-}
-
 static const char *jstr(const cJSON *o, const char *k) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
   return cJSON_IsString(v) ? v->valuestring : NULL;
@@ -95,7 +76,7 @@ static int check_step_files(const char *root, const char *name, char *err, size_
   if ((rc = sr_path_err(dir, sizeof dir, err, errlen, "%s/%s", root, name)) ||
       (rc = sr_path_err(path, sizeof path, err, errlen, "%s/manifest.json", dir)))
     return rc;
-  char *text = read_text(path, NULL);
+  char *text = sr_read_file(path, NULL);
   cJSON *man = text ? cJSON_Parse(text) : NULL;
   free(text);
   if (sr_is_file(path) && !cJSON_IsObject(man)) {
@@ -449,14 +430,14 @@ int ckpt_dir_read(const char *dir, cJSON **out, char *err, size_t errlen) {
   }
   if (sr_path_err(path, sizeof path, err, errlen, "%s/manifest.json", dir)) return SR_ERANGE;
   sr_path(path, sizeof path, "%s/DONE", dir); /* shorter than manifest.json's: fits */
-  if (!(done = read_text(path, NULL))) {
+  if (!(done = sr_read_file(path, NULL))) {
     sr_fmt(err, errlen,
            "%s: missing: the checkpoint is incomplete (its writer stopped before the end)", path);
     return SR_EFORMAT;
   }
   sr_path(path, sizeof path, "%s/manifest.json", dir); /* fits: checked above */
   size_t tl = 0;
-  if (!(text = read_text(path, &tl))) {
+  if (!(text = sr_read_file(path, &tl))) {
     sr_fmt(err, errlen, "%s: missing or unreadable", path);
     rc = SR_EFORMAT;
     goto out;

@@ -111,7 +111,27 @@ static cJSON *settings_json(const train_ckpt_settings *s) {
 /* The training job's manifest: format (ckpt_dir), step, data position,
  * schedule, RNG, plan, store kind, settings, dense architecture; the file
  * list is added by ckpt_dir_commit. NULL with the reason in err. */
+/* The manifest's "transform": the fingerprint fp of xf and a summary. */
+static cJSON *transform_json(const ds_transform *xf, const char *fp) {
+  cJSON *o = cJSON_CreateObject();
+  if (!o) return NULL;
+  uint64_t kept[DS_NUM_SPARSE] = {0};
+  for (int c = 0; xf->dict && c < DS_NUM_SPARSE; c++) ds_criteo_dict_values(xf->dict, c, &kept[c]);
+  double k[DS_NUM_SPARSE];
+  for (int c = 0; c < DS_NUM_SPARSE; c++) k[c] = (double)kept[c];
+  cJSON_AddStringToObject(o, "fingerprint", fp);
+  cJSON_AddStringToObject(o, "file", DS_XFORM_FILE);
+  cJSON_AddStringToObject(o, "id_mode", ds_id_mode_name(xf->id_mode));
+  cJSON_AddNumberToObject(o, "max_ind_range", (double)xf->max_ind_range);
+  cJSON_AddNumberToObject(o, "frequency_threshold", xf->frequency_threshold);
+  cJSON_AddNumberToObject(o, "unseen_id", DS_XFORM_UNSEEN_ID);
+  cJSON_AddStringToObject(o, "dense", "log1p");
+  cJSON_AddItemToObject(o, "kept_values", cJSON_CreateDoubleArray(k, DS_NUM_SPARSE));
+  return o;
+}
+
 static cJSON *job_manifest(const emb_plan *plan, const char *store_kind, dense_model *model,
+                           const ds_transform *xf, const char *xf_fp,
                            const train_ckpt_state *st, const train_ckpt_settings *set, char *err,
                            size_t errlen) {
   cJSON *man = ckpt_dir_manifest_new();
@@ -138,6 +158,7 @@ static cJSON *job_manifest(const emb_plan *plan, const char *store_kind, dense_m
   cJSON_AddItemToObject(man, "settings", settings_json(set));
   cJSON *arch = arch_json(dense_model_config(model));
   if (arch) cJSON_AddItemToObject(man, "dense", arch);
+  if (xf) cJSON_AddItemToObject(man, "transform", transform_json(xf, xf_fp));
   return man;
 }
 
@@ -174,9 +195,10 @@ int train_ckpt_is_old_model(const char *dir) {
 
 int train_ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store,
                     const char *store_kind, dense_model *model, dense_opt *opt,
-                    const train_ckpt_state *st, const train_ckpt_settings *set, char *err,
-                    size_t errlen) {
+                    const ds_transform *xf, const train_ckpt_state *st,
+                    const train_ckpt_settings *set, char *err, size_t errlen) {
   ckpt_dir_txn t;
+  char xf_fp[SR_SHA256_HEX] = "";
   char path[SR_PATH_MAX];
   /* Every path below fits before anything is made. */
   int exists, rc = train_ckpt_root_check(root, err, errlen);
@@ -186,12 +208,15 @@ int train_ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store 
   if ((rc = sr_path_err(path, sizeof path, err, errlen, "%s/dense.bin", t.tmp)) ||
       (rc = dense_state_save(path, model, opt, err, errlen)))
     goto fail;
+  if (xf && ((rc = sr_path_err(path, sizeof path, err, errlen, "%s/" DS_XFORM_FILE, t.tmp)) ||
+             (rc = ds_transform_save(xf, path, xf_fp, err, errlen))))
+    goto fail;
   if ((rc = sr_path_err(path, sizeof path, err, errlen, "%s/shards", t.tmp))) goto fail;
   if ((rc = emb_store_checkpoint(store, path))) {
     sr_fmt(err, errlen, "%s", emb_store_errmsg(store));
     goto fail;
   }
-  if (!(man = job_manifest(plan, store_kind, model, st, set, err, errlen))) {
+  if (!(man = job_manifest(plan, store_kind, model, xf, xf_fp, st, set, err, errlen))) {
     rc = SR_ENOMEM;
     goto fail;
   }
@@ -250,6 +275,27 @@ void train_ckpt_info_free(train_ckpt_info *ci) {
   memset(ci, 0, sizeof *ci);
 }
 
+/* The manifest's "transform" (absent: none) into ci->transform_fp: a
+ * fingerprint that is the SHA-256 the file list gives its file. */
+static int transform_field(const cJSON *man, const char *path, train_ckpt_info *ci, char *err,
+                           size_t errlen) {
+  const cJSON *xj = cJSON_GetObjectItemCaseSensitive(man, "transform");
+  if (!xj) return 0;
+  const char *fp = jstr(xj, "fingerprint"), *listed = NULL;
+  const cJSON *f;
+  cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(man, "files")) {
+    const char *fpath = jstr(f, "path");
+    if (fpath && !strcmp(fpath, DS_XFORM_FILE)) listed = jstr(f, "sha256");
+  }
+  if (!fp || strlen(fp) != SR_SHA256_HEX - 1 || !listed || strcmp(fp, listed)) {
+    sr_fmt(err, errlen, "%s: transform: its fingerprint %.12s is not the SHA-256 of a listed "
+           DS_XFORM_FILE " (%.12s)", path, fp ? fp : "(none)", listed ? listed : "not listed");
+    return SR_EFORMAT;
+  }
+  memcpy(ci->transform_fp, fp, SR_SHA256_HEX);
+  return 0;
+}
+
 /* The training job's fields of a manifest ckpt_dir_read accepted, into ci
  * (the plan, checked against its fingerprints, included). */
 static int job_fields(const cJSON *man, const char *path, train_ckpt_info *ci, char *err,
@@ -289,7 +335,7 @@ static int job_fields(const cJSON *man, const char *path, train_ckpt_info *ci, c
     ci->st.loss_n = (int64_t)n;
     ci->st.last_loss = (float)last;
   }
-  return 0;
+  return transform_field(man, path, ci, err, errlen);
 }
 
 int train_ckpt_open(const char *dir, train_ckpt_info *ci, char *err, size_t errlen) {
@@ -400,6 +446,26 @@ int train_ckpt_load(const char *dir, const emb_plan *plan, emb_store *store,
   *st = ci.st;
 out:
   train_ckpt_info_free(&ci);
+  return rc;
+}
+
+int train_ckpt_transform(const train_ckpt_info *ci, ds_transform **out, char *err, size_t errlen) {
+  *out = NULL;
+  if (!ci->transform_fp[0]) {
+    sr_fmt(err, errlen, "%s records no data transform (written before models carried their "
+           "mapping, or trained on ids mapped outside shardrec)", ci->dir);
+    return SR_ENOTFOUND;
+  }
+  char path[SR_PATH_MAX], fp[SR_SHA256_HEX];
+  int rc = sr_path_err(path, sizeof path, err, errlen, "%s/" DS_XFORM_FILE, ci->dir);
+  if (!rc) rc = ds_transform_load(path, out, fp, err, errlen);
+  if (!rc && strcmp(fp, ci->transform_fp)) {
+    sr_fmt(err, errlen, "%s: fingerprint %.12s, the manifest says %.12s (file changed)", path, fp,
+           ci->transform_fp);
+    ds_transform_free(*out);
+    *out = NULL;
+    rc = SR_ECHECKSUM;
+  }
   return rc;
 }
 

@@ -12,6 +12,13 @@
  *   dense.bin      dense parameters and dense optimizer state, SRCKDENS v1
  *                  (dense/state_file.h: 256-byte header, the floats, SHA-256
  *                  trailer);
+ *   transform.bin  the data transform the model was trained with
+ *                  (datasets/transform.h: id mode, dictionaries, dense
+ *                  transform); the manifest's "transform" holds its
+ *                  fingerprint (the file's SHA-256) and a summary. Absent
+ *                  when the ids were not mapped from raw values by shardrec
+ *                  (the reference's int32 files), and in checkpoints
+ *                  written before models carried their mapping;
  *   shards/        the store's checkpoint: shards/shard-K/ (a RocksDB
  *                  checkpoint per hosted shard) for the shard store, the
  *                  local store's table-<id>.bin files for the in-memory one;
@@ -27,6 +34,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/sha256.h"
+#include "datasets/transform.h"
 #include "dense/model.h"
 #include "dense/optim.h"
 #include "embedding/plan.h"
@@ -78,15 +87,15 @@ int train_ckpt_root_check(const char *root, char *err, size_t errlen);
  * (save it again); train --save-model replaces one as of its own kind. */
 int train_ckpt_is_old_model(const char *dir);
 
-/* Write DIR/step-<st->step>/ (see above), then keep only the newest keep
+/* Write DIR/step-<st->step>/ (see above; xf NULL: no transform.bin), then keep only the newest keep
  * complete checkpoints (keep <= 0: all). A complete step-N already there is
  * kept as is. 0 or SR_E* with the reason in err; SR_ERANGE
  * (train_ckpt_root_check) before anything is made when DIR is too long for its
  * files' paths. */
 int train_ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store,
                     const char *store_kind, dense_model *model, dense_opt *opt,
-                    const train_ckpt_state *st, const train_ckpt_settings *set, char *err,
-                    size_t errlen);
+                    const ds_transform *xf, const train_ckpt_state *st,
+                    const train_ckpt_settings *set, char *err, size_t errlen);
 
 
 /* The checkpoint folder --resume path names: path itself when it is a step
@@ -126,6 +135,7 @@ typedef struct train_ckpt_info {
   int has_dense;       /* the manifest records the dense architecture */
   dense_config dense;  /* then: it (max_batch 1: set yours before dense_model_create) */
   int64_t batch;       /* --mini-batch-size it was trained with */
+  char transform_fp[SR_SHA256_HEX]; /* its data transform's fingerprint; "": none */
   void *manifest;      /* the parsed manifest (cJSON *), owned */
 } train_ckpt_info;
 
@@ -136,6 +146,12 @@ typedef struct train_ckpt_info {
  * with a message naming the file. */
 int train_ckpt_open(const char *dir, train_ckpt_info *ci, char *err, size_t errlen);
 void train_ckpt_info_free(train_ckpt_info *ci); /* NULL-safe; leaves *ci zeroed */
+
+/* The data transform of the checkpoint ci (train_ckpt_open's), read from
+ * its transform.bin and checked against the manifest's fingerprint. 0 and a
+ * new transform in *out (ds_transform_free); SR_ENOTFOUND when it records
+ * none ("DIR records no data transform ..."); SR_E* naming the file. */
+int train_ckpt_transform(const train_ckpt_info *ci, ds_transform **out, char *err, size_t errlen);
 
 /* emb_ckpt_write_as (embedding/ckpt_plan.h) with src's manifest and plan:
  * a new checkpoint at final (a step-N folder that must not exist) from

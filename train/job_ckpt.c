@@ -106,7 +106,8 @@ int job__checkpoint(train_job *j, const char *root, int keep, char *err, size_t 
     return rc;
   }
   rc = j->rank == 0 ? train_ckpt_save(root, keep, j->plan, j->store, j->store_kind,
-                                      trainer_model(j->t), trainer_dense_opt(j->t), &j->ckst,
+                                      trainer_model(j->t), trainer_dense_opt(j->t),
+                                      ds_source_transform(j->train), &j->ckst,
                                       &j->cks, err, errlen)
                     : 0;
   if (j->size == 1) return rc;

@@ -412,7 +412,7 @@ START_TEST(test_checkpoint_refusals) {
   train_ckpt_settings set = {"adagrad", "adagrad", 0.05, 0.05, 0, 0, 0, 16, NULL, NULL, NULL};
   train_ckpt_state st = {.step = 2, .epoch = 0, .sample_index = 32}, got;
   ck_assert_int_eq(train_ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
-                             trainer_dense_opt(m.t), &st, &set, err, sizeof err), 0);
+                             trainer_dense_opt(m.t), NULL, &st, &set, err, sizeof err), 0);
   ck_assert_int_eq(train_ckpt_resolve(root, ck, sizeof ck, err, sizeof err), 0);
   ck_assert_ptr_nonnull(strstr(ck, "step-2"));
   double saved = param0(&m);
@@ -528,7 +528,7 @@ START_TEST(test_checkpoint_path_too_long) {
   ck_assert_ptr_nonnull(f);
   fclose(f);
   int rc = train_ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
-                     trainer_dense_opt(m.t), &st, &set, err, sizeof err);
+                     trainer_dense_opt(m.t), NULL, &st, &set, err, sizeof err);
   ck_assert_msg(rc == SR_ERANGE, "rc %d: %s", rc, err);
   char want[128];
   snprintf(want, sizeof want, "%.64s...: path too long (over %zu characters)", root, limit - 1);
@@ -539,7 +539,7 @@ START_TEST(test_checkpoint_path_too_long) {
   /* One character shorter: saved, resolved and loaded back. */
   root[limit - 1] = 0;
   ck_assert_int_eq(train_ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
-                             trainer_dense_opt(m.t), &st, &set, err, sizeof err), 0);
+                             trainer_dense_opt(m.t), NULL, &st, &set, err, sizeof err), 0);
   char ck[SR_PATH_MAX];
   ck_assert_int_eq(train_ckpt_resolve(root, ck, sizeof ck, err, sizeof err), 0);
   small_model fresh;
@@ -593,7 +593,7 @@ START_TEST(test_checkpoint_kernels) {
                              0,         16,        "avx2", "0.3.21", "Zen"};
   train_ckpt_state st = {.step = 2, .epoch = 0, .sample_index = 32};
   ck_assert_int_eq(train_ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
-                             trainer_dense_opt(m.t), &st, &set, err, sizeof err), 0);
+                             trainer_dense_opt(m.t), NULL, &st, &set, err, sizeof err), 0);
   ck_assert_int_eq(train_ckpt_resolve(root, ck, sizeof ck, err, sizeof err), 0);
   ck_assert_int_eq(train_ckpt_kernels_differ(ck, &set, msg, sizeof msg), 0);
   train_ckpt_settings other = set;
@@ -613,7 +613,7 @@ START_TEST(test_checkpoint_kernels) {
   snprintf(root, sizeof root, "%s/kern-none", dir);
   set.dense_kernels = set.blas_version = set.blas_core = NULL;
   ck_assert_int_eq(train_ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
-                             trainer_dense_opt(m.t), &st, &set, err, sizeof err), 0);
+                             trainer_dense_opt(m.t), NULL, &st, &set, err, sizeof err), 0);
   ck_assert_int_eq(train_ckpt_resolve(root, ck, sizeof ck, err, sizeof err), 0);
   ck_assert_int_eq(train_ckpt_kernels_differ(ck, &other, msg, sizeof msg), 0);
   small_close(&m);
