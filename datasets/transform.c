@@ -49,6 +49,17 @@ ds_transform *ds_transform_create(ds_id_mode mode, uint64_t max_ind_range,
   return t;
 }
 
+ds_transform *ds_transform_clone(const ds_transform *t) {
+  ds_criteo_dict *d = NULL;
+  if (t->dict) {
+    const uint32_t *v[DS_NUM_SPARSE];
+    uint64_t n[DS_NUM_SPARSE];
+    for (int c = 0; c < DS_NUM_SPARSE; c++) v[c] = ds_criteo_dict_values(t->dict, c, &n[c]);
+    if (!(d = ds_criteo_dict_from_values(v, n, NULL, 0))) return NULL;
+  }
+  return ds_transform_create(t->id_mode, t->max_ind_range, t->frequency_threshold, d);
+}
+
 void ds_transform_free(ds_transform *t) {
   if (!t) return;
   ds_criteo_dict_destroy(t->dict);

@@ -60,6 +60,9 @@ typedef struct ds_transform {
 ds_transform *ds_transform_create(ds_id_mode mode, uint64_t max_ind_range,
                                   uint32_t frequency_threshold, ds_criteo_dict *dict);
 
+/* A copy of t (its own dictionaries); NULL on out of memory. */
+ds_transform *ds_transform_clone(const ds_transform *t);
+
 /* Free. NULL-safe. */
 void ds_transform_free(ds_transform *t);
 

@@ -9,10 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fs.h"
 #include "common/status.h"
 #include "common/sys.h"
 #include "datasets/convert.h"
 #include "datasets/source.h"
+#include "train/checkpoint.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
 
@@ -34,6 +36,15 @@ static void convert_usage(FILE *f) {
           "                          fraction: --test-fraction F (which implies it)\n");
   cli_data_help(f, &d, 24);
   fprintf(f,
+          "  --mapping-from PATH     map the ids as PATH did: a checkpoint (a step-N folder or\n"
+          "                          a folder of them; the model's data transform) or a file\n"
+          "                          convert wrote (its dictionaries): the next day's data\n"
+          "                          for a model that goes on training. A value PATH did not\n"
+          "                          keep gets the id of values not kept (0)\n"
+          "  --extend-dictionaries   with --mapping-from: values new in IN's train part (seen\n"
+          "                          --frequency-threshold times, as PATH counted) get new ids\n"
+          "                          after PATH's; PATH's values keep theirs. Training resumed\n"
+          "                          from the checkpoint on OUT grows the tables to match\n"
           "  --hash                  64-bit hashed ids, no dictionary (unbounded tables)\n"
           "  --modulo                ids = value %% --max-ind-range, no dictionary\n"
           "  --shuffle               shuffle the train part (deterministic; one-hot only)\n"
@@ -41,11 +52,49 @@ static void convert_usage(FILE *f) {
           "  --help                  this text\n");
 }
 
+/* The data transform of path: a checkpoint's (a step-N folder or a folder
+ * of them), or the dictionaries and id mode of a file convert wrote. 0, or
+ * SR_E* with "PATH: why" in err. */
+static int transform_from(const char *path, ds_transform **out, char fp[SR_SHA256_HEX], char *err,
+                          size_t errlen) {
+  char why[1024], dir[SR_PATH_MAX];
+  *out = NULL;
+  if (sr_is_dir(path)) {
+    train_ckpt_info ci;
+    int rc = train_ckpt_resolve(path, dir, sizeof dir, why, sizeof why);
+    if (!rc) rc = train_ckpt_open(dir, &ci, why, sizeof why);
+    if (!rc) {
+      rc = train_ckpt_transform(&ci, out, why, sizeof why);
+      if (!rc) memcpy(fp, ci.transform_fp, SR_SHA256_HEX);
+      train_ckpt_info_free(&ci);
+    }
+    if (rc) sr_fmt(err, errlen, "%s", why);
+    return rc;
+  }
+  ds_source_opts so = {.path = path, .format = DS_FORMAT_PROCESSED};
+  ds_source *s = ds_source_open(&so, why, sizeof why);
+  if (!s) {
+    sr_fmt(err, errlen, "%s", why);
+    return SR_EFORMAT;
+  }
+  const ds_transform *xf = ds_source_transform(s);
+  int rc = SR_EINVAL;
+  sr_fmt(err, errlen, "%s: holds ids mapped outside shardrec (no mapping to take)", path);
+  if (xf) {
+    /* The file's transform, as its own copy (the source goes). */
+    rc = (*out = ds_transform_clone(xf)) ? ds_transform_fingerprint(*out, fp) : SR_ENOMEM;
+    if (rc) sr_fmt(err, errlen, "%s: out of memory", path);
+  }
+  ds_source_destroy(s);
+  return rc;
+}
+
 int cmd_convert(int argc, char **argv) {
   static const struct option longs[] = {
       {"split", required_argument, 0, 's'},  {"hash", no_argument, 0, 'H'},
       {"modulo", no_argument, 0, 'M'},       {"shuffle", no_argument, 0, 'x'},
       {"seed", required_argument, 0, 'r'},   {"help", no_argument, 0, 'h'},
+      {"mapping-from", required_argument, 0, 'f'}, {"extend-dictionaries", no_argument, 0, 'e'},
       {0, 0, 0, 0}}; /* and the data flags of CONVERT_DATA (tools/cli_data.c) */
   cli_data d;
   cli_data_init(&d, "convert", CONVERT_DATA, NULL);
@@ -55,6 +104,7 @@ int cmd_convert(int argc, char **argv) {
   o.report = stderr;
   o.exact_count = 1;
   int shuffle = 0, have_split = 0;
+  const char *mapping_from = NULL;
   uint64_t seed = 1;
   opterr = 0;
   optind = 1;
@@ -75,6 +125,8 @@ int cmd_convert(int argc, char **argv) {
       case 'H': o.id_mode = DS_IDS_HASH; break;
       case 'M': o.id_mode = DS_IDS_MODULO; break;
       case 'x': shuffle = 1; break;
+      case 'f': mapping_from = optarg; break;
+      case 'e': o.extend = 1; break;
       case 'r':
         if (cli_u64("convert", "--seed", optarg, &seed)) return 2;
         break;
@@ -109,6 +161,16 @@ int cmd_convert(int argc, char **argv) {
     fprintf(stderr, "shardrec convert: --hash takes neither --max-ind-range nor --frequency-threshold\n");
     return 2;
   }
+  if (mapping_from && (o.id_mode || d.max_ind_range || d.frequency_threshold)) {
+    fprintf(stderr, "shardrec convert: --mapping-from takes the id mode, --max-ind-range and "
+            "--frequency-threshold from %s: give none of them\n", mapping_from);
+    return 2;
+  }
+  if (o.extend && !mapping_from) {
+    fprintf(stderr, "shardrec convert: --extend-dictionaries extends the dictionaries of "
+            "--mapping-from PATH\n");
+    return 2;
+  }
   if (argc - optind != 2) {
     fprintf(stderr, "shardrec convert: expected IN and OUT (see 'shardrec convert --help')\n");
     return 2;
@@ -120,10 +182,29 @@ int cmd_convert(int argc, char **argv) {
   if (cli_out_file("convert", "OUT", out)) return 2;
 
   double t0 = sr_now();
-  char err[1024];
+  char err[1024], fp[SR_SHA256_HEX];
+  ds_transform *given = NULL;
+  if (mapping_from) {
+    if (transform_from(mapping_from, &given, fp, err, sizeof err)) {
+      fprintf(stderr, "shardrec convert: --mapping-from %s\n", err);
+      return 1;
+    }
+    if (o.extend && given->id_mode != DS_IDS_DICT) {
+      fprintf(stderr, "shardrec convert: --extend-dictionaries: %s maps ids by %s, not by "
+              "dictionaries\n", mapping_from, ds_id_mode_name(given->id_mode));
+      ds_transform_free(given);
+      return 2;
+    }
+    printf("mapping from %s: %.12s, ", mapping_from, fp);
+    char what[256];
+    ds_transform_describe(given, what, sizeof what);
+    printf("%s%s\n", what, o.extend ? "; extended with IN's new values" : "");
+    o.transform = given;
+  }
   ds_source *s = ds_source_open(&o, err, sizeof err);
   if (!s) {
     fprintf(stderr, "shardrec convert: %s\n", err);
+    ds_transform_free(given);
     return 1;
   }
   ds_source_stats st;
@@ -131,6 +212,7 @@ int cmd_convert(int argc, char **argv) {
   if (ds_convert_to_bin(s, &o, out, shuffle, seed, &info, &st, err, sizeof err)) {
     fprintf(stderr, "shardrec convert: %s\n", err);
     ds_source_destroy(s);
+    ds_transform_free(given);
     return 1;
   }
   double secs = sr_now() - t0;
@@ -140,11 +222,14 @@ int cmd_convert(int argc, char **argv) {
          (unsigned long long)info.n_train, (unsigned long long)info.n_test,
          (unsigned long long)info.n_val, (unsigned long long)st.scan_malformed);
   printf("  layout %s, %s ids%s\n", info.flags & DS_BIN_MULTI ? "multi-hot" : "one-hot",
-         o.id_mode == DS_IDS_HASH ? "hashed 64-bit" : o.id_mode == DS_IDS_MODULO ? "modulo" : "dictionary",
+         info.id_mode == DS_IDS_HASH ? "hashed 64-bit" : info.id_mode == DS_IDS_MODULO ? "modulo" : "dictionary",
          shuffle ? ", train part shuffled" : "");
   printf("  table sizes:");
   for (int k = 0; k < DS_NUM_SPARSE; k++) printf(" %llu", (unsigned long long)info.table_sizes[k]);
   printf("\n");
+  if (!ds_transform_fingerprint(ds_source_transform(s), fp))
+    printf("  mapping %.12s\n", fp);
   ds_source_destroy(s);
+  ds_transform_free(given);
   return 0;
 }
