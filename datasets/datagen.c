@@ -556,9 +556,10 @@ int dg_generator_create(const dg_config *cfg_in, dg_generator **out, char *errbu
   if (!g) return SR_ENOMEM;
   g->cfg = cfg;
   uint64_t base = sr_mix64(cfg.seed ^ 0x5348415244524543ull); /* "SHARDREC" */
-  g->row_key = sr_mix64(base + 1);
+  const uint64_t rows = cfg.row_seed_set ? sr_mix64(cfg.row_seed ^ 0x5348415244524543ull) : base;
+  g->row_key = sr_mix64(rows + 1);
   g->pilot_key = sr_mix64(base + 2);
-  g->label_key = sr_mix64(base + 3);
+  g->label_key = sr_mix64(rows + 3);
   g->val_key = sr_mix64(base + 4);
 
   sr_rng r;
@@ -739,6 +740,11 @@ static int write_summary(const dg_generator *g, sr_outfile *out, const dg_summar
     char sb[32];
     snprintf(sb, sizeof sb, "%llu", (unsigned long long)c->seed);
     cJSON_AddStringToObject(root, "seed", sb);
+  }
+  if (c->row_seed_set) {
+    char sb[32];
+    snprintf(sb, sizeof sb, "%llu", (unsigned long long)c->row_seed);
+    cJSON_AddStringToObject(root, "row_seed", sb);
   }
   cJSON_AddNumberToObject(root, "positive_rate",
                           sm->all.rows ? (double)sm->all.positives / sm->all.rows : 0);

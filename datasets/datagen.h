@@ -52,7 +52,11 @@
 
 typedef struct dg_config {
   uint64_t rows;          /* lines to write (dg_generator_write); >= 1 */
-  uint64_t seed;
+  uint64_t seed;          /* the teacher, the values and their hex names, and the lines */
+  int row_seed_set;       /* 1: the lines (rows and labels) are drawn with row_seed
+                             instead: other lines of the same teacher and values
+                             (another day of the same click model) */
+  uint64_t row_seed;
   double scale;           /* cardinality scale; 0 = default 0.01 */
   double test_fraction;   /* last fraction of lines reported as "test"; default 0.1 */
   double zipf_s;          /* Zipf exponent; 0 = default 1.1 */

@@ -20,6 +20,10 @@ static void datagen_usage(FILE *f) {
           "  --rows N              lines to write (required, >= 1)\n"
           "  --out FILE            output TSV path (required)\n"
           "  --seed S              random seed (default 1); same seed, same bytes\n"
+          "  --row-seed R          draw the lines with R: other lines of the same teacher,\n"
+          "                        values and hex names as --seed S (new data for a model\n"
+          "                        trained on S's; the Zipf tail brings values S's lines\n"
+          "                        never had)\n"
           "  --test-fraction F     last fraction of lines reported as \"test\" (default 0.1)\n"
           "  --scale X             scale of the Kaggle cardinalities, (0, 1] (default 0.01;\n"
           "                        each column keeps at least min(real, 16) values)\n"
@@ -55,6 +59,10 @@ static int datagen_flag(dg_config *cfg, int c, const char *arg, int *have_rows) 
     break;
   case 's':
     if (cli_u64(cmd, "--seed", arg, &cfg->seed)) return 2;
+    break;
+  case 'R':
+    if (cli_u64(cmd, "--row-seed", arg, &cfg->row_seed)) return 2;
+    cfg->row_seed_set = 1;
     break;
   case 't':
     if (cli_flag_double(cmd, "--test-fraction", arg, &cfg->test_fraction)) return 2;
@@ -92,6 +100,7 @@ int cmd_datagen(int argc, char **argv) {
       {"rows", required_argument, NULL, 'n'},
       {"out", required_argument, NULL, 'o'},
       {"seed", required_argument, NULL, 's'},
+      {"row-seed", required_argument, NULL, 'R'},
       {"test-fraction", required_argument, NULL, 't'},
       {"scale", required_argument, NULL, 'x'},
       {"zipf", required_argument, NULL, 'z'},
@@ -117,7 +126,7 @@ int cmd_datagen(int argc, char **argv) {
   while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
     switch (c) {
     case 'n': case 'o': case 's': case 't': case 'x': case 'z': case 'u': case 'g': case 'm':
-    case 'b': case 'c': case 'r':
+    case 'b': case 'c': case 'r': case 'R':
       if (c == 'o') out = optarg;
       else if (datagen_flag(&cfg, c, optarg, &have_rows)) return 2;
       break;
