@@ -89,6 +89,69 @@ static int transform_from(const char *path, ds_transform **out, char fp[SR_SHA25
   return rc;
 }
 
+/* d's data flags into o, and the flags checked together (2 with the
+ * message printed, or 0). */
+static int check_flags(const cli_data *d, ds_source_opts *o, int have_split,
+                       const char *mapping_from) {
+  o->test_fraction = d->test_fraction;
+  o->max_ind_range = d->max_ind_range;
+  o->frequency_threshold = d->frequency_threshold;
+  o->no_label = d->no_label;
+  o->strict = d->strict;
+  if (d->have_test_fraction) {
+    if (have_split && o->scheme != DS_SCHEME_FRACTION) {
+      fprintf(stderr, "shardrec convert: --test-fraction goes with --split fraction only\n");
+      return 2;
+    }
+    o->scheme = DS_SCHEME_FRACTION;
+  } else if (o->scheme == DS_SCHEME_FRACTION) {
+    fprintf(stderr, "shardrec convert: --split fraction needs --test-fraction F\n");
+    return 2;
+  }
+  if (o->id_mode == DS_IDS_MODULO && !o->max_ind_range) {
+    fprintf(stderr, "shardrec convert: --modulo needs --max-ind-range N (N > 0)\n");
+    return 2;
+  }
+  if (o->id_mode == DS_IDS_HASH && (o->max_ind_range || o->frequency_threshold)) {
+    fprintf(stderr, "shardrec convert: --hash takes neither --max-ind-range nor --frequency-threshold\n");
+    return 2;
+  }
+  if (mapping_from && (o->id_mode || d->max_ind_range || d->frequency_threshold)) {
+    fprintf(stderr, "shardrec convert: --mapping-from takes the id mode, --max-ind-range and "
+            "--frequency-threshold from %s: give none of them\n", mapping_from);
+    return 2;
+  }
+  if (o->extend && !mapping_from) {
+    fprintf(stderr, "shardrec convert: --extend-dictionaries extends the dictionaries of "
+            "--mapping-from PATH\n");
+    return 2;
+  }
+  return 0;
+}
+
+/* --mapping-from PATH's transform into *given (owned by the caller) and
+ * o->transform, said on stdout. 0, or the exit status with the message
+ * printed. */
+static int load_mapping(const char *from, ds_source_opts *o, ds_transform **given) {
+  char err[1024], fp[SR_SHA256_HEX], what[256];
+  if (transform_from(from, given, fp, err, sizeof err)) {
+    fprintf(stderr, "shardrec convert: --mapping-from %s\n", err);
+    return 1;
+  }
+  if (o->extend && (*given)->id_mode != DS_IDS_DICT) {
+    fprintf(stderr, "shardrec convert: --extend-dictionaries: %s maps ids by %s, not by "
+            "dictionaries\n", from, ds_id_mode_name((*given)->id_mode));
+    ds_transform_free(*given);
+    *given = NULL;
+    return 2;
+  }
+  ds_transform_describe(*given, what, sizeof what);
+  printf("mapping from %s: %.12s, %s%s\n", from, fp, what,
+         o->extend ? "; extended with IN's new values" : "");
+  o->transform = *given;
+  return 0;
+}
+
 int cmd_convert(int argc, char **argv) {
   static const struct option longs[] = {
       {"split", required_argument, 0, 's'},  {"hash", no_argument, 0, 'H'},
@@ -138,39 +201,7 @@ int cmd_convert(int argc, char **argv) {
         if (rc) return 2;
     }
   }
-  o.test_fraction = d.test_fraction;
-  o.max_ind_range = d.max_ind_range;
-  o.frequency_threshold = d.frequency_threshold;
-  o.no_label = d.no_label;
-  o.strict = d.strict;
-  if (d.have_test_fraction) {
-    if (have_split && o.scheme != DS_SCHEME_FRACTION) {
-      fprintf(stderr, "shardrec convert: --test-fraction goes with --split fraction only\n");
-      return 2;
-    }
-    o.scheme = DS_SCHEME_FRACTION;
-  } else if (o.scheme == DS_SCHEME_FRACTION) {
-    fprintf(stderr, "shardrec convert: --split fraction needs --test-fraction F\n");
-    return 2;
-  }
-  if (o.id_mode == DS_IDS_MODULO && !o.max_ind_range) {
-    fprintf(stderr, "shardrec convert: --modulo needs --max-ind-range N (N > 0)\n");
-    return 2;
-  }
-  if (o.id_mode == DS_IDS_HASH && (o.max_ind_range || o.frequency_threshold)) {
-    fprintf(stderr, "shardrec convert: --hash takes neither --max-ind-range nor --frequency-threshold\n");
-    return 2;
-  }
-  if (mapping_from && (o.id_mode || d.max_ind_range || d.frequency_threshold)) {
-    fprintf(stderr, "shardrec convert: --mapping-from takes the id mode, --max-ind-range and "
-            "--frequency-threshold from %s: give none of them\n", mapping_from);
-    return 2;
-  }
-  if (o.extend && !mapping_from) {
-    fprintf(stderr, "shardrec convert: --extend-dictionaries extends the dictionaries of "
-            "--mapping-from PATH\n");
-    return 2;
-  }
+  if ((rc = check_flags(&d, &o, have_split, mapping_from))) return rc;
   if (argc - optind != 2) {
     fprintf(stderr, "shardrec convert: expected IN and OUT (see 'shardrec convert --help')\n");
     return 2;
@@ -184,23 +215,7 @@ int cmd_convert(int argc, char **argv) {
   double t0 = sr_now();
   char err[1024], fp[SR_SHA256_HEX];
   ds_transform *given = NULL;
-  if (mapping_from) {
-    if (transform_from(mapping_from, &given, fp, err, sizeof err)) {
-      fprintf(stderr, "shardrec convert: --mapping-from %s\n", err);
-      return 1;
-    }
-    if (o.extend && given->id_mode != DS_IDS_DICT) {
-      fprintf(stderr, "shardrec convert: --extend-dictionaries: %s maps ids by %s, not by "
-              "dictionaries\n", mapping_from, ds_id_mode_name(given->id_mode));
-      ds_transform_free(given);
-      return 2;
-    }
-    printf("mapping from %s: %.12s, ", mapping_from, fp);
-    char what[256];
-    ds_transform_describe(given, what, sizeof what);
-    printf("%s%s\n", what, o.extend ? "; extended with IN's new values" : "");
-    o.transform = given;
-  }
+  if (mapping_from && (rc = load_mapping(mapping_from, &o, &given))) return rc;
   ds_source *s = ds_source_open(&o, err, sizeof err);
   if (!s) {
     fprintf(stderr, "shardrec convert: %s\n", err);
