@@ -92,6 +92,8 @@ int emb_ckpt_open(const char *path, emb_ckpt *ck, char *err, size_t errlen) {
     rc = SR_EFORMAT;
   }
   if (!rc) rc = emb_ckpt_get_plan(ck->manifest, src, &ck->plan, err, errlen);
+  const char *xf_fp; /* the data transform (the training job's field): checked, carried */
+  if (!rc) rc = ckpt_dir_fingerprint(ck->manifest, "transform", src, &xf_fp, err, errlen);
   if (!rc) rc = ckpt_dir_verify(ck->dir, ck->manifest, err, errlen);
   if (rc) {
     emb_ckpt_close(ck);

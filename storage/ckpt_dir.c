@@ -474,6 +474,27 @@ out:
   return rc;
 }
 
+int ckpt_dir_fingerprint(const cJSON *man, const char *field, const char *src,
+                         const char **fp, char *err, size_t errlen) {
+  const cJSON *xj = cJSON_GetObjectItemCaseSensitive(man, field);
+  *fp = NULL;
+  if (!xj) return 0;
+  const char *want = jstr(xj, "fingerprint"), *name = jstr(xj, "file"), *listed = NULL;
+  const cJSON *f;
+  cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(man, "files")) {
+    const char *path = jstr(f, "path");
+    if (name && path && !strcmp(path, name)) listed = jstr(f, "sha256");
+  }
+  if (!want || strlen(want) != SR_SHA256_HEX - 1 || !listed || strcmp(want, listed)) {
+    sr_fmt(err, errlen, "%s: %s: its fingerprint %.12s is not the SHA-256 of a listed %s (%.12s)",
+           src, field, want ? want : "(none)", name ? name : "(no file named)",
+           listed ? listed : "not listed");
+    return SR_EFORMAT;
+  }
+  *fp = want;
+  return 0;
+}
+
 int ckpt_dir_verify(const char *dir, const cJSON *man, char *err, size_t errlen) {
   const cJSON *files = cJSON_GetObjectItemCaseSensitive(man, "files"), *f;
   if (!cJSON_IsArray(files) || cJSON_GetArraySize(files) == 0) {

@@ -111,6 +111,16 @@ int ckpt_dir_read(const char *dir, struct cJSON **man, char *err, size_t errlen)
  * entry or a path with ".." is SR_EFORMAT. 0 or SR_E* naming the file. */
 int ckpt_dir_verify(const char *dir, const struct cJSON *man, char *err, size_t errlen);
 
+/* A manifest field that stands for one of the listed files by its
+ * fingerprint ({"file": NAME, "fingerprint": SHA-256 hex, ...}: the data
+ * transform's "transform"): *fp gets the fingerprint, NULL when man has no
+ * such field. SR_EFORMAT ("SRC: FIELD: its fingerprint ... is not the
+ * SHA-256 of a listed NAME") when it is not the SHA-256 the file list
+ * gives the file, so ckpt_dir_verify's check of the file proves it. 0 or
+ * SR_EFORMAT. */
+int ckpt_dir_fingerprint(const struct cJSON *man, const char *field, const char *src,
+                         const char **fp, char *err, size_t errlen);
+
 /* The folder above path ("." for a bare name, "/" for "/x") into out. 0 or
  * SR_ERANGE when it does not fit. */
 int ckpt_dir_parent(const char *path, char *out, size_t outlen);

@@ -275,25 +275,14 @@ void train_ckpt_info_free(train_ckpt_info *ci) {
   memset(ci, 0, sizeof *ci);
 }
 
-/* The manifest's "transform" (absent: none) into ci->transform_fp: a
- * fingerprint that is the SHA-256 the file list gives its file. */
+/* The manifest's "transform" (absent: none) into ci->transform_fp, its
+ * fingerprint the SHA-256 the file list gives its file. */
 static int transform_field(const cJSON *man, const char *path, train_ckpt_info *ci, char *err,
                            size_t errlen) {
-  const cJSON *xj = cJSON_GetObjectItemCaseSensitive(man, "transform");
-  if (!xj) return 0;
-  const char *fp = jstr(xj, "fingerprint"), *listed = NULL;
-  const cJSON *f;
-  cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(man, "files")) {
-    const char *fpath = jstr(f, "path");
-    if (fpath && !strcmp(fpath, DS_XFORM_FILE)) listed = jstr(f, "sha256");
-  }
-  if (!fp || strlen(fp) != SR_SHA256_HEX - 1 || !listed || strcmp(fp, listed)) {
-    sr_fmt(err, errlen, "%s: transform: its fingerprint %.12s is not the SHA-256 of a listed "
-           DS_XFORM_FILE " (%.12s)", path, fp ? fp : "(none)", listed ? listed : "not listed");
-    return SR_EFORMAT;
-  }
-  memcpy(ci->transform_fp, fp, SR_SHA256_HEX);
-  return 0;
+  const char *fp;
+  int rc = ckpt_dir_fingerprint(man, "transform", path, &fp, err, errlen);
+  if (!rc && fp) memcpy(ci->transform_fp, fp, SR_SHA256_HEX);
+  return rc;
 }
 
 /* The training job's fields of a manifest ckpt_dir_read accepted, into ci
