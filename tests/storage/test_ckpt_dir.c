@@ -106,6 +106,39 @@ START_TEST(test_write_read) {
 }
 END_TEST
 
+/* A field that stands for a listed file by its fingerprint: taken when the
+ * fingerprint is the file list's SHA-256 of it, refused naming the field
+ * otherwise; absent is none. */
+START_TEST(test_fingerprint_field) {
+  write_step(3);
+  char p[512], err[1024];
+  snprintf(p, sizeof p, "%s/step-3", root);
+  cJSON *man = NULL;
+  ck_assert_msg(ckpt_dir_read(p, &man, err, sizeof err) == 0, "%s", err);
+  const char *fp = "x";
+  ck_assert_int_eq(ckpt_dir_fingerprint(man, "transform", "m.json", &fp, err, sizeof err), 0);
+  ck_assert_ptr_null(fp);
+  const char *hello = "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824";
+  cJSON *x = cJSON_AddObjectToObject(man, "transform");
+  cJSON_AddStringToObject(x, "file", "x.bin");
+  cJSON_AddStringToObject(x, "fingerprint", hello);
+  ck_assert_msg(ckpt_dir_fingerprint(man, "transform", "m.json", &fp, err, sizeof err) == 0,
+                "%s", err);
+  ck_assert_str_eq(fp, hello);
+  /* Another file's SHA-256, or a file not listed: refused. */
+  cJSON_ReplaceItemInObject(x, "file", cJSON_CreateString("sub/y.bin"));
+  ck_assert_int_eq(ckpt_dir_fingerprint(man, "transform", "m.json", &fp, err, sizeof err),
+                   SR_EFORMAT);
+  ck_assert_str_eq(err, "m.json: transform: its fingerprint 2cf24dba5fb0 is not the SHA-256 of a "
+                        "listed sub/y.bin (84d89877f0d4)");
+  cJSON_ReplaceItemInObject(x, "file", cJSON_CreateString("z.bin"));
+  ck_assert_int_eq(ckpt_dir_fingerprint(man, "transform", "m.json", &fp, err, sizeof err),
+                   SR_EFORMAT);
+  ck_assert_ptr_nonnull(strstr(err, "listed z.bin (not listed)"));
+  cJSON_Delete(man);
+}
+END_TEST
+
 START_TEST(test_names_and_resolve) {
   ck_assert_int_eq(ckpt_dir_step_of("step-0"), 0);
   ck_assert_int_eq(ckpt_dir_step_of("step-123"), 123);
@@ -424,6 +457,7 @@ int main(void) {
   TCase *tc = tcase_create("ckpt_dir");
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_write_read);
+  tcase_add_test(tc, test_fingerprint_field);
   tcase_add_test(tc, test_names_and_resolve);
   tcase_add_test(tc, test_refusals);
   tcase_add_test(tc, test_shards_names);
