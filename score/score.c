@@ -1,4 +1,4 @@
-/* Scoring with a trainer checkpoint: see predict.h. */
+/* Scoring with a trainer checkpoint: see score.h. */
 #include "score/score.h"
 
 #include <errno.h>
@@ -27,6 +27,7 @@ typedef struct run {
   size_t errlen;
   char step_dir[SR_PATH_MAX];
   train_ckpt_info ci;
+  ds_transform *xf;    /* the checkpoint's data transform (owned); NULL: it records none */
   emb_ckpt_store cs;       /* in process: the checkpoint's store (cs.store) */
   emb_store *store;    /* the rows: cs.store, or the remote store (owned) */
   trainer *t;
@@ -221,59 +222,90 @@ static int open_model(run *r) {
   return dense_state_load(path, trainer_model(r->t), NULL, r->err, r->errlen);
 }
 
-/* Raw data: ids past a table's rows mean another dictionary than
- * training's (fatal); other sizes than the checkpoint's are warned about. */
-static int check_ids(run *r) {
+/* The checkpoint's data transform (r->xf; NULL when it records none, as
+ * a checkpoint written before models carried their mapping or trained on
+ * ids mapped outside shardrec). Raw rows are mapped with it and nothing
+ * else, so without one they are refused; its tables must fit the plan's. */
+static int load_transform(run *r) {
   const score_opts *o = r->o;
   const emb_plan *plan = r->ci.plan;
-  uint64_t sizes[DS_NUM_SPARSE];
+  char why[1024];
+  int rc = train_ckpt_transform(&r->ci, &r->xf, why, sizeof why);
+  if (rc == SR_ENOTFOUND) {
+    if (!o->raw) return 0; /* a converted file is scored as its ids say */
+    sr_fmt(r->err, r->errlen, "--raw-data-file %s: %s: its raw-row mapping cannot be proven; "
+             "score a file converted with its own dictionaries (--processed-data-file), or "
+             "save the model again with this shardrec", o->data_path, why);
+    return SR_EMISMATCH;
+  }
+  if (rc) {
+    sr_fmt(r->err, r->errlen, "--checkpoint: %s", why);
+    return rc;
+  }
   if (plan->n_tables != DS_NUM_SPARSE) {
-    snprintf(r->err, r->errlen, "the checkpoint's plan has %d tables, Criteo data %d",
+    sr_fmt(r->err, r->errlen, "the checkpoint's plan has %d tables, Criteo data %d",
              plan->n_tables, DS_NUM_SPARSE);
     return SR_EMISMATCH;
   }
-  if (ds_source_table_sizes(r->src, sizes)) return 0;
-  int warned = 0;
-  for (int i = 0; i < DS_NUM_SPARSE; i++) {
+  /* Bounded tables: the transform's ids must have rows (a plan may have
+   * more, --arch-embedding-size; hashed ids are unbounded: 0). */
+  uint64_t sizes[DS_NUM_SPARSE];
+  ds_transform_table_sizes(r->xf, sizes);
+  for (int i = 0; i < DS_NUM_SPARSE; i++)
     if (sizes[i] > plan->tables[i].rows) {
-      snprintf(r->err, r->errlen, "%s: table %d (%s) gets ids up to %llu, the "
-               "checkpoint's table has %llu rows: the ids are not mapped as at training "
-               "(give the file and --data-set/--test-fraction/--max-ind-range/"
-               "--frequency-threshold training used)", o->data_path, i, plan->tables[i].name,
-               (unsigned long long)sizes[i], (unsigned long long)plan->tables[i].rows);
+      sr_fmt(r->err, r->errlen, "%s: its data transform gives table %d (%s) %llu ids, its "
+               "plan %llu rows: the transform and the plan do not belong together",
+               r->step_dir, i, plan->tables[i].name, (unsigned long long)sizes[i],
+               (unsigned long long)plan->tables[i].rows);
       return SR_EMISMATCH;
-    } else if (sizes[i] != plan->tables[i].rows && !warned) {
-      if (o->report)
-        fprintf(o->report, "%s: warning: %s: table %d (%s) has %llu ids here, %llu "
-                "rows in the checkpoint: unless training set --arch-embedding-size, the ids "
-                "are not mapped as at training (check --test-fraction/--max-ind-range/"
-                "--frequency-threshold and the file)\n", o->who ? o->who : "predict",
-                o->data_path, i, plan->tables[i].name, (unsigned long long)sizes[i],
-                (unsigned long long)plan->tables[i].rows);
-      warned = 1;
     }
-  }
   return 0;
+}
+
+/* A converted file: its ids must be mapped by the checkpoint's transform
+ * (the same fingerprint), else nothing is scored. A checkpoint without a
+ * transform scores any converted file as its ids say. */
+static int check_file_transform(run *r) {
+  const char *path = r->o->data_path;
+  const ds_transform *fx = ds_source_transform(r->src);
+  if (!r->xf) return 0;
+  char mfp[SR_SHA256_HEX], ffp[SR_SHA256_HEX], why[512] = "";
+  if (!fx) {
+    sr_fmt(r->err, r->errlen, "--processed-data-file %s: its ids were mapped outside "
+             "shardrec (raw ids, no data transform) and the model records one: convert the raw "
+             "file with --mapping-from %s", path, r->step_dir);
+    return SR_EMISMATCH;
+  }
+  if (ds_transform_fingerprint(r->xf, mfp) || ds_transform_fingerprint(fx, ffp)) {
+    sr_fmt(r->err, r->errlen, "%s: cannot fingerprint the data transform", path);
+    return SR_EBACKEND;
+  }
+  if (!strcmp(mfp, ffp)) return 0;
+  ds_xform_relation rel = ds_transform_compare(r->xf, fx, why, sizeof why);
+  sr_fmt(r->err, r->errlen, "--processed-data-file %s: mapping %.12s %s the model's %.12s "
+           "(%s): convert the raw file with --mapping-from %s", path, ffp,
+           rel == DS_XFORM_EXTENDS ? "extends (new ids without rows in)" : "differs from",
+           mfp, why[0] ? why : "other canonical bytes", r->step_dir);
+  return SR_EMISMATCH;
 }
 
 /* The data, opened as train opens it, and the room for its predictions. */
 static int open_data(run *r) {
   const score_opts *o = r->o;
   r->so = (ds_source_opts){.path = o->data_path, .split = o->split,
-                           .max_ind_range = o->max_ind_range,
-                           .frequency_threshold = o->frequency_threshold,
                            .no_label = o->no_label, .strict = o->strict, .report = o->report,
                            .format = o->raw ? DS_FORMAT_AUTO : DS_FORMAT_PROCESSED};
   if (o->raw) {
     r->so.scheme = o->terabyte ? DS_SCHEME_TERABYTE
                    : o->have_test_fraction ? DS_SCHEME_FRACTION : DS_SCHEME_KAGGLE;
     r->so.test_fraction = o->test_fraction;
+    r->so.transform = r->xf; /* load_transform refused raw rows without one */
   }
   r->t0 = sr_now();
   r->src = ds_source_open(&r->so, r->err, r->errlen);
   if (!r->src) return SR_EIO;
   int rc;
-  if (o->raw && (rc = check_ids(r))) return rc;
+  if (!o->raw && (rc = check_file_transform(r))) return rc;
   if (o->raw && o->out) {
     uint64_t n_lines = 0;
     if ((rc = find_bad_lines(o->data_path, &r->so, &r->bad, &r->n_bad, &n_lines, r->err,
@@ -405,6 +437,7 @@ static void run_free(run *r) {
   if (r->cs.store) emb_ckpt_store_close(&r->cs);
   else emb_store_destroy(r->store);
   train_ckpt_info_free(&r->ci);
+  ds_transform_free(r->xf);
 }
 
 int score_split_parse(const char *name, ds_split *sp) {
@@ -441,6 +474,7 @@ int score_run(const score_opts *o, score_result *res, char *err, size_t errlen) 
   r->errlen = errlen;
   size_t n = 0;
   int rc = open_checkpoint(r);
+  if (!rc) rc = load_transform(r);
   if (!rc) rc = open_model(r);
   if (!rc) rc = open_data(r);
   if (!rc) rc = write_predictions(r, &n);

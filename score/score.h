@@ -10,6 +10,15 @@
  * ("%.9g", a float round-trips) in input order; a malformed raw line the
  * reader skips is written as "nan" so the output stays aligned with the
  * input. Labelled input also gets its metrics (AUC, log loss, ...).
+ *
+ * The ids are the model's own (datasets/transform.h): raw rows are mapped
+ * with the checkpoint's data transform (transform.bin), no dictionary is
+ * built from the scored file, and a value the model never kept is the
+ * unseen id 0. A checkpoint that records no transform scores no raw rows
+ * (their mapping cannot be proven); a converted file is scored only when
+ * its transform has the checkpoint's fingerprint (one converted with
+ * --mapping-from CKPT), or when the checkpoint records none. Every refusal
+ * comes before a row is scored or a file written.
  * `shardrec predict` and `shardrec eval` (predictions not written) are both
  * fronts of score_run. A saved-model folder of the format before
  * --save-model wrote checkpoints is refused (SR_EVERSION) with a message
@@ -43,12 +52,11 @@ typedef struct score_opts {
                                 lines) */
   ds_split split;            /* the part scored */
   const char *split_name;    /* its name, for messages ("all": NULL) */
-  /* Raw data: ids mapped as train maps them (kaggle split unless terabyte or
-   * have_test_fraction: then the last test_fraction of the lines are test). */
+  /* Raw data: the lines split as train splits them (kaggle unless terabyte
+   * or have_test_fraction: then the last test_fraction of the lines are
+   * test); their ids are mapped with the checkpoint's data transform. */
   int have_test_fraction;
   double test_fraction;
-  uint64_t max_ind_range;
-  uint32_t frequency_threshold;
   int no_label;              /* raw data without the label column: no metrics */
   int strict;                /* raw data: the first malformed line is fatal */
   int batch;                 /* samples per forward pass (0: the checkpoint's batch) */

@@ -106,6 +106,10 @@ enum {
   CLI_DATA_FREQ = 1 << 6,      /* --frequency-threshold N */
   CLI_DATA_NO_LABEL = 1 << 7,  /* --no-label */
   CLI_DATA_STRICT = 1 << 8,    /* --strict */
+  CLI_DATA_MODEL_XFORM = 1 << 9, /* eval, predict: raw rows are mapped with the model's
+                                    data transform; --max-ind-range and
+                                    --frequency-threshold are refused saying so (exit 2),
+                                    and --raw-data-file's help says it */
 };
 /* Both data files, and the flags that map a raw file's ids as train does. */
 #define CLI_DATA_FILES (CLI_DATA_PROCESSED | CLI_DATA_RAW)
@@ -149,8 +153,8 @@ int cli_data_flag(cli_data *d, int opt, const char *arg);
 void cli_data_help(FILE *f, const cli_data *d, int width);
 
 /* d's data file and flags into scoring's options (eval, predict): the
- * file, its kind, the split by name (a test fraction over --data-set, as
- * train reads it) and the raw data's mapping. 0, or 2 (the exit status)
+ * file, its kind and the split by name (a test fraction over --data-set, as
+ * train reads it; the ids are the model's transform's). 0, or 2 (the exit status)
  * with "shardrec CMD: --data-split: 'NAME' is not ..." printed. */
 struct score_opts;
 int cli_data_score(const cli_data *d, struct score_opts *o);

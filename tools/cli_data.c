@@ -31,8 +31,7 @@ static const data_flag data_flags[] = {
     {CLI_DATA_RAW, {"raw-data-file", required_argument, 0, O_RAW}, "F",
      "Criteo TSV (or .gz; Terabyte: the day_ prefix with\n"
      "--data-set terabyte); ids are mapped by dictionaries built\n"
-     "from its train part under the flags below (to score a\n"
-     "model, give the file and flags training used)"},
+     "from its train part under the flags below"},
     {CLI_DATA_SPLIT, {"data-split", required_argument, 0, O_SPLIT}, "test|val|train|all",
      "'test' is what train's evaluation scores"},
     {CLI_DATA_SPLIT, {"split", required_argument, 0, O_SPLIT}, "test|val|train|all",
@@ -54,6 +53,29 @@ static const data_flag data_flags[] = {
 };
 #define N_DATA_FLAGS (sizeof data_flags / sizeof data_flags[0])
 
+/* --raw-data-file's help in a command that scores a model
+ * (CLI_DATA_MODEL_XFORM). */
+static const char raw_model_help[] =
+    "Criteo TSV (or .gz); its ids are mapped with the model's\n"
+    "own data transform (the dictionaries it was trained with,\n"
+    "recorded in the checkpoint): a value it never kept is the\n"
+    "unseen id 0; a checkpoint that records none is refused";
+
+/* The data flags getopt_long takes for d: the ones it names, and with
+ * CLI_DATA_MODEL_XFORM the mapping flags it refuses with the reason. */
+static unsigned parsed_bits(const cli_data *d) {
+  return d->takes | (d->takes & CLI_DATA_MODEL_XFORM ? CLI_DATA_MAX_IND | CLI_DATA_FREQ : 0u);
+}
+
+/* A mapping flag given to a command that maps raw rows with the model's
+ * transform: refused (exit status 2), saying why. */
+static int model_decides(const cli_data *d, const char *flag) {
+  fprintf(stderr, "shardrec %s: %s: raw rows are mapped with the model's own data transform "
+          "(recorded in the checkpoint), which decides the id range and the frequency "
+          "threshold; the flag is train's, convert's and plan's\n", d->cmd, flag);
+  return 2;
+}
+
 void cli_data_init(cli_data *d, const char *cmd, unsigned takes, const char *split_default) {
   memset(d, 0, sizeof *d);
   d->cmd = cmd;
@@ -69,7 +91,7 @@ int cli_data_options(const cli_data *d, const struct option *own, struct option 
     out[n] = own[n];
   }
   for (size_t k = 0; k < N_DATA_FLAGS; k++) {
-    if (!(d->takes & data_flags[k].bit)) continue;
+    if (!(parsed_bits(d) & data_flags[k].bit)) continue;
     if (n + 1 >= cap) goto full;
     out[n++] = data_flags[k].opt;
   }
@@ -85,7 +107,7 @@ full:
  * NULL. */
 static const data_flag *flag_of(const cli_data *d, int opt) {
   for (size_t k = 0; k < N_DATA_FLAGS; k++)
-    if (data_flags[k].opt.val == opt && (d->takes & data_flags[k].bit)) return &data_flags[k];
+    if (data_flags[k].opt.val == opt && (parsed_bits(d) & data_flags[k].bit)) return &data_flags[k];
   return NULL;
 }
 
@@ -107,11 +129,13 @@ int cli_data_flag(cli_data *d, int opt, const char *arg) {
       if (cli_flag_double(d->cmd, "--test-fraction", arg, &d->test_fraction)) return 2;
       d->have_test_fraction = 1;
       return 0;
-    case O_MAX_IND: return cli_flag_u64(d->cmd, "--max-ind-range", arg, &d->max_ind_range) ? 2 : 0;
+    case O_MAX_IND:
+      if (cli_flag_u64(d->cmd, "--max-ind-range", arg, &d->max_ind_range)) return 2;
+      return d->takes & CLI_DATA_MODEL_XFORM ? model_decides(d, "--max-ind-range") : 0;
     case O_FREQ:
       if (cli_flag(d->cmd, "--frequency-threshold", arg, &v)) return 2;
       d->frequency_threshold = (uint32_t)v;
-      return 0;
+      return d->takes & CLI_DATA_MODEL_XFORM ? model_decides(d, "--frequency-threshold") : 0;
     case O_NO_LABEL: d->no_label = 1; return 0;
     case O_STRICT: d->strict = 1; return 0;
     default: return -1;
@@ -128,7 +152,9 @@ void cli_data_help(FILE *f, const cli_data *d, int width) {
     fprintf(f, "  %-*s%s", width, head, n < width ? "" : "  ");
     if (g->opt.val == O_SPLIT && !strcmp(g->opt.name, "data-split"))
       fprintf(f, "which part to score (%s);\n  %*s", d->split_default, width, "");
-    for (const char *p = g->help; *p;) {
+    const char *help = g->help;
+    if (g->opt.val == O_RAW && (d->takes & CLI_DATA_MODEL_XFORM)) help = raw_model_help;
+    for (const char *p = help; *p;) {
       const size_t len = strcspn(p, "\n");
       fprintf(f, "%.*s", (int)len, p);
       p += len;
@@ -150,8 +176,6 @@ int cli_data_score(const cli_data *d, score_opts *o) {
   o->terabyte = d->terabyte && !d->have_test_fraction;
   o->have_test_fraction = d->have_test_fraction;
   o->test_fraction = d->test_fraction;
-  o->max_ind_range = d->max_ind_range;
-  o->frequency_threshold = d->frequency_threshold;
   o->no_label = d->no_label;
   o->strict = d->strict;
   return 0;

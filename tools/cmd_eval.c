@@ -14,7 +14,8 @@
 #define CMD "eval"
 
 /* The data flags eval takes, and its split unless --data-split is given. */
-#define EVAL_DATA (CLI_DATA_FILES | CLI_DATA_SPLIT | CLI_DATA_MAPPING)
+#define EVAL_DATA (CLI_DATA_FILES | CLI_DATA_SPLIT | CLI_DATA_SET | CLI_DATA_TEST_FRACTION | \
+                   CLI_DATA_MODEL_XFORM)
 #define EVAL_SPLIT "test"
 
 static void usage(FILE *f) {
@@ -22,6 +23,11 @@ static void usage(FILE *f) {
   cli_data_init(&d, CMD, EVAL_DATA, EVAL_SPLIT);
   fprintf(f,
 "usage: shardrec eval --checkpoint DIR (--processed-data-file F | --raw-data-file F) [options]\n"
+"\n"
+"The metrics of the model on the file (or its --data-split). Raw rows are mapped with the\n"
+"model's own data transform (recorded in the checkpoint); a processed file must carry the\n"
+"same transform (convert it with --mapping-from CKPT): anything else is refused.\n"
+"\n"
 "  --checkpoint DIR          a model saved by 'shardrec train --save-model DIR', or any\n"
 "                            checkpoint folder ('--save-checkpoint': a step-N folder, or a\n"
 "                            folder of them: the newest complete one); verified, only read\n"

@@ -19,8 +19,8 @@
 #define CMD "predict"
 
 /* The data flags predict takes, and its split unless --data-split is given. */
-#define PREDICT_DATA (CLI_DATA_FILES | CLI_DATA_SPLIT | CLI_DATA_MAPPING | CLI_DATA_NO_LABEL | \
-                      CLI_DATA_STRICT)
+#define PREDICT_DATA (CLI_DATA_FILES | CLI_DATA_SPLIT | CLI_DATA_SET | CLI_DATA_TEST_FRACTION | \
+                      CLI_DATA_MODEL_XFORM | CLI_DATA_NO_LABEL | CLI_DATA_STRICT)
 #define PREDICT_SPLIT "all"
 
 static void usage(FILE *f) {
@@ -33,9 +33,12 @@ static void usage(FILE *f) {
 "Scores every sample of the file (or of --data-split) with the checkpoint's dense model\n"
 "and embedding rows; writes one probability per line (\"%%.9g\") in input order, \"nan\" for\n"
 "a malformed raw line (skipped, reported as train reports them). Labelled input also\n"
-"prints AUC and log loss (--no-label: none). Raw data is read as train read it: give\n"
-"the file and flags training used, or score the processed file; --data-set kaggle only\n"
-"(terabyte's day files are not read here).\n"
+"prints AUC and log loss (--no-label: none). Raw rows are mapped with the model's own\n"
+"data transform (the dictionaries it was trained with, recorded in the checkpoint): no\n"
+"dictionary is built from the file, a value the model never kept is the unseen id 0. A\n"
+"processed file must carry the same transform (convert it with --mapping-from CKPT);\n"
+"anything else is refused before a row is scored. --data-set kaggle only (terabyte's\n"
+"day files are not read here).\n"
 "\n"
 "  --checkpoint CKPT         a step-N folder written by 'train --save-checkpoint', or a\n"
 "                            folder of them (the newest complete one; 'train --save-model\n"
@@ -156,11 +159,9 @@ static int check_flags(flags *f) {
                     "here\n");
     return 2;
   }
-  if (d->processed && (o->have_test_fraction || o->max_ind_range || o->frequency_threshold ||
-                       o->strict || o->no_label)) {
-    fprintf(stderr, "shardrec predict: --test-fraction, --max-ind-range, --frequency-threshold, "
-                    "--strict and --no-label apply to --raw-data-file (a processed file holds "
-                    "its split, ids and labels)\n");
+  if (d->processed && (o->have_test_fraction || o->strict || o->no_label)) {
+    fprintf(stderr, "shardrec predict: --test-fraction, --strict and --no-label apply to "
+                    "--raw-data-file (a processed file holds its split, ids and labels)\n");
     return 2;
   }
   if (o->no_label && o->metrics_out) {

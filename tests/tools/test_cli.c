@@ -49,25 +49,27 @@ END_TEST
 
 /* The commands that open a data file, the data flags each takes, and the
  * operands around a flag under test that carry the command to its flag
- * checks (paths under a folder that does not exist: nothing is written). */
+ * checks (paths under a folder that does not exist: nothing is written).
+ * model: the command scores a model, whose data transform maps raw rows
+ * (--raw-data-file says so; the mapping flags are refused saying so). */
 static const struct {
   const char *cmd, *pre, *post, *takes, *split; /* split: --data-split's default */
+  int model;
 } data_cmds[] = {
     {"train", "--raw-data-file /nonexistent/d.tsv", "",
      " processed-data-file raw-data-file data-set test-fraction max-ind-range"
-     " frequency-threshold strict ", NULL},
+     " frequency-threshold strict ", NULL, 0},
     {"eval", "--model /nonexistent/m --processed-data-file /nonexistent/d.bin", "",
-     " processed-data-file raw-data-file data-split split data-set test-fraction"
-     " max-ind-range frequency-threshold ", "test"},
+     " processed-data-file raw-data-file data-split split data-set test-fraction ", "test", 1},
     {"predict", "--model /nonexistent/m --processed-data-file /nonexistent/d.bin"
      " --out /nonexistent/p.tsv", "",
      " processed-data-file raw-data-file data-split split data-set test-fraction"
-     " max-ind-range frequency-threshold no-label strict ", "all"},
+     " no-label strict ", "all", 1},
     {"plan", "--out /nonexistent/plan.json --table-sizes 3", "",
      " processed-data-file raw-data-file data-set test-fraction max-ind-range"
-     " frequency-threshold ", NULL},
+     " frequency-threshold ", NULL, 0},
     {"convert", "", "/nonexistent/in.tsv /nonexistent/out.bin",
-     " test-fraction max-ind-range frequency-threshold no-label strict ", NULL},
+     " test-fraction max-ind-range frequency-threshold no-label strict ", NULL, 0},
 };
 #define N_DATA_CMDS (sizeof data_cmds / sizeof data_cmds[0])
 
@@ -93,8 +95,11 @@ static const char *help_text(const char *help, const char *flag, char *buf, size
 }
 
 /* Every command that takes a data flag prints the same help for it (but
- * for --data-split's default) and the same message for the same bad value;
- * one that does not take it refuses it as an unknown option. */
+ * for --data-split's default, and --raw-data-file's, which the commands
+ * that score a model print alike) and the same message for the same bad
+ * value; one that does not take it refuses it as an unknown option, but
+ * for the mapping flags, which a command scoring a model refuses because
+ * the model's transform decides them. */
 START_TEST(test_data_flags_alike) {
   const char *flags[] = {"processed-data-file", "raw-data-file", "data-split", "split",
                          "data-set", "test-fraction", "max-ind-range", "frequency-threshold",
@@ -103,10 +108,25 @@ START_TEST(test_data_flags_alike) {
   for (size_t c = 0; c < N_DATA_CMDS; c++)
     ck_assert_int_eq(run_cmd(&help[c], "%s %s --help", bin_path(), data_cmds[c].cmd), 0);
   for (size_t f = 0; f < sizeof flags / sizeof flags[0]; f++) {
-    char first[512] = "", text[512];
-    const char *first_cmd = NULL;
+    char first[2][512] = {"", ""}, text[512];
+    const char *first_cmd[2] = {NULL, NULL};
+    const int by_group = !strcmp(flags[f], "raw-data-file");
     for (size_t c = 0; c < N_DATA_CMDS; c++) {
       char *out;
+      const int mapping = !strcmp(flags[f], "max-ind-range") ||
+                          !strcmp(flags[f], "frequency-threshold");
+      if (!takes_flag(c, flags[f]) && mapping && data_cmds[c].model) {
+        ck_assert_int_eq(run_cmd(&out, "%s %s %s --%s 5 %s", bin_path(), data_cmds[c].cmd,
+                                 data_cmds[c].pre, flags[f], data_cmds[c].post), 2);
+        char want[160];
+        snprintf(want, sizeof want, "shardrec %s: --%s: raw rows are mapped with the model's own "
+                 "data transform", data_cmds[c].cmd, flags[f]);
+        ck_assert_msg(strstr(out, want), "%s --%s: %s", data_cmds[c].cmd, flags[f], out);
+        ck_assert_msg(help_text(help[c], flags[f], text, sizeof text) == NULL,
+                      "%s --help shows --%s", data_cmds[c].cmd, flags[f]);
+        free(out);
+        continue;
+      }
       if (!takes_flag(c, flags[f])) {
         if (!strcmp(data_cmds[c].cmd, "convert") && !strcmp(flags[f], "split")) continue;
         ck_assert_int_eq(run_cmd(&out, "%s %s %s --%s v %s", bin_path(), data_cmds[c].cmd,
@@ -125,12 +145,16 @@ START_TEST(test_data_flags_alike) {
         ck_assert_msg(!strcmp(text, want), "%s --data-split: '%s'", data_cmds[c].cmd, text);
         continue;
       }
-      if (!first_cmd) {
-        first_cmd = data_cmds[c].cmd;
-        snprintf(first, sizeof first, "%s", text);
+      const int g = by_group && data_cmds[c].model;
+      if (g)
+        ck_assert_msg(strstr(text, "mapped with the model's"), "%s --raw-data-file: '%s'",
+                      data_cmds[c].cmd, text);
+      if (!first_cmd[g]) {
+        first_cmd[g] = data_cmds[c].cmd;
+        snprintf(first[g], sizeof first[g], "%s", text);
       }
-      ck_assert_msg(!strcmp(text, first), "--%s: %s says '%s', %s says '%s'", flags[f],
-                    first_cmd, first, data_cmds[c].cmd, text);
+      ck_assert_msg(!strcmp(text, first[g]), "--%s: %s says '%s', %s says '%s'", flags[f],
+                    first_cmd[g], first[g], data_cmds[c].cmd, text);
     }
   }
   for (size_t c = 0; c < N_DATA_CMDS; c++) free(help[c]);
