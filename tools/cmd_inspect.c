@@ -7,7 +7,8 @@
  * checkpoints (the newest complete one is taken), or one shard database.
  * Prints, per shard and table: distinct rows stored, bytes (keys + values),
  * the row layout; for a checkpoint also the manifest's step, data position
- * and fingerprints. --rows prints those rows (value and optimizer state) of
+ * and fingerprints, and its data transform in short (fingerprint and
+ * mode, or none recorded). --rows prints those rows (value and optimizer state) of
  * --table (default: every table), or says they are not stored (a row never
  * written has its deterministic initial value). Databases are opened
  * read-only. The report is storage/kv_inspect.h's (kv_inspect): this file
@@ -16,11 +17,43 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "common/fs.h"
+#include "common/status.h"
+#include "datasets/transform.h"
 #include "storage/kv_inspect.h"
+#include "train/checkpoint.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
 
 #define CMD "inspect"
+
+/* A checkpoint's data transform in one line: its transform.bin read (not
+ * verified against the manifest, as the rest of the report), or "none
+ * recorded". path that is no checkpoint prints nothing. 0, or 1 with the
+ * reason printed (an unreadable transform.bin). */
+static int print_transform(const char *path) {
+  char dir[SR_PATH_MAX], file[SR_PATH_MAX], why[1024], fp[SR_SHA256_HEX], what[512];
+  if (train_ckpt_resolve(path, dir, sizeof dir, why, sizeof why) ||
+      sr_path(file, sizeof file, "%s/manifest.json", dir) || !sr_is_file(file))
+    return 0;
+  if (sr_path_err(file, sizeof file, why, sizeof why, "%s/" DS_XFORM_FILE, dir)) {
+    fprintf(stderr, "shardrec inspect: %s\n", why);
+    return 1;
+  }
+  if (!sr_is_file(file)) {
+    printf("data transform: none recorded (raw rows are not scored with this model)\n");
+    return 0;
+  }
+  ds_transform *xf;
+  if (ds_transform_load(file, &xf, fp, why, sizeof why)) {
+    fprintf(stderr, "shardrec inspect: data transform: %s\n", why);
+    return 1;
+  }
+  ds_transform_describe(xf, what, sizeof what);
+  printf("data transform: %s: %s (%s)\n", fp, what, file);
+  ds_transform_free(xf);
+  return 0;
+}
 
 int cmd_inspect(int argc, char **argv) {
   long long table = -1;
@@ -40,7 +73,7 @@ int cmd_inspect(int argc, char **argv) {
         printf("usage: shardrec inspect PATH [--table TABLE_ID] [--rows ID,ID,...]\n\n"
                "PATH: a shard data folder (--data-dir), a checkpoint (step-N) or a folder of them,\n"
                "or one shard database. Prints tables, distinct rows and bytes per shard, and the\n"
-               "rows asked for (value and optimizer state).\n");
+               "rows asked for (value and optimizer state); for a checkpoint also its data transform.\n");
         return 0;
       case ':': cli_bad_option(CMD, ':', argv[optind - 1]); return 2;
       default: cli_bad_option(CMD, '?', argv[optind - 1]); return 2;
@@ -61,5 +94,5 @@ int cmd_inspect(int argc, char **argv) {
     fprintf(stderr, "shardrec inspect: %s\n", err);
     return 1;
   }
-  return 0;
+  return print_transform(argv[optind]);
 }
