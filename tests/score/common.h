@@ -19,7 +19,7 @@ static char *dir; /* the suite's temporary folder */
 
 /* datagen 10000 lines (d.tsv) and convert with the last 10% as the test
  * split (d.bin). */
-static void make_data(void) { dir = make_data_dir(10000, 11, NULL); }
+__attribute__((unused)) static void make_data(void) { dir = make_data_dir(10000, 11, NULL); }
 
 static void remove_data(void) {
   run_cmd(NULL, "rm -rf %s", dir);
@@ -67,7 +67,7 @@ static void assert_same_preds(const char *a, const char *b, int want_lines) {
 
 /* The "auc" and "logloss" fields (as written, %.17g) of the last line of
  * metrics file name holding kind (e.g. "\"kind\":\"test\""), joined. */
-static char *metric_fields(const char *name, const char *kind) {
+__attribute__((unused)) static char *metric_fields(const char *name, const char *kind) {
   char *m = file_text(name);
   const char *last = NULL, *p = m;
   while ((p = strstr(p, kind))) last = p++;
