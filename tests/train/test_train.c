@@ -145,11 +145,12 @@ START_TEST(test_save_model_eval_matches) {
   ll = find_num(t, "logloss ");
   ck_assert_msg(auc > 0.6 && auc < 1.0, "auc %g", auc);
   /* The saved model is a checkpoint: model/step-N with --save-checkpoint's
-   * files, N the steps trained (18000 samples in batches of 128). */
+   * files (the data transform among them), N the steps trained (18000
+   * samples in batches of 128). */
   ck_assert_msg(strstr(out, "saved  model/step-141\n"), "%s", out);
   free(out);
   rc = run_cmd(&out, "cd %s && LC_ALL=C ls -A model && LC_ALL=C ls model/step-141", dir);
-  ck_assert_msg(rc == 0 && !strcmp(out, "step-141\nDONE\ndense.bin\nmanifest.json\nshards\n"),
+  ck_assert_msg(rc == 0 && !strcmp(out, "step-141\nDONE\ndense.bin\nmanifest.json\nshards\ntransform.bin\n"),
                 "%s", out);
   free(out);
   rc = run_cmd(&out, "cd %s && %s eval --checkpoint model --processed-data-file d.bin "
