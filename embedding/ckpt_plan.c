@@ -100,6 +100,7 @@ int emb_ckpt_open(const char *path, emb_ckpt *ck, char *err, size_t errlen) {
     return rc;
   }
   ck->step = (int64_t)step->valuedouble;
+  if (xf_fp) memcpy(ck->transform_fp, xf_fp, SR_SHA256_HEX);
   return 0;
 }
 

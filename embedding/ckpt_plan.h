@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/sha256.h"
 #include "embedding/plan.h"
 
 struct cJSON;
@@ -37,6 +38,11 @@ typedef struct emb_ckpt {
   emb_plan *plan;          /* the plan it was written under (owned) */
   int64_t step;            /* its step */
   struct cJSON *manifest;  /* the parsed manifest (owned) */
+  /* The fingerprint of the data transform the manifest records (the
+   * training job's "transform" field), "" when none: checked to be the
+   * SHA-256 the file list gives its file (ckpt_dir_fingerprint), which the
+   * verification then proves. */
+  char transform_fp[SR_SHA256_HEX];
 } emb_ckpt;
 
 /* Resolve path (a step-N folder, or a folder of them: the newest complete

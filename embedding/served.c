@@ -21,6 +21,7 @@ static int open_checkpoint(const emb_served_opts *o, emb_served *s, char *err, s
   if ((rc = emb_ckpt_open(o->checkpoint, &ck, err, errlen))) goto out;
   if ((rc = sr_path_err(s->ckpt_dir, sizeof s->ckpt_dir, err, errlen, "%s", ck.dir))) goto out;
   s->step = ck.step;
+  memcpy(s->transform_fp, ck.transform_fp, sizeof s->transform_fp);
   emb_plan_fingerprint(ck.plan, s->plan_fp);
   if (given) {
     char have[EMB_FP_HEX];

@@ -6,7 +6,9 @@
  *   - a checkpoint (a step-N folder or a folder of them, the newest complete
  *     one): verified (every file's size and SHA-256: embedding/ckpt_plan.h),
  *     only read; its plan is served (a plan given too must be it, same plan
- *     fingerprint); its rows come from embedding/ckpt_store.h (RocksDB
+ *     fingerprint), and the fingerprint of the data transform it records
+ *     (a server hands the file's bytes on); its rows come from
+ *     embedding/ckpt_store.h (RocksDB
  *     databases copied, SST files linked, into data_dir or a temporary
  *     folder; in-memory table files loaded);
  *   - a plan with data_dir: the RocksDB shard store over data_dir/shard-K
@@ -20,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/sha256.h"
 #include "embedding/ckpt_store.h"
 #include "embedding/plan.h"
 #include "embedding/store.h"
@@ -54,6 +57,7 @@ typedef struct emb_served {
   int64_t step;
   char layout[96];       /* where its rows are, in words */
   int temporary;         /* the rows are a temporary copy, removed by emb_served_close */
+  char transform_fp[SR_SHA256_HEX]; /* the data transform it records (emb_ckpt's), "": none */
   emb_ckpt_store cs;         /* its store (cs.store is store) */
   emb_served_input failed; /* on failure: the input at fault */
 } emb_served;

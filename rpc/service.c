@@ -35,7 +35,7 @@ static const char *const method_paths[RPC_N_METHODS] = {
     "/shardrec.v1.EmbeddingShard/Lookup",     "/shardrec.v1.EmbeddingShard/Push",
     "/shardrec.v1.EmbeddingShard/Checkpoint", "/shardrec.v1.EmbeddingShard/Restore",
     "/shardrec.v1.EmbeddingShard/Stats",      "/grpc.health.v1.Health/Check",
-    "/shardrec.v1.EmbeddingShard/Watch",
+    "/shardrec.v1.EmbeddingShard/Watch",      "/shardrec.v1.EmbeddingShard/GetTransform",
 };
 
 const char *rpc_status_name(int c) {
@@ -153,7 +153,7 @@ rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
     s->shards[i] = k;
   }
   s->n_shards = o->n_shards;
-  if (svc_roots(s, o, err, errlen)) {
+  if (svc_roots(s, o, err, errlen) || rpc__transform_init(s, o, err, errlen)) {
     rpc_service_destroy(s);
     return NULL;
   }
@@ -750,6 +750,7 @@ static void do_stats(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r
   resp.n_shards = (size_t)s->n_shards;
   resp.shards = s->shards;
   resp.plan_fingerprint = s->fp;
+  resp.transform_fingerprint = s->xf_fp;
   resp.incarnation = s->incarnation;
   resp.n_checkpoint_roots = (size_t)s->n_roots;
   resp.checkpoint_roots = s->roots;
@@ -794,6 +795,7 @@ static void handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t 
     case RPC_STATS: do_stats(s, in, len, r); break;
     case RPC_HEALTH_CHECK: do_health(s, in, len, r); break;
     case RPC_WATCH: do_watch(s, in, len, r, token, timeout_s); break;
+    case RPC_GET_TRANSFORM: rpc__get_transform(s, in, len, token != NULL, r); break;
     default:
       r->status = RPC_UNIMPLEMENTED;
       snprintf(r->msg, sizeof r->msg, "unknown method");

@@ -29,10 +29,17 @@ typedef enum {
   RPC_STATS,
   RPC_HEALTH_CHECK,
   RPC_WATCH, /* "/shardrec.v1.EmbeddingShard/Watch": a rank's presence (Rank death) */
+  RPC_GET_TRANSFORM, /* "/shardrec.v1.EmbeddingShard/GetTransform": the data transform */
   RPC_N_METHODS
 } rpc_method;
 
 const char *rpc_method_path(rpc_method m);
+
+/* GetTransform's chunk: max_bytes 0 asks for RPC_TRANSFORM_CHUNK bytes;
+ * no answer carries more than RPC_TRANSFORM_CHUNK_MAX (nor more than the
+ * server's message limit less 4 KiB). */
+#define RPC_TRANSFORM_CHUNK ((size_t)1 << 20)
+#define RPC_TRANSFORM_CHUNK_MAX ((size_t)2 << 20)
 
 /* gRPC status codes used here (values of grpc_status_code). */
 enum {
@@ -46,6 +53,7 @@ enum {
   RPC_RESOURCE_EXHAUSTED = 8,
   RPC_FAILED_PRECONDITION = 9,
   RPC_ABORTED = 10,
+  RPC_OUT_OF_RANGE = 11,
   RPC_UNIMPLEMENTED = 12,
   RPC_INTERNAL = 13,
   RPC_UNAVAILABLE = 14,
@@ -88,6 +96,14 @@ typedef struct rpc_service_opts {
                                taken as the path it will have); 0 roots: both are
                                refused FAILED_PRECONDITION (see "Admin calls") */
   int n_roots;
+  /* The data transform of the served model (rpc/shardrec.proto, "The data
+   * transform"): opaque bytes (the checkpoint's transform.bin; the service
+   * does not parse them), borrowed, outliving the service, and their
+   * fingerprint, which rpc_service_create checks is their SHA-256 hex.
+   * transform_fp NULL or "": none (Stats says "", GetTransform NOT_FOUND). */
+  const uint8_t *transform;
+  size_t transform_len;
+  const char *transform_fp;
   /* Called after every handled call (not while it is parked), outside the
    * service's lock, from the thread that handled it: its method, status,
    * error text (when status is not RPC_OK), handling time and request and

@@ -6,6 +6,7 @@
  *   admission.c  the in-flight memory budget and the pool of the calls'
  *                scratch;
  *   pinned.c     Lookup answers sent from the store's memory;
+ *   service_transform.c  the served data transform (GetTransform);
  *   codec.c      the wire format (rpc/codec_impl.h). */
 #ifndef SHARDREC_RPC_SERVICE_IMPL_H
 #define SHARDREC_RPC_SERVICE_IMPL_H
@@ -15,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/sha256.h"
 #include "embedding/plan.h"
 #include "embedding/store.h"
 #include "rpc/codec_impl.h"
@@ -51,6 +53,9 @@ struct rpc_service {
   uint64_t incarnation; /* random, fixed for this service's life */
   char **roots;         /* [n_roots] checkpoint roots, resolved (Admin calls) */
   int n_roots;
+  const uint8_t *xf;    /* [xf_len] the data transform's bytes (borrowed); NULL: none */
+  size_t xf_len;
+  char xf_fp[SR_SHA256_HEX]; /* their SHA-256 hex; "": none */
   void (*observe)(void *, rpc_method, int, const char *, double, size_t, size_t);
   void *observe_ctx;
   size_t pin_min;       /* rows of at least this many bytes answered pinned; 0: never */
@@ -95,6 +100,17 @@ rpc_scratch *rpc__scratch_take(rpc_service *s);
 void rpc__scratch_give(rpc_service *s, rpc_scratch *x);
 /* Every pooled scratch freed (rpc_service_destroy). */
 void rpc__scratch_pool_free(rpc_service *s);
+
+/* ---- service_transform.c ---- */
+
+/* The data transform of o into s (borrowed bytes; their SHA-256 checked
+ * against o->transform_fp). 0 (also when o has none), or SR_E* with the
+ * reason in err. */
+int rpc__transform_init(rpc_service *s, const rpc_service_opts *o, char *err, size_t errlen);
+/* GetTransform: a chunk of the transform (rpc/shardrec.proto, "The data
+ * transform"); the answer takes its share of the in-flight budget (defer:
+ * as rpc__budget_take). */
+void rpc__get_transform(rpc_service *s, const uint8_t *in, size_t len, int defer, rpc_reply *r);
 
 /* ---- pinned.c ---- */
 

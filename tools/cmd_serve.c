@@ -1,10 +1,12 @@
 /* shardrec serve: one embedding shard server (gRPC, rpc/shardrec.proto).
  *
  * Hosts the rows of the given shards of a plan in memory (or in RocksDB with
- * --data-dir) and serves Lookup, Push, Checkpoint, Restore, Stats and
- * grpc.health.v1 Check. With --checkpoint the plan and the rows come from a
- * trainer's checkpoint, which is only read: several servers of one
- * checkpoint run side by side. The plan and the store are
+ * --data-dir) and serves Lookup, Push, Checkpoint, Restore, Stats, Watch,
+ * GetTransform and grpc.health.v1 Check. With --checkpoint the plan and the
+ * rows come from a trainer's checkpoint, which is only read: several
+ * servers of one checkpoint run side by side; the checkpoint's data
+ * transform (transform.bin), when it records one, is served by
+ * GetTransform. The plan and the store are
  * embedding/served.h's (emb_served_open); this file parses the flags, opens
  * them, and runs the RPC service over them.
  * Prints what is open to whom ("access: ..."), then "listening on
@@ -12,6 +14,7 @@
  * listens only on loopback unless --insecure. SIGTERM or SIGINT: stop
  * accepting, let in-flight calls finish, flush, exit 0. SIGHUP: read the
  * TLS files again for new connections. */
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -19,6 +22,7 @@
 #include <string.h>
 
 #include "common/fs.h"
+#include "datasets/transform.h"
 #include "embedding/served.h"
 #include "embedding/shard.h"
 #include "rpc/server.h"
@@ -48,7 +52,9 @@ static void usage(FILE *f) {
 "                          plan is served; RocksDB shards are copied (SST files linked)\n"
 "                          into --data-dir or a temporary folder removed at exit;\n"
 "                          in-memory table files are loaded. Several servers of one\n"
-"                          checkpoint (other shards, or the same) may run side by side\n"
+"                          checkpoint (other shards, or the same) may run side by side.\n"
+"                          The data transform it records (ids and dense features of a\n"
+"                          raw row) is served by GetTransform, its fingerprint in Stats\n"
 "  --restore PATH          start from the shard folders written by Checkpoint(PATH)\n"
 "  --checkpoint-root DIR   Checkpoint and Restore calls may only name paths inside DIR\n"
 "                          (after symlinks and '..'), and Checkpoint writes only new\n"
@@ -195,15 +201,16 @@ static void print_access(const serve_flags *f) {
   char line[1024];
   if (!f->tls.cert || !f->tls.ca) {
     snprintf(line, sizeof line, "no client certificates (%s): every method (Lookup, Push, "
-             "Checkpoint, Restore, Stats, Health, Watch) is open to anyone who can connect to %s%s",
+             "Checkpoint, Restore, Stats, Health, Watch, GetTransform) is open to anyone who can "
+             "connect to %s%s",
              f->tls.cert ? "server-only TLS" : "plaintext", f->listen,
              f->insecure && !is_loopback(f->listen) ? " (--insecure)" : "");
   } else if (!f->allow_push && !f->allow_admin) {
     snprintf(line, sizeof line, "mTLS: every method is open to every client with a certificate "
              "of %s (no --allow-push or --allow-admin)", f->tls.ca);
   } else {
-    snprintf(line, sizeof line, "mTLS (client CA %s): Lookup, Stats, Health, Watch: every "
-             "verified client; Push: %s; Checkpoint, Restore: %s", f->tls.ca,
+    snprintf(line, sizeof line, "mTLS (client CA %s): Lookup, Stats, Health, Watch, "
+             "GetTransform: every verified client; Push: %s; Checkpoint, Restore: %s", f->tls.ca,
              f->allow_push ? f->allow_push : "every verified client",
              f->allow_admin ? f->allow_admin : "every verified client");
   }
@@ -276,6 +283,24 @@ static int parse_flags(int argc, char **argv, serve_flags *f) {
   return f->so.n_shards < 0 ? 2 : 0;
 }
 
+/* The bytes of the data transform the served checkpoint records (its
+ * transform.bin, verified with the folder; rpc_service_create checks them
+ * against the fingerprint again, as they are read now) into *xf (malloc'd)
+ * and *len. 0, or 1 (said). */
+static int read_transform(const emb_served *sv, uint8_t **xf, size_t *len) {
+  char path[SR_PATH_MAX], err[SR_PATH_MAX + 64];
+  if (sr_path_err(path, sizeof path, err, sizeof err, "%s/" DS_XFORM_FILE, sv->ckpt_dir)) {
+    fprintf(stderr, "shardrec serve: --checkpoint: %s\n", err);
+    return 1;
+  }
+  *xf = (uint8_t *)sr_read_file(path, len);
+  if (!*xf) {
+    fprintf(stderr, "shardrec serve: --checkpoint: %s: cannot read: %s\n", path, strerror(errno));
+    return 1;
+  }
+  return 0;
+}
+
 int cmd_serve(int argc, char **argv) {
   serve_flags f = {.listen = "127.0.0.1:0", .pending_timeout = 300, .threads = 2, .maxmsg = 64};
   int rc = parse_flags(argc, argv, &f);
@@ -288,16 +313,27 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "shardrec serve: %s%s\n", flag[sv.failed], err);
     return 1;
   }
+  uint8_t *xf = NULL; /* the checkpoint's transform.bin bytes (owned), or NULL */
+  size_t xf_len = 0;
+  int status = 1;
+  if (f.so.checkpoint && sv.transform_fp[0] && read_transform(&sv, &xf, &xf_len)) {
+    emb_served_close(&sv);
+    return 1;
+  }
   if (f.so.checkpoint) {
     printf("checkpoint %s: step %lld, plan %.12s, %d shard(s); serving shard(s) %s%s; rows %s\n",
            sv.ckpt_dir, (long long)sv.step, sv.plan_fp, sv.plan->n_shards, f.shards_s,
            f.read_only ? " read-only" : "", sv.layout);
+    if (xf)
+      printf("data transform %.12s (%zu bytes) served by GetTransform\n", sv.transform_fp,
+             xf_len);
+    else
+      printf("data transform: none recorded (GetTransform answers NOT_FOUND)\n");
     if (!f.read_only && sv.temporary)
       printf("note: without --read-only, pushes change a temporary copy of the rows that is "
              "removed at exit (give --data-dir to keep them)\n");
     fflush(stdout);
   }
-  int status = 1;
   /* A --data-dir of this server's own (not a checkpoint's copy) left by a crash. */
   const int own_rows = f.so.data_dir && !f.so.checkpoint;
   if (own_rows && emb_shard_unclean(sv.store)) {
@@ -312,7 +348,9 @@ int cmd_serve(int argc, char **argv) {
                          .checkpoint_roots = &f.ckpt_root, .n_roots = f.ckpt_root ? 1 : 0,
                          .max_message_bytes = (size_t)f.maxmsg << 20,
                          .inflight_bytes = (size_t)f.inflight_mb << 20,
-                         .refuse_unclean = own_rows && !f.accept_unclean};
+                         .refuse_unclean = own_rows && !f.accept_unclean,
+                         .transform = xf, .transform_len = xf_len,
+                         .transform_fp = xf ? sv.transform_fp : NULL};
   rpc_service *svc = NULL;
   if (serve_watch_prepare(&f.watch, &so, err, sizeof err) ||
       !(svc = rpc_service_create(sv.plan, sv.store, &so, err, sizeof err)) ||
@@ -354,6 +392,7 @@ int cmd_serve(int argc, char **argv) {
 done:
   serve_watch_close(&f.watch, status == 0);
   rpc_service_destroy(svc);
+  free(xf);
   emb_served_close(&sv);
   return status;
 }

@@ -1,9 +1,10 @@
-/* libFuzzer target: the shard service's request handlers (rpc/service.c):
- * the first byte picks Lookup, Push, Stats, Health Check or Watch, the rest is the
- * request as it would arrive off the wire, copied to an exact-size heap
+/* libFuzzer target: the shard service's request handlers (rpc/service.c,
+ * rpc/service_transform.c): the first byte picks Lookup, Push, Stats (or,
+ * with its top bit set, GetTransform), Health Check or Watch, the rest is
+ * the request as it would arrive off the wire, copied to an exact-size heap
  * buffer. The service runs over an in-process store of a small plan (two
- * bounded tables, row-wise over two shards, shard 0 served), as
- * `shardrec serve` does. Checkpoint and Restore are left out: they write
+ * bounded tables, row-wise over two shards, shard 0 served) and serves a
+ * data transform of XF_LEN opaque bytes, as `shardrec serve` does. Checkpoint and Restore are left out: they write
  * and read paths named by the request, and libFuzzer's string-compare
  * tracing can learn the plan fingerprint.
  * Multi-rank jobs (sync and async, header.max_staleness) run through the
@@ -19,13 +20,17 @@
  * Invariants: every answer is OK with bytes that decode, or an error with a
  * message; the store never holds rows of the other shard; a single-rank
  * Lookup answered OK is answered with the same bytes when its ids go as
- * varints. */
+ * varints; a GetTransform answered OK carries the transform's fingerprint,
+ * size and the bytes at the asked offset (no more than asked, 1 MiB when 0),
+ * and one refused is malformed (INVALID_ARGUMENT) or past the end
+ * (OUT_OF_RANGE). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/sha256.h"
 #include "embedding/plan.h"
 #include "embedding/store.h"
 #include "rpc/codec_impl.h"
@@ -35,6 +40,9 @@
 static emb_plan *plan;
 static emb_store *store;
 static rpc_service *svc;
+#define XF_LEN 300
+static uint8_t xf[XF_LEN]; /* the served transform's bytes (opaque to the service) */
+static char xf_fp[SR_SHA256_HEX];
 
 static void init_once(void) {
   if (svc) return;
@@ -47,8 +55,11 @@ static void init_once(void) {
   store = emb_store_create_local(plan, err, sizeof err);
   if (!store) abort();
   int shard = 0;
+  for (int i = 0; i < XF_LEN; i++) xf[i] = (uint8_t)(i * 7 + 3);
+  if (sr_sha256_hex(xf, XF_LEN, xf_fp)) abort();
   rpc_service_opts o = {.shards = &shard, .n_shards = 1, .max_ids = 4096,
-                        .pending_timeout_s = 1e-6};
+                        .pending_timeout_s = 1e-6, .transform = xf, .transform_len = XF_LEN,
+                        .transform_fp = xf_fp};
   svc = rpc_service_create(plan, store, &o, err, sizeof err);
   if (!svc) abort();
 }
@@ -157,6 +168,23 @@ static uint8_t *build(rpc_method m, uint8_t flags, const uint8_t *p, size_t n, i
   return out;
 }
 
+/* A GetTransform answered OK to the request req[n]: the transform's
+ * fingerprint and size, the bytes at the asked offset, as many as asked
+ * (1 MiB when 0) or as are left. */
+static void check_transform(const uint8_t *req, size_t n, const rpc_reply *r) {
+  Shardrec__V1__GetTransformRequest *q = shardrec__v1__get_transform_request__unpack(NULL, n, req);
+  Shardrec__V1__GetTransformResponse *a =
+      shardrec__v1__get_transform_response__unpack(NULL, r->out_len, r->out);
+  if (!q || !a || strcmp(a->fingerprint, xf_fp) || a->total_bytes != XF_LEN ||
+      a->offset != q->offset || q->offset > XF_LEN)
+    abort();
+  size_t want = q->max_bytes ? q->max_bytes : RPC_TRANSFORM_CHUNK;
+  if (want > XF_LEN - q->offset) want = XF_LEN - (size_t)q->offset;
+  if (a->data.len != want || (want && memcmp(a->data.data, xf + q->offset, want))) abort();
+  shardrec__v1__get_transform_request__free_unpacked(q, NULL);
+  shardrec__v1__get_transform_response__free_unpacked(a, NULL);
+}
+
 /* req[n] handed to the service from off bytes past an 8-byte boundary, in
  * a copy that ends where the request does. */
 static void handle_at(rpc_method m, const uint8_t *req, size_t n, size_t off, rpc_reply *r) {
@@ -173,6 +201,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   static const rpc_method pick[5] = {RPC_LOOKUP, RPC_PUSH, RPC_STATS, RPC_HEALTH_CHECK,
                                      RPC_WATCH};
   rpc_method m = pick[data[0] % 5];
+  if (m == RPC_STATS && (data[0] & 0x80)) m = RPC_GET_TRANSFORM;
   size_t n = size - 1, off = 0;
   const int structured = (data[0] & 0x80) && (m == RPC_LOOKUP || m == RPC_PUSH || m == RPC_WATCH);
   uint8_t *req;
@@ -195,6 +224,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (a->tables[i]->rows.len % (4 * sizeof(float))) abort();
       shardrec__v1__lookup_response__free_unpacked(a, NULL);
     }
+    if (m == RPC_GET_TRANSFORM) check_transform(data + 1, size - 1, &r);
     if (m == RPC_WATCH) {
       Shardrec__V1__WatchResponse *a = shardrec__v1__watch_response__unpack(NULL, r.out_len, r.out);
       if (!a) abort();
@@ -213,6 +243,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
   } else {
     if (r.out || !r.msg[0]) abort();
+    if (m == RPC_GET_TRANSFORM && r.status != RPC_INVALID_ARGUMENT) {
+      Shardrec__V1__GetTransformRequest *q =
+          shardrec__v1__get_transform_request__unpack(NULL, size - 1, data + 1);
+      if (!q || r.status != RPC_OUT_OF_RANGE || q->offset <= XF_LEN) abort();
+      shardrec__v1__get_transform_request__free_unpacked(q, NULL);
+    }
   }
   free(r.out);
   if (m == RPC_PUSH && r.status == RPC_OK)

@@ -5,7 +5,7 @@ stubs and the server: --allow-push trainer --allow-admin ops
 
 usage: auth_client.py STUBS ADDR CERTS FINGERPRINT ROOT OUTSIDE
 
-Lookup, Stats and Health are open to both identities; Push only to
+Lookup, Stats, Health and GetTransform are open to both identities; Push only to
 'trainer', Checkpoint and Restore only to 'ops' (PERMISSION_DENIED naming the
 method otherwise); a client of another CA gets nothing. Checkpoint paths
 inside ROOT are written; outside it, escaping it through '..' or through a
@@ -30,6 +30,7 @@ METHODS = {
     "Checkpoint": (pb.CheckpointRequest, pb.CheckpointResponse),
     "Restore": (pb.RestoreRequest, pb.RestoreResponse),
     "Stats": (pb.StatsRequest, pb.StatsResponse),
+    "GetTransform": (pb.GetTransformRequest, pb.GetTransformResponse),
 }
 
 
@@ -96,6 +97,9 @@ for name, ch in (("trainer", trainer), ("ops", ops)):
     expect(name + " Lookup", call(ch, "Lookup", lookup), "OK")
     expect(name + " Stats", call(ch, "Stats", pb.StatsRequest()), "OK")
     expect(name + " Health", call(ch, "Health", hp.HealthCheckRequest()), "OK")
+    # Open to both (a server of a plan has no transform to give).
+    expect(name + " GetTransform", call(ch, "GetTransform", pb.GetTransformRequest()),
+           "NOT_FOUND", "records no data transform")
 expect("trainer Push", call(trainer, "Push", push), "OK")
 expect("ops Push", call(ops, "Push", push), "PERMISSION_DENIED", "Push refused")
 expect("trainer Checkpoint", call(trainer, "Checkpoint", ckpt(root + "/t")),

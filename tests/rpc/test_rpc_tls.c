@@ -196,6 +196,7 @@ START_TEST(test_allow_lists_python) {
   pid_t pid = serve_bg("auth.out", args, addr, sizeof addr);
   char *said = slurp(path("auth.out"));
   ck_assert_msg(strstr(said, "access: mTLS") && strstr(said, "Push: trainer") &&
+                strstr(said, "GetTransform: every verified client") &&
                 strstr(said, "Checkpoint, Restore: ops"), "%s", said);
   free(said);
   ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
