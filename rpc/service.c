@@ -22,6 +22,7 @@
 #include "common/fs.h"
 #include "common/status.h"
 #include "common/sys.h"
+#include "embedding/ckpt_plan.h"
 #include "embedding/optim.h"
 #include "embedding/served.h"
 #include "rpc/coord_impl.h"
@@ -623,7 +624,13 @@ static int restore_from(rpc_service *s, const char *real, const char *dir, rpc_r
   for (int i = 0; !emb_served_checkpoint_target(s->store, s->shards, s->n_shards, real, i, t,
                                                 sizeof t); i++)
     if (!lstat(t, &st) && confine(s, "restore", t, tr, r)) return r->status;
-  int rc = emb_store_restore(s->store, dir);
+  /* A checkpoint of a smaller plan this server's plan grows (a model trained
+   * on with more ids): its rows restore as they are, the new rows start as
+   * never-written rows. */
+  char grown_fp[EMB_FP_HEX];
+  int rc = emb_ckpt_grown_from(real, s->plan, grown_fp)
+               ? emb_store_restore_grown(s->store, dir, grown_fp)
+               : emb_store_restore(s->store, dir);
   if (!rc) {
     rpc_coord_restore(s->coord); /* steps start over from the checkpoint's */
     s->hi_step = -1;             /* and the store dropped what it prefetched */
