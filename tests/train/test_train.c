@@ -149,7 +149,7 @@ START_TEST(test_save_model_eval_matches) {
   ck_assert_msg(strstr(out, "saved  model/step-141\n"), "%s", out);
   free(out);
   rc = run_cmd(&out, "cd %s && LC_ALL=C ls -A model && LC_ALL=C ls model/step-141", dir);
-  ck_assert_msg(rc == 0 && !strcmp(out, "step-141\nDONE\ndense.bin\nmanifest.json\nshards\n"),
+  ck_assert_msg(rc == 0 && !strcmp(out, "step-141\nDONE\ndense.bin\nmanifest.json\nshards\ntransform.bin\n"),
                 "%s", out);
   free(out);
   rc = run_cmd(&out, "cd %s && %s eval --checkpoint model --processed-data-file d.bin "
