@@ -144,8 +144,8 @@ print('day 2: %d columns grew; %d ids kept, %d new' % (grew, known, new))
 EOF
 
 # A file mapped with other dictionaries is refused, naming both mappings.
-FP1=$(sed -n 's/^ *mapping \([0-9a-f]*\).*/\1/p' conv1.log)
-FPO=$(sed -n 's/^ *mapping \([0-9a-f]*\).*/\1/p' conv2o.log)
+FP1=$(sed -n 's/^ *mapping \([0-9a-f]\{12\}\)$/\1/p' conv1.log)
+FPO=$(sed -n 's/^ *mapping \([0-9a-f]\{12\}\)$/\1/p' conv2o.log)
 [ -n "$FP1" ] && [ -n "$FPO" ] || fail "convert printed no mapping"
 refused differs "$B" train --resume L1 --processed-data-file d2o.bin "${TRAIN[@]}" --num-batches 50
 has differs "$FP1"
@@ -205,6 +205,16 @@ run day2-remote "$B" train --resume R1 --processed-data-file d2.bin --plan p2.js
 echo "day 2 test AUC: in process $(auc_of day2-local), shard store $(auc_of day2-shard)," \
   "servers $(auc_of day2-remote)"
 D2=$(dense_sha L2 $STEPS)
+# The resumed job's checkpoints record the grown plan and day 2's mapping.
+FP2=$(sed -n 's/^ *mapping \([0-9a-f]\{12\}\)$/\1/p' conv2.log)
+MFP2=$(sed -n 's/^model fingerprint *//p' grow.log)
+python3 - L2/step-$STEPS/manifest.json "$FP2" "$MFP2" <<'EOF' ||
+import json, sys
+m = json.load(open(sys.argv[1]))
+assert sys.argv[2] and m['transform']['fingerprint'].startswith(sys.argv[2]), (m['transform'], sys.argv[2])
+assert m['model_fingerprint'] == sys.argv[3], (m['model_fingerprint'], sys.argv[3])
+EOF
+  fail "the resumed job's checkpoint does not record the grown plan and day 2's mapping"
 [ "$(dense_sha S2 $STEPS)" = "$D2" ] || fail "day 2: the shard store's dense.bin differs"
 [ "$(dense_sha R2 $STEPS)" = "$D2" ] || fail "day 2: the servers' dense.bin differs"
 
