@@ -495,25 +495,41 @@ int train_ckpt_mapping_check(const ds_transform *ck_xf, const ds_transform *xf, 
   return 0;
 }
 
-/* The checkpoint path names, opened, with its plan and transform. */
-static int open_with_transform(const char *path, train_ckpt_info *ci, ds_transform **xf,
-                               char *err, size_t errlen) {
-  char dir[SR_PATH_MAX];
+int train_ckpt_mapping(const char *path, emb_plan **plan, ds_transform **xf, char *err,
+                       size_t errlen) {
+  train_ckpt_info ci;
+  cJSON *man = NULL;
+  char src[SR_PATH_MAX];
+  *plan = NULL;
   *xf = NULL;
-  int rc = train_ckpt_resolve(path, dir, sizeof dir, err, errlen);
-  if (!rc) rc = train_ckpt_open(dir, ci, err, errlen);
-  if (rc) return rc;
-  if ((rc = train_ckpt_transform(ci, xf, err, errlen))) train_ckpt_info_free(ci);
+  memset(&ci, 0, sizeof ci);
+  int rc = train_ckpt_resolve(path, ci.dir, sizeof ci.dir, err, errlen);
+  if (!rc) rc = sr_path_err(src, sizeof src, err, errlen, "%s/manifest.json", ci.dir);
+  if (!rc) rc = ckpt_dir_read(ci.dir, &man, err, errlen);
+  if (!rc) rc = job_fields(man, src, &ci, err, errlen);
+  if (!rc && ci.transform_fp[0]) rc = train_ckpt_transform(&ci, xf, err, errlen);
+  if (!rc) {
+    *plan = ci.plan;
+    ci.plan = NULL;
+  }
+  cJSON_Delete(man);
+  train_ckpt_info_free(&ci);
   return rc;
 }
 
 int train_ckpt_grown_plan(const char *ckpt, const char *data, emb_plan **out, char *err,
                           size_t errlen) {
-  train_ckpt_info ci;
+  emb_plan *ck_plan;
   ds_transform *ck_xf;
   *out = NULL;
-  int rc = open_with_transform(ckpt, &ci, &ck_xf, err, errlen);
+  int rc = train_ckpt_mapping(ckpt, &ck_plan, &ck_xf, err, errlen);
   if (rc) return rc;
+  if (!ck_xf) {
+    sr_fmt(err, errlen, "%s records no data transform to grow its tables by (written before "
+           "models carried their mapping, or trained on ids mapped outside shardrec)", ckpt);
+    emb_plan_free(ck_plan);
+    return SR_ENOTFOUND;
+  }
   ds_source_opts so = {.path = data, .split = DS_SPLIT_TRAIN, .format = DS_FORMAT_PROCESSED,
                        .scheme = DS_SCHEME_NONE};
   char e2[1024];
@@ -524,19 +540,20 @@ int train_ckpt_grown_plan(const char *ckpt, const char *data, emb_plan **out, ch
     sr_fmt(err, errlen, "%s", e2);
     rc = SR_EIO;
   } else if (!ds_source_transform(src)) {
-    sr_fmt(err, errlen, "%s records no data mapping to grow %s's tables by", data, ci.dir);
+    sr_fmt(err, errlen, "%s records no data mapping to grow %s's tables by", data, ckpt);
     rc = SR_EINVAL;
   } else if ((rc = train_ckpt_mapping_check(ck_xf, ds_source_transform(src), ckpt, data, &grow,
                                             err, errlen))) {
-  } else if (ci.plan->n_tables != DS_NUM_SPARSE || ds_source_table_sizes(src, sizes)) {
+    /* err says how the mappings differ */
+  } else if (ck_plan->n_tables != DS_NUM_SPARSE || ds_source_table_sizes(src, sizes)) {
     sr_fmt(err, errlen, "%s: no table sizes for the checkpoint's %d tables", data,
-           ci.plan->n_tables);
+           ck_plan->n_tables);
     rc = SR_EINVAL;
   } else {
-    rc = emb_plan_grow(ci.plan, sizes, out, err, errlen);
+    rc = emb_plan_grow(ck_plan, sizes, out, err, errlen);
   }
   ds_source_destroy(src);
   ds_transform_free(ck_xf);
-  train_ckpt_info_free(&ci);
+  emb_plan_free(ck_plan);
   return rc;
 }

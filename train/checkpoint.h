@@ -155,6 +155,16 @@ void train_ckpt_info_free(train_ckpt_info *ci); /* NULL-safe; leaves *ci zeroed 
  * none ("DIR records no data transform ..."); SR_E* naming the file. */
 int train_ckpt_transform(const train_ckpt_info *ci, ds_transform **out, char *err, size_t errlen);
 
+/* The plan and data transform of the checkpoint path (a step folder, or a
+ * folder of them: the newest complete one), read before a resume opens its
+ * data: the manifest (ckpt_dir_read: DONE's checksum) and its plan against
+ * its fingerprints, transform.bin against the manifest's fingerprint; the
+ * other files are verified by train_ckpt_load. 0 with a new plan in *plan
+ * and a new transform in *xf (NULL: the checkpoint records none), or SR_E*
+ * naming the file (*plan and *xf NULL). */
+int train_ckpt_mapping(const char *path, emb_plan **plan, ds_transform **xf, char *err,
+                       size_t errlen);
+
 /* How the mapping xf of the data a resume reads relates to the checkpoint's
  * ck_xf (ds_transform_compare; ckpt and data name both in messages): the
  * same, or either NULL (nothing to compare): 0, *grow 0; xf extends ck_xf

@@ -56,19 +56,8 @@ int job__check_outputs(const train_job *j) {
 }
 
 int job__resume_open(train_job *j) {
-  char ckdir[SR_PATH_MAX], err[1024];
-  train_ckpt_info ci;
-  int rc = train_ckpt_resolve(j->cfg->resume, ckdir, sizeof ckdir, err, sizeof err);
-  if (!rc) rc = train_ckpt_open(ckdir, &ci, err, sizeof err);
-  if (rc) {
-    job__errf(j, "--resume: %s\n", err);
-    return -1;
-  }
-  j->ck_plan = ci.plan;
-  ci.plan = NULL;
-  rc = train_ckpt_transform(&ci, &j->ck_xf, err, sizeof err);
-  train_ckpt_info_free(&ci);
-  if (rc && rc != SR_ENOTFOUND) { /* none recorded: the data is taken as today */
+  char err[1024];
+  if (train_ckpt_mapping(j->cfg->resume, &j->ck_plan, &j->ck_xf, err, sizeof err)) {
     job__errf(j, "--resume: %s\n", err);
     return -1;
   }
