@@ -15,7 +15,8 @@
 # converted --mapping-from DAY1); a --plan that is not the grown plan, a
 # server still serving day 1's plan and a file mapped with other
 # dictionaries are refused, each naming what differs; plan --grow-from
-# writes the resumed job's plan and takes no model flag.
+# writes the resumed job's plan and takes no model flag; serve --plan GROWN
+# --restore starts from day 1's rows.
 set -euo pipefail
 
 B=${SHARDREC_BIN:?run through ctest (SHARDREC_BIN)}
@@ -43,15 +44,17 @@ wait_for() {
   done
 }
 listening() { grep -qs '^listening on ' "$1"; }
+up_or_gone() { listening "$1" || ! kill -0 "$2" 2>/dev/null; }
 
-# start_server NAME PLAN SHARD: a shard server on loopback; its address in
-# $NAME.addr once it listens.
+# start_server NAME PLAN SHARD [ARGS...]: a shard server on loopback; its
+# address in $NAME.addr once it listens.
 start_server() {
-  "$B" serve --listen 127.0.0.1:0 --plan "$2" --shard "$3" --checkpoint-root "$W" \
+  "$B" serve --listen 127.0.0.1:0 --plan "$2" --shard "$3" --checkpoint-root "$W" "${@:4}" \
     >"$1.out" 2>"$1.log" &
   PIDS+=($!)
   echo $! >"$1.pid"
-  wait_for 20 listening "$1.out" || fail "server $1 did not start: $(cat "$1.log")"
+  wait_for 20 up_or_gone "$1.out" "$!" || fail "server $1 did not start: $(cat "$1.log")"
+  listening "$1.out" || fail "server $1 stopped: $(cat "$1.log")"
   sed -n 's/^listening on //p' "$1.out" | head -1 >"$1.addr"
 }
 stop_server() {
@@ -217,6 +220,10 @@ EOF
   fail "the resumed job's checkpoint does not record the grown plan and day 2's mapping"
 [ "$(dense_sha S2 $STEPS)" = "$D2" ] || fail "day 2: the shard store's dense.bin differs"
 [ "$(dense_sha R2 $STEPS)" = "$D2" ] || fail "day 2: the servers' dense.bin differs"
+
+# serve --plan GROWN --restore: day 1's rows in a server of the grown plan.
+start_server c2 p2.json 0 --restore "$W/R1/step-30/shards"
+stop_server c2
 
 # The same job on the grown plan from its first step: the same bits.
 run whole1 "$B" train --processed-data-file d1.bin --plan p2.json "${TRAIN[@]}" \
