@@ -135,3 +135,25 @@ int emb_ckpt_write_as(const cJSON *src_manifest, const emb_plan *src_plan, const
   cJSON_Delete(man);
   return rc;
 }
+
+int emb_ckpt_grown_from(const char *shards, const emb_plan *plan, char model_fp[EMB_FP_HEX]) {
+  cJSON *man = NULL;
+  emb_plan *old = NULL;
+  char err[512], why[256], mine[EMB_FP_HEX], dir[SR_PATH_MAX];
+  model_fp[0] = 0;
+  /* The step folder: shards' parent. */
+  int len = (int)strlen(shards);
+  while (len > 1 && shards[len - 1] == '/') len--;
+  while (len > 0 && shards[len - 1] != '/') len--;
+  if (sr_path(dir, sizeof dir, "%.*s", len > 0 ? len : 1, len > 0 ? shards : ".") ||
+      ckpt_dir_read(dir, &man, err, sizeof err) ||
+      emb_ckpt_get_plan(man, dir, &old, err, sizeof err) ||
+      emb_plan_model_fingerprint(old, model_fp) || emb_plan_model_fingerprint(plan, mine)) {
+    model_fp[0] = 0;
+  } else if (!strcmp(model_fp, mine) || !emb_plan_grows(old, plan, why, sizeof why)) {
+    model_fp[0] = 0;
+  }
+  emb_plan_free(old);
+  cJSON_Delete(man);
+  return model_fp[0] != 0;
+}

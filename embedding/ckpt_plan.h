@@ -53,6 +53,15 @@ typedef struct emb_ckpt {
 int emb_ckpt_open(const char *path, emb_ckpt *ck, char *err, size_t errlen);
 void emb_ckpt_close(emb_ckpt *ck); /* NULL-safe; leaves *ck zeroed */
 
+/* 1 when the rows a store checkpointed to shards (a step folder's shards/,
+ * the path of a Restore) were written under a smaller plan that plan grows
+ * (emb_plan_grows; another model fingerprint), with that plan's model
+ * fingerprint in model_fp, for emb_store_restore_grown; else 0 and model_fp
+ * "" (the same model, another one, or no manifest that can be read in the
+ * step folder: the restore itself then says what is wrong). Reads the step
+ * folder's manifest only (ckpt_dir_read). */
+int emb_ckpt_grown_from(const char *shards, const emb_plan *plan, char model_fp[EMB_FP_HEX]);
+
 /* Complete a new checkpoint at final (root/step-N, must not exist) from
  * files already written under tmp (same layout as the source's): its
  * manifest is src_manifest's (borrowed; every field carried) with plan's

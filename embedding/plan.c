@@ -635,3 +635,80 @@ void emb_row_init(const emb_plan *plan, int table, uint64_t row_id, float *out) 
     for (int k = 0; k < m; k++) out[j + k] = a * (2.0f * sr_u01f(o.v[k]) - 1.0f);
   }
 }
+
+/* ---- growth ---- */
+
+int emb_plan_grow(const emb_plan *p, const uint64_t *rows, emb_plan **out, char *err,
+                  size_t errlen) {
+  *out = NULL;
+  for (int i = 0; i < p->n_tables; i++)
+    if (p->tables[i].rows != EMB_ROWS_UNBOUNDED &&
+        (rows[i] == EMB_ROWS_UNBOUNDED || rows[i] > EMB_ROWS_MAX)) {
+      sr_fmt(err, errlen, "tables[%d] (%s): %llu rows is not a bound", i, p->tables[i].name,
+             (unsigned long long)rows[i]);
+      return SR_EINVAL;
+    }
+  emb_plan *g = emb_plan_clone(p);
+  if (!g) {
+    sr_fmt(err, errlen, "out of memory");
+    return SR_ENOMEM;
+  }
+  for (int i = 0; i < g->n_tables; i++)
+    if (g->tables[i].rows != EMB_ROWS_UNBOUNDED && rows[i] > g->tables[i].rows)
+      g->tables[i].rows = rows[i];
+  *out = g;
+  return 0;
+}
+
+/* The first field other than rows in which table i of b differs from a's,
+ * or NULL. */
+static const char *table_differs(const emb_table *x, const emb_table *y) {
+  if (x->table_id != y->table_id) return "table_id";
+  if (strcmp(x->name, y->name)) return "name";
+  if ((x->rows == EMB_ROWS_UNBOUNDED) != (y->rows == EMB_ROWS_UNBOUNDED)) return "rows (bounded or not)";
+  if (x->dim != y->dim) return "dim";
+  if (x->pooling != y->pooling) return "pooling";
+  if (x->init_range != y->init_range) return "init_range";
+  if (x->optim.kind != y->optim.kind || x->optim.eps != y->optim.eps ||
+      x->optim.init_acc != y->optim.init_acc)
+    return "optimizer";
+  if (x->place.kind != y->place.kind || x->place.n != y->place.n ||
+      memcmp(x->place.shards, y->place.shards, (size_t)x->place.n * sizeof(int)))
+    return "placement";
+  return NULL;
+}
+
+int emb_plan_grows(const emb_plan *a, const emb_plan *b, char *why, size_t len) {
+  if (a->seed != b->seed || a->n_shards != b->n_shards || a->n_tables != b->n_tables ||
+      a->format != b->format) {
+    sr_fmt(why, len, "%s differs", a->seed != b->seed ? "seed" : a->n_shards != b->n_shards ?
+           "n_shards" : a->n_tables != b->n_tables ? "the number of tables" : "format");
+    return 0;
+  }
+  for (int i = 0; i < a->n_tables; i++) {
+    const emb_table *x = &a->tables[i], *y = &b->tables[i];
+    const char *f = table_differs(x, y);
+    if (f) {
+      sr_fmt(why, len, "tables[%d] (%s): %s differs", i, x->name, f);
+      return 0;
+    }
+    if (y->rows < x->rows) {
+      sr_fmt(why, len, "tables[%d] (%s): %llu rows, fewer than %llu", i, x->name,
+             (unsigned long long)y->rows, (unsigned long long)x->rows);
+      return 0;
+    }
+  }
+  /* The canonical forms but rows, to be sure no other field differs. */
+  emb_plan *c = emb_plan_clone(b);
+  char *sa = emb_plan_canonical(a, 1), *sb = NULL;
+  if (c) {
+    for (int i = 0; i < c->n_tables; i++) c->tables[i].rows = a->tables[i].rows;
+    sb = emb_plan_canonical(c, 1);
+  }
+  int same = sa && sb && !strcmp(sa, sb);
+  if (!same) sr_fmt(why, len, sa && sb ? "the plans differ beyond their rows" : "out of memory");
+  free(sa);
+  free(sb);
+  emb_plan_free(c);
+  return same;
+}

@@ -175,6 +175,25 @@ char *emb_plan_canonical(const emb_plan *plan, int with_placement);
 int emb_plan_model_fingerprint(const emb_plan *plan, char hex[EMB_FP_HEX]);
 int emb_plan_fingerprint(const emb_plan *plan, char hex[EMB_FP_HEX]);
 
+/* Growth (a model trained on, with more ids to come): a plan whose bounded
+ * tables have more rows and every other field (seed, names, dim, pooling,
+ * each table's init_range, optimizer, placement, n_shards) the same. Rows
+ * are in both fingerprints, so a grown plan has new ones; a row of the
+ * smaller plan keeps its id and value, and a new row is a never-written row
+ * (emb_row_init: from seed, table_id and row id alone).
+ *
+ * emb_plan_grow: a copy of p with each bounded table's rows raised to
+ * rows[i] where that is larger (rows[n_tables]; unbounded tables stay so).
+ * 0 and a new plan in *out (emb_plan_free), SR_EINVAL (a rows[i] that is no
+ * bound, for a bounded table) or SR_ENOMEM, with the reason in err. */
+int emb_plan_grow(const emb_plan *p, const uint64_t *rows, emb_plan **out, char *err,
+                  size_t errlen);
+
+/* 1 when b grows a (b is a with each bounded table's rows >= a's; a plan
+ * grows itself), else 0 with the first difference in why ("tables[3] (t3):
+ * dim differs", "tables[2] (t2): 90 rows, fewer than 100"). */
+int emb_plan_grows(const emb_plan *a, const emb_plan *b, char *why, size_t len);
+
 /* Index of the table with table_id, or -1. */
 int emb_plan_table_index(const emb_plan *plan, uint32_t table_id);
 

@@ -81,7 +81,11 @@ static int open_plan(const emb_served_opts *o, emb_served *s, char *err, size_t 
     sr_fmt(err, errlen, "%s: path too long", o->restore);
     return SR_ERANGE;
   }
-  if ((rc = emb_store_restore(s->store, dir))) {
+  char grown_fp[EMB_FP_HEX]; /* a checkpoint of a smaller plan this one grows */
+  rc = emb_ckpt_grown_from(o->restore, s->plan, grown_fp)
+           ? emb_store_restore_grown(s->store, dir, grown_fp)
+           : emb_store_restore(s->store, dir);
+  if (rc) {
     s->failed = EMB_SERVED_IN_RESTORE;
     sr_fmt(err, errlen, "%s: %s", dir, emb_store_errmsg(s->store));
   }

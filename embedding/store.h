@@ -19,6 +19,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "common/status.h"
 #include "embedding/plan.h"
@@ -222,6 +223,11 @@ typedef struct emb_store_ops {
 struct emb_store {
   const emb_store_ops *ops;
   const emb_plan *plan; /* borrowed: outlives the store */
+  /* During emb_store_restore_grown: the model fingerprint of the smaller
+   * plan the rows were written under ("" otherwise); the stores whose files
+   * record a model fingerprint (the local store's table files) take it as
+   * well as their own. */
+  char restore_model_fp[EMB_FP_HEX];
 };
 
 static inline emb_store_kind emb_store_kind_of(const emb_store *s) { return s->ops->kind; }
@@ -253,6 +259,20 @@ static inline int emb_store_checkpoint(emb_store *s, const char *path) {
 }
 static inline int emb_store_restore(emb_store *s, const char *path) {
   return s->ops->restore(s, path);
+}
+/* restore of rows a checkpoint wrote under a plan the store's plan grows
+ * (emb_plan_grows, checked by the caller), model fingerprint model_fp: its
+ * rows keep their ids and values, the rows past its tables are
+ * never-written rows. Stores that record no fingerprint with their rows
+ * (shard, remote: the servers check their own) restore as usual. */
+static inline int emb_store_restore_grown(emb_store *s, const char *path, const char *model_fp) {
+  size_t n = strlen(model_fp);
+  if (n >= sizeof s->restore_model_fp) n = 0;
+  memcpy(s->restore_model_fp, model_fp, n);
+  s->restore_model_fp[n] = 0;
+  int rc = s->ops->restore(s, path);
+  s->restore_model_fp[0] = 0;
+  return rc;
 }
 static inline int emb_store_stats_get(emb_store *s, emb_store_stats *out) {
   return s->ops->stats(s, out);

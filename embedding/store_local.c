@@ -508,7 +508,10 @@ static int read_table(lstore *s, int ti, const char *dir, ltab *nt) {
     return SR_ERANGE;
   }
   emb_tabfile_reader *r;
-  int rc = emb_tabfile_open(path, pt, s->model_fp, &r, e2, sizeof e2);
+  /* Rows of a smaller plan this one grows (emb_store_restore_grown): its
+   * model fingerprint; ids past its rows are this plan's never-written rows. */
+  const char *fp = s->base.restore_model_fp[0] ? s->base.restore_model_fp : s->model_fp;
+  int rc = emb_tabfile_open(path, pt, fp, &r, e2, sizeof e2);
   uint64_t n = rc ? 0 : emb_tabfile_rows(r);
   if (!rc && n > LT_MAX_ROWS) {
     sr_fmt(e2, sizeof e2, "%s: %llu rows, more than a table of this store holds (%u)", path,

@@ -22,6 +22,7 @@
 #include "common/fs.h"
 #include "common/status.h"
 #include "common/sys.h"
+#include "embedding/ckpt_plan.h"
 #include "embedding/optim.h"
 #include "embedding/served.h"
 #include "rpc/coord_impl.h"
@@ -611,6 +612,19 @@ static int checkpoint_to(rpc_service *s, const char *real, const char *dir, rpc_
   return rc == SR_ENOTFOUND ? RPC_NOT_FOUND : rc == SR_EIO ? RPC_INTERNAL : RPC_FAILED_PRECONDITION;
 }
 
+/* Whether real (a confined Restore path) holds rows of a smaller plan this
+ * server's grows (emb_ckpt_grown_from, model_fp its model fingerprint): the
+ * manifest of its step folder is read only when it too lies inside a root. */
+static int grown_from(const rpc_service *s, const char *real, char model_fp[EMB_FP_HEX]) {
+  char man[SR_PATH_MAX], out[SR_PATH_MAX], err[256];
+  model_fp[0] = 0;
+  if (sr_path(man, sizeof man, "%s/../manifest.json", real)) return 0;
+  for (int i = 0; i < s->n_roots; i++)
+    if (!sr_path_confine(s->roots[i], man, out, sizeof out, err, sizeof err))
+      return emb_ckpt_grown_from(real, s->plan, model_fp);
+  return 0;
+}
+
 /* Restore from real (confined): every folder to read that exists must
  * resolve inside the roots too (no symlink out of them). s->mu held. */
 static int restore_from(rpc_service *s, const char *real, const char *dir, rpc_reply *r) {
@@ -623,7 +637,13 @@ static int restore_from(rpc_service *s, const char *real, const char *dir, rpc_r
   for (int i = 0; !emb_served_checkpoint_target(s->store, s->shards, s->n_shards, real, i, t,
                                                 sizeof t); i++)
     if (!lstat(t, &st) && confine(s, "restore", t, tr, r)) return r->status;
-  int rc = emb_store_restore(s->store, dir);
+  /* A checkpoint of a smaller plan this server's plan grows (a model trained
+   * on with more ids): its rows restore as they are, the new rows start as
+   * never-written rows. */
+  char grown_fp[EMB_FP_HEX];
+  int rc = grown_from(s, real, grown_fp)
+               ? emb_store_restore_grown(s->store, dir, grown_fp)
+               : emb_store_restore(s->store, dir);
   if (!rc) {
     rpc_coord_restore(s->coord); /* steps start over from the checkpoint's */
     s->hi_step = -1;             /* and the store dropped what it prefetched */

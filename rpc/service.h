@@ -119,7 +119,11 @@ typedef struct rpc_service_opts {
  * service is created (sr_path_confine from "/", common/fs.h), each path at
  * its call (sr_path_confine from each root); the store then works on the
  * resolved path, in the folder emb_served_checkpoint_dir names for the
- * served shards. */
+ * served shards. A Restore of rows a checkpoint wrote under a smaller plan
+ * that this server's plan grows (embedding/plan.h, emb_plan_grows; the
+ * manifest of the path's step folder, read when it lies inside a root, says
+ * so) keeps them as they are, the rows past them never written
+ * (emb_store_restore_grown). */
 
 /* A service over plan (borrowed) and store (borrowed; holds the plan's rows,
  * of which only the served shards' are ever touched). Thread-safe: calls are

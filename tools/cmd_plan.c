@@ -3,7 +3,11 @@
  * The table sizes come from --table-sizes (or the reference DLRM's
  * --arch-embedding-size), or from the data: a converted file's stored counts
  * (--processed-data-file) or the dictionaries built over a raw file's
- * training part (--raw-data-file), as `shardrec train` sizes them. */
+ * training part (--raw-data-file), as `shardrec train` sizes them.
+ * --grow-from CKPT writes the plan a --resume of CKPT on a converted file
+ * whose dictionaries extend the checkpoint's runs under (the checkpoint's
+ * plan, its bounded tables grown to the file's sizes), for the shard
+ * servers to be started with before that resume. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +15,7 @@
 
 #include "common/status.h"
 #include "datasets/source.h"
+#include "train/checkpoint.h"
 #include "embedding/plan.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
@@ -26,6 +31,7 @@ static void plan_usage(FILE *f) {
   fprintf(f,
           "usage: shardrec plan --out PLAN.json (--table-sizes N1,N2,... | --processed-data-file F\n"
           "                     | --raw-data-file F) [options]\n"
+          "       shardrec plan --out PLAN.json --grow-from CKPT --processed-data-file F\n"
           "\n"
           "Write a sharding plan: the embedding tables of the model and where they live.\n"
           "\n"
@@ -47,6 +53,12 @@ static void plan_usage(FILE *f) {
           "  --pooling sum|mean               bag pooling (default sum)\n"
           "  --row-wise                       spread every table's rows over all shards\n"
           "                                   (default: whole tables, balanced by bytes)\n"
+          "  --grow-from CKPT                 the plan of train --resume CKPT --processed-data-file F\n"
+          "                                   where F was converted with --mapping-from CKPT\n"
+          "                                   --extend-dictionaries: CKPT's plan (seed, dim,\n"
+          "                                   optimizer, init ranges, placement kept) with each\n"
+          "                                   table's rows raised to F's; start the shard servers\n"
+          "                                   with it (no model flags: they are CKPT's)\n"
           "  -h, --help                       this text\n");
 }
 
@@ -83,13 +95,15 @@ static int parse_sizes(const char *flag, const char *s, uint64_t **out, int *n) 
 /* The flags: the plan's parameters and where the table sizes come from. */
 typedef struct plan_flags {
   const char *out, *sizes, *sizes_flag;
+  const char *grow_from; /* --grow-from CKPT */
+  const char *model_flag; /* the name of the last model flag given (refused with --grow-from) */
   emb_plan_params pp;
   cli_data data;     /* sizes from this data file */
   int have_eps, have_acc;
 } plan_flags;
 
 enum { O_OUT = 256, O_SIZES, O_ARCH_SIZES, O_DIM, O_SEED, O_SHARDS, O_OPT, O_EPS, O_ACC,
-       O_INIT, O_POOL, O_ROWWISE };
+       O_INIT, O_POOL, O_ROWWISE, O_GROW };
 
 static const struct option plan_opts[] = {
     {"out", required_argument, NULL, O_OUT},
@@ -105,6 +119,7 @@ static const struct option plan_opts[] = {
     {"init-range", required_argument, NULL, O_INIT},
     {"pooling", required_argument, NULL, O_POOL},
     {"row-wise", no_argument, NULL, O_ROWWISE},
+    {"grow-from", required_argument, NULL, O_GROW},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0}, /* and the data flags of PLAN_DATA (tools/cli_data.c) */
 };
@@ -122,9 +137,12 @@ static int parse_flags(int argc, char **argv, plan_flags *f) {
   opterr = 0;
   int c, rc;
   while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    for (int k = 0; c >= O_DIM && c <= O_ROWWISE && plan_opts[k].name; k++)
+      if (plan_opts[k].val == c) f->model_flag = plan_opts[k].name;
     switch (c) {
       case 'h': plan_usage(stdout); return 0;
       case O_OUT: f->out = optarg; break;
+      case O_GROW: f->grow_from = optarg; break;
       case O_SIZES:
       case O_ARCH_SIZES:
         if (f->sizes) {
@@ -195,6 +213,19 @@ static int check_flags(const plan_flags *f) {
     return 2;
   }
   if (cli_out_file(CMD, "--out", f->out)) return 2;
+  if (f->grow_from) {
+    if (!f->data.processed) {
+      fprintf(stderr, "shardrec %s: --grow-from needs --processed-data-file F (the day's file, "
+              "converted with --mapping-from CKPT --extend-dictionaries)\n", CMD);
+      return 2;
+    }
+    if (f->sizes || f->model_flag) {
+      fprintf(stderr, "shardrec %s: --grow-from takes no %s%s: the model is the checkpoint's\n",
+              CMD, f->model_flag ? "--" : "", f->model_flag ? f->model_flag : f->sizes_flag);
+      return 2;
+    }
+    return 0;
+  }
   if (!f->sizes == !f->data.n_files) {
     fprintf(stderr, "shardrec %s: give the table sizes (--table-sizes or --arch-embedding-size) "
                     "or a data file to take them from, not both\n", CMD);
@@ -266,6 +297,30 @@ static int write_plan(const plan_flags *f) {
   return 0;
 }
 
+/* --grow-from: the checkpoint's plan grown to the data file's tables
+ * (train_ckpt_grown_plan), written to f->out. The exit status. */
+static int write_grown(const plan_flags *f) {
+  char err[1024], mfp[EMB_FP_HEX], pfp[EMB_FP_HEX];
+  emb_plan *plan = NULL;
+  int rc = train_ckpt_grown_plan(f->grow_from, f->data.processed, &plan, err, sizeof err);
+  if (!rc) rc = emb_plan_save(plan, f->out, err, sizeof err);
+  if (rc) {
+    fprintf(stderr, "shardrec %s: --grow-from %s\n", CMD, err);
+    emb_plan_free(plan);
+    return 1;
+  }
+  uint64_t total = 0;
+  for (int i = 0; i < plan->n_tables; i++) total += plan->tables[i].rows;
+  emb_plan_model_fingerprint(plan, mfp);
+  emb_plan_fingerprint(plan, pfp);
+  printf("wrote %s: %s's plan grown to %s: %d tables, %llu rows, %d shards\n", f->out,
+         f->grow_from, f->data.processed, plan->n_tables, (unsigned long long)total,
+         plan->n_shards);
+  printf("model fingerprint %s\nplan fingerprint  %s\n", mfp, pfp);
+  emb_plan_free(plan);
+  return 0;
+}
+
 int cmd_plan(int argc, char **argv) {
   plan_flags f;
   memset(&f, 0, sizeof f);
@@ -278,6 +333,7 @@ int cmd_plan(int argc, char **argv) {
   int st = parse_flags(argc, argv, &f);
   if (st >= 0) return st;
   if ((st = check_flags(&f))) return st;
+  if (f.grow_from) return write_grown(&f);
   uint64_t *rows = NULL;
   int n = 0;
   if ((st = table_rows(&f, &rows, &n)) >= 0) return st;

@@ -129,7 +129,11 @@ static void usage(FILE *f) {
 "  --checkpoint-every N      steps between checkpoints (0: only at the end)\n"
 "  --keep-checkpoints K      keep the newest K complete checkpoints (0: all)\n"
 "  --resume DIR              continue from the newest complete checkpoint in DIR (or the\n"
-"                            step-N folder named): rows, dense model, optimizer, data position\n"
+"                            step-N folder named): rows, dense model, optimizer, data position.\n"
+"                            The data is mapped as the checkpoint's was: a raw file with its\n"
+"                            dictionaries; a converted file whose mapping extends them\n"
+"                            (convert --mapping-from DIR --extend-dictionaries) grows the\n"
+"                            tables (plan --grow-from DIR writes that plan), another is refused\n"
 "  --auto-resume             with --save-checkpoint DIR: --resume DIR when DIR holds a\n"
 "                            complete checkpoint, else start fresh (the same command under any\n"
 "                            restart policy: a loop, systemd Restart=, Slurm --requeue)\n");

@@ -9,6 +9,7 @@
 
 #include "common/fs.h"
 #include "common/status.h"
+#include "datasets/source.h"
 #include "embedding/ckpt_plan.h"
 #include "dense/state_file.h"
 #include "storage/ckpt_dir.h"
@@ -362,15 +363,16 @@ static int load_checks(const train_ckpt_info *ci, const char *path, const emb_pl
                        const char *store_kind, dense_model *model, const train_ckpt_settings *set,
                        char *err, size_t errlen) {
   const cJSON *man = ci->manifest;
-  char mfp[EMB_FP_HEX], pfp[EMB_FP_HEX];
+  char mfp[EMB_FP_HEX], pfp[EMB_FP_HEX], why[256] = "";
   emb_plan_model_fingerprint(plan, mfp);
   emb_plan_fingerprint(plan, pfp);
-  if (strcmp(jstr(man, "model_fingerprint"), mfp)) {
+  int grown = strcmp(jstr(man, "model_fingerprint"), mfp) && emb_plan_grows(ci->plan, plan, why, sizeof why);
+  if (!grown && strcmp(jstr(man, "model_fingerprint"), mfp)) {
     sr_fmt(err, errlen, "%s: written for model fingerprint %.12s..., this run's model is %.12s... "
-           "(other tables, seed or optimizer)", path, jstr(man, "model_fingerprint"), mfp);
+           "(other tables, seed or optimizer: %s)", path, jstr(man, "model_fingerprint"), mfp, why);
     return SR_EMISMATCH;
   }
-  if (strcmp(jstr(man, "plan_fingerprint"), pfp)) {
+  if (!grown && strcmp(jstr(man, "plan_fingerprint"), pfp)) {
     sr_fmt(err, errlen, "%s: written under plan fingerprint %.12s..., this run's plan is %.12s... "
            "(other placement; reshard it first)", path, jstr(man, "plan_fingerprint"), pfp);
     return SR_EMISMATCH;
@@ -427,7 +429,13 @@ int train_ckpt_load(const char *dir, const emb_plan *plan, emb_store *store,
   if (rc) return rc;
   if ((rc = load_checks(&ci, path, plan, store_kind, model, set, err, errlen))) goto out;
   if ((rc = dense_state_check(dense, model, opt, err, errlen))) goto out;
-  if (store && (rc = emb_store_restore(store, shards))) {
+  /* A plan that grows the checkpoint's (load_checks): its rows as they are,
+   * the rows past them never written. */
+  char old_mfp[EMB_FP_HEX], mfp[EMB_FP_HEX];
+  emb_plan_model_fingerprint(ci.plan, old_mfp);
+  emb_plan_model_fingerprint(plan, mfp);
+  if (store && (rc = strcmp(old_mfp, mfp) ? emb_store_restore_grown(store, shards, old_mfp)
+                                          : emb_store_restore(store, shards))) {
     sr_fmt(err, errlen, "%s", emb_store_errmsg(store));
     goto out;
   }
@@ -462,4 +470,90 @@ int train_ckpt_write_as(const train_ckpt_info *src, const emb_plan *plan, const 
                         const char *final, char *err, size_t errlen) {
   return emb_ckpt_write_as((const cJSON *)src->manifest, src->plan, plan, tmp, final, err,
                            errlen);
+}
+
+int train_ckpt_mapping_check(const ds_transform *ck_xf, const ds_transform *xf, const char *ckpt,
+                             const char *data, int *grow, char *msg, size_t len) {
+  *grow = 0;
+  msg[0] = 0;
+  if (!ck_xf || !xf) return 0; /* nothing to compare: ids taken as they are */
+  char why[512], a[SR_SHA256_HEX], b[SR_SHA256_HEX];
+  ds_xform_relation rel = ds_transform_compare(ck_xf, xf, why, sizeof why);
+  if (rel == DS_XFORM_SAME) return 0;
+  if (ds_transform_fingerprint(ck_xf, a) || ds_transform_fingerprint(xf, b)) {
+    sr_fmt(msg, len, "%s: cannot fingerprint the data mappings", data);
+    return SR_EBACKEND;
+  }
+  if (rel == DS_XFORM_DIFFERS) {
+    sr_fmt(msg, len, "%s: %s maps ids with mapping %.12s, the checkpoint was trained with mapping "
+           "%.12s (%s): its ids would mean other values; convert it with --mapping-from %s (and "
+           "--extend-dictionaries to learn its new values)", ckpt, data, b, a, why, ckpt);
+    return SR_EMISMATCH;
+  }
+  sr_fmt(msg, len, "mapping %.12s extends the checkpoint's %.12s (%s): its tables grow", b, a, why);
+  *grow = 1;
+  return 0;
+}
+
+int train_ckpt_mapping(const char *path, emb_plan **plan, ds_transform **xf, char *err,
+                       size_t errlen) {
+  train_ckpt_info ci;
+  cJSON *man = NULL;
+  char src[SR_PATH_MAX];
+  *plan = NULL;
+  *xf = NULL;
+  memset(&ci, 0, sizeof ci);
+  int rc = train_ckpt_resolve(path, ci.dir, sizeof ci.dir, err, errlen);
+  if (!rc) rc = sr_path_err(src, sizeof src, err, errlen, "%s/manifest.json", ci.dir);
+  if (!rc) rc = ckpt_dir_read(ci.dir, &man, err, errlen);
+  if (!rc) rc = job_fields(man, src, &ci, err, errlen);
+  if (!rc && ci.transform_fp[0]) rc = train_ckpt_transform(&ci, xf, err, errlen);
+  if (!rc) {
+    *plan = ci.plan;
+    ci.plan = NULL;
+  }
+  cJSON_Delete(man);
+  train_ckpt_info_free(&ci);
+  return rc;
+}
+
+int train_ckpt_grown_plan(const char *ckpt, const char *data, emb_plan **out, char *err,
+                          size_t errlen) {
+  emb_plan *ck_plan;
+  ds_transform *ck_xf;
+  *out = NULL;
+  int rc = train_ckpt_mapping(ckpt, &ck_plan, &ck_xf, err, errlen);
+  if (rc) return rc;
+  if (!ck_xf) {
+    sr_fmt(err, errlen, "%s records no data transform to grow its tables by (written before "
+           "models carried their mapping, or trained on ids mapped outside shardrec)", ckpt);
+    emb_plan_free(ck_plan);
+    return SR_ENOTFOUND;
+  }
+  ds_source_opts so = {.path = data, .split = DS_SPLIT_TRAIN, .format = DS_FORMAT_PROCESSED,
+                       .scheme = DS_SCHEME_NONE};
+  char e2[1024];
+  uint64_t sizes[DS_NUM_SPARSE];
+  int grow = 0;
+  ds_source *src = ds_source_open(&so, e2, sizeof e2);
+  if (!src) {
+    sr_fmt(err, errlen, "%s", e2);
+    rc = SR_EIO;
+  } else if (!ds_source_transform(src)) {
+    sr_fmt(err, errlen, "%s records no data mapping to grow %s's tables by", data, ckpt);
+    rc = SR_EINVAL;
+  } else if ((rc = train_ckpt_mapping_check(ck_xf, ds_source_transform(src), ckpt, data, &grow,
+                                            err, errlen))) {
+    /* err says how the mappings differ */
+  } else if (ck_plan->n_tables != DS_NUM_SPARSE || ds_source_table_sizes(src, sizes)) {
+    sr_fmt(err, errlen, "%s: no table sizes for the checkpoint's %d tables", data,
+           ck_plan->n_tables);
+    rc = SR_EINVAL;
+  } else {
+    rc = emb_plan_grow(ck_plan, sizes, out, err, errlen);
+  }
+  ds_source_destroy(src);
+  ds_transform_free(ck_xf);
+  emb_plan_free(ck_plan);
+  return rc;
 }

@@ -105,7 +105,9 @@ int train_ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store 
  * ""). */
 int train_ckpt_resolve(const char *path, char *out, size_t outlen, char *err, size_t errlen);
 
-/* Check the checkpoint dir (DONE, manifest, fingerprints against plan, store
+/* Check the checkpoint dir (DONE, manifest, fingerprints against plan or a
+ * plan that grows the checkpoint's (emb_plan_grows: its rows restored as
+ * they are, the new rows never written: emb_store_restore_grown), store
  * kind, settings, every file's size and SHA-256), then load the dense model
  * and optimizer and restore store from it (store NULL: the dense part only,
  * as ranks other than 0 of a data-parallel job do; store_kind NULL: any
@@ -152,6 +154,36 @@ void train_ckpt_info_free(train_ckpt_info *ci); /* NULL-safe; leaves *ci zeroed 
  * new transform in *out (ds_transform_free); SR_ENOTFOUND when it records
  * none ("DIR records no data transform ..."); SR_E* naming the file. */
 int train_ckpt_transform(const train_ckpt_info *ci, ds_transform **out, char *err, size_t errlen);
+
+/* The plan and data transform of the checkpoint path (a step folder, or a
+ * folder of them: the newest complete one), read before a resume opens its
+ * data: the manifest (ckpt_dir_read: DONE's checksum) and its plan against
+ * its fingerprints, transform.bin against the manifest's fingerprint; the
+ * other files are verified by train_ckpt_load. 0 with a new plan in *plan
+ * and a new transform in *xf (NULL: the checkpoint records none), or SR_E*
+ * naming the file (*plan and *xf NULL). */
+int train_ckpt_mapping(const char *path, emb_plan **plan, ds_transform **xf, char *err,
+                       size_t errlen);
+
+/* How the mapping xf of the data a resume reads relates to the checkpoint's
+ * ck_xf (ds_transform_compare; ckpt and data name both in messages): the
+ * same, or either NULL (nothing to compare): 0, *grow 0; xf extends ck_xf
+ * (the data was converted with --mapping-from CKPT --extend-dictionaries):
+ * 0, *grow 1 and "mapping <fp> extends the checkpoint's <fp> (why)" in msg;
+ * another mapping: SR_EMISMATCH with both fingerprints, the first
+ * difference and "convert it with --mapping-from CKPT" in msg. */
+int train_ckpt_mapping_check(const ds_transform *ck_xf, const ds_transform *xf, const char *ckpt,
+                             const char *data, int *grow, char *msg, size_t len);
+
+/* The plan a --resume of checkpoint ckpt (a step folder or a folder of them)
+ * on the converted file data runs under: the checkpoint's plan with each
+ * bounded table's rows raised to data's table sizes (emb_plan_grow; the
+ * same plan when data's mapping is the checkpoint's). 0 and a new plan in
+ * *out; SR_EMISMATCH when data's mapping is not the checkpoint's or one
+ * extending it (train_ckpt_mapping_check), SR_ENOTFOUND when the checkpoint
+ * records no mapping, SR_E* naming the file. */
+int train_ckpt_grown_plan(const char *ckpt, const char *data, emb_plan **out, char *err,
+                          size_t errlen);
 
 /* emb_ckpt_write_as (embedding/ckpt_plan.h) with src's manifest and plan:
  * a new checkpoint at final (a step-N folder that must not exist) from

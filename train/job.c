@@ -68,6 +68,7 @@ static ds_source_opts source_opts(const train_job *j, ds_split split) {
   o.format = DS_FORMAT_PROCESSED;
   if (c->raw) {
     o.format = DS_FORMAT_AUTO;
+    o.transform = j->ck_xf; /* --resume: the checkpoint's mapping (NULL: built from the data) */
     if (c->have_test_fraction) {
       o.scheme = DS_SCHEME_FRACTION;
       o.test_fraction = c->test_fraction;
@@ -80,6 +81,7 @@ static ds_source_opts source_opts(const train_job *j, ds_split split) {
 
 static int open_data(train_job *j) {
   char err[1024];
+  if (j->cfg->resume && job__resume_open(j)) return -1;
   ds_source_opts so = source_opts(j, DS_SPLIT_TRAIN);
   j->data_path = so.path;
   if (!(j->train = ds_source_open(&so, err, sizeof err))) {
@@ -97,7 +99,7 @@ static int open_data(train_job *j) {
     job__errf(j, "%s: the training split is empty\n", so.path);
     return -1;
   }
-  return 0;
+  return j->cfg->resume && j->cfg->processed ? job__resume_mapping(j) : 0;
 }
 
 /* A plan made here is written to --plan-out when given, and into the
@@ -136,7 +138,10 @@ static int write_plan(train_job *j, char *where, size_t len) {
 static int make_plan(train_job *j) {
   const train_config *c = j->cfg;
   char err[1024], where[8300] = "";
-  if (c->plan_path) {
+  if (j->grow) {
+    if (job__grown_plan(j)) return -1;
+    if (!c->plan_path && j->rank == 0 && write_plan(j, where, sizeof where)) return -1;
+  } else if (c->plan_path) {
     if (emb_plan_load(c->plan_path, &j->plan, err, sizeof err)) {
       job__errf(j, "%s\n", err);
       return -1;
@@ -166,7 +171,8 @@ static int make_plan(train_job *j) {
   uint64_t total_rows = 0;
   for (int i = 0; i < plan->n_tables; i++) total_rows += plan->tables[i].rows;
   printf("plan   %s%s: %d tables, %llu rows, dim %d, %d shard(s) %s; model %.12s plan %.12s\n",
-         c->plan_path ? c->plan_path : where[0] ? where : "made from the data",
+         c->plan_path ? c->plan_path : where[0] ? where : j->grow ? "grown from the checkpoint's"
+                                                                  : "made from the data",
          c->plan_path ? "" : where[0] ? " (written)" : " (not written: --plan-out FILE keeps it)",
          plan->n_tables, (unsigned long long)total_rows, plan->tables[0].dim, plan->n_shards,
          c->servers ? "on shard servers" : c->colocate ? "colocated with the ranks" : "in process",
@@ -693,8 +699,10 @@ static void job_close(train_job *j, int status) {
     free(j->tmp_data_dir);
   }
   emb_plan_free(j->plan);
+  emb_plan_free(j->ck_plan);
   ds_source_destroy(j->train);
   ds_source_destroy(j->test);
+  ds_transform_free(j->ck_xf); /* after the sources that borrowed it */
 }
 
 /* Under mpirun: MPI up, the collective, and the cores shared out between

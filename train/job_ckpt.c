@@ -55,6 +55,72 @@ int job__check_outputs(const train_job *j) {
   return 0;
 }
 
+int job__resume_open(train_job *j) {
+  char err[1024];
+  if (train_ckpt_mapping(j->cfg->resume, &j->ck_plan, &j->ck_xf, err, sizeof err)) {
+    job__errf(j, "--resume: %s\n", err);
+    return -1;
+  }
+  return 0;
+}
+
+int job__resume_mapping(train_job *j) {
+  char msg[1024];
+  int rc = train_ckpt_mapping_check(j->ck_xf, ds_source_transform(j->train), j->cfg->resume,
+                                    j->data_path, &j->grow, msg, sizeof msg);
+  if (rc) {
+    job__errf(j, "--resume %s\n", msg);
+    return -1;
+  }
+  if (j->grow) printf("data   %s\n", msg);
+  return 0;
+}
+
+/* The first table whose rows differ between a and b (-1: none). */
+static int rows_differ(const emb_plan *a, const emb_plan *b) {
+  for (int i = 0; i < a->n_tables && i < b->n_tables; i++)
+    if (a->tables[i].rows != b->tables[i].rows) return i;
+  return -1;
+}
+
+int job__grown_plan(train_job *j) {
+  const train_config *c = j->cfg;
+  char err[1024];
+  uint64_t sizes[DS_NUM_SPARSE];
+  emb_plan *given = NULL, *grown = NULL;
+  if (j->ck_plan->n_tables != DS_NUM_SPARSE || ds_source_table_sizes(j->train, sizes)) {
+    job__errf(j, "--resume: %s: no table sizes for the checkpoint's %d tables\n", j->data_path,
+              j->ck_plan->n_tables);
+    return -1;
+  }
+  if (emb_plan_grow(j->ck_plan, sizes, &grown, err, sizeof err) ||
+      (c->plan_path && emb_plan_load(c->plan_path, &given, err, sizeof err))) {
+    job__errf(j, "--resume: %s\n", err);
+    emb_plan_free(grown);
+    return -1;
+  }
+  char gfp[EMB_FP_HEX], hfp[EMB_FP_HEX];
+  emb_plan_fingerprint(grown, gfp);
+  if (given && (emb_plan_fingerprint(given, hfp), strcmp(gfp, hfp))) {
+    int t = rows_differ(grown, given);
+    char why[256] = "";
+    if (t < 0) emb_plan_grows(j->ck_plan, given, why, sizeof why);
+    if (t >= 0)
+      sr_fmt(why, sizeof why, "tables[%d] (%s) has %llu rows in it, %llu grown", t,
+             grown->tables[t].name, (unsigned long long)given->tables[t].rows,
+             (unsigned long long)grown->tables[t].rows);
+    job__errf(j, "--plan %s: plan %.12s is not the checkpoint's plan grown to %s (%.12s): %s "
+              "(shardrec plan --grow-from %s --processed-data-file %s writes that one)\n",
+              c->plan_path, hfp, j->data_path, gfp, why, c->resume, j->data_path);
+    emb_plan_free(grown);
+    emb_plan_free(given);
+    return -1;
+  }
+  emb_plan_free(given);
+  j->plan = grown;
+  return 0;
+}
+
 int job__resume(train_job *j) {
   const train_config *c = j->cfg;
   char ckdir[SR_PATH_MAX], err[1024];

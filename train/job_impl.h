@@ -87,6 +87,12 @@ typedef struct train_job {
   uint64_t n_train, n_test;
   const char *data_path;
   emb_plan *plan;          /* owned */
+  /* --resume: the checkpoint's plan and data transform (NULL: it records
+   * none), owned; grow: the data's mapping extends the checkpoint's, so the
+   * plan is the checkpoint's grown to the data's tables (job__resume_mapping). */
+  emb_plan *ck_plan;
+  ds_transform *ck_xf;
+  int grow;
   emb_store *store;        /* owned */
   const char *store_kind;  /* "local", "shard" or "remote" */
   char *tmp_data_dir;      /* the shard store's temporary folder (removed at the end), owned */
@@ -168,6 +174,19 @@ int job__check_paths(const train_job *j);
  * save again. The DIR.TAG folders beside --save-model DIR that a killed run
  * left are removed. 0 or -1 (message printed). */
 int job__check_outputs(const train_job *j);
+/* --resume, before the data is opened: the checkpoint's plan and data
+ * transform into j (a raw data file is then mapped with that transform,
+ * never with dictionaries rebuilt from it). 0 or -1 (message printed). */
+int job__resume_open(train_job *j);
+/* --resume of a processed data file, once it is open: its transform against
+ * the checkpoint's (ds_transform_compare): the same, none on either side:
+ * as it is; it extends the checkpoint's: j->grow; it differs: refused,
+ * naming both fingerprints and the first difference. 0 or -1 (printed). */
+int job__resume_mapping(train_job *j);
+/* j->grow: j->plan is the checkpoint's plan with each bounded table's rows
+ * raised to the data's table sizes (emb_plan_grow); a --plan given must be
+ * that plan. 0 or -1 (message printed). */
+int job__grown_plan(train_job *j);
 /* --resume: several ranks: rank 0 restores the shards (and its dense part),
  * then the others load the dense part only, once the shards are back. */
 int job__resume(train_job *j);

@@ -407,6 +407,63 @@ START_TEST(test_balancer_and_shard_of) {
 }
 END_TEST
 
+/* emb_plan_grow raises bounded tables' rows, keeps every other field (the
+ * init range recorded, not the default of the new rows); emb_plan_grows
+ * holds for it and names the first other difference. */
+START_TEST(test_grow) {
+  emb_plan *p = make_plan(3, 0, EMB_OPT_ADAGRAD), *g = NULL;
+  const uint64_t rows[] = {2000, 100, 10131227, 3000000, 305, 0};
+  char err[256], why[256];
+  ck_assert_msg(emb_plan_grow(p, rows, &g, err, sizeof err) == 0, "%s", err);
+  ck_assert_uint_eq(g->tables[0].rows, 2000);
+  ck_assert_uint_eq(g->tables[1].rows, 583); /* never shrunk */
+  ck_assert_uint_eq(g->tables[3].rows, 3000000);
+  ck_assert_uint_eq(g->tables[5].rows, EMB_ROWS_UNBOUNDED);
+  for (int i = 0; i < p->n_tables; i++) {
+    ck_assert(g->tables[i].init_range == p->tables[i].init_range);
+    ck_assert_int_eq(g->tables[i].place.shards[0], p->tables[i].place.shards[0]);
+  }
+  ck_assert(emb_plan_grows(p, g, why, sizeof why));
+  ck_assert(emb_plan_grows(p, p, why, sizeof why));
+  ck_assert(!emb_plan_grows(g, p, why, sizeof why));
+  ck_assert_msg(strstr(why, "tables[0] (t0): 1460 rows, fewer than 2000"), "%s", why);
+  char pm[EMB_FP_HEX], pa[EMB_FP_HEX], gm[EMB_FP_HEX], ga[EMB_FP_HEX];
+  fps(p, pm, pa);
+  fps(g, gm, ga);
+  ck_assert_str_ne(pm, gm);
+  ck_assert_str_ne(pa, ga);
+  /* A never-written row of the old tables is the same in the grown plan. */
+  float a[16], b[16];
+  emb_row_init(p, 0, 1459, a);
+  emb_row_init(g, 0, 1459, b);
+  ck_assert_mem_eq(a, b, sizeof a);
+  /* Any other change is no growth. */
+  emb_plan *h = emb_plan_clone(g);
+  h->tables[2].init_range *= 2;
+  ck_assert(!emb_plan_grows(p, h, why, sizeof why));
+  ck_assert_msg(strstr(why, "tables[2] (t2): init_range differs"), "%s", why);
+  emb_plan_free(h);
+  h = emb_plan_clone(g);
+  h->seed++;
+  ck_assert(!emb_plan_grows(p, h, why, sizeof why));
+  ck_assert_msg(strstr(why, "seed"), "%s", why);
+  emb_plan_free(h);
+  h = emb_plan_clone(g);
+  h->tables[4].place.shards[0] = (h->tables[4].place.shards[0] + 1) % 3;
+  ck_assert(!emb_plan_grows(p, h, why, sizeof why));
+  ck_assert_msg(strstr(why, "tables[4] (t4): placement differs"), "%s", why);
+  emb_plan_free(h);
+  /* A bounded table's rows must stay a bound. */
+  emb_plan *bad = NULL;
+  const uint64_t unb[] = {0, 583, 10131227, 2202608, 305, 0};
+  ck_assert_int_eq(emb_plan_grow(p, unb, &bad, err, sizeof err), SR_EINVAL);
+  ck_assert_ptr_null(bad);
+  ck_assert_msg(strstr(err, "tables[0] (t0)"), "%s", err);
+  emb_plan_free(g);
+  emb_plan_free(p);
+}
+END_TEST
+
 START_TEST(test_row_init) {
   emb_plan *p = make_plan(1, 0, EMB_OPT_SGD);
   const int dim = 16;
@@ -471,6 +528,7 @@ int main(void) {
   tcase_add_test(tc, test_validation);
   tcase_add_test(tc, test_balancer_and_shard_of);
   tcase_add_test(tc, test_row_init);
+  tcase_add_test(tc, test_grow);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

@@ -372,6 +372,60 @@ START_TEST(test_checkpoint_restore) {
 }
 END_TEST
 
+/* A checkpoint of a smaller plan restores into a store of a plan that grows
+ * it (emb_store_restore_grown): every stored row as it was, a row past the
+ * old tables a never-written row of the grown plan (the old init range). */
+START_TEST(test_restore_grown) {
+  emb_plan *p = make_plan(EMB_OPT_ADAGRAD, 2, 0, 5);
+  emb_store *s = train(p, 14, 20);
+  char *tmp = tmpdir_make("store"), dir[256], err[256], why[256];
+  snprintf(dir, sizeof dir, "%s/ck", tmp);
+  ck_assert_msg(emb_store_checkpoint(s, dir) == 0, "%s", emb_store_errmsg(s));
+  const uint64_t more[FX_NT] = {1500, 80, 0};
+  emb_plan *g = NULL;
+  ck_assert_msg(emb_plan_grow(p, more, &g, err, sizeof err) == 0, "%s", err);
+  ck_assert_msg(emb_plan_grows(p, g, why, sizeof why), "%s", why);
+  char pm[EMB_FP_HEX], gm[EMB_FP_HEX];
+  emb_plan_model_fingerprint(p, pm);
+  emb_plan_model_fingerprint(g, gm);
+  ck_assert_str_ne(pm, gm);
+  emb_store *s2 = make_store(g);
+  /* Taken as its own model's: refused, the file's fingerprint is not this plan's. */
+  ck_assert_int_eq(emb_store_restore(s2, dir), SR_EMISMATCH);
+  ck_assert_msg(emb_store_restore_grown(s2, dir, pm) == 0, "%s", emb_store_errmsg(s2));
+  ck_assert_str_eq(s2->restore_model_fp, "");
+  ck_assert(same_tables(s, s2));
+  /* Rows past the old bound: the grown plan's never-written rows. */
+  uint64_t ids0[2] = {1000, 1499}, ids1[1] = {79}, ids2[1] = {7};
+  const uint64_t *idp[3] = {ids0, ids1, ids2};
+  size_t counts[3] = {2, 1, 1};
+  float o0[2 * 4], o1[8], o2[5], *op[3] = {o0, o1, o2};
+  emb_idset set = {.n_tables = 3, .ids = idp, .counts = counts};
+  ck_assert_int_eq(emb_store_lookup_begin(s2, 21, &set, op), 0);
+  ck_assert_int_eq(emb_store_lookup_wait(s2), 0);
+  float want[8];
+  emb_row_init(g, 0, 1499, want);
+  ck_assert_mem_eq(o0 + 4, want, 4 * sizeof(float));
+  ck_assert(g->tables[0].init_range == p->tables[0].init_range);
+  emb_row_init(g, 1, 79, want);
+  ck_assert_mem_eq(o1, want, 8 * sizeof(float));
+  /* A model other than the one the files record is still refused. */
+  emb_plan *other = make_plan(EMB_OPT_ADAGRAD, 2, 0, 6);
+  char om[EMB_FP_HEX];
+  emb_plan_model_fingerprint(other, om);
+  emb_store *s3 = make_store(g);
+  ck_assert_int_eq(emb_store_restore_grown(s3, dir, om), SR_EMISMATCH);
+  emb_store_destroy(s3);
+  emb_plan_free(other);
+  emb_store_destroy(s);
+  emb_store_destroy(s2);
+  emb_plan_free(g);
+  emb_plan_free(p);
+  rmdir_all(tmp);
+  free(tmp);
+}
+END_TEST
+
 START_TEST(test_restore_refuses_damage) {
   emb_plan *p = make_plan(EMB_OPT_ADAGRAD, 1, 0, 5);
   emb_store *s = train(p, 14, 10);
@@ -490,6 +544,7 @@ int main(void) {
   tcase_add_test(tc, test_iterate_order);
   tcase_add_test(tc, test_checkpoint_restore);
   tcase_add_test(tc, test_restore_refuses_damage);
+  tcase_add_test(tc, test_restore_grown);
   tcase_add_test(tc, test_growth);
   tcase_add_test(tc, test_push_nonfinite_refused);
   suite_add_tcase(s, tc);
