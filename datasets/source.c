@@ -904,6 +904,20 @@ const char *ds_source_report(ds_source *s, int i) {
   return r;
 }
 
+void ds_source_identity(const ds_source *s, char *out, size_t len) {
+  if (s->fmt == DS_FORMAT_TSV) {
+    sr_fmt(out, len, "tsv %llu bytes", (unsigned long long)paths_bytes(s->paths, s->npaths));
+    return;
+  }
+  const ds_bin_info *in = ds_bin_reader_info(s->bin);
+  if (s->fmt == DS_FORMAT_INT32)
+    sr_fmt(out, len, "int32 %llu records", (unsigned long long)in->n_samples);
+  else
+    sr_fmt(out, len, "bin data crc32 %08x, %llu samples (train %llu, test %llu, val %llu)",
+           in->data_crc, (unsigned long long)in->n_samples, (unsigned long long)in->n_train,
+           (unsigned long long)in->n_test, (unsigned long long)in->n_val);
+}
+
 const char *ds_source_errmsg(ds_source *s) { return s ? s->err : "no source"; }
 
 int ds_source_record_of(const ds_source *s, uint64_t sample_index, uint64_t *record) {

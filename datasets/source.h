@@ -127,6 +127,13 @@ const ds_criteo_dict *ds_source_dict(ds_source *s);
 /* The id mode of the ids produced, and max_ind_range / frequency threshold used. */
 ds_id_mode ds_source_id_mode(ds_source *s);
 
+/* What identifies the data read (not the split): a bin file's data CRC32
+ * and counts ("bin data crc32 1a2b3c4d, 4000 samples (train 3600, test
+ * 400, val 0)"), an int32 file's records, a TSV's bytes (its files,
+ * compressed bytes for gzip) into out. A resumed job tells new data from
+ * the data it was trained on by it. */
+void ds_source_identity(const ds_source *s, char *out, size_t len);
+
 /* Counters; 0 or SR_EINVAL. */
 int ds_source_stats_get(ds_source *s, ds_source_stats *st);
 

@@ -106,6 +106,7 @@ static cJSON *settings_json(const train_ckpt_settings *s) {
   if (s->dense_kernels) cJSON_AddStringToObject(o, "dense_kernels", s->dense_kernels);
   if (s->blas_version) cJSON_AddStringToObject(o, "openblas_version", s->blas_version);
   if (s->blas_core) cJSON_AddStringToObject(o, "openblas_core", s->blas_core);
+  if (s->data_identity) cJSON_AddStringToObject(o, "data_identity", s->data_identity);
   return o;
 }
 
@@ -265,6 +266,20 @@ int train_ckpt_kernels_differ(const char *dir, const train_ckpt_settings *set, c
            "dense kernels %s, OpenBLAS %s, core %s: the steps from here will not be the same bits "
            "as the run that wrote it (--dense-isa picks the kernels, OPENBLAS_CORETYPE the core)",
            dir, k, v, c, set->dense_kernels, set->blas_version, set->blas_core);
+  cJSON_Delete(man);
+  return differ;
+}
+
+int train_ckpt_data_differs(const char *dir, const train_ckpt_settings *set, char *msg,
+                            size_t len) {
+  cJSON *man = NULL;
+  char err[256];
+  if (ckpt_dir_read(dir, &man, err, sizeof err)) return 0;
+  const char *d = jstr(cJSON_GetObjectItemCaseSensitive(man, "settings"), "data_identity");
+  int differ = d && set->data_identity && strcmp(d, set->data_identity);
+  if (differ)
+    sr_fmt(msg, len, "%s was trained on other data (%s; this run's: %s)", dir, d,
+           set->data_identity);
   cJSON_Delete(man);
   return differ;
 }

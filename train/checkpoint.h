@@ -65,6 +65,10 @@ typedef struct train_ckpt_settings {
    * (dense_backend_kernels), OpenBLAS's version and its core (kernel
    * family). NULL: not recorded. */
   const char *dense_kernels, *blas_version, *blas_core;
+  /* What identifies the training data (ds_source_identity): a resume on
+   * other data reads it from its beginning (train_ckpt_data_differs). NULL:
+   * not recorded. */
+  const char *data_identity;
 } train_ckpt_settings;
 
 /* The longest name a checkpoint holds under its step folder
@@ -125,6 +129,12 @@ int train_ckpt_load(const char *dir, const emb_plan *plan, emb_store *store,
  * be read: train_ckpt_load has said why). */
 int train_ckpt_kernels_differ(const char *dir, const train_ckpt_settings *set, char *msg,
                               size_t len);
+
+/* Whether the checkpoint dir was trained on other data than set's
+ * data_identity: 1 with "<dir> was trained on other data (...; this run's
+ * ...)" in msg, 0 when the same or not recorded on either side. */
+int train_ckpt_data_differs(const char *dir, const train_ckpt_settings *set, char *msg,
+                            size_t len);
 
 /* A verified training checkpoint, read without a model or store (predict;
  * reshard and serve --checkpoint need only its plan and rows:

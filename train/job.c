@@ -93,6 +93,7 @@ static int open_data(train_job *j) {
     job__errf(j, "%s\n", err);
     return -1;
   }
+  ds_source_identity(j->train, j->data_id, sizeof j->data_id);
   j->n_train = ds_source_count(j->train);
   j->n_test = ds_source_count(j->test);
   if (j->n_train == 0) {
@@ -402,7 +403,7 @@ static int job_open(train_job *j) {
                            c->sparse_lr, c->sched.num_warmup_steps, c->sched.decay_start_step,
                            c->sched.num_decay_steps, c->batch,
                            dense_backend_kernels(dense_backend_default()), dense_blas_version(),
-                           dense_blas_core()};
+                           dense_blas_core(), j->data_id};
   return 0;
 }
 

@@ -140,12 +140,21 @@ int job__resume(train_job *j) {
     job__errf(j, "--resume: %s\n", err);
     return -1;
   }
+  char why[512];
+  if (train_ckpt_data_differs(ckdir, &j->cks, why, sizeof why)) {
+    /* The next day's data: read from its beginning, the step count and the
+     * learning-rate schedule going on. */
+    j->ckst.epoch = 0;
+    j->ckst.sample_index = 0;
+    if (j->rank == 0)
+      printf("data   %s: read %s from its beginning (epoch 0); steps and the learning-rate "
+             "schedule go on\n", why, j->data_path);
+  }
   if (ds_source_seek(j->train, j->ckst.sample_index)) {
     job__errf(j, "--resume: cannot seek the data to sample %llu: %s\n",
               (unsigned long long)j->ckst.sample_index, ds_source_errmsg(j->train));
     return -1;
   }
-  char why[512];
   if (j->rank == 0 && train_ckpt_kernels_differ(ckdir, &j->cks, why, sizeof why))
     job__errf(j, "warning: --resume: %s\n", why);
   job_rewind(&j->cur, &j->q, &j->ckst, j->cfg->batch, sr_now());

@@ -86,6 +86,7 @@ typedef struct train_job {
   ds_source *train, *test; /* owned */
   uint64_t n_train, n_test;
   const char *data_path;
+  char data_id[128];             /* ds_source_identity of the train source */
   emb_plan *plan;          /* owned */
   /* --resume: the checkpoint's plan and data transform (NULL: it records
    * none), owned; grow: the data's mapping extends the checkpoint's, so the

@@ -160,6 +160,11 @@ STEPS=50
 run day2-local "$B" train --resume L1 --processed-data-file d2.bin "${TRAIN[@]}" \
   --num-batches $STEPS --save-checkpoint L2 --plan-out p2-local.json
 has day2-local "extends the checkpoint's $FP1"
+# Day 2 is other data than day 1's: read from its beginning, the steps going on.
+has day2-local "was trained on other data (bin data crc32"
+has day2-local "read d2.bin from its beginning (epoch 0)"
+grep -q "^resume .*: step 30, epoch 0, sample 0$" day2-local.log ||
+  fail "day 2 is not read from its first sample: $(grep '^resume' day2-local.log)"
 run day2-shard "$B" train --resume S1 --processed-data-file d2.bin "${TRAIN[@]}" \
   --num-batches $STEPS --save-checkpoint S2 --data-dir db
 run grow "$B" plan --grow-from R1 --processed-data-file d2.bin --out p2.json

@@ -409,7 +409,7 @@ START_TEST(test_checkpoint_refusals) {
   small_train(&m);
   char root[512], ck[600], err[1024];
   snprintf(root, sizeof root, "%s/ck", dir);
-  train_ckpt_settings set = {"adagrad", "adagrad", 0.05, 0.05, 0, 0, 0, 16, NULL, NULL, NULL};
+  train_ckpt_settings set = {"adagrad", "adagrad", 0.05, 0.05, 0, 0, 0, 16, NULL, NULL, NULL, NULL};
   train_ckpt_state st = {.step = 2, .epoch = 0, .sample_index = 32}, got;
   ck_assert_int_eq(train_ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
                              trainer_dense_opt(m.t), NULL, &st, &set, err, sizeof err), 0);
@@ -514,7 +514,7 @@ START_TEST(test_checkpoint_path_too_long) {
   small_model m;
   small_open(&m, 7);
   small_train(&m);
-  train_ckpt_settings set = {"adagrad", "adagrad", 0.05, 0.05, 0, 0, 0, 16, NULL, NULL, NULL};
+  train_ckpt_settings set = {"adagrad", "adagrad", 0.05, 0.05, 0, 0, 0, 16, NULL, NULL, NULL, NULL};
   train_ckpt_state st = {.step = 2, .epoch = 0, .sample_index = 32}, got;
   size_t limit = SR_PATH_MAX - train_ckpt_root_room(); /* a root fits in limit bytes */
   char root[SR_PATH_MAX], parent[SR_PATH_MAX], sentinel[SR_PATH_MAX], keep[SR_PATH_MAX];
@@ -580,9 +580,10 @@ START_TEST(test_checkpoint_path_too_long) {
 }
 END_TEST
 
-/* The manifest records the dense kernels, OpenBLAS's version and core;
- * train_ckpt_kernels_differ names both sides when one differs, says nothing when
- * all agree or the checkpoint records none (an older one). */
+/* The manifest records the dense kernels, OpenBLAS's version and core, and
+ * the data's identity; train_ckpt_kernels_differ and train_ckpt_data_differs
+ * name both sides when one differs, say nothing when all agree or the
+ * checkpoint records none (an older one). */
 START_TEST(test_checkpoint_kernels) {
   small_model m;
   small_open(&m, 7);
@@ -590,7 +591,7 @@ START_TEST(test_checkpoint_kernels) {
   char root[512], ck[600], err[1024], msg[1024];
   snprintf(root, sizeof root, "%s/kern", dir);
   train_ckpt_settings set = {"adagrad", "adagrad", 0.05, 0.05, 0,      0,
-                             0,         16,        "avx2", "0.3.21", "Zen"};
+                             0,         16,        "avx2", "0.3.21", "Zen", "tsv 1000 bytes"};
   train_ckpt_state st = {.step = 2, .epoch = 0, .sample_index = 32};
   ck_assert_int_eq(train_ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
                              trainer_dense_opt(m.t), NULL, &st, &set, err, sizeof err), 0);
@@ -609,13 +610,24 @@ START_TEST(test_checkpoint_kernels) {
   other = set;
   other.blas_version = "0.3.26";
   ck_assert_int_eq(train_ckpt_kernels_differ(ck, &other, msg, sizeof msg), 1);
+  /* The data's identity: the same data, other data, or none said. */
+  ck_assert_int_eq(train_ckpt_data_differs(ck, &set, msg, sizeof msg), 0);
+  other = set;
+  other.data_identity = "tsv 2000 bytes";
+  ck_assert_int_eq(train_ckpt_data_differs(ck, &other, msg, sizeof msg), 1);
+  ck_assert_msg(strstr(msg, "was trained on other data (tsv 1000 bytes; this run's: tsv 2000 bytes)"),
+                "%s", msg);
+  other.data_identity = NULL;
+  ck_assert_int_eq(train_ckpt_data_differs(ck, &other, msg, sizeof msg), 0);
   /* written without them: nothing to compare */
   snprintf(root, sizeof root, "%s/kern-none", dir);
-  set.dense_kernels = set.blas_version = set.blas_core = NULL;
+  set.dense_kernels = set.blas_version = set.blas_core = set.data_identity = NULL;
   ck_assert_int_eq(train_ckpt_save(root, 0, m.plan, m.store, "local", trainer_model(m.t),
                              trainer_dense_opt(m.t), NULL, &st, &set, err, sizeof err), 0);
   ck_assert_int_eq(train_ckpt_resolve(root, ck, sizeof ck, err, sizeof err), 0);
   ck_assert_int_eq(train_ckpt_kernels_differ(ck, &other, msg, sizeof msg), 0);
+  other.data_identity = "tsv 2000 bytes";
+  ck_assert_int_eq(train_ckpt_data_differs(ck, &other, msg, sizeof msg), 0);
   small_close(&m);
 }
 END_TEST
