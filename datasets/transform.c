@@ -162,12 +162,17 @@ int ds_transform_parse(const void *buf, size_t len, const char *src, ds_transfor
   }
   uint32_t mode = get32(p + X_MODE);
   uint64_t range = get64(p + X_RANGE), n[DS_NUM_SPARSE], total = 0;
+  uint32_t thr = get32(p + X_THR);
+  /* Only what ds_transform_create makes: the bytes are canonical, so that a
+   * transform read back has the fingerprint of the bytes it was read from. */
   if (mode > DS_IDS_HASH || get32(p + X_UNSEEN) != DS_XFORM_UNSEEN_ID ||
       get32(p + X_DENSE) != DS_XFORM_DENSE_LOG1P || get32(p + X_COLS) != DS_NUM_SPARSE ||
-      (mode == DS_IDS_MODULO && !range) || (mode == DS_IDS_HASH && range)) {
-    sr_fmt(err, errlen, "%s: header: id mode %u, range %llu, unseen id %u, dense transform %u, "
-           "%u columns is not a transform this shardrec knows", src, mode,
-           (unsigned long long)range, get32(p + X_UNSEEN), get32(p + X_DENSE), get32(p + X_COLS));
+      (mode == DS_IDS_MODULO && !range) || (mode == DS_IDS_HASH && range) ||
+      (mode == DS_IDS_DICT) != (thr != 0)) {
+    sr_fmt(err, errlen, "%s: header: id mode %u, range %llu, frequency threshold %u, unseen id "
+           "%u, dense transform %u, %u columns is not a transform this shardrec knows", src, mode,
+           (unsigned long long)range, thr, get32(p + X_UNSEEN), get32(p + X_DENSE),
+           get32(p + X_COLS));
     return SR_EFORMAT;
   }
   for (int c = 0; c < DS_NUM_SPARSE; c++) {
@@ -201,7 +206,7 @@ int ds_transform_parse(const void *buf, size_t len, const char *src, ds_transfor
       return copy ? SR_EFORMAT : SR_ENOMEM;
     }
   }
-  *out = ds_transform_create((ds_id_mode)mode, range, get32(p + X_THR), d);
+  *out = ds_transform_create((ds_id_mode)mode, range, thr, d);
   if (!*out) {
     sr_fmt(err, errlen, "%s: out of memory", src);
     return SR_ENOMEM;

@@ -133,7 +133,8 @@ static int r_checkpoint(emb_store *b, const char *path) {
   (void)path;
   return r_unsupported(b, "checkpoint");
 }
-static int r_restore(emb_store *b, const char *path) {
+static int r_restore(emb_store *b, const char *path, const char *from_model_fp) {
+  (void)from_model_fp;
   (void)path;
   return r_unsupported(b, "restore");
 }

@@ -430,7 +430,8 @@ static int sh_checkpoint(emb_store *b, const char *path) {
   return 0;
 }
 
-static int sh_restore(emb_store *b, const char *path) {
+static int sh_restore(emb_store *b, const char *path, const char *from_model_fp) {
+  (void)from_model_fp; /* RocksDB rows record no fingerprint: a grown plan's are the same */
   shstore *s = (shstore *)b;
   const emb_plan *plan = s->base.plan;
   /* Check every shard folder before touching anything. */

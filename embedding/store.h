@@ -19,7 +19,6 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "common/status.h"
 #include "embedding/plan.h"
@@ -195,8 +194,10 @@ typedef struct emb_store_ops {
    * restores: the rows are matched by table_id and row id). Every file is
    * checked before any row is replaced: on failure the rows are as they
    * were (shard store: unless copying the databases in fails midway, then
-   * SR_EIO). */
-  int (*restore)(emb_store *s, const char *path);
+   * SR_EIO). from_model_fp (NULL: this plan's model): the model fingerprint
+   * of a smaller plan this one grows, under which the rows were written
+   * (emb_store_restore_grown). */
+  int (*restore)(emb_store *s, const char *path, const char *from_model_fp);
   /* Counters (see emb_store_stats); the remote store asks every server. */
   int (*stats)(emb_store *s, emb_store_stats *out);
   /* The row cache's and cold tier's figures (see emb_store_figures; NULL:
@@ -223,11 +224,6 @@ typedef struct emb_store_ops {
 struct emb_store {
   const emb_store_ops *ops;
   const emb_plan *plan; /* borrowed: outlives the store */
-  /* During emb_store_restore_grown: the model fingerprint of the smaller
-   * plan the rows were written under ("" otherwise); the stores whose files
-   * record a model fingerprint (the local store's table files) take it as
-   * well as their own. */
-  char restore_model_fp[EMB_FP_HEX];
 };
 
 static inline emb_store_kind emb_store_kind_of(const emb_store *s) { return s->ops->kind; }
@@ -258,7 +254,7 @@ static inline int emb_store_checkpoint(emb_store *s, const char *path) {
   return s->ops->checkpoint(s, path);
 }
 static inline int emb_store_restore(emb_store *s, const char *path) {
-  return s->ops->restore(s, path);
+  return s->ops->restore(s, path, NULL);
 }
 /* restore of rows a checkpoint wrote under a plan the store's plan grows
  * (emb_plan_grows, checked by the caller), model fingerprint model_fp: its
@@ -266,13 +262,7 @@ static inline int emb_store_restore(emb_store *s, const char *path) {
  * never-written rows. Stores that record no fingerprint with their rows
  * (shard, remote: the servers check their own) restore as usual. */
 static inline int emb_store_restore_grown(emb_store *s, const char *path, const char *model_fp) {
-  size_t n = strlen(model_fp);
-  if (n >= sizeof s->restore_model_fp) n = 0;
-  memcpy(s->restore_model_fp, model_fp, n);
-  s->restore_model_fp[n] = 0;
-  int rc = s->ops->restore(s, path);
-  s->restore_model_fp[0] = 0;
-  return rc;
+  return s->ops->restore(s, path, model_fp);
 }
 static inline int emb_store_stats_get(emb_store *s, emb_store_stats *out) {
   return s->ops->stats(s, out);

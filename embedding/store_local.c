@@ -498,7 +498,7 @@ static int read_record(void *ctx, uint64_t row_id, const float *vals) {
 }
 
 /* Read DIR/table-<id>.bin into a fresh ltab nt. */
-static int read_table(lstore *s, int ti, const char *dir, ltab *nt) {
+static int read_table(lstore *s, int ti, const char *dir, const char *from_fp, ltab *nt) {
   const emb_table *pt = &s->base.plan->tables[ti];
   const ltab *cur = &s->t[ti];
   char path[4096], e2[1024];
@@ -510,7 +510,7 @@ static int read_table(lstore *s, int ti, const char *dir, ltab *nt) {
   emb_tabfile_reader *r;
   /* Rows of a smaller plan this one grows (emb_store_restore_grown): its
    * model fingerprint; ids past its rows are this plan's never-written rows. */
-  const char *fp = s->base.restore_model_fp[0] ? s->base.restore_model_fp : s->model_fp;
+  const char *fp = from_fp ? from_fp : s->model_fp;
   int rc = emb_tabfile_open(path, pt, fp, &r, e2, sizeof e2);
   uint64_t n = rc ? 0 : emb_tabfile_rows(r);
   if (!rc && n > LT_MAX_ROWS) {
@@ -526,7 +526,7 @@ static int read_table(lstore *s, int ti, const char *dir, ltab *nt) {
   return rc;
 }
 
-static int l_restore(emb_store *b, const char *path) {
+static int l_restore(emb_store *b, const char *path, const char *from_model_fp) {
   lstore *s = (lstore *)b;
   ltab *nt = calloc((size_t)s->n, sizeof *nt);
   if (!nt) {
@@ -534,7 +534,7 @@ static int l_restore(emb_store *b, const char *path) {
     return SR_ENOMEM;
   }
   for (int ti = 0; ti < s->n; ti++) {
-    int rc = read_table(s, ti, path, &nt[ti]);
+    int rc = read_table(s, ti, path, from_model_fp, &nt[ti]);
     if (rc) {
       for (int k = 0; k < ti; k++) lt_free(&nt[k]);
       free(nt);

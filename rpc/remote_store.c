@@ -595,7 +595,8 @@ static int r_checkpoint(emb_store *b, const char *path) {
   return rc ? rc
             : rpc__broadcast((rstore *)b, RPC_CHECKPOINT, make_ckpt, abs, "checkpoint", ckpt_inc);
 }
-static int r_restore(emb_store *b, const char *path) {
+static int r_restore(emb_store *b, const char *path, const char *from_model_fp) {
+  (void)from_model_fp; /* each server checks the rows against its own plan */
   char abs[SR_PATH_MAX];
   int rc = abs_path((rstore *)b, path, abs, sizeof abs);
   if (!rc) rc = rpc__broadcast((rstore *)b, RPC_RESTORE, make_restore, abs, "restore", restore_inc);

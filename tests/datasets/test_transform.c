@@ -157,6 +157,10 @@ START_TEST(test_parse_refusals) {
   uint32_t dup = 0x10;
   memcpy(p + DS_XFORM_HEADER_BYTES + 8, &dup, 4);
   assert_refused(p, len, SR_EFORMAT, "dictionary C1: value 0x10 is entries");
+  /* A dictionary of threshold 0 (the writer says 1): not canonical bytes. */
+  memcpy(p, good, len);
+  memset(p + 24, 0, 4);
+  assert_refused(p, len, SR_EFORMAT, "header: id mode 0, range 0, frequency threshold 0,");
   free(good);
   ds_transform_free(t);
   /* Modulo with range 0, hash with a range: not transforms. */
