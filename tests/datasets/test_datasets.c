@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "common/fs.h"
 #include "common/status.h"
 #include "datasets/binfmt.h"
 #include "datasets/convert.h"
@@ -25,19 +26,11 @@ static char *tmpdir;
 static void setup(void) { tmpdir = tmpdir_make("ds"); }
 
 static void teardown(void) {
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-  if (system(cmd)) {}
+  sr_rmtree(tmpdir);
   free(tmpdir);
 }
 
-static const char *tpath(const char *name) {
-  static char buf[4][512];
-  static int k;
-  k = (k + 1) % 4;
-  snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
-  return buf[k];
-}
+static const char *tpath(const char *name) { return tmp_join(tmpdir, name); }
 
 
 /* A deterministic labelled line i: I1 = i (so tests see which line a sample

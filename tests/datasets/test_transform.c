@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fs.h"
 #include "common/sha256.h"
 #include "common/status.h"
 #include "datasets/source.h"
@@ -21,19 +22,11 @@ static char *tmpdir;
 static void setup(void) { tmpdir = tmpdir_make("xform"); }
 
 static void teardown(void) {
-  char cmd[600];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-  if (system(cmd)) {}
+  sr_rmtree(tmpdir);
   free(tmpdir);
 }
 
-static const char *tpath(const char *name) {
-  static char buf[4][512];
-  static int k;
-  k = (k + 1) % 4;
-  snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
-  return buf[k];
-}
+static const char *tpath(const char *name) { return tmp_join(tmpdir, name); }
 
 /* A finalized dictionary at threshold thr: column c counts values
  * vals[c][0 .. n[c]) in that order (columns past n_cols get none). */

@@ -1,5 +1,5 @@
 /* Files for tests: a new temporary folder (tmpdir_new, tmpdir_make), a
- * whole file read back (slurp_file, slurp), what a text file holds
+ * path in it (tmp_join), a whole file read back (slurp_file, slurp), what a text file holds
  * (file_count, find_num). One copy of each, for every suite. */
 #ifndef SHARDREC_TESTS_SUPPORT_FILES_H
 #define SHARDREC_TESTS_SUPPORT_FILES_H
@@ -31,6 +31,16 @@ static inline char *tmpdir_make(const char *tag) {
   char *d = tmpdir_new(tag);
   ck_assert_msg(d != NULL, "no temporary folder shardrec-%s-XXXXXX", tag);
   return d;
+}
+
+/* dir/name in one of four rotating static buffers (so that a call may take
+ * up to four at once): a file of a suite's temporary folder. */
+static inline const char *tmp_join(const char *dir, const char *name) {
+  static char buf[4][512];
+  static int k;
+  k = (k + 1) % 4;
+  snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
+  return buf[k];
 }
 
 /* The whole file at path in a malloc'd buffer with a NUL after its bytes
