@@ -209,6 +209,20 @@ typedef struct emb_store_ops {
    * shard store: emb_shard_unclean, emb_shard_accept_unclean; NULL: never,
    * as the stores whose rows start from nothing or a checkpoint). */
   int (*unclean)(const emb_store *s);
+  /* Incremental checkpoints (NULL: the store has none; the wrappers say
+   * SR_EUNSUPPORTED). The store knows, without a scan, which rows a push
+   * changed since its last checkpoint, checkpoint_delta or restore of any
+   * kind (its change set, cleared by each of them when it succeeds).
+   * checkpoint_delta writes only those rows, with their optimizer state,
+   * under the folder path, as table files (table-<id>.bin, embedding/
+   * table_file.h: each holding the table's changed rows in ascending row
+   * id; servers: under their per-server folder, as in-memory servers write
+   * a full checkpoint); its cost is in proportion to the changed rows.
+   * restore_delta lays such a folder over the rows held: each row it holds
+   * replaces the held one, every other row stays; every file is checked
+   * before any row is replaced. */
+  int (*checkpoint_delta)(emb_store *s, const char *path);
+  int (*restore_delta)(emb_store *s, const char *path);
   /* Visit every stored row of table (plan index), in ascending row id
    * (local and shard stores; the remote and routed stores refuse with
    * SR_EUNSUPPORTED). A row never pushed is not stored. */
@@ -252,6 +266,14 @@ static inline int emb_store_push(emb_store *s, int64_t step, float lr, const emb
 static inline int emb_store_flush(emb_store *s) { return s->ops->flush(s); }
 static inline int emb_store_checkpoint(emb_store *s, const char *path) {
   return s->ops->checkpoint(s, path);
+}
+/* The incremental ops (see emb_store_ops.checkpoint_delta); SR_EUNSUPPORTED
+ * where the store has none. */
+static inline int emb_store_checkpoint_delta(emb_store *s, const char *path) {
+  return s->ops->checkpoint_delta ? s->ops->checkpoint_delta(s, path) : SR_EUNSUPPORTED;
+}
+static inline int emb_store_restore_delta(emb_store *s, const char *path) {
+  return s->ops->restore_delta ? s->ops->restore_delta(s, path) : SR_EUNSUPPORTED;
 }
 static inline int emb_store_restore(emb_store *s, const char *path) {
   return s->ops->restore(s, path, NULL);
