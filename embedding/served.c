@@ -118,6 +118,10 @@ int emb_served_checkpoint_dir(const emb_store *store, const int *shards, int n, 
   return ckpt_dir_server_path(path, shards, n, buf, len);
 }
 
+int emb_served_delta_dir(const int *shards, int n, const char *path, char *buf, size_t len) {
+  return ckpt_dir_server_path(path, shards, n, buf, len);
+}
+
 void emb_served_close(emb_served *s) {
   if (!s) return;
   if (s->cs.store) emb_ckpt_store_close(&s->cs); /* also removes its temporary folder */

@@ -84,6 +84,13 @@ int emb_served_checkpoint_dir(const emb_store *store, const int *shards, int n, 
 int emb_served_checkpoint_target(const emb_store *store, const int *shards, int n,
                                  const char *path, int i, char *buf, size_t len);
 
+/* The folder a shard server serving shards[n] (in that order) writes an
+ * incremental checkpoint of path into and reads one from (its store's
+ * checkpoint_delta and restore_delta, which write table files whatever the
+ * store): its own folder path/shard-K1-K2..., for every kind of store. 0,
+ * or SR_ERANGE when it does not fit in len. */
+int emb_served_delta_dir(const int *shards, int n, const char *path, char *buf, size_t len);
+
 /* Destroy the store (removing a checkpoint's temporary copy) and the plan.
  * NULL-safe; zeroes *s. */
 void emb_served_close(emb_served *s);

@@ -485,18 +485,29 @@ int rpc__broadcast(rstore *s, rpc_method m, uint8_t *(*make)(rstore *, int, size
   return rc;
 }
 
+/* What a Checkpoint or Restore carries: the path, and whether it is
+ * incremental (Checkpoint) or an overlay (Restore). */
+typedef struct {
+  char *path; /* borrowed */
+  int delta;
+} admin_req;
+
 static uint8_t *make_ckpt(rstore *s, int k, size_t *len, void *ctx) {
   (void)k;
+  const admin_req *a = ctx;
   Shardrec__V1__CheckpointRequest q = SHARDREC__V1__CHECKPOINT_REQUEST__INIT;
   q.plan_fingerprint = s->fp;
-  q.path = (char *)ctx;
+  q.path = a->path;
+  q.incremental = a->delta;
   return pack(&q.base, len);
 }
 static uint8_t *make_restore(rstore *s, int k, size_t *len, void *ctx) {
   (void)k;
+  const admin_req *a = ctx;
   Shardrec__V1__RestoreRequest q = SHARDREC__V1__RESTORE_REQUEST__INIT;
   q.plan_fingerprint = s->fp;
-  q.path = (char *)ctx;
+  q.path = a->path;
+  q.overlay = a->delta;
   return pack(&q.base, len);
 }
 uint8_t *rpc__make_stats(rstore *s, int k, size_t *len, void *ctx) {
@@ -559,7 +570,7 @@ static int ckpt_inc(rstore *s, pcall *p, void *ctx) {
   return rc;
 }
 static int restore_inc(rstore *s, pcall *p, void *ctx) {
-  (void)ctx;
+  const admin_req *q = ctx;
   Shardrec__V1__RestoreResponse *a =
       shardrec__v1__restore_response__unpack(NULL, p->resp_len, p->resp);
   if (!a) {
@@ -567,10 +578,13 @@ static int restore_inc(rstore *s, pcall *p, void *ctx) {
            s->c[p->shard].addr);
     return SR_EFORMAT;
   }
-  /* Restored: whatever incarnation answers now holds this run's rows. */
-  s->c[p->shard].inc = a->incarnation;
+  /* Restored: whatever incarnation answers now holds this run's rows. An
+   * overlay lies over the rows of the Restore before it: a server restarted
+   * since holds other rows. */
+  int rc = q->delta ? check_inc(s, p->shard, a->incarnation, "restore") : 0;
+  if (!q->delta) s->c[p->shard].inc = a->incarnation;
   shardrec__v1__restore_response__free_unpacked(a, NULL);
-  return 0;
+  return rc;
 }
 
 static int r_flush(emb_store *b) {
@@ -589,18 +603,26 @@ static int abs_path(rstore *s, const char *path, char *out, size_t n) {
   }
   return sr_path_err(out, n, s->err, sizeof s->err, "%s/%s", cwd, path);
 }
-static int r_checkpoint(emb_store *b, const char *path) {
+/* A Checkpoint of path to every server, full or incremental (delta). */
+static int checkpoint_all(emb_store *b, const char *path, int delta) {
   char abs[SR_PATH_MAX];
+  admin_req a = {abs, delta};
   int rc = abs_path((rstore *)b, path, abs, sizeof abs);
   return rc ? rc
-            : rpc__broadcast((rstore *)b, RPC_CHECKPOINT, make_ckpt, abs, "checkpoint", ckpt_inc);
+            : rpc__broadcast((rstore *)b, RPC_CHECKPOINT, make_ckpt, &a, "checkpoint", ckpt_inc);
 }
-static int r_restore(emb_store *b, const char *path, const char *from_model_fp) {
-  (void)from_model_fp; /* each server checks the rows against its own plan */
+static int r_checkpoint(emb_store *b, const char *path) { return checkpoint_all(b, path, 0); }
+/* Each server writes its change set into its folder path/shard-K1-K2...
+ * (rpc/shardrec.proto, CheckpointRequest.incremental). */
+static int r_checkpoint_delta(emb_store *b, const char *path) { return checkpoint_all(b, path, 1); }
+
+/* A Restore of path from every server, whole or laid over (delta). */
+static int restore_all(emb_store *b, const char *path, int delta) {
   char abs[SR_PATH_MAX];
+  admin_req a = {abs, delta};
   int rc = abs_path((rstore *)b, path, abs, sizeof abs);
-  if (!rc) rc = rpc__broadcast((rstore *)b, RPC_RESTORE, make_restore, abs, "restore", restore_inc);
-  if (!rc) ((rstore *)b)->lost = 0;
+  if (!rc) rc = rpc__broadcast((rstore *)b, RPC_RESTORE, make_restore, &a, "restore", restore_inc);
+  if (!rc && !delta) ((rstore *)b)->lost = 0;
   ((rstore *)b)->limits_known = 0;
   /* Everything prefetched goes (the servers answered held Lookups ABORTED),
    * and the servers forgot the job: its steps start over. */
@@ -610,6 +632,13 @@ static int r_restore(emb_store *b, const char *path, const char *from_model_fp) 
   s->pushed = s->seen = -1;
   return rc;
 }
+static int r_restore(emb_store *b, const char *path, const char *from_model_fp) {
+  (void)from_model_fp; /* each server checks the rows against its own plan */
+  return restore_all(b, path, 0);
+}
+/* Each server lays its folder path/shard-K1-K2... over its rows
+ * (RestoreRequest.overlay). */
+static int r_restore_delta(emb_store *b, const char *path) { return restore_all(b, path, 1); }
 static int r_stats(emb_store *b, emb_store_stats *out) {
   rstore *s = (rstore *)b;
   emb_store_stats sum = {0};
@@ -767,6 +796,8 @@ const emb_store_ops rpc__remote_ops = {
     .flush = r_flush,
     .checkpoint = r_checkpoint,
     .restore = r_restore,
+    .checkpoint_delta = r_checkpoint_delta,
+    .restore_delta = r_restore_delta,
     .stats = r_stats,
     .iterate = r_iterate,
     .errmsg = r_errmsg,

@@ -587,10 +587,23 @@ static int confine(const rpc_service *s, const char *what, const char *path, cha
   return r->status;
 }
 
+/* The status of a failed Checkpoint or Restore whose store said rc (what:
+ * "checkpoint" or "restore"), its message in r. */
+static int admin_failed(rpc_service *s, int rc, const char *what, const char *dir, rpc_reply *r) {
+  if (rc == SR_EUNSUPPORTED)
+    snprintf(r->msg, sizeof r->msg, "%s %.300s: this server's store keeps no change set: it "
+             "writes and reads full checkpoints only", what, dir);
+  else
+    snprintf(r->msg, sizeof r->msg, "%s %.300s: %.150s", what, dir, emb_store_errmsg(s->store));
+  return rc == SR_ENOTFOUND ? RPC_NOT_FOUND : rc == SR_EIO ? RPC_INTERNAL : RPC_FAILED_PRECONDITION;
+}
+
 /* Checkpoint into real (confined): real made when missing (servers of
  * other shards share it), every folder this server writes refused when it
- * exists; then the store writes dir. s->mu held. 0, or the failure in r. */
-static int checkpoint_to(rpc_service *s, const char *real, const char *dir, rpc_reply *r) {
+ * exists; then the store writes dir, whole or (delta) its change set.
+ * s->mu held. 0, or the failure in r. */
+static int checkpoint_to(rpc_service *s, const char *real, const char *dir, int delta,
+                         rpc_reply *r) {
   int e = mkdir(real, 0777) ? errno : 0;
   if (e && (e != EEXIST || !sr_is_dir(real))) {
     snprintf(r->msg, sizeof r->msg, "checkpoint: cannot create %.400s: %s", real,
@@ -599,17 +612,18 @@ static int checkpoint_to(rpc_service *s, const char *real, const char *dir, rpc_
   }
   char t[SR_PATH_MAX];
   struct stat st;
-  for (int i = 0; !emb_served_checkpoint_target(s->store, s->shards, s->n_shards, real, i, t,
-                                                sizeof t); i++)
+  /* A delta writes dir alone; a full checkpoint the store's folders. */
+  for (int i = 0; delta ? !i && !sr_path(t, sizeof t, "%s", dir)
+                        : !emb_served_checkpoint_target(s->store, s->shards, s->n_shards, real, i,
+                                                        t, sizeof t);
+       i++)
     if (!lstat(t, &st)) {
       snprintf(r->msg, sizeof r->msg, "checkpoint: %.400s exists: Checkpoint writes only new folders", t);
       return RPC_ALREADY_EXISTS;
     }
   int rc = emb_store_flush(s->store);
-  if (!rc) rc = emb_store_checkpoint(s->store, dir);
-  if (!rc) return 0;
-  snprintf(r->msg, sizeof r->msg, "checkpoint %.300s: %.150s", dir, emb_store_errmsg(s->store));
-  return rc == SR_ENOTFOUND ? RPC_NOT_FOUND : rc == SR_EIO ? RPC_INTERNAL : RPC_FAILED_PRECONDITION;
+  if (!rc) rc = delta ? emb_store_checkpoint_delta(s->store, dir) : emb_store_checkpoint(s->store, dir);
+  return rc ? admin_failed(s, rc, "checkpoint", dir, r) : 0;
 }
 
 /* Whether real (a confined Restore path) holds rows of a smaller plan this
@@ -626,13 +640,23 @@ static int grown_from(const rpc_service *s, const char *real, char model_fp[EMB_
 }
 
 /* Restore from real (confined): every folder to read that exists must
- * resolve inside the roots too (no symlink out of them). s->mu held. */
-static int restore_from(rpc_service *s, const char *real, const char *dir, rpc_reply *r) {
+ * resolve inside the roots too (no symlink out of them). overlay: dir is
+ * an incremental checkpoint laid over the rows held. s->mu held. */
+static int restore_from(rpc_service *s, const char *real, const char *dir, int overlay,
+                        rpc_reply *r) {
   char t[SR_PATH_MAX], tr[SR_PATH_MAX];
   struct stat st;
   if (!sr_is_dir(real)) {
     snprintf(r->msg, sizeof r->msg, "restore: %.400s: no such folder", real);
     return RPC_NOT_FOUND;
+  }
+  if (overlay) {
+    if (!lstat(dir, &st) && confine(s, "restore", dir, tr, r)) return r->status;
+    int rc = emb_store_restore_delta(s->store, dir);
+    if (rc) return admin_failed(s, rc, "restore", dir, r);
+    rpc_coord_restore(s->coord); /* steps start over from the checkpoint's */
+    s->hi_step = -1;             /* and the store dropped what it prefetched */
+    return 0;
   }
   for (int i = 0; !emb_served_checkpoint_target(s->store, s->shards, s->n_shards, real, i, t,
                                                 sizeof t); i++)
@@ -650,8 +674,7 @@ static int restore_from(rpc_service *s, const char *real, const char *dir, rpc_r
     s->unclean = 0;
     return 0;
   }
-  snprintf(r->msg, sizeof r->msg, "restore %.300s: %.150s", dir, emb_store_errmsg(s->store));
-  return rc == SR_ENOTFOUND ? RPC_NOT_FOUND : rc == SR_EIO ? RPC_INTERNAL : RPC_FAILED_PRECONDITION;
+  return admin_failed(s, rc, "restore", dir, r);
 }
 
 static void do_checkpoint(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r,
@@ -659,6 +682,7 @@ static void do_checkpoint(rpc_service *s, const uint8_t *in, size_t len, rpc_rep
   Shardrec__V1__CheckpointRequest *cq = NULL;
   Shardrec__V1__RestoreRequest *rq = NULL;
   const char *fp, *path, *what = restore ? "Restore" : "Checkpoint";
+  int delta; /* Checkpoint's incremental, Restore's overlay */
   if (rpc__texts_ok(restore ? &shardrec__v1__restore_request__descriptor
                             : &shardrec__v1__checkpoint_request__descriptor, in, len, r))
     return;
@@ -667,11 +691,13 @@ static void do_checkpoint(rpc_service *s, const uint8_t *in, size_t len, rpc_rep
     if (!rq) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid shardrec.v1.RestoreRequest (%zu bytes)", len);
     fp = rq->plan_fingerprint;
     path = rq->path;
+    delta = rq->overlay;
   } else {
     cq = shardrec__v1__checkpoint_request__unpack(NULL, len, in);
     if (!cq) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid shardrec.v1.CheckpointRequest (%zu bytes)", len);
     fp = cq->plan_fingerprint;
     path = cq->path;
+    delta = cq->incremental;
   }
   if (!s->n_roots)
     FAIL(r, RPC_FAILED_PRECONDITION, "%s refused: this server was started without "
@@ -680,13 +706,14 @@ static void do_checkpoint(rpc_service *s, const uint8_t *in, size_t len, rpc_rep
     FAIL(r, RPC_FAILED_PRECONDITION, "plan_fingerprint: request made under plan %.16s..., this server serves plan %.16s...",
          fp && *fp ? fp : "(none)", s->fp);
   if (!path || !*path) FAIL(r, RPC_INVALID_ARGUMENT, "%s: path: empty", what);
-  if (!restore && check_clean(s, r)) goto out;
+  if ((!restore || delta) && check_clean(s, r)) goto out; /* an overlay needs whole rows */
   char real[SR_PATH_MAX], dir[SR_PATH_MAX];
   if (confine(s, what, path, real, r)) goto out;
-  if (emb_served_checkpoint_dir(s->store, s->shards, s->n_shards, real, dir, sizeof dir))
+  if (delta ? emb_served_delta_dir(s->shards, s->n_shards, real, dir, sizeof dir)
+            : emb_served_checkpoint_dir(s->store, s->shards, s->n_shards, real, dir, sizeof dir))
     FAIL(r, RPC_INVALID_ARGUMENT, "%s: path %.400s: too long", what, real);
   pthread_mutex_lock(&s->mu);
-  r->status = restore ? restore_from(s, real, dir, r) : checkpoint_to(s, real, dir, r);
+  r->status = restore ? restore_from(s, real, dir, delta, r) : checkpoint_to(s, real, dir, delta, r);
   pthread_mutex_unlock(&s->mu);
   if (r->status) goto out;
   if (restore) {

@@ -123,7 +123,12 @@ typedef struct rpc_service_opts {
  * that this server's plan grows (embedding/plan.h, emb_plan_grows; the
  * manifest of the path's step folder, read when it lies inside a root, says
  * so) keeps them as they are, the rows past them never written
- * (emb_store_restore_grown). */
+ * (emb_store_restore_grown). An incremental Checkpoint or an overlay
+ * Restore works in the folder emb_served_delta_dir names (the server's own
+ * path/shard-K1-K2..., whatever the store) through the store's
+ * checkpoint_delta and restore_delta; a store without them is refused
+ * FAILED_PRECONDITION, and an overlay is refused, as Lookup is, while the
+ * rows are a crash's. */
 
 /* A service over plan (borrowed) and store (borrowed; holds the plan's rows,
  * of which only the served shards' are ever touched). Thread-safe: calls are
