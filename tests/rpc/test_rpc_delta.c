@@ -7,7 +7,9 @@
  * two increments restored give those rows back, also on a server killed
  * and restarted in between (an overlay alone is refused there); the change
  * set is empty after a restore; a damaged increment is refused naming the
- * file with no row changed, an increment's folder is never overwritten. */
+ * file with no row changed, an increment's folder is never overwritten.
+ * The service's rules hold for both fields (confined to the checkpoint
+ * root, symlinks out of it refused, an existing folder never written). */
 #include <check.h>
 
 #include "tests/check_main.h"
@@ -18,7 +20,10 @@
 #include "embedding/plan.h"
 #include "embedding/store.h"
 #include "embedding/table_file.h"
+#include "embedding/shard.h"
 #include "rpc/client.h"
+#include "rpc/service.h"
+#include "rpc/shardrec.pb-c.h"
 #include "tests/support/servers.h"
 
 #define DIM 8
@@ -292,6 +297,76 @@ START_TEST(test_remote_refusals_and_restart) {
 }
 END_TEST
 
+/* An incremental Checkpoint (restore 0) or an overlay Restore of path
+ * through the service; the status, the message in msg. */
+static int admin(rpc_service *svc, int restore, const char *path, char *msg, size_t n) {
+  char fp[EMB_FP_HEX];
+  ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
+  uint8_t b[8192];
+  size_t len;
+  if (!restore) {
+    Shardrec__V1__CheckpointRequest q = SHARDREC__V1__CHECKPOINT_REQUEST__INIT;
+    q.plan_fingerprint = fp;
+    q.path = (char *)path;
+    q.incremental = 1;
+    len = shardrec__v1__checkpoint_request__pack(&q, b);
+  } else {
+    Shardrec__V1__RestoreRequest q = SHARDREC__V1__RESTORE_REQUEST__INIT;
+    q.plan_fingerprint = fp;
+    q.path = (char *)path;
+    q.overlay = 1;
+    len = shardrec__v1__restore_request__pack(&q, b);
+  }
+  rpc_reply r;
+  rpc_service_handle(svc, restore ? RPC_RESTORE : RPC_CHECKPOINT, b, len, &r);
+  snprintf(msg, n, "%s", r.msg);
+  free(r.out);
+  return r.status;
+}
+
+/* The service over a shard store of shard 0, root dir/root: an increment
+ * goes to path/shard-0 as table files, inside the root only; an existing
+ * folder is refused; an overlay reads it back, and one through a symlink
+ * out of the root is refused. */
+START_TEST(test_service_rules) {
+  char err[512], msg[600], p[700], data[600], root[600];
+  snprintf(data, sizeof data, "%s/svc-data", dir);
+  snprintf(root, sizeof root, "%s/root", dir);
+  ck_assert_int_eq(run_cmd(NULL, "mkdir -p %s/root %s/out && ln -s %s/out %s/root/esc", dir, dir,
+                           dir, dir), 0);
+  int k = 0;
+  emb_shard_config sc = {.cache_rows = EMB_SHARD_MIN_CACHE_ROWS, .n_hosted = 1, .hosted = &k};
+  emb_store *store = emb_store_create_shard(plan, data, &sc, err, sizeof err);
+  ck_assert_msg(store, "%s", err);
+  const char *roots[1] = {root};
+  rpc_service_opts o = {.shards = &k, .n_shards = 1, .checkpoint_roots = roots, .n_roots = 1};
+  rpc_service *svc = rpc_service_create(plan, store, &o, err, sizeof err);
+  ck_assert_msg(svc, "%s", err);
+  snprintf(p, sizeof p, "%s/inc", root);
+  ck_assert_msg(admin(svc, 0, p, msg, sizeof msg) == RPC_OK, "%s", msg);
+  snprintf(p, sizeof p, "%s/inc/shard-0/table-1.bin", root);
+  ck_assert_msg(access(p, F_OK) == 0, "%s not written", p);
+  snprintf(p, sizeof p, "%s/inc", root);
+  ck_assert_int_eq(admin(svc, 0, p, msg, sizeof msg), RPC_ALREADY_EXISTS);
+  ck_assert_msg(strstr(msg, "shard-0") && strstr(msg, "exists"), "%s", msg);
+  ck_assert_msg(admin(svc, 1, p, msg, sizeof msg) == RPC_OK, "%s", msg);
+  snprintf(p, sizeof p, "%s/out/inc", dir);
+  ck_assert_int_eq(admin(svc, 0, p, msg, sizeof msg), RPC_PERMISSION_DENIED);
+  ck_assert_msg(strstr(msg, "outside"), "%s", msg);
+  ck_assert_int_ne(access(p, F_OK), 0);
+  snprintf(p, sizeof p, "%s/esc/inc", root);
+  ck_assert_int_eq(admin(svc, 1, p, msg, sizeof msg), RPC_PERMISSION_DENIED);
+  /* An overlay whose server folder is a symlink out of the root. */
+  ck_assert_int_eq(run_cmd(NULL, "mkdir -p %s/root/lnk && cp -r %s/root/inc/shard-0 %s/out/s0 && "
+                           "ln -s %s/out/s0 %s/root/lnk/shard-0", dir, dir, dir, dir, dir), 0);
+  snprintf(p, sizeof p, "%s/lnk", root);
+  ck_assert_int_eq(admin(svc, 1, p, msg, sizeof msg), RPC_PERMISSION_DENIED);
+  ck_assert_msg(strstr(msg, "shard-0"), "%s", msg);
+  rpc_service_destroy(svc);
+  emb_store_destroy(store);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("rpc_delta");
   TCase *tc = tcase_create("delta");
@@ -299,6 +374,7 @@ int main(void) {
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_remote_chain);
   tcase_add_test(tc, test_remote_refusals_and_restart);
+  tcase_add_test(tc, test_service_rules);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
