@@ -535,8 +535,8 @@ static int chain_parent(const char *cur, const cJSON *man, long long ps, char *p
   return rc;
 }
 
-int ckpt_dir_chain_open(const char *head, const cJSON *man, ckpt_dir_chain *c, char *err,
-                        size_t errlen) {
+int ckpt_dir_chain_open(const char *head, const cJSON *man, int files, ckpt_dir_chain *c,
+                        char *err, size_t errlen) {
   char cur[SR_PATH_MAX], e2[SR_PATH_MAX + 512];
   const char *hb = strrchr(head, '/');
   hb = hb ? hb + 1 : head;
@@ -551,7 +551,7 @@ int ckpt_dir_chain_open(const char *head, const cJSON *man, ckpt_dir_chain *c, c
       sr_fmt(e2, sizeof e2, "%s/manifest.json: unknown kind or malformed parent", cur);
       rc = SR_EFORMAT;
     }
-    if (!rc) rc = ckpt_dir_verify(cur, m, e2, sizeof e2);
+    if (!rc && files) rc = ckpt_dir_verify(cur, m, e2, sizeof e2);
     if (!rc) rc = chain_push_front(c, cur);
     if (rc || ps < 0) break;
     char pdir[SR_PATH_MAX];

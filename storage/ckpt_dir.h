@@ -130,15 +130,16 @@ typedef struct ckpt_dir_chain {
 } ckpt_dir_chain;
 
 /* Verify the chain whose head is the folder head (man: its manifest,
- * ckpt_dir_read's, borrowed): every link's files (ckpt_dir_verify), and
- * back from the head, each parent's DONE and manifest (ckpt_dir_read) and
+ * ckpt_dir_read's, borrowed): every link's files (ckpt_dir_verify; files
+ * 0: not hashed, for a caller that verified the chain already), and back
+ * from the head, each parent's DONE and manifest (ckpt_dir_read) and
  * its manifest's SHA-256 against the one its child names, down to the full
  * one. Into *c (ckpt_dir_chain_free). 0, or SR_E* with the link in err:
  * "DIR/step-M...: ... (link K of the chain of step-N)", links counted from
  * the head (1) back (only when the head is incremental; a full head's
  * messages are ckpt_dir_verify's). Reads only. */
-int ckpt_dir_chain_open(const char *head, const struct cJSON *man, ckpt_dir_chain *c, char *err,
-                        size_t errlen);
+int ckpt_dir_chain_open(const char *head, const struct cJSON *man, int files, ckpt_dir_chain *c,
+                        char *err, size_t errlen);
 void ckpt_dir_chain_free(ckpt_dir_chain *c); /* NULL-safe; leaves *c zeroed */
 
 /* Read the manifest of the checkpoint folder dir and check it against DONE:

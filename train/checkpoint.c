@@ -390,7 +390,7 @@ int train_ckpt_open(const char *dir, train_ckpt_info *ci, char *err, size_t errl
   if ((rc = job_fields(man, path, ci, err, errlen))) goto out;
   /* Every file of every link of its chain: present, its size, its
    * checksum; each parent the one its child names. */
-  if ((rc = ckpt_dir_chain_open(dir, man, &ci->chain, err, errlen))) goto out;
+  if ((rc = ckpt_dir_chain_open(dir, man, 1, &ci->chain, err, errlen))) goto out;
   ci->parent = ckpt_dir_parent_step(man);
   const cJSON *dj = cJSON_GetObjectItemCaseSensitive(man, "dense");
   if (dj) {
