@@ -142,6 +142,11 @@ int ckpt_dir_chain_open(const char *head, const struct cJSON *man, int files, ck
                         char *err, size_t errlen);
 void ckpt_dir_chain_free(ckpt_dir_chain *c); /* NULL-safe; leaves *c zeroed */
 
+/* The links of the chain whose head is the checkpoint dir (1: a full one;
+ * the links found while each parent's manifest reads: a caller that needs
+ * the chain whole verifies it with ckpt_dir_chain_open). */
+int ckpt_dir_chain_links(const char *dir);
+
 /* Read the manifest of the checkpoint folder dir and check it against DONE:
  * dir exists (SR_ENOTFOUND), DONE exists (SR_EFORMAT, "DIR/DONE: missing:
  * the checkpoint is incomplete ..."), the manifest's SHA-256 is DONE's

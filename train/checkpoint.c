@@ -464,20 +464,6 @@ static int load_checks(const train_ckpt_info *ci, const char *path, const emb_pl
   return 0;
 }
 
-int train_ckpt_chain_links(const char *dir) {
-  char cur[SR_PATH_MAX], root[SR_PATH_MAX], e2[SR_PATH_MAX + 256];
-  int n = 0;
-  if (sr_path(cur, sizeof cur, "%s", dir) || ckpt_dir_parent(dir, root, sizeof root)) return 1;
-  for (;;) {
-    cJSON *man = NULL;
-    if (ckpt_dir_read(cur, &man, e2, sizeof e2)) return n ? n : 1;
-    long long ps = ckpt_dir_parent_step(man);
-    cJSON_Delete(man);
-    n++;
-    if (ps < 0 || n > 1 << 20 || sr_path(cur, sizeof cur, "%s/step-%lld", root, ps)) return n;
-  }
-}
-
 int train_ckpt_restore_chain(const train_ckpt_info *ci, emb_store *store, char *err,
                              size_t errlen) {
   for (int i = 0; i < ci->chain.n; i++) {

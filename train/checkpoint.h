@@ -175,10 +175,6 @@ typedef struct train_ckpt_info {
 int train_ckpt_open(const char *dir, train_ckpt_info *ci, char *err, size_t errlen);
 void train_ckpt_info_free(train_ckpt_info *ci); /* NULL-safe; leaves *ci zeroed */
 
-/* The links of the chain whose head is the checkpoint dir (1: a full one),
- * read from the manifests only (the files are verified by train_ckpt_open). */
-int train_ckpt_chain_links(const char *dir);
-
 /* Restore store from the chain of ci (train_ckpt_open's, verified):
  * emb_store_restore of its full checkpoint's shards/, then
  * emb_store_restore_delta of each increment's, in order. 0 or SR_E* naming

@@ -167,7 +167,7 @@ int job__resume(train_job *j) {
   char root[SR_PATH_MAX];
   if (!ckpt_dir_parent(ckdir, root, sizeof root) && same_folder(root, c->checkpoint_dir)) {
     j->ck_parent = j->ckst.step;
-    j->ck_incs = train_ckpt_chain_links(ckdir) - 1;
+    j->ck_incs = ckpt_dir_chain_links(ckdir) - 1;
   }
   if (j->rank == 0 && train_ckpt_kernels_differ(ckdir, &j->cks, why, sizeof why))
     job__errf(j, "warning: --resume: %s\n", why);
