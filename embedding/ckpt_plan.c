@@ -73,6 +73,7 @@ void emb_ckpt_close(emb_ckpt *ck) {
   if (!ck) return;
   emb_plan_free(ck->plan);
   cJSON_Delete(ck->manifest);
+  ckpt_dir_chain_free(&ck->chain);
   memset(ck, 0, sizeof *ck);
 }
 
@@ -94,7 +95,7 @@ int emb_ckpt_open(const char *path, emb_ckpt *ck, char *err, size_t errlen) {
   if (!rc) rc = emb_ckpt_get_plan(ck->manifest, src, &ck->plan, err, errlen);
   const char *xf_fp; /* the data transform (the training job's field): checked, carried */
   if (!rc) rc = ckpt_dir_fingerprint(ck->manifest, "transform", src, &xf_fp, err, errlen);
-  if (!rc) rc = ckpt_dir_verify(ck->dir, ck->manifest, err, errlen);
+  if (!rc) rc = ckpt_dir_chain_open(ck->dir, ck->manifest, 1, &ck->chain, err, errlen);
   if (rc) {
     emb_ckpt_close(ck);
     return rc;

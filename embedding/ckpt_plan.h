@@ -19,6 +19,7 @@
 
 #include "common/sha256.h"
 #include "embedding/plan.h"
+#include "storage/ckpt_dir.h"
 
 struct cJSON;
 
@@ -43,12 +44,14 @@ typedef struct emb_ckpt {
    * SHA-256 the file list gives its file (ckpt_dir_fingerprint), which the
    * verification then proves. */
   char transform_fp[SR_SHA256_HEX];
+  ckpt_dir_chain chain;    /* its verified chain (chain.n 1: a full checkpoint) */
 } emb_ckpt;
 
 /* Resolve path (a step-N folder, or a folder of them: the newest complete
  * one, ckpt_dir_resolve), read and check its manifest (ckpt_dir_read), its
  * step and plan (emb_ckpt_get_plan), then every file's size and SHA-256
- * (ckpt_dir_verify). 0 or SR_E* with a message naming the file in err;
+ * of every link of its chain (ckpt_dir_chain_open: an incremental head's
+ * rows are those of its chain folded, embedding/ckpt_fold.h). 0 or SR_E* with a message naming the file in err;
  * *ck zeroed then. */
 int emb_ckpt_open(const char *path, emb_ckpt *ck, char *err, size_t errlen);
 void emb_ckpt_close(emb_ckpt *ck); /* NULL-safe; leaves *ck zeroed */

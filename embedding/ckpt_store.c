@@ -2,6 +2,8 @@
 #define _XOPEN_SOURCE 700
 #include "embedding/ckpt_store.h"
 
+#include <cjson/cJSON.h>
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +13,7 @@
 
 #include "common/fs.h"
 #include "common/status.h"
+#include "embedding/ckpt_fold.h"
 #include "embedding/shard.h"
 #include "storage/ckpt_dir.h"
 #include "storage/kv.h"
@@ -379,8 +382,41 @@ static int open_layout(const char *dir, const emb_plan *plan, const emb_ckpt_sto
   return open_servers(shards, plan, want, n_want, out, err, errlen);
 }
 
+/* An incremental dir: its chain's rows folded into out->fold_dir/shards,
+ * and *open the folder to open (dir itself when it is full). */
+static int fold_head(const char *dir, const emb_plan *plan, emb_ckpt_store *out,
+                     const char **open, char *err, size_t errlen) {
+  cJSON *man = NULL;
+  ckpt_dir_chain chain = {0};
+  char shards[SR_PATH_MAX], work[SR_PATH_MAX];
+  *open = dir;
+  int rc = ckpt_dir_read(dir, &man, err, errlen);
+  if (rc || ckpt_dir_parent_step(man) == -1) goto out;
+  /* The caller verified every file of the chain (train_ckpt_open, emb_ckpt_open). */
+  if ((rc = ckpt_dir_chain_open(dir, man, 0, &chain, err, errlen))) goto out;
+  emb_ckpt_store keep = *out; /* make_tmp_dir fills tmp_dir: moved to fold_dir */
+  if ((rc = make_tmp_dir(dir, dir, out, err, errlen))) goto out;
+  out->fold_dir = out->tmp_dir;
+  out->tmp_dir = keep.tmp_dir;
+  rc = sr_path_err(shards, sizeof shards, err, errlen, "%s/shards", out->fold_dir);
+  if (!rc) rc = sr_path_err(work, sizeof work, err, errlen, "%s/work", out->fold_dir);
+  if (!rc) rc = emb_ckpt_fold_rows(&chain, plan, shards, work, err, errlen);
+  if (!rc) *open = out->fold_dir;
+out:
+  ckpt_dir_chain_free(&chain);
+  cJSON_Delete(man);
+  return rc;
+}
+
+static void drop_fold(emb_ckpt_store *cs) {
+  if (cs->fold_dir) sr_rmtree(cs->fold_dir);
+  free(cs->fold_dir);
+  cs->fold_dir = NULL;
+}
+
 int emb_ckpt_store_open(const char *dir, const emb_plan *plan, const emb_ckpt_store_opts *o,
                     emb_ckpt_store *out, char *err, size_t errlen) {
+  const char *open = dir;
   memset(out, 0, sizeof *out);
   int S = plan->n_shards, n_want = o->n_shards ? o->n_shards : S, rc = 0;
   int *want = malloc((size_t)n_want * sizeof *want);
@@ -395,8 +431,15 @@ int emb_ckpt_store_open(const char *dir, const emb_plan *plan, const emb_ckpt_st
       rc = SR_EINVAL;
     }
   }
-  if (!rc) rc = open_layout(dir, plan, o, want, n_want, out, err, errlen);
+  if (!rc) rc = fold_head(dir, plan, out, &open, err, errlen);
+  if (!rc) rc = open_layout(open, plan, o, want, n_want, out, err, errlen);
+  if (!rc && out->fold_dir) {
+    char l[sizeof out->layout];
+    snprintf(l, sizeof l, "%s", out->layout);
+    snprintf(out->layout, sizeof out->layout, "%.60s, an incremental chain folded", l);
+  }
   if (rc) {
+    drop_fold(out);
     emb_store_destroy(out->store);
     out->store = NULL;
     if (out->tmp_dir) sr_rmtree(out->tmp_dir);
@@ -412,5 +455,6 @@ void emb_ckpt_store_close(emb_ckpt_store *cs) {
   emb_store_destroy(cs->store);
   if (cs->tmp_dir) sr_rmtree(cs->tmp_dir);
   free(cs->tmp_dir);
+  drop_fold(cs);
   memset(cs, 0, sizeof *cs);
 }

@@ -19,6 +19,11 @@
  *     that routes each row (emb_plan_shard_of) to an in-memory store
  *     restored from its shard's folder (checkpoint/restore/iterate refused:
  *     EMB_CKPT_NONE).
+ * An incremental checkpoint (storage/ckpt_dir.h's chains) is opened as the
+ * full checkpoint its chain folds into (embedding/ckpt_fold.h): the rows
+ * are folded first into a temporary folder made as the RocksDB layout's is
+ * (fold_dir, removed by emb_ckpt_store_close), which is then opened as
+ * above.
  * The store says itself what its checkpoint(path) writes
  * (emb_store_checkpoint_layout): callers ask it, not this module.
  * Every file is read and checked (sizes, checksums, fingerprints) by the
@@ -44,6 +49,8 @@ typedef struct emb_ckpt_store_opts {
 typedef struct emb_ckpt_store {
   emb_store *store;     /* owned */
   char *tmp_dir;        /* owned temporary data folder, or NULL */
+  char *fold_dir;       /* owned temporary folder of an incremental checkpoint's rows
+                           folded (its shards/), or NULL */
   char layout[96];      /* words for a status line */
 } emb_ckpt_store;
 

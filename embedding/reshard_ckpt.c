@@ -12,6 +12,7 @@
 #include "common/fs.h"
 #include "common/status.h"
 #include "common/sys.h"
+#include "embedding/ckpt_fold.h"
 #include "embedding/ckpt_plan.h"
 #include "storage/ckpt_dir.h"
 #include "storage/kv.h"
@@ -155,9 +156,30 @@ static int write_out(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_p
     return rc;
   }
   sr_rmtree(work);
+  if (!sr_path(p1, sizeof p1, "%s/fold", tmp)) sr_rmtree(p1); /* a folded chain's rows */
   if ((rc = emb_ckpt_write_as(ck->manifest, ck->plan, plan, t.tmp, t.final, err, errlen)))
     return rc;
   return ckpt_dir_replace(tmp, st->out_dir, NULL, err, errlen);
+}
+
+/* An incremental source: its chain folded into tmp/fold/step-N
+ * (embedding/ckpt_fold.h), which *ck becomes, its layout the full one's. */
+static int fold_source(emb_ckpt *ck, const char *tmp, reshard_ckpt_stats *st, char *err,
+                       size_t errlen) {
+  char fold[SR_PATH_MAX], step[SR_PATH_MAX];
+  if (ck->chain.n <= 1) return 0;
+  st->failed = RESHARD_IN_FROM;
+  int rc = sr_path_err(fold, sizeof fold, err, errlen, "%s/fold", tmp);
+  if (!rc) rc = sr_path_err(step, sizeof step, err, errlen, "%s/step-%lld", fold,
+                            (long long)ck->step);
+  if (!rc) rc = emb_ckpt_fold(ck, fold, err, errlen);
+  if (rc) return rc;
+  emb_ckpt_close(ck);
+  if ((rc = emb_ckpt_open(step, ck, err, errlen)) ||
+      (rc = find_layout(ck->dir, ck->plan, &st->layout, err, errlen)))
+    return rc;
+  st->failed = RESHARD_IN_NONE;
+  return 0;
 }
 
 int reshard_checkpoint(const reshard_ckpt_opts *o, reshard_ckpt_stats *st, char *err,
@@ -188,7 +210,9 @@ int reshard_checkpoint(const reshard_ckpt_opts *o, reshard_ckpt_stats *st, char 
     rc = SR_EIO;
     goto out;
   }
-  if ((rc = write_out(o, &ck, plan, tmp, st, err, errlen))) sr_rmtree(tmp);
+  if ((rc = fold_source(&ck, tmp, st, err, errlen)) ||
+      (rc = write_out(o, &ck, plan, tmp, st, err, errlen)))
+    sr_rmtree(tmp);
 out:
   emb_plan_free(plan);
   emb_ckpt_close(&ck);

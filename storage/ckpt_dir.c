@@ -409,11 +409,180 @@ void ckpt_dir_keep(const char *root, int keep) {
   ckpt_dir_entry *sd;
   int n;
   if (ckpt_dir_list(root, &sd, &n)) return;
-  for (int i = 0; i + keep < n; i++) {
-    char path[SR_PATH_MAX];
-    if (!sr_path(path, sizeof path, "%s/%s", root, sd[i].name)) sr_rmtree(path);
+  char *kept = calloc((size_t)n + 1, 1);
+  if (!kept) {
+    free(sd);
+    return; /* nothing removed rather than a link of a kept chain */
   }
+  /* Descending: each kept one keeps its parent (a lower step) before the
+   * parent's turn comes. */
+  for (int i = n - 1; i >= 0; i--) {
+    char path[SR_PATH_MAX], e2[256];
+    if (i + keep >= n) kept[i] = 1;
+    if (!kept[i] || sr_path(path, sizeof path, "%s/%s", root, sd[i].name)) continue;
+    cJSON *man = NULL;
+    if (ckpt_dir_read(path, &man, e2, sizeof e2)) continue;
+    long long ps = ckpt_dir_parent_step(man);
+    cJSON_Delete(man);
+    for (int k = i - 1; k >= 0 && ps >= 0; k--)
+      if (sd[k].step == ps) kept[k] = 1;
+  }
+  for (int i = 0; i < n; i++) {
+    char path[SR_PATH_MAX];
+    if (!kept[i] && !sr_path(path, sizeof path, "%s/%s", root, sd[i].name)) sr_rmtree(path);
+  }
+  free(kept);
   free(sd);
+}
+
+/* ---- chains ---- */
+
+int ckpt_dir_set_kind(cJSON *man, long long parent_step, const char *parent_sha) {
+  cJSON_DeleteItemFromObjectCaseSensitive(man, "kind");
+  cJSON_DeleteItemFromObjectCaseSensitive(man, "parent");
+  if (!cJSON_AddStringToObject(man, "kind", parent_step < 0 ? "full" : "incremental"))
+    return SR_ENOMEM;
+  if (parent_step < 0) return 0;
+  cJSON *p = cJSON_AddObjectToObject(man, "parent");
+  if (!p || !cJSON_AddNumberToObject(p, "step", (double)parent_step) ||
+      !cJSON_AddStringToObject(p, "manifest_sha256", parent_sha))
+    return SR_ENOMEM;
+  return 0;
+}
+
+int ckpt_dir_make_full(cJSON *man) {
+  cJSON *k = cJSON_CreateString("full");
+  if (!k) return SR_ENOMEM;
+  cJSON_DeleteItemFromObjectCaseSensitive(man, "parent");
+  if (cJSON_GetObjectItemCaseSensitive(man, "kind")) {
+    cJSON_ReplaceItemInObjectCaseSensitive(man, "kind", k);
+    return 0;
+  }
+  cJSON_AddItemToObject(man, "kind", k);
+  return 0;
+}
+
+long long ckpt_dir_parent_step(const cJSON *man) {
+  const char *kind = jstr(man, "kind");
+  if (!kind || !strcmp(kind, "full")) return -1;
+  if (strcmp(kind, "incremental")) return SR_EFORMAT;
+  const cJSON *p = cJSON_GetObjectItemCaseSensitive(man, "parent");
+  const cJSON *st = cJSON_GetObjectItemCaseSensitive(p, "step");
+  const char *sha = jstr(p, "manifest_sha256");
+  if (!cJSON_IsNumber(st) || st->valuedouble < 0 || st->valuedouble > 9e15 ||
+      st->valuedouble != (double)(long long)st->valuedouble || !sha || strlen(sha) != 64)
+    return SR_EFORMAT;
+  return (long long)st->valuedouble;
+}
+
+int ckpt_dir_done(const char *dir, char *hex, char *err, size_t errlen) {
+  char path[SR_PATH_MAX];
+  if (sr_path_err(path, sizeof path, err, errlen, "%s/DONE", dir)) return SR_ERANGE;
+  size_t len = 0;
+  char *done = sr_read_file(path, &len);
+  if (!done || len < 64) {
+    sr_fmt(err, errlen, "%s: missing: the checkpoint is incomplete (its writer stopped before "
+           "the end)", path);
+    free(done);
+    return SR_EFORMAT;
+  }
+  memcpy(hex, done, 64);
+  hex[64] = 0;
+  free(done);
+  return 0;
+}
+
+int ckpt_dir_chain_links(const char *dir) {
+  char cur[SR_PATH_MAX], root[SR_PATH_MAX], e2[SR_PATH_MAX + 256];
+  int n = 0;
+  if (sr_path(cur, sizeof cur, "%s", dir) || ckpt_dir_parent(dir, root, sizeof root)) return 1;
+  for (;;) {
+    cJSON *man = NULL;
+    if (ckpt_dir_read(cur, &man, e2, sizeof e2)) return n ? n : 1;
+    long long ps = ckpt_dir_parent_step(man);
+    cJSON_Delete(man);
+    n++;
+    if (ps < 0 || n > 1 << 20 || sr_path(cur, sizeof cur, "%s/step-%lld", root, ps)) return n;
+  }
+}
+
+void ckpt_dir_chain_free(ckpt_dir_chain *c) {
+  if (!c) return;
+  free(c->dirs);
+  memset(c, 0, sizeof *c);
+}
+
+/* Put dir in front of c's links (the list is built from the head back). */
+static int chain_push_front(ckpt_dir_chain *c, const char *dir) {
+  char (*nd)[SR_CKPT_PATH] = realloc(c->dirs, (size_t)(c->n + 1) * sizeof *nd);
+  if (!nd) return SR_ENOMEM;
+  memmove(nd + 1, nd, (size_t)c->n * sizeof *nd);
+  snprintf(nd[0], sizeof nd[0], "%s", dir);
+  c->dirs = nd;
+  c->n++;
+  return 0;
+}
+
+/* The link after cur (its manifest man) back towards the full one: its
+ * folder into pdir, its manifest (checked against the SHA-256 man names)
+ * into *pman. */
+static int chain_parent(const char *cur, const cJSON *man, long long ps, char *pdir,
+                        cJSON **pman, char *err, size_t errlen) {
+  char root[SR_PATH_MAX], hex[65];
+  const char *base = strrchr(cur, '/');
+  long long cs = ckpt_dir_step_of(base ? base + 1 : cur);
+  if (ckpt_dir_parent(cur, root, sizeof root) ||
+      sr_path_err(pdir, SR_PATH_MAX, err, errlen, "%s/step-%lld", root, ps))
+    return SR_ERANGE;
+  if (cs >= 0 && ps >= cs) {
+    sr_fmt(err, errlen, "%s/manifest.json: its parent step-%lld is not an earlier step", cur, ps);
+    return SR_EFORMAT;
+  }
+  int rc = ckpt_dir_read(pdir, pman, err, errlen);
+  if (!rc) rc = ckpt_dir_done(pdir, hex, err, errlen);
+  const char *want = jstr(cJSON_GetObjectItemCaseSensitive(man, "parent"), "manifest_sha256");
+  if (!rc && strcmp(hex, want)) {
+    sr_fmt(err, errlen, "%s: its manifest's SHA-256 is %.12s..., %s names %.12s... (the parent "
+           "was written again or changed since)", pdir, hex, base ? base + 1 : cur, want);
+    rc = SR_ECHECKSUM;
+  }
+  return rc;
+}
+
+int ckpt_dir_chain_open(const char *head, const cJSON *man, int files, ckpt_dir_chain *c,
+                        char *err, size_t errlen) {
+  char cur[SR_PATH_MAX], e2[SR_PATH_MAX + 512];
+  const char *hb = strrchr(head, '/');
+  hb = hb ? hb + 1 : head;
+  memset(c, 0, sizeof *c);
+  int incremental = ckpt_dir_parent_step(man) != -1, link = 1, rc;
+  const cJSON *m = man;
+  cJSON *owned = NULL;
+  if ((rc = sr_path_err(cur, sizeof cur, err, errlen, "%s", head))) return rc;
+  for (;;) {
+    long long ps = ckpt_dir_parent_step(m);
+    if (ps < -1) {
+      sr_fmt(e2, sizeof e2, "%s/manifest.json: unknown kind or malformed parent", cur);
+      rc = SR_EFORMAT;
+    }
+    if (!rc && files) rc = ckpt_dir_verify(cur, m, e2, sizeof e2);
+    if (!rc) rc = chain_push_front(c, cur);
+    if (rc || ps < 0) break;
+    char pdir[SR_PATH_MAX];
+    cJSON *pm = NULL;
+    link++;
+    rc = chain_parent(cur, m, ps, pdir, &pm, e2, sizeof e2);
+    cJSON_Delete(owned);
+    owned = pm;
+    m = pm;
+    if (rc) break;
+    snprintf(cur, sizeof cur, "%s", pdir);
+  }
+  cJSON_Delete(owned);
+  if (rc && incremental) sr_fmt(err, errlen, "%s (link %d of the chain of %s)", e2, link, hb);
+  else if (rc) sr_fmt(err, errlen, "%s", e2);
+  if (rc) ckpt_dir_chain_free(c);
+  return rc;
 }
 
 /* ---- reading ---- */

@@ -32,6 +32,7 @@
 struct cJSON;
 
 #define CKPT_DIR_FORMAT 1
+#define SR_CKPT_PATH 4096 /* = SR_PATH_MAX (common/fs.h) */
 
 /* N of a folder name "step-N" (N a decimal >= 0), or -1 for any other name
  * (".step-N.TAG" included). */
@@ -89,9 +90,62 @@ int ckpt_dir_commit(const ckpt_dir_txn *t, struct cJSON *man, char *err, size_t 
 /* Remove t->tmp (after a failure). */
 void ckpt_dir_abort(const ckpt_dir_txn *t);
 
-/* Keep the newest keep complete step-N folders under root, removing the
- * older ones (keep <= 0: keep all). */
+/* Keep the newest keep complete step-N folders under root and every link
+ * of their chains (below), removing the other complete ones (keep <= 0:
+ * keep all). */
 void ckpt_dir_keep(const char *root, int keep);
+
+/* ---- chains: incremental checkpoints ----
+ *
+ * A manifest's "kind" says what its folder holds: "full" (every row; a
+ * manifest without "kind", written before increments, is full) or
+ * "incremental" (the rows changed since its parent), then naming the
+ * parent:
+ *   "parent": {"step": M, "manifest_sha256": the parent's DONE (its
+ *              manifest's SHA-256)}
+ * The parent is ROOT/step-M beside the child, M below the child's N. A
+ * chain is a full checkpoint and the increments each naming the one before;
+ * its head is the newest. This module owns "kind" and "parent". */
+
+/* Set man's "kind": "full" when parent_step < 0, else "incremental" and
+ * "parent" (parent_sha: 64 hex digits). 0 or SR_ENOMEM. */
+int ckpt_dir_set_kind(struct cJSON *man, long long parent_step, const char *parent_sha);
+
+/* Make man full: "kind" "full" in its place, "parent" removed (a folded
+ * chain's manifest). 0 or SR_ENOMEM. */
+int ckpt_dir_make_full(struct cJSON *man);
+
+/* The parent step man names (-1: man is full); SR_EFORMAT (a negative
+ * value below -1) for an unknown kind or a malformed parent. */
+long long ckpt_dir_parent_step(const struct cJSON *man);
+
+/* The 64 hex digits of dir's DONE (its manifest's SHA-256) into hex[65].
+ * 0, or SR_EFORMAT with "DIR/DONE: missing ..." in err. */
+int ckpt_dir_done(const char *dir, char *hex, char *err, size_t errlen);
+
+/* A verified chain: dirs[0] the full checkpoint, dirs[n-1] the head. */
+typedef struct ckpt_dir_chain {
+  int n;
+  char (*dirs)[SR_CKPT_PATH];
+} ckpt_dir_chain;
+
+/* Verify the chain whose head is the folder head (man: its manifest,
+ * ckpt_dir_read's, borrowed): every link's files (ckpt_dir_verify; files
+ * 0: not hashed, for a caller that verified the chain already), and back
+ * from the head, each parent's DONE and manifest (ckpt_dir_read) and
+ * its manifest's SHA-256 against the one its child names, down to the full
+ * one. Into *c (ckpt_dir_chain_free). 0, or SR_E* with the link in err:
+ * "DIR/step-M...: ... (link K of the chain of step-N)", links counted from
+ * the head (1) back (only when the head is incremental; a full head's
+ * messages are ckpt_dir_verify's). Reads only. */
+int ckpt_dir_chain_open(const char *head, const struct cJSON *man, int files, ckpt_dir_chain *c,
+                        char *err, size_t errlen);
+void ckpt_dir_chain_free(ckpt_dir_chain *c); /* NULL-safe; leaves *c zeroed */
+
+/* The links of the chain whose head is the checkpoint dir (1: a full one;
+ * the links found while each parent's manifest reads: a caller that needs
+ * the chain whole verifies it with ckpt_dir_chain_open). */
+int ckpt_dir_chain_links(const char *dir);
 
 /* Read the manifest of the checkpoint folder dir and check it against DONE:
  * dir exists (SR_ENOTFOUND), DONE exists (SR_EFORMAT, "DIR/DONE: missing:

@@ -166,6 +166,13 @@ static int print_manifest(FILE *out, const char *dir) {
           NUM("sample_index"), STR("store"));
   fprintf(out, "  model %.12s plan %.12s; %d files, %.0f bytes\n", STR("model_fingerprint"),
           STR("plan_fingerprint"), nf, bytes);
+  long long parent = ckpt_dir_parent_step(m);
+  if (parent >= 0)
+    fprintf(out, "  kind incremental: the rows changed since its parent step-%lld; a chain of %d "
+            "links back to its full checkpoint (shardrec fold writes it whole)\n", parent,
+            ckpt_dir_chain_links(dir));
+  else
+    fprintf(out, "  kind %s\n", parent == -1 ? "full" : "unknown (a malformed kind or parent)");
 #undef NUM
 #undef STR
   cJSON_Delete(m);

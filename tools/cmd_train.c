@@ -127,7 +127,13 @@ static void usage(FILE *f) {
 "                            (and, with --checkpoint-every, step-0 before training); DIR is new\n"
 "                            or a folder of checkpoints: one holding anything else is refused\n"
 "  --checkpoint-every N      steps between checkpoints (0: only at the end)\n"
-"  --keep-checkpoints K      keep the newest K complete checkpoints (0: all)\n"
+"  --keep-checkpoints K      keep the newest K complete checkpoints, each with every link of\n"
+"                            its chain (0: all)\n"
+"  --full-checkpoint-every K of the checkpoints written into --save-checkpoint, every K-th is\n"
+"                            full and the others incremental: only the rows changed since\n"
+"                            the one before (dense state whole), naming it (default 1: every\n"
+"                            one full). --resume takes the newest of a chain; shardrec fold\n"
+"                            writes it as one full checkpoint; --save-model is always full\n"
 "  --resume DIR              continue from the newest complete checkpoint in DIR (or the\n"
 "                            step-N folder named): rows, dense model, optimizer, data position.\n"
 "                            The data is mapped as the checkpoint's was: a raw file with its\n"
@@ -152,6 +158,7 @@ enum {
 enum { O_PFDEPTH = 1700 }; /* --prefetch-depth */
 enum { O_AUTORESUME = 1900 }; /* --auto-resume */
 enum { O_RPCCONN = 2000 }; /* --rpc-connections */
+enum { O_FULLEVERY = 2100 }; /* --full-checkpoint-every */
 
 static const struct option long_opts[] = { /* and the data flags of TRAIN_DATA (cli_data.c) */
     {"arch-sparse-feature-size", required_argument, 0, O_DIM},
@@ -184,6 +191,7 @@ static const struct option long_opts[] = { /* and the data flags of TRAIN_DATA (
     {"help", no_argument, 0, O_HELP}, {"save-checkpoint", required_argument, 0, O_CKPT},
     {"checkpoint-every", required_argument, 0, O_CKEVERY},
     {"keep-checkpoints", required_argument, 0, O_CKKEEP},
+    {"full-checkpoint-every", required_argument, 0, O_FULLEVERY},
     {"resume", required_argument, 0, O_RESUME}, {"data-dir", required_argument, 0, O_DATADIR},
     {"cache-rows", required_argument, 0, O_CROWS}, {"cache-mb", required_argument, 0, O_CMB},
     {"device", required_argument, 0, O_DEVICE},
@@ -296,6 +304,7 @@ static int parse_opt(const train_ranks *r, int opt, const char *arg, train_confi
       {O_TEST, "--test-freq", 0, 0, .l = &c->test_freq},
       {O_CKEVERY, "--checkpoint-every", 0, L40, .l = &c->checkpoint_every},
       {O_CKKEEP, "--keep-checkpoints", 0, 1 << 20, .i = &c->keep_checkpoints},
+      {O_FULLEVERY, "--full-checkpoint-every", 1, 1 << 20, .i = &c->full_every},
       {O_CROWS, "--cache-rows", 0, 0, .u = &c->cache_rows},
       {O_CMB, "--cache-mb", 0, 0, .u = &c->cache_mb},
       {O_STALE, "--max-staleness", 1, 1 << 20, .i = &rf->staleness},
@@ -454,7 +463,7 @@ int cmd_train(int argc, char **argv) {
                     .opt_name = "sgd", .seed = 123, .dim = 16,
                     .n_shards = 1, .batch = 128, .epochs = 1, .print_freq = 256, .lr = 0.1,
                     .sparse_lr = -1, .recover_timeout = 60, .ranks = r,
-                    .prefetch_depth = TRAIN_PREFETCH_DEPTH_DEFAULT};
+                    .prefetch_depth = TRAIN_PREFETCH_DEPTH_DEFAULT, .full_every = 1};
   int rc = parse_flags(&r, argc, argv, &c);
   if (rc == 1) rc = 0; /* --help */
   else if (rc == 0) {

@@ -14,6 +14,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_reshard(int argc, char **argv);
+int cmd_fold(int argc, char **argv);
 int cmd_predict(int argc, char **argv);
 int cmd_plot(int argc, char **argv);
 

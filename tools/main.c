@@ -19,6 +19,7 @@ static const command commands[] = {
     {"serve", cmd_serve, "serve embedding shards of a plan over gRPC"},
     {"inspect", cmd_inspect, "tables, rows and bytes of a shard data folder or a checkpoint"},
     {"reshard", cmd_reshard, "rewrite a checkpoint's embedding shards for another plan (N to M)"},
+    {"fold", cmd_fold, "fold a chain of incremental checkpoints into one full checkpoint"},
     {"predict", cmd_predict, "score Criteo-format data with a checkpoint's model and shards"},
     {"plot", cmd_plot, "draw train --metrics-out files as a PNG (loss, AUC, samples/s, step time)"},
     {"bench", cmd_bench, "benchmarks: data, train, store, rpc, dp, reshard"},

@@ -195,12 +195,45 @@ int train_ckpt_is_old_model(const char *dir) {
   return ok == 1;
 }
 
+/* The store's rows under t's shards/: the rows changed since the
+ * checkpoint root/step-<*parent> (its DONE into parent_sha) when *parent >=
+ * 0 and the store has the incremental ops, else every row (*parent set to
+ * -1). */
+static int save_rows(const char *root, const ckpt_dir_txn *t, emb_store *store, long long *parent,
+                     char *parent_sha, char *err, size_t errlen) {
+  char path[SR_PATH_MAX], pdir[SR_PATH_MAX], e2[SR_PATH_MAX + 64];
+  int rc = sr_path_err(path, sizeof path, err, errlen, "%s/shards", t->tmp);
+  if (rc) return rc;
+  if (*parent >= 0 && (sr_path(pdir, sizeof pdir, "%s/step-%lld", root, *parent) ||
+                       ckpt_dir_done(pdir, parent_sha, e2, sizeof e2)))
+    *parent = -1; /* the parent is gone: a full one */
+  if (*parent >= 0) {
+    rc = emb_store_checkpoint_delta(store, path);
+    if (rc != SR_EUNSUPPORTED) {
+      if (rc) sr_fmt(err, errlen, "%s", emb_store_errmsg(store));
+      return rc;
+    }
+    *parent = -2; /* the store has no incremental ops */
+  }
+  if ((rc = emb_store_checkpoint(store, path))) sr_fmt(err, errlen, "%s", emb_store_errmsg(store));
+  return rc;
+}
+
 int train_ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store,
                     const char *store_kind, dense_model *model, dense_opt *opt,
                     const ds_transform *xf, const train_ckpt_state *st,
                     const train_ckpt_settings *set, char *err, size_t errlen) {
+  long long parent = -1;
+  return train_ckpt_save_link(root, keep, &parent, plan, store, store_kind, model, opt, xf, st,
+                              set, err, errlen);
+}
+
+int train_ckpt_save_link(const char *root, int keep, long long *parent, const emb_plan *plan,
+                         emb_store *store, const char *store_kind, dense_model *model,
+                         dense_opt *opt, const ds_transform *xf, const train_ckpt_state *st,
+                         const train_ckpt_settings *set, char *err, size_t errlen) {
   ckpt_dir_txn t;
-  char xf_fp[SR_SHA256_HEX] = "";
+  char xf_fp[SR_SHA256_HEX] = "", parent_sha[65] = "";
   char path[SR_PATH_MAX];
   /* Every path below fits before anything is made. */
   int exists, rc = train_ckpt_root_check(root, err, errlen);
@@ -213,12 +246,10 @@ int train_ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store 
   if (xf && ((rc = sr_path_err(path, sizeof path, err, errlen, "%s/" DS_XFORM_FILE, t.tmp)) ||
              (rc = ds_transform_save(xf, path, xf_fp, err, errlen))))
     goto fail;
-  if ((rc = sr_path_err(path, sizeof path, err, errlen, "%s/shards", t.tmp))) goto fail;
-  if ((rc = emb_store_checkpoint(store, path))) {
-    sr_fmt(err, errlen, "%s", emb_store_errmsg(store));
-    goto fail;
-  }
-  if (!(man = job_manifest(plan, store_kind, model, xf, xf_fp, st, set, err, errlen))) {
+  if ((rc = save_rows(root, &t, store, parent, parent_sha, err, errlen))) goto fail;
+  if (!(man = job_manifest(plan, store_kind, model, xf, xf_fp, st, set, err, errlen)) ||
+      ckpt_dir_set_kind(man, *parent, parent_sha)) {
+    sr_fmt(err, errlen, "%s: manifest: out of memory", t.tmp);
     rc = SR_ENOMEM;
     goto fail;
   }
@@ -288,6 +319,7 @@ void train_ckpt_info_free(train_ckpt_info *ci) {
   if (!ci) return;
   emb_plan_free(ci->plan);
   cJSON_Delete((cJSON *)ci->manifest);
+  ckpt_dir_chain_free(&ci->chain);
   memset(ci, 0, sizeof *ci);
 }
 
@@ -356,8 +388,10 @@ int train_ckpt_open(const char *dir, train_ckpt_info *ci, char *err, size_t errl
     return rc;
   }
   if ((rc = job_fields(man, path, ci, err, errlen))) goto out;
-  /* Every file: present, its size, its checksum. */
-  if ((rc = ckpt_dir_verify(dir, man, err, errlen))) goto out;
+  /* Every file of every link of its chain: present, its size, its
+   * checksum; each parent the one its child names. */
+  if ((rc = ckpt_dir_chain_open(dir, man, 1, &ci->chain, err, errlen))) goto out;
+  ci->parent = ckpt_dir_parent_step(man);
   const cJSON *dj = cJSON_GetObjectItemCaseSensitive(man, "dense");
   if (dj) {
     ci->dense.max_batch = 1; /* validated with the smallest batch; the user sets theirs */
@@ -430,6 +464,23 @@ static int load_checks(const train_ckpt_info *ci, const char *path, const emb_pl
   return 0;
 }
 
+int train_ckpt_restore_chain(const train_ckpt_info *ci, emb_store *store, char *err,
+                             size_t errlen) {
+  for (int i = 0; i < ci->chain.n; i++) {
+    char shards[SR_PATH_MAX];
+    int rc = sr_path_err(shards, sizeof shards, err, errlen, "%s/shards", ci->chain.dirs[i]);
+    if (!rc) rc = i ? emb_store_restore_delta(store, shards) : emb_store_restore(store, shards);
+    if (rc == SR_EUNSUPPORTED)
+      sr_fmt(err, errlen, "%s: an incremental checkpoint, and this store cannot lay one over its "
+             "rows (shardrec fold --from %s --to DIR writes a full one)", ci->chain.dirs[i],
+             ci->dir);
+    else if (rc)
+      sr_fmt(err, errlen, "%s", emb_store_errmsg(store));
+    if (rc) return rc;
+  }
+  return 0;
+}
+
 int train_ckpt_load(const char *dir, const emb_plan *plan, emb_store *store,
                     const char *store_kind, dense_model *model, dense_opt *opt,
                     const train_ckpt_settings *set, train_ckpt_state *st, char *err,
@@ -449,9 +500,15 @@ int train_ckpt_load(const char *dir, const emb_plan *plan, emb_store *store,
   char old_mfp[EMB_FP_HEX], mfp[EMB_FP_HEX];
   emb_plan_model_fingerprint(ci.plan, old_mfp);
   emb_plan_model_fingerprint(plan, mfp);
+  if (store && strcmp(old_mfp, mfp) && ci.chain.n > 1) {
+    sr_fmt(err, errlen, "%s: an incremental checkpoint; a resume that grows the tables takes a "
+           "full one (shardrec fold --from %s --to DIR writes it)", dir, dir);
+    rc = SR_EINVAL;
+    goto out;
+  }
   if (store && (rc = strcmp(old_mfp, mfp) ? emb_store_restore_grown(store, shards, old_mfp)
-                                          : emb_store_restore(store, shards))) {
-    sr_fmt(err, errlen, "%s", emb_store_errmsg(store));
+                                          : train_ckpt_restore_chain(&ci, store, err, errlen))) {
+    if (strcmp(old_mfp, mfp)) sr_fmt(err, errlen, "%s", emb_store_errmsg(store));
     goto out;
   }
   if ((rc = dense_state_load(dense, model, opt, err, errlen))) goto out;

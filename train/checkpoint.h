@@ -40,6 +40,7 @@
 #include "dense/optim.h"
 #include "embedding/plan.h"
 #include "embedding/store.h"
+#include "storage/ckpt_dir.h"
 
 typedef struct train_ckpt_state {
   int64_t step;          /* steps done */
@@ -91,15 +92,28 @@ int train_ckpt_root_check(const char *root, char *err, size_t errlen);
  * (save it again); train --save-model replaces one as of its own kind. */
 int train_ckpt_is_old_model(const char *dir);
 
-/* Write DIR/step-<st->step>/ (see above; xf NULL: no transform.bin), then keep only the newest keep
- * complete checkpoints (keep <= 0: all). A complete step-N already there is
- * kept as is. 0 or SR_E* with the reason in err; SR_ERANGE
- * (train_ckpt_root_check) before anything is made when DIR is too long for its
- * files' paths. */
+/* Write DIR/step-<st->step>/ (see above; xf NULL: no transform.bin), a full
+ * checkpoint, then keep only the newest keep complete checkpoints with
+ * their chains (keep <= 0: all; ckpt_dir_keep). A complete step-N already
+ * there is kept as is. 0 or SR_E* with the reason in err; SR_ERANGE
+ * (train_ckpt_root_check) before anything is made when DIR is too long for
+ * its files' paths. */
 int train_ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store *store,
                     const char *store_kind, dense_model *model, dense_opt *opt,
                     const ds_transform *xf, const train_ckpt_state *st,
                     const train_ckpt_settings *set, char *err, size_t errlen);
+
+/* train_ckpt_save, incremental on DIR/step-<*parent> when *parent >= 0: its
+ * shards/ the rows the store's change set holds (emb_store_checkpoint_delta:
+ * the rows pushed since the store's last checkpoint, which must be that
+ * parent), the manifest's "kind" "incremental" and "parent" its step and
+ * DONE (ckpt_dir_set_kind); dense.bin and transform.bin whole. A full one
+ * instead when the parent is not complete under DIR (*parent set to -1) or
+ * the store has no incremental ops (SR_EUNSUPPORTED: *parent set to -2). */
+int train_ckpt_save_link(const char *root, int keep, long long *parent, const emb_plan *plan,
+                         emb_store *store, const char *store_kind, dense_model *model,
+                         dense_opt *opt, const ds_transform *xf, const train_ckpt_state *st,
+                         const train_ckpt_settings *set, char *err, size_t errlen);
 
 
 /* The checkpoint folder --resume path names: path itself when it is a step
@@ -149,6 +163,8 @@ typedef struct train_ckpt_info {
   int64_t batch;       /* --mini-batch-size it was trained with */
   char transform_fp[SR_SHA256_HEX]; /* its data transform's fingerprint; "": none */
   void *manifest;      /* the parsed manifest (cJSON *), owned */
+  long long parent;    /* the step of its parent (-1: a full checkpoint) */
+  ckpt_dir_chain chain; /* its verified chain: chain.dirs[0] the full checkpoint, the last dir */
 } train_ckpt_info;
 
 /* Verify dir as train_ckpt_load does (DONE, manifest checksum, format:
@@ -158,6 +174,15 @@ typedef struct train_ckpt_info {
  * with a message naming the file. */
 int train_ckpt_open(const char *dir, train_ckpt_info *ci, char *err, size_t errlen);
 void train_ckpt_info_free(train_ckpt_info *ci); /* NULL-safe; leaves *ci zeroed */
+
+/* Restore store from the chain of ci (train_ckpt_open's, verified):
+ * emb_store_restore of its full checkpoint's shards/, then
+ * emb_store_restore_delta of each increment's, in order. 0 or SR_E* naming
+ * the link (SR_EUNSUPPORTED: a store without the incremental ops and a
+ * chain of more than one link). A failure after the first link leaves the
+ * rows of the links before it. */
+int train_ckpt_restore_chain(const train_ckpt_info *ci, emb_store *store, char *err,
+                             size_t errlen);
 
 /* The data transform of the checkpoint ci (train_ckpt_open's), read from
  * its transform.bin and checked against the manifest's fingerprint. 0 and a

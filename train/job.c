@@ -565,6 +565,7 @@ static step_outcome final_checkpoint(train_job *j, char *why, size_t whylen) {
   const train_config *c = j->cfg;
   char err[1024];
   if (!c->checkpoint_dir) return STEP_DONE;
+  if (c->save_model && job__model_is_ckpt_root(j)) j->ck_parent = -1; /* the model: full */
   if (!job__checkpoint(j, c->checkpoint_dir, c->keep_checkpoints, err, sizeof err)) return STEP_DONE;
   sr_fmt(why, whylen, "--save-checkpoint: %s", err);
   j->own_fail = j->rank == 0;
@@ -633,6 +634,7 @@ static int job_loop(train_job *j) {
   for (int rewound = (j->resume_redo & JOB_REDO_PASS) != 0;
        (o = job_run(j, rewound, why, sizeof why)) == STEP_LOST; rewound = 1) {
     if (job__recover(j, why, j->own_fail)) return -1;
+    j->ck_parent = -1; /* restored: the next checkpoint is full */
     job_rewind(cur, &j->q, &j->ckst, c->batch, sr_now());
     trainer_ahead_drop(j->t);
   }
@@ -760,6 +762,7 @@ int train_run(const train_config *cfg) {
   const train_config *c = auto_resume(cfg, &resumed, resume_dir, sizeof resume_dir);
   train_job job, *j = &job;
   memset(j, 0, sizeof *j);
+  j->ck_parent = -1;
   j->cfg = c;
   j->rank = c->ranks.rank;
   j->size = c->ranks.size;

@@ -109,7 +109,10 @@ typedef struct train_config {
   /* Checkpoints */
   const char *checkpoint_dir; /* --save-checkpoint */
   int64_t checkpoint_every; /* --checkpoint-every */
-  int keep_checkpoints;     /* --keep-checkpoints */
+  int keep_checkpoints;     /* --keep-checkpoints: the newest K heads, with their chains */
+  int full_every;           /* --full-checkpoint-every K: of the checkpoints written into
+                               checkpoint_dir, every K-th full, the others incremental on the
+                               one before (<= 1: every one full) */
   const char *resume;       /* --resume */
   int auto_resume;          /* --auto-resume: --resume checkpoint_dir when it holds a complete
                                checkpoint, else start fresh */

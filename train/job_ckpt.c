@@ -24,6 +24,12 @@ static int path_room(const train_job *j, const char *flag, const char *path, siz
   return -1;
 }
 
+/* Whether folders a and b are the same one. */
+static int same_folder(const char *a, const char *b) {
+  struct stat x, y;
+  return a && b && !stat(a, &x) && !stat(b, &y) && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
 int job__check_paths(const train_job *j) {
   const train_config *c = j->cfg;
   char widest[64];
@@ -155,6 +161,14 @@ int job__resume(train_job *j) {
               (unsigned long long)j->ckst.sample_index, ds_source_errmsg(j->train));
     return -1;
   }
+  /* Resumed from a checkpoint of the --save-checkpoint folder: the
+   * store's change set counts from it (the restore cleared it), so the
+   * chain goes on from it. */
+  char root[SR_PATH_MAX];
+  if (!ckpt_dir_parent(ckdir, root, sizeof root) && same_folder(root, c->checkpoint_dir)) {
+    j->ck_parent = j->ckst.step;
+    j->ck_incs = ckpt_dir_chain_links(ckdir) - 1;
+  }
   if (j->rank == 0 && train_ckpt_kernels_differ(ckdir, &j->cks, why, sizeof why))
     job__errf(j, "warning: --resume: %s\n", why);
   job_rewind(&j->cur, &j->q, &j->ckst, j->cfg->batch, sr_now());
@@ -174,18 +188,49 @@ int job__resume(train_job *j) {
   return 0;
 }
 
+/* The parent the next checkpoint under --save-checkpoint names (-1: a full
+ * one): every --full-checkpoint-every-th is full, and one with no
+ * checkpoint before it in the root. */
+static long long next_parent(const train_job *j, const char *root) {
+  const train_config *c = j->cfg;
+  if (root != c->checkpoint_dir || c->full_every <= 1 || j->ck_incs + 1 >= c->full_every)
+    return -1;
+  return j->ck_parent;
+}
+
+/* The chain after train_ckpt_save_link returned rc, parent what it wrote
+ * on (-1: full; -2: the store has no incremental ops). */
+static void chain_after(train_job *j, const char *root, int rc, long long asked, long long parent) {
+  if (root != j->cfg->checkpoint_dir) return; /* --save-model's: the chain is the root's */
+  if (rc) {
+    j->ck_parent = -1; /* the store's change set may be cleared: a full one next */
+    return;
+  }
+  if (asked >= 0 && parent == -2 && !j->noted_full) {
+    printf("note   --full-checkpoint-every: the %s store writes no incremental checkpoints; "
+           "every checkpoint is full\n", j->store_kind);
+    j->noted_full = 1;
+  }
+  j->ck_incs = parent >= 0 ? j->ck_incs + 1 : 0;
+  j->ck_parent = j->ckst.step;
+}
+
 int job__checkpoint(train_job *j, const char *root, int keep, char *err, size_t errlen) {
   int rc;
+  long long asked = next_parent(j, root), parent = asked;
   if (j->size > 1 && (rc = dense_coll_barrier(j->coll))) {
     sr_fmt(err, errlen, "barrier before the checkpoint: %s", dense_coll_errmsg(j->coll));
     return rc;
   }
-  rc = j->rank == 0 ? train_ckpt_save(root, keep, j->plan, j->store, j->store_kind,
-                                      trainer_model(j->t), trainer_dense_opt(j->t),
-                                      ds_source_transform(j->train), &j->ckst,
-                                      &j->cks, err, errlen)
+  rc = j->rank == 0 ? train_ckpt_save_link(root, keep, &parent, j->plan, j->store, j->store_kind,
+                                           trainer_model(j->t), trainer_dense_opt(j->t),
+                                           ds_source_transform(j->train), &j->ckst, &j->cks,
+                                           err, errlen)
                     : 0;
-  if (j->size == 1) return rc;
+  if (j->size == 1) {
+    chain_after(j, root, rc, asked, parent);
+    return rc;
+  }
   /* Rank 0's outcome to every rank (the others wait for it as at a
    * barrier): a checkpoint lost to a server is recovered from by all. */
   int32_t out = rc;
@@ -196,14 +241,17 @@ int job__checkpoint(train_job *j, const char *root, int keep, char *err, size_t 
   }
   if (out && j->rank != 0)
     sr_fmt(err, errlen, "rank 0's checkpoint under %s failed (%s)", root, sr_errname(out));
+  chain_after(j, root, out, asked, parent); /* rank 0's chain is the one that counts */
   return out;
+}
+
+int job__model_is_ckpt_root(const train_job *j) {
+  return same_folder(j->cfg->save_model, j->cfg->checkpoint_dir);
 }
 
 int job__save_model(train_job *j, char *err, size_t errlen) {
   const train_config *c = j->cfg;
-  struct stat a, b;
-  if (c->checkpoint_dir && !stat(c->save_model, &a) && !stat(c->checkpoint_dir, &b) &&
-      a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+  if (job__model_is_ckpt_root(j)) {
     printf("saved  %s/step-%lld\n", c->save_model, (long long)j->ckst.step);
     return 0;
   }

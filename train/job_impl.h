@@ -105,6 +105,12 @@ typedef struct train_job {
   job_cursor cur;
   train_ckpt_settings cks;
   train_ckpt_state ckst;         /* the job's position after its last step */
+  /* The chain under --save-checkpoint: the step of the checkpoint the
+   * store's change set counts from (the last written or resumed from
+   * there; -1: none, the next one is full) and the increments since its
+   * full one; noted_full: the store's lack of incremental ops was said. */
+  long long ck_parent;
+  int ck_incs, noted_full;
   int64_t total_steps, steps_per_epoch;
   int64_t samples_done;
   double t_start, t_eval;
@@ -210,6 +216,9 @@ int job__checkpoint(train_job *j, const char *root, int keep, char *err, size_t 
  * When DIR is the --save-checkpoint folder, the final checkpoint just
  * written is the model. 0 or SR_E* with the reason in err. */
 int job__save_model(train_job *j, char *err, size_t errlen);
+/* Whether --save-model names the --save-checkpoint folder (its final
+ * checkpoint is the model, and so full). */
+int job__model_is_ckpt_root(const train_job *j);
 
 /* job_recover.c (with job_rewind above, which puts the cursor at the
  * restored position): automatic recovery from a lost shard server
