@@ -236,7 +236,8 @@ END_TEST
 
 /* The same rows give the same bytes: on fresh stores every row held is a
  * changed row, so the shard store's delta is, file for file, the local
- * store's full checkpoint of the same pushes. */
+ * store's full checkpoint of the same pushes; after a full checkpoint of
+ * each, the two stores' deltas of the same pushes are the same files. */
 START_TEST(test_delta_bytes_are_local_store_bytes) {
   emb_plan *p = fx_plan(ROWS, DIM, 22, EMB_OPT_ROWWISE_ADAGRAD, 3, 1);
   char *dir = tmpdir_make("shd"), *ck = tmpdir_make("shdck"), err[512], a[600], b[600];
@@ -256,6 +257,24 @@ START_TEST(test_delta_bytes_are_local_store_bytes) {
   int rc = run_cmd(&out, "cd %s && ls local && ls delta && diff -r local delta", ck);
   ck_assert_msg(rc == 0, "%s", out);
   ck_assert_ptr_nonnull(strstr(out, "table-2.bin"));
+  free(out);
+  /* After a full checkpoint of each, more pushes: both stores' deltas, the
+   * rows changed since, are the same bytes too. */
+  path_in(a, sizeof a, ck, "full-local");
+  path_in(b, sizeof b, ck, "full-shard");
+  ck_assert_int_eq(emb_store_checkpoint(s[0], a), 0);
+  ck_assert_msg(emb_store_checkpoint(s[1], b) == 0, "%s", emb_store_errmsg(s[1]));
+  for (int step = 0; step < 3; step++) {
+    make_step(&d, &r, 60, p);
+    push_all(s, 2, &d, 0.1f);
+  }
+  path_in(a, sizeof a, ck, "delta-local");
+  path_in(b, sizeof b, ck, "delta-shard");
+  ck_assert_msg(emb_store_checkpoint_delta(s[0], a) == 0, "%s", emb_store_errmsg(s[0]));
+  ck_assert_msg(emb_store_checkpoint_delta(s[1], b) == 0, "%s", emb_store_errmsg(s[1]));
+  rc = run_cmd(&out, "cd %s && diff -r delta-local delta-shard && cmp -s local/table-0.bin "
+                     "delta-local/table-0.bin; echo same-as-full $?", ck);
+  ck_assert_msg(rc == 0 && strstr(out, "same-as-full 1"), "%s", out); /* a delta, not all rows */
   free(out);
   emb_store_destroy(s[1]);
   emb_store_destroy(s[0]);

@@ -11,7 +11,9 @@
  *     are several ranks without shard servers;
  *   - checkpoint at step 30 of a -np 2 run and resume with -np 2: the losses
  *     after step 30 and the test AUC are bit-identical to the uninterrupted
- *     run.
+ *     run; the same from a chain of incremental checkpoints
+ *     (--full-checkpoint-every 4: step-0 whole, step-10, -20 and -30 the
+ *     rows changed, each server's in its own folder).
  * The same with the shards colocated in the ranks (--colocate-shards):
  * equivalence and reruns, the 300k epoch, async vs sync and resume, is
  * tests/train/test_dp_train.c; the helpers both use are
@@ -137,6 +139,37 @@ START_TEST(test_checkpoint_resume_np2) {
 }
 END_TEST
 
+/* A -np 2 run writing a chain (step-0 full, step-10, -20, -30 increments)
+ * and a -np 2 run resumed from step-30 on fresh servers, which restore
+ * step-0's rows and lay each increment over them: the losses after step 30
+ * and the test AUC bit-identical to the chain run's, itself bit-identical
+ * to a run without checkpoints. */
+START_TEST(test_chain_resume_np2) {
+  char *out;
+  const char *ex = "--mini-batch-size 128 --num-batches 60 " HYPER;
+  char args[600];
+  snprintf(args, sizeof args, "%s --save-checkpoint %s/chain --checkpoint-every 10 "
+           "--full-checkpoint-every 4", ex, dp_dir);
+  ck_assert_msg(train("ch_full", 2, "d.bin", "p.json", args, &out) == 0, "%s", out);
+  free(out);
+  int rc = run_cmd(&out, "%s inspect %s/chain/step-30", bin_path(), dp_dir);
+  ck_assert_msg(rc == 0 && strstr(out, "kind incremental") && strstr(out, "a chain of 4 links"),
+                "%.1500s", out);
+  free(out);
+  snprintf(args, sizeof args, "%s --resume %s/chain/step-30", ex, dp_dir);
+  ck_assert_msg(train("ch_res", 2, "d.bin", "p.json", args, &out) == 0, "%s", out);
+  ck_assert_msg(strstr(out, "resume ") && strstr(out, "step 30"), "%s", out);
+  free(out);
+  ck_assert_msg(train("ch_none", 2, "d.bin", "p.json", ex, &out) == 0, "%s", out);
+  free(out);
+  dp_load("ch_full", &ma);
+  dp_load("ch_none", &mb);
+  dp_assert_same_bits("chain run against a run without checkpoints", &ma, &mb);
+  dp_load("ch_res", &mb);
+  dp_assert_resumed("chain of increments", &ma, &mb, 30, 60);
+}
+END_TEST
+
 /* Two ranks crowded on this host (1 dense thread each, OPENBLAS_NUM_THREADS=1)
  * and the same job with each rank given every core (2 dense threads each,
  * OPENBLAS_NUM_THREADS=2): the same bits, every loss and the test AUC. The
@@ -171,6 +204,7 @@ int main(void) {
       {"refuse", test_batch_must_divide},
       {"equal", test_ranks_equal_one_rank},
       {"resume", test_checkpoint_resume_np2},
+      {"chain", test_chain_resume_np2},
       {"epoch", test_full_epoch_300k},
   };
   /* 19913 rows: 17922 train = 140 x 128 + 2, 1991 test; a 2-shard plan. */

@@ -1,0 +1,123 @@
+/* Incremental checkpoints end to end with the stores that keep rows out of
+ * the trainer's memory: `shardrec train --full-checkpoint-every 4
+ * --checkpoint-every 5` writes step-0 whole and step-5, -10 and -15 as
+ * increments (a chain of 4 links), and a job resumed from step-15 (its rows
+ * restored from step-0, then each increment laid over them, on a fresh
+ * store) gives the uninterrupted job's losses after step 15 and its test
+ * AUC, bit for bit:
+ *   - the RocksDB shard store in the trainer (--data-dir, a small cache):
+ *     the increments are table files under shards/;
+ *   - two shard servers keeping rows in RocksDB, and two keeping them in
+ *     memory: each server writes its folder shards/shard-K of table files.
+ * Under mpirun -np 2: tests/mpi/test_mpi_train.c (its "chain" case). */
+#include <check.h>
+
+#include "tests/check_main.h"
+#include "tests/support/dp_run.h"
+
+#define ARCH "--arch-mlp-bot 13-32-16 --arch-mlp-top 64-1"
+#define STEPS "--mini-batch-size 64 --num-batches 40 " DP_HYPER
+#define CHAIN "--checkpoint-every 5 --full-checkpoint-every 4"
+
+static dp_metrics ma, mb;
+
+/* Shard store in this process, rows under DIR/NAME.live. */
+static int train_shard(const char *name, const char *extra, char **out) {
+  char args[1200];
+  snprintf(args, sizeof args, ARCH " --cache-rows 1024 --data-dir %s/%s.live %s", dp_dir, name,
+           extra);
+  return dp_train("chain_stores", ", shard store", name, 0, "d.bin", "p.json", args, out);
+}
+
+/* Two fresh servers (rows in RocksDB under DIR/NAME.srvK when data, else in
+ * memory) for the run. */
+static int train_servers(const char *name, const char *extra, int data, char **out) {
+  test_server s[2] = {{0}, {0}};
+  char addrs[200], args[1200];
+  servers_start(s, 2, &(servers_opts){.dir = dp_dir, .plan = "p.json", .data = data ? name : NULL,
+                                      .log = name});
+  servers_addrs(s, 2, addrs, sizeof addrs);
+  snprintf(args, sizeof args, ARCH " --shard-servers %s %s", addrs, extra);
+  int rc = dp_train("chain_stores", data ? ", RocksDB servers" : ", in-memory servers", name, 0,
+                    "d.bin", "p.json", args, out);
+  server_stop(&s[0]);
+  server_stop(&s[1]);
+  return rc;
+}
+
+/* What inspect says of ck/step-15: an increment on step-10, 4 links. */
+static void check_chain(const char *ck) {
+  char *out;
+  int rc = run_cmd(&out, "cd %s && %s inspect %s/step-15", dp_dir, bin_path(), ck);
+  ck_assert_msg(rc == 0, "%s", out);
+  ck_assert_msg(strstr(out, "kind incremental") && strstr(out, "parent step-10") &&
+                    strstr(out, "a chain of 4 links"),
+                "%.1500s", out);
+  free(out);
+}
+
+/* The chain run (name_c) and the resumed one (name_r, from step-15) against
+ * the uninterrupted one (name_u), with train(name, extra, &out). */
+static void chain_case(int (*train)(const char *, const char *, char **), const char *tag) {
+  char u[32], c[32], r[32], ck[64], extra[600], *out;
+  snprintf(u, sizeof u, "%s_u", tag);
+  snprintf(c, sizeof c, "%s_c", tag);
+  snprintf(r, sizeof r, "%s_r", tag);
+  snprintf(ck, sizeof ck, "%s_ck", tag);
+  ck_assert_msg(train(u, STEPS, &out) == 0, "%s", out);
+  free(out);
+  snprintf(extra, sizeof extra, STEPS " --save-checkpoint %s/%s " CHAIN, dp_dir, ck);
+  ck_assert_msg(train(c, extra, &out) == 0, "%s", out);
+  free(out);
+  check_chain(ck);
+  snprintf(extra, sizeof extra, STEPS " --resume %s/%s/step-15", dp_dir, ck);
+  ck_assert_msg(train(r, extra, &out) == 0, "%s", out);
+  ck_assert_msg(strstr(out, "resume ") && strstr(out, "step 15"), "%s", out);
+  free(out);
+  dp_load(u, &ma);
+  dp_load(c, &mb);
+  dp_assert_same_bits("the chain run against the uninterrupted one", &ma, &mb);
+  dp_load(r, &mb);
+  dp_assert_resumed(tag, &ma, &mb, 15, 40);
+}
+
+static int rocks_servers_fn(const char *name, const char *extra, char **out) {
+  return train_servers(name, extra, 1, out);
+}
+static int mem_servers_fn(const char *name, const char *extra, char **out) {
+  return train_servers(name, extra, 0, out);
+}
+
+START_TEST(test_chain_shard_store) {
+  chain_case(train_shard, "sh");
+  /* The increments are table files of the changed rows, beside no database. */
+  char *out;
+  ck_assert_int_eq(run_cmd(&out, "ls %s/sh_ck/step-10/shards", dp_dir), 0);
+  ck_assert_msg(strstr(out, "table-0.bin") && !strstr(out, "shard-"), "%s", out);
+  free(out);
+}
+END_TEST
+
+START_TEST(test_chain_rocksdb_servers) {
+  chain_case(rocks_servers_fn, "rs");
+  char *out;
+  ck_assert_int_eq(run_cmd(&out, "ls %s/rs_ck/step-10/shards/shard-0 %s/rs_ck/step-10/shards/shard-1",
+                           dp_dir, dp_dir), 0);
+  ck_assert_msg(strstr(out, "table-0.bin"), "%s", out);
+  free(out);
+}
+END_TEST
+
+START_TEST(test_chain_memory_servers) { chain_case(mem_servers_fn, "ms"); }
+END_TEST
+
+int main(void) {
+  const dp_case cases[] = {
+      {"shard", test_chain_shard_store},
+      {"rocksdb_servers", test_chain_rocksdb_servers},
+      {"memory_servers", test_chain_memory_servers},
+  };
+  /* 3000 rows: 2700 train rows, 42 steps of 64; a 2-shard plan. */
+  return dp_suite_run("chain_stores", cases, (int)(sizeof cases / sizeof cases[0]),
+                      "test_chain_stores", 3000, 2, ARCH);
+}
