@@ -1,7 +1,7 @@
 /* Incremental checkpoints through shard servers (rpc/shardrec.proto,
  * CheckpointRequest.incremental and RestoreRequest.overlay; the remote
  * store's checkpoint_delta and restore_delta): two real `shardrec serve`
- * processes with RocksDB rows. Each server writes the rows pushed since the
+ * processes with RocksDB rows (the chain also with rows in memory). Each server writes the rows pushed since the
  * last checkpoint into its own folder path/shard-K, exactly those rows with
  * the values the in-process store holds for them; a full checkpoint and
  * two increments restored give those rows back, also on a server killed
@@ -35,7 +35,8 @@ static emb_plan *plan;
 static test_server srv[2];
 static servers_opts so;
 
-static void setup(void) {
+/* The plan, and two servers keeping rows in RocksDB (data) or in memory. */
+static void setup_servers(int data) {
   dir = tmpdir_make("test");
   char plan_path[600], err[512];
   snprintf(plan_path, sizeof plan_path, "%s/plan.json", dir);
@@ -48,9 +49,11 @@ static void setup(void) {
   ck_assert_msg(emb_plan_save(p, plan_path, err, sizeof err) == 0, "%s", err);
   emb_plan_free(p);
   ck_assert_msg(emb_plan_load(plan_path, &plan, err, sizeof err) == 0, "%s", err);
-  so = (servers_opts){.dir = dir, .plan = "plan.json", .data = "data"};
+  so = (servers_opts){.dir = dir, .plan = "plan.json", .data = data ? "data" : NULL};
   servers_start(srv, 2, &so);
 }
+static void setup(void) { setup_servers(1); }
+static void setup_mem(void) { setup_servers(0); }
 
 static void teardown(void) {
   for (int k = 0; k < 2; k++) server_stop(&srv[k]);
@@ -376,5 +379,10 @@ int main(void) {
   tcase_add_test(tc, test_remote_refusals_and_restart);
   tcase_add_test(tc, test_service_rules);
   suite_add_tcase(s, tc);
+  TCase *mem = tcase_create("delta_in_memory"); /* in-memory servers write the same folders */
+  tcase_set_timeout(mem, 120);
+  tcase_add_checked_fixture(mem, setup_mem, teardown);
+  tcase_add_test(mem, test_remote_chain);
+  suite_add_tcase(s, mem);
   return sr_check_run(s);
 }
