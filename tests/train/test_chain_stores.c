@@ -9,8 +9,14 @@
  *     the increments are table files under shards/;
  *   - two shard servers keeping rows in RocksDB, and two keeping them in
  *     memory: each server writes its folder shards/shard-K of table files.
+ * And a job killed with SIGKILL while it writes an increment (every step a
+ * checkpoint, every one after step-0 an increment), on the shard store and
+ * on RocksDB servers: --auto-resume takes the last complete link and gives
+ * the uninterrupted job's bits.
  * Under mpirun -np 2: tests/mpi/test_mpi_train.c (its "chain" case). */
 #include <check.h>
+#include <dirent.h>
+#include <sys/stat.h>
 
 #include "tests/check_main.h"
 #include "tests/support/dp_run.h"
@@ -111,11 +117,105 @@ END_TEST
 START_TEST(test_chain_memory_servers) { chain_case(mem_servers_fn, "ms"); }
 END_TEST
 
+/* SIGKILL the job pid as soon as root holds a folder .step-N.* with a
+ * shards/ in it, N >= from: a checkpoint being written (an event polled
+ * without pause: the folder lives milliseconds). N, or -1 when the job
+ * ended first. */
+static int kill_mid_write(pid_t pid, const char *root, int from) {
+  for (;;) {
+    int st;
+    if (waitpid(pid, &st, WNOHANG) == pid) return -1;
+    DIR *d = opendir(root);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+      int n;
+      char p[1100];
+      struct stat sb;
+      if (sscanf(e->d_name, ".step-%d.", &n) != 1 || n < from) continue;
+      snprintf(p, sizeof p, "%s/%s/shards", root, e->d_name);
+      if (stat(p, &sb)) continue;
+      closedir(d);
+      proc_kill9(pid);
+      return n;
+    }
+    if (d) closedir(d);
+  }
+}
+
+/* The job (store: its flags) killed while it writes an increment at step
+ * 20 or later, then --auto-resume: from the link before, and the bits of
+ * the uninterrupted job (on a store of its own: ref). */
+static void kill_case(const char *ref, const char *store, const char *tag) {
+  char job[1000], flags[1200], root[600], *out;
+  snprintf(job, sizeof job, "train --processed-data-file d.bin --plan p.json " ARCH " " STEPS
+           " --print-freq 1 --test-freq 0 %s", ref);
+  snprintf(root, sizeof root, "%s/%s_kk", dp_dir, tag);
+  int rc = run_cmd(&out, "cd %s && %s %s --metrics-out %s_ku.jsonl", dp_dir, bin_path(), job, tag);
+  ck_assert_msg(rc == 0, "%s", out);
+  free(out);
+  snprintf(job, sizeof job, "train --processed-data-file d.bin --plan p.json " ARCH " " STEPS
+           " --print-freq 1 --test-freq 0 %s", store);
+  snprintf(flags, sizeof flags, "%s --checkpoint-every 1 --full-checkpoint-every 1000 "
+           "--save-checkpoint %s_kk --auto-resume", job, tag);
+  pid_t pid = spawn_sh("cd %s && exec %s %s --metrics-out %s_k1.jsonl > %s_k1.log 2>&1", dp_dir,
+                       bin_path(), flags, tag, tag);
+  int n = kill_mid_write(pid, root, 20);
+  if (n < 20) {
+    char log[700];
+    snprintf(log, sizeof log, "%s/%s_k1.log", dp_dir, tag);
+    char *l = slurp(log);
+    ck_abort_msg("the job ended before an increment was caught being written:\n%.1500s", l ? l : "");
+  }
+  char done[700];
+  snprintf(done, sizeof done, "%s/step-%d/DONE", root, n);
+  ck_assert_msg(access(done, F_OK) != 0, "step-%d was complete when the job was killed", n);
+  rc = run_cmd(&out, "cd %s && %s %s --metrics-out %s_k2.jsonl", dp_dir, bin_path(), flags, tag);
+  ck_assert_msg(rc == 0, "%s", out);
+  char want[96];
+  snprintf(want, sizeof want, "resume %s_kk/step-%d: step %d", tag, n - 1, n - 1);
+  ck_assert_msg(strstr(out, want), "no '%s' in:\n%.1500s", want, out);
+  free(out);
+  rc = run_cmd(&out, "%s inspect %s/step-%d", bin_path(), root, n - 1);
+  ck_assert_msg(rc == 0 && strstr(out, "kind incremental"), "%.1500s", out);
+  free(out);
+  char a[64], b[64];
+  snprintf(a, sizeof a, "%s_ku", tag);
+  snprintf(b, sizeof b, "%s_k2", tag);
+  dp_load(a, &ma);
+  dp_load(b, &mb);
+  dp_assert_resumed("killed mid-increment, resumed", &ma, &mb, n - 1, 40);
+  printf("chain_stores: %s: killed while step-%d was being written\n", tag, n);
+}
+
+START_TEST(test_kill_shard_store) {
+  char ref[700], store[700];
+  snprintf(ref, sizeof ref, "--cache-rows 1024 --data-dir %s/kill-ref.live", dp_dir);
+  snprintf(store, sizeof store, "--cache-rows 1024 --data-dir %s/kill.live", dp_dir);
+  kill_case(ref, store, "shk");
+}
+END_TEST
+
+START_TEST(test_kill_rocksdb_servers) {
+  test_server s[4] = {{0}, {0}, {0}, {0}};
+  char addrs[2][200], ref[400], store[400];
+  servers_start(s, 2, &(servers_opts){.dir = dp_dir, .plan = "p.json", .data = "kref", .log = "kref"});
+  servers_start(s + 2, 2, &(servers_opts){.dir = dp_dir, .plan = "p.json", .data = "kill", .log = "kill"});
+  servers_addrs(s, 2, addrs[0], sizeof addrs[0]);
+  servers_addrs(s + 2, 2, addrs[1], sizeof addrs[1]);
+  snprintf(ref, sizeof ref, "--shard-servers %s", addrs[0]);
+  snprintf(store, sizeof store, "--shard-servers %s", addrs[1]);
+  kill_case(ref, store, "rsk");
+  for (int k = 0; k < 4; k++) server_stop(&s[k]);
+}
+END_TEST
+
 int main(void) {
   const dp_case cases[] = {
       {"shard", test_chain_shard_store},
       {"rocksdb_servers", test_chain_rocksdb_servers},
       {"memory_servers", test_chain_memory_servers},
+      {"kill_shard", test_kill_shard_store},
+      {"kill_servers", test_kill_rocksdb_servers},
   };
   /* 3000 rows: 2700 train rows, 42 steps of 64; a 2-shard plan. */
   return dp_suite_run("chain_stores", cases, (int)(sizeof cases / sizeof cases[0]),
