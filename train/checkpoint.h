@@ -23,6 +23,11 @@
  *                  checkpoint per hosted shard) for the shard store, the
  *                  local store's table-<id>.bin files for the in-memory one;
  *   DONE           written last; holds the manifest's SHA-256.
+ * The manifest's "kind" says whether shards/ holds every row ("full") or
+ * the rows changed since its parent ("incremental", with "parent": its
+ * step and DONE; storage/ckpt_dir.h's chains): an incremental checkpoint's
+ * rows are its chain's, the full checkpoint restored and each increment
+ * laid over it (train_ckpt_restore_chain); dense.bin is always whole.
  * The folder protocol (the temporary .step-N.tmp-PID folder and its
  * rename, DONE last, the file list, finding the newest complete step-N,
  * verification, keeping the newest K) is storage/ckpt_dir.h's; the plan
@@ -126,8 +131,9 @@ int train_ckpt_resolve(const char *path, char *out, size_t outlen, char *err, si
 /* Check the checkpoint dir (DONE, manifest, fingerprints against plan or a
  * plan that grows the checkpoint's (emb_plan_grows: its rows restored as
  * they are, the new rows never written: emb_store_restore_grown), store
- * kind, settings, every file's size and SHA-256), then load the dense model
- * and optimizer and restore store from it (store NULL: the dense part only,
+ * kind, settings, every file's size and SHA-256 of its whole chain:
+ * train_ckpt_open), then load the dense model and optimizer and restore
+ * store from it (its chain: train_ckpt_restore_chain) (store NULL: the dense part only,
  * as ranks other than 0 of a data-parallel job do; store_kind NULL: any
  * kind). A manifest that records the dense architecture must match model's.
  * Nothing is changed when a check fails. 0 or SR_E* with a message naming the file and the problem
@@ -169,8 +175,9 @@ typedef struct train_ckpt_info {
 
 /* Verify dir as train_ckpt_load does (DONE, manifest checksum, format:
  * ckpt_dir_read; the training job's fields and settings, the plan against
- * its fingerprints; every file's size and SHA-256: ckpt_dir_verify; the
- * dense architecture) and read it into *ci (train_ckpt_info_free). 0 or SR_E*
+ * its fingerprints; every file's size and SHA-256 of every link of its
+ * chain, each parent the one its child names: ckpt_dir_chain_open, into
+ * ci->chain; the dense architecture) and read it into *ci (train_ckpt_info_free). 0 or SR_E*
  * with a message naming the file. */
 int train_ckpt_open(const char *dir, train_ckpt_info *ci, char *err, size_t errlen);
 void train_ckpt_info_free(train_ckpt_info *ci); /* NULL-safe; leaves *ci zeroed */

@@ -201,7 +201,10 @@ static long long next_parent(const train_job *j, const char *root) {
 /* The chain after train_ckpt_save_link returned rc, parent what it wrote
  * on (-1: full; -2: the store has no incremental ops). */
 static void chain_after(train_job *j, const char *root, int rc, long long asked, long long parent) {
-  if (root != j->cfg->checkpoint_dir) return; /* --save-model's: the chain is the root's */
+  if (root != j->cfg->checkpoint_dir) { /* --save-model's full one cleared the change set */
+    j->ck_parent = -1;
+    return;
+  }
   if (rc) {
     j->ck_parent = -1; /* the store's change set may be cleared: a full one next */
     return;

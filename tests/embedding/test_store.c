@@ -490,6 +490,104 @@ START_TEST(test_restore_refuses_damage) {
 }
 END_TEST
 
+/* steps more pushes on s (rng seed), the distinct ids pushed per table
+ * counted into n[3]. */
+static void push_more(emb_store *s, uint64_t seed, int steps, size_t n[3]) {
+  sr_rng r;
+  sr_rng_init(&r, seed, 0);
+  step_data *d = malloc(sizeof *d);
+  uint64_t *seen[3];
+  for (int t = 0; t < 3; t++) {
+    seen[t] = malloc((size_t)steps * 64 * sizeof **seen);
+    n[t] = 0;
+  }
+  for (int i = 0; i < steps; i++) {
+    make_step(d, &r);
+    ck_assert_int_eq(emb_store_push(s, 100 + i, 0.05f, &d->set, d->gp), 0);
+    for (int t = 0; t < 3; t++)
+      for (size_t k = 0; k < d->counts[t]; k++) {
+        int dup = 0;
+        for (size_t m = 0; m < n[t]; m++) dup |= seen[t][m] == d->ids[t][k];
+        if (!dup) seen[t][n[t]++] = d->ids[t][k];
+      }
+  }
+  for (int t = 0; t < 3; t++) free(seen[t]);
+  free(d);
+}
+
+static uint64_t rows_held(emb_store *s, int t) {
+  collect c = dump(s, t);
+  free(c.buf);
+  return (uint64_t)c.count;
+}
+
+/* The change set: checkpoint_delta writes exactly the rows pushed since the
+ * last checkpoint (new and old rows), in ascending ids, and clears it;
+ * restore_delta over the full checkpoint gives the store's rows; a restore
+ * clears it too; a damaged delta is refused with every row kept. */
+START_TEST(test_checkpoint_delta) {
+  for (int k = 0; k < 3; k++) {
+    emb_plan *p = make_plan((emb_optim_kind)k, 2, 0, 5);
+    emb_store *s = train(p, 13, 20);
+    char *tmp = tmpdir_make("store"), full[256], d1[256], d2[256], d3[256], file[300];
+    snprintf(full, sizeof full, "%s/full", tmp);
+    snprintf(d1, sizeof d1, "%s/d1", tmp);
+    snprintf(d2, sizeof d2, "%s/d2", tmp);
+    snprintf(d3, sizeof d3, "%s/d3", tmp);
+    ck_assert_msg(emb_store_checkpoint(s, full) == 0, "%s", emb_store_errmsg(s));
+    size_t n[3];
+    push_more(s, 77, 4, n);
+    ck_assert_msg(emb_store_checkpoint_delta(s, d1) == 0, "%s", emb_store_errmsg(s));
+    ck_assert_msg(emb_store_checkpoint_delta(s, d2) == 0, "%s", emb_store_errmsg(s));
+    /* d1 holds the pushed rows and nothing else (collect_fn: ascending). */
+    emb_store *only = make_store(p), *none = make_store(p);
+    ck_assert_msg(emb_store_restore_delta(only, d1) == 0, "%s", emb_store_errmsg(only));
+    ck_assert_msg(emb_store_restore_delta(none, d2) == 0, "%s", emb_store_errmsg(none));
+    for (int t = 0; t < 3; t++) {
+      ck_assert_uint_eq(rows_held(only, t), n[t]);
+      if (t != 1) ck_assert_uint_lt(n[t], rows_held(s, t)); /* table 1 has 50 rows: all held */
+      ck_assert_uint_eq(rows_held(none, t), 0); /* cleared by the delta before */
+    }
+    /* The full checkpoint with the delta laid over it: the store's rows. */
+    emb_store *s2 = make_store(p);
+    ck_assert_msg(emb_store_restore(s2, full) == 0, "%s", emb_store_errmsg(s2));
+    ck_assert(!same_tables(s, s2));
+    ck_assert_msg(emb_store_restore_delta(s2, d1) == 0, "%s", emb_store_errmsg(s2));
+    ck_assert(same_tables(s, s2));
+    /* Restored: nothing changed since. */
+    ck_assert_int_eq(emb_store_checkpoint_delta(s2, d3), 0);
+    emb_store *none2 = make_store(p);
+    ck_assert_int_eq(emb_store_restore_delta(none2, d3), 0);
+    for (int t = 0; t < 3; t++) ck_assert_uint_eq(rows_held(none2, t), 0);
+    /* A damaged file of a delta: refused, every row kept. */
+    snprintf(file, sizeof file, "%s/table-%u.bin", d1, p->tables[2].table_id);
+    FILE *f = fopen(file, "r+b");
+    fseek(f, 300, SEEK_SET);
+    int ch = fgetc(f);
+    fseek(f, 300, SEEK_SET);
+    fputc(ch ^ 0x10, f);
+    fclose(f);
+    emb_store *s3 = make_store(p);
+    ck_assert_int_eq(emb_store_restore(s3, full), 0);
+    emb_store *s3ref = make_store(p);
+    ck_assert_int_eq(emb_store_restore(s3ref, full), 0);
+    ck_assert_int_eq(emb_store_restore_delta(s3, d1), SR_ECHECKSUM);
+    ck_assert_ptr_nonnull(strstr(emb_store_errmsg(s3), "checksum mismatch"));
+    ck_assert(same_tables(s3, s3ref));
+    emb_store_destroy(s);
+    emb_store_destroy(s2);
+    emb_store_destroy(s3);
+    emb_store_destroy(s3ref);
+    emb_store_destroy(only);
+    emb_store_destroy(none);
+    emb_store_destroy(none2);
+    emb_plan_free(p);
+    rmdir_all(tmp);
+    free(tmp);
+  }
+}
+END_TEST
+
 START_TEST(test_growth) {
   /* Many rows: the map and slab grow; values survive rehashing. */
   emb_plan *p = make_plan(EMB_OPT_ADAGRAD, 1, 0, 5);
@@ -544,6 +642,7 @@ int main(void) {
   tcase_add_test(tc, test_checkpoint_restore);
   tcase_add_test(tc, test_restore_refuses_damage);
   tcase_add_test(tc, test_restore_grown);
+  tcase_add_test(tc, test_checkpoint_delta);
   tcase_add_test(tc, test_growth);
   tcase_add_test(tc, test_push_nonfinite_refused);
   suite_add_tcase(s, tc);

@@ -1,0 +1,188 @@
+#!/bin/bash
+# Incremental checkpoints on the in-process store: train --full-checkpoint-every
+# K, resume from a chain's head, shardrec fold, the chain verified whole,
+# --keep-checkpoints, readers of a head, and a kill -9 while an incremental
+# checkpoint is being written.
+#
+# Asserts: with --full-checkpoint-every 4 --checkpoint-every 5 step-0 and
+# step-20 are full and step-5/10/15 incremental, each naming the one before
+# and the DONE it had, and holding fewer rows than the full checkpoint of
+# its step; a resume from step-15 (a full checkpoint and 3 increments),
+# into the same root and into another, ends with every file of its last
+# checkpoint (dense.bin, table files, manifest, DONE) equal to the
+# uninterrupted run's (every checkpoint full); fold of step-35 equals the
+# full step-35 file for file (the same list of files, each cmp-equal); a
+# damaged table file in a link, a missing link and a parent whose manifest
+# was rewritten since are refused by fold and by train --resume naming the
+# link ("(link K of the chain of step-35)"), nothing written at the output;
+# --keep-checkpoints 2 keeps the two newest heads and every link of their
+# chains, nothing else; predict and eval from a head give what they give
+# from its fold (predict's folded rows in a temporary folder, removed); a job killed -9 while it writes an incremental checkpoint
+# resumes (--auto-resume) from the last complete link and ends with the
+# bits of the uninterrupted run.
+set -euo pipefail
+
+B=${SHARDREC_BIN:?run through ctest (SHARDREC_BIN)}
+W=$(mktemp -d /tmp/shardrec-chain-XXXXXX)
+JOB=
+cleanup() {
+  [ -z "$JOB" ] || kill -9 "$JOB" 2>/dev/null || true
+  [ -n "${KEEP:-}" ] || rm -rf "$W"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+cd "$W"
+
+run() {
+  local name=$1
+  shift
+  "$@" >"$name.log" 2>&1 || fail "$name: $* failed: $(tail -5 "$name.log")"
+}
+refused() {
+  local name=$1
+  shift
+  if "$@" >"$name.log" 2>&1; then fail "$name: $* succeeded: $(tail -3 "$name.log")"; fi
+}
+has() { grep -qF -- "$2" "$1.log" || fail "$1: no '$2' in: $(tail -3 "$1.log")"; }
+# same_files A B: the same files under folders A and B, each byte for byte.
+same_files() {
+  (cd "$1" && find . -type f | sort) >files.a
+  (cd "$2" && find . -type f | sort) >files.b
+  diff -q files.a files.b >/dev/null || fail "$1 and $2 hold other files: $(diff files.a files.b | head -4)"
+  while read -r f; do cmp -s "$1/$f" "$2/$f" || fail "$1/$f differs from $2/$f"; done <files.a
+}
+kind_of() { tr -d ' \t\n' <"$1/manifest.json" | sed -n 's/.*"kind":"\([a-z]*\)".*/\1/p'; }
+parent_of() { tr -d ' \t\n' <"$1/manifest.json" | sed -n 's/.*"parent":{"step":\([0-9]*\),"manifest_sha256":"\([0-9a-f]*\)".*/\1 \2/p'; }
+rows_of() { cat "$1"/shards/table-*.bin | wc -c; }
+# nothing_at OUT: no OUT and nothing named OUT.* beside it.
+nothing_at() {
+  [ ! -e "$1" ] || fail "$1 was written"
+  ! compgen -G "$1.*" >/dev/null || fail "$(compgen -G "$1.*") was left"
+}
+# no_checkpoint ROOT: a refused --resume wrote no checkpoint under ROOT
+# (the job's plan.json, written at its start, aside).
+no_checkpoint() {
+  ! compgen -G "$1/*step-*" >/dev/null || fail "$(compgen -G "$1/*step-*") was written"
+}
+
+run gen "$B" datagen --rows 3000 --seed 1 --test-fraction 0.1 --out d.tsv
+run conv "$B" convert --test-fraction 0.1 d.tsv d.bin
+T=(--processed-data-file d.bin --mini-batch-size 64 --print-freq 1000 --test-freq 0 --num-batches 40
+   --checkpoint-every 5)
+
+# ---- the uninterrupted run (every checkpoint full) and the chained one ----
+run full "$B" train "${T[@]}" --save-checkpoint U
+run chain "$B" train "${T[@]}" --save-checkpoint C --full-checkpoint-every 4
+for s in 0 20 40; do [ "$(kind_of C/step-$s)" = full ] || fail "C/step-$s is not full"; done
+prev=0
+for s in 5 10 15 25 30 35; do
+  [ "$(kind_of C/step-$s)" = incremental ] || fail "C/step-$s is not incremental"
+  want="$prev $(cut -c1-64 C/step-$prev/DONE)"
+  [ "$(parent_of C/step-$s)" = "$want" ] || fail "C/step-$s names '$(parent_of C/step-$s)', not '$want'"
+  # (step-0 holds no row: step-5's increment holds every row there is)
+  [ $s = 5 ] || [ "$(rows_of C/step-$s)" -lt "$(rows_of U/step-$s)" ] ||
+    fail "C/step-$s holds as many bytes of rows as the full U/step-$s"
+  cmp -s C/step-$s/dense.bin U/step-$s/dense.bin || fail "C/step-$s/dense.bin differs from U's"
+  prev=$s
+  [ $s != 15 ] || prev=20
+done
+same_files U/step-40 C/step-40
+
+# ---- resume from a head: step-15 = step-0 + 3 increments ----
+cp -r C R
+rm -rf R/step-{20,25,30,35,40}
+run resume-same "$B" train "${T[@]}" --save-checkpoint R --full-checkpoint-every 4 --auto-resume
+has resume-same "resume R/step-15: step 15"
+[ "$(kind_of R/step-20)" = full ] && [ "$(kind_of R/step-25)" = incremental ] ||
+  fail "the resumed job did not go on with the chain's count (step-20 full, step-25 incremental)"
+[ "$(parent_of R/step-25 | cut -d' ' -f1)" = 20 ] || fail "R/step-25 is not incremental on step-20"
+same_files U/step-40 R/step-40
+run resume-other "$B" train "${T[@]}" --resume C/step-15 --save-checkpoint R2
+same_files U/step-40 R2/step-40
+[ "$(kind_of R2/step-20)" = full ] || fail "R2/step-20 (its root's first) is not full"
+
+# ---- fold ----
+run fold "$B" fold --from C/step-35 --to F
+same_files U/step-35 F/step-35
+refused fold-again "$B" fold --from C/step-35 --to F
+has fold-again "F: already exists"
+
+# ---- a damaged, missing or changed link is refused, naming it ----
+cp -r C D
+printf 'x' | dd of=D/step-25/shards/table-3.bin bs=1 seek=200 conv=notrunc 2>/dev/null
+refused damaged "$B" fold --from D/step-35 --to F2
+has damaged "D/step-25/shards/table-3.bin: checksum mismatch (file damaged) (link 3 of the chain of step-35)"
+nothing_at F2
+refused damaged-resume "$B" train "${T[@]}" --resume D/step-35 --save-checkpoint R3
+has damaged-resume "(link 3 of the chain of step-35)"
+no_checkpoint R3
+cp C/step-25/shards/table-3.bin D/step-25/shards/
+mv D/step-20 D/away
+refused missing "$B" fold --from D/step-35 --to F2
+has missing "D/step-20: no such checkpoint folder (link 4 of the chain of step-35)"
+nothing_at F2
+mv D/away D/step-20
+# step-30 written again: its manifest and DONE agree, but not with what step-35 names.
+sed -i 's/"epoch":/"epoch": /' D/step-30/manifest.json
+sha256sum D/step-30/manifest.json | cut -d' ' -f1 >D/step-30/DONE
+refused changed "$B" fold --from D/step-35 --to F2
+has changed "D/step-30: its manifest's SHA-256 is"
+has changed "step-35 names"
+has changed "(link 2 of the chain of step-35)"
+nothing_at F2
+refused changed-resume "$B" train "${T[@]}" --resume D/step-35 --save-checkpoint R3
+has changed-resume "(link 2 of the chain of step-35)"
+no_checkpoint R3
+run fold-30 "$B" fold --from D/step-30 --to F3 # the link itself is whole
+
+# ---- --keep-checkpoints keeps whole chains ----
+run keep "$B" train "${T[@]}" --num-batches 35 --save-checkpoint K --full-checkpoint-every 4 \
+  --keep-checkpoints 2
+[ "$(cd K && ls -d step-* | sort -V | tr '\n' ' ')" = "step-20 step-25 step-30 step-35 " ] ||
+  fail "--keep-checkpoints 2 kept $(cd K && ls -d step-* | sort -V | tr '\n' ' ')"
+
+# ---- readers of a head ----
+mkdir tmp
+TMPDIR=$W/tmp run pred-head "$B" predict --checkpoint C/step-35 --processed-data-file d.bin --out p-head.tsv
+[ -z "$(ls -A tmp)" ] || fail "predict left its folded rows behind: $(ls -A tmp)"
+run pred-fold "$B" predict --checkpoint F/step-35 --processed-data-file d.bin --out p-fold.tsv
+cmp -s p-head.tsv p-fold.tsv || fail "predict from the head differs from predict from its fold"
+run pred-30 "$B" predict --checkpoint C/step-30 --processed-data-file d.bin --out p-30.tsv
+! cmp -s p-head.tsv p-30.tsv || fail "step-30 and step-35 predict the same: the test proves nothing"
+run eval-head "$B" eval --checkpoint C/step-35 --processed-data-file d.bin
+run eval-fold "$B" eval --checkpoint F/step-35 --processed-data-file d.bin
+m_head=$(grep -E 'auc' eval-head.log | sed 's/ in [0-9.]* s.*//' | tail -1)
+[ -n "$m_head" ] && [ "$m_head" = "$(grep -E 'auc' eval-fold.log | sed 's/ in [0-9.]* s.*//' | tail -1)" ] ||
+  fail "eval from the head ($m_head) differs from eval from its fold"
+
+# ---- kill -9 while an incremental checkpoint is being written ----
+KT=(--processed-data-file d.bin --mini-batch-size 64 --print-freq 1000 --test-freq 0 --num-batches 40
+    --checkpoint-every 1)
+run kill-ref "$B" train "${KT[@]}" --save-checkpoint KU
+"$B" train "${KT[@]}" --save-checkpoint KK --full-checkpoint-every 1000 --auto-resume >kill-1.log 2>&1 &
+JOB=$!
+shopt -s nullglob
+caught=
+while kill -0 "$JOB" 2>/dev/null; do # busy: an incremental step's folder lives milliseconds
+  f=(KK/.step-2[0-9].*/shards)
+  if [ ${#f[@]} -gt 0 ]; then
+    kill -9 "$JOB"
+    caught=${f[0]%/shards}
+    break
+  fi
+done
+shopt -u nullglob
+wait "$JOB" 2>/dev/null || true
+JOB=
+[ -n "$caught" ] || fail "the job ended before an incremental checkpoint was caught being written"
+n=${caught#KK/.step-}
+n=${n%%.*}
+[ ! -e "KK/step-$n/DONE" ] || fail "step-$n was complete when the job was killed"
+run kill-resume "$B" train "${KT[@]}" --save-checkpoint KK --full-checkpoint-every 1000 --auto-resume
+has kill-resume "resume KK/step-$((n - 1)): step $((n - 1))"
+run kill-fold "$B" fold --from KK/step-40 --to KF
+same_files KU/step-40 KF/step-40
+echo "passed (killed while step-$n was being written)"
