@@ -15,6 +15,33 @@
 #include "embedding/shard.h"
 #include "embedding/store.h"
 
+/* The increment at path laid over store: path itself (table files), or,
+ * where RocksDB shard servers wrote it (each its folder shard-K[-K2...] of
+ * table files beside a full checkpoint of databases), each server's folder
+ * in turn: their rows are apart. */
+static int lay_increment(emb_store *store, const char *path) {
+  ckpt_shards_layout l;
+  char e2[256];
+  if (ckpt_dir_shards_layout(path, &l, e2, sizeof e2) || l != CKPT_SHARDS_SERVER_TABLES)
+    return emb_store_restore_delta(store, path); /* which says what is wrong */
+  char **names;
+  int n, rc = 0, max = store->plan->n_shards;
+  int *ks = malloc((size_t)max * sizeof *ks);
+  if (!ks || sr_list_dir(path, &names, &n)) {
+    free(ks);
+    return emb_store_restore_delta(store, path);
+  }
+  for (int i = 0; i < n && !rc; i++) {
+    char sub[SR_PATH_MAX];
+    if (!ckpt_dir_server_shards(names[i], ks, max)) continue; /* not a server's */
+    rc = sr_path(sub, sizeof sub, "%s/%s", path, names[i]) ? SR_ERANGE
+                                                           : emb_store_restore_delta(store, sub);
+  }
+  sr_paths_free(names, n);
+  free(ks);
+  return rc;
+}
+
 /* store restored from every link's sub (a folder under each link's
  * shards/: "" for shards/ itself; the full one's with restore, the
  * increments' with restore_delta), then checkpointed into out. */
@@ -24,7 +51,8 @@ static int fold_store(emb_store *store, const ckpt_dir_chain *chain, const char 
     char path[SR_PATH_MAX];
     int rc = sr_path_err(path, sizeof path, err, errlen, "%s/shards%s%s", chain->dirs[i],
                          sub[0] ? "/" : "", sub);
-    if (!rc) rc = i ? emb_store_restore_delta(store, path) : emb_store_restore(store, path);
+    if (!rc) rc = i ? (sub[0] ? emb_store_restore_delta(store, path) : lay_increment(store, path))
+                    : emb_store_restore(store, path);
     if (rc == SR_EUNSUPPORTED) {
       sr_fmt(err, errlen, "%s: an incremental checkpoint of rows a %s store holds, which this "
              "build cannot lay over a full one", path,

@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/fs.h"
 #include "common/status.h"
 #include "embedding/ckpt_plan.h"
@@ -58,6 +60,45 @@ out:
   return rc;
 }
 
+int emb_served_increment_at(const char *path) {
+  char step[SR_PATH_MAX], err[256];
+  struct cJSON *man = NULL;
+  if (ckpt_dir_parent(path, step, sizeof step) || ckpt_dir_read(step, &man, err, sizeof err)) return 0;
+  int inc = ckpt_dir_parent_step(man) >= 0;
+  cJSON_Delete(man);
+  return inc;
+}
+
+/* o->restore, the rows of an incremental checkpoint: its chain (the step
+ * folder above o->restore, verified whole by emb_ckpt_open) restored into
+ * s->store, the full checkpoint's rows then each increment's laid over. */
+static int restore_chain(const emb_served_opts *o, emb_served *s, char *err, size_t errlen) {
+  char step[SR_PATH_MAX];
+  emb_ckpt ck;
+  s->failed = EMB_SERVED_IN_RESTORE;
+  if (ckpt_dir_parent(o->restore, step, sizeof step)) {
+    sr_fmt(err, errlen, "%s: path too long", o->restore);
+    return SR_ERANGE;
+  }
+  int rc = emb_ckpt_open(step, &ck, err, errlen);
+  for (int i = 0; !rc && i < ck.chain.n; i++) {
+    char shards[SR_PATH_MAX], dir[SR_PATH_MAX];
+    if (ckpt_dir_shards_path(ck.chain.dirs[i], shards, sizeof shards) ||
+        (i ? emb_served_delta_dir(o->shards, o->n_shards, shards, dir, sizeof dir)
+           : emb_served_checkpoint_dir(s->store, o->shards, o->n_shards, shards, dir, sizeof dir))) {
+      sr_fmt(err, errlen, "%s: path too long", ck.chain.dirs[i]);
+      rc = SR_ERANGE;
+    } else if ((rc = i ? emb_store_restore_delta(s->store, dir) : emb_store_restore(s->store, dir))) {
+      sr_fmt(err, errlen, "%s: %s", dir,
+             rc == SR_EUNSUPPORTED ? "this store cannot lay an incremental checkpoint over its rows"
+                                   : emb_store_errmsg(s->store));
+    }
+  }
+  if (!rc) s->failed = EMB_SERVED_IN_NONE;
+  emb_ckpt_close(&ck);
+  return rc;
+}
+
 /* A fresh store of o->plan_path's rows, restored from o->restore if given. */
 static int open_plan(const emb_served_opts *o, emb_served *s, char *err, size_t errlen) {
   s->failed = EMB_SERVED_IN_PLAN;
@@ -75,6 +116,7 @@ static int open_plan(const emb_served_opts *o, emb_served *s, char *err, size_t 
   }
   if (!s->store) return SR_EIO;
   if (!o->restore) return 0;
+  if (emb_served_increment_at(o->restore)) return restore_chain(o, s, err, errlen);
   char dir[4096];
   if (emb_served_checkpoint_dir(s->store, o->shards, o->n_shards, o->restore, dir, sizeof dir)) {
     s->failed = EMB_SERVED_IN_RESTORE;

@@ -15,7 +15,11 @@
  *     with a bounded cache;
  *   - a plan alone: every row in memory.
  * With restore (not with a checkpoint), the store then restores what a
- * Checkpoint(PATH) call wrote: emb_served_checkpoint_dir's folder. */
+ * Checkpoint(PATH) call wrote: emb_served_checkpoint_dir's folder; when
+ * PATH is a step folder's shards/ and that step is an incremental
+ * checkpoint (emb_served_increment_at), its chain, verified whole: the full
+ * checkpoint's folder restored, then each increment's
+ * (emb_served_delta_dir) laid over it in order. */
 #ifndef SHARDREC_EMBEDDING_SERVED_H
 #define SHARDREC_EMBEDDING_SERVED_H
 
@@ -90,6 +94,11 @@ int emb_served_checkpoint_target(const emb_store *store, const int *shards, int 
  * store): its own folder path/shard-K1-K2..., for every kind of store. 0,
  * or SR_ERANGE when it does not fit in len. */
 int emb_served_delta_dir(const int *shards, int n, const char *path, char *buf, size_t len);
+
+/* 1 when path (a Restore path: a step folder's shards/) holds the rows of an
+ * incremental checkpoint: the manifest of the folder above it reads and
+ * says so (storage/ckpt_dir.h, "chains"); else 0. Reads that manifest only. */
+int emb_served_increment_at(const char *path);
 
 /* Destroy the store (removing a checkpoint's temporary copy) and the plan.
  * NULL-safe; zeroes *s. */

@@ -629,14 +629,18 @@ static int checkpoint_to(rpc_service *s, const char *real, const char *dir, int 
 /* Whether real (a confined Restore path) holds rows of a smaller plan this
  * server's grows (emb_ckpt_grown_from, model_fp its model fingerprint): the
  * manifest of its step folder is read only when it too lies inside a root. */
-static int grown_from(const rpc_service *s, const char *real, char model_fp[EMB_FP_HEX]) {
+/* Whether the manifest of real's step folder lies inside a root. */
+static int manifest_inside(const rpc_service *s, const char *real) {
   char man[SR_PATH_MAX], out[SR_PATH_MAX], err[256];
-  model_fp[0] = 0;
   if (sr_path(man, sizeof man, "%s/../manifest.json", real)) return 0;
   for (int i = 0; i < s->n_roots; i++)
-    if (!sr_path_confine(s->roots[i], man, out, sizeof out, err, sizeof err))
-      return emb_ckpt_grown_from(real, s->plan, model_fp);
+    if (!sr_path_confine(s->roots[i], man, out, sizeof out, err, sizeof err)) return 1;
   return 0;
+}
+
+static int grown_from(const rpc_service *s, const char *real, char model_fp[EMB_FP_HEX]) {
+  model_fp[0] = 0;
+  return manifest_inside(s, real) && emb_ckpt_grown_from(real, s->plan, model_fp);
 }
 
 /* Restore from real (confined): every folder to read that exists must
@@ -661,6 +665,12 @@ static int restore_from(rpc_service *s, const char *real, const char *dir, int o
   for (int i = 0; !emb_served_checkpoint_target(s->store, s->shards, s->n_shards, real, i, t,
                                                 sizeof t); i++)
     if (!lstat(t, &st) && confine(s, "restore", t, tr, r)) return r->status;
+  /* An increment's rows are not every row: never taken as a whole. */
+  if (manifest_inside(s, real) && emb_served_increment_at(real)) {
+    snprintf(r->msg, sizeof r->msg, "restore: %.300s holds an incremental checkpoint's rows: "
+             "Restore its chain's full checkpoint, then each increment with overlay", real);
+    return RPC_FAILED_PRECONDITION;
+  }
   /* A checkpoint of a smaller plan this server's plan grows (a model trained
    * on with more ids): its rows restore as they are, the new rows start as
    * never-written rows. */

@@ -301,8 +301,10 @@ START_TEST(test_remote_refusals_and_restart) {
 END_TEST
 
 /* An incremental Checkpoint (restore 0) or an overlay Restore of path
- * through the service; the status, the message in msg. */
-static int admin(rpc_service *svc, int restore, const char *path, char *msg, size_t n) {
+ * through the service (delta 0: a full one); the status, the message in
+ * msg. */
+static int admin_call(rpc_service *svc, int restore, int delta, const char *path, char *msg,
+                      size_t n) {
   char fp[EMB_FP_HEX];
   ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
   uint8_t b[8192];
@@ -311,13 +313,13 @@ static int admin(rpc_service *svc, int restore, const char *path, char *msg, siz
     Shardrec__V1__CheckpointRequest q = SHARDREC__V1__CHECKPOINT_REQUEST__INIT;
     q.plan_fingerprint = fp;
     q.path = (char *)path;
-    q.incremental = 1;
+    q.incremental = delta;
     len = shardrec__v1__checkpoint_request__pack(&q, b);
   } else {
     Shardrec__V1__RestoreRequest q = SHARDREC__V1__RESTORE_REQUEST__INIT;
     q.plan_fingerprint = fp;
     q.path = (char *)path;
-    q.overlay = 1;
+    q.overlay = delta;
     len = shardrec__v1__restore_request__pack(&q, b);
   }
   rpc_reply r;
@@ -325,6 +327,9 @@ static int admin(rpc_service *svc, int restore, const char *path, char *msg, siz
   snprintf(msg, n, "%s", r.msg);
   free(r.out);
   return r.status;
+}
+static int admin(rpc_service *svc, int restore, const char *path, char *msg, size_t n) {
+  return admin_call(svc, restore, 1, path, msg, n);
 }
 
 /* The service over a shard store of shard 0, root dir/root: an increment
@@ -365,6 +370,17 @@ START_TEST(test_service_rules) {
   snprintf(p, sizeof p, "%s/lnk", root);
   ck_assert_int_eq(admin(svc, 1, p, msg, sizeof msg), RPC_PERMISSION_DENIED);
   ck_assert_msg(strstr(msg, "shard-0"), "%s", msg);
+  /* A full Restore of an increment's rows (its step folder's manifest says
+   * incremental) is refused: they are not every row. */
+  ck_assert_int_eq(run_cmd(NULL, "cd %s/root && mkdir -p ch/step-3/shards && cp -r inc/shard-0 "
+                           "ch/step-3/shards/ && cd ch/step-3 && printf '{\"format\": 1, \"kind\": "
+                           "\"incremental\", \"parent\": {\"step\": 2, \"manifest_sha256\": "
+                           "\"%%064d\"}}' 0 > manifest.json && sha256sum manifest.json | cut -c1-64 "
+                           "> DONE", dir), 0);
+  snprintf(p, sizeof p, "%s/ch/step-3/shards", root);
+  ck_assert_int_eq(admin_call(svc, 1, 0, p, msg, sizeof msg), RPC_FAILED_PRECONDITION);
+  ck_assert_msg(strstr(msg, "incremental checkpoint's rows") && strstr(msg, "overlay"), "%s", msg);
+  ck_assert_msg(admin(svc, 1, p, msg, sizeof msg) == RPC_OK, "%s", msg); /* as an overlay: taken */
   rpc_service_destroy(svc);
   emb_store_destroy(store);
 }

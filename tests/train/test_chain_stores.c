@@ -8,7 +8,9 @@
  *   - the RocksDB shard store in the trainer (--data-dir, a small cache):
  *     the increments are table files under shards/;
  *   - two shard servers keeping rows in RocksDB, and two keeping them in
- *     memory: each server writes its folder shards/shard-K of table files.
+ *     memory: each server writes its folder shards/shard-K of table files;
+ *     servers started with `serve --restore HEAD/shards` serve the chain's
+ *     rows (predict against them scores as predict in process does).
  * And a job killed with SIGKILL while it writes an increment (every step a
  * checkpoint, every one after step-0 an increment), on the shard store and
  * on RocksDB servers: --auto-resume takes the last complete link and gives
@@ -104,8 +106,31 @@ START_TEST(test_chain_shard_store) {
 }
 END_TEST
 
+/* Servers started with --restore HEAD/shards (the head ck/step-15, an
+ * increment; rows in RocksDB under DIR/TAG_sr.srvK when data) serve the
+ * chain's rows: predict against them scores as predict does in process
+ * (the chain folded), every probability alike. */
+static void serve_restore_case(const char *ck, int data, const char *tag) {
+  test_server s[2] = {{0}, {0}};
+  char addrs[200], flags[700], name[64], *out;
+  snprintf(flags, sizeof flags, "--restore %s/%s/step-15/shards", dp_dir, ck);
+  snprintf(name, sizeof name, "%s_sr", tag);
+  servers_start(s, 2, &(servers_opts){.dir = dp_dir, .plan = "p.json", .data = data ? name : NULL,
+                                      .log = name, .flags = flags});
+  servers_addrs(s, 2, addrs, sizeof addrs);
+  int rc = run_cmd(&out, "cd %s && %s predict --checkpoint %s/step-15 --processed-data-file d.bin "
+                         "--out %s_a.tsv --shard-servers %s && %s predict --checkpoint %s/step-15 "
+                         "--processed-data-file d.bin --out %s_b.tsv && cmp %s_a.tsv %s_b.tsv",
+                   dp_dir, bin_path(), ck, tag, addrs, bin_path(), ck, tag, tag, tag);
+  ck_assert_msg(rc == 0, "%.2000s", out);
+  free(out);
+  server_stop(&s[0]);
+  server_stop(&s[1]);
+}
+
 START_TEST(test_chain_rocksdb_servers) {
   chain_case(rocks_servers_fn, "rs");
+  serve_restore_case("rs_ck", 1, "rs");
   char *out;
   ck_assert_int_eq(run_cmd(&out, "ls %s/rs_ck/step-10/shards/shard-0 %s/rs_ck/step-10/shards/shard-1",
                            dp_dir, dp_dir), 0);
@@ -114,7 +139,10 @@ START_TEST(test_chain_rocksdb_servers) {
 }
 END_TEST
 
-START_TEST(test_chain_memory_servers) { chain_case(mem_servers_fn, "ms"); }
+START_TEST(test_chain_memory_servers) {
+  chain_case(mem_servers_fn, "ms");
+  serve_restore_case("ms_ck", 0, "ms");
+}
 END_TEST
 
 /* SIGKILL the job pid as soon as root holds a folder .step-N.* with a
