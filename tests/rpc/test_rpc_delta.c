@@ -56,7 +56,10 @@ static void setup(void) { setup_servers(1); }
 static void setup_mem(void) { setup_servers(0); }
 
 static void teardown(void) {
-  for (int k = 0; k < 2; k++) server_stop(&srv[k]);
+  for (int k = 0; k < 2; k++) {
+    int st = server_stop(&srv[k]);
+    ck_assert_msg(st == 0, "server %d exited with %d", k, st);
+  }
   emb_plan_free(plan);
   run_cmd(NULL, "rm -rf %s", dir);
   free(dir);
