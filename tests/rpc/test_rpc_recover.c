@@ -4,6 +4,9 @@
  *   - step 0: a server SIGKILLed (and restarted on its port and folder)
  *     before the first periodic checkpoint rewinds a one-rank run to the
  *     step-0 checkpoint written before training;
+ *   - a chain: a server SIGKILLed after the third increment of a chain
+ *     (--full-checkpoint-every 4) is recovered from by restoring every
+ *     server from the chain, the full checkpoint then each increment;
  *   - two ranks: a server SIGKILLed mid-run (restarted on its port) is
  *     recovered from by both ranks of `mpirun -np 2`, which restore every
  *     server from the newest checkpoint and go on;
@@ -155,6 +158,42 @@ START_TEST(test_step0_checkpoint_recovers) {
                 "no recovery from the step-0 checkpoint:\n%s", log);
   free(log);
   char *got = final_lines("r0.jsonl");
+  ck_assert_msg(strcmp(ref, got) == 0, "recovered run:\n%s\nuninterrupted:\n%s", got, ref);
+  free(got);
+  free(ref);
+}
+END_TEST
+
+/* One rank, 2 RocksDB servers, a checkpoint every 5 steps, every 4th full
+ * (step-0 full, step-5, -10 and -15 increments): once step 17 is printed,
+ * the trainer stopped, server 0 SIGKILLed and restarted on its port and
+ * folder, the trainer continued. It restores every server from the chain
+ * of step-15 (step-0's rows, then each increment laid over them) and goes
+ * on with the uninterrupted run's bits. */
+START_TEST(test_chain_recovers) {
+  char *ref = reference("refc", 1, D "--num-batches 30");
+  test_server s[2];
+  char addrs[200];
+  start_two(s, "sc", 1, addrs, sizeof addrs);
+  pid_t tr = spawn_sh("cd '%s' && exec '%s' train " COMMON " " D "--num-batches 30 --metrics-out rc.jsonl "
+                      "--shard-servers %s --save-checkpoint ckc --checkpoint-every 5 "
+                      "--full-checkpoint-every 4 --recover-timeout 60 > rc.out 2>&1",
+                      dir, bin_path(), addrs);
+  wait_text(at("rc.out"), "train  step 17/30 ", 1, tr, 120);
+  ck_assert_int_eq(kill(tr, SIGSTOP), 0);
+  restart(&s[0], 0, "sc", 1);
+  ck_assert_int_eq(kill(tr, SIGCONT), 0);
+  assert_ok(tr, "rc.out");
+  for (int k = 0; k < 2; k++) ck_assert_int_eq(server_stop(&s[k]), 0);
+  char *log = slurp(at("rc.out"));
+  ck_assert_msg(strstr(log, "recovered from ckc/step-15 after: ") && strstr(log, s[0].addr),
+                "no recovery from the step-15 chain naming server 0:\n%s", log);
+  free(log);
+  char *out;
+  int rc = run_cmd(&out, "cd %s && %s inspect ckc/step-15", dir, bin_path());
+  ck_assert_msg(rc == 0 && strstr(out, "a chain of 4 links"), "%.1500s", out);
+  free(out);
+  char *got = final_lines("rc.jsonl");
   ck_assert_msg(strcmp(ref, got) == 0, "recovered run:\n%s\nuninterrupted:\n%s", got, ref);
   free(got);
   free(ref);
@@ -371,6 +410,7 @@ int main(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_step0_checkpoint_recovers);
+  tcase_add_test(tc, test_chain_recovers);
   tcase_add_test(tc, test_two_ranks_recover);
   tcase_add_test(tc, test_eval_lost_recovers);
   tcase_add_test(tc, test_auto_resume);
