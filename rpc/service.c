@@ -626,10 +626,8 @@ static int checkpoint_to(rpc_service *s, const char *real, const char *dir, int 
   return rc ? admin_failed(s, rc, "checkpoint", dir, r) : 0;
 }
 
-/* Whether real (a confined Restore path) holds rows of a smaller plan this
- * server's grows (emb_ckpt_grown_from, model_fp its model fingerprint): the
- * manifest of its step folder is read only when it too lies inside a root. */
-/* Whether the manifest of real's step folder lies inside a root. */
+/* Whether the manifest of real's step folder (a confined Restore path's)
+ * lies inside a root: only then is it read. */
 static int manifest_inside(const rpc_service *s, const char *real) {
   char man[SR_PATH_MAX], out[SR_PATH_MAX], err[256];
   if (sr_path(man, sizeof man, "%s/../manifest.json", real)) return 0;
@@ -638,6 +636,8 @@ static int manifest_inside(const rpc_service *s, const char *real) {
   return 0;
 }
 
+/* Whether real (a confined Restore path) holds rows of a smaller plan this
+ * server's grows (emb_ckpt_grown_from, model_fp its model fingerprint). */
 static int grown_from(const rpc_service *s, const char *real, char model_fp[EMB_FP_HEX]) {
   model_fp[0] = 0;
   return manifest_inside(s, real) && emb_ckpt_grown_from(real, s->plan, model_fp);
