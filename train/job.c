@@ -850,6 +850,11 @@ int train_config_check(const train_config *c, char *err, size_t errlen) {
            "and the bits would depend on which arrives first (use 1)", c->rpc_connections);
     return SR_EINVAL;
   }
+  if (c->full_every > 1 && !c->checkpoint_dir) {
+    sr_fmt(err, errlen, "--full-checkpoint-every %d needs --save-checkpoint DIR (the folder its "
+           "chains are written into)", c->full_every);
+    return SR_EINVAL;
+  }
   if (c->auto_resume && (!c->checkpoint_dir || c->resume)) {
     sr_fmt(err, errlen, "--auto-resume needs --save-checkpoint DIR (the folder it resumes "
            "from) and takes no --resume");

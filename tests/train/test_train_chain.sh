@@ -16,8 +16,10 @@
 # was rewritten since are refused by fold and by train --resume naming the
 # link ("(link K of the chain of step-35)"), nothing written at the output;
 # --keep-checkpoints 2 keeps the two newest heads and every link of their
-# chains, nothing else; predict and eval from a head give what they give
-# from its fold (predict's folded rows in a temporary folder, removed); a job killed -9 while it writes an incremental checkpoint
+# chains, nothing else; --full-checkpoint-every without --save-checkpoint
+# exits 2; predict and eval from a head give what they give
+# from its fold (predict's folded rows in a temporary folder, removed), and
+# so does predict against serve --checkpoint of the head; a job killed -9 while it writes an incremental checkpoint
 # resumes (--auto-resume) from the last complete link and ends with the
 # bits of the uninterrupted run.
 set -euo pipefail
@@ -25,8 +27,10 @@ set -euo pipefail
 B=${SHARDREC_BIN:?run through ctest (SHARDREC_BIN)}
 W=$(mktemp -d /tmp/shardrec-chain-XXXXXX)
 JOB=
+SRV=
 cleanup() {
   [ -z "$JOB" ] || kill -9 "$JOB" 2>/dev/null || true
+  [ -z "$SRV" ] || kill "$SRV" 2>/dev/null || true
   [ -n "${KEEP:-}" ] || rm -rf "$W"
 }
 trap cleanup EXIT
@@ -91,6 +95,14 @@ for s in 5 10 15 25 30 35; do
 done
 same_files U/step-40 C/step-40
 
+# A flag that has no folder to write chains into is a usage error.
+set +e
+"$B" train "${T[@]}" --full-checkpoint-every 4 >usage.log 2>&1
+rc=$?
+set -e
+[ $rc = 2 ] || fail "--full-checkpoint-every without --save-checkpoint exited $rc, not 2"
+has usage "--full-checkpoint-every 4 needs --save-checkpoint DIR"
+
 # ---- resume from a head: step-15 = step-0 + 3 increments ----
 cp -r C R
 rm -rf R/step-{20,25,30,35,40}
@@ -152,6 +164,21 @@ run pred-fold "$B" predict --checkpoint F/step-35 --processed-data-file d.bin --
 cmp -s p-head.tsv p-fold.tsv || fail "predict from the head differs from predict from its fold"
 run pred-30 "$B" predict --checkpoint C/step-30 --processed-data-file d.bin --out p-30.tsv
 ! cmp -s p-head.tsv p-30.tsv || fail "step-30 and step-35 predict the same: the test proves nothing"
+# serve --checkpoint HEAD: its rows folded; predict against it as from the fold.
+"$B" serve --listen 127.0.0.1:0 --checkpoint C/step-35 --shard 0 >srv.out 2>srv.log &
+SRV=$!
+end=$((SECONDS + 20))
+until grep -qs '^listening on ' srv.out || ! kill -0 $SRV 2>/dev/null; do
+  [ "$SECONDS" -lt "$end" ] || fail "serve --checkpoint C/step-35 did not start: $(cat srv.log)"
+  sleep 0.05
+done
+grep -qs '^listening on ' srv.out || fail "serve --checkpoint C/step-35 stopped: $(cat srv.log)"
+ADDR=$(sed -n 's/^listening on //p' srv.out | head -1)
+run pred-served "$B" predict --checkpoint C/step-35 --shard-servers "$ADDR" --processed-data-file d.bin \
+  --out p-served.tsv
+kill $SRV
+wait $SRV 2>/dev/null || true
+cmp -s p-served.tsv p-fold.tsv || fail "predict against serve --checkpoint of the head differs from the fold's"
 run eval-head "$B" eval --checkpoint C/step-35 --processed-data-file d.bin
 run eval-fold "$B" eval --checkpoint F/step-35 --processed-data-file d.bin
 m_head=$(grep -E 'auc' eval-head.log | sed 's/ in [0-9.]* s.*//' | tail -1)
