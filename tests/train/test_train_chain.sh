@@ -11,7 +11,10 @@
 # into the same root and into another, ends with every file of its last
 # checkpoint (dense.bin, table files, manifest, DONE) equal to the
 # uninterrupted run's (every checkpoint full); fold of step-35 equals the
-# full step-35 file for file (the same list of files, each cmp-equal); a
+# full step-35 file for file (the same list of files, each cmp-equal), and
+# replaces a folder of checkpoints only with --force; inspect shows a
+# head's kind, parent and chain length; reshard of a head writes what
+# reshard of its fold writes; a
 # damaged table file in a link, a missing link and a parent whose manifest
 # was rewritten since are refused by fold and by train --resume naming the
 # link ("(link K of the chain of step-35)"), nothing written at the output;
@@ -121,6 +124,20 @@ run fold "$B" fold --from C/step-35 --to F
 same_files U/step-35 F/step-35
 refused fold-again "$B" fold --from C/step-35 --to F
 has fold-again "F: already exists"
+run fold-force "$B" fold --from C/step-30 --to F --force
+[ "$(ls F)" = step-30 ] || fail "fold --force did not replace F: $(ls F)"
+same_files U/step-30 F/step-30
+run fold-back "$B" fold --from C/step-35 --to F --force
+run inspect "$B" inspect C/step-35
+has inspect "kind incremental: the rows changed since its parent step-30; a chain of 4 links"
+run inspect-fold "$B" inspect F/step-35
+has inspect-fold "  kind full"
+# reshard of a head: the reshard of its fold.
+run plan2 "$B" plan --processed-data-file d.bin --num-shards 2 --out p2.json
+run reshard-head "$B" reshard --from C/step-35 --to RS1 --plan p2.json
+run reshard-fold "$B" reshard --from F/step-35 --to RS2 --plan p2.json
+same_files RS2/step-35 RS1/step-35
+[ "$(ls -A RS1)" = step-35 ] || fail "reshard of a head left $(ls -A RS1) in its output"
 
 # ---- a damaged, missing or changed link is refused, naming it ----
 cp -r C D
