@@ -534,6 +534,9 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
   j->ckst = (train_ckpt_state){cur->step, cur->epoch,
                          job_batches_global(&j->q)->first_index + (uint64_t)got, cur->loss_sum,
                          cur->loss_n, loss};
+  /* The job's last step: the model when --save-model names this folder, so full. */
+  if (cur->step >= j->total_steps && c->save_model && job__model_is_ckpt_root(j))
+    j->ck_parent = -1;
   if (c->checkpoint_dir && c->checkpoint_every > 0 && cur->step % c->checkpoint_every == 0 &&
       job__checkpoint(j, c->checkpoint_dir, c->keep_checkpoints, err, sizeof err)) {
     sr_fmt(why, whylen, "--save-checkpoint: %s", err);

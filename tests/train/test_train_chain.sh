@@ -12,19 +12,20 @@
 # checkpoint (dense.bin, table files, manifest, DONE) equal to the
 # uninterrupted run's (every checkpoint full); fold of step-35 equals the
 # full step-35 file for file (the same list of files, each cmp-equal), and
-# replaces a folder of checkpoints only with --force; inspect shows a
+# replaces a folder of checkpoints only with --force; --save-model naming
+# the --save-checkpoint folder makes the last step's checkpoint full; inspect shows a
 # head's kind, parent and chain length; reshard of a head writes what
-# reshard of its fold writes; a
-# damaged table file in a link, a missing link and a parent whose manifest
+# reshard of its fold writes; a damaged table file in a link, a missing link and a parent whose manifest
 # was rewritten since are refused by fold and by train --resume naming the
 # link ("(link K of the chain of step-35)"), nothing written at the output;
 # --keep-checkpoints 2 keeps the two newest heads and every link of their
 # chains, nothing else; --full-checkpoint-every without --save-checkpoint
 # exits 2; predict and eval from a head give what they give
 # from its fold (predict's folded rows in a temporary folder, removed), and
-# so does predict against serve --checkpoint of the head; a job killed -9 while it writes an incremental checkpoint
-# resumes (--auto-resume) from the last complete link and ends with the
-# bits of the uninterrupted run.
+# so does predict against serve --checkpoint of the head; a job killed -9
+# while it writes an incremental checkpoint (its step's DONE absent after
+# the kill) resumes (--auto-resume) from the last complete link, itself
+# incremental, and ends with the bits of the uninterrupted run.
 set -euo pipefail
 
 B=${SHARDREC_BIN:?run through ctest (SHARDREC_BIN)}
@@ -105,6 +106,14 @@ rc=$?
 set -e
 [ $rc = 2 ] || fail "--full-checkpoint-every without --save-checkpoint exited $rc, not 2"
 has usage "--full-checkpoint-every 4 needs --save-checkpoint DIR"
+
+# --save-model naming the --save-checkpoint folder: its last checkpoint is full,
+# the one at the last step too (35 = 5 x 7 would be incremental).
+run model-same "$B" train "${T[@]}" --num-batches 35 --save-checkpoint M --save-model M \
+  --full-checkpoint-every 4
+[ "$(kind_of M/step-35)" = full ] || fail "--save-model M wrote an incremental M/step-35"
+[ "$(kind_of M/step-30)" = incremental ] || fail "M/step-30 is not incremental"
+same_files U/step-35 M/step-35
 
 # ---- resume from a head: step-15 = step-0 + 3 increments ----
 cp -r C R
@@ -206,25 +215,39 @@ m_head=$(grep -E 'auc' eval-head.log | sed 's/ in [0-9.]* s.*//' | tail -1)
 KT=(--processed-data-file d.bin --mini-batch-size 64 --print-freq 1000 --test-freq 0 --num-batches 40
     --checkpoint-every 1)
 run kill-ref "$B" train "${KT[@]}" --save-checkpoint KU
-"$B" train "${KT[@]}" --save-checkpoint KK --full-checkpoint-every 1000 --auto-resume >kill-1.log 2>&1 &
-JOB=$!
-shopt -s nullglob
-caught=
-while kill -0 "$JOB" 2>/dev/null; do # busy: an incremental step's folder lives milliseconds
-  f=(KK/.step-2[0-9].*/shards)
-  if [ ${#f[@]} -gt 0 ]; then
-    kill -9 "$JOB"
-    caught=${f[0]%/shards}
-    break
-  fi
+# kill_mid: start the chained job, kill -9 it as soon as the folder of one of
+# its increments 20..29 is there (being written); n: that step, "" when the
+# job ended first or the step completed before the kill landed.
+kill_mid() {
+  rm -rf KK
+  "$B" train "${KT[@]}" --save-checkpoint KK --full-checkpoint-every 1000 --auto-resume \
+    >kill-1.log 2>&1 &
+  JOB=$!
+  local f caught=
+  shopt -s nullglob
+  while kill -0 "$JOB" 2>/dev/null; do # busy: an increment's folder lives milliseconds
+    f=(KK/.step-2[0-9].*/shards)
+    if [ ${#f[@]} -gt 0 ]; then
+      kill -9 "$JOB"
+      caught=${f[0]%/shards}
+      break
+    fi
+  done
+  shopt -u nullglob
+  wait "$JOB" 2>/dev/null || true
+  JOB=
+  n=
+  [ -n "$caught" ] || return 0
+  n=${caught#KK/.step-}
+  n=${n%%.*}
+  [ ! -e "KK/step-$n/DONE" ] || n=
+}
+for try in 1 2 3; do
+  kill_mid
+  [ -z "$n" ] || break
 done
-shopt -u nullglob
-wait "$JOB" 2>/dev/null || true
-JOB=
-[ -n "$caught" ] || fail "the job ended before an incremental checkpoint was caught being written"
-n=${caught#KK/.step-}
-n=${n%%.*}
-[ ! -e "KK/step-$n/DONE" ] || fail "step-$n was complete when the job was killed"
+[ -n "$n" ] || fail "no try caught an incremental checkpoint being written"
+[ "$(kind_of KK/step-$((n - 1)))" = incremental ] || fail "KK/step-$((n - 1)) is not incremental"
 run kill-resume "$B" train "${KT[@]}" --save-checkpoint KK --full-checkpoint-every 1000 --auto-resume
 has kill-resume "resume KK/step-$((n - 1)): step $((n - 1))"
 run kill-fold "$B" fold --from KK/step-40 --to KF
