@@ -26,7 +26,9 @@
  * in the order first pushed. checkpoint_delta sorts that list and writes
  * those rows only; a checkpoint, a checkpoint_delta or a restore that
  * succeeds clears it (the flags of the listed slots, then the list), so
- * neither costs a scan of the table. restore_delta reads every file of its
+ * neither costs a scan of the table. The list is kept from the first of
+ * them on: before it every row held has changed (a checkpoint_delta then
+ * writes them all), and a store that is never saved keeps no list. restore_delta reads every file of its
  * folder into fresh indexes first, then lays their rows over the held
  * ones. */
 #include <errno.h>
@@ -71,6 +73,8 @@ typedef struct {
   uint8_t *chg;          /* [slab_cap] 1: the slot's row changed since the last checkpoint */
   uint64_t *chg_ids;     /* [chg_cap] the row ids of the flagged slots */
   size_t chg_n, chg_cap;
+  int track;             /* 1 once checkpointed or restored: before, every row held is
+                            changed, and the set costs nothing (a job that never saves) */
 } ltab;
 
 typedef struct {
@@ -195,7 +199,7 @@ static int lt_reserve(ltab *t, size_t extra) {
   }
   /* Every row of the push may join the change set: room for it now, so
    * that recording a change never fails after the rows are updated. */
-  if (t->chg_n + extra > t->chg_cap) {
+  if (t->track && t->chg_n + extra > t->chg_cap) {
     size_t cap = t->chg_cap ? t->chg_cap : 64;
     while (cap < t->chg_n + extra) cap *= 2;
     uint64_t *ni = realloc(t->chg_ids, cap * sizeof *ni);
@@ -208,15 +212,17 @@ static int lt_reserve(ltab *t, size_t extra) {
 
 /* Record that the row key in slot s1 changed (room reserved by lt_reserve). */
 static inline void lt_mark(ltab *t, uint32_t s1, uint64_t key) {
-  if (t->chg[s1 - 1]) return;
+  if (!t->track || t->chg[s1 - 1]) return;
   t->chg[s1 - 1] = 1;
   t->chg_ids[t->chg_n++] = key;
 }
 
-/* Empty the change set: the listed slots' flags, then the list. */
+/* Empty the change set (the listed slots' flags, then the list) and keep
+ * it from now on. */
 static void lt_clear_changes(ltab *t) {
   for (size_t i = 0; i < t->chg_n; i++) t->chg[lt_slot_at(t, lt_find(t, t->chg_ids[i])) - 1] = 0;
   t->chg_n = 0;
+  t->track = 1;
 }
 
 /* Insert key (absent, room reserved) at map position h; returns slot + 1. */
@@ -541,8 +547,8 @@ static int write_tables(lstore *s, const char *path, int delta) {
            delta ? "checkpoint_delta" : "checkpoint", path, strerror(errno));
     return SR_EIO;
   }
-  for (int ti = 0; ti < s->n; ti++) {
-    int rc = write_table(s, ti, path, delta);
+  for (int ti = 0; ti < s->n; ti++) { /* not tracked yet: every row changed */
+    int rc = write_table(s, ti, path, delta && s->t[ti].track);
     if (rc) return rc;
   }
   for (int ti = 0; ti < s->n; ti++) lt_clear_changes(&s->t[ti]);
@@ -614,7 +620,10 @@ static int l_restore(emb_store *b, const char *path, const char *from_model_fp) 
       return rc;
     }
   }
-  for (int ti = 0; ti < s->n; ti++) lt_free(&s->t[ti]);
+  for (int ti = 0; ti < s->n; ti++) {
+    lt_free(&s->t[ti]);
+    nt[ti].track = 1; /* restored: nothing changed since */
+  }
   free(s->t);
   s->t = nt;
   return 0;

@@ -534,6 +534,9 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
   j->ckst = (train_ckpt_state){cur->step, cur->epoch,
                          job_batches_global(&j->q)->first_index + (uint64_t)got, cur->loss_sum,
                          cur->loss_n, loss};
+  /* The job's last step: the model when --save-model names this folder, so full. */
+  if (cur->step >= j->total_steps && c->save_model && job__model_is_ckpt_root(j))
+    j->ck_parent = -1;
   if (c->checkpoint_dir && c->checkpoint_every > 0 && cur->step % c->checkpoint_every == 0 &&
       job__checkpoint(j, c->checkpoint_dir, c->keep_checkpoints, err, sizeof err)) {
     sr_fmt(why, whylen, "--save-checkpoint: %s", err);
@@ -848,6 +851,11 @@ int train_config_check(const train_config *c, char *err, size_t errlen) {
     sr_fmt(err, errlen, "--rpc-connections %d needs --sparse-mode sync: in async mode a Lookup "
            "of step t+1 sent on one connection may overtake the Push of step t sent on another, "
            "and the bits would depend on which arrives first (use 1)", c->rpc_connections);
+    return SR_EINVAL;
+  }
+  if (c->full_every > 1 && !c->checkpoint_dir) {
+    sr_fmt(err, errlen, "--full-checkpoint-every %d needs --save-checkpoint DIR (the folder its "
+           "chains are written into)", c->full_every);
     return SR_EINVAL;
   }
   if (c->auto_resume && (!c->checkpoint_dir || c->resume)) {

@@ -521,8 +521,9 @@ static uint64_t rows_held(emb_store *s, int t) {
   return (uint64_t)c.count;
 }
 
-/* The change set: checkpoint_delta writes exactly the rows pushed since the
- * last checkpoint (new and old rows), in ascending ids, and clears it;
+/* The change set: checkpoint_delta writes every row of a store never saved,
+ * then exactly the rows pushed since the last checkpoint (new and old
+ * rows), in ascending ids, and clears it;
  * restore_delta over the full checkpoint gives the store's rows; a restore
  * clears it too; a damaged delta is refused with every row kept. */
 START_TEST(test_checkpoint_delta) {
@@ -534,6 +535,14 @@ START_TEST(test_checkpoint_delta) {
     snprintf(d1, sizeof d1, "%s/d1", tmp);
     snprintf(d2, sizeof d2, "%s/d2", tmp);
     snprintf(d3, sizeof d3, "%s/d3", tmp);
+    /* Never saved: every row held has changed. */
+    char d0[256];
+    snprintf(d0, sizeof d0, "%s/d0", tmp);
+    ck_assert_msg(emb_store_checkpoint_delta(s, d0) == 0, "%s", emb_store_errmsg(s));
+    emb_store *all = make_store(p);
+    ck_assert_msg(emb_store_restore_delta(all, d0) == 0, "%s", emb_store_errmsg(all));
+    ck_assert(same_tables(s, all));
+    emb_store_destroy(all);
     ck_assert_msg(emb_store_checkpoint(s, full) == 0, "%s", emb_store_errmsg(s));
     size_t n[3];
     push_more(s, 77, 4, n);

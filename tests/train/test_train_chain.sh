@@ -11,22 +11,30 @@
 # into the same root and into another, ends with every file of its last
 # checkpoint (dense.bin, table files, manifest, DONE) equal to the
 # uninterrupted run's (every checkpoint full); fold of step-35 equals the
-# full step-35 file for file (the same list of files, each cmp-equal); a
-# damaged table file in a link, a missing link and a parent whose manifest
+# full step-35 file for file (the same list of files, each cmp-equal), and
+# replaces a folder of checkpoints only with --force; --save-model naming
+# the --save-checkpoint folder makes the last step's checkpoint full; inspect shows a
+# head's kind, parent and chain length; reshard of a head writes what
+# reshard of its fold writes; a damaged table file in a link, a missing link and a parent whose manifest
 # was rewritten since are refused by fold and by train --resume naming the
 # link ("(link K of the chain of step-35)"), nothing written at the output;
 # --keep-checkpoints 2 keeps the two newest heads and every link of their
-# chains, nothing else; predict and eval from a head give what they give
-# from its fold (predict's folded rows in a temporary folder, removed); a job killed -9 while it writes an incremental checkpoint
-# resumes (--auto-resume) from the last complete link and ends with the
-# bits of the uninterrupted run.
+# chains, nothing else; --full-checkpoint-every without --save-checkpoint
+# exits 2; predict and eval from a head give what they give
+# from its fold (predict's folded rows in a temporary folder, removed), and
+# so does predict against serve --checkpoint of the head; a job killed -9
+# while it writes an incremental checkpoint (its step's DONE absent after
+# the kill) resumes (--auto-resume) from the last complete link, itself
+# incremental, and ends with the bits of the uninterrupted run.
 set -euo pipefail
 
 B=${SHARDREC_BIN:?run through ctest (SHARDREC_BIN)}
 W=$(mktemp -d /tmp/shardrec-chain-XXXXXX)
 JOB=
+SRV=
 cleanup() {
   [ -z "$JOB" ] || kill -9 "$JOB" 2>/dev/null || true
+  [ -z "$SRV" ] || kill "$SRV" 2>/dev/null || true
   [ -n "${KEEP:-}" ] || rm -rf "$W"
 }
 trap cleanup EXIT
@@ -91,6 +99,22 @@ for s in 5 10 15 25 30 35; do
 done
 same_files U/step-40 C/step-40
 
+# A flag that has no folder to write chains into is a usage error.
+set +e
+"$B" train "${T[@]}" --full-checkpoint-every 4 >usage.log 2>&1
+rc=$?
+set -e
+[ $rc = 2 ] || fail "--full-checkpoint-every without --save-checkpoint exited $rc, not 2"
+has usage "--full-checkpoint-every 4 needs --save-checkpoint DIR"
+
+# --save-model naming the --save-checkpoint folder: its last checkpoint is full,
+# the one at the last step too (35 = 5 x 7 would be incremental).
+run model-same "$B" train "${T[@]}" --num-batches 35 --save-checkpoint M --save-model M \
+  --full-checkpoint-every 4
+[ "$(kind_of M/step-35)" = full ] || fail "--save-model M wrote an incremental M/step-35"
+[ "$(kind_of M/step-30)" = incremental ] || fail "M/step-30 is not incremental"
+same_files U/step-35 M/step-35
+
 # ---- resume from a head: step-15 = step-0 + 3 increments ----
 cp -r C R
 rm -rf R/step-{20,25,30,35,40}
@@ -109,6 +133,20 @@ run fold "$B" fold --from C/step-35 --to F
 same_files U/step-35 F/step-35
 refused fold-again "$B" fold --from C/step-35 --to F
 has fold-again "F: already exists"
+run fold-force "$B" fold --from C/step-30 --to F --force
+[ "$(ls F)" = step-30 ] || fail "fold --force did not replace F: $(ls F)"
+same_files U/step-30 F/step-30
+run fold-back "$B" fold --from C/step-35 --to F --force
+run inspect "$B" inspect C/step-35
+has inspect "kind incremental: the rows changed since its parent step-30; a chain of 4 links"
+run inspect-fold "$B" inspect F/step-35
+has inspect-fold "  kind full"
+# reshard of a head: the reshard of its fold.
+run plan2 "$B" plan --processed-data-file d.bin --num-shards 2 --out p2.json
+run reshard-head "$B" reshard --from C/step-35 --to RS1 --plan p2.json
+run reshard-fold "$B" reshard --from F/step-35 --to RS2 --plan p2.json
+same_files RS2/step-35 RS1/step-35
+[ "$(ls -A RS1)" = step-35 ] || fail "reshard of a head left $(ls -A RS1) in its output"
 
 # ---- a damaged, missing or changed link is refused, naming it ----
 cp -r C D
@@ -152,6 +190,21 @@ run pred-fold "$B" predict --checkpoint F/step-35 --processed-data-file d.bin --
 cmp -s p-head.tsv p-fold.tsv || fail "predict from the head differs from predict from its fold"
 run pred-30 "$B" predict --checkpoint C/step-30 --processed-data-file d.bin --out p-30.tsv
 ! cmp -s p-head.tsv p-30.tsv || fail "step-30 and step-35 predict the same: the test proves nothing"
+# serve --checkpoint HEAD: its rows folded; predict against it as from the fold.
+"$B" serve --listen 127.0.0.1:0 --checkpoint C/step-35 --shard 0 >srv.out 2>srv.log &
+SRV=$!
+end=$((SECONDS + 20))
+until grep -qs '^listening on ' srv.out || ! kill -0 $SRV 2>/dev/null; do
+  [ "$SECONDS" -lt "$end" ] || fail "serve --checkpoint C/step-35 did not start: $(cat srv.log)"
+  sleep 0.05
+done
+grep -qs '^listening on ' srv.out || fail "serve --checkpoint C/step-35 stopped: $(cat srv.log)"
+ADDR=$(sed -n 's/^listening on //p' srv.out | head -1)
+run pred-served "$B" predict --checkpoint C/step-35 --shard-servers "$ADDR" --processed-data-file d.bin \
+  --out p-served.tsv
+kill $SRV
+wait $SRV 2>/dev/null || true
+cmp -s p-served.tsv p-fold.tsv || fail "predict against serve --checkpoint of the head differs from the fold's"
 run eval-head "$B" eval --checkpoint C/step-35 --processed-data-file d.bin
 run eval-fold "$B" eval --checkpoint F/step-35 --processed-data-file d.bin
 m_head=$(grep -E 'auc' eval-head.log | sed 's/ in [0-9.]* s.*//' | tail -1)
@@ -162,25 +215,39 @@ m_head=$(grep -E 'auc' eval-head.log | sed 's/ in [0-9.]* s.*//' | tail -1)
 KT=(--processed-data-file d.bin --mini-batch-size 64 --print-freq 1000 --test-freq 0 --num-batches 40
     --checkpoint-every 1)
 run kill-ref "$B" train "${KT[@]}" --save-checkpoint KU
-"$B" train "${KT[@]}" --save-checkpoint KK --full-checkpoint-every 1000 --auto-resume >kill-1.log 2>&1 &
-JOB=$!
-shopt -s nullglob
-caught=
-while kill -0 "$JOB" 2>/dev/null; do # busy: an incremental step's folder lives milliseconds
-  f=(KK/.step-2[0-9].*/shards)
-  if [ ${#f[@]} -gt 0 ]; then
-    kill -9 "$JOB"
-    caught=${f[0]%/shards}
-    break
-  fi
+# kill_mid: start the chained job, kill -9 it as soon as the folder of one of
+# its increments 20..29 is there (being written); n: that step, "" when the
+# job ended first or the step completed before the kill landed.
+kill_mid() {
+  rm -rf KK
+  "$B" train "${KT[@]}" --save-checkpoint KK --full-checkpoint-every 1000 --auto-resume \
+    >kill-1.log 2>&1 &
+  JOB=$!
+  local f caught=
+  shopt -s nullglob
+  while kill -0 "$JOB" 2>/dev/null; do # busy: an increment's folder lives milliseconds
+    f=(KK/.step-2[0-9].*/shards)
+    if [ ${#f[@]} -gt 0 ]; then
+      kill -9 "$JOB"
+      caught=${f[0]%/shards}
+      break
+    fi
+  done
+  shopt -u nullglob
+  wait "$JOB" 2>/dev/null || true
+  JOB=
+  n=
+  [ -n "$caught" ] || return 0
+  n=${caught#KK/.step-}
+  n=${n%%.*}
+  [ ! -e "KK/step-$n/DONE" ] || n=
+}
+for try in 1 2 3; do
+  kill_mid
+  [ -z "$n" ] || break
 done
-shopt -u nullglob
-wait "$JOB" 2>/dev/null || true
-JOB=
-[ -n "$caught" ] || fail "the job ended before an incremental checkpoint was caught being written"
-n=${caught#KK/.step-}
-n=${n%%.*}
-[ ! -e "KK/step-$n/DONE" ] || fail "step-$n was complete when the job was killed"
+[ -n "$n" ] || fail "no try caught an incremental checkpoint being written"
+[ "$(kind_of KK/step-$((n - 1)))" = incremental ] || fail "KK/step-$((n - 1)) is not incremental"
 run kill-resume "$B" train "${KT[@]}" --save-checkpoint KK --full-checkpoint-every 1000 --auto-resume
 has kill-resume "resume KK/step-$((n - 1)): step $((n - 1))"
 run kill-fold "$B" fold --from KK/step-40 --to KF
