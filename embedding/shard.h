@@ -52,7 +52,9 @@
  * shard_delta.c): a push adds its rows' ids to the change set, a hash set
  * of row ids per table (8 bytes a changed row at load 1/2 or more; no scan
  * of RocksDB), emptied and freed by a checkpoint, a delta or a restore of
- * either kind that succeeds. checkpoint_delta(path) writes dirty rows back,
+ * either kind that succeeds, and kept only from the first of them on
+ * (before it every row held has changed: a delta then writes them all, by
+ * iterate; a store never saved keeps no set). checkpoint_delta(path) writes dirty rows back,
  * then path/table-<id>.bin per table of the plan (embedding/table_file.h):
  * the table's changed rows, ascending, read from RocksDB; the same rows
  * make the local store's bytes. restore_delta(path) reads every file whole

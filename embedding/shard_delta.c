@@ -1,14 +1,17 @@
 /* The shard store's incremental checkpoints (see shard.h, store.h's
  * checkpoint_delta and restore_delta): the change set, one hash set of row
  * ids per table filled by push (no scan of RocksDB: its size is the rows
- * changed), and the two ops.
+ * changed; kept from the first checkpoint or restore of any kind on:
+ * before it every row held has changed, and a store never saved keeps
+ * none), and the two ops.
  *
  * checkpoint_delta(path) writes the dirty rows back as a full checkpoint
  * does, then per table of the plan path/table-<id>.bin (embedding/
  * table_file.h): the table's changed rows in ascending row id, each read
  * from its database (batched MultiGets of SD_BATCH ids, every database in
  * turn), value and optimizer state; the same rows make the same bytes as
- * the in-process store writes. restore_delta(path) reads every table's file
+ * the in-process store writes (before the set is kept: every row held, by
+ * iterate). restore_delta(path) reads every table's file
  * whole first (size, order, checksum, each row hosted here), then writes
  * the dirty rows back, drops the cache as a restore does and writes each
  * row of the files into its database, replacing it. Both clear the change
@@ -60,6 +63,7 @@ static int chg_grow(sh_chg *c, size_t extra) {
 }
 
 int shard__chg_reserve(shstore *s, const emb_idset *ids) {
+  if (!s->chg_track) return 0;
   for (int t = 0; t < s->n_tables; t++)
     if (ids->counts[t] && chg_grow(&s->chg[t], ids->counts[t])) {
       sr_fmt(s->err, sizeof s->err, "push: out of memory for the change set of table %d", t);
@@ -69,6 +73,7 @@ int shard__chg_reserve(shstore *s, const emb_idset *ids) {
 }
 
 void shard__chg_add(shstore *s, uint32_t t, uint64_t id) {
+  if (!s->chg_track) return;
   sh_chg *c = &s->chg[t];
   if (id == SH_CHG_EMPTY) c->has_max = 1;
   else c->n += (size_t)chg_put(c->keys, c->cap, id);
@@ -79,6 +84,7 @@ void shard__chg_clear(shstore *s) {
     free(s->chg[t].keys);
     memset(&s->chg[t], 0, sizeof s->chg[t]);
   }
+  s->chg_track = 1;
 }
 
 static int cmp_u64(const void *a, const void *b) {
@@ -189,6 +195,54 @@ out:
   return rc;
 }
 
+typedef struct {
+  emb_tabfile_writer *w;
+  float *row; /* [dim + state] */
+  char err[1024];
+} all_ctx;
+
+static int put_row(void *ctx, int table, uint64_t id, const float *v, int dim, const float *st,
+                   int sl) {
+  (void)table;
+  all_ctx *c = ctx;
+  memcpy(c->row, v, (size_t)dim * sizeof *v);
+  if (sl) memcpy(c->row + dim, st, (size_t)sl * sizeof *st);
+  return emb_tabfile_put(c->w, id, c->row, c->err, sizeof c->err) ? 1 : 0;
+}
+
+/* Table t's every row held into dir/table-<id>.bin (the change set is not
+ * kept yet: every row held has changed), from RocksDB in ascending row id
+ * (iterate; dirty rows written back already). */
+static int delta_table_all(shstore *s, int t, const char *dir, const char *model_fp) {
+  const emb_table *tb = &s->base.plan->tables[t];
+  char path[SR_PATH_MAX];
+  all_ctx c = {0};
+  if (ckpt_dir_table_file(dir, tb->table_id, path, sizeof path)) {
+    sr_fmt(s->err, sizeof s->err, "checkpoint_delta: %s: path too long", dir);
+    return SR_ERANGE;
+  }
+  if (!(c.row = malloc((size_t)(s->dim[t] + s->slen[t]) * sizeof *c.row))) {
+    sr_fmt(s->err, sizeof s->err, "checkpoint_delta: out of memory");
+    return SR_ENOMEM;
+  }
+  int rc = emb_tabfile_create(path, tb, model_fp, EMB_TABFILE_COUNT_LATER, &c.w, c.err, sizeof c.err);
+  if (!rc) {
+    c.err[0] = 0;
+    rc = emb_store_iterate(&s->base, t, put_row, &c);
+    if (!rc && c.err[0]) rc = SR_EIO; /* a put failed: iterate stopped */
+    if (rc) {
+      emb_tabfile_abort(c.w);
+      if (c.err[0]) sr_fmt(s->err, sizeof s->err, "checkpoint_delta: %s", c.err);
+    } else if ((rc = emb_tabfile_commit(c.w, c.err, sizeof c.err))) {
+      sr_fmt(s->err, sizeof s->err, "checkpoint_delta: %s", c.err);
+    }
+  } else {
+    sr_fmt(s->err, sizeof s->err, "checkpoint_delta: %s", c.err);
+  }
+  free(c.row);
+  return rc;
+}
+
 int shard__checkpoint_delta(emb_store *b, const char *path) {
   shstore *s = (shstore *)b;
   char fp[EMB_FP_HEX];
@@ -204,7 +258,8 @@ int shard__checkpoint_delta(emb_store *b, const char *path) {
     return SR_EIO;
   }
   for (int t = 0; t < s->n_tables; t++)
-    if ((rc = delta_table(s, t, path, fp))) return rc;
+    if ((rc = s->chg_track ? delta_table(s, t, path, fp) : delta_table_all(s, t, path, fp)))
+      return rc;
   shard__chg_clear(s);
   return 0;
 }

@@ -161,7 +161,9 @@ typedef struct sh_sends {
 } sh_sends;
 
 /* The change set of one table (shard_delta.c): the row ids a push changed
- * since the last checkpoint, checkpoint_delta or restore of any kind. Open
+ * since the last checkpoint, checkpoint_delta or restore of any kind, kept
+ * from the first of them on (chg_track: before it every row held has
+ * changed, and a store never saved keeps no set). Open
  * addressing, linear probing, power-of-two cap >= 2 x n, empty entries
  * SH_CHG_EMPTY (the id UINT64_MAX itself is has_max); keys NULL while
  * nothing changed. Memory in proportion to the changed rows: the arrays
@@ -242,6 +244,7 @@ struct shstore {
   int rd_rc, wb_rc;       /* the last failed read; the first failed write (sticky) */
   char rd_err[1024], wb_err[1024];
   sh_chg *chg;            /* [n_tables] the change set (shard_delta.c) */
+  int chg_track;          /* the set is kept (a checkpoint or restore of any kind done) */
   emb_store_stats st;
   emb_shard_counters ctr;
   int unclean;            /* opened on rows without the clean-stop marks (a crash) */
@@ -394,11 +397,13 @@ void shard__slot_unshare(shstore *s, size_t i);
 
 /* Room in the change set for every id of ids, so that the push that
  * follows adds them without allocating: 0 or SR_ENOMEM (message in
- * s->err; the set as it was). */
+ * s->err; the set as it was). Nothing while the set is not kept. */
 int shard__chg_reserve(shstore *s, const emb_idset *ids);
-/* Row id of table t changed (room reserved by shard__chg_reserve). */
+/* Row id of table t changed (room reserved by shard__chg_reserve; nothing
+ * while the set is not kept). */
 void shard__chg_add(shstore *s, uint32_t t, uint64_t id);
-/* The change set emptied, its memory freed. */
+/* The change set emptied, its memory freed, and kept from now on (after a
+ * checkpoint or restore of any kind). */
 void shard__chg_clear(shstore *s);
 /* store.h's checkpoint_delta and restore_delta ops. */
 int shard__checkpoint_delta(emb_store *b, const char *path);
