@@ -19,7 +19,16 @@
  * Checkpoint: one table file per table, DIR/table-<table_id>.bin
  * (embedding/table_file.h owns the format, storage/ckpt_dir.h the name).
  * Restore reads and checks every table's file into fresh indexes before
- * replacing anything. */
+ * replacing anything.
+ *
+ * The change set (the incremental ops): per table, a flag per slot (set
+ * when a push changes the slot's row) and the list of the row ids flagged,
+ * in the order first pushed. checkpoint_delta sorts that list and writes
+ * those rows only; a checkpoint, a checkpoint_delta or a restore that
+ * succeeds clears it (the flags of the listed slots, then the list), so
+ * neither costs a scan of the table. restore_delta reads every file of its
+ * folder into fresh indexes first, then lays their rows over the held
+ * ones. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -59,6 +68,9 @@ typedef struct {
   size_t n;              /* rows stored = slots used */
   float *slab;           /* [slab_cap][stride] */
   size_t slab_cap;
+  uint8_t *chg;          /* [slab_cap] 1: the slot's row changed since the last checkpoint */
+  uint64_t *chg_ids;     /* [chg_cap] the row ids of the flagged slots */
+  size_t chg_n, chg_cap;
 } ltab;
 
 typedef struct {
@@ -87,8 +99,13 @@ static void lt_free(ltab *t) {
   t->direct = NULL;
   free(t->map);
   free(t->slab);
+  free(t->chg);
+  free(t->chg_ids);
   t->map = NULL;
   t->slab = NULL;
+  t->chg = NULL;
+  t->chg_ids = NULL;
+  t->chg_n = t->chg_cap = 0;
 }
 
 /* A position is an index into map[], or the row id itself for a direct table. */
@@ -133,7 +150,8 @@ static int lt_init(ltab *t, int dim, int slen, uint64_t rows, size_t cap_rows) {
   }
   t->slab_cap = cap_rows > 16 ? cap_rows : 16;
   t->slab = malloc(t->slab_cap * (size_t)t->stride * sizeof(float));
-  if ((!t->map && !t->direct) || !t->slab) {
+  t->chg = calloc(t->slab_cap, 1);
+  if ((!t->map && !t->direct) || !t->slab || !t->chg) {
     lt_free(t);
     return SR_ENOMEM;
   }
@@ -165,13 +183,40 @@ static int lt_reserve(ltab *t, size_t extra) {
   if (need > t->slab_cap) {
     size_t cap = t->slab_cap * 2;
     while (cap < need) cap *= 2;
+    uint8_t *nc = realloc(t->chg, cap);
+    if (!nc) return SR_ENOMEM;
+    memset(nc + t->slab_cap, 0, cap - t->slab_cap);
+    t->chg = nc;
     float *nb = realloc(t->slab, cap * (size_t)t->stride * sizeof(float));
     if (!nb) return SR_ENOMEM;
     t->slab = nb;
     t->slab_cap = cap;
     sr_advise_huge(nb, cap * (size_t)t->stride * sizeof(float));
   }
+  /* Every row of the push may join the change set: room for it now, so
+   * that recording a change never fails after the rows are updated. */
+  if (t->chg_n + extra > t->chg_cap) {
+    size_t cap = t->chg_cap ? t->chg_cap : 64;
+    while (cap < t->chg_n + extra) cap *= 2;
+    uint64_t *ni = realloc(t->chg_ids, cap * sizeof *ni);
+    if (!ni) return SR_ENOMEM;
+    t->chg_ids = ni;
+    t->chg_cap = cap;
+  }
   return 0;
+}
+
+/* Record that the row key in slot s1 changed (room reserved by lt_reserve). */
+static inline void lt_mark(ltab *t, uint32_t s1, uint64_t key) {
+  if (t->chg[s1 - 1]) return;
+  t->chg[s1 - 1] = 1;
+  t->chg_ids[t->chg_n++] = key;
+}
+
+/* Empty the change set: the listed slots' flags, then the list. */
+static void lt_clear_changes(ltab *t) {
+  for (size_t i = 0; i < t->chg_n; i++) t->chg[lt_slot_at(t, lt_find(t, t->chg_ids[i])) - 1] = 0;
+  t->chg_n = 0;
 }
 
 /* Insert key (absent, room reserved) at map position h; returns slot + 1. */
@@ -400,11 +445,14 @@ static void push_commit(lstore *s, const emb_idset *ids) {
     const uint64_t *id = ids->ids[ti];
     const size_t stride = (size_t)t->stride;
     for (size_t r = 0; r < ids->counts[ti]; r++, v += stride) {
-      if (s->slots[at++]) continue;
-      size_t h = lt_find(t, id[r]);
-      uint32_t s1 = lt_slot_at(t, h);
-      if (!s1) s1 = lt_insert_at(t, h, id[r]);
-      memcpy(lt_row(t, s1), v, stride * sizeof *v);
+      uint32_t s1 = s->slots[at++];
+      if (!s1) {
+        size_t h = lt_find(t, id[r]);
+        s1 = lt_slot_at(t, h);
+        if (!s1) s1 = lt_insert_at(t, h, id[r]);
+        memcpy(lt_row(t, s1), v, stride * sizeof *v);
+      }
+      lt_mark(t, s1, id[r]);
     }
   }
 }
@@ -446,42 +494,67 @@ static int l_flush(emb_store *b) {
   return 0;
 }
 
-static int write_table(lstore *s, int ti, const char *dir) {
+/* The changed rows' ids of t in ascending order; malloc'd (NULL when none). */
+static int lt_sorted_changes(const ltab *t, uint64_t **out) {
+  *out = NULL;
+  if (!t->chg_n) return 0;
+  uint64_t *k = malloc(t->chg_n * sizeof *k);
+  if (!k) return SR_ENOMEM;
+  memcpy(k, t->chg_ids, t->chg_n * sizeof *k);
+  qsort(k, t->chg_n, sizeof *k, cmp_u64);
+  *out = k;
+  return 0;
+}
+
+/* Table ti's file under dir: every row held, or (delta) the changed ones. */
+static int write_table(lstore *s, int ti, const char *dir, int delta) {
   const ltab *t = &s->t[ti];
   const emb_table *pt = &s->base.plan->tables[ti];
+  const char *what = delta ? "checkpoint_delta" : "checkpoint";
   char path[4096], e2[1024];
   if (ckpt_dir_table_file(dir, pt->table_id, path, sizeof path)) {
-    sr_fmt(s->err, sizeof s->err, "checkpoint: %s: path too long", dir);
+    sr_fmt(s->err, sizeof s->err, "%s: %s: path too long", what, dir);
     return SR_ERANGE;
   }
   uint64_t *keys;
-  int rc = lt_sorted_keys(t, &keys);
+  size_t n = delta ? t->chg_n : t->n;
+  int rc = delta ? lt_sorted_changes(t, &keys) : lt_sorted_keys(t, &keys);
   if (rc) {
-    sr_fmt(s->err, sizeof s->err, "checkpoint: out of memory");
+    sr_fmt(s->err, sizeof s->err, "%s: out of memory", what);
     return rc;
   }
   emb_tabfile_writer *w;
-  rc = emb_tabfile_create(path, pt, s->model_fp, t->n, &w, e2, sizeof e2);
-  for (size_t i = 0; i < t->n && !rc; i++)
+  rc = emb_tabfile_create(path, pt, s->model_fp, n, &w, e2, sizeof e2);
+  for (size_t i = 0; i < n && !rc; i++)
     rc = emb_tabfile_put(w, keys[i], lt_row(t, lt_slot_at(t, lt_find(t, keys[i]))), e2, sizeof e2);
   if (!rc) rc = emb_tabfile_commit(w, e2, sizeof e2);
   else emb_tabfile_abort(w);
-  if (rc) sr_fmt(s->err, sizeof s->err, "checkpoint: %s", e2);
+  if (rc) sr_fmt(s->err, sizeof s->err, "%s: %s", what, e2);
   free(keys);
   return rc;
 }
 
-static int l_checkpoint(emb_store *b, const char *path) {
-  lstore *s = (lstore *)b;
+/* Every table's file under path; the change set cleared once all are written. */
+static int write_tables(lstore *s, const char *path, int delta) {
   if (mkdir(path, 0777) != 0 && errno != EEXIST) {
-    sr_fmt(s->err, sizeof s->err, "checkpoint: %s: cannot create folder: %s", path, strerror(errno));
+    sr_fmt(s->err, sizeof s->err, "%s: %s: cannot create folder: %s",
+           delta ? "checkpoint_delta" : "checkpoint", path, strerror(errno));
     return SR_EIO;
   }
   for (int ti = 0; ti < s->n; ti++) {
-    int rc = write_table(s, ti, path);
+    int rc = write_table(s, ti, path, delta);
     if (rc) return rc;
   }
+  for (int ti = 0; ti < s->n; ti++) lt_clear_changes(&s->t[ti]);
   return 0;
+}
+
+static int l_checkpoint(emb_store *b, const char *path) {
+  return write_tables((lstore *)b, path, 0);
+}
+
+static int l_checkpoint_delta(emb_store *b, const char *path) {
+  return write_tables((lstore *)b, path, 1);
 }
 
 /* Each record of a table file into the fresh ltab of emb_tabfile_read_all's
@@ -547,6 +620,41 @@ static int l_restore(emb_store *b, const char *path, const char *from_model_fp) 
   return 0;
 }
 
+/* Every table file under path read and checked into fresh indexes, room
+ * made in the held tables for their rows, then each row laid over the held
+ * one: a refused folder changes no row. */
+static int l_restore_delta(emb_store *b, const char *path) {
+  lstore *s = (lstore *)b;
+  ltab *nt = calloc((size_t)s->n, sizeof *nt);
+  uint64_t **keys = calloc((size_t)s->n, sizeof *keys);
+  int rc = nt && keys ? 0 : SR_ENOMEM;
+  for (int k = 0; k < s->n && !rc; k++) rc = read_table(s, k, path, NULL, &nt[k]);
+  for (int k = 0; k < s->n && !rc; k++)
+    if ((rc = lt_sorted_keys(&nt[k], &keys[k])) || (rc = lt_reserve(&s->t[k], nt[k].n)))
+      sr_fmt(s->err, sizeof s->err, "restore_delta: table %d: %s", k, sr_strerror(rc));
+  if (rc == SR_ENOMEM && (!nt || !keys))
+    sr_fmt(s->err, sizeof s->err, "restore_delta: out of memory");
+  for (int k = 0; k < s->n && !rc; k++) {
+    ltab *t = &s->t[k];
+    for (size_t i = 0; i < nt[k].n; i++) {
+      size_t h = lt_find(t, keys[k][i]);
+      uint32_t s1 = lt_slot_at(t, h);
+      if (!s1) s1 = lt_insert_at(t, h, keys[k][i]);
+      memcpy(lt_row(t, s1), lt_row(&nt[k], lt_slot_at(&nt[k], lt_find(&nt[k], keys[k][i]))),
+             (size_t)t->stride * sizeof(float));
+    }
+  }
+  for (int k = 0; k < s->n && nt && keys; k++) {
+    lt_free(&nt[k]);
+    free(keys[k]);
+  }
+  free(nt);
+  free(keys);
+  if (!rc)
+    for (int k = 0; k < s->n; k++) lt_clear_changes(&s->t[k]);
+  return rc;
+}
+
 static int l_stats(emb_store *b, emb_store_stats *out) {
   lstore *s = (lstore *)b;
   uint64_t rows = 0, bytes = 0;
@@ -604,6 +712,8 @@ static const emb_store_ops local_ops = {
     .flush = l_flush,
     .checkpoint = l_checkpoint,
     .restore = l_restore,
+    .checkpoint_delta = l_checkpoint_delta,
+    .restore_delta = l_restore_delta,
     .stats = l_stats,
     .iterate = l_iterate,
     .errmsg = l_errmsg,
