@@ -21,10 +21,12 @@
  *   full       emb_store_checkpoint into another fresh folder: every row.
  * The incremental checkpoint comes first because either checkpoint clears
  * the store's change set. Each is timed by the wall clock around the call
- * and measured by the sum of the sizes of the files it left; for a full
- * checkpoint of the shard store (a RocksDB checkpoint: SST files hard
- * linked to the live database) the part of that sum in files linked
- * elsewhere is printed too, since those bytes were not written again. Both
+ * and measured by the sum of the sizes of the files it left (what a copy
+ * of it elsewhere moves); for a full checkpoint of the shard store (a
+ * RocksDB checkpoint: SST files hard linked to the live database) the part
+ * of that sum that is new is printed too (files written during the call, or
+ * not linked), since the linked files written before it were not written
+ * again. Both
  * folders are removed after the round. Printed: per round, then the
  * medians and full / incremental. A store with no incremental op prints
  * "unsupported" for it and the full figures alone. */
@@ -34,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/fs.h"
@@ -81,7 +84,8 @@ typedef struct bc {
   char dir[SR_PATH_MAX];        /* the work folder (made here, removed) */
   char err[1024];
   int no_delta;                 /* the store has no incremental op */
-  double full_b[MAX_ROUNDS], full_s[MAX_ROUNDS], full_linked[MAX_ROUNDS];
+  double full_b[MAX_ROUNDS], full_s[MAX_ROUNDS], full_new[MAX_ROUNDS];
+  int linked;                   /* a full checkpoint shared files with the live database */
   double inc_b[MAX_ROUNDS], inc_s[MAX_ROUNDS], chg[MAX_ROUNDS];
 } bc;
 
@@ -272,13 +276,14 @@ static void draw_step(bc *b) {
     for (size_t i = 0; i < b->counts[t]; i++) b->seen[t][b->ids[t][i]] = 1;
 }
 
-/* Bytes of the files under path; *linked: of them, in files with other
- * links (shared with the live database). */
-static double tree_bytes(const char *path, double *linked) {
+/* Bytes of the files under path; *old: of them, in files that have other
+ * links (shared with the live database) and were last written before t0
+ * (the kernel's coarse clock, as file times are stamped). -1 on failure. */
+static double tree_bytes(const char *path, const struct timespec *t0, double *old) {
   char **paths = NULL;
   int n = 0;
   double sum = 0;
-  *linked = 0;
+  *old = 0;
   if (sr_list_files(path, &paths, &n)) return -1;
   for (int i = 0; i < n; i++) {
     char full[SR_PATH_MAX];
@@ -288,7 +293,9 @@ static double tree_bytes(const char *path, double *linked) {
       return -1;
     }
     sum += (double)st.st_size;
-    if (st.st_nlink > 1) *linked += (double)st.st_size;
+    if (st.st_nlink > 1 && (st.st_mtim.tv_sec < t0->tv_sec ||
+                            (st.st_mtim.tv_sec == t0->tv_sec && st.st_mtim.tv_nsec < t0->tv_nsec)))
+      *old += (double)st.st_size;
   }
   sr_paths_free(paths, n);
   return sum;
@@ -297,9 +304,11 @@ static double tree_bytes(const char *path, double *linked) {
 /* One checkpoint of a kind into dir/name: seconds and bytes. 0, 1 when the
  * store has no incremental op, or -1 (message in err). */
 static int checkpoint(bc *b, int delta, const char *name, double *secs, double *bytes,
-                      double *linked) {
+                      double *old) {
   char path[SR_PATH_MAX];
   if (sr_path_err(path, sizeof path, b->err, sizeof b->err, "%s/%s", b->dir, name)) return -1;
+  struct timespec t0;
+  clock_gettime(CLOCK_REALTIME_COARSE, &t0);
   double t = sr_now();
   int rc = delta ? emb_store_checkpoint_delta(b->s, path) : emb_store_checkpoint(b->s, path);
   *secs = sr_now() - t;
@@ -309,7 +318,7 @@ static int checkpoint(bc *b, int delta, const char *name, double *secs, double *
            emb_store_errmsg(b->s));
     return -1;
   }
-  *bytes = tree_bytes(path, linked);
+  *bytes = tree_bytes(path, &t0, old);
   if (*bytes < 0 || sr_rmtree(path)) {
     sr_fmt(b->err, sizeof b->err, "%s: cannot read or remove: %s", path, strerror(errno));
     return -1;
@@ -318,11 +327,11 @@ static int checkpoint(bc *b, int delta, const char *name, double *secs, double *
 }
 
 static void print_round(bc *b, const char *what, int r) {
-  printf("%-9s changed %9.0f rows (%5.2f%%)  full %9.1f MB %7.3f s", what, b->chg[r],
+  printf("%-9s changed %9.0f rows (%5.2f%%)  full %9.3f MB %7.3f s", what, b->chg[r],
          100 * b->chg[r] / (double)b->total, b->full_b[r] / 1e6, b->full_s[r]);
-  if (b->full_linked[r] > 0) printf(" (%.1f MB of it hard links)", b->full_linked[r] / 1e6);
+  if (b->linked) printf(" (%.3f MB new, the rest linked)", b->full_new[r] / 1e6);
   if (b->no_delta) printf("  incremental unsupported\n");
-  else printf("  incremental %9.1f MB %7.3f s\n", b->inc_b[r] / 1e6, b->inc_s[r]);
+  else printf("  incremental %9.3f MB %7.3f s\n", b->inc_b[r] / 1e6, b->inc_s[r]);
 }
 
 /* The rounds: pushes, incremental checkpoint, full checkpoint. 0 or -1. */
@@ -343,7 +352,10 @@ static int rounds(bc *b) {
       printf("incremental checkpoint: unsupported (the %s store has no checkpoint_delta); "
              "full checkpoints only\n", b->f.shard ? "shard" : "local");
     }
-    if (checkpoint(b, 0, "full", &b->full_s[r], &b->full_b[r], &b->full_linked[r])) return -1;
+    double old;
+    if (checkpoint(b, 0, "full", &b->full_s[r], &b->full_b[r], &old)) return -1;
+    b->full_new[r] = b->full_b[r] - old;
+    b->linked |= old > 0;
     char what[16];
     snprintf(what, sizeof what, "round %d", r + 1);
     print_round(b, what, r);
@@ -354,16 +366,16 @@ static int rounds(bc *b) {
 static void print_medians(bc *b) {
   int n = (int)b->f.rounds;
   double fb = sr_median(b->full_b, n), fs = sr_median(b->full_s, n),
-         fl = sr_median(b->full_linked, n), ch = sr_median(b->chg, n);
-  printf("median    changed %9.0f rows (%5.2f%%)  full %9.1f MB %7.3f s", ch,
+         fnew = sr_median(b->full_new, n), ch = sr_median(b->chg, n);
+  printf("median    changed %9.0f rows (%5.2f%%)  full %9.3f MB %7.3f s", ch,
          100 * ch / (double)b->total, fb / 1e6, fs);
-  if (fl > 0) printf(" (%.1f MB of it hard links)", fl / 1e6);
+  if (b->linked) printf(" (%.3f MB new, the rest linked)", fnew / 1e6);
   if (b->no_delta) {
     printf("  incremental unsupported\n");
     return;
   }
   double ib = sr_median(b->inc_b, n), is = sr_median(b->inc_s, n);
-  printf("  incremental %9.1f MB %7.3f s\n", ib / 1e6, is);
+  printf("  incremental %9.3f MB %7.3f s\n", ib / 1e6, is);
   printf("full / incremental: bytes x%.1f, time x%.1f\n", ib > 0 ? fb / ib : 0.0,
          is > 0 ? fs / is : 0.0);
 }
@@ -394,10 +406,10 @@ static int run(bc *b) {
          emb_optim_name(b->f.optim), sl, b->f.steps, b->f.batch, b->f.zipf);
   print_cpu();
   fflush(stdout);
-  double t = sr_now(), secs, bytes, linked;
+  double t = sr_now(), secs, bytes, old;
   if (fill(b)) return -1;
   double tf = sr_now() - t;
-  if (checkpoint(b, 0, "full", &secs, &bytes, &linked)) return -1;
+  if (checkpoint(b, 0, "full", &secs, &bytes, &old)) return -1;
   printf("fill: %llu rows pushed in %.1f s; first full checkpoint %.1f MB in %.3f s\n",
          (unsigned long long)b->total, tf, bytes / 1e6, secs);
   fflush(stdout);
