@@ -3,8 +3,9 @@
  * Here: the ops table and what is none of the other files' job: create and
  * destroy, lookup (hits copied in a software-pipelined pass over the map,
  * the rest made resident chunk by chunk by shard_cache.c), push (every row
- * checked, then the update applied), flush, checkpoint, restore, stats,
- * iterate, the clean-stop marks and the counters. The internals, their
+ * checked, then the update applied, its rows added to the change set),
+ * flush, checkpoint, restore, stats, iterate, the clean-stop marks and the
+ * counters. The internals, their
  * invariants and the other files' jobs: shard_impl.h. */
 #include "embedding/shard_impl.h"
 
@@ -89,6 +90,7 @@ static void push_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
     emb_optim_apply(&plan->tables[t].optim, dim, c->lr, c->grads[t] + it_r[i] * (size_t)dim, row,
                     s->slen[t] ? row + dim : NULL);
     slot_meta(s, s->it_slot[i])->flags |= F_DIRTY;
+    shard__chg_add(s, t, s->it_id[i]);
   }
 }
 
@@ -236,7 +238,7 @@ static int mark_path(const shstore *s, int k, char *out, size_t n) {
 }
 
 /* Remove every hosted shard's mark (the rows are about to change). */
-static int marks_remove(shstore *s) {
+int shard__marks_remove(shstore *s) {
   for (int k = 0; k < s->n_db; k++) {
     char p[SR_PATH_MAX];
     if (mark_path(s, k, p, sizeof p)) {
@@ -277,7 +279,7 @@ static int marks_check(shstore *s, const uint8_t *existed) {
     }
     if (!sr_is_file(p) && (existed[k] || db_has_rows(s, k))) s->unclean = 1;
   }
-  return marks_remove(s);
+  return shard__marks_remove(s);
 }
 
 int emb_shard_mark_clean(emb_store *b) {
@@ -316,7 +318,7 @@ void emb_shard_accept_unclean(emb_store *b) {
 static int push_apply(shstore *s, float lr, const emb_idset *ids, const float *const *grads) {
   int rc = shard__check_ids(s, ids, "push");
   if (rc) return rc;
-  if (s->marked && (rc = marks_remove(s))) return rc;
+  if (s->marked && (rc = shard__marks_remove(s))) return rc;
   if (!emb_optim_lr_ok(lr)) {
     sr_fmt(s->err, sizeof s->err, "push: learning rate %g is outside [0, %g]", (double)lr,
            EMB_OPTIM_MAX_LR);
@@ -337,6 +339,7 @@ static int push_apply(shstore *s, float lr, const emb_idset *ids, const float *c
            tb->table_id, tb->name, (unsigned long long)cc.bad_id, (double)lr);
     return SR_ERANGE;
   }
+  if ((rc = shard__chg_reserve(s, ids))) return rc; /* the change set takes every row */
   hits = 0;
   push_ctx c = {lr, grads};
   rc = shard__for_chunks(s, ids, s->mitem + s->chunk, push_act, &c, &hits);
@@ -392,7 +395,7 @@ static int open_dbs(shstore *s, uint8_t *existed) {
 }
 
 /* Forget every cached row and prefetch pin (nothing in flight: drained). */
-static void drop_cache(shstore *s) {
+void shard__drop_cache(shstore *s) {
   for (int k = 0; k < s->n_pf; k++) s->pf[k].n = 0;
   s->n_pf = 0;
   s->pf_pinned = 0;
@@ -427,6 +430,7 @@ static int sh_checkpoint(emb_store *b, const char *path) {
       return rc;
     }
   }
+  shard__chg_clear(s); /* the next delta holds the rows changed from here on */
   return 0;
 }
 
@@ -462,7 +466,7 @@ static int sh_restore(emb_store *b, const char *path, const char *from_model_fp)
     if (rc) return rc;
   }
   shard__drain(s);
-  drop_cache(s); /* the live rows are replaced, not written */
+  shard__drop_cache(s); /* the live rows are replaced, not written */
   for (int k = 0; k < s->n_db; k++) {
     char src[4096], dst[4096]; /* both fit: checked above and at open */
     ckpt_dir_shard_path(path, s->db_shard[k], src, sizeof src);
@@ -484,6 +488,7 @@ static int sh_restore(emb_store *b, const char *path, const char *from_model_fp)
   if (!rc) {
     s->unclean = 0; /* every row is the checkpoint's now */
     s->wb_rc = 0;   /* and a failed write-back's rows with them */
+    shard__chg_clear(s);
   }
   return rc;
 }
@@ -561,6 +566,8 @@ static void sh_destroy(emb_store *b) {
   free(s->db);
   free(s->db_shard);
   free(s->shard_db);
+  if (s->chg) shard__chg_clear(s);
+  free(s->chg);
   free(s->dim);
   free(s->slen);
   if (s->sends) { /* answers still out keep the slots until their release */
@@ -617,6 +624,8 @@ static const emb_store_ops shard_ops = {
     .stats = sh_stats,
     .figures = sh_figures,
     .unclean = emb_shard_unclean,
+    .checkpoint_delta = shard__checkpoint_delta,
+    .restore_delta = shard__restore_delta,
     .iterate = sh_iterate,
     .errmsg = sh_errmsg,
     .destroy = sh_destroy,
@@ -696,7 +705,8 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
   s->dim = calloc((size_t)s->n_tables, sizeof *s->dim);
   s->slen = calloc((size_t)s->n_tables, sizeof *s->slen);
   s->dir = strdup(data_dir);
-  if (!s->dim || !s->slen || !s->dir) goto nomem;
+  s->chg = calloc((size_t)s->n_tables, sizeof *s->chg);
+  if (!s->dim || !s->slen || !s->dir || !s->chg) goto nomem;
   for (int t = 0; t < s->n_tables; t++) {
     s->dim[t] = plan->tables[t].dim;
     s->slen[t] = emb_optim_state_len(&plan->tables[t].optim, s->dim[t]);

@@ -46,7 +46,20 @@
  * restore first wait for every read and write-back in flight. A write-back
  * that fails is reported (SR_EIO and RocksDB's message) by every later
  * lookup, push, flush and checkpoint until a restore: its rows are lost. iterate() visits rows written to RocksDB (after
- * writing dirty ones back), merged across shards in ascending row id. */
+ * writing dirty ones back), merged across shards in ascending row id.
+ *
+ * Incremental checkpoints (store.h's checkpoint_delta, restore_delta;
+ * shard_delta.c): a push adds its rows' ids to the change set, a hash set
+ * of row ids per table (8 bytes a changed row at load 1/2 or more; no scan
+ * of RocksDB), emptied and freed by a checkpoint, a delta or a restore of
+ * either kind that succeeds. checkpoint_delta(path) writes dirty rows back,
+ * then path/table-<id>.bin per table of the plan (embedding/table_file.h):
+ * the table's changed rows, ascending, read from RocksDB; the same rows
+ * make the local store's bytes. restore_delta(path) reads every file whole
+ * first (a row of a shard not hosted here is refused, SR_EMISMATCH), then
+ * writes dirty rows back, drops the cache and every prefetch as restore
+ * does, and writes each row into its database (SR_EIO when a write fails
+ * midway: rows partly replaced). */
 #ifndef SHARDREC_EMBEDDING_SHARD_H
 #define SHARDREC_EMBEDDING_SHARD_H
 

@@ -14,6 +14,9 @@
  *   shard_prefetch.c  the look-ahead op: a prefetched step's pins
  *   shard_pins.c      answers sent from the slots: send pins, lookup_pinned,
  *                     the copy a push makes of a row being sent
+ *   shard_delta.c     the change set (rows a push changed since the last
+ *                     checkpoint, delta or restore) and the incremental
+ *                     ops, checkpoint_delta and restore_delta
  *
  * Cache layout: one slab of cap slots; a slot is a 16-byte header (row id,
  * table, flags, pin count) followed by the row's value and optimizer state
@@ -157,6 +160,19 @@ typedef struct sh_sends {
   atomic_uint cnt[];     /* [cap] */
 } sh_sends;
 
+/* The change set of one table (shard_delta.c): the row ids a push changed
+ * since the last checkpoint, checkpoint_delta or restore of any kind. Open
+ * addressing, linear probing, power-of-two cap >= 2 x n, empty entries
+ * SH_CHG_EMPTY (the id UINT64_MAX itself is has_max); keys NULL while
+ * nothing changed. Memory in proportion to the changed rows: the arrays
+ * are freed when the set is cleared. */
+#define SH_CHG_EMPTY UINT64_MAX
+typedef struct {
+  uint64_t *keys; /* [cap] */
+  size_t cap, n;  /* n: entries in keys (has_max not counted) */
+  int has_max;
+} sh_chg;
+
 /* The slots one prefetched step pinned. */
 typedef struct {
   int64_t step;
@@ -225,6 +241,7 @@ struct shstore {
   size_t pmask;
   int rd_rc, wb_rc;       /* the last failed read; the first failed write (sticky) */
   char rd_err[1024], wb_err[1024];
+  sh_chg *chg;            /* [n_tables] the change set (shard_delta.c) */
   emb_store_stats st;
   emb_shard_counters ctr;
   int unclean;            /* opened on rows without the clean-stop marks (a crash) */
@@ -373,7 +390,28 @@ void shard__sends_unref(sh_sends *d);
 /* The chunk's item i moved off a slot an answer is being sent from. */
 void shard__slot_unshare(shstore *s, size_t i);
 
+/* ---- shard_delta.c: the change set, the incremental ops ---- */
+
+/* Room in the change set for every id of ids, so that the push that
+ * follows adds them without allocating: 0 or SR_ENOMEM (message in
+ * s->err; the set as it was). */
+int shard__chg_reserve(shstore *s, const emb_idset *ids);
+/* Row id of table t changed (room reserved by shard__chg_reserve). */
+void shard__chg_add(shstore *s, uint32_t t, uint64_t id);
+/* The change set emptied, its memory freed. */
+void shard__chg_clear(shstore *s);
+/* store.h's checkpoint_delta and restore_delta ops. */
+int shard__checkpoint_delta(emb_store *b, const char *path);
+int shard__restore_delta(emb_store *b, const char *path);
+
 /* ---- shard.c: the ops ---- */
+
+/* Remove every hosted shard's clean-stop mark (the rows are about to
+ * change): 0, SR_ERANGE or SR_EIO with the reason in s->err. */
+int shard__marks_remove(shstore *s);
+/* Forget every cached row and prefetch pin (nothing in flight: drained),
+ * as a restore does; slots answers are sent from are left detached. */
+void shard__drop_cache(shstore *s);
 
 /* ids checked against the plan (what: the op, for the message). */
 int shard__check_ids(shstore *s, const emb_idset *ids, const char *what);
