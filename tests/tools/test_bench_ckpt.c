@@ -78,20 +78,29 @@ START_TEST(test_local_figures) {
 }
 END_TEST
 
+/* The shard store: its full checkpoint is RocksDB's (files linked to the
+ * live database: the new part printed beside the sum), its incremental one
+ * table files of the changed rows as the local store's. */
 START_TEST(test_shard_figures) {
   char *out;
   ck_assert_msg(run_bench(&out, "--store shard") == 0, "%s", out);
   ck_assert_ptr_nonnull(strstr(out, "shard store"));
   int seen = 0;
   for (const char *p = out; (p = strstr(p, "round ")) != NULL; p++, seen++) {
-    double fmb, newmb;
+    double chg, fmb, newmb, imb;
     const char *f = strstr(p, " full ");
-    ck_assert_msg(f && sscanf(f, " full %lf MB %*f s (%lf MB new, the rest linked)", &fmb,
-                              &newmb) == 2, "a round line of another shape in:\n%s", out);
-    ck_assert_msg(fmb > 0 && newmb >= 0 && newmb < fmb, "full %.3f MB, new %.3f MB", fmb, newmb);
+    ck_assert_msg(sscanf(p, "round %*d changed %lf", &chg) == 1 && f &&
+                  sscanf(f, " full %lf MB %*f s (%lf MB new, the rest linked) incremental %lf MB",
+                         &fmb, &newmb, &imb) == 3,
+                  "a round line of another shape in:\n%s", out);
+    ck_assert_msg(fmb > 0 && newmb >= 0 && newmb <= fmb, "full %.3f MB, new %.3f MB", fmb, newmb);
+    double inc = imb * 1e6, rowsb = chg * ROW_BYTES;
+    ck_assert_msg(inc >= rowsb + FILE_BYTES - 1000 && inc <= rowsb + 26 * FILE_BYTES + 1000,
+                  "incremental %.3f MB for %.0f changed rows", imb, chg);
+    ck_assert_msg(imb < fmb, "incremental %.3f MB, full %.3f MB", imb, fmb);
   }
   ck_assert_msg(seen == 3, "%d round lines in:\n%s", seen, out);
-  ck_assert_ptr_nonnull(strstr(out, "median "));
+  ck_assert_ptr_nonnull(strstr(out, "full / incremental: bytes x"));
   free(out);
 }
 END_TEST
