@@ -110,6 +110,7 @@ START_TEST(test_bad_flags) {
       {"--store nowhere", "--store"},      {"--rows 10", "--rows"},
       {"--zipf 0.5", "--zipf"},            {"--rows 900000000", "--rows"},
       {"--sparse-optimizer adam", "--sparse-optimizer"}, {"--rounds 0", "--rounds"},
+      {"--dir /nonexistent/folder", "--dir"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char *out;

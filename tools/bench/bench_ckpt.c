@@ -194,7 +194,7 @@ static void shape_tables(bc *b) {
   for (int j = 0; j < N_TABLES; j++) b->total += b->rows[j] = dg_cardinality(j, hi);
 }
 
-/* The plan, the generator, the store and the buffers. 0 or -1 (printed). */
+/* The plan, the generator, the store and the buffers. 0 or -1 (message in err). */
 static int setup(bc *b) {
   shape_tables(b);
   emb_plan_params pp = {.n_tables = N_TABLES, .rows = b->rows, .dim = (int)b->f.dim,
@@ -454,18 +454,19 @@ int bench_ckpt(int argc, char **argv) {
     return status;
   }
   sr_rng_init(&b->rng, 7, 0);
-  const char *root = b->f.dir ? b->f.dir : getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+  const char *tmp = getenv("TMPDIR"), *root = b->f.dir ? b->f.dir : tmp && *tmp ? tmp : "/tmp";
   if (sr_path_err(b->dir, sizeof b->dir, b->err, sizeof b->err, "%s/shardrec-bench-ckpt-XXXXXX",
                   root)) {
     fprintf(stderr, "shardrec %s: --dir: %s\n", CMD, b->err);
     free(b);
     return 2;
   }
-  if (!mkdtemp(b->dir)) {
-    fprintf(stderr, "shardrec %s: %s: cannot make a folder: %s\n", CMD, b->dir, strerror(errno));
-    b->dir[0] = 0;
+  if (!mkdtemp(b->dir)) { /* a --dir that is no folder is a bad flag */
+    fprintf(stderr, "shardrec %s: %s%s: cannot make a folder: %s\n", CMD, b->f.dir ? "--dir: " : "",
+            b->dir, strerror(errno));
+    status = b->f.dir ? 2 : 1;
     free(b);
-    return 1;
+    return status;
   }
   status = run(b) ? 1 : 0;
   if (status) fprintf(stderr, "shardrec %s: %s\n", CMD, b->err);
