@@ -13,6 +13,7 @@
 #pragma weak bench_reshard
 #pragma weak bench_metrics
 #pragma weak bench_allreduce
+#pragma weak bench_ckpt
 
 static const struct {
   const char *name;
@@ -27,6 +28,7 @@ static const struct {
     {"reshard", bench_reshard, "resharding rows/s and MB/s vs. a raw RocksDB scan + SST write"},
     {"allreduce", bench_allreduce, "the trainer's dense all-reduce under mpirun: time and link rate"},
     {"metrics", bench_metrics, "Prometheus figures: update cost per step and per RPC, one scrape of 26 tables"},
+    {"ckpt", bench_ckpt, "bytes and seconds per checkpoint: full vs. incremental, Zipf pushes"},
 };
 #define N_BENCH (int)(sizeof benches / sizeof benches[0])
 

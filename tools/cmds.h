@@ -28,5 +28,7 @@ int bench_dp(int argc, char **argv);
 int bench_reshard(int argc, char **argv);
 int bench_metrics(int argc, char **argv);
 int bench_allreduce(int argc, char **argv);
+/* bench ckpt (bench_ckpt.c): full beside incremental checkpoints. */
+int bench_ckpt(int argc, char **argv);
 
 #endif

@@ -22,7 +22,7 @@ static const command commands[] = {
     {"fold", cmd_fold, "fold a chain of incremental checkpoints into one full checkpoint"},
     {"predict", cmd_predict, "score Criteo-format data with a checkpoint's model and shards"},
     {"plot", cmd_plot, "draw train --metrics-out files as a PNG (loss, AUC, samples/s, step time)"},
-    {"bench", cmd_bench, "benchmarks: data, train, store, rpc, dp, reshard"},
+    {"bench", cmd_bench, "benchmarks: data, train, store, rpc, dp, reshard, allreduce, metrics, ckpt"},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 
