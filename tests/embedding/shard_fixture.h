@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/rng.h"
 #include "embedding/plan.h"
 #include "embedding/shard.h"
 #include "embedding/store.h"
@@ -38,6 +39,22 @@ static inline emb_plan *fx_plan(const uint64_t *rows, int dim, uint64_t seed, em
   ck_assert_int_eq(emb_plan_create(&pp, &p, err, sizeof err), 0);
   p->tables[1].dim = 4; /* mixed widths */
   return p;
+}
+
+/* want distinct ids of a table of rows rows (0: unbounded, 64-bit hashed
+ * ids drawn from 20000) into ids, skewed: a quarter of the draws from the
+ * first 5% of the range, so that steps come back to the same rows. */
+static inline size_t fx_step_ids(sr_rng *r, uint64_t rows, size_t want, uint64_t *ids) {
+  const uint64_t bound = rows ? rows : 20000;
+  size_t c = 0;
+  while (c < want) {
+    uint64_t id = sr_rng_below(r, 4) == 0 ? sr_rng_below(r, bound / 20 + 1) : sr_rng_below(r, bound);
+    if (!rows) id = id * 0x9E3779B97F4A7C15ULL; /* 64-bit hashed ids */
+    int dup = 0;
+    for (size_t k = 0; k < c && !dup; k++) dup = ids[k] == id;
+    if (!dup) ids[c++] = id;
+  }
+  return c;
 }
 
 /* A shard store over dir caching cache_rows rows with 4 MiB RocksDB block

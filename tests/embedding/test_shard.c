@@ -49,17 +49,7 @@ typedef struct {
 /* Unique ids, skewed so some rows come back often. */
 static void make_step(step_data *d, sr_rng *r, size_t n, const emb_plan *p) {
   for (int t = 0; t < NT; t++) {
-    size_t want = t == 1 ? n / 4 : n;
-    size_t c = 0;
-    while (c < want) {
-      uint64_t id;
-      uint64_t bound = ROWS[t] ? ROWS[t] : 20000;
-      id = sr_rng_below(r, 4) == 0 ? sr_rng_below(r, bound / 20 + 1) : sr_rng_below(r, bound);
-      if (!ROWS[t]) id = id * 0x9E3779B97F4A7C15ULL; /* 64-bit hashed ids */
-      int dup = 0;
-      for (size_t k = 0; k < c && !dup; k++) dup = d->ids[t][k] == id;
-      if (!dup) d->ids[t][c++] = id;
-    }
+    size_t c = fx_step_ids(r, ROWS[t], t == 1 ? n / 4 : n, d->ids[t]);
     d->counts[t] = c;
     d->idp[t] = d->ids[t];
     for (size_t k = 0; k < c * (size_t)p->tables[t].dim; k++)
