@@ -142,11 +142,7 @@ int emb_ckpt_grown_from(const char *shards, const emb_plan *plan, char model_fp[
   emb_plan *old = NULL;
   char err[512], why[256], mine[EMB_FP_HEX], dir[SR_PATH_MAX];
   model_fp[0] = 0;
-  /* The step folder: shards' parent. */
-  int len = (int)strlen(shards);
-  while (len > 1 && shards[len - 1] == '/') len--;
-  while (len > 0 && shards[len - 1] != '/') len--;
-  if (sr_path(dir, sizeof dir, "%.*s", len > 0 ? len : 1, len > 0 ? shards : ".") ||
+  if (ckpt_dir_parent(shards, dir, sizeof dir) || /* the step folder */
       ckpt_dir_read(dir, &man, err, sizeof err) ||
       emb_ckpt_get_plan(man, dir, &old, err, sizeof err) ||
       emb_plan_model_fingerprint(old, model_fp) || emb_plan_model_fingerprint(plan, mine)) {

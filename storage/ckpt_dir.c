@@ -40,6 +40,7 @@ long long ckpt_dir_step_of(const char *name) {
 
 int ckpt_dir_parent(const char *path, char *out, size_t outlen) {
   if (sr_path(out, outlen, "%s", path)) return SR_ERANGE;
+  for (size_t n = strlen(out); n > 1 && out[n - 1] == '/'; n--) out[n - 1] = 0; /* "a/b/" is "a/b" */
   char *slash = strrchr(out, '/');
   if (slash && slash != out) *slash = 0;
   else sr_path(out, outlen, "%s", slash ? "/" : ".");

@@ -175,7 +175,8 @@ int ckpt_dir_verify(const char *dir, const struct cJSON *man, char *err, size_t 
 int ckpt_dir_fingerprint(const struct cJSON *man, const char *field, const char *src,
                          const char **fp, char *err, size_t errlen);
 
-/* The folder above path ("." for a bare name, "/" for "/x") into out. 0 or
+/* The folder above path ("." for a bare name, "/" for "/x"; trailing slashes
+ * ignored) into out. 0 or
  * SR_ERANGE when it does not fit. */
 int ckpt_dir_parent(const char *path, char *out, size_t outlen);
 

@@ -140,6 +140,13 @@ START_TEST(test_fingerprint_field) {
 END_TEST
 
 START_TEST(test_names_and_resolve) {
+  char up[64];
+  const char *const parents[][2] = {{"a/b/shards", "a/b"}, {"a/b/shards/", "a/b"},
+                                    {"shards", "."},       {"/x", "/"}, {"/x//", "/"}};
+  for (size_t i = 0; i < sizeof parents / sizeof parents[0]; i++) {
+    ck_assert_int_eq(ckpt_dir_parent(parents[i][0], up, sizeof up), 0);
+    ck_assert_str_eq(up, parents[i][1]);
+  }
   ck_assert_int_eq(ckpt_dir_step_of("step-0"), 0);
   ck_assert_int_eq(ckpt_dir_step_of("step-123"), 123);
   ck_assert_int_eq(ckpt_dir_step_of("step-"), -1);
