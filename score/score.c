@@ -269,14 +269,15 @@ static int check_file_transform(run *r) {
   const char *path = r->o->data_path;
   const ds_transform *fx = ds_source_transform(r->src);
   if (!r->xf) return 0;
-  char mfp[SR_SHA256_HEX], ffp[SR_SHA256_HEX], why[512] = "";
+  const char *mfp = r->ci.transform_fp; /* the model's, proven by the checkpoint's file list */
+  char ffp[SR_SHA256_HEX], why[512] = "";
   if (!fx) {
     sr_fmt(r->err, r->errlen, "--processed-data-file %s: its ids were mapped outside "
              "shardrec (raw ids, no data transform) and the model records one: convert the raw "
              "file with --mapping-from %s", path, r->step_dir);
     return SR_EMISMATCH;
   }
-  if (ds_transform_fingerprint(r->xf, mfp) || ds_transform_fingerprint(fx, ffp)) {
+  if (ds_transform_fingerprint(fx, ffp)) {
     sr_fmt(r->err, r->errlen, "%s: cannot fingerprint the data transform", path);
     return SR_EBACKEND;
   }
