@@ -188,12 +188,18 @@ int job__resume(train_job *j) {
   return 0;
 }
 
+/* Whether root is the --save-checkpoint folder (the chain's), not
+ * --save-model's. */
+static int in_chain_root(const train_job *j, const char *root) {
+  return j->cfg->checkpoint_dir && !strcmp(root, j->cfg->checkpoint_dir);
+}
+
 /* The parent the next checkpoint under --save-checkpoint names (-1: a full
  * one): every --full-checkpoint-every-th is full, and one with no
  * checkpoint before it in the root. */
 static long long next_parent(const train_job *j, const char *root) {
   const train_config *c = j->cfg;
-  if (root != c->checkpoint_dir || c->full_every <= 1 || j->ck_incs + 1 >= c->full_every)
+  if (!in_chain_root(j, root) || c->full_every <= 1 || j->ck_incs + 1 >= c->full_every)
     return -1;
   return j->ck_parent;
 }
@@ -201,7 +207,7 @@ static long long next_parent(const train_job *j, const char *root) {
 /* The chain after train_ckpt_save_link returned rc, parent what it wrote
  * on (-1: full; -2: the store has no incremental ops). */
 static void chain_after(train_job *j, const char *root, int rc, long long asked, long long parent) {
-  if (root != j->cfg->checkpoint_dir) { /* --save-model's full one cleared the change set */
+  if (!in_chain_root(j, root)) { /* --save-model's full one cleared the change set */
     j->ck_parent = -1;
     return;
   }
