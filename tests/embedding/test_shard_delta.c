@@ -181,6 +181,18 @@ static void path_in(char *buf, size_t n, const char *dir, const char *name) {
   snprintf(buf, n, "%s/%s", dir, name);
 }
 
+/* The end of each test: its folders (dir2 may be NULL) removed and freed,
+ * the plan freed. */
+static void drop_dirs(emb_plan *p, char *dir, char *dir2, char *ck) {
+  char *all[3] = {dir, dir2, ck};
+  for (int i = 0; i < 3; i++) {
+    if (!all[i]) continue;
+    sr_rmtree(all[i]);
+    free(all[i]);
+  }
+  emb_plan_free(p);
+}
+
 /* After pushes, a delta holds exactly the rows pushed since the last full
  * checkpoint (rows evicted and read back in between), with the local
  * store's values and state; a second delta exactly those pushed since the
@@ -218,11 +230,7 @@ START_TEST(test_delta_holds_changed_rows) {
   idlist_free(&want);
   emb_store_destroy(s[1]);
   emb_store_destroy(s[0]);
-  sr_rmtree(dir);
-  sr_rmtree(ck);
-  free(dir);
-  free(ck);
-  emb_plan_free(p);
+  drop_dirs(p, dir, NULL, ck);
 }
 END_TEST
 
@@ -270,11 +278,7 @@ START_TEST(test_delta_bytes_are_local_store_bytes) {
   free(out);
   emb_store_destroy(s[1]);
   emb_store_destroy(s[0]);
-  sr_rmtree(dir);
-  sr_rmtree(ck);
-  free(dir);
-  free(ck);
-  emb_plan_free(p);
+  drop_dirs(p, dir, NULL, ck);
 }
 END_TEST
 
@@ -335,13 +339,7 @@ START_TEST(test_full_and_deltas_restore) {
   emb_store_destroy(fresh);
   emb_store_destroy(s[1]);
   emb_store_destroy(s[0]);
-  sr_rmtree(dir);
-  sr_rmtree(dir2);
-  sr_rmtree(ck);
-  free(dir);
-  free(dir2);
-  free(ck);
-  emb_plan_free(p);
+  drop_dirs(p, dir, dir2, ck);
 }
 END_TEST
 
@@ -389,11 +387,7 @@ START_TEST(test_change_set_cleared) {
     ck_assert_msg(delta_rows(p, path) == 0, "op %d left rows in the change set", op);
   }
   emb_store_destroy(s);
-  sr_rmtree(dir);
-  sr_rmtree(ck);
-  free(dir);
-  free(ck);
-  emb_plan_free(p);
+  drop_dirs(p, dir, NULL, ck);
 }
 END_TEST
 
@@ -449,13 +443,7 @@ START_TEST(test_restore_delta_refusals) {
   ck_assert_msg(emb_store_restore_delta(s, delta) == 0, "%s", emb_store_errmsg(s));
   emb_store_destroy(half);
   emb_store_destroy(s);
-  sr_rmtree(dir);
-  sr_rmtree(dir2);
-  sr_rmtree(ck);
-  free(dir);
-  free(dir2);
-  free(ck);
-  emb_plan_free(p);
+  drop_dirs(p, dir, dir2, ck);
 }
 END_TEST
 
