@@ -24,6 +24,7 @@
 #include "storage/ckpt_dir.h"
 #include "tests/embedding/shard_fixture.h"
 #include "tests/support/proc.h"
+#include "tests/support/store_rows.h"
 
 #define NT FX_NT
 #define DIM 8
@@ -119,24 +120,6 @@ static int read_delta(const emb_plan *p, const char *dir, int t, records *r, cha
   return emb_tabfile_read(path, &p->tables[t], fp, rec_fn, r, err, n);
 }
 
-/* Finds row id of table t in store s (value and state) by iterate. */
-typedef struct {
-  uint64_t id;
-  int found;
-  float row[2 * DIM];
-} find_ctx;
-
-static int find_fn(void *ctx, int table, uint64_t id, const float *v, int dim, const float *st,
-                   int sl) {
-  (void)table;
-  find_ctx *f = ctx;
-  if (id != f->id) return 0;
-  memcpy(f->row, v, 4 * (size_t)dim);
-  if (sl) memcpy(f->row + dim, st, 4 * (size_t)sl);
-  f->found = 1;
-  return 1;
-}
-
 /* The delta under dir holds exactly want's ids, ascending, each with the
  * value and state ref holds for it. */
 static void check_delta(const emb_plan *p, const char *dir, idlist *want, emb_store *ref) {
@@ -149,11 +132,7 @@ static void check_delta(const emb_plan *p, const char *dir, idlist *want, emb_st
     ck_assert_uint_eq(r.n, want->n[t]);
     for (uint64_t i = 0; i < r.n; i++) {
       ck_assert_uint_eq(r.ids[i], want->ids[t][i]);
-      find_ctx f = {.id = r.ids[i]};
-      ck_assert_int_eq(emb_store_iterate(ref, t, find_fn, &f), 0);
-      ck_assert(f.found);
-      ck_assert_msg(!memcmp(f.row, r.vals[i], 4 * (size_t)r.w), "table %d row %llu differs", t,
-                    (unsigned long long)r.ids[i]);
+      assert_row_held(ref, t, r.ids[i], r.vals[i], r.w);
     }
   }
 }

@@ -25,6 +25,7 @@
 #include "rpc/service.h"
 #include "rpc/shardrec.pb-c.h"
 #include "tests/support/servers.h"
+#include "tests/support/store_rows.h"
 
 #define DIM 8
 #define NT 2
@@ -129,32 +130,10 @@ typedef struct {
   uint64_t n, *ids;
 } rec_ctx;
 
-typedef struct {
-  uint64_t id;
-  int found;
-  float row[2 * DIM];
-} find_ctx;
-
-static int find_fn(void *ctx, int table, uint64_t id, const float *v, int dim, const float *st,
-                   int sl) {
-  (void)table;
-  find_ctx *f = ctx;
-  if (id != f->id) return 0;
-  memcpy(f->row, v, 4 * (size_t)dim);
-  if (sl) memcpy(f->row + dim, st, 4 * (size_t)sl);
-  f->found = 1;
-  return 1;
-}
-
 static int rec_fn(void *vctx, uint64_t id, const float *vals) {
   rec_ctx *c = vctx;
-  find_ctx f = {.id = id};
-  ck_assert_int_eq(emb_store_iterate(c->ref, c->t, find_fn, &f), 0);
-  ck_assert_msg(f.found, "table %d row %llu: not a row the local store holds", c->t,
-                (unsigned long long)id);
   int w = DIM + emb_optim_state_len(&plan->tables[c->t].optim, DIM);
-  ck_assert_msg(!memcmp(f.row, vals, 4 * (size_t)w), "table %d row %llu differs", c->t,
-                (unsigned long long)id);
+  assert_row_held(c->ref, c->t, id, vals, w);
   c->ids[c->n++] = id;
   return 0;
 }
