@@ -24,6 +24,7 @@
 #include "storage/ckpt_dir.h"
 #include "tests/embedding/shard_fixture.h"
 #include "tests/support/proc.h"
+#include "tests/support/store_rows.h"
 
 #define NT FX_NT
 #define DIM 8
@@ -119,24 +120,6 @@ static int read_delta(const emb_plan *p, const char *dir, int t, records *r, cha
   return emb_tabfile_read(path, &p->tables[t], fp, rec_fn, r, err, n);
 }
 
-/* Finds row id of table t in store s (value and state) by iterate. */
-typedef struct {
-  uint64_t id;
-  int found;
-  float row[2 * DIM];
-} find_ctx;
-
-static int find_fn(void *ctx, int table, uint64_t id, const float *v, int dim, const float *st,
-                   int sl) {
-  (void)table;
-  find_ctx *f = ctx;
-  if (id != f->id) return 0;
-  memcpy(f->row, v, 4 * (size_t)dim);
-  if (sl) memcpy(f->row + dim, st, 4 * (size_t)sl);
-  f->found = 1;
-  return 1;
-}
-
 /* The delta under dir holds exactly want's ids, ascending, each with the
  * value and state ref holds for it. */
 static void check_delta(const emb_plan *p, const char *dir, idlist *want, emb_store *ref) {
@@ -149,11 +132,7 @@ static void check_delta(const emb_plan *p, const char *dir, idlist *want, emb_st
     ck_assert_uint_eq(r.n, want->n[t]);
     for (uint64_t i = 0; i < r.n; i++) {
       ck_assert_uint_eq(r.ids[i], want->ids[t][i]);
-      find_ctx f = {.id = r.ids[i]};
-      ck_assert_int_eq(emb_store_iterate(ref, t, find_fn, &f), 0);
-      ck_assert(f.found);
-      ck_assert_msg(!memcmp(f.row, r.vals[i], 4 * (size_t)r.w), "table %d row %llu differs", t,
-                    (unsigned long long)r.ids[i]);
+      assert_row_held(ref, t, r.ids[i], r.vals[i], r.w);
     }
   }
 }
@@ -179,6 +158,18 @@ static void digest(emb_store *s, unsigned char out[32]) {
 
 static void path_in(char *buf, size_t n, const char *dir, const char *name) {
   snprintf(buf, n, "%s/%s", dir, name);
+}
+
+/* The end of each test: its folders (dir2 may be NULL) removed and freed,
+ * the plan freed. */
+static void drop_dirs(emb_plan *p, char *dir, char *dir2, char *ck) {
+  char *all[3] = {dir, dir2, ck};
+  for (int i = 0; i < 3; i++) {
+    if (!all[i]) continue;
+    sr_rmtree(all[i]);
+    free(all[i]);
+  }
+  emb_plan_free(p);
 }
 
 /* After pushes, a delta holds exactly the rows pushed since the last full
@@ -218,11 +209,7 @@ START_TEST(test_delta_holds_changed_rows) {
   idlist_free(&want);
   emb_store_destroy(s[1]);
   emb_store_destroy(s[0]);
-  sr_rmtree(dir);
-  sr_rmtree(ck);
-  free(dir);
-  free(ck);
-  emb_plan_free(p);
+  drop_dirs(p, dir, NULL, ck);
 }
 END_TEST
 
@@ -270,11 +257,7 @@ START_TEST(test_delta_bytes_are_local_store_bytes) {
   free(out);
   emb_store_destroy(s[1]);
   emb_store_destroy(s[0]);
-  sr_rmtree(dir);
-  sr_rmtree(ck);
-  free(dir);
-  free(ck);
-  emb_plan_free(p);
+  drop_dirs(p, dir, NULL, ck);
 }
 END_TEST
 
@@ -335,13 +318,7 @@ START_TEST(test_full_and_deltas_restore) {
   emb_store_destroy(fresh);
   emb_store_destroy(s[1]);
   emb_store_destroy(s[0]);
-  sr_rmtree(dir);
-  sr_rmtree(dir2);
-  sr_rmtree(ck);
-  free(dir);
-  free(dir2);
-  free(ck);
-  emb_plan_free(p);
+  drop_dirs(p, dir, dir2, ck);
 }
 END_TEST
 
@@ -389,11 +366,7 @@ START_TEST(test_change_set_cleared) {
     ck_assert_msg(delta_rows(p, path) == 0, "op %d left rows in the change set", op);
   }
   emb_store_destroy(s);
-  sr_rmtree(dir);
-  sr_rmtree(ck);
-  free(dir);
-  free(ck);
-  emb_plan_free(p);
+  drop_dirs(p, dir, NULL, ck);
 }
 END_TEST
 
@@ -449,13 +422,7 @@ START_TEST(test_restore_delta_refusals) {
   ck_assert_msg(emb_store_restore_delta(s, delta) == 0, "%s", emb_store_errmsg(s));
   emb_store_destroy(half);
   emb_store_destroy(s);
-  sr_rmtree(dir);
-  sr_rmtree(dir2);
-  sr_rmtree(ck);
-  free(dir);
-  free(dir2);
-  free(ck);
-  emb_plan_free(p);
+  drop_dirs(p, dir, dir2, ck);
 }
 END_TEST
 

@@ -24,7 +24,9 @@
 #include "rpc/client.h"
 #include "rpc/service.h"
 #include "rpc/shardrec.pb-c.h"
+#include "tests/rpc/remote_fixture.h"
 #include "tests/support/servers.h"
+#include "tests/support/store_rows.h"
 
 #define DIM 8
 #define NT 2
@@ -55,24 +57,9 @@ static void setup_servers(int data) {
 static void setup(void) { setup_servers(1); }
 static void setup_mem(void) { setup_servers(0); }
 
-static void teardown(void) {
-  for (int k = 0; k < 2; k++) {
-    int st = server_stop(&srv[k]);
-    ck_assert_msg(st == 0, "server %d exited with %d", k, st);
-  }
-  emb_plan_free(plan);
-  run_cmd(NULL, "rm -rf %s", dir);
-  free(dir);
-}
+static void teardown(void) { fx_stop(srv, plan, dir); }
 
-static emb_store *remote(void) {
-  const char *addr[2] = {srv[0].addr, srv[1].addr};
-  rpc_client_opts o = {.deadline_s = 10, .max_tries = 12};
-  char err[512];
-  emb_store *s = emb_store_create_remote(plan, addr, 2, &o, err, sizeof err);
-  ck_assert_msg(s != NULL, "%s", err);
-  return s;
-}
+static emb_store *remote(void) { return fx_remote(plan, srv); }
 
 /* Step st's ids: n unique ids a table, changing with st. */
 static void make_ids(int st, size_t n, uint64_t ids[NT][MAXN]) {
@@ -129,32 +116,10 @@ typedef struct {
   uint64_t n, *ids;
 } rec_ctx;
 
-typedef struct {
-  uint64_t id;
-  int found;
-  float row[2 * DIM];
-} find_ctx;
-
-static int find_fn(void *ctx, int table, uint64_t id, const float *v, int dim, const float *st,
-                   int sl) {
-  (void)table;
-  find_ctx *f = ctx;
-  if (id != f->id) return 0;
-  memcpy(f->row, v, 4 * (size_t)dim);
-  if (sl) memcpy(f->row + dim, st, 4 * (size_t)sl);
-  f->found = 1;
-  return 1;
-}
-
 static int rec_fn(void *vctx, uint64_t id, const float *vals) {
   rec_ctx *c = vctx;
-  find_ctx f = {.id = id};
-  ck_assert_int_eq(emb_store_iterate(c->ref, c->t, find_fn, &f), 0);
-  ck_assert_msg(f.found, "table %d row %llu: not a row the local store holds", c->t,
-                (unsigned long long)id);
   int w = DIM + emb_optim_state_len(&plan->tables[c->t].optim, DIM);
-  ck_assert_msg(!memcmp(f.row, vals, 4 * (size_t)w), "table %d row %llu differs", c->t,
-                (unsigned long long)id);
+  assert_row_held(c->ref, c->t, id, vals, w);
   c->ids[c->n++] = id;
   return 0;
 }

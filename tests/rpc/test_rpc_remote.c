@@ -13,6 +13,7 @@
 #include "embedding/store.h"
 #include "rpc/client.h"
 #include "tests/rpc/calls.h"
+#include "tests/rpc/remote_fixture.h"
 #include "tests/support/servers.h"
 
 #define DIM 8
@@ -48,24 +49,9 @@ static void setup(void) {
   start(1, NULL);
 }
 
-static void teardown(void) {
-  for (int k = 0; k < 2; k++) {
-    int st = server_stop(&srv[k]);
-    ck_assert_msg(st == 0, "server %d exited with %d", k, st);
-  }
-  emb_plan_free(plan);
-  run_cmd(NULL, "rm -rf %s", dir);
-  free(dir);
-}
+static void teardown(void) { fx_stop(srv, plan, dir); }
 
-static emb_store *remote(void) {
-  const char *addr[2] = {srv[0].addr, srv[1].addr};
-  rpc_client_opts o = {.deadline_s = 10, .max_tries = 12};
-  char err[512];
-  emb_store *s = emb_store_create_remote(plan, addr, 2, &o, err, sizeof err);
-  ck_assert_msg(s != NULL, "%s", err);
-  return s;
-}
+static emb_store *remote(void) { return fx_remote(plan, srv); }
 
 /* Step st's ids: n unique ids per table, a permutation that changes per step. */
 static void make_ids(int st, size_t n, uint64_t ids[NT][64]) {

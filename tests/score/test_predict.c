@@ -36,18 +36,28 @@ static char *auc_text(const char *out, const char *prefix) {
   return strndup(p, (size_t)(e - p));
 }
 
+/* predict's metrics (pm.json) are train's test metrics (kind test in
+ * metrics_jsonl), and the metrics it printed in out are the test line train
+ * printed in train_out. */
+static void same_metrics_as_train(const char *out, const char *metrics_jsonl, const char *train_out) {
+  char *a = metric_fields("pm.json", "\"kind\":\"predict\"");
+  char *b = metric_fields(metrics_jsonl, "\"kind\":\"test\"");
+  ck_assert_str_eq(a, b);
+  char *tro = file_text(train_out);
+  char *x = auc_text(out, "metrics "), *y = auc_text(tro, "test   step");
+  ck_assert_str_eq(x, y);
+  free(x);
+  free(y);
+  free(tro);
+  free(a);
+  free(b);
+}
+
 START_TEST(test_rocks_in_process_equals_trainer) {
   char *out = in_dir(0, "%s predict --checkpoint ckr --processed-data-file d.bin --data-split test "
                         "--out p.tsv --metrics-out pm.json", bin_path());
   assert_same_preds("p.tsv", "tr.txt", N_TEST);
-  char *a = metric_fields("pm.json", "\"kind\":\"predict\""), *b = metric_fields("mr.jsonl", "\"kind\":\"test\"");
-  ck_assert_str_eq(a, b);
-  /* The printed metrics too, as train printed them. */
-  char *tro = file_text("tra.out");
-  char *x = auc_text(out, "metrics "), *y = auc_text(tro, "test   step");
-  ck_assert_str_eq(x, y);
-  free(y);
-  free(tro);
+  same_metrics_as_train(out, "mr.jsonl", "tra.out");
   ck_assert_msg(strstr(out, "RocksDB shard databases in ") != NULL, "%s", out);
   /* The temporary copy of the databases is gone. */
   char tmp[512] = "";
@@ -72,9 +82,6 @@ START_TEST(test_rocks_in_process_equals_trainer) {
   free(pa);
   free(pt);
   free(all);
-  free(x);
-  free(a);
-  free(b);
   free(out);
 }
 END_TEST
@@ -85,17 +92,7 @@ START_TEST(test_raw_in_memory_equals_trainer) {
   ck_assert_msg(strstr(out, "in process, in memory") != NULL, "%s", out);
   ck_assert_msg(strstr(out, "warning") == NULL, "%s", out);
   assert_same_preds("p.tsv", "tl.txt", N_TEST);
-  char *a = metric_fields("pm.json", "\"kind\":\"predict\""), *b = metric_fields("ml.jsonl", "\"kind\":\"test\"");
-  ck_assert_str_eq(a, b);
-  /* The printed text equals the trainer's printed test line. */
-  char *tro = file_text("trl.out");
-  char *x = auc_text(out, "metrics "), *y = auc_text(tro, "test   step");
-  ck_assert_str_eq(x, y);
-  free(x);
-  free(y);
-  free(tro);
-  free(a);
-  free(b);
+  same_metrics_as_train(out, "ml.jsonl", "trl.out");
   free(out);
   /* Without --test-fraction the split is the Kaggle days', but the ids are
    * still the model's own (its transform, not a dictionary built from

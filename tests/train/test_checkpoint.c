@@ -58,6 +58,13 @@ static char *train(int want_rc, const char *extra) {
   ck_assert_msg(rc == want_rc, "train %s: exit %d, wanted %d:\n%s", extra, rc, want_rc, out);
   return out;
 }
+
+/* A run of train with extra, exiting want_rc, prints want. */
+static void train_says(int want_rc, const char *extra, const char *want) {
+  char *out = train(want_rc, extra);
+  ck_assert_msg(strstr(out, want) != NULL, "%s", out);
+  free(out);
+}
 #endif
 
 /* The "step":N,...,"loss":X part of train lines with step > from, joined. */
@@ -220,12 +227,10 @@ START_TEST(test_crash_safety) {
   free(out);
   free(train(0, "--cache-rows 1024 --num-batches 40 --metrics-out full.jsonl"));
   /* --resume DIR takes step-10, the newest complete one, and continues exactly. */
-  out = train(0, "--cache-rows 1024 --num-batches 40 --resume c1 --metrics-out r1.jsonl");
-  ck_assert_msg(strstr(out, "c1/step-10: step 10") != NULL, "%s", out);
-  free(out);
-  out = train(0, "--cache-rows 1024 --num-batches 40 --resume c2 --metrics-out r2.jsonl");
-  ck_assert_msg(strstr(out, "c2/step-10: step 10") != NULL, "%s", out);
-  free(out);
+  train_says(0, "--cache-rows 1024 --num-batches 40 --resume c1 --metrics-out r1.jsonl",
+             "c1/step-10: step 10");
+  train_says(0, "--cache-rows 1024 --num-batches 40 --resume c2 --metrics-out r2.jsonl",
+             "c2/step-10: step 10");
   char *a = losses("full.jsonl", 10), *b = losses("r1.jsonl", 0), *c = losses("r2.jsonl", 0);
   ck_assert_uint_gt(strlen(a), 200);
   ck_assert_str_eq(a, b);
@@ -234,22 +239,18 @@ START_TEST(test_crash_safety) {
   free(b);
   free(c);
   /* The torn one named directly is refused, naming DONE. */
-  out = train(1, "--cache-rows 1024 --num-batches 40 --resume c2/step-20");
-  ck_assert_msg(strstr(out, "c2/step-20/DONE: missing") != NULL, "%s", out);
-  free(out);
+  train_says(1, "--cache-rows 1024 --num-batches 40 --resume c2/step-20", "c2/step-20/DONE: missing");
   /* The temporary folder is no checkpoint, named directly either. */
-  out = train(1, "--cache-rows 1024 --num-batches 40 --resume c1/.step-20.tmp-4242");
-  ck_assert_msg(strstr(out, "c1/.step-20.tmp-4242: no complete checkpoint") != NULL, "%s", out);
-  free(out);
+  train_says(1, "--cache-rows 1024 --num-batches 40 --resume c1/.step-20.tmp-4242",
+             "c1/.step-20.tmp-4242: no complete checkpoint");
   /* A DONE that does not hold the manifest's SHA-256: step-20 is the newest
    * marked one, and it is refused, not skipped silently. */
   out = train(1, "--cache-rows 1024 --num-batches 40 --resume c3");
   ck_assert_msg(strstr(out, "c3/step-20/manifest.json: checksum does not match the one in DONE") != NULL,
                 "%s", out);
   free(out);
-  out = train(1, "--cache-rows 1024 --num-batches 40 --resume c4");
-  ck_assert_msg(strstr(out, "c4/step-20/dense.bin: checksum mismatch (file damaged)") != NULL, "%s", out);
-  free(out);
+  train_says(1, "--cache-rows 1024 --num-batches 40 --resume c4",
+             "c4/step-20/dense.bin: checksum mismatch (file damaged)");
   /* A later save over c1 writes step-20 afresh beside the leftover. */
   free(train(0, "--cache-rows 1024 --num-batches 20 --resume c1 --save-checkpoint c1"));
   rc = run_cmd(&out, "cd %s && cmp c/step-20/dense.bin c1/step-20/dense.bin && echo same", dir);
@@ -273,28 +274,19 @@ START_TEST(test_refusals) {
   ck_assert(find_num(out, "total ") > 100);
   free(out);
   /* The live data folder holds databases: a fresh run is refused. */
-  out = train(1, "--cache-rows 1024 --num-batches 10 --data-dir live");
-  ck_assert_msg(strstr(out, "holds shard databases") != NULL, "%s", out);
-  free(out);
+  train_says(1, "--cache-rows 1024 --num-batches 10 --data-dir live", "holds shard databases");
   /* ... and --resume replaces them from the checkpoint. */
   out = train(0, "--cache-rows 1024 --num-batches 12 --data-dir live --resume r");
   free(out);
   /* Missing. */
-  out = train(1, "--cache-rows 1024 --num-batches 10 --resume nowhere");
-  ck_assert_msg(strstr(out, "nowhere: no such checkpoint folder") != NULL, "%s", out);
-  free(out);
+  train_says(1, "--cache-rows 1024 --num-batches 10 --resume nowhere", "nowhere: no such checkpoint folder");
   /* Other model (seed). */
-  out = train(1, "--cache-rows 1024 --num-batches 20 --seed 7 --resume r");
-  ck_assert_msg(strstr(out, "manifest.json: written for model fingerprint") != NULL, "%s", out);
-  free(out);
+  train_says(1, "--cache-rows 1024 --num-batches 20 --seed 7 --resume r",
+             "manifest.json: written for model fingerprint");
   /* Other store kind. */
-  out = train(1, "--num-batches 20 --resume r");
-  ck_assert_msg(strstr(out, "holds rows of the shard store") != NULL, "%s", out);
-  free(out);
+  train_says(1, "--num-batches 20 --resume r", "holds rows of the shard store");
   /* Other batch size. */
-  out = train(1, "--cache-rows 1024 --num-batches 20 --resume r --mini-batch-size 32");
-  ck_assert_msg(strstr(out, "--mini-batch-size 64") != NULL, "%s", out);
-  free(out);
+  train_says(1, "--cache-rows 1024 --num-batches 20 --resume r --mini-batch-size 32", "--mini-batch-size 64");
   /* A damaged dense file (same size). */
   int rc = run_cmd(&out, "cd %s && cp -r r/step-10 bad1 && printf 'X' | dd of=bad1/dense.bin bs=1 seek=300 "
                          "conv=notrunc 2>/dev/null && %s train " FLAGS "--cache-rows 1024 --num-batches 20 --resume bad1",
@@ -328,9 +320,8 @@ START_TEST(test_refusals) {
    * else, so none lands in the current folder). */
   rc = run_cmd(&out, "cd %s && rm -f plan.json", dir);
   free(out);
-  out = train(0, "--cache-rows 1024 --num-batches 30 --save-checkpoint k --checkpoint-every 5 --keep-checkpoints 2");
-  ck_assert_msg(strstr(out, "plan   k/plan.json (written): ") != NULL, "%s", out);
-  free(out);
+  train_says(0, "--cache-rows 1024 --num-batches 30 --save-checkpoint k --checkpoint-every 5 --keep-checkpoints 2",
+             "plan   k/plan.json (written): ");
   rc = run_cmd(&out, "cd %s && ls k && test ! -e plan.json", dir);
   ck_assert_msg(rc == 0 && !strcmp(out, "plan.json\nstep-25\nstep-30\n"), "%s", out);
   free(out);

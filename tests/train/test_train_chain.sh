@@ -27,6 +27,7 @@
 # the kill) resumes (--auto-resume) from the last complete link, itself
 # incremental, and ends with the bits of the uninterrupted run.
 set -euo pipefail
+. "${BASH_SOURCE%/*}/../support/lib.sh"
 
 B=${SHARDREC_BIN:?run through ctest (SHARDREC_BIN)}
 W=$(mktemp -d /tmp/shardrec-chain-XXXXXX)
@@ -38,23 +39,8 @@ cleanup() {
   [ -n "${KEEP:-}" ] || rm -rf "$W"
 }
 trap cleanup EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
 cd "$W"
 
-run() {
-  local name=$1
-  shift
-  "$@" >"$name.log" 2>&1 || fail "$name: $* failed: $(tail -5 "$name.log")"
-}
-refused() {
-  local name=$1
-  shift
-  if "$@" >"$name.log" 2>&1; then fail "$name: $* succeeded: $(tail -3 "$name.log")"; fi
-}
-has() { grep -qF -- "$2" "$1.log" || fail "$1: no '$2' in: $(tail -3 "$1.log")"; }
 # same_files A B: the same files under folders A and B, each byte for byte.
 same_files() {
   (cd "$1" && find . -type f | sort) >files.a

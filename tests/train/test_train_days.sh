@@ -18,6 +18,7 @@
 # writes the resumed job's plan and takes no model flag; serve --plan GROWN
 # --restore starts from day 1's rows.
 set -euo pipefail
+. "${BASH_SOURCE%/*}/../support/lib.sh"
 
 B=${SHARDREC_BIN:?run through ctest (SHARDREC_BIN)}
 W=$(mktemp -d /tmp/shardrec-days-XXXXXX)
@@ -28,21 +29,8 @@ cleanup() {
   [ -n "${KEEP:-}" ] || rm -rf "$W"
 }
 trap cleanup EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
 cd "$W"
 
-# wait_for SECS CMD...: until CMD succeeds (1 when SECS pass first).
-wait_for() {
-  local end=$((SECONDS + $1))
-  shift
-  until "$@"; do
-    [ "$SECONDS" -lt "$end" ] || return 1
-    sleep 0.05
-  done
-}
 listening() { grep -qs '^listening on ' "$1"; }
 up_or_gone() { listening "$1" || ! kill -0 "$2" 2>/dev/null; }
 
@@ -64,20 +52,6 @@ stop_server() {
   wait "$p" 2>/dev/null || true
 }
 
-# run NAME CMD...: CMD's stdout and stderr into NAME.log; fails the test when
-# CMD does.
-run() {
-  local name=$1
-  shift
-  "$@" >"$name.log" 2>&1 || fail "$name: $* failed: $(tail -5 "$name.log")"
-}
-# refused NAME CMD...: CMD must fail; its output in NAME.log.
-refused() {
-  local name=$1
-  shift
-  if "$@" >"$name.log" 2>&1; then fail "$name: $* succeeded: $(tail -3 "$name.log")"; fi
-}
-has() { grep -qF -- "$2" "$1.log" || fail "$1: no '$2' in: $(tail -3 "$1.log")"; }
 dense_sha() { sha256sum "$1"/step-"$2"/dense.bin | cut -d' ' -f1; }
 auc_of() { sed -n 's/^test .* auc \([0-9.]*\).*/\1/p' "$1.log" | tail -1; }
 
