@@ -55,7 +55,13 @@ static void same_as(const char *ref, const char *name, const char *launch, const
   char *a = bits_of(ref), *b = bits_of(name);
   ck_assert_uint_gt(strlen(a), 60 * 40);
   ck_assert_ptr_nonnull(strstr(a, "\"kind\":\"test\""));
-  ck_assert_msg(!strcmp(a, b), "%s differs from %s:\n%s\n---\n%s", name, ref, b, a);
+  /* On a difference, the first line that differs (the whole files overflow
+   * Check's message). */
+  size_t at = 0, line = 1;
+  for (; a[at] && a[at] == b[at]; at++) line += a[at] == '\n';
+  while (at > 0 && a[at - 1] != '\n') at--;
+  ck_assert_msg(!strcmp(a, b), "%s differs from %s at metrics line %zu:\n%.300s\n---\n%.300s",
+                name, ref, line, b + at, a + at);
   free(a);
   free(b);
 }
