@@ -135,6 +135,9 @@ rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
   s->budget_wait_s = o->inflight_wait_s > 0 ? o->inflight_wait_s : 1;
   s->observe = o->observe;
   s->observe_ctx = o->observe_ctx;
+  s->from_ckpt = o->from_checkpoint;
+  s->ckpt_step = o->step;
+  s->versions = o->from_checkpoint ? o->versions : NULL;
   s->served = calloc((size_t)plan->n_shards, 1);
   s->shards = malloc((size_t)o->n_shards * sizeof *s->shards);
   if (!s->served || !s->shards) goto nomem;
@@ -460,10 +463,11 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
       goto out;
     }
   }
+  if (q->step_asked && !s->versions && rpc__check_one_step(s, q->at_step, r)) goto out;
   if (rpc__check_answer(s, q->tables, q->n_tables, idx, token != NULL, r)) goto out;
-  if (pin && rpc__answer_pinned(s, q, idx, &set, r)) goto out;
+  if (pin && !s->versions && rpc__answer_pinned(s, q, idx, &set, r)) goto out;
   if (rpc__answer_layout(s->plan, s->incarnation, q, idx, rows_at, &r->out_len) ||
-      !(r->out = malloc(r->out_len ? r->out_len : 1)))
+      !(r->out = malloc(r->out_len + RPC_STEP_BYTES)))
     FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory for the answer");
   static float dummy;
   for (int t = 0; t < nt; t++) outp[t] = &dummy;
@@ -472,13 +476,20 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
     outp[t] = (float *)(r->out + rows_at[i]); /* 4-byte aligned: rpc__answer_layout */
   }
   rpc__answer_write(s->plan, s->incarnation, q, idx, rows_at, r->out, r->out_len);
+  int64_t step = s->ckpt_step; /* the checkpoint step answered from */
+  const rpc_service_versions *v = s->versions;
   pthread_mutex_lock(&s->mu);
+  const int vs = v ? v->pick(v->ctx, q->at_step, q->step_asked, &step, r->msg, sizeof r->msg)
+                   : RPC_OK;
   if (q->header->step > s->hi_step) s->hi_step = q->header->step;
-  int rc = emb_store_lookup_begin(s->store, q->header->step, &set, outp);
-  if (!rc) rc = emb_store_lookup_wait(s->store);
+  int rc = vs ? 0 : emb_store_lookup_begin(s->store, q->header->step, &set, outp);
+  if (!vs && !rc) rc = emb_store_lookup_wait(s->store);
   if (rc) snprintf(r->msg, sizeof r->msg, "lookup: %s", emb_store_errmsg(s->store));
+  else if (!vs && v) v->patch(v->ctx, step, &set, outp);
   pthread_mutex_unlock(&s->mu);
-  if (rc) r->status = RPC_INTERNAL; /* rpc_service_handle_call frees the answer */
+  if (vs) r->status = vs; /* rpc_service_handle_call frees the answer */
+  else if (rc) r->status = RPC_INTERNAL;
+  else r->out_len = (size_t)(rpc__answer_step(s, r->out + r->out_len, step) - r->out);
 out:
   rpc__scratch_give(s, x);
 }
