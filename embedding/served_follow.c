@@ -533,12 +533,6 @@ static int check_head(emb_follow *f, const char *dir, ckpt_dir_chain *chain,
   if (!rc) rc = ckpt_dir_read(dir, &man, ev->msg, sizeof ev->msg);
   if (!rc) rc = emb_ckpt_get_plan(man, src, &plan, ev->msg, sizeof ev->msg);
   if (!rc) rc = ckpt_dir_fingerprint(man, "transform", src, &xf, ev->msg, sizeof ev->msg);
-  const cJSON *st = rc ? NULL : cJSON_GetObjectItemCaseSensitive(man, "step");
-  if (!rc && (!cJSON_IsNumber(st) || st->valuedouble != (double)ev->step)) {
-    sr_fmt(ev->msg, sizeof ev->msg, "%s: the manifest's step is not the folder's (%lld)", src,
-           (long long)ev->step);
-    rc = SR_EFORMAT;
-  }
   if (!rc) {
     emb_plan_fingerprint(plan, fp);
     emb_plan_fingerprint(f->plan, served);
@@ -554,6 +548,12 @@ static int check_head(emb_follow *f, const char *dir, ckpt_dir_chain *chain,
              xf ? xf : "(none)", f->sv->transform_fp[0] ? f->sv->transform_fp : "(none)");
       rc = SR_EMISMATCH;
     }
+  }
+  const cJSON *st = rc ? NULL : cJSON_GetObjectItemCaseSensitive(man, "step");
+  if (!rc && (!cJSON_IsNumber(st) || st->valuedouble != (double)ev->step)) {
+    sr_fmt(ev->msg, sizeof ev->msg, "%s: the manifest's step is not the folder's (%lld)", src,
+           (long long)ev->step);
+    rc = SR_EFORMAT;
   }
   if (!rc) rc = ckpt_dir_chain_open(dir, man, 0, chain, ev->msg, sizeof ev->msg);
   emb_plan_free(plan);

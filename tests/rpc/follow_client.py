@@ -119,6 +119,26 @@ print("batches %d, Lookups %d; last step %d" % (len(batches), len(calls), batche
       flush=True)
 
 
+# ---- asked steps no server holds ----
+def refused(look, at, code, text):
+    h = pb.RequestHeader(plan_fingerprint=fp, job_id="follow-client", step=1, rank=0, world_size=1)
+    q = pb.LookupRequest(header=h, tables=[pb.TableIds(table_id=tables[0][0], ids=[0])],
+                         at_step=at, step_asked=True)
+    try:
+        look(q, timeout=30)
+    except grpc.RpcError as e:
+        return e.code().name == code and text in (e.details() or "")
+    return False
+
+
+last = batches[-1][1].step
+check(refused(look_a, last + 100, "UNAVAILABLE", "step %d asked; this server serves step %d"
+              % (last + 100, last)), "a newer step is refused UNAVAILABLE naming both")
+check(refused(look_a, 1, "FAILED_PRECONDITION", "step 1 asked; this server serves step %d and "
+              "holds steps" % last), "a step never held is refused FAILED_PRECONDITION")
+check(refused(look_f, last, "FAILED_PRECONDITION", "serves a plan's rows"),
+      "a server of a plan holds no step")
+
 # ---- the checkpoints' rows ----
 def table_rows(path):
     """{row_id: bytes of its dim floats} of a table file (SREMBTAB v1)."""

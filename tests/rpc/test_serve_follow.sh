@@ -12,9 +12,13 @@
 # swaps counted on /metrics; a swap of one step's rows (about 1% of the rows
 # held) grows the server's RSS by under 5% of its tables' bytes; a step-N
 # folder without DONE and a copy of a checkpoint with a damaged table file
-# are refused by both servers (a text line and a JSON event naming the
-# reason, shardrec_serve_checkpoints_refused_total{reason="incomplete"} and
-# {reason="damaged"} 1), which go on answering from the last good step;
+# and a checkpoint of another plan (dim 8) are refused by both servers (a
+# text line and a JSON event naming the reason,
+# shardrec_serve_checkpoints_refused_total{reason="incomplete"},
+# {reason="damaged"} and {reason="plan"} 1), which go on answering from the
+# last good step; a Lookup asking for a newer step is refused UNAVAILABLE,
+# one never held and one of a plan's server FAILED_PRECONDITION, naming the
+# steps;
 # --follow without --checkpoint and --swap-at-step without --follow exit 2;
 # with --swap-at-step a server holds its step until that one is complete.
 set -euo pipefail
@@ -125,7 +129,14 @@ run next "$B" train "${T[@]/#C/D}" --resume D --num-batches 880 --checkpoint-eve
 f=$(ls D/step-880/shards/table-*.bin | head -1)
 printf '\x55' | dd of="$f" bs=1 seek=300 conv=notrunc status=none
 mv D/step-880 C/step-880
+# (a checkpoint of another plan: dim 8)
+run other "$B" train --processed-data-file d.bin --mini-batch-size 64 --arch-mlp-bot 13-32-8 \
+  --arch-mlp-top 32-1 --arch-sparse-feature-size 8 --print-freq 100000 --test-freq 0 \
+  --save-checkpoint E --num-batches 5 --checkpoint-every 5
+mv E/step-5 C/step-890
 for s in a b; do
+  wait_for 60 grep -q '"event":"checkpoint_refused".*"step":890,"reason":"plan"' $s.log ||
+    fail "$s: no plan refusal: $(tail -2 $s.log)"
   wait_for 60 grep -q '"event":"checkpoint_refused".*"step":870,"reason":"incomplete"' $s.log ||
     fail "$s: no incomplete refusal: $(tail -2 $s.log)"
   wait_for 60 grep -q '"event":"checkpoint_refused".*"step":880,"reason":"damaged".*checksum mismatch' $s.log ||
@@ -134,6 +145,8 @@ for s in a b; do
     fail "$s: incomplete not counted once"
   [ "$(metric $s 'shardrec_serve_checkpoints_refused_total{reason="damaged"}')" = 1 ] ||
     fail "$s: damaged not counted once"
+  [ "$(metric $s 'shardrec_serve_checkpoints_refused_total{reason="plan"}')" = 1 ] ||
+    fail "$s: another plan not counted once"
   serving $s 861 || fail "$s left step 861"
   [ "$(metric $s shardrec_serve_swaps_total)" -ge 3 ] || fail "$s: swaps not counted"
 done
