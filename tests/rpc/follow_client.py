@@ -3,7 +3,7 @@ servers (serve --checkpoint ROOT --follow), driven by
 tests/rpc/test_serve_follow.sh, which makes the checkpoints, the stubs and
 the servers.
 
-usage: follow_client.py STUBS ADDR_A ADDR_B ADDR_FRESH ROOT QUIET_FILE STOP_FILE LOG_A LOG_B
+usage: follow_client.py STUBS ADDR_A ADDR_B ADDR_FRESH ROOT QUIET_FILE STOP_FILE LOG_A LOG_B ADDR_PLAIN
 
 Loops batches until STOP_FILE exists: each batch asks every table for a
 few ids (Zipf-skewed, so that most are rows the checkpoints hold), the
@@ -20,8 +20,10 @@ holds is the plan's init value, read from ADDR_FRESH, a server of the
 plan's fresh rows). Lookup latency is printed for the batches before the
 trainer started and for the calls that overlapped a swap on either server
 (the "swap" events of the JSON logs LOG_A, LOG_B: the time each swap ended,
-its prepare_s and swap_s). Prints one line per check; exits 1 on the first
-failure."""
+its prepare_s and swap_s). ADDR_PLAIN serves ROOT/step-800 without
+following: its answers name step 800, and it answers a Lookup asking for
+step 800 and refuses one asking for 802. Prints one line per check; exits
+1 on the first failure."""
 import json
 import os
 import random
@@ -31,7 +33,8 @@ import time
 
 import grpc
 
-stubs, addr_a, addr_b, addr_fresh, root, quiet_file, stop_file, log_a, log_b = sys.argv[1:10]
+stubs, addr_a, addr_b, addr_fresh, root, quiet_file, stop_file, log_a, log_b, addr_plain = \
+    sys.argv[1:11]
 sys.path.insert(0, stubs)
 from rpc import shardrec_pb2 as pb  # noqa: E402
 
@@ -62,6 +65,7 @@ def channel(addr):
 look_a, stats_a = channel(addr_a)
 look_b, _ = channel(addr_b)
 look_f, _ = channel(addr_fresh)
+look_p, _ = channel(addr_plain)
 fp = stats_a(pb.StatsRequest(), timeout=30).plan_fingerprint
 plan = json.load(open(os.path.join(root, "plan.json")))
 tables = [(t["table_id"], int(t["rows"]), t["dim"]) for t in plan["tables"]]
@@ -138,6 +142,12 @@ check(refused(look_a, 1, "FAILED_PRECONDITION", "step 1 asked; this server serve
               "holds steps" % last), "a step never held is refused FAILED_PRECONDITION")
 check(refused(look_f, last, "FAILED_PRECONDITION", "serves a plan's rows"),
       "a server of a plan holds no step")
+one = [(tables[0][0], [0, 1])]
+r0, r1 = lookup(look_p, one), lookup(look_p, one, 800)
+check(r0.from_checkpoint and r0.step == 800 and r1.step == 800 and r0.tables == r1.tables,
+      "a server of one checkpoint names its step and answers a Lookup asking for it")
+check(refused(look_p, 802, "UNAVAILABLE", "step 802 asked, this server serves the checkpoint of "
+              "step 800 only"), "and refuses another step")
 
 # ---- the checkpoints' rows ----
 def table_rows(path):

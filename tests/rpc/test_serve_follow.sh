@@ -18,7 +18,8 @@
 # {reason="damaged"} and {reason="plan"} 1), which go on answering from the
 # last good step; a Lookup asking for a newer step is refused UNAVAILABLE,
 # one never held and one of a plan's server FAILED_PRECONDITION, naming the
-# steps;
+# steps; a server of one checkpoint (no --follow) names its step, answers a
+# Lookup asking for it and refuses another;
 # --follow without --checkpoint and --swap-at-step without --follow exit 2;
 # with --swap-at-step a server holds its step until that one is complete.
 set -euo pipefail
@@ -82,11 +83,12 @@ has swapat "--swap-at-step needs --follow"
 serve a --checkpoint C --follow --follow-every 0.02 --log-format json
 serve b --checkpoint C --follow --follow-every 0.02 --log-format json
 serve fresh --plan C/plan.json --read-only
+serve plain --checkpoint C/step-800 --read-only
 # A third follower held at step 806 until it is complete.
 serve held --checkpoint C --follow --follow-every 0.02 --swap-at-step 806
 protoc -I"$S" --python_out=. "$S/rpc/shardrec.proto"
 "$PY" "$S/tests/rpc/follow_client.py" . "$(cat a.addr)" "$(cat b.addr)" "$(cat fresh.addr)" C \
-  quiet stop a.log b.log >client.log 2>&1 &
+  quiet stop a.log b.log "$(cat plain.addr)" >client.log 2>&1 &
 CLIENT=$!
 PIDS+=($CLIENT)
 echo "servers up: $((SECONDS - T0)) s"
