@@ -300,13 +300,27 @@ static int compare_record(void *ctx, uint64_t row_id, const float *vals) {
   return c->rc;
 }
 
+/* The store's stats (the store is not read outside the exclusive section:
+ * Lookups run on it meanwhile). */
+typedef struct {
+  emb_follow *f;
+  emb_store_stats st;
+  int rc;
+} stats_read;
+
+static void read_stats(void *arg) {
+  stats_read *r = arg;
+  r->rc = emb_store_stats_get(r->f->store, &r->st);
+}
+
 /* The rows of the full checkpoint at shards (link 0 of a chain that does
  * not hold the served step) that differ from the store's into g; refused
  * EMB_FOLLOW_ROWS when it lacks rows the store holds. */
 static int diff_full(gather *g, const char *shards, emb_follow_event *ev) {
   emb_follow *f = g->f;
-  emb_store_stats held;
-  int rc = emb_store_stats_get(f->store, &held); /* rows change only in this thread */
+  stats_read held = {.f = f};
+  f->exclusive(f->exclusive_ctx, read_stats, &held);
+  int rc = held.rc;
   chunk *c = calloc(1, sizeof *c);
   int widest = 1;
   for (int t = 0; t < f->plan->n_tables; t++)
@@ -329,11 +343,11 @@ static int diff_full(gather *g, const char *shards, emb_follow_event *ev) {
       rc = c->rc;
     }
   }
-  if (!rc && c->hits < held.rows) {
+  if (!rc && c->hits < held.st.rows) {
     ev->reason = EMB_FOLLOW_ROWS;
     sr_fmt(ev->msg, sizeof ev->msg, "%s: holds %llu of the %llu rows served: a followed "
            "model's rows are never dropped", shards, (unsigned long long)c->hits,
-           (unsigned long long)held.rows);
+           (unsigned long long)held.st.rows);
     rc = SR_EMISMATCH;
   } else if (rc && !ev->msg[0]) {
     sr_fmt(ev->msg, sizeof ev->msg, "%s: comparing rows: %s", shards, sr_strerror(rc));
@@ -441,7 +455,7 @@ static void apply(void *arg) {
   if (!w->rc) w->rc = emb_store_lookup_wait(f->store);
   if (!w->rc) w->rc = emb_store_restore_delta(f->store, w->dir);
   if (w->rc) {
-    snprintf(w->err, sizeof w->err, "%s", emb_store_errmsg(f->store));
+    sr_fmt(w->err, sizeof w->err, "%s", emb_store_errmsg(f->store));
   } else {
     memmove(f->held + 1, f->held, (size_t)f->n_held * sizeof *f->held); /* room: swap_to */
     f->held[0] = (held_step){.step = f->step, .until = sr_now() + f->grace_s, .undo = w->undo};
@@ -619,12 +633,12 @@ static int swap_to(emb_follow *f, const char *dir, int64_t step, emb_follow_even
     if ((rc = w.rc)) sr_fmt(ev->msg, sizeof ev->msg, "%s: laying its rows: %s", dir, w.err);
   }
   if (!rc) {
-    emb_store_stats st = {0};
-    emb_store_stats_get(f->store, &st); /* rows change only in this thread */
+    stats_read st = {.f = f};
+    f->exclusive(f->exclusive_ctx, read_stats, &st);
     ev->what = EMB_FOLLOW_SWAPPED;
     ev->incremental = chain.n > 1;
     ev->rows_changed = changed;
-    ev->rows_held = st.rows;
+    ev->rows_held = st.st.rows;
     ev->swap_s = w.seconds;
   }
   if (tmp[0]) sr_rmtree(tmp);
@@ -674,7 +688,7 @@ static int incomplete(emb_follow *f, emb_follow_event *ev) {
     ev->what = EMB_FOLLOW_REFUSED;
     ev->reason = EMB_FOLLOW_INCOMPLETE;
     ev->step = s;
-    snprintf(ev->dir, sizeof ev->dir, "%s/%s", f->root, names[i]);
+    sr_path(ev->dir, sizeof ev->dir, "%s/%s", f->root, names[i]);
     sr_fmt(ev->msg, sizeof ev->msg, "%s: no DONE: the checkpoint is not complete (served "
            "once it is)", ev->dir);
     found = 1;
@@ -701,7 +715,7 @@ void emb_follow_poll(emb_follow *f, emb_follow_event *ev) {
     if (ckpt_dir_done(dir, done, err, sizeof err)) done[0] = 0;
     if (was_refused(f, e[i].step, done)) continue;
     ev->step = e[i].step;
-    snprintf(ev->dir, sizeof ev->dir, "%s", dir);
+    sr_path(ev->dir, sizeof ev->dir, "%s", dir);
     if (swap_to(f, dir, e[i].step, ev)) {
       ev->what = EMB_FOLLOW_REFUSED;
       remember_refused(f, e[i].step, done);

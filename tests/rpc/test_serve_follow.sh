@@ -56,7 +56,8 @@ serve() {
 }
 # metric NAME SERIES: the value of SERIES (a line's start) on NAME's /metrics.
 metric() {
-  curl -s "http://127.0.0.1:$(cat "$1.mport")/metrics" | awk -v s="$2" 'index($0, s" ") == 1 {print $2}'
+  "$PY" -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' \
+    "http://127.0.0.1:$(cat "$1.mport")/metrics" | awk -v s="$2" 'index($0, s" ") == 1 {print $2}'
 }
 serving() { [ "$(metric "$1" shardrec_serve_checkpoint_step)" = "$2" ]; }
 rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$(cat "$1.pid")/status"; }
