@@ -50,7 +50,7 @@ struct emb_follow {
   char model_fp[EMB_FP_HEX];
   char *root;            /* owned */
   double grace_s;
-  int64_t swap_at;
+  int64_t swap_at;       /* under mu */
   void (*exclusive)(void *, void (*)(void *), void *);
   void *exclusive_ctx;
   pthread_mutex_t mu;    /* step and completed, for other threads */
@@ -135,6 +135,18 @@ void emb_follow_destroy(emb_follow *f) {
   pthread_mutex_destroy(&f->mu);
   free(f->root);
   free(f);
+}
+
+int emb_follow_swap_at(emb_follow *f, int64_t step, int64_t *served, char *msg, size_t len) {
+  pthread_mutex_lock(&f->mu);
+  *served = f->step;
+  int ok = step > f->step;
+  if (ok) f->swap_at = step;
+  pthread_mutex_unlock(&f->mu);
+  if (ok) return EMB_FOLLOW_SERVED;
+  sr_fmt(msg, len, "SwapAt: step %lld is not above step %lld, the one served", (long long)step,
+         (long long)*served);
+  return EMB_FOLLOW_GONE;
 }
 
 int64_t emb_follow_step(const emb_follow *f) {
@@ -706,11 +718,14 @@ void emb_follow_poll(emb_follow *f, emb_follow_event *ev) {
   }
   ckpt_dir_entry *e = NULL;
   int n = 0;
+  pthread_mutex_lock(&f->mu);
+  const int64_t swap_at = f->swap_at;
+  pthread_mutex_unlock(&f->mu);
   if (ckpt_dir_list(f->root, &e, &n)) return;
   for (int i = 0; i < n; i++) { /* the oldest first: every step is served in turn */
     char dir[SR_PATH_MAX], done[65], err[256];
     if (e[i].step <= f->step) continue;
-    if (f->swap_at >= 0 && f->step < f->swap_at && e[i].step != f->swap_at) continue;
+    if (swap_at >= 0 && f->step < swap_at && e[i].step != swap_at) continue;
     if (sr_path(dir, sizeof dir, "%s/%s", f->root, e[i].name)) continue;
     if (ckpt_dir_done(dir, done, err, sizeof err)) done[0] = 0;
     if (was_refused(f, e[i].step, done)) continue;

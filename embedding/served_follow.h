@@ -102,6 +102,12 @@ typedef struct emb_follow_event {
  * says nothing. From one thread. */
 void emb_follow_poll(emb_follow *f, emb_follow_event *ev);
 
+/* Hold at the served step (into *served) until step's checkpoint is
+ * complete, then swap to it and follow on: swap_at's meaning, from now on.
+ * EMB_FOLLOW_SERVED, or EMB_FOLLOW_GONE (step is not above the served one)
+ * with the reason in msg. Any thread. */
+int emb_follow_swap_at(emb_follow *f, int64_t step, int64_t *served, char *msg, size_t len);
+
 /* The served step, and the time (seconds since the epoch) its checkpoint
  * completed (its DONE file's modification time). Any thread. */
 int64_t emb_follow_step(const emb_follow *f);

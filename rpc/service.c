@@ -37,6 +37,7 @@ static const char *const method_paths[RPC_N_METHODS] = {
     "/shardrec.v1.EmbeddingShard/Checkpoint", "/shardrec.v1.EmbeddingShard/Restore",
     "/shardrec.v1.EmbeddingShard/Stats",      "/grpc.health.v1.Health/Check",
     "/shardrec.v1.EmbeddingShard/Watch",      "/shardrec.v1.EmbeddingShard/GetTransform",
+    "/shardrec.v1.EmbeddingShard/SwapAt",
 };
 
 const char *rpc_status_name(int c) {
@@ -864,6 +865,7 @@ static void handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t 
     case RPC_HEALTH_CHECK: do_health(s, in, len, r); break;
     case RPC_WATCH: do_watch(s, in, len, r, token, timeout_s); break;
     case RPC_GET_TRANSFORM: rpc__get_transform(s, in, len, token != NULL, r); break;
+    case RPC_SWAP_AT: rpc__swap_at(s, in, len, r); break;
     default:
       r->status = RPC_UNIMPLEMENTED;
       snprintf(r->msg, sizeof r->msg, "unknown method");

@@ -30,6 +30,7 @@ typedef enum {
   RPC_HEALTH_CHECK,
   RPC_WATCH, /* "/shardrec.v1.EmbeddingShard/Watch": a rank's presence (Rank death) */
   RPC_GET_TRANSFORM, /* "/shardrec.v1.EmbeddingShard/GetTransform": the data transform */
+  RPC_SWAP_AT,       /* "/shardrec.v1.EmbeddingShard/SwapAt": a following server's admin call */
   RPC_N_METHODS
 } rpc_method;
 
@@ -85,6 +86,10 @@ typedef struct rpc_service_versions {
    * table t at out[t][r * dim]): lay the rows that differ at step (a step
    * pick gave) over them. */
   void (*patch)(void *ctx, int64_t step, const emb_idset *set, float *const *out);
+  /* SwapAt (rpc/shardrec.proto), without the service's lock: hold at the
+   * served step (into *served) until step is complete, then swap to it.
+   * RPC_OK, or a status with the reason in msg[len]. */
+  int (*swap_at)(void *ctx, int64_t step, int64_t *served, char *msg, size_t len);
   void *ctx;
 } rpc_service_versions;
 

@@ -87,6 +87,8 @@ uint8_t *rpc__answer_step(const rpc_service *s, uint8_t *p, int64_t step);
  * RPC_OK when it serves that checkpoint step, else the refusal in r
  * (UNAVAILABLE for a newer step, FAILED_PRECONDITION otherwise). */
 int rpc__check_one_step(const rpc_service *s, int64_t asked, rpc_reply *r);
+/* SwapAt (rpc/shardrec.proto): checked, handed to the versions' swap_at. */
+void rpc__swap_at(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r);
 
 /* ---- admission.c ---- */
 

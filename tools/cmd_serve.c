@@ -69,7 +69,7 @@ static void usage(FILE *f) {
 "                          for it (at_step) for S seconds after (10; 0..86400)\n"
 "  --swap-at-step N        with --follow: serve no newer checkpoint until step N's is\n"
 "                          complete, swap to it, then follow on (servers given the same N\n"
-"                          swap to the same step)\n"
+"                          swap to the same step); the admin call SwapAt says it later\n"
 "  --restore PATH          start from the shard folders written by Checkpoint(PATH); for\n"
 "                          an incremental checkpoint's (STEP/shards of a chain's link), the\n"
 "                          chain's: its full checkpoint's rows, then each increment's\n"
@@ -102,7 +102,8 @@ static void usage(FILE *f) {
 "                          handshake refused is said in one line with its reason\n"
 "  --allow-push NAME[,NAME]   with mTLS: only these clients (certificate CN or SAN DNS\n"
 "                          name) may Push (default: every verified client)\n"
-"  --allow-admin NAME[,NAME]  with mTLS: only these clients may Checkpoint and Restore\n"
+"  --allow-admin NAME[,NAME]  with mTLS: only these clients may Checkpoint, Restore and\n"
+"                          SwapAt\n"
 "  --insecure              listen on a non-loopback address without client certificates\n"
 "                          (every method open to anyone who can connect)\n"
 "  --metrics-listen HOST:PORT   serve Prometheus figures on http://HOST:PORT/metrics\n"
@@ -223,7 +224,8 @@ static void print_access(const serve_flags *f) {
   char line[1024];
   if (!f->tls.cert || !f->tls.ca) {
     snprintf(line, sizeof line, "no client certificates (%s): every method (Lookup, Push, "
-             "Checkpoint, Restore, Stats, Health, Watch, GetTransform) is open to anyone who can "
+             "Checkpoint, Restore, Stats, Health, Watch, GetTransform, SwapAt) is open to anyone who "
+             "can "
              "connect to %s%s",
              f->tls.cert ? "server-only TLS" : "plaintext", f->listen,
              f->insecure && !is_loopback(f->listen) ? " (--insecure)" : "");
@@ -232,7 +234,8 @@ static void print_access(const serve_flags *f) {
              "of %s (no --allow-push or --allow-admin)", f->tls.ca);
   } else {
     snprintf(line, sizeof line, "mTLS (client CA %s): Lookup, Stats, Health, Watch, "
-             "GetTransform: every verified client; Push: %s; Checkpoint, Restore: %s", f->tls.ca,
+             "GetTransform: every verified client; Push: %s; Checkpoint, Restore, SwapAt: %s",
+             f->tls.ca,
              f->allow_push ? f->allow_push : "every verified client",
              f->allow_admin ? f->allow_admin : "every verified client");
   }

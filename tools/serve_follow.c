@@ -16,6 +16,13 @@ static int pick(void *ctx, int64_t asked, int step_asked, int64_t *step, char *m
                                  : RPC_FAILED_PRECONDITION;
 }
 
+/* rpc_service_versions.swap_at: emb_follow_swap_at's answer as a gRPC status. */
+static int swap_at(void *ctx, int64_t step, int64_t *served, char *msg, size_t len) {
+  return emb_follow_swap_at(ctx, step, served, msg, len) == EMB_FOLLOW_SERVED
+             ? RPC_OK
+             : RPC_FAILED_PRECONDITION;
+}
+
 static void exclusive(void *ctx, void (*fn)(void *), void *arg) {
   rpc_service_exclusive(((serve_follow *)ctx)->svc, fn, arg);
 }
@@ -64,7 +71,8 @@ int serve_follow_prepare(serve_follow *sf, emb_served *sv, const char *root,
                         .exclusive = exclusive, .exclusive_ctx = sf};
   if (!(sf->f = emb_follow_create(sv, &fo, err, errlen))) return -1;
   sf->w = w;
-  sf->versions = (rpc_service_versions){.pick = pick, .patch = emb_follow_patch, .ctx = sf->f};
+  sf->versions = (rpc_service_versions){.pick = pick, .patch = emb_follow_patch,
+                                        .swap_at = swap_at, .ctx = sf->f};
   o->versions = &sf->versions;
   if (w->reg && add_figures(sf, w->reg, err, errlen)) return -1;
   metrics_gauge_set(sf->m_step, (double)sv->step);

@@ -21,7 +21,9 @@
 # steps; a server of one checkpoint (no --follow) names its step, answers a
 # Lookup asking for it and refuses another;
 # --follow without --checkpoint and --swap-at-step without --follow exit 2;
-# with --swap-at-step a server holds its step until that one is complete.
+# with --swap-at-step a server holds its step until that one is complete,
+# and so does one told by the admin call SwapAt (a step not above the
+# served one refused FAILED_PRECONDITION naming both).
 set -euo pipefail
 . "${BASH_SOURCE%/*}/../support/lib.sh"
 
@@ -88,6 +90,25 @@ serve plain --checkpoint C/step-800 --read-only
 # A third follower held at step 806 until it is complete.
 serve held --checkpoint C --follow --follow-every 0.02 --swap-at-step 806
 protoc -I"$S" --python_out=. "$S/rpc/shardrec.proto"
+# A fourth told by the admin call SwapAt to hold until step 810.
+serve told --checkpoint C --follow --follow-every 0.02
+"$PY" - "$(cat told.addr)" >swap.log 2>&1 <<'EOF' || fail "SwapAt: $(cat swap.log)"
+import sys, grpc
+from rpc import shardrec_pb2 as pb
+ch = grpc.insecure_channel(sys.argv[1])
+st = ch.unary_unary("/shardrec.v1.EmbeddingShard/Stats", pb.StatsRequest.SerializeToString,
+                    pb.StatsResponse.FromString)(pb.StatsRequest(), timeout=30)
+swap = ch.unary_unary("/shardrec.v1.EmbeddingShard/SwapAt", pb.SwapAtRequest.SerializeToString,
+                      pb.SwapAtResponse.FromString)
+r = swap(pb.SwapAtRequest(plan_fingerprint=st.plan_fingerprint, step=810), timeout=30)
+assert r.served_step == 800, r
+try:
+    swap(pb.SwapAtRequest(plan_fingerprint=st.plan_fingerprint, step=800), timeout=30)
+    sys.exit("SwapAt(800) answered")
+except grpc.RpcError as e:
+    assert e.code() == grpc.StatusCode.FAILED_PRECONDITION, e
+    assert "step 800 is not above step 800, the one served" in e.details(), e.details()
+EOF
 "$PY" "$S/tests/rpc/follow_client.py" . "$(cat a.addr)" "$(cat b.addr)" "$(cat fresh.addr)" C \
   quiet stop a.log b.log "$(cat plain.addr)" >client.log 2>&1 &
 CLIENT=$!
@@ -104,6 +125,9 @@ for s in a b; do
 done
 grep -q '^checkpoint C/step-806: step 806 served (was 800' held.log ||
   fail "held: $(grep '^checkpoint' held.log | head -3)"
+[ "$(grep -m1 '^checkpoint .* served' told.log | cut -c1-48)" = \
+  "checkpoint C/step-810: step 810 served (was 800;" ] ||
+  fail "told: $(grep '^checkpoint' told.log | head -3)"
 [ "$(grep -c '^checkpoint .* served' held.log)" -ge 1 ] || fail "held never swapped"
 
 echo "30 checkpoints followed: $((SECONDS - T0)) s"
