@@ -138,8 +138,8 @@ def refused(look, at, code, text):
 last = batches[-1][1].step
 check(refused(look_a, last + 100, "UNAVAILABLE", "step %d asked; this server serves step %d"
               % (last + 100, last)), "a newer step is refused UNAVAILABLE naming both")
-check(refused(look_a, 1, "FAILED_PRECONDITION", "step 1 asked; this server serves step %d and "
-              "holds steps" % last), "a step never held is refused FAILED_PRECONDITION")
+check(refused(look_a, 1, "FAILED_PRECONDITION", "step 1 asked; this server serves step %d"
+              % last), "a step never held is refused FAILED_PRECONDITION")
 check(refused(look_f, last, "FAILED_PRECONDITION", "serves a plan's rows"),
       "a server of a plan holds no step")
 one = [(tables[0][0], [0, 1])]
