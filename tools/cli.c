@@ -234,8 +234,16 @@ int cli_model_arch(const char *cmd, const char *bot, const char *top, const char
   return cli_model_arch_dcn(cmd, bot, top, op, itself, 0, 0, dim, n_sparse, max_batch, cfg);
 }
 
-/* --arch-interaction-op dcn's two numbers into cfg: given or TorchRec's
- * defaults; any other op refuses them. 0 or -1 (printed). */
+int cli_dcn_default_rank(int width) {
+  long long p = 1;
+  while (p * 2 * 8 <= width) p *= 2; /* p <= width / 8 < 2p */
+  if (width - p * 8 > p * 2 * 8 - width) p *= 2;
+  return p < CLI_DCN_RANK_MAX ? (int)p : CLI_DCN_RANK_MAX;
+}
+
+/* --arch-interaction-op dcn's two numbers into cfg (its emb_dim and
+ * n_sparse set): given or the defaults; any other op refuses them. 0 or -1
+ * (printed). */
 static int model_dcn(const char *cmd, int layers, int rank, dense_config *cfg) {
   if (cfg->interaction != DENSE_INTERACT_DCN) {
     if (!layers && !rank) return 0;
@@ -244,7 +252,7 @@ static int model_dcn(const char *cmd, int layers, int rank, dense_config *cfg) {
     return -1;
   }
   cfg->dcn_layers = layers ? layers : CLI_DCN_LAYERS;
-  cfg->dcn_rank = rank ? rank : CLI_DCN_RANK;
+  cfg->dcn_rank = rank ? rank : cli_dcn_default_rank((cfg->n_sparse + 1) * cfg->emb_dim);
   return 0;
 }
 
@@ -266,11 +274,11 @@ int cli_model_arch_dcn(const char *cmd, const char *bot, const char *top, const 
     fprintf(stderr, "shardrec %s: --arch-interaction-op: '%s' is not dot, cat or dcn\n", cmd, op);
     return -1;
   }
-  if (model_dcn(cmd, dcn_layers, dcn_rank, cfg)) return -1;
   cfg->interaction_itself = itself;
   cfg->n_dense = cfg->bot[0];
   cfg->n_sparse = n_sparse;
   cfg->emb_dim = dim;
+  if (model_dcn(cmd, dcn_layers, dcn_rank, cfg)) return -1;
   cfg->max_batch = max_batch;
   char err[512];
   if (dense_config_validate(cfg, err, sizeof err)) {

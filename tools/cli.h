@@ -62,13 +62,19 @@ int cli_model_arch(const char *cmd, const char *bot, const char *top, const char
                    int itself, int dim, int n_sparse, int max_batch, dense_config *cfg);
 
 /* The same with the op dcn's --dcn-num-layers and --dcn-low-rank-dim (0:
- * not given: TorchRec dlrm_main's defaults, CLI_DCN_LAYERS of rank
- * CLI_DCN_RANK); given with another op they are refused. */
+ * not given: CLI_DCN_LAYERS layers of rank cli_dcn_default_rank of the
+ * cross input's width); given with another op they are refused. */
 #define CLI_DCN_LAYERS 3
-#define CLI_DCN_RANK 512
 int cli_model_arch_dcn(const char *cmd, const char *bot, const char *top, const char *op,
                        int itself, int dcn_layers, int dcn_rank, int dim, int n_sparse,
                        int max_batch, dense_config *cfg);
+
+/* The default rank of the cross layers over a cross input width wide
+ * ((n_sparse + 1) x dim): the power of two nearest width / 8, at most
+ * CLI_DCN_RANK_MAX (TorchRec's 512, MLPerf DLRM-DCNv2's rank at dim 128):
+ * 16 at dim 4 and 26 tables, 64 at dim 16, 512 from dim 128 on. */
+#define CLI_DCN_RANK_MAX 512
+int cli_dcn_default_rank(int width);
 
 /* --dense-isa NAME (train, eval, predict, bench train): the CPU backend with
  * the baseline or avx2 kernels into *out. 0, or -1 with "shardrec CMD:

@@ -44,7 +44,10 @@ static void usage(FILE *f) {
 "  --arch-interaction-op dot|cat|dcn  (dot); dcn: the DCN-v2 cross network over\n"
 "                            [bottom MLP output, embeddings] (DLRM-DCNv2); alias --interaction_type\n"
 "  --dcn-num-layers N        dcn: cross layers (3); alias --dcn_num_layers\n"
-"  --dcn-low-rank-dim R      dcn: rank of each layer's U V (512); alias --dcn_low_rank_dim\n"
+"  --dcn-low-rank-dim R      dcn: rank of each layer's U V (the power of two nearest the cross\n"
+"                            input's width / 8, at most 512: 64 at dim 16); alias\n"
+"                            --dcn_low_rank_dim. With --resume, either one not given is the\n"
+"                            checkpoint's\n"
 "  --arch-interaction-itself include the diagonal in the dot interaction\n"
 "  --pooling sum|mean        embedding bag pooling (sum)\n"
 "  --plan PLAN.json          use this sharding plan (tables, seed, optimizers, placement)\n"
@@ -412,6 +415,7 @@ static int finish_flags(const train_ranks *r, train_config *c, raw_flags *rf) {
                          DS_NUM_SPARSE, c->batch > c->test_batch ? c->batch : c->test_batch,
                          &c->dense))
     return 2;
+  c->dcn_layers_set = rf->dcn_layers != 0, c->dcn_rank_set = rf->dcn_rank != 0;
   if (c->dense.n_dense != DS_NUM_DENSE) {
     errf(r, "--arch-mlp-bot must start with %d (the dense features), not %d\n", DS_NUM_DENSE,
          c->dense.n_dense);

@@ -589,6 +589,23 @@ int train_ckpt_mapping(const char *path, emb_plan **plan, ds_transform **xf, cha
   return rc;
 }
 
+int train_ckpt_dense(const char *path, int *has, dense_config *cfg, char *err, size_t errlen) {
+  char dir[SR_PATH_MAX], src[SR_PATH_MAX];
+  cJSON *man = NULL;
+  *has = 0;
+  int rc = train_ckpt_resolve(path, dir, sizeof dir, err, errlen);
+  if (!rc) rc = sr_path_err(src, sizeof src, err, errlen, "%s/manifest.json", dir);
+  if (!rc) rc = ckpt_dir_read(dir, &man, err, errlen);
+  const cJSON *dj = rc ? NULL : cJSON_GetObjectItemCaseSensitive(man, "dense");
+  if (dj) {
+    cfg->max_batch = 1; /* validated with the smallest batch, as train_ckpt_open */
+    rc = arch_parse(dj, src, cfg, err, errlen);
+    *has = !rc;
+  }
+  cJSON_Delete(man);
+  return rc;
+}
+
 int train_ckpt_grown_plan(const char *ckpt, const char *data, emb_plan **out, char *err,
                           size_t errlen) {
   emb_plan *ck_plan;

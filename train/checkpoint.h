@@ -207,6 +207,14 @@ int train_ckpt_transform(const train_ckpt_info *ci, ds_transform **out, char *er
 int train_ckpt_mapping(const char *path, emb_plan **plan, ds_transform **xf, char *err,
                        size_t errlen);
 
+/* The dense architecture the checkpoint path (a step folder, or a folder of
+ * them: the newest complete one) records, read from its manifest alone
+ * (ckpt_dir_read: DONE's checksum; the other files are verified by
+ * train_ckpt_load), before a resume builds its model. 0 with *has 1 and
+ * the architecture in *cfg (max_batch 1), 0 with *has 0 when it records
+ * none (written by an older shardrec), or SR_E* naming the file. */
+int train_ckpt_dense(const char *path, int *has, dense_config *cfg, char *err, size_t errlen);
+
 /* How the mapping xf of the data a resume reads relates to the checkpoint's
  * ck_xf (ds_transform_compare; ckpt and data name both in messages): the
  * same, or either NULL (nothing to compare): 0, *grow 0; xf extends ck_xf

@@ -391,9 +391,13 @@ static int job_open(train_job *j) {
     return -1;
   }
   if (job__eval_open(j) || (c->processed && job__test_check(j))) return -1;
-  printf("model  bottom %s, top %s, %s interaction; %zu dense parameters; %s (dense) / %s "
+  char cross[64] = "";
+  if (c->dense.interaction == DENSE_INTERACT_DCN)
+    snprintf(cross, sizeof cross, " (%d cross layers of rank %d)", c->dense.dcn_layers,
+             c->dense.dcn_rank);
+  printf("model  bottom %s, top %s, %s interaction%s; %zu dense parameters; %s (dense) / %s "
          "(sparse), lr %g / %g\n",
-         c->bot, c->top, c->op, dense_config_param_count(&c->dense), c->opt_name,
+         c->bot, c->top, c->op, cross, dense_config_param_count(&c->dense), c->opt_name,
          emb_optim_name(j->plan->tables[0].optim.kind), c->lr, c->sparse_lr);
   fflush(stdout);
   j->steps_per_epoch = (int64_t)((j->n_train + (uint64_t)c->batch - 1) / (uint64_t)c->batch);
@@ -759,10 +763,32 @@ static const train_config *auto_resume(const train_config *c, train_config *out,
   return out;
 }
 
+/* A --resume of a dcn model: the cross network's numbers the flags do not
+ * give are the checkpoint's (into *out), so a model trained under other
+ * defaults resumes as it was; else c as it is (a checkpoint of another
+ * interaction, or one that cannot be read, is refused by the resume itself,
+ * naming why). */
+static const train_config *resume_cross(const train_config *c, train_config *out) {
+  if (!c->resume || c->dense.interaction != DENSE_INTERACT_DCN ||
+      (c->dcn_layers_set && c->dcn_rank_set))
+    return c;
+  dense_config ck;
+  char err[1024];
+  int has;
+  if (train_ckpt_dense(c->resume, &has, &ck, err, sizeof err) || !has ||
+      ck.interaction != DENSE_INTERACT_DCN)
+    return c;
+  *out = *c;
+  if (!c->dcn_layers_set) out->dense.dcn_layers = ck.dcn_layers;
+  if (!c->dcn_rank_set) out->dense.dcn_rank = ck.dcn_rank;
+  return out;
+}
+
 int train_run(const train_config *cfg) {
-  train_config resumed;
+  train_config resumed, crossed;
   char resume_dir[SR_PATH_MAX];
   const train_config *c = auto_resume(cfg, &resumed, resume_dir, sizeof resume_dir);
+  c = resume_cross(c, &crossed);
   train_job job, *j = &job;
   memset(j, 0, sizeof *j);
   j->ck_parent = -1;
