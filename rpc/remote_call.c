@@ -120,7 +120,8 @@ static void pcall_reset_attempt(pcall *p) {
 
 void rpc__pcall_free(pcall *p) {
   pcall_reset_attempt(p);
-  free(p->req);
+  if (p->req_owned) free(p->req);
+  else grpc_slice_unref(p->req_sl); /* gRPC frees req once it holds no reference */
   free(p->resp);
   free(p->parts);
   memset(p, 0, sizeof *p);
@@ -132,6 +133,8 @@ void rpc__pcall_init(pcall *p, int shard, rpc_method m, uint8_t *req, size_t len
   p->m = m;
   p->req = req;
   p->req_len = len;
+  p->req_owned = 1;
+  p->req_sl = grpc_empty_slice();
   p->details = grpc_empty_slice();
   grpc_metadata_array_init(&p->im);
   grpc_metadata_array_init(&p->tm);
@@ -154,7 +157,11 @@ int rpc__pcall_start(conn *c, grpc_completion_queue *cq, pcall *p, double deadli
         h->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, h->reg[p->m],
         p->no_deadline ? gpr_inf_future(GPR_CLOCK_MONOTONIC) : rpc__deadline(deadline_s), NULL);
   }
-  p->send = rpc__bb_make(p->req, p->req_len);
+  if (p->req_owned && p->req) { /* the slice takes req: every attempt sends it, no copy */
+    p->req_sl = grpc_slice_new(p->req, p->req_len, free);
+    p->req_owned = 0;
+  }
+  p->send = grpc_raw_byte_buffer_create(&p->req_sl, 1);
   grpc_op ops[6];
   memset(ops, 0, sizeof ops);
   ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;

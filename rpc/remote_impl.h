@@ -62,8 +62,10 @@ typedef struct {
   int hint;         /* a Lookup with prefetch_only: its answer is not used */
   rpc_method m;
   const char *path; /* not NULL: call this method path, unregistered */
-  uint8_t *req; /* owned */
+  uint8_t *req; /* owned: by p until the first attempt, then by req_sl */
   size_t req_len;
+  grpc_slice req_sl; /* over req, which it frees: every attempt sends it without a copy */
+  int req_owned;     /* 1: req is p's (no attempt yet); 0: req_sl's */
   int tries;
   double retry_at;  /* monotonic seconds; 0: not waiting */
   double backoff;
