@@ -237,9 +237,15 @@ static void note_outlasted(conn *c, const pcall *p) {
          rpc_status_name(p->why_retry));
 }
 
-/* Drive calls[n] (already started or waiting to retry) to their end. */
 void rpc__run_calls(conn *conns, grpc_completion_queue *cq, pcall *calls, int n,
-                      const rpc_client_opts *o) {
+                    const rpc_client_opts *o) {
+  rpc__run_calls_each(conns, cq, calls, n, o, NULL, NULL);
+}
+
+/* Drive calls[n] (already started or waiting to retry) to their end. */
+void rpc__run_calls_each(conn *conns, grpc_completion_queue *cq, pcall *calls, int n,
+                         const rpc_client_opts *o, void (*each)(void *ctx, pcall *p),
+                         void *ctx) {
   for (;;) {
     int busy = 0;
     double now = sr_now(), next_retry = 0;
@@ -289,12 +295,15 @@ void rpc__run_calls(conn *conns, grpc_completion_queue *cq, pcall *calls, int n,
     p->done = 1;
     if (p->status == GRPC_STATUS_OK && p->trouble) note_outlasted(&conns[p->shard], p);
     if (p->status == GRPC_STATUS_OK) {
-      if (!p->recv || rpc__bb_read(p->recv, &p->resp, &p->resp_len)) {
+      /* A Lookup's answer stays in p->recv, read in place (rpc/answer.c). */
+      const int in_place = p->m == RPC_LOOKUP && !p->path;
+      if (!p->recv || (!in_place && rpc__bb_read(p->recv, &p->resp, &p->resp_len))) {
         p->status = GRPC_STATUS_INTERNAL;
         grpc_slice_unref(p->details);
         p->details = grpc_slice_from_static_string("no answer message");
       }
     }
+    if (each) each(ctx, p);
   }
 }
 
