@@ -373,18 +373,6 @@ static int push_scratch(lstore *s, size_t n, size_t f) {
   return 0;
 }
 
-/* Whether x[n] are all finite: exponent bits not all ones (integer ops
- * the compiler vectorises; isfinite per float is a branch each). */
-static int all_finite(const float *x, size_t n) {
-  uint32_t bad = 0;
-  for (size_t j = 0; j < n; j++) {
-    uint32_t u;
-    memcpy(&u, &x[j], sizeof u);
-    bad |= (u & 0x7f800000u) == 0x7f800000u;
-  }
-  return !bad;
-}
-
 /* Undo the first `done` rows push_apply changed (their old values are in
  * s->vals): a refused push leaves every row as it was. */
 static void push_undo(lstore *s, const emb_idset *ids, size_t done) {
@@ -427,7 +415,7 @@ static int push_apply(lstore *s, float lr, const emb_idset *ids, const float *co
         emb_optim_state_init(oc, t->dim, w + t->dim);
       }
       emb_optim_apply(oc, t->dim, lr, grads[ti] + r * (size_t)t->dim, w, t->slen ? w + t->dim : NULL);
-      if (!all_finite(w, stride)) {
+      if (!emb_all_finite(w, stride)) {
         push_undo(s, ids, at);
         sr_fmt(s->err, sizeof s->err,
                "push: table %u (%s) row %llu: the update (learning rate %g) would leave the row "

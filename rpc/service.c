@@ -543,7 +543,8 @@ static void do_push(rpc_service *s, const uint8_t *in, size_t len, int defer, rp
       FAIL(r, RPC_INVALID_ARGUMENT, "tables[%zu].ids: row %llu given twice (sum its gradients)",
            i, (unsigned long long)twice);
     const float *g = (const float *)tg->grads.data; /* 4-byte aligned: rpc__push_decode */
-    for (size_t k = 0; k < tg->n_ids * (size_t)dim; k++)
+    const size_t nf = emb_all_finite(g, tg->n_ids * (size_t)dim) ? 0 : tg->n_ids * (size_t)dim;
+    for (size_t k = 0; k < nf; k++) /* the first element not finite named */
       if (!isfinite(g[k]))
         FAIL(r, RPC_INVALID_ARGUMENT, "tables[%zu].grads: row %llu element %zu is %g", i,
              (unsigned long long)tg->ids[k / (size_t)dim], k % (size_t)dim, (double)g[k]);
