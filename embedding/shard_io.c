@@ -42,7 +42,9 @@ static void job_read(shstore *s, kv_reader *rd, sh_job *j) {
   const int t = j->table, dim = s->dim[t], sl = s->slen[t];
   j->found = 0;
   char e2[512];
+  uint64_t c0 = sr_thread_cpu_ns();
   j->rc = kv_reader_get_cf(rd, s->db[j->db], t, j->n, j->key, j->vals, j->lens, e2, sizeof e2);
+  uint64_t c1 = sr_thread_cpu_ns();
   if (j->rc) {
     char dp[4200];
     ckpt_dir_shard_path(s->dir, s->db_shard[j->db], dp, sizeof dp);
@@ -64,12 +66,16 @@ static void job_read(shstore *s, kv_reader *rd, sh_job *j) {
     }
     j->found++;
   }
+  uint64_t c2 = sr_thread_cpu_ns();
   kv_reader_release(rd);
+  j->rocks_ns = c1 - c0 + (sr_thread_cpu_ns() - c2);
+  j->own_ns = c2 - c1;
 }
 
 /* Write buffer b's records, one WriteBatch per database (any thread). */
 static void wbuf_write(shstore *s, sh_wbuf *b) {
   b->rc = 0;
+  uint64_t c0 = sr_thread_cpu_ns();
   for (int k = 0; k < s->n_db && !b->rc; k++) {
     for (size_t r = 0; r < b->n; r++) {
       const unsigned char *p = b->rec + r * s->rec_bytes;
@@ -83,6 +89,8 @@ static void wbuf_write(shstore *s, sh_wbuf *b) {
     }
     b->rc = kv_writes_commit(b->w, s->db[k], b->err, sizeof b->err);
   }
+  b->rocks_ns = sr_thread_cpu_ns() - c0;
+  b->own_ns = 0;
 }
 
 static void work_run(shstore *s, kv_reader *rd, sh_job *j, sh_wbuf *b) {
@@ -152,6 +160,8 @@ void shard__reap(shstore *s) {
     }
     s->ctr.rocks_reads += j->n;
     s->ctr.rocks_found += j->found;
+    s->ctr.rocks_read_ns += j->rocks_ns;
+    s->ctr.io_own_ns += j->own_ns;
     s->reads_out--;
     j->next = s->jfree;
     s->jfree = j;
@@ -165,6 +175,9 @@ void shard__reap(shstore *s) {
       sr_fmt(s->wb_err, sizeof s->wb_err, "writing evicted rows back: %s", b->err);
     }
     s->ctr.wb_batches++;
+    s->ctr.wb_rows += b->n;
+    s->ctr.rocks_write_ns += b->rocks_ns;
+    s->ctr.io_own_ns += b->own_ns;
     s->wbufs_out--;
     b->n = 0;
     b->next = s->wfree;
@@ -182,7 +195,9 @@ void shard__wait_some(shstore *s) {
     sh_wbuf *b;
     if (work_pick(s, &j, &b)) {
       pthread_mutex_unlock(&s->mu);
+      uint64_t c0 = sr_thread_cpu_ns();
       work_run(s, s->crd, j, b);
+      s->inline_ns += sr_thread_cpu_ns() - c0;
       pthread_mutex_lock(&s->mu);
       work_done(s, j, b);
     } else {
