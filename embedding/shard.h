@@ -139,8 +139,8 @@ typedef struct emb_shard_counters {
   /* CPU time (thread CPU, nanoseconds; whichever thread did the work) */
   uint64_t rocks_read_ns;   /* inside RocksDB reading misses (MultiGet, values released) */
   uint64_t rocks_write_ns;  /* inside RocksDB writing rows back (WriteBatch built and written) */
-  uint64_t io_own_ns;       /* the threads' work outside RocksDB: rows decoded or
-                               initialised */
+  uint64_t io_own_ns;       /* the threads' work outside RocksDB: read jobs sorted, rows
+                               decoded or initialised; write buffers sorted */
   uint64_t caller_ns;       /* the caller in lookup, push and prefetch (the map, eviction,
                                encoding rows written back), less the queued work it ran */
   uint64_t wb_rows;         /* rows the write buffers wrote to RocksDB */

@@ -141,14 +141,25 @@ typedef struct sh_job {
   char err[1024];
 } sh_job;
 
-/* A write buffer: n records of rec_bytes. */
+/* A record of a write buffer in the order it is written: by database,
+ * table, row id, then position (a row evicted twice into one buffer keeps
+ * its newer record last). */
+typedef struct {
+  uint64_t dt;  /* database << 32 | table */
+  uint64_t key; /* row id */
+  uint32_t r;   /* record index */
+} sh_wsort;
+
+/* A write buffer: n records of rec_bytes; ord: [rows_per_buf] scratch of
+ * the thread that writes it. */
 typedef struct sh_wbuf {
   struct sh_wbuf *next;
   uint32_t idx;
   size_t n;
   unsigned char *rec;
+  sh_wsort *ord;
   kv_writes *w;
-  uint64_t rocks_ns, own_ns; /* thread CPU writing it: in RocksDB, beside it */
+  uint64_t rocks_ns, own_ns; /* thread CPU writing it: in RocksDB, sorting it */
   int rc;
   char err[1024];
 } sh_wbuf;

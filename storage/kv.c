@@ -270,8 +270,10 @@ static int mg_reserve(kv_reader *r, size_t n) {
 }
 
 
-int kv_reader_get_cf(kv_reader *r, kv_db *d, int cf, size_t n, const uint64_t *keys,
-                     const char **vals, size_t *lens, char *err, size_t errlen) {
+/* MultiGet of n keys into r (sorted: the keys ascend, RocksDB need not sort them). */
+static int reader_get(kv_reader *r, kv_db *d, int cf, size_t n, const uint64_t *keys,
+                      unsigned char sorted, const char **vals, size_t *lens, char *err,
+                      size_t errlen) {
   kv_reader_release(r);
   if (!n) return 0;
   if (mg_reserve(r, n)) {
@@ -284,7 +286,8 @@ int kv_reader_get_cf(kv_reader *r, kv_db *d, int cf, size_t n, const uint64_t *k
     r->mkl[k] = 8;
     r->merr[k] = NULL;
   }
-  rocksdb_batched_multi_get_cf(d->db, d->ro, d->cf[cf], n, r->mkp, r->mkl, r->pins, r->merr, 0);
+  rocksdb_batched_multi_get_cf(d->db, d->ro, d->cf[cf], n, r->mkp, r->mkl, r->pins, r->merr,
+                               sorted);
   r->n_pins = n;
   int rc = 0;
   for (size_t k = 0; k < n; k++) {
@@ -297,6 +300,21 @@ int kv_reader_get_cf(kv_reader *r, kv_db *d, int cf, size_t n, const uint64_t *k
   }
   if (rc) kv_reader_release(r);
   return rc;
+}
+
+int kv_reader_get_cf(kv_reader *r, kv_db *d, int cf, size_t n, const uint64_t *keys,
+                     const char **vals, size_t *lens, char *err, size_t errlen) {
+  return reader_get(r, d, cf, n, keys, 0, vals, lens, err, errlen);
+}
+
+int kv_reader_get_sorted_cf(kv_reader *r, kv_db *d, int cf, size_t n, const uint64_t *keys,
+                            const char **vals, size_t *lens, char *err, size_t errlen) {
+  for (size_t k = 1; k < n; k++)
+    if (keys[k] <= keys[k - 1]) {
+      sr_fmt(err, errlen, "multiget: key %zu (%llu) does not ascend", k, (unsigned long long)keys[k]);
+      return SR_EINVAL;
+    }
+  return reader_get(r, d, cf, n, keys, 1, vals, lens, err, errlen);
 }
 
 

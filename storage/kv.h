@@ -62,6 +62,11 @@ typedef struct kv_reader kv_reader;
 kv_reader *kv_reader_create(void);
 int kv_reader_get_cf(kv_reader *r, kv_db *db, int cf, size_t n, const uint64_t *keys,
                      const char **vals, size_t *lens, char *err, size_t errlen);
+/* kv_reader_get_cf of keys that ascend strictly, handed to RocksDB as
+ * sorted (it skips its own sort); SR_EINVAL (nothing read) when they do
+ * not. */
+int kv_reader_get_sorted_cf(kv_reader *r, kv_db *d, int cf, size_t n, const uint64_t *keys,
+                            const char **vals, size_t *lens, char *err, size_t errlen);
 void kv_reader_release(kv_reader *r);
 void kv_reader_destroy(kv_reader *r);
 

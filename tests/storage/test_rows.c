@@ -172,6 +172,53 @@ START_TEST(test_db_figures) {
 }
 END_TEST
 
+/* kv_reader_get_sorted_cf: ascending keys read the same values (and the
+ * same absences) as kv_reader_get_cf; keys that do not ascend are refused,
+ * naming the first one out of order. */
+START_TEST(test_sorted_multiget) {
+  char *dir = tmpdir_make("kv");
+  char path[256], err[512];
+  snprintf(path, sizeof path, "%s/db", dir);
+  uint32_t id = 1;
+  kv_db *db;
+  ck_assert_int_eq(kv_open(path, 1, &id, NULL, &db, err, sizeof err), 0);
+  kv_writes *w = kv_writes_create();
+  ck_assert_ptr_nonnull(w);
+  for (uint64_t k = 0; k < 300; k += 3) {
+    float v[2] = {(float)k, -(float)k};
+    kv_writes_put(w, db, 0, k << 40, v, sizeof v); /* high bytes differ: big-endian order */
+  }
+  ck_assert_int_eq(kv_writes_commit(w, db, err, sizeof err), 0);
+  kv_writes_destroy(w);
+  ck_assert_int_eq(kv_flush(db, err, sizeof err), 0);
+  uint64_t q[100];
+  for (int i = 0; i < 100; i++) q[i] = ((uint64_t)i * 2) << 40; /* every third present */
+  const char *va[100], *vb[100];
+  size_t la[100], lb[100];
+  kv_reader *ra = kv_reader_create(), *rb = kv_reader_create();
+  ck_assert_int_eq(kv_reader_get_cf(ra, db, 0, 100, q, va, la, err, sizeof err), 0);
+  ck_assert_int_eq(kv_reader_get_sorted_cf(rb, db, 0, 100, q, vb, lb, err, sizeof err), 0);
+  int found = 0;
+  for (int i = 0; i < 100; i++) {
+    ck_assert_int_eq(va[i] != NULL, (i * 2) % 3 == 0);
+    ck_assert_int_eq(vb[i] != NULL, va[i] != NULL);
+    if (!va[i]) continue;
+    found++;
+    ck_assert_uint_eq(lb[i], la[i]);
+    ck_assert(!memcmp(va[i], vb[i], la[i]));
+  }
+  ck_assert_int_eq(found, 34);
+  q[50] = q[49];
+  ck_assert_int_eq(kv_reader_get_sorted_cf(rb, db, 0, 100, q, vb, lb, err, sizeof err), SR_EINVAL);
+  ck_assert_msg(strstr(err, "key 50") && strstr(err, "does not ascend"), "%s", err);
+  kv_reader_destroy(ra);
+  kv_reader_destroy(rb);
+  kv_close(db);
+  ck_assert_int_eq(sr_rmtree(dir), 0);
+  free(dir);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("storage");
   TCase *tc = tcase_create("kv");
@@ -180,6 +227,7 @@ int main(void) {
   tcase_add_test(tc, test_row_refusals);
   tcase_add_test(tc, test_db_roundtrip);
   tcase_add_test(tc, test_db_figures);
+  tcase_add_test(tc, test_sorted_multiget);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
