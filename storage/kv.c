@@ -93,6 +93,14 @@ static void set_options(kv_db *d, const kv_opts *o) {
   rocksdb_block_based_options_set_pin_l0_filter_and_index_blocks_in_cache(d->bbo, 1);
   rocksdb_block_based_options_set_filter_policy(d->bbo, rocksdb_filterpolicy_create_bloom_full(10));
   rocksdb_block_based_options_set_block_size(d->bbo, 4096);
+  /* a hash index in each data block beside the binary search: a point
+   * lookup finds its key in the block without comparing its way to it */
+  rocksdb_block_based_options_set_data_block_index_type(
+      d->bbo, rocksdb_block_based_table_data_block_index_type_binary_search_and_hash);
+  rocksdb_block_based_options_set_data_block_hash_ratio(d->bbo, 0.75);
+  /* index and filter blocks ahead of data blocks in the cache */
+  rocksdb_block_based_options_set_cache_index_and_filter_blocks_with_high_priority(d->bbo, 1);
+  rocksdb_block_based_options_set_checksum(d->bbo, 4); /* XXH3 (new files; any type reads) */
   rocksdb_options_set_block_based_table_factory(d->opts, d->bbo);
   rocksdb_options_set_create_if_missing(d->opts, !(o && o->read_only));
   rocksdb_options_set_create_missing_column_families(d->opts, !(o && o->read_only));
@@ -102,7 +110,12 @@ static void set_options(kv_db *d, const kv_opts *o) {
   rocksdb_options_set_compression(d->opts, o && o->compression == KV_COMPRESSION_LZ4
                                                ? rocksdb_lz4_compression
                                                : rocksdb_no_compression);
-  rocksdb_options_set_max_open_files(d->opts, 256);
+  rocksdb_options_set_max_open_files(d->opts, -1); /* every table reader open: no table cache */
+  rocksdb_options_set_allow_mmap_reads(d->opts, 1); /* blocks read in place, no pread and copy */
+  /* a whole-key bloom filter per memtable: a lookup of a row the memtables
+   * do not hold (most) skips their skip lists */
+  rocksdb_options_set_memtable_whole_key_filtering(d->opts, 1);
+  rocksdb_options_set_memtable_prefix_bloom_size_ratio(d->opts, 0.1);
   if (o && o->statistics) rocksdb_options_enable_statistics(d->opts); /* kv_figures_get's hits */
   rocksdb_options_set_max_background_jobs(d->opts, 2);
   rocksdb_options_set_info_log_level(d->opts, 3); /* errors only */
