@@ -204,6 +204,7 @@ static int sh_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, flo
   int rc = shard__check_ids(s, ids, "lookup");
   if (!rc) rc = shard__call_begin(s, step);
   if (rc) return s->last_lookup_rc = rc;
+  uint64_t cpu0 = caller_cpu_mark(s);
   uint64_t hits = 0, total = 0;
   size_t nm = 0;
   const size_t pass = s->chunk < SH_PASS ? s->chunk : SH_PASS;
@@ -218,6 +219,7 @@ static int sh_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, flo
   }
   if (!rc) rc = lookup_flush_misses(s, &nm, out);
   shard__wbuf_submit(s);
+  s->ctr.caller_ns += caller_cpu_mark(s) - cpu0;
   if (!rc) {
     s->st.lookups += total;
     s->st.hits += hits;
@@ -352,10 +354,12 @@ static int push_apply(shstore *s, float lr, const emb_idset *ids, const float *c
 static int sh_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
                    const float *const *grads) {
   shstore *s = (shstore *)b;
+  uint64_t cpu0 = caller_cpu_mark(s);
   int rc = shard__call_begin(s, step);
   if (!rc) rc = push_apply(s, lr, ids, grads);
   shard__prefetch_release(s, step, 1);
   shard__wbuf_submit(s);
+  s->ctr.caller_ns += caller_cpu_mark(s) - cpu0;
   return rc;
 }
 

@@ -136,6 +136,14 @@ typedef struct emb_shard_counters {
   uint64_t pinned;          /* prefetch pins held now (a slot pinned by two steps counts 2) */
   uint64_t send_held;       /* slots answers are being sent from now (lookup_pinned) */
   uint64_t send_copies;     /* rows a push moved to a fresh slot: their old one was being sent */
+  /* CPU time (thread CPU, nanoseconds; whichever thread did the work) */
+  uint64_t rocks_read_ns;   /* inside RocksDB reading misses (MultiGet, values released) */
+  uint64_t rocks_write_ns;  /* inside RocksDB writing rows back (WriteBatch built and written) */
+  uint64_t io_own_ns;       /* the threads' work outside RocksDB: read jobs sorted, rows
+                               decoded or initialised; write buffers sorted */
+  uint64_t caller_ns;       /* the caller in lookup, push and prefetch (the map, eviction,
+                               encoding rows written back), less the queued work it ran */
+  uint64_t wb_rows;         /* rows the write buffers wrote to RocksDB */
 } emb_shard_counters;
 int emb_shard_counters_get(emb_store *s, emb_shard_counters *out);
 

@@ -101,6 +101,7 @@
 #include <string.h>
 
 #include "common/rng.h"
+#include "common/sys.h"
 #include "embedding/shard.h"
 #include "storage/kv.h"
 
@@ -135,17 +136,30 @@ typedef struct sh_job {
   const char **vals;
   size_t *lens;
   uint64_t found;
+  uint64_t rocks_ns, own_ns; /* thread CPU in RocksDB and beside it */
   int rc;
   char err[1024];
 } sh_job;
 
-/* A write buffer: n records of rec_bytes. */
+/* A record of a write buffer in the order it is written: by database,
+ * table, row id, then position (a row evicted twice into one buffer keeps
+ * its newer record last). */
+typedef struct {
+  uint64_t dt;  /* database << 32 | table */
+  uint64_t key; /* row id */
+  uint32_t r;   /* record index */
+} sh_wsort;
+
+/* A write buffer: n records of rec_bytes; ord: [rows_per_buf] scratch of
+ * the thread that writes it. */
 typedef struct sh_wbuf {
   struct sh_wbuf *next;
   uint32_t idx;
   size_t n;
   unsigned char *rec;
+  sh_wsort *ord;
   kv_writes *w;
+  uint64_t rocks_ns, own_ns; /* thread CPU writing it: in RocksDB, sorting it */
   int rc;
   char err[1024];
 } sh_wbuf;
@@ -237,6 +251,7 @@ struct shstore {
   sh_job **open;          /* [n_db * n_tables] the job being filled */
   int *open_list, n_open;
   size_t reads_out, wbufs_out; /* handed over, not reaped */
+  uint64_t inline_ns;     /* thread CPU of queued work the caller ran (shard__wait_some) */
   sh_wbuf *wbufs, *wfree, *wcur; /* [EMB_SHARD_WB_BUFFERS] */
   size_t rec_bytes, rows_per_buf;
   sh_entry *pidx;         /* pending index: {record + 1, tag} */
@@ -259,6 +274,9 @@ static inline sh_meta *slot_meta(const shstore *s, uint32_t i) {
 static inline float *slot_row(const shstore *s, uint32_t i) {
   return (float *)(s->slab + (size_t)i * s->slot_bytes + sizeof(sh_meta));
 }
+/* The caller's own CPU so far: its thread CPU less the queued work it ran
+ * (an op adds the difference of two marks to ctr.caller_ns). */
+static inline uint64_t caller_cpu_mark(const shstore *s) { return sr_thread_cpu_ns() - s->inline_ns; }
 /* Answers being sent from slot i now (see the top). */
 static inline unsigned slot_sent(const shstore *s, uint32_t i) {
   return s->sends ? atomic_load_explicit(&s->sends->cnt[i], memory_order_acquire) : 0;
