@@ -26,6 +26,13 @@ static double per_step(const char *out, const char *what) {
   return v;
 }
 
+/* x, printed to 2 decimals, is a / b where a and b are printed to one:
+ * it lies between the ratios of their rounding bounds. */
+static int ratio_ok(double x, double a, double b) {
+  const double lo = (a - 0.05) / (b + 0.05), hi = b > 0.05 ? (a + 0.05) / (b - 0.05) : INFINITY;
+  return x >= lo - 0.005 && x <= hi + 0.005;
+}
+
 START_TEST(test_ratios_printed) {
   char *out;
   int rc = run_cmd(&out, "%s bench rpc --part lookup --rows 65536 --ids 256 --dims 16 "
@@ -44,7 +51,7 @@ START_TEST(test_ratios_printed) {
     ck_assert_msg(h && sscanf(h, "(of which the server's handling, gRPC's part left out: %lf us "
                               "a call, %lfx the in-process store's time)", &us, &x) == 2,
                   "%s: no handling line of that shape in:\n%s", ops[o], out);
-    ck_assert_msg(us > 0 && fabs(x - us / loc) <= 0.01 + 0.01 * us / loc,
+    ck_assert_msg(us > 0 && ratio_ok(x, us, loc),
                   "%s: %.1f us against %.1f us in process printed as %.2fx", ops[o], us, loc, x);
     snprintf(what, sizeof what, "  %s gRPC, 2 servers ", ops[o]);
     const double two = per_step(out, what);
@@ -56,7 +63,7 @@ START_TEST(test_ratios_printed) {
                      tail) == 2 && !strcmp(tail, "count");
     }
     ck_assert_msg(found, "%s: no line comparing 2 servers with 1 in:\n%s", ops[o], out);
-    ck_assert_msg(fabs(x - two / one) <= 0.01 + 0.01 * two / one,
+    ck_assert_msg(ratio_ok(x, two, one),
                   "%s: %.1f us with 2 servers, %.1f with 1, printed as %.2fx", ops[o], two, one, x);
   }
   free(out);
