@@ -223,6 +223,18 @@ typedef struct emb_store_ops {
    * before any row is replaced. */
   int (*checkpoint_delta)(emb_store *s, const char *path);
   int (*restore_delta)(emb_store *s, const char *path);
+  /* Remove rows (NULL: the store has none; the wrapper says
+   * SR_EUNSUPPORTED): every row of ids the store holds goes, value and
+   * optimizer state, as if it had never been pushed (a later lookup reads
+   * its init value, a later push starts from it); ids it does not hold are
+   * skipped. step is the step after whose push the rows go (the trainer's
+   * step-boundary decisions, train/keep.h); a lookup of a later step handed
+   * ahead before the removal still reads the row as removed. Ids are
+   * checked as lookup's (nothing removed on a refusal). A store with a
+   * change set drops it (the next checkpoint_delta writes every row held):
+   * a delta records no removals, so the trainer writes whole checkpoints of
+   * a plan with bounded tables. */
+  int (*remove)(emb_store *s, int64_t step, const emb_idset *ids);
   /* Visit every stored row of table (plan index), in ascending row id
    * (local and shard stores; the remote and routed stores refuse with
    * SR_EUNSUPPORTED). A row never pushed is not stored. */
@@ -274,6 +286,11 @@ static inline int emb_store_checkpoint_delta(emb_store *s, const char *path) {
 }
 static inline int emb_store_restore_delta(emb_store *s, const char *path) {
   return s->ops->restore_delta ? s->ops->restore_delta(s, path) : SR_EUNSUPPORTED;
+}
+/* The remove op (see emb_store_ops.remove); SR_EUNSUPPORTED where the store
+ * has none. */
+static inline int emb_store_remove(emb_store *s, int64_t step, const emb_idset *ids) {
+  return s->ops->remove ? s->ops->remove(s, step, ids) : SR_EUNSUPPORTED;
 }
 static inline int emb_store_restore(emb_store *s, const char *path) {
   return s->ops->restore(s, path, NULL);

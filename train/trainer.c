@@ -48,6 +48,7 @@ typedef struct trainer_lookahead {
 struct trainer {
   const emb_plan *plan; /* borrowed */
   emb_store *store;     /* borrowed */
+  const keep *keep;     /* borrowed; NULL: every id has a row (trainer_set_keep) */
   dense_model *model;   /* owned */
   dense_opt *opt;       /* owned */
   int T, dim, max_batch;
@@ -416,6 +417,34 @@ static int take_ids(trainer *t, const ds_batch *b, int64_t step, int train, int 
   return 0;
 }
 
+/* Ids of bounded tables without a row (keep_has_row) read zeros. */
+static void zero_rowless(trainer *t) {
+  for (int f = 0; t->keep && f < t->T; f++) {
+    if (!emb_keep_on(&t->plan->tables[f])) continue;
+    for (size_t r = 0; r < t->counts[f]; r++)
+      if (!keep_has_row(t->keep, f, t->unique[f][r]))
+        memset(t->rows[f] + r * (size_t)t->dim, 0, (size_t)t->dim * sizeof(float));
+  }
+}
+
+/* Before the push: the ids without a row and their gradients leave the
+ * step's set (compacted in place; the step needs neither again). */
+static void drop_rowless(trainer *t) {
+  for (int f = 0; t->keep && f < t->T; f++) {
+    if (!emb_keep_on(&t->plan->tables[f])) continue;
+    size_t w = 0, dim = (size_t)t->dim;
+    for (size_t r = 0; r < t->counts[f]; r++) {
+      if (!keep_has_row(t->keep, f, t->unique[f][r])) continue;
+      if (w != r) {
+        t->unique[f][w] = t->unique[f][r];
+        memcpy(t->grads[f] + w * dim, t->grads[f] + r * dim, dim * sizeof(float));
+      }
+      w++;
+    }
+    t->counts[f] = w;
+  }
+}
+
 /* Steps 1-3: dedup, lookup, pool into t->emb. */
 static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids, int train) {
   int n = b->n;
@@ -444,6 +473,7 @@ static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids, i
     return rc;
   }
   t->times.lookup_flight += emb_store_lookup_flight(t->store);
+  zero_rowless(t);
   /* Room for the row gradients (after the wait: no lookup is left in flight
    * if this fails). */
   for (int f = 0; f < t->T; f++)
@@ -519,6 +549,7 @@ int trainer_lookup_early(trainer *t, const ds_batch *next, int64_t next_step) {
 }
 
 void trainer_set_coll(trainer *t, dense_coll *c) { t->coll = c; }
+void trainer_set_keep(trainer *t, const keep *k) { t->keep = k; }
 
 int trainer_slice_count(int n, int rank, int size) {
   return n / size + (rank < n % size);
@@ -667,6 +698,7 @@ int trainer_step_part(trainer *t, const ds_batch *b, int n_global, int64_t step,
     return SR_ERANGE;
   }
   double t3 = sr_now();
+  if (!own) drop_rowless(t);
   if (!own) rc = emb_store_push(t->store, step, sparse_lr, &ids, (const float *const *)t->grads);
   if (!own && rc) {
     sr_fmt(t->err, sizeof t->err, "push at step %lld: %s", (long long)step,
