@@ -627,6 +627,7 @@ static const emb_store_ops shard_ops = {
     .checkpoint_delta = shard__checkpoint_delta,
     .restore_delta = shard__restore_delta,
     .iterate = sh_iterate,
+    .remove = shard__remove,
     .errmsg = sh_errmsg,
     .destroy = sh_destroy,
 };
