@@ -250,6 +250,9 @@ typedef struct emb_store_ops {
 struct emb_store {
   const emb_store_ops *ops;
   const emb_plan *plan; /* borrowed: outlives the store */
+  /* 1: a row not held of a bounded table (emb_keep_on) reads zeros, not its
+   * init value (emb_store_absent_zero); 0 (as created): its init value. */
+  int absent_zero;
 };
 
 static inline emb_store_kind emb_store_kind_of(const emb_store *s) { return s->ops->kind; }
@@ -319,6 +322,25 @@ static inline int emb_store_iterate(emb_store *s, int table, emb_row_fn fn, void
   return s->ops->iterate(s, table, fn, ctx);
 }
 static inline const char *emb_store_errmsg(emb_store *s) { return s->ops->errmsg(s); }
+/* Scoring a model with bounded tables: from now on a lookup of a row the
+ * store does not hold, in a table with bounds (emb_keep_on), reads zeros
+ * (the in-process and shard stores), as training read an id without a row
+ * (train/keep.h): the rows a checkpoint of such a table holds are exactly
+ * its admitted ids. The checkpoint store sets it (predict, eval, serve
+ * --checkpoint); a training store never does (the trainer zeroes the ids
+ * it has not admitted, and an admitted id's first lookup reads its init
+ * value). Only a store nothing pushes to is so (the shard store would
+ * start a pushed row from what its lookup read). */
+static inline void emb_store_absent_zero(emb_store *s) { s->absent_zero = 1; }
+/* What a lookup of a row not held reads (see emb_store_absent_zero): its
+ * init value, or zeros. */
+static inline void emb_store_absent_row(const emb_store *s, int table, uint64_t row_id,
+                                        float *out) {
+  if (s->absent_zero && emb_keep_on(&s->plan->tables[table]))
+    for (int j = 0; j < s->plan->tables[table].dim; j++) out[j] = 0.0f;
+  else
+    emb_row_init(s->plan, table, row_id, out);
+}
 /* NULL-safe. */
 static inline void emb_store_destroy(emb_store *s) {
   if (s) s->ops->destroy(s);

@@ -405,7 +405,7 @@ static int l_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, floa
         memcpy(dst, lt_row(t, slot[r]), dim * sizeof(float));
         hits++;
       } else {
-        emb_row_init(s->base.plan, ti, id[r], dst);
+        emb_store_absent_row(&s->base, ti, id[r], dst);
       }
     }
     total += cnt;
