@@ -291,6 +291,11 @@ int emb_shard_mark_clean(emb_store *b) {
    * the memtables are flushed, which the mark must follow. */
   for (int k = 0; k < s->n_db; k++)
     if ((rc = kv_flush(s->db[k], s->err, sizeof s->err))) return rc;
+  /* Rows removed since the last compaction: their space back now (a
+   * delete only adds a tombstone until compaction drops the old values). */
+  for (int k = 0; k < s->n_db && s->removed; k++)
+    if ((rc = kv_compact(s->db[k], s->err, sizeof s->err))) return rc;
+  s->removed = 0;
   for (int k = 0; k < s->n_db; k++) {
     char p[SR_PATH_MAX];
     if (mark_path(s, k, p, sizeof p)) return SR_ERANGE;

@@ -251,6 +251,7 @@ struct shstore {
   emb_shard_counters ctr;
   int unclean;            /* opened on rows without the clean-stop marks (a crash) */
   int marked;             /* the clean-stop marks are written (emb_shard_mark_clean) */
+  int removed;            /* rows were deleted (remove) since the last compaction */
   int last_lookup_rc;
   char err[1024];
 };

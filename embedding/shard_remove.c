@@ -70,5 +70,6 @@ int shard__remove(emb_store *b, int64_t step, const emb_idset *ids) {
     for (size_t r = 0; r < ids->counts[t]; r++) reset_cached(s, (uint32_t)t, ids->ids[t][r]);
   shard__chg_clear(s);
   s->chg_track = 0;
+  s->removed = 1; /* the clean stop compacts their space away */
   return 0;
 }
