@@ -443,13 +443,14 @@ static int progress(train_job *j, float loss, float lr) {
     printf("train  step %lld/%llu epoch %d %.1f%%: loss %.6f  %.0f samples/s  ETA %.0fs\n",
            (long long)cur->step, (unsigned long long)j->total_steps, cur->epoch, 100 * frac,
            mean, rate, eta);
-  char phases[512], line[1024], err[1024];
+  char phases[512], kept[JOB_KEEP_JSON], line[JOB_KEEP_JSON + 1024], err[1024];
   job__phase_json(j, phases, sizeof phases);
+  job__keep_json(j, kept, sizeof kept);
   /* Flushed per line: a reader (a test, a dashboard) sees each line at once. */
   int len = snprintf(line, sizeof line,
                      "{\"kind\":\"train\",\"step\":%lld,\"epoch\":%d,\"loss\":%.9g,"
-                     "\"last_loss\":%.9g,\"lr\":%.9g,\"samples_per_s\":%.1f%s}\n",
-                     (long long)cur->step, cur->epoch, mean, loss, lr, rate, phases);
+                     "\"last_loss\":%.9g,\"lr\":%.9g,\"samples_per_s\":%.1f%s%s}\n",
+                     (long long)cur->step, cur->epoch, mean, loss, lr, rate, phases, kept);
   if (j->metrics &&
       sr_out_line(j->metrics, j->cfg->metrics_out, line, (size_t)len, err, sizeof err)) {
     job__errf(j, "--metrics-out %s\n", err);

@@ -219,6 +219,11 @@ int job__keep_load(train_job *j, const char *ckdir, const char *what);
 /* The decisions after step's push (keep_decide) applied to the store. 0 or
  * an SR_E* code with the reason in why. */
 int job__keep_step(train_job *j, int64_t step, char *why, size_t whylen);
+/* The bounded tables' figures for a --metrics-out line into buf:
+ * ',"keep":{"NAME":{"rows":R,"admitted":A,"refused":F,"expired":E,
+ * "evicted":V},...}' (bounded tables only; keep_stats), or "" without any. */
+#define JOB_KEEP_JSON 8192
+void job__keep_json(const train_job *j, char *buf, size_t n);
 /* --save-model DIR: the job's checkpoint (job__checkpoint, every rank) at
  * DIR/step-N, the same files as --save-checkpoint writes, so that eval and
  * predict read it. Written under DIR.TAG beside DIR and put in DIR's place

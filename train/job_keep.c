@@ -56,3 +56,21 @@ int job__keep_step(train_job *j, int64_t step, char *why, size_t whylen) {
            emb_store_errmsg(j->store));
   return rc;
 }
+
+void job__keep_json(const train_job *j, char *buf, size_t n) {
+  size_t len = 0;
+  buf[0] = 0;
+  for (int f = 0; j->keep && f < j->plan->n_tables && len < n; f++) {
+    if (!emb_keep_on(&j->plan->tables[f])) continue;
+    keep_table_stats st = keep_stats(j->keep, f);
+    len += (size_t)snprintf(buf + len, n - len,
+                            "%s\"%s\":{\"rows\":%llu,\"admitted\":%llu,\"refused\":%llu,"
+                            "\"expired\":%llu,\"evicted\":%llu}",
+                            len ? "," : ",\"keep\":{", j->plan->tables[f].name,
+                            (unsigned long long)st.rows, (unsigned long long)st.admitted,
+                            (unsigned long long)st.refused, (unsigned long long)st.expired,
+                            (unsigned long long)st.evicted);
+  }
+  if (len && len < n) snprintf(buf + len, n - len, "}");
+  if (len >= n) buf[0] = 0; /* too many tables for a line: none rather than half */
+}
