@@ -37,6 +37,8 @@ int cli_flag_u64(const char *cmd, const char *flag, const char *s, uint64_t *out
  * flag is one of CLI_KEEP_HELP's, s its value, into k. 0 or -1 (printed). */
 int cli_keep_flag(const char *cmd, const char *flag, const char *s, emb_keep_cfg *k);
 #define CLI_KEEP_HELP                                                                           \
+  "Bounded tables (every table of a plan made here, the plan's \"keep\"; decided at step\n"       \
+  "boundaries from the batches alone; ids without a row read zeros in training and scoring):\n"  \
   "  --admit-after F            a row for an id once F samples held it (0; until then it reads\n" \
   "                             zeros and its gradient is dropped)\n"                             \
   "  --admit-window W           forget a count under F after W steps without the id (1000)\n"     \

@@ -42,8 +42,7 @@ static void plan_usage(FILE *f) {
           "  sizes from a data file, as train sizes the tables: a converted file's stored\n"
           "  counts, or the dictionaries of a Criteo TSV's training part:\n");
   cli_data_help(f, &d, 33);
-  fprintf(f, "Bounds of every table (the plan's \"keep\"; see shardrec train --help):\n"
-          CLI_KEEP_HELP);
+  fprintf(f, CLI_KEEP_HELP);
   fprintf(f,
           "  --arch-sparse-feature-size D     embedding dim (default 16)\n"
           "  --seed S                         model seed, uint64 (default 123, as train)\n"

@@ -51,8 +51,6 @@ static void usage(FILE *f) {
 "  --plan-out FILE           write the plan made here (no --plan) to FILE; it also goes into\n"
 "                            --save-checkpoint's folder, and nowhere else unasked\n"
 "  --num-shards N            shards of a plan made here (1; all hosted in process)\n"
-"Bounded tables (every table of a plan made here; decided at step boundaries from the\n"
-"batches alone, checkpointed; ids without a row read zeros in training and scoring):\n"
 CLI_KEEP_HELP
 "  --shard-servers H:P,...   train against shard servers (one per shard of --plan, in shard order)\n"
 "                            whose --checkpoint-root holds the --save-checkpoint, --save-model\n"
