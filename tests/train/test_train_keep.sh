@@ -14,16 +14,20 @@
 # other than the unbounded run's); a run resumed from step 10 (in process,
 # and on the shard store) and one resumed from that checkpoint resharded to
 # 3 shards row-wise end with the uninterrupted run's predictions and
-# keep.bin; predict and eval of the saved model score the test split as
-# training did (so ids without a row read zeros there too, not fresh
-# init rows); a bad --evict or a negative --capacity exits 2, and bounds
-# flags beside --plan are refused.
+# keep.bin; predict and eval of the saved model, and predict against serve
+# --checkpoint of it, score the test split as training did (so ids without a
+# row read zeros there too, not fresh init rows); a bad --evict or a
+# negative --capacity exits 2, and bounds flags beside --plan are refused.
 set -euo pipefail
 . "${BASH_SOURCE%/*}/../support/lib.sh"
 
 B=${SHARDREC_BIN:?run through ctest (SHARDREC_BIN)}
 W=$(mktemp -d /tmp/shardrec-keep-XXXXXX)
-cleanup() { [ -n "${KEEP:-}" ] || rm -rf "$W"; }
+SRV=
+cleanup() {
+  [ -z "$SRV" ] || kill "$SRV" 2>/dev/null || true
+  [ -n "${KEEP:-}" ] || rm -rf "$W"
+}
 trap cleanup EXIT
 cd "$W"
 
@@ -100,6 +104,17 @@ run predict "$B" predict --checkpoint ref.m --raw-data-file d.tsv --data-split t
 cmp -s p.tsv ref.pred || fail "predict scores the test split otherwise than training did"
 run predict_db "$B" predict --checkpoint db3.m --raw-data-file d.tsv --data-split test --out pdb.tsv
 cmp -s pdb.tsv ref.pred || fail "predict of the shard store's checkpoint differs"
+"$B" serve --listen 127.0.0.1:0 --checkpoint ref.m --shard 0 >srv.out 2>srv.log &
+SRV=$!
+listening() { grep -qs '^listening on ' srv.out || ! kill -0 "$SRV" 2>/dev/null; }
+wait_for 20 listening || fail "serve --checkpoint ref.m did not start: $(cat srv.log)"
+grep -qs '^listening on ' srv.out || fail "serve --checkpoint ref.m stopped: $(cat srv.log)"
+run predict_served "$B" predict --checkpoint ref.m --shard-servers "$(sed -n 's/^listening on //p' srv.out | head -1)" \
+  --raw-data-file d.tsv --data-split test --out psrv.tsv
+kill "$SRV"
+wait "$SRV" 2>/dev/null || true
+SRV=
+cmp -s psrv.tsv ref.pred || fail "predict against serve --checkpoint differs from training's"
 auc=$(grep -o '"auc":[^,]*' ref.jsonl | tail -1 | cut -d: -f2)
 run eval "$B" eval --checkpoint ref.m --raw-data-file d.tsv --data-split test
 has eval "auc $(printf '%.6f' "$auc")"
