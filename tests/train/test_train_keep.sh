@@ -17,7 +17,9 @@
 # keep.bin; predict and eval of the saved model, and predict against serve
 # --checkpoint of it, score the test split as training did (so ids without a
 # row read zeros there too, not fresh init rows); a bad --evict or a
-# negative --capacity exits 2, and bounds flags beside --plan are refused.
+# negative --capacity exits 2, and bounds flags beside --plan are refused;
+# /metrics of a running job holds each bounded table's rows (at most the
+# capacity) and its admitted ids.
 set -euo pipefail
 . "${BASH_SOURCE%/*}/../support/lib.sh"
 
@@ -118,6 +120,26 @@ cmp -s psrv.tsv ref.pred || fail "predict against serve --checkpoint differs fro
 auc=$(grep -o '"auc":[^,]*' ref.jsonl | tail -1 | cut -d: -f2)
 run eval "$B" eval --checkpoint ref.m --raw-data-file d.tsv --data-split test
 has eval "auc $(printf '%.6f' "$auc")"
+
+# /metrics: each bounded table's rows and ids, while a job runs.
+"$B" train "${COMMON[@]}" "${BOUNDS[@]}" --nepochs 1000 --print-freq 1 --metrics-out live.jsonl \
+  --metrics-listen 127.0.0.1:0 >live.out 2>&1 &
+SRV=$!
+has_keep_line() { grep -qs '"keep"' live.jsonl || ! kill -0 "$SRV" 2>/dev/null; }
+wait_for 60 has_keep_line || fail "no metrics line with bounded tables: $(tail -3 live.out)"
+port=$(sed -n 's/^metrics on [^:]*:\([0-9]*\).*/\1/p' live.out | head -1)
+[ -n "$port" ] || fail "no metrics port in: $(head -5 live.out)"
+exec 3<>"/dev/tcp/127.0.0.1/$port"
+printf 'GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n' >&3
+cat <&3 >scrape.txt
+exec 3<&-
+kill "$SRV"
+wait "$SRV" 2>/dev/null || true
+SRV=
+rows=$(sed -n 's/^shardrec_train_table_rows{.*table="t2"} \([0-9.e+]*\)$/\1/p' scrape.txt)
+adm=$(sed -n 's/^shardrec_train_table_ids_total{.*table="t2",event="admitted"} \([0-9.e+]*\)$/\1/p' scrape.txt)
+python3 -c "import sys; r, a = float(sys.argv[1]), float(sys.argv[2]); sys.exit(not (0 < r <= 60 and a >= r))" \
+  "${rows:-x}" "${adm:-x}" 2>/dev/null || fail "/metrics: t2 rows '$rows', admitted '$adm': $(grep table scrape.txt | head -3)"
 
 # Refusals.
 for bad in "--evict mru" "--capacity -1" "--admit-after x"; do
