@@ -9,6 +9,7 @@
  * ids when there are more than capacity. */
 #include "train/keep.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -416,40 +417,6 @@ int keep_save(const keep *k, const char *path, char *err, size_t errlen) {
   return rc;
 }
 
-static int read_whole(const char *path, unsigned char **out, size_t *n, char *err, size_t errlen) {
-  FILE *fp = fopen(path, "rb");
-  if (!fp) {
-    sr_fmt(err, errlen, "%s: cannot open", path);
-    return SR_ENOTFOUND;
-  }
-  unsigned char *p = NULL;
-  size_t cap = 0, len = 0, got;
-  do {
-    if (len == cap) {
-      unsigned char *q = realloc(p, cap = cap ? cap * 2 : 65536);
-      if (!q) {
-        free(p);
-        fclose(fp);
-        sr_fmt(err, errlen, "%s: out of memory", path);
-        return SR_ENOMEM;
-      }
-      p = q;
-    }
-    got = fread(p + len, 1, cap - len, fp);
-    len += got;
-  } while (got);
-  int bad = ferror(fp);
-  fclose(fp);
-  if (bad) {
-    free(p);
-    sr_fmt(err, errlen, "%s: read error", path);
-    return SR_EIO;
-  }
-  *out = p;
-  *n = len;
-  return 0;
-}
-
 /* Parse one table's section at p[*at..n) into nt (fresh); 0 or SR_EFORMAT. */
 static int load_table(keep *k, const unsigned char *p, size_t n, size_t *at, ktab *nt, int *f,
                       const char *path, char *err, size_t errlen) {
@@ -495,10 +462,14 @@ short_:
 }
 
 int keep_load(keep *k, const char *path, char *err, size_t errlen) {
-  unsigned char *p, sum[SR_SHA256_LEN];
-  size_t n, at = 16;
-  int rc = read_whole(path, &p, &n, err, errlen);
-  if (rc) return rc;
+  unsigned char sum[SR_SHA256_LEN];
+  size_t n = 0, at = 16;
+  int rc;
+  unsigned char *p = (unsigned char *)sr_read_file(path, &n);
+  if (!p) {
+    sr_fmt(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+    return errno == ENOENT ? SR_ENOTFOUND : errno == ENOMEM ? SR_ENOMEM : SR_EIO;
+  }
   uint32_t hdr[2] = {0, 0};
   if (n >= 16 + SR_SHA256_LEN) memcpy(hdr, p + 8, sizeof hdr);
   if (n < 16 + SR_SHA256_LEN || memcmp(p, KEEP_MAGIC, 8) || hdr[0] != KEEP_VERSION) {
