@@ -49,6 +49,8 @@ struct trainer {
   const emb_plan *plan; /* borrowed */
   emb_store *store;     /* borrowed */
   const keep *keep;     /* borrowed; NULL: every id has a row (trainer_set_keep) */
+  uint8_t *rowless;     /* [rl_cap] the last lookup's ids without a row, 1 each, tables in turn */
+  size_t rl_cap;
   dense_model *model;   /* owned */
   dense_opt *opt;       /* owned */
   int T, dim, max_batch;
@@ -220,6 +222,7 @@ void trainer_destroy(trainer *t) {
   free(t->d_emb);
   free(t->logits);
   free(t->flat);
+  free(t->rowless);
   dense_opt_destroy(t->opt);
   dense_model_destroy(t->model);
   free(t);
@@ -417,24 +420,40 @@ static int take_ids(trainer *t, const ds_batch *b, int64_t step, int train, int 
   return 0;
 }
 
-/* Ids of bounded tables without a row (keep_has_row) read zeros. */
-static void zero_rowless(trainer *t) {
-  for (int f = 0; t->keep && f < t->T; f++) {
-    if (!emb_keep_on(&t->plan->tables[f])) continue;
-    for (size_t r = 0; r < t->counts[f]; r++)
-      if (!keep_has_row(t->keep, f, t->unique[f][r]))
-        memset(t->rows[f] + r * (size_t)t->dim, 0, (size_t)t->dim * sizeof(float));
+/* Ids of bounded tables without a row (keep_has_row) read zeros; each is
+ * noted in t->rowless for drop_rowless. 0 or SR_ENOMEM. */
+static int zero_rowless(trainer *t) {
+  if (!t->keep) return 0;
+  size_t total = 0, at = 0;
+  for (int f = 0; f < t->T; f++) total += t->counts[f];
+  if (total > t->rl_cap) {
+    uint8_t *m = realloc(t->rowless, total);
+    if (!m) {
+      sr_fmt(t->err, sizeof t->err, "trainer: out of memory");
+      return SR_ENOMEM;
+    }
+    t->rowless = m;
+    t->rl_cap = total;
   }
+  for (int f = 0; f < t->T; f++) {
+    int on = emb_keep_on(&t->plan->tables[f]);
+    for (size_t r = 0; r < t->counts[f]; r++, at++) {
+      t->rowless[at] = on && !keep_has_row(t->keep, f, t->unique[f][r]);
+      if (t->rowless[at]) memset(t->rows[f] + r * (size_t)t->dim, 0, (size_t)t->dim * sizeof(float));
+    }
+  }
+  return 0;
 }
 
-/* Before the push: the ids without a row and their gradients leave the
- * step's set (compacted in place; the step needs neither again). */
+/* Before the push: the ids without a row (zero_rowless's) and their
+ * gradients leave the step's set (compacted in place; the step needs
+ * neither again). */
 static void drop_rowless(trainer *t) {
+  size_t at = 0;
   for (int f = 0; t->keep && f < t->T; f++) {
-    if (!emb_keep_on(&t->plan->tables[f])) continue;
-    size_t w = 0, dim = (size_t)t->dim;
-    for (size_t r = 0; r < t->counts[f]; r++) {
-      if (!keep_has_row(t->keep, f, t->unique[f][r])) continue;
+    size_t w = 0, dim = (size_t)t->dim, n = t->counts[f];
+    for (size_t r = 0; r < n; r++, at++) {
+      if (t->rowless[at]) continue;
       if (w != r) {
         t->unique[f][w] = t->unique[f][r];
         memcpy(t->grads[f] + w * dim, t->grads[f] + r * dim, dim * sizeof(float));
@@ -473,7 +492,7 @@ static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids, i
     return rc;
   }
   t->times.lookup_flight += emb_store_lookup_flight(t->store);
-  zero_rowless(t);
+  if ((rc = zero_rowless(t))) return rc;
   /* Room for the row gradients (after the wait: no lookup is left in flight
    * if this fails). */
   for (int f = 0; f < t->T; f++)
