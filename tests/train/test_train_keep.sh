@@ -19,7 +19,8 @@
 # row read zeros there too, not fresh init rows); a bad --evict or a
 # negative --capacity exits 2, and bounds flags beside --plan are refused;
 # /metrics of a running job holds each bounded table's rows (at most the
-# capacity) and its admitted ids.
+# capacity) and its admitted ids; a job with bounded tables on shard
+# servers is refused at start, naming the store.
 set -euo pipefail
 . "${BASH_SOURCE%/*}/../support/lib.sh"
 
@@ -152,4 +153,16 @@ for bad in "--evict mru" "--capacity -1" "--admit-after x"; do
 done
 refused planflag "$B" train "${COMMON[@]}" --plan row.json --capacity 5
 has planflag '"keep" field'
+# Shard servers remove no rows: a job with bounded tables on them is refused at start.
+run plan1 "$B" plan --raw-data-file d.tsv --seed 5 "${BOUNDS[@]}" --out one.json
+"$B" serve --listen 127.0.0.1:0 --plan one.json --shard 0 >srv1.out 2>srv1.log &
+SRV=$!
+listening1() { grep -qs '^listening on ' srv1.out || ! kill -0 "$SRV" 2>/dev/null; }
+wait_for 20 listening1 || fail "serve --plan one.json did not start: $(cat srv1.log)"
+refused remote "$B" train "${COMMON[@]}" --plan one.json \
+  --shard-servers "$(sed -n 's/^listening on //p' srv1.out | head -1)"
+has remote "the remote store cannot do"
+kill "$SRV"
+wait "$SRV" 2>/dev/null || true
+SRV=
 echo "ok"
