@@ -293,6 +293,11 @@ int emb_shard_mark_clean(emb_store *b) {
    * the memtables are flushed, which the mark must follow. */
   for (int k = 0; k < s->n_db; k++)
     if ((rc = kv_flush(s->db[k], s->err, sizeof s->err))) return rc;
+  /* Rows removed since the last compaction: their space back now (a
+   * delete only adds a tombstone until compaction drops the old values). */
+  for (int k = 0; k < s->n_db && s->removed; k++)
+    if ((rc = kv_compact(s->db[k], s->err, sizeof s->err))) return rc;
+  s->removed = 0;
   for (int k = 0; k < s->n_db; k++) {
     char p[SR_PATH_MAX];
     if (mark_path(s, k, p, sizeof p)) return SR_ERANGE;
@@ -631,6 +636,7 @@ static const emb_store_ops shard_ops = {
     .checkpoint_delta = shard__checkpoint_delta,
     .restore_delta = shard__restore_delta,
     .iterate = sh_iterate,
+    .remove = shard__remove,
     .errmsg = sh_errmsg,
     .destroy = sh_destroy,
 };

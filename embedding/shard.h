@@ -165,7 +165,8 @@ int emb_shard_unclean(const emb_store *s);
  * Nothing for other kinds of store. */
 void emb_shard_accept_unclean(emb_store *s);
 
-/* A clean stop: flush, then write every hosted shard's mark (fsynced), so
+/* A clean stop: flush (and compact, when rows were removed since the last
+ * compaction: their space comes back), then write every hosted shard's mark (fsynced), so
  * that the next open knows the rows are whole. A store that is still
  * unclean (emb_shard_unclean: opened on a crash's rows, neither restored
  * nor accepted since) is only flushed: its rows stay unmarked, so the next

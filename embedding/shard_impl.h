@@ -14,6 +14,8 @@
  *   shard_prefetch.c  the look-ahead op: a prefetched step's pins
  *   shard_pins.c      answers sent from the slots: send pins, lookup_pinned,
  *                     the copy a push makes of a row being sent
+ *   shard_remove.c    the remove op: rows deleted from RocksDB and reset in
+ *                     the cache
  *   shard_delta.c     the change set (rows a push changed since the last
  *                     checkpoint, delta or restore) and the incremental
  *                     ops, checkpoint_delta and restore_delta
@@ -264,6 +266,7 @@ struct shstore {
   emb_shard_counters ctr;
   int unclean;            /* opened on rows without the clean-stop marks (a crash) */
   int marked;             /* the clean-stop marks are written (emb_shard_mark_clean) */
+  int removed;            /* rows were deleted (remove) since the last compaction */
   int last_lookup_rc;
   char err[1024];
 };
@@ -436,6 +439,8 @@ int shard__marks_remove(shstore *s);
  * as a restore does; slots answers are sent from are left detached. */
 void shard__drop_cache(shstore *s);
 
+/* The remove op (shard_remove.c). */
+int shard__remove(emb_store *b, int64_t step, const emb_idset *ids);
 /* ids checked against the plan (what: the op, for the message). */
 int shard__check_ids(shstore *s, const emb_idset *ids, const char *what);
 /* Common start of a lookup or push of step. */

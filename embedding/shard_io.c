@@ -83,7 +83,7 @@ static void job_read(shstore *s, kv_reader *rd, sh_job *j) {
   for (size_t q = 0; q < j->n && !j->rc; q++) {
     float *row = slot_row(s, j->slot[q]);
     if (!j->vals[q]) {
-      emb_row_init(plan, t, j->key[q], row);
+      emb_store_absent_row(&s->base, t, j->key[q], row);
       emb_optim_state_init(&plan->tables[t].optim, dim, row + dim);
       continue;
     }

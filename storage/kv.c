@@ -374,6 +374,12 @@ void kv_writes_put(kv_writes *w, kv_db *d, int cf, uint64_t key, const void *val
   rocksdb_writebatch_put_cf(w->wb, d->cf[cf], k, 8, val, len);
 }
 
+void kv_writes_delete(kv_writes *w, kv_db *d, int cf, uint64_t key) {
+  char k[8];
+  put_be64(k, key);
+  rocksdb_writebatch_delete_cf(w->wb, d->cf[cf], k, 8);
+}
+
 int kv_writes_commit(kv_writes *w, kv_db *d, char *err, size_t errlen) {
   return batch_write(d, d->wo_nowal, w->wb, err, errlen);
 }

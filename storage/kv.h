@@ -105,6 +105,9 @@ int kv_compact(kv_db *db, char *err, size_t errlen);
 typedef struct kv_writes kv_writes;
 kv_writes *kv_writes_create(void);
 void kv_writes_put(kv_writes *w, kv_db *db, int cf, uint64_t key, const void *val, size_t len);
+/* A delete of key from column family cf of db, in the batch (the space comes
+ * back when compaction drops the key's older versions: kv_compact). */
+void kv_writes_delete(kv_writes *w, kv_db *db, int cf, uint64_t key);
 int kv_writes_commit(kv_writes *w, kv_db *db, char *err, size_t errlen);
 void kv_writes_destroy(kv_writes *w);
 

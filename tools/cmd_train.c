@@ -54,6 +54,7 @@ static void usage(FILE *f) {
 "  --plan-out FILE           write the plan made here (no --plan) to FILE; it also goes into\n"
 "                            --save-checkpoint's folder, and nowhere else unasked\n"
 "  --num-shards N            shards of a plan made here (1; all hosted in process)\n"
+CLI_KEEP_HELP
 "  --shard-servers H:P,...   train against shard servers (one per shard of --plan, in shard order)\n"
 "                            whose --checkpoint-root holds the --save-checkpoint, --save-model\n"
 "                            and --resume folders (asked at start: the run stops if not)\n"
@@ -162,6 +163,7 @@ enum { O_PFDEPTH = 1700 }; /* --prefetch-depth */
 enum { O_AUTORESUME = 1900 }; /* --auto-resume */
 enum { O_RPCCONN = 2000 }; /* --rpc-connections */
 enum { O_FULLEVERY = 2100 }; /* --full-checkpoint-every */
+enum { O_ADMIT = 2200, O_AWIN, O_EXPIRE, O_CAP, O_EVICT }; /* the bounded tables' flags */
 
 static const struct option long_opts[] = { /* and the data flags of TRAIN_DATA (cli_data.c) */
     {"arch-sparse-feature-size", required_argument, 0, O_DIM},
@@ -201,6 +203,9 @@ static const struct option long_opts[] = { /* and the data flags of TRAIN_DATA (
     {"recover-timeout", required_argument, 0, O_RECOVER},
     {"test-pred-out", required_argument, 0, O_PREDOUT},
     {"colocate-shards", no_argument, 0, O_COLOCATE},
+    {"admit-after", required_argument, 0, O_ADMIT}, {"admit-window", required_argument, 0, O_AWIN},
+    {"expire-after", required_argument, 0, O_EXPIRE}, {"capacity", required_argument, 0, O_CAP},
+    {"evict", required_argument, 0, O_EVICT},
     {"sparse-mode", required_argument, 0, O_SPMODE},
     {"max-staleness", required_argument, 0, O_STALE},
     {"prefetch-depth", required_argument, 0, O_PFDEPTH},
@@ -334,6 +339,12 @@ static int parse_opt(const train_ranks *r, int opt, const char *arg, train_confi
       return 0;
     case O_ITSELF: c->dense.interaction_itself = 1; return 0;
     case O_COLOCATE: c->colocate = 1; return 0;
+    case O_ADMIT: case O_AWIN: case O_EXPIRE: case O_CAP: case O_EVICT: {
+      static const char *const names[] = {"--admit-after", "--admit-window", "--expire-after",
+                                          "--capacity", "--evict"};
+      c->have_keep = 1;
+      return cli_keep_flag(CMD, names[opt - O_ADMIT], arg, &c->keep) ? 2 : 0;
+    }
     case O_AUTORESUME: c->auto_resume = 1; return 0;
     case 'h':
     case O_HELP: usage(stdout); return 1;

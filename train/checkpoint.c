@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "datasets/source.h"
 #include "embedding/ckpt_plan.h"
+#include "train/keep.h"
 #include "dense/state_file.h"
 #include "storage/ckpt_dir.h"
 
@@ -245,6 +246,9 @@ int train_ckpt_save_link(const char *root, int keep, long long *parent, const em
     goto fail;
   if (xf && ((rc = sr_path_err(path, sizeof path, err, errlen, "%s/" DS_XFORM_FILE, t.tmp)) ||
              (rc = ds_transform_save(xf, path, xf_fp, err, errlen))))
+    goto fail;
+  if (st->keep && ((rc = sr_path_err(path, sizeof path, err, errlen, "%s/" KEEP_FILE, t.tmp)) ||
+                   (rc = keep_save(st->keep, path, err, errlen))))
     goto fail;
   if ((rc = save_rows(root, &t, store, parent, parent_sha, err, errlen))) goto fail;
   if (!(man = job_manifest(plan, store_kind, model, xf, xf_fp, st, set, err, errlen)) ||

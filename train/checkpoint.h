@@ -9,6 +9,8 @@
  *                  the trainer draws no random numbers after init), the
  *                  optimizer settings, the store kind, and every other file
  *                  with its size and SHA-256;
+ *   keep.bin       the bounded tables' counts, last steps and admitted ids
+ *                  (train/keep.h; only when the plan bounds a table);
  *   dense.bin      dense parameters and dense optimizer state, SRCKDENS v1
  *                  (dense/state_file.h: 256-byte header, the floats, SHA-256
  *                  trailer);
@@ -58,6 +60,10 @@ typedef struct train_ckpt_state {
   double loss_sum;
   int64_t loss_n;
   float last_loss;
+  /* Bounded tables' entries (train/keep.h), borrowed: train_ckpt_save
+   * writes them to KEEP_FILE beside dense.bin; NULL: none. Never set by a
+   * load (the job reads KEEP_FILE itself: keep_load). */
+  const struct keep *keep;
 } train_ckpt_state;
 
 /* Settings recorded in the manifest (and checked where a mismatch would make

@@ -142,6 +142,11 @@ static int make_plan(train_job *j) {
   if (j->grow) {
     if (job__grown_plan(j)) return -1;
     if (!c->plan_path && j->rank == 0 && write_plan(j, where, sizeof where)) return -1;
+  } else if (c->plan_path && c->have_keep) {
+    job__errf(j, "--admit-after, --admit-window, --expire-after, --capacity and --evict shape a "
+              "plan made here; %s sets its tables' bounds in their \"keep\" field "
+              "(shardrec plan takes the same flags)\n", c->plan_path);
+    return -1;
   } else if (c->plan_path) {
     if (emb_plan_load(c->plan_path, &j->plan, err, sizeof err)) {
       job__errf(j, "%s\n", err);
@@ -158,7 +163,8 @@ static int make_plan(train_job *j) {
     emb_plan_params pp = {.n_tables = DS_NUM_SPARSE, .rows = sizes, .dim = c->dim,
                           .pooling = c->pooling,
                           .optim = {.kind = c->sparse_opt, .eps = -1, .init_acc = 0},
-                          .init_range = 0, .seed = c->seed, .n_shards = c->n_shards};
+                          .init_range = 0, .seed = c->seed, .n_shards = c->n_shards,
+                          .keep = c->keep};
     if (emb_plan_create(&pp, &j->plan, err, sizeof err)) {
       job__errf(j, "%s\n", err);
       return -1;
@@ -385,6 +391,7 @@ static int job_open(train_job *j) {
     return -1;
   }
   trainer_set_coll(j->t, j->size > 1 ? j->coll : NULL);
+  if (job__keep_open(j)) return -1;
   int max_ahead = c->prefetch_depth > 0 ? c->prefetch_depth : c->async;
   if (job_batches_init(&j->q, c->batch, j->rank, j->size, max_ahead)) {
     job__errf(j, "out of memory for batches\n");
@@ -440,13 +447,14 @@ static int progress(train_job *j, float loss, float lr) {
     printf("train  step %lld/%llu epoch %d %.1f%%: loss %.6f  %.0f samples/s  ETA %.0fs\n",
            (long long)cur->step, (unsigned long long)j->total_steps, cur->epoch, 100 * frac,
            mean, rate, eta);
-  char phases[512], line[1024], err[1024];
+  char phases[512], kept[JOB_KEEP_JSON], line[JOB_KEEP_JSON + 1024], err[1024];
   job__phase_json(j, phases, sizeof phases);
+  job__keep_json(j, kept, sizeof kept);
   /* Flushed per line: a reader (a test, a dashboard) sees each line at once. */
   int len = snprintf(line, sizeof line,
                      "{\"kind\":\"train\",\"step\":%lld,\"epoch\":%d,\"loss\":%.9g,"
-                     "\"last_loss\":%.9g,\"lr\":%.9g,\"samples_per_s\":%.1f%s}\n",
-                     (long long)cur->step, cur->epoch, mean, loss, lr, rate, phases);
+                     "\"last_loss\":%.9g,\"lr\":%.9g,\"samples_per_s\":%.1f%s%s}\n",
+                     (long long)cur->step, cur->epoch, mean, loss, lr, rate, phases, kept);
   if (j->metrics &&
       sr_out_line(j->metrics, j->cfg->metrics_out, line, (size_t)len, err, sizeof err)) {
     job__errf(j, "--metrics-out %s\n", err);
@@ -507,6 +515,10 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
   float lr = dense_lr_at(&c->sched, cur->step), loss = 0;
   float slr = c->lr > 0 ? (float)((double)lr * (c->sparse_lr / c->lr)) : (float)c->sparse_lr;
   if (job__fill_ahead(j)) return STEP_FAILED;
+  if (j->keep && keep_observe(j->keep, job_batches_global(&j->q), cur->step)) {
+    job__errf(j, "step %lld: bounded tables: out of memory\n", (long long)cur->step);
+    return STEP_FAILED;
+  }
   int rc = trainer_step_part(j->t, job_batches_mine(&j->q), got, cur->step, lr, slr, &loss);
   if (rc) {
     char where[600] = "";
@@ -524,6 +536,10 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
               "those samples\n", (long long)cur->step, loss, where);
     return STEP_FAILED;
   }
+  if (job__keep_step(j, cur->step, err, sizeof err)) {
+    job__errf(j, "%s\n", err);
+    return STEP_FAILED;
+  }
   int notes = rpc_remote_note(j->store, err, sizeof err);
   if (notes) /* a partition (or a restart) the retries outlasted: nothing else to do */
     job__errf(j, "step %lld: %d call(s) answered only after retries; %s\n", (long long)cur->step,
@@ -537,7 +553,7 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
   cur->loss_n++;
   j->ckst = (train_ckpt_state){cur->step, cur->epoch,
                          job_batches_global(&j->q)->first_index + (uint64_t)got, cur->loss_sum,
-                         cur->loss_n, loss};
+                         cur->loss_n, loss, j->keep};
   /* The job's last step: the model when --save-model names this folder, so full. */
   if (cur->step >= j->total_steps && c->save_model && job__model_is_ckpt_root(j))
     j->ck_parent = -1;
@@ -697,6 +713,7 @@ static void job_close(train_job *j, int status) {
   job__eval_close(j);
   job_batches_free(&j->q);
   trainer_destroy(j->t);
+  keep_destroy(j->keep);
   emb_store_destroy(j->store);
   if (j->colo) {
     /* Every rank's last call is in before any rank's servers go. */

@@ -77,6 +77,9 @@ typedef struct train_config {
   emb_optim_kind sparse_opt; /* --sparse-optimizer (or the --optimizer's default) */
   uint64_t seed;            /* --seed */
   int n_shards;             /* --num-shards */
+  emb_keep_cfg keep;        /* --admit-after, --admit-window, --expire-after, --capacity,
+                               --evict: every table's bounds of a plan made here */
+  int have_keep;            /* one of them given */
   /* Training */
   int batch, test_batch;    /* --mini-batch-size (the global batch), --test-mini-batch-size */
   double lr, sparse_lr;     /* --learning-rate, --sparse-learning-rate */
