@@ -27,6 +27,8 @@
 /* The data flags train takes. */
 #define TRAIN_DATA (CLI_DATA_FILES | CLI_DATA_MAPPING | CLI_DATA_STRICT)
 
+static void usage_ranks_and_training(FILE *f);
+
 static void usage(FILE *f) {
   cli_data d;
   cli_data_init(&d, CMD, TRAIN_DATA, NULL);
@@ -72,7 +74,13 @@ CLI_KEEP_HELP
 "                            every retry, or restarted), wait up to S seconds (60) for the\n"
 "                            servers, Restore all of them from the newest checkpoint, rewind\n"
 "                            the trainer to it and carry on (with several ranks in sync mode\n"
-"                            every rank, in the same step; in async mode the job stops)\n"
+"                            every rank, in the same step; in async mode the job stops)\n");
+  usage_ranks_and_training(f);
+}
+
+/* The rest of train's help: data parallelism, training, output and checkpoints. */
+static void usage_ranks_and_training(FILE *f) {
+  fprintf(f,
 "Data parallelism (mpirun -np N shardrec train ...)\n"
 "  Each rank takes a fixed slice of every global batch (--mini-batch-size is the global\n"
 "  batch and must divide by N); the dense gradients are all-reduced every step; rank 0\n"
