@@ -341,13 +341,16 @@ static void row_features(const dg_generator *g, uint64_t key, uint64_t index, dg
   row->index = index;
   row->strip = g->cfg.strip_trailing > 0 && sr_rng_uniform(&r) < g->cfg.strip_trailing;
 
+  /* With bag sizes an empty integer is, to the teacher as to a reader, the
+   * value 0; otherwise it has an effect of its own (dmiss). */
+  const int exact = g->cfg.bag_sizes[0] > 0;
   double dense = 0;
   for (int i = 0; i < DG_NUM_DENSE; i++) {
     double u = sr_rng_uniform(&r);
     if (u < dense_miss[i]) {
       row->dense_missing[i] = 1;
       row->dense[i] = 0;
-      dense += g->dmiss[i];
+      dense += exact ? g->dw[i] * -dense_mu[i] : g->dmiss[i];
       continue;
     }
     row->dense_missing[i] = 0;
@@ -369,7 +372,6 @@ static void row_features(const dg_generator *g, uint64_t key, uint64_t index, dg
   double cat = 0, esum[DG_FM_DIM] = {0}, esq = 0;
   float ecol[DG_NUM_CAT][DG_FM_DIM]; /* each column's bag vector, for the cross terms */
   int hot = g->cfg.multi_hot > 1 ? g->cfg.multi_hot : 1;
-  const int exact = g->cfg.bag_sizes[0] > 0;
   for (int j = 0; j < DG_NUM_CAT; j++) {
     const catcol *c = &g->cat[j];
     int grp = cat_miss_group[j];

@@ -66,7 +66,10 @@ typedef struct dg_config {
   int bag_sizes[DG_NUM_CAT]; /* all 0: off (multi_hot decides). Else column j's
                              bag holds exactly bag_sizes[j] ids (1..DG_MAX_HOT)
                              and no field is missing, as MLPerf's synthetic
-                             multi-hot set; not with multi_hot > 1 */
+                             multi-hot set, and the teacher reads an empty
+                             integer as the 0 a reader makes of it (without
+                             bag sizes it has an effect of its own, which no
+                             model can tell from a 0); not with multi_hot > 1 */
   double cross_terms;     /* S: std of the teacher's three-way cross part of the
                              logit; 0 = none (the bytes of before) */
   double drift;           /* D: each column's values slide over the rows, by D times

@@ -722,6 +722,79 @@ START_TEST(test_bag_sizes_exact) {
 }
 END_TEST
 
+/* Largest |logit_dense - (c + sum_i a_i x_i)| over rows 0..n-1 of g after
+ * the least-squares fit of c and a, x_i the integer as a reader sees it:
+ * log1p(v) for v > 0, 0 for 0, a negative or an empty field. */
+static double dense_fit_residual(const dg_generator *g, size_t n) {
+  enum { K = DG_NUM_DENSE + 1 };
+  double a[K][K + 1] = {{0}}, x[K];
+  dg_row row;
+  for (int pass = 0; pass < 2; pass++) {
+    double worst = 0;
+    for (size_t r = 0; r < n; r++) {
+      dg_generator_row(g, r, &row);
+      x[0] = 1;
+      for (int i = 0; i < DG_NUM_DENSE; i++)
+        x[i + 1] = !row.dense_missing[i] && row.dense[i] > 0 ? log1p((double)row.dense[i]) : 0;
+      if (pass == 0) {
+        for (int i = 0; i < K; i++) {
+          for (int j = 0; j < K; j++) a[i][j] += x[i] * x[j];
+          a[i][K] += x[i] * row.logit_dense;
+        }
+        continue;
+      }
+      double fit = 0;
+      for (int i = 0; i < K; i++) fit += a[i][K] * x[i];
+      if (fabs(fit - row.logit_dense) > worst) worst = fabs(fit - row.logit_dense);
+    }
+    if (pass == 1) return worst;
+    for (int c = 0; c < K; c++) { /* Gauss-Jordan, partial pivoting; a[i][K] becomes the fit */
+      int p = c;
+      for (int i = c + 1; i < K; i++)
+        if (fabs(a[i][c]) > fabs(a[p][c])) p = i;
+      for (int j = 0; j <= K; j++) {
+        double t = a[c][j];
+        a[c][j] = a[p][j], a[p][j] = t;
+      }
+      REQUIRE(fabs(a[c][c]) > 1e-9);
+      for (int i = 0; i < K; i++) {
+        if (i == c) continue;
+        double f = a[i][c] / a[c][c];
+        for (int j = c; j <= K; j++) a[i][j] -= f * a[c][j];
+      }
+    }
+    for (int i = 0; i < K; i++) a[i][K] /= a[i][i];
+  }
+  return -1;
+}
+
+/* With bag sizes the teacher's integer part is what a reader of the lines can
+ * learn: a linear function of log1p of each integer, an empty one read as 0.
+ * One-hot data keeps the empty integer's own effect, which no reader sees. */
+START_TEST(test_bag_sizes_empty_integer) {
+  dg_config cfg;
+  dg_config_default(&cfg);
+  cfg.rows = 3000;
+  cfg.seed = 3;
+  dg_generator *g = make_gen_cfg(&cfg);
+  double one_hot = dense_fit_residual(g, cfg.rows);
+  dg_generator_destroy(g);
+  memcpy(cfg.bag_sizes, mlperf_sizes, sizeof mlperf_sizes);
+  g = make_gen_cfg(&cfg);
+  double bags = dense_fit_residual(g, cfg.rows);
+  size_t empty = 0;
+  dg_row row;
+  for (size_t r = 0; r < cfg.rows; r++) {
+    dg_generator_row(g, r, &row);
+    for (int i = 0; i < DG_NUM_DENSE; i++) empty += row.dense_missing[i];
+  }
+  dg_generator_destroy(g);
+  REQUIRE_MSG(empty > cfg.rows, "%zu empty integers in %zu lines", empty, (size_t)cfg.rows);
+  REQUIRE_MSG(bags < 1e-6, "bag sizes: integer part off a reader's fit by %.3g", bags);
+  REQUIRE_MSG(one_hot > 0.01, "one-hot: integer part off a reader's fit by %.3g", one_hot);
+}
+END_TEST
+
 /* Cross terms: off, no part and the same bytes; on, a part whose standard
  * deviation over the file's rows is S (calibrated on the pilot), which the
  * oracle's probability includes: the oracle AUC rises. */
@@ -1071,6 +1144,7 @@ static Suite *datagen_suite(void) {
       {"command_flags", test_command_flags},
       {"old_bytes_pinned", test_old_bytes_pinned},
       {"bag_sizes_exact", test_bag_sizes_exact},
+      {"bag_sizes_empty_integer", test_bag_sizes_empty_integer},
       {"cross_terms", test_cross_terms},
       {"bag_sizes_parse", test_bag_sizes_parse},
       {"command_bag_sizes", test_command_bag_sizes},
