@@ -17,6 +17,12 @@ int job__keep_open(train_job *j) {
               j->store_kind);
     return -1;
   }
+  if (j->cfg->async && j->store->ops->kind == EMB_STORE_REMOTE) {
+    job__errf(j, "the plan bounds tables (\"keep\"), whose rows go at step boundaries: "
+              "--sparse-mode async looks the next step up on the shard servers before the "
+              "boundary; use --sparse-mode sync\n");
+    return -1;
+  }
   if (j->size > 1) {
     job__errf(j, "the plan bounds tables (\"keep\"): a data-parallel job (%d ranks) does not "
               "remove rows yet; train with one rank\n", j->size);
@@ -51,7 +57,10 @@ int job__keep_step(train_job *j, int64_t step, char *why, size_t whylen) {
   }
   size_t n = 0;
   for (int f = 0; f < gone.n_tables; f++) n += gone.counts[f];
-  if (n && (rc = emb_store_remove(j->store, step, &gone)))
+  /* The remote store holds the next step's look-ahead Lookups until the
+   * boundary is passed: it hears of every boundary, rows to remove or not. */
+  if ((n || j->store->ops->kind == EMB_STORE_REMOTE) &&
+      (rc = emb_store_remove(j->store, step, &gone)))
     sr_fmt(why, whylen, "step %lld: removing %zu rows: %s", (long long)step, n,
            emb_store_errmsg(j->store));
   return rc;

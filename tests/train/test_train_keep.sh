@@ -19,8 +19,11 @@
 # row read zeros there too, not fresh init rows); a bad --evict or a
 # negative --capacity exits 2, and bounds flags beside --plan are refused;
 # /metrics of a running job holds each bounded table's rows (at most the
-# capacity) and its admitted ids; a job with bounded tables on shard
-# servers is refused at start, naming the store.
+# capacity) and its admitted ids; on 2 shard servers (row-wise, with
+# look-ahead) the job gives the in-process run's losses, counts and
+# predictions, the servers' checkpoint holds every table's rows with the
+# in-process run's count and checksum (reshard's verification), predict of
+# it scores as training did, and --sparse-mode async is refused there.
 set -euo pipefail
 . "${BASH_SOURCE%/*}/../support/lib.sh"
 
@@ -28,7 +31,8 @@ B=${SHARDREC_BIN:?run through ctest (SHARDREC_BIN)}
 W=$(mktemp -d /tmp/shardrec-keep-XXXXXX)
 SRV=
 cleanup() {
-  [ -z "$SRV" ] || kill "$SRV" 2>/dev/null || true
+  # shellcheck disable=SC2086
+  [ -z "$SRV" ] || kill $SRV 2>/dev/null || true
   [ -n "${KEEP:-}" ] || rm -rf "$W"
 }
 trap cleanup EXIT
@@ -153,16 +157,34 @@ for bad in "--evict mru" "--capacity -1" "--admit-after x"; do
 done
 refused planflag "$B" train "${COMMON[@]}" --plan row.json --capacity 5
 has planflag '"keep" field'
-# Shard servers remove no rows: a job with bounded tables on them is refused at start.
-run plan1 "$B" plan --raw-data-file d.tsv --seed 5 "${BOUNDS[@]}" --out one.json
-"$B" serve --listen 127.0.0.1:0 --plan one.json --shard 0 >srv1.out 2>srv1.log &
-SRV=$!
-listening1() { grep -qs '^listening on ' srv1.out || ! kill -0 "$SRV" 2>/dev/null; }
-wait_for 20 listening1 || fail "serve --plan one.json did not start: $(cat srv1.log)"
-refused remote "$B" train "${COMMON[@]}" --plan one.json \
-  --shard-servers "$(sed -n 's/^listening on //p' srv1.out | head -1)"
-has remote "the remote store cannot do"
-kill "$SRV"
-wait "$SRV" 2>/dev/null || true
+# Two shard servers remove the rows the trainer drops at each boundary (Remove).
+run plan2 "$B" plan --raw-data-file d.tsv --seed 5 --num-shards 2 --row-wise "${BOUNDS[@]}" --out two.json
+mkdir ckr
+for k in 0 1; do
+  "$B" serve --listen 127.0.0.1:0 --plan two.json --shard "$k" --checkpoint-root "$W/ckr" \
+    >"srv$k.out" 2>"srv$k.log" &
+  SRV="$SRV $!"
+done
+# shellcheck disable=SC2086
+listening2() { [ "$(grep -ls '^listening on ' srv0.out srv1.out | wc -l)" = 2 ] || ! kill -0 $SRV 2>/dev/null; }
+wait_for 20 listening2 || fail "serve --plan two.json did not start: $(cat srv0.log srv1.log)"
+addrs=$(sed -n 's/^listening on //p' srv0.out | head -1),$(sed -n 's/^listening on //p' srv1.out | head -1)
+train_plan remote --plan two.json --shard-servers "$addrs" --prefetch-depth 2 --save-model "$W/ckr/rem.m"
+refused remote_async "$B" train "${COMMON[@]}" --plan two.json --shard-servers "$addrs" --sparse-mode async
+has remote_async "use --sparse-mode sync"
+# shellcheck disable=SC2086
+kill $SRV
+wait 2>/dev/null || true
 SRV=
+same remote ref
+# Each table's rows on the servers are the in-process run's, value for value
+# (reshard verifies and prints every table's rows and checksum).
+run rs_ref "$B" reshard --from ref.m/step-27 --to rs_ref --plan two.json
+run rs_rem "$B" reshard --from ckr/rem.m/step-27 --to rs_rem --plan two.json
+grep 'verify table_id' rs_ref.log >rows_ref.txt || fail "reshard printed no table: $(tail -3 rs_ref.log)"
+grep 'verify table_id' rs_rem.log >rows_rem.txt || fail "reshard printed no table: $(tail -3 rs_rem.log)"
+diff rows_ref.txt rows_rem.txt >/dev/null ||
+  fail "the servers' rows differ from the in-process run's: $(diff rows_ref.txt rows_rem.txt | head -4)"
+run predict_rem "$B" predict --checkpoint ckr/rem.m --raw-data-file d.tsv --data-split test --out prem.tsv
+cmp -s prem.tsv ref.pred || fail "predict of the servers' checkpoint differs from training's"
 echo "ok"
