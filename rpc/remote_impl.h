@@ -251,7 +251,9 @@ void rpc__header_fill(rstore *s, struct Shardrec__V1__RequestHeader *h, int64_t 
  * limits), waited for; then the step's boundary is passed: the look-ahead
  * Lookups of later steps may go (a plan that bounds tables holds them until
  * then, so that none reads a row removed at this boundary). Called at
- * every boundary of such a plan, with no ids where none go. */
+ * every boundary of such a plan, with no ids where none go. A rank other
+ * than 0 of a multi-rank job sends nothing (rank 0 removes the job's rows;
+ * the job calls it there once rank 0's removal is answered). */
 int rpc__remote_remove(emb_store *b, int64_t step, const emb_idset *ids);
 
 /* ---- remote_ahead.c: the look-ahead ---- */

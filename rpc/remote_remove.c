@@ -108,6 +108,11 @@ int rpc__remote_remove(emb_store *b, int64_t step, const emb_idset *ids) {
            ids ? ids->n_tables : -1, b->plan->n_tables);
     return SR_EINVAL;
   }
+  if (s->o.rank != 0) { /* rank 0 removes the job's rows, once */
+    if (step > s->removed) s->removed = step;
+    rpc__slots_send_ready(s);
+    return 0;
+  }
   const emb_table *tb = b->plan->tables;
   for (int t = 0; t < ids->n_tables; t++)
     for (size_t r = 0; r < ids->counts[t]; r++)

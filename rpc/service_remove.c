@@ -56,10 +56,10 @@ void rpc__remove(rpc_service *s, const uint8_t *in, size_t len, int defer, rpc_r
     snprintf(r->msg, sizeof r->msg, "this server is read-only: Remove refused");
   } else if (rpc__check_header(s, q->header, r)) {
     /* r says why */
-  } else if (q->header->world_size > 1) {
+  } else if (q->header->rank != 0) {
     r->status = RPC_FAILED_PRECONDITION;
-    snprintf(r->msg, sizeof r->msg, "header.world_size %d: Remove is taken from single-rank "
-             "jobs only", q->header->world_size);
+    snprintf(r->msg, sizeof r->msg, "header.rank %d: a multi-rank job's rows are removed by "
+             "rank 0 (of world size %d)", q->header->rank, q->header->world_size);
   } else if (!remove_ids(s, q, ids, counts, seen, &total, r)) {
     emb_idset set = {.n_tables = nt, .ids = ids, .counts = counts};
     pthread_mutex_lock(&s->mu);
