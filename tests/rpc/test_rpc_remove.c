@@ -3,7 +3,7 @@
  * pushed rows removed by Remove read their init value again (ids as
  * varints and as ids_fixed), rows not named keep their pushed values, and
  * the answer counts the ids; a row of the other shard, a table given
- * twice, both id fields in a table, a multi-rank header, another plan's
+ * twice, both id fields in a table, rank 1 of a multi-rank job, another plan's
  * fingerprint, garbage and a read-only server are refused with a message
  * naming the field, nothing removed. */
 #include <check.h>
@@ -88,6 +88,7 @@ static uint8_t *remove_req(const char *fp, int world, uint32_t *tid, uint64_t **
   h.job_id = "rm";
   h.step = 4;
   h.world_size = world;
+  h.rank = world - 1; /* the last rank */
   Shardrec__V1__TableIds ti[4], *tp[4];
   for (size_t i = 0; i < n; i++) {
     shardrec__v1__table_ids__init(&ti[i]);
@@ -188,9 +189,9 @@ START_TEST(test_remove_refused) {
   expect(&f, req, len, RPC_INVALID_ARGUMENT, "tables[0] (table_id 0): ids and ids_fixed both given");
   free(req);
   fx[0] = 0;
-  /* a multi-rank job; another plan */
+  /* rank 1 of a multi-rank job; another plan */
   req = remove_req(f.fp, 2, tid, ip, cnt, fx, 1, &len);
-  expect(&f, req, len, RPC_FAILED_PRECONDITION, "header.world_size 2: Remove is taken from single-rank");
+  expect(&f, req, len, RPC_FAILED_PRECONDITION, "header.rank 1: a multi-rank job's rows are removed by rank 0");
   free(req);
   req = remove_req("0123abcd", 1, tid, ip, cnt, fx, 1, &len);
   expect(&f, req, len, RPC_FAILED_PRECONDITION, "header.plan_fingerprint: request made under plan 0123abcd");

@@ -4,7 +4,8 @@
 # where the rows live.
 #
 # Asserts: with admission (3 samples), expiry (4 steps) and capacity (60
-# rows a table, lru; and lfu) on, the in-process store with 1 and 3 shards,
+# rows a table, lru; lfu; and lfu with a half-life of 3 steps) on, the
+# in-process store with 1 and 3 shards,
 # the RocksDB shard store with 3 shards table-wise and row-wise (a cache
 # smaller than the rows, --prefetch-depth 2) give the same losses, test
 # predictions (byte for byte) and the same counts (--metrics-out's "keep":
@@ -14,10 +15,12 @@
 # other than the unbounded run's); a run resumed from step 10 (in process,
 # and on the shard store) and one resumed from that checkpoint resharded to
 # 3 shards row-wise end with the uninterrupted run's predictions and
-# keep.bin; predict and eval of the saved model, and predict against serve
+# keep.bin (lfu with a half-life too, its predictions other than lfu's,
+# its plan recording it); predict and eval of the saved model, and predict against serve
 # --checkpoint of it, score the test split as training did (so ids without a
 # row read zeros there too, not fresh init rows); a bad --evict or a
-# negative --capacity exits 2, and bounds flags beside --plan are refused;
+# negative --capacity exits 2, and so does --lfu-half-life without --evict
+# lfu; bounds flags beside --plan are refused;
 # /metrics of a running job holds each bounded table's rows (at most the
 # capacity) and its admitted ids; on 2 shard servers (row-wise, with
 # look-ahead) the job gives the in-process run's losses, counts and
@@ -88,6 +91,15 @@ train lfu
 train lfu3 --num-shards 3 --data-dir lfu3 --cache-rows 1024
 same lfu3 lfu
 ! cmp -s lfu.pred ref.pred || fail "lfu evicted as lru did"
+BOUNDS=(--admit-after 3 --expire-after 4 --capacity 60 --evict lfu --lfu-half-life 3)
+train lfuh
+train lfuh3 --num-shards 3 --data-dir lfuh3 --cache-rows 1024
+same lfuh3 lfuh
+! cmp -s lfuh.pred lfu.pred || fail "lfu with a half-life evicted as lfu without did"
+train lfuhp --save-checkpoint ckh --checkpoint-every 10 --num-batches 10
+run lfuhr "$B" train "${COMMON[@]}" --plan ckh/plan.json --resume ckh/step-10 --test-pred-out lfuhr.pred
+cmp -s lfuhr.pred lfuh.pred || fail "the resumed lfu run with a half-life differs"
+grep -Eq '"half_life": ?3[^0-9]' ckh/plan.json || fail "the plan does not record the half-life: $(head -c 300 ckh/plan.json)"
 BOUNDS=(--admit-after 3 --expire-after 4 --capacity 60)
 
 # Resumed, on each store, and resharded.
@@ -147,7 +159,7 @@ python3 -c "import sys; r, a = float(sys.argv[1]), float(sys.argv[2]); sys.exit(
   "${rows:-x}" "${adm:-x}" 2>/dev/null || fail "/metrics: t2 rows '$rows', admitted '$adm': $(grep table scrape.txt | head -3)"
 
 # Refusals.
-for bad in "--evict mru" "--capacity -1" "--admit-after x"; do
+for bad in "--evict mru" "--capacity -1" "--admit-after x" "--capacity 5 --lfu-half-life 3"; do
   set +e
   # shellcheck disable=SC2086
   "$B" train "${COMMON[@]}" $bad >bad.log 2>&1
