@@ -25,7 +25,9 @@
 # capacity) and its admitted ids; on 2 shard servers (row-wise, with
 # look-ahead) the job gives the in-process run's losses, counts and
 # predictions, the servers' checkpoint holds every table's rows with the
-# in-process run's count and checksum (reshard's verification), predict of
+# in-process run's count and checksum (reshard's verification), a run
+# resumed there from its step-10 checkpoint ends with the in-process
+# run's predictions, predict of
 # it scores as training did, and --sparse-mode async is refused there.
 set -euo pipefail
 . "${BASH_SOURCE%/*}/../support/lib.sh"
@@ -172,22 +174,37 @@ has planflag '"keep" field'
 # Two shard servers remove the rows the trainer drops at each boundary (Remove).
 run plan2 "$B" plan --raw-data-file d.tsv --seed 5 --num-shards 2 --row-wise "${BOUNDS[@]}" --out two.json
 mkdir ckr
-for k in 0 1; do
-  "$B" serve --listen 127.0.0.1:0 --plan two.json --shard "$k" --checkpoint-root "$W/ckr" \
-    >"srv$k.out" 2>"srv$k.log" &
-  SRV="$SRV $!"
-done
-# shellcheck disable=SC2086
-listening2() { [ "$(grep -ls '^listening on ' srv0.out srv1.out | wc -l)" = 2 ] || ! kill -0 $SRV 2>/dev/null; }
-wait_for 20 listening2 || fail "serve --plan two.json did not start: $(cat srv0.log srv1.log)"
-addrs=$(sed -n 's/^listening on //p' srv0.out | head -1),$(sed -n 's/^listening on //p' srv1.out | head -1)
+# servers2: 2 fresh servers of two.json (their addresses in $addrs); servers2_down ends them.
+servers2() {
+  rm -f srv0.out srv1.out
+  for k in 0 1; do
+    "$B" serve --listen 127.0.0.1:0 --plan two.json --shard "$k" --checkpoint-root "$W/ckr" \
+      >"srv$k.out" 2>"srv$k.log" &
+    SRV="$SRV $!"
+  done
+  # shellcheck disable=SC2086
+  listening2() { [ "$(grep -ls '^listening on ' srv0.out srv1.out | wc -l)" = 2 ] || ! kill -0 $SRV 2>/dev/null; }
+  wait_for 20 listening2 || fail "serve --plan two.json did not start: $(cat srv0.log srv1.log)"
+  addrs=$(sed -n 's/^listening on //p' srv0.out | head -1),$(sed -n 's/^listening on //p' srv1.out | head -1)
+}
+servers2_down() {
+  # shellcheck disable=SC2086
+  kill $SRV
+  wait 2>/dev/null || true
+  SRV=
+}
+servers2
 train_plan remote --plan two.json --shard-servers "$addrs" --prefetch-depth 2 --save-model "$W/ckr/rem.m"
 refused remote_async "$B" train "${COMMON[@]}" --plan two.json --shard-servers "$addrs" --sparse-mode async
 has remote_async "use --sparse-mode sync"
-# shellcheck disable=SC2086
-kill $SRV
-wait 2>/dev/null || true
-SRV=
+servers2_down
+servers2
+run rpart "$B" train "${COMMON[@]}" --plan two.json --shard-servers "$addrs" \
+  --save-checkpoint "$W/ckr/rck" --checkpoint-every 10 --num-batches 10
+run rresumed "$B" train "${COMMON[@]}" --plan two.json --shard-servers "$addrs" \
+  --resume "$W/ckr/rck/step-10" --prefetch-depth 2 --test-pred-out rresumed.pred
+servers2_down
+cmp -s rresumed.pred ref.pred || fail "the run resumed on the servers differs from the in-process run"
 same remote ref
 # Each table's rows on the servers are the in-process run's, value for value
 # (reshard verifies and prints every table's rows and checksum).
