@@ -164,6 +164,9 @@ int emb_plan_validate(const emb_plan *p, const char *src, char *err, size_t errl
           (unsigned long long)EMB_KEEP_MAX);
     if (t->keep.capacity > EMB_ROWS_MAX) BAD("tables[%d].keep.capacity: must be 0..2^53", i);
     if ((unsigned)t->keep.evict > EMB_EVICT_LFU) BAD("tables[%d].keep.evict: must be \"lru\" or \"lfu\"", i);
+    if (t->keep.half_life > EMB_KEEP_MAX) BAD("tables[%d].keep.half_life: must be 0..%llu", i, (unsigned long long)EMB_KEEP_MAX);
+    if (t->keep.half_life && t->keep.evict != EMB_EVICT_LFU)
+      BAD("tables[%d].keep.half_life: decays lfu's counts; evict is \"%s\"", i, emb_evict_name(t->keep.evict));
     if (t->place.kind != EMB_PLACE_TABLE && t->place.kind != EMB_PLACE_ROW)
       BAD("tables[%d].placement.kind: must be \"table\" or \"row\"", i);
     if (t->place.kind == EMB_PLACE_TABLE && t->place.n != 1)
@@ -325,6 +328,9 @@ static int parse_keep(pctx *c, const cJSON *jt, const char *w, emb_keep_cfg *k) 
   if ((j = cJSON_GetObjectItemCaseSensitive(jk, "evict")) &&
       (!cJSON_IsString(j) || emb_evict_parse(j->valuestring, &k->evict)))
     return perr(c, "%skeep.evict: must be \"lru\" or \"lfu\"", w);
+  if ((j = cJSON_GetObjectItemCaseSensitive(jk, "half_life")) &&
+      json_uint(j, (double)EMB_KEEP_MAX, &k->half_life))
+    return perr(c, "%skeep.half_life: must be an integer 0..%.0f", w, (double)EMB_KEEP_MAX);
   return 0;
 }
 
@@ -596,9 +602,11 @@ static void write_plan(sbuf *b, const emb_plan *p, int with_placement, int prett
       const emb_keep_cfg *k = &t->keep;
       sb_put(b, ",%s\"keep\":%s{\"admit_after\":%s%llu,%s\"admit_window\":%s%llu,", sp, sp, sp,
              (unsigned long long)k->admit_after, sp, sp, (unsigned long long)k->admit_window);
-      sb_put(b, "%s\"expire_after\":%s%llu,%s\"capacity\":%s%llu,%s\"evict\":%s\"%s\"}", sp, sp,
+      sb_put(b, "%s\"expire_after\":%s%llu,%s\"capacity\":%s%llu,%s\"evict\":%s\"%s\"", sp, sp,
              (unsigned long long)k->expire_after, sp, sp, (unsigned long long)k->capacity, sp, sp,
              emb_evict_name(k->evict));
+      if (k->half_life) sb_put(b, ",%s\"half_life\":%s%llu", sp, sp, (unsigned long long)k->half_life);
+      sb_put(b, "}");
     }
     if (with_placement) {
       sb_put(b, ",");
@@ -723,7 +731,7 @@ static const char *table_differs(const emb_table *x, const emb_table *y) {
     return "optimizer";
   if (x->keep.admit_after != y->keep.admit_after || x->keep.admit_window != y->keep.admit_window ||
       x->keep.expire_after != y->keep.expire_after || x->keep.capacity != y->keep.capacity ||
-      x->keep.evict != y->keep.evict)
+      x->keep.evict != y->keep.evict || x->keep.half_life != y->keep.half_life)
     return "keep";
   if (x->place.kind != y->place.kind || x->place.n != y->place.n ||
       memcmp(x->place.shards, y->place.shards, (size_t)x->place.n * sizeof(int)))

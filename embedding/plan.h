@@ -42,6 +42,8 @@
  *   row not looked up for T steps is removed (0: never). capacity: at most
  *   C rows at each step boundary (0: no bound), the lowest-scored removed
  *   first: "lru" (least recently looked up) or "lfu" (fewest samples).
+ *   "half_life": H (lfu only; optional, written only when set): an
+ *   admitted id's samples count half for every H steps since (train/keep.h).
  *   Written only when one of them is set, so plans without it keep their
  *   fingerprints.
  *
@@ -114,6 +116,7 @@ typedef struct emb_keep_cfg {
   uint64_t expire_after; /* 0: never; T: removed after T steps without a lookup */
   uint64_t capacity;     /* 0: unbounded; C: at most C rows at a step boundary */
   emb_evict_kind evict;  /* which rows go above capacity */
+  uint64_t half_life;    /* lfu: an id's samples count half after H steps (0: never less) */
 } emb_keep_cfg;
 
 typedef struct emb_table {

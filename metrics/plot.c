@@ -20,9 +20,16 @@ static const char *const phase_key[PLOT_PHASES] = {"dedup", "lookup", "pool", "f
                                                    "backward", "scatter", "push", "allreduce",
                                                    "dense_opt"};
 
+#define PLOT_KEEP_TABLES 64 /* bounded tables drawn per run; more are left out */
+#define PLOT_KEEP_EVENTS 4
+static const char *const keep_event[PLOT_KEEP_EVENTS] = {"admitted", "refused", "expired",
+                                                         "evicted"};
+
 typedef struct {
   char label[64];
-  size_t n_train, n_test;
+  size_t n_train, n_test, n_keep;
+  int keep_tables;                          /* bounded tables of the first "keep" line */
+  char keep_name[PLOT_KEEP_TABLES][24];     /* their names, in that line's order */
   double split[PLOT_PHASES]; /* mean ms per step, weighted by the steps between lines */
   double split_steps;
   int last_step;
@@ -45,8 +52,36 @@ static double num(const cJSON *o, const char *k) {
   return cJSON_IsNumber(v) ? v->valuedouble : 0.0 / 0.0;
 }
 
-/* One line of a metrics file into the datablocks tr and te. 0 or -1. */
-static int take_line(const char *line, FILE *tr, FILE *te, run_info *r) {
+/* A train line's "keep" (per bounded table rows and cumulative event
+ * counts) into the datablock kp: step, each table's rows (the tables of the
+ * run's first such line, by name), then each event summed over the tables. */
+static void take_keep(const cJSON *keep, double step, FILE *kp, run_info *r) {
+  if (!r->n_keep)
+    for (const cJSON *t = keep->child; t && r->keep_tables < PLOT_KEEP_TABLES; t = t->next) {
+      char *nm = r->keep_name[r->keep_tables++];
+      snprintf(nm, sizeof r->keep_name[0], "%s", t->string);
+      for (char *p = nm; *p; p++) /* as run_label: nothing gnuplot reads as a quote */
+        if (*p == '"' || *p == '\\' || *p == '\'' || (unsigned char)*p < 32) *p = '_';
+    }
+  fprintf(kp, "%.0f", step);
+  for (int i = 0; i < r->keep_tables; i++) {
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(keep, r->keep_name[i]); /* a name made _ reads NaN */
+    fprintf(kp, " %.17g", cJSON_IsObject(t) ? num(t, "rows") : 0.0 / 0.0);
+  }
+  for (int e = 0; e < PLOT_KEEP_EVENTS; e++) {
+    double sum = 0;
+    for (const cJSON *t = keep->child; t; t = t->next) {
+      double v = num(t, keep_event[e]);
+      sum += v == v ? v : 0;
+    }
+    fprintf(kp, " %.17g", sum);
+  }
+  fprintf(kp, "\n");
+  r->n_keep++;
+}
+
+/* One line of a metrics file into the datablocks tr, te and kp. 0 or -1. */
+static int take_line(const char *line, FILE *tr, FILE *te, FILE *kp, run_info *r) {
   cJSON *o = cJSON_Parse(line);
   const cJSON *kind = cJSON_GetObjectItem(o, "kind");
   if (!cJSON_IsObject(o) || !cJSON_IsString(kind)) {
@@ -67,6 +102,8 @@ static int take_line(const char *line, FILE *tr, FILE *te, run_info *r) {
     }
     r->last_step = (int)step;
     r->n_train++;
+    const cJSON *keep = cJSON_GetObjectItem(o, "keep");
+    if (cJSON_IsObject(keep) && keep->child) take_keep(keep, step, kp, r);
   } else if (!strcmp(kind->valuestring, "test")) {
     fprintf(te, "%.0f %.9g %.9g\n", step, num(o, "auc"), num(o, "logloss"));
     r->n_test++;
@@ -75,18 +112,20 @@ static int take_line(const char *line, FILE *tr, FILE *te, run_info *r) {
   return 0;
 }
 
-/* File k's datablocks $train<k> and $test<k> into s; its figures into *r. */
+/* File k's datablocks $train<k>, $test<k> and $keep<k> into s; its figures
+ * into *r. */
 static int read_run(const char *path, int k, FILE *s, run_info *r, char *err, size_t errlen) {
   FILE *f = fopen(path, "r");
   if (!f) return sr_fmt(err, errlen, "%s: cannot open", path), SR_EIO;
-  char *tb = NULL, *eb = NULL, line[8192];
-  size_t tl = 0, el = 0;
-  FILE *tr = open_memstream(&tb, &tl), *te = open_memstream(&eb, &el);
-  int rc = tr && te ? 0 : SR_ENOMEM, lineno = 0;
+  char *tb = NULL, *eb = NULL, *kb = NULL, line[65536];
+  size_t tl = 0, el = 0, kl = 0;
+  FILE *tr = open_memstream(&tb, &tl), *te = open_memstream(&eb, &el),
+       *kp = open_memstream(&kb, &kl);
+  int rc = tr && te && kp ? 0 : SR_ENOMEM, lineno = 0;
   run_label(path, r->label, sizeof r->label);
   while (!rc && fgets(line, sizeof line, f)) {
     lineno++;
-    if (line[strspn(line, " \t\r\n")] && take_line(line, tr, te, r)) {
+    if (line[strspn(line, " \t\r\n")] && take_line(line, tr, te, kp, r)) {
       sr_fmt(err, errlen, "%s:%d: not a metrics line (a JSON object with a \"kind\")", path, lineno);
       rc = SR_EFORMAT;
     }
@@ -94,13 +133,39 @@ static int read_run(const char *path, int k, FILE *s, run_info *r, char *err, si
   fclose(f);
   if (tr) fclose(tr);
   if (te) fclose(te);
+  if (kp) fclose(kp);
   if (!rc && !r->n_train)
     sr_fmt(err, errlen, "%s: no training lines (\"kind\":\"train\"): is it train --metrics-out's?", path),
         rc = SR_EFORMAT;
   if (!rc) fprintf(s, "$train%d << EOD\n%sEOD\n$test%d << EOD\n%sEOD\n", k, tb, k, eb ? eb : "");
+  if (!rc && r->n_keep) fprintf(s, "$keep%d << EOD\n%sEOD\n", k, kb);
   free(tb);
   free(eb);
+  free(kb);
   return rc;
+}
+
+/* The bounded tables' two panels (runs with "keep" lines): rows per table
+ * against step, and the ids admitted, refused, expired and evicted so far
+ * (summed over the tables; a dash type per event, a colour per run). */
+static void keep_panels(FILE *s, const run_info *r, int n) {
+  int lines = 0;
+  for (int k = 0; k < n; k++) lines += r[k].n_keep ? r[k].keep_tables : 0;
+  fprintf(s, "set title 'rows per bounded table'\nset xlabel 'step'\nset ylabel 'rows'\n"
+             "set grid xtics ytics\nset style data lines\nset autoscale\nset key inside\n%s\nplot ",
+          lines > 12 ? "set key off" : "set key top left");
+  for (int k = 0, first = 1; k < n; k++)
+    for (int i = 0; r[k].n_keep && i < r[k].keep_tables; i++, first = 0)
+      fprintf(s, "%s$keep%d using 1:%d with lines lc %d title \"%s %s\"", first ? "" : ", ", k,
+              i + 2, k + 1, r[k].label, r[k].keep_name[i]);
+  fprintf(s, "\nset key top left\nset title 'bounded tables: ids so far (all tables)'\n"
+             "set ylabel 'ids'\nplot ");
+  for (int k = 0, first = 1; k < n; k++)
+    for (int e = 0; r[k].n_keep && e < PLOT_KEEP_EVENTS; e++, first = 0)
+      fprintf(s, "%s$keep%d using 1:%d with lines lw 2 lc %d dt %d title \"%s %s\"",
+              first ? "" : ", ", k, r[k].keep_tables + 2 + e, k + 1, e + 1, r[k].label,
+              keep_event[e]);
+  fprintf(s, "\n");
 }
 
 /* The four panels' commands for n runs. */
@@ -186,7 +251,7 @@ static int png_whole(const char *path) {
   return ok;
 }
 
-int plot_write(const plot_config *c, char *err, size_t errlen) {
+int plot_write(plot_config *c, char *err, size_t errlen) {
   if (strchr(c->out, '\'')) return sr_fmt(err, errlen, "%s: a name with ' is not supported (it is quoted for the shell and gnuplot)", c->out), SR_EINVAL;
   sr_outfile *o;
   char log[SR_PATH_MAX];
@@ -205,10 +270,18 @@ int plot_write(const plot_config *c, char *err, size_t errlen) {
   if (!rc) {
     fprintf(s, "set terminal pngcairo size %d,%d noenhanced font 'sans,%d'\nset output '%s'\n",
             c->width, c->height, c->width >= 1000 ? 10 : 8, tmp);
-    fprintf(s, "set multiplot layout 2,2 title 'shardrec: %d run(s)'\n", c->n_files);
   }
   for (int k = 0; !rc && k < c->n_files; k++) rc = read_run(c->files[k], k, s, &r[k], err, errlen);
-  if (!rc) panels(s, r, c->n_files), fprintf(s, "unset multiplot\nset output\n");
+  int kept = 0;
+  for (int k = 0; !rc && k < c->n_files; k++) kept += r[k].n_keep > 0;
+  c->kept = kept;
+  if (!rc) fprintf(s, "set multiplot layout %d,2 title 'shardrec: %d run(s)'\n", kept ? 3 : 2,
+                   c->n_files);
+  if (!rc) {
+    panels(s, r, c->n_files); /* after the runs' datablocks: a layout of 3 rows with bounded tables */
+    if (kept) keep_panels(s, r, c->n_files);
+    fprintf(s, "unset multiplot\nset output\n");
+  }
   if (s) fclose(s);
   if (!rc) rc = run_gnuplot(c, script, len, log, err, errlen);
   unlink(log);

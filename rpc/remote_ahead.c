@@ -40,6 +40,7 @@ void rpc__slots_drop_before(rstore *s, int64_t step) {
  * answered (applied) first. */
 static int pf_may_send(const rstore *s, int64_t step) {
   if (s->pushed < 0) return 0;
+  if (s->keeps && s->removed < step - 1) return 0; /* the boundary before it not passed yet */
   if (s->o.world_size > 1) return 1;
   const int64_t lag = s->o.max_staleness > 0 ? s->o.max_staleness : 1;
   return s->pushed >= step - lag;

@@ -11,6 +11,7 @@
  *                     (Checkpoint, Restore, Stats), the Watches, create and
  *                     destroy;
  *   remote_ahead.c    the look-ahead slots (emb_store_ops.prefetch);
+ *   remote_remove.c   a bounded table's removed rows (emb_store_ops.remove);
  *   remote_recover.c  what a job asks of the store beyond embedding/store.h:
  *                     recovery from a lost server (rpc_remote_quiesce,
  *                     _rejoin, _incarnations, _lost), retries' notes, the
@@ -202,6 +203,8 @@ typedef struct {
   pf_slot pf[RPC_PF_STEPS];
   int64_t pushed;   /* the last step pushed (answered OK); -1: none */
   int64_t seen;     /* the highest step looked up, pushed or prefetched; -1: none */
+  int keeps;        /* the plan bounds tables: rows go at step boundaries (remove) */
+  int64_t removed;  /* the last step whose boundary's removal is done; -1: none */
   emb_store_stats st;
 } rstore;
 
@@ -234,6 +237,24 @@ uint8_t *rpc__make_stats(rstore *s, int k, size_t *len, void *ctx);
 /* Multi-rank: start a Watch on every server; detach and end them. */
 int rpc__watch_start(rstore *s);
 void rpc__watch_stop(rstore *s);
+
+/* check_inc and header_fill of remote_store.c: shard k's answer's
+ * incarnation checked against the first seen (a restart: s->lost, s->err);
+ * a request header of this store's job at step. */
+int rpc__check_inc(rstore *s, int k, uint64_t inc, const char *what);
+struct Shardrec__V1__RequestHeader;
+void rpc__header_fill(rstore *s, struct Shardrec__V1__RequestHeader *h, int64_t step);
+
+/* ---- remote_remove.c: removed rows ---- */
+
+/* emb_store_ops.remove: each server's ids in Remove calls (cut to its
+ * limits), waited for; then the step's boundary is passed: the look-ahead
+ * Lookups of later steps may go (a plan that bounds tables holds them until
+ * then, so that none reads a row removed at this boundary). Called at
+ * every boundary of such a plan, with no ids where none go. A rank other
+ * than 0 of a multi-rank job sends nothing (rank 0 removes the job's rows;
+ * the job calls it there once rank 0's removal is answered). */
+int rpc__remote_remove(emb_store *b, int64_t step, const emb_idset *ids);
 
 /* ---- remote_ahead.c: the look-ahead ---- */
 

@@ -62,6 +62,14 @@ static void header_fill(rstore *s, Shardrec__V1__RequestHeader *h, int64_t step)
   h->max_staleness = s->o.max_staleness;
 }
 
+int rpc__check_inc(rstore *s, int k, uint64_t inc, const char *what) {
+  return check_inc(s, k, inc, what);
+}
+
+void rpc__header_fill(rstore *s, Shardrec__V1__RequestHeader *h, int64_t step) {
+  header_fill(s, h, step);
+}
+
 static uint8_t *pack(const ProtobufCMessage *m, size_t *len) {
   size_t n = protobuf_c_message_get_packed_size(m);
   uint8_t *b = malloc(n ? n : 1);
@@ -646,7 +654,7 @@ static int restore_all(emb_store *b, const char *path, int delta) {
   rstore *s = (rstore *)b;
   for (int i = 0; i < RPC_PF_STEPS; i++)
     if (&s->pf[i] != s->cur_pf) rpc__slot_release(s, &s->pf[i]);
-  s->pushed = s->seen = -1;
+  s->pushed = s->seen = s->removed = -1;
   return rc;
 }
 static int r_restore(emb_store *b, const char *path, const char *from_model_fp) {
@@ -810,6 +818,7 @@ const emb_store_ops rpc__remote_ops = {
     .prefetch = rpc__remote_prefetch,
     .lookup_flight = r_lookup_flight,
     .push = r_push,
+    .remove = rpc__remote_remove,
     .flush = r_flush,
     .checkpoint = r_checkpoint,
     .restore = r_restore,
@@ -858,7 +867,8 @@ emb_store *emb_store_create_remote(const emb_plan *plan, const char *const *serv
   rpc__opts_defaults(&s->o);
   s->n = n_servers;
   s->cur = &s->lk;
-  s->pushed = s->seen = -1;
+  s->pushed = s->seen = s->removed = -1;
+  for (int t = 0; t < plan->n_tables; t++) s->keeps |= emb_keep_on(&plan->tables[t]);
   s->c = calloc((size_t)n_servers, sizeof *s->c);
   int lk = rpc__lane_init(&s->lk, plan->n_tables, n_servers);
   int mn = rpc__lane_init(&s->mn, plan->n_tables, n_servers);

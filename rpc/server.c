@@ -242,7 +242,8 @@ static int peer_allowed(grpc_call *call, const char *list, char *who, size_t wle
  * allow lists); refused calls are answered here. 1 when allowed. */
 static int authorised(worker *w, call_ctx *c) {
   const rpc_server_opts *o = w->st->o;
-  const char *list = c->method == RPC_PUSH ? o->allow_push
+  const int push = c->method == RPC_PUSH || c->method == RPC_REMOVE; /* both change rows */
+  const char *list = push ? o->allow_push
                      : c->method == RPC_CHECKPOINT || c->method == RPC_RESTORE ||
                                c->method == RPC_SWAP_AT
                            ? o->allow_admin
@@ -251,7 +252,7 @@ static int authorised(worker *w, call_ctx *c) {
   if (!list || !o->tls || !o->tls->ca || peer_allowed(c->call, list, who, sizeof who)) return 1;
   const char *m = strrchr(rpc_method_path((rpc_method)c->method), '/') + 1;
   snprintf(msg, sizeof msg, "%s refused: client %s is not in --allow-%s (%s)", m, who,
-           c->method == RPC_PUSH ? "push" : "admin", list);
+           push ? "push" : "admin", list);
   reply(w, c, RPC_PERMISSION_DENIED, msg, NULL, 0);
   return 0;
 }

@@ -37,7 +37,7 @@ static const char *const method_paths[RPC_N_METHODS] = {
     "/shardrec.v1.EmbeddingShard/Checkpoint", "/shardrec.v1.EmbeddingShard/Restore",
     "/shardrec.v1.EmbeddingShard/Stats",      "/grpc.health.v1.Health/Check",
     "/shardrec.v1.EmbeddingShard/Watch",      "/shardrec.v1.EmbeddingShard/GetTransform",
-    "/shardrec.v1.EmbeddingShard/SwapAt",
+    "/shardrec.v1.EmbeddingShard/SwapAt",     "/shardrec.v1.EmbeddingShard/Remove",
 };
 
 const char *rpc_status_name(int c) {
@@ -368,6 +368,17 @@ static int check_clean(rpc_service *s, rpc_reply *r) {
   r->status = RPC_FAILED_PRECONDITION;
   snprintf(r->msg, sizeof r->msg, "%s", RPC_MSG_UNCLEAN);
   return r->status;
+}
+
+/* The checks above, for the handlers of other files (rpc/service_impl.h). */
+int rpc__check_header(rpc_service *s, const Shardrec__V1__RequestHeader *h, rpc_reply *r) {
+  return check_header(s, h, r) || check_clean(s, r) ? r->status : RPC_OK;
+}
+
+int rpc__check_ids(rpc_service *s, const char *what, size_t i, uint32_t table_id,
+                   const uint64_t *ids, size_t n, int *idx, uint8_t *seen, size_t *total,
+                   rpc_reply *r) {
+  return check_ids(s, what, i, table_id, ids, n, idx, seen, total, r);
 }
 
 /* Whether ids[n] holds a value twice (the first repeat into *twice), in
@@ -867,6 +878,7 @@ static void handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t 
     case RPC_WATCH: do_watch(s, in, len, r, token, timeout_s); break;
     case RPC_GET_TRANSFORM: rpc__get_transform(s, in, len, token != NULL, r); break;
     case RPC_SWAP_AT: rpc__swap_at(s, in, len, r); break;
+    case RPC_REMOVE: rpc__remove(s, in, len, token != NULL, r); break;
     default:
       r->status = RPC_UNIMPLEMENTED;
       snprintf(r->msg, sizeof r->msg, "unknown method");

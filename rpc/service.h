@@ -31,6 +31,7 @@ typedef enum {
   RPC_WATCH, /* "/shardrec.v1.EmbeddingShard/Watch": a rank's presence (Rank death) */
   RPC_GET_TRANSFORM, /* "/shardrec.v1.EmbeddingShard/GetTransform": the data transform */
   RPC_SWAP_AT,       /* "/shardrec.v1.EmbeddingShard/SwapAt": a following server's admin call */
+  RPC_REMOVE,        /* "/shardrec.v1.EmbeddingShard/Remove": a bounded table's removed rows */
   RPC_N_METHODS
 } rpc_method;
 

@@ -9,6 +9,7 @@
  *   service_transform.c  the served data transform (GetTransform);
  *   service_versions.c   the checkpoint step of Lookup answers, the
  *                swaps' exclusive section (serve --follow);
+ *   service_remove.c     Remove: a bounded table's removed rows;
  *   codec.c      the wire format (rpc/codec_impl.h). */
 #ifndef SHARDREC_RPC_SERVICE_IMPL_H
 #define SHARDREC_RPC_SERVICE_IMPL_H
@@ -89,6 +90,25 @@ uint8_t *rpc__answer_step(const rpc_service *s, uint8_t *p, int64_t step);
 int rpc__check_one_step(const rpc_service *s, int64_t asked, rpc_reply *r);
 /* SwapAt (rpc/shardrec.proto): checked, handed to the versions' swap_at. */
 void rpc__swap_at(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r);
+
+/* A request header's checks, as Lookup's and Push's (fingerprint, rank and
+ * world size, step, job id), then rows left by a crash refused. RPC_OK or
+ * a status with the message in r. */
+int rpc__check_header(rpc_service *s, const Shardrec__V1__RequestHeader *h, rpc_reply *r);
+/* Table i of a request (what: its field, "tables"): table_id in the plan
+ * and not given before (seen[plan index], set here), ids in range and on a
+ * served shard, *total (ids so far) within max_ids. Sets *idx to the plan
+ * index. RPC_OK or a status with the message in r. */
+int rpc__check_ids(rpc_service *s, const char *what, size_t i, uint32_t table_id,
+                   const uint64_t *ids, size_t n, int *idx, uint8_t *seen, size_t *total,
+                   rpc_reply *r);
+
+/* ---- service_remove.c ---- */
+
+/* Remove (rpc/shardrec.proto): checked whole, then the store's remove op
+ * under the service's lock. The decoded request takes its share of the
+ * in-flight budget (defer: as rpc__budget_take). */
+void rpc__remove(rpc_service *s, const uint8_t *in, size_t len, int defer, rpc_reply *r);
 
 /* ---- admission.c ---- */
 

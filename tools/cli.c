@@ -49,6 +49,7 @@ static const cli_range ranges[] = {
     {"--admit-window", 0, (double)EMB_KEEP_MAX, "steps (0: 1000)"},
     {"--arch-embedding-size", 1, (double)EMB_ROWS_MAX, "rows per table"},
     {"--capacity", 0, (double)EMB_ROWS_MAX, "rows per table (0: no bound)"},
+    {"--lfu-half-life", 0, (double)EMB_KEEP_MAX, "steps (0: no decay)"},
     {"--arch-sparse-feature-size", 1, EMB_MAX_DIM, "floats per row"},
     {"--cache-mb", 1, 1 << 20, "MiB"},
     {"--cache-rows", EMB_SHARD_MIN_CACHE_ROWS, 2147483647.0, "rows"},
@@ -127,6 +128,7 @@ int cli_keep_flag(const char *cmd, const char *flag, const char *s, emb_keep_cfg
   uint64_t *dst = !strcmp(flag, "--admit-after")    ? &k->admit_after
                   : !strcmp(flag, "--admit-window") ? &k->admit_window
                   : !strcmp(flag, "--expire-after") ? &k->expire_after
+                  : !strcmp(flag, "--lfu-half-life") ? &k->half_life
                                                     : &k->capacity;
   return cli_flag_u64(cmd, flag, s, dst);
 }

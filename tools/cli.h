@@ -44,7 +44,9 @@ int cli_keep_flag(const char *cmd, const char *flag, const char *s, emb_keep_cfg
   "  --admit-window W           forget a count under F after W steps without the id (1000)\n"     \
   "  --expire-after T           remove a row not looked up for T steps (0: never)\n"              \
   "  --capacity C               at most C rows per table at each step boundary (0: no bound)\n"   \
-  "  --evict lru|lfu            above capacity remove the least recently / frequently seen (lru)\n"
+  "  --evict lru|lfu            above capacity remove the least recently / frequently seen (lru)\n" \
+  "  --lfu-half-life H          lfu: an id's samples count half for every H steps since (0: no\n" \
+  "                             decay; deterministic: halved at multiples of H steps)\n"
 
 int cli_int(const char *cmd, const char *flag, const char *s, long long lo, long long hi,
             long long *out);

@@ -104,7 +104,7 @@ typedef struct plan_flags {
 } plan_flags;
 
 enum { O_OUT = 256, O_SIZES, O_ARCH_SIZES, O_DIM, O_SEED, O_SHARDS, O_OPT, O_EPS, O_ACC,
-       O_INIT, O_POOL, O_ROWWISE, O_GROW, O_ADMIT, O_AWIN, O_EXPIRE, O_CAP, O_EVICT };
+       O_INIT, O_POOL, O_ROWWISE, O_GROW, O_ADMIT, O_AWIN, O_EXPIRE, O_CAP, O_EVICT, O_HALF };
 
 static const struct option plan_opts[] = {
     {"out", required_argument, NULL, O_OUT},
@@ -126,6 +126,7 @@ static const struct option plan_opts[] = {
     {"expire-after", required_argument, NULL, O_EXPIRE},
     {"capacity", required_argument, NULL, O_CAP},
     {"evict", required_argument, NULL, O_EVICT},
+    {"lfu-half-life", required_argument, NULL, O_HALF},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0}, /* and the data flags of PLAN_DATA (tools/cli_data.c) */
 };
@@ -196,9 +197,9 @@ static int parse_flags(int argc, char **argv, plan_flags *f) {
         }
         break;
       case O_ROWWISE: pp->row_wise = 1; break;
-      case O_ADMIT: case O_AWIN: case O_EXPIRE: case O_CAP: case O_EVICT: {
+      case O_ADMIT: case O_AWIN: case O_EXPIRE: case O_CAP: case O_EVICT: case O_HALF: {
         static const char *const names[] = {"--admit-after", "--admit-window", "--expire-after",
-                                            "--capacity", "--evict"};
+                                            "--capacity", "--evict", "--lfu-half-life"};
         if (cli_keep_flag(CMD, names[c - O_ADMIT], optarg, &pp->keep)) return 2;
         break;
       }
@@ -225,6 +226,10 @@ static int check_flags(const plan_flags *f) {
     return 2;
   }
   if (cli_out_file(CMD, "--out", f->out)) return 2;
+  if (f->pp.keep.half_life && f->pp.keep.evict != EMB_EVICT_LFU) {
+    fprintf(stderr, "shardrec %s: --lfu-half-life applies to --evict lfu\n", CMD);
+    return 2;
+  }
   if (f->grow_from) {
     if (!f->data.processed) {
       fprintf(stderr, "shardrec %s: --grow-from needs --processed-data-file F (the day's file, "

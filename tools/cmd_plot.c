@@ -4,7 +4,8 @@
  *
  * METRICS.jsonl are `train --metrics-out` files, one run each, overlaid in
  * the picture: training loss and test AUC / log loss against step,
- * samples/s, and the split of a step's time over its phases. Drawn by
+ * samples/s, and the split of a step's time over its phases (and bounded
+ * tables' rows and ids, where the files have them). Drawn by
  * gnuplot (metrics/plot.h's plot_write); this file parses the flags. */
 #include <getopt.h>
 #include <stdio.h>
@@ -24,7 +25,9 @@ static void usage(FILE *f) {
 "\n"
 "Draws the runs of train --metrics-out files into one PNG (gnuplot): training loss\n"
 "and test AUC / log loss against step (runs overlaid), samples/s, and the mean time\n"
-"per step of each phase (one stacked bar per run).\n"
+"per step of each phase (one stacked bar per run); for runs with bounded tables\n"
+"(train --admit-after / --expire-after / --capacity) also rows per table and the ids\n"
+"admitted, refused, expired and evicted so far against step.\n"
 "  --out FILE.png   the picture (written under a temporary name, then renamed)\n"
 "  --size WxH       its size in pixels (1200x900; each 200 to 8000)\n");
 }
@@ -76,6 +79,9 @@ int cmd_plot(int argc, char **argv) {
     fprintf(stderr, "shardrec plot: %s\n", err);
     return 1;
   }
-  printf("wrote %s (%dx%d, %d run(s))\n", c.out, c.width, c.height, c.n_files);
+  printf("wrote %s (%dx%d, %d run(s))", c.out, c.width, c.height, c.n_files);
+  if (c.kept) printf("; the bounded tables of %d run(s): rows per table, ids admitted, refused, "
+                     "expired and evicted", c.kept);
+  printf("\n");
   return 0;
 }

@@ -171,7 +171,7 @@ enum { O_PFDEPTH = 1700 }; /* --prefetch-depth */
 enum { O_AUTORESUME = 1900 }; /* --auto-resume */
 enum { O_RPCCONN = 2000 }; /* --rpc-connections */
 enum { O_FULLEVERY = 2100 }; /* --full-checkpoint-every */
-enum { O_ADMIT = 2200, O_AWIN, O_EXPIRE, O_CAP, O_EVICT }; /* the bounded tables' flags */
+enum { O_ADMIT = 2200, O_AWIN, O_EXPIRE, O_CAP, O_EVICT, O_HALF }; /* the bounded tables' flags */
 
 static const struct option long_opts[] = { /* and the data flags of TRAIN_DATA (cli_data.c) */
     {"arch-sparse-feature-size", required_argument, 0, O_DIM},
@@ -213,7 +213,7 @@ static const struct option long_opts[] = { /* and the data flags of TRAIN_DATA (
     {"colocate-shards", no_argument, 0, O_COLOCATE},
     {"admit-after", required_argument, 0, O_ADMIT}, {"admit-window", required_argument, 0, O_AWIN},
     {"expire-after", required_argument, 0, O_EXPIRE}, {"capacity", required_argument, 0, O_CAP},
-    {"evict", required_argument, 0, O_EVICT},
+    {"evict", required_argument, 0, O_EVICT}, {"lfu-half-life", required_argument, 0, O_HALF},
     {"sparse-mode", required_argument, 0, O_SPMODE},
     {"max-staleness", required_argument, 0, O_STALE},
     {"prefetch-depth", required_argument, 0, O_PFDEPTH},
@@ -347,9 +347,9 @@ static int parse_opt(const train_ranks *r, int opt, const char *arg, train_confi
       return 0;
     case O_ITSELF: c->dense.interaction_itself = 1; return 0;
     case O_COLOCATE: c->colocate = 1; return 0;
-    case O_ADMIT: case O_AWIN: case O_EXPIRE: case O_CAP: case O_EVICT: {
+    case O_ADMIT: case O_AWIN: case O_EXPIRE: case O_CAP: case O_EVICT: case O_HALF: {
       static const char *const names[] = {"--admit-after", "--admit-window", "--expire-after",
-                                          "--capacity", "--evict"};
+                                          "--capacity", "--evict", "--lfu-half-life"};
       c->have_keep = 1;
       return cli_keep_flag(CMD, names[opt - O_ADMIT], arg, &c->keep) ? 2 : 0;
     }
@@ -449,6 +449,10 @@ static int finish_flags(const train_ranks *r, train_config *c, raw_flags *rf) {
   }
   if (rf->staleness && !c->async) {
     errf(r, "--max-staleness applies to --sparse-mode async\n");
+    return 2;
+  }
+  if (c->keep.half_life && c->keep.evict != EMB_EVICT_LFU) {
+    errf(r, "--lfu-half-life applies to --evict lfu\n");
     return 2;
   }
   c->max_staleness = rf->staleness ? rf->staleness : 2;

@@ -17,9 +17,10 @@ int job__keep_open(train_job *j) {
               j->store_kind);
     return -1;
   }
-  if (j->size > 1) {
-    job__errf(j, "the plan bounds tables (\"keep\"): a data-parallel job (%d ranks) does not "
-              "remove rows yet; train with one rank\n", j->size);
+  if (j->cfg->async && j->store->ops->kind == EMB_STORE_REMOTE) {
+    job__errf(j, "the plan bounds tables (\"keep\"), whose rows go at step boundaries: "
+              "--sparse-mode async looks the next step up on the shard servers before the "
+              "boundary; use --sparse-mode sync\n");
     return -1;
   }
   if (!(j->keep = keep_create(j->plan, err, sizeof err))) {
@@ -41,6 +42,21 @@ int job__keep_load(train_job *j, const char *ckdir, const char *what) {
   return 0;
 }
 
+/* A barrier of the job's ranks at step's boundary; 0 or the code with the
+ * reason in why. */
+static int keep_barrier(train_job *j, int64_t step, char *why, size_t whylen) {
+  int rc = dense_coll_barrier(j->coll);
+  if (rc)
+    sr_fmt(why, whylen, "step %lld: bounded tables: barrier: %s", (long long)step,
+           dense_coll_errmsg(j->coll));
+  return rc;
+}
+
+/* Several ranks (a remote store each, over the same servers): every rank
+ * decided the same rows, rank 0 removes them once. Its Remove goes once
+ * every rank's push of the step is answered (the servers applied the
+ * step), and no rank reads the next step (its look-ahead Lookups wait in
+ * its store for its own boundary, below) until the Remove is answered. */
 int job__keep_step(train_job *j, int64_t step, char *why, size_t whylen) {
   emb_idset gone;
   if (!j->keep) return 0;
@@ -51,9 +67,19 @@ int job__keep_step(train_job *j, int64_t step, char *why, size_t whylen) {
   }
   size_t n = 0;
   for (int f = 0; f < gone.n_tables; f++) n += gone.counts[f];
-  if (n && (rc = emb_store_remove(j->store, step, &gone)))
+  /* The remote store holds the next step's look-ahead Lookups until the
+   * boundary is passed: it hears of every boundary, rows to remove or not
+   * (on a rank other than 0 it sends nothing). */
+  const int told = n || j->store->ops->kind == EMB_STORE_REMOTE;
+  if (j->size > 1 && (rc = keep_barrier(j, step, why, whylen))) return rc;
+  if (told && j->rank == 0 && (rc = emb_store_remove(j->store, step, &gone))) {
     sr_fmt(why, whylen, "step %lld: removing %zu rows: %s", (long long)step, n,
            emb_store_errmsg(j->store));
+    return rc;
+  }
+  if (j->size > 1 && (rc = keep_barrier(j, step, why, whylen))) return rc;
+  if (told && j->rank != 0 && (rc = emb_store_remove(j->store, step, &gone)))
+    sr_fmt(why, whylen, "step %lld: %s", (long long)step, emb_store_errmsg(j->store));
   return rc;
 }
 

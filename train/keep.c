@@ -6,7 +6,13 @@
  * admitted ids: keep_observe visits a batch's ids in ascending order and
  * moves each to its list's tail, so a list's head is always the oldest
  * last, lowest id first. Expiry and lru take heads; lfu sorts the admitted
- * ids when there are more than capacity. */
+ * ids when there are more than capacity.
+ *
+ * lfu with a half-life H: an admitted id's count is halved (shifted right,
+ * integers only) once for every multiple of H steps passed since its last
+ * step, when it is seen again and when scores are compared, so a sample
+ * of step s counts 2^-(floor(now / H) - floor(s / H)) at step now: the
+ * same on every host, and keep.bin's count and last are all it needs. */
 #include "train/keep.h"
 
 #include <errno.h>
@@ -214,6 +220,10 @@ static void observe_table(keep *k, ktab *t, const uint64_t *ids, size_t n, int64
     uint32_t i1 = t->map[h] != NIL ? t->map[h] : insert(t, h, k->scratch[a]);
     kentry *e = &t->e[i1 - 1];
     unlink_entry(t, i1);
+    if (e->admitted && t->cfg.half_life) {
+      const int64_t h = (int64_t)t->cfg.half_life, d = step / h - e->last / h;
+      e->count = d >= 64 ? 0 : e->count >> d;
+    }
     e->count += b - a;
     e->last = step;
     if (!e->admitted && e->count >= f) {
@@ -257,18 +267,30 @@ int keep_has_row(const keep *k, int table, uint64_t id) {
   return i1 != NIL && t->e[i1 - 1].admitted;
 }
 
-/* An admitted entry's lfu score: fewest samples first, then the oldest
- * last, then row id. */
+/* An admitted entry's lfu score: fewest samples first (with a half-life,
+ * count x 2^epoch, epoch = last / H: compared exactly by shifting), then
+ * the oldest last, then row id. */
 typedef struct {
   uint64_t count;
-  int64_t last;
+  int64_t last, epoch; /* epoch 0 without a half-life */
   uint64_t id;
   uint32_t i1;
 } lfu_key;
 
+/* Sign of x.count * 2^x.epoch - y.count * 2^y.epoch. */
+static int cmp_decayed(const lfu_key *x, const lfu_key *y) {
+  if (x->epoch < y->epoch) return -cmp_decayed(y, x);
+  const int64_t d = x->epoch - y->epoch; /* x's count weighs 2^d of y's */
+  if (!x->count || !y->count) return (x->count > 0) - (y->count > 0);
+  if (d >= 64 || x->count > (UINT64_MAX >> d)) return 1;
+  const uint64_t xs = x->count << d;
+  return xs < y->count ? -1 : xs > y->count;
+}
+
 static int cmp_lfu(const void *a, const void *b) {
   const lfu_key *x = a, *y = b;
-  if (x->count != y->count) return x->count < y->count ? -1 : 1;
+  int c = cmp_decayed(x, y);
+  if (c) return c;
   if (x->last != y->last) return x->last < y->last ? -1 : 1;
   return x->id < y->id ? -1 : x->id > y->id;
 }
@@ -286,7 +308,8 @@ static int evict_lfu(ktab *t, size_t over) {
   if (!v) return SR_ENOMEM;
   for (uint32_t i1 = t->head[1]; i1; i1 = t->e[i1 - 1].next) {
     const kentry *e = &t->e[i1 - 1];
-    v[m++] = (lfu_key){e->count, e->last, e->id, i1};
+    const int64_t ep = t->cfg.half_life ? e->last / (int64_t)t->cfg.half_life : 0;
+    v[m++] = (lfu_key){e->count, e->last, ep, e->id, i1};
   }
   qsort(v, m, sizeof *v, cmp_lfu);
   for (size_t i = 0; i < over; i++) evict(t, v[i].i1);

@@ -20,7 +20,9 @@
  * whose id was not seen for admit_window steps is forgotten; an admitted id
  * whose last <= s - expire_after is expired; then, while more than capacity
  * ids are admitted, the lowest-scored one is evicted: lru, the oldest last;
- * lfu, the smallest count, then the oldest last; ties by row id (each
+ * lfu, the smallest count (with keep.half_life H: each sample weighs
+ * half for every multiple of H steps passed since its step, in integers,
+ * keep.c), then the oldest last; ties by row id (each
  * table decides alone, so (table id, row id) orders every tie). A removed
  * id's entry goes with its row: seen again, it counts from zero.
  *

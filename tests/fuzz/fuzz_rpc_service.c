@@ -1,6 +1,7 @@
 /* libFuzzer target: the shard service's request handlers (rpc/service.c,
- * rpc/service_transform.c): the first byte picks Lookup, Push, Stats (or,
- * with its top bit set, GetTransform), Health Check or Watch, the rest is
+ * rpc/service_transform.c, rpc/service_remove.c): the first byte picks
+ * Lookup, Push, Stats (or, with its top bit set, GetTransform), Health
+ * Check (or, with its top bit set, Remove) or Watch, the rest is
  * the request as it would arrive off the wire, copied to an exact-size heap
  * buffer. The service runs over an in-process store of a small plan (two
  * bounded tables, row-wise over two shards, shard 0 served) and serves a
@@ -23,7 +24,8 @@
  * varints; a GetTransform answered OK carries the transform's fingerprint,
  * size and the bytes at the asked offset (no more than asked, 1 MiB when 0),
  * and one refused is malformed (INVALID_ARGUMENT) or past the end
- * (OUT_OF_RANGE). */
+ * (OUT_OF_RANGE); a Remove answered OK counts the request's ids, and the
+ * store holds none of them after it. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -134,7 +136,7 @@ static uint8_t *build(rpc_method m, uint8_t flags, const uint8_t *p, size_t n, i
     }
   }
 #undef NEXT
-  if ((enc & 1) && m != RPC_WATCH) { /* the client's encoder */
+  if ((enc & 1) && m != RPC_WATCH && m != RPC_REMOVE) { /* the client's encoder */
     rpc_wire_table wt[MAXT];
     for (size_t t = 0; t < nt; t++)
       wt[t] = (rpc_wire_table){.table_id = ti[t].table_id, .ids = ids[t], .n = k_of[t],
@@ -146,7 +148,13 @@ static uint8_t *build(rpc_method m, uint8_t flags, const uint8_t *p, size_t n, i
   Shardrec__V1__LookupRequest lq = SHARDREC__V1__LOOKUP_REQUEST__INIT;
   Shardrec__V1__PushRequest pq = SHARDREC__V1__PUSH_REQUEST__INIT;
   Shardrec__V1__WatchRequest wq = SHARDREC__V1__WATCH_REQUEST__INIT;
-  if (m == RPC_WATCH) {
+  Shardrec__V1__RemoveRequest rq = SHARDREC__V1__REMOVE_REQUEST__INIT;
+  if (m == RPC_REMOVE) {
+    rq.header = &h;
+    rq.n_tables = nt;
+    rq.tables = tip;
+    msg = &rq.base;
+  } else if (m == RPC_WATCH) {
     wq.header = &h;
     wq.detach = (flags & 0x04) != 0;
     msg = &wq.base;
@@ -185,6 +193,37 @@ static void check_transform(const uint8_t *req, size_t n, const rpc_reply *r) {
   shardrec__v1__get_transform_response__free_unpacked(a, NULL);
 }
 
+/* emb_store_iterate's visit after an OK Remove: a row the request named
+ * (ctx, the request decoded) is still held. */
+static int check_gone(void *ctx, int table, uint64_t row_id, const float *value, int dim,
+                      const float *state, int state_len) {
+  (void)value, (void)dim, (void)state, (void)state_len;
+  const Shardrec__V1__RemoveRequest *q = ctx;
+  for (size_t i = 0; i < q->n_tables; i++) {
+    const Shardrec__V1__TableIds *t = q->tables[i];
+    if (t->table_id != plan->tables[table].table_id) continue;
+    for (size_t k = 0; k < t->n_ids; k++)
+      if (t->ids[k] == row_id) abort();
+    for (size_t k = 0; k < t->n_ids_fixed; k++)
+      if (t->ids_fixed[k] == row_id) abort();
+  }
+  return 0;
+}
+
+/* A Remove answered OK to req[n]: its answer counts the request's ids,
+ * and none of them is held now. */
+static void check_removed(const uint8_t *req, size_t n, const rpc_reply *r) {
+  Shardrec__V1__RemoveRequest *q = shardrec__v1__remove_request__unpack(NULL, n, req);
+  Shardrec__V1__RemoveResponse *a = shardrec__v1__remove_response__unpack(NULL, r->out_len, r->out);
+  if (!q || !a) abort();
+  uint64_t ids = 0;
+  for (size_t i = 0; i < q->n_tables; i++) ids += q->tables[i]->n_ids + q->tables[i]->n_ids_fixed;
+  if (a->rows != ids) abort();
+  for (int t = 0; t < 2; t++) emb_store_iterate(store, t, check_gone, q);
+  shardrec__v1__remove_request__free_unpacked(q, NULL);
+  shardrec__v1__remove_response__free_unpacked(a, NULL);
+}
+
 /* req[n] handed to the service from off bytes past an 8-byte boundary, in
  * a copy that ends where the request does. */
 static void handle_at(rpc_method m, const uint8_t *req, size_t n, size_t off, rpc_reply *r) {
@@ -202,8 +241,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                      RPC_WATCH};
   rpc_method m = pick[data[0] % 5];
   if (m == RPC_STATS && (data[0] & 0x80)) m = RPC_GET_TRANSFORM;
+  if (m == RPC_HEALTH_CHECK && (data[0] & 0x80)) m = RPC_REMOVE;
   size_t n = size - 1, off = 0;
-  const int structured = (data[0] & 0x80) && (m == RPC_LOOKUP || m == RPC_PUSH || m == RPC_WATCH);
+  const int structured = ((data[0] & 0x80) && (m == RPC_LOOKUP || m == RPC_PUSH || m == RPC_WATCH)) ||
+                         (m == RPC_REMOVE && (data[0] & 0x04));
   uint8_t *req;
   if (structured) {
     req = build(m, data[0], data + 1, n, 0, &off, &n);
@@ -214,6 +255,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!req) return 0;
   rpc_reply r;
   handle_at(m, req, n, off, &r);
+  if (m == RPC_REMOVE && r.status == RPC_OK) check_removed(req, n, &r);
   free(req);
   if (r.status == RPC_OK) {
     if (!r.out) abort();

@@ -1,7 +1,9 @@
 /* shardrec plot, end to end with the real binary and gnuplot: a valid PNG
  * of the size asked (signature, IHDR width and height), the same input
  * drawn twice gives the same bytes and two different metrics files give
- * different pictures, a real train --metrics-out file is drawn (its rates
+ * different pictures, a run with bounded tables ("keep") gets their panels
+ * (its rows per table and its evicted ids each change the picture), a real
+ * train --metrics-out file is drawn (its rates
  * right after test passes too), and bad
  * input is refused naming what and where, leaving nothing at --out. */
 #include <check.h>
@@ -43,6 +45,24 @@ static void write_run(const char *name, double a) {
   fclose(f);
 }
 
+/* write_run's file with a bounded tables' "keep" on each train line: two
+ * tables whose rows grow as rows x step, and evicted ids as evict x step. */
+static void write_keep_run(const char *name, double rows, double evict) {
+  char p[512];
+  snprintf(p, sizeof p, "%s/%s", g_dir, name);
+  FILE *f = fopen(p, "w");
+  for (int s = 10; s <= 200; s += 10) {
+    fprintf(f, "{\"kind\":\"train\",\"step\":%d,\"epoch\":0,\"loss\":%.6f,\"samples_per_s\":4000"
+               ",\"keep\":{", s, 1 / (1 + 0.01 * s));
+    for (int t = 0; t < 2; t++)
+      fprintf(f, "%s\"t%d\":{\"rows\":%.0f,\"admitted\":%d,\"refused\":%d,\"expired\":%d,"
+                 "\"evicted\":%.0f}", t ? "," : "", t, rows * s * (t + 1), 3 * s, 5 * s, s,
+              evict * s);
+    fprintf(f, "}}\n");
+  }
+  fclose(f);
+}
+
 /* The PNG's bytes (caller frees) after checking its signature and IHDR. */
 static unsigned char *png_check(const char *name, int w, int h, size_t *len) {
   char p[512];
@@ -80,6 +100,31 @@ START_TEST(test_png_size_and_content) {
   /* The default size. */
   ck_assert_int_eq(run_cmd(NULL, "cd %s && %s plot a.jsonl --out d.png", g_dir, bin_path()), 0);
   free(png_check("d.png", 1200, 900, &la));
+}
+END_TEST
+
+/* Bounded tables: a run with "keep" gets the two panels (said on stdout);
+ * its rows and its evicted ids each change the picture. */
+START_TEST(test_keep_panels) {
+  write_run("a.jsonl", 1.0);
+  write_keep_run("k.jsonl", 1, 2);
+  write_keep_run("krows.jsonl", 1.5, 2);
+  write_keep_run("kevict.jsonl", 1, 3);
+  char *out;
+  ck_assert_int_eq(run_cmd(&out, "cd %s && %s plot a.jsonl --out a.png --size 640x480", g_dir, bin_path()), 0);
+  ck_assert_ptr_null(strstr(out, "bounded tables"));
+  free(out);
+  ck_assert_int_eq(run_cmd(&out, "cd %s && %s plot k.jsonl a.jsonl --out k.png --size 640x480", g_dir, bin_path()), 0);
+  ck_assert_msg(strstr(out, "the bounded tables of 1 run(s)") != NULL, "%s", out);
+  free(out);
+  ck_assert_int_eq(run_cmd(NULL, "cd %s && %s plot krows.jsonl a.jsonl --out kr.png --size 640x480", g_dir, bin_path()), 0);
+  ck_assert_int_eq(run_cmd(NULL, "cd %s && %s plot kevict.jsonl a.jsonl --out ke.png --size 640x480", g_dir, bin_path()), 0);
+  size_t lk, lr, le;
+  unsigned char *k = png_check("k.png", 640, 480, &lk), *kr = png_check("kr.png", 640, 480, &lr);
+  unsigned char *ke = png_check("ke.png", 640, 480, &le);
+  ck_assert_msg(lk != lr || memcmp(k, kr, lk), "other rows per table drew the same picture");
+  ck_assert_msg(lk != le || memcmp(k, ke, lk), "other evicted counts drew the same picture");
+  free(k), free(kr), free(ke);
 }
 END_TEST
 
@@ -172,6 +217,7 @@ int main(void) {
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_png_size_and_content);
+  tcase_add_test(tc, test_keep_panels);
   tcase_add_test(tc, test_real_train_file);
   tcase_add_test(tc, test_rate_after_test_pass);
   tcase_add_test(tc, test_bad_input);

@@ -7,7 +7,11 @@
  * an admitted id is expired at the first boundary with last <= step -
  * expire_after, not one step earlier; above capacity lru removes the
  * oldest last first, ties to the lowest row id, and lfu the fewest samples
- * first; removed ids come out in ascending order and count from zero when
+ * first; lfu with a half-life of 2 steps weighs a sample half for every
+ * 2 steps passed (an id of 4 samples at step 0 goes before ids of 3 and 6
+ * at step 4, and one of 3 samples at step 4 seen once more at step 8
+ * counts 1 then, below one of 6 at step 4); removed ids come out in
+ * ascending order and count from zero when
  * seen again; a table without bounds has a row for every id and is never
  * decided on; the figures (admitted, refused, expired, evicted, rows)
  * follow; keep_save then keep_load gives back entries that decide as the
@@ -121,6 +125,28 @@ START_TEST(test_capacity_lru_lfu) {
 }
 END_TEST
 
+START_TEST(test_lfu_half_life) {
+  emb_plan *p = plan_of((emb_keep_cfg){.capacity = 2, .evict = EMB_EVICT_LFU, .half_life = 2});
+  char err[256];
+  keep *k = keep_create(p, err, sizeof err);
+  ds_batch b;
+  ck_assert_int_eq(ds_batch_init(&b, 16), 0);
+  observe(k, &b, 0, (const uint64_t[]){40, 40, 40, 40}, 4);
+  decide_is(k, 0, NULL, 0);
+  observe(k, &b, 4, (const uint64_t[]){11, 11, 11, 12, 12, 12, 12, 12, 12}, 9);
+  /* At step 4: 40 weighs 4 / 4, 11 3 and 12 6; without decay 11 would go. */
+  decide_is(k, 4, (const uint64_t[]){40}, 1);
+  observe(k, &b, 8, (const uint64_t[]){11, 50}, 2);
+  /* 11: 3 halved twice (floor: 0), plus 1; 50: 1; 12: 6 / 4 = 1.5 at step
+   * 8. Without the halving of 11's count when seen again, 50 would go. */
+  decide_is(k, 8, (const uint64_t[]){11}, 1);
+  ck_assert(keep_has_row(k, 0, 12) && keep_has_row(k, 0, 50));
+  keep_destroy(k);
+  ds_batch_free(&b);
+  emb_plan_free(p);
+}
+END_TEST
+
 START_TEST(test_save_load) {
   emb_plan *p = plan_of((emb_keep_cfg){.admit_after = 2, .expire_after = 2, .capacity = 2});
   char err[512], *dir = tmpdir_make("keep");
@@ -171,6 +197,7 @@ int main(void) {
   TCase *tc = tcase_create("keep");
   tcase_add_test(tc, test_admit_expire);
   tcase_add_test(tc, test_capacity_lru_lfu);
+  tcase_add_test(tc, test_lfu_half_life);
   tcase_add_test(tc, test_save_load);
   suite_add_tcase(s, tc);
   return sr_check_run(s);

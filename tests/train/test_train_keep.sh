@@ -4,7 +4,8 @@
 # where the rows live.
 #
 # Asserts: with admission (3 samples), expiry (4 steps) and capacity (60
-# rows a table, lru; and lfu) on, the in-process store with 1 and 3 shards,
+# rows a table, lru; lfu; and lfu with a half-life of 3 steps) on, the
+# in-process store with 1 and 3 shards,
 # the RocksDB shard store with 3 shards table-wise and row-wise (a cache
 # smaller than the rows, --prefetch-depth 2) give the same losses, test
 # predictions (byte for byte) and the same counts (--metrics-out's "keep":
@@ -14,13 +15,20 @@
 # other than the unbounded run's); a run resumed from step 10 (in process,
 # and on the shard store) and one resumed from that checkpoint resharded to
 # 3 shards row-wise end with the uninterrupted run's predictions and
-# keep.bin; predict and eval of the saved model, and predict against serve
+# keep.bin (lfu with a half-life too, its predictions other than lfu's,
+# its plan recording it); predict and eval of the saved model, and predict against serve
 # --checkpoint of it, score the test split as training did (so ids without a
 # row read zeros there too, not fresh init rows); a bad --evict or a
-# negative --capacity exits 2, and bounds flags beside --plan are refused;
+# negative --capacity exits 2, and so does --lfu-half-life without --evict
+# lfu; bounds flags beside --plan are refused;
 # /metrics of a running job holds each bounded table's rows (at most the
-# capacity) and its admitted ids; a job with bounded tables on shard
-# servers is refused at start, naming the store.
+# capacity) and its admitted ids; on 2 shard servers (row-wise, with
+# look-ahead) the job gives the in-process run's losses, counts and
+# predictions, the servers' checkpoint holds every table's rows with the
+# in-process run's count and checksum (reshard's verification), a run
+# resumed there from its step-10 checkpoint ends with the in-process
+# run's predictions, predict of
+# it scores as training did, and --sparse-mode async is refused there.
 set -euo pipefail
 . "${BASH_SOURCE%/*}/../support/lib.sh"
 
@@ -28,7 +36,8 @@ B=${SHARDREC_BIN:?run through ctest (SHARDREC_BIN)}
 W=$(mktemp -d /tmp/shardrec-keep-XXXXXX)
 SRV=
 cleanup() {
-  [ -z "$SRV" ] || kill "$SRV" 2>/dev/null || true
+  # shellcheck disable=SC2086
+  [ -z "$SRV" ] || kill $SRV 2>/dev/null || true
   [ -n "${KEEP:-}" ] || rm -rf "$W"
 }
 trap cleanup EXIT
@@ -84,6 +93,15 @@ train lfu
 train lfu3 --num-shards 3 --data-dir lfu3 --cache-rows 1024
 same lfu3 lfu
 ! cmp -s lfu.pred ref.pred || fail "lfu evicted as lru did"
+BOUNDS=(--admit-after 3 --expire-after 4 --capacity 60 --evict lfu --lfu-half-life 3)
+train lfuh
+train lfuh3 --num-shards 3 --data-dir lfuh3 --cache-rows 1024
+same lfuh3 lfuh
+! cmp -s lfuh.pred lfu.pred || fail "lfu with a half-life evicted as lfu without did"
+train lfuhp --save-checkpoint ckh --checkpoint-every 10 --num-batches 10
+run lfuhr "$B" train "${COMMON[@]}" --plan ckh/plan.json --resume ckh/step-10 --test-pred-out lfuhr.pred
+cmp -s lfuhr.pred lfuh.pred || fail "the resumed lfu run with a half-life differs"
+grep -Eq '"half_life": ?3[^0-9]' ckh/plan.json || fail "the plan does not record the half-life: $(head -c 300 ckh/plan.json)"
 BOUNDS=(--admit-after 3 --expire-after 4 --capacity 60)
 
 # Resumed, on each store, and resharded.
@@ -143,7 +161,7 @@ python3 -c "import sys; r, a = float(sys.argv[1]), float(sys.argv[2]); sys.exit(
   "${rows:-x}" "${adm:-x}" 2>/dev/null || fail "/metrics: t2 rows '$rows', admitted '$adm': $(grep table scrape.txt | head -3)"
 
 # Refusals.
-for bad in "--evict mru" "--capacity -1" "--admit-after x"; do
+for bad in "--evict mru" "--capacity -1" "--admit-after x" "--capacity 5 --lfu-half-life 3"; do
   set +e
   # shellcheck disable=SC2086
   "$B" train "${COMMON[@]}" $bad >bad.log 2>&1
@@ -153,16 +171,49 @@ for bad in "--evict mru" "--capacity -1" "--admit-after x"; do
 done
 refused planflag "$B" train "${COMMON[@]}" --plan row.json --capacity 5
 has planflag '"keep" field'
-# Shard servers remove no rows: a job with bounded tables on them is refused at start.
-run plan1 "$B" plan --raw-data-file d.tsv --seed 5 "${BOUNDS[@]}" --out one.json
-"$B" serve --listen 127.0.0.1:0 --plan one.json --shard 0 >srv1.out 2>srv1.log &
-SRV=$!
-listening1() { grep -qs '^listening on ' srv1.out || ! kill -0 "$SRV" 2>/dev/null; }
-wait_for 20 listening1 || fail "serve --plan one.json did not start: $(cat srv1.log)"
-refused remote "$B" train "${COMMON[@]}" --plan one.json \
-  --shard-servers "$(sed -n 's/^listening on //p' srv1.out | head -1)"
-has remote "the remote store cannot do"
-kill "$SRV"
-wait "$SRV" 2>/dev/null || true
-SRV=
+# Two shard servers remove the rows the trainer drops at each boundary (Remove).
+run plan2 "$B" plan --raw-data-file d.tsv --seed 5 --num-shards 2 --row-wise "${BOUNDS[@]}" --out two.json
+mkdir ckr
+# servers2: 2 fresh servers of two.json (their addresses in $addrs); servers2_down ends them.
+servers2() {
+  rm -f srv0.out srv1.out
+  for k in 0 1; do
+    "$B" serve --listen 127.0.0.1:0 --plan two.json --shard "$k" --checkpoint-root "$W/ckr" \
+      >"srv$k.out" 2>"srv$k.log" &
+    SRV="$SRV $!"
+  done
+  # shellcheck disable=SC2086
+  listening2() { [ "$(grep -ls '^listening on ' srv0.out srv1.out | wc -l)" = 2 ] || ! kill -0 $SRV 2>/dev/null; }
+  wait_for 20 listening2 || fail "serve --plan two.json did not start: $(cat srv0.log srv1.log)"
+  addrs=$(sed -n 's/^listening on //p' srv0.out | head -1),$(sed -n 's/^listening on //p' srv1.out | head -1)
+}
+servers2_down() {
+  # shellcheck disable=SC2086
+  kill $SRV
+  wait 2>/dev/null || true
+  SRV=
+}
+servers2
+train_plan remote --plan two.json --shard-servers "$addrs" --prefetch-depth 2 --save-model "$W/ckr/rem.m"
+refused remote_async "$B" train "${COMMON[@]}" --plan two.json --shard-servers "$addrs" --sparse-mode async
+has remote_async "use --sparse-mode sync"
+servers2_down
+servers2
+run rpart "$B" train "${COMMON[@]}" --plan two.json --shard-servers "$addrs" \
+  --save-checkpoint "$W/ckr/rck" --checkpoint-every 10 --num-batches 10
+run rresumed "$B" train "${COMMON[@]}" --plan two.json --shard-servers "$addrs" \
+  --resume "$W/ckr/rck/step-10" --prefetch-depth 2 --test-pred-out rresumed.pred
+servers2_down
+cmp -s rresumed.pred ref.pred || fail "the run resumed on the servers differs from the in-process run"
+same remote ref
+# Each table's rows on the servers are the in-process run's, value for value
+# (reshard verifies and prints every table's rows and checksum).
+run rs_ref "$B" reshard --from ref.m/step-27 --to rs_ref --plan two.json
+run rs_rem "$B" reshard --from ckr/rem.m/step-27 --to rs_rem --plan two.json
+grep 'verify table_id' rs_ref.log >rows_ref.txt || fail "reshard printed no table: $(tail -3 rs_ref.log)"
+grep 'verify table_id' rs_rem.log >rows_rem.txt || fail "reshard printed no table: $(tail -3 rs_rem.log)"
+diff rows_ref.txt rows_rem.txt >/dev/null ||
+  fail "the servers' rows differ from the in-process run's: $(diff rows_ref.txt rows_rem.txt | head -4)"
+run predict_rem "$B" predict --checkpoint ckr/rem.m --raw-data-file d.tsv --data-split test --out prem.tsv
+cmp -s prem.tsv ref.pred || fail "predict of the servers' checkpoint differs from training's"
 echo "ok"
