@@ -233,20 +233,15 @@ void trainer_destroy(trainer *t) {
  * ahead), growing it first. */
 static int dedup_set(trainer *t, const ds_batch *b, size_t *capv, uint64_t **unique,
                      uint32_t **inverse, size_t *counts) {
-  int n = b->n, rc;
-  for (int f = 0; f < t->T; f++) {
+  int n = b->n, rc, f;
+  for (f = 0; f < t->T; f++) {
     const uint32_t *off = ds_batch_offsets(b, f);
     size_t nids = n > 0 ? (size_t)(off[n] - off[0]) : 0;
     if ((rc = grow_ids(t, capv, unique, inverse, f, nids))) return rc;
-    counts[f] = 0;
-    if (!nids) continue;
-    rc = emb_dedup_run(t->dedup[f], b->ids + off[0], nids, unique[f], inverse[f], &counts[f]);
-    if (rc) {
-      sr_fmt(t->err, sizeof t->err, "trainer: dedup of table %d: %s", f, sr_strerror(rc));
-      return rc;
-    }
   }
-  return 0;
+  if ((rc = trainer_bags_dedup(t->dedup, t->T, b, unique, inverse, counts, &f)))
+    sr_fmt(t->err, sizeof t->err, "trainer: dedup of table %d: %s", f, sr_strerror(rc));
+  return rc;
 }
 
 /* ---- batches ahead of their step ---- */

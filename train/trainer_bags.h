@@ -1,7 +1,8 @@
-/* A step's pooling and its gradients' scatter, table by table, over the
- * dense pool (dense/pool.h): one task per table, each table's bags formed
- * by the same single-threaded code (embedding/bag.h) whichever thread takes
- * it, so the thread count changes speed, never bits. */
+/* A step's deduplication, pooling and its gradients' scatter, table by
+ * table, over the dense pool (dense/pool.h): one task per table, each
+ * table's work done by the same single-threaded code (embedding/bag.h)
+ * whichever thread takes it, so the thread count changes speed, never
+ * bits. */
 #ifndef SHARDREC_TRAIN_TRAINER_BAGS_H
 #define SHARDREC_TRAIN_TRAINER_BAGS_H
 
@@ -9,7 +10,15 @@
 #include <stdint.h>
 
 #include "datasets/batch.h"
+#include "embedding/bag.h"
 #include "embedding/plan.h"
+
+/* unique[f], inverse[f] and counts[f] of each table f of b, as
+ * emb_dedup_run with dedup[f] (one task per table; unique and inverse have
+ * room for the table's ids). 0, or the code of the first table (in table
+ * order) that failed, that table in *bad. Everything is borrowed. */
+int trainer_bags_dedup(emb_dedup *const *dedup, int T, const ds_batch *b, uint64_t *const *unique,
+                       uint32_t *const *inverse, size_t *counts, int *bad);
 
 /* emb[n][T][dim]: table f's bags of the batch's first n samples from
  * rows[f], as emb_bag_forward with out = emb + f * dim. Everything is
