@@ -120,7 +120,7 @@ static void gemm_task(void *arg, int t) {
 }
 
 /* Several independent products in one run of the pool: job j's tasks
- * follow job j - 1's, each block cut by dense_gemm_tasks as alone. */
+ * follow job j - 1's, each product cut as alone (gemm_plan). */
 #define GEMM_MAX_JOBS 2
 typedef struct {
   int n, first[GEMM_MAX_JOBS + 1];
