@@ -90,8 +90,21 @@ const char *dense_blas_core(void);
  * on the shape only, never on the thread count. */
 #define DENSE_GEMM_ROW_BLOCK 128
 #define DENSE_GEMM_COL_BLOCK 64
-#define DENSE_GEMM_SPLIT_MIN (1 << 20) /* multiply-adds: smaller is one task */
+#define DENSE_GEMM_SPLIT_MIN (1 << 20) /* multiply-adds: smaller is one block */
 int dense_gemm_tasks(int M, int N, int K, int *by_rows, int *blk);
+
+/* A product that is one block by the rule above runs as two tasks when it
+ * has DENSE_GEMM_HALVE_MIN multiply-adds or DENSE_GEMM_HALVE_OUT floats of
+ * C or more, and 2 * DENSE_GEMM_ROW_ALIGN rows: C's rows cut at a multiple
+ * of DENSE_GEMM_ROW_ALIGN near M / 2. OpenBLAS's Zen/Haswell sgemm kernel
+ * tiles C's rows (its N, row-major) by 12 and sums an element alike in
+ * every tile of 12, so such a cut gives each element the bits of the whole
+ * product (a cut elsewhere, or a cut of columns, changes some). Returns the
+ * rows of the first task (*cut), or 0 when the product stays one task. */
+#define DENSE_GEMM_ROW_ALIGN 24
+#define DENSE_GEMM_HALVE_MIN (1 << 18)
+#define DENSE_GEMM_HALVE_OUT (1 << 15)
+int dense_gemm_cut(int M, int N, int K);
 
 /* The CPU/OpenBLAS backend with the kernels of isa (static object; never
  * freed); NULL for a value not in dense_isa, or DENSE_ISA_AVX2 on a CPU

@@ -51,12 +51,19 @@ static void blas_single(void) {
  * of C: DENSE_GEMM_ROW_BLOCK rows when M has two or more of them, else
  * DENSE_GEMM_COL_BLOCK columns; never K (each element's sum is the one
  * single-thread sgemm forms). Products under DENSE_GEMM_SPLIT_MIN
- * multiply-adds are one task. */
+ * multiply-adds are one block, which dense_gemm_cut may run as two tasks
+ * of rows. */
 typedef struct {
-  int ta, tb, M, N, K, lda, ldb, ldc, by_rows, blk;
+  int ta, tb, M, N, K, lda, ldb, ldc, by_rows, blk, cut;
   float alpha, beta;
   const float *A, *B;
   float *C;
+  /* Optional: after its block of C, a task adds bias (and applies the
+   * ReLU when relu) to that block with bias_act, the kernel set's
+   * element-wise kernel (rows of ldc floats, one row per call). */
+  const float *bias;
+  int relu;
+  void (*bias_act)(int, int, const float *, int, float *);
 } gemm_job;
 
 int dense_gemm_tasks(int M, int N, int K, int *by_rows, int *blk) {
@@ -73,18 +80,34 @@ int dense_gemm_tasks(int M, int N, int K, int *by_rows, int *blk) {
   return 1;
 }
 
+int dense_gemm_cut(int M, int N, int K) {
+  int by_rows, blk;
+  if (dense_gemm_tasks(M, N, K, &by_rows, &blk) > 1 || M < 2 * DENSE_GEMM_ROW_ALIGN) return 0;
+  if ((double)M * N * K < DENSE_GEMM_HALVE_MIN && (double)M * N < DENSE_GEMM_HALVE_OUT) return 0;
+  int a = DENSE_GEMM_ROW_ALIGN;
+  return (M / 2 + a / 2) / a * a; /* the multiple of a nearest M / 2: in [a, M - a] */
+}
+
+/* job g's task count, its blocks (and cut) set in g. */
+static int gemm_plan(gemm_job *g) {
+  int n = dense_gemm_tasks(g->M, g->N, g->K, &g->by_rows, &g->blk);
+  g->cut = dense_gemm_cut(g->M, g->N, g->K);
+  if (g->cut) g->blk = g->cut, n = 2; /* rows [0, cut) and [cut, M) */
+  return n;
+}
+
 static void gemm_task(void *arg, int t) {
   const gemm_job *g = arg;
-  int M = g->M, N = g->N;
+  int M = g->M, N = g->N, c0 = 0;
   const float *A = g->A, *B = g->B;
   float *C = g->C;
   if (g->by_rows) {
     int r0 = t * g->blk;
-    M = M - r0 < g->blk ? M - r0 : g->blk;
+    M = M - r0 < g->blk || (g->cut && t) ? M - r0 : g->blk; /* a cut's second task: the rest */
     A += g->ta ? (size_t)r0 : (size_t)r0 * g->lda; /* op(A) rows r0.. */
     C += (size_t)r0 * g->ldc;
   } else {
-    int c0 = t * g->blk;
+    c0 = t * g->blk;
     N = N - c0 < g->blk ? N - c0 : g->blk;
     B += g->tb ? (size_t)c0 * g->ldb : (size_t)c0; /* op(B) columns c0.. */
     C += c0;
@@ -92,17 +115,45 @@ static void gemm_task(void *arg, int t) {
   cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans,
               g->tb ? CblasTrans : CblasNoTrans, M, N, g->K, g->alpha, A,
               g->lda, B, g->ldb, g->beta, C, g->ldc);
+  if (g->bias) /* element-wise: the same bits in any block */
+    for (int r = 0; r < M; r++) g->bias_act(1, N, g->bias + c0, g->relu, C + (size_t)r * g->ldc);
+}
+
+/* Several independent products in one run of the pool: job j's tasks
+ * follow job j - 1's, each product cut as alone (gemm_plan). */
+#define GEMM_MAX_JOBS 2
+typedef struct {
+  int n, first[GEMM_MAX_JOBS + 1];
+  gemm_job *job;
+} gemm_multi;
+
+static void gemm_multi_task(void *arg, int t) {
+  const gemm_multi *m = arg;
+  int j = 0;
+  while (t >= m->first[j + 1]) j++;
+  gemm_task(&m->job[j], t - m->first[j]);
+}
+
+static void gemm_run(gemm_job *jobs, int n) {
+  blas_single();
+  gemm_multi m = {.n = n, .job = jobs};
+  for (int j = 0; j < n; j++) m.first[j + 1] = m.first[j] + gemm_plan(&jobs[j]);
+  dense_pool_run(dense_pool_default(), m.first[n], gemm_multi_task, &m);
+}
+
+static gemm_job gemm_of(int trans_a, int trans_b, int M, int N, int K, float alpha,
+                        const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                        int ldc) {
+  return (gemm_job){.ta = trans_a, .tb = trans_b, .M = M, .N = N, .K = K, .lda = lda,
+                    .ldb = ldb, .ldc = ldc, .alpha = alpha, .beta = beta, .A = A, .B = B,
+                    .C = C};
 }
 
 static void cpu_gemm(int trans_a, int trans_b, int M, int N, int K,
                      float alpha, const float *A, int lda, const float *B,
                      int ldb, float beta, float *C, int ldc) {
-  blas_single();
-  gemm_job g = {.ta = trans_a, .tb = trans_b, .M = M, .N = N, .K = K, .lda = lda,
-                .ldb = ldb, .ldc = ldc, .alpha = alpha, .beta = beta, .A = A, .B = B,
-                .C = C};
-  int n = dense_gemm_tasks(M, N, K, &g.by_rows, &g.blk);
-  dense_pool_run(dense_pool_default(), n, gemm_task, &g);
+  gemm_job g = gemm_of(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  gemm_run(&g, 1);
 }
 
 /* Element-wise kernels: one body, compiled twice, as name_base (baseline)
@@ -695,10 +746,31 @@ const dense_backend *dense_backend_cpu(void) {
 
 /* ---- layers on top of a backend ---------------------------------------- */
 
+/* The element-wise bias + activation kernel of a CPU kernel set, or NULL
+ * for another backend (which then runs its ops one by one). */
+static void (*cpu_bias_act_of(const dense_backend *be))(int, int, const float *, int, float *) {
+  if (be == &cpu_backend_base) return cpu_bias_act_forward_base;
+#if DENSE_X86
+  if (be == &cpu_backend_avx2) return cpu_bias_act_forward_avx2;
+#endif
+  return NULL;
+}
+
+/* On the CPU a layer's forward is one run of the pool (each block of the
+ * product gets its bias and ReLU while in cache) and its backward's two
+ * products another, so the threads meet once per product pair rather than
+ * once per kernel. The blocks and each element's arithmetic are those of
+ * the ops alone. */
 void dense_linear_forward(const dense_backend *be, int B, int K, int N,
                           const float *in, const float *W, const float *b,
                           int relu, float *out) {
   /* out[B][N] = in[B][K] * W[N][K]^T */
+  gemm_job g = gemm_of(0, 1, B, N, K, 1.0f, in, K, W, K, 0.0f, out, N);
+  if ((g.bias_act = cpu_bias_act_of(be))) {
+    g.bias = b, g.relu = relu;
+    gemm_run(&g, 1);
+    return;
+  }
   be->gemm(0, 1, B, N, K, 1.0f, in, K, W, K, 0.0f, out, N);
   be->bias_act_forward(B, N, b, relu, out);
 }
@@ -708,9 +780,14 @@ void dense_linear_backward(const dense_backend *be, int B, int K, int N,
                            int relu, float *dout, float *dW, float *db,
                            float *din) {
   be->relu_bias_grad(B, N, N, relu ? out : NULL, dout, db);
-  /* dW[N][K] = dz[B][N]^T * in[B][K] */
+  /* dW[N][K] = dz[B][N]^T * in[B][K]; din[B][K] = dz[B][N] * W[N][K] */
+  if (cpu_bias_act_of(be)) {
+    gemm_job g[2] = {gemm_of(1, 0, N, K, B, 1.0f, dout, N, in, K, 0.0f, dW, K),
+                     gemm_of(0, 0, B, K, N, 1.0f, dout, N, W, K, 0.0f, din, K)};
+    gemm_run(g, din ? 2 : 1);
+    return;
+  }
   be->gemm(1, 0, N, K, B, 1.0f, dout, N, in, K, 0.0f, dW, K);
-  /* din[B][K] = dz[B][N] * W[N][K] */
   if (din) be->gemm(0, 0, B, K, N, 1.0f, dout, N, W, K, 0.0f, din, K);
 }
 

@@ -8,6 +8,7 @@
 #include "common/status.h"
 #include "common/sys.h"
 #include "embedding/bag.h"
+#include "train/trainer_bags.h"
 
 /* One batch's ids deduplicated ahead of its step (trainer_ahead,
  * trainer_lookup_early): per table the unique ids and the inverse index, kept
@@ -232,20 +233,15 @@ void trainer_destroy(trainer *t) {
  * ahead), growing it first. */
 static int dedup_set(trainer *t, const ds_batch *b, size_t *capv, uint64_t **unique,
                      uint32_t **inverse, size_t *counts) {
-  int n = b->n, rc;
-  for (int f = 0; f < t->T; f++) {
+  int n = b->n, rc, f;
+  for (f = 0; f < t->T; f++) {
     const uint32_t *off = ds_batch_offsets(b, f);
     size_t nids = n > 0 ? (size_t)(off[n] - off[0]) : 0;
     if ((rc = grow_ids(t, capv, unique, inverse, f, nids))) return rc;
-    counts[f] = 0;
-    if (!nids) continue;
-    rc = emb_dedup_run(t->dedup[f], b->ids + off[0], nids, unique[f], inverse[f], &counts[f]);
-    if (rc) {
-      sr_fmt(t->err, sizeof t->err, "trainer: dedup of table %d: %s", f, sr_strerror(rc));
-      return rc;
-    }
   }
-  return 0;
+  if ((rc = trainer_bags_dedup(t->dedup, t->T, b, unique, inverse, counts, &f)))
+    sr_fmt(t->err, sizeof t->err, "trainer: dedup of table %d: %s", f, sr_strerror(rc));
+  return rc;
 }
 
 /* ---- batches ahead of their step ---- */
@@ -498,10 +494,7 @@ static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids, i
   for (int f = 0; f < t->T; f++)
     if ((rc = grow_rows(t, t->gcap, t->grads, f, t->counts[f]))) return rc;
   double t2 = sr_now();
-  size_t stride = (size_t)t->T * (size_t)t->dim;
-  for (int f = 0; f < t->T; f++)
-    emb_bag_forward(t->plan->tables[f].pooling, t->dim, n, ds_batch_offsets(b, f), t->inverse[f],
-                    t->rows[f], t->emb + (size_t)f * (size_t)t->dim, stride);
+  trainer_bags_forward(t->plan, t->T, t->dim, b, n, t->inverse, t->rows, t->emb);
   double t3 = sr_now();
   t->times.dedup += t1 - t0;
   t->times.lookup += t2 - t1;
@@ -627,10 +620,7 @@ static int step_compute(trainer *t, const ds_batch *b, float scale, float *part_
   size_t stride = (size_t)t->T * (size_t)t->dim;
   if (scale != 1.0f)
     for (size_t i = 0, m = (size_t)n * stride; i < m; i++) t->d_emb[i] *= scale;
-  for (int f = 0; f < t->T; f++)
-    emb_bag_backward(t->plan->tables[f].pooling, t->dim, n, ds_batch_offsets(b, f),
-                     t->inverse[f], t->d_emb + (size_t)f * (size_t)t->dim, stride, t->counts[f],
-                     t->grads[f]);
+  trainer_bags_backward(t->plan, t->T, t->dim, b, n, t->inverse, t->d_emb, t->counts, t->grads);
   return 0;
 }
 

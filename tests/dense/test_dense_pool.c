@@ -149,6 +149,58 @@ START_TEST(test_gemm_same_bits_any_threads) {
 }
 END_TEST
 
+/* The products that are one block and large enough (the 13-wide input
+ * layer and its weight gradient, the 64-wide layer at batch 128) run as two
+ * tasks cut at a multiple of DENSE_GEMM_ROW_ALIGN rows, and every product
+ * of a Kaggle step at batches 48, 128 and 200 that is cut gives the bits of
+ * one single-thread sgemm of the whole product, with 1, 2 and 3 threads. */
+START_TEST(test_gemm_cut_keeps_one_block_bits) {
+  const dense_backend *be = dense_test_be;
+  ck_assert_int_eq(dense_gemm_cut(128, 512, 13), 72);  /* bottom 13 -> 512 */
+  ck_assert_int_eq(dense_gemm_cut(512, 13, 128), 264); /* its weight gradient */
+  ck_assert_int_eq(dense_gemm_cut(128, 64, 256), 72);  /* bottom 256 -> 64 */
+  ck_assert_int_eq(dense_gemm_cut(128, 512, 367), 0);  /* split in columns already */
+  ck_assert_int_eq(dense_gemm_cut(128, 16, 64), 0);    /* too small to share */
+  int cut = 0;
+  const int batches[] = {48, 128, 200};
+  for (int Bi = 0; Bi < 3; Bi++) {
+    int B = batches[Bi];
+    dense_gemm_shape sh[64];
+    int ns = dense_model_gemm_shapes(kaggle(B), B, sh, 64);
+    for (int i = 0; i < ns; i++) {
+      int M = sh[i].M, N = sh[i].N, K = sh[i].K;
+      if (!dense_gemm_cut(M, N, K)) continue;
+      cut++;
+      sr_rng r;
+      sr_rng_init(&r, 11, (uint64_t)i);
+      float *A = malloc(sizeof(float) * M * K), *Bm = malloc(sizeof(float) * K * N);
+      float *want = malloc(sizeof(float) * M * N), *got = malloc(sizeof(float) * M * N);
+      fill(&r, A, (size_t)M * K);
+      fill(&r, Bm, (size_t)K * N);
+      int lda = sh[i].trans_a ? M : K, ldb = sh[i].trans_b ? K : N;
+      openblas_set_num_threads(1);
+      cblas_sgemm(CblasRowMajor, sh[i].trans_a ? CblasTrans : CblasNoTrans,
+                  sh[i].trans_b ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A, lda, Bm, ldb,
+                  0.0f, want, N);
+      for (int th = 1; th <= 3; th++) {
+        memset(got, 0xff, sizeof(float) * M * N);
+        dense_pool *p = use_threads(th, th);
+        be->gemm(sh[i].trans_a, sh[i].trans_b, M, N, K, 1.0f, A, lda, Bm, ldb, 0.0f, got, N);
+        done_threads(p);
+        ck_assert_msg(!memcmp(want, got, sizeof(float) * M * N),
+                      "B %d gemm %d (%dx%dx%d, cut at row %d): %d threads differ from one sgemm",
+                      B, i, M, N, K, dense_gemm_cut(M, N, K), th);
+      }
+      free(A);
+      free(Bm);
+      free(want);
+      free(got);
+    }
+  }
+  ck_assert_int_ge(cut, 6);
+}
+END_TEST
+
 /* The Kaggle configuration with a cross network of 2 layers of rank 128
  * (x_0 of width 27 * 16) in place of the dot interaction. */
 static const dense_config *kaggle_dcn(int B) {
@@ -229,7 +281,7 @@ START_TEST(test_bce_fixed_blocks) {
   }
   want /= B;
   for (int th = 1; th <= 3; th++) {
-    dense_pool *p = use_threads(th, 1);
+    dense_pool *p = use_threads(th, th);
     double got = dense_test_be->bce_logits(B, z, y, NULL);
     done_threads(p);
     ck_assert_msg(got == want, "threads %d: %.17g vs %.17g", th, got, want);
@@ -245,6 +297,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, test_pool_runs_each_task_once);
   tcase_add_test(tc, test_pool_nested_run);
   tcase_add_test(tc, test_gemm_same_bits_any_threads);
+  tcase_add_test(tc, test_gemm_cut_keeps_one_block_bits);
   tcase_add_test(tc, test_model_step_same_bits_any_threads);
   tcase_add_test(tc, test_dcn_step_same_bits_any_threads);
   tcase_add_test(tc, test_bce_fixed_blocks);

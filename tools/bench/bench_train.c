@@ -481,9 +481,10 @@ static int bench_pair(const bt_flags *f, int B, const char *bin) {
 /* Batch B as bench_batch, and with --keep again with every table bounded,
  * then each thread count's step time with the bounds against without. 0 or
  * -1 (printed). */
-static int bench_keep(const bt_flags *f, int B, const char *bin) {
-  double off[8], on[8];
-  if (bench_batch(f, ARCH_KAGGLE, B, bin, NULL, NULL, off)) return -1;
+static int bench_keep(const bt_flags *f, int B, const char *bin, double *share, double *rate) {
+  double on[8];
+  double *off = rate;
+  if (bench_batch(f, ARCH_KAGGLE, B, bin, share, NULL, off)) return -1;
   if (!f->have_keep) return 0;
   printf("%6d with bounds (admit after %llu, expire after %llu steps, capacity %llu rows, lru):\n",
          B, (unsigned long long)f->keep.admit_after, (unsigned long long)f->keep.expire_after,
@@ -493,6 +494,24 @@ static int bench_keep(const bt_flags *f, int B, const char *bin) {
     printf("%6d %7d step time with bounds: %.2fx without\n", B, f->th[i], off[i] / on[i]);
   fflush(stdout);
   return 0;
+}
+
+/* The figures the table holds, one line: for each thread count, its share
+ * of the bound at each batch; for each batch, each thread count's rate
+ * against the first's. */
+static void print_summary(const bt_flags *f, double share[8][8], double rate[8][8]) {
+  printf("summary: of the sgemm bound:");
+  for (int i = 0; i < f->nth; i++) {
+    printf("%s %d thread%s", i ? ";" : "", f->th[i], f->th[i] == 1 ? "" : "s");
+    for (int bi = 0; bi < f->nb; bi++)
+      printf("%s %.1f%% at batch %d", bi ? "," : "", 100.0 * share[bi][i], f->bl[bi]);
+  }
+  for (int i = 1; i < f->nth; i++) {
+    printf("; %d threads against %d:", f->th[i], f->th[0]);
+    for (int bi = 0; bi < f->nb; bi++)
+      printf("%s %.2fx at batch %d", bi ? "," : "", rate[bi][i] / rate[bi][0], f->bl[bi]);
+  }
+  printf("\n");
 }
 
 /* --store, --cache-fraction or --prefetch-depth: the in-memory vs shard
@@ -526,10 +545,12 @@ int bench_train(int argc, char **argv) {
   if (f.gpu) printf("device %s (%s): dense step on the GPU; bound = cublasSgemm\n", f.device, f.be->name);
   printf("%6s %7s %12s %9s %10s %13s %13s %9s  %s\n", "batch", "threads", "samples/s", "step ms", "MFLOP/smp",
          f.gpu ? "cublas GF/s" : "sgemm GF/s", "bound smp/s", "of bound", "where the step's time goes (ms)");
+  double share[8][8], rate[8][8];
   for (int bi = 0; bi < f.nb; bi++)
     if (f.arch == ARCH_MLPERF ? bench_pair(&f, f.bl[bi], bin)
-                              : bench_keep(&f, f.bl[bi], bin))
+                              : bench_keep(&f, f.bl[bi], bin, share[bi], rate[bi]))
       goto out;
+  if (f.arch == ARCH_KAGGLE) print_summary(&f, share, rate);
   status = 0;
   double load[3] = {0, 0, 0};
   if (getloadavg(load, 3) < 0) load[0] = -1;
