@@ -722,6 +722,10 @@ int ckpt_dir_table_file(const char *dir, uint32_t table_id, char *buf, size_t le
   return sr_path(buf, len, "%s/table-%u.bin", dir, table_id);
 }
 
+int ckpt_dir_removed_file(const char *dir, uint32_t table_id, char *buf, size_t len) {
+  return sr_path(buf, len, "%s/removed-%u.bin", dir, table_id);
+}
+
 int ckpt_dir_server_shards(const char *name, int *ks, int max) {
   if (strncmp(name, "shard-", 6)) return 0;
   const char *p = name + 6;

@@ -265,6 +265,10 @@ int ckpt_dir_server_path(const char *dir, const int *shards, int n, char *buf, s
 /* dir/table-<table_id>.bin. */
 int ckpt_dir_table_file(const char *dir, uint32_t table_id, char *buf, size_t len);
 
+/* dir/removed-<table_id>.bin: an increment's removed rows of that table
+ * (embedding/removed_file.h), beside its table file. */
+int ckpt_dir_removed_file(const char *dir, uint32_t table_id, char *buf, size_t len);
+
 /* table_id of a file name "table-<id>.bin", or -1 for any other name. */
 long long ckpt_dir_table_of(const char *name);
 
