@@ -161,3 +161,25 @@ int emb_rmfile_read(const char *path, const emb_table *tb, const char *model_fp,
   *n = cnt;
   return 0;
 }
+
+int emb_rmfile_count(const char *path, uint64_t *n, char *err, size_t errlen) {
+  unsigned char h[EMB_RMFILE_HEADER];
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    sr_fmt(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    return SR_EIO;
+  }
+  size_t got = fread(h, 1, sizeof h, f);
+  fclose(f);
+  if (got != sizeof h || memcmp(h, RM_MAGIC, 8)) {
+    sr_fmt(err, errlen, "%s: not a shardrec removed-rows file", path);
+    return SR_EFORMAT;
+  }
+  if (get32(h + 8) != EMB_RMFILE_VERSION) {
+    sr_fmt(err, errlen, "%s: format version %u is not supported (this build reads %u)", path,
+           get32(h + 8), EMB_RMFILE_VERSION);
+    return SR_EVERSION;
+  }
+  *n = get64(h + 16);
+  return 0;
+}

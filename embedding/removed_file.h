@@ -42,4 +42,9 @@ int emb_rmfile_write(const char *path, const emb_table *tb, const char *model_fp
 int emb_rmfile_read(const char *path, const emb_table *tb, const char *model_fp, uint64_t **ids,
                     size_t *n, char *err, size_t errlen);
 
+/* The id count of the removed-rows file at path, from its header (magic and
+ * version checked, nothing else: for reports such as shardrec inspect). 0,
+ * or SR_EIO / SR_EFORMAT / SR_EVERSION with the file in err. */
+int emb_rmfile_count(const char *path, uint64_t *n, char *err, size_t errlen);
+
 #endif

@@ -272,6 +272,9 @@ int ckpt_dir_removed_file(const char *dir, uint32_t table_id, char *buf, size_t 
 /* table_id of a file name "table-<id>.bin", or -1 for any other name. */
 long long ckpt_dir_table_of(const char *name);
 
+/* table_id of a file name "removed-<id>.bin", or -1 for any other name. */
+long long ckpt_dir_removed_of(const char *name);
+
 /* The shards a folder name "shard-K[-K2...]" lists (each K a decimal >= 0),
  * into ks[max]; their count, or 0 when name is not such a name or lists
  * more than max. */
