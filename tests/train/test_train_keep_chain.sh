@@ -17,7 +17,12 @@
 # did at that step; inspect of an increment counts its removed rows; on
 # the RocksDB shard store (3 shards) the increments hold the same files as
 # the in-process store's and a resume from step-25 on a fresh data folder
-# ends with the uninterrupted run's predictions; serve --checkpoint
+# ends with the uninterrupted run's predictions; a run resumed from the
+# head resharded to 3 shards row-wise, and one resumed on 2 fresh shard
+# servers from the servers' own chain (each server's increment listing its
+# removed rows), end with those predictions too; two ranks with colocated
+# shards (mpirun -np 2) resumed from their own chain's step-25 end with
+# their uninterrupted run's predictions and counts; serve --checkpoint
 # --follow of the chain swaps to each increment past the served step and
 # then answers as predict of that step does (removed rows read zeros).
 set -euo pipefail
@@ -48,14 +53,16 @@ keeps() { grep -o '"keep":.*' "$1.jsonl"; }
 aucs() { grep -o '"auc":[^,]*' "$1.jsonl"; }
 
 run datagen "$B" datagen --rows 4000 --out d.tsv --seed 3
-T=(--raw-data-file d.tsv --mini-batch-size 128 --print-freq 3 --seed 5
-   --admit-after 3 --expire-after 4 --capacity 60 --checkpoint-every 5)
-# train NAME FLAGS...: a bounded run, its metrics and test predictions kept.
-train() {
+BOUNDS=(--admit-after 3 --expire-after 4 --capacity 60)
+T=(--raw-data-file d.tsv --mini-batch-size 128 --print-freq 3 --seed 5 --checkpoint-every 5)
+# train_plan NAME FLAGS...: a run, its metrics and test predictions kept.
+train_plan() {
   local name=$1
   shift
   run "$name" "$B" train "${T[@]}" --metrics-out "$name.jsonl" --test-pred-out "$name.pred" "$@"
 }
+# train NAME FLAGS...: the same with the bounds given as flags.
+train() { train_plan "$@" "${BOUNDS[@]}"; }
 
 # ---- the uninterrupted run (every checkpoint full) and the chained one ----
 train full --save-checkpoint U
@@ -103,6 +110,64 @@ for s in 5 10 20 25; do
 done
 train dbres --num-shards 3 --data-dir dbres --cache-rows 1024 --resume D/step-25
 cmp -s dbres.pred full.pred || fail "the shard store's resumed run's predictions differ"
+
+# ---- reshard of the chain's head ----
+run plan3 "$B" plan --raw-data-file d.tsv --seed 5 --num-shards 3 --row-wise "${BOUNDS[@]}" --out row.json
+run reshard "$B" reshard --from C/step-25 --to RS --plan row.json
+train_plan resharded --plan row.json --resume RS
+cmp -s resharded.pred full.pred || fail "the run resumed from the resharded head differs"
+
+# ---- two shard servers (Checkpoint and Restore over RPC) ----
+run plan2 "$B" plan --raw-data-file d.tsv --seed 5 --num-shards 2 --row-wise "${BOUNDS[@]}" --out two.json
+mkdir ckr
+# servers2: 2 fresh in-memory servers of two.json (addresses in $addrs); servers2_down ends them.
+servers2() {
+  rm -f srv0.out srv1.out
+  for k in 0 1; do
+    "$B" serve --listen 127.0.0.1:0 --plan two.json --shard "$k" --checkpoint-root "$W/ckr" \
+      >"srv$k.out" 2>"srv$k.log" &
+    SRV="$SRV $!"
+  done
+  # shellcheck disable=SC2086
+  listening2() { [ "$(grep -ls '^listening on ' srv0.out srv1.out | wc -l)" = 2 ] || ! kill -0 $SRV 2>/dev/null; }
+  wait_for 20 listening2 || fail "serve --plan two.json did not start: $(cat srv0.log srv1.log)"
+  addrs=$(sed -n 's/^listening on //p' srv0.out | head -1),$(sed -n 's/^listening on //p' srv1.out | head -1)
+}
+servers2_down() {
+  # shellcheck disable=SC2086
+  kill $SRV
+  wait 2>/dev/null || true
+  SRV=
+}
+servers2
+train_plan remote --plan two.json --shard-servers "$addrs" --save-checkpoint "$W/ckr/R" \
+  --full-checkpoint-every 3 --num-batches 25
+servers2_down
+[ "$(kind_of ckr/R/step-25)" = incremental ] || fail "the servers' step-25 is not incremental"
+compgen -G 'ckr/R/step-25/shards/shard-*/removed-*.bin' >/dev/null ||
+  fail "the servers' step-25 lists no removed rows: $(find ckr/R/step-25/shards | head -4)"
+servers2
+train_plan remote_res --plan two.json --shard-servers "$addrs" --resume "$W/ckr/R/step-25"
+servers2_down
+cmp -s remote_res.pred full.pred || fail "the run resumed on the servers from their step-25 differs"
+
+# ---- two ranks with colocated shards (mpirun) ----
+if command -v mpirun >/dev/null; then
+  MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np 2)
+  run colo "${MPIRUN[@]}" "$B" train "${T[@]}" --plan two.json --colocate-shards \
+    --metrics-out colo.jsonl --test-pred-out colo.pred
+  run colo_chain "${MPIRUN[@]}" "$B" train "${T[@]}" --plan two.json --colocate-shards \
+    --save-checkpoint K --full-checkpoint-every 3 --num-batches 25
+  [ "$(kind_of K/step-25)" = incremental ] || fail "the colocated run's step-25 is not incremental"
+  run colo_res "${MPIRUN[@]}" "$B" train "${T[@]}" --plan two.json --colocate-shards \
+    --save-checkpoint K --full-checkpoint-every 3 --auto-resume --metrics-out colo_res.jsonl \
+    --test-pred-out colo_res.pred
+  has colo_res "resume K/step-25: step 25"
+  cmp -s colo_res.pred colo.pred || fail "the colocated run resumed from its step-25 differs"
+  [ "$(keeps colo_res | tail -1)" = "$(keeps colo | tail -1)" ] || fail "the colocated resumed run's counts differ"
+else
+  echo "no mpirun: the colocated ranks' chain not checked"
+fi
 
 # ---- serve --checkpoint --follow of the chain ----
 # serve NAME ARGS...: a following server of FW in the background (log NAME.log),
