@@ -75,6 +75,7 @@ static void lookup_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
 }
 
 typedef struct {
+  int64_t step;
   float lr;
   const float *const *grads;
 } push_ctx;
@@ -87,14 +88,15 @@ static void push_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
     uint32_t t = s->it_t[i];
     int dim = s->dim[t];
     float *row = slot_row(s, s->it_slot[i]);
-    emb_optim_apply(&plan->tables[t].optim, dim, c->lr, c->grads[t] + it_r[i] * (size_t)dim, row,
-                    s->slen[t] ? row + dim : NULL);
+    emb_optim_apply_at(plan, (int)t, s->it_id[i], c->step, c->lr,
+                       c->grads[t] + it_r[i] * (size_t)dim, row, s->slen[t] ? row + dim : NULL);
     slot_meta(s, s->it_slot[i])->flags |= F_DIRTY;
     shard__chg_add(s, t, s->it_id[i]);
   }
 }
 
 typedef struct {
+  int64_t step;
   float lr;
   const float *const *grads;
   float *scratch;      /* [stride] */
@@ -111,8 +113,8 @@ static void check_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
     uint32_t t = s->it_t[i];
     int dim = s->dim[t];
     const float *row = slot_row(s, s->it_slot[i]);
-    if (!emb_optim_check(&plan->tables[t].optim, dim, c->lr, c->grads[t] + it_r[i] * (size_t)dim,
-                         row, row + dim, c->scratch)) {
+    if (!emb_optim_check_at(plan, (int)t, s->it_id[i], c->step, c->lr,
+                            c->grads[t] + it_r[i] * (size_t)dim, row, row + dim, c->scratch)) {
       c->bad_t = (int)t;
       c->bad_id = s->it_id[i];
     }
@@ -315,7 +317,8 @@ void emb_shard_accept_unclean(emb_store *b) {
   if (b && emb_store_kind_of(b) == EMB_STORE_SHARD) ((shstore *)b)->unclean = 0;
 }
 
-static int push_apply(shstore *s, float lr, const emb_idset *ids, const float *const *grads) {
+static int push_apply(shstore *s, int64_t step, float lr, const emb_idset *ids,
+                      const float *const *grads) {
   int rc = shard__check_ids(s, ids, "push");
   if (rc) return rc;
   if (s->marked && (rc = shard__marks_remove(s))) return rc;
@@ -328,7 +331,7 @@ static int push_apply(shstore *s, float lr, const emb_idset *ids, const float *c
   for (int t = 0; t < s->n_tables; t++) total += ids->counts[t];
   /* Applied whole or not at all: every row checked first (the check brings
    * rows into the cache, which changes no value). */
-  check_ctx cc = {lr, grads, s->tmp, -1, 0};
+  check_ctx cc = {step, lr, grads, s->tmp, -1, 0};
   rc = shard__for_chunks(s, ids, s->mitem + s->chunk, check_act, &cc, &hits);
   if (rc) return rc;
   if (cc.bad_t >= 0) {
@@ -341,7 +344,7 @@ static int push_apply(shstore *s, float lr, const emb_idset *ids, const float *c
   }
   if ((rc = shard__chg_reserve(s, ids))) return rc; /* the change set takes every row */
   hits = 0;
-  push_ctx c = {lr, grads};
+  push_ctx c = {step, lr, grads};
   rc = shard__for_chunks(s, ids, s->mitem + s->chunk, push_act, &c, &hits);
   if (!rc) s->st.pushes += total;
   return rc;
@@ -353,7 +356,7 @@ static int sh_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
                    const float *const *grads) {
   shstore *s = (shstore *)b;
   int rc = shard__call_begin(s, step);
-  if (!rc) rc = push_apply(s, lr, ids, grads);
+  if (!rc) rc = push_apply(s, step, lr, ids, grads);
   shard__prefetch_release(s, step, 1);
   shard__wbuf_submit(s);
   return rc;

@@ -405,7 +405,8 @@ static void push_undo(lstore *s, const emb_idset *ids, size_t done) {
  * push_commit. s->slots gets each row's slot + 1 (0: new). 0, or
  * SR_ERANGE naming the first row whose value or optimizer state would not
  * be finite, every row as it was. */
-static int push_apply(lstore *s, float lr, const emb_idset *ids, const float *const *grads) {
+static int push_apply(lstore *s, int64_t step, float lr, const emb_idset *ids,
+                      const float *const *grads) {
   const emb_plan *plan = s->base.plan;
   size_t at = 0;
   float *v = s->vals;
@@ -426,7 +427,8 @@ static int push_apply(lstore *s, float lr, const emb_idset *ids, const float *co
         emb_row_init(plan, ti, id[r], w);
         emb_optim_state_init(oc, t->dim, w + t->dim);
       }
-      emb_optim_apply(oc, t->dim, lr, grads[ti] + r * (size_t)t->dim, w, t->slen ? w + t->dim : NULL);
+      emb_optim_apply_at(plan, ti, id[r], step, lr, grads[ti] + r * (size_t)t->dim, w,
+                         t->slen ? w + t->dim : NULL);
       if (!all_finite(w, stride)) {
         push_undo(s, ids, at);
         sr_fmt(s->err, sizeof s->err,
@@ -467,7 +469,6 @@ static void push_commit(lstore *s, const emb_idset *ids) {
  * (push_apply, undone on a refusal), then the new rows stored (push_commit). */
 static int l_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
                   const float *const *grads) {
-  (void)step;
   lstore *s = (lstore *)b;
   int rc = check_ids(s, ids, "push");
   if (rc) return rc;
@@ -489,7 +490,7 @@ static int l_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
     sr_fmt(s->err, sizeof s->err, "push: out of memory for %zu rows", n);
     return rc;
   }
-  if ((rc = push_apply(s, lr, ids, grads))) return rc;
+  if ((rc = push_apply(s, step, lr, ids, grads))) return rc;
   push_commit(s, ids);
   s->st.pushes += n;
   return 0;

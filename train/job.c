@@ -158,7 +158,8 @@ static int make_plan(train_job *j) {
     emb_plan_params pp = {.n_tables = DS_NUM_SPARSE, .rows = sizes, .dim = c->dim,
                           .pooling = c->pooling,
                           .optim = {.kind = c->sparse_opt, .eps = -1, .init_acc = 0},
-                          .init_range = 0, .seed = c->seed, .n_shards = c->n_shards};
+                          .init_range = 0, .seed = c->seed, .n_shards = c->n_shards,
+                          .precision = c->precision};
     if (emb_plan_create(&pp, &j->plan, err, sizeof err)) {
       job__errf(j, "%s\n", err);
       return -1;

@@ -73,6 +73,7 @@ typedef struct train_config {
   int dim;                  /* --arch-sparse-feature-size */
   emb_pooling pooling;      /* --pooling */
   emb_optim_kind sparse_opt; /* --sparse-optimizer (or the --optimizer's default) */
+  emb_precision precision;  /* --arch-embedding-precision (fp32) */
   uint64_t seed;            /* --seed */
   int n_shards;             /* --num-shards */
   /* Training */
