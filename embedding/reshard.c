@@ -176,9 +176,8 @@ static int put_row(worker *w, int k, uint32_t tid, uint64_t key, const char *val
 
 /* Check an encoded row's header against the table's dim and state. */
 static int row_ok(const char *v, size_t len, int dim, int slen) {
-  const unsigned char *p = (const unsigned char *)v;
-  return len == kv_row_size(dim, slen) && p[0] == 'S' && p[1] == 'R' &&
-         p[2] == KV_ROW_VERSION && (p[4] | (p[5] << 8)) == dim && (p[6] | (p[7] << 8)) == slen;
+  int w;
+  return kv_row_check(v, len, dim, slen, &w);
 }
 
 /* Run job(ctx, k, ti) for k = 0..n-1 on up to 16 threads at a time. Each
@@ -323,7 +322,7 @@ static int move_table(worker *w, int ti, char *err, size_t errlen) {
     if (!row_ok(v, len, dim, slen)) {
       sr_fmt(err, errlen, "%s: table_id %u (%s) row %llu: a value of %zu bytes is not a row "
              "of dim %d with %d state floats (expected %zu bytes)", src_path(r, best, sp), tid, tb->name,
-             (unsigned long long)bk, len, dim, slen, kv_row_size(dim, slen));
+             (unsigned long long)bk, len, dim, slen, kv_row_size_w(dim, slen, (int)tb->precision));
       rc = SR_EFORMAT;
       goto out;
     }

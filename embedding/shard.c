@@ -543,7 +543,8 @@ static int sh_iterate(emb_store *b, int table, emb_row_fn fn, void *ctx) {
     size_t len;
     const char *v = kv_iter_value(it[best], &len);
     char e2[256];
-    if ((rc = kv_row_decode(v, len, dim, sl, s->tmp, e2, sizeof e2))) {
+    if ((rc = kv_row_decode_w(v, len, dim, sl, sh_wprec(s, (uint32_t)table), s->tmp, e2,
+                              sizeof e2))) {
       char dp[4200];
       ckpt_dir_shard_path(s->dir, s->db_shard[best], dp, sizeof dp);
       sr_fmt(s->err, sizeof s->err, "iterate: %s: table %d row %llu: %s", dp, table,

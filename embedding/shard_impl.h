@@ -256,6 +256,12 @@ struct shstore {
 static inline sh_meta *slot_meta(const shstore *s, uint32_t i) {
   return (sh_meta *)(s->slab + (size_t)i * s->slot_bytes);
 }
+/* The weights byte (storage/kv.h KV_W_*) of table t's rows in RocksDB: the
+ * plan's precision, whose codes are the same. */
+static inline int sh_wprec(const shstore *s, uint32_t t) {
+  return (int)s->base.plan->tables[t].precision;
+}
+
 static inline float *slot_row(const shstore *s, uint32_t i) {
   return (float *)(s->slab + (size_t)i * s->slot_bytes + sizeof(sh_meta));
 }

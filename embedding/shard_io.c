@@ -55,7 +55,8 @@ static void job_read(shstore *s, kv_reader *rd, sh_job *j) {
       emb_optim_state_init(&plan->tables[t].optim, dim, row + dim);
       continue;
     }
-    j->rc = kv_row_decode(j->vals[q], j->lens[q], dim, sl, row, e2, sizeof e2);
+    j->rc = kv_row_decode_w(j->vals[q], j->lens[q], dim, sl, sh_wprec(s, (uint32_t)t), row, e2,
+                            sizeof e2);
     if (j->rc) {
       char dp[4200];
       ckpt_dir_shard_path(s->dir, s->db_shard[j->db], dp, sizeof dp);
@@ -79,7 +80,8 @@ static void wbuf_write(shstore *s, sh_wbuf *b) {
       memcpy(&t, p + 8, 4);
       memcpy(&d, p + 12, 4);
       if ((int)d == k)
-        kv_writes_put(b->w, s->db[k], (int)t, key, p + SH_REC_HEAD, kv_row_size(s->dim[t], s->slen[t]));
+        kv_writes_put(b->w, s->db[k], (int)t, key, p + SH_REC_HEAD,
+                      kv_row_size_w(s->dim[t], s->slen[t], sh_wprec(s, t)));
     }
     b->rc = kv_writes_commit(b->w, s->db[k], b->err, sizeof b->err);
   }
@@ -322,7 +324,7 @@ void shard__writeback(shstore *s, uint32_t i) {
   memcpy(p, &m->key, 8);
   memcpy(p + 8, &t, 4);
   memcpy(p + 12, &d, 4);
-  kv_row_encode(s->dim[t], s->slen[t], slot_row(s, i), p + SH_REC_HEAD);
+  kv_row_encode_w(s->dim[t], s->slen[t], sh_wprec(s, t), slot_row(s, i), p + SH_REC_HEAD);
   uint32_t tag = key_tag(t, m->key);
   size_t h = pidx_probe(s, tag, t, m->key);
   s->pidx[h].slot1 = (uint32_t)(b->idx * s->rows_per_buf + b->n) + 1;
