@@ -6,9 +6,12 @@
 # shards, with 2 shard servers, with the RocksDB shard store under a cache
 # of a tenth of the rows the run touches, with 2 dense threads, and of a run
 # resumed from its step-30 checkpoint; with the AVX2 kernels (where the CPU
-# has them), a run on 3 shards and 2 threads is that of 1 shard and 1. Asserts too that the precision is in effect (fp16,
-# bf16 and fp32 runs differ) and that every stored weight is a value of
-# its format.
+# has them), a run on 3 shards and 2 threads is that of 1 shard and 1.
+# Asserts too that the precision is in effect (fp16, bf16 and fp32 runs
+# differ), that every weight in RocksDB is a value of its format (row
+# layout v2), that the table files of a checkpoint hold 2 bytes a weight,
+# and that predict scores a 16-bit checkpoint as train did: in process,
+# from the shard store's checkpoint and through serve --checkpoint.
 set -euo pipefail
 . "${BASH_SOURCE%/*}/../support/lib.sh"
 
@@ -61,7 +64,8 @@ same() {
 
 for P in fp16 bf16; do
   T=("${TRAIN[@]}" --arch-embedding-precision "$P")
-  run "$P" "$B" train "${T[@]}" "${ONE[@]}" --num-batches $STEPS --save-checkpoint "$P"
+  run "$P" "$B" train "${T[@]}" "${ONE[@]}" --num-batches $STEPS --save-checkpoint "$P" \
+    --test-pred-out "$P.pred"
   [ "$(dense_sha "$P" $STEPS)" != "$(dense_sha F32 $STEPS)" ] || fail "$P: the same bits as fp32"
   run "$P-shards3" "$B" train "${T[@]}" "${ONE[@]}" --num-batches $STEPS --num-shards 3 \
     --save-checkpoint "$P-shards3"
@@ -83,6 +87,7 @@ for P in fp16 bf16; do
   run "$P-inspect" "$B" inspect "$P-db"
   TOUCHED=$(sed -n 's/^total *\([0-9]*\) rows.*/\1/p' "$P-inspect.log")
   [ "${TOUCHED:-0}" -ge 10240 ] || fail "$P: $TOUCHED rows touched, too few for a cache of a tenth"
+  has "$P-inspect" "row layout v2: dim 16 $P, optimizer state 0"
   run "$P-cache" "$B" train "${T[@]}" "${ONE[@]}" --num-batches $STEPS --data-dir "$P-cdb" \
     --cache-rows $((TOUCHED / 10)) --save-checkpoint "$P-cache"
   same "$P-cache" "$P"
@@ -129,6 +134,36 @@ for line in open(path):
         n += 1
 assert n >= 16 * 100, n
 PY
+
+  # The checkpoints hold 16-bit weights: the in-process store's table files
+  # (2 bytes a weight against 4: records of 8 + 32 bytes against 8 + 64),
+  # and they score as the trainer did, in process, from the shard store's
+  # checkpoint and through a server serving the checkpoint.
+  python3 - "F32/step-$STEPS/shards" "$P/step-$STEPS/shards" <<'PY' || fail "$P: table file sizes"
+import os, sys
+def size(d):
+    fs = [f for f in os.listdir(d) if f.startswith('table-')]
+    assert len(fs) == 26, fs
+    return sum(os.path.getsize(os.path.join(d, f)) - 256 - 32 for f in fs)
+a, b = size(sys.argv[1]), size(sys.argv[2])
+assert a % 72 == 0 and b % 40 == 0 and a // 72 == b // 40 > 0, (a, b)
+print('table files: %d bytes of records in fp32, %d in 16 bits' % (a, b))
+PY
+  run "$P-predict" "$B" predict "${ONE[@]}" --checkpoint "$P/step-$STEPS" --processed-data-file d.bin \
+    --data-split test --out "$P-predict.tsv"
+  cmp -s "$P.pred" "$P-predict.tsv" || fail "$P: predict from the checkpoint differs from train's"
+  run "$P-predict-db" "$B" predict "${ONE[@]}" --checkpoint "$P-db-ck/step-$STEPS" --processed-data-file d.bin \
+    --data-split test --out "$P-predict-db.tsv"
+  cmp -s "$P.pred" "$P-predict-db.tsv" || fail "$P: predict from the shard store's checkpoint differs"
+  "$B" serve --listen 127.0.0.1:0 --checkpoint "$P/step-$STEPS" --shard 0 --read-only \
+    >"$P-cs.out" 2>"$P-cs.log" &
+  PIDS+=($!)
+  wait_for 20 up_or_gone "$P-cs.out" "$!" && listening "$P-cs.out" ||
+    fail "$P: serve --checkpoint did not start: $(cat "$P-cs.log")"
+  run "$P-predict-rpc" "$B" predict "${ONE[@]}" --checkpoint "$P/step-$STEPS" --processed-data-file d.bin \
+    --data-split test --out "$P-predict-rpc.tsv" \
+    --shard-servers "$(sed -n 's/^listening on //p' "$P-cs.out" | head -1)"
+  cmp -s "$P.pred" "$P-predict-rpc.tsv" || fail "$P: predict through a server differs"
 done
 [ "$(dense_sha fp16 $STEPS)" != "$(dense_sha bf16 $STEPS)" ] || fail "fp16 and bf16: the same bits"
 echo "test AUC at step $STEPS: fp32 $(auc_of fp32), fp16 $(auc_of fp16), bf16 $(auc_of bf16)"
