@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "common/fs.h"
+#include "common/half.h"
 #include "common/rng.h"
 #include "common/status.h"
 #include "common/sys.h"
@@ -318,9 +319,10 @@ static int lookup_collect(rstore *s, lane *L, int64_t step, float *const *out) {
       const int t = p->parts[j].t;
       const size_t lo = p->parts[j].lo, cnt = p->parts[j].n;
       const size_t dim = (size_t)plan->tables[t].dim;
+      const emb_precision prec = plan->tables[t].precision; /* 16-bit rows: 2 bytes a weight */
+      const size_t vb = (size_t)emb_precision_bytes(prec);
       const Shardrec__V1__TableRows *tr = (size_t)j < a->n_tables ? a->tables[j] : NULL;
-      if (!tr || tr->table_id != plan->tables[t].table_id ||
-          tr->rows.len != cnt * dim * sizeof(float)) {
+      if (!tr || tr->table_id != plan->tables[t].table_id || tr->rows.len != cnt * dim * vb) {
         sr_fmt(s->err, sizeof s->err,
                "lookup: shard %d server %s: answer for table %d does not match the request",
                p->shard, s->c[p->shard].addr, t);
@@ -328,9 +330,13 @@ static int lookup_collect(rstore *s, lane *L, int64_t step, float *const *out) {
         break;
       }
       float *o = out[t];
-      for (size_t r = 0; r < cnt; r++)
-        memcpy(o + L->perm[t][lo + r] * dim, tr->rows.data + r * dim * sizeof(float),
-               dim * sizeof(float));
+      for (size_t r = 0; r < cnt; r++) {
+        const uint8_t *src = tr->rows.data + r * dim * vb;
+        float *dst = o + L->perm[t][lo + r] * dim;
+        if (prec == EMB_PREC_FP32) memcpy(dst, src, dim * sizeof(float));
+        else if (prec == EMB_PREC_FP16) sr_f16_decode((const uint16_t *)(const void *)src, dst, dim, SR_HALF_AUTO);
+        else sr_bf16_decode((const uint16_t *)(const void *)src, dst, dim);
+      }
     }
     shardrec__v1__lookup_response__free_unpacked(a, NULL);
   }

@@ -421,6 +421,7 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
   if (rpc__budget_take(s, 2 * len, token != NULL, r)) return; /* the request's copy, decoded form */
   rpc_scratch *x = rpc__scratch_take(s); /* the decoded form and the arrays below */
   const Shardrec__V1__LookupRequest *q = NULL;
+  float *f16 = NULL; /* owned: the rows of 16-bit tables as floats, before they are encoded */
   if (!x) FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
   if (rpc__lookup_decode(x, s->plan->n_tables, s->max_ids, in, len, r)) goto out;
   q = &x->lq;
@@ -467,10 +468,8 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
     FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory for the answer");
   static float dummy;
   for (int t = 0; t < nt; t++) outp[t] = &dummy;
-  for (size_t i = 0; i < q->n_tables; i++) {
-    const int t = idx[i];
-    outp[t] = (float *)(r->out + rows_at[i]); /* 4-byte aligned: rpc__answer_layout */
-  }
+  if (!(f16 = rpc__answer_rows16(s->plan, q, idx, r->out, rows_at, outp)))
+    FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory for the answer");
   rpc__answer_write(s->plan, s->incarnation, q, idx, rows_at, r->out, r->out_len);
   pthread_mutex_lock(&s->mu);
   if (q->header->step > s->hi_step) s->hi_step = q->header->step;
@@ -479,7 +478,9 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
   if (rc) snprintf(r->msg, sizeof r->msg, "lookup: %s", emb_store_errmsg(s->store));
   pthread_mutex_unlock(&s->mu);
   if (rc) r->status = RPC_INTERNAL; /* rpc_service_handle_call frees the answer */
+  else rpc__answer_encode16(s->plan, q, idx, r->out, rows_at, outp);
 out:
+  if (f16 != &rpc__no_rows16) free(f16);
   rpc__scratch_give(s, x);
 }
 
