@@ -112,6 +112,14 @@ static uint16_t round_up_or_not(float ax, float lo, float ulp, uint16_t t, uint3
 }
 
 uint16_t sr_f16_round_stochastic(float x, uint32_t bits) {
+  const uint32_t u = f_bits(x), a = u & 0x7fffffffu;
+  if (a >= 0x38800000u && a < 0x47800000u) {
+    /* A normal half's range (or up to 65536, whose step up is infinity):
+     * |x| - lo over the step is the 13 bits dropped over 2^13, so u < p is
+     * bits >> 19 < those bits. The same answer as below, sooner. */
+    const uint32_t low = a & 0x1fffu, t = (a - 0x38000000u) >> 13;
+    return (uint16_t)(((u >> 16) & 0x8000u) | (t + ((bits >> 19) < low)));
+  }
   const float ax = fabsf(x);
   if (!(ax <= 65504.0f * 2)) return sr_f32_to_f16(x); /* inf, NaN, or far past the range */
   const uint16_t sign = (uint16_t)((f_bits(x) >> 16) & 0x8000u);
@@ -124,11 +132,12 @@ uint16_t sr_f16_round_stochastic(float x, uint32_t bits) {
 }
 
 uint16_t sr_bf16_round_stochastic(float x, uint32_t bits) {
-  const float ax = fabsf(x);
-  if (!(ax <= 3.4028234663852886e38f)) return sr_f32_to_bf16(x); /* inf, NaN */
-  const uint16_t sign = (uint16_t)((f_bits(x) >> 16) & 0x8000u);
-  const uint16_t t = (uint16_t)(f_bits(ax) >> 16); /* toward zero: the top half */
-  const int e = t >> 7;
-  const float ulp = ldexpf(1.0f, e ? e - 134 : -133);
-  return (uint16_t)(sign | round_up_or_not(ax, sr_bf16_to_f32(t), ulp, t, bits));
+  const uint32_t u = f_bits(x), a = u & 0x7fffffffu;
+  if (a >= 0x7f800000u) return sr_f32_to_bf16(x); /* inf, NaN */
+  /* Toward zero is the top half; |x| - lo over the step (2^(e-134), or
+   * 2^-133 for e = 0) is the low 16 bits over 2^16, so u < p is
+   * bits >> 16 < those bits (a carry into the exponent is the next value,
+   * past the largest finite one infinity). */
+  const uint32_t t = a >> 16, low = a & 0xffffu;
+  return (uint16_t)(((u >> 16) & 0x8000u) | (t + ((bits >> 16) < low)));
 }

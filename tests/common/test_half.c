@@ -238,6 +238,57 @@ START_TEST(test_stochastic_unbiased) {
 }
 END_TEST
 
+/* The definition, in double: lo and hi the format's neighbours of |x|
+ * (toward zero and the next one up, infinity past the largest finite, as
+ * 65536 or 2^128 for the step), up when (bits >> 8) / 2^24 < (|x| - lo) /
+ * (hi - lo). */
+static uint16_t sr_reference(float x, uint32_t bits, int bf) {
+  double ax = fabs((double)x);
+  uint16_t t = 0; /* the largest of the format's magnitudes <= ax */
+  for (int b = 14; b >= 0; b--) {
+    uint16_t c = (uint16_t)(t | (1u << b));
+    double v = bf ? (double)sr_bf16_to_f32(c) : f16_value(c);
+    if (c < (bf ? 0x7f80 : 0x7c00) && v <= ax) t = c;
+  }
+  double lo = bf ? (double)sr_bf16_to_f32(t) : f16_value(t);
+  double hi = t + 1 == (bf ? 0x7f80 : 0x7c00) ? (bf ? ldexp(1, 128) : 65536.0)
+                                               : (bf ? (double)sr_bf16_to_f32((uint16_t)(t + 1))
+                                                     : f16_value((uint16_t)(t + 1)));
+  double p = (ax - lo) / (hi - lo), u = (double)(bits >> 8) / 16777216.0;
+  uint16_t m = (uint16_t)(u < p ? t + 1 : t);
+  return (uint16_t)((signbit(x) ? 0x8000 : 0) | m);
+}
+
+/* Both roundings against the definition: floats of every range (subnormal
+ * halves, normal ones, up to 65536, tiny and huge bf16 values) with random
+ * bits and bits on either side of the threshold. */
+START_TEST(test_stochastic_definition) {
+  sr_rng r;
+  sr_rng_init(&r, 21, 0);
+  faults f = {0, ""};
+  long n = 0;
+  for (int k = 0; k < 200000; k++) {
+    uint32_t xb = sr_rng_u32(&r);
+    int bf = k & 1;
+    if (!bf) xb = (xb & 0x80000000u) | (0x33000000u + xb % (0x47800000u - 0x33000000u));
+    float x = bitsf(xb);
+    if (!isfinite(x)) continue;
+    uint32_t bits[3] = {sr_rng_u32(&r), 0, 0};
+    /* the threshold: the bits whose u equals p, and the ones below it */
+    uint32_t low = bf ? (xb & 0xffffu) << 16 : 0;
+    if (!bf && (xb & 0x7fffffffu) >= 0x38800000u) low = (xb & 0x1fffu) << 19;
+    bits[1] = low, bits[2] = low ? low - 1 : 0;
+    for (int j = 0; j < 3; j++, n++) {
+      uint16_t got = bf ? sr_bf16_round_stochastic(x, bits[j]) : sr_f16_round_stochastic(x, bits[j]);
+      uint16_t want = sr_reference(x, bits[j], bf);
+      if (got != want) FAULT(&f, "%s %08x bits %08x: %04x, the definition %04x", bf ? "bf16" : "fp16",
+                             xb, bits[j], got, want);
+    }
+  }
+  ck_assert_msg(f.n == 0, "%ld faults of %ld; first: %s", f.n, n, f.first);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("half");
   TCase *tc = tcase_create("core");
@@ -248,6 +299,7 @@ int main(void) {
   tcase_add_test(tc, test_bf16);
   tcase_add_test(tc, test_stochastic_neighbours);
   tcase_add_test(tc, test_stochastic_unbiased);
+  tcase_add_test(tc, test_stochastic_definition);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
