@@ -11,7 +11,8 @@
 # differ), that every weight in RocksDB is a value of its format (row
 # layout v2), that the table files of a checkpoint hold 2 bytes a weight,
 # and that predict scores a 16-bit checkpoint as train did: in process,
-# from the shard store's checkpoint and through serve --checkpoint.
+# from the shard store's checkpoint, from both resharded onto 2 shards and
+# through serve --checkpoint.
 set -euo pipefail
 . "${BASH_SOURCE%/*}/../support/lib.sh"
 
@@ -155,6 +156,16 @@ PY
   run "$P-predict-db" "$B" predict "${ONE[@]}" --checkpoint "$P-db-ck/step-$STEPS" --processed-data-file d.bin \
     --data-split test --out "$P-predict-db.tsv"
   cmp -s "$P.pred" "$P-predict-db.tsv" || fail "$P: predict from the shard store's checkpoint differs"
+  # Resharded onto the 2-shard plan (RocksDB rows and table files moved as
+  # they are, 16 bits): the same predictions.
+  for K in db-ck tf; do
+    SRC="$P-db-ck"
+    [ $K = tf ] && SRC="$P"
+    run "$P-reshard-$K" "$B" reshard --from "$SRC/step-$STEPS" --to "$P-rs-$K" --plan "$P-plan.json"
+    run "$P-predict-rs-$K" "$B" predict "${ONE[@]}" --checkpoint "$P-rs-$K" --processed-data-file d.bin \
+      --data-split test --out "$P-predict-rs-$K.tsv"
+    cmp -s "$P.pred" "$P-predict-rs-$K.tsv" || fail "$P: predict from the resharded $K checkpoint differs"
+  done
   "$B" serve --listen 127.0.0.1:0 --checkpoint "$P/step-$STEPS" --shard 0 --read-only \
     >"$P-cs.out" 2>"$P-cs.log" &
   PIDS+=($!)
