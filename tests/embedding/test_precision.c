@@ -16,6 +16,7 @@
 #include "embedding/optim.h"
 #include "embedding/plan.h"
 #include "embedding/precision.h"
+#include "embedding/shard.h"
 #include "embedding/store.h"
 
 enum { DIM = 64 };
@@ -260,6 +261,24 @@ START_TEST(test_local_store_rows) {
 }
 END_TEST
 
+/* The shard store's cache holds 16-bit weights too: a cache of the same
+ * MiB holds nearly twice the rows at dim 64 with row-wise Adagrad (slots
+ * of a 16-byte header and 132 bytes, rounded to 16, against 276). */
+START_TEST(test_shard_cache_rows) {
+  emb_plan *a = make_plan(EMB_PREC_FP32, EMB_OPT_ROWWISE_ADAGRAD),
+           *h = make_plan(EMB_PREC_FP16, EMB_OPT_ROWWISE_ADAGRAD),
+           *b = make_plan(EMB_PREC_BF16, EMB_OPT_ROWWISE_ADAGRAD);
+  uint64_t ra = emb_shard_rows_for_mb(a, 64), rh = emb_shard_rows_for_mb(h, 64),
+           rb = emb_shard_rows_for_mb(b, 64);
+  ck_assert_uint_eq(rh, rb);
+  ck_assert_msg(rh * 10 > ra * 16, "fp32 %llu rows, fp16 %llu", (unsigned long long)ra,
+                (unsigned long long)rh);
+  emb_plan_free(a);
+  emb_plan_free(h);
+  emb_plan_free(b);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("precision");
   TCase *tc = tcase_create("core");
@@ -269,6 +288,7 @@ int main(void) {
   tcase_add_test(tc, test_small_updates_accumulate);
   tcase_add_test(tc, test_check_overflow);
   tcase_add_test(tc, test_local_store_rows);
+  tcase_add_test(tc, test_shard_cache_rows);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
