@@ -10,6 +10,15 @@ double sr_now(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+static uint64_t cpu_ns(clockid_t c) {
+  struct timespec t;
+  if (clock_gettime(c, &t)) return 0;
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+uint64_t sr_thread_cpu_ns(void) { return cpu_ns(CLOCK_THREAD_CPUTIME_ID); }
+uint64_t sr_process_cpu_ns(void) { return cpu_ns(CLOCK_PROCESS_CPUTIME_ID); }
+
 double sr_median(double *v, int n) {
   for (int i = 1; i < n; i++)
     for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {

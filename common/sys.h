@@ -1,12 +1,19 @@
-/* Small system helpers every module uses: a monotonic clock, the median of a
- * few timings, and huge-page advice for big row blocks. */
+/* Small system helpers every module uses: a monotonic clock, CPU time, the
+ * median of a few timings, and huge-page advice for big row blocks. */
 #ifndef SHARDREC_COMMON_SYS_H
 #define SHARDREC_COMMON_SYS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Seconds on the monotonic clock. */
 double sr_now(void);
+
+/* CPU time in nanoseconds: of the calling thread (sr_thread_cpu_ns), of the
+ * whole process, every thread together (sr_process_cpu_ns). For figures of
+ * work done, not for deadlines; each is a system call (about 0.1-1 us). */
+uint64_t sr_thread_cpu_ns(void);
+uint64_t sr_process_cpu_ns(void);
 
 /* Median of v[n] (n >= 1); sorts v in place. Even n: the mean of the two
  * middle values. */

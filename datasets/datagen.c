@@ -283,14 +283,28 @@ static double normal_from(uint32_t a, uint32_t b) {
   return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
-static void vparam_compute(const dg_generator *g, int col, uint32_t rank, vparam *v) {
-  sr_philox_out o = sr_philox(g->val_key, (uint64_t)col, rank);
+/* The teacher's parameters of value id of column col drawn at Zipf rank
+ * rank: drawn from (col, id), shrunk by the rank (id == rank without drift). */
+static void vparam_of(const dg_generator *g, int col, uint32_t id, uint32_t rank, vparam *v) {
+  sr_philox_out o = sr_philox(g->val_key, (uint64_t)col, id);
   double shrink = rank == DG_MISSING_RANK ? 1.0 : 1.0 / (1.0 + rank / DG_SHRINK_RANK);
   v->b = (float)(g->cat[col].w * normal_from(o.v[0], o.v[1]) * shrink);
   uint32_t bits[DG_FM_DIM] = {o.v[2] & 0xffff, o.v[2] >> 16, o.v[3] & 0xffff, o.v[3] >> 16};
   for (int k = 0; k < DG_FM_DIM; k++)
     v->e[k] = (float)(DG_TEACHER_FM * shrink * 1.7320508075688772 *
                       ((bits[k] + 0.5) * (2.0 / 65536.0) - 1.0));
+}
+
+static void vparam_compute(const dg_generator *g, int col, uint32_t rank, vparam *v) {
+  vparam_of(g, col, rank, rank, v);
+}
+
+/* Drift (dg_config.drift): at row index the values of column c have slid by
+ * this many ids: rank r is written as the value id r + off, so ids below off
+ * no longer appear and ids past the column's first ones come in. */
+static inline uint32_t drift_off(const dg_generator *g, const catcol *c, uint64_t index) {
+  if (!(g->cfg.drift > 0)) return 0;
+  return (uint32_t)((double)c->card * g->cfg.drift * ((double)index / (double)g->cfg.rows));
 }
 
 static inline void vparam_get(const dg_generator *g, int col, uint32_t rank, vparam *v) {
@@ -369,11 +383,13 @@ static void row_features(const dg_generator *g, uint64_t key, uint64_t index, dg
                     : hot > 1 ? 1 + (int)below32(sr_rng_u32(&r), (uint32_t)hot) : 1;
       row->ncat[j] = k;
       double b = 0, e[DG_FM_DIM] = {0};
+      const uint32_t off = drift_off(g, c, index);
       for (int t = 0; t < k; t++) {
         uint32_t rank = cat_sample(g, c, &r);
         row->cat_rank[j][t] = rank;
-        row->cat_hex[j][t] = cat_id(c, rank);
-        vparam_get(g, j, rank, &v);
+        row->cat_hex[j][t] = cat_id(c, rank + off);
+        if (off) vparam_of(g, j, rank + off, rank, &v); /* the teacher follows the value */
+        else vparam_get(g, j, rank, &v);
         b += v.b;
         for (int d = 0; d < DG_FM_DIM; d++) e[d] += v.e[d];
       }
@@ -545,6 +561,7 @@ int dg_generator_create(const dg_config *cfg_in, dg_generator **out, char *errbu
   else if (!(cfg.zipf_s > 1.0 && cfg.zipf_s <= 3.0)) bad = "zipf_s must be in (1, 3]";
   else if (cfg.multi_hot < 1 || cfg.multi_hot > DG_MAX_HOT) bad = "multi_hot must be in [1, 128]";
   else if (!(cfg.cross_terms >= 0 && cfg.cross_terms <= DG_CROSS_MAX)) bad = "cross_terms must be in [0, 8]";
+  else if (!(cfg.drift >= 0 && cfg.drift <= DG_DRIFT_MAX)) bad = "drift must be in [0, 64]";
   else if ((bad = bag_sizes_bad(&cfg)) != NULL) {}
   else if (!(cfg.strip_trailing >= 0 && cfg.strip_trailing <= 1)) bad = "strip_trailing must be in [0, 1]";
   else if (cfg.rows < 1) bad = "rows must be >= 1";
@@ -762,6 +779,7 @@ static int write_summary(const dg_generator *g, sr_outfile *out, const dg_summar
     for (int j = 0; j < DG_NUM_CAT; j++) cJSON_AddItemToArray(bs, cJSON_CreateNumber(c->bag_sizes[j]));
   }
   if (c->cross_terms > 0) cJSON_AddNumberToObject(o, "cross_terms", c->cross_terms);
+  if (c->drift > 0) cJSON_AddNumberToObject(o, "drift", c->drift);
   cJSON_AddNumberToObject(o, "strip_trailing", c->strip_trailing);
   cJSON_AddBoolToObject(o, "gzip", c->gzip);
   cJSON *card = cJSON_AddArrayToObject(root, "cardinalities");

@@ -46,6 +46,7 @@
                                   ids of 9 bytes, 13 integers of 21) */
 #define DG_MISSING_RANK UINT32_MAX
 #define DG_CROSS_MAX 8.0       /* largest cross_terms */
+#define DG_DRIFT_MAX 64.0      /* largest drift */
 /* MLPerf DLRM-DCNv2's multi-hot Criteo bag sizes, C1..C26. */
 #define DG_MLPERF_BAG_SIZES \
   "3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1"
@@ -68,6 +69,14 @@ typedef struct dg_config {
                              multi-hot set; not with multi_hot > 1 */
   double cross_terms;     /* S: std of the teacher's three-way cross part of the
                              logit; 0 = none (the bytes of before) */
+  double drift;           /* D: each column's values slide over the rows, by D times
+                             its cardinality from the first row to the last: the
+                             value at Zipf rank r of row i is the id r + floor(card
+                             * D * i / rows), so new ids come in at every rank and
+                             old ones stop appearing; the teacher's parameters
+                             follow the id (drawn from it, shrunk by its rank), the
+                             oracle's figures are the teacher's as ever. 0 = none
+                             (the bytes of before) */
   double strip_trailing;  /* fraction of lines whose trailing empty fields are cut */
   int gzip;               /* 1: the TSV is gzip-compressed (level 1); .probs and
                              the summary stay plain */

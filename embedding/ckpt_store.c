@@ -245,6 +245,7 @@ static int open_rocks(const char *dir, const char *shards, const emb_plan *plan,
   }
   out->store = emb_store_create_shard(plan, data, sc, err, errlen);
   if (!out->store) return SR_EIO;
+  emb_store_absent_zero(out->store); /* scoring: what training read for ids without rows */
   if ((rc = emb_store_restore(out->store, shards))) {
     snprintf(err, errlen, "%s: %s", shards, emb_store_errmsg(out->store));
     return rc;
@@ -259,6 +260,7 @@ static int open_local(const emb_plan *plan, const char *path, emb_store **out, c
                       size_t errlen) {
   *out = emb_store_create_local(plan, err, errlen);
   if (!*out) return SR_ENOMEM;
+  emb_store_absent_zero(*out); /* scoring: what training read for ids without rows */
   int rc = emb_store_restore(*out, path);
   if (rc) snprintf(err, errlen, "%s", emb_store_errmsg(*out));
   return rc;

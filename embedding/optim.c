@@ -44,6 +44,16 @@ void emb_optim_apply(const emb_optim_cfg *o, int dim, float lr, const float *res
   }
 }
 
+int emb_all_finite(const float *x, size_t n) {
+  uint32_t bad = 0;
+  for (size_t j = 0; j < n; j++) {
+    uint32_t u;
+    memcpy(&u, &x[j], sizeof u);
+    bad |= (u & 0x7f800000u) == 0x7f800000u;
+  }
+  return !bad;
+}
+
 int emb_optim_lr_ok(float lr) { return isfinite(lr) && lr >= 0 && lr <= EMB_OPTIM_MAX_LR; }
 
 int emb_optim_check(const emb_optim_cfg *o, int dim, float lr, const float *g, const float *w,

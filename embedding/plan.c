@@ -76,6 +76,20 @@ double emb_default_init_range(uint64_t rows) {
   return sqrt(1.0 / (double)rows);
 }
 
+int emb_keep_on(const emb_table *t) {
+  const emb_keep_cfg *k = &t->keep;
+  return k->admit_after > 1 || k->expire_after > 0 || k->capacity > 0;
+}
+
+const char *emb_evict_name(emb_evict_kind k) { return k == EMB_EVICT_LFU ? "lfu" : "lru"; }
+
+int emb_evict_parse(const char *s, emb_evict_kind *out) {
+  if (!strcmp(s, "lru")) *out = EMB_EVICT_LRU;
+  else if (!strcmp(s, "lfu")) *out = EMB_EVICT_LFU;
+  else return -1;
+  return 0;
+}
+
 /* ---- plan memory ---- */
 
 void emb_plan_free(emb_plan *plan) {
@@ -162,6 +176,12 @@ int emb_plan_validate(const emb_plan *p, const char *src, char *err, size_t errl
       BAD("tables[%d].optimizer.eps: must be a finite number >= 0", i);
     if (!(t->optim.init_acc >= 0.0) || !isfinite(t->optim.init_acc))
       BAD("tables[%d].optimizer.initial_accumulator_value: must be a finite number >= 0", i);
+    if (t->keep.admit_after > EMB_KEEP_MAX || t->keep.admit_window > EMB_KEEP_MAX ||
+        t->keep.expire_after > EMB_KEEP_MAX)
+      BAD("tables[%d].keep: admit_after, admit_window and expire_after must be 0..%llu", i,
+          (unsigned long long)EMB_KEEP_MAX);
+    if (t->keep.capacity > EMB_ROWS_MAX) BAD("tables[%d].keep.capacity: must be 0..2^53", i);
+    if ((unsigned)t->keep.evict > EMB_EVICT_LFU) BAD("tables[%d].keep.evict: must be \"lru\" or \"lfu\"", i);
     if (t->place.kind != EMB_PLACE_TABLE && t->place.kind != EMB_PLACE_ROW)
       BAD("tables[%d].placement.kind: must be \"table\" or \"row\"", i);
     if (t->place.kind == EMB_PLACE_TABLE && t->place.n != 1)
@@ -213,6 +233,7 @@ int emb_plan_create(const emb_plan_params *pp, emb_plan **out, char *err, size_t
     t->init_range = pp->init_range > 0 ? pp->init_range : emb_default_init_range(t->rows);
     t->optim = pp->optim;
     t->precision = pp->precision;
+    t->keep = pp->keep;
     if (t->optim.eps < 0) t->optim.eps = emb_optim_default_eps(t->optim.kind);
     if (t->optim.kind == EMB_OPT_SGD) t->optim.eps = 0, t->optim.init_acc = 0;
     t->place.kind = pp->row_wise ? EMB_PLACE_ROW : EMB_PLACE_TABLE;
@@ -308,6 +329,25 @@ static const cJSON *need(pctx *c, const cJSON *obj, const char *key, const char 
   return j;
 }
 
+/* The optional "keep" object of a table (w: "tables[i]."). */
+static int parse_keep(pctx *c, const cJSON *jt, const char *w, emb_keep_cfg *k) {
+  const cJSON *jk = cJSON_GetObjectItemCaseSensitive(jt, "keep"), *j;
+  memset(k, 0, sizeof *k);
+  if (!jk) return 0;
+  if (!cJSON_IsObject(jk)) return perr(c, "%skeep: must be an object", w);
+  static const char *const names[] = {"admit_after", "admit_window", "expire_after", "capacity"};
+  uint64_t *dst[] = {&k->admit_after, &k->admit_window, &k->expire_after, &k->capacity};
+  for (int f = 0; f < 4; f++) {
+    double max = f == 3 ? (double)EMB_ROWS_MAX : (double)EMB_KEEP_MAX;
+    if ((j = cJSON_GetObjectItemCaseSensitive(jk, names[f])) && json_uint(j, max, dst[f]))
+      return perr(c, "%skeep.%s: must be an integer 0..%.0f", w, names[f], max);
+  }
+  if ((j = cJSON_GetObjectItemCaseSensitive(jk, "evict")) &&
+      (!cJSON_IsString(j) || emb_evict_parse(j->valuestring, &k->evict)))
+    return perr(c, "%skeep.evict: must be \"lru\" or \"lfu\"", w);
+  return 0;
+}
+
 static int parse_table(pctx *c, const cJSON *jt, int i, emb_table *t, int n_shards) {
   char w[48];
   snprintf(w, sizeof w, "tables[%d].", i);
@@ -366,6 +406,7 @@ static int parse_table(pctx *c, const cJSON *jt, int i, emb_table *t, int n_shar
   if ((j = cJSON_GetObjectItemCaseSensitive(jt, "precision")) &&
       (!cJSON_IsString(j) || emb_precision_parse(j->valuestring, &t->precision)))
     return perr(c, "%sprecision: must be \"fp32\", \"fp16\" or \"bf16\"", w);
+  if ((rc = parse_keep(c, jt, w, &t->keep))) return rc;
   const cJSON *jp = need(c, jt, "placement", w, &rc);
   if (!jp) return rc;
   if (!cJSON_IsObject(jp)) return perr(c, "%splacement: must be an object", w);
@@ -576,6 +617,14 @@ static void write_plan(sbuf *b, const emb_plan *p, int with_placement, int prett
     sb_put(b, "}");
     if (t->precision != EMB_PREC_FP32)
       sb_put(b, ",%s\"precision\":%s\"%s\"", sp, sp, emb_precision_name(t->precision));
+    if (emb_keep_on(t)) {
+      const emb_keep_cfg *k = &t->keep;
+      sb_put(b, ",%s\"keep\":%s{\"admit_after\":%s%llu,%s\"admit_window\":%s%llu,", sp, sp, sp,
+             (unsigned long long)k->admit_after, sp, sp, (unsigned long long)k->admit_window);
+      sb_put(b, "%s\"expire_after\":%s%llu,%s\"capacity\":%s%llu,%s\"evict\":%s\"%s\"}", sp, sp,
+             (unsigned long long)k->expire_after, sp, sp, (unsigned long long)k->capacity, sp, sp,
+             emb_evict_name(k->evict));
+    }
     if (with_placement) {
       sb_put(b, ",");
       if (pretty) sb_put(b, "\n%s ", in2);
@@ -702,6 +751,10 @@ static const char *table_differs(const emb_table *x, const emb_table *y) {
       x->optim.init_acc != y->optim.init_acc)
     return "optimizer";
   if (x->precision != y->precision) return "precision";
+  if (x->keep.admit_after != y->keep.admit_after || x->keep.admit_window != y->keep.admit_window ||
+      x->keep.expire_after != y->keep.expire_after || x->keep.capacity != y->keep.capacity ||
+      x->keep.evict != y->keep.evict)
+    return "keep";
   if (x->place.kind != y->place.kind || x->place.n != y->place.n ||
       memcmp(x->place.shards, y->place.shards, (size_t)x->place.n * sizeof(int)))
     return "placement";

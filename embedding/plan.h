@@ -34,6 +34,19 @@
  * - precision: optional, "fp32" (the default), "fp16" or "bf16": the bits
  *   a weight is kept in (embedding/precision.h). Written only when it is not
  *   fp32, so an fp32 plan's text and fingerprints are what they were.
+ * - keep (optional; absent: every id seen gets a row forever): bounds on the
+ *   table's rows, applied by the trainer at step boundaries (train/keep.h):
+ *     {"admit_after": F, "admit_window": W, "expire_after": T,
+ *      "capacity": C, "evict": "lru"}
+ *   admit_after: an id gets a row once seen in F samples (0 and 1: at
+ *   once); until then it reads zeros and its gradient is dropped.
+ *   admit_window: a count not yet at F is forgotten after W steps in which
+ *   the id was not seen (default EMB_KEEP_WINDOW_DEFAULT). expire_after: a
+ *   row not looked up for T steps is removed (0: never). capacity: at most
+ *   C rows at each step boundary (0: no bound), the lowest-scored removed
+ *   first: "lru" (least recently looked up) or "lfu" (fewest samples).
+ *   Written only when one of them is set, so plans without it keep their
+ *   fingerprints.
  *
  * Numbers are written in the shortest form that reads back to the same
  * double. Two SHA-256 fingerprints of a canonical serialisation (the layout
@@ -97,6 +110,22 @@ typedef struct emb_placement {
   int *shards; /* [n] distinct shard indices in 0..plan->n_shards-1; owned by the plan */
 } emb_placement;
 
+typedef enum { EMB_EVICT_LRU = 0, EMB_EVICT_LFU = 1 } emb_evict_kind;
+
+/* Steps a count under admit_after survives without its id (keep.admit_window 0). */
+#define EMB_KEEP_WINDOW_DEFAULT 1000
+/* Largest admit_after, admit_window and expire_after (steps or samples). */
+#define EMB_KEEP_MAX 1000000000ULL
+
+/* A table's bounds (the plan's "keep"); all zero: none. */
+typedef struct emb_keep_cfg {
+  uint64_t admit_after;  /* 0/1: a row at once; F: after F samples hold the id */
+  uint64_t admit_window; /* 0: EMB_KEEP_WINDOW_DEFAULT */
+  uint64_t expire_after; /* 0: never; T: removed after T steps without a lookup */
+  uint64_t capacity;     /* 0: unbounded; C: at most C rows at a step boundary */
+  emb_evict_kind evict;  /* which rows go above capacity */
+} emb_keep_cfg;
+
 typedef struct emb_table {
   uint32_t table_id;       /* stable identity; never a list position */
   char name[EMB_NAME_MAX]; /* unique, printable, non-empty */
@@ -107,6 +136,7 @@ typedef struct emb_table {
   emb_optim_cfg optim;
   emb_placement place;
   emb_precision precision; /* weights' bits; EMB_PREC_FP32 unless the plan says */
+  emb_keep_cfg keep;       /* all zero: every id seen keeps a row */
 } emb_table;
 
 typedef struct emb_plan {
@@ -131,7 +161,15 @@ typedef struct emb_plan_params {
   int row_wise; /* 0: each table on one shard, balanced greedily by bytes;
                    1: every table row-wise over all shards */
   emb_precision precision; /* every table's (0: fp32) */
+  emb_keep_cfg keep; /* every table's bounds (all zero: none) */
 } emb_plan_params;
+
+/* 1 when the table has any bound (admission, expiry or capacity): its ids
+ * without a row read zeros (train/keep.h), in training and in scoring. */
+int emb_keep_on(const emb_table *t);
+/* "lru", "lfu"; emb_evict_parse returns 0 or -1. */
+const char *emb_evict_name(emb_evict_kind k);
+int emb_evict_parse(const char *s, emb_evict_kind *out);
 
 /* Default eps of an optimizer kind (1e-10 adagrad, 1e-8 rowwise, 0 sgd). */
 double emb_optim_default_eps(emb_optim_kind kind);

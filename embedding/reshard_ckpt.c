@@ -144,11 +144,16 @@ static int write_out(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_p
   }
   if (sr_is_file(p1) && (rc = sr_copy_file(p1, p2, err, errlen))) return rc;
   /* The data transform goes with the model, unchanged (the manifest's
-   * "transform" is carried by emb_ckpt_write_as). */
-  if ((rc = sr_path_err(p1, sizeof p1, err, errlen, "%s/transform.bin", ck->dir)) ||
-      (rc = sr_path_err(p2, sizeof p2, err, errlen, "%s/transform.bin", t.tmp)))
-    return rc;
-  if (sr_is_file(p1) && (rc = sr_copy_file(p1, p2, err, errlen))) return rc;
+   * "transform" is carried by emb_ckpt_write_as), and so do the bounded
+   * tables' counts (train/keep.h's keep.bin: keyed by table_id and row id,
+   * whatever the placement). */
+  static const char *const carried[] = {"transform.bin", "keep.bin"};
+  for (int k = 0; k < 2; k++) {
+    if ((rc = sr_path_err(p1, sizeof p1, err, errlen, "%s/%s", ck->dir, carried[k])) ||
+        (rc = sr_path_err(p2, sizeof p2, err, errlen, "%s/%s", t.tmp, carried[k])))
+      return rc;
+    if (sr_is_file(p1) && (rc = sr_copy_file(p1, p2, err, errlen))) return rc;
+  }
   if (o->on_start) o->on_start(st, o->ctx);
   if ((rc = move_rows(o, ck, plan, &t, work, st, err, errlen))) {
     size_t l = strlen(err);

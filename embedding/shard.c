@@ -214,6 +214,7 @@ static int sh_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, flo
   int rc = shard__check_ids(s, ids, "lookup");
   if (!rc) rc = shard__call_begin(s, step);
   if (rc) return s->last_lookup_rc = rc;
+  uint64_t cpu0 = caller_cpu_mark(s);
   uint64_t hits = 0, total = 0;
   size_t nm = 0;
   const size_t pass = s->chunk < SH_PASS ? s->chunk : SH_PASS;
@@ -228,6 +229,7 @@ static int sh_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, flo
   }
   if (!rc) rc = lookup_flush_misses(s, &nm, out);
   shard__wbuf_submit(s);
+  s->ctr.caller_ns += caller_cpu_mark(s) - cpu0;
   if (!rc) {
     s->st.lookups += total;
     s->st.hits += hits;
@@ -301,6 +303,11 @@ int emb_shard_mark_clean(emb_store *b) {
    * the memtables are flushed, which the mark must follow. */
   for (int k = 0; k < s->n_db; k++)
     if ((rc = kv_flush(s->db[k], s->err, sizeof s->err))) return rc;
+  /* Rows removed since the last compaction: their space back now (a
+   * delete only adds a tombstone until compaction drops the old values). */
+  for (int k = 0; k < s->n_db && s->removed; k++)
+    if ((rc = kv_compact(s->db[k], s->err, sizeof s->err))) return rc;
+  s->removed = 0;
   for (int k = 0; k < s->n_db; k++) {
     char p[SR_PATH_MAX];
     if (mark_path(s, k, p, sizeof p)) return SR_ERANGE;
@@ -363,10 +370,12 @@ static int push_apply(shstore *s, int64_t step, float lr, const emb_idset *ids,
 static int sh_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
                    const float *const *grads) {
   shstore *s = (shstore *)b;
+  uint64_t cpu0 = caller_cpu_mark(s);
   int rc = shard__call_begin(s, step);
   if (!rc) rc = push_apply(s, step, lr, ids, grads);
   shard__prefetch_release(s, step, 1);
   shard__wbuf_submit(s);
+  s->ctr.caller_ns += caller_cpu_mark(s) - cpu0;
   return rc;
 }
 
@@ -639,6 +648,7 @@ static const emb_store_ops shard_ops = {
     .checkpoint_delta = shard__checkpoint_delta,
     .restore_delta = shard__restore_delta,
     .iterate = sh_iterate,
+    .remove = shard__remove,
     .errmsg = sh_errmsg,
     .destroy = sh_destroy,
 };

@@ -137,6 +137,14 @@ typedef struct emb_shard_counters {
   uint64_t pinned;          /* prefetch pins held now (a slot pinned by two steps counts 2) */
   uint64_t send_held;       /* slots answers are being sent from now (lookup_pinned) */
   uint64_t send_copies;     /* rows a push moved to a fresh slot: their old one was being sent */
+  /* CPU time (thread CPU, nanoseconds; whichever thread did the work) */
+  uint64_t rocks_read_ns;   /* inside RocksDB reading misses (MultiGet, values released) */
+  uint64_t rocks_write_ns;  /* inside RocksDB writing rows back (WriteBatch built and written) */
+  uint64_t io_own_ns;       /* the threads' work outside RocksDB: read jobs sorted, rows
+                               decoded or initialised; write buffers sorted */
+  uint64_t caller_ns;       /* the caller in lookup, push and prefetch (the map, eviction,
+                               encoding rows written back), less the queued work it ran */
+  uint64_t wb_rows;         /* rows the write buffers wrote to RocksDB */
 } emb_shard_counters;
 int emb_shard_counters_get(emb_store *s, emb_shard_counters *out);
 
@@ -158,7 +166,8 @@ int emb_shard_unclean(const emb_store *s);
  * Nothing for other kinds of store. */
 void emb_shard_accept_unclean(emb_store *s);
 
-/* A clean stop: flush, then write every hosted shard's mark (fsynced), so
+/* A clean stop: flush (and compact, when rows were removed since the last
+ * compaction: their space comes back), then write every hosted shard's mark (fsynced), so
  * that the next open knows the rows are whole. A store that is still
  * unclean (emb_shard_unclean: opened on a crash's rows, neither restored
  * nor accepted since) is only flushed: its rows stay unmarked, so the next

@@ -14,6 +14,8 @@
  *   shard_prefetch.c  the look-ahead op: a prefetched step's pins
  *   shard_pins.c      answers sent from the slots: send pins, lookup_pinned,
  *                     the copy a push makes of a row being sent
+ *   shard_remove.c    the remove op: rows deleted from RocksDB and reset in
+ *                     the cache
  *   shard_delta.c     the change set (rows a push changed since the last
  *                     checkpoint, delta or restore) and the incremental
  *                     ops, checkpoint_delta and restore_delta
@@ -102,6 +104,7 @@
 
 #include "common/half.h"
 #include "common/rng.h"
+#include "common/sys.h"
 #include "embedding/shard.h"
 #include "storage/kv.h"
 
@@ -136,17 +139,30 @@ typedef struct sh_job {
   const char **vals;
   size_t *lens;
   uint64_t found;
+  uint64_t rocks_ns, own_ns; /* thread CPU in RocksDB and beside it */
   int rc;
   char err[1024];
 } sh_job;
 
-/* A write buffer: n records of rec_bytes. */
+/* A record of a write buffer in the order it is written: by database,
+ * table, row id, then position (a row evicted twice into one buffer keeps
+ * its newer record last). */
+typedef struct {
+  uint64_t dt;  /* database << 32 | table */
+  uint64_t key; /* row id */
+  uint32_t r;   /* record index */
+} sh_wsort;
+
+/* A write buffer: n records of rec_bytes; ord: [rows_per_buf] scratch of
+ * the thread that writes it. */
 typedef struct sh_wbuf {
   struct sh_wbuf *next;
   uint32_t idx;
   size_t n;
   unsigned char *rec;
+  sh_wsort *ord;
   kv_writes *w;
+  uint64_t rocks_ns, own_ns; /* thread CPU writing it: in RocksDB, sorting it */
   int rc;
   char err[1024];
 } sh_wbuf;
@@ -238,6 +254,7 @@ struct shstore {
   sh_job **open;          /* [n_db * n_tables] the job being filled */
   int *open_list, n_open;
   size_t reads_out, wbufs_out; /* handed over, not reaped */
+  uint64_t inline_ns;     /* thread CPU of queued work the caller ran (shard__wait_some) */
   sh_wbuf *wbufs, *wfree, *wcur; /* [EMB_SHARD_WB_BUFFERS] */
   size_t rec_bytes, rows_per_buf;
   sh_entry *pidx;         /* pending index: {record + 1, tag} */
@@ -250,6 +267,7 @@ struct shstore {
   emb_shard_counters ctr;
   int unclean;            /* opened on rows without the clean-stop marks (a crash) */
   int marked;             /* the clean-stop marks are written (emb_shard_mark_clean) */
+  int removed;            /* rows were deleted (remove) since the last compaction */
   int last_lookup_rc;
   char err[1024];
 };
@@ -300,6 +318,9 @@ static inline void slot_put(const shstore *s, uint32_t i, uint32_t t, const floa
   else sr_bf16_encode(src, slot_w16(s, i, t), dim);
   memcpy(slot_row(s, i), src + dim, (size_t)s->slen[t] * sizeof *src);
 }
+/* The caller's own CPU so far: its thread CPU less the queued work it ran
+ * (an op adds the difference of two marks to ctr.caller_ns). */
+static inline uint64_t caller_cpu_mark(const shstore *s) { return sr_thread_cpu_ns() - s->inline_ns; }
 /* Answers being sent from slot i now (see the top). */
 static inline unsigned slot_sent(const shstore *s, uint32_t i) {
   return s->sends ? atomic_load_explicit(&s->sends->cnt[i], memory_order_acquire) : 0;
@@ -459,6 +480,8 @@ int shard__marks_remove(shstore *s);
  * as a restore does; slots answers are sent from are left detached. */
 void shard__drop_cache(shstore *s);
 
+/* The remove op (shard_remove.c). */
+int shard__remove(emb_store *b, int64_t step, const emb_idset *ids);
 /* ids checked against the plan (what: the op, for the message). */
 int shard__check_ids(shstore *s, const emb_idset *ids, const char *what);
 /* Common start of a lookup or push of step. */

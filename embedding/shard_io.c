@@ -36,13 +36,45 @@ static int work_pick(shstore *s, sh_job **j, sh_wbuf **b) {
   return 0;
 }
 
+/* Sift-down of a heap of job j's (key, slot) pairs, keys the order. */
+static void job_sift(sh_job *j, size_t i, size_t n) {
+  for (size_t c; (c = 2 * i + 1) < n; i = c) {
+    if (c + 1 < n && j->key[c + 1] > j->key[c]) c++;
+    if (j->key[c] <= j->key[i]) return;
+    uint64_t k = j->key[i];
+    uint32_t sl = j->slot[i];
+    j->key[i] = j->key[c], j->slot[i] = j->slot[c];
+    j->key[c] = k, j->slot[c] = sl;
+  }
+}
+
+/* Job j's rows in ascending row id (a heap sort in place, slots moved with
+ * their ids), so that RocksDB's MultiGet takes them as they are (no sort of
+ * its own) and walks the SST blocks in order. */
+static void job_sort(sh_job *j) {
+  size_t n = j->n;
+  for (size_t i = n / 2; i-- > 0;) job_sift(j, i, n);
+  for (size_t e = n; e-- > 1;) {
+    uint64_t k = j->key[0];
+    uint32_t sl = j->slot[0];
+    j->key[0] = j->key[e], j->slot[0] = j->slot[e];
+    j->key[e] = k, j->slot[e] = sl;
+    job_sift(j, 0, e);
+  }
+}
+
 /* Read job j into its slots with reader rd (any thread). */
 static void job_read(shstore *s, kv_reader *rd, sh_job *j) {
   const emb_plan *plan = s->base.plan;
   const int t = j->table, dim = s->dim[t], sl = s->slen[t];
   j->found = 0;
   char e2[512];
-  j->rc = kv_reader_get_cf(rd, s->db[j->db], t, j->n, j->key, j->vals, j->lens, e2, sizeof e2);
+  uint64_t c0 = sr_thread_cpu_ns();
+  job_sort(j);
+  uint64_t cs = sr_thread_cpu_ns();
+  j->rc = kv_reader_get_sorted_cf(rd, s->db[j->db], t, j->n, j->key, j->vals, j->lens, e2,
+                                  sizeof e2);
+  uint64_t c1 = sr_thread_cpu_ns();
   if (j->rc) {
     char dp[4200];
     ckpt_dir_shard_path(s->dir, s->db_shard[j->db], dp, sizeof dp);
@@ -51,7 +83,7 @@ static void job_read(shstore *s, kv_reader *rd, sh_job *j) {
   for (size_t q = 0; q < j->n && !j->rc; q++) {
     float row[2 * EMB_MAX_DIM + 1];
     if (!j->vals[q]) {
-      emb_row_init(plan, t, j->key[q], row);
+      emb_store_absent_row(&s->base, t, j->key[q], row);
       emb_optim_state_init(&plan->tables[t].optim, dim, row + dim);
       slot_put(s, j->slot[q], (uint32_t)t, row);
       continue;
@@ -67,26 +99,48 @@ static void job_read(shstore *s, kv_reader *rd, sh_job *j) {
     }
     j->found++;
   }
+  uint64_t c2 = sr_thread_cpu_ns();
   kv_reader_release(rd);
+  j->rocks_ns = c1 - cs + (sr_thread_cpu_ns() - c2);
+  j->own_ns = cs - c0 + (c2 - c1);
 }
 
-/* Write buffer b's records, one WriteBatch per database (any thread). */
+static int wsort_cmp(const void *a, const void *b) {
+  const sh_wsort *x = a, *y = b;
+  if (x->dt != y->dt) return x->dt < y->dt ? -1 : 1;
+  if (x->key != y->key) return x->key < y->key ? -1 : 1;
+  return x->r < y->r ? -1 : x->r > y->r;
+}
+
+/* Write buffer b's records in (database, table, row id) order, one
+ * WriteBatch per database (any thread). Sorted, a batch goes into the
+ * memtable's skip list along one path instead of a random one per row. The
+ * sort is the shard store's own work; building and writing the batches is
+ * RocksDB's. */
 static void wbuf_write(shstore *s, sh_wbuf *b) {
   b->rc = 0;
-  for (int k = 0; k < s->n_db && !b->rc; k++) {
-    for (size_t r = 0; r < b->n; r++) {
-      const unsigned char *p = b->rec + r * s->rec_bytes;
-      uint64_t key;
-      uint32_t t, d;
-      memcpy(&key, p, 8);
-      memcpy(&t, p + 8, 4);
-      memcpy(&d, p + 12, 4);
-      if ((int)d == k)
-        kv_writes_put(b->w, s->db[k], (int)t, key, p + SH_REC_HEAD,
-                      kv_row_size_w(s->dim[t], s->slen[t], sh_wprec(s, t)));
-    }
-    b->rc = kv_writes_commit(b->w, s->db[k], b->err, sizeof b->err);
+  uint64_t c0 = sr_thread_cpu_ns();
+  for (size_t r = 0; r < b->n; r++) {
+    const unsigned char *p = b->rec + r * s->rec_bytes;
+    uint32_t t, d;
+    memcpy(&b->ord[r].key, p, 8);
+    memcpy(&t, p + 8, 4);
+    memcpy(&d, p + 12, 4);
+    b->ord[r].dt = (uint64_t)d << 32 | t;
+    b->ord[r].r = (uint32_t)r;
   }
+  qsort(b->ord, b->n, sizeof *b->ord, wsort_cmp);
+  uint64_t c1 = sr_thread_cpu_ns();
+  for (size_t i = 0; i < b->n && !b->rc; i++) {
+    int d = (int)(b->ord[i].dt >> 32), t = (int)(uint32_t)b->ord[i].dt;
+    kv_writes_put(b->w, s->db[d], t, b->ord[i].key, b->rec + b->ord[i].r * s->rec_bytes + SH_REC_HEAD,
+                  kv_row_size_w(s->dim[t], s->slen[t], sh_wprec(s, (uint32_t)t)));
+    if (i + 1 == b->n || (int)(b->ord[i + 1].dt >> 32) != d)
+      b->rc = kv_writes_commit(b->w, s->db[d], b->err, sizeof b->err);
+  }
+  uint64_t c2 = sr_thread_cpu_ns();
+  b->own_ns = c1 - c0;
+  b->rocks_ns = c2 - c1;
 }
 
 static void work_run(shstore *s, kv_reader *rd, sh_job *j, sh_wbuf *b) {
@@ -156,6 +210,8 @@ void shard__reap(shstore *s) {
     }
     s->ctr.rocks_reads += j->n;
     s->ctr.rocks_found += j->found;
+    s->ctr.rocks_read_ns += j->rocks_ns;
+    s->ctr.io_own_ns += j->own_ns;
     s->reads_out--;
     j->next = s->jfree;
     s->jfree = j;
@@ -169,6 +225,9 @@ void shard__reap(shstore *s) {
       sr_fmt(s->wb_err, sizeof s->wb_err, "writing evicted rows back: %s", b->err);
     }
     s->ctr.wb_batches++;
+    s->ctr.wb_rows += b->n;
+    s->ctr.rocks_write_ns += b->rocks_ns;
+    s->ctr.io_own_ns += b->own_ns;
     s->wbufs_out--;
     b->n = 0;
     b->next = s->wfree;
@@ -186,7 +245,9 @@ void shard__wait_some(shstore *s) {
     sh_wbuf *b;
     if (work_pick(s, &j, &b)) {
       pthread_mutex_unlock(&s->mu);
+      uint64_t c0 = sr_thread_cpu_ns();
       work_run(s, s->crd, j, b);
+      s->inline_ns += sr_thread_cpu_ns() - c0;
       pthread_mutex_lock(&s->mu);
       work_done(s, j, b);
     } else {
@@ -359,7 +420,8 @@ int shard__pool_create(shstore *s, int n) {
   for (int k = 0; k < EMB_SHARD_WB_BUFFERS; k++) {
     sh_wbuf *b = &s->wbufs[k];
     b->idx = (uint32_t)k;
-    if (!(b->rec = malloc(s->rows_per_buf * s->rec_bytes)) || !(b->w = kv_writes_create()))
+    if (!(b->rec = malloc(s->rows_per_buf * s->rec_bytes)) ||
+        !(b->ord = malloc(s->rows_per_buf * sizeof *b->ord)) || !(b->w = kv_writes_create()))
       return SR_ENOMEM;
     b->next = s->wfree;
     s->wfree = b;
@@ -427,6 +489,7 @@ void shard__pool_free(shstore *s) {
   if (s->wbufs)
     for (int k = 0; k < EMB_SHARD_WB_BUFFERS; k++) {
       free(s->wbufs[k].rec);
+      free(s->wbufs[k].ord);
       kv_writes_destroy(s->wbufs[k].w);
     }
   free(s->wbufs);

@@ -96,6 +96,7 @@ int shard__prefetch(emb_store *b, int64_t step, const emb_idset *ids) {
   if (s->wb_rc) return 0; /* the next lookup or push reports it */
   sh_pinset *p = pins_of(s, step);
   if (!p) return 0; /* out of memory: the lookup reads the rows */
+  uint64_t cpu0 = caller_cpu_mark(s);
   int full = 0;
   for (int t = 0; t < s->n_tables && !full; t++)
     for (size_t r = 0; r < ids->counts[t] && !full; r++)
@@ -103,5 +104,6 @@ int shard__prefetch(emb_store *b, int64_t step, const emb_idset *ids) {
   if (full) s->ctr.prefetch_stops++;
   shard__jobs_submit(s);
   shard__wbuf_submit(s);
+  s->ctr.caller_ns += caller_cpu_mark(s) - cpu0;
   return 0;
 }

@@ -223,6 +223,18 @@ typedef struct emb_store_ops {
    * before any row is replaced. */
   int (*checkpoint_delta)(emb_store *s, const char *path);
   int (*restore_delta)(emb_store *s, const char *path);
+  /* Remove rows (NULL: the store has none; the wrapper says
+   * SR_EUNSUPPORTED): every row of ids the store holds goes, value and
+   * optimizer state, as if it had never been pushed (a later lookup reads
+   * its init value, a later push starts from it); ids it does not hold are
+   * skipped. step is the step after whose push the rows go (the trainer's
+   * step-boundary decisions, train/keep.h); a lookup of a later step handed
+   * ahead before the removal still reads the row as removed. Ids are
+   * checked as lookup's (nothing removed on a refusal). A store with a
+   * change set drops it (the next checkpoint_delta writes every row held):
+   * a delta records no removals, so the trainer writes whole checkpoints of
+   * a plan with bounded tables. */
+  int (*remove)(emb_store *s, int64_t step, const emb_idset *ids);
   /* Visit every stored row of table (plan index), in ascending row id
    * (local and shard stores; the remote and routed stores refuse with
    * SR_EUNSUPPORTED). A row never pushed is not stored. */
@@ -238,6 +250,9 @@ typedef struct emb_store_ops {
 struct emb_store {
   const emb_store_ops *ops;
   const emb_plan *plan; /* borrowed: outlives the store */
+  /* 1: a row not held of a bounded table (emb_keep_on) reads zeros, not its
+   * init value (emb_store_absent_zero); 0 (as created): its init value. */
+  int absent_zero;
 };
 
 static inline emb_store_kind emb_store_kind_of(const emb_store *s) { return s->ops->kind; }
@@ -275,6 +290,11 @@ static inline int emb_store_checkpoint_delta(emb_store *s, const char *path) {
 static inline int emb_store_restore_delta(emb_store *s, const char *path) {
   return s->ops->restore_delta ? s->ops->restore_delta(s, path) : SR_EUNSUPPORTED;
 }
+/* The remove op (see emb_store_ops.remove); SR_EUNSUPPORTED where the store
+ * has none. */
+static inline int emb_store_remove(emb_store *s, int64_t step, const emb_idset *ids) {
+  return s->ops->remove ? s->ops->remove(s, step, ids) : SR_EUNSUPPORTED;
+}
 static inline int emb_store_restore(emb_store *s, const char *path) {
   return s->ops->restore(s, path, NULL);
 }
@@ -302,6 +322,25 @@ static inline int emb_store_iterate(emb_store *s, int table, emb_row_fn fn, void
   return s->ops->iterate(s, table, fn, ctx);
 }
 static inline const char *emb_store_errmsg(emb_store *s) { return s->ops->errmsg(s); }
+/* Scoring a model with bounded tables: from now on a lookup of a row the
+ * store does not hold, in a table with bounds (emb_keep_on), reads zeros
+ * (the in-process and shard stores), as training read an id without a row
+ * (train/keep.h): the rows a checkpoint of such a table holds are exactly
+ * its admitted ids. The checkpoint store sets it (predict, eval, serve
+ * --checkpoint); a training store never does (the trainer zeroes the ids
+ * it has not admitted, and an admitted id's first lookup reads its init
+ * value). Only a store nothing pushes to is so (the shard store would
+ * start a pushed row from what its lookup read). */
+static inline void emb_store_absent_zero(emb_store *s) { s->absent_zero = 1; }
+/* What a lookup of a row not held reads (see emb_store_absent_zero): its
+ * init value, or zeros. */
+static inline void emb_store_absent_row(const emb_store *s, int table, uint64_t row_id,
+                                        float *out) {
+  if (s->absent_zero && emb_keep_on(&s->plan->tables[table]))
+    for (int j = 0; j < s->plan->tables[table].dim; j++) out[j] = 0.0f;
+  else
+    emb_row_init(s->plan, table, row_id, out);
+}
 /* NULL-safe. */
 static inline void emb_store_destroy(emb_store *s) {
   if (s) s->ops->destroy(s);

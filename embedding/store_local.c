@@ -82,6 +82,8 @@ typedef struct {
   size_t chg_n, chg_cap;
   int track;             /* 1 once checkpointed or restored: before, every row held is
                             changed, and the set costs nothing (a job that never saves) */
+  uint64_t *keys;        /* [slab_cap] each slot's row id, kept from the first removal on
+                            (a removal moves the last slot into the freed one); NULL before */
 } ltab;
 
 typedef struct {
@@ -113,6 +115,8 @@ static void lt_free(ltab *t) {
   free(t->slab);
   free(t->chg);
   free(t->chg_ids);
+  free(t->keys);
+  t->keys = NULL;
   t->map = NULL;
   t->slab = NULL;
   t->chg = NULL;
@@ -234,6 +238,11 @@ static int lt_reserve(ltab *t, size_t extra) {
     if (!nc) return SR_ENOMEM;
     memset(nc + t->slab_cap, 0, cap - t->slab_cap);
     t->chg = nc;
+    if (t->keys) {
+      uint64_t *nk = realloc(t->keys, cap * sizeof *nk);
+      if (!nk) return SR_ENOMEM;
+      t->keys = nk;
+    }
     unsigned char *nb = realloc(t->slab, cap * t->rb);
     if (!nb) return SR_ENOMEM;
     t->slab = nb;
@@ -271,6 +280,7 @@ static void lt_clear_changes(ltab *t) {
 /* Insert key (absent, room reserved) at map position h; returns slot + 1. */
 static inline uint32_t lt_insert_at(ltab *t, size_t h, uint64_t key) {
   uint32_t s1 = (uint32_t)++t->n;
+  if (t->keys) t->keys[s1 - 1] = key;
   if (t->direct) {
     t->direct[h] = s1;
   } else {
@@ -278,6 +288,57 @@ static inline uint32_t lt_insert_at(ltab *t, size_t h, uint64_t key) {
     t->map[h].slot1 = s1;
   }
   return s1;
+}
+
+/* Each slot's row id (t->keys), made once, at the first removal. */
+static int lt_keys(ltab *t) {
+  if (t->keys) return 0;
+  if (!(t->keys = malloc(t->slab_cap * sizeof *t->keys))) return SR_ENOMEM;
+  if (t->direct) {
+    for (uint64_t i = 0; i < t->rows; i++)
+      if (t->direct[i] != LT_EMPTY) t->keys[t->direct[i] - 1] = i;
+  } else {
+    for (size_t i = 0; i <= t->mask; i++)
+      if (t->map[i].slot1 != LT_EMPTY) t->keys[t->map[i].slot1 - 1] = t->map[i].key;
+  }
+  return 0;
+}
+
+/* Remove key when stored (t->keys made): the last slot moves into its slot
+ * and the map entry closes up (linear probing: the entries after it that
+ * may not stay past the gap shift back). */
+static void lt_remove(ltab *t, uint64_t key) {
+  size_t h = lt_find(t, key);
+  uint32_t s1 = lt_slot_at(t, h);
+  if (!s1) return;
+  if (t->direct) {
+    t->direct[h] = LT_EMPTY;
+  } else {
+    size_t gap = h, j = h;
+    for (;;) {
+      j = (j + 1) & t->mask;
+      if (t->map[j].slot1 == LT_EMPTY) break;
+      size_t home = (size_t)sr_mix64(t->map[j].key) & t->mask;
+      /* j's entry may fill the gap when its home is not in (gap, j]. */
+      if (((j - home) & t->mask) >= ((j - gap) & t->mask)) {
+        t->map[gap] = t->map[j];
+        gap = j;
+      }
+    }
+    t->map[gap].slot1 = LT_EMPTY;
+    t->map[gap].key = 0;
+  }
+  uint32_t last = (uint32_t)t->n--;
+  if (s1 != last) {
+    uint64_t moved = t->keys[last - 1];
+    memcpy(lt_at(t, s1), lt_at(t, last), t->rb);
+    t->keys[s1 - 1] = moved;
+    t->chg[s1 - 1] = t->chg[last - 1];
+    size_t hm = lt_find(t, moved);
+    if (t->direct) t->direct[hm] = s1;
+    else t->map[hm].slot1 = s1;
+  }
+  t->chg[last - 1] = 0;
 }
 
 static int cmp_u64(const void *a, const void *b) {
@@ -387,7 +448,7 @@ static int l_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, floa
         lt_get(t, slot[r], dst, 0);
         hits++;
       } else {
-        emb_row_init(s->base.plan, ti, id[r], dst);
+        emb_store_absent_row(&s->base, ti, id[r], dst);
       }
     }
     total += cnt;
@@ -414,18 +475,6 @@ static int push_scratch(lstore *s, size_t n, size_t f) {
     s->slots_cap = n;
   }
   return 0;
-}
-
-/* Whether x[n] are all finite: exponent bits not all ones (integer ops
- * the compiler vectorises; isfinite per float is a branch each). */
-static int all_finite(const float *x, size_t n) {
-  uint32_t bad = 0;
-  for (size_t j = 0; j < n; j++) {
-    uint32_t u;
-    memcpy(&u, &x[j], sizeof u);
-    bad |= (u & 0x7f800000u) == 0x7f800000u;
-  }
-  return !bad;
 }
 
 /* Undo the first `done` rows push_apply changed (their old values are in
@@ -476,7 +525,7 @@ static int push_apply(lstore *s, int64_t step, float lr, const emb_idset *ids,
       emb_optim_apply_at(plan, ti, id[r], step, lr, grads[ti] + r * (size_t)t->dim, w,
                          t->slen ? w + t->dim : NULL);
       if (s1 && t->prec != EMB_PREC_FP32) lt_put(t, s1, w);
-      if (!all_finite(w, stride)) {
+      if (!emb_all_finite(w, stride)) {
         push_undo(s, ids, at);
         sr_fmt(s->err, sizeof s->err,
                "push: table %u (%s) row %llu: the update (learning rate %g) would leave the row "
@@ -713,6 +762,29 @@ static int l_restore_delta(emb_store *b, const char *path) {
   return rc;
 }
 
+/* Rows of ids go (emb_store_ops.remove). The change set is dropped first:
+ * its list may name the rows removed. */
+static int l_remove(emb_store *b, int64_t step, const emb_idset *ids) {
+  (void)step;
+  lstore *s = (lstore *)b;
+  int rc = check_ids(s, ids, "remove");
+  if (rc) return rc;
+  for (int ti = 0; ti < s->n; ti++)
+    if (ids->counts[ti] && (rc = lt_keys(&s->t[ti]))) {
+      sr_fmt(s->err, sizeof s->err, "remove: out of memory");
+      return rc;
+    }
+  for (int ti = 0; ti < s->n; ti++) {
+    ltab *t = &s->t[ti];
+    if (!ids->counts[ti]) continue;
+    for (size_t i = 0; i < t->chg_n; i++) t->chg[lt_slot_at(t, lt_find(t, t->chg_ids[i])) - 1] = 0;
+    t->chg_n = 0;
+    t->track = 0;
+    for (size_t r = 0; r < ids->counts[ti]; r++) lt_remove(t, ids->ids[ti][r]);
+  }
+  return 0;
+}
+
 static int l_stats(emb_store *b, emb_store_stats *out) {
   lstore *s = (lstore *)b;
   uint64_t rows = 0, bytes = 0;
@@ -773,6 +845,7 @@ static const emb_store_ops local_ops = {
     .restore = l_restore,
     .checkpoint_delta = l_checkpoint_delta,
     .restore_delta = l_restore_delta,
+    .remove = l_remove,
     .stats = l_stats,
     .iterate = l_iterate,
     .errmsg = l_errmsg,

@@ -412,15 +412,17 @@ static int tables_fill(size_t max_ids, rpc_scratch *x, const wire_rd *d, int pus
  * the request, RESOURCE_EXHAUSTED out of memory. */
 static int req_decode(rpc_scratch *x, int push, int n_tables, size_t max_ids, const uint8_t *in,
                       size_t len, rpc_reply *r) {
-  static const char *const lookup_names[4] = {NULL, "header", "tables", "prefetch_only"};
+  static const char *const lookup_names[6] = {NULL, "header", "tables", "prefetch_only",
+                                              "at_step", "step_asked"};
   static const char *const push_names[4] = {NULL, "header", "learning_rate", "tables"};
   const wire_rd d = {push ? "shardrec.v1.PushRequest" : "shardrec.v1.LookupRequest", in, len, r};
-  const wire_msg m = {"", push ? push_names : lookup_names, 4};
+  const wire_msg m = {"", push ? push_names : lookup_names, push ? 4 : 6};
   shardrec__v1__request_header__init(&x->h);
   x->fp[0] = x->job[0] = 0;
   x->h.plan_fingerprint = x->fp;
   x->h.job_id = x->job;
-  int has_header = 0, prefetch = 0;
+  int has_header = 0, prefetch = 0, asked = 0;
+  int64_t at_step = 0;
   float lr = 0;
   size_t nt = 0;
   const uint8_t *p = in, *end = in + len;
@@ -445,6 +447,10 @@ static int req_decode(rpc_scratch *x, int push, int n_tables, size_t max_ids, co
     } else if (!push && w.num == 3) {
       if (w.wt != WT_VARINT) return wire_type_bad(&d, w.at, "prefetch_only", w.wt);
       prefetch = w.v != 0;
+    } else if (!push && (w.num == 4 || w.num == 5)) {
+      if (w.wt != WT_VARINT) return wire_type_bad(&d, w.at, lookup_names[w.num], w.wt);
+      if (w.num == 4) at_step = (int64_t)w.v;
+      else asked = w.v != 0;
     } else if (push && w.num == 2) {
       if (w.wt != WT_I32) return wire_type_bad(&d, w.at, "learning_rate", w.wt);
       const uint32_t b = (uint32_t)w.v;
@@ -464,6 +470,8 @@ static int req_decode(rpc_scratch *x, int push, int n_tables, size_t max_ids, co
     x->lq.n_tables = nt;
     x->lq.tables = x->tip;
     x->lq.prefetch_only = prefetch;
+    x->lq.at_step = at_step;
+    x->lq.step_asked = asked;
   }
   return 0;
 }

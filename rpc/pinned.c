@@ -90,6 +90,7 @@ static void pinned_layout(rpc_pinned *a, const Shardrec__V1__LookupRequest *q, c
   uint8_t *from = p;
   *p++ = 0x10; /* LookupResponse.incarnation */
   p = rpc__varint_put(p, a->s->incarnation);
+  p = rpc__answer_step(a->s, p, a->s->ckpt_step); /* pinned only without versions */
   piece_head(a, from, p);
   a->head_len = (size_t)(p - a->head);
 }
@@ -103,7 +104,7 @@ int rpc__answer_pinned(rpc_service *s, const Shardrec__V1__LookupRequest *q, con
   const float **ptr = malloc((total ? total : 1) * sizeof *ptr);
   const float ***rows = calloc((size_t)nt, sizeof *rows);
   rpc_pinned *a = malloc(sizeof *a + (total + q->n_tables + 1) * sizeof(rpc_piece));
-  uint8_t *head = malloc(40 * q->n_tables + 16);
+  uint8_t *head = malloc(40 * q->n_tables + 16 + RPC_STEP_BYTES);
   if (!ptr || !rows || !a || !head) {
     free(ptr), free(rows), free(a), free(head);
     r->status = RPC_RESOURCE_EXHAUSTED;

@@ -120,7 +120,8 @@ static void pcall_reset_attempt(pcall *p) {
 
 void rpc__pcall_free(pcall *p) {
   pcall_reset_attempt(p);
-  free(p->req);
+  if (p->req_owned) free(p->req);
+  else grpc_slice_unref(p->req_sl); /* gRPC frees req once it holds no reference */
   free(p->resp);
   free(p->parts);
   memset(p, 0, sizeof *p);
@@ -132,6 +133,8 @@ void rpc__pcall_init(pcall *p, int shard, rpc_method m, uint8_t *req, size_t len
   p->m = m;
   p->req = req;
   p->req_len = len;
+  p->req_owned = 1;
+  p->req_sl = grpc_empty_slice();
   p->details = grpc_empty_slice();
   grpc_metadata_array_init(&p->im);
   grpc_metadata_array_init(&p->tm);
@@ -154,7 +157,11 @@ int rpc__pcall_start(conn *c, grpc_completion_queue *cq, pcall *p, double deadli
         h->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, h->reg[p->m],
         p->no_deadline ? gpr_inf_future(GPR_CLOCK_MONOTONIC) : rpc__deadline(deadline_s), NULL);
   }
-  p->send = rpc__bb_make(p->req, p->req_len);
+  if (p->req_owned && p->req) { /* the slice takes req: every attempt sends it, no copy */
+    p->req_sl = grpc_slice_new(p->req, p->req_len, free);
+    p->req_owned = 0;
+  }
+  p->send = grpc_raw_byte_buffer_create(&p->req_sl, 1);
   grpc_op ops[6];
   memset(ops, 0, sizeof ops);
   ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
@@ -230,9 +237,15 @@ static void note_outlasted(conn *c, const pcall *p) {
          rpc_status_name(p->why_retry));
 }
 
-/* Drive calls[n] (already started or waiting to retry) to their end. */
 void rpc__run_calls(conn *conns, grpc_completion_queue *cq, pcall *calls, int n,
-                      const rpc_client_opts *o) {
+                    const rpc_client_opts *o) {
+  rpc__run_calls_each(conns, cq, calls, n, o, NULL, NULL);
+}
+
+/* Drive calls[n] (already started or waiting to retry) to their end. */
+void rpc__run_calls_each(conn *conns, grpc_completion_queue *cq, pcall *calls, int n,
+                         const rpc_client_opts *o, void (*each)(void *ctx, pcall *p),
+                         void *ctx) {
   for (;;) {
     int busy = 0;
     double now = sr_now(), next_retry = 0;
@@ -282,12 +295,15 @@ void rpc__run_calls(conn *conns, grpc_completion_queue *cq, pcall *calls, int n,
     p->done = 1;
     if (p->status == GRPC_STATUS_OK && p->trouble) note_outlasted(&conns[p->shard], p);
     if (p->status == GRPC_STATUS_OK) {
-      if (!p->recv || rpc__bb_read(p->recv, &p->resp, &p->resp_len)) {
+      /* A Lookup's answer stays in p->recv, read in place (rpc/answer.c). */
+      const int in_place = p->m == RPC_LOOKUP && !p->path;
+      if (!p->recv || (!in_place && rpc__bb_read(p->recv, &p->resp, &p->resp_len))) {
         p->status = GRPC_STATUS_INTERNAL;
         grpc_slice_unref(p->details);
         p->details = grpc_slice_from_static_string("no answer message");
       }
     }
+    if (each) each(ctx, p);
   }
 }
 

@@ -62,8 +62,10 @@ typedef struct {
   int hint;         /* a Lookup with prefetch_only: its answer is not used */
   rpc_method m;
   const char *path; /* not NULL: call this method path, unregistered */
-  uint8_t *req; /* owned */
+  uint8_t *req; /* owned: by p until the first attempt, then by req_sl */
   size_t req_len;
+  grpc_slice req_sl; /* over req, which it frees: every attempt sends it without a copy */
+  int req_owned;     /* 1: req is p's (no attempt yet); 0: req_sl's */
   int tries;
   double retry_at;  /* monotonic seconds; 0: not waiting */
   double backoff;
@@ -80,8 +82,9 @@ typedef struct {
   grpc_metadata_array im, tm;
   grpc_status_code status;
   grpc_slice details;
-  uint8_t *resp;    /* owned, when status OK */
+  uint8_t *resp;    /* owned, when status OK (not a Lookup: its answer is recv) */
   size_t resp_len;
+  int scattered;    /* a Lookup: its rows are in the caller's array (lookup_collect) */
   call_part *parts; /* owned: Lookup and Push, the tables' ids it carries, in order */
   int n_parts;
 } pcall;
@@ -107,11 +110,32 @@ int rpc__pcall_start(conn *c, grpc_completion_queue *cq, pcall *p, double deadli
  * with a final status. */
 void rpc__run_calls(conn *conns, grpc_completion_queue *cq, pcall *calls, int n,
                     const rpc_client_opts *o);
+/* rpc__run_calls, and each(ctx, p) for every call p as soon as it ends
+ * (its status final), while the others are still in flight. A Lookup's
+ * answer (p->m RPC_LOOKUP, p->path NULL) stays in p->recv, not copied to
+ * p->resp: rpc__answer_incarnation and rpc__answer_scatter read it. */
+void rpc__run_calls_each(conn *conns, grpc_completion_queue *cq, pcall *calls, int n,
+                         const rpc_client_opts *o, void (*each)(void *ctx, pcall *p),
+                         void *ctx);
 /* The message of p's failure (p a call to c; what: "lookup of step 7")
  * into err; returns an SR_E* code, and sets *lost when the failure means
  * the server's rows may no longer be the run's (rpc_remote_lost). */
 int rpc__call_error(const conn *c, const rpc_client_opts *o, const pcall *p, const char *what,
                     char *err, size_t errlen, int *lost);
+
+/* ---- answer.c: Lookup answers read in place ---- */
+
+/* The incarnation of the LookupResponse bb (as received: any slices,
+ * maybe compressed), read without a copy. 0, or -1 when bb is not one. */
+int rpc__answer_incarnation(grpc_byte_buffer *bb, uint64_t *inc);
+/* The rows of the LookupResponse bb of a call carrying parts[n_parts]
+ * copied from the slices they arrived in into out: the j-th TableRows is
+ * parts[j]'s, its row r going to out[t] + perm[t][lo + r] * dim (one copy
+ * a row). 0; -1 when bb is not a LookupResponse; -2 when a table's answer
+ * is missing or not the part's table and length, its plan index in
+ * *bad_table. */
+int rpc__answer_scatter(grpc_byte_buffer *bb, const emb_plan *plan, const call_part *parts,
+                        int n_parts, size_t *const *perm, float *const *out, int *bad_table);
 
 /* ---- remote_store.c: the store ---- */
 

@@ -20,7 +20,6 @@
 #include <unistd.h>
 
 #include "common/fs.h"
-#include "common/half.h"
 #include "common/rng.h"
 #include "common/status.h"
 #include "common/sys.h"
@@ -288,11 +287,58 @@ int rpc__lookup_start(rstore *s, lane *L, int64_t step, const emb_idset *ids) {
   return 0;
 }
 
+/* A Lookup's answer into the caller's rows: its incarnation checked
+ * (check_inc), its rows scattered by L's grouping (rpc__answer_scatter).
+ * 0 or an SR_E* code (s->err). */
+static int answer_read(rstore *s, lane *L, pcall *p, float *const *out) {
+  uint64_t inc;
+  int bad = -1, rc;
+  if (rpc__answer_incarnation(p->recv, &inc) == 0 &&
+      (rc = check_inc(s, p->shard, inc, "lookup")))
+    return rc;
+  rc = rpc__answer_scatter(p->recv, s->base.plan, p->parts, p->n_parts, L->perm, out, &bad);
+  if (rc == -2) {
+    sr_fmt(s->err, sizeof s->err,
+           "lookup: shard %d server %s: answer for table %d does not match the request", p->shard,
+           s->c[p->shard].addr, bad);
+    return SR_EFORMAT;
+  }
+  if (rc) {
+    sr_fmt(s->err, sizeof s->err, "lookup: shard %d server %s: undecodable answer", p->shard,
+           s->c[p->shard].addr);
+    return SR_EFORMAT;
+  }
+  p->scattered = 1;
+  return 0;
+}
+
+/* lookup_collect's reading of each answer as it comes, while the other
+ * servers' are still on the wire: only one from a server whose
+ * incarnation is the one known (anything else, and every failure, is left
+ * for lookup_collect, which reads the calls in order as before). */
+typedef struct {
+  rstore *s;
+  lane *L;
+  float *const *out;
+} early_read;
+
+static void answer_early(void *ctx, pcall *p) {
+  early_read *e = ctx;
+  uint64_t inc;
+  if (p->hint || p->status != GRPC_STATUS_OK || !p->recv) return;
+  if (rpc__answer_incarnation(p->recv, &inc) || !inc || inc != e->s->c[p->shard].inc) return;
+  int bad;
+  if (!rpc__answer_scatter(p->recv, e->s->base.plan, p->parts, p->n_parts, e->L->perm, e->out,
+                           &bad))
+    p->scattered = 1;
+}
+
 /* Drive L's calls to their end and scatter its Lookups' rows (hints
- * skipped) into out, by L's grouping. 0 or the first failure's code. */
+ * skipped) into out, by L's grouping, each answer as it arrives. 0 or the
+ * first failure's code, in call order. */
 static int lookup_collect(rstore *s, lane *L, int64_t step, float *const *out) {
-  rpc__run_calls(s->c, L->cq, L->calls, L->n_calls, &s->o);
-  const emb_plan *plan = s->base.plan;
+  early_read e = {s, L, out};
+  rpc__run_calls_each(s->c, L->cq, L->calls, L->n_calls, &s->o, answer_early, &e);
   int rc = 0;
   char what[48];
   snprintf(what, sizeof what, "lookup of step %lld", (long long)step);
@@ -303,42 +349,7 @@ static int lookup_collect(rstore *s, lane *L, int64_t step, float *const *out) {
       rc = call_error(s, p, what);
       break;
     }
-    Shardrec__V1__LookupResponse *a =
-        shardrec__v1__lookup_response__unpack(NULL, p->resp_len, p->resp);
-    if (!a) {
-      sr_fmt(s->err, sizeof s->err, "lookup: shard %d server %s: undecodable answer", p->shard,
-             s->c[p->shard].addr);
-      rc = SR_EFORMAT;
-      break;
-    }
-    if ((rc = check_inc(s, p->shard, a->incarnation, "lookup"))) {
-      shardrec__v1__lookup_response__free_unpacked(a, NULL);
-      break;
-    }
-    for (int j = 0; j < p->n_parts && !rc; j++) {
-      const int t = p->parts[j].t;
-      const size_t lo = p->parts[j].lo, cnt = p->parts[j].n;
-      const size_t dim = (size_t)plan->tables[t].dim;
-      const emb_precision prec = plan->tables[t].precision; /* 16-bit rows: 2 bytes a weight */
-      const size_t vb = (size_t)emb_precision_bytes(prec);
-      const Shardrec__V1__TableRows *tr = (size_t)j < a->n_tables ? a->tables[j] : NULL;
-      if (!tr || tr->table_id != plan->tables[t].table_id || tr->rows.len != cnt * dim * vb) {
-        sr_fmt(s->err, sizeof s->err,
-               "lookup: shard %d server %s: answer for table %d does not match the request",
-               p->shard, s->c[p->shard].addr, t);
-        rc = SR_EFORMAT;
-        break;
-      }
-      float *o = out[t];
-      for (size_t r = 0; r < cnt; r++) {
-        const uint8_t *src = tr->rows.data + r * dim * vb;
-        float *dst = o + L->perm[t][lo + r] * dim;
-        if (prec == EMB_PREC_FP32) memcpy(dst, src, dim * sizeof(float));
-        else if (prec == EMB_PREC_FP16) sr_f16_decode((const uint16_t *)(const void *)src, dst, dim, SR_HALF_AUTO);
-        else sr_bf16_decode((const uint16_t *)(const void *)src, dst, dim);
-      }
-    }
-    shardrec__v1__lookup_response__free_unpacked(a, NULL);
+    if (!p->scattered) rc = answer_read(s, L, p, out);
   }
   rpc__calls_free(L);
   return rc;

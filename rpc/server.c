@@ -243,8 +243,10 @@ static int peer_allowed(grpc_call *call, const char *list, char *who, size_t wle
 static int authorised(worker *w, call_ctx *c) {
   const rpc_server_opts *o = w->st->o;
   const char *list = c->method == RPC_PUSH ? o->allow_push
-                     : c->method == RPC_CHECKPOINT || c->method == RPC_RESTORE ? o->allow_admin
-                                                                               : NULL;
+                     : c->method == RPC_CHECKPOINT || c->method == RPC_RESTORE ||
+                               c->method == RPC_SWAP_AT
+                           ? o->allow_admin
+                           : NULL;
   char who[256], msg[512];
   if (!list || !o->tls || !o->tls->ca || peer_allowed(c->call, list, who, sizeof who)) return 1;
   const char *m = strrchr(rpc_method_path((rpc_method)c->method), '/') + 1;

@@ -37,6 +37,7 @@ static const char *const method_paths[RPC_N_METHODS] = {
     "/shardrec.v1.EmbeddingShard/Checkpoint", "/shardrec.v1.EmbeddingShard/Restore",
     "/shardrec.v1.EmbeddingShard/Stats",      "/grpc.health.v1.Health/Check",
     "/shardrec.v1.EmbeddingShard/Watch",      "/shardrec.v1.EmbeddingShard/GetTransform",
+    "/shardrec.v1.EmbeddingShard/SwapAt",
 };
 
 const char *rpc_status_name(int c) {
@@ -135,6 +136,9 @@ rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
   s->budget_wait_s = o->inflight_wait_s > 0 ? o->inflight_wait_s : 1;
   s->observe = o->observe;
   s->observe_ctx = o->observe_ctx;
+  s->from_ckpt = o->from_checkpoint;
+  s->ckpt_step = o->step;
+  s->versions = o->from_checkpoint ? o->versions : NULL;
   s->served = calloc((size_t)plan->n_shards, 1);
   s->shards = malloc((size_t)o->n_shards * sizeof *s->shards);
   if (!s->served || !s->shards) goto nomem;
@@ -461,24 +465,34 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
       goto out;
     }
   }
+  if (q->step_asked && !s->versions && rpc__check_one_step(s, q->at_step, r)) goto out;
   if (rpc__check_answer(s, q->tables, q->n_tables, idx, token != NULL, r)) goto out;
-  if (pin && rpc__answer_pinned(s, q, idx, &set, r)) goto out;
+  if (pin && !s->versions && rpc__answer_pinned(s, q, idx, &set, r)) goto out;
   if (rpc__answer_layout(s->plan, s->incarnation, q, idx, rows_at, &r->out_len) ||
-      !(r->out = malloc(r->out_len ? r->out_len : 1)))
+      !(r->out = malloc(r->out_len + RPC_STEP_BYTES)))
     FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory for the answer");
   static float dummy;
   for (int t = 0; t < nt; t++) outp[t] = &dummy;
   if (!(f16 = rpc__answer_rows16(s->plan, q, idx, r->out, rows_at, outp)))
     FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory for the answer");
   rpc__answer_write(s->plan, s->incarnation, q, idx, rows_at, r->out, r->out_len);
+  int64_t step = s->ckpt_step; /* the checkpoint step answered from */
+  const rpc_service_versions *v = s->versions;
   pthread_mutex_lock(&s->mu);
+  const int vs = v ? v->pick(v->ctx, q->at_step, q->step_asked, &step, r->msg, sizeof r->msg)
+                   : RPC_OK;
   if (q->header->step > s->hi_step) s->hi_step = q->header->step;
-  int rc = emb_store_lookup_begin(s->store, q->header->step, &set, outp);
-  if (!rc) rc = emb_store_lookup_wait(s->store);
+  int rc = vs ? 0 : emb_store_lookup_begin(s->store, q->header->step, &set, outp);
+  if (!vs && !rc) rc = emb_store_lookup_wait(s->store);
   if (rc) snprintf(r->msg, sizeof r->msg, "lookup: %s", emb_store_errmsg(s->store));
+  else if (!vs && v) v->patch(v->ctx, step, &set, outp);
   pthread_mutex_unlock(&s->mu);
-  if (rc) r->status = RPC_INTERNAL; /* rpc_service_handle_call frees the answer */
-  else rpc__answer_encode16(s->plan, q, idx, r->out, rows_at, outp);
+  if (vs) r->status = vs; /* rpc_service_handle_call frees the answer */
+  else if (rc) r->status = RPC_INTERNAL;
+  else {
+    rpc__answer_encode16(s->plan, q, idx, r->out, rows_at, outp);
+    r->out_len = (size_t)(rpc__answer_step(s, r->out + r->out_len, step) - r->out);
+  }
 out:
   if (f16 != &rpc__no_rows16) free(f16);
   rpc__scratch_give(s, x);
@@ -532,7 +546,8 @@ static void do_push(rpc_service *s, const uint8_t *in, size_t len, int defer, rp
       FAIL(r, RPC_INVALID_ARGUMENT, "tables[%zu].ids: row %llu given twice (sum its gradients)",
            i, (unsigned long long)twice);
     const float *g = (const float *)tg->grads.data; /* 4-byte aligned: rpc__push_decode */
-    for (size_t k = 0; k < tg->n_ids * (size_t)dim; k++)
+    const size_t nf = emb_all_finite(g, tg->n_ids * (size_t)dim) ? 0 : tg->n_ids * (size_t)dim;
+    for (size_t k = 0; k < nf; k++) /* the first element not finite named */
       if (!isfinite(g[k]))
         FAIL(r, RPC_INVALID_ARGUMENT, "tables[%zu].grads: row %llu element %zu is %g", i,
              (unsigned long long)tg->ids[k / (size_t)dim], k % (size_t)dim, (double)g[k]);
@@ -854,6 +869,7 @@ static void handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t 
     case RPC_HEALTH_CHECK: do_health(s, in, len, r); break;
     case RPC_WATCH: do_watch(s, in, len, r, token, timeout_s); break;
     case RPC_GET_TRANSFORM: rpc__get_transform(s, in, len, token != NULL, r); break;
+    case RPC_SWAP_AT: rpc__swap_at(s, in, len, r); break;
     default:
       r->status = RPC_UNIMPLEMENTED;
       snprintf(r->msg, sizeof r->msg, "unknown method");

@@ -30,6 +30,7 @@ typedef enum {
   RPC_HEALTH_CHECK,
   RPC_WATCH, /* "/shardrec.v1.EmbeddingShard/Watch": a rank's presence (Rank death) */
   RPC_GET_TRANSFORM, /* "/shardrec.v1.EmbeddingShard/GetTransform": the data transform */
+  RPC_SWAP_AT,       /* "/shardrec.v1.EmbeddingShard/SwapAt": a following server's admin call */
   RPC_N_METHODS
 } rpc_method;
 
@@ -70,6 +71,27 @@ typedef struct rpc_service rpc_service;
  * (rpc_service_opts.refuse_unclean). The remote store (rpc/client.h) knows
  * it and treats the server as lost (restarted), not as a plan mismatch. */
 #define RPC_MSG_UNCLEAN "rows not consistent after a crash: Restore a checkpoint"
+
+/* Checkpoint versions of a server that follows its checkpoint folder
+ * (serve --follow, tools/serve_follow.c): which step a Lookup is answered
+ * from, and the rows of a step held beside the served one. Both are
+ * called with the service's lock held, the store's lookup between them,
+ * so that a swap (rpc_service_exclusive) never falls inside one answer. */
+typedef struct rpc_service_versions {
+  /* The step a Lookup is answered from into *step: the served one, or
+   * asked (when step_asked) if held. RPC_OK, or a status with the reason
+   * (naming the steps served and asked) in msg[len]. */
+  int (*pick)(void *ctx, int64_t asked, int step_asked, int64_t *step, char *msg, size_t len);
+  /* After the store wrote the served step's rows of set into out (row r of
+   * table t at out[t][r * dim]): lay the rows that differ at step (a step
+   * pick gave) over them. */
+  void (*patch)(void *ctx, int64_t step, const emb_idset *set, float *const *out);
+  /* SwapAt (rpc/shardrec.proto), without the service's lock: hold at the
+   * served step (into *served) until step is complete, then swap to it.
+   * RPC_OK, or a status with the reason in msg[len]. */
+  int (*swap_at)(void *ctx, int64_t step, int64_t *served, char *msg, size_t len);
+  void *ctx;
+} rpc_service_versions;
 
 typedef struct rpc_service_opts {
   const int *shards;   /* [n_shards] shards of the plan served here */
@@ -112,6 +134,12 @@ typedef struct rpc_service_opts {
   void (*observe)(void *ctx, rpc_method m, int status, const char *msg, double seconds,
                   size_t in_bytes, size_t out_bytes);
   void *observe_ctx;
+  /* The rows are a checkpoint's (serve --checkpoint): every Lookup answer
+   * names its step (LookupResponse.step, from_checkpoint), step here or,
+   * with versions, the one versions->pick gives. */
+  int from_checkpoint;
+  int64_t step;
+  const rpc_service_versions *versions; /* borrowed, outliving the service; NULL: one step */
 } rpc_service_opts;
 
 /* Admin calls: Checkpoint and Restore paths are confined to the checkpoint
@@ -273,6 +301,11 @@ typedef struct rpc_service_view {
 } rpc_service_view;
 void rpc_service_inspect(rpc_service *s, void (*fn)(void *ctx, const rpc_service_view *v),
                          void *ctx);
+
+/* Run fn(ctx) with the service's lock held: no call touches the store
+ * meanwhile and no Lookup is between its pick and its answer (a following
+ * server's swap). fn must not call the service. */
+void rpc_service_exclusive(rpc_service *s, void (*fn)(void *ctx), void *ctx);
 
 /* Hand the store's updates to its durable tier (emb_store_flush;
  * rpc_server_run calls it on shutdown, before the clean-stop mark, which

@@ -7,6 +7,8 @@
  *                scratch;
  *   pinned.c     Lookup answers sent from the store's memory;
  *   service_transform.c  the served data transform (GetTransform);
+ *   service_versions.c   the checkpoint step of Lookup answers, the
+ *                swaps' exclusive section (serve --follow);
  *   codec.c      the wire format (rpc/codec_impl.h). */
 #ifndef SHARDREC_RPC_SERVICE_IMPL_H
 #define SHARDREC_RPC_SERVICE_IMPL_H
@@ -58,6 +60,9 @@ struct rpc_service {
   char xf_fp[SR_SHA256_HEX]; /* their SHA-256 hex; "": none */
   void (*observe)(void *, rpc_method, int, const char *, double, size_t, size_t);
   void *observe_ctx;
+  int from_ckpt;        /* Lookup answers name their checkpoint step */
+  int64_t ckpt_step;    /* that step, without versions */
+  const rpc_service_versions *versions; /* borrowed; NULL: one step */
   size_t pin_min;       /* rows of at least this many bytes answered pinned; 0: never */
   atomic_uint_least64_t pin_rows, pin_bytes; /* held by pinned answers not yet released */
   atomic_size_t refs;   /* rpc_service_destroy's and one per pinned answer not released:
@@ -73,6 +78,17 @@ struct rpc_service {
  * release touches (rpc_pinned_release may come after rpc_service_destroy:
  * gRPC lets the last slices of a cancelled call go when it likes). */
 void rpc__service_unref(rpc_service *s);
+
+/* LookupResponse.step and from_checkpoint of an answer at step, at p (at
+ * most RPC_STEP_BYTES bytes; none when s serves no checkpoint); past them. */
+#define RPC_STEP_BYTES 13
+uint8_t *rpc__answer_step(const rpc_service *s, uint8_t *p, int64_t step);
+/* A Lookup asking for step asked (at_step) of a server without versions:
+ * RPC_OK when it serves that checkpoint step, else the refusal in r
+ * (UNAVAILABLE for a newer step, FAILED_PRECONDITION otherwise). */
+int rpc__check_one_step(const rpc_service *s, int64_t asked, rpc_reply *r);
+/* SwapAt (rpc/shardrec.proto): checked, handed to the versions' swap_at. */
+void rpc__swap_at(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r);
 
 /* ---- admission.c ---- */
 

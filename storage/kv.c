@@ -94,6 +94,14 @@ static void set_options(kv_db *d, const kv_opts *o) {
   rocksdb_block_based_options_set_pin_l0_filter_and_index_blocks_in_cache(d->bbo, 1);
   rocksdb_block_based_options_set_filter_policy(d->bbo, rocksdb_filterpolicy_create_bloom_full(10));
   rocksdb_block_based_options_set_block_size(d->bbo, 4096);
+  /* a hash index in each data block beside the binary search: a point
+   * lookup finds its key in the block without comparing its way to it */
+  rocksdb_block_based_options_set_data_block_index_type(
+      d->bbo, rocksdb_block_based_table_data_block_index_type_binary_search_and_hash);
+  rocksdb_block_based_options_set_data_block_hash_ratio(d->bbo, 0.75);
+  /* index and filter blocks ahead of data blocks in the cache */
+  rocksdb_block_based_options_set_cache_index_and_filter_blocks_with_high_priority(d->bbo, 1);
+  rocksdb_block_based_options_set_checksum(d->bbo, 4); /* XXH3 (new files; any type reads) */
   rocksdb_options_set_block_based_table_factory(d->opts, d->bbo);
   rocksdb_options_set_create_if_missing(d->opts, !(o && o->read_only));
   rocksdb_options_set_create_missing_column_families(d->opts, !(o && o->read_only));
@@ -103,7 +111,12 @@ static void set_options(kv_db *d, const kv_opts *o) {
   rocksdb_options_set_compression(d->opts, o && o->compression == KV_COMPRESSION_LZ4
                                                ? rocksdb_lz4_compression
                                                : rocksdb_no_compression);
-  rocksdb_options_set_max_open_files(d->opts, 256);
+  rocksdb_options_set_max_open_files(d->opts, -1); /* every table reader open: no table cache */
+  rocksdb_options_set_allow_mmap_reads(d->opts, 1); /* blocks read in place, no pread and copy */
+  /* a whole-key bloom filter per memtable: a lookup of a row the memtables
+   * do not hold (most) skips their skip lists */
+  rocksdb_options_set_memtable_whole_key_filtering(d->opts, 1);
+  rocksdb_options_set_memtable_prefix_bloom_size_ratio(d->opts, 0.1);
   if (o && o->statistics) rocksdb_options_enable_statistics(d->opts); /* kv_figures_get's hits */
   rocksdb_options_set_max_background_jobs(d->opts, 2);
   rocksdb_options_set_info_log_level(d->opts, 3); /* errors only */
@@ -271,8 +284,10 @@ static int mg_reserve(kv_reader *r, size_t n) {
 }
 
 
-int kv_reader_get_cf(kv_reader *r, kv_db *d, int cf, size_t n, const uint64_t *keys,
-                     const char **vals, size_t *lens, char *err, size_t errlen) {
+/* MultiGet of n keys into r (sorted: the keys ascend, RocksDB need not sort them). */
+static int reader_get(kv_reader *r, kv_db *d, int cf, size_t n, const uint64_t *keys,
+                      unsigned char sorted, const char **vals, size_t *lens, char *err,
+                      size_t errlen) {
   kv_reader_release(r);
   if (!n) return 0;
   if (mg_reserve(r, n)) {
@@ -285,7 +300,8 @@ int kv_reader_get_cf(kv_reader *r, kv_db *d, int cf, size_t n, const uint64_t *k
     r->mkl[k] = 8;
     r->merr[k] = NULL;
   }
-  rocksdb_batched_multi_get_cf(d->db, d->ro, d->cf[cf], n, r->mkp, r->mkl, r->pins, r->merr, 0);
+  rocksdb_batched_multi_get_cf(d->db, d->ro, d->cf[cf], n, r->mkp, r->mkl, r->pins, r->merr,
+                               sorted);
   r->n_pins = n;
   int rc = 0;
   for (size_t k = 0; k < n; k++) {
@@ -298,6 +314,21 @@ int kv_reader_get_cf(kv_reader *r, kv_db *d, int cf, size_t n, const uint64_t *k
   }
   if (rc) kv_reader_release(r);
   return rc;
+}
+
+int kv_reader_get_cf(kv_reader *r, kv_db *d, int cf, size_t n, const uint64_t *keys,
+                     const char **vals, size_t *lens, char *err, size_t errlen) {
+  return reader_get(r, d, cf, n, keys, 0, vals, lens, err, errlen);
+}
+
+int kv_reader_get_sorted_cf(kv_reader *r, kv_db *d, int cf, size_t n, const uint64_t *keys,
+                            const char **vals, size_t *lens, char *err, size_t errlen) {
+  for (size_t k = 1; k < n; k++)
+    if (keys[k] <= keys[k - 1]) {
+      sr_fmt(err, errlen, "multiget: key %zu (%llu) does not ascend", k, (unsigned long long)keys[k]);
+      return SR_EINVAL;
+    }
+  return reader_get(r, d, cf, n, keys, 1, vals, lens, err, errlen);
 }
 
 
@@ -342,6 +373,12 @@ void kv_writes_put(kv_writes *w, kv_db *d, int cf, uint64_t key, const void *val
   char k[8];
   put_be64(k, key);
   rocksdb_writebatch_put_cf(w->wb, d->cf[cf], k, 8, val, len);
+}
+
+void kv_writes_delete(kv_writes *w, kv_db *d, int cf, uint64_t key) {
+  char k[8];
+  put_be64(k, key);
+  rocksdb_writebatch_delete_cf(w->wb, d->cf[cf], k, 8);
 }
 
 int kv_writes_commit(kv_writes *w, kv_db *d, char *err, size_t errlen) {

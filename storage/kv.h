@@ -6,11 +6,20 @@
  * rows encoded by kv_row_encode. Every RocksDB call goes through one check
  * that keeps the library's message with file and line.
  *
- * Options (tuned, not defaulted; figures in the header of kv.c):
- *   - an LRU block cache of block_cache_bytes, index and filter blocks charged
- *     to it (cache_index_and_filter_blocks, L0 ones pinned);
- *   - full bloom filters, 10 bits/key (point lookups of absent rows are the
- *     common miss: a never-written row);
+ * Options (tuned for point lookups of float rows, not defaulted; why and
+ * the figures: README.md, "The cold tier's RocksDB options"):
+ *   - SST files read in place (mmap): a data block is used where the file
+ *     is mapped (the OS page cache holds it), never copied into the block
+ *     cache, so a read makes no pread and no copy; its checksum is still
+ *     verified on every read;
+ *   - an LRU block cache of block_cache_bytes for index and filter blocks
+ *     (cache_index_and_filter_blocks, at high priority, L0 ones pinned);
+ *     every table reader stays open (no table cache to look through);
+ *   - whole-key bloom filters, 10 bits/key (point lookups of absent rows are
+ *     the common miss: a never-written row), and one per memtable too, so a
+ *     read skips the memtables that do not hold its row;
+ *   - 4 KiB blocks, each with a hash index beside its binary search;
+ *     XXH3 checksums in new files;
  *   - memtables capped by db_write_buffer_size (RocksDB's write buffer
  *     manager) across every column family;
  *   - compression none by default: float rows barely compress with lz4 and
@@ -62,13 +71,18 @@ typedef struct kv_reader kv_reader;
 kv_reader *kv_reader_create(void);
 int kv_reader_get_cf(kv_reader *r, kv_db *db, int cf, size_t n, const uint64_t *keys,
                      const char **vals, size_t *lens, char *err, size_t errlen);
+/* kv_reader_get_cf of keys that ascend strictly, handed to RocksDB as
+ * sorted (it skips its own sort); SR_EINVAL (nothing read) when they do
+ * not. */
+int kv_reader_get_sorted_cf(kv_reader *r, kv_db *d, int cf, size_t n, const uint64_t *keys,
+                            const char **vals, size_t *lens, char *err, size_t errlen);
 void kv_reader_release(kv_reader *r);
 void kv_reader_destroy(kv_reader *r);
 
 /* Figures for monitoring (rpc/service_metrics.c): SST bytes and the
  * estimated bytes compaction still has to rewrite, over every column
  * family; the block cache's hits and misses since the database was opened
- * (RocksDB's statistics). Always 0. */
+ * (RocksDB's statistics: data blocks, read in place, count as misses). Always 0. */
 typedef struct kv_figures {
   uint64_t sst_bytes, pending_compaction_bytes, block_cache_hits, block_cache_misses;
 } kv_figures;
@@ -91,6 +105,9 @@ int kv_compact(kv_db *db, char *err, size_t errlen);
 typedef struct kv_writes kv_writes;
 kv_writes *kv_writes_create(void);
 void kv_writes_put(kv_writes *w, kv_db *db, int cf, uint64_t key, const void *val, size_t len);
+/* A delete of key from column family cf of db, in the batch (the space comes
+ * back when compaction drops the key's older versions: kv_compact). */
+void kv_writes_delete(kv_writes *w, kv_db *db, int cf, uint64_t key);
 int kv_writes_commit(kv_writes *w, kv_db *db, char *err, size_t errlen);
 void kv_writes_destroy(kv_writes *w);
 

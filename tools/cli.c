@@ -45,13 +45,17 @@ int cli_int(const char *cmd, const char *flag, const char *s, long long lo, long
 /* One range per flag, for every command that takes it: add a flag here,
  * one line, and parse it with cli_flag / cli_flag_double. */
 static const cli_range ranges[] = {
+    {"--admit-after", 0, (double)EMB_KEEP_MAX, "samples holding an id (0 and 1: at once)"},
+    {"--admit-window", 0, (double)EMB_KEEP_MAX, "steps (0: 1000)"},
     {"--arch-embedding-size", 1, (double)EMB_ROWS_MAX, "rows per table"},
+    {"--capacity", 0, (double)EMB_ROWS_MAX, "rows per table (0: no bound)"},
     {"--arch-sparse-feature-size", 1, EMB_MAX_DIM, "floats per row"},
     {"--cache-mb", 1, 1 << 20, "MiB"},
     {"--cache-rows", EMB_SHARD_MIN_CACHE_ROWS, 2147483647.0, "rows"},
     {"--dcn-low-rank-dim", 1, DENSE_MAX_CROSS_RANK, "rank of each cross layer"},
     {"--dcn-num-layers", 1, DENSE_MAX_CROSS, "cross layers"},
     {"--dense-threads", 1, DENSE_POOL_MAX_THREADS, "threads"},
+    {"--expire-after", 0, (double)EMB_KEEP_MAX, "steps without a lookup (0: never)"},
     {"--frequency-threshold", 0, 4294967295.0, "occurrences"},
     {"--max-ind-range", 0, 1099511627776.0, "rows (0: none)"},
     {"--mini-batch-size", 1, 1 << 20, "samples"},
@@ -110,6 +114,21 @@ static const cli_range *range_or_say(const char *cmd, const char *flag) {
 int cli_flag(const char *cmd, const char *flag, const char *s, long long *out) {
   const cli_range *r = range_or_say(cmd, flag);
   return r ? int_in(cmd, flag, s, (long long)r->lo, (long long)r->hi, r->unit, out) : -1;
+}
+
+int cli_keep_flag(const char *cmd, const char *flag, const char *s, emb_keep_cfg *k) {
+  if (!strcmp(flag, "--evict")) {
+    if (!s || emb_evict_parse(s, &k->evict)) {
+      fprintf(stderr, "shardrec %s: --evict: '%s' is not lru or lfu\n", cmd, s ? s : "");
+      return -1;
+    }
+    return 0;
+  }
+  uint64_t *dst = !strcmp(flag, "--admit-after")    ? &k->admit_after
+                  : !strcmp(flag, "--admit-window") ? &k->admit_window
+                  : !strcmp(flag, "--expire-after") ? &k->expire_after
+                                                    : &k->capacity;
+  return cli_flag_u64(cmd, flag, s, dst);
 }
 
 int cli_flag_u64(const char *cmd, const char *flag, const char *s, uint64_t *out) {
@@ -234,8 +253,16 @@ int cli_model_arch(const char *cmd, const char *bot, const char *top, const char
   return cli_model_arch_dcn(cmd, bot, top, op, itself, 0, 0, dim, n_sparse, max_batch, cfg);
 }
 
-/* --arch-interaction-op dcn's two numbers into cfg: given or TorchRec's
- * defaults; any other op refuses them. 0 or -1 (printed). */
+int cli_dcn_default_rank(int width) {
+  long long p = 1;
+  while (p * 2 * 8 <= width) p *= 2; /* p <= width / 8 < 2p */
+  if (width - p * 8 > p * 2 * 8 - width) p *= 2;
+  return p < CLI_DCN_RANK_MAX ? (int)p : CLI_DCN_RANK_MAX;
+}
+
+/* --arch-interaction-op dcn's two numbers into cfg (its emb_dim and
+ * n_sparse set): given or the defaults; any other op refuses them. 0 or -1
+ * (printed). */
 static int model_dcn(const char *cmd, int layers, int rank, dense_config *cfg) {
   if (cfg->interaction != DENSE_INTERACT_DCN) {
     if (!layers && !rank) return 0;
@@ -244,7 +271,7 @@ static int model_dcn(const char *cmd, int layers, int rank, dense_config *cfg) {
     return -1;
   }
   cfg->dcn_layers = layers ? layers : CLI_DCN_LAYERS;
-  cfg->dcn_rank = rank ? rank : CLI_DCN_RANK;
+  cfg->dcn_rank = rank ? rank : cli_dcn_default_rank((cfg->n_sparse + 1) * cfg->emb_dim);
   return 0;
 }
 
@@ -266,11 +293,11 @@ int cli_model_arch_dcn(const char *cmd, const char *bot, const char *top, const 
     fprintf(stderr, "shardrec %s: --arch-interaction-op: '%s' is not dot, cat or dcn\n", cmd, op);
     return -1;
   }
-  if (model_dcn(cmd, dcn_layers, dcn_rank, cfg)) return -1;
   cfg->interaction_itself = itself;
   cfg->n_dense = cfg->bot[0];
   cfg->n_sparse = n_sparse;
   cfg->emb_dim = dim;
+  if (model_dcn(cmd, dcn_layers, dcn_rank, cfg)) return -1;
   cfg->max_batch = max_batch;
   char err[512];
   if (dense_config_validate(cfg, err, sizeof err)) {

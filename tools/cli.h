@@ -13,6 +13,7 @@
 #include <stdio.h>
 
 #include "dense/model.h"
+#include "embedding/plan.h"
 
 /* A flag's one range, the same in every command that takes it: [lo, hi]
  * in unit (the table is in cli.c). */
@@ -31,6 +32,19 @@ int cli_flag(const char *cmd, const char *flag, const char *s, long long *out);
 int cli_flag_double(const char *cmd, const char *flag, const char *s, double *out);
 /* cli_flag into a uint64_t (ranges from 0). */
 int cli_flag_u64(const char *cmd, const char *flag, const char *s, uint64_t *out);
+
+/* The table bounds of a plan made by the command (embedding/plan.h, "keep"):
+ * flag is one of CLI_KEEP_HELP's, s its value, into k. 0 or -1 (printed). */
+int cli_keep_flag(const char *cmd, const char *flag, const char *s, emb_keep_cfg *k);
+#define CLI_KEEP_HELP                                                                           \
+  "Bounded tables (every table of a plan made here, the plan's \"keep\"; decided at step\n"       \
+  "boundaries from the batches alone; ids without a row read zeros in training and scoring):\n"  \
+  "  --admit-after F            a row for an id once F samples held it (0; until then it reads\n" \
+  "                             zeros and its gradient is dropped)\n"                             \
+  "  --admit-window W           forget a count under F after W steps without the id (1000)\n"     \
+  "  --expire-after T           remove a row not looked up for T steps (0: never)\n"              \
+  "  --capacity C               at most C rows per table at each step boundary (0: no bound)\n"   \
+  "  --evict lru|lfu            above capacity remove the least recently / frequently seen (lru)\n"
 
 int cli_int(const char *cmd, const char *flag, const char *s, long long lo, long long hi,
             long long *out);
@@ -62,13 +76,19 @@ int cli_model_arch(const char *cmd, const char *bot, const char *top, const char
                    int itself, int dim, int n_sparse, int max_batch, dense_config *cfg);
 
 /* The same with the op dcn's --dcn-num-layers and --dcn-low-rank-dim (0:
- * not given: TorchRec dlrm_main's defaults, CLI_DCN_LAYERS of rank
- * CLI_DCN_RANK); given with another op they are refused. */
+ * not given: CLI_DCN_LAYERS layers of rank cli_dcn_default_rank of the
+ * cross input's width); given with another op they are refused. */
 #define CLI_DCN_LAYERS 3
-#define CLI_DCN_RANK 512
 int cli_model_arch_dcn(const char *cmd, const char *bot, const char *top, const char *op,
                        int itself, int dcn_layers, int dcn_rank, int dim, int n_sparse,
                        int max_batch, dense_config *cfg);
+
+/* The default rank of the cross layers over a cross input width wide
+ * ((n_sparse + 1) x dim): the power of two nearest width / 8, at most
+ * CLI_DCN_RANK_MAX (TorchRec's 512, MLPerf DLRM-DCNv2's rank at dim 128):
+ * 16 at dim 4 and 26 tables, 64 at dim 16, 512 from dim 128 on. */
+#define CLI_DCN_RANK_MAX 512
+int cli_dcn_default_rank(int width);
 
 /* --dense-isa NAME (train, eval, predict, bench train): the CPU backend with
  * the baseline or avx2 kernels into *out. 0, or -1 with "shardrec CMD:

@@ -37,6 +37,10 @@ static void datagen_usage(FILE *f) {
           "                        triples' vectors, std S of the logit, [0, 8] (default 0)\n"
           "  --strip-trailing F    fraction of lines whose trailing empty fields are cut\n"
           "                        (default 0)\n"
+          "  --drift D             ids that drift: each column's values slide by D times\n"
+          "                        its cardinality from the first line to the last (new ids\n"
+          "                        come in, old ones stop appearing; the teacher follows\n"
+          "                        each id), [0, 64] (default 0)\n"
           "  --gzip                gzip the TSV (zlib level 1); .probs and the summary\n"
           "                        stay plain\n"
           "  -h, --help            this text\n");
@@ -91,6 +95,9 @@ static int datagen_flag(dg_config *cfg, int c, const char *arg, int *have_rows) 
   case 'r':
     if (cli_double(cmd, "--strip-trailing", arg, 0, 1, &cfg->strip_trailing)) return 2;
     break;
+  case 'd':
+    if (cli_double(cmd, "--drift", arg, 0, DG_DRIFT_MAX, &cfg->drift)) return 2;
+    break;
   }
   return 0;
 }
@@ -109,6 +116,7 @@ int cmd_datagen(int argc, char **argv) {
       {"multi-hot-sizes", required_argument, NULL, 'b'},
       {"cross-terms", required_argument, NULL, 'c'},
       {"strip-trailing", required_argument, NULL, 'r'},
+      {"drift", required_argument, NULL, 'd'},
       {"gzip", no_argument, NULL, 'g'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
@@ -126,7 +134,7 @@ int cmd_datagen(int argc, char **argv) {
   while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
     switch (c) {
     case 'n': case 'o': case 's': case 't': case 'x': case 'z': case 'u': case 'g': case 'm':
-    case 'b': case 'c': case 'r': case 'R':
+    case 'b': case 'c': case 'r': case 'R': case 'd':
       if (c == 'o') out = optarg;
       else if (datagen_flag(&cfg, c, optarg, &have_rows)) return 2;
       break;

@@ -42,6 +42,7 @@ static void plan_usage(FILE *f) {
           "  sizes from a data file, as train sizes the tables: a converted file's stored\n"
           "  counts, or the dictionaries of a Criteo TSV's training part:\n");
   cli_data_help(f, &d, 33);
+  fprintf(f, CLI_KEEP_HELP);
   fprintf(f,
           "  --arch-sparse-feature-size D     embedding dim (default 16)\n"
           "  --seed S                         model seed, uint64 (default 123, as train)\n"
@@ -105,7 +106,7 @@ typedef struct plan_flags {
 } plan_flags;
 
 enum { O_OUT = 256, O_SIZES, O_ARCH_SIZES, O_DIM, O_SEED, O_SHARDS, O_OPT, O_EPS, O_ACC,
-       O_INIT, O_POOL, O_PREC, O_ROWWISE, O_GROW };
+       O_INIT, O_POOL, O_PREC, O_ROWWISE, O_GROW, O_ADMIT, O_AWIN, O_EXPIRE, O_CAP, O_EVICT };
 
 static const struct option plan_opts[] = {
     {"out", required_argument, NULL, O_OUT},
@@ -123,6 +124,11 @@ static const struct option plan_opts[] = {
     {"arch-embedding-precision", required_argument, NULL, O_PREC},
     {"row-wise", no_argument, NULL, O_ROWWISE},
     {"grow-from", required_argument, NULL, O_GROW},
+    {"admit-after", required_argument, NULL, O_ADMIT},
+    {"admit-window", required_argument, NULL, O_AWIN},
+    {"expire-after", required_argument, NULL, O_EXPIRE},
+    {"capacity", required_argument, NULL, O_CAP},
+    {"evict", required_argument, NULL, O_EVICT},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0}, /* and the data flags of PLAN_DATA (tools/cli_data.c) */
 };
@@ -200,6 +206,12 @@ static int parse_flags(int argc, char **argv, plan_flags *f) {
         }
         break;
       case O_ROWWISE: pp->row_wise = 1; break;
+      case O_ADMIT: case O_AWIN: case O_EXPIRE: case O_CAP: case O_EVICT: {
+        static const char *const names[] = {"--admit-after", "--admit-window", "--expire-after",
+                                            "--capacity", "--evict"};
+        if (cli_keep_flag(CMD, names[c - O_ADMIT], optarg, &pp->keep)) return 2;
+        break;
+      }
       default: /* a data flag, or ':' / '?' from getopt_long */
         if ((rc = cli_data_flag(&f->data, c, optarg)) < 0) cli_bad_option(CMD, c, argv[optind - 1]);
         if (rc) return 2;

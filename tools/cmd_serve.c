@@ -25,10 +25,12 @@
 #include "datasets/transform.h"
 #include "embedding/served.h"
 #include "embedding/shard.h"
+#include "storage/ckpt_dir.h"
 #include "rpc/server.h"
 #include "rpc/service.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
+#include "tools/serve_follow.h"
 #include "tools/serve_watch.h"
 
 #define CMD "serve"
@@ -55,6 +57,19 @@ static void usage(FILE *f) {
 "                          checkpoint (other shards, or the same) may run side by side.\n"
 "                          The data transform it records (ids and dense features of a\n"
 "                          raw row) is served by GetTransform, its fingerprint in Stats\n"
+"  --follow                with --checkpoint: watch the checkpoint's folder and swap to each\n"
+"                          new complete checkpoint (full or incremental) once it is verified\n"
+"                          and laid beside the served rows; no call is refused by a swap,\n"
+"                          each Lookup answer names its step. A damaged or incomplete one,\n"
+"                          or one of another plan or data transform, is refused (said in the\n"
+"                          log, counted on /metrics) and the last good one served. Needs the\n"
+"                          in-process trainer's table files; Push is refused (read-only)\n"
+"  --follow-every S        seconds between looks at the folder (0.1; 0.001..3600)\n"
+"  --follow-grace S        a step stops being served at a swap but Lookups may still ask\n"
+"                          for it (at_step) for S seconds after (10; 0..86400)\n"
+"  --swap-at-step N        with --follow: serve no newer checkpoint until step N's is\n"
+"                          complete, swap to it, then follow on (servers given the same N\n"
+"                          swap to the same step); the admin call SwapAt says it later\n"
 "  --restore PATH          start from the shard folders written by Checkpoint(PATH); for\n"
 "                          an incremental checkpoint's (STEP/shards of a chain's link), the\n"
 "                          chain's: its full checkpoint's rows, then each increment's\n"
@@ -87,7 +102,8 @@ static void usage(FILE *f) {
 "                          handshake refused is said in one line with its reason\n"
 "  --allow-push NAME[,NAME]   with mTLS: only these clients (certificate CN or SAN DNS\n"
 "                          name) may Push (default: every verified client)\n"
-"  --allow-admin NAME[,NAME]  with mTLS: only these clients may Checkpoint and Restore\n"
+"  --allow-admin NAME[,NAME]  with mTLS: only these clients may Checkpoint, Restore and\n"
+"                          SwapAt\n"
 "  --insecure              listen on a non-loopback address without client certificates\n"
 "                          (every method open to anyone who can connect)\n"
 "  --metrics-listen HOST:PORT   serve Prometheus figures on http://HOST:PORT/metrics\n"
@@ -100,6 +116,7 @@ static void usage(FILE *f) {
 enum { O_PLAN = 1000, O_SHARD, O_LISTEN, O_DATA, O_RESTORE, O_CKPT, O_RO, O_THREADS, O_MAXMSG,
        O_MAXIDS, O_CERT, O_KEY, O_CA, O_CROWS, O_CMB, O_HELP, O_PENDING, O_UNCLEAN,
        O_INFLIGHT, O_METRICS, O_LOGFMT };
+enum { O_FOLLOW = 1200, O_FEVERY, O_FGRACE, O_SWAPAT }; /* serve --follow */
 enum { O_CROOT = 1100, O_APUSH, O_AADMIN, O_INSECURE }; /* who may call what */
 
 static const struct option long_opts[] = {
@@ -118,6 +135,9 @@ static const struct option long_opts[] = {
     {"accept-unclean", no_argument, 0, O_UNCLEAN},
     {"inflight-mb", required_argument, 0, O_INFLIGHT},
     {"metrics-listen", required_argument, 0, O_METRICS}, {"log-format", required_argument, 0, O_LOGFMT},
+    {"follow", no_argument, 0, O_FOLLOW},          {"follow-every", required_argument, 0, O_FEVERY},
+    {"follow-grace", required_argument, 0, O_FGRACE},
+    {"swap-at-step", required_argument, 0, O_SWAPAT},
     {"help", no_argument, 0, O_HELP},              {0, 0, 0, 0}};
 
 static volatile int g_stop, g_reload;
@@ -158,6 +178,7 @@ typedef struct {
   double pending_timeout;
   long long threads, maxmsg, maxids, inflight_mb;
   serve_watch watch;
+  serve_follow follow;
 } serve_flags;
 
 /* 1 when the host of HOST:PORT is a loopback one (127.x, localhost, ::1). */
@@ -203,7 +224,8 @@ static void print_access(const serve_flags *f) {
   char line[1024];
   if (!f->tls.cert || !f->tls.ca) {
     snprintf(line, sizeof line, "no client certificates (%s): every method (Lookup, Push, "
-             "Checkpoint, Restore, Stats, Health, Watch, GetTransform) is open to anyone who can "
+             "Checkpoint, Restore, Stats, Health, Watch, GetTransform, SwapAt) is open to anyone who "
+             "can "
              "connect to %s%s",
              f->tls.cert ? "server-only TLS" : "plaintext", f->listen,
              f->insecure && !is_loopback(f->listen) ? " (--insecure)" : "");
@@ -212,7 +234,8 @@ static void print_access(const serve_flags *f) {
              "of %s (no --allow-push or --allow-admin)", f->tls.ca);
   } else {
     snprintf(line, sizeof line, "mTLS (client CA %s): Lookup, Stats, Health, Watch, "
-             "GetTransform: every verified client; Push: %s; Checkpoint, Restore: %s", f->tls.ca,
+             "GetTransform: every verified client; Push: %s; Checkpoint, Restore, SwapAt: %s",
+             f->tls.ca,
              f->allow_push ? f->allow_push : "every verified client",
              f->allow_admin ? f->allow_admin : "every verified client");
   }
@@ -251,6 +274,15 @@ static int parse_flags(int argc, char **argv, serve_flags *f) {
       case O_LOGFMT: if (serve_watch_log_format(&f->watch, optarg)) return 2; break;
       case O_CROWS: if (cli_flag(CMD, "--cache-rows", optarg, &cache_rows)) return 2; break;
       case O_CMB: if (cli_flag(CMD, "--cache-mb", optarg, &cache_mb)) return 2; break;
+      case O_FOLLOW: f->follow.on = 1; break;
+      case O_FEVERY: if (cli_double(CMD, "--follow-every", optarg, 0.001, 3600, &f->follow.every_s)) return 2; break;
+      case O_FGRACE: if (cli_double(CMD, "--follow-grace", optarg, 0, 86400, &f->follow.grace_s)) return 2; break;
+      case O_SWAPAT: {
+        long long v;
+        if (cli_int(CMD, "--swap-at-step", optarg, 0, 1LL << 62, &v)) return 2;
+        f->follow.swap_at = v;
+        break;
+      }
       case 'h':
       case O_HELP: usage(stdout); return -1;
       case ':': cli_bad_option(CMD, ':', argv[optind - 1]); return 2;
@@ -267,6 +299,15 @@ static int parse_flags(int argc, char **argv, serve_flags *f) {
     fprintf(stderr, "shardrec serve: --shard and one of --plan, --checkpoint are required\n");
     return 2;
   }
+  if (f->follow.on && (!f->so.checkpoint || f->so.data_dir)) {
+    fprintf(stderr, "shardrec serve: --follow needs --checkpoint, without --data-dir\n");
+    return 2;
+  }
+  if (f->follow.swap_at >= 0 && !f->follow.on) {
+    fprintf(stderr, "shardrec serve: --swap-at-step needs --follow\n");
+    return 2;
+  }
+  if (f->follow.on) f->read_only = 1; /* a swap would overwrite what a Push wrote */
   if (f->so.checkpoint && f->so.restore) {
     fprintf(stderr, "shardrec serve: give --checkpoint or --restore, not both\n");
     return 2;
@@ -304,7 +345,8 @@ static int read_transform(const emb_served *sv, uint8_t **xf, size_t *len) {
 }
 
 int cmd_serve(int argc, char **argv) {
-  serve_flags f = {.listen = "127.0.0.1:0", .pending_timeout = 300, .threads = 2, .maxmsg = 64};
+  serve_flags f = {.listen = "127.0.0.1:0", .pending_timeout = 300, .threads = 2, .maxmsg = 64,
+                   .follow = {.every_s = 0.1, .grace_s = 10, .swap_at = -1}};
   int rc = parse_flags(argc, argv, &f);
   if (rc) return rc < 0 ? 0 : rc;
   char err[1024];
@@ -352,11 +394,19 @@ int cmd_serve(int argc, char **argv) {
                          .inflight_bytes = (size_t)f.inflight_mb << 20,
                          .refuse_unclean = own_rows && !f.accept_unclean,
                          .transform = xf, .transform_len = xf_len,
-                         .transform_fp = xf ? sv.transform_fp : NULL};
+                         .transform_fp = xf ? sv.transform_fp : NULL,
+                         .from_checkpoint = f.so.checkpoint != NULL, .step = sv.step};
   rpc_service *svc = NULL;
+  char root[SR_PATH_MAX]; /* the folder of the served step-N */
+  if (f.follow.on && ckpt_dir_parent(sv.ckpt_dir, root, sizeof root)) {
+    fprintf(stderr, "shardrec serve: --checkpoint: %s: path too long\n", sv.ckpt_dir);
+    goto done;
+  }
   if (serve_watch_prepare(&f.watch, &so, err, sizeof err) ||
+      serve_follow_prepare(&f.follow, &sv, root, &f.watch, &so, err, sizeof err) ||
       !(svc = rpc_service_create(sv.plan, sv.store, &so, err, sizeof err)) ||
-      serve_watch_start(&f.watch, svc, err, sizeof err)) {
+      serve_watch_start(&f.watch, svc, err, sizeof err) ||
+      serve_follow_start(&f.follow, svc, err, sizeof err)) {
     fprintf(stderr, "shardrec serve: %s\n", err);
     goto done;
   }
@@ -392,8 +442,10 @@ int cmd_serve(int argc, char **argv) {
             "not marked clean, the next start refuses them too\n", f.so.data_dir);
   status = 0;
 done:
+  serve_follow_stop(&f.follow);
   serve_watch_close(&f.watch, status == 0);
   rpc_service_destroy(svc);
+  serve_follow_free(&f.follow);
   free(xf);
   emb_served_close(&sv);
   return status;

@@ -27,6 +27,8 @@
 /* The data flags train takes. */
 #define TRAIN_DATA (CLI_DATA_FILES | CLI_DATA_MAPPING | CLI_DATA_STRICT)
 
+static void usage_ranks_and_training(FILE *f);
+
 static void usage(FILE *f) {
   cli_data d;
   cli_data_init(&d, CMD, TRAIN_DATA, NULL);
@@ -44,7 +46,10 @@ static void usage(FILE *f) {
 "  --arch-interaction-op dot|cat|dcn  (dot); dcn: the DCN-v2 cross network over\n"
 "                            [bottom MLP output, embeddings] (DLRM-DCNv2); alias --interaction_type\n"
 "  --dcn-num-layers N        dcn: cross layers (3); alias --dcn_num_layers\n"
-"  --dcn-low-rank-dim R      dcn: rank of each layer's U V (512); alias --dcn_low_rank_dim\n"
+"  --dcn-low-rank-dim R      dcn: rank of each layer's U V (the power of two nearest the cross\n"
+"                            input's width / 8, at most 512: 64 at dim 16); alias\n"
+"                            --dcn_low_rank_dim. With --resume, either one not given is the\n"
+"                            checkpoint's\n"
 "  --arch-interaction-itself include the diagonal in the dot interaction\n"
 "  --pooling sum|mean        embedding bag pooling (sum)\n"
 "  --arch-embedding-precision fp32|fp16|bf16  the bits embedding weights are kept in (fp32);\n"
@@ -53,6 +58,7 @@ static void usage(FILE *f) {
 "  --plan-out FILE           write the plan made here (no --plan) to FILE; it also goes into\n"
 "                            --save-checkpoint's folder, and nowhere else unasked\n"
 "  --num-shards N            shards of a plan made here (1; all hosted in process)\n"
+CLI_KEEP_HELP
 "  --shard-servers H:P,...   train against shard servers (one per shard of --plan, in shard order)\n"
 "                            whose --checkpoint-root holds the --save-checkpoint, --save-model\n"
 "                            and --resume folders (asked at start: the run stops if not)\n"
@@ -70,7 +76,13 @@ static void usage(FILE *f) {
 "                            every retry, or restarted), wait up to S seconds (60) for the\n"
 "                            servers, Restore all of them from the newest checkpoint, rewind\n"
 "                            the trainer to it and carry on (with several ranks in sync mode\n"
-"                            every rank, in the same step; in async mode the job stops)\n"
+"                            every rank, in the same step; in async mode the job stops)\n");
+  usage_ranks_and_training(f);
+}
+
+/* The rest of train's help: data parallelism, training, output and checkpoints. */
+static void usage_ranks_and_training(FILE *f) {
+  fprintf(f,
 "Data parallelism (mpirun -np N shardrec train ...)\n"
 "  Each rank takes a fixed slice of every global batch (--mini-batch-size is the global\n"
 "  batch and must divide by N); the dense gradients are all-reduced every step; rank 0\n"
@@ -161,7 +173,8 @@ enum { O_PFDEPTH = 1700 }; /* --prefetch-depth */
 enum { O_AUTORESUME = 1900 }; /* --auto-resume */
 enum { O_RPCCONN = 2000 }; /* --rpc-connections */
 enum { O_FULLEVERY = 2100 }; /* --full-checkpoint-every */
-enum { O_EPREC = 2200 }; /* --arch-embedding-precision */
+enum { O_ADMIT = 2200, O_AWIN, O_EXPIRE, O_CAP, O_EVICT }; /* the bounded tables' flags */
+enum { O_EPREC = 2300 }; /* --arch-embedding-precision */
 
 static const struct option long_opts[] = { /* and the data flags of TRAIN_DATA (cli_data.c) */
     {"arch-sparse-feature-size", required_argument, 0, O_DIM},
@@ -202,6 +215,9 @@ static const struct option long_opts[] = { /* and the data flags of TRAIN_DATA (
     {"recover-timeout", required_argument, 0, O_RECOVER},
     {"test-pred-out", required_argument, 0, O_PREDOUT},
     {"colocate-shards", no_argument, 0, O_COLOCATE},
+    {"admit-after", required_argument, 0, O_ADMIT}, {"admit-window", required_argument, 0, O_AWIN},
+    {"expire-after", required_argument, 0, O_EXPIRE}, {"capacity", required_argument, 0, O_CAP},
+    {"evict", required_argument, 0, O_EVICT},
     {"sparse-mode", required_argument, 0, O_SPMODE},
     {"max-staleness", required_argument, 0, O_STALE},
     {"prefetch-depth", required_argument, 0, O_PFDEPTH},
@@ -335,6 +351,12 @@ static int parse_opt(const train_ranks *r, int opt, const char *arg, train_confi
       return 0;
     case O_ITSELF: c->dense.interaction_itself = 1; return 0;
     case O_COLOCATE: c->colocate = 1; return 0;
+    case O_ADMIT: case O_AWIN: case O_EXPIRE: case O_CAP: case O_EVICT: {
+      static const char *const names[] = {"--admit-after", "--admit-window", "--expire-after",
+                                          "--capacity", "--evict"};
+      c->have_keep = 1;
+      return cli_keep_flag(CMD, names[opt - O_ADMIT], arg, &c->keep) ? 2 : 0;
+    }
     case O_AUTORESUME: c->auto_resume = 1; return 0;
     case 'h':
     case O_HELP: usage(stdout); return 1;
@@ -420,6 +442,7 @@ static int finish_flags(const train_ranks *r, train_config *c, raw_flags *rf) {
                          DS_NUM_SPARSE, c->batch > c->test_batch ? c->batch : c->test_batch,
                          &c->dense))
     return 2;
+  c->dcn_layers_set = rf->dcn_layers != 0, c->dcn_rank_set = rf->dcn_rank != 0;
   if (c->dense.n_dense != DS_NUM_DENSE) {
     errf(r, "--arch-mlp-bot must start with %d (the dense features), not %d\n", DS_NUM_DENSE,
          c->dense.n_dense);

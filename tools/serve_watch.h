@@ -15,6 +15,8 @@
 #include "rpc/service.h"
 #include "rpc/service_metrics.h"
 
+struct cJSON;
+
 typedef struct serve_watch {
   const char *metrics_addr; /* --metrics-listen, or NULL */
   int json;                 /* --log-format json */
@@ -51,6 +53,9 @@ void serve_watch_access(const serve_watch *w, const char *text);
  * its "reason" and OpenSSL's "detail". */
 void serve_watch_tls_refused(void *ctx, const char *reason, const char *detail);
 
+/* One JSON event line (with --log-format json): {"time", "event": event,
+ * then the fields of o}; takes o. */
+void serve_watch_event(const serve_watch *w, const char *event, struct cJSON *o);
 /* Prints the start event: listening on HOST:PORT, as text or JSON. */
 void serve_watch_listening(const serve_watch *w, const char *host, int hostlen, int port);
 

@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "datasets/source.h"
 #include "embedding/ckpt_plan.h"
+#include "train/keep.h"
 #include "dense/state_file.h"
 #include "storage/ckpt_dir.h"
 
@@ -245,6 +246,9 @@ int train_ckpt_save_link(const char *root, int keep, long long *parent, const em
     goto fail;
   if (xf && ((rc = sr_path_err(path, sizeof path, err, errlen, "%s/" DS_XFORM_FILE, t.tmp)) ||
              (rc = ds_transform_save(xf, path, xf_fp, err, errlen))))
+    goto fail;
+  if (st->keep && ((rc = sr_path_err(path, sizeof path, err, errlen, "%s/" KEEP_FILE, t.tmp)) ||
+                   (rc = keep_save(st->keep, path, err, errlen))))
     goto fail;
   if ((rc = save_rows(root, &t, store, parent, parent_sha, err, errlen))) goto fail;
   if (!(man = job_manifest(plan, store_kind, model, xf, xf_fp, st, set, err, errlen)) ||
@@ -586,6 +590,23 @@ int train_ckpt_mapping(const char *path, emb_plan **plan, ds_transform **xf, cha
   }
   cJSON_Delete(man);
   train_ckpt_info_free(&ci);
+  return rc;
+}
+
+int train_ckpt_dense(const char *path, int *has, dense_config *cfg, char *err, size_t errlen) {
+  char dir[SR_PATH_MAX], src[SR_PATH_MAX];
+  cJSON *man = NULL;
+  *has = 0;
+  int rc = train_ckpt_resolve(path, dir, sizeof dir, err, errlen);
+  if (!rc) rc = sr_path_err(src, sizeof src, err, errlen, "%s/manifest.json", dir);
+  if (!rc) rc = ckpt_dir_read(dir, &man, err, errlen);
+  const cJSON *dj = rc ? NULL : cJSON_GetObjectItemCaseSensitive(man, "dense");
+  if (dj) {
+    cfg->max_batch = 1; /* validated with the smallest batch, as train_ckpt_open */
+    rc = arch_parse(dj, src, cfg, err, errlen);
+    *has = !rc;
+  }
+  cJSON_Delete(man);
   return rc;
 }
 

@@ -9,6 +9,8 @@
  *                  the trainer draws no random numbers after init), the
  *                  optimizer settings, the store kind, and every other file
  *                  with its size and SHA-256;
+ *   keep.bin       the bounded tables' counts, last steps and admitted ids
+ *                  (train/keep.h; only when the plan bounds a table);
  *   dense.bin      dense parameters and dense optimizer state, SRCKDENS v1
  *                  (dense/state_file.h: 256-byte header, the floats, SHA-256
  *                  trailer);
@@ -58,6 +60,10 @@ typedef struct train_ckpt_state {
   double loss_sum;
   int64_t loss_n;
   float last_loss;
+  /* Bounded tables' entries (train/keep.h), borrowed: train_ckpt_save
+   * writes them to KEEP_FILE beside dense.bin; NULL: none. Never set by a
+   * load (the job reads KEEP_FILE itself: keep_load). */
+  const struct keep *keep;
 } train_ckpt_state;
 
 /* Settings recorded in the manifest (and checked where a mismatch would make
@@ -206,6 +212,14 @@ int train_ckpt_transform(const train_ckpt_info *ci, ds_transform **out, char *er
  * naming the file (*plan and *xf NULL). */
 int train_ckpt_mapping(const char *path, emb_plan **plan, ds_transform **xf, char *err,
                        size_t errlen);
+
+/* The dense architecture the checkpoint path (a step folder, or a folder of
+ * them: the newest complete one) records, read from its manifest alone
+ * (ckpt_dir_read: DONE's checksum; the other files are verified by
+ * train_ckpt_load), before a resume builds its model. 0 with *has 1 and
+ * the architecture in *cfg (max_batch 1), 0 with *has 0 when it records
+ * none (written by an older shardrec), or SR_E* naming the file. */
+int train_ckpt_dense(const char *path, int *has, dense_config *cfg, char *err, size_t errlen);
 
 /* How the mapping xf of the data a resume reads relates to the checkpoint's
  * ck_xf (ds_transform_compare; ckpt and data name both in messages): the

@@ -142,6 +142,11 @@ static int make_plan(train_job *j) {
   if (j->grow) {
     if (job__grown_plan(j)) return -1;
     if (!c->plan_path && j->rank == 0 && write_plan(j, where, sizeof where)) return -1;
+  } else if (c->plan_path && c->have_keep) {
+    job__errf(j, "--admit-after, --admit-window, --expire-after, --capacity and --evict shape a "
+              "plan made here; %s sets its tables' bounds in their \"keep\" field "
+              "(shardrec plan takes the same flags)\n", c->plan_path);
+    return -1;
   } else if (c->plan_path) {
     if (emb_plan_load(c->plan_path, &j->plan, err, sizeof err)) {
       job__errf(j, "%s\n", err);
@@ -159,7 +164,8 @@ static int make_plan(train_job *j) {
                           .pooling = c->pooling,
                           .optim = {.kind = c->sparse_opt, .eps = -1, .init_acc = 0},
                           .init_range = 0, .seed = c->seed, .n_shards = c->n_shards,
-                          .precision = c->precision};
+                          .precision = c->precision,
+                          .keep = c->keep};
     if (emb_plan_create(&pp, &j->plan, err, sizeof err)) {
       job__errf(j, "%s\n", err);
       return -1;
@@ -386,15 +392,20 @@ static int job_open(train_job *j) {
     return -1;
   }
   trainer_set_coll(j->t, j->size > 1 ? j->coll : NULL);
+  if (job__keep_open(j)) return -1;
   int max_ahead = c->prefetch_depth > 0 ? c->prefetch_depth : c->async;
   if (job_batches_init(&j->q, c->batch, j->rank, j->size, max_ahead)) {
     job__errf(j, "out of memory for batches\n");
     return -1;
   }
   if (job__eval_open(j) || (c->processed && job__test_check(j))) return -1;
-  printf("model  bottom %s, top %s, %s interaction; %zu dense parameters; %s (dense) / %s "
+  char cross[64] = "";
+  if (c->dense.interaction == DENSE_INTERACT_DCN)
+    snprintf(cross, sizeof cross, " (%d cross layers of rank %d)", c->dense.dcn_layers,
+             c->dense.dcn_rank);
+  printf("model  bottom %s, top %s, %s interaction%s; %zu dense parameters; %s (dense) / %s "
          "(sparse), lr %g / %g\n",
-         c->bot, c->top, c->op, dense_config_param_count(&c->dense), c->opt_name,
+         c->bot, c->top, c->op, cross, dense_config_param_count(&c->dense), c->opt_name,
          emb_optim_name(j->plan->tables[0].optim.kind), c->lr, c->sparse_lr);
   fflush(stdout);
   j->steps_per_epoch = (int64_t)((j->n_train + (uint64_t)c->batch - 1) / (uint64_t)c->batch);
@@ -437,13 +448,14 @@ static int progress(train_job *j, float loss, float lr) {
     printf("train  step %lld/%llu epoch %d %.1f%%: loss %.6f  %.0f samples/s  ETA %.0fs\n",
            (long long)cur->step, (unsigned long long)j->total_steps, cur->epoch, 100 * frac,
            mean, rate, eta);
-  char phases[512], line[1024], err[1024];
+  char phases[512], kept[JOB_KEEP_JSON], line[JOB_KEEP_JSON + 1024], err[1024];
   job__phase_json(j, phases, sizeof phases);
+  job__keep_json(j, kept, sizeof kept);
   /* Flushed per line: a reader (a test, a dashboard) sees each line at once. */
   int len = snprintf(line, sizeof line,
                      "{\"kind\":\"train\",\"step\":%lld,\"epoch\":%d,\"loss\":%.9g,"
-                     "\"last_loss\":%.9g,\"lr\":%.9g,\"samples_per_s\":%.1f%s}\n",
-                     (long long)cur->step, cur->epoch, mean, loss, lr, rate, phases);
+                     "\"last_loss\":%.9g,\"lr\":%.9g,\"samples_per_s\":%.1f%s%s}\n",
+                     (long long)cur->step, cur->epoch, mean, loss, lr, rate, phases, kept);
   if (j->metrics &&
       sr_out_line(j->metrics, j->cfg->metrics_out, line, (size_t)len, err, sizeof err)) {
     job__errf(j, "--metrics-out %s\n", err);
@@ -504,6 +516,10 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
   float lr = dense_lr_at(&c->sched, cur->step), loss = 0;
   float slr = c->lr > 0 ? (float)((double)lr * (c->sparse_lr / c->lr)) : (float)c->sparse_lr;
   if (job__fill_ahead(j)) return STEP_FAILED;
+  if (j->keep && keep_observe(j->keep, job_batches_global(&j->q), cur->step)) {
+    job__errf(j, "step %lld: bounded tables: out of memory\n", (long long)cur->step);
+    return STEP_FAILED;
+  }
   int rc = trainer_step_part(j->t, job_batches_mine(&j->q), got, cur->step, lr, slr, &loss);
   if (rc) {
     char where[600] = "";
@@ -521,6 +537,10 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
               "those samples\n", (long long)cur->step, loss, where);
     return STEP_FAILED;
   }
+  if (job__keep_step(j, cur->step, err, sizeof err)) {
+    job__errf(j, "%s\n", err);
+    return STEP_FAILED;
+  }
   int notes = rpc_remote_note(j->store, err, sizeof err);
   if (notes) /* a partition (or a restart) the retries outlasted: nothing else to do */
     job__errf(j, "step %lld: %d call(s) answered only after retries; %s\n", (long long)cur->step,
@@ -534,7 +554,7 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
   cur->loss_n++;
   j->ckst = (train_ckpt_state){cur->step, cur->epoch,
                          job_batches_global(&j->q)->first_index + (uint64_t)got, cur->loss_sum,
-                         cur->loss_n, loss};
+                         cur->loss_n, loss, j->keep};
   /* The job's last step: the model when --save-model names this folder, so full. */
   if (cur->step >= j->total_steps && c->save_model && job__model_is_ckpt_root(j))
     j->ck_parent = -1;
@@ -694,6 +714,7 @@ static void job_close(train_job *j, int status) {
   job__eval_close(j);
   job_batches_free(&j->q);
   trainer_destroy(j->t);
+  keep_destroy(j->keep);
   emb_store_destroy(j->store);
   if (j->colo) {
     /* Every rank's last call is in before any rank's servers go. */
@@ -760,10 +781,32 @@ static const train_config *auto_resume(const train_config *c, train_config *out,
   return out;
 }
 
+/* A --resume of a dcn model: the cross network's numbers the flags do not
+ * give are the checkpoint's (into *out), so a model trained under other
+ * defaults resumes as it was; else c as it is (a checkpoint of another
+ * interaction, or one that cannot be read, is refused by the resume itself,
+ * naming why). */
+static const train_config *resume_cross(const train_config *c, train_config *out) {
+  if (!c->resume || c->dense.interaction != DENSE_INTERACT_DCN ||
+      (c->dcn_layers_set && c->dcn_rank_set))
+    return c;
+  dense_config ck;
+  char err[1024];
+  int has;
+  if (train_ckpt_dense(c->resume, &has, &ck, err, sizeof err) || !has ||
+      ck.interaction != DENSE_INTERACT_DCN)
+    return c;
+  *out = *c;
+  if (!c->dcn_layers_set) out->dense.dcn_layers = ck.dcn_layers;
+  if (!c->dcn_rank_set) out->dense.dcn_rank = ck.dcn_rank;
+  return out;
+}
+
 int train_run(const train_config *cfg) {
-  train_config resumed;
+  train_config resumed, crossed;
   char resume_dir[SR_PATH_MAX];
   const train_config *c = auto_resume(cfg, &resumed, resume_dir, sizeof resume_dir);
+  c = resume_cross(c, &crossed);
   train_job job, *j = &job;
   memset(j, 0, sizeof *j);
   j->ck_parent = -1;

@@ -64,6 +64,8 @@ typedef struct train_config {
   int strict;               /* --strict */
   /* Model */
   dense_config dense;       /* the dense architecture (max_batch: the larger batch) */
+  int dcn_layers_set, dcn_rank_set; /* dcn: --dcn-num-layers, --dcn-low-rank-dim given (those
+                               not given: a --resume's checkpoint's, else the defaults) */
   const char *bot, *top, *op; /* its flags as given, for the model line */
   const char *plan_path;    /* --plan (NULL: made here from the data and these flags) */
   const char *plan_out;     /* --plan-out: where a plan made here is written (NULL: only
@@ -76,6 +78,9 @@ typedef struct train_config {
   emb_precision precision;  /* --arch-embedding-precision (fp32) */
   uint64_t seed;            /* --seed */
   int n_shards;             /* --num-shards */
+  emb_keep_cfg keep;        /* --admit-after, --admit-window, --expire-after, --capacity,
+                               --evict: every table's bounds of a plan made here */
+  int have_keep;            /* one of them given */
   /* Training */
   int batch, test_batch;    /* --mini-batch-size (the global batch), --test-mini-batch-size */
   double lr, sparse_lr;     /* --learning-rate, --sparse-learning-rate */

@@ -138,6 +138,7 @@ int job__resume(train_job *j) {
     job__errf(j, "--resume: %s\n", err);
     return -1;
   }
+  if (job__keep_load(j, ckdir, "--resume")) return -1;
   if (j->size > 1 && !job__coll_ok(j, dense_coll_barrier(j->coll), "barrier after the restore"))
     return -1;
   if (j->rank != 0 &&
@@ -201,6 +202,7 @@ static long long next_parent(const train_job *j, const char *root) {
   const train_config *c = j->cfg;
   if (!in_chain_root(j, root) || c->full_every <= 1 || j->ck_incs + 1 >= c->full_every)
     return -1;
+  if (j->keep) return -1; /* an increment records no removed rows: bounded tables save whole */
   return j->ck_parent;
 }
 
@@ -227,6 +229,7 @@ static void chain_after(train_job *j, const char *root, int rc, long long asked,
 int job__checkpoint(train_job *j, const char *root, int keep, char *err, size_t errlen) {
   int rc;
   long long asked = next_parent(j, root), parent = asked;
+  j->ckst.keep = j->keep;
   if (j->size > 1 && (rc = dense_coll_barrier(j->coll))) {
     sr_fmt(err, errlen, "barrier before the checkpoint: %s", dense_coll_errmsg(j->coll));
     return rc;

@@ -98,6 +98,7 @@ typedef struct train_job {
   const char *store_kind;  /* "local", "shard" or "remote" */
   char *tmp_data_dir;      /* the shard store's temporary folder (removed at the end), owned */
   trainer *t;              /* owned */
+  keep *keep;              /* the bounded tables' entries (NULL: the plan bounds none), owned */
   colocate *colo;          /* this rank's colocated shard servers, owned */
   char **colo_addrs;       /* [plan->n_shards], owned */
   char job_id[64];         /* several ranks: the id every rank's calls carry */
@@ -207,6 +208,22 @@ int job__resume(train_job *j);
  * until it is done and gives every rank its status. Only rank 0 reads
  * root. 0 or SR_E* with the reason in err (rank 0's code on every rank). */
 int job__checkpoint(train_job *j, const char *root, int keep, char *err, size_t errlen);
+
+/* The bounded tables of a job whose plan has any (train/keep.h): the
+ * entries made and handed to the trainer, or refused for a store that
+ * cannot remove rows. 0 or -1 (said). */
+int job__keep_open(train_job *j);
+/* keep_load of the checkpoint folder ckdir's KEEP_FILE (nothing to do
+ * without bounded tables). 0 or -1 (said, with what). */
+int job__keep_load(train_job *j, const char *ckdir, const char *what);
+/* The decisions after step's push (keep_decide) applied to the store. 0 or
+ * an SR_E* code with the reason in why. */
+int job__keep_step(train_job *j, int64_t step, char *why, size_t whylen);
+/* The bounded tables' figures for a --metrics-out line into buf:
+ * ',"keep":{"NAME":{"rows":R,"admitted":A,"refused":F,"expired":E,
+ * "evicted":V},...}' (bounded tables only; keep_stats), or "" without any. */
+#define JOB_KEEP_JSON 8192
+void job__keep_json(const train_job *j, char *buf, size_t n);
 /* --save-model DIR: the job's checkpoint (job__checkpoint, every rank) at
  * DIR/step-N, the same files as --save-checkpoint writes, so that eval and
  * predict read it. Written under DIR.TAG beside DIR and put in DIR's place

@@ -48,6 +48,10 @@ static const gdef gdefs[G_N] = {
 struct train_metrics {
   metrics_registry *reg; /* owned */
   metrics_http *http;    /* owned */
+  /* The bounded tables' series (made at the first step: job__metrics_keep),
+   * per plan index; NULL for a table without bounds. */
+  metrics_series **krows; /* [n_tables] */
+  metrics_series **kids;  /* [n_tables][KEEP_EVENTS] */
   metrics_series *g[G_N], *phase[PH_N], *phase_total[PH_N];
   double last_phase[PH_N], t_last;
   uint64_t last_rows;
@@ -108,6 +112,8 @@ void train_metrics_close(train_metrics *m) {
   if (!m) return;
   metrics_http_stop(m->http);
   metrics_registry_destroy(m->reg);
+  free(m->krows);
+  free(m->kids);
   free(m);
 }
 
@@ -167,10 +173,55 @@ void train_metrics_note(train_metrics *m, const trainer_times *tt, int dim, int6
   metrics_gauge_set(m->g[G_STEP], (double)step);
 }
 
+#define KEEP_EVENTS 4
+static const char *const keep_event[KEEP_EVENTS] = {"admitted", "refused", "expired", "evicted"};
+
+/* The bounded tables' families and series of m (plan's tables); 0, or -1
+ * when out of memory (the series stay absent). */
+static int keep_series(train_metrics *m, const emb_plan *plan) {
+  char err[256];
+  const char *l1[] = {"table"}, *l2[] = {"table", "event"};
+  metrics_family *fr = metrics_family_add(
+      m->reg, "shardrec_train_table_rows", "Rows a bounded table holds after the last step.",
+      METRICS_GAUGE, 1, l1, NULL, 0, err, sizeof err);
+  metrics_family *fe = metrics_family_add(
+      m->reg, "shardrec_train_table_ids_total",
+      "A bounded table's ids admitted (given a row), refused (looked up without one, once a "
+      "step), expired and evicted.",
+      METRICS_COUNTER, 2, l2, NULL, 0, err, sizeof err);
+  m->krows = calloc((size_t)plan->n_tables, sizeof *m->krows);
+  m->kids = calloc((size_t)plan->n_tables * KEEP_EVENTS, sizeof *m->kids);
+  if (!fr || !fe || !m->krows || !m->kids) return -1;
+  for (int f = 0; f < plan->n_tables; f++) {
+    if (!emb_keep_on(&plan->tables[f])) continue;
+    const char *v1[] = {plan->tables[f].name};
+    m->krows[f] = metrics_series_get(fr, v1);
+    for (int e = 0; e < KEEP_EVENTS; e++) {
+      const char *v2[] = {plan->tables[f].name, keep_event[e]};
+      m->kids[f * KEEP_EVENTS + e] = metrics_series_get(fe, v2);
+    }
+  }
+  return 0;
+}
+
+/* The bounded tables' figures after the step (keep_stats). */
+static void keep_note(train_job *j) {
+  train_metrics *m = j->mx;
+  if (!m->krows && keep_series(m, j->plan)) return;
+  for (int f = 0; f < j->plan->n_tables; f++) {
+    if (!m->krows[f]) continue;
+    keep_table_stats st = keep_stats(j->keep, f);
+    const uint64_t ev[KEEP_EVENTS] = {st.admitted, st.refused, st.expired, st.evicted};
+    metrics_gauge_set(m->krows[f], (double)st.rows);
+    for (int e = 0; e < KEEP_EVENTS; e++) metrics_counter_set(m->kids[f * KEEP_EVENTS + e], (double)ev[e]);
+  }
+}
+
 void job__metrics_step(train_job *j, int got) {
-  if (j->mx)
-    train_metrics_note(j->mx, trainer_times_get(j->t), j->plan->tables[0].dim, j->cur.step,
-                       j->cur.epoch, j->total_steps, got);
+  if (!j->mx) return;
+  train_metrics_note(j->mx, trainer_times_get(j->t), j->plan->tables[0].dim, j->cur.step,
+                     j->cur.epoch, j->total_steps, got);
+  if (j->keep) keep_note(j);
 }
 
 void job__metrics_progress(train_job *j, double loss, double samples_per_s) {

@@ -48,6 +48,9 @@ typedef struct trainer_lookahead {
 struct trainer {
   const emb_plan *plan; /* borrowed */
   emb_store *store;     /* borrowed */
+  const keep *keep;     /* borrowed; NULL: every id has a row (trainer_set_keep) */
+  uint8_t *rowless;     /* [rl_cap] the last lookup's ids without a row, 1 each, tables in turn */
+  size_t rl_cap;
   dense_model *model;   /* owned */
   dense_opt *opt;       /* owned */
   int T, dim, max_batch;
@@ -219,6 +222,7 @@ void trainer_destroy(trainer *t) {
   free(t->d_emb);
   free(t->logits);
   free(t->flat);
+  free(t->rowless);
   dense_opt_destroy(t->opt);
   dense_model_destroy(t->model);
   free(t);
@@ -416,6 +420,50 @@ static int take_ids(trainer *t, const ds_batch *b, int64_t step, int train, int 
   return 0;
 }
 
+/* Ids of bounded tables without a row (keep_has_row) read zeros; each is
+ * noted in t->rowless for drop_rowless. 0 or SR_ENOMEM. */
+static int zero_rowless(trainer *t) {
+  if (!t->keep) return 0;
+  size_t total = 0, at = 0;
+  for (int f = 0; f < t->T; f++) total += t->counts[f];
+  if (total > t->rl_cap) {
+    uint8_t *m = realloc(t->rowless, total);
+    if (!m) {
+      sr_fmt(t->err, sizeof t->err, "trainer: out of memory");
+      return SR_ENOMEM;
+    }
+    t->rowless = m;
+    t->rl_cap = total;
+  }
+  for (int f = 0; f < t->T; f++) {
+    int on = emb_keep_on(&t->plan->tables[f]);
+    for (size_t r = 0; r < t->counts[f]; r++, at++) {
+      t->rowless[at] = on && !keep_has_row(t->keep, f, t->unique[f][r]);
+      if (t->rowless[at]) memset(t->rows[f] + r * (size_t)t->dim, 0, (size_t)t->dim * sizeof(float));
+    }
+  }
+  return 0;
+}
+
+/* Before the push: the ids without a row (zero_rowless's) and their
+ * gradients leave the step's set (compacted in place; the step needs
+ * neither again). */
+static void drop_rowless(trainer *t) {
+  size_t at = 0;
+  for (int f = 0; t->keep && f < t->T; f++) {
+    size_t w = 0, dim = (size_t)t->dim, n = t->counts[f];
+    for (size_t r = 0; r < n; r++, at++) {
+      if (t->rowless[at]) continue;
+      if (w != r) {
+        t->unique[f][w] = t->unique[f][r];
+        memcpy(t->grads[f] + w * dim, t->grads[f] + r * dim, dim * sizeof(float));
+      }
+      w++;
+    }
+    t->counts[f] = w;
+  }
+}
+
 /* Steps 1-3: dedup, lookup, pool into t->emb. */
 static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids, int train) {
   int n = b->n;
@@ -444,6 +492,7 @@ static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids, i
     return rc;
   }
   t->times.lookup_flight += emb_store_lookup_flight(t->store);
+  if ((rc = zero_rowless(t))) return rc;
   /* Room for the row gradients (after the wait: no lookup is left in flight
    * if this fails). */
   for (int f = 0; f < t->T; f++)
@@ -519,6 +568,7 @@ int trainer_lookup_early(trainer *t, const ds_batch *next, int64_t next_step) {
 }
 
 void trainer_set_coll(trainer *t, dense_coll *c) { t->coll = c; }
+void trainer_set_keep(trainer *t, const keep *k) { t->keep = k; }
 
 int trainer_slice_count(int n, int rank, int size) {
   return n / size + (rank < n % size);
@@ -667,6 +717,7 @@ int trainer_step_part(trainer *t, const ds_batch *b, int n_global, int64_t step,
     return SR_ERANGE;
   }
   double t3 = sr_now();
+  if (!own) drop_rowless(t);
   if (!own) rc = emb_store_push(t->store, step, sparse_lr, &ids, (const float *const *)t->grads);
   if (!own && rc) {
     sr_fmt(t->err, sizeof t->err, "push at step %lld: %s", (long long)step,

@@ -26,6 +26,7 @@
 #include "dense/optim.h"
 #include "embedding/plan.h"
 #include "embedding/store.h"
+#include "train/keep.h"
 
 typedef struct trainer trainer;
 
@@ -65,6 +66,14 @@ int trainer_step(trainer *t, const ds_batch *b, int64_t step, float lr, float sp
  * trainer_batch_slice). c (borrowed, NULL: one rank) is the ranks'
  * collective. */
 void trainer_set_coll(trainer *t, dense_coll *c);
+
+/* Bounded tables (train/keep.h; k borrowed, NULL: none): from the next
+ * step on, an id of a bounded table without a row (keep_has_row) reads
+ * zeros in every lookup (training and test passes) and its gradient is
+ * not pushed. The caller feeds k each global batch (keep_observe) before
+ * the step and applies its decisions after (keep_decide,
+ * emb_store_remove). */
+void trainer_set_keep(trainer *t, const keep *k);
 
 /* One step of this rank's part of a global batch of n_global samples
  * (part->n may be 0: the rank still takes part in the collectives and the

@@ -533,6 +533,53 @@ START_TEST(test_gzip) {
 }
 END_TEST
 
+/* Drift: the same rows' ranks and labels' teacher, the ids slid by
+ * card * D * i / rows; the head of the last lines is ids the first lines
+ * never had; 0 is the generator of before. */
+START_TEST(test_drift) {
+  const size_t n = 20000;
+  dg_config cfg;
+  dg_config_default(&cfg);
+  cfg.rows = n;
+  cfg.seed = 9;
+  cfg.drift = 2;
+  dg_generator *g = NULL, *g0 = make_gen(n, 9, 0, 1, 0);
+  char err[256];
+  REQUIRE_MSG(dg_generator_create(&cfg, &g, err, sizeof err) == 0, "create: %s", err);
+  dg_row a, b;
+  const int j = 4; /* C5: 16 values at the default scale */
+  uint32_t card = dg_cardinality(j, 0.01);
+  uint32_t first[64], last[64];
+  int nf = 0, nl = 0;
+  for (size_t i = 0; i < n; i++) {
+    dg_generator_row(g, i, &a);
+    dg_generator_row(g0, i, &b);
+    REQUIRE(a.ncat[j] == b.ncat[j]);
+    if (!a.ncat[j]) continue;
+    REQUIRE_MSG(a.cat_rank[j][0] == b.cat_rank[j][0], "row %zu: another rank under drift", i);
+    if (i == 0) REQUIRE(a.cat_hex[j][0] == b.cat_hex[j][0]); /* nothing slid yet */
+    uint32_t *set = i < n / 10 ? first : i >= n - n / 10 ? last : NULL;
+    int *cnt = i < n / 10 ? &nf : &nl;
+    if (!set) continue;
+    int dup = 0;
+    for (int k = 0; k < *cnt && !dup; k++) dup = set[k] == a.cat_hex[j][0];
+    if (!dup && *cnt < 64) set[(*cnt)++] = a.cat_hex[j][0];
+  }
+  int common = 0;
+  for (int x = 0; x < nf; x++)
+    for (int y = 0; y < nl; y++) common += first[x] == last[y];
+  /* by the last tenth the values slid by 1.8 cardinalities: none shared */
+  REQUIRE_MSG(common == 0 && nf >= (int)card / 2 && nl >= (int)card / 2,
+              "C5: %d of the first tenth's %d ids in the last tenth's %d", common, nf, nl);
+  cfg.drift = 65;
+  dg_generator *bad = NULL;
+  REQUIRE(dg_generator_create(&cfg, &bad, err, sizeof err) == SR_EINVAL);
+  REQUIRE(strstr(err, "drift") != NULL);
+  dg_generator_destroy(g);
+  dg_generator_destroy(g0);
+}
+END_TEST
+
 START_TEST(test_config_errors) {
   dg_config cfg;
   dg_generator *g = NULL;
@@ -1019,6 +1066,7 @@ static Suite *datagen_suite(void) {
       {"reader_accepts", test_reader_accepts},
       {"gzip", test_gzip},
       {"config_errors", test_config_errors},
+      {"drift", test_drift},
       {"command_files", test_command_files},
       {"command_flags", test_command_flags},
       {"old_bytes_pinned", test_old_bytes_pinned},

@@ -8,19 +8,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/rng.h"
+#include "common/sys.h"
 #include "embedding/bag.h"
 #include "embedding/store.h"
 
 /* Thread CPU time: the figures stay meaningful on a shared, loaded machine
  * (run it on an idle one for wall-clock figures; they agree there). */
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+static double now(void) { return (double)sr_thread_cpu_ns() * 1e-9; }
 
 int main(int argc, char **argv) {
   const uint64_t rows = argc > 1 ? strtoull(argv[1], NULL, 10) : 1000000;

@@ -221,6 +221,49 @@ START_TEST(test_fingerprint_sensitivity) {
 }
 END_TEST
 
+/* A table's "keep": read, written back only when set, in the model
+ * fingerprint; bad fields named. */
+START_TEST(test_keep_field) {
+  const char *base =
+      "{\"format\":1,\"seed\":\"1\",\"n_shards\":1,\"tables\":[{\"table_id\":5,\"name\":\"a\","
+      "\"rows\":10,\"dim\":4,\"pooling\":\"sum\",\"optimizer\":{\"name\":\"sgd\"}%s,"
+      "\"placement\":{\"kind\":\"table\",\"shards\":[0]}}]}";
+  char txt[1024], err[256], fp0[EMB_FP_HEX], fp1[EMB_FP_HEX];
+  emb_plan *p = NULL, *q = NULL;
+  snprintf(txt, sizeof txt, base, "");
+  ck_assert_int_eq(emb_plan_parse(txt, "k", &p, err, sizeof err), 0);
+  ck_assert(!emb_keep_on(&p->tables[0]));
+  char *c = emb_plan_canonical(p, 1);
+  ck_assert_ptr_null(strstr(c, "keep")); /* none set: none written */
+  free(c);
+  emb_plan_model_fingerprint(p, fp0);
+  emb_plan_free(p);
+  snprintf(txt, sizeof txt, base,
+           ",\"keep\":{\"admit_after\":3,\"expire_after\":7,\"capacity\":9,\"evict\":\"lfu\"}");
+  ck_assert_msg(emb_plan_parse(txt, "k", &p, err, sizeof err) == 0, "%s", err);
+  const emb_keep_cfg *k = &p->tables[0].keep;
+  ck_assert(k->admit_after == 3 && k->expire_after == 7 && k->capacity == 9 &&
+            k->evict == EMB_EVICT_LFU && k->admit_window == 0);
+  emb_plan_model_fingerprint(p, fp1);
+  ck_assert_str_ne(fp0, fp1);
+  c = emb_plan_canonical(p, 1);
+  ck_assert_int_eq(emb_plan_parse(c, "k2", &q, err, sizeof err), 0);
+  ck_assert_int_eq(memcmp(&q->tables[0].keep, k, sizeof *k), 0);
+  free(c);
+  emb_plan_free(q);
+  emb_plan_free(p);
+  const char *bad[][2] = {{",\"keep\":{\"capacity\":-1}", "tables[0].keep.capacity"},
+                          {",\"keep\":{\"evict\":\"mru\"}", "tables[0].keep.evict"},
+                          {",\"keep\":{\"admit_after\":1.5}", "tables[0].keep.admit_after"},
+                          {",\"keep\":[]", "tables[0].keep: must be an object"}};
+  for (int i = 0; i < 4; i++) {
+    snprintf(txt, sizeof txt, base, bad[i][0]);
+    ck_assert_int_eq(emb_plan_parse(txt, "k", &p, err, sizeof err), SR_EINVAL);
+    ck_assert_msg(strstr(err, bad[i][1]) != NULL, "%s: %s", bad[i][0], err);
+  }
+}
+END_TEST
+
 START_TEST(test_seed_encoding) {
   const char *base =
       "{\"format\":1,\"seed\":%s,\"n_shards\":1,\"tables\":[{\"table_id\":5,\"name\":\"a\","
@@ -529,6 +572,7 @@ int main(void) {
   tcase_add_test(tc, test_balancer_and_shard_of);
   tcase_add_test(tc, test_row_init);
   tcase_add_test(tc, test_grow);
+  tcase_add_test(tc, test_keep_field);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

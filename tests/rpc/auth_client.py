@@ -6,8 +6,9 @@ stubs and the server: --allow-push trainer --allow-admin ops
 usage: auth_client.py STUBS ADDR CERTS FINGERPRINT ROOT OUTSIDE
 
 Lookup, Stats, Health and GetTransform are open to both identities; Push only to
-'trainer', Checkpoint and Restore only to 'ops' (PERMISSION_DENIED naming the
-method otherwise); a client of another CA gets nothing. Checkpoint paths
+'trainer', Checkpoint, Restore and SwapAt only to 'ops' (PERMISSION_DENIED
+naming the method otherwise; this server does not follow, so 'ops' SwapAt is
+refused FAILED_PRECONDITION saying so); a client of another CA gets nothing. Checkpoint paths
 inside ROOT are written; outside it, escaping it through '..' or through a
 symlink (ROOT/esc -> OUTSIDE) they are refused PERMISSION_DENIED and nothing
 appears in OUTSIDE; a folder that exists is refused ALREADY_EXISTS. Prints
@@ -31,6 +32,7 @@ METHODS = {
     "Restore": (pb.RestoreRequest, pb.RestoreResponse),
     "Stats": (pb.StatsRequest, pb.StatsResponse),
     "GetTransform": (pb.GetTransformRequest, pb.GetTransformResponse),
+    "SwapAt": (pb.SwapAtRequest, pb.SwapAtResponse),
 }
 
 
@@ -106,6 +108,11 @@ expect("trainer Checkpoint", call(trainer, "Checkpoint", ckpt(root + "/t")),
        "PERMISSION_DENIED", "Checkpoint refused")
 expect("trainer Restore", call(trainer, "Restore", restore(root + "/t")),
        "PERMISSION_DENIED", "Restore refused")
+swap = pb.SwapAtRequest(plan_fingerprint=fp, step=5)
+expect("trainer SwapAt", call(trainer, "SwapAt", swap), "PERMISSION_DENIED",
+       "SwapAt refused: client")
+expect("ops SwapAt", call(ops, "SwapAt", swap), "FAILED_PRECONDITION",
+       "does not follow a checkpoint folder")
 if os.path.exists(root + "/t"):
     print("FAIL a refused Checkpoint made %s/t" % root)
     sys.exit(1)

@@ -139,7 +139,8 @@ static void *relay_main(void *arg) {
       p[1 + 2 * i] = (struct pollfd){fds[i][0], fds[i][0] >= 0 ? POLLIN : 0, 0};
       p[2 + 2 * i] = (struct pollfd){fds[i][1], fds[i][1] >= 0 ? POLLIN : 0, 0};
     }
-    if (poll(p, (nfds_t)(1 + 2 * n), 50) <= 0) continue;
+    int polled = n; /* a connection accepted below has no revents this round */
+    if (poll(p, (nfds_t)(1 + 2 * polled), 50) <= 0) continue;
     if ((p[0].revents & POLLIN) && n < RELAY_MAX) {
       int c = accept(r->ls, NULL, NULL), u = c >= 0 ? relay_connect(r->up_port) : -1;
       if (c >= 0 && u >= 0) {
@@ -150,7 +151,7 @@ static void *relay_main(void *arg) {
         close(c);
       }
     }
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < polled; i++)
       for (int side = 0; side < 2; side++) {
         if (fds[i][0] < 0 || !(p[1 + 2 * i + side].revents & (POLLIN | POLLHUP | POLLERR))) continue;
         int cutting = i == 0 && side == 0 && !r->cut;

@@ -197,7 +197,7 @@ START_TEST(test_allow_lists_python) {
   char *said = slurp(path("auth.out"));
   ck_assert_msg(strstr(said, "access: mTLS") && strstr(said, "Push: trainer") &&
                 strstr(said, "GetTransform: every verified client") &&
-                strstr(said, "Checkpoint, Restore: ops"), "%s", said);
+                strstr(said, "Checkpoint, Restore, SwapAt: ops"), "%s", said);
   free(said);
   ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
   rc = run_cmd(&out, "/usr/bin/python3 '%s/tests/rpc/auth_client.py' '%s/py' %s '%s' %s '%s' '%s'",

@@ -204,6 +204,47 @@ START_TEST(test_dcn_resume_predict) {
 }
 END_TEST
 
+/* The default cross network fits the cross input's width 27 x dim: 3
+ * layers of rank the power of two nearest 27 x dim / 8, at most 512 (16 at
+ * dim 4, 64 at dim 16, 512 at dim 128 and 256). With no --dcn-* flags a resume takes the cross
+ * network the checkpoint records instead: one of 3 layers of rank 512
+ * (TorchRec's numbers, given here) resumes, and predict and eval score the
+ * model it saves with train's own test predictions; one of 2 layers of rank
+ * 8 too. A flag given is the run's: the number not given comes from the
+ * checkpoint, and one that differs from it is refused naming both. */
+#define DCN_BARE "--arch-mlp-bot 13-32-16 --arch-mlp-top 64-1 --arch-interaction-op dcn "
+START_TEST(test_dcn_resume_shape) {
+  const char *dims[][2] = {{"4", "16"}, {"16", "64"}, {"128", "512"}, {"256", "512"}};
+  for (int i = 0; i < 4; i++) {
+    char extra[256], want[64];
+    snprintf(extra, sizeof extra, "--arch-sparse-feature-size %s --arch-mlp-bot 13-32-%s "
+             "--arch-mlp-top 64-1 --arch-interaction-op dcn --num-batches 1", dims[i][0], dims[i][0]);
+    snprintf(want, sizeof want, "dcn interaction (3 cross layers of rank %s);", dims[i][1]);
+    train_says(0, extra, want);
+  }
+  free(train(0, DCN_BARE "--dcn-num-layers 3 --dcn-low-rank-dim 512 --num-batches 10 "
+                         "--save-checkpoint wck"));
+  train_says(0, DCN_BARE "--num-batches 20 --resume wck --save-model wm --test-pred-out wtr.txt",
+             "dcn interaction (3 cross layers of rank 512)");
+  char *out;
+  int rc = run_cmd(&out, "cd %s && test -f wm/step-20/DONE && grep -q '\"dcn_rank\":[[:space:]]*512' "
+                         "wm/step-20/manifest.json && %s predict --checkpoint wm --processed-data-file "
+                         "d.bin --data-split test --out wp.txt && cmp wp.txt wtr.txt && "
+                         "%s eval --checkpoint wm --processed-data-file d.bin",
+                   dir, bin_path(), bin_path());
+  ck_assert_msg(rc == 0 && strstr(out, "auc "), "exit %d:\n%s", rc, out);
+  free(out);
+  free(train(0, DCN "--num-batches 10 --save-checkpoint nck"));
+  train_says(0, DCN_BARE "--num-batches 20 --resume nck/step-10",
+             "dcn interaction (2 cross layers of rank 8)");
+  train_says(0, DCN_BARE "--dcn-low-rank-dim 8 --num-batches 20 --resume nck/step-10",
+             "dcn interaction (2 cross layers of rank 8)");
+  train_says(1, DCN_BARE "--dcn-num-layers 3 --num-batches 20 --resume nck/step-10",
+             "written for a cross network of 2 layers of rank 8; this run has "
+             "--dcn-num-layers 3 --dcn-low-rank-dim 8");
+}
+END_TEST
+
 /* A checkpoint its writer did not finish leaves the previous one usable and
  * the torn one refused. The test writes each half-written state itself from
  * a complete step-20 (what a writer stopped at that point leaves behind):
@@ -346,6 +387,11 @@ int main(void) {
   tcase_add_test(tc, test_crash_safety);
   tcase_add_test(tc, test_refusals);
   tcase_add_test(tc, test_dcn_resume_predict);
+  TCase *dcn = tcase_create("dcn");
+  tcase_add_unchecked_fixture(dcn, setup_data, teardown_data);
+  tcase_set_timeout(dcn, 300);
+  tcase_add_test(dcn, test_dcn_resume_shape);
+  suite_add_tcase(s, dcn);
 #endif
   suite_add_tcase(s, tc);
   return sr_check_run(s);

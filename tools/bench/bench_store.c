@@ -24,10 +24,16 @@
  *                    k's lookup waits for its own; the time split into the
  *                    prefetch calls and the lookups, and the share of the
  *                    run the caller spent waiting for the threads
+ *   write-back       the miss batches pushed in turn: each push reads the
+ *                    rows the cache lost and evicts dirty ones, which the
+ *                    store threads write back in WriteBatches
  *   checkpoint       every cached row pushed (dirty), then a checkpoint:
  *                    the write-back of the dirty rows plus the RocksDB
  *                    checkpoint, the stall a trainer sees, per GB of dirty
  *                    rows
+ * Beside the rates, CPU time per row (thread CPU, emb_shard_counters): of
+ * RocksDB for a row read and a row written back, and of the shard store's
+ * own work (decoding, the caller's map and eviction work) beside it.
  * RocksDB block cache: --block-cache-mb (default: room for the whole table,
  * as in the machine notes' "everything in block cache" figure). */
 #include <getopt.h>
@@ -113,6 +119,12 @@ typedef struct bs {
   long long nb;        /* batches per pass */
   lk l;
   double raw[99], miss[99], hit[99], memc[99], zz[99], zhit[99], pf[99], pf_call[99], pf_wait[99];
+  /* CPU per row, microseconds: raw MultiGet's (whole loop, one thread); the
+   * shard store's misses: inside RocksDB, its read jobs beside it, its
+   * caller; write-backs: inside RocksDB, the caller per row pushed, the
+   * whole process per row pushed (RocksDB's flushes and compactions too) */
+  double raw_cpu[99], rd_cpu[99], rd_own[99], rd_caller[99];
+  double wb[99], wr_cpu[99], wb_caller[99], wb_proc[99], wb_rows[99];
   double ck_s, ck_mb;
   double miss_hr, hit_hr, z_hr;
   char err[1024];
@@ -284,8 +296,10 @@ static int measure_miss(bs *b) {
     return -1;
   }
   emb_store_stats st0, st1;
+  emb_shard_counters c0, c1;
   for (int pass = -1; pass < b->runs; pass++) {
     double t = sr_now();
+    uint64_t cpu = sr_thread_cpu_ns();
     for (long long k = 0; k < nb; k++) {
       if (kv_reader_get_cf(rd, b->db, 0, (size_t)batch, b->ids + k * batch,
                            (const char **)b->vals, b->lens, b->err, sizeof b->err)) {
@@ -298,8 +312,12 @@ static int measure_miss(bs *b) {
                                             b->err, sizeof b->err))
           memcpy(b->out + q * dim, b->rowbuf, (size_t)dim * 4);
     }
-    if (pass >= 0) b->raw[pass] = (double)(nb * batch) / (sr_now() - t);
+    if (pass >= 0) {
+      b->raw[pass] = (double)(nb * batch) / (sr_now() - t);
+      b->raw_cpu[pass] = (double)(sr_thread_cpu_ns() - cpu) * 1e-3 / (double)(nb * batch);
+    }
     emb_store_stats_get(b->s, &st0);
+    emb_shard_counters_get(b->s, &c0);
     t = sr_now();
     for (long long k = 0; k < nb; k++)
       if (lookup(&b->l, b->ids + k * batch, (size_t)batch)) {
@@ -307,7 +325,14 @@ static int measure_miss(bs *b) {
         return -1;
       }
     emb_store_stats_get(b->s, &st1);
-    if (pass >= 0) b->miss[pass] = (double)(nb * batch) / (sr_now() - t);
+    emb_shard_counters_get(b->s, &c1);
+    if (pass >= 0) {
+      double n = (double)(c1.rocks_reads - c0.rocks_reads);
+      b->miss[pass] = (double)(nb * batch) / (sr_now() - t);
+      b->rd_cpu[pass] = (double)(c1.rocks_read_ns - c0.rocks_read_ns) * 1e-3 / n;
+      b->rd_own[pass] = (double)(c1.io_own_ns - c0.io_own_ns) * 1e-3 / n;
+      b->rd_caller[pass] = (double)(c1.caller_ns - c0.caller_ns) * 1e-3 / (double)(nb * batch);
+    }
   }
   kv_reader_destroy(rd);
   kv_close(b->db);
@@ -457,6 +482,45 @@ static int measure_prefetch(bs *b) {
   return 0;
 }
 
+/* Write-backs as training makes them: the miss batches pushed in turn, so
+ * that each push reads rows the cache lost and evicts dirty ones, written
+ * back by the store threads. Per pass: rows pushed/s, RocksDB's CPU per row
+ * written back, the caller's and the whole process's CPU per row pushed
+ * (the process: reads, write-backs, RocksDB's flushes and compactions). 0
+ * or -1. */
+static int measure_wback(bs *b) {
+  long long nb = b->nb, batch = b->batch;
+  float *g = calloc((size_t)(batch * b->dim), sizeof *g);
+  if (!g) return -1;
+  for (long long i = 0; i < batch * b->dim; i++) g[i] = 1e-3f;
+  const float *gp[1] = {g};
+  int rc = 0;
+  for (int pass = -1; pass < b->runs && !rc; pass++) {
+    emb_shard_counters c0, c1;
+    emb_shard_counters_get(b->s, &c0);
+    uint64_t p0 = sr_process_cpu_ns();
+    double t = sr_now();
+    for (long long k = 0; k < nb && !rc; k++, b->l.step++) {
+      lk_set(&b->l, b->ids + k * batch, (size_t)batch);
+      if ((rc = emb_store_push(b->s, b->l.step, 0.01f, &b->l.set, gp)))
+        fprintf(stderr, "shardrec bench store: %s\n", emb_store_errmsg(b->s));
+    }
+    double dt = sr_now() - t, n = (double)(nb * batch);
+    uint64_t p1 = sr_process_cpu_ns();
+    emb_shard_counters_get(b->s, &c1);
+    if (pass >= 0 && !rc) {
+      double w = (double)(c1.wb_rows - c0.wb_rows);
+      b->wb[pass] = n / dt;
+      b->wb_rows[pass] = w / n;
+      b->wr_cpu[pass] = w > 0 ? (double)(c1.rocks_write_ns - c0.rocks_write_ns) * 1e-3 / w : 0;
+      b->wb_caller[pass] = (double)(c1.caller_ns - c0.caller_ns) * 1e-3 / n;
+      b->wb_proc[pass] = (double)(p1 - p0) * 1e-3 / n;
+    }
+  }
+  free(g);
+  return rc ? -1 : 0;
+}
+
 /* Every cached row pushed (dirty), then one checkpoint timed. 0 or -1. */
 static int measure_ckpt(bs *b) {
   long long batch = b->batch, n = b->cache_rows - b->cache_rows % batch;
@@ -510,6 +574,17 @@ static void print_figures(bs *b) { /* sr_median sorts the figures */
   printf("  shard, misses 1 ahead  %10.0f rows/s  %.2fx all misses; of the time: prefetch calls "
          "%.0f%%, lookups %.0f%% (waiting for the %d store threads %.0f%%)\n",
          mpf, mpf / mmiss, 100 * mcall, 100 * (1 - mcall), EMB_SHARD_DEFAULT_THREADS, 100 * mwait);
+  printf("CPU per row, microseconds (thread CPU time; median of %lld)\n", b->runs);
+  printf("  read, raw MultiGet           %6.2f  (the whole loop: RocksDB and decoding)\n",
+         sr_median(b->raw_cpu, runs));
+  printf("  read, shard store misses     %6.2f in RocksDB + %.2f read jobs' own (decode) + %.2f "
+         "caller (map, slots, eviction) per row looked up\n",
+         sr_median(b->rd_cpu, runs), sr_median(b->rd_own, runs), sr_median(b->rd_caller, runs));
+  printf("  write-back, pushes of misses %6.2f in RocksDB per row written back (WriteBatch built "
+         "and written); %.0f rows/s pushed, %.2f written back per row; per row pushed: caller "
+         "%.2f, whole process %.2f (reads, flushes, compactions too)\n",
+         sr_median(b->wr_cpu, runs), sr_median(b->wb, runs), sr_median(b->wb_rows, runs),
+         sr_median(b->wb_caller, runs), sr_median(b->wb_proc, runs));
   printf("checkpoint: %.1f MB of dirty rows written back + RocksDB checkpoint in %.3f s = %.1f s "
          "per GB of dirty rows\n",
          b->ck_mb, b->ck_s, b->ck_mb > 0 ? b->ck_s / (b->ck_mb / 1e3) : 0.0);
@@ -557,7 +632,7 @@ int bench_store(int argc, char **argv) {
     return 1;
   }
   if (!setup(b) && !load_db(b) && !measure_miss(b) && !measure_prefetch(b) && !measure_hit(b) &&
-      !measure_zipf(b) && !measure_ckpt(b)) {
+      !measure_zipf(b) && !measure_wback(b) && !measure_ckpt(b)) {
     print_figures(b);
     status = 0;
   }

@@ -32,6 +32,7 @@
 #include "embedding/store.h"
 #include "tools/cli.h"
 #include "tools/cmds.h"
+#include "train/keep.h"
 #include "train/trainer.h"
 #include "dense/cuda_plugin.h"
 
@@ -142,6 +143,8 @@ typedef struct bt_flags {
   const dense_backend *be;
   int gpu;
   int bl[8], nb;       /* the batch sizes */
+  emb_keep_cfg keep;   /* --keep F,T,C: every batch also timed with these bounds */
+  int have_keep;
   int th[8], nth;      /* the dense thread counts (--dense-threads) */
 } bt_flags;
 
@@ -156,6 +159,7 @@ static int parse_flags(int argc, char **argv, bt_flags *f) {
                                        {"dense-threads", required_argument, 0, 't'},
                                        {"dense-isa", required_argument, 0, 'i'},
                                        {"arch", required_argument, 0, 'a'},
+                                       {"keep", required_argument, 0, 'k'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
   const char *batches = NULL, *threads = NULL, *isa = NULL;
@@ -172,6 +176,19 @@ static int parse_flags(int argc, char **argv, bt_flags *f) {
       case 't': threads = optarg; break;
       case 'i': isa = optarg; break;
       case 'a': if (arch_parse(optarg, &f->arch)) return 2; break;
+      case 'k': {
+        int v[3], n = 0;
+        if (cli_int_list("bench train", "--keep", optarg, ',', v, 3, &n) || n != 3 || v[0] < 0 ||
+            v[1] < 0 || v[2] < 0) {
+          fprintf(stderr, "bench train: --keep: F,T,C (admit after F samples, expire after T "
+                  "steps, capacity C rows a table)\n");
+          return 2;
+        }
+        f->keep = (emb_keep_cfg){.admit_after = (uint64_t)v[0], .expire_after = (uint64_t)v[1],
+                                 .capacity = (uint64_t)v[2]};
+        f->have_keep = 1;
+        break;
+      }
       case 'h':
         printf("usage: shardrec bench train [--rows N (300000)] [--batch 128,2048] [--steps N] [--runs 3]\n"
                "Kaggle configuration (dim 16, 13-512-256-64-16 / 512-256-1, dot), SGD, in-process shards,\n"
@@ -186,7 +203,10 @@ static int parse_flags(int argc, char **argv, bt_flags *f) {
                "rank 512, 1024-1024-512-256-1; default batch 2048; one-hot data), each batch and thread\n"
                "count beside the Kaggle model, and both models' shares of their own bounds.\n"
                "--store shard [--cache-fraction F] [--prefetch-depth D,...]: in memory vs the\n"
-               "RocksDB shard store (bench train --store shard --help).\n");
+               "RocksDB shard store (bench train --store shard --help).\n"
+               "--keep F,T,C: each batch timed without bounds, then with every table bounded\n"
+               "(admission after F samples, expiry after T steps, capacity C rows, lru), and the\n"
+               "ratio of their step times.\n");
         return 0;
       default: cli_bad_option("bench train", c, argv[optind - 1]); return 2;
     }
@@ -247,6 +267,8 @@ static int prepare_data(const char *dir, long long rows, char *bin, size_t binle
 /* One batch size's trainer over the data: everything owned. */
 typedef struct one {
   int B, arch; /* arch: ARCH_* */
+  const emb_keep_cfg *bounds; /* NULL: none; else every table's, decided each step */
+  keep *k;
   double share; /* the last measure's share of the bound */
   dense_config cfg;
   ds_source *src;
@@ -260,6 +282,7 @@ typedef struct one {
 static void one_close(one *o) {
   ds_batch_free(&o->b);
   trainer_destroy(o->t);
+  keep_destroy(o->k);
   emb_store_destroy(o->store);
   emb_plan_free(o->plan);
   ds_source_destroy(o->src);
@@ -282,6 +305,7 @@ static int one_open(one *o, int B, const char *bin) {
   emb_plan_params pp = {.n_tables = DS_NUM_SPARSE, .rows = sizes, .dim = o->cfg.emb_dim,
                         .pooling = EMB_POOL_SUM, .optim = {.kind = EMB_OPT_SGD, .eps = -1},
                         .seed = 1, .n_shards = 1};
+  if (o->bounds) pp.keep = *o->bounds;
   if (emb_plan_create(&pp, &o->plan, err, sizeof err) ||
       !(o->store = emb_store_create_local(o->plan, err, sizeof err))) {
     fprintf(stderr, "bench train: %s\n", err);
@@ -293,6 +317,11 @@ static int one_open(one *o, int B, const char *bin) {
     fprintf(stderr, "bench train: %s\n", o->t ? "out of memory" : err);
     return -1;
   }
+  if (o->bounds && !(o->k = keep_create(o->plan, err, sizeof err))) {
+    fprintf(stderr, "bench train: %s\n", err);
+    return -1;
+  }
+  trainer_set_keep(o->t, o->k);
   return 0;
 }
 
@@ -302,10 +331,20 @@ static int one_step(one *o, int *got) {
   *got = ds_source_next(o->src, &o->b, o->B);
   if (*got == 0) ds_source_rewind(o->src), *got = ds_source_next(o->src, &o->b, o->B);
   float loss;
-  if (*got < 0 || trainer_step(o->t, &o->b, o->step++, 0.01f, 0.01f, &loss)) {
+  emb_idset gone;
+  if (*got > 0 && o->k && keep_observe(o->k, &o->b, o->step)) {
+    fprintf(stderr, "bench train: bounded tables: out of memory\n");
+    return -1;
+  }
+  if (*got < 0 || trainer_step(o->t, &o->b, o->step, 0.01f, 0.01f, &loss)) {
     fprintf(stderr, "bench train: %s\n", *got < 0 ? ds_source_errmsg(o->src) : trainer_errmsg(o->t));
     return -1;
   }
+  if (o->k && (keep_decide(o->k, o->step, &gone) || emb_store_remove(o->store, o->step, &gone))) {
+    fprintf(stderr, "bench train: bounded tables: %s\n", emb_store_errmsg(o->store));
+    return -1;
+  }
+  o->step++;
   return 0;
 }
 
@@ -385,8 +424,9 @@ static int measure(one *o, const bt_flags *f, int nsteps, int th, double *rate_o
 /* One batch size: open, then for each dense thread count a pool of that
  * many, warm up, measure; close. A line with each count's rate against the
  * first's. 0 or -1 (printed). */
-static int bench_batch(const bt_flags *f, int arch, int B, const char *bin, double *share) {
-  one o = {.arch = arch};
+static int bench_batch(const bt_flags *f, int arch, int B, const char *bin, double *share,
+                       const emb_keep_cfg *bounds, double *rates) {
+  one o = {.arch = arch, .bounds = bounds};
   char err[256];
   double rate[8];
   int rc = one_open(&o, B, bin), nsteps = 0;
@@ -401,6 +441,7 @@ static int bench_batch(const bt_flags *f, int arch, int B, const char *bin, doub
     if ((nsteps = warm_up(&o, f->steps)) < 0) rc = -1;
     if (!rc) rc = measure(&o, f, nsteps, f->th[i], &rate[i]);
     if (!rc && share) share[i] = o.share;
+    if (!rc && rates) rates[i] = rate[i];
     dense_pool_set_default(NULL);
     dense_pool_destroy(p);
   }
@@ -427,12 +468,29 @@ static int bench_pair(const bt_flags *f, int B, const char *bin) {
     if (c.dcn_layers) printf(" (%d cross layers of rank %d)", c.dcn_layers, c.dcn_rank);
     printf(", top %s; %.1f MFLOP a sample\n", archs[a].top, dense_model_flops_per_sample(&c) / 1e6);
     fflush(stdout);
-    if (bench_batch(f, a, B, bin, share[a])) return -1;
+    if (bench_batch(f, a, B, bin, share[a], NULL, NULL)) return -1;
   }
   for (int i = 0; i < f->nth; i++)
     printf("%6d %7d share of its own sgemm bound: %s %.1f%%, %s %.1f%% (%.2fx the dot model's)\n", B,
            f->th[i], arch_name(ARCH_MLPERF), 100.0 * share[ARCH_MLPERF][i], arch_name(ARCH_KAGGLE),
            100.0 * share[ARCH_KAGGLE][i], share[ARCH_MLPERF][i] / share[ARCH_KAGGLE][i]);
+  fflush(stdout);
+  return 0;
+}
+
+/* Batch B as bench_batch, and with --keep again with every table bounded,
+ * then each thread count's step time with the bounds against without. 0 or
+ * -1 (printed). */
+static int bench_keep(const bt_flags *f, int B, const char *bin) {
+  double off[8], on[8];
+  if (bench_batch(f, ARCH_KAGGLE, B, bin, NULL, NULL, off)) return -1;
+  if (!f->have_keep) return 0;
+  printf("%6d with bounds (admit after %llu, expire after %llu steps, capacity %llu rows, lru):\n",
+         B, (unsigned long long)f->keep.admit_after, (unsigned long long)f->keep.expire_after,
+         (unsigned long long)f->keep.capacity);
+  if (bench_batch(f, ARCH_KAGGLE, B, bin, NULL, &f->keep, on)) return -1;
+  for (int i = 0; i < f->nth; i++)
+    printf("%6d %7d step time with bounds: %.2fx without\n", B, f->th[i], off[i] / on[i]);
   fflush(stdout);
   return 0;
 }
@@ -470,7 +528,7 @@ int bench_train(int argc, char **argv) {
          f.gpu ? "cublas GF/s" : "sgemm GF/s", "bound smp/s", "of bound", "where the step's time goes (ms)");
   for (int bi = 0; bi < f.nb; bi++)
     if (f.arch == ARCH_MLPERF ? bench_pair(&f, f.bl[bi], bin)
-                              : bench_batch(&f, ARCH_KAGGLE, f.bl[bi], bin, NULL))
+                              : bench_keep(&f, f.bl[bi], bin))
       goto out;
   status = 0;
   double load[3] = {0, 0, 0};

@@ -1,0 +1,197 @@
+/* Lookup answers read where gRPC received them (rpc/remote_impl.h): a
+ * cursor over the received byte buffer's slices and one walk of the
+ * LookupResponse's wire format, each row copied once, from the slice it
+ * arrived in straight to its place in the caller's array (no copy of the
+ * buffer into one array, no protobuf-c unpack and its copy of the rows). */
+#include <stdint.h>
+#include <string.h>
+
+#include "common/half.h"
+#include "rpc/remote_impl.h"
+
+/* A place in a received message: the slices, the current one's unread
+ * bytes [p, end), the index of the next, and the bytes left in the span
+ * the cursor reads (the message, or one field of it). */
+typedef struct {
+  const grpc_slice *sl;
+  size_t n_sl, next;
+  const uint8_t *p, *end;
+  size_t left;
+} cursor;
+
+/* Move to the next slice holding bytes, when the current one is read. */
+static void cur_load(cursor *c) {
+  while (c->p == c->end && c->next < c->n_sl) {
+    const grpc_slice *s = &c->sl[c->next++];
+    c->p = GRPC_SLICE_START_PTR(*s);
+    c->end = c->p + GRPC_SLICE_LENGTH(*s);
+  }
+}
+
+static void cur_init(cursor *c, const grpc_slice_buffer *sb) {
+  c->sl = sb->slices;
+  c->n_sl = sb->count;
+  c->next = 0;
+  c->p = c->end = NULL;
+  c->left = sb->length;
+}
+
+/* n bytes (n <= c->left) copied into dst (NULL: skipped). */
+static void cur_take(cursor *c, void *dst, size_t n) {
+  uint8_t *d = dst;
+  if (!n) return;
+  c->left -= n;
+  if ((size_t)(c->end - c->p) >= n) { /* the usual case: within one slice */
+    if (d) memcpy(d, c->p, n);
+    c->p += n;
+    return;
+  }
+  while (n) {
+    cur_load(c);
+    size_t k = (size_t)(c->end - c->p);
+    if (k > n) k = n;
+    if (d) memcpy(d, c->p, k), d += k;
+    c->p += k;
+    n -= k;
+  }
+}
+
+/* A varint into *v: 0, or -1 cut off or longer than 10 bytes. */
+static int cur_varint(cursor *c, uint64_t *v) {
+  *v = 0;
+  for (int shift = 0; shift < 70; shift += 7) {
+    if (!c->left) return -1;
+    uint8_t b;
+    cur_take(c, &b, 1);
+    *v |= (uint64_t)(b & 0x7f) << shift;
+    if (!(b & 0x80)) return 0;
+  }
+  return -1;
+}
+
+/* The next field's number and wire type; a length-delimited field's
+ * content becomes *sub (c moves past it), any other field of wire type
+ * 0, 1 or 5 is read into *v (fixed ones as their little-endian bytes).
+ * 0, or -1 at a cut or garbled field. */
+static int cur_field(cursor *c, uint32_t *num, int *wt, uint64_t *v, cursor *sub) {
+  uint64_t tag, len;
+  if (cur_varint(c, &tag) || (tag >> 3) == 0 || (tag >> 3) > UINT32_MAX) return -1;
+  *num = (uint32_t)(tag >> 3);
+  *wt = (int)(tag & 7);
+  *v = 0;
+  switch (*wt) {
+    case 0: return cur_varint(c, v);
+    case 1:
+    case 5: {
+      const size_t n = *wt == 1 ? 8 : 4;
+      if (c->left < n) return -1;
+      cur_take(c, v, n);
+      return 0;
+    }
+    case 2:
+      if (cur_varint(c, &len) || len > c->left) return -1;
+      *sub = *c;
+      sub->left = (size_t)len;
+      cur_take(c, NULL, (size_t)len);
+      return 0;
+    default: return -1; /* groups: no shardrec message has one */
+  }
+}
+
+int rpc__answer_incarnation(grpc_byte_buffer *bb, uint64_t *inc) {
+  *inc = 0;
+  grpc_byte_buffer_reader rd;
+  if (!bb || !grpc_byte_buffer_reader_init(&rd, bb)) return -1;
+  cursor c, sub;
+  cur_init(&c, &rd.buffer_out->data.raw.slice_buffer);
+  int rc = 0;
+  while (c.left && !rc) {
+    uint32_t num;
+    int wt;
+    uint64_t v;
+    rc = cur_field(&c, &num, &wt, &v, &sub);
+    if (!rc && num == 2) { /* LookupResponse.incarnation (the last seen counts) */
+      if (wt != 0) rc = -1;
+      *inc = v;
+    } else if (!rc && num == 1 && wt != 2) rc = -1;
+  }
+  grpc_byte_buffer_reader_destroy(&rd);
+  return rc;
+}
+
+/* One row of dim 16-bit weights of format prec (2 dim bytes) from c into
+ * dst as floats: decoded straight from the slice when it lies in one, else
+ * gathered first. */
+static void cur_row16(cursor *c, emb_precision prec, float *dst, size_t dim) {
+  uint16_t tmp[EMB_MAX_DIM];
+  const size_t n = 2 * dim;
+  const uint16_t *src = tmp;
+  if ((size_t)(c->end - c->p) >= n && !((uintptr_t)c->p & 1)) {
+    src = (const uint16_t *)(const void *)c->p;
+    c->p += n;
+    c->left -= n;
+  } else {
+    cur_take(c, tmp, n);
+  }
+  if (prec == EMB_PREC_FP16) sr_f16_decode(src, dst, dim, SR_HALF_AUTO);
+  else sr_bf16_decode(src, dst, dim);
+}
+
+/* One TableRows (*c) asked for as cnt ids of table tp: its rows (4 bytes a
+ * weight, or 2 for an fp16 or bf16 table), if its table and length are
+ * those, into out as floats, row r at perm[r] * dim. 0, -1 garbled, -2
+ * another table or length. */
+static int table_scatter(cursor *c, const emb_table *tp, size_t cnt, const size_t *perm,
+                         float *out) {
+  uint64_t id = 0, v;
+  cursor rows = {0}, sub;
+  int have_rows = 0;
+  while (c->left) {
+    uint32_t num;
+    int wt;
+    if (cur_field(c, &num, &wt, &v, &sub)) return -1;
+    if (num == 1 && wt == 0) id = v;        /* TableRows.table_id */
+    else if (num == 3 && wt == 2) rows = sub, have_rows = 1; /* TableRows.rows */
+    else if ((num == 1 || num == 2 || num == 3) && wt != (num == 3 ? 2 : 0)) return -1;
+  }
+  const size_t dim = (size_t)tp->dim;
+  const size_t bytes = dim * (size_t)emb_precision_bytes(tp->precision);
+  if (id != tp->table_id || (have_rows ? rows.left : 0) != cnt * bytes) return -2;
+  if (tp->precision == EMB_PREC_FP32)
+    for (size_t r = 0; r < cnt; r++) cur_take(&rows, out + perm[r] * dim, bytes);
+  else
+    for (size_t r = 0; r < cnt; r++) cur_row16(&rows, tp->precision, out + perm[r] * dim, dim);
+  return 0;
+}
+
+int rpc__answer_scatter(grpc_byte_buffer *bb, const emb_plan *plan, const call_part *parts,
+                        int n_parts, size_t *const *perm, float *const *out, int *bad_table) {
+  *bad_table = -1;
+  grpc_byte_buffer_reader rd;
+  if (!bb || !grpc_byte_buffer_reader_init(&rd, bb)) return -1;
+  cursor c, sub;
+  cur_init(&c, &rd.buffer_out->data.raw.slice_buffer);
+  int rc = 0, j = 0;
+  while (c.left && !rc) {
+    uint32_t num;
+    int wt;
+    uint64_t v;
+    if ((rc = cur_field(&c, &num, &wt, &v, &sub))) break;
+    if (num != 1) continue; /* incarnation (rpc__answer_incarnation), unknown fields */
+    if (wt != 2) {
+      rc = -1;
+      break;
+    }
+    if (j >= n_parts) continue; /* more tables than asked for: not read */
+    const call_part *pt = &parts[j++];
+    const emb_table *tp = &plan->tables[pt->t];
+    rc = table_scatter(&sub, tp, pt->n, perm[pt->t] + pt->lo, out[pt->t]);
+    if (rc == -2) *bad_table = pt->t;
+  }
+  if (!rc && j < n_parts) { /* a table missing from the answer */
+    *bad_table = parts[j].t;
+    rc = -2;
+  }
+  grpc_byte_buffer_reader_destroy(&rd);
+  return rc;
+}

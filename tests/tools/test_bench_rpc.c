@@ -1,0 +1,80 @@
+/* shardrec bench rpc --part lookup through the real binary, at a small
+ * table and few ids: for 1 server each op's server handling is printed
+ * beside the in-process store's time a step of the same run (the ratio
+ * the two figures printed make), and for the second server count each
+ * op's time a step beside the first count's (again the ratio of the two
+ * printed times). */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "tests/check_main.h"
+#include "tests/support/proc.h"
+
+/* The us/step of the line that starts with what (after its indent). */
+static double per_step(const char *out, const char *what) {
+  const char *p = strstr(out, what);
+  ck_assert_msg(p != NULL, "no line '%s' in:\n%s", what, out);
+  const char *u = strstr(p, " us/step");
+  ck_assert_msg(u != NULL, "no us/step on the line '%s'", what);
+  while (u > p && u[-1] == ' ') u--;
+  while (u > p && u[-1] != ' ') u--;
+  double v = 0;
+  ck_assert_int_eq(sscanf(u, "%lf", &v), 1);
+  ck_assert_msg(v > 0, "'%s': %g us/step", what, v);
+  return v;
+}
+
+/* x, printed to 2 decimals, is a / b where a and b are printed to one:
+ * it lies between the ratios of their rounding bounds. */
+static int ratio_ok(double x, double a, double b) {
+  const double lo = (a - 0.05) / (b + 0.05), hi = b > 0.05 ? (a + 0.05) / (b - 0.05) : INFINITY;
+  return x >= lo - 0.005 && x <= hi + 0.005;
+}
+
+START_TEST(test_ratios_printed) {
+  char *out;
+  int rc = run_cmd(&out, "%s bench rpc --part lookup --rows 65536 --ids 256 --dims 16 "
+                         "--servers 1,2 --seconds 0.05", bin_path());
+  ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
+  const char *ops[2] = {"Lookup", "Push"};
+  for (int o = 0; o < 2; o++) {
+    char what[96], key[96];
+    snprintf(what, sizeof what, "  %s in-process store", ops[o]);
+    const double loc = per_step(out, what);
+    snprintf(what, sizeof what, "  %s gRPC, 1 server ", ops[o]);
+    const double one = per_step(out, what);
+    /* The handling line follows the op's 1-server line. */
+    const char *h = strstr(strstr(out, what), "(of which the server's handling");
+    double us = 0, x = 0;
+    ck_assert_msg(h && sscanf(h, "(of which the server's handling, gRPC's part left out: %lf us "
+                              "a call, %lfx the in-process store's time)", &us, &x) == 2,
+                  "%s: no handling line of that shape in:\n%s", ops[o], out);
+    ck_assert_msg(us > 0 && ratio_ok(x, us, loc),
+                  "%s: %.1f us against %.1f us in process printed as %.2fx", ops[o], us, loc, x);
+    snprintf(what, sizeof what, "  %s gRPC, 2 servers ", ops[o]);
+    const double two = per_step(out, what);
+    snprintf(key, sizeof key, "(%s gRPC 2: ", ops[o]);
+    int found = 0; /* of the op's lines for 2 servers, the one comparing them with 1 */
+    for (const char *r = strstr(out, key); r && !found; r = strstr(r + 1, key)) {
+      char tail[64] = "";
+      found = sscanf(r + strlen(key), "%lfx the time a step of the first server %63[^)]", &x,
+                     tail) == 2 && !strcmp(tail, "count");
+    }
+    ck_assert_msg(found, "%s: no line comparing 2 servers with 1 in:\n%s", ops[o], out);
+    ck_assert_msg(ratio_ok(x, two, one),
+                  "%s: %.1f us with 2 servers, %.1f with 1, printed as %.2fx", ops[o], two, one, x);
+  }
+  free(out);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("bench_rpc");
+  TCase *tc = tcase_create("bench_rpc");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_ratios_printed);
+  suite_add_tcase(s, tc);
+  return sr_check_run(s);
+}
