@@ -1,7 +1,8 @@
 /* 16-bit floats (common/half.h): the plain C and F16C conversions give the
  * same bits for all 65536 halves and a sweep of floats, both round to
  * nearest even (against the compiler's _Float16 and a neighbour search),
- * bf16 likewise, and the stochastic roundings pick one of the two
+ * bf16 likewise (its bulk conversions, of every length, the one-value
+ * functions' bits on a sweep of floats), and the stochastic roundings pick one of the two
  * neighbours, unbiased, from the bits they are given. */
 #include <check.h>
 
@@ -184,6 +185,40 @@ START_TEST(test_bf16) {
 }
 END_TEST
 
+/* The bulk bf16 conversions (8 at a time where SSE2 runs) against the
+ * one-value functions: every 1021st float and each length up to 40. */
+START_TEST(test_bf16_bulk) {
+  enum { N = 4096 };
+  static float x[N], y[N];
+  static uint16_t c[N];
+  faults f = {0, ""};
+  for (uint64_t u = 0; u < (1ULL << 32); u += (uint64_t)N * 1021) {
+    for (int k = 0; k < N; k++) x[k] = bitsf((uint32_t)(u + (uint64_t)k * 1021));
+    sr_bf16_encode(x, c, N);
+    sr_bf16_decode(c, y, N);
+    for (int k = 0; k < N; k++) {
+      if (c[k] != sr_f32_to_bf16(x[k])) FAULT(&f, "float %08x: bulk %04x, one %04x", fbits(x[k]), c[k], sr_f32_to_bf16(x[k]));
+      if (fbits(y[k]) != (uint32_t)c[k] << 16) FAULT(&f, "bf16 %04x: bulk %08x", c[k], fbits(y[k]));
+    }
+  }
+  ck_assert_msg(f.n == 0, "%ld faults; first: %s", f.n, f.first);
+  float a[40], b[40];
+  uint16_t h[40], g[40];
+  for (int n = 0; n <= 40; n++) {
+    for (int k = 0; k < 40; k++) a[k] = (float)(k * 7 - 100) * 0.3f + (float)n;
+    memset(h, 0xab, sizeof h);
+    memset(g, 0xab, sizeof g);
+    for (int k = 0; k < n; k++) g[k] = sr_f32_to_bf16(a[k]);
+    sr_bf16_encode(a, h, (size_t)n);
+    ck_assert_mem_eq(h, g, sizeof h); /* past n untouched */
+    memset(b, 0xab, sizeof b);
+    sr_bf16_decode(h, b, (size_t)n);
+    for (int k = 0; k < n; k++) ck_assert_uint_eq(fbits(b[k]), (uint32_t)h[k] << 16);
+    ck_assert_uint_eq(fbits(b[n < 40 ? n : 39]), n < 40 ? 0xabababab : fbits(b[39]));
+  }
+}
+END_TEST
+
 /* A value of the format stays; any other goes to one of its two
  * neighbours: up when u < p, so bits 0 always go up and all-ones down. */
 START_TEST(test_stochastic_neighbours) {
@@ -297,6 +332,7 @@ int main(void) {
   tcase_add_test(tc, test_f16_sweep);
   tcase_add_test(tc, test_f16_lengths);
   tcase_add_test(tc, test_bf16);
+  tcase_add_test(tc, test_bf16_bulk);
   tcase_add_test(tc, test_stochastic_neighbours);
   tcase_add_test(tc, test_stochastic_unbiased);
   tcase_add_test(tc, test_stochastic_definition);
