@@ -17,3 +17,11 @@ void emb_row_round(const emb_plan *plan, int table, uint64_t row_id, int64_t ste
                       : sr_f16_to_f32(sr_f16_round_stochastic(w[j + k], o.v[k]));
   }
 }
+
+void emb_values_round_nearest(emb_precision p, const float *in, float *out, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (p == EMB_PREC_FP16) out[i] = sr_f16_to_f32(sr_f32_to_f16(in[i]));
+    else if (p == EMB_PREC_BF16) out[i] = sr_bf16_to_f32(sr_f32_to_bf16(in[i]));
+    else out[i] = in[i];
+  }
+}

@@ -18,6 +18,7 @@
 #ifndef SHARDREC_EMBEDDING_PRECISION_H
 #define SHARDREC_EMBEDDING_PRECISION_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "embedding/plan.h"
@@ -30,5 +31,10 @@
  * value of its fp16 / bf16 rounding; infinities and NaNs stay what they
  * are). Nothing for an fp32 table. */
 void emb_row_round(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float *w);
+
+/* out[i] = in[i] rounded to the nearest value of precision p (ties to
+ * even), i < n: a conversion of stored weights (reshard --precision), not
+ * an update. fp32: a copy. in and out may be the same array. */
+void emb_values_round_nearest(emb_precision p, const float *in, float *out, size_t n);
 
 #endif

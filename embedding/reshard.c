@@ -180,6 +180,23 @@ static int row_ok(const char *v, size_t len, int dim, int slen) {
   return kv_row_check(v, len, dim, slen, &w);
 }
 
+/* *v (a checked row) in table tb's precision: as it is when its weights
+ * are already of it, else converted into buf (each weight rounded to
+ * nearest; 16 bits to fp32 is exact), *v and *len then naming buf. */
+static void to_precision(const emb_table *tb, int slen, const char **v, size_t *len,
+                         unsigned char *buf) {
+  int w;
+  float row[EMB_MAX_DIM * 2 + 1];
+  char e2[256];
+  kv_row_check(*v, *len, tb->dim, slen, &w);
+  if (w == (int)tb->precision ||
+      kv_row_decode_w(*v, *len, tb->dim, slen, (int)tb->precision, row, e2, sizeof e2))
+    return;
+  kv_row_encode_w(tb->dim, slen, (int)tb->precision, row, buf);
+  *v = (const char *)buf;
+  *len = kv_row_size_w(tb->dim, slen, (int)tb->precision);
+}
+
 /* Run job(ctx, k, ti) for k = 0..n-1 on up to 16 threads at a time. Each
  * target's database work is mostly waiting for fsync (RocksDB syncs the
  * MANIFEST, the OPTIONS file and the folder for every family created and
@@ -298,6 +315,7 @@ static int move_table(worker *w, int ti, char *err, size_t errlen) {
     }
   }
   uint64_t n = 0, shown = 0, bytes = 0, shown_bytes = 0;
+  unsigned char conv[KV_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
   for (;;) {
     /* The smallest row id among the sources (few: a linear pass). */
     int best = -1;
@@ -333,6 +351,7 @@ static int move_table(worker *w, int ti, char *err, size_t errlen) {
       rc = SR_EFORMAT;
       goto out;
     }
+    to_precision(tb, slen, &v, &len, conv); /* reshard --precision */
     uint64_t h = reshard_row_hash(tid, bk, v, len);
     rt->rows_in++;
     rt->sum_in += h;
