@@ -423,8 +423,24 @@ static void resolve(lstore *s, const ltab *t, const uint64_t *id, size_t cnt) {
   }
 }
 
-static int l_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, float *const *out) {
-  (void)step;
+/* Row r of table t (slot1, 0: not held) into o as lookup_begin_rows16
+ * hands it: a 16-bit table's bits copied, an absent row's value (already
+ * of the format: init rounded, or zeros) encoded. */
+static void get_rows16(lstore *s, int ti, const ltab *t, uint32_t slot1, uint64_t id,
+                       uint16_t *o) {
+  const size_t dim = (size_t)t->dim;
+  if (slot1) {
+    memcpy(o, lt_w16(t, slot1), dim * sizeof *o);
+    return;
+  }
+  float v[EMB_MAX_DIM];
+  emb_store_absent_row(&s->base, ti, id, v);
+  if (t->prec == EMB_PREC_FP16) sr_f16_encode(v, o, dim, SR_HALF_AUTO);
+  else sr_bf16_encode(v, o, dim);
+}
+
+/* lookup_begin; rows16: 16-bit tables' rows in their bits (get_rows16). */
+static int lookup_rows(emb_store *b, const emb_idset *ids, void *const *out, int rows16) {
   lstore *s = (lstore *)b;
   int rc = check_ids(s, ids, "lookup");
   if (rc) return s->last_lookup_rc = rc;
@@ -442,6 +458,14 @@ static int l_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, floa
     float *o = out[ti];
     resolve(s, t, id, cnt);
     const uint32_t *slot = s->slot;
+    if (rows16 && t->prec != EMB_PREC_FP32) {
+      for (size_t r = 0; r < cnt; r++) {
+        get_rows16(s, ti, t, slot[r], id[r], (uint16_t *)out[ti] + r * dim);
+        hits += slot[r] != 0;
+      }
+      total += cnt;
+      continue;
+    }
     for (size_t r = 0; r < cnt; r++) {
       float *dst = o + r * dim;
       if (slot[r]) {
@@ -456,6 +480,17 @@ static int l_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, floa
   s->st.lookups += total;
   s->st.hits += hits;
   return s->last_lookup_rc = 0;
+}
+
+static int l_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, float *const *out) {
+  (void)step;
+  return lookup_rows(b, ids, (void *const *)out, 0);
+}
+
+static int l_lookup_begin_rows16(emb_store *b, int64_t step, const emb_idset *ids,
+                                 void *const *out) {
+  (void)step;
+  return lookup_rows(b, ids, out, 1);
 }
 
 static int l_lookup_wait(emb_store *b) { return ((lstore *)b)->last_lookup_rc; }
@@ -838,6 +873,7 @@ static const emb_store_ops local_ops = {
     .kind = EMB_STORE_LOCAL,
     .ckpt_layout = EMB_CKPT_TABLE_FILES,
     .lookup_begin = l_lookup_begin,
+    .lookup_begin_rows16 = l_lookup_begin_rows16,
     .lookup_wait = l_lookup_wait,
     .push = l_push,
     .flush = l_flush,
