@@ -570,16 +570,17 @@ void rpc__answer_write(const emb_plan *plan, uint64_t incarnation,
 float rpc__no_rows16;
 
 float *rpc__answer_rows16(const emb_plan *plan, const Shardrec__V1__LookupRequest *q,
-                          const int *idx, uint8_t *out, const size_t *rows_at, float **outp) {
+                          const int *idx, uint8_t *out, const size_t *rows_at, float **outp,
+                          int direct) {
   size_t n = 0;
-  for (size_t i = 0; i < q->n_tables; i++)
+  for (size_t i = 0; i < q->n_tables && !direct; i++)
     if (plan->tables[idx[i]].precision != EMB_PREC_FP32)
       n += q->tables[i]->n_ids * (size_t)plan->tables[idx[i]].dim;
   float *f = n ? malloc(n * sizeof *f) : &rpc__no_rows16;
   if (!f) return NULL;
   for (size_t i = 0, at = 0; i < q->n_tables; i++) {
     const int t = idx[i];
-    if (plan->tables[t].precision == EMB_PREC_FP32) {
+    if (direct || plan->tables[t].precision == EMB_PREC_FP32) {
       outp[t] = (float *)(void *)(out + rows_at[i]); /* 4-byte aligned: rpc__answer_layout */
     } else {
       outp[t] = f + at;

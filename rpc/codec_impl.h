@@ -176,12 +176,14 @@ void rpc__answer_write(const emb_plan *plan, uint64_t incarnation,
 
 /* Where the store writes the rows of q's answer (out, laid out at rows_at):
  * outp[t] for each table of q, into the answer itself for an fp32 table,
- * into a float buffer for a 16-bit one. Returns that buffer (malloc'd; the
- * caller frees it unless it is &rpc__no_rows16, which stands for none), or
- * NULL when out of memory. */
+ * and for a 16-bit one too when direct (the store hands 16-bit rows as
+ * they are: emb_store_lookup_begin_rows16), else into a float buffer.
+ * Returns that buffer (malloc'd; the caller frees it unless it is
+ * &rpc__no_rows16, which stands for none), or NULL when out of memory. */
 extern float rpc__no_rows16;
 float *rpc__answer_rows16(const emb_plan *plan, const Shardrec__V1__LookupRequest *q,
-                          const int *idx, uint8_t *out, const size_t *rows_at, float **outp);
+                          const int *idx, uint8_t *out, const size_t *rows_at, float **outp,
+                          int direct);
 /* Once the store has written them: the 16-bit tables' rows from outp[t]
  * into the answer, as 16-bit values of each table's format. */
 void rpc__answer_encode16(const emb_plan *plan, const Shardrec__V1__LookupRequest *q,
