@@ -9,12 +9,16 @@ void emb_row_round(const emb_plan *plan, int table, uint64_t row_id, int64_t ste
   const uint64_t key = sr_mix64(plan->seed ^ sr_mix64((uint64_t)step ^ EMB_ROUND_TAG));
   const uint64_t hi = (uint64_t)t->table_id << 32;
   const int bf16 = t->precision == EMB_PREC_BF16;
-  for (int j = 0; j < t->dim; j += 4) {
-    sr_philox_out o = sr_philox(key, row_id, hi | (uint64_t)(j >> 2));
-    int m = t->dim - j < 4 ? t->dim - j : 4;
-    for (int k = 0; k < m; k++)
-      w[j + k] = bf16 ? sr_bf16_to_f32(sr_bf16_round_stochastic(w[j + k], o.v[k]))
-                      : sr_f16_to_f32(sr_f16_round_stochastic(w[j + k], o.v[k]));
+  const size_t dim = (size_t)t->dim;
+  uint32_t bits[EMB_MAX_DIM + 4]; /* element j's: block j / 4, word j % 4 */
+  uint16_t h[EMB_MAX_DIM];
+  sr_philox_n(key, row_id, hi, (dim + 3) / 4, bits);
+  if (bf16) {
+    for (size_t j = 0; j < dim; j++) h[j] = sr_bf16_round_stochastic(w[j], bits[j]);
+    sr_bf16_decode(h, w, dim);
+  } else {
+    for (size_t j = 0; j < dim; j++) h[j] = sr_f16_round_stochastic(w[j], bits[j]);
+    sr_f16_decode(h, w, dim, SR_HALF_AUTO);
   }
 }
 
