@@ -32,6 +32,65 @@ sr_philox_out sr_philox(uint64_t key, uint64_t c0, uint64_t c1) {
   return o;
 }
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#define PHILOX_LANES 4
+
+/* m * x (x's four u32 lanes) as lo and hi u32 lanes. */
+static inline void mulhilo4(__m128i x, __m128i m, __m128i *hi, __m128i *lo) {
+  __m128i e = _mm_mul_epu32(x, m), o = _mm_mul_epu32(_mm_srli_epi64(x, 32), m);
+  e = _mm_shuffle_epi32(e, _MM_SHUFFLE(3, 1, 2, 0)); /* lo0 lo2 hi0 hi2 */
+  o = _mm_shuffle_epi32(o, _MM_SHUFFLE(3, 1, 2, 0)); /* lo1 lo3 hi1 hi3 */
+  *lo = _mm_unpacklo_epi32(e, o);
+  *hi = _mm_unpackhi_epi32(e, o);
+}
+
+/* Four counters (c0, c1 + i) side by side (SSE2, every x86-64), each
+ * round's words one vector a word: sr_philox's bits. */
+static void philox_lanes(uint64_t key, uint64_t c0, uint64_t c1, uint32_t *out) {
+  uint32_t cl[4], ch[4];
+  for (int i = 0; i < 4; i++) cl[i] = (uint32_t)(c1 + (uint64_t)i), ch[i] = (uint32_t)((c1 + (uint64_t)i) >> 32);
+  __m128i a = _mm_set1_epi32((int)(uint32_t)c0), b = _mm_set1_epi32((int)(uint32_t)(c0 >> 32));
+  __m128i c = _mm_loadu_si128((const __m128i *)(const void *)cl);
+  __m128i d = _mm_loadu_si128((const __m128i *)(const void *)ch);
+  const __m128i m0 = _mm_set1_epi32((int)PHILOX_M0), m1 = _mm_set1_epi32((int)PHILOX_M1);
+  uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
+  for (int round = 0; round < 10; round++) {
+    __m128i hi0, lo0, hi1, lo1;
+    mulhilo4(a, m0, &hi0, &lo0);
+    mulhilo4(c, m1, &hi1, &lo1);
+    a = _mm_xor_si128(_mm_xor_si128(hi1, b), _mm_set1_epi32((int)k0));
+    b = lo1;
+    c = _mm_xor_si128(_mm_xor_si128(hi0, d), _mm_set1_epi32((int)k1));
+    d = lo0;
+    k0 += PHILOX_W0;
+    k1 += PHILOX_W1;
+  }
+  /* Lanes to blocks: block i is (a[i], b[i], c[i], d[i]). */
+  __m128i ab0 = _mm_unpacklo_epi32(a, b), ab1 = _mm_unpackhi_epi32(a, b);
+  __m128i cd0 = _mm_unpacklo_epi32(c, d), cd1 = _mm_unpackhi_epi32(c, d);
+  _mm_storeu_si128((__m128i *)(void *)out, _mm_unpacklo_epi64(ab0, cd0));
+  _mm_storeu_si128((__m128i *)(void *)(out + 4), _mm_unpackhi_epi64(ab0, cd0));
+  _mm_storeu_si128((__m128i *)(void *)(out + 8), _mm_unpacklo_epi64(ab1, cd1));
+  _mm_storeu_si128((__m128i *)(void *)(out + 12), _mm_unpackhi_epi64(ab1, cd1));
+}
+#else
+#define PHILOX_LANES 1
+static void philox_lanes(uint64_t key, uint64_t c0, uint64_t c1, uint32_t *out) {
+  sr_philox_out o = sr_philox(key, c0, c1);
+  for (int k = 0; k < 4; k++) out[k] = o.v[k];
+}
+#endif
+
+void sr_philox_n(uint64_t key, uint64_t c0, uint64_t c1, size_t n, uint32_t *out) {
+  size_t i = 0;
+  for (; i + PHILOX_LANES <= n; i += PHILOX_LANES) philox_lanes(key, c0, c1 + i, out + 4 * i);
+  for (; i < n; i++) {
+    sr_philox_out o = sr_philox(key, c0, c1 + i);
+    for (int k = 0; k < 4; k++) out[4 * i + (size_t)k] = o.v[k];
+  }
+}
+
 void sr_rng_init(sr_rng *r, uint64_t key, uint64_t stream) {
   r->key = key;
   r->stream = stream;

@@ -3,6 +3,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "embedding/precision.h"
+
 int emb_optim_state_len(const emb_optim_cfg *o, int dim) {
   switch (o->kind) {
     case EMB_OPT_ADAGRAD: return dim;
@@ -61,6 +63,26 @@ int emb_optim_check(const emb_optim_cfg *o, int dim, float lr, const float *g, c
   if (sl) memcpy(scratch + dim, state, (size_t)sl * sizeof *scratch);
   emb_optim_apply(o, dim, lr, g, scratch, sl ? scratch + dim : NULL);
   for (int j = 0; j < dim + sl; j++)
+    if (!isfinite(scratch[j])) return 0;
+  return 1;
+}
+
+void emb_optim_apply_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
+                        const float *g, float *w, float *state) {
+  const emb_table *t = &plan->tables[table];
+  emb_optim_apply(&t->optim, t->dim, lr, g, w, state);
+  emb_row_round(plan, table, row_id, step, w);
+}
+
+int emb_optim_check_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
+                       const float *g, const float *w, const float *state, float *scratch) {
+  const emb_table *t = &plan->tables[table];
+  if (t->precision == EMB_PREC_FP32) return emb_optim_check(&t->optim, t->dim, lr, g, w, state, scratch);
+  const int sl = emb_optim_state_len(&t->optim, t->dim);
+  memcpy(scratch, w, (size_t)t->dim * sizeof *scratch);
+  if (sl) memcpy(scratch + t->dim, state, (size_t)sl * sizeof *scratch);
+  emb_optim_apply_at(plan, table, row_id, step, lr, g, scratch, sl ? scratch + t->dim : NULL);
+  for (int j = 0; j < t->dim + sl; j++)
     if (!isfinite(scratch[j])) return 0;
   return 1;
 }

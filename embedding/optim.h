@@ -49,4 +49,17 @@ int emb_optim_lr_ok(float lr);
 int emb_optim_check(const emb_optim_cfg *o, int dim, float lr, const float *g, const float *w,
                     const float *state, float *scratch);
 
+/* The update of a stored row where it lives: emb_optim_apply with table's
+ * optimizer, then the row rounded to the table's precision
+ * (emb_row_round, keyed by row_id and step). For an fp32 table it is
+ * emb_optim_apply, the same bits. */
+void emb_optim_apply_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
+                        const float *g, float *w, float *state);
+
+/* emb_optim_check of emb_optim_apply_at's outcome (the rounded row: an
+ * fp16 weight rounded past 65504 is infinite, so not finite). scratch as
+ * emb_optim_check's. 1 when every float would be finite, else 0. */
+int emb_optim_check_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
+                       const float *g, const float *w, const float *state, float *scratch);
+
 #endif

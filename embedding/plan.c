@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/fs.h"
+#include "common/half.h"
 #include "common/outfile.h"
 #include "common/rng.h"
 #include "common/sha256.h"
@@ -44,6 +45,21 @@ int emb_optim_parse(const char *s, emb_optim_kind *out) {
   else return -1;
   return 0;
 }
+
+const char *emb_precision_name(emb_precision p) {
+  return p == EMB_PREC_FP16 ? "fp16" : p == EMB_PREC_BF16 ? "bf16" : "fp32";
+}
+
+int emb_precision_parse(const char *s, emb_precision *out) {
+  if (!s) return -1;
+  if (!strcmp(s, "fp32")) *out = EMB_PREC_FP32;
+  else if (!strcmp(s, "fp16")) *out = EMB_PREC_FP16;
+  else if (!strcmp(s, "bf16")) *out = EMB_PREC_BF16;
+  else return -1;
+  return 0;
+}
+
+int emb_precision_bytes(emb_precision p) { return p == EMB_PREC_FP32 ? 4 : 2; }
 
 const char *emb_pooling_name(emb_pooling p) { return p == EMB_POOL_MEAN ? "mean" : "sum"; }
 
@@ -152,6 +168,8 @@ int emb_plan_validate(const emb_plan *p, const char *src, char *err, size_t errl
     if (!(t->init_range > 0.0) || !isfinite(t->init_range) || (float)t->init_range <= 0.0f ||
         !isfinite((float)t->init_range))
       BAD("tables[%d].init_range: must be a positive finite number", i);
+    if ((unsigned)t->precision > EMB_PREC_BF16)
+      BAD("tables[%d].precision: must be \"fp32\", \"fp16\" or \"bf16\"", i);
     if ((unsigned)t->optim.kind > EMB_OPT_ROWWISE_ADAGRAD)
       BAD("tables[%d].optimizer.name: must be \"sgd\", \"adagrad\" or \"rowwise_adagrad\"", i);
     if (!(t->optim.eps >= 0.0) || !isfinite(t->optim.eps))
@@ -187,10 +205,10 @@ int emb_plan_validate(const emb_plan *p, const char *src, char *err, size_t errl
 
 /* ---- create ---- */
 
-static uint64_t table_bytes(uint64_t rows, int dim, emb_optim_kind k) {
+static uint64_t table_bytes(uint64_t rows, int dim, emb_optim_kind k, emb_precision prec) {
   if (rows == EMB_ROWS_UNBOUNDED) rows = EMB_UNBOUNDED_ROWS_ESTIMATE;
-  uint64_t per = (uint64_t)dim + (k == EMB_OPT_ADAGRAD ? (uint64_t)dim : k == EMB_OPT_ROWWISE_ADAGRAD ? 1 : 0);
-  return rows * per * 4;
+  uint64_t state = k == EMB_OPT_ADAGRAD ? (uint64_t)dim : k == EMB_OPT_ROWWISE_ADAGRAD ? 1 : 0;
+  return rows * ((uint64_t)dim * (uint64_t)emb_precision_bytes(prec) + state * 4);
 }
 
 int emb_plan_create(const emb_plan_params *pp, emb_plan **out, char *err, size_t errlen) {
@@ -217,6 +235,7 @@ int emb_plan_create(const emb_plan_params *pp, emb_plan **out, char *err, size_t
     t->pooling = pp->pooling;
     t->init_range = pp->init_range > 0 ? pp->init_range : emb_default_init_range(t->rows);
     t->optim = pp->optim;
+    t->precision = pp->precision;
     t->keep = pp->keep;
     if (t->optim.eps < 0) t->optim.eps = emb_optim_default_eps(t->optim.kind);
     if (t->optim.kind == EMB_OPT_SGD) t->optim.eps = 0, t->optim.init_acc = 0;
@@ -242,7 +261,8 @@ int emb_plan_create(const emb_plan_params *pp, emb_plan **out, char *err, size_t
       uint64_t bb = 0;
       for (int i = 0; i < pp->n_tables; i++) {
         if (done[i]) continue;
-        uint64_t b = table_bytes(p->tables[i].rows, p->tables[i].dim, p->tables[i].optim.kind);
+        uint64_t b = table_bytes(p->tables[i].rows, p->tables[i].dim, p->tables[i].optim.kind,
+                                 p->tables[i].precision);
         if (best < 0 || b > bb) best = i, bb = b;
       }
       int s = 0;
@@ -389,6 +409,9 @@ static int parse_table(pctx *c, const cJSON *jt, int i, emb_table *t, int n_shar
   }
   if (t->optim.kind == EMB_OPT_SGD && (t->optim.eps != 0 || t->optim.init_acc != 0))
     return perr(c, "%s: sgd takes no eps or initial_accumulator_value", wo);
+  if ((j = cJSON_GetObjectItemCaseSensitive(jt, "precision")) &&
+      (!cJSON_IsString(j) || emb_precision_parse(j->valuestring, &t->precision)))
+    return perr(c, "%sprecision: must be \"fp32\", \"fp16\" or \"bf16\"", w);
   if ((rc = parse_keep(c, jt, w, &t->keep))) return rc;
   const cJSON *jp = need(c, jt, "placement", w, &rc);
   if (!jp) return rc;
@@ -598,6 +621,8 @@ static void write_plan(sbuf *b, const emb_plan *p, int with_placement, int prett
     if (t->optim.kind != EMB_OPT_SGD)
       sb_put(b, ",%s\"eps\":%s%s,%s\"initial_accumulator_value\":%s%s", sp, sp, d2, sp, sp, d3);
     sb_put(b, "}");
+    if (t->precision != EMB_PREC_FP32)
+      sb_put(b, ",%s\"precision\":%s\"%s\"", sp, sp, emb_precision_name(t->precision));
     if (emb_keep_on(t)) {
       const emb_keep_cfg *k = &t->keep;
       sb_put(b, ",%s\"keep\":%s{\"admit_after\":%s%llu,%s\"admit_window\":%s%llu,", sp, sp, sp,
@@ -691,6 +716,10 @@ void emb_row_init(const emb_plan *plan, int table, uint64_t row_id, float *out) 
     int m = t->dim - j < 4 ? t->dim - j : 4;
     for (int k = 0; k < m; k++) out[j + k] = a * (2.0f * sr_u01f(o.v[k]) - 1.0f);
   }
+  if (t->precision == EMB_PREC_FP16)
+    for (int j = 0; j < t->dim; j++) out[j] = sr_f16_to_f32(sr_f32_to_f16(out[j]));
+  else if (t->precision == EMB_PREC_BF16)
+    for (int j = 0; j < t->dim; j++) out[j] = sr_bf16_to_f32(sr_f32_to_bf16(out[j]));
 }
 
 /* ---- growth ---- */
@@ -729,6 +758,7 @@ static const char *table_differs(const emb_table *x, const emb_table *y) {
   if (x->optim.kind != y->optim.kind || x->optim.eps != y->optim.eps ||
       x->optim.init_acc != y->optim.init_acc)
     return "optimizer";
+  if (x->precision != y->precision) return "precision";
   if (x->keep.admit_after != y->keep.admit_after || x->keep.admit_window != y->keep.admit_window ||
       x->keep.expire_after != y->keep.expire_after || x->keep.capacity != y->keep.capacity ||
       x->keep.evict != y->keep.evict || x->keep.half_life != y->keep.half_life)

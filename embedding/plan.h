@@ -31,6 +31,9 @@
  *   initial_accumulator_value (default 0) are optional on input.
  * - placement.kind "table": shards holds exactly one shard; "row": rows are
  *   spread over the listed shards by emb_plan_shard_of.
+ * - precision: optional, "fp32" (the default), "fp16" or "bf16": the bits
+ *   a weight is kept in (embedding/precision.h). Written only when it is not
+ *   fp32, so an fp32 plan's text and fingerprints are what they were.
  * - keep (optional; absent: every id seen gets a row forever): bounds on the
  *   table's rows, applied by the trainer at step boundaries (train/keep.h):
  *     {"admit_after": F, "admit_window": W, "expire_after": T,
@@ -91,6 +94,13 @@ typedef struct emb_optim_cfg {
   double init_acc; /* adagrad kinds: initial accumulator value, >= 0 */
 } emb_optim_cfg;
 
+/* The bits a table's weights are kept in (optimizer state stays fp32). */
+typedef enum {
+  EMB_PREC_FP32 = 0, /* IEEE binary32: the default */
+  EMB_PREC_FP16 = 1, /* IEEE binary16 */
+  EMB_PREC_BF16 = 2, /* bfloat16 */
+} emb_precision;
+
 typedef enum {
   EMB_PLACE_TABLE = 0, /* whole table on shards[0] */
   EMB_PLACE_ROW = 1,   /* row r on shards[emb_plan_shard_of(...)] */
@@ -128,6 +138,7 @@ typedef struct emb_table {
   double init_range;       /* never-written rows are uniform in [-a, a) */
   emb_optim_cfg optim;
   emb_placement place;
+  emb_precision precision; /* weights' bits; EMB_PREC_FP32 unless the plan says */
   emb_keep_cfg keep;       /* all zero: every id seen keeps a row */
 } emb_table;
 
@@ -152,6 +163,7 @@ typedef struct emb_plan_params {
   int n_shards;
   int row_wise; /* 0: each table on one shard, balanced greedily by bytes;
                    1: every table row-wise over all shards */
+  emb_precision precision; /* every table's (0: fp32) */
   emb_keep_cfg keep; /* every table's bounds (all zero: none) */
 } emb_plan_params;
 
@@ -167,6 +179,11 @@ double emb_optim_default_eps(emb_optim_kind kind);
 /* "sgd", "adagrad", "rowwise_adagrad"; emb_optim_parse returns 0 or -1. */
 const char *emb_optim_name(emb_optim_kind kind);
 int emb_optim_parse(const char *s, emb_optim_kind *out);
+/* "fp32", "fp16", "bf16"; emb_precision_parse returns 0 or -1. */
+const char *emb_precision_name(emb_precision p);
+int emb_precision_parse(const char *s, emb_precision *out);
+/* Bytes of one weight: 4 or 2. */
+int emb_precision_bytes(emb_precision p);
 /* "sum", "mean"; emb_pooling_parse returns 0 or -1. */
 const char *emb_pooling_name(emb_pooling p);
 int emb_pooling_parse(const char *s, emb_pooling *out);
@@ -247,6 +264,8 @@ int emb_plan_shard_of(const emb_plan *plan, int table, uint64_t row_id);
  * uniform in [-a, a), a = (float)init_range, from
  *   bits = sr_philox(seed, row_id, ((uint64_t)table_id << 32) | (j / 4)).v[j % 4]
  *   out[j] = a * (2 * sr_u01f(bits) - 1)          (float arithmetic)
+ * then, for an fp16 or bf16 table, rounded to the nearest value of that
+ * format (ties to even), so that it is a weight the table can hold.
  * A pure function of (seed, table_id, row_id): every holder computes the
  * same bits. */
 void emb_row_init(const emb_plan *plan, int table, uint64_t row_id, float *out);

@@ -176,9 +176,25 @@ static int put_row(worker *w, int k, uint32_t tid, uint64_t key, const char *val
 
 /* Check an encoded row's header against the table's dim and state. */
 static int row_ok(const char *v, size_t len, int dim, int slen) {
-  const unsigned char *p = (const unsigned char *)v;
-  return len == kv_row_size(dim, slen) && p[0] == 'S' && p[1] == 'R' &&
-         p[2] == KV_ROW_VERSION && (p[4] | (p[5] << 8)) == dim && (p[6] | (p[7] << 8)) == slen;
+  int w;
+  return kv_row_check(v, len, dim, slen, &w);
+}
+
+/* *v (a checked row) in table tb's precision: as it is when its weights
+ * are already of it, else converted into buf (each weight rounded to
+ * nearest; 16 bits to fp32 is exact), *v and *len then naming buf. */
+static void to_precision(const emb_table *tb, int slen, const char **v, size_t *len,
+                         unsigned char *buf) {
+  int w;
+  float row[EMB_MAX_DIM * 2 + 1];
+  char e2[256];
+  kv_row_check(*v, *len, tb->dim, slen, &w);
+  if (w == (int)tb->precision ||
+      kv_row_decode_w(*v, *len, tb->dim, slen, (int)tb->precision, row, e2, sizeof e2))
+    return;
+  kv_row_encode_w(tb->dim, slen, (int)tb->precision, row, buf);
+  *v = (const char *)buf;
+  *len = kv_row_size_w(tb->dim, slen, (int)tb->precision);
 }
 
 /* Run job(ctx, k, ti) for k = 0..n-1 on up to 16 threads at a time. Each
@@ -299,6 +315,7 @@ static int move_table(worker *w, int ti, char *err, size_t errlen) {
     }
   }
   uint64_t n = 0, shown = 0, bytes = 0, shown_bytes = 0;
+  unsigned char conv[KV_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
   for (;;) {
     /* The smallest row id among the sources (few: a linear pass). */
     int best = -1;
@@ -323,7 +340,7 @@ static int move_table(worker *w, int ti, char *err, size_t errlen) {
     if (!row_ok(v, len, dim, slen)) {
       sr_fmt(err, errlen, "%s: table_id %u (%s) row %llu: a value of %zu bytes is not a row "
              "of dim %d with %d state floats (expected %zu bytes)", src_path(r, best, sp), tid, tb->name,
-             (unsigned long long)bk, len, dim, slen, kv_row_size(dim, slen));
+             (unsigned long long)bk, len, dim, slen, kv_row_size_w(dim, slen, (int)tb->precision));
       rc = SR_EFORMAT;
       goto out;
     }
@@ -334,6 +351,7 @@ static int move_table(worker *w, int ti, char *err, size_t errlen) {
       rc = SR_EFORMAT;
       goto out;
     }
+    to_precision(tb, slen, &v, &len, conv); /* reshard --precision */
     uint64_t h = reshard_row_hash(tid, bk, v, len);
     rt->rows_in++;
     rt->sum_in += h;

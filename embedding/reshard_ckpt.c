@@ -43,9 +43,27 @@ static int find_layout(const char *step_dir, const emb_plan *plan, ckpt_shards_l
   return rc;
 }
 
-/* The source, the new plan and OUT, checked before anything is written. */
+/* Under --precision: every table of plan in precision p, and *as_src a
+ * copy of the source's plan likewise (the model the new checkpoint holds);
+ * else *as_src NULL. */
+static int set_precision(int p, const emb_plan *src, emb_plan *plan, emb_plan **as_src, char *err,
+                         size_t errlen) {
+  *as_src = NULL;
+  if (p < 0) return 0;
+  char *json = emb_plan_canonical(src, 1);
+  int rc = json ? emb_plan_parse(json, "the checkpoint's plan", as_src, err, errlen) : SR_ENOMEM;
+  free(json);
+  if (rc == SR_ENOMEM) sr_fmt(err, errlen, "out of memory");
+  if (rc) return rc;
+  for (int i = 0; i < plan->n_tables; i++) plan->tables[i].precision = (emb_precision)p;
+  for (int i = 0; i < (*as_src)->n_tables; i++) (*as_src)->tables[i].precision = (emb_precision)p;
+  return 0;
+}
+
+/* The source, the new plan and OUT, checked before anything is written;
+ * *as_src as set_precision makes it. */
 static int check_inputs(const reshard_ckpt_opts *o, emb_ckpt *ck, emb_plan **plan,
-                        reshard_ckpt_stats *st, char *err, size_t errlen) {
+                        emb_plan **as_src, reshard_ckpt_stats *st, char *err, size_t errlen) {
   int rc;
   memset(ck, 0, sizeof *ck); /* closed by the caller whatever happens */
   /* OUT first, before the source is read and verified: only a checkpoint
@@ -66,14 +84,19 @@ static int check_inputs(const reshard_ckpt_opts *o, emb_ckpt *ck, emb_plan **pla
   st->failed = RESHARD_IN_PLAN;
   if ((rc = emb_plan_load(o->plan_path, plan, err, errlen))) return rc;
   st->dst_shards = (*plan)->n_shards;
+  st->failed = RESHARD_IN_FROM;
+  if ((rc = set_precision(o->convert ? (int)o->precision : -1, ck->plan, *plan, as_src, err, errlen))) return rc;
+  st->failed = RESHARD_IN_PLAN;
+  const emb_plan *model = *as_src ? *as_src : ck->plan;
   char a[EMB_FP_HEX], b[EMB_FP_HEX], diff[512];
-  emb_plan_model_fingerprint(ck->plan, a);
+  emb_plan_model_fingerprint(model, a);
   emb_plan_model_fingerprint(*plan, b);
   if (strcmp(a, b)) {
-    reshard_model_diff(ck->plan, *plan, diff, sizeof diff);
+    reshard_model_diff(model, *plan, diff, sizeof diff);
     sr_fmt(err, errlen,
            "%s describes another model than the checkpoint %s (model fingerprint %.12s... vs "
-           "%.12s...)%s%s; a new plan may change only n_shards and placements",
+           "%.12s...)%s%s; a new plan may change only n_shards and placements (and, with "
+           "--precision, every table's precision)",
            o->plan_path, ck->dir, b, a, diff[0] ? ": " : "", diff);
     return SR_EMISMATCH;
   }
@@ -130,7 +153,8 @@ static int move_rows(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_p
 /* Everything under OUT.TAG (OUT.TAG/step-N once complete), then
  * published. On failure the caller removes tmp. */
 static int write_out(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_plan *plan,
-                     const char *tmp, reshard_ckpt_stats *st, char *err, size_t errlen) {
+                     const emb_plan *as_src, const char *tmp, reshard_ckpt_stats *st, char *err,
+                     size_t errlen) {
   ckpt_dir_txn t;
   char work[SR_PATH_MAX], p1[SR_PATH_MAX], p2[SR_PATH_MAX];
   int done, rc = ckpt_dir_begin(tmp, st->step, &t, &done, err, errlen);
@@ -162,7 +186,8 @@ static int write_out(const reshard_ckpt_opts *o, const emb_ckpt *ck, const emb_p
   }
   sr_rmtree(work);
   if (!sr_path(p1, sizeof p1, "%s/fold", tmp)) sr_rmtree(p1); /* a folded chain's rows */
-  if ((rc = emb_ckpt_write_as(ck->manifest, ck->plan, plan, t.tmp, t.final, err, errlen)))
+  if ((rc = emb_ckpt_write_as(ck->manifest, as_src ? as_src : ck->plan, plan, t.tmp, t.final,
+                              err, errlen)))
     return rc;
   return ckpt_dir_replace(tmp, st->out_dir, NULL, err, errlen);
 }
@@ -204,9 +229,9 @@ int reshard_checkpoint(const reshard_ckpt_opts *o, reshard_ckpt_stats *st, char 
   }
   sr_path(st->out_dir, sizeof st->out_dir, "%.*s", (int)tl, o->to); /* fits: checked above */
   emb_ckpt ck;
-  emb_plan *plan = NULL;
+  emb_plan *plan = NULL, *as_src = NULL; /* as_src: the source's model in --precision */
   char tmp[SR_PATH_MAX];
-  int rc = check_inputs(o, &ck, &plan, st, err, errlen);
+  int rc = check_inputs(o, &ck, &plan, &as_src, st, err, errlen);
   if (rc) goto out;
   if ((rc = ckpt_dir_tmp_beside(st->out_dir, tmp, sizeof tmp, err, errlen))) goto out;
   ckpt_dir_sweep_beside(st->out_dir);
@@ -216,10 +241,11 @@ int reshard_checkpoint(const reshard_ckpt_opts *o, reshard_ckpt_stats *st, char 
     goto out;
   }
   if ((rc = fold_source(&ck, tmp, st, err, errlen)) ||
-      (rc = write_out(o, &ck, plan, tmp, st, err, errlen)))
+      (rc = write_out(o, &ck, plan, as_src, tmp, st, err, errlen)))
     sr_rmtree(tmp);
 out:
   emb_plan_free(plan);
+  emb_plan_free(as_src);
   emb_ckpt_close(&ck);
   st->seconds = sr_now() - t0;
   return rc;

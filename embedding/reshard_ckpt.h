@@ -55,6 +55,11 @@ typedef struct reshard_ckpt_opts {
   int force;             /* replace an existing OUT once the new one is complete */
   int threads;           /* tables moved side by side (0: the cores, at most 8) */
   int progress;          /* a live line on stderr (rows, MB, rows/s, ETA) */
+  /* convert 0: weights stay in their plan's precision; 1: every table of
+   * the new checkpoint holds its weights in precision, each rounded to
+   * nearest (the new plan's precision fields are set to it). */
+  int convert;
+  emb_precision precision;
   /* Called once the inputs are checked, before any row moves (st has
    * src_dir, out_dir, step, shard counts and layout); NULL: none. */
   void (*on_start)(const reshard_ckpt_stats *st, void *ctx);

@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "common/sys.h"
 #include "embedding/optim.h"
+#include "embedding/precision.h"
 #include "embedding/reshard.h"
 #include "embedding/table_file.h"
 #include "storage/ckpt_dir.h"
@@ -79,7 +80,7 @@ static int out_path(char *p, size_t n, const reshard_opts *o, int local, int k, 
 typedef struct {
   const reshard_opts *o;
   int local, n_dst, n_src;
-  char mfp[EMB_FP_HEX];
+  char mfp[EMB_FP_HEX], src_mfp[EMB_FP_HEX]; /* the new plan's model, the source's */
   char **src;              /* [n_src] source folders */
   tf_source *rd;           /* [n_src] */
   emb_tabfile_writer **wr; /* [n_dst] */
@@ -126,13 +127,20 @@ static int next_source(const frun *f, const emb_table *tb, int *best, char *err,
   return 0;
 }
 
+/* Table tb (of the new plan) as the source plan has it: the same but,
+ * under reshard --precision, its precision. */
+static const emb_table *src_table(const frun *f, const emb_table *tb) {
+  int i = emb_plan_table_index(f->o->src, tb->table_id);
+  return i < 0 ? tb : &f->o->src->tables[i];
+}
+
 /* Open table ti's source files and create its target files. */
 static int open_table(frun *f, const emb_table *tb, char *err, size_t errlen) {
   int rc = 0;
   for (int s = 0; s < f->n_src && !rc; s++) {
     char p[4500];
     if ((rc = ckpt_dir_table_file(f->src[s], tb->table_id, p, sizeof p))) break;
-    rc = emb_tabfile_open(p, tb, f->mfp, &f->rd[s].r, err, errlen);
+    rc = emb_tabfile_open(p, src_table(f, tb), f->src_mfp, &f->rd[s].r, err, errlen);
     if (!rc) rc = advance(&f->rd[s], err, errlen);
   }
   for (int k = 0; k < f->n_dst && !rc; k++) {
@@ -169,8 +177,15 @@ static int move_table_files(frun *f, int ti, char *err, size_t errlen) {
   rt->table_id = tb->table_id;
   snprintf(rt->name, sizeof rt->name, "%s", tb->name);
   int rc = open_table(f, tb, err, errlen);
+  const int convert = src_table(f, tb)->precision != tb->precision; /* reshard --precision */
+  float row[EMB_MAX_DIM * 2 + 1];
   while (!rc && !(rc = next_source(f, tb, &best, err, errlen)) && best >= 0) {
     tf_source *c = &f->rd[best];
+    if (convert) { /* the values the new file holds: each weight rounded to nearest */
+      emb_values_round_nearest(tb->precision, c->vals, row, (size_t)tb->dim);
+      memcpy(row + tb->dim, c->vals + tb->dim, (size_t)slen * sizeof *row);
+      c->vals = row;
+    }
     kv_row_encode(tb->dim, slen, c->vals, enc);
     uint64_t h = reshard_row_hash(tb->table_id, c->id, enc, len);
     rt->rows_in++;
@@ -242,7 +257,8 @@ static int frun_init(frun *f, const reshard_opts *o, reshard_stats *st, char *er
   f->local = o->layout == CKPT_SHARDS_TABLES;
   f->n_dst = f->local ? 1 : o->dst->n_shards;
   int rc;
-  if ((rc = emb_plan_model_fingerprint(o->dst, f->mfp))) {
+  if ((rc = emb_plan_model_fingerprint(o->dst, f->mfp)) ||
+      (rc = emb_plan_model_fingerprint(o->src, f->src_mfp))) {
     sr_fmt(err, errlen, "out of memory");
     return rc;
   }

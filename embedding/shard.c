@@ -70,11 +70,12 @@ static void lookup_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
   for (size_t i = 0; i < n; i++) {
     uint32_t t = s->it_t[i];
     size_t dim = (size_t)s->dim[t];
-    memcpy(c->out[t] + it_r[i] * dim, slot_row(s, s->it_slot[i]), dim * sizeof(float));
+    slot_get(s, s->it_slot[i], t, c->out[t] + it_r[i] * dim, 0);
   }
 }
 
 typedef struct {
+  int64_t step;
   float lr;
   const float *const *grads;
 } push_ctx;
@@ -86,15 +87,20 @@ static void push_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
     if (s->sends) shard__slot_unshare(s, i);
     uint32_t t = s->it_t[i];
     int dim = s->dim[t];
-    float *row = slot_row(s, s->it_slot[i]);
-    emb_optim_apply(&plan->tables[t].optim, dim, c->lr, c->grads[t] + it_r[i] * (size_t)dim, row,
-                    s->slen[t] ? row + dim : NULL);
+    float buf[2 * EMB_MAX_DIM + 1];
+    const int in_place = sh_wprec(s, t) == KV_W_FP32; /* 16 bits: updated as floats, stored */
+    float *row = in_place ? slot_row(s, s->it_slot[i]) : buf;
+    if (!in_place) slot_get(s, s->it_slot[i], t, buf, 1);
+    emb_optim_apply_at(plan, (int)t, s->it_id[i], c->step, c->lr,
+                       c->grads[t] + it_r[i] * (size_t)dim, row, s->slen[t] ? row + dim : NULL);
+    if (!in_place) slot_put(s, s->it_slot[i], t, buf);
     slot_meta(s, s->it_slot[i])->flags |= F_DIRTY;
     shard__chg_add(s, t, s->it_id[i]);
   }
 }
 
 typedef struct {
+  int64_t step;
   float lr;
   const float *const *grads;
   float *scratch;      /* [stride] */
@@ -110,9 +116,12 @@ static void check_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
   for (size_t i = 0; i < n && c->bad_t < 0; i++) {
     uint32_t t = s->it_t[i];
     int dim = s->dim[t];
-    const float *row = slot_row(s, s->it_slot[i]);
-    if (!emb_optim_check(&plan->tables[t].optim, dim, c->lr, c->grads[t] + it_r[i] * (size_t)dim,
-                         row, row + dim, c->scratch)) {
+    float buf[2 * EMB_MAX_DIM + 1];
+    const float *row = buf;
+    if (sh_wprec(s, t) == KV_W_FP32) row = slot_row(s, s->it_slot[i]);
+    else slot_get(s, s->it_slot[i], t, buf, 1);
+    if (!emb_optim_check_at(plan, (int)t, s->it_id[i], c->step, c->lr,
+                            c->grads[t] + it_r[i] * (size_t)dim, row, row + dim, c->scratch)) {
       c->bad_t = (int)t;
       c->bad_id = s->it_id[i];
     }
@@ -185,7 +194,8 @@ static uint64_t lookup_pass(shstore *s, uint32_t t, const uint64_t *id, size_t n
     }
     if (m && !(m->flags & (F_LOADING | F_FAILED))) {
       if (!(m->flags & F_REF)) m->flags |= F_REF; /* hot rows' lines stay clean */
-      row_copy(o + (base + j) * dim, (const float *)(m + 1), dim);
+      if (sh_wprec(s, t) == KV_W_FP32) row_copy(o + (base + j) * dim, (const float *)(m + 1), dim);
+      else slot_get(s, (uint32_t)(((unsigned char *)m - slab) / sb), t, o + (base + j) * dim, 0);
       hits++;
     } else {
       s->ms_t[*nm] = t;
@@ -322,7 +332,8 @@ void emb_shard_accept_unclean(emb_store *b) {
   if (b && emb_store_kind_of(b) == EMB_STORE_SHARD) ((shstore *)b)->unclean = 0;
 }
 
-static int push_apply(shstore *s, float lr, const emb_idset *ids, const float *const *grads) {
+static int push_apply(shstore *s, int64_t step, float lr, const emb_idset *ids,
+                      const float *const *grads) {
   int rc = shard__check_ids(s, ids, "push");
   if (rc) return rc;
   if (s->marked && (rc = shard__marks_remove(s))) return rc;
@@ -335,7 +346,7 @@ static int push_apply(shstore *s, float lr, const emb_idset *ids, const float *c
   for (int t = 0; t < s->n_tables; t++) total += ids->counts[t];
   /* Applied whole or not at all: every row checked first (the check brings
    * rows into the cache, which changes no value). */
-  check_ctx cc = {lr, grads, s->tmp, -1, 0};
+  check_ctx cc = {step, lr, grads, s->tmp, -1, 0};
   rc = shard__for_chunks(s, ids, s->mitem + s->chunk, check_act, &cc, &hits);
   if (rc) return rc;
   if (cc.bad_t >= 0) {
@@ -348,7 +359,7 @@ static int push_apply(shstore *s, float lr, const emb_idset *ids, const float *c
   }
   if ((rc = shard__chg_reserve(s, ids))) return rc; /* the change set takes every row */
   hits = 0;
-  push_ctx c = {lr, grads};
+  push_ctx c = {step, lr, grads};
   rc = shard__for_chunks(s, ids, s->mitem + s->chunk, push_act, &c, &hits);
   if (!rc) s->st.pushes += total;
   return rc;
@@ -361,7 +372,7 @@ static int sh_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
   shstore *s = (shstore *)b;
   uint64_t cpu0 = caller_cpu_mark(s);
   int rc = shard__call_begin(s, step);
-  if (!rc) rc = push_apply(s, lr, ids, grads);
+  if (!rc) rc = push_apply(s, step, lr, ids, grads);
   shard__prefetch_release(s, step, 1);
   shard__wbuf_submit(s);
   s->ctr.caller_ns += caller_cpu_mark(s) - cpu0;
@@ -549,7 +560,8 @@ static int sh_iterate(emb_store *b, int table, emb_row_fn fn, void *ctx) {
     size_t len;
     const char *v = kv_iter_value(it[best], &len);
     char e2[256];
-    if ((rc = kv_row_decode(v, len, dim, sl, s->tmp, e2, sizeof e2))) {
+    if ((rc = kv_row_decode_w(v, len, dim, sl, sh_wprec(s, (uint32_t)table), s->tmp, e2,
+                              sizeof e2))) {
       char dp[4200];
       ckpt_dir_shard_path(s->dir, s->db_shard[best], dp, sizeof dp);
       sr_fmt(s->err, sizeof s->err, "iterate: %s: table %d row %llu: %s", dp, table,
@@ -650,8 +662,20 @@ static int max_stride(const emb_plan *plan) {
   return m;
 }
 
+/* Bytes of the widest row in a slot: 4 a float, 2 a 16-bit weight (slot_get). */
+static size_t max_row_bytes(const emb_plan *plan) {
+  size_t m = 4;
+  for (int t = 0; t < plan->n_tables; t++) {
+    const emb_table *tb = &plan->tables[t];
+    size_t b = (size_t)emb_precision_bytes(tb->precision) * (size_t)tb->dim +
+               4 * (size_t)emb_optim_state_len(&tb->optim, tb->dim);
+    if (b > m) m = b;
+  }
+  return m;
+}
+
 uint64_t emb_shard_rows_for_mb(const emb_plan *plan, uint64_t mb) {
-  uint64_t per = ((sizeof(sh_meta) + 4 * (uint64_t)max_stride(plan) + 15) & ~15ULL) + 2 * sizeof(sh_entry) +
+  uint64_t per = ((sizeof(sh_meta) + (uint64_t)max_row_bytes(plan) + 15) & ~15ULL) + 2 * sizeof(sh_entry) +
                  4 * sizeof(uint64_t); /* slot, map at load 1/2, chunk scratch */
   return (mb << 20) / per;
 }
@@ -722,7 +746,7 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
     s->slen[t] = emb_optim_state_len(&plan->tables[t].optim, s->dim[t]);
   }
   s->stride = max_stride(plan);
-  s->slot_bytes = (sizeof(sh_meta) + 4 * (size_t)s->stride + 15) & ~(size_t)15; /* aligned slots */
+  s->slot_bytes = (sizeof(sh_meta) + max_row_bytes(plan) + 15) & ~(size_t)15; /* aligned slots */
   s->cap = (uint32_t)rows;
   size_t mcap = 64;
   while (mcap < 2 * (size_t)rows) mcap <<= 1;

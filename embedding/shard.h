@@ -115,7 +115,8 @@ typedef struct emb_shard_config {
 emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
                                   const emb_shard_config *cfg, char *err, size_t errlen);
 
-/* Rows a cache of mb MiB holds for plan (the widest row sets the slot). */
+/* Rows a cache of mb MiB holds for plan (the widest row sets the slot; an
+ * fp16 or bf16 table's row takes 2 bytes a weight). */
 uint64_t emb_shard_rows_for_mb(const emb_plan *plan, uint64_t mb);
 
 /* Counters beyond emb_store_stats (for benches and tests) of the shard

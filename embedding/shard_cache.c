@@ -48,9 +48,11 @@ uint32_t shard__row_bring(shstore *s, uint32_t t, uint64_t id, int d) {
     size_t ph = pidx_probe(s, tag, t, id);
     if (s->pidx[ph].slot1) { /* written back, maybe not in RocksDB yet: this is its value */
       char e2[256];
-      kv_row_decode(rec_at(s, s->pidx[ph].slot1 - 1) + SH_REC_HEAD,
-                    kv_row_size(s->dim[t], s->slen[t]), s->dim[t], s->slen[t], slot_row(s, slot),
-                    e2, sizeof e2); /* our own encoding: cannot fail */
+      float buf[2 * EMB_MAX_DIM + 1];
+      kv_row_decode_w(rec_at(s, s->pidx[ph].slot1 - 1) + SH_REC_HEAD,
+                      kv_row_size_w(s->dim[t], s->slen[t], sh_wprec(s, t)), s->dim[t], s->slen[t],
+                      sh_wprec(s, t), buf, e2, sizeof e2); /* our own encoding: cannot fail */
+      slot_put(s, slot, t, buf);
       s->ctr.pending_hits++;
     } else {
       m->flags |= F_LOADING;

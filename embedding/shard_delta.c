@@ -200,8 +200,8 @@ static int read_batch(shstore *s, int t, const uint64_t *ids, size_t n, float *r
                (unsigned long long)kbuf[q]);
         rc = SR_EIO;
       } else {
-        rc = kv_row_decode(vals[q], lens[q], dim, sl, rows + pos[q] * (size_t)(dim + sl), e2,
-                           sizeof e2);
+        rc = kv_row_decode_w(vals[q], lens[q], dim, sl, sh_wprec(s, (uint32_t)t),
+                             rows + pos[q] * (size_t)(dim + sl), e2, sizeof e2);
       }
     }
     kv_reader_release(s->crd);
@@ -392,8 +392,9 @@ static int overlay_record(void *vctx, uint64_t id, const float *vals) {
     }
     return 0;
   }
-  kv_row_encode(s->dim[c->t], s->slen[c->t], vals, c->enc);
-  kv_writes_put(c->w[k], s->db[k], c->t, id, c->enc, kv_row_size(s->dim[c->t], s->slen[c->t]));
+  const int w = sh_wprec(s, (uint32_t)c->t);
+  kv_row_encode_w(s->dim[c->t], s->slen[c->t], w, vals, c->enc);
+  kv_writes_put(c->w[k], s->db[k], c->t, id, c->enc, kv_row_size_w(s->dim[c->t], s->slen[c->t], w));
   if (++c->pending[k] == SD_WRITES && (c->rc = commit_db(c, k))) return 1;
   return 0;
 }

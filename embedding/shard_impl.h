@@ -102,6 +102,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "common/half.h"
 #include "common/rng.h"
 #include "common/sys.h"
 #include "embedding/shard.h"
@@ -276,8 +277,48 @@ struct shstore {
 static inline sh_meta *slot_meta(const shstore *s, uint32_t i) {
   return (sh_meta *)(s->slab + (size_t)i * s->slot_bytes);
 }
+/* The weights byte (storage/kv.h KV_W_*) of table t's rows in RocksDB: the
+ * plan's precision, whose codes are the same. */
+static inline int sh_wprec(const shstore *s, uint32_t t) {
+  return (int)s->base.plan->tables[t].precision;
+}
+
 static inline float *slot_row(const shstore *s, uint32_t i) {
   return (float *)(s->slab + (size_t)i * s->slot_bytes + sizeof(sh_meta));
+}
+
+/* An fp16 or bf16 table's slot holds its state floats, then the dim 16-bit
+ * weights (2 bytes a weight); an fp32 table's the dim weights then the
+ * state, floats, in place (slot_row). */
+static inline uint16_t *slot_w16(const shstore *s, uint32_t i, uint32_t t) {
+  return (uint16_t *)(void *)(slot_row(s, i) + s->slen[t]);
+}
+
+/* Slot i of table t as floats into dst: the dim weights, then the state
+ * when full. */
+static inline void slot_get(const shstore *s, uint32_t i, uint32_t t, float *dst, int full) {
+  const int w = sh_wprec(s, t);
+  const size_t dim = (size_t)s->dim[t];
+  if (w == KV_W_FP32) {
+    memcpy(dst, slot_row(s, i), (full ? dim + (size_t)s->slen[t] : dim) * sizeof *dst);
+    return;
+  }
+  if (w == KV_W_FP16) sr_f16_decode(slot_w16(s, i, t), dst, dim, SR_HALF_AUTO);
+  else sr_bf16_decode(slot_w16(s, i, t), dst, dim);
+  if (full) memcpy(dst + dim, slot_row(s, i), (size_t)s->slen[t] * sizeof *dst);
+}
+
+/* src (dim weights of the table's format, then the state) into slot i. */
+static inline void slot_put(const shstore *s, uint32_t i, uint32_t t, const float *src) {
+  const int w = sh_wprec(s, t);
+  const size_t dim = (size_t)s->dim[t];
+  if (w == KV_W_FP32) {
+    memcpy(slot_row(s, i), src, (dim + (size_t)s->slen[t]) * sizeof *src);
+    return;
+  }
+  if (w == KV_W_FP16) sr_f16_encode(src, slot_w16(s, i, t), dim, SR_HALF_AUTO);
+  else sr_bf16_encode(src, slot_w16(s, i, t), dim);
+  memcpy(slot_row(s, i), src + dim, (size_t)s->slen[t] * sizeof *src);
 }
 /* The caller's own CPU so far: its thread CPU less the queued work it ran
  * (an op adds the difference of two marks to ctr.caller_ns). */

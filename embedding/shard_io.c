@@ -81,13 +81,16 @@ static void job_read(shstore *s, kv_reader *rd, sh_job *j) {
     sr_fmt(j->err, sizeof j->err, "%s: table %u: %s", dp, plan->tables[t].table_id, e2);
   }
   for (size_t q = 0; q < j->n && !j->rc; q++) {
-    float *row = slot_row(s, j->slot[q]);
+    float row[2 * EMB_MAX_DIM + 1];
     if (!j->vals[q]) {
       emb_store_absent_row(&s->base, t, j->key[q], row);
       emb_optim_state_init(&plan->tables[t].optim, dim, row + dim);
+      slot_put(s, j->slot[q], (uint32_t)t, row);
       continue;
     }
-    j->rc = kv_row_decode(j->vals[q], j->lens[q], dim, sl, row, e2, sizeof e2);
+    j->rc = kv_row_decode_w(j->vals[q], j->lens[q], dim, sl, sh_wprec(s, (uint32_t)t), row, e2,
+                            sizeof e2);
+    if (!j->rc) slot_put(s, j->slot[q], (uint32_t)t, row);
     if (j->rc) {
       char dp[4200];
       ckpt_dir_shard_path(s->dir, s->db_shard[j->db], dp, sizeof dp);
@@ -131,7 +134,7 @@ static void wbuf_write(shstore *s, sh_wbuf *b) {
   for (size_t i = 0; i < b->n && !b->rc; i++) {
     int d = (int)(b->ord[i].dt >> 32), t = (int)(uint32_t)b->ord[i].dt;
     kv_writes_put(b->w, s->db[d], t, b->ord[i].key, b->rec + b->ord[i].r * s->rec_bytes + SH_REC_HEAD,
-                  kv_row_size(s->dim[t], s->slen[t]));
+                  kv_row_size_w(s->dim[t], s->slen[t], sh_wprec(s, (uint32_t)t)));
     if (i + 1 == b->n || (int)(b->ord[i + 1].dt >> 32) != d)
       b->rc = kv_writes_commit(b->w, s->db[d], b->err, sizeof b->err);
   }
@@ -384,7 +387,9 @@ void shard__writeback(shstore *s, uint32_t i) {
   memcpy(p, &m->key, 8);
   memcpy(p + 8, &t, 4);
   memcpy(p + 12, &d, 4);
-  kv_row_encode(s->dim[t], s->slen[t], slot_row(s, i), p + SH_REC_HEAD);
+  float row[2 * EMB_MAX_DIM + 1];
+  slot_get(s, i, t, row, 1);
+  kv_row_encode_w(s->dim[t], s->slen[t], sh_wprec(s, t), row, p + SH_REC_HEAD);
   uint32_t tag = key_tag(t, m->key);
   size_t h = pidx_probe(s, tag, t, m->key);
   s->pidx[h].slot1 = (uint32_t)(b->idx * s->rows_per_buf + b->n) + 1;

@@ -84,6 +84,12 @@ int shard__lookup_pinned(emb_store *b, int64_t step, const emb_idset *ids,
   if (rc) return rc;
   size_t total = 0;
   for (int t = 0; t < s->n_tables; t++) total += ids->counts[t];
+  for (int t = 0; t < s->n_tables; t++)
+    if (ids->counts[t] && sh_wprec(s, (uint32_t)t) != KV_W_FP32) {
+      /* Its slots hold 16-bit weights, not the floats a pinned answer is */
+      sr_fmt(s->err, sizeof s->err, "lookup: table %d keeps 16-bit weights: gathered, not pinned", t);
+      return SR_ESTATE;
+    }
   size_t held = sends_held(s);
   if (held + s->pf_pinned + total > s->pf_limit) {
     sr_fmt(s->err, sizeof s->err,

@@ -37,9 +37,10 @@ static void reset_cached(shstore *s, uint32_t t, uint64_t id) {
     slot_meta(s, x)->flags = F_DETACHED;
     x = y;
   }
-  float *row = slot_row(s, x);
+  float row[2 * EMB_MAX_DIM + 1];
   emb_row_init(plan, (int)t, id, row);
   emb_optim_state_init(&plan->tables[t].optim, s->dim[t], row + s->dim[t]);
+  slot_put(s, x, t, row);
   slot_meta(s, x)->flags &= (uint16_t)~(F_DIRTY | F_FAILED);
 }
 

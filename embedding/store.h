@@ -245,6 +245,12 @@ typedef struct emb_store_ops {
   const char *(*errmsg)(emb_store *s);
   /* Free everything (the shard store does not flush: flush first). */
   void (*destroy)(emb_store *s);
+  /* lookup_begin, but an fp16 or bf16 table's row r lands in its own
+   * bits: dim 16-bit values of its format at (uint16_t *)out[t] + r*dim
+   * (an fp32 table's as floats, as lookup_begin); then lookup_wait. For
+   * pooling that reads 16-bit rows (embedding/bag16.h). NULL: the store
+   * converts (the in-process store has it). */
+  int (*lookup_begin_rows16)(emb_store *s, int64_t step, const emb_idset *ids, void *const *out);
 } emb_store_ops;
 
 /* Every implementation begins with this header. */
@@ -266,6 +272,12 @@ static inline int emb_store_lookup_begin(emb_store *s, int64_t step, const emb_i
   return s->ops->lookup_begin(s, step, ids, out);
 }
 static inline int emb_store_lookup_wait(emb_store *s) { return s->ops->lookup_wait(s); }
+/* 1 when s's lookups can hand 16-bit rows as they are (lookup_begin_rows16). */
+static inline int emb_store_has_rows16(const emb_store *s) { return s->ops->lookup_begin_rows16 != NULL; }
+static inline int emb_store_lookup_begin_rows16(emb_store *s, int64_t step, const emb_idset *ids,
+                                                void *const *out) {
+  return s->ops->lookup_begin_rows16(s, step, ids, out);
+}
 /* The look-ahead op (see emb_store_ops.prefetch); 0 where the store has none. */
 static inline int emb_store_prefetch(emb_store *s, int64_t step, const emb_idset *ids) {
   return s->ops->prefetch ? s->ops->prefetch(s, step, ids) : 0;

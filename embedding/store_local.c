@@ -1,7 +1,10 @@
 /* The in-process embedding store: every row of every table in memory.
  *
  * Per table, an index from row_id to a slot, and a slab of slots holding
- * the row's value (dim floats) then its optimizer state. The index of an
+ * the row's value (dim floats) then its optimizer state; an fp16 or bf16
+ * table's slot holds the state floats then the dim 16-bit weights (2 bytes
+ * a weight, the slot rounded up to 4 bytes), converted to floats as a
+ * lookup copies them out and back as a push stores them. The index of an
  * unbounded table (or one above LT_DIRECT_MAX rows) is an open-addressing hash
  * map: linear probing, power-of-two capacity, load <= 1/2, 16-byte entries
  * {row_id, slot + 1} so one cache line answers most probes. A bounded table
@@ -47,6 +50,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/half.h"
 #include "common/rng.h"
 #include "common/sha256.h"
 #include "common/status.h"
@@ -69,14 +73,17 @@ typedef struct {
 } lt_entry;
 
 typedef struct {
-  int dim, slen, stride; /* stride = dim + slen floats per slot */
+  int dim, slen, stride; /* stride = dim + slen floats of a row as the store's callers see it */
+  int prec;              /* emb_precision of the weights held */
+  size_t rb;             /* bytes per slot: 4 stride (fp32), or the state floats then dim
+                            16-bit weights, rounded up to 4 (fp16, bf16) */
   uint64_t rows;         /* EMB_ROWS_UNBOUNDED or the bound */
   lt_entry *map;         /* [mask+1], zeroed lazily by calloc; NULL when direct */
   uint32_t *direct;      /* bounded tables up to LT_DIRECT_MAX rows: [rows] slot + 1
                             indexed by row id (one access, no probing); else NULL */
   size_t mask;
   size_t n;              /* rows stored = slots used */
-  float *slab;           /* [slab_cap][stride] */
+  unsigned char *slab;   /* [slab_cap][rb] */
   size_t slab_cap;
   uint8_t *chg;          /* [slab_cap] 1: the slot's row changed since the last checkpoint */
   uint64_t *chg_ids;     /* [chg_cap] the row ids of the flagged slots */
@@ -103,6 +110,7 @@ typedef struct {
   size_t vals_cap;
   uint32_t *slots; /* [slots_cap] their slots + 1 (0: new) */
   size_t slots_cap;
+  float row[2 * EMB_MAX_DIM + 1]; /* one row as floats (16-bit tables' passes) */
   char model_fp[EMB_FP_HEX];
   emb_store_stats st;
   int last_lookup_rc;
@@ -151,15 +159,50 @@ static inline size_t lt_probe(const ltab *t, size_t h, uint64_t key) {
 
 static inline size_t lt_find(const ltab *t, uint64_t key) { return lt_probe(t, lt_home(t, key), key); }
 
-static inline float *lt_row(const ltab *t, uint32_t slot1) {
-  return t->slab + (size_t)(slot1 - 1) * (size_t)t->stride;
+static inline unsigned char *lt_at(const ltab *t, uint32_t slot1) {
+  return t->slab + (size_t)(slot1 - 1) * t->rb;
 }
 
-static int lt_init(ltab *t, int dim, int slen, uint64_t rows, size_t cap_rows) {
+/* The row of an fp32 table, in place. */
+static inline float *lt_row(const ltab *t, uint32_t slot1) {
+  return (float *)(void *)lt_at(t, slot1);
+}
+
+/* A 16-bit slot's weights (after its state floats; 4-byte aligned). */
+static inline uint16_t *lt_w16(const ltab *t, uint32_t slot1) {
+  return (uint16_t *)(void *)(lt_at(t, slot1) + 4 * (size_t)t->slen);
+}
+
+/* Row slot1 as floats into dst: the dim weights, and the state after them
+ * when full. */
+static void lt_get(const ltab *t, uint32_t slot1, float *dst, int full) {
+  if (t->prec == EMB_PREC_FP32) {
+    memcpy(dst, lt_row(t, slot1), (size_t)(full ? t->stride : t->dim) * sizeof *dst);
+    return;
+  }
+  if (t->prec == EMB_PREC_FP16) sr_f16_decode(lt_w16(t, slot1), dst, (size_t)t->dim, SR_HALF_AUTO);
+  else sr_bf16_decode(lt_w16(t, slot1), dst, (size_t)t->dim);
+  if (full) memcpy(dst + t->dim, lt_at(t, slot1), 4 * (size_t)t->slen);
+}
+
+/* src[stride] (weights of the table's format, then state) into slot1. */
+static void lt_put(ltab *t, uint32_t slot1, const float *src) {
+  if (t->prec == EMB_PREC_FP32) {
+    memcpy(lt_row(t, slot1), src, (size_t)t->stride * sizeof *src);
+    return;
+  }
+  if (t->prec == EMB_PREC_FP16) sr_f16_encode(src, lt_w16(t, slot1), (size_t)t->dim, SR_HALF_AUTO);
+  else sr_bf16_encode(src, lt_w16(t, slot1), (size_t)t->dim);
+  memcpy(lt_at(t, slot1), src + t->dim, 4 * (size_t)t->slen);
+}
+
+static int lt_init(ltab *t, int dim, int slen, int prec, uint64_t rows, size_t cap_rows) {
   memset(t, 0, sizeof *t);
   t->dim = dim;
   t->slen = slen;
   t->stride = dim + slen;
+  t->prec = prec;
+  t->rb = prec == EMB_PREC_FP32 ? 4 * (size_t)t->stride : (4 * (size_t)slen + 2 * (size_t)dim + 3) & ~(size_t)3;
   t->rows = rows;
   size_t cap = 64;
   while (cap < 2 * cap_rows) cap <<= 1;
@@ -171,13 +214,13 @@ static int lt_init(ltab *t, int dim, int slen, uint64_t rows, size_t cap_rows) {
     if (t->map) sr_advise_huge(t->map, cap * sizeof *t->map);
   }
   t->slab_cap = cap_rows > 16 ? cap_rows : 16;
-  t->slab = malloc(t->slab_cap * (size_t)t->stride * sizeof(float));
+  t->slab = malloc(t->slab_cap * t->rb);
   t->chg = calloc(t->slab_cap, 1);
   if ((!t->map && !t->direct) || !t->slab || !t->chg) {
     lt_free(t);
     return SR_ENOMEM;
   }
-  sr_advise_huge(t->slab, t->slab_cap * (size_t)t->stride * sizeof(float));
+  sr_advise_huge(t->slab, t->slab_cap * t->rb);
   t->mask = cap - 1;
   return 0;
 }
@@ -214,11 +257,11 @@ static int lt_reserve(ltab *t, size_t extra) {
       if (!nk) return SR_ENOMEM;
       t->keys = nk;
     }
-    float *nb = realloc(t->slab, cap * (size_t)t->stride * sizeof(float));
+    unsigned char *nb = realloc(t->slab, cap * t->rb);
     if (!nb) return SR_ENOMEM;
     t->slab = nb;
     t->slab_cap = cap;
-    sr_advise_huge(nb, cap * (size_t)t->stride * sizeof(float));
+    sr_advise_huge(nb, cap * t->rb);
   }
   /* Every row of the push may join the change set: room for it now, so
    * that recording a change never fails after the rows are updated. */
@@ -306,7 +349,7 @@ static void lt_remove(ltab *t, uint64_t key) {
   uint32_t last = (uint32_t)t->n--;
   if (s1 != last) {
     uint64_t moved = t->keys[last - 1];
-    memcpy(lt_row(t, s1), lt_row(t, last), (size_t)t->stride * sizeof(float));
+    memcpy(lt_at(t, s1), lt_at(t, last), t->rb);
     t->keys[s1 - 1] = moved;
     t->chg[s1 - 1] = t->chg[last - 1];
     size_t hm = lt_find(t, moved);
@@ -394,12 +437,28 @@ static void resolve(lstore *s, const ltab *t, const uint64_t *id, size_t cnt) {
     pos[r] = h;
     slot[r] = lt_slot_at(t, h);
     /* The batch's rows fit in L2: fetch each as soon as its slot is known. */
-    if (slot[r]) __builtin_prefetch(lt_row(t, slot[r]), 1, 3);
+    if (slot[r]) __builtin_prefetch(lt_at(t, slot[r]), 1, 3);
   }
 }
 
-static int l_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, float *const *out) {
-  (void)step;
+/* Row r of table t (slot1, 0: not held) into o as lookup_begin_rows16
+ * hands it: a 16-bit table's bits copied, an absent row's value (already
+ * of the format: init rounded, or zeros) encoded. */
+static void get_rows16(lstore *s, int ti, const ltab *t, uint32_t slot1, uint64_t id,
+                       uint16_t *o) {
+  const size_t dim = (size_t)t->dim;
+  if (slot1) {
+    memcpy(o, lt_w16(t, slot1), dim * sizeof *o);
+    return;
+  }
+  float v[EMB_MAX_DIM];
+  emb_store_absent_row(&s->base, ti, id, v);
+  if (t->prec == EMB_PREC_FP16) sr_f16_encode(v, o, dim, SR_HALF_AUTO);
+  else sr_bf16_encode(v, o, dim);
+}
+
+/* lookup_begin; rows16: 16-bit tables' rows in their bits (get_rows16). */
+static int lookup_rows(emb_store *b, const emb_idset *ids, void *const *out, int rows16) {
   lstore *s = (lstore *)b;
   int rc = check_ids(s, ids, "lookup");
   if (rc) return s->last_lookup_rc = rc;
@@ -417,10 +476,18 @@ static int l_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, floa
     float *o = out[ti];
     resolve(s, t, id, cnt);
     const uint32_t *slot = s->slot;
+    if (rows16 && t->prec != EMB_PREC_FP32) {
+      for (size_t r = 0; r < cnt; r++) {
+        get_rows16(s, ti, t, slot[r], id[r], (uint16_t *)out[ti] + r * dim);
+        hits += slot[r] != 0;
+      }
+      total += cnt;
+      continue;
+    }
     for (size_t r = 0; r < cnt; r++) {
       float *dst = o + r * dim;
       if (slot[r]) {
-        memcpy(dst, lt_row(t, slot[r]), dim * sizeof(float));
+        lt_get(t, slot[r], dst, 0);
         hits++;
       } else {
         emb_store_absent_row(&s->base, ti, id[r], dst);
@@ -431,6 +498,17 @@ static int l_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, floa
   s->st.lookups += total;
   s->st.hits += hits;
   return s->last_lookup_rc = 0;
+}
+
+static int l_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, float *const *out) {
+  (void)step;
+  return lookup_rows(b, ids, (void *const *)out, 0);
+}
+
+static int l_lookup_begin_rows16(emb_store *b, int64_t step, const emb_idset *ids,
+                                 void *const *out) {
+  (void)step;
+  return lookup_rows(b, ids, out, 1);
 }
 
 static int l_lookup_wait(emb_store *b) { return ((lstore *)b)->last_lookup_rc; }
@@ -458,10 +536,10 @@ static void push_undo(lstore *s, const emb_idset *ids, size_t done) {
   size_t at = 0;
   const float *v = s->vals;
   for (int ti = 0; ti < s->n && at < done; ti++) {
-    const ltab *t = &s->t[ti];
+    ltab *t = &s->t[ti];
     const size_t stride = (size_t)t->stride;
     for (size_t r = 0; r < ids->counts[ti] && at < done; r++, v += stride)
-      if (s->slots[at++]) memcpy(lt_row(t, s->slots[at - 1]), v, stride * sizeof *v);
+      if (s->slots[at++]) lt_put(t, s->slots[at - 1], v);
   }
 }
 
@@ -472,12 +550,13 @@ static void push_undo(lstore *s, const emb_idset *ids, size_t done) {
  * push_commit. s->slots gets each row's slot + 1 (0: new). 0, or
  * SR_ERANGE naming the first row whose value or optimizer state would not
  * be finite, every row as it was. */
-static int push_apply(lstore *s, float lr, const emb_idset *ids, const float *const *grads) {
+static int push_apply(lstore *s, int64_t step, float lr, const emb_idset *ids,
+                      const float *const *grads) {
   const emb_plan *plan = s->base.plan;
   size_t at = 0;
   float *v = s->vals;
   for (int ti = 0; ti < s->n; ti++) {
-    const ltab *t = &s->t[ti];
+    ltab *t = &s->t[ti];
     const emb_optim_cfg *oc = &plan->tables[ti].optim;
     const uint64_t *id = ids->ids[ti];
     const size_t stride = (size_t)t->stride;
@@ -486,14 +565,19 @@ static int push_apply(lstore *s, float lr, const emb_idset *ids, const float *co
       uint32_t s1 = s->slot[r];
       float *w = v;
       s->slots[at++] = s1;
-      if (s1) {
-        w = lt_row(t, s1);
+      if (s1 && t->prec == EMB_PREC_FP32) {
+        w = lt_row(t, s1); /* updated in place */
         memcpy(v, w, stride * sizeof *v);
+      } else if (s1) { /* 16 bits: updated as floats, then stored */
+        lt_get(t, s1, v, 1);
+        w = memcpy(s->row, v, stride * sizeof *v);
       } else {
         emb_row_init(plan, ti, id[r], w);
         emb_optim_state_init(oc, t->dim, w + t->dim);
       }
-      emb_optim_apply(oc, t->dim, lr, grads[ti] + r * (size_t)t->dim, w, t->slen ? w + t->dim : NULL);
+      emb_optim_apply_at(plan, ti, id[r], step, lr, grads[ti] + r * (size_t)t->dim, w,
+                         t->slen ? w + t->dim : NULL);
+      if (s1 && t->prec != EMB_PREC_FP32) lt_put(t, s1, w);
       if (!emb_all_finite(w, stride)) {
         push_undo(s, ids, at);
         sr_fmt(s->err, sizeof s->err,
@@ -523,7 +607,7 @@ static void push_commit(lstore *s, const emb_idset *ids) {
         size_t h = lt_find(t, id[r]);
         s1 = lt_slot_at(t, h);
         if (!s1) s1 = lt_insert_at(t, h, id[r]);
-        memcpy(lt_row(t, s1), v, stride * sizeof *v);
+        lt_put(t, s1, v);
       }
       lt_mark(t, s1, id[r]);
     }
@@ -534,7 +618,6 @@ static void push_commit(lstore *s, const emb_idset *ids) {
  * (push_apply, undone on a refusal), then the new rows stored (push_commit). */
 static int l_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
                   const float *const *grads) {
-  (void)step;
   lstore *s = (lstore *)b;
   int rc = check_ids(s, ids, "push");
   if (rc) return rc;
@@ -556,7 +639,7 @@ static int l_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
     sr_fmt(s->err, sizeof s->err, "push: out of memory for %zu rows", n);
     return rc;
   }
-  if ((rc = push_apply(s, lr, ids, grads))) return rc;
+  if ((rc = push_apply(s, step, lr, ids, grads))) return rc;
   push_commit(s, ids);
   s->st.pushes += n;
   return 0;
@@ -627,8 +710,10 @@ static int write_table(lstore *s, int ti, const char *dir, int delta) {
   }
   emb_tabfile_writer *w;
   rc = emb_tabfile_create(path, pt, s->model_fp, n, &w, e2, sizeof e2);
-  for (size_t i = 0; i < n && !rc; i++)
-    rc = emb_tabfile_put(w, keys[i], lt_row(t, lt_slot_at(t, lt_find(t, keys[i]))), e2, sizeof e2);
+  for (size_t i = 0; i < n && !rc; i++) {
+    lt_get(t, lt_slot_at(t, lt_find(t, keys[i])), s->row, 1);
+    rc = emb_tabfile_put(w, keys[i], s->row, e2, sizeof e2);
+  }
   if (!rc) rc = emb_tabfile_commit(w, e2, sizeof e2);
   else emb_tabfile_abort(w);
   if (rc) sr_fmt(s->err, sizeof s->err, "%s: %s", what, e2);
@@ -669,7 +754,7 @@ static int read_record(void *ctx, uint64_t row_id, const float *vals) {
   if (nt->rows != EMB_ROWS_UNBOUNDED && row_id >= nt->rows) return 0;
   size_t h = lt_find(nt, row_id);
   if (lt_slot_at(nt, h) == LT_EMPTY)
-    memcpy(lt_row(nt, lt_insert_at(nt, h, row_id)), vals, (size_t)nt->stride * sizeof(float));
+    lt_put(nt, lt_insert_at(nt, h, row_id), vals);
   return 0;
 }
 
@@ -694,7 +779,7 @@ static int read_table(lstore *s, int ti, const char *dir, const char *from_fp, l
            (unsigned long long)n, LT_MAX_ROWS);
     rc = SR_EFORMAT;
   }
-  if (!rc && (rc = lt_init(nt, cur->dim, cur->slen, cur->rows, (size_t)n)))
+  if (!rc && (rc = lt_init(nt, cur->dim, cur->slen, cur->prec, cur->rows, (size_t)n)))
     sr_fmt(e2, sizeof e2, "out of memory");
   if (!rc && (rc = emb_tabfile_read_all(r, read_record, nt, e2, sizeof e2))) lt_free(nt);
   emb_tabfile_close(r);
@@ -767,8 +852,7 @@ static int l_restore_delta(emb_store *b, const char *path) {
       size_t h = lt_find(t, keys[k][i]);
       uint32_t s1 = lt_slot_at(t, h);
       if (!s1) s1 = lt_insert_at(t, h, keys[k][i]);
-      memcpy(lt_row(t, s1), lt_row(&nt[k], lt_slot_at(&nt[k], lt_find(&nt[k], keys[k][i]))),
-             (size_t)t->stride * sizeof(float));
+      memcpy(lt_at(t, s1), lt_at(&nt[k], lt_slot_at(&nt[k], lt_find(&nt[k], keys[k][i]))), t->rb);
     }
   }
   for (int k = 0; k < s->n && nt && keys && rm; k++) {
@@ -827,7 +911,7 @@ static int l_stats(emb_store *b, emb_store_stats *out) {
   uint64_t rows = 0, bytes = 0;
   for (int ti = 0; ti < s->n; ti++) {
     rows += s->t[ti].n;
-    bytes += (uint64_t)s->t[ti].n * (uint64_t)s->t[ti].stride * 4;
+    bytes += (uint64_t)s->t[ti].n * (uint64_t)s->t[ti].rb;
   }
   *out = s->st;
   out->rows = rows;
@@ -849,7 +933,8 @@ static int l_iterate(emb_store *b, int table, emb_row_fn fn, void *ctx) {
     return rc;
   }
   for (size_t i = 0; i < t->n; i++) {
-    const float *row = lt_row(t, lt_slot_at(t, lt_find(t, keys[i])));
+    float *row = s->row;
+    lt_get(t, lt_slot_at(t, lt_find(t, keys[i])), row, 1);
     if (fn(ctx, table, keys[i], row, t->dim, t->slen ? row + t->dim : NULL, t->slen)) break;
   }
   free(keys);
@@ -874,6 +959,7 @@ static const emb_store_ops local_ops = {
     .kind = EMB_STORE_LOCAL,
     .ckpt_layout = EMB_CKPT_TABLE_FILES,
     .lookup_begin = l_lookup_begin,
+    .lookup_begin_rows16 = l_lookup_begin_rows16,
     .lookup_wait = l_lookup_wait,
     .push = l_push,
     .flush = l_flush,
@@ -900,7 +986,9 @@ emb_store *emb_store_create_local(const emb_plan *plan, char *err, size_t errlen
   if (!s->t) goto nomem;
   for (int ti = 0; ti < s->n; ti++) {
     const emb_table *pt = &plan->tables[ti];
-    if (lt_init(&s->t[ti], pt->dim, emb_optim_state_len(&pt->optim, pt->dim), pt->rows, 0)) goto nomem;
+    if (lt_init(&s->t[ti], pt->dim, emb_optim_state_len(&pt->optim, pt->dim), (int)pt->precision,
+                pt->rows, 0))
+      goto nomem;
   }
   if (emb_plan_model_fingerprint(plan, s->model_fp)) goto nomem;
   return &s->base;

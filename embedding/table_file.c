@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "common/fs.h"
+#include "common/half.h"
 #include "common/sha256.h"
 #include "common/status.h"
 #include "embedding/optim.h"
@@ -32,13 +33,36 @@ static uint64_t get64(const unsigned char *p) {
 /* What a file of tb holds, as its header says it. */
 typedef struct {
   uint32_t table_id, dim, slen, kind;
-  size_t rec; /* bytes per record */
+  size_t rec;    /* bytes per record */
+  uint32_t prec; /* emb_precision: 0 (version 1, float weights) or 16-bit (version 2) */
 } tf_shape;
 
 static tf_shape shape_of(const emb_table *tb) {
   int slen = emb_optim_state_len(&tb->optim, tb->dim);
+  size_t wb = (size_t)emb_precision_bytes(tb->precision);
   return (tf_shape){tb->table_id, (uint32_t)tb->dim, (uint32_t)slen, (uint32_t)tb->optim.kind,
-                    8 + 4 * (size_t)(tb->dim + slen)};
+                    8 + wb * (size_t)tb->dim + 4 * (size_t)slen, (uint32_t)tb->precision};
+}
+
+/* Weights vals[n] into the record's 16-bit values at p (unaligned), and back. */
+static void w16_put(uint32_t prec, const float *vals, uint32_t n, unsigned char *p) {
+  uint16_t h[64];
+  for (uint32_t j = 0; j < n; j += 64) {
+    size_t m = n - j < 64 ? n - j : 64;
+    if (prec == EMB_PREC_FP16) sr_f16_encode(vals + j, h, m, SR_HALF_AUTO);
+    else sr_bf16_encode(vals + j, h, m);
+    memcpy(p + 2 * (size_t)j, h, 2 * m);
+  }
+}
+
+static void w16_get(uint32_t prec, const unsigned char *p, uint32_t n, float *vals) {
+  uint16_t h[64];
+  for (uint32_t j = 0; j < n; j += 64) {
+    size_t m = n - j < 64 ? n - j : 64;
+    memcpy(h, p + 2 * (size_t)j, 2 * m);
+    if (prec == EMB_PREC_FP16) sr_f16_decode(h, vals + j, m, SR_HALF_AUTO);
+    else sr_bf16_decode(h, vals + j, m);
+  }
 }
 
 /* ---- writing ---- */
@@ -76,7 +100,8 @@ int emb_tabfile_create(const char *path, const emb_table *tb, const char *model_
     return SR_ERANGE;
   }
   memcpy(w->hdr, TF_MAGIC, 8);
-  put32(w->hdr + 8, EMB_TABFILE_VERSION);
+  put32(w->hdr + 8, w->sh.prec ? EMB_TABFILE_VERSION_16 : EMB_TABFILE_VERSION);
+  put32(w->hdr + 112, w->sh.prec);
   put32(w->hdr + 12, EMB_TABFILE_HEADER);
   put32(w->hdr + 16, w->sh.table_id);
   put32(w->hdr + 20, w->sh.dim);
@@ -119,7 +144,12 @@ int emb_tabfile_put(emb_tabfile_writer *w, uint64_t row_id, const float *vals, c
   }
   unsigned char *p = w->buf + w->fill * w->sh.rec;
   put64(p, row_id);
-  memcpy(p + 8, vals, w->sh.rec - 8);
+  if (w->sh.prec) {
+    w16_put(w->sh.prec, vals, w->sh.dim, p + 8);
+    memcpy(p + 8 + 2 * (size_t)w->sh.dim, vals + w->sh.dim, 4 * (size_t)w->sh.slen);
+  } else {
+    memcpy(p + 8, vals, w->sh.rec - 8);
+  }
   w->n++;
   w->last = row_id;
   if (++w->fill == TF_CHUNK && w_flush(w)) {
@@ -202,6 +232,7 @@ struct emb_tabfile_reader {
   uint64_t prev;        /* the last row id returned */
   unsigned char *buf;   /* [TF_CHUNK][rec] */
   size_t have, at;      /* records in buf, the next one to return */
+  float *vals;          /* [dim + slen]: a 16-bit record's values as floats (NULL for fp32) */
   sr_sha256_ctx h;
   int hashing;
 };
@@ -220,12 +251,25 @@ static int r_check(emb_tabfile_reader *r, const char *model_fp, char *err, size_
     sr_fmt(err, errlen, "%s: not a shardrec embedding table file (bad magic)", p);
     return SR_EFORMAT;
   }
-  if (get32(h + 8) != EMB_TABFILE_VERSION || get32(h + 12) != EMB_TABFILE_HEADER) {
-    sr_fmt(err, errlen, "%s: format version %u is not supported (this build reads %u)", p,
-           get32(h + 8), EMB_TABFILE_VERSION);
+  const uint32_t ver = get32(h + 8);
+  if ((ver != EMB_TABFILE_VERSION && ver != EMB_TABFILE_VERSION_16) ||
+      get32(h + 12) != EMB_TABFILE_HEADER) {
+    sr_fmt(err, errlen, "%s: format version %u is not supported (this build reads %u and %u)", p,
+           ver, EMB_TABFILE_VERSION, EMB_TABFILE_VERSION_16);
     return SR_EVERSION;
   }
   const tf_shape *w = &r->sh;
+  const uint32_t fprec = ver == EMB_TABFILE_VERSION ? 0 : get32(h + 112);
+  if (ver == EMB_TABFILE_VERSION_16 && (fprec < EMB_PREC_FP16 || fprec > EMB_PREC_BF16)) {
+    sr_fmt(err, errlen, "%s: format version 2 with weights %u is not supported", p, fprec);
+    return SR_EVERSION;
+  }
+  if (fprec != w->prec) {
+    sr_fmt(err, errlen, "%s: holds %s weights, the plan's table_id %u is %s", p,
+           fprec <= EMB_PREC_BF16 ? emb_precision_name((emb_precision)fprec) : "unknown",
+           w->table_id, emb_precision_name((emb_precision)w->prec));
+    return SR_EMISMATCH;
+  }
   if (get32(h + 16) != w->table_id || get32(h + 20) != w->dim || get32(h + 24) != w->slen ||
       get32(h + 28) != w->kind || get64(h + 40) != (uint64_t)w->rec) {
     sr_fmt(err, errlen,
@@ -273,7 +317,8 @@ int emb_tabfile_open(const char *path, const emb_table *tb, const char *model_fp
   }
   int rc = 0;
   r->buf = malloc(TF_CHUNK * r->sh.rec);
-  if (r->buf && !sr_sha256_init(&r->h)) r->hashing = 1;
+  if (r->sh.prec) r->vals = malloc((size_t)(r->sh.dim + r->sh.slen) * sizeof *r->vals);
+  if (r->buf && (r->vals || !r->sh.prec) && !sr_sha256_init(&r->h)) r->hashing = 1;
   if (!r->hashing) {
     sr_fmt(err, errlen, "%s: out of memory", path);
     rc = SR_ENOMEM;
@@ -324,7 +369,13 @@ static int r_next(emb_tabfile_reader *r, uint64_t *row_id, const float **vals, c
   }
   const unsigned char *p = r->buf + r->at++ * r->sh.rec;
   *row_id = get64(p);
-  *vals = (const float *)(const void *)(p + 8); /* rec is a multiple of 4: aligned */
+  if (r->sh.prec) {
+    w16_get(r->sh.prec, p + 8, r->sh.dim, r->vals);
+    memcpy(r->vals + r->sh.dim, p + 8 + 2 * (size_t)r->sh.dim, 4 * (size_t)r->sh.slen);
+    *vals = r->vals;
+  } else {
+    *vals = (const float *)(const void *)(p + 8); /* rec is a multiple of 4: aligned */
+  }
   return 1;
 }
 
@@ -386,5 +437,6 @@ void emb_tabfile_close(emb_tabfile_reader *r) {
   if (r->f) fclose(r->f);
   if (r->hashing) sr_sha256_abort(&r->h);
   free(r->buf);
+  free(r->vals);
   free(r);
 }

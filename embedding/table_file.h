@@ -1,4 +1,4 @@
-/* The embedding table file (SREMBTAB v1): one table's stored rows, the
+/* The embedding table file (SREMBTAB v1, v2): one table's stored rows, the
  * in-process store's checkpoint (embedding/store_local.c) and what
  * resharding those checkpoints reads and writes (embedding/reshard_files.c).
  * This module is the format's one owner.
@@ -11,6 +11,12 @@
  *   n_rows records in strictly ascending row id: u64 row_id, float
  *     value[dim], float state[state floats];
  *   trailer: SHA-256 of header and records (32 bytes).
+ * Version 2, the file of an fp16 or bf16 table (plan.h emb_precision):
+ *   the header's u32 at byte 112 is the precision (1 fp16, 2 bf16), record
+ *   bytes are 8 + 2 dim + 4 state, and a record's value is dim 16-bit
+ *   values of that format (common/half.h); state stays float. An fp32
+ *   table's file is version 1 as ever. put takes and next gives floats
+ *   whatever the version; a file is read only for a table of its precision.
  *
  * A file is written under PATH.tmp.PID and renamed to PATH once complete
  * (fsync'd first), so PATH is whole or absent. A reader checks the header
@@ -32,6 +38,7 @@
 #define EMB_TABFILE_HEADER 256u
 #define EMB_TABFILE_TRAILER 32u
 #define EMB_TABFILE_VERSION 1u
+#define EMB_TABFILE_VERSION_16 2u
 
 /* emb_tabfile_create's n_rows when the count is known only at the end. */
 #define EMB_TABFILE_COUNT_LATER UINT64_MAX

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "common/half.h"
 #include "rpc/remote_impl.h"
 
 /* A place in a received message: the slices, the current one's unread
@@ -118,11 +119,30 @@ int rpc__answer_incarnation(grpc_byte_buffer *bb, uint64_t *inc) {
   return rc;
 }
 
-/* One TableRows (*c) asked for as cnt ids of table table_id: its rows,
- * if its table and length are those, into out, row r at perm[r] * dim.
- * 0, -1 garbled, -2 another table or length. */
-static int table_scatter(cursor *c, uint32_t table_id, size_t dim, size_t cnt,
-                         const size_t *perm, float *out) {
+/* One row of dim 16-bit weights of format prec (2 dim bytes) from c into
+ * dst as floats: decoded straight from the slice when it lies in one, else
+ * gathered first. */
+static void cur_row16(cursor *c, emb_precision prec, float *dst, size_t dim) {
+  uint16_t tmp[EMB_MAX_DIM];
+  const size_t n = 2 * dim;
+  const uint16_t *src = tmp;
+  if ((size_t)(c->end - c->p) >= n && !((uintptr_t)c->p & 1)) {
+    src = (const uint16_t *)(const void *)c->p;
+    c->p += n;
+    c->left -= n;
+  } else {
+    cur_take(c, tmp, n);
+  }
+  if (prec == EMB_PREC_FP16) sr_f16_decode(src, dst, dim, SR_HALF_AUTO);
+  else sr_bf16_decode(src, dst, dim);
+}
+
+/* One TableRows (*c) asked for as cnt ids of table tp: its rows (4 bytes a
+ * weight, or 2 for an fp16 or bf16 table), if its table and length are
+ * those, into out as floats, row r at perm[r] * dim. 0, -1 garbled, -2
+ * another table or length. */
+static int table_scatter(cursor *c, const emb_table *tp, size_t cnt, const size_t *perm,
+                         float *out) {
   uint64_t id = 0, v;
   cursor rows = {0}, sub;
   int have_rows = 0;
@@ -134,9 +154,13 @@ static int table_scatter(cursor *c, uint32_t table_id, size_t dim, size_t cnt,
     else if (num == 3 && wt == 2) rows = sub, have_rows = 1; /* TableRows.rows */
     else if ((num == 1 || num == 2 || num == 3) && wt != (num == 3 ? 2 : 0)) return -1;
   }
-  const size_t bytes = dim * sizeof(float);
-  if (id != table_id || (have_rows ? rows.left : 0) != cnt * bytes) return -2;
-  for (size_t r = 0; r < cnt; r++) cur_take(&rows, out + perm[r] * dim, bytes);
+  const size_t dim = (size_t)tp->dim;
+  const size_t bytes = dim * (size_t)emb_precision_bytes(tp->precision);
+  if (id != tp->table_id || (have_rows ? rows.left : 0) != cnt * bytes) return -2;
+  if (tp->precision == EMB_PREC_FP32)
+    for (size_t r = 0; r < cnt; r++) cur_take(&rows, out + perm[r] * dim, bytes);
+  else
+    for (size_t r = 0; r < cnt; r++) cur_row16(&rows, tp->precision, out + perm[r] * dim, dim);
   return 0;
 }
 
@@ -161,8 +185,7 @@ int rpc__answer_scatter(grpc_byte_buffer *bb, const emb_plan *plan, const call_p
     if (j >= n_parts) continue; /* more tables than asked for: not read */
     const call_part *pt = &parts[j++];
     const emb_table *tp = &plan->tables[pt->t];
-    rc = table_scatter(&sub, tp->table_id, (size_t)tp->dim, pt->n, perm[pt->t] + pt->lo,
-                       out[pt->t]);
+    rc = table_scatter(&sub, tp, pt->n, perm[pt->t] + pt->lo, out[pt->t]);
     if (rc == -2) *bad_table = pt->t;
   }
   if (!rc && j < n_parts) { /* a table missing from the answer */

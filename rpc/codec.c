@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/half.h"
+
 #include "rpc/shardrec.pb-c.h"
 
 /* ---- the call's scratch ---- */
@@ -524,7 +526,7 @@ int rpc__answer_layout(const emb_plan *plan, uint64_t incarnation,
   size_t at = 0, inner, pad;
   for (size_t i = 0; i < q->n_tables; i++) {
     const int dim = plan->tables[idx[i]].dim;
-    const size_t rl = q->tables[i]->n_ids * (size_t)dim * sizeof(float);
+    const size_t rl = q->tables[i]->n_ids * (size_t)dim * rpc__row_value_bytes(plan, idx[i]);
     rows_at[i] = table_layout(q->tables[i]->table_id, dim, rl, at, &inner, &pad);
     at = rows_at[i] + rl;
   }
@@ -539,7 +541,7 @@ void rpc__answer_write(const emb_plan *plan, uint64_t incarnation,
   for (size_t i = 0; i < q->n_tables; i++) {
     const uint32_t id = q->tables[i]->table_id;
     const int dim = plan->tables[idx[i]].dim;
-    const size_t rl = q->tables[i]->n_ids * (size_t)dim * sizeof(float);
+    const size_t rl = q->tables[i]->n_ids * (size_t)dim * rpc__row_value_bytes(plan, idx[i]);
     table_layout(id, dim, rl, at, &inner, &pad);
     uint8_t *p = out + at;
     *p++ = 0x0a; /* LookupResponse.tables */
@@ -563,6 +565,41 @@ void rpc__answer_write(const emb_plan *plan, uint64_t incarnation,
   p = rpc__varint_put(p, incarnation);
   assert((size_t)(p - out) == len); /* rpc__answer_layout's length */
   (void)len;
+}
+
+float rpc__no_rows16;
+
+float *rpc__answer_rows16(const emb_plan *plan, const Shardrec__V1__LookupRequest *q,
+                          const int *idx, uint8_t *out, const size_t *rows_at, float **outp,
+                          int direct) {
+  size_t n = 0;
+  for (size_t i = 0; i < q->n_tables && !direct; i++)
+    if (plan->tables[idx[i]].precision != EMB_PREC_FP32)
+      n += q->tables[i]->n_ids * (size_t)plan->tables[idx[i]].dim;
+  float *f = n ? malloc(n * sizeof *f) : &rpc__no_rows16;
+  if (!f) return NULL;
+  for (size_t i = 0, at = 0; i < q->n_tables; i++) {
+    const int t = idx[i];
+    if (direct || plan->tables[t].precision == EMB_PREC_FP32) {
+      outp[t] = (float *)(void *)(out + rows_at[i]); /* 4-byte aligned: rpc__answer_layout */
+    } else {
+      outp[t] = f + at;
+      at += q->tables[i]->n_ids * (size_t)plan->tables[t].dim;
+    }
+  }
+  return f;
+}
+
+void rpc__answer_encode16(const emb_plan *plan, const Shardrec__V1__LookupRequest *q,
+                          const int *idx, uint8_t *out, const size_t *rows_at,
+                          float *const *outp) {
+  for (size_t i = 0; i < q->n_tables; i++) {
+    const int t = idx[i];
+    const size_t n = q->tables[i]->n_ids * (size_t)plan->tables[t].dim;
+    uint16_t *h = (uint16_t *)(void *)(out + rows_at[i]); /* 4-byte aligned */
+    if (plan->tables[t].precision == EMB_PREC_FP16) sr_f16_encode(outp[t], h, n, SR_HALF_AUTO);
+    else if (plan->tables[t].precision == EMB_PREC_BF16) sr_bf16_encode(outp[t], h, n);
+  }
 }
 
 /* ---- requests written by hand (client) ---- */

@@ -155,6 +155,13 @@ int rpc__texts_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *in, siz
  * incarnation (2). The padding field (2 to 9 bytes) is there when needed
  * so that each table's rows start 4-byte aligned in the answer (the store
  * writes floats). */
+/* Bytes of one weight of table t (plan index) in a LookupResponse: 4, or 2
+ * for an fp16 or bf16 table, whose rows travel as 16-bit values of its
+ * format (the plan, which both sides hold, says which). */
+static inline size_t rpc__row_value_bytes(const emb_plan *plan, int t) {
+  return (size_t)emb_precision_bytes(plan->tables[t].precision);
+}
+
 /* Offsets of each table's rows in the answer to q (tables at plan indexes
  * idx, dims from plan) in rows_at[n_tables], and the answer's length. Always
  * 0: rpc__check_answer has bounded the answer's size. */
@@ -166,6 +173,22 @@ int rpc__answer_layout(const emb_plan *plan, uint64_t incarnation,
 void rpc__answer_write(const emb_plan *plan, uint64_t incarnation,
                        const Shardrec__V1__LookupRequest *q, const int *idx,
                        const size_t *rows_at, uint8_t *out, size_t len);
+
+/* Where the store writes the rows of q's answer (out, laid out at rows_at):
+ * outp[t] for each table of q, into the answer itself for an fp32 table,
+ * and for a 16-bit one too when direct (the store hands 16-bit rows as
+ * they are: emb_store_lookup_begin_rows16), else into a float buffer.
+ * Returns that buffer (malloc'd; the caller frees it unless it is
+ * &rpc__no_rows16, which stands for none), or NULL when out of memory. */
+extern float rpc__no_rows16;
+float *rpc__answer_rows16(const emb_plan *plan, const Shardrec__V1__LookupRequest *q,
+                          const int *idx, uint8_t *out, const size_t *rows_at, float **outp,
+                          int direct);
+/* Once the store has written them: the 16-bit tables' rows from outp[t]
+ * into the answer, as 16-bit values of each table's format. */
+void rpc__answer_encode16(const emb_plan *plan, const Shardrec__V1__LookupRequest *q,
+                          const int *idx, uint8_t *out, const size_t *rows_at,
+                          float *const *outp);
 
 /* m packed by protobuf-c into r->out (malloc'd; caller frees), r->out_len;
  * out of memory: RESOURCE_EXHAUSTED in r. */

@@ -49,7 +49,9 @@ void rpc_service_pin_answers(rpc_service *s, size_t min_row_bytes) { s->pin_min 
 static int answer_pins(const rpc_service *s, const Shardrec__V1__LookupRequest *q, const int *idx) {
   if (!s->pin_min || !s->store->ops->lookup_pinned) return 0;
   for (size_t i = 0; i < q->n_tables; i++)
-    if ((size_t)s->plan->tables[idx[i]].dim * sizeof(float) < s->pin_min) return 0;
+    if ((size_t)s->plan->tables[idx[i]].dim * sizeof(float) < s->pin_min ||
+        s->plan->tables[idx[i]].precision != EMB_PREC_FP32) /* 16-bit rows are converted */
+      return 0;
   return 1;
 }
 

@@ -436,6 +436,7 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
   if (rpc__budget_take(s, 2 * len, token != NULL, r)) return; /* the request's copy, decoded form */
   rpc_scratch *x = rpc__scratch_take(s); /* the decoded form and the arrays below */
   const Shardrec__V1__LookupRequest *q = NULL;
+  float *f16 = NULL; /* owned: the rows of 16-bit tables as floats, before they are encoded */
   if (!x) FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
   if (rpc__lookup_decode(x, s->plan->n_tables, s->max_ids, in, len, r)) goto out;
   q = &x->lq;
@@ -483,10 +484,11 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
     FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory for the answer");
   static float dummy;
   for (int t = 0; t < nt; t++) outp[t] = &dummy;
-  for (size_t i = 0; i < q->n_tables; i++) {
-    const int t = idx[i];
-    outp[t] = (float *)(r->out + rows_at[i]); /* 4-byte aligned: rpc__answer_layout */
-  }
+  /* 16-bit rows straight from the store into the answer where it hands
+   * them (not while served versions patch the rows as floats). */
+  const int direct = !s->versions && emb_store_has_rows16(s->store);
+  if (!(f16 = rpc__answer_rows16(s->plan, q, idx, r->out, rows_at, outp, direct)))
+    FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory for the answer");
   rpc__answer_write(s->plan, s->incarnation, q, idx, rows_at, r->out, r->out_len);
   int64_t step = s->ckpt_step; /* the checkpoint step answered from */
   const rpc_service_versions *v = s->versions;
@@ -494,15 +496,21 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
   const int vs = v ? v->pick(v->ctx, q->at_step, q->step_asked, &step, r->msg, sizeof r->msg)
                    : RPC_OK;
   if (q->header->step > s->hi_step) s->hi_step = q->header->step;
-  int rc = vs ? 0 : emb_store_lookup_begin(s->store, q->header->step, &set, outp);
+  int rc = vs       ? 0
+           : direct ? emb_store_lookup_begin_rows16(s->store, q->header->step, &set, (void *const *)outp)
+                    : emb_store_lookup_begin(s->store, q->header->step, &set, outp);
   if (!vs && !rc) rc = emb_store_lookup_wait(s->store);
   if (rc) snprintf(r->msg, sizeof r->msg, "lookup: %s", emb_store_errmsg(s->store));
   else if (!vs && v) v->patch(v->ctx, step, &set, outp);
   pthread_mutex_unlock(&s->mu);
   if (vs) r->status = vs; /* rpc_service_handle_call frees the answer */
   else if (rc) r->status = RPC_INTERNAL;
-  else r->out_len = (size_t)(rpc__answer_step(s, r->out + r->out_len, step) - r->out);
+  else {
+    if (!direct) rpc__answer_encode16(s->plan, q, idx, r->out, rows_at, outp);
+    r->out_len = (size_t)(rpc__answer_step(s, r->out + r->out_len, step) - r->out);
+  }
 out:
+  if (f16 != &rpc__no_rows16) free(f16);
   rpc__scratch_give(s, x);
 }
 

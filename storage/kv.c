@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/half.h"
 #include "common/status.h"
 #include "storage/rocks_impl.h"
 
@@ -485,6 +486,77 @@ int kv_row_decode(const void *val, size_t len, int dim, int slen, float *row, ch
     return SR_EFORMAT;
   }
   memcpy(row, p + KV_ROW_HEADER, 4 * (size_t)(dim + slen));
+  return 0;
+}
+
+void kv_row_encode_w(int dim, int slen, int w, const float *row, unsigned char *out) {
+  if (w == KV_W_FP32) {
+    kv_row_encode(dim, slen, row, out);
+    return;
+  }
+  out[0] = 'S';
+  out[1] = 'R';
+  out[2] = KV_ROW_VERSION_16;
+  out[3] = (unsigned char)w;
+  out[4] = (unsigned char)(dim & 0xff);
+  out[5] = (unsigned char)(dim >> 8);
+  out[6] = (unsigned char)(slen & 0xff);
+  out[7] = (unsigned char)(slen >> 8);
+  uint16_t h[64];
+  for (int j = 0; j < dim; j += 64) { /* out may be unaligned for u16 */
+    int m = dim - j < 64 ? dim - j : 64;
+    if (w == KV_W_FP16) sr_f16_encode(row + j, h, (size_t)m, SR_HALF_AUTO);
+    else sr_bf16_encode(row + j, h, (size_t)m);
+    memcpy(out + KV_ROW_HEADER + 2 * (size_t)j, h, 2 * (size_t)m);
+  }
+  memcpy(out + KV_ROW_HEADER + 2 * (size_t)dim, row + dim, 4 * (size_t)slen);
+}
+
+int kv_row_check(const void *val, size_t len, int dim, int slen, int *w) {
+  const unsigned char *p = val;
+  if (len < KV_ROW_HEADER || p[0] != 'S' || p[1] != 'R') return 0;
+  if ((p[4] | (p[5] << 8)) != dim || (p[6] | (p[7] << 8)) != slen) return 0;
+  if (p[2] == KV_ROW_VERSION && p[3] == 0) *w = KV_W_FP32;
+  else if (p[2] == KV_ROW_VERSION_16 && (p[3] == KV_W_FP16 || p[3] == KV_W_BF16)) *w = p[3];
+  else return 0;
+  return len == kv_row_size_w(dim, slen, *w);
+}
+
+int kv_row_decode_w(const void *val, size_t len, int dim, int slen, int w, float *row,
+                    char *err, size_t errlen) {
+  const unsigned char *p = val;
+  if (len >= KV_ROW_HEADER && p[0] == 'S' && p[1] == 'R' && p[2] == KV_ROW_VERSION_16) {
+    int d = p[4] | (p[5] << 8), s = p[6] | (p[7] << 8), rw = p[3];
+    if (rw != KV_W_FP16 && rw != KV_W_BF16) {
+      sr_fmt(err, errlen, "row layout version 2 with weights %u is not supported", rw);
+      return SR_EVERSION;
+    }
+    if (d != dim || s != slen) {
+      sr_fmt(err, errlen, "row holds dim %d state %d, the plan wants dim %d state %d", d, s, dim,
+             slen);
+      return SR_EMISMATCH;
+    }
+    if (len != kv_row_size_w(dim, slen, rw)) {
+      sr_fmt(err, errlen, "row value is %zu bytes, expected %zu (torn)", len,
+             kv_row_size_w(dim, slen, rw));
+      return SR_EFORMAT;
+    }
+    uint16_t h[64];
+    for (int j = 0; j < dim; j += 64) { /* the values may be unaligned in val */
+      int m = dim - j < 64 ? dim - j : 64;
+      memcpy(h, p + KV_ROW_HEADER + 2 * (size_t)j, 2 * (size_t)m);
+      if (rw == KV_W_FP16) sr_f16_decode(h, row + j, (size_t)m, SR_HALF_AUTO);
+      else sr_bf16_decode(h, row + j, (size_t)m);
+    }
+    memcpy(row + dim, p + KV_ROW_HEADER + 2 * (size_t)dim, 4 * (size_t)slen);
+    if (rw == w || w == KV_W_FP32) return 0;
+  } else {
+    int rc = kv_row_decode(val, len, dim, slen, row, err, errlen);
+    if (rc || w == KV_W_FP32) return rc;
+  }
+  for (int j = 0; j < dim; j++) /* into the table's format, to nearest */
+    row[j] = w == KV_W_FP16 ? sr_f16_to_f32(sr_f32_to_f16(row[j]))
+                            : sr_bf16_to_f32(sr_f32_to_bf16(row[j]));
   return 0;
 }
 

@@ -131,14 +131,27 @@ void kv_iter_destroy(kv_iter *it); /* NULL-safe */
 /* An integer property of a column family ("rocksdb.estimate-num-keys"...). */
 uint64_t kv_property(kv_db *db, int cf, const char *name);
 
-/* Row encoding: an 8-byte header then little-endian floats.
- *   u8 'S', u8 'R', u8 version (KV_ROW_VERSION), u8 reserved (0),
- *   u16 dim, u16 state_len (little-endian), then float value[dim],
- *   float state[state_len]. */
+/* Row encoding: an 8-byte header then little-endian values.
+ *   u8 'S', u8 'R', u8 version, u8 weights, u16 dim, u16 state_len
+ *   (little-endian), then value[dim], float state[state_len].
+ * Version 1 (KV_ROW_VERSION): weights byte 0, value is dim floats: the rows
+ * of fp32 tables, as they have always been written. Version 2
+ * (KV_ROW_VERSION_16): weights byte KV_W_FP16 or KV_W_BF16, value is dim
+ * 16-bit values of that format (common/half.h, little-endian); the state
+ * stays float. */
 #define KV_ROW_VERSION 1
+#define KV_ROW_VERSION_16 2
 #define KV_ROW_HEADER 8
+/* The weights byte: the same codes as the plan's emb_precision. */
+#define KV_W_FP32 0
+#define KV_W_FP16 1
+#define KV_W_BF16 2
 static inline size_t kv_row_size(int dim, int slen) {
   return KV_ROW_HEADER + 4 * (size_t)(dim + slen);
+}
+/* The size of a row of weights w (KV_W_*). */
+static inline size_t kv_row_size_w(int dim, int slen, int w) {
+  return KV_ROW_HEADER + (w == KV_W_FP32 ? 4 : 2) * (size_t)dim + 4 * (size_t)slen;
 }
 /* Encode row[dim + slen] into out[kv_row_size]. */
 void kv_row_encode(int dim, int slen, const float *row, unsigned char *out);
@@ -147,5 +160,19 @@ void kv_row_encode(int dim, int slen, const float *row, unsigned char *out);
  * a message goes to err. */
 int kv_row_decode(const void *val, size_t len, int dim, int slen, float *row, char *err,
                      size_t errlen);
+
+/* The same for a table whose weights are w (KV_W_*): encode writes version
+ * 1 for fp32 and version 2 for 16-bit weights (kv_row_size_w bytes; the
+ * values of row must be of the format: they are rounded to nearest).
+ * decode reads either version into floats, whatever the table's weights
+ * (a row written under another precision, e.g. before a table was
+ * converted, is rounded to nearest of w), with the checks of
+ * kv_row_decode. */
+void kv_row_encode_w(int dim, int slen, int w, const float *row, unsigned char *out);
+int kv_row_decode_w(const void *val, size_t len, int dim, int slen, int w, float *row,
+                    char *err, size_t errlen);
+/* 1 when val is a row of either version of dim and slen (its header and
+ * size), else 0; *w gets its weights byte. */
+int kv_row_check(const void *val, size_t len, int dim, int slen, int *w);
 
 #endif

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/fs.h"
+#include "common/half.h"
 #include "common/progress.h"
 #include "common/status.h"
 #include "storage/ckpt_dir.h"
@@ -38,18 +39,25 @@ static void print_row(FILE *out, const char *v, size_t len) {
     fprintf(out, " (not a shardrec row: %zu bytes)\n", len);
     return;
   }
-  int dim = p[4] | (p[5] << 8), sl = p[6] | (p[7] << 8);
-  if (p[2] != KV_ROW_VERSION || len != kv_row_size(dim, sl)) {
+  int dim = p[4] | (p[5] << 8), sl = p[6] | (p[7] << 8), w;
+  if (!kv_row_check(v, len, dim, sl, &w)) {
     fprintf(out, " (row layout version %u, %zu bytes: not readable by this build)\n", p[2], len);
     return;
   }
-  /* The floats read one at a time: dim and sl come from the file (up to
+  /* The values read one at a time: dim and sl come from the file (up to
    * 65535 each), so no fixed buffer holds them. */
   const char *f = v + KV_ROW_HEADER;
+  const size_t wb = w == KV_W_FP32 ? 4 : 2;
   fprintf(out, " value [");
   for (int j = 0; j < dim + sl; j++) {
     float x;
-    memcpy(&x, f + 4 * (size_t)j, 4);
+    uint16_t h;
+    if (j < dim && wb == 2) {
+      memcpy(&h, f + 2 * (size_t)j, 2);
+      x = w == KV_W_FP16 ? sr_f16_to_f32(h) : sr_bf16_to_f32(h);
+    } else {
+      memcpy(&x, f + (j < dim ? 4 * (size_t)j : wb * (size_t)dim + 4 * (size_t)(j - dim)), 4);
+    }
     if (j == dim) fprintf(out, "] state [");
     fprintf(out, "%s%.9g", j && j != dim ? " " : "", (double)x);
   }
@@ -60,7 +68,7 @@ static void print_row(FILE *out, const char *v, size_t len) {
 /* Family k of db: rows, bytes, layout; then the asked rows. */
 static void inspect_table(report *r, kv_db *db, int k, uint32_t id, const char *name) {
   uint64_t cnt = 0, bytes = 0;
-  int dim = -1, sl = -1, ver = -1;
+  int dim = -1, sl = -1, ver = -1, wt = 0;
   sr_progress_set(&r->pg, r->pg_base, 0); /* drawn at each table's start */
   kv_iter *it = kv_iter_create(db, k);
   for (; it && kv_iter_valid(it); kv_iter_next(it)) {
@@ -69,6 +77,7 @@ static void inspect_table(report *r, kv_db *db, int k, uint32_t id, const char *
     if (!cnt && len >= KV_ROW_HEADER) {
       const unsigned char *p = (const unsigned char *)v;
       ver = p[2];
+      wt = p[3];
       dim = p[4] | (p[5] << 8);
       sl = p[6] | (p[7] << 8);
     }
@@ -81,7 +90,10 @@ static void inspect_table(report *r, kv_db *db, int k, uint32_t id, const char *
   r->pg_base += cnt;
   fprintf(r->out, "%-8s table_id %-5u %10llu rows %12llu bytes", name, id,
           (unsigned long long)cnt, (unsigned long long)bytes);
-  if (cnt) fprintf(r->out, "  (row layout v%d: dim %d, optimizer state %d)", ver, dim, sl);
+  if (cnt)
+    fprintf(r->out, "  (row layout v%d: dim %d%s, optimizer state %d)", ver, dim,
+            ver == KV_ROW_VERSION_16 ? (wt == KV_W_FP16 ? " fp16" : wt == KV_W_BF16 ? " bf16" : " ?") : "",
+            sl);
   fprintf(r->out, "\n");
   r->rows += cnt;
   r->bytes += bytes;

@@ -14,6 +14,7 @@
 #pragma weak bench_metrics
 #pragma weak bench_allreduce
 #pragma weak bench_ckpt
+#pragma weak bench_half
 
 static const struct {
   const char *name;
@@ -29,6 +30,7 @@ static const struct {
     {"allreduce", bench_allreduce, "the trainer's dense all-reduce under mpirun: time and link rate"},
     {"metrics", bench_metrics, "Prometheus figures: update cost per step and per RPC, one scrape of 26 tables"},
     {"ckpt", bench_ckpt, "bytes and seconds per checkpoint: full vs. incremental, Zipf pushes"},
+    {"half", bench_half, "fp16 and bf16 weights vs. fp32: bytes a row, store, gRPC and RocksDB rows/s"},
 };
 #define N_BENCH (int)(sizeof benches / sizeof benches[0])
 

@@ -52,6 +52,8 @@ static void plan_usage(FILE *f) {
           "  --initial-accumulator-value X    adagrad accumulators start here (default 0)\n"
           "  --init-range A                   init uniform in [-A, A) (default sqrt(1/rows))\n"
           "  --pooling sum|mean               bag pooling (default sum)\n"
+          "  --arch-embedding-precision P     fp32 | fp16 | bf16: the bits every table's weights\n"
+          "                                   are kept in (default fp32)\n"
           "  --row-wise                       spread every table's rows over all shards\n"
           "                                   (default: whole tables, balanced by bytes)\n"
           "  --grow-from CKPT                 the plan of train --resume CKPT --processed-data-file F\n"
@@ -104,7 +106,7 @@ typedef struct plan_flags {
 } plan_flags;
 
 enum { O_OUT = 256, O_SIZES, O_ARCH_SIZES, O_DIM, O_SEED, O_SHARDS, O_OPT, O_EPS, O_ACC,
-       O_INIT, O_POOL, O_ROWWISE, O_GROW, O_ADMIT, O_AWIN, O_EXPIRE, O_CAP, O_EVICT, O_HALF };
+       O_INIT, O_POOL, O_PREC, O_ROWWISE, O_GROW, O_ADMIT, O_AWIN, O_EXPIRE, O_CAP, O_EVICT, O_HALF };
 
 static const struct option plan_opts[] = {
     {"out", required_argument, NULL, O_OUT},
@@ -119,6 +121,7 @@ static const struct option plan_opts[] = {
     {"initial-accumulator-value", required_argument, NULL, O_ACC},
     {"init-range", required_argument, NULL, O_INIT},
     {"pooling", required_argument, NULL, O_POOL},
+    {"arch-embedding-precision", required_argument, NULL, O_PREC},
     {"row-wise", no_argument, NULL, O_ROWWISE},
     {"grow-from", required_argument, NULL, O_GROW},
     {"admit-after", required_argument, NULL, O_ADMIT},
@@ -193,6 +196,13 @@ static int parse_flags(int argc, char **argv, plan_flags *f) {
       case O_POOL:
         if (emb_pooling_parse(optarg, &pp->pooling)) {
           fprintf(stderr, "shardrec %s: --pooling: '%s' is not sum or mean\n", CMD, optarg);
+          return 2;
+        }
+        break;
+      case O_PREC:
+        if (emb_precision_parse(optarg, &pp->precision)) {
+          fprintf(stderr, "shardrec %s: --arch-embedding-precision: '%s' is not fp32, fp16 or bf16\n",
+                  CMD, optarg);
           return 2;
         }
         break;
@@ -306,9 +316,10 @@ static int write_plan(const plan_flags *f) {
     emb_plan_free(plan);
     return 1;
   }
-  printf("wrote %s: %d tables, dim %d, %d shards (%s), optimizer %s, pooling %s\n", f->out,
+  printf("wrote %s: %d tables, dim %d, %d shards (%s), optimizer %s, pooling %s%s%s\n", f->out,
          plan->n_tables, pp->dim, plan->n_shards, pp->row_wise ? "row-wise" : "table-wise",
-         emb_optim_name(pp->optim.kind), emb_pooling_name(pp->pooling));
+         emb_optim_name(pp->optim.kind), emb_pooling_name(pp->pooling),
+         pp->precision ? ", precision " : "", pp->precision ? emb_precision_name(pp->precision) : "");
   printf("model fingerprint %s\nplan fingerprint  %s\n", mfp, pfp);
   emb_plan_free(plan);
   return 0;

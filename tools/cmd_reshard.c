@@ -25,7 +25,7 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-"usage: shardrec reshard --from CKPT --to OUT --plan NEW.json [--force]\n"
+"usage: shardrec reshard --from CKPT --to OUT --plan NEW.json [--precision P] [--force]\n"
 "\n"
 "Rewrite a checkpoint's embedding shards for another plan of the same model:\n"
 "N shards to M, table-wise to row-wise and back, tables moved between shards.\n"
@@ -41,7 +41,12 @@ static void usage(FILE *f) {
 "                   'train --resume OUT' and 'serve --checkpoint OUT' take it\n"
 "  --plan NEW.json  the new plan; only n_shards and placements may differ\n"
 "                   (same model fingerprint: tables, rows, dim, pooling, init,\n"
-"                   optimizer, seed)\n"
+"                   optimizer, seed, precision)\n"
+"  --precision fp32|fp16|bf16  convert every table's weights to P: the new plan's\n"
+"                   tables take P (whatever its precision fields say) and each\n"
+"                   weight is rounded to the nearest value of P, ties to even (a\n"
+"                   conversion, not an update: no stochastic rounding; 16 bits\n"
+"                   to fp32 is exact). Optimizer state stays 32-bit\n"
 "  --force          replace OUT if it is a checkpoint folder (after the new one\n"
 "                   is complete); anything else at OUT is refused, --force or not\n"
 "  --threads N      tables moved side by side (default: the cores, at most 8)\n"
@@ -59,12 +64,12 @@ static void usage(FILE *f) {
 "Exit status: 0 done, 1 refused or failed, 2 bad usage.\n");
 }
 
-enum { O_FROM = 1000, O_TO, O_PLAN, O_FORCE, O_THREADS, O_HELP };
+enum { O_FROM = 1000, O_TO, O_PLAN, O_FORCE, O_THREADS, O_HELP, O_PREC };
 
 static const struct option long_opts[] = {
     {"from", required_argument, 0, O_FROM}, {"to", required_argument, 0, O_TO},
     {"plan", required_argument, 0, O_PLAN}, {"force", no_argument, 0, O_FORCE},
-    {"threads", required_argument, 0, O_THREADS},
+    {"threads", required_argument, 0, O_THREADS}, {"precision", required_argument, 0, O_PREC},
     {"help", no_argument, 0, O_HELP},       {0, 0, 0, 0}};
 
 static void on_start(const reshard_ckpt_stats *st, void *ctx) {
@@ -100,6 +105,13 @@ int cmd_reshard(int argc, char **argv) {
       case O_PLAN: o.plan_path = optarg; break;
       case O_FORCE: o.force = 1; break;
       case O_THREADS: if (cli_flag(CMD, "--threads", optarg, &threads)) return 2; break;
+      case O_PREC:
+        if (emb_precision_parse(optarg, &o.precision)) {
+          fprintf(stderr, "shardrec reshard: --precision: '%s' is not fp32, fp16 or bf16\n", optarg);
+          return 2;
+        }
+        o.convert = 1;
+        break;
       case 'h':
       case O_HELP: usage(stdout); return 0;
       case ':': cli_bad_option(CMD, ':', argv[optind - 1]); return 2;

@@ -52,6 +52,8 @@ static void usage(FILE *f) {
 "                            checkpoint's\n"
 "  --arch-interaction-itself include the diagonal in the dot interaction\n"
 "  --pooling sum|mean        embedding bag pooling (sum)\n"
+"  --arch-embedding-precision fp32|fp16|bf16  the bits embedding weights are kept in (fp32);\n"
+"                            16-bit updates are computed in fp32 and rounded stochastically\n"
 "  --plan PLAN.json          use this sharding plan (tables, seed, optimizers, placement)\n"
 "  --plan-out FILE           write the plan made here (no --plan) to FILE; it also goes into\n"
 "                            --save-checkpoint's folder, and nowhere else unasked\n"
@@ -172,6 +174,7 @@ enum { O_AUTORESUME = 1900 }; /* --auto-resume */
 enum { O_RPCCONN = 2000 }; /* --rpc-connections */
 enum { O_FULLEVERY = 2100 }; /* --full-checkpoint-every */
 enum { O_ADMIT = 2200, O_AWIN, O_EXPIRE, O_CAP, O_EVICT, O_HALF }; /* the bounded tables' flags */
+enum { O_EPREC = 2300 }; /* --arch-embedding-precision */
 
 static const struct option long_opts[] = { /* and the data flags of TRAIN_DATA (cli_data.c) */
     {"arch-sparse-feature-size", required_argument, 0, O_DIM},
@@ -184,6 +187,7 @@ static const struct option long_opts[] = { /* and the data flags of TRAIN_DATA (
     {"dcn-low-rank-dim", required_argument, 0, O_DCNR},
     {"dcn_low_rank_dim", required_argument, 0, O_DCNR},
     {"pooling", required_argument, 0, O_POOL}, {"plan", required_argument, 0, O_PLAN},
+    {"arch-embedding-precision", required_argument, 0, O_EPREC},
     {"plan-out", required_argument, 0, O_PLANOUT}, {"num-shards", required_argument, 0, O_SHARDS},
     {"mini-batch-size", required_argument, 0, O_BATCH},
     {"test-mini-batch-size", required_argument, 0, O_TBATCH},
@@ -233,7 +237,7 @@ __attribute__((format(printf, 2, 3))) static void errf(const train_ranks *r, con
 /* The flags that need more than one call of a cli_* parser. */
 typedef struct {
   cli_data data; /* the data flags */
-  const char *pooling, *sopt, *device, *emb_sizes, *oracle, *dense_isa;
+  const char *pooling, *sopt, *device, *emb_sizes, *oracle, *dense_isa, *precision;
   int staleness; /* --max-staleness (0: not given) */
   int dcn_layers, dcn_rank; /* --dcn-num-layers, --dcn-low-rank-dim (0: not given) */
 } raw_flags;
@@ -300,7 +304,7 @@ static int parse_opt(const train_ranks *r, int opt, const char *arg, train_confi
       {O_RESUME, .str = &c->resume}, {O_DATADIR, .str = &c->data_dir},
       {O_SERVERS, .str = &c->servers}, {O_DEVICE, .str = &rf->device},
       {O_PREDOUT, .str = &c->test_pred_out}, {O_TLSCA, .str = &c->tls_ca},
-      {O_DISA, .str = &rf->dense_isa},
+      {O_DISA, .str = &rf->dense_isa}, {O_EPREC, .str = &rf->precision},
       {O_TLSCERT, .str = &c->tls_cert}, {O_TLSKEY, .str = &c->tls_key},
       /* ranges 0, 0: the flag's range of every command (tools/cli.c) */
       {O_DTHREADS, "--dense-threads", 0, 0, .i = &c->dense_threads},
@@ -422,6 +426,10 @@ static int finish_flags(const train_ranks *r, train_config *c, raw_flags *rf) {
   }
   if (emb_pooling_parse(rf->pooling, &c->pooling)) {
     errf(r, "--pooling: '%s' is not sum or mean\n", rf->pooling);
+    return 2;
+  }
+  if (rf->precision && emb_precision_parse(rf->precision, &c->precision)) {
+    errf(r, "--arch-embedding-precision: '%s' is not fp32, fp16 or bf16\n", rf->precision);
     return 2;
   }
   c->sched.base_lr = c->lr;

@@ -30,5 +30,7 @@ int bench_metrics(int argc, char **argv);
 int bench_allreduce(int argc, char **argv);
 /* bench ckpt (bench_ckpt.c): full beside incremental checkpoints. */
 int bench_ckpt(int argc, char **argv);
+/* bench half (bench_half.c): fp32 beside fp16 and bf16 weights. */
+int bench_half(int argc, char **argv);
 
 #endif

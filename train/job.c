@@ -164,6 +164,7 @@ static int make_plan(train_job *j) {
                           .pooling = c->pooling,
                           .optim = {.kind = c->sparse_opt, .eps = -1, .init_acc = 0},
                           .init_range = 0, .seed = c->seed, .n_shards = c->n_shards,
+                          .precision = c->precision,
                           .keep = c->keep};
     if (emb_plan_create(&pp, &j->plan, err, sizeof err)) {
       job__errf(j, "%s\n", err);

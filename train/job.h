@@ -75,6 +75,7 @@ typedef struct train_config {
   int dim;                  /* --arch-sparse-feature-size */
   emb_pooling pooling;      /* --pooling */
   emb_optim_kind sparse_opt; /* --sparse-optimizer (or the --optimizer's default) */
+  emb_precision precision;  /* --arch-embedding-precision (fp32) */
   uint64_t seed;            /* --seed */
   int n_shards;             /* --num-shards */
   emb_keep_cfg keep;        /* --admit-after, --admit-window, --expire-after, --capacity,

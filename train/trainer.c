@@ -60,7 +60,10 @@ struct trainer {
   uint64_t **unique;  /* [T][cap] */
   uint32_t **inverse; /* [T][cap] */
   size_t *counts;     /* [T] unique ids this step */
-  float **rows;       /* [T][rcap][dim] looked-up rows */
+  float **rows;       /* [T][rcap][dim] looked-up rows (an fp16 or bf16 table's as dim
+                         16-bit values a row when rows16) */
+  int rows16;         /* the store hands 16-bit tables' rows as they are, and
+                         emb_bag_forward16 pools them */
   size_t *rcap;       /* [T] rows rows holds */
   float **grads;      /* [T][gcap][dim] summed row gradients */
   size_t *gcap;       /* [T] ids grads holds */
@@ -143,6 +146,8 @@ trainer *trainer_create(const emb_plan *plan, emb_store *store, const dense_conf
   t->plan = plan;
   t->store = store;
   t->T = plan->n_tables;
+  for (int f = 0; f < t->T; f++)
+    if (plan->tables[f].precision != EMB_PREC_FP32) t->rows16 = emb_store_has_rows16(store);
   t->dim = cfg->emb_dim;
   t->max_batch = cfg->max_batch;
   t->model = dense_model_create(cfg, seed, err, errlen);
@@ -418,6 +423,18 @@ static int take_ids(trainer *t, const ds_batch *b, int64_t step, int train, int 
 
 /* Ids of bounded tables without a row (keep_has_row) read zeros; each is
  * noted in t->rowless for drop_rowless. 0 or SR_ENOMEM. */
+/* Bytes of a looked-up row of table f in t->rows. */
+static size_t row_bytes(const trainer *t, int f) {
+  const int w = t->rows16 ? emb_precision_bytes(t->plan->tables[f].precision) : 4;
+  return (size_t)t->dim * (size_t)w;
+}
+
+/* The store's lookup of ids into rows (16-bit rows as they are when rows16). */
+static int rows_lookup(trainer *t, int64_t step, const emb_idset *ids, float *const *rows) {
+  if (t->rows16) return emb_store_lookup_begin_rows16(t->store, step, ids, (void *const *)rows);
+  return emb_store_lookup_begin(t->store, step, ids, rows);
+}
+
 static int zero_rowless(trainer *t) {
   if (!t->keep) return 0;
   size_t total = 0, at = 0;
@@ -435,7 +452,7 @@ static int zero_rowless(trainer *t) {
     int on = emb_keep_on(&t->plan->tables[f]);
     for (size_t r = 0; r < t->counts[f]; r++, at++) {
       t->rowless[at] = on && !keep_has_row(t->keep, f, t->unique[f][r]);
-      if (t->rowless[at]) memset(t->rows[f] + r * (size_t)t->dim, 0, (size_t)t->dim * sizeof(float));
+      if (t->rowless[at]) memset((char *)t->rows[f] + r * row_bytes(t, f), 0, row_bytes(t, f));
     }
   }
   return 0;
@@ -480,7 +497,7 @@ static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids, i
   for (int f = 0; !early && f < t->T; f++)
     if ((rc = grow_rows(t, t->rcap, t->rows, f, t->counts[f]))) return rc;
   /* A set looked up early is already in flight: wait for it. */
-  rc = early ? 0 : emb_store_lookup_begin(t->store, step, ids, t->rows);
+  rc = early ? 0 : rows_lookup(t, step, ids, t->rows);
   if (!rc) rc = emb_store_lookup_wait(t->store);
   if (rc) {
     sr_fmt(t->err, sizeof t->err, "lookup at step %lld: %s", (long long)step,
@@ -494,7 +511,7 @@ static int gather(trainer *t, const ds_batch *b, int64_t step, emb_idset *ids, i
   for (int f = 0; f < t->T; f++)
     if ((rc = grow_rows(t, t->gcap, t->grads, f, t->counts[f]))) return rc;
   double t2 = sr_now();
-  trainer_bags_forward(t->plan, t->T, t->dim, b, n, t->inverse, t->rows, t->emb);
+  trainer_bags_forward(t->plan, t->T, t->dim, b, n, t->inverse, t->rows, t->rows16, t->emb);
   double t3 = sr_now();
   t->times.dedup += t1 - t0;
   t->times.lookup += t2 - t1;
@@ -521,7 +538,7 @@ static int early_begin(trainer *t) {
     if ((rc = grow_rows(t, t->la.early_rcap, t->la.early_rows, f, a->counts[f]))) return rc;
   t->la.early_ids = ahead_ids(t, a);
   double t1 = sr_now();
-  rc = emb_store_lookup_begin(t->store, step, &t->la.early_ids, t->la.early_rows);
+  rc = rows_lookup(t, step, &t->la.early_ids, t->la.early_rows);
   t->times.lookup += sr_now() - t1;
   if (rc) {
     sr_fmt(t->err, sizeof t->err, "early lookup of step %lld: %s", (long long)step,

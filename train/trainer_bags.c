@@ -4,6 +4,7 @@
 
 #include "common/status.h"
 #include "dense/pool.h"
+#include "embedding/bag16.h"
 
 typedef struct {
   const emb_plan *plan;
@@ -11,6 +12,7 @@ typedef struct {
   const ds_batch *b;
   uint32_t *const *inverse;
   float *const *rows; /* forward: the looked-up rows; backward: the gradients */
+  int rows16;         /* forward: 16-bit tables' rows are 2-byte values */
   float *emb;         /* forward's output */
   const float *d_emb; /* backward's input */
   const size_t *counts;
@@ -18,9 +20,15 @@ typedef struct {
 
 static void bags_forward_task(void *arg, int f) {
   const bags_job *j = arg;
+  const emb_table *tb = &j->plan->tables[f];
   size_t stride = (size_t)j->T * (size_t)j->dim;
-  emb_bag_forward(j->plan->tables[f].pooling, j->dim, j->n, ds_batch_offsets(j->b, f),
-                  j->inverse[f], j->rows[f], j->emb + (size_t)f * (size_t)j->dim, stride);
+  float *out = j->emb + (size_t)f * (size_t)j->dim;
+  if (j->rows16 && tb->precision != EMB_PREC_FP32)
+    emb_bag_forward16(tb->pooling, tb->precision, SR_HALF_AUTO, j->dim, j->n, ds_batch_offsets(j->b, f),
+                      j->inverse[f], (const uint16_t *)(const void *)j->rows[f], out, stride);
+  else
+    emb_bag_forward(tb->pooling, j->dim, j->n, ds_batch_offsets(j->b, f), j->inverse[f], j->rows[f],
+                    out, stride);
 }
 
 static void bags_backward_task(void *arg, int f) {
@@ -32,9 +40,9 @@ static void bags_backward_task(void *arg, int f) {
 }
 
 void trainer_bags_forward(const emb_plan *plan, int T, int dim, const ds_batch *b, int n,
-                          uint32_t *const *inverse, float *const *rows, float *emb) {
+                          uint32_t *const *inverse, float *const *rows, int rows16, float *emb) {
   bags_job j = {.plan = plan, .T = T, .dim = dim, .n = n, .b = b, .inverse = inverse,
-                .rows = rows, .emb = emb};
+                .rows = rows, .rows16 = rows16, .emb = emb};
   dense_pool_run(dense_pool_default(), T, bags_forward_task, &j);
 }
 

@@ -21,10 +21,11 @@ int trainer_bags_dedup(emb_dedup *const *dedup, int T, const ds_batch *b, uint64
                        uint32_t *const *inverse, size_t *counts, int *bad);
 
 /* emb[n][T][dim]: table f's bags of the batch's first n samples from
- * rows[f], as emb_bag_forward with out = emb + f * dim. Everything is
- * borrowed for the call. */
+ * rows[f], as emb_bag_forward with out = emb + f * dim; with rows16, the
+ * rows of a 16-bit table are its 2-byte values as the store holds them
+ * (emb_bag_forward16, the same bits). Everything is borrowed for the call. */
 void trainer_bags_forward(const emb_plan *plan, int T, int dim, const ds_batch *b, int n,
-                          uint32_t *const *inverse, float *const *rows, float *emb);
+                          uint32_t *const *inverse, float *const *rows, int rows16, float *emb);
 
 /* grads[f][counts[f]][dim] from d_emb[n][T][dim], as emb_bag_backward for
  * each table f. Everything is borrowed for the call. */

@@ -27,6 +27,28 @@ START_TEST(test_strerror) {
 END_TEST
 
 /* Known-answer vectors from Random123's kat_vectors (philox4x32 10). */
+/* sr_philox_n is sr_philox over consecutive counters, for every length
+ * (the 8-wide blocks and the tail), counters crossing a 32-bit boundary. */
+START_TEST(test_philox_n) {
+  static uint32_t out[4 * 40 + 4];
+  const uint64_t keys[3] = {0, 0x299f31d0a4093822ULL, ~0ULL};
+  const uint64_t c1s[3] = {0, 0xfffffffcULL, ((uint64_t)77 << 32) | 5};
+  for (int k = 0; k < 3; k++)
+    for (int c = 0; c < 3; c++)
+      for (size_t n = 0; n <= 40; n++) {
+        for (size_t i = 0; i < 4 * 40 + 4; i++) out[i] = 0xabababab;
+        sr_philox_n(keys[k], 0x85a308d3243f6a88ULL + n, c1s[c], n, out);
+        for (size_t i = 0; i < n; i++) {
+          sr_philox_out o = sr_philox(keys[k], 0x85a308d3243f6a88ULL + n, c1s[c] + i);
+          for (int w = 0; w < 4; w++)
+            ck_assert_msg(out[4 * i + (size_t)w] == o.v[w], "key %d c1 %d n %zu block %zu word %d", k,
+                          c, n, i, w);
+        }
+        ck_assert_uint_eq(out[4 * n], 0xabababab); /* nothing past n blocks */
+      }
+}
+END_TEST
+
 START_TEST(test_philox_kat) {
   sr_philox_out o = sr_philox(0, 0, 0);
   ck_assert_uint_eq(o.v[0], 0x6627e8d5u);
@@ -276,6 +298,7 @@ int main(void) {
   TCase *tc = tcase_create("core");
   tcase_add_test(tc, test_strerror);
   tcase_add_test(tc, test_philox_kat);
+  tcase_add_test(tc, test_philox_n);
   tcase_add_test(tc, test_rng_stream);
   tcase_add_test(tc, test_u01);
   tcase_add_test(tc, test_sha256_vectors);

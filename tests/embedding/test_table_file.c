@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "common/fs.h"
+#include "common/half.h"
 #include "common/status.h"
 #include "embedding/optim.h"
 #include "embedding/table_file.h"
@@ -156,6 +157,56 @@ START_TEST(test_bytes) {
 }
 END_TEST
 
+static int collect(void *ctx, uint64_t id, const float *v) {
+  float *out = ctx;
+  int r = id == IDS[0] ? 0 : id == IDS[1] ? 1 : 2;
+  memcpy(out + 6 * r, v, 6 * sizeof *v);
+  return 0;
+}
+
+/* Version 2: an fp16 or bf16 table's file, 2 bytes a weight, the state
+ * floats; read back to the same floats, and refused for a table of
+ * another precision, naming both. */
+START_TEST(test_bytes_16bit) {
+  for (int prec = EMB_PREC_FP16; prec <= EMB_PREC_BF16; prec++) {
+    plan->tables[0].precision = (emb_precision)prec;
+    ck_assert_int_eq(emb_plan_model_fingerprint(plan, fp), 0);
+    write_file(path, 3);
+    size_t n;
+    unsigned char *b = (unsigned char *)slurp_file(path, &n, 1);
+    const size_t rec = 8 + 2 * 3 + 4 * 3;
+    ck_assert_uint_eq(n, 256 + 3 * rec + 32);
+    ck_assert_uint_eq(u32(b + 8), 2);
+    ck_assert_uint_eq(u32(b + 112), (uint32_t)prec);
+    ck_assert_uint_eq(u64(b + 40), rec);
+    for (int r = 0; r < 3; r++) {
+      const unsigned char *p = b + 256 + r * rec;
+      float v[6];
+      vals_of(r, v);
+      ck_assert_uint_eq(u64(p), IDS[r]);
+      for (int j = 0; j < 3; j++) {
+        uint16_t h;
+        memcpy(&h, p + 8 + 2 * j, 2);
+        ck_assert_uint_eq(h, prec == EMB_PREC_FP16 ? sr_f32_to_f16(v[j]) : sr_f32_to_bf16(v[j]));
+      }
+      ck_assert_mem_eq(p + 14, v + 3, 12);
+    }
+    free(b);
+    float got[18], want[18];
+    char err[1024];
+    for (int r = 0; r < 3; r++) vals_of(r, want + 6 * r);
+    ck_assert_msg(emb_tabfile_read(path, &plan->tables[0], fp, collect, got, err, sizeof err) == 0,
+                  "%s", err);
+    ck_assert_mem_eq(got, want, sizeof got);
+    plan->tables[0].precision = EMB_PREC_FP32;
+    emb_tabfile_reader *rd;
+    ck_assert_int_eq(emb_tabfile_open(path, &plan->tables[0], fp, &rd, err, sizeof err), SR_EMISMATCH);
+    ck_assert_msg(strstr(err, path) && strstr(err, prec == EMB_PREC_FP16 ? "fp16" : "bf16") &&
+                  strstr(err, "fp32"), "%s", err);
+  }
+}
+END_TEST
+
 START_TEST(test_writer_refusals) {
   char err[1024];
   float v[6] = {0};
@@ -283,6 +334,7 @@ int main(void) {
   TCase *tc = tcase_create("table_file");
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_bytes);
+  tcase_add_test(tc, test_bytes_16bit);
   tcase_add_test(tc, test_writer_refusals);
   tcase_add_test(tc, test_reader_refusals);
   suite_add_tcase(s, tc);

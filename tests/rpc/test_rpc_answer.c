@@ -6,7 +6,11 @@
  * come in protobuf-c's order or another (rows before table_id, the
  * incarnation first, unknown fields of every wire type between them), and
  * its incarnation read; a cut or garbled answer, a table missing, another
- * table's or another length's rows are refused, naming the table. */
+ * table's or another length's rows are refused, naming the table. Rows of
+ * fp16 and bf16 tables (2 bytes a weight) are read the same way, from any
+ * slicing (a row cut between slices, a row at an odd address), as the
+ * floats their format decodes to; a float-sized answer for such a table
+ * is another length, refused. */
 #include <check.h>
 
 #include "tests/check_main.h"
@@ -14,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/half.h"
 #include "embedding/plan.h"
 #include "rpc/client.h"
 #include "rpc/remote_impl.h"
@@ -254,11 +259,87 @@ START_TEST(test_answer_refused) {
 }
 END_TEST
 
+/* The plan with table a in fp16, b in bf16, c in fp16. */
+static emb_plan *plan_make16(void) {
+  emb_plan *p = plan_make();
+  p->tables[0].precision = p->tables[2].precision = EMB_PREC_FP16;
+  p->tables[1].precision = EMB_PREC_BF16;
+  return p;
+}
+
+/* The answer of the 16-bit plan: each table's rows as its format's bits
+ * (of rows[]), or 4 bytes a weight when wide; packed by protobuf-c. */
+static uint8_t *answer_make16(const emb_plan *p, uint16_t h[NT][CNT * 33], int wide,
+                              size_t *len) {
+  Shardrec__V1__TableRows tr[NT], *trp[NT];
+  for (int t = 0; t < NT; t++) {
+    for (int i = 0; i < CNT * dims[t]; i++)
+      h[t][i] = p->tables[t].precision == EMB_PREC_FP16 ? sr_f32_to_f16(rows[t][i] / 64)
+                                                       : sr_f32_to_bf16(rows[t][i] / 64);
+    shardrec__v1__table_rows__init(&tr[t]);
+    tr[t].table_id = tids[t];
+    tr[t].dim = dims[t];
+    tr[t].rows.data = wide ? (uint8_t *)rows[t] : (uint8_t *)h[t];
+    tr[t].rows.len = (size_t)(CNT * dims[t]) * (wide ? 4 : 2);
+    trp[t] = &tr[t];
+  }
+  Shardrec__V1__LookupResponse a = SHARDREC__V1__LOOKUP_RESPONSE__INIT;
+  a.n_tables = NT;
+  a.tables = trp;
+  uint8_t *buf = malloc(1 << 16);
+  *len = shardrec__v1__lookup_response__pack(&a, buf);
+  return buf;
+}
+
+START_TEST(test_answer_rows16) {
+  rpc_global_init();
+  emb_plan *plan = plan_make16();
+  rows_fill();
+  static uint16_t h[NT][CNT * 33];
+  size_t len;
+  uint8_t *buf = answer_make16(plan, h, 0, &len);
+  for (size_t size = 0; size <= 70; size++) {
+    call_fx c;
+    call_init(&c);
+    grpc_byte_buffer *bb = sliced(buf, len, size);
+    int bad = 7;
+    ck_assert_int_eq(rpc__answer_scatter(bb, plan, c.parts, NT, c.perm, c.out, &bad), 0);
+    for (int t = 0; t < NT; t++) {
+      const size_t d = (size_t)dims[t];
+      float want[33];
+      for (size_t r = 0; r < CNT; r++) {
+        if (plan->tables[t].precision == EMB_PREC_FP16) sr_f16_decode(h[t] + r * d, want, d, SR_HALF_C);
+        else sr_bf16_decode(h[t] + r * d, want, d);
+        ck_assert_msg(!memcmp(c.out[t] + (CNT - r) * d, want, d * sizeof(float)),
+                      "slices of %zu: table %d row %zu is not its 16-bit value", size, t, r);
+      }
+      for (size_t i = 0; i < d; i++) {
+        ck_assert_float_eq(c.out[t][i], -1);
+        ck_assert_float_eq(c.out[t][(CNT + 1) * d + i], -1);
+      }
+    }
+    grpc_byte_buffer_destroy(bb);
+  }
+  free(buf);
+  buf = answer_make16(plan, h, 1, &len); /* float rows for 16-bit tables */
+  call_fx c;
+  call_init(&c);
+  grpc_byte_buffer *bb = sliced(buf, len, 0);
+  int bad = -1;
+  ck_assert_int_eq(rpc__answer_scatter(bb, plan, c.parts, NT, c.perm, c.out, &bad), -2);
+  ck_assert_int_eq(bad, 0);
+  grpc_byte_buffer_destroy(bb);
+  free(buf);
+  emb_plan_free(plan);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("rpc_answer");
   TCase *tc = tcase_create("answer");
   tcase_add_test(tc, test_answer_scattered_from_slices);
   tcase_add_test(tc, test_answer_refused);
+  tcase_add_test(tc, test_answer_rows16);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

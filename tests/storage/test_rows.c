@@ -48,6 +48,55 @@ START_TEST(test_row_refusals) {
 }
 END_TEST
 
+/* 16-bit rows: version 2 with the weights byte, 2 bytes a weight, state
+ * floats; either version read by a table of either precision. */
+START_TEST(test_row_16bit) {
+  /* Weights of both formats (exact in fp16 and bf16), then the state. */
+  float v[7] = {1.5f, -2.25f, 0.0078125f, -0.0f, 96.0f, 3.25e-3f, 1e-9f}, back[7];
+  unsigned char buf[64];
+  char err[256];
+  int w;
+  for (int fmt = KV_W_FP16; fmt <= KV_W_BF16; fmt++) {
+    size_t n = kv_row_size_w(5, 2, fmt);
+    ck_assert_uint_eq(n, 8 + 5 * 2 + 2 * 4);
+    memset(buf, 0xee, sizeof buf);
+    kv_row_encode_w(5, 2, fmt, v, buf);
+    ck_assert_int_eq(buf[2], KV_ROW_VERSION_16);
+    ck_assert_int_eq(buf[3], fmt);
+    ck_assert_int_eq(buf[n], 0xee); /* nothing past the row */
+    ck_assert_int_eq(kv_row_check(buf, n, 5, 2, &w), 1);
+    ck_assert_int_eq(w, fmt);
+    ck_assert_int_eq(kv_row_check(buf, n - 1, 5, 2, &w), 0);
+    ck_assert_int_eq(kv_row_check(buf, n, 5, 1, &w), 0);
+    ck_assert_int_eq(kv_row_decode_w(buf, n, 5, 2, fmt, back, err, sizeof err), 0);
+    ck_assert_mem_eq(v, back, sizeof v);
+    /* Read by an fp32 table: the same floats. */
+    ck_assert_int_eq(kv_row_decode_w(buf, n, 5, 2, KV_W_FP32, back, err, sizeof err), 0);
+    ck_assert_mem_eq(v, back, sizeof v);
+    /* Refused, nothing written: torn, another layout, a weights byte unknown. */
+    memset(back, 0, sizeof back);
+    ck_assert_int_eq(kv_row_decode_w(buf, n - 2, 5, 2, fmt, back, err, sizeof err), SR_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(err, "torn"));
+    ck_assert_int_eq(kv_row_decode_w(buf, n, 4, 2, fmt, back, err, sizeof err), SR_EMISMATCH);
+    buf[3] = 7;
+    ck_assert_int_eq(kv_row_decode_w(buf, n, 5, 2, fmt, back, err, sizeof err), SR_EVERSION);
+    ck_assert_int_eq(kv_row_check(buf, n, 5, 2, &w), 0);
+    for (int i = 0; i < 7; i++) ck_assert(back[i] == 0);
+  }
+  /* An fp32 row (version 1, as ever) read by a 16-bit table: rounded to
+   * nearest of its format, the state as it was. */
+  float x[3] = {1.0f + 0x1p-12f, 1.0f + 0x1.8p-11f, 0.1f}, y[3];
+  kv_row_encode_w(2, 1, KV_W_FP32, x, buf);
+  ck_assert_int_eq(buf[2], KV_ROW_VERSION);
+  ck_assert_int_eq(kv_row_check(buf, kv_row_size(2, 1), 2, 1, &w), 1);
+  ck_assert_int_eq(w, KV_W_FP32);
+  ck_assert_int_eq(kv_row_decode_w(buf, kv_row_size(2, 1), 2, 1, KV_W_FP16, y, err, sizeof err), 0);
+  ck_assert(y[0] == 1.0f && y[1] == 1.0f + 0x1p-10f && y[2] == 0.1f);
+  ck_assert_int_eq(kv_row_decode_w(buf, kv_row_size(2, 1), 2, 1, KV_W_BF16, y, err, sizeof err), 0);
+  ck_assert(y[0] == 1.0f && y[1] == 1.0f && y[2] == 0.1f);
+}
+END_TEST
+
 START_TEST(test_db_roundtrip) {
   char *dir = tmpdir_make("kv");
   char path[256], ck[256], err[512];
@@ -229,6 +278,7 @@ int main(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_row_roundtrip);
   tcase_add_test(tc, test_row_refusals);
+  tcase_add_test(tc, test_row_16bit);
   tcase_add_test(tc, test_db_roundtrip);
   tcase_add_test(tc, test_db_figures);
   tcase_add_test(tc, test_sorted_multiget);
