@@ -148,6 +148,8 @@ int emb_ckpt_fold(const emb_ckpt *ck, const char *root, char *err, size_t errlen
   }
   if (!rc) rc = copy_head_file(head, t.tmp, "dense.bin", err, errlen);
   if (!rc) rc = copy_head_file(head, t.tmp, "transform.bin", err, errlen);
+  /* The bounded tables' counts (train/keep.h's keep.bin), whole in every link. */
+  if (!rc) rc = copy_head_file(head, t.tmp, "keep.bin", err, errlen);
   if (!rc) rc = sr_path_err(shards, sizeof shards, err, errlen, "%s/shards", t.tmp);
   if (!rc) rc = sr_path_err(work, sizeof work, err, errlen, "%s/.fold-work", root);
   if (!rc) rc = emb_ckpt_fold_rows(&ck->chain, ck->plan, shards, work, err, errlen);

@@ -35,7 +35,7 @@ int emb_ckpt_fold_rows(const ckpt_dir_chain *chain, const emb_plan *plan, const 
 
 /* Fold the checkpoint ck (emb_ckpt_open's) into the complete full
  * checkpoint root/step-N (ckpt_dir_begin: root made if missing): the
- * head's dense.bin and transform.bin, its chain's rows folded, the head's
+ * head's dense.bin, transform.bin and keep.bin, its chain's rows folded, the head's
  * manifest made full (ckpt_dir_make_full: "kind" "full", no "parent").
  * ck may be full already (its rows are then written again the same way).
  * 0 or SR_E*; on failure root's .step-N.TAG is removed. */

@@ -15,6 +15,7 @@
 #include "common/sys.h"
 #include "embedding/ckpt_plan.h"
 #include "embedding/optim.h"
+#include "embedding/removed_file.h"
 #include "embedding/table_file.h"
 #include "storage/ckpt_dir.h"
 
@@ -218,10 +219,15 @@ void emb_follow_patch(void *ctx, int64_t step, const emb_idset *set, float *cons
 /* ---- gathering a swap's rows ---- */
 
 /* The rows a swap lays over the store, per table: records of (id, link,
- * value and state), sorted by id then link, the last link's kept. */
+ * removed, value and state), sorted by id then link (in a link, its
+ * removal before its row), the last kept: a row, or a removed row (an
+ * increment's removed-<id>.bin: its values unused). */
+#define REC_ROW 0u
+#define REC_REMOVED 1u
 typedef struct {
   size_t n, cap;
-  uint8_t *rec; /* [cap][rec_bytes]: u64 id, u32 link, u32 pad, float vals[stride] */
+  uint8_t *rec; /* [cap][rec_bytes]: u64 id, u32 link, u32 REC_ROW or REC_REMOVED,
+                   float vals[stride] */
   size_t rec_bytes;
   int stride;
 } rows_tab;
@@ -233,7 +239,7 @@ typedef struct {
   int table;
 } gather;
 
-static int rows_add(rows_tab *r, uint64_t id, int link, const float *vals) {
+static int rows_add(rows_tab *r, uint64_t id, int link, uint32_t kind, const float *vals) {
   if (r->n == r->cap) {
     size_t cap = r->cap ? 2 * r->cap : 1024;
     uint8_t *p = realloc(r->rec, cap * r->rec_bytes);
@@ -245,8 +251,16 @@ static int rows_add(rows_tab *r, uint64_t id, int link, const float *vals) {
   uint32_t l = (uint32_t)link;
   memcpy(e, &id, 8);
   memcpy(e + 8, &l, 4);
-  memcpy(e + 16, vals, (size_t)r->stride * sizeof(float));
+  memcpy(e + 12, &kind, 4);
+  if (vals) memcpy(e + 16, vals, (size_t)r->stride * sizeof(float));
+  else memset(e + 16, 0, (size_t)r->stride * sizeof(float));
   return 0;
+}
+
+static uint32_t rec_kind(const uint8_t *e) {
+  uint32_t k;
+  memcpy(&k, e + 12, 4);
+  return k;
 }
 
 static int rec_cmp(const void *a, const void *b) {
@@ -255,12 +269,14 @@ static int rec_cmp(const void *a, const void *b) {
   memcpy(&x, a, 8), memcpy(&y, b, 8);
   if (x != y) return x < y ? -1 : 1;
   memcpy(&lx, (const uint8_t *)a + 8, 4), memcpy(&ly, (const uint8_t *)b + 8, 4);
-  return lx < ly ? -1 : lx > ly;
+  if (lx != ly) return lx < ly ? -1 : 1;
+  uint32_t kx = rec_kind(a), ky = rec_kind(b);
+  return kx > ky ? -1 : kx < ky; /* a link's removal before its row */
 }
 
 static int add_record(void *ctx, uint64_t row_id, const float *vals) {
   gather *g = ctx;
-  return rows_add(&g->tabs[g->table], row_id, g->link, vals);
+  return rows_add(&g->tabs[g->table], row_id, g->link, REC_ROW, vals);
 }
 
 /* A chunk of a full checkpoint's rows compared with the store's (under
@@ -273,6 +289,9 @@ typedef struct {
   float *vals;        /* [CHUNK][stride] the checkpoint's */
   float *held;        /* [CHUNK][dim] the store's */
   uint64_t hits;      /* rows of the chunk the store holds */
+  uint64_t *seen;     /* a bounded table's: every row id of the checkpoint's file, ascending */
+  size_t n_seen, cap_seen, walk; /* walk: find_removed's place in seen */
+  uint64_t gone;      /* rows the store holds that the checkpoint's bounded tables removed */
   int rc;
 } chunk;
 
@@ -298,12 +317,22 @@ static void compare_chunk(void *arg) {
   for (size_t r = 0; r < c->n && !c->rc; r++)
     if (memcmp(c->held + r * (size_t)dim, c->vals + r * (size_t)stride,
                (size_t)dim * sizeof(float)))
-      c->rc = rows_add(&c->g->tabs[c->table], c->ids[r], 0, c->vals + r * (size_t)stride);
+      c->rc = rows_add(&c->g->tabs[c->table], c->ids[r], 0, REC_ROW, c->vals + r * (size_t)stride);
 }
 
 static int compare_record(void *ctx, uint64_t row_id, const float *vals) {
   chunk *c = ctx;
   const int stride = c->g->tabs[c->table].stride;
+  if (emb_keep_on(&c->g->f->plan->tables[c->table])) {
+    if (c->n_seen == c->cap_seen) {
+      size_t cap = c->cap_seen ? 2 * c->cap_seen : 1024;
+      uint64_t *p = realloc(c->seen, cap * sizeof *p);
+      if (!p) return c->rc = SR_ENOMEM;
+      c->seen = p;
+      c->cap_seen = cap;
+    }
+    c->seen[c->n_seen++] = row_id;
+  }
   c->ids[c->n] = row_id;
   memcpy(c->vals + c->n * (size_t)stride, vals, (size_t)stride * sizeof(float));
   if (++c->n < CHUNK) return 0;
@@ -325,9 +354,32 @@ static void read_stats(void *arg) {
   r->rc = emb_store_stats_get(r->f->store, &r->st);
 }
 
+/* A row the store holds of c's table (iterate, ascending): one the
+ * checkpoint's file lacks (c->seen, ascending, walked along) is a removed
+ * row of g. */
+static int removed_row(void *ctx, int table, uint64_t id, const float *v, int dim,
+                       const float *st, int sl) {
+  (void)v, (void)dim, (void)st, (void)sl;
+  chunk *c = ctx;
+  while (c->walk < c->n_seen && c->seen[c->walk] < id) c->walk++;
+  if (c->walk < c->n_seen && c->seen[c->walk] == id) return 0;
+  c->gone++;
+  return (c->rc = rows_add(&c->g->tabs[table], id, 0, REC_REMOVED, NULL)) ? 1 : 0;
+}
+
+/* The rows the store holds of a bounded table that the checkpoint's file
+ * lacks (under the exclusive section: the checkpoint dropped them). */
+static void find_removed(void *arg) {
+  chunk *c = arg;
+  c->walk = 0;
+  int rc = emb_store_iterate(c->g->f->store, c->table, removed_row, c);
+  if (rc && !c->rc) c->rc = rc;
+}
+
 /* The rows of the full checkpoint at shards (link 0 of a chain that does
- * not hold the served step) that differ from the store's into g; refused
- * EMB_FOLLOW_ROWS when it lacks rows the store holds. */
+ * not hold the served step) that differ from the store's into g, and the
+ * rows of its bounded tables it does not hold as removed rows; refused
+ * EMB_FOLLOW_ROWS when it lacks other rows the store holds. */
 static int diff_full(gather *g, const char *shards, emb_follow_event *ev) {
   emb_follow *f = g->f;
   stats_read held = {.f = f};
@@ -345,7 +397,8 @@ static int diff_full(gather *g, const char *shards, emb_follow_event *ev) {
   for (int t = 0; t < f->plan->n_tables && !rc; t++) {
     char path[SR_PATH_MAX];
     const emb_table *tb = &f->plan->tables[t];
-    *c = (chunk){.g = g, .table = t, .vals = c->vals, .held = c->held, .hits = c->hits};
+    *c = (chunk){.g = g, .table = t, .vals = c->vals, .held = c->held, .hits = c->hits,
+                 .seen = c->seen, .cap_seen = c->cap_seen, .gone = c->gone};
     if ((rc = sr_path_err(path, sizeof path, ev->msg, sizeof ev->msg, "%s/table-%u.bin", shards,
                           tb->table_id)))
       break;
@@ -354,8 +407,12 @@ static int diff_full(gather *g, const char *shards, emb_follow_event *ev) {
       f->exclusive(f->exclusive_ctx, compare_chunk, c);
       rc = c->rc;
     }
+    if (!rc && emb_keep_on(tb)) {
+      f->exclusive(f->exclusive_ctx, find_removed, c);
+      rc = c->rc;
+    }
   }
-  if (!rc && c->hits < held.st.rows) {
+  if (!rc && c->hits + c->gone < held.st.rows) {
     ev->reason = EMB_FOLLOW_ROWS;
     sr_fmt(ev->msg, sizeof ev->msg, "%s: holds %llu of the %llu rows served: a followed "
            "model's rows are never dropped", shards, (unsigned long long)c->hits,
@@ -364,12 +421,28 @@ static int diff_full(gather *g, const char *shards, emb_follow_event *ev) {
   } else if (rc && !ev->msg[0]) {
     sr_fmt(ev->msg, sizeof ev->msg, "%s: comparing rows: %s", shards, sr_strerror(rc));
   }
-  if (c) free(c->vals), free(c->held);
+  if (c) free(c->vals), free(c->held), free(c->seen);
   free(c);
   return rc;
 }
 
-/* Every record of the increment at shards (link) into g. */
+/* Table t's removed rows of the increment at shards (link; no
+ * removed-<id>.bin: none) into g. */
+static int read_removed(gather *g, const char *shards, int link, int t, emb_follow_event *ev) {
+  char path[SR_PATH_MAX];
+  const emb_table *tb = &g->f->plan->tables[t];
+  uint64_t *ids = NULL;
+  size_t n = 0;
+  int rc = ckpt_dir_removed_file(shards, tb->table_id, path, sizeof path);
+  if (rc) sr_fmt(ev->msg, sizeof ev->msg, "%s: path too long", shards);
+  if (!rc) rc = emb_rmfile_read(path, tb, g->f->model_fp, &ids, &n, ev->msg, sizeof ev->msg);
+  for (size_t i = 0; i < n && !rc; i++) rc = rows_add(&g->tabs[t], ids[i], link, REC_REMOVED, NULL);
+  free(ids);
+  return rc;
+}
+
+/* Every record of the increment at shards (link) into g: its rows and its
+ * removed rows. */
 static int read_increment(gather *g, const char *shards, int link, emb_follow_event *ev) {
   g->link = link;
   for (int t = 0; t < g->f->plan->n_tables; t++) {
@@ -380,6 +453,7 @@ static int read_increment(gather *g, const char *shards, int link, emb_follow_ev
                          tb->table_id);
     if (!rc) rc = emb_tabfile_read(path, tb, g->f->model_fp, add_record, g, ev->msg,
                                    sizeof ev->msg);
+    if (!rc) rc = read_removed(g, shards, link, t, ev);
     if (rc) return rc;
   }
   return 0;
@@ -405,24 +479,53 @@ static uint64_t last_rows(gather *g) {
   return n;
 }
 
-/* g's rows (last_rows') as table files under dir. */
+/* Table t's removed rows of g (last_rows') as dir/removed-<id>.bin (none:
+ * no file). */
+static int write_removed(gather *g, int t, const char *dir, emb_follow_event *ev) {
+  rows_tab *r = &g->tabs[t];
+  const emb_table *tb = &g->f->plan->tables[t];
+  char path[SR_PATH_MAX];
+  size_t n = 0;
+  for (size_t i = 0; i < r->n; i++) n += rec_kind(r->rec + i * r->rec_bytes) == REC_REMOVED;
+  if (!n) return 0;
+  uint64_t *ids = malloc(n * sizeof *ids);
+  if (!ids) {
+    sr_fmt(ev->msg, sizeof ev->msg, "%s: out of memory", dir);
+    return SR_ENOMEM;
+  }
+  n = 0;
+  for (size_t i = 0; i < r->n; i++)
+    if (rec_kind(r->rec + i * r->rec_bytes) == REC_REMOVED) memcpy(&ids[n++], r->rec + i * r->rec_bytes, 8);
+  int rc = ckpt_dir_removed_file(dir, tb->table_id, path, sizeof path);
+  if (rc) sr_fmt(ev->msg, sizeof ev->msg, "%s: path too long", dir);
+  if (!rc) rc = emb_rmfile_write(path, tb, g->f->model_fp, ids, n, ev->msg, sizeof ev->msg);
+  free(ids);
+  return rc;
+}
+
+/* g's rows (last_rows') as table files under dir, its removed rows beside
+ * them. */
 static int write_rows(gather *g, const char *dir, emb_follow_event *ev) {
   for (int t = 0; t < g->f->plan->n_tables; t++) {
     rows_tab *r = &g->tabs[t];
     const emb_table *tb = &g->f->plan->tables[t];
     char path[SR_PATH_MAX];
     emb_tabfile_writer *w;
+    size_t rows = 0;
+    for (size_t i = 0; i < r->n; i++) rows += rec_kind(r->rec + i * r->rec_bytes) == REC_ROW;
     int rc = sr_path_err(path, sizeof path, ev->msg, sizeof ev->msg, "%s/table-%u.bin", dir,
                          tb->table_id);
-    if (!rc) rc = emb_tabfile_create(path, tb, g->f->model_fp, r->n, &w, ev->msg, sizeof ev->msg);
+    if (!rc) rc = emb_tabfile_create(path, tb, g->f->model_fp, rows, &w, ev->msg, sizeof ev->msg);
     for (size_t i = 0; i < r->n && !rc; i++) {
       uint64_t id;
+      if (rec_kind(r->rec + i * r->rec_bytes) != REC_ROW) continue;
       memcpy(&id, r->rec + i * r->rec_bytes, 8);
       if ((rc = emb_tabfile_put(w, id, (const float *)(r->rec + i * r->rec_bytes + 16), ev->msg,
                                 sizeof ev->msg)))
         emb_tabfile_abort(w);
     }
     if (!rc) rc = emb_tabfile_commit(w, ev->msg, sizeof ev->msg);
+    if (!rc) rc = write_removed(g, t, dir, ev);
     if (rc) return rc;
   }
   return 0;

@@ -11,12 +11,14 @@
  *      past the served step are verified (a damaged or half-written
  *      checkpoint is refused, never read into the store); the rows that
  *      change are gathered: the rows of S's increments past the served
- *      step, or for a chain that does not hold the served step (a new full
- *      checkpoint) the rows of its full checkpoint whose values differ from
- *      the served ones (compared in chunks of 4096, each under the caller's
- *      exclusive section) with its increments laid over. One increment is
- *      laid from its own folder; anything else from a temporary folder of
- *      table files holding them all;
+ *      step and the rows they removed (removed-<id>.bin), or for a chain
+ *      that does not hold the served step (a new full checkpoint) the rows
+ *      of its full checkpoint whose values differ from the served ones
+ *      (compared in chunks of 4096, each under the caller's exclusive
+ *      section) and, of a bounded table, the served rows it does not hold
+ *      (removed), with its increments laid over. One increment is laid
+ *      from its own folder; anything else from a temporary folder of table
+ *      files and removed-rows files holding them all;
  *   2. inside one exclusive section (no Lookup between its pick and its
  *      answer, rpc_service_exclusive): the old values of exactly those
  *      rows are copied into an undo set, the folder is laid over the store
@@ -34,7 +36,8 @@
  * or SHA-256, a manifest step other than the folder's), of another plan
  * (table sizes, dims, placement, seed: another plan fingerprint) or data
  * mapping (another transform fingerprint), in a layout other than the
- * trainer's table files, or when it lacks rows the served one holds. A
+ * trainer's table files, or when it lacks rows the served one holds (of
+ * a table without bounds: a bounded table's rows it lacks were removed). A
  * refused checkpoint is not looked at again unless its DONE changes. */
 #ifndef SHARDREC_EMBEDDING_SERVED_FOLLOW_H
 #define SHARDREC_EMBEDDING_SERVED_FOLLOW_H

@@ -15,7 +15,15 @@
  * whole first (size, order, checksum, each row hosted here), then writes
  * the dirty rows back, drops the cache as a restore does and writes each
  * row of the files into its database, replacing it. Both clear the change
- * set when they succeed. */
+ * set when they succeed.
+ *
+ * Removals (remove, shard_remove.c): while the set is kept, a removed id
+ * leaves the change set and joins the table's removed set (the same kind
+ * of hash set); checkpoint_delta writes the removed ids not in the change
+ * set (not pushed again since) as path/removed-<id>.bin (embedding/
+ * removed_file.h), and restore_delta reads those files with the table
+ * files, checked, then deletes their rows from the databases before it
+ * writes the table files' rows. */
 #include "embedding/shard_impl.h"
 
 #include <errno.h>
@@ -26,6 +34,7 @@
 #include "common/fs.h"
 #include "common/rng.h"
 #include "common/status.h"
+#include "embedding/removed_file.h"
 #include "embedding/table_file.h"
 #include "storage/ckpt_dir.h"
 #include "storage/kv.h"
@@ -79,11 +88,70 @@ void shard__chg_add(shstore *s, uint32_t t, uint64_t id) {
   else c->n += (size_t)chg_put(c->keys, c->cap, id);
 }
 
+/* id out of c, when there (backward shift: the entries after it that may
+ * not stay past the gap move back). */
+static void chg_del(sh_chg *c, uint64_t id) {
+  if (id == SH_CHG_EMPTY) {
+    c->has_max = 0;
+    return;
+  }
+  if (!c->keys) return;
+  const size_t mask = c->cap - 1;
+  size_t h = (size_t)sr_mix64(id) & mask;
+  while (c->keys[h] != id) {
+    if (c->keys[h] == SH_CHG_EMPTY) return;
+    h = (h + 1) & mask;
+  }
+  size_t gap = h, j = h;
+  for (;;) {
+    j = (j + 1) & mask;
+    if (c->keys[j] == SH_CHG_EMPTY) break;
+    size_t home = (size_t)sr_mix64(c->keys[j]) & mask;
+    if (((j - home) & mask) >= ((j - gap) & mask)) {
+      c->keys[gap] = c->keys[j];
+      gap = j;
+    }
+  }
+  c->keys[gap] = SH_CHG_EMPTY;
+  c->n--;
+}
+
+/* 1 when id is in c. */
+static int chg_has(const sh_chg *c, uint64_t id) {
+  if (id == SH_CHG_EMPTY) return c->has_max;
+  if (!c->keys) return 0;
+  for (size_t h = (size_t)sr_mix64(id) & (c->cap - 1);; h = (h + 1) & (c->cap - 1)) {
+    if (c->keys[h] == id) return 1;
+    if (c->keys[h] == SH_CHG_EMPTY) return 0;
+  }
+}
+
+int shard__chg_remove(shstore *s, const emb_idset *ids) {
+  if (!s->chg_track) return 0;
+  if (!s->rmv && !(s->rmv = calloc((size_t)s->n_tables, sizeof *s->rmv))) goto nomem;
+  for (int t = 0; t < s->n_tables; t++)
+    if (ids->counts[t] && chg_grow(&s->rmv[t], ids->counts[t])) goto nomem;
+  for (int t = 0; t < s->n_tables; t++)
+    for (size_t r = 0; r < ids->counts[t]; r++) {
+      uint64_t id = ids->ids[t][r];
+      chg_del(&s->chg[t], id);
+      if (id == SH_CHG_EMPTY) s->rmv[t].has_max = 1;
+      else s->rmv[t].n += (size_t)chg_put(s->rmv[t].keys, s->rmv[t].cap, id);
+    }
+  return 0;
+nomem:
+  sr_fmt(s->err, sizeof s->err, "remove: out of memory for the removed rows' ids");
+  return SR_ENOMEM;
+}
+
 void shard__chg_clear(shstore *s) {
   for (int t = 0; t < s->n_tables; t++) {
     free(s->chg[t].keys);
     memset(&s->chg[t], 0, sizeof s->chg[t]);
+    if (s->rmv) free(s->rmv[t].keys);
   }
+  free(s->rmv);
+  s->rmv = NULL;
   s->chg_track = 1;
 }
 
@@ -243,6 +311,30 @@ static int delta_table_all(shstore *s, int t, const char *dir, const char *model
   return rc;
 }
 
+/* Table t's removed ids not pushed again since as dir/removed-<id>.bin
+ * (none: no file). */
+static int delta_removed(shstore *s, int t, const char *dir, const char *model_fp) {
+  const emb_table *tb = &s->base.plan->tables[t];
+  char path[SR_PATH_MAX], e2[1024];
+  uint64_t *ids;
+  size_t n, m = 0;
+  int rc = chg_sorted(&s->rmv[t], &ids, &n);
+  if (rc) {
+    sr_fmt(s->err, sizeof s->err, "checkpoint_delta: out of memory");
+    return rc;
+  }
+  for (size_t i = 0; i < n; i++)
+    if (!chg_has(&s->chg[t], ids[i])) ids[m++] = ids[i];
+  if (m && ckpt_dir_removed_file(dir, tb->table_id, path, sizeof path)) {
+    sr_fmt(s->err, sizeof s->err, "checkpoint_delta: %s: path too long", dir);
+    rc = SR_ERANGE;
+  } else if (m && (rc = emb_rmfile_write(path, tb, model_fp, ids, m, e2, sizeof e2))) {
+    sr_fmt(s->err, sizeof s->err, "checkpoint_delta: %s", e2);
+  }
+  free(ids);
+  return rc;
+}
+
 int shard__checkpoint_delta(emb_store *b, const char *path) {
   shstore *s = (shstore *)b;
   char fp[EMB_FP_HEX];
@@ -258,7 +350,8 @@ int shard__checkpoint_delta(emb_store *b, const char *path) {
     return SR_EIO;
   }
   for (int t = 0; t < s->n_tables; t++)
-    if ((rc = s->chg_track ? delta_table(s, t, path, fp) : delta_table_all(s, t, path, fp)))
+    if ((rc = s->chg_track ? delta_table(s, t, path, fp) : delta_table_all(s, t, path, fp)) ||
+        (s->rmv && (rc = delta_removed(s, t, path, fp))))
       return rc;
   shard__chg_clear(s);
   return 0;
@@ -357,31 +450,96 @@ static int overlay_all(shstore *s, overlay_ctx *c, const char *path, const char 
   return rc;
 }
 
+/* The removed ids of each table (malloc'd arrays, the holder's). */
+typedef struct {
+  uint64_t **ids; /* [n_tables] */
+  size_t *n;      /* [n_tables] */
+} rm_lists;
+
+/* Table t's removed ids under dir (removed-<id>.bin; absent: none) read
+ * and checked (each row hosted here) into rm->ids[t], rm->n[t]. */
+static int read_removed(shstore *s, int t, const char *dir, const char *fp, rm_lists *rm) {
+  const emb_table *tb = &s->base.plan->tables[t];
+  char path[SR_PATH_MAX], e2[1024];
+  if (ckpt_dir_removed_file(dir, tb->table_id, path, sizeof path)) {
+    sr_fmt(s->err, sizeof s->err, "restore_delta: %s: path too long", dir);
+    return SR_ERANGE;
+  }
+  int rc = emb_rmfile_read(path, tb, fp, &rm->ids[t], &rm->n[t], e2, sizeof e2);
+  if (rc) {
+    sr_fmt(s->err, sizeof s->err, "restore_delta: %s", e2);
+    return rc;
+  }
+  for (size_t i = 0; i < rm->n[t]; i++)
+    if (db_of(s, t, rm->ids[t][i]) < 0) {
+      sr_fmt(s->err, sizeof s->err, "restore_delta: %s: removed row %llu is of shard %d, not hosted here",
+             path, (unsigned long long)rm->ids[t][i],
+             emb_plan_shard_of(s->base.plan, t, rm->ids[t][i]));
+      return SR_EMISMATCH;
+    }
+  return 0;
+}
+
+/* The rows of rm deleted from their databases, one WriteBatch a database. */
+static int delete_removed(shstore *s, const rm_lists *rm) {
+  kv_writes *w = kv_writes_create();
+  if (!w) {
+    sr_fmt(s->err, sizeof s->err, "restore_delta: out of memory");
+    return SR_ENOMEM;
+  }
+  char e2[512];
+  int rc = 0;
+  for (int d = 0; d < s->n_db && !rc; d++) {
+    for (int t = 0; t < s->n_tables; t++)
+      for (size_t r = 0; r < rm->n[t]; r++)
+        if (db_of(s, t, rm->ids[t][r]) == d) kv_writes_delete(w, s->db[d], t, rm->ids[t][r]);
+    if ((rc = kv_writes_commit(w, s->db[d], e2, sizeof e2)))
+      sr_fmt(s->err, sizeof s->err, "restore_delta: shard %d: %s", s->db_shard[d], e2);
+  }
+  kv_writes_destroy(w);
+  if (!rc) s->removed = 1; /* the clean stop compacts their space away */
+  return rc;
+}
+
+/* Every file under path checked whole (table files, removed-rows files into
+ * rm) before any row is replaced. */
+static int check_delta(shstore *s, overlay_ctx *c, const char *path, const char *fp,
+                       rm_lists *rm) {
+  int rc = 0;
+  for (int t = 0; t < s->n_tables && !rc; t++) {
+    c->t = t;
+    rc = overlay_table(s, c, path, fp);
+  }
+  for (int t = 0; t < s->n_tables && !rc; t++) rc = read_removed(s, t, path, fp, rm);
+  return rc;
+}
+
 int shard__restore_delta(emb_store *b, const char *path) {
   shstore *s = (shstore *)b;
   char fp[EMB_FP_HEX];
-  if (emb_plan_model_fingerprint(b->plan, fp)) {
-    sr_fmt(s->err, sizeof s->err, "restore_delta: out of memory");
-    return SR_ENOMEM;
-  }
+  rm_lists rm = {calloc((size_t)s->n_tables, sizeof *rm.ids),
+                 calloc((size_t)s->n_tables, sizeof *rm.n)}; /* owned here */
   overlay_ctx c = {.s = s};
   int rc = 0;
-  /* Every file checked whole before any row is replaced. */
-  for (int t = 0; t < s->n_tables && !rc; t++) {
-    c.t = t;
-    rc = overlay_table(s, &c, path, fp);
-  }
-  if (rc) return rc;
-  if ((rc = emb_store_flush(b))) return rc; /* a row held dirty is replaced, not written later */
-  if (s->marked && (rc = shard__marks_remove(s))) return rc;
-  shard__drop_cache(s); /* drained by the flush */
-  if (!(c.enc = malloc(kv_row_size(s->stride, 0)))) {
+  if (!rm.ids || !rm.n || emb_plan_model_fingerprint(b->plan, fp)) {
     sr_fmt(s->err, sizeof s->err, "restore_delta: out of memory");
-    return SR_ENOMEM;
+    rc = SR_ENOMEM;
   }
-  rc = overlay_all(s, &c, path, fp);
+  if (!rc) rc = check_delta(s, &c, path, fp, &rm);
+  /* a row held dirty is replaced, not written later */
+  if (!rc) rc = emb_store_flush(b);
+  if (!rc && s->marked) rc = shard__marks_remove(s);
+  if (!rc) shard__drop_cache(s); /* drained by the flush */
+  if (!rc) rc = delete_removed(s, &rm);
+  if (!rc && !(c.enc = malloc(kv_row_size(s->stride, 0)))) {
+    sr_fmt(s->err, sizeof s->err, "restore_delta: out of memory");
+    rc = SR_ENOMEM;
+  }
+  if (!rc && (rc = overlay_all(s, &c, path, fp)) && rc != SR_ENOMEM) rc = SR_EIO;
   free(c.enc);
-  if (rc) return rc == SR_ENOMEM ? rc : SR_EIO;
-  shard__chg_clear(s);
-  return 0;
+  for (int t = 0; rm.ids && t < s->n_tables; t++) free(rm.ids[t]);
+  free(rm.ids);
+  free(rm.n);
+  if (!rc) shard__chg_clear(s);
+  return rc;
 }

@@ -262,6 +262,8 @@ struct shstore {
   int rd_rc, wb_rc;       /* the last failed read; the first failed write (sticky) */
   char rd_err[1024], wb_err[1024];
   sh_chg *chg;            /* [n_tables] the change set (shard_delta.c) */
+  sh_chg *rmv;            /* [n_tables] ids removed since, the same kind of set (shard_delta.c;
+                             NULL until the first removal while the change set is kept) */
   int chg_track;          /* the set is kept (a checkpoint or restore of any kind done) */
   emb_store_stats st;
   emb_shard_counters ctr;
@@ -464,8 +466,12 @@ int shard__chg_reserve(shstore *s, const emb_idset *ids);
 /* Row id of table t changed (room reserved by shard__chg_reserve; nothing
  * while the set is not kept). */
 void shard__chg_add(shstore *s, uint32_t t, uint64_t id);
-/* The change set emptied, its memory freed, and kept from now on (after a
- * checkpoint or restore of any kind). */
+/* The removal of ids (checked) recorded for the next checkpoint_delta: each
+ * leaves the change set and joins the removed set (nothing while the change
+ * set is not kept). 0, or SR_ENOMEM (s->err; the sets as they were). */
+int shard__chg_remove(shstore *s, const emb_idset *ids);
+/* The change set and the removed set emptied, their memory freed, and kept
+ * from now on (after a checkpoint or restore of any kind). */
 void shard__chg_clear(shstore *s);
 /* store.h's checkpoint_delta and restore_delta ops. */
 int shard__checkpoint_delta(emb_store *b, const char *path);

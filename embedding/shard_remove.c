@@ -6,8 +6,8 @@
  * so a later step handed ahead reads the row as removed, and whether it is
  * evicted or not, its next read is the init value. A slot an answer is
  * being sent from is left detached and the row gets a fresh slot, as a
- * push does (shard_impl.h). The change set is dropped: the next
- * checkpoint_delta writes every row. */
+ * push does (shard_impl.h). The removed ids leave the change set and are
+ * listed for the next checkpoint_delta (shard__chg_remove). */
 #include <stdio.h>
 #include <string.h>
 
@@ -49,6 +49,7 @@ int shard__remove(emb_store *b, int64_t step, const emb_idset *ids) {
   shstore *s = (shstore *)b;
   int rc = shard__check_ids(s, ids, "remove");
   if (rc) return rc;
+  if ((rc = shard__chg_remove(s, ids))) return rc;
   shard__drain(s);
   if (s->wb_rc) {
     sr_fmt(s->err, sizeof s->err, "remove: %s", s->wb_err);
@@ -69,8 +70,6 @@ int shard__remove(emb_store *b, int64_t step, const emb_idset *ids) {
   if (rc) return rc;
   for (int t = 0; t < ids->n_tables; t++)
     for (size_t r = 0; r < ids->counts[t]; r++) reset_cached(s, (uint32_t)t, ids->ids[t][r]);
-  shard__chg_clear(s);
-  s->chg_track = 0;
   s->removed = 1; /* the clean stop compacts their space away */
   return 0;
 }

@@ -220,7 +220,10 @@ typedef struct emb_store_ops {
    * a full checkpoint); its cost is in proportion to the changed rows.
    * restore_delta lays such a folder over the rows held: each row it holds
    * replaces the held one, every other row stays; every file is checked
-   * before any row is replaced. */
+   * before any row is replaced. A store with remove also records the rows
+   * removed since (those not pushed again), per table, as
+   * removed-<table_id>.bin beside the table file (embedding/removed_file.h);
+   * restore_delta deletes them before it lays the rows. */
   int (*checkpoint_delta)(emb_store *s, const char *path);
   int (*restore_delta)(emb_store *s, const char *path);
   /* Remove rows (NULL: the store has none; the wrapper says
@@ -231,9 +234,7 @@ typedef struct emb_store_ops {
    * step-boundary decisions, train/keep.h); a lookup of a later step handed
    * ahead before the removal still reads the row as removed. Ids are
    * checked as lookup's (nothing removed on a refusal). A store with a
-   * change set drops it (the next checkpoint_delta writes every row held):
-   * a delta records no removals, so the trainer writes whole checkpoints of
-   * a plan with bounded tables. */
+   * change set lists the rows it removes for the next checkpoint_delta. */
   int (*remove)(emb_store *s, int64_t step, const emb_idset *ids);
   /* Visit every stored row of table (plan index), in ascending row id
    * (local and shard stores; the remote and routed stores refuse with

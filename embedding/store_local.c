@@ -31,8 +31,15 @@
  * succeeds clears it (the flags of the listed slots, then the list), so
  * neither costs a scan of the table. The list is kept from the first of
  * them on: before it every row held has changed (a checkpoint_delta then
- * writes them all), and a store that is never saved keeps no list. restore_delta reads every file of its
- * folder into fresh indexes first, then lays their rows over the held
+ * writes them all), and a store that is never saved keeps no list. A
+ * removal leaves the removed row's id in the list (its flag goes with its
+ * slot): the list is sorted, its repeats and the ids no longer held
+ * dropped when it is written. The removed rows' ids since then are kept
+ * per table beside it (tombstones); checkpoint_delta writes those not held
+ * again as removed-<table_id>.bin (embedding/removed_file.h) beside the
+ * table file (a row removed and pushed again is a changed row).
+ * restore_delta reads every file of its folder into fresh indexes first,
+ * then deletes the removed rows and lays the files' rows over the held
  * ones. */
 #include <errno.h>
 #include <math.h>
@@ -49,6 +56,7 @@
 #include "common/status.h"
 #include "common/sys.h"
 #include "embedding/optim.h"
+#include "embedding/removed_file.h"
 #include "embedding/store.h"
 #include "embedding/table_file.h"
 #include "storage/ckpt_dir.h"
@@ -84,6 +92,9 @@ typedef struct {
                             changed, and the set costs nothing (a job that never saves) */
   uint64_t *keys;        /* [slab_cap] each slot's row id, kept from the first removal on
                             (a removal moves the last slot into the freed one); NULL before */
+  uint64_t *rm_ids;      /* [rm_cap] ids removed since the last checkpoint (tracked tables
+                            only; repeats and ids pushed again are dropped when written) */
+  size_t rm_n, rm_cap;
 } ltab;
 
 typedef struct {
@@ -116,7 +127,10 @@ static void lt_free(ltab *t) {
   free(t->chg);
   free(t->chg_ids);
   free(t->keys);
+  free(t->rm_ids);
   t->keys = NULL;
+  t->rm_ids = NULL;
+  t->rm_n = t->rm_cap = 0;
   t->map = NULL;
   t->slab = NULL;
   t->chg = NULL;
@@ -272,8 +286,12 @@ static inline void lt_mark(ltab *t, uint32_t s1, uint64_t key) {
 /* Empty the change set (the listed slots' flags, then the list) and keep
  * it from now on. */
 static void lt_clear_changes(ltab *t) {
-  for (size_t i = 0; i < t->chg_n; i++) t->chg[lt_slot_at(t, lt_find(t, t->chg_ids[i])) - 1] = 0;
+  for (size_t i = 0; i < t->chg_n; i++) {
+    uint32_t s1 = lt_slot_at(t, lt_find(t, t->chg_ids[i]));
+    if (s1) t->chg[s1 - 1] = 0; /* 0: removed since it was listed */
+  }
   t->chg_n = 0;
+  t->rm_n = 0;
   t->track = 1;
 }
 
@@ -632,16 +650,45 @@ static int l_flush(emb_store *b) {
   return 0;
 }
 
-/* The changed rows' ids of t in ascending order; malloc'd (NULL when none). */
-static int lt_sorted_changes(const ltab *t, uint64_t **out) {
+/* The ids list[n] in ascending order, once each, those held (held 1) or
+ * not held (held 0) only, into *out (malloc'd; NULL when none) and *nout. */
+static int lt_sorted_ids(const ltab *t, const uint64_t *list, size_t n, int held, uint64_t **out,
+                         size_t *nout) {
   *out = NULL;
-  if (!t->chg_n) return 0;
-  uint64_t *k = malloc(t->chg_n * sizeof *k);
+  *nout = 0;
+  if (!n) return 0;
+  uint64_t *k = malloc(n * sizeof *k);
   if (!k) return SR_ENOMEM;
-  memcpy(k, t->chg_ids, t->chg_n * sizeof *k);
-  qsort(k, t->chg_n, sizeof *k, cmp_u64);
+  memcpy(k, list, n * sizeof *k);
+  emb_rmfile_sort_unique(k, &n);
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++)
+    if ((lt_slot_at(t, lt_find(t, k[i])) != LT_EMPTY) == held) k[m++] = k[i];
   *out = k;
+  *nout = m;
   return 0;
+}
+
+/* Table ti's removed rows since the last checkpoint not held again, as
+ * dir/removed-<table_id>.bin (none: no file). */
+static int write_removed(lstore *s, int ti, const char *dir) {
+  const ltab *t = &s->t[ti];
+  const emb_table *pt = &s->base.plan->tables[ti];
+  char path[4096], e2[1024];
+  uint64_t *ids;
+  size_t n;
+  int rc = lt_sorted_ids(t, t->rm_ids, t->rm_n, 0, &ids, &n);
+  if (!rc && n && ckpt_dir_removed_file(dir, pt->table_id, path, sizeof path)) {
+    sr_fmt(e2, sizeof e2, "%s: path too long", dir);
+    rc = SR_ERANGE;
+  } else if (rc) {
+    sr_fmt(e2, sizeof e2, "out of memory");
+  } else if (n) {
+    rc = emb_rmfile_write(path, pt, s->model_fp, ids, n, e2, sizeof e2);
+  }
+  if (rc) sr_fmt(s->err, sizeof s->err, "checkpoint_delta: %s", e2);
+  free(ids);
+  return rc;
 }
 
 /* Table ti's file under dir: every row held, or (delta) the changed ones. */
@@ -655,8 +702,8 @@ static int write_table(lstore *s, int ti, const char *dir, int delta) {
     return SR_ERANGE;
   }
   uint64_t *keys;
-  size_t n = delta ? t->chg_n : t->n;
-  int rc = delta ? lt_sorted_changes(t, &keys) : lt_sorted_keys(t, &keys);
+  size_t n = t->n;
+  int rc = delta ? lt_sorted_ids(t, t->chg_ids, t->chg_n, 1, &keys, &n) : lt_sorted_keys(t, &keys);
   if (rc) {
     sr_fmt(s->err, sizeof s->err, "%s: out of memory", what);
     return rc;
@@ -683,6 +730,7 @@ static int write_tables(lstore *s, const char *path, int delta) {
   }
   for (int ti = 0; ti < s->n; ti++) { /* not tracked yet: every row changed */
     int rc = write_table(s, ti, path, delta && s->t[ti].track);
+    if (!rc && delta && s->t[ti].track) rc = write_removed(s, ti, path);
     if (rc) return rc;
   }
   for (int ti = 0; ti < s->n; ti++) lt_clear_changes(&s->t[ti]);
@@ -763,22 +811,43 @@ static int l_restore(emb_store *b, const char *path, const char *from_model_fp) 
   return 0;
 }
 
-/* Every table file under path read and checked into fresh indexes, room
- * made in the held tables for their rows, then each row laid over the held
+/* Table ti's removed rows under dir (removed-<table_id>.bin; absent: none),
+ * checked, into *ids[*n]. */
+static int read_removed(lstore *s, int ti, const char *dir, uint64_t **ids, size_t *n) {
+  const emb_table *pt = &s->base.plan->tables[ti];
+  char path[4096], e2[1024];
+  *ids = NULL;
+  *n = 0;
+  if (ckpt_dir_removed_file(dir, pt->table_id, path, sizeof path)) {
+    sr_fmt(s->err, sizeof s->err, "restore_delta: %s: path too long", dir);
+    return SR_ERANGE;
+  }
+  int rc = emb_rmfile_read(path, pt, s->model_fp, ids, n, e2, sizeof e2);
+  if (rc) sr_fmt(s->err, sizeof s->err, "restore_delta: %s", e2);
+  return rc;
+}
+
+/* Every table file and removed-rows file under path read and checked
+ * (table files into fresh indexes), room made in the held tables, then
+ * the removed rows deleted and each row of the files laid over the held
  * one: a refused folder changes no row. */
 static int l_restore_delta(emb_store *b, const char *path) {
   lstore *s = (lstore *)b;
   ltab *nt = calloc((size_t)s->n, sizeof *nt);
-  uint64_t **keys = calloc((size_t)s->n, sizeof *keys);
-  int rc = nt && keys ? 0 : SR_ENOMEM;
+  uint64_t **keys = calloc((size_t)s->n, sizeof *keys), **rm = calloc((size_t)s->n, sizeof *rm);
+  size_t *rm_n = calloc((size_t)s->n, sizeof *rm_n);
+  int rc = nt && keys && rm && rm_n ? 0 : SR_ENOMEM;
   for (int k = 0; k < s->n && !rc; k++) rc = read_table(s, k, path, NULL, &nt[k]);
+  for (int k = 0; k < s->n && !rc; k++) rc = read_removed(s, k, path, &rm[k], &rm_n[k]);
   for (int k = 0; k < s->n && !rc; k++)
-    if ((rc = lt_sorted_keys(&nt[k], &keys[k])) || (rc = lt_reserve(&s->t[k], nt[k].n)))
+    if ((rc = lt_sorted_keys(&nt[k], &keys[k])) || (rc = lt_reserve(&s->t[k], nt[k].n)) ||
+        (rm_n[k] && (rc = lt_keys(&s->t[k]))))
       sr_fmt(s->err, sizeof s->err, "restore_delta: table %d: %s", k, sr_strerror(rc));
-  if (rc == SR_ENOMEM && (!nt || !keys))
+  if (rc == SR_ENOMEM && (!nt || !keys || !rm || !rm_n))
     sr_fmt(s->err, sizeof s->err, "restore_delta: out of memory");
   for (int k = 0; k < s->n && !rc; k++) {
     ltab *t = &s->t[k];
+    for (size_t i = 0; i < rm_n[k]; i++) lt_remove(t, rm[k][i]);
     for (size_t i = 0; i < nt[k].n; i++) {
       size_t h = lt_find(t, keys[k][i]);
       uint32_t s1 = lt_slot_at(t, h);
@@ -786,36 +855,53 @@ static int l_restore_delta(emb_store *b, const char *path) {
       memcpy(lt_at(t, s1), lt_at(&nt[k], lt_slot_at(&nt[k], lt_find(&nt[k], keys[k][i]))), t->rb);
     }
   }
-  for (int k = 0; k < s->n && nt && keys; k++) {
+  for (int k = 0; k < s->n && nt && keys && rm; k++) {
     lt_free(&nt[k]);
     free(keys[k]);
+    free(rm[k]);
   }
   free(nt);
   free(keys);
+  free(rm);
+  free(rm_n);
   if (!rc)
     for (int k = 0; k < s->n; k++) lt_clear_changes(&s->t[k]);
   return rc;
 }
 
-/* Rows of ids go (emb_store_ops.remove). The change set is dropped first:
- * its list may name the rows removed. */
+/* Room for extra more ids in t's removed list. */
+static int lt_reserve_removed(ltab *t, size_t extra) {
+  if (t->rm_n + extra <= t->rm_cap) return 0;
+  size_t cap = t->rm_cap ? t->rm_cap : 64;
+  while (cap < t->rm_n + extra) cap *= 2;
+  uint64_t *ni = realloc(t->rm_ids, cap * sizeof *ni);
+  if (!ni) return SR_ENOMEM;
+  t->rm_ids = ni;
+  t->rm_cap = cap;
+  return 0;
+}
+
+/* Rows of ids go (emb_store_ops.remove); a tracked table lists the held
+ * ones it removes for the next checkpoint_delta. */
 static int l_remove(emb_store *b, int64_t step, const emb_idset *ids) {
   (void)step;
   lstore *s = (lstore *)b;
   int rc = check_ids(s, ids, "remove");
   if (rc) return rc;
   for (int ti = 0; ti < s->n; ti++)
-    if (ids->counts[ti] && (rc = lt_keys(&s->t[ti]))) {
+    if (ids->counts[ti] &&
+        ((rc = lt_keys(&s->t[ti])) ||
+         (s->t[ti].track && (rc = lt_reserve_removed(&s->t[ti], ids->counts[ti]))))) {
       sr_fmt(s->err, sizeof s->err, "remove: out of memory");
       return rc;
     }
   for (int ti = 0; ti < s->n; ti++) {
     ltab *t = &s->t[ti];
-    if (!ids->counts[ti]) continue;
-    for (size_t i = 0; i < t->chg_n; i++) t->chg[lt_slot_at(t, lt_find(t, t->chg_ids[i])) - 1] = 0;
-    t->chg_n = 0;
-    t->track = 0;
-    for (size_t r = 0; r < ids->counts[ti]; r++) lt_remove(t, ids->ids[ti][r]);
+    for (size_t r = 0; r < ids->counts[ti]; r++) {
+      uint64_t id = ids->ids[ti][r];
+      if (t->track && lt_slot_at(t, lt_find(t, id)) != LT_EMPTY) t->rm_ids[t->rm_n++] = id;
+      lt_remove(t, id);
+    }
   }
   return 0;
 }

@@ -722,6 +722,10 @@ int ckpt_dir_table_file(const char *dir, uint32_t table_id, char *buf, size_t le
   return sr_path(buf, len, "%s/table-%u.bin", dir, table_id);
 }
 
+int ckpt_dir_removed_file(const char *dir, uint32_t table_id, char *buf, size_t len) {
+  return sr_path(buf, len, "%s/removed-%u.bin", dir, table_id);
+}
+
 int ckpt_dir_server_shards(const char *name, int *ks, int max) {
   if (strncmp(name, "shard-", 6)) return 0;
   const char *p = name + 6;
@@ -737,12 +741,18 @@ int ckpt_dir_server_shards(const char *name, int *ks, int max) {
   return n;
 }
 
-long long ckpt_dir_table_of(const char *name) {
-  if (strncmp(name, "table-", 6) || name[6] < '0' || name[6] > '9') return -1;
+/* table_id of a file name "<prefix><id>.bin", or -1 for any other name. */
+static long long id_of(const char *name, const char *prefix) {
+  size_t l = strlen(prefix);
+  if (strncmp(name, prefix, l) || name[l] < '0' || name[l] > '9') return -1;
   char *end;
-  unsigned long long v = strtoull(name + 6, &end, 10);
+  unsigned long long v = strtoull(name + l, &end, 10);
   return v <= 0xffffffffULL && !strcmp(end, ".bin") ? (long long)v : -1;
 }
+
+long long ckpt_dir_table_of(const char *name) { return id_of(name, "table-"); }
+
+long long ckpt_dir_removed_of(const char *name) { return id_of(name, "removed-"); }
 
 static int is_table_name(const char *name) { return ckpt_dir_table_of(name) >= 0; }
 

@@ -265,8 +265,15 @@ int ckpt_dir_server_path(const char *dir, const int *shards, int n, char *buf, s
 /* dir/table-<table_id>.bin. */
 int ckpt_dir_table_file(const char *dir, uint32_t table_id, char *buf, size_t len);
 
+/* dir/removed-<table_id>.bin: an increment's removed rows of that table
+ * (embedding/removed_file.h), beside its table file. */
+int ckpt_dir_removed_file(const char *dir, uint32_t table_id, char *buf, size_t len);
+
 /* table_id of a file name "table-<id>.bin", or -1 for any other name. */
 long long ckpt_dir_table_of(const char *name);
+
+/* table_id of a file name "removed-<id>.bin", or -1 for any other name. */
+long long ckpt_dir_removed_of(const char *name);
 
 /* The shards a folder name "shard-K[-K2...]" lists (each K a decimal >= 0),
  * into ks[max]; their count, or 0 when name is not such a name or lists

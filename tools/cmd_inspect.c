@@ -7,8 +7,8 @@
  * checkpoints (the newest complete one is taken), or one shard database.
  * Prints, per shard and table: distinct rows stored, bytes (keys + values),
  * the row layout; for a checkpoint also the manifest's step, data position
- * and fingerprints, and its data transform in short (fingerprint and
- * mode, or none recorded). --rows prints those rows (value and optimizer state) of
+ * and fingerprints, an increment's removed rows (ids and tables), and its
+ * data transform in short (fingerprint and mode, or none recorded). --rows prints those rows (value and optimizer state) of
  * --table (default: every table), or says they are not stored (a row never
  * written has its deterministic initial value). Databases are opened
  * read-only. The report is storage/kv_inspect.h's (kv_inspect): this file
@@ -16,10 +16,14 @@
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/fs.h"
 #include "common/status.h"
 #include "datasets/transform.h"
+#include "embedding/plan.h"
+#include "embedding/removed_file.h"
+#include "storage/ckpt_dir.h"
 #include "storage/kv_inspect.h"
 #include "train/checkpoint.h"
 #include "tools/cli.h"
@@ -53,6 +57,43 @@ static int print_transform(const char *path) {
   printf("data transform: %s: %s (%s)\n", fp, what, file);
   ds_transform_free(xf);
   return 0;
+}
+
+/* An increment's removed rows (shards/removed-<id>.bin, beside its table
+ * files or in its server folders), in one line when it has any. 0, or 1
+ * with the reason printed (an unreadable file). */
+static int print_removed(const char *path) {
+  char dir[SR_PATH_MAX], shards[SR_PATH_MAX], file[SR_PATH_MAX], why[1024];
+  char **names = NULL;
+  int n = 0, rc = 0;
+  if (train_ckpt_resolve(path, dir, sizeof dir, why, sizeof why) ||
+      sr_path(shards, sizeof shards, "%s/shards", dir) || !sr_is_dir(shards) ||
+      sr_list_files(shards, &names, &n))
+    return 0;
+  uint64_t ids = 0;
+  long long seen[EMB_MAX_TABLES];
+  int tables = 0;
+  for (int i = 0; i < n && !rc; i++) {
+    const char *base = strrchr(names[i], '/') ? strrchr(names[i], '/') + 1 : names[i];
+    long long id = ckpt_dir_removed_of(base);
+    uint64_t k;
+    if (id < 0) continue;
+    if (sr_path_err(file, sizeof file, why, sizeof why, "%s/%s", shards, names[i]) ||
+        emb_rmfile_count(file, &k, why, sizeof why)) {
+      fprintf(stderr, "shardrec inspect: %s\n", why);
+      rc = 1;
+      break;
+    }
+    ids += k;
+    int j = 0;
+    while (j < tables && seen[j] != id) j++;
+    if (j == tables && tables < EMB_MAX_TABLES) seen[tables++] = id;
+  }
+  sr_paths_free(names, n);
+  if (!rc && tables)
+    printf("removed rows since its parent: %llu in %d tables (shards/.../removed-<id>.bin)\n",
+           (unsigned long long)ids, tables);
+  return rc;
 }
 
 int cmd_inspect(int argc, char **argv) {
@@ -94,5 +135,6 @@ int cmd_inspect(int argc, char **argv) {
     fprintf(stderr, "shardrec inspect: %s\n", err);
     return 1;
   }
-  return print_transform(argv[optind]);
+  int rc = print_removed(argv[optind]);
+  return print_transform(argv[optind]) || rc;
 }

@@ -202,7 +202,6 @@ static long long next_parent(const train_job *j, const char *root) {
   const train_config *c = j->cfg;
   if (!in_chain_root(j, root) || c->full_every <= 1 || j->ck_incs + 1 >= c->full_every)
     return -1;
-  if (j->keep) return -1; /* an increment records no removed rows: bounded tables save whole */
   return j->ck_parent;
 }
 

@@ -12,7 +12,12 @@
  * (under half the bytes they took with every row). A store marked
  * absent_zero reads zeros for a row not held of a bounded table
  * ("keep"), and the init value for one of a table without bounds. The
- * same holds of fp16 and bf16 tables (2-byte weights in the slots). */
+ * same holds of fp16 and bf16 tables (2-byte weights in the slots). On both
+ * stores, a removal between a checkpoint and a checkpoint_delta keeps the
+ * change set: the delta lists, per table, exactly the rows removed and not
+ * pushed again (removed-<id>.bin), and a fresh store restored from the
+ * checkpoint then the delta holds exactly the saving store's rows, value
+ * for value (the removed rows gone, those pushed again as pushed). */
 #include <check.h>
 
 #include "tests/check_main.h"
@@ -23,7 +28,9 @@
 #include "common/fs.h"
 #include "common/status.h"
 #include "embedding/shard.h"
+#include "embedding/removed_file.h"
 #include "embedding/store.h"
+#include "storage/ckpt_dir.h"
 #include "tests/embedding/shard_fixture.h"
 
 #define NT FX_NT
@@ -298,6 +305,96 @@ START_TEST(test_absent_zero) {
 }
 END_TEST
 
+/* dir/removed-<id>.bin of each table lists exactly want's ids (ascending). */
+static void assert_removed_file(const char *dir, const emb_plan *p, const idbuf *want) {
+  char fp[EMB_FP_HEX], path[4096], err[1024];
+  ck_assert_int_eq(emb_plan_model_fingerprint(p, fp), 0);
+  for (int t = 0; t < NT; t++) {
+    uint64_t *ids, *exp = malloc((want->counts[t] + 1) * sizeof *exp);
+    size_t n, m = want->counts[t];
+    memcpy(exp, want->ids[t], m * sizeof *exp);
+    emb_rmfile_sort_unique(exp, &m);
+    ck_assert_int_eq(ckpt_dir_removed_file(dir, p->tables[t].table_id, path, sizeof path), 0);
+    ck_assert_msg(emb_rmfile_read(path, &p->tables[t], fp, &ids, &n, err, sizeof err) == 0, "%s",
+                  err);
+    ck_assert_msg(n == m && (!n || !memcmp(ids, exp, n * sizeof *ids)),
+                  "table %d: the delta lists %zu removed rows, not the %zu removed", t, n, m);
+    free(ids);
+    free(exp);
+  }
+}
+
+/* s: every row pushed, checkpointed to dir/full, pushed again, the odd rows
+ * removed and one in four (r % 4 == 1) pushed again, a delta to dir/d; to
+ * (fresh) restores both and holds s's rows. */
+static void check_delta(emb_store *s, emb_store *to, const emb_plan *p, const char *dir) {
+  char full[4096], d[4096];
+  idbuf all, odd, back, gone;
+  ids_make(&all, 1, 0);
+  ids_make(&odd, 2, 1);
+  ids_make(&back, 4, 1);
+  ids_make(&gone, 4, 3);
+  snprintf(full, sizeof full, "%s/full", dir);
+  snprintf(d, sizeof d, "%s/d", dir);
+  push_rows(s, &all, 1);
+  ck_assert_msg(emb_store_checkpoint(s, full) == 0, "%s", emb_store_errmsg(s));
+  push_rows(s, &all, 2);
+  ck_assert_msg(emb_store_remove(s, 3, &odd.set) == 0, "%s", emb_store_errmsg(s));
+  push_rows(s, &back, 4);
+  ck_assert_msg(emb_store_checkpoint_delta(s, d) == 0, "%s", emb_store_errmsg(s));
+  assert_removed_file(d, p, &gone);
+  ck_assert_msg(emb_store_restore(to, full) == 0, "%s", emb_store_errmsg(to));
+  ck_assert_msg(emb_store_restore_delta(to, d) == 0, "%s", emb_store_errmsg(to));
+  idbuf kept;
+  ids_make(&kept, 1, 0);
+  for (int t = 0; t < NT; t++) {
+    size_t m = 0;
+    for (size_t r = 0; r < N; r++)
+      if (r % 4 != 3) kept.ids[t][m++] = id_of(t, r);
+    kept.counts[t] = m;
+  }
+  assert_rows(to, &kept, s);
+  ids_free(&kept);
+  ids_free(&all);
+  ids_free(&odd);
+  ids_free(&back);
+  ids_free(&gone);
+}
+
+START_TEST(test_local_delta_removed) {
+  emb_plan *p = fx_plan(ROWS, DIM, 7, EMB_OPT_ADAGRAD, 1, 0);
+  char err[256], *dir = tmpdir_make("ldelta");
+  emb_store *s = emb_store_create_local(p, err, sizeof err);
+  emb_store *to = emb_store_create_local(p, err, sizeof err);
+  ck_assert_ptr_nonnull(s);
+  ck_assert_ptr_nonnull(to);
+  check_delta(s, to, p, dir);
+  emb_store_destroy(s);
+  emb_store_destroy(to);
+  sr_rmtree(dir);
+  free(dir);
+  emb_plan_free(p);
+}
+END_TEST
+
+START_TEST(test_shard_delta_removed) {
+  emb_plan *p = fx_plan(ROWS, DIM, 7, EMB_OPT_ADAGRAD, 3, 1);
+  char *dir = tmpdir_make("sdelta"), a[4096], b[4096], c[4096];
+  snprintf(a, sizeof a, "%s/a", dir);
+  snprintf(b, sizeof b, "%s/b", dir);
+  snprintf(c, sizeof c, "%s/ck", dir);
+  ck_assert_int_eq(sr_mkdirs(c), 0);
+  emb_store *s = fx_shard(p, a, 2048, 0); /* a cache smaller than the rows */
+  emb_store *to = fx_shard(p, b, 2048, 0);
+  check_delta(s, to, p, c);
+  emb_store_destroy(s);
+  emb_store_destroy(to);
+  sr_rmtree(dir);
+  free(dir);
+  emb_plan_free(p);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("emb_store_remove");
   TCase *tc = tcase_create("remove");
@@ -308,6 +405,8 @@ int main(void) {
   tcase_add_loop_test(tc, test_absent_zero, 0, 2);
   tcase_add_test(tc, test_local_remove_16bit);
   tcase_add_test(tc, test_shard_remove_16bit);
+  tcase_add_test(tc, test_local_delta_removed);
+  tcase_add_test(tc, test_shard_delta_removed);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
