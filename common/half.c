@@ -3,6 +3,7 @@
 #include <math.h>
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define SR_HALF_X86 1
 #endif
@@ -49,8 +50,12 @@ float sr_f16_to_f32(uint16_t h) {
 }
 
 #ifdef SR_HALF_X86
+/* F16C from CPUID leaf 1 (clang's __builtin_cpu_supports does not know
+ * "f16c"); "avx" also says the OS saves the YMM registers. */
 int sr_half_f16c_available(void) {
-  return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+  return (c & bit_F16C) && __builtin_cpu_supports("avx");
 }
 
 __attribute__((target("avx,f16c"))) static size_t enc_f16c(const float *in, uint16_t *out,
