@@ -5,10 +5,13 @@
  *     stats), a RocksDB row, a table file record;
  *   - the in-process store: pushes and lookups of --batch random ids, rows/s;
  *   - Lookups from one gRPC server on loopback (an in-process store behind
- *     it), rows/s, and the answer's bytes a row;
+ *     it), rows/s, and the answer's bytes a row (a server a precision, all
+ *     running at once);
  *   - the RocksDB shard store under a cache of --cache-mb MiB (smaller than
  *     the table: lookups read misses), rows/s, and its SST bytes.
- * Each figure is printed beside fp32's, measured in the same run. */
+ * Each figure is printed beside fp32's, measured in the same run; the
+ * lookup figures are medians of --rounds rounds, each timing the three
+ * precisions in turn. */
 #include <getopt.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -32,8 +35,10 @@
 #define CMD "bench half"
 
 typedef struct {
-  long long rows, dim, batch, iters, cache_mb;
+  long long rows, dim, batch, iters, cache_mb, rounds;
 } hopts;
+
+#define MAX_ROUNDS 99
 
 typedef struct {
   double mem_row, kv_row, file_row;     /* bytes a row */
@@ -110,70 +115,99 @@ static double lookups(emb_store *st, const hopts *o, int64_t step) {
   return rc ? 0 : (double)(o->iters * o->batch) / dt;
 }
 
-/* The in-process store, then a server over it, then the shard store. */
-static int measure(const hopts *o, emb_precision prec, hfig *f) {
-  char err[1024];
+/* One precision's stores, alive together so the lookup figures can take
+ * turns: the in-process store, a server over it and a remote store reading
+ * it, the shard store in a temporary folder. */
+typedef struct {
+  emb_plan *plan;
+  emb_store *loc, *rem, *sh;
+  hserver h;
+  int serving;
+  char dir[40];
+  int64_t step; /* the next step after the pushes */
+} hset;
+
+static void hset_close(hset *s) {
+  emb_store_destroy(s->rem);
+  if (s->serving) {
+    s->h.stop = 1;
+    pthread_join(s->h.th, NULL);
+  }
+  rpc_service_destroy(s->h.svc);
+  emb_store_destroy(s->sh);
+  if (s->dir[0]) sr_rmtree(s->dir);
+  emb_store_destroy(s->loc);
+  emb_plan_free(s->plan);
+  memset(s, 0, sizeof *s);
+}
+
+/* The stores of prec, every row pushed once into the in-process and the
+ * shard store; the byte figures and push rate into f. 0 or 1 (printed). */
+static int hset_open(const hopts *o, emb_precision prec, hset *s, hfig *f) {
+  char err[1024] = "";
   uint64_t rows1[1] = {(uint64_t)o->rows};
   emb_plan_params pp = {.n_tables = 1, .rows = rows1, .dim = (int)o->dim,
                         .optim = {.kind = EMB_OPT_ROWWISE_ADAGRAD, .eps = -1}, .seed = 1,
                         .n_shards = 1, .precision = prec};
-  emb_plan *plan;
-  if (emb_plan_create(&pp, &plan, err, sizeof err)) {
-    fprintf(stderr, "shardrec %s: %s\n", CMD, err);
-    return 1;
-  }
+  memset(s, 0, sizeof *s);
+  if (emb_plan_create(&pp, &s->plan, err, sizeof err)) goto fail;
   const int wb = emb_precision_bytes(prec);
   f->kv_row = (double)kv_row_size_w((int)o->dim, 1, (int)prec);
   f->file_row = 8.0 + (double)(wb * o->dim) + 4;
   f->wire_row = (double)(wb * o->dim);
   int64_t step = 1;
   double secs;
-  int rc = 1;
-  emb_store *loc = emb_store_create_local(plan, err, sizeof err), *rem = NULL, *sh = NULL;
   emb_store_stats st;
-  if (!loc || push_all(loc, o, &step, &secs) || emb_store_stats_get(loc, &st)) goto out;
+  if (!(s->loc = emb_store_create_local(s->plan, err, sizeof err))) goto fail;
+  if (push_all(s->loc, o, &step, &secs) || emb_store_stats_get(s->loc, &st)) goto fail;
+  s->step = step;
   f->push = (double)o->rows / secs;
   f->mem_row = (double)st.bytes / (double)st.rows;
-  f->lookup = lookups(loc, o, step);
   int shard = 0;
   rpc_service_opts so = {.shards = &shard, .n_shards = 1};
-  hserver h = {.svc = rpc_service_create(plan, loc, &so, err, sizeof err)};
-  if (!h.svc) goto out;
-  pthread_create(&h.th, NULL, server_main, &h);
-  while (!h.port) usleep(1000);
+  if (!(s->h.svc = rpc_service_create(s->plan, s->loc, &so, err, sizeof err))) goto fail;
+  pthread_create(&s->h.th, NULL, server_main, &s->h);
+  s->serving = 1;
+  while (!s->h.port) usleep(1000);
+  if (s->h.port < 0) goto fail;
   char addr[64];
-  snprintf(addr, sizeof addr, "127.0.0.1:%d", h.port);
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", s->h.port);
   const char *addrs[1] = {addr};
-  if (h.port > 0 && (rem = emb_store_create_remote(plan, addrs, 1, NULL, err, sizeof err)))
-    f->rpc = lookups(rem, o, step);
-  emb_store_destroy(rem);
-  h.stop = 1;
-  pthread_join(h.th, NULL);
-  rpc_service_destroy(h.svc);
-  char dir[] = "/tmp/shardrec-bench-half-XXXXXX";
-  if (!mkdtemp(dir)) goto out;
+  if (!(s->rem = emb_store_create_remote(s->plan, addrs, 1, NULL, err, sizeof err))) goto fail;
+  snprintf(s->dir, sizeof s->dir, "/tmp/shardrec-bench-half-XXXXXX");
+  if (!mkdtemp(s->dir)) {
+    s->dir[0] = 0;
+    snprintf(err, sizeof err, "cannot make a temporary folder");
+    goto fail;
+  }
   emb_shard_config cfg = {.cache_mb = (uint64_t)o->cache_mb};
   emb_store_figures fg;
   step = 1;
-  if ((sh = emb_store_create_shard(plan, dir, &cfg, err, sizeof err)) &&
-      !push_all(sh, o, &step, &secs) && !emb_store_flush(sh)) {
-    f->shard = lookups(sh, o, step);
-    if (!emb_store_figures_get(sh, &fg)) f->sst = (double)fg.sst_bytes;
-    rc = 0;
-  }
-  emb_store_destroy(sh);
-  sr_rmtree(dir);
-out:
-  if (rc) fprintf(stderr, "shardrec %s: %s: %s\n", CMD, emb_precision_name(prec),
-                  err[0] ? err : loc ? emb_store_errmsg(loc) : "failed");
-  emb_store_destroy(loc);
-  emb_plan_free(plan);
-  return rc;
+  if (!(s->sh = emb_store_create_shard(s->plan, s->dir, &cfg, err, sizeof err))) goto fail;
+  if (push_all(s->sh, o, &step, &secs) || emb_store_flush(s->sh)) goto fail;
+  if (!emb_store_figures_get(s->sh, &fg)) f->sst = (double)fg.sst_bytes;
+  return 0;
+fail:
+  fprintf(stderr, "shardrec %s: %s: %s\n", CMD, emb_precision_name(prec),
+          err[0] ? err : s->loc ? emb_store_errmsg(s->loc) : "failed");
+  hset_close(s);
+  return 1;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static void usage(FILE *f) {
   fprintf(f,
           "usage: shardrec bench half [--rows N] [--dim D] [--batch N] [--iters N] [--cache-mb N]\n"
+          "                          [--rounds N]\n"
           "\n"
           "fp32, fp16 and bf16 weights side by side (row-wise Adagrad, one table): bytes a row\n"
           "and rows per GiB (memory, RocksDB, table files), in-process pushes and lookups,\n"
@@ -182,16 +216,19 @@ static void usage(FILE *f) {
           "  --dim D        embedding dim (128)\n"
           "  --batch N      ids a lookup (4096)\n"
           "  --iters N      lookups a figure (50)\n"
-          "  --cache-mb N   the shard store's cache (32; smaller than the table reads misses)\n");
+          "  --cache-mb N   the shard store's cache (32; smaller than the table reads misses)\n"
+          "  --rounds N     lookup rounds (5): each round times every precision in turn; the\n"
+          "                 lookup figures are the rounds' medians\n");
 }
 
 int bench_half(int argc, char **argv) {
-  hopts o = {200000, 128, 4096, 50, 32};
+  hopts o = {200000, 128, 4096, 50, 32, 5};
   static const struct option opts[] = {{"rows", required_argument, 0, 'r'},
                                        {"dim", required_argument, 0, 'd'},
                                        {"batch", required_argument, 0, 'b'},
                                        {"iters", required_argument, 0, 'i'},
                                        {"cache-mb", required_argument, 0, 'c'},
+                                       {"rounds", required_argument, 0, 'n'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
   int c;
@@ -207,6 +244,7 @@ int bench_half(int argc, char **argv) {
       case 'b': if (cli_int(CMD, "--batch", optarg, 1, 1 << 20, &o.batch)) return 2; break;
       case 'i': if (cli_int(CMD, "--iters", optarg, 1, 1 << 20, &o.iters)) return 2; break;
       case 'c': if (cli_int(CMD, "--cache-mb", optarg, 1, 1 << 20, &o.cache_mb)) return 2; break;
+      case 'n': if (cli_int(CMD, "--rounds", optarg, 1, MAX_ROUNDS, &o.rounds)) return 2; break;
       default: cli_bad_option(CMD, optopt, argv[optind - 1]); return 2;
     }
   }
@@ -214,10 +252,30 @@ int bench_half(int argc, char **argv) {
   rpc_global_init();
   hfig f[3];
   memset(f, 0, sizeof f);
-  printf("bench half: %lld rows of dim %lld, row-wise Adagrad; lookups of %lld ids x %lld; "
-         "shard store cache %lld MiB\n", o.rows, o.dim, o.batch, o.iters, o.cache_mb);
-  int rc = 0;
-  for (int p = 0; p < 3 && !rc; p++) rc = measure(&o, (emb_precision)p, &f[p]);
+  printf("bench half: %lld rows of dim %lld, row-wise Adagrad; lookups of %lld ids x %lld, "
+         "median of %lld rounds; shard store cache %lld MiB\n", o.rows, o.dim, o.batch, o.iters,
+         o.rounds, o.cache_mb);
+  hset set[3];
+  int rc = 0, open = 0;
+  for (; open < 3 && !rc; open++) rc = hset_open(&o, (emb_precision)open, &set[open], &f[open]);
+  if (rc) open--;
+  /* Round k times fp32, fp16, bf16 in turn, each round starting from the
+   * next precision, so drift in the machine's speed falls on all three. */
+  double lk[3][3][MAX_ROUNDS]; /* [figure][precision][round] */
+  for (int k = 0; k < o.rounds && !rc; k++)
+    for (int j = 0; j < 3 && !rc; j++) {
+      const int p = (k + j) % 3;
+      lk[0][p][k] = lookups(set[p].loc, &o, set[p].step);
+      lk[1][p][k] = lookups(set[p].rem, &o, set[p].step);
+      lk[2][p][k] = lookups(set[p].sh, &o, set[p].step);
+      if (lk[0][p][k] <= 0 || lk[1][p][k] <= 0 || lk[2][p][k] <= 0) rc = 1;
+    }
+  for (int p = 0; !rc && p < 3; p++) {
+    f[p].lookup = median(lk[0][p], (int)o.rounds);
+    f[p].rpc = median(lk[1][p], (int)o.rounds);
+    f[p].shard = median(lk[2][p], (int)o.rounds);
+  }
+  for (int p = 0; p < open; p++) hset_close(&set[p]);
   rpc_global_shutdown();
   if (rc) return 1;
   printf("%-34s %14s %14s %14s\n", "", "fp32", "fp16", "bf16");

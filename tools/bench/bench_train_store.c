@@ -17,7 +17,14 @@
  * prefetch (handing the ids ahead) and push (where dirty evicted rows are
  * written back today), RocksDB reads, evictions and write-backs per step
  * (emb_shard_counters), and whether the per-step losses are the in-memory
- * run's bit for bit. */
+ * run's bit for bit.
+ *
+ * --arch-embedding-precision P[,P...] repeats all of it (the in-memory
+ * reference and a shard store per depth) for each weight precision, and
+ * --cache-mb N sizes every shard store's cache in MiB instead (the same
+ * bytes whatever the precision, so a 16-bit run caches twice the rows); a
+ * last table gives each precision's shard store samples/s against fp32's
+ * at each depth. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,25 +48,33 @@
 
 #define CMD "bench train"
 #define MAX_DEPTHS 9
+#define MAX_PRECS 3
 
 typedef struct bts_flags {
   double fraction;          /* --cache-fraction */
+  long long cache_mb;       /* --cache-mb (0: the fraction sizes the cache) */
   int depth[MAX_DEPTHS], nd; /* --prefetch-depth list */
+  emb_precision prec[MAX_PRECS];
+  int np;                   /* --arch-embedding-precision list */
+  emb_optim_kind sopt;      /* --sparse-optimizer (adagrad) */
   long long rows, steps, batch, dim, threads;
   uint64_t max_ind_range;
   const char *bot, *top, *data;
 } bts_flags;
 
 static void bts_usage(void) {
-  printf("usage: shardrec bench train --store shard [--cache-fraction F (0.1)]\n"
+  printf("usage: shardrec bench train --store shard [--cache-fraction F (0.1) | --cache-mb N]\n"
          "       [--prefetch-depth D[,D...] (0,%d)] [--rows N (1200000)] [--max-ind-range R (4000000)]\n"
+         "       [--arch-embedding-precision P[,P...] (fp32; each of fp32, fp16, bf16)]\n"
+         "       [--sparse-optimizer sgd|adagrad|rowwise_adagrad (adagrad)]\n"
          "       [--data FILE.bin] [--batch B (2048)] [--steps N (250)]\n"
          "       [--arch-sparse-feature-size N (16)] [--arch-mlp-bot 13-512-256-64-16]\n"
          "       [--arch-mlp-top 512-256-1] [--dense-threads N (every core)]\n"
          "The same steps in memory and through the RocksDB shard store (a temporary folder, cache =\n"
          "F x the rows the steps touch), one shard store run per depth; samples/s, the ratio, the\n"
          "step split (lookup wait, prefetch, push), RocksDB reads, evictions and write-backs per\n"
-         "step, and whether the losses are the in-memory run's bit for bit. Two shapes:\n"
+         "step, and whether the losses are the in-memory run's bit for bit; each precision repeats\n"
+         "the runs, and --cache-mb gives every one the same cache bytes. Two shapes:\n"
          "dim 16 as is; dim 128 with --arch-sparse-feature-size 128 --arch-mlp-bot 13-512-256-128\n"
          "--arch-mlp-top 1024-1024-512-256-1.\n",
          TRAIN_PREFETCH_DEPTH_DEFAULT);
@@ -87,10 +102,37 @@ static int bts_depths(const char *s, bts_flags *f) {
   return 0;
 }
 
+/* --arch-embedding-precision P,P,...: distinct precisions. */
+static int bts_precs(const char *s, bts_flags *f) {
+  char buf[64];
+  snprintf(buf, sizeof buf, "%s", s);
+  f->np = 0;
+  char *save = NULL;
+  for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    emb_precision p;
+    if (emb_precision_parse(tok, &p)) {
+      fprintf(stderr, "shardrec %s: --arch-embedding-precision: '%s' is not fp32, fp16 or bf16\n",
+              CMD, tok);
+      return -1;
+    }
+    for (int i = 0; i < f->np; i++)
+      if (f->prec[i] == p) {
+        fprintf(stderr, "shardrec %s: --arch-embedding-precision: '%s' named twice\n", CMD, tok);
+        return -1;
+      }
+    f->prec[f->np++] = p;
+  }
+  if (f->np == 0) {
+    fprintf(stderr, "shardrec %s: --arch-embedding-precision: '%s' names no precision\n", CMD, s);
+    return -1;
+  }
+  return 0;
+}
+
 /* -1 to go on, else the exit status (0 --help, 2 bad usage, printed). */
 static int bts_parse(int argc, char **argv, bts_flags *f) {
   enum { O_STORE = 1, O_FRAC, O_DEPTH, O_ROWS, O_STEPS, O_BATCH, O_DIM, O_BOT, O_TOP, O_DATA,
-         O_MAXIND, O_THREADS, O_HELP };
+         O_MAXIND, O_THREADS, O_PREC, O_CMB, O_SOPT, O_HELP };
   static const struct option opts[] = {
       {"store", required_argument, 0, O_STORE}, {"cache-fraction", required_argument, 0, O_FRAC},
       {"prefetch-depth", required_argument, 0, O_DEPTH}, {"rows", required_argument, 0, O_ROWS},
@@ -98,7 +140,10 @@ static int bts_parse(int argc, char **argv, bts_flags *f) {
       {"arch-sparse-feature-size", required_argument, 0, O_DIM},
       {"arch-mlp-bot", required_argument, 0, O_BOT}, {"arch-mlp-top", required_argument, 0, O_TOP},
       {"data", required_argument, 0, O_DATA}, {"max-ind-range", required_argument, 0, O_MAXIND},
-      {"dense-threads", required_argument, 0, O_THREADS}, {"help", no_argument, 0, O_HELP},
+      {"dense-threads", required_argument, 0, O_THREADS},
+      {"arch-embedding-precision", required_argument, 0, O_PREC},
+      {"cache-mb", required_argument, 0, O_CMB},
+      {"sparse-optimizer", required_argument, 0, O_SOPT}, {"help", no_argument, 0, O_HELP},
       {0, 0, 0, 0}};
   optind = 1;
   opterr = 0;
@@ -122,6 +167,15 @@ static int bts_parse(int argc, char **argv, bts_flags *f) {
       case O_DATA: f->data = optarg; break;
       case O_MAXIND: rc = cli_flag_u64(CMD, "--max-ind-range", optarg, &f->max_ind_range); break;
       case O_THREADS: rc = cli_flag(CMD, "--dense-threads", optarg, &f->threads); break;
+      case O_PREC: rc = bts_precs(optarg, f); break;
+      case O_CMB: rc = cli_int(CMD, "--cache-mb", optarg, 1, 1 << 20, &f->cache_mb); break;
+      case O_SOPT:
+        if (emb_optim_parse(optarg, &f->sopt)) {
+          fprintf(stderr, "shardrec %s: --sparse-optimizer: '%s' is not sgd, adagrad or "
+                  "rowwise_adagrad\n", CMD, optarg);
+          rc = -1;
+        }
+        break;
       case 'h':
       case O_HELP: bts_usage(); return 0;
       default: cli_bad_option(CMD, c, argv[optind - 1]); return 2;
@@ -256,8 +310,6 @@ static int bts_steps(const bts_flags *f, const char *bin, const emb_plan *plan,
     r->c.writebacks -= c0.writebacks;
     r->c.rocks_reads -= c0.rocks_reads;
     r->c.rocks_found -= c0.rocks_found;
-    /* i17s: the shard store's own prefetch and write-back figures
-     * (emb_shard_counters fields added there) go here and into bts_line. */
   }
   for (int i = 0; i < slots; i++) ds_batch_free(&ring[i]);
   trainer_destroy(t);
@@ -267,13 +319,14 @@ static int bts_steps(const bts_flags *f, const char *bin, const emb_plan *plan,
 
 /* A run's line: samples/s, the ratio to mem's, the step's split, the shard
  * store's counters per step, the losses against mem's. */
-static void bts_line(const char *what, int depth, const bts_result *r, const bts_result *mem,
-                     long long steps) {
+static void bts_line(const char *what, emb_precision prec, int depth, const bts_result *r,
+                     const bts_result *mem, long long steps) {
   double rate = (double)r->samples / r->secs, ms = 1e3 / (double)steps, per = 1.0 / (double)steps;
   char d[16] = "-";
   if (depth >= 0) snprintf(d, sizeof d, "%d", depth);
   int same = !memcmp(r->loss, mem->loss, (size_t)steps * sizeof *r->loss);
-  printf("%-7s %5s %10.0f %6.2fx %8.1f %10.2f %9.2f %7.2f %7.2f %11.0f %9.0f %10.0f  %s\n", what, d,
+  printf("%-7s %-7s %5s %10.0f %6.2fx %8.1f %10.2f %9.2f %7.2f %7.2f %11.0f %9.0f %10.0f  %s\n", what,
+         emb_precision_name(prec), d,
          rate, rate / ((double)mem->samples / mem->secs), r->secs * ms, r->tt.lookup * ms,
          r->tt.prefetch * ms, r->tt.push * ms,
          (r->tt.forward + r->tt.backward + r->tt.dense_opt) * ms, (double)r->c.rocks_reads * per,
@@ -282,18 +335,25 @@ static void bts_line(const char *what, int depth, const bts_result *r, const bts
   fflush(stdout);
 }
 
-/* The in-memory run, then a shard store per depth. 0 or -1. */
+/* The in-memory run, then a shard store per depth (its samples/s into
+ * rate[depth index]). 0 or -1. */
 static int bts_compare(const bts_flags *f, const char *dir, const char *bin, emb_plan *plan,
-                       const dense_config *cfg, long long touched) {
+                       const dense_config *cfg, long long touched, double *rate) {
   char err[1024], db[SR_PATH_MAX];
-  emb_shard_config sc = {.cache_rows = (uint64_t)(f->fraction * (double)touched),
-                         .block_cache_bytes = 32u << 20, .write_buffer_bytes = 16u << 20};
-  if (sc.cache_rows < EMB_SHARD_MIN_CACHE_ROWS) sc.cache_rows = EMB_SHARD_MIN_CACHE_ROWS;
-  printf("rows touched by the %lld steps: %lld; shard store cache %llu rows (%.3g of them)\n",
-         f->steps, touched, (unsigned long long)sc.cache_rows, f->fraction);
-  printf("%-7s %5s %10s %7s %8s %10s %9s %7s %7s %11s %9s %10s  %s\n", "store", "depth",
-         "samples/s", "ratio", "step ms", "lookup wait", "prefetch", "push", "dense",
-         "reads/step", "evict/st", "wback/st", "losses");
+  emb_shard_config sc = {.block_cache_bytes = 32u << 20, .write_buffer_bytes = 16u << 20};
+  if (f->cache_mb) {
+    sc.cache_mb = (uint64_t)f->cache_mb;
+    printf("%s weights: shard store cache %lld MiB: %llu rows (%.3g of the %lld rows touched)\n",
+           emb_precision_name(plan->tables[0].precision), f->cache_mb,
+           (unsigned long long)emb_shard_rows_for_mb(plan, sc.cache_mb),
+           (double)emb_shard_rows_for_mb(plan, sc.cache_mb) / (double)touched, touched);
+  } else {
+    sc.cache_rows = (uint64_t)(f->fraction * (double)touched);
+    if (sc.cache_rows < EMB_SHARD_MIN_CACHE_ROWS) sc.cache_rows = EMB_SHARD_MIN_CACHE_ROWS;
+    printf("%s weights: rows touched by the %lld steps: %lld; shard store cache %llu rows (%.3g of "
+           "them)\n", emb_precision_name(plan->tables[0].precision), f->steps, touched,
+           (unsigned long long)sc.cache_rows, f->fraction);
+  }
   bts_result mem = {0}, r;
   int rc = -1;
   mem.loss = calloc((size_t)f->steps, sizeof *mem.loss);
@@ -301,7 +361,7 @@ static int bts_compare(const bts_flags *f, const char *dir, const char *bin, emb
   if (!s) fprintf(stderr, "shardrec %s: %s\n", CMD, mem.loss ? err : "out of memory");
   if (s && !bts_steps(f, bin, plan, cfg, s, 0, &mem)) rc = 0;
   emb_store_destroy(s);
-  if (!rc) bts_line("memory", -1, &mem, &mem, f->steps);
+  if (!rc) bts_line("memory", plan->tables[0].precision, -1, &mem, &mem, f->steps);
   for (int i = 0; !rc && i < f->nd; i++) {
     memset(&r, 0, sizeof r);
     rc = -1;
@@ -312,7 +372,8 @@ static int bts_compare(const bts_flags *f, const char *dir, const char *bin, emb
     } else {
       rc = bts_steps(f, bin, plan, cfg, s, f->depth[i], &r);
       emb_store_destroy(s);
-      if (!rc) bts_line("shard", f->depth[i], &r, &mem, f->steps);
+      if (!rc) bts_line("shard", plan->tables[0].precision, f->depth[i], &r, &mem, f->steps);
+      rate[i] = (double)r.samples / r.secs;
     }
     free(r.loss);
     sr_rmtree(db);
@@ -339,26 +400,54 @@ static int bts_main(const bts_flags *f, const char *dir, const char *bin) {
     return -1;
   emb_plan *plan = NULL;
   emb_plan_params pp = {.n_tables = DS_NUM_SPARSE, .rows = sizes, .dim = (int)f->dim,
-                        .pooling = EMB_POOL_SUM, .optim = {.kind = EMB_OPT_ADAGRAD, .eps = -1},
-                        .seed = 3, .n_shards = 1};
+                        .pooling = EMB_POOL_SUM, .optim = {.kind = f->sopt, .eps = -1},
+                        .seed = 3, .n_shards = 1, .precision = f->prec[0]};
   if (emb_plan_create(&pp, &plan, err, sizeof err)) {
     fprintf(stderr, "shardrec %s: %s\n", CMD, err);
     return -1;
   }
   uint64_t total = 0;
   for (int t = 0; t < DS_NUM_SPARSE; t++) total += sizes[t];
-  printf("\n%s: %llu rows in %d tables, dim %lld, bottom %s, top %s, Adagrad (dense and sparse) "
-         "lr 0.01, batch %lld, %lld steps; %d dense thread(s)\n",
-         bin, (unsigned long long)total, DS_NUM_SPARSE, f->dim, f->bot, f->top, f->batch, f->steps,
+  printf("\n%s: %llu rows in %d tables, dim %lld, bottom %s, top %s, Adagrad "
+         "lr 0.01 (sparse: %s), batch %lld, %lld steps; %d dense thread(s)\n",
+         bin, (unsigned long long)total, DS_NUM_SPARSE, f->dim, f->bot, f->top,
+         emb_optim_name(f->sopt), f->batch, f->steps,
          dense_pool_threads(dense_pool_default()));
   long long touched = bts_touched(bin, f, plan);
-  int rc = touched < 0 ? -1 : bts_compare(f, dir, bin, plan, &cfg, touched);
+  double rate[MAX_PRECS][MAX_DEPTHS];
+  int rc = touched < 0 ? -1 : 0;
+  if (!rc)
+    printf("%-7s %-7s %5s %10s %7s %8s %10s %9s %7s %7s %11s %9s %10s  %s\n", "store", "weights",
+           "depth", "samples/s", "ratio", "step ms", "lookup wait", "prefetch", "push", "dense",
+           "reads/step", "evict/st", "wback/st", "losses");
+  for (int p = 0; !rc && p < f->np; p++) {
+    if (p > 0) {
+      emb_plan_free(plan);
+      plan = NULL;
+      pp.precision = f->prec[p];
+      if (emb_plan_create(&pp, &plan, err, sizeof err)) {
+        fprintf(stderr, "shardrec %s: %s\n", CMD, err);
+        rc = -1;
+        break;
+      }
+    }
+    rc = bts_compare(f, dir, bin, plan, &cfg, touched, rate[p]);
+  }
   emb_plan_free(plan);
+  if (!rc && f->np > 1) {
+    printf("shard store samples/s against %s's (same depth%s):\n", emb_precision_name(f->prec[0]),
+           f->cache_mb ? ", same cache MiB" : ", same cache fraction");
+    for (int p = 1; p < f->np; p++)
+      for (int i = 0; i < f->nd; i++)
+        printf("  %s depth %d: %.0f against %.0f: %.2fx\n", emb_precision_name(f->prec[p]),
+               f->depth[i], rate[p][i], rate[0][i], rate[p][i] / rate[0][i]);
+  }
   return rc;
 }
 
 int bench_train_store(int argc, char **argv) {
   bts_flags f = {.fraction = 0.1, .depth = {0, TRAIN_PREFETCH_DEPTH_DEFAULT}, .nd = 2,
+                 .prec = {EMB_PREC_FP32}, .np = 1, .sopt = EMB_OPT_ADAGRAD,
                  .rows = 1200000, .steps = 250, .batch = 2048, .dim = 16,
                  .max_ind_range = 4000000, .bot = "13-512-256-64-16", .top = "512-256-1"};
   int status = bts_parse(argc, argv, &f);
