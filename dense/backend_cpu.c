@@ -383,12 +383,42 @@ interact_bwd_d16_avx2(int B, int ni, int itself, const float *T,
 }
 #endif
 
+/* The interaction's pairs at a width other than 16, eight pairs at a time:
+ * lane q of row i holds Z[i][j0 + q], summed over k in order, a product
+ * then an add (each its own statement: no compiler fuses them into an
+ * FMA), as dotf does one pair. So every lane is dotf's bits, and the
+ * vectoriser, free to run the eight lanes side by side, runs them four
+ * (SSE2) or eight (AVX2) at once. tt is sample b's T transposed, rows of
+ * np floats (ni rounded up to 8, zeros past ni). */
+#define INTERACT_TT_MAX 8192 /* floats of tt (d * np) on the stack; wider runs pair by pair */
+DENSE_BODY interact_pairs8(int ni, int np, int d, int off, const float *restrict t,
+                           const float *restrict tt, float *restrict z) {
+  for (int i = 0; i < ni; i++) {
+    const float *restrict ti = t + (size_t)i * d;
+    const int nj = i + off;
+    for (int j0 = 0; j0 < nj; j0 += 8) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int k = 0; k < d; k++) {
+        const float a = ti[k];
+        const float *restrict col = tt + (size_t)k * np + j0;
+        for (int q = 0; q < 8; q++) {
+          const float prod = a * col[q];
+          acc[q] += prod;
+        }
+      }
+      const int m = nj - j0 < 8 ? nj - j0 : 8;
+      for (int q = 0; q < m; q++) *z++ = acc[q];
+    }
+  }
+}
+
 /* T[B][ni][d] -> R[B][r_stride]: R[b][0:d] = T[b][0], then Z[i][j] for
  * i in [0,ni), j in [0, i + itself). Only the lower triangle is computed. */
-static void cpu_interact_dot_forward_base(int B, int ni, int d, int itself,
-                                          const float *T, float *R,
-                                          int r_stride) {
+DENSE_BODY cpu_interact_dot_forward_body(int B, int ni, int d, int itself, const float *T,
+                                         float *R, int r_stride) {
   int off = itself ? 1 : 0;
+  const int np = (ni + 7) / 8 * 8;
+  float tt[INTERACT_TT_MAX];
   for (int b = 0; b < B; b++) {
     const float *t = T + (size_t)b * ni * d;
     float *restrict r = R + (size_t)b * r_stride;
@@ -397,6 +427,12 @@ static void cpu_interact_dot_forward_base(int B, int ni, int d, int itself,
     if (d == 16) { /* the common case: a constant trip count vectorises fully */
       for (int i = 0; i < ni; i++)
         for (int j = 0; j < i + off; j++) *z++ = dotf(t + i * 16, t + j * 16, 16);
+    } else if ((size_t)d * np <= INTERACT_TT_MAX) {
+      for (int k = 0; k < d; k++) {
+        for (int j = 0; j < ni; j++) tt[(size_t)k * np + j] = t[(size_t)j * d + k];
+        for (int j = ni; j < np; j++) tt[(size_t)k * np + j] = 0.0f;
+      }
+      interact_pairs8(ni, np, d, off, t, tt, z);
     } else {
       for (int i = 0; i < ni; i++)
         for (int j = 0; j < i + off; j++)
@@ -404,13 +440,17 @@ static void cpu_interact_dot_forward_base(int B, int ni, int d, int itself,
     }
   }
 }
+DENSE_MULTIVERSION(cpu_interact_dot_forward,
+                   (int B, int ni, int d, int itself, const float *T, float *R, int r_stride),
+                   (B, ni, d, itself, T, R, r_stride))
 
 /* dT[b][i] = sum_j dZ[i][j] T[j] + sum_j dZ[j][i] T[j] over the pairs taken;
  * a diagonal term Z[i][i] = |T_i|^2 contributes 2 dZ[i][i] T_i. The dense
- * pass-through R[b][0:d] adds to dT[b][0]. */
-static void cpu_interact_dot_backward_base(int B, int ni, int d, int itself,
-                                           const float *T, const float *dR,
-                                           int r_stride, float *dT) {
+ * pass-through R[b][0:d] adds to dT[b][0]. Element-wise in k (a product,
+ * then an add, each its own statement), so both kernel sets give these
+ * bits. */
+DENSE_BODY cpu_interact_dot_backward_body(int B, int ni, int d, int itself, const float *T,
+                                          const float *dR, int r_stride, float *dT) {
   int off = itself ? 1 : 0;
   for (int b = 0; b < B; b++) {
     const float *restrict t = T + (size_t)b * ni * d;
@@ -427,17 +467,25 @@ static void cpu_interact_dot_backward_base(int B, int ni, int d, int itself,
         const float *restrict tj = t + (size_t)j * d;
         float *restrict gj = g + (size_t)j * d;
         for (int k = 0; k < d; k++) {
-          gi[k] += w * tj[k];
-          gj[k] += w * ti[k];
+          const float pi = w * tj[k], pj = w * ti[k];
+          gi[k] += pi;
+          gj[k] += pj;
         }
       }
       if (off) {
         float w2 = 2.0f * *dz++;
-        for (int k = 0; k < d; k++) gi[k] += w2 * ti[k];
+        for (int k = 0; k < d; k++) {
+          const float p = w2 * ti[k];
+          gi[k] += p;
+        }
       }
     }
   }
 }
+DENSE_MULTIVERSION(cpu_interact_dot_backward,
+                   (int B, int ni, int d, int itself, const float *T, const float *dR,
+                    int r_stride, float *dT),
+                   (B, ni, d, itself, T, dR, r_stride, dT))
 
 /* loss = mean(max(z,0) - z*y + log1p(exp(-|z|))); dz = (sigmoid(z) - y)/B.
  * Fixed blocks of BCE_BLOCK samples, each summed in order from 0; the
@@ -574,35 +622,42 @@ static void bwd_task(void *arg, int t) {
                             float *R, int r_stride) {                              \
     batch_job j = {.B = B, .ni = ni, .d = d, .itself = itself, .T = T, .R = R,     \
                    .r_stride = r_stride, .blk = INTERACT_SAMPLES};                 \
-    j.k.fwd = cpu_interact_dot_forward_##isa;                                      \
+    j.k.fwd = interact_fwd_##isa;                                                  \
     dense_pool_run(dense_pool_default(), blocks_of(B, j.blk), fwd_task, &j);       \
   }                                                                                \
   static void par_bwd_##isa(int B, int ni, int d, int itself, const float *T,      \
                             const float *dR, int r_stride, float *dT) {            \
     batch_job j = {.B = B, .ni = ni, .d = d, .itself = itself, .T = T, .dR = dR,   \
                    .r_stride = r_stride, .dT = dT, .blk = INTERACT_SAMPLES};       \
-    j.k.bwd = cpu_interact_dot_backward_##isa;                                     \
+    j.k.bwd = interact_bwd_##isa;                                                  \
     dense_pool_run(dense_pool_default(), blocks_of(B, j.blk), bwd_task, &j);       \
   }
 
+/* The interaction of each kernel set: the baseline's loops; the AVX2 set's
+ * d == 16 in intrinsics, other widths on the same loops compiled for AVX2
+ * (the baseline's bits). */
+static void interact_fwd_base(int B, int ni, int d, int itself, const float *T, float *R,
+                              int r_stride) {
+  cpu_interact_dot_forward_base(B, ni, d, itself, T, R, r_stride);
+}
+static void interact_bwd_base(int B, int ni, int d, int itself, const float *T,
+                              const float *dR, int r_stride, float *dT) {
+  cpu_interact_dot_backward_base(B, ni, d, itself, T, dR, r_stride, dT);
+}
 #if DENSE_X86
-/* The AVX2 set: the d == 16 interaction in intrinsics, other widths on the
- * baseline loops. */
-static void cpu_interact_dot_forward_avx2(int B, int ni, int d, int itself,
-                                          const float *T, float *R,
-                                          int r_stride) {
+static void interact_fwd_avx2(int B, int ni, int d, int itself, const float *T, float *R,
+                              int r_stride) {
   if (d == 16)
     interact_fwd_d16_avx2(B, ni, itself, T, R, r_stride);
   else
-    cpu_interact_dot_forward_base(B, ni, d, itself, T, R, r_stride);
+    cpu_interact_dot_forward_avx2(B, ni, d, itself, T, R, r_stride);
 }
-static void cpu_interact_dot_backward_avx2(int B, int ni, int d, int itself,
-                                           const float *T, const float *dR,
-                                           int r_stride, float *dT) {
+static void interact_bwd_avx2(int B, int ni, int d, int itself, const float *T,
+                              const float *dR, int r_stride, float *dT) {
   if (d == 16)
     interact_bwd_d16_avx2(B, ni, itself, T, dR, r_stride, dT);
   else
-    cpu_interact_dot_backward_base(B, ni, d, itself, T, dR, r_stride, dT);
+    cpu_interact_dot_backward_avx2(B, ni, d, itself, T, dR, r_stride, dT);
 }
 #endif
 

@@ -317,6 +317,81 @@ END_TEST
 
 /* ---- the two kernel sets ------------------------------------------------ */
 
+/* Widths other than 16 (eight pairs side by side, or pair by pair past the
+ * stack buffer: d 400 over 27 rows): both kernel sets give, bit for bit,
+ * the plain loops in float: Z[i][j] summed over k in order, a product then
+ * an add; dT's terms added pair by pair in the forward's order. */
+static void dot_wide_reference(int ni, int d, int itself, const float *t, const float *dr,
+                               float *z, float *g) {
+  int p = 0;
+  for (int i = 0; i < ni; i++)
+    for (int j = 0; j < i + itself; j++) {
+      float s = 0.0f;
+      for (int k = 0; k < d; k++) {
+        const float prod = t[i * d + k] * t[j * d + k];
+        s += prod;
+      }
+      z[p++] = s;
+    }
+  for (int k = 0; k < ni * d; k++) g[k] = k < d ? dr[k] : 0.0f;
+  const float *dz = dr + d;
+  for (int i = 0; i < ni; i++) {
+    for (int j = 0; j < i; j++) {
+      const float w = *dz++;
+      for (int k = 0; k < d; k++) {
+        const float pi = w * t[j * d + k], pj = w * t[i * d + k];
+        g[i * d + k] += pi;
+        g[j * d + k] += pj;
+      }
+    }
+    if (itself) {
+      const float w2 = 2.0f * *dz++;
+      for (int k = 0; k < d; k++) {
+        const float pk = w2 * t[i * d + k];
+        g[i * d + k] += pk;
+      }
+    }
+  }
+}
+
+START_TEST(test_dot_wide_bits) {
+  const dense_backend *sets[2] = {dense_backend_cpu_isa(DENSE_ISA_BEST),
+                                  dense_backend_cpu_isa(DENSE_ISA_BASELINE)};
+  const int dims[] = {4, 8, 12, 64, 128, 130, 400}, nis[] = {3, 9, 27};
+  enum { B = 2, MAXD = 400, MAXN = 27, MAXR = MAXD + MAXN * (MAXN + 1) / 2 };
+  static float T[B * MAXN * MAXD], R[B * MAXR], dR[B * MAXR], dT[B * MAXN * MAXD];
+  static float z[MAXR], g[MAXN * MAXD];
+  sr_rng r;
+  sr_rng_init(&r, 17, 0);
+  for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
+    for (size_t ni_i = 0; ni_i < sizeof nis / sizeof *nis; ni_i++)
+      for (int itself = 0; itself < 2; itself++) {
+        const int d = dims[di], ni = nis[ni_i];
+        const int rs = d + dense_interact_dot_pairs(ni, itself), np = rs - d;
+        fill(&r, T, (size_t)B * ni * d, 1.0);
+        fill(&r, dR, (size_t)B * rs, 1.0);
+        for (int s = 0; s < 2; s++) {
+          memset(R, 0xff, sizeof R);
+          memset(dT, 0xff, sizeof dT);
+          sets[s]->interact_dot_forward(B, ni, d, itself, T, R, rs);
+          sets[s]->interact_dot_backward(B, ni, d, itself, T, dR, rs, dT);
+          for (int b = 0; b < B; b++) {
+            const float *t = T + (size_t)b * ni * d;
+            dot_wide_reference(ni, d, itself, t, dR + (size_t)b * rs, z, g);
+            ck_assert_msg(!memcmp(R + (size_t)b * rs, t, (size_t)d * sizeof(float)) &&
+                              !memcmp(R + (size_t)b * rs + d, z, (size_t)np * sizeof(float)),
+                          "%s: forward at d %d, ni %d, itself %d: not the plain loop's bits",
+                          sets[s]->name, d, ni, itself);
+            ck_assert_msg(!memcmp(dT + (size_t)b * ni * d, g, (size_t)ni * d * sizeof(float)),
+                          "%s: backward at d %d, ni %d, itself %d: not the plain loop's bits",
+                          sets[s]->name, d, ni, itself);
+          }
+        }
+      }
+}
+END_TEST
+
+
 /* dense_backend_cpu is the best set; on a CPU with AVX2 and FMA that is the
  * AVX2 set, another object than the baseline one. The element-wise kernels
  * give the same bits in both (no FMA contraction, the same sums in the same
@@ -499,6 +574,7 @@ static Suite *suite(void) {
   tcase_add_test(t, test_dot_d16_shapes);
   tcase_add_test(t, test_bce);
   tcase_add_test(t, test_isa_sets);
+  tcase_add_test(t, test_dot_wide_bits);
   tcase_add_test(t, test_cross);
   tcase_add_test(t, test_cross_first);
   tcase_add_test(t, test_cross_forward_and_sets);
