@@ -87,9 +87,11 @@ int cli_model_arch_dcn(const char *cmd, const char *bot, const char *top, const 
 
 /* The default rank of the cross layers over a cross input width wide
  * ((n_sparse + 1) x dim): the power of two nearest width / 8, at most
- * CLI_DCN_RANK_MAX (TorchRec's 512, MLPerf DLRM-DCNv2's rank at dim 128):
- * 16 at dim 4 and 26 tables, 64 at dim 16, 512 from dim 128 on. */
-#define CLI_DCN_RANK_MAX 512
+ * CLI_DCN_RANK_MAX: 16 at dim 4 and 26 tables, 64 from dim 16 on (a higher
+ * rank trained worse at dim 64 and blew up on multi-hot bags; MLPerf
+ * DLRM-DCNv2's 512 at dim 128 is bench train --arch mlperf-dcnv2's, or
+ * --dcn-low-rank-dim 512). */
+#define CLI_DCN_RANK_MAX 64
 int cli_dcn_default_rank(int width);
 
 /* --dense-isa NAME (train, eval, predict, bench train): the CPU backend with

@@ -205,8 +205,8 @@ START_TEST(test_dcn_resume_predict) {
 END_TEST
 
 /* The default cross network fits the cross input's width 27 x dim: 3
- * layers of rank the power of two nearest 27 x dim / 8, at most 512 (16 at
- * dim 4, 64 at dim 16, 512 at dim 128 and 256). With no --dcn-* flags a resume takes the cross
+ * layers of rank the power of two nearest 27 x dim / 8, at most 64 (16 at
+ * dim 4, 64 at dim 16, 64, 128 and 256). With no --dcn-* flags a resume takes the cross
  * network the checkpoint records instead: one of 3 layers of rank 512
  * (TorchRec's numbers, given here) resumes, and predict and eval score the
  * model it saves with train's own test predictions; one of 2 layers of rank
@@ -214,8 +214,8 @@ END_TEST
  * checkpoint, and one that differs from it is refused naming both. */
 #define DCN_BARE "--arch-mlp-bot 13-32-16 --arch-mlp-top 64-1 --arch-interaction-op dcn "
 START_TEST(test_dcn_resume_shape) {
-  const char *dims[][2] = {{"4", "16"}, {"16", "64"}, {"128", "512"}, {"256", "512"}};
-  for (int i = 0; i < 4; i++) {
+  const char *dims[][2] = {{"4", "16"}, {"16", "64"}, {"64", "64"}, {"128", "64"}, {"256", "64"}};
+  for (int i = 0; i < 5; i++) {
     char extra[256], want[64];
     snprintf(extra, sizeof extra, "--arch-sparse-feature-size %s --arch-mlp-bot 13-32-%s "
              "--arch-mlp-top 64-1 --arch-interaction-op dcn --num-batches 1", dims[i][0], dims[i][0]);
