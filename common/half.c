@@ -187,3 +187,87 @@ uint16_t sr_bf16_round_stochastic(float x, uint32_t bits) {
   const uint32_t t = a >> 16, low = a & 0xffffu;
   return (uint16_t)(((u >> 16) & 0x8000u) | (t + ((bits >> 16) < low)));
 }
+
+#ifdef SR_HALF_X86
+/* 32-bit lanes (each at most 0xffff) to 16 bits, in order. */
+__attribute__((target("avx2"))) static inline __m128i pack16(__m256i v) {
+  const __m256i p = _mm256_packus_epi32(v, v); /* per 128-bit half: lanes 0-3, 0-3, 4-7, 4-7 */
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08));
+}
+
+/* Eight at a time while all eight are normal halves' range (the scalar's
+ * first branch, the same arithmetic); a group with any other falls back. */
+__attribute__((target("avx2"))) static size_t sr_f16_n_avx2(const float *x, const uint32_t *bits,
+                                                           uint16_t *out, size_t n) {
+  size_t i = 0;
+  const __m256i absm = _mm256_set1_epi32(0x7fffffff), lo = _mm256_set1_epi32(0x38800000 - 1),
+                hi = _mm256_set1_epi32(0x47800000), low13 = _mm256_set1_epi32(0x1fff),
+                bias = _mm256_set1_epi32(0x38000000), sgn = _mm256_set1_epi32(0x8000);
+  for (; i + 8 <= n; i += 8) {
+    const __m256i u = _mm256_loadu_si256((const __m256i *)(const void *)(x + i));
+    const __m256i a = _mm256_and_si256(u, absm);
+    /* a >= 0x38800000 && a < 0x47800000 (both non-negative as signed) */
+    const __m256i in = _mm256_andnot_si256(_mm256_cmpgt_epi32(a, _mm256_sub_epi32(hi, _mm256_set1_epi32(1))),
+                                           _mm256_cmpgt_epi32(a, lo));
+    if (_mm256_movemask_epi8(in) != -1) {
+      for (size_t k = i; k < i + 8; k++) out[k] = sr_f16_round_stochastic(x[k], bits[k]);
+      continue;
+    }
+    const __m256i low = _mm256_and_si256(a, low13);
+    const __m256i t = _mm256_srli_epi32(_mm256_sub_epi32(a, bias), 13);
+    const __m256i r = _mm256_srli_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(bits + i)), 19);
+    const __m256i up = _mm256_cmpgt_epi32(low, r); /* r < low: -1 */
+    const __m256i h = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u, 16), sgn),
+                                      _mm256_sub_epi32(t, up));
+    _mm_storeu_si128((__m128i *)(void *)(out + i), pack16(h));
+  }
+  return i;
+}
+
+/* Eight at a time while none is infinite or NaN (the scalar's arithmetic). */
+__attribute__((target("avx2"))) static size_t sr_bf16_n_avx2(const float *x, const uint32_t *bits,
+                                                            uint16_t *out, size_t n) {
+  size_t i = 0;
+  const __m256i absm = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000 - 1),
+                low16 = _mm256_set1_epi32(0xffff), sgn = _mm256_set1_epi32(0x8000);
+  for (; i + 8 <= n; i += 8) {
+    const __m256i u = _mm256_loadu_si256((const __m256i *)(const void *)(x + i));
+    const __m256i a = _mm256_and_si256(u, absm);
+    if (_mm256_movemask_epi8(_mm256_cmpgt_epi32(a, inf))) {
+      for (size_t k = i; k < i + 8; k++) out[k] = sr_bf16_round_stochastic(x[k], bits[k]);
+      continue;
+    }
+    const __m256i t = _mm256_srli_epi32(a, 16), low = _mm256_and_si256(a, low16);
+    const __m256i r = _mm256_srli_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(bits + i)), 16);
+    const __m256i up = _mm256_cmpgt_epi32(low, r);
+    const __m256i h = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u, 16), sgn),
+                                      _mm256_sub_epi32(t, up));
+    _mm_storeu_si128((__m128i *)(void *)(out + i), pack16(h));
+  }
+  return i;
+}
+
+static int use_avx2(void) {
+  static int avail = -1;
+  if (avail < 0) avail = __builtin_cpu_supports("avx2");
+  return avail;
+}
+#else
+static size_t sr_f16_n_avx2(const float *x, const uint32_t *bits, uint16_t *out, size_t n) {
+  return (void)x, (void)bits, (void)out, (void)n, 0;
+}
+static size_t sr_bf16_n_avx2(const float *x, const uint32_t *bits, uint16_t *out, size_t n) {
+  return (void)x, (void)bits, (void)out, (void)n, 0;
+}
+static int use_avx2(void) { return 0; }
+#endif
+
+void sr_f16_round_stochastic_n(const float *x, const uint32_t *bits, uint16_t *out, size_t n) {
+  size_t i = use_avx2() ? sr_f16_n_avx2(x, bits, out, n) : 0;
+  for (; i < n; i++) out[i] = sr_f16_round_stochastic(x[i], bits[i]);
+}
+
+void sr_bf16_round_stochastic_n(const float *x, const uint32_t *bits, uint16_t *out, size_t n) {
+  size_t i = use_avx2() ? sr_bf16_n_avx2(x, bits, out, n) : 0;
+  for (; i < n; i++) out[i] = sr_bf16_round_stochastic(x[i], bits[i]);
+}

@@ -66,4 +66,10 @@ void sr_bf16_decode(const uint16_t *in, float *out, size_t n);
 uint16_t sr_f16_round_stochastic(float x, uint32_t bits);
 uint16_t sr_bf16_round_stochastic(float x, uint32_t bits);
 
+/* Bulk: out[i] = sr_*_round_stochastic(x[i], bits[i]), i < n, the same
+ * bits; AVX2 eight at a time where the CPU has it (eight values in the
+ * common range, else those eight one by one). */
+void sr_f16_round_stochastic_n(const float *x, const uint32_t *bits, uint16_t *out, size_t n);
+void sr_bf16_round_stochastic_n(const float *x, const uint32_t *bits, uint16_t *out, size_t n);
+
 #endif

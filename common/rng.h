@@ -20,8 +20,8 @@ typedef struct {
 sr_philox_out sr_philox(uint64_t key, uint64_t c0, uint64_t c1);
 
 /* sr_philox(key, c0, c1 + i) for i < n, into out[4 i .. 4 i + 3]: the same
- * bits, 4 counters at a time with SSE2 (every x86-64), one at a time
- * elsewhere. */
+ * bits, 8 counters at a time with AVX2 where the CPU has it, then 4 at a
+ * time with SSE2 (every x86-64), one at a time elsewhere. */
 void sr_philox_n(uint64_t key, uint64_t c0, uint64_t c1, size_t n, uint32_t *out);
 
 /* Uniform float in [0, 1) from 24 random bits (exact). */

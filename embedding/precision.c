@@ -14,10 +14,10 @@ void emb_row_round(const emb_plan *plan, int table, uint64_t row_id, int64_t ste
   uint16_t h[EMB_MAX_DIM];
   sr_philox_n(key, row_id, hi, (dim + 3) / 4, bits);
   if (bf16) {
-    for (size_t j = 0; j < dim; j++) h[j] = sr_bf16_round_stochastic(w[j], bits[j]);
+    sr_bf16_round_stochastic_n(w, bits, h, dim);
     sr_bf16_decode(h, w, dim);
   } else {
-    for (size_t j = 0; j < dim; j++) h[j] = sr_f16_round_stochastic(w[j], bits[j]);
+    sr_f16_round_stochastic_n(w, bits, h, dim);
     sr_f16_decode(h, w, dim, SR_HALF_AUTO);
   }
 }

@@ -219,6 +219,46 @@ START_TEST(test_bf16_bulk) {
 }
 END_TEST
 
+/* The bulk roundings are the scalar ones, value by value, at every length
+ * and offset (the eight-wide groups and the tails), over groups all in the
+ * common range and groups with an exception in them: subnormal halves,
+ * past 65504, infinities, NaNs, zeros, bf16's largest values. */
+START_TEST(test_stochastic_bulk) {
+  enum { N = 203 };
+  static float x[N];
+  static uint32_t bits[N];
+  static uint16_t got[N + 1];
+  const float odd[] = {0x1p-20f, -0x1p-26f, 65510.0f, 70000.0f, INFINITY, -INFINITY, NAN, 0.0f,
+                       -0.0f, 0x1.fffffep127f, -0x1.ff8p127f, 0x1p-140f};
+  sr_rng r;
+  sr_rng_init(&r, 23, 0);
+  for (int round = 0; round < 20; round++) {
+    for (int i = 0; i < N; i++) {
+      x[i] = (float)((sr_rng_uniform(&r) - 0.5) * 8.0);
+      bits[i] = sr_rng_u32(&r);
+    }
+    if (round % 2) /* an exception in some groups */
+      for (int i = round; i < N; i += 29) x[i] = odd[(size_t)(i + round) % (sizeof odd / sizeof *odd)];
+    for (int len = round; len <= N - round; len += 37) {
+      const float *xs = x + round;
+      const uint32_t *bs = bits + round;
+      for (int fmt = 0; fmt < 2; fmt++) {
+        got[len] = 0xabab;
+        if (fmt) sr_bf16_round_stochastic_n(xs, bs, got, (size_t)len);
+        else sr_f16_round_stochastic_n(xs, bs, got, (size_t)len);
+        for (int i = 0; i < len; i++) {
+          const uint16_t want = fmt ? sr_bf16_round_stochastic(xs[i], bs[i])
+                                    : sr_f16_round_stochastic(xs[i], bs[i]);
+          ck_assert_msg(got[i] == want, "%s round %d len %d at %d (x %a): 0x%04x, want 0x%04x",
+                        fmt ? "bf16" : "fp16", round, len, i, (double)xs[i], got[i], want);
+        }
+        ck_assert_uint_eq(got[len], 0xabab);
+      }
+    }
+  }
+}
+END_TEST
+
 /* A value of the format stays; any other goes to one of its two
  * neighbours: up when u < p, so bits 0 always go up and all-ones down. */
 START_TEST(test_stochastic_neighbours) {
@@ -334,6 +374,7 @@ int main(void) {
   tcase_add_test(tc, test_bf16);
   tcase_add_test(tc, test_bf16_bulk);
   tcase_add_test(tc, test_stochastic_neighbours);
+  tcase_add_test(tc, test_stochastic_bulk);
   tcase_add_test(tc, test_stochastic_unbiased);
   tcase_add_test(tc, test_stochastic_definition);
   suite_add_tcase(s, tc);
