@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "common/bytes.h"
 #include "common/outfile.h"
 #include "common/rng.h"
 #include "common/status.h"
@@ -35,10 +36,6 @@ float ds_bin_dense_max(void) { return (float)log1p((double)INT64_MAX); }
 static void putf(unsigned char *p, float v) { memcpy(p, &v, 4); }
 static float getf(const unsigned char *p) { float v; memcpy(&v, p, 4); return v; }
 
-static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
-static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
-static uint32_t get32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-static uint64_t get64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
 static uint32_t crc_of(const unsigned char *p, uint64_t n) {
   uLong c = crc32(0L, Z_NULL, 0);
@@ -174,7 +171,7 @@ int ds_bin_writer_add(ds_bin_writer *w, const ds_batch *b) {
       memcpy(rec + 4, &b->dense[(size_t)i * DS_NUM_DENSE], 4 * DS_NUM_DENSE);
       for (int f = 0; f < DS_NUM_SPARSE; f++) {
         const uint32_t *o = ds_batch_offsets(b, f);
-        put64(offs + (s * DS_NUM_SPARSE + f) * 8, w->next_id);
+        sr_put64(offs + (s * DS_NUM_SPARSE + f) * 8, w->next_id);
         if (o[i + 1] - o[i] > DS_MAX_BAG) {
           sr_fmt(w->err, sizeof w->err, "%s: sample %llu C%d has %u ids, more than the %d a bag may hold",
                  w->path, (unsigned long long)s, f + 1, o[i + 1] - o[i], DS_MAX_BAG);
@@ -187,13 +184,13 @@ int ds_bin_writer_add(ds_bin_writer *w, const ds_batch *b) {
         }
         for (uint32_t k = o[i]; k < o[i + 1]; k++, w->next_id++) {
           if (idw == 8)
-            put64(ids + w->next_id * 8, b->ids[k]);
+            sr_put64(ids + w->next_id * 8, b->ids[k]);
           else
-            put32(ids + w->next_id * 4, (uint32_t)b->ids[k]);
+            sr_put32(ids + w->next_id * 4, (uint32_t)b->ids[k]);
         }
       }
     }
-    put64(offs + in->n_samples * DS_NUM_SPARSE * 8, w->next_id);
+    sr_put64(offs + in->n_samples * DS_NUM_SPARSE * 8, w->next_id);
     return 0;
   }
   const uint64_t rs = REC_HEAD + DS_NUM_SPARSE * idw;
@@ -211,9 +208,9 @@ int ds_bin_writer_add(ds_bin_writer *w, const ds_batch *b) {
         return SR_EINVAL;
       }
       if (idw == 8)
-        put64(rec + REC_HEAD + 8 * f, b->ids[o[i]]);
+        sr_put64(rec + REC_HEAD + 8 * f, b->ids[o[i]]);
       else
-        put32(rec + REC_HEAD + 4 * f, (uint32_t)b->ids[o[i]]);
+        sr_put32(rec + REC_HEAD + 4 * f, (uint32_t)b->ids[o[i]]);
     }
   }
   return 0;
@@ -236,31 +233,31 @@ int ds_bin_writer_finish(ds_bin_writer *w) {
   unsigned char *h = w->map;
   memset(h, 0, DS_BIN_HEADER_SIZE);
   memcpy(h + H_MAGIC, DS_BIN_MAGIC, 8);
-  put32(h + H_VERSION, in->version);
-  put32(h + H_FLAGS, in->flags);
-  put32(h + H_IDMODE, in->id_mode);
-  put32(h + H_THR, in->freq_threshold);
-  put64(h + H_N, in->n_samples);
-  put64(h + H_TRAIN, in->n_train);
-  put64(h + H_TEST, in->n_test);
-  put64(h + H_VAL, in->n_val);
-  put64(h + H_IDS, in->total_ids);
-  put64(h + H_MIR, in->max_ind_range);
-  put64(h + H_DICT_OFF, in->dict_off);
-  put64(h + H_DICT_BYTES, in->dict_bytes);
-  put64(h + H_DATA_OFF, in->data_off);
-  put64(h + H_DATA_BYTES, in->data_bytes);
-  put32(h + H_DICT_CRC, in->dict_crc);
-  put32(h + H_DATA_CRC, in->data_crc);
+  sr_put32(h + H_VERSION, in->version);
+  sr_put32(h + H_FLAGS, in->flags);
+  sr_put32(h + H_IDMODE, in->id_mode);
+  sr_put32(h + H_THR, in->freq_threshold);
+  sr_put64(h + H_N, in->n_samples);
+  sr_put64(h + H_TRAIN, in->n_train);
+  sr_put64(h + H_TEST, in->n_test);
+  sr_put64(h + H_VAL, in->n_val);
+  sr_put64(h + H_IDS, in->total_ids);
+  sr_put64(h + H_MIR, in->max_ind_range);
+  sr_put64(h + H_DICT_OFF, in->dict_off);
+  sr_put64(h + H_DICT_BYTES, in->dict_bytes);
+  sr_put64(h + H_DATA_OFF, in->data_off);
+  sr_put64(h + H_DATA_BYTES, in->data_bytes);
+  sr_put32(h + H_DICT_CRC, in->dict_crc);
+  sr_put32(h + H_DATA_CRC, in->data_crc);
   for (int c = 0; c < DS_NUM_SPARSE; c++) {
-    put64(h + H_TABLES + 8 * c, in->table_sizes[c]);
-    put64(h + H_DICTN + 8 * c, in->dict_n[c]);
+    sr_put64(h + H_TABLES + 8 * c, in->table_sizes[c]);
+    sr_put64(h + H_DICTN + 8 * c, in->dict_n[c]);
   }
   if (in->flags & DS_BIN_DENSE_RANGE) {
     putf(h + H_DENSE_LO, in->dense_lo);
     putf(h + H_DENSE_HI, in->dense_hi);
   }
-  put32(h + H_CRC, crc_of(h, H_CRC));
+  sr_put32(h + H_CRC, crc_of(h, H_CRC));
   if (msync(w->map, w->size, MS_SYNC) != 0) sr_out_fail(w->out, "cannot write", errno);
   munmap(w->map, w->size);
   w->map = NULL;
@@ -421,30 +418,30 @@ static int header_read(ds_bin_reader *r, const char *path, char *err, size_t err
     sr_fmt(err, errlen, "%s: not a shardrec binary file (bad magic)", path);
     return -1;
   }
-  in->version = get32(h + H_VERSION);
+  in->version = sr_get32(h + H_VERSION);
   if (in->version != DS_BIN_VERSION) {
     sr_fmt(err, errlen, "%s: format version %u, this build reads version %u", path, in->version,
            DS_BIN_VERSION);
     return -1;
   }
-  if (get32(h + H_CRC) != crc_of(h, H_CRC)) {
+  if (sr_get32(h + H_CRC) != crc_of(h, H_CRC)) {
     sr_fmt(err, errlen, "%s: header checksum mismatch (corrupt header)", path);
     return -1;
   }
-  in->flags = get32(h + H_FLAGS);
-  in->id_mode = get32(h + H_IDMODE);
-  in->freq_threshold = get32(h + H_THR);
-  in->n_samples = get64(h + H_N);
-  in->n_train = get64(h + H_TRAIN);
-  in->n_test = get64(h + H_TEST);
-  in->n_val = get64(h + H_VAL);
-  in->total_ids = get64(h + H_IDS);
-  in->max_ind_range = get64(h + H_MIR);
-  in->dict_crc = get32(h + H_DICT_CRC);
-  in->data_crc = get32(h + H_DATA_CRC);
+  in->flags = sr_get32(h + H_FLAGS);
+  in->id_mode = sr_get32(h + H_IDMODE);
+  in->freq_threshold = sr_get32(h + H_THR);
+  in->n_samples = sr_get64(h + H_N);
+  in->n_train = sr_get64(h + H_TRAIN);
+  in->n_test = sr_get64(h + H_TEST);
+  in->n_val = sr_get64(h + H_VAL);
+  in->total_ids = sr_get64(h + H_IDS);
+  in->max_ind_range = sr_get64(h + H_MIR);
+  in->dict_crc = sr_get32(h + H_DICT_CRC);
+  in->data_crc = sr_get32(h + H_DATA_CRC);
   for (int c = 0; c < DS_NUM_SPARSE; c++) {
-    in->table_sizes[c] = get64(h + H_TABLES + 8 * c);
-    in->dict_n[c] = get64(h + H_DICTN + 8 * c);
+    in->table_sizes[c] = sr_get64(h + H_TABLES + 8 * c);
+    in->dict_n[c] = sr_get64(h + H_DICTN + 8 * c);
   }
   in->dense_lo = 0.0f; /* convert's range, unless the header declares one */
   in->dense_hi = ds_bin_dense_max();
@@ -455,8 +452,8 @@ static int header_read(ds_bin_reader *r, const char *path, char *err, size_t err
   if (check_header(in, err, errlen, path)) return -1;
   ds_bin_info want = *in;
   layout(&want);
-  if (want.dict_off != get64(h + H_DICT_OFF) || want.data_off != get64(h + H_DATA_OFF) ||
-      want.data_bytes != get64(h + H_DATA_BYTES) ||
+  if (want.dict_off != sr_get64(h + H_DICT_OFF) || want.data_off != sr_get64(h + H_DATA_OFF) ||
+      want.data_bytes != sr_get64(h + H_DATA_BYTES) ||
       in->n_train + in->n_test + in->n_val != in->n_samples || in->n_samples > (1ULL << 48)) {
     sr_fmt(err, errlen, "%s: inconsistent header (sizes or counts disagree)", path);
     return -1;
@@ -478,7 +475,7 @@ static int offsets_check(const ds_bin_reader *r, const char *path, char *err, si
   const unsigned char *offs = r->map + in->data_off + in->n_samples * REC_HEAD;
   uint64_t prev = 0, m = in->n_samples * DS_NUM_SPARSE + 1;
   for (uint64_t k = 0; k < m; k++) {
-    uint64_t v = get64(offs + 8 * k);
+    uint64_t v = sr_get64(offs + 8 * k);
     if (v < prev || v > in->total_ids || (k + 1 == m && v != in->total_ids)) {
       sr_fmt(err, errlen, "%s: corrupt multi-hot offsets at %llu", path, (unsigned long long)k);
       return -1;
@@ -678,7 +675,7 @@ static int read_records(ds_bin_reader *r, uint64_t index, int n, uint64_t mod, d
     for (int f = 0; f < DS_NUM_SPARSE; f++)
       for (int i = 0; i < n; i++) {
         uint64_t k = (index + (uint64_t)i) * DS_NUM_SPARSE + (uint64_t)f;
-        total += get64(offs + 8 * (k + 1)) - get64(offs + 8 * k);
+        total += sr_get64(offs + 8 * (k + 1)) - sr_get64(offs + 8 * k);
       }
     if (ds_batch_reserve_ids(b, total)) return SR_ENOMEM;
     size_t pos = 0;
@@ -686,10 +683,10 @@ static int read_records(ds_bin_reader *r, uint64_t index, int n, uint64_t mod, d
       uint32_t *o = ds_batch_offsets(b, f);
       for (int i = 0; i < n; i++) {
         uint64_t k = (index + (uint64_t)i) * DS_NUM_SPARSE + (uint64_t)f;
-        uint64_t a = get64(offs + 8 * k), e = get64(offs + 8 * (k + 1));
+        uint64_t a = sr_get64(offs + 8 * k), e = sr_get64(offs + 8 * (k + 1));
         o[i] = (uint32_t)pos;
         for (uint64_t j = a; j < e; j++)
-          b->ids[pos++] = idw == 8 ? get64(ids + 8 * j) : get32(ids + 4 * j);
+          b->ids[pos++] = idw == 8 ? sr_get64(ids + 8 * j) : sr_get32(ids + 4 * j);
       }
       o[n] = (uint32_t)pos;
     }
@@ -718,13 +715,13 @@ static int read_records(ds_bin_reader *r, uint64_t index, int n, uint64_t mod, d
         uint64_t m = 0;
         if (idw == 4)
           for (int i = t0; i < t1; i++) {
-            uint64_t x = get32(base + (uint64_t)i * rs + REC_HEAD + 4 * f);
+            uint64_t x = sr_get32(base + (uint64_t)i * rs + REC_HEAD + 4 * f);
             dst[i] = x;
             m = x > m ? x : m;
           }
         else
           for (int i = t0; i < t1; i++) {
-            uint64_t x = get64(base + (uint64_t)i * rs + REC_HEAD + 8 * f);
+            uint64_t x = sr_get64(base + (uint64_t)i * rs + REC_HEAD + 8 * f);
             dst[i] = x;
             m = x > m ? x : m;
           }

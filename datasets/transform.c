@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/bytes.h"
 #include "common/fs.h"
 #include "common/outfile.h"
 #include "common/rng.h"
@@ -19,10 +20,6 @@ enum {
 };
 _Static_assert(X_COUNTS + 8 * DS_NUM_SPARSE == DS_XFORM_HEADER_BYTES, "transform header size");
 
-static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
-static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
-static uint32_t get32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-static uint64_t get64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
 const char *ds_id_mode_name(ds_id_mode mode) {
   switch (mode) {
@@ -89,17 +86,17 @@ void ds_transform_table_sizes(const ds_transform *t, uint64_t *sizes) {
 static void header(const ds_transform *t, unsigned char h[DS_XFORM_HEADER_BYTES]) {
   memset(h, 0, DS_XFORM_HEADER_BYTES);
   memcpy(h + X_MAGIC, DS_XFORM_MAGIC, 8);
-  put32(h + X_VERSION, DS_XFORM_VERSION);
-  put32(h + X_MODE, (uint32_t)t->id_mode);
-  put64(h + X_RANGE, t->max_ind_range);
-  put32(h + X_THR, t->frequency_threshold);
-  put32(h + X_UNSEEN, DS_XFORM_UNSEEN_ID);
-  put32(h + X_DENSE, DS_XFORM_DENSE_LOG1P);
-  put32(h + X_COLS, DS_NUM_SPARSE);
+  sr_put32(h + X_VERSION, DS_XFORM_VERSION);
+  sr_put32(h + X_MODE, (uint32_t)t->id_mode);
+  sr_put64(h + X_RANGE, t->max_ind_range);
+  sr_put32(h + X_THR, t->frequency_threshold);
+  sr_put32(h + X_UNSEEN, DS_XFORM_UNSEEN_ID);
+  sr_put32(h + X_DENSE, DS_XFORM_DENSE_LOG1P);
+  sr_put32(h + X_COLS, DS_NUM_SPARSE);
   for (int c = 0; c < DS_NUM_SPARSE; c++) {
     uint64_t n = 0;
     if (t->dict) ds_criteo_dict_values(t->dict, c, &n);
-    put64(h + X_COUNTS + 8 * c, n);
+    sr_put64(h + X_COUNTS + 8 * c, n);
   }
 }
 
@@ -155,28 +152,28 @@ int ds_transform_parse(const void *buf, size_t len, const char *src, ds_transfor
     sr_fmt(err, errlen, "%s: not a shardrec data transform (no " DS_XFORM_MAGIC " header)", src);
     return SR_EFORMAT;
   }
-  if (get32(p + X_VERSION) != DS_XFORM_VERSION) {
+  if (sr_get32(p + X_VERSION) != DS_XFORM_VERSION) {
     sr_fmt(err, errlen, "%s: transform version %u, this shardrec reads %u", src,
-           get32(p + X_VERSION), DS_XFORM_VERSION);
+           sr_get32(p + X_VERSION), DS_XFORM_VERSION);
     return SR_EVERSION;
   }
-  uint32_t mode = get32(p + X_MODE);
-  uint64_t range = get64(p + X_RANGE), n[DS_NUM_SPARSE], total = 0;
-  uint32_t thr = get32(p + X_THR);
+  uint32_t mode = sr_get32(p + X_MODE);
+  uint64_t range = sr_get64(p + X_RANGE), n[DS_NUM_SPARSE], total = 0;
+  uint32_t thr = sr_get32(p + X_THR);
   /* Only what ds_transform_create makes: the bytes are canonical, so that a
    * transform read back has the fingerprint of the bytes it was read from. */
-  if (mode > DS_IDS_HASH || get32(p + X_UNSEEN) != DS_XFORM_UNSEEN_ID ||
-      get32(p + X_DENSE) != DS_XFORM_DENSE_LOG1P || get32(p + X_COLS) != DS_NUM_SPARSE ||
+  if (mode > DS_IDS_HASH || sr_get32(p + X_UNSEEN) != DS_XFORM_UNSEEN_ID ||
+      sr_get32(p + X_DENSE) != DS_XFORM_DENSE_LOG1P || sr_get32(p + X_COLS) != DS_NUM_SPARSE ||
       (mode == DS_IDS_MODULO && !range) || (mode == DS_IDS_HASH && range) ||
       (mode == DS_IDS_DICT) != (thr != 0)) {
     sr_fmt(err, errlen, "%s: header: id mode %u, range %llu, frequency threshold %u, unseen id "
            "%u, dense transform %u, %u columns is not a transform this shardrec knows", src, mode,
-           (unsigned long long)range, thr, get32(p + X_UNSEEN), get32(p + X_DENSE),
-           get32(p + X_COLS));
+           (unsigned long long)range, thr, sr_get32(p + X_UNSEEN), sr_get32(p + X_DENSE),
+           sr_get32(p + X_COLS));
     return SR_EFORMAT;
   }
   for (int c = 0; c < DS_NUM_SPARSE; c++) {
-    n[c] = get64(p + X_COUNTS + 8 * c);
+    n[c] = sr_get64(p + X_COUNTS + 8 * c);
     if ((mode != DS_IDS_DICT && n[c]) || n[c] >= (1ULL << 32) ||
         total + n[c] > (len - DS_XFORM_HEADER_BYTES) / 4) {
       sr_fmt(err, errlen, "%s: header: C%d's %llu values do not fit the %zu bytes", src, c + 1,

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/bytes.h"
 #include "common/fs.h"
 #include "common/sha256.h"
 #include "common/status.h"
@@ -14,18 +15,6 @@
 #define RM_MAGIC "SREMBRMV"
 #define RM_TRAILER 32u
 
-static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
-static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
-static uint32_t get32(const unsigned char *p) {
-  uint32_t v;
-  memcpy(&v, p, 4);
-  return v;
-}
-static uint64_t get64(const unsigned char *p) {
-  uint64_t v;
-  memcpy(&v, p, 8);
-  return v;
-}
 
 static int cmp_u64(const void *a, const void *b) {
   uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -58,11 +47,11 @@ int emb_rmfile_write(const char *path, const emb_table *tb, const char *model_fp
     return SR_ENOMEM;
   }
   memcpy(buf, RM_MAGIC, 8);
-  put32(buf + 8, EMB_RMFILE_VERSION);
-  put32(buf + 12, tb->table_id);
-  put64(buf + 16, (uint64_t)n);
+  sr_put32(buf + 8, EMB_RMFILE_VERSION);
+  sr_put32(buf + 12, tb->table_id);
+  sr_put64(buf + 16, (uint64_t)n);
   memcpy(buf + 24, model_fp, 64);
-  for (size_t i = 0; i < n; i++) put64(buf + EMB_RMFILE_HEADER + i * 8, ids[i]);
+  for (size_t i = 0; i < n; i++) sr_put64(buf + EMB_RMFILE_HEADER + i * 8, ids[i]);
   int rc = sr_sha256(buf, bytes - RM_TRAILER, buf + bytes - RM_TRAILER) ? SR_ENOMEM : 0;
   FILE *f = rc ? NULL : fopen(tmp, "wb");
   if (!rc && (!f || fwrite(buf, 1, bytes, f) != bytes || fflush(f) || fsync(fileno(f))))
@@ -89,14 +78,14 @@ static int check_header(const char *path, const unsigned char *buf, size_t len,
     sr_fmt(err, errlen, "%s: not a shardrec removed-rows file (bad magic)", path);
     return SR_EFORMAT;
   }
-  if (get32(buf + 8) != EMB_RMFILE_VERSION) {
+  if (sr_get32(buf + 8) != EMB_RMFILE_VERSION) {
     sr_fmt(err, errlen, "%s: format version %u is not supported (this build reads %u)", path,
-           get32(buf + 8), EMB_RMFILE_VERSION);
+           sr_get32(buf + 8), EMB_RMFILE_VERSION);
     return SR_EVERSION;
   }
-  if (get32(buf + 12) != tb->table_id) {
+  if (sr_get32(buf + 12) != tb->table_id) {
     sr_fmt(err, errlen, "%s: holds table_id %u, the plan wants table_id %u", path,
-           get32(buf + 12), tb->table_id);
+           sr_get32(buf + 12), tb->table_id);
     return SR_EMISMATCH;
   }
   if (memcmp(buf + 24, model_fp, 64)) {
@@ -104,7 +93,7 @@ static int check_header(const char *path, const unsigned char *buf, size_t len,
            path, (const char *)(buf + 24), model_fp);
     return SR_EMISMATCH;
   }
-  uint64_t n = get64(buf + 16);
+  uint64_t n = sr_get64(buf + 16);
   if (n > (len - EMB_RMFILE_HEADER - RM_TRAILER) / 8 ||
       len != EMB_RMFILE_HEADER + n * 8 + RM_TRAILER) {
     sr_fmt(err, errlen, "%s: size %zu, expected %llu for %llu ids (torn or truncated file)", path,
@@ -134,14 +123,14 @@ int emb_rmfile_read(const char *path, const emb_table *tb, const char *model_fp,
     sr_fmt(err, errlen, "%s: checksum mismatch (corrupt file)", path);
     rc = SR_EFORMAT;
   }
-  size_t cnt = rc ? 0 : (size_t)get64(buf + 16);
+  size_t cnt = rc ? 0 : (size_t)sr_get64(buf + 16);
   uint64_t *out = !rc && cnt ? malloc(cnt * sizeof *out) : NULL;
   if (!rc && cnt && !out) {
     sr_fmt(err, errlen, "%s: out of memory", path);
     rc = SR_ENOMEM;
   }
   for (size_t i = 0; i < cnt && !rc; i++) {
-    out[i] = get64(buf + EMB_RMFILE_HEADER + i * 8);
+    out[i] = sr_get64(buf + EMB_RMFILE_HEADER + i * 8);
     if (i && out[i] <= out[i - 1]) {
       sr_fmt(err, errlen, "%s: removed id %zu: row %llu not above the one before", path, i,
              (unsigned long long)out[i]);
@@ -175,11 +164,11 @@ int emb_rmfile_count(const char *path, uint64_t *n, char *err, size_t errlen) {
     sr_fmt(err, errlen, "%s: not a shardrec removed-rows file", path);
     return SR_EFORMAT;
   }
-  if (get32(h + 8) != EMB_RMFILE_VERSION) {
+  if (sr_get32(h + 8) != EMB_RMFILE_VERSION) {
     sr_fmt(err, errlen, "%s: format version %u is not supported (this build reads %u)", path,
-           get32(h + 8), EMB_RMFILE_VERSION);
+           sr_get32(h + 8), EMB_RMFILE_VERSION);
     return SR_EVERSION;
   }
-  *n = get64(h + 16);
+  *n = sr_get64(h + 16);
   return 0;
 }

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/bytes.h"
 #include "common/fs.h"
 #include "common/half.h"
 #include "common/sha256.h"
@@ -17,18 +18,6 @@
 #define TF_MAGIC "SREMBTAB"
 #define TF_CHUNK 1024 /* records per read, per write and per digest update */
 
-static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
-static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
-static uint32_t get32(const unsigned char *p) {
-  uint32_t v;
-  memcpy(&v, p, 4);
-  return v;
-}
-static uint64_t get64(const unsigned char *p) {
-  uint64_t v;
-  memcpy(&v, p, 8);
-  return v;
-}
 
 /* What a file of tb holds, as its header says it. */
 typedef struct {
@@ -100,15 +89,15 @@ int emb_tabfile_create(const char *path, const emb_table *tb, const char *model_
     return SR_ERANGE;
   }
   memcpy(w->hdr, TF_MAGIC, 8);
-  put32(w->hdr + 8, w->sh.prec ? EMB_TABFILE_VERSION_16 : EMB_TABFILE_VERSION);
-  put32(w->hdr + 112, w->sh.prec);
-  put32(w->hdr + 12, EMB_TABFILE_HEADER);
-  put32(w->hdr + 16, w->sh.table_id);
-  put32(w->hdr + 20, w->sh.dim);
-  put32(w->hdr + 24, w->sh.slen);
-  put32(w->hdr + 28, w->sh.kind);
-  put64(w->hdr + 32, n_rows == EMB_TABFILE_COUNT_LATER ? 0 : n_rows);
-  put64(w->hdr + 40, (uint64_t)w->sh.rec);
+  sr_put32(w->hdr + 8, w->sh.prec ? EMB_TABFILE_VERSION_16 : EMB_TABFILE_VERSION);
+  sr_put32(w->hdr + 112, w->sh.prec);
+  sr_put32(w->hdr + 12, EMB_TABFILE_HEADER);
+  sr_put32(w->hdr + 16, w->sh.table_id);
+  sr_put32(w->hdr + 20, w->sh.dim);
+  sr_put32(w->hdr + 24, w->sh.slen);
+  sr_put32(w->hdr + 28, w->sh.kind);
+  sr_put64(w->hdr + 32, n_rows == EMB_TABFILE_COUNT_LATER ? 0 : n_rows);
+  sr_put64(w->hdr + 40, (uint64_t)w->sh.rec);
   memcpy(w->hdr + 48, model_fp, 64);
   if (!(w->buf = malloc(TF_CHUNK * w->sh.rec))) goto nomem;
   if (n_rows != EMB_TABFILE_COUNT_LATER) {
@@ -143,7 +132,7 @@ int emb_tabfile_put(emb_tabfile_writer *w, uint64_t row_id, const float *vals, c
     return SR_EINVAL;
   }
   unsigned char *p = w->buf + w->fill * w->sh.rec;
-  put64(p, row_id);
+  sr_put64(p, row_id);
   if (w->sh.prec) {
     w16_put(w->sh.prec, vals, w->sh.dim, p + 8);
     memcpy(p + 8 + 2 * (size_t)w->sh.dim, vals + w->sh.dim, 4 * (size_t)w->sh.slen);
@@ -164,7 +153,7 @@ uint64_t emb_tabfile_written(const emb_tabfile_writer *w) { return w->n; }
 /* COUNT_LATER: the real count into the header, then the digest of the whole
  * file read back. */
 static int w_digest_back(emb_tabfile_writer *w, unsigned char dig[32]) {
-  put64(w->hdr + 32, w->n);
+  sr_put64(w->hdr + 32, w->n);
   if (fflush(w->f) || fseek(w->f, 0, SEEK_SET) || fwrite(w->hdr, 1, sizeof w->hdr, w->f) != sizeof w->hdr ||
       fflush(w->f) || fseek(w->f, 0, SEEK_SET))
     return SR_EIO;
@@ -251,15 +240,15 @@ static int r_check(emb_tabfile_reader *r, const char *model_fp, char *err, size_
     sr_fmt(err, errlen, "%s: not a shardrec embedding table file (bad magic)", p);
     return SR_EFORMAT;
   }
-  const uint32_t ver = get32(h + 8);
+  const uint32_t ver = sr_get32(h + 8);
   if ((ver != EMB_TABFILE_VERSION && ver != EMB_TABFILE_VERSION_16) ||
-      get32(h + 12) != EMB_TABFILE_HEADER) {
+      sr_get32(h + 12) != EMB_TABFILE_HEADER) {
     sr_fmt(err, errlen, "%s: format version %u is not supported (this build reads %u and %u)", p,
            ver, EMB_TABFILE_VERSION, EMB_TABFILE_VERSION_16);
     return SR_EVERSION;
   }
   const tf_shape *w = &r->sh;
-  const uint32_t fprec = ver == EMB_TABFILE_VERSION ? 0 : get32(h + 112);
+  const uint32_t fprec = ver == EMB_TABFILE_VERSION ? 0 : sr_get32(h + 112);
   if (ver == EMB_TABFILE_VERSION_16 && (fprec < EMB_PREC_FP16 || fprec > EMB_PREC_BF16)) {
     sr_fmt(err, errlen, "%s: format version 2 with weights %u is not supported", p, fprec);
     return SR_EVERSION;
@@ -270,11 +259,11 @@ static int r_check(emb_tabfile_reader *r, const char *model_fp, char *err, size_
            w->table_id, emb_precision_name((emb_precision)w->prec));
     return SR_EMISMATCH;
   }
-  if (get32(h + 16) != w->table_id || get32(h + 20) != w->dim || get32(h + 24) != w->slen ||
-      get32(h + 28) != w->kind || get64(h + 40) != (uint64_t)w->rec) {
+  if (sr_get32(h + 16) != w->table_id || sr_get32(h + 20) != w->dim || sr_get32(h + 24) != w->slen ||
+      sr_get32(h + 28) != w->kind || sr_get64(h + 40) != (uint64_t)w->rec) {
     sr_fmt(err, errlen,
            "%s: holds table_id %u dim %u state %u, the plan wants table_id %u dim %u state %u",
-           p, get32(h + 16), get32(h + 20), get32(h + 24), w->table_id, w->dim, w->slen);
+           p, sr_get32(h + 16), sr_get32(h + 20), sr_get32(h + 24), w->table_id, w->dim, w->slen);
     return SR_EMISMATCH;
   }
   if (memcmp(h + 48, model_fp, 64) != 0) {
@@ -282,7 +271,7 @@ static int r_check(emb_tabfile_reader *r, const char *model_fp, char *err, size_
            (const char *)(h + 48), model_fp);
     return SR_EMISMATCH;
   }
-  r->n = get64(h + 32);
+  r->n = sr_get64(h + 32);
   uint64_t max = ((uint64_t)st.st_size - EMB_TABFILE_HEADER) / w->rec;
   if (r->n > max || (uint64_t)st.st_size != EMB_TABFILE_HEADER + r->n * w->rec + EMB_TABFILE_TRAILER) {
     sr_fmt(err, errlen, "%s: size %lld, expected %llu for %llu rows (torn or truncated file)", p,
@@ -368,7 +357,7 @@ static int r_next(emb_tabfile_reader *r, uint64_t *row_id, const float **vals, c
     r->next += m;
   }
   const unsigned char *p = r->buf + r->at++ * r->sh.rec;
-  *row_id = get64(p);
+  *row_id = sr_get64(p);
   if (r->sh.prec) {
     w16_get(r->sh.prec, p + 8, r->sh.dim, r->vals);
     memcpy(r->vals + r->sh.dim, p + 8 + 2 * (size_t)r->sh.dim, 4 * (size_t)r->sh.slen);

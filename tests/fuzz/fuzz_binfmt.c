@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "common/bytes.h"
 #include "datasets/batch.h"
 #include "datasets/binfmt.h"
 #include "datasets/criteo.h"
@@ -32,49 +33,42 @@
 #define H_TABLES 112
 #define H_DICTN (H_TABLES + 8 * DS_NUM_SPARSE)
 
-static uint64_t get64(const unsigned char *p) {
-  uint64_t v;
-  memcpy(&v, p, 8);
-  return v;
-}
-static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
-static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
 
 /* A consistent header from the input's fields into h; the file's size. */
 static uint64_t lay_out(unsigned char *h) {
   memcpy(h, DS_BIN_MAGIC, 8);
-  put32(h + 8, DS_BIN_VERSION);
+  sr_put32(h + 8, DS_BIN_VERSION);
   uint32_t flags = h[H_FLAGS] & (DS_BIN_MULTI | DS_BIN_ID64);
-  put32(h + H_FLAGS, flags);
-  uint64_t n = get64(h + H_N) % 40, tr = get64(h + 32) % (n + 1), te = get64(h + 40) % (n - tr + 1);
-  put64(h + H_N, n);
-  put64(h + 32, tr);
-  put64(h + 40, te);
-  put64(h + 48, n - tr - te);
-  uint64_t ids = (flags & DS_BIN_MULTI) ? get64(h + H_IDS) % 512 : 0, db = 0;
-  put64(h + H_IDS, ids);
+  sr_put32(h + H_FLAGS, flags);
+  uint64_t n = sr_get64(h + H_N) % 40, tr = sr_get64(h + 32) % (n + 1), te = sr_get64(h + 40) % (n - tr + 1);
+  sr_put64(h + H_N, n);
+  sr_put64(h + 32, tr);
+  sr_put64(h + 40, te);
+  sr_put64(h + 48, n - tr - te);
+  uint64_t ids = (flags & DS_BIN_MULTI) ? sr_get64(h + H_IDS) % 512 : 0, db = 0;
+  sr_put64(h + H_IDS, ids);
   for (int c = 0; c < DS_NUM_SPARSE; c++) {
-    uint64_t dn = get64(h + H_DICTN + 8 * c) % 6;
-    put64(h + H_DICTN + 8 * c, dn);
+    uint64_t dn = sr_get64(h + H_DICTN + 8 * c) % 6;
+    sr_put64(h + H_DICTN + 8 * c, dn);
     db += 4 * dn;
   }
   uint64_t w = (flags & DS_BIN_ID64) ? 8 : 4;
   uint64_t data_off = (DS_BIN_HEADER_SIZE + db + 63) & ~(uint64_t)63;
   uint64_t data_bytes = (flags & DS_BIN_MULTI) ? n * 56 + (n * DS_NUM_SPARSE + 1) * 8 + ids * w
                                                : n * (56 + DS_NUM_SPARSE * w);
-  put64(h + H_DICT_OFF, DS_BIN_HEADER_SIZE);
-  put64(h + 80, db);
-  put64(h + H_DATA_OFF, data_off);
-  put64(h + 96, data_bytes);
+  sr_put64(h + H_DICT_OFF, DS_BIN_HEADER_SIZE);
+  sr_put64(h + 80, db);
+  sr_put64(h + H_DATA_OFF, data_off);
+  sr_put64(h + 96, data_bytes);
   return data_off + data_bytes;
 }
 
 static void put_crcs(unsigned char *f) {
-  uint64_t xo = get64(f + H_DICT_OFF), xb = get64(f + 80);
-  uint64_t doff = get64(f + H_DATA_OFF), dbytes = get64(f + 96);
-  put32(f + 104, (uint32_t)crc32(0, f + xo, (uInt)xb));
-  put32(f + 108, (uint32_t)crc32(0, f + doff, (uInt)dbytes));
-  put32(f + DS_BIN_HEADER_SIZE - 4, (uint32_t)crc32(0, f, DS_BIN_HEADER_SIZE - 4));
+  uint64_t xo = sr_get64(f + H_DICT_OFF), xb = sr_get64(f + 80);
+  uint64_t doff = sr_get64(f + H_DATA_OFF), dbytes = sr_get64(f + 96);
+  sr_put32(f + 104, (uint32_t)crc32(0, f + xo, (uInt)xb));
+  sr_put32(f + 108, (uint32_t)crc32(0, f + doff, (uInt)dbytes));
+  sr_put32(f + DS_BIN_HEADER_SIZE - 4, (uint32_t)crc32(0, f, DS_BIN_HEADER_SIZE - 4));
 }
 
 /* Open, read every record, load the dictionaries; the invariants of what

@@ -12,12 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/bytes.h"
 #include "common/sha256.h"
 #include "common/status.h"
 #include "datasets/transform.h"
 
-static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
-static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
 
 /* A header from the input's fields, the rest as values. */
 static unsigned char *lay_out(const uint8_t *in, size_t n, size_t *len) {
@@ -33,14 +32,14 @@ static unsigned char *lay_out(const uint8_t *in, size_t n, size_t *len) {
   unsigned char *p = calloc(1, *len);
   if (!p) return NULL;
   memcpy(p, DS_XFORM_MAGIC, 8);
-  put32(p + 8, DS_XFORM_VERSION);
-  put32(p + 12, mode);
-  put64(p + 16, mode == DS_IDS_HASH ? 0 : (f[9] % 2 ? (uint64_t)f[10] + 1 : 0) + (mode == 1));
-  put32(p + 24, mode == DS_IDS_DICT ? 1u + f[11] % 4 : 0);
-  put32(p + 28, DS_XFORM_UNSEEN_ID);
-  put32(p + 32, DS_XFORM_DENSE_LOG1P);
-  put32(p + 36, DS_NUM_SPARSE);
-  for (int c = 0; c < DS_NUM_SPARSE; c++) put64(p + 40 + 8 * c, counts[c]);
+  sr_put32(p + 8, DS_XFORM_VERSION);
+  sr_put32(p + 12, mode);
+  sr_put64(p + 16, mode == DS_IDS_HASH ? 0 : (f[9] % 2 ? (uint64_t)f[10] + 1 : 0) + (mode == 1));
+  sr_put32(p + 24, mode == DS_IDS_DICT ? 1u + f[11] % 4 : 0);
+  sr_put32(p + 28, DS_XFORM_UNSEEN_ID);
+  sr_put32(p + 32, DS_XFORM_DENSE_LOG1P);
+  sr_put32(p + 36, DS_NUM_SPARSE);
+  for (int c = 0; c < DS_NUM_SPARSE; c++) sr_put64(p + 40 + 8 * c, counts[c]);
   memcpy(p + DS_XFORM_HEADER_BYTES, in, n < 4 * total ? n : 4 * total);
   return p;
 }
