@@ -710,16 +710,20 @@ int emb_plan_shard_of(const emb_plan *plan, int table, uint64_t row_id) {
 void emb_row_init(const emb_plan *plan, int table, uint64_t row_id, float *out) {
   const emb_table *t = &plan->tables[table];
   const float a = (float)t->init_range;
-  const uint64_t hi = (uint64_t)t->table_id << 32;
-  for (int j = 0; j < t->dim; j += 4) {
-    sr_philox_out o = sr_philox(plan->seed, row_id, hi | (uint64_t)(j >> 2));
-    int m = t->dim - j < 4 ? t->dim - j : 4;
-    for (int k = 0; k < m; k++) out[j + k] = a * (2.0f * sr_u01f(o.v[k]) - 1.0f);
+  const size_t dim = (size_t)t->dim;
+  /* Element j's bits: word j % 4 of the block at counter (row id, table id
+   * << 32 | j / 4), drawn side by side. */
+  uint32_t bits[EMB_MAX_DIM + 4];
+  sr_philox_n(plan->seed, row_id, (uint64_t)t->table_id << 32, (dim + 3) / 4, bits);
+  for (size_t j = 0; j < dim; j++) out[j] = a * (2.0f * sr_u01f(bits[j]) - 1.0f);
+  uint16_t h[EMB_MAX_DIM];
+  if (t->precision == EMB_PREC_FP16) { /* to the nearest value of the format */
+    sr_f16_encode(out, h, dim, SR_HALF_AUTO);
+    sr_f16_decode(h, out, dim, SR_HALF_AUTO);
+  } else if (t->precision == EMB_PREC_BF16) {
+    sr_bf16_encode(out, h, dim);
+    sr_bf16_decode(h, out, dim);
   }
-  if (t->precision == EMB_PREC_FP16)
-    for (int j = 0; j < t->dim; j++) out[j] = sr_f16_to_f32(sr_f32_to_f16(out[j]));
-  else if (t->precision == EMB_PREC_BF16)
-    for (int j = 0; j < t->dim; j++) out[j] = sr_bf16_to_f32(sr_f32_to_bf16(out[j]));
 }
 
 /* ---- growth ---- */
