@@ -74,15 +74,31 @@ void emb_optim_apply_at(const emb_plan *plan, int table, uint64_t row_id, int64_
   emb_row_round(plan, table, row_id, step, w);
 }
 
+/* Whether rounding w[dim] to prec can make a finite weight infinite: some
+ * |w| above the format's largest finite value (65504 for fp16, 0x7f7f0000's
+ * float for bf16), which stochastic rounding may send up to infinity. */
+static int may_round_to_inf(emb_precision prec, const float *w, int dim) {
+  const uint32_t top = prec == EMB_PREC_FP16 ? 0x477fe000u : 0x7f7f0000u;
+  uint32_t over = 0;
+  for (int j = 0; j < dim; j++) {
+    uint32_t u;
+    memcpy(&u, &w[j], sizeof u);
+    over |= (u & 0x7fffffffu) > top;
+  }
+  return over != 0;
+}
+
 int emb_optim_check_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
                        const float *g, const float *w, const float *state, float *scratch) {
   const emb_table *t = &plan->tables[table];
-  if (t->precision == EMB_PREC_FP32) return emb_optim_check(&t->optim, t->dim, lr, g, w, state, scratch);
   const int sl = emb_optim_state_len(&t->optim, t->dim);
   memcpy(scratch, w, (size_t)t->dim * sizeof *scratch);
   if (sl) memcpy(scratch + t->dim, state, (size_t)sl * sizeof *scratch);
-  emb_optim_apply_at(plan, table, row_id, step, lr, g, scratch, sl ? scratch + t->dim : NULL);
-  for (int j = 0; j < t->dim + sl; j++)
-    if (!isfinite(scratch[j])) return 0;
-  return 1;
+  emb_optim_apply(&t->optim, t->dim, lr, g, scratch, sl ? scratch + t->dim : NULL);
+  if (!emb_all_finite(scratch, (size_t)(t->dim + sl))) return 0;
+  /* Finite weights round to finite ones unless one lies past the format's
+   * largest value: only then is the rounding (its random bits) needed. */
+  if (t->precision == EMB_PREC_FP32 || !may_round_to_inf(t->precision, scratch, t->dim)) return 1;
+  emb_row_round(plan, table, row_id, step, scratch);
+  return emb_all_finite(scratch, (size_t)t->dim);
 }

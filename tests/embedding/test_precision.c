@@ -197,6 +197,31 @@ START_TEST(test_check_overflow) {
   ck_assert_int_eq(emb_optim_check_at(a, 0, 1, 1, 100.0f, g, w, st, scratch), 1);
   ck_assert_int_eq(emb_optim_check_at(h, 0, 1, 1, 100.0f, g, w, st, scratch), 0);
   ck_assert_int_eq(emb_optim_check_at(h, 0, 1, 1, 1e-6f, g, w, st, scratch), 1);
+  /* Near each format's top the check is the push's own outcome, rounding
+   * included: apply_at, then every float finite. Rows whose weights stay
+   * within the format, rows past it that round down, rows that round up. */
+  const float tops[2] = {65504.0f, 0x1.fep127f}; /* fp16's largest; bf16's */
+  for (int f = 0; f < 2; f++) {
+    emb_plan *q = make_plan(f ? EMB_PREC_BF16 : EMB_PREC_FP16, EMB_OPT_ROWWISE_ADAGRAD);
+    int seen[2] = {0, 0};
+    for (uint64_t row = 0; row < 400; row++) {
+      float w2[DIM], st2[1] = {1.0f}, g2[DIM], ref[DIM + 1];
+      for (int j = 0; j < DIM; j++) {
+        w2[j] = tops[f] * (1.0f - 0x1p-9f * (float)((row * 7 + (uint64_t)j) % 5));
+        g2[j] = (row % 3 == 0) ? -1.0f : 0.0f;
+      }
+      const float lr = tops[f] * 0x1p-12f * (float)(row % 4);
+      memcpy(ref, w2, sizeof w2);
+      ref[DIM] = st2[0];
+      emb_optim_apply_at(q, 0, row, 5, lr, g2, ref, ref + DIM);
+      int want = 1;
+      for (int j = 0; j <= DIM; j++) want &= isfinite(ref[j]) != 0;
+      ck_assert_int_eq(emb_optim_check_at(q, 0, row, 5, lr, g2, w2, st2, scratch), want);
+      seen[want]++;
+    }
+    ck_assert_msg(seen[0] > 0 && seen[1] > 0, "format %d: %d refused, %d taken", f, seen[0], seen[1]);
+    emb_plan_free(q);
+  }
   emb_plan_free(h);
   emb_plan_free(a);
 }
