@@ -118,18 +118,45 @@ START_TEST(test_bench_store) {
   ck_assert_msg(strstr(out, "(reference)"), "no in-memory line:\n%s", out);
   int lines = 0;
   for (char *l = strstr(out, "\nshard "); l; l = strstr(l + 1, "\nshard ")) {
-    char what[16], same[32];
+    char what[16], weights[16], same[32];
     int depth;
     double v[11];
-    int n = sscanf(l + 1, "%15s %d %lf %lfx %lf %lf %lf %lf %lf %lf %lf %lf %31s", what, &depth,
-                   &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], same);
-    ck_assert_msg(n == 13, "a line of %d fields:\n%s", n, out);
+    int n = sscanf(l + 1, "%15s %15s %d %lf %lfx %lf %lf %lf %lf %lf %lf %lf %lf %31s", what,
+                   weights, &depth, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8],
+                   &v[9], same);
+    ck_assert_msg(n == 14, "a line of %d fields:\n%s", n, out);
+    ck_assert_msg(!strcmp(weights, "fp32"), "weights %s:\n%s", weights, out);
     ck_assert_int_eq(depth, lines ? 2 : 0);
     ck_assert_msg(v[0] > 0 && v[7] > 0, "no samples/s or no RocksDB reads:\n%s", out);
     ck_assert_msg(!strcmp(same, "bit-identical"), "depth %d: %s:\n%s", depth, same, out);
     lines++;
   }
   ck_assert_msg(lines == 2, "%d shard lines:\n%s", lines, out);
+  free(out);
+  /* Per precision at the same cache bytes: a bf16 store holds more rows
+   * than fp32's (at dim 16 a slot's own bookkeeping weighs beside the
+   * weights), trains to its own in-memory run's bits, and its samples/s is
+   * given against fp32's. */
+  rc = run_cmd(&out, "cd %s && %s bench train --store shard --data d.bin --steps 8 --batch 256 "
+                     "--cache-mb 1 --prefetch-depth 0 --arch-embedding-precision fp32,bf16 "
+                     "--sparse-optimizer rowwise_adagrad --arch-mlp-bot 13-64-16 --arch-mlp-top 64-1",
+               dir, bin_path());
+  ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
+  unsigned long long r32 = 0, r16 = 0;
+  const char *c32 = strstr(out, "fp32 weights: shard store cache 1 MiB: "),
+             *c16 = strstr(out, "bf16 weights: shard store cache 1 MiB: ");
+  ck_assert_msg(c32 && c16 && sscanf(c32 + 39, "%llu", &r32) == 1 &&
+                    sscanf(c16 + 39, "%llu", &r16) == 1,
+                "no cache lines:\n%s", out);
+  ck_assert_msg(r16 > r32 * 6 / 5, "bf16 cache %llu rows against fp32's %llu:\n%s", r16, r32, out);
+  const char *b = strstr(out, "\nshard   bf16        0 ");
+  ck_assert_msg(b && strstr(b, "bit-identical") && strstr(out, "  bf16 depth 0: ") &&
+                    strstr(out, "against fp32's (same depth, same cache MiB)"),
+                "no bf16 line or comparison:\n%s", out);
+  free(out);
+  rc = run_cmd(&out, "%s bench train --store shard --arch-embedding-precision fp32,fp8", bin_path());
+  ck_assert_msg(rc == 2 && strstr(out, "--arch-embedding-precision: 'fp8' is not fp32, fp16 or bf16"),
+                "exit %d:\n%s", rc, out);
   free(out);
 }
 END_TEST

@@ -95,8 +95,8 @@ int bench_allreduce(int argc, char **argv) {
     qsort(t, (size_t)reps, sizeof t[0], cmp_double);
     double med = t[reps / 2], p90 = t[(reps * 9) / 10 < reps ? (reps * 9) / 10 : reps - 1];
     double bytes = 2.0 * (size - 1) / size * 4.0 * (double)floats;
-    printf("allreduce %lld floats over %d ranks, %lld calls each after %.0f ms idle: median %.2f ms, "
-           "p90 %.2f ms; %.3f MB each way a rank: %.3f Gbit/s\n",
+    printf("allreduce %lld floats over %d ranks, %lld calls each after %.0f ms idle: median %.3f ms, "
+           "p90 %.3f ms; %.3f MB each way a rank: %.3f Gbit/s\n",
            floats, size, reps, gap_ms, 1e3 * med, 1e3 * p90, bytes / 1e6, bytes * 8 / med / 1e9);
   }
   free(buf);
