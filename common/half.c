@@ -201,14 +201,13 @@ __attribute__((target("avx2"))) static size_t sr_f16_n_avx2(const float *x, cons
                                                            uint16_t *out, size_t n) {
   size_t i = 0;
   const __m256i absm = _mm256_set1_epi32(0x7fffffff), lo = _mm256_set1_epi32(0x38800000 - 1),
-                hi = _mm256_set1_epi32(0x47800000), low13 = _mm256_set1_epi32(0x1fff),
+                hi = _mm256_set1_epi32(0x47800000 - 1), low13 = _mm256_set1_epi32(0x1fff),
                 bias = _mm256_set1_epi32(0x38000000), sgn = _mm256_set1_epi32(0x8000);
   for (; i + 8 <= n; i += 8) {
     const __m256i u = _mm256_loadu_si256((const __m256i *)(const void *)(x + i));
     const __m256i a = _mm256_and_si256(u, absm);
     /* a >= 0x38800000 && a < 0x47800000 (both non-negative as signed) */
-    const __m256i in = _mm256_andnot_si256(_mm256_cmpgt_epi32(a, _mm256_sub_epi32(hi, _mm256_set1_epi32(1))),
-                                           _mm256_cmpgt_epi32(a, lo));
+    const __m256i in = _mm256_andnot_si256(_mm256_cmpgt_epi32(a, hi), _mm256_cmpgt_epi32(a, lo));
     if (_mm256_movemask_epi8(in) != -1) {
       for (size_t k = i; k < i + 8; k++) out[k] = sr_f16_round_stochastic(x[k], bits[k]);
       continue;
