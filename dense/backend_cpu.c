@@ -257,10 +257,16 @@ DENSE_MULTIVERSION(cpu_cross_backward,
                     int add_g),
                    (B, W, g, x0, q, dq, acc, init, add_g))
 
+/* A product, then an add: two statements, so that no compiler contracts
+ * them into an FMA (clang does within a statement), and the loop has one
+ * set of bits in every kernel set it is compiled into. */
 static inline float dotf(const float *restrict a, const float *restrict b,
                          int d) {
   float s = 0.0f;
-  for (int k = 0; k < d; k++) s += a[k] * b[k];
+  for (int k = 0; k < d; k++) {
+    const float p = a[k] * b[k];
+    s += p;
+  }
   return s;
 }
 
