@@ -2,6 +2,8 @@
 
 #include <math.h>
 
+#include "common/sys.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #include <immintrin.h>
@@ -245,12 +247,6 @@ __attribute__((target("avx2"))) static size_t sr_bf16_n_avx2(const float *x, con
   }
   return i;
 }
-
-static int use_avx2(void) {
-  static int avail = -1;
-  if (avail < 0) avail = __builtin_cpu_supports("avx2");
-  return avail;
-}
 #else
 static size_t sr_f16_n_avx2(const float *x, const uint32_t *bits, uint16_t *out, size_t n) {
   return (void)x, (void)bits, (void)out, (void)n, 0;
@@ -258,15 +254,14 @@ static size_t sr_f16_n_avx2(const float *x, const uint32_t *bits, uint16_t *out,
 static size_t sr_bf16_n_avx2(const float *x, const uint32_t *bits, uint16_t *out, size_t n) {
   return (void)x, (void)bits, (void)out, (void)n, 0;
 }
-static int use_avx2(void) { return 0; }
 #endif
 
 void sr_f16_round_stochastic_n(const float *x, const uint32_t *bits, uint16_t *out, size_t n) {
-  size_t i = use_avx2() ? sr_f16_n_avx2(x, bits, out, n) : 0;
+  size_t i = sr_cpu_avx2() ? sr_f16_n_avx2(x, bits, out, n) : 0;
   for (; i < n; i++) out[i] = sr_f16_round_stochastic(x[i], bits[i]);
 }
 
 void sr_bf16_round_stochastic_n(const float *x, const uint32_t *bits, uint16_t *out, size_t n) {
-  size_t i = use_avx2() ? sr_bf16_n_avx2(x, bits, out, n) : 0;
+  size_t i = sr_cpu_avx2() ? sr_bf16_n_avx2(x, bits, out, n) : 0;
   for (; i < n; i++) out[i] = sr_bf16_round_stochastic(x[i], bits[i]);
 }

@@ -2,6 +2,8 @@
 
 #include <math.h>
 
+#include "common/sys.h"
+
 #define PHILOX_M0 0xD2511F53u
 #define PHILOX_M1 0xCD9E8D57u
 #define PHILOX_W0 0x9E3779B9u
@@ -126,18 +128,12 @@ __attribute__((target("avx2"))) static void philox_lanes8(uint64_t key, uint64_t
   _mm256_storeu_si256((__m256i *)(void *)(out + 16), _mm256_permute2x128_si256(v0, v1, 0x31));
   _mm256_storeu_si256((__m256i *)(void *)(out + 24), _mm256_permute2x128_si256(v2, v3, 0x31));
 }
-
-static int philox_avx2(void) {
-  static int avail = -1;
-  if (avail < 0) avail = __builtin_cpu_supports("avx2");
-  return avail;
-}
 #endif
 
 void sr_philox_n(uint64_t key, uint64_t c0, uint64_t c1, size_t n, uint32_t *out) {
   size_t i = 0;
 #ifdef PHILOX_AVX2
-  if (n >= 8 && philox_avx2())
+  if (n >= 8 && sr_cpu_avx2())
     for (; i + 8 <= n; i += 8) philox_lanes8(key, c0, c1 + i, out + 4 * i);
 #endif
   for (; i + PHILOX_LANES <= n; i += PHILOX_LANES) philox_lanes(key, c0, c1 + i, out + 4 * i);

@@ -40,3 +40,13 @@ void sr_advise_huge(void *p, size_t bytes) {
   (void)bytes;
 #endif
 }
+
+int sr_cpu_avx2(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  static int avail = -1;
+  if (avail < 0) avail = __builtin_cpu_supports("avx2") ? 1 : 0;
+  return avail;
+#else
+  return 0;
+#endif
+}

@@ -1,5 +1,6 @@
 /* Small system helpers every module uses: a monotonic clock, CPU time, the
- * median of a few timings, and huge-page advice for big row blocks. */
+ * median of a few timings, huge-page advice for big row blocks, and whether
+ * the CPU runs AVX2. */
 #ifndef SHARDREC_COMMON_SYS_H
 #define SHARDREC_COMMON_SYS_H
 
@@ -25,5 +26,10 @@ double sr_median(double *v, int n);
  * fault per 2 MiB instead of per 4 KiB. Advice only: failure changes nothing;
  * blocks under 4 MiB are left alone. */
 void sr_advise_huge(void *p, size_t bytes);
+
+/* 1 when this CPU (and its OS) runs AVX2 code, else 0 (always 0 off x86);
+ * asked once, then remembered. For kernels that pick an AVX2 path at run
+ * time. */
+int sr_cpu_avx2(void);
 
 #endif

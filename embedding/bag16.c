@@ -1,5 +1,7 @@
 #include "embedding/bag16.h"
 
+#include "common/sys.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define BAG16_X86 1
@@ -29,7 +31,7 @@ __attribute__((target("avx2,f16c"))) static void add_avx2(float *o, const uint16
 
 static int avx2_ok(void) {
   static int ok = -1;
-  if (ok < 0) ok = __builtin_cpu_supports("avx2") && sr_half_f16c_available();
+  if (ok < 0) ok = sr_cpu_avx2() && sr_half_f16c_available();
   return ok;
 }
 #endif

@@ -56,17 +56,6 @@ int emb_all_finite(const float *x, size_t n) {
 
 int emb_optim_lr_ok(float lr) { return isfinite(lr) && lr >= 0 && lr <= EMB_OPTIM_MAX_LR; }
 
-int emb_optim_check(const emb_optim_cfg *o, int dim, float lr, const float *g, const float *w,
-                    const float *state, float *scratch) {
-  const int sl = emb_optim_state_len(o, dim);
-  memcpy(scratch, w, (size_t)dim * sizeof *scratch);
-  if (sl) memcpy(scratch + dim, state, (size_t)sl * sizeof *scratch);
-  emb_optim_apply(o, dim, lr, g, scratch, sl ? scratch + dim : NULL);
-  for (int j = 0; j < dim + sl; j++)
-    if (!isfinite(scratch[j])) return 0;
-  return 1;
-}
-
 void emb_optim_apply_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
                         const float *g, float *w, float *state) {
   const emb_table *t = &plan->tables[table];

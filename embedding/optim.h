@@ -40,15 +40,6 @@ int emb_all_finite(const float *x, size_t n);
 /* 1 when lr is finite and within [0, EMB_OPTIM_MAX_LR], else 0. */
 int emb_optim_lr_ok(float lr);
 
-/* Whether emb_optim_apply(o, dim, lr, g, w, state) would leave the row and
- * its state finite: the same update run on a copy in scratch (room for
- * dim + emb_optim_state_len floats, the caller's); w and state are only
- * read. 1 when every float of the outcome is finite, else 0. A store calls
- * it for every row of a push before applying any, so that a push is
- * applied whole or not at all. */
-int emb_optim_check(const emb_optim_cfg *o, int dim, float lr, const float *g, const float *w,
-                    const float *state, float *scratch);
-
 /* The update of a stored row where it lives: emb_optim_apply with table's
  * optimizer, then the row rounded to the table's precision
  * (emb_row_round, keyed by row_id and step). For an fp32 table it is
@@ -56,9 +47,13 @@ int emb_optim_check(const emb_optim_cfg *o, int dim, float lr, const float *g, c
 void emb_optim_apply_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
                         const float *g, float *w, float *state);
 
-/* emb_optim_check of emb_optim_apply_at's outcome (the rounded row: an
- * fp16 weight rounded past 65504 is infinite, so not finite). scratch as
- * emb_optim_check's. 1 when every float would be finite, else 0. */
+/* Whether emb_optim_apply_at would leave the row and its state finite (the
+ * rounded row: an fp16 weight rounded past 65504 is infinite, so not
+ * finite): the same update run on a copy in scratch (room for dim +
+ * emb_optim_state_len floats, the caller's); w and state are only read. 1
+ * when every float of the outcome is finite, else 0. A store calls it for
+ * every row of a push before applying any, so that a push is applied whole
+ * or not at all. */
 int emb_optim_check_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
                        const float *g, const float *w, const float *state, float *scratch);
 

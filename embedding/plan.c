@@ -12,11 +12,11 @@
 #include <unistd.h>
 
 #include "common/fs.h"
-#include "common/half.h"
 #include "common/outfile.h"
 #include "common/rng.h"
 #include "common/sha256.h"
 #include "common/status.h"
+#include "embedding/precision.h"
 
 /* ---- names ---- */
 
@@ -716,14 +716,7 @@ void emb_row_init(const emb_plan *plan, int table, uint64_t row_id, float *out) 
   uint32_t bits[EMB_MAX_DIM + 4];
   sr_philox_n(plan->seed, row_id, (uint64_t)t->table_id << 32, (dim + 3) / 4, bits);
   for (size_t j = 0; j < dim; j++) out[j] = a * (2.0f * sr_u01f(bits[j]) - 1.0f);
-  uint16_t h[EMB_MAX_DIM];
-  if (t->precision == EMB_PREC_FP16) { /* to the nearest value of the format */
-    sr_f16_encode(out, h, dim, SR_HALF_AUTO);
-    sr_f16_decode(h, out, dim, SR_HALF_AUTO);
-  } else if (t->precision == EMB_PREC_BF16) {
-    sr_bf16_encode(out, h, dim);
-    sr_bf16_decode(h, out, dim);
-  }
+  if (t->precision != EMB_PREC_FP32) emb_values_round_nearest(t->precision, out, out, dim);
 }
 
 /* ---- growth ---- */

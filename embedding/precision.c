@@ -1,5 +1,7 @@
 #include "embedding/precision.h"
 
+#include <string.h>
+
 #include "common/half.h"
 #include "common/rng.h"
 
@@ -23,9 +25,19 @@ void emb_row_round(const emb_plan *plan, int table, uint64_t row_id, int64_t ste
 }
 
 void emb_values_round_nearest(emb_precision p, const float *in, float *out, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    if (p == EMB_PREC_FP16) out[i] = sr_f16_to_f32(sr_f32_to_f16(in[i]));
-    else if (p == EMB_PREC_BF16) out[i] = sr_bf16_to_f32(sr_f32_to_bf16(in[i]));
-    else out[i] = in[i];
+  if (p == EMB_PREC_FP32) {
+    if (out != in) memmove(out, in, n * sizeof *out);
+    return;
+  }
+  uint16_t h[EMB_MAX_DIM]; /* the bulk conversions, a chunk at a time */
+  for (size_t i = 0; i < n; i += EMB_MAX_DIM) {
+    const size_t m = n - i < EMB_MAX_DIM ? n - i : EMB_MAX_DIM;
+    if (p == EMB_PREC_FP16) {
+      sr_f16_encode(in + i, h, m, SR_HALF_AUTO);
+      sr_f16_decode(h, out + i, m, SR_HALF_AUTO);
+    } else {
+      sr_bf16_encode(in + i, h, m);
+      sr_bf16_decode(h, out + i, m);
+    }
   }
 }

@@ -33,8 +33,9 @@
 void emb_row_round(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float *w);
 
 /* out[i] = in[i] rounded to the nearest value of precision p (ties to
- * even), i < n: a conversion of stored weights (reshard --precision), not
- * an update. fp32: a copy. in and out may be the same array. */
+ * even), i < n: a conversion of stored weights (reshard --precision) or of
+ * a row's init draw (emb_row_init), not an update. fp32: a copy. in and out
+ * may be the same array. */
 void emb_values_round_nearest(emb_precision p, const float *in, float *out, size_t n);
 
 #endif

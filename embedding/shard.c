@@ -108,7 +108,7 @@ typedef struct {
   uint64_t bad_id;
 } check_ctx;
 
-/* A push's first pass: emb_optim_check on each row (resident and pinned),
+/* A push's first pass: emb_optim_check_at on each row (resident and pinned),
  * nothing changed; the first row whose outcome is not finite is kept. */
 static void check_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
   check_ctx *c = vctx;

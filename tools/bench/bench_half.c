@@ -194,16 +194,6 @@ fail:
   return 1;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static void usage(FILE *f) {
   fprintf(f,
           "usage: shardrec bench half [--rows N] [--dim D] [--batch N] [--iters N] [--cache-mb N]\n"
@@ -256,9 +246,8 @@ int bench_half(int argc, char **argv) {
          "median of %lld rounds; shard store cache %lld MiB\n", o.rows, o.dim, o.batch, o.iters,
          o.rounds, o.cache_mb);
   hset set[3];
-  int rc = 0, open = 0;
-  for (; open < 3 && !rc; open++) rc = hset_open(&o, (emb_precision)open, &set[open], &f[open]);
-  if (rc) open--;
+  int rc = 0, open = 0; /* set[0 .. open) are open */
+  while (open < 3 && !(rc = hset_open(&o, (emb_precision)open, &set[open], &f[open]))) open++;
   /* Round k times fp32, fp16, bf16 in turn, each round starting from the
    * next precision, so drift in the machine's speed falls on all three. */
   double lk[3][3][MAX_ROUNDS]; /* [figure][precision][round] */
@@ -271,9 +260,9 @@ int bench_half(int argc, char **argv) {
       if (lk[0][p][k] <= 0 || lk[1][p][k] <= 0 || lk[2][p][k] <= 0) rc = 1;
     }
   for (int p = 0; !rc && p < 3; p++) {
-    f[p].lookup = median(lk[0][p], (int)o.rounds);
-    f[p].rpc = median(lk[1][p], (int)o.rounds);
-    f[p].shard = median(lk[2][p], (int)o.rounds);
+    f[p].lookup = sr_median(lk[0][p], (int)o.rounds);
+    f[p].rpc = sr_median(lk[1][p], (int)o.rounds);
+    f[p].shard = sr_median(lk[2][p], (int)o.rounds);
   }
   for (int p = 0; p < open; p++) hset_close(&set[p]);
   rpc_global_shutdown();

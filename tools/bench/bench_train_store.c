@@ -23,8 +23,8 @@
  * reference and a shard store per depth) for each weight precision, and
  * --cache-mb N sizes every shard store's cache in MiB instead (the same
  * bytes whatever the precision, so a 16-bit run caches twice the rows); a
- * last table gives each precision's shard store samples/s against fp32's
- * at each depth. */
+ * last table gives each precision's shard store samples/s against the
+ * first one's (fp32 where it leads the list) at each depth. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,53 +80,56 @@ static void bts_usage(void) {
          TRAIN_PREFETCH_DEPTH_DEFAULT);
 }
 
-/* --prefetch-depth D,D,...: each in the flag's range (tools/cli.c). */
-static int bts_depths(const char *s, bts_flags *f) {
-  char buf[256];
-  snprintf(buf, sizeof buf, "%s", s);
-  f->nd = 0;
+/* flag's comma list s, split in buf: its items into item[] (at most max).
+ * Their count, or -1 (printed) when there are none or more than max. */
+static int bts_list(const char *flag, const char *s, char *buf, size_t buflen, char **item,
+                    int max) {
+  snprintf(buf, buflen, "%s", s);
+  int n = 0;
   char *save = NULL;
   for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-    long long v;
-    if (f->nd == MAX_DEPTHS) {
-      fprintf(stderr, "shardrec %s: --prefetch-depth: at most %d depths\n", CMD, MAX_DEPTHS);
+    if (n == max) {
+      fprintf(stderr, "shardrec %s: %s: at most %d items\n", CMD, flag, max);
       return -1;
     }
-    if (cli_flag(CMD, "--prefetch-depth", tok, &v)) return -1;
-    f->depth[f->nd++] = (int)v;
+    item[n++] = tok;
   }
-  if (f->nd == 0) {
-    fprintf(stderr, "shardrec %s: --prefetch-depth: '%s' names no depth\n", CMD, s);
-    return -1;
+  if (n == 0) fprintf(stderr, "shardrec %s: %s: '%s' names nothing\n", CMD, flag, s);
+  return n ? n : -1;
+}
+
+/* --prefetch-depth D,D,...: each in the flag's range (tools/cli.c). */
+static int bts_depths(const char *s, bts_flags *f) {
+  char buf[256], *item[MAX_DEPTHS];
+  const int n = bts_list("--prefetch-depth", s, buf, sizeof buf, item, MAX_DEPTHS);
+  for (int i = 0; i < n; i++) {
+    long long v;
+    if (cli_flag(CMD, "--prefetch-depth", item[i], &v)) return -1;
+    f->depth[i] = (int)v;
   }
-  return 0;
+  f->nd = n;
+  return n > 0 ? 0 : -1;
 }
 
 /* --arch-embedding-precision P,P,...: distinct precisions. */
 static int bts_precs(const char *s, bts_flags *f) {
-  char buf[64];
-  snprintf(buf, sizeof buf, "%s", s);
-  f->np = 0;
-  char *save = NULL;
-  for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-    emb_precision p;
-    if (emb_precision_parse(tok, &p)) {
+  char buf[64], *item[MAX_PRECS];
+  const int n = bts_list("--arch-embedding-precision", s, buf, sizeof buf, item, MAX_PRECS);
+  for (int i = 0; i < n; i++) {
+    if (emb_precision_parse(item[i], &f->prec[i])) {
       fprintf(stderr, "shardrec %s: --arch-embedding-precision: '%s' is not fp32, fp16 or bf16\n",
-              CMD, tok);
+              CMD, item[i]);
       return -1;
     }
-    for (int i = 0; i < f->np; i++)
-      if (f->prec[i] == p) {
-        fprintf(stderr, "shardrec %s: --arch-embedding-precision: '%s' named twice\n", CMD, tok);
+    for (int k = 0; k < i; k++)
+      if (f->prec[k] == f->prec[i]) {
+        fprintf(stderr, "shardrec %s: --arch-embedding-precision: '%s' named twice\n", CMD,
+                item[i]);
         return -1;
       }
-    f->prec[f->np++] = p;
   }
-  if (f->np == 0) {
-    fprintf(stderr, "shardrec %s: --arch-embedding-precision: '%s' names no precision\n", CMD, s);
-    return -1;
-  }
-  return 0;
+  f->np = n;
+  return n > 0 ? 0 : -1;
 }
 
 /* -1 to go on, else the exit status (0 --help, 2 bad usage, printed). */
@@ -228,12 +231,13 @@ static int bts_next(ds_source *src, ds_batch *b, int batch) {
 }
 
 /* Distinct rows the steps' batches touch (every table). -1 on failure. */
-static long long bts_touched(const char *bin, const bts_flags *f, const emb_plan *plan) {
+static long long bts_touched(const char *bin, const bts_flags *f,
+                             const uint64_t sizes[DS_NUM_SPARSE]) {
   ds_source_opts so = {.path = bin, .split = DS_SPLIT_TRAIN};
   char err[1024];
   ds_source *src = ds_source_open(&so, err, sizeof err);
   uint64_t base[DS_NUM_SPARSE + 1] = {0};
-  for (int t = 0; t < DS_NUM_SPARSE; t++) base[t + 1] = base[t] + plan->tables[t].rows;
+  for (int t = 0; t < DS_NUM_SPARSE; t++) base[t + 1] = base[t] + sizes[t];
   unsigned char *seen = calloc(base[DS_NUM_SPARSE] / 8 + 1, 1);
   ds_batch b;
   long long n = -1;
@@ -398,14 +402,6 @@ static int bts_main(const bts_flags *f, const char *dir, const char *bin) {
   if (cli_model_arch(CMD, f->bot, f->top, "dot", 0, (int)f->dim, DS_NUM_SPARSE, (int)f->batch,
                      &cfg))
     return -1;
-  emb_plan *plan = NULL;
-  emb_plan_params pp = {.n_tables = DS_NUM_SPARSE, .rows = sizes, .dim = (int)f->dim,
-                        .pooling = EMB_POOL_SUM, .optim = {.kind = f->sopt, .eps = -1},
-                        .seed = 3, .n_shards = 1, .precision = f->prec[0]};
-  if (emb_plan_create(&pp, &plan, err, sizeof err)) {
-    fprintf(stderr, "shardrec %s: %s\n", CMD, err);
-    return -1;
-  }
   uint64_t total = 0;
   for (int t = 0; t < DS_NUM_SPARSE; t++) total += sizes[t];
   printf("\n%s: %llu rows in %d tables, dim %lld, bottom %s, top %s, Adagrad "
@@ -413,27 +409,27 @@ static int bts_main(const bts_flags *f, const char *dir, const char *bin) {
          bin, (unsigned long long)total, DS_NUM_SPARSE, f->dim, f->bot, f->top,
          emb_optim_name(f->sopt), f->batch, f->steps,
          dense_pool_threads(dense_pool_default()));
-  long long touched = bts_touched(bin, f, plan);
+  long long touched = bts_touched(bin, f, sizes);
   double rate[MAX_PRECS][MAX_DEPTHS];
   int rc = touched < 0 ? -1 : 0;
   if (!rc)
     printf("%-7s %-7s %5s %10s %7s %8s %10s %9s %7s %7s %11s %9s %10s  %s\n", "store", "weights",
            "depth", "samples/s", "ratio", "step ms", "lookup wait", "prefetch", "push", "dense",
            "reads/step", "evict/st", "wback/st", "losses");
+  /* Each precision's plan, then its in-memory run and shard store runs. */
   for (int p = 0; !rc && p < f->np; p++) {
-    if (p > 0) {
-      emb_plan_free(plan);
-      plan = NULL;
-      pp.precision = f->prec[p];
-      if (emb_plan_create(&pp, &plan, err, sizeof err)) {
-        fprintf(stderr, "shardrec %s: %s\n", CMD, err);
-        rc = -1;
-        break;
-      }
+    emb_plan *plan = NULL;
+    emb_plan_params pp = {.n_tables = DS_NUM_SPARSE, .rows = sizes, .dim = (int)f->dim,
+                          .pooling = EMB_POOL_SUM, .optim = {.kind = f->sopt, .eps = -1},
+                          .seed = 3, .n_shards = 1, .precision = f->prec[p]};
+    if (emb_plan_create(&pp, &plan, err, sizeof err)) {
+      fprintf(stderr, "shardrec %s: %s\n", CMD, err);
+      rc = -1;
+    } else {
+      rc = bts_compare(f, dir, bin, plan, &cfg, touched, rate[p]);
     }
-    rc = bts_compare(f, dir, bin, plan, &cfg, touched, rate[p]);
+    emb_plan_free(plan);
   }
-  emb_plan_free(plan);
   if (!rc && f->np > 1) {
     printf("shard store samples/s against %s's (same depth%s):\n", emb_precision_name(f->prec[0]),
            f->cache_mb ? ", same cache MiB" : ", same cache fraction");
