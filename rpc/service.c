@@ -514,6 +514,26 @@ out:
   rpc__scratch_give(s, x);
 }
 
+/* Whether a table's gradients of push q hold an element that is not
+ * finite: 1 with the first named in r (INVALID_ARGUMENT), else 0. */
+static int grads_not_finite(const rpc_service *s, const Shardrec__V1__PushRequest *q,
+                            const int *idx, rpc_reply *r) {
+  for (size_t i = 0; i < q->n_tables; i++) {
+    const Shardrec__V1__TableGrads *tg = q->tables[i];
+    const size_t dim = (size_t)s->plan->tables[idx[i]].dim, n = tg->n_ids * dim;
+    const float *g = (const float *)tg->grads.data; /* 4-byte aligned: rpc__push_decode */
+    if (emb_all_finite(g, n)) continue;
+    for (size_t k = 0; k < n; k++)
+      if (!isfinite(g[k])) {
+        r->status = RPC_INVALID_ARGUMENT;
+        snprintf(r->msg, sizeof r->msg, "tables[%zu].grads: row %llu element %zu is %g", i,
+                 (unsigned long long)tg->ids[k / dim], k % dim, (double)g[k]);
+        return 1;
+      }
+  }
+  return 0;
+}
+
 static void do_push(rpc_service *s, const uint8_t *in, size_t len, int defer, rpc_reply *r) {
   const int nt = s->plan->n_tables;
   /* The request's copy, its decoded form and a held copy (sync mode). */
@@ -556,31 +576,33 @@ static void do_push(rpc_service *s, const uint8_t *in, size_t len, int defer, rp
     FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
   for (size_t i = 0; i < q->n_tables; i++) {
     const Shardrec__V1__TableGrads *tg = q->tables[i];
-    const int t = idx[i], dim = s->plan->tables[t].dim;
+    const int t = idx[i];
     uint64_t twice;
     if (ids_repeated(tg->ids, tg->n_ids, x->hash, hash_cap, &twice))
       FAIL(r, RPC_INVALID_ARGUMENT, "tables[%zu].ids: row %llu given twice (sum its gradients)",
            i, (unsigned long long)twice);
-    const float *g = (const float *)tg->grads.data; /* 4-byte aligned: rpc__push_decode */
-    const size_t nf = emb_all_finite(g, tg->n_ids * (size_t)dim) ? 0 : tg->n_ids * (size_t)dim;
-    for (size_t k = 0; k < nf; k++) /* the first element not finite named */
-      if (!isfinite(g[k]))
-        FAIL(r, RPC_INVALID_ARGUMENT, "tables[%zu].grads: row %llu element %zu is %g", i,
-             (unsigned long long)tg->ids[k / (size_t)dim], k % (size_t)dim, (double)g[k]);
     ids[t] = tg->ids;
     counts[t] = tg->n_ids;
-    grads[t] = g;
+    grads[t] = (const float *)tg->grads.data; /* 4-byte aligned: rpc__push_decode */
   }
   /* Applied now (single rank, async), or held (a copy) until every rank's
-   * push of its step is in (sync). */
+   * push of its step is in (sync, or a part of a push). Gradients that are
+   * not finite are refused before a push is held; one applied now is
+   * refused whole by the store (a gradient that is not finite leaves its
+   * row or optimizer state not finite, whatever the optimizer and learning
+   * rate), and only then are its gradients read again to name the element,
+   * so an accepted push is read once, by the store. */
+  rpc_coord_call k = coord_call(q->header);
+  const int held = (k.world > 1 && k.stale == 0) || k.parts > 1;
+  if (held && grads_not_finite(s, q, idx, r)) goto out;
   emb_idset set = {.n_tables = nt, .ids = ids, .counts = counts};
   rpc_coord_grads p = {.lr = q->learning_rate, .set = &set, .grads = grads};
-  rpc_coord_call k = coord_call(q->header);
   pthread_mutex_lock(&s->mu);
   rpc_coord_outcome o = rpc_coord_push(s->coord, &k, &p, sr_now(), r->msg, sizeof r->msg);
   pthread_mutex_unlock(&s->mu);
   if (o != RPC_COORD_GO && o != RPC_COORD_RETRY) {
     r->status = coord_status(o);
+    if (o == RPC_COORD_INVALID && !held) grads_not_finite(s, q, idx, r);
     goto out;
   }
   Shardrec__V1__PushResponse resp = SHARDREC__V1__PUSH_RESPONSE__INIT;

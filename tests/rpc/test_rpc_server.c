@@ -158,6 +158,15 @@ START_TEST(test_bad_requests_change_nothing) {
   bad[7] = -INFINITY;
   expect_refused("push, -Inf", RPC_PUSH, enc_push(fp, "job-a", 1, 0.5f, nan, 2, &len), &len,
                  RPC_INVALID_ARGUMENT, "inf");
+  /* The same from rank 0 of two: a sync job's push, refused before it is
+   * held, and an async job's, refused whole by the store and then named. */
+  Shardrec__V1__RequestHeader h2;
+  calls_header(&h2, fp, "job-sync", 0, 0, 2, 0);
+  expect_refused("push, -Inf, sync", RPC_PUSH, calls_pack_push(&h2, 0.5f, nan, 2, DIM, &len),
+                 &len, RPC_INVALID_ARGUMENT, "tables[1].grads: row");
+  calls_header(&h2, fp, "job-async", 0, 0, 2, 1);
+  expect_refused("push, -Inf, async", RPC_PUSH, calls_pack_push(&h2, 0.5f, nan, 2, DIM, &len),
+                 &len, RPC_INVALID_ARGUMENT, "tables[1].grads: row");
   /* Too many ids (the server allows 64). */
   uint64_t many[65];
   for (int i = 0; i < 65; i++) many[i] = ids0[i % 8];
