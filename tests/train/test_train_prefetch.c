@@ -16,6 +16,7 @@
  * merge with the stores that use it (DESIGN.md, "A training step").
  * The data set is made once in main (12000 rows of datagen --seed 3). */
 #include <check.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,18 +106,20 @@ END_TEST
 START_TEST(test_prefetch_rowwise_adagrad) { all_placements("rowwise_adagrad"); }
 END_TEST
 
-/* bench train --store shard on the suite's data: the in-memory line, then
- * one line per depth through a shard store whose cache (0.2 of the rows
- * touched) makes it read from RocksDB every step, each with the in-memory
- * run's losses bit for bit. */
+/* bench train --store shard on the suite's data, two rounds: each the
+ * in-memory line, then one line per depth through a shard store whose
+ * cache (0.2 of the rows touched) makes it read from RocksDB every step,
+ * each with the in-memory run's losses bit for bit; then each depth's
+ * ratios of the rounds and their median. */
 START_TEST(test_bench_store) {
   char *out;
   int rc = run_cmd(&out, "cd %s && %s bench train --store shard --data d.bin --steps 12 "
-                         "--batch 256 --cache-fraction 0.2 --prefetch-depth 0,2 "
+                         "--batch 256 --cache-fraction 0.2 --prefetch-depth 0,2 --rounds 2 "
                          "--arch-mlp-bot 13-64-16 --arch-mlp-top 64-1", dir, bin_path());
   ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
   ck_assert_msg(strstr(out, "(reference)"), "no in-memory line:\n%s", out);
   int lines = 0;
+  double ratio[2][2]; /* [depth index][round] */
   for (char *l = strstr(out, "\nshard "); l; l = strstr(l + 1, "\nshard ")) {
     char what[16], weights[16], same[32];
     int depth;
@@ -126,12 +129,25 @@ START_TEST(test_bench_store) {
                    &v[9], same);
     ck_assert_msg(n == 14, "a line of %d fields:\n%s", n, out);
     ck_assert_msg(!strcmp(weights, "fp32"), "weights %s:\n%s", weights, out);
-    ck_assert_int_eq(depth, lines ? 2 : 0);
+    ck_assert_int_eq(depth, lines % 2 ? 2 : 0);
+    ratio[lines % 2][lines / 2] = v[1];
     ck_assert_msg(v[0] > 0 && v[7] > 0, "no samples/s or no RocksDB reads:\n%s", out);
     ck_assert_msg(!strcmp(same, "bit-identical"), "depth %d: %s:\n%s", depth, same, out);
     lines++;
   }
-  ck_assert_msg(lines == 2, "%d shard lines:\n%s", lines, out);
+  ck_assert_msg(lines == 4, "%d shard lines:\n%s", lines, out);
+  for (int i = 0; i < 2; i++) {
+    char want[32];
+    snprintf(want, sizeof want, "\n  depth %d: ratio ", i ? 2 : 0);
+    const char *m = strstr(out, want);
+    double a, b, med;
+    ck_assert_msg(m && sscanf(m + strlen(want), "%lfx %lfx: median %lfx of 2 rounds", &a, &b,
+                              &med) == 3,
+                  "no median line for depth %d:\n%s", i ? 2 : 0, out);
+    ck_assert_msg(fabs(a - ratio[i][0]) < 0.006 && fabs(b - ratio[i][1]) < 0.006 &&
+                      fabs(med - (a + b) / 2) < 0.011,
+                  "depth %d: rounds %g %g, median %g:\n%s", i ? 2 : 0, a, b, med, out);
+  }
   free(out);
   /* Per precision at the same cache bytes: a bf16 store holds more rows
    * than fp32's (at dim 16 a slot's own bookkeeping weighs beside the

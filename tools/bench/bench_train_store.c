@@ -49,6 +49,7 @@
 #define CMD "bench train"
 #define MAX_DEPTHS 9
 #define MAX_PRECS 3
+#define MAX_ROUNDS 9
 
 typedef struct bts_flags {
   double fraction;          /* --cache-fraction */
@@ -57,7 +58,7 @@ typedef struct bts_flags {
   emb_precision prec[MAX_PRECS];
   int np;                   /* --arch-embedding-precision list */
   emb_optim_kind sopt;      /* --sparse-optimizer (adagrad) */
-  long long rows, steps, batch, dim, threads;
+  long long rows, steps, batch, dim, threads, rounds;
   uint64_t max_ind_range;
   const char *bot, *top, *data;
 } bts_flags;
@@ -69,15 +70,17 @@ static void bts_usage(void) {
          "       [--sparse-optimizer sgd|adagrad|rowwise_adagrad (adagrad)]\n"
          "       [--data FILE.bin] [--batch B (2048)] [--steps N (250)]\n"
          "       [--arch-sparse-feature-size N (16)] [--arch-mlp-bot 13-512-256-64-16]\n"
-         "       [--arch-mlp-top 512-256-1] [--dense-threads N (every core)]\n"
+         "       [--arch-mlp-top 512-256-1] [--dense-threads N (every core)] [--rounds N (1)]\n"
          "The same steps in memory and through the RocksDB shard store (a temporary folder, cache =\n"
          "F x the rows the steps touch), one shard store run per depth; samples/s, the ratio, the\n"
          "step split (lookup wait, prefetch, push), RocksDB reads, evictions and write-backs per\n"
          "step, and whether the losses are the in-memory run's bit for bit; each precision repeats\n"
-         "the runs, and --cache-mb gives every one the same cache bytes. Two shapes:\n"
+         "the runs, and --cache-mb gives every one the same cache bytes. --rounds N repeats the\n"
+         "in-memory run and the shard store runs in turn N times (at most %d) and gives each\n"
+         "depth's median ratio to its round's in-memory run. Two shapes:\n"
          "dim 16 as is; dim 128 with --arch-sparse-feature-size 128 --arch-mlp-bot 13-512-256-128\n"
          "--arch-mlp-top 1024-1024-512-256-1.\n",
-         TRAIN_PREFETCH_DEPTH_DEFAULT);
+         TRAIN_PREFETCH_DEPTH_DEFAULT, MAX_ROUNDS);
 }
 
 /* flag's comma list s, split in buf: its items into item[] (at most max).
@@ -135,7 +138,7 @@ static int bts_precs(const char *s, bts_flags *f) {
 /* -1 to go on, else the exit status (0 --help, 2 bad usage, printed). */
 static int bts_parse(int argc, char **argv, bts_flags *f) {
   enum { O_STORE = 1, O_FRAC, O_DEPTH, O_ROWS, O_STEPS, O_BATCH, O_DIM, O_BOT, O_TOP, O_DATA,
-         O_MAXIND, O_THREADS, O_PREC, O_CMB, O_SOPT, O_HELP };
+         O_MAXIND, O_THREADS, O_PREC, O_CMB, O_SOPT, O_ROUNDS, O_HELP };
   static const struct option opts[] = {
       {"store", required_argument, 0, O_STORE}, {"cache-fraction", required_argument, 0, O_FRAC},
       {"prefetch-depth", required_argument, 0, O_DEPTH}, {"rows", required_argument, 0, O_ROWS},
@@ -146,7 +149,8 @@ static int bts_parse(int argc, char **argv, bts_flags *f) {
       {"dense-threads", required_argument, 0, O_THREADS},
       {"arch-embedding-precision", required_argument, 0, O_PREC},
       {"cache-mb", required_argument, 0, O_CMB},
-      {"sparse-optimizer", required_argument, 0, O_SOPT}, {"help", no_argument, 0, O_HELP},
+      {"sparse-optimizer", required_argument, 0, O_SOPT}, {"rounds", required_argument, 0, O_ROUNDS},
+      {"help", no_argument, 0, O_HELP},
       {0, 0, 0, 0}};
   optind = 1;
   opterr = 0;
@@ -172,6 +176,7 @@ static int bts_parse(int argc, char **argv, bts_flags *f) {
       case O_THREADS: rc = cli_flag(CMD, "--dense-threads", optarg, &f->threads); break;
       case O_PREC: rc = bts_precs(optarg, f); break;
       case O_CMB: rc = cli_int(CMD, "--cache-mb", optarg, 1, 1 << 20, &f->cache_mb); break;
+      case O_ROUNDS: rc = cli_int(CMD, "--rounds", optarg, 1, MAX_ROUNDS, &f->rounds); break;
       case O_SOPT:
         if (emb_optim_parse(optarg, &f->sopt)) {
           fprintf(stderr, "shardrec %s: --sparse-optimizer: '%s' is not sgd, adagrad or "
@@ -339,11 +344,45 @@ static void bts_line(const char *what, emb_precision prec, int depth, const bts_
   fflush(stdout);
 }
 
-/* The in-memory run, then a shard store per depth (its samples/s into
- * rate[depth index]). 0 or -1. */
+/* One round: the in-memory run, then a shard store per depth (cache sc),
+ * each depth's samples/s into rate[depth index] and its ratio to the
+ * in-memory run into ratio[depth index]; losses (f->steps) is the
+ * in-memory run's. 0 or -1. */
+static int bts_round(const bts_flags *f, const char *dir, const char *bin, const emb_plan *plan,
+                     const dense_config *cfg, const emb_shard_config *sc, float *losses,
+                     double *rate, double *ratio) {
+  char err[1024], db[SR_PATH_MAX];
+  bts_result mem = {.loss = losses}, r;
+  int rc = -1;
+  emb_store *s = emb_store_create_local(plan, err, sizeof err);
+  if (!s) fprintf(stderr, "shardrec %s: %s\n", CMD, err);
+  if (s && !bts_steps(f, bin, plan, cfg, s, 0, &mem)) rc = 0;
+  emb_store_destroy(s);
+  if (!rc) bts_line("memory", plan->tables[0].precision, -1, &mem, &mem, f->steps);
+  for (int i = 0; !rc && i < f->nd; i++) {
+    memset(&r, 0, sizeof r);
+    rc = -1;
+    if (sr_path_err(db, sizeof db, err, sizeof err, "%s/rows-d%d-%d", dir, f->depth[i], i) ||
+        !(r.loss = calloc((size_t)f->steps, sizeof *r.loss)) ||
+        !(s = emb_store_create_shard(plan, db, sc, err, sizeof err))) {
+      fprintf(stderr, "shardrec %s: %s\n", CMD, r.loss ? err : "out of memory");
+    } else {
+      rc = bts_steps(f, bin, plan, cfg, s, f->depth[i], &r);
+      emb_store_destroy(s);
+      if (!rc) bts_line("shard", plan->tables[0].precision, f->depth[i], &r, &mem, f->steps);
+      rate[i] = (double)r.samples / r.secs;
+      ratio[i] = rate[i] / ((double)mem.samples / mem.secs);
+    }
+    free(r.loss);
+    sr_rmtree(db);
+  }
+  return rc;
+}
+
+/* f->rounds rounds (bts_round) at the cache the flags give; each depth's
+ * median samples/s into rate[depth index]. 0 or -1. */
 static int bts_compare(const bts_flags *f, const char *dir, const char *bin, emb_plan *plan,
                        const dense_config *cfg, long long touched, double *rate) {
-  char err[1024], db[SR_PATH_MAX];
   emb_shard_config sc = {.block_cache_bytes = 32u << 20, .write_buffer_bytes = 16u << 20};
   if (f->cache_mb) {
     sc.cache_mb = (uint64_t)f->cache_mb;
@@ -358,31 +397,23 @@ static int bts_compare(const bts_flags *f, const char *dir, const char *bin, emb
            "them)\n", emb_precision_name(plan->tables[0].precision), f->steps, touched,
            (unsigned long long)sc.cache_rows, f->fraction);
   }
-  bts_result mem = {0}, r;
-  int rc = -1;
-  mem.loss = calloc((size_t)f->steps, sizeof *mem.loss);
-  emb_store *s = mem.loss ? emb_store_create_local(plan, err, sizeof err) : NULL;
-  if (!s) fprintf(stderr, "shardrec %s: %s\n", CMD, mem.loss ? err : "out of memory");
-  if (s && !bts_steps(f, bin, plan, cfg, s, 0, &mem)) rc = 0;
-  emb_store_destroy(s);
-  if (!rc) bts_line("memory", plan->tables[0].precision, -1, &mem, &mem, f->steps);
+  double rates[MAX_ROUNDS][MAX_DEPTHS], ratios[MAX_ROUNDS][MAX_DEPTHS];
+  float *losses = calloc((size_t)f->steps, sizeof *losses);
+  int rc = losses ? 0 : -1;
+  if (rc) fprintf(stderr, "shardrec %s: out of memory\n", CMD);
+  for (int k = 0; !rc && k < f->rounds; k++)
+    rc = bts_round(f, dir, bin, plan, cfg, &sc, losses, rates[k], ratios[k]);
+  free(losses);
   for (int i = 0; !rc && i < f->nd; i++) {
-    memset(&r, 0, sizeof r);
-    rc = -1;
-    if (sr_path_err(db, sizeof db, err, sizeof err, "%s/rows-d%d-%d", dir, f->depth[i], i) ||
-        !(r.loss = calloc((size_t)f->steps, sizeof *r.loss)) ||
-        !(s = emb_store_create_shard(plan, db, &sc, err, sizeof err))) {
-      fprintf(stderr, "shardrec %s: %s\n", CMD, r.loss ? err : "out of memory");
-    } else {
-      rc = bts_steps(f, bin, plan, cfg, s, f->depth[i], &r);
-      emb_store_destroy(s);
-      if (!rc) bts_line("shard", plan->tables[0].precision, f->depth[i], &r, &mem, f->steps);
-      rate[i] = (double)r.samples / r.secs;
+    double rt[MAX_ROUNDS], ra[MAX_ROUNDS];
+    for (int k = 0; k < f->rounds; k++) rt[k] = rates[k][i], ra[k] = ratios[k][i];
+    if (f->rounds > 1) {
+      printf("  depth %d: ratio", f->depth[i]);
+      for (int k = 0; k < f->rounds; k++) printf(" %.2fx", ra[k]);
+      printf(": median %.2fx of %lld rounds\n", sr_median(ra, (int)f->rounds), f->rounds);
     }
-    free(r.loss);
-    sr_rmtree(db);
+    rate[i] = sr_median(rt, (int)f->rounds);
   }
-  free(mem.loss);
   return rc;
 }
 
@@ -444,7 +475,7 @@ static int bts_main(const bts_flags *f, const char *dir, const char *bin) {
 int bench_train_store(int argc, char **argv) {
   bts_flags f = {.fraction = 0.1, .depth = {0, TRAIN_PREFETCH_DEPTH_DEFAULT}, .nd = 2,
                  .prec = {EMB_PREC_FP32}, .np = 1, .sopt = EMB_OPT_ADAGRAD,
-                 .rows = 1200000, .steps = 250, .batch = 2048, .dim = 16,
+                 .rows = 1200000, .steps = 250, .batch = 2048, .dim = 16, .rounds = 1,
                  .max_ind_range = 4000000, .bot = "13-512-256-64-16", .top = "512-256-1"};
   int status = bts_parse(argc, argv, &f);
   if (status >= 0) return status;
@@ -460,9 +491,11 @@ int bench_train_store(int argc, char **argv) {
   status = (f.data || !bts_prepare(dir, &f, bin, sizeof bin)) && !bts_main(&f, dir, bin) ? 0 : 1;
   double load[3] = {0, 0, 0};
   if (!status && getloadavg(load, 3) > 0)
-    printf("one run each, in this order; step ms: wall time a step; lookup wait, prefetch, push, "
+    printf("%s; step ms: wall time a step; lookup wait, prefetch, push, "
            "dense (forward + backward + dense opt): the trainer's phases; reads: rows read from "
-           "RocksDB; load average %.2f\n", load[0]);
+           "RocksDB; load average %.2f\n",
+           f.rounds > 1 ? "the runs of each round in this order" : "one run each, in this order",
+           load[0]);
   if (sr_rmtree(dir) != 0) fprintf(stderr, "bench train: could not remove %s\n", dir);
   cli_dense_end(pool);
   return status;
