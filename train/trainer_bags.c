@@ -18,17 +18,26 @@ typedef struct {
   const size_t *counts;
 } bags_job;
 
-static void bags_forward_task(void *arg, int f) {
+/* Samples a pooling task takes: every table's bags of a block of samples,
+ * so that a task writes one stretch of emb (a task per table wrote one
+ * dim-wide column of every sample's row, a cache line apart each). */
+#define BAGS_SAMPLES 32
+
+static void bags_forward_task(void *arg, int task) {
   const bags_job *j = arg;
-  const emb_table *tb = &j->plan->tables[f];
-  size_t stride = (size_t)j->T * (size_t)j->dim;
-  float *out = j->emb + (size_t)f * (size_t)j->dim;
-  if (j->rows16 && tb->precision != EMB_PREC_FP32)
-    emb_bag_forward16(tb->pooling, tb->precision, SR_HALF_AUTO, j->dim, j->n, ds_batch_offsets(j->b, f),
-                      j->inverse[f], (const uint16_t *)(const void *)j->rows[f], out, stride);
-  else
-    emb_bag_forward(tb->pooling, j->dim, j->n, ds_batch_offsets(j->b, f), j->inverse[f], j->rows[f],
-                    out, stride);
+  const int i0 = task * BAGS_SAMPLES, n = j->n - i0 < BAGS_SAMPLES ? j->n - i0 : BAGS_SAMPLES;
+  const size_t stride = (size_t)j->T * (size_t)j->dim;
+  for (int f = 0; f < j->T; f++) {
+    const emb_table *tb = &j->plan->tables[f];
+    const uint32_t *off = ds_batch_offsets(j->b, f) + i0;
+    const uint32_t *inv = j->inverse[f] + (off[0] - off[-i0]); /* the block's first id */
+    float *out = j->emb + (size_t)i0 * stride + (size_t)f * (size_t)j->dim;
+    if (j->rows16 && tb->precision != EMB_PREC_FP32)
+      emb_bag_forward16(tb->pooling, tb->precision, SR_HALF_AUTO, j->dim, n, off, inv,
+                        (const uint16_t *)(const void *)j->rows[f], out, stride);
+    else
+      emb_bag_forward(tb->pooling, j->dim, n, off, inv, j->rows[f], out, stride);
+  }
 }
 
 static void bags_backward_task(void *arg, int f) {
@@ -43,7 +52,7 @@ void trainer_bags_forward(const emb_plan *plan, int T, int dim, const ds_batch *
                           uint32_t *const *inverse, float *const *rows, int rows16, float *emb) {
   bags_job j = {.plan = plan, .T = T, .dim = dim, .n = n, .b = b, .inverse = inverse,
                 .rows = rows, .rows16 = rows16, .emb = emb};
-  dense_pool_run(dense_pool_default(), T, bags_forward_task, &j);
+  dense_pool_run(dense_pool_default(), (n + BAGS_SAMPLES - 1) / BAGS_SAMPLES, bags_forward_task, &j);
 }
 
 void trainer_bags_backward(const emb_plan *plan, int T, int dim, const ds_batch *b, int n,

@@ -1,8 +1,9 @@
-/* A step's deduplication, pooling and its gradients' scatter, table by
- * table, over the dense pool (dense/pool.h): one task per table, each
- * table's work done by the same single-threaded code (embedding/bag.h)
- * whichever thread takes it, so the thread count changes speed, never
- * bits. */
+/* A step's deduplication, pooling and its gradients' scatter over the
+ * dense pool (dense/pool.h): deduplication and scatter one task per table,
+ * pooling one task per block of samples (every table's bags of them), each
+ * piece done by the same single-threaded code (embedding/bag.h) whichever
+ * thread takes it, and each bag summed alone, so the thread count changes
+ * speed, never bits. */
 #ifndef SHARDREC_TRAIN_TRAINER_BAGS_H
 #define SHARDREC_TRAIN_TRAINER_BAGS_H
 
