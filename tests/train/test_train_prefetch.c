@@ -129,6 +129,7 @@ START_TEST(test_bench_store) {
                    &v[9], same);
     ck_assert_msg(n == 14, "a line of %d fields:\n%s", n, out);
     ck_assert_msg(!strcmp(weights, "fp32"), "weights %s:\n%s", weights, out);
+    ck_assert_msg(lines < 4, "more than 4 shard lines:\n%s", out);
     ck_assert_int_eq(depth, lines % 2 ? 2 : 0);
     ratio[lines % 2][lines / 2] = v[1];
     ck_assert_msg(v[0] > 0 && v[7] > 0, "no samples/s or no RocksDB reads:\n%s", out);
