@@ -65,7 +65,7 @@ static int svc_apply(void *ctx, int64_t step, float lr, const emb_idset *set,
 }
 
 /* The gRPC status the service answers a coordinator outcome with. */
-static int coord_status(rpc_coord_outcome o) {
+int rpc__coord_status(rpc_coord_outcome o) {
   switch (o) {
     case RPC_COORD_GO:
     case RPC_COORD_RETRY:
@@ -84,7 +84,7 @@ static int coord_status(rpc_coord_outcome o) {
 }
 
 /* The coordinator's view of a checked header (borrows h's job id). */
-static rpc_coord_call coord_call(const Shardrec__V1__RequestHeader *h) {
+rpc_coord_call rpc__coord_call(const Shardrec__V1__RequestHeader *h) {
   return (rpc_coord_call){.job = h->job_id, .step = h->step, .rank = h->rank,
                           .world = h->world_size, .stale = h->max_staleness,
                           .part = h->part, .parts = h->parts};
@@ -381,31 +381,6 @@ int rpc__check_ids(rpc_service *s, const char *what, size_t i, uint32_t table_id
   return check_ids(s, what, i, table_id, ids, n, idx, seen, total, r);
 }
 
-/* Whether ids[n] holds a value twice (the first repeat into *twice), in
- * one pass over an open-addressing set in scratch: cap (a power of two,
- * >= 2n) slots then cap / 8 bytes of occupancy bits. (A qsort of the ids
- * was a fifth of a 4096-id Push's handling.) */
-static int ids_repeated(const uint64_t *ids, size_t n, uint64_t *scratch, size_t cap,
-                        uint64_t *twice) {
-  uint8_t *used = (uint8_t *)(scratch + cap);
-  memset(used, 0, cap / 8);
-  for (size_t k = 0; k < n; k++) {
-    uint64_t h = ids[k] * 0x9e3779b97f4a7c15ULL;
-    for (size_t at = (size_t)(h >> 32) & (cap - 1);; at = (at + 1) & (cap - 1)) {
-      if (!(used[at / 8] & (1u << (at % 8)))) {
-        used[at / 8] |= (uint8_t)(1u << (at % 8));
-        scratch[at] = ids[k];
-        break;
-      }
-      if (scratch[at] == ids[k]) {
-        *twice = ids[k];
-        return 1;
-      }
-    }
-  }
-  return 0;
-}
-
 /* Hand set (step's ids) to the store's look-ahead, with s->mu held, when
  * step is past every step the store was handed (the contract of
  * emb_store_prefetch: steps in increasing order); else nothing (the
@@ -464,7 +439,7 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
     goto out;
   }
   {
-    rpc_coord_call k = coord_call(q->header);
+    rpc_coord_call k = rpc__coord_call(q->header);
     pthread_mutex_lock(&s->mu);
     rpc_coord_outcome o = rpc_coord_lookup(s->coord, &k, token, in, len, timeout_s, sr_now(),
                                            r->msg, sizeof r->msg);
@@ -472,7 +447,7 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
     if (o == RPC_COORD_PARKED) svc_prefetch(s, q->header->step, &set);
     pthread_mutex_unlock(&s->mu);
     if (o != RPC_COORD_GO) { /* parked (RPC_PARKED), or refused: r->msg says why */
-      r->status = coord_status(o);
+      r->status = rpc__coord_status(o);
       goto out;
     }
   }
@@ -511,106 +486,6 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
   }
 out:
   if (f16 != &rpc__no_rows16) free(f16);
-  rpc__scratch_give(s, x);
-}
-
-/* Whether a table's gradients of push q hold an element that is not
- * finite: 1 with the first named in r (INVALID_ARGUMENT), else 0. */
-static int grads_not_finite(const rpc_service *s, const Shardrec__V1__PushRequest *q,
-                            const int *idx, rpc_reply *r) {
-  for (size_t i = 0; i < q->n_tables; i++) {
-    const Shardrec__V1__TableGrads *tg = q->tables[i];
-    const size_t dim = (size_t)s->plan->tables[idx[i]].dim, n = tg->n_ids * dim;
-    const float *g = (const float *)tg->grads.data; /* 4-byte aligned: rpc__push_decode */
-    if (emb_all_finite(g, n)) continue;
-    for (size_t k = 0; k < n; k++)
-      if (!isfinite(g[k])) {
-        r->status = RPC_INVALID_ARGUMENT;
-        snprintf(r->msg, sizeof r->msg, "tables[%zu].grads: row %llu element %zu is %g", i,
-                 (unsigned long long)tg->ids[k / dim], k % dim, (double)g[k]);
-        return 1;
-      }
-  }
-  return 0;
-}
-
-static void do_push(rpc_service *s, const uint8_t *in, size_t len, int defer, rpc_reply *r) {
-  const int nt = s->plan->n_tables;
-  /* The request's copy, its decoded form and a held copy (sync mode). */
-  if (rpc__budget_take(s, 3 * len, defer, r)) return;
-  rpc_scratch *x = rpc__scratch_take(s); /* the decoded form and the arrays below */
-  const Shardrec__V1__PushRequest *q = NULL;
-  if (!x) FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
-  if (rpc__push_decode(x, s->plan->n_tables, s->max_ids, in, len, r)) goto out;
-  q = &x->pq;
-  if (s->read_only) FAIL(r, RPC_FAILED_PRECONDITION, "this server is read-only: Push refused");
-  if (check_header(s, q->header, r) || check_clean(s, r)) goto out;
-  if (!emb_optim_lr_ok(q->learning_rate))
-    FAIL(r, RPC_INVALID_ARGUMENT, "learning_rate %g: must be finite and within [0, %g]",
-         (double)q->learning_rate, EMB_OPTIM_MAX_LR);
-  int *idx = x->idx;
-  uint8_t *seen = x->seen;
-  const uint64_t **ids = x->ids;
-  size_t *counts = x->counts;
-  const float **grads = x->grads;
-  memset(seen, 0, (size_t)nt);
-  memset(ids, 0, (size_t)nt * sizeof *ids);
-  memset(counts, 0, (size_t)nt * sizeof *counts);
-  memset(grads, 0, (size_t)nt * sizeof *grads);
-  size_t total = 0, most = 0;
-  for (size_t i = 0; i < q->n_tables; i++) {
-    const Shardrec__V1__TableGrads *tg = q->tables[i];
-    if (check_ids(s, "tables", i, tg->table_id, tg->ids, tg->n_ids, &idx[i], seen, &total, r))
-      goto out;
-    const int dim = s->plan->tables[idx[i]].dim;
-    if (tg->grads.len != tg->n_ids * (size_t)dim * sizeof(float))
-      FAIL(r, RPC_INVALID_ARGUMENT,
-           "tables[%zu].grads: %zu bytes for %zu ids of dim %d; expected %zu", i, tg->grads.len,
-           tg->n_ids, dim, tg->n_ids * (size_t)dim * sizeof(float));
-    if (tg->n_ids > most) most = tg->n_ids;
-  }
-  size_t hash_cap = 16;
-  while (hash_cap < 2 * most) hash_cap *= 2;
-  /* ids_repeated's slots, then hash_cap / 8 bytes of occupancy bits */
-  if (rpc__grow((void **)&x->hash, &x->cap_hash, hash_cap + hash_cap / 64 + 1, sizeof *x->hash))
-    FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
-  for (size_t i = 0; i < q->n_tables; i++) {
-    const Shardrec__V1__TableGrads *tg = q->tables[i];
-    const int t = idx[i];
-    uint64_t twice;
-    if (ids_repeated(tg->ids, tg->n_ids, x->hash, hash_cap, &twice))
-      FAIL(r, RPC_INVALID_ARGUMENT, "tables[%zu].ids: row %llu given twice (sum its gradients)",
-           i, (unsigned long long)twice);
-    ids[t] = tg->ids;
-    counts[t] = tg->n_ids;
-    grads[t] = (const float *)tg->grads.data; /* 4-byte aligned: rpc__push_decode */
-  }
-  /* Applied now (single rank, async), or held (a copy) until every rank's
-   * push of its step is in (sync, or a part of a push). Gradients that are
-   * not finite are refused before a push is held; one applied now is
-   * refused whole by the store (a gradient that is not finite leaves its
-   * row or optimizer state not finite, whatever the optimizer and learning
-   * rate), and only then are its gradients read again to name the element,
-   * so an accepted push is read once, by the store. */
-  rpc_coord_call k = coord_call(q->header);
-  const int held = (k.world > 1 && k.stale == 0) || k.parts > 1;
-  if (held && grads_not_finite(s, q, idx, r)) goto out;
-  emb_idset set = {.n_tables = nt, .ids = ids, .counts = counts};
-  rpc_coord_grads p = {.lr = q->learning_rate, .set = &set, .grads = grads};
-  pthread_mutex_lock(&s->mu);
-  rpc_coord_outcome o = rpc_coord_push(s->coord, &k, &p, sr_now(), r->msg, sizeof r->msg);
-  pthread_mutex_unlock(&s->mu);
-  if (o != RPC_COORD_GO && o != RPC_COORD_RETRY) {
-    r->status = coord_status(o);
-    if (o == RPC_COORD_INVALID && !held) grads_not_finite(s, q, idx, r);
-    goto out;
-  }
-  Shardrec__V1__PushResponse resp = SHARDREC__V1__PUSH_RESPONSE__INIT;
-  resp.incarnation = s->incarnation;
-  resp.applied = o == RPC_COORD_GO; /* RETRY: already taken, nothing changed */
-  resp.rows = o == RPC_COORD_GO ? total : 0;
-  rpc__pack_reply(r, &resp.base);
-out:
   rpc__scratch_give(s, x);
 }
 
@@ -804,13 +679,13 @@ static void do_watch(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r
   Shardrec__V1__WatchRequest *q = shardrec__v1__watch_request__unpack(NULL, len, in);
   if (!q) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid shardrec.v1.WatchRequest (%zu bytes)", len);
   if (check_header(s, q->header, r)) goto out;
-  rpc_coord_call k = coord_call(q->header);
+  rpc_coord_call k = rpc__coord_call(q->header);
   pthread_mutex_lock(&s->mu);
   rpc_coord_outcome o = rpc_coord_watch(s->coord, &k, q->detach, token, in, len, timeout_s,
                                         sr_now(), r->msg, sizeof r->msg);
   pthread_mutex_unlock(&s->mu);
   if (o != RPC_COORD_GO) { /* parked (RPC_PARKED), or refused: r->msg says why */
-    r->status = coord_status(o);
+    r->status = rpc__coord_status(o);
     goto out;
   }
   Shardrec__V1__WatchResponse resp = SHARDREC__V1__WATCH_RESPONSE__INIT;
@@ -900,7 +775,7 @@ static void handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t 
   double t0 = sr_now();
   switch (m) {
     case RPC_LOOKUP: do_lookup(s, in, len, r, token, timeout_s, pin); break;
-    case RPC_PUSH: do_push(s, in, len, token != NULL, r); break;
+    case RPC_PUSH: rpc__push(s, in, len, token != NULL, r); break;
     case RPC_CHECKPOINT: do_checkpoint(s, in, len, r, 0); break;
     case RPC_RESTORE: do_checkpoint(s, in, len, r, 1); break;
     case RPC_STATS: do_stats(s, in, len, r); break;
@@ -969,7 +844,7 @@ static void woken_reply(rpc_service *s, const rpc_coord_woken *w, rpc_reply *r) 
     rpc__pack_reply(r, &resp.base);
     return;
   }
-  r->status = coord_status(w->what);
+  r->status = rpc__coord_status(w->what);
   snprintf(r->msg, sizeof r->msg, "%s", w->msg);
   pthread_mutex_lock(&s->mu);
   s->failed++;

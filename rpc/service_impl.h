@@ -103,6 +103,19 @@ int rpc__check_ids(rpc_service *s, const char *what, size_t i, uint32_t table_id
                    const uint64_t *ids, size_t n, int *idx, uint8_t *seen, size_t *total,
                    rpc_reply *r);
 
+/* The coordinator's view of a checked header (borrows h's job id), and
+ * the gRPC status the service answers a coordinator outcome with. */
+rpc_coord_call rpc__coord_call(const Shardrec__V1__RequestHeader *h);
+int rpc__coord_status(rpc_coord_outcome o);
+
+/* ---- service_push.c ---- */
+
+/* Push (rpc/shardrec.proto): checked whole, then applied or held by the
+ * coordinator under the service's lock. The request's copy, its decoded
+ * form and a held copy take their share of the in-flight budget (defer: as
+ * rpc__budget_take). */
+void rpc__push(rpc_service *s, const uint8_t *in, size_t len, int defer, rpc_reply *r);
+
 /* ---- service_remove.c ---- */
 
 /* Remove (rpc/shardrec.proto): checked whole, then the store's remove op
