@@ -18,18 +18,30 @@ void emb_optim_state_init(const emb_optim_cfg *o, int dim, float *state) {
   for (int i = 0; i < n; i++) state[i] = (float)o->init_acc;
 }
 
-void emb_optim_apply(const emb_optim_cfg *o, int dim, float lr, const float *restrict g,
-                     float *restrict w, float *restrict state) {
+/* 1 when x's exponent bits are all ones (inf or NaN), else 0. */
+static inline uint32_t not_finite(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  return (u & 0x7f800000u) == 0x7f800000u;
+}
+
+int emb_optim_apply(const emb_optim_cfg *o, int dim, float lr, const float *restrict g,
+                    float *restrict w, float *restrict state) {
   const float eps = (float)o->eps;
+  uint32_t bad = 0;
   switch (o->kind) {
     case EMB_OPT_SGD:
-      for (int j = 0; j < dim; j++) w[j] -= lr * g[j];
+      for (int j = 0; j < dim; j++) {
+        w[j] -= lr * g[j];
+        bad |= not_finite(w[j]);
+      }
       break;
     case EMB_OPT_ADAGRAD:
       for (int j = 0; j < dim; j++) {
         float acc = state[j] + g[j] * g[j];
         state[j] = acc;
         w[j] += (-lr * g[j]) / (sqrtf(acc) + eps);
+        bad |= not_finite(acc) | not_finite(w[j]);
       }
       break;
     case EMB_OPT_ROWWISE_ADAGRAD: {
@@ -38,30 +50,24 @@ void emb_optim_apply(const emb_optim_cfg *o, int dim, float lr, const float *res
       float acc = state[0] + s / (float)dim;
       state[0] = acc;
       float mult = lr / (sqrtf(acc) + eps);
-      for (int j = 0; j < dim; j++) w[j] -= mult * g[j];
+      bad = not_finite(acc);
+      for (int j = 0; j < dim; j++) {
+        w[j] -= mult * g[j];
+        bad |= not_finite(w[j]);
+      }
       break;
     }
-  }
-}
-
-int emb_all_finite(const float *x, size_t n) {
-  uint32_t bad = 0;
-  for (size_t j = 0; j < n; j++) {
-    uint32_t u;
-    memcpy(&u, &x[j], sizeof u);
-    bad |= (u & 0x7f800000u) == 0x7f800000u;
   }
   return !bad;
 }
 
-int emb_optim_lr_ok(float lr) { return isfinite(lr) && lr >= 0 && lr <= EMB_OPTIM_MAX_LR; }
-
-void emb_optim_apply_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
-                        const float *g, float *w, float *state) {
-  const emb_table *t = &plan->tables[table];
-  emb_optim_apply(&t->optim, t->dim, lr, g, w, state);
-  emb_row_round(plan, table, row_id, step, w);
+int emb_all_finite(const float *x, size_t n) {
+  uint32_t bad = 0;
+  for (size_t j = 0; j < n; j++) bad |= not_finite(x[j]);
+  return !bad;
 }
+
+int emb_optim_lr_ok(float lr) { return isfinite(lr) && lr >= 0 && lr <= EMB_OPTIM_MAX_LR; }
 
 /* Whether rounding w[dim] to prec can make a finite weight infinite: some
  * |w| above the format's largest finite value (65504 for fp16, 0x7f7f0000's
@@ -77,14 +83,24 @@ static int may_round_to_inf(emb_precision prec, const float *w, int dim) {
   return over != 0;
 }
 
+int emb_optim_apply_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
+                       const float *g, float *w, float *state) {
+  const emb_table *t = &plan->tables[table];
+  const int ok = emb_optim_apply(&t->optim, t->dim, lr, g, w, state);
+  /* Finite weights round to finite ones unless one lies past the format's
+   * largest value (may_round_to_inf): only then is the rounded row read. */
+  const int risky = ok && t->precision != EMB_PREC_FP32 && may_round_to_inf(t->precision, w, t->dim);
+  emb_row_round(plan, table, row_id, step, w);
+  return ok && (!risky || emb_all_finite(w, (size_t)t->dim));
+}
+
 int emb_optim_check_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
                        const float *g, const float *w, const float *state, float *scratch) {
   const emb_table *t = &plan->tables[table];
   const int sl = emb_optim_state_len(&t->optim, t->dim);
   memcpy(scratch, w, (size_t)t->dim * sizeof *scratch);
   if (sl) memcpy(scratch + t->dim, state, (size_t)sl * sizeof *scratch);
-  emb_optim_apply(&t->optim, t->dim, lr, g, scratch, sl ? scratch + t->dim : NULL);
-  if (!emb_all_finite(scratch, (size_t)(t->dim + sl))) return 0;
+  if (!emb_optim_apply(&t->optim, t->dim, lr, g, scratch, sl ? scratch + t->dim : NULL)) return 0;
   /* Finite weights round to finite ones unless one lies past the format's
    * largest value: only then is the rounding (its random bits) needed. */
   if (t->precision == EMB_PREC_FP32 || !may_round_to_inf(t->precision, scratch, t->dim)) return 1;

@@ -25,9 +25,12 @@ int emb_optim_state_len(const emb_optim_cfg *o, int dim);
 void emb_optim_state_init(const emb_optim_cfg *o, int dim, float *state);
 
 /* Apply one summed gradient g[dim] with learning rate lr to the row w[dim]
- * and its state (emb_optim_state_len floats; NULL for sgd). In place. */
-void emb_optim_apply(const emb_optim_cfg *o, int dim, float lr, const float *g, float *w,
-                     float *state);
+ * and its state (emb_optim_state_len floats; NULL for sgd). In place. 1
+ * when the updated row and state are all finite, else 0 (each value's
+ * exponent bits tested in the update's own loop, as emb_all_finite
+ * would). */
+int emb_optim_apply(const emb_optim_cfg *o, int dim, float lr, const float *g, float *w,
+                    float *state);
 
 /* The largest sparse learning rate a store accepts; a push with a rate
  * outside [0, EMB_OPTIM_MAX_LR] (or not finite) is refused. */
@@ -43,8 +46,10 @@ int emb_optim_lr_ok(float lr);
 /* The update of a stored row where it lives: emb_optim_apply with table's
  * optimizer, then the row rounded to the table's precision
  * (emb_row_round, keyed by row_id and step). For an fp32 table it is
- * emb_optim_apply, the same bits. */
-void emb_optim_apply_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
+ * emb_optim_apply, the same bits. 1 when the outcome (the rounded row and
+ * the state) is all finite, else 0: a store applying a push in place
+ * undoes it then. */
+int emb_optim_apply_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
                         const float *g, float *w, float *state);
 
 /* Whether emb_optim_apply_at would leave the row and its state finite (the

@@ -575,10 +575,10 @@ static int push_apply(lstore *s, int64_t step, float lr, const emb_idset *ids,
         emb_row_init(plan, ti, id[r], w);
         emb_optim_state_init(oc, t->dim, w + t->dim);
       }
-      emb_optim_apply_at(plan, ti, id[r], step, lr, grads[ti] + r * (size_t)t->dim, w,
-                         t->slen ? w + t->dim : NULL);
+      const int ok = emb_optim_apply_at(plan, ti, id[r], step, lr, grads[ti] + r * (size_t)t->dim,
+                                        w, t->slen ? w + t->dim : NULL);
       if (s1 && t->prec != EMB_PREC_FP32) lt_put(t, s1, w);
-      if (!emb_all_finite(w, stride)) {
+      if (!ok) {
         push_undo(s, ids, at);
         sr_fmt(s->err, sizeof s->err,
                "push: table %u (%s) row %llu: the update (learning rate %g) would leave the row "

@@ -271,6 +271,34 @@ START_TEST(test_optim_hand_values) {
 }
 END_TEST
 
+/* emb_optim_apply's verdict: 1 for a finite outcome, 0 as soon as one
+ * value of the row or of its state is inf or NaN (a gradient that is not
+ * finite; a gradient whose square overflows the accumulators while SGD's
+ * step stays finite; a weight at the float's top pushed past it), each
+ * optimizer; the verdict is emb_all_finite's of the outcome. */
+START_TEST(test_optim_finite_verdict) {
+  const emb_optim_kind kinds[3] = {EMB_OPT_SGD, EMB_OPT_ADAGRAD, EMB_OPT_ROWWISE_ADAGRAD};
+  const struct {
+    float g1, w1, lr;
+    int want[3]; /* sgd, adagrad, rowwise_adagrad */
+  } cases[] = {
+      {-0.2f, 1.0f, 0.1f, {1, 1, 1}},     {NAN, 1.0f, 0.1f, {0, 0, 0}},
+      {INFINITY, 1.0f, 0.1f, {0, 0, 0}},  {-INFINITY, 1.0f, 0.1f, {0, 0, 0}},
+      {3e38f, 1.0f, 0.1f, {1, 0, 0}},     {-1e34f, 3e38f, 1e4f, {0, 0, 0}},
+  };
+  for (int k = 0; k < 3; k++)
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+      emb_optim_cfg o = {kinds[k], 1e-8, 0.1};
+      const int sl = emb_optim_state_len(&o, 4);
+      float g[4] = {0.1f, cases[c].g1, 0.5f, 0.3f}, w[4 + 4] = {1.0f, cases[c].w1, 2.0f, -1.0f};
+      emb_optim_state_init(&o, 4, w + 4);
+      const int ok = emb_optim_apply(&o, 4, cases[c].lr, g, w, w + 4);
+      ck_assert_msg(ok == cases[c].want[k] && ok == emb_all_finite(w, (size_t)(4 + sl)),
+                    "optimizer %d case %zu: verdict %d", k, c, ok);
+    }
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("embedding_bag");
   TCase *tc = tcase_create("bag");
@@ -279,6 +307,7 @@ int main(void) {
   tcase_add_test(tc, test_pool_forward_backward);
   tcase_add_test(tc, test_pool_finite_difference);
   tcase_add_test(tc, test_optim_hand_values);
+  tcase_add_test(tc, test_optim_finite_verdict);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
