@@ -1,15 +1,17 @@
 /* The shard service (rpc/service.h): its life, its request handlers and
  * the step coordinator's glue, without gRPC: bytes in, status and bytes
  * out. Every field of a request is checked before anything runs, so a
- * refused request changes nothing. A Lookup or Push takes its share of the
- * in-flight budget and a scratch (rpc/admission.c), is decoded in place
- * (rpc/codec.c), validated here against the plan and the shards served,
- * and run on the store or handed to the step coordinator (rpc/coord.c:
+ * refused request changes nothing (a Push's gradients that are not finite
+ * are refused whole by the store where it is applied at once:
+ * rpc/service_push.c). A Lookup or Push takes its share of the in-flight
+ * budget and a scratch (rpc/admission.c), is decoded in place
+ * (rpc/codec.c), validated against the plan and the shards served (here;
+ * a Push in rpc/service_push.c), and run on the store or handed to the
+ * step coordinator (rpc/coord.c:
  * which call waits, which push is held, when a job is dropped) under the
  * service's lock; its answer is written around the store's rows
  * (rpc/codec.c) or sent from the store's memory (rpc/pinned.c). */
 #include <errno.h>
-#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -23,7 +25,6 @@
 #include "common/status.h"
 #include "common/sys.h"
 #include "embedding/ckpt_plan.h"
-#include "embedding/optim.h"
 #include "embedding/served.h"
 #include "rpc/coord_impl.h"
 #include "rpc/health.pb-c.h"

@@ -1,8 +1,9 @@
 /* The shard service's state (struct rpc_service) and the calls between
  * the files that make it up, private to rpc/:
- *   service.c    create and destroy, the handlers (Lookup, Push,
- *                Checkpoint, Restore, Stats, Health, Watch), the dispatch
- *                and the step coordinator's glue;
+ *   service.c    create and destroy, the handlers (Lookup, Checkpoint,
+ *                Restore, Stats, Health, Watch), the dispatch and the step
+ *                coordinator's glue;
+ *   service_push.c       Push;
  *   admission.c  the in-flight memory budget and the pool of the calls'
  *                scratch;
  *   pinned.c     Lookup answers sent from the store's memory;

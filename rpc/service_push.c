@@ -6,12 +6,12 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "common/status.h"
 #include "common/sys.h"
 #include "embedding/optim.h"
+#include "embedding/store.h"
 #include "rpc/codec_impl.h"
 #include "rpc/service_impl.h"
 #include "rpc/shardrec.pb-c.h"
@@ -121,14 +121,18 @@ void rpc__push(rpc_service *s, const uint8_t *in, size_t len, int defer, rpc_rep
   }
   /* Applied now (single rank, async), or held (a copy) until every rank's
    * push of its step is in (sync, or a part of a push). Gradients that are
-   * not finite are refused before a push is held; one applied now is
-   * refused whole by the store (a gradient that is not finite leaves its
-   * row or optimizer state not finite, whatever the optimizer and learning
-   * rate), and only then are its gradients read again to name the element,
-   * so an accepted push is read once, by the store. */
+   * not finite are refused here before a push is held, and before one goes
+   * to a store that may apply part of it (a routed store, table by table).
+   * A push applied now by the in-process or shard store is refused whole
+   * by the store itself (a gradient that is not finite leaves its row or
+   * optimizer state not finite, whatever the optimizer and learning rate),
+   * and only then are its gradients read again to name the element: the
+   * service does not scan an accepted push's gradients. */
   rpc_coord_call k = rpc__coord_call(q->header);
-  const int held = (k.world > 1 && k.stale == 0) || k.parts > 1;
-  if (held && grads_not_finite(s, q, idx, r)) goto out;
+  const emb_store_kind kind = emb_store_kind_of(s->store);
+  const int scan = (k.world > 1 && k.stale == 0) || k.parts > 1 ||
+                   (kind != EMB_STORE_LOCAL && kind != EMB_STORE_SHARD);
+  if (scan && grads_not_finite(s, q, idx, r)) goto out;
   emb_idset set = {.n_tables = nt, .ids = ids, .counts = counts};
   rpc_coord_grads p = {.lr = q->learning_rate, .set = &set, .grads = grads};
   pthread_mutex_lock(&s->mu);
@@ -136,7 +140,7 @@ void rpc__push(rpc_service *s, const uint8_t *in, size_t len, int defer, rpc_rep
   pthread_mutex_unlock(&s->mu);
   if (o != RPC_COORD_GO && o != RPC_COORD_RETRY) {
     r->status = rpc__coord_status(o);
-    if (o == RPC_COORD_INVALID && !held) grads_not_finite(s, q, idx, r);
+    if (o == RPC_COORD_INVALID && !scan) grads_not_finite(s, q, idx, r);
     goto out;
   }
   Shardrec__V1__PushResponse resp = SHARDREC__V1__PUSH_RESPONSE__INIT;

@@ -158,6 +158,10 @@ START_TEST(test_bad_requests_change_nothing) {
   bad[7] = -INFINITY;
   expect_refused("push, -Inf", RPC_PUSH, enc_push(fp, "job-a", 1, 0.5f, nan, 2, &len), &len,
                  RPC_INVALID_ARGUMENT, "inf");
+  /* At learning rate 0 too (0 x inf is NaN: the store refuses it whole). */
+  bad[7] = INFINITY;
+  expect_refused("push, Inf, lr 0", RPC_PUSH, enc_push(fp, "job-a", 1, 0.0f, nan, 2, &len), &len,
+                 RPC_INVALID_ARGUMENT, "element 3 is inf");
   /* The same from rank 0 of two: a sync job's push, refused before it is
    * held, and an async job's, refused whole by the store and then named. */
   Shardrec__V1__RequestHeader h2;
