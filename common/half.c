@@ -1,6 +1,7 @@
 #include "common/half.h"
 
 #include <math.h>
+#include <stdatomic.h>
 
 #include "common/sys.h"
 
@@ -85,10 +86,12 @@ static size_t dec_f16c(const uint16_t *in, float *out, size_t n) { return (void)
 
 /* The F16C kernel where asked for (or picked) and run by this CPU. */
 static int use_f16c(sr_half_kernel k) {
-  static int avail = -1;
+  static atomic_int avail = -1; /* asked once, from any thread */
   if (k == SR_HALF_C) return 0;
-  if (avail < 0) avail = sr_half_f16c_available();
-  return avail;
+  int a = atomic_load_explicit(&avail, memory_order_relaxed);
+  if (a < 0)
+    atomic_store_explicit(&avail, a = sr_half_f16c_available(), memory_order_relaxed);
+  return a;
 }
 
 void sr_f16_encode(const float *in, uint16_t *out, size_t n, sr_half_kernel k) {

@@ -1,5 +1,6 @@
 #include "common/sys.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -43,9 +44,11 @@ void sr_advise_huge(void *p, size_t bytes) {
 
 int sr_cpu_avx2(void) {
 #if defined(__x86_64__) || defined(__i386__)
-  static int avail = -1;
-  if (avail < 0) avail = __builtin_cpu_supports("avx2") ? 1 : 0;
-  return avail;
+  static atomic_int avail = -1; /* asked once, from any thread */
+  int a = atomic_load_explicit(&avail, memory_order_relaxed);
+  if (a < 0)
+    atomic_store_explicit(&avail, a = __builtin_cpu_supports("avx2") ? 1 : 0, memory_order_relaxed);
+  return a;
 #else
   return 0;
 #endif

@@ -1,5 +1,7 @@
 #include "embedding/bag16.h"
 
+#include <stdatomic.h>
+
 #include "common/sys.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -30,9 +32,11 @@ __attribute__((target("avx2,f16c"))) static void add_avx2(float *o, const uint16
 }
 
 static int avx2_ok(void) {
-  static int ok = -1;
-  if (ok < 0) ok = sr_cpu_avx2() && sr_half_f16c_available();
-  return ok;
+  static atomic_int ok = -1; /* asked once, from any pooling thread */
+  int a = atomic_load_explicit(&ok, memory_order_relaxed);
+  if (a < 0)
+    atomic_store_explicit(&ok, a = sr_cpu_avx2() && sr_half_f16c_available(), memory_order_relaxed);
+  return a;
 }
 #endif
 
