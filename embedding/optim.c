@@ -89,7 +89,8 @@ int emb_optim_apply_at(const emb_plan *plan, int table, uint64_t row_id, int64_t
   const int ok = emb_optim_apply(&t->optim, t->dim, lr, g, w, state);
   /* Finite weights round to finite ones unless one lies past the format's
    * largest value (may_round_to_inf): only then is the rounded row read. */
-  const int risky = ok && t->precision != EMB_PREC_FP32 && may_round_to_inf(t->precision, w, t->dim);
+  const int risky =
+      ok && t->precision != EMB_PREC_FP32 && may_round_to_inf(t->precision, w, t->dim);
   emb_row_round(plan, table, row_id, step, w);
   return ok && (!risky || emb_all_finite(w, (size_t)t->dim));
 }

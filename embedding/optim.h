@@ -50,15 +50,16 @@ int emb_optim_lr_ok(float lr);
  * the state) is all finite, else 0: a store applying a push in place
  * undoes it then. */
 int emb_optim_apply_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
-                        const float *g, float *w, float *state);
+                       const float *g, float *w, float *state);
 
 /* Whether emb_optim_apply_at would leave the row and its state finite (the
  * rounded row: an fp16 weight rounded past 65504 is infinite, so not
  * finite): the same update run on a copy in scratch (room for dim +
  * emb_optim_state_len floats, the caller's); w and state are only read. 1
- * when every float of the outcome is finite, else 0. A store calls it for
- * every row of a push before applying any, so that a push is applied whole
- * or not at all. */
+ * when every float of the outcome is finite, else 0: the verdict
+ * emb_optim_apply_at would give. The shard store calls it for every row of
+ * a push before applying any, so that a push is applied whole or not at
+ * all. */
 int emb_optim_check_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
                        const float *g, const float *w, const float *state, float *scratch);
 

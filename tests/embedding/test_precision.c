@@ -188,7 +188,7 @@ START_TEST(test_small_updates_accumulate) {
 END_TEST
 
 /* An update that an fp32 row holds but an fp16 row cannot (past 65504)
- * fails the check. */
+ * fails the check, and apply_at's own verdict is the same. */
 START_TEST(test_check_overflow) {
   emb_plan *h = make_plan(EMB_PREC_FP16, EMB_OPT_ROWWISE_ADAGRAD),
            *a = make_plan(EMB_PREC_FP32, EMB_OPT_ROWWISE_ADAGRAD);
@@ -213,9 +213,10 @@ START_TEST(test_check_overflow) {
       const float lr = tops[f] * 0x1p-12f * (float)(row % 4);
       memcpy(ref, w2, sizeof w2);
       ref[DIM] = st2[0];
-      emb_optim_apply_at(q, 0, row, 5, lr, g2, ref, ref + DIM);
+      const int verdict = emb_optim_apply_at(q, 0, row, 5, lr, g2, ref, ref + DIM);
       int want = 1;
       for (int j = 0; j <= DIM; j++) want &= isfinite(ref[j]) != 0;
+      ck_assert_int_eq(verdict, want);
       ck_assert_int_eq(emb_optim_check_at(q, 0, row, 5, lr, g2, w2, st2, scratch), want);
       seen[want]++;
     }
