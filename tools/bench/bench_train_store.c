@@ -24,7 +24,12 @@
  * --cache-mb N sizes every shard store's cache in MiB instead (the same
  * bytes whatever the precision, so a 16-bit run caches twice the rows); a
  * last table gives each precision's shard store samples/s against the
- * first one's (fp32 where it leads the list) at each depth. */
+ * first one's (fp32 where it leads the list) at each depth.
+ *
+ * --rounds N runs the in-memory run and the shard store runs in turn N
+ * times: each depth's ratio is taken against its own round's in-memory
+ * run, and the rounds' ratios and their median are printed (the last
+ * table then compares the median samples/s of the rounds). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
