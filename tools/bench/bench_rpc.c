@@ -10,7 +10,9 @@
  * per call (its observe hook: decode, checks, store, encode). Servers run
  * as threads of this process (each its own gRPC server, store and
  * completion queues), so client and servers share this machine's cores, as
- * they would on one host. Medians of 5 runs. Then the p50 and p99 of a
+ * they would on one host. Medians of 5 rounds, each timing gRPC, the
+ * in-process store and plain TCP in turn, so that a burst of the machine's
+ * other work falls on all three alike. Then the p50 and p99 of a
  * 128-id Lookup, one at a time, beside TCP round trips of its bytes.
  *
  * Then, as root, the same over a link between two network namespaces
@@ -171,37 +173,46 @@ static double cpu_s(void) {
          1e-6 * (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
-/* Seconds per step of one op through store, median of 5 runs of ~secs
- * each: push (grad [n][dim], SGD at a small rate) when push, else lookup
- * (into out [n][dim]). -1 on failure (printed). */
+/* One run of ~secs of one op through s: push (grad [n][dim], SGD at a
+ * small rate) when push, else lookup (into out [n][dim]); ids: room for n.
+ * Seconds a step, the process's CPU seconds a step into *cpu; -1 on
+ * failure (printed). */
+static double store_run(emb_store *s, int push, uint64_t *perm, uint64_t rows, size_t n,
+                        float *out, const float *grad, double secs, uint64_t *ids, double *cpu) {
+  int k = 0;
+  double t0 = sr_now(), c0 = cpu_s(), t;
+  do {
+    step_ids(perm, rows, k++, n, ids);
+    const uint64_t *ip[1] = {ids};
+    size_t counts[1] = {n};
+    emb_idset set = {1, ip, counts};
+    float *op[1] = {out};
+    const float *gp[1] = {grad};
+    const int64_t step = next_step++;
+    int rc = push ? emb_store_push(s, step, 1e-3f, &set, gp)
+                  : emb_store_lookup_begin(s, step, &set, op) || emb_store_lookup_wait(s);
+    if (rc) {
+      fprintf(stderr, "shardrec bench rpc: %s: %s\n", push ? "push" : "lookup",
+              emb_store_errmsg(s));
+      return -1;
+    }
+    t = sr_now();
+  } while (t - t0 < secs);
+  *cpu = (cpu_s() - c0) / k;
+  return (t - t0) / k;
+}
+
+/* Seconds per step of one op through store (store_run), median of 5 runs;
+ * the median CPU a step into *cpu. -1 on failure (printed). */
 static double time_store(emb_store *s, int push, uint64_t *perm, uint64_t rows, size_t n,
                          float *out, const float *grad, double secs, double *cpu) {
   double runs[5], cpus[5];
   uint64_t *ids = malloc(n * sizeof *ids);
-  for (int r = 0; r < 5; r++) {
-    int k = 0;
-    double t0 = sr_now(), c0 = cpu_s(), t;
-    do {
-      step_ids(perm, rows, k++, n, ids);
-      const uint64_t *ip[1] = {ids};
-      size_t counts[1] = {n};
-      emb_idset set = {1, ip, counts};
-      float *op[1] = {out};
-      const float *gp[1] = {grad};
-      const int64_t step = next_step++;
-      int rc = push ? emb_store_push(s, step, 1e-3f, &set, gp)
-                    : emb_store_lookup_begin(s, step, &set, op) || emb_store_lookup_wait(s);
-      if (rc) {
-        fprintf(stderr, "shardrec bench rpc: %s: %s\n", push ? "push" : "lookup",
-                emb_store_errmsg(s));
-        free(ids);
-        return -1;
-      }
-      t = sr_now();
-    } while (t - t0 < secs);
-    runs[r] = (t - t0) / k;
-    cpus[r] = (cpu_s() - c0) / k;
-  }
+  for (int r = 0; r < 5; r++)
+    if (!ids || (runs[r] = store_run(s, push, perm, rows, n, out, grad, secs, ids, &cpus[r])) < 0) {
+      free(ids);
+      return -1;
+    }
   free(ids);
   *cpu = sr_median(cpus, 5);
   return sr_median(runs, 5);
@@ -303,6 +314,19 @@ static void tcp_close(int c, pthread_t th, int ls) {
  * TCP (to peer, or a peer thread on loopback when NULL), median of 5 runs
  * of ~secs; with lat (not NULL), instead lat[0..1] = p50 and p99 of n_lat
  * single round trips. -1 on failure. */
+/* One run of ~secs of round trips on c (req bytes out of q, resp back into
+ * r): seconds a round trip, or -1 when the connection failed. */
+static double tcp_run(int c, char *q, char *r, size_t req, size_t resp, double secs) {
+  int n = 0;
+  double t0 = sr_now(), t;
+  do {
+    if (full_io(c, q, req, 1) || full_io(c, r, resp, 0)) return -1;
+    n++;
+    t = sr_now();
+  } while (t - t0 < secs);
+  return (t - t0) / n;
+}
+
 static double time_tcp(const char *peer, size_t req, size_t resp, double secs, double *lat,
                        int n_lat) {
   pthread_t th;
@@ -312,15 +336,10 @@ static double time_tcp(const char *peer, size_t req, size_t resp, double secs, d
   double runs[5], res = -1, *one = lat ? malloc((size_t)n_lat * sizeof *one) : NULL;
   int bad = 0;
   for (int k = 0; k < (lat ? n_lat : 5) && !bad; k++) {
-    int n = 0;
-    double t0 = sr_now(), t;
-    do {
-      bad = full_io(c, q, req, 1) || full_io(c, r, resp, 0);
-      n++;
-      t = sr_now();
-    } while (!bad && !lat && t - t0 < secs);
-    if (lat) one[k] = t - t0;
-    else runs[k] = (t - t0) / n;
+    double v = tcp_run(c, q, r, req, resp, lat ? 0 : secs);
+    bad = v < 0;
+    if (lat) one[k] = v;
+    else runs[k] = v;
   }
   if (!bad && lat) {
     lat[0] = quantile(one, n_lat, 0.5);
@@ -601,17 +620,19 @@ static int bench_train_all(long long rows, long long steps, long long batch) {
 }
 
 /* One row group of the lookup table: ns shard servers (threads of this
- * process) over a dim-wide table of rows rows, filled by pushes, timed
- * beside the in-process store (and, for the first server count si 0, the
- * local and plain-TCP rows), Lookup then Push; tcp: the plain TCP round
- * trips of a Lookup's and a Push's bytes (<= 0: failed); first: the
+ * process) over a dim-wide table of rows rows, filled by pushes, Lookup
+ * then Push, each timed in 5 rounds of three runs in turn: the servers,
+ * the in-process store, and plain TCP round trips of the same bytes (a
+ * Lookup's: ids out, rows back; a Push's: ids and rows out, a short
+ * answer back); the medians of each (for the first server count si 0
+ * also the local and plain-TCP rows) and their ratios. first: the
  * Lookup's and the Push's seconds a step with the first server count
  * (written when si is 0, compared with after). perm: [rows] the ids in
  * push and lookup order; grad, out: [n][dim]. The exit status (1: failed,
  * printed). */
 static int bench_servers(int dim, int ns, int si, long long rows, long long n,
                          uint64_t *perm, const float *grad, float *out, double secs,
-                         const double tcp[2], double first[2]) {
+                         double first[2]) {
   int status = 0;
   char err[512];
   emb_plan *plan;
@@ -626,14 +647,31 @@ static int bench_servers(int dim, int ns, int si, long long rows, long long n,
     fprintf(stderr, "shardrec bench rpc: %s\n", err);
     status = 1;
   }
+  uint64_t *ids = malloc((size_t)n * sizeof *ids);
+  if (!ids) status = 1;
   for (int push = 0; push < 2 && !status; push++) {
-    double c_rem, c_loc;
+    const size_t rb = (size_t)n * (size_t)dim * 4, req = (size_t)n * 8 + (push ? rb : 0),
+                 resp = push ? 16 : rb;
+    pthread_t th;
+    int ls, c = tcp_open(NULL, req, resp, &th, &ls);
+    char *q = calloc(1, req), *a = malloc(resp);
+    double tr[5], cr[5], tl[5], cl[5], tt[5];
     uint64_t calls0 = sv[0].calls[push], ns0 = sv[0].ns[push];
-    double t_rem = time_store(rem, push, perm, (uint64_t)rows, (size_t)n, out, grad, secs, &c_rem);
-    double t_loc = time_store(loc, push, perm, (uint64_t)rows, (size_t)n, out, grad, secs, &c_loc);
-    const double t_tcp = tcp[push];
-    if (t_rem < 0 || t_loc < 0) status = 1;
-    else {
+    int tcp_ok = c >= 0 && q && a;
+    for (int k = 0; k < 5 && !status; k++) { /* the three in turn: a burst hits all alike */
+      tr[k] = store_run(rem, push, perm, (uint64_t)rows, (size_t)n, out, grad, secs, ids, &cr[k]);
+      tl[k] = store_run(loc, push, perm, (uint64_t)rows, (size_t)n, out, grad, secs, ids, &cl[k]);
+      if (tcp_ok && (tt[k] = tcp_run(c, q, a, req, resp, secs)) < 0) tcp_ok = 0;
+      if (tr[k] < 0 || tl[k] < 0) status = 1;
+    }
+    if (c >= 0) tcp_close(c, th, ls);
+    else if (ls >= 0) close(ls);
+    free(q);
+    free(a);
+    if (!status) {
+      const double t_rem = sr_median(tr, 5), t_loc = sr_median(tl, 5),
+                   t_tcp = tcp_ok ? sr_median(tt, 5) : -1, c_rem = sr_median(cr, 5),
+                   c_loc = sr_median(cl, 5);
       char what[64];
       const char *op = push ? "Push" : "Lookup";
       snprintf(what, sizeof what, "%s gRPC, %d server%s", op, ns, ns > 1 ? "s" : "");
@@ -660,6 +698,7 @@ static int bench_servers(int dim, int ns, int si, long long rows, long long n,
                   t_rem / first[push]);
     }
   }
+  free(ids);
   if (!status && si == 0 && print_latency(rem, NULL, perm, rows, dim)) status = 1;
   emb_store_destroy(rem);
   emb_store_destroy(loc);
@@ -970,7 +1009,7 @@ static int client_run(const char *plan_path, const char *server, const char *tcp
     }
   }
   for (int push = 0; push < 2 && !status; push++) {
-    double cpu, t = time_store(rem, push, perm, (uint64_t)rows, (size_t)n, out, grad, secs, &cpu);
+    double cpu = 0, t = time_store(rem, push, perm, (uint64_t)rows, (size_t)n, out, grad, secs, &cpu);
     const size_t rb = (size_t)n * (size_t)dim * 4;
     double tt = tcp_peer ? time_tcp(tcp_peer, (size_t)n * 8 + (push ? rb : 0), push ? 16 : rb,
                                     secs, NULL, 0)
@@ -1287,13 +1326,9 @@ static int rpc_lookups(const rpc_args *a, uint64_t *perm) {
     for (size_t i = 0; i < (size_t)n * (size_t)dim; i++) grad[i] = (float)sr_rng_uniform(&rng) - 0.5f;
     printf("dim %d (%zu bytes a row, %.2f MB of rows a step)\n", dim, (size_t)dim * 4,
            (double)n * dim * 4 / 1e6);
-    /* The same bytes as a Lookup (ids out, rows back) and a Push (ids and
-     * rows out, a short answer back). */
-    const double tcp[2] = {time_tcp(NULL, (size_t)n * 8, (size_t)n * (size_t)dim * 4, a->secs, NULL, 0),
-                           time_tcp(NULL, (size_t)n * 8 + (size_t)n * (size_t)dim * 4, 16, a->secs, NULL, 0)};
     double first[2] = {0, 0};
     for (int si = 0; si < a->n_srv && !status; si++)
-      status = bench_servers(dim, a->nsrv[si], si, a->rows, n, perm, grad, out, a->secs, tcp, first);
+      status = bench_servers(dim, a->nsrv[si], si, a->rows, n, perm, grad, out, a->secs, first);
     free(out);
     free(grad);
   }
@@ -1325,8 +1360,9 @@ int bench_rpc(int argc, char **argv) {
     return 2;
   }
   printf("bench rpc: Lookups and Pushes of %lld unique random ids per step, a table of %lld rows (filled\n"
-         "with pushed, random rows), medians of 5 runs of %.1f s; servers are threads of this\n"
-         "process on 127.0.0.1\n", a.n, a.rows, a.secs);
+         "with pushed, random rows); medians of 5 rounds, each a run of %g s of gRPC, the in-process\n"
+         "store and plain TCP in turn; servers are threads of this process on 127.0.0.1\n",
+         a.n, a.rows, a.secs);
   uint64_t *perm = perm_make(a.rows);
   if (!perm) {
     fprintf(stderr, "shardrec bench rpc: out of memory\n");
