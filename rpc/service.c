@@ -244,13 +244,6 @@ int rpc_service_flush(rpc_service *s) {
   return rc;
 }
 
-#define FAIL(r, code, ...)                               \
-  do {                                                   \
-    (r)->status = (code);                                \
-    snprintf((r)->msg, sizeof (r)->msg, __VA_ARGS__);    \
-    goto out;                                            \
-  } while (0)
-
 static void served_list(const rpc_service *s, char *buf, size_t n) {
   size_t at = 0;
   buf[0] = 0;

@@ -109,6 +109,15 @@ int rpc__check_ids(rpc_service *s, const char *what, size_t i, uint32_t table_id
 rpc_coord_call rpc__coord_call(const Shardrec__V1__RequestHeader *h);
 int rpc__coord_status(rpc_coord_outcome o);
 
+/* A handler's refusal: status code and the message into reply r, then to
+ * the handler's label out (which frees what the handler holds). */
+#define FAIL(r, code, ...)                            \
+  do {                                                \
+    (r)->status = (code);                             \
+    snprintf((r)->msg, sizeof (r)->msg, __VA_ARGS__); \
+    goto out;                                         \
+  } while (0)
+
 /* ---- service_push.c ---- */
 
 /* Push (rpc/shardrec.proto): checked whole, then applied or held by the

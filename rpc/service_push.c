@@ -16,13 +16,6 @@
 #include "rpc/service_impl.h"
 #include "rpc/shardrec.pb-c.h"
 
-#define FAIL(r, code, ...)                            \
-  do {                                                \
-    (r)->status = (code);                             \
-    snprintf((r)->msg, sizeof (r)->msg, __VA_ARGS__); \
-    goto out;                                         \
-  } while (0)
-
 /* Whether ids[n] holds a value twice (the first repeat into *twice), in
  * one pass over an open-addressing set in scratch: cap (a power of two,
  * >= 2n) slots then cap / 8 bytes of occupancy bits. (A qsort of the ids
