@@ -1,9 +1,13 @@
 #include "common/sys.h"
 
+#include <dirent.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 double sr_now(void) {
   struct timespec t;
@@ -19,6 +23,43 @@ static uint64_t cpu_ns(clockid_t c) {
 
 uint64_t sr_thread_cpu_ns(void) { return cpu_ns(CLOCK_THREAD_CPUTIME_ID); }
 uint64_t sr_process_cpu_ns(void) { return cpu_ns(CLOCK_PROCESS_CPUTIME_ID); }
+
+/* Run time of task tid (a name under /proc/self/task) in nanoseconds when
+ * its name begins with prefix, else 0. */
+static uint64_t task_cpu_ns(const char *tid, const char *prefix) {
+  char p[64], buf[512];
+  snprintf(p, sizeof p, "/proc/self/task/%.20s/comm", tid);
+  FILE *f = fopen(p, "r");
+  if (!f) return 0;
+  int named = fgets(buf, sizeof buf, f) && !strncmp(buf, prefix, strlen(prefix));
+  fclose(f);
+  if (!named) return 0;
+  unsigned long long run = 0, ut = 0, st = 0;
+  snprintf(p, sizeof p, "/proc/self/task/%.20s/schedstat", tid);
+  if ((f = fopen(p, "r"))) {
+    int ok = fscanf(f, "%llu", &run) == 1;
+    fclose(f);
+    if (ok) return run;
+  }
+  snprintf(p, sizeof p, "/proc/self/task/%.20s/stat", tid);
+  if (!(f = fopen(p, "r"))) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *q = strrchr(buf, ')'); /* the name may hold spaces: fields follow its ')' */
+  if (!q || sscanf(q + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+    return 0;
+  return (ut + st) * (1000000000ull / (unsigned long long)sysconf(_SC_CLK_TCK));
+}
+
+uint64_t sr_named_threads_cpu_ns(const char *prefix) {
+  DIR *d = opendir("/proc/self/task");
+  uint64_t ns = 0;
+  for (struct dirent *e; d && (e = readdir(d));)
+    if (e->d_name[0] != '.') ns += task_cpu_ns(e->d_name, prefix);
+  if (d) closedir(d);
+  return ns;
+}
 
 double sr_median(double *v, int n) {
   for (int i = 1; i < n; i++)

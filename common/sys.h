@@ -16,6 +16,13 @@ double sr_now(void);
 uint64_t sr_thread_cpu_ns(void);
 uint64_t sr_process_cpu_ns(void);
 
+/* CPU time in nanoseconds of this process's threads whose name begins with
+ * prefix (as the kernel keeps it, 15 characters at most: "rocksdb:" names
+ * RocksDB's flush and compaction threads), those alive now, read from
+ * /proc/self/task (each thread's schedstat run time, or its stat clock
+ * ticks where schedstat is missing); 0 where /proc cannot be read. */
+uint64_t sr_named_threads_cpu_ns(const char *prefix);
+
 /* Median of v[n] (n >= 1); sorts v in place. Even n: the mean of the two
  * middle values. */
 double sr_median(double *v, int n);

@@ -1,11 +1,12 @@
-/* Tests for common/: status codes, the Philox generator, SHA-256, AUC and
- * the number scanners (the file-tree helpers have their own suite,
- * test_fs.c). */
+/* Tests for common/: status codes, the Philox generator, SHA-256, AUC, the
+ * number scanners and the CPU time of named threads (the file-tree helpers
+ * have their own suite, test_fs.c). */
 #include <check.h>
 
 #include "tests/check_main.h"
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <unistd.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 #include "common/rng.h"
 #include "common/sha256.h"
 #include "common/status.h"
+#include "common/sys.h"
 
 START_TEST(test_strerror) {
   ck_assert_str_eq(sr_strerror(0), "success");
@@ -293,6 +295,54 @@ START_TEST(test_num) {
 }
 END_TEST
 
+/* A thread named "srtest:burn" that spins until its own CPU time reaches
+ * 40 ms, says so, and stays alive until released. */
+typedef struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int burnt, release;
+} burner;
+
+static void *burn_main(void *arg) {
+  burner *b = arg;
+  pthread_setname_np(pthread_self(), "srtest:burn");
+  volatile uint64_t x = 1;
+  while (sr_thread_cpu_ns() < 40000000u) x = x * 6364136223846793005ull + 1;
+  pthread_mutex_lock(&b->mu);
+  b->burnt = 1;
+  pthread_cond_broadcast(&b->cv);
+  while (!b->release) pthread_cond_wait(&b->cv, &b->mu);
+  pthread_mutex_unlock(&b->mu);
+  return NULL;
+}
+
+/* The named thread's CPU is counted, from its name's prefix; the calling
+ * thread's (not so named) and an unmatched prefix's are not. */
+START_TEST(test_named_threads_cpu) {
+  burner b = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, burn_main, &b), 0);
+  pthread_mutex_lock(&b.mu);
+  while (!b.burnt) pthread_cond_wait(&b.cv, &b.mu);
+  pthread_mutex_unlock(&b.mu);
+  const uint64_t mine0 = sr_thread_cpu_ns();
+  while (sr_thread_cpu_ns() - mine0 < 60000000u) { /* this thread: 60 ms more than the other */
+  }
+  const uint64_t named = sr_named_threads_cpu_ns("srtest:"), none = sr_named_threads_cpu_ns("srtest:x");
+  const uint64_t all = sr_process_cpu_ns();
+  pthread_mutex_lock(&b.mu);
+  b.release = 1;
+  pthread_cond_broadcast(&b.cv);
+  pthread_mutex_unlock(&b.mu);
+  pthread_join(th, NULL);
+  ck_assert_msg(named >= 40000000u && named < 60000000u, "named thread: %llu ns",
+                (unsigned long long)named);
+  ck_assert_msg(named < all, "named %llu ns of the process's %llu", (unsigned long long)named,
+                (unsigned long long)all);
+  ck_assert_msg(none == 0, "no thread so named, yet %llu ns", (unsigned long long)none);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("common");
   TCase *tc = tcase_create("core");
@@ -307,6 +357,7 @@ int main(void) {
   tcase_add_test(tc, test_auc_by_hand);
   tcase_add_test(tc, test_auc_pairs);
   tcase_add_test(tc, test_num);
+  tcase_add_test(tc, test_named_threads_cpu);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

@@ -109,8 +109,9 @@ END_TEST
 /* bench train --store shard on the suite's data, two rounds: each the
  * in-memory line, then one line per depth through a shard store whose
  * cache (0.2 of the rows touched) makes it read from RocksDB every step,
- * each with the in-memory run's losses bit for bit; then each depth's
- * ratios of the rounds and their median. */
+ * each with the in-memory run's losses bit for bit and its CPU a step
+ * split under it; then each depth's ratios of the rounds and their
+ * median. */
 START_TEST(test_bench_store) {
   char *out;
   int rc = run_cmd(&out, "cd %s && %s bench train --store shard --data d.bin --steps 12 "
@@ -134,6 +135,19 @@ START_TEST(test_bench_store) {
     ratio[lines % 2][lines / 2] = v[1];
     ck_assert_msg(v[0] > 0 && v[7] > 0, "no samples/s or no RocksDB reads:\n%s", out);
     ck_assert_msg(!strcmp(same, "bit-identical"), "depth %d: %s:\n%s", depth, same, out);
+    /* under it, its CPU a step: RocksDB's reads took some, and every part is
+       within the whole */
+    const char *c = strstr(l + 1, "\n  CPU a step: ");
+    double cpu, more, rd, wb, bg, own, caller;
+    ck_assert_msg(c && sscanf(c + 15, "%lf ms, %lf against memory: RocksDB reads %lf, write-backs "
+                                      "%lf, flushes and compactions %lf; the store's own %lf "
+                                      "(store threads) + %lf (caller)",
+                              &cpu, &more, &rd, &wb, &bg, &own, &caller) == 7,
+                  "no CPU line under a shard line:\n%s", out);
+    ck_assert_msg(rd > 0 && wb >= 0 && bg >= 0 && own >= 0 && caller > 0 &&
+                      rd + wb + bg + own + caller < cpu,
+                  "CPU a step %g: reads %g, write-backs %g, background %g, own %g + %g:\n%s", cpu,
+                  rd, wb, bg, own, caller, out);
     lines++;
   }
   ck_assert_msg(lines == 4, "%d shard lines:\n%s", lines, out);

@@ -17,7 +17,11 @@
  * prefetch (handing the ids ahead) and push (where dirty evicted rows are
  * written back today), RocksDB reads, evictions and write-backs per step
  * (emb_shard_counters), and whether the per-step losses are the in-memory
- * run's bit for bit.
+ * run's bit for bit; under it the process's CPU a step, and for a shard
+ * store what it adds against the in-memory run and where that goes:
+ * RocksDB reading misses and writing rows back (thread CPU inside its
+ * calls), RocksDB's own flush and compaction threads, and the store's own
+ * work on its threads and on the trainer's.
  *
  * --arch-embedding-precision P[,P...] repeats all of it (the in-memory
  * reference and a shard store per depth) for each weight precision, and
@@ -279,6 +283,8 @@ typedef struct bts_result {
   long long samples;
   trainer_times tt;
   emb_shard_counters c; /* over the run (shard store) */
+  uint64_t cpu_ns;      /* the process's CPU over the steps, every thread */
+  uint64_t bg_ns;       /* of it, RocksDB's flush and compaction threads' */
   float *loss;          /* [steps] */
 } bts_result;
 
@@ -300,6 +306,7 @@ static int bts_steps(const bts_flags *f, const char *bin, const emb_plan *plan,
   emb_shard_counters c0 = {0};
   int shard = !rc && emb_shard_counters_get(store, &c0) == 0;
   double t0 = sr_now();
+  const uint64_t cpu0 = sr_process_cpu_ns(), bg0 = sr_named_threads_cpu_ns("rocksdb:");
   for (long long s = 0; !rc && s < f->steps; s++) {
     int got;
     if (ahead > 0) head = (head + 1) % slots, ahead--, got = ring[head].n;
@@ -318,12 +325,18 @@ static int bts_steps(const bts_flags *f, const char *bin, const emb_plan *plan,
     r->samples += got;
   }
   r->secs = sr_now() - t0;
+  r->cpu_ns = sr_process_cpu_ns() - cpu0;
+  r->bg_ns = sr_named_threads_cpu_ns("rocksdb:") - bg0;
   if (t) r->tt = *trainer_times_get(t);
   if (shard && !emb_shard_counters_get(store, &r->c)) {
     r->c.evictions -= c0.evictions;
     r->c.writebacks -= c0.writebacks;
     r->c.rocks_reads -= c0.rocks_reads;
     r->c.rocks_found -= c0.rocks_found;
+    r->c.rocks_read_ns -= c0.rocks_read_ns;
+    r->c.rocks_write_ns -= c0.rocks_write_ns;
+    r->c.io_own_ns -= c0.io_own_ns;
+    r->c.caller_ns -= c0.caller_ns;
   }
   for (int i = 0; i < slots; i++) ds_batch_free(&ring[i]);
   trainer_destroy(t);
@@ -346,6 +359,15 @@ static void bts_line(const char *what, emb_precision prec, int depth, const bts_
          (r->tt.forward + r->tt.backward + r->tt.dense_opt) * ms, (double)r->c.rocks_reads * per,
          (double)r->c.evictions * per, (double)r->c.writebacks * per,
          r == mem ? "(reference)" : same ? "bit-identical" : "DIFFER");
+  const double cms = 1e-6 / (double)steps; /* ns over the run -> ms a step */
+  if (r == mem)
+    printf("  CPU a step: %.1f ms (the process, every thread)\n", (double)r->cpu_ns * cms);
+  else
+    printf("  CPU a step: %.1f ms, %+.1f against memory: RocksDB reads %.1f, write-backs %.1f, "
+           "flushes and compactions %.1f; the store's own %.1f (store threads) + %.1f (caller)\n",
+           (double)r->cpu_ns * cms, ((double)r->cpu_ns - (double)mem->cpu_ns) * cms,
+           (double)r->c.rocks_read_ns * cms, (double)r->c.rocks_write_ns * cms,
+           (double)r->bg_ns * cms, (double)r->c.io_own_ns * cms, (double)r->c.caller_ns * cms);
   fflush(stdout);
 }
 
