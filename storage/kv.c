@@ -118,6 +118,12 @@ static void set_options(kv_db *d, const kv_opts *o) {
   rocksdb_options_set_memtable_whole_key_filtering(d->opts, 1);
   rocksdb_options_set_memtable_prefix_bloom_size_ratio(d->opts, 0.1);
   if (o && o->statistics) rocksdb_options_enable_statistics(d->opts); /* kv_figures_get's hits */
+  /* Compact a column family's L0 files into L1 at 8 of them, not 4: the
+   * shard store overwrites rows all over the key range, so each L0 file
+   * overlaps the whole of L1 and each L0->L1 compaction rewrites it; fewer
+   * of them wrote 35% fewer bytes in training (README.md), for up to 4 more
+   * L0 filters a read probes. */
+  rocksdb_options_set_level0_file_num_compaction_trigger(d->opts, 8);
   rocksdb_options_set_max_background_jobs(d->opts, 2);
   rocksdb_options_set_info_log_level(d->opts, 3); /* errors only */
   rocksdb_options_set_keep_log_file_num(d->opts, 2);

@@ -22,6 +22,9 @@
  *     XXH3 checksums in new files;
  *   - memtables capped by db_write_buffer_size (RocksDB's write buffer
  *     manager) across every column family;
+ *   - a column family's L0 files compacted into L1 at 8 of them (not
+ *     RocksDB's 4): rows are overwritten all over the key range, so each
+ *     L0->L1 compaction rewrites the whole of L1;
  *   - compression none by default: float rows barely compress with lz4 and
  *     lz4 costs read time (measured: see kv.c); KV_COMPRESSION_LZ4 opt-in;
  *   - WAL on (writes not synced per batch; a checkpoint flushes). */
