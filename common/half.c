@@ -55,10 +55,17 @@ float sr_f16_to_f32(uint16_t h) {
 #ifdef SR_HALF_X86
 /* F16C from CPUID leaf 1 (clang's __builtin_cpu_supports does not know
  * "f16c"); "avx" also says the OS saves the YMM registers. */
-int sr_half_f16c_available(void) {
+static int f16c_cpuid(void) {
   unsigned a, b, c, d;
   if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
   return (c & bit_F16C) && __builtin_cpu_supports("avx");
+}
+
+int sr_half_f16c_available(void) {
+  static atomic_int avail = -1; /* asked once, from any thread */
+  int a = atomic_load_explicit(&avail, memory_order_relaxed);
+  if (a < 0) atomic_store_explicit(&avail, a = f16c_cpuid(), memory_order_relaxed);
+  return a;
 }
 
 __attribute__((target("avx,f16c"))) static size_t enc_f16c(const float *in, uint16_t *out,
@@ -85,14 +92,7 @@ static size_t dec_f16c(const uint16_t *in, float *out, size_t n) { return (void)
 #endif
 
 /* The F16C kernel where asked for (or picked) and run by this CPU. */
-static int use_f16c(sr_half_kernel k) {
-  static atomic_int avail = -1; /* asked once, from any thread */
-  if (k == SR_HALF_C) return 0;
-  int a = atomic_load_explicit(&avail, memory_order_relaxed);
-  if (a < 0)
-    atomic_store_explicit(&avail, a = sr_half_f16c_available(), memory_order_relaxed);
-  return a;
-}
+static int use_f16c(sr_half_kernel k) { return k != SR_HALF_C && sr_half_f16c_available(); }
 
 void sr_f16_encode(const float *in, uint16_t *out, size_t n, sr_half_kernel k) {
   size_t i = use_f16c(k) ? enc_f16c(in, out, n) : 0;

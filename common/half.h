@@ -27,7 +27,8 @@ typedef enum sr_half_kernel {
   SR_HALF_F16C = 2, /* F16C; only where sr_half_f16c_available() */
 } sr_half_kernel;
 
-/* 1 when this CPU runs the F16C kernel (x86-64 with F16C and AVX), else 0. */
+/* 1 when this CPU runs the F16C kernel (x86-64 with F16C and AVX), else 0
+ * (asked of the CPU once; any thread may call it). */
 int sr_half_f16c_available(void);
 
 /* One value, plain C. */

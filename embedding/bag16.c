@@ -1,7 +1,5 @@
 #include "embedding/bag16.h"
 
-#include <stdatomic.h>
-
 #include "common/sys.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -31,13 +29,6 @@ __attribute__((target("avx2,f16c"))) static void add_avx2(float *o, const uint16
   add_c(o + j, r + j, dim - j, bf16);
 }
 
-static int avx2_ok(void) {
-  static atomic_int ok = -1; /* asked once, from any pooling thread */
-  int a = atomic_load_explicit(&ok, memory_order_relaxed);
-  if (a < 0)
-    atomic_store_explicit(&ok, a = sr_cpu_avx2() && sr_half_f16c_available(), memory_order_relaxed);
-  return a;
-}
 #endif
 
 void emb_bag_forward16(emb_pooling pool, emb_precision prec, sr_half_kernel k, int dim, int n,
@@ -46,7 +37,7 @@ void emb_bag_forward16(emb_pooling pool, emb_precision prec, sr_half_kernel k, i
   const int bf16 = prec == EMB_PREC_BF16;
   void (*add)(float *, const uint16_t *, int, int) = add_c;
 #ifdef BAG16_X86
-  if (k != SR_HALF_C && avx2_ok()) add = add_avx2;
+  if (k != SR_HALF_C && sr_cpu_avx2() && sr_half_f16c_available()) add = add_avx2;
 #else
   (void)k;
 #endif

@@ -83,16 +83,24 @@ static int may_round_to_inf(emb_precision prec, const float *w, int dim) {
   return over != 0;
 }
 
-int emb_optim_apply_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
-                       const float *g, float *w, float *state) {
+/* emb_optim_apply on w and state, then w rounded to the table's precision:
+ * always where w is the row kept (verdict_only 0), else only where the
+ * rounding can decide the verdict. Finite weights round to finite ones
+ * unless one lies past the format's largest value (may_round_to_inf): only
+ * then is the rounded row read. 1 when the outcome is all finite. */
+static int apply_rounded(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
+                         const float *g, float *w, float *state, int verdict_only) {
   const emb_table *t = &plan->tables[table];
   const int ok = emb_optim_apply(&t->optim, t->dim, lr, g, w, state);
-  /* Finite weights round to finite ones unless one lies past the format's
-   * largest value (may_round_to_inf): only then is the rounded row read. */
   const int risky =
       ok && t->precision != EMB_PREC_FP32 && may_round_to_inf(t->precision, w, t->dim);
-  emb_row_round(plan, table, row_id, step, w);
+  if (!verdict_only || risky) emb_row_round(plan, table, row_id, step, w);
   return ok && (!risky || emb_all_finite(w, (size_t)t->dim));
+}
+
+int emb_optim_apply_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
+                       const float *g, float *w, float *state) {
+  return apply_rounded(plan, table, row_id, step, lr, g, w, state, 0);
 }
 
 int emb_optim_check_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
@@ -101,10 +109,5 @@ int emb_optim_check_at(const emb_plan *plan, int table, uint64_t row_id, int64_t
   const int sl = emb_optim_state_len(&t->optim, t->dim);
   memcpy(scratch, w, (size_t)t->dim * sizeof *scratch);
   if (sl) memcpy(scratch + t->dim, state, (size_t)sl * sizeof *scratch);
-  if (!emb_optim_apply(&t->optim, t->dim, lr, g, scratch, sl ? scratch + t->dim : NULL)) return 0;
-  /* Finite weights round to finite ones unless one lies past the format's
-   * largest value: only then is the rounding (its random bits) needed. */
-  if (t->precision == EMB_PREC_FP32 || !may_round_to_inf(t->precision, scratch, t->dim)) return 1;
-  emb_row_round(plan, table, row_id, step, scratch);
-  return emb_all_finite(scratch, (size_t)t->dim);
+  return apply_rounded(plan, table, row_id, step, lr, g, scratch, sl ? scratch + t->dim : NULL, 1);
 }
