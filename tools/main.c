@@ -1,6 +1,7 @@
 /* The shardrec command: one executable, subcommands dispatched by name. */
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "tools/cmds.h"
 
@@ -35,7 +36,21 @@ static void usage(FILE *f) {
   fprintf(f, "  %-9s %s\n", "help", "this text");
 }
 
+/* The soft limit of open files raised to the hard one: the shard store
+ * keeps every RocksDB file open (a few hundred per database: up to 8 L0
+ * files per table before they are compacted, then L1's), and a process
+ * hosting several shards would pass the usual soft limit of 1024. A limit
+ * that cannot be raised is left as it is. */
+static void open_files_limit_raise(void) {
+  struct rlimit r;
+  if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    (void)setrlimit(RLIMIT_NOFILE, &r);
+  }
+}
+
 int main(int argc, char **argv) {
+  open_files_limit_raise();
   if (argc < 2) {
     usage(stderr);
     return 2;

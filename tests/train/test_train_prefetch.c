@@ -18,6 +18,7 @@
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -192,6 +193,30 @@ START_TEST(test_bench_store) {
 }
 END_TEST
 
+/* Started under a soft limit of 64 open files, train raises it to the hard
+ * limit: three shard stores in process (a RocksDB database each, a column
+ * family per table, every file kept open) need more than 128 files, and
+ * with the limit as given the first write-back or open fails ("Too many
+ * open files"). */
+START_TEST(test_open_files_limit) {
+  struct rlimit r;
+  ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &r), 0);
+  if (r.rlim_max != RLIM_INFINITY && r.rlim_max < 1024) {
+    fprintf(stderr, "test_open_files_limit: SKIPPED: the hard limit of open files is %llu\n",
+            (unsigned long long)r.rlim_max);
+    return;
+  }
+  char *out;
+  int rc = run_cmd(&out, "cd %s && rm -rf lim.rows && ulimit -S -n 64 && %s train "
+                         "--processed-data-file d.bin --mini-batch-size 256 --num-batches 20 "
+                         "--test-freq 0 --print-freq 100 --arch-mlp-bot 13-64-16 --arch-mlp-top 64-1 "
+                         "--num-shards 3 --data-dir lim.rows --cache-rows 1024 && rm -rf lim.rows",
+                   dir, bin_path());
+  ck_assert_msg(rc == 0 && strstr(out, "done   20 steps"), "exit %d:\n%s", rc, out);
+  free(out);
+}
+END_TEST
+
 #ifdef SR_MPIRUN
 /* Two ranks, each prefetching its own slice, rows in RocksDB at depth 2:
  * the bits of two ranks with rows in memory at depth 0. */
@@ -215,6 +240,7 @@ int main(void) {
     tcase_add_test(tc, test_prefetch_adagrad);
     tcase_add_test(tc, test_prefetch_rowwise_adagrad);
     tcase_add_test(tc, test_bench_store);
+    tcase_add_test(tc, test_open_files_limit);
 #ifdef SR_MPIRUN
     tcase_add_test(tc, test_prefetch_two_ranks);
 #endif
