@@ -29,20 +29,20 @@ uint64_t sr_process_cpu_ns(void) { return cpu_ns(CLOCK_PROCESS_CPUTIME_ID); }
 static uint64_t task_cpu_ns(const char *tid, const char *prefix) {
   char p[64], buf[512];
   snprintf(p, sizeof p, "/proc/self/task/%.20s/comm", tid);
-  FILE *f = fopen(p, "r");
+  FILE *f = fopen(p, "re");
   if (!f) return 0;
   int named = fgets(buf, sizeof buf, f) && !strncmp(buf, prefix, strlen(prefix));
   fclose(f);
   if (!named) return 0;
   unsigned long long run = 0, ut = 0, st = 0;
   snprintf(p, sizeof p, "/proc/self/task/%.20s/schedstat", tid);
-  if ((f = fopen(p, "r"))) {
+  if ((f = fopen(p, "re"))) {
     int ok = fscanf(f, "%llu", &run) == 1;
     fclose(f);
-    if (ok) return run;
+    if (ok && run) return run; /* 0: maybe no scheduler statistics; ask stat */
   }
   snprintf(p, sizeof p, "/proc/self/task/%.20s/stat", tid);
-  if (!(f = fopen(p, "r"))) return 0;
+  if (!(f = fopen(p, "re"))) return 0;
   size_t n = fread(buf, 1, sizeof buf - 1, f);
   fclose(f);
   buf[n] = 0;

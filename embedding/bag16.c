@@ -28,7 +28,6 @@ __attribute__((target("avx2,f16c"))) static void add_avx2(float *o, const uint16
   }
   add_c(o + j, r + j, dim - j, bf16);
 }
-
 #endif
 
 void emb_bag_forward16(emb_pooling pool, emb_precision prec, sr_half_kernel k, int dim, int n,

@@ -121,7 +121,7 @@ static void set_options(kv_db *d, const kv_opts *o) {
   /* Compact a column family's L0 files into L1 at 8 of them, not 4: the
    * shard store overwrites rows all over the key range, so each L0 file
    * overlaps the whole of L1 and each L0->L1 compaction rewrites it; fewer
-   * of them wrote 35% fewer bytes in training (README.md), for up to 4 more
+   * of them wrote 35% fewer bytes in training (README.md), for about 4 more
    * L0 filters a read probes. */
   rocksdb_options_set_level0_file_num_compaction_trigger(d->opts, 8);
   rocksdb_options_set_max_background_jobs(d->opts, 2);

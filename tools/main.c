@@ -37,8 +37,9 @@ static void usage(FILE *f) {
 }
 
 /* The soft limit of open files raised to the hard one: the shard store
- * keeps every RocksDB file open (a few hundred per database: up to 8 L0
- * files per table before they are compacted, then L1's), and a process
+ * keeps every RocksDB file open (a few dozen per database at open, then
+ * its SST files: usually up to 8 L0 files per table, more while
+ * compactions fall behind, and L1's), and a process
  * hosting several shards would pass the usual soft limit of 1024. A limit
  * that cannot be raised is left as it is. */
 static void open_files_limit_raise(void) {

@@ -21,7 +21,8 @@
  * store what it adds against the in-memory run and where that goes:
  * RocksDB reading misses and writing rows back (thread CPU inside its
  * calls), RocksDB's own flush and compaction threads, and the store's own
- * work on its threads and on the trainer's.
+ * work: in its I/O jobs (on whichever thread ran them) and on the trainer's
+ * thread.
  *
  * --arch-embedding-precision P[,P...] repeats all of it (the in-memory
  * reference and a shard store per depth) for each weight precision, and
@@ -307,8 +308,8 @@ static int bts_steps(const bts_flags *f, const char *bin, const emb_plan *plan,
   if (rc) fprintf(stderr, "shardrec %s: %s\n", CMD, t ? "out of memory" : err);
   emb_shard_counters c0 = {0};
   int shard = !rc && emb_shard_counters_get(store, &c0) == 0;
-  double t0 = sr_now();
   const uint64_t cpu0 = sr_process_cpu_ns(), bg0 = sr_named_threads_cpu_ns("rocksdb:");
+  double t0 = sr_now();
   for (long long s = 0; !rc && s < f->steps; s++) {
     int got;
     if (ahead > 0) head = (head + 1) % slots, ahead--, got = ring[head].n;
@@ -328,7 +329,8 @@ static int bts_steps(const bts_flags *f, const char *bin, const emb_plan *plan,
   }
   r->secs = sr_now() - t0;
   r->cpu_ns = sr_process_cpu_ns() - cpu0;
-  r->bg_ns = sr_named_threads_cpu_ns("rocksdb:") - bg0;
+  const uint64_t bg1 = sr_named_threads_cpu_ns("rocksdb:");
+  r->bg_ns = bg1 > bg0 ? bg1 - bg0 : 0; /* threads alive now: one that exited takes its CPU */
   if (t) r->tt = *trainer_times_get(t);
   if (shard && !emb_shard_counters_get(store, &r->c)) {
     r->c.evictions -= c0.evictions;
@@ -366,7 +368,7 @@ static void bts_line(const char *what, emb_precision prec, int depth, const bts_
     printf("  CPU a step: %.1f ms (the process, every thread)\n", (double)r->cpu_ns * cms);
   else
     printf("  CPU a step: %.1f ms, %+.1f against memory: RocksDB reads %.1f, write-backs %.1f, "
-           "flushes and compactions %.1f; the store's own %.1f (store threads) + %.1f (caller)\n",
+           "flushes and compactions %.1f; the store's own %.1f (I/O jobs) + %.1f (caller)\n",
            (double)r->cpu_ns * cms, ((double)r->cpu_ns - (double)mem->cpu_ns) * cms,
            (double)r->c.rocks_read_ns * cms, (double)r->c.rocks_write_ns * cms,
            (double)r->bg_ns * cms, (double)r->c.io_own_ns * cms, (double)r->c.caller_ns * cms);
