@@ -36,16 +36,22 @@ static void usage(FILE *f) {
   fprintf(f, "  %-9s %s\n", "help", "this text");
 }
 
-/* The soft limit of open files raised to the hard one: the shard store
- * keeps every RocksDB file open (a few dozen per database at open, then
- * its SST files: usually up to 8 L0 files per table, more while
- * compactions fall behind, and L1's), and a process
- * hosting several shards would pass the usual soft limit of 1024. A limit
- * that cannot be raised is left as it is. */
+/* The soft limit of open files raised toward the hard one, to at most
+ * OPEN_FILES_MAX: the shard store keeps every RocksDB file open (a few
+ * dozen per database at open, then its SST files: usually up to 8 L0 files
+ * per table, more while compactions fall behind, and L1's), and a process
+ * hosting several shards would pass the usual soft limit of 1024. The cap
+ * spares the children this process starts (mpirun, servers) a limit in
+ * the millions, which some close file by file. A limit that cannot be
+ * raised is left as it is. */
+#define OPEN_FILES_MAX 65536
 static void open_files_limit_raise(void) {
   struct rlimit r;
-  if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
-    r.rlim_cur = r.rlim_max;
+  if (getrlimit(RLIMIT_NOFILE, &r) != 0) return;
+  rlim_t want = r.rlim_max == RLIM_INFINITY || r.rlim_max > OPEN_FILES_MAX ? OPEN_FILES_MAX
+                                                                           : r.rlim_max;
+  if (r.rlim_cur != RLIM_INFINITY && r.rlim_cur < want) {
+    r.rlim_cur = want;
     (void)setrlimit(RLIMIT_NOFILE, &r);
   }
 }
