@@ -442,13 +442,23 @@ static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
   rstore *s = (rstore *)b;
   lane *L = &s->mn;
   /* A Lookup in flight (the next step's, prefetched) stays in flight on its
-   * own lane: the servers may hold it until this push is in. */
+   * own lane: the servers may hold it until this push is in (several
+   * ranks), or it is answered first (one rank in async mode, below). */
   if (!ids || ids->n_tables != b->plan->n_tables) {
     sr_fmt(s->err, sizeof s->err, "push: id set has %d tables, the plan has %d",
            ids ? ids->n_tables : -1, b->plan->n_tables);
     return SR_EINVAL;
   }
   rpc__slots_drop_before(s, step + 1); /* prefetched steps up to this one are over */
+  /* One rank in async mode begins a later step's Lookup before this push,
+   * and its bits need the servers to read those rows first. They answer a
+   * single rank's Lookup at once, but nothing orders the two calls at a
+   * server (its workers take its lock in any order, and on the connection
+   * a Push's message can be whole before an earlier, larger Lookup's): so
+   * the push goes once that Lookup is answered, which it usually is by now
+   * (it ran beside the dense step). Its answer is read as before. */
+  if (s->o.world_size <= 1 && s->o.max_staleness > 0 && s->lookup_pending && s->lookup_step > step)
+    rpc__run_calls(s->c, s->cur->cq, s->cur->calls, s->cur->n_calls, &s->o);
   int rc = rpc__fetch_limits(s);
   if (!rc) rc = rpc__build_calls(s, L, RPC_PUSH, step, lr, ids, grads);
   if (rc) return rc;
