@@ -138,13 +138,15 @@ START_TEST(test_bench_store) {
     ck_assert_msg(!strcmp(same, "bit-identical"), "depth %d: %s:\n%s", depth, same, out);
     /* right under it, its CPU a step: RocksDB's reads and the caller took
        some, and the parts are within the whole */
-    const char *c = strstr(l + 1, "\n  CPU a step: ");
+    const char *c = strchr(l + 1, '\n');
     double cpu, more, rd, wb, bg, own, caller;
-    ck_assert_msg(c && c == strchr(l + 1, '\n') && sscanf(c + 15, "%lf ms, %lf against memory: RocksDB reads %lf, write-backs "
-                                      "%lf, flushes and compactions %lf; the store's own %lf "
-                                      "(I/O jobs) + %lf (caller)",
-                              &cpu, &more, &rd, &wb, &bg, &own, &caller) == 7,
-                  "no CPU line under a shard line:\n%s", out);
+    const int got = c && !strncmp(c, "\n  CPU a step: ", 15)
+                        ? sscanf(c + 15, "%lf ms, %lf against memory: RocksDB reads %lf, "
+                                         "write-backs %lf, flushes and compactions %lf; the "
+                                         "store's own %lf (I/O jobs) + %lf (caller)",
+                                 &cpu, &more, &rd, &wb, &bg, &own, &caller)
+                        : 0;
+    ck_assert_msg(got == 7, "no CPU line under a shard line:\n%s", out);
     ck_assert_msg(rd > 0 && caller > 0 && rd + wb + bg + own + caller < cpu,
                   "CPU a step %g: reads %g, write-backs %g, background %g, own %g + %g:\n%s", cpu,
                   rd, wb, bg, own, caller, out);
