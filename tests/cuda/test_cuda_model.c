@@ -1,13 +1,27 @@
 /* The whole dense step on the CUDA backend against the CPU backend: same
- * configuration and seed (so the same initial bits), same inputs; logits,
- * loss, parameter gradients and d_emb within 1e-4 relative (assert_close),
- * for the dot (with and without itself) and cat interactions, a batch that
- * spans several bias-gradient chunks, and five SGD steps in a row (host
- * optimizer on both sides, as the trainer does). Also: the default backend
- * switch, and save/load of a CUDA model. */
+ * configuration and seed (so the same initial bits), same inputs, for the
+ * dot (with and without itself) and cat interactions, a batch that spans
+ * several bias-gradient chunks, and five SGD steps in a row (host optimizer
+ * on both sides, as the trainer does).
+ *
+ * Logits and loss agree within 1e-4 relative (assert_close): the forward
+ * pass is continuous in its inputs. Gradients are not: a ReLU's derivative
+ * jumps where a pre-activation crosses zero, and a step has about 3 million
+ * pre-activations, so the two backends' roundings (different summation
+ * orders) put a few on different sides and change those samples' share of
+ * the gradients. Two CPU runs on the same machine, one with OpenBLAS's
+ * Prescott kernels, differed that way in 1 step of 10 by 3e-3 normwise and
+ * 7.5e-3 of the tensor's largest element in bot.0-2, where the other steps
+ * agreed within 1e-6. So each gradient tensor and d_emb agree within 1e-2
+ * normwise and 3e-2 of the tensor's scale per element (assert_grad_close): a
+ * wrong offset, transposition, pitch or lost chunk is far outside both.
+ * Each step's worst figures go to stderr.
+ *
+ * Also: the default backend switch, and save/load of a CUDA model. */
 #include <check.h>
 
 #include "tests/check_main.h"
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -19,6 +33,43 @@
 #include "gpu_skip.h"
 
 #define RTOL 1e-4
+#define GTOL_NORM 1e-2
+#define GTOL_ELEM 3e-2
+
+/* ||got - want|| / ||want|| (2-norms) */
+static double norm_err(const float *got, const float *want, size_t n) {
+  double e = 0, w = 0;
+  for (size_t i = 0; i < n; i++) {
+    double d = (double)got[i] - want[i];
+    e += d * d;
+    w += (double)want[i] * want[i];
+  }
+  return w > 0 ? sqrt(e / w) : sqrt(e);
+}
+
+/* max |got - want| / max |want| */
+static double elem_err(const float *got, const float *want, size_t n) {
+  double e = 0, scale = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (fabs(want[i]) > scale) scale = fabs(want[i]);
+    if (fabs((double)got[i] - want[i]) > e) e = fabs((double)got[i] - want[i]);
+  }
+  return scale > 0 ? e / scale : e;
+}
+
+/* A gradient tensor within GTOL_NORM normwise and GTOL_ELEM of its scale;
+ * *worst_n / *worst_e keep the step's largest figures. */
+static void assert_grad_close(const char *what, int step, const float *got,
+                              const float *want, size_t n, double *worst_n,
+                              double *worst_e) {
+  double en = norm_err(got, want, n), ee = elem_err(got, want, n);
+  ck_assert_msg(en <= GTOL_NORM && ee <= GTOL_ELEM,
+                "step %d %s: cuda vs cpu %.3g normwise (limit %.0e), %.3g of "
+                "the largest element (limit %.0e)",
+                step, what, en, GTOL_NORM, ee, GTOL_ELEM);
+  if (en > *worst_n) *worst_n = en;
+  if (ee > *worst_e) *worst_e = ee;
+}
 
 static dense_config criteo_cfg(int interaction, int itself, int max_batch) {
   dense_config c = {0};
@@ -60,6 +111,7 @@ static void run_steps(const dense_config *cfg, int n, int steps) {
     ck_assert_msg(dense_model_forward(mg, n, x, emb, zg) == 0, "%s",
                   dense_model_errmsg(mg));
     assert_close("logits", zg, zc, n, RTOL);
+    double wl = elem_err(zg, zc, n), wn = 0, we = 0;
     float lc, lg;
     ck_assert_int_eq(dense_model_backward(mc, n, y, &lc, dec), 0);
     ck_assert_msg(dense_model_backward(mg, n, y, &lg, deg) == 0, "%s",
@@ -70,9 +122,13 @@ static void run_steps(const dense_config *cfg, int n, int steps) {
     dense_tensor_info ti[64];
     int nt = dense_model_tensors(mc, ti, 64);
     for (int t = 0; t < nt; t++) /* per tensor: each has its own scale */
-      assert_close(ti[t].name, gg + ti[t].offset, gc + ti[t].offset,
-                   (size_t)ti[t].rows * ti[t].cols, RTOL);
-    assert_close("d_emb", deg, dec, n * es, RTOL);
+      assert_grad_close(ti[t].name, s, gg + ti[t].offset, gc + ti[t].offset,
+                        (size_t)ti[t].rows * ti[t].cols, &wn, &we);
+    assert_grad_close("d_emb", s, deg, dec, n * es, &wn, &we);
+    fprintf(stderr,
+            "batch %d step %d: logits %.2g of scale, loss %.2g; gradients "
+            "worst %.2g normwise, %.2g of scale\n",
+            n, s, wl, fabs(lc - lg) / fabs(lc), wn, we);
     for (size_t i = 0; i < np; i++) { /* SGD on both, from the CPU's grads */
       pc[i] -= 0.1f * gc[i];
       pg[i] -= 0.1f * gc[i];
