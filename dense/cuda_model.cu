@@ -27,8 +27,8 @@ struct devm {
   float *acts;           /* device block holding the rest */
   float *x_in, *out[2 * DENSE_MAX_LAYERS], *R, *T, *dT, *g0, *g1, *emb,
       *d_emb, *labels;
-  float *pin; /* pinned host: [n_params] then [B*max(n_dense+es, es)+2B] */
-  float *pin_p, *pin_x, *pin_e, *pin_l;
+  float *pin; /* pinned host: [n_params] [B*n_dense] [B*es] [B*es] [2B] */
+  float *pin_p, *pin_x, *pin_e, *pin_d, *pin_l;
   cudaEvent_t ev[8];
   int fwd_n;
 };
@@ -95,7 +95,7 @@ static void *devm_create(const dense_backend *be, const dense_dev_layout *lay,
   size_t total = B * c->n_dense + B * m->r_width + 2 * tsz + 2 * B * maxw +
                  2 * B * es + B;
   for (int l = 0; l < m->L; l++) total += B * m->N[l];
-  size_t pin_n = m->n_params + B * (size_t)c->n_dense + B * es + 2 * B;
+  size_t pin_n = m->n_params + B * (size_t)c->n_dense + 2 * B * es + 2 * B;
   dense_cuda_error_clear();
   if (CUDA_CHECK(cudaMalloc((void **)&m->params, (m->n_params + 1) * 4)) ||
       CUDA_CHECK(cudaMalloc((void **)&m->grads, (m->n_params + 1) * 4)) ||
@@ -127,7 +127,8 @@ static void *devm_create(const dense_backend *be, const dense_dev_layout *lay,
   m->pin_p = m->pin;
   m->pin_x = m->pin_p + m->n_params;
   m->pin_e = m->pin_x + B * c->n_dense;
-  m->pin_l = m->pin_e + B * es; /* labels in, logits out: [2B] */
+  m->pin_d = m->pin_e + B * es;
+  m->pin_l = m->pin_d + B * es; /* labels in, logits out: [2B] */
   return m;
 }
 
@@ -166,7 +167,7 @@ static int devm_forward(void *p, const float *params, int n,
   TRY(cudaEventRecord(m->ev[0], s));
   memcpy(m->pin_p, params, m->n_params * 4);
   memcpy(m->pin_x, x_dense, (size_t)n * c->n_dense * 4);
-  if (es) memcpy(m->pin_e, emb, (size_t)n * es * 4);
+  if (es && emb != m->pin_e) memcpy(m->pin_e, emb, (size_t)n * es * 4);
   TRY(cudaMemcpyAsync(m->params, m->pin_p, m->n_params * 4,
                       cudaMemcpyHostToDevice, s));
   TRY(cudaMemcpyAsync(m->x_in, m->pin_x, (size_t)n * c->n_dense * 4,
@@ -268,13 +269,13 @@ static int devm_backward(void *p, int n, const float *labels, float *loss_out,
   TRY(cudaMemcpyAsync(m->pin_p, m->grads, m->n_params * 4,
                       cudaMemcpyDeviceToHost, s));
   if (es && d_emb)
-    TRY(cudaMemcpyAsync(m->pin_e, m->d_emb, (size_t)n * es * 4,
+    TRY(cudaMemcpyAsync(m->pin_d, m->d_emb, (size_t)n * es * 4,
                         cudaMemcpyDeviceToHost, s));
   TRY(cudaEventRecord(m->ev[7], s));
   TRY(cudaStreamSynchronize(s));
   if (dense_cuda_error()[0]) goto fail;
   memcpy(grads, m->pin_p, m->n_params * 4);
-  if (es && d_emb) memcpy(d_emb, m->pin_e, (size_t)n * es * 4);
+  if (es && d_emb && d_emb != m->pin_d) memcpy(d_emb, m->pin_d, (size_t)n * es * 4);
   dense_cuda__times_add(
       1e-3 * (ms_between(m->ev[0], m->ev[1]) + ms_between(m->ev[4], m->ev[5])),
       1e-3 * (ms_between(m->ev[1], m->ev[2]) + ms_between(m->ev[5], m->ev[6])),
@@ -285,8 +286,15 @@ fail:
   return SR_EBACKEND_;
 }
 
+static void devm_batch_buffers(void *p, float **emb, float **d_emb) {
+  devm *m = (devm *)p;
+  *emb = m->pin_e;
+  *d_emb = m->pin_d;
+}
+
 static const dense_dev_hooks cuda_hooks = {devm_create, devm_destroy,
-                                           devm_forward, devm_backward};
+                                           devm_forward, devm_backward,
+                                           devm_batch_buffers};
 
 void dense_cuda__model_register(const dense_backend *be) {
   dense_dev_hooks_register(be, &cuda_hooks);

@@ -24,9 +24,9 @@
 extern "C" {
 #endif
 
-/* Bumped whenever either struct changes: a module of another version is
- * refused by name. */
-#define DENSE_CUDA_PLUGIN_ABI 1
+/* Bumped whenever either struct or dense_dev_hooks changes: a module of
+ * another version is refused by name. */
+#define DENSE_CUDA_PLUGIN_ABI 2
 
 /* What the host lends the module. */
 typedef struct dense_cuda_host {

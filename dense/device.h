@@ -47,6 +47,10 @@ typedef struct dense_dev_hooks {
    * gradients. */
   int (*backward)(void *dev, int n, const float *labels, float *loss_out,
                   float *d_emb, float *grads, char *err, size_t errlen);
+  /* The device's own host buffers for a batch's emb and d_emb, each
+   * [max_batch][n_sparse][emb_dim] (page-locked: the copies run straight
+   * from and into them). */
+  void (*batch_buffers)(void *dev, float **emb, float **d_emb);
 } dense_dev_hooks;
 
 /* Register hooks (static object) for a backend (static object); a second

@@ -503,6 +503,12 @@ int dense_model_forward(dense_model *m, int n, const float *x_dense,
   return SR_OK;
 }
 
+int dense_model_batch_buffers(dense_model *m, float **emb, float **d_emb) {
+  if (!m->dev || !m->dev_hooks->batch_buffers) return -1;
+  m->dev_hooks->batch_buffers(m->dev, emb, d_emb);
+  return 0;
+}
+
 int dense_model_backward(dense_model *m, int n, const float *labels,
                          float *loss_out, float *d_emb) {
   const dense_config *c = &m->cfg;

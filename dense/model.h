@@ -106,6 +106,13 @@ int dense_model_forward(dense_model *m, int n, const float *x_dense,
 int dense_model_backward(dense_model *m, int n, const float *labels,
                          float *loss_out, float *d_emb);
 
+/* Host buffers for one batch's emb and d_emb ([max_batch][n_sparse]
+ * [emb_dim] floats each, owned by the model) that forward reads and backward
+ * writes without a copy of their own: a device model's page-locked staging
+ * buffers, which its transfers use directly. Returns 0, or -1 where the
+ * model has none (the CPU backend: any buffer is as good). */
+int dense_model_batch_buffers(dense_model *m, float **emb, float **d_emb);
+
 /* The parameter / gradient buffers (owned by the model), count floats. */
 float *dense_model_params(dense_model *m, size_t *count);
 float *dense_model_grads(dense_model *m, size_t *count);

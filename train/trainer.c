@@ -72,6 +72,7 @@ struct trainer {
   trainer_lookahead la;
   float *emb;         /* [max_batch][T][dim] pooled */
   float *d_emb;       /* [max_batch][T][dim] */
+  int emb_lent;       /* emb and d_emb are the dense model's own (a device's pinned buffers) */
   float *logits;      /* [max_batch] */
   dense_coll *coll;   /* borrowed; NULL: one rank */
   float *flat;        /* [params + 2] dense gradients, loss sum and failed ranks to all-reduce */
@@ -167,8 +168,11 @@ trainer *trainer_create(const emb_plan *plan, emb_store *store, const dense_conf
   t->grads = calloc((size_t)T, sizeof *t->grads);
   t->gcap = calloc((size_t)T, sizeof *t->gcap);
   size_t per = (size_t)t->max_batch * (size_t)T * (size_t)t->dim;
-  t->emb = malloc(per * sizeof *t->emb);
-  t->d_emb = malloc(per * sizeof *t->d_emb);
+  t->emb_lent = dense_model_batch_buffers(t->model, &t->emb, &t->d_emb) == 0;
+  if (!t->emb_lent) {
+    t->emb = malloc(per * sizeof *t->emb);
+    t->d_emb = malloc(per * sizeof *t->d_emb);
+  }
   t->logits = malloc((size_t)t->max_batch * sizeof *t->logits);
   if (!t->dedup || !t->cap || !t->unique || !t->inverse || !t->counts || !t->rows || !t->rcap ||
       !t->grads || !t->gcap || !t->emb || !t->d_emb || !t->logits) {
@@ -224,8 +228,10 @@ void trainer_destroy(trainer *t) {
   free(t->gcap);
   free(t->la.early_rcap);
   free(t->la.early_rows);
-  free(t->emb);
-  free(t->d_emb);
+  if (!t->emb_lent) {
+    free(t->emb);
+    free(t->d_emb);
+  }
   free(t->logits);
   free(t->flat);
   free(t->rowless);

@@ -17,7 +17,8 @@
  * wrong offset, transposition, pitch or lost chunk is far outside both.
  * Each step's worst figures go to stderr.
  *
- * Also: the default backend switch, and save/load of a CUDA model. */
+ * Also: the default backend switch, the model's own pinned batch buffers
+ * (same bits as the caller's), and save/load of a CUDA model. */
 #include <check.h>
 
 #include "tests/check_main.h"
@@ -189,6 +190,39 @@ START_TEST(test_default_backend_and_save) {
 }
 END_TEST
 
+/* Forward and backward through the model's own pinned batch buffers give
+ * the bits that the caller's buffers give. */
+START_TEST(test_batch_buffers) {
+  dense_config c = criteo_cfg(DENSE_INTERACT_DOT, 0, 256);
+  char err[256];
+  dense_model *m = dense_model_create_on(&c, 3, cuda_be(), err, sizeof err);
+  ck_assert_msg(m != NULL, "%s", err);
+  float *pe = NULL, *pd = NULL;
+  ck_assert_int_eq(dense_model_batch_buffers(m, &pe, &pd), 0);
+  ck_assert(pe != NULL && pd != NULL && pe != pd);
+  int n = 200;
+  size_t es = (size_t)c.n_sparse * c.emb_dim;
+  float *x = malloc((size_t)n * c.n_dense * 4), *emb = malloc(n * es * 4);
+  float *y = malloc(n * 4), *z0 = malloc(n * 4), *z1 = malloc(n * 4);
+  float *d0 = malloc(n * es * 4);
+  fill_uniform(x, (size_t)n * c.n_dense, 1, 0, 3);
+  fill_uniform(emb, n * es, 2, -0.2f, 0.2f);
+  fill_uniform(y, n, 3, 0, 1);
+  float l0, l1;
+  ck_assert_int_eq(dense_model_forward(m, n, x, emb, z0), 0);
+  ck_assert_int_eq(dense_model_backward(m, n, y, &l0, d0), 0);
+  memcpy(pe, emb, n * es * 4);
+  memset(pd, 0, n * es * 4);
+  ck_assert_int_eq(dense_model_forward(m, n, x, pe, z1), 0);
+  ck_assert_int_eq(dense_model_backward(m, n, y, &l1, pd), 0);
+  ck_assert(memcmp(z0, z1, n * 4) == 0);
+  ck_assert(l0 == l1);
+  ck_assert(memcmp(d0, pd, n * es * 4) == 0);
+  free(x), free(emb), free(y), free(z0), free(z1), free(d0);
+  dense_model_destroy(m);
+}
+END_TEST
+
 int main(void) {
   SR_SKIP_NO_GPU("test_cuda_model");
   Suite *s = suite_create("cuda_model");
@@ -198,6 +232,7 @@ int main(void) {
   tcase_add_test(tc, test_step_dot_itself);
   tcase_add_test(tc, test_step_cat);
   tcase_add_test(tc, test_default_backend_and_save);
+  tcase_add_test(tc, test_batch_buffers);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }

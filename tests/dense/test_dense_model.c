@@ -159,6 +159,9 @@ static void run_grad(dense_config c) {
   char err[256];
   dense_model *m = dense_model_create(&c, 42, err, sizeof err);
   ck_assert_msg(m != NULL, "%s", err);
+  float *lent_e = NULL, *lent_d = NULL; /* the CPU model lends no batch buffers */
+  ck_assert_int_eq(dense_model_batch_buffers(m, &lent_e, &lent_d), -1);
+  ck_assert(lent_e == NULL && lent_d == NULL);
   enum { N = 6 };
   size_t es = (size_t)c.n_sparse * c.emb_dim;
   float x[N * 4], emb[N * 9], y[N], d_emb[N * 9], logits[N], loss;
