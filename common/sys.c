@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -60,6 +61,8 @@ uint64_t sr_named_threads_cpu_ns(const char *prefix) {
   if (d) closedir(d);
   return ns;
 }
+
+void sr_thread_name(const char *name) { (void)prctl(PR_SET_NAME, name, 0, 0, 0); }
 
 double sr_median(double *v, int n) {
   for (int i = 1; i < n; i++)

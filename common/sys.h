@@ -1,6 +1,6 @@
-/* Small system helpers every module uses: a monotonic clock, CPU time, the
- * median of a few timings, huge-page advice for big row blocks, and whether
- * the CPU runs AVX2. */
+/* Small system helpers every module uses: a monotonic clock, CPU time, thread
+ * names, the median of a few timings, huge-page advice for big row blocks,
+ * and whether the CPU runs AVX2. */
 #ifndef SHARDREC_COMMON_SYS_H
 #define SHARDREC_COMMON_SYS_H
 
@@ -22,6 +22,11 @@ uint64_t sr_process_cpu_ns(void);
  * /proc/self/task (each thread's schedstat run time, or its stat clock
  * ticks where schedstat is missing); 0 where /proc cannot be read. */
 uint64_t sr_named_threads_cpu_ns(const char *prefix);
+
+/* Name the calling thread (15 characters kept) as top -H, perf and
+ * sr_named_threads_cpu_ns see it: shardrec's own are "sr:dense" (the dense
+ * worker pool) and "sr:store-io" (the shard store's I/O workers). */
+void sr_thread_name(const char *name);
 
 /* Median of v[n] (n >= 1); sorts v in place. Even n: the mean of the two
  * middle values. */

@@ -94,6 +94,7 @@ static void *pool_worker(void *arg) {
   dense_pool *p = arg;
   uint32_t seen = 0;
   uint64_t t;
+  sr_thread_name("sr:dense");
   while ((t = pool_wait(p, seen)) != 0) {
     seen = ticket_gen(t);
     pool_work(p, seen);

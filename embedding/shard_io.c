@@ -166,6 +166,7 @@ static void work_done(shstore *s, sh_job *j, sh_wbuf *b) {
 static void *worker_main(void *arg) {
   sh_worker *w = arg;
   shstore *s = w->s;
+  sr_thread_name("sr:store-io");
   pthread_mutex_lock(&s->mu);
   for (;;) {
     sh_job *j;

@@ -295,8 +295,8 @@ START_TEST(test_num) {
 }
 END_TEST
 
-/* A thread named "srtest:burn" that spins until its own CPU time reaches
- * 40 ms, says so, and stays alive until released. */
+/* A thread named "srtest:burn" (by sr_thread_name) that spins until its own
+ * CPU time reaches 40 ms, says so, and stays alive until released. */
 typedef struct {
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -305,7 +305,7 @@ typedef struct {
 
 static void *burn_main(void *arg) {
   burner *b = arg;
-  pthread_setname_np(pthread_self(), "srtest:burn");
+  sr_thread_name("srtest:burn");
   volatile uint64_t x = 1;
   while (sr_thread_cpu_ns() < 40000000u) x = x * 6364136223846793005ull + 1;
   pthread_mutex_lock(&b->mu);

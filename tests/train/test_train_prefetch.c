@@ -139,17 +139,22 @@ START_TEST(test_bench_store) {
     /* right under it, its CPU a step: RocksDB's reads and the caller took
        some, and the parts are within the whole */
     const char *c = strchr(l + 1, '\n');
-    double cpu, more, rd, wb, bg, own, caller;
+    double cpu, more, rd, wb, bg, own, caller, pool, rest;
     const int got = c && !strncmp(c, "\n  CPU a step: ", 15)
                         ? sscanf(c + 15, "%lf ms, %lf against memory: RocksDB reads %lf, "
                                          "write-backs %lf, flushes and compactions %lf; the "
-                                         "store's own %lf (I/O jobs) + %lf (caller)",
-                                 &cpu, &more, &rd, &wb, &bg, &own, &caller)
+                                         "store's own %lf (I/O jobs) + %lf (caller); the dense "
+                                         "pool's workers %lf; the rest %lf",
+                                 &cpu, &more, &rd, &wb, &bg, &own, &caller, &pool, &rest)
                         : 0;
-    ck_assert_msg(got == 7, "no CPU line under a shard line:\n%s", out);
+    ck_assert_msg(got == 9, "no CPU line under a shard line:\n%s", out);
     ck_assert_msg(rd > 0 && caller > 0 && rd + wb + bg + own + caller < cpu,
                   "CPU a step %g: reads %g, write-backs %g, background %g, own %g + %g:\n%s", cpu,
                   rd, wb, bg, own, caller, out);
+    /* the parts add up to what the store run took more (each printed to 0.1) */
+    ck_assert_msg(fabs(rd + wb + bg + own + caller + pool + rest - more) < 0.5,
+                  "parts %g %g %g %g %g %g %g against %+g:\n%s", rd, wb, bg, own, caller, pool,
+                  rest, more, out);
     lines++;
   }
   ck_assert_msg(lines == 4, "%d shard lines:\n%s", lines, out);

@@ -22,7 +22,10 @@
  * RocksDB reading misses and writing rows back (thread CPU inside its
  * calls), RocksDB's own flush and compaction threads, and the store's own
  * work: in its I/O jobs (on whichever thread ran them) and on the trainer's
- * thread.
+ * thread; then what the dense pool's workers (which run dense tasks only)
+ * took more than in memory, and the rest: the trainer's thread, whose own
+ * dense and sparse work runs slower beside the store's and which waits on
+ * the pool's tasks while the cores are busy.
  *
  * --arch-embedding-precision P[,P...] repeats all of it (the in-memory
  * reference and a shard store per depth) for each weight precision, and
@@ -86,7 +89,8 @@ static void bts_usage(void) {
          "step split (lookup wait, prefetch, push), RocksDB reads, evictions and write-backs per\n"
          "step, and whether the losses are the in-memory run's bit for bit; under each run the\n"
          "process's CPU a step (a shard store's: what it adds, split into RocksDB's reads,\n"
-         "write-backs, flushes and compactions, and the store's own work); each precision repeats\n"
+         "write-backs, flushes and compactions, and the store's own work, then the dense pool's\n"
+         "workers against memory and the rest: the trainer's thread); each precision repeats\n"
          "the runs, and --cache-mb gives every one the same cache bytes. --rounds N repeats the\n"
          "in-memory run and the shard store runs in turn N times (at most %d) and gives each\n"
          "depth's median ratio to its round's in-memory run. Two shapes:\n"
@@ -288,6 +292,7 @@ typedef struct bts_result {
   emb_shard_counters c; /* over the run (shard store) */
   uint64_t cpu_ns;      /* the process's CPU over the steps, every thread */
   uint64_t bg_ns;       /* of it, RocksDB's flush and compaction threads' */
+  uint64_t pool_ns;     /* of it, the dense pool's workers' ("sr:dense": dense tasks only) */
   float *loss;          /* [steps] */
 } bts_result;
 
@@ -309,6 +314,7 @@ static int bts_steps(const bts_flags *f, const char *bin, const emb_plan *plan,
   emb_shard_counters c0 = {0};
   int shard = !rc && emb_shard_counters_get(store, &c0) == 0;
   const uint64_t cpu0 = sr_process_cpu_ns(), bg0 = sr_named_threads_cpu_ns("rocksdb:");
+  const uint64_t pool0 = sr_named_threads_cpu_ns("sr:dense");
   double t0 = sr_now();
   for (long long s = 0; !rc && s < f->steps; s++) {
     int got;
@@ -331,6 +337,8 @@ static int bts_steps(const bts_flags *f, const char *bin, const emb_plan *plan,
   r->cpu_ns = sr_process_cpu_ns() - cpu0;
   const uint64_t bg1 = sr_named_threads_cpu_ns("rocksdb:");
   r->bg_ns = bg1 > bg0 ? bg1 - bg0 : 0; /* threads alive now: one that exited takes its CPU */
+  const uint64_t pool1 = sr_named_threads_cpu_ns("sr:dense");
+  r->pool_ns = pool1 > pool0 ? pool1 - pool0 : 0;
   if (t) r->tt = *trainer_times_get(t);
   if (shard && !emb_shard_counters_get(store, &r->c)) {
     r->c.evictions -= c0.evictions;
@@ -364,14 +372,24 @@ static void bts_line(const char *what, emb_precision prec, int depth, const bts_
          (double)r->c.evictions * per, (double)r->c.writebacks * per,
          r == mem ? "(reference)" : same ? "bit-identical" : "DIFFER");
   const double cms = 1e-6 / (double)steps; /* ns over the run -> ms a step */
-  if (r == mem)
-    printf("  CPU a step: %.1f ms (the process, every thread)\n", (double)r->cpu_ns * cms);
-  else
+  if (r == mem) {
+    printf("  CPU a step: %.1f ms (the process, every thread; the dense pool's workers %.1f)\n",
+           (double)r->cpu_ns * cms, (double)r->pool_ns * cms);
+  } else {
+    /* What the store's counters and threads do not hold: the trainer's
+       thread, its own work slowed beside the store's, and its waits. */
+    const double more = (double)r->cpu_ns - (double)mem->cpu_ns,
+                 pool = (double)r->pool_ns - (double)mem->pool_ns,
+                 store = (double)(r->c.rocks_read_ns + r->c.rocks_write_ns + r->bg_ns +
+                                  r->c.io_own_ns + r->c.caller_ns);
     printf("  CPU a step: %.1f ms, %+.1f against memory: RocksDB reads %.1f, write-backs %.1f, "
-           "flushes and compactions %.1f; the store's own %.1f (I/O jobs) + %.1f (caller)\n",
-           (double)r->cpu_ns * cms, ((double)r->cpu_ns - (double)mem->cpu_ns) * cms,
-           (double)r->c.rocks_read_ns * cms, (double)r->c.rocks_write_ns * cms,
-           (double)r->bg_ns * cms, (double)r->c.io_own_ns * cms, (double)r->c.caller_ns * cms);
+           "flushes and compactions %.1f; the store's own %.1f (I/O jobs) + %.1f (caller); "
+           "the dense pool's workers %+.1f; the rest %+.1f\n",
+           (double)r->cpu_ns * cms, more * cms, (double)r->c.rocks_read_ns * cms,
+           (double)r->c.rocks_write_ns * cms, (double)r->bg_ns * cms,
+           (double)r->c.io_own_ns * cms, (double)r->c.caller_ns * cms, pool * cms,
+           (more - store - pool) * cms);
+  }
   fflush(stdout);
 }
 
