@@ -109,8 +109,11 @@ int dense_model_backward(dense_model *m, int n, const float *labels,
 /* Host buffers for one batch's emb and d_emb ([max_batch][n_sparse]
  * [emb_dim] floats each, owned by the model) that forward reads and backward
  * writes without a copy of their own: a device model's page-locked staging
- * buffers, which its transfers use directly. Returns 0, or -1 where the
- * model has none (the CPU backend: any buffer is as good). */
+ * buffers, which its transfers use directly. A forward handed another emb
+ * copies it into the first, and a backward handed another d_emb passes
+ * through the second: whoever lends them out (the trainer) must be the
+ * model's only caller. Returns 0, or -1 where the model has none (the CPU
+ * backend: any buffer is as good). */
 int dense_model_batch_buffers(dense_model *m, float **emb, float **d_emb);
 
 /* The parameter / gradient buffers (owned by the model), count floats. */

@@ -14,8 +14,10 @@
  * 7.5e-3 of the tensor's largest element in bot.0-2, where the other steps
  * agreed within 1e-6. So each gradient tensor and d_emb agree within 1e-2
  * normwise and 3e-2 of the tensor's scale per element (assert_grad_close): a
- * wrong offset, transposition, pitch or lost chunk is far outside both.
- * Each step's worst figures go to stderr.
+ * wrong offset, transposition, pitch or lost chunk is far outside both. The
+ * last layer's weights and bias have no ReLU after them, so their gradients
+ * are continuous and keep the 1e-4 of assert_close (a backward pass in
+ * reduced precision fails there). Each step's worst figures go to stderr.
  *
  * Also: the default backend switch, the model's own pinned batch buffers
  * (same bits as the caller's), and save/load of a CUDA model. */
@@ -122,9 +124,14 @@ static void run_steps(const dense_config *cfg, int n, int steps) {
     float *gc = dense_model_grads(mc, NULL), *gg = dense_model_grads(mg, NULL);
     dense_tensor_info ti[64];
     int nt = dense_model_tensors(mc, ti, 64);
-    for (int t = 0; t < nt; t++) /* per tensor: each has its own scale */
-      assert_grad_close(ti[t].name, s, gg + ti[t].offset, gc + ti[t].offset,
-                        (size_t)ti[t].rows * ti[t].cols, &wn, &we);
+    for (int t = 0; t < nt; t++) { /* per tensor: each has its own scale */
+      const float *g = gg + ti[t].offset, *w = gc + ti[t].offset;
+      const size_t k = (size_t)ti[t].rows * ti[t].cols;
+      if (t >= nt - 2) /* the last layer's: no ReLU after it, continuous */
+        assert_close(ti[t].name, g, w, k, RTOL);
+      else
+        assert_grad_close(ti[t].name, s, g, w, k, &wn, &we);
+    }
     assert_grad_close("d_emb", s, deg, dec, n * es, &wn, &we);
     fprintf(stderr,
             "batch %d step %d: logits %.2g of scale, loss %.2g; gradients "
@@ -191,26 +198,34 @@ START_TEST(test_default_backend_and_save) {
 END_TEST
 
 /* Forward and backward through the model's own pinned batch buffers give
- * the bits that the caller's buffers give. */
+ * the bits that the caller's buffers give: a model that has just run other
+ * inputs through its buffers takes a full batch written into the lent emb
+ * buffer, against a second model of the same seed fed the same batch from
+ * the caller's; the lent d_emb buffer, zeroed, receives the same d_emb. */
 START_TEST(test_batch_buffers) {
   dense_config c = criteo_cfg(DENSE_INTERACT_DOT, 0, 256);
   char err[256];
   dense_model *m = dense_model_create_on(&c, 3, cuda_be(), err, sizeof err);
-  ck_assert_msg(m != NULL, "%s", err);
+  dense_model *ref = dense_model_create_on(&c, 3, cuda_be(), err, sizeof err);
+  ck_assert_msg(m != NULL && ref != NULL, "%s", err);
   float *pe = NULL, *pd = NULL;
   ck_assert_int_eq(dense_model_batch_buffers(m, &pe, &pd), 0);
   ck_assert(pe != NULL && pd != NULL && pe != pd);
-  int n = 200;
+  const int n = c.max_batch;
   size_t es = (size_t)c.n_sparse * c.emb_dim;
-  float *x = malloc((size_t)n * c.n_dense * 4), *emb = malloc(n * es * 4);
-  float *y = malloc(n * 4), *z0 = malloc(n * 4), *z1 = malloc(n * 4);
-  float *d0 = malloc(n * es * 4);
+  float *x = malloc((size_t)n * c.n_dense * 4), *other = malloc(n * es * 4);
+  float *emb = malloc(n * es * 4), *y = malloc(n * 4), *z0 = malloc(n * 4);
+  float *z1 = malloc(n * 4), *d0 = malloc(n * es * 4), *scratch = malloc(n * es * 4);
   fill_uniform(x, (size_t)n * c.n_dense, 1, 0, 3);
+  fill_uniform(other, n * es, 4, -0.2f, 0.2f);
   fill_uniform(emb, n * es, 2, -0.2f, 0.2f);
   fill_uniform(y, n, 3, 0, 1);
   float l0, l1;
-  ck_assert_int_eq(dense_model_forward(m, n, x, emb, z0), 0);
-  ck_assert_int_eq(dense_model_backward(m, n, y, &l0, d0), 0);
+  /* m first runs other inputs, so its device and lent buffers hold them */
+  ck_assert_int_eq(dense_model_forward(m, n, x, other, z1), 0);
+  ck_assert_int_eq(dense_model_backward(m, n, y, &l1, scratch), 0);
+  ck_assert_int_eq(dense_model_forward(ref, n, x, emb, z0), 0);
+  ck_assert_int_eq(dense_model_backward(ref, n, y, &l0, d0), 0);
   memcpy(pe, emb, n * es * 4);
   memset(pd, 0, n * es * 4);
   ck_assert_int_eq(dense_model_forward(m, n, x, pe, z1), 0);
@@ -218,8 +233,9 @@ START_TEST(test_batch_buffers) {
   ck_assert(memcmp(z0, z1, n * 4) == 0);
   ck_assert(l0 == l1);
   ck_assert(memcmp(d0, pd, n * es * 4) == 0);
-  free(x), free(emb), free(y), free(z0), free(z1), free(d0);
+  free(x), free(other), free(emb), free(y), free(z0), free(z1), free(d0), free(scratch);
   dense_model_destroy(m);
+  dense_model_destroy(ref);
 }
 END_TEST
 

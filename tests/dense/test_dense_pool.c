@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/rng.h"
+#include "common/sys.h"
 #include "dense/backend.h"
 #include "dense/model.h"
 #include "dense/optim.h"
@@ -55,6 +56,38 @@ START_TEST(test_pool_runs_each_task_once) {
   ck_assert_ptr_nonnull(strstr(err, "out of range"));
   ck_assert_int_eq(dense_pool_threads(NULL), 1);
   dense_pool_destroy(NULL);
+}
+END_TEST
+
+/* The pool's workers are named "sr:dense": with 2 threads, two tasks that
+ * each wait for the other to start run on both threads at once, and the
+ * worker's then burns 20 ms of its own CPU, which the name finds. */
+typedef struct {
+  _Atomic int started;
+} meet_ctx;
+
+static void meet_task(void *arg, int t) {
+  meet_ctx *m = arg;
+  (void)t;
+  atomic_fetch_add(&m->started, 1);
+  while (atomic_load(&m->started) < 2) {
+  }
+  const uint64_t t0 = sr_thread_cpu_ns();
+  volatile uint64_t x = 1;
+  while (sr_thread_cpu_ns() - t0 < 20000000u) x = x * 6364136223846793005ull + 1;
+}
+
+START_TEST(test_pool_workers_named) {
+  char err[256];
+  dense_pool *p = dense_pool_create(2, err, sizeof err);
+  ck_assert_msg(p != NULL, "%s", err);
+  const uint64_t before = sr_named_threads_cpu_ns("sr:dense");
+  meet_ctx m = {0};
+  dense_pool_run(p, 2, meet_task, &m);
+  const uint64_t named = sr_named_threads_cpu_ns("sr:dense") - before;
+  dense_pool_destroy(p);
+  ck_assert_msg(named >= 20000000u, "the worker named sr:dense took %llu ns",
+                (unsigned long long)named);
 }
 END_TEST
 
@@ -296,6 +329,7 @@ int main(int argc, char **argv) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_pool_runs_each_task_once);
   tcase_add_test(tc, test_pool_nested_run);
+  tcase_add_test(tc, test_pool_workers_named);
   tcase_add_test(tc, test_gemm_same_bits_any_threads);
   tcase_add_test(tc, test_gemm_cut_keeps_one_block_bits);
   tcase_add_test(tc, test_model_step_same_bits_any_threads);

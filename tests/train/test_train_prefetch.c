@@ -151,10 +151,6 @@ START_TEST(test_bench_store) {
     ck_assert_msg(rd > 0 && caller > 0 && rd + wb + bg + own + caller < cpu,
                   "CPU a step %g: reads %g, write-backs %g, background %g, own %g + %g:\n%s", cpu,
                   rd, wb, bg, own, caller, out);
-    /* the parts add up to what the store run took more (each printed to 0.1) */
-    ck_assert_msg(fabs(rd + wb + bg + own + caller + pool + rest - more) < 0.5,
-                  "parts %g %g %g %g %g %g %g against %+g:\n%s", rd, wb, bg, own, caller, pool,
-                  rest, more, out);
     lines++;
   }
   ck_assert_msg(lines == 4, "%d shard lines:\n%s", lines, out);

@@ -22,10 +22,11 @@
  * RocksDB reading misses and writing rows back (thread CPU inside its
  * calls), RocksDB's own flush and compaction threads, and the store's own
  * work: in its I/O jobs (on whichever thread ran them) and on the trainer's
- * thread; then what the dense pool's workers (which run dense tasks only)
- * took more than in memory, and the rest: the trainer's thread, whose own
- * dense and sparse work runs slower beside the store's and which waits on
- * the pool's tasks while the cores are busy.
+ * thread; then what the dense pool's workers (the trainer's kernels:
+ * dense layers, pooling, scatter, dedup; never the store's) took more than
+ * in memory, and the rest: mostly the trainer's thread, whose own work runs
+ * slower beside the store's and which waits on the pool's tasks while the
+ * cores are busy (also the store's I/O threads outside their timed jobs).
  *
  * --arch-embedding-precision P[,P...] repeats all of it (the in-memory
  * reference and a shard store per depth) for each weight precision, and
@@ -90,7 +91,7 @@ static void bts_usage(void) {
          "step, and whether the losses are the in-memory run's bit for bit; under each run the\n"
          "process's CPU a step (a shard store's: what it adds, split into RocksDB's reads,\n"
          "write-backs, flushes and compactions, and the store's own work, then the dense pool's\n"
-         "workers against memory and the rest: the trainer's thread); each precision repeats\n"
+         "workers against memory and the rest, mostly the trainer's thread); each precision repeats\n"
          "the runs, and --cache-mb gives every one the same cache bytes. --rounds N repeats the\n"
          "in-memory run and the shard store runs in turn N times (at most %d) and gives each\n"
          "depth's median ratio to its round's in-memory run. Two shapes:\n"
@@ -292,7 +293,7 @@ typedef struct bts_result {
   emb_shard_counters c; /* over the run (shard store) */
   uint64_t cpu_ns;      /* the process's CPU over the steps, every thread */
   uint64_t bg_ns;       /* of it, RocksDB's flush and compaction threads' */
-  uint64_t pool_ns;     /* of it, the dense pool's workers' ("sr:dense": dense tasks only) */
+  uint64_t pool_ns;     /* of it, the dense pool's workers' ("sr:dense"; never the store's work) */
   float *loss;          /* [steps] */
 } bts_result;
 
@@ -376,8 +377,9 @@ static void bts_line(const char *what, emb_precision prec, int depth, const bts_
     printf("  CPU a step: %.1f ms (the process, every thread; the dense pool's workers %.1f)\n",
            (double)r->cpu_ns * cms, (double)r->pool_ns * cms);
   } else {
-    /* What the store's counters and threads do not hold: the trainer's
-       thread, its own work slowed beside the store's, and its waits. */
+    /* What the store's counters and threads do not hold: mostly the
+       trainer's thread, its own work slowed beside the store's, and its
+       waits. */
     const double more = (double)r->cpu_ns - (double)mem->cpu_ns,
                  pool = (double)r->pool_ns - (double)mem->pool_ns,
                  store = (double)(r->c.rocks_read_ns + r->c.rocks_write_ns + r->bg_ns +
