@@ -16,6 +16,7 @@
 #include "common/progress.h"
 #include "common/rng.h"
 #include "common/status.h"
+#include "datasets/bin_ahead.h"
 #include "datasets/binfmt.h"
 
 #define CHUNK 2048
@@ -233,6 +234,8 @@ struct ds_source {
   /* bin / int32 */
   ds_bin_reader *bin;
   uint64_t bin_begin, bin_end;
+  ds_bin_ahead *ahead; /* the next batch decoded ahead (read_ahead > 0) */
+  int ahead_tried;     /* made (or failed to be) at the first read */
   /* both */
   uint64_t next_index;
   ds_source_stats st;
@@ -824,7 +827,13 @@ int ds_source_next(ds_source *s, ds_batch *b, int max_n) {
     int n = left < (uint64_t)max_n ? (int)left : max_n;
     b->n = 0;
     if (n == 0) return 0;
-    int rc = ds_bin_reader_read(s->bin, at, n, s->fmt == DS_FORMAT_INT32 ? s->o.max_ind_range : 0, b);
+    const uint64_t mod = s->fmt == DS_FORMAT_INT32 ? s->o.max_ind_range : 0;
+    if (!s->ahead_tried && s->o.read_ahead > 0) { /* without a helper: decoded here */
+      s->ahead_tried = 1;
+      s->ahead = ds_bin_ahead_create(s->bin, mod, b->cap);
+    }
+    int rc = s->ahead ? ds_bin_ahead_read(s->ahead, at, n, b)
+                      : ds_bin_reader_read(s->bin, at, n, mod, b);
     if (rc) {
       sr_fmt(s->err, sizeof s->err, "%s: %s", s->o.path, ds_bin_reader_errmsg(s->bin));
       return rc;
@@ -833,6 +842,8 @@ int ds_source_next(ds_source *s, ds_batch *b, int max_n) {
     s->next_index += (uint64_t)n;
     s->st.lines += (uint64_t)n;
     s->st.samples += (uint64_t)n;
+    left -= (uint64_t)n; /* the next read of max_n, begun now */
+    if (s->ahead && left) ds_bin_ahead_start(s->ahead, at + n, left < (uint64_t)max_n ? (int)left : max_n);
     return n;
   }
   b->n = 0;
@@ -937,6 +948,7 @@ void ds_source_destroy(ds_source *s) {
   free(s->paths);
   ds_criteo_dict_destroy(s->dict);
   ds_transform_free(s->own_xf);
+  ds_bin_ahead_destroy(s->ahead); /* before the reader it reads */
   ds_bin_reader_destroy(s->bin);
   free(s->sc_off);
   free(s->sc_ids);

@@ -59,6 +59,8 @@ typedef struct {
   int exact_count;          /* TSV, non-DICT: parse once at open so counts are exact */
   int read_ahead;           /* TSV: chunks (2048 samples) a reader thread parses ahead
                                of the consumer (0: the default, 2 = triple buffering);
+                               bin/int32: > 0 (the default) decodes the next batch on
+                               a helper thread (datasets/bin_ahead.h);
                                negative: no thread, parse in the caller's thread */
   int no_verify;            /* bin: skip the payload checksum pass at open */
   FILE *report;             /* first malformed lines are printed here (NULL: not) */

@@ -1055,6 +1055,73 @@ START_TEST(test_bin_values_checked) {
 }
 END_TEST
 
+/* Batches of a bin file decoded ahead on a helper thread are the ones the
+ * caller's thread decodes: multi-hot bags, sizes that change (the helper's
+ * batch then goes unused), a seek back and one forward, a batch of another
+ * capacity, and the short batch at the end; each batch whole (count, first
+ * index, labels, dense values, offsets, ids). */
+static void batch_eq(const ds_batch *a, const ds_batch *b, int step) {
+  ck_assert_msg(a->n == b->n && a->first_index == b->first_index,
+                "step %d: %d samples from %llu, %d from %llu", step, a->n,
+                (unsigned long long)a->first_index, b->n, (unsigned long long)b->first_index);
+  ck_assert(!memcmp(a->labels, b->labels, (size_t)a->n * sizeof *a->labels));
+  ck_assert(!memcmp(a->dense, b->dense, (size_t)a->n * DS_NUM_DENSE * sizeof *a->dense));
+  for (int f = 0; f < DS_NUM_SPARSE; f++) {
+    const uint32_t *oa = ds_batch_offsets(a, f), *ob = ds_batch_offsets(b, f);
+    ck_assert_msg(!memcmp(oa, ob, (size_t)(a->n + 1) * sizeof *oa), "step %d: C%d offsets", step,
+                  f + 1);
+    ck_assert_msg(!memcmp(a->ids + oa[0], b->ids + ob[0], (size_t)(oa[a->n] - oa[0]) * 8),
+                  "step %d: C%d ids", step, f + 1);
+  }
+}
+
+START_TEST(test_bin_read_ahead) {
+  write_lines(tpath("r.txt"), 3001, 13);
+  convert_api(tpath("r.txt"), tpath("r.bin"), DS_SCHEME_NONE, 0, DS_IDS_DICT, 0);
+  ds_source_opts here = {.path = tpath("r.bin"), .read_ahead = -1};
+  ds_source_opts ahead = {.path = tpath("r.bin")};
+  ds_source *sh = open_src(here), *sa = open_src(ahead);
+  ds_batch bh, ba[3], small;
+  ck_assert_int_eq(ds_batch_init(&bh, 128), 0);
+  for (int i = 0; i < 3; i++) ck_assert_int_eq(ds_batch_init(&ba[i], 128), 0);
+  ck_assert_int_eq(ds_batch_init(&small, 40), 0);
+  const int sizes[] = {128, 128, 128, 100, 100, 7, 128, 128, 128, 128};
+  int step = 0, got;
+  for (int pass = 0; pass < 3; pass++) {
+    for (int k = 0; k < 10; k++, step++) { /* a ring of 3 batches, as the trainer's */
+      ds_batch *b = &ba[step % 3];
+      ck_assert_int_eq(got = ds_source_next(sh, &bh, sizes[k]), sizes[k]);
+      ck_assert_int_eq(ds_source_next(sa, b, sizes[k]), got);
+      batch_eq(&bh, b, step);
+      for (int again = 0; k == 5 && again < 2; again++) { /* another capacity, kept */
+        ck_assert_int_eq(ds_source_next(sh, &bh, 33), 33);
+        ck_assert_int_eq(ds_source_next(sa, &small, 33), 33);
+        batch_eq(&bh, &small, step);
+        ck_assert_int_eq(small.cap, 40);
+      }
+    }
+    /* the helper holds the next 128 from here: the seek's first read of 128 must not take it */
+    const uint64_t to = pass == 0 ? 500 : pass == 1 ? 1800 : 10; /* back, forward, back */
+    ck_assert_int_eq(ds_source_seek(sh, to), 0);
+    ck_assert_int_eq(ds_source_seek(sa, to), 0);
+  }
+  uint64_t end = 0;
+  do { /* to the end: the last batch is short, then none */
+    ds_batch *b = &ba[step % 3];
+    got = ds_source_next(sh, &bh, 128);
+    ck_assert_int_eq(ds_source_next(sa, b, 128), got);
+    if (got) batch_eq(&bh, b, step), end = b->first_index + (uint64_t)b->n;
+    step++;
+  } while (got > 0);
+  ck_assert_uint_eq(end, 3001);
+  ds_batch_free(&bh);
+  for (int i = 0; i < 3; i++) ds_batch_free(&ba[i]);
+  ds_batch_free(&small);
+  ds_source_destroy(sh);
+  ds_source_destroy(sa);
+}
+END_TEST
+
 /* Two more a broken or hostile file brings: a dictionary that lists a
  * value twice (behind valid checksums; the second entry's id would be one no
  * raw value maps to) and a folder given as the data file. */
@@ -1319,6 +1386,7 @@ static Suite *suite(void) {
   tcase_add_test(b, test_bin_refused);
   tcase_add_test(b, test_source_format_by_content);
   tcase_add_test(b, test_bin_values_checked);
+  tcase_add_test(b, test_bin_read_ahead);
   tcase_add_test(b, test_bin_dict_duplicate_and_folder);
   tcase_add_test(b, test_cli_convert);
   tcase_add_test(b, test_multi_hot_128);
