@@ -66,12 +66,13 @@ static void wait_idle(ds_bin_ahead *a) {
   while (a->busy) pthread_cond_wait(&a->cv, &a->mu);
 }
 
-int ds_bin_ahead_read(ds_bin_ahead *a, uint64_t index, int n, ds_batch *b) {
+int ds_bin_ahead_read(ds_bin_ahead *a, uint64_t index, int n, ds_batch *b, int *taken) {
   pthread_mutex_lock(&a->mu);
   wait_idle(a);
   const int hit = a->n == n && a->index == index && b->cap == a->b.cap;
   a->n = 0;
   pthread_mutex_unlock(&a->mu);
+  *taken = hit;
   if (!hit) return ds_bin_reader_read(a->r, index, n, a->mod, b);
   const ds_batch mine = *b;
   *b = a->b;

@@ -27,8 +27,9 @@ ds_bin_ahead *ds_bin_ahead_create(ds_bin_reader *r, uint64_t mod, int cap);
 
 /* Records [index, index + n) into b, as ds_bin_reader_read(r, index, n,
  * mod, b) gives them: the batch decoded ahead when it is that one and b's
- * capacity is the helper's, else decoded here after the helper is idle. */
-int ds_bin_ahead_read(ds_bin_ahead *a, uint64_t index, int n, ds_batch *b);
+ * capacity is the helper's (*taken 1), else decoded here after the helper
+ * is idle (*taken 0). */
+int ds_bin_ahead_read(ds_bin_ahead *a, uint64_t index, int n, ds_batch *b, int *taken);
 
 /* Begin decoding [index, index + n) on the helper (n <= cap). */
 void ds_bin_ahead_start(ds_bin_ahead *a, uint64_t index, int n);

@@ -635,7 +635,12 @@ static void one_hot_offsets(ds_batch *b, int n) {
 
 static int read_records(ds_bin_reader *r, uint64_t index, int n, uint64_t mod, ds_batch *b) {
   const ds_bin_info *in = &r->info;
-  if (n < 0 || n > b->cap || index + (uint64_t)n > in->n_samples) return SR_ERANGE;
+  if (n < 0 || n > b->cap || index + (uint64_t)n > in->n_samples) {
+    sr_fmt(r->err, sizeof r->err, "records %llu..%llu: outside the file's %llu or the batch's %d",
+           (unsigned long long)index, (unsigned long long)index + (unsigned long long)(n > 0 ? n : 0),
+           (unsigned long long)in->n_samples, b->cap);
+    return SR_ERANGE;
+  }
   const unsigned char *data = r->map + in->data_off;
   b->n = n;
   b->first_index = index;
@@ -677,7 +682,11 @@ static int read_records(ds_bin_reader *r, uint64_t index, int n, uint64_t mod, d
         uint64_t k = (index + (uint64_t)i) * DS_NUM_SPARSE + (uint64_t)f;
         total += sr_get64(offs + 8 * (k + 1)) - sr_get64(offs + 8 * k);
       }
-    if (ds_batch_reserve_ids(b, total)) return SR_ENOMEM;
+    if (ds_batch_reserve_ids(b, total)) {
+      sr_fmt(r->err, sizeof r->err, "records %llu..%llu: out of memory for %zu ids",
+             (unsigned long long)index, (unsigned long long)index + (unsigned long long)n, total);
+      return SR_ENOMEM;
+    }
     size_t pos = 0;
     for (int f = 0; f < DS_NUM_SPARSE; f++) {
       uint32_t *o = ds_batch_offsets(b, f);

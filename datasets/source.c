@@ -832,8 +832,10 @@ int ds_source_next(ds_source *s, ds_batch *b, int max_n) {
       s->ahead_tried = 1;
       s->ahead = ds_bin_ahead_create(s->bin, mod, b->cap);
     }
-    int rc = s->ahead ? ds_bin_ahead_read(s->ahead, at, n, b)
+    int taken = 0;
+    int rc = s->ahead ? ds_bin_ahead_read(s->ahead, at, n, b, &taken)
                       : ds_bin_reader_read(s->bin, at, n, mod, b);
+    s->st.ahead_taken += (uint64_t)taken;
     if (rc) {
       sr_fmt(s->err, sizeof s->err, "%s: %s", s->o.path, ds_bin_reader_errmsg(s->bin));
       return rc;

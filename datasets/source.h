@@ -81,6 +81,7 @@ typedef struct {
   uint64_t scan_lines, scan_malformed;
   uint64_t scan_ids;  /* categorical ids in all valid samples */
   uint32_t scan_max_bag; /* largest bag of one feature (1: one-hot input) */
+  uint64_t ahead_taken;  /* bin/int32: batches taken from the read-ahead since open */
 } ds_source_stats;
 
 /* Open a source. TSV: counts lines when a split scheme needs them, and in

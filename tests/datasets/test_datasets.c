@@ -1114,11 +1114,34 @@ START_TEST(test_bin_read_ahead) {
     step++;
   } while (got > 0);
   ck_assert_uint_eq(end, 3001);
+  ds_source_stats th, ta; /* the helper's batches were taken, most of them */
+  ck_assert_int_eq(ds_source_stats_get(sh, &th), 0);
+  ck_assert_int_eq(ds_source_stats_get(sa, &ta), 0);
+  ck_assert_uint_eq(th.ahead_taken, 0);
+  ck_assert_msg(ta.ahead_taken >= (uint64_t)step / 2, "%llu of %d batches taken ahead",
+                (unsigned long long)ta.ahead_taken, step);
+  ds_source_destroy(sh);
+  ds_source_destroy(sa);
+  /* the reference's int32 records, ids taken modulo 7: the same again */
+  static int32_t rec[300][40];
+  for (int i = 0; i < 300; i++)
+    for (int k = 0; k < 40; k++) rec[i][k] = k == 0 ? i % 2 : i * 41 + k;
+  file_put_bytes(tpath("r.int32"), (const char *)rec, sizeof rec);
+  ds_source_opts ih = {.path = tpath("r.int32"), .max_ind_range = 7, .read_ahead = -1};
+  ds_source_opts ia = {.path = tpath("r.int32"), .max_ind_range = 7};
+  sh = open_src(ih), sa = open_src(ia);
+  for (int k = 0; (got = ds_source_next(sh, &bh, 128)) > 0; k++) {
+    ck_assert_int_eq(ds_source_next(sa, &ba[k % 3], 128), got);
+    batch_eq(&bh, &ba[k % 3], k);
+  }
+  ck_assert_int_eq(ds_source_next(sa, &ba[0], 128), 0);
+  ck_assert_int_eq(ds_source_stats_get(sa, &ta), 0);
+  ck_assert_uint_eq(ta.ahead_taken, 2); /* 128 here, then 128 and 44 ahead */
+  ds_source_destroy(sh);
+  ds_source_destroy(sa);
   ds_batch_free(&bh);
   for (int i = 0; i < 3; i++) ds_batch_free(&ba[i]);
   ds_batch_free(&small);
-  ds_source_destroy(sh);
-  ds_source_destroy(sa);
 }
 END_TEST
 
