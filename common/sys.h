@@ -25,7 +25,8 @@ uint64_t sr_named_threads_cpu_ns(const char *prefix);
 
 /* Name the calling thread (15 characters kept) as top -H, perf and
  * sr_named_threads_cpu_ns see it: shardrec's own are "sr:dense" (the dense
- * worker pool) and "sr:store-io" (the shard store's I/O workers). */
+ * worker pool), "sr:store-io" (the shard store's I/O workers) and
+ * "sr:read-ahead" (a binary data file's next batch). */
 void sr_thread_name(const char *name);
 
 /* Median of v[n] (n >= 1); sorts v in place. Even n: the mean of the two
