@@ -84,6 +84,17 @@ const char *dense_backend_kernels(const dense_backend *be);
 const char *dense_blas_version(void);
 const char *dense_blas_core(void);
 
+/* The kernel family to ask OpenBLAS for when it picked a slower one than
+ * the CPU runs, or NULL: for a core other than Haswell, Zen, SkylakeX,
+ * Cooperlake or SapphireRapids on a CPU with AVX2 (an OpenBLAS that does not
+ * know the CPU's model falls back to Prescott's SSE3 kernels), "SkylakeX"
+ * where it has AVX-512, else "Haswell"; NULL
+ * when the family was forced (OPENBLAS_CORETYPE set) or the CPU has no
+ * AVX2. dense_blas_core_hint() asks this process's OpenBLAS, CPU and
+ * environment. */
+const char *dense_blas_core_hint_for(const char *core, int avx2, int avx512, int forced);
+const char *dense_blas_core_hint(void);
+
 /* The CPU backend's fixed partition of a product C[M][N] (inner size K)
  * into tasks for the dense pool (dense/pool.h): returns the task count; the
  * tasks are blocks of *blk rows of C (*by_rows) or of *blk columns. Depends

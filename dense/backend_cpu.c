@@ -7,9 +7,11 @@
 #include <cblas.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/status.h"
+#include "common/sys.h"
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #include <immintrin.h>
@@ -799,6 +801,23 @@ const char *dense_blas_version(void) {
 const char *dense_blas_core(void) {
   const char *c = openblas_get_corename();
   return c ? c : "unknown";
+}
+
+const char *dense_blas_core_hint_for(const char *core, int avx2, int avx512, int forced) {
+  static const char *const fast[] = {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"};
+  if (forced || !avx2 || !core) return NULL;
+  for (size_t i = 0; i < sizeof fast / sizeof fast[0]; i++)
+    if (!strcmp(core, fast[i])) return NULL;
+  return avx512 ? "SkylakeX" : "Haswell";
+}
+
+const char *dense_blas_core_hint(void) {
+  int avx512 = 0;
+#if defined(__x86_64__) || defined(__i386__)
+  avx512 = __builtin_cpu_supports("avx512f");
+#endif
+  return dense_blas_core_hint_for(dense_blas_core(), sr_cpu_avx2(), avx512,
+                                  getenv("OPENBLAS_CORETYPE") != NULL);
 }
 
 const dense_backend *dense_backend_cpu(void) {

@@ -823,6 +823,11 @@ int train_run(const train_config *cfg) {
          j->size > 1 ? " (mpirun)" : "", c->ranks.local_size, dense_pool_threads(pool));
   printf("dense  kernels %s; OpenBLAS %s, core %s, one thread per call\n",
          dense_backend_kernels(be), dense_blas_version(), dense_blas_core());
+  const char *hint = dense_blas_core_hint();
+  if (hint)
+    printf("dense  warning: OpenBLAS picked its %s kernels, slower than this CPU's %s ones; "
+           "OPENBLAS_CORETYPE=%s runs those (results then differ in their last bits)\n",
+           dense_blas_core(), hint, hint);
   if (job_open(j) || (c->resume && job__resume(j)) || job_loop(j) || job_finish(j)) goto done;
   status = 0;
 done:

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "common/rng.h"
+#include "common/sys.h"
 #include "dense/backend.h"
 #include "dense/layers.h"
 #include "tests/dense/dense_test_isa.h"
@@ -392,6 +393,29 @@ START_TEST(test_dot_wide_bits) {
 END_TEST
 
 
+/* Which OpenBLAS kernel family to suggest: none for the fast families or
+ * a forced one or a CPU without AVX2; SkylakeX where AVX-512 is there,
+ * Haswell otherwise, for a generic family such as Prescott (what an
+ * OpenBLAS that does not know the CPU's model falls back to). The
+ * process's own answer agrees with its OpenBLAS, CPU and environment. */
+START_TEST(test_blas_core_hint) {
+  ck_assert_ptr_null(dense_blas_core_hint_for("Cooperlake", 1, 1, 0));
+  ck_assert_ptr_null(dense_blas_core_hint_for("Haswell", 1, 0, 0));
+  ck_assert_ptr_null(dense_blas_core_hint_for("Zen", 1, 0, 0));
+  ck_assert_ptr_null(dense_blas_core_hint_for("Prescott", 1, 1, 1)); /* forced */
+  ck_assert_ptr_null(dense_blas_core_hint_for("Prescott", 0, 0, 0)); /* no AVX2 */
+  ck_assert_str_eq(dense_blas_core_hint_for("Prescott", 1, 1, 0), "SkylakeX");
+  ck_assert_str_eq(dense_blas_core_hint_for("Prescott", 1, 0, 0), "Haswell");
+  ck_assert_str_eq(dense_blas_core_hint_for("Sandybridge", 1, 0, 0), "Haswell");
+  const char *core = dense_blas_core(), *hint = dense_blas_core_hint();
+  if (getenv("OPENBLAS_CORETYPE") || !sr_cpu_avx2())
+    ck_assert_ptr_null(hint);
+  else
+    ck_assert_msg((hint == NULL) == (dense_blas_core_hint_for(core, 1, 0, 0) == NULL),
+                  "core %s, hint %s", core, hint ? hint : "none");
+}
+END_TEST
+
 /* dense_backend_cpu is the best set; on a CPU with AVX2 and FMA that is the
  * AVX2 set, another object than the baseline one. The element-wise kernels
  * give the same bits in both (no FMA contraction, the same sums in the same
@@ -574,6 +598,7 @@ static Suite *suite(void) {
   tcase_add_test(t, test_dot_d16_shapes);
   tcase_add_test(t, test_bce);
   tcase_add_test(t, test_isa_sets);
+  tcase_add_test(t, test_blas_core_hint);
   tcase_add_test(t, test_dot_wide_bits);
   tcase_add_test(t, test_cross);
   tcase_add_test(t, test_cross_first);
