@@ -85,14 +85,18 @@ const char *dense_blas_version(void);
 const char *dense_blas_core(void);
 
 /* The kernel family to ask OpenBLAS for when it picked a slower one than
- * the CPU runs, or NULL: for a core other than Haswell, Zen, SkylakeX,
- * Cooperlake or SapphireRapids on a CPU with AVX2 (an OpenBLAS that does not
- * know the CPU's model falls back to Prescott's SSE3 kernels), "SkylakeX"
- * where it has AVX-512, else "Haswell"; NULL
- * when the family was forced (OPENBLAS_CORETYPE set) or the CPU has no
- * AVX2. dense_blas_core_hint() asks this process's OpenBLAS, CPU and
+ * the CPU runs, or NULL. core: the family OpenBLAS reports; config: its
+ * openblas_get_config() (only a DYNAMIC_ARCH build picks a family at run
+ * time, so only there can OPENBLAS_CORETYPE change it); forced: the value
+ * of OPENBLAS_CORETYPE or NULL. For a core other than Haswell, Zen,
+ * SkylakeX, Cooperlake, SapphireRapids or Excavator (any case) on a CPU with
+ * AVX2, unless it is the one forced: "SkylakeX" where the CPU has AVX-512,
+ * else "Haswell". An OpenBLAS that does not know the CPU's model reports
+ * Prescott (SSE3 kernels); one that refuses a forced name does too.
+ * dense_blas_core_hint() asks this process's OpenBLAS, CPU and
  * environment. */
-const char *dense_blas_core_hint_for(const char *core, int avx2, int avx512, int forced);
+const char *dense_blas_core_hint_for(const char *core, const char *config, int avx2, int avx512,
+                                     const char *forced);
 const char *dense_blas_core_hint(void);
 
 /* The CPU backend's fixed partition of a product C[M][N] (inner size K)

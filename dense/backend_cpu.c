@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/status.h"
 #include "common/sys.h"
@@ -803,11 +804,14 @@ const char *dense_blas_core(void) {
   return c ? c : "unknown";
 }
 
-const char *dense_blas_core_hint_for(const char *core, int avx2, int avx512, int forced) {
-  static const char *const fast[] = {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"};
-  if (forced || !avx2 || !core) return NULL;
+const char *dense_blas_core_hint_for(const char *core, const char *config, int avx2, int avx512,
+                                     const char *forced) {
+  static const char *const fast[] = {"Haswell",    "Zen",            "SkylakeX",
+                                     "Cooperlake", "SapphireRapids", "Excavator"};
+  if (!core || !config || !strstr(config, "DYNAMIC_ARCH") || !avx2) return NULL;
+  if (forced && !strcasecmp(forced, core)) return NULL;
   for (size_t i = 0; i < sizeof fast / sizeof fast[0]; i++)
-    if (!strcmp(core, fast[i])) return NULL;
+    if (!strcasecmp(core, fast[i])) return NULL;
   return avx512 ? "SkylakeX" : "Haswell";
 }
 
@@ -816,8 +820,8 @@ const char *dense_blas_core_hint(void) {
 #if defined(__x86_64__) || defined(__i386__)
   avx512 = __builtin_cpu_supports("avx512f");
 #endif
-  return dense_blas_core_hint_for(dense_blas_core(), sr_cpu_avx2(), avx512,
-                                  getenv("OPENBLAS_CORETYPE") != NULL);
+  return dense_blas_core_hint_for(dense_blas_core(), openblas_get_config(), sr_cpu_avx2(), avx512,
+                                  getenv("OPENBLAS_CORETYPE"));
 }
 
 const dense_backend *dense_backend_cpu(void) {

@@ -825,9 +825,9 @@ int train_run(const train_config *cfg) {
          dense_backend_kernels(be), dense_blas_version(), dense_blas_core());
   const char *hint = dense_blas_core_hint();
   if (hint)
-    printf("dense  warning: OpenBLAS picked its %s kernels, slower than this CPU's %s ones; "
-           "OPENBLAS_CORETYPE=%s runs those (results then differ in their last bits)\n",
-           dense_blas_core(), hint, hint);
+    printf("dense  warning: OpenBLAS runs its generic %s kernels on this %s CPU; "
+           "OPENBLAS_CORETYPE=%s runs its faster ones (the results' last bits change)\n",
+           dense_blas_core(), strcmp(hint, "SkylakeX") ? "AVX2" : "AVX-512", hint);
   if (job_open(j) || (c->resume && job__resume(j)) || job_loop(j) || job_finish(j)) goto done;
   status = 0;
 done:

@@ -16,7 +16,6 @@
 #include <string.h>
 
 #include "common/rng.h"
-#include "common/sys.h"
 #include "dense/backend.h"
 #include "dense/layers.h"
 #include "tests/dense/dense_test_isa.h"
@@ -393,26 +392,27 @@ START_TEST(test_dot_wide_bits) {
 END_TEST
 
 
-/* Which OpenBLAS kernel family to suggest: none for the fast families or
- * a forced one or a CPU without AVX2; SkylakeX where AVX-512 is there,
- * Haswell otherwise, for a generic family such as Prescott (what an
- * OpenBLAS that does not know the CPU's model falls back to). The
- * process's own answer agrees with its OpenBLAS, CPU and environment. */
+/* Which OpenBLAS kernel family to suggest: none for the fast families (any
+ * case) or the one forced or a CPU without AVX2 or a build that cannot
+ * pick one at run time; SkylakeX where AVX-512 is there, Haswell otherwise,
+ * for a generic family such as Prescott (what an OpenBLAS that does not
+ * know the CPU's model, or refuses a forced name, falls back to). */
 START_TEST(test_blas_core_hint) {
-  ck_assert_ptr_null(dense_blas_core_hint_for("Cooperlake", 1, 1, 0));
-  ck_assert_ptr_null(dense_blas_core_hint_for("Haswell", 1, 0, 0));
-  ck_assert_ptr_null(dense_blas_core_hint_for("Zen", 1, 0, 0));
-  ck_assert_ptr_null(dense_blas_core_hint_for("Prescott", 1, 1, 1)); /* forced */
-  ck_assert_ptr_null(dense_blas_core_hint_for("Prescott", 0, 0, 0)); /* no AVX2 */
-  ck_assert_str_eq(dense_blas_core_hint_for("Prescott", 1, 1, 0), "SkylakeX");
-  ck_assert_str_eq(dense_blas_core_hint_for("Prescott", 1, 0, 0), "Haswell");
-  ck_assert_str_eq(dense_blas_core_hint_for("Sandybridge", 1, 0, 0), "Haswell");
-  const char *core = dense_blas_core(), *hint = dense_blas_core_hint();
-  if (getenv("OPENBLAS_CORETYPE") || !sr_cpu_avx2())
-    ck_assert_ptr_null(hint);
-  else
-    ck_assert_msg((hint == NULL) == (dense_blas_core_hint_for(core, 1, 0, 0) == NULL),
-                  "core %s, hint %s", core, hint ? hint : "none");
+  const char *dyn = "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Cooperlake MAX_THREADS=64";
+  const char *fast[] = {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids",
+                        "Excavator", "HASWELL", "skylakex"};
+  for (size_t i = 0; i < sizeof fast / sizeof fast[0]; i++)
+    ck_assert_msg(dense_blas_core_hint_for(fast[i], dyn, 1, 1, NULL) == NULL, "%s", fast[i]);
+  ck_assert_str_eq(dense_blas_core_hint_for("Prescott", dyn, 1, 1, NULL), "SkylakeX");
+  ck_assert_str_eq(dense_blas_core_hint_for("Prescott", dyn, 1, 0, NULL), "Haswell");
+  ck_assert_str_eq(dense_blas_core_hint_for("Sandybridge", dyn, 1, 0, NULL), "Haswell");
+  ck_assert_ptr_null(dense_blas_core_hint_for("Prescott", dyn, 1, 1, "prescott")); /* forced */
+  ck_assert_str_eq(dense_blas_core_hint_for("Prescott", dyn, 1, 1, "SapphireRapids"),
+                   "SkylakeX"); /* a name this OpenBLAS refused */
+  ck_assert_ptr_null(dense_blas_core_hint_for("Prescott", dyn, 0, 0, NULL)); /* no AVX2 */
+  ck_assert_ptr_null(dense_blas_core_hint_for("PRESCOTT", "OpenBLAS 0.3.21 NO_AFFINITY", 1, 1,
+                                              NULL)); /* one family, built in */
+  ck_assert_ptr_null(dense_blas_core_hint_for(NULL, dyn, 1, 1, NULL));
 }
 END_TEST
 

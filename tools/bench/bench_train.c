@@ -542,10 +542,11 @@ int bench_train(int argc, char **argv) {
          dense_blas_version(), dense_blas_core(),
          getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "unset",
          dense_backend_kernels(f.be), sysconf(_SC_NPROCESSORS_ONLN));
-  if (dense_blas_core_hint())
-    printf("warning: OpenBLAS picked its %s kernels, slower than this CPU's %s ones; "
-           "OPENBLAS_CORETYPE=%s runs those (results then differ in their last bits)\n",
-           dense_blas_core(), dense_blas_core_hint(), dense_blas_core_hint());
+  const char *hint = dense_blas_core_hint();
+  if (hint)
+    printf("bench train: warning: OpenBLAS runs its generic %s kernels on this %s CPU; "
+           "OPENBLAS_CORETYPE=%s runs its faster ones (the results' last bits change)\n",
+           dense_blas_core(), strcmp(hint, "SkylakeX") ? "AVX2" : "AVX-512", hint);
   if (f.gpu) printf("device %s (%s): dense step on the GPU; bound = cublasSgemm\n", f.device, f.be->name);
   printf("%6s %7s %12s %9s %10s %13s %13s %9s  %s\n", "batch", "threads", "samples/s", "step ms", "MFLOP/smp",
          f.gpu ? "cublas GF/s" : "sgemm GF/s", "bound smp/s", "of bound", "where the step's time goes (ms)");
