@@ -92,12 +92,15 @@ const char *dense_blas_core(void);
  * SkylakeX, Cooperlake, SapphireRapids or Excavator (any case) on a CPU with
  * AVX2, unless it is the one forced: "SkylakeX" where the CPU has AVX-512,
  * else "Haswell". An OpenBLAS that does not know the CPU's model reports
- * Prescott (SSE3 kernels); one that refuses a forced name does too.
- * dense_blas_core_hint() asks this process's OpenBLAS, CPU and
- * environment. */
+ * Prescott (SSE3 kernels); one that refuses a forced name does too. */
 const char *dense_blas_core_hint_for(const char *core, const char *config, int avx2, int avx512,
                                      const char *forced);
-const char *dense_blas_core_hint(void);
+
+/* The same asked of this process's OpenBLAS, CPU and environment: where
+ * there is a family to ask for, the sentence that says so ("OpenBLAS runs
+ * its generic Prescott kernels on this AVX-512 CPU; OPENBLAS_CORETYPE=
+ * SkylakeX runs ...") in buf and 1; else 0. For a run's header. */
+int dense_blas_core_warning(char *buf, size_t len);
 
 /* The CPU backend's fixed partition of a product C[M][N] (inner size K)
  * into tasks for the dense pool (dense/pool.h): returns the task count; the

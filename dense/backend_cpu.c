@@ -7,6 +7,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -815,13 +816,20 @@ const char *dense_blas_core_hint_for(const char *core, const char *config, int a
   return avx512 ? "SkylakeX" : "Haswell";
 }
 
-const char *dense_blas_core_hint(void) {
+int dense_blas_core_warning(char *buf, size_t len) {
   int avx512 = 0;
 #if defined(__x86_64__) || defined(__i386__)
   avx512 = __builtin_cpu_supports("avx512f");
 #endif
-  return dense_blas_core_hint_for(dense_blas_core(), openblas_get_config(), sr_cpu_avx2(), avx512,
-                                  getenv("OPENBLAS_CORETYPE"));
+  const char *core = dense_blas_core(),
+             *hint = dense_blas_core_hint_for(core, openblas_get_config(), sr_cpu_avx2(), avx512,
+                                              getenv("OPENBLAS_CORETYPE"));
+  if (!hint) return 0;
+  snprintf(buf, len,
+           "OpenBLAS runs its generic %s kernels on this %s CPU; OPENBLAS_CORETYPE=%s runs its "
+           "faster ones (the results' last bits change)",
+           core, avx512 ? "AVX-512" : "AVX2", hint);
+  return 1;
 }
 
 const dense_backend *dense_backend_cpu(void) {

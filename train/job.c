@@ -823,11 +823,9 @@ int train_run(const train_config *cfg) {
          j->size > 1 ? " (mpirun)" : "", c->ranks.local_size, dense_pool_threads(pool));
   printf("dense  kernels %s; OpenBLAS %s, core %s, one thread per call\n",
          dense_backend_kernels(be), dense_blas_version(), dense_blas_core());
-  const char *hint = dense_blas_core_hint();
-  if (hint)
-    printf("dense  warning: OpenBLAS runs its generic %s kernels on this %s CPU; "
-           "OPENBLAS_CORETYPE=%s runs its faster ones (the results' last bits change)\n",
-           dense_blas_core(), strcmp(hint, "SkylakeX") ? "AVX2" : "AVX-512", hint);
+  char blas_warning[256];
+  if (dense_blas_core_warning(blas_warning, sizeof blas_warning))
+    printf("dense  warning: %s\n", blas_warning);
   if (job_open(j) || (c->resume && job__resume(j)) || job_loop(j) || job_finish(j)) goto done;
   status = 0;
 done:

@@ -542,11 +542,9 @@ int bench_train(int argc, char **argv) {
          dense_blas_version(), dense_blas_core(),
          getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "unset",
          dense_backend_kernels(f.be), sysconf(_SC_NPROCESSORS_ONLN));
-  const char *hint = dense_blas_core_hint();
-  if (hint)
-    printf("bench train: warning: OpenBLAS runs its generic %s kernels on this %s CPU; "
-           "OPENBLAS_CORETYPE=%s runs its faster ones (the results' last bits change)\n",
-           dense_blas_core(), strcmp(hint, "SkylakeX") ? "AVX2" : "AVX-512", hint);
+  char blas_warning[256];
+  if (dense_blas_core_warning(blas_warning, sizeof blas_warning))
+    printf("bench train: warning: %s\n", blas_warning);
   if (f.gpu) printf("device %s (%s): dense step on the GPU; bound = cublasSgemm\n", f.device, f.be->name);
   printf("%6s %7s %12s %9s %10s %13s %13s %9s  %s\n", "batch", "threads", "samples/s", "step ms", "MFLOP/smp",
          f.gpu ? "cublas GF/s" : "sgemm GF/s", "bound smp/s", "of bound", "where the step's time goes (ms)");

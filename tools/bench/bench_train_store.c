@@ -297,6 +297,13 @@ typedef struct bts_result {
   float *loss;          /* [steps] */
 } bts_result;
 
+/* The CPU of the threads named prefix since they had then (those alive
+ * now: one that exited took its CPU with it, so never below 0). */
+static uint64_t named_cpu_since(const char *prefix, uint64_t then) {
+  const uint64_t now = sr_named_threads_cpu_ns(prefix);
+  return now > then ? now - then : 0;
+}
+
 /* The steps through store, reading depth batches ahead (a ring of depth + 1
  * batches; each batch entering the window handed to trainer_ahead, as
  * job_batches.c's job__fill_ahead does). 0 or -1 (printed). */
@@ -336,10 +343,8 @@ static int bts_steps(const bts_flags *f, const char *bin, const emb_plan *plan,
   }
   r->secs = sr_now() - t0;
   r->cpu_ns = sr_process_cpu_ns() - cpu0;
-  const uint64_t bg1 = sr_named_threads_cpu_ns("rocksdb:");
-  r->bg_ns = bg1 > bg0 ? bg1 - bg0 : 0; /* threads alive now: one that exited takes its CPU */
-  const uint64_t pool1 = sr_named_threads_cpu_ns("sr:dense");
-  r->pool_ns = pool1 > pool0 ? pool1 - pool0 : 0;
+  r->bg_ns = named_cpu_since("rocksdb:", bg0);
+  r->pool_ns = named_cpu_since("sr:dense", pool0);
   if (t) r->tt = *trainer_times_get(t);
   if (shard && !emb_shard_counters_get(store, &r->c)) {
     r->c.evictions -= c0.evictions;
