@@ -1,12 +1,18 @@
 /* The dense worker pool (see pool.h).
  *
- * A run is published as one 64-bit ticket: generation (32 bits), task count
- * (16) and the next unclaimed task (16). A thread claims a task by moving
- * the ticket on by one with a compare-and-swap, so a worker still looking at
- * an older run can never claim a task of a newer one (its generation no
- * longer matches), and the task count it sees is always its run's. The
- * run's fn and ctx are written before the ticket is published and used only
- * by a thread whose claim succeeded, which proves the run still current. */
+ * A run's tasks are dealt out in contiguous ranges, one per thread: with T
+ * threads, thread k (the caller is 0) owns tasks [n k / T, n (k + 1) / T).
+ * Each thread runs its own range first, then takes what is left of the
+ * others'. Kernels that follow each other cut the same dimension into the
+ * same blocks (a product's column blocks, then its ReLU gradient's), so the
+ * thread that wrote a block mostly reads it back from its own cache.
+ *
+ * Each range is one 64-bit slot: generation (32 bits), end (16) and the
+ * next unclaimed task (16). A thread claims a task by moving a slot on by
+ * one with a compare-and-swap, so a worker still looking at an older run can
+ * never claim a task of a newer one (its generation no longer matches). The
+ * run's fn and ctx are written before the run is published and used only by
+ * a thread whose claim succeeded, which proves the run still current. */
 #include "dense/pool.h"
 
 #include <pthread.h>
@@ -33,9 +39,19 @@
 #define POOL_SPIN_S 50e-6
 #define POOL_WAIT_SPIN_S 20e-6
 
+typedef struct {
+  _Alignas(64) _Atomic uint64_t t; /* gen << 32 | end << 16 | next */
+} pool_slot;
+
+struct dense_pool;
+typedef struct {
+  struct dense_pool *p;
+  int self; /* the slot this worker runs first */
+} pool_worker_arg;
+
 struct dense_pool {
   int threads;
-  _Atomic uint64_t ticket; /* gen << 32 | n << 16 | next */
+  _Atomic uint32_t run;    /* the generation of the latest run published */
   _Atomic int done;        /* tasks of the current run finished */
   _Atomic(dense_pool_fn) fn;
   _Atomic(void *) ctx;
@@ -47,57 +63,65 @@ struct dense_pool {
   pthread_cond_t cv;
   int n_started;
   pthread_t tid[DENSE_POOL_MAX_THREADS];
+  pool_worker_arg arg[DENSE_POOL_MAX_THREADS];
+  pool_slot slot[DENSE_POOL_MAX_THREADS]; /* slot k: thread k's range */
 };
 
 static dense_pool *default_pool;
 
-static uint32_t ticket_gen(uint64_t t) { return (uint32_t)(t >> 32); }
-static int ticket_n(uint64_t t) { return (int)((t >> 16) & 0xffff); }
-static int ticket_next(uint64_t t) { return (int)(t & 0xffff); }
+static uint32_t slot_gen(uint64_t t) { return (uint32_t)(t >> 32); }
+static int slot_end(uint64_t t) { return (int)((t >> 16) & 0xffff); }
+static int slot_next(uint64_t t) { return (int)(t & 0xffff); }
 
-/* Claim and run tasks of run gen until none is left or a newer run began. */
-static void pool_work(dense_pool *p, uint32_t gen) {
-  for (;;) {
-    uint64_t t = atomic_load_explicit(&p->ticket, memory_order_acquire);
-    if (ticket_gen(t) != gen || ticket_next(t) >= ticket_n(t)) return;
-    dense_pool_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
-    void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
-    if (!atomic_compare_exchange_weak_explicit(&p->ticket, &t, t + 1, memory_order_acq_rel,
-                                               memory_order_relaxed))
-      continue;
-    fn(ctx, ticket_next(t));
-    atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+/* Claim and run tasks of run gen, from slot self's range first and then the
+ * others' in turn, until none is left or a newer run began. */
+static void pool_work(dense_pool *p, uint32_t gen, int self) {
+  for (int i = 0; i < p->threads; i++) {
+    int k = self + i < p->threads ? self + i : self + i - p->threads;
+    _Atomic uint64_t *slot = &p->slot[k].t;
+    for (;;) {
+      uint64_t t = atomic_load_explicit(slot, memory_order_acquire);
+      if (slot_gen(t) != gen) return; /* a newer run: this one is done */
+      if (slot_next(t) >= slot_end(t)) break;
+      dense_pool_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+      void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
+      if (!atomic_compare_exchange_weak_explicit(slot, &t, t + 1, memory_order_acq_rel,
+                                                 memory_order_relaxed))
+        continue;
+      fn(ctx, slot_next(t));
+      atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+    }
   }
 }
 
-/* Wait for a run newer than seen (spin, then sleep); its ticket, or 0 to stop. */
-static uint64_t pool_wait(dense_pool *p, uint32_t seen) {
+/* Wait for a run newer than seen (spin, then sleep); its generation, or 0 to
+ * stop. */
+static uint32_t pool_wait(dense_pool *p, uint32_t seen) {
   double t0 = sr_now();
   for (int i = 1;; i++) {
-    uint64_t t = atomic_load_explicit(&p->ticket, memory_order_acquire);
-    if (ticket_gen(t) != seen) return t;
+    uint32_t g = atomic_load_explicit(&p->run, memory_order_acquire);
+    if (g != seen) return g;
     if (atomic_load_explicit(&p->stop, memory_order_relaxed)) return 0;
     cpu_relax();
     if (!(i & 255) && sr_now() - t0 > POOL_SPIN_S) break;
   }
   pthread_mutex_lock(&p->mu);
   atomic_fetch_add(&p->sleepers, 1);
-  uint64_t t;
-  while (ticket_gen(t = atomic_load(&p->ticket)) == seen && !atomic_load(&p->stop))
+  uint32_t g;
+  while ((g = atomic_load(&p->run)) == seen && !atomic_load(&p->stop))
     pthread_cond_wait(&p->cv, &p->mu);
   atomic_fetch_sub(&p->sleepers, 1);
   pthread_mutex_unlock(&p->mu);
-  return atomic_load(&p->stop) ? 0 : t;
+  return atomic_load(&p->stop) ? 0 : g;
 }
 
 static void *pool_worker(void *arg) {
-  dense_pool *p = arg;
-  uint32_t seen = 0;
-  uint64_t t;
+  pool_worker_arg *a = arg;
+  uint32_t seen = 0, g;
   sr_thread_name("sr:dense");
-  while ((t = pool_wait(p, seen)) != 0) {
-    seen = ticket_gen(t);
-    pool_work(p, seen);
+  while ((g = pool_wait(a->p, seen)) != 0) {
+    seen = g;
+    pool_work(a->p, g, a->self);
   }
   return NULL;
 }
@@ -108,17 +132,20 @@ dense_pool *dense_pool_create(int threads, char *err, size_t errlen) {
            DENSE_POOL_MAX_THREADS);
     return NULL;
   }
-  dense_pool *p = calloc(1, sizeof *p);
+  /* aligned as its slots are, each on a cache line of its own */
+  dense_pool *p = aligned_alloc(_Alignof(dense_pool), sizeof *p);
   if (!p) {
     sr_fmt(err, errlen, "out of memory creating the dense pool");
     return NULL;
   }
+  memset(p, 0, sizeof *p);
   p->threads = threads;
   atomic_flag_clear(&p->busy);
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->cv, NULL);
   for (int i = 0; i + 1 < threads; i++) {
-    int rc = pthread_create(&p->tid[i], NULL, pool_worker, p);
+    p->arg[i] = (pool_worker_arg){p, i + 1};
+    int rc = pthread_create(&p->tid[i], NULL, pool_worker, &p->arg[i]);
     if (rc) {
       sr_fmt(err, errlen, "dense pool: could not start worker %d of %d: %s", i + 1,
              threads - 1, strerror(rc));
@@ -155,13 +182,18 @@ void dense_pool_run(dense_pool *p, int n_tasks, dense_pool_fn fn, void *ctx) {
   atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
   atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
   if (++p->gen == 0) p->gen = 1; /* 0 is the workers' "none seen yet" */
-  atomic_store(&p->ticket, (uint64_t)p->gen << 32 | (uint64_t)n_tasks << 16);
+  for (int k = 0; k < p->threads; k++) {
+    uint64_t lo = (uint64_t)n_tasks * k / p->threads, hi = (uint64_t)n_tasks * (k + 1) / p->threads;
+    atomic_store_explicit(&p->slot[k].t, (uint64_t)p->gen << 32 | hi << 16 | lo,
+                          memory_order_relaxed);
+  }
+  atomic_store(&p->run, p->gen);
   if (atomic_load(&p->sleepers) > 0) {
     pthread_mutex_lock(&p->mu);
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
   }
-  pool_work(p, p->gen);
+  pool_work(p, p->gen, 0);
   double t0 = 0;
   for (int i = 1; atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks; i++) {
     if (i == 256) t0 = sr_now();

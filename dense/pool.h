@@ -2,7 +2,8 @@
  *
  * A pool of N threads is the caller plus N - 1 workers. dense_pool_run
  * runs a FIXED list of tasks, fn(ctx, 0) ... fn(ctx, n_tasks - 1), spread
- * over the caller and the workers, and returns when every task is done.
+ * over the caller and the workers in contiguous ranges (thread k's first,
+ * then what is left of the others'), and returns when every task is done.
  * Which thread runs which task varies; the tasks themselves never do: the
  * kernels that use the pool cut their work into blocks whose sizes depend on
  * the shapes only (dense/backend_cpu.c), and each task writes its own block
