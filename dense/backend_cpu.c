@@ -68,6 +68,10 @@ typedef struct {
   const float *bias;
   int relu;
   void (*bias_act)(int, int, const float *, int, float *);
+  /* Optional: after its block of C, a task applies the ReLU backward of mask
+   * (laid out as C) to that block with relu_mask: C = mask > 0 ? C : 0. */
+  const float *mask;
+  void (*relu_mask)(int, int, int, const float *, float *);
 } gemm_job;
 
 int dense_gemm_tasks(int M, int N, int K, int *by_rows, int *blk) {
@@ -121,6 +125,7 @@ static void gemm_task(void *arg, int t) {
               g->lda, B, g->ldb, g->beta, C, g->ldc);
   if (g->bias) /* element-wise: the same bits in any block */
     for (int r = 0; r < M; r++) g->bias_act(1, N, g->bias + c0, g->relu, C + (size_t)r * g->ldc);
+  if (g->mask) g->relu_mask(M, N, g->ldc, g->mask + (C - g->C), C);
 }
 
 /* Several independent products in one run of the pool: job j's tasks
@@ -217,6 +222,20 @@ DENSE_MULTIVERSION(cpu_relu_bias_grad,
                    (int B, int N, int ld, const float *y, float *dy,
                     float *db),
                    (B, N, ld, y, dy, db))
+
+/* dy[B][N] *= (y[B][N] > 0): the ReLU backward alone, rows ld apart. The
+ * same choice per element as cpu_relu_bias_grad's, so masking first and
+ * summing the columns later gives that kernel's bits. */
+DENSE_BODY cpu_relu_mask_body(int B, int N, int ld, const float *restrict y,
+                              float *restrict dy) {
+  for (int r = 0; r < B; r++) {
+    float *restrict row = dy + (size_t)r * ld;
+    const float *restrict yr = y + (size_t)r * ld;
+    for (int c = 0; c < N; c++) row[c] = yr[c] > 0.0f ? row[c] : 0.0f;
+  }
+}
+DENSE_MULTIVERSION(cpu_relu_mask, (int B, int N, int ld, const float *y, float *dy),
+                   (B, N, ld, y, dy))
 
 /* DCN-v2 cross layer, forward: q[B][W] += bias[W]; out = x0 * q + xl.
  * Each product is a statement of its own: no compiler may fuse it with the
@@ -838,12 +857,19 @@ const dense_backend *dense_backend_cpu(void) {
 
 /* ---- layers on top of a backend ---------------------------------------- */
 
-/* The element-wise bias + activation kernel of a CPU kernel set, or NULL
- * for another backend (which then runs its ops one by one). */
-static void (*cpu_bias_act_of(const dense_backend *be))(int, int, const float *, int, float *) {
-  if (be == &cpu_backend_base) return cpu_bias_act_forward_base;
+/* The element-wise kernels a CPU kernel set runs inside its products'
+ * tasks, or NULL for another backend (which then runs its ops one by one). */
+typedef struct {
+  void (*bias_act)(int, int, const float *, int, float *);
+  void (*relu_mask)(int, int, int, const float *, float *);
+} cpu_epilogues;
+
+static const cpu_epilogues *cpu_epilogues_of(const dense_backend *be) {
+  static const cpu_epilogues base = {cpu_bias_act_forward_base, cpu_relu_mask_base};
+  if (be == &cpu_backend_base) return &base;
 #if DENSE_X86
-  if (be == &cpu_backend_avx2) return cpu_bias_act_forward_avx2;
+  static const cpu_epilogues avx2 = {cpu_bias_act_forward_avx2, cpu_relu_mask_avx2};
+  if (be == &cpu_backend_avx2) return &avx2;
 #endif
   return NULL;
 }
@@ -858,8 +884,9 @@ void dense_linear_forward(const dense_backend *be, int B, int K, int N,
                           int relu, float *out) {
   /* out[B][N] = in[B][K] * W[N][K]^T */
   gemm_job g = gemm_of(0, 1, B, N, K, 1.0f, in, K, W, K, 0.0f, out, N);
-  if ((g.bias_act = cpu_bias_act_of(be))) {
-    g.bias = b, g.relu = relu;
+  const cpu_epilogues *ep = cpu_epilogues_of(be);
+  if (ep) {
+    g.bias_act = ep->bias_act, g.bias = b, g.relu = relu;
     gemm_run(&g, 1);
     return;
   }
@@ -867,20 +894,23 @@ void dense_linear_forward(const dense_backend *be, int B, int K, int N,
   be->bias_act_forward(B, N, b, relu, out);
 }
 
-void dense_linear_backward(const dense_backend *be, int B, int K, int N,
-                           const float *in, const float *W, const float *out,
-                           int relu, float *dout, float *dW, float *db,
-                           float *din) {
+int dense_linear_backward(const dense_backend *be, int B, int K, int N,
+                          const float *in, const float *W, const float *out,
+                          int relu, float *dout, float *dW, float *db,
+                          float *din, int din_relu) {
   be->relu_bias_grad(B, N, N, relu ? out : NULL, dout, db);
   /* dW[N][K] = dz[B][N]^T * in[B][K]; din[B][K] = dz[B][N] * W[N][K] */
-  if (cpu_bias_act_of(be)) {
+  const cpu_epilogues *ep = cpu_epilogues_of(be);
+  if (ep) {
     gemm_job g[2] = {gemm_of(1, 0, N, K, B, 1.0f, dout, N, in, K, 0.0f, dW, K),
                      gemm_of(0, 0, B, K, N, 1.0f, dout, N, W, K, 0.0f, din, K)};
+    if (din && din_relu) g[1].mask = in, g[1].relu_mask = ep->relu_mask;
     gemm_run(g, din ? 2 : 1);
-    return;
+    return din && din_relu;
   }
   be->gemm(1, 0, N, K, B, 1.0f, dout, N, in, K, 0.0f, dW, K);
   if (din) be->gemm(0, 0, B, K, N, 1.0f, dout, N, W, K, 0.0f, din, K);
+  return 0;
 }
 
 void dense_cross_forward(const dense_backend *be, int B, int W, int R,

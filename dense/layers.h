@@ -24,12 +24,17 @@ void dense_linear_forward(const dense_backend *be, int B, int K, int N,
 
 /* Backward of dense_linear_forward. dout[B][N] is the gradient w.r.t. out
  * (the post-activation output); it is overwritten by the pre-activation
- * gradient. Writes (overwrites) dW[N][K] = dz^T * in, db[N] = colsum(dz) and,
- * unless din is NULL, din[B][K] = dz * W. out is the forward's output. */
-void dense_linear_backward(const dense_backend *be, int B, int K, int N,
-                           const float *in, const float *W, const float *out,
-                           int relu, float *dout, float *dW, float *db,
-                           float *din);
+ * gradient (relu: masked by out > 0; pass 0 when dout is masked already).
+ * Writes (overwrites) dW[N][K] = dz^T * in, db[N] = colsum(dz) and, unless
+ * din is NULL, din[B][K] = dz * W. out is the forward's output.
+ * din_relu: in is a ReLU's output, and din may be masked by in > 0 (the
+ * layer below's ReLU backward) as each block of it is formed, while in
+ * cache. Returns 1 when din was masked so (the CPU kernel sets), else 0;
+ * the bits are those of masking it afterwards. */
+int dense_linear_backward(const dense_backend *be, int B, int K, int N,
+                          const float *in, const float *W, const float *out,
+                          int relu, float *dout, float *dW, float *db,
+                          float *din, int din_relu);
 
 /* DCN-v2 cross layer (TorchRec's LowRankCrossNet, one layer), rows of width
  * W, rank R: out[B][W] = x0 * (xl V^T U^T + b) + xl, with V[R][W], U[W][R],

@@ -227,10 +227,11 @@ static void linear_forward(dense_model *m, int n, int l, const float *in, int re
                        m->params + m->b_off[l], relu, m->out[l]);
 }
 
-static void linear_backward(dense_model *m, int n, int l, const float *in, int relu,
-                            float *dout, float *din) {
-  dense_linear_backward(m->be, n, m->K[l], m->N[l], in, m->params + m->w_off[l], m->out[l],
-                        relu, dout, m->grads + m->w_off[l], m->grads + m->b_off[l], din);
+static int linear_backward(dense_model *m, int n, int l, const float *in, int relu,
+                           float *dout, float *din, int din_relu) {
+  return dense_linear_backward(m->be, n, m->K[l], m->N[l], in, m->params + m->w_off[l],
+                               m->out[l], relu, dout, m->grads + m->w_off[l],
+                               m->grads + m->b_off[l], din, din_relu);
 }
 
 /* ---- create / destroy ----------------------------------------------------- */
@@ -533,10 +534,12 @@ int dense_model_backward(dense_model *m, int n, const float *labels,
   double loss = be->bce_logits(n, m->out[L - 1], labels, g); /* g = dz[n] */
   if (loss_out) *loss_out = (float)loss;
 
-  /* top MLP, last layer first; the last din is dR[n][r_width] */
+  /* top MLP, last layer first; the last din is dR[n][r_width]. masked: g
+   * has had its ReLU backward already (in the product that formed it). */
+  int masked = 0;
   for (int l = L - 1; l >= nb; l--) {
     const float *in = l == nb ? top_in(m) : m->out[l - 1];
-    linear_backward(m, n, l, in, l + 1 < L, g, h);
+    masked = linear_backward(m, n, l, in, l + 1 < L && !masked, g, h, l > nb);
     tmp = g, g = h, h = tmp;
   }
 
@@ -554,9 +557,10 @@ int dense_model_backward(dense_model *m, int n, const float *labels,
   tmp = g, g = h, h = tmp;
 
   /* bottom MLP; the first layer needs no input gradient */
+  masked = 0;
   for (int l = nb - 1; l >= 0; l--) {
     const float *in = l == 0 ? m->x_in : m->out[l - 1];
-    linear_backward(m, n, l, in, 1, g, l == 0 ? NULL : h);
+    masked = linear_backward(m, n, l, in, !masked, g, l == 0 ? NULL : h, 1);
     tmp = g, g = h, h = tmp;
   }
   return SR_OK;

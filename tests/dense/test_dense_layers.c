@@ -82,7 +82,7 @@ static void run_linear(int relu) {
       /* keep away from the ReLU kink so finite differences are smooth */
       if (relu) ck_assert_msg(z == 0 || z > 1e-4, "input too near the kink");
     }
-  dense_linear_backward(be, LB, LK, LN, in, W, out, relu, dout, dW, db, din);
+  dense_linear_backward(be, LB, LK, LN, in, W, out, relu, dout, dW, db, din, 0);
 
   double fd[LB * LK > LN * LK ? LB * LK : LN * LK];
   double *vars[3] = {W_d, b_d, din_d};
@@ -121,8 +121,8 @@ START_TEST(test_linear_no_din) {
   fill(&r, d1, LB * LN, 1.0);
   memcpy(d2, d1, sizeof d1);
   dense_linear_forward(be, LB, LK, LN, in, W, b, 1, out);
-  dense_linear_backward(be, LB, LK, LN, in, W, out, 1, d1, dW1, db1, din);
-  dense_linear_backward(be, LB, LK, LN, in, W, out, 1, d2, dW2, db2, NULL);
+  dense_linear_backward(be, LB, LK, LN, in, W, out, 1, d1, dW1, db1, din, 0);
+  dense_linear_backward(be, LB, LK, LN, in, W, out, 1, d2, dW2, db2, NULL, 0);
   ck_assert(memcmp(dW1, dW2, sizeof dW1) == 0);
   ck_assert(memcmp(db1, db2, sizeof db1) == 0);
 }

@@ -14,6 +14,7 @@
 #include "common/rng.h"
 #include "common/sys.h"
 #include "dense/backend.h"
+#include "dense/layers.h"
 #include "dense/model.h"
 #include "dense/optim.h"
 #include "dense/pool.h"
@@ -234,6 +235,53 @@ START_TEST(test_gemm_cut_keeps_one_block_bits) {
 }
 END_TEST
 
+/* A layer's backward that masks its input gradient by the ReLU below as
+ * each block of the product is formed (din_relu) gives the bits of masking
+ * it afterwards with the ReLU/bias gradient, with 1, 2 and 3 threads: on
+ * products split by columns (batch 128), by rows (batch 1024) and in one
+ * block or cut in two (batch 48). */
+START_TEST(test_linear_backward_masks_din_in_place) {
+  const dense_backend *be = dense_test_be;
+  const int shapes[][3] = {{128, 512, 256}, {128, 256, 64}, {1024, 256, 512}, {48, 64, 16},
+                           {48, 256, 64}};
+  int zeros = 0;
+  for (int s = 0; s < 5; s++) {
+    int B = shapes[s][0], K = shapes[s][1], N = shapes[s][2];
+    sr_rng r;
+    sr_rng_init(&r, 17, (uint64_t)s);
+    size_t nin = (size_t)B * K, nout = (size_t)B * N;
+    float *in = malloc(sizeof(float) * nin), *W = malloc(sizeof(float) * N * K);
+    float *out = malloc(sizeof(float) * nout), *dout0 = malloc(sizeof(float) * nout);
+    float *dout = malloc(sizeof(float) * nout), *dW = malloc(sizeof(float) * N * K);
+    float *db = malloc(sizeof(float) * N), *dbk = malloc(sizeof(float) * K);
+    float *want = malloc(sizeof(float) * nin), *got = malloc(sizeof(float) * nin);
+    fill(&r, in, nin);
+    for (size_t i = 0; i < nin; i++) in[i] = in[i] > 0 ? in[i] : 0.0f; /* a ReLU's output */
+    fill(&r, W, (size_t)N * K);
+    fill(&r, out, nout);
+    fill(&r, dout0, nout);
+    memcpy(dout, dout0, sizeof(float) * nout);
+    ck_assert_int_eq(dense_linear_backward(be, B, K, N, in, W, out, 1, dout, dW, db, want, 0), 0);
+    be->relu_bias_grad(B, K, K, in, want, dbk);
+    for (size_t i = 0; i < nin; i++) zeros += in[i] == 0.0f && want[i] == 0.0f;
+    for (int th = 1; th <= 3; th++) {
+      dense_pool *p = use_threads(th, th);
+      memcpy(dout, dout0, sizeof(float) * nout);
+      memset(got, 0xff, sizeof(float) * nin);
+      ck_assert_int_eq(dense_linear_backward(be, B, K, N, in, W, out, 1, dout, dW, db, got, 1),
+                       1);
+      done_threads(p);
+      ck_assert_msg(!memcmp(want, got, sizeof(float) * nin),
+                    "%dx%dx%d, %d threads: din masked in the product differs from after it",
+                    B, K, N, th);
+    }
+    free(in), free(W), free(out), free(dout0), free(dout), free(dW), free(db), free(dbk);
+    free(want), free(got);
+  }
+  ck_assert_int_gt(zeros, 1000);
+}
+END_TEST
+
 /* The Kaggle configuration with a cross network of 2 layers of rank 128
  * (x_0 of width 27 * 16) in place of the dot interaction. */
 static const dense_config *kaggle_dcn(int B) {
@@ -332,6 +380,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, test_pool_workers_named);
   tcase_add_test(tc, test_gemm_same_bits_any_threads);
   tcase_add_test(tc, test_gemm_cut_keeps_one_block_bits);
+  tcase_add_test(tc, test_linear_backward_masks_din_in_place);
   tcase_add_test(tc, test_model_step_same_bits_any_threads);
   tcase_add_test(tc, test_dcn_step_same_bits_any_threads);
   tcase_add_test(tc, test_bce_fixed_blocks);
