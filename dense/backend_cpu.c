@@ -595,6 +595,11 @@ typedef struct {
   int B, N, ld, relu, ni, d, itself, r_stride, blk;
   const float *bias, *y, *T, *dR;
   float *out, *db, *R, *dT;
+  /* The interaction's gather into T[b] = [xb[b], emb[b]] (forward, into
+   * T_in) and scatter of dT[b] to dxb[b] and d_emb[b] (backward; d_emb may
+   * be NULL), done by each task for its own samples when xb / dxb is set. */
+  const float *xb, *emb;
+  float *T_in, *dxb, *d_emb;
   union {
     void (*bias_act)(int, int, const float *, int, float *);
     void (*relu_bias)(int, int, int, const float *, float *, float *);
@@ -620,7 +625,11 @@ static void relu_bias_task(void *arg, int t) {
 static void fwd_task(void *arg, int t) {
   const batch_job *j = arg;
   int b0 = t * j->blk;
-  size_t ts = (size_t)j->ni * j->d;
+  size_t d = (size_t)j->d, ts = (size_t)j->ni * d, es = ts - d;
+  for (size_t b = b0; j->xb && b < (size_t)(b0 + rest(j->B, b0, j->blk)); b++) {
+    memcpy(j->T_in + b * ts, j->xb + b * d, sizeof(float) * d);
+    memcpy(j->T_in + b * ts + d, j->emb + b * es, sizeof(float) * es);
+  }
   j->k.fwd(rest(j->B, b0, j->blk), j->ni, j->d, j->itself, j->T + b0 * ts,
            j->R + (size_t)b0 * j->r_stride, j->r_stride);
 }
@@ -630,6 +639,11 @@ static void bwd_task(void *arg, int t) {
   size_t ts = (size_t)j->ni * j->d;
   j->k.bwd(rest(j->B, b0, j->blk), j->ni, j->d, j->itself, j->T + b0 * ts,
            j->dR + (size_t)b0 * j->r_stride, j->r_stride, j->dT + b0 * ts);
+  size_t d = (size_t)j->d, es = ts - d;
+  for (size_t b = b0; j->dxb && b < (size_t)(b0 + rest(j->B, b0, j->blk)); b++) {
+    memcpy(j->dxb + b * d, j->dT + b * ts, sizeof(float) * d);
+    if (j->d_emb) memcpy(j->d_emb + b * es, j->dT + b * ts + d, sizeof(float) * es);
+  }
 }
 
 #define DENSE_BATCH_KERNELS(isa)                                                     \
@@ -862,13 +876,17 @@ const dense_backend *dense_backend_cpu(void) {
 typedef struct {
   void (*bias_act)(int, int, const float *, int, float *);
   void (*relu_mask)(int, int, int, const float *, float *);
+  void (*interact_fwd)(int, int, int, int, const float *, float *, int);
+  void (*interact_bwd)(int, int, int, int, const float *, const float *, int, float *);
 } cpu_epilogues;
 
 static const cpu_epilogues *cpu_epilogues_of(const dense_backend *be) {
-  static const cpu_epilogues base = {cpu_bias_act_forward_base, cpu_relu_mask_base};
+  static const cpu_epilogues base = {cpu_bias_act_forward_base, cpu_relu_mask_base,
+                                     interact_fwd_base, interact_bwd_base};
   if (be == &cpu_backend_base) return &base;
 #if DENSE_X86
-  static const cpu_epilogues avx2 = {cpu_bias_act_forward_avx2, cpu_relu_mask_avx2};
+  static const cpu_epilogues avx2 = {cpu_bias_act_forward_avx2, cpu_relu_mask_avx2,
+                                     interact_fwd_avx2, interact_bwd_avx2};
   if (be == &cpu_backend_avx2) return &avx2;
 #endif
   return NULL;
@@ -911,6 +929,46 @@ int dense_linear_backward(const dense_backend *be, int B, int K, int N,
   be->gemm(1, 0, N, K, B, 1.0f, dout, N, in, K, 0.0f, dW, K);
   if (din) be->gemm(0, 0, B, K, N, 1.0f, dout, N, W, K, 0.0f, din, K);
   return 0;
+}
+
+void dense_interact_dot_forward(const dense_backend *be, int B, int ni, int d, int itself,
+                                const float *xb, const float *emb, float *T, float *R,
+                                int r_stride) {
+  const cpu_epilogues *ep = cpu_epilogues_of(be);
+  if (ep) {
+    batch_job j = {.B = B, .ni = ni, .d = d, .itself = itself, .T = T, .R = R,
+                   .r_stride = r_stride, .blk = INTERACT_SAMPLES, .xb = xb, .emb = emb,
+                   .T_in = T};
+    j.k.fwd = ep->interact_fwd;
+    dense_pool_run(dense_pool_default(), blocks_of(B, j.blk), fwd_task, &j);
+    return;
+  }
+  size_t ts = (size_t)ni * d, es = ts - d;
+  for (size_t b = 0; b < (size_t)B; b++) {
+    memcpy(T + b * ts, xb + b * d, sizeof(float) * d);
+    memcpy(T + b * ts + d, emb + b * es, sizeof(float) * es);
+  }
+  be->interact_dot_forward(B, ni, d, itself, T, R, r_stride);
+}
+
+void dense_interact_dot_backward(const dense_backend *be, int B, int ni, int d, int itself,
+                                 const float *T, const float *dR, int r_stride, float *dT,
+                                 float *dxb, float *d_emb) {
+  const cpu_epilogues *ep = cpu_epilogues_of(be);
+  if (ep) {
+    batch_job j = {.B = B, .ni = ni, .d = d, .itself = itself, .T = T, .dR = dR,
+                   .r_stride = r_stride, .dT = dT, .blk = INTERACT_SAMPLES, .dxb = dxb,
+                   .d_emb = d_emb};
+    j.k.bwd = ep->interact_bwd;
+    dense_pool_run(dense_pool_default(), blocks_of(B, j.blk), bwd_task, &j);
+    return;
+  }
+  be->interact_dot_backward(B, ni, d, itself, T, dR, r_stride, dT);
+  size_t ts = (size_t)ni * d, es = ts - d;
+  for (size_t b = 0; b < (size_t)B; b++) {
+    memcpy(dxb + b * d, dT + b * ts, sizeof(float) * d);
+    if (d_emb) memcpy(d_emb + b * es, dT + b * ts + d, sizeof(float) * es);
+  }
 }
 
 void dense_cross_forward(const dense_backend *be, int B, int W, int R,

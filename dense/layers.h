@@ -36,6 +36,22 @@ int dense_linear_backward(const dense_backend *be, int B, int K, int N,
                           int relu, float *dout, float *dW, float *db,
                           float *din, int din_relu);
 
+/* The dot interaction of the bottom MLP's output xb[B][d] with the pooled
+ * embeddings emb[B][ni-1][d]: T[b] = [xb[b], emb[b]] gathered into
+ * T[B][ni][d] (kept for the backward), then the backend's
+ * interact_dot_forward into R. The CPU kernel sets gather each block of
+ * samples in the task that computes it. */
+void dense_interact_dot_forward(const dense_backend *be, int B, int ni, int d, int itself,
+                                const float *xb, const float *emb, float *T, float *R,
+                                int r_stride);
+
+/* Its backward: interact_dot_backward from dR into dT[B][ni][d], then
+ * dT[b] scattered to dxb[b] (width d) and, unless NULL, d_emb[b]
+ * (width (ni-1) d), by each block's task on the CPU. */
+void dense_interact_dot_backward(const dense_backend *be, int B, int ni, int d, int itself,
+                                 const float *T, const float *dR, int r_stride, float *dT,
+                                 float *dxb, float *d_emb);
+
 /* DCN-v2 cross layer (TorchRec's LowRankCrossNet, one layer), rows of width
  * W, rank R: out[B][W] = x0 * (xl V^T U^T + b) + xl, with V[R][W], U[W][R],
  * b[W]. Keeps P[B][R] = xl V^T and Q[B][W] = P U^T + b for the backward.

@@ -191,34 +191,6 @@ size_t dense_config_param_count(const dense_config *c) {
   return n + (size_t)c->dcn_layers * (2 * W * (size_t)c->dcn_rank + W);
 }
 
-/* The dot interaction with the gathers around it. Forward:
- * T[n][ni][d] = [x_bot[b]; emb[b]] per sample, then R[n][r_stride]. */
-static void interact_forward(dense_model *m, int n, const float *xb,
-                             const float *emb) {
-  const dense_config *c = &m->cfg;
-  size_t d = (size_t)c->emb_dim, ts = (size_t)m->ni * d, es = ts - d;
-  for (int b = 0; b < n; b++) {
-    memcpy(m->T + b * ts, xb + b * d, sizeof(float) * d);
-    memcpy(m->T + b * ts + d, emb + b * es, sizeof(float) * es);
-  }
-  m->be->interact_dot_forward(n, m->ni, (int)d, c->interaction_itself, m->T,
-                              m->R, m->r_width);
-}
-
-/* Backward: dR[n][r_stride] -> dT[n][ni][d], scattered to dxb[n][d] and
- * d_emb[n][ni-1][d] (d_emb may be NULL). */
-static void interact_backward(dense_model *m, int n, const float *dR,
-                              float *dxb, float *d_emb) {
-  const dense_config *c = &m->cfg;
-  size_t d = (size_t)c->emb_dim, ts = (size_t)m->ni * d, es = ts - d;
-  m->be->interact_dot_backward(n, m->ni, (int)d, c->interaction_itself, m->T,
-                               dR, m->r_width, m->dT);
-  for (int b = 0; b < n; b++) {
-    memcpy(dxb + b * d, m->dT + b * ts, sizeof(float) * d);
-    if (d_emb) memcpy(d_emb + b * es, m->dT + b * ts + d, sizeof(float) * es);
-  }
-}
-
 /* Layer l of m through the shared layer code (dense/layers.h): forward
  * out[l][n][N] = act(in W^T + b); backward from dout[n][N] (ReLU backward
  * in place when relu) into its gradients and din[n][K] (may be NULL). */
@@ -478,7 +450,8 @@ int dense_model_forward(dense_model *m, int n, const float *x_dense,
 
   /* interaction -> R[n][r_width] (dcn: x_0) */
   if (c->interaction == DENSE_INTERACT_DOT) {
-    interact_forward(m, n, xb, emb);
+    dense_interact_dot_forward(m->be, n, m->ni, c->emb_dim, c->interaction_itself, xb, emb,
+                               m->T, m->R, m->r_width); /* T[n][ni][d] = [xb[b], emb[b]] */
   } else { /* cat, dcn: [x_bot, emb] */
     for (int b = 0; b < n; b++) {
       float *r = m->R + (size_t)b * m->r_width;
@@ -545,7 +518,8 @@ int dense_model_backward(dense_model *m, int n, const float *labels,
 
   /* interaction backward: g = dR -> h = dx_bot[n][d], d_emb */
   if (c->interaction == DENSE_INTERACT_DOT) {
-    interact_backward(m, n, g, h, d_emb);
+    dense_interact_dot_backward(m->be, n, m->ni, c->emb_dim, c->interaction_itself, m->T, g,
+                                m->r_width, m->dT, h, d_emb);
   } else { /* cat: dR is d[x_bot, emb]; dcn: d x_0, gathered in acc */
     const float *dx0 = m->n_cross ? cross_backward(m, n, g, h) : g;
     for (int b = 0; b < n; b++) {
