@@ -223,7 +223,7 @@ DENSE_MULTIVERSION(cpu_relu_bias_grad,
                     float *db),
                    (B, N, ld, y, dy, db))
 
-/* dy[B][N] *= (y[B][N] > 0): the ReLU backward alone, rows ld apart. The
+/* dy[B][N] = y > 0 ? dy : 0: the ReLU backward alone, rows ld apart. The
  * same choice per element as cpu_relu_bias_grad's, so masking first and
  * summing the columns later gives that kernel's bits. */
 DENSE_BODY cpu_relu_mask_body(int B, int N, int ld, const float *restrict y,

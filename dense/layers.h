@@ -46,7 +46,7 @@ void dense_interact_dot_forward(const dense_backend *be, int B, int ni, int d, i
                                 int r_stride);
 
 /* Its backward: interact_dot_backward from dR into dT[B][ni][d], then
- * dT[b] scattered to dxb[b] (width d) and, unless NULL, d_emb[b]
+ * dT[b] scattered to dxb[b] (width d; not NULL) and, unless NULL, d_emb[b]
  * (width (ni-1) d), by each block's task on the CPU. */
 void dense_interact_dot_backward(const dense_backend *be, int B, int ni, int d, int itself,
                                  const float *T, const float *dR, int r_stride, float *dT,

@@ -193,7 +193,9 @@ size_t dense_config_param_count(const dense_config *c) {
 
 /* Layer l of m through the shared layer code (dense/layers.h): forward
  * out[l][n][N] = act(in W^T + b); backward from dout[n][N] (ReLU backward
- * in place when relu) into its gradients and din[n][K] (may be NULL). */
+ * in place when relu) into its gradients and din[n][K] (may be NULL),
+ * returning 1 when din came out masked by the ReLU below (din_relu: in is
+ * that ReLU's output), so that the layer below is called with relu 0. */
 static void linear_forward(dense_model *m, int n, int l, const float *in, int relu) {
   dense_linear_forward(m->be, n, m->K[l], m->N[l], in, m->params + m->w_off[l],
                        m->params + m->b_off[l], relu, m->out[l]);
@@ -530,8 +532,8 @@ int dense_model_backward(dense_model *m, int n, const float *labels,
   }
   tmp = g, g = h, h = tmp;
 
-  /* bottom MLP; the first layer needs no input gradient */
-  masked = 0;
+  /* bottom MLP (the interaction's gradient is not masked: masked is 0);
+   * the first layer needs no input gradient */
   for (int l = nb - 1; l >= 0; l--) {
     const float *in = l == 0 ? m->x_in : m->out[l - 1];
     masked = linear_backward(m, n, l, in, !masked, g, l == 0 ? NULL : h, 1);

@@ -3,16 +3,19 @@
  * A run's tasks are dealt out in contiguous ranges, one per thread: with T
  * threads, thread k (the caller is 0) owns tasks [n k / T, n (k + 1) / T).
  * Each thread runs its own range first, then takes what is left of the
- * others'. Kernels that follow each other cut the same dimension into the
- * same blocks (a product's column blocks, then its ReLU gradient's), so the
- * thread that wrote a block mostly reads it back from its own cache.
+ * others'. Kernels that follow each other mostly cut the batch alike (at a
+ * large batch a layer's blocks of rows, then the next layer's, then the
+ * interaction's blocks of samples), so the thread that wrote a block mostly
+ * reads it back from its own cache.
  *
  * Each range is one 64-bit slot: generation (32 bits), end (16) and the
  * next unclaimed task (16). A thread claims a task by moving a slot on by
  * one with a compare-and-swap, so a worker still looking at an older run can
  * never claim a task of a newer one (its generation no longer matches). The
- * run's fn and ctx are written before the run is published and used only by
- * a thread whose claim succeeded, which proves the run still current. */
+ * slots, fn and ctx are written before the run's generation is stored in
+ * run, and a worker reads them only after loading that generation (acquire),
+ * so it sees them whole; fn and ctx are used only by a thread whose claim
+ * succeeded, which proves the run still current. */
 #include "dense/pool.h"
 
 #include <pthread.h>

@@ -15,8 +15,8 @@ Each pattern is written with a character class or a group inside its word,
 so that this file's own text does not match it and the check passes over
 itself like any other file. Product words that share a spelling are let
 through by the pattern or its allow rule: a TLS, SSL, gRPC or MPI
-sess(ion) and its tickets, caches, keys, ids, folders; the dense pool's
-run tick(et); a lookup that is issu(ed).
+sess(ion) and its tickets, caches, keys, ids, folders; a lookup that
+is issu(ed).
 """
 import argparse
 import os

@@ -290,6 +290,47 @@ START_TEST(test_determinism) {
 }
 END_TEST
 
+/* A backend that is a copy of a CPU kernel set runs the layers op by op
+ * (the products alone, then their bias, ReLU and gathers: dense/layers.h's
+ * fallbacks) and gives the bits of the kernel set itself, which runs them
+ * inside the products' and the interaction's tasks: dot, cat and dcn. */
+START_TEST(test_op_by_op_same_bits) {
+  enum { B = 256 };
+  const int kinds[3] = {DENSE_INTERACT_DOT, DENSE_INTERACT_CAT, DENSE_INTERACT_DCN};
+  dense_backend copy = *dense_test_be;
+  float *x = malloc(B * 13 * 4), *e = malloc(B * 416 * 4), y[B];
+  sr_rng r;
+  sr_rng_init(&r, 9, 9);
+  fill(&r, x, B * 13, 1.0);
+  fill(&r, e, B * 416, 0.1);
+  for (int i = 0; i < B; i++) y[i] = (float)(sr_rng_u32(&r) & 1);
+  for (int k = 0; k < 3; k++) {
+    dense_config c = kaggle_cfg(B);
+    c.interaction = kinds[k];
+    if (kinds[k] == DENSE_INTERACT_DCN) c.dcn_layers = 2, c.dcn_rank = 64;
+    char err[256];
+    dense_model *m[2] = {dense_model_create_on(&c, 77, dense_test_be, err, sizeof err),
+                         dense_model_create_on(&c, 77, &copy, err, sizeof err)};
+    ck_assert_msg(m[0] && m[1], "%s", err);
+    float z[2][B], loss[2], *de[2];
+    for (int i = 0; i < 2; i++) {
+      de[i] = malloc(B * 416 * 4);
+      ck_assert_int_eq(dense_model_forward(m[i], B, x, e, z[i]), 0);
+      ck_assert_int_eq(dense_model_backward(m[i], B, y, &loss[i], de[i]), 0);
+    }
+    size_t n;
+    const float *g0 = dense_model_grads(m[0], &n);
+    ck_assert_msg(!memcmp(z[0], z[1], sizeof z[0]), "interaction %d: logits differ", kinds[k]);
+    ck_assert(!memcmp(&loss[0], &loss[1], sizeof loss[0]));
+    ck_assert_msg(!memcmp(de[0], de[1], B * 416 * 4), "interaction %d: d_emb differs", kinds[k]);
+    ck_assert_msg(!memcmp(g0, dense_model_grads(m[1], NULL), n * 4),
+                  "interaction %d: gradients differ", kinds[k]);
+    for (int i = 0; i < 2; i++) free(de[i]), dense_model_destroy(m[i]);
+  }
+  free(x), free(e);
+}
+END_TEST
+
 /* ---- initialisation as the reference --------------------------------------- */
 
 START_TEST(test_init_stats) {
@@ -497,6 +538,7 @@ static Suite *suite(void) {
   tcase_add_test(t, test_grad_cat);
   tcase_add_test(t, test_grad_dcn);
   tcase_add_test(t, test_determinism);
+  tcase_add_test(t, test_op_by_op_same_bits);
   tcase_add_test(t, test_init_stats);
   tcase_add_test(t, test_config_errors);
   tcase_add_test(t, test_flops_and_shapes);
