@@ -139,10 +139,11 @@ static void cur_row16(cursor *c, emb_precision prec, float *dst, size_t dim) {
 
 /* One TableRows (*c) asked for as cnt ids of table tp: its rows (4 bytes a
  * weight, or 2 for an fp16 or bf16 table), if its table and length are
- * those, into out as floats, row r at perm[r] * dim. 0, -1 garbled, -2
+ * those, into out, row r at perm[r] * dim: as floats, or as they came
+ * (rows16: a 16-bit table's rows as uint16_t values). 0, -1 garbled, -2
  * another table or length. */
 static int table_scatter(cursor *c, const emb_table *tp, size_t cnt, const size_t *perm,
-                         float *out) {
+                         void *out, int rows16) {
   uint64_t id = 0, v;
   cursor rows = {0}, sub;
   int have_rows = 0;
@@ -157,15 +158,17 @@ static int table_scatter(cursor *c, const emb_table *tp, size_t cnt, const size_
   const size_t dim = (size_t)tp->dim;
   const size_t bytes = dim * (size_t)emb_precision_bytes(tp->precision);
   if (id != tp->table_id || (have_rows ? rows.left : 0) != cnt * bytes) return -2;
-  if (tp->precision == EMB_PREC_FP32)
-    for (size_t r = 0; r < cnt; r++) cur_take(&rows, out + perm[r] * dim, bytes);
+  if (tp->precision == EMB_PREC_FP32 || rows16)
+    for (size_t r = 0; r < cnt; r++) cur_take(&rows, (char *)out + perm[r] * bytes, bytes);
   else
-    for (size_t r = 0; r < cnt; r++) cur_row16(&rows, tp->precision, out + perm[r] * dim, dim);
+    for (size_t r = 0; r < cnt; r++)
+      cur_row16(&rows, tp->precision, (float *)out + perm[r] * dim, dim);
   return 0;
 }
 
 int rpc__answer_scatter(grpc_byte_buffer *bb, const emb_plan *plan, const call_part *parts,
-                        int n_parts, size_t *const *perm, float *const *out, int *bad_table) {
+                        int n_parts, size_t *const *perm, void *const *out, int rows16,
+                        int *bad_table) {
   *bad_table = -1;
   grpc_byte_buffer_reader rd;
   if (!bb || !grpc_byte_buffer_reader_init(&rd, bb)) return -1;
@@ -185,7 +188,7 @@ int rpc__answer_scatter(grpc_byte_buffer *bb, const emb_plan *plan, const call_p
     if (j >= n_parts) continue; /* more tables than asked for: not read */
     const call_part *pt = &parts[j++];
     const emb_table *tp = &plan->tables[pt->t];
-    rc = table_scatter(&sub, tp, pt->n, perm[pt->t] + pt->lo, out[pt->t]);
+    rc = table_scatter(&sub, tp, pt->n, perm[pt->t] + pt->lo, out[pt->t], rows16);
     if (rc == -2) *bad_table = pt->t;
   }
   if (!rc && j < n_parts) { /* a table missing from the answer */

@@ -132,11 +132,13 @@ int rpc__answer_incarnation(grpc_byte_buffer *bb, uint64_t *inc);
 /* The rows of the LookupResponse bb of a call carrying parts[n_parts]
  * copied from the slices they arrived in into out: the j-th TableRows is
  * parts[j]'s, its row r going to out[t] + perm[t][lo + r] * dim (one copy
- * a row). 0; -1 when bb is not a LookupResponse; -2 when a table's answer
- * is missing or not the part's table and length, its plan index in
- * *bad_table. */
+ * a row): as floats, or with rows16 an fp16 or bf16 table's rows in their
+ * own bits (uint16_t values; emb_store_lookup_begin_rows16). 0; -1 when
+ * bb is not a LookupResponse; -2 when a table's answer is missing or not
+ * the part's table and length, its plan index in *bad_table. */
 int rpc__answer_scatter(grpc_byte_buffer *bb, const emb_plan *plan, const call_part *parts,
-                        int n_parts, size_t *const *perm, float *const *out, int *bad_table);
+                        int n_parts, size_t *const *perm, void *const *out, int rows16,
+                        int *bad_table);
 
 /* ---- remote_store.c: the store ---- */
 
@@ -196,6 +198,7 @@ typedef struct {
   int lookup_pending;
   int64_t lookup_step;
   float *const *lookup_out;
+  int lookup_rows16;    /* lookup_out takes 16-bit tables' rows as they are */
   double lookup_t0;     /* when the outstanding lookup's requests were begun (sr_now) */
   double lookup_flight; /* the last lookup's seconds in flight (emb_store_lookup_flight) */
   lane *cur;        /* the lane of the lookup outstanding: &lk or a slot's */

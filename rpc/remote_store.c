@@ -304,7 +304,8 @@ static int answer_read(rstore *s, lane *L, pcall *p, float *const *out) {
   if (rpc__answer_incarnation(p->recv, &inc) == 0 &&
       (rc = check_inc(s, p->shard, inc, "lookup")))
     return rc;
-  rc = rpc__answer_scatter(p->recv, s->base.plan, p->parts, p->n_parts, L->perm, out, &bad);
+  rc = rpc__answer_scatter(p->recv, s->base.plan, p->parts, p->n_parts, L->perm,
+                           (void *const *)out, s->lookup_rows16, &bad);
   if (rc == -2) {
     sr_fmt(s->err, sizeof s->err,
            "lookup: shard %d server %s: answer for table %d does not match the request", p->shard,
@@ -336,8 +337,8 @@ static void answer_early(void *ctx, pcall *p) {
   if (p->hint || p->status != GRPC_STATUS_OK || !p->recv) return;
   if (rpc__answer_incarnation(p->recv, &inc) || !inc || inc != e->s->c[p->shard].inc) return;
   int bad;
-  if (!rpc__answer_scatter(p->recv, e->s->base.plan, p->parts, p->n_parts, e->L->perm, e->out,
-                           &bad))
+  if (!rpc__answer_scatter(p->recv, e->s->base.plan, p->parts, p->n_parts, e->L->perm,
+                           (void *const *)e->out, e->s->lookup_rows16, &bad))
     p->scattered = 1;
 }
 
@@ -373,7 +374,9 @@ static void lookup_drop(rstore *s) {
   s->lookup_pending = 0;
 }
 
-static int r_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, float *const *out) {
+/* lookup_begin; rows16: 16-bit tables' rows as they come (lookup_begin_rows16). */
+static int lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, float *const *out,
+                        int rows16) {
   rstore *s = (rstore *)b;
   const double t_in = sr_now();
   if (s->lookup_pending) lookup_drop(s); /* one never waited for: drop its rows */
@@ -400,11 +403,21 @@ static int r_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, floa
   s->lookup_t0 = f && f->t_sent < t_in ? f->t_sent : t_in;
   if (step > s->seen) s->seen = step;
   s->lookup_out = out;
+  s->lookup_rows16 = rows16;
   s->lookup_step = step;
   s->lookup_pending = 1;
   s->lookup_rc = 0;
   for (int t = 0; t < ids->n_tables; t++) s->st.lookups += ids->counts[t];
   return 0;
+}
+
+static int r_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, float *const *out) {
+  return lookup_begin(b, step, ids, out, 0);
+}
+
+static int r_lookup_begin_rows16(emb_store *b, int64_t step, const emb_idset *ids,
+                                 void *const *out) {
+  return lookup_begin(b, step, ids, (float *const *)out, 1);
 }
 
 /* A prefetched lookup that failed (a deadline passed while it waited, a
@@ -824,6 +837,7 @@ const emb_store_ops rpc__remote_ops = {
     .kind = EMB_STORE_REMOTE,
     .ckpt_layout = EMB_CKPT_SHARD_FOLDERS,
     .lookup_begin = r_lookup_begin,
+    .lookup_begin_rows16 = r_lookup_begin_rows16,
     .lookup_wait = r_lookup_wait,
     .prefetch = rpc__remote_prefetch,
     .lookup_flight = r_lookup_flight,

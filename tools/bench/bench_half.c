@@ -11,7 +11,8 @@
  *     the table: lookups read misses), rows/s, and its SST bytes.
  * Each figure is printed beside fp32's, measured in the same run; the
  * lookup figures are medians of --rounds rounds, each timing the three
- * precisions in turn. */
+ * precisions in turn. Lookups hand 16-bit rows as they are where the store
+ * can (in-process, gRPC), as the trainer takes them. */
 #include <getopt.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -87,8 +88,11 @@ static int push_all(emb_store *st, const hopts *o, int64_t *step, double *secs) 
   return rc;
 }
 
-/* o->iters lookups of o->batch random ids: rows/s (0 on failure). */
-static double lookups(emb_store *st, const hopts *o, int64_t step) {
+/* o->iters lookups of o->batch random ids: rows/s (0 on failure). A
+ * 16-bit table's rows come as they are where the store can hand them so
+ * (emb_store_lookup_begin_rows16), as the trainer takes them for pooling. */
+static double lookups(emb_store *st, const hopts *o, emb_precision prec, int64_t step) {
+  const int rows16 = prec != EMB_PREC_FP32 && emb_store_has_rows16(st);
   uint64_t *ids = malloc((size_t)o->batch * sizeof *ids);
   float *out = malloc((size_t)(o->batch * o->dim) * sizeof *out);
   sr_rng r;
@@ -105,7 +109,8 @@ static double lookups(emb_store *st, const hopts *o, int64_t step) {
     const uint64_t *ip[1] = {ids};
     float *op[1] = {out};
     emb_idset set = {1, ip, &u};
-    rc = emb_store_lookup_begin(st, step + k, &set, op);
+    rc = rows16 ? emb_store_lookup_begin_rows16(st, step + k, &set, (void *const *)op)
+                : emb_store_lookup_begin(st, step + k, &set, op);
     if (!rc) rc = emb_store_lookup_wait(st);
   }
   double dt = sr_now() - t0;
@@ -254,9 +259,9 @@ int bench_half(int argc, char **argv) {
   for (int k = 0; k < o.rounds && !rc; k++)
     for (int j = 0; j < 3 && !rc; j++) {
       const int p = (k + j) % 3;
-      lk[0][p][k] = lookups(set[p].loc, &o, set[p].step);
-      lk[1][p][k] = lookups(set[p].rem, &o, set[p].step);
-      lk[2][p][k] = lookups(set[p].sh, &o, set[p].step);
+      lk[0][p][k] = lookups(set[p].loc, &o, (emb_precision)p, set[p].step);
+      lk[1][p][k] = lookups(set[p].rem, &o, (emb_precision)p, set[p].step);
+      lk[2][p][k] = lookups(set[p].sh, &o, (emb_precision)p, set[p].step);
       if (lk[0][p][k] <= 0 || lk[1][p][k] <= 0 || lk[2][p][k] <= 0) rc = 1;
     }
   for (int p = 0; !rc && p < 3; p++) {
