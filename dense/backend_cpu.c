@@ -6,11 +6,8 @@
 
 #include <cblas.h>
 #include <math.h>
-#include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "common/status.h"
 #include "common/sys.h"
@@ -622,14 +619,29 @@ static void relu_bias_task(void *arg, int t) {
   j->k.relu_bias(j->B, rest(j->N, c0, j->blk), j->ld, j->y ? j->y + c0 : NULL, j->out + c0,
                  j->db + c0);
 }
+/* Samples [b0, b1): T[b] = [xb[b], emb[b]] (ni vectors of width d). */
+static void interact_gather(size_t b0, size_t b1, int ni, int d, const float *xb,
+                            const float *emb, float *T) {
+  size_t ts = (size_t)ni * d, es = ts - d;
+  for (size_t b = b0; b < b1; b++) {
+    memcpy(T + b * ts, xb + b * d, sizeof(float) * d);
+    memcpy(T + b * ts + d, emb + b * es, sizeof(float) * es);
+  }
+}
+/* Samples [b0, b1): dT[b] to dxb[b] and (unless NULL) d_emb[b]. */
+static void interact_scatter(size_t b0, size_t b1, int ni, int d, const float *dT, float *dxb,
+                             float *d_emb) {
+  size_t ts = (size_t)ni * d, es = ts - d;
+  for (size_t b = b0; b < b1; b++) {
+    memcpy(dxb + b * d, dT + b * ts, sizeof(float) * d);
+    if (d_emb) memcpy(d_emb + b * es, dT + b * ts + d, sizeof(float) * es);
+  }
+}
 static void fwd_task(void *arg, int t) {
   const batch_job *j = arg;
   int b0 = t * j->blk;
-  size_t d = (size_t)j->d, ts = (size_t)j->ni * d, es = ts - d;
-  for (size_t b = b0; j->xb && b < (size_t)(b0 + rest(j->B, b0, j->blk)); b++) {
-    memcpy(j->T_in + b * ts, j->xb + b * d, sizeof(float) * d);
-    memcpy(j->T_in + b * ts + d, j->emb + b * es, sizeof(float) * es);
-  }
+  size_t ts = (size_t)j->ni * j->d;
+  if (j->xb) interact_gather(b0, b0 + rest(j->B, b0, j->blk), j->ni, j->d, j->xb, j->emb, j->T_in);
   j->k.fwd(rest(j->B, b0, j->blk), j->ni, j->d, j->itself, j->T + b0 * ts,
            j->R + (size_t)b0 * j->r_stride, j->r_stride);
 }
@@ -639,11 +651,8 @@ static void bwd_task(void *arg, int t) {
   size_t ts = (size_t)j->ni * j->d;
   j->k.bwd(rest(j->B, b0, j->blk), j->ni, j->d, j->itself, j->T + b0 * ts,
            j->dR + (size_t)b0 * j->r_stride, j->r_stride, j->dT + b0 * ts);
-  size_t d = (size_t)j->d, es = ts - d;
-  for (size_t b = b0; j->dxb && b < (size_t)(b0 + rest(j->B, b0, j->blk)); b++) {
-    memcpy(j->dxb + b * d, j->dT + b * ts, sizeof(float) * d);
-    if (j->d_emb) memcpy(j->d_emb + b * es, j->dT + b * ts + d, sizeof(float) * es);
-  }
+  if (j->dxb)
+    interact_scatter(b0, b0 + rest(j->B, b0, j->blk), j->ni, j->d, j->dT, j->dxb, j->d_emb);
 }
 
 #define DENSE_BATCH_KERNELS(isa)                                                     \
@@ -817,54 +826,6 @@ const char *dense_backend_kernels(const dense_backend *be) {
   return be ? be->name : "none";
 }
 
-/* "OpenBLAS 0.3.21 DYNAMIC_ARCH ..." -> "0.3.21" */
-static char blas_version[32];
-static pthread_once_t blas_version_once = PTHREAD_ONCE_INIT;
-static void blas_version_read(void) {
-  const char *c = openblas_get_config();
-  const char *p = c ? strstr(c, "OpenBLAS ") : NULL;
-  p = p ? p + 9 : "unknown";
-  size_t n = strcspn(p, " ");
-  if (n >= sizeof blas_version) n = sizeof blas_version - 1;
-  memcpy(blas_version, p, n);
-  blas_version[n] = 0;
-}
-const char *dense_blas_version(void) {
-  pthread_once(&blas_version_once, blas_version_read);
-  return blas_version;
-}
-const char *dense_blas_core(void) {
-  const char *c = openblas_get_corename();
-  return c ? c : "unknown";
-}
-
-const char *dense_blas_core_hint_for(const char *core, const char *config, int avx2, int avx512,
-                                     const char *forced) {
-  static const char *const fast[] = {"Haswell",    "Zen",            "SkylakeX",
-                                     "Cooperlake", "SapphireRapids", "Excavator"};
-  if (!core || !config || !strstr(config, "DYNAMIC_ARCH") || !avx2) return NULL;
-  if (forced && !strcasecmp(forced, core)) return NULL;
-  for (size_t i = 0; i < sizeof fast / sizeof fast[0]; i++)
-    if (!strcasecmp(core, fast[i])) return NULL;
-  return avx512 ? "SkylakeX" : "Haswell";
-}
-
-int dense_blas_core_warning(char *buf, size_t len) {
-  int avx512 = 0;
-#if defined(__x86_64__) || defined(__i386__)
-  avx512 = __builtin_cpu_supports("avx512f");
-#endif
-  const char *core = dense_blas_core(),
-             *hint = dense_blas_core_hint_for(core, openblas_get_config(), sr_cpu_avx2(), avx512,
-                                              getenv("OPENBLAS_CORETYPE"));
-  if (!hint) return 0;
-  snprintf(buf, len,
-           "OpenBLAS runs its generic %s kernels on this %s CPU; OPENBLAS_CORETYPE=%s runs its "
-           "faster ones (the results' last bits change)",
-           core, avx512 ? "AVX-512" : "AVX2", hint);
-  return 1;
-}
-
 const dense_backend *dense_backend_cpu(void) {
   return dense_backend_cpu_isa(DENSE_ISA_BEST);
 }
@@ -943,11 +904,7 @@ void dense_interact_dot_forward(const dense_backend *be, int B, int ni, int d, i
     dense_pool_run(dense_pool_default(), blocks_of(B, j.blk), fwd_task, &j);
     return;
   }
-  size_t ts = (size_t)ni * d, es = ts - d;
-  for (size_t b = 0; b < (size_t)B; b++) {
-    memcpy(T + b * ts, xb + b * d, sizeof(float) * d);
-    memcpy(T + b * ts + d, emb + b * es, sizeof(float) * es);
-  }
+  interact_gather(0, (size_t)B, ni, d, xb, emb, T);
   be->interact_dot_forward(B, ni, d, itself, T, R, r_stride);
 }
 
@@ -964,11 +921,7 @@ void dense_interact_dot_backward(const dense_backend *be, int B, int ni, int d, 
     return;
   }
   be->interact_dot_backward(B, ni, d, itself, T, dR, r_stride, dT);
-  size_t ts = (size_t)ni * d, es = ts - d;
-  for (size_t b = 0; b < (size_t)B; b++) {
-    memcpy(dxb + b * d, dT + b * ts, sizeof(float) * d);
-    if (d_emb) memcpy(d_emb + b * es, dT + b * ts + d, sizeof(float) * es);
-  }
+  interact_scatter(0, (size_t)B, ni, d, dT, dxb, d_emb);
 }
 
 void dense_cross_forward(const dense_backend *be, int B, int W, int R,
