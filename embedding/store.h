@@ -249,7 +249,7 @@ typedef struct emb_store_ops {
    * bits: dim 16-bit values of its format at (uint16_t *)out[t] + r*dim
    * (an fp32 table's as floats, as lookup_begin); then lookup_wait. For
    * pooling that reads 16-bit rows (embedding/bag16.h). NULL: the store
-   * converts (the in-process store has it). */
+   * converts (the in-process and remote stores have it). */
   int (*lookup_begin_rows16)(emb_store *s, int64_t step, const emb_idset *ids, void *const *out);
 } emb_store_ops;
 
