@@ -592,11 +592,12 @@ typedef struct {
   int B, N, ld, relu, ni, d, itself, r_stride, blk;
   const float *bias, *y, *T, *dR;
   float *out, *db, *R, *dT;
-  /* The interaction's gather into T[b] = [xb[b], emb[b]] (forward, into
-   * T_in) and scatter of dT[b] to dxb[b] and d_emb[b] (backward; d_emb may
-   * be NULL), done by each task for its own samples when xb / dxb is set. */
+  /* The interaction's gather into T[b] = [xb[b], emb[b]] (forward; T is
+   * then dense_interact_dot_forward's writable buffer) and scatter of dT[b]
+   * to dxb[b] and d_emb[b] (backward; d_emb may be NULL), done by each task
+   * for its own samples when xb / dxb is set. */
   const float *xb, *emb;
-  float *T_in, *dxb, *d_emb;
+  float *dxb, *d_emb;
   union {
     void (*bias_act)(int, int, const float *, int, float *);
     void (*relu_bias)(int, int, int, const float *, float *, float *);
@@ -641,7 +642,8 @@ static void fwd_task(void *arg, int t) {
   const batch_job *j = arg;
   int b0 = t * j->blk;
   size_t ts = (size_t)j->ni * j->d;
-  if (j->xb) interact_gather(b0, b0 + rest(j->B, b0, j->blk), j->ni, j->d, j->xb, j->emb, j->T_in);
+  if (j->xb)
+    interact_gather(b0, b0 + rest(j->B, b0, j->blk), j->ni, j->d, j->xb, j->emb, (float *)j->T);
   j->k.fwd(rest(j->B, b0, j->blk), j->ni, j->d, j->itself, j->T + b0 * ts,
            j->R + (size_t)b0 * j->r_stride, j->r_stride);
 }
@@ -832,21 +834,22 @@ const dense_backend *dense_backend_cpu(void) {
 
 /* ---- layers on top of a backend ---------------------------------------- */
 
-/* The element-wise kernels a CPU kernel set runs inside its products'
- * tasks, or NULL for another backend (which then runs its ops one by one). */
+/* The kernels a CPU kernel set runs inside its layers' pool tasks (the
+ * products' element-wise ends, the interaction beside its gathers), or
+ * NULL for another backend (which then runs its ops one by one). */
 typedef struct {
   void (*bias_act)(int, int, const float *, int, float *);
   void (*relu_mask)(int, int, int, const float *, float *);
   void (*interact_fwd)(int, int, int, int, const float *, float *, int);
   void (*interact_bwd)(int, int, int, int, const float *, const float *, int, float *);
-} cpu_epilogues;
+} cpu_layer_kernels;
 
-static const cpu_epilogues *cpu_epilogues_of(const dense_backend *be) {
-  static const cpu_epilogues base = {cpu_bias_act_forward_base, cpu_relu_mask_base,
+static const cpu_layer_kernels *cpu_layer_kernels_of(const dense_backend *be) {
+  static const cpu_layer_kernels base = {cpu_bias_act_forward_base, cpu_relu_mask_base,
                                      interact_fwd_base, interact_bwd_base};
   if (be == &cpu_backend_base) return &base;
 #if DENSE_X86
-  static const cpu_epilogues avx2 = {cpu_bias_act_forward_avx2, cpu_relu_mask_avx2,
+  static const cpu_layer_kernels avx2 = {cpu_bias_act_forward_avx2, cpu_relu_mask_avx2,
                                      interact_fwd_avx2, interact_bwd_avx2};
   if (be == &cpu_backend_avx2) return &avx2;
 #endif
@@ -863,7 +866,7 @@ void dense_linear_forward(const dense_backend *be, int B, int K, int N,
                           int relu, float *out) {
   /* out[B][N] = in[B][K] * W[N][K]^T */
   gemm_job g = gemm_of(0, 1, B, N, K, 1.0f, in, K, W, K, 0.0f, out, N);
-  const cpu_epilogues *ep = cpu_epilogues_of(be);
+  const cpu_layer_kernels *ep = cpu_layer_kernels_of(be);
   if (ep) {
     g.bias_act = ep->bias_act, g.bias = b, g.relu = relu;
     gemm_run(&g, 1);
@@ -879,7 +882,7 @@ int dense_linear_backward(const dense_backend *be, int B, int K, int N,
                           float *din, int din_relu) {
   be->relu_bias_grad(B, N, N, relu ? out : NULL, dout, db);
   /* dW[N][K] = dz[B][N]^T * in[B][K]; din[B][K] = dz[B][N] * W[N][K] */
-  const cpu_epilogues *ep = cpu_epilogues_of(be);
+  const cpu_layer_kernels *ep = cpu_layer_kernels_of(be);
   if (ep) {
     gemm_job g[2] = {gemm_of(1, 0, N, K, B, 1.0f, dout, N, in, K, 0.0f, dW, K),
                      gemm_of(0, 0, B, K, N, 1.0f, dout, N, W, K, 0.0f, din, K)};
@@ -895,11 +898,10 @@ int dense_linear_backward(const dense_backend *be, int B, int K, int N,
 void dense_interact_dot_forward(const dense_backend *be, int B, int ni, int d, int itself,
                                 const float *xb, const float *emb, float *T, float *R,
                                 int r_stride) {
-  const cpu_epilogues *ep = cpu_epilogues_of(be);
+  const cpu_layer_kernels *ep = cpu_layer_kernels_of(be);
   if (ep) {
     batch_job j = {.B = B, .ni = ni, .d = d, .itself = itself, .T = T, .R = R,
-                   .r_stride = r_stride, .blk = INTERACT_SAMPLES, .xb = xb, .emb = emb,
-                   .T_in = T};
+                   .r_stride = r_stride, .blk = INTERACT_SAMPLES, .xb = xb, .emb = emb};
     j.k.fwd = ep->interact_fwd;
     dense_pool_run(dense_pool_default(), blocks_of(B, j.blk), fwd_task, &j);
     return;
@@ -911,7 +913,7 @@ void dense_interact_dot_forward(const dense_backend *be, int B, int ni, int d, i
 void dense_interact_dot_backward(const dense_backend *be, int B, int ni, int d, int itself,
                                  const float *T, const float *dR, int r_stride, float *dT,
                                  float *dxb, float *d_emb) {
-  const cpu_epilogues *ep = cpu_epilogues_of(be);
+  const cpu_layer_kernels *ep = cpu_layer_kernels_of(be);
   if (ep) {
     batch_job j = {.B = B, .ni = ni, .d = d, .itself = itself, .T = T, .dR = dR,
                    .r_stride = r_stride, .dT = dT, .blk = INTERACT_SAMPLES, .dxb = dxb,
