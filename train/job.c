@@ -681,7 +681,7 @@ static int job_finish(train_job *j) {
     snprintf(hidden, sizeof hidden, " (of %.2f in flight, %.0f%% hidden)",
              1e3 * tt->lookup_flight / ns, 100 * (h > 0 ? h : 0));
   }
-  printf("done   %lld steps in %.1f s; per step: dedup %.2f ms, lookup %.2f%s, prefetch %.2f, "
+  printf("done   %lld steps in %.3f s; per step: dedup %.2f ms, lookup %.2f%s, prefetch %.2f, "
          "pool %.2f, forward %.2f, backward %.2f, scatter %.2f, push %.2f, dense opt %.2f\n",
          (long long)j->cur.step, secs, 1e3 * tt->dedup / ns, 1e3 * tt->lookup / ns, hidden,
          1e3 * tt->prefetch / ns, 1e3 * tt->pool / ns, 1e3 * tt->forward / ns, 1e3 * tt->backward / ns,
