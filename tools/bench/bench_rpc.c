@@ -25,8 +25,9 @@
  * (dim 16, 13-512-256-64-16 / 512-256-1, dot, SGD) at --train-batch and the
  * MLPerf-like one (dim 128, 13-512-256-128 / 1024-1024-512-256-1) at batch
  * 2048, on generated data, in process and against 2 `shardrec serve` child
- * processes on loopback (a 2-shard row-wise plan), with the ratio and the
- * trainer's per-phase times of both runs (where the time goes).
+ * processes on loopback (a 2-shard row-wise plan), in turn in each of
+ * --train-rounds rounds, with the median of the rounds' ratios and the
+ * trainer's per-phase times of the last round (where the time goes).
  *
  * --part pinned: Lookups from two shard-store servers of the same cached
  * rows, timed in turn, one answering from the store's memory (pinned rows,
@@ -432,6 +433,9 @@ static int parse_done(const char *out, long long batch, double *sps, char *phase
   return 0;
 }
 
+/* The most rounds of the training comparison (--train-rounds). */
+#define TRAIN_ROUNDS_MAX 9
+
 /* A model of the training comparison: its name and train's model flags. */
 typedef struct {
   const char *name;
@@ -443,8 +447,12 @@ static const train_model mlperf = {
     "MLPerf-like configuration (dim 128, 13-512-256-128 / 1024-1024-512-256-1, dot, SGD)",
     "--arch-sparse-feature-size 128 --arch-mlp-bot 13-512-256-128 --arch-mlp-top 1024-1024-512-256-1"};
 
-/* Training samples/s of model m in process and against 2 server processes. */
-static int bench_train_rpc(const train_model *m, long long rows, long long steps, long long batch) {
+/* Training samples/s of model m in process and against 2 server processes,
+ * in rounds: each round trains in process, then against the servers, and
+ * takes the ratio of the two, so that the machine's drift falls on both
+ * alike; the medians of the rounds, and the last round's phases. */
+static int bench_train_rpc(const train_model *m, long long rows, long long steps, long long batch,
+                           int rounds) {
   char dir[] = "/tmp/shardrec-bench-rpc-XXXXXX";
   if (!mkdtemp(dir)) {
     perror("shardrec bench rpc: mkdtemp");
@@ -452,8 +460,8 @@ static int bench_train_rpc(const train_model *m, long long rows, long long steps
   }
   printf("\ntraining: %s, batch %lld, %lld steps on %lld generated rows; a 2-shard row-wise plan, "
          "in process and against 2 'shardrec serve' processes on 127.0.0.1 (this machine's cores "
-         "shared)\n",
-         m->name, batch, steps, rows);
+         "shared), in turn in each of %d rounds\n",
+         m->name, batch, steps, rows, rounds);
   fflush(stdout);
   char args[2048], *out = NULL;
   int status = 1;
@@ -472,20 +480,6 @@ static int bench_train_rpc(const train_model *m, long long rows, long long steps
   }
   free(out);
   out = NULL;
-  char common[1024];
-  snprintf(common, sizeof common,
-           "train --processed-data-file d.bin --plan plan.json --optimizer sgd --print-freq 100000 "
-           "--test-freq 0 %s",
-           m->flags);
-  double sps_loc, sps_rem;
-  char ph_loc[512], ph_rem[512];
-  snprintf(args, sizeof args, "%s --num-batches %lld --mini-batch-size %lld", common, steps, batch);
-  if (run_out(dir, args, &out) || parse_done(out, batch, &sps_loc, ph_loc, sizeof ph_loc)) {
-    fprintf(stderr, "shardrec bench rpc: in-process training failed: %s\n", out ? out : "");
-    goto done;
-  }
-  free(out);
-  out = NULL;
   char addr[2][64];
   for (int k = 0; k < 2; k++)
     if ((srv[k] = spawn_server(dir, k, addr[k], sizeof addr[k])) < 0) {
@@ -493,18 +487,36 @@ static int bench_train_rpc(const train_model *m, long long rows, long long steps
               dir, k);
       goto done;
     }
-  snprintf(args, sizeof args, "%s --num-batches %lld --mini-batch-size %lld --shard-servers %s,%s",
-           common, steps, batch, addr[0], addr[1]);
-  if (run_out(dir, args, &out) || parse_done(out, batch, &sps_rem, ph_rem, sizeof ph_rem)) {
-    fprintf(stderr, "shardrec bench rpc: training against servers failed: %s\n", out ? out : "");
-    goto done;
-  }
-  printf("  %-34s %10.0f samples/s   per step: %s\n", "in process (2 shards)", sps_loc, ph_loc);
-  printf("  %-34s %10.0f samples/s   per step: %s\n", "2 shard servers (gRPC, processes)", sps_rem,
-         ph_rem);
-  printf("    (against servers: %.2fx the in-process rate; the lookup and push phases hold the "
-         "network time)\n",
-         sps_rem / sps_loc);
+  char common[1024];
+  snprintf(common, sizeof common,
+           "train --processed-data-file d.bin --plan plan.json --optimizer sgd --print-freq 100000 "
+           "--test-freq 0 %s --num-batches %lld --mini-batch-size %lld",
+           m->flags, steps, batch);
+  double sps[2][TRAIN_ROUNDS_MAX], ratio[TRAIN_ROUNDS_MAX];
+  char ph[2][512];
+  for (int r = 0; r < rounds; r++)
+    for (int k = 0; k < 2; k++) { /* k 0: in process; 1: against the servers */
+      if (k) snprintf(args, sizeof args, "%s --shard-servers %s,%s", common, addr[0], addr[1]);
+      else snprintf(args, sizeof args, "%s", common);
+      if (run_out(dir, args, &out) || parse_done(out, batch, &sps[k][r], ph[k], sizeof ph[k])) {
+        fprintf(stderr, "shardrec bench rpc: training %s failed: %s\n",
+                k ? "against servers" : "in process", out ? out : "");
+        goto done;
+      }
+      free(out);
+      out = NULL;
+      if (k) ratio[r] = sps[1][r] / sps[0][r];
+    }
+  char each[TRAIN_ROUNDS_MAX * 8 + 1] = "";
+  for (int r = 0; r < rounds; r++)
+    snprintf(each + strlen(each), sizeof each - strlen(each), "%s%.2f", r ? " " : "", ratio[r]);
+  printf("  %-34s %10.0f samples/s   per step (last round): %s\n", "in process (2 shards)",
+         sr_median(sps[0], rounds), ph[0]);
+  printf("  %-34s %10.0f samples/s   per step (last round): %s\n",
+         "2 shard servers (gRPC, processes)", sr_median(sps[1], rounds), ph[1]);
+  printf("    (against servers: %.2fx the in-process rate, the median of the rounds' ratios %s; "
+         "the lookup and push phases hold the network time)\n",
+         sr_median(ratio, rounds), each);
   status = 0;
 done:
   free(out);
@@ -613,9 +625,9 @@ static long long check_rows(emb_store *rem, emb_store *loc, const uint64_t *perm
 
 /* Both training comparisons: the Kaggle model at batch (dim 16) and the
  * MLPerf-like one at batch 2048 (dim 128, steps / 10, at least 10). */
-static int bench_train_all(long long rows, long long steps, long long batch) {
-  int st = bench_train_rpc(&kaggle, rows, steps, batch);
-  if (!st) st = bench_train_rpc(&mlperf, rows, steps / 10 > 10 ? steps / 10 : 10, 2048);
+static int bench_train_all(long long rows, long long steps, long long batch, int rounds) {
+  int st = bench_train_rpc(&kaggle, rows, steps, batch, rounds);
+  if (!st) st = bench_train_rpc(&mlperf, rows, steps / 10 > 10 ? steps / 10 : 10, 2048, rounds);
   return st;
 }
 
@@ -1149,7 +1161,7 @@ static int int_list(const char *flag, const char *arg, int lo, int hi, int *v, i
 
 /* bench rpc's flags. */
 typedef struct rpc_args {
-  long long rows, n, train_rows, train_steps, train_batch;
+  long long rows, n, train_rows, train_steps, train_batch, train_rounds;
   const char *part;
   double secs;
   int dims[4], n_dims, nsrv[4], n_srv;
@@ -1161,11 +1173,12 @@ static void rpc_usage(void) {
          "       [--rows N (262144)] [--ids N (4096)]\n"
          "       [--dims D,... (16,128)] [--servers K,... (1,4)] [--server-threads N (1)] [--seconds S (1)]\n"
          "       [--train-rows N (100000)] [--train-steps N (400)] [--train-batch N (128)]\n"
+         "       [--train-rounds N (3, at most %d)]\n"
          "       [--rpc-connections N (%d)] [--rpc-chunk-kb N (0: no chunks but the servers' limits)]\n"
          "       [--netns PATH (tests/cluster/netns.sh of the source tree)] [--rate R (tc's: 1gbit)]\n"
          "       shardrec bench rpc --part client --plan FILE --server ADDR [--tcp ADDR] [--ids N]\n"
          "       shardrec bench rpc --part tcp-peer --listen IP:PORT\n",
-         RPC_CONNECTIONS_DEFAULT);
+         TRAIN_ROUNDS_MAX, RPC_CONNECTIONS_DEFAULT);
 }
 
 static int rpc_part_check(const char *p) {
@@ -1208,6 +1221,8 @@ static int rpc_arg(rpc_args *a, int c, const char *arg) {
     case 'R': return cli_int(CMD, "--train-rows", arg, 10000, 1LL << 32, &a->train_rows) ? 2 : 0;
     case 'S': return cli_int(CMD, "--train-steps", arg, 1, 1 << 24, &a->train_steps) ? 2 : 0;
     case 'B': return cli_int(CMD, "--train-batch", arg, 1, 1 << 20, &a->train_batch) ? 2 : 0;
+    case 'U':
+      return cli_int(CMD, "--train-rounds", arg, 1, TRAIN_ROUNDS_MAX, &a->train_rounds) ? 2 : 0;
     case 'p':
       a->part = arg;
       return rpc_part_check(arg);
@@ -1218,12 +1233,13 @@ static int rpc_arg(rpc_args *a, int c, const char *arg) {
 /* The flags into a. 0, 1 (--help printed) or 2 (a bad flag, said). */
 static int rpc_args_parse(int argc, char **argv, rpc_args *a) {
   *a = (rpc_args){.rows = 262144, .n = 4096, .train_rows = 100000, .train_steps = 400,
-                  .train_batch = 128, .part = "all", .secs = 1.0, .dims = {16, 128}, .n_dims = 2,
+                  .train_batch = 128, .train_rounds = 3, .part = "all", .secs = 1.0, .dims = {16, 128}, .n_dims = 2,
                   .nsrv = {1, 4}, .n_srv = 2};
   static const struct option lo[] = {{"rows", required_argument, 0, 'r'},
                                      {"train-rows", required_argument, 0, 'R'},
                                      {"train-steps", required_argument, 0, 'S'},
                                      {"train-batch", required_argument, 0, 'B'},
+                                     {"train-rounds", required_argument, 0, 'U'},
                                      {"part", required_argument, 0, 'p'},
                                      {"ids", required_argument, 0, 'n'},
                                      {"seconds", required_argument, 0, 's'},
@@ -1353,7 +1369,7 @@ int bench_rpc(int argc, char **argv) {
     }
     return client_run(a.plan_path, a.server, a.tcp_peer, a.n, a.secs);
   }
-  if (!strcmp(a.part, "train")) return bench_train_all(a.train_rows, a.train_steps, a.train_batch);
+  if (!strcmp(a.part, "train")) return bench_train_all(a.train_rows, a.train_steps, a.train_batch, (int)a.train_rounds);
   if (!strcmp(a.part, "netns")) return bench_netns(a.netns, a.rate, a.dims, a.n_dims, 65536, a.n, a.secs);
   if (a.n * 2 > a.rows) {
     fprintf(stderr, "shardrec bench rpc: --ids must be at most half of --rows\n");
@@ -1376,6 +1392,6 @@ int bench_rpc(int argc, char **argv) {
   free(perm);
   if (!status && !strcmp(a.part, "all"))
     status = bench_netns(a.netns, a.rate, a.dims, a.n_dims, a.rows < 65536 ? a.rows : 65536, a.n, a.secs);
-  if (!status && !strcmp(a.part, "all")) status = bench_train_all(a.train_rows, a.train_steps, a.train_batch);
+  if (!status && !strcmp(a.part, "all")) status = bench_train_all(a.train_rows, a.train_steps, a.train_batch, (int)a.train_rounds);
   return status;
 }
