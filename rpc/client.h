@@ -170,5 +170,15 @@ void rpc_malloc_tune(void);
 /* grpc_init / grpc_shutdown, reference counted by gRPC itself. */
 void rpc_global_init(void);
 void rpc_global_shutdown(void);
+/* For a process that exits once its work is done (the command line's
+ * commands): from the next rpc_global_init on, gRPC's global state is left
+ * to the process's exit, never shut down (rpc_global_init takes one
+ * reference that no rpc_global_shutdown returns). gRPC 1.51's shutdown
+ * joins its TCP backup poller, which a write that found a socket's send
+ * buffer full starts and which can sit out a 10 s poll first: a server's
+ * stop, or a trainer's end, that took 10 s more. Servers and stores made
+ * and dropped inside a process that goes on (tests, colocated shards) do
+ * shut gRPC down unless this was called. */
+void rpc_global_keep_until_exit(void);
 
 #endif

@@ -389,9 +389,17 @@ static void log_line(gpr_log_func_args *a) {
           file ? file + 1 : a->file ? a->file : "?", a->line, m);
 }
 
+/* rpc_global_keep_until_exit's wish, and whether its reference is taken. */
+static int keep_wanted, keep_taken;
+
+void rpc_global_keep_until_exit(void) { __atomic_store_n(&keep_wanted, 1, __ATOMIC_SEQ_CST); }
+
 void rpc_global_init(void) {
   gpr_set_log_function(log_line);
   grpc_init();
+  if (__atomic_load_n(&keep_wanted, __ATOMIC_SEQ_CST) &&
+      !__atomic_exchange_n(&keep_taken, 1, __ATOMIC_SEQ_CST))
+    grpc_init(); /* never released: the last rpc_global_shutdown leaves it */
 }
 
 void rpc_malloc_tune(void) {

@@ -599,7 +599,7 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
   pthread_mutex_destroy(&st.mu);
   rc = rpc_service_flush(svc);
   if (rc) sr_fmt(err, errlen, "server: flush on shutdown failed: %s", sr_strerror(rc));
-  if (!o->leave_grpc_up) rpc_global_shutdown();
+  rpc_global_shutdown();
   rpc__tls_server_destroy(tlsrv);
   return rc;
 }

@@ -38,13 +38,6 @@ typedef struct rpc_server_opts {
    * "server: refused a TLS handshake: REASON (DETAIL)". */
   void (*on_tls_refused)(void *ctx, const char *reason, const char *detail);
   void *tls_refused_ctx;
-  /* The process exits soon after the server stops: gRPC's global state is
-   * left to the exit rather than shut down. gRPC 1.51's shutdown joins its
-   * TCP backup poller (started when an answer found a socket's send buffer
-   * full), which can sit out a 10 s poll first: a stop that a supervisor
-   * would take for a hang. 0: shut down (a server inside a process that
-   * goes on). */
-  int leave_grpc_up;
 } rpc_server_opts;
 
 /* The default of pin_min_row_bytes, from `shardrec bench rpc` (docs/DESIGN.md,

@@ -424,7 +424,7 @@ int cmd_serve(int argc, char **argv) {
                        .reload = &g_reload, .allow_push = f.allow_push,
                        .allow_admin = f.allow_admin,
                        .on_tls_refused = f.watch.json ? serve_watch_tls_refused : NULL,
-                       .tls_refused_ctx = &f.watch, .leave_grpc_up = 1};
+                       .tls_refused_ctx = &f.watch};
   print_access(&f);
   if (rpc_server_run(svc, &o, on_listening, &lc, err, sizeof err)) {
     fprintf(stderr, "shardrec serve: %s\n", err);

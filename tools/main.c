@@ -3,6 +3,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "rpc/client.h"
 #include "tools/cmds.h"
 
 typedef struct {
@@ -58,6 +59,9 @@ static void open_files_limit_raise(void) {
 
 int main(int argc, char **argv) {
   open_files_limit_raise();
+  /* Every command exits when done: gRPC's state goes with the process
+   * (rpc/client.h says why). */
+  rpc_global_keep_until_exit();
   if (argc < 2) {
     usage(stderr);
     return 2;
