@@ -3,7 +3,8 @@
  * beside the in-process store's time a step of the same run (the ratio
  * the two figures printed make), and for the second server count each
  * op's time a step beside the first count's (again the ratio of the two
- * printed times). */
+ * printed times). --part train, short: each model's ratio is the median
+ * of the rounds' ratios it prints, one per round. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -70,11 +71,35 @@ START_TEST(test_ratios_printed) {
 }
 END_TEST
 
+START_TEST(test_train_rounds_median) {
+  char *out;
+  int rc = run_cmd(&out, "%s bench rpc --part train --train-rows 10000 --train-steps 30 "
+                         "--train-rounds 3", bin_path());
+  ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
+  int models = 0;
+  for (const char *p = strstr(out, "(against servers: "); p;
+       p = strstr(p + 1, "(against servers: "), models++) {
+    double x, r[3];
+    ck_assert_msg(sscanf(p, "(against servers: %lfx the in-process rate, the median of the "
+                            "rounds' ratios %lf %lf %lf;", &x, &r[0], &r[1], &r[2]) == 4,
+                  "not a line of 3 rounds: %.200s", p);
+    /* the middle one of the three */
+    double lo = fmin(r[0], fmin(r[1], r[2])), hi = fmax(r[0], fmax(r[1], r[2]));
+    double mid = r[0] + r[1] + r[2] - lo - hi;
+    ck_assert_msg(x > 0 && fabs(x - mid) < 0.0051, "median %.2f of %.2f %.2f %.2f", x, r[0],
+                  r[1], r[2]);
+  }
+  ck_assert_msg(models == 2, "%d models' ratios in:\n%s", models, out);
+  free(out);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("bench_rpc");
   TCase *tc = tcase_create("bench_rpc");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_ratios_printed);
+  tcase_add_test(tc, test_train_rounds_median);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
