@@ -1233,8 +1233,8 @@ static int rpc_arg(rpc_args *a, int c, const char *arg) {
 /* The flags into a. 0, 1 (--help printed) or 2 (a bad flag, said). */
 static int rpc_args_parse(int argc, char **argv, rpc_args *a) {
   *a = (rpc_args){.rows = 262144, .n = 4096, .train_rows = 100000, .train_steps = 400,
-                  .train_batch = 128, .train_rounds = 3, .part = "all", .secs = 1.0, .dims = {16, 128}, .n_dims = 2,
-                  .nsrv = {1, 4}, .n_srv = 2};
+                  .train_batch = 128, .train_rounds = 3, .part = "all", .secs = 1.0,
+                  .dims = {16, 128}, .n_dims = 2, .nsrv = {1, 4}, .n_srv = 2};
   static const struct option lo[] = {{"rows", required_argument, 0, 'r'},
                                      {"train-rows", required_argument, 0, 'R'},
                                      {"train-steps", required_argument, 0, 'S'},
@@ -1369,7 +1369,8 @@ int bench_rpc(int argc, char **argv) {
     }
     return client_run(a.plan_path, a.server, a.tcp_peer, a.n, a.secs);
   }
-  if (!strcmp(a.part, "train")) return bench_train_all(a.train_rows, a.train_steps, a.train_batch, (int)a.train_rounds);
+  if (!strcmp(a.part, "train"))
+    return bench_train_all(a.train_rows, a.train_steps, a.train_batch, (int)a.train_rounds);
   if (!strcmp(a.part, "netns")) return bench_netns(a.netns, a.rate, a.dims, a.n_dims, 65536, a.n, a.secs);
   if (a.n * 2 > a.rows) {
     fprintf(stderr, "shardrec bench rpc: --ids must be at most half of --rows\n");
@@ -1392,6 +1393,7 @@ int bench_rpc(int argc, char **argv) {
   free(perm);
   if (!status && !strcmp(a.part, "all"))
     status = bench_netns(a.netns, a.rate, a.dims, a.n_dims, a.rows < 65536 ? a.rows : 65536, a.n, a.secs);
-  if (!status && !strcmp(a.part, "all")) status = bench_train_all(a.train_rows, a.train_steps, a.train_batch, (int)a.train_rounds);
+  if (!status && !strcmp(a.part, "all"))
+    status = bench_train_all(a.train_rows, a.train_steps, a.train_batch, (int)a.train_rounds);
   return status;
 }
