@@ -5,7 +5,9 @@
  * table, key = row id big-endian, value = versioned header + value floats +
  * optimizer state floats). Rows live in a cache of at most cache_rows rows
  * (all hosted shards and tables together): an open-addressing hash map from
- * (table, row id) to a slot of one slab, CLOCK eviction.
+ * (table, row id) to a slot of one slab, GCLOCK eviction (CLOCK whose
+ * rows keep a count of their uses: a row used in many steps outlasts rows
+ * used once).
  *
  * - A lookup serves hits from the cache and reads a batch's misses on the
  *   store threads, one batched MultiGet per (shard, table, 1024 rows) side

@@ -1,5 +1,5 @@
 /* The shard store's cache (see shard_impl.h): slots of one slab, the map
- * from (table, row id) to a slot, CLOCK eviction, and chunks of a batch's
+ * from (table, row id) to a slot, GCLOCK eviction, and chunks of a batch's
  * rows made resident and pinned (hits from the map, misses given slots and
  * read by the store threads, shard_io.c) for a lookup, push or
  * lookup_pinned to act on. */
@@ -9,7 +9,9 @@
 
 #define SH_PREFETCH 48 /* map entries prefetched ahead while a chunk is resolved */
 
-/* A free slot: a never-used one, else CLOCK's victim (written back if dirty). */
+/* A free slot: a never-used one, else GCLOCK's victim (written back if
+ * dirty): the hand clears a row's F_REF, then takes one of its uses per
+ * pass, and evicts a row with neither. */
 uint32_t shard__slot_alloc(shstore *s) {
   if (s->used < s->cap) return s->used++;
   for (;;) {
@@ -20,6 +22,10 @@ uint32_t shard__slot_alloc(shstore *s) {
     if (m->flags & F_DETACHED) return i; /* a row's old copy, sent: free */
     if (m->flags & F_REF) {
       m->flags &= (uint16_t)~F_REF;
+      continue;
+    }
+    if (m->flags & F_USES) {
+      m->flags = (uint16_t)(m->flags - F_USES_ONE);
       continue;
     }
     if (m->flags & F_DIRTY) shard__writeback(s, i);

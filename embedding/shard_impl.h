@@ -6,7 +6,7 @@
  *                     lookup (the hit path), push, flush, checkpoint,
  *                     restore, stats, iterate; the clean-stop marks; the
  *                     counters
- *   shard_cache.c     the cache: slots, the map, CLOCK eviction, rows made
+ *   shard_cache.c     the cache: slots, the map, GCLOCK eviction, rows made
  *                     resident and pinned chunk by chunk
  *   shard_io.c        the store threads and the caller's side of them: read
  *                     jobs, write buffers, the pending index of rows written
@@ -27,9 +27,11 @@
  * power-of-two size >= 2 x cap, 8-byte entries {slot + 1, tag}: the tag is
  * the low 32 bits of the (table, row id) hash, the home position is the tag
  * masked, and the key itself is checked in the slot (a hit reads the slot
- * anyway); deletion by backward shift (no tombstones). CLOCK: a reference
- * bit per slot, set on every access, cleared by the hand; the hand skips
- * pinned slots (pin count > 0) and slots being loaded.
+ * anyway); deletion by backward shift (no tombstones). GCLOCK: a reference
+ * bit per slot, set on every access, and a count of uses (F_USES, below)
+ * that lookups and prefetches of the cached row add to; the hand clears
+ * the bit, then takes one use a pass, and evicts a slot with neither; it
+ * skips pinned slots (pin count > 0) and slots being loaded.
  *
  * Pins. A slot's pin count is the number of holders: the chunk in progress
  * (one pin per item, dropped when the chunk is done) and each prefetched
@@ -87,7 +89,7 @@
  * is never written: eviction skips it (and never waits for it), and a push
  * to its row first moves the row (value and state) to a fresh slot that
  * the map points to from then on; the old slot is left DETACHED, out of
- * the map, and taken by the CLOCK hand once its counts are 0 (a restore
+ * the map, and taken by the eviction hand once its counts are 0 (a restore
  * leaves every slot DETACHED the same way while any is sent from). The
  * slots sent from, sends->held, count with the prefetch pins against
  * pf_limit (prefetch_one, shard__lookup_pinned), so a chunk still always
@@ -115,6 +117,13 @@
 #define F_LOADING 4u /* a read job is filling the slot */
 #define F_FAILED 8u  /* the slot's read failed: read again when used */
 #define F_DETACHED 16u /* out of the map, left to answers being sent (see the top) */
+/* A row's uses beyond F_REF's one, 0..7 (bits 8-10): each is one more pass
+ * of the eviction hand the row survives (GCLOCK). A lookup or prefetch of
+ * a cached row adds one (sh_use); a row read in, and a push, set F_REF
+ * only, so a row used once goes as under CLOCK and a row used in many
+ * steps outlasts a run of rows used once. */
+#define F_USES_ONE (1u << 8)
+#define F_USES (7u * F_USES_ONE)
 #define NONE32 UINT32_MAX
 
 typedef struct {
@@ -128,6 +137,15 @@ typedef struct {
   uint16_t flags;
   uint32_t pins;
 } sh_meta; /* 16 bytes, first in each slot */
+
+/* A lookup's or prefetch's use of a cached row (F_USES); a row whose count
+ * is full and F_REF set is not written (a hot row's line stays clean). */
+static inline void sh_use(sh_meta *m) {
+  uint16_t f = m->flags;
+  if ((f & F_USES) != F_USES) f = (uint16_t)(f + F_USES_ONE);
+  f |= F_REF;
+  if (f != m->flags) m->flags = f;
+}
 
 /* A read job (see the top). key/slot/vals/lens: [cap]. */
 typedef struct sh_job {
@@ -393,9 +411,9 @@ static inline size_t pidx_probe(const shstore *s, uint32_t tag, uint32_t t, uint
 /* Walk every (table, r) of ids in chunks; per chunk resolve then act. */
 typedef void (*chunk_fn)(shstore *s, size_t n, const size_t *it_r, void *ctx);
 
-/* ---- shard_cache.c: the map, the slots, CLOCK ---- */
+/* ---- shard_cache.c: the map, the slots, GCLOCK ---- */
 
-/* A free slot: a never-used one, else CLOCK's victim (written back if dirty). */
+/* A free slot: a never-used one, else GCLOCK's victim (written back if dirty). */
 uint32_t shard__slot_alloc(shstore *s);
 /* Row id of table t (database d) into the map, pinned once; NONE32 when out
  * of memory. */

@@ -69,7 +69,7 @@ static int prefetch_one(shstore *s, sh_pinset *p, uint32_t t, uint64_t id) {
     slot = s->map[h].slot1 - 1;
     sh_meta *m = slot_meta(s, slot);
     m->pins++;
-    m->flags |= F_REF;
+    sh_use(m);
     if ((m->flags & F_FAILED) && shard__slot_reload(s, slot)) {
       m->pins--;
       return 1;

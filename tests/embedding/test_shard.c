@@ -202,6 +202,65 @@ START_TEST(test_big_cache_writes_nothing) {
 }
 END_TEST
 
+/* Rows used in many steps stay cached through a run of rows used once
+ * that passes twice the cache's size through it (GCLOCK; under CLOCK the
+ * hand's second pass evicted them first), and read the same bits as the
+ * in-process store's. */
+START_TEST(test_often_used_rows_outlast_a_scan) {
+  enum { CACHE = 1024, HOT = 256, T = 2 }; /* the unbounded table */
+  emb_plan *p = make_plan(EMB_OPT_ADAGRAD, 1, 0);
+  char *dir = tmpdir(), err[256];
+  emb_store *sh = make_shard(p, dir, CACHE), *loc = emb_store_create_local(p, err, sizeof err);
+  ck_assert_ptr_nonnull(sh);
+  ck_assert_ptr_nonnull(loc);
+  static step_data d;
+  sr_rng r;
+  sr_rng_init(&r, 9, 9);
+  d.counts[0] = d.counts[1] = 0;
+  for (int t = 0; t < NT; t++) {
+    d.idp[t] = d.ids[t];
+    d.gp[t] = d.grads[t];
+    d.op[t] = d.out[t];
+    d.op2[t] = d.out2[t];
+  }
+  d.set = (emb_idset){NT, d.idp, d.counts};
+  d.counts[T] = HOT;
+  for (int step = 0; step < 16; step++) {
+    /* 8 steps of the often used rows 0..15, then 8 steps of 16 rows each
+     * used once: 2 x CACHE rows */
+    uint64_t base = step < 8 ? 0 : 100000 + HOT * (uint64_t)step;
+    for (int i = 0; i < HOT; i++) d.ids[T][i] = base + (uint64_t)i;
+    for (int k = 0; k < HOT * 8; k++) d.grads[T][k] = (float)(sr_rng_uniform(&r) - 0.5);
+    for (int i = 0; i < 2; i++) {
+      emb_store *st = i ? loc : sh;
+      ck_assert_int_eq(emb_store_lookup_begin(st, step, &d.set, d.op), 0);
+      ck_assert_int_eq(emb_store_lookup_wait(st), 0);
+      ck_assert_int_eq(emb_store_push(st, step, 0.1f, &d.set, d.gp), 0);
+    }
+  }
+  emb_store_stats a, b;
+  emb_shard_counters c;
+  ck_assert_int_eq(emb_shard_counters_get(sh, &c), 0);
+  ck_assert_uint_ge(c.evictions, 4 * HOT); /* the scan did pass through a full cache */
+  ck_assert_int_eq(emb_store_stats_get(sh, &a), 0);
+  for (int i = 0; i < HOT; i++) d.ids[T][i] = (uint64_t)i;
+  ck_assert_int_eq(emb_store_lookup_begin(sh, 99, &d.set, d.op), 0);
+  ck_assert_int_eq(emb_store_lookup_wait(sh), 0);
+  ck_assert_int_eq(emb_store_lookup_begin(loc, 99, &d.set, d.op2), 0);
+  ck_assert_int_eq(emb_store_lookup_wait(loc), 0);
+  ck_assert_int_eq(emb_store_stats_get(sh, &b), 0);
+  ck_assert_uint_eq(b.lookups - a.lookups, HOT);
+  ck_assert_msg(b.hits - a.hits == HOT, "%llu of the %d often used rows were still cached",
+                (unsigned long long)(b.hits - a.hits), HOT);
+  ck_assert(memcmp(d.out[T], d.out2[T], HOT * 8 * sizeof(float)) == 0);
+  emb_store_destroy(sh);
+  emb_store_destroy(loc);
+  sr_rmtree(dir);
+  free(dir);
+  emb_plan_free(p);
+}
+END_TEST
+
 /* A process that trains 5 steps on a store over dir (every row written
  * back: a flush), marks it clean when `mark`, and dies without closing it
  * (_exit: no destructor, no RocksDB close); what a lookup of the last
@@ -512,6 +571,7 @@ int main(void) {
   tcase_add_test(tc, test_pressure_rowwise_sharded);
   tcase_add_test(tc, test_pressure_sgd_tablewise);
   tcase_add_test(tc, test_big_cache_writes_nothing);
+  tcase_add_test(tc, test_often_used_rows_outlast_a_scan);
   tcase_add_test(tc, test_crash_after_flush_unclean);
   tcase_add_test(tc, test_crash_after_mark_keeps_rows);
   tcase_add_test(tc, test_checkpoint_restore);
