@@ -118,9 +118,9 @@
 #define F_FAILED 8u  /* the slot's read failed: read again when used */
 #define F_DETACHED 16u /* out of the map, left to answers being sent (see the top) */
 /* A row's uses beyond F_REF's one, 0..7 (bits 8-10): each is one more pass
- * of the eviction hand the row survives (GCLOCK). A lookup or prefetch of
- * a cached row adds one (sh_use); a row read in, and a push, set F_REF
- * only, so a row used once goes as under CLOCK and a row used in many
+ * of the eviction hand the row survives (GCLOCK). A lookup (gathered or
+ * pinned) or a prefetch of a cached row adds one (sh_use); a row read in,
+ * and a push, set F_REF only, so a row used once goes as under CLOCK and a row used in many
  * steps outlasts a run of rows used once. */
 #define F_USES_ONE (1u << 8)
 #define F_USES (7u * F_USES_ONE)

@@ -61,14 +61,19 @@ static void pinned_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
   }
 }
 
-/* Rows of ids a lookup would count as hits: resident, loaded, not failed. */
-static uint64_t count_hits(const shstore *s, const emb_idset *ids) {
+/* Rows of ids a lookup would count as hits (resident, loaded, not failed),
+ * each given a use as the lookup's hit path gives it (sh_use). */
+static uint64_t use_hits(shstore *s, const emb_idset *ids) {
   uint64_t hits = 0;
   for (int t = 0; t < s->n_tables; t++)
     for (size_t r = 0; r < ids->counts[t]; r++) {
       uint64_t id = ids->ids[t][r];
       uint32_t s1 = s->map[probe(s, key_tag((uint32_t)t, id), (uint32_t)t, id)].slot1;
-      hits += s1 && !(slot_meta(s, s1 - 1)->flags & (F_LOADING | F_FAILED));
+      sh_meta *m = s1 ? slot_meta(s, s1 - 1) : NULL;
+      if (m && !(m->flags & (F_LOADING | F_FAILED))) {
+        sh_use(m);
+        hits++;
+      }
     }
   return hits;
 }
@@ -106,7 +111,7 @@ int shard__lookup_pinned(emb_store *b, int64_t step, const emb_idset *ids,
   p->sends = s->sends;
   p->n = 0;
   atomic_fetch_add_explicit(&s->sends->refs, 1, memory_order_relaxed);
-  uint64_t hits = count_hits(s, ids), dummy = 0;
+  uint64_t hits = use_hits(s, ids), dummy = 0;
   pinned_ctx c = {rows, p};
   rc = shard__for_chunks(s, ids, s->mitem + s->chunk, pinned_act, &c, &dummy);
   shard__wbuf_submit(s);

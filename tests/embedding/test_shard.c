@@ -205,8 +205,9 @@ END_TEST
 /* Rows used in many steps stay cached through a run of rows used once
  * that passes twice the cache's size through it (GCLOCK; under CLOCK the
  * hand's second pass evicted them first), and read the same bits as the
- * in-process store's. */
-START_TEST(test_often_used_rows_outlast_a_scan) {
+ * in-process store's; whether the lookups gather the rows or pin them in
+ * place (a server's answers). */
+static void often_used_outlast_scan(int pinned) {
   enum { CACHE = 1024, HOT = 256, T = 2 }; /* the unbounded table */
   emb_plan *p = make_plan(EMB_OPT_ADAGRAD, 1, 0);
   char *dir = tmpdir(), err[256];
@@ -233,8 +234,16 @@ START_TEST(test_often_used_rows_outlast_a_scan) {
     for (int k = 0; k < HOT * 8; k++) d.grads[T][k] = (float)(sr_rng_uniform(&r) - 0.5);
     for (int i = 0; i < 2; i++) {
       emb_store *st = i ? loc : sh;
-      ck_assert_int_eq(emb_store_lookup_begin(st, step, &d.set, d.op), 0);
-      ck_assert_int_eq(emb_store_lookup_wait(st), 0);
+      if (pinned && !i) { /* a server's answer read in place (lookup_pinned) */
+        static const float *rp[NT][HOT];
+        const float **rows[NT] = {rp[0], rp[1], rp[2]};
+        emb_pins *pins = NULL;
+        ck_assert_int_eq(st->ops->lookup_pinned(st, step, &d.set, rows, &pins), 0);
+        st->ops->pins_release(pins);
+      } else {
+        ck_assert_int_eq(emb_store_lookup_begin(st, step, &d.set, d.op), 0);
+        ck_assert_int_eq(emb_store_lookup_wait(st), 0);
+      }
       ck_assert_int_eq(emb_store_push(st, step, 0.1f, &d.set, d.gp), 0);
     }
   }
@@ -259,6 +268,10 @@ START_TEST(test_often_used_rows_outlast_a_scan) {
   free(dir);
   emb_plan_free(p);
 }
+START_TEST(test_often_used_rows_outlast_a_scan) { often_used_outlast_scan(0); }
+END_TEST
+
+START_TEST(test_often_used_rows_outlast_a_scan_pinned) { often_used_outlast_scan(1); }
 END_TEST
 
 /* A process that trains 5 steps on a store over dir (every row written
@@ -572,6 +585,7 @@ int main(void) {
   tcase_add_test(tc, test_pressure_sgd_tablewise);
   tcase_add_test(tc, test_big_cache_writes_nothing);
   tcase_add_test(tc, test_often_used_rows_outlast_a_scan);
+  tcase_add_test(tc, test_often_used_rows_outlast_a_scan_pinned);
   tcase_add_test(tc, test_crash_after_flush_unclean);
   tcase_add_test(tc, test_crash_after_mark_keeps_rows);
   tcase_add_test(tc, test_checkpoint_restore);
