@@ -193,7 +193,7 @@ static uint64_t lookup_pass(shstore *s, uint32_t t, const uint64_t *id, size_t n
       m = e ? slot_meta(s, e - 1) : NULL;
     }
     if (m && !(m->flags & (F_LOADING | F_FAILED))) {
-      sh_use(m);
+      sh_lookup_use(m);
       if (sh_wprec(s, t) == KV_W_FP32) row_copy(o + (base + j) * dim, (const float *)(m + 1), dim);
       else slot_get(s, (uint32_t)(((unsigned char *)m - slab) / sb), t, o + (base + j) * dim, 0);
       hits++;

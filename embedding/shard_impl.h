@@ -118,9 +118,10 @@
 #define F_FAILED 8u  /* the slot's read failed: read again when used */
 #define F_DETACHED 16u /* out of the map, left to answers being sent (see the top) */
 /* A row's uses beyond F_REF's one, 0..7 (bits 8-10): each is one more pass
- * of the eviction hand the row survives (GCLOCK). A lookup (gathered or
- * pinned) or a prefetch of a cached row adds one (sh_use); a row read in,
- * and a push, set F_REF only, so a row used once goes as under CLOCK and a row used in many
+ * of the eviction hand the row survives (GCLOCK). A step's first use of a
+ * cached row adds one: its prefetch's, else its lookup's (gathered or
+ * pinned; sh_use, sh_lookup_use); a row read in, and a push, set F_REF
+ * only, so a row used once goes as under CLOCK and a row used in many
  * steps outlasts a run of rows used once. */
 #define F_USES_ONE (1u << 8)
 #define F_USES (7u * F_USES_ONE)
@@ -138,13 +139,21 @@ typedef struct {
   uint32_t pins;
 } sh_meta; /* 16 bytes, first in each slot */
 
-/* A lookup's or prefetch's use of a cached row (F_USES); a row whose count
- * is full and F_REF set is not written (a hot row's line stays clean). */
+/* A prefetch's use of a cached row (F_USES); a row whose count is full
+ * and F_REF set is not written (a hot row's line stays clean). */
 static inline void sh_use(sh_meta *m) {
   uint16_t f = m->flags;
   if ((f & F_USES) != F_USES) f = (uint16_t)(f + F_USES_ONE);
   f |= F_REF;
   if (f != m->flags) m->flags = f;
+}
+
+/* A lookup's use of a cached row: counted (sh_use) unless a prefetch has
+ * the row pinned, which counted the step's use when it found the row
+ * cached, or read it in (a row used once then has no use, at any depth). */
+static inline void sh_lookup_use(sh_meta *m) {
+  if (!m->pins) sh_use(m);
+  else if (!(m->flags & F_REF)) m->flags |= F_REF;
 }
 
 /* A read job (see the top). key/slot/vals/lens: [cap]. */

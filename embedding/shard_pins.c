@@ -62,7 +62,7 @@ static void pinned_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
 }
 
 /* Rows of ids a lookup would count as hits (resident, loaded, not failed),
- * each given a use as the lookup's hit path gives it (sh_use). */
+ * each given a use as the lookup's hit path gives it (sh_lookup_use). */
 static uint64_t use_hits(shstore *s, const emb_idset *ids) {
   uint64_t hits = 0;
   for (int t = 0; t < s->n_tables; t++)
@@ -71,7 +71,7 @@ static uint64_t use_hits(shstore *s, const emb_idset *ids) {
       uint32_t s1 = s->map[probe(s, key_tag((uint32_t)t, id), (uint32_t)t, id)].slot1;
       sh_meta *m = s1 ? slot_meta(s, s1 - 1) : NULL;
       if (m && !(m->flags & (F_LOADING | F_FAILED))) {
-        sh_use(m);
+        sh_lookup_use(m);
         hits++;
       }
     }

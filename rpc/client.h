@@ -177,8 +177,8 @@ void rpc_global_shutdown(void);
  * joins its TCP backup poller, which a write that found a socket's send
  * buffer full starts and which can sit out a 10 s poll first: a server's
  * stop, or a trainer's end, that took 10 s more. Servers and stores made
- * and dropped inside a process that goes on (tests, colocated shards) do
- * shut gRPC down unless this was called. */
+ * and dropped inside a process that goes on (the tests) do shut gRPC down
+ * unless this was called. */
 void rpc_global_keep_until_exit(void);
 
 #endif

@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "embedding/optim.h"
 #include "embedding/shard.h"
+#include "embedding/shard_impl.h"
 #include "embedding/store.h"
 #include "storage/ckpt_dir.h"
 #include "storage/kv.h"
@@ -227,8 +228,8 @@ static void often_used_outlast_scan(int pinned) {
   d.set = (emb_idset){NT, d.idp, d.counts};
   d.counts[T] = HOT;
   for (int step = 0; step < 16; step++) {
-    /* 8 steps of the often used rows 0..15, then 8 steps of 16 rows each
-     * used once: 2 x CACHE rows */
+    /* 8 steps of the often used rows 0..255, then 8 steps of 256 rows
+     * each used once: 2 x CACHE rows */
     uint64_t base = step < 8 ? 0 : 100000 + HOT * (uint64_t)step;
     for (int i = 0; i < HOT; i++) d.ids[T][i] = base + (uint64_t)i;
     for (int k = 0; k < HOT * 8; k++) d.grads[T][k] = (float)(sr_rng_uniform(&r) - 0.5);
@@ -268,6 +269,57 @@ static void often_used_outlast_scan(int pinned) {
   free(dir);
   emb_plan_free(p);
 }
+/* Uses of table t's row id counted so far (F_USES; -1: not cached). */
+static int uses_of(emb_store *b, uint32_t t, uint64_t id) {
+  shstore *s = (shstore *)b;
+  uint32_t s1 = s->map[probe(s, key_tag(t, id), t, id)].slot1;
+  return s1 ? (int)((slot_meta(s, s1 - 1)->flags & F_USES) / F_USES_ONE) : -1;
+}
+
+/* A step's first use of a cached row counts once, whether its prefetch or
+ * its lookup (gathered or pinned) meets it first; a row read in, by either,
+ * and a push count none. */
+START_TEST(test_uses_counted_once_a_step) {
+  enum { N = 8, T = 2 };
+  emb_plan *p = make_plan(EMB_OPT_ADAGRAD, 1, 0);
+  char *dir = tmpdir();
+  emb_store *sh = make_shard(p, dir, 1024);
+  static step_data d;
+  for (int t = 0; t < NT; t++) {
+    d.idp[t] = d.ids[t];
+    d.gp[t] = d.grads[t];
+    d.op[t] = d.out[t];
+    d.counts[t] = t == T ? N : 0;
+  }
+  d.set = (emb_idset){NT, d.idp, d.counts};
+  for (int i = 0; i < N; i++) d.ids[T][i] = 7 + (uint64_t)i;
+  memset(d.grads, 0, sizeof d.grads);
+  static const float *rp[NT][N];
+  const float **rows[NT] = {rp[0], rp[1], rp[2]};
+  /* step: 0, 1 prefetched then looked up; 2 looked up; 3 looked up pinned */
+  const int want[4] = {0, 1, 2, 3};
+  for (int step = 0; step < 4; step++) {
+    if (step < 2) ck_assert_int_eq(emb_store_prefetch(sh, step, &d.set), 0);
+    if (step == 3) {
+      emb_pins *pins = NULL;
+      ck_assert_int_eq(sh->ops->lookup_pinned(sh, step, &d.set, rows, &pins), 0);
+      sh->ops->pins_release(pins);
+    } else {
+      ck_assert_int_eq(emb_store_lookup_begin(sh, step, &d.set, d.op), 0);
+      ck_assert_int_eq(emb_store_lookup_wait(sh), 0);
+    }
+    ck_assert_int_eq(emb_store_push(sh, step, 0.1f, &d.set, d.gp), 0);
+    for (int i = 0; i < N; i++)
+      ck_assert_msg(uses_of(sh, T, d.ids[T][i]) == want[step], "step %d: row %d has %d uses",
+                    step, i, uses_of(sh, T, d.ids[T][i]));
+  }
+  emb_store_destroy(sh);
+  sr_rmtree(dir);
+  free(dir);
+  emb_plan_free(p);
+}
+END_TEST
+
 START_TEST(test_often_used_rows_outlast_a_scan) { often_used_outlast_scan(0); }
 END_TEST
 
@@ -586,6 +638,7 @@ int main(void) {
   tcase_add_test(tc, test_big_cache_writes_nothing);
   tcase_add_test(tc, test_often_used_rows_outlast_a_scan);
   tcase_add_test(tc, test_often_used_rows_outlast_a_scan_pinned);
+  tcase_add_test(tc, test_uses_counted_once_a_step);
   tcase_add_test(tc, test_crash_after_flush_unclean);
   tcase_add_test(tc, test_crash_after_mark_keeps_rows);
   tcase_add_test(tc, test_checkpoint_restore);
