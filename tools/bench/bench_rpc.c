@@ -451,9 +451,9 @@ static const train_model mlperf = {
  * in rounds: each round trains in process, then against the servers, and
  * takes the ratio of the two, so that the machine's drift falls on both
  * alike; the medians of the rounds, and the last round's phases. The
- * servers start once: from the second round on they hold the rows the
- * rounds before trained (in memory, as many as a fresh run's, each row
- * made on its first push either way). */
+ * servers start once: from the second round on they already hold the rows
+ * the rounds before pushed (the same ids), where the in-process store
+ * starts empty each round. */
 static int bench_train_rpc(const train_model *m, long long rows, long long steps, long long batch,
                            int rounds) {
   char dir[] = "/tmp/shardrec-bench-rpc-XXXXXX";
