@@ -203,6 +203,22 @@ START_TEST(test_big_cache_writes_nothing) {
 }
 END_TEST
 
+/* Step's lookup of d's rows from st (pinned: read in place, as a server's
+ * answer is, into no buffer of d's), then its push. */
+static void lookup_push(emb_store *st, int64_t step, step_data *d, int pinned) {
+  if (pinned) {
+    static const float *rp[NT][MAXB];
+    const float **rows[NT] = {rp[0], rp[1], rp[2]};
+    emb_pins *pins = NULL;
+    ck_assert_int_eq(st->ops->lookup_pinned(st, step, &d->set, rows, &pins), 0);
+    st->ops->pins_release(pins);
+  } else {
+    ck_assert_int_eq(emb_store_lookup_begin(st, step, &d->set, d->op), 0);
+    ck_assert_int_eq(emb_store_lookup_wait(st), 0);
+  }
+  ck_assert_int_eq(emb_store_push(st, step, 0.1f, &d->set, d->gp), 0);
+}
+
 /* Rows used in many steps stay cached through a run of rows used once
  * that passes twice the cache's size through it (GCLOCK; under CLOCK the
  * hand's second pass evicted them first), and read the same bits as the
@@ -233,20 +249,8 @@ static void often_used_outlast_scan(int pinned) {
     uint64_t base = step < 8 ? 0 : 100000 + HOT * (uint64_t)step;
     for (int i = 0; i < HOT; i++) d.ids[T][i] = base + (uint64_t)i;
     for (int k = 0; k < HOT * 8; k++) d.grads[T][k] = (float)(sr_rng_uniform(&r) - 0.5);
-    for (int i = 0; i < 2; i++) {
-      emb_store *st = i ? loc : sh;
-      if (pinned && !i) { /* a server's answer read in place (lookup_pinned) */
-        static const float *rp[NT][HOT];
-        const float **rows[NT] = {rp[0], rp[1], rp[2]};
-        emb_pins *pins = NULL;
-        ck_assert_int_eq(st->ops->lookup_pinned(st, step, &d.set, rows, &pins), 0);
-        st->ops->pins_release(pins);
-      } else {
-        ck_assert_int_eq(emb_store_lookup_begin(st, step, &d.set, d.op), 0);
-        ck_assert_int_eq(emb_store_lookup_wait(st), 0);
-      }
-      ck_assert_int_eq(emb_store_push(st, step, 0.1f, &d.set, d.gp), 0);
-    }
+    lookup_push(sh, step, &d, pinned);
+    lookup_push(loc, step, &d, 0);
   }
   emb_store_stats a, b;
   emb_shard_counters c;
@@ -294,21 +298,11 @@ START_TEST(test_uses_counted_once_a_step) {
   d.set = (emb_idset){NT, d.idp, d.counts};
   for (int i = 0; i < N; i++) d.ids[T][i] = 7 + (uint64_t)i;
   memset(d.grads, 0, sizeof d.grads);
-  static const float *rp[NT][N];
-  const float **rows[NT] = {rp[0], rp[1], rp[2]};
   /* step: 0, 1 prefetched then looked up; 2 looked up; 3 looked up pinned */
   const int want[4] = {0, 1, 2, 3};
   for (int step = 0; step < 4; step++) {
     if (step < 2) ck_assert_int_eq(emb_store_prefetch(sh, step, &d.set), 0);
-    if (step == 3) {
-      emb_pins *pins = NULL;
-      ck_assert_int_eq(sh->ops->lookup_pinned(sh, step, &d.set, rows, &pins), 0);
-      sh->ops->pins_release(pins);
-    } else {
-      ck_assert_int_eq(emb_store_lookup_begin(sh, step, &d.set, d.op), 0);
-      ck_assert_int_eq(emb_store_lookup_wait(sh), 0);
-    }
-    ck_assert_int_eq(emb_store_push(sh, step, 0.1f, &d.set, d.gp), 0);
+    lookup_push(sh, step, &d, step == 3);
     for (int i = 0; i < N; i++)
       ck_assert_msg(uses_of(sh, T, d.ids[T][i]) == want[step], "step %d: row %d has %d uses",
                     step, i, uses_of(sh, T, d.ids[T][i]));
