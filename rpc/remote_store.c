@@ -295,17 +295,17 @@ int rpc__lookup_start(rstore *s, lane *L, int64_t step, const emb_idset *ids) {
   return 0;
 }
 
-/* A Lookup's answer into the caller's rows: its incarnation checked
- * (check_inc), its rows scattered by L's grouping (rpc__answer_scatter).
- * 0 or an SR_E* code (s->err). */
-static int answer_read(rstore *s, lane *L, pcall *p, float *const *out) {
+/* A Lookup's answer into the outstanding lookup's rows (s->lookup_out): its
+ * incarnation checked (check_inc), its rows scattered by L's grouping
+ * (rpc__answer_scatter). 0 or an SR_E* code (s->err). */
+static int answer_read(rstore *s, lane *L, pcall *p) {
   uint64_t inc;
   int bad = -1, rc;
   if (rpc__answer_incarnation(p->recv, &inc) == 0 &&
       (rc = check_inc(s, p->shard, inc, "lookup")))
     return rc;
   rc = rpc__answer_scatter(p->recv, s->base.plan, p->parts, p->n_parts, L->perm,
-                           (void *const *)out, s->lookup_rows16, &bad);
+                           (void *const *)s->lookup_out, s->lookup_rows16, &bad);
   if (rc == -2) {
     sr_fmt(s->err, sizeof s->err,
            "lookup: shard %d server %s: answer for table %d does not match the request", p->shard,
@@ -328,7 +328,6 @@ static int answer_read(rstore *s, lane *L, pcall *p, float *const *out) {
 typedef struct {
   rstore *s;
   lane *L;
-  float *const *out;
 } early_read;
 
 static void answer_early(void *ctx, pcall *p) {
@@ -338,19 +337,19 @@ static void answer_early(void *ctx, pcall *p) {
   if (rpc__answer_incarnation(p->recv, &inc) || !inc || inc != e->s->c[p->shard].inc) return;
   int bad;
   if (!rpc__answer_scatter(p->recv, e->s->base.plan, p->parts, p->n_parts, e->L->perm,
-                           (void *const *)e->out, e->s->lookup_rows16, &bad))
+                           (void *const *)e->s->lookup_out, e->s->lookup_rows16, &bad))
     p->scattered = 1;
 }
 
 /* Drive L's calls to their end and scatter its Lookups' rows (hints
- * skipped) into out, by L's grouping, each answer as it arrives. 0 or the
- * first failure's code, in call order. */
-static int lookup_collect(rstore *s, lane *L, int64_t step, float *const *out) {
-  early_read e = {s, L, out};
+ * skipped) into the outstanding lookup's rows, by L's grouping, each answer
+ * as it arrives. 0 or the first failure's code, in call order. */
+static int lookup_collect(rstore *s, lane *L) {
+  early_read e = {s, L};
   rpc__run_calls_each(s->c, L->cq, L->calls, L->n_calls, &s->o, answer_early, &e);
   int rc = 0;
   char what[48];
-  snprintf(what, sizeof what, "lookup of step %lld", (long long)step);
+  snprintf(what, sizeof what, "lookup of step %lld", (long long)s->lookup_step);
   for (int i = 0; i < L->n_calls && !rc; i++) {
     pcall *p = &L->calls[i];
     if (p->hint) continue;
@@ -358,7 +357,7 @@ static int lookup_collect(rstore *s, lane *L, int64_t step, float *const *out) {
       rc = call_error(s, p, what);
       break;
     }
-    if (!p->scattered) rc = answer_read(s, L, p, out);
+    if (!p->scattered) rc = answer_read(s, L, p);
   }
   rpc__calls_free(L);
   return rc;
@@ -432,7 +431,7 @@ static int r_lookup_wait(emb_store *b) {
   s->lookup_pending = 0;
   pf_slot *f = s->cur_pf;
   const int lost = s->lost;
-  int rc = lookup_collect(s, s->cur, s->lookup_step, s->lookup_out);
+  int rc = lookup_collect(s, s->cur);
   s->cur = &s->lk;
   s->cur_pf = NULL;
   if (f) {
@@ -441,7 +440,7 @@ static int r_lookup_wait(emb_store *b) {
       s->lost = lost;
       emb_idset v = rpc__slot_ids(s, f);
       rc = rpc__lookup_start(s, &s->lk, s->lookup_step, &v);
-      if (!rc) rc = lookup_collect(s, &s->lk, s->lookup_step, s->lookup_out);
+      if (!rc) rc = lookup_collect(s, &s->lk);
     }
   }
   s->lookup_flight = sr_now() - s->lookup_t0;
