@@ -486,6 +486,51 @@ int rpc__push_decode(rpc_scratch *x, int n_tables, size_t max_ids, const uint8_t
   return req_decode(x, 1, n_tables, max_ids, in, len, r);
 }
 
+/* The two parts of a PushLookupRequest in[len] (views into in). 0, or -1
+ * with the refusal in r: INVALID_ARGUMENT naming the part missing, given
+ * twice or not length-delimited, and its offset. Other fields (the
+ * padding) are skipped, as any protobuf decoder does. */
+int rpc__push_lookup_split(const uint8_t *in, size_t len, const uint8_t **push, size_t *plen,
+                           const uint8_t **look, size_t *llen, rpc_reply *r) {
+  static const char *const names[3] = {NULL, "push", "lookup"};
+  const wire_rd d = {"shardrec.v1.PushLookupRequest", in, len, r};
+  const wire_msg m = {"", names, 3};
+  const uint8_t *p = in, *end = in + len, *part[3] = {NULL, NULL, NULL};
+  size_t n[3] = {0, 0, 0};
+  while (p < end) {
+    wire_f w;
+    if (wire_field(&d, &p, end, &m, &w)) return -1;
+    if (w.num != 1 && w.num != 2) continue;
+    if (w.wt != WT_LEN) return wire_type_bad(&d, w.at, names[w.num], w.wt);
+    if (part[w.num]) return wire_bad(&d, w.at, names[w.num], "given twice");
+    part[w.num] = w.val;
+    n[w.num] = w.n;
+  }
+  for (int i = 1; i <= 2; i++)
+    if (!part[i]) return wire_bad(&d, end, names[i], "missing");
+  *push = part[1], *plen = n[1];
+  *look = part[2], *llen = n[2];
+  return 0;
+}
+
+int32_t rpc__request_world(const uint8_t *in, size_t len) {
+  rpc_reply ignored; /* a malformed request is refused by its decoder, not here */
+  const wire_rd d = {"", in, len, &ignored};
+  const wire_msg m = {"", NULL, 0};
+  const uint8_t *p = in, *end = in + len;
+  int32_t world = 0;
+  while (p < end) {
+    wire_f w, h;
+    if (wire_field(&d, &p, end, &m, &w)) break;
+    if (w.num != 1 || w.wt != WT_LEN) continue;
+    for (const uint8_t *q = w.val, *qe = w.val + w.n; q < qe;) {
+      if (wire_field(&d, &q, qe, &m, &h)) break;
+      if (h.num == 5 && h.wt == WT_VARINT) world = (int32_t)h.v;
+    }
+  }
+  return world;
+}
+
 /* ---- answers (server) ---- */
 
 void rpc__pack_reply(rpc_reply *r, const ProtobufCMessage *m) {
@@ -705,4 +750,32 @@ uint8_t *rpc__lookup_encode(const Shardrec__V1__RequestHeader *h, const rpc_wire
 uint8_t *rpc__push_encode(const Shardrec__V1__RequestHeader *h, float lr,
                           const rpc_wire_table *t, size_t n, size_t *len) {
   return encode(h, 1, lr, t, n, 0, len);
+}
+
+/* Padding before a length-delimited field of n bytes written at offset at
+ * (0, or 2..9 bytes: pad_put's) so that its bytes start at a multiple of 8.
+ * Of the 8 sizes 2..9 one fits every offset. */
+static size_t pad_to_8(size_t at, size_t n) {
+  const size_t head = 1 + rpc__varint_len(n);
+  if ((at + head) % 8 == 0) return 0;
+  for (size_t pad = 2;; pad++)
+    if ((at + pad + head) % 8 == 0) return pad;
+}
+
+uint8_t *rpc__push_lookup_encode(const uint8_t *push, size_t plen, const uint8_t *look,
+                                 size_t llen, size_t *len) {
+  const size_t p1 = pad_to_8(0, plen), at = p1 + 1 + rpc__varint_len(plen) + plen,
+               p2 = pad_to_8(at, llen);
+  *len = at + p2 + 1 + rpc__varint_len(llen) + llen;
+  uint8_t *buf = malloc(*len), *p = buf;
+  if (!buf) return NULL;
+  p = pad_put(p, p1);
+  *p++ = 0x0a; /* PushLookupRequest.push */
+  p = rpc__varint_put(p, plen);
+  memcpy(p, push, plen);
+  p = pad_put(p + plen, p2);
+  *p++ = 0x12; /* PushLookupRequest.lookup */
+  p = rpc__varint_put(p, llen);
+  memcpy(p, look, llen);
+  return buf;
 }

@@ -67,6 +67,14 @@ uint8_t *rpc__lookup_encode(const Shardrec__V1__RequestHeader *h, const rpc_wire
 uint8_t *rpc__push_encode(const Shardrec__V1__RequestHeader *h, float lr,
                           const rpc_wire_table *t, size_t n, size_t *len);
 
+/* A PushLookupRequest of the PushRequest push[plen] and the LookupRequest
+ * look[llen] (the two encoders' messages), each behind padding that starts
+ * it at a multiple of 8 from the message's start, so that their ids and
+ * gradients stay as aligned as they were; a malloc'd buffer of *len bytes,
+ * NULL out of memory. */
+uint8_t *rpc__push_lookup_encode(const uint8_t *push, size_t plen, const uint8_t *look,
+                                 size_t llen, size_t *len);
+
 /* ---- server half ---- */
 
 /* Lookup and Push requests decoded in place (rpc__lookup_decode,
@@ -138,6 +146,17 @@ int rpc__lookup_decode(rpc_scratch *x, int n_tables, size_t max_ids, const uint8
 /* The same for a PushRequest, into x->pq (its grads 4-byte aligned). */
 int rpc__push_decode(rpc_scratch *x, int n_tables, size_t max_ids, const uint8_t *in, size_t len,
                      rpc_reply *r);
+
+/* The two parts of a PushLookupRequest in[len], views into in. 0, or -1
+ * with the refusal in r (INVALID_ARGUMENT: a part missing, given twice or
+ * not length-delimited, named with its offset). */
+int rpc__push_lookup_split(const uint8_t *in, size_t len, const uint8_t **push, size_t *plen,
+                           const uint8_t **look, size_t *llen, rpc_reply *r);
+
+/* The world_size of the header of a Lookup or Push request in[len] (its
+ * last, as protobuf reads it); 0 when none is found (a malformed request
+ * is its decoder's to refuse). */
+int32_t rpc__request_world(const uint8_t *in, size_t len);
 
 /* The request in[len], a message of type desc, holds no control character
  * (below 0x20, or 0x7f; a NUL byte included) in any of its string fields,

@@ -242,7 +242,8 @@ static int peer_allowed(grpc_call *call, const char *list, char *who, size_t wle
  * allow lists); refused calls are answered here. 1 when allowed. */
 static int authorised(worker *w, call_ctx *c) {
   const rpc_server_opts *o = w->st->o;
-  const int push = c->method == RPC_PUSH || c->method == RPC_REMOVE; /* both change rows */
+  const int push = c->method == RPC_PUSH || c->method == RPC_REMOVE ||
+                   c->method == RPC_PUSH_LOOKUP; /* all change rows */
   const char *list = push ? o->allow_push
                      : c->method == RPC_CHECKPOINT || c->method == RPC_RESTORE ||
                                c->method == RPC_SWAP_AT

@@ -39,6 +39,7 @@ static const char *const method_paths[RPC_N_METHODS] = {
     "/shardrec.v1.EmbeddingShard/Stats",      "/grpc.health.v1.Health/Check",
     "/shardrec.v1.EmbeddingShard/Watch",      "/shardrec.v1.EmbeddingShard/GetTransform",
     "/shardrec.v1.EmbeddingShard/SwapAt",     "/shardrec.v1.EmbeddingShard/Remove",
+    "/shardrec.v1.EmbeddingShard/PushLookup",
 };
 
 const char *rpc_status_name(int c) {
@@ -483,6 +484,42 @@ out:
   rpc__scratch_give(s, x);
 }
 
+/* r->msg behind "what: " (the part of a PushLookup that was refused). */
+static void msg_prefix(rpc_reply *r, const char *what) {
+  char m[sizeof r->msg];
+  memcpy(m, r->msg, sizeof m);
+  snprintf(r->msg, sizeof r->msg, "%s: %.440s", what, m); /* what is short */
+}
+
+/* PushLookup, of a job of one rank only (refused before anything is
+ * done otherwise): the push taken as a Push (deferred whole when the
+ * budget has no room); once it is in, its answer and budget let go, and
+ * the Lookup answered as a Lookup, with no token (it waits for budget as a
+ * direct call does; one rank's Lookup never parks). */
+static void do_push_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r,
+                           void *token, double timeout_s, int pin) {
+  const uint8_t *push, *look;
+  size_t plen, llen;
+  if (rpc__push_lookup_split(in, len, &push, &plen, &look, &llen, r)) return;
+  const int32_t wp = rpc__request_world(push, plen), wl = rpc__request_world(look, llen);
+  if (wp > 1 || wl > 1) {
+    r->status = RPC_FAILED_PRECONDITION;
+    snprintf(r->msg, sizeof r->msg, "PushLookup is for jobs of one rank (world_size %d): send "
+             "a Push and a Lookup", wp > 1 ? wp : wl);
+    return;
+  }
+  rpc__push(s, push, plen, token != NULL, r);
+  if (r->status != RPC_OK) {
+    if (r->status != RPC_DEFERRED) msg_prefix(r, "push");
+    return;
+  }
+  free(r->out);
+  rpc_service_release(s, r->held);
+  memset(r, 0, sizeof *r);
+  do_lookup(s, look, llen, r, NULL, timeout_s, pin);
+  if (r->status != RPC_OK) msg_prefix(r, "lookup, after the push was taken");
+}
+
 /* The roots, "A, B", for messages. */
 static void roots_list(const rpc_service *s, char *buf, size_t n) {
   size_t at = 0;
@@ -696,7 +733,7 @@ static void do_stats(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r
   emb_store_stats st = {0};
   pthread_mutex_lock(&s->mu);
   int rc = emb_store_stats_get(s->store, &st);
-  const lat_stat lk = s->lat[RPC_LOOKUP], ps = s->lat[RPC_PUSH];
+  const lat_stat lk = s->lat[RPC_LOOKUP], ps = s->lat[RPC_PUSH], pl = s->lat[RPC_PUSH_LOOKUP];
   resp.failed_calls = s->failed;
   resp.unclean = s->unclean;
   resp.inflight_bytes = s->inflight;
@@ -727,6 +764,8 @@ static void do_stats(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r
   resp.push_mean_us = ps.calls ? ps.sum_us / (double)ps.calls : 0;
   resp.lookup_max_us = lk.max_us;
   resp.push_max_us = ps.max_us;
+  resp.push_lookup_calls = pl.calls;
+  resp.push_lookup_mean_us = pl.calls ? pl.sum_us / (double)pl.calls : 0;
   resp.n_shards = (size_t)s->n_shards;
   resp.shards = s->shards;
   resp.plan_fingerprint = s->fp;
@@ -778,6 +817,7 @@ static void handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t 
     case RPC_GET_TRANSFORM: rpc__get_transform(s, in, len, token != NULL, r); break;
     case RPC_SWAP_AT: rpc__swap_at(s, in, len, r); break;
     case RPC_REMOVE: rpc__remove(s, in, len, token != NULL, r); break;
+    case RPC_PUSH_LOOKUP: do_push_lookup(s, in, len, r, token, timeout_s, pin); break;
     default:
       r->status = RPC_UNIMPLEMENTED;
       snprintf(r->msg, sizeof r->msg, "unknown method");

@@ -32,6 +32,7 @@ typedef enum {
   RPC_GET_TRANSFORM, /* "/shardrec.v1.EmbeddingShard/GetTransform": the data transform */
   RPC_SWAP_AT,       /* "/shardrec.v1.EmbeddingShard/SwapAt": a following server's admin call */
   RPC_REMOVE,        /* "/shardrec.v1.EmbeddingShard/Remove": a bounded table's removed rows */
+  RPC_PUSH_LOOKUP,   /* "/shardrec.v1.EmbeddingShard/PushLookup": one rank's push, then a Lookup */
   RPC_N_METHODS
 } rpc_method;
 

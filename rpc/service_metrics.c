@@ -56,7 +56,7 @@ static const fig_def figs[F_N] = {
 
 static const char *const method_label[RPC_N_METHODS] = {
     "lookup", "push", "checkpoint", "restore", "stats", "health_check", "watch",
-    "get_transform", "swap_at", "remove"};
+    "get_transform", "swap_at", "remove", "push_lookup"};
 
 struct rpc_service_metrics {
   metrics_registry *reg;  /* borrowed: it owns this */

@@ -101,7 +101,8 @@ static void usage(FILE *f) {
 "  --tls-client-ca F       require client certificates signed by this CA (mTLS); each\n"
 "                          handshake refused is said in one line with its reason\n"
 "  --allow-push NAME[,NAME]   with mTLS: only these clients (certificate CN or SAN DNS\n"
-"                          name) may Push (and Remove; default: every verified client)\n"
+"                          name) may Push (and PushLookup, Remove; default: every\n"
+"                          verified client)\n"
 "  --allow-admin NAME[,NAME]  with mTLS: only these clients may Checkpoint, Restore and\n"
 "                          SwapAt\n"
 "  --insecure              listen on a non-loopback address without client certificates\n"
@@ -224,9 +225,8 @@ static void print_access(const serve_flags *f) {
   char line[1024];
   if (!f->tls.cert || !f->tls.ca) {
     snprintf(line, sizeof line, "no client certificates (%s): every method (Lookup, Push, "
-             "Checkpoint, Restore, Stats, Health, Watch, GetTransform, SwapAt, Remove) is open to anyone who "
-             "can "
-             "connect to %s%s",
+             "Checkpoint, Restore, Stats, Health, Watch, GetTransform, SwapAt, Remove, PushLookup) "
+             "is open to anyone who can connect to %s%s",
              f->tls.cert ? "server-only TLS" : "plaintext", f->listen,
              f->insecure && !is_loopback(f->listen) ? " (--insecure)" : "");
   } else if (!f->allow_push && !f->allow_admin) {
@@ -234,7 +234,8 @@ static void print_access(const serve_flags *f) {
              "of %s (no --allow-push or --allow-admin)", f->tls.ca);
   } else {
     snprintf(line, sizeof line, "mTLS (client CA %s): Lookup, Stats, Health, Watch, "
-             "GetTransform: every verified client; Push: %s (Remove too); Checkpoint, Restore, SwapAt: %s",
+             "GetTransform: every verified client; Push: %s (PushLookup and Remove too); Checkpoint, "
+             "Restore, SwapAt: %s",
              f->tls.ca,
              f->allow_push ? f->allow_push : "every verified client",
              f->allow_admin ? f->allow_admin : "every verified client");

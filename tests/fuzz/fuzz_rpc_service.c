@@ -3,7 +3,8 @@
  * Lookup, Push, Stats (or, with its top bit set, GetTransform), Health
  * Check (or, with its top bit set, Remove) or Watch, the rest is
  * the request as it would arrive off the wire, copied to an exact-size heap
- * buffer. The service runs over an in-process store of a small plan (two
+ * buffer; a Lookup's first byte with bit 2 set picks PushLookup instead
+ * (structured: a Push and a Lookup of the same bytes, one request). The service runs over an in-process store of a small plan (two
  * bounded tables, row-wise over two shards, shard 0 served) and serves a
  * data transform of XF_LEN opaque bytes, as `shardrec serve` does. Checkpoint and Restore are left out: they write
  * and read paths named by the request, and libFuzzer's string-compare
@@ -21,7 +22,8 @@
  * Invariants: every answer is OK with bytes that decode, or an error with a
  * message; the store never holds rows of the other shard; a single-rank
  * Lookup answered OK is answered with the same bytes when its ids go as
- * varints; a GetTransform answered OK carries the transform's fingerprint,
+ * varints; a structured PushLookup answered OK is answered with the bytes a
+ * Lookup of its ids then gets; a GetTransform answered OK carries the transform's fingerprint,
  * size and the bytes at the asked offset (no more than asked, 1 MiB when 0),
  * and one refused is malformed (INVALID_ARGUMENT) or past the end
  * (OUT_OF_RANGE); a Remove answered OK counts the request's ids, and the
@@ -242,24 +244,40 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   rpc_method m = pick[data[0] % 5];
   if (m == RPC_STATS && (data[0] & 0x80)) m = RPC_GET_TRANSFORM;
   if (m == RPC_HEALTH_CHECK && (data[0] & 0x80)) m = RPC_REMOVE;
+  if (m == RPC_LOOKUP && (data[0] & 0x04)) m = RPC_PUSH_LOOKUP;
   size_t n = size - 1, off = 0;
-  const int structured = ((data[0] & 0x80) && (m == RPC_LOOKUP || m == RPC_PUSH || m == RPC_WATCH)) ||
-                         (m == RPC_REMOVE && (data[0] & 0x04));
-  uint8_t *req;
-  if (structured) {
+  const int structured =
+      ((data[0] & 0x80) && (m == RPC_LOOKUP || m == RPC_PUSH || m == RPC_WATCH ||
+                            m == RPC_PUSH_LOOKUP)) ||
+      (m == RPC_REMOVE && (data[0] & 0x04));
+  uint8_t *req, *look = NULL; /* look: a structured PushLookup's Lookup */
+  size_t look_len = 0;
+  if (structured && m == RPC_PUSH_LOOKUP) {
+    /* A Push and a Lookup of the same bytes (the same step and ids; the
+     * learning rate a good one), in one request by the client's encoder. */
+    size_t pn = n, loff;
+    uint8_t *push = build(RPC_PUSH, data[0] & ~0x04, data + 1, pn, 0, &off, &pn);
+    look_len = n;
+    look = build(RPC_LOOKUP, data[0], data + 1, look_len, 0, &loff, &look_len);
+    req = push && look ? rpc__push_lookup_encode(push, pn, look, look_len, &n) : NULL;
+    free(push);
+  } else if (structured) {
     req = build(m, data[0], data + 1, n, 0, &off, &n);
   } else {
     req = malloc(n ? n : 1);
     if (req && n) memcpy(req, data + 1, n);
   }
-  if (!req) return 0;
+  if (!req) {
+    free(look);
+    return 0;
+  }
   rpc_reply r;
   handle_at(m, req, n, off, &r);
   if (m == RPC_REMOVE && r.status == RPC_OK) check_removed(req, n, &r);
   free(req);
   if (r.status == RPC_OK) {
     if (!r.out) abort();
-    if (m == RPC_LOOKUP) {
+    if (m == RPC_LOOKUP || m == RPC_PUSH_LOOKUP) {
       Shardrec__V1__LookupResponse *a = shardrec__v1__lookup_response__unpack(NULL, r.out_len, r.out);
       if (!a) abort();
       for (size_t i = 0; i < a->n_tables; i++)
@@ -292,8 +310,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       shardrec__v1__get_transform_request__free_unpacked(q, NULL);
     }
   }
+  if (look && r.status == RPC_OK) { /* its rows are the store's now: a Lookup reads the same */
+    rpc_reply lr;
+    handle_at(RPC_LOOKUP, look, look_len, 0, &lr);
+    if (lr.status != RPC_OK || lr.out_len != r.out_len || memcmp(lr.out, r.out, r.out_len))
+      abort();
+    free(lr.out);
+  }
+  free(look);
   free(r.out);
-  if (m == RPC_PUSH && r.status == RPC_OK)
+  if ((m == RPC_PUSH || m == RPC_PUSH_LOOKUP) && r.status == RPC_OK)
     for (int t = 0; t < 2; t++) emb_store_iterate(store, t, check_row, NULL);
   static unsigned calls;
   if (++calls % 64 == 0) {

@@ -5,8 +5,9 @@ stubs and the server: --allow-push trainer --allow-admin ops
 
 usage: auth_client.py STUBS ADDR CERTS FINGERPRINT ROOT OUTSIDE
 
-Lookup, Stats, Health and GetTransform are open to both identities; Push only to
-'trainer', Checkpoint, Restore and SwapAt only to 'ops' (PERMISSION_DENIED
+Lookup, Stats, Health and GetTransform are open to both identities; Push and
+PushLookup (protobuf's own encoding of it, answered with the Lookup's rows)
+only to 'trainer', Checkpoint, Restore and SwapAt only to 'ops' (PERMISSION_DENIED
 naming the method otherwise; this server does not follow, so 'ops' SwapAt is
 refused FAILED_PRECONDITION saying so); a client of another CA gets nothing. Checkpoint paths
 inside ROOT are written; outside it, escaping it through '..' or through a
@@ -33,6 +34,7 @@ METHODS = {
     "Stats": (pb.StatsRequest, pb.StatsResponse),
     "GetTransform": (pb.GetTransformRequest, pb.GetTransformResponse),
     "SwapAt": (pb.SwapAtRequest, pb.SwapAtResponse),
+    "PushLookup": (pb.PushLookupRequest, pb.LookupResponse),
 }
 
 
@@ -104,6 +106,18 @@ for name, ch in (("trainer", trainer), ("ops", ops)):
            "NOT_FOUND", "records no data transform")
 expect("trainer Push", call(trainer, "Push", push), "OK")
 expect("ops Push", call(ops, "Push", push), "PERMISSION_DENIED", "Push refused")
+push_lookup = pb.PushLookupRequest(
+    push=pb.PushRequest(header=header(1), learning_rate=0.1, tables=push.tables),
+    lookup=pb.LookupRequest(header=header(2), tables=lookup.tables))
+got = call(trainer, "PushLookup", push_lookup)
+expect("trainer PushLookup", got, "OK")
+rows = [len(t.rows) for t in got[1].tables]
+if rows != [3 * 4 * 4]:
+    print("FAIL the PushLookup's answer has rows of %s bytes, not one table of 3 rows of dim 4"
+          % rows)
+    sys.exit(1)
+expect("ops PushLookup", call(ops, "PushLookup", push_lookup), "PERMISSION_DENIED",
+       "PushLookup refused")
 expect("trainer Checkpoint", call(trainer, "Checkpoint", ckpt(root + "/t")),
        "PERMISSION_DENIED", "Checkpoint refused")
 expect("trainer Restore", call(trainer, "Restore", restore(root + "/t")),

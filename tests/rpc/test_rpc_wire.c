@@ -13,11 +13,14 @@
  * request with varint ids (the old encoding), its ids read in place when
  * aligned (Stats' request_ids_in_place / _copied); both fields in one
  * table, and cut, overlong and garbled fields, are refused naming the
- * field and its offset. */
+ * field and its offset. A PushLookup (a push and the next step's Lookup in
+ * one call) answers the rows of its Push then its Lookup, and is refused
+ * whole, or after its push, saying which. */
 #include <check.h>
 
 #include "tests/check_main.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -719,6 +722,175 @@ START_TEST(test_bad_requests_refused) {
 }
 END_TEST
 
+/* Whether two LookupResponses (of two services: their incarnations
+ * differ) answer the same tables with the same bytes of rows. */
+static int same_answer(const rpc_reply *ra, const rpc_reply *rb) {
+  Shardrec__V1__LookupResponse *a = shardrec__v1__lookup_response__unpack(NULL, ra->out_len, ra->out),
+                               *b = shardrec__v1__lookup_response__unpack(NULL, rb->out_len, rb->out);
+  ck_assert(a && b && a->incarnation != b->incarnation);
+  int same = a->n_tables == b->n_tables;
+  for (size_t i = 0; same && i < a->n_tables; i++)
+    same = a->tables[i]->table_id == b->tables[i]->table_id &&
+           a->tables[i]->rows.len == b->tables[i]->rows.len && a->tables[i]->rows.len &&
+           !memcmp(a->tables[i]->rows.data, b->tables[i]->rows.data, a->tables[i]->rows.len);
+  shardrec__v1__lookup_response__free_unpacked(a, NULL);
+  shardrec__v1__lookup_response__free_unpacked(b, NULL);
+  return same;
+}
+
+/* A Lookup of look[len] to services a and b answers the same rows. */
+static void same_rows(rpc_service *a, rpc_service *b, const uint8_t *look, size_t len,
+                      const char *when) {
+  rpc_reply ra, rb;
+  rpc_service_handle(a, RPC_LOOKUP, look, len, &ra);
+  rpc_service_handle(b, RPC_LOOKUP, look, len, &rb);
+  ck_assert_msg(ra.status == RPC_OK && rb.status == RPC_OK, "%s: %s / %s", when, ra.msg, rb.msg);
+  ck_assert_msg(same_answer(&ra, &rb), "%s: the rows differ", when);
+  free(ra.out);
+  free(rb.out);
+}
+
+/* A Push of tables tab[2] (ids, cnt, gradients g) at step by rank 0 of a
+ * job of world ranks with learning rate lr, in the client's encoding. */
+static uint8_t *push_req(char *fp, int64_t step, int world, float lr, const int *tab,
+                         uint64_t (*ids)[300], const size_t *cnt, const float *g, size_t *len) {
+  Shardrec__V1__RequestHeader h;
+  header(&h, fp, step);
+  h.world_size = world;
+  rpc_wire_table wt[2];
+  for (int j = 0; j < 2; j++)
+    wt[j] = (rpc_wire_table){.table_id = tids[tab[j]], .ids = ids[j], .n = cnt[j], .grads = g,
+                             .dim = dims[tab[j]]};
+  return rpc__push_encode(&h, lr, wt, 2, len);
+}
+
+/* A PushLookup is its Push, then its Lookup: over 6 steps (each looking up
+ * the rows it pushes), its answer has the rows of a Lookup sent after the
+ * Push to a twin service, wherever the request lies in memory; the
+ * client's encoding puts both parts at a multiple of 8, so that every id
+ * of both is read in place, and protobuf-c reads it as the
+ * PushLookupRequest of the two. Refused, saying what: a part missing,
+ * given twice or of another wire type; a job of two ranks (nothing
+ * pushed); a push refused ("push: ", nothing pushed); a Lookup refused
+ * after its push was taken ("lookup, after the push was taken: ", the push
+ * applied). */
+START_TEST(test_push_lookup) {
+  emb_plan *plan = plan_make();
+  char err[512], fp[EMB_FP_HEX], want[200];
+  ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
+  int shard = 0;
+  rpc_service_opts so = {.shards = &shard, .n_shards = 1};
+  emb_store *sa = emb_store_create_local(plan, err, sizeof err),
+            *sb = emb_store_create_local(plan, err, sizeof err);
+  rpc_service *a = rpc_service_create(plan, sa, &so, err, sizeof err),
+              *b = rpc_service_create(plan, sb, &so, err, sizeof err);
+  ck_assert_msg(a && b, "%s", err);
+  static uint64_t ids[NT][300];
+  static float g[300 * 33];
+  const int tab[2] = {2, 3};
+  size_t cnt[2], pl, ll, fl;
+  uint8_t *look = NULL;
+  for (int step = 1; step <= 6; step++) {
+    for (int j = 0; j < 2; j++) {
+      cnt[j] = 50 + (size_t)step * 7 + (size_t)j;
+      for (size_t i = 0; i < cnt[j]; i++) ids[j][i] = (i * 7 + (size_t)step * 3) % 1000;
+    }
+    for (int i = 0; i < 300 * 33; i++) g[i] = (float)((i * 13 + step) % 89) / 89.0f - 0.5f;
+    uint8_t *push = encode_req(ENC_HAND, fp, step, tab, 2, ids, cnt, g, &pl);
+    free(look);
+    look = encode_req(ENC_HAND, fp, step + 1, tab, 2, ids, cnt, NULL, &ll);
+    rpc_reply ra, rb;
+    rpc_service_handle(a, RPC_PUSH, push, pl, &ra);
+    ck_assert_msg(ra.status == RPC_OK, "%s", ra.msg);
+    free(ra.out);
+    rpc_service_handle(a, RPC_LOOKUP, look, ll, &ra);
+    ck_assert_msg(ra.status == RPC_OK, "%s", ra.msg);
+    uint8_t *fused = rpc__push_lookup_encode(push, pl, look, ll, &fl);
+    uint64_t in0, cp0, in1, cp1;
+    ids_stats(b, &in0, &cp0);
+    handle_at(b, RPC_PUSH_LOOKUP, fused, fl, (size_t)step - 1, &rb);
+    ck_assert_msg(rb.status == RPC_OK, "step %d: %s", step, rb.msg);
+    ck_assert_msg(same_answer(&ra, &rb),
+                  "step %d: the PushLookup's rows are not those of a Lookup after the Push", step);
+    ids_stats(b, &in1, &cp1);
+    if (step == 1) /* at an aligned address: every id of both parts read where it lies */
+      ck_assert_msg(in1 - in0 == 2 * (cnt[0] + cnt[1]) && cp1 == cp0,
+                    "%llu ids read in place, %llu copied", (unsigned long long)(in1 - in0),
+                    (unsigned long long)(cp1 - cp0));
+    Shardrec__V1__PushLookupRequest *q =
+        shardrec__v1__push_lookup_request__unpack(NULL, fl, fused);
+    ck_assert_ptr_nonnull(q);
+    ck_assert(q->push && q->lookup && q->push->n_tables == 2 && q->lookup->n_tables == 2);
+    ck_assert_int_eq(q->push->header->step, step);
+    ck_assert_int_eq(q->lookup->header->step, step + 1);
+    shardrec__v1__push_lookup_request__free_unpacked(q, NULL);
+    free(ra.out);
+    free(rb.out);
+    free(fused);
+    free(push);
+  }
+  /* Malformed: the lookup missing, the push twice, the lookup a varint. */
+  uint8_t *push = push_req(fp, 10, 1, 0.25f, tab, ids, cnt, g, &pl);
+  uint8_t *bad = malloc(pl + 16);
+  bad[0] = 0x0a;
+  size_t n = (size_t)(rpc__varint_put(bad + 1, pl) - bad);
+  memcpy(bad + n, push, pl);
+  n += pl;
+  snprintf(want, sizeof want, "PushLookupRequest (%zu bytes): lookup at offset %zu: missing", n, n);
+  expect_refused(b, RPC_PUSH_LOOKUP, bad, n, want);
+  bad[n] = 0x10, bad[n + 1] = 0x01;
+  snprintf(want, sizeof want, "lookup at offset %zu: wire type 0 is not this field's", n);
+  expect_refused(b, RPC_PUSH_LOOKUP, bad, n + 2, want);
+  bad[n] = 0x0a, bad[n + 1] = 0x00;
+  snprintf(want, sizeof want, "push at offset %zu: given twice", n);
+  expect_refused(b, RPC_PUSH_LOOKUP, bad, n + 2, want);
+  free(bad);
+  same_rows(a, b, look, ll, "after the malformed ones");
+  /* Two ranks: refused, nothing pushed. */
+  uint8_t *two = push_req(fp, 10, 2, 0.25f, tab, ids, cnt, g, &pl);
+  uint8_t *fused = rpc__push_lookup_encode(two, pl, look, ll, &fl);
+  rpc_reply r;
+  rpc_service_handle(b, RPC_PUSH_LOOKUP, fused, fl, &r);
+  ck_assert_msg(r.status == RPC_FAILED_PRECONDITION &&
+                    strstr(r.msg, "PushLookup is for jobs of one rank (world_size 2)"),
+                "%d: %s", r.status, r.msg);
+  free(fused);
+  free(two);
+  same_rows(a, b, look, ll, "after the two-rank one");
+  /* The push refused: nothing pushed. */
+  uint8_t *nan_lr = push_req(fp, 10, 1, NAN, tab, ids, cnt, g, &pl);
+  fused = rpc__push_lookup_encode(nan_lr, pl, look, ll, &fl);
+  expect_refused(b, RPC_PUSH_LOOKUP, fused, fl, "push: learning_rate nan: must be finite");
+  free(fused);
+  free(nan_lr);
+  same_rows(a, b, look, ll, "after the refused push");
+  /* The Lookup refused (a table not in the plan) after the push was taken:
+   * the push is applied, as a Push of it to a is. */
+  Shardrec__V1__RequestHeader h;
+  header(&h, fp, 11);
+  rpc_wire_table wt = {.table_id = 5, .ids = ids[0], .n = 3, .dim = 1};
+  size_t bl;
+  uint8_t *badlook = rpc__lookup_encode(&h, &wt, 1, 0, &bl);
+  pl = 0;
+  push = (free(push), push_req(fp, 10, 1, 0.25f, tab, ids, cnt, g, &pl));
+  fused = rpc__push_lookup_encode(push, pl, badlook, bl, &fl);
+  expect_refused(b, RPC_PUSH_LOOKUP, fused, fl, "lookup, after the push was taken: tables[0]");
+  rpc_service_handle(a, RPC_PUSH, push, pl, &r);
+  ck_assert_msg(r.status == RPC_OK, "%s", r.msg);
+  free(r.out);
+  same_rows(a, b, look, ll, "after the refused Lookup");
+  free(fused);
+  free(badlook);
+  free(push);
+  free(look);
+  rpc_service_destroy(a);
+  rpc_service_destroy(b);
+  emb_store_destroy(sa);
+  emb_store_destroy(sb);
+  emb_plan_free(plan);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("rpc_wire");
   TCase *tc = tcase_create("wire");
@@ -729,6 +901,7 @@ int main(void) {
   tcase_add_test(tc, test_ids_fixed_push);
   tcase_add_test(tc, test_bad_requests_refused);
   tcase_add_test(tc, test_unpacked_fixed_and_too_many_tables);
+  tcase_add_test(tc, test_push_lookup);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
