@@ -223,10 +223,10 @@ static int tls_refusal(const pcall *p) {
 
 /* o->retry_deadline: a Lookup, Push or Stats whose deadline passed (a
  * partition: nothing came back) is tried again too (each is safe to repeat:
- * Push is idempotent at the server). */
+ * Push is idempotent at the server, and so a PushLookup). */
 static int deadline_retry(const pcall *p, const rpc_client_opts *o) {
   return o->retry_deadline && p->status == GRPC_STATUS_DEADLINE_EXCEEDED && !p->path &&
-         (p->m == RPC_LOOKUP || p->m == RPC_PUSH || p->m == RPC_STATS);
+         (p->m == RPC_LOOKUP || p->m == RPC_PUSH || p->m == RPC_PUSH_LOOKUP || p->m == RPC_STATS);
 }
 
 /* A call answered after failed attempts: c's note says so. */
@@ -296,7 +296,7 @@ void rpc__run_calls_each(conn *conns, grpc_completion_queue *cq, pcall *calls, i
     if (p->status == GRPC_STATUS_OK && p->trouble) note_outlasted(&conns[p->shard], p);
     if (p->status == GRPC_STATUS_OK) {
       /* A Lookup's answer stays in p->recv, read in place (rpc/answer.c). */
-      const int in_place = p->m == RPC_LOOKUP && !p->path;
+      const int in_place = (p->m == RPC_LOOKUP || p->m == RPC_PUSH_LOOKUP) && !p->path;
       if (!p->recv || (!in_place && rpc__bb_read(p->recv, &p->resp, &p->resp_len))) {
         p->status = GRPC_STATUS_INTERNAL;
         grpc_slice_unref(p->details);

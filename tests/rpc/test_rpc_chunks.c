@@ -18,7 +18,8 @@
  * them). Steps' ids overlap, so a row read before the previous step's push
  * was applied would differ. One step's lookup asks for other ids than were
  * prefetched, one prefetched step is never looked up; the servers report
- * the look-aheads handed to their stores (Stats.prefetched). A prefetched
+ * the look-aheads handed to their stores (Stats.prefetched), and one rank's
+ * pushes that carried the next step's Lookup (Stats.push_lookup_calls). A prefetched
  * Lookup that fails (its deadline passed while the servers held it) is read
  * again by its step's lookup. */
 #include <check.h>
@@ -345,12 +346,12 @@ END_TEST
  * gradients). Step 7's lookup asks for other ids than prefetched; with
  * skip, step 9 is prefetched but never looked up. */
 static void run_lookahead(const char *const *addr, int depth, int world, int skip,
-                          const char *job) {
+                          const char *job, size_t chunk) {
   char err[512];
   emb_store *loc = emb_store_create_local(plan, err, sizeof err), *rem[2];
   ck_assert_ptr_nonnull(loc);
   for (int r = 0; r < world; r++)
-    rem[r] = remote(addr, r, world, job, 2, 8 << 10);
+    rem[r] = remote(addr, r, world, job, 2, chunk);
   const size_t n = 3000;
   static uint64_t ids[NT][MAXN], pids[NT][MAXN];
   float *a[NT], *b[NT], *g[2][NT], *sum[NT];
@@ -457,7 +458,8 @@ static void lookahead_case(const char *serve_extra, int data, int world, int ski
     start(0, extra);
     start(1, extra);
     const char *addr[NS] = {srv[0].addr, srv[1].addr};
-    run_lookahead(addr, depth, world, skip, "job-lookahead");
+    /* Depth 1 in 8 KiB chunks, depth 2 in one call per server. */
+    run_lookahead(addr, depth, world, skip, "job-lookahead", depth == 1 ? 8 << 10 : 0);
     /* The steps were handed ahead to both servers' stores, where they read
      * ahead (a store without the op is handed nothing). */
     for (int k = 0; k < NS; k++) {
@@ -467,6 +469,15 @@ static void lookahead_case(const char *serve_extra, int data, int world, int ski
                       "look-aheads for 13 steps", depth, k, (unsigned long long)a->prefetched);
       else
         ck_assert_uint_eq(a->prefetched, 0);
+      /* One rank, one call per server: each of the 13 pushes but the last
+       * carried the next step's Lookup (PushLookup), whose rows the checks
+       * above found the in-process store's. In chunks, or several ranks:
+       * never (a part of a push, or another rank's, is not in yet). */
+      const int fused = world == 1 && depth == 2;
+      ck_assert_msg(a->push_lookup_calls == (fused ? (skip ? 12u : 13u) : 0u) && (!fused || a->push_calls == 1),
+                    "depth %d, %d rank(s): shard %d: %llu PushLookup and %llu Push calls", depth,
+                    world, k, (unsigned long long)a->push_lookup_calls,
+                    (unsigned long long)a->push_calls);
       shardrec__v1__stats_response__free_unpacked(a, NULL);
       int st = server_stop(&srv[k]);
       ck_assert_msg(st == 0, "server %d exited with %d (log %s/srv%d.log)", k, st, dir, k);
