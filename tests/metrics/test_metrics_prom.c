@@ -215,6 +215,9 @@ START_TEST(test_prometheus_scrapes_serve_and_train) {
   Shardrec__V1__StatsResponse *a = calls_stats(addr);
   wait_value("shardrec_server_calls_total{method=\"lookup\"}", (double)a->lookup_calls);
   wait_value("shardrec_server_calls_total{method=\"push\"}", (double)a->push_calls);
+  /* One rank: most steps' pushes carried the next step's Lookup. */
+  wait_value("shardrec_server_calls_total{method=\"push_lookup\"}", (double)a->push_lookup_calls);
+  ck_assert_uint_gt(a->push_lookup_calls, 10);
   ck_assert_uint_gt(a->lookup_calls, 20);
   ck_assert_double_eq(prom_value("shardrec_server_rows_total{method=\"lookup\"}", NULL, NULL, 0), (double)a->rows_looked_up);
   ck_assert_double_eq(prom_value("shardrec_server_rows_total{method=\"push\"}", NULL, NULL, 0), (double)a->rows_pushed);
