@@ -513,22 +513,22 @@ int rpc__push_lookup_split(const uint8_t *in, size_t len, const uint8_t **push, 
   return 0;
 }
 
-int32_t rpc__request_world(const uint8_t *in, size_t len) {
+void rpc__request_peek(const uint8_t *in, size_t len, int32_t *world, int32_t *parts) {
   rpc_reply ignored; /* a malformed request is refused by its decoder, not here */
   const wire_rd d = {"", in, len, &ignored};
   const wire_msg m = {"", NULL, 0};
   const uint8_t *p = in, *end = in + len;
-  int32_t world = 0;
+  *world = *parts = 0;
   while (p < end) {
     wire_f w, h;
     if (wire_field(&d, &p, end, &m, &w)) break;
     if (w.num != 1 || w.wt != WT_LEN) continue;
     for (const uint8_t *q = w.val, *qe = w.val + w.n; q < qe;) {
       if (wire_field(&d, &q, qe, &m, &h)) break;
-      if (h.num == 5 && h.wt == WT_VARINT) world = (int32_t)h.v;
+      if (h.num == 5 && h.wt == WT_VARINT) *world = (int32_t)h.v;
+      if (h.num == 8 && h.wt == WT_VARINT) *parts = (int32_t)h.v;
     }
   }
-  return world;
 }
 
 /* ---- answers (server) ---- */

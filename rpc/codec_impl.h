@@ -153,10 +153,10 @@ int rpc__push_decode(rpc_scratch *x, int n_tables, size_t max_ids, const uint8_t
 int rpc__push_lookup_split(const uint8_t *in, size_t len, const uint8_t **push, size_t *plen,
                            const uint8_t **look, size_t *llen, rpc_reply *r);
 
-/* The world_size of the header of a Lookup or Push request in[len] (its
- * last, as protobuf reads it); 0 when none is found (a malformed request
- * is its decoder's to refuse). */
-int32_t rpc__request_world(const uint8_t *in, size_t len);
+/* The world_size and parts of the header of a Lookup or Push request
+ * in[len] (the last of each, as protobuf reads them); 0 where none is
+ * found (a malformed request is its decoder's to refuse). */
+void rpc__request_peek(const uint8_t *in, size_t len, int32_t *world, int32_t *parts);
 
 /* The request in[len], a message of type desc, holds no control character
  * (below 0x20, or 0x7f; a NUL byte included) in any of its string fields,

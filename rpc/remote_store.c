@@ -466,22 +466,28 @@ static pf_slot *fuse_slot(rstore *s, int64_t step) {
 /* Whether no server has more than one call in L (a push or Lookup cut in
  * parts keeps its own calls: a part of a push must not answer rows before
  * the others are in). */
-static int one_call_each(const rstore *s, const lane *L) {
+static int one_call_each(const lane *L) {
   for (int i = 1; i < L->n_calls; i++)
     if (L->calls[i].shard == L->calls[i - 1].shard) return 0; /* a shard's calls are adjacent */
-  (void)s;
   return 1;
+}
+
+/* The Lookup call of slot f's lane to push call q's server, or NULL. */
+static pcall *lookup_of(pf_slot *f, const pcall *q) {
+  for (int j = 0; j < f->L.n_calls; j++)
+    if (f->L.calls[j].shard == q->shard) return &f->L.calls[j];
+  return NULL;
 }
 
 /* The push calls of s->mn joined with slot f's Lookups, server by server
  * (fuse_slot): f's hints collected, its Lookups built, and each server's
  * push request put inside its Lookup's call as a PushLookup (its Push call
  * dropped). 1 when joined (f's calls are the PushLookups, and Lookups to
- * servers this push does not touch); 0 when not (f as it was: its Lookups
- * go once the push is answered). */
+ * servers this push does not touch); 0 when not (f holds its ids alone:
+ * its Lookups go once the push is answered). */
 static int fuse(rstore *s, pf_slot *f) {
   lane *P = &s->mn, *K = &f->L;
-  if (!one_call_each(s, P)) return 0;
+  if (!one_call_each(P)) return 0;
   rpc__run_calls(s->c, K->cq, K->calls, K->n_calls, &s->o); /* its hints */
   rpc__calls_free(K);
   emb_idset v = rpc__slot_ids(s, f);
@@ -489,30 +495,44 @@ static int fuse(rstore *s, pf_slot *f) {
     rpc__slot_release(s, f); /* the step's lookup reads afresh and reports */
     return 0;
   }
-  if (!one_call_each(s, K)) {
-    rpc__calls_free(K);
-    return 0;
+  /* Every joined request made before any call changes (out of memory:
+   * none joined). */
+  uint8_t **req = calloc((size_t)P->n_calls + 1, sizeof *req);
+  size_t *len = calloc((size_t)P->n_calls + 1, sizeof *len);
+  int ok = req && len && one_call_each(K);
+  for (int i = 0; ok && i < P->n_calls; i++) {
+    const pcall *q = &P->calls[i], *p = lookup_of(f, q);
+    if (p && !(req[i] = rpc__push_lookup_encode(q->req, q->req_len, p->req, p->req_len, &len[i])))
+      ok = 0;
   }
   int kept = 0;
-  for (int i = 0; i < P->n_calls; i++) {
-    pcall *q = &P->calls[i], *p = NULL;
-    for (int j = 0; j < K->n_calls && !p; j++)
-      if (K->calls[j].shard == q->shard) p = &K->calls[j];
-    size_t len;
-    uint8_t *req = p ? rpc__push_lookup_encode(q->req, q->req_len, p->req, p->req_len, &len) : NULL;
-    if (!req) { /* no Lookup to this server (or out of memory): the push alone */
+  for (int i = 0; ok && i < P->n_calls; i++) {
+    pcall *q = &P->calls[i], *p = lookup_of(f, q);
+    if (!p) { /* no Lookup to this server: the push alone */
       if (kept != i) P->calls[kept] = *q;
       kept++;
       continue;
     }
     free(p->req);
-    p->req = req;
-    p->req_len = len;
+    p->req = req[i];
+    p->req_len = len[i];
     p->m = RPC_PUSH_LOOKUP;
     rpc__pcall_free(q);
   }
-  P->n_calls = kept;
-  return 1;
+  if (ok) P->n_calls = kept;
+  for (int i = 0; !ok && req && i < P->n_calls; i++) free(req[i]);
+  if (!ok) rpc__calls_free(K);
+  free(req);
+  free(len);
+  return ok;
+}
+
+/* Whether p, a PushLookup that failed, was refused only after its push was
+ * taken (its server's message says so: RPC_MSG_AFTER_PUSH). */
+static int after_push(const pcall *p) {
+  const size_t n = strlen(RPC_MSG_AFTER_PUSH);
+  return p->status != GRPC_STATUS_OK && GRPC_SLICE_LENGTH(p->details) >= n &&
+         !memcmp(GRPC_SLICE_START_PTR(p->details), RPC_MSG_AFTER_PUSH, n);
 }
 
 /* The answer of a PushLookup p (its push's part): its incarnation. */
@@ -583,12 +603,14 @@ static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
   rpc__calls_free(L);
   if (f) { /* the pushes inside the slot's calls: answered with its rows */
     rpc__run_calls(s->c, f->L.cq, f->L.calls, f->L.n_calls, &s->o);
+    int redo = 0; /* a Lookup refused after its push was taken: the step reads afresh */
     for (int i = 0; i < f->L.n_calls && !rc; i++) {
       const pcall *p = &f->L.calls[i];
       if (p->m != RPC_PUSH_LOOKUP) continue;
-      rc = p->status != GRPC_STATUS_OK ? call_error(s, p, what) : fused_read(s, p);
+      if (after_push(p)) redo = 1;
+      else rc = p->status != GRPC_STATUS_OK ? call_error(s, p, what) : fused_read(s, p);
     }
-    if (rc) rpc__slot_release(s, f);
+    if (rc || redo) rpc__slot_release(s, f);
   }
   if (rc) return rc;
   for (int t = 0; t < ids->n_tables; t++) s->st.pushes += ids->counts[t];

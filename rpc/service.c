@@ -491,21 +491,27 @@ static void msg_prefix(rpc_reply *r, const char *what) {
   snprintf(r->msg, sizeof r->msg, "%s: %.440s", what, m); /* what is short */
 }
 
-/* PushLookup, of a job of one rank only (refused before anything is
- * done otherwise): the push taken as a Push (deferred whole when the
- * budget has no room); once it is in, its answer and budget let go, and
- * the Lookup answered as a Lookup, with no token (it waits for budget as a
- * direct call does; one rank's Lookup never parks). */
+/* PushLookup, of a whole push of a job of one rank only (refused before
+ * anything is done otherwise): the push taken as a Push; once it is in,
+ * its answer and budget let go, and the Lookup answered as a Lookup (one
+ * rank's never parks). Either deferred for budget, the whole call is
+ * handled again later (the push, already taken, is then a retry). */
 static void do_push_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r,
                            void *token, double timeout_s, int pin) {
   const uint8_t *push, *look;
   size_t plen, llen;
   if (rpc__push_lookup_split(in, len, &push, &plen, &look, &llen, r)) return;
-  const int32_t wp = rpc__request_world(push, plen), wl = rpc__request_world(look, llen);
-  if (wp > 1 || wl > 1) {
+  int32_t wp, wl, parts, unused;
+  rpc__request_peek(push, plen, &wp, &parts);
+  rpc__request_peek(look, llen, &wl, &unused);
+  if (wp > 1 || wl > 1 || parts > 1) {
     r->status = RPC_FAILED_PRECONDITION;
-    snprintf(r->msg, sizeof r->msg, "PushLookup is for jobs of one rank (world_size %d): send "
-             "a Push and a Lookup", wp > 1 ? wp : wl);
+    if (parts > 1)
+      snprintf(r->msg, sizeof r->msg, "PushLookup takes a whole push (parts %d): send its parts "
+               "as Pushes, then a Lookup", parts);
+    else
+      snprintf(r->msg, sizeof r->msg, "PushLookup is for jobs of one rank (world_size %d): send "
+               "a Push and a Lookup", wp > 1 ? wp : wl);
     return;
   }
   rpc__push(s, push, plen, token != NULL, r);
@@ -516,8 +522,8 @@ static void do_push_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_re
   free(r->out);
   rpc_service_release(s, r->held);
   memset(r, 0, sizeof *r);
-  do_lookup(s, look, llen, r, NULL, timeout_s, pin);
-  if (r->status != RPC_OK) msg_prefix(r, "lookup, after the push was taken");
+  do_lookup(s, look, llen, r, token, timeout_s, pin);
+  if (r->status != RPC_OK && r->status != RPC_DEFERRED) msg_prefix(r, RPC_MSG_AFTER_PUSH);
 }
 
 /* The roots, "A, B", for messages. */

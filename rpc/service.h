@@ -74,6 +74,11 @@ typedef struct rpc_service rpc_service;
  * it and treats the server as lost (restarted), not as a plan mismatch. */
 #define RPC_MSG_UNCLEAN "rows not consistent after a crash: Restore a checkpoint"
 
+/* The start of the message of a PushLookup refused after its push was
+ * taken (the push is applied; its Lookup was refused): the remote store
+ * then counts the push done and reads the step's rows afresh. */
+#define RPC_MSG_AFTER_PUSH "lookup, after the push was taken"
+
 /* Checkpoint versions of a server that follows its checkpoint folder
  * (serve --follow, tools/serve_follow.c): which step a Lookup is answered
  * from, and the rows of a step held beside the served one. Both are

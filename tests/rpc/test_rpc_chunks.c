@@ -10,7 +10,8 @@
  *
  * Look-ahead (emb_store_prefetch): the step sequence a trainer with
  * --prefetch-depth D runs (steps t+1..t+D handed ahead, then step t's
- * lookup and push), at depth 1 and 2, against 2 in-memory servers, 2
+ * lookup and push), at depth 1 and 2 (one in 8 KiB chunks, the other in
+ * one call per server), against 2 in-memory servers, 2
  * shard-store servers (--data-dir, a cache smaller than a step's rows) and
  * as a 2-rank sync job (two client stores as the two ranks): every row
  * looked up is bit for bit the in-process store's, whose pushes are the
@@ -458,8 +459,9 @@ static void lookahead_case(const char *serve_extra, int data, int world, int ski
     start(0, extra);
     start(1, extra);
     const char *addr[NS] = {srv[0].addr, srv[1].addr};
-    /* Depth 1 in 8 KiB chunks, depth 2 in one call per server. */
-    run_lookahead(addr, depth, world, skip, "job-lookahead", depth == 1 ? 8 << 10 : 0);
+    /* In 8 KiB chunks at one depth, one call per server at the other. */
+    const size_t chunk = (depth == 1) != data ? 8 << 10 : 0;
+    run_lookahead(addr, depth, world, skip, "job-lookahead", chunk);
     /* The steps were handed ahead to both servers' stores, where they read
      * ahead (a store without the op is handed nothing). */
     for (int k = 0; k < NS; k++) {
@@ -473,7 +475,7 @@ static void lookahead_case(const char *serve_extra, int data, int world, int ski
        * carried the next step's Lookup (PushLookup), whose rows the checks
        * above found the in-process store's. In chunks, or several ranks:
        * never (a part of a push, or another rank's, is not in yet). */
-      const int fused = world == 1 && depth == 2;
+      const int fused = world == 1 && !chunk;
       ck_assert_msg(a->push_lookup_calls == (fused ? (skip ? 12u : 13u) : 0u) && (!fused || a->push_calls == 1),
                     "depth %d, %d rank(s): shard %d: %llu PushLookup and %llu Push calls", depth,
                     world, k, (unsigned long long)a->push_lookup_calls,

@@ -771,9 +771,10 @@ static uint8_t *push_req(char *fp, int64_t step, int world, float lr, const int 
  * of both is read in place, and protobuf-c reads it as the
  * PushLookupRequest of the two. Refused, saying what: a part missing,
  * given twice or of another wire type; a job of two ranks (nothing
- * pushed); a push refused ("push: ", nothing pushed); a Lookup refused
- * after its push was taken ("lookup, after the push was taken: ", the push
- * applied). */
+ * pushed); a part of a push (nothing pushed); a push refused ("push: ",
+ * nothing pushed); a Lookup refused after its push was taken
+ * (RPC_MSG_AFTER_PUSH, the push applied). The in-flight budget is all
+ * given back. */
 START_TEST(test_push_lookup) {
   emb_plan *plan = plan_make();
   char err[512], fp[EMB_FP_HEX], want[200];
@@ -856,7 +857,24 @@ START_TEST(test_push_lookup) {
                 "%d: %s", r.status, r.msg);
   free(fused);
   free(two);
-  same_rows(a, b, look, ll, "after the two-rank one");
+  /* A part of a push: refused, nothing pushed (the Lookup would not wait
+   * for the other parts). */
+  Shardrec__V1__RequestHeader hp;
+  header(&hp, fp, 10);
+  hp.part = 0, hp.parts = 2;
+  rpc_wire_table wp[2];
+  for (int j = 0; j < 2; j++)
+    wp[j] = (rpc_wire_table){.table_id = tids[tab[j]], .ids = ids[j], .n = cnt[j], .grads = g,
+                             .dim = dims[tab[j]]};
+  uint8_t *part = rpc__push_encode(&hp, 0.25f, wp, 2, &pl);
+  fused = rpc__push_lookup_encode(part, pl, look, ll, &fl);
+  rpc_service_handle(b, RPC_PUSH_LOOKUP, fused, fl, &r);
+  ck_assert_msg(r.status == RPC_FAILED_PRECONDITION &&
+                    strstr(r.msg, "PushLookup takes a whole push (parts 2)"),
+                "%d: %s", r.status, r.msg);
+  free(fused);
+  free(part);
+  same_rows(a, b, look, ll, "after the two-rank one and the part");
   /* The push refused: nothing pushed. */
   uint8_t *nan_lr = push_req(fp, 10, 1, NAN, tab, ids, cnt, g, &pl);
   fused = rpc__push_lookup_encode(nan_lr, pl, look, ll, &fl);
@@ -874,11 +892,24 @@ START_TEST(test_push_lookup) {
   pl = 0;
   push = (free(push), push_req(fp, 10, 1, 0.25f, tab, ids, cnt, g, &pl));
   fused = rpc__push_lookup_encode(push, pl, badlook, bl, &fl);
-  expect_refused(b, RPC_PUSH_LOOKUP, fused, fl, "lookup, after the push was taken: tables[0]");
+  snprintf(want, sizeof want, "%s: tables[0]", RPC_MSG_AFTER_PUSH);
+  expect_refused(b, RPC_PUSH_LOOKUP, fused, fl, want);
   rpc_service_handle(a, RPC_PUSH, push, pl, &r);
   ck_assert_msg(r.status == RPC_OK, "%s", r.msg);
   free(r.out);
   same_rows(a, b, look, ll, "after the refused Lookup");
+  /* Every call's share of the in-flight budget given back: the push's
+   * before its Lookup ran, the Lookup's with its answer; the 13 calls
+   * counted, refused ones too. */
+  rpc_service_handle(b, RPC_STATS, NULL, 0, &r);
+  ck_assert_int_eq(r.status, RPC_OK);
+  Shardrec__V1__StatsResponse *st = shardrec__v1__stats_response__unpack(NULL, r.out_len, r.out);
+  ck_assert_ptr_nonnull(st);
+  ck_assert_msg(st->inflight_bytes == 0 && st->push_lookup_calls == 13,
+                "%llu bytes still held; %llu PushLookup calls",
+                (unsigned long long)st->inflight_bytes, (unsigned long long)st->push_lookup_calls);
+  shardrec__v1__stats_response__free_unpacked(st, NULL);
+  free(r.out);
   free(fused);
   free(badlook);
   free(push);
