@@ -46,6 +46,7 @@ typedef struct {
   /* The server's limits, from its Stats (0: not said: none but ours). */
   uint64_t max_ids, max_bytes, budget;
   int looks_ahead; /* its store reads ahead: prefetch_only hints are worth sending */
+  int push_lookup; /* it takes PushLookup */
   int notes;       /* calls answered after a retry since rpc_remote_note last looked */
   char note[400];  /* the last of them */
 } conn;

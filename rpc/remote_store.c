@@ -451,11 +451,14 @@ static double r_lookup_flight(emb_store *b) { return ((rstore *)b)->lookup_fligh
 
 /* One rank's push of step carries the Lookups of step + 1 when they wait
  * for it in a slot (prefetched, not sent: pf_may_send holds them until
- * this push is answered): each server then gets one PushLookup, which it
+ * this push is answered) and every server takes it (Stats push_lookup):
+ * each server then gets one PushLookup, which it
  * answers with those rows once the push is applied, instead of a Push and,
  * once that is answered, a Lookup. That slot, else NULL. */
 static pf_slot *fuse_slot(rstore *s, int64_t step) {
   if (s->o.world_size > 1 || s->keeps) return NULL;
+  for (int k = 0; k < s->n; k++)
+    if (!s->c[k].push_lookup) return NULL; /* a server of an older build */
   for (int i = 0; i < RPC_PF_STEPS; i++) {
     pf_slot *f = &s->pf[i];
     if (f->used && !f->sent && f->step == step + 1 && f != s->cur_pf) return f;
@@ -705,6 +708,7 @@ static int read_limits(rstore *s, pcall *p, void *ctx) {
   c->max_bytes = a->max_message_bytes;
   c->budget = a->inflight_budget_bytes;
   c->looks_ahead = a->looks_ahead;
+  c->push_lookup = a->push_lookup;
   shardrec__v1__stats_response__free_unpacked(a, NULL);
   return 0;
 }

@@ -748,6 +748,7 @@ static void do_stats(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r
   resp.inflight_refused = s->budget_refused;
   resp.prefetched = s->prefetched;
   resp.looks_ahead = s->store->ops->prefetch != NULL;
+  resp.push_lookup = 1;
   rpc_coord_stats cs;
   rpc_coord_stats_get(s->coord, &cs);
   pthread_mutex_unlock(&s->mu);
