@@ -1,12 +1,14 @@
 /* The remote store's look-ahead (emb_store_ops.prefetch): up to
  * RPC_PF_STEPS later steps, each in a slot with a lane of its own (pf_slot,
- * rpc/remote_impl.h, says what a slot sends when), and how the slots move
- * as steps are looked up and pushed. */
+ * rpc/remote_impl.h, says what a slot sends when), how the slots move as
+ * steps are looked up and pushed, and one rank's push joined with the next
+ * step's Lookups (PushLookup). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/status.h"
 #include "common/sys.h"
+#include "rpc/codec_impl.h"
 #include "rpc/remote_impl.h"
 
 /* The slot's copy of its step's ids, as an id set. */
@@ -143,4 +145,125 @@ void rpc__slots_send_ready(rstore *s) {
     pf_slot *f = &s->pf[i];
     if (f->used && !f->sent && f != s->cur_pf && pf_may_send(s, f->step)) rpc__slot_send(s, f);
   }
+}
+
+/* The slot whose Lookups may join the push of step (rpc__slot_join), or
+ * NULL. */
+static pf_slot *join_slot(rstore *s, int64_t step) {
+  if (s->o.world_size > 1 || s->keeps) return NULL;
+  for (int k = 0; k < s->n; k++)
+    if (!s->c[k].push_lookup) return NULL; /* a server of an older build */
+  for (int i = 0; i < RPC_PF_STEPS; i++) {
+    pf_slot *f = &s->pf[i];
+    if (f->used && !f->sent && f->step == step + 1 && f != s->cur_pf) return f;
+  }
+  return NULL;
+}
+
+/* Whether no server has more than one call in L (a push or Lookup cut in
+ * parts keeps its own calls: a part of a push must not answer rows before
+ * the others are in). */
+static int one_call_each(const lane *L) {
+  for (int i = 1; i < L->n_calls; i++)
+    if (L->calls[i].shard == L->calls[i - 1].shard) return 0; /* a shard's calls are adjacent */
+  return 1;
+}
+
+/* The Lookup call of slot f's lane to push call q's server, or NULL. */
+static pcall *lookup_of(pf_slot *f, const pcall *q) {
+  for (int j = 0; j < f->L.n_calls; j++)
+    if (f->L.calls[j].shard == q->shard) return &f->L.calls[j];
+  return NULL;
+}
+
+/* The push calls of s->mn joined with slot f's Lookups, server by server
+ * (join_slot): f's hints collected, its Lookups built, and each server's
+ * push request put inside its Lookup's call as a PushLookup (its Push call
+ * dropped). 1 when joined (f's calls are the PushLookups, and Lookups to
+ * servers this push does not touch); 0 when not (f holds its ids alone:
+ * its Lookups go once the push is answered). */
+static int join(rstore *s, pf_slot *f) {
+  lane *P = &s->mn, *K = &f->L;
+  if (!one_call_each(P)) return 0;
+  rpc__run_calls(s->c, K->cq, K->calls, K->n_calls, &s->o); /* its hints */
+  rpc__calls_free(K);
+  emb_idset v = rpc__slot_ids(s, f);
+  if (rpc__build_calls(s, K, RPC_LOOKUP, f->step, 0, &v, NULL)) {
+    rpc__slot_release(s, f); /* the step's lookup reads afresh and reports */
+    return 0;
+  }
+  /* Every joined request made before any call changes (out of memory:
+   * none joined). */
+  uint8_t **req = calloc((size_t)P->n_calls + 1, sizeof *req);
+  size_t *len = calloc((size_t)P->n_calls + 1, sizeof *len);
+  int ok = req && len && one_call_each(K);
+  for (int i = 0; ok && i < P->n_calls; i++) {
+    const pcall *q = &P->calls[i], *p = lookup_of(f, q);
+    if (p && !(req[i] = rpc__push_lookup_encode(q->req, q->req_len, p->req, p->req_len, &len[i])))
+      ok = 0;
+  }
+  int kept = 0;
+  for (int i = 0; ok && i < P->n_calls; i++) {
+    pcall *q = &P->calls[i], *p = lookup_of(f, q);
+    if (!p) { /* no Lookup to this server: the push alone */
+      if (kept != i) P->calls[kept] = *q;
+      kept++;
+      continue;
+    }
+    free(p->req);
+    p->req = req[i];
+    p->req_len = len[i];
+    p->m = RPC_PUSH_LOOKUP;
+    rpc__pcall_free(q);
+  }
+  if (ok) P->n_calls = kept;
+  for (int i = 0; !ok && req && i < P->n_calls; i++) free(req[i]);
+  if (!ok) rpc__calls_free(K);
+  free(req);
+  free(len);
+  return ok;
+}
+
+/* Whether p, a PushLookup that failed, was refused only after its push was
+ * taken (its server's message says so: RPC_MSG_AFTER_PUSH). */
+static int after_push(const pcall *p) {
+  const size_t n = strlen(RPC_MSG_AFTER_PUSH);
+  return p->status != GRPC_STATUS_OK && GRPC_SLICE_LENGTH(p->details) >= n &&
+         !memcmp(GRPC_SLICE_START_PTR(p->details), RPC_MSG_AFTER_PUSH, n);
+}
+
+/* The answer of a PushLookup p (its push's part): its incarnation. */
+static int joined_read(rstore *s, const pcall *p) {
+  uint64_t inc;
+  if (rpc__answer_incarnation(p->recv, &inc)) {
+    sr_fmt(s->err, sizeof s->err, "push: shard %d server %s: undecodable answer", p->shard,
+           s->c[p->shard].addr);
+    return SR_EFORMAT;
+  }
+  return rpc__check_inc(s, p->shard, inc, "push");
+}
+
+pf_slot *rpc__slot_join(rstore *s, int64_t step) {
+  pf_slot *f = join_slot(s, step);
+  if (!f || !join(s, f)) return NULL;
+  f->t_sent = sr_now();
+  f->sent = 1;
+  for (int i = 0; i < f->L.n_calls; i++)
+    rpc__pcall_start(&s->c[f->L.calls[i].shard], f->L.cq, &f->L.calls[i], s->o.deadline_s);
+  return f;
+}
+
+int rpc__slot_joined_wait(rstore *s, pf_slot *f, const char *what) {
+  rpc__run_calls(s->c, f->L.cq, f->L.calls, f->L.n_calls, &s->o);
+  int rc = 0, redo = 0; /* redo: a Lookup refused after its push was taken */
+  for (int i = 0; i < f->L.n_calls && !rc; i++) {
+    const pcall *p = &f->L.calls[i];
+    if (p->m != RPC_PUSH_LOOKUP) continue;
+    if (after_push(p)) redo = 1;
+    else if (p->status != GRPC_STATUS_OK)
+      rc = rpc__call_error(&s->c[p->shard], &s->o, p, what, s->err, sizeof s->err, &s->lost);
+    else rc = joined_read(s, p);
+  }
+  if (rc || redo) rpc__slot_release(s, f); /* the step's lookup reads afresh */
+  return rc;
 }

@@ -10,7 +10,9 @@
  *                     Pushes built and their answers read, the broadcasts
  *                     (Checkpoint, Restore, Stats), the Watches, create and
  *                     destroy;
- *   remote_ahead.c    the look-ahead slots (emb_store_ops.prefetch);
+ *   remote_ahead.c    the look-ahead slots (emb_store_ops.prefetch), and
+ *                     one rank's push joined with the next step's Lookups
+ *                     (PushLookup);
  *   remote_remove.c   a bounded table's removed rows (emb_store_ops.remove);
  *   remote_recover.c  what a job asks of the store beyond embedding/store.h:
  *                     recovery from a lost server (rpc_remote_quiesce,
@@ -277,5 +279,18 @@ void rpc__slots_drop_before(rstore *s, int64_t step);
 int rpc__slot_send(rstore *s, pf_slot *f);
 /* After a push answered: send the slots whose Lookups may go now. */
 void rpc__slots_send_ready(rstore *s);
+/* One rank's push of step carries the Lookups of step + 1 when they wait
+ * for it in a slot (prefetched, not sent: pf_may_send holds them until
+ * this push is answered) and every server takes it (Stats push_lookup):
+ * each server then gets one PushLookup, answered with those rows once the
+ * push is applied, instead of a Push and, once that is answered, a Lookup.
+ * Called with the push's calls built in s->mn, not started: those joined
+ * leave s->mn. The slot, its calls started, or NULL (nothing joined). */
+pf_slot *rpc__slot_join(rstore *s, int64_t step);
+/* Wait for slot f's calls (rpc__slot_join's) and read their pushes'
+ * answers: 0, or the first failure's code (what: "push of step 7"; the
+ * slot released). A Lookup refused after its push was taken leaves the
+ * push done and the slot released: the step's lookup reads afresh. */
+int rpc__slot_joined_wait(rstore *s, pf_slot *f, const char *what);
 
 #endif
