@@ -751,17 +751,32 @@ static void same_rows(rpc_service *a, rpc_service *b, const uint8_t *look, size_
 }
 
 /* A Push of tables tab[2] (ids, cnt, gradients g) at step by rank 0 of a
- * job of world ranks with learning rate lr, in the client's encoding. */
-static uint8_t *push_req(char *fp, int64_t step, int world, float lr, const int *tab,
+ * job of world ranks with learning rate lr, in the client's encoding; with
+ * parts > 1 the first of that many parts. */
+static uint8_t *push_req(char *fp, int64_t step, int world, int parts, float lr, const int *tab,
                          uint64_t (*ids)[300], const size_t *cnt, const float *g, size_t *len) {
   Shardrec__V1__RequestHeader h;
   header(&h, fp, step);
   h.world_size = world;
+  h.parts = parts;
   rpc_wire_table wt[2];
   for (int j = 0; j < 2; j++)
     wt[j] = (rpc_wire_table){.table_id = tids[tab[j]], .ids = ids[j], .n = cnt[j], .grads = g,
                              .dim = dims[tab[j]]};
   return rpc__push_encode(&h, lr, wt, 2, len);
+}
+
+/* A PushLookup of push[pl] and look[ll] to b: refused FAILED_PRECONDITION
+ * with a message holding want. */
+static void precondition_refused(rpc_service *b, const uint8_t *push, size_t pl,
+                                 const uint8_t *look, size_t ll, const char *want) {
+  size_t fl;
+  uint8_t *fused = rpc__push_lookup_encode(push, pl, look, ll, &fl);
+  rpc_reply r;
+  rpc_service_handle(b, RPC_PUSH_LOOKUP, fused, fl, &r);
+  ck_assert_msg(r.status == RPC_FAILED_PRECONDITION && strstr(r.msg, want), "%d: %s", r.status,
+                r.msg);
+  free(fused);
 }
 
 /* A PushLookup is its Push, then its Lookup: over 6 steps (each looking up
@@ -831,12 +846,13 @@ START_TEST(test_push_lookup) {
     free(push);
   }
   /* Malformed: the lookup missing, the push twice, the lookup a varint. */
-  uint8_t *push = push_req(fp, 10, 1, 0.25f, tab, ids, cnt, g, &pl);
-  uint8_t *bad = malloc(pl + 16);
+  size_t push_len;
+  uint8_t *push = push_req(fp, 10, 1, 0, 0.25f, tab, ids, cnt, g, &push_len);
+  uint8_t *bad = malloc(push_len + 16);
   bad[0] = 0x0a;
-  size_t n = (size_t)(rpc__varint_put(bad + 1, pl) - bad);
-  memcpy(bad + n, push, pl);
-  n += pl;
+  size_t n = (size_t)(rpc__varint_put(bad + 1, push_len) - bad);
+  memcpy(bad + n, push, push_len);
+  n += push_len;
   snprintf(want, sizeof want, "PushLookupRequest (%zu bytes): lookup at offset %zu: missing", n, n);
   expect_refused(b, RPC_PUSH_LOOKUP, bad, n, want);
   bad[n] = 0x10, bad[n + 1] = 0x01;
@@ -847,37 +863,18 @@ START_TEST(test_push_lookup) {
   expect_refused(b, RPC_PUSH_LOOKUP, bad, n + 2, want);
   free(bad);
   same_rows(a, b, look, ll, "after the malformed ones");
-  /* Two ranks: refused, nothing pushed. */
-  uint8_t *two = push_req(fp, 10, 2, 0.25f, tab, ids, cnt, g, &pl);
-  uint8_t *fused = rpc__push_lookup_encode(two, pl, look, ll, &fl);
-  rpc_reply r;
-  rpc_service_handle(b, RPC_PUSH_LOOKUP, fused, fl, &r);
-  ck_assert_msg(r.status == RPC_FAILED_PRECONDITION &&
-                    strstr(r.msg, "PushLookup is for jobs of one rank (world_size 2)"),
-                "%d: %s", r.status, r.msg);
-  free(fused);
+  /* Two ranks, and a part of a push (its Lookup would not wait for the
+   * other parts): refused, nothing pushed. */
+  uint8_t *two = push_req(fp, 10, 2, 0, 0.25f, tab, ids, cnt, g, &pl);
+  precondition_refused(b, two, pl, look, ll, "PushLookup is for jobs of one rank (world_size 2)");
   free(two);
-  /* A part of a push: refused, nothing pushed (the Lookup would not wait
-   * for the other parts). */
-  Shardrec__V1__RequestHeader hp;
-  header(&hp, fp, 10);
-  hp.part = 0, hp.parts = 2;
-  rpc_wire_table wp[2];
-  for (int j = 0; j < 2; j++)
-    wp[j] = (rpc_wire_table){.table_id = tids[tab[j]], .ids = ids[j], .n = cnt[j], .grads = g,
-                             .dim = dims[tab[j]]};
-  uint8_t *part = rpc__push_encode(&hp, 0.25f, wp, 2, &pl);
-  fused = rpc__push_lookup_encode(part, pl, look, ll, &fl);
-  rpc_service_handle(b, RPC_PUSH_LOOKUP, fused, fl, &r);
-  ck_assert_msg(r.status == RPC_FAILED_PRECONDITION &&
-                    strstr(r.msg, "PushLookup takes a whole push (parts 2)"),
-                "%d: %s", r.status, r.msg);
-  free(fused);
+  uint8_t *part = push_req(fp, 10, 1, 2, 0.25f, tab, ids, cnt, g, &pl);
+  precondition_refused(b, part, pl, look, ll, "PushLookup takes a whole push (parts 2)");
   free(part);
   same_rows(a, b, look, ll, "after the two-rank one and the part");
   /* The push refused: nothing pushed. */
-  uint8_t *nan_lr = push_req(fp, 10, 1, NAN, tab, ids, cnt, g, &pl);
-  fused = rpc__push_lookup_encode(nan_lr, pl, look, ll, &fl);
+  uint8_t *nan_lr = push_req(fp, 10, 1, 0, NAN, tab, ids, cnt, g, &pl);
+  uint8_t *fused = rpc__push_lookup_encode(nan_lr, pl, look, ll, &fl);
   expect_refused(b, RPC_PUSH_LOOKUP, fused, fl, "push: learning_rate nan: must be finite");
   free(fused);
   free(nan_lr);
@@ -889,12 +886,11 @@ START_TEST(test_push_lookup) {
   rpc_wire_table wt = {.table_id = 5, .ids = ids[0], .n = 3, .dim = 1};
   size_t bl;
   uint8_t *badlook = rpc__lookup_encode(&h, &wt, 1, 0, &bl);
-  pl = 0;
-  push = (free(push), push_req(fp, 10, 1, 0.25f, tab, ids, cnt, g, &pl));
-  fused = rpc__push_lookup_encode(push, pl, badlook, bl, &fl);
+  fused = rpc__push_lookup_encode(push, push_len, badlook, bl, &fl);
   snprintf(want, sizeof want, "%s: tables[0]", RPC_MSG_AFTER_PUSH);
   expect_refused(b, RPC_PUSH_LOOKUP, fused, fl, want);
-  rpc_service_handle(a, RPC_PUSH, push, pl, &r);
+  rpc_reply r;
+  rpc_service_handle(a, RPC_PUSH, push, push_len, &r);
   ck_assert_msg(r.status == RPC_OK, "%s", r.msg);
   free(r.out);
   same_rows(a, b, look, ll, "after the refused Lookup");
