@@ -3,8 +3,9 @@
  * Lookup, Push, Stats (or, with its top bit set, GetTransform), Health
  * Check (or, with its top bit set, Remove) or Watch, the rest is
  * the request as it would arrive off the wire, copied to an exact-size heap
- * buffer; a Lookup's first byte with bit 2 set picks PushLookup instead
- * (structured: a Push and a Lookup of the same bytes, one request). The service runs over an in-process store of a small plan (two
+ * buffer; a Lookup's first byte with bit 2 set and bit 3 clear picks
+ * PushLookup instead (structured: a Push and a Lookup of the same bytes,
+ * one request). The service runs over an in-process store of a small plan (two
  * bounded tables, row-wise over two shards, shard 0 served) and serves a
  * data transform of XF_LEN opaque bytes, as `shardrec serve` does. Checkpoint and Restore are left out: they write
  * and read paths named by the request, and libFuzzer's string-compare
@@ -244,7 +245,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   rpc_method m = pick[data[0] % 5];
   if (m == RPC_STATS && (data[0] & 0x80)) m = RPC_GET_TRANSFORM;
   if (m == RPC_HEALTH_CHECK && (data[0] & 0x80)) m = RPC_REMOVE;
-  if (m == RPC_LOOKUP && (data[0] & 0x04)) m = RPC_PUSH_LOOKUP;
+  if (m == RPC_LOOKUP && (data[0] & 0x0c) == 0x04) m = RPC_PUSH_LOOKUP;
   size_t n = size - 1, off = 0;
   const int structured =
       ((data[0] & 0x80) && (m == RPC_LOOKUP || m == RPC_PUSH || m == RPC_WATCH ||
