@@ -14,8 +14,9 @@
  * aligned (Stats' request_ids_in_place / _copied); both fields in one
  * table, and cut, overlong and garbled fields, are refused naming the
  * field and its offset. A PushLookup (a push and the next step's Lookup in
- * one call) answers the rows of its Push then its Lookup, and is refused
- * whole, or after its push, saying which. */
+ * one call) answers the rows of its Push then its Lookup, is refused
+ * whole, or after its push, saying which, and deferred for budget whole
+ * (its push applied once). */
 #include <check.h>
 
 #include "tests/check_main.h"
@@ -918,6 +919,95 @@ START_TEST(test_push_lookup) {
 }
 END_TEST
 
+/* The service's calls with a token, as the server makes them: a call that
+ * finds no room in the in-flight budget is deferred (RPC_DEFERRED, nothing
+ * done) and handled again later. */
+static int server_token;
+
+/* req[len] of method m to svc with the server's token. */
+static void handle_tok(rpc_service *svc, rpc_method m, const uint8_t *req, size_t len,
+                       rpc_reply *r) {
+  rpc_service_handle_call(svc, m, req, len, &server_token, 10, r);
+}
+
+/* A PushLookup deferred for budget is handled again whole. Beside a large
+ * Lookup whose answer is not yet sent (the holder): with room for the push
+ * but not for the Lookup's answer, the push is taken and the Lookup
+ * deferred, and the call handled again finds the push a retry (the rows
+ * are those of one push: a twin service's after one Push); with no room
+ * for the push, nothing is pushed (the rows of an untouched twin), and the
+ * call handled again pushes once. */
+START_TEST(test_push_lookup_deferred) {
+  emb_plan *plan = plan_make();
+  char err[512], fp[EMB_FP_HEX];
+  ck_assert_int_eq(emb_plan_fingerprint(plan, fp), 0);
+  int shard = 0;
+  static uint64_t ids[NT][300];
+  static float g[300 * 33];
+  for (int i = 0; i < 300 * 33; i++) g[i] = (float)((i * 17) % 71) / 71.0f - 0.5f;
+  for (size_t i = 0; i < 300; i++) ids[0][i] = ids[1][i] = i;
+  const int tab[2] = {2, 3}, hold_tab[1] = {3};
+  size_t cnt[2] = {10, 10}, hold_cnt[1] = {300}, look_cnt[2] = {300, 300}, pl, ll, hl, fl;
+  uint8_t *push = push_req(fp, 1, 1, 0, 0.25f, tab, ids, cnt, g, &pl);
+  uint8_t *look = encode_req(ENC_HAND, fp, 2, tab, 2, ids, look_cnt, NULL, &ll);
+  uint8_t *hold = encode_req(ENC_HAND, fp, 1, hold_tab, 1, ids, hold_cnt, NULL, &hl);
+  uint8_t *fused = rpc__push_lookup_encode(push, pl, look, ll, &fl);
+  /* Services: [0] the twin that gets Push then Lookup, [1] untouched, [2]
+   * the holder's share measured, then [3] room for the holder and the push
+   * (not the Lookup's answer), [4] the holder and not the push. */
+  emb_store *st[5];
+  rpc_service *sv[5];
+  rpc_reply h, r, t;
+  size_t held = 0;
+  for (int k = 0; k < 5; k++) {
+    rpc_service_opts so = {.shards = &shard, .n_shards = 1};
+    if (k == 3) so.inflight_bytes = held + 3 * pl + 1024;
+    if (k == 4) so.inflight_bytes = held + 3 * pl - 1;
+    st[k] = emb_store_create_local(plan, err, sizeof err);
+    sv[k] = rpc_service_create(plan, st[k], &so, err, sizeof err);
+    ck_assert_msg(sv[k] != NULL, "%s", err);
+    if (k != 2) continue;
+    handle_tok(sv[2], RPC_LOOKUP, hold, hl, &h);
+    ck_assert_msg(h.status == RPC_OK, "%s", h.msg);
+    held = h.held;
+    free(h.out);
+    rpc_service_release(sv[2], h.held);
+  }
+  ck_assert_uint_gt(2 * ll + 3 * (size_t)(300 * 16 + 300 * 33) * 4, 3 * pl + 1024);
+  rpc_service_handle(sv[0], RPC_PUSH, push, pl, &t);
+  ck_assert_int_eq(t.status, RPC_OK);
+  free(t.out);
+  rpc_service_handle(sv[0], RPC_LOOKUP, look, ll, &t);
+  ck_assert_int_eq(t.status, RPC_OK);
+  for (int k = 3; k <= 4; k++) {
+    handle_tok(sv[k], RPC_LOOKUP, hold, hl, &h);
+    ck_assert_msg(h.status == RPC_OK && h.held == held, "%d: holder: %d %s", k, h.status, h.msg);
+    handle_tok(sv[k], RPC_PUSH_LOOKUP, fused, fl, &r);
+    ck_assert_msg(r.status == RPC_DEFERRED && !r.out, "%d: beside the holder: %d (%s)", k,
+                  r.status, r.msg);
+    free(h.out);
+    rpc_service_release(sv[k], h.held);
+    if (k == 3) same_rows(sv[0], sv[k], look, ll, "the Lookup deferred: its push taken");
+    else same_rows(sv[1], sv[k], look, ll, "the push deferred: nothing pushed");
+    handle_tok(sv[k], RPC_PUSH_LOOKUP, fused, fl, &r);
+    ck_assert_msg(r.status == RPC_OK, "%d: again: %d (%s)", k, r.status, r.msg);
+    ck_assert_msg(same_answer(&t, &r), "%d: the rows are not those after one push", k);
+    free(r.out);
+    rpc_service_release(sv[k], r.held);
+  }
+  free(t.out);
+  for (int k = 0; k < 5; k++) {
+    rpc_service_destroy(sv[k]);
+    emb_store_destroy(st[k]);
+  }
+  free(fused);
+  free(hold);
+  free(look);
+  free(push);
+  emb_plan_free(plan);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("rpc_wire");
   TCase *tc = tcase_create("wire");
@@ -929,6 +1019,7 @@ int main(void) {
   tcase_add_test(tc, test_bad_requests_refused);
   tcase_add_test(tc, test_unpacked_fixed_and_too_many_tables);
   tcase_add_test(tc, test_push_lookup);
+  tcase_add_test(tc, test_push_lookup_deferred);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
