@@ -892,8 +892,9 @@ static int pinned_one(int dim, long long rows, long long n, uint64_t *perm, floa
  * threads, lookup (waited for), work A (forward and backward), push, work
  * B (the dense optimizer and the next batch's input), without and with the
  * next step's ids handed ahead (emb_store_prefetch) before the push; the
- * time the step waits in lookup, medians of 5 blocks of steps. Work is a
- * spin on the clock of work_us microseconds each. */
+ * time the step waits in lookup and in push (which, handed ahead, carries
+ * the next step's Lookup: PushLookup), medians of 5 blocks of steps. Work
+ * is a spin on the clock of work_us microseconds each. */
 static void spin_us(double us) {
   double until = sr_now() + us * 1e-6;
   while (sr_now() < until) {
@@ -910,7 +911,7 @@ static int lookahead_one(int dim, long long rows, long long n, uint64_t *perm, f
   char abuf[2][64];
   if (servers_start(dim, ns, rows, &plan, sv, abuf, addrs)) return 1;
   int status = 0;
-  double wait[2][5], step[2][5];
+  double wait[2][5], pwait[2][5], step[2][5];
   uint64_t *ids = malloc((size_t)n * sizeof *ids), *nids = malloc((size_t)n * sizeof *nids);
   for (int blk = 0; blk < 5 && !status; blk++)
     for (int la = 0; la < 2 && !status; la++) {
@@ -920,9 +921,9 @@ static int lookahead_one(int dim, long long rows, long long n, uint64_t *perm, f
         break;
       }
       const int steps = 20;
-      double w = 0, t0 = 0;
+      double w = 0, pw = 0, t0 = 0;
       for (int k = 0; k <= steps && !status; k++) {
-        if (k == 1) t0 = sr_now(), w = 0; /* step 0 warms the connections */
+        if (k == 1) t0 = sr_now(), w = pw = 0; /* step 0 warms the connections */
         step_ids(perm, (uint64_t)rows, k, (size_t)n, ids);
         const uint64_t *ip[1] = {ids}, *np[1] = {nids};
         size_t counts[1] = {(size_t)n};
@@ -935,11 +936,14 @@ static int lookahead_one(int dim, long long rows, long long n, uint64_t *perm, f
         spin_us(work_us);
         step_ids(perm, (uint64_t)rows, k + 1, (size_t)n, nids);
         if (la && emb_store_prefetch(s, k + 1, &next)) status = 1;
+        a = sr_now();
         if (emb_store_push(s, k, 0.0f, &set, gp)) status = 1;
+        pw += sr_now() - a;
         spin_us(work_us);
       }
       if (status) fprintf(stderr, "shardrec bench rpc: %s\n", emb_store_errmsg(s));
       wait[la][blk] = w / steps;
+      pwait[la][blk] = pw / steps;
       step[la][blk] = (sr_now() - t0) / steps;
       emb_store_destroy(s);
     }
@@ -947,10 +951,11 @@ static int lookahead_one(int dim, long long rows, long long n, uint64_t *perm, f
   free(nids);
   if (!status) {
     double w0 = sr_median(wait[0], 5), w1 = sr_median(wait[1], 5);
+    double p0 = sr_median(pwait[0], 5), p1 = sr_median(pwait[1], 5);
     double s0 = sr_median(step[0], 5), s1 = sr_median(step[1], 5);
-    printf("  dim %3d, work 2 x %4.0f us:  lookup wait %7.1f -> %7.1f us (%.0f%% hidden), step "
-           "%7.1f -> %7.1f us (x%.2f)\n", dim, work_us, w0 * 1e6, w1 * 1e6,
-           w0 > 0 ? 100 * (1 - w1 / w0) : 0, s0 * 1e6, s1 * 1e6, s1 > 0 ? s0 / s1 : 0);
+    printf("  dim %3d, work 2 x %4.0f us:  lookup wait %7.1f -> %7.1f us, push %7.1f -> %7.1f us, "
+           "step %7.1f -> %7.1f us (x%.2f)\n", dim, work_us, w0 * 1e6, w1 * 1e6, p0 * 1e6,
+           p1 * 1e6, s0 * 1e6, s1 * 1e6, s1 > 0 ? s0 / s1 : 0);
   }
   servers_stop(plan, sv, ns);
   return status;
