@@ -176,6 +176,14 @@ static pcall *lookup_of(pf_slot *f, const pcall *q) {
   return NULL;
 }
 
+/* A push call's partner in join: the Lookup call to its server (NULL:
+ * none) and the request that joins them. */
+typedef struct {
+  pcall *p;
+  uint8_t *req;
+  size_t len;
+} joined;
+
 /* The push calls of s->mn joined with slot f's Lookups, server by server
  * (join_slot): f's hints collected, its Lookups built, and each server's
  * push request put inside its Lookup's call as a PushLookup (its Push call
@@ -194,33 +202,33 @@ static int join(rstore *s, pf_slot *f) {
   }
   /* Every joined request made before any call changes (out of memory:
    * none joined). */
-  uint8_t **req = calloc((size_t)P->n_calls + 1, sizeof *req);
-  size_t *len = calloc((size_t)P->n_calls + 1, sizeof *len);
-  int ok = req && len && one_call_each(K);
+  joined *jn = calloc((size_t)P->n_calls + 1, sizeof *jn);
+  int ok = jn && one_call_each(K);
   for (int i = 0; ok && i < P->n_calls; i++) {
-    const pcall *q = &P->calls[i], *p = lookup_of(f, q);
-    if (p && !(req[i] = rpc__push_lookup_encode(q->req, q->req_len, p->req, p->req_len, &len[i])))
+    const pcall *q = &P->calls[i];
+    joined *j = &jn[i];
+    if ((j->p = lookup_of(f, q)) &&
+        !(j->req = rpc__push_lookup_encode(q->req, q->req_len, j->p->req, j->p->req_len, &j->len)))
       ok = 0;
   }
   int kept = 0;
   for (int i = 0; ok && i < P->n_calls; i++) {
-    pcall *q = &P->calls[i], *p = lookup_of(f, q);
+    pcall *q = &P->calls[i], *p = jn[i].p;
     if (!p) { /* no Lookup to this server: the push alone */
       if (kept != i) P->calls[kept] = *q;
       kept++;
       continue;
     }
     free(p->req);
-    p->req = req[i];
-    p->req_len = len[i];
+    p->req = jn[i].req;
+    p->req_len = jn[i].len;
     p->m = RPC_PUSH_LOOKUP;
     rpc__pcall_free(q);
   }
   if (ok) P->n_calls = kept;
-  for (int i = 0; !ok && req && i < P->n_calls; i++) free(req[i]);
+  for (int i = 0; !ok && jn && i < P->n_calls; i++) free(jn[i].req);
   if (!ok) rpc__calls_free(K);
-  free(req);
-  free(len);
+  free(jn);
   return ok;
 }
 
