@@ -58,8 +58,8 @@ int emb_optim_apply_at(const emb_plan *plan, int table, uint64_t row_id, int64_t
  * emb_optim_state_len floats, the caller's); w and state are only read. 1
  * when every float of the outcome is finite, else 0: the verdict
  * emb_optim_apply_at would give. The shard store calls it for every row of
- * a push before applying any, so that a push is applied whole or not at
- * all. */
+ * a push larger than its chunk before applying any, so that a push is
+ * applied whole or not at all. */
 int emb_optim_check_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
                        const float *g, const float *w, const float *state, float *scratch);
 

@@ -2,8 +2,8 @@
  *
  * Here: the ops table and what is none of the other files' job: create and
  * destroy, lookup (hits copied in a software-pipelined pass over the map,
- * the rest made resident chunk by chunk by shard_cache.c), push (every row
- * checked, then the update applied, its rows added to the change set),
+ * the rest made resident chunk by chunk by shard_cache.c), push (applied
+ * whole or not at all, its rows added to the change set),
  * flush, checkpoint, restore, stats, iterate, the clean-stop marks and the
  * counters. The internals, their
  * invariants and the other files' jobs: shard_impl.h. */
@@ -78,25 +78,73 @@ typedef struct {
   int64_t step;
   float lr;
   const float *const *grads;
+  unsigned char *undo; /* one pass: each row's slot bytes before its update, in item order */
+  int bad_t;           /* one pass: -1, or the table of the row whose outcome was not finite */
+  uint64_t bad_id;
 } push_ctx;
 
+/* Bytes of table t's row in a slot: 2 a 16-bit weight, 4 a float. */
+static size_t slot_row_bytes(const shstore *s, uint32_t t) {
+  return (size_t)emb_precision_bytes(s->base.plan->tables[t].precision) * (size_t)s->dim[t] +
+         4 * (size_t)s->slen[t];
+}
+
+/* Item i's row updated where it lives (a 16-bit row as floats, then
+ * stored): emb_optim_apply_at's verdict, 1 when the outcome is finite. */
+static int row_update(shstore *s, size_t i, const size_t *it_r, const push_ctx *c) {
+  uint32_t t = s->it_t[i];
+  int dim = s->dim[t];
+  float buf[2 * EMB_MAX_DIM + 1];
+  const int in_place = sh_wprec(s, t) == KV_W_FP32; /* 16 bits: updated as floats, stored */
+  float *row = in_place ? slot_row(s, s->it_slot[i]) : buf;
+  if (!in_place) slot_get(s, s->it_slot[i], t, buf, 1);
+  int ok = emb_optim_apply_at(s->base.plan, (int)t, s->it_id[i], c->step, c->lr,
+                              c->grads[t] + it_r[i] * (size_t)dim, row, s->slen[t] ? row + dim : NULL);
+  if (!in_place) slot_put(s, s->it_slot[i], t, buf);
+  return ok;
+}
+
+/* The chunk's updated rows: dirty, and in the change set. */
+static void rows_changed(shstore *s, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    slot_meta(s, s->it_slot[i])->flags |= F_DIRTY;
+    shard__chg_add(s, s->it_t[i], s->it_id[i]);
+  }
+}
+
+/* A push's second pass, every row checked by the first (check_act). */
 static void push_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
-  push_ctx *c = vctx;
-  const emb_plan *plan = s->base.plan;
   for (size_t i = 0; i < n; i++) {
     if (s->sends) shard__slot_unshare(s, i);
-    uint32_t t = s->it_t[i];
-    int dim = s->dim[t];
-    float buf[2 * EMB_MAX_DIM + 1];
-    const int in_place = sh_wprec(s, t) == KV_W_FP32; /* 16 bits: updated as floats, stored */
-    float *row = in_place ? slot_row(s, s->it_slot[i]) : buf;
-    if (!in_place) slot_get(s, s->it_slot[i], t, buf, 1);
-    emb_optim_apply_at(plan, (int)t, s->it_id[i], c->step, c->lr,
-                       c->grads[t] + it_r[i] * (size_t)dim, row, s->slen[t] ? row + dim : NULL);
-    if (!in_place) slot_put(s, s->it_slot[i], t, buf);
-    slot_meta(s, s->it_slot[i])->flags |= F_DIRTY;
-    shard__chg_add(s, t, s->it_id[i]);
+    row_update(s, i, it_r, vctx);
   }
+  rows_changed(s, n);
+}
+
+/* A push of one chunk in one pass: each row's slot bytes kept in c->undo,
+ * then the row updated; a row whose outcome is not finite puts back the
+ * bytes of every row updated (itself included), so nothing changed, as
+ * when check_act refuses it (the same verdict). */
+static void push_undo_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
+  push_ctx *c = vctx;
+  unsigned char *u = c->undo;
+  for (size_t i = 0; i < n; i++) {
+    if (s->sends) shard__slot_unshare(s, i); /* a row in an answer being sent: updated in a copy */
+    const size_t rb = slot_row_bytes(s, s->it_t[i]);
+    memcpy(u, slot_row(s, s->it_slot[i]), rb);
+    u += rb;
+    if (row_update(s, i, it_r, c)) continue;
+    c->bad_t = (int)s->it_t[i];
+    c->bad_id = s->it_id[i];
+    u = c->undo;
+    for (size_t j = 0; j <= i; j++) {
+      const size_t b = slot_row_bytes(s, s->it_t[j]);
+      memcpy(slot_row(s, s->it_slot[j]), u, b);
+      u += b;
+    }
+    return;
+  }
+  rows_changed(s, n);
 }
 
 typedef struct {
@@ -332,6 +380,22 @@ void emb_shard_accept_unclean(emb_store *b) {
   if (b && emb_store_kind_of(b) == EMB_STORE_SHARD) ((shstore *)b)->unclean = 0;
 }
 
+/* A push refused: table t's row id, whose update would not be finite. */
+static int refuse_not_finite(shstore *s, int t, uint64_t id, float lr) {
+  const emb_table *tb = &s->base.plan->tables[t];
+  sr_fmt(s->err, sizeof s->err,
+         "push: table %u (%s) row %llu: the update (learning rate %g) would leave the row or "
+         "its optimizer state non-finite; nothing applied",
+         tb->table_id, tb->name, (unsigned long long)id, (double)lr);
+  return SR_ERANGE;
+}
+
+/* Applied whole or not at all. A push of at most a chunk of rows is made
+ * resident once and applied in one pass that can put its rows back
+ * (push_undo_act). A larger one is checked whole first (check_act; the
+ * check brings rows into the cache, which changes no value), since rows
+ * of its first chunks may be evicted, and written back, while the next
+ * are brought in. */
 static int push_apply(shstore *s, int64_t step, float lr, const emb_idset *ids,
                       const float *const *grads) {
   int rc = shard__check_ids(s, ids, "push");
@@ -342,27 +406,36 @@ static int push_apply(shstore *s, int64_t step, float lr, const emb_idset *ids,
            EMB_OPTIM_MAX_LR);
     return SR_ERANGE;
   }
-  uint64_t hits = 0, total = 0;
+  uint64_t hits = 0;
+  size_t total = 0;
   for (int t = 0; t < s->n_tables; t++) total += ids->counts[t];
-  /* Applied whole or not at all: every row checked first (the check brings
-   * rows into the cache, which changes no value). */
-  check_ctx cc = {step, lr, grads, s->tmp, -1, 0};
-  rc = shard__for_chunks(s, ids, s->mitem + s->chunk, check_act, &cc, &hits);
-  if (rc) return rc;
-  if (cc.bad_t >= 0) {
-    const emb_table *tb = &s->base.plan->tables[cc.bad_t];
-    sr_fmt(s->err, sizeof s->err,
-           "push: table %u (%s) row %llu: the update (learning rate %g) would leave the row or "
-           "its optimizer state non-finite; nothing applied",
-           tb->table_id, tb->name, (unsigned long long)cc.bad_id, (double)lr);
-    return SR_ERANGE;
+  push_ctx c = {step, lr, grads, NULL, -1, 0};
+  if (total <= s->chunk) {
+    const size_t need = total * (s->slot_bytes - sizeof(sh_meta));
+    if (need > s->undo_cap) {
+      unsigned char *u = realloc(s->undo, need);
+      if (!u) {
+        sr_fmt(s->err, sizeof s->err, "push: out of memory for %zu rows", total);
+        return SR_ENOMEM;
+      }
+      s->undo = u;
+      s->undo_cap = need;
+    }
+    if ((rc = shard__chg_reserve(s, ids))) return rc; /* the change set takes every row */
+    c.undo = s->undo;
+    rc = shard__for_chunks(s, ids, s->mitem + s->chunk, push_undo_act, &c, &hits);
+    if (rc) return rc;
+    if (c.bad_t >= 0) return refuse_not_finite(s, c.bad_t, c.bad_id, lr);
+  } else {
+    check_ctx cc = {step, lr, grads, s->tmp, -1, 0};
+    rc = shard__for_chunks(s, ids, s->mitem + s->chunk, check_act, &cc, &hits);
+    if (rc) return rc;
+    if (cc.bad_t >= 0) return refuse_not_finite(s, cc.bad_t, cc.bad_id, lr);
+    if ((rc = shard__chg_reserve(s, ids))) return rc; /* the change set takes every row */
+    if ((rc = shard__for_chunks(s, ids, s->mitem + s->chunk, push_act, &c, &hits))) return rc;
   }
-  if ((rc = shard__chg_reserve(s, ids))) return rc; /* the change set takes every row */
-  hits = 0;
-  push_ctx c = {step, lr, grads};
-  rc = shard__for_chunks(s, ids, s->mitem + s->chunk, push_act, &c, &hits);
-  if (!rc) s->st.pushes += total;
-  return rc;
+  s->st.pushes += total;
+  return 0;
 }
 
 /* A push of step; its prefetch pins (and earlier steps') go, whatever the
@@ -609,6 +682,7 @@ static void sh_destroy(emb_store *b) {
   free(s->ms_id);
   free(s->ms_r);
   free(s->tmp);
+  free(s->undo);
   free(s->dir);
   shard__pool_free(s);
   free(s);

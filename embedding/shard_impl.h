@@ -263,6 +263,8 @@ struct shstore {
   uint64_t *ms_id;
   size_t *ms_r;
   float *tmp;             /* [stride] */
+  unsigned char *undo;    /* [undo_cap] a one-pass push's rows as they were */
+  size_t undo_cap;
   /* prefetch pins */
   sh_pinset *pf;          /* [n_pf] steps in increasing order */
   int n_pf, cap_pf;

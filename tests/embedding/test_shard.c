@@ -583,12 +583,14 @@ START_TEST(test_row_version_refused) {
 END_TEST
 
 /* A push is applied whole or not at all: a row that would turn non-finite
- * (in a chunk after others were resolved, with a cache smaller than the
- * push) refuses it and leaves every row as it was. */
+ * (after the other rows of the push were updated in place, in the one pass
+ * a push of at most a chunk of rows takes) refuses it and leaves every row
+ * as it was, with fp32 and 16-bit weights. */
 START_TEST(test_push_nonfinite_refused) {
   const emb_optim_kind kinds[] = {EMB_OPT_SGD, EMB_OPT_ADAGRAD, EMB_OPT_ROWWISE_ADAGRAD};
-  for (int i = 0; i < 3; i++) {
-    emb_plan *p = make_plan(kinds[i], 2, 1);
+  for (int i = 0; i < 6; i++) {
+    emb_plan *p = make_plan(kinds[i % 3], 2, 1);
+    for (int t = 0; i >= 3 && t < p->n_tables; t++) p->tables[t].precision = EMB_PREC_FP16;
     char *dir = tmpdir();
     emb_store *s = make_shard(p, dir, EMB_SHARD_MIN_CACHE_ROWS);
     nonfinite_check(s, p);
@@ -596,6 +598,52 @@ START_TEST(test_push_nonfinite_refused) {
     emb_store_destroy(s);
     s = make_shard(p, dir, EMB_SHARD_MIN_CACHE_ROWS); /* what reached RocksDB is finite too */
     nonfinite_check(s, p);
+    emb_store_destroy(s);
+    sr_rmtree(dir);
+    free(dir);
+    emb_plan_free(p);
+  }
+}
+END_TEST
+
+/* A push of more rows than a chunk (half the cache), most of them no
+ * longer cached, is checked whole before any row changes: its last row
+ * turning non-finite refuses it, and no row changed, in the cache or in
+ * RocksDB. */
+START_TEST(test_push_nonfinite_refused_in_chunks) {
+  for (int prec = EMB_PREC_FP32; prec <= EMB_PREC_FP16; prec++) {
+    emb_plan *p = make_plan(EMB_OPT_ROWWISE_ADAGRAD, 1, 0);
+    for (int t = 0; t < p->n_tables; t++) p->tables[t].precision = (emb_precision)prec;
+    char *dir = tmpdir();
+    emb_store *s = make_shard(p, dir, EMB_SHARD_MIN_CACHE_ROWS); /* chunks of 512 rows */
+    static step_data d;
+    memset(&d, 0, sizeof d);
+    for (int t = 0; t < NT; t++) d.idp[t] = d.ids[t], d.gp[t] = d.grads[t], d.op[t] = d.out[t],
+                                d.op2[t] = d.out2[t];
+    d.counts[0] = MAXB;
+    for (size_t r = 0; r < MAXB; r++) d.ids[0][r] = 3 * r;
+    for (size_t k = 0; k < MAXB * 8; k++) d.grads[0][k] = 0.01f * (float)(1 + k % 5);
+    d.set = (emb_idset){.n_tables = NT, .ids = d.idp, .counts = d.counts};
+    ck_assert_msg(emb_store_push(s, 1, 0.1f, &d.set, d.gp) == 0, "%s", emb_store_errmsg(s));
+    ck_assert_int_eq(emb_store_lookup_begin(s, 2, &d.set, d.op), 0);
+    ck_assert_int_eq(emb_store_lookup_wait(s), 0);
+    for (size_t r = 0; r < MAXB; r++) d.ids[0][r] = 3 * r + 1; /* other rows fill the cache */
+    ck_assert_int_eq(emb_store_lookup_begin(s, 2, &d.set, d.op2), 0);
+    ck_assert_int_eq(emb_store_lookup_wait(s), 0);
+    for (size_t r = 0; r < MAXB; r++) d.ids[0][r] = 3 * r;
+    emb_shard_counters c0;
+    ck_assert_int_eq(emb_shard_counters_get(s, &c0), 0);
+    d.grads[0][(MAXB - 1) * 8 + 3] = 3e38f; /* the accumulator of the push's last row: inf */
+    ck_assert_int_eq(emb_store_push(s, 2, 1e4f, &d.set, d.gp), SR_ERANGE);
+    ck_assert_msg(strstr(emb_store_errmsg(s), "row 2697:"), "%s", emb_store_errmsg(s));
+    ck_assert_ptr_nonnull(strstr(emb_store_errmsg(s), "nothing applied"));
+    emb_shard_counters c1;
+    ck_assert_int_eq(emb_shard_counters_get(s, &c1), 0);
+    ck_assert_msg(c1.evictions > c0.evictions, "the push never left the cache (%llu evictions)",
+                  (unsigned long long)(c1.evictions - c0.evictions));
+    ck_assert_int_eq(emb_store_lookup_begin(s, 2, &d.set, d.op2), 0);
+    ck_assert_int_eq(emb_store_lookup_wait(s), 0);
+    ck_assert_mem_eq(d.out2[0], d.out[0], MAXB * 8 * sizeof(float));
     emb_store_destroy(s);
     sr_rmtree(dir);
     free(dir);
@@ -639,6 +687,7 @@ int main(void) {
   tcase_add_test(tc, test_row_version_refused);
   tcase_add_test(tc, test_bad_config);
   tcase_add_test(tc, test_push_nonfinite_refused);
+  tcase_add_test(tc, test_push_nonfinite_refused_in_chunks);
   tcase_add_test(tc, test_kind_and_checkpoint_layout);
   tcase_add_test(tc, test_counters_refuse_other_kinds);
   suite_add_tcase(s, tc);
