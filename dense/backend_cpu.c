@@ -409,31 +409,67 @@ interact_bwd_d16_avx2(int B, int ni, int itself, const float *T,
 }
 #endif
 
-/* The interaction's pairs at a width other than 16, eight pairs at a time:
- * lane q of row i holds Z[i][j0 + q], summed over k in order, a product
- * then an add (each its own statement: no compiler fuses them into an
- * FMA), as dotf does one pair. So every lane is dotf's bits, and the
- * vectoriser, free to run the eight lanes side by side, runs them four
- * (SSE2) or eight (AVX2) at once. tt is sample b's T transposed, rows of
- * np floats (ni rounded up to 8, zeros past ni). */
+/* The interaction's pairs at a width other than 16, eight pairs to a lane
+ * group: lane q of group g holds Z[i][j0 + 8g + q], summed over k in order,
+ * a product then an add (each its own statement: no compiler fuses them
+ * into an FMA), as dotf does one pair. So every lane is dotf's bits, and
+ * the vectoriser, free to run the lanes side by side, runs them four (SSE2)
+ * or eight (AVX2) at once. Each pair's sum is a chain of d adds, so R rows
+ * (1 or 2) times G groups (1 to 4) of chains run in one pass over k, side
+ * by side, where one group alone would wait on each add's latency. tt is
+ * sample b's T transposed, rows of np floats (ni rounded up to 8, zeros
+ * past ni), and j0 + 8G <= np. */
 #define INTERACT_TT_MAX 8192 /* floats of tt (d * np) on the stack; wider runs pair by pair */
+typedef float interact_v8 __attribute__((vector_size(32))); /* 8 lanes, element-wise ops */
+DENSE_BODY interact_pairs_block(int R, int G, int d, int np, int j0, const float *restrict t0,
+                                const float *restrict t1, const float *restrict tt,
+                                float out[2][4][8]) {
+  interact_v8 s0[4] = {{0}}, s1[4] = {{0}};
+  for (int k = 0; k < d; k++) {
+    const float *restrict col = tt + (size_t)k * np + j0;
+    const float a0 = t0[k], a1 = R > 1 ? t1[k] : 0.0f;
+    for (int g = 0; g < G; g++) {
+      interact_v8 c;
+      memcpy(&c, col + 8 * g, sizeof c);
+      const interact_v8 p0 = c * a0;
+      s0[g] += p0;
+      if (R > 1) {
+        const interact_v8 p1 = c * a1;
+        s1[g] += p1;
+      }
+    }
+  }
+  for (int g = 0; g < G; g++) {
+    memcpy(out[0][g], &s0[g], sizeof s0[g]);
+    if (R > 1) memcpy(out[1][g], &s1[g], sizeof s1[g]);
+  }
+}
+
 DENSE_BODY interact_pairs8(int ni, int np, int d, int off, const float *restrict t,
                            const float *restrict tt, float *restrict z) {
-  for (int i = 0; i < ni; i++) {
-    const float *restrict ti = t + (size_t)i * d;
-    const int nj = i + off;
-    for (int j0 = 0; j0 < nj; j0 += 8) {
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int k = 0; k < d; k++) {
-        const float a = ti[k];
-        const float *restrict col = tt + (size_t)k * np + j0;
-        for (int q = 0; q < 8; q++) {
-          const float prod = a * col[q];
-          acc[q] += prod;
-        }
+  float acc[2][4][8];
+  for (int i = 0; i < ni; i += 2) {
+    const int R = i + 1 < ni ? 2 : 1, nj_max = i + R - 1 + off;
+    const float *restrict t0 = t + (size_t)i * d, *restrict t1 = t0 + (R > 1 ? d : 0);
+    float *restrict z0 = z + (size_t)i * (i - 1) / 2 + (size_t)off * i; /* row i's pairs */
+    float *restrict z1 = z0 + i + off;
+    for (int j0 = 0; j0 < nj_max; j0 += 32) {
+      const int G = nj_max - j0 >= 32 ? 4 : (nj_max - j0 + 7) / 8;
+      switch (R * 4 + G) { /* constant R and G: the chains stay in registers */
+        case 5: interact_pairs_block(1, 1, d, np, j0, t0, t1, tt, acc); break;
+        case 6: interact_pairs_block(1, 2, d, np, j0, t0, t1, tt, acc); break;
+        case 7: interact_pairs_block(1, 3, d, np, j0, t0, t1, tt, acc); break;
+        case 8: interact_pairs_block(1, 4, d, np, j0, t0, t1, tt, acc); break;
+        case 9: interact_pairs_block(2, 1, d, np, j0, t0, t1, tt, acc); break;
+        case 10: interact_pairs_block(2, 2, d, np, j0, t0, t1, tt, acc); break;
+        case 11: interact_pairs_block(2, 3, d, np, j0, t0, t1, tt, acc); break;
+        default: interact_pairs_block(2, 4, d, np, j0, t0, t1, tt, acc); break;
       }
-      const int m = nj - j0 < 8 ? nj - j0 : 8;
-      for (int q = 0; q < m; q++) *z++ = acc[q];
+      for (int r = 0; r < R; r++) {
+        const int nj = i + r + off, end = nj < j0 + 32 ? nj : j0 + 32;
+        float *restrict zr = r ? z1 : z0;
+        for (int j = j0; j < end; j++) zr[j] = acc[r][(j - j0) / 8][(j - j0) % 8];
+      }
     }
   }
 }
@@ -454,10 +490,10 @@ DENSE_BODY cpu_interact_dot_forward_body(int B, int ni, int d, int itself, const
       for (int i = 0; i < ni; i++)
         for (int j = 0; j < i + off; j++) *z++ = dotf(t + i * 16, t + j * 16, 16);
     } else if ((size_t)d * np <= INTERACT_TT_MAX) {
-      for (int k = 0; k < d; k++) {
-        for (int j = 0; j < ni; j++) tt[(size_t)k * np + j] = t[(size_t)j * d + k];
+      for (int j = 0; j < ni; j++)
+        for (int k = 0; k < d; k++) tt[(size_t)k * np + j] = t[(size_t)j * d + k];
+      for (int k = 0; k < d; k++)
         for (int j = ni; j < np; j++) tt[(size_t)k * np + j] = 0.0f;
-      }
       interact_pairs8(ni, np, d, off, t, tt, z);
     } else {
       for (int i = 0; i < ni; i++)
@@ -470,11 +506,65 @@ DENSE_MULTIVERSION(cpu_interact_dot_forward,
                    (int B, int ni, int d, int itself, const float *T, float *R, int r_stride),
                    (B, ni, d, itself, T, R, r_stride))
 
+/* Columns [k0, k0 + 8V) of one sample's dT (V = 1 or 4 vectors of 8):
+ * row i's slice of g held in registers over its pairs (i, j < i), each gj
+ * slice read, added to and written back once a pair. Every float gets the
+ * same products and adds in the same order as the plain loop over (i, j)
+ * with k innermost. */
+#define INTERACT_LD(p) ({ interact_v8 v_; memcpy(&v_, (p), sizeof v_); v_; })
+#define INTERACT_ST(p, v) do { interact_v8 v_ = (v); memcpy((p), &v_, sizeof v_); } while (0)
+DENSE_BODY interact_bwd_cols(int V, int ni, int d, int off, int k0, const float *restrict t,
+                             const float *restrict dz, float *restrict g) {
+  const interact_v8 z = {0};
+  for (int i = 0; i < ni; i++) {
+    const float *ti = t + (size_t)i * d + k0;
+    float *gi = g + (size_t)i * d + k0;
+    const interact_v8 t0 = INTERACT_LD(ti), t1 = V > 1 ? INTERACT_LD(ti + 8) : z,
+                      t2 = V > 1 ? INTERACT_LD(ti + 16) : z, t3 = V > 1 ? INTERACT_LD(ti + 24) : z;
+    interact_v8 g0 = INTERACT_LD(gi), g1 = V > 1 ? INTERACT_LD(gi + 8) : z,
+                g2 = V > 1 ? INTERACT_LD(gi + 16) : z, g3 = V > 1 ? INTERACT_LD(gi + 24) : z;
+    for (int j = 0; j < i; j++) {
+      const float w = *dz++;
+      const float *tj = t + (size_t)j * d + k0;
+      float *gj = g + (size_t)j * d + k0;
+      const interact_v8 p0 = INTERACT_LD(tj) * w, q0 = t0 * w;
+      g0 += p0;
+      INTERACT_ST(gj, INTERACT_LD(gj) + q0);
+      if (V > 1) {
+        const interact_v8 p1 = INTERACT_LD(tj + 8) * w, q1 = t1 * w;
+        const interact_v8 p2 = INTERACT_LD(tj + 16) * w, q2 = t2 * w;
+        const interact_v8 p3 = INTERACT_LD(tj + 24) * w, q3 = t3 * w;
+        g1 += p1;
+        g2 += p2;
+        g3 += p3;
+        INTERACT_ST(gj + 8, INTERACT_LD(gj + 8) + q1);
+        INTERACT_ST(gj + 16, INTERACT_LD(gj + 16) + q2);
+        INTERACT_ST(gj + 24, INTERACT_LD(gj + 24) + q3);
+      }
+    }
+    if (off) {
+      const float w2 = 2.0f * *dz++;
+      const interact_v8 p0 = t0 * w2, p1 = t1 * w2, p2 = t2 * w2, p3 = t3 * w2;
+      g0 += p0;
+      g1 += p1;
+      g2 += p2;
+      g3 += p3;
+    }
+    INTERACT_ST(gi, g0);
+    if (V > 1) {
+      INTERACT_ST(gi + 8, g1);
+      INTERACT_ST(gi + 16, g2);
+      INTERACT_ST(gi + 24, g3);
+    }
+  }
+}
+
 /* dT[b][i] = sum_j dZ[i][j] T[j] + sum_j dZ[j][i] T[j] over the pairs taken;
  * a diagonal term Z[i][i] = |T_i|^2 contributes 2 dZ[i][i] T_i. The dense
  * pass-through R[b][0:d] adds to dT[b][0]. Element-wise in k (a product,
  * then an add, each its own statement), so both kernel sets give these
- * bits. */
+ * bits, whatever columns are taken together: 32 at a time, then 8, then
+ * the last d % 8 one by one. */
 DENSE_BODY cpu_interact_dot_backward_body(int B, int ni, int d, int itself, const float *T,
                                           const float *dR, int r_stride, float *dT) {
   int off = itself ? 1 : 0;
@@ -485,6 +575,10 @@ DENSE_BODY cpu_interact_dot_backward_body(int B, int ni, int d, int itself, cons
     for (int k = 0; k < d; k++) g[k] = dr[k];
     for (size_t k = d; k < (size_t)ni * d; k++) g[k] = 0.0f;
     const float *dz = dr + d;
+    int k0 = 0;
+    for (; k0 + 32 <= d; k0 += 32) interact_bwd_cols(4, ni, d, off, k0, t, dz, g);
+    for (; k0 + 8 <= d; k0 += 8) interact_bwd_cols(1, ni, d, off, k0, t, dz, g);
+    if (k0 == d) continue;
     for (int i = 0; i < ni; i++) {
       float *restrict gi = g + (size_t)i * d;
       const float *restrict ti = t + (size_t)i * d;
@@ -492,7 +586,7 @@ DENSE_BODY cpu_interact_dot_backward_body(int B, int ni, int d, int itself, cons
         float w = *dz++;
         const float *restrict tj = t + (size_t)j * d;
         float *restrict gj = g + (size_t)j * d;
-        for (int k = 0; k < d; k++) {
+        for (int k = k0; k < d; k++) {
           const float pi = w * tj[k], pj = w * ti[k];
           gi[k] += pi;
           gj[k] += pj;
@@ -500,7 +594,7 @@ DENSE_BODY cpu_interact_dot_backward_body(int B, int ni, int d, int itself, cons
       }
       if (off) {
         float w2 = 2.0f * *dz++;
-        for (int k = 0; k < d; k++) {
+        for (int k = k0; k < d; k++) {
           const float p = w2 * ti[k];
           gi[k] += p;
         }
