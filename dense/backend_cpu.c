@@ -175,6 +175,18 @@ static void cpu_gemm(int trans_a, int trans_b, int M, int N, int K,
   static void name##_base params { name##_body args; }
 #endif
 #define DENSE_BODY static inline __attribute__((always_inline)) void
+/* The same, the body's first argument saying which copy it is (wide: the
+ * AVX2 one), for bodies whose 8-float vector code the baseline would run
+ * slower than its plain loops (GCC splits each 32-byte vector op there). */
+#define DENSE_UNPAREN(...) __VA_ARGS__
+#if DENSE_X86
+#define DENSE_MULTIVERSION_WIDE(name, params, args)                           \
+  static void name##_base params { name##_body(0, DENSE_UNPAREN args); }    \
+  static DENSE_TARGET_AVX2 void name##_avx2 params { name##_body(1, DENSE_UNPAREN args); }
+#else
+#define DENSE_MULTIVERSION_WIDE(name, params, args) \
+  static void name##_base params { name##_body(0, DENSE_UNPAREN args); }
+#endif
 
 /* y[B][N] = act(y + bias[N]) */
 DENSE_BODY cpu_bias_act_forward_body(int B, int N, const float *restrict bias,
@@ -409,12 +421,36 @@ interact_bwd_d16_avx2(int B, int ni, int itself, const float *T,
 }
 #endif
 
-/* The interaction's pairs at a width other than 16, eight pairs to a lane
- * group: lane q of group g holds Z[i][j0 + 8g + q], summed over k in order,
- * a product then an add (each its own statement: no compiler fuses them
- * into an FMA), as dotf does one pair. So every lane is dotf's bits, and
- * the vectoriser, free to run the lanes side by side, runs them four (SSE2)
- * or eight (AVX2) at once. Each pair's sum is a chain of d adds, so R rows
+/* The interaction's pairs at a width other than 16, eight at a time: lane
+ * q of row i holds Z[i][j0 + q], summed over k in order, a product then an
+ * add (each its own statement: no compiler fuses them into an FMA), as
+ * dotf does one pair. So every lane is dotf's bits. tt is sample b's T
+ * transposed, rows of np floats (ni rounded up to 8, zeros past ni). The
+ * baseline's: the AVX2 copy runs interact_pairs_wide. */
+DENSE_BODY interact_pairs8(int ni, int np, int d, int off, const float *restrict t,
+                           const float *restrict tt, float *restrict z) {
+  for (int i = 0; i < ni; i++) {
+    const float *restrict ti = t + (size_t)i * d;
+    const int nj = i + off;
+    for (int j0 = 0; j0 < nj; j0 += 8) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int k = 0; k < d; k++) {
+        const float a = ti[k];
+        const float *restrict col = tt + (size_t)k * np + j0;
+        for (int q = 0; q < 8; q++) {
+          const float prod = a * col[q];
+          acc[q] += prod;
+        }
+      }
+      const int m = nj - j0 < 8 ? nj - j0 : 8;
+      for (int q = 0; q < m; q++) *z++ = acc[q];
+    }
+  }
+}
+
+/* The same in 8-float vectors (AVX2): lane q of group g holds
+ * Z[i][j0 + 8g + q], every lane dotf's bits. Each pair's sum is a chain of
+ * d adds, so R rows
  * (1 or 2) times G groups (1 to 4) of chains run in one pass over k, side
  * by side, where one group alone would wait on each add's latency. tt is
  * sample b's T transposed, rows of np floats (ni rounded up to 8, zeros
@@ -445,8 +481,8 @@ DENSE_BODY interact_pairs_block(int R, int G, int d, int np, int j0, const float
   }
 }
 
-DENSE_BODY interact_pairs8(int ni, int np, int d, int off, const float *restrict t,
-                           const float *restrict tt, float *restrict z) {
+DENSE_BODY interact_pairs_wide(int ni, int np, int d, int off, const float *restrict t,
+                               const float *restrict tt, float *restrict z) {
   float acc[2][4][8];
   for (int i = 0; i < ni; i += 2) {
     const int R = i + 1 < ni ? 2 : 1, nj_max = i + R - 1 + off;
@@ -474,10 +510,54 @@ DENSE_BODY interact_pairs8(int ni, int np, int d, int off, const float *restrict
   }
 }
 
+/* tt[k][j] = t[j][k] for j < ni, 0 for ni <= j < np (np a multiple of 8):
+ * in the AVX2 copy (wide) where d is a multiple of 8, blocks of 8 x 8 moved
+ * with three rounds of shuffles, else one by one. */
+DENSE_BODY interact_transpose(int wide, int ni, int np, int d, const float *restrict t,
+                              float *restrict tt) {
+  if (!wide || d % 8) {
+    for (int k = 0; k < d; k++) {
+      for (int j = 0; j < ni; j++) tt[(size_t)k * np + j] = t[(size_t)j * d + k];
+      for (int j = ni; j < np; j++) tt[(size_t)k * np + j] = 0.0f;
+    }
+    return;
+  }
+  typedef int interact_m8 __attribute__((vector_size(32)));
+  const interact_m8 lo = {0, 8, 1, 9, 4, 12, 5, 13}, hi = {2, 10, 3, 11, 6, 14, 7, 15};
+  const interact_m8 lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
+  const interact_m8 lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
+  const interact_v8 zero = {0};
+  for (int j0 = 0; j0 < np; j0 += 8)
+    for (int k0 = 0; k0 < d; k0 += 8) {
+      interact_v8 r[8], a[8], b[8];
+      for (int q = 0; q < 8; q++) {
+        if (j0 + q < ni) memcpy(&r[q], t + (size_t)(j0 + q) * d + k0, sizeof r[q]);
+        else r[q] = zero;
+      }
+      for (int q = 0; q < 8; q += 2) {
+        a[q] = __builtin_shuffle(r[q], r[q + 1], lo);
+        a[q + 1] = __builtin_shuffle(r[q], r[q + 1], hi);
+      }
+      for (int q = 0; q < 8; q += 4)
+        for (int h = 0; h < 2; h++) {
+          b[q + 2 * h] = __builtin_shuffle(a[q + h], a[q + h + 2], lo2);
+          b[q + 2 * h + 1] = __builtin_shuffle(a[q + h], a[q + h + 2], hi2);
+        }
+      /* b[0..3]: rows 0-3, columns (0,4) (1,5) (2,6) (3,7) by 128-bit half;
+       * b[4..7] the same for rows 4-7. */
+      for (int m = 0; m < 4; m++) {
+        const interact_v8 c0 = __builtin_shuffle(b[m], b[m + 4], lo4),
+                          c1 = __builtin_shuffle(b[m], b[m + 4], hi4);
+        memcpy(tt + (size_t)(k0 + m) * np + j0, &c0, sizeof c0);
+        memcpy(tt + (size_t)(k0 + m + 4) * np + j0, &c1, sizeof c1);
+      }
+    }
+}
+
 /* T[B][ni][d] -> R[B][r_stride]: R[b][0:d] = T[b][0], then Z[i][j] for
  * i in [0,ni), j in [0, i + itself). Only the lower triangle is computed. */
-DENSE_BODY cpu_interact_dot_forward_body(int B, int ni, int d, int itself, const float *T,
-                                         float *R, int r_stride) {
+DENSE_BODY cpu_interact_dot_forward_body(int wide, int B, int ni, int d, int itself,
+                                         const float *T, float *R, int r_stride) {
   int off = itself ? 1 : 0;
   const int np = (ni + 7) / 8 * 8;
   float tt[INTERACT_TT_MAX];
@@ -490,11 +570,9 @@ DENSE_BODY cpu_interact_dot_forward_body(int B, int ni, int d, int itself, const
       for (int i = 0; i < ni; i++)
         for (int j = 0; j < i + off; j++) *z++ = dotf(t + i * 16, t + j * 16, 16);
     } else if ((size_t)d * np <= INTERACT_TT_MAX) {
-      for (int j = 0; j < ni; j++)
-        for (int k = 0; k < d; k++) tt[(size_t)k * np + j] = t[(size_t)j * d + k];
-      for (int k = 0; k < d; k++)
-        for (int j = ni; j < np; j++) tt[(size_t)k * np + j] = 0.0f;
-      interact_pairs8(ni, np, d, off, t, tt, z);
+      interact_transpose(wide, ni, np, d, t, tt);
+      if (wide) interact_pairs_wide(ni, np, d, off, t, tt, z);
+      else interact_pairs8(ni, np, d, off, t, tt, z);
     } else {
       for (int i = 0; i < ni; i++)
         for (int j = 0; j < i + off; j++)
@@ -502,7 +580,7 @@ DENSE_BODY cpu_interact_dot_forward_body(int B, int ni, int d, int itself, const
     }
   }
 }
-DENSE_MULTIVERSION(cpu_interact_dot_forward,
+DENSE_MULTIVERSION_WIDE(cpu_interact_dot_forward,
                    (int B, int ni, int d, int itself, const float *T, float *R, int r_stride),
                    (B, ni, d, itself, T, R, r_stride))
 
@@ -563,10 +641,12 @@ DENSE_BODY interact_bwd_cols(int V, int ni, int d, int off, int k0, const float 
  * a diagonal term Z[i][i] = |T_i|^2 contributes 2 dZ[i][i] T_i. The dense
  * pass-through R[b][0:d] adds to dT[b][0]. Element-wise in k (a product,
  * then an add, each its own statement), so both kernel sets give these
- * bits, whatever columns are taken together: 32 at a time, then 8, then
- * the last d % 8 one by one. */
-DENSE_BODY cpu_interact_dot_backward_body(int B, int ni, int d, int itself, const float *T,
-                                          const float *dR, int r_stride, float *dT) {
+ * bits, whatever columns are taken together: in the AVX2 copy (wide) 32
+ * at a time, then 8 (interact_bwd_cols), then the last d % 8 in the plain
+ * loop, which the baseline runs over every column. */
+DENSE_BODY cpu_interact_dot_backward_body(int wide, int B, int ni, int d, int itself,
+                                          const float *T, const float *dR, int r_stride,
+                                          float *dT) {
   int off = itself ? 1 : 0;
   for (int b = 0; b < B; b++) {
     const float *restrict t = T + (size_t)b * ni * d;
@@ -576,8 +656,8 @@ DENSE_BODY cpu_interact_dot_backward_body(int B, int ni, int d, int itself, cons
     for (size_t k = d; k < (size_t)ni * d; k++) g[k] = 0.0f;
     const float *dz = dr + d;
     int k0 = 0;
-    for (; k0 + 32 <= d; k0 += 32) interact_bwd_cols(4, ni, d, off, k0, t, dz, g);
-    for (; k0 + 8 <= d; k0 += 8) interact_bwd_cols(1, ni, d, off, k0, t, dz, g);
+    for (; wide && k0 + 32 <= d; k0 += 32) interact_bwd_cols(4, ni, d, off, k0, t, dz, g);
+    for (; wide && k0 + 8 <= d; k0 += 8) interact_bwd_cols(1, ni, d, off, k0, t, dz, g);
     if (k0 == d) continue;
     for (int i = 0; i < ni; i++) {
       float *restrict gi = g + (size_t)i * d;
@@ -602,7 +682,7 @@ DENSE_BODY cpu_interact_dot_backward_body(int B, int ni, int d, int itself, cons
     }
   }
 }
-DENSE_MULTIVERSION(cpu_interact_dot_backward,
+DENSE_MULTIVERSION_WIDE(cpu_interact_dot_backward,
                    (int B, int ni, int d, int itself, const float *T, const float *dR,
                     int r_stride, float *dT),
                    (B, ni, d, itself, T, dR, r_stride, dT))
