@@ -123,8 +123,8 @@ static void push_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
 
 /* A push of one chunk in one pass: each row's slot bytes kept in c->undo,
  * then the row updated; a row whose outcome is not finite puts back the
- * bytes of every row updated (itself included), so nothing changed, as
- * when check_act refuses it (the same verdict). */
+ * bytes of every row updated (itself included, the last first), so nothing
+ * changed, as when check_act refuses it (the same verdict). */
 static void push_undo_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
   push_ctx *c = vctx;
   unsigned char *u = c->undo;
@@ -136,11 +136,10 @@ static void push_undo_act(shstore *s, size_t n, const size_t *it_r, void *vctx) 
     if (row_update(s, i, it_r, c)) continue;
     c->bad_t = (int)s->it_t[i];
     c->bad_id = s->it_id[i];
-    u = c->undo;
-    for (size_t j = 0; j <= i; j++) {
+    for (size_t j = i + 1; j-- > 0;) { /* last updated first back */
       const size_t b = slot_row_bytes(s, s->it_t[j]);
+      u -= b;
       memcpy(slot_row(s, s->it_slot[j]), u, b);
-      u += b;
     }
     return;
   }
@@ -390,12 +389,12 @@ static int refuse_not_finite(shstore *s, int t, uint64_t id, float lr) {
   return SR_ERANGE;
 }
 
-/* Applied whole or not at all. A push of at most a chunk of rows is made
- * resident once and applied in one pass that can put its rows back
- * (push_undo_act). A larger one is checked whole first (check_act; the
- * check brings rows into the cache, which changes no value), since rows
- * of its first chunks may be evicted, and written back, while the next
- * are brought in. */
+/* Applied whole or not at all. A push of at most a chunk of rows whose
+ * bytes fit EMB_SHARD_UNDO_BYTES is made resident once and applied in one
+ * pass that can put its rows back (push_undo_act). A larger one is checked
+ * whole first (check_act; the check brings rows into the cache, which
+ * changes no value), since rows of its first chunks may be evicted, and
+ * written back, while the next are brought in. */
 static int push_apply(shstore *s, int64_t step, float lr, const emb_idset *ids,
                       const float *const *grads) {
   int rc = shard__check_ids(s, ids, "push");
@@ -410,8 +409,8 @@ static int push_apply(shstore *s, int64_t step, float lr, const emb_idset *ids,
   size_t total = 0;
   for (int t = 0; t < s->n_tables; t++) total += ids->counts[t];
   push_ctx c = {step, lr, grads, NULL, -1, 0};
-  if (total <= s->chunk) {
-    const size_t need = total * (s->slot_bytes - sizeof(sh_meta));
+  const size_t need = total * (s->slot_bytes - sizeof(sh_meta));
+  if (total <= s->chunk && need <= EMB_SHARD_UNDO_BYTES) {
     if (need > s->undo_cap) {
       unsigned char *u = realloc(s->undo, need);
       if (!u) {

@@ -107,6 +107,11 @@ typedef struct emb_shard_config {
  * every lookup, push and prefetch. */
 #define EMB_SHARD_WB_BUFFERS 4
 #define EMB_SHARD_WB_BYTES (1u << 20)
+/* A push is applied in one pass, its rows' bytes kept to put back should
+ * one update not be finite, when it fits a chunk of the cache and its rows
+ * take at most this many bytes (a buffer kept between pushes); a larger
+ * push checks every update first and then applies them. */
+#define EMB_SHARD_UNDO_BYTES ((size_t)32 << 20)
 
 #define EMB_SHARD_MIN_CACHE_ROWS 1024
 

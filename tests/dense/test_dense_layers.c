@@ -357,8 +357,10 @@ static void dot_wide_reference(int ni, int d, int itself, const float *t, const 
 START_TEST(test_dot_wide_bits) {
   const dense_backend *sets[2] = {dense_backend_cpu_isa(DENSE_ISA_BEST),
                                   dense_backend_cpu_isa(DENSE_ISA_BASELINE)};
-  const int dims[] = {4, 8, 12, 64, 128, 130, 400}, nis[] = {3, 9, 27};
-  enum { B = 2, MAXD = 400, MAXN = 27, MAXR = MAXD + MAXN * (MAXN + 1) / 2 };
+  /* ni past 32: rows of more than one block of 32 pairs; even and odd ni:
+   * a last pair of rows and a last row alone. */
+  const int dims[] = {4, 8, 12, 24, 64, 128, 130, 400}, nis[] = {3, 8, 9, 27, 40, 64};
+  enum { B = 2, MAXD = 400, MAXN = 64, MAXR = MAXD + MAXN * (MAXN + 1) / 2 };
   static float T[B * MAXN * MAXD], R[B * MAXR], dR[B * MAXR], dT[B * MAXN * MAXD];
   static float z[MAXR], g[MAXN * MAXD];
   sr_rng r;

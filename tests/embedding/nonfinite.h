@@ -1,7 +1,10 @@
 /* A push that would leave a row or its optimizer state non-finite, or that
  * carries a learning rate out of range, is refused whole (SR_ERANGE, the
  * table and row named) and changes no row: the checks every store passes
- * (test_store.c: local store, test_shard.c: shard store). */
+ * (test_store.c: local store, test_shard.c: shard store). A twin store of
+ * the same kind gets every push the store takes and none it refuses; a
+ * last push to both reads each row's optimizer state, which its rows'
+ * values must show alike. */
 #ifndef SHARDREC_TESTS_EMBEDDING_NONFINITE_H
 #define SHARDREC_TESTS_EMBEDDING_NONFINITE_H
 
@@ -60,11 +63,20 @@ static void nf_same(emb_store *s, const emb_plan *p, const nf_step *before) {
                   "table %d changed by a refused push", t);
 }
 
-/* p's tables must have at least NF_IDS rows; s holds p (any optimizer). */
-static void nonfinite_check(emb_store *s, const emb_plan *p) {
-  static nf_step d, before;
+/* The same push to s and its twin: both take it (1) or both refuse it (0). */
+static int nf_push_both(emb_store *s, emb_store *twin, int64_t step, float lr, nf_step *d) {
+  int rc = emb_store_push(s, step, lr, &d->set, d->gp);
+  ck_assert_msg(rc == 0 || rc == SR_ERANGE, "%s", emb_store_errmsg(s));
+  ck_assert_int_eq(emb_store_push(twin, step, lr, &d->set, d->gp), rc);
+  return rc == 0;
+}
+
+/* p's tables must have at least NF_IDS rows; s and twin hold p (any
+ * optimizer), both empty. */
+static void nonfinite_check(emb_store *s, emb_store *twin, const emb_plan *p) {
+  static nf_step d, before, other;
   nf_fill(&d, p, 0.01f);
-  ck_assert_msg(emb_store_push(s, 1, 0.1f, &d.set, d.gp) == 0, "%s", emb_store_errmsg(s));
+  ck_assert_msg(nf_push_both(s, twin, 1, 0.1f, &d), "%s", emb_store_errmsg(s));
   memcpy(&before, &d, sizeof before);
   for (int t = 0; t < p->n_tables; t++) before.op[t] = before.out[t], before.idp[t] = before.ids[t];
   before.set = (emb_idset){.n_tables = p->n_tables, .ids = before.idp, .counts = before.counts};
@@ -94,16 +106,23 @@ static void nonfinite_check(emb_store *s, const emb_plan *p) {
    * the store takes leaves every row finite. */
   nf_fill(&d, p, 1e34f);
   for (int k = 0; k < 3; k++) {
-    int rc = emb_store_push(s, 3 + k, 1e4f, &d.set, d.gp);
-    ck_assert_msg(rc == 0 || rc == SR_ERANGE, "%s", emb_store_errmsg(s));
+    nf_push_both(s, twin, 3 + k, 1e4f, &d);
     nf_lookup(s, &d);
     for (int t = 0; t < p->n_tables; t++)
       for (int k2 = 0; k2 < NF_IDS * p->tables[t].dim; k2++)
         ck_assert_msg(isfinite(d.out[t][k2]), "table %d float %d is %g", t, k2, (double)d.out[t][k2]);
   }
-  /* A valid push still applies afterwards. */
+  /* A valid push still applies afterwards, and leaves the rows the twin's. */
   nf_fill(&d, p, 0.01f);
-  ck_assert_msg(emb_store_push(s, 9, 0.1f, &d.set, d.gp) == 0, "%s", emb_store_errmsg(s));
+  ck_assert_msg(nf_push_both(s, twin, 9, 0.1f, &d), "%s", emb_store_errmsg(s));
+  memcpy(&other, &d, sizeof other);
+  for (int t = 0; t < p->n_tables; t++) other.op[t] = other.out[t], other.idp[t] = other.ids[t];
+  other.set = (emb_idset){.n_tables = p->n_tables, .ids = other.idp, .counts = other.counts};
+  nf_lookup(s, &d);
+  nf_lookup(twin, &other);
+  for (int t = 0; t < p->n_tables; t++)
+    ck_assert_msg(!memcmp(d.out[t], other.out[t], NF_IDS * (size_t)p->tables[t].dim * 4),
+                  "table %d: not the rows of a store that never saw the refused pushes", t);
 }
 
 #endif

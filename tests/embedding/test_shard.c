@@ -585,22 +585,30 @@ END_TEST
 /* A push is applied whole or not at all: a row that would turn non-finite
  * (after the other rows of the push were updated in place, in the one pass
  * a push of at most a chunk of rows takes) refuses it and leaves every row
- * as it was, with fp32 and 16-bit weights. */
+ * as it was, with fp32, fp16 and bf16 weights. */
 START_TEST(test_push_nonfinite_refused) {
   const emb_optim_kind kinds[] = {EMB_OPT_SGD, EMB_OPT_ADAGRAD, EMB_OPT_ROWWISE_ADAGRAD};
-  for (int i = 0; i < 6; i++) {
+  for (int i = 0; i < 9; i++) {
     emb_plan *p = make_plan(kinds[i % 3], 2, 1);
-    for (int t = 0; i >= 3 && t < p->n_tables; t++) p->tables[t].precision = EMB_PREC_FP16;
-    char *dir = tmpdir();
-    emb_store *s = make_shard(p, dir, EMB_SHARD_MIN_CACHE_ROWS);
-    nonfinite_check(s, p);
+    for (int t = 0; t < p->n_tables; t++) p->tables[t].precision = (emb_precision)(i / 3);
+    char *dir = tmpdir(), *tdir = tmpdir();
+    emb_store *s = make_shard(p, dir, EMB_SHARD_MIN_CACHE_ROWS),
+              *twin = make_shard(p, tdir, EMB_SHARD_MIN_CACHE_ROWS);
+    nonfinite_check(s, twin, p);
     ck_assert_int_eq(emb_store_flush(s), 0);
+    ck_assert_int_eq(emb_store_flush(twin), 0);
     emb_store_destroy(s);
-    s = make_shard(p, dir, EMB_SHARD_MIN_CACHE_ROWS); /* what reached RocksDB is finite too */
-    nonfinite_check(s, p);
+    emb_store_destroy(twin);
+    /* What reached RocksDB is finite too, and the twin's. */
+    s = make_shard(p, dir, EMB_SHARD_MIN_CACHE_ROWS);
+    twin = make_shard(p, tdir, EMB_SHARD_MIN_CACHE_ROWS);
+    nonfinite_check(s, twin, p);
     emb_store_destroy(s);
+    emb_store_destroy(twin);
     sr_rmtree(dir);
+    sr_rmtree(tdir);
     free(dir);
+    free(tdir);
     emb_plan_free(p);
   }
 }
@@ -611,7 +619,7 @@ END_TEST
  * turning non-finite refuses it, and no row changed, in the cache or in
  * RocksDB. */
 START_TEST(test_push_nonfinite_refused_in_chunks) {
-  for (int prec = EMB_PREC_FP32; prec <= EMB_PREC_FP16; prec++) {
+  for (int prec = EMB_PREC_FP32; prec <= EMB_PREC_BF16; prec++) {
     emb_plan *p = make_plan(EMB_OPT_ROWWISE_ADAGRAD, 1, 0);
     for (int t = 0; t < p->n_tables; t++) p->tables[t].precision = (emb_precision)prec;
     char *dir = tmpdir();

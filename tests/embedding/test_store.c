@@ -72,9 +72,10 @@ START_TEST(test_push_nonfinite_refused) {
   const emb_optim_kind kinds[] = {EMB_OPT_SGD, EMB_OPT_ADAGRAD, EMB_OPT_ROWWISE_ADAGRAD};
   for (int i = 0; i < 3; i++) {
     emb_plan *p = make_plan(kinds[i], 1, 0, 7);
-    emb_store *s = make_store(p);
-    nonfinite_check(s, p);
+    emb_store *s = make_store(p), *twin = make_store(p);
+    nonfinite_check(s, twin, p);
     emb_store_destroy(s);
+    emb_store_destroy(twin);
     emb_plan_free(p);
   }
 }
