@@ -522,10 +522,6 @@ DENSE_BODY interact_transpose(int wide, int ni, int np, int d, const float *rest
     }
     return;
   }
-  typedef int interact_m8 __attribute__((vector_size(32)));
-  const interact_m8 lo = {0, 8, 1, 9, 4, 12, 5, 13}, hi = {2, 10, 3, 11, 6, 14, 7, 15};
-  const interact_m8 lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
-  const interact_m8 lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
   const interact_v8 zero = {0};
   for (int j0 = 0; j0 < np; j0 += 8)
     for (int k0 = 0; k0 < d; k0 += 8) {
@@ -535,19 +531,20 @@ DENSE_BODY interact_transpose(int wide, int ni, int np, int d, const float *rest
         else r[q] = zero;
       }
       for (int q = 0; q < 8; q += 2) {
-        a[q] = __builtin_shuffle(r[q], r[q + 1], lo);
-        a[q + 1] = __builtin_shuffle(r[q], r[q + 1], hi);
+        a[q] = __builtin_shufflevector(r[q], r[q + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        a[q + 1] = __builtin_shufflevector(r[q], r[q + 1], 2, 10, 3, 11, 6, 14, 7, 15);
       }
       for (int q = 0; q < 8; q += 4)
         for (int h = 0; h < 2; h++) {
-          b[q + 2 * h] = __builtin_shuffle(a[q + h], a[q + h + 2], lo2);
-          b[q + 2 * h + 1] = __builtin_shuffle(a[q + h], a[q + h + 2], hi2);
+          b[q + 2 * h] = __builtin_shufflevector(a[q + h], a[q + h + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+          b[q + 2 * h + 1] =
+              __builtin_shufflevector(a[q + h], a[q + h + 2], 2, 3, 10, 11, 6, 7, 14, 15);
         }
       /* b[0..3]: rows 0-3, columns (0,4) (1,5) (2,6) (3,7) by 128-bit half;
        * b[4..7] the same for rows 4-7. */
       for (int m = 0; m < 4; m++) {
-        const interact_v8 c0 = __builtin_shuffle(b[m], b[m + 4], lo4),
-                          c1 = __builtin_shuffle(b[m], b[m + 4], hi4);
+        const interact_v8 c0 = __builtin_shufflevector(b[m], b[m + 4], 0, 1, 2, 3, 8, 9, 10, 11),
+                          c1 = __builtin_shufflevector(b[m], b[m + 4], 4, 5, 6, 7, 12, 13, 14, 15);
         memcpy(tt + (size_t)(k0 + m) * np + j0, &c0, sizeof c0);
         memcpy(tt + (size_t)(k0 + m + 4) * np + j0, &c1, sizeof c1);
       }
