@@ -3,8 +3,8 @@
  * table and row named) and changes no row: the checks every store passes
  * (test_store.c: local store, test_shard.c: shard store). A twin store of
  * the same kind gets every push the store takes and none it refuses; a
- * last push to both reads each row's optimizer state, which its rows'
- * values must show alike. */
+ * last push to both updates each row from its optimizer state, so the two
+ * stores' rows are alike only when no refused push left a state changed. */
 #ifndef SHARDREC_TESTS_EMBEDDING_NONFINITE_H
 #define SHARDREC_TESTS_EMBEDDING_NONFINITE_H
 
