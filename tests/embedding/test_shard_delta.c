@@ -370,6 +370,39 @@ START_TEST(test_change_set_cleared) {
 }
 END_TEST
 
+/* A refused push leaves no row in the change set: one of at most a chunk
+ * of rows (applied in one pass, its rows put back) and one of more (checked
+ * whole first), each refused on its last row's update. */
+START_TEST(test_refused_push_adds_no_rows) {
+  emb_plan *p = fx_plan(ROWS, DIM, 25, EMB_OPT_ADAGRAD, 1, 0);
+  char *dir = tmpdir_make("shd"), *ck = tmpdir_make("shdck"), path[600];
+  emb_store *s = fx_shard(p, dir, 1024, 0); /* chunks of 512 rows */
+  static step_data d;
+  sr_rng r;
+  sr_rng_init(&r, 8, 1);
+  make_step(&d, &r, 200, p);
+  push_all(&s, 1, &d, 0.1f);
+  path_in(path, sizeof path, ck, "full");
+  ck_assert_int_eq(emb_store_checkpoint(s, path), 0); /* the change set is kept from here */
+  const size_t sizes[2] = {100, MAXB};
+  for (int k = 0; k < 2; k++) {
+    make_step(&d, &r, sizes[k], p);
+    const size_t total = d.counts[0] + d.counts[1] + d.counts[2];
+    ck_assert(k == 0 ? total <= 512 : total > 512);
+    d.grads[2][(d.counts[2] - 1) * DIM] = 3e38f; /* the accumulator of the last row: inf */
+    ck_assert_int_eq(emb_store_push(s, 1, 1e4f, &d.set, d.gp), SR_ERANGE);
+    char name[32];
+    snprintf(name, sizeof name, "after%d", k);
+    path_in(path, sizeof path, ck, name);
+    ck_assert_msg(emb_store_checkpoint_delta(s, path) == 0, "%s", emb_store_errmsg(s));
+    ck_assert_msg(delta_rows(p, path) == 0, "a refused push of %zu rows left rows in the change set",
+                  total);
+  }
+  emb_store_destroy(s);
+  drop_dirs(p, dir, NULL, ck);
+}
+END_TEST
+
 /* restore_delta refuses, changing no row: a damaged file (naming it), a
  * missing one, and (a store hosting shard 0 only) a row of shard 1. */
 START_TEST(test_restore_delta_refusals) {
@@ -434,6 +467,7 @@ int main(void) {
   tcase_add_test(tc, test_delta_bytes_are_local_store_bytes);
   tcase_add_test(tc, test_full_and_deltas_restore);
   tcase_add_test(tc, test_change_set_cleared);
+  tcase_add_test(tc, test_refused_push_adds_no_rows);
   tcase_add_test(tc, test_restore_delta_refusals);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
