@@ -163,15 +163,14 @@ DENSE_BODY interact_pairs8(int ni, int np, int d, int off, const float *restrict
   }
 }
 
-/* The same in 8-float vectors (AVX2): lane q of group g holds
- * Z[i][j0 + 8g + q], every lane dotf's bits. Each pair's sum is a chain of
- * d adds, so R rows
- * (1 or 2) times G groups (1 to 4) of chains run in one pass over k, side
- * by side, where one group alone would wait on each add's latency. tt is
- * sample b's T transposed, rows of np floats (ni rounded up to 8, zeros
- * past ni), and j0 + 8G <= np. */
 #define INTERACT_TT_MAX 8192 /* floats of tt (d * np) on the stack; wider runs pair by pair */
 typedef float interact_v8 __attribute__((vector_size(32))); /* 8 lanes, element-wise ops */
+
+/* The same in 8-float vectors (AVX2): lane q of group g holds
+ * Z[i][j0 + 8g + q], every lane dotf's bits. Each pair's sum is a chain of
+ * d adds, so R rows (1 or 2) times G groups (1 to 4) of chains run in one
+ * pass over k, side by side, where one group alone would wait on each
+ * add's latency. j0 + 8G <= np. */
 DENSE_BODY interact_pairs_block(int R, int G, int d, int np, int j0, const float *restrict t0,
                                 const float *restrict t1, const float *restrict tt,
                                 float out[2][4][8]) {
