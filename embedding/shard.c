@@ -78,15 +78,14 @@ typedef struct {
   int64_t step;
   float lr;
   const float *const *grads;
-  unsigned char *undo; /* one pass: each row's slot bytes before its update, in item order */
   int bad_t;           /* one pass: -1, or the table of the row whose outcome was not finite */
   uint64_t bad_id;
 } push_ctx;
 
-/* Bytes of table t's row in a slot: 2 a 16-bit weight, 4 a float. */
-static size_t slot_row_bytes(const shstore *s, uint32_t t) {
-  return (size_t)emb_precision_bytes(s->base.plan->tables[t].precision) * (size_t)s->dim[t] +
-         4 * (size_t)s->slen[t];
+/* Bytes of table t's row in a slot: 2 a 16-bit weight, 4 a float (no call
+ * a row: the push's loop runs it for every row). */
+static inline size_t slot_row_bytes(const shstore *s, uint32_t t) {
+  return (sh_wprec(s, t) == KV_W_FP32 ? 4 : 2) * (size_t)s->dim[t] + 4 * (size_t)s->slen[t];
 }
 
 /* Item i's row updated where it lives (a 16-bit row as floats, then
@@ -121,13 +120,13 @@ static void push_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
   rows_changed(s, n);
 }
 
-/* A push of one chunk in one pass: each row's slot bytes kept in c->undo,
+/* A push of one chunk in one pass: each row's slot bytes kept in s->undo,
  * then the row updated; a row whose outcome is not finite puts back the
  * bytes of every row updated (itself included, the last first), so nothing
  * changed, as when check_act refuses it (the same verdict). */
 static void push_undo_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
   push_ctx *c = vctx;
-  unsigned char *u = c->undo;
+  unsigned char *u = s->undo; /* each row's slot bytes before its update, in item order */
   for (size_t i = 0; i < n; i++) {
     if (s->sends) shard__slot_unshare(s, i); /* a row in an answer being sent: updated in a copy */
     const size_t rb = slot_row_bytes(s, s->it_t[i]);
@@ -408,7 +407,7 @@ static int push_apply(shstore *s, int64_t step, float lr, const emb_idset *ids,
   uint64_t hits = 0;
   size_t total = 0;
   for (int t = 0; t < s->n_tables; t++) total += ids->counts[t];
-  push_ctx c = {step, lr, grads, NULL, -1, 0};
+  push_ctx c = {step, lr, grads, -1, 0};
   const size_t need = total * (s->slot_bytes - sizeof(sh_meta));
   if (total <= s->chunk && need <= EMB_SHARD_UNDO_BYTES) {
     if (need > s->undo_cap) {
@@ -421,7 +420,6 @@ static int push_apply(shstore *s, int64_t step, float lr, const emb_idset *ids,
       s->undo_cap = need;
     }
     if ((rc = shard__chg_reserve(s, ids))) return rc; /* the change set takes every row */
-    c.undo = s->undo;
     rc = shard__for_chunks(s, ids, s->mitem + s->chunk, push_undo_act, &c, &hits);
     if (rc) return rc;
     if (c.bad_t >= 0) return refuse_not_finite(s, c.bad_t, c.bad_id, lr);
