@@ -13,8 +13,10 @@
  * because a lookup is a chain of cache misses. Slots are handed out
  * in insertion order and never freed. A row that was never pushed is not
  * stored: lookups compute its init value. Both the map and the slab grow by
- * doubling, reserved before a push is applied, so warm steps allocate nothing
- * and a push that fails leaves every row as it was. Lookups and pushes run
+ * doubling, for the rows a push adds only (a push of held rows allocates
+ * nothing however full the slab), reserved once the push's updates are
+ * computed and before any new row is stored; a push that fails leaves
+ * every row as it was. Lookups and pushes run
  * per table in passes (hash all ids, probe, then copy or update) with
  * prefetches a few ids ahead, so the map and row cache misses of a batch
  * overlap instead of queueing one after another.
@@ -289,7 +291,8 @@ static int l_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
   for (int ti = 0; ti < s->n; ti++) {
     n += ids->counts[ti];
     f += ids->counts[ti] * (size_t)s->t[ti].stride;
-    if ((rc = lt_reserve(&s->t[ti], ids->counts[ti])) || (rc = scratch_reserve(s, ids->counts[ti]))) {
+    if ((rc = lt_reserve_changes(&s->t[ti], ids->counts[ti])) ||
+        (rc = scratch_reserve(s, ids->counts[ti]))) {
       sr_fmt(s->err, sizeof s->err, "push: table %d: %s", ti, sr_strerror(rc));
       return rc;
     }
@@ -299,6 +302,20 @@ static int l_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
     return rc;
   }
   if ((rc = push_apply(s, step, lr, ids, grads))) return rc;
+  /* Room for the rows not held yet only: a push of held rows allocates
+   * nothing, whatever the table's fill. */
+  const uint32_t *slots = s->slots;
+  for (int ti = 0; ti < s->n; ti++) {
+    size_t fresh = 0;
+    for (size_t r = 0; r < ids->counts[ti]; r++) fresh += !slots[r];
+    slots += ids->counts[ti];
+    if (fresh && (rc = lt_reserve(&s->t[ti], fresh))) {
+      push_undo(s, ids, n);
+      sr_fmt(s->err, sizeof s->err, "push: table %d: %zu new rows: %s; nothing applied", ti, fresh,
+             sr_strerror(rc));
+      return rc;
+    }
+  }
   push_commit(s, ids);
   s->st.pushes += n;
   return 0;

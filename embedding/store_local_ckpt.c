@@ -180,6 +180,15 @@ static int read_removed(lstore *s, int ti, const char *dir, uint64_t **ids, size
   return rc;
 }
 
+/* At most how many rows t gains from an increment of the n rows keys[n]
+ * and nrm removed ones: those not held now, and those it removes (which a
+ * file may hold again). */
+static size_t rows_added(const ltab *t, const uint64_t *keys, size_t n, size_t nrm) {
+  size_t m = nrm;
+  for (size_t i = 0; i < n; i++) m += !lt_slot_at(t, lt_find(t, keys[i]));
+  return m;
+}
+
 /* Every table file and removed-rows file under path read and checked
  * (table files into fresh indexes), room made in the held tables, then
  * the removed rows deleted and each row of the files laid over the held
@@ -193,7 +202,8 @@ int local__restore_delta(emb_store *b, const char *path) {
   for (int k = 0; k < s->n && !rc; k++) rc = read_table(s, k, path, NULL, &nt[k]);
   for (int k = 0; k < s->n && !rc; k++) rc = read_removed(s, k, path, &rm[k], &rm_n[k]);
   for (int k = 0; k < s->n && !rc; k++)
-    if ((rc = lt_sorted_keys(&nt[k], &keys[k])) || (rc = lt_reserve(&s->t[k], nt[k].n)) ||
+    if ((rc = lt_sorted_keys(&nt[k], &keys[k])) ||
+        (rc = lt_reserve(&s->t[k], rows_added(&s->t[k], keys[k], nt[k].n, rm_n[k]))) ||
         (rm_n[k] && (rc = lt_keys(&s->t[k]))))
       sr_fmt(s->err, sizeof s->err, "restore_delta: table %d: %s", k, sr_strerror(rc));
   if (rc == SR_ENOMEM && (!nt || !keys || !rm || !rm_n))

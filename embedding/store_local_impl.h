@@ -189,7 +189,7 @@ static inline int lt_init(ltab *t, int dim, int slen, int prec, uint64_t rows, s
   return 0;
 }
 
-/* Make room for extra more rows without further allocation. */
+/* Room for extra more rows (index and slab) without further allocation. */
 static inline int lt_reserve(ltab *t, size_t extra) {
   size_t need = t->n + extra;
   if (need > LT_MAX_ROWS) return SR_ERANGE;
@@ -227,11 +227,15 @@ static inline int lt_reserve(ltab *t, size_t extra) {
     t->slab_cap = cap;
     sr_advise_huge(nb, cap * t->rb);
   }
-  /* Every row of the push may join the change set: room for it now, so
-   * that recording a change never fails after the rows are updated. */
-  if (t->track && t->chg_n + extra > t->chg_cap) {
+  return 0;
+}
+
+/* Room in the change set for n more rows: every row of a push may join
+ * it, and recording a change must not fail once the rows are updated. */
+static inline int lt_reserve_changes(ltab *t, size_t n) {
+  if (t->track && t->chg_n + n > t->chg_cap) {
     size_t cap = t->chg_cap ? t->chg_cap : 64;
-    while (cap < t->chg_n + extra) cap *= 2;
+    while (cap < t->chg_n + n) cap *= 2;
     uint64_t *ni = realloc(t->chg_ids, cap * sizeof *ni);
     if (!ni) return SR_ENOMEM;
     t->chg_ids = ni;
@@ -240,7 +244,8 @@ static inline int lt_reserve(ltab *t, size_t extra) {
   return 0;
 }
 
-/* Record that the row key in slot s1 changed (room reserved by lt_reserve). */
+/* Record that the row key in slot s1 changed (room reserved by
+ * lt_reserve_changes). */
 static inline void lt_mark(ltab *t, uint32_t s1, uint64_t key) {
   if (!t->track || t->chg[s1 - 1]) return;
   t->chg[s1 - 1] = 1;

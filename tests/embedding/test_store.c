@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "embedding/optim.h"
 #include "embedding/store.h"
+#include "embedding/store_local_impl.h"
 #include "tests/embedding/nonfinite.h"
 #include "tests/embedding/shard_fixture.h"
 #include "tests/support/files.h"
@@ -639,6 +640,78 @@ START_TEST(test_growth) {
 }
 END_TEST
 
+/* Table ti's allocation: slab capacity and index size (private header). */
+static void table_room(emb_store *s, int ti, size_t room[2]) {
+  const ltab *t = &((const lstore *)s)->t[ti];
+  room[0] = t->slab_cap;
+  room[1] = t->direct ? 0 : t->mask + 1;
+}
+
+/* A push, or an increment restored, of rows the store already holds
+ * allocates nothing, however full its slab and index: room is made for
+ * the rows added only (it used to be made for every row named, so the
+ * first push into a full slab doubled it). */
+START_TEST(test_held_rows_allocate_nothing) {
+  emb_plan *p = make_plan(EMB_OPT_ADAGRAD, 1, 0, 5);
+  emb_store *s = make_store(p);
+  enum { N = 2048 }; /* the slab doubles from 16 to exactly N; table 1's 50 rows fill 64 */
+  uint64_t *ids = malloc(N * 8), ids1[50];
+  float *g = malloc(N * 8 * 4);
+  for (int i = 0; i < N; i++) ids[i] = sr_mix64((uint64_t)i + 1);
+  for (int i = 0; i < 50; i++) ids1[i] = (uint64_t)i;
+  for (int i = 0; i < N * 8; i++) g[i] = 0.01f * (float)(i % 11) - 0.05f;
+  const uint64_t *idp[3] = {NULL, ids1, ids};
+  size_t counts[3] = {0, 50, N};
+  const float *gp[3] = {NULL, g, g};
+  emb_idset set = {3, idp, counts};
+  ck_assert_int_eq(emb_store_push(s, 0, 0.1f, &set, gp), 0);
+  size_t r1[2], r2[2], now[2];
+  table_room(s, 1, r1);
+  table_room(s, 2, r2);
+  ck_assert_uint_eq(r1[0], 64);
+  ck_assert_uint_eq(r2[0], N);
+  char *tmp = tmpdir_make("store"), full[256], d1[256];
+  snprintf(full, sizeof full, "%s/full", tmp);
+  snprintf(d1, sizeof d1, "%s/d1", tmp);
+  ck_assert_msg(emb_store_checkpoint(s, full) == 0, "%s", emb_store_errmsg(s));
+  for (int step = 1; step <= 3; step++)
+    ck_assert_int_eq(emb_store_push(s, step, 0.1f, &set, gp), 0);
+  ck_assert_msg(emb_store_checkpoint_delta(s, d1) == 0, "%s", emb_store_errmsg(s));
+  for (int pass = 0; pass < 2; pass++) { /* after the pushes, then after the increment */
+    table_room(s, 1, now);
+    ck_assert_msg(now[0] == r1[0], "pass %d: table 1's slab grew from %zu to %zu rows", pass,
+                  r1[0], now[0]);
+    table_room(s, 2, now);
+    ck_assert_msg(now[0] == r2[0] && now[1] == r2[1],
+                  "pass %d: table 2 grew from %zu slots, %zu entries to %zu, %zu", pass, r2[0],
+                  r2[1], now[0], now[1]);
+    if (!pass) {
+      emb_store *s2 = make_store(p); /* the full checkpoint, then the increment laid over */
+      ck_assert_int_eq(emb_store_restore(s2, full), 0);
+      ck_assert_msg(emb_store_restore_delta(s, d1) == 0, "%s", emb_store_errmsg(s));
+      ck_assert_msg(emb_store_restore_delta(s2, d1) == 0, "%s", emb_store_errmsg(s2));
+      ck_assert(same_tables(s, s2));
+      emb_store_destroy(s2);
+    }
+  }
+  /* One row more still makes room. */
+  uint64_t extra = sr_mix64(0);
+  const uint64_t *xp[3] = {NULL, NULL, &extra};
+  size_t xc[3] = {0, 0, 1};
+  emb_idset xs = {3, xp, xc};
+  ck_assert_int_eq(emb_store_push(s, 4, 0.1f, &xs, gp), 0);
+  table_room(s, 2, now);
+  ck_assert_uint_eq(now[0], 2 * N);
+  ck_assert_uint_eq(rows_held(s, 2), N + 1);
+  rmdir_all(tmp);
+  free(tmp);
+  free(ids);
+  free(g);
+  emb_store_destroy(s);
+  emb_plan_free(p);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("embedding_store");
   TCase *tc = tcase_create("local");
@@ -654,6 +727,7 @@ int main(void) {
   tcase_add_test(tc, test_restore_grown);
   tcase_add_test(tc, test_checkpoint_delta);
   tcase_add_test(tc, test_growth);
+  tcase_add_test(tc, test_held_rows_allocate_nothing);
   tcase_add_test(tc, test_push_nonfinite_refused);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
