@@ -13,10 +13,10 @@
  * because a lookup is a chain of cache misses. Slots are handed out
  * in insertion order and never freed. A row that was never pushed is not
  * stored: lookups compute its init value. Both the map and the slab grow by
- * doubling, for the rows a push adds only (a push of held rows allocates
- * nothing however full the slab), reserved once the push's updates are
- * computed and before any new row is stored; a push that fails leaves
- * every row as it was. Lookups and pushes run
+ * doubling, for the rows a push adds only (a push of held rows grows
+ * neither, however full), the room made once the push's updates are
+ * computed and before any new row is stored; a push that fails, there or
+ * before, has its updates undone and leaves every row as it was. Lookups and pushes run
  * per table in passes (hash all ids, probe, then copy or update) with
  * prefetches a few ids ahead, so the map and row cache misses of a batch
  * overlap instead of queueing one after another.
@@ -43,6 +43,9 @@
  * restore_delta reads every file of its folder into fresh indexes first,
  * then deletes the removed rows and lays the files' rows over the held
  * ones. */
+#include <stdio.h>
+
+#include "embedding/optim.h"
 #include "embedding/store_local_impl.h"
 
 /* ---- ops ---- */
@@ -276,7 +279,8 @@ static void push_commit(lstore *s, const emb_idset *ids) {
 }
 
 /* Applied whole or not at all: every row's update is made and checked
- * (push_apply, undone on a refusal), then the new rows stored (push_commit). */
+ * (push_apply, undone on a refusal), room made for the rows not held yet
+ * (undone too when that fails), then those rows stored (push_commit). */
 static int l_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
                   const float *const *grads) {
   lstore *s = (lstore *)b;
@@ -302,13 +306,12 @@ static int l_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
     return rc;
   }
   if ((rc = push_apply(s, step, lr, ids, grads))) return rc;
-  /* Room for the rows not held yet only: a push of held rows allocates
-   * nothing, whatever the table's fill. */
-  const uint32_t *slots = s->slots;
+  /* Index and slab room for the rows not held yet only: a push of held
+   * rows grows neither, however full they are. */
+  size_t at = 0;
   for (int ti = 0; ti < s->n; ti++) {
     size_t fresh = 0;
-    for (size_t r = 0; r < ids->counts[ti]; r++) fresh += !slots[r];
-    slots += ids->counts[ti];
+    for (size_t r = 0; r < ids->counts[ti]; r++) fresh += !s->slots[at++];
     if (fresh && (rc = lt_reserve(&s->t[ti], fresh))) {
       push_undo(s, ids, n);
       sr_fmt(s->err, sizeof s->err, "push: table %d: %zu new rows: %s; nothing applied", ti, fresh,

@@ -1,7 +1,14 @@
 /* The in-process store's checkpoints: one table file per table (and the
  * removed rows' file of an increment), written and read back whole
  * before anything held is replaced (the layout: store_local.c). */
+#include <errno.h>
+#include <stdio.h>
+#include <sys/stat.h>
+
+#include "embedding/removed_file.h"
 #include "embedding/store_local_impl.h"
+#include "embedding/table_file.h"
+#include "storage/ckpt_dir.h"
 
 /* The ids list[n] in ascending order, once each, those held (held 1) or
  * not held (held 0) only, into *out (malloc'd; NULL when none) and *nout. */
@@ -180,11 +187,11 @@ static int read_removed(lstore *s, int ti, const char *dir, uint64_t **ids, size
   return rc;
 }
 
-/* At most how many rows t gains from an increment of the n rows keys[n]
- * and nrm removed ones: those not held now, and those it removes (which a
- * file may hold again). */
-static size_t rows_added(const ltab *t, const uint64_t *keys, size_t n, size_t nrm) {
-  size_t m = nrm;
+/* At most how many rows t gains from an increment of the n rows keys[n]:
+ * those not held now (a row it removes and holds again takes the slot
+ * its removal freed: the removals come first). */
+static size_t rows_added(const ltab *t, const uint64_t *keys, size_t n) {
+  size_t m = 0;
   for (size_t i = 0; i < n; i++) m += !lt_slot_at(t, lt_find(t, keys[i]));
   return m;
 }
@@ -203,7 +210,7 @@ int local__restore_delta(emb_store *b, const char *path) {
   for (int k = 0; k < s->n && !rc; k++) rc = read_removed(s, k, path, &rm[k], &rm_n[k]);
   for (int k = 0; k < s->n && !rc; k++)
     if ((rc = lt_sorted_keys(&nt[k], &keys[k])) ||
-        (rc = lt_reserve(&s->t[k], rows_added(&s->t[k], keys[k], nt[k].n, rm_n[k]))) ||
+        (rc = lt_reserve(&s->t[k], rows_added(&s->t[k], keys[k], nt[k].n))) ||
         (rm_n[k] && (rc = lt_keys(&s->t[k]))))
       sr_fmt(s->err, sizeof s->err, "restore_delta: table %d: %s", k, sr_strerror(rc));
   if (rc == SR_ENOMEM && (!nt || !keys || !rm || !rm_n))

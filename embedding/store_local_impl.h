@@ -5,25 +5,15 @@
 #ifndef SHARDREC_EMBEDDING_STORE_LOCAL_IMPL_H
 #define SHARDREC_EMBEDDING_STORE_LOCAL_IMPL_H
 
-#include <errno.h>
-#include <math.h>
-#include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "common/half.h"
 #include "common/rng.h"
-#include "common/sha256.h"
 #include "common/status.h"
 #include "common/sys.h"
-#include "embedding/optim.h"
-#include "embedding/removed_file.h"
 #include "embedding/store.h"
-#include "embedding/table_file.h"
-#include "storage/ckpt_dir.h"
 
 #define LT_EMPTY 0u /* entry.slot1 of a free entry; slots are stored plus one */
 #define LT_MAX_ROWS 0x7ffffffeu /* slot + 1 fits 31 bits */

@@ -15,6 +15,7 @@
 #include "embedding/store.h"
 #include "embedding/store_local_impl.h"
 #include "tests/embedding/nonfinite.h"
+#include "tests/common/fail_alloc.h"
 #include "tests/embedding/shard_fixture.h"
 #include "tests/support/files.h"
 
@@ -648,10 +649,10 @@ static void table_room(emb_store *s, int ti, size_t room[2]) {
 }
 
 /* A push, or an increment restored, of rows the store already holds
- * allocates nothing, however full its slab and index: room is made for
+ * grows neither its slab nor its index, however full: room is made for
  * the rows added only (it used to be made for every row named, so the
  * first push into a full slab doubled it). */
-START_TEST(test_held_rows_allocate_nothing) {
+START_TEST(test_held_rows_take_no_room) {
   emb_plan *p = make_plan(EMB_OPT_ADAGRAD, 1, 0, 5);
   emb_store *s = make_store(p);
   enum { N = 2048 }; /* the slab doubles from 16 to exactly N; table 1's 50 rows fill 64 */
@@ -712,6 +713,88 @@ START_TEST(test_held_rows_allocate_nothing) {
 }
 END_TEST
 
+/* Ids and gradients of one push over the three tables (at most 48 rows a
+ * table, dim at most 8). */
+typedef struct {
+  uint64_t ids[3][48];
+  size_t counts[3];
+  const uint64_t *idp[3];
+  float g[3][48 * 8];
+  const float *gp[3];
+  emb_idset set;
+} push_data;
+
+/* Rows from..to-1 of each table (table 1's ids hashed), gradients from r. */
+static void push_rows(push_data *d, const int from[3], const int to[3], sr_rng *r) {
+  for (int t = 0; t < 3; t++) {
+    d->counts[t] = (size_t)(to[t] - from[t]);
+    for (int i = from[t]; i < to[t]; i++)
+      d->ids[t][i - from[t]] = t == 1 ? sr_mix64((uint64_t)i + 1) : (uint64_t)i;
+    for (size_t k = 0; k < d->counts[t] * 8; k++) d->g[t][k] = (float)(sr_rng_uniform(r) - 0.5);
+    d->idp[t] = d->ids[t];
+    d->gp[t] = d->g[t];
+  }
+  d->set = (emb_idset){3, d->idp, d->counts};
+}
+
+/* Every allocation a push of held and new rows makes, failed in turn:
+ * refused with SR_ENOMEM and every row as before (the updates made in place
+ * before the new rows' room failed are undone), then the push that goes
+ * through gives the bits of a store that never failed; fp32, fp16, bf16. */
+START_TEST(test_push_out_of_memory) {
+  for (int prec = 0; prec < 3; prec++) {
+    static const uint64_t rows[FX_NT] = {200, 0, 40};
+    emb_plan *p = fx_plan(rows, 8, 9, EMB_OPT_ADAGRAD, 1, 0);
+    for (int t = 0; t < p->n_tables; t++) p->tables[t].precision = (emb_precision)prec;
+    emb_store *a = make_store(p), *ref = make_store(p);
+    sr_rng r;
+    sr_rng_init(&r, 21, 0);
+    push_data *d = malloc(sizeof *d);
+    /* Slabs filled to their capacity (64, 32, 16 rows), tracked from a checkpoint. */
+    const int f0[3] = {0, 0, 0}, f1[3] = {32, 32, 16}, f2[3] = {64, 64, 32};
+    push_rows(d, f0, f1, &r);
+    ck_assert_int_eq(emb_store_push(a, 0, 0.1f, &d->set, d->gp), 0);
+    ck_assert_int_eq(emb_store_push(ref, 0, 0.1f, &d->set, d->gp), 0);
+    push_rows(d, f1, f2, &r);
+    ck_assert_int_eq(emb_store_push(a, 1, 0.1f, &d->set, d->gp), 0);
+    ck_assert_int_eq(emb_store_push(ref, 1, 0.1f, &d->set, d->gp), 0);
+    char *tmp = tmpdir_make("store-oom"), ca[256], cr[256];
+    snprintf(ca, sizeof ca, "%s/a", tmp);
+    snprintf(cr, sizeof cr, "%s/ref", tmp);
+    ck_assert_int_eq(emb_store_checkpoint(a, ca), 0);
+    ck_assert_int_eq(emb_store_checkpoint(ref, cr), 0);
+    /* 40, 40 and 24 rows: the last 8 of each new. */
+    const int m0[3] = {32, 32, 16}, m1[3] = {72, 72, 40};
+    push_rows(d, m0, m1, &r);
+    int k, after_apply = 0;
+    for (k = 1; k < 100; k++) {
+      fail_alloc_arm(k);
+      int rc = emb_store_push(a, 2, 0.1f, &d->set, d->gp);
+      long failed = fail_alloc_failed;
+      fail_alloc_arm(0);
+      if (!failed) {
+        ck_assert_msg(rc == 0, "%s", emb_store_errmsg(a));
+        break;
+      }
+      ck_assert_msg(rc == SR_ENOMEM, "precision %d, allocation %d: rc %d (%s)", prec, k, rc,
+                    emb_store_errmsg(a));
+      after_apply += strstr(emb_store_errmsg(a), "new rows") != NULL;
+      ck_assert_msg(same_tables(a, ref), "precision %d: allocation %d failed and rows changed",
+                    prec, k);
+    }
+    ck_assert_int_gt(after_apply, 0); /* the room for new rows failed once the rows were updated */
+    ck_assert_int_eq(emb_store_push(ref, 2, 0.1f, &d->set, d->gp), 0);
+    ck_assert(same_tables(a, ref));
+    rmdir_all(tmp);
+    free(tmp);
+    free(d);
+    emb_store_destroy(a);
+    emb_store_destroy(ref);
+    emb_plan_free(p);
+  }
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("embedding_store");
   TCase *tc = tcase_create("local");
@@ -727,7 +810,8 @@ int main(void) {
   tcase_add_test(tc, test_restore_grown);
   tcase_add_test(tc, test_checkpoint_delta);
   tcase_add_test(tc, test_growth);
-  tcase_add_test(tc, test_held_rows_allocate_nothing);
+  tcase_add_test(tc, test_held_rows_take_no_room);
+  tcase_add_test(tc, test_push_out_of_memory);
   tcase_add_test(tc, test_push_nonfinite_refused);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
