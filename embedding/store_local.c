@@ -331,14 +331,7 @@ static int l_flush(emb_store *b) {
 
 /* Room for extra more ids in t's removed list. */
 static int lt_reserve_removed(ltab *t, size_t extra) {
-  if (t->rm_n + extra <= t->rm_cap) return 0;
-  size_t cap = t->rm_cap ? t->rm_cap : 64;
-  while (cap < t->rm_n + extra) cap *= 2;
-  uint64_t *ni = realloc(t->rm_ids, cap * sizeof *ni);
-  if (!ni) return SR_ENOMEM;
-  t->rm_ids = ni;
-  t->rm_cap = cap;
-  return 0;
+  return lt_ids_room(&t->rm_ids, &t->rm_cap, t->rm_n + extra);
 }
 
 /* Rows of ids go (emb_store_ops.remove); a tracked table lists the held

@@ -220,18 +220,22 @@ static inline int lt_reserve(ltab *t, size_t extra) {
   return 0;
 }
 
+/* Room in the id list *list (capacity *cap) for need ids, grown by doubling. */
+static inline int lt_ids_room(uint64_t **list, size_t *cap, size_t need) {
+  if (need <= *cap) return 0;
+  size_t c = *cap ? *cap : 64;
+  while (c < need) c *= 2;
+  uint64_t *ni = realloc(*list, c * sizeof *ni);
+  if (!ni) return SR_ENOMEM;
+  *list = ni;
+  *cap = c;
+  return 0;
+}
+
 /* Room in the change set for n more rows: every row of a push may join
  * it, and recording a change must not fail once the rows are updated. */
 static inline int lt_reserve_changes(ltab *t, size_t n) {
-  if (t->track && t->chg_n + n > t->chg_cap) {
-    size_t cap = t->chg_cap ? t->chg_cap : 64;
-    while (cap < t->chg_n + n) cap *= 2;
-    uint64_t *ni = realloc(t->chg_ids, cap * sizeof *ni);
-    if (!ni) return SR_ENOMEM;
-    t->chg_ids = ni;
-    t->chg_cap = cap;
-  }
-  return 0;
+  return t->track ? lt_ids_room(&t->chg_ids, &t->chg_cap, t->chg_n + n) : 0;
 }
 
 /* Record that the row key in slot s1 changed (room reserved by
