@@ -51,16 +51,26 @@ static void nf_lookup(emb_store *s, nf_step *d) {
   ck_assert_int_eq(emb_store_lookup_wait(s), 0);
 }
 
-/* The rows are those of before (bit for bit). */
-static void nf_same(emb_store *s, const emb_plan *p, const nf_step *before) {
+/* dst = src, its pointers into dst's own arrays. */
+static void nf_copy(nf_step *dst, const nf_step *src, const emb_plan *p) {
+  memcpy(dst, src, sizeof *dst);
+  for (int t = 0; t < p->n_tables; t++) dst->op[t] = dst->out[t], dst->idp[t] = dst->ids[t];
+  dst->set = (emb_idset){.n_tables = p->n_tables, .ids = dst->idp, .counts = dst->counts};
+}
+
+/* s's rows of ref's ids are ref's looked-up rows, bit for bit (else "table
+ * T <what>"). */
+static void nf_rows_are(emb_store *s, const emb_plan *p, const nf_step *ref, const char *what) {
   static nf_step now;
-  memcpy(&now, before, sizeof now);
-  for (int t = 0; t < p->n_tables; t++) now.op[t] = now.out[t], now.idp[t] = now.ids[t];
-  now.set = (emb_idset){.n_tables = p->n_tables, .ids = now.idp, .counts = now.counts};
+  nf_copy(&now, ref, p);
   nf_lookup(s, &now);
   for (int t = 0; t < p->n_tables; t++)
-    ck_assert_msg(!memcmp(now.out[t], before->out[t], NF_IDS * (size_t)p->tables[t].dim * 4),
-                  "table %d changed by a refused push", t);
+    ck_assert_msg(!memcmp(now.out[t], ref->out[t], NF_IDS * (size_t)p->tables[t].dim * 4),
+                  "table %d %s", t, what);
+}
+
+static void nf_same(emb_store *s, const emb_plan *p, const nf_step *before) {
+  nf_rows_are(s, p, before, "changed by a refused push");
 }
 
 /* The same push to s and its twin: both take it (1) or both refuse it (0). */
@@ -77,9 +87,7 @@ static void nonfinite_check(emb_store *s, emb_store *twin, const emb_plan *p) {
   static nf_step d, before, other;
   nf_fill(&d, p, 0.01f);
   ck_assert_msg(nf_push_both(s, twin, 1, 0.1f, &d), "%s", emb_store_errmsg(s));
-  memcpy(&before, &d, sizeof before);
-  for (int t = 0; t < p->n_tables; t++) before.op[t] = before.out[t], before.idp[t] = before.ids[t];
-  before.set = (emb_idset){.n_tables = p->n_tables, .ids = before.idp, .counts = before.counts};
+  nf_copy(&before, &d, p);
   nf_lookup(s, &before);
   /* Learning rates out of [0, 1e4], or not finite: refused, nothing applied. */
   const float bad_lr[] = {3e38f, 1.5e4f, -0.5f, NAN, INFINITY};
@@ -115,14 +123,9 @@ static void nonfinite_check(emb_store *s, emb_store *twin, const emb_plan *p) {
   /* A valid push still applies afterwards, and leaves the rows the twin's. */
   nf_fill(&d, p, 0.01f);
   ck_assert_msg(nf_push_both(s, twin, 9, 0.1f, &d), "%s", emb_store_errmsg(s));
-  memcpy(&other, &d, sizeof other);
-  for (int t = 0; t < p->n_tables; t++) other.op[t] = other.out[t], other.idp[t] = other.ids[t];
-  other.set = (emb_idset){.n_tables = p->n_tables, .ids = other.idp, .counts = other.counts};
-  nf_lookup(s, &d);
+  nf_copy(&other, &d, p);
   nf_lookup(twin, &other);
-  for (int t = 0; t < p->n_tables; t++)
-    ck_assert_msg(!memcmp(d.out[t], other.out[t], NF_IDS * (size_t)p->tables[t].dim * 4),
-                  "table %d: not the rows of a store that never saw the refused pushes", t);
+  nf_rows_are(s, p, &other, "is not the rows of a store that never saw the refused pushes");
 }
 
 #endif

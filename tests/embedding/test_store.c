@@ -713,26 +713,17 @@ START_TEST(test_held_rows_take_no_room) {
 }
 END_TEST
 
-/* Ids and gradients of one push over the three tables (at most 48 rows a
- * table, dim at most 8). */
-typedef struct {
-  uint64_t ids[3][48];
-  size_t counts[3];
-  const uint64_t *idp[3];
-  float g[3][48 * 8];
-  const float *gp[3];
-  emb_idset set;
-} push_data;
-
-/* Rows from..to-1 of each table (table 1's ids hashed), gradients from r. */
-static void push_rows(push_data *d, const int from[3], const int to[3], sr_rng *r) {
+/* Rows from..to-1 of each table (at most 64; table 1's ids hashed) into
+ * d, gradients from r. */
+static void step_rows(step_data *d, const int from[3], const int to[3], sr_rng *r) {
   for (int t = 0; t < 3; t++) {
     d->counts[t] = (size_t)(to[t] - from[t]);
     for (int i = from[t]; i < to[t]; i++)
       d->ids[t][i - from[t]] = t == 1 ? sr_mix64((uint64_t)i + 1) : (uint64_t)i;
-    for (size_t k = 0; k < d->counts[t] * 8; k++) d->g[t][k] = (float)(sr_rng_uniform(r) - 0.5);
+    for (size_t k = 0; k < d->counts[t] * 8; k++) d->grads[t][k] = (float)(sr_rng_uniform(r) - 0.5);
     d->idp[t] = d->ids[t];
-    d->gp[t] = d->g[t];
+    d->gp[t] = d->grads[t];
+    d->op[t] = d->out[t];
   }
   d->set = (emb_idset){3, d->idp, d->counts};
 }
@@ -749,13 +740,13 @@ START_TEST(test_push_out_of_memory) {
     emb_store *a = make_store(p), *ref = make_store(p);
     sr_rng r;
     sr_rng_init(&r, 21, 0);
-    push_data *d = malloc(sizeof *d);
+    step_data *d = malloc(sizeof *d);
     /* Slabs filled to their capacity (64, 32, 16 rows), tracked from a checkpoint. */
     const int f0[3] = {0, 0, 0}, f1[3] = {32, 32, 16}, f2[3] = {64, 64, 32};
-    push_rows(d, f0, f1, &r);
+    step_rows(d, f0, f1, &r);
     ck_assert_int_eq(emb_store_push(a, 0, 0.1f, &d->set, d->gp), 0);
     ck_assert_int_eq(emb_store_push(ref, 0, 0.1f, &d->set, d->gp), 0);
-    push_rows(d, f1, f2, &r);
+    step_rows(d, f1, f2, &r);
     ck_assert_int_eq(emb_store_push(a, 1, 0.1f, &d->set, d->gp), 0);
     ck_assert_int_eq(emb_store_push(ref, 1, 0.1f, &d->set, d->gp), 0);
     char *tmp = tmpdir_make("store-oom"), ca[256], cr[256];
@@ -765,7 +756,7 @@ START_TEST(test_push_out_of_memory) {
     ck_assert_int_eq(emb_store_checkpoint(ref, cr), 0);
     /* 40, 40 and 24 rows: the last 8 of each new. */
     const int m0[3] = {32, 32, 16}, m1[3] = {72, 72, 40};
-    push_rows(d, m0, m1, &r);
+    step_rows(d, m0, m1, &r);
     int k, after_apply = 0;
     for (k = 1; k < 100; k++) {
       fail_alloc_arm(k);
