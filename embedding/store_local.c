@@ -11,7 +11,8 @@
  * indexes slots directly by row id (4 bytes per row, calloc'd so untouched
  * pages cost nothing): one memory access instead of a probe, which matters
  * because a lookup is a chain of cache misses. Slots are handed out
- * in insertion order and never freed. A row that was never pushed is not
+ * in insertion order; a removed row's slot takes the last slot's row, so
+ * the held rows stay the slab's first slots. A row that was never pushed is not
  * stored: lookups compute its init value. Both the map and the slab grow by
  * doubling, for the rows a push adds only (a push of held rows grows
  * neither, however full), the room made once the push's updates are
