@@ -69,10 +69,6 @@ static void nf_rows_are(emb_store *s, const emb_plan *p, const nf_step *ref, con
                   "table %d %s", t, what);
 }
 
-static void nf_same(emb_store *s, const emb_plan *p, const nf_step *before) {
-  nf_rows_are(s, p, before, "changed by a refused push");
-}
-
 /* The same push to s and its twin: both take it (1) or both refuse it (0). */
 static int nf_push_both(emb_store *s, emb_store *twin, int64_t step, float lr, nf_step *d) {
   int rc = emb_store_push(s, step, lr, &d->set, d->gp);
@@ -94,7 +90,7 @@ static void nonfinite_check(emb_store *s, emb_store *twin, const emb_plan *p) {
   for (size_t i = 0; i < sizeof bad_lr / sizeof *bad_lr; i++) {
     ck_assert_int_eq(emb_store_push(s, 2, bad_lr[i], &d.set, d.gp), SR_ERANGE);
     ck_assert_msg(strstr(emb_store_errmsg(s), "learning rate"), "%s", emb_store_errmsg(s));
-    nf_same(s, p, &before);
+    nf_rows_are(s, p, &before, "changed by a refused push");
   }
   /* One element of the last table's row 7 overflows: with Adagrad its
    * accumulator (g*g) turns inf, with SGD the row itself (lr 1e4 * 3e38).
@@ -108,7 +104,7 @@ static void nonfinite_check(emb_store *s, emb_store *twin, const emb_plan *p) {
   ck_assert_msg(strstr(emb_store_errmsg(s), want), "'%s' does not name '%s'",
                 emb_store_errmsg(s), want);
   ck_assert_ptr_nonnull(strstr(emb_store_errmsg(s), "nothing applied"));
-  nf_same(s, p, &before);
+  nf_rows_are(s, p, &before, "changed by a refused push");
   /* Finite gradients alone: the same push with a finite gradient each time but a
    * large rate, three steps running, drives an SGD row to -inf. Every step
    * the store takes leaves every row finite. */

@@ -47,6 +47,12 @@ typedef struct {
   emb_idset set;
 } step_data;
 
+/* d's pointers and id set, into its own arrays. */
+static void step_link(step_data *d) {
+  for (int t = 0; t < 3; t++) d->idp[t] = d->ids[t], d->gp[t] = d->grads[t], d->op[t] = d->out[t];
+  d->set = (emb_idset){3, d->idp, d->counts};
+}
+
 static void make_step(step_data *d, sr_rng *r) {
   static const uint64_t bound[3] = {1000, 50, 0};
   static const int dims[3] = {4, 8, 5};
@@ -60,13 +66,8 @@ static void make_step(step_data *d, sr_rng *r) {
       if (!dup) d->ids[t][m++] = id;
     }
     for (size_t k = 0; k < d->counts[t] * (size_t)dims[t]; k++) d->grads[t][k] = (float)sr_rng_normal(r);
-    d->idp[t] = d->ids[t];
-    d->gp[t] = d->grads[t];
-    d->op[t] = d->out[t];
   }
-  d->set.n_tables = 3;
-  d->set.ids = d->idp;
-  d->set.counts = d->counts;
+  step_link(d);
 }
 
 /* Non-finite outcomes and learning rates out of range: refused whole. */
@@ -714,18 +715,15 @@ START_TEST(test_held_rows_take_no_room) {
 END_TEST
 
 /* Rows from..to-1 of each table (at most 64; table 1's ids hashed) into
- * d, gradients from r. */
+ * d, 8 gradients a row (the widest table's dim) from r. */
 static void step_rows(step_data *d, const int from[3], const int to[3], sr_rng *r) {
   for (int t = 0; t < 3; t++) {
     d->counts[t] = (size_t)(to[t] - from[t]);
     for (int i = from[t]; i < to[t]; i++)
       d->ids[t][i - from[t]] = t == 1 ? sr_mix64((uint64_t)i + 1) : (uint64_t)i;
     for (size_t k = 0; k < d->counts[t] * 8; k++) d->grads[t][k] = (float)(sr_rng_uniform(r) - 0.5);
-    d->idp[t] = d->ids[t];
-    d->gp[t] = d->grads[t];
-    d->op[t] = d->out[t];
   }
-  d->set = (emb_idset){3, d->idp, d->counts};
+  step_link(d);
 }
 
 /* Every allocation a push of held and new rows makes, failed in turn:
