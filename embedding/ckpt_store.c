@@ -367,7 +367,6 @@ static int open_layout(const char *dir, const emb_plan *plan, const emb_ckpt_sto
   if (layout == CKPT_SHARDS_DBS) {
     if ((rc = check_dbs(shards, want, n_want, err, errlen))) return rc;
     emb_shard_config sc = {.cache_rows = o->cache_rows, .cache_mb = o->cache_mb,
-                           .statistics = o->statistics,
                            .n_hosted = n_want, .hosted = want};
     return open_rocks(dir, shards, plan, o, &sc, out, err, errlen);
   }

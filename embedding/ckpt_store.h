@@ -43,7 +43,6 @@ typedef struct emb_ckpt_store_opts {
   const char *data_dir; /* RocksDB layout: keep the databases here (NULL: a temporary
                            folder); a table-file layout with data_dir is refused */
   uint64_t cache_rows, cache_mb; /* RocksDB layout: the shard store's cache (0, 0: 256 MiB) */
-  int statistics;       /* RocksDB layout: emb_shard_config.statistics */
 } emb_ckpt_store_opts;
 
 typedef struct emb_ckpt_store {

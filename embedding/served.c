@@ -48,8 +48,7 @@ static int open_checkpoint(const emb_served_opts *o, emb_served *s, char *err, s
       goto out;
     }
   emb_ckpt_store_opts co = {.shards = o->shards, .n_shards = o->n_shards, .data_dir = o->data_dir,
-                        .cache_rows = o->cache_rows, .cache_mb = o->cache_mb,
-                        .statistics = o->statistics};
+                        .cache_rows = o->cache_rows, .cache_mb = o->cache_mb};
   if ((rc = emb_ckpt_store_open(s->ckpt_dir, s->plan, &co, &s->cs, err, errlen))) goto out;
   s->store = s->cs.store;
   s->temporary = s->cs.tmp_dir != NULL;
@@ -108,7 +107,6 @@ static int open_plan(const emb_served_opts *o, emb_served *s, char *err, size_t 
   s->failed = EMB_SERVED_IN_NONE;
   if (o->data_dir) {
     emb_shard_config sc = {.cache_rows = o->cache_rows, .cache_mb = o->cache_mb,
-                           .statistics = o->statistics,
                            .n_hosted = o->n_shards, .hosted = o->shards};
     s->store = emb_store_create_shard(s->plan, o->data_dir, &sc, err, errlen);
   } else {

@@ -40,7 +40,6 @@ typedef struct emb_served_opts {
                              checkpoint's temporary copy) */
   uint64_t cache_rows, cache_mb; /* the RocksDB store's cache (0, 0: 256 MiB) */
   const char *restore;    /* restore from Checkpoint(restore)'s folders (NULL: none) */
-  int statistics;         /* RocksDB statistics for /metrics (emb_shard_config) */
 } emb_served_opts;
 
 /* Which input a failure is about (a command names its flag). */

@@ -694,8 +694,6 @@ static int sh_figures(emb_store *b, emb_store_figures *out) {
   if (rc) return rc;
   *out = (emb_store_figures){.evictions = c.evictions, .writebacks = c.writebacks,
                              .cache_rows = c.cache_rows, .cache_used = c.cache_used,
-                             .block_cache_hits = k.block_cache_hits,
-                             .block_cache_misses = k.block_cache_misses,
                              .sst_bytes = k.sst_bytes,
                              .pending_compaction_bytes = k.pending_compaction_bytes};
   return 0;
@@ -771,8 +769,6 @@ int emb_shard_kv_figures_get(emb_store *b, kv_figures *out) {
     if (!s->db[k] || kv_figures_get(s->db[k], &f)) continue;
     sum.sst_bytes += f.sst_bytes;
     sum.pending_compaction_bytes += f.pending_compaction_bytes;
-    sum.block_cache_hits += f.block_cache_hits;
-    sum.block_cache_misses += f.block_cache_misses;
   }
   *out = sum;
   return 0;
@@ -865,7 +861,6 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
   s->sopts.block_cache_bytes = cfg->block_cache_bytes;
   s->sopts.write_buffer_bytes = cfg->write_buffer_bytes;
   s->sopts.compression = cfg->lz4 ? KV_COMPRESSION_LZ4 : KV_COMPRESSION_NONE;
-  s->sopts.statistics = cfg->statistics;
   s->pf_limit = s->cap - s->chunk - 1;
   if (shard__pool_create(s, cfg->threads ? (cfg->threads < 0 ? 0 : cfg->threads)
                                   : EMB_SHARD_DEFAULT_THREADS))

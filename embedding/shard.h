@@ -36,8 +36,9 @@
  * Memory: the slab (cache_rows x (dim + state) floats), the map (2x
  * cache_rows 8-byte entries), the write-back buffers and their index (a
  * fixed 4 MiB plus about 0.5 MiB, EMB_SHARD_WB_*), prefetch pin lists (4
- * bytes a pinned row), RocksDB's block cache and memtables, and per-batch
- * scratch. Nothing proportional to a table's size.
+ * bytes a pinned row), RocksDB's memtables, and per-batch scratch. Nothing
+ * proportional to a table's size: RocksDB's files, index and filter blocks
+ * included, are read in place from the OS page cache (kv.h).
  *
  * checkpoint(path) (EMB_CKPT_SHARD_FOLDERS): writes dirty rows back, then a
  * RocksDB checkpoint of each hosted shard into path/shard-K, nothing else
@@ -79,10 +80,9 @@ typedef struct emb_shard_config {
   uint64_t cache_rows;      /* rows the cache holds; 0: from cache_mb */
   uint64_t cache_mb;        /* cache size in MiB (slab + map) when cache_rows is 0
                                (both 0: EMB_SHARD_DEFAULT_CACHE_MB) */
-  size_t block_cache_bytes; /* RocksDB block cache (0: 32 MiB) */
+  size_t block_cache_bytes; /* RocksDB block cache of lz4 tables (0: 32 MiB) */
   size_t write_buffer_bytes;/* RocksDB memtables, all families (0: 16 MiB) */
   int lz4;                  /* compress SST blocks with lz4 (default none) */
-  int statistics;           /* RocksDB statistics (kv_opts.statistics), for /metrics */
   int n_hosted;             /* 0: every shard of the plan; else hosted[n_hosted] */
   const int *hosted;        /* shard indices hosted here (borrowed; copied) */
   int threads;              /* store threads: 0: EMB_SHARD_DEFAULT_THREADS; -1: none (the

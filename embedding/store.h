@@ -47,8 +47,8 @@ typedef struct emb_store_stats {
 typedef struct emb_store_figures {
   uint64_t evictions, writebacks;   /* rows evicted from the cache; dirty rows written back */
   uint64_t cache_rows, cache_used;  /* rows the cache may hold; rows in it now */
-  uint64_t block_cache_hits, block_cache_misses; /* the cold tier's (RocksDB's block cache) */
-  uint64_t sst_bytes, pending_compaction_bytes;  /* its files; what compaction has to rewrite */
+  uint64_t sst_bytes, pending_compaction_bytes;  /* the cold tier's files; what compaction
+                                                    has to rewrite */
 } emb_store_figures;
 
 /* Called once per stored row by iterate; return nonzero to stop early.

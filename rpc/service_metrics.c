@@ -15,8 +15,8 @@
 enum {
   F_ROWS_LOOKUP, F_ROWS_PUSH, F_FAILED, F_HELD_ROWS, F_HELD_BYTES, F_HITS, F_MISSES,
   F_PENDING, F_DROPPED_STEPS, F_JOBS, F_DROPPED_JOBS, F_PARKED_LOOKUPS, F_PARKED_WATCHES,
-  F_EVICTIONS, F_WRITEBACKS, F_CACHE_CAP, F_CACHE_USED, F_BC_HITS, F_BC_MISSES, F_BC_RATIO,
-  F_SST, F_PENDING_COMPACTION, F_PINNED_ROWS, F_PINNED_BYTES, F_UNCLEAN, F_N
+  F_EVICTIONS, F_WRITEBACKS, F_CACHE_CAP, F_CACHE_USED, F_SST,
+  F_PENDING_COMPACTION, F_PINNED_ROWS, F_PINNED_BYTES, F_UNCLEAN, F_N
 };
 
 typedef struct {
@@ -44,9 +44,6 @@ static const fig_def figs[F_N] = {
     [F_WRITEBACKS] = {"shardrec_cache_writebacks_total", "Dirty rows written back to RocksDB.", METRICS_COUNTER, NULL, 1},
     [F_CACHE_CAP] = {"shardrec_cache_capacity_rows", "Rows the cache may hold.", METRICS_GAUGE, NULL, 1},
     [F_CACHE_USED] = {"shardrec_cache_used_rows", "Rows in the cache now.", METRICS_GAUGE, NULL, 1},
-    [F_BC_HITS] = {"shardrec_rocksdb_block_cache_hits_total", "RocksDB block cache hits.", METRICS_COUNTER, NULL, 1},
-    [F_BC_MISSES] = {"shardrec_rocksdb_block_cache_misses_total", "RocksDB block cache misses.", METRICS_COUNTER, NULL, 1},
-    [F_BC_RATIO] = {"shardrec_rocksdb_block_cache_hit_ratio", "RocksDB block cache hits over hits and misses (0 before any read).", METRICS_GAUGE, NULL, 1},
     [F_SST] = {"shardrec_rocksdb_sst_bytes", "Bytes of SST files in the shards' databases.", METRICS_GAUGE, NULL, 1},
     [F_PENDING_COMPACTION] = {"shardrec_rocksdb_pending_compaction_bytes", "Bytes RocksDB estimates compaction still has to rewrite.", METRICS_GAUGE, NULL, 1},
     [F_PINNED_ROWS] = {"shardrec_server_pinned_rows", "Rows of Lookup answers sent from the store's memory that gRPC still holds (Stats pinned_rows).", METRICS_GAUGE, NULL, 1},
@@ -125,9 +122,6 @@ static void collect_view(void *ctx, const rpc_service_view *v) {
   if (!emb_store_figures_get(v->store, &k)) {
     f[F_EVICTIONS] = (double)k.evictions, f[F_WRITEBACKS] = (double)k.writebacks;
     f[F_CACHE_CAP] = (double)k.cache_rows, f[F_CACHE_USED] = (double)k.cache_used;
-    f[F_BC_HITS] = (double)k.block_cache_hits, f[F_BC_MISSES] = (double)k.block_cache_misses;
-    uint64_t reads = k.block_cache_hits + k.block_cache_misses;
-    f[F_BC_RATIO] = reads ? (double)k.block_cache_hits / (double)reads : 0;
     f[F_SST] = (double)k.sst_bytes, f[F_PENDING_COMPACTION] = (double)k.pending_compaction_bytes;
   }
   for (int i = 0; i < F_N; i++) metrics_gauge_set(x->fig[i], f[i]);

@@ -4,7 +4,7 @@
  * every scrape what Stats reports (rows looked up and pushed, rows and
  * bytes held, cache hits and misses, held pushes, dropped steps and jobs),
  * the shard store's evictions and write-backs and its RocksDB figures
- * (block cache hit ratio, SST bytes, pending compaction bytes), and an info
+ * (SST bytes, pending compaction bytes), and an info
  * series shardrec_server_info{plan_fingerprint, incarnation} 1. The names
  * are in docs/DESIGN.md ("Watching a job"). */
 #ifndef SHARDREC_RPC_SERVICE_METRICS_H

@@ -82,16 +82,24 @@ int kv_list_tables(const char *path, uint32_t **ids, int *n, char *err, size_t e
   return 0;
 }
 
-/* The options of d (tuned, see the top of this file). */
+/* The options of d (tuned, see kv.h). */
 static void set_options(kv_db *d, const kv_opts *o) {
   size_t cache = o && o->block_cache_bytes ? o->block_cache_bytes : (32u << 20);
   size_t wbuf = o && o->write_buffer_bytes ? o->write_buffer_bytes : (16u << 20);
+  int lz4 = o && o->compression == KV_COMPRESSION_LZ4;
   d->opts = rocksdb_options_create();
   d->bbo = rocksdb_block_based_options_create();
-  d->cache = rocksdb_cache_create_lru(cache);
-  rocksdb_block_based_options_set_block_cache(d->bbo, d->cache);
-  rocksdb_block_based_options_set_cache_index_and_filter_blocks(d->bbo, 1);
-  rocksdb_block_based_options_set_pin_l0_filter_and_index_blocks_in_cache(d->bbo, 1);
+  /* Index and filter blocks stay with their table reader (RocksDB's default,
+   * cache_index_and_filter_blocks off): a read probes them with no cache
+   * lookup. Uncompressed blocks are read in place, so a block cache would
+   * hold nothing and cost a lookup a read: only lz4 tables, whose data
+   * blocks are decompressed into it, have one. */
+  if (lz4) {
+    d->cache = rocksdb_cache_create_lru(cache);
+    rocksdb_block_based_options_set_block_cache(d->bbo, d->cache);
+  } else {
+    rocksdb_block_based_options_set_no_block_cache(d->bbo, 1);
+  }
   rocksdb_block_based_options_set_filter_policy(d->bbo, rocksdb_filterpolicy_create_bloom_full(10));
   rocksdb_block_based_options_set_block_size(d->bbo, 4096);
   /* a hash index in each data block beside the binary search: a point
@@ -99,8 +107,6 @@ static void set_options(kv_db *d, const kv_opts *o) {
   rocksdb_block_based_options_set_data_block_index_type(
       d->bbo, rocksdb_block_based_table_data_block_index_type_binary_search_and_hash);
   rocksdb_block_based_options_set_data_block_hash_ratio(d->bbo, 0.75);
-  /* index and filter blocks ahead of data blocks in the cache */
-  rocksdb_block_based_options_set_cache_index_and_filter_blocks_with_high_priority(d->bbo, 1);
   rocksdb_block_based_options_set_checksum(d->bbo, 4); /* XXH3 (new files; any type reads) */
   rocksdb_options_set_block_based_table_factory(d->opts, d->bbo);
   rocksdb_options_set_create_if_missing(d->opts, !(o && o->read_only));
@@ -108,16 +114,13 @@ static void set_options(kv_db *d, const kv_opts *o) {
   rocksdb_options_set_db_write_buffer_size(d->opts, wbuf); /* the write buffer manager */
   rocksdb_options_set_write_buffer_size(d->opts, wbuf / 4 > (1u << 20) ? wbuf / 4 : (1u << 20));
   rocksdb_options_set_max_write_buffer_number(d->opts, 2);
-  rocksdb_options_set_compression(d->opts, o && o->compression == KV_COMPRESSION_LZ4
-                                               ? rocksdb_lz4_compression
-                                               : rocksdb_no_compression);
+  rocksdb_options_set_compression(d->opts, lz4 ? rocksdb_lz4_compression : rocksdb_no_compression);
   rocksdb_options_set_max_open_files(d->opts, -1); /* every table reader open: no table cache */
   rocksdb_options_set_allow_mmap_reads(d->opts, 1); /* blocks read in place, no pread and copy */
   /* a whole-key bloom filter per memtable: a lookup of a row the memtables
    * do not hold (most) skips their skip lists */
   rocksdb_options_set_memtable_whole_key_filtering(d->opts, 1);
   rocksdb_options_set_memtable_prefix_bloom_size_ratio(d->opts, 0.1);
-  if (o && o->statistics) rocksdb_options_enable_statistics(d->opts); /* kv_figures_get's hits */
   /* Compact a column family's L0 files into L1 at 8 of them, not 4: the
    * shard store overwrites rows all over the key range, so each L0 file
    * overlaps the whole of L1 and each L0->L1 compaction rewrites it; fewer
@@ -566,17 +569,6 @@ int kv_row_decode_w(const void *val, size_t len, int dim, int slen, int w, float
   return 0;
 }
 
-/* The value of ticker name ("rocksdb.block.cache.hit") in a statistics dump. */
-static uint64_t ticker(const char *dump, const char *name) {
-  size_t n = strlen(name);
-  for (const char *p = dump; p && (p = strstr(p, name)); p += n)
-    if ((p == dump || p[-1] == '\n') && p[n] == ' ') {
-      const char *c = strstr(p, "COUNT : ");
-      return c ? strtoull(c + 8, NULL, 10) : 0;
-    }
-  return 0;
-}
-
 int kv_figures_get(kv_db *d, kv_figures *out) {
   memset(out, 0, sizeof *out);
   for (int i = 0; i < d->n_all; i++) {
@@ -586,12 +578,10 @@ int kv_figures_get(kv_db *d, kv_figures *out) {
     v = 0;
     if (!rocksdb_property_int_cf(d->db, d->all[i], "rocksdb.estimate-pending-compaction-bytes", &v))
       out->pending_compaction_bytes += v;
+    v = 0;
+    if (!rocksdb_property_int_cf(d->db, d->all[i], "rocksdb.estimate-table-readers-mem", &v))
+      out->table_readers_bytes += v;
   }
-  char *dump = rocksdb_options_statistics_get_string(d->opts);
-  if (!dump) return 0;
-  out->block_cache_hits = ticker(dump, "rocksdb.block.cache.hit");
-  out->block_cache_misses = ticker(dump, "rocksdb.block.cache.miss");
-  rocksdb_free(dump);
   return 0;
 }
 

@@ -8,13 +8,18 @@
  *
  * Options (tuned for point lookups of float rows, not defaulted; why and
  * the figures: README.md, "The cold tier's RocksDB options"):
- *   - SST files read in place (mmap): a data block is used where the file
- *     is mapped (the OS page cache holds it), never copied into the block
- *     cache, so a read makes no pread and no copy; its checksum is still
- *     verified on every read;
- *   - an LRU block cache of block_cache_bytes for index and filter blocks
- *     (cache_index_and_filter_blocks, at high priority, L0 ones pinned);
- *     every table reader stays open (no table cache to look through);
+ *   - SST files read in place (mmap): a block is used where the file is
+ *     mapped (the OS page cache holds it), so a read makes no pread and no
+ *     copy; its checksum is still verified on every read;
+ *   - every table reader stays open (no table cache to look through) and
+ *     keeps its file's index and filter blocks itself, not in a cache: a
+ *     read probes them with no cache lookup. Read in place too, they cost
+ *     the heap a few KB a file (kv_figures.table_readers_bytes);
+ *   - no block cache for uncompressed tables (every block is read in
+ *     place: a cache would hold nothing and cost a lookup a read); lz4
+ *     tables have an LRU block cache of block_cache_bytes for their
+ *     decompressed data blocks, and their index blocks, compressed too,
+ *     decompressed onto the heap (under 1 byte a row);
  *   - whole-key bloom filters, 10 bits/key (point lookups of absent rows are
  *     the common miss: a never-written row), and one per memtable too, so a
  *     read skips the memtables that do not hold its row;
@@ -27,7 +32,8 @@
  *     L0->L1 compaction rewrites the whole of L1;
  *   - compression none by default: float rows barely compress with lz4 and
  *     lz4 costs read time (measured: see kv.c); KV_COMPRESSION_LZ4 opt-in;
- *   - WAL on (writes not synced per batch; a checkpoint flushes). */
+ *   - kv_writes skip the write-ahead log: rows are durable at a flush
+ *     (kv_flush, which a checkpoint makes). */
 #ifndef SHARDREC_STORAGE_KV_H
 #define SHARDREC_STORAGE_KV_H
 
@@ -39,12 +45,10 @@ typedef struct kv_db kv_db;
 typedef enum { KV_COMPRESSION_NONE = 0, KV_COMPRESSION_LZ4 = 1 } kv_compression;
 
 typedef struct kv_opts {
-  size_t block_cache_bytes;  /* 0: 32 MiB */
+  size_t block_cache_bytes;  /* lz4 tables' block cache; 0: 32 MiB */
   size_t write_buffer_bytes; /* all memtables together; 0: 16 MiB */
   kv_compression compression;
   int read_only;             /* open an existing database read-only */
-  int statistics;            /* keep RocksDB's statistics (the block cache's hits and
-                                misses of kv_figures_get; a small cost on every read) */
 } kv_opts;
 
 /* Open (create when missing, unless read_only) the database at path with one
@@ -82,12 +86,12 @@ int kv_reader_get_sorted_cf(kv_reader *r, kv_db *d, int cf, size_t n, const uint
 void kv_reader_release(kv_reader *r);
 void kv_reader_destroy(kv_reader *r);
 
-/* Figures for monitoring (rpc/service_metrics.c): SST bytes and the
- * estimated bytes compaction still has to rewrite, over every column
- * family; the block cache's hits and misses since the database was opened
- * (RocksDB's statistics: data blocks, read in place, count as misses). Always 0. */
+/* Figures over every column family: SST bytes and the estimated bytes
+ * compaction still has to rewrite (for monitoring, rpc/service_metrics.c),
+ * and the heap the open table readers hold (with their index and filter
+ * blocks when those are not read in place). Always 0. */
 typedef struct kv_figures {
-  uint64_t sst_bytes, pending_compaction_bytes, block_cache_hits, block_cache_misses;
+  uint64_t sst_bytes, pending_compaction_bytes, table_readers_bytes;
 } kv_figures;
 int kv_figures_get(kv_db *db, kv_figures *out);
 /* RocksDB's estimate of the keys in family cf (0 when it has none). */

@@ -352,7 +352,6 @@ int cmd_serve(int argc, char **argv) {
   if (rc) return rc < 0 ? 0 : rc;
   char err[1024];
   emb_served sv;
-  f.so.statistics = f.watch.metrics_addr != NULL; /* RocksDB figures for /metrics only */
   if (emb_served_open(&f.so, &sv, err, sizeof err)) {
     static const char *const flag[] = {"", "--plan ", "--checkpoint: ", "--shard ", "--restore "};
     fprintf(stderr, "shardrec serve: %s%s\n", flag[sv.failed], err);

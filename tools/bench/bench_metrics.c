@@ -70,7 +70,7 @@ static int server_open(server *s, const char *dir, char *err, size_t errlen) {
   emb_plan_params pp = {.n_tables = 26, .rows = rows, .dim = 16, .seed = 1, .n_shards = 1,
                         .optim = {.kind = EMB_OPT_ADAGRAD, .eps = -1}};
   if (emb_plan_create(&pp, &s->plan, err, errlen)) return -1;
-  emb_shard_config cfg = {.cache_rows = 20000, .statistics = 1};
+  emb_shard_config cfg = {.cache_rows = 20000};
   if (!(s->store = emb_store_create_shard(s->plan, dir, &cfg, err, errlen))) return -1;
   if (!(s->reg = metrics_registry_create()) || metrics_process_add(s->reg, err, errlen) ||
       !(s->sm = rpc_service_metrics_add(s->reg, err, errlen)))
