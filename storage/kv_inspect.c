@@ -123,7 +123,7 @@ static void inspect_db(report *r, const char *path, const char *name) {
     fail(r, SR_EIO, e);
     return;
   }
-  kv_opts so = {.read_only = 1, .block_cache_bytes = 8 << 20};
+  kv_opts so = {.read_only = 1};
   kv_db *db;
   if (kv_open(path, n, ids, &so, &db, e, sizeof e)) {
     fail(r, SR_EIO, e);

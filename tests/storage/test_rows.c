@@ -104,7 +104,7 @@ START_TEST(test_db_roundtrip) {
   snprintf(ck, sizeof ck, "%s/ck", dir);
   uint32_t ids[2] = {7, 3};
   kv_db *db;
-  kv_opts o = {.block_cache_bytes = 1 << 20, .write_buffer_bytes = 1 << 20};
+  kv_opts o = {.write_buffer_bytes = 1 << 20};
   ck_assert_int_eq(kv_open(path, 2, ids, &o, &db, err, sizeof err), 0);
   ck_assert_int_eq(kv_cf_index(db, 3), 1);
   ck_assert_int_eq(kv_cf_index(db, 9), -1);
