@@ -11,6 +11,14 @@
 
 #include "rpc/tls.h"
 
+/* The size a connection's TCP reads start at, both sides
+ * (GRPC_ARG_TCP_READ_CHUNK_SIZE; gRPC 1.51 starts at 8 KiB and then sizes
+ * each read by how full the last ones came back). Lookups and Pushes carry
+ * hundreds of KB to a few MB: 256 KiB took a dim-16 Push from 408 to 341
+ * us a step and a Lookup from 289 to 230 (medians of 8 alternated rounds,
+ * docs/DESIGN.md). */
+#define RPC_TCP_READ_CHUNK (256 << 10)
+
 /* Copy a received byte buffer (maybe several slices, maybe compressed) into
  * a malloc'd array. Returns 0, or -1 when out of memory. NULL bb: empty. */
 int rpc__bb_read(grpc_byte_buffer *bb, uint8_t **out, size_t *len);

@@ -509,7 +509,7 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
                    size_t errlen) {
   int threads = o->threads > 0 ? o->threads : 1;
   int maxmsg = o->max_message_bytes > 0 ? o->max_message_bytes : 64 << 20;
-  grpc_arg args[3];
+  grpc_arg args[4];
   args[0].type = GRPC_ARG_INTEGER;
   args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
   args[0].value.integer = maxmsg;
@@ -519,7 +519,10 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
   args[2].type = GRPC_ARG_INTEGER;
   args[2].key = "grpc.so_reuseport";
   args[2].value.integer = 0;
-  grpc_channel_args cargs = {3, args};
+  args[3].type = GRPC_ARG_INTEGER;
+  args[3].key = GRPC_ARG_TCP_READ_CHUNK_SIZE;
+  args[3].value.integer = RPC_TCP_READ_CHUNK;
+  grpc_channel_args cargs = {4, args};
 
   server_state st;
   memset(&st, 0, sizeof st);
