@@ -769,6 +769,7 @@ int emb_shard_kv_figures_get(emb_store *b, kv_figures *out) {
     if (!s->db[k] || kv_figures_get(s->db[k], &f)) continue;
     sum.sst_bytes += f.sst_bytes;
     sum.pending_compaction_bytes += f.pending_compaction_bytes;
+    sum.table_readers_bytes += f.table_readers_bytes;
   }
   *out = sum;
   return 0;

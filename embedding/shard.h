@@ -36,9 +36,11 @@
  * Memory: the slab (cache_rows x (dim + state) floats), the map (2x
  * cache_rows 8-byte entries), the write-back buffers and their index (a
  * fixed 4 MiB plus about 0.5 MiB, EMB_SHARD_WB_*), prefetch pin lists (4
- * bytes a pinned row), RocksDB's memtables, and per-batch scratch. Nothing
- * proportional to a table's size: RocksDB's files, index and filter blocks
- * included, are read in place from the OS page cache (kv.h).
+ * bytes a pinned row), RocksDB's memtables (and with lz4, a block cache of
+ * block_cache_bytes), and per-batch scratch. Nothing proportional to a
+ * table's size: uncompressed files, index and filter blocks included, are
+ * read in place from the OS page cache (kv.h; lz4 tables' index blocks are
+ * decompressed onto the heap, under a byte a row).
  *
  * checkpoint(path) (EMB_CKPT_SHARD_FOLDERS): writes dirty rows back, then a
  * RocksDB checkpoint of each hosted shard into path/shard-K, nothing else
@@ -93,11 +95,12 @@ typedef struct emb_shard_config {
  * (one job per (database, table), at most 1024 rows each, batched
  * MultiGet straight into the cache slots) and write evicted dirty rows back
  * (WriteBatches, one buffer at a time, in order). 2 by default: a
- * MultiGet of rows in the block cache is CPU work, so threads beyond the
- * cores only queue; on the 2-core machines here two threads plus the
- * caller (which runs queued work whenever it waits) keep both cores busy
- * during a lookup, and while the dense step computes the prefetch reads
- * take what the dense pool leaves (DESIGN.md, "Who owns the cores"). */
+ * MultiGet of rows in the OS page cache (read in place) is CPU work, so
+ * threads beyond the cores only queue; on the 2-core machines here two
+ * threads plus the caller (which runs queued work whenever it waits) keep
+ * both cores busy during a lookup, and while the dense step computes the
+ * prefetch reads take what the dense pool leaves (DESIGN.md, "Who owns
+ * the cores"). */
 #define EMB_SHARD_DEFAULT_THREADS 2
 /* Write-back memory, fixed whatever the cache: EMB_SHARD_WB_BUFFERS buffers
  * of EMB_SHARD_WB_BYTES (4 MiB in all) of encoded rows, plus their index

@@ -16,10 +16,11 @@
  *     read probes them with no cache lookup. Read in place too, they cost
  *     the heap a few KB a file (kv_figures.table_readers_bytes);
  *   - no block cache for uncompressed tables (every block is read in
- *     place: a cache would hold nothing and cost a lookup a read); lz4
- *     tables have an LRU block cache of block_cache_bytes for their
- *     decompressed data blocks, and their index blocks, compressed too,
- *     decompressed onto the heap (under 1 byte a row);
+ *     place: a cache would hold nothing and cost a lookup a read); a
+ *     database opened with KV_COMPRESSION_LZ4 has an LRU block cache of
+ *     block_cache_bytes for its tables' decompressed data blocks, and their
+ *     index blocks, compressed too, decompressed onto the heap (under 1
+ *     byte a row);
  *   - whole-key bloom filters, 10 bits/key (point lookups of absent rows are
  *     the common miss: a never-written row), and one per memtable too, so a
  *     read skips the memtables that do not hold its row;

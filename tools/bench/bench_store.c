@@ -279,10 +279,11 @@ static int load_db(bs *b) {
 }
 
 /* The shard store over the database, and beside it a read-only handle for
- * raw MultiGet (same block cache size); passes alternate raw and shard so
+ * raw MultiGet (the same kv options); passes alternate raw and shard so
  * both see the same machine. Misses: the raw baseline's batches, in the
  * same order; with more ids than the cache holds, each comes back evicted
- * (the hit rate shows it). Pass -1 warms both block caches. 0 or -1. */
+ * (the hit rate shows it). Pass -1 warms the page cache (and, with lz4,
+ * both block caches). 0 or -1. */
 static int measure_miss(bs *b) {
   long long nb = b->nb, batch = b->batch, dim = b->dim;
   emb_shard_config cfg = {.cache_rows = (uint64_t)b->cache_rows, .block_cache_bytes = b->block_cache,
