@@ -84,7 +84,6 @@ int kv_list_tables(const char *path, uint32_t **ids, int *n, char *err, size_t e
 
 /* The options of d (tuned, see kv.h). */
 static void set_options(kv_db *d, const kv_opts *o) {
-  size_t cache = o && o->block_cache_bytes ? o->block_cache_bytes : (32u << 20);
   size_t wbuf = o && o->write_buffer_bytes ? o->write_buffer_bytes : (16u << 20);
   int lz4 = o && o->compression == KV_COMPRESSION_LZ4;
   d->opts = rocksdb_options_create();
@@ -95,7 +94,7 @@ static void set_options(kv_db *d, const kv_opts *o) {
    * hold nothing and cost a lookup a read: only lz4 tables, whose data
    * blocks are decompressed into it, have one. */
   if (lz4) {
-    d->cache = rocksdb_cache_create_lru(cache);
+    d->cache = rocksdb_cache_create_lru(o->block_cache_bytes ? o->block_cache_bytes : (32u << 20));
     rocksdb_block_based_options_set_block_cache(d->bbo, d->cache);
   } else {
     rocksdb_block_based_options_set_no_block_cache(d->bbo, 1);
@@ -453,10 +452,14 @@ void kv_iter_destroy(kv_iter *it) {
   free(it);
 }
 
-uint64_t kv_property(kv_db *d, int cf, const char *name) {
+/* Integer property name of column family cf, 0 when RocksDB has none. */
+static uint64_t cf_property(kv_db *d, rocksdb_column_family_handle_t *cf, const char *name) {
   uint64_t v = 0;
-  if (rocksdb_property_int_cf(d->db, d->cf[cf], name, &v)) return 0;
-  return v;
+  return rocksdb_property_int_cf(d->db, cf, name, &v) ? 0 : v;
+}
+
+uint64_t kv_property(kv_db *d, int cf, const char *name) {
+  return cf_property(d, d->cf[cf], name);
 }
 
 /* ---- rows ---- */
@@ -572,22 +575,14 @@ int kv_row_decode_w(const void *val, size_t len, int dim, int slen, int w, float
 int kv_figures_get(kv_db *d, kv_figures *out) {
   memset(out, 0, sizeof *out);
   for (int i = 0; i < d->n_all; i++) {
-    uint64_t v = 0;
-    if (!rocksdb_property_int_cf(d->db, d->all[i], "rocksdb.total-sst-files-size", &v))
-      out->sst_bytes += v;
-    v = 0;
-    if (!rocksdb_property_int_cf(d->db, d->all[i], "rocksdb.estimate-pending-compaction-bytes", &v))
-      out->pending_compaction_bytes += v;
-    v = 0;
-    if (!rocksdb_property_int_cf(d->db, d->all[i], "rocksdb.estimate-table-readers-mem", &v))
-      out->table_readers_bytes += v;
+    out->sst_bytes += cf_property(d, d->all[i], "rocksdb.total-sst-files-size");
+    out->pending_compaction_bytes +=
+        cf_property(d, d->all[i], "rocksdb.estimate-pending-compaction-bytes");
+    out->table_readers_bytes += cf_property(d, d->all[i], "rocksdb.estimate-table-readers-mem");
   }
   return 0;
 }
 
 uint64_t kv_estimate_rows(kv_db *d, int cf) {
-  uint64_t v = 0;
-  if (cf < 0 || cf >= d->n || rocksdb_property_int_cf(d->db, d->cf[cf], "rocksdb.estimate-num-keys", &v))
-    return 0;
-  return v;
+  return cf < 0 || cf >= d->n ? 0 : kv_property(d, cf, "rocksdb.estimate-num-keys");
 }

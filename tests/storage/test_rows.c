@@ -194,10 +194,11 @@ START_TEST(test_db_figures) {
     ck_assert_int_eq(kv_open(path, 2, ids, &o, &db, err, sizeof err), 0);
     float v[16] = {0};
     kv_figures f[3];
+    static const uint64_t from[2] = {0, 1000}, to[2] = {1000, 11000};
     for (int pass = 0; pass < 2; pass++) {
       kv_writes *w = kv_writes_create();
       ck_assert_ptr_nonnull(w);
-      for (uint64_t k = pass ? 1000 : 0; k < (pass ? 11000u : 1000u); k++) {
+      for (uint64_t k = from[pass]; k < to[pass]; k++) {
         v[0] = (float)k;
         kv_writes_put(w, db, 1, k, v, sizeof v);
       }
