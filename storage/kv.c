@@ -6,12 +6,16 @@
  * none. */
 #include "storage/kv.h"
 
+#include <dirent.h>
 #include <rocksdb/c.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include "common/fs.h"
 #include "common/half.h"
 #include "common/status.h"
 #include "storage/rocks_impl.h"
@@ -43,6 +47,8 @@ struct kv_db {
   uint32_t *ids;                        /* [n] */
   rocksdb_column_family_handle_t **cf;  /* [n] the asked-for ones */
   rocksdb_column_family_handle_t **all; /* [n_all] */
+  atomic_uint ingests;                  /* kv_ingest files begun: their names */
+  char path[SR_PATH_MAX];
 };
 
 
@@ -154,6 +160,21 @@ static int cf_names(int n, const uint32_t *table_ids, const uint32_t *have, int 
   return 0;
 }
 
+/* The files of ingestions a crash cut short (kv_ingest: ingest-N.sst in
+ * the database's folder; RocksDB's own files are named otherwise). */
+static void ingest_leftovers_remove(const char *path) {
+  DIR *dir = opendir(path);
+  if (!dir) return;
+  struct dirent *de;
+  while ((de = readdir(dir))) {
+    size_t l = strlen(de->d_name);
+    if (strncmp(de->d_name, "ingest-", 7) || l < 11 || strcmp(de->d_name + l - 4, ".sst")) continue;
+    char f[SR_PATH_MAX];
+    if (snprintf(f, sizeof f, "%s/%s", path, de->d_name) < (int)sizeof f) unlink(f);
+  }
+  closedir(dir);
+}
+
 int kv_open(const char *path, int n, const uint32_t *table_ids, const kv_opts *o,
                kv_db **out, char *err, size_t errlen) {
   *out = NULL;
@@ -169,6 +190,7 @@ int kv_open(const char *path, int n, const uint32_t *table_ids, const kv_opts *o
   d->cf = calloc((size_t)(n ? n : 1), sizeof *d->cf);
   if (!d->ids || !d->cf) goto oom;
   memcpy(d->ids, table_ids, (size_t)n * sizeof *d->ids);
+  if ((rc = sr_path_err(d->path, sizeof d->path, err, errlen, "%s", path))) goto out;
   set_options(d, o);
   int n_have = 0;
   struct stat st;
@@ -201,6 +223,7 @@ int kv_open(const char *path, int n, const uint32_t *table_ids, const kv_opts *o
     goto out;
   }
   RCHECK(e, path);
+  if (!(o && o->read_only)) ingest_leftovers_remove(path);
   for (int i = 0; i < n; i++) d->cf[i] = d->all[1 + i];
   d->ro = rocksdb_readoptions_create();
   rocksdb_readoptions_set_verify_checksums(d->ro, 1);
@@ -391,6 +414,106 @@ void kv_writes_delete(kv_writes *w, kv_db *d, int cf, uint64_t key) {
 
 int kv_writes_commit(kv_writes *w, kv_db *d, char *err, size_t errlen) {
   return batch_write(d, d->wo_nowal, w->wb, err, errlen);
+}
+
+struct kv_ingest {
+  rocksdb_envoptions_t *env;
+  rocksdb_ingestexternalfileoptions_t *io;
+  rocksdb_sstfilewriter_t *w; /* between begin and commit */
+  kv_db *d;
+  int cf;
+  uint64_t rows, last;
+  char path[SR_PATH_MAX];
+};
+
+kv_ingest *kv_ingest_create(void) {
+  kv_ingest *g = calloc(1, sizeof *g);
+  if (!g) return NULL;
+  g->env = rocksdb_envoptions_create();
+  g->io = rocksdb_ingestexternalfileoptions_create();
+  if (!g->env || !g->io) {
+    kv_ingest_destroy(g);
+    return NULL;
+  }
+  /* moved (hard-linked) into place; given a sequence number after every
+   * write before it; a memtable that overlaps the file is flushed first */
+  rocksdb_ingestexternalfileoptions_set_move_files(g->io, 1);
+  rocksdb_ingestexternalfileoptions_set_allow_global_seqno(g->io, 1);
+  rocksdb_ingestexternalfileoptions_set_allow_blocking_flush(g->io, 1);
+  return g;
+}
+
+void kv_ingest_abort(kv_ingest *g) {
+  if (!g->w) return;
+  rocksdb_sstfilewriter_destroy(g->w);
+  g->w = NULL;
+  unlink(g->path);
+}
+
+void kv_ingest_destroy(kv_ingest *g) {
+  if (!g) return;
+  kv_ingest_abort(g);
+  if (g->io) rocksdb_ingestexternalfileoptions_destroy(g->io);
+  if (g->env) rocksdb_envoptions_destroy(g->env);
+  free(g);
+}
+
+int kv_ingest_begin(kv_ingest *g, kv_db *d, int cf, char *err, size_t errlen) {
+  kv_ingest_abort(g);
+  int rc = sr_path_err(g->path, sizeof g->path, err, errlen, "%s/ingest-%u.sst", d->path,
+                       atomic_fetch_add(&d->ingests, 1u));
+  if (rc) return rc;
+  char *e = NULL;
+  g->d = d;
+  g->cf = cf;
+  g->rows = 0;
+  /* the database's options: its table format and bloom filters */
+  if (!(g->w = rocksdb_sstfilewriter_create(g->env, d->opts))) {
+    sr_fmt(err, errlen, "%s: out of memory", g->path);
+    return SR_ENOMEM;
+  }
+  rocksdb_sstfilewriter_open(g->w, g->path, &e);
+  RCHECK(e, g->path);
+out:
+  if (rc) kv_ingest_abort(g);
+  return rc;
+}
+
+int kv_ingest_put(kv_ingest *g, uint64_t key, const void *val, size_t len, char *err,
+                  size_t errlen) {
+  if (g->rows && key <= g->last) {
+    sr_fmt(err, errlen, "%s: row %llu after row %llu: keys must ascend", g->path,
+           (unsigned long long)key, (unsigned long long)g->last);
+    kv_ingest_abort(g);
+    return SR_EINVAL;
+  }
+  int rc = 0;
+  char *e = NULL, k[8];
+  put_be64(k, key);
+  rocksdb_sstfilewriter_put(g->w, k, 8, val, len, &e);
+  RCHECK(e, g->path);
+  g->rows++;
+  g->last = key;
+out:
+  if (rc) kv_ingest_abort(g);
+  return rc;
+}
+
+int kv_ingest_commit(kv_ingest *g, char *err, size_t errlen) {
+  int rc = 0;
+  char *e = NULL;
+  if (!g->rows) { /* RocksDB refuses an empty file: nothing to ingest */
+    kv_ingest_abort(g);
+    return 0;
+  }
+  rocksdb_sstfilewriter_finish(g->w, &e);
+  RCHECK(e, g->path);
+  const char *files[1] = {g->path};
+  rocksdb_ingest_external_file_cf(g->d->db, g->d->cf[g->cf], files, 1, g->io, &e);
+  RCHECK(e, g->path);
+out:
+  kv_ingest_abort(g); /* the writer; the file, when it was not moved */
+  return rc;
 }
 
 int kv_flush(kv_db *d, char *err, size_t errlen) {

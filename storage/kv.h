@@ -34,7 +34,10 @@
  *   - compression none by default: float rows barely compress with lz4 and
  *     lz4 costs read time (measured: see kv.c); KV_COMPRESSION_LZ4 opt-in;
  *   - kv_writes skip the write-ahead log: rows are durable at a flush
- *     (kv_flush, which a checkpoint makes). */
+ *     (kv_flush, which a checkpoint makes);
+ *   - large sorted runs (the shard store's write-backs) skip the memtable:
+ *     kv_ingest writes them as an SST file with these options and ingests
+ *     it, durable at once. */
 #ifndef SHARDREC_STORAGE_KV_H
 #define SHARDREC_STORAGE_KV_H
 
@@ -118,6 +121,30 @@ void kv_writes_put(kv_writes *w, kv_db *db, int cf, uint64_t key, const void *va
 void kv_writes_delete(kv_writes *w, kv_db *db, int cf, uint64_t key);
 int kv_writes_commit(kv_writes *w, kv_db *db, char *err, size_t errlen);
 void kv_writes_destroy(kv_writes *w);
+
+/* Ingestion: sorted rows of one column family written as one SST file (the
+ * database's own table options: bloom filters, block format) and moved into
+ * the database by IngestExternalFile, no memtable on the way. For large
+ * sorted runs (the shard store's write-backs): a memtable insert is a skip
+ * list walk a row, and the flush after it writes the same file. Keys must be
+ * strictly ascending between begin and commit (SR_EINVAL names both keys
+ * otherwise). A commit makes the rows durable (the file and RocksDB's
+ * manifest are synced) and visible to every later read; rows of the same
+ * keys written before (memtable or file) are overwritten (a memtable
+ * holding keys within the file's range is flushed first). The file is
+ * written into the database's folder as ingest-N.sst and is gone after a
+ * commit or an abort (kv_open removes any a crash left). One writer per
+ * handle; several handles may ingest into one database. create: NULL when
+ * out of memory; destroy NULL-safe (aborts an open file). 0 or SR_EIO /
+ * SR_EINVAL / SR_ENOMEM. */
+typedef struct kv_ingest kv_ingest;
+kv_ingest *kv_ingest_create(void);
+int kv_ingest_begin(kv_ingest *g, kv_db *db, int cf, char *err, size_t errlen);
+int kv_ingest_put(kv_ingest *g, uint64_t key, const void *val, size_t len, char *err,
+                  size_t errlen);
+int kv_ingest_commit(kv_ingest *g, char *err, size_t errlen);
+void kv_ingest_abort(kv_ingest *g);
+void kv_ingest_destroy(kv_ingest *g);
 
 /* Flush memtables to SST files. */
 int kv_flush(kv_db *db, char *err, size_t errlen);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/fs.h"
@@ -291,6 +292,126 @@ START_TEST(test_sorted_multiget) {
 }
 END_TEST
 
+/* The value {key, tag} of row k of family cf, or tag -1 when absent. */
+static float ingest_tag(kv_db *db, int cf, uint64_t k) {
+  char err[512];
+  const char *v;
+  size_t l;
+  kv_reader *rd = kv_reader_create();
+  ck_assert_int_eq(kv_reader_get_cf(rd, db, cf, 1, &k, &v, &l, err, sizeof err), 0);
+  float f[2] = {0, -1};
+  if (v) {
+    ck_assert_uint_eq(l, sizeof f);
+    memcpy(f, v, sizeof f);
+    ck_assert(f[0] == (float)k);
+  }
+  kv_reader_destroy(rd);
+  return f[1];
+}
+
+/* Rows [lo, hi) of family cf ingested with tag (their value {k, tag}). */
+static void ingest_rows(kv_ingest *g, kv_db *db, int cf, uint64_t lo, uint64_t hi, float tag) {
+  char err[512];
+  ck_assert_int_eq(kv_ingest_begin(g, db, cf, err, sizeof err), 0);
+  for (uint64_t k = lo; k < hi; k++) {
+    float v[2] = {(float)k, tag};
+    ck_assert_int_eq(kv_ingest_put(g, k, v, sizeof v, err, sizeof err), 0);
+  }
+  ck_assert_msg(kv_ingest_commit(g, err, sizeof err) == 0, "%s", err);
+}
+
+/* Files named ingest-*.sst in path. */
+static int ingest_files(const char *path) {
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "ls %s | grep -c '^ingest-' || true", path);
+  FILE *f = popen(cmd, "r");
+  int n = -1;
+  ck_assert_int_eq(fscanf(f, "%d", &n), 1);
+  pclose(f);
+  return n;
+}
+
+/* kv_ingest: ingested rows overwrite older memtable rows and are
+ * overwritten by newer writes, whichever the path; keys out of order are
+ * refused, naming both, and leave no file; the rows are durable without a
+ * flush (a child that _exits after the ingest); a file a crash left is
+ * removed at the next open. */
+START_TEST(test_ingest) {
+  char *dir = tmpdir_make("kv");
+  char path[256], err[512];
+  snprintf(path, sizeof path, "%s/db", dir);
+  uint32_t ids[2] = {1, 2};
+  kv_db *db;
+  ck_assert_int_eq(kv_open(path, 2, ids, NULL, &db, err, sizeof err), 0);
+  kv_writes *w = kv_writes_create();
+  for (uint64_t k = 0; k < 100; k++) {
+    float v[2] = {(float)k, 1};
+    kv_writes_put(w, db, 0, k, v, sizeof v);
+  }
+  ck_assert_int_eq(kv_writes_commit(w, db, err, sizeof err), 0);
+  kv_ingest *g = kv_ingest_create();
+  ck_assert_ptr_nonnull(g);
+  ingest_rows(g, db, 0, 50, 150, 2); /* over the memtable's rows 50..99 */
+  ck_assert(ingest_tag(db, 0, 49) == 1);
+  ck_assert(ingest_tag(db, 0, 50) == 2);
+  ck_assert(ingest_tag(db, 0, 149) == 2);
+  ck_assert(ingest_tag(db, 0, 150) == -1);
+  ck_assert(ingest_tag(db, 1, 60) == -1); /* the other family */
+  kv_writes_delete(w, db, 0, 60);
+  ck_assert_int_eq(kv_writes_commit(w, db, err, sizeof err), 0);
+  ck_assert(ingest_tag(db, 0, 60) == -1);
+  ingest_rows(g, db, 0, 60, 61, 3);
+  ck_assert(ingest_tag(db, 0, 60) == 3);
+  /* out of order: refused, named, no file left */
+  float v[2] = {7, 4};
+  ck_assert_int_eq(kv_ingest_begin(g, db, 1, err, sizeof err), 0);
+  ck_assert_int_eq(kv_ingest_put(g, 7, v, sizeof v, err, sizeof err), 0);
+  ck_assert_int_eq(kv_ingest_put(g, 7, v, sizeof v, err, sizeof err), SR_EINVAL);
+  ck_assert_msg(strstr(err, "row 7 after row 7") && strstr(err, "ascend"), "%s", err);
+  ck_assert_int_eq(ingest_files(path), 0);
+  ck_assert(ingest_tag(db, 1, 7) == -1);
+  /* nothing put: nothing ingested */
+  ck_assert_int_eq(kv_ingest_begin(g, db, 1, err, sizeof err), 0);
+  ck_assert_int_eq(kv_ingest_commit(g, err, sizeof err), 0);
+  ck_assert_int_eq(ingest_files(path), 0);
+  kv_writes_destroy(w);
+  kv_close(db);
+  /* durable at the ingest: a child ingests and _exits without a close */
+  pid_t pid = fork();
+  if (pid == 0) {
+    kv_db *c;
+    if (kv_open(path, 2, ids, NULL, &c, err, sizeof err)) _exit(2);
+    kv_ingest *cg = kv_ingest_create();
+    if (kv_ingest_begin(cg, c, 1, err, sizeof err)) _exit(3);
+    for (uint64_t k = 1000; k < 1100; k++) {
+      float cv[2] = {(float)k, 5};
+      if (kv_ingest_put(cg, k, cv, sizeof cv, err, sizeof err)) _exit(4);
+    }
+    if (kv_ingest_commit(cg, err, sizeof err)) _exit(5);
+    _exit(0);
+  }
+  int st;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  /* a file a crash left mid-write */
+  char left[300];
+  snprintf(left, sizeof left, "%s/ingest-99.sst", path);
+  FILE *f = fopen(left, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs("torn", f);
+  fclose(f);
+  ck_assert_int_eq(kv_open(path, 2, ids, NULL, &db, err, sizeof err), 0);
+  ck_assert_int_eq(ingest_files(path), 0);
+  ck_assert(ingest_tag(db, 1, 1000) == 5);
+  ck_assert(ingest_tag(db, 1, 1099) == 5);
+  ck_assert(ingest_tag(db, 0, 149) == 2);
+  kv_ingest_destroy(g);
+  kv_close(db);
+  ck_assert_int_eq(sr_rmtree(dir), 0);
+  free(dir);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("storage");
   TCase *tc = tcase_create("kv");
@@ -301,6 +422,7 @@ int main(void) {
   tcase_add_test(tc, test_db_roundtrip);
   tcase_add_test(tc, test_db_figures);
   tcase_add_test(tc, test_sorted_multiget);
+  tcase_add_test(tc, test_ingest);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
