@@ -274,7 +274,6 @@ static int sh_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, flo
     }
   }
   if (!rc) rc = lookup_flush_misses(s, &nm, out);
-  shard__wbuf_submit(s);
   s->ctr.caller_ns += caller_cpu_mark(s) - cpu0;
   if (!rc) {
     s->st.lookups += total;
@@ -345,8 +344,9 @@ int emb_shard_mark_clean(emb_store *b) {
   shstore *s = (shstore *)b;
   int rc = sh_flush(b);
   if (rc || s->unclean) return rc; /* a crash's rows stay unmarked until a restore */
-  /* Write-backs skip the write-ahead log (kv_writes): on disk only once
-   * the memtables are flushed, which the mark must follow. */
+  /* Write-backs are on disk once ingested (sh_flush), but removals and
+   * delta rows skip the write-ahead log (kv_writes): on disk only once the
+   * memtables are flushed, which the mark must follow. */
   for (int k = 0; k < s->n_db; k++)
     if ((rc = kv_flush(s->db[k], s->err, sizeof s->err))) return rc;
   /* Rows removed since the last compaction: their space back now (a
@@ -444,7 +444,6 @@ static int sh_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
   int rc = shard__call_begin(s, step);
   if (!rc) rc = push_apply(s, step, lr, ids, grads);
   shard__prefetch_release(s, step, 1);
-  shard__wbuf_submit(s);
   s->ctr.caller_ns += caller_cpu_mark(s) - cpu0;
   return rc;
 }
@@ -860,11 +859,13 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
     s->shard_db[sh] = k;
   }
   s->sopts.block_cache_bytes = cfg->block_cache_bytes;
-  s->sopts.write_buffer_bytes = cfg->write_buffer_bytes;
   s->sopts.compression = cfg->lz4 ? KV_COMPRESSION_LZ4 : KV_COMPRESSION_NONE;
   s->pf_limit = s->cap - s->chunk - 1;
-  if (shard__pool_create(s, cfg->threads ? (cfg->threads < 0 ? 0 : cfg->threads)
-                                  : EMB_SHARD_DEFAULT_THREADS))
+  if (shard__pool_create(s,
+                         cfg->threads ? (cfg->threads < 0 ? 0 : cfg->threads)
+                                      : EMB_SHARD_DEFAULT_THREADS,
+                         cfg->write_buffer_bytes ? cfg->write_buffer_bytes
+                                                 : EMB_SHARD_WB_DEFAULT_BYTES))
     goto nomem;
   uint8_t *existed = calloc((size_t)s->n_db, 1);
   if (!existed) goto nomem;

@@ -23,9 +23,11 @@
  *   steps still works: the prefetch stops there and the lookup reads the
  *   rest. A prefetched row is read from where its latest value is (the
  *   cache, a pending write-back, RocksDB): exact, see shard_impl.h's top.
- * - Eviction drops clean rows; dirty ones are encoded into a write buffer
- *   that a store thread writes in a WriteBatch, off the caller's path (the
- *   caller waits only when every buffer is in use). With cache_rows above
+ * - Eviction drops clean rows; dirty ones are encoded into a write buffer,
+ *   and a store thread writes a set of full buffers as sorted SST files,
+ *   ingested, off the caller's path (the caller waits only when every
+ *   buffer is in use). Rows written back and not yet ingested are read
+ *   from their buffers. With cache_rows above
  *   the rows touched nothing is written until flush or checkpoint.
  * - Work is done in chunks of at most cache_rows / 2 rows whose slots are
  *   pinned while in use, so a batch larger than the cache still runs.
@@ -35,12 +37,13 @@
  *
  * Memory: the slab (cache_rows x (dim + state) floats), the map (2x
  * cache_rows 8-byte entries), the write-back buffers and their index (a
- * fixed 4 MiB plus about 0.5 MiB, EMB_SHARD_WB_*), prefetch pin lists (4
- * bytes a pinned row), RocksDB's memtables (and with lz4, a block cache of
- * block_cache_bytes), and per-batch scratch. Nothing proportional to a
- * table's size: uncompressed files, index and filter blocks included, are
- * read in place from the OS page cache (kv.h; lz4 tables' index blocks are
- * decompressed onto the heap, under a byte a row).
+ * fixed 16 MiB plus about 4.5 MiB by default, EMB_SHARD_WB_*), prefetch pin
+ * lists (4 bytes a pinned row), RocksDB's memtables (removals and delta
+ * rows only; and with lz4, a block cache of block_cache_bytes), and
+ * per-batch scratch. Nothing proportional to a table's size: uncompressed
+ * files, index and filter blocks included, are read in place from the OS
+ * page cache (kv.h; lz4 tables' index blocks are decompressed onto the
+ * heap, under a byte a row).
  *
  * checkpoint(path) (EMB_CKPT_SHARD_FOLDERS): writes dirty rows back, then a
  * RocksDB checkpoint of each hosted shard into path/shard-K, nothing else
@@ -83,7 +86,8 @@ typedef struct emb_shard_config {
   uint64_t cache_mb;        /* cache size in MiB (slab + map) when cache_rows is 0
                                (both 0: EMB_SHARD_DEFAULT_CACHE_MB) */
   size_t block_cache_bytes; /* RocksDB block cache of lz4 tables (0: 32 MiB) */
-  size_t write_buffer_bytes;/* RocksDB memtables, all families (0: 16 MiB) */
+  size_t write_buffer_bytes;/* the write-back buffers, all of them: rows written back, not
+                               yet in RocksDB (0: EMB_SHARD_WB_DEFAULT_BYTES) */
   int lz4;                  /* compress SST blocks with lz4 (default none) */
   int n_hosted;             /* 0: every shard of the plan; else hosted[n_hosted] */
   const int *hosted;        /* shard indices hosted here (borrowed; copied) */
@@ -94,7 +98,8 @@ typedef struct emb_shard_config {
 /* Store threads, made at create and joined at destroy: they read misses
  * (one job per (database, table), at most 1024 rows each, batched
  * MultiGet straight into the cache slots) and write evicted dirty rows back
- * (WriteBatches, one buffer at a time, in order). 2 by default: a
+ * (write sets of buffers, ingested as SST files, one set at a time, in
+ * order). 2 by default: a
  * MultiGet of rows in the OS page cache (read in place) is CPU work, so
  * threads beyond the cores only queue; on the 2-core machines here two
  * threads plus the caller (which runs queued work whenever it waits) keep
@@ -103,13 +108,17 @@ typedef struct emb_shard_config {
  * the cores"). */
 #define EMB_SHARD_DEFAULT_THREADS 2
 /* Write-back memory, fixed whatever the cache: EMB_SHARD_WB_BUFFERS buffers
- * of EMB_SHARD_WB_BYTES (4 MiB in all) of encoded rows, plus their index
- * (16 bytes per row of the buffers: 512 KiB at dim 16 with Adagrad, whose
- * rows take 152 bytes, 6898 a buffer). The caller waits only when all four
- * are being written; a buffer is handed over when full and at the end of
- * every lookup, push and prefetch. */
-#define EMB_SHARD_WB_BUFFERS 4
-#define EMB_SHARD_WB_BYTES (1u << 20)
+ * of encoded rows sharing write_buffer_bytes (EMB_SHARD_WB_DEFAULT_BYTES, 16
+ * MiB, by default), their index (16 bytes per row of the buffers: 2 MiB at
+ * dim 16 with Adagrad, whose rows take 152 bytes, 6898 a 1 MiB buffer) and
+ * a write set's order (24 bytes a row). A buffer is handed over when full;
+ * once EMB_SHARD_WB_SET are, a store thread writes them all as one write
+ * set: a sorted SST file per (database, table), ingested (no memtable:
+ * RocksDB's memtables hold only removals and delta rows). The caller waits
+ * only when every buffer is handed over and not yet written. */
+#define EMB_SHARD_WB_BUFFERS 16
+#define EMB_SHARD_WB_SET 12
+#define EMB_SHARD_WB_DEFAULT_BYTES ((size_t)16 << 20)
 /* A push is applied in one pass, its rows' bytes kept to put back should
  * one update not be finite, when it fits a chunk of the cache and its rows
  * take at most this many bytes (a buffer kept between pushes); a larger
@@ -149,7 +158,7 @@ typedef struct emb_shard_counters {
   uint64_t send_copies;     /* rows a push moved to a fresh slot: their old one was being sent */
   /* CPU time (thread CPU, nanoseconds; whichever thread did the work) */
   uint64_t rocks_read_ns;   /* inside RocksDB reading misses (MultiGet, values released) */
-  uint64_t rocks_write_ns;  /* inside RocksDB writing rows back (WriteBatch built and written) */
+  uint64_t rocks_write_ns;  /* inside RocksDB writing rows back (SST files written and ingested) */
   uint64_t io_own_ns;       /* the threads' work outside RocksDB: read jobs sorted, rows
                                decoded or initialised; write buffers sorted */
   uint64_t caller_ns;       /* the caller in lookup, push and prefetch (the map, eviction,

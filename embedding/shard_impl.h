@@ -47,9 +47,11 @@
  *     rows, each already given a slot that is in the map, pinned and marked
  *     LOADING; the job reads them with one batched MultiGet straight into
  *     the slots (or the init value and optimizer init state when absent).
- *   - write buffers: dirty rows evicted (or flushed), encoded; one RocksDB
- *     WriteBatch per database. Written one buffer at a time, in the order
- *     they were handed over.
+ *   - write sets: the write buffers handed over (full, or any at a drain),
+ *     taken together once EMB_SHARD_WB_SET are queued (shard.h); dirty
+ *     rows evicted (or flushed), encoded; sorted, a row's newest record
+ *     kept, one SST file per (database, table), ingested (kv_ingest).
+ *     Written one set at a time, in the order they were handed over.
  * The caller thread alone touches the map, the slots' headers, the pin
  * lists and the pending index; a store thread touches only the rows of the
  * slots its job loads and its buffer. A finished job or buffer goes on a
@@ -73,8 +75,9 @@
  *      write is in RocksDB, so a row missing from both the map and the
  *      index has its latest value in RocksDB; and while the read runs the
  *      row is in the map (LOADING, not evictable), so no newer write-back
- *      of it can exist. Buffers are written in order, so the newest value
- *      is the one RocksDB keeps.
+ *      of it can exist. Sets are written in order, each ingested after
+ *      every earlier write, and a set writes only a row's newest record,
+ *      so the newest value is the one RocksDB keeps.
  *   4. Optimizer state is in the slot and the record beside the value, so
  *      it travels with the row.
  * flush, checkpoint, iterate, mark_clean and restore first wait for every
@@ -171,25 +174,22 @@ typedef struct sh_job {
   char err[1024];
 } sh_job;
 
-/* A record of a write buffer in the order it is written: by database,
- * table, row id, then position (a row evicted twice into one buffer keeps
- * its newer record last). */
+/* A record of a write set in the order it is written: by database, table,
+ * row id, then hand-over order (a row evicted twice keeps its newer record
+ * last). */
 typedef struct {
   uint64_t dt;  /* database << 32 | table */
   uint64_t key; /* row id */
-  uint32_t r;   /* record index */
+  uint32_t r;   /* buffer's place in the set x rows_per_buf + record index */
 } sh_wsort;
 
-/* A write buffer: n records of rec_bytes; ord: [rows_per_buf] scratch of
- * the thread that writes it. */
+/* A write buffer: n records of rec_bytes. */
 typedef struct sh_wbuf {
   struct sh_wbuf *next;
   uint32_t idx;
   size_t n;
   unsigned char *rec;
-  sh_wsort *ord;
-  kv_writes *w;
-  uint64_t rocks_ns, own_ns; /* thread CPU writing it: in RocksDB, sorting it */
+  uint64_t rocks_ns, own_ns; /* thread CPU writing its set (the set's first): in RocksDB, sorting */
   int rc;
   char err[1024];
 } sh_wbuf;
@@ -274,6 +274,7 @@ struct shstore {
   pthread_mutex_t mu;
   pthread_cond_t cv_work, cv_done;
   int pool_ok, stop, writing, n_workers, n_wk; /* threads running; wk[] length */
+  int n_wq, wforce;             /* under mu: buffers queued; write them however few */
   sh_worker *wk;
   sh_job *rq, *rq_tail, *rdone; /* under mu */
   sh_wbuf *wq, *wq_tail, *wdone; /* under mu */
@@ -285,6 +286,8 @@ struct shstore {
   size_t reads_out, wbufs_out; /* handed over, not reaped */
   uint64_t inline_ns;     /* thread CPU of queued work the caller ran (shard__wait_some) */
   sh_wbuf *wbufs, *wfree, *wcur; /* [EMB_SHARD_WB_BUFFERS] */
+  sh_wsort *word;         /* [EMB_SHARD_WB_BUFFERS * rows_per_buf] the writing set's order */
+  kv_ingest *ing;         /* the writing set's files */
   size_t rec_bytes, rows_per_buf;
   sh_entry *pidx;         /* pending index: {record + 1, tag} */
   size_t pmask;
@@ -448,7 +451,7 @@ int shard__for_chunks(shstore *s, const emb_idset *ids, size_t *it_r, chunk_fn f
 /* The write buffers, the pending index, the job table and n store threads
  * (0: the caller does all the work). 0 or SR_ENOMEM (shard__pool_free
  * frees what was made). */
-int shard__pool_create(shstore *s, int n);
+int shard__pool_create(shstore *s, int n, size_t wb_bytes);
 /* Join the threads once they have done every piece of work queued. */
 void shard__pool_stop(shstore *s);
 void shard__pool_free(shstore *s);

@@ -1,9 +1,9 @@
 /* The shard store's I/O (see shard_impl.h): the store threads, which read
  * misses into their slots (read jobs, one batched MultiGet each) and write
- * evicted dirty rows back (write buffers, one WriteBatch per database, in
- * order), and the caller's side of them: handing work over, waiting for it
- * (running queued work meanwhile), reaping what is done; the pending index
- * of rows written back and not yet in RocksDB. */
+ * evicted dirty rows back (write buffers, gathered into write sets, each
+ * ingested as SST files, in order), and the caller's side of them: handing
+ * work over, waiting for it (running queued work meanwhile), reaping what
+ * is done; the pending index of rows written back and not yet in RocksDB. */
 #include "embedding/shard_impl.h"
 
 #include <stdlib.h>
@@ -17,8 +17,11 @@
 
 /* ---- the store threads ---- */
 
-/* Under mu: the next piece of work, a read first; a write only when no other
- * is being written (buffers are written in order). 1 when one is taken. */
+/* Under mu: the next piece of work, a read first; then the queued write
+ * buffers, all of them as one write set, once EMB_SHARD_WB_SET are queued
+ * (or a write is forced: the caller drains, or waits for a free buffer)
+ * and no other set is being written (sets are written in order). 1 when
+ * one is taken. */
 static int work_pick(shstore *s, sh_job **j, sh_wbuf **b) {
   *j = NULL;
   *b = NULL;
@@ -27,9 +30,11 @@ static int work_pick(shstore *s, sh_job **j, sh_wbuf **b) {
     if (!(s->rq = s->rq->next)) s->rq_tail = NULL;
     return 1;
   }
-  if (s->wq && !s->writing) {
+  if (s->wq && !s->writing && (s->n_wq >= EMB_SHARD_WB_SET || s->wforce)) {
     *b = s->wq;
-    if (!(s->wq = s->wq->next)) s->wq_tail = NULL;
+    s->wq = s->wq_tail = NULL;
+    s->n_wq = 0;
+    s->wforce = 0;
     s->writing = 1;
     return 1;
   }
@@ -112,40 +117,58 @@ static int wsort_cmp(const void *a, const void *b) {
   return x->r < y->r ? -1 : x->r > y->r;
 }
 
-/* Write buffer b's records in (database, table, row id) order, one
- * WriteBatch per database (any thread). Sorted, a batch goes into the
- * memtable's skip list along one path instead of a random one per row. The
- * sort is the shard store's own work; building and writing the batches is
- * RocksDB's. */
-static void wbuf_write(shstore *s, sh_wbuf *b) {
-  b->rc = 0;
+/* Write set b (buffers linked in the order they were handed over) into
+ * RocksDB (any thread): its records sorted by (database, table, row id,
+ * hand-over order), a row's newest record kept, and each (database, table)
+ * run written as one SST file and ingested (kv_ingest: no memtable insert,
+ * no flush after). The sort is the shard store's own work; the files and
+ * their ingestion are RocksDB's. The outcome is b's (the set's first). */
+static void wset_write(shstore *s, sh_wbuf *b) {
+  sh_wbuf *by[EMB_SHARD_WB_BUFFERS];
+  const size_t per = s->rows_per_buf;
+  size_t n = 0;
+  int nb = 0;
   uint64_t c0 = sr_thread_cpu_ns();
-  for (size_t r = 0; r < b->n; r++) {
-    const unsigned char *p = b->rec + r * s->rec_bytes;
-    uint32_t t, d;
-    memcpy(&b->ord[r].key, p, 8);
-    memcpy(&t, p + 8, 4);
-    memcpy(&d, p + 12, 4);
-    b->ord[r].dt = (uint64_t)d << 32 | t;
-    b->ord[r].r = (uint32_t)r;
+  for (sh_wbuf *x = b; x; x = x->next, nb++) {
+    by[nb] = x;
+    x->rc = 0;
+    x->rocks_ns = x->own_ns = 0;
+    for (size_t r = 0; r < x->n; r++, n++) {
+      const unsigned char *p = x->rec + r * s->rec_bytes;
+      uint32_t t, d;
+      memcpy(&s->word[n].key, p, 8);
+      memcpy(&t, p + 8, 4);
+      memcpy(&d, p + 12, 4);
+      s->word[n].dt = (uint64_t)d << 32 | t;
+      s->word[n].r = (uint32_t)((size_t)nb * per + r);
+    }
   }
-  qsort(b->ord, b->n, sizeof *b->ord, wsort_cmp);
+  qsort(s->word, n, sizeof *s->word, wsort_cmp);
   uint64_t c1 = sr_thread_cpu_ns();
-  for (size_t i = 0; i < b->n && !b->rc; i++) {
-    int d = (int)(b->ord[i].dt >> 32), t = (int)(uint32_t)b->ord[i].dt;
-    kv_writes_put(b->w, s->db[d], t, b->ord[i].key, b->rec + b->ord[i].r * s->rec_bytes + SH_REC_HEAD,
-                  kv_row_size_w(s->dim[t], s->slen[t], sh_wprec(s, (uint32_t)t)));
-    if (i + 1 == b->n || (int)(b->ord[i + 1].dt >> 32) != d)
-      b->rc = kv_writes_commit(b->w, s->db[d], b->err, sizeof b->err);
+  int rc = 0;
+  for (size_t i = 0; i < n && !rc;) {
+    const uint64_t dt = s->word[i].dt;
+    const int d = (int)(dt >> 32), t = (int)(uint32_t)dt;
+    const size_t len = kv_row_size_w(s->dim[t], s->slen[t], sh_wprec(s, (uint32_t)t));
+    rc = kv_ingest_begin(s->ing, s->db[d], t, b->err, sizeof b->err);
+    for (; i < n && s->word[i].dt == dt && !rc; i++) {
+      if (i + 1 < n && s->word[i + 1].dt == dt && s->word[i + 1].key == s->word[i].key)
+        continue; /* a newer record of the row follows */
+      const sh_wbuf *x = by[s->word[i].r / per];
+      rc = kv_ingest_put(s->ing, s->word[i].key,
+                         x->rec + (s->word[i].r % per) * s->rec_bytes + SH_REC_HEAD, len, b->err,
+                         sizeof b->err);
+    }
+    if (!rc) rc = kv_ingest_commit(s->ing, b->err, sizeof b->err);
   }
-  uint64_t c2 = sr_thread_cpu_ns();
+  b->rc = rc;
   b->own_ns = c1 - c0;
-  b->rocks_ns = c2 - c1;
+  b->rocks_ns = sr_thread_cpu_ns() - c1;
 }
 
 static void work_run(shstore *s, kv_reader *rd, sh_job *j, sh_wbuf *b) {
   if (j) job_read(s, rd, j);
-  if (b) wbuf_write(s, b);
+  if (b) wset_write(s, b);
 }
 
 /* Under mu: j or b is done; the caller reaps it. */
@@ -155,8 +178,12 @@ static void work_done(shstore *s, sh_job *j, sh_wbuf *b) {
     s->rdone = j;
   }
   if (b) {
-    b->next = s->wdone;
-    s->wdone = b;
+    while (b) {
+      sh_wbuf *x = b;
+      b = x->next;
+      x->next = s->wdone;
+      s->wdone = x;
+    }
     s->writing = 0;
     if (s->wq) pthread_cond_signal(&s->cv_work);
   }
@@ -280,14 +307,23 @@ void shard__wbuf_submit(shstore *s) {
   if (s->wq_tail) s->wq_tail->next = b;
   else s->wq = b;
   s->wq_tail = b;
-  pthread_cond_signal(&s->cv_work);
+  if (++s->n_wq >= EMB_SHARD_WB_SET) pthread_cond_signal(&s->cv_work);
   pthread_mutex_unlock(&s->mu);
   s->wbufs_out++;
+}
+
+/* The queued write buffers written now, however few. */
+static void wbuf_force(shstore *s) {
+  pthread_mutex_lock(&s->mu);
+  s->wforce = 1;
+  pthread_cond_signal(&s->cv_work);
+  pthread_mutex_unlock(&s->mu);
 }
 
 /* Wait until every read and write handed over is done and reaped. */
 void shard__drain(shstore *s) {
   shard__wbuf_submit(s);
+  if (s->wbufs_out) wbuf_force(s);
   while (s->reads_out || s->wbufs_out) shard__wait_some(s);
 }
 
@@ -368,6 +404,7 @@ static sh_wbuf *wbuf_get(shstore *s) {
   if (!s->wfree) {
     double t0 = sr_now();
     s->ctr.wb_full_waits++;
+    wbuf_force(s);
     while (!s->wfree) shard__wait_some(s);
     s->ctr.wb_wait_ns += (uint64_t)((sr_now() - t0) * 1e9);
   }
@@ -405,9 +442,9 @@ void shard__writeback(shstore *s, uint32_t i) {
 
 /* The write buffers, the pending index, the job table and the store
  * threads (n of them; 0: the caller does all the work). */
-int shard__pool_create(shstore *s, int n) {
+int shard__pool_create(shstore *s, int n, size_t wb_bytes) {
   s->rec_bytes = (SH_REC_HEAD + KV_ROW_HEADER + 4 * (size_t)s->stride + 7) & ~(size_t)7;
-  s->rows_per_buf = EMB_SHARD_WB_BYTES / s->rec_bytes;
+  s->rows_per_buf = wb_bytes / EMB_SHARD_WB_BUFFERS / s->rec_bytes;
   if (!s->rows_per_buf) s->rows_per_buf = 1;
   size_t pcap = 64;
   while (pcap < 2 * EMB_SHARD_WB_BUFFERS * s->rows_per_buf) pcap <<= 1;
@@ -417,13 +454,14 @@ int shard__pool_create(shstore *s, int n) {
   s->open = calloc((size_t)s->n_db * (size_t)s->n_tables + 1, sizeof *s->open);
   s->open_list = malloc(((size_t)s->n_db * (size_t)s->n_tables + 1) * sizeof *s->open_list);
   s->crd = kv_reader_create();
-  if (!s->pidx || !s->wbufs || !s->open || !s->open_list || !s->crd) return SR_ENOMEM;
+  s->word = malloc(EMB_SHARD_WB_BUFFERS * s->rows_per_buf * sizeof *s->word);
+  s->ing = kv_ingest_create();
+  if (!s->pidx || !s->wbufs || !s->open || !s->open_list || !s->crd || !s->word || !s->ing)
+    return SR_ENOMEM;
   for (int k = 0; k < EMB_SHARD_WB_BUFFERS; k++) {
     sh_wbuf *b = &s->wbufs[k];
     b->idx = (uint32_t)k;
-    if (!(b->rec = malloc(s->rows_per_buf * s->rec_bytes)) ||
-        !(b->ord = malloc(s->rows_per_buf * sizeof *b->ord)) || !(b->w = kv_writes_create()))
-      return SR_ENOMEM;
+    if (!(b->rec = malloc(s->rows_per_buf * s->rec_bytes))) return SR_ENOMEM;
     b->next = s->wfree;
     s->wfree = b;
   }
@@ -454,6 +492,7 @@ void shard__pool_stop(shstore *s) {
   if (!s->pool_ok) return;
   shard__wbuf_submit(s);
   pthread_mutex_lock(&s->mu);
+  s->wforce = 1;
   s->stop = 1;
   pthread_cond_broadcast(&s->cv_work);
   pthread_mutex_unlock(&s->mu);
@@ -463,6 +502,7 @@ void shard__pool_stop(shstore *s) {
   while (s->rq || s->wq) {
     sh_job *j;
     sh_wbuf *b;
+    s->wforce = 1;
     work_pick(s, &j, &b);
     work_run(s, s->crd, j, b);
     work_done(s, j, b);
@@ -488,11 +528,9 @@ void shard__pool_free(shstore *s) {
     free(j);
   }
   if (s->wbufs)
-    for (int k = 0; k < EMB_SHARD_WB_BUFFERS; k++) {
-      free(s->wbufs[k].rec);
-      free(s->wbufs[k].ord);
-      kv_writes_destroy(s->wbufs[k].w);
-    }
+    for (int k = 0; k < EMB_SHARD_WB_BUFFERS; k++) free(s->wbufs[k].rec);
+  free(s->word);
+  kv_ingest_destroy(s->ing);
   free(s->wbufs);
   for (int k = 0; k < s->cap_pf; k++) free(s->pf[k].slot);
   free(s->pf);

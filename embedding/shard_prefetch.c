@@ -103,7 +103,6 @@ int shard__prefetch(emb_store *b, int64_t step, const emb_idset *ids) {
       full = prefetch_one(s, p, (uint32_t)t, ids->ids[t][r]);
   if (full) s->ctr.prefetch_stops++;
   shard__jobs_submit(s);
-  shard__wbuf_submit(s);
   s->ctr.caller_ns += caller_cpu_mark(s) - cpu0;
   return 0;
 }

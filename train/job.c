@@ -352,7 +352,6 @@ static int open_local(train_job *j) {
     memset(&sc, 0, sizeof sc);
     sc.cache_rows = c->cache_rows;
     sc.cache_mb = c->cache_mb; /* 0: the shard store's default */
-    sc.write_buffer_bytes = 16u << 20;
     j->store = emb_store_create_shard(j->plan, data_dir, &sc, err, sizeof err);
   }
   if (!j->store) {

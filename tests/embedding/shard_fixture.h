@@ -57,15 +57,17 @@ static inline size_t fx_step_ids(sr_rng *r, uint64_t rows, size_t want, uint64_t
   return c;
 }
 
-/* A shard store over dir caching cache_rows rows with 4 MiB of RocksDB
- * write buffers; threads 0: the default store threads. */
+/* A shard store over dir caching cache_rows rows; threads 0: the default
+ * store threads. Its write-back buffers take 256 KiB (16 KiB each, a write
+ * set every 12): rows written back reach RocksDB within a step or two
+ * here, where the default 16 MiB would hold every row the tests evict. */
 static inline emb_store *fx_shard(const emb_plan *p, const char *dir, uint64_t cache_rows,
                                   int threads) {
   char err[1024];
   emb_shard_config c;
   memset(&c, 0, sizeof c);
   c.cache_rows = cache_rows;
-  c.write_buffer_bytes = 4 << 20;
+  c.write_buffer_bytes = 256 << 10;
   c.threads = threads;
   emb_store *s = emb_store_create_shard(p, dir, &c, err, sizeof err);
   ck_assert_msg(s != NULL, "%s", err);

@@ -26,7 +26,7 @@
  *                    run the caller spent waiting for the threads
  *   write-back       the miss batches pushed in turn: each push reads the
  *                    rows the cache lost and evicts dirty ones, which the
- *                    store threads write back in WriteBatches
+ *                    store threads write back as ingested SST files
  *   checkpoint       every cached row pushed (dirty), then a checkpoint:
  *                    the write-back of the dirty rows plus the RocksDB
  *                    checkpoint, the stall a trainer sees, per GB of dirty
@@ -36,7 +36,9 @@
  * own work (decoding, the caller's map and eviction work) beside it, and
  * the heap RocksDB's table readers hold a row. RocksDB block
  * cache (lz4 tables only: uncompressed ones are read in place and have
- * none): --block-cache-mb (default: room for the whole table). */
+ * none): --block-cache-mb (default: room for the whole table). The shard
+ * store's write-back buffers: --write-buffer-kb (default the store's, 16
+ * MiB; a write set goes to RocksDB once 12/16 of it is full). */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -103,6 +105,7 @@ typedef struct bs {
   uint32_t tid;
   int slen, w;         /* state floats per row; value + state */
   size_t rsz, block_cache;
+  long long wb_kb;     /* the shard store's write-back buffers (0: its default) */
   kv_opts so;
   uint64_t *ids;       /* [rows] a permutation of all ids */
   uint64_t *bids;
@@ -143,6 +146,7 @@ static int parse_flags(int argc, char **argv, bs *b) {
                                        {"zipf", required_argument, 0, 'z'},
                                        {"block-cache-mb", required_argument, 0, 'B'},
                                        {"compression", required_argument, 0, 'C'},
+                                       {"write-buffer-kb", required_argument, 0, 'W'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
   optind = 1;
@@ -158,6 +162,7 @@ static int parse_flags(int argc, char **argv, bs *b) {
       case 'R': if (cli_int(CMD, "--runs", optarg, 1, 99, &b->runs)) return 2; break;
       case 'z': if (cli_double(CMD, "--zipf", optarg, 1.0001, 3, &b->zipf)) return 2; break;
       case 'B': if (cli_int(CMD, "--block-cache-mb", optarg, 1, 1 << 20, &b->bc_mb)) return 2; break;
+      case 'W': if (cli_int(CMD, "--write-buffer-kb", optarg, 16, 1 << 22, &b->wb_kb)) return 2; break;
       case 'C':
         if (strcmp(optarg, "none") && strcmp(optarg, "lz4")) {
           fprintf(stderr, "shardrec bench store: --compression: none or lz4\n");
@@ -167,7 +172,8 @@ static int parse_flags(int argc, char **argv, bs *b) {
         break;
       case 'h':
         printf("usage: shardrec bench store [--rows N] [--dim D] [--batch B] [--cache-rows C] "
-               "[--batches N] [--runs R] [--zipf S] [--block-cache-mb M] [--compression none|lz4]\n");
+               "[--batches N] [--runs R] [--zipf S] [--block-cache-mb M] [--compression none|lz4] "
+               "[--write-buffer-kb K]\n");
         return 0;
       case ':': cli_bad_option(CMD, ':', argv[optind - 1]); return 2;
       default: cli_bad_option(CMD, '?', argv[optind - 1]); return 2;
@@ -287,7 +293,7 @@ static int load_db(bs *b) {
 static int measure_miss(bs *b) {
   long long nb = b->nb, batch = b->batch, dim = b->dim;
   emb_shard_config cfg = {.cache_rows = (uint64_t)b->cache_rows, .block_cache_bytes = b->block_cache,
-                          .write_buffer_bytes = 64u << 20, .lz4 = b->lz4};
+                          .write_buffer_bytes = (size_t)b->wb_kb << 10, .lz4 = b->lz4};
   b->s = emb_store_create_shard(b->plan, b->dir, &cfg, b->err, sizeof b->err);
   kv_opts rso = b->so;
   rso.read_only = 1;
@@ -590,8 +596,8 @@ static void print_figures(bs *b) { /* sr_median sorts the figures */
   printf("  read, shard store misses     %6.2f in RocksDB + %.2f read jobs' own (decode) + %.2f "
          "caller (map, slots, eviction) per row looked up\n",
          sr_median(b->rd_cpu, runs), sr_median(b->rd_own, runs), sr_median(b->rd_caller, runs));
-  printf("  write-back, pushes of misses %6.2f in RocksDB per row written back (WriteBatch built "
-         "and written); %.0f rows/s pushed, %.2f written back per row; per row pushed: caller "
+  printf("  write-back, pushes of misses %6.2f in RocksDB per row written back (SST files written "
+         "and ingested); %.0f rows/s pushed, %.2f written back per row; per row pushed: caller "
          "%.2f, whole process %.2f (reads, flushes, compactions too)\n",
          sr_median(b->wr_cpu, runs), sr_median(b->wb, runs), sr_median(b->wb_rows, runs),
          sr_median(b->wb_caller, runs), sr_median(b->wb_proc, runs));

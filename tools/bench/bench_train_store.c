@@ -439,7 +439,7 @@ static int bts_round(const bts_flags *f, const char *dir, const char *bin, const
  * median samples/s into rate[depth index]. 0 or -1. */
 static int bts_compare(const bts_flags *f, const char *dir, const char *bin, emb_plan *plan,
                        const dense_config *cfg, long long touched, double *rate) {
-  emb_shard_config sc = {.write_buffer_bytes = 16u << 20};
+  emb_shard_config sc = {0};
   if (f->cache_mb) {
     sc.cache_mb = (uint64_t)f->cache_mb;
     printf("%s weights: shard store cache %lld MiB: %llu rows (%.3g of the %lld rows touched)\n",
