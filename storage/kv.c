@@ -7,6 +7,7 @@
 #include "storage/kv.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <rocksdb/c.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -444,10 +445,12 @@ kv_ingest *kv_ingest_create(void) {
 }
 
 void kv_ingest_abort(kv_ingest *g) {
+  g->rows = 0;
   if (!g->w) return;
   rocksdb_sstfilewriter_destroy(g->w);
   g->w = NULL;
-  unlink(g->path);
+  if (g->path[0]) unlink(g->path);
+  g->path[0] = 0;
 }
 
 void kv_ingest_destroy(kv_ingest *g) {
@@ -466,12 +469,8 @@ int kv_ingest_begin(kv_ingest *g, kv_db *d, int cf, char *err, size_t errlen) {
   char *e = NULL;
   g->d = d;
   g->cf = cf;
-  g->rows = 0;
   /* the database's options: its table format and bloom filters */
-  if (!(g->w = rocksdb_sstfilewriter_create(g->env, d->opts))) {
-    sr_fmt(err, errlen, "%s: out of memory", g->path);
-    return SR_ENOMEM;
-  }
+  g->w = rocksdb_sstfilewriter_create(g->env, d->opts);
   rocksdb_sstfilewriter_open(g->w, g->path, &e);
   RCHECK(e, g->path);
 out:
@@ -479,8 +478,16 @@ out:
   return rc;
 }
 
+/* Between begin and commit, or SR_ESTATE. */
+static int ingest_open(const kv_ingest *g, char *err, size_t errlen) {
+  if (g->w) return 0;
+  sr_fmt(err, errlen, "ingest: no file begun (or it failed)");
+  return SR_ESTATE;
+}
+
 int kv_ingest_put(kv_ingest *g, uint64_t key, const void *val, size_t len, char *err,
                   size_t errlen) {
+  if (ingest_open(g, err, errlen)) return SR_ESTATE;
   if (g->rows && key <= g->last) {
     sr_fmt(err, errlen, "%s: row %llu after row %llu: keys must ascend", g->path,
            (unsigned long long)key, (unsigned long long)g->last);
@@ -500,19 +507,28 @@ out:
 }
 
 int kv_ingest_commit(kv_ingest *g, char *err, size_t errlen) {
-  int rc = 0;
+  int rc = 0, fd = -1;
   char *e = NULL;
+  if (ingest_open(g, err, errlen)) return SR_ESTATE;
   if (!g->rows) { /* RocksDB refuses an empty file: nothing to ingest */
     kv_ingest_abort(g);
     return 0;
   }
   rocksdb_sstfilewriter_finish(g->w, &e);
   RCHECK(e, g->path);
+  /* RocksDB's SstFileWriter drops the file from the OS page cache as it
+   * writes (its C API cannot say otherwise), where reads of these rows
+   * would then go to the disk: asked back in once it is in place (the same
+   * file: RocksDB links it under its own name). */
+  fd = open(g->path, O_RDONLY);
   const char *files[1] = {g->path};
   rocksdb_ingest_external_file_cf(g->d->db, g->d->cf[g->cf], files, 1, g->io, &e);
   RCHECK(e, g->path);
+  if (fd >= 0) posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+  g->path[0] = 0; /* RocksDB removed the name it was written under */
 out:
-  kv_ingest_abort(g); /* the writer; the file, when it was not moved */
+  if (fd >= 0) close(fd);
+  kv_ingest_abort(g); /* the writer; the file, when the ingest failed */
   return rc;
 }
 

@@ -110,9 +110,9 @@ int kv_compact(kv_db *db, char *err, size_t errlen);
  * not the write failed: 0 or SR_EIO). These writes skip RocksDB's write-ahead
  * log: they are durable only once kv_flush (or kv_checkpoint, which
  * flushes) returns, and a crash loses those since the last flush (the
- * shard store's write-back, whose durability points are its checkpoint and
- * its clean-stop mark, each after a flush). create: NULL when out of
- * memory; destroy NULL-safe. */
+ * shard store's removals and delta rows, whose durability points are its
+ * checkpoint and its clean-stop mark, each after a flush). create: NULL
+ * when out of memory; destroy NULL-safe. */
 typedef struct kv_writes kv_writes;
 kv_writes *kv_writes_create(void);
 void kv_writes_put(kv_writes *w, kv_db *db, int cf, uint64_t key, const void *val, size_t len);
@@ -136,7 +136,8 @@ void kv_writes_destroy(kv_writes *w);
  * commit or an abort (kv_open removes any a crash left). One writer per
  * handle; several handles may ingest into one database. create: NULL when
  * out of memory; destroy NULL-safe (aborts an open file). 0 or SR_EIO /
- * SR_EINVAL / SR_ENOMEM. */
+ * SR_EINVAL / SR_ERANGE (the folder's path too long) / SR_ESTATE (a put or
+ * commit with no file begun, or after one failed: a failure aborts it). */
 typedef struct kv_ingest kv_ingest;
 kv_ingest *kv_ingest_create(void);
 int kv_ingest_begin(kv_ingest *g, kv_db *db, int cf, char *err, size_t errlen);
