@@ -49,16 +49,21 @@ int shard__check_ids(shstore *s, const emb_idset *ids, const char *what) {
   return 0;
 }
 
+/* A failed write-back into s->err (its rows are lost): its code, or 0. */
+int shard__wb_failed(shstore *s) {
+  if (s->wb_rc) memcpy(s->err, s->wb_err, sizeof s->err);
+  return s->wb_rc;
+}
+
 /* Common start of a lookup or push of step: finished work reaped, a failed
- * write-back reported, earlier steps' prefetch pins dropped. */
+ * write-back reported, earlier steps' prefetch pins dropped. A write set
+ * that fails during the call fails the call too (shard__wb_failed at its
+ * end): its rows left the pending index, and a read of one after that saw
+ * RocksDB's older value. */
 int shard__call_begin(shstore *s, int64_t step) {
   shard__reap(s);
   shard__prefetch_release(s, step, 0);
-  if (s->wb_rc) {
-    memcpy(s->err, s->wb_err, sizeof s->err);
-    return s->wb_rc;
-  }
-  return 0;
+  return shard__wb_failed(s);
 }
 
 typedef struct {
@@ -274,6 +279,7 @@ static int sh_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, flo
     }
   }
   if (!rc) rc = lookup_flush_misses(s, &nm, out);
+  if (!rc) rc = shard__wb_failed(s);
   s->ctr.caller_ns += caller_cpu_mark(s) - cpu0;
   if (!rc) {
     s->st.lookups += total;
@@ -324,9 +330,9 @@ static int db_has_rows(shstore *s, int k) {
 
 /* At open: a hosted shard with no mark whose database was there before
  * this open (existed[k]) or holds rows was not stopped cleanly. Rows alone
- * would miss a crash that lost every write: write-backs skip the
- * write-ahead log, so rows not yet flushed go with the process. Then every
- * mark goes, before anything is written. */
+ * would miss a crash that lost every write: rows still in the write
+ * buffers, and removals not yet flushed (no write-ahead log), go with the
+ * process. Then every mark goes, before anything is written. */
 static int marks_check(shstore *s, const uint8_t *existed) {
   for (int k = 0; k < s->n_db; k++) {
     char p[SR_PATH_MAX];
@@ -443,6 +449,7 @@ static int sh_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
   uint64_t cpu0 = caller_cpu_mark(s);
   int rc = shard__call_begin(s, step);
   if (!rc) rc = push_apply(s, step, lr, ids, grads);
+  if (!rc) rc = shard__wb_failed(s);
   shard__prefetch_release(s, step, 1);
   s->ctr.caller_ns += caller_cpu_mark(s) - cpu0;
   return rc;
@@ -792,6 +799,12 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
     sr_fmt(err, errlen, "shard store: a cache of %llu rows%s: need %d..2^31-1 rows (a %s --cache-mb)",
            (unsigned long long)rows, cfg->cache_rows ? "" : " (--cache-mb over this plan's rows)",
            EMB_SHARD_MIN_CACHE_ROWS, rows < EMB_SHARD_MIN_CACHE_ROWS ? "bigger" : "smaller");
+    return NULL;
+  }
+  if (cfg->write_buffer_bytes &&
+      (cfg->write_buffer_bytes < EMB_SHARD_WB_MIN_BYTES || cfg->write_buffer_bytes > EMB_SHARD_WB_MAX_BYTES)) {
+    sr_fmt(err, errlen, "shard store: write-back buffers of %zu bytes: need %zu..%zu",
+           cfg->write_buffer_bytes, EMB_SHARD_WB_MIN_BYTES, EMB_SHARD_WB_MAX_BYTES);
     return NULL;
   }
   if (sr_mkdirs(data_dir) != 0) {

@@ -36,9 +36,10 @@
  * with or without prefetch, whatever the threads' timing.
  *
  * Memory: the slab (cache_rows x (dim + state) floats), the map (2x
- * cache_rows 8-byte entries), the write-back buffers and their index (a
- * fixed 16 MiB plus about 4.5 MiB by default, EMB_SHARD_WB_*), prefetch pin
- * lists (4 bytes a pinned row), RocksDB's memtables (removals and delta
+ * cache_rows 8-byte entries), the write-back buffers, their index and a
+ * write set's order (write_buffer_bytes, 16 MiB by default, plus about 4.5
+ * MiB; EMB_SHARD_WB_*), prefetch pin lists (4 bytes a pinned row),
+ * RocksDB's memtables (removals and delta
  * rows only; and with lz4, a block cache of block_cache_bytes), and
  * per-batch scratch. Nothing proportional to a table's size: uncompressed
  * files, index and filter blocks included, are read in place from the OS
@@ -107,9 +108,9 @@ typedef struct emb_shard_config {
  * prefetch reads take what the dense pool leaves (DESIGN.md, "Who owns
  * the cores"). */
 #define EMB_SHARD_DEFAULT_THREADS 2
-/* Write-back memory, fixed whatever the cache: EMB_SHARD_WB_BUFFERS buffers
- * of encoded rows sharing write_buffer_bytes (EMB_SHARD_WB_DEFAULT_BYTES, 16
- * MiB, by default), their index (16 bytes per row of the buffers: 2 MiB at
+/* Write-back memory, the same whatever the cache: EMB_SHARD_WB_BUFFERS
+ * buffers of encoded rows sharing write_buffer_bytes (64 KiB to 1 GiB;
+ * EMB_SHARD_WB_DEFAULT_BYTES, 16 MiB, by default), their index (16 bytes per row of the buffers: 2 MiB at
  * dim 16 with Adagrad, whose rows take 152 bytes, 6898 a 1 MiB buffer) and
  * a write set's order (24 bytes a row). A buffer is handed over when full;
  * once EMB_SHARD_WB_SET are, a store thread writes them all as one write
@@ -119,6 +120,8 @@ typedef struct emb_shard_config {
 #define EMB_SHARD_WB_BUFFERS 16
 #define EMB_SHARD_WB_SET 12
 #define EMB_SHARD_WB_DEFAULT_BYTES ((size_t)16 << 20)
+#define EMB_SHARD_WB_MIN_BYTES ((size_t)64 << 10)
+#define EMB_SHARD_WB_MAX_BYTES ((size_t)1 << 30)
 /* A push is applied in one pass, its rows' bytes kept to put back should
  * one update not be finite, when it fits a chunk of the cache and its rows
  * take at most this many bytes (a buffer kept between pushes); a larger

@@ -89,7 +89,7 @@ int shard__slot_reload(shstore *s, uint32_t slot) {
 void shard__slot_wait(shstore *s, uint32_t slot) {
   if (!(slot_meta(s, slot)->flags & F_LOADING)) return;
   s->ctr.load_waits++;
-  while (slot_meta(s, slot)->flags & F_LOADING) shard__wait_some(s);
+  while (slot_meta(s, slot)->flags & F_LOADING) shard__wait_some(s, 0);
 }
 
 /* The chunk's pins dropped (every item resolved so far). */

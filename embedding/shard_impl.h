@@ -54,7 +54,8 @@
  *     Written one set at a time, in the order they were handed over.
  * The caller thread alone touches the map, the slots' headers, the pin
  * lists and the pending index; a store thread touches only the rows of the
- * slots its job loads and its buffer. A finished job or buffer goes on a
+ * slots its job loads, or (one at a time: writing) the buffers of its
+ * write set, word and ing. A finished job or buffer goes on a
  * done list that the caller reaps (clears LOADING, frees the buffer). The
  * caller, when it must wait (a LOADING slot it needs, no free write
  * buffer), runs queued work itself rather than sleep.
@@ -286,6 +287,7 @@ struct shstore {
   size_t reads_out, wbufs_out; /* handed over, not reaped */
   uint64_t inline_ns;     /* thread CPU of queued work the caller ran (shard__wait_some) */
   sh_wbuf *wbufs, *wfree, *wcur; /* [EMB_SHARD_WB_BUFFERS] */
+  unsigned char *wrec;    /* the buffers' records, one block */
   sh_wsort *word;         /* [EMB_SHARD_WB_BUFFERS * rows_per_buf] the writing set's order */
   kv_ingest *ing;         /* the writing set's files */
   size_t rec_bytes, rows_per_buf;
@@ -457,8 +459,10 @@ void shard__pool_stop(shstore *s);
 void shard__pool_free(shstore *s);
 /* Take what the threads finished (loaded slots, written buffers). */
 void shard__reap(shstore *s);
-/* Wait for some handed-over work to finish, running queued work meanwhile. */
-void shard__wait_some(shstore *s);
+/* Wait for some handed-over work to finish, running queued work meanwhile
+ * (a queued write set too when writes, else reads only: a caller waiting
+ * for a row does not write 12 buffers first). */
+void shard__wait_some(shstore *s, int writes);
 /* Wait until every read and write handed over is done and reaped. */
 void shard__drain(shstore *s);
 /* Slot (new, LOADING) gets row id of table t from database d by a read job:
@@ -466,8 +470,6 @@ void shard__drain(shstore *s);
 int shard__job_add(shstore *s, int d, uint32_t t, uint64_t id, uint32_t slot);
 /* Every read job being filled, handed to the threads. */
 void shard__jobs_submit(shstore *s);
-/* The write buffer being filled, handed to the threads. */
-void shard__wbuf_submit(shstore *s);
 /* Dirty slot i written back (into a write buffer and the pending index). */
 void shard__writeback(shstore *s, uint32_t i);
 
@@ -524,5 +526,7 @@ int shard__remove(emb_store *b, int64_t step, const emb_idset *ids);
 int shard__check_ids(shstore *s, const emb_idset *ids, const char *what);
 /* Common start of a lookup or push of step. */
 int shard__call_begin(shstore *s, int64_t step);
+/* A failed write-back into s->err: its code, or 0. */
+int shard__wb_failed(shstore *s);
 
 #endif

@@ -17,12 +17,12 @@
 
 /* ---- the store threads ---- */
 
-/* Under mu: the next piece of work, a read first; then the queued write
- * buffers, all of them as one write set, once EMB_SHARD_WB_SET are queued
- * (or a write is forced: the caller drains, or waits for a free buffer)
- * and no other set is being written (sets are written in order). 1 when
- * one is taken. */
-static int work_pick(shstore *s, sh_job **j, sh_wbuf **b) {
+/* Under mu: the next piece of work, a read first; then (writes) the queued
+ * write buffers, all of them as one write set, once EMB_SHARD_WB_SET are
+ * queued (or a write is forced: the caller drains, or waits for a free
+ * buffer) and no other set is being written (sets are written in order).
+ * 1 when one is taken. */
+static int work_pick(shstore *s, int writes, sh_job **j, sh_wbuf **b) {
   *j = NULL;
   *b = NULL;
   if (s->rq) {
@@ -30,7 +30,7 @@ static int work_pick(shstore *s, sh_job **j, sh_wbuf **b) {
     if (!(s->rq = s->rq->next)) s->rq_tail = NULL;
     return 1;
   }
-  if (s->wq && !s->writing && (s->n_wq >= EMB_SHARD_WB_SET || s->wforce)) {
+  if (writes && s->wq && !s->writing && (s->n_wq >= EMB_SHARD_WB_SET || s->wforce)) {
     *b = s->wq;
     s->wq = s->wq_tail = NULL;
     s->n_wq = 0;
@@ -198,7 +198,7 @@ static void *worker_main(void *arg) {
   for (;;) {
     sh_job *j;
     sh_wbuf *b;
-    if (work_pick(s, &j, &b)) {
+    if (work_pick(s, 1, &j, &b)) {
       pthread_mutex_unlock(&s->mu);
       work_run(s, w->rd, j, b);
       pthread_mutex_lock(&s->mu);
@@ -264,14 +264,15 @@ void shard__reap(shstore *s) {
 }
 
 /* Wait for some handed-over work to finish (there must be some), running
- * queued work on this thread meanwhile; then reap. */
-void shard__wait_some(shstore *s) {
+ * queued work on this thread meanwhile (write sets only when writes); then
+ * reap. */
+void shard__wait_some(shstore *s, int writes) {
   double t0 = sr_now();
   pthread_mutex_lock(&s->mu);
   if (!s->rdone && !s->wdone) {
     sh_job *j;
     sh_wbuf *b;
-    if (work_pick(s, &j, &b)) {
+    if (work_pick(s, writes, &j, &b)) {
       pthread_mutex_unlock(&s->mu);
       uint64_t c0 = sr_thread_cpu_ns();
       work_run(s, s->crd, j, b);
@@ -298,7 +299,8 @@ static void job_submit(shstore *s, sh_job *j) {
   s->reads_out++;
 }
 
-void shard__wbuf_submit(shstore *s) {
+/* The write buffer being filled, handed to the threads. */
+static void wbuf_submit(shstore *s) {
   sh_wbuf *b = s->wcur;
   if (!b || !b->n) return;
   s->wcur = NULL;
@@ -312,19 +314,22 @@ void shard__wbuf_submit(shstore *s) {
   s->wbufs_out++;
 }
 
-/* The queued write buffers written now, however few. */
+/* The queued write buffers written now, however few (none queued: no
+ * later buffer is forced out alone). */
 static void wbuf_force(shstore *s) {
   pthread_mutex_lock(&s->mu);
-  s->wforce = 1;
-  pthread_cond_signal(&s->cv_work);
+  if (s->wq) {
+    s->wforce = 1;
+    pthread_cond_signal(&s->cv_work);
+  }
   pthread_mutex_unlock(&s->mu);
 }
 
 /* Wait until every read and write handed over is done and reaped. */
 void shard__drain(shstore *s) {
-  shard__wbuf_submit(s);
+  wbuf_submit(s);
   if (s->wbufs_out) wbuf_force(s);
-  while (s->reads_out || s->wbufs_out) shard__wait_some(s);
+  while (s->reads_out || s->wbufs_out) shard__wait_some(s, 1);
 }
 
 /* Every job being filled, handed to the threads. */
@@ -399,13 +404,14 @@ static void pidx_remove(shstore *s, const sh_wbuf *b, size_t r) {
     entries_delete(s->pidx, s->pmask, h);
 }
 
-/* A free write buffer, waiting for one when every buffer is handed over. */
+/* A free write buffer, waiting for one when every buffer is handed over
+ * (then a set is being written, or at least EMB_SHARD_WB_SET are queued:
+ * one frees some). */
 static sh_wbuf *wbuf_get(shstore *s) {
   if (!s->wfree) {
     double t0 = sr_now();
     s->ctr.wb_full_waits++;
-    wbuf_force(s);
-    while (!s->wfree) shard__wait_some(s);
+    while (!s->wfree) shard__wait_some(s, 1);
     s->ctr.wb_wait_ns += (uint64_t)((sr_now() - t0) * 1e9);
   }
   sh_wbuf *b = s->wfree;
@@ -435,7 +441,7 @@ void shard__writeback(shstore *s, uint32_t i) {
   b->n++;
   m->flags &= (uint16_t)~F_DIRTY;
   s->ctr.writebacks++;
-  if (b->n == s->rows_per_buf) shard__wbuf_submit(s);
+  if (b->n == s->rows_per_buf) wbuf_submit(s);
 }
 
 /* ---- made at create, stopped and freed at destroy ---- */
@@ -456,12 +462,19 @@ int shard__pool_create(shstore *s, int n, size_t wb_bytes) {
   s->crd = kv_reader_create();
   s->word = malloc(EMB_SHARD_WB_BUFFERS * s->rows_per_buf * sizeof *s->word);
   s->ing = kv_ingest_create();
-  if (!s->pidx || !s->wbufs || !s->open || !s->open_list || !s->crd || !s->word || !s->ing)
+  /* the buffers' records in one block, on huge pages where it is large
+   * enough: records are read back at random (the pending index, a set's
+   * sorted order) */
+  const size_t per_buf = s->rows_per_buf * s->rec_bytes;
+  s->wrec = malloc(EMB_SHARD_WB_BUFFERS * per_buf);
+  if (!s->pidx || !s->wbufs || !s->open || !s->open_list || !s->crd || !s->word || !s->ing ||
+      !s->wrec)
     return SR_ENOMEM;
+  sr_advise_huge(s->wrec, EMB_SHARD_WB_BUFFERS * per_buf);
   for (int k = 0; k < EMB_SHARD_WB_BUFFERS; k++) {
     sh_wbuf *b = &s->wbufs[k];
     b->idx = (uint32_t)k;
-    if (!(b->rec = malloc(s->rows_per_buf * s->rec_bytes))) return SR_ENOMEM;
+    b->rec = s->wrec + (size_t)k * per_buf;
     b->next = s->wfree;
     s->wfree = b;
   }
@@ -490,7 +503,7 @@ int shard__pool_create(shstore *s, int n, size_t wb_bytes) {
 /* Join the threads once they have done every piece of work queued. */
 void shard__pool_stop(shstore *s) {
   if (!s->pool_ok) return;
-  shard__wbuf_submit(s);
+  wbuf_submit(s);
   pthread_mutex_lock(&s->mu);
   s->wforce = 1;
   s->stop = 1;
@@ -502,8 +515,7 @@ void shard__pool_stop(shstore *s) {
   while (s->rq || s->wq) {
     sh_job *j;
     sh_wbuf *b;
-    s->wforce = 1;
-    work_pick(s, &j, &b);
+    work_pick(s, 1, &j, &b);
     work_run(s, s->crd, j, b);
     work_done(s, j, b);
   }
@@ -527,8 +539,7 @@ void shard__pool_free(shstore *s) {
     free(j->lens);
     free(j);
   }
-  if (s->wbufs)
-    for (int k = 0; k < EMB_SHARD_WB_BUFFERS; k++) free(s->wbufs[k].rec);
+  free(s->wrec);
   free(s->word);
   kv_ingest_destroy(s->ing);
   free(s->wbufs);

@@ -114,6 +114,7 @@ int shard__lookup_pinned(emb_store *b, int64_t step, const emb_idset *ids,
   uint64_t hits = use_hits(s, ids), dummy = 0;
   pinned_ctx c = {rows, p};
   rc = shard__for_chunks(s, ids, s->mitem + s->chunk, pinned_act, &c, &dummy);
+  if (!rc) rc = shard__wb_failed(s);
   if (rc) {
     shard__pins_release(p);
     return rc;

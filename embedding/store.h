@@ -180,10 +180,9 @@ typedef struct emb_store_ops {
   int (*push)(emb_store *s, int64_t step, float lr, const emb_idset *ids,
               const float *const *grads);
   /* Hand every update to the store's durable tier, where it has one: the
-   * shard store writes its dirty rows to RocksDB, where they are durable
-   * at RocksDB's next memtable flush (write-backs skip its write-ahead
-   * log: storage/kv.h kv_writes), which a checkpoint and a clean stop
-   * (emb_shard_mark_clean) make first; the others return 0. */
+   * shard store writes its dirty rows and its write buffers to RocksDB as
+   * ingested SST files, durable when flush returns (storage/kv.h
+   * kv_ingest); the others return 0. */
   int (*flush)(emb_store *s);
   /* Write every row held under the folder path (created if missing; the
    * layout is ckpt_layout's, above); a failure may leave part of it

@@ -162,7 +162,7 @@ static int parse_flags(int argc, char **argv, bs *b) {
       case 'R': if (cli_int(CMD, "--runs", optarg, 1, 99, &b->runs)) return 2; break;
       case 'z': if (cli_double(CMD, "--zipf", optarg, 1.0001, 3, &b->zipf)) return 2; break;
       case 'B': if (cli_int(CMD, "--block-cache-mb", optarg, 1, 1 << 20, &b->bc_mb)) return 2; break;
-      case 'W': if (cli_int(CMD, "--write-buffer-kb", optarg, 16, 1 << 22, &b->wb_kb)) return 2; break;
+      case 'W': if (cli_int(CMD, "--write-buffer-kb", optarg, 64, 1 << 20, &b->wb_kb)) return 2; break;
       case 'C':
         if (strcmp(optarg, "none") && strcmp(optarg, "lz4")) {
           fprintf(stderr, "shardrec bench store: --compression: none or lz4\n");
