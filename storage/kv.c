@@ -418,22 +418,18 @@ int kv_writes_commit(kv_writes *w, kv_db *d, char *err, size_t errlen) {
 }
 
 struct kv_ingest {
-  rocksdb_envoptions_t *env;
   rocksdb_ingestexternalfileoptions_t *io;
-  rocksdb_sstfilewriter_t *w; /* between begin and commit */
+  sst_writer *w; /* between begin and commit */
   kv_db *d;
   int cf;
-  uint64_t rows, last;
   char path[SR_PATH_MAX];
 };
 
 kv_ingest *kv_ingest_create(void) {
   kv_ingest *g = calloc(1, sizeof *g);
   if (!g) return NULL;
-  g->env = rocksdb_envoptions_create();
-  g->io = rocksdb_ingestexternalfileoptions_create();
-  if (!g->env || !g->io) {
-    kv_ingest_destroy(g);
+  if (!(g->io = rocksdb_ingestexternalfileoptions_create())) {
+    free(g);
     return NULL;
   }
   /* moved (hard-linked) into place; given a sequence number after every
@@ -445,9 +441,8 @@ kv_ingest *kv_ingest_create(void) {
 }
 
 void kv_ingest_abort(kv_ingest *g) {
-  g->rows = 0;
   if (!g->w) return;
-  rocksdb_sstfilewriter_destroy(g->w);
+  sst_writer_destroy(g->w);
   g->w = NULL;
   if (g->path[0]) unlink(g->path);
   g->path[0] = 0;
@@ -456,8 +451,7 @@ void kv_ingest_abort(kv_ingest *g) {
 void kv_ingest_destroy(kv_ingest *g) {
   if (!g) return;
   kv_ingest_abort(g);
-  if (g->io) rocksdb_ingestexternalfileoptions_destroy(g->io);
-  if (g->env) rocksdb_envoptions_destroy(g->env);
+  rocksdb_ingestexternalfileoptions_destroy(g->io);
   free(g);
 }
 
@@ -466,15 +460,10 @@ int kv_ingest_begin(kv_ingest *g, kv_db *d, int cf, char *err, size_t errlen) {
   int rc = sr_path_err(g->path, sizeof g->path, err, errlen, "%s/ingest-%u.sst", d->path,
                        atomic_fetch_add(&d->ingests, 1u));
   if (rc) return rc;
-  char *e = NULL;
   g->d = d;
   g->cf = cf;
   /* the database's options: its table format and bloom filters */
-  g->w = rocksdb_sstfilewriter_create(g->env, d->opts);
-  rocksdb_sstfilewriter_open(g->w, g->path, &e);
-  RCHECK(e, g->path);
-out:
-  if (rc) kv_ingest_abort(g);
+  if ((rc = sst__writer_open_with(g->path, d->opts, &g->w, err, errlen))) unlink(g->path);
   return rc;
 }
 
@@ -488,20 +477,7 @@ static int ingest_open(const kv_ingest *g, char *err, size_t errlen) {
 int kv_ingest_put(kv_ingest *g, uint64_t key, const void *val, size_t len, char *err,
                   size_t errlen) {
   if (ingest_open(g, err, errlen)) return SR_ESTATE;
-  if (g->rows && key <= g->last) {
-    sr_fmt(err, errlen, "%s: row %llu after row %llu: keys must ascend", g->path,
-           (unsigned long long)key, (unsigned long long)g->last);
-    kv_ingest_abort(g);
-    return SR_EINVAL;
-  }
-  int rc = 0;
-  char *e = NULL, k[8];
-  put_be64(k, key);
-  rocksdb_sstfilewriter_put(g->w, k, 8, val, len, &e);
-  RCHECK(e, g->path);
-  g->rows++;
-  g->last = key;
-out:
+  int rc = sst_writer_put(g->w, key, val, len, err, errlen);
   if (rc) kv_ingest_abort(g);
   return rc;
 }
@@ -510,12 +486,11 @@ int kv_ingest_commit(kv_ingest *g, char *err, size_t errlen) {
   int rc = 0, fd = -1;
   char *e = NULL;
   if (ingest_open(g, err, errlen)) return SR_ESTATE;
-  if (!g->rows) { /* RocksDB refuses an empty file: nothing to ingest */
+  if (!sst_writer_rows(g->w)) { /* RocksDB refuses an empty file: nothing to ingest */
     kv_ingest_abort(g);
     return 0;
   }
-  rocksdb_sstfilewriter_finish(g->w, &e);
-  RCHECK(e, g->path);
+  if ((rc = sst_writer_finish(g->w, NULL, err, errlen))) goto out;
   /* RocksDB's SstFileWriter drops the file from the OS page cache as it
    * writes (its C API cannot say otherwise), where reads of these rows
    * would then go to the disk: asked back in once it is in place (the same

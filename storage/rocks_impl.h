@@ -3,9 +3,18 @@
 #ifndef SHARDREC_STORAGE_ROCKS_IMPL_H
 #define SHARDREC_STORAGE_ROCKS_IMPL_H
 
+#include <rocksdb/c.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/status.h"
+#include "storage/sst.h"
+
+/* sst_writer_open with the table options of opts (a kv_db's: its block
+ * format and bloom filters; kept by the caller until the writer is
+ * destroyed); NULL: sst_writer_open's own. */
+int sst__writer_open_with(const char *path, const rocksdb_options_t *opts, sst_writer **out,
+                          char *err, size_t errlen);
 
 /* After a RocksDB call that reports through char *e: on error, put its
  * message (with what and our file and line) into err, free it, set rc to

@@ -16,13 +16,14 @@
 
 struct sst_writer {
   rocksdb_envoptions_t *env;
-  rocksdb_options_t *opts;
+  rocksdb_options_t *opts; /* its own (NULL: the caller's) */
   rocksdb_sstfilewriter_t *w;
   char path[SR_PATH_MAX];
   uint64_t rows, last;
 };
 
-int sst_writer_open(const char *path, sst_writer **out, char *err, size_t errlen) {
+int sst__writer_open_with(const char *path, const rocksdb_options_t *opts, sst_writer **out,
+                          char *err, size_t errlen) {
   *out = NULL;
   int rc = 0;
   char *e = NULL;
@@ -33,10 +34,12 @@ int sst_writer_open(const char *path, sst_writer **out, char *err, size_t errlen
     return rc;
   }
   w->env = rocksdb_envoptions_create();
-  w->opts = rocksdb_options_create();
-  /* As kv.c's tables: no compression (float rows do not compress). */
-  rocksdb_options_set_compression(w->opts, rocksdb_no_compression);
-  w->w = rocksdb_sstfilewriter_create(w->env, w->opts);
+  if (!opts) {
+    opts = w->opts = rocksdb_options_create();
+    /* As kv.c's tables: no compression (float rows do not compress). */
+    rocksdb_options_set_compression(w->opts, rocksdb_no_compression);
+  }
+  w->w = rocksdb_sstfilewriter_create(w->env, opts);
   rocksdb_sstfilewriter_open(w->w, path, &e);
   RCHECK(e, path);
 out:
@@ -46,6 +49,10 @@ out:
   }
   *out = w;
   return 0;
+}
+
+int sst_writer_open(const char *path, sst_writer **out, char *err, size_t errlen) {
+  return sst__writer_open_with(path, NULL, out, err, errlen);
 }
 
 int sst_writer_put(sst_writer *w, uint64_t key, const void *val, size_t len, char *err,

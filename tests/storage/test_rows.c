@@ -365,7 +365,7 @@ START_TEST(test_ingest) {
   ck_assert_int_eq(kv_ingest_begin(g, db, 1, err, sizeof err), 0);
   ck_assert_int_eq(kv_ingest_put(g, 7, v, sizeof v, err, sizeof err), 0);
   ck_assert_int_eq(kv_ingest_put(g, 7, v, sizeof v, err, sizeof err), SR_EINVAL);
-  ck_assert_msg(strstr(err, "row 7 after row 7") && strstr(err, "ascend"), "%s", err);
+  ck_assert_msg(strstr(err, "row id 7 after 7") && strstr(err, "ascend"), "%s", err);
   ck_assert_int_eq(ingest_files(path), 0);
   ck_assert(ingest_tag(db, 1, 7) == -1);
   /* nothing put: nothing ingested */
