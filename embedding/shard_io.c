@@ -19,9 +19,8 @@
 
 /* Under mu: the next piece of work, a read first; then (writes) the queued
  * write buffers, all of them as one write set, once EMB_SHARD_WB_SET are
- * queued (or a write is forced: the caller drains, or waits for a free
- * buffer) and no other set is being written (sets are written in order).
- * 1 when one is taken. */
+ * queued (or a drain forces them out) and no other set is being written
+ * (sets are written in order). 1 when one is taken. */
 static int work_pick(shstore *s, int writes, sh_job **j, sh_wbuf **b) {
   *j = NULL;
   *b = NULL;
