@@ -801,8 +801,8 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
            EMB_SHARD_MIN_CACHE_ROWS, rows < EMB_SHARD_MIN_CACHE_ROWS ? "bigger" : "smaller");
     return NULL;
   }
-  if (cfg->write_buffer_bytes &&
-      (cfg->write_buffer_bytes < EMB_SHARD_WB_MIN_BYTES || cfg->write_buffer_bytes > EMB_SHARD_WB_MAX_BYTES)) {
+  const size_t wb = cfg->write_buffer_bytes;
+  if (wb && (wb < EMB_SHARD_WB_MIN_BYTES || wb > EMB_SHARD_WB_MAX_BYTES)) {
     sr_fmt(err, errlen, "shard store: write-back buffers of %zu bytes: need %zu..%zu",
            cfg->write_buffer_bytes, EMB_SHARD_WB_MIN_BYTES, EMB_SHARD_WB_MAX_BYTES);
     return NULL;
@@ -877,8 +877,7 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
   if (shard__pool_create(s,
                          cfg->threads ? (cfg->threads < 0 ? 0 : cfg->threads)
                                       : EMB_SHARD_DEFAULT_THREADS,
-                         cfg->write_buffer_bytes ? cfg->write_buffer_bytes
-                                                 : EMB_SHARD_WB_DEFAULT_BYTES))
+                         wb ? wb : EMB_SHARD_WB_DEFAULT_BYTES))
     goto nomem;
   uint8_t *existed = calloc((size_t)s->n_db, 1);
   if (!existed) goto nomem;

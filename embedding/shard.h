@@ -27,8 +27,8 @@
  *   and a store thread writes a set of full buffers as sorted SST files,
  *   ingested, off the caller's path (the caller waits only when every
  *   buffer is in use). Rows written back and not yet ingested are read
- *   from their buffers. With cache_rows above
- *   the rows touched nothing is written until flush or checkpoint.
+ *   from their buffers. With cache_rows above the rows touched nothing is
+ *   written until flush or checkpoint.
  * - Work is done in chunks of at most cache_rows / 2 rows whose slots are
  *   pinned while in use, so a batch larger than the cache still runs.
  * Lookups return exactly the bits the local store returns (same init, same
@@ -39,9 +39,8 @@
  * cache_rows 8-byte entries), the write-back buffers, their index and a
  * write set's order (write_buffer_bytes, 16 MiB by default, plus about 4.5
  * MiB; EMB_SHARD_WB_*), prefetch pin lists (4 bytes a pinned row),
- * RocksDB's memtables (removals and delta
- * rows only; and with lz4, a block cache of block_cache_bytes), and
- * per-batch scratch. Nothing proportional to a table's size: uncompressed
+ * RocksDB's memtables (removals and delta rows only; and with lz4, a block
+ * cache of block_cache_bytes), and per-batch scratch. Nothing proportional to a table's size: uncompressed
  * files, index and filter blocks included, are read in place from the OS
  * page cache (kv.h; lz4 tables' index blocks are decompressed onto the
  * heap, under a byte a row).
@@ -100,9 +99,8 @@ typedef struct emb_shard_config {
  * (one job per (database, table), at most 1024 rows each, batched
  * MultiGet straight into the cache slots) and write evicted dirty rows back
  * (write sets of buffers, ingested as SST files, one set at a time, in
- * order). 2 by default: a
- * MultiGet of rows in the OS page cache (read in place) is CPU work, so
- * threads beyond the cores only queue; on the 2-core machines here two
+ * order). 2 by default: a MultiGet of rows in the OS page cache (read in
+ * place) is CPU work, so threads beyond the cores only queue; on the 2-core machines here two
  * threads plus the caller (which runs queued work whenever it waits) keep
  * both cores busy during a lookup, and while the dense step computes the
  * prefetch reads take what the dense pool leaves (DESIGN.md, "Who owns
@@ -110,9 +108,9 @@ typedef struct emb_shard_config {
 #define EMB_SHARD_DEFAULT_THREADS 2
 /* Write-back memory, the same whatever the cache: EMB_SHARD_WB_BUFFERS
  * buffers of encoded rows sharing write_buffer_bytes (64 KiB to 1 GiB;
- * EMB_SHARD_WB_DEFAULT_BYTES, 16 MiB, by default), their index (16 bytes per row of the buffers: 2 MiB at
- * dim 16 with Adagrad, whose rows take 152 bytes, 6898 a 1 MiB buffer) and
- * a write set's order (24 bytes a row). A buffer is handed over when full;
+ * EMB_SHARD_WB_DEFAULT_BYTES, 16 MiB, by default), their index (16 bytes
+ * per row of the buffers: 2 MiB at dim 16 with Adagrad, whose rows take 152
+ * bytes, 6898 a 1 MiB buffer) and a write set's order (24 bytes a row). A buffer is handed over when full;
  * once EMB_SHARD_WB_SET are, a store thread writes them all as one write
  * set: a sorted SST file per (database, table), ingested (no memtable:
  * RocksDB's memtables hold only removals and delta rows). The caller waits

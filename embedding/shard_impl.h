@@ -287,7 +287,8 @@ struct shstore {
   size_t reads_out, wbufs_out; /* handed over, not reaped */
   uint64_t inline_ns;     /* thread CPU of queued work the caller ran (shard__wait_some) */
   sh_wbuf *wbufs, *wfree, *wcur; /* [EMB_SHARD_WB_BUFFERS] */
-  unsigned char *wrec;    /* the buffers' records, one block */
+  unsigned char *wrec;    /* the buffers' records, one block: buffer k's from
+                             k * rows_per_buf records on */
   sh_wsort *word;         /* [EMB_SHARD_WB_BUFFERS * rows_per_buf] the writing set's order */
   kv_ingest *ing;         /* the writing set's files */
   size_t rec_bytes, rows_per_buf;
@@ -405,7 +406,7 @@ static inline int db_of(shstore *s, int t, uint64_t id) {
 /* The pending index (shard_io.c): rows written back, not yet in RocksDB.
  * Record loc of the write buffers. */
 static inline unsigned char *rec_at(const shstore *s, uint32_t loc) {
-  return s->wbufs[loc / s->rows_per_buf].rec + (size_t)(loc % s->rows_per_buf) * s->rec_bytes;
+  return s->wrec + (size_t)loc * s->rec_bytes; /* buffer loc / rows_per_buf */
 }
 
 /* The pending index's entry of (t, key), or the empty one where it would go. */

@@ -440,7 +440,8 @@ kv_ingest *kv_ingest_create(void) {
   return g;
 }
 
-void kv_ingest_abort(kv_ingest *g) {
+/* The file being written, if any, dropped (writer and file). */
+static void ingest_abort(kv_ingest *g) {
   if (!g->w) return;
   sst_writer_destroy(g->w);
   g->w = NULL;
@@ -450,13 +451,13 @@ void kv_ingest_abort(kv_ingest *g) {
 
 void kv_ingest_destroy(kv_ingest *g) {
   if (!g) return;
-  kv_ingest_abort(g);
+  ingest_abort(g);
   rocksdb_ingestexternalfileoptions_destroy(g->io);
   free(g);
 }
 
 int kv_ingest_begin(kv_ingest *g, kv_db *d, int cf, char *err, size_t errlen) {
-  kv_ingest_abort(g);
+  ingest_abort(g);
   int rc = sr_path_err(g->path, sizeof g->path, err, errlen, "%s/ingest-%u.sst", d->path,
                        atomic_fetch_add(&d->ingests, 1u));
   if (rc) return rc;
@@ -478,7 +479,7 @@ int kv_ingest_put(kv_ingest *g, uint64_t key, const void *val, size_t len, char 
                   size_t errlen) {
   if (ingest_open(g, err, errlen)) return SR_ESTATE;
   int rc = sst_writer_put(g->w, key, val, len, err, errlen);
-  if (rc) kv_ingest_abort(g);
+  if (rc) ingest_abort(g);
   return rc;
 }
 
@@ -487,7 +488,7 @@ int kv_ingest_commit(kv_ingest *g, char *err, size_t errlen) {
   char *e = NULL;
   if (ingest_open(g, err, errlen)) return SR_ESTATE;
   if (!sst_writer_rows(g->w)) { /* RocksDB refuses an empty file: nothing to ingest */
-    kv_ingest_abort(g);
+    ingest_abort(g);
     return 0;
   }
   if ((rc = sst_writer_finish(g->w, NULL, err, errlen))) goto out;
@@ -503,7 +504,7 @@ int kv_ingest_commit(kv_ingest *g, char *err, size_t errlen) {
   g->path[0] = 0; /* RocksDB removed the name it was written under */
 out:
   if (fd >= 0) close(fd);
-  kv_ingest_abort(g); /* the writer; the file, when the ingest failed */
+  ingest_abort(g); /* the writer; the file, when the ingest failed */
   return rc;
 }
 

@@ -133,7 +133,7 @@ void kv_writes_destroy(kv_writes *w);
  * keys written before (memtable or file) are overwritten (a memtable
  * holding keys within the file's range is flushed first). The file is
  * written into the database's folder as ingest-N.sst and is gone after a
- * commit or an abort (kv_open removes any a crash left). One writer per
+ * commit or a failure (kv_open removes any a crash left). One writer per
  * handle; several handles may ingest into one database. create: NULL when
  * out of memory; destroy NULL-safe (aborts an open file). 0 or SR_EIO /
  * SR_EINVAL / SR_ERANGE (the folder's path too long) / SR_ESTATE (a put or
@@ -144,7 +144,6 @@ int kv_ingest_begin(kv_ingest *g, kv_db *db, int cf, char *err, size_t errlen);
 int kv_ingest_put(kv_ingest *g, uint64_t key, const void *val, size_t len, char *err,
                   size_t errlen);
 int kv_ingest_commit(kv_ingest *g, char *err, size_t errlen);
-void kv_ingest_abort(kv_ingest *g);
 void kv_ingest_destroy(kv_ingest *g);
 
 /* Flush memtables to SST files. */
