@@ -547,7 +547,14 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
     st.w[i].cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(st.srv, st.w[i].cq, NULL);
   }
-  grpc_completion_queue *shut_cq = grpc_completion_queue_create_for_next(NULL);
+  /* Shutdown's queue is not listening: the server hands each new
+   * connection to one of its listening queues' pollers in turn, and nobody
+   * waits on this one until shutdown (the "poll" engine, rpc/grpc_util.c,
+   * polls a connection only from the queue it was handed to). */
+  grpc_completion_queue_attributes nl = {GRPC_CQ_CURRENT_VERSION, GRPC_CQ_NEXT,
+                                         GRPC_CQ_NON_LISTENING, NULL};
+  grpc_completion_queue *shut_cq =
+      grpc_completion_queue_create(grpc_completion_queue_factory_lookup(&nl), &nl, NULL);
   grpc_server_register_completion_queue(st.srv, shut_cq, NULL);
 
   rpc__tls_server *tlsrv = NULL;
