@@ -156,9 +156,10 @@ rpc_scratch *rpc__scratch_take(rpc_service *s) {
 /* Past SCRATCH_KEEP, x's id and gradient buffers are dropped. */
 void rpc__scratch_give(rpc_service *s, rpc_scratch *x) {
   if (!x) return;
-  if (x->cap_id * 8 + x->cap_hash * 8 + x->cap_g * 4 > SCRATCH_KEEP) {
+  if (x->cap_id * 8 + x->cap_hash * 4 + x->cap_g * 4 > SCRATCH_KEEP) {
     free(x->idbuf), free(x->hash), free(x->gbuf);
-    x->idbuf = x->hash = NULL;
+    x->idbuf = NULL;
+    x->hash = NULL;
     x->gbuf = NULL;
     x->cap_id = x->cap_hash = x->cap_g = 0;
   }

@@ -123,7 +123,8 @@ typedef struct rpc_scratch {
   float **outp;
   const float **grads;
   /* the ids (and grads) that are not read in place, and the Push's set */
-  uint64_t *idbuf, *hash;
+  uint64_t *idbuf;
+  uint32_t *hash;
   float *gbuf;
   size_t cap_id, cap_hash, cap_g;
   uint64_t in_place, copied; /* ids of this call, for Stats */
