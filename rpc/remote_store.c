@@ -95,14 +95,21 @@ static int group(rstore *s, lane *L, const emb_idset *ids) {
     memset(off, 0, (size_t)(ns + 1) * sizeof *off);
     const uint64_t *id = ids->ids[t];
     const emb_table *tb = &plan->tables[t];
-    for (size_t r = 0; r < cnt; r++) {
-      if (tb->rows != EMB_ROWS_UNBOUNDED && id[r] >= tb->rows) {
+    uint64_t hi = 0;
+    for (size_t r = 0; r < cnt; r++) hi = id[r] > hi ? id[r] : hi;
+    for (size_t r = 0; tb->rows != EMB_ROWS_UNBOUNDED && hi >= tb->rows && r < cnt; r++)
+      if (id[r] >= tb->rows) {
         sr_fmt(s->err, sizeof s->err, "table %d (%s): row id %llu is out of range 0..%llu", t,
                tb->name, (unsigned long long)id[r], (unsigned long long)(tb->rows - 1));
         return SR_ERANGE;
       }
-      off[emb_plan_shard_of(plan, t, id[r]) + 1]++;
+    if (tb->place.n == 1) { /* every id on one shard, in the caller's order */
+      for (int k = tb->place.shards[0]; k < ns; k++) off[k + 1] = cnt;
+      if (cnt) memcpy(L->gids[t], id, cnt * sizeof *id);
+      for (size_t r = 0; r < cnt; r++) L->perm[t][r] = r;
+      continue;
     }
+    for (size_t r = 0; r < cnt; r++) off[emb_plan_shard_of(plan, t, id[r]) + 1]++;
     for (int k = 0; k < ns; k++) off[k + 1] += off[k];
     /* Stable counting sort: each shard's ids keep the caller's order. */
     size_t *fill = malloc((size_t)ns * sizeof *fill);
