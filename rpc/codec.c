@@ -710,8 +710,11 @@ static uint8_t *table_put(uint8_t *p, const rpc_wire_table *t, int push, size_t 
   p = pad_put(p, p2);
   *p++ = 0x1a; /* TableGrads.grads */
   p = rpc__varint_put(p, t->n * row);
-  for (size_t j = 0; j < t->n; j++, p += row)
-    memcpy(p, t->grads + (t->perm ? t->perm[j] : j) * dim, row);
+  if (!t->perm || rpc__perm_runs(t->perm, t->n)) {
+    memcpy(p, t->grads + (t->perm ? t->perm[0] : 0) * dim, t->n * row);
+    return p + t->n * row;
+  }
+  for (size_t j = 0; j < t->n; j++, p += row) memcpy(p, t->grads + t->perm[j] * dim, row);
   return p;
 }
 
