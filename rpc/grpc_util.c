@@ -396,10 +396,10 @@ static void log_line(gpr_log_func_args *a) {
  * the shard servers of one process (colocated, a benchmark), or a server's
  * two workers, so switch threads on every call and never poll at once.
  * The "poll" engine polls each completion queue's own sockets in the thread
- * that waits on it. Measured (bench rpc --part lookup, 4096 ids; README,
- * "Benchmarks"): 4 in-process servers at dim 128 from 1.2-1.8x the time of
- * one to 0.6-0.8x, and a `serve` of 2 workers from 3 context switches a
- * call to 1. Set before main, while the process has one thread, for gRPC
+ * that waits on it. Measured (bench rpc --part lookup, 4096 ids;
+ * docs/DESIGN.md, "On the wire"): 4 in-process servers' Lookups at dim 128
+ * from 1.0-1.6x the time of one server's to 0.66-0.94x, and a `serve` of 2
+ * workers from 3 context switches a call to 1. Set before main, while the process has one thread, for gRPC
  * to read at its first grpc_init; an engine named in the environment is
  * kept. */
 __attribute__((constructor)) static void poll_engine(void) {
