@@ -43,6 +43,16 @@ static int ids_repeated(const uint64_t *ids, size_t n, uint32_t *tab, size_t cap
   return 0;
 }
 
+/* ids_repeated's slots for n ids: a load of at most 1/8, or 1/2 past 2M
+ * ids (64 MiB of slots); each table's own, so that a small table does not
+ * clear the slots of the push's largest. */
+static size_t set_slots(size_t n) {
+  size_t cap = 16;
+  while (cap < 8 * n && cap < (size_t)1 << 24) cap *= 2;
+  while (cap < 2 * n) cap *= 2;
+  return cap;
+}
+
 /* Whether a table's gradients of push q hold an element that is not
  * finite: 1 with the first named in r (INVALID_ARGUMENT), else 0. */
 static int grads_not_finite(const rpc_service *s, const Shardrec__V1__PushRequest *q,
@@ -98,17 +108,13 @@ void rpc__push(rpc_service *s, const uint8_t *in, size_t len, int defer, rpc_rep
            tg->n_ids, dim, tg->n_ids * (size_t)dim * sizeof(float));
     if (tg->n_ids > most) most = tg->n_ids;
   }
-  /* ids_repeated's slots: a load of 1/8, or 1/2 past 2M ids (64 MiB) */
-  size_t hash_cap = 16;
-  while (hash_cap < 8 * most && hash_cap < (size_t)1 << 24) hash_cap *= 2;
-  while (hash_cap < 2 * most) hash_cap *= 2;
-  if (rpc__grow((void **)&x->hash, &x->cap_hash, hash_cap, sizeof *x->hash))
+  if (rpc__grow((void **)&x->hash, &x->cap_hash, set_slots(most), sizeof *x->hash))
     FAIL(r, RPC_RESOURCE_EXHAUSTED, "out of memory");
   for (size_t i = 0; i < q->n_tables; i++) {
     const Shardrec__V1__TableGrads *tg = q->tables[i];
     const int t = idx[i];
     uint64_t twice;
-    if (ids_repeated(tg->ids, tg->n_ids, x->hash, hash_cap, &twice))
+    if (ids_repeated(tg->ids, tg->n_ids, x->hash, set_slots(tg->n_ids), &twice))
       FAIL(r, RPC_INVALID_ARGUMENT, "tables[%zu].ids: row %llu given twice (sum its gradients)",
            i, (unsigned long long)twice);
     ids[t] = tg->ids;
