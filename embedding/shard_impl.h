@@ -181,7 +181,8 @@ typedef struct sh_job {
 typedef struct {
   uint64_t dt;  /* database << 32 | table */
   uint64_t key; /* row id */
-  uint32_t r;   /* buffer's place in the set x rows_per_buf + record index */
+  uint32_t r;   /* hand-over order: buffer's place in the set x rows_per_buf + record index */
+  uint32_t loc; /* the record (rec_at) */
 } sh_wsort;
 
 /* A write buffer: n records of rec_bytes. */

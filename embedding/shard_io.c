@@ -123,13 +123,11 @@ static int wsort_cmp(const void *a, const void *b) {
  * no flush after). The sort is the shard store's own work; the files and
  * their ingestion are RocksDB's. The outcome is b's (the set's first). */
 static void wset_write(shstore *s, sh_wbuf *b) {
-  sh_wbuf *by[EMB_SHARD_WB_BUFFERS];
   const size_t per = s->rows_per_buf;
   size_t n = 0;
   int nb = 0;
   uint64_t c0 = sr_thread_cpu_ns();
   for (sh_wbuf *x = b; x; x = x->next, nb++) {
-    by[nb] = x;
     x->rc = 0;
     x->rocks_ns = x->own_ns = 0;
     for (size_t r = 0; r < x->n; r++, n++) {
@@ -140,6 +138,7 @@ static void wset_write(shstore *s, sh_wbuf *b) {
       memcpy(&d, p + 12, 4);
       s->word[n].dt = (uint64_t)d << 32 | t;
       s->word[n].r = (uint32_t)((size_t)nb * per + r);
+      s->word[n].loc = (uint32_t)(x->idx * per + r);
     }
   }
   qsort(s->word, n, sizeof *s->word, wsort_cmp);
@@ -153,10 +152,8 @@ static void wset_write(shstore *s, sh_wbuf *b) {
     for (; i < n && s->word[i].dt == dt && !rc; i++) {
       if (i + 1 < n && s->word[i + 1].dt == dt && s->word[i + 1].key == s->word[i].key)
         continue; /* a newer record of the row follows */
-      const sh_wbuf *x = by[s->word[i].r / per];
-      rc = kv_ingest_put(s->ing, s->word[i].key,
-                         x->rec + (s->word[i].r % per) * s->rec_bytes + SH_REC_HEAD, len, b->err,
-                         sizeof b->err);
+      rc = kv_ingest_put(s->ing, s->word[i].key, rec_at(s, s->word[i].loc) + SH_REC_HEAD, len,
+                         b->err, sizeof b->err);
     }
     if (!rc) rc = kv_ingest_commit(s->ing, b->err, sizeof b->err);
   }
