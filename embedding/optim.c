@@ -25,40 +25,74 @@ static inline uint32_t not_finite(float x) {
   return (u & 0x7f800000u) == 0x7f800000u;
 }
 
+/* One row's update by each optimizer: 1 when some value of the outcome is
+ * not finite. Inlined into the one-row and the many-row loops below. */
+static inline uint32_t sgd_row(int dim, float lr, const float *restrict g, float *restrict w) {
+  uint32_t bad = 0;
+  for (int j = 0; j < dim; j++) {
+    w[j] -= lr * g[j];
+    bad |= not_finite(w[j]);
+  }
+  return bad;
+}
+
+static inline uint32_t adagrad_row(int dim, float lr, float eps, const float *restrict g,
+                                   float *restrict w, float *restrict state) {
+  uint32_t bad = 0;
+  for (int j = 0; j < dim; j++) {
+    float acc = state[j] + g[j] * g[j];
+    state[j] = acc;
+    w[j] += (-lr * g[j]) / (sqrtf(acc) + eps);
+    bad |= not_finite(acc) | not_finite(w[j]);
+  }
+  return bad;
+}
+
+static inline uint32_t rowwise_row(int dim, float lr, float eps, const float *restrict g,
+                                   float *restrict w, float *restrict state) {
+  float s = 0.0f; /* fixed order: j ascending */
+  for (int j = 0; j < dim; j++) s += g[j] * g[j];
+  float acc = state[0] + s / (float)dim;
+  state[0] = acc;
+  float mult = lr / (sqrtf(acc) + eps);
+  uint32_t bad = not_finite(acc);
+  for (int j = 0; j < dim; j++) {
+    w[j] -= mult * g[j];
+    bad |= not_finite(w[j]);
+  }
+  return bad;
+}
+
 int emb_optim_apply(const emb_optim_cfg *o, int dim, float lr, const float *restrict g,
                     float *restrict w, float *restrict state) {
   const float eps = (float)o->eps;
-  uint32_t bad = 0;
+  switch (o->kind) {
+    case EMB_OPT_SGD: return !sgd_row(dim, lr, g, w);
+    case EMB_OPT_ADAGRAD: return !adagrad_row(dim, lr, eps, g, w, state);
+    case EMB_OPT_ROWWISE_ADAGRAD: return !rowwise_row(dim, lr, eps, g, w, state);
+  }
+  return 1;
+}
+
+size_t emb_optim_apply_rows(const emb_optim_cfg *o, int dim, float lr, const float *g,
+                            float *const *w, size_t n) {
+  const float eps = (float)o->eps;
+  const size_t d = (size_t)dim;
   switch (o->kind) {
     case EMB_OPT_SGD:
-      for (int j = 0; j < dim; j++) {
-        w[j] -= lr * g[j];
-        bad |= not_finite(w[j]);
-      }
+      for (size_t r = 0; r < n; r++)
+        if (sgd_row(dim, lr, g + r * d, w[r])) return r;
       break;
     case EMB_OPT_ADAGRAD:
-      for (int j = 0; j < dim; j++) {
-        float acc = state[j] + g[j] * g[j];
-        state[j] = acc;
-        w[j] += (-lr * g[j]) / (sqrtf(acc) + eps);
-        bad |= not_finite(acc) | not_finite(w[j]);
-      }
+      for (size_t r = 0; r < n; r++)
+        if (adagrad_row(dim, lr, eps, g + r * d, w[r], w[r] + d)) return r;
       break;
-    case EMB_OPT_ROWWISE_ADAGRAD: {
-      float s = 0.0f; /* fixed order: j ascending */
-      for (int j = 0; j < dim; j++) s += g[j] * g[j];
-      float acc = state[0] + s / (float)dim;
-      state[0] = acc;
-      float mult = lr / (sqrtf(acc) + eps);
-      bad = not_finite(acc);
-      for (int j = 0; j < dim; j++) {
-        w[j] -= mult * g[j];
-        bad |= not_finite(w[j]);
-      }
+    case EMB_OPT_ROWWISE_ADAGRAD:
+      for (size_t r = 0; r < n; r++)
+        if (rowwise_row(dim, lr, eps, g + r * d, w[r], w[r] + d)) return r;
       break;
-    }
   }
-  return !bad;
+  return n;
 }
 
 int emb_all_finite(const float *x, size_t n) {

@@ -32,6 +32,14 @@ void emb_optim_state_init(const emb_optim_cfg *o, int dim, float *state);
 int emb_optim_apply(const emb_optim_cfg *o, int dim, float lr, const float *g, float *w,
                     float *state);
 
+/* emb_optim_apply over the n rows of one table, each held as floats
+ * with its state right after its dim weights (w[r][0..dim), state at
+ * w[r] + dim), row r's gradient at g + r * dim: the same bits as n calls,
+ * the optimizer chosen once. The index of the first row whose outcome is
+ * not finite (it and every row before it updated, none after), or n. */
+size_t emb_optim_apply_rows(const emb_optim_cfg *o, int dim, float lr, const float *g,
+                            float *const *w, size_t n);
+
 /* The largest sparse learning rate a store accepts; a push with a rate
  * outside [0, EMB_OPTIM_MAX_LR] (or not finite) is refused. */
 #define EMB_OPTIM_MAX_LR 1e4

@@ -81,7 +81,9 @@ static int scratch_reserve(lstore *s, size_t n) {
   if (p) s->pos = p;
   uint32_t *q = realloc(s->slot, cap * sizeof *q);
   if (q) s->slot = q;
-  if (!p || !q) return SR_ENOMEM;
+  float **w = realloc(s->w, cap * sizeof *w);
+  if (w) s->w = w;
+  if (!p || !q || !w) return SR_ENOMEM;
   s->scratch_cap = cap;
   return 0;
 }
@@ -211,10 +213,12 @@ static void push_undo(lstore *s, const emb_idset *ids, size_t done) {
 /* A push's first half: every row's update, checked finite. A stored row
  * is updated in place (hot in cache after resolve) with its old value kept
  * in s->vals; a row not stored yet is computed into s->vals from its init
- * value (the same emb_optim_apply: the same bits) and stored by
- * push_commit. s->slots gets each row's slot + 1 (0: new). 0, or
- * SR_ERANGE naming the first row whose value or optimizer state would not
- * be finite, every row as it was. */
+ * value (the same optimizer update: the same bits) and stored by
+ * push_commit. An fp32 table's rows are updated in one call of
+ * emb_optim_apply_rows, the optimizer chosen once and no call per row (a
+ * 16-bit one's, converted to floats, row by row). s->slots gets each
+ * row's slot + 1 (0: new). 0, or SR_ERANGE naming the first row whose
+ * value or optimizer state would not be finite, every row as it was. */
 static int push_apply(lstore *s, int64_t step, float lr, const emb_idset *ids,
                       const float *const *grads) {
   const emb_plan *plan = s->base.plan;
@@ -224,35 +228,52 @@ static int push_apply(lstore *s, int64_t step, float lr, const emb_idset *ids,
     ltab *t = &s->t[ti];
     const emb_optim_cfg *oc = &plan->tables[ti].optim;
     const uint64_t *id = ids->ids[ti];
-    const size_t stride = (size_t)t->stride;
-    resolve(s, t, id, ids->counts[ti]);
-    for (size_t r = 0; r < ids->counts[ti]; r++, v += stride) {
-      uint32_t s1 = s->slot[r];
-      float *w = v;
-      s->slots[at++] = s1;
-      if (s1 && t->prec == EMB_PREC_FP32) {
-        w = lt_row(t, s1); /* updated in place */
-        memcpy(v, w, stride * sizeof *v);
-      } else if (s1) { /* 16 bits: updated as floats, then stored */
-        lt_get(t, s1, v, 1);
-        w = memcpy(s->row, v, stride * sizeof *v);
-      } else {
-        emb_row_init(plan, ti, id[r], w);
-        emb_optim_state_init(oc, t->dim, w + t->dim);
+    const size_t stride = (size_t)t->stride, cnt = ids->counts[ti];
+    resolve(s, t, id, cnt);
+    size_t bad = cnt;
+    if (t->prec == EMB_PREC_FP32) {
+      for (size_t r = 0; r < cnt; r++) {
+        const uint32_t s1 = s->slot[r];
+        float *o = v + r * stride;
+        s->slots[at + r] = s1;
+        if (s1) {
+          s->w[r] = lt_row(t, s1); /* updated in place */
+          for (size_t j = 0; j < stride; j++) o[j] = s->w[r][j];
+        } else {
+          s->w[r] = o;
+          emb_row_init(plan, ti, id[r], o);
+          emb_optim_state_init(oc, t->dim, o + t->dim);
+        }
       }
-      const int ok = emb_optim_apply_at(plan, ti, id[r], step, lr, grads[ti] + r * (size_t)t->dim,
-                                        w, t->slen ? w + t->dim : NULL);
-      if (s1 && t->prec != EMB_PREC_FP32) lt_put(t, s1, w);
-      if (!ok) {
-        push_undo(s, ids, at);
-        sr_fmt(s->err, sizeof s->err,
-               "push: table %u (%s) row %llu: the update (learning rate %g) would leave the row "
-               "or its optimizer state non-finite; nothing applied",
-               plan->tables[ti].table_id, plan->tables[ti].name, (unsigned long long)id[r],
-               (double)lr);
-        return SR_ERANGE;
+      bad = emb_optim_apply_rows(oc, t->dim, lr, grads[ti], s->w, cnt);
+    } else {
+      for (size_t r = 0; r < cnt && bad == cnt; r++) {
+        const uint32_t s1 = s->slot[r];
+        float *w = v + r * stride;
+        s->slots[at + r] = s1;
+        if (s1) { /* updated as floats, then stored */
+          lt_get(t, s1, w, 1);
+          w = memcpy(s->row, w, stride * sizeof *w);
+        } else {
+          emb_row_init(plan, ti, id[r], w);
+          emb_optim_state_init(oc, t->dim, w + t->dim);
+        }
+        if (!emb_optim_apply_at(plan, ti, id[r], step, lr, grads[ti] + r * (size_t)t->dim, w,
+                                t->slen ? w + t->dim : NULL))
+          bad = r;
+        if (s1) lt_put(t, s1, w);
       }
     }
+    if (bad < cnt) {
+      push_undo(s, ids, at + bad + 1);
+      sr_fmt(s->err, sizeof s->err,
+             "push: table %u (%s) row %llu: the update (learning rate %g) would leave the row "
+             "or its optimizer state non-finite; nothing applied",
+             plan->tables[ti].table_id, plan->tables[ti].name, (unsigned long long)id[bad],
+             (double)lr);
+      return SR_ERANGE;
+    }
+    if (cnt) at += cnt, v += cnt * stride; /* v is NULL while no table has rows */
   }
   return 0;
 }
@@ -404,6 +425,7 @@ static void l_destroy(emb_store *b) {
   free(s->t);
   free(s->pos);
   free(s->slot);
+  free(s->w);
   free(s->vals);
   free(s->slots);
   free(s);

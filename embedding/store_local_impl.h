@@ -59,6 +59,7 @@ typedef struct {
   size_t scratch_cap;
   size_t *pos;    /* [scratch_cap] map position of ids[r] */
   uint32_t *slot; /* [scratch_cap] slot + 1 of ids[r] (0: not stored) */
+  float **w;      /* [scratch_cap] where a push updates row r (fp32 tables) */
   float *vals;     /* [vals_cap] a push's rows: old values of stored ones (the undo), new
                       ones' values until they are stored */
   size_t vals_cap;
