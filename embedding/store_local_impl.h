@@ -19,6 +19,7 @@
 #define LT_MAX_ROWS 0x7ffffffeu /* slot + 1 fits 31 bits */
 #define LT_DIRECT_MAX (1ULL << 28) /* 1 GiB of index at most, touched lazily */
 #define LT_PREFETCH 32 /* ids ahead: enough misses in flight to hide DRAM latency */
+#define LT_PASS 256    /* ids a pass: its index entries and rows stay in cache until used */
 
 typedef struct {
   uint64_t key;
@@ -55,11 +56,9 @@ typedef struct {
   emb_store base;
   int n;
   ltab *t; /* [n] */
-  /* Scratch of the batched passes, grown to the largest per-table count. */
-  size_t scratch_cap;
-  size_t *pos;    /* [scratch_cap] map position of ids[r] */
-  uint32_t *slot; /* [scratch_cap] slot + 1 of ids[r] (0: not stored) */
-  float **w;      /* [scratch_cap] where a push updates row r (fp32 tables) */
+  /* Scratch of one pass (LT_PASS ids of a table). */
+  uint32_t slot[LT_PASS]; /* slot + 1 of the pass's id r (0: not stored) */
+  float *w[LT_PASS];      /* where a push updates the pass's row r (fp32 tables) */
   float *vals;     /* [vals_cap] a push's rows: old values of stored ones (the undo), new
                       ones' values until they are stored */
   size_t vals_cap;

@@ -601,6 +601,53 @@ START_TEST(test_checkpoint_delta) {
 }
 END_TEST
 
+/* A push of more rows than a pass (LT_PASS) that a row of its last pass
+ * would turn non-finite is refused whole: the rows of the passes before,
+ * already updated, are as they were, held ones and new ones, for every
+ * optimizer, fp32 and fp16. */
+START_TEST(test_push_refused_past_a_pass) {
+  const emb_optim_kind kinds[] = {EMB_OPT_SGD, EMB_OPT_ADAGRAD, EMB_OPT_ROWWISE_ADAGRAD};
+  enum { N = 3 * LT_PASS, D = 4 }; /* table 0: 1000 rows of dim 4 */
+  for (int i = 0; i < 6; i++) {
+    emb_plan *p = make_plan(kinds[i % 3], 1, 0, 5);
+    p->tables[0].precision = i < 3 ? EMB_PREC_FP32 : EMB_PREC_FP16;
+    emb_store *s = make_store(p);
+    static uint64_t ids[N];
+    static float g[N * D], before[N * D], after[N * D];
+    for (int r = 0; r < N; r++) ids[r] = (uint64_t)r;
+    for (int k = 0; k < N * D; k++) g[k] = 0.01f * (float)(1 + k % 5);
+    const uint64_t *idp[3] = {ids, NULL, NULL};
+    size_t counts[3] = {N / 2, 0, 0}; /* the first half held, the second new */
+    const float *gp[3] = {g, NULL, NULL};
+    float *op[3] = {before, NULL, NULL};
+    emb_idset set = {3, idp, counts};
+    ck_assert_int_eq(emb_store_push(s, 1, 0.1f, &set, gp), 0);
+    counts[0] = N;
+    ck_assert_int_eq(emb_store_lookup_begin(s, 2, &set, op), 0);
+    ck_assert_int_eq(emb_store_lookup_wait(s), 0);
+    g[(N - 10) * D + 1] = 3e38f; /* row N - 10's update overflows */
+    ck_assert_int_eq(emb_store_push(s, 2, 1e4f, &set, gp), SR_ERANGE);
+    char want[32];
+    snprintf(want, sizeof want, "row %d:", N - 10);
+    ck_assert_msg(strstr(emb_store_errmsg(s), want), "%s", emb_store_errmsg(s));
+    op[0] = after;
+    ck_assert_int_eq(emb_store_lookup_begin(s, 3, &set, op), 0);
+    ck_assert_int_eq(emb_store_lookup_wait(s), 0);
+    ck_assert_mem_eq(after, before, sizeof before);
+    emb_store_stats st;
+    emb_store_stats_get(s, &st);
+    ck_assert_uint_eq(st.rows, N / 2);
+    /* Without the overflowing gradient the same push is taken. */
+    g[(N - 10) * D + 1] = 0.01f;
+    ck_assert_int_eq(emb_store_push(s, 2, 1e4f, &set, gp), 0);
+    emb_store_stats_get(s, &st);
+    ck_assert_uint_eq(st.rows, N);
+    emb_store_destroy(s);
+    emb_plan_free(p);
+  }
+}
+END_TEST
+
 START_TEST(test_growth) {
   /* Many rows: the map and slab grow; values survive rehashing. */
   emb_plan *p = make_plan(EMB_OPT_ADAGRAD, 1, 0, 5);
@@ -802,6 +849,7 @@ int main(void) {
   tcase_add_test(tc, test_held_rows_take_no_room);
   tcase_add_test(tc, test_push_out_of_memory);
   tcase_add_test(tc, test_push_nonfinite_refused);
+  tcase_add_test(tc, test_push_refused_past_a_pass);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
