@@ -707,6 +707,18 @@ int emb_plan_shard_of(const emb_plan *plan, int table, uint64_t row_id) {
   return pl->shards[sr_mix64(row_id) % (uint64_t)pl->n];
 }
 
+size_t emb_plan_first_out_of_range(const emb_plan *plan, int table, const uint64_t *ids,
+                                   size_t n) {
+  const uint64_t rows = plan->tables[table].rows;
+  if (rows == EMB_ROWS_UNBOUNDED) return n;
+  uint64_t hi = 0;
+  for (size_t k = 0; k < n; k++) hi = ids[k] > hi ? ids[k] : hi;
+  if (hi < rows) return n;
+  size_t k = 0;
+  while (ids[k] < rows) k++;
+  return k;
+}
+
 void emb_row_init(const emb_plan *plan, int table, uint64_t row_id, float *out) {
   const emb_table *t = &plan->tables[table];
   const float a = (float)t->init_range;

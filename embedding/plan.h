@@ -260,6 +260,12 @@ int emb_plan_table_index(const emb_plan *plan, uint32_t table_id);
  * id and the table's shard list, the same in every process. */
 int emb_plan_shard_of(const emb_plan *plan, int table, uint64_t row_id);
 
+/* Index of the first of ids[n] past the last row of table (plan index;
+ * none in an unbounded table), or n. The largest id is found first (a loop
+ * the compiler vectorises) and the ids are walked one by one only when it
+ * is out of range. */
+size_t emb_plan_first_out_of_range(const emb_plan *plan, int table, const uint64_t *ids, size_t n);
+
 /* Value of a never-written row: out[j] for j < dim of table (plan index) is
  * uniform in [-a, a), a = (float)init_range, from
  *   bits = sr_philox(seed, row_id, ((uint64_t)table_id << 32) | (j / 4)).v[j % 4]

@@ -36,15 +36,13 @@ int shard__check_ids(shstore *s, const emb_idset *ids, const char *what) {
     return SR_EINVAL;
   }
   for (int t = 0; t < s->n_tables; t++) {
-    uint64_t rows = s->base.plan->tables[t].rows;
-    if (rows == EMB_ROWS_UNBOUNDED) continue;
-    for (size_t r = 0; r < ids->counts[t]; r++)
-      if (ids->ids[t][r] >= rows) {
-        sr_fmt(s->err, sizeof s->err, "%s: table %d (%s): row id %llu is out of range 0..%llu", what,
-               t, s->base.plan->tables[t].name, (unsigned long long)ids->ids[t][r],
-               (unsigned long long)(rows - 1));
-        return SR_ERANGE;
-      }
+    const size_t r = emb_plan_first_out_of_range(s->base.plan, t, ids->ids[t], ids->counts[t]);
+    if (r < ids->counts[t]) {
+      sr_fmt(s->err, sizeof s->err, "%s: table %d (%s): row id %llu is out of range 0..%llu", what,
+             t, s->base.plan->tables[t].name, (unsigned long long)ids->ids[t][r],
+             (unsigned long long)(s->base.plan->tables[t].rows - 1));
+      return SR_ERANGE;
+    }
   }
   return 0;
 }

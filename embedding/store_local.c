@@ -59,16 +59,13 @@ static int check_ids(lstore *s, const emb_idset *ids, const char *what) {
     return SR_EINVAL;
   }
   for (int t = 0; t < s->n; t++) {
-    uint64_t rows = s->t[t].rows;
-    if (rows == EMB_ROWS_UNBOUNDED) continue;
-    const uint64_t *id = ids->ids[t];
-    for (size_t r = 0; r < ids->counts[t]; r++)
-      if (id[r] >= rows) {
-        sr_fmt(s->err, sizeof s->err, "%s: table %d (%s): row id %llu is out of range 0..%llu", what,
-               t, s->base.plan->tables[t].name, (unsigned long long)id[r],
-               (unsigned long long)(rows - 1));
-        return SR_ERANGE;
-      }
+    const size_t r = emb_plan_first_out_of_range(s->base.plan, t, ids->ids[t], ids->counts[t]);
+    if (r < ids->counts[t]) {
+      sr_fmt(s->err, sizeof s->err, "%s: table %d (%s): row id %llu is out of range 0..%llu", what,
+             t, s->base.plan->tables[t].name, (unsigned long long)ids->ids[t][r],
+             (unsigned long long)(s->t[t].rows - 1));
+      return SR_ERANGE;
+    }
   }
   return 0;
 }

@@ -159,9 +159,10 @@ static int table_scatter(cursor *c, const emb_table *tp, size_t cnt, const size_
   const size_t dim = (size_t)tp->dim;
   const size_t bytes = dim * (size_t)emb_precision_bytes(tp->precision);
   if (id != tp->table_id || (have_rows ? rows.left : 0) != cnt * bytes) return -2;
-  if ((tp->precision == EMB_PREC_FP32 || rows16) && cnt && rpc__perm_runs(perm, cnt))
-    cur_take(&rows, (char *)out + perm[0] * bytes, cnt * bytes);
-  else if (tp->precision == EMB_PREC_FP32 || rows16)
+  const int as_sent = tp->precision == EMB_PREC_FP32 || rows16; /* bytes copied as they come */
+  if (as_sent && cnt && rpc__perm_runs(perm, cnt))
+    cur_take(&rows, (char *)out + perm[0] * bytes, cnt * bytes); /* in order: one copy */
+  else if (as_sent)
     for (size_t r = 0; r < cnt; r++) cur_take(&rows, (char *)out + perm[r] * bytes, bytes);
   else
     for (size_t r = 0; r < cnt; r++)

@@ -95,14 +95,12 @@ static int group(rstore *s, lane *L, const emb_idset *ids) {
     memset(off, 0, (size_t)(ns + 1) * sizeof *off);
     const uint64_t *id = ids->ids[t];
     const emb_table *tb = &plan->tables[t];
-    uint64_t hi = 0;
-    for (size_t r = 0; r < cnt; r++) hi = id[r] > hi ? id[r] : hi;
-    for (size_t r = 0; tb->rows != EMB_ROWS_UNBOUNDED && hi >= tb->rows && r < cnt; r++)
-      if (id[r] >= tb->rows) {
-        sr_fmt(s->err, sizeof s->err, "table %d (%s): row id %llu is out of range 0..%llu", t,
-               tb->name, (unsigned long long)id[r], (unsigned long long)(tb->rows - 1));
-        return SR_ERANGE;
-      }
+    const size_t bad = emb_plan_first_out_of_range(plan, t, id, cnt);
+    if (bad < cnt) {
+      sr_fmt(s->err, sizeof s->err, "table %d (%s): row id %llu is out of range 0..%llu", t,
+             tb->name, (unsigned long long)id[bad], (unsigned long long)(tb->rows - 1));
+      return SR_ERANGE;
+    }
     if (tb->place.n == 1) { /* every id on one shard, in the caller's order */
       for (int k = tb->place.shards[0]; k < ns; k++) off[k + 1] = cnt;
       if (cnt) memcpy(L->gids[t], id, cnt * sizeof *id);

@@ -44,6 +44,24 @@ static void fps(const emb_plan *p, char m[EMB_FP_HEX], char a[EMB_FP_HEX]) {
   ck_assert_int_eq(emb_plan_fingerprint(p, a), 0);
 }
 
+/* The first id past a table's rows: none in range or in an unbounded
+ * table, else the earliest of those out. */
+START_TEST(test_first_out_of_range) {
+  emb_plan *p = make_plan(1, 0, EMB_OPT_SGD); /* table 4: 305 rows; table 5: unbounded */
+  uint64_t ids[600];
+  for (size_t k = 0; k < 600; k++) ids[k] = k % 305;
+  ck_assert_uint_eq(emb_plan_first_out_of_range(p, 4, ids, 600), 600);
+  ck_assert_uint_eq(emb_plan_first_out_of_range(p, 4, ids, 0), 0);
+  ids[417] = 305, ids[530] = UINT64_MAX;
+  ck_assert_uint_eq(emb_plan_first_out_of_range(p, 4, ids, 600), 417);
+  ck_assert_uint_eq(emb_plan_first_out_of_range(p, 4, ids, 417), 417);
+  ids[3] = 1000;
+  ck_assert_uint_eq(emb_plan_first_out_of_range(p, 4, ids, 600), 3);
+  ck_assert_uint_eq(emb_plan_first_out_of_range(p, 5, ids, 600), 600);
+  emb_plan_free(p);
+}
+END_TEST
+
 START_TEST(test_sha256_kat) {
   char hex[EMB_FP_HEX];
   ck_assert_int_eq(sr_sha256_hex("abc", 3, hex), 0);
@@ -573,6 +591,7 @@ int main(void) {
   tcase_add_test(tc, test_row_init);
   tcase_add_test(tc, test_grow);
   tcase_add_test(tc, test_keep_field);
+  tcase_add_test(tc, test_first_out_of_range);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
