@@ -164,7 +164,8 @@ typedef struct emb_shard_counters {
                                decoded or initialised; write buffers sorted */
   uint64_t caller_ns;       /* the caller in lookup, push and prefetch (the map, eviction,
                                encoding rows written back), less the queued work it ran */
-  uint64_t wb_rows;         /* rows the write buffers wrote to RocksDB */
+  uint64_t wb_rows;         /* rows the write buffers wrote to RocksDB (a row evicted twice
+                               in one write set is written once: its newest record) */
 } emb_shard_counters;
 int emb_shard_counters_get(emb_store *s, emb_shard_counters *out);
 

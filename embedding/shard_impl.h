@@ -192,6 +192,7 @@ typedef struct sh_wbuf {
   size_t n;
   unsigned char *rec;
   uint64_t rocks_ns, own_ns; /* thread CPU writing its set (the set's first): in RocksDB, sorting */
+  size_t written; /* rows its set wrote (the set's first): a row's newest record only */
   int rc;
   char err[1024];
 } sh_wbuf;

@@ -130,6 +130,7 @@ static void wset_write(shstore *s, sh_wbuf *b) {
   for (sh_wbuf *x = b; x; x = x->next, nb++) {
     x->rc = 0;
     x->rocks_ns = x->own_ns = 0;
+    x->written = 0;
     for (size_t r = 0; r < x->n; r++, n++) {
       const unsigned char *p = x->rec + r * s->rec_bytes;
       uint32_t t, d;
@@ -154,6 +155,7 @@ static void wset_write(shstore *s, sh_wbuf *b) {
         continue; /* a newer record of the row follows */
       rc = kv_ingest_put(s->ing, s->word[i].key, rec_at(s, s->word[i].loc) + SH_REC_HEAD, len,
                          b->err, sizeof b->err);
+      b->written++;
     }
     if (!rc) rc = kv_ingest_commit(s->ing, b->err, sizeof b->err);
   }
@@ -249,7 +251,7 @@ void shard__reap(shstore *s) {
       sr_fmt(s->wb_err, sizeof s->wb_err, "writing evicted rows back: %s", b->err);
     }
     s->ctr.wb_batches++;
-    s->ctr.wb_rows += b->n;
+    s->ctr.wb_rows += b->written;
     s->ctr.rocks_write_ns += b->rocks_ns;
     s->ctr.io_own_ns += b->own_ns;
     s->wbufs_out--;

@@ -176,6 +176,56 @@ END_TEST
 START_TEST(test_pressure_sgd_tablewise) { pressure(EMB_OPT_SGD, 2, 0); }
 END_TEST
 
+/* A row evicted twice before its write set goes is written once, its
+ * newest record: two groups of 1024 rows taking turns in a cache of 1024,
+ * four rounds of pushes, every evicted record held in the write buffers
+ * (4 MiB) until the flush. The flush writes those 3072 records of 2048
+ * rows as one set, then the 1024 dirty rows the cache holds as another:
+ * 3072 rows written of 4096 records handed over. Every row reads back as
+ * the local store's. */
+START_TEST(test_twice_evicted_written_once) {
+  emb_plan *p = make_plan(EMB_OPT_ADAGRAD, 1, 0);
+  char *dir = tmpdir(), err[1024];
+  emb_shard_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.cache_rows = 1024;
+  cfg.write_buffer_bytes = 4 << 20;
+  emb_store *sh = emb_store_create_shard(p, dir, &cfg, err, sizeof err);
+  ck_assert_msg(sh != NULL, "%s", err);
+  emb_store *loc = emb_store_create_local(p, err, sizeof err);
+  ck_assert_ptr_nonnull(loc);
+  static step_data d;
+  for (int t = 0; t < NT; t++) d.idp[t] = d.ids[t], d.gp[t] = d.grads[t], d.op[t] = d.out[t];
+  for (int t = 0; t < NT; t++) d.op2[t] = d.out2[t], d.counts[t] = 0;
+  d.set = (emb_idset){NT, d.idp, d.counts};
+  d.counts[0] = 512;
+  for (int step = 0; step < 16; step++) { /* rounds of 4 steps: a group in two halves, twice */
+    const uint64_t first = (uint64_t)((step / 4) % 2) * 1024 + (uint64_t)(step % 2) * 512;
+    for (size_t k = 0; k < 512; k++) d.ids[0][k] = first + k;
+    for (size_t k = 0; k < 512 * 8; k++) d.grads[0][k] = 0.01f * (float)(step + 1) + 1e-5f * (float)k;
+    ck_assert_int_eq(emb_store_push(sh, step, 0.1f, &d.set, d.gp), 0);
+    ck_assert_int_eq(emb_store_push(loc, step, 0.1f, &d.set, d.gp), 0);
+  }
+  emb_shard_counters c;
+  emb_shard_counters_get(sh, &c);
+  ck_assert_uint_eq(c.wb_rows, 0); /* nothing written yet: the buffers hold every record */
+  ck_assert_uint_eq(c.writebacks, 3072);
+  ck_assert_int_eq(emb_store_flush(sh), 0);
+  emb_shard_counters_get(sh, &c);
+  ck_assert_uint_eq(c.writebacks, 4096);
+  ck_assert_uint_eq(c.wb_rows, 3072);
+  for (int part = 0; part < 4; part++) {
+    for (size_t k = 0; k < 512; k++) d.ids[0][k] = (uint64_t)part * 512 + k;
+    lookup_both(loc, sh, &d, p);
+  }
+  emb_store_destroy(sh);
+  emb_store_destroy(loc);
+  sr_rmtree(dir);
+  free(dir);
+  emb_plan_free(p);
+}
+END_TEST
+
 /* A cache larger than the rows touched writes nothing until a flush. */
 START_TEST(test_big_cache_writes_nothing) {
   emb_plan *p = make_plan(EMB_OPT_ADAGRAD, 1, 0);
@@ -691,6 +741,7 @@ int main(void) {
   tcase_add_test(tc, test_pressure_rowwise_sharded);
   tcase_add_test(tc, test_pressure_sgd_tablewise);
   tcase_add_test(tc, test_big_cache_writes_nothing);
+  tcase_add_test(tc, test_twice_evicted_written_once);
   tcase_add_test(tc, test_often_used_rows_outlast_a_scan);
   tcase_add_test(tc, test_often_used_rows_outlast_a_scan_pinned);
   tcase_add_test(tc, test_uses_counted_once_a_step);
