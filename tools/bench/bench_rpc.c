@@ -749,14 +749,14 @@ static int bench_servers(int dim, int ns, int si, long long rows, long long n,
 static const int sweep_conns[SWEEP_N] = {1, 1, 1, 2, 2, 2, 4};
 static const int sweep_kb[SWEEP_N] = {0, 64, 512, 0, 128, 512, 512};
 
-/* Seconds per step of steps lookup (push: push) steps through s, k0 + 1
- * on; with warm (1) step k0 first, not timed. */
+/* Seconds per step of steps lookup (push: push) steps through s, k0 on;
+ * with warm (1) step k0 - 1 first, not timed. */
 static double sweep_time(emb_store *s, int push, uint64_t *perm, uint64_t rows, size_t n,
                          float *out, const float *grad, int steps, int k0, int warm) {
   uint64_t *ids = malloc(n * sizeof *ids);
   double t0 = sr_now();
-  for (int k = k0 + 1 - warm; k <= k0 + steps; k++) {
-    if (k == k0 + 1) t0 = sr_now();
+  for (int k = k0 - warm; k < k0 + steps; k++) {
+    if (k == k0) t0 = sr_now();
     step_ids(perm, rows, k, n, ids);
     const uint64_t *ip[1] = {ids};
     size_t counts[1] = {n};
@@ -792,7 +792,7 @@ static int sweep_one(int dim, int ns, long long rows, long long n, uint64_t *per
   }
   /* Rows exist once pushed (lr 0 keeps them at their initial values). */
   for (long long at = 0; at + n <= rows && !status; at += n)
-    if (sweep_time(st[0], 1, perm, (uint64_t)rows, (size_t)n, out, grad, 1, (int)(at / n) - 1, 0) < 0)
+    if (sweep_time(st[0], 1, perm, (uint64_t)rows, (size_t)n, out, grad, 1, (int)(at / n), 0) < 0)
       status = 1;
   double *ratio = calloc((size_t)(2 * SWEEP_N * rounds), sizeof *ratio);
   double *abs_t = calloc((size_t)(2 * SWEEP_N * rounds), sizeof *abs_t);
@@ -803,7 +803,7 @@ static int sweep_one(int dim, int ns, long long rows, long long n, uint64_t *per
       for (int i = 0; i < SWEEP_N && !status; i++) {
         const int c = (r + i) % SWEEP_N;
         t[c] = sweep_time(st[c], push, perm, (uint64_t)rows, (size_t)n, out, grad, steps,
-                          r * (steps + 1), 1);
+                          r * (steps + 1) + 1, 1);
         if (t[c] < 0) status = 1;
       }
       for (int c = 0; c < SWEEP_N && !status; c++) {
@@ -884,8 +884,7 @@ static int pinned_one(int dim, long long rows, long long n, uint64_t *perm, floa
     for (int k = 0; k < 2 && !status; k++) {
       const int64_t k0 = next_step;
       next_step += steps;
-      if ((t[k] = sweep_time(st[k], 0, perm, (uint64_t)rows, (size_t)n, out, grad, steps,
-                             (int)k0 - 1, 0)) < 0)
+      if ((t[k] = sweep_time(st[k], 0, perm, (uint64_t)rows, (size_t)n, out, grad, steps, (int)k0, 0)) < 0)
         status = 1;
     }
     if (!status) {
