@@ -835,8 +835,9 @@ static int sweep_one(int dim, int ns, long long rows, long long n, uint64_t *per
  * temporary folder, a cache that holds every row) answered from the
  * store's memory (pinned rows, no copy) against the same answered by a
  * gather into one buffer: two servers of the same rows, one each way,
- * timed in turn, rounds rounds; medians of each one's rate and of their
- * ratio in the same round. */
+ * timed in turn (each first in every other round, each run after a step
+ * it does not time, as --part connections), rounds rounds; medians of
+ * each one's rate and of their ratio in the same round. */
 static int pinned_one(int dim, long long rows, long long n, uint64_t *perm, float *grad,
                       float *out, int rounds) {
   char err[512], tmpl[] = "/tmp/shardrec-bench-pin-XXXXXX";
@@ -881,10 +882,11 @@ static int pinned_one(int dim, long long rows, long long n, uint64_t *perm, floa
   const int steps = dim > 64 ? 4 : 16;
   for (int r = 0; r < rounds && !status; r++) {
     double t[2];
-    for (int k = 0; k < 2 && !status; k++) {
-      const int64_t k0 = next_step;
-      next_step += steps;
-      if ((t[k] = sweep_time(st[k], 0, perm, (uint64_t)rows, (size_t)n, out, grad, steps, (int)k0, 0)) < 0)
+    for (int i = 0; i < 2 && !status; i++) { /* each first in every other round */
+      const int k = (r + i) % 2;
+      const int64_t k0 = next_step + 1;
+      next_step += steps + 1;
+      if ((t[k] = sweep_time(st[k], 0, perm, (uint64_t)rows, (size_t)n, out, grad, steps, (int)k0, 1)) < 0)
         status = 1;
     }
     if (!status) {
