@@ -42,7 +42,7 @@ typedef struct rpc_server_opts {
 
 /* The default of pin_min_row_bytes, from `shardrec bench rpc` (docs/DESIGN.md,
  * "Answers sent from the store"). */
-#define RPC_PIN_MIN_ROW_BYTES 2048
+#define RPC_PIN_MIN_ROW_BYTES 4096
 
 /* Serve svc until *o->stop. on_listening(port, ctx) is called once the port
  * is bound, before serving. The TLS files are checked first (a missing or

@@ -33,8 +33,8 @@
 #include "tests/rpc/raw_call.h"
 #include "tests/support/servers.h"
 
-#define DIM 512 /* 2 KiB rows: answered pinned (RPC_PIN_MIN_ROW_BYTES) */
-#define BIG 2000 /* ids of an unread Lookup: 4 MB of rows */
+#define DIM 1024 /* 4 KiB rows: answered pinned (RPC_PIN_MIN_ROW_BYTES) */
+#define BIG 1000 /* ids of an unread Lookup: 4 MB of rows */
 #define SMALL 250
 #define ROW_BYTES (DIM * 4)
 
@@ -190,7 +190,7 @@ static void send_unread(const uint64_t *ids, grpc_channel **ch, grpc_completion_
 /* An unread answer's bytes survive a Push to its rows and evictions
  * around them; the rows after the push are the pushed ones. */
 START_TEST(test_sent_bytes_never_change) {
-  start(5000, "");
+  start(2500, "");
   uint64_t *ids = id_range(1000, BIG);
   float *before = malloc(BIG * ROW_BYTES), *got = malloc(BIG * ROW_BYTES);
   oracle_rows(ids, BIG, before);
@@ -203,12 +203,12 @@ START_TEST(test_sent_bytes_never_change) {
   float *after = malloc(BIG * ROW_BYTES);
   oracle_rows(ids, BIG, after);
   ck_assert(memcmp(before, after, BIG * ROW_BYTES) != 0); /* the push changed them */
-  /* Rows pushed: a Lookup now sees them. (Beside the 2000 held, 2000 more
-   * do not fit the room pins may take in a cache of 5000: this one and
+  /* Rows pushed: a Lookup now sees them. (Beside the 1000 held, 1000 more
+   * do not fit the room pins may take in a cache of 2500: this one and
    * those below are gathered, the fallback.) */
   lookup_read(1, ids, BIG, got);
   ck_assert(memcmp(got, after, BIG * ROW_BYTES) == 0);
-  /* 4 x 2000 other rows through a cache of 5000 (2000 held, 2000 the
+  /* 4 x 1000 other rows through a cache of 2500 (1000 held, 1000 the
    * pushed copies): evictions, the pinned slots skipped, never waited for. */
   for (int k = 0; k < 4; k++) {
     uint64_t *o = id_range(100000 + (uint64_t)k * BIG, BIG);
@@ -240,7 +240,7 @@ END_TEST
 START_TEST(test_client_never_reads) {
   /* Budget 16 MiB: a BIG Lookup takes 3 x 4 MB while it is built and
    * keeps 4 MB pinned; two of them leave too little for a third. */
-  start(10000, "--inflight-mb 16");
+  start(5000, "--inflight-mb 16");
   grpc_channel *ch = raw_channel(srv.addr, 1);
   grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
   raw_call c[2];
@@ -258,7 +258,7 @@ START_TEST(test_client_never_reads) {
   uint64_t held = wait_pinned(2 * BIG);
   ck_assert_uint_ge(held, 2 * BIG * ROW_BYTES); /* the pinned bytes count in the budget */
   /* Others go on: small Lookups of 7500 fresh rows (evicting around the
-   * 4000 pinned ones in a cache of 10000) and a Push to pinned rows. */
+   * 2000 pinned ones in a cache of 5000) and a Push to pinned rows. */
   float *got = malloc(BIG * ROW_BYTES), *want = malloc(BIG * ROW_BYTES);
   for (int k = 0; k < 30; k++) {
     uint64_t *o = id_range(200000 + (uint64_t)k * SMALL, SMALL);
@@ -314,7 +314,7 @@ END_TEST
  * service and the store may be gone: a sanitizer build sees any touch of
  * freed memory), and the client hears the call end. */
 START_TEST(test_stop_with_answer_unread) {
-  start(5000, "");
+  start(2500, "");
   uint64_t *ids = id_range(3000, BIG);
   grpc_channel *ch;
   grpc_completion_queue *cq;
@@ -335,7 +335,7 @@ END_TEST
  * grpcio with stubs generated from rpc/shardrec.proto: the rows the C
  * client gets, the local store's bits. */
 START_TEST(test_pinned_python_interop) {
-  start(5000, "");
+  start(2500, "");
   const char *src = getenv("SHARDREC_SRC");
   ck_assert_ptr_nonnull(src);
   char *out;
