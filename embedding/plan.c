@@ -719,6 +719,17 @@ size_t emb_plan_first_out_of_range(const emb_plan *plan, int table, const uint64
   return k;
 }
 
+int emb_plan_check_range(const emb_plan *plan, int table, const uint64_t *ids, size_t n,
+                         const char *what, char *err, size_t errlen) {
+  const size_t r = emb_plan_first_out_of_range(plan, table, ids, n);
+  if (r == n) return 0;
+  const emb_table *t = &plan->tables[table];
+  sr_fmt(err, errlen, "%s%stable %d (%s): row id %llu is out of range 0..%llu", what ? what : "",
+         what ? ": " : "", table, t->name, (unsigned long long)ids[r],
+         (unsigned long long)(t->rows - 1));
+  return SR_ERANGE;
+}
+
 void emb_row_init(const emb_plan *plan, int table, uint64_t row_id, float *out) {
   const emb_table *t = &plan->tables[table];
   const float a = (float)t->init_range;

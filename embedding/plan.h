@@ -265,6 +265,12 @@ int emb_plan_shard_of(const emb_plan *plan, int table, uint64_t row_id);
  * the compiler vectorises) and the ids are walked one by one only when it
  * is out of range. */
 size_t emb_plan_first_out_of_range(const emb_plan *plan, int table, const uint64_t *ids, size_t n);
+/* 0 when every one of ids[n] is a row of table (emb_plan_first_out_of_range),
+ * else SR_ERANGE with "WHAT: table T (NAME): row id X is out of range
+ * 0..ROWS-1" in err, naming the first id past it ("WHAT: " left out when
+ * what is NULL). */
+int emb_plan_check_range(const emb_plan *plan, int table, const uint64_t *ids, size_t n,
+                         const char *what, char *err, size_t errlen);
 
 /* Value of a never-written row: out[j] for j < dim of table (plan index) is
  * uniform in [-a, a), a = (float)init_range, from

@@ -35,15 +35,10 @@ int shard__check_ids(shstore *s, const emb_idset *ids, const char *what) {
            ids ? ids->n_tables : -1, s->n_tables);
     return SR_EINVAL;
   }
-  for (int t = 0; t < s->n_tables; t++) {
-    const size_t r = emb_plan_first_out_of_range(s->base.plan, t, ids->ids[t], ids->counts[t]);
-    if (r < ids->counts[t]) {
-      sr_fmt(s->err, sizeof s->err, "%s: table %d (%s): row id %llu is out of range 0..%llu", what,
-             t, s->base.plan->tables[t].name, (unsigned long long)ids->ids[t][r],
-             (unsigned long long)(s->base.plan->tables[t].rows - 1));
+  for (int t = 0; t < s->n_tables; t++)
+    if (emb_plan_check_range(s->base.plan, t, ids->ids[t], ids->counts[t], what, s->err,
+                             sizeof s->err))
       return SR_ERANGE;
-    }
-  }
   return 0;
 }
 

@@ -58,15 +58,10 @@ static int check_ids(lstore *s, const emb_idset *ids, const char *what) {
            ids ? ids->n_tables : -1, s->n);
     return SR_EINVAL;
   }
-  for (int t = 0; t < s->n; t++) {
-    const size_t r = emb_plan_first_out_of_range(s->base.plan, t, ids->ids[t], ids->counts[t]);
-    if (r < ids->counts[t]) {
-      sr_fmt(s->err, sizeof s->err, "%s: table %d (%s): row id %llu is out of range 0..%llu", what,
-             t, s->base.plan->tables[t].name, (unsigned long long)ids->ids[t][r],
-             (unsigned long long)(s->t[t].rows - 1));
+  for (int t = 0; t < s->n; t++)
+    if (emb_plan_check_range(s->base.plan, t, ids->ids[t], ids->counts[t], what, s->err,
+                             sizeof s->err))
       return SR_ERANGE;
-    }
-  }
   return 0;
 }
 

@@ -113,16 +113,10 @@ int rpc__remote_remove(emb_store *b, int64_t step, const emb_idset *ids) {
     rpc__slots_send_ready(s);
     return 0;
   }
-  const emb_table *tb = b->plan->tables;
-  for (int t = 0; t < ids->n_tables; t++) {
-    const size_t r = emb_plan_first_out_of_range(b->plan, t, ids->ids[t], ids->counts[t]);
-    if (r < ids->counts[t]) {
-      sr_fmt(s->err, sizeof s->err, "remove: table %d (%s): row id %llu is out of range 0..%llu",
-             t, tb[t].name, (unsigned long long)ids->ids[t][r],
-             (unsigned long long)(tb[t].rows - 1));
+  for (int t = 0; t < ids->n_tables; t++)
+    if (emb_plan_check_range(b->plan, t, ids->ids[t], ids->counts[t], "remove", s->err,
+                             sizeof s->err))
       return SR_ERANGE;
-    }
-  }
   int rc = rpc__fetch_limits(s);
   if (rc) return rc;
   remove_walk w = {calloc((size_t)s->n * (size_t)ids->n_tables + 1, sizeof *w.at)};

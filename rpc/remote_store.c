@@ -95,12 +95,7 @@ static int group(rstore *s, lane *L, const emb_idset *ids) {
     memset(off, 0, (size_t)(ns + 1) * sizeof *off);
     const uint64_t *id = ids->ids[t];
     const emb_table *tb = &plan->tables[t];
-    const size_t bad = emb_plan_first_out_of_range(plan, t, id, cnt);
-    if (bad < cnt) {
-      sr_fmt(s->err, sizeof s->err, "table %d (%s): row id %llu is out of range 0..%llu", t,
-             tb->name, (unsigned long long)id[bad], (unsigned long long)(tb->rows - 1));
-      return SR_ERANGE;
-    }
+    if (emb_plan_check_range(plan, t, id, cnt, NULL, s->err, sizeof s->err)) return SR_ERANGE;
     if (tb->place.n == 1) { /* every id on one shard, in the caller's order */
       for (int k = tb->place.shards[0]; k < ns; k++) off[k + 1] = cnt;
       if (cnt) memcpy(L->gids[t], id, cnt * sizeof *id);

@@ -58,6 +58,17 @@ START_TEST(test_first_out_of_range) {
   ids[3] = 1000;
   ck_assert_uint_eq(emb_plan_first_out_of_range(p, 4, ids, 600), 3);
   ck_assert_uint_eq(emb_plan_first_out_of_range(p, 5, ids, 600), 600);
+  /* The refusal names the first id past the table, with or without what. */
+  char err[256] = "";
+  ck_assert_int_eq(emb_plan_check_range(p, 5, ids, 600, "push", err, sizeof err), 0);
+  ck_assert_str_eq(err, "");
+  ck_assert_int_eq(emb_plan_check_range(p, 4, ids, 600, "push", err, sizeof err), SR_ERANGE);
+  char want[256];
+  snprintf(want, sizeof want, "push: table 4 (%s): row id 1000 is out of range 0..304",
+           p->tables[4].name);
+  ck_assert_str_eq(err, want);
+  ck_assert_int_eq(emb_plan_check_range(p, 4, ids, 600, NULL, err, sizeof err), SR_ERANGE);
+  ck_assert_str_eq(err, want + strlen("push: "));
   emb_plan_free(p);
 }
 END_TEST
