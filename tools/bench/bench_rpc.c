@@ -919,8 +919,10 @@ static int pinned_one(int dim, long long rows, long long n, uint64_t *perm, floa
  * B (the dense optimizer and the next batch's input), without and with the
  * next step's ids handed ahead (emb_store_prefetch) before the push; the
  * time the step waits in lookup and in push (which, handed ahead, carries
- * the next step's Lookup: PushLookup), medians of 5 blocks of steps. Work
- * is a spin on the clock of work_us microseconds each. */
+ * the next step's Lookup: PushLookup), medians of 5 blocks of steps, each
+ * way first in every other block and after a step it does not time (the
+ * step's ratio: the median of the blocks' own). Work is a spin on the
+ * clock of work_us microseconds each. */
 static void spin_us(double us) {
   double until = sr_now() + us * 1e-6;
   while (sr_now() < until) {
@@ -940,7 +942,8 @@ static int lookahead_one(int dim, long long rows, long long n, uint64_t *perm, f
   double wait[2][5], pwait[2][5], step[2][5];
   uint64_t *ids = malloc((size_t)n * sizeof *ids), *nids = malloc((size_t)n * sizeof *nids);
   for (int blk = 0; blk < 5 && !status; blk++)
-    for (int la = 0; la < 2 && !status; la++) {
+    for (int i = 0; i < 2 && !status; i++) {
+      const int la = (blk + i) % 2; /* each first in every other block */
       emb_store *s = emb_store_create_remote(plan, addrs, ns, &bench_ro, err, sizeof err);
       if (!s) {
         status = 1;
@@ -978,10 +981,11 @@ static int lookahead_one(int dim, long long rows, long long n, uint64_t *perm, f
   if (!status) {
     double w0 = sr_median(wait[0], 5), w1 = sr_median(wait[1], 5);
     double p0 = sr_median(pwait[0], 5), p1 = sr_median(pwait[1], 5);
-    double s0 = sr_median(step[0], 5), s1 = sr_median(step[1], 5);
+    double s0 = sr_median(step[0], 5), s1 = sr_median(step[1], 5), rs[5];
+    for (int blk = 0; blk < 5; blk++) rs[blk] = step[0][blk] / step[1][blk];
     printf("  dim %3d, work 2 x %4.0f us:  lookup wait %7.1f -> %7.1f us, push %7.1f -> %7.1f us, "
            "step %7.1f -> %7.1f us (x%.2f)\n", dim, work_us, w0 * 1e6, w1 * 1e6, p0 * 1e6,
-           p1 * 1e6, s0 * 1e6, s1 * 1e6, s1 > 0 ? s0 / s1 : 0);
+           p1 * 1e6, s0 * 1e6, s1 * 1e6, sr_median(rs, 5));
   }
   servers_stop(plan, sv, ns);
   return status;
@@ -1336,7 +1340,7 @@ static int rpc_sweeps(const rpc_args *a, uint64_t *perm) {
   else
     printf("a step's store calls against 2 server threads: lookup, work, push, work; without -> "
            "with the next step's ids handed ahead before the push (medians of 5 blocks of 20 "
-           "steps, %lld ids a step)\n", n);
+           "steps, each way first in every other block, %lld ids a step)\n", n);
   const double work[2] = {500, 2000};
   const int inner = !strcmp(a->part, "connections") ? a->n_srv : !strcmp(a->part, "pinned") ? 1 : 2;
   for (int di = 0; di < a->n_dims && !status; di++)
