@@ -326,6 +326,35 @@ static int parse_u64_string(const char *s, uint64_t *out) {
   return 0;
 }
 
+/* Every key of obj one of known[] (NULL-terminated) and given once, else
+ * SR_EINVAL naming the key (at most 40 bytes of it, a byte that is not
+ * printable ASCII as '?') and where ("tables[0].keep"): a misspelt key
+ * would otherwise leave its field at its default unsaid. */
+static int only_keys(pctx *c, const cJSON *obj, const char *where, const char *const *known) {
+  const cJSON *e;
+  cJSON_ArrayForEach(e, obj) {
+    const char *key = e->string ? e->string : "";
+    int k = 0;
+    while (known[k] && strcmp(known[k], key)) k++;
+    const cJSON *first = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (known[k] && first == e) continue;
+    char shown[41];
+    size_t n = 0;
+    for (; key[n] && n < sizeof shown - 1; n++)
+      shown[n] = key[n] >= 0x20 && key[n] < 0x7f ? key[n] : '?';
+    shown[n] = 0;
+    if (!known[k]) {
+      char list[256] = "";
+      for (int m = 0; known[m]; m++)
+        sr_fmt(list + strlen(list), sizeof list - strlen(list), "%s%s", m ? ", " : "", known[m]);
+      return perr(c, "%s: unknown key \"%s%s\" (known: %s)", where, shown, key[n] ? "..." : "",
+                  list);
+    }
+    return perr(c, "%s: key \"%s\" given twice", where, shown);
+  }
+  return 0;
+}
+
 static const cJSON *need(pctx *c, const cJSON *obj, const char *key, const char *where, int *rc) {
   const cJSON *j = cJSON_GetObjectItemCaseSensitive(obj, key);
   if (!j) *rc = perr(c, "%s%s: missing", where, key);
@@ -338,6 +367,12 @@ static int parse_keep(pctx *c, const cJSON *jt, const char *w, emb_keep_cfg *k) 
   memset(k, 0, sizeof *k);
   if (!jk) return 0;
   if (!cJSON_IsObject(jk)) return perr(c, "%skeep: must be an object", w);
+  static const char *const keys[] = {"admit_after", "admit_window", "expire_after", "capacity",
+                                     "evict", "half_life", NULL};
+  char where[64];
+  snprintf(where, sizeof where, "%skeep", w);
+  int rc = only_keys(c, jk, where, keys);
+  if (rc) return rc;
   static const char *const names[] = {"admit_after", "admit_window", "expire_after", "capacity"};
   uint64_t *dst[] = {&k->admit_after, &k->admit_window, &k->expire_after, &k->capacity};
   for (int f = 0; f < 4; f++) {
@@ -361,6 +396,12 @@ static int parse_table(pctx *c, const cJSON *jt, int i, emb_table *t, int n_shar
   const cJSON *j;
   uint64_t u;
   if (!cJSON_IsObject(jt)) return perr(c, "tables[%d]: must be an object", i);
+  static const char *const keys[] = {"table_id", "name",      "rows",      "dim",
+                                     "pooling",  "init_range", "optimizer", "precision",
+                                     "keep",     "placement",  NULL};
+  char where[48];
+  snprintf(where, sizeof where, "tables[%d]", i);
+  if ((rc = only_keys(c, jt, where, keys))) return rc;
   if (!(j = need(c, jt, "table_id", w, &rc))) return rc;
   if (json_uint(j, 4294967295.0, &u)) return perr(c, "%stable_id: must be an integer 0..4294967295", w);
   t->table_id = (uint32_t)u;
@@ -390,7 +431,10 @@ static int parse_table(pctx *c, const cJSON *jt, int i, emb_table *t, int n_shar
   const cJSON *jo = need(c, jt, "optimizer", w, &rc);
   if (!jo) return rc;
   if (!cJSON_IsObject(jo)) return perr(c, "%soptimizer: must be an object", w);
+  static const char *const okeys[] = {"name", "eps", "initial_accumulator_value", NULL};
   char wo[64];
+  snprintf(wo, sizeof wo, "%soptimizer", w);
+  if ((rc = only_keys(c, jo, wo, okeys))) return rc;
   snprintf(wo, sizeof wo, "%soptimizer.", w);
   if (!(j = need(c, jo, "name", wo, &rc))) return rc;
   if (!cJSON_IsString(j) || emb_optim_parse(j->valuestring, &t->optim.kind))
@@ -416,7 +460,10 @@ static int parse_table(pctx *c, const cJSON *jt, int i, emb_table *t, int n_shar
   const cJSON *jp = need(c, jt, "placement", w, &rc);
   if (!jp) return rc;
   if (!cJSON_IsObject(jp)) return perr(c, "%splacement: must be an object", w);
+  static const char *const pkeys[] = {"kind", "shards", NULL};
   char wp[64];
+  snprintf(wp, sizeof wp, "%splacement", w);
+  if ((rc = only_keys(c, jp, wp, pkeys))) return rc;
   snprintf(wp, sizeof wp, "%splacement.", w);
   if (!(j = need(c, jp, "kind", wp, &rc))) return rc;
   if (cJSON_IsString(j) && !strcmp(j->valuestring, "table")) t->place.kind = EMB_PLACE_TABLE;
@@ -428,7 +475,10 @@ static int parse_table(pctx *c, const cJSON *jt, int i, emb_table *t, int n_shar
   if (t->place.kind == EMB_PLACE_TABLE && n != 1)
     return perr(c, "%sshards: a table-wise placement names exactly one shard", wp);
   t->place.shards = malloc((size_t)n * sizeof(int));
-  if (!t->place.shards) return SR_ENOMEM;
+  if (!t->place.shards) {
+    sr_fmt(c->err, c->errlen, "%s: out of memory", c->src);
+    return SR_ENOMEM;
+  }
   t->place.n = n;
   int k = 0;
   const cJSON *e;
@@ -458,6 +508,8 @@ int emb_plan_parse(const char *json, const char *src, emb_plan **out, char *err,
     rc = perr(&c, "top level: must be an object");
     goto done;
   }
+  static const char *const keys[] = {"format", "seed", "n_shards", "tables", NULL};
+  if ((rc = only_keys(&c, root, "top level", keys))) goto done;
   if (!(j = need(&c, root, "format", "", &rc))) goto done;
   if (json_uint(j, 1e9, &u)) {
     rc = perr(&c, "format: must be an integer");

@@ -6,8 +6,9 @@
  * pooling, init range, sparse optimizer and its settings) and each table's
  * placement over n_shards shards.
  *
- * File layout (keys may come in any order on input; emb_plan_save writes them
- * in the canonical order below):
+ * File layout (keys may come in any order on input, each once, and none
+ * other: an unknown or repeated key is refused naming it; emb_plan_save
+ * writes them in the canonical order below):
  *
  *   {"format": 1, "seed": "42", "n_shards": 2,
  *    "tables": [

@@ -293,6 +293,42 @@ START_TEST(test_keep_field) {
 }
 END_TEST
 
+/* A key the plan does not know, at any level, or a key given twice, is
+ * refused naming it and where: a misspelt "capacity" must not leave a
+ * table unbounded unsaid. */
+START_TEST(test_unknown_and_repeated_keys) {
+  const char *base =
+      "{\"format\":1,\"seed\":\"1\",\"n_shards\":1%s,\"tables\":[{\"table_id\":5,"
+      "\"name\":\"a\",\"rows\":10,\"dim\":4,\"pooling\":\"sum\"%s,"
+      "\"optimizer\":{\"name\":\"adagrad\"%s},\"keep\":{\"capacity\":8%s},"
+      "\"placement\":{\"kind\":\"table\",\"shards\":[0]%s}}]}";
+  const char *bad[][6] = {
+      {",\"sead\":\"2\"", "", "", "", "", "top level: unknown key \"sead\" (known: format, seed, "
+                                               "n_shards, tables)"},
+      {"", ",\"dims\":8", "", "", "", "tables[0]: unknown key \"dims\""},
+      {"", "", ",\"epsilon\":0.1", "", "", "tables[0].optimizer: unknown key \"epsilon\""},
+      {"", "", "", ",\"capcity\":9", "", "tables[0].keep: unknown key \"capcity\""},
+      {"", "", "", "", ",\"shard\":[0]", "tables[0].placement: unknown key \"shard\""},
+      {"", ",\"rows\":20", "", "", "", "tables[0]: key \"rows\" given twice"},
+      {"", "", "", ",\"capacity\":9", "", "tables[0].keep: key \"capacity\" given twice"},
+      {"", ",\"x\\ny\":1", "", "", "", "tables[0]: unknown key \"x?y\""},
+  };
+  char txt[1024], err[512];
+  emb_plan *p = NULL;
+  snprintf(txt, sizeof txt, base, "", "", "", "", "");
+  ck_assert_msg(emb_plan_parse(txt, "k", &p, err, sizeof err) == 0, "%s", err);
+  ck_assert_uint_eq(p->tables[0].keep.capacity, 8);
+  emb_plan_free(p);
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    snprintf(txt, sizeof txt, base, bad[i][0], bad[i][1], bad[i][2], bad[i][3], bad[i][4]);
+    p = NULL;
+    ck_assert_int_eq(emb_plan_parse(txt, "plan.json", &p, err, sizeof err), SR_EINVAL);
+    ck_assert_ptr_null(p);
+    ck_assert_msg(!strncmp(err, "plan.json: ", 11) && strstr(err, bad[i][5]), "%zu: %s", i, err);
+  }
+}
+END_TEST
+
 START_TEST(test_seed_encoding) {
   const char *base =
       "{\"format\":1,\"seed\":%s,\"n_shards\":1,\"tables\":[{\"table_id\":5,\"name\":\"a\","
@@ -602,6 +638,7 @@ int main(void) {
   tcase_add_test(tc, test_row_init);
   tcase_add_test(tc, test_grow);
   tcase_add_test(tc, test_keep_field);
+  tcase_add_test(tc, test_unknown_and_repeated_keys);
   tcase_add_test(tc, test_first_out_of_range);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
