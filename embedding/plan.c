@@ -373,8 +373,8 @@ static int parse_keep(pctx *c, const cJSON *jt, const char *w, emb_keep_cfg *k) 
   snprintf(where, sizeof where, "%skeep", w);
   int rc = only_keys(c, jk, where, keys);
   if (rc) return rc;
-  static const char *const names[] = {"admit_after", "admit_window", "expire_after", "capacity"};
   uint64_t *dst[] = {&k->admit_after, &k->admit_window, &k->expire_after, &k->capacity};
+  const char *const *names = keys; /* the first four are dst's */
   for (int f = 0; f < 4; f++) {
     double max = f == 3 ? (double)EMB_ROWS_MAX : (double)EMB_KEEP_MAX;
     if ((j = cJSON_GetObjectItemCaseSensitive(jk, names[f])) && json_uint(j, max, dst[f]))
