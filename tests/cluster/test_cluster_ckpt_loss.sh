@@ -12,7 +12,9 @@
 # remote store takes that for a lost server (a restarted one would write
 # its new, empty rows), so the trainer restores every server from its
 # newest complete checkpoint (step-0 here: step 40's never completed) and
-# writes step 40 again. The run must end by itself, having recovered
+# writes step 40 again. (On a loaded machine the Checkpoint's tries can
+# run out before the server is back: UNAVAILABLE, a lost server too; the
+# test says so.) The run must end by itself, having recovered
 # ("recovered from .../step-0"), with the uninterrupted one-rank run's
 # losses, AUC and final checkpoint.
 set -uo pipefail
@@ -47,8 +49,13 @@ sleep 2 # the server host is down this long
 bed_restart_host 1
 echo "$BED_NAME: server host 1 stopped after $n of 26 table files of step 40's checkpoint, killed, back 2 s later"
 wait $pid || bed_fail "the job failed: $(grep -v '^train  step' "$D/lost.out" | tail -5)"
-grep -q "^recovered from $CK/lost/step-0 after: .*ALREADY_EXISTS" "$D/lost.out" ||
-  bed_fail "no recovery from step-0 after the retried Checkpoint: $(grep -v '^train  step' "$D/lost.out" | tail -5)"
+rec=$(grep "^recovered from $CK/lost/step-0 after: " "$D/lost.out") ||
+  bed_fail "no recovery from step-0: $(grep -E '^recovered|trying again|lost' "$D/lost.out" | tail -4) ... $(grep -v '^train  step' "$D/lost.out" | tail -3)"
+case "$rec" in
+  *ALREADY_EXISTS*) ;; # the retried Checkpoint reached the restarted server
+  *) # on a loaded machine its tries can end before the server is back
+    echo "$BED_NAME: the retried Checkpoint did not reach the restarted server: $rec" ;;
+esac
 bed_final "$D/lost.jsonl" >"$D/lost.final"
 cmp -s "$D/ref.final" "$D/lost.final" ||
   bed_fail "losses or AUC differ from the uninterrupted run's: $(diff "$D/ref.final" "$D/lost.final" | head -6)"
