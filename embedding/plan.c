@@ -557,6 +557,11 @@ int emb_plan_parse(const char *json, const char *src, emb_plan **out, char *err,
     i++;
   }
   rc = emb_plan_validate(p, c.src, err, errlen);
+  /* A table that bounds nothing keeps no keep fields (evict, half_life,
+   * admit_window alone mean nothing): as the canonical form, which leaves
+   * them out, reads back. */
+  for (int t = 0; !rc && t < p->n_tables; t++)
+    if (!emb_keep_on(&p->tables[t])) memset(&p->tables[t].keep, 0, sizeof p->tables[t].keep);
 done:
   cJSON_Delete(root);
   if (rc) emb_plan_free(p);

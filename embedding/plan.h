@@ -49,7 +49,7 @@
  *   "half_life": H (lfu only; optional, written only when set): an
  *   admitted id's samples count half for every H steps since (train/keep.h).
  *   Written only when one of them is set, so plans without it keep their
- *   fingerprints.
+ *   fingerprints; a keep that bounds nothing is read as all zero.
  *
  * Numbers are written in the shortest form that reads back to the same
  * double. Two SHA-256 fingerprints of a canonical serialisation (the layout

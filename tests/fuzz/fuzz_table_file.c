@@ -21,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/bytes.h"
 #include "common/half.h"
 #include "common/sha256.h"
 #include "embedding/optim.h"
@@ -52,9 +53,6 @@ static void init_once(void) {
   atexit(remove_file);
 }
 
-static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); } /* the host is little-endian */
-static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-
 typedef struct {
   const uint8_t *file; /* the bytes written */
   size_t rec, dim, slen;
@@ -67,8 +65,7 @@ typedef struct {
 static int check_record(void *ctx, uint64_t id, const float *vals) {
   seen *s = ctx;
   const uint8_t *r = s->file + EMB_TABFILE_HEADER + s->n * s->rec;
-  uint64_t want_id;
-  memcpy(&want_id, r, 8);
+  const uint64_t want_id = sr_get64(r);
   /* Records out of order or range reach here before the refusal (the
    * trailer is checked first); a file taken must have none (below). */
   if (id != want_id) abort();
@@ -112,16 +109,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     file = calloc(1, len);
     if (!file) abort();
     memcpy(file, "SREMBTAB", 8);
-    put32(file + 8, k & 1 ? EMB_TABFILE_VERSION_16 : EMB_TABFILE_VERSION);
-    put32(file + 12, EMB_TABFILE_HEADER);
-    put32(file + 16, tb->table_id);
-    put32(file + 20, (uint32_t)dim);
-    put32(file + 24, (uint32_t)slen);
-    put32(file + 28, (uint32_t)tb->optim.kind);
-    put64(file + 32, said);
-    put64(file + 40, rec);
+    sr_put32(file + 8, k & 1 ? EMB_TABFILE_VERSION_16 : EMB_TABFILE_VERSION);
+    sr_put32(file + 12, EMB_TABFILE_HEADER);
+    sr_put32(file + 16, tb->table_id);
+    sr_put32(file + 20, (uint32_t)dim);
+    sr_put32(file + 24, (uint32_t)slen);
+    sr_put32(file + 28, (uint32_t)tb->optim.kind);
+    sr_put64(file + 32, said);
+    sr_put64(file + 40, rec);
     memcpy(file + 48, fps[k], 64);
-    if (k & 1) put32(file + 112, EMB_PREC_FP16);
+    if (k & 1) sr_put32(file + 112, EMB_PREC_FP16);
     memcpy(file + EMB_TABFILE_HEADER, body, n * rec);
     uint8_t *trailer = file + EMB_TABFILE_HEADER + n * rec;
     if (seal) {
@@ -137,8 +134,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   char err[1024] = "";
   const int rc = emb_tabfile_read(path, tb, fps[k], check_record, &s, err, sizeof err);
   if (rc == 0) {
-    uint64_t said;
-    memcpy(&said, file + 32, 8);
+    const uint64_t said = sr_get64(file + 32);
     unsigned char dig[SR_SHA256_LEN];
     if (len != EMB_TABFILE_HEADER + said * rec + EMB_TABFILE_TRAILER || s.n != said ||
         s.bad || sr_sha256(file, len - EMB_TABFILE_TRAILER, dig) ||
