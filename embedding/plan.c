@@ -768,9 +768,13 @@ size_t emb_plan_first_out_of_range(const emb_plan *plan, int table, const uint64
                                    size_t n) {
   const uint64_t rows = plan->tables[table].rows;
   if (rows == EMB_ROWS_UNBOUNDED) return n;
-  uint64_t hi = 0;
-  for (size_t k = 0; k < n; k++) hi = ids[k] > hi ? ids[k] : hi;
-  if (hi < rows) return n;
+  /* With rows <= EMB_ROWS_MAX < 2^63, id < rows exactly when neither id nor
+   * rows - 1 - id (modulo 2^64) has its top bit set: a subtraction and two
+   * ORs an id, which SSE2 does two at a time, where an unsigned 64-bit
+   * maximum (no such instruction before AVX-512) stays scalar. */
+  uint64_t bad = 0;
+  for (size_t k = 0; k < n; k++) bad |= ids[k] | (rows - 1 - ids[k]);
+  if (!(bad >> 63)) return n;
   size_t k = 0;
   while (ids[k] < rows) k++;
   return k;

@@ -262,9 +262,8 @@ int emb_plan_table_index(const emb_plan *plan, uint32_t table_id);
 int emb_plan_shard_of(const emb_plan *plan, int table, uint64_t row_id);
 
 /* Index of the first of ids[n] past the last row of table (plan index;
- * none in an unbounded table), or n. The largest id is found first (a loop
- * the compiler vectorises) and the ids are walked one by one only when it
- * is out of range. */
+ * none in an unbounded table), or n. One branch-free pass (vectorised)
+ * says whether any is, and the ids are walked one by one only then. */
 size_t emb_plan_first_out_of_range(const emb_plan *plan, int table, const uint64_t *ids, size_t n);
 /* 0 when every one of ids[n] is a row of table (emb_plan_first_out_of_range),
  * else SR_ERANGE with "WHAT: table T (NAME): row id X is out of range

@@ -57,6 +57,17 @@ START_TEST(test_first_out_of_range) {
   ck_assert_uint_eq(emb_plan_first_out_of_range(p, 4, ids, 417), 417);
   ids[3] = 1000;
   ck_assert_uint_eq(emb_plan_first_out_of_range(p, 4, ids, 600), 3);
+  /* Past the table by 2^63 or more, and one short of it. */
+  ids[3] = 304, ids[417] = 304, ids[530] = 304;
+  ids[599] = (1ULL << 63) + 304;
+  ck_assert_uint_eq(emb_plan_first_out_of_range(p, 4, ids, 600), 599);
+  ids[599] = (1ULL << 63) - 1;
+  ck_assert_uint_eq(emb_plan_first_out_of_range(p, 4, ids, 600), 599);
+  ids[599] = (1ULL << 63) + 305;
+  ck_assert_uint_eq(emb_plan_first_out_of_range(p, 4, ids, 600), 599);
+  ids[599] = 0;
+  ck_assert_uint_eq(emb_plan_first_out_of_range(p, 4, ids, 600), 600);
+  ids[3] = 1000;
   ck_assert_uint_eq(emb_plan_first_out_of_range(p, 5, ids, 600), 600);
   /* The refusal names the first id past the table, with or without what. */
   char err[256] = "";
