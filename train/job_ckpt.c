@@ -164,9 +164,12 @@ int job__resume(train_job *j) {
   }
   /* Resumed from a checkpoint of the --save-checkpoint folder: the
    * store's change set counts from it (the restore cleared it), so the
-   * chain goes on from it. */
+   * chain goes on from it; not when the tables grew: its table files are
+   * the old plan's, which a restore of the grown plan refuses, so the
+   * first checkpoint after is full. */
   char root[SR_PATH_MAX];
-  if (!ckpt_dir_parent(ckdir, root, sizeof root) && same_folder(root, c->checkpoint_dir)) {
+  if (!j->grow && !ckpt_dir_parent(ckdir, root, sizeof root) &&
+      same_folder(root, c->checkpoint_dir)) {
     j->ck_parent = j->ckst.step;
     j->ck_incs = ckpt_dir_chain_links(ckdir) - 1;
   }

@@ -16,7 +16,9 @@
 # server still serving day 1's plan and a file mapped with other
 # dictionaries are refused, each naming what differs; plan --grow-from
 # writes the resumed job's plan and takes no model flag; serve --plan GROWN
-# --restore starts from day 1's rows.
+# --restore starts from day 1's rows; a grown resume into its own
+# --save-checkpoint folder starts its chain anew with a full checkpoint,
+# and that chain folds.
 set -euo pipefail
 . "${BASH_SOURCE%/*}/../support/lib.sh"
 
@@ -139,6 +141,21 @@ has day2-local "was trained on other data (bin data crc32"
 has day2-local "read d2.bin from its beginning (epoch 0)"
 grep -q "^resume .*: step 30, epoch 0, sample 0$" day2-local.log ||
   fail "day 2 is not read from its first sample: $(grep '^resume' day2-local.log)"
+# A grown resume into its own --save-checkpoint folder with incremental
+# checkpoints: the first one after is full (the folder's table files are
+# day 1's plan's, which a restore of the grown plan refuses), and the chain
+# after it restores.
+cp -r L1 G
+run grown-chain "$B" train --resume G --processed-data-file d2.bin "${TRAIN[@]}" \
+  --num-batches 42 --save-checkpoint G --checkpoint-every 5 --full-checkpoint-every 3
+python3 - G <<'EOF' || fail "the checkpoints after a grown resume into its folder"
+import json, sys
+kind = lambda s: json.load(open('%s/step-%d/manifest.json' % (sys.argv[1], s)))
+assert kind(35)['kind'] == 'full', kind(35).get('parent')
+assert kind(40)['kind'] == 'incremental' and kind(40)['parent']['step'] == 35, kind(40)
+assert kind(42)['kind'] == 'incremental' and kind(42)['parent']['step'] == 40, kind(42)
+EOF
+run grown-fold "$B" fold --from G --to GF
 run day2-shard "$B" train --resume S1 --processed-data-file d2.bin "${TRAIN[@]}" \
   --num-batches $STEPS --save-checkpoint S2 --data-dir db
 run grow "$B" plan --grow-from R1 --processed-data-file d2.bin --out p2.json
