@@ -239,7 +239,8 @@ int train_ckpt_save_link(const char *root, int keep, long long *parent, const em
   /* Every path below fits before anything is made. */
   int exists, rc = train_ckpt_root_check(root, err, errlen);
   if (!rc) rc = ckpt_dir_begin(root, st->step, &t, &exists, err, errlen);
-  if (rc || exists) return rc; /* exists: this step is saved already */
+  if (exists) *parent = -3; /* this step is saved already: kept as it is */
+  if (rc || exists) return rc;
   cJSON *man = NULL;
   if ((rc = sr_path_err(path, sizeof path, err, errlen, "%s/dense.bin", t.tmp)) ||
       (rc = dense_state_save(path, model, opt, err, errlen)))

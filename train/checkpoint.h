@@ -120,7 +120,9 @@ int train_ckpt_save(const char *root, int keep, const emb_plan *plan, emb_store 
  * parent), the manifest's "kind" "incremental" and "parent" its step and
  * DONE (ckpt_dir_set_kind); dense.bin and transform.bin whole. A full one
  * instead when the parent is not complete under DIR (*parent set to -1) or
- * the store has no incremental ops (SR_EUNSUPPORTED: *parent set to -2). */
+ * the store has no incremental ops (SR_EUNSUPPORTED: *parent set to -2).
+ * A complete step-N already there is kept as is, nothing written (*parent
+ * set to -3). */
 int train_ckpt_save_link(const char *root, int keep, long long *parent, const emb_plan *plan,
                          emb_store *store, const char *store_kind, dense_model *model,
                          dense_opt *opt, const ds_transform *xf, const train_ckpt_state *st,

@@ -209,8 +209,19 @@ static long long next_parent(const train_job *j, const char *root) {
 }
 
 /* The chain after train_ckpt_save_link returned rc, parent what it wrote
- * on (-1: full; -2: the store has no incremental ops). */
+ * on (-1: full; -2: the store has no incremental ops; -3: the step was
+ * there already, nothing written). */
 static void chain_after(train_job *j, const char *root, int rc, long long asked, long long parent) {
+  if (parent == -3) {
+    /* Not the checkpoint this job just wrote or resumed from (another
+     * run's, or this job's before a recovery): kept, and never a parent,
+     * its rows perhaps not the ones this job's change set counts from. */
+    if (j->ck_parent == j->ckst.step) return;
+    printf("note   %s/step-%lld was there already: kept as it is; the next checkpoint is "
+           "full\n", root, (long long)j->ckst.step);
+    j->ck_parent = -1;
+    return;
+  }
   if (!in_chain_root(j, root)) { /* --save-model's full one cleared the change set */
     j->ck_parent = -1;
     return;

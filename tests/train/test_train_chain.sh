@@ -10,7 +10,10 @@
 # its step; a resume from step-15 (a full checkpoint and 3 increments),
 # into the same root and into another, ends with every file of its last
 # checkpoint (dense.bin, table files, manifest, DONE) equal to the
-# uninterrupted run's (every checkpoint full); fold of step-35 equals the
+# uninterrupted run's (every checkpoint full); a resume from step-15 on
+# other data into a folder holding the first run's steps 20-40 keeps them,
+# says so, writes step-45 full and folds step-50 to what the same resume
+# into a folder without them folds to; fold of step-35 equals the
 # full step-35 file for file (the same list of files, each cmp-equal), and
 # replaces a folder of checkpoints only with --force; --save-model naming
 # the --save-checkpoint folder makes the last step's checkpoint full; inspect shows a
@@ -113,6 +116,25 @@ same_files U/step-40 R/step-40
 run resume-other "$B" train "${T[@]}" --resume C/step-15 --save-checkpoint R2
 same_files U/step-40 R2/step-40
 [ "$(kind_of R2/step-20)" = full ] || fail "R2/step-20 (its root's first) is not full"
+
+# ---- a resume from an older step, on other data, into a folder holding
+# another run's later steps: those are kept, named, and never a parent ----
+run gen-other "$B" datagen --rows 3000 --seed 1 --row-seed 9 --test-fraction 0.1 --out o.tsv
+run conv-other "$B" convert --test-fraction 0.1 --mapping-from C o.tsv o.bin
+O=(--processed-data-file o.bin --mini-batch-size 64 --print-freq 1000 --test-freq 0
+   --num-batches 50 --nepochs 2 --checkpoint-every 5 --full-checkpoint-every 4)
+cp -r C Q
+cp -r C Q2
+rm -rf Q2/step-{20,25,30,35,40}
+run resume-older "$B" train "${O[@]}" --resume Q/step-15 --save-checkpoint Q
+has resume-older "Q/step-40 was there already: kept as it is; the next checkpoint is full"
+same_files C/step-40 Q/step-40
+[ "$(kind_of Q/step-45)" = full ] || fail "Q/step-45, after another run's step-40, is not full"
+[ "$(parent_of Q/step-50 | cut -d' ' -f1)" = 45 ] || fail "Q/step-50 is not incremental on step-45"
+run resume-older-alone "$B" train "${O[@]}" --resume Q2/step-15 --save-checkpoint Q2
+run fold-older "$B" fold --from Q/step-50 --to FQ
+run fold-older-alone "$B" fold --from Q2/step-50 --to FQ2
+same_files FQ2/step-50 FQ/step-50
 
 # ---- fold ----
 run fold "$B" fold --from C/step-35 --to F
