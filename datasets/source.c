@@ -645,18 +645,22 @@ static int looks_binary(const unsigned char *m, ssize_t k) {
   return same >= 4;
 }
 
-/* s->fmt for AUTO and PROCESSED, from the file's first bytes (the int32
- * layout, which has none of its own, from its name). 0, or SR_EFORMAT with
- * "PATH: not a shardrec binary file (magic ...)" in s->err for a file that
- * is not what it must be. */
+/* s->fmt for AUTO, PROCESSED and RAW, from the file's first bytes (the
+ * int32 layout, which has none of its own, from its name). 0, or
+ * SR_EFORMAT with "PATH: not a shardrec binary file (magic ...)" in s->err
+ * for a file that is not what it must be (RAW: "PATH: a shardrec binary
+ * file ..., not raw Criteo TSV" for converted rows). */
 static int pick_format(ds_source *s) {
   const ds_source_opts *o = &s->o;
-  const int processed = s->fmt == DS_FORMAT_PROCESSED;
+  const int processed = s->fmt == DS_FORMAT_PROCESSED, raw = s->fmt == DS_FORMAT_RAW;
   s->fmt = DS_FORMAT_TSV;
   if (o->scheme == DS_SCHEME_TERABYTE) return 0;
   if (ends_with(o->path, ".int32")) {
     s->fmt = DS_FORMAT_INT32;
-    return 0;
+    if (!raw) return 0;
+    sr_fmt(s->err, sizeof s->err, "%s: named as the reference DLRM's int32 records (converted "
+           "rows), not raw Criteo TSV: give it as --processed-data-file", o->path);
+    return SR_EFORMAT;
   }
   unsigned char m[8];
   int fd = open(o->path, O_RDONLY);
@@ -672,7 +676,10 @@ static int pick_format(ds_source *s) {
   if (k < 0) k = 0;
   if (k == 8 && !memcmp(m, DS_BIN_MAGIC, 8)) {
     s->fmt = DS_FORMAT_BIN;
-    return 0;
+    if (!raw) return 0;
+    sr_fmt(s->err, sizeof s->err, "%s: a shardrec binary file (converted rows, magic '%s'), "
+           "not raw Criteo TSV: give it as --processed-data-file", o->path, DS_BIN_MAGIC);
+    return SR_EFORMAT;
   }
   const int gz = k >= 2 && m[0] == 0x1f && m[1] == 0x8b;
   if (!processed && (gz || !looks_binary(m, k))) return 0;
@@ -710,7 +717,8 @@ ds_source *ds_source_open(const ds_source_opts *o, char *err, size_t errlen) {
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
   s->fmt = o->format;
-  if ((s->fmt == DS_FORMAT_AUTO || s->fmt == DS_FORMAT_PROCESSED) && pick_format(s)) {
+  if ((s->fmt == DS_FORMAT_AUTO || s->fmt == DS_FORMAT_PROCESSED || s->fmt == DS_FORMAT_RAW) &&
+      pick_format(s)) {
     sr_fmt(err, errlen, "%s", s->err);
     ds_source_destroy(s);
     return NULL;

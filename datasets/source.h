@@ -30,9 +30,14 @@
 #include "datasets/transform.h"
 
 /* PROCESSED: a file given as converted data (--processed-data-file): BIN by
- * its magic, INT32 by its name, anything else refused. */
+ * its magic, INT32 by its name, anything else refused. RAW: a file given as
+ * raw rows (--raw-data-file): TSV, gzip or not; a file with the binary
+ * magic or named *.int32 is refused (converted rows hold ids mapped by
+ * their own dictionaries, which raw rows' mapping would not check), and
+ * one that is not text as under AUTO. */
 typedef enum {
-  DS_FORMAT_AUTO = 0, DS_FORMAT_TSV, DS_FORMAT_BIN, DS_FORMAT_INT32, DS_FORMAT_PROCESSED
+  DS_FORMAT_AUTO = 0, DS_FORMAT_TSV, DS_FORMAT_BIN, DS_FORMAT_INT32, DS_FORMAT_PROCESSED,
+  DS_FORMAT_RAW
 } ds_format;
 
 /* Zero-initialised options are the defaults named below. */

@@ -295,7 +295,7 @@ static int open_data(run *r) {
   const score_opts *o = r->o;
   r->so = (ds_source_opts){.path = o->data_path, .split = o->split,
                            .no_label = o->no_label, .strict = o->strict, .report = o->report,
-                           .format = o->raw ? DS_FORMAT_AUTO : DS_FORMAT_PROCESSED};
+                           .format = o->raw ? DS_FORMAT_RAW : DS_FORMAT_PROCESSED};
   if (o->raw) {
     r->so.scheme = o->terabyte ? DS_SCHEME_TERABYTE
                    : o->have_test_fraction ? DS_SCHEME_FRACTION : DS_SCHEME_KAGGLE;

@@ -278,7 +278,8 @@ static int table_rows(plan_flags *f, uint64_t **rows, int *n) {
   if (d->raw) /* the split as train reads it; a converted file holds its own */
     so.scheme = d->have_test_fraction ? DS_SCHEME_FRACTION
                 : d->terabyte         ? DS_SCHEME_TERABYTE
-                                      : DS_SCHEME_KAGGLE;
+                                      : DS_SCHEME_KAGGLE,
+    so.format = DS_FORMAT_RAW;
   else
     so.scheme = DS_SCHEME_NONE, so.format = DS_FORMAT_PROCESSED;
   ds_source *src = ds_source_open(&so, err, sizeof err);

@@ -67,7 +67,7 @@ static ds_source_opts source_opts(const train_job *j, ds_split split) {
   o.report = j->rank == 0 && split == DS_SPLIT_TRAIN ? stderr : NULL;
   o.format = DS_FORMAT_PROCESSED;
   if (c->raw) {
-    o.format = DS_FORMAT_AUTO;
+    o.format = DS_FORMAT_RAW;
     o.transform = j->ck_xf; /* --resume: the checkpoint's mapping (NULL: built from the data) */
     if (c->have_test_fraction) {
       o.scheme = DS_SCHEME_FRACTION;

@@ -928,13 +928,16 @@ END_TEST
 
 /* The format comes from the content: a damaged magic is never parsed as
  * TSV; a converted-data file (PROCESSED) is a shardrec binary by its magic
- * or an int32 file by its name, and an empty or 7-byte file is neither. */
+ * or an int32 file by its name, and an empty or 7-byte file is neither;
+ * raw rows (RAW) are text, never converted rows by magic or by name. */
 START_TEST(test_source_format_by_content) {
   write_lines(tpath("r.txt"), 50, 26);
   convert_api(tpath("r.txt"), tpath("r.bin"), DS_SCHEME_NONE, 0, DS_IDS_DICT, 0);
   copy_trunc(tpath("r.bin"), tpath("m.bin"), 0, 2); /* 'C' -> 'S' */
   file_put(tpath("e0"), "");
   file_put(tpath("e7"), "SRCRITE");
+  int32_t rec[40] = {1};
+  file_put_bytes(tpath("x.int32"), (const char *)rec, sizeof rec);
   char err[1024];
   struct { const char *name; ds_format fmt; const char *want; } bad[] = {
       {"m.bin", DS_FORMAT_AUTO, "m.bin: not a shardrec binary file (magic 'SRSRITEO'"},
@@ -943,6 +946,10 @@ START_TEST(test_source_format_by_content) {
       {"e7", DS_FORMAT_PROCESSED, "e7: not a shardrec binary file (magic 'SRCRITE': the file is shorter"},
       {"e7", DS_FORMAT_AUTO, "e7: not a shardrec binary file"},
       {"r.txt", DS_FORMAT_PROCESSED, "r.txt: not a shardrec binary file (magic '0\\x09"},
+      {"r.bin", DS_FORMAT_RAW, "r.bin: a shardrec binary file (converted rows, magic 'SRCRITEO'), "
+                               "not raw Criteo TSV: give it as --processed-data-file"},
+      {"x.int32", DS_FORMAT_RAW, "x.int32: named as the reference DLRM's int32 records"},
+      {"m.bin", DS_FORMAT_RAW, "m.bin: not a shardrec binary file (magic 'SRSRITEO'"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     ds_source_opts o = {.path = tpath(bad[i].name), .format = bad[i].fmt};
@@ -954,16 +961,17 @@ START_TEST(test_source_format_by_content) {
   ds_source *s = open_src(ob);
   ck_assert_uint_eq(ds_source_count(s), 50);
   ds_source_destroy(s);
-  int32_t rec[40] = {1};
-  file_put_bytes(tpath("x.int32"), (const char *)rec, sizeof rec);
   ds_source_opts oi = {.path = tpath("x.int32"), .format = DS_FORMAT_PROCESSED};
   s = open_src(oi);
   ck_assert_uint_eq(ds_source_count(s), 1);
   ds_source_destroy(s);
-  ds_source_opts ot = {.path = tpath("r.txt"), .id_mode = DS_IDS_HASH};
-  s = open_src(ot);
-  ck_assert_uint_eq(ds_source_count(s), 50);
-  ds_source_destroy(s);
+  for (int k = 0; k < 2; k++) {
+    ds_source_opts ot = {.path = tpath("r.txt"), .id_mode = DS_IDS_HASH,
+                         .format = k ? DS_FORMAT_RAW : DS_FORMAT_AUTO};
+    s = open_src(ot);
+    ck_assert_uint_eq(ds_source_count(s), 50);
+    ds_source_destroy(s);
+  }
   ds_source_opts oe = {.path = tpath("e0"), .id_mode = DS_IDS_HASH};
   s = open_src(oe); /* an empty TSV is an empty TSV */
   ck_assert_uint_eq(ds_source_count(s), 0);

@@ -7,7 +7,7 @@
  * and every mapping that cannot be proven is refused with nothing written
  * (a file converted with its own dictionaries, one whose dictionaries
  * extend the model's, raw ids, raw rows for a model that records no
- * transform). */
+ * transform, converted rows given as raw ones). */
 #include <check.h>
 #include <stdint.h>
 #include <unistd.h>
@@ -155,6 +155,14 @@ START_TEST(test_other_mappings_refused) {
     ck_assert_msg(strstr(out, want) && strstr(out, "convert the raw file with --mapping-from"),
                   "%s: %s", cmds[i], out);
     ck_assert_msg(strstr(out, "samples scored") == NULL, "%s scored: %s", cmds[i], out);
+    free(out);
+    assert_nothing_written();
+    /* The same file given as raw rows: converted rows are never taken for
+     * raw ones (their own mapping would go unchecked). */
+    out = in_dir(1, "%s %s --raw-data-file own.bin", bin_path(), cmds[i]);
+    ck_assert_msg(strstr(out, "own.bin: a shardrec binary file (converted rows, magic "
+                              "'SRCRITEO'), not raw Criteo TSV: give it as --processed-data-file"),
+                  "%s: %s", cmds[i], out);
     free(out);
     assert_nothing_written();
   }
