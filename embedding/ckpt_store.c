@@ -217,7 +217,7 @@ static int make_tmp_dir(const char *dir, const char *shards, emb_ckpt_store *out
     rc = make_tagged(tmp, "shardrec-ckpt-", tpl, err, errlen);
   } else if (stat("/tmp", &a) || stat(shards, &c) || a.st_dev == c.st_dev ||
              sr_path(beside, sizeof beside, "%s/..", dir) ||
-             make_tagged(beside, ".shardrec-ckpt-", tpl, err, errlen)) {
+             make_tagged(beside, CKPT_DIR_READER_TMP, tpl, err, errlen)) {
     rc = make_tagged("/tmp", "shardrec-ckpt-", tpl, err, errlen);
   } else {
     rc = 0;

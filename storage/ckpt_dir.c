@@ -57,6 +57,15 @@ static int is_step_tmp_name(const char *name) {
   return !strncmp(p, ".tmp-", 5);
 }
 
+/* Whether name is a reader's working copy, CKPT_DIR_READER_TMP K.TAG. */
+static int is_reader_tmp_name(const char *name) {
+  const size_t n = strlen(CKPT_DIR_READER_TMP);
+  if (strncmp(name, CKPT_DIR_READER_TMP, n) || name[n] < '0' || name[n] > '9') return 0;
+  const char *p = name + n;
+  while (*p >= '0' && *p <= '9') p++;
+  return *p == '.' && p[1];
+}
+
 /* 1 when rel is one of the files man lists ("files": [{"path": ...}]). */
 static int manifest_lists(const cJSON *man, const char *rel) {
   const cJSON *f, *files = cJSON_GetObjectItemCaseSensitive(man, "files");
@@ -110,7 +119,7 @@ static int check_root_entry(const char *root, const char *name, char *err, size_
   int rc = sr_path_err(p, sizeof p, err, errlen, "%s/%s", root, name);
   if (rc) return rc;
   if (lstat(p, &st) != 0) return 0; /* gone since the listing */
-  if (S_ISDIR(st.st_mode) && is_step_tmp_name(name)) return 0;
+  if (S_ISDIR(st.st_mode) && (is_step_tmp_name(name) || is_reader_tmp_name(name))) return 0;
   if (S_ISDIR(st.st_mode) && ckpt_dir_step_of(name) >= 0)
     return check_step_files(root, name, err, errlen);
   size_t pl = strlen(CKPT_DIR_PLAN);
@@ -119,7 +128,8 @@ static int check_root_entry(const char *root, const char *name, char *err, size_
                                         !strncmp(name + pl, ".tmp", 4))))
     return 0;
   sr_fmt(err, errlen, "%s: holds %s, which is not part of a checkpoint folder (step-N folders "
-         "of checkpoint files, their temporaries, %s)", root, name, CKPT_DIR_PLAN);
+         "of checkpoint files, their temporaries, %s, readers' working copies)", root, name,
+         CKPT_DIR_PLAN);
   return SR_EEXISTS;
 }
 

@@ -193,10 +193,17 @@ int ckpt_dir_parent(const char *path, char *out, size_t outlen);
  *   plan.json        a regular file: the plan the trainer writes into its
  *                    --save-checkpoint folder (CKPT_DIR_PLAN), and its
  *                    temporary plan.json.tmp...
+ *   .shardrec-ckpt-K.TAG
+ *                    a folder: a reader's working copy of a checkpoint
+ *                    (serve, predict or eval of a RocksDB checkpoint or a
+ *                    chain, when /tmp is on another file system:
+ *                    embedding/ckpt_store.h; CKPT_DIR_READER_TMP), in use
+ *                    or left by a killed reader, whose next run removes it.
  * An empty folder is one. Anything else (a regular file at the path, a
  * folder holding another name, a file in a step-N that its manifest does not
  * list) is foreign, and refused. */
 #define CKPT_DIR_PLAN "plan.json"
+#define CKPT_DIR_READER_TMP ".shardrec-ckpt-"
 
 /* Whether path may be written as a checkpoint root: 0 when nothing is there
  * or it is a checkpoint root (above); SR_EEXISTS when it is anything else,

@@ -351,8 +351,9 @@ static void root_is(int want_rc, const char *want) {
 
 /* What a checkpoint root holds (ckpt_dir_check_root) and what
  * ckpt_dir_replace replaces: step-N folders of their manifest's files,
- * complete or torn, the .step-N temporaries, plan.json and its temporary;
- * nothing else, and a refused folder is left as it was. */
+ * complete or torn, the .step-N temporaries, plan.json and its temporary,
+ * readers' working copies; nothing else, and a refused folder is left as
+ * it was. */
 START_TEST(test_root_kind) {
   char p[512], tmp[512], err[1024];
   root_is(0, NULL); /* nothing there */
@@ -372,6 +373,10 @@ START_TEST(test_root_kind) {
   file_put(p, "{}");
   snprintf(p, sizeof p, "%s/plan.json.tmp.77", root);
   file_put(p, "{");
+  snprintf(p, sizeof p, "%s/.shardrec-ckpt-0.tmp-41-2-3-host/shard-0", root);
+  ck_assert_int_eq(sr_mkdirs(p), 0); /* a reader's working copy */
+  snprintf(p, sizeof p, "%s/.shardrec-ckpt-0.tmp-41-2-3-host/shard-0/CURRENT", root);
+  file_put(p, "MANIFEST-000001");
   root_is(0, NULL);
 
   /* A file the manifest does not list, in a step folder or in a folder of it. */
@@ -385,17 +390,21 @@ START_TEST(test_root_kind) {
   root_is(SR_EEXISTS, "holds step-5/manifest.json, which is not a checkpoint manifest");
   sh("rm -rf %s/a/b/step-5", dir);
   /* Other names at the top: a file, a folder, a file named as a step, a
-   * folder named plan.json, a symlink named as a step. */
+   * folder named plan.json, a symlink named as a step, a file named as a
+   * reader's copy, a folder named almost as one. */
   const char *make[] = {"touch %s/a/b/data.bin", "mkdir %s/a/b/runs",
                         "touch %s/a/b/step-7", "mkdir %s/a/b/plan.json.tmp",
-                        "ln -s step-3 %s/a/b/step-8"};
+                        "ln -s step-3 %s/a/b/step-8", "touch %s/a/b/.shardrec-ckpt-1.tmp-5",
+                        "mkdir %s/a/b/.shardrec-ckpt-x.tmp-5"};
   const char *name[] = {"holds data.bin, which is not part of a checkpoint folder",
-                        "holds runs,", "holds step-7,", "holds plan.json.tmp,", "holds step-8,"};
-  for (int i = 0; i < 5; i++) {
+                        "holds runs,", "holds step-7,", "holds plan.json.tmp,", "holds step-8,",
+                        "holds .shardrec-ckpt-1.tmp-5,", "holds .shardrec-ckpt-x.tmp-5,"};
+  for (int i = 0; i < 7; i++) {
     sh(make[i], dir);
     root_is(SR_EEXISTS, name[i]);
     sh("rm -rf %s/a/b/data.bin %s/a/b/runs %s/a/b/step-7", dir);
     sh("rm -rf %s/a/b/plan.json.tmp %s/a/b/step-8", dir);
+    sh("rm -rf %s/a/b/.shardrec-ckpt-1.tmp-5 %s/a/b/.shardrec-ckpt-x.tmp-5", dir);
   }
   root_is(0, NULL);
 
