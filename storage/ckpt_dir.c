@@ -336,6 +336,37 @@ cJSON *ckpt_dir_manifest_new(void) {
   return man;
 }
 
+/* Every folder under path synced, each after the folders in it, path
+ * last: a file's name is durable once the folder holding it is synced
+ * (the files themselves are synced by their writers), on file systems
+ * that do not order a folder's entries with its parent's. 0, or SR_EIO
+ * naming the folder (a file system that cannot sync a folder at all,
+ * EINVAL, counts as synced). */
+static int sync_tree(const char *path, char *err, size_t errlen) {
+  DIR *d = opendir(path);
+  if (!d) {
+    sr_fmt(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+    return SR_EIO;
+  }
+  int rc = 0, fd = dirfd(d);
+  struct dirent *e;
+  while (!rc && (e = readdir(d))) {
+    struct stat st;
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") ||
+        fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISDIR(st.st_mode))
+      continue;
+    char sub[SR_PATH_MAX];
+    rc = sr_path_err(sub, sizeof sub, err, errlen, "%s/%s", path, e->d_name);
+    if (!rc) rc = sync_tree(sub, err, errlen);
+  }
+  if (!rc && fsync(fd) != 0 && errno != EINVAL) {
+    sr_fmt(err, errlen, "%s: cannot sync the folder: %s", path, strerror(errno));
+    rc = SR_EIO;
+  }
+  closedir(d);
+  return rc;
+}
+
 /* man's "files": every file under tmp with its size and SHA-256. */
 static int list_files(const char *tmp, cJSON *man, char *err, size_t errlen) {
   char **files = NULL;
@@ -384,8 +415,9 @@ int ckpt_dir_commit(const ckpt_dir_txn *t, cJSON *man, char *err, size_t errlen)
     return SR_ENOMEM;
   }
   sr_path(path, sizeof path, "%s/manifest.json", t->tmp); /* fits: checked above */
-  if ((rc = write_file(path, text, strlen(text), err, errlen))) goto out;
-  sr_fsync_dir(t->tmp);
+  if ((rc = write_file(path, text, strlen(text), err, errlen)) ||
+      (rc = sync_tree(t->tmp, err, errlen)))
+    goto out;
   if (rename(t->tmp, t->final) != 0) {
     sr_fmt(err, errlen, "%s: cannot rename to %s: %s", t->tmp, t->final, strerror(errno));
     rc = SR_EIO;

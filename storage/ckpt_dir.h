@@ -82,7 +82,8 @@ struct cJSON *ckpt_dir_manifest_new(void);
  * man's "files" (replacing any), write man as t->tmp/manifest.json, rename
  * t->tmp to t->final, then write DONE (the manifest's SHA-256) as DONE.tmp
  * renamed to DONE, so that a DONE is never seen half written; each step
- * fsync'd. man is borrowed (its "files" is rewritten). 0, or SR_E* with the
+ * fsync'd, and before the rename every folder under t->tmp (a failure to
+ * sync one, SR_EIO naming it, fails the commit). man is borrowed (its "files" is rewritten). 0, or SR_E* with the
  * reason in err: before the rename t->tmp is left for ckpt_dir_abort; after
  * it t->final is in place without DONE, which no reader takes. */
 int ckpt_dir_commit(const ckpt_dir_txn *t, struct cJSON *man, char *err, size_t errlen);
