@@ -18,177 +18,16 @@
 #include "common/status.h"
 #include "datasets/bin_ahead.h"
 #include "datasets/binfmt.h"
+#include "datasets/lines_impl.h"
 
 #define CHUNK 2048
-#define READ_BYTES (1u << 20)
-#define MAX_LINE_BUF (4u << 20) /* lines longer than ~3 MiB are skipped as DS_BAD_LONG */
 #define MAX_REPORTS 16
-
-/* ---- lines from a list of files (plain or gzip) ---- */
-typedef struct {
-  char **paths;
-  int npaths, cur;
-  int fd;
-  gzFile gz;
-  char *buf;
-  size_t cap, pos, len;
-  int eof;
-  int skipping;       /* dropping the rest of an over-long line */
-  uint64_t line;      /* global index of the next line */
-  uint64_t file_line; /* 1-based number of the next line in the current file */
-  uint64_t before;    /* bytes of the files before the current one (progress) */
-} linesrc;
-
-/* Bytes of the input files read so far (gzip: compressed bytes). */
-static uint64_t ls_bytes(const linesrc *l) {
-  off_t at = l->gz ? gzoffset(l->gz) : lseek(l->fd, 0, SEEK_CUR);
-  return l->before + (at > 0 ? (uint64_t)at : 0);
-}
-
-/* Bytes of paths[0..n). */
-static uint64_t paths_bytes(char **paths, int n) {
-  uint64_t b = 0;
-  struct stat st;
-  for (int i = 0; i < n; i++)
-    if (!stat(paths[i], &st)) b += (uint64_t)st.st_size;
-  return b;
-}
 
 /* Starts the line of a pass over paths: "NAME: what", in bytes. */
 static void pass_begin(sr_progress *pg, const char *name, const char *what, char *buf,
                        size_t n, char **paths, int npaths) {
   snprintf(buf, n, "%s: %s", name ? name : "", what);
-  sr_progress_begin(pg, name != NULL, buf, "bytes", paths_bytes(paths, npaths));
-}
-
-static void ls_close_file(linesrc *l) {
-  if (l->gz) gzclose(l->gz);
-  if (l->fd >= 0) close(l->fd);
-  l->gz = NULL;
-  l->fd = -1;
-}
-
-static int ls_open_file(linesrc *l, int i, char *err, size_t en) {
-  ls_close_file(l);
-  l->cur = i;
-  l->pos = l->len = 0;
-  l->eof = 0;
-  l->file_line = 1;
-  l->before = paths_bytes(l->paths, i);
-  int fd = open(l->paths[i], O_RDONLY);
-  if (fd < 0) {
-    sr_fmt(err, en, "%s: %s", l->paths[i], strerror(errno));
-    return SR_EIO;
-  }
-  unsigned char m[2];
-  ssize_t k = pread(fd, m, 2, 0);
-  if (k == 2 && m[0] == 0x1f && m[1] == 0x8b) {
-    l->gz = gzdopen(fd, "rb");
-    if (!l->gz) {
-      close(fd);
-      sr_fmt(err, en, "%s: cannot open gzip stream", l->paths[i]);
-      return SR_EIO;
-    }
-    gzbuffer(l->gz, 256 * 1024);
-  } else {
-    l->fd = fd;
-  }
-  return 0;
-}
-
-static int ls_init(linesrc *l, char **paths, int npaths, char *err, size_t en) {
-  memset(l, 0, sizeof *l);
-  l->fd = -1;
-  l->paths = paths;
-  l->npaths = npaths;
-  l->cap = READ_BYTES * 2;
-  l->buf = malloc(l->cap);
-  if (!l->buf) {
-    sr_fmt(err, en, "out of memory");
-    return SR_ENOMEM;
-  }
-  return ls_open_file(l, 0, err, en);
-}
-
-static void ls_free(linesrc *l) {
-  ls_close_file(l);
-  free(l->buf);
-  l->buf = NULL;
-}
-
-/* A gzip stream that ends early (zlib's Z_BUF_ERROR at the end of input) or
- * does not decode: SR_EFORMAT naming the file and the compressed byte
- * offset reached. The partial line held is never handed out. */
-static int gz_fail(linesrc *l, const char *zmsg, char *err, size_t en) {
-  const char *m = zmsg && *zmsg ? zmsg : "stream error";
-  if (!strncmp(m, "<fd:", 4) && strstr(m, ": ")) m = strstr(m, ": ") + 2; /* zlib's own name */
-  long long at = (long long)gzoffset(l->gz);
-  sr_fmt(err, en, "%s: truncated or corrupt gzip stream at compressed byte %lld: %s",
-         l->paths[l->cur], at, m);
-  return SR_EFORMAT;
-}
-
-/* Next line (without '\n'): 1; 2 for a line too long to hold (skipped, no
- * text); 0 at the end of all files; < 0 on a read error. */
-static int ls_next(linesrc *l, const char **p, size_t *n, char *err, size_t en) {
-  for (;;) {
-    char *s = l->buf + l->pos;
-    char *nl = memchr(s, '\n', l->len - l->pos);
-    if (nl || (l->eof && (l->pos < l->len || l->skipping))) {
-      *p = s;
-      *n = nl ? (size_t)(nl - s) : l->len - l->pos; /* the last line may lack '\n' */
-      l->pos = nl ? l->pos + *n + 1 : l->len;
-      l->line++;
-      l->file_line++;
-      if (l->skipping) {
-        l->skipping = 0;
-        *n = 0;
-        return 2;
-      }
-      return 1;
-    }
-    if (l->eof) {
-      if (l->cur + 1 >= l->npaths) return 0;
-      int rc = ls_open_file(l, l->cur + 1, err, en);
-      if (rc) return rc;
-      continue;
-    }
-    if (l->pos) {
-      memmove(l->buf, l->buf + l->pos, l->len - l->pos);
-      l->len -= l->pos;
-      l->pos = 0;
-    }
-    if (l->cap - l->len < READ_BYTES) {
-      if (l->cap >= MAX_LINE_BUF) { /* drop what we hold, find the line's end */
-        l->skipping = 1;
-        l->len = 0;
-      } else {
-        char *nb = realloc(l->buf, l->cap * 2);
-        if (!nb) {
-          sr_fmt(err, en, "out of memory");
-          return SR_ENOMEM;
-        }
-        l->buf = nb;
-        l->cap *= 2;
-      }
-    }
-    ssize_t k;
-    if (l->gz) {
-      k = gzread(l->gz, l->buf + l->len, (unsigned)(l->cap - l->len));
-      int e = Z_OK;
-      const char *m = gzerror(l->gz, &e);
-      if (k < 0 || (k == 0 && e != Z_OK)) return gz_fail(l, m, err, en);
-    } else {
-      k = read(l->fd, l->buf + l->len, l->cap - l->len);
-      if (k < 0) {
-        if (errno == EINTR) continue;
-        sr_fmt(err, en, "%s: %s", l->paths[l->cur], strerror(errno));
-        return SR_EIO;
-      }
-    }
-    if (k == 0) l->eof = 1;
-    l->len += (size_t)k;
-  }
+  sr_progress_begin(pg, name != NULL, buf, "bytes", ds__paths_bytes(paths, npaths));
 }
 
 /* ---- chunks of parsed, mapped samples (sample-major) ---- */
@@ -289,7 +128,7 @@ static void produce(ds_source *s, chunk *c) {
     }
     const char *p;
     size_t n;
-    int rc = ls_next(&s->ls, &p, &n, s->err, sizeof s->err);
+    int rc = ds__ls_next(&s->ls, &p, &n, s->err, sizeof s->err);
     if (rc == 0) {
       c->end = 1;
       break;
@@ -303,7 +142,7 @@ static void produce(ds_source *s, chunk *c) {
     if (rc == 2) {
       m->bad = DS_BAD_LONG;
       sr_fmt(why, sizeof why, "%s: longer than %u MiB", ds_bad_kind_name(DS_BAD_LONG),
-             (MAX_LINE_BUF - READ_BYTES) >> 20);
+             DS_LINE_MAX >> 20);
     }
     if (rc == 2 || ds_criteo_parse_line(p, n, &po, m, why, sizeof why)) {
       c->malformed++;
@@ -383,14 +222,14 @@ static void reader_stop(ds_source *s) {
 /* Position the TSV reader at the split's start, skipping `skip` samples. */
 static int tsv_restart(ds_source *s, uint64_t skip) {
   reader_stop(s);
-  ls_free(&s->ls);
-  int rc = ls_init(&s->ls, s->paths, s->npaths, s->err, sizeof s->err);
+  ds__ls_free(&s->ls);
+  int rc = ds__ls_init(&s->ls, s->paths, s->npaths, s->err, sizeof s->err);
   if (rc) return rc;
   const uint64_t begin = s->ranges.begin[s->o.split];
   while (s->ls.line < begin) {
     const char *p;
     size_t n;
-    rc = ls_next(&s->ls, &p, &n, s->err, sizeof s->err);
+    rc = ds__ls_next(&s->ls, &p, &n, s->err, sizeof s->err);
     if (rc < 0) return rc;
     if (rc == 0) break;
   }
@@ -411,7 +250,7 @@ static int tsv_restart(ds_source *s, uint64_t skip) {
 static int count_lines(char **paths, int npaths, uint64_t *total, uint64_t *last, char *err,
                        size_t en, const char *progress) {
   linesrc l;
-  int rc = ls_init(&l, paths, npaths, err, en);
+  int rc = ds__ls_init(&l, paths, npaths, err, en);
   sr_progress pg;
   char what[128];
   pass_begin(&pg, progress, "counting lines", what, sizeof what, paths, npaths);
@@ -419,22 +258,22 @@ static int count_lines(char **paths, int npaths, uint64_t *total, uint64_t *last
   const char *p;
   size_t n;
   while (rc == 0) {
-    if ((rc = ls_next(&l, &p, &n, err, en)) <= 0) break;
+    if ((rc = ds__ls_next(&l, &p, &n, err, en)) <= 0) break;
     rc = 0;
     if (l.cur == npaths - 1) at_last++;
-    if (!(l.line & 0xffff)) sr_progress_set(&pg, ls_bytes(&l), 0);
+    if (!(l.line & 0xffff)) sr_progress_set(&pg, ds__ls_bytes(&l), 0);
   }
   if (!rc) sr_progress_set(&pg, pg.total, 0), sr_progress_end(&pg);
   *total = l.line;
   *last = at_last;
-  ls_free(&l);
+  ds__ls_free(&l);
   return rc;
 }
 
 /* Parsing pass over everything: exact counts per split, dictionaries. */
 static int parse_pass(ds_source *s, int build_dict, uint64_t *total, uint64_t *last) {
   linesrc l;
-  int rc = ls_init(&l, s->paths, s->npaths, s->err, sizeof s->err);
+  int rc = ds__ls_init(&l, s->paths, s->npaths, s->err, sizeof s->err);
   const ds_criteo_parse_opts po = {.no_label = s->o.no_label};
   const ds_split_ranges *r = &s->ranges;
   uint64_t at_last = 0;
@@ -446,16 +285,16 @@ static int parse_pass(ds_source *s, int build_dict, uint64_t *total, uint64_t *l
   const char *p;
   size_t n;
   while (rc == 0) {
-    if ((rc = ls_next(&l, &p, &n, s->err, sizeof s->err)) <= 0) break;
+    if ((rc = ds__ls_next(&l, &p, &n, s->err, sizeof s->err)) <= 0) break;
     const int too_long = rc == 2;
     rc = 0;
     uint64_t li = l.line - 1;
     if (l.cur == s->npaths - 1) at_last++;
     s->st.scan_lines++;
-    if (!(l.line & 0xffff)) sr_progress_set(&pg, ls_bytes(&l), 0);
+    if (!(l.line & 0xffff)) sr_progress_set(&pg, ds__ls_bytes(&l), 0);
     if (too_long)
       sr_fmt(why, sizeof why, "%s: longer than %u MiB", ds_bad_kind_name(DS_BAD_LONG),
-             (MAX_LINE_BUF - READ_BYTES) >> 20);
+             DS_LINE_MAX >> 20);
     if (too_long || ds_criteo_parse_line(p, n, &po, &s->smp, why, sizeof why)) {
       s->st.scan_malformed++;
       add_report(s, l.paths[l.cur], l.file_line - 1, why);
@@ -490,7 +329,7 @@ out:
   if (rc >= 0) sr_progress_set(&pg, pg.total, 0), sr_progress_end(&pg);
   *total = l.line;
   *last = at_last;
-  ls_free(&l);
+  ds__ls_free(&l);
   return rc < 0 ? rc : 0;
 }
 
@@ -925,9 +764,50 @@ const char *ds_source_report(ds_source *s, int i) {
   return r;
 }
 
+int ds_source_bad_lines(const ds_source *s, uint64_t **bad, size_t *n_bad, char *err,
+                        size_t errlen) {
+  *bad = NULL;
+  *n_bad = 0;
+  if (s->fmt != DS_FORMAT_TSV) return 0;
+  const uint64_t lo = s->ranges.begin[s->o.split], hi = s->ranges.end[s->o.split];
+  const ds_criteo_parse_opts po = {.no_label = s->o.no_label};
+  ds_criteo_sample *smp = malloc(sizeof *smp);
+  linesrc l;
+  int rc = smp ? ds__ls_init(&l, s->paths, s->npaths, err, errlen) : SR_ENOMEM;
+  size_t cap = 0;
+  const char *p;
+  size_t n;
+  while (rc == 0 && (rc = ds__ls_next(&l, &p, &n, err, errlen)) > 0) {
+    const uint64_t li = l.line - 1;
+    const int skipped = rc == 2;
+    rc = 0;
+    if (li >= hi) break;
+    if (li < lo || (!skipped && !ds_criteo_parse_line(p, n, &po, smp, NULL, 0))) continue;
+    if (*n_bad == cap) {
+      uint64_t *q = realloc(*bad, (cap = cap ? 2 * cap : 64) * sizeof *q);
+      if (!q) {
+        rc = SR_ENOMEM;
+        break;
+      }
+      *bad = q;
+    }
+    (*bad)[(*n_bad)++] = li - lo;
+  }
+  if (smp) ds__ls_free(&l);
+  free(smp);
+  if (rc == SR_ENOMEM) sr_fmt(err, errlen, "out of memory listing the malformed lines");
+  if (rc < 0) {
+    free(*bad);
+    *bad = NULL;
+    *n_bad = 0;
+    return rc;
+  }
+  return 0;
+}
+
 void ds_source_identity(const ds_source *s, char *out, size_t len) {
   if (s->fmt == DS_FORMAT_TSV) {
-    sr_fmt(out, len, "tsv %llu bytes", (unsigned long long)paths_bytes(s->paths, s->npaths));
+    sr_fmt(out, len, "tsv %llu bytes", (unsigned long long)ds__paths_bytes(s->paths, s->npaths));
     return;
   }
   const ds_bin_info *in = ds_bin_reader_info(s->bin);
@@ -950,7 +830,7 @@ int ds_source_record_of(const ds_source *s, uint64_t sample_index, uint64_t *rec
 void ds_source_destroy(ds_source *s) {
   if (!s) return;
   reader_stop(s);
-  ls_free(&s->ls);
+  ds__ls_free(&s->ls);
   if (s->ch)
     for (int i = 0; i < s->nch; i++) free(s->ch[i].ids);
   free(s->ch);

@@ -117,6 +117,15 @@ int ds_source_rewind(ds_source *s);
  * on the first call when open did not count. */
 uint64_t ds_source_count(ds_source *s);
 
+/* The lines of s's split that its reader skips as malformed, as
+ * split-relative line numbers in ascending order (*bad, malloc'd, NULL
+ * when none; *n_bad): found by a pass of the reader's own line splitting
+ * and parser over the same files, so that a caller writing one output
+ * line per input line (predict) puts each where it belongs. None for a
+ * binary file. 0, or SR_E* with the reason in err. */
+int ds_source_bad_lines(const ds_source *s, uint64_t **bad, size_t *n_bad, char *err,
+                        size_t errlen);
+
 /* Same for any split of the input (bin: stored counts). */
 uint64_t ds_source_split_count(ds_source *s, ds_split split);
 

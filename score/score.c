@@ -1,12 +1,9 @@
 /* Scoring with a trainer checkpoint: see score.h. */
 #include "score/score.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
-#include <zlib.h>
 
 #include "common/fs.h"
 #include "common/outfile.h"
@@ -42,86 +39,6 @@ typedef struct run {
   sr_outfile *out;     /* the predictions under their temporary name (owned), or NULL */
   double t0;
 } run;
-
-/* The malformed lines of a raw file's split, as split-relative line numbers
- * in ascending order (*bad, malloc'd), found by the reader's own line parser
- * over the same lines: the source skips them without a trace, and the
- * output must still have one line per input line. 0 or SR_E* (err). */
-static int find_bad_lines(const char *path, const ds_source_opts *so, uint64_t **bad,
-                          size_t *n_bad, uint64_t *n_lines, char *err, size_t errlen) {
-  *bad = NULL;
-  *n_bad = 0;
-  gzFile f = gzopen(path, "rb");
-  if (!f) {
-    snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-    return SR_EIO;
-  }
-  gzbuffer(f, 1 << 20);
-  const size_t max_line = (3u << 20); /* the reader skips longer lines (DS_BAD_LONG) */
-  size_t cap = 1 << 16, cap_bad = 0, all_bad = 0;
-  char *line = malloc(cap);
-  uint64_t *abs = NULL, total = 0;
-  int rc = 0;
-  ds_criteo_sample *smp = malloc(sizeof *smp);
-  const ds_criteo_parse_opts po = {.no_label = so->no_label};
-  if (!line || !smp) goto oom;
-  for (;;) {
-    size_t len = 0;
-    int got = 0;
-    while (gzgets(f, line + len, (int)(cap - len))) {
-      got = 1;
-      len += strlen(line + len);
-      if (len && line[len - 1] == '\n') break;
-      if (cap - len < 2) {
-        char *q = realloc(line, cap * 2);
-        if (!q) goto oom;
-        line = q;
-        cap *= 2;
-      }
-    }
-    if (!got) break;
-    int is_bad = len > max_line || ds_criteo_parse_line(line, len, &po, smp, NULL, 0) != 0;
-    if (is_bad) {
-      if (all_bad == cap_bad) {
-        cap_bad = cap_bad ? 2 * cap_bad : 64;
-        uint64_t *q = realloc(abs, cap_bad * sizeof *abs);
-        if (!q) goto oom;
-        abs = q;
-      }
-      abs[all_bad++] = total;
-    }
-    total++;
-  }
-  int zerr;
-  const char *zmsg = gzerror(f, &zerr);
-  if (zerr != Z_OK && zerr != Z_BUF_ERROR) {
-    snprintf(err, errlen, "%s: read error: %s", path, zmsg);
-    rc = SR_EIO;
-    goto out;
-  }
-  ds_split_ranges r;
-  if (ds_split_ranges_compute(so->scheme, total, 0, so->test_fraction, &r)) {
-    snprintf(err, errlen, "%s: cannot split %llu lines", path, (unsigned long long)total);
-    rc = SR_EINVAL;
-    goto out;
-  }
-  uint64_t lo = r.begin[so->split], hi = r.end[so->split];
-  for (size_t i = 0; i < all_bad; i++)
-    if (abs[i] >= lo && abs[i] < hi) abs[(*n_bad)++] = abs[i] - lo;
-  *bad = abs;
-  abs = NULL;
-  *n_lines = hi - lo;
-  goto out;
-oom:
-  snprintf(err, errlen, "out of memory scanning %s", path);
-  rc = SR_ENOMEM;
-out:
-  gzclose(f);
-  free(line);
-  free(abs);
-  free(smp);
-  return rc;
-}
 
 /* The checkpoint, verified, with a dense architecture in its manifest. */
 static int open_checkpoint(run *r) {
@@ -307,12 +224,8 @@ static int open_data(run *r) {
   if (!r->src) return SR_EIO;
   int rc;
   if (!o->raw && (rc = check_file_transform(r))) return rc;
-  if (o->raw && o->out) {
-    uint64_t n_lines = 0;
-    if ((rc = find_bad_lines(o->data_path, &r->so, &r->bad, &r->n_bad, &n_lines, r->err,
-                             r->errlen)))
-      return rc;
-  }
+  if (o->raw && o->out && (rc = ds_source_bad_lines(r->src, &r->bad, &r->n_bad, r->err, r->errlen)))
+    return rc;
   r->n_all = ds_source_count(r->src);
   r->pred = malloc((r->n_all ? r->n_all : 1) * sizeof *r->pred);
   r->labels = malloc((r->n_all ? r->n_all : 1) * sizeof *r->labels);

@@ -16,6 +16,7 @@
 #include "datasets/binfmt.h"
 #include "datasets/convert.h"
 #include "datasets/criteo.h"
+#include "datasets/lines_impl.h"
 #include "datasets/source.h"
 #include "tests/support/files.h"
 
@@ -462,6 +463,50 @@ START_TEST(test_source_long_line) {
     flat_free(&fl);
     ds_source_destroy(s);
   }
+}
+END_TEST
+
+/* A line of DS_LINE_MAX bytes is read and one byte more is skipped,
+ * wherever the line starts in the reader's buffer (after a short line and
+ * after one of 1.5 MiB); ds_source_bad_lines lists the skipped lines and
+ * the malformed one, split-relative. Each long line is a label and I1 of
+ * leading zeros then 7. */
+static void put_long(FILE *f, size_t len) {
+  fputs("1\t", f);
+  for (size_t i = 2; i + 1 < len; i++) fputc('0', f);
+  fputs("7\n", f);
+}
+
+START_TEST(test_source_line_limit_exact) {
+  FILE *f = fopen(tpath("limit.txt"), "wb");
+  const size_t first[2] = {3, (size_t)3 << 19};
+  for (int k = 0; k < 2; k++) {
+    put_long(f, first[k]);        /* lines 1 and 6: the buffer's start moves */
+    put_long(f, DS_LINE_MAX);     /* 2, 7: read */
+    put_long(f, DS_LINE_MAX + 1); /* 3, 8: skipped */
+    fputs("x\n", f);             /* 4, 9: malformed */
+    put_long(f, DS_LINE_MAX);     /* 5, 10: read */
+  }
+  fclose(f);
+  ds_source_opts o = {.path = tpath("limit.txt"), .id_mode = DS_IDS_HASH};
+  ds_source *s = open_src(o);
+  uint64_t *bad;
+  size_t n_bad;
+  char err[256];
+  ck_assert_int_eq(ds_source_bad_lines(s, &bad, &n_bad, err, sizeof err), 0);
+  const uint64_t want[4] = {2, 3, 7, 8}; /* 0-based */
+  ck_assert_uint_eq(n_bad, 4);
+  for (int i = 0; i < 4; i++) ck_assert_uint_eq(bad[i], want[i]);
+  free(bad);
+  flat fl;
+  collect(s, 4, &fl);
+  ck_assert_uint_eq(fl.n, 6);
+  for (size_t i = 0; i < fl.n; i++) ck_assert(fl.dense[i * 13] == (float)log1p(7.0));
+  ds_source_stats st;
+  ds_source_stats_get(s, &st);
+  ck_assert_uint_eq(st.bad[DS_BAD_LONG], 2);
+  flat_free(&fl);
+  ds_source_destroy(s);
 }
 END_TEST
 
@@ -1399,6 +1444,7 @@ static Suite *suite(void) {
   tcase_add_test(t, test_source_quirks_plain_gzip_crlf);
   tcase_add_test(t, test_source_malformed_reported);
   tcase_add_test(t, test_source_long_line);
+  tcase_add_test(t, test_source_line_limit_exact);
   tcase_add_test(t, test_source_gzip_truncated);
   tcase_add_test(t, test_dict_threshold_unseen);
   tcase_add_test(t, test_modulo_hash_modes);
