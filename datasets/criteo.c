@@ -36,13 +36,19 @@ static void field_text(const char *s, const char *e, char *out, size_t n) {
   out[k] = 0;
 }
 
-static int fail(ds_criteo_sample *s, int kind, char *err, size_t errlen, int field,
+/* Field `field` of the line (0-based), column col (0 the label, 1..13
+ * I1..I13, 14..39 C1..C26), refused: "KIND: field N (COLUMN): 'TEXT' WHAT". */
+static int fail(ds_criteo_sample *s, int kind, char *err, size_t errlen, int field, int col,
                 const char *fs, const char *fe, const char *what) {
   s->bad = kind;
   if (err && errlen) {
-    char txt[32];
+    char txt[32], name[8] = "label";
     field_text(fs, fe, txt, sizeof txt);
-    sr_fmt(err, errlen, "%s: field %d: '%s' %s", ds_bad_kind_name(kind), field + 1, txt, what);
+    if (col > 0)
+      snprintf(name, sizeof name, "%c%d", col <= DS_NUM_DENSE ? 'I' : 'C',
+               col <= DS_NUM_DENSE ? col : col - DS_NUM_DENSE);
+    sr_fmt(err, errlen, "%s: field %d (%s): '%s' %s", ds_bad_kind_name(kind), field + 1, name, txt,
+           what);
   }
   return SR_EFORMAT;
 }
@@ -69,7 +75,7 @@ static const char *field_end(const char *fs, const char *end) {
   return fe ? fe : end;
 }
 
-#define BAD(kind, what) return fail(s, kind, err, errlen, f, fs, field_end(fs, end), what)
+#define BAD(kind, what) return fail(s, kind, err, errlen, f, col, fs, field_end(fs, end), what)
 
 /* One pass over the bytes: each field is parsed where it stands and must end
  * at a tab or at the end of the line; no separate search for the tabs. */

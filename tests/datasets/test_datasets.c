@@ -232,6 +232,16 @@ START_TEST(test_parse_no_label_mode) {
   /* the same line labelled: "3" is not a label */
   ck_assert_int_eq(parse(line, &LAB, err), SR_EFORMAT);
   ck_assert_int_eq(smp.bad, DS_BAD_LABEL);
+  ck_assert_msg(strstr(err, "field 1 (label): '3' is not 0 or 1"), "%s", err);
+  /* a refusal names the field and its column, with or without the label */
+  line[2] = 'x';
+  ck_assert_int_eq(parse(line, &NOLAB, err), SR_EFORMAT);
+  ck_assert_msg(strstr(err, "field 2 (I2): 'x' is not an integer"), "%s", err);
+  line[0] = '1';
+  ck_assert_int_eq(parse(line, &LAB, err), SR_EFORMAT);
+  ck_assert_msg(strstr(err, "field 2 (I1): 'x' is not an integer"), "%s", err);
+  line[0] = '3';
+  line[2] = '7';
   /* 40 fields in no-label mode: too many */
   strcat(line, "\t1");
   ck_assert_int_eq(parse(line, &NOLAB, err), SR_EFORMAT);
@@ -1314,7 +1324,7 @@ START_TEST(test_multi_hot_limits) {
   for (int j = 0; j < 129; j++) k += snprintf(line + k, sizeof line - k, "%s%x", j ? "," : "", j + 1);
   ck_assert_int_eq(parse(line, &LAB, err), SR_EFORMAT);
   ck_assert_int_eq(smp.bad, DS_BAD_VALUES);
-  ck_assert_msg(strstr(err, "too many categorical values: field 15: '1,2,3,4,5,6,7,8,...' holds more than "
+  ck_assert_msg(strstr(err, "too many categorical values: field 15 (C1): '1,2,3,4,5,6,7,8,...' holds more than "
                             "128 ids (a bag's limit)"), "%s", err);
   char *last = strrchr(line, ',');
   *last = 0; /* 128 ids: taken */
@@ -1331,9 +1341,9 @@ START_TEST(test_multi_hot_limits) {
   collect(s, 4, &f);
   ck_assert_uint_eq(f.n, 2);
   char want[600];
-  snprintf(want, sizeof want, "%s:2: too many categorical values: field 15:", tpath("bad.txt"));
+  snprintf(want, sizeof want, "%s:2: too many categorical values: field 15 (C1):", tpath("bad.txt"));
   ck_assert_msg(strstr(ds_source_report(s, 0), want), "%s", ds_source_report(s, 0));
-  snprintf(want, sizeof want, "%s:3: bad categorical value: field 15: 'a,,b' has an empty value",
+  snprintf(want, sizeof want, "%s:3: bad categorical value: field 15 (C1): 'a,,b' has an empty value",
            tpath("bad.txt"));
   ck_assert_msg(strstr(ds_source_report(s, 1), want), "%s", ds_source_report(s, 1));
   ds_source_destroy(s);

@@ -142,12 +142,12 @@ START_TEST(test_bad_bags_named) {
   free(out);
   rc = run_cmd(&out, "cd %s && %s convert --strict b129.tsv b129.bin", dir, bin_path());
   ck_assert_int_eq(rc, 1);
-  ck_assert_msg(strstr(out, "b129.tsv:2: too many categorical values: field 15:") &&
+  ck_assert_msg(strstr(out, "b129.tsv:2: too many categorical values: field 15 (C1):") &&
                     strstr(out, "holds more than 128 ids"), "%s", out);
   free(out);
   rc = run_cmd(&out, "cd %s && %s convert --strict empty.tsv empty.bin", dir, bin_path());
   ck_assert_int_eq(rc, 1);
-  ck_assert_msg(strstr(out, "empty.tsv:3: bad categorical value: field 16: 'a,,b' has an empty value"), "%s",
+  ck_assert_msg(strstr(out, "empty.tsv:3: bad categorical value: field 16 (C2): 'a,,b' has an empty value"), "%s",
                 out);
   free(out);
   rc = run_cmd(&out, "cd %s && %s convert b129.tsv b129.bin", dir, bin_path());
