@@ -6,7 +6,9 @@
  * so a later step handed ahead reads the row as removed, and whether it is
  * evicted or not, its next read is the init value. A slot an answer is
  * being sent from is left detached and the row gets a fresh slot, as a
- * push does (shard_impl.h). The removed ids leave the change set and are
+ * push does (shard_impl.h); every cached removed row is made clean before
+ * the first reset, since taking that fresh slot may evict another removed
+ * row not reset yet, which a write-back would bring back. The removed ids leave the change set and are
  * listed for the next checkpoint_delta (shard__chg_remove). */
 #include <stdio.h>
 #include <string.h>
@@ -20,6 +22,12 @@ static void delete_rows(shstore *s, const emb_idset *ids, int d, kv_writes *w) {
   for (int t = 0; t < ids->n_tables; t++)
     for (size_t r = 0; r < ids->counts[t]; r++)
       if (db_of(s, t, ids->ids[t][r]) == d) kv_writes_delete(w, s->db[d], t, ids->ids[t][r]);
+}
+
+/* The cached row of (t, id), if any, made clean: never written back. */
+static void forget_dirty(shstore *s, uint32_t t, uint64_t id) {
+  size_t h = probe(s, key_tag(t, id), t, id);
+  if (s->map[h].slot1) slot_meta(s, s->map[h].slot1 - 1)->flags &= (uint16_t)~F_DIRTY;
 }
 
 /* The cached row of (t, id), if any, reset to its init value, clean. */
@@ -68,6 +76,11 @@ int shard__remove(emb_store *b, int64_t step, const emb_idset *ids) {
   }
   kv_writes_destroy(w);
   if (rc) return rc;
+  /* Every cached removed row clean before any is reset: a reset that
+   * takes a fresh slot may evict another removed row, which must go
+   * without being written back over its delete. */
+  for (int t = 0; t < ids->n_tables; t++)
+    for (size_t r = 0; r < ids->counts[t]; r++) forget_dirty(s, (uint32_t)t, ids->ids[t][r]);
   for (int t = 0; t < ids->n_tables; t++)
     for (size_t r = 0; r < ids->counts[t]; r++) reset_cached(s, (uint32_t)t, ids->ids[t][r]);
   s->removed = 1; /* the clean stop compacts their space away */

@@ -3,7 +3,8 @@
  * Against a second shard store doing the same calls with lookup_begin (the
  * gather) and the local store: the same bits and counters; the pinned bytes
  * unchanged by pushes (copy on write, optimizer state with the row),
- * evictions, a restore and the store's destroy; a lookup that would pin
+ * evictions, a restore and the store's destroy; rows removed while one is
+ * sent stay removed, flushed and reopened; a lookup that would pin
  * too much of the cache refused SR_ESTATE with nothing pinned. Real
  * RocksDB folders, the store's real threads. */
 #include <check.h>
@@ -199,6 +200,73 @@ START_TEST(test_restore_and_destroy_keep_sent_rows) {
 }
 END_TEST
 
+/* Table 0's rows first .. first + n - 1 alone. */
+typedef struct {
+  uint64_t ids[CACHE];
+  size_t counts[FX_NT];
+  const uint64_t *idp[FX_NT];
+  emb_idset set;
+} rows0_t;
+
+static void rows0_make(rows0_t *d, uint64_t first, size_t n) {
+  memset(d, 0, sizeof *d);
+  for (size_t r = 0; r < n; r++) d->ids[r] = first + r;
+  d->counts[0] = n;
+  for (int t = 0; t < FX_NT; t++) d->idp[t] = d->ids;
+  d->set = (emb_idset){FX_NT, d->idp, d->counts};
+}
+
+static void push0(emb_store *s, int64_t step, const rows0_t *d, float g) {
+  static float gr[CACHE * DIM];
+  for (size_t i = 0; i < CACHE * DIM; i++) gr[i] = g + (float)(i % 7) * 0.0625f;
+  const float *gp[FX_NT] = {gr, gr, gr};
+  ck_assert_msg(emb_store_push(s, step, 0.25f, &d->set, gp) == 0, "push: %s", emb_store_errmsg(s));
+}
+
+static void gathered0(emb_store *s, int64_t step, const rows0_t *d, float *out) {
+  float none[1];
+  float *o[FX_NT] = {out, none, none};
+  ck_assert_msg(emb_store_lookup_begin(s, step, &d->set, o) == 0, "lookup: %s", emb_store_errmsg(s));
+  ck_assert_msg(emb_store_lookup_wait(s) == 0, "lookup: %s", emb_store_errmsg(s));
+}
+
+/* A removal of rows of a cache full of dirty rows while one of them is
+ * sent: the sent row moves to a fresh slot, whose eviction must not write
+ * the other removed row back. Every removed row reads its init value after
+ * the removal and after a flush and a reopen (b: the same calls without
+ * the send, its rows the truth); the kept rows their pushed values. */
+START_TEST(test_remove_while_sent_stays_removed) {
+  static float pushed[4 * DIM], want4[4 * DIM], got4[4 * DIM];
+  rows0_t all, first4, sent_row, gone;
+  rows0_make(&all, 0, CACHE);
+  rows0_make(&first4, 0, 4);
+  rows0_make(&sent_row, 0, 1);
+  rows0_make(&gone, 0, 2);
+  push0(a, 0, &all, 0.5f), push0(b, 0, &all, 0.5f); /* every slot of a dirty */
+  gathered0(b, 1, &first4, pushed);
+  const float *p0[1];
+  const float **rows[FX_NT] = {p0, p0, p0};
+  emb_pins *p = NULL;
+  ck_assert_int_eq(a->ops->lookup_pinned(a, 1, &sent_row.set, (const float **const *)rows, &p), 0);
+  ck_assert(memcmp(p0[0], pushed, DIM * sizeof(float)) == 0);
+  ck_assert_msg(emb_store_remove(a, 1, &gone.set) == 0, "remove: %s", emb_store_errmsg(a));
+  ck_assert_msg(emb_store_remove(b, 1, &gone.set) == 0, "remove: %s", emb_store_errmsg(b));
+  ck_assert(memcmp(p0[0], pushed, DIM * sizeof(float)) == 0); /* the sent bytes stay */
+  a->ops->pins_release(p);
+  gathered0(b, 2, &first4, want4);
+  ck_assert(memcmp(want4, pushed, DIM * sizeof(float)) != 0); /* rows 0, 1: init again */
+  ck_assert(memcmp(want4 + DIM, pushed + DIM, DIM * sizeof(float)) != 0);
+  ck_assert(memcmp(want4 + 2 * DIM, pushed + 2 * DIM, 2 * DIM * sizeof(float)) == 0);
+  gathered0(a, 2, &first4, got4);
+  ck_assert(memcmp(got4, want4, sizeof got4) == 0);
+  ck_assert_msg(emb_store_flush(a) == 0, "flush: %s", emb_store_errmsg(a));
+  emb_store_destroy(a);
+  a = fx_shard(plan, dir_a, CACHE, 0);
+  gathered0(a, 3, &first4, got4);
+  ck_assert(memcmp(got4, want4, sizeof got4) == 0);
+}
+END_TEST
+
 /* Pins may take cache - chunk - 1 slots with the look-ahead's: past that
  * SR_ESTATE, nothing pinned, and the gather still works. */
 START_TEST(test_too_many_refused) {
@@ -235,6 +303,7 @@ int main(void) {
   tcase_add_test(tc, test_push_copies_sent_rows);
   tcase_add_test(tc, test_restore_and_destroy_keep_sent_rows);
   tcase_add_test(tc, test_too_many_refused);
+  tcase_add_test(tc, test_remove_while_sent_stays_removed);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
