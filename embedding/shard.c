@@ -4,7 +4,7 @@
  * destroy, lookup (hits copied in a software-pipelined pass over the map,
  * the rest made resident chunk by chunk by shard_cache.c), push (applied
  * whole or not at all, its rows added to the change set),
- * flush, checkpoint, restore, stats, iterate, the clean-stop marks and the
+ * flush, checkpoint, stats, iterate, the clean-stop marks and the
  * counters. The internals, their
  * invariants and the other files' jobs: shard_impl.h. */
 #include "embedding/shard_impl.h"
@@ -459,9 +459,7 @@ static int sh_flush(emb_store *b) {
   return s->wb_rc;
 }
 
-/* Open every hosted shard's database not open yet; existed[k] (when not
- * NULL): 1 when database k was there before (its CURRENT file). */
-static int open_dbs(shstore *s, uint8_t *existed) {
+int shard__open_dbs(shstore *s, uint8_t *existed) {
   const emb_plan *plan = s->base.plan;
   uint32_t *ids = malloc((size_t)s->n_tables * sizeof *ids);
   if (!ids) return SR_ENOMEM;
@@ -523,71 +521,12 @@ static int sh_checkpoint(emb_store *b, const char *path) {
   return 0;
 }
 
-static int sh_restore(emb_store *b, const char *path, const char *from_model_fp) {
-  (void)from_model_fp; /* RocksDB rows record no fingerprint: a grown plan's are the same */
-  shstore *s = (shstore *)b;
-  const emb_plan *plan = s->base.plan;
-  /* Check every shard folder before touching anything. */
-  for (int k = 0; k < s->n_db; k++) {
-    char src[4096];
-    if (ckpt_dir_shard_path(path, s->db_shard[k], src, sizeof src)) {
-      sr_fmt(s->err, sizeof s->err, "restore: %s: path too long", path);
-      return SR_ERANGE;
-    }
-    uint32_t *have;
-    int n_have;
-    char e2[512];
-    int rc = kv_list_tables(src, &have, &n_have, e2, sizeof e2);
-    if (rc) {
-      sr_fmt(s->err, sizeof s->err, "restore: %s", e2);
-      return SR_ENOTFOUND;
-    }
-    for (int t = 0; t < s->n_tables && !rc; t++) {
-      int found = 0;
-      for (int i = 0; i < n_have; i++) found |= have[i] == plan->tables[t].table_id;
-      if (!found) {
-        sr_fmt(s->err, sizeof s->err, "restore: %s: has no column family for table_id %u",
-               src, plan->tables[t].table_id);
-        rc = SR_EMISMATCH;
-      }
-    }
-    free(have);
-    if (rc) return rc;
-  }
-  shard__drain(s);
-  shard__drop_cache(s); /* the live rows are replaced, not written */
-  for (int k = 0; k < s->n_db; k++) {
-    char src[4096], dst[4096]; /* both fit: checked above and at open */
-    ckpt_dir_shard_path(path, s->db_shard[k], src, sizeof src);
-    ckpt_dir_shard_path(s->dir, s->db_shard[k], dst, sizeof dst);
-    kv_close(s->db[k]);
-    s->db[k] = NULL;
-    if (sr_rmtree(dst)) {
-      sr_fmt(s->err, sizeof s->err, "restore: %s: cannot remove", dst);
-      return SR_EIO;
-    }
-    char e2[768];
-    int rc = sr_copytree(src, dst, e2, sizeof e2);
-    if (rc) {
-      sr_fmt(s->err, sizeof s->err, "restore: %s", e2);
-      return rc;
-    }
-  }
-  int rc = open_dbs(s, NULL);
-  if (!rc) {
-    s->unclean = 0; /* every row is the checkpoint's now */
-    s->wb_rc = 0;   /* and a failed write-back's rows with them */
-    shard__chg_clear(s);
-  }
-  return rc;
-}
-
 static int sh_stats(emb_store *b, emb_store_stats *out) {
   shstore *s = (shstore *)b;
   *out = s->st;
   uint64_t rows = 0, bytes = 0;
   for (int k = 0; k < s->n_db; k++)
-    for (int t = 0; t < s->n_tables; t++) {
+    for (int t = 0; t < s->n_tables && s->db[k]; t++) { /* none: a restore failed twice */
       uint64_t r = kv_property(s->db[k], t, "rocksdb.estimate-num-keys");
       rows += r;
       bytes += r * 4 * (uint64_t)(s->dim[t] + s->slen[t]);
@@ -709,7 +648,7 @@ static const emb_store_ops shard_ops = {
     .push = sh_push,
     .flush = sh_flush,
     .checkpoint = sh_checkpoint,
-    .restore = sh_restore,
+    .restore = shard__restore,
     .stats = sh_stats,
     .figures = sh_figures,
     .unclean = emb_shard_unclean,
@@ -874,7 +813,8 @@ emb_store *emb_store_create_shard(const emb_plan *plan, const char *data_dir,
     goto nomem;
   uint8_t *existed = calloc((size_t)s->n_db, 1);
   if (!existed) goto nomem;
-  if (open_dbs(s, existed) || marks_check(s, existed)) {
+  shard__restore_leftovers(s); /* before the open: a restore cut short */
+  if (shard__open_dbs(s, existed) || marks_check(s, existed)) {
     free(existed);
     sr_fmt(err, errlen, "shard store: %s", s->err);
     sh_destroy(&s->base);

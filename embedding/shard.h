@@ -48,9 +48,14 @@
  * checkpoint(path) (EMB_CKPT_SHARD_FOLDERS): writes dirty rows back, then a
  * RocksDB checkpoint of each hosted shard into path/shard-K, nothing else
  * (the names are storage/ckpt_dir.h's). destroy does not write dirty rows back:
- * flush (or checkpoint) first to keep them. restore(path): closes the databases, drops
- * the cache and every prefetch, replaces DATA_DIR/shard-K with a copy of path/shard-K (SST files
- * hard-linked) and reopens. flush, checkpoint, iterate, mark_clean and
+ * flush (or checkpoint) first to keep them. restore(path): copies each
+ * path/shard-K beside its database (DATA_DIR/shard-K.TAG, SST files
+ * hard-linked), closes the databases, exchanges each copy with its
+ * database in one rename and opens them, then drops the cache and every
+ * prefetch. A copy or an open that fails leaves the store as it was (the
+ * old databases exchanged back and opened, the cache kept); only if they
+ * cannot be opened again is the store left without databases, every call
+ * SR_EIO until a restore succeeds. flush, checkpoint, iterate, mark_clean and
  * restore first wait for every read and write-back in flight. A write-back
  * that fails is reported (SR_EIO and RocksDB's message) by every later
  * lookup, push, flush and checkpoint until a restore: its rows are lost. iterate() visits rows written to RocksDB (after

@@ -4,7 +4,7 @@
  * The files, one job each:
  *   shard.c           the store's ops (emb_store_ops): create and destroy,
  *                     lookup (the hit path), push, flush, checkpoint,
- *                     restore, stats, iterate; the clean-stop marks; the
+ *                     stats, iterate; the clean-stop marks; the
  *                     counters
  *   shard_cache.c     the cache: slots, the map, GCLOCK eviction, rows made
  *                     resident and pinned chunk by chunk
@@ -16,6 +16,8 @@
  *                     the copy a push makes of a row being sent
  *   shard_remove.c    the remove op: rows deleted from RocksDB and reset in
  *                     the cache
+ *   shard_restore.c   the restore op: the checkpoint's databases copied
+ *                     beside the live ones and exchanged with them
  *   shard_delta.c     the change set (rows a push changed since the last
  *                     checkpoint, delta or restore) and the incremental
  *                     ops, checkpoint_delta and restore_delta
@@ -522,6 +524,18 @@ int shard__marks_remove(shstore *s);
 /* Forget every cached row and prefetch pin (nothing in flight: drained),
  * as a restore does; slots answers are sent from are left detached. */
 void shard__drop_cache(shstore *s);
+/* Open every hosted shard's database not open yet; existed[k] (when not
+ * NULL): 1 when database k was there before (its CURRENT file). 0 or an
+ * SR_E* with the reason in s->err. */
+int shard__open_dbs(shstore *s, uint8_t *existed);
+
+/* ---- shard_restore.c: the restore op ---- */
+
+/* store.h's restore op. */
+int shard__restore(emb_store *b, const char *path, const char *from_model_fp);
+/* At create, before the databases are opened: a restore cut between
+ * renames makes the store unclean; dead owners' temporaries removed. */
+void shard__restore_leftovers(shstore *s);
 
 /* The remove op (shard_remove.c). */
 int shard__remove(emb_store *b, int64_t step, const emb_idset *ids);

@@ -192,8 +192,10 @@ typedef struct emb_store_ops {
    * (same layout; another plan of the same model, i.e. another placement,
    * restores: the rows are matched by table_id and row id). Every file is
    * checked before any row is replaced: on failure the rows are as they
-   * were (shard store: unless copying the databases in fails midway, then
-   * SR_EIO). from_model_fp (NULL: this plan's model): the model fingerprint
+   * were (shard store: the databases are copied beside the live ones and
+   * swapped in by renames, so a failed copy or open leaves them; only if
+   * the old ones cannot be opened again does every later call return
+   * SR_EIO until a restore succeeds). from_model_fp (NULL: this plan's model): the model fingerprint
    * of a smaller plan this one grows, under which the rows were written
    * (emb_store_restore_grown). */
   int (*restore)(emb_store *s, const char *path, const char *from_model_fp);

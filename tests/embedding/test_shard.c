@@ -519,6 +519,126 @@ static void names_in(const char *folder, char *buf, size_t len) {
   pclose(f);
 }
 
+/* A restore whose checkpoint cannot become the store's databases: loop 0,
+ * a shard folder that cannot be copied (a link to nowhere in it); loop 1,
+ * a table file the database open refuses (shard 1's, after shard 0 opened
+ * from its copy). The restore fails and leaves the store as it was: every
+ * lookup and the rows (the cache's dirty ones too) the local store's that
+ * was not restored, nothing left beside the databases; put right, the same
+ * checkpoint restores. */
+START_TEST(test_failed_restore_keeps_rows) {
+  emb_plan *p = make_plan(EMB_OPT_ADAGRAD, 2, 1);
+  char *dir = tmpdir(), *ck = tmpdir(), ckp[512], lck[512], err[256], names[512];
+  snprintf(ckp, sizeof ckp, "%s/shards", ck);
+  snprintf(lck, sizeof lck, "%s/local", ck);
+  emb_store *loc = emb_store_create_local(p, err, sizeof err), *sh = make_shard(p, dir, 1024);
+  static step_data d;
+  sr_rng r;
+  sr_rng_init(&r, 8, 8);
+  for (int step = 0; step < 10; step++) {
+    make_step(&d, &r, 500, p);
+    lookup_both(loc, sh, &d, p);
+    push_both(loc, sh, &d, 0.05f);
+  }
+  ck_assert_int_eq(emb_store_checkpoint(loc, lck), 0);
+  ck_assert_msg(emb_store_checkpoint(sh, ckp) == 0, "%s", emb_store_errmsg(sh));
+  for (int step = 0; step < 3; step++) { /* rows past the checkpoint, some dirty in the cache */
+    make_step(&d, &r, 500, p);
+    push_both(loc, sh, &d, 0.5f);
+  }
+  char bad[1024], kept[1100];
+  snprintf(bad, sizeof bad, "%s/shard-1/zz-nowhere", ckp);
+  if (_i == 0) {
+    ck_assert_int_eq(symlink("/nonexistent/file", bad), 0);
+  } else { /* a table file's bytes replaced; the original kept aside */
+    char **files;
+    int n;
+    snprintf(bad, sizeof bad, "%s/shard-1", ckp);
+    ck_assert_int_eq(sr_list_dir(bad, &files, &n), 0);
+    int k = 0;
+    while (k < n && !strstr(files[k], ".sst")) k++;
+    ck_assert_int_lt(k, n);
+    snprintf(bad, sizeof bad, "%s/shard-1/%s", ckp, files[k]);
+    sr_paths_free(files, n);
+    snprintf(kept, sizeof kept, "%s.kept", bad);
+    ck_assert_int_eq(rename(bad, kept), 0);
+    FILE *f = fopen(bad, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 4096; i++) fputc('x', f);
+    fclose(f);
+  }
+  int rc = emb_store_restore(sh, ckp);
+  ck_assert_int_ne(rc, 0);
+  ck_assert_msg(_i == 1 || strstr(emb_store_errmsg(sh), "zz-nowhere"), "%s", emb_store_errmsg(sh));
+  ck_assert_msg(_i == 0 || strstr(emb_store_errmsg(sh), "as they were"), "%s", emb_store_errmsg(sh));
+  names_in(dir, names, sizeof names);
+  ck_assert_str_eq(names, "shard-0 shard-1 ");
+  make_step(&d, &r, 500, p);
+  lookup_both(loc, sh, &d, p); /* the rows before the restore, cached or not */
+  push_both(loc, sh, &d, 0.05f);
+  compare_iterate(loc, sh, p);
+  if (_i == 0) ck_assert_int_eq(unlink(bad), 0);
+  else ck_assert_int_eq(rename(kept, bad), 0);
+  ck_assert_int_eq(emb_store_restore(loc, lck), 0);
+  ck_assert_msg(emb_store_restore(sh, ckp) == 0, "%s", emb_store_errmsg(sh));
+  compare_iterate(loc, sh, p);
+  make_step(&d, &r, 500, p);
+  lookup_both(loc, sh, &d, p);
+  names_in(dir, names, sizeof names);
+  ck_assert_str_eq(names, "shard-0 shard-1 ");
+  emb_store_destroy(sh);
+  emb_store_destroy(loc);
+  sr_rmtree(dir);
+  sr_rmtree(ck);
+  free(dir);
+  free(ck);
+  emb_plan_free(p);
+}
+END_TEST
+
+/* What a restore killed midway leaves, at the next open: a copy beside a
+ * whole database (killed while copying) is removed and the marked store
+ * opens clean; a database moved aside with nothing in its place (killed
+ * between renames) opens unclean, never as an empty shard. */
+START_TEST(test_restore_cut_short) {
+  emb_plan *p = make_plan(EMB_OPT_ADAGRAD, 2, 1);
+  char *dir = tmpdir(), tag[SR_TMP_TAG_MAX], dead[SR_TMP_TAG_MAX + 32], path[1024], from[1024],
+       names[512];
+  ck_assert_int_eq(sr_tmp_tag(tag, sizeof tag), 0);
+  long pid;
+  unsigned long long start;
+  int used = 0;
+  ck_assert_int_eq(sscanf(tag, "tmp-%ld-%llu-%n", &pid, &start, &used), 2);
+  snprintf(dead, sizeof dead, "tmp-%ld-%llu-%s", pid, start + 1, tag + used); /* owner gone */
+  emb_store *sh = make_shard(p, dir, 1024);
+  static step_data d;
+  sr_rng r;
+  sr_rng_init(&r, 9, 9);
+  make_step(&d, &r, 500, p);
+  ck_assert_int_eq(emb_store_push(sh, 0, 0.1f, &d.set, d.gp), 0);
+  ck_assert_int_eq(emb_shard_mark_clean(sh), 0);
+  emb_store_destroy(sh);
+  snprintf(path, sizeof path, "%s/shard-1.%s", dir, dead);
+  ck_assert_int_eq(mkdir(path, 0777), 0);
+  sh = make_shard(p, dir, 1024);
+  ck_assert_int_eq(emb_shard_unclean(sh), 0);
+  names_in(dir, names, sizeof names);
+  ck_assert_str_eq(names, "shard-0 shard-1 ");
+  emb_store_destroy(sh); /* no mark now */
+  snprintf(from, sizeof from, "%s/shard-1", dir);
+  snprintf(path, sizeof path, "%s/shard-1.old.%s", dir, dead);
+  ck_assert_int_eq(rename(from, path), 0);
+  sh = make_shard(p, dir, 1024);
+  ck_assert_int_eq(emb_shard_unclean(sh), 1);
+  names_in(dir, names, sizeof names);
+  ck_assert_str_eq(names, "shard-0 shard-1 ");
+  emb_store_destroy(sh);
+  sr_rmtree(dir);
+  free(dir);
+  emb_plan_free(p);
+}
+END_TEST
+
 /* Each store says what it is and what its checkpoint(path) writes, and
  * writes exactly that: the local store a table file per table, the shard
  * store a database per hosted shard and nothing else (so the stores of
@@ -748,6 +868,8 @@ int main(void) {
   tcase_add_test(tc, test_crash_after_flush_unclean);
   tcase_add_test(tc, test_crash_after_mark_keeps_rows);
   tcase_add_test(tc, test_checkpoint_restore);
+  tcase_add_loop_test(tc, test_failed_restore_keeps_rows, 0, 2);
+  tcase_add_test(tc, test_restore_cut_short);
   tcase_add_test(tc, test_row_version_refused);
   tcase_add_test(tc, test_bad_config);
   tcase_add_test(tc, test_push_nonfinite_refused);
