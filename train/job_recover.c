@@ -58,9 +58,12 @@ static void say_no_checkpoint(const train_job *j, const char *why, const char *e
               "under %s yet to recover from (%s)\n", why, c->checkpoint_dir, err);
 }
 
-/* After the servers are restored (every rank): the data position, the
- * recovery line and its metric. 0 or -1. */
+/* After the servers are restored (every rank): the bounded tables' state
+ * (what the steps since the checkpoint admitted, expired or evicted is
+ * undone with their rows, and they are counted again as they run again),
+ * the data position, the recovery line and its metric. 0 or -1. */
 static int recovered(train_job *j, const char *ckdir, const char *why) {
+  if (job__keep_load(j, ckdir, "recovery")) return -1;
   if (ds_source_seek(j->train, j->ckst.sample_index)) {
     job__errf(j, "recovery: cannot seek the data to sample %llu: %s\n",
               (unsigned long long)j->ckst.sample_index, ds_source_errmsg(j->train));

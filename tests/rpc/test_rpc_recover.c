@@ -7,6 +7,9 @@
  *   - a chain: a server SIGKILLed after the third increment of a chain
  *     (--full-checkpoint-every 4) is recovered from by restoring every
  *     server from the chain, the full checkpoint then each increment;
+ *   - bounded tables: a server SIGKILLed mid-run is recovered from with the
+ *     tables' admission and expiry state of the checkpoint, and the run
+ *     ends with the uninterrupted run's keep.bin too;
  *   - two ranks: a server SIGKILLed mid-run (restarted on its port) is
  *     recovered from by both ranks of `mpirun -np 2`, which restore every
  *     server from the newest checkpoint and go on;
@@ -197,6 +200,54 @@ START_TEST(test_chain_recovers) {
   ck_assert_msg(strcmp(ref, got) == 0, "recovered run:\n%s\nuninterrupted:\n%s", got, ref);
   free(got);
   free(ref);
+}
+END_TEST
+
+/* Bounded tables (admission after 3 samples, expiry after 4 steps, 60
+ * rows a table) over 2 RocksDB servers, a checkpoint every 10 steps: once
+ * step 26 is printed, the trainer stopped, server 1 SIGKILLed and
+ * restarted on its port and folder, the trainer continued. It restores
+ * every server and the tables' admission and expiry state from step-20
+ * (the steps since, counted once already, are counted as they run again)
+ * and ends with the uninterrupted run's losses and the same keep.bin, bit
+ * for bit. */
+START_TEST(test_bounded_tables_recover) {
+#define KEEP_COMMON "--plan pk.json " ARCH " " HYPER " --mini-batch-size 64 --print-freq 1 " D \
+                    "--num-batches 40 --checkpoint-every 10"
+  char *out;
+  int rc = run_cmd(&out, "cd %s && %s plan --processed-data-file d.bin --num-shards 2 --row-wise "
+                         "--admit-after 3 --expire-after 4 --capacity 60 --out pk.json && "
+                         "%s train " KEEP_COMMON " --metrics-out refk.jsonl --save-checkpoint refk",
+                   dir, bin_path(), bin_path());
+  ck_assert_msg(rc == 0, "%s", out);
+  free(out);
+  test_server s[2];
+  char addrs[200];
+  servers_opts o = {.dir = dir, .plan = "pk.json", .data = "sk", .log = "sk",
+                    .flags = "--threads 2"};
+  servers_start(s, 2, &o);
+  servers_addrs(s, 2, addrs, sizeof addrs);
+  pid_t tr = spawn_sh("cd '%s' && exec '%s' train " KEEP_COMMON " --metrics-out rk.jsonl "
+                      "--shard-servers %s --save-checkpoint ckk --recover-timeout 60 > rk.out 2>&1",
+                      dir, bin_path(), addrs);
+  wait_text(at("rk.out"), "train  step 26/40 ", 1, tr, 120);
+  ck_assert_int_eq(kill(tr, SIGSTOP), 0);
+  server_restart(&s[1], 1, &o);
+  ck_assert_int_eq(kill(tr, SIGCONT), 0);
+  assert_ok(tr, "rk.out");
+  for (int k = 0; k < 2; k++) ck_assert_int_eq(server_stop(&s[k]), 0);
+  char *log = slurp(at("rk.out"));
+  ck_assert_msg(strstr(log, "recovered from ckk/step-20 after: "), "no recovery from step-20:\n%s",
+                log);
+  free(log);
+  rc = run_cmd(&out, "cd %s && cmp refk/step-40/keep.bin ckk/step-40/keep.bin", dir);
+  ck_assert_msg(rc == 0, "the bounded tables' state after the recovery differs: %s", out);
+  free(out);
+  char *ref = final_lines("refk.jsonl"), *got = final_lines("rk.jsonl");
+  ck_assert_msg(strcmp(ref, got) == 0, "recovered run:\n%s\nuninterrupted:\n%s", got, ref);
+  free(got);
+  free(ref);
+#undef KEEP_COMMON
 }
 END_TEST
 
@@ -411,6 +462,7 @@ int main(void) {
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_step0_checkpoint_recovers);
   tcase_add_test(tc, test_chain_recovers);
+  tcase_add_test(tc, test_bounded_tables_recover);
   tcase_add_test(tc, test_two_ranks_recover);
   tcase_add_test(tc, test_eval_lost_recovers);
   tcase_add_test(tc, test_auto_resume);
