@@ -58,7 +58,12 @@
  * SR_EIO until a restore succeeds. flush, checkpoint, iterate, mark_clean and
  * restore first wait for every read and write-back in flight. A write-back
  * that fails is reported (SR_EIO and RocksDB's message) by every later
- * lookup, push, flush and checkpoint until a restore: its rows are lost. iterate() visits rows written to RocksDB (after
+ * lookup, push, flush and checkpoint until a restore: its rows are lost.
+ * remove deletes the rows one database after the other: a delete that
+ * fails leaves the rows of the databases before it removed (deleted,
+ * reset in the cache, listed for the next checkpoint_delta) and the
+ * others untouched, errmsg naming the shards of each; the same removal
+ * again completes it. iterate() visits rows written to RocksDB (after
  * writing dirty ones back), merged across shards in ascending row id.
  *
  * Incremental checkpoints (store.h's checkpoint_delta, restore_delta;

@@ -126,22 +126,27 @@ static int chg_has(const sh_chg *c, uint64_t id) {
   }
 }
 
-int shard__chg_remove(shstore *s, const emb_idset *ids) {
+int shard__chg_remove_reserve(shstore *s, const emb_idset *ids) {
   if (!s->chg_track) return 0;
   if (!s->rmv && !(s->rmv = calloc((size_t)s->n_tables, sizeof *s->rmv))) goto nomem;
   for (int t = 0; t < s->n_tables; t++)
     if (ids->counts[t] && chg_grow(&s->rmv[t], ids->counts[t])) goto nomem;
-  for (int t = 0; t < s->n_tables; t++)
-    for (size_t r = 0; r < ids->counts[t]; r++) {
-      uint64_t id = ids->ids[t][r];
-      chg_del(&s->chg[t], id);
-      if (id == SH_CHG_EMPTY) s->rmv[t].has_max = 1;
-      else s->rmv[t].n += (size_t)chg_put(s->rmv[t].keys, s->rmv[t].cap, id);
-    }
   return 0;
 nomem:
   sr_fmt(s->err, sizeof s->err, "remove: out of memory for the removed rows' ids");
   return SR_ENOMEM;
+}
+
+void shard__chg_removed(shstore *s, const emb_idset *ids, int below_db) {
+  if (!s->chg_track) return;
+  for (int t = 0; t < s->n_tables; t++)
+    for (size_t r = 0; r < ids->counts[t]; r++) {
+      uint64_t id = ids->ids[t][r];
+      if (db_of(s, t, id) >= below_db) continue;
+      chg_del(&s->chg[t], id);
+      if (id == SH_CHG_EMPTY) s->rmv[t].has_max = 1;
+      else s->rmv[t].n += (size_t)chg_put(s->rmv[t].keys, s->rmv[t].cap, id);
+    }
 }
 
 void shard__chg_clear(shstore *s) {

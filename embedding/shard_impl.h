@@ -505,10 +505,15 @@ int shard__chg_reserve(shstore *s, const emb_idset *ids);
 /* Row id of table t changed (room reserved by shard__chg_reserve; nothing
  * while the set is not kept). */
 void shard__chg_add(shstore *s, uint32_t t, uint64_t id);
-/* The removal of ids (checked) recorded for the next checkpoint_delta: each
- * leaves the change set and joins the removed set (nothing while the change
- * set is not kept). 0, or SR_ENOMEM (s->err; the sets as they were). */
-int shard__chg_remove(shstore *s, const emb_idset *ids);
+/* Room in the removed set for every id of ids (checked), so that
+ * shard__chg_removed adds them without allocating: 0, or SR_ENOMEM
+ * (s->err; the sets as they were). Nothing while the set is not kept. */
+int shard__chg_remove_reserve(shstore *s, const emb_idset *ids);
+/* The removal of the ids of ids whose database index is below below_db
+ * (n_db: every id) recorded for the next checkpoint_delta, room reserved
+ * by shard__chg_remove_reserve: each leaves the change set and joins the
+ * removed set (nothing while the change set is not kept). */
+void shard__chg_removed(shstore *s, const emb_idset *ids, int below_db);
 /* The change set and the removed set emptied, their memory freed, and kept
  * from now on (after a checkpoint or restore of any kind). */
 void shard__chg_clear(shstore *s);

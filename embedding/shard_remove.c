@@ -8,8 +8,16 @@
  * being sent from is left detached and the row gets a fresh slot, as a
  * push does (shard_impl.h); every cached removed row is made clean before
  * the first reset, since taking that fresh slot may evict another removed
- * row not reset yet, which a write-back would bring back. The removed ids leave the change set and are
- * listed for the next checkpoint_delta (shard__chg_remove). */
+ * row not reset yet, which a write-back would bring back. The removed ids
+ * leave the change set and are listed for the next checkpoint_delta
+ * (shard__chg_removed; the room for them taken before anything is
+ * deleted).
+ *
+ * The databases are written one after the other: a delete that fails in
+ * database d leaves the rows of the databases before it removed (deleted,
+ * reset in the cache, recorded) and those of d and after untouched, and
+ * the message names both sets of shards; the same removal again
+ * completes it (a row not held is skipped). */
 #include <stdio.h>
 #include <string.h>
 
@@ -52,12 +60,44 @@ static void reset_cached(shstore *s, uint32_t t, uint64_t id) {
   slot_meta(s, x)->flags &= (uint16_t)~(F_DIRTY | F_FAILED);
 }
 
+/* The message of a removal whose delete from database d failed (e2):
+ * the shards whose rows went and those whose rows are kept. */
+static void partial_err(shstore *s, int d, const char *e2) {
+  char done[256] = "none", kept[256] = "";
+  size_t a = 0, k = 0;
+  for (int x = 0; x < s->n_db; x++) {
+    char *out = x < d ? done : kept;
+    size_t *at = x < d ? &a : &k;
+    if (*at < 200) *at += (size_t)snprintf(out + *at, 256 - *at, "%s%d", *at ? " " : "", s->db_shard[x]);
+  }
+  sr_fmt(s->err, sizeof s->err,
+         "remove: shard %d: %s; the rows of shards %s were removed, those of shards %s kept "
+         "(a removal of the same ids again completes it)",
+         s->db_shard[d], e2, done, kept);
+}
+
+/* The rows of ids in databases below upto (deleted from RocksDB) taken out
+ * of the cache and recorded as removed. */
+static void removed_rows(shstore *s, const emb_idset *ids, int upto) {
+  /* Every cached removed row clean before any is reset: a reset that
+   * takes a fresh slot may evict another removed row, which must go
+   * without being written back over its delete. */
+  for (int t = 0; t < ids->n_tables; t++)
+    for (size_t r = 0; r < ids->counts[t]; r++)
+      if (db_of(s, t, ids->ids[t][r]) < upto) forget_dirty(s, (uint32_t)t, ids->ids[t][r]);
+  for (int t = 0; t < ids->n_tables; t++)
+    for (size_t r = 0; r < ids->counts[t]; r++)
+      if (db_of(s, t, ids->ids[t][r]) < upto) reset_cached(s, (uint32_t)t, ids->ids[t][r]);
+  shard__chg_removed(s, ids, upto);
+  if (upto > 0) s->removed = 1; /* the clean stop compacts their space away */
+}
+
 int shard__remove(emb_store *b, int64_t step, const emb_idset *ids) {
   (void)step;
   shstore *s = (shstore *)b;
   int rc = shard__check_ids(s, ids, "remove");
   if (rc) return rc;
-  if ((rc = shard__chg_remove(s, ids))) return rc;
+  if ((rc = shard__chg_remove_reserve(s, ids))) return rc;
   shard__drain(s);
   if (s->wb_rc) {
     sr_fmt(s->err, sizeof s->err, "remove: %s", s->wb_err);
@@ -69,20 +109,13 @@ int shard__remove(emb_store *b, int64_t step, const emb_idset *ids) {
     return SR_ENOMEM;
   }
   char e2[512];
-  for (int d = 0; d < s->n_db && !rc; d++) {
+  int d = 0;
+  for (; d < s->n_db && !rc; d++) {
     delete_rows(s, ids, d, w);
-    if ((rc = kv_writes_commit(w, s->db[d], e2, sizeof e2)))
-      sr_fmt(s->err, sizeof s->err, "remove: shard %d: %s", s->db_shard[d], e2);
+    if ((rc = kv_writes_commit(w, s->db[d], e2, sizeof e2))) break;
   }
   kv_writes_destroy(w);
-  if (rc) return rc;
-  /* Every cached removed row clean before any is reset: a reset that
-   * takes a fresh slot may evict another removed row, which must go
-   * without being written back over its delete. */
-  for (int t = 0; t < ids->n_tables; t++)
-    for (size_t r = 0; r < ids->counts[t]; r++) forget_dirty(s, (uint32_t)t, ids->ids[t][r]);
-  for (int t = 0; t < ids->n_tables; t++)
-    for (size_t r = 0; r < ids->counts[t]; r++) reset_cached(s, (uint32_t)t, ids->ids[t][r]);
-  s->removed = 1; /* the clean stop compacts their space away */
-  return 0;
+  removed_rows(s, ids, d); /* the databases whose deletes went through */
+  if (rc) partial_err(s, d, e2);
+  return rc;
 }

@@ -235,7 +235,12 @@ typedef struct emb_store_ops {
    * step-boundary decisions, train/keep.h); a lookup of a later step handed
    * ahead before the removal still reads the row as removed. Ids are
    * checked as lookup's (nothing removed on a refusal). A store with a
-   * change set lists the rows it removes for the next checkpoint_delta. */
+   * change set lists the rows it removes for the next checkpoint_delta.
+   * A removal that fails part way (the shard store: a database's delete
+   * failed after others' went through) leaves each row either removed
+   * (everywhere: storage, cache, change set) or as it was, and says which
+   * in errmsg (the shard store: by shard); the same removal again
+   * completes it. */
   int (*remove)(emb_store *s, int64_t step, const emb_idset *ids);
   /* Visit every stored row of table (plan index), in ascending row id
    * (local and shard stores; the remote and routed stores refuse with
