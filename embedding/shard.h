@@ -203,7 +203,8 @@ void emb_shard_accept_unclean(emb_store *s);
  * unclean (emb_shard_unclean: opened on a crash's rows, neither restored
  * nor accepted since) is only flushed: its rows stay unmarked, so the next
  * open finds them unclean too, however often the process is stopped
- * cleanly in between. A push after the marks removes them again. 0,
+ * cleanly in between. A push, remove or restore_delta after the marks
+ * removes them again (before it changes a row). 0,
  * SR_EINVAL (not a shard store), or SR_EIO / SR_ERANGE with the reason in
  * errmsg. */
 int emb_shard_mark_clean(emb_store *s);

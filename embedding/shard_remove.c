@@ -97,6 +97,9 @@ int shard__remove(emb_store *b, int64_t step, const emb_idset *ids) {
   shstore *s = (shstore *)b;
   int rc = shard__check_ids(s, ids, "remove");
   if (rc) return rc;
+  /* The removals skip the write-ahead log: until the memtables are
+   * flushed only the missing marks tell a crash that they were lost. */
+  if (s->marked && (rc = shard__marks_remove(s))) return rc;
   if ((rc = shard__chg_remove_reserve(s, ids))) return rc;
   shard__drain(s);
   if (s->wb_rc) {
