@@ -3,7 +3,9 @@
  * Here: the ops table and what is none of the other files' job: create and
  * destroy, lookup (hits copied in a software-pipelined pass over the map,
  * the rest made resident chunk by chunk by shard_cache.c), push (applied
- * whole or not at all, its rows added to the change set),
+ * whole or not at all, its rows added to the change set; a push of more
+ * than a chunk that fails after applying part of itself leaves the store
+ * refusing every call until a restore),
  * flush, checkpoint, stats, iterate, the clean-stop marks and the
  * counters. The internals, their
  * invariants and the other files' jobs: shard_impl.h. */
@@ -78,6 +80,7 @@ typedef struct {
   const float *const *grads;
   int bad_t;           /* one pass: -1, or the table of the row whose outcome was not finite */
   uint64_t bad_id;
+  size_t applied;      /* two passes: rows the second has updated */
 } push_ctx;
 
 /* Bytes of table t's row in a slot: 2 a 16-bit weight, 4 a float (no call
@@ -111,11 +114,30 @@ static void rows_changed(shstore *s, size_t n) {
 
 /* A push's second pass, every row checked by the first (check_act). */
 static void push_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
+  push_ctx *c = vctx;
   for (size_t i = 0; i < n; i++) {
     if (s->sends) shard__slot_unshare(s, i);
-    row_update(s, i, it_r, vctx);
+    row_update(s, i, it_r, c);
   }
   rows_changed(s, n);
+  c->applied += n;
+}
+
+/* A two-pass push whose second pass failed (rc, the reason in s->err)
+ * after it had updated rows: those rows may be written back already, so
+ * they cannot be put back, and a retry would apply them twice; the store
+ * refuses every later call with this reason until a restore (s->wb_rc, as
+ * a failed write-back). rc. */
+static int push_failed_in_part(shstore *s, int64_t step, size_t applied, size_t total, int rc) {
+  char why[sizeof s->err];
+  memcpy(why, s->err, sizeof why);
+  s->wb_rc = rc;
+  sr_fmt(s->wb_err, sizeof s->wb_err,
+         "push of step %lld failed after %zu of its %zu rows were updated (%s): the store "
+         "refuses every call until a restore",
+         (long long)step, applied, total, why);
+  memcpy(s->err, s->wb_err, sizeof s->err);
+  return rc;
 }
 
 /* A push of one chunk in one pass: each row's slot bytes kept in s->undo,
@@ -392,7 +414,10 @@ static int refuse_not_finite(shstore *s, int t, uint64_t id, float lr) {
  * pass that can put its rows back (push_undo_act). A larger one is checked
  * whole first (check_act; the check brings rows into the cache, which
  * changes no value), since rows of its first chunks may be evicted, and
- * written back, while the next are brought in. */
+ * written back, while the next are brought in. Its second pass brings
+ * each chunk in again: a read or an allocation that fails there after a
+ * chunk was applied cannot be undone, and leaves the store refusing every
+ * call until a restore (push_failed_in_part). */
 static int push_apply(shstore *s, int64_t step, float lr, const emb_idset *ids,
                       const float *const *grads) {
   int rc = shard__check_ids(s, ids, "push");
@@ -406,7 +431,7 @@ static int push_apply(shstore *s, int64_t step, float lr, const emb_idset *ids,
   uint64_t hits = 0;
   size_t total = 0;
   for (int t = 0; t < s->n_tables; t++) total += ids->counts[t];
-  push_ctx c = {step, lr, grads, -1, 0};
+  push_ctx c = {step, lr, grads, -1, 0, 0};
   const size_t need = total * (s->slot_bytes - sizeof(sh_meta));
   if (total <= s->chunk && need <= EMB_SHARD_UNDO_BYTES) {
     if (need > s->undo_cap) {
@@ -428,7 +453,8 @@ static int push_apply(shstore *s, int64_t step, float lr, const emb_idset *ids,
     if (rc) return rc;
     if (cc.bad_t >= 0) return refuse_not_finite(s, cc.bad_t, cc.bad_id, lr);
     if ((rc = shard__chg_reserve(s, ids))) return rc; /* the change set takes every row */
-    if ((rc = shard__for_chunks(s, ids, s->mitem + s->chunk, push_act, &c, &hits))) return rc;
+    rc = shard__for_chunks(s, ids, s->mitem + s->chunk, push_act, &c, &hits);
+    if (rc) return c.applied ? push_failed_in_part(s, step, c.applied, total, rc) : rc;
   }
   s->st.pushes += total;
   return 0;

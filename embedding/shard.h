@@ -14,7 +14,10 @@
  *   by side; rows absent from RocksDB get emb_row_init and the optimizer's
  *   initial state (clean: never written unless pushed).
  * - A push brings its rows in the same way and applies embedding/optim.h's
- *   emb_optim_apply in place, marking them dirty.
+ *   emb_optim_apply in place, marking them dirty, whole or not at all,
+ *   except that a push of more than a chunk (half the cache) that fails
+ *   (a read, memory) after applying part of itself leaves the store
+ *   refusing every call, naming the failure, until a restore.
  * - prefetch (store.h's look-ahead) pins a later step's cached rows and
  *   has its misses read by the store threads into pinned slots while the
  *   steps before it run; its lookup waits only for reads not done yet. The

@@ -86,6 +86,8 @@
  * flush, checkpoint, iterate, mark_clean and restore first wait for every
  * read and write (drain); a write that failed is reported (SR_EIO, the
  * RocksDB message) by every later call until a restore: rows were lost.
+ * So is a push that failed after applying part of itself (shard.c,
+ * push_failed_in_part; its code and message in wb_rc and wb_err).
  *
  * Send pins (lookup_pinned: answers sent from the slots, rpc/service.c).
  * Besides its pin count a slot has a send count, sends->cnt[slot], one per
@@ -298,7 +300,8 @@ struct shstore {
   size_t rec_bytes, rows_per_buf;
   sh_entry *pidx;         /* pending index: {record + 1, tag} */
   size_t pmask;
-  int rd_rc, wb_rc;       /* the last failed read; the first failed write (sticky) */
+  int rd_rc, wb_rc;       /* the last failed read; the first failed write or push
+                             applied in part (sticky until a restore) */
   char rd_err[1024], wb_err[1024];
   sh_chg *chg;            /* [n_tables] the change set (shard_delta.c) */
   sh_chg *rmv;            /* [n_tables] ids removed since, the same kind of set (shard_delta.c;

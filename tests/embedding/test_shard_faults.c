@@ -9,7 +9,9 @@
  * the cache and after being evicted (none written back over its delete),
  * the second shard's rows their pushed values, evicted or not; the next
  * checkpoint_delta lists as removed exactly the first shard's rows; the
- * same removal again removes the rest. */
+ * same removal again removes the rest. A push larger than a chunk whose
+ * read fails part way changes no row, or leaves every later call refused
+ * until a restore. */
 #include <check.h>
 
 #include "tests/check_main.h"
@@ -164,10 +166,87 @@ START_TEST(test_remove_fails_in_second_database) {
 }
 END_TEST
 
+#define NP 1500 /* rows pushed: three chunks of a 1024-row cache */
+
+/* A call other than restore refused with the push's failure. */
+static void assert_refused(emb_store *s, int rc, const char *what) {
+  ck_assert_msg(rc != 0, "%s after a push applied in part: accepted", what);
+  const char *msg = emb_store_errmsg(s);
+  ck_assert_msg(strstr(msg, "injected read failure") && strstr(msg, "until a restore"),
+                "%s: %s", what, msg);
+}
+
+/* A push larger than a chunk whose f-th MultiGet fails, for f from 1 on
+ * until the push meets no failure: either no row changed, or every later
+ * lookup, push, flush, checkpoint, remove and clean stop is refused,
+ * naming the read failure, until a restore, after which the store holds
+ * the checkpoint's rows (and works). Both cases are met. */
+START_TEST(test_push_fails_part_way) {
+  emb_plan *p = fx_plan(ROWS, DIM, 11, EMB_OPT_ADAGRAD, 1, 0);
+  char *dir = tmpdir_make("pushfail");
+  emb_store *fresh = fx_shard(p, tmp_join(dir, "f"), 4096, -1);
+  static uint64_t ids[NP];
+  static float init[NP * DIM], got[NP * DIM];
+  for (int i = 0; i < NP; i++) ids[i] = (uint64_t)i * 7;
+  ck_assert_int_eq(lookup0(fresh, 0, ids, NP, init), 0);
+  emb_store_destroy(fresh);
+  int unchanged = 0, refused = 0;
+  for (int f = 1;; f++) {
+    char sub[32];
+    snprintf(sub, sizeof sub, "s%d", f);
+    char *d = strdup(tmp_join(dir, sub)), ck[4096];
+    snprintf(ck, sizeof ck, "%s.ck", d);
+    emb_store *s = fx_shard(p, d, 1024, -1); /* chunk 512 */
+    ck_assert_msg(emb_store_checkpoint(s, ck) == 0, "%s", emb_store_errmsg(s));
+    get_calls = 0;
+    get_fail_at = f;
+    int rc = push0(s, 1, ids, NP, 1.0f);
+    const int reached = get_calls >= f;
+    get_fail_at = 0;
+    if (!reached) {
+      ck_assert_msg(rc == 0, "%s", emb_store_errmsg(s));
+      emb_store_destroy(s);
+      free(d);
+      break;
+    }
+    ck_assert_int_ne(rc, 0);
+    rc = lookup0(s, 2, ids, NP, got);
+    if (!rc) {
+      ck_assert_msg(!memcmp(got, init, sizeof got), "read failure %d: rows changed", f);
+      unchanged++;
+    } else {
+      refused++;
+      assert_refused(s, rc, "lookup");
+      assert_refused(s, push0(s, 3, ids, 10, 1.0f), "push");
+      assert_refused(s, emb_store_flush(s), "flush");
+      assert_refused(s, emb_store_checkpoint(s, tmp_join(dir, "ck2")), "checkpoint");
+      one_table o;
+      one_make(&o, ids, 10);
+      assert_refused(s, emb_store_remove(s, 4, &o.set), "remove");
+      assert_refused(s, emb_shard_mark_clean(s), "mark_clean");
+      ck_assert_msg(emb_store_restore(s, ck) == 0, "%s", emb_store_errmsg(s));
+      ck_assert_msg(lookup0(s, 5, ids, NP, got) == 0, "%s", emb_store_errmsg(s));
+      ck_assert_msg(!memcmp(got, init, sizeof got), "restored rows differ");
+      ck_assert_msg(push0(s, 6, ids, NP, 1.0f) == 0, "%s", emb_store_errmsg(s));
+    }
+    emb_store_destroy(s);
+    sr_rmtree(d);
+    sr_rmtree(ck);
+    free(d);
+  }
+  ck_assert_msg(unchanged > 0 && refused > 0, "failures with no row changed %d, refused %d",
+                unchanged, refused);
+  sr_rmtree(dir);
+  free(dir);
+  emb_plan_free(p);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("emb_shard_faults");
   TCase *tc = tcase_create("faults");
   tcase_add_test(tc, test_remove_fails_in_second_database);
+  tcase_add_test(tc, test_push_fails_part_way);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
