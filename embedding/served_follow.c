@@ -553,6 +553,16 @@ static void apply(void *arg) {
   emb_follow *f = w->f;
   double t0 = sr_now();
   const int nt = f->plan->n_tables;
+  if (f->n_held == f->cap_held) { /* room for one more held step: Lookups read held */
+    held_step *h = realloc(f->held, (size_t)(f->cap_held + 8) * sizeof *h);
+    if (!h) {
+      w->rc = SR_ENOMEM;
+      sr_fmt(w->err, sizeof w->err, "out of memory");
+      return;
+    }
+    f->held = h;
+    f->cap_held += 8;
+  }
   const uint64_t *ids[EMB_MAX_TABLES] = {0};
   size_t counts[EMB_MAX_TABLES] = {0};
   float *out[EMB_MAX_TABLES];
@@ -572,7 +582,7 @@ static void apply(void *arg) {
   if (w->rc) {
     sr_fmt(w->err, sizeof w->err, "%s", emb_store_errmsg(f->store));
   } else {
-    memmove(f->held + 1, f->held, (size_t)f->n_held * sizeof *f->held); /* room: swap_to */
+    memmove(f->held + 1, f->held, (size_t)f->n_held * sizeof *f->held); /* room: above */
     f->held[0] = (held_step){.step = f->step, .until = sr_now() + f->grace_s, .undo = w->undo};
     f->n_held++;
     w->undo = NULL;
@@ -725,11 +735,6 @@ static int swap_to(emb_follow *f, const char *dir, int64_t step, emb_follow_even
     rc = sr_path_err(one, sizeof one, ev->msg, sizeof ev->msg, "%s/shards", chain.dirs[from]);
   else if (!rc && !(rc = tmp_folder(tmp, sizeof tmp, ev)))
     rc = write_rows(&g, tmp, ev);
-  if (!rc && f->n_held == f->cap_held) { /* room for one more held step (apply) */
-    held_step *h = realloc(f->held, (size_t)(f->cap_held + 8) * sizeof *h);
-    if (h) f->held = h, f->cap_held += 8;
-    else rc = SR_ENOMEM;
-  }
   if (!rc && !(w.undo = calloc((size_t)nt, sizeof *w.undo))) rc = SR_ENOMEM;
   for (int t = 0; t < nt && !rc; t++) {
     size_t n = g.tabs[t].n ? g.tabs[t].n : 1;

@@ -1,0 +1,163 @@
+/* A served checkpoint that follows its folder (embedding/served_follow.h,
+ * tools/serve_follow.c) against a trainer's checkpoints, in process and as
+ * a real server:
+ *   - held steps past the first eight (grace long enough), grown while
+ *     another thread answers Lookups of the oldest held step under the
+ *     exclusive section's lock: every step swapped to and held (the
+ *     sanitizer build catches a held list moved under a Lookup);
+ */
+#include <check.h>
+
+#include "tests/check_main.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/stat.h>
+
+#include "embedding/served.h"
+#include "embedding/served_follow.h"
+#include "rpc/service.h"
+#include "rpc/shardrec.pb-c.h"
+#include "tests/support/servers.h"
+
+#define STEPS 40   /* C: step-0 .. step-STEPS, one checkpoint a step */
+#define LATE 80    /* G: step-0 and step-LATE, both full */
+#define N_BAD 70   /* more than the 64 a table once held */
+
+static char *dir; /* d.bin, C (a checkpoint every step), G (step-0, step-LATE) */
+
+static const char *at(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static const char *at(const char *fmt, ...) {
+  static char buf[8][1024];
+  static int i;
+  char name[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(name, sizeof name, fmt, ap);
+  va_end(ap);
+  i = (i + 1) % 8;
+  snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
+  return buf[i];
+}
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static void excl(void *ctx, void (*fn)(void *), void *arg) {
+  (void)ctx;
+  pthread_mutex_lock(&mu);
+  fn(arg);
+  pthread_mutex_unlock(&mu);
+}
+
+/* A follower of root from its checkpoint step (under the test's lock). */
+static emb_follow *follow(emb_served *sv, const char *ckpt, const char *root,
+                          void (*ex)(void *, void (*)(void *), void *)) {
+  int shards[1] = {0};
+  char err[1024];
+  emb_served_opts o = {.checkpoint = ckpt, .shards = shards, .n_shards = 1};
+  ck_assert_msg(!emb_served_open(&o, sv, err, sizeof err), "open %s: %s", ckpt, err);
+  emb_follow_opts fo = {.root = root, .grace_s = 1e6, .swap_at = -1, .exclusive = ex};
+  emb_follow *f = emb_follow_create(sv, &fo, err, sizeof err);
+  ck_assert_msg(f != NULL, "follow %s: %s", root, err);
+  return f;
+}
+
+/* ---- held steps grown under Lookups ---- */
+
+static emb_follow *F;
+static emb_served SV;
+static atomic_int stop, answered, failed;
+
+/* Lookups of ids 0..3 of every table at the oldest held step (step 1 once
+ * held), many to one hold of the lock. */
+static void *looker(void *p) {
+  (void)p;
+  const int nt = SV.plan->n_tables;
+  uint64_t ids[4] = {0, 1, 2, 3};
+  const uint64_t *tid[EMB_MAX_TABLES];
+  size_t counts[EMB_MAX_TABLES];
+  float *out[EMB_MAX_TABLES];
+  for (int t = 0; t < nt; t++) {
+    tid[t] = ids;
+    counts[t] = SV.plan->tables[t].rows < 4 ? SV.plan->tables[t].rows : 4;
+    out[t] = malloc(4 * (size_t)SV.plan->tables[t].dim * sizeof(float));
+  }
+  emb_idset set = {.n_tables = nt, .ids = tid, .counts = counts};
+  while (!atomic_load(&stop)) {
+    pthread_mutex_lock(&mu);
+    for (int k = 0; k < 64; k++) {
+      int64_t step;
+      char msg[512];
+      if (emb_follow_pick(F, 1, 1, &step, msg, sizeof msg) != EMB_FOLLOW_SERVED) continue;
+      if (emb_store_lookup_begin(SV.store, 0, &set, out) || emb_store_lookup_wait(SV.store)) {
+        atomic_store(&failed, 1);
+        continue;
+      }
+      emb_follow_patch(F, step, &set, out);
+      atomic_fetch_add(&answered, 1);
+    }
+    pthread_mutex_unlock(&mu);
+  }
+  for (int t = 0; t < nt; t++) free(out[t]);
+  return NULL;
+}
+
+START_TEST(held_steps_grow_under_lookups) {
+  F = follow(&SV, at("C/step-0"), at("C"), excl);
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, looker, NULL), 0);
+  emb_follow_event ev;
+  int swaps = 0;
+  for (emb_follow_poll(F, &ev); ev.what != EMB_FOLLOW_NOTHING; emb_follow_poll(F, &ev)) {
+    ck_assert_msg(ev.what == EMB_FOLLOW_SWAPPED, "step %lld refused: %s", (long long)ev.step,
+                  ev.msg);
+    swaps++;
+  }
+  atomic_store(&stop, 1);
+  pthread_join(th, NULL);
+  ck_assert_int_eq(swaps, STEPS);
+  ck_assert_int_eq(emb_follow_step(F), STEPS);
+  ck_assert_int_eq(atomic_load(&failed), 0);
+  ck_assert_int_gt(atomic_load(&answered), 0);
+  for (int64_t s = 0; s < STEPS; s++) { /* every step before the served one held */
+    int64_t step;
+    char msg[512];
+    pthread_mutex_lock(&mu);
+    int a = emb_follow_pick(F, s, 1, &step, msg, sizeof msg);
+    pthread_mutex_unlock(&mu);
+    ck_assert_msg(a == EMB_FOLLOW_SERVED && step == s, "step %lld: %s", (long long)s, msg);
+  }
+  emb_follow_destroy(F);
+  emb_served_close(&SV);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("rpc_follow");
+  TCase *tc = tcase_create("follow");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, held_steps_grow_under_lookups);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  const char *bin = getenv("SHARDREC_BIN");
+  if (!bin || !(dir = tmpdir_new("follow"))) {
+    fprintf(stderr, "test_rpc_follow: SHARDREC_BIN unset (run through ctest) or no temporary folder\n");
+    return 1;
+  }
+  char cmd[8192];
+  const char *t = "--processed-data-file d.bin --mini-batch-size 64 --arch-mlp-bot 13-16-16 "
+                  "--arch-mlp-top 16-1 --print-freq 100000 --test-freq 0";
+  snprintf(cmd, sizeof cmd,
+           "cd '%s' && (%s datagen --rows 6000 --seed 1 --out d.tsv && %s convert "
+           "--test-fraction 0.1 d.tsv d.bin && %s train %s --save-checkpoint C --num-batches %d "
+           "--checkpoint-every 1 --full-checkpoint-every 5 && %s train %s --save-checkpoint G "
+           "--num-batches %d --checkpoint-every %d) > prep.log 2>&1 || (cat prep.log >&2; exit 1)",
+           dir, bin, bin, bin, t, STEPS, bin, t, LATE, LATE);
+  int rc = system(cmd) ? EXIT_FAILURE : sr_check_run(suite());
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (rc == EXIT_SUCCESS && system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
+  free(dir);
+  return rc;
+}
