@@ -681,6 +681,12 @@ static void do_checkpoint(rpc_service *s, const uint8_t *in, size_t len, rpc_rep
     path = cq->path;
     delta = cq->incremental;
   }
+  /* A following server's rows, step and undo sets are the followed
+   * folder's: rows restored under them would be answered as its step. */
+  if (restore && s->versions)
+    FAIL(r, RPC_FAILED_PRECONDITION, "Restore refused: this server follows its checkpoint "
+         "folder (serve --follow): its answers name the followed step, whose rows it holds; "
+         "serve the other checkpoint from a server of its own");
   if (!s->n_roots)
     FAIL(r, RPC_FAILED_PRECONDITION, "%s refused: this server was started without "
          "--checkpoint-root (the folder Checkpoint and Restore paths must lie in)", what);

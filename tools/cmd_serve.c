@@ -63,7 +63,8 @@ static void usage(FILE *f) {
 "                          each Lookup answer names its step. A damaged or incomplete one,\n"
 "                          or one of another plan or data transform, is refused (said in the\n"
 "                          log, counted on /metrics) and the last good one served. Needs the\n"
-"                          in-process trainer's table files; Push is refused (read-only)\n"
+"                          in-process trainer's table files; Push is refused (read-only),\n"
+"                          and Restore\n"
 "  --follow-every S        seconds between looks at the folder (0.1; 0.001..3600)\n"
 "  --follow-grace S        a step stops being served at a swap but Lookups may still ask\n"
 "                          for it (at_step) for S seconds after (10; 0..86400)\n"
@@ -308,7 +309,8 @@ static int parse_flags(int argc, char **argv, serve_flags *f) {
     fprintf(stderr, "shardrec serve: --swap-at-step needs --follow\n");
     return 2;
   }
-  if (f->follow.on) f->read_only = 1; /* a swap would overwrite what a Push wrote */
+  /* A swap would overwrite what a Push wrote (the service refuses Restore too). */
+  if (f->follow.on) f->read_only = 1;
   if (f->so.checkpoint && f->so.restore) {
     fprintf(stderr, "shardrec serve: give --checkpoint or --restore, not both\n");
     return 2;

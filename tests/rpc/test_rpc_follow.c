@@ -5,6 +5,8 @@
  *     another thread answers Lookups of the oldest held step under the
  *     exclusive section's lock: every step swapped to and held (the
  *     sanitizer build catches a held list moved under a Lookup);
+ *   - a following service refuses Restore FAILED_PRECONDITION, naming why;
+ *     its rows and the step its answers name are unchanged after it;
  */
 #include <check.h>
 
@@ -131,11 +133,127 @@ START_TEST(held_steps_grow_under_lookups) {
 }
 END_TEST
 
+/* ---- Restore refused ---- */
+
+static rpc_service *SVC;
+static void svc_excl(void *ctx, void (*fn)(void *), void *arg) {
+  (void)ctx;
+  rpc_service_exclusive(SVC, fn, arg);
+}
+static int pick(void *ctx, int64_t a, int sa, int64_t *st, char *m, size_t l) {
+  int r = emb_follow_pick(ctx, a, sa, st, m, l);
+  return r == EMB_FOLLOW_SERVED ? RPC_OK : r == EMB_FOLLOW_AHEAD ? RPC_UNAVAILABLE
+                                                                 : RPC_FAILED_PRECONDITION;
+}
+
+/* A Lookup of ids 0..7 of every table: the rows answered (malloc'd, *n
+ * bytes) and the step the answer names. */
+static uint8_t *lookup(const emb_plan *p, const char *fp, int64_t *step, size_t *n) {
+  static int64_t req;
+  Shardrec__V1__RequestHeader h = SHARDREC__V1__REQUEST_HEADER__INIT;
+  h.plan_fingerprint = (char *)fp;
+  h.job_id = "j";
+  h.step = req++;
+  h.world_size = 1;
+  Shardrec__V1__TableIds ti[EMB_MAX_TABLES], *tp[EMB_MAX_TABLES];
+  uint64_t ids[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  for (int t = 0; t < p->n_tables; t++) {
+    shardrec__v1__table_ids__init(&ti[t]);
+    ti[t].table_id = p->tables[t].table_id;
+    ti[t].n_ids = p->tables[t].rows < 8 ? p->tables[t].rows : 8;
+    ti[t].ids = ids;
+    tp[t] = &ti[t];
+  }
+  Shardrec__V1__LookupRequest q = SHARDREC__V1__LOOKUP_REQUEST__INIT;
+  q.header = &h;
+  q.n_tables = (size_t)p->n_tables;
+  q.tables = tp;
+  size_t len = shardrec__v1__lookup_request__get_packed_size(&q);
+  uint8_t *buf = malloc(len);
+  shardrec__v1__lookup_request__pack(&q, buf);
+  rpc_reply r;
+  rpc_service_handle(SVC, RPC_LOOKUP, buf, len, &r);
+  free(buf);
+  ck_assert_msg(r.status == 0, "Lookup: %d %s", r.status, r.msg);
+  Shardrec__V1__LookupResponse *a = shardrec__v1__lookup_response__unpack(NULL, r.out_len, r.out);
+  ck_assert_ptr_nonnull(a);
+  *n = 0;
+  for (size_t t = 0; t < a->n_tables; t++) *n += a->tables[t]->rows.len;
+  uint8_t *rows = malloc(*n), *o = rows;
+  for (size_t t = 0; t < a->n_tables; t++) {
+    memcpy(o, a->tables[t]->rows.data, a->tables[t]->rows.len);
+    o += a->tables[t]->rows.len;
+  }
+  *step = a->step;
+  shardrec__v1__lookup_response__free_unpacked(a, NULL);
+  free(r.out);
+  return rows;
+}
+
+/* Checkpoint (restore 0) or Restore of path: the status, msg the message. */
+static int admin(const char *fp, int restore, const char *path, char *msg, size_t len) {
+  uint8_t buf[4096];
+  size_t n;
+  if (restore) {
+    Shardrec__V1__RestoreRequest q = SHARDREC__V1__RESTORE_REQUEST__INIT;
+    q.plan_fingerprint = (char *)fp;
+    q.path = (char *)path;
+    n = shardrec__v1__restore_request__pack(&q, buf);
+  } else {
+    Shardrec__V1__CheckpointRequest q = SHARDREC__V1__CHECKPOINT_REQUEST__INIT;
+    q.plan_fingerprint = (char *)fp;
+    q.path = (char *)path;
+    n = shardrec__v1__checkpoint_request__pack(&q, buf);
+  }
+  rpc_reply r;
+  rpc_service_handle(SVC, restore ? RPC_RESTORE : RPC_CHECKPOINT, buf, n, &r);
+  snprintf(msg, len, "%s", r.msg);
+  free(r.out);
+  return r.status;
+}
+
+START_TEST(restore_refused_while_following) {
+  emb_served sv;
+  emb_follow *f = follow(&sv, at("C/step-0"), at("C"), svc_excl);
+  int shards[1] = {0};
+  char err[1024], fp[EMB_FP_HEX], msg[512];
+  emb_plan_fingerprint(sv.plan, fp);
+  ck_assert_int_eq(mkdir(at("roots"), 0755), 0);
+  const char *roots[1] = {at("roots")};
+  rpc_service_versions v = {.pick = pick, .patch = emb_follow_patch, .ctx = f};
+  rpc_service_opts so = {.shards = shards, .n_shards = 1, .read_only = 1, .checkpoint_roots = roots,
+                         .n_roots = 1, .from_checkpoint = 1, .step = sv.step, .versions = &v};
+  SVC = rpc_service_create(sv.plan, sv.store, &so, err, sizeof err);
+  ck_assert_msg(SVC != NULL, "%s", err);
+  /* The rows of step 0 kept (Checkpoint is not refused), then step STEPS served. */
+  ck_assert_msg(!admin(fp, 0, at("roots/ck0"), msg, sizeof msg), "Checkpoint: %s", msg);
+  emb_follow_event ev;
+  for (emb_follow_poll(f, &ev); ev.what != EMB_FOLLOW_NOTHING; emb_follow_poll(f, &ev))
+    ck_assert_msg(ev.what == EMB_FOLLOW_SWAPPED, "refused: %s", ev.msg);
+  int64_t s1, s2;
+  size_t n1, n2;
+  uint8_t *r1 = lookup(sv.plan, fp, &s1, &n1);
+  ck_assert_int_eq(s1, STEPS);
+  ck_assert_int_eq(admin(fp, 1, at("roots/ck0"), msg, sizeof msg), RPC_FAILED_PRECONDITION);
+  ck_assert_msg(strstr(msg, "Restore refused") && strstr(msg, "follows"), "%s", msg);
+  uint8_t *r2 = lookup(sv.plan, fp, &s2, &n2);
+  ck_assert_int_eq(s2, STEPS);
+  ck_assert_uint_eq(n1, n2);
+  ck_assert_msg(!memcmp(r1, r2, n1), "Restore changed the rows served");
+  free(r1);
+  free(r2);
+  rpc_service_destroy(SVC);
+  emb_follow_destroy(f);
+  emb_served_close(&sv);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("rpc_follow");
   TCase *tc = tcase_create("follow");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, held_steps_grow_under_lookups);
+  tcase_add_test(tc, restore_refused_while_following);
   suite_add_tcase(s, tc);
   return s;
 }
