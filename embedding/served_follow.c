@@ -20,7 +20,6 @@
 #include "storage/ckpt_dir.h"
 
 #define CHUNK 4096 /* rows compared per exclusive section */
-#define MAX_REFUSED 64
 
 /* One table's rows as they were before the last swap, by ascending id. */
 typedef struct {
@@ -44,6 +43,13 @@ typedef struct {
   char done[65];
 } refused;
 
+/* A step-N folder seen without DONE. */
+typedef struct {
+  int64_t step;
+  double since; /* sr_now() when first seen without DONE */
+  int said;
+} unfinished;
+
 struct emb_follow {
   emb_served *sv;        /* borrowed */
   emb_store *store;      /* sv->store */
@@ -62,14 +68,13 @@ struct emb_follow {
    * (each held grace_s after it stopped being served: the oldest go first). */
   held_step *held;
   int n_held, cap_held;
-  refused refused[MAX_REFUSED];
-  int n_refused;
-  struct {
-    int64_t step;
-    double since; /* sr_now() when first seen without DONE */
-    int said;
-  } incomplete[MAX_REFUSED]; /* step-N folders seen without DONE */
-  int n_incomplete;
+  /* The follower thread's: checkpoints above the served step refused, and
+   * step-N folders above it seen without DONE (those at or below the
+   * served step dropped at each look). */
+  refused *refused;
+  size_t n_refused, cap_refused;
+  unfinished *incomplete;
+  size_t n_incomplete, cap_incomplete;
 };
 
 const char *emb_follow_reason_name(emb_follow_reason r) {
@@ -133,6 +138,8 @@ void emb_follow_destroy(emb_follow *f) {
   if (!f) return;
   for (int i = 0; i < f->n_held; i++) undo_free(f->held[i].undo, f->plan->n_tables);
   free(f->held);
+  free(f->refused);
+  free(f->incomplete);
   pthread_mutex_destroy(&f->mu);
   free(f->root);
   free(f);
@@ -770,15 +777,50 @@ static int swap_to(emb_follow *f, const char *dir, int64_t step, emb_follow_even
 }
 
 static int was_refused(const emb_follow *f, int64_t step, const char *done) {
-  for (int i = 0; i < f->n_refused; i++)
+  for (size_t i = 0; i < f->n_refused; i++)
     if (f->refused[i].step == step && !strcmp(f->refused[i].done, done)) return 1;
   return 0;
 }
 
+/* Room for one more entry of *n in *list (*cap, each size bytes): 0, or -1
+ * out of memory. */
+static int room(void **list, size_t *n, size_t *cap, size_t size) {
+  if (*n < *cap) return 0;
+  size_t c = *cap ? 2 * *cap : 64;
+  void *p = realloc(*list, c * size);
+  if (!p) return -1;
+  *list = p;
+  *cap = c;
+  return 0;
+}
+
+/* Every refused checkpoint above the served step is remembered (the list
+ * grows; out of memory, the oldest is forgotten, looked at and said again). */
 static void remember_refused(emb_follow *f, int64_t step, const char *done) {
-  refused *r = &f->refused[f->n_refused < MAX_REFUSED ? f->n_refused++ : MAX_REFUSED - 1];
-  r->step = step;
-  snprintf(r->done, sizeof r->done, "%s", done);
+  size_t k = 0;
+  while (k < f->n_refused && f->refused[k].step != step) k++; /* its DONE changed */
+  if (k == f->n_refused) {
+    if (room((void **)&f->refused, &f->n_refused, &f->cap_refused, sizeof *f->refused)) {
+      if (!f->n_refused) return;
+      memmove(f->refused, f->refused + 1, --f->n_refused * sizeof *f->refused);
+    }
+    k = f->n_refused++;
+  }
+  f->refused[k].step = step;
+  snprintf(f->refused[k].done, sizeof f->refused[k].done, "%s", done);
+}
+
+/* The refused and incomplete steps at or below the served one dropped:
+ * never looked at again. */
+static void forget_below(emb_follow *f) {
+  size_t k = 0;
+  for (size_t i = 0; i < f->n_refused; i++)
+    if (f->refused[i].step > f->step) f->refused[k++] = f->refused[i];
+  f->n_refused = k;
+  k = 0;
+  for (size_t i = 0; i < f->n_incomplete; i++)
+    if (f->incomplete[i].step > f->step) f->incomplete[k++] = f->incomplete[i];
+  f->n_incomplete = k;
 }
 
 /* A step-N folder above the served step that has had no DONE for
@@ -795,10 +837,13 @@ static int incomplete(emb_follow *f, emb_follow_event *ev) {
     if (s <= f->step || sr_path(done, sizeof done, "%s/%s/DONE", f->root, names[i]) ||
         sr_is_file(done))
       continue;
-    int k = 0;
+    size_t k = 0;
     while (k < f->n_incomplete && f->incomplete[k].step != s) k++;
     if (k == f->n_incomplete) {
-      k = f->n_incomplete < MAX_REFUSED ? f->n_incomplete++ : MAX_REFUSED - 1;
+      if (room((void **)&f->incomplete, &f->n_incomplete, &f->cap_incomplete,
+               sizeof *f->incomplete))
+        continue; /* out of memory: seen again at the next look */
+      k = f->n_incomplete++;
       f->incomplete[k].step = s;
       f->incomplete[k].since = sr_now();
       f->incomplete[k].said = 0;
@@ -824,6 +869,7 @@ void emb_follow_poll(emb_follow *f, emb_follow_event *ev) {
     if (w.dropped) f->exclusive(f->exclusive_ctx, drop_expired, &w);
     free_dropped(f, &w);
   }
+  forget_below(f);
   ckpt_dir_entry *e = NULL;
   int n = 0;
   pthread_mutex_lock(&f->mu);

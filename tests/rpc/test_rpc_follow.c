@@ -7,6 +7,9 @@
  *     sanitizer build catches a held list moved under a Lookup);
  *   - a following service refuses Restore FAILED_PRECONDITION, naming why;
  *     its rows and the step its answers name are unchanged after it;
+ *   - 70 damaged checkpoints above the served step and a good one after
+ *     them: each refused once, then the good one swapped to; 70 step-N
+ *     folders without DONE above it: each reported incomplete once;
  */
 #include <check.h>
 
@@ -248,12 +251,70 @@ START_TEST(restore_refused_while_following) {
 }
 END_TEST
 
+/* ---- many refused checkpoints ---- */
+
+START_TEST(many_refused_then_a_good_one) {
+  char *out;
+  /* R: G's step-0 (served) and step-LATE; N_BAD copies of step-0 between
+   * them, each named another step than its manifest's (damaged). */
+  ck_assert_int_eq(run_cmd(&out, "cp -r '%s' '%s' && for s in $(seq 1 %d); do cp -r '%s' "
+                                 "'%s'/step-$s; done", at("G"), at("R"), N_BAD,
+                           at("G/step-0"), at("R")), 0);
+  free(out);
+  emb_served sv;
+  emb_follow *f = follow(&sv, at("R/step-0"), at("R"), excl);
+  int said[N_BAD] = {0}, swaps = 0;
+  emb_follow_event ev;
+  /* Each look says one thing: N_BAD refusals and a swap, then nothing. */
+  int looks = 0;
+  for (emb_follow_poll(f, &ev); ev.what != EMB_FOLLOW_NOTHING && looks < 4 * N_BAD;
+       emb_follow_poll(f, &ev), looks++) {
+    if (ev.what == EMB_FOLLOW_SWAPPED) {
+      ck_assert_int_eq(ev.step, LATE);
+      swaps++;
+      continue;
+    }
+    ck_assert_msg(ev.reason == EMB_FOLLOW_DAMAGED && ev.step >= 1 && ev.step <= N_BAD,
+                  "step %lld refused (%s): %s", (long long)ev.step,
+                  emb_follow_reason_name(ev.reason), ev.msg);
+    said[ev.step - 1]++;
+  }
+  ck_assert_msg(ev.what == EMB_FOLLOW_NOTHING, "still saying something after %d looks", looks);
+  for (int i = 0; i < N_BAD; i++) ck_assert_msg(said[i] == 1, "step %d refused %d times", 1 + i, said[i]);
+  ck_assert_int_eq(swaps, 1);
+  ck_assert_int_eq(emb_follow_step(f), LATE);
+  /* N_BAD step-N folders without DONE above the served step: each said once. */
+  ck_assert_int_eq(run_cmd(&out, "for s in $(seq 300 %d); do cp -r '%s' '%s'/step-$s; "
+                                 "rm '%s'/step-$s/DONE; done", 299 + N_BAD, at("G/step-0"),
+                           at("R"), at("R")), 0);
+  free(out);
+  int incomplete[N_BAD] = {0}, n = 0;
+  double t0 = test_now();
+  while (n < N_BAD && test_now() - t0 < 30) { /* each is said a second after it is seen */
+    emb_follow_poll(f, &ev);
+    if (ev.what == EMB_FOLLOW_NOTHING) {
+      usleep(10000);
+      continue;
+    }
+    ck_assert_msg(ev.what == EMB_FOLLOW_REFUSED && ev.reason == EMB_FOLLOW_INCOMPLETE &&
+                      ev.step >= 300 && ev.step < 300 + N_BAD,
+                  "step %lld: %s", (long long)ev.step, ev.msg);
+    ck_assert_msg(!incomplete[ev.step - 300]++, "step %lld said twice", (long long)ev.step);
+    n++;
+  }
+  ck_assert_msg(n == N_BAD, "%d of %d incomplete folders said", n, N_BAD);
+  emb_follow_destroy(f);
+  emb_served_close(&sv);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("rpc_follow");
   TCase *tc = tcase_create("follow");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, held_steps_grow_under_lookups);
   tcase_add_test(tc, restore_refused_while_following);
+  tcase_add_test(tc, many_refused_then_a_good_one);
   suite_add_tcase(s, tc);
   return s;
 }
