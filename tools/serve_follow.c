@@ -2,6 +2,7 @@
 #include "tools/serve_follow.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -130,9 +131,17 @@ static void *follow_thread(void *p) {
       }
       say(sf, &ev);
     }
-    struct timespec ts = {(time_t)sf->every_s,
-                          (long)((sf->every_s - (double)(time_t)sf->every_s) * 1e9)};
-    nanosleep(&ts, NULL);
+    /* Until the next look, or until serve_follow_stop. */
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    double ns = (double)until.tv_nsec + (sf->every_s - (double)(time_t)sf->every_s) * 1e9;
+    until.tv_sec += (time_t)sf->every_s + (time_t)(ns / 1e9);
+    until.tv_nsec = (long)(ns - 1e9 * (double)(time_t)(ns / 1e9));
+    pthread_mutex_lock(&sf->wake_mu);
+    while (!atomic_load(&sf->stop) &&
+           pthread_cond_timedwait(&sf->wake, &sf->wake_mu, &until) != ETIMEDOUT) {
+    }
+    pthread_mutex_unlock(&sf->wake_mu);
   }
   return NULL;
 }
@@ -140,16 +149,30 @@ static void *follow_thread(void *p) {
 int serve_follow_start(serve_follow *sf, rpc_service *svc, char *err, size_t errlen) {
   if (!sf->on) return 0;
   sf->svc = svc;
-  if (pthread_create(&sf->thread, NULL, follow_thread, sf))
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&sf->wake, &ca);
+  pthread_condattr_destroy(&ca);
+  pthread_mutex_init(&sf->wake_mu, NULL);
+  if (pthread_create(&sf->thread, NULL, follow_thread, sf)) {
+    pthread_cond_destroy(&sf->wake);
+    pthread_mutex_destroy(&sf->wake_mu);
     return sr_fmt(err, errlen, "cannot start a thread"), -1;
+  }
   sf->started = 1;
   return 0;
 }
 
 void serve_follow_stop(serve_follow *sf) {
   if (!sf->started) return;
+  pthread_mutex_lock(&sf->wake_mu); /* not between the thread's check and its wait */
   atomic_store(&sf->stop, 1);
+  pthread_cond_signal(&sf->wake);
+  pthread_mutex_unlock(&sf->wake_mu);
   pthread_join(sf->thread, NULL);
+  pthread_cond_destroy(&sf->wake);
+  pthread_mutex_destroy(&sf->wake_mu);
   sf->started = 0;
 }
 

@@ -31,6 +31,8 @@ typedef struct serve_follow {
   atomic_int stop;
   int started;
   pthread_t thread;
+  pthread_mutex_t wake_mu; /* the thread sleeps between looks on wake, */
+  pthread_cond_t wake;     /* which serve_follow_stop signals */
 } serve_follow;
 
 /* With sf->on: follow root (the --checkpoint folder) from sv (borrowed,

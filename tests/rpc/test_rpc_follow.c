@@ -10,7 +10,8 @@
  *   - 70 damaged checkpoints above the served step and a good one after
  *     them: each refused once, then the good one swapped to; 70 step-N
  *     folders without DONE above it: each reported incomplete once;
- */
+ *   - `serve --follow --follow-every 60` stopped by SIGTERM exits 0 (within
+ *     10 s, not the 60 s between looks at the folder). */
 #include <check.h>
 
 #include "tests/check_main.h"
@@ -308,6 +309,18 @@ START_TEST(many_refused_then_a_good_one) {
 }
 END_TEST
 
+/* ---- SIGTERM ---- */
+
+START_TEST(sigterm_between_looks) {
+  test_server s;
+  char args[2048];
+  snprintf(args, sizeof args, "--checkpoint '%s' --shard 0 --follow --follow-every 60",
+           at("C"));
+  server_start(&s, args, at("term.log"));
+  ck_assert_int_eq(server_stop(&s), 0); /* SIGKILLed (137) when not gone in 10 s */
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("rpc_follow");
   TCase *tc = tcase_create("follow");
@@ -315,6 +328,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, held_steps_grow_under_lookups);
   tcase_add_test(tc, restore_refused_while_following);
   tcase_add_test(tc, many_refused_then_a_good_one);
+  tcase_add_test(tc, sigterm_between_looks);
   suite_add_tcase(s, tc);
   return s;
 }
