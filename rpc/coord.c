@@ -8,97 +8,7 @@
 
 #include "common/status.h"
 #include "rpc/coord_impl.h"
-
-#define WHY_LEN 480
-
-/* A single-rank job's (job, rank) entry, for Push idempotency and its mode. */
-typedef struct {
-  char job[RPC_COORD_JOB_MAX];
-  int rank;
-  int64_t last_step; /* highest step applied for (job, rank); -1: none yet */
-  int stale;         /* max_staleness of its first call */
-  uint64_t used;     /* recency, for replacement */
-} solo_job;
-
-/* A rank's push of a sync step, held until every rank's is in: one block
- * holding this struct, then counts, ids and grads per table, then the ids
- * and the gradients themselves. */
-typedef struct {
-  float lr;
-  size_t *counts;  /* [n_tables] */
-  uint64_t **ids;  /* [n_tables] -> [counts[t]] */
-  float **grads;   /* [n_tables] -> [counts[t] * dims[t]] */
-} held_push;
-
-/* A multi-rank job (world > 1), known from its first call, which fixes its
- * world size and mode. Sync (stale 0): step t's pushes are collected from
- * every rank and applied together, summed in rank order; Lookups for step
- * t+1 wait (parked) until step t is applied. Async (stale S >= 1): pushes
- * are applied on arrival; a Lookup of step t waits until every rank's push
- * of step t-S is in. */
-typedef struct {
-  char job[RPC_COORD_JOB_MAX];
-  int world;
-  int stale;        /* 0: sync; S >= 1: async with bound S */
-  int64_t applied;  /* sync: last step applied */
-  held_push **have; /* sync: [a * world + rank]: rank's push of step applied+1+a (NULL: not in) */
-  int64_t *done;    /* async: [world] last step each rank pushed (first step - 1: none yet) */
-  uint8_t *gone;    /* [world] 1: the rank detached (finished); its Watch ending means nothing */
-  int started;      /* a Lookup or Push came: the first step (applied, done) is fixed */
-  uint64_t used;
-  double progress;  /* now of the last push taken (or of the first call) */
-  int aborted;      /* its pending state was dropped: every further call is refused */
-  char why[WHY_LEN];
-} multi_job;
-
-/* A Lookup waiting for its job's previous step (sync) or for the slowest
- * rank (async), or a rank's Watch. */
-typedef struct {
-  void *token;
-  uint8_t *in;
-  size_t len;
-  char job[RPC_COORD_JOB_MAX];
-  int64_t step;
-  int rank, world, stale; /* as the call said */
-  double deadline;
-  int abort;    /* answer ABORTED with why: its job's pending state was dropped */
-  int watch;    /* a Watch (not a Lookup): answered OK once released */
-  int released; /* Watch: its rank detached */
-  char why[WHY_LEN];
-} parked_call;
-
-/* A push split into parts, being collected (rpc_coord_push). */
-typedef struct {
-  char job[RPC_COORD_JOB_MAX];
-  int rank;
-  int64_t step;
-  int parts, got;
-  held_push **piece; /* [parts] */
-  uint64_t used;
-} partial_push;
-
-struct rpc_coord {
-  int n_tables;
-  int *dims; /* [n_tables] */
-  rpc_coord_apply_fn apply;
-  void *apply_ctx;
-  double pending_timeout; /* seconds */
-  solo_job solo[RPC_COORD_MAX_JOBS];
-  int n_solo;
-  uint64_t clock;
-  multi_job *jobs; /* [n_jobs] */
-  int n_jobs, cap_jobs;
-  parked_call *parked; /* [n_parked] */
-  int n_parked, cap_parked;
-  int stopping;               /* no more parking; parked calls are handed back STOPPING */
-  atomic_int parked_hint;     /* n_parked, readable without the caller's lock */
-  atomic_int jobs_hint;       /* n_jobs, readable without the caller's lock */
-  atomic_llong next_sweep_us; /* now (in microseconds) of the next timeout sweep */
-  partial_push partial[RPC_COORD_PARTIALS];
-  int n_partial;
-  uint64_t dropped_steps;     /* steps whose held pushes were dropped */
-  uint64_t dropped_jobs;      /* jobs aborted (rank death, timeout) */
-};
+#include "rpc/coord_state_impl.h"
 
 rpc_coord *rpc_coord_create(const rpc_coord_opts *o) {
   if (!o || o->n_tables < 0 || (o->n_tables && !o->dims) || !o->apply) return NULL;
@@ -146,22 +56,9 @@ static void job_free(multi_job *j) {
   j->gone = NULL;
 }
 
-static void partial_drop(rpc_coord *c, int i) {
-  partial_push *q = &c->partial[i];
-  for (int k = 0; k < q->parts; k++) free(q->piece[k]);
-  free(q->piece);
-  c->partial[i] = c->partial[--c->n_partial];
-}
-
-/* Drop the parts held for job (NULL: every job). */
-static void partials_drop_job(rpc_coord *c, const char *job) {
-  for (int i = c->n_partial - 1; i >= 0; i--)
-    if (!job || !strcmp(c->partial[i].job, job)) partial_drop(c, i);
-}
-
 void rpc_coord_destroy(rpc_coord *c) {
   if (!c) return;
-  partials_drop_job(c, NULL);
+  rpc__coord_parts_drop(c, NULL);
   for (int i = 0; i < c->n_jobs; i++) job_free(&c->jobs[i]);
   free(c->jobs);
   for (int i = 0; i < c->n_parked; i++) free(c->parked[i].in);
@@ -372,7 +269,7 @@ static void job_abort(rpc_coord *c, multi_job *j, const char *what) {
   c->dropped_steps += (uint64_t)steps;
   c->dropped_jobs++;
   j->aborted = 1;
-  partials_drop_job(c, j->job);
+  rpc__coord_parts_drop(c, j->job);
   snprintf(j->why, sizeof j->why, "job %.64s: %.150s during %.120s; %s", j->job, what, where,
            j->stale ? "its pushes so far stay applied (async mode)"
            : steps ? "the step's held pushes were dropped (nothing of it was applied)"
@@ -548,7 +445,7 @@ done:
 }
 
 /* A copy of p in one block (held_push); NULL when out of memory. */
-static held_push *held_copy(const rpc_coord *c, const rpc_coord_grads *p) {
+held_push *rpc__coord_held_copy(const rpc_coord *c, const rpc_coord_grads *p) {
   const int nt = c->n_tables;
   size_t n_ids = 0, n_floats = 0;
   for (int t = 0; t < nt; t++) {
@@ -598,7 +495,7 @@ static rpc_coord_outcome solo_push(rpc_coord *c, const rpc_coord_call *k,
 }
 
 /* Whether (job, step, rank) of k was taken already (a retry). */
-static int push_taken(rpc_coord *c, const rpc_coord_call *k) {
+int rpc__coord_push_taken(rpc_coord *c, const rpc_coord_call *k) {
   if (k->world <= 1) {
     int i = solo_find(c, k->job, k->rank);
     return i >= 0 && k->step <= c->solo[i].last_step;
@@ -610,152 +507,15 @@ static int push_taken(rpc_coord *c, const rpc_coord_call *k) {
   return a < 0 || (a < RPC_COORD_AHEAD && j->have[a * j->world + k->rank]);
 }
 
-/* The collecting entry of k's push (made, the least recent replaced when
- * full); NULL when out of memory. */
-static partial_push *partial_get(rpc_coord *c, const rpc_coord_call *k) {
-  for (int i = 0; i < c->n_partial; i++) {
-    partial_push *q = &c->partial[i];
-    if (q->rank == k->rank && q->step == k->step && !strcmp(q->job, k->job)) return q;
-  }
-  if (c->n_partial == RPC_COORD_PARTIALS) {
-    int old = 0;
-    for (int i = 1; i < c->n_partial; i++)
-      if (c->partial[i].used < c->partial[old].used) old = i;
-    partial_drop(c, old);
-  }
-  held_push **piece = calloc((size_t)k->parts, sizeof *piece);
-  if (!piece) return NULL;
-  partial_push *q = &c->partial[c->n_partial++];
-  memset(q, 0, sizeof *q);
-  snprintf(q->job, sizeof q->job, "%s", k->job);
-  q->rank = k->rank;
-  q->step = k->step;
-  q->parts = k->parts;
-  q->piece = piece;
-  return q;
-}
-
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
-/* q's parts as one push into *h (one block, as held_copy makes): 0, -1 out
- * of memory, or 1 with msg naming a row given in two parts. */
-static int partial_merge(const rpc_coord *c, const partial_push *q, held_push **h, char *msg,
-                         size_t msglen) {
-  const int nt = c->n_tables;
-  size_t *counts = calloc((size_t)nt + 1, sizeof *counts);
-  const uint64_t **ids = calloc((size_t)nt + 1, sizeof *ids);
-  const float **grads = calloc((size_t)nt + 1, sizeof *grads);
-  uint64_t *idbuf = NULL;
-  float *gbuf = NULL;
-  int rc = -1;
-  *h = NULL;
-  if (!counts || !ids || !grads) goto done;
-  size_t n_ids = 0, n_f = 0;
-  for (int t = 0; t < nt; t++)
-    for (int k = 0; k < q->parts; k++) {
-      counts[t] += q->piece[k]->counts[t];
-      n_ids += q->piece[k]->counts[t];
-      n_f += q->piece[k]->counts[t] * (size_t)c->dims[t];
-    }
-  idbuf = malloc((n_ids ? n_ids : 1) * sizeof *idbuf);
-  gbuf = malloc((n_f ? n_f : 1) * sizeof *gbuf);
-  if (!idbuf || !gbuf) goto done;
-  uint64_t *ip = idbuf;
-  float *gp = gbuf;
-  for (int t = 0; t < nt; t++) {
-    ids[t] = ip;
-    grads[t] = gp;
-    for (int k = 0; k < q->parts; k++) {
-      size_t n = q->piece[k]->counts[t], f = n * (size_t)c->dims[t];
-      if (n) memcpy(ip, q->piece[k]->ids[t], n * sizeof *ip);
-      if (f) memcpy(gp, q->piece[k]->grads[t], f * sizeof *gp);
-      ip += n;
-      gp += f;
-    }
-  }
-  emb_idset set = {.n_tables = nt, .ids = ids, .counts = counts};
-  rpc_coord_grads whole = {.lr = q->piece[0]->lr, .set = &set, .grads = grads};
-  *h = held_copy(c, &whole);
-  if (!*h) goto done;
-  rc = 0;
-  for (int t = 0; t < nt && !rc; t++) { /* unique within each part, so check across */
-    uint64_t *sorted = idbuf; /* reused: the copy in *h is what is applied */
-    size_t n = counts[t];
-    memcpy(sorted, (*h)->ids[t], n * sizeof *sorted);
-    qsort(sorted, n, sizeof *sorted, cmp_u64);
-    for (size_t x = 1; x < n && !rc; x++)
-      if (sorted[x] == sorted[x - 1]) {
-        snprintf(msg, msglen, "push of step %lld of job %s: row %llu of table index %d is in two "
-                 "of its %d parts; nothing applied", (long long)q->step, q->job,
-                 (unsigned long long)sorted[x], t, q->parts);
-        rc = 1;
-      }
-  }
-  if (rc) {
-    free(*h);
-    *h = NULL;
-  }
-done:
-  free(counts);
-  free(ids);
-  free(grads);
-  free(idbuf);
-  free(gbuf);
-  return rc;
-}
-
-static rpc_coord_outcome push_whole(rpc_coord *c, const rpc_coord_call *k,
-                                    const rpc_coord_grads *p, double now, char *msg,
-                                    size_t msglen);
-
-/* Part k->part of a split push: held until all are in, then the push. */
-static rpc_coord_outcome push_part(rpc_coord *c, const rpc_coord_call *k,
-                                   const rpc_coord_grads *p, double now, char *msg,
-                                   size_t msglen) {
-  if (push_taken(c, k)) return RPC_COORD_RETRY;
-  partial_push *q = partial_get(c, k);
-  if (!q) goto nomem;
-  if (q->parts != k->parts) {
-    snprintf(msg, msglen, "push of step %lld of job %s: part %d of %d, but its first part said %d "
-             "parts", (long long)k->step, k->job, k->part, k->parts, q->parts);
-    return RPC_COORD_REFUSED;
-  }
-  q->used = ++c->clock;
-  if (q->piece[k->part]) return RPC_COORD_RETRY;
-  if (!(q->piece[k->part] = held_copy(c, p))) goto nomem;
-  if (++q->got < q->parts) return RPC_COORD_GO; /* taken: held until the rest come */
-  held_push *h;
-  int m = partial_merge(c, q, &h, msg, msglen);
-  partial_drop(c, (int)(q - c->partial));
-  if (m > 0) return RPC_COORD_INVALID;
-  if (m < 0) goto nomem;
-  emb_idset set = {.n_tables = c->n_tables, .ids = (const uint64_t *const *)h->ids,
-                   .counts = h->counts};
-  rpc_coord_grads whole = {.lr = h->lr, .set = &set, .grads = (const float *const *)h->grads};
-  rpc_coord_call k1 = *k;
-  k1.part = 0;
-  k1.parts = 1;
-  rpc_coord_outcome o = push_whole(c, &k1, &whole, now, msg, msglen);
-  free(h);
-  return o;
-nomem:
-  snprintf(msg, msglen, "out of memory holding part %d of %d of the push of step %lld of job %s",
-           k->part, k->parts, (long long)k->step, k->job);
-  return RPC_COORD_NOMEM;
-}
-
 rpc_coord_outcome rpc_coord_push(rpc_coord *c, const rpc_coord_call *k, const rpc_coord_grads *p,
                                  double now, char *msg, size_t msglen) {
-  if (k->parts > 1) return push_part(c, k, p, now, msg, msglen);
-  return push_whole(c, k, p, now, msg, msglen);
+  if (k->parts > 1) return rpc__coord_push_part(c, k, p, now, msg, msglen);
+  return rpc__coord_push_whole(c, k, p, now, msg, msglen);
 }
 
-static rpc_coord_outcome push_whole(rpc_coord *c, const rpc_coord_call *k,
-                                    const rpc_coord_grads *p, double now, char *msg,
-                                    size_t msglen) {
+rpc_coord_outcome rpc__coord_push_whole(rpc_coord *c, const rpc_coord_call *k,
+                                        const rpc_coord_grads *p, double now, char *msg,
+                                        size_t msglen) {
   if (k->world <= 1) return solo_push(c, k, p, msg, msglen);
   rpc_coord_outcome why;
   multi_job *j = job_enter(c, k, 1, now, &why, msg, msglen);
@@ -784,7 +544,7 @@ static rpc_coord_outcome push_whole(rpc_coord *c, const rpc_coord_call *k,
   }
   held_push **slot = &j->have[a * j->world + k->rank];
   if (*slot) return RPC_COORD_RETRY;
-  *slot = held_copy(c, p);
+  *slot = rpc__coord_held_copy(c, p);
   if (!*slot) {
     snprintf(msg, msglen, "out of memory holding the push of step %lld of job %s",
              (long long)k->step, k->job);
@@ -955,7 +715,7 @@ void rpc_coord_restore(rpc_coord *c) {
   /* Steps start over from the checkpoint's: every job's pending state is
    * dropped and its parked Lookups answered ABORTED. */
   c->n_solo = 0;
-  partials_drop_job(c, NULL);
+  rpc__coord_parts_drop(c, NULL);
   for (int i = 0; i < c->n_jobs; i++) {
     c->dropped_steps += (uint64_t)job_drop_held(&c->jobs[i]);
     job_free(&c->jobs[i]);
