@@ -59,6 +59,7 @@ static void job_free(multi_job *j) {
 void rpc_coord_destroy(rpc_coord *c) {
   if (!c) return;
   rpc__coord_parts_drop(c, NULL);
+  free(c->partial);
   for (int i = 0; i < c->n_jobs; i++) job_free(&c->jobs[i]);
   free(c->jobs);
   for (int i = 0; i < c->n_parked; i++) free(c->parked[i].in);

@@ -27,7 +27,10 @@
 #define RPC_COORD_AHEAD 4      /* steps of pushes a sync job may collect at once */
 #define RPC_COORD_MSG 512      /* bytes of an outcome's message */
 #define RPC_COORD_MAX_PARTS 4096 /* parts one push may be split into */
-#define RPC_COORD_PARTIALS 64  /* pushes whose parts are being collected at once */
+/* Pushes whose parts are being collected at once: one per rank of the
+ * largest job the service takes (1024 ranks) for each of the RPC_COORD_AHEAD
+ * steps a sync job collects. */
+#define RPC_COORD_PARTIALS 4096
 
 /* What became of a call. The service answers each with one gRPC status
  * (in brackets). */
@@ -47,6 +50,9 @@ typedef enum rpc_coord_outcome {
   RPC_COORD_INVALID, /* the apply callback refused the update (SR_ERANGE: a learning rate out
                         of range or a row that would turn non-finite), nothing applied
                         [INVALID_ARGUMENT] */
+  RPC_COORD_BUSY,    /* Push: a part of a push not yet begun while the parts of
+                        RPC_COORD_PARTIALS others are being collected; nothing changed, to be
+                        sent again later [UNAVAILABLE] */
   /* Outcomes of a parked call only (take_woken): */
   RPC_COORD_RELEASED,  /* Watch: its rank detached [OK] */
   RPC_COORD_TIMED_OUT, /* its timeout passed; nothing changed [DEADLINE_EXCEEDED] */
@@ -141,8 +147,12 @@ rpc_coord_outcome rpc_coord_lookup(rpc_coord *c, const rpc_coord_call *k, void *
  * push above, whose outcome the last part gets, so a split push is applied
  * whole or not at all too. A part taken before, or of a push taken before,
  * is a RETRY; a row in two parts is INVALID (nothing applied). Parts of at
- * most RPC_COORD_PARTIALS pushes are held at once (the least recent is
- * dropped for a new one); a Restore or the job's abort drops them. */
+ * most RPC_COORD_PARTIALS pushes are held at once: a part taken is never
+ * dropped for another push's, so a part that would begin one more push is
+ * BUSY (nothing changed; the client sends it again after a backoff), unless
+ * a push got no part for the pending timeout (its sender went away): that
+ * one's parts are dropped to make room. A Restore or the job's abort drops
+ * them too. */
 rpc_coord_outcome rpc_coord_push(rpc_coord *c, const rpc_coord_call *k, const rpc_coord_grads *p,
                                  double now, char *msg, size_t msglen);
 

@@ -20,9 +20,14 @@ void rpc__coord_parts_drop(rpc_coord *c, const char *job) {
     if (!job || !strcmp(c->partial[i].job, job)) partial_drop(c, i);
 }
 
-/* The collecting entry of k's push (made, the least recent replaced when
- * full); NULL when out of memory. */
-static partial_push *partial_get(rpc_coord *c, const rpc_coord_call *k) {
+/* The collecting entry of k's push, made at its first part. When
+ * RPC_COORD_PARTIALS pushes are being collected already, one holding no
+ * part, else the one with no part for the pending timeout the longest (its
+ * sender went away), is dropped to make room; with none such, NULL and
+ * *busy set: every held part was answered taken, so none may be dropped.
+ * NULL with *busy clear when out of memory. */
+static partial_push *partial_get(rpc_coord *c, const rpc_coord_call *k, double now, int *busy) {
+  *busy = 0;
   for (int i = 0; i < c->n_partial; i++) {
     partial_push *q = &c->partial[i];
     if (q->rank == k->rank && q->step == k->step && !strcmp(q->job, k->job)) return q;
@@ -30,8 +35,22 @@ static partial_push *partial_get(rpc_coord *c, const rpc_coord_call *k) {
   if (c->n_partial == RPC_COORD_PARTIALS) {
     int old = 0;
     for (int i = 1; i < c->n_partial; i++)
-      if (c->partial[i].used < c->partial[old].used) old = i;
+      if (c->partial[i].at < c->partial[old].at) old = i;
+    for (int i = 0; i < c->n_partial; i++)
+      if (!c->partial[i].got) old = i; /* none taken (out of memory at its first): free */
+    if (c->partial[old].got && now - c->partial[old].at < c->pending_timeout) {
+      *busy = 1;
+      return NULL;
+    }
     partial_drop(c, old);
+  }
+  if (c->n_partial == c->cap_partial) {
+    int cap = c->cap_partial ? 2 * c->cap_partial : 64;
+    if (cap > RPC_COORD_PARTIALS) cap = RPC_COORD_PARTIALS;
+    partial_push *a = realloc(c->partial, (size_t)cap * sizeof *a);
+    if (!a) return NULL;
+    c->partial = a;
+    c->cap_partial = cap;
   }
   held_push **piece = calloc((size_t)k->parts, sizeof *piece);
   if (!piece) return NULL;
@@ -42,6 +61,7 @@ static partial_push *partial_get(rpc_coord *c, const rpc_coord_call *k) {
   q->step = k->step;
   q->parts = k->parts;
   q->piece = piece;
+  q->at = now;
   return q;
 }
 
@@ -122,16 +142,24 @@ rpc_coord_outcome rpc__coord_push_part(rpc_coord *c, const rpc_coord_call *k,
                                        const rpc_coord_grads *p, double now, char *msg,
                                        size_t msglen) {
   if (rpc__coord_push_taken(c, k)) return RPC_COORD_RETRY;
-  partial_push *q = partial_get(c, k);
+  int busy;
+  partial_push *q = partial_get(c, k, now, &busy);
+  if (busy) {
+    snprintf(msg, msglen, "push of step %lld of job %s: part %d of %d not taken: the server "
+             "holds the parts of at most %d pushes at once (RPC_COORD_PARTIALS) and that many are "
+             "being collected; send it again later", (long long)k->step, k->job, k->part,
+             k->parts, RPC_COORD_PARTIALS);
+    return RPC_COORD_BUSY;
+  }
   if (!q) goto nomem;
   if (q->parts != k->parts) {
     snprintf(msg, msglen, "push of step %lld of job %s: part %d of %d, but its first part said %d "
              "parts", (long long)k->step, k->job, k->part, k->parts, q->parts);
     return RPC_COORD_REFUSED;
   }
-  q->used = ++c->clock;
   if (q->piece[k->part]) return RPC_COORD_RETRY;
   if (!(q->piece[k->part] = rpc__coord_held_copy(c, p))) goto nomem;
+  q->at = now;
   if (++q->got < q->parts) return RPC_COORD_GO; /* taken: held until the rest come */
   held_push *h;
   int m = partial_merge(c, q, &h, msg, msglen);

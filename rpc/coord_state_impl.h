@@ -76,7 +76,7 @@ typedef struct {
   int64_t step;
   int parts, got;
   held_push **piece; /* [parts] */
-  uint64_t used;
+  double at;         /* now of its last part taken */
 } partial_push;
 
 struct rpc_coord {
@@ -96,8 +96,8 @@ struct rpc_coord {
   atomic_int parked_hint;     /* n_parked, readable without the caller's lock */
   atomic_int jobs_hint;       /* n_jobs, readable without the caller's lock */
   atomic_llong next_sweep_us; /* now (in microseconds) of the next timeout sweep */
-  partial_push partial[RPC_COORD_PARTIALS];
-  int n_partial;
+  partial_push *partial; /* [n_partial], room for cap_partial (at most RPC_COORD_PARTIALS) */
+  int n_partial, cap_partial;
   uint64_t dropped_steps;     /* steps whose held pushes were dropped */
   uint64_t dropped_jobs;      /* jobs aborted (rank death, timeout) */
 };

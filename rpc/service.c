@@ -74,6 +74,7 @@ int rpc__coord_status(rpc_coord_outcome o) {
     case RPC_COORD_RELEASED: return RPC_OK;
     case RPC_COORD_PARKED: return RPC_PARKED;
     case RPC_COORD_WAIT:
+    case RPC_COORD_BUSY:
     case RPC_COORD_STOPPING: return RPC_UNAVAILABLE;
     case RPC_COORD_REFUSED: return RPC_FAILED_PRECONDITION;
     case RPC_COORD_ABORTED: return RPC_ABORTED;

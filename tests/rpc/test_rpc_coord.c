@@ -16,7 +16,9 @@
  *   rank death (a cancelled Lookup or Watch), a detached rank, stopping;
  *   the pending timeout, driven by the test's clock;
  *   Restore forgetting every job;
- *   a failing apply. */
+ *   a failing apply;
+ *   pushes in parts: at most RPC_COORD_PARTIALS collected at once, a part
+ *     taken never dropped for another push's. */
 #include <check.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -642,6 +644,103 @@ START_TEST(test_push_parts) {
 }
 END_TEST
 
+/* One part of a push of rank r of the wide job below: part 0 row 7 of
+ * table 0, part 1 row 3 of table 1. */
+static rpc_coord_outcome wide_part(int r, int world, int part, double now, char *msg) {
+  const uint64_t id0 = 7, id1 = 3;
+  const float g0[2] = {(float)(r + 1), 1.0f / (float)(r + 3)}, g1 = 1.0f / (float)(r + 7);
+  const uint64_t *ip[NT] = {part ? NULL : &id0, part ? &id1 : NULL};
+  size_t counts[NT] = {part ? 0u : 1u, part ? 1u : 0u};
+  const float *gp[NT] = {part ? NULL : g0, part ? &g1 : NULL};
+  emb_idset set = {NT, ip, counts};
+  rpc_coord_grads p = {.lr = 0.1f, .set = &set, .grads = gp};
+  rpc_coord_call k = call("wide", 0, r, world, 0);
+  k.part = part;
+  k.parts = 2;
+  return rpc_coord_push(co, &k, &p, now, msg, RPC_COORD_MSG);
+}
+
+/* More ranks than the pushes whose parts may be collected at once, each
+ * sending part 0 of its push, then part 1: a part taken is never dropped
+ * for another push's; a part that would begin one push too many is BUSY
+ * (UNAVAILABLE, which the client sends again), and once sent again every
+ * rank's push is applied exactly once, the step's sums the same bits as
+ * with nothing refused (in rank order). */
+START_TEST(test_push_parts_table_full) {
+  const int W = RPC_COORD_PARTIALS + 1;
+  char msg[RPC_COORD_MSG];
+  uint8_t *busy = calloc((size_t)W * 2, 1);
+  ck_assert_ptr_nonnull(busy);
+  int n_busy = 0;
+  for (int part = 0; part < 2; part++)
+    for (int r = 0; r < W; r++) {
+      rpc_coord_outcome o = wide_part(r, W, part, 1, msg);
+      ck_assert_msg(o == RPC_COORD_GO || o == RPC_COORD_BUSY, "rank %d part %d: %d %s", r, part,
+                    (int)o, msg);
+      if (o == RPC_COORD_GO) continue;
+      ck_assert_msg(strstr(msg, "at most 4096 pushes") && strstr(msg, "send it again later"),
+                    "%s", msg);
+      busy[r * 2 + part] = 1;
+      n_busy++;
+    }
+  const int refused = n_busy;
+  ck_assert_int_eq(n_applied, 0); /* a rank's push is not complete yet */
+  for (int tries = 0; n_busy && tries < 4; tries++) /* the client sends them again */
+    for (int i = 0; i < W * 2; i++)
+      if (busy[i] && wide_part(i / 2, W, i % 2, 2 + tries, msg) == RPC_COORD_GO) {
+        busy[i] = 0;
+        n_busy--;
+      }
+  ck_assert_int_eq(n_busy, 0);
+  ck_assert_int_eq(n_applied, 1);
+  ck_assert_int_gt(refused, 0);
+  ck_assert_int_eq(applied[0].step, 0);
+  ck_assert_uint_eq(applied[0].counts[0], 1);
+  ck_assert_uint_eq(applied[0].counts[1], 1);
+  ck_assert(applied[0].ids[0][0] == 7 && applied[0].ids[1][0] == 3);
+  float s0 = 0, s1 = 0, s2 = 0; /* every rank's gradients once, in rank order */
+  for (int r = 0; r < W; r++) {
+    s0 = r ? s0 + (float)(r + 1) : (float)(r + 1);
+    s1 = r ? s1 + 1.0f / (float)(r + 3) : 1.0f / (float)(r + 3);
+    s2 = r ? s2 + 1.0f / (float)(r + 7) : 1.0f / (float)(r + 7);
+  }
+  ck_assert_msg(bits_eq(applied[0].grads[0][0], s0), "%.9g vs %.9g", applied[0].grads[0][0], s0);
+  ck_assert_msg(bits_eq(applied[0].grads[0][1], s1), "%.9g vs %.9g", applied[0].grads[0][1], s1);
+  ck_assert_msg(bits_eq(applied[0].grads[1][0], s2), "%.9g vs %.9g", applied[0].grads[1][0], s2);
+  ck_assert_uint_eq(stats().pending_pushes, 0);
+  ck_assert_int_eq(lookup("wide", 1, 0, W, 0, NULL, 1, 9, msg), RPC_COORD_GO);
+  for (int i = 0; i < W * 2; i++) /* every part again: a retry, nothing applied twice */
+    ck_assert_int_eq(wide_part(i / 2, W, i % 2, 9, msg), RPC_COORD_RETRY);
+  ck_assert_int_eq(n_applied, 1);
+  free(busy);
+}
+END_TEST
+
+/* With the table full, a push no part came for in the pending timeout (10
+ * s here: its sender went away) makes room for a new one; until then a new
+ * push's part is BUSY. */
+START_TEST(test_push_parts_idle_dropped) {
+  char msg[RPC_COORD_MSG], job[32];
+  const uint64_t a[1] = {1};
+  const float ga[2] = {1, 2};
+  for (int i = 0; i < RPC_COORD_PARTIALS; i++) {
+    snprintf(job, sizeof job, "s%d", i);
+    ck_assert_int_eq(push_part0(job, 0, 0, 1, 0, 2, a, 1, ga, 1 + i * 1e-3, msg), RPC_COORD_GO);
+  }
+  ck_assert_int_eq(push_part0("new", 0, 0, 1, 0, 2, a, 1, ga, 5, msg), RPC_COORD_BUSY);
+  ck_assert_int_eq(push_part0("s1", 0, 0, 1, 1, 2, a + 0, 0, ga, 5, msg), RPC_COORD_GO);
+  ck_assert_int_eq(n_applied, 1); /* s1 complete: its room is free */
+  ck_assert_int_eq(push_part0("new", 0, 0, 1, 0, 2, a, 1, ga, 5, msg), RPC_COORD_GO);
+  ck_assert_int_eq(push_part0("new2", 0, 0, 1, 0, 2, a, 1, ga, 10.5, msg), RPC_COORD_BUSY);
+  /* s0 had no part since 1 s: at 11 s it is dropped for new2 */
+  ck_assert_int_eq(push_part0("new2", 0, 0, 1, 0, 2, a, 1, ga, 11.0005, msg), RPC_COORD_GO);
+  ck_assert_int_eq(push_part0("s2", 0, 0, 1, 1, 2, a + 0, 0, ga, 11.0005, msg), RPC_COORD_GO);
+  ck_assert_int_eq(n_applied, 2); /* s2 (1.002 s) kept: 10 s had not passed */
+  ck_assert_int_eq(push_part0("new2", 0, 0, 1, 1, 2, a + 0, 0, ga, 12, msg), RPC_COORD_GO);
+  ck_assert_int_eq(n_applied, 3);
+}
+END_TEST
+
 /* An update the store refuses whole (a row it would leave non-finite):
  * single rank and async answer INVALID; sync drops the step's held pushes,
  * nothing applied, and aborts the job: the push that completed the step and
@@ -698,6 +797,8 @@ int main(void) {
   tcase_add_test(tc, test_apply_failure);
   tcase_add_test(tc, test_apply_refused);
   tcase_add_test(tc, test_push_parts);
+  tcase_add_test(tc, test_push_parts_table_full);
+  tcase_add_test(tc, test_push_parts_idle_dropped);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
