@@ -109,11 +109,29 @@ static const char *mode_str(int stale, char *buf, size_t n) {
   return buf;
 }
 
+/* Whether j holds no pending state, so that forgetting it changes nothing
+ * its ranks rely on: no push held or in parts, no call parked (a Lookup or
+ * a live rank's Watch), async ranks all at one step. */
+static int job_forgettable(const rpc_coord *c, const multi_job *j) {
+  if (job_held(j)) return 0;
+  if (j->stale)
+    for (int k = 1; k < j->world; k++)
+      if (j->done[k] != j->done[0]) return 0;
+  for (int i = 0; i < c->n_parked; i++)
+    if (!strcmp(c->parked[i].job, j->job)) return 0;
+  for (int i = 0; i < c->n_partial; i++)
+    if (!strcmp(c->partial[i].job, j->job)) return 0;
+  return 1;
+}
+
 /* The multi-rank job named job, created at its first call; when start, the
- * first Lookup or Push's step becomes the job's first. NULL when out of
- * memory. */
+ * first Lookup or Push's step becomes the job's first. With
+ * RPC_COORD_MAX_JOBS remembered, the least recently used one holding no
+ * pending state is forgotten for it; with none such, NULL and *busy set.
+ * NULL with *busy clear when out of memory. */
 static multi_job *job_get(rpc_coord *c, const char *job, int world, int64_t step, int stale,
-                          int start, double now) {
+                          int start, double now, int *busy) {
+  *busy = 0;
   multi_job *j = job_find(c, job);
   if (j) {
     if (start && !j->started && !j->aborted && j->world == world && j->stale == stale) {
@@ -135,11 +153,14 @@ static multi_job *job_get(rpc_coord *c, const char *job, int world, int64_t step
   }
   if (c->n_jobs < c->cap_jobs) {
     j = &c->jobs[c->n_jobs++];
-  } else { /* forget the least recently used job */
-    j = &c->jobs[0];
-    for (int i = 1; i < c->n_jobs; i++)
-      if (c->jobs[i].used < j->used) j = &c->jobs[i];
-    c->dropped_steps += (uint64_t)job_drop_held(j);
+  } else { /* forget the least recently used job that holds nothing pending */
+    j = NULL;
+    for (int i = 0; i < c->n_jobs; i++)
+      if ((!j || c->jobs[i].used < j->used) && job_forgettable(c, &c->jobs[i])) j = &c->jobs[i];
+    if (!j) {
+      *busy = 1;
+      return NULL;
+    }
     job_free(j);
   }
   memset(j, 0, sizeof *j);
@@ -172,8 +193,16 @@ static multi_job *job_get(rpc_coord *c, const char *job, int world, int64_t step
  * pending state was dropped. NULL with *why and msg set when refused. */
 static multi_job *job_enter(rpc_coord *c, const rpc_coord_call *k, int start, double now,
                             rpc_coord_outcome *why, char *msg, size_t msglen) {
-  multi_job *j = job_get(c, k->job, k->world, k->step, k->stale, start, now);
+  int busy;
+  multi_job *j = job_get(c, k->job, k->world, k->step, k->stale, start, now, &busy);
   char a[64], b[64];
+  if (busy) {
+    *why = RPC_COORD_BUSY;
+    snprintf(msg, msglen, "job %s not begun: the server remembers at most %d multi-rank jobs "
+             "(RPC_COORD_MAX_JOBS) and each holds pending state (held pushes, parked calls); "
+             "try again later", k->job, RPC_COORD_MAX_JOBS);
+    return NULL;
+  }
   if (!j) {
     *why = RPC_COORD_NOMEM;
     snprintf(msg, msglen, "out of memory for job %s", k->job);
@@ -697,7 +726,7 @@ int rpc_coord_cancel(rpc_coord *c, void *token, double now) {
   }
   multi_job *j = job_find(c, p.job);
   if (!j && p.watch && !c->stopping) /* forgotten (Restore, or replaced): refuse the job now */
-    j = job_get(c, p.job, p.world, 0, p.stale, 0, now);
+    j = job_get(c, p.job, p.world, 0, p.stale, 0, now, &(int){0});
   if (j && !j->aborted && !c->stopping && !(p.rank < j->world && j->gone[p.rank])) {
     char what[200];
     if (p.watch)

@@ -23,7 +23,10 @@
 #include "rpc/service.h" /* rpc_coord_stats */
 
 #define RPC_COORD_JOB_MAX 128  /* bytes of a job id, its NUL included */
-#define RPC_COORD_MAX_JOBS 256 /* multi-rank jobs, and single-rank (job, rank) pairs, remembered */
+/* Multi-rank jobs remembered (the least recently used one holding no
+ * pending state forgotten for a new one), and single-rank (job, rank)
+ * pairs (the least recently used forgotten). */
+#define RPC_COORD_MAX_JOBS 256
 #define RPC_COORD_AHEAD 4      /* steps of pushes a sync job may collect at once */
 #define RPC_COORD_MSG 512      /* bytes of an outcome's message */
 #define RPC_COORD_MAX_PARTS 4096 /* parts one push may be split into */
@@ -50,9 +53,10 @@ typedef enum rpc_coord_outcome {
   RPC_COORD_INVALID, /* the apply callback refused the update (SR_ERANGE: a learning rate out
                         of range or a row that would turn non-finite), nothing applied
                         [INVALID_ARGUMENT] */
-  RPC_COORD_BUSY,    /* Push: a part of a push not yet begun while the parts of
-                        RPC_COORD_PARTIALS others are being collected; nothing changed, to be
-                        sent again later [UNAVAILABLE] */
+  RPC_COORD_BUSY,    /* nothing changed, to be sent again later: a Push's part of a push not
+                        yet begun while the parts of RPC_COORD_PARTIALS others are being
+                        collected; a call of a multi-rank job not yet known while
+                        RPC_COORD_MAX_JOBS are, each holding pending state [UNAVAILABLE] */
   /* Outcomes of a parked call only (take_woken): */
   RPC_COORD_RELEASED,  /* Watch: its rank detached [OK] */
   RPC_COORD_TIMED_OUT, /* its timeout passed; nothing changed [DEADLINE_EXCEEDED] */
@@ -118,7 +122,9 @@ void rpc_coord_destroy(rpc_coord *c);
 
 /* A Lookup of call k whose request bytes are in[len]. world 1: GO unless
  * the job's mode differs (REFUSED). world > 1: enters the job (created at
- * its first call; REFUSED, ABORTED or NOMEM), then GO when its step may be
+ * its first call; REFUSED, ABORTED or NOMEM, or BUSY when RPC_COORD_MAX_JOBS
+ * are known and each holds pending state: forgetting one would drop pushes
+ * answered taken or serve a parked Lookup early), then GO when its step may be
  * served, else PARKED (with a non-NULL token and not stopping: a copy of
  * in[len] is kept, handed back by take_woken once served, timed out after
  * timeout_s, dropped or stopping) or WAIT. msg[msglen] says why for every
@@ -138,7 +144,7 @@ rpc_coord_outcome rpc_coord_lookup(rpc_coord *c, const rpc_coord_call *k, void *
  * applied, and the job is aborted as for a dead rank: ABORTED, msg naming
  * the cause (the table and row), and every later call of the job is
  * refused ABORTED with it. RETRY when (job, step, rank) was taken
- * before; REFUSED, ABORTED, NOMEM as for a Lookup, REFUSED also for a step
+ * before; REFUSED, ABORTED, NOMEM, BUSY as for a Lookup, REFUSED also for a step
  * RPC_COORD_AHEAD or more past the last applied. msg as for a Lookup.
  *
  * A push split into parts (k->parts > 1, a client fitting the server's

@@ -18,7 +18,9 @@
  *   Restore forgetting every job;
  *   a failing apply;
  *   pushes in parts: at most RPC_COORD_PARTIALS collected at once, a part
- *     taken never dropped for another push's. */
+ *     taken never dropped for another push's;
+ *   at most RPC_COORD_MAX_JOBS multi-rank jobs, none holding pending state
+ *     forgotten. */
 #include <check.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -741,6 +743,42 @@ START_TEST(test_push_parts_idle_dropped) {
 }
 END_TEST
 
+/* With RPC_COORD_MAX_JOBS multi-rank jobs remembered, one holding pending
+ * state (a held push, a parked Lookup) is never forgotten for a new job:
+ * the new job's call is BUSY (UNAVAILABLE, sent again by the client) until
+ * a job holds nothing pending, which is then forgotten for it. */
+START_TEST(test_jobs_full_keep_pending) {
+  char msg[RPC_COORD_MSG], job[32];
+  for (int i = 0; i < RPC_COORD_MAX_JOBS; i++) {
+    snprintf(job, sizeof job, "m%d", i);
+    ck_assert_int_eq(push_empty(job, 0, 0, 2, 0, 1), RPC_COORD_GO); /* held */
+  }
+  int token = 0;
+  ck_assert_int_eq(lookup("m0", 1, 0, 2, 0, &token, 100, 1, msg), RPC_COORD_PARKED);
+  ck_assert_int_eq(lookup("new", 0, 0, 2, 0, NULL, 1, 2, msg), RPC_COORD_BUSY);
+  ck_assert_msg(strstr(msg, "at most 256 multi-rank jobs") && strstr(msg, "try again later"),
+                "%s", msg);
+  ck_assert_int_eq(watch("new", 1, 2, 0, &token, 2, msg), RPC_COORD_BUSY);
+  woken(2, 0, NULL); /* m0's Lookup of step 1 still waits */
+  ck_assert_uint_eq(stats().pending_pushes, RPC_COORD_MAX_JOBS);
+  ck_assert_uint_eq(stats().jobs, RPC_COORD_MAX_JOBS);
+  ck_assert_int_eq(push_empty("m5", 0, 1, 2, 0, 2), RPC_COORD_GO); /* m5's step 0 applied */
+  ck_assert_int_eq(n_applied, 1);
+  ck_assert_int_eq(lookup("new", 0, 0, 2, 0, NULL, 1, 2, msg), RPC_COORD_GO); /* m5 forgotten */
+  ck_assert_uint_eq(stats().jobs, RPC_COORD_MAX_JOBS);
+  ck_assert_uint_eq(stats().pending_pushes, RPC_COORD_MAX_JOBS - 1);
+  ck_assert_int_eq(push_empty("new", 0, 0, 2, 0, 2), RPC_COORD_GO); /* held: pending too */
+  ck_assert_int_eq(lookup("new2", 0, 0, 2, 0, NULL, 1, 2, msg), RPC_COORD_BUSY);
+  ck_assert_int_eq(push_empty("m0", 0, 1, 2, 0, 3), RPC_COORD_GO); /* every held push kept */
+  ck_assert_int_eq(n_applied, 2);
+  ck_assert_int_eq(applied[1].step, 0);
+  rpc_coord_woken w[1];
+  woken(3, 1, w);
+  ck_assert_int_eq(w[0].what, RPC_COORD_GO);
+  ck_assert_ptr_eq(w[0].token, &token);
+}
+END_TEST
+
 /* An update the store refuses whole (a row it would leave non-finite):
  * single rank and async answer INVALID; sync drops the step's held pushes,
  * nothing applied, and aborts the job: the push that completed the step and
@@ -799,6 +837,7 @@ int main(void) {
   tcase_add_test(tc, test_push_parts);
   tcase_add_test(tc, test_push_parts_table_full);
   tcase_add_test(tc, test_push_parts_idle_dropped);
+  tcase_add_test(tc, test_jobs_full_keep_pending);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
