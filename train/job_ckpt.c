@@ -162,6 +162,16 @@ int job__resume(train_job *j) {
               (unsigned long long)j->ckst.sample_index, ds_source_errmsg(j->train));
     return -1;
   }
+  /* --nepochs counts the epochs of the data read, from the step the job
+   * began reading it: the checkpoint's step less the steps taken on it so
+   * far (the next day's data: the checkpoint's step). --num-batches stays
+   * the job's step count. */
+  const uint64_t b = (uint64_t)c->batch;
+  const int64_t on_data = (int64_t)j->ckst.epoch * j->steps_per_epoch +
+                          (int64_t)((j->ckst.sample_index + b - 1) / b);
+  j->total_steps = (j->ckst.step > on_data ? j->ckst.step - on_data : 0) +
+                   j->steps_per_epoch * c->epochs;
+  if (c->num_batches > 0 && c->num_batches < j->total_steps) j->total_steps = c->num_batches;
   /* Resumed from a checkpoint of the --save-checkpoint folder: the
    * store's change set counts from it (the restore cleared it), so the
    * chain goes on from it; not when the tables grew: its table files are

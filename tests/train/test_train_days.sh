@@ -156,6 +156,19 @@ assert kind(40)['kind'] == 'incremental' and kind(40)['parent']['step'] == 35, k
 assert kind(42)['kind'] == 'incremental' and kind(42)['parent']['step'] == 40, kind(42)
 EOF
 run grown-fold "$B" fold --from G --to GF
+# Without --num-batches, --nepochs (1) counts day 2's epochs from the step
+# day 2 began at: day 1 stopped at step 30 and day 2's epoch is 57 steps of
+# 64 of its 3600 train lines, so the job ends at step 87; resumed within
+# day 2 (from a copy of its step-60) it ends there too, with the same bits.
+run day2-epoch "$B" train --resume L1 --processed-data-file d2.bin --mini-batch-size 64 \
+  --print-freq 1000 --test-freq 0 --save-checkpoint E2 --checkpoint-every 20
+[ "$(cd E2 && ls -d step-* | sort -V | tail -1)" = step-87 ] ||
+  fail "day 2's epoch did not end at step 87: $(cd E2 && ls -d step-* | sort -V | tr '\n' ' ')"
+mkdir E3 && cp -r E2/step-60 E3/
+run day2-epoch-again "$B" train --resume E3 --processed-data-file d2.bin --plan E2/plan.json \
+  --mini-batch-size 64 --print-freq 1000 --test-freq 0 --save-checkpoint E3
+cmp -s E2/step-87/dense.bin E3/step-87/dense.bin ||
+  fail "day 2 resumed within its epoch does not end at step 87 with the same bits"
 run day2-shard "$B" train --resume S1 --processed-data-file d2.bin "${TRAIN[@]}" \
   --num-batches $STEPS --save-checkpoint S2 --data-dir db
 run grow "$B" plan --grow-from R1 --processed-data-file d2.bin --out p2.json
