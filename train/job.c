@@ -535,7 +535,13 @@ static step_outcome job_step(train_job *j, char *why, size_t whylen) {
               "those samples\n", (long long)cur->step, loss, where);
     return STEP_FAILED;
   }
-  if (job__keep_step(j, cur->step, err, sizeof err)) {
+  int lost;
+  if (job__keep_step(j, cur->step, &lost, err, sizeof err)) {
+    if (lost) { /* a shard server lost during the boundary's Remove */
+      sr_fmt(why, whylen, "%s", err);
+      j->own_fail = j->rank == 0;
+      return STEP_LOST;
+    }
     job__errf(j, "%s\n", err);
     return STEP_FAILED;
   }

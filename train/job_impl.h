@@ -217,8 +217,9 @@ int job__keep_open(train_job *j);
  * without bounded tables). 0 or -1 (said, with what). */
 int job__keep_load(train_job *j, const char *ckdir, const char *what);
 /* The decisions after step's push (keep_decide) applied to the store. 0 or
- * an SR_E* code with the reason in why. */
-int job__keep_step(train_job *j, int64_t step, char *why, size_t whylen);
+ * an SR_E* code with the reason in why, *lost set (every rank) when rank
+ * 0's Remove failed for a lost shard server: a step to recover from. */
+int job__keep_step(train_job *j, int64_t step, int *lost, char *why, size_t whylen);
 /* The bounded tables' figures for a --metrics-out line into buf:
  * ',"keep":{"NAME":{"rows":R,"admitted":A,"refused":F,"expired":E,
  * "evicted":V},...}' (bounded tables only; keep_stats), or "" without any. */

@@ -5,6 +5,7 @@
 
 #include "common/fs.h"
 #include "common/status.h"
+#include "rpc/client.h"
 #include "train/job_impl.h"
 #include "train/keep.h"
 
@@ -57,8 +58,9 @@ static int keep_barrier(train_job *j, int64_t step, char *why, size_t whylen) {
  * every rank's push of the step is answered (the servers applied the
  * step), and no rank reads the next step (its look-ahead Lookups wait in
  * its store for its own boundary, below) until the Remove is answered. */
-int job__keep_step(train_job *j, int64_t step, char *why, size_t whylen) {
+int job__keep_step(train_job *j, int64_t step, int *lost, char *why, size_t whylen) {
   emb_idset gone;
+  *lost = 0;
   if (!j->keep) return 0;
   int rc = keep_decide(j->keep, step, &gone);
   if (rc) {
@@ -75,9 +77,25 @@ int job__keep_step(train_job *j, int64_t step, char *why, size_t whylen) {
   if (told && j->rank == 0 && (rc = emb_store_remove(j->store, step, &gone))) {
     sr_fmt(why, whylen, "step %lld: removing %zu rows: %s", (long long)step, n,
            emb_store_errmsg(j->store));
-    return rc;
+    *lost = rpc_remote_lost(j->store);
   }
-  if (j->size > 1 && (rc = keep_barrier(j, step, why, whylen))) return rc;
+  if (j->size > 1) {
+    /* Rank 0's outcome to every rank (the others wait for it, as at a
+     * barrier): a Remove lost to a server is recovered from by all. */
+    int32_t out[2] = {rc, *lost};
+    int brc = dense_coll_broadcast_bytes(j->coll, out, sizeof out, 0);
+    if (brc) {
+      sr_fmt(why, whylen, "step %lld: bounded tables: broadcast: %s", (long long)step,
+             dense_coll_errmsg(j->coll));
+      return brc;
+    }
+    if (out[0] && j->rank != 0)
+      sr_fmt(why, whylen, "step %lld: rank 0's removal of %zu rows failed (%s)", (long long)step, n,
+             sr_errname(out[0]));
+    rc = out[0];
+    *lost = out[1];
+  }
+  if (rc) return rc;
   if (told && j->rank != 0 && (rc = emb_store_remove(j->store, step, &gone)))
     sr_fmt(why, whylen, "step %lld: %s", (long long)step, emb_store_errmsg(j->store));
   return rc;
