@@ -237,10 +237,13 @@ int train_ckpt_save_link(const char *root, int keep, long long *parent, const em
   char xf_fp[SR_SHA256_HEX] = "", parent_sha[65] = "";
   char path[SR_PATH_MAX];
   /* Every path below fits before anything is made. */
-  int exists, rc = train_ckpt_root_check(root, err, errlen);
+  int exists = 0, rc = train_ckpt_root_check(root, err, errlen);
   if (!rc) rc = ckpt_dir_begin(root, st->step, &t, &exists, err, errlen);
-  if (exists) *parent = -3; /* this step is saved already: kept as it is */
-  if (rc || exists) return rc;
+  if (rc) return rc;
+  if (exists) {
+    *parent = -3; /* this step is saved already: kept as it is */
+    return 0;
+  }
   cJSON *man = NULL;
   if ((rc = sr_path_err(path, sizeof path, err, errlen, "%s/dense.bin", t.tmp)) ||
       (rc = dense_state_save(path, model, opt, err, errlen)))
