@@ -663,7 +663,7 @@ static int job_loop(train_job *j) {
        (o = job_run(j, rewound, why, sizeof why)) == STEP_LOST; rewound = 1) {
     if (job__recover(j, why, j->own_fail)) return -1;
     j->ck_parent = -1; /* restored: the next checkpoint is full */
-    job_rewind(cur, &j->q, &j->ckst, c->batch, sr_now());
+    job_rewind(cur, &j->q, &j->ckst, c->batch, !job__print_due(j, j->ckst.step), sr_now());
     trainer_ahead_drop(j->t);
   }
   return o == STEP_DONE ? 0 : -1;

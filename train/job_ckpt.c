@@ -185,11 +185,7 @@ int job__resume(train_job *j) {
   }
   if (j->rank == 0 && train_ckpt_kernels_differ(ckdir, &j->cks, why, sizeof why))
     job__errf(j, "warning: --resume: %s\n", why);
-  job_rewind(&j->cur, &j->q, &j->ckst, j->cfg->batch, sr_now());
-  if (!job__print_due(j, j->ckst.step)) { /* the progress line's window goes on */
-    j->cur.loss_sum = j->ckst.loss_sum;
-    j->cur.loss_n = j->ckst.loss_n;
-  }
+  job_rewind(&j->cur, &j->q, &j->ckst, j->cfg->batch, !job__print_due(j, j->ckst.step), sr_now());
   trainer_ahead_drop(j->t);
   printf("resume %s: step %lld, epoch %d, sample %llu\n", ckdir, (long long)j->ckst.step,
          j->ckst.epoch, (unsigned long long)j->ckst.sample_index);

@@ -71,12 +71,15 @@ typedef struct job_cursor {
   double t_last;           /* time of the last progress line */
 } job_cursor;
 
-/* Put the cursor at checkpoint state st (after a recovery): its step and
- * epoch, the steps of that epoch up to its sample index (batch samples a
- * step), the progress figures started afresh at time now; and drop the
+/* Put the cursor at checkpoint state st (a resume, a recovery): its step
+ * and epoch, the steps of that epoch up to its sample index (batch samples
+ * a step), the progress figures started afresh at time now, but for the
+ * progress line's window: the checkpoint's when window (a line was not
+ * printed at its step: the window goes on), else empty; and drop the
  * batches read ahead, if any (the trainer's sets ahead go with them:
  * trainer_ahead_drop). */
-void job_rewind(job_cursor *c, job_batches *q, const train_ckpt_state *st, int batch, double now);
+void job_rewind(job_cursor *c, job_batches *q, const train_ckpt_state *st, int batch, int window,
+                double now);
 
 /* A running job (train_run's). */
 typedef struct train_job {

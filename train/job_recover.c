@@ -11,13 +11,14 @@
 #include "rpc/client.h"
 #include "train/job_impl.h"
 
-void job_rewind(job_cursor *c, job_batches *q, const train_ckpt_state *st, int batch, double now) {
+void job_rewind(job_cursor *c, job_batches *q, const train_ckpt_state *st, int batch,
+                int window, double now) {
   q->ahead = 0;
   c->step = st->step;
   c->epoch = st->epoch;
   c->epoch_step = (int64_t)((st->sample_index + (uint64_t)batch - 1) / (uint64_t)batch);
-  c->loss_sum = 0;
-  c->loss_n = 0;
+  c->loss_sum = window ? st->loss_sum : 0;
+  c->loss_n = window ? st->loss_n : 0;
   c->samples_since = 0;
   c->t_last = now;
 }

@@ -204,15 +204,16 @@ START_TEST(test_chain_recovers) {
 END_TEST
 
 /* Bounded tables (admission after 3 samples, expiry after 4 steps, 60
- * rows a table) over 2 RocksDB servers, a checkpoint every 10 steps: once
- * step 26 is printed, the trainer stopped, server 1 SIGKILLed and
- * restarted on its port and folder, the trainer continued. It restores
- * every server and the tables' admission and expiry state from step-20
- * (the steps since, counted once already, are counted as they run again)
- * and ends with the uninterrupted run's losses and the same keep.bin, bit
- * for bit. */
+ * rows a table) over 2 RocksDB servers, a checkpoint every 10 steps, a
+ * progress line every 3: once step 27 is printed, the trainer stopped,
+ * server 1 SIGKILLed and restarted on its port and folder, the trainer
+ * continued. It restores every server and the tables' admission and
+ * expiry state from step-20 (the steps since, counted once already, are
+ * counted as they run again) and the progress line's window (steps 19 and
+ * 20, which step 21's line averages with it), and ends with the
+ * uninterrupted run's lines and the same keep.bin, bit for bit. */
 START_TEST(test_bounded_tables_recover) {
-#define KEEP_COMMON "--plan pk.json " ARCH " " HYPER " --mini-batch-size 64 --print-freq 1 " D \
+#define KEEP_COMMON "--plan pk.json " ARCH " " HYPER " --mini-batch-size 64 --print-freq 3 " D \
                     "--num-batches 40 --checkpoint-every 10"
   char *out;
   int rc = run_cmd(&out, "cd %s && %s plan --processed-data-file d.bin --num-shards 2 --row-wise "
@@ -230,7 +231,7 @@ START_TEST(test_bounded_tables_recover) {
   pid_t tr = spawn_sh("cd '%s' && exec '%s' train " KEEP_COMMON " --metrics-out rk.jsonl "
                       "--shard-servers %s --save-checkpoint ckk --recover-timeout 60 > rk.out 2>&1",
                       dir, bin_path(), addrs);
-  wait_text(at("rk.out"), "train  step 26/40 ", 1, tr, 120);
+  wait_text(at("rk.out"), "train  step 27/40 ", 1, tr, 120);
   ck_assert_int_eq(kill(tr, SIGSTOP), 0);
   server_restart(&s[1], 1, &o);
   ck_assert_int_eq(kill(tr, SIGCONT), 0);

@@ -213,8 +213,8 @@ START_TEST(test_rewind) {
   ck_assert_int_eq(job_batches_read_ahead(&q, src, 8, &got, err, sizeof err), 0);
   ck_assert_int_eq(job_batches_read_ahead(&q, src, 8, &got, err, sizeof err), 0);
   ck_assert_int_eq(q.ahead, 2);
-  train_ckpt_state st = {.step = 5, .epoch = 0, .sample_index = 40};
-  job_rewind(&c, &q, &st, 8, 42.0);
+  train_ckpt_state st = {.step = 5, .epoch = 0, .sample_index = 40, .loss_sum = 1.25, .loss_n = 3};
+  job_rewind(&c, &q, &st, 8, 0, 42.0);
   ck_assert_int_eq(c.step, 5);
   ck_assert_int_eq(c.epoch, 0);
   ck_assert_int_eq(c.epoch_step, 5);
@@ -228,8 +228,10 @@ START_TEST(test_rewind) {
   ck_assert_uint_eq(job_batches_global(&q)->first_index, 40);
   ck_assert_int_eq(sample_of(job_batches_global(&q), 0), 40);
   st.sample_index = 41; /* a partial batch ended the checkpointed step */
-  job_rewind(&c, &q, &st, 8, 43.0);
+  job_rewind(&c, &q, &st, 8, 1, 43.0); /* no line at its step: the window goes on */
   ck_assert_int_eq(c.epoch_step, 6);
+  ck_assert_int_eq(c.loss_n, 3);
+  ck_assert(c.loss_sum == 1.25);
   job_batches_free(&q);
   ds_source_destroy(src);
 }
