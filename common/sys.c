@@ -16,6 +16,15 @@ double sr_now(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+struct timespec sr_deadline(clockid_t clock, double s) {
+  struct timespec t;
+  clock_gettime(clock, &t);
+  t.tv_sec += (time_t)s;
+  t.tv_nsec += (long)((s - (double)(time_t)s) * 1e9);
+  if (t.tv_nsec >= 1000000000L) t.tv_sec++, t.tv_nsec -= 1000000000L;
+  return t;
+}
+
 static uint64_t cpu_ns(clockid_t c) {
   struct timespec t;
   if (clock_gettime(c, &t)) return 0;

@@ -1,4 +1,4 @@
-/* Small system helpers every module uses: a monotonic clock, CPU time, thread
+/* Small system helpers every module uses: a monotonic clock and deadlines, CPU time, thread
  * names, the median of a few timings, huge-page advice for big row blocks,
  * and whether the CPU runs AVX2. */
 #ifndef SHARDREC_COMMON_SYS_H
@@ -6,9 +6,14 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 /* Seconds on the monotonic clock. */
 double sr_now(void);
+
+/* The time s seconds from now on clock (CLOCK_REALTIME, CLOCK_MONOTONIC):
+ * a deadline for pthread_cond_timedwait on a condition of that clock. */
+struct timespec sr_deadline(clockid_t clock, double s);
 
 /* CPU time in nanoseconds: of the calling thread (sr_thread_cpu_ns), of the
  * whole process, every thread together (sr_process_cpu_ns). For figures of

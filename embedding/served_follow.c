@@ -795,15 +795,12 @@ static int room(void **list, size_t *n, size_t *cap, size_t size) {
 }
 
 /* Every refused checkpoint above the served step is remembered (the list
- * grows; out of memory, the oldest is forgotten, looked at and said again). */
+ * grows; out of memory, not remembered: looked at and said again). */
 static void remember_refused(emb_follow *f, int64_t step, const char *done) {
   size_t k = 0;
   while (k < f->n_refused && f->refused[k].step != step) k++; /* its DONE changed */
   if (k == f->n_refused) {
-    if (room((void **)&f->refused, &f->n_refused, &f->cap_refused, sizeof *f->refused)) {
-      if (!f->n_refused) return;
-      memmove(f->refused, f->refused + 1, --f->n_refused * sizeof *f->refused);
-    }
+    if (room((void **)&f->refused, &f->n_refused, &f->cap_refused, sizeof *f->refused)) return;
     k = f->n_refused++;
   }
   f->refused[k].step = step;

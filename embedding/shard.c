@@ -136,8 +136,7 @@ static int push_failed_in_part(shstore *s, int64_t step, size_t applied, size_t 
          "push of step %lld failed after %zu of its %zu rows were updated (%s): the store "
          "refuses every call until a restore",
          (long long)step, applied, total, why);
-  memcpy(s->err, s->wb_err, sizeof s->err);
-  return rc;
+  return shard__wb_failed(s);
 }
 
 /* A push of one chunk in one pass: each row's slot bytes kept in s->undo,

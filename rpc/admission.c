@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/sys.h"
 #include "rpc/service_impl.h"
 
 /* ---- the in-flight budget ---- */
@@ -33,12 +34,7 @@ int rpc__budget_take(rpc_service *s, size_t need, int defer, rpc_reply *r) {
     return r->status;
   }
   pthread_mutex_unlock(&s->mu);
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  double w = s->budget_wait_s;
-  until.tv_sec += (time_t)w;
-  until.tv_nsec += (long)((w - (double)(time_t)w) * 1e9);
-  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  const struct timespec until = sr_deadline(CLOCK_REALTIME, s->budget_wait_s);
   pthread_mutex_lock(&s->mu);
   int timed_out = 0;
   while (s->inflight > r->held && s->inflight + need > s->budget && !timed_out)

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "common/status.h"
+#include "common/sys.h"
 
 /* rpc_service_versions.pick: emb_follow_pick's answer as a gRPC status. */
 static int pick(void *ctx, int64_t asked, int step_asked, int64_t *step, char *msg, size_t len) {
@@ -132,11 +133,7 @@ static void *follow_thread(void *p) {
       say(sf, &ev);
     }
     /* Until the next look, or until serve_follow_stop. */
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    double ns = (double)until.tv_nsec + (sf->every_s - (double)(time_t)sf->every_s) * 1e9;
-    until.tv_sec += (time_t)sf->every_s + (time_t)(ns / 1e9);
-    until.tv_nsec = (long)(ns - 1e9 * (double)(time_t)(ns / 1e9));
+    const struct timespec until = sr_deadline(CLOCK_MONOTONIC, sf->every_s);
     pthread_mutex_lock(&sf->wake_mu);
     while (!atomic_load(&sf->stop) &&
            pthread_cond_timedwait(&sf->wake, &sf->wake_mu, &until) != ETIMEDOUT) {
