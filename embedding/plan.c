@@ -884,3 +884,29 @@ int emb_plan_grows(const emb_plan *a, const emb_plan *b, char *why, size_t len) 
   emb_plan_free(c);
   return same;
 }
+
+int emb_plan_agrees(const emb_plan *made, const emb_plan *ck) {
+  if (made->n_tables != ck->n_tables || made->n_shards != ck->n_shards) return 0;
+  /* ck's canonical form with made's init ranges and placement (borrowed,
+   * put back before the copy is freed) against made's. */
+  emb_plan *c = emb_plan_clone(ck);
+  char *sa = emb_plan_canonical(made, 1), *sb = NULL;
+  if (c) {
+    emb_placement *own = malloc((size_t)c->n_tables * sizeof *own);
+    if (own) {
+      for (int i = 0; i < c->n_tables; i++) {
+        own[i] = c->tables[i].place;
+        c->tables[i].place = made->tables[i].place;
+        c->tables[i].init_range = made->tables[i].init_range;
+      }
+      sb = emb_plan_canonical(c, 1);
+      for (int i = 0; i < c->n_tables; i++) c->tables[i].place = own[i];
+      free(own);
+    }
+  }
+  int same = sa && sb && !strcmp(sa, sb);
+  free(sa);
+  free(sb);
+  emb_plan_free(c);
+  return same;
+}

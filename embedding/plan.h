@@ -253,6 +253,13 @@ int emb_plan_grow(const emb_plan *p, const uint64_t *rows, emb_plan **out, char 
  * dim differs", "tables[2] (t2): 90 rows, fewer than 100"). */
 int emb_plan_grows(const emb_plan *a, const emb_plan *b, char *why, size_t len);
 
+/* 1 when ck differs from made in nothing but each table's init range and
+ * placement: what a plan made from the data and the trainer's flags cannot
+ * say of a checkpoint's (a grown plan keeps its first init ranges and
+ * placement, which the grown rows would not give). 0 otherwise, and when
+ * out of memory. */
+int emb_plan_agrees(const emb_plan *made, const emb_plan *ck);
+
 /* Index of the table with table_id, or -1. */
 int emb_plan_table_index(const emb_plan *plan, uint32_t table_id);
 

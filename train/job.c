@@ -139,6 +139,7 @@ static int write_plan(train_job *j, char *where, size_t len) {
 static int make_plan(train_job *j) {
   const train_config *c = j->cfg;
   char err[1024], where[8300] = "";
+  int from_ck = 0;
   if (j->grow) {
     if (job__grown_plan(j)) return -1;
     if (!c->plan_path && j->rank == 0 && write_plan(j, where, sizeof where)) return -1;
@@ -170,6 +171,19 @@ static int make_plan(train_job *j) {
       job__errf(j, "%s\n", err);
       return -1;
     }
+    /* A resume takes what the flags cannot say from the checkpoint's plan
+     * when they agree with it in everything else: the init ranges and
+     * placement a grown plan kept from the plan it grew from. */
+    if (j->ck_plan && emb_plan_agrees(j->plan, j->ck_plan)) {
+      emb_plan *ck = emb_plan_clone(j->ck_plan);
+      if (!ck) {
+        job__errf(j, "--resume: out of memory for the checkpoint's plan\n");
+        return -1;
+      }
+      emb_plan_free(j->plan);
+      j->plan = ck;
+      from_ck = 1;
+    }
     if (j->rank == 0 && write_plan(j, where, sizeof where)) return -1;
   }
   const emb_plan *plan = j->plan;
@@ -180,7 +194,8 @@ static int make_plan(train_job *j) {
   for (int i = 0; i < plan->n_tables; i++) total_rows += plan->tables[i].rows;
   printf("plan   %s%s: %d tables, %llu rows, dim %d, %d shard(s) %s; model %.12s plan %.12s\n",
          c->plan_path ? c->plan_path : where[0] ? where : j->grow ? "grown from the checkpoint's"
-                                                                  : "made from the data",
+                                                      : from_ck ? "the checkpoint's"
+                                                                : "made from the data",
          c->plan_path ? "" : where[0] ? " (written)" : " (not written: --plan-out FILE keeps it)",
          plan->n_tables, (unsigned long long)total_rows, plan->tables[0].dim, plan->n_shards,
          c->servers ? "on shard servers" : c->colocate ? "colocated with the ranks" : "in process",

@@ -528,7 +528,8 @@ END_TEST
 
 /* emb_plan_grow raises bounded tables' rows, keeps every other field (the
  * init range recorded, not the default of the new rows); emb_plan_grows
- * holds for it and names the first other difference. */
+ * holds for it and names the first other difference; emb_plan_agrees
+ * holds between it and a plan made for its rows. */
 START_TEST(test_grow) {
   emb_plan *p = make_plan(3, 0, EMB_OPT_ADAGRAD), *g = NULL;
   const uint64_t rows[] = {2000, 100, 10131227, 3000000, 305, 0};
@@ -571,7 +572,38 @@ START_TEST(test_grow) {
   h->tables[4].place.shards[0] = (h->tables[4].place.shards[0] + 1) % 3;
   ck_assert(!emb_plan_grows(p, h, why, sizeof why));
   ck_assert_msg(strstr(why, "tables[4] (t4): placement differs"), "%s", why);
+  /* A plan made afresh for the grown rows (each init range the default of
+   * its rows) agrees with the grown plan, and with one placed otherwise:
+   * those are what such a plan cannot say. Any other difference does not. */
+  const uint64_t grown_rows[] = {2000, 583, 10131227, 3000000, 305, 0};
+  emb_plan_params pp = {.n_tables = 6, .rows = grown_rows, .dim = 16, .pooling = EMB_POOL_SUM,
+                        .optim = {.kind = EMB_OPT_ADAGRAD, .eps = -1, .init_acc = 0.1},
+                        .seed = p->seed, .n_shards = 3};
+  emb_plan *m = NULL;
+  ck_assert_msg(emb_plan_create(&pp, &m, err, sizeof err) == 0, "%s", err);
+  ck_assert(m->tables[0].init_range != g->tables[0].init_range);
+  ck_assert(emb_plan_agrees(m, g));
+  ck_assert(emb_plan_agrees(m, h));
+  ck_assert(emb_plan_agrees(g, g));
   emb_plan_free(h);
+  h = emb_plan_clone(g);
+  h->seed++;
+  ck_assert(!emb_plan_agrees(m, h));
+  emb_plan_free(h);
+  h = emb_plan_clone(g);
+  h->tables[1].optim.kind = EMB_OPT_SGD;
+  h->tables[1].optim.init_acc = h->tables[1].optim.eps = 0;
+  ck_assert(!emb_plan_agrees(m, h));
+  emb_plan_free(h);
+  h = emb_plan_clone(g);
+  h->tables[3].rows++;
+  ck_assert(!emb_plan_agrees(m, h));
+  emb_plan_free(h);
+  emb_plan_free(m);
+  pp.n_shards = 2;
+  ck_assert_msg(emb_plan_create(&pp, &m, err, sizeof err) == 0, "%s", err);
+  ck_assert(!emb_plan_agrees(m, g));
+  emb_plan_free(m);
   /* A bounded table's rows must stay a bound. */
   emb_plan *bad = NULL;
   const uint64_t unb[] = {0, 583, 10131227, 2202608, 305, 0};

@@ -18,7 +18,10 @@
 # writes the resumed job's plan and takes no model flag; serve --plan GROWN
 # --restore starts from day 1's rows; a grown resume into its own
 # --save-checkpoint folder starts its chain anew with a full checkpoint,
-# and that chain folds.
+# and that chain folds; the day-2 job resumed within day 2 under
+# --auto-resume, with day 1's flags and no --plan, takes the grown plan from
+# its checkpoint and ends with the bits of the job not stopped, and a seed
+# that disagrees is refused.
 set -euo pipefail
 . "${BASH_SOURCE%/*}/../support/lib.sh"
 
@@ -164,9 +167,18 @@ run day2-epoch "$B" train --resume L1 --processed-data-file d2.bin --mini-batch-
   --print-freq 1000 --test-freq 0 --save-checkpoint E2 --checkpoint-every 20
 [ "$(cd E2 && ls -d step-* | sort -V | tail -1)" = step-87 ] ||
   fail "day 2's epoch did not end at step 87: $(cd E2 && ls -d step-* | sort -V | tr '\n' ' ')"
+# That resume (--auto-resume, as a restart policy runs it) needs no --plan:
+# the flags say seed and shards as day 1's plan did, and the grown plan's
+# init ranges and placement, which a plan made from day 2's sizes would not
+# give, come from the checkpoint; a flag that disagrees is still refused.
 mkdir E3 && cp -r E2/step-60 E3/
-run day2-epoch-again "$B" train --resume E3 --processed-data-file d2.bin --plan E2/plan.json \
+refused day2-other-seed "$B" train --auto-resume --processed-data-file d2.bin --seed 6 \
+  --num-shards 2 --mini-batch-size 64 --print-freq 1000 --test-freq 0 --save-checkpoint E3
+has day2-other-seed "written for model fingerprint"
+run day2-epoch-again "$B" train --auto-resume --processed-data-file d2.bin --seed 5 --num-shards 2 \
   --mini-batch-size 64 --print-freq 1000 --test-freq 0 --save-checkpoint E3
+has day2-epoch-again "resume E3/step-60: step 60"
+cmp -s E2/plan.json E3/plan.json || fail "the resume within day 2 has not the grown plan"
 cmp -s E2/step-87/dense.bin E3/step-87/dense.bin ||
   fail "day 2 resumed within its epoch does not end at step 87 with the same bits"
 run day2-shard "$B" train --resume S1 --processed-data-file d2.bin "${TRAIN[@]}" \
