@@ -804,18 +804,33 @@ int ds_source_bad_lines(const ds_source *s, uint64_t **bad, size_t *n_bad, char 
   return 0;
 }
 
+#define ENDS_CRC ", ends crc32 "
+
 void ds_source_identity(const ds_source *s, char *out, size_t len) {
   if (s->fmt == DS_FORMAT_TSV) {
-    sr_fmt(out, len, "tsv %llu bytes", (unsigned long long)ds__paths_bytes(s->paths, s->npaths));
+    sr_fmt(out, len, "tsv %llu bytes" ENDS_CRC "%08x",
+           (unsigned long long)ds__paths_bytes(s->paths, s->npaths),
+           ds__paths_ends_crc(s->paths, s->npaths));
     return;
   }
   const ds_bin_info *in = ds_bin_reader_info(s->bin);
+  char *const path[1] = {(char *)s->o.path};
   if (s->fmt == DS_FORMAT_INT32)
-    sr_fmt(out, len, "int32 %llu records", (unsigned long long)in->n_samples);
+    sr_fmt(out, len, "int32 %llu records" ENDS_CRC "%08x", (unsigned long long)in->n_samples,
+           ds__paths_ends_crc(path, 1));
   else
     sr_fmt(out, len, "bin data crc32 %08x, %llu samples (train %llu, test %llu, val %llu)",
            in->data_crc, (unsigned long long)in->n_samples, (unsigned long long)in->n_train,
            (unsigned long long)in->n_test, (unsigned long long)in->n_val);
+}
+
+int ds_source_identity_same(const char *was, const char *now) {
+  if (!strcmp(was, now)) return 1;
+  /* An identity written before the ends' CRC was part of it: its bytes or
+   * records alone. */
+  const size_t n = strlen(was);
+  return !strstr(was, ENDS_CRC) && !strncmp(was, now, n) && !strncmp(now + n, ENDS_CRC, strlen(ENDS_CRC)) &&
+         (!strncmp(was, "tsv ", 4) || !strncmp(was, "int32 ", 6));
 }
 
 const char *ds_source_errmsg(ds_source *s) { return s ? s->err : "no source"; }

@@ -147,9 +147,14 @@ ds_id_mode ds_source_id_mode(ds_source *s);
 /* What identifies the data read (not the split): a bin file's data CRC32
  * and counts ("bin data crc32 1a2b3c4d, 4000 samples (train 3600, test
  * 400, val 0)"), an int32 file's records, a TSV's bytes (its files,
- * compressed bytes for gzip) into out. A resumed job tells new data from
- * the data it was trained on by it. */
+ * compressed bytes for gzip), each of those two with a CRC-32 of its
+ * files' first and last MiB ("tsv 1031 bytes, ends crc32 0a1b2c3d"), into
+ * out. A resumed job tells new data from the data it was trained on by it. */
 void ds_source_identity(const ds_source *s, char *out, size_t len);
+
+/* 1 when identity now is the data of identity was: equal, or was written
+ * without the ends' CRC (its bytes or records alone) and now's are those. */
+int ds_source_identity_same(const char *was, const char *now);
 
 /* Counters; 0 or SR_EINVAL. */
 int ds_source_stats_get(ds_source *s, ds_source_stats *st);

@@ -315,7 +315,7 @@ int train_ckpt_data_differs(const char *dir, const train_ckpt_settings *set, cha
   char err[256];
   if (ckpt_dir_read(dir, &man, err, sizeof err)) return 0;
   const char *d = jstr(cJSON_GetObjectItemCaseSensitive(man, "settings"), "data_identity");
-  int differ = d && set->data_identity && strcmp(d, set->data_identity);
+  int differ = d && set->data_identity && !ds_source_identity_same(d, set->data_identity);
   if (differ)
     sr_fmt(msg, len, "%s was trained on other data (%s; this run's: %s)", dir, d,
            set->data_identity);

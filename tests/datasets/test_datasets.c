@@ -520,6 +520,62 @@ START_TEST(test_source_line_limit_exact) {
 }
 END_TEST
 
+/* A TSV's identity: its bytes and a CRC-32 of its first and last MiB, so
+ * a file of the same size with another label on its first or its last
+ * line is other data; an identity written before the CRC was part of it
+ * (bytes or records alone) still names the same data, and no other kind. */
+static void identity_of(const char *name, char *out, size_t len) {
+  ds_source_opts o = {.path = tpath(name), .id_mode = DS_IDS_HASH};
+  ds_source *s = open_src(o);
+  ds_source_identity(s, out, len);
+  ds_source_destroy(s);
+}
+
+/* n lines of make_line, line flip's label the other one. */
+static void write_flipped(const char *name, uint64_t n, uint64_t flip) {
+  FILE *f = fopen(tpath(name), "wb");
+  ck_assert_ptr_nonnull(f);
+  char line[2048];
+  for (uint64_t i = 0; i < n; i++) {
+    make_line(line, sizeof line, i, 26);
+    if (i == flip) line[0] = line[0] == '0' ? '1' : '0';
+    fputs(line, f);
+  }
+  fclose(f);
+}
+
+START_TEST(test_source_identity) {
+  const uint64_t n = 40000; /* past 2 MiB: the middle is not read */
+  write_flipped("a.tsv", n, UINT64_MAX);
+  write_flipped("first.tsv", n, 0);
+  write_flipped("last.tsv", n, n - 1);
+  struct stat st;
+  ck_assert_int_eq(stat(tpath("a.tsv"), &st), 0);
+  ck_assert(st.st_size > (3 << 20));
+  char a[256], a2[256], first[256], last[256], want[64];
+  identity_of("a.tsv", a, sizeof a);
+  identity_of("a.tsv", a2, sizeof a2);
+  identity_of("first.tsv", first, sizeof first);
+  identity_of("last.tsv", last, sizeof last);
+  snprintf(want, sizeof want, "tsv %lld bytes, ends crc32 ", (long long)st.st_size);
+  ck_assert_msg(!strncmp(a, want, strlen(want)) && strlen(a) == strlen(want) + 8, "%s", a);
+  ck_assert(ds_source_identity_same(a, a2));
+  ck_assert_msg(!ds_source_identity_same(a, first), "%s / %s", a, first);
+  ck_assert_msg(!ds_source_identity_same(a, last), "%s / %s", a, last);
+  /* Bytes alone (the older form): the same bytes are the same data. */
+  want[strlen(want) - strlen(", ends crc32 ")] = 0;
+  ck_assert(ds_source_identity_same(want, a));
+  ck_assert(ds_source_identity_same(want, last));
+  ck_assert(!ds_source_identity_same("tsv 1000 bytes", a));
+  ck_assert(!ds_source_identity_same(a, want));
+  ck_assert(ds_source_identity_same("int32 5 records", "int32 5 records, ends crc32 0a1b2c3d"));
+  ck_assert(!ds_source_identity_same("int32 5 records", "int32 50 records, ends crc32 0a1b2c3d"));
+  ck_assert(!ds_source_identity_same("bin data crc32 0a1b2c3d, 5 samples (train 5, test 0, val 0)",
+                                     "bin data crc32 0a1b2c3d, 5 samples (train 5, test 0, val 0)"
+                                     ", ends crc32 00000000"));
+}
+END_TEST
+
 START_TEST(test_dict_threshold_unseen) {
   /* C1 values over 6 lines: 5 5 7 9 7 5; C2 always missing */
   const char *vals[] = {"5", "5", "7", "9", "7", "5"};
@@ -1455,6 +1511,7 @@ static Suite *suite(void) {
   tcase_add_test(t, test_source_malformed_reported);
   tcase_add_test(t, test_source_long_line);
   tcase_add_test(t, test_source_line_limit_exact);
+  tcase_add_test(t, test_source_identity);
   tcase_add_test(t, test_source_gzip_truncated);
   tcase_add_test(t, test_dict_threshold_unseen);
   tcase_add_test(t, test_modulo_hash_modes);
