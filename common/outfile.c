@@ -43,6 +43,25 @@ int sr_out_check(const char *path, char *err, size_t errlen) {
   return 0;
 }
 
+/* path's folder, resolved, into dir[PATH_MAX], and its last name. */
+static const char *split_resolved(const char *path, char *dir) {
+  const char *slash = strrchr(path, '/');
+  char d[PATH_MAX];
+  if (!slash) snprintf(d, sizeof d, ".");
+  else snprintf(d, sizeof d, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+  if (!realpath(d, dir)) snprintf(dir, PATH_MAX, "%s", d);
+  return slash ? slash + 1 : path;
+}
+
+int sr_same_file(const char *a, const char *b) {
+  struct stat x, y;
+  const int ea = !stat(a, &x), eb = !stat(b, &y);
+  if (ea || eb) return ea && eb && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+  char da[PATH_MAX], db[PATH_MAX];
+  const char *na = split_resolved(a, da), *nb = split_resolved(b, db);
+  return !strcmp(na, nb) && !strcmp(da, db);
+}
+
 static void out_free(sr_outfile *o) {
   if (o->f) fclose(o->f);
   if (o->tmp) unlink(o->tmp);

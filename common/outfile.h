@@ -22,6 +22,12 @@ typedef struct sr_outfile sr_outfile;
  * pipe). Nothing is touched. */
 int sr_out_check(const char *path, char *err, size_t errlen);
 
+/* Whether paths a and b name one file: both exist (symlinks followed) as
+ * the same file, or neither exists and they name the same entry of the same
+ * folder. An output is written beside its path and renamed over it, so an
+ * output that is one of a command's inputs would replace that input. */
+int sr_same_file(const char *a, const char *b);
+
 /* Open the output path: sr_out_check, then a new file PATH.TAG beside it
  * (TAG as sr_tmp_tag writes it; a final name too long for that is cut in
  * the temporary's name), with an existing file's mode. Temporaries of

@@ -350,3 +350,23 @@ int cli_out_file(const char *cmd, const char *flag, const char *path) {
   fprintf(stderr, "shardrec %s: %s: %s\n", cmd, flag, err);
   return 2;
 }
+
+int cli_outs_clash(const cli_file *outs, int n_out, const cli_file *ins, int n_in, char *err,
+                   size_t errlen) {
+  for (int i = 0; i < n_out; i++) {
+    if (!outs[i].path) continue;
+    for (int k = 0; k < n_in; k++)
+      if (ins[k].path && sr_same_file(outs[i].path, ins[k].path)) {
+        sr_fmt(err, errlen, "%s %s is the file %s reads (%s): an output never replaces an "
+               "input; name another", outs[i].flag, outs[i].path, ins[k].flag, ins[k].path);
+        return 1;
+      }
+    for (int k = 0; k < i; k++)
+      if (outs[k].path && sr_same_file(outs[i].path, outs[k].path)) {
+        sr_fmt(err, errlen, "%s %s is the file %s writes (%s): each output needs a file of "
+               "its own", outs[i].flag, outs[i].path, outs[k].flag, outs[k].path);
+        return 1;
+      }
+  }
+  return 0;
+}

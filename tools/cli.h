@@ -116,6 +116,20 @@ void cli_dense_end(struct dense_pool *p);
  * "shardrec CMD: FLAG: PATH: is a folder; ..." printed; nothing touched. */
 int cli_out_file(const char *cmd, const char *flag, const char *path);
 
+/* A file a command reads or writes, by the flag (or operand) naming it;
+ * path NULL: not given. */
+typedef struct {
+  const char *flag, *path;
+} cli_file;
+
+/* Before any work: no output names an input or another output (an
+ * output is renamed over its path when done, so one named as an input
+ * would replace it; sr_same_file). 0, or 1 with "--out t.tsv is the file
+ * --raw-data-file reads (t.tsv): an output never replaces an input; name
+ * another" in err. */
+int cli_outs_clash(const cli_file *outs, int n_out, const cli_file *ins, int n_in, char *err,
+                   size_t errlen);
+
 /* The data flags: what several commands take to open a data file and map
  * its ids (one table and one parser in tools/cli_data.c, one help text).
  * A command names the ones it takes with CLI_DATA_* bits; getopt_long
@@ -155,6 +169,10 @@ typedef struct cli_data {
   uint32_t frequency_threshold;
   int no_label, strict;
 } cli_data;
+
+/* cli_outs_clash for a command of cmd reading d's data file and writing
+ * outs: 0, or 2 (the exit status) with "shardrec CMD: ..." printed. */
+int cli_outs_apart(const char *cmd, const cli_data *d, const cli_file *outs, int n_out);
 
 /* d zeroed, for cmd, taking the flags of takes; split_default (NULL: no
  * --data-split) is --data-split's value until one is given. */

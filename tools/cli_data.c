@@ -180,3 +180,11 @@ int cli_data_score(const cli_data *d, score_opts *o) {
   o->strict = d->strict;
   return 0;
 }
+
+int cli_outs_apart(const char *cmd, const cli_data *d, const cli_file *outs, int n_out) {
+  const cli_file in[2] = {{"--raw-data-file", d->raw}, {"--processed-data-file", d->processed}};
+  char err[1024];
+  if (!cli_outs_clash(outs, n_out, in, 2, err, sizeof err)) return 0;
+  fprintf(stderr, "shardrec %s: %s\n", cmd, err);
+  return 2;
+}

@@ -211,9 +211,14 @@ int cmd_convert(int argc, char **argv) {
   o.progress = cli_isatty_err() ? "convert" : NULL; /* the passes' progress line */
   const char *out = argv[optind + 1];
   if (cli_out_file("convert", "OUT", out)) return 2;
+  char err[1024], fp[SR_SHA256_HEX];
+  const cli_file out_file = {"OUT", out}, ins[2] = {{"IN", o.path}, {"--mapping-from", mapping_from}};
+  if (cli_outs_clash(&out_file, 1, ins, 2, err, sizeof err)) {
+    fprintf(stderr, "shardrec convert: %s\n", err);
+    return 2;
+  }
 
   double t0 = sr_now();
-  char err[1024], fp[SR_SHA256_HEX];
   ds_transform *given = NULL;
   if (mapping_from && (rc = load_mapping(mapping_from, &o, &given))) return rc;
   ds_source *s = ds_source_open(&o, err, sizeof err);

@@ -91,7 +91,8 @@ static int parse_flags(int argc, char **argv, score_opts *o) {
     return 2;
   }
   if (cli_data_score(&d, o)) return 2;
-  if (cli_out_file(CMD, "--out", o->out)) return 2;
+  const cli_file out = {"--out", o->out};
+  if (cli_out_file(CMD, "--out", o->out) || cli_outs_apart(CMD, &d, &out, 1)) return 2;
   o->batch = (int)batch;
   return -1;
 }

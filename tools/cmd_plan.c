@@ -235,7 +235,8 @@ static int check_flags(const plan_flags *f) {
     fprintf(stderr, "shardrec %s: --out is required (see shardrec plan --help)\n", CMD);
     return 2;
   }
-  if (cli_out_file(CMD, "--out", f->out)) return 2;
+  const cli_file out = {"--out", f->out};
+  if (cli_out_file(CMD, "--out", f->out) || cli_outs_apart(CMD, &f->data, &out, 1)) return 2;
   if (f->pp.keep.half_life && f->pp.keep.evict != EMB_EVICT_LFU) {
     fprintf(stderr, "shardrec %s: --lfu-half-life applies to --evict lfu\n", CMD);
     return 2;

@@ -75,6 +75,14 @@ int cmd_plot(int argc, char **argv) {
   c.files = (const char *const *)argv + optind;
   c.n_files = argc - optind;
   char err[1024];
+  const cli_file out = {"--out", c.out};
+  for (int i = 0; i < c.n_files; i++) {
+    const cli_file in = {"METRICS", c.files[i]};
+    if (cli_outs_clash(&out, 1, &in, 1, err, sizeof err)) {
+      fprintf(stderr, "shardrec plot: %s\n", err);
+      return 2;
+    }
+  }
   if (plot_write(&c, err, sizeof err)) {
     fprintf(stderr, "shardrec plot: %s\n", err);
     return 1;

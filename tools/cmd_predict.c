@@ -169,7 +169,9 @@ static int check_flags(flags *f) {
     fprintf(stderr, "shardrec predict: --metrics-out needs labels (drop --no-label)\n");
     return 2;
   }
-  if (cli_out_file(CMD, "--out", o->out) || cli_out_file(CMD, "--metrics-out", o->metrics_out))
+  const cli_file outs[2] = {{"--out", o->out}, {"--metrics-out", o->metrics_out}};
+  if (cli_out_file(CMD, "--out", o->out) || cli_out_file(CMD, "--metrics-out", o->metrics_out) ||
+      cli_outs_apart(CMD, d, outs, 2))
     return 2;
   if (!o->shard_servers && (o->tls_ca || o->tls_cert || o->tls_key)) {
     fprintf(stderr, "shardrec predict: --tls-* apply to --shard-servers\n");

@@ -385,14 +385,21 @@ static int finish_flags(const train_ranks *r, train_config *c, raw_flags *rf) {
     errf(r, "%s\n", err);
     return 2;
   }
-  const char *const outs[][2] = {{"--metrics-out", c->metrics_out},
-                                 {"--plan-out", c->plan_out},
-                                 {"--test-pred-out", c->test_pred_out}};
+  const cli_file outs[3] = {{"--metrics-out", c->metrics_out},
+                            {"--plan-out", c->plan_out},
+                            {"--test-pred-out", c->test_pred_out}};
   for (int k = 0; k < 3; k++) /* single files: a folder there is refused and kept */
-    if (outs[k][1] && sr_out_check(outs[k][1], err, sizeof err)) {
-      errf(r, "%s: %s\n", outs[k][0], err);
+    if (outs[k].path && sr_out_check(outs[k].path, err, sizeof err)) {
+      errf(r, "%s: %s\n", outs[k].flag, err);
       return 2;
     }
+  const cli_file ins[3] = {{"--raw-data-file", c->raw},
+                           {"--processed-data-file", c->processed},
+                           {"--plan", c->plan_path}};
+  if (cli_outs_clash(outs, 3, ins, 3, err, sizeof err)) {
+    errf(r, "%s\n", err);
+    return 2;
+  }
   const dense_backend *be;
   int gpu = 0;
   if (!strncmp(rf->device, "cuda", 4) && !strcmp(c->op, "dcn")) {

@@ -61,6 +61,55 @@ START_TEST(test_folder_refused_and_kept) {
 }
 END_TEST
 
+/* An output named as one of the command's inputs (the same path, another
+ * spelling of it, a link to it) or as another of its outputs is refused
+ * before any work, naming both flags: the data files stay byte for byte,
+ * and nothing is made. */
+static const struct {
+  const char *cmd, *said;
+} clashes[] = {
+    {"%s predict --checkpoint nowhere --raw-data-file d.tsv --out d.tsv",
+     "--out d.tsv is the file --raw-data-file reads (d.tsv)"},
+    {"%s predict --checkpoint nowhere --processed-data-file d.bin --out ./d.bin",
+     "--out ./d.bin is the file --processed-data-file reads (d.bin)"},
+    {"%s predict --checkpoint nowhere --processed-data-file d.bin --out p.tsv --metrics-out "
+     "../D/p.tsv", "--metrics-out ../D/p.tsv is the file --out writes (p.tsv)"},
+    {"%s eval --checkpoint nowhere --processed-data-file d.bin --out d.bin",
+     "--out d.bin is the file --processed-data-file reads"},
+    {"ln -s d.tsv l.tsv && %s convert --test-fraction 0.1 l.tsv d.tsv",
+     "OUT d.tsv is the file IN reads (l.tsv)"},
+    {"%s plan --processed-data-file d.bin --out d.bin", "--out d.bin is the file"},
+    {"%s train --processed-data-file d.bin --num-batches 2 --metrics-out d.bin",
+     "--metrics-out d.bin is the file --processed-data-file reads"},
+    {"%s train --raw-data-file d.tsv --num-batches 2 --plan-out p.json --test-pred-out p.json",
+     "--test-pred-out p.json is the file --plan-out writes"},
+    {"%s plot d.tsv --out d.tsv", "--out d.tsv is the file METRICS reads"},
+};
+
+START_TEST(test_output_is_input_refused) {
+  char *d = make_data_dir(2000, 5, NULL), *out, *before, *after;
+  ck_assert_int_eq(run_cmd(NULL, "mv %s %s.x && mkdir %s && mv %s.x %s/D", d, d, d, d, d), 0);
+  const char *sums = "cd %s/D && sha256sum d.tsv d.bin && ls";
+  ck_assert_int_eq(run_cmd(&before, sums, d), 0);
+  for (size_t i = 0; i < sizeof clashes / sizeof clashes[0]; i++) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, clashes[i].cmd, bin_path());
+    int rc = run_cmd(&out, "cd %s/D && %s", d, cmd);
+    ck_assert_msg(rc == 2 && strstr(out, clashes[i].said), "%s: exit %d (not 2), or not '%s':\n%s",
+                  cmd, rc, clashes[i].said, out);
+    free(out);
+    ck_assert_int_eq(run_cmd(NULL, "rm -f %s/D/l.tsv", d), 0);
+    ck_assert_int_eq(run_cmd(&after, sums, d), 0);
+    ck_assert_msg(!strcmp(before, after), "%s: the folder changed:\n%s\nagainst\n%s", cmd, after,
+                  before);
+    free(after);
+  }
+  free(before);
+  run_cmd(NULL, "rm -rf %s", d);
+  free(d);
+}
+END_TEST
+
 /* datagen's three files, plain and gzipped, land under their names with no
  * temporary beside them, the gzipped TSV holding the plain one's bytes. */
 START_TEST(test_datagen_no_temporaries) {
@@ -84,6 +133,7 @@ int main(void) {
   tcase_set_timeout(tc, 240);
   tcase_add_test(tc, test_folder_refused_and_kept);
   tcase_add_test(tc, test_datagen_no_temporaries);
+  tcase_add_test(tc, test_output_is_input_refused);
   suite_add_tcase(s, tc);
   return sr_check_run(s);
 }
