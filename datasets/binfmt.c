@@ -320,7 +320,7 @@ static int check_header(const ds_bin_info *in, char *err, size_t errlen, const c
     sr_fmt(err, errlen, "%s: header: id mode %u is not one of 0..%d", path, in->id_mode, DS_IDS_RAW);
     return SR_EFORMAT;
   }
-  if (in->flags & ~(DS_BIN_MULTI | DS_BIN_ID64 | DS_BIN_DENSE_RANGE)) {
+  if (in->flags & ~(DS_BIN_MULTI | DS_BIN_ID64 | DS_BIN_DENSE_RANGE | DS_BIN_NO_LABEL)) {
     sr_fmt(err, errlen, "%s: header: unknown layout flags 0x%x", path, in->flags);
     return SR_EFORMAT;
   }

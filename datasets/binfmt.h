@@ -42,6 +42,10 @@
  * still be finite). Without it the range is convert's, [0,
  * ds_bin_dense_max()]. */
 #define DS_BIN_DENSE_RANGE 4u
+/* flags: converted from rows without a label column (--no-label): every
+ * record's label is 0 and means nothing. Scored, never trained or
+ * evaluated on. */
+#define DS_BIN_NO_LABEL 8u
 #define DS_INT32_RECORD_BYTES 160u
 
 typedef struct {

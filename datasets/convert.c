@@ -18,7 +18,8 @@ int ds_convert_to_bin(ds_source *s, const ds_source_opts *o, const char *out, in
   info.total_ids = st.scan_ids;
   const ds_transform *xf = ds_source_transform(s);
   info.id_mode = (uint32_t)ds_source_id_mode(s);
-  info.flags = (st.scan_max_bag > 1 ? DS_BIN_MULTI : 0) | (info.id_mode == DS_IDS_HASH ? DS_BIN_ID64 : 0);
+  info.flags = (st.scan_max_bag > 1 ? DS_BIN_MULTI : 0) | (info.id_mode == DS_IDS_HASH ? DS_BIN_ID64 : 0) |
+               (o->no_label ? DS_BIN_NO_LABEL : 0);
   info.freq_threshold = xf ? xf->frequency_threshold : 0;
   info.max_ind_range = xf ? xf->max_ind_range : 0;
   ds_source_table_sizes(s, info.table_sizes);

@@ -804,6 +804,11 @@ int ds_source_bad_lines(const ds_source *s, uint64_t **bad, size_t *n_bad, char 
   return 0;
 }
 
+int ds_source_labelled(const ds_source *s) {
+  if (s->fmt == DS_FORMAT_TSV) return !s->o.no_label;
+  return !(ds_bin_reader_info(s->bin)->flags & DS_BIN_NO_LABEL);
+}
+
 #define ENDS_CRC ", ends crc32 "
 
 void ds_source_identity(const ds_source *s, char *out, size_t len) {

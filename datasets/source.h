@@ -133,6 +133,11 @@ uint64_t ds_source_split_count(ds_source *s, ds_split split);
  * id + 1 (int32 without max_ind_range), or 0 for unbounded hashed ids. */
 int ds_source_table_sizes(ds_source *s, uint64_t *sizes);
 
+/* 1 when the samples' labels are the data's: 0 for TSV read with no_label
+ * and for a bin file converted from such rows (DS_BIN_NO_LABEL), whose
+ * labels read 0. */
+int ds_source_labelled(const ds_source *s);
+
 /* The transform the ids were mapped with (datasets/transform.h): TSV the
  * one given or built, bin the file's own; NULL for raw ids (int32 files,
  * a bin file of raw ids). Owned by s (or the caller's o->transform). */

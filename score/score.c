@@ -36,6 +36,7 @@ typedef struct run {
   float *pred, *labels; /* [n_all] */
   uint64_t *bad;       /* [n_bad] split-relative malformed raw lines, ascending */
   size_t n_bad;
+  int labelled;        /* the data's labels are real: metrics */
   sr_outfile *out;     /* the predictions under their temporary name (owned), or NULL */
   double t0;
 } run;
@@ -224,6 +225,13 @@ static int open_data(run *r) {
   if (!r->src) return SR_EIO;
   int rc;
   if (!o->raw && (rc = check_file_transform(r))) return rc;
+  r->labelled = ds_source_labelled(r->src);
+  if (!r->labelled && !o->no_label && (!o->out || o->metrics_out)) {
+    snprintf(r->err, r->errlen, "%s: converted from rows without labels (convert --no-label): "
+             "%s", o->data_path, o->out ? "--metrics-out needs labels" : "no labels to evaluate "
+             "against (predict scores it)");
+    return SR_EINVAL;
+  }
   if (o->raw && o->out && (rc = ds_source_bad_lines(r->src, &r->bad, &r->n_bad, r->err, r->errlen)))
     return rc;
   r->n_all = ds_source_count(r->src);
@@ -402,7 +410,7 @@ int score_run(const score_opts *o, score_result *res, char *err, size_t errlen) 
       if (r->n_bad)
         fprintf(o->log, "data   %zu malformed lines skipped (written as nan)\n", r->n_bad);
     }
-    if (!o->no_label) rc = write_metrics(r, n);
+    if (r->labelled) rc = write_metrics(r, n);
   }
   run_free(r);
   free(r);

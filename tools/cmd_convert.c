@@ -241,9 +241,10 @@ int cmd_convert(int argc, char **argv) {
          (unsigned long long)st.scan_lines, (unsigned long long)info.n_samples,
          (unsigned long long)info.n_train, (unsigned long long)info.n_test,
          (unsigned long long)info.n_val, (unsigned long long)st.scan_malformed);
-  printf("  layout %s, %s ids%s\n", info.flags & DS_BIN_MULTI ? "multi-hot" : "one-hot",
+  printf("  layout %s, %s ids%s%s\n", info.flags & DS_BIN_MULTI ? "multi-hot" : "one-hot",
          info.id_mode == DS_IDS_HASH ? "hashed 64-bit" : info.id_mode == DS_IDS_MODULO ? "modulo" : "dictionary",
-         shuffle ? ", train part shuffled" : "");
+         shuffle ? ", train part shuffled" : "",
+         info.flags & DS_BIN_NO_LABEL ? ", no labels (scored by predict only)" : "");
   printf("  table sizes:");
   for (int k = 0; k < DS_NUM_SPARSE; k++) printf(" %llu", (unsigned long long)info.table_sizes[k]);
   printf("\n");

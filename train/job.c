@@ -88,6 +88,11 @@ static int open_data(train_job *j) {
     job__errf(j, "%s\n", err);
     return -1;
   }
+  if (!ds_source_labelled(j->train)) {
+    job__errf(j, "%s: converted from rows without labels (convert --no-label): nothing to train "
+              "on (predict scores it)\n", so.path);
+    return -1;
+  }
   so = source_opts(j, DS_SPLIT_TEST);
   if (!(j->test = ds_source_open(&so, err, sizeof err))) {
     job__errf(j, "%s\n", err);

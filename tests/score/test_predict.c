@@ -1,7 +1,8 @@
 /* shardrec predict with the rows in process (no servers): the trainer's own
  * test predictions (train --test-pred-out) reproduced string for string from
  * a RocksDB-layout checkpoint and from an in-memory one read from raw data,
- * the metrics equal the trainer's, --no-label input, malformed lines kept
+ * the metrics equal the trainer's, --no-label input (raw, and converted:
+ * scored, never evaluated or trained on), malformed lines kept
  * aligned as "nan", and every refusal (torn checkpoint, wrong server count,
  * a --plan of another fingerprint, bad flags). */
 #include <check.h>
@@ -126,6 +127,29 @@ START_TEST(test_no_label) {
   ck_assert_msg(!strncmp(z, "nan\n", 4), "%.40s", z);
   free(z);
   free(out);
+  /* Converted without labels: the file says so; predict scores it as the
+   * raw rows (no metrics), and --metrics-out, eval and train, which would
+   * read its zero labels as data, are refused naming it. */
+  out = in_dir(0, "%s convert --no-label --test-fraction 0.1 --mapping-from ckl nl.tsv nl.bin",
+               bin_path());
+  ck_assert_msg(strstr(out, "no labels") != NULL, "%s", out);
+  free(out);
+  out = in_dir(0, "%s predict --checkpoint ckl --processed-data-file nl.bin --data-split test "
+                  "--out qb.tsv", bin_path());
+  ck_assert_msg(strstr(out, "metrics") == NULL, "metrics printed for unlabelled input:\n%s", out);
+  assert_same_preds("qb.tsv", "tl.txt", N_TEST);
+  free(out);
+  const char *refused[3] = {
+      "predict --checkpoint ckl --processed-data-file nl.bin --out qc.tsv --metrics-out qc.json",
+      "eval --checkpoint ckl --processed-data-file nl.bin",
+      "train --processed-data-file nl.bin " MODEL "--num-batches 2 --save-checkpoint ckn"};
+  for (int k = 0; k < 3; k++) {
+    out = in_dir(1, "%s %s", bin_path(), refused[k]);
+    ck_assert_msg(strstr(out, "nl.bin: converted from rows without labels") != NULL, "%s:\n%s",
+                  refused[k], out);
+    free(out);
+  }
+  free(in_dir(2, "ls qc.tsv qc.json ckn"));
 }
 END_TEST
 
