@@ -40,6 +40,75 @@ uint64_t reshard_row_hash(uint32_t table_id, uint64_t row_id, const void *val, s
   return sr_mix64(h);
 }
 
+/* A table's keep as the canonical form has it: all zero when it bounds nothing. */
+static emb_keep_cfg keep_of(const emb_table *t) {
+  emb_keep_cfg k;
+  memset(&k, 0, sizeof k);
+  return emb_keep_on(t) ? t->keep : k;
+}
+
+/* The first keep field that differs between x and y, into buf; 0 when none. */
+static int keep_diff(const emb_table *x, const emb_table *y, const char *who, char *buf, size_t len) {
+  emb_keep_cfg a = keep_of(x), b = keep_of(y);
+  static const char *const names[] = {"admit_after", "admit_window", "expire_after", "capacity",
+                                      "half_life"};
+  const uint64_t va[] = {a.admit_after, a.admit_window, a.expire_after, a.capacity, a.half_life};
+  const uint64_t vb[] = {b.admit_after, b.admit_window, b.expire_after, b.capacity, b.half_life};
+  for (int i = 0; i < 5; i++)
+    if (va[i] != vb[i]) {
+      sr_fmt(buf, len, "%s: keep.%s %llu vs %llu", who, names[i], (unsigned long long)va[i],
+             (unsigned long long)vb[i]);
+      return 1;
+    }
+  if (a.evict != b.evict) {
+    sr_fmt(buf, len, "%s: keep.evict %s vs %s", who, emb_evict_name(a.evict), emb_evict_name(b.evict));
+    return 1;
+  }
+  return 0;
+}
+
+/* The first listed field of the table that differs, into buf; 0 when none. */
+static int table_diff(const emb_table *x, const emb_table *y, const char *who, char *buf, size_t len) {
+  if (x->table_id != y->table_id) {
+    sr_fmt(buf, len, "%s: table_id %u vs %u", who, x->table_id, y->table_id);
+  } else if (strcmp(x->name, y->name)) {
+    sr_fmt(buf, len, "%s: name '%s' vs '%s'", who, x->name, y->name);
+  } else if (x->rows != y->rows) {
+    sr_fmt(buf, len, "%s: rows %llu vs %llu", who, (unsigned long long)x->rows,
+           (unsigned long long)y->rows);
+  } else if (x->dim != y->dim) {
+    sr_fmt(buf, len, "%s: dim %d vs %d", who, x->dim, y->dim);
+  } else if (x->pooling != y->pooling) {
+    sr_fmt(buf, len, "%s: pooling %s vs %s", who, emb_pooling_name(x->pooling),
+           emb_pooling_name(y->pooling));
+  } else if (x->init_range != y->init_range) {
+    sr_fmt(buf, len, "%s: init_range %.17g vs %.17g", who, x->init_range, y->init_range);
+  } else if (x->optim.kind != y->optim.kind) {
+    sr_fmt(buf, len, "%s: optimizer %s vs %s", who, emb_optim_name(x->optim.kind),
+           emb_optim_name(y->optim.kind));
+  } else if (x->optim.eps != y->optim.eps) {
+    sr_fmt(buf, len, "%s: optimizer eps %.17g vs %.17g", who, x->optim.eps, y->optim.eps);
+  } else if (x->optim.init_acc != y->optim.init_acc) {
+    sr_fmt(buf, len, "%s: optimizer initial_accumulator_value %.17g vs %.17g", who,
+           x->optim.init_acc, y->optim.init_acc);
+  } else if (x->precision != y->precision) {
+    sr_fmt(buf, len, "%s: precision %s vs %s (reshard --precision converts)", who,
+           emb_precision_name(x->precision), emb_precision_name(y->precision));
+  } else {
+    return keep_diff(x, y, who, buf, len);
+  }
+  return 1;
+}
+
+/* Table x of plan a as a plan of its own, in canonical model form (malloc'd;
+ * NULL when out of memory). */
+static char *table_canonical(const emb_plan *a, const emb_table *x) {
+  emb_plan one = *a;
+  one.n_tables = 1;
+  one.tables = (emb_table *)x;
+  return emb_plan_canonical(&one, 0);
+}
+
 void reshard_model_diff(const emb_plan *a, const emb_plan *b, char *buf, size_t len) {
   buf[0] = 0;
   if (a->seed != b->seed) {
@@ -54,32 +123,19 @@ void reshard_model_diff(const emb_plan *a, const emb_plan *b, char *buf, size_t 
     const emb_table *x = &a->tables[t], *y = &b->tables[t];
     char who[128];
     snprintf(who, sizeof who, "tables[%d] (table_id %u, %s)", t, x->table_id, x->name);
-    if (x->table_id != y->table_id) {
-      sr_fmt(buf, len, "%s: table_id %u vs %u", who, x->table_id, y->table_id);
-    } else if (strcmp(x->name, y->name)) {
-      sr_fmt(buf, len, "%s: name '%s' vs '%s'", who, x->name, y->name);
-    } else if (x->rows != y->rows) {
-      sr_fmt(buf, len, "%s: rows %llu vs %llu", who, (unsigned long long)x->rows,
-             (unsigned long long)y->rows);
-    } else if (x->dim != y->dim) {
-      sr_fmt(buf, len, "%s: dim %d vs %d", who, x->dim, y->dim);
-    } else if (x->pooling != y->pooling) {
-      sr_fmt(buf, len, "%s: pooling %s vs %s", who, emb_pooling_name(x->pooling),
-             emb_pooling_name(y->pooling));
-    } else if (x->init_range != y->init_range) {
-      sr_fmt(buf, len, "%s: init_range %.17g vs %.17g", who, x->init_range, y->init_range);
-    } else if (x->optim.kind != y->optim.kind) {
-      sr_fmt(buf, len, "%s: optimizer %s vs %s", who, emb_optim_name(x->optim.kind),
-             emb_optim_name(y->optim.kind));
-    } else if (x->optim.eps != y->optim.eps) {
-      sr_fmt(buf, len, "%s: optimizer eps %.17g vs %.17g", who, x->optim.eps, y->optim.eps);
-    } else if (x->optim.init_acc != y->optim.init_acc) {
-      sr_fmt(buf, len, "%s: optimizer initial_accumulator_value %.17g vs %.17g", who,
-             x->optim.init_acc, y->optim.init_acc);
-    } else {
-      continue;
-    }
-    return;
+    if (table_diff(x, y, who, buf, len)) return;
+  }
+  /* No listed field differs: the first table whose canonical form does,
+   * so a field the fingerprint covers is never left unnamed. */
+  for (int t = 0; t < a->n_tables; t++) {
+    const emb_table *x = &a->tables[t], *y = &b->tables[t];
+    char *sa = table_canonical(a, x), *sb = table_canonical(b, y);
+    int differs = sa && sb && strcmp(sa, sb);
+    if (differs)
+      sr_fmt(buf, len, "tables[%d] (table_id %u, %s): %s vs %s", t, x->table_id, x->name, sa, sb);
+    free(sa);
+    free(sb);
+    if (differs) return;
   }
 }
 

@@ -110,8 +110,11 @@ int reshard_run_files(const reshard_opts *o, reshard_stats *st, char *err, size_
 int reshard__compare(reshard_stats *st, char *err, size_t errlen);
 
 /* The first difference between the models of plans a and b (what changes
- * the model fingerprint), as "table 3 (t3): dim 16 vs 32" into buf; "" when
- * none is found. */
+ * the model fingerprint), as "tables[3] (table_id 3, t3): dim 16 vs 32" or
+ * "...: keep.capacity 60 vs 80" into buf: the seed, the table count, then
+ * per table every field the fingerprint covers (precision and keep
+ * included); a table whose canonical form differs in no field listed is
+ * named with both forms. "" when the models are the same. */
 void reshard_model_diff(const emb_plan *a, const emb_plan *b, char *buf, size_t len);
 
 /* The order-independent row hash used by verification. */

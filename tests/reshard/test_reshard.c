@@ -6,7 +6,8 @@
  *   - (verification catching a changed or dropped row is
  *     test_reshard_ckpt's: the library's row hook);
  *   - refusals: a torn source (no DONE, a damaged file), a plan of another
- *     model (dim, rows, pooling, init, optimizer, seed: each named), an
+ *     model (dim, rows, pooling, init, optimizer, seed, precision, keep:
+ *     each named), an
  *     existing OUT (and --force replacing it), usage;
  *   - the in-memory trainer's table files: resharded in their layout,
  *     resumed bit for bit.
@@ -161,6 +162,11 @@ START_TEST(test_reshard_refusals) {
       {"p['tables'][4]['init_range'] = 0.5", "tables[4] (table_id 4, t4): init_range"},
       {"p['tables'][5]['optimizer'] = {'name': 'sgd'}", "tables[5] (table_id 5, t5): optimizer adagrad vs sgd"},
       {"p['seed'] = '18'", "seed 17 vs 18"},
+      {"p['tables'][0]['precision'] = 'fp16'",
+       "tables[0] (table_id 0, t0): precision fp32 vs fp16 (reshard --precision converts)"},
+      {"p['tables'][1]['keep'] = {'expire_after': 50}", "tables[1] (table_id 1, t1): keep.expire_after 0 vs 50"},
+      {"p['tables'][2]['keep'] = {'capacity': 60, 'evict': 'lfu'}",
+       "tables[2] (table_id 2, t2): keep.capacity 0 vs 60"},
   };
   for (size_t i = 0; i < sizeof mod / sizeof mod[0]; i++) {
     edit_plan("pm.json", mod[i].stmt);
