@@ -1,8 +1,9 @@
 /* Resharding the in-memory store's table files (see reshard.h,
  * reshard_run_files). The files are embedding/table_file.h's; their names
  * and folders storage/ckpt_dir.h's. Rows are hashed as the RocksDB path
- * hashes them (kv_row_encode of the floats), so a table's checksum is
- * the same whichever layout holds it. */
+ * hashes them (the row encoded in its table's precision, kv_row_encode_w:
+ * a 16-bit table's weights as their 16-bit values), so a table's checksum
+ * is the same whichever layout holds it. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -172,7 +173,8 @@ static int move_table_files(frun *f, int ti, char *err, size_t errlen) {
   const emb_table *tb = &dst->tables[ti];
   reshard_table *rt = &f->st->tables[ti];
   int slen = emb_optim_state_len(&tb->optim, tb->dim), best;
-  size_t len = kv_row_size(tb->dim, slen), nv = (size_t)(tb->dim + slen);
+  const int prec = (int)tb->precision;
+  size_t len = kv_row_size_w(tb->dim, slen, prec), nv = (size_t)(tb->dim + slen);
   unsigned char enc[KV_ROW_HEADER + 4 * (EMB_MAX_DIM * 2 + 1)];
   rt->table_id = tb->table_id;
   snprintf(rt->name, sizeof rt->name, "%s", tb->name);
@@ -186,7 +188,7 @@ static int move_table_files(frun *f, int ti, char *err, size_t errlen) {
       memcpy(row + tb->dim, c->vals + tb->dim, (size_t)slen * sizeof *row);
       c->vals = row;
     }
-    kv_row_encode(tb->dim, slen, c->vals, enc);
+    kv_row_encode_w(tb->dim, slen, prec, c->vals, enc);
     uint64_t h = reshard_row_hash(tb->table_id, c->id, enc, len);
     rt->rows_in++;
     rt->sum_in += h;
@@ -224,7 +226,7 @@ static int verify_record(void *ctx, uint64_t id, const float *vals) {
     v->misrouted = 1;
     return SR_ECHECKSUM;
   }
-  kv_row_encode(tb->dim, v->slen, vals, enc);
+  kv_row_encode_w(tb->dim, v->slen, (int)tb->precision, vals, enc);
   uint64_t h = reshard_row_hash(tb->table_id, id, enc, v->len);
   v->rt->rows_out++;
   v->rt->sum_out += h;
@@ -237,7 +239,8 @@ static int verify_record(void *ctx, uint64_t id, const float *vals) {
 static int verify_file(frun *f, int ti, int k, char *err, size_t errlen) {
   const emb_table *tb = &f->o->dst->tables[ti];
   int slen = emb_optim_state_len(&tb->optim, tb->dim);
-  vctx v = {.f = f, .ti = ti, .k = k, .slen = slen, .len = kv_row_size(tb->dim, slen),
+  vctx v = {.f = f, .ti = ti, .k = k, .slen = slen,
+            .len = kv_row_size_w(tb->dim, slen, (int)tb->precision),
             .rt = &f->st->tables[ti], .err = err, .errlen = errlen};
   char p[4500], e2[1024];
   if (out_path(p, sizeof p, f->o, f->local, k, tb->table_id)) {

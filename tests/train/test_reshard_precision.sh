@@ -6,7 +6,8 @@
 # fp16), read back as such by inspect; its plan says the precision, so
 # predict scores it (close to the fp32 model, not the same bits) and a
 # training run of that precision resumes from it; converted back to fp32,
-# the weights are the 16-bit values exactly. Without
+# the weights are the 16-bit values exactly. The same fp16 rows as table
+# files and as RocksDB rows verify with the same checksums. Without
 # --precision a plan of another precision is refused naming the precision,
 # and a bad --precision value is a usage error (exit 2).
 set -euo pipefail
@@ -133,6 +134,23 @@ for r in range(len(h) // 40):
 PY
   fi
 done
+# The same fp16 rows in both layouts (the two runs trained the same rows)
+# give each table the same checksum, converted to fp16 and resharded again
+# onto 3 shards: a 16-bit row is hashed as its 16-bit values in both.
+run plan3-fp16 "$B" plan --processed-data-file d.bin --num-shards 3 --arch-embedding-precision fp16 \
+  --out p3-fp16.json
+for K in tf db; do
+  run "$K-fp16-3" "$B" reshard --from "$K-fp16" --to "$K-fp16-3" --plan p3-fp16.json
+  for L in "$K-fp16" "$K-fp16-3"; do grep '^verify table_id' "$L.log" >"$L.sums" || true; done
+done
+[ -f tf-fp16-3/step-20/shards/table-0.bin ] && [ -f db-fp16-3/step-20/shards/shard-2/CURRENT ] ||
+  fail "tf-fp16-3 and db-fp16-3 are not table files and RocksDB databases"
+for L in fp16 fp16-3; do
+  [ "$(wc -l <"tf-$L.sums")" = 26 ] || fail "tf-$L: $(wc -l <"tf-$L.sums") tables verified, not 26"
+  cmp -s "tf-$L.sums" "db-$L.sums" ||
+    fail "the same fp16 rows as table files and as RocksDB rows: other checksums: $(diff "tf-$L.sums" "db-$L.sums" | head -4)"
+done
+
 N=$(grep -o '"precision":[[:space:]]*"bf16"' tf-bf16/step-20/manifest.json | wc -l)
 [ "$N" = 26 ] || fail "the converted checkpoint's plan gives $N of 26 tables bf16"
 
