@@ -2,6 +2,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "common/status.h"
@@ -82,4 +83,10 @@ int sr_num_double(const char *s, double *out) {
   if (isinf(v)) return SR_ERANGE;
   *out = v;
   return 0;
+}
+
+const char *sr_jnum(char out[SR_JNUM_MAX], double v, int prec) {
+  if (isfinite(v)) snprintf(out, SR_JNUM_MAX, "%.*g", prec, v);
+  else snprintf(out, SR_JNUM_MAX, "null");
+  return out;
 }

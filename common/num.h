@@ -26,4 +26,10 @@ int sr_num_u64(const char *s, size_t n, uint64_t *out);
  * toward 0 as strtod rounds it. */
 int sr_num_double(const char *s, double *out);
 
+/* v as a JSON number (printf's %.*g with prec digits) into out, or "null"
+ * when v is not finite: JSON has no NaN or infinity, and a reader of a
+ * line holding one refuses the whole line. Returns out. */
+#define SR_JNUM_MAX 32
+const char *sr_jnum(char out[SR_JNUM_MAX], double v, int prec);
+
 #endif

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/fs.h"
+#include "common/num.h"
 #include "common/outfile.h"
 #include "common/progress.h"
 #include "common/status.h"
@@ -339,9 +340,11 @@ static int write_metrics(run *r, size_t n) {
   char why[1024];
   int rc = sr_out_open(o->metrics_out, &mf, why, sizeof why);
   if (!rc) {
-    sr_out_printf(mf, "{\"kind\":\"predict\",\"n\":%zu,\"auc\":%.17g,\"logloss\":%.17g,"
-                  "\"accuracy\":%.17g,\"mean_pred\":%.17g,\"ctr\":%.17g}\n",
-                  n, m.auc, m.log_loss, m.accuracy, m.mean_pred, m.ctr);
+    char v[5][SR_JNUM_MAX]; /* a one-class split's AUC is NaN: null */
+    sr_out_printf(mf, "{\"kind\":\"predict\",\"n\":%zu,\"auc\":%s,\"logloss\":%s,"
+                  "\"accuracy\":%s,\"mean_pred\":%s,\"ctr\":%s}\n", n, sr_jnum(v[0], m.auc, 17),
+                  sr_jnum(v[1], m.log_loss, 17), sr_jnum(v[2], m.accuracy, 17),
+                  sr_jnum(v[3], m.mean_pred, 17), sr_jnum(v[4], m.ctr, 17));
     rc = sr_out_commit(mf, why, sizeof why); /* a write error is kept until here */
   }
   if (rc) snprintf(r->err, r->errlen, "--metrics-out %s", why);

@@ -17,6 +17,7 @@
 
 #include "common/rng.h"
 #include "common/fs.h"
+#include "common/num.h"
 #include "common/outfile.h"
 #include "common/status.h"
 #include "common/sys.h"
@@ -466,14 +467,15 @@ static int progress(train_job *j, float loss, float lr) {
     printf("train  step %lld/%llu epoch %d %.1f%%: loss %.6f  %.0f samples/s  ETA %.0fs\n",
            (long long)cur->step, (unsigned long long)j->total_steps, cur->epoch, 100 * frac,
            mean, rate, eta);
-  char phases[512], kept[JOB_KEEP_JSON], line[JOB_KEEP_JSON + 1024], err[1024];
+  char phases[512], kept[JOB_KEEP_JSON], line[JOB_KEEP_JSON + 1024], err[1024], v[3][SR_JNUM_MAX];
   job__phase_json(j, phases, sizeof phases);
   job__keep_json(j, kept, sizeof kept);
   /* Flushed per line: a reader (a test, a dashboard) sees each line at once. */
   int len = snprintf(line, sizeof line,
-                     "{\"kind\":\"train\",\"step\":%lld,\"epoch\":%d,\"loss\":%.9g,"
-                     "\"last_loss\":%.9g,\"lr\":%.9g,\"samples_per_s\":%.1f%s%s}\n",
-                     (long long)cur->step, cur->epoch, mean, loss, lr, rate, phases, kept);
+                     "{\"kind\":\"train\",\"step\":%lld,\"epoch\":%d,\"loss\":%s,"
+                     "\"last_loss\":%s,\"lr\":%s,\"samples_per_s\":%.1f%s%s}\n",
+                     (long long)cur->step, cur->epoch, sr_jnum(v[0], mean, 9),
+                     sr_jnum(v[1], loss, 9), sr_jnum(v[2], lr, 9), rate, phases, kept);
   if (j->metrics &&
       sr_out_line(j->metrics, j->cfg->metrics_out, line, (size_t)len, err, sizeof err)) {
     job__errf(j, "--metrics-out %s\n", err);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "common/fs.h"
+#include "common/num.h"
 #include "common/outfile.h"
 #include "common/status.h"
 #include "common/sys.h"
@@ -270,16 +271,17 @@ static int report_test(const train_job *j, const dense_metrics *m) {
   fflush(stdout);
   job__metrics_test(j, m->auc, m->log_loss);
   if (!j->metrics) return 0;
-  char line[1024], oracle[128] = "", err[1024];
+  char line[1024], oracle[128] = "", err[1024], v[7][SR_JNUM_MAX]; /* NaN: null */
   if (c->have_oracle)
-    snprintf(oracle, sizeof oracle, ",\"oracle_auc\":%.17g,\"oracle_logloss\":%.17g",
-             c->oracle_auc, c->oracle_logloss);
+    snprintf(oracle, sizeof oracle, ",\"oracle_auc\":%s,\"oracle_logloss\":%s",
+             sr_jnum(v[5], c->oracle_auc, 17), sr_jnum(v[6], c->oracle_logloss, 17));
   int len = snprintf(line, sizeof line,
-                     "{\"kind\":\"test\",\"step\":%lld,\"epoch\":%d,\"auc\":%.17g,"
-                     "\"logloss\":%.17g,\"accuracy\":%.17g,\"mean_pred\":%.17g,\"ctr\":%.17g,"
+                     "{\"kind\":\"test\",\"step\":%lld,\"epoch\":%d,\"auc\":%s,"
+                     "\"logloss\":%s,\"accuracy\":%s,\"mean_pred\":%s,\"ctr\":%s,"
                      "\"n\":%zu%s}\n",
-                     step, epoch, m->auc, m->log_loss, m->accuracy, m->mean_pred, m->ctr, m->n,
-                     oracle);
+                     step, epoch, sr_jnum(v[0], m->auc, 17), sr_jnum(v[1], m->log_loss, 17),
+                     sr_jnum(v[2], m->accuracy, 17), sr_jnum(v[3], m->mean_pred, 17),
+                     sr_jnum(v[4], m->ctr, 17), m->n, oracle);
   if (sr_out_line(j->metrics, c->metrics_out, line, (size_t)len, err, sizeof err)) {
     job__errf(j, "--metrics-out %s\n", err);
     return -1;

@@ -292,6 +292,13 @@ START_TEST(test_num) {
     ck_assert_msg(sr_num_double(dbl[k].s, &d) == dbl[k].rc, "'%s'", dbl[k].s);
     ck_assert_msg(d == (dbl[k].rc ? 777 : dbl[k].v), "'%s': %g", dbl[k].s, d);
   }
+  /* JSON numbers: what is not finite is null. */
+  char j[SR_JNUM_MAX];
+  ck_assert_str_eq(sr_jnum(j, 0.25, 17), "0.25");
+  ck_assert_str_eq(sr_jnum(j, 1.0 / 3.0, 9), "0.333333333");
+  ck_assert_str_eq(sr_jnum(j, -1e300, 17), "-1.0000000000000001e+300");
+  ck_assert_str_eq(sr_jnum(j, NAN, 17), "null");
+  ck_assert_str_eq(sr_jnum(j, -INFINITY, 9), "null");
 }
 END_TEST
 

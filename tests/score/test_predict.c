@@ -64,6 +64,12 @@ START_TEST(test_rocks_in_process_equals_trainer) {
   char tmp[512] = "";
   sscanf(strstr(out, "RocksDB shard databases in ") + 27, "%511s", tmp);
   ck_assert_msg(tmp[0] && access(tmp, F_OK) != 0, "%s left behind", tmp);
+  /* Lines of one class: AUC has no value, written null (not NaN, which
+   * no JSON reader takes). */
+  free(in_dir(0, "head -1 d.tsv > one.tsv && %s predict --checkpoint ckl --raw-data-file one.tsv "
+                 "--test-fraction 0.1 --out one.out --metrics-out one.json && python3 -c \""
+                 "import json; m = json.load(open('one.json')); assert m['auc'] is None and "
+                 "m['n'] == 1 and 0 < m['logloss'], m\"", bin_path()));
   /* Without --data-split the whole file: its test part is the same lines. */
   char *all = in_dir(0, "%s predict --checkpoint ckr --processed-data-file d.bin --out all.tsv",
                      bin_path());
