@@ -197,7 +197,9 @@ void cli_data_help(FILE *f, const cli_data *d, int width);
 /* d's data file and flags into scoring's options (eval, predict): the
  * file, its kind and the split by name (a test fraction over --data-set, as
  * train reads it; the ids are the model's transform's). 0, or 2 (the exit status)
- * with "shardrec CMD: --data-split: 'NAME' is not ..." printed. */
+ * with "shardrec CMD: --data-split: 'NAME' is not ..." printed; so is a
+ * processed file given a raw file's split or parsing flags, which it would
+ * not read. */
 struct score_opts;
 int cli_data_score(const cli_data *d, struct score_opts *o);
 

@@ -171,6 +171,11 @@ int cli_data_score(const cli_data *d, score_opts *o) {
             d->split_name);
     return 2;
   }
+  if (d->processed && (d->have_test_fraction || d->terabyte || d->strict || d->no_label)) {
+    fprintf(stderr, "shardrec %s: --test-fraction, --data-set, --strict and --no-label apply to "
+            "--raw-data-file (a processed file holds its split, ids and labels)\n", d->cmd);
+    return 2;
+  }
   o->data_path = d->processed ? d->processed : d->raw;
   o->raw = d->raw != NULL;
   o->terabyte = d->terabyte && !d->have_test_fraction;

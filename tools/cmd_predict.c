@@ -160,11 +160,6 @@ static int check_flags(flags *f) {
                     "here\n");
     return 2;
   }
-  if (d->processed && (o->have_test_fraction || o->strict || o->no_label)) {
-    fprintf(stderr, "shardrec predict: --test-fraction, --strict and --no-label apply to "
-                    "--raw-data-file (a processed file holds its split, ids and labels)\n");
-    return 2;
-  }
   if (o->no_label && o->metrics_out) {
     fprintf(stderr, "shardrec predict: --metrics-out needs labels (drop --no-label)\n");
     return 2;

@@ -273,6 +273,18 @@ START_TEST(test_refusals) {
     free(out);
   }
   ck_assert_int_ne(access("x.tsv", F_OK), 0);
+  /* A raw file's split and parsing flags given with a processed file, which
+   * holds its own split: refused by predict and eval alike (eval takes no
+   * --strict or --no-label). */
+  const char *raw_only[] = {"--test-fraction 0.5", "--data-set terabyte", "--strict", "--no-label"};
+  for (size_t i = 0; i < sizeof raw_only / sizeof *raw_only; i++)
+    for (int k = 0; k < (i < 2 ? 2 : 1); k++) {
+      out = in_dir(2, "%s %s --checkpoint ckr --processed-data-file d.bin %s%s", bin_path(),
+                   k ? "eval" : "predict", raw_only[i], k ? "" : " --out x.tsv");
+      ck_assert_msg(strstr(out, "apply to --raw-data-file (a processed file holds its split"),
+                    "%s %s:\n%s", k ? "eval" : "predict", raw_only[i], out);
+      free(out);
+    }
 }
 END_TEST
 
