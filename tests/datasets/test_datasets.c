@@ -1146,7 +1146,7 @@ START_TEST(test_bin_values_checked) {
   const uint64_t rs = 56 + 26 * 4;
   const float two = 2.0f, minus1 = -1.0f, inf = INFINITY, nan = NAN;
   const float hundred = 100.0f; /* finite, past the largest value convert writes */
-  const uint32_t big = 9999, mode = 7, flags = 0xf;
+  const uint32_t big = 9999, mode = 7, flags = 0x1f;
   const uint64_t zero64 = 0;
   struct { uint64_t at; const void *p; size_t n; int at_open; const char *want; } cases[] = {
       {in.data_off + 3 * rs, &two, 4, 0, "x.bin: record 3: label 2 is not 0 or 1"},
@@ -1158,7 +1158,7 @@ START_TEST(test_bin_values_checked) {
       {in.data_off + 99 * rs + 56 + 4, &big, 4, 0,
        "x.bin: record 99: C2 id 9999 is outside its table of"},
       {16, &mode, 4, 1, "x.bin: header: id mode 7 is not one of 0..3"},
-      {12, &flags, 4, 1, "x.bin: header: unknown layout flags 0xf"},
+      {12, &flags, 4, 1, "x.bin: header: unknown layout flags 0x1f"},
       {112 + 8 * 3, &zero64, 8, 1, "x.bin: header: table C4 has 0 rows"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
