@@ -112,6 +112,11 @@ static int check_flags(const cli_data *d, ds_source_opts *o, int have_split,
     fprintf(stderr, "shardrec convert: --modulo needs --max-ind-range N (N > 0)\n");
     return 2;
   }
+  if (o->id_mode == DS_IDS_MODULO && o->frequency_threshold) {
+    fprintf(stderr, "shardrec convert: --modulo takes no --frequency-threshold (it keeps no "
+            "dictionary to count values in)\n");
+    return 2;
+  }
   if (o->id_mode == DS_IDS_HASH && (o->max_ind_range || o->frequency_threshold)) {
     fprintf(stderr, "shardrec convert: --hash takes neither --max-ind-range nor --frequency-threshold\n");
     return 2;

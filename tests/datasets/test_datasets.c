@@ -1456,6 +1456,14 @@ START_TEST(test_cli_convert) {
   ck_assert_int_eq(run(cmd, out, sizeof out), 2);
   snprintf(cmd, sizeof cmd, "%s convert only-one", bin);
   ck_assert_int_eq(run(cmd, out, sizeof out), 2);
+  /* An id mode's flags that it would not use: refused, not dropped. */
+  snprintf(cmd, sizeof cmd, "%s convert --modulo --max-ind-range 50 --frequency-threshold 5 a b",
+           bin);
+  ck_assert_int_eq(run(cmd, out, sizeof out), 2);
+  ck_assert_msg(strstr(out, "--modulo takes no --frequency-threshold"), "%s", out);
+  snprintf(cmd, sizeof cmd, "%s convert --hash --frequency-threshold 5 a b", bin);
+  ck_assert_int_eq(run(cmd, out, sizeof out), 2);
+  ck_assert_msg(strstr(out, "--hash takes neither"), "%s", out);
   snprintf(cmd, sizeof cmd, "%s convert --help", bin);
   ck_assert_int_eq(run(cmd, out, sizeof out), 0);
   ck_assert_msg(strstr(out, "--max-ind-range"), "%s", out);
