@@ -834,7 +834,8 @@ int ds_source_identity_same(const char *was, const char *now) {
   /* An identity written before the ends' CRC was part of it: its bytes or
    * records alone. */
   const size_t n = strlen(was);
-  return !strstr(was, ENDS_CRC) && !strncmp(was, now, n) && !strncmp(now + n, ENDS_CRC, strlen(ENDS_CRC)) &&
+  return !strstr(was, ENDS_CRC) && !strncmp(was, now, n) &&
+         !strncmp(now + n, ENDS_CRC, strlen(ENDS_CRC)) &&
          (!strncmp(was, "tsv ", 4) || !strncmp(was, "int32 ", 6));
 }
 
