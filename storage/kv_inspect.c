@@ -24,6 +24,7 @@ typedef struct {
   uint64_t rows, bytes;
   sr_progress pg;     /* the rows of the database being read (estimated total) */
   uint64_t pg_base;   /* its rows in the tables read before this one */
+  int dbs, table_dbs; /* databases read; of them, those holding o->table */
   char what[300];
 } report;
 
@@ -136,8 +137,14 @@ static void inspect_db(report *r, const char *path, const char *name) {
   snprintf(r->what, sizeof r->what, "inspect %s", name);
   sr_progress_begin(&r->pg, r->o->progress, r->what, "rows", est);
   r->pg_base = 0;
+  int held = 0;
   for (int k = 0; k < n; k++)
-    if (r->o->table < 0 || ids[k] == (uint32_t)r->o->table) inspect_table(r, db, k, ids[k], name);
+    if (r->o->table < 0 || ids[k] == (uint32_t)r->o->table) {
+      held = 1;
+      inspect_table(r, db, k, ids[k], name);
+    }
+  r->dbs++;
+  r->table_dbs += held;
   sr_progress_clear(&r->pg);
   kv_close(db);
   free(ids);
@@ -201,9 +208,27 @@ static int count_tables(const char *folder) {
   return n;
 }
 
+/* A --table no database read holds: refused, naming it (1). */
+static int table_missing(report *r) {
+  if (r->o->table < 0 || !r->dbs || r->table_dbs) return 0;
+  char e[128];
+  sr_fmt(e, sizeof e, "no shard database holds table_id %lld", r->o->table);
+  fail(r, SR_ENOTFOUND, e);
+  return 1;
+}
+
+/* The asked rows of the table files in folder (named name), through the
+ * caller's table_rows. */
+static void table_file_rows(report *r, const char *folder, const char *name) {
+  if (!r->o->n_rows || !r->o->table_rows) return;
+  char e[4600];
+  int rc = r->o->table_rows(r->o->table_rows_ctx, folder, name, r->out, e, sizeof e);
+  if (rc) fail(r, rc, e);
+}
+
 /* The rows of a shards/ folder or a shard store's data folder, in the
  * layout it has (storage/ckpt_dir.h): each shard-K database, or a count of
- * the table files. */
+ * the table files and the rows asked for. */
 static void inspect_folder(report *r, const char *folder) {
   ckpt_shards_layout layout;
   char e[4600], p[4400], **names;
@@ -215,6 +240,7 @@ static void inspect_folder(report *r, const char *folder) {
   if (layout == CKPT_SHARDS_TABLES) {
     fprintf(r->out, "in-memory store checkpoint: %d table files (table-<id>.bin) in %s\n",
             count_tables(folder), folder);
+    table_file_rows(r, folder, "local");
     return;
   }
   if ((rc = sr_list_dir(folder, &names, &nn))) { /* sorted by name */
@@ -231,12 +257,16 @@ static void inspect_folder(report *r, const char *folder) {
       break;
     }
     shown++;
-    if (layout == CKPT_SHARDS_DBS) inspect_db(r, p, names[i]);
-    else fprintf(r->out, "%-8s in-memory server: %d table files (table-<id>.bin)\n", names[i],
-                 count_tables(p));
+    if (layout == CKPT_SHARDS_DBS) {
+      inspect_db(r, p, names[i]);
+    } else {
+      fprintf(r->out, "%-8s in-memory server: %d table files (table-<id>.bin)\n", names[i],
+              count_tables(p));
+      table_file_rows(r, p, names[i]);
+    }
   }
   sr_paths_free(names, nn);
-  if (layout == CKPT_SHARDS_DBS)
+  if (layout == CKPT_SHARDS_DBS && !table_missing(r))
     fprintf(r->out, "total    %llu rows, %llu bytes in %d shard(s)\n", (unsigned long long)r->rows,
             (unsigned long long)r->bytes, shown);
 }
@@ -252,7 +282,7 @@ int kv_inspect(const char *path, const kv_inspect_opts *o, FILE *out, char *err,
   if (sr_path_err(p, sizeof p, err, errlen, "%s/CURRENT", path)) return SR_ERANGE;
   if (sr_is_file(p)) { /* one database */
     inspect_db(&r, path, "db");
-    if (!r.rc)
+    if (!table_missing(&r) && !r.rc)
       fprintf(out, "total    %llu rows, %llu bytes\n", (unsigned long long)r.rows,
               (unsigned long long)r.bytes);
     return r.rc;

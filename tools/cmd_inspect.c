@@ -9,10 +9,13 @@
  * the row layout; for a checkpoint also the manifest's step, data position
  * and fingerprints, an increment's removed rows (ids and tables), and its
  * data transform in short (fingerprint and mode, or none recorded). --rows prints those rows (value and optimizer state) of
- * --table (default: every table), or says they are not stored (a row never
- * written has its deterministic initial value). Databases are opened
- * read-only. The report is storage/kv_inspect.h's (kv_inspect): this file
- * parses the flags and makes that call. */
+ * --table (default: every table) that are stored (a row never written has
+ * its deterministic initial value), from databases or table files alike;
+ * a --table the checkpoint's plan does not have is refused. Databases are
+ * opened read-only. The report is storage/kv_inspect.h's (kv_inspect):
+ * this file parses the flags, reads the checkpoint's plan, and reads the
+ * asked rows of table files for it (kv_inspect_opts.table_rows). */
+#include <cjson/cJSON.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,8 +24,11 @@
 #include "common/fs.h"
 #include "common/status.h"
 #include "datasets/transform.h"
+#include "embedding/ckpt_plan.h"
+#include "embedding/optim.h"
 #include "embedding/plan.h"
 #include "embedding/removed_file.h"
+#include "embedding/table_file.h"
 #include "storage/ckpt_dir.h"
 #include "storage/kv_inspect.h"
 #include "train/checkpoint.h"
@@ -56,6 +62,99 @@ static int print_transform(const char *path) {
   ds_transform_describe(xf, what, sizeof what);
   printf("data transform: %s: %s (%s)\n", fp, what, file);
   ds_transform_free(xf);
+  return 0;
+}
+
+/* The plan of the checkpoint path names, from its manifest (read, not
+ * verified, as the rest of the report: a torn checkpoint's plan still
+ * reads). NULL when path is no checkpoint or its manifest gives no plan. */
+static emb_plan *ckpt_plan(const char *path) {
+  char dir[SR_PATH_MAX], file[SR_PATH_MAX], why[1024];
+  if (train_ckpt_resolve(path, dir, sizeof dir, why, sizeof why) ||
+      sr_path(file, sizeof file, "%s/manifest.json", dir))
+    return NULL;
+  char *text = sr_read_file(file, NULL);
+  cJSON *m = text ? cJSON_Parse(text) : NULL;
+  emb_plan *plan = NULL;
+  if (m && emb_ckpt_get_plan(m, file, &plan, why, sizeof why)) plan = NULL;
+  cJSON_Delete(m);
+  free(text);
+  return plan;
+}
+
+/* What print_table_rows needs: the checkpoint's plan and the rows asked. */
+typedef struct {
+  const emb_plan *plan; /* NULL: no checkpoint's plan to read table files with */
+  char mfp[EMB_FP_HEX]; /* its model fingerprint, the files' */
+  long long table;
+  const uint64_t *rows;
+  int n_rows;
+} tf_rows;
+
+/* One row as kv_inspect prints a database's: value, then state if any. */
+static void print_vals(FILE *out, const float *v, int dim, int slen) {
+  fprintf(out, " value [");
+  for (int j = 0; j < dim + slen; j++) {
+    if (j == dim) fprintf(out, "] state [");
+    fprintf(out, "%s%.9g", j && j != dim ? " " : "", (double)v[j]);
+  }
+  fprintf(out, "]\n");
+}
+
+/* The asked rows of table tb's file at path, in the order asked (a row the
+ * file does not hold is not printed, as a database's). */
+static int file_rows(const tf_rows *c, const emb_table *tb, const char *path, const char *name,
+                     FILE *out, char *err, size_t errlen) {
+  int slen = emb_optim_state_len(&tb->optim, tb->dim), n = tb->dim + slen;
+  float *got = malloc((size_t)c->n_rows * (size_t)n * sizeof *got);
+  char *have = calloc((size_t)c->n_rows, 1);
+  emb_tabfile_reader *rd = NULL;
+  int rc = got && have ? emb_tabfile_open(path, tb, c->mfp, &rd, err, errlen) : SR_ENOMEM;
+  if (rc == SR_ENOMEM && !rd) sr_fmt(err, errlen, "out of memory");
+  uint64_t id;
+  const float *vals;
+  while (!rc && (rc = emb_tabfile_next(rd, &id, &vals, err, errlen)) == 1) {
+    rc = 0;
+    for (int i = 0; i < c->n_rows; i++)
+      if (c->rows[i] == id) {
+        memcpy(got + (size_t)i * (size_t)n, vals, (size_t)n * sizeof *got);
+        have[i] = 1;
+      }
+  }
+  for (int i = 0; !rc && i < c->n_rows; i++)
+    if (have[i]) {
+      fprintf(out, "  row %llu (table_id %u, %s):", (unsigned long long)c->rows[i], tb->table_id,
+              name);
+      print_vals(out, got + (size_t)i * (size_t)n, tb->dim, slen);
+    }
+  emb_tabfile_close(rd);
+  free(got);
+  free(have);
+  return rc;
+}
+
+/* kv_inspect's table_rows: the asked rows of every table file in folder
+ * (of the asked table), read under the checkpoint's plan. */
+static int print_table_rows(void *ctx, const char *folder, const char *name, FILE *out, char *err,
+                            size_t errlen) {
+  const tf_rows *c = ctx;
+  if (!c->plan) {
+    sr_fmt(err, errlen, "%s: table files are read under their checkpoint's plan: inspect the "
+           "checkpoint (its step-N folder) for their rows", folder);
+    return SR_EINVAL;
+  }
+  for (int t = 0; t < c->plan->n_tables; t++) {
+    const emb_table *tb = &c->plan->tables[t];
+    char path[SR_PATH_MAX];
+    if (c->table >= 0 && tb->table_id != (uint32_t)c->table) continue;
+    if (ckpt_dir_table_file(folder, tb->table_id, path, sizeof path)) {
+      sr_fmt(err, errlen, "%s: path too long", folder);
+      return SR_ERANGE;
+    }
+    if (!sr_is_file(path)) continue; /* an increment's: a table with no changed row */
+    int rc = file_rows(c, tb, path, name, out, err, errlen);
+    if (rc) return rc;
+  }
   return 0;
 }
 
@@ -128,10 +227,22 @@ int cmd_inspect(int argc, char **argv) {
   int n_rows = 0;
   if (rows_s && cli_u64_list(CMD, "--rows", rows_s, ",", 0, UINT64_MAX, NULL, rows, 256, &n_rows))
     return 2;
+  emb_plan *plan = ckpt_plan(argv[optind]);
+  if (plan && table >= 0 && emb_plan_table_index(plan, (uint32_t)table) < 0) {
+    fprintf(stderr, "shardrec inspect: --table %lld: the checkpoint's plan has no table_id %lld "
+            "(its %d tables)\n", table, table, plan->n_tables);
+    emb_plan_free(plan);
+    return 1;
+  }
+  tf_rows tr = {.plan = plan, .table = table, .rows = rows, .n_rows = n_rows};
+  if (plan && emb_plan_model_fingerprint(plan, tr.mfp)) tr.plan = NULL;
   kv_inspect_opts io = {.table = table, .rows = rows, .n_rows = n_rows,
-                          .progress = cli_isatty_err()};
+                        .progress = cli_isatty_err(), .table_rows = print_table_rows,
+                        .table_rows_ctx = &tr};
   char err[4600];
-  if (kv_inspect(argv[optind], &io, stdout, err, sizeof err)) {
+  int krc = kv_inspect(argv[optind], &io, stdout, err, sizeof err);
+  emb_plan_free(plan);
+  if (krc) {
     fprintf(stderr, "shardrec inspect: %s\n", err);
     return 1;
   }
