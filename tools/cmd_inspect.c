@@ -37,30 +37,54 @@
 
 #define CMD "inspect"
 
-/* A checkpoint's data transform in one line: its transform.bin read (not
- * verified against the manifest, as the rest of the report), or "none
- * recorded". path that is no checkpoint prints nothing. 0, or 1 with the
- * reason printed (an unreadable transform.bin). */
+/* The manifest of the checkpoint path names, parsed (read, not verified,
+ * as the rest of the report: a torn checkpoint's still reads), its folder
+ * in dir and its path in file. NULL when path is no checkpoint or its
+ * manifest is no JSON (kv_inspect says so). */
+static cJSON *ckpt_manifest(const char *path, char dir[SR_PATH_MAX], char file[SR_PATH_MAX]) {
+  char why[1024];
+  if (train_ckpt_resolve(path, dir, SR_PATH_MAX, why, sizeof why) ||
+      sr_path(file, SR_PATH_MAX, "%s/manifest.json", dir))
+    return NULL;
+  char *text = sr_read_file(file, NULL);
+  cJSON *m = text ? cJSON_Parse(text) : NULL;
+  free(text);
+  return m;
+}
+
+/* A checkpoint's data transform in one line, read as predict reads it
+ * (train_ckpt_transform: transform.bin against the fingerprint the
+ * manifest records), or "none recorded" when the manifest records none.
+ * path that is no checkpoint prints nothing. 0, or 1 with the reason
+ * printed (a transform.bin missing, unreadable or not the one recorded). */
 static int print_transform(const char *path) {
-  char dir[SR_PATH_MAX], file[SR_PATH_MAX], why[1024], fp[SR_SHA256_HEX], what[512];
-  if (train_ckpt_resolve(path, dir, sizeof dir, why, sizeof why) ||
-      sr_path(file, sizeof file, "%s/manifest.json", dir) || !sr_is_file(file))
-    return 0;
-  if (sr_path_err(file, sizeof file, why, sizeof why, "%s/" DS_XFORM_FILE, dir)) {
-    fprintf(stderr, "shardrec inspect: %s\n", why);
+  char dir[SR_PATH_MAX], file[SR_PATH_MAX], why[1024], what[512];
+  cJSON *m = ckpt_manifest(path, dir, file);
+  if (!m) return 0;
+  const char *fp = NULL;
+  int rc = ckpt_dir_fingerprint(m, "transform", file, &fp, why, sizeof why);
+  train_ckpt_info ci;
+  memset(&ci, 0, sizeof ci);
+  if (!rc && fp) {
+    snprintf(ci.dir, sizeof ci.dir, "%s", dir);
+    memcpy(ci.transform_fp, fp, SR_SHA256_HEX);
+  }
+  cJSON_Delete(m);
+  if (rc) {
+    fprintf(stderr, "shardrec inspect: data transform: %s\n", why);
     return 1;
   }
-  if (!sr_is_file(file)) {
+  if (!ci.transform_fp[0]) {
     printf("data transform: none recorded (raw rows are not scored with this model)\n");
     return 0;
   }
   ds_transform *xf;
-  if (ds_transform_load(file, &xf, fp, why, sizeof why)) {
+  if (train_ckpt_transform(&ci, &xf, why, sizeof why)) {
     fprintf(stderr, "shardrec inspect: data transform: %s\n", why);
     return 1;
   }
   ds_transform_describe(xf, what, sizeof what);
-  printf("data transform: %s: %s (%s)\n", fp, what, file);
+  printf("data transform: %s: %s (%s/" DS_XFORM_FILE ")\n", ci.transform_fp, what, dir);
   ds_transform_free(xf);
   return 0;
 }
@@ -70,15 +94,10 @@ static int print_transform(const char *path) {
  * reads). NULL when path is no checkpoint or its manifest gives no plan. */
 static emb_plan *ckpt_plan(const char *path) {
   char dir[SR_PATH_MAX], file[SR_PATH_MAX], why[1024];
-  if (train_ckpt_resolve(path, dir, sizeof dir, why, sizeof why) ||
-      sr_path(file, sizeof file, "%s/manifest.json", dir))
-    return NULL;
-  char *text = sr_read_file(file, NULL);
-  cJSON *m = text ? cJSON_Parse(text) : NULL;
+  cJSON *m = ckpt_manifest(path, dir, file);
   emb_plan *plan = NULL;
   if (m && emb_ckpt_get_plan(m, file, &plan, why, sizeof why)) plan = NULL;
   cJSON_Delete(m);
-  free(text);
   return plan;
 }
 

@@ -3,7 +3,9 @@
 # rows from the in-process store's table files as from RocksDB shard
 # databases (the same rows, the same values: the two runs train the same
 # bits); a --table the checkpoint's plan (or a data folder's databases) does
-# not have is refused, naming it.
+# not have is refused, naming it. The data transform is read against the
+# fingerprint the manifest records: a transform.bin removed or changed is
+# named, exit 1, never "none recorded" or a fingerprint of other bytes.
 set -euo pipefail
 . "${BASH_SOURCE%/*}/../support/lib.sh"
 
@@ -46,4 +48,25 @@ refused live-999 "$B" inspect live --table 999
 has live-999 "no shard database holds table_id 999"
 run live-2 "$B" inspect live --table 2
 has live-2 "table_id 2 "
-echo "inspect: table files' rows as the databases', unknown tables refused"
+
+# The data transform: the recorded one, then a removed and a changed file.
+run xf "$B" inspect tf
+FP=$(sha256sum tf/step-10/transform.bin | cut -d' ' -f1)
+has xf "data transform: $FP: dictionary (frequency threshold 1"
+cp -r tf/step-10 gone
+rm gone/transform.bin
+refused gone "$B" inspect gone
+has gone "data transform: gone/transform.bin: cannot read"
+! grep -q "none recorded" gone.log || fail "a removed transform.bin read as none recorded"
+cp -r tf/step-10 changed
+python3 - changed/transform.bin <<'PY'
+import sys
+b = bytearray(open(sys.argv[1], 'rb').read())
+b[300] ^= 1
+open(sys.argv[1], 'wb').write(b)
+PY
+refused changed "$B" inspect changed
+has changed "data transform: changed/transform.bin: fingerprint "
+has changed "the manifest says ${FP:0:12} (file changed)"
+! grep -q "^data transform: " changed.log || fail "a changed transform.bin printed: $(grep '^data' changed.log)"
+echo "inspect: table files' rows as the databases', unknown tables refused, the transform checked"
