@@ -41,7 +41,7 @@ static void usage(FILE *f) {
 "                   'train --resume OUT' and 'serve --checkpoint OUT' take it\n"
 "  --plan NEW.json  the new plan; only n_shards and placements may differ\n"
 "                   (same model fingerprint: tables, rows, dim, pooling, init,\n"
-"                   optimizer, seed, precision)\n"
+"                   optimizer, seed, precision, keep)\n"
 "  --precision fp32|fp16|bf16  convert every table's weights to P: the new plan's\n"
 "                   tables take P (whatever its precision fields say) and each\n"
 "                   weight is rounded to the nearest value of P, ties to even (a\n"
