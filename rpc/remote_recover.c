@@ -94,7 +94,11 @@ void rpc_remote_quiesce(emb_store *b) {
     if (f->used) lane_cancel(s, &f->L);
     f->used = f->sent = 0;
   }
-  s->pushed = s->seen = -1;
+  /* The job goes on from an earlier step on every rank: the boundaries
+   * whose removals this rank saw done are forgotten too (rank 0's Restore
+   * forgets them as well), or the replayed steps' look-ahead Lookups would
+   * go before rank 0's removals at those boundaries. */
+  s->pushed = s->seen = s->removed = -1;
 }
 
 int rpc_remote_incarnations(const emb_store *b, uint64_t *inc, int n) {

@@ -252,6 +252,67 @@ START_TEST(test_bounded_tables_recover) {
 }
 END_TEST
 
+/* The same bounded tables with mpirun -np 2 against 2 servers (rows in
+ * memory, a progress line every step, a checkpoint every 40 steps: the
+ * recovery replays 35 steps or more): once the metrics file has step 75,
+ * both ranks stopped, server 1 SIGKILLed and restarted on its port, the
+ * ranks continued. Every rank forgets the step boundaries whose removals
+ * it saw done, as rank 0's Restore does: one that kept them sent the
+ * replayed steps' look-ahead Lookups before rank 0's removals at their
+ * boundaries, and read rows removed there. The run ends with the
+ * uninterrupted 2-rank run's lines and keep.bin, bit for bit. */
+START_TEST(test_two_ranks_bounded_recover) {
+#define KEEP2 "--plan pk.json " ARCH " " HYPER " --mini-batch-size 64 --print-freq 1 " D \
+              "--num-batches 80 --checkpoint-every 40"
+  char *out;
+  int rc = run_cmd(&out, "cd %s && %s plan --processed-data-file d.bin --num-shards 2 --row-wise "
+                         "--admit-after 3 --expire-after 4 --capacity 60 --out pk.json",
+                   dir, bin_path());
+  ck_assert_msg(rc == 0, "%s", out);
+  free(out);
+  test_server s[2];
+  char addrs[200];
+  servers_opts o = {.dir = dir, .plan = "pk.json", .log = "k2"};
+  servers_start(s, 2, &o);
+  servers_addrs(s, 2, addrs, sizeof addrs);
+  rc = run_cmd(&out, "cd %s && " MPIRUN " -np 2 %s train " KEEP2 " --metrics-out ref2k.jsonl "
+               "--shard-servers %s --save-checkpoint ref2k", dir, bin_path(), addrs);
+  for (int k = 0; k < 2; k++) ck_assert_int_eq(server_stop(&s[k]), 0);
+  ck_assert_msg(rc == 0, "%s", out);
+  free(out);
+  servers_start(s, 2, &o);
+  servers_addrs(s, 2, addrs, sizeof addrs);
+  pid_t job = spawn_sh("cd '%s' && exec " MPIRUN " -np 2 '%s' train " KEEP2 " --metrics-out "
+                       "r2k.jsonl --shard-servers %s --save-checkpoint ck2k --recover-timeout 60 "
+                       "> r2k.out 2>&1", dir, bin_path(), addrs);
+  pid_t r0 = mpi_rank_pid(job, 0, 120), r1 = mpi_rank_pid(job, 1, 120);
+  wait_text(at("r2k.jsonl"), "\"step\":75,", 1, job, 120);
+  ck_assert_int_eq(kill(r0, SIGSTOP), 0);
+  ck_assert_int_eq(kill(r1, SIGSTOP), 0);
+  server_restart(&s[1], 1, &o);
+  ck_assert_int_eq(kill(r0, SIGCONT), 0);
+  ck_assert_int_eq(kill(r1, SIGCONT), 0);
+  assert_ok(job, "r2k.out");
+  for (int k = 0; k < 2; k++) ck_assert_int_eq(server_stop(&s[k]), 0);
+  char *log = slurp(at("r2k.out"));
+  ck_assert_msg(strstr(log, "recovered from ck2k/step-40 after: "), "no recovery from step-40:\n%s",
+                log);
+  free(log);
+  rc = run_cmd(&out, "cd %s && cmp ref2k/step-80/keep.bin ck2k/step-80/keep.bin", dir);
+  ck_assert_msg(rc == 0, "the bounded tables' state after the recovery differs: %s", out);
+  free(out);
+  char *ref = final_lines("ref2k.jsonl"), *got = final_lines("r2k.jsonl");
+  size_t at = 0; /* the first line that differs, and a few after it */
+  for (size_t i = 0; ref[i] && ref[i] == got[i]; i++)
+    if (ref[i] == '\n') at = i + 1;
+  ck_assert_msg(strcmp(ref, got) == 0, "recovered run, from its first difference:\n%.1500s\n"
+                "uninterrupted:\n%.1500s", got + at, ref + at);
+  free(got);
+  free(ref);
+#undef KEEP2
+}
+END_TEST
+
 /* mpirun -np 2 against 2 servers (rows in memory), a checkpoint every 10
  * steps: once the metrics file has step 14, both ranks are stopped, server
  * 1 SIGKILLed and restarted on its port (fresh rows, a new incarnation),
@@ -465,6 +526,7 @@ int main(void) {
   tcase_add_test(tc, test_chain_recovers);
   tcase_add_test(tc, test_bounded_tables_recover);
   tcase_add_test(tc, test_two_ranks_recover);
+  tcase_add_test(tc, test_two_ranks_bounded_recover);
   tcase_add_test(tc, test_eval_lost_recovers);
   tcase_add_test(tc, test_auto_resume);
   tcase_add_test(tc, test_partitions);
