@@ -750,6 +750,15 @@ int ckpt_dir_shard_path(const char *dir, int k, char *buf, size_t len) {
   return sr_path(buf, len, "%s/shard-%d", dir, k);
 }
 
+int ckpt_dir_shard_db_exists(const char *dir, int k, char *db, size_t len) {
+  char p[SR_PATH_MAX];
+  if (ckpt_dir_shard_path(dir, k, db, len) || sr_path(p, sizeof p, "%s/CURRENT", db)) {
+    if (len) db[0] = 0;
+    return 0;
+  }
+  return sr_is_file(p);
+}
+
 int ckpt_dir_server_path(const char *dir, const int *shards, int n, char *buf, size_t len) {
   if (n < 1) return SR_EINVAL;
   int rc = sr_path(buf, len, "%s/shard", dir);

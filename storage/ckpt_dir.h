@@ -266,6 +266,11 @@ int ckpt_dir_shards_path(const char *step_dir, char *buf, size_t len);
 /* dir/shard-K: shard k's folder (a database or a server folder) under dir. */
 int ckpt_dir_shard_path(const char *dir, int k, char *buf, size_t len);
 
+/* Whether dir/shard-K holds a shard database (its CURRENT file): rows of an
+ * earlier run that a job starting fresh must not take for its own. 1 with
+ * its folder in db (db[len]), 0 (db "" when the path is too long). */
+int ckpt_dir_shard_db_exists(const char *dir, int k, char *db, size_t len);
+
 /* dir/shard-K1-K2-...: the folder of one server serving shards[n] (n >= 1),
  * in that order. */
 int ckpt_dir_server_path(const char *dir, const int *shards, int n, char *buf, size_t len);

@@ -16,11 +16,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fs.h"
 #include "common/status.h"
 #include "embedding/shard.h"
 #include "embedding/store.h"
 #include "rpc/server.h"
 #include "rpc/service.h"
+#include "storage/ckpt_dir.h"
 #include "train/colocate.h"
 
 #define CO_ADDR 64  /* one "host:port" in the gathered buffer, NUL included */
@@ -114,6 +116,11 @@ static int server_start(co_server *s, const emb_plan *plan, int k, const colocat
   if (snprintf(s->listen, sizeof s->listen, v6 ? "[%s]:0" : "%s:0", host) >= CO_ADDR - 8) {
     sr_fmt(err, errlen, "host '%.100s' is too long", host);
     return SR_EINVAL;
+  }
+  char db[SR_PATH_MAX];
+  if (o->data_dir && o->fresh && ckpt_dir_shard_db_exists(o->data_dir, k, db, sizeof db)) {
+    sr_fmt(err, errlen, "--data-dir %s: " COLOCATE_EARLIER_RUN, o->data_dir, db);
+    return SR_EEXISTS;
   }
   if (o->data_dir) {
     /* The rank's cache budget is shared by its shards, each with a store of

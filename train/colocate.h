@@ -28,10 +28,16 @@
 
 typedef struct colocate colocate;
 
+/* The refusal of an earlier run's shard database (printf: its folder). */
+#define COLOCATE_EARLIER_RUN \
+  "holds shard databases of an earlier run (%s); remove them, or --resume a checkpoint"
+
 typedef struct colocate_opts {
   const char *host;      /* address the servers listen on and advertise ("127.0.0.1") */
   const char *data_dir;  /* NULL: rows in memory (local store); else RocksDB shard store
                             under data_dir/shard-K with the cache below */
+  int fresh;             /* a job not resuming: a database already at data_dir/shard-K
+                            (an earlier run's rows) is refused, COLOCATE_EARLIER_RUN */
   uint64_t cache_rows, cache_mb; /* the rank's cache, split evenly over its shards
                                     (cache_rows 0: cache_mb, default 256) */
   int threads;           /* worker threads per shard server (default 2) */

@@ -264,7 +264,7 @@ static int open_remote(train_job *j) {
   if (c->colocate) {
     job_folders jf;
     job_folders_get(c, 1, &jf); /* the servers' roots */
-    colocate_opts co = {.host = "127.0.0.1", .data_dir = c->data_dir,
+    colocate_opts co = {.host = "127.0.0.1", .data_dir = c->data_dir, .fresh = !c->resume,
                         .cache_rows = c->cache_rows, .cache_mb = c->cache_mb, .threads = 2,
                         .checkpoint_roots = jf.path, .n_roots = jf.n};
     j->colo = colocate_start(j->plan, j->rank, j->size, j->coll, &co, &j->colo_addrs, err,
@@ -356,15 +356,9 @@ static int open_local(train_job *j) {
       data_dir = j->tmp_data_dir;
     } else if (!c->resume) {
       for (int k = 0; k < j->plan->n_shards; k++) {
-        char db[SR_PATH_MAX], p[SR_PATH_MAX];
-        if (ckpt_dir_shard_path(data_dir, k, db, sizeof db) ||
-            sr_path_err(p, sizeof p, err, sizeof err, "%s/CURRENT", db)) {
-          job__errf(j, "--data-dir %s: path too long\n", data_dir);
-          return -1;
-        }
-        if (sr_is_file(p)) {
-          job__errf(j, "--data-dir %s: holds shard databases of an earlier run (%s); "
-                    "remove them, or --resume a checkpoint\n", data_dir, db);
+        char db[SR_PATH_MAX];
+        if (ckpt_dir_shard_db_exists(data_dir, k, db, sizeof db)) {
+          job__errf(j, "--data-dir %s: " COLOCATE_EARLIER_RUN "\n", data_dir, db);
           return -1;
         }
       }

@@ -13,7 +13,8 @@
  *   - resume: a -np 2 run checkpointed at step 30 (each colocated shard
  *     writes its part, shards/shard-K) and resumed with -np 2 gives the
  *     uninterrupted run's losses after step 30 and its test AUC bit for
- *     bit, with rows in memory and with rows in RocksDB (--data-dir);
+ *     bit, with rows in memory and with rows in RocksDB (--data-dir); a
+ *     run not resuming refuses a --data-dir holding an earlier run's rows;
  *   - death: a rank killed mid-job (from outside) stops the whole job,
  *     naming it;
  *   - bench: `shardrec bench dp` on a small set prints its table.
@@ -120,6 +121,14 @@ static void resume_case(const char *tag, int rocks) {
     struct stat st;
     snprintf(p, sizeof p, "%s/%s.ck/step-30/shards/shard-%d", dp_dir, tag, k);
     ck_assert_msg(stat(p, &st) == 0, "no %s", p);
+  }
+  if (rocks) { /* a job starting afresh on the rows that run left: refused on every rank */
+    char again[900];
+    snprintf(again, sizeof again, "--mini-batch-size 128 --num-batches 2 %s", dd);
+    ck_assert_int_eq(train("rocks_again", 2, "d.bin", "p.json", again, &out), 1);
+    ck_assert_msg(strstr(out, "rank 1: --colocate-shards: ") &&
+                      strstr(out, ".rows1: holds shard databases of an earlier run"), "%s", out);
+    free(out);
   }
   if (rocks) snprintf(dd, sizeof dd, "--data-dir %s/%s.rows2 --cache-rows 4096", dp_dir, tag);
   snprintf(res, sizeof res, "--mini-batch-size 128 --num-batches 60 --resume %s/%s.ck/step-30 %s",
