@@ -435,9 +435,17 @@ static int load_checks(const train_ckpt_info *ci, const char *path, const emb_pl
     return SR_EMISMATCH;
   }
   if (store_kind && strcmp(ci->store_kind, store_kind)) {
-    sr_fmt(err, errlen, "%s: holds rows of the %s store; this run uses the %s store "
-           "(%s --data-dir/--cache-rows/--cache-mb)", path, ci->store_kind, store_kind,
-           !strcmp(store_kind, "local") ? "add" : "drop");
+    /* What this run's flags would have to say for the checkpoint's store. */
+    const char *ck = ci->store_kind, *hint =
+        !strcmp(ck, "remote") ? "give --shard-servers or --colocate-shards, as the run that wrote it"
+        : !strcmp(store_kind, "remote") ? (!strcmp(ck, "shard") ? "drop --shard-servers or "
+                                           "--colocate-shards, give --data-dir/--cache-rows/--cache-mb"
+                                                               : "drop --shard-servers or "
+                                                                 "--colocate-shards")
+        : !strcmp(store_kind, "local") ? "add --data-dir/--cache-rows/--cache-mb"
+                                       : "drop --data-dir/--cache-rows/--cache-mb";
+    sr_fmt(err, errlen, "%s: holds rows of the %s store; this run uses the %s store (%s)", path,
+           ck, store_kind, hint);
     return SR_EMISMATCH;
   }
   const char *dopt = jstr(cJSON_GetObjectItemCaseSensitive(man, "settings"), "dense_optimizer");

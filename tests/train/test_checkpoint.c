@@ -324,8 +324,12 @@ START_TEST(test_refusals) {
   /* Other model (seed). */
   train_says(1, "--cache-rows 1024 --num-batches 20 --seed 7 --resume r",
              "manifest.json: written for model fingerprint");
-  /* Other store kind. */
-  train_says(1, "--num-batches 20 --resume r", "holds rows of the shard store");
+  /* Other store kind, and what the flags would have to say. */
+  train_says(1, "--num-batches 20 --resume r",
+             "holds rows of the shard store; this run uses the local store (add --data-dir");
+  train_says(1, "--num-batches 20 --colocate-shards --resume r",
+             "holds rows of the shard store; this run uses the remote store (drop --shard-servers "
+             "or --colocate-shards, give --data-dir");
   /* Other batch size. */
   train_says(1, "--cache-rows 1024 --num-batches 20 --resume r --mini-batch-size 32", "--mini-batch-size 64");
   /* A damaged dense file (same size). */
