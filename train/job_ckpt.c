@@ -79,6 +79,10 @@ int job__resume_mapping(train_job *j) {
     return -1;
   }
   if (j->grow) printf("data   %s\n", msg);
+  if (j->ck_xf && !ds_source_transform(j->train) && j->rank == 0)
+    printf("note   %s records no data mapping (ids mapped outside shardrec): this job's "
+           "checkpoints record none either, so raw rows cannot be scored with them (%s's "
+           "mapping is not carried over)\n", j->data_path, j->cfg->resume);
   return 0;
 }
 

@@ -219,6 +219,22 @@ START_TEST(test_model_without_transform) {
                 "%s", out);
   free(out);
   assert_nothing_written();
+  /* A model that records one, trained on raw ids: the job says its checkpoints
+   * will record no mapping (the model's is not carried to ids it did not map),
+   * and they record none. */
+  static int32_t zero[500][40]; /* every id 0: within every table */
+  for (int i = 0; i < 500; i++)
+    for (int k = 0; k < 14; k++) zero[i][k] = k == 0 ? i % 2 : (i + k) % 20;
+  snprintf(path, sizeof path, "%s/z.int32", dir);
+  file_put_bytes(path, zero, sizeof zero);
+  out = in_dir(0, "%s train --resume ck --plan ck/plan.json --processed-data-file z.int32 " TRAIN
+                  "--save-checkpoint ckz", bin_path());
+  ck_assert_msg(strstr(out, "note   z.int32 records no data mapping (ids mapped outside shardrec): "
+                            "this job's checkpoints record none either"), "%s", out);
+  free(out);
+  out = in_dir(0, "%s inspect ckz", bin_path());
+  ck_assert_msg(strstr(out, "data transform: none recorded"), "%s", out);
+  free(out);
   /* inspect says which model has one. */
   out = in_dir(0, "%s inspect ck0", bin_path());
   ck_assert_msg(strstr(out, "data transform: none recorded"), "%s", out);
