@@ -415,10 +415,31 @@ static void drop_fold(emb_ckpt_store *cs) {
   cs->fold_dir = NULL;
 }
 
+/* Whether data_dir (the shard store's folder, which it writes) and the
+ * folder holding checkpoint dir (ROOT of ROOT/step-N: its other steps are
+ * a chain's links) overlap, either in the other: 1 with the reason in err.
+ * A path that cannot be resolved is left to the open to report. */
+static int data_dir_overlaps(const char *dir, const char *data_dir, char *err, size_t errlen) {
+  char root[SR_PATH_MAX], data[SR_PATH_MAX], any[SR_PATH_MAX], e[512];
+  if (sr_path_confine("/", dir, root, sizeof root, e, sizeof e) ||
+      sr_path_confine("/", data_dir, data, sizeof data, e, sizeof e))
+    return 0;
+  char *slash = strrchr(root, '/');
+  if (slash && slash != root) *slash = '\0';
+  if (sr_path_confine(root, data, any, sizeof any, e, sizeof e) &&
+      sr_path_confine(data, root, any, sizeof any, e, sizeof e))
+    return 0;
+  snprintf(err, errlen, "--data-dir %s (%s) overlaps the checkpoint's folder %s: the shard store "
+           "writes its databases there, and a checkpoint is only read; give a folder apart from it",
+           data_dir, data, root);
+  return 1;
+}
+
 int emb_ckpt_store_open(const char *dir, const emb_plan *plan, const emb_ckpt_store_opts *o,
                     emb_ckpt_store *out, char *err, size_t errlen) {
   const char *open = dir;
   memset(out, 0, sizeof *out);
+  if (o->data_dir && data_dir_overlaps(dir, o->data_dir, err, errlen)) return SR_EINVAL;
   int S = plan->n_shards, n_want = o->n_shards ? o->n_shards : S, rc = 0;
   int *want = malloc((size_t)n_want * sizeof *want);
   if (!want) {

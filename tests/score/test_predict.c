@@ -257,6 +257,20 @@ START_TEST(test_refusals) {
   out = in_dir(1, "%s serve --checkpoint ckr --shard 2", bin_path());
   ck_assert_msg(strstr(out, "--shard 2: the checkpoint's plan has shards 0..1"), "%s", out);
   free(out);
+  /* A --data-dir in the checkpoint's folder (a step's shards/, or beside
+   * the steps) would have the shard store write there: refused, the
+   * checkpoint byte for byte as it was. */
+  char *before = in_dir(0, "cd ckr && find . -type f | sort | xargs sha256sum");
+  const char *inside[] = {"\"$(ls -d ckr/step-* | tail -1)/shards\"", "ckr/dd"};
+  for (int i = 0; i < 2; i++) {
+    out = in_dir(1, "%s serve --checkpoint ckr --shard 0 --data-dir %s", bin_path(), inside[i]);
+    ck_assert_msg(strstr(out, "overlaps the checkpoint's folder"), "%s: %s", inside[i], out);
+    free(out);
+  }
+  char *after = in_dir(0, "cd ckr && find . -type f | sort | xargs sha256sum");
+  ck_assert_str_eq(before, after);
+  free(before);
+  free(after);
   /* Bad usage: exit 2. */
   const char *bad[] = {
       "predict --checkpoint ckr --processed-data-file d.bin",                      /* no --out */
