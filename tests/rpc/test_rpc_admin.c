@@ -132,6 +132,23 @@ static void check_rules(emb_store *store, const char *tag) {
   /* ".." after a folder that does not exist cannot be resolved. */
   snprintf(p, sizeof p, "%s/root/nothere/../%s-d", dir, tag);
   ck_assert_int_eq(admin(svc, 0, p, msg, sizeof msg), RPC_INVALID_ARGUMENT);
+  /* Into a complete checkpoint step (manifest.json and DONE), at any depth:
+   * refused, nothing made in it; a step still being written takes it. */
+  ck_assert_int_eq(run_cmd(NULL, "cd %s/root && mkdir -p %s-ck/step-5/shards && touch "
+                                 "%s-ck/step-5/manifest.json %s-ck/step-5/DONE", dir, tag, tag,
+                           tag), 0);
+  const char *in_step[2] = {"%s/root/%s-ck/step-5/shards", "%s/root/%s-ck/step-5/x/y"};
+  for (int i = 0; i < 2; i++) {
+    snprintf(p, sizeof p, in_step[i], dir, tag);
+    ck_assert_int_eq(admin(svc, 0, p, msg, sizeof msg), RPC_FAILED_PRECONDITION);
+    ck_assert_msg(strstr(msg, "lies in the complete checkpoint") && strstr(msg, "step-5"), "%s",
+                  msg);
+  }
+  ck_assert_int_eq(run_cmd(NULL, "cd %s/root/%s-ck/step-5 && test \"$(ls | tr '\\n' ' ')\" = "
+                                 "'DONE manifest.json shards ' && ! ls shards/*", dir, tag), 0);
+  ck_assert_int_eq(run_cmd(NULL, "rm %s/root/%s-ck/step-5/DONE", dir, tag), 0);
+  snprintf(p, sizeof p, "%s/root/%s-ck/step-5/shards", dir, tag);
+  ck_assert_msg(admin(svc, 0, p, msg, sizeof msg) == RPC_OK, "%s", msg);
   /* Restore from a folder whose shard folder is a symlink out of the root. */
   ck_assert_int_eq(run_cmd(NULL, "cd %s && mkdir -p out/%s-e root/%s-e && ln -s %s/out/%s-e "
                                  "root/%s-e/shard-0", dir, tag, tag, dir, tag, tag), 0);
@@ -351,8 +368,11 @@ START_TEST(test_trainer_checks_root) {
   server_start(&s, args, log);
   char path[900], msg[600];
   snprintf(path, sizeof path, "%s/root/ck/step-4/shards", data);
-  ck_assert_int_eq(remote_admin(s.addr, data, 0, path, msg, sizeof msg), RPC_ALREADY_EXISTS);
-  ck_assert_msg(strstr(msg, "shard-0") && strstr(msg, "exists"), "%s", msg);
+  ck_assert_int_eq(remote_admin(s.addr, data, 0, path, msg, sizeof msg), RPC_FAILED_PRECONDITION);
+  ck_assert_msg(strstr(msg, "lies in the complete checkpoint") && strstr(msg, "step-4"), "%s", msg);
+  snprintf(path, sizeof path, "%s/root/ck/step-4/sub", data); /* the step served: the same */
+  ck_assert_int_eq(remote_admin(s.addr, data, 0, path, msg, sizeof msg), RPC_FAILED_PRECONDITION);
+  ck_assert_int_eq(run_cmd(NULL, "test ! -e '%s/root/ck/step-4/sub'", data), 0);
   snprintf(path, sizeof path, "%s/root/../m2", data);
   ck_assert_int_eq(remote_admin(s.addr, data, 0, path, msg, sizeof msg), RPC_PERMISSION_DENIED);
   ck_assert_msg(strstr(msg, "outside the checkpoint root"), "%s", msg);
