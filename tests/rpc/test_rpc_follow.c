@@ -17,6 +17,7 @@
 #include "tests/check_main.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <sys/stat.h>
 
@@ -71,10 +72,12 @@ static emb_follow *follow(emb_served *sv, const char *ckpt, const char *root,
 
 static emb_follow *F;
 static emb_served SV;
-static atomic_int stop, answered, failed;
+static atomic_int stop, answered, failed, polls;
 
 /* Lookups of ids 0..3 of every table at the oldest held step (step 1 once
- * held), many to one hold of the lock. */
+ * held), many to one hold of the lock, a hold after each of the follower's
+ * polls (taking the lock again at once would starve the follower's swaps
+ * of it: a mutex is not fair). */
 static void *looker(void *p) {
   (void)p;
   const int nt = SV.plan->n_tables;
@@ -88,7 +91,12 @@ static void *looker(void *p) {
     out[t] = malloc(4 * (size_t)SV.plan->tables[t].dim * sizeof(float));
   }
   emb_idset set = {.n_tables = nt, .ids = tid, .counts = counts};
-  while (!atomic_load(&stop)) {
+  for (int seen = 0; !atomic_load(&stop);) {
+    if (atomic_load(&polls) == seen) {
+      sched_yield();
+      continue;
+    }
+    seen = atomic_load(&polls);
     pthread_mutex_lock(&mu);
     for (int k = 0; k < 64; k++) {
       int64_t step;
@@ -117,6 +125,7 @@ START_TEST(held_steps_grow_under_lookups) {
     ck_assert_msg(ev.what == EMB_FOLLOW_SWAPPED, "step %lld refused: %s", (long long)ev.step,
                   ev.msg);
     swaps++;
+    atomic_fetch_add(&polls, 1);
   }
   atomic_store(&stop, 1);
   pthread_join(th, NULL);
