@@ -19,6 +19,7 @@ struct rpc_pinned {
   size_t held, rows, bytes;       /* budget share; rows and row bytes pinned */
   uint8_t *head;                  /* [head_len] tags and lengths */
   size_t head_len, n;
+  int named;                      /* the answer names the checkpoint step (rpc__answer_step) */
   rpc_piece piece[];              /* [n] */
 };
 
@@ -90,7 +91,7 @@ static void pinned_layout(rpc_pinned *a, const Shardrec__V1__LookupRequest *q, c
   uint8_t *from = p;
   *p++ = 0x10; /* LookupResponse.incarnation */
   p = rpc__varint_put(p, a->s->incarnation);
-  p = rpc__answer_step(a->s, p, a->s->ckpt_step); /* pinned only without versions */
+  p = rpc__answer_step(p, a->named, a->s->ckpt_step); /* pinned only without versions */
   piece_head(a, from, p);
   a->head_len = (size_t)(p - a->head);
 }
@@ -115,12 +116,16 @@ int rpc__answer_pinned(rpc_service *s, const Shardrec__V1__LookupRequest *q, con
   pthread_mutex_lock(&s->mu);
   if (q->header->step > s->hi_step) s->hi_step = q->header->step;
   emb_pins *pins = NULL;
-  int rc = s->store->ops->lookup_pinned(s->store, q->header->step, set,
-                                        (const float **const *)rows, &pins);
-  if (rc && rc != SR_ESTATE) snprintf(r->msg, sizeof r->msg, "lookup: %s", emb_store_errmsg(s->store));
+  const int named = s->from_ckpt; /* the rows pinned now are its checkpoint's */
+  int rc = q->step_asked && !named ? rpc__check_one_step(s, q->at_step, r)
+           : s->store->ops->lookup_pinned(s->store, q->header->step, set,
+                                          (const float **const *)rows, &pins);
+  if (rc && rc != SR_ESTATE && !r->status)
+    snprintf(r->msg, sizeof r->msg, "lookup: %s", emb_store_errmsg(s->store));
   pthread_mutex_unlock(&s->mu);
   if (!rc) {
-    *a = (rpc_pinned){.s = s, .unpin = s->store->ops->pins_release, .pins = pins, .head = head};
+    *a = (rpc_pinned){.s = s, .unpin = s->store->ops->pins_release, .pins = pins, .head = head,
+                      .named = named};
     pinned_layout(a, q, idx, (const float *const *const *)rows);
     atomic_fetch_add(&s->refs, 1); /* for rpc_pinned_release */
     atomic_fetch_add(&s->pin_rows, a->rows);
@@ -139,6 +144,6 @@ int rpc__answer_pinned(rpc_service *s, const Shardrec__V1__LookupRequest *q, con
   free(ptr);
   free(rows);
   if (rc == SR_ESTATE) return 0;
-  if (rc) r->status = RPC_INTERNAL;
+  if (rc && !r->status) r->status = RPC_INTERNAL;
   return 1;
 }

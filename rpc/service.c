@@ -470,8 +470,11 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
   int64_t step = s->ckpt_step; /* the checkpoint step answered from */
   const rpc_service_versions *v = s->versions;
   pthread_mutex_lock(&s->mu);
-  const int vs = v ? v->pick(v->ctx, q->at_step, q->step_asked, &step, r->msg, sizeof r->msg)
-                   : RPC_OK;
+  const int named = s->from_ckpt; /* the rows read now are its checkpoint's */
+  const int vs = v                        ? v->pick(v->ctx, q->at_step, q->step_asked, &step, r->msg,
+                                                    sizeof r->msg)
+                 : q->step_asked && !named ? rpc__check_one_step(s, q->at_step, r)
+                                           : RPC_OK;
   if (q->header->step > s->hi_step) s->hi_step = q->header->step;
   int rc = vs       ? 0
            : direct ? emb_store_lookup_begin_rows16(s->store, q->header->step, &set, (void *const *)outp)
@@ -484,7 +487,7 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
   else if (rc) r->status = RPC_INTERNAL;
   else {
     if (!direct) rpc__answer_encode16(s->plan, q, idx, r->out, rows_at, outp);
-    r->out_len = (size_t)(rpc__answer_step(s, r->out + r->out_len, step) - r->out);
+    r->out_len = (size_t)(rpc__answer_step(r->out + r->out_len, named, step) - r->out);
   }
 out:
   if (f16 != &rpc__no_rows16) free(f16);
@@ -726,6 +729,7 @@ static void do_checkpoint(rpc_service *s, const uint8_t *in, size_t len, rpc_rep
     FAIL(r, RPC_INVALID_ARGUMENT, "%s: path %.400s: too long", what, real);
   pthread_mutex_lock(&s->mu);
   r->status = restore ? restore_from(s, real, dir, delta, r) : checkpoint_to(s, real, dir, delta, r);
+  if (restore && !r->status) s->from_ckpt = 0; /* other rows than its checkpoint's */
   pthread_mutex_unlock(&s->mu);
   if (r->status) goto out;
   if (restore) {

@@ -62,7 +62,10 @@ struct rpc_service {
   char xf_fp[SR_SHA256_HEX]; /* their SHA-256 hex; "": none */
   void (*observe)(void *, rpc_method, int, const char *, double, size_t, size_t);
   void *observe_ctx;
-  int from_ckpt;        /* Lookup answers name their checkpoint step */
+  atomic_int from_ckpt; /* Lookup answers name their checkpoint step: set at start when
+                           serving a checkpoint, cleared under mu by the first Restore,
+                           Push taken or Remove (other rows since); read under mu for an
+                           answer's rows, without it for an early refusal only */
   int64_t ckpt_step;    /* that step, without versions */
   const rpc_service_versions *versions; /* borrowed; NULL: one step */
   size_t pin_min;       /* rows of at least this many bytes answered pinned; 0: never */
@@ -82,9 +85,10 @@ struct rpc_service {
 void rpc__service_unref(rpc_service *s);
 
 /* LookupResponse.step and from_checkpoint of an answer at step, at p (at
- * most RPC_STEP_BYTES bytes; none when s serves no checkpoint); past them. */
+ * most RPC_STEP_BYTES bytes; none unless named: the rows were read while
+ * the server's rows were its checkpoint's, from_ckpt under mu); past them. */
 #define RPC_STEP_BYTES 13
-uint8_t *rpc__answer_step(const rpc_service *s, uint8_t *p, int64_t step);
+uint8_t *rpc__answer_step(uint8_t *p, int named, int64_t step);
 /* A Lookup asking for step asked (at_step) of a server without versions:
  * RPC_OK when it serves that checkpoint step, else the refusal in r
  * (UNAVAILABLE for a newer step, FAILED_PRECONDITION otherwise). */

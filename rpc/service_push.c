@@ -139,6 +139,7 @@ void rpc__push(rpc_service *s, const uint8_t *in, size_t len, int defer, rpc_rep
   rpc_coord_grads p = {.lr = q->learning_rate, .set = &set, .grads = grads};
   pthread_mutex_lock(&s->mu);
   rpc_coord_outcome o = rpc_coord_push(s->coord, &k, &p, sr_now(), r->msg, sizeof r->msg);
+  if (o == RPC_COORD_GO) s->from_ckpt = 0; /* its rows are no longer the checkpoint's */
   pthread_mutex_unlock(&s->mu);
   if (o != RPC_COORD_GO && o != RPC_COORD_RETRY) {
     r->status = rpc__coord_status(o);

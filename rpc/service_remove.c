@@ -64,6 +64,7 @@ void rpc__remove(rpc_service *s, const uint8_t *in, size_t len, int defer, rpc_r
     emb_idset set = {.n_tables = nt, .ids = ids, .counts = counts};
     pthread_mutex_lock(&s->mu);
     int rc = total ? emb_store_remove(s->store, q->header->step, &set) : 0;
+    if (total) s->from_ckpt = 0; /* its rows are no longer the checkpoint's */
     if (rc) {
       r->status = rc == SR_EUNSUPPORTED ? RPC_FAILED_PRECONDITION : RPC_INTERNAL;
       snprintf(r->msg, sizeof r->msg, "Remove of step %lld: %s", (long long)q->header->step,

@@ -15,8 +15,8 @@ void rpc_service_exclusive(rpc_service *s, void (*fn)(void *ctx), void *ctx) {
   pthread_mutex_unlock(&s->mu);
 }
 
-uint8_t *rpc__answer_step(const rpc_service *s, uint8_t *p, int64_t step) {
-  if (!s->from_ckpt) return p;
+uint8_t *rpc__answer_step(uint8_t *p, int named, int64_t step) {
+  if (!named) return p;
   *p++ = 0x18; /* LookupResponse.step */
   p = rpc__varint_put(p, (uint64_t)step);
   *p++ = 0x20; /* LookupResponse.from_checkpoint */
@@ -32,7 +32,8 @@ int rpc__check_one_step(const rpc_service *s, int64_t asked, rpc_reply *r) {
              "of step %lld only", (long long)asked, (long long)s->ckpt_step);
   else
     snprintf(r->msg, sizeof r->msg, "at_step: step %lld asked, this server serves a plan's rows, "
-             "no checkpoint's", (long long)asked);
+             "no checkpoint's (or a checkpoint's changed since by a Restore, Push or Remove)",
+             (long long)asked);
   return r->status;
 }
 

@@ -7,6 +7,8 @@
  *     sanitizer build catches a held list moved under a Lookup);
  *   - a following service refuses Restore FAILED_PRECONDITION, naming why;
  *     its rows and the step its answers name are unchanged after it;
+ *   - one that does not follow names its checkpoint's step until a Restore
+ *     or a Push changes its rows, then none, and refuses at_step of it;
  *   - 70 damaged checkpoints above the served step and a good one after
  *     them: each refused once, then the good one swapped to; 70 step-N
  *     folders without DONE above it: each reported incomplete once;
@@ -159,9 +161,12 @@ static int pick(void *ctx, int64_t a, int sa, int64_t *st, char *m, size_t l) {
                                                                  : RPC_FAILED_PRECONDITION;
 }
 
-/* A Lookup of ids 0..7 of every table: the rows answered (malloc'd, *n
- * bytes) and the step the answer names. */
-static uint8_t *lookup(const emb_plan *p, const char *fp, int64_t *step, size_t *n) {
+/* A Lookup of ids 0..7 of every table (at_step at when at >= 0): the rows
+ * answered (malloc'd, *n bytes) and the step the answer names (-1: none);
+ * a refusal's status into *status when status is not NULL (NULL rows),
+ * else it fails the test. */
+static uint8_t *lookup_at(const emb_plan *p, const char *fp, int64_t at, int *status,
+                          int64_t *step, size_t *n) {
   static int64_t req;
   Shardrec__V1__RequestHeader h = SHARDREC__V1__REQUEST_HEADER__INIT;
   h.plan_fingerprint = (char *)fp;
@@ -181,12 +186,19 @@ static uint8_t *lookup(const emb_plan *p, const char *fp, int64_t *step, size_t 
   q.header = &h;
   q.n_tables = (size_t)p->n_tables;
   q.tables = tp;
+  q.step_asked = at >= 0;
+  q.at_step = at >= 0 ? at : 0;
   size_t len = shardrec__v1__lookup_request__get_packed_size(&q);
   uint8_t *buf = malloc(len);
   shardrec__v1__lookup_request__pack(&q, buf);
   rpc_reply r;
   rpc_service_handle(SVC, RPC_LOOKUP, buf, len, &r);
   free(buf);
+  if (status) *status = r.status;
+  if (status && r.status) {
+    free(r.out);
+    return NULL;
+  }
   ck_assert_msg(r.status == 0, "Lookup: %d %s", r.status, r.msg);
   Shardrec__V1__LookupResponse *a = shardrec__v1__lookup_response__unpack(NULL, r.out_len, r.out);
   ck_assert_ptr_nonnull(a);
@@ -197,10 +209,14 @@ static uint8_t *lookup(const emb_plan *p, const char *fp, int64_t *step, size_t 
     memcpy(o, a->tables[t]->rows.data, a->tables[t]->rows.len);
     o += a->tables[t]->rows.len;
   }
-  *step = a->step;
+  *step = a->from_checkpoint ? a->step : -1;
   shardrec__v1__lookup_response__free_unpacked(a, NULL);
   free(r.out);
   return rows;
+}
+
+static uint8_t *lookup(const emb_plan *p, const char *fp, int64_t *step, size_t *n) {
+  return lookup_at(p, fp, -1, NULL, step, n);
 }
 
 /* Checkpoint (restore 0) or Restore of path: the status, msg the message. */
@@ -258,6 +274,73 @@ START_TEST(restore_refused_while_following) {
   rpc_service_destroy(SVC);
   emb_follow_destroy(f);
   emb_served_close(&sv);
+}
+END_TEST
+
+/* A server of a checkpoint that does not follow: its answers name the
+ * checkpoint's step and take at_step of it, until a Restore (here of the
+ * same rows, checkpointed) replaces its rows: then they name no step, and
+ * a Lookup at that step is refused; a Push does the same on a server that
+ * takes them. */
+START_TEST(rows_changed_name_no_step) {
+  for (int push = 0; push < 2; push++) {
+    emb_served sv;
+    int shards[1] = {0};
+    char err[1024], fp[EMB_FP_HEX], msg[512];
+    emb_served_opts o = {.checkpoint = at("C/step-%d", STEPS), .shards = shards, .n_shards = 1};
+    ck_assert_msg(!emb_served_open(&o, &sv, err, sizeof err), "%s", err);
+    emb_plan_fingerprint(sv.plan, fp);
+    const char *roots[1] = {at("roots%d", push)};
+    ck_assert_int_eq(mkdir(roots[0], 0755), 0);
+    rpc_service_opts so = {.shards = shards, .n_shards = 1, .checkpoint_roots = roots,
+                           .n_roots = 1, .from_checkpoint = 1, .step = sv.step};
+    SVC = rpc_service_create(sv.plan, sv.store, &so, err, sizeof err);
+    ck_assert_msg(SVC != NULL, "%s", err);
+    int64_t s1, s2;
+    size_t n1, n2;
+    int st;
+    uint8_t *r1 = lookup_at(sv.plan, fp, STEPS, NULL, &s1, &n1);
+    ck_assert_int_eq(s1, STEPS);
+    if (!push) {
+      ck_assert_msg(!admin(fp, 0, at("roots0/ck"), msg, sizeof msg), "Checkpoint: %s", msg);
+      ck_assert_msg(!admin(fp, 1, at("roots0/ck"), msg, sizeof msg), "Restore: %s", msg);
+    } else {
+      Shardrec__V1__RequestHeader h = SHARDREC__V1__REQUEST_HEADER__INIT;
+      h.plan_fingerprint = fp;
+      h.job_id = "p";
+      h.step = 1000;
+      h.world_size = 1;
+      uint64_t id = 0;
+      float g[EMB_MAX_DIM] = {1};
+      Shardrec__V1__TableGrads tg = SHARDREC__V1__TABLE_GRADS__INIT, *tgp = &tg;
+      tg.table_id = sv.plan->tables[0].table_id;
+      tg.n_ids = 1;
+      tg.ids = &id;
+      tg.grads.len = (size_t)sv.plan->tables[0].dim * sizeof(float);
+      tg.grads.data = (uint8_t *)g;
+      Shardrec__V1__PushRequest q = SHARDREC__V1__PUSH_REQUEST__INIT;
+      q.header = &h;
+      q.learning_rate = 0.5f;
+      q.n_tables = 1;
+      q.tables = &tgp;
+      uint8_t buf[8192];
+      size_t len = shardrec__v1__push_request__pack(&q, buf);
+      rpc_reply r;
+      rpc_service_handle(SVC, RPC_PUSH, buf, len, &r);
+      ck_assert_msg(r.status == 0, "Push: %d %s", r.status, r.msg);
+      free(r.out);
+    }
+    uint8_t *r2 = lookup(sv.plan, fp, &s2, &n2);
+    ck_assert_int_eq(s2, -1);
+    ck_assert_uint_eq(n1, n2);
+    ck_assert(!memcmp(r1, r2, n1) == !push); /* the push changed row 0 of table 0 */
+    ck_assert_ptr_null(lookup_at(sv.plan, fp, STEPS, &st, &s2, &n2));
+    ck_assert_int_eq(st, RPC_FAILED_PRECONDITION);
+    free(r1);
+    free(r2);
+    rpc_service_destroy(SVC);
+    emb_served_close(&sv);
+  }
 }
 END_TEST
 
@@ -336,6 +419,7 @@ static Suite *suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, held_steps_grow_under_lookups);
   tcase_add_test(tc, restore_refused_while_following);
+  tcase_add_test(tc, rows_changed_name_no_step);
   tcase_add_test(tc, many_refused_then_a_good_one);
   tcase_add_test(tc, sigterm_between_looks);
   suite_add_tcase(s, tc);
