@@ -759,6 +759,56 @@ int ckpt_dir_shard_db_exists(const char *dir, int k, char *db, size_t len) {
   return sr_is_file(p);
 }
 
+static int owner_paths(const char *dir, const char *owner, char *file, char *real, char *err,
+                       size_t errlen) {
+  if (sr_path_confine("/", owner, real, SR_PATH_MAX, err, errlen)) return SR_EINVAL;
+  if (sr_path(file, SR_PATH_MAX, "%s/" CKPT_DATA_OWNER, dir)) {
+    sr_fmt(err, errlen, "%s: path too long", dir);
+    return SR_ERANGE;
+  }
+  return 0;
+}
+
+int ckpt_dir_data_claim(const char *dir, const char *owner, char *err, size_t errlen) {
+  char file[SR_PATH_MAX], real[SR_PATH_MAX], tmp[SR_PATH_MAX + 64];
+  int rc = owner_paths(dir, owner, file, real, err, errlen);
+  if (rc) return rc;
+  if (sr_mkdirs(dir)) {
+    sr_fmt(err, errlen, "%s: cannot create it: %s", dir, strerror(errno));
+    return SR_EIO;
+  }
+  snprintf(tmp, sizeof tmp, "%s.%ld", file, (long)getpid());
+  FILE *f = fopen(tmp, "w");
+  int ok = f && fprintf(f, "%s\n", real) > 0;
+  ok = f && !fclose(f) && ok && !rename(tmp, file);
+  if (!ok) {
+    sr_fmt(err, errlen, "%s: cannot write it: %s", file, strerror(errno));
+    unlink(tmp);
+    return SR_EIO;
+  }
+  return 0;
+}
+
+int ckpt_dir_data_claimed_by(const char *dir, const char *owner) {
+  char file[SR_PATH_MAX], real[SR_PATH_MAX], got[SR_PATH_MAX + 2], err[256];
+  if (owner_paths(dir, owner, file, real, err, sizeof err)) return 0;
+  FILE *f = fopen(file, "r");
+  if (!f) return 0;
+  int same = fgets(got, sizeof got, f) && (got[strcspn(got, "\n")] = 0, !strcmp(got, real));
+  fclose(f);
+  return same;
+}
+
+int ckpt_dir_fresh_shard(const char *dir, int k, const char *owner, int *removed, char *db,
+                         size_t len) {
+  *removed = 0;
+  if (!ckpt_dir_shard_db_exists(dir, k, db, len)) return 0;
+  if (!owner || !ckpt_dir_data_claimed_by(dir, owner)) return SR_EEXISTS;
+  if (sr_rmtree(db)) return SR_EIO;
+  *removed = 1;
+  return 0;
+}
+
 int ckpt_dir_server_path(const char *dir, const int *shards, int n, char *buf, size_t len) {
   if (n < 1) return SR_EINVAL;
   int rc = sr_path(buf, len, "%s/shard", dir);

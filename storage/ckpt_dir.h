@@ -271,6 +271,27 @@ int ckpt_dir_shard_path(const char *dir, int k, char *buf, size_t len);
  * its folder in db (db[len]), 0 (db "" when the path is too long). */
 int ckpt_dir_shard_db_exists(const char *dir, int k, char *db, size_t len);
 
+/* The file of a data folder naming the checkpoint folder of the job with
+ * --auto-resume that made its databases (ckpt_dir_data_claim): such a job
+ * restarted before its first checkpoint finds them again as its own. */
+#define CKPT_DATA_OWNER ".shardrec-owner"
+
+/* Write dir/CKPT_DATA_OWNER naming the folder owner (resolved), through a
+ * temporary renamed into place. 0, or SR_E* with the reason in err. */
+int ckpt_dir_data_claim(const char *dir, const char *owner, char *err, size_t errlen);
+
+/* 1 when dir/CKPT_DATA_OWNER names the folder owner (resolved), else 0. */
+int ckpt_dir_data_claimed_by(const char *dir, const char *owner);
+
+/* Shard k's database in dir (its folder into db[len]) before a job starts
+ * afresh on dir: 0 when there is none, or when owner (NULL: none) claims
+ * dir and the database was removed (*removed set: the leftovers of that
+ * job's start before its first checkpoint); SR_EEXISTS when one is there
+ * (an earlier run's rows, which a fresh job must not take for its own);
+ * SR_EIO when it cannot be removed. */
+int ckpt_dir_fresh_shard(const char *dir, int k, const char *owner, int *removed, char *db,
+                         size_t len);
+
 /* dir/shard-K1-K2-...: the folder of one server serving shards[n] (n >= 1),
  * in that order. */
 int ckpt_dir_server_path(const char *dir, const int *shards, int n, char *buf, size_t len);

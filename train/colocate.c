@@ -118,10 +118,15 @@ static int server_start(co_server *s, const emb_plan *plan, int k, const colocat
     return SR_EINVAL;
   }
   char db[SR_PATH_MAX];
-  if (o->data_dir && o->fresh && ckpt_dir_shard_db_exists(o->data_dir, k, db, sizeof db)) {
-    sr_fmt(err, errlen, "--data-dir %s: " COLOCATE_EARLIER_RUN, o->data_dir, db);
-    return SR_EEXISTS;
-  }
+  int removed, rc = o->data_dir && o->fresh
+                        ? ckpt_dir_fresh_shard(o->data_dir, k, o->owner, &removed, db, sizeof db)
+                        : 0;
+  if (rc == SR_EEXISTS) sr_fmt(err, errlen, "--data-dir %s: " COLOCATE_EARLIER_RUN, o->data_dir, db);
+  else if (rc) sr_fmt(err, errlen, "--data-dir %s: cannot remove %s", o->data_dir, db);
+  if (rc) return rc;
+  if (removed) printf(COLOCATE_LEFTOVER, o->data_dir, db, o->owner);
+  if (o->data_dir && o->owner && (rc = ckpt_dir_data_claim(o->data_dir, o->owner, err, errlen)))
+    return rc;
   if (o->data_dir) {
     /* The rank's cache budget is shared by its shards, each with a store of
      * its own. */

@@ -31,13 +31,21 @@ typedef struct colocate colocate;
 /* The refusal of an earlier run's shard database (printf: its folder). */
 #define COLOCATE_EARLIER_RUN \
   "holds shard databases of an earlier run (%s); remove them, or --resume a checkpoint"
+/* The note of one a start of this --auto-resume job left (printf: --data-dir,
+ * the database's folder, the --save-checkpoint folder). */
+#define COLOCATE_LEFTOVER \
+  "note   --data-dir %s: %s, left by a start of this job before its first checkpoint in %s: " \
+  "removed, the job starts afresh\n"
 
 typedef struct colocate_opts {
   const char *host;      /* address the servers listen on and advertise ("127.0.0.1") */
   const char *data_dir;  /* NULL: rows in memory (local store); else RocksDB shard store
                             under data_dir/shard-K with the cache below */
   int fresh;             /* a job not resuming: a database already at data_dir/shard-K
-                            (an earlier run's rows) is refused, COLOCATE_EARLIER_RUN */
+                            (an earlier run's rows) is refused, COLOCATE_EARLIER_RUN,
+                            unless owner claims data_dir (ckpt_dir_fresh_shard) */
+  const char *owner;     /* a fresh --auto-resume job: its --save-checkpoint folder, which
+                            it claims data_dir for; NULL: none */
   uint64_t cache_rows, cache_mb; /* the rank's cache, split evenly over its shards
                                     (cache_rows 0: cache_mb, default 256) */
   int threads;           /* worker threads per shard server (default 2) */

@@ -265,6 +265,7 @@ static int open_remote(train_job *j) {
     job_folders jf;
     job_folders_get(c, 1, &jf); /* the servers' roots */
     colocate_opts co = {.host = "127.0.0.1", .data_dir = c->data_dir, .fresh = !c->resume,
+                        .owner = c->resume ? NULL : job__fresh_owner(c),
                         .cache_rows = c->cache_rows, .cache_mb = c->cache_mb, .threads = 2,
                         .checkpoint_roots = jf.path, .n_roots = jf.n};
     j->colo = colocate_start(j->plan, j->rank, j->size, j->coll, &co, &j->colo_addrs, err,
@@ -355,12 +356,20 @@ static int open_local(train_job *j) {
       }
       data_dir = j->tmp_data_dir;
     } else if (!c->resume) {
+      const char *owner = job__fresh_owner(c);
       for (int k = 0; k < j->plan->n_shards; k++) {
         char db[SR_PATH_MAX];
-        if (ckpt_dir_shard_db_exists(data_dir, k, db, sizeof db)) {
-          job__errf(j, "--data-dir %s: " COLOCATE_EARLIER_RUN "\n", data_dir, db);
+        int removed, rc = ckpt_dir_fresh_shard(data_dir, k, owner, &removed, db, sizeof db);
+        if (rc) {
+          if (rc == SR_EEXISTS) job__errf(j, "--data-dir %s: " COLOCATE_EARLIER_RUN "\n", data_dir, db);
+          else job__errf(j, "--data-dir %s: cannot remove %s\n", data_dir, db);
           return -1;
         }
+        if (removed) printf(COLOCATE_LEFTOVER, data_dir, db, owner);
+      }
+      if (owner && ckpt_dir_data_claim(data_dir, owner, err, sizeof err)) {
+        job__errf(j, "--data-dir %s\n", err);
+        return -1;
       }
     }
     emb_shard_config sc;

@@ -316,6 +316,24 @@ START_TEST(test_refusals) {
   free(out);
   /* The live data folder holds databases: a fresh run is refused. */
   train_says(1, "--cache-rows 1024 --num-batches 10 --data-dir live", "holds shard databases");
+  /* An --auto-resume job stopped before its first checkpoint (its steps
+   * removed here) starts again on the databases it made: they are its own
+   * (claimed for its --save-checkpoint folder), removed, and the job ends
+   * as one never stopped; another --auto-resume job is still refused them. */
+  free(train(0, "--cache-rows 1024 --num-batches 6 --data-dir ar --save-checkpoint arck "
+                "--auto-resume"));
+  free(train(0, "--cache-rows 1024 --num-batches 6 --data-dir ar0 --save-checkpoint ar0ck"));
+  int rc1 = run_cmd(&out, "cd %s && rm -r arck/step-6 && ls ar/shard-0/CURRENT", dir);
+  ck_assert_msg(rc1 == 0, "%s", out);
+  free(out);
+  train_says(1, "--cache-rows 1024 --num-batches 6 --data-dir ar --save-checkpoint other "
+                "--auto-resume", "holds shard databases of an earlier run (ar/shard-0)");
+  train_says(0, "--cache-rows 1024 --num-batches 6 --data-dir ar --save-checkpoint arck "
+                "--auto-resume", "note   --data-dir ar: ar/shard-0, left by a start of this job "
+                "before its first checkpoint in arck: removed, the job starts afresh");
+  rc1 = run_cmd(&out, "cd %s && cmp arck/step-6/dense.bin ar0ck/step-6/dense.bin", dir);
+  ck_assert_msg(rc1 == 0, "%s", out);
+  free(out);
   /* ... and --resume replaces them from the checkpoint. */
   out = train(0, "--cache-rows 1024 --num-batches 12 --data-dir live --resume r");
   free(out);
