@@ -690,6 +690,7 @@ static int job_loop(train_job *j) {
     j->ck_parent = -1; /* restored: the next checkpoint is full */
     job_rewind(cur, &j->q, &j->ckst, c->batch, !job__print_due(j, j->ckst.step), sr_now());
     trainer_ahead_drop(j->t);
+    if (job__metrics_out_rewound(j)) return -1;
   }
   return o == STEP_DONE ? 0 : -1;
 }

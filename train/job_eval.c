@@ -146,6 +146,13 @@ int job__metrics_out_resume(train_job *j) {
   return -1;
 }
 
+int job__metrics_out_rewound(train_job *j) {
+  if (j->rank != 0 || !j->metrics) return 0;
+  fclose(j->metrics);
+  j->metrics = NULL;
+  return job__metrics_out_resume(j);
+}
+
 void job__eval_close(train_job *j) {
   if (j->metrics) fclose(j->metrics);
   j->metrics = NULL;

@@ -278,6 +278,10 @@ int job__eval_open(train_job *j);
  * only from a checkpoint that records the progress figures). What was
  * dropped is said on stdout. 0 or -1 (printed). */
 int job__metrics_out_resume(train_job *j);
+/* After a recovery rewound the job (rank 0, --metrics-out open): the file
+ * cut back to the checkpoint's step as job__metrics_out_resume does, so the
+ * replayed steps' lines are not there twice. 0 or -1 (message printed). */
+int job__metrics_out_rewound(train_job *j);
 /* The whole test split read once through its checks (a bin file's labels,
  * dense values and ids), so that a bad test record stops the job before
  * its first step rather than at its first test pass; then rewound. 0 or -1
