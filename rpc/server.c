@@ -189,6 +189,15 @@ static void reply(worker *w, call_ctx *c, int status, const char *msg, uint8_t *
   w->live++;
 }
 
+/* Answer c's call refused before the service saw it, counted as the
+ * service counts the calls it answers (rpc_service_note: Stats, metrics,
+ * logs). */
+static void refuse(worker *w, call_ctx *c, int status, const char *msg) {
+  const size_t in = c->payload ? grpc_byte_buffer_length(c->payload) : 0;
+  rpc_service_note(w->st->svc, (rpc_method)c->method, status, msg, 0, in, 0);
+  reply(w, c, status, msg, NULL, 0);
+}
+
 /* Answer c's call with r (the service's reply: r->out or r->pinned); a
  * pinned answer's budget share is given back when gRPC releases its
  * rows (rpc__bb_pinned), the rest (r->held) when c is freed. late: the
@@ -254,7 +263,7 @@ static int authorised(worker *w, call_ctx *c) {
   const char *m = strrchr(rpc_method_path((rpc_method)c->method), '/') + 1;
   snprintf(msg, sizeof msg, "%s refused: client %s is not in --allow-%s (%s)", m, who,
            push ? "push" : "admin", list);
-  reply(w, c, RPC_PERMISSION_DENIED, msg, NULL, 0);
+  refuse(w, c, RPC_PERMISSION_DENIED, msg);
   return 0;
 }
 
@@ -282,17 +291,17 @@ static int handle(worker *w, call_ctx *c) {
     return 0;
   }
   if (gpr_time_cmp(c->deadline, gpr_now(c->deadline.clock_type)) < 0) {
-    reply(w, c, RPC_DEADLINE_EXCEEDED, "deadline passed before the call was handled", NULL, 0);
+    refuse(w, c, RPC_DEADLINE_EXCEEDED, "deadline passed before the call was handled");
     return 0;
   }
   if (!authorised(w, c)) return 0;
   grpc_slice in;
   if (!c->payload) {
-    reply(w, c, RPC_INVALID_ARGUMENT, "no request message", NULL, 0);
+    refuse(w, c, RPC_INVALID_ARGUMENT, "no request message");
     return 0;
   }
   if (rpc__bb_view(c->payload, &in)) {
-    reply(w, c, RPC_RESOURCE_EXHAUSTED, "out of memory reading the request", NULL, 0);
+    refuse(w, c, RPC_RESOURCE_EXHAUSTED, "out of memory reading the request");
     return 0;
   }
   rpc_reply r;

@@ -878,15 +878,20 @@ static void handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t 
     r->held = 0;
   }
   if (r->status == RPC_PARKED || r->status == RPC_DEFERRED) return;
-  double us = 1e6 * (sr_now() - t0);
+  rpc_service_note(s, m, r->status, r->msg, sr_now() - t0, len, r->out_len);
+}
+
+void rpc_service_note(rpc_service *s, rpc_method m, int status, const char *msg, double secs,
+                      size_t in_len, size_t out_len) {
+  const double us = 1e6 * secs;
   pthread_mutex_lock(&s->mu);
   lat_stat *l = &s->lat[m];
   l->calls++;
   l->sum_us += us;
   if (us > l->max_us) l->max_us = us;
-  if (r->status != RPC_OK) s->failed++;
+  if (status != RPC_OK) s->failed++;
   pthread_mutex_unlock(&s->mu);
-  if (s->observe) s->observe(s->observe_ctx, m, r->status, r->msg, us * 1e-6, len, r->out_len);
+  if (s->observe) s->observe(s->observe_ctx, m, status, msg, secs, in_len, out_len);
 }
 
 void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
@@ -927,9 +932,7 @@ static void woken_reply(rpc_service *s, const rpc_coord_woken *w, rpc_reply *r) 
   }
   r->status = rpc__coord_status(w->what);
   snprintf(r->msg, sizeof r->msg, "%s", w->msg);
-  pthread_mutex_lock(&s->mu);
-  s->failed++;
-  pthread_mutex_unlock(&s->mu);
+  rpc_service_note(s, w->watch ? RPC_WATCH : RPC_LOOKUP, r->status, r->msg, 0, w->len, 0);
 }
 
 int rpc_service_take_woken(rpc_service *s, rpc_woken *out, int max) {

@@ -255,6 +255,13 @@ size_t rpc_service_max_ids_for(const emb_plan *plan, size_t max_message_bytes);
 void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
                         rpc_reply *r);
 
+/* A call of method m answered status (msg) without rpc_service_handle_call
+ * (refused before it: an allow list, a deadline already passed, no
+ * request; or a parked call answered later), counted as a handled call is:
+ * Stats' calls and failed_calls, the observe hook (metrics, logs). */
+void rpc_service_note(rpc_service *s, rpc_method m, int status, const char *msg, double secs,
+                      size_t in_len, size_t out_len);
+
 /* Multi-rank jobs (rpc/shardrec.proto, "Multi-rank jobs" and "Rank
  * death"). A Lookup the step coordinator holds (rpc/coord_impl.h) is parked:
  * rpc_service_handle_call answers r->status RPC_PARKED, keeps a copy of

@@ -12,7 +12,9 @@ naming the method otherwise; this server does not follow, so 'ops' SwapAt is
 refused FAILED_PRECONDITION saying so); a client of another CA gets nothing. Checkpoint paths
 inside ROOT are written; outside it, escaping it through '..' or through a
 symlink (ROOT/esc -> OUTSIDE) they are refused PERMISSION_DENIED and nothing
-appears in OUTSIDE; a folder that exists is refused ALREADY_EXISTS. Prints
+appears in OUTSIDE; a folder that exists is refused ALREADY_EXISTS. A call
+refused by the lists counts in Stats as an answered call (push_calls and
+failed_calls one more). Prints
 one line per check and 'all checks passed' at the end; exits 1 on the first
 failure."""
 import os
@@ -105,7 +107,15 @@ for name, ch in (("trainer", trainer), ("ops", ops)):
     expect(name + " GetTransform", call(ch, "GetTransform", pb.GetTransformRequest()),
            "NOT_FOUND", "records no data transform")
 expect("trainer Push", call(trainer, "Push", push), "OK")
+before = call(trainer, "Stats", pb.StatsRequest())[1]
 expect("ops Push", call(ops, "Push", push), "PERMISSION_DENIED", "Push refused")
+# A call refused by the allow lists is counted as any answered call is.
+after = call(trainer, "Stats", pb.StatsRequest())[1]
+counted = (after.push_calls - before.push_calls, after.failed_calls - before.failed_calls)
+print("%s ops Push counted: push_calls +%d, failed_calls +%d" %
+      ((("ok  ",) if counted == (1, 1) else ("FAIL",)) + counted))
+if counted != (1, 1):
+    sys.exit(1)
 push_lookup = pb.PushLookupRequest(
     push=pb.PushRequest(header=header(1), learning_rate=0.1, tables=push.tables),
     lookup=pb.LookupRequest(header=header(2), tables=lookup.tables))
