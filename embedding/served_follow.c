@@ -68,6 +68,7 @@ struct emb_follow {
    * (each held grace_s after it stopped being served: the oldest go first). */
   held_step *held;
   int n_held, cap_held;
+  uint64_t own_rows, own_hits; /* rows the follower itself looked up in the store, and hits */
   /* The follower thread's: checkpoints above the served step refused, and
    * step-N folders above it seen without DONE (those at or below the
    * served step dropped at each look). */
@@ -321,6 +322,8 @@ static void compare_chunk(void *arg) {
   if (!c->rc) c->rc = emb_store_stats_get(f->store, &b);
   if (c->rc) return;
   c->hits += b.hits - a.hits;
+  f->own_rows += b.lookups - a.lookups;
+  f->own_hits += b.hits - a.hits;
   for (size_t r = 0; r < c->n && !c->rc; r++)
     if (memcmp(c->held + r * (size_t)dim, c->vals + r * (size_t)stride,
                (size_t)dim * sizeof(float)))
@@ -583,8 +586,12 @@ static void apply(void *arg) {
     out[t] = u->vals;
   }
   emb_idset set = {.n_tables = nt, .ids = ids, .counts = counts};
-  w->rc = emb_store_lookup_begin(f->store, f->step, &set, out);
+  emb_store_stats a, b;
+  w->rc = emb_store_stats_get(f->store, &a);
+  if (!w->rc) w->rc = emb_store_lookup_begin(f->store, f->step, &set, out);
   if (!w->rc) w->rc = emb_store_lookup_wait(f->store);
+  if (!w->rc) w->rc = emb_store_stats_get(f->store, &b);
+  if (!w->rc) f->own_rows += b.lookups - a.lookups, f->own_hits += b.hits - a.hits;
   if (!w->rc) w->rc = emb_store_restore_delta(f->store, w->dir);
   if (w->rc) {
     sr_fmt(w->err, sizeof w->err, "%s", emb_store_errmsg(f->store));
@@ -891,4 +898,9 @@ void emb_follow_poll(emb_follow *f, emb_follow_event *ev) {
   }
   free(e);
   incomplete(f, ev);
+}
+
+void emb_follow_own_reads(const emb_follow *f, uint64_t *rows, uint64_t *hits) {
+  *rows = f->own_rows;
+  *hits = f->own_hits;
 }

@@ -116,6 +116,12 @@ int emb_follow_swap_at(emb_follow *f, int64_t step, int64_t *served, char *msg, 
 int64_t emb_follow_step(const emb_follow *f);
 double emb_follow_completed(const emb_follow *f);
 
+/* The rows the follower itself read through the store's lookups (to
+ * compare a full checkpoint, to keep the rows an increment replaces) and
+ * how many of them were hits: the store's counts less these are its
+ * clients'. Read under the exclusive section. */
+void emb_follow_own_reads(const emb_follow *f, uint64_t *rows, uint64_t *hits);
+
 /* What emb_follow_pick says of a step asked for. */
 enum {
   EMB_FOLLOW_SERVED = 0, /* answered from *step */

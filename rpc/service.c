@@ -772,13 +772,24 @@ out:
   if (q) shardrec__v1__watch_request__free_unpacked(q, NULL);
 }
 
+/* The store's stats as clients made them: the served versions' own reads
+ * left out. s->mu held. */
+static int store_stats(const rpc_service *s, emb_store_stats *st) {
+  int rc = emb_store_stats_get(s->store, st);
+  uint64_t rows = 0, hits = 0;
+  if (!rc && s->versions && s->versions->own_reads) s->versions->own_reads(s->versions->ctx, &rows, &hits);
+  st->lookups -= rows <= st->lookups ? rows : st->lookups;
+  st->hits -= hits <= st->hits ? hits : st->hits;
+  return rc;
+}
+
 static void do_stats(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r) {
   Shardrec__V1__StatsRequest *q = shardrec__v1__stats_request__unpack(NULL, len, in);
   if (!q) FAIL(r, RPC_INVALID_ARGUMENT, "not a valid shardrec.v1.StatsRequest (%zu bytes)", len);
   Shardrec__V1__StatsResponse resp = SHARDREC__V1__STATS_RESPONSE__INIT;
   emb_store_stats st = {0};
   pthread_mutex_lock(&s->mu);
-  int rc = emb_store_stats_get(s->store, &st);
+  int rc = store_stats(s, &st);
   const lat_stat lk = s->lat[RPC_LOOKUP], ps = s->lat[RPC_PUSH], pl = s->lat[RPC_PUSH_LOOKUP];
   resp.failed_calls = s->failed;
   resp.unclean = s->unclean;
@@ -904,8 +915,11 @@ void rpc_service_inspect(rpc_service *s, void (*fn)(void *ctx, const rpc_service
   rpc_coord_stats cs;
   pthread_mutex_lock(&s->mu);
   rpc_coord_stats_get(s->coord, &cs);
-  rpc_service_view v = {s->store, cs, s->failed, s->incarnation, s->fp,
-                        atomic_load(&s->pin_rows), atomic_load(&s->pin_bytes), s->unclean};
+  rpc_service_view v = {.store = s->store, .coord = cs, .failed = s->failed,
+                        .incarnation = s->incarnation, .plan_fp = s->fp,
+                        .pinned_rows = atomic_load(&s->pin_rows),
+                        .pinned_bytes = atomic_load(&s->pin_bytes), .unclean = s->unclean};
+  v.st_rc = store_stats(s, &v.st);
   fn(ctx, &v);
   pthread_mutex_unlock(&s->mu);
 }

@@ -97,6 +97,10 @@ typedef struct rpc_service_versions {
    * served step (into *served) until step is complete, then swap to it.
    * RPC_OK, or a status with the reason in msg[len]. */
   int (*swap_at)(void *ctx, int64_t step, int64_t *served, char *msg, size_t len);
+  /* Rows the versions' own work looked up in the store, and of them hits
+   * (under the service's lock): left out of what Stats and the metrics
+   * report as clients' lookups. NULL: none. */
+  void (*own_reads)(void *ctx, uint64_t *rows, uint64_t *hits);
   void *ctx;
 } rpc_service_versions;
 
@@ -307,6 +311,8 @@ typedef struct rpc_coord_stats {
 } rpc_coord_stats;
 typedef struct rpc_service_view {
   emb_store *store; /* borrowed */
+  emb_store_stats st; /* the store's stats, the versions' own reads left out (st_rc 0) */
+  int st_rc;
   rpc_coord_stats coord;
   uint64_t failed, incarnation;
   const char *plan_fp;

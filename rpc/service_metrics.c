@@ -105,8 +105,8 @@ static int add_call_families(rpc_service_metrics *x, char *err, size_t errlen) {
 static void collect_view(void *ctx, const rpc_service_view *v) {
   rpc_service_metrics *x = ctx;
   double f[F_N] = {0};
-  emb_store_stats st = {0};
-  if (!emb_store_stats_get(v->store, &st)) {
+  if (!v->st_rc) {
+    const emb_store_stats st = v->st;
     f[F_ROWS_LOOKUP] = (double)st.lookups, f[F_ROWS_PUSH] = (double)st.pushes;
     f[F_HELD_ROWS] = (double)st.rows, f[F_HELD_BYTES] = (double)st.bytes;
     f[F_HITS] = (double)st.hits, f[F_MISSES] = (double)(st.lookups - st.hits);

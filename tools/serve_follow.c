@@ -18,6 +18,11 @@ static int pick(void *ctx, int64_t asked, int step_asked, int64_t *step, char *m
                                  : RPC_FAILED_PRECONDITION;
 }
 
+/* rpc_service_versions.own_reads: the follower's. */
+static void own_reads(void *ctx, uint64_t *rows, uint64_t *hits) {
+  emb_follow_own_reads(ctx, rows, hits);
+}
+
 /* rpc_service_versions.swap_at: emb_follow_swap_at's answer as a gRPC status. */
 static int swap_at(void *ctx, int64_t step, int64_t *served, char *msg, size_t len) {
   return emb_follow_swap_at(ctx, step, served, msg, len) == EMB_FOLLOW_SERVED
@@ -74,7 +79,7 @@ int serve_follow_prepare(serve_follow *sf, emb_served *sv, const char *root,
   if (!(sf->f = emb_follow_create(sv, &fo, err, errlen))) return -1;
   sf->w = w;
   sf->versions = (rpc_service_versions){.pick = pick, .patch = emb_follow_patch,
-                                        .swap_at = swap_at, .ctx = sf->f};
+                                        .swap_at = swap_at, .own_reads = own_reads, .ctx = sf->f};
   o->versions = &sf->versions;
   if (w->reg && add_figures(sf, w->reg, err, errlen)) return -1;
   metrics_gauge_set(sf->m_step, (double)sv->step);

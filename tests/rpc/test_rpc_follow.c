@@ -6,7 +6,8 @@
  *     exclusive section's lock: every step swapped to and held (the
  *     sanitizer build catches a held list moved under a Lookup);
  *   - a following service refuses Restore FAILED_PRECONDITION, naming why;
- *     its rows and the step its answers name are unchanged after it;
+ *     its rows and the step its answers name are unchanged after it; its
+ *     swaps' own reads of the store do not count as Lookup rows in Stats;
  *   - one that does not follow names its checkpoint's step until a Restore
  *     or a Push changes its rows, then none, and refuses at_step of it;
  *   - 70 damaged checkpoints above the served step and a good one after
@@ -241,6 +242,25 @@ static int admin(const char *fp, int restore, const char *path, char *msg, size_
   return r.status;
 }
 
+static void own_reads(void *ctx, uint64_t *rows, uint64_t *hits) {
+  emb_follow_own_reads(ctx, rows, hits);
+}
+
+/* Stats' rows_looked_up of SVC. */
+static uint64_t rows_looked_up(void) {
+  Shardrec__V1__StatsRequest q = SHARDREC__V1__STATS_REQUEST__INIT;
+  uint8_t b[16];
+  rpc_reply r;
+  rpc_service_handle(SVC, RPC_STATS, b, shardrec__v1__stats_request__pack(&q, b), &r);
+  ck_assert_int_eq(r.status, RPC_OK);
+  Shardrec__V1__StatsResponse *a = shardrec__v1__stats_response__unpack(NULL, r.out_len, r.out);
+  ck_assert_ptr_nonnull(a);
+  uint64_t n = a->rows_looked_up;
+  shardrec__v1__stats_response__free_unpacked(a, NULL);
+  free(r.out);
+  return n;
+}
+
 START_TEST(restore_refused_while_following) {
   emb_served sv;
   emb_follow *f = follow(&sv, at("C/step-0"), at("C"), svc_excl);
@@ -249,7 +269,8 @@ START_TEST(restore_refused_while_following) {
   emb_plan_fingerprint(sv.plan, fp);
   ck_assert_int_eq(mkdir(at("roots"), 0755), 0);
   const char *roots[1] = {at("roots")};
-  rpc_service_versions v = {.pick = pick, .patch = emb_follow_patch, .ctx = f};
+  rpc_service_versions v = {.pick = pick, .patch = emb_follow_patch, .own_reads = own_reads,
+                            .ctx = f};
   rpc_service_opts so = {.shards = shards, .n_shards = 1, .read_only = 1, .checkpoint_roots = roots,
                          .n_roots = 1, .from_checkpoint = 1, .step = sv.step, .versions = &v};
   SVC = rpc_service_create(sv.plan, sv.store, &so, err, sizeof err);
@@ -261,8 +282,13 @@ START_TEST(restore_refused_while_following) {
     ck_assert_msg(ev.what == EMB_FOLLOW_SWAPPED, "refused: %s", ev.msg);
   int64_t s1, s2;
   size_t n1, n2;
+  /* The swaps' own reads of the store are not clients' Lookups. */
+  ck_assert_uint_eq(rows_looked_up(), 0);
   uint8_t *r1 = lookup(sv.plan, fp, &s1, &n1);
   ck_assert_int_eq(s1, STEPS);
+  uint64_t asked = 0;
+  for (int t = 0; t < sv.plan->n_tables; t++) asked += sv.plan->tables[t].rows < 8 ? sv.plan->tables[t].rows : 8;
+  ck_assert_uint_eq(rows_looked_up(), asked);
   ck_assert_int_eq(admin(fp, 1, at("roots/ck0"), msg, sizeof msg), RPC_FAILED_PRECONDITION);
   ck_assert_msg(strstr(msg, "Restore refused") && strstr(msg, "follows"), "%s", msg);
   uint8_t *r2 = lookup(sv.plan, fp, &s2, &n2);
