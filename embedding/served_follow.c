@@ -303,6 +303,22 @@ typedef struct {
   int rc;
 } chunk;
 
+/* The served rows of set into out, read for the follower's own work
+ * (under the exclusive section): counted in f->own_rows and f->own_hits,
+ * its hits also into *hits. 0 or the store's status. */
+static int own_lookup(emb_follow *f, const emb_idset *set, float *const *out, uint64_t *hits) {
+  emb_store_stats a, b;
+  int rc = emb_store_stats_get(f->store, &a);
+  if (!rc) rc = emb_store_lookup_begin(f->store, f->step, set, out);
+  if (!rc) rc = emb_store_lookup_wait(f->store);
+  if (!rc) rc = emb_store_stats_get(f->store, &b);
+  if (rc) return rc;
+  f->own_rows += b.lookups - a.lookups;
+  f->own_hits += b.hits - a.hits;
+  *hits += b.hits - a.hits;
+  return 0;
+}
+
 static void compare_chunk(void *arg) {
   chunk *c = arg;
   emb_follow *f = c->g->f;
@@ -315,15 +331,7 @@ static void compare_chunk(void *arg) {
   ids[c->table] = c->ids;
   counts[c->table] = c->n;
   emb_idset set = {.n_tables = nt, .ids = ids, .counts = counts};
-  emb_store_stats a, b;
-  c->rc = emb_store_stats_get(f->store, &a);
-  if (!c->rc) c->rc = emb_store_lookup_begin(f->store, f->step, &set, out);
-  if (!c->rc) c->rc = emb_store_lookup_wait(f->store);
-  if (!c->rc) c->rc = emb_store_stats_get(f->store, &b);
-  if (c->rc) return;
-  c->hits += b.hits - a.hits;
-  f->own_rows += b.lookups - a.lookups;
-  f->own_hits += b.hits - a.hits;
+  if ((c->rc = own_lookup(f, &set, out, &c->hits))) return;
   for (size_t r = 0; r < c->n && !c->rc; r++)
     if (memcmp(c->held + r * (size_t)dim, c->vals + r * (size_t)stride,
                (size_t)dim * sizeof(float)))
@@ -586,12 +594,8 @@ static void apply(void *arg) {
     out[t] = u->vals;
   }
   emb_idset set = {.n_tables = nt, .ids = ids, .counts = counts};
-  emb_store_stats a, b;
-  w->rc = emb_store_stats_get(f->store, &a);
-  if (!w->rc) w->rc = emb_store_lookup_begin(f->store, f->step, &set, out);
-  if (!w->rc) w->rc = emb_store_lookup_wait(f->store);
-  if (!w->rc) w->rc = emb_store_stats_get(f->store, &b);
-  if (!w->rc) f->own_rows += b.lookups - a.lookups, f->own_hits += b.hits - a.hits;
+  uint64_t hits = 0;
+  w->rc = own_lookup(f, &set, out, &hits);
   if (!w->rc) w->rc = emb_store_restore_delta(f->store, w->dir);
   if (w->rc) {
     sr_fmt(w->err, sizeof w->err, "%s", emb_store_errmsg(f->store));

@@ -117,7 +117,7 @@ int rpc__answer_pinned(rpc_service *s, const Shardrec__V1__LookupRequest *q, con
   if (q->header->step > s->hi_step) s->hi_step = q->header->step;
   emb_pins *pins = NULL;
   const int named = s->from_ckpt; /* the rows pinned now are its checkpoint's */
-  int rc = q->step_asked && !named ? rpc__check_one_step(s, q->at_step, r)
+  int rc = q->step_asked ? rpc__check_one_step(s, q->at_step, r)
            : s->store->ops->lookup_pinned(s->store, q->header->step, set,
                                           (const float **const *)rows, &pins);
   if (rc && rc != SR_ESTATE && !r->status)

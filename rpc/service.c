@@ -453,7 +453,6 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
       goto out;
     }
   }
-  if (q->step_asked && !s->versions && rpc__check_one_step(s, q->at_step, r)) goto out;
   if (rpc__check_answer(s, q->tables, q->n_tables, idx, token != NULL, r)) goto out;
   if (pin && !s->versions && rpc__answer_pinned(s, q, idx, &set, r)) goto out;
   if (rpc__answer_layout(s->plan, s->incarnation, q, idx, rows_at, &r->out_len) ||
@@ -471,10 +470,10 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
   const rpc_service_versions *v = s->versions;
   pthread_mutex_lock(&s->mu);
   const int named = s->from_ckpt; /* the rows read now are its checkpoint's */
-  const int vs = v                        ? v->pick(v->ctx, q->at_step, q->step_asked, &step, r->msg,
-                                                    sizeof r->msg)
-                 : q->step_asked && !named ? rpc__check_one_step(s, q->at_step, r)
-                                           : RPC_OK;
+  const int vs = v                ? v->pick(v->ctx, q->at_step, q->step_asked, &step, r->msg,
+                                            sizeof r->msg)
+                 : q->step_asked ? rpc__check_one_step(s, q->at_step, r)
+                                 : RPC_OK;
   if (q->header->step > s->hi_step) s->hi_step = q->header->step;
   int rc = vs       ? 0
            : direct ? emb_store_lookup_begin_rows16(s->store, q->header->step, &set, (void *const *)outp)

@@ -62,10 +62,9 @@ struct rpc_service {
   char xf_fp[SR_SHA256_HEX]; /* their SHA-256 hex; "": none */
   void (*observe)(void *, rpc_method, int, const char *, double, size_t, size_t);
   void *observe_ctx;
-  atomic_int from_ckpt; /* Lookup answers name their checkpoint step: set at start when
-                           serving a checkpoint, cleared under mu by the first Restore,
-                           Push taken or Remove (other rows since); read under mu for an
-                           answer's rows, without it for an early refusal only */
+  int from_ckpt;        /* Lookup answers name their checkpoint step (under mu): set at
+                           start when serving a checkpoint, cleared by the first Restore,
+                           Push taken or Remove (other rows since); read with the rows */
   int64_t ckpt_step;    /* that step, without versions */
   const rpc_service_versions *versions; /* borrowed; NULL: one step */
   size_t pin_min;       /* rows of at least this many bytes answered pinned; 0: never */
@@ -89,9 +88,10 @@ void rpc__service_unref(rpc_service *s);
  * the server's rows were its checkpoint's, from_ckpt under mu); past them. */
 #define RPC_STEP_BYTES 13
 uint8_t *rpc__answer_step(uint8_t *p, int named, int64_t step);
-/* A Lookup asking for step asked (at_step) of a server without versions:
- * RPC_OK when it serves that checkpoint step, else the refusal in r
- * (UNAVAILABLE for a newer step, FAILED_PRECONDITION otherwise). */
+/* A Lookup asking for step asked (at_step) of a server without versions,
+ * under mu with the rows it reads: RPC_OK when it serves that checkpoint
+ * step, else the refusal in r (UNAVAILABLE for a newer step,
+ * FAILED_PRECONDITION otherwise). */
 int rpc__check_one_step(const rpc_service *s, int64_t asked, rpc_reply *r);
 /* SwapAt (rpc/shardrec.proto): checked, handed to the versions' swap_at. */
 void rpc__swap_at(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r);

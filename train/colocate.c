@@ -104,6 +104,21 @@ void colocate_stop(colocate *c) {
   free(c);
 }
 
+int colocate_data_fresh(const char *data_dir, int k, const char *owner, char *err, size_t errlen) {
+  char db[SR_PATH_MAX];
+  int removed, rc = ckpt_dir_fresh_shard(data_dir, k, owner, &removed, db, sizeof db);
+  if (rc == SR_EEXISTS)
+    sr_fmt(err, errlen, "--data-dir %s: holds shard databases of an earlier run (%s); remove "
+           "them, or --resume a checkpoint", data_dir, db);
+  else if (rc)
+    sr_fmt(err, errlen, "--data-dir %s: cannot remove %s", data_dir, db);
+  if (rc) return rc;
+  if (removed)
+    printf("note   --data-dir %s: %s, left by a start of this job before its first checkpoint "
+           "in %s: removed, the job starts afresh\n", data_dir, db, owner);
+  return owner ? ckpt_dir_data_claim(data_dir, owner, err, errlen) : 0;
+}
+
 /* Start the server of shard k (store, service, thread) and wait until its
  * port is bound. 0, or a status with the reason in err. */
 static int server_start(co_server *s, const emb_plan *plan, int k, const colocate_opts *o,
@@ -117,15 +132,8 @@ static int server_start(co_server *s, const emb_plan *plan, int k, const colocat
     sr_fmt(err, errlen, "host '%.100s' is too long", host);
     return SR_EINVAL;
   }
-  char db[SR_PATH_MAX];
-  int removed, rc = o->data_dir && o->fresh
-                        ? ckpt_dir_fresh_shard(o->data_dir, k, o->owner, &removed, db, sizeof db)
-                        : 0;
-  if (rc == SR_EEXISTS) sr_fmt(err, errlen, "--data-dir %s: " COLOCATE_EARLIER_RUN, o->data_dir, db);
-  else if (rc) sr_fmt(err, errlen, "--data-dir %s: cannot remove %s", o->data_dir, db);
-  if (rc) return rc;
-  if (removed) printf(COLOCATE_LEFTOVER, o->data_dir, db, o->owner);
-  if (o->data_dir && o->owner && (rc = ckpt_dir_data_claim(o->data_dir, o->owner, err, errlen)))
+  int rc;
+  if (o->data_dir && o->fresh && (rc = colocate_data_fresh(o->data_dir, k, o->owner, err, errlen)))
     return rc;
   if (o->data_dir) {
     /* The rank's cache budget is shared by its shards, each with a store of

@@ -28,22 +28,20 @@
 
 typedef struct colocate colocate;
 
-/* The refusal of an earlier run's shard database (printf: its folder). */
-#define COLOCATE_EARLIER_RUN \
-  "holds shard databases of an earlier run (%s); remove them, or --resume a checkpoint"
-/* The note of one a start of this --auto-resume job left (printf: --data-dir,
- * the database's folder, the --save-checkpoint folder). */
-#define COLOCATE_LEFTOVER \
-  "note   --data-dir %s: %s, left by a start of this job before its first checkpoint in %s: " \
-  "removed, the job starts afresh\n"
+/* Shard k's database in data_dir before a job starts afresh there (the
+ * colocated shards' and the trainer's own shard store's): none is fine; one
+ * an --auto-resume start of the job of --save-checkpoint folder owner (NULL:
+ * none) left before its first checkpoint is removed, said on stdout
+ * (ckpt_dir_fresh_shard); any other is refused: SR_EEXISTS with "--data-dir
+ * DIR: holds shard databases of an earlier run (...)" in err. With owner,
+ * data_dir is then claimed for it (ckpt_dir_data_claim). 0 or SR_E*. */
+int colocate_data_fresh(const char *data_dir, int k, const char *owner, char *err, size_t errlen);
 
 typedef struct colocate_opts {
   const char *host;      /* address the servers listen on and advertise ("127.0.0.1") */
   const char *data_dir;  /* NULL: rows in memory (local store); else RocksDB shard store
                             under data_dir/shard-K with the cache below */
-  int fresh;             /* a job not resuming: a database already at data_dir/shard-K
-                            (an earlier run's rows) is refused, COLOCATE_EARLIER_RUN,
-                            unless owner claims data_dir (ckpt_dir_fresh_shard) */
+  int fresh;             /* a job not resuming: colocate_data_fresh of each shard */
   const char *owner;     /* a fresh --auto-resume job: its --save-checkpoint folder, which
                             it claims data_dir for; NULL: none */
   uint64_t cache_rows, cache_mb; /* the rank's cache, split evenly over its shards

@@ -356,21 +356,11 @@ static int open_local(train_job *j) {
       }
       data_dir = j->tmp_data_dir;
     } else if (!c->resume) {
-      const char *owner = job__fresh_owner(c);
-      for (int k = 0; k < j->plan->n_shards; k++) {
-        char db[SR_PATH_MAX];
-        int removed, rc = ckpt_dir_fresh_shard(data_dir, k, owner, &removed, db, sizeof db);
-        if (rc) {
-          if (rc == SR_EEXISTS) job__errf(j, "--data-dir %s: " COLOCATE_EARLIER_RUN "\n", data_dir, db);
-          else job__errf(j, "--data-dir %s: cannot remove %s\n", data_dir, db);
+      for (int k = 0; k < j->plan->n_shards; k++)
+        if (colocate_data_fresh(data_dir, k, job__fresh_owner(c), err, sizeof err)) {
+          job__errf(j, "%s\n", err);
           return -1;
         }
-        if (removed) printf(COLOCATE_LEFTOVER, data_dir, db, owner);
-      }
-      if (owner && ckpt_dir_data_claim(data_dir, owner, err, sizeof err)) {
-        job__errf(j, "--data-dir %s\n", err);
-        return -1;
-      }
     }
     emb_shard_config sc;
     memset(&sc, 0, sizeof sc);
