@@ -89,18 +89,31 @@ static int wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
   return -2;
 }
 
-/* The name of field num of the message in ("tables[2]"; "" the request),
- * whose fields are names[n_names] (NULL: unknown), into buf[64]. */
+/* A message inside the request: its field's name in ("tables"; "" the
+ * request itself), its index there when that field repeats (-1: none), and
+ * the names of its own fields, names[n_names] (NULL: unknown). Only a
+ * refusal spells the name out (field_name): a valid request formats none. */
 typedef struct {
   const char *in;
+  long idx;
   const char *const *names;
   uint32_t n_names;
 } wire_msg;
 
+/* The name of m itself ("tables[2]"), into buf[48]. */
+static const char *msg_name(char *buf, const wire_msg *m) {
+  if (m->idx >= 0) snprintf(buf, 48, "%s[%ld]", m->in, m->idx);
+  else snprintf(buf, 48, "%s", m->in);
+  return buf;
+}
+
+/* The name of field num of m ("tables[2].ids"), into buf[64]. */
 static const char *field_name(char *buf, const wire_msg *m, uint32_t num) {
-  const char *dot = *m->in ? "." : "";
-  if (num < m->n_names && m->names[num]) snprintf(buf, 64, "%s%s%s", m->in, dot, m->names[num]);
-  else snprintf(buf, 64, "%s%sfield %u", m->in, *m->in ? " " : "", num);
+  char in[48];
+  msg_name(in, m);
+  const char *dot = *in ? "." : "";
+  if (num < m->n_names && m->names[num]) snprintf(buf, 64, "%s%s%s", in, dot, m->names[num]);
+  else snprintf(buf, 64, "%s%sfield %u", in, *in ? " " : "", num);
   return buf;
 }
 
@@ -176,18 +189,24 @@ static void wire_str(char *dst, size_t cap, const uint8_t *s, size_t n) {
   dst[n] = 0;
 }
 
-/* The string field's bytes s[n] hold no control character (below 0x20, or
- * 0x7f): a NUL would cut the C string made of them short, and a newline
- * would forge a line of the server's log. 0, or -1 with the refusal in d
- * naming the field and the byte's offset. */
+/* Where the first control character (below 0x20, or 0x7f) of s[n] is; n
+ * when none is. */
+static size_t control_at(const uint8_t *s, size_t n) {
+  size_t k = 0;
+  while (k < n && s[k] >= 0x20 && s[k] != 0x7f) k++;
+  return k;
+}
+
+/* The string field's bytes s[n] hold no control character: a NUL would
+ * cut the C string made of them short, and a newline would forge a line of
+ * the server's log. 0, or -1 with the refusal in d naming the field and
+ * the byte's offset. */
 static int wire_text(const wire_rd *d, const char *field, const uint8_t *s, size_t n) {
-  for (size_t k = 0; k < n; k++)
-    if (s[k] < 0x20 || s[k] == 0x7f) {
-      char why[96];
-      snprintf(why, sizeof why, "byte 0x%02x in a string (a control character)", s[k]);
-      return wire_bad(d, s + k, field, why);
-    }
-  return 0;
+  const size_t k = control_at(s, n);
+  if (k == n) return 0;
+  char why[96];
+  snprintf(why, sizeof why, "byte 0x%02x in a string (a control character)", s[k]);
+  return wire_bad(d, s + k, field, why);
 }
 
 /* Every string field of the message desc at [p, end) (in: its field name
@@ -197,7 +216,7 @@ static int wire_text(const wire_rd *d, const char *field, const uint8_t *s, size
  * too). */
 static int wire_texts(const wire_rd *d, const ProtobufCMessageDescriptor *desc, const char *in,
                       const uint8_t *p, const uint8_t *end) {
-  const wire_msg m = {in, NULL, 0};
+  const wire_msg m = {in, -1, NULL, 0};
   while (p < end) {
     wire_f w;
     if (wire_field(d, &p, end, &m, &w)) return -1;
@@ -224,7 +243,7 @@ int rpc__texts_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *in, siz
 static int header_decode(const wire_rd *d, rpc_scratch *x, const uint8_t *p, const uint8_t *end) {
   static const char *const names[9] = {NULL, "plan_fingerprint", "job_id", "step", "rank",
                                        "world_size", "max_staleness", "part", "parts"};
-  const wire_msg m = {"header", names, 9};
+  const wire_msg m = {"header", -1, names, 9};
   char f[64];
   while (p < end) {
     wire_f w;
@@ -232,7 +251,8 @@ static int header_decode(const wire_rd *d, rpc_scratch *x, const uint8_t *p, con
     if (w.num > 8) continue; /* unknown: skipped */
     if ((w.num <= 2) != (w.wt == WT_LEN) || (w.num > 2 && w.wt != WT_VARINT))
       return wire_type_bad(d, w.at, field_name(f, &m, w.num), w.wt);
-    if (w.num <= 2 && wire_text(d, field_name(f, &m, w.num), w.val, w.n)) return -1;
+    if (w.num <= 2 && control_at(w.val, w.n) < w.n) /* named only when refused */
+      return wire_text(d, field_name(f, &m, w.num), w.val, w.n);
     if (w.num == 1) wire_str(x->fp, sizeof x->fp, w.val, w.n);
     else if (w.num == 2) wire_str(x->job, sizeof x->job, w.val, w.n);
     else if (w.num == 3) x->h.step = (int64_t)w.v;
@@ -257,9 +277,8 @@ static const char *const table_grads_names[5] = {NULL, "table_id", "ids", "grads
 static int table_walk(const wire_rd *d, size_t i, int push, const uint8_t *p, const uint8_t *end,
                       rpc_table_scan *t) {
   const uint32_t fix_num = push ? 4 : 3;
-  char in[32], f[64];
-  snprintf(in, sizeof in, "tables[%zu]", i);
-  const wire_msg m = {in, push ? table_grads_names : table_ids_names, push ? 5 : 4};
+  char f[64];
+  const wire_msg m = {"tables", (long)i, push ? table_grads_names : table_ids_names, push ? 5 : 4};
   memset(t, 0, sizeof *t);
   t->p = p;
   t->n = (size_t)(end - p);
@@ -298,9 +317,8 @@ static int table_walk(const wire_rd *d, size_t i, int push, const uint8_t *p, co
 static int table_copy(const wire_rd *d, size_t i, int push, const rpc_table_scan *t, uint64_t *out) {
   const uint32_t fix_num = push ? 4 : 3;
   const uint8_t *p = t->p, *end = t->p + t->n;
-  char in[32], f[64];
-  snprintf(in, sizeof in, "tables[%zu]", i);
-  const wire_msg m = {in, push ? table_grads_names : table_ids_names, push ? 5 : 4};
+  char f[64];
+  const wire_msg m = {"tables", (long)i, push ? table_grads_names : table_ids_names, push ? 5 : 4};
   while (p < end) {
     wire_f w;
     if (wire_field(d, &p, end, &m, &w)) return -1;
@@ -416,7 +434,7 @@ static int req_decode(rpc_scratch *x, int push, int n_tables, size_t max_ids, co
                                               "at_step", "step_asked"};
   static const char *const push_names[4] = {NULL, "header", "learning_rate", "tables"};
   const wire_rd d = {push ? "shardrec.v1.PushRequest" : "shardrec.v1.LookupRequest", in, len, r};
-  const wire_msg m = {"", push ? push_names : lookup_names, push ? 4 : 6};
+  const wire_msg m = {"", -1, push ? push_names : lookup_names, push ? 4 : 6};
   shardrec__v1__request_header__init(&x->h);
   x->fp[0] = x->job[0] = 0;
   x->h.plan_fingerprint = x->fp;
@@ -434,13 +452,14 @@ static int req_decode(rpc_scratch *x, int push, int n_tables, size_t max_ids, co
       if (header_decode(&d, x, w.val, w.val + w.n)) return -1;
       has_header = 1;
     } else if (w.num == (push ? 3u : 2u)) {
-      char field[32];
-      snprintf(field, sizeof field, "tables[%zu]", nt);
-      if (w.wt != WT_LEN) return wire_type_bad(&d, w.at, field, w.wt);
+      const wire_msg tm = {"tables", (long)nt, NULL, 0};
+      char field[64];
+      if (w.wt != WT_LEN) return wire_type_bad(&d, w.at, msg_name(field, &tm), w.wt);
       /* More tables than the plan has: one is given twice (or is not the
        * plan's), refused before the scratch grows with the entries. */
       if (nt == (size_t)n_tables)
-        return wire_bad(&d, w.at, field, "more tables than the plan's (a table appears at most once)");
+        return wire_bad(&d, w.at, msg_name(field, &tm),
+                        "more tables than the plan's (a table appears at most once)");
       if (rpc__scratch_tables(x, nt + 1)) return scratch_nomem(r);
       if (table_walk(&d, nt, push, w.val, w.val + w.n, &x->scan[nt])) return -1;
       nt++;
@@ -494,7 +513,7 @@ int rpc__push_lookup_split(const uint8_t *in, size_t len, const uint8_t **push, 
                            const uint8_t **look, size_t *llen, rpc_reply *r) {
   static const char *const names[3] = {NULL, "push", "lookup"};
   const wire_rd d = {"shardrec.v1.PushLookupRequest", in, len, r};
-  const wire_msg m = {"", names, 3};
+  const wire_msg m = {"", -1, names, 3};
   const uint8_t *p = in, *end = in + len, *part[3] = {NULL, NULL, NULL};
   size_t n[3] = {0, 0, 0};
   while (p < end) {
@@ -516,7 +535,7 @@ int rpc__push_lookup_split(const uint8_t *in, size_t len, const uint8_t **push, 
 void rpc__request_peek(const uint8_t *in, size_t len, int32_t *world, int32_t *parts) {
   rpc_reply ignored; /* a malformed request is refused by its decoder, not here */
   const wire_rd d = {"", in, len, &ignored};
-  const wire_msg m = {"", NULL, 0};
+  const wire_msg m = {"", -1, NULL, 0};
   const uint8_t *p = in, *end = in + len;
   *world = *parts = 0;
   while (p < end) {
