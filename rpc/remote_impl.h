@@ -161,6 +161,9 @@ typedef struct {
   size_t **perm;
   size_t *off;
   size_t *cap;
+  uint16_t *shard_of; /* [shard_cap]: while grouping a table, each id's shard index */
+  size_t shard_cap;
+  size_t *fill;       /* [n_servers]: while grouping, each shard's next place */
   int hint; /* the Lookups built now are prefetch_only hints */
 } lane;
 

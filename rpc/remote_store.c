@@ -102,18 +102,27 @@ static int group(rstore *s, lane *L, const emb_idset *ids) {
       for (size_t r = 0; r < cnt; r++) L->perm[t][r] = r;
       continue;
     }
-    for (size_t r = 0; r < cnt; r++) off[emb_plan_shard_of(plan, t, id[r]) + 1]++;
+    if (cnt > L->shard_cap) {
+      uint16_t *sh = realloc(L->shard_of, cnt * sizeof *sh);
+      if (!sh) return SR_ENOMEM;
+      L->shard_of = sh;
+      L->shard_cap = cnt;
+    }
+    /* Each id's shard found once (a hash and a division), then a stable
+     * counting sort: each shard's ids keep the caller's order. */
+    uint16_t *sh = L->shard_of;
+    for (size_t r = 0; r < cnt; r++) {
+      sh[r] = (uint16_t)emb_plan_shard_of(plan, t, id[r]);
+      off[sh[r] + 1]++;
+    }
     for (int k = 0; k < ns; k++) off[k + 1] += off[k];
-    /* Stable counting sort: each shard's ids keep the caller's order. */
-    size_t *fill = malloc((size_t)ns * sizeof *fill);
-    if (!fill) return SR_ENOMEM;
+    size_t *fill = L->fill;
     memcpy(fill, off, (size_t)ns * sizeof *fill);
     for (size_t r = 0; r < cnt; r++) {
-      size_t at = fill[emb_plan_shard_of(plan, t, id[r])]++;
+      size_t at = fill[sh[r]]++;
       L->gids[t][at] = id[r];
       L->perm[t][at] = r;
     }
-    free(fill);
   }
   return 0;
 }
@@ -791,6 +800,8 @@ void rpc__lane_free(lane *L, int n_tables) {
   free(L->perm);
   free(L->off);
   free(L->cap);
+  free(L->shard_of);
+  free(L->fill);
   free(L->calls);
 }
 
@@ -801,8 +812,9 @@ int rpc__lane_init(lane *L, int n_tables, int n_servers) {
   L->perm = calloc((size_t)n_tables, sizeof *L->perm);
   L->cap = calloc((size_t)n_tables, sizeof *L->cap);
   L->off = calloc((size_t)n_tables * (size_t)(n_servers + 1), sizeof *L->off);
+  L->fill = calloc((size_t)n_servers, sizeof *L->fill);
   L->cq = grpc_completion_queue_create_for_next(NULL);
-  return L->calls && L->gids && L->perm && L->cap && L->off && L->cq ? 0 : SR_ENOMEM;
+  return L->calls && L->gids && L->perm && L->cap && L->off && L->fill && L->cq ? 0 : SR_ENOMEM;
 }
 
 /* A Lookup in flight is waited for (not cancelled: to the servers a
