@@ -58,6 +58,7 @@ struct dense_pool {
   _Atomic int done;        /* tasks of the current run finished */
   _Atomic(dense_pool_fn) fn;
   _Atomic(void *) ctx;
+  _Atomic uint32_t rest;   /* the generation after which workers sleep at once */
   _Atomic int sleepers;    /* workers in (or entering) the condition wait */
   _Atomic int stop;
   atomic_flag busy;        /* a run is in progress */
@@ -105,6 +106,7 @@ static uint32_t pool_wait(dense_pool *p, uint32_t seen) {
     uint32_t g = atomic_load_explicit(&p->run, memory_order_acquire);
     if (g != seen) return g;
     if (atomic_load_explicit(&p->stop, memory_order_relaxed)) return 0;
+    if (atomic_load_explicit(&p->rest, memory_order_relaxed) == seen) break;
     cpu_relax();
     if (!(i & 255) && sr_now() - t0 > POOL_SPIN_S) break;
   }
@@ -206,6 +208,10 @@ void dense_pool_run(dense_pool *p, int n_tasks, dense_pool_fn fn, void *ctx) {
       cpu_relax();
   }
   atomic_flag_clear_explicit(&p->busy, memory_order_release);
+}
+
+void dense_pool_rest(dense_pool *p) {
+  if (p) atomic_store_explicit(&p->rest, p->gen, memory_order_relaxed);
 }
 
 void dense_pool_set_default(dense_pool *p) { default_pool = p; }

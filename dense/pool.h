@@ -43,6 +43,13 @@ void dense_pool_destroy(dense_pool *p);
 /* The pool's thread count, caller included (1 for NULL). */
 int dense_pool_threads(const dense_pool *p);
 
+/* The caller is about to wait on something else (the network): the workers
+ * still spinning after the last run go to sleep now instead of holding
+ * their cores for up to the spin time, which the processes the caller waits
+ * for may need. The next run wakes them. NULL-safe; no run may be in
+ * progress. */
+void dense_pool_rest(dense_pool *p);
+
 /* Run fn(ctx, t) for t in [0, n_tasks) (n_tasks <= DENSE_POOL_MAX_TASKS) and
  * return when all are done. p NULL, n_tasks 1, or a busy pool: every task
  * on the caller, in order. ctx is borrowed for the call. */

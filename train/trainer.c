@@ -7,6 +7,7 @@
 
 #include "common/status.h"
 #include "common/sys.h"
+#include "dense/pool.h"
 #include "embedding/bag.h"
 #include "train/trainer_bags.h"
 
@@ -731,6 +732,9 @@ int trainer_step_part(trainer *t, const ds_batch *b, int n_global, int64_t step,
   }
   double t3 = sr_now();
   if (!own) drop_rowless(t);
+  /* A push to shard servers waits for them: on shared cores they need the
+   * ones the dense workers would spin on. */
+  if (!own && emb_store_kind_of(t->store) == EMB_STORE_REMOTE) dense_pool_rest(dense_pool_default());
   if (!own) rc = emb_store_push(t->store, step, sparse_lr, &ids, (const float *const *)t->grads);
   if (!own && rc) {
     sr_fmt(t->err, sizeof t->err, "push at step %lld: %s", (long long)step,

@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/rng.h"
 #include "common/sys.h"
@@ -89,6 +90,37 @@ START_TEST(test_pool_workers_named) {
   dense_pool_destroy(p);
   ck_assert_msg(named >= 20000000u, "the worker named sr:dense took %llu ns",
                 (unsigned long long)named);
+}
+END_TEST
+
+/* Two tasks that each wait for the other to start: they finish only when a
+ * worker runs one of them beside the caller. */
+static void pair_task(void *arg, int t) {
+  meet_ctx *m = arg;
+  (void)t;
+  atomic_fetch_add(&m->started, 1);
+  while (atomic_load(&m->started) < 2) {
+  }
+}
+
+/* dense_pool_rest sends the spinning workers to sleep; the next run still
+ * has them: rested right after a run (the worker still spinning), after the
+ * worker fell asleep by itself, and twice in a row. A run that lost its
+ * worker would never end. */
+START_TEST(test_pool_rest_keeps_workers) {
+  char err[256];
+  dense_pool *p = dense_pool_create(2, err, sizeof err);
+  ck_assert_msg(p != NULL, "%s", err);
+  dense_pool_rest(NULL);
+  for (int k = 0; k < 300; k++) {
+    meet_ctx m = {0};
+    dense_pool_run(p, 2, pair_task, &m);
+    ck_assert_int_eq(atomic_load(&m.started), 2);
+    if (k % 3 == 1) nanosleep(&(struct timespec){0, 1000000}, NULL); /* past the workers' spin */
+    dense_pool_rest(p);
+    if (k % 3 == 2) dense_pool_rest(p);
+  }
+  dense_pool_destroy(p);
 }
 END_TEST
 
@@ -378,6 +410,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, test_pool_runs_each_task_once);
   tcase_add_test(tc, test_pool_nested_run);
   tcase_add_test(tc, test_pool_workers_named);
+  tcase_add_test(tc, test_pool_rest_keeps_workers);
   tcase_add_test(tc, test_gemm_same_bits_any_threads);
   tcase_add_test(tc, test_gemm_cut_keeps_one_block_bits);
   tcase_add_test(tc, test_linear_backward_masks_din_in_place);
