@@ -71,6 +71,11 @@ static int recovered(train_job *j, const char *ckdir, const char *why) {
     return -1;
   }
   printf("recovered from %s after: %s\n", ckdir, why);
+  /* Calls the retries outlasted before and during the restore: the
+   * recovery's, not the first replayed step's. */
+  char note[1024];
+  const int notes = rpc_remote_note(j->store, note, sizeof note);
+  if (notes) job__errf(j, "recovery: %d call(s) answered only after retries; %s\n", notes, note);
   job__metrics_recovered(j);
   fflush(stdout);
   return 0;
