@@ -709,20 +709,22 @@ static int watch_parked(const rpc_coord *c, const char *job, int rank) {
   return 0;
 }
 
-int rpc_coord_cancel(rpc_coord *c, void *token, double now) {
+int rpc_coord_cancel(rpc_coord *c, void *token, double now, size_t *in_len) {
   int i = 0;
   while (i < c->n_parked && c->parked[i].token != token) i++;
   if (i == c->n_parked) return 0;
   parked_call p = c->parked[i];
   c->parked[i] = c->parked[--c->n_parked];
   atomic_store(&c->parked_hint, c->n_parked);
+  if (in_len) *in_len = p.len;
+  const int was = p.watch ? 2 : 1;
   /* A Lookup its rank gave up on while that rank's Watch is still open
    * here: the rank lives (its client gave up at its own deadline and tries
    * again, as after a partition, when the attempts given up on arrive
    * late): forgotten, not a death. Its process ending cancels the Watch. */
   if (!p.watch && watch_parked(c, p.job, p.rank)) {
     free(p.in);
-    return 1;
+    return was;
   }
   multi_job *j = job_find(c, p.job);
   if (!j && p.watch && !c->stopping) /* forgotten (Restore, or replaced): refuse the job now */
@@ -738,7 +740,7 @@ int rpc_coord_cancel(rpc_coord *c, void *token, double now) {
     job_abort(c, j, what);
   }
   free(p.in);
-  return 1;
+  return was;
 }
 
 void rpc_coord_restore(rpc_coord *c) {

@@ -184,8 +184,9 @@ int rpc_coord_idle(const rpc_coord *c, double now);
  * away): forgets it and drops its job's pending state (not while stopping,
  * nor for a rank that detached, nor for a Lookup whose rank still holds a
  * Watch parked here: that rank lives, and its process ending cancels the
- * Watch). 1 when token was parked, else 0. */
-int rpc_coord_cancel(rpc_coord *c, void *token, double now);
+ * Watch). 0 when token was not parked; else 1 for a Lookup, 2 for a Watch,
+ * and its request's bytes in *in_len (NULL: not wanted). */
+int rpc_coord_cancel(rpc_coord *c, void *token, double now, size_t *in_len);
 
 /* Restore: drops every job's pending state, marks every parked Lookup to be
  * answered ABORTED and forgets every job (single-rank ones too); parked

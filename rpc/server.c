@@ -287,7 +287,7 @@ static int handle(worker *w, call_ctx *c) {
     char *method = grpc_slice_to_c_string(c->details.method);
     snprintf(msg, sizeof msg, "unknown method %s", method ? method : "?");
     gpr_free(method);
-    reply(w, c, RPC_UNIMPLEMENTED, msg, NULL, 0);
+    refuse(w, c, RPC_UNIMPLEMENTED, msg); /* c->method: RPC_METHOD_UNKNOWN */
     return 0;
   }
   if (gpr_time_cmp(c->deadline, gpr_now(c->deadline.clock_type)) < 0) {

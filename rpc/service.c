@@ -895,10 +895,12 @@ void rpc_service_note(rpc_service *s, rpc_method m, int status, const char *msg,
                       size_t in_len, size_t out_len) {
   const double us = 1e6 * secs;
   pthread_mutex_lock(&s->mu);
-  lat_stat *l = &s->lat[m];
-  l->calls++;
-  l->sum_us += us;
-  if (us > l->max_us) l->max_us = us;
+  if (m >= 0 && m < RPC_N_METHODS) { /* not RPC_METHOD_UNKNOWN */
+    lat_stat *l = &s->lat[m];
+    l->calls++;
+    l->sum_us += us;
+    if (us > l->max_us) l->max_us = us;
+  }
   if (status != RPC_OK) s->failed++;
   pthread_mutex_unlock(&s->mu);
   if (s->observe) s->observe(s->observe_ctx, m, status, msg, secs, in_len, out_len);
@@ -967,11 +969,14 @@ int rpc_service_take_woken(rpc_service *s, rpc_woken *out, int max) {
 }
 
 int rpc_service_cancel(rpc_service *s, void *token) {
+  size_t in_len = 0;
   pthread_mutex_lock(&s->mu);
-  int found = rpc_coord_cancel(s->coord, token, sr_now());
-  if (found) s->failed++;
+  const int found = rpc_coord_cancel(s->coord, token, sr_now(), &in_len);
   pthread_mutex_unlock(&s->mu);
-  return found;
+  if (found) /* a call like any other, answered by nobody */
+    rpc_service_note(s, found == 2 ? RPC_WATCH : RPC_LOOKUP, RPC_CANCELLED,
+                     "cancelled by its client while held", 0, in_len, 0);
+  return found != 0;
 }
 
 void rpc_service_stop_parking(rpc_service *s) {

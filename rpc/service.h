@@ -36,6 +36,9 @@ typedef enum {
   RPC_N_METHODS
 } rpc_method;
 
+/* A call to a method the service does not have (rpc_service_note). */
+#define RPC_METHOD_UNKNOWN ((rpc_method)-1)
+
 const char *rpc_method_path(rpc_method m);
 
 /* GetTransform's chunk: max_bytes 0 asks for RPC_TRANSFORM_CHUNK bytes;
@@ -262,7 +265,9 @@ void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t 
 /* A call of method m answered status (msg) without rpc_service_handle_call
  * (refused before it: an allow list, a deadline already passed, no
  * request; or a parked call answered later), counted as a handled call is:
- * Stats' calls and failed_calls, the observe hook (metrics, logs). */
+ * Stats' calls and failed_calls, the observe hook (metrics, logs). m may be
+ * RPC_METHOD_UNKNOWN (a method the service does not have): then in
+ * failed_calls and the hook only, Stats having no calls for it. */
 void rpc_service_note(rpc_service *s, rpc_method m, int status, const char *msg, double secs,
                       size_t in_len, size_t out_len);
 
@@ -293,7 +298,8 @@ void rpc_service_stop_parking(rpc_service *s);
  * rank went away. Forgets the call (it is never handed back by
  * take_woken) and drops its job's pending state as above (not while the
  * service is stopping). Returns 1 when token was parked, 0 when it was not
- * (already handed back or never parked). Thread-safe. */
+ * (already handed back or never parked). A call forgotten so is counted as
+ * answered CANCELLED (rpc_service_note). Thread-safe. */
 int rpc_service_cancel(rpc_service *s, void *token);
 
 

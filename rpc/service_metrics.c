@@ -51,23 +51,26 @@ static const fig_def figs[F_N] = {
     [F_UNCLEAN] = {"shardrec_server_unclean", "1 while the served rows are the ones a crash left: Lookup, Push and Checkpoint refused until a Restore (Stats unclean).", METRICS_GAUGE, NULL, 0},
 };
 
-static const char *const method_label[RPC_N_METHODS] = {
+/* Each method's label; the last, "unknown", is every call to a method the
+ * service does not have (RPC_METHOD_UNKNOWN: the name the client sent is
+ * in the log, never in a label). */
+#define N_LABELS (RPC_N_METHODS + 1)
+static const char *const method_label[N_LABELS] = {
     "lookup", "push", "checkpoint", "restore", "stats", "health_check", "watch",
-    "get_transform", "swap_at", "remove", "push_lookup"};
+    "get_transform", "swap_at", "remove", "push_lookup", "unknown"};
 
 struct rpc_service_metrics {
   metrics_registry *reg;  /* borrowed: it owns this */
   rpc_service *svc;       /* borrowed */
   metrics_family *errors, *info, *fam[F_N];
-  metrics_series *calls[RPC_N_METHODS], *in[RPC_N_METHODS], *out[RPC_N_METHODS],
-      *lat[RPC_N_METHODS], *fig[F_N];
+  metrics_series *calls[N_LABELS], *in[N_LABELS], *out[N_LABELS], *lat[N_LABELS], *fig[F_N];
 };
 
 void rpc_service_metrics_observe(void *ctx, rpc_method m, int status, const char *msg,
                                  double seconds, size_t in_bytes, size_t out_bytes) {
   (void)msg;
   rpc_service_metrics *x = ctx;
-  if (m < 0 || m >= RPC_N_METHODS) return;
+  if (m < 0 || m >= RPC_N_METHODS) m = RPC_N_METHODS; /* RPC_METHOD_UNKNOWN */
   metrics_counter_inc(x->calls[m]);
   metrics_counter_add(x->in[m], (double)in_bytes);
   metrics_counter_add(x->out[m], (double)out_bytes);
@@ -90,7 +93,7 @@ static int add_call_families(rpc_service_metrics *x, char *err, size_t errlen) {
   const char *il[] = {"plan_fingerprint", "incarnation"};
   x->info = metrics_family_add(r, "shardrec_server_info", "This server: its plan's fingerprint and its incarnation (new per process, as Stats reports it).", METRICS_GAUGE, 2, il, NULL, 0, err, errlen);
   if (!calls || !in || !out || !lat || !x->errors || !x->info) return -1;
-  for (int m = 0; m < RPC_N_METHODS; m++) {
+  for (int m = 0; m < N_LABELS; m++) {
     const char *v[] = {method_label[m]};
     x->calls[m] = metrics_series_get(calls, v);
     x->in[m] = metrics_series_get(in, v);

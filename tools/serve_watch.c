@@ -69,7 +69,7 @@ static void observe(void *ctx, rpc_method m, int status, const char *msg, double
   if (!w->json || (status == RPC_OK && m != RPC_RESTORE)) return;
   cJSON *o = cJSON_CreateObject();
   const char *path = rpc_method_path(m), *slash = path ? strrchr(path, '/') : NULL;
-  cJSON_AddStringToObject(o, "method", slash ? slash + 1 : "?");
+  cJSON_AddStringToObject(o, "method", slash ? slash + 1 : "unknown");
   if (status != RPC_OK) {
     cJSON_AddStringToObject(o, "status", rpc_status_name(status));
     cJSON_AddNumberToObject(o, "code", status);

@@ -1,7 +1,7 @@
 /* serve --log-format json with a real server: every stdout line is one JSON
  * object with "time" and "event"; access (what is open to whom); start (its listen address and the
  * plan's fingerprint and incarnation, as Stats says), a refused call with
- * its method, status and message, a Restore, a dropped job (a 2-rank job
+ * its method, status and message (a call to an unknown method too), a Restore, a dropped job (a 2-rank job
  * whose second rank never pushes, dropped by --pending-timeout), stop; and
  * the flag errors of --metrics-listen and --log-format. */
 #include <check.h>
@@ -17,8 +17,9 @@
 #include "tests/rpc/calls.h"
 #include "tests/support/proc.h"
 
-/* The first line of the log whose "event" is ev, parsed (caller deletes). */
-static cJSON *event(const char *log, const char *ev) {
+/* Line nth (0: the first) of the log whose "event" is ev, parsed (caller
+ * deletes). */
+static cJSON *event_at(const char *log, const char *ev, int nth) {
   char *s = slurp(log);
   cJSON *found = NULL;
   for (char *line = strtok(s, "\n"); line && !found; line = strtok(NULL, "\n")) {
@@ -27,13 +28,15 @@ static cJSON *event(const char *log, const char *ev) {
     ck_assert(cJSON_IsNumber(cJSON_GetObjectItem(o, "time")));
     const cJSON *e = cJSON_GetObjectItem(o, "event");
     ck_assert(cJSON_IsString(e));
-    if (!strcmp(e->valuestring, ev)) found = o;
+    if (!strcmp(e->valuestring, ev) && nth-- == 0) found = o;
     else cJSON_Delete(o);
   }
   free(s);
   ck_assert_msg(found != NULL, "no %s event in %s", ev, log);
   return found;
 }
+
+static cJSON *event(const char *log, const char *ev) { return event_at(log, ev, 0); }
 
 static const char *str(const cJSON *o, const char *k) {
   const cJSON *v = cJSON_GetObjectItem(o, k);
@@ -74,6 +77,16 @@ START_TEST(test_json_events) {
   ck_assert_str_eq(str(ref, "status"), "INVALID_ARGUMENT");
   ck_assert_int_eq(cJSON_GetObjectItem(ref, "code")->valueint, 3);
   ck_assert_str_eq(str(ref, "message"), msg);
+  cJSON_Delete(ref);
+  /* A call to a method the server does not have is refused and told too. */
+  ck_assert_int_eq(rpc_call_path(addr, NULL, "/shardrec.v1.EmbeddingShard/Nope", (const uint8_t *)"",
+                                 0, 10, &resp, &rlen, msg, sizeof msg), RPC_UNIMPLEMENTED);
+  free(resp);
+  wait_text(log, "\"event\":\"refused\"", 2, srv, 30);
+  ref = event_at(log, "refused", 1);
+  ck_assert_str_eq(str(ref, "method"), "unknown");
+  ck_assert_str_eq(str(ref, "status"), "UNIMPLEMENTED");
+  ck_assert_str_eq(str(ref, "message"), "unknown method /shardrec.v1.EmbeddingShard/Nope");
   cJSON_Delete(ref);
 
   /* Checkpoint, then Restore. */

@@ -587,8 +587,16 @@ START_TEST(test_pending_timeout_and_restore) {
   ck_assert_int_eq(r.status, RPC_PARKED);
   handle(svc, RPC_LOOKUP, pack_lookup("t2", 1, 1, 2, 1, ids, 2, &len), &len, &tok3, &r);
   ck_assert_int_eq(r.status, RPC_PARKED);
+  a = svc_stats_get(svc);
+  const uint64_t lookups = a->lookup_calls, failed = a->failed_calls;
+  shardrec__v1__stats_response__free_unpacked(a, NULL);
   ck_assert_int_eq(rpc_service_cancel(svc, &tok2), 1);
   ck_assert_int_eq(rpc_service_cancel(svc, &tok2), 0);
+  /* The cancelled Lookup is counted once, as a failed Lookup call. */
+  a = svc_stats_get(svc);
+  ck_assert_uint_eq(a->lookup_calls, lookups + 1);
+  ck_assert_uint_eq(a->failed_calls, failed + 1);
+  shardrec__v1__stats_response__free_unpacked(a, NULL);
   n = rpc_service_take_woken(svc, wk, 4);
   ck_assert_int_eq(n, 1);
   ck_assert_ptr_eq(wk[0].token, &tok3);

@@ -346,8 +346,10 @@ START_TEST(test_rank_death) {
   ck_assert_uint_eq(st.parked_watches, 1);
   ck_assert_uint_eq(st.dropped_steps, 0);
   /* Rank 0's process goes away: its parked Lookup is cancelled. */
-  ck_assert_int_eq(rpc_coord_cancel(co, &tok0, 2), 1);
-  ck_assert_int_eq(rpc_coord_cancel(co, &tok0, 2), 0);
+  size_t in_len = 0;
+  ck_assert_int_eq(rpc_coord_cancel(co, &tok0, 2, &in_len), 1);
+  ck_assert_uint_eq(in_len, 2); /* its request, "L2" */
+  ck_assert_int_eq(rpc_coord_cancel(co, &tok0, 2, NULL), 0);
   st = stats();
   ck_assert_uint_eq(st.dropped_steps, 1);
   ck_assert_uint_eq(st.dropped_jobs, 1);
@@ -399,7 +401,7 @@ START_TEST(test_watch_death_and_detach) {
    * nothing. Rank 2's Watch is handed back RELEASED. */
   ck_assert_int_eq(watch("w", 1, 3, 1, NULL, 2, msg), RPC_COORD_GO);
   ck_assert_int_eq(watch("w", 2, 3, 1, NULL, 2, msg), RPC_COORD_GO);
-  ck_assert_int_eq(rpc_coord_cancel(co, &w1, 2), 1);
+  ck_assert_int_eq(rpc_coord_cancel(co, &w1, 2, NULL), 2);
   ck_assert_uint_eq(stats().dropped_jobs, 0);
   rpc_coord_woken w[1];
   woken(2, 1, w);
@@ -409,7 +411,7 @@ START_TEST(test_watch_death_and_detach) {
   ck_assert_int_eq(watch("w", 2, 3, 0, &w2, 2, msg), RPC_COORD_GO); /* detached: at once */
   ck_assert_uint_eq(stats().parked_watches, 1);
   /* Rank 0 dies while computing: only its Watch tells. */
-  ck_assert_int_eq(rpc_coord_cancel(co, &w0, 3), 1);
+  ck_assert_int_eq(rpc_coord_cancel(co, &w0, 3, NULL), 2);
   rpc_coord_stats st = stats();
   ck_assert_uint_eq(st.dropped_jobs, 1);
   ck_assert_uint_eq(st.dropped_steps, 1);
@@ -433,7 +435,7 @@ START_TEST(test_lookup_given_up_by_a_live_rank) {
   ck_assert_int_eq(watch("p", 1, 2, 0, &w1, 1, msg), RPC_COORD_PARKED);
   ck_assert_int_eq(push_empty("p", 0, 1, 2, 0, 1), RPC_COORD_GO); /* held: rank 0's is late */
   ck_assert_int_eq(lookup("p", 1, 0, 2, 0, &stale0, 100, 1, msg), RPC_COORD_PARKED);
-  ck_assert_int_eq(rpc_coord_cancel(co, &stale0, 2), 1); /* the given-up attempt */
+  ck_assert_int_eq(rpc_coord_cancel(co, &stale0, 2, NULL), 1); /* the given-up attempt */
   rpc_coord_stats st = stats();
   ck_assert_uint_eq(st.dropped_jobs, 0);
   ck_assert_uint_eq(st.dropped_steps, 0);
@@ -449,7 +451,7 @@ START_TEST(test_lookup_given_up_by_a_live_rank) {
   for (int k = 0; k < 2; k++) ck_assert_int_eq(w[k].what, RPC_COORD_GO);
   /* Rank 0's process ends: its Watch is cancelled, the job dropped. */
   ck_assert_int_eq(push_empty("p", 1, 1, 2, 0, 4), RPC_COORD_GO); /* held */
-  ck_assert_int_eq(rpc_coord_cancel(co, &w0, 4), 1);
+  ck_assert_int_eq(rpc_coord_cancel(co, &w0, 4, NULL), 2);
   st = stats();
   ck_assert_uint_eq(st.dropped_jobs, 1);
   ck_assert_uint_eq(st.dropped_steps, 1);
@@ -532,7 +534,7 @@ START_TEST(test_restore_forgets_jobs) {
   ck_assert_int_eq(n_applied, 3);
   /* r2's rank 0 dies after the Restore: its forgotten job is refused from
    * then on. */
-  ck_assert_int_eq(rpc_coord_cancel(co, &wt, 3), 1);
+  ck_assert_int_eq(rpc_coord_cancel(co, &wt, 3, NULL), 2);
   ck_assert_int_eq(push_empty("r2", 0, 1, 2, 0, 3), RPC_COORD_ABORTED);
   ck_assert_int_eq(lookup("r2", 0, 1, 2, 0, NULL, 1, 3, msg), RPC_COORD_ABORTED);
   ck_assert_msg(strstr(msg, "rank 0 went away (its Watch was cancelled") &&

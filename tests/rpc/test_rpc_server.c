@@ -216,14 +216,20 @@ START_TEST(test_bad_requests_change_nothing) {
   junk = malloc(64);
   for (int i = 0; i < 64; i++) junk[i] = (uint8_t)(0xff - i * 7);
   expect_refused("lookup, garbage", RPC_LOOKUP, junk, &n64, RPC_INVALID_ARGUMENT, "LookupRequest");
-  /* An unknown method. */
+  /* An unknown method: refused, and counted among the failed calls. */
   char msg[512];
   uint8_t *r = NULL;
   size_t rl = 0;
+  Shardrec__V1__StatsResponse *a = calls_stats(srv.addr);
+  const uint64_t failed = a->failed_calls;
+  shardrec__v1__stats_response__free_unpacked(a, NULL);
   int st = rpc_call_path(srv.addr, NULL, "/shardrec.v1.EmbeddingShard/Nope", (const uint8_t *)"",
                          0, 10, &r, &rl, msg, sizeof msg);
   free(r);
   ck_assert_msg(st == RPC_UNIMPLEMENTED, "unknown method: %d %s", st, msg);
+  a = calls_stats(srv.addr);
+  ck_assert_uint_eq(a->failed_calls, failed + 1);
+  shardrec__v1__stats_response__free_unpacked(a, NULL);
   /* Still serving, and a good push still applies. */
   float before[13 * DIM], after[13 * DIM];
   snapshot(before);
