@@ -59,6 +59,10 @@ out:
   return rc;
 }
 
+int emb_served_in_checkpoint(const char *path, char *step, size_t len) {
+  return ckpt_dir_step_holding(path, step, len);
+}
+
 int emb_served_increment_at(const char *path) {
   char step[SR_PATH_MAX], err[256];
   struct cJSON *man = NULL;

@@ -94,6 +94,11 @@ int emb_served_checkpoint_target(const emb_store *store, const int *shards, int 
  * or SR_ERANGE when it does not fit in len. */
 int emb_served_delta_dir(const int *shards, int n, const char *path, char *buf, size_t len);
 
+/* 1 when path (a Checkpoint path, resolved) is or lies inside a complete
+ * checkpoint's step folder, which is only ever read: that folder into
+ * step[len] (storage/ckpt_dir.h, ckpt_dir_step_holding); else 0. */
+int emb_served_in_checkpoint(const char *path, char *step, size_t len);
+
 /* 1 when path (a Restore path: a step folder's shards/) holds the rows of an
  * incremental checkpoint: the manifest of the folder above it reads and
  * says so (storage/ckpt_dir.h, "chains"); else 0. Reads that manifest only. */

@@ -305,7 +305,8 @@ typedef struct {
 
 /* The served rows of set into out, read for the follower's own work
  * (under the exclusive section): counted in f->own_rows and f->own_hits,
- * its hits also into *hits. 0 or the store's status. */
+ * its hits also added to *hits (NULL: not wanted). 0 or the store's
+ * status. */
 static int own_lookup(emb_follow *f, const emb_idset *set, float *const *out, uint64_t *hits) {
   emb_store_stats a, b;
   int rc = emb_store_stats_get(f->store, &a);
@@ -315,7 +316,7 @@ static int own_lookup(emb_follow *f, const emb_idset *set, float *const *out, ui
   if (rc) return rc;
   f->own_rows += b.lookups - a.lookups;
   f->own_hits += b.hits - a.hits;
-  *hits += b.hits - a.hits;
+  if (hits) *hits += b.hits - a.hits;
   return 0;
 }
 
@@ -594,8 +595,7 @@ static void apply(void *arg) {
     out[t] = u->vals;
   }
   emb_idset set = {.n_tables = nt, .ids = ids, .counts = counts};
-  uint64_t hits = 0;
-  w->rc = own_lookup(f, &set, out, &hits);
+  w->rc = own_lookup(f, &set, out, NULL);
   if (!w->rc) w->rc = emb_store_restore_delta(f->store, w->dir);
   if (w->rc) {
     sr_fmt(w->err, sizeof w->err, "%s", emb_store_errmsg(f->store));

@@ -577,27 +577,10 @@ static int admin_failed(rpc_service *s, int rc, const char *what, const char *di
  * other shards share it), every folder this server writes refused when it
  * exists; then the store writes dir, whole or (delta) its change set.
  * s->mu held. 0, or the failure in r. */
-/* The complete checkpoint step (a folder holding manifest.json and DONE)
- * that real (resolved) is or lies in, into step; 0 when none. */
-static int in_complete_step(const char *real, char *step, size_t len) {
-  char a[SR_PATH_MAX], f[SR_PATH_MAX];
-  snprintf(a, sizeof a, "%s", real);
-  for (;;) {
-    if (!sr_path(f, sizeof f, "%s/DONE", a) && sr_is_file(f) &&
-        !sr_path(f, sizeof f, "%s/manifest.json", a) && sr_is_file(f)) {
-      snprintf(step, len, "%s", a);
-      return 1;
-    }
-    char *slash = strrchr(a, '/');
-    if (!slash || slash == a) return 0;
-    *slash = '\0';
-  }
-}
-
 static int checkpoint_to(rpc_service *s, const char *real, const char *dir, int delta,
                          rpc_reply *r) {
   char step[SR_PATH_MAX];
-  if (in_complete_step(real, step, sizeof step)) {
+  if (emb_served_in_checkpoint(real, step, sizeof step)) {
     snprintf(r->msg, sizeof r->msg, "checkpoint: %.200s lies in the complete checkpoint %.200s: "
              "a checkpoint is only read, never written into", real, step);
     return RPC_FAILED_PRECONDITION;

@@ -47,6 +47,19 @@ int ckpt_dir_parent(const char *path, char *out, size_t outlen) {
   return 0;
 }
 
+int ckpt_dir_step_holding(const char *path, char *step, size_t len) {
+  char a[SR_PATH_MAX], f[SR_PATH_MAX];
+  if (sr_path(a, sizeof a, "%s", path)) return 0;
+  for (;;) {
+    if (!sr_path(f, sizeof f, "%s/DONE", a) && sr_is_file(f) &&
+        !sr_path(f, sizeof f, "%s/manifest.json", a) && sr_is_file(f))
+      return !sr_path(step, len, "%s", a);
+    char *slash = strrchr(a, '/');
+    if (!slash || slash == a) return 0;
+    *slash = '\0';
+  }
+}
+
 /* ---- checkpoint roots as outputs ---- */
 
 /* 1 when name is ".step-N.tmp-..." (a checkpoint being written). */

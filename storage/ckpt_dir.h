@@ -181,6 +181,11 @@ int ckpt_dir_fingerprint(const struct cJSON *man, const char *field, const char 
  * SR_ERANGE when it does not fit. */
 int ckpt_dir_parent(const char *path, char *out, size_t outlen);
 
+/* 1 when path (absolute, resolved) is a complete checkpoint folder (its
+ * manifest.json and DONE in place) or lies inside one, that folder into
+ * step[len]; else 0. */
+int ckpt_dir_step_holding(const char *path, char *step, size_t len);
+
 /* ---- checkpoint roots as outputs ----
  *
  * A checkpoint root is what a folder output (train --save-checkpoint,

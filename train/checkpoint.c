@@ -414,6 +414,19 @@ out:
   return rc;
 }
 
+/* What a run of store kind run would change in its flags to resume a
+ * checkpoint of store kind ck (another one). */
+static const char *store_kind_hint(const char *ck, const char *run) {
+  if (!strcmp(ck, "remote"))
+    return "give --shard-servers or --colocate-shards, as the run that wrote it";
+  if (!strcmp(run, "remote"))
+    return !strcmp(ck, "shard")
+               ? "drop --shard-servers or --colocate-shards, give --data-dir/--cache-rows/--cache-mb"
+               : "drop --shard-servers or --colocate-shards";
+  return !strcmp(run, "local") ? "add --data-dir/--cache-rows/--cache-mb"
+                               : "drop --data-dir/--cache-rows/--cache-mb";
+}
+
 /* What train_ckpt_load refuses before touching anything: another model or plan,
  * store kind, batch size, dense optimizer or architecture. */
 static int load_checks(const train_ckpt_info *ci, const char *path, const emb_plan *plan,
@@ -435,17 +448,8 @@ static int load_checks(const train_ckpt_info *ci, const char *path, const emb_pl
     return SR_EMISMATCH;
   }
   if (store_kind && strcmp(ci->store_kind, store_kind)) {
-    /* What this run's flags would have to say for the checkpoint's store. */
-    const char *ck = ci->store_kind, *hint =
-        !strcmp(ck, "remote") ? "give --shard-servers or --colocate-shards, as the run that wrote it"
-        : !strcmp(store_kind, "remote") ? (!strcmp(ck, "shard") ? "drop --shard-servers or "
-                                           "--colocate-shards, give --data-dir/--cache-rows/--cache-mb"
-                                                               : "drop --shard-servers or "
-                                                                 "--colocate-shards")
-        : !strcmp(store_kind, "local") ? "add --data-dir/--cache-rows/--cache-mb"
-                                       : "drop --data-dir/--cache-rows/--cache-mb";
     sr_fmt(err, errlen, "%s: holds rows of the %s store; this run uses the %s store (%s)", path,
-           ck, store_kind, hint);
+           ci->store_kind, store_kind, store_kind_hint(ci->store_kind, store_kind));
     return SR_EMISMATCH;
   }
   const char *dopt = jstr(cJSON_GetObjectItemCaseSensitive(man, "settings"), "dense_optimizer");

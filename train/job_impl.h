@@ -138,8 +138,6 @@ typedef struct train_job {
  * line (rank 0), the test pass (every rank). */
 enum { JOB_REDO_LINE = 1, JOB_REDO_PASS = 2 };
 
-/* Whether the progress line, and --test-freq's test pass, are due after
- * step (steps done). */
 /* The folder a job starting afresh claims its --data-dir for: its
  * --save-checkpoint folder under --auto-resume (a restart before its first
  * checkpoint finds its databases again as its own), else NULL. */
@@ -147,6 +145,8 @@ static inline const char *job__fresh_owner(const train_config *c) {
   return c->auto_resume && c->checkpoint_dir && c->data_dir ? c->checkpoint_dir : NULL;
 }
 
+/* Whether the progress line, and --test-freq's test pass, are due after
+ * step (steps done). */
 static inline int job__print_due(const train_job *j, int64_t step) {
   return step % j->cfg->print_freq == 0 || step == j->total_steps;
 }

@@ -115,6 +115,34 @@ static void same_line_steps(const char *ref, const char *got) {
   free(out);
 }
 
+/* A run of bounded tables that recovered, against the uninterrupted run:
+ * its log out says it recovered from from, the keep.bin of the last step
+ * (step) of its checkpoint folder got_ck is ref_ck's byte for byte, and
+ * its metrics file got_m ends as ref_m (shown from the first line that
+ * differs) with ref_m's lines in order. */
+static void recovered_as_uninterrupted(const char *out, const char *from, const char *ref_ck,
+                                       const char *got_ck, int step, const char *ref_m,
+                                       const char *got_m) {
+  char *log = slurp(at(out)), want[128];
+  snprintf(want, sizeof want, "recovered from %s after: ", from);
+  ck_assert_msg(strstr(log, want), "no recovery from %s:\n%s", from, log);
+  free(log);
+  char *cmp;
+  int rc = run_cmd(&cmp, "cd %s && cmp %s/step-%d/keep.bin %s/step-%d/keep.bin", dir, ref_ck, step,
+                   got_ck, step);
+  ck_assert_msg(rc == 0, "the bounded tables' state after the recovery differs: %s", cmp);
+  free(cmp);
+  char *ref = final_lines(ref_m), *got = final_lines(got_m);
+  size_t first = 0; /* the first line that differs, and a few after it */
+  for (size_t i = 0; ref[i] && ref[i] == got[i]; i++)
+    if (ref[i] == '\n') first = i + 1;
+  ck_assert_msg(strcmp(ref, got) == 0, "recovered run, from its first difference:\n%.1500s\n"
+                "uninterrupted:\n%.1500s", got + first, ref + first);
+  same_line_steps(ref_m, got_m);
+  free(got);
+  free(ref);
+}
+
 /* Lines of text starting with "test " (the test passes). */
 static int test_lines(const char *text) {
   int n = 0;
@@ -252,18 +280,7 @@ START_TEST(test_bounded_tables_recover) {
   ck_assert_int_eq(kill(tr, SIGCONT), 0);
   assert_ok(tr, "rk.out");
   for (int k = 0; k < 2; k++) ck_assert_int_eq(server_stop(&s[k]), 0);
-  char *log = slurp(at("rk.out"));
-  ck_assert_msg(strstr(log, "recovered from ckk/step-20 after: "), "no recovery from step-20:\n%s",
-                log);
-  free(log);
-  rc = run_cmd(&out, "cd %s && cmp refk/step-40/keep.bin ckk/step-40/keep.bin", dir);
-  ck_assert_msg(rc == 0, "the bounded tables' state after the recovery differs: %s", out);
-  free(out);
-  char *ref = final_lines("refk.jsonl"), *got = final_lines("rk.jsonl");
-  ck_assert_msg(strcmp(ref, got) == 0, "recovered run:\n%s\nuninterrupted:\n%s", got, ref);
-  same_line_steps("refk.jsonl", "rk.jsonl");
-  free(got);
-  free(ref);
+  recovered_as_uninterrupted("rk.out", "ckk/step-20", "refk", "ckk", 40, "refk.jsonl", "rk.jsonl");
 #undef KEEP_COMMON
 }
 END_TEST
@@ -310,22 +327,8 @@ START_TEST(test_two_ranks_bounded_recover) {
   ck_assert_int_eq(kill(r1, SIGCONT), 0);
   assert_ok(job, "r2k.out");
   for (int k = 0; k < 2; k++) ck_assert_int_eq(server_stop(&s[k]), 0);
-  char *log = slurp(at("r2k.out"));
-  ck_assert_msg(strstr(log, "recovered from ck2k/step-40 after: "), "no recovery from step-40:\n%s",
-                log);
-  free(log);
-  rc = run_cmd(&out, "cd %s && cmp ref2k/step-80/keep.bin ck2k/step-80/keep.bin", dir);
-  ck_assert_msg(rc == 0, "the bounded tables' state after the recovery differs: %s", out);
-  free(out);
-  char *ref = final_lines("ref2k.jsonl"), *got = final_lines("r2k.jsonl");
-  size_t at = 0; /* the first line that differs, and a few after it */
-  for (size_t i = 0; ref[i] && ref[i] == got[i]; i++)
-    if (ref[i] == '\n') at = i + 1;
-  ck_assert_msg(strcmp(ref, got) == 0, "recovered run, from its first difference:\n%.1500s\n"
-                "uninterrupted:\n%.1500s", got + at, ref + at);
-  same_line_steps("ref2k.jsonl", "r2k.jsonl");
-  free(got);
-  free(ref);
+  recovered_as_uninterrupted("r2k.out", "ck2k/step-40", "ref2k", "ck2k", 80, "ref2k.jsonl",
+                             "r2k.jsonl");
 #undef KEEP2
 }
 END_TEST
