@@ -6,6 +6,7 @@
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
+#include <grpc/slice_buffer.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
@@ -60,6 +61,8 @@ void rpc__tls_server_destroy(rpc__tls_server *t); /* NULL-safe */
 /* Client credentials from PEM files; NULL with a message in err on failure. */
 grpc_channel_credentials *rpc__channel_creds(const rpc_tls *tls, char *err, size_t errlen);
 gpr_timespec rpc__deadline(double seconds);
+/* The exchange stream's method (rpc/shardrec.proto, "Exchange stream"). */
+#define RPC_EXCHANGE_PATH "/shardrec.v1.EmbeddingShard/Exchange"
 /* gRPC's own log lines (rpc_global_init installs the log function): a TLS
  * handshake that failed, which gRPC logs once per connection with
  * OpenSSL's error, goes to fn(ctx, reason, detail) from the gRPC thread

@@ -45,7 +45,7 @@
 #include "rpc/grpc_impl.h"
 #include "rpc/server.h"
 
-typedef enum { TAG_REQUEST = 1, TAG_GENERIC, TAG_REPLY, TAG_CLOSE } tag_kind;
+typedef enum { TAG_REQUEST = 1, TAG_GENERIC, TAG_REPLY, TAG_CLOSE, TAG_STREAM } tag_kind;
 
 typedef struct worker worker;
 
@@ -82,6 +82,25 @@ typedef struct {
 
 typedef struct server_state server_state;
 
+/* An exchange stream (rpc/shardrec.proto, "Exchange stream"), on the
+ * worker that took it: one batch in flight at a time (at), so its
+ * messages are read, handled and answered in order. kind first, as for
+ * every tag. */
+typedef enum { XS_NEW, XS_RECV, XS_SENT, XS_END } xs_at;
+typedef struct xstream {
+  tag_kind kind; /* TAG_STREAM */
+  xs_at at;
+  worker *owner;
+  grpc_call *call;
+  gpr_timespec deadline;
+  grpc_metadata_array md;
+  grpc_byte_buffer *recv, *send;
+  size_t held; /* the budget the answer being sent holds */
+  int cancelled;
+  int idle;     /* waiting for the client's next message (under st->mu) */
+  struct xstream *prev, *next; /* the server's open streams (st->xs) */
+} xstream;
+
 struct worker {
   server_state *st;
   grpc_completion_queue *cq;
@@ -94,6 +113,7 @@ struct server_state {
   const rpc_server_opts *o;
   rpc_service *svc;
   void *methods[RPC_N_METHODS];
+  void *exchange; /* the exchange stream's method */
   worker *w;
   int n_workers;
   _Atomic int server_down; /* shutdown notified: workers may close their queues */
@@ -101,6 +121,8 @@ struct server_state {
   call_ctx *def_head, *def_tail; /* calls waiting for room in the in-flight budget */
   _Atomic int n_deferred;
   uint64_t def_gen;        /* rpc_service_budget_gen when they were last tried */
+  xstream *xs;             /* open exchange streams (under mu) */
+  int stopping;            /* a stop began (under mu): idle streams are cancelled */
 };
 
 static call_ctx *ctx_new(tag_kind k, int method) {
@@ -247,22 +269,28 @@ static int peer_allowed(grpc_call *call, const char *list, char *who, size_t wle
   return ok;
 }
 
-/* Whether the call's method is open to its client (rpc_server_opts'
- * allow lists); refused calls are answered here. 1 when allowed. */
-static int authorised(worker *w, call_ctx *c) {
-  const rpc_server_opts *o = w->st->o;
-  const int push = c->method == RPC_PUSH || c->method == RPC_REMOVE ||
-                   c->method == RPC_PUSH_LOOKUP; /* all change rows */
+/* Whether method is open to call's client (o's allow lists): 1, or 0
+ * with the refusal in msg. */
+static int allowed(const rpc_server_opts *o, grpc_call *call, int method, char *msg, size_t n) {
+  const int push = method == RPC_PUSH || method == RPC_REMOVE ||
+                   method == RPC_PUSH_LOOKUP; /* all change rows */
   const char *list = push ? o->allow_push
-                     : c->method == RPC_CHECKPOINT || c->method == RPC_RESTORE ||
-                               c->method == RPC_SWAP_AT
+                     : method == RPC_CHECKPOINT || method == RPC_RESTORE || method == RPC_SWAP_AT
                            ? o->allow_admin
                            : NULL;
-  char who[256], msg[512];
-  if (!list || !o->tls || !o->tls->ca || peer_allowed(c->call, list, who, sizeof who)) return 1;
-  const char *m = strrchr(rpc_method_path((rpc_method)c->method), '/') + 1;
-  snprintf(msg, sizeof msg, "%s refused: client %s is not in --allow-%s (%s)", m, who,
+  char who[256];
+  if (!list || !o->tls || !o->tls->ca || peer_allowed(call, list, who, sizeof who)) return 1;
+  const char *m = strrchr(rpc_method_path((rpc_method)method), '/') + 1;
+  snprintf(msg, n, "%s refused: client %s is not in --allow-%s (%s)", m, who,
            push ? "push" : "admin", list);
+  return 0;
+}
+
+/* Whether the call's method is open to its client; refused calls are
+ * answered here. 1 when allowed. */
+static int authorised(worker *w, call_ctx *c) {
+  char msg[512];
+  if (allowed(w->st->o, c->call, c->method, msg, sizeof msg)) return 1;
   refuse(w, c, RPC_PERMISSION_DENIED, msg);
   return 0;
 }
@@ -417,6 +445,219 @@ static void on_close(worker *w, close_tag *ct) {
   free(ct);
 }
 
+/* ---- exchange streams ---- */
+
+/* Post a request for an exchange stream on w's queue. */
+static void xs_post(worker *w) {
+  xstream *x = calloc(1, sizeof *x);
+  if (!x) return;
+  x->kind = TAG_STREAM;
+  x->at = XS_NEW;
+  x->owner = w;
+  grpc_metadata_array_init(&x->md);
+  if (grpc_server_request_registered_call(w->st->srv, w->st->exchange, &x->call, &x->deadline,
+                                          &x->md, NULL, w->cq, w->cq, x) != GRPC_CALL_OK) {
+    grpc_metadata_array_destroy(&x->md);
+    free(x);
+    return;
+  }
+  w->live++;
+}
+
+static void xs_free(xstream *x) {
+  server_state *st = x->owner->st;
+  pthread_mutex_lock(&st->mu);
+  if (x->prev) x->prev->next = x->next;
+  else if (st->xs == x) st->xs = x->next;
+  if (x->next) x->next->prev = x->prev;
+  pthread_mutex_unlock(&st->mu);
+  if (x->held) rpc_service_release(st->svc, x->held);
+  grpc_metadata_array_destroy(&x->md);
+  if (x->recv) grpc_byte_buffer_destroy(x->recv);
+  if (x->send) grpc_byte_buffer_destroy(x->send);
+  if (x->call) grpc_call_unref(x->call);
+  free(x);
+}
+
+/* Start x's next batch (ops[n]), the one in flight from now on. */
+static void xs_batch(worker *w, xstream *x, xs_at at, grpc_op *ops, size_t n) {
+  x->at = at;
+  if (grpc_call_start_batch(x->call, ops, n, x, NULL) != GRPC_CALL_OK) {
+    xs_free(x);
+    return;
+  }
+  w->live++;
+}
+
+/* Read x's next message (after its initial metadata when first). The
+ * stream is idle until it comes: a stop that begins meanwhile cancels it,
+ * and one that began already cancels it now (an idle stream is no call in
+ * flight, and would hold a graceful stop for its whole grace period). */
+static void xs_read(worker *w, xstream *x, int first) {
+  grpc_op ops[2];
+  memset(ops, 0, sizeof ops);
+  size_t n = 0;
+  if (first) ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[n].op = GRPC_OP_RECV_MESSAGE;
+  ops[n++].data.recv_message.recv_message = &x->recv;
+  server_state *st = w->st;
+  pthread_mutex_lock(&st->mu);
+  x->at = XS_RECV;
+  if (grpc_call_start_batch(x->call, ops, n, x, NULL) != GRPC_CALL_OK) {
+    pthread_mutex_unlock(&st->mu);
+    xs_free(x);
+    return;
+  }
+  w->live++;
+  x->idle = 1;
+  if (st->stopping) grpc_call_cancel(x->call, NULL);
+  pthread_mutex_unlock(&st->mu);
+}
+
+/* Send r as the answer to x's message (rpc/shardrec.proto: the head, then
+ * the answer, a pinned one without a copy); x holds r's budget until it is
+ * sent. */
+static void xs_answer(worker *w, xstream *x, rpc_reply *r) {
+  if (r->status != RPC_OK) {
+    free(r->out);
+    r->out = NULL;
+    if (r->pinned) rpc_pinned_release(r->pinned);
+    r->pinned = NULL;
+  }
+  const size_t ml = r->status == RPC_OK ? 0 : strlen(r->msg), pad = (ml + 7) & ~(size_t)7;
+  grpc_slice head = grpc_slice_malloc(8 + pad);
+  uint8_t *h = GRPC_SLICE_START_PTR(head);
+  memset(h, 0, 8 + pad);
+  const uint32_t st = (uint32_t)r->status, len = (uint32_t)ml;
+  memcpy(h, &st, 4);
+  memcpy(h + 4, &len, 4);
+  memcpy(h + 8, r->msg, ml);
+  grpc_byte_buffer *body = NULL;
+  if (r->pinned && !(body = rpc__bb_pinned(r->pinned))) {
+    grpc_slice_unref(head);
+    rpc_reply oom;
+    memset(&oom, 0, sizeof oom);
+    oom.status = RPC_RESOURCE_EXHAUSTED;
+    snprintf(oom.msg, sizeof oom.msg, "out of memory for the answer");
+    rpc_service_release(w->st->svc, r->held);
+    xs_answer(w, x, &oom);
+    return;
+  }
+  if (!body && r->status == RPC_OK) body = rpc__bb_take(r->out, r->out_len);
+  x->send = grpc_raw_byte_buffer_create(&head, 1);
+  grpc_slice_unref(head);
+  if (body) { /* its slices join the head's (a reference each) */
+    for (size_t i = 0; i < body->data.raw.slice_buffer.count; i++)
+      grpc_slice_buffer_add(&x->send->data.raw.slice_buffer,
+                            grpc_slice_ref(body->data.raw.slice_buffer.slices[i]));
+    grpc_byte_buffer_destroy(body);
+  }
+  x->held = r->held;
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_SEND_MESSAGE;
+  op.data.send_message.send_message = x->send;
+  xs_batch(w, x, XS_SENT, &op, 1);
+}
+
+/* x's message, just read: its head checked, its method allowed, handled
+ * (rpc_service_handle_exchange), and answered; a message that finds no
+ * room in the in-flight budget is refused as a deferred call is when its
+ * time runs out, and the client tries it again after a backoff. */
+static void xs_message(worker *w, xstream *x) {
+  server_state *st = w->st;
+  rpc_reply r;
+  memset(&r, 0, sizeof r);
+  grpc_slice in;
+  const int read = rpc__bb_view(x->recv, &in);
+  const size_t len = read ? grpc_byte_buffer_length(x->recv) : GRPC_SLICE_LENGTH(in);
+  grpc_byte_buffer_destroy(x->recv);
+  x->recv = NULL;
+  const uint8_t *d = read ? NULL : GRPC_SLICE_START_PTR(in);
+  uint32_t m = 0, zero = 0;
+  if (d && len >= 8) {
+    memcpy(&m, d, 4);
+    memcpy(&zero, d + 4, 4);
+  }
+  const int head_ok = d && len >= 8 && zero == 0 && m < RPC_N_METHODS;
+  if (read) {
+    r.status = RPC_RESOURCE_EXHAUSTED;
+    snprintf(r.msg, sizeof r.msg, "out of memory reading the request");
+  } else if (!head_ok) {
+    r.status = RPC_INVALID_ARGUMENT;
+    if (len < 8)
+      snprintf(r.msg, sizeof r.msg, "exchange message of %zu bytes: shorter than its 8-byte head",
+               len);
+    else if (zero)
+      snprintf(r.msg, sizeof r.msg, "exchange message: the head's second word is %u, not 0", zero);
+    else
+      snprintf(r.msg, sizeof r.msg, "exchange message: no method %u", m);
+  } else if (!allowed(st->o, x->call, (int)m, r.msg, sizeof r.msg)) {
+    r.status = RPC_PERMISSION_DENIED;
+  }
+  if (r.status != RPC_OK) {
+    rpc_service_note(st->svc, head_ok ? (rpc_method)m : RPC_METHOD_UNKNOWN, r.status, r.msg, 0,
+                     len, 0);
+  } else {
+    rpc_service_handle_exchange(st->svc, (rpc_method)m, d + 8, len - 8, &r);
+    if (r.status == RPC_DEFERRED) rpc_service_refuse_busy(st->svc, &r);
+  }
+  grpc_slice_unref(in);
+  xs_answer(w, x, &r);
+}
+
+/* x's batch in flight ended. */
+static void xs_event(worker *w, xstream *x, int success) {
+  server_state *st = w->st;
+  switch (x->at) {
+    case XS_NEW:
+      if (!success) { /* shutting down: free, do not re-arm */
+        xs_free(x);
+        return;
+      }
+      xs_post(w);
+      pthread_mutex_lock(&st->mu);
+      x->next = st->xs;
+      if (st->xs) st->xs->prev = x;
+      st->xs = x;
+      pthread_mutex_unlock(&st->mu);
+      xs_read(w, x, 1);
+      return;
+    case XS_RECV:
+      pthread_mutex_lock(&st->mu);
+      x->idle = 0;
+      pthread_mutex_unlock(&st->mu);
+      if (!success) { /* cancelled: the client went, or a stop began */
+        xs_free(x);
+        return;
+      }
+      if (x->recv) {
+        xs_message(w, x);
+      } else { /* the client closed the stream: its status, and the end */
+        grpc_op ops[2];
+        memset(ops, 0, sizeof ops);
+        ops[0].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+        ops[0].data.send_status_from_server.status = GRPC_STATUS_OK;
+        ops[1].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+        ops[1].data.recv_close_on_server.cancelled = &x->cancelled;
+        xs_batch(w, x, XS_END, ops, 2);
+      }
+      return;
+    case XS_SENT:
+      rpc_service_release(st->svc, x->held);
+      x->held = 0;
+      grpc_byte_buffer_destroy(x->send);
+      x->send = NULL;
+      if (success) xs_read(w, x, 0);
+      else xs_free(x);
+      retry_deferred(st); /* budget was given back */
+      return;
+    case XS_END:
+      xs_free(x);
+      return;
+  }
+}
+
 static void *worker_main(void *arg) {
   worker *w = arg;
   server_state *st = w->st;
@@ -440,6 +681,10 @@ static void *worker_main(void *arg) {
       on_close(w, ev.tag);
       continue;
     }
+    if (*(tag_kind *)ev.tag == TAG_STREAM) {
+      xs_event(w, ev.tag, ev.success);
+      continue;
+    }
     call_ctx *c = ev.tag;
     switch (c->kind) {
       case TAG_REQUEST:
@@ -457,6 +702,7 @@ static void *worker_main(void *arg) {
         retry_deferred(st);
         break;
       case TAG_CLOSE:
+      case TAG_STREAM:
         break;
     }
   }
@@ -551,6 +797,8 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
   for (int m = 0; m < RPC_N_METHODS; m++)
     st.methods[m] = grpc_server_register_method(st.srv, rpc_method_path((rpc_method)m), NULL,
                                                 GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+  st.exchange =
+      grpc_server_register_method(st.srv, RPC_EXCHANGE_PATH, NULL, GRPC_SRM_PAYLOAD_NONE, 0);
   for (int i = 0; i < threads; i++) {
     st.w[i].st = &st;
     st.w[i].cq = grpc_completion_queue_create_for_next(NULL);
@@ -583,6 +831,7 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
   for (int i = 0; i < threads; i++) {
     for (int m = 0; m < RPC_N_METHODS; m++) post_request(&st.w[i], m);
     post_request(&st.w[i], -1);
+    xs_post(&st.w[i]);
   }
   for (int i = 0; i < threads; i++) pthread_create(&st.w[i].th, NULL, worker_main, &st.w[i]);
   if (on_listening) on_listening(port, ctx);
@@ -599,9 +848,16 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
   static int shut_tag;
   grpc_server_shutdown_and_notify(st.srv, shut_cq, &shut_tag);
   rpc_service_stop_parking(svc); /* parked Lookups are answered UNAVAILABLE */
+  pthread_mutex_lock(&st.mu); /* idle streams end now, the others once answered (xs_read) */
+  st.stopping = 1;
+  for (xstream *x = st.xs; x; x = x->next)
+    if (x->idle) grpc_call_cancel(x->call, NULL);
+  pthread_mutex_unlock(&st.mu);
   double grace = o->shutdown_grace_s > 0 ? o->shutdown_grace_s : 5;
   grpc_event ev = grpc_completion_queue_next(shut_cq, rpc__deadline(grace), NULL);
   if (ev.type == GRPC_QUEUE_TIMEOUT) {
+    fprintf(stderr, "server: calls still running after the %g s grace period: cancelled\n",
+            grace);
     grpc_server_cancel_all_calls(st.srv);
     ev = grpc_completion_queue_next(shut_cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
   }

@@ -408,9 +408,9 @@ static void lookup_hint(rpc_service *s, int64_t step, const emb_idset *set, rpc_
 }
 
 static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r, void *token,
-                      double timeout_s, int pin) {
+                      int defer, double timeout_s, int pin) {
   const int nt = s->plan->n_tables;
-  if (rpc__budget_take(s, 2 * len, token != NULL, r)) return; /* the request's copy, decoded form */
+  if (rpc__budget_take(s, 2 * len, defer, r)) return; /* the request's copy, decoded form */
   rpc_scratch *x = rpc__scratch_take(s); /* the decoded form and the arrays below */
   const Shardrec__V1__LookupRequest *q = NULL;
   float *f16 = NULL; /* owned: the rows of 16-bit tables as floats, before they are encoded */
@@ -453,7 +453,7 @@ static void do_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *
       goto out;
     }
   }
-  if (rpc__check_answer(s, q->tables, q->n_tables, idx, token != NULL, r)) goto out;
+  if (rpc__check_answer(s, q->tables, q->n_tables, idx, defer, r)) goto out;
   if (pin && !s->versions && rpc__answer_pinned(s, q, idx, &set, r)) goto out;
   if (rpc__answer_layout(s->plan, s->incarnation, q, idx, rows_at, &r->out_len) ||
       !(r->out = malloc(r->out_len + RPC_STEP_BYTES)))
@@ -506,7 +506,7 @@ static void msg_prefix(rpc_reply *r, const char *what) {
  * rank's never parks). Either deferred for budget, the whole call is
  * handled again later (the push, already taken, is then a retry). */
 static void do_push_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r,
-                           void *token, double timeout_s, int pin) {
+                           void *token, int defer, double timeout_s, int pin) {
   const uint8_t *push, *look;
   size_t plen, llen;
   if (rpc__push_lookup_split(in, len, &push, &plen, &look, &llen, r)) return;
@@ -523,7 +523,7 @@ static void do_push_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_re
                "a Push and a Lookup", wp > 1 ? wp : wl);
     return;
   }
-  rpc__push(s, push, plen, token != NULL, r);
+  rpc__push(s, push, plen, defer, r);
   if (r->status != RPC_OK) {
     if (r->status != RPC_DEFERRED) msg_prefix(r, "push");
     return;
@@ -531,7 +531,7 @@ static void do_push_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_re
   free(r->out);
   rpc_service_release(s, r->held);
   memset(r, 0, sizeof *r);
-  do_lookup(s, look, llen, r, token, timeout_s, pin);
+  do_lookup(s, look, llen, r, token, defer, timeout_s, pin);
   if (r->status != RPC_OK && r->status != RPC_DEFERRED) msg_prefix(r, RPC_MSG_AFTER_PUSH);
 }
 
@@ -782,6 +782,7 @@ static void do_stats(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r
   resp.prefetched = s->prefetched;
   resp.looks_ahead = s->store->ops->prefetch != NULL;
   resp.push_lookup = 1;
+  resp.exchange = 1;
   rpc_coord_stats cs;
   rpc_coord_stats_get(s->coord, &cs);
   pthread_mutex_unlock(&s->mu);
@@ -839,25 +840,27 @@ out:
   if (q) grpc__health__v1__health_check_request__free_unpacked(q, NULL);
 }
 
-/* rpc_service_handle_call; pin: Lookups may be answered pinned. */
+/* rpc_service_handle_call; token: a Lookup or Watch may park with it;
+ * defer: a call that finds no room in the budget is answered RPC_DEFERRED;
+ * pin: Lookups may be answered pinned. */
 static void handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t len, void *token,
-                        double timeout_s, int pin, rpc_reply *r) {
+                        int defer, double timeout_s, int pin, rpc_reply *r) {
   memset(r, 0, sizeof *r);
   static const uint8_t none[1];
   if (!in) in = none, len = 0;
   double t0 = sr_now();
   switch (m) {
-    case RPC_LOOKUP: do_lookup(s, in, len, r, token, timeout_s, pin); break;
-    case RPC_PUSH: rpc__push(s, in, len, token != NULL, r); break;
+    case RPC_LOOKUP: do_lookup(s, in, len, r, token, defer, timeout_s, pin); break;
+    case RPC_PUSH: rpc__push(s, in, len, defer, r); break;
     case RPC_CHECKPOINT: do_checkpoint(s, in, len, r, 0); break;
     case RPC_RESTORE: do_checkpoint(s, in, len, r, 1); break;
     case RPC_STATS: do_stats(s, in, len, r); break;
     case RPC_HEALTH_CHECK: do_health(s, in, len, r); break;
     case RPC_WATCH: do_watch(s, in, len, r, token, timeout_s); break;
-    case RPC_GET_TRANSFORM: rpc__get_transform(s, in, len, token != NULL, r); break;
+    case RPC_GET_TRANSFORM: rpc__get_transform(s, in, len, defer, r); break;
     case RPC_SWAP_AT: rpc__swap_at(s, in, len, r); break;
-    case RPC_REMOVE: rpc__remove(s, in, len, token != NULL, r); break;
-    case RPC_PUSH_LOOKUP: do_push_lookup(s, in, len, r, token, timeout_s, pin); break;
+    case RPC_REMOVE: rpc__remove(s, in, len, defer, r); break;
+    case RPC_PUSH_LOOKUP: do_push_lookup(s, in, len, r, token, defer, timeout_s, pin); break;
     default:
       r->status = RPC_UNIMPLEMENTED;
       snprintf(r->msg, sizeof r->msg, "unknown method");
@@ -891,7 +894,20 @@ void rpc_service_note(rpc_service *s, rpc_method m, int status, const char *msg,
 
 void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
                              void *token, double timeout_s, rpc_reply *r) {
-  handle_call(s, m, in, len, token, timeout_s, 1, r);
+  handle_call(s, m, in, len, token, token != NULL, timeout_s, 1, r);
+}
+
+void rpc_service_handle_exchange(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
+                                 rpc_reply *r) {
+  if (m != RPC_LOOKUP && m != RPC_PUSH && m != RPC_PUSH_LOOKUP) {
+    memset(r, 0, sizeof *r);
+    r->status = RPC_INVALID_ARGUMENT;
+    snprintf(r->msg, sizeof r->msg, "%s does not go on an exchange stream (only Lookup, Push "
+             "and PushLookup do)", strrchr(rpc_method_path(m), '/') + 1);
+    rpc_service_note(s, m, r->status, r->msg, 0, len, 0);
+    return;
+  }
+  handle_call(s, m, in, len, NULL, 1, 0, 1, r);
 }
 
 void rpc_service_inspect(rpc_service *s, void (*fn)(void *ctx, const rpc_service_view *v),
@@ -910,7 +926,7 @@ void rpc_service_inspect(rpc_service *s, void (*fn)(void *ctx, const rpc_service
 
 void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
                         rpc_reply *r) {
-  handle_call(s, m, in, len, NULL, 0, 0, r);
+  handle_call(s, m, in, len, NULL, 0, 0, 0, r);
   rpc_service_release(s, r->held); /* the caller holds the answer, not the server */
   r->held = 0;
 }

@@ -1,8 +1,9 @@
 /* The shard server over real gRPC on loopback: every bad request gets its
  * status and changes nothing, a retried Push is applied once, read-only
  * refuses Push, health answers SERVING, unknown methods get UNIMPLEMENTED,
- * SIGTERM exits 0, and a Python grpcio client reads exactly the bytes the
- * C client reads. */
+ * SIGTERM exits 0, a Python grpcio client reads exactly the bytes the C
+ * client reads, and the exchange stream answers as calls do, refuses what
+ * it does not take, and ends at once when the server stops. */
 #include <check.h>
 
 #include "tests/check_main.h"
@@ -14,6 +15,8 @@
 #include "rpc/shardrec.pb-c.h"
 #include "tests/metrics/http_get.h"
 #include "tests/rpc/calls.h"
+#include "tests/rpc/raw_call.h"
+#include "tests/support/files.h"
 #include "tests/support/servers.h"
 
 #define DIM 4
@@ -296,6 +299,163 @@ START_TEST(test_health_unknown_method_sigterm) {
 }
 END_TEST
 
+/* ---- the exchange stream (rpc/shardrec.proto, "Exchange stream") ---- */
+
+typedef struct {
+  grpc_completion_queue *cq;
+  grpc_call *call;
+  grpc_metadata_array im;
+  int sent; /* messages sent so far (the first carries the initial metadata) */
+} xs_raw;
+
+static void xs_open(xs_raw *x, grpc_channel *ch) {
+  memset(x, 0, sizeof *x);
+  x->cq = grpc_completion_queue_create_for_next(NULL);
+  grpc_slice m = grpc_slice_from_static_string(RPC_EXCHANGE_PATH);
+  x->call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, x->cq, m, NULL,
+                                     gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+  grpc_slice_unref(m);
+  grpc_metadata_array_init(&x->im);
+}
+
+/* Send msg[len] as one message of x and read its answer: the status,
+ * the status message into msg_out, the answer after the head into *out
+ * (malloc'd) when out. -1 when the stream ended instead. */
+static int xs_send(xs_raw *x, const uint8_t *msg, size_t len, char *msg_out, uint8_t **out,
+                   size_t *olen) {
+  grpc_byte_buffer *send = rpc__bb_make(msg, len), *recv = NULL;
+  grpc_op ops[4];
+  memset(ops, 0, sizeof ops);
+  size_t n = 0;
+  if (!x->sent++) {
+    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[n++].data.recv_initial_metadata.recv_initial_metadata = &x->im;
+  }
+  ops[n].op = GRPC_OP_SEND_MESSAGE;
+  ops[n++].data.send_message.send_message = send;
+  ops[n].op = GRPC_OP_RECV_MESSAGE;
+  ops[n++].data.recv_message.recv_message = &recv;
+  ck_assert_int_eq(grpc_call_start_batch(x->call, ops, n, x, NULL), GRPC_CALL_OK);
+  raw_wait(x->cq, 1, 0);
+  grpc_byte_buffer_destroy(send);
+  if (!recv) return -1;
+  grpc_slice all;
+  ck_assert_int_eq(rpc__bb_view(recv, &all), 0);
+  grpc_byte_buffer_destroy(recv);
+  const uint8_t *a = GRPC_SLICE_START_PTR(all);
+  const size_t alen = GRPC_SLICE_LENGTH(all);
+  ck_assert_uint_ge(alen, 8);
+  uint32_t st, ml;
+  memcpy(&st, a, 4);
+  memcpy(&ml, a + 4, 4);
+  const size_t off = 8 + ((ml + 7) & ~(size_t)7);
+  ck_assert_uint_le(off, alen);
+  ck_assert_uint_lt(ml, 512);
+  memcpy(msg_out, a + 8, ml);
+  msg_out[ml] = 0;
+  if (out) {
+    *olen = alen - off;
+    *out = malloc(*olen + 1);
+    memcpy(*out, a + off, *olen);
+  }
+  grpc_slice_unref(all);
+  return (int)st;
+}
+
+/* req[len] behind the head (method m, second word w2) sent on x. */
+static int xs_call(xs_raw *x, uint32_t m, uint32_t w2, const uint8_t *req, size_t len,
+                   char *msg, uint8_t **out, size_t *olen) {
+  uint8_t *b = malloc(len + 8);
+  memcpy(b, &m, 4);
+  memcpy(b + 4, &w2, 4);
+  if (len) memcpy(b + 8, req, len);
+  int st = xs_send(x, b, len + 8, msg, out, olen);
+  free(b);
+  return st;
+}
+
+static uint64_t failed_calls(void) {
+  Shardrec__V1__StatsResponse *a = calls_stats(srv.addr);
+  ck_assert_ptr_nonnull(a);
+  ck_assert(a->exchange); /* the server says it takes streams */
+  uint64_t f = a->failed_calls;
+  shardrec__v1__stats_response__free_unpacked(a, NULL);
+  return f;
+}
+
+START_TEST(test_exchange_stream) {
+  rpc_global_init();
+  grpc_channel *ch = raw_channel(srv.addr, 0);
+  xs_raw x;
+  xs_open(&x, ch);
+  char msg[512];
+  uint8_t *out, *r;
+  size_t olen, rl, len;
+  /* A Push on the stream is applied as a call's: the same answer, rows
+   * moved as the same push would move them. */
+  fill_grads(1);
+  float before[13 * DIM], after[13 * DIM];
+  snapshot(before);
+  call_table tp[2] = {{0, ids0, 8, g0, 0}, {1, ids1, 5, g1, 0}};
+  uint8_t *q = enc_push(fp, "xs", 0, 0.5f, tp, 2, &len);
+  ck_assert_int_eq(xs_call(&x, RPC_PUSH, 0, q, len, msg, &out, &olen), RPC_OK);
+  free(q);
+  Shardrec__V1__PushResponse *pa = shardrec__v1__push_response__unpack(NULL, olen, out);
+  ck_assert_ptr_nonnull(pa);
+  ck_assert(pa->applied);
+  ck_assert_uint_eq(pa->rows, 13);
+  shardrec__v1__push_response__free_unpacked(pa, NULL);
+  free(out);
+  snapshot(after);
+  ck_assert(memcmp(before, after, sizeof before) != 0);
+  /* A Lookup on the stream answers the very bytes a call answers. */
+  call_table tl[2] = {{0, ids0, 8, NULL, 0}, {1, ids1, 5, NULL, 0}};
+  q = enc_lookup(fp, tl, 2, &len);
+  ck_assert_int_eq(xs_call(&x, RPC_LOOKUP, 0, q, len, msg, &out, &olen), RPC_OK);
+  ck_assert_int_eq(call(RPC_LOOKUP, q, len, &r, &rl, msg), RPC_OK);
+  ck_assert_uint_eq(olen, rl);
+  ck_assert(memcmp(out, r, rl) == 0);
+  free(out);
+  free(r);
+  /* Messages the stream does not take are refused in their answers,
+   * named, counted, and change nothing; the stream goes on. */
+  const uint64_t failed0 = failed_calls();
+  snapshot(before);
+  const uint8_t three[3] = {1, 0, 0};
+  ck_assert_int_eq(xs_send(&x, three, 3, msg, NULL, NULL), RPC_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(msg, "3 bytes: shorter than its 8-byte head"), "%s", msg);
+  ck_assert_int_eq(xs_call(&x, RPC_LOOKUP, 7, q, len, msg, NULL, NULL), RPC_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(msg, "second word is 7"), "%s", msg);
+  ck_assert_int_eq(xs_call(&x, 99, 0, q, len, msg, NULL, NULL), RPC_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(msg, "no method 99"), "%s", msg);
+  ck_assert_int_eq(xs_call(&x, RPC_STATS, 0, NULL, 0, msg, NULL, NULL), RPC_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(msg, "Stats does not go on an exchange stream"), "%s", msg);
+  const uint8_t junk[5] = {0xff, 0xff, 0xff, 0xff, 0xff};
+  ck_assert_int_eq(xs_call(&x, RPC_PUSH, 0, junk, 5, msg, NULL, NULL), RPC_INVALID_ARGUMENT);
+  ck_assert_msg(msg[0], "no message for an undecodable push");
+  snapshot(after);
+  ck_assert(memcmp(before, after, sizeof before) == 0);
+  ck_assert_uint_eq(failed_calls(), failed0 + 5);
+  ck_assert_int_eq(xs_call(&x, RPC_LOOKUP, 0, q, len, msg, &out, &olen), RPC_OK);
+  free(out);
+  free(q);
+  /* A stop with the stream open and idle ends it at once instead of
+   * waiting out the grace period for it. */
+  ck_assert_int_eq(server_stop(&srv), 0);
+  ck_assert_int_eq(xs_call(&x, RPC_LOOKUP, 0, NULL, 0, msg, NULL, NULL), -1);
+  char *log = slurp(log_path);
+  ck_assert_ptr_nonnull(log);
+  ck_assert_msg(!strstr(log, "grace period"), "%s", log);
+  free(log);
+  grpc_call_unref(x.call);
+  grpc_metadata_array_destroy(&x.im);
+  raw_cq_drain(x.cq);
+  grpc_channel_destroy(ch);
+  rpc_global_shutdown();
+}
+END_TEST
+
 START_TEST(test_read_only_refuses_push) {
   test_server ro;
   char args[1200];
@@ -549,7 +709,7 @@ int main(void) {
   const TTest *tests[] = {test_bad_requests_change_nothing, test_retried_push_applied_once,
                           test_health_unknown_method_sigterm, test_read_only_refuses_push,
                           test_python_interop, test_crash_refused_until_restore,
-                          test_clean_stop_keeps_crash, NULL};
+                          test_clean_stop_keeps_crash, test_exchange_stream, NULL};
   calls_tcase(s, "server", 120, setup, teardown, tests);
   return sr_check_run(s);
 }
