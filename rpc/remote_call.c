@@ -84,6 +84,7 @@ int rpc__conn_open(conn *c, const char *addr, const rpc_client_opts *o, char *er
     c->n_ch++;
     for (int m = 0; m < RPC_N_METHODS; m++)
       h->reg[m] = grpc_channel_register_call(h->ch, rpc_method_path((rpc_method)m), NULL, NULL);
+    h->exchange = grpc_channel_register_call(h->ch, RPC_EXCHANGE_PATH, NULL, NULL);
   }
   return 0;
 }
@@ -143,6 +144,162 @@ void rpc__pcall_init(pcall *p, int shard, rpc_method m, uint8_t *req, size_t len
   grpc_metadata_array_init(&p->tm);
 }
 
+/* Send p's request as a message on one of h's exchange streams over cq
+ * (a free one, or a new one: its initial metadata go with the message):
+ * the head (rpc/shardrec.proto, "Exchange stream"), then the request
+ * without a copy. 0, or -1 when every slot is taken or the stream cannot
+ * start (the attempt is then made as a call). */
+static int xs_start(chan *h, grpc_completion_queue *cq, pcall *p, double deadline_s) {
+  int k = -1, fresh = 0;
+  for (int i = 0; i < RPC_XS_SLOTS && k < 0; i++)
+    if (h->xs[i].call && h->xs[i].cq == cq && !h->xs[i].busy) k = i;
+  for (int i = 0; i < RPC_XS_SLOTS && k < 0; i++)
+    if (!h->xs[i].call) k = i, fresh = 1;
+  if (k < 0) return -1;
+  xs_slot *x = &h->xs[k];
+  if (fresh) {
+    x->call = grpc_channel_create_registered_call(h->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                                  h->exchange, gpr_inf_future(GPR_CLOCK_MONOTONIC),
+                                                  NULL);
+    if (!x->call) return -1;
+    x->cq = cq;
+  }
+  grpc_slice sl[2] = {grpc_slice_malloc(8), p->req_sl};
+  const uint32_t head[2] = {(uint32_t)p->m, 0};
+  memcpy(GRPC_SLICE_START_PTR(sl[0]), head, 8);
+  p->send = grpc_raw_byte_buffer_create(sl, 2);
+  grpc_slice_unref(sl[0]);
+  grpc_op ops[4];
+  memset(ops, 0, sizeof ops);
+  size_t n = 0;
+  if (fresh) {
+    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[n++].data.recv_initial_metadata.recv_initial_metadata = &p->im;
+  }
+  ops[n].op = GRPC_OP_SEND_MESSAGE;
+  ops[n++].data.send_message.send_message = p->send;
+  ops[n].op = GRPC_OP_RECV_MESSAGE;
+  ops[n++].data.recv_message.recv_message = &p->recv;
+  if (grpc_call_start_batch(x->call, ops, n, p, NULL) != GRPC_CALL_OK) {
+    grpc_call_cancel(x->call, NULL);
+    grpc_call_unref(x->call);
+    memset(x, 0, sizeof *x);
+    return -1;
+  }
+  x->busy = 1;
+  p->xs_ch = h;
+  p->xs_at = k;
+  p->xs_deadline = sr_now() + deadline_s;
+  p->xs_late = 0;
+  p->active = 1;
+  return 0;
+}
+
+/* p's answer bb without its head of off bytes, a Lookup's rows still in
+ * gRPC's slices (read in place: rpc/answer.c): the first slice cut when
+ * it holds the head (it nearly always does), else one copy of the whole.
+ * NULL when out of memory. */
+static grpc_byte_buffer *xs_body(grpc_byte_buffer *bb, size_t off) {
+  grpc_slice_buffer *sb = &bb->data.raw.slice_buffer;
+  if (bb->type == GRPC_BB_RAW && bb->data.raw.compression == GRPC_COMPRESS_NONE && sb->count &&
+      GRPC_SLICE_LENGTH(sb->slices[0]) >= off) {
+    grpc_slice first = grpc_slice_sub(sb->slices[0], off, GRPC_SLICE_LENGTH(sb->slices[0]));
+    grpc_byte_buffer *out = grpc_raw_byte_buffer_create(&first, 1);
+    grpc_slice_unref(first);
+    for (size_t i = 1; i < sb->count; i++)
+      grpc_slice_buffer_add(&out->data.raw.slice_buffer, grpc_slice_ref(sb->slices[i]));
+    return out;
+  }
+  grpc_slice all;
+  if (rpc__bb_view(bb, &all)) return NULL;
+  grpc_slice body = grpc_slice_sub(all, off, GRPC_SLICE_LENGTH(all));
+  grpc_byte_buffer *out = grpc_raw_byte_buffer_create(&body, 1);
+  grpc_slice_unref(body);
+  grpc_slice_unref(all);
+  return out;
+}
+
+/* p's message on its stream ended (ok: gRPC's success): its status, its
+ * status message and its answer (p->recv, without the head) from the
+ * answer's head. A stream that failed is dropped: UNAVAILABLE, or
+ * DEADLINE_EXCEEDED when this client cancelled it at p's deadline; the
+ * attempt is then retried as a call's failure is. */
+static void xs_done(pcall *p, int ok) {
+  xs_slot *x = &p->xs_ch->xs[p->xs_at];
+  p->xs_ch = NULL;
+  x->busy = 0;
+  grpc_byte_buffer *bb = p->recv, *body = NULL;
+  const size_t len = ok && bb ? grpc_byte_buffer_length(bb) : 0;
+  uint8_t head[520];
+  uint32_t st = 0, ml = 0;
+  size_t off = 0;
+  if (len >= 8) {
+    grpc_byte_buffer_reader rd;
+    grpc_slice got = grpc_empty_slice();
+    if (grpc_byte_buffer_reader_init(&rd, bb)) { /* the head and at most 512 bytes of message */
+      size_t at = 0;
+      while (at < sizeof head && at < len && grpc_byte_buffer_reader_next(&rd, &got)) {
+        size_t k = GRPC_SLICE_LENGTH(got) < sizeof head - at ? GRPC_SLICE_LENGTH(got)
+                                                            : sizeof head - at;
+        memcpy(head + at, GRPC_SLICE_START_PTR(got), k);
+        at += k;
+        grpc_slice_unref(got);
+      }
+      grpc_byte_buffer_reader_destroy(&rd);
+      memcpy(&st, head, 4);
+      memcpy(&ml, head + 4, 4);
+      off = 8 + (((size_t)ml + 7) & ~(size_t)7);
+      if (ml <= sizeof head - 8 && off <= len) body = xs_body(bb, off);
+    }
+  }
+  grpc_slice_unref(p->details);
+  if (!body || x->cancelled) { /* a stream this client cancelled is not used again, even when
+                                   its answer came first */
+    grpc_call_cancel(x->call, NULL);
+    grpc_call_unref(x->call);
+    memset(x, 0, sizeof *x);
+  }
+  if (!body) {
+    p->status = p->xs_late ? GRPC_STATUS_DEADLINE_EXCEEDED : GRPC_STATUS_UNAVAILABLE;
+    p->details = grpc_slice_from_static_string(
+        p->xs_late ? "deadline passed on the exchange stream"
+        : len      ? "exchange stream: an answer that does not read"
+                   : "exchange stream ended");
+    return;
+  }
+  p->status = (grpc_status_code)st;
+  p->details = grpc_slice_from_copied_buffer((const char *)head + 8, ml);
+  grpc_byte_buffer_destroy(bb);
+  p->recv = body;
+}
+
+void rpc__pcall_cancel(pcall *p) {
+  if (p->xs_ch) {
+    xs_slot *x = &p->xs_ch->xs[p->xs_at];
+    x->cancelled = 1;
+    grpc_call_cancel(x->call, NULL);
+  } else if (p->call) {
+    grpc_call_cancel(p->call, NULL);
+  }
+}
+
+void rpc__xs_close(conn *conns, int n, grpc_completion_queue *cq) {
+  for (int k = 0; k < n; k++)
+    for (int i = 0; i < conns[k].n_ch; i++)
+      for (int j = 0; j < RPC_XS_SLOTS; j++) {
+        xs_slot *x = &conns[k].chs[i].xs[j];
+        if (!x->call || (cq && x->cq != cq)) continue;
+        if (x->busy) { /* its message ends first (xs_done) */
+          x->cancelled = 1;
+          continue;
+        }
+        grpc_call_cancel(x->call, NULL);
+        grpc_call_unref(x->call);
+        memset(x, 0, sizeof *x);
+      }
+}
+
 /* Start one attempt of p on conn c. 0, or -1 (p->done set with a status). */
 int rpc__pcall_start(conn *c, grpc_completion_queue *cq, pcall *p, double deadline_s) {
   pcall_reset_attempt(p);
@@ -150,6 +307,14 @@ int rpc__pcall_start(conn *c, grpc_completion_queue *cq, pcall *p, double deadli
   grpc_metadata_array_init(&p->tm);
   p->tries++;
   chan *h = &c->chs[p->chan % c->n_ch];
+  if (p->req_owned && p->req) { /* the slice takes req: every attempt sends it, no copy */
+    p->req_sl = grpc_slice_new(p->req, p->req_len, free);
+    p->req_owned = 0;
+  }
+  if (c->exchange && !p->path && !p->no_deadline &&
+      (p->m == RPC_LOOKUP || p->m == RPC_PUSH || p->m == RPC_PUSH_LOOKUP) &&
+      !xs_start(h, cq, p, deadline_s))
+    return 0;
   if (p->path) {
     grpc_slice method = grpc_slice_from_copied_string(p->path);
     p->call = grpc_channel_create_call(h->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, NULL,
@@ -159,10 +324,6 @@ int rpc__pcall_start(conn *c, grpc_completion_queue *cq, pcall *p, double deadli
     p->call = grpc_channel_create_registered_call(
         h->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, h->reg[p->m],
         p->no_deadline ? gpr_inf_future(GPR_CLOCK_MONOTONIC) : rpc__deadline(deadline_s), NULL);
-  }
-  if (p->req_owned && p->req) { /* the slice takes req: every attempt sends it, no copy */
-    p->req_sl = grpc_slice_new(p->req, p->req_len, free);
-    p->req_owned = 0;
   }
   p->send = grpc_raw_byte_buffer_create(&p->req_sl, 1);
   grpc_op ops[6];
@@ -261,16 +422,37 @@ void rpc__run_calls_each(conn *conns, grpc_completion_queue *cq, pcall *calls, i
       else if (!p->active && (next_retry == 0 || p->retry_at < next_retry)) next_retry = p->retry_at;
     }
     int active = 0;
-    for (int i = 0; i < n; i++) active += calls[i].active;
+    for (int i = 0; i < n; i++) {
+      const pcall *p = &calls[i];
+      active += p->active;
+      /* A message on a stream has no deadline of gRPC's: the wait ends at
+       * its own too (below). */
+      if (p->active && p->xs_ch && !p->xs_late && (next_retry == 0 || p->xs_deadline < next_retry))
+        next_retry = p->xs_deadline;
+    }
     if (!busy) return;
     gpr_timespec until = active ? gpr_inf_future(GPR_CLOCK_MONOTONIC)
                                 : rpc__deadline(next_retry - now > 0 ? next_retry - now : 0);
     if (active && next_retry > 0) until = rpc__deadline(next_retry - now > 0 ? next_retry - now : 0);
     grpc_event ev = grpc_completion_queue_next(cq, until, NULL);
+    if (ev.type == GRPC_QUEUE_TIMEOUT) {
+      /* Nothing came: a message on a stream past its deadline is cancelled
+       * with its stream. Only now, when the queue held no answer: one that
+       * came while its caller was away (a Lookup sent ahead) is not late. */
+      now = sr_now();
+      for (int i = 0; i < n; i++) {
+        pcall *p = &calls[i];
+        if (p->active && p->xs_ch && !p->xs_late && p->xs_deadline <= now) {
+          p->xs_late = 1;
+          rpc__pcall_cancel(p);
+        }
+      }
+    }
     if (ev.type != GRPC_OP_COMPLETE) continue;
     pcall *p = ev.tag;
     p->active = 0;
-    if (!ev.success) p->status = GRPC_STATUS_INTERNAL;
+    if (p->xs_ch) xs_done(p, ev.success);
+    else if (!ev.success) p->status = GRPC_STATUS_INTERNAL;
     const int trouble = p->status == GRPC_STATUS_UNAVAILABLE || deadline_retry(p, o);
     const int tls = tls_refusal(p);
     p->refusals = tls ? p->refusals + 1 : 0;

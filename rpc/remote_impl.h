@@ -33,9 +33,22 @@
 
 /* One gRPC channel to a server: with a subchannel pool of its own
  * (GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL), its own TCP connection. */
+/* An exchange stream (rpc/shardrec.proto, "Exchange stream") of a
+ * channel, on one completion queue (a lane's): one message in flight at a
+ * time. */
+typedef struct {
+  grpc_completion_queue *cq;
+  grpc_call *call; /* NULL: the slot is free */
+  int busy;        /* a message is in flight */
+  int cancelled;   /* cancelled by this client: dropped once its message is done */
+} xs_slot;
+#define RPC_XS_SLOTS 8 /* streams a channel keeps; a lane's further calls go as calls */
+
 typedef struct {
   grpc_channel *ch;
   void *reg[RPC_N_METHODS];
+  void *exchange;              /* the exchange stream's method */
+  xs_slot xs[RPC_XS_SLOTS];
 } chan;
 
 /* One server: its address, its channels and what its answers told. */
@@ -49,6 +62,8 @@ typedef struct {
   uint64_t max_ids, max_bytes, budget;
   int looks_ahead; /* its store reads ahead: prefetch_only hints are worth sending */
   int push_lookup; /* it takes PushLookup */
+  int exchange;    /* Lookups, Pushes and PushLookups go on exchange streams (it takes
+                      them, and the job has one rank) */
   int notes;       /* calls answered after a retry since rpc_remote_note last looked */
   char note[400];  /* the last of them */
 } conn;
@@ -89,6 +104,10 @@ typedef struct {
   uint8_t *resp;    /* owned, when status OK (not a Lookup: its answer is recv) */
   size_t resp_len;
   int scattered;    /* a Lookup: its rows are in the caller's array (lookup_collect) */
+  chan *xs_ch;      /* the attempt in flight is a message on xs_ch's stream xs_at (else a call) */
+  int xs_at;
+  double xs_deadline; /* its deadline (sr_now seconds), kept by cancelling the stream */
+  int xs_late;        /* it was cancelled at its deadline */
   call_part *parts; /* owned: Lookup and Push, the tables' ids it carries, in order */
   int n_parts;
 } pcall;
@@ -107,6 +126,13 @@ void rpc__opts_defaults(rpc_client_opts *o);
  * p from now on); rpc__pcall_free lets it go. */
 void rpc__pcall_init(pcall *p, int shard, rpc_method m, uint8_t *req, size_t len);
 void rpc__pcall_free(pcall *p);
+/* Cancel p's attempt in flight (its call, or its exchange stream). */
+void rpc__pcall_cancel(pcall *p);
+/* Close the exchange streams of conns[n] on cq (every one: NULL): before
+ * cq or the channels go, and when the servers may be new processes (a
+ * recovery, a Restore), whose connections the old streams are not on. One
+ * with a message in flight is closed once that message is done. */
+void rpc__xs_close(conn *conns, int n, grpc_completion_queue *cq);
 /* Start one attempt of p on conn c. 0, or -1 (p->done set with a status). */
 int rpc__pcall_start(conn *c, grpc_completion_queue *cq, pcall *p, double deadline_s);
 /* Drive calls[n] (already started or waiting to retry; each on

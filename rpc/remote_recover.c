@@ -67,7 +67,7 @@ static void lane_cancel(rstore *s, lane *L) {
     pcall *p = &L->calls[i];
     p->cancelled = 1; /* an attempt that ends on its own now is not retried either */
     if (p->active) {
-      grpc_call_cancel(p->call, NULL);
+      rpc__pcall_cancel(p);
     } else if (!p->done) {
       p->done = 1;
       p->status = GRPC_STATUS_CANCELLED;
@@ -99,6 +99,7 @@ void rpc_remote_quiesce(emb_store *b) {
    * forgets them as well), or the replayed steps' look-ahead Lookups would
    * go before rank 0's removals at those boundaries. */
   s->pushed = s->seen = s->removed = -1;
+  rpc__xs_close(s->c, s->n, NULL); /* the servers may be new processes when the job goes on */
 }
 
 int rpc_remote_incarnations(const emb_store *b, uint64_t *inc, int n) {

@@ -604,6 +604,7 @@ static int read_limits(rstore *s, pcall *p, void *ctx) {
   c->budget = a->inflight_budget_bytes;
   c->looks_ahead = a->looks_ahead;
   c->push_lookup = a->push_lookup;
+  c->exchange = a->exchange && s->o.world_size == 1; /* a stream never waits for other ranks */
   shardrec__v1__stats_response__free_unpacked(a, NULL);
   return 0;
 }
@@ -686,6 +687,7 @@ static int restore_all(emb_store *b, const char *path, int delta) {
   if (!rc) rc = rpc__broadcast((rstore *)b, RPC_RESTORE, make_restore, &a, "restore", restore_inc);
   if (!rc && !delta) ((rstore *)b)->lost = 0;
   ((rstore *)b)->limits_known = 0;
+  rpc__xs_close(((rstore *)b)->c, ((rstore *)b)->n, NULL); /* a server may be a new process */
   /* Everything prefetched goes (the servers answered held Lookups ABORTED),
    * and the servers forgot the job: its steps start over. */
   rstore *s = (rstore *)b;
@@ -829,15 +831,17 @@ static void r_destroy(emb_store *b) {
     pf_slot *f = &s->pf[i];
     for (int j = 0; j < f->L.n_calls; j++) {
       f->L.calls[j].cancelled = 1;
-      if (f->L.calls[j].active) grpc_call_cancel(f->L.calls[j].call, NULL);
+      if (f->L.calls[j].active) rpc__pcall_cancel(&f->L.calls[j]);
     }
     rpc__slot_release(s, f);
+    rpc__xs_close(s->c, s->n, f->L.cq);
     rpc__lane_free(&f->L, b->plan->n_tables);
     for (int t = 0; f->ids && t < b->plan->n_tables; t++) free(f->ids[t]);
     free(f->ids);
     free(f->counts);
     free(f->cap);
   }
+  rpc__xs_close(s->c, s->n, NULL);
   rpc__lane_free(&s->lk, b->plan->n_tables);
   rpc__lane_free(&s->mn, b->plan->n_tables);
   for (int k = 0; k < s->n && s->c; k++) {
