@@ -144,6 +144,13 @@ void rpc__pcall_init(pcall *p, int shard, rpc_method m, uint8_t *req, size_t len
   grpc_metadata_array_init(&p->tm);
 }
 
+/* Let stream slot x go (its stream cancelled, if still open). */
+static void xs_drop(xs_slot *x) {
+  grpc_call_cancel(x->call, NULL);
+  grpc_call_unref(x->call);
+  memset(x, 0, sizeof *x);
+}
+
 /* Send p's request as a message on one of h's exchange streams over cq
  * (a free one, or a new one: its initial metadata go with the message):
  * the head (rpc/shardrec.proto, "Exchange stream"), then the request
@@ -182,9 +189,7 @@ static int xs_start(chan *h, grpc_completion_queue *cq, pcall *p, double deadlin
   ops[n].op = GRPC_OP_RECV_MESSAGE;
   ops[n++].data.recv_message.recv_message = &p->recv;
   if (grpc_call_start_batch(x->call, ops, n, p, NULL) != GRPC_CALL_OK) {
-    grpc_call_cancel(x->call, NULL);
-    grpc_call_unref(x->call);
-    memset(x, 0, sizeof *x);
+    xs_drop(x);
     return -1;
   }
   x->busy = 1;
@@ -196,27 +201,46 @@ static int xs_start(chan *h, grpc_completion_queue *cq, pcall *p, double deadlin
   return 0;
 }
 
-/* p's answer bb without its head of off bytes, a Lookup's rows still in
- * gRPC's slices (read in place: rpc/answer.c): the first slice cut when
- * it holds the head (it nearly always does), else one copy of the whole.
- * NULL when out of memory. */
-static grpc_byte_buffer *xs_body(grpc_byte_buffer *bb, size_t off) {
-  grpc_slice_buffer *sb = &bb->data.raw.slice_buffer;
-  if (bb->type == GRPC_BB_RAW && bb->data.raw.compression == GRPC_COMPRESS_NONE && sb->count &&
-      GRPC_SLICE_LENGTH(sb->slices[0]) >= off) {
-    grpc_slice first = grpc_slice_sub(sb->slices[0], off, GRPC_SLICE_LENGTH(sb->slices[0]));
-    grpc_byte_buffer *out = grpc_raw_byte_buffer_create(&first, 1);
-    grpc_slice_unref(first);
-    for (size_t i = 1; i < sb->count; i++)
-      grpc_slice_buffer_add(&out->data.raw.slice_buffer, grpc_slice_ref(sb->slices[i]));
-    return out;
+/* The length of an answer's head and message as sl begins them (its
+ * status and message length into st, ml); SIZE_MAX when sl is shorter
+ * than the head's 8 bytes. */
+static size_t xs_head(grpc_slice sl, uint32_t *st, uint32_t *ml) {
+  if (GRPC_SLICE_LENGTH(sl) < 8) return SIZE_MAX;
+  memcpy(st, GRPC_SLICE_START_PTR(sl), 4);
+  memcpy(ml, GRPC_SLICE_START_PTR(sl) + 4, 4);
+  return 8 + (((size_t)*ml + 7) & ~(size_t)7);
+}
+
+/* The head (rpc/shardrec.proto, "Exchange stream") of answer bb: its
+ * status, message (into msg) and the answer after it as a byte buffer of
+ * its own, a Lookup's rows still in gRPC's slices (read in place:
+ * rpc/answer.c): the first slice is cut when it holds the head and
+ * message (it nearly always does), else the whole is joined once. NULL
+ * when the answer does not read (or no memory). */
+static grpc_byte_buffer *xs_body(grpc_byte_buffer *bb, uint32_t *st, grpc_slice *msg) {
+  if (bb->type != GRPC_BB_RAW || bb->data.raw.compression != GRPC_COMPRESS_NONE) return NULL;
+  const grpc_slice_buffer *sb = &bb->data.raw.slice_buffer;
+  grpc_slice all = sb->count ? grpc_slice_ref(sb->slices[0]) : grpc_empty_slice();
+  size_t joined = 1; /* the slices all holds */
+  uint32_t ml = 0;
+  size_t off = xs_head(all, st, &ml);
+  if (off > GRPC_SLICE_LENGTH(all) && sb->count > 1) { /* the head spans slices */
+    grpc_slice_unref(all);
+    if (rpc__bb_view(bb, &all)) return NULL;
+    joined = sb->count;
+    off = xs_head(all, st, &ml);
   }
-  grpc_slice all;
-  if (rpc__bb_view(bb, &all)) return NULL;
-  grpc_slice body = grpc_slice_sub(all, off, GRPC_SLICE_LENGTH(all));
-  grpc_byte_buffer *out = grpc_raw_byte_buffer_create(&body, 1);
-  grpc_slice_unref(body);
+  if (off > GRPC_SLICE_LENGTH(all)) {
+    grpc_slice_unref(all);
+    return NULL;
+  }
+  *msg = grpc_slice_sub(all, 8, 8 + ml);
+  grpc_slice first = grpc_slice_sub(all, off, GRPC_SLICE_LENGTH(all));
   grpc_slice_unref(all);
+  grpc_byte_buffer *out = grpc_raw_byte_buffer_create(&first, 1);
+  grpc_slice_unref(first);
+  for (size_t i = joined; i < sb->count; i++)
+    grpc_slice_buffer_add(&out->data.raw.slice_buffer, grpc_slice_ref(sb->slices[i]));
   return out;
 }
 
@@ -224,53 +248,28 @@ static grpc_byte_buffer *xs_body(grpc_byte_buffer *bb, size_t off) {
  * status message and its answer (p->recv, without the head) from the
  * answer's head. A stream that failed is dropped: UNAVAILABLE, or
  * DEADLINE_EXCEEDED when this client cancelled it at p's deadline; the
- * attempt is then retried as a call's failure is. */
+ * attempt is then retried as a call's failure is. So is a stream this
+ * client cancelled, even when its message's answer came first. */
 static void xs_done(pcall *p, int ok) {
   xs_slot *x = &p->xs_ch->xs[p->xs_at];
   p->xs_ch = NULL;
   x->busy = 0;
-  grpc_byte_buffer *bb = p->recv, *body = NULL;
-  const size_t len = ok && bb ? grpc_byte_buffer_length(bb) : 0;
-  uint8_t head[520];
-  uint32_t st = 0, ml = 0;
-  size_t off = 0;
-  if (len >= 8) {
-    grpc_byte_buffer_reader rd;
-    grpc_slice got = grpc_empty_slice();
-    if (grpc_byte_buffer_reader_init(&rd, bb)) { /* the head and at most 512 bytes of message */
-      size_t at = 0;
-      while (at < sizeof head && at < len && grpc_byte_buffer_reader_next(&rd, &got)) {
-        size_t k = GRPC_SLICE_LENGTH(got) < sizeof head - at ? GRPC_SLICE_LENGTH(got)
-                                                            : sizeof head - at;
-        memcpy(head + at, GRPC_SLICE_START_PTR(got), k);
-        at += k;
-        grpc_slice_unref(got);
-      }
-      grpc_byte_buffer_reader_destroy(&rd);
-      memcpy(&st, head, 4);
-      memcpy(&ml, head + 4, 4);
-      off = 8 + (((size_t)ml + 7) & ~(size_t)7);
-      if (ml <= sizeof head - 8 && off <= len) body = xs_body(bb, off);
-    }
-  }
+  uint32_t st = 0;
+  grpc_slice msg = grpc_empty_slice();
+  grpc_byte_buffer *body = ok && p->recv ? xs_body(p->recv, &st, &msg) : NULL;
+  if (!body || x->cancelled) xs_drop(x);
   grpc_slice_unref(p->details);
-  if (!body || x->cancelled) { /* a stream this client cancelled is not used again, even when
-                                   its answer came first */
-    grpc_call_cancel(x->call, NULL);
-    grpc_call_unref(x->call);
-    memset(x, 0, sizeof *x);
-  }
   if (!body) {
     p->status = p->xs_late ? GRPC_STATUS_DEADLINE_EXCEEDED : GRPC_STATUS_UNAVAILABLE;
     p->details = grpc_slice_from_static_string(
         p->xs_late ? "deadline passed on the exchange stream"
-        : len      ? "exchange stream: an answer that does not read"
+        : p->recv  ? "exchange stream: an answer that does not read"
                    : "exchange stream ended");
     return;
   }
   p->status = (grpc_status_code)st;
-  p->details = grpc_slice_from_copied_buffer((const char *)head + 8, ml);
-  grpc_byte_buffer_destroy(bb);
+  p->details = msg;
+  grpc_byte_buffer_destroy(p->recv);
   p->recv = body;
 }
 
@@ -290,13 +289,8 @@ void rpc__xs_close(conn *conns, int n, grpc_completion_queue *cq) {
       for (int j = 0; j < RPC_XS_SLOTS; j++) {
         xs_slot *x = &conns[k].chs[i].xs[j];
         if (!x->call || (cq && x->cq != cq)) continue;
-        if (x->busy) { /* its message ends first (xs_done) */
-          x->cancelled = 1;
-          continue;
-        }
-        grpc_call_cancel(x->call, NULL);
-        grpc_call_unref(x->call);
-        memset(x, 0, sizeof *x);
+        if (x->busy) x->cancelled = 1; /* its message ends first (xs_done) */
+        else xs_drop(x);
       }
 }
 

@@ -518,10 +518,8 @@ static void xs_read(worker *w, xstream *x, int first) {
  * the answer, a pinned one without a copy); x holds r's budget until it is
  * sent. */
 static void xs_answer(worker *w, xstream *x, rpc_reply *r) {
-  if (r->status != RPC_OK) {
-    free(r->out);
-    r->out = NULL;
-    if (r->pinned) rpc_pinned_release(r->pinned);
+  if (r->status != RPC_OK && r->pinned) { /* as reply_answer; a refusal has no r->out */
+    rpc_pinned_release(r->pinned);
     r->pinned = NULL;
   }
   const size_t ml = r->status == RPC_OK ? 0 : strlen(r->msg), pad = (ml + 7) & ~(size_t)7;
@@ -580,6 +578,7 @@ static void xs_message(worker *w, xstream *x) {
     memcpy(&zero, d + 4, 4);
   }
   const int head_ok = d && len >= 8 && zero == 0 && m < RPC_N_METHODS;
+  const int exchanged = m == RPC_LOOKUP || m == RPC_PUSH || m == RPC_PUSH_LOOKUP;
   if (read) {
     r.status = RPC_RESOURCE_EXHAUSTED;
     snprintf(r.msg, sizeof r.msg, "out of memory reading the request");
@@ -592,6 +591,10 @@ static void xs_message(worker *w, xstream *x) {
       snprintf(r.msg, sizeof r.msg, "exchange message: the head's second word is %u, not 0", zero);
     else
       snprintf(r.msg, sizeof r.msg, "exchange message: no method %u", m);
+  } else if (!exchanged) {
+    r.status = RPC_INVALID_ARGUMENT;
+    snprintf(r.msg, sizeof r.msg, "%s does not go on an exchange stream (only Lookup, Push and "
+             "PushLookup do)", strrchr(rpc_method_path((rpc_method)m), '/') + 1);
   } else if (!allowed(st->o, x->call, (int)m, r.msg, sizeof r.msg)) {
     r.status = RPC_PERMISSION_DENIED;
   }

@@ -899,14 +899,6 @@ void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, si
 
 void rpc_service_handle_exchange(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
                                  rpc_reply *r) {
-  if (m != RPC_LOOKUP && m != RPC_PUSH && m != RPC_PUSH_LOOKUP) {
-    memset(r, 0, sizeof *r);
-    r->status = RPC_INVALID_ARGUMENT;
-    snprintf(r->msg, sizeof r->msg, "%s does not go on an exchange stream (only Lookup, Push "
-             "and PushLookup do)", strrchr(rpc_method_path(m), '/') + 1);
-    rpc_service_note(s, m, r->status, r->msg, 0, len, 0);
-    return;
-  }
   handle_call(s, m, in, len, NULL, 1, 0, 1, r);
 }
 

@@ -284,9 +284,9 @@ void rpc_service_note(rpc_service *s, rpc_method m, int status, const char *msg,
 #define RPC_PARKED (-1)
 void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
                              void *token, double timeout_s, rpc_reply *r);
-/* One message of an exchange stream (rpc/server.c): a Lookup, Push or
- * PushLookup (any other method is refused INVALID_ARGUMENT, counted),
- * handled as rpc_service_handle_call's calls are, with two differences:
+/* One message of an exchange stream (rpc/server.c: a Lookup, Push or
+ * PushLookup), handled as rpc_service_handle_call's calls are, with two
+ * differences:
  * one that finds no room in the budget is answered RPC_DEFERRED (as with
  * a token), and none parks (a stream answers in order: a Lookup of a job
  * of several ranks whose step is not ready is refused, as without one). */
