@@ -487,6 +487,11 @@ int dense_model_batch_buffers(dense_model *m, float **emb, float **d_emb) {
 
 int dense_model_backward(dense_model *m, int n, const float *labels,
                          float *loss_out, float *d_emb) {
+  return dense_model_backward_ready(m, n, labels, loss_out, d_emb, NULL, NULL);
+}
+
+int dense_model_backward_ready(dense_model *m, int n, const float *labels, float *loss_out,
+                               float *d_emb, int (*ready)(void *ctx, float loss), void *ctx) {
   const dense_config *c = &m->cfg;
   if (!labels || n < 1) {
     sr_fmt(m->errmsg, sizeof m->errmsg, "backward: NULL labels or batch %d",
@@ -498,16 +503,20 @@ int dense_model_backward(dense_model *m, int n, const float *labels,
            "backward of %d samples without a forward of %d", n, n);
     return SR_ESTATE;
   }
-  if (m->dev)
-    return m->dev_hooks->backward(m->dev, n, labels, loss_out, d_emb, m->grads,
-                                  m->errmsg, sizeof m->errmsg);
+  if (m->dev) {
+    float loss = 0;
+    int rc = m->dev_hooks->backward(m->dev, n, labels, &loss, d_emb, m->grads, m->errmsg,
+                                    sizeof m->errmsg);
+    if (loss_out) *loss_out = loss;
+    return rc || !ready ? rc : ready(ctx, loss);
+  }
   const dense_backend *be = m->be;
   int nb = c->n_bot - 1, L = m->n_layers, d = c->bot[c->n_bot - 1];
   size_t es = (size_t)c->n_sparse * c->emb_dim;
   float *g = m->g0, *h = m->g1, *tmp;
 
-  double loss = be->bce_logits(n, m->out[L - 1], labels, g); /* g = dz[n] */
-  if (loss_out) *loss_out = (float)loss;
+  float loss = (float)be->bce_logits(n, m->out[L - 1], labels, g); /* g = dz[n] */
+  if (loss_out) *loss_out = loss;
 
   /* top MLP, last layer first; the last din is dR[n][r_width]. masked: g
    * has had its ReLU backward already (in the product that formed it). */
@@ -531,6 +540,8 @@ int dense_model_backward(dense_model *m, int n, const float *labels,
     }
   }
   tmp = g, g = h, h = tmp;
+  int rc = ready ? ready(ctx, loss) : 0;
+  if (rc) return rc;
 
   /* bottom MLP (the interaction's gradient is not masked: masked is 0);
    * the first layer needs no input gradient */

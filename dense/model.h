@@ -106,6 +106,16 @@ int dense_model_forward(dense_model *m, int n, const float *x_dense,
 int dense_model_backward(dense_model *m, int n, const float *labels,
                          float *loss_out, float *d_emb);
 
+/* dense_model_backward, calling ready(ctx, loss) once d_emb and the loss
+ * are whole, before the bottom MLP's backward (a device model: after the
+ * whole backward), so that work on d_emb (a push to shard servers) runs
+ * beside the rest; ready may read d_emb but not change the model. The
+ * bottom MLP reads neither d_emb nor the embedding rows: the bits are
+ * dense_model_backward's. A nonzero return from ready stops the backward
+ * there (the parameter gradients are then incomplete) and is returned. */
+int dense_model_backward_ready(dense_model *m, int n, const float *labels, float *loss_out,
+                               float *d_emb, int (*ready)(void *ctx, float loss), void *ctx);
+
 /* Host buffers for one batch's emb and d_emb ([max_batch][n_sparse]
  * [emb_dim] floats each, owned by the model) that forward reads and backward
  * writes without a copy of their own: a device model's page-locked staging

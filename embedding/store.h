@@ -179,6 +179,17 @@ typedef struct emb_store_ops {
    * until every rank's is in). */
   int (*push)(emb_store *s, int64_t step, float lr, const emb_idset *ids,
               const float *const *grads);
+  /* push in two halves (NULL: the store has none, and push_begin is push):
+   * push_begin checks and sends the push, the caller's ids and grads no
+   * longer needed when it returns, and push_wait awaits the answers and
+   * returns the push's status (what push would have returned). Between
+   * them the caller computes (the dense backward's bottom MLP and update)
+   * while the servers apply the rows; it calls nothing else on the store.
+   * A push_begin that fails sends nothing: no push_wait follows it. The
+   * remote store has them. */
+  int (*push_begin)(emb_store *s, int64_t step, float lr, const emb_idset *ids,
+                    const float *const *grads);
+  int (*push_wait)(emb_store *s);
   /* Hand every update to the store's durable tier, where it has one: the
    * shard store writes its dirty rows and its write buffers to RocksDB as
    * ingested SST files, durable when flush returns (storage/kv.h
@@ -296,6 +307,15 @@ static inline double emb_store_lookup_flight(emb_store *s) {
 static inline int emb_store_push(emb_store *s, int64_t step, float lr, const emb_idset *ids,
                                  const float *const *grads) {
   return s->ops->push(s, step, lr, ids, grads);
+}
+/* The push's halves (see emb_store_ops.push_begin): a store without them
+ * pushes in emb_store_push_begin and its emb_store_push_wait returns 0. */
+static inline int emb_store_push_begin(emb_store *s, int64_t step, float lr,
+                                       const emb_idset *ids, const float *const *grads) {
+  return (s->ops->push_begin ? s->ops->push_begin : s->ops->push)(s, step, lr, ids, grads);
+}
+static inline int emb_store_push_wait(emb_store *s) {
+  return s->ops->push_wait ? s->ops->push_wait(s) : 0;
 }
 static inline int emb_store_flush(emb_store *s) { return s->ops->flush(s); }
 static inline int emb_store_checkpoint(emb_store *s, const char *path) {

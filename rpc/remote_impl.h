@@ -236,6 +236,12 @@ typedef struct {
   lane *cur;        /* the lane of the lookup outstanding: &lk or a slot's */
   pf_slot *cur_pf;  /* that slot (NULL: lk) */
   pf_slot pf[RPC_PF_STEPS];
+  /* The push sent by push_begin, awaited by push_wait: its step, its rows
+   * and the look-ahead slot whose Lookups it joined (NULL: none). */
+  int push_out;
+  int64_t push_step;
+  uint64_t push_rows;
+  pf_slot *push_f;
   int64_t pushed;   /* the last step pushed (answered OK); -1: none */
   int64_t seen;     /* the highest step looked up, pushed or prefetched; -1: none */
   int keeps;        /* the plan bounds tables: rows go at step boundaries (remove) */

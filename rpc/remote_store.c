@@ -458,8 +458,8 @@ static int r_lookup_wait(emb_store *b) {
 
 static double r_lookup_flight(emb_store *b) { return ((rstore *)b)->lookup_flight; }
 
-static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
-                  const float *const *grads) {
+static int r_push_begin(emb_store *b, int64_t step, float lr, const emb_idset *ids,
+                        const float *const *grads) {
   rstore *s = (rstore *)b;
   lane *L = &s->mn;
   /* A Lookup in flight (the next step's, prefetched) stays in flight on its
@@ -469,6 +469,11 @@ static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
     sr_fmt(s->err, sizeof s->err, "push: id set has %d tables, the plan has %d",
            ids ? ids->n_tables : -1, b->plan->n_tables);
     return SR_EINVAL;
+  }
+  if (s->push_out) {
+    sr_fmt(s->err, sizeof s->err, "push of step %lld begun with the push of step %lld unawaited",
+           (long long)step, (long long)s->push_step);
+    return SR_ESTATE;
   }
   rpc__slots_drop_before(s, step + 1); /* prefetched steps up to this one are over */
   /* One rank in async mode begins a later step's Lookup before this push,
@@ -483,12 +488,26 @@ static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
   int rc = rpc__fetch_limits(s);
   if (!rc) rc = rpc__build_calls(s, L, RPC_PUSH, step, lr, ids, grads);
   if (rc) return rc;
-  pf_slot *f = rpc__slot_join(s, step); /* started: the Lookups of step + 1 with this push */
+  s->push_f = rpc__slot_join(s, step); /* started: the Lookups of step + 1 with this push */
   for (int i = 0; i < L->n_calls; i++)
     rpc__pcall_start(&s->c[L->calls[i].shard], L->cq, &L->calls[i], s->o.deadline_s);
+  s->push_out = 1;
+  s->push_step = step;
+  s->push_rows = 0;
+  for (int t = 0; t < ids->n_tables; t++) s->push_rows += ids->counts[t];
+  return 0;
+}
+
+static int r_push_wait(emb_store *b) {
+  rstore *s = (rstore *)b;
+  lane *L = &s->mn;
+  if (!s->push_out) return 0;
+  s->push_out = 0;
+  int64_t step = s->push_step;
   rpc__run_calls(s->c, L->cq, L->calls, L->n_calls, &s->o);
   char what[48];
   snprintf(what, sizeof what, "push of step %lld", (long long)step);
+  int rc = 0;
   for (int i = 0; i < L->n_calls && !rc; i++) {
     pcall *p = &L->calls[i];
     if (p->status != GRPC_STATUS_OK) {
@@ -506,16 +525,23 @@ static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
     shardrec__v1__push_response__free_unpacked(a, NULL);
   }
   rpc__calls_free(L);
-  if (f) { /* the pushes inside the slot's calls */
-    int rj = rpc__slot_joined_wait(s, f, what);
+  if (s->push_f) { /* the pushes inside the slot's calls */
+    int rj = rpc__slot_joined_wait(s, s->push_f, what);
     if (!rc) rc = rj;
+    s->push_f = NULL;
   }
   if (rc) return rc;
-  for (int t = 0; t < ids->n_tables; t++) s->st.pushes += ids->counts[t];
+  s->st.pushes += s->push_rows;
   if (step > s->pushed) s->pushed = step;
   if (step > s->seen) s->seen = step;
   rpc__slots_send_ready(s);
   return 0;
+}
+
+static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
+                  const float *const *grads) {
+  int rc = r_push_begin(b, step, lr, ids, grads);
+  return rc ? rc : r_push_wait(b);
 }
 
 /* The same request to every server. */
@@ -819,10 +845,11 @@ int rpc__lane_init(lane *L, int n_tables, int n_servers) {
   return L->calls && L->gids && L->perm && L->cap && L->off && L->fill && L->cq ? 0 : SR_ENOMEM;
 }
 
-/* A Lookup in flight is waited for (not cancelled: to the servers a
+/* A Lookup or push in flight is waited for (not cancelled: to the servers a
  * cancelled held Lookup means this rank went away, rpc/shardrec.proto, "Rank death"). */
 static void r_destroy(emb_store *b) {
   rstore *s = (rstore *)b;
+  r_push_wait(b);
   if (s->lookup_pending) r_lookup_wait(b);
   rpc__watch_stop(s);
   /* Prefetched steps never looked up (a job that ends with steps handed
@@ -863,6 +890,8 @@ const emb_store_ops rpc__remote_ops = {
     .prefetch = rpc__remote_prefetch,
     .lookup_flight = r_lookup_flight,
     .push = r_push,
+    .push_begin = r_push_begin,
+    .push_wait = r_push_wait,
     .remove = rpc__remote_remove,
     .flush = r_flush,
     .checkpoint = r_checkpoint,

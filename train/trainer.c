@@ -626,25 +626,84 @@ int trainer_step(trainer *t, const ds_batch *b, int64_t step, float lr, float sp
   return trainer_step_part(t, b, b->n, step, lr, sparse_lr, loss);
 }
 
-/* Steps 4-5 of this part (n > 0 samples): forward, backward, the row
- * gradients (scaled to the global batch's mean) scattered onto the unique
- * rows. *part_loss gets the part's mean BCE. 0 or the dense model's code. */
-static int step_compute(trainer *t, const ds_batch *b, float scale, float *part_loss,
-                        double *tf, double *tb) {
-  const int n = b->n;
+/* The step's push: begun from the backward as soon as the row gradients
+ * are whole (push_ready), so that the servers apply the rows while the
+ * bottom MLP's backward runs, and awaited after it. */
+typedef struct {
+  trainer *t;
+  const ds_batch *b;
+  const emb_idset *ids;
+  int64_t step;
+  float scale, sparse_lr;
+  int ranks;
+  int own;              /* this rank's lookup or push failed (several ranks) */
+  int begun;            /* a push is in flight: emb_store_push_wait follows */
+  int stopped;          /* push_ready stopped the backward (t->err says why) */
+  double scatter, push; /* seconds in the rows' gradients and in push_begin */
+} step_push;
+
+/* The ids without a row leave the step's set, and the push begins. A
+ * failure is the step's with one rank, this rank's (own) with several. */
+static int push_begin(step_push *sp) {
+  trainer *t = sp->t;
   double t0 = sr_now();
-  int rc = dense_model_forward(t->model, n, b->dense, t->emb, t->logits);
+  drop_rowless(t);
+  int rc = emb_store_push_begin(t->store, sp->step, sp->sparse_lr, sp->ids,
+                                (const float *const *)t->grads);
+  sp->push += sr_now() - t0;
+  if (!rc) {
+    sp->begun = 1;
+    return 0;
+  }
+  sr_fmt(t->err, sizeof t->err, "push at step %lld: %s", (long long)sp->step,
+         emb_store_errmsg(t->store));
+  if (sp->ranks == 1) return rc;
+  sp->own = rc;
+  return 0;
+}
+
+/* The backward's hook (dense_model_backward_ready): the loss checked
+ * before any row or parameter changes, the row gradients (scaled to the
+ * global batch's mean) scattered onto the unique rows, and their push
+ * begun. */
+static int push_ready(void *ctx, float loss) {
+  step_push *sp = ctx;
+  trainer *t = sp->t;
+  int rc = SR_ERANGE;
+  if (!isfinite(loss)) {
+    sr_fmt(t->err, sizeof t->err, "the loss is %g (not finite): nothing of this step was applied",
+           (double)loss);
+  } else {
+    double t0 = sr_now();
+    const int n = sp->b->n;
+    size_t stride = (size_t)t->T * (size_t)t->dim;
+    if (sp->scale != 1.0f)
+      for (size_t i = 0, m = (size_t)n * stride; i < m; i++) t->d_emb[i] *= sp->scale;
+    trainer_bags_backward(t->plan, t->T, t->dim, sp->b, n, t->inverse, t->d_emb, t->counts,
+                          t->grads);
+    sp->scatter += sr_now() - t0;
+    rc = push_begin(sp);
+  }
+  sp->stopped = rc != 0;
+  return rc;
+}
+
+/* Steps 4-5 of this part (n > 0 samples): forward, and backward with the
+ * push begun inside it (push_ready). *part_loss gets the part's mean BCE;
+ * *tb the backward's seconds but push_ready's. 0, push_ready's code or the
+ * dense model's. */
+static int step_compute(trainer *t, step_push *sp, float *part_loss, double *tf, double *tb) {
+  const ds_batch *b = sp->b;
+  double t0 = sr_now();
+  int rc = dense_model_forward(t->model, b->n, b->dense, t->emb, t->logits);
   *tf = sr_now() - t0;
-  if (!rc) rc = dense_model_backward(t->model, n, b->labels, part_loss, t->d_emb);
+  if (!rc)
+    rc = dense_model_backward_ready(t->model, b->n, b->labels, part_loss, t->d_emb, push_ready, sp);
   if (rc) {
-    sr_fmt(t->err, sizeof t->err, "dense step: %s", dense_model_errmsg(t->model));
+    if (!sp->stopped) sr_fmt(t->err, sizeof t->err, "dense step: %s", dense_model_errmsg(t->model));
     return rc;
   }
-  *tb = sr_now() - t0 - *tf;
-  size_t stride = (size_t)t->T * (size_t)t->dim;
-  if (scale != 1.0f)
-    for (size_t i = 0, m = (size_t)n * stride; i < m; i++) t->d_emb[i] *= scale;
-  trainer_bags_backward(t->plan, t->T, t->dim, b, n, t->inverse, t->d_emb, t->counts, t->grads);
+  *tb = sr_now() - t0 - *tf - sp->scatter - sp->push;
   return 0;
 }
 
@@ -723,24 +782,26 @@ int trainer_step_part(trainer *t, const ds_batch *b, int n_global, int64_t step,
   /* The model's gradients are of this part's mean loss (1/n); the global
    * mean's are scale times those. 1 with one rank: the bits stay as they were. */
   float scale = n == n_global ? 1.0f : (float)n / (float)n_global, part_loss = 0;
-  double t0 = sr_now(), tf = 0, tb = 0;
-  if (n > 0 && !own && (rc = step_compute(t, b, scale, &part_loss, &tf, &tb))) return rc;
-  if (!isfinite(part_loss)) { /* stop before any row or parameter changes */
-    sr_fmt(t->err, sizeof t->err, "the loss is %g (not finite): nothing of this step was applied",
-           (double)part_loss);
-    return SR_ERANGE;
+  step_push sp = {.t = t, .b = b, .ids = &ids, .step = step, .scale = scale,
+                  .sparse_lr = sparse_lr, .ranks = ranks, .own = own};
+  double tf = 0, tb = 0;
+  if (n > 0 && !own) {
+    if ((rc = step_compute(t, &sp, &part_loss, &tf, &tb))) return rc;
+  } else if (!own && (rc = push_begin(&sp))) {
+    return rc;
   }
+  own = sp.own;
   double t3 = sr_now();
-  if (!own) drop_rowless(t);
-  /* A push to shard servers waits for them: on shared cores they need the
-   * ones the dense workers would spin on. */
-  if (!own && emb_store_kind_of(t->store) == EMB_STORE_REMOTE) dense_pool_rest(dense_pool_default());
-  if (!own) rc = emb_store_push(t->store, step, sparse_lr, &ids, (const float *const *)t->grads);
-  if (!own && rc) {
-    sr_fmt(t->err, sizeof t->err, "push at step %lld: %s", (long long)step,
-           emb_store_errmsg(t->store));
-    if (ranks == 1) return rc;
-    own = rc;
+  if (sp.begun) {
+    /* A push to shard servers waits for them: on shared cores they need the
+     * ones the dense workers would spin on. */
+    if (emb_store_kind_of(t->store) == EMB_STORE_REMOTE) dense_pool_rest(dense_pool_default());
+    if ((rc = emb_store_push_wait(t->store))) {
+      sr_fmt(t->err, sizeof t->err, "push at step %lld: %s", (long long)step,
+             emb_store_errmsg(t->store));
+      if (ranks == 1) return rc;
+      own = rc;
+    }
   }
   double t4 = sr_now(), t4b = t4;
   const float *gsum = g;
@@ -763,8 +824,8 @@ int trainer_step_part(trainer *t, const ds_batch *b, int n_global, int64_t step,
   double t5 = sr_now();
   t->times.forward += tf;
   t->times.backward += tb;
-  t->times.scatter += t3 - t0 - tf - tb;
-  t->times.push += t4 - t3;
+  t->times.scatter += sp.scatter;
+  t->times.push += sp.push + t4 - t3;
   t->times.allreduce += t4b - t4;
   t->times.dense_opt += t5 - t4b;
   t->times.steps++;

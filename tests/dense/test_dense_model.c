@@ -11,6 +11,7 @@
 
 #include "tests/check_main.h"
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -290,6 +291,96 @@ START_TEST(test_determinism) {
 }
 END_TEST
 
+/* ---- the backward's ready hook ---------------------------------------- */
+
+/* What the hook saw: its calls, the loss and d_emb it was handed, and
+ * whether the bottom MLP's first weight gradient was still unwritten (the
+ * buffer's poison) while the top MLP's last was already written. */
+typedef struct {
+  int calls, rc;
+  float loss;
+  const float *d_emb;
+  float *seen;
+  size_t n_emb;
+  const float *grads;
+  size_t bot_off, bot_n, top_off, top_n;
+  int bot_unwritten, top_written;
+} ready_seen;
+
+static int all_poison(const float *a, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &a[i], 4);
+    if (u != 0xffffffffu) return 0;
+  }
+  return 1;
+}
+
+static int on_ready(void *ctx, float loss) {
+  ready_seen *r = ctx;
+  r->calls++;
+  r->loss = loss;
+  memcpy(r->seen, r->d_emb, r->n_emb * sizeof(float));
+  r->bot_unwritten = all_poison(r->grads + r->bot_off, r->bot_n);
+  r->top_written = !all_poison(r->grads + r->top_off, r->top_n);
+  return r->rc;
+}
+
+/* dense_model_backward_ready gives dense_model_backward's bits, and calls
+ * its hook once, with the loss and the whole d_emb, after the top MLP's
+ * backward and before the bottom MLP's; the hook's error stops it. dot,
+ * cat and dcn. */
+START_TEST(test_backward_ready) {
+  enum { B = 8 };
+  dense_config cs[3] = {small_cfg(DENSE_INTERACT_DOT, 0), small_cfg(DENSE_INTERACT_CAT, 0),
+                        small_dcn_cfg(2, 2)};
+  for (int k = 0; k < 3; k++) {
+    char err[256];
+    dense_model *m = dense_model_create(&cs[k], 77, err, sizeof err);
+    ck_assert_msg(m != NULL, "%s", err);
+    size_t np, ne = (size_t)B * cs[k].n_sparse * cs[k].emb_dim;
+    float *grads = dense_model_grads(m, &np);
+    dense_tensor_info ti[4 * DENSE_MAX_LAYERS];
+    int nt = dense_model_tensors(m, ti, 4 * DENSE_MAX_LAYERS);
+    ready_seen r = {.n_emb = ne, .grads = grads};
+    for (int i = 0; i < nt; i++) {
+      size_t sz = (size_t)ti[i].rows * ti[i].cols;
+      if (!strcmp(ti[i].name, "bot.0.W")) r.bot_off = ti[i].offset, r.bot_n = sz;
+      if (ti[i].name[0] == 't' && strstr(ti[i].name, ".W")) r.top_off = ti[i].offset, r.top_n = sz;
+    }
+    ck_assert(r.bot_n > 0 && r.top_n > 0);
+    float x[B * 4], *e = malloc(ne * 4), y[B], *de0 = malloc(ne * 4), *de1 = malloc(ne * 4);
+    float *g0 = malloc(np * 4), z[B], l0, l1;
+    r.seen = malloc(ne * 4);
+    sr_rng g;
+    sr_rng_init(&g, 9, (uint64_t)k);
+    fill(&g, x, B * 4, 1.0);
+    fill(&g, e, ne, 0.3);
+    for (int i = 0; i < B; i++) y[i] = (float)(i & 1);
+    ck_assert_int_eq(dense_model_forward(m, B, x, e, z), 0);
+    ck_assert_int_eq(dense_model_backward(m, B, y, &l0, de0), 0);
+    memcpy(g0, grads, np * 4);
+    memset(grads, 0xff, np * 4);
+    r.d_emb = de1;
+    ck_assert_int_eq(dense_model_backward_ready(m, B, y, &l1, de1, on_ready, &r), 0);
+    ck_assert_int_eq(r.calls, 1);
+    ck_assert(r.bot_unwritten && r.top_written);
+    ck_assert(memcmp(&r.loss, &l0, 4) == 0 && memcmp(&l1, &l0, 4) == 0);
+    ck_assert(memcmp(r.seen, de0, ne * 4) == 0);
+    ck_assert(memcmp(de1, de0, ne * 4) == 0);
+    ck_assert(memcmp(grads, g0, np * 4) == 0);
+    /* The hook's error is the backward's; the bottom MLP is not run. */
+    memset(grads, 0xff, np * 4);
+    r.rc = SR_ERANGE;
+    ck_assert_int_eq(dense_model_backward_ready(m, B, y, NULL, de1, on_ready, &r), SR_ERANGE);
+    ck_assert_int_eq(r.calls, 2);
+    ck_assert(all_poison(grads + r.bot_off, r.bot_n));
+    free(e), free(de0), free(de1), free(g0), free(r.seen);
+    dense_model_destroy(m);
+  }
+}
+END_TEST
+
 /* A backend that is a copy of a CPU kernel set runs the layers op by op
  * (the products alone, then their bias, ReLU and gathers: dense/layers.h's
  * fallbacks) and gives the bits of the kernel set itself, which runs them
@@ -538,6 +629,7 @@ static Suite *suite(void) {
   tcase_add_test(t, test_grad_cat);
   tcase_add_test(t, test_grad_dcn);
   tcase_add_test(t, test_determinism);
+  tcase_add_test(t, test_backward_ready);
   tcase_add_test(t, test_op_by_op_same_bits);
   tcase_add_test(t, test_init_stats);
   tcase_add_test(t, test_config_errors);

@@ -1,6 +1,7 @@
 /* The remote store against real servers: the same lookups and pushes give
  * the same rows as the in-process store (ids spread over two servers
- * row-wise, in any order), checkpoint/restore round-trip through the
+ * row-wise, in any order; a push whole or in halves, and the client's
+ * destroy awaits a push in flight), checkpoint/restore round-trip through the
  * servers, and a lookup started while a server is down reaches it once it
  * is back on the same port (retries with backoff, the channel reconnects). */
 #include <check.h>
@@ -89,8 +90,19 @@ START_TEST(test_remote_matches_local) {
     size_t counts[NT] = {n, n};
     emb_idset set = {NT, ip, counts};
     const float *gp[NT] = {g[0], g[1]};
-    ck_assert_int_eq(emb_store_push(loc, step, 0.1f, &set, gp), 0);
-    ck_assert_msg(emb_store_push(rem, step, 0.1f, &set, gp) == 0, "%s", emb_store_errmsg(rem));
+    if (step % 2 == 0) {
+      ck_assert_int_eq(emb_store_push(loc, step, 0.1f, &set, gp), 0);
+      ck_assert_msg(emb_store_push(rem, step, 0.1f, &set, gp) == 0, "%s", emb_store_errmsg(rem));
+      continue;
+    }
+    /* In halves: the gradients are the caller's again once push_begin
+     * returns (the local store pushes whole in it). */
+    ck_assert_int_eq(emb_store_push_begin(loc, step, 0.1f, &set, gp), 0);
+    ck_assert_int_eq(emb_store_push_wait(loc), 0);
+    ck_assert_msg(emb_store_push_begin(rem, step, 0.1f, &set, gp) == 0, "%s", emb_store_errmsg(rem));
+    for (int t = 0; t < NT; t++)
+      for (size_t i = 0; i < n * DIM; i++) g[t][i] = 0.25f;
+    ck_assert_msg(emb_store_push_wait(rem) == 0, "%s", emb_store_errmsg(rem));
   }
   make_ids(2, 60, ids);
   lookup(loc, 6, ids, 60, a);
@@ -130,6 +142,17 @@ START_TEST(test_remote_matches_local) {
   ck_assert_int_eq(run_cmd(&out, "ls %s/ckpt", dir), 0);
   ck_assert_msg(strstr(out, "shard-0") && strstr(out, "shard-1"), "%s", out);
   free(out);
+  /* One push at a time; destroy awaits the one in flight: a new client
+   * reads it applied. */
+  ck_assert_int_eq(emb_store_push_begin(rem, 9, 1.0f, &set, gp), 0);
+  ck_assert_int_eq(emb_store_push_begin(rem, 10, 1.0f, &set, gp), SR_ESTATE);
+  ck_assert_msg(strstr(emb_store_errmsg(rem), "push of step 9 unawaited"), "%s", emb_store_errmsg(rem));
+  emb_store_destroy(rem);
+  ck_assert_int_eq(emb_store_push(loc, 9, 1.0f, &set, gp), 0);
+  rem = remote();
+  lookup(loc, 11, ids, 60, a);
+  lookup(rem, 11, ids, 60, b);
+  ck_assert(memcmp(a, b, sizeof a) == 0);
   emb_store_destroy(rem);
   emb_store_destroy(loc);
 }
