@@ -202,3 +202,43 @@ int rpc__answer_scatter(grpc_byte_buffer *bb, const emb_plan *plan, const call_p
   grpc_byte_buffer_reader_destroy(&rd);
   return rc;
 }
+
+/* The length of an answer's head and message as sl begins them (its
+ * status and message length into st, ml); SIZE_MAX when sl is shorter
+ * than the head's 8 bytes. */
+static size_t xs_head(grpc_slice sl, uint32_t *st, uint32_t *ml) {
+  if (GRPC_SLICE_LENGTH(sl) < 8) return SIZE_MAX;
+  memcpy(st, GRPC_SLICE_START_PTR(sl), 4);
+  memcpy(ml, GRPC_SLICE_START_PTR(sl) + 4, 4);
+  return 8 + (((size_t)*ml + 7) & ~(size_t)7);
+}
+
+grpc_byte_buffer *rpc__exchange_answer(grpc_byte_buffer *bb, uint32_t *st, grpc_slice *msg) {
+  if (bb->type != GRPC_BB_RAW || bb->data.raw.compression != GRPC_COMPRESS_NONE) return NULL;
+  const grpc_slice_buffer *sb = &bb->data.raw.slice_buffer;
+  grpc_slice all = sb->count ? grpc_slice_ref(sb->slices[0]) : grpc_empty_slice();
+  size_t joined = 1; /* the slices all holds */
+  uint32_t ml = 0;
+  size_t off = xs_head(all, st, &ml);
+  if (off > GRPC_SLICE_LENGTH(all) && sb->count > 1) { /* the head spans slices: join them */
+    grpc_slice_unref(all);
+    grpc_byte_buffer_reader rd;
+    if (!grpc_byte_buffer_reader_init(&rd, bb)) return NULL;
+    all = grpc_byte_buffer_reader_readall(&rd);
+    grpc_byte_buffer_reader_destroy(&rd);
+    joined = sb->count;
+    off = xs_head(all, st, &ml);
+  }
+  if (off > GRPC_SLICE_LENGTH(all)) {
+    grpc_slice_unref(all);
+    return NULL;
+  }
+  *msg = grpc_slice_sub(all, 8, 8 + ml);
+  grpc_slice first = grpc_slice_sub(all, off, GRPC_SLICE_LENGTH(all));
+  grpc_slice_unref(all);
+  grpc_byte_buffer *out = grpc_raw_byte_buffer_create(&first, 1);
+  grpc_slice_unref(first);
+  for (size_t i = joined; i < sb->count; i++)
+    grpc_slice_buffer_add(&out->data.raw.slice_buffer, grpc_slice_ref(sb->slices[i]));
+  return out;
+}

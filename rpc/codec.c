@@ -532,6 +532,29 @@ int rpc__push_lookup_split(const uint8_t *in, size_t len, const uint8_t **push, 
   return 0;
 }
 
+int rpc__exchange_head(const uint8_t *in, size_t len, rpc_method *m, rpc_reply *r) {
+  uint32_t mu = 0, zero = 0;
+  if (len >= RPC_EXCHANGE_HEAD) {
+    memcpy(&mu, in, 4);
+    memcpy(&zero, in + 4, 4);
+  }
+  *m = len >= RPC_EXCHANGE_HEAD && mu < RPC_N_METHODS ? (rpc_method)mu : RPC_METHOD_UNKNOWN;
+  r->status = RPC_INVALID_ARGUMENT;
+  if (len < RPC_EXCHANGE_HEAD)
+    snprintf(r->msg, sizeof r->msg, "exchange message of %zu bytes: shorter than its %d-byte head",
+             len, RPC_EXCHANGE_HEAD);
+  else if (zero)
+    snprintf(r->msg, sizeof r->msg, "exchange message: the head's second word is %u, not 0", zero);
+  else if (*m == RPC_METHOD_UNKNOWN)
+    snprintf(r->msg, sizeof r->msg, "exchange message: no method %u", mu);
+  else if (*m != RPC_LOOKUP && *m != RPC_PUSH && *m != RPC_PUSH_LOOKUP)
+    snprintf(r->msg, sizeof r->msg, "%s does not go on an exchange stream (only Lookup, Push and "
+             "PushLookup do)", strrchr(rpc_method_path(*m), '/') + 1);
+  else
+    r->status = RPC_OK;
+  return r->status == RPC_OK ? 0 : -1;
+}
+
 void rpc__request_peek(const uint8_t *in, size_t len, int32_t *world, int32_t *parts) {
   rpc_reply ignored; /* a malformed request is refused by its decoder, not here */
   const wire_rd d = {"", in, len, &ignored};

@@ -163,6 +163,16 @@ int rpc__push_decode(rpc_scratch *x, int n_tables, size_t max_ids, const uint8_t
 int rpc__push_lookup_split(const uint8_t *in, size_t len, const uint8_t **push, size_t *plen,
                            const uint8_t **look, size_t *llen, rpc_reply *r);
 
+/* The head of an exchange stream's message in[len] (rpc/shardrec.proto,
+ * "Exchange stream": u32 the method, u32 0, little-endian). 0 with *m a
+ * method the stream carries (Lookup, Push or PushLookup), its request at
+ * in + RPC_EXCHANGE_HEAD; else -1 with the refusal in r (INVALID_ARGUMENT:
+ * shorter than the head, a nonzero second word, no such method or one
+ * that goes as a call) and *m the head's method when it names one, else
+ * RPC_METHOD_UNKNOWN. */
+#define RPC_EXCHANGE_HEAD 8
+int rpc__exchange_head(const uint8_t *in, size_t len, rpc_method *m, rpc_reply *r);
+
 /* The world_size and parts of the header of a Lookup or Push request
  * in[len] (the last of each, as protobuf reads them); 0 where none is
  * found (a malformed request is its decoder's to refuse). */

@@ -201,49 +201,6 @@ static int xs_start(chan *h, grpc_completion_queue *cq, pcall *p, double deadlin
   return 0;
 }
 
-/* The length of an answer's head and message as sl begins them (its
- * status and message length into st, ml); SIZE_MAX when sl is shorter
- * than the head's 8 bytes. */
-static size_t xs_head(grpc_slice sl, uint32_t *st, uint32_t *ml) {
-  if (GRPC_SLICE_LENGTH(sl) < 8) return SIZE_MAX;
-  memcpy(st, GRPC_SLICE_START_PTR(sl), 4);
-  memcpy(ml, GRPC_SLICE_START_PTR(sl) + 4, 4);
-  return 8 + (((size_t)*ml + 7) & ~(size_t)7);
-}
-
-/* The head (rpc/shardrec.proto, "Exchange stream") of answer bb: its
- * status, message (into msg) and the answer after it as a byte buffer of
- * its own, a Lookup's rows still in gRPC's slices (read in place:
- * rpc/answer.c): the first slice is cut when it holds the head and
- * message (it nearly always does), else the whole is joined once. NULL
- * when the answer does not read (or no memory). */
-static grpc_byte_buffer *xs_body(grpc_byte_buffer *bb, uint32_t *st, grpc_slice *msg) {
-  if (bb->type != GRPC_BB_RAW || bb->data.raw.compression != GRPC_COMPRESS_NONE) return NULL;
-  const grpc_slice_buffer *sb = &bb->data.raw.slice_buffer;
-  grpc_slice all = sb->count ? grpc_slice_ref(sb->slices[0]) : grpc_empty_slice();
-  size_t joined = 1; /* the slices all holds */
-  uint32_t ml = 0;
-  size_t off = xs_head(all, st, &ml);
-  if (off > GRPC_SLICE_LENGTH(all) && sb->count > 1) { /* the head spans slices */
-    grpc_slice_unref(all);
-    if (rpc__bb_view(bb, &all)) return NULL;
-    joined = sb->count;
-    off = xs_head(all, st, &ml);
-  }
-  if (off > GRPC_SLICE_LENGTH(all)) {
-    grpc_slice_unref(all);
-    return NULL;
-  }
-  *msg = grpc_slice_sub(all, 8, 8 + ml);
-  grpc_slice first = grpc_slice_sub(all, off, GRPC_SLICE_LENGTH(all));
-  grpc_slice_unref(all);
-  grpc_byte_buffer *out = grpc_raw_byte_buffer_create(&first, 1);
-  grpc_slice_unref(first);
-  for (size_t i = joined; i < sb->count; i++)
-    grpc_slice_buffer_add(&out->data.raw.slice_buffer, grpc_slice_ref(sb->slices[i]));
-  return out;
-}
-
 /* p's message on its stream ended (ok: gRPC's success): its status, its
  * status message and its answer (p->recv, without the head) from the
  * answer's head. A stream that failed is dropped: UNAVAILABLE, or
@@ -256,7 +213,7 @@ static void xs_done(pcall *p, int ok) {
   x->busy = 0;
   uint32_t st = 0;
   grpc_slice msg = grpc_empty_slice();
-  grpc_byte_buffer *body = ok && p->recv ? xs_body(p->recv, &st, &msg) : NULL;
+  grpc_byte_buffer *body = ok && p->recv ? rpc__exchange_answer(p->recv, &st, &msg) : NULL;
   if (!body || x->cancelled) xs_drop(x);
   grpc_slice_unref(p->details);
   if (!body) {

@@ -153,7 +153,7 @@ void rpc__run_calls_each(conn *conns, grpc_completion_queue *cq, pcall *calls, i
 int rpc__call_error(const conn *c, const rpc_client_opts *o, const pcall *p, const char *what,
                     char *err, size_t errlen, int *lost);
 
-/* ---- answer.c: Lookup answers read in place ---- */
+/* ---- answer.c: answers read in place ---- */
 
 /* The incarnation of the LookupResponse bb (as received: any slices,
  * maybe compressed), read without a copy. 0, or -1 when bb is not one. */
@@ -168,6 +168,14 @@ int rpc__answer_incarnation(grpc_byte_buffer *bb, uint64_t *inc);
 int rpc__answer_scatter(grpc_byte_buffer *bb, const emb_plan *plan, const call_part *parts,
                         int n_parts, size_t *const *perm, void *const *out, int rows16,
                         int *bad_table);
+/* The head (rpc/shardrec.proto, "Exchange stream") of an exchange
+ * stream's answer bb: its status into *st, its message into *msg (a
+ * slice of the answer's) and the answer after it as a byte buffer of its
+ * own, a Lookup's rows still in gRPC's slices (read in place, above): the
+ * first slice is cut when it holds the head and message (it nearly always
+ * does), else the whole is joined once. NULL when the answer is too short
+ * for its head and message (or compressed, or no memory). */
+grpc_byte_buffer *rpc__exchange_answer(grpc_byte_buffer *bb, uint32_t *st, grpc_slice *msg);
 
 /* ---- remote_store.c: the store ---- */
 

@@ -42,6 +42,7 @@
 #include "common/status.h"
 #include "common/sys.h"
 #include "rpc/client.h"
+#include "rpc/codec_impl.h"
 #include "rpc/grpc_impl.h"
 #include "rpc/server.h"
 
@@ -571,38 +572,19 @@ static void xs_message(worker *w, xstream *x) {
   const size_t len = read ? grpc_byte_buffer_length(x->recv) : GRPC_SLICE_LENGTH(in);
   grpc_byte_buffer_destroy(x->recv);
   x->recv = NULL;
-  const uint8_t *d = read ? NULL : GRPC_SLICE_START_PTR(in);
-  uint32_t m = 0, zero = 0;
-  if (d && len >= 8) {
-    memcpy(&m, d, 4);
-    memcpy(&zero, d + 4, 4);
-  }
-  const int head_ok = d && len >= 8 && zero == 0 && m < RPC_N_METHODS;
-  const int exchanged = m == RPC_LOOKUP || m == RPC_PUSH || m == RPC_PUSH_LOOKUP;
+  rpc_method m = RPC_METHOD_UNKNOWN;
   if (read) {
     r.status = RPC_RESOURCE_EXHAUSTED;
     snprintf(r.msg, sizeof r.msg, "out of memory reading the request");
-  } else if (!head_ok) {
-    r.status = RPC_INVALID_ARGUMENT;
-    if (len < 8)
-      snprintf(r.msg, sizeof r.msg, "exchange message of %zu bytes: shorter than its 8-byte head",
-               len);
-    else if (zero)
-      snprintf(r.msg, sizeof r.msg, "exchange message: the head's second word is %u, not 0", zero);
-    else
-      snprintf(r.msg, sizeof r.msg, "exchange message: no method %u", m);
-  } else if (!exchanged) {
-    r.status = RPC_INVALID_ARGUMENT;
-    snprintf(r.msg, sizeof r.msg, "%s does not go on an exchange stream (only Lookup, Push and "
-             "PushLookup do)", strrchr(rpc_method_path((rpc_method)m), '/') + 1);
-  } else if (!allowed(st->o, x->call, (int)m, r.msg, sizeof r.msg)) {
+  } else if (!rpc__exchange_head(GRPC_SLICE_START_PTR(in), len, &m, &r) &&
+             !allowed(st->o, x->call, (int)m, r.msg, sizeof r.msg)) {
     r.status = RPC_PERMISSION_DENIED;
   }
   if (r.status != RPC_OK) {
-    rpc_service_note(st->svc, head_ok ? (rpc_method)m : RPC_METHOD_UNKNOWN, r.status, r.msg, 0,
-                     len, 0);
+    rpc_service_note(st->svc, m, r.status, r.msg, 0, len, 0);
   } else {
-    rpc_service_handle_exchange(st->svc, (rpc_method)m, d + 8, len - 8, &r);
+    rpc_service_handle_exchange(st->svc, m, GRPC_SLICE_START_PTR(in) + RPC_EXCHANGE_HEAD,
+                                len - RPC_EXCHANGE_HEAD, &r);
     if (r.status == RPC_DEFERRED) rpc_service_refuse_busy(st->svc, &r);
   }
   grpc_slice_unref(in);

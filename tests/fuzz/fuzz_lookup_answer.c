@@ -1,5 +1,6 @@
 /* libFuzzer target: the client's reading of a Lookup's answer where gRPC
- * received it (rpc/answer.c: rpc__answer_incarnation, rpc__answer_scatter),
+ * received it (rpc/answer.c: rpc__answer_incarnation, rpc__answer_scatter,
+ * and the same bytes as an exchange stream's answer, rpc__exchange_answer),
  * the bytes a server sent, whatever it sent. The answer is cut into up to
  * four slices at places the input picks, each its own exact-size heap
  * buffer (a read past a slice is caught), and read for a call that asked
@@ -23,7 +24,9 @@
  * rows16); one it refuses as another table or length (-2) names a part
  * whose table in protobuf-c's reading is missing, another table or of
  * another length; a structured answer is taken, or refused -2 naming the
- * first part made wrong. Seeds: tests/fuzz/seeds/fuzz_lookup_answer. */
+ * first part made wrong; an exchange answer is read exactly when the
+ * bytes hold its head and message, with their status, message and the
+ * bytes after. Seeds: tests/fuzz/seeds/fuzz_lookup_answer. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,6 +110,34 @@ static int row_is(const call_part *p, const size_t *perm, const void *out, int r
   if (e->precision == EMB_PREC_FP16) sr_f16_decode(h, want, dim, SR_HALF_AUTO);
   else sr_bf16_decode(h, want, dim);
   return !memcmp((const float *)out + at * dim, want, dim * sizeof(float));
+}
+
+/* The same bytes read as an exchange stream's answer (bb holds msg[len]
+ * in its cut slices): taken exactly when they hold the head and its padded
+ * message, then with the head's status, the message's bytes and every
+ * byte after them, whatever the cuts. */
+static void exchange_check(grpc_byte_buffer *bb, const uint8_t *msg, size_t len) {
+  uint32_t st = 0, w0 = 0, w1 = 0;
+  grpc_slice m = grpc_empty_slice();
+  grpc_byte_buffer *body = rpc__exchange_answer(bb, &st, &m);
+  if (len >= 8) {
+    memcpy(&w0, msg, 4);
+    memcpy(&w1, msg + 4, 4);
+  }
+  const size_t off = len >= 8 ? 8 + (((size_t)w1 + 7) & ~(size_t)7) : SIZE_MAX;
+  if (!body != (off > len)) abort();
+  if (!body) return;
+  if (st != w0 || GRPC_SLICE_LENGTH(m) != w1 || memcmp(GRPC_SLICE_START_PTR(m), msg + 8, w1))
+    abort();
+  grpc_byte_buffer_reader rd;
+  if (!grpc_byte_buffer_reader_init(&rd, body)) abort();
+  grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
+  grpc_byte_buffer_reader_destroy(&rd);
+  if (GRPC_SLICE_LENGTH(all) != len - off || memcmp(GRPC_SLICE_START_PTR(all), msg + off, len - off))
+    abort();
+  grpc_slice_unref(all);
+  grpc_slice_unref(m);
+  grpc_byte_buffer_destroy(body);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -213,6 +244,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     shardrec__v1__lookup_response__free_unpacked(u, NULL);
   }
+  exchange_check(bb, msg, len);
   grpc_byte_buffer_destroy(bb);
   free(msg);
   for (int t = 0; t < N_T; t++) free(out[t]);

@@ -1,7 +1,9 @@
 /* libFuzzer target: the shard service's request handlers (rpc/service.c,
  * rpc/service_transform.c, rpc/service_remove.c): the first byte picks
  * Lookup, Push, Stats (or, with its top bit set, GetTransform), Health
- * Check (or, with its top bit set, Remove) or Watch, the rest is
+ * Check (or, with its top bit set, Remove) or Watch (or, with its two top
+ * bits 01, an exchange stream's message: its head read by
+ * rpc__exchange_head, then handled as rpc/server.c does), the rest is
  * the request as it would arrive off the wire, copied to an exact-size heap
  * buffer; a Lookup's first byte with bit 2 set and bit 3 clear picks
  * PushLookup instead (structured: a Push and a Lookup of the same bytes,
@@ -28,7 +30,10 @@
  * size and the bytes at the asked offset (no more than asked, 1 MiB when 0),
  * and one refused is malformed (INVALID_ARGUMENT) or past the end
  * (OUT_OF_RANGE); a Remove answered OK counts the request's ids, and the
- * store holds none of them after it. */
+ * store holds none of them after it; an exchange message's head is taken
+ * exactly when it names Lookup, Push or PushLookup beside a zero word, and
+ * a structured single-rank Lookup answered OK is answered the same bytes
+ * as an exchange message. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -237,9 +242,56 @@ static void handle_at(rpc_method m, const uint8_t *req, size_t n, size_t off, rp
   free(buf);
 }
 
+/* An exchange stream's message (rpc/server.c): its head read
+ * (rpc__exchange_head), then its request handled as the stream does
+ * (rpc_service_handle_exchange, a deferral refused as busy). Sets *xm to
+ * the head's method. */
+static void exchange(const uint8_t *msg, size_t n, rpc_method *xm, rpc_reply *r) {
+  uint8_t *buf = malloc(n ? n : 1);
+  if (!buf) abort();
+  if (n) memcpy(buf, msg, n);
+  memset(r, 0, sizeof *r);
+  if (!rpc__exchange_head(buf, n, xm, r)) {
+    rpc_service_handle_exchange(svc, *xm, buf + RPC_EXCHANGE_HEAD, n - RPC_EXCHANGE_HEAD, r);
+    if (r->status == RPC_DEFERRED) rpc_service_refuse_busy(svc, r);
+  }
+  free(buf);
+}
+
+/* Raw exchange mode: bytes that are an exchange message. The head is
+ * taken exactly when it is 8 bytes of a carried method and a zero word;
+ * what follows is answered as a call of that method is (an OK Lookup or
+ * PushLookup decodes; a refusal has a message and no answer). */
+static void exchange_raw(const uint8_t *msg, size_t n) {
+  rpc_method xm;
+  rpc_reply r;
+  exchange(msg, n, &xm, &r);
+  uint32_t w0 = 0, w1 = 1;
+  if (n >= RPC_EXCHANGE_HEAD) memcpy(&w0, msg, 4), memcpy(&w1, msg + 4, 4);
+  const int carried = w1 == 0 && (w0 == RPC_LOOKUP || w0 == RPC_PUSH || w0 == RPC_PUSH_LOOKUP);
+  if (!carried && (r.status != RPC_INVALID_ARGUMENT || r.out || !r.msg[0])) abort();
+  if (r.status != RPC_OK) {
+    if (r.out || !r.msg[0]) abort();
+    return;
+  }
+  if (!carried || !r.out) abort();
+  if (xm != RPC_PUSH) {
+    Shardrec__V1__LookupResponse *a = shardrec__v1__lookup_response__unpack(NULL, r.out_len, r.out);
+    if (!a) abort();
+    shardrec__v1__lookup_response__free_unpacked(a, NULL);
+  } else {
+    for (int t = 0; t < 2; t++) emb_store_iterate(store, t, check_row, NULL);
+  }
+  free(r.out);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   init_once();
   if (size < 1) return 0;
+  if (data[0] % 5 == 4 && (data[0] & 0xc0) == 0x40) { /* a raw Watch's half: exchange */
+    exchange_raw(data + 1, size - 1);
+    return 0;
+  }
   static const rpc_method pick[5] = {RPC_LOOKUP, RPC_PUSH, RPC_STATS, RPC_HEALTH_CHECK,
                                      RPC_WATCH};
   rpc_method m = pick[data[0] % 5];
@@ -275,6 +327,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   rpc_reply r;
   handle_at(m, req, n, off, &r);
   if (m == RPC_REMOVE && r.status == RPC_OK) check_removed(req, n, &r);
+  if (structured && m == RPC_LOOKUP && !(data[0] & 0x10) && r.status == RPC_OK) {
+    /* One rank's Lookup as an exchange message: the same answer. */
+    uint8_t *x = malloc(RPC_EXCHANGE_HEAD + n);
+    if (!x) abort();
+    memset(x, 0, RPC_EXCHANGE_HEAD);
+    memcpy(x + RPC_EXCHANGE_HEAD, req, n);
+    rpc_method xm;
+    rpc_reply xr;
+    exchange(x, RPC_EXCHANGE_HEAD + n, &xm, &xr);
+    free(x);
+    if (xm != RPC_LOOKUP || xr.status != RPC_OK || xr.out_len != r.out_len ||
+        memcmp(xr.out, r.out, r.out_len))
+      abort();
+    free(xr.out);
+  }
   free(req);
   if (r.status == RPC_OK) {
     if (!r.out) abort();
