@@ -100,6 +100,7 @@ typedef struct xstream {
   int cancelled;
   int idle;     /* waiting for the client's next message (under st->mu) */
   struct xstream *prev, *next; /* the server's open streams (st->xs) */
+  int open;     /* in st->xs, counted by rpc_service_streams */
 } xstream;
 
 struct worker {
@@ -472,6 +473,7 @@ static void xs_free(xstream *x) {
   else if (st->xs == x) st->xs = x->next;
   if (x->next) x->next->prev = x->prev;
   pthread_mutex_unlock(&st->mu);
+  if (x->open) rpc_service_streams(st->svc, -1);
   if (x->held) rpc_service_release(st->svc, x->held);
   grpc_metadata_array_destroy(&x->md);
   if (x->recv) grpc_byte_buffer_destroy(x->recv);
@@ -605,7 +607,9 @@ static void xs_event(worker *w, xstream *x, int success) {
       x->next = st->xs;
       if (st->xs) st->xs->prev = x;
       st->xs = x;
+      x->open = 1;
       pthread_mutex_unlock(&st->mu);
+      rpc_service_streams(st->svc, 1);
       xs_read(w, x, 1);
       return;
     case XS_RECV:

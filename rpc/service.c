@@ -783,6 +783,7 @@ static void do_stats(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r
   resp.looks_ahead = s->store->ops->prefetch != NULL;
   resp.push_lookup = 1;
   resp.exchange = 1;
+  resp.exchange_streams = atomic_load(&s->streams);
   rpc_coord_stats cs;
   rpc_coord_stats_get(s->coord, &cs);
   pthread_mutex_unlock(&s->mu);
@@ -897,6 +898,11 @@ void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, si
   handle_call(s, m, in, len, token, token != NULL, timeout_s, 1, r);
 }
 
+void rpc_service_streams(rpc_service *s, int delta) {
+  if (delta > 0) atomic_fetch_add(&s->streams, (uint64_t)delta);
+  else atomic_fetch_sub(&s->streams, (uint64_t)-delta);
+}
+
 void rpc_service_handle_exchange(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
                                  rpc_reply *r) {
   handle_call(s, m, in, len, NULL, 1, 0, 1, r);
@@ -910,7 +916,8 @@ void rpc_service_inspect(rpc_service *s, void (*fn)(void *ctx, const rpc_service
   rpc_service_view v = {.store = s->store, .coord = cs, .failed = s->failed,
                         .incarnation = s->incarnation, .plan_fp = s->fp,
                         .pinned_rows = atomic_load(&s->pin_rows),
-                        .pinned_bytes = atomic_load(&s->pin_bytes), .unclean = s->unclean};
+                        .pinned_bytes = atomic_load(&s->pin_bytes), .unclean = s->unclean,
+                        .streams = atomic_load(&s->streams)};
   v.st_rc = store_stats(s, &v.st);
   fn(ctx, &v);
   pthread_mutex_unlock(&s->mu);

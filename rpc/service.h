@@ -284,6 +284,9 @@ void rpc_service_note(rpc_service *s, rpc_method m, int status, const char *msg,
 #define RPC_PARKED (-1)
 void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
                              void *token, double timeout_s, rpc_reply *r);
+/* An exchange stream opened (+1) or ended (-1): Stats' exchange_streams
+ * and the metrics' shardrec_server_exchange_streams. Thread-safe. */
+void rpc_service_streams(rpc_service *s, int delta);
 /* One message of an exchange stream (rpc/server.c: a Lookup, Push or
  * PushLookup), handled as rpc_service_handle_call's calls are, with two
  * differences:
@@ -332,6 +335,7 @@ typedef struct rpc_service_view {
   const char *plan_fp;
   uint64_t pinned_rows, pinned_bytes; /* Stats' pinned_rows, pinned_bytes */
   int unclean;                        /* Stats' unclean: a crash's rows, refused */
+  uint64_t streams;                   /* Stats' exchange_streams */
 } rpc_service_view;
 void rpc_service_inspect(rpc_service *s, void (*fn)(void *ctx, const rpc_service_view *v),
                          void *ctx);

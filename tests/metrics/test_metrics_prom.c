@@ -209,7 +209,16 @@ START_TEST(test_prometheus_scrapes_serve_and_train) {
                 "loss %.17g at step %g is not in %s", loss, step, p_m);
   ck_assert(prom_value("shardrec_train_lookup_bytes_total", NULL, NULL, 0) > 0);
   ck_assert(prom_value("process_resident_memory_bytes{job=\"train\"}", NULL, NULL, 0) > 1e6);
+  /* One rank sends its Lookups and Pushes on exchange streams: the server
+   * counts them open while it trains, and none once it is killed (its
+   * connection gone, the server ends them). */
+  double streams, ts = test_now();
+  while (!((streams = prom_value("shardrec_server_exchange_streams", NULL, NULL, 0)) >= 1)) {
+    ck_assert_msg(test_now() - ts < 60, "exchange streams: %g", streams);
+    usleep(200000);
+  }
   proc_kill9(tr);
+  wait_value("shardrec_server_exchange_streams", 0);
 
   /* The server, now idle: Prometheus' figures equal its Stats. */
   Shardrec__V1__StatsResponse *a = calls_stats(addr);

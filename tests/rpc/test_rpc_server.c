@@ -384,6 +384,38 @@ static uint64_t failed_calls(void) {
   return f;
 }
 
+/* Stats' exchange_streams: the streams the server has open. */
+static uint64_t open_streams(void) {
+  Shardrec__V1__StatsResponse *a = calls_stats(srv.addr);
+  ck_assert_ptr_nonnull(a);
+  uint64_t n = a->exchange_streams;
+  shardrec__v1__stats_response__free_unpacked(a, NULL);
+  return n;
+}
+
+/* The client's end of x: its half-close and the status the server sends. */
+static void xs_close(xs_raw *x) {
+  grpc_metadata_array tm;
+  grpc_metadata_array_init(&tm);
+  grpc_status_code st;
+  grpc_slice details;
+  grpc_op ops[2];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[1].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  ops[1].data.recv_status_on_client.trailing_metadata = &tm;
+  ops[1].data.recv_status_on_client.status = &st;
+  ops[1].data.recv_status_on_client.status_details = &details;
+  ck_assert_int_eq(grpc_call_start_batch(x->call, ops, 2, x, NULL), GRPC_CALL_OK);
+  raw_wait(x->cq, 1, 1);
+  ck_assert_int_eq(st, GRPC_STATUS_OK);
+  grpc_slice_unref(details);
+  grpc_metadata_array_destroy(&tm);
+  grpc_call_unref(x->call);
+  grpc_metadata_array_destroy(&x->im);
+  raw_cq_drain(x->cq);
+}
+
 START_TEST(test_exchange_stream) {
   rpc_global_init();
   grpc_channel *ch = raw_channel(srv.addr, 0);
@@ -418,6 +450,17 @@ START_TEST(test_exchange_stream) {
   ck_assert(memcmp(out, r, rl) == 0);
   free(out);
   free(r);
+  /* Stats counts the open streams: a second one, then closed by its
+   * client (the server ends it once it has sent the status: waited for). */
+  ck_assert_uint_eq(open_streams(), 1);
+  xs_raw y;
+  xs_open(&y, ch);
+  ck_assert_int_eq(xs_call(&y, RPC_LOOKUP, 0, q, len, msg, &out, &olen), RPC_OK);
+  free(out);
+  ck_assert_uint_eq(open_streams(), 2);
+  xs_close(&y);
+  const double t0 = test_now();
+  while (open_streams() != 1) ck_assert_msg(test_now() - t0 < 60, "the closed stream stays counted");
   /* Messages the stream does not take are refused in their answers,
    * named, counted, and change nothing; the stream goes on. */
   const uint64_t failed0 = failed_calls();
