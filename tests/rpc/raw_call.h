@@ -1,13 +1,15 @@
 /* Lookups on a raw gRPC core channel, for the tests of clients that stall:
  * a call whose request is sent and whose answer is read later, or never
  * (test_rpc_limits.c: the in-flight budget; test_rpc_pinned.c: answers
- * pinned while unread). Static and marked unused, as tests/rpc/calls.h. */
+ * pinned while unread), and raw exchange streams (test_rpc_server.c,
+ * test_rpc_pinned.c). Static and marked unused, as tests/rpc/calls.h. */
 #ifndef SHARDREC_TESTS_RPC_RAW_CALL_H
 #define SHARDREC_TESTS_RPC_RAW_CALL_H
 
 #include <check.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "rpc/client.h"
@@ -111,6 +113,125 @@ static RAW_UNUSED void raw_cq_drain(grpc_completion_queue *cq) {
          GRPC_QUEUE_SHUTDOWN) {
   }
   grpc_completion_queue_destroy(cq);
+}
+
+/* ---- exchange streams (rpc/shardrec.proto, "Exchange stream") ---- */
+
+/* One exchange stream on a raw channel, with its own queue. */
+typedef struct {
+  grpc_completion_queue *cq;
+  grpc_call *call;
+  grpc_metadata_array im;
+  grpc_byte_buffer *send, *recv; /* the message in flight and its answer */
+  int sent; /* messages sent so far (the first carries the initial metadata) */
+} xs_raw;
+
+static RAW_UNUSED void xs_open(xs_raw *x, grpc_channel *ch) {
+  memset(x, 0, sizeof *x);
+  x->cq = grpc_completion_queue_create_for_next(NULL);
+  grpc_slice m = grpc_slice_from_static_string(RPC_EXCHANGE_PATH);
+  x->call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, x->cq, m, NULL,
+                                     gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+  grpc_slice_unref(m);
+  grpc_metadata_array_init(&x->im);
+}
+
+/* Send msg[len] as x's next message, its answer read into x->recv; waited
+ * for by xs_finish. */
+static RAW_UNUSED void xs_start(xs_raw *x, const uint8_t *msg, size_t len) {
+  x->send = rpc__bb_make(msg, len);
+  x->recv = NULL;
+  grpc_op ops[4];
+  memset(ops, 0, sizeof ops);
+  size_t n = 0;
+  if (!x->sent++) {
+    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[n++].data.recv_initial_metadata.recv_initial_metadata = &x->im;
+  }
+  ops[n].op = GRPC_OP_SEND_MESSAGE;
+  ops[n++].data.send_message.send_message = x->send;
+  ops[n].op = GRPC_OP_RECV_MESSAGE;
+  ops[n++].data.recv_message.recv_message = &x->recv;
+  ck_assert_int_eq(grpc_call_start_batch(x->call, ops, n, x, NULL), GRPC_CALL_OK);
+}
+
+/* Wait for the answer xs_start asked for: its status, the status message
+ * into msg_out, the answer after the head into *out (malloc'd) when out.
+ * -1 when the stream ended instead. */
+static RAW_UNUSED int xs_finish(xs_raw *x, char *msg_out, uint8_t **out, size_t *olen) {
+  raw_wait(x->cq, 1, 0);
+  grpc_byte_buffer_destroy(x->send);
+  x->send = NULL;
+  if (!x->recv) return -1;
+  grpc_slice all;
+  ck_assert_int_eq(rpc__bb_view(x->recv, &all), 0);
+  grpc_byte_buffer_destroy(x->recv);
+  x->recv = NULL;
+  const uint8_t *a = GRPC_SLICE_START_PTR(all);
+  const size_t alen = GRPC_SLICE_LENGTH(all);
+  ck_assert_uint_ge(alen, 8);
+  uint32_t st, ml;
+  memcpy(&st, a, 4);
+  memcpy(&ml, a + 4, 4);
+  const size_t off = 8 + ((ml + 7) & ~(size_t)7);
+  ck_assert_uint_le(off, alen);
+  ck_assert_uint_lt(ml, 512);
+  memcpy(msg_out, a + 8, ml);
+  msg_out[ml] = 0;
+  if (out) {
+    *olen = alen - off;
+    *out = malloc(*olen + 1);
+    memcpy(*out, a + off, *olen);
+  }
+  grpc_slice_unref(all);
+  return (int)st;
+}
+
+/* req[len] behind the head (method m, second word w2), sent on x: begun
+ * (xs_begin) or sent and answered (xs_call, as xs_finish). */
+static RAW_UNUSED void xs_begin(xs_raw *x, uint32_t m, uint32_t w2, const uint8_t *req,
+                                size_t len) {
+  uint8_t *b = malloc(len + 8);
+  memcpy(b, &m, 4);
+  memcpy(b + 4, &w2, 4);
+  if (len) memcpy(b + 8, req, len);
+  xs_start(x, b, len + 8);
+  free(b);
+}
+static RAW_UNUSED int xs_call(xs_raw *x, uint32_t m, uint32_t w2, const uint8_t *req, size_t len,
+                              char *msg, uint8_t **out, size_t *olen) {
+  xs_begin(x, m, w2, req, len);
+  return xs_finish(x, msg, out, olen);
+}
+
+/* x's call and queue freed, without a close (its stream ended). */
+static RAW_UNUSED void xs_free(xs_raw *x) {
+  grpc_call_unref(x->call);
+  grpc_metadata_array_destroy(&x->im);
+  raw_cq_drain(x->cq);
+}
+
+/* The client's end of x: its half-close and the status the server sends
+ * (OK); then xs_free. */
+static RAW_UNUSED void xs_close(xs_raw *x) {
+  grpc_metadata_array tm;
+  grpc_metadata_array_init(&tm);
+  grpc_status_code st;
+  grpc_slice details;
+  grpc_op ops[2];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[1].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  ops[1].data.recv_status_on_client.trailing_metadata = &tm;
+  ops[1].data.recv_status_on_client.status = &st;
+  ops[1].data.recv_status_on_client.status_details = &details;
+  ck_assert_int_eq(grpc_call_start_batch(x->call, ops, 2, x, NULL), GRPC_CALL_OK);
+  raw_wait(x->cq, 1, 1);
+  ck_assert_int_eq(st, GRPC_STATUS_OK);
+  grpc_slice_unref(details);
+  grpc_metadata_array_destroy(&tm);
+  xs_free(x);
 }
 
 #endif

@@ -301,80 +301,6 @@ END_TEST
 
 /* ---- the exchange stream (rpc/shardrec.proto, "Exchange stream") ---- */
 
-typedef struct {
-  grpc_completion_queue *cq;
-  grpc_call *call;
-  grpc_metadata_array im;
-  int sent; /* messages sent so far (the first carries the initial metadata) */
-} xs_raw;
-
-static void xs_open(xs_raw *x, grpc_channel *ch) {
-  memset(x, 0, sizeof *x);
-  x->cq = grpc_completion_queue_create_for_next(NULL);
-  grpc_slice m = grpc_slice_from_static_string(RPC_EXCHANGE_PATH);
-  x->call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, x->cq, m, NULL,
-                                     gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
-  grpc_slice_unref(m);
-  grpc_metadata_array_init(&x->im);
-}
-
-/* Send msg[len] as one message of x and read its answer: the status,
- * the status message into msg_out, the answer after the head into *out
- * (malloc'd) when out. -1 when the stream ended instead. */
-static int xs_send(xs_raw *x, const uint8_t *msg, size_t len, char *msg_out, uint8_t **out,
-                   size_t *olen) {
-  grpc_byte_buffer *send = rpc__bb_make(msg, len), *recv = NULL;
-  grpc_op ops[4];
-  memset(ops, 0, sizeof ops);
-  size_t n = 0;
-  if (!x->sent++) {
-    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[n++].data.recv_initial_metadata.recv_initial_metadata = &x->im;
-  }
-  ops[n].op = GRPC_OP_SEND_MESSAGE;
-  ops[n++].data.send_message.send_message = send;
-  ops[n].op = GRPC_OP_RECV_MESSAGE;
-  ops[n++].data.recv_message.recv_message = &recv;
-  ck_assert_int_eq(grpc_call_start_batch(x->call, ops, n, x, NULL), GRPC_CALL_OK);
-  raw_wait(x->cq, 1, 0);
-  grpc_byte_buffer_destroy(send);
-  if (!recv) return -1;
-  grpc_slice all;
-  ck_assert_int_eq(rpc__bb_view(recv, &all), 0);
-  grpc_byte_buffer_destroy(recv);
-  const uint8_t *a = GRPC_SLICE_START_PTR(all);
-  const size_t alen = GRPC_SLICE_LENGTH(all);
-  ck_assert_uint_ge(alen, 8);
-  uint32_t st, ml;
-  memcpy(&st, a, 4);
-  memcpy(&ml, a + 4, 4);
-  const size_t off = 8 + ((ml + 7) & ~(size_t)7);
-  ck_assert_uint_le(off, alen);
-  ck_assert_uint_lt(ml, 512);
-  memcpy(msg_out, a + 8, ml);
-  msg_out[ml] = 0;
-  if (out) {
-    *olen = alen - off;
-    *out = malloc(*olen + 1);
-    memcpy(*out, a + off, *olen);
-  }
-  grpc_slice_unref(all);
-  return (int)st;
-}
-
-/* req[len] behind the head (method m, second word w2) sent on x. */
-static int xs_call(xs_raw *x, uint32_t m, uint32_t w2, const uint8_t *req, size_t len,
-                   char *msg, uint8_t **out, size_t *olen) {
-  uint8_t *b = malloc(len + 8);
-  memcpy(b, &m, 4);
-  memcpy(b + 4, &w2, 4);
-  if (len) memcpy(b + 8, req, len);
-  int st = xs_send(x, b, len + 8, msg, out, olen);
-  free(b);
-  return st;
-}
-
 static uint64_t failed_calls(void) {
   Shardrec__V1__StatsResponse *a = calls_stats(srv.addr);
   ck_assert_ptr_nonnull(a);
@@ -391,29 +317,6 @@ static uint64_t open_streams(void) {
   uint64_t n = a->exchange_streams;
   shardrec__v1__stats_response__free_unpacked(a, NULL);
   return n;
-}
-
-/* The client's end of x: its half-close and the status the server sends. */
-static void xs_close(xs_raw *x) {
-  grpc_metadata_array tm;
-  grpc_metadata_array_init(&tm);
-  grpc_status_code st;
-  grpc_slice details;
-  grpc_op ops[2];
-  memset(ops, 0, sizeof ops);
-  ops[0].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-  ops[1].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-  ops[1].data.recv_status_on_client.trailing_metadata = &tm;
-  ops[1].data.recv_status_on_client.status = &st;
-  ops[1].data.recv_status_on_client.status_details = &details;
-  ck_assert_int_eq(grpc_call_start_batch(x->call, ops, 2, x, NULL), GRPC_CALL_OK);
-  raw_wait(x->cq, 1, 1);
-  ck_assert_int_eq(st, GRPC_STATUS_OK);
-  grpc_slice_unref(details);
-  grpc_metadata_array_destroy(&tm);
-  grpc_call_unref(x->call);
-  grpc_metadata_array_destroy(&x->im);
-  raw_cq_drain(x->cq);
 }
 
 START_TEST(test_exchange_stream) {
@@ -466,7 +369,8 @@ START_TEST(test_exchange_stream) {
   const uint64_t failed0 = failed_calls();
   snapshot(before);
   const uint8_t three[3] = {1, 0, 0};
-  ck_assert_int_eq(xs_send(&x, three, 3, msg, NULL, NULL), RPC_INVALID_ARGUMENT);
+  xs_start(&x, three, 3);
+  ck_assert_int_eq(xs_finish(&x, msg, NULL, NULL), RPC_INVALID_ARGUMENT);
   ck_assert_msg(strstr(msg, "3 bytes: shorter than its 8-byte head"), "%s", msg);
   ck_assert_int_eq(xs_call(&x, RPC_LOOKUP, 7, q, len, msg, NULL, NULL), RPC_INVALID_ARGUMENT);
   ck_assert_msg(strstr(msg, "second word is 7"), "%s", msg);
@@ -491,9 +395,7 @@ START_TEST(test_exchange_stream) {
   ck_assert_ptr_nonnull(log);
   ck_assert_msg(!strstr(log, "grace period"), "%s", log);
   free(log);
-  grpc_call_unref(x.call);
-  grpc_metadata_array_destroy(&x.im);
-  raw_cq_drain(x.cq);
+  xs_free(&x);
   grpc_channel_destroy(ch);
   rpc_global_shutdown();
 }
