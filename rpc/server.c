@@ -32,6 +32,7 @@
  * own while the workers still poll; after the grace period
  * grpc_server_cancel_all_calls; once notified, each worker shuts down its
  * own queue when it holds no live tag and drains it; join; destroy. */
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -101,6 +102,12 @@ typedef struct xstream {
   int idle;     /* waiting for the client's next message (under st->mu) */
   struct xstream *prev, *next; /* the server's open streams (st->xs) */
   int open;     /* in st->xs, counted by rpc_service_streams */
+  /* The message being handled: its method and bytes (head included),
+   * kept while it waits for room in the in-flight budget. */
+  rpc_method m;
+  grpc_slice req;
+  double give_up;        /* waiting: refused RESOURCE_EXHAUSTED if still without room then */
+  struct xstream *dnext; /* in the deferred list */
 } xstream;
 
 struct worker {
@@ -121,6 +128,7 @@ struct server_state {
   _Atomic int server_down; /* shutdown notified: workers may close their queues */
   pthread_mutex_t mu;      /* the deferred list */
   call_ctx *def_head, *def_tail; /* calls waiting for room in the in-flight budget */
+  xstream *xdef_head, *xdef_tail; /* stream messages waiting so */
   _Atomic int n_deferred;
   uint64_t def_gen;        /* rpc_service_budget_gen when they were last tried */
   xstream *xs;             /* open exchange streams (under mu) */
@@ -306,7 +314,7 @@ static void defer_call(server_state *st, call_ctx *c) {
   if (st->def_tail) st->def_tail->next = c;
   else st->def_head = c;
   st->def_tail = c;
-  st->n_deferred++;
+  rpc_service_waiting(st->svc, (uint64_t)++st->n_deferred);
   pthread_mutex_unlock(&st->mu);
 }
 
@@ -380,10 +388,13 @@ static int handle(worker *w, call_ctx *c) {
   return 0;
 }
 
+static void xs_retry(server_state *st, xstream *x, int retry, double now);
+
 /* The deferred calls: given up on (RESOURCE_EXHAUSTED) once their time is
- * past; tried again, in order, when budget was given back since the last
- * try, until one finds no room again. Any worker may run them: each is
- * answered on its owner's queue. */
+ * past or a stop began (a stop does not wait for room); tried again, in
+ * order, when budget was given back since the last try, until one finds
+ * no room again. Any worker may run them: each is answered on its owner's
+ * queue. */
 static void retry_deferred(server_state *st) {
   if (!atomic_load(&st->n_deferred)) return;
   pthread_mutex_lock(&st->mu);
@@ -391,15 +402,18 @@ static void retry_deferred(server_state *st) {
   int retry = gen != st->def_gen;
   st->def_gen = gen;
   call_ctx *c = st->def_head;
+  xstream *x = st->xdef_head;
   st->def_head = st->def_tail = NULL;
+  st->xdef_head = st->xdef_tail = NULL;
   st->n_deferred = 0;
+  const int stop = st->stopping;
   pthread_mutex_unlock(&st->mu);
   double now = sr_now();
   while (c) {
     call_ctx *next = c->next;
     c->next = NULL;
     c->owner->live--; /* off the list: answered, handled or put back below */
-    if (now >= c->give_up) {
+    if (now >= c->give_up || stop) {
       rpc_reply r;
       rpc_service_refuse_busy(st->svc, &r);
       reply(c->owner, c, r.status, r.msg, NULL, 0);
@@ -410,6 +424,10 @@ static void retry_deferred(server_state *st) {
     }
     c = next;
   }
+  xs_retry(st, x, retry, stop ? INFINITY : now);
+  pthread_mutex_lock(&st->mu);
+  rpc_service_waiting(st->svc, (uint64_t)st->n_deferred);
+  pthread_mutex_unlock(&st->mu);
 }
 
 /* Answer the parked calls that can be answered now (from any worker). */
@@ -474,6 +492,7 @@ static void xs_free(xstream *x) {
   if (x->next) x->next->prev = x->prev;
   pthread_mutex_unlock(&st->mu);
   if (x->open) rpc_service_streams(st->svc, -1);
+  grpc_slice_unref(x->req);
   if (x->held) rpc_service_release(st->svc, x->held);
   grpc_metadata_array_destroy(&x->md);
   if (x->recv) grpc_byte_buffer_destroy(x->recv);
@@ -561,10 +580,67 @@ static void xs_answer(worker *w, xstream *x, rpc_reply *r) {
   xs_batch(w, x, XS_SENT, &op, 1);
 }
 
-/* x's message, just read: its head checked, its method allowed, handled
- * (rpc_service_handle_exchange), and answered; a message that finds no
- * room in the in-flight budget is refused as a deferred call is when its
- * time runs out, and the client tries it again after a backoff. */
+/* Keep x's message (x->req) until the budget has room; the stream counts
+ * as live on its owner meanwhile, as a deferred call does. */
+static void xs_defer(server_state *st, xstream *x) {
+  x->owner->live++;
+  x->dnext = NULL;
+  pthread_mutex_lock(&st->mu);
+  if (st->xdef_tail) st->xdef_tail->dnext = x;
+  else st->xdef_head = x;
+  st->xdef_tail = x;
+  rpc_service_waiting(st->svc, (uint64_t)++st->n_deferred);
+  pthread_mutex_unlock(&st->mu);
+}
+
+/* Handle x's message (x->req: its head read, its method allowed) and
+ * answer it on x's owner's queue (from any worker); 1 when it found no
+ * room in the in-flight budget and waits for it (xs_defer). */
+static int xs_handle(xstream *x) {
+  server_state *st = x->owner->st;
+  rpc_reply r;
+  rpc_service_handle_exchange(st->svc, x->m, GRPC_SLICE_START_PTR(x->req) + RPC_EXCHANGE_HEAD,
+                              GRPC_SLICE_LENGTH(x->req) - RPC_EXCHANGE_HEAD, &r);
+  if (r.status == RPC_DEFERRED) {
+    xs_defer(st, x);
+    return 1;
+  }
+  grpc_slice_unref(x->req);
+  x->req = grpc_empty_slice();
+  xs_answer(x->owner, x, &r);
+  return 0;
+}
+
+/* The deferred stream messages, as retry_deferred's calls: refused once
+ * their time is past (now is INFINITY at a stop), tried again in order
+ * while retry holds (until one finds no room again), else put back. A
+ * message leaves its owner's live count only once its answer's batch or
+ * its place back on the list counts there. */
+static void xs_retry(server_state *st, xstream *x, int retry, double now) {
+  while (x) {
+    xstream *next = x->dnext;
+    worker *owner = x->owner;
+    x->dnext = NULL;
+    if (now >= x->give_up) {
+      rpc_reply r;
+      rpc_service_refuse_busy(st->svc, &r);
+      grpc_slice_unref(x->req);
+      x->req = grpc_empty_slice();
+      xs_answer(owner, x, &r);
+    } else if (retry) {
+      retry = !xs_handle(x);
+    } else {
+      xs_defer(st, x);
+    }
+    owner->live--;
+    x = next;
+  }
+}
+
+/* x's message, just read: its head checked, its method allowed, then
+ * handled and answered (xs_handle); one that finds no room in the
+ * in-flight budget waits for it as a deferred call does, and is refused
+ * RESOURCE_EXHAUSTED when its time runs out. */
 static void xs_message(worker *w, xstream *x) {
   server_state *st = w->st;
   rpc_reply r;
@@ -574,21 +650,21 @@ static void xs_message(worker *w, xstream *x) {
   const size_t len = read ? grpc_byte_buffer_length(x->recv) : GRPC_SLICE_LENGTH(in);
   grpc_byte_buffer_destroy(x->recv);
   x->recv = NULL;
-  rpc_method m = RPC_METHOD_UNKNOWN;
+  x->m = RPC_METHOD_UNKNOWN;
   if (read) {
     r.status = RPC_RESOURCE_EXHAUSTED;
     snprintf(r.msg, sizeof r.msg, "out of memory reading the request");
-  } else if (!rpc__exchange_head(GRPC_SLICE_START_PTR(in), len, &m, &r) &&
-             !allowed(st->o, x->call, (int)m, r.msg, sizeof r.msg)) {
+  } else if (!rpc__exchange_head(GRPC_SLICE_START_PTR(in), len, &x->m, &r) &&
+             !allowed(st->o, x->call, (int)x->m, r.msg, sizeof r.msg)) {
     r.status = RPC_PERMISSION_DENIED;
   }
-  if (r.status != RPC_OK) {
-    rpc_service_note(st->svc, m, r.status, r.msg, 0, len, 0);
-  } else {
-    rpc_service_handle_exchange(st->svc, m, GRPC_SLICE_START_PTR(in) + RPC_EXCHANGE_HEAD,
-                                len - RPC_EXCHANGE_HEAD, &r);
-    if (r.status == RPC_DEFERRED) rpc_service_refuse_busy(st->svc, &r);
+  if (r.status == RPC_OK) {
+    x->req = in;
+    x->give_up = sr_now() + rpc_service_budget_wait_s(st->svc);
+    xs_handle(x);
+    return;
   }
+  rpc_service_note(st->svc, x->m, r.status, r.msg, 0, len, 0);
   grpc_slice_unref(in);
   xs_answer(w, x, &r);
 }

@@ -784,6 +784,7 @@ static void do_stats(rpc_service *s, const uint8_t *in, size_t len, rpc_reply *r
   resp.push_lookup = 1;
   resp.exchange = 1;
   resp.exchange_streams = atomic_load(&s->streams);
+  resp.inflight_waiting = atomic_load(&s->waiting);
   rpc_coord_stats cs;
   rpc_coord_stats_get(s->coord, &cs);
   pthread_mutex_unlock(&s->mu);
@@ -903,6 +904,8 @@ void rpc_service_streams(rpc_service *s, int delta) {
   else atomic_fetch_sub(&s->streams, (uint64_t)-delta);
 }
 
+void rpc_service_waiting(rpc_service *s, uint64_t n) { atomic_store(&s->waiting, n); }
+
 void rpc_service_handle_exchange(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
                                  rpc_reply *r) {
   handle_call(s, m, in, len, NULL, 1, 0, 1, r);
@@ -917,7 +920,8 @@ void rpc_service_inspect(rpc_service *s, void (*fn)(void *ctx, const rpc_service
                         .incarnation = s->incarnation, .plan_fp = s->fp,
                         .pinned_rows = atomic_load(&s->pin_rows),
                         .pinned_bytes = atomic_load(&s->pin_bytes), .unclean = s->unclean,
-                        .streams = atomic_load(&s->streams)};
+                        .streams = atomic_load(&s->streams),
+                        .waiting = atomic_load(&s->waiting)};
   v.st_rc = store_stats(s, &v.st);
   fn(ctx, &v);
   pthread_mutex_unlock(&s->mu);

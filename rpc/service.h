@@ -118,7 +118,7 @@ typedef struct rpc_service_opts {
                           anything is allocated for it */
   size_t inflight_bytes;    /* the memory budget of all calls in flight (0: 4 x
                           max_message_bytes); see rpc_reply.held */
-  double inflight_wait_s;   /* how long a call waits for room in it (0: 1 s) */
+  double inflight_wait_s;   /* how long a call or stream message waits for room in it (0: 1 s) */
   int refuse_unclean;  /* when the store says its rows were not stopped cleanly
                           (emb_store_unclean: a shard store after a crash), refuse
                           Lookup, Push and Checkpoint with FAILED_PRECONDITION
@@ -287,6 +287,10 @@ void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, si
 /* An exchange stream opened (+1) or ended (-1): Stats' exchange_streams
  * and the metrics' shardrec_server_exchange_streams. Thread-safe. */
 void rpc_service_streams(rpc_service *s, int delta);
+/* The calls and stream messages waiting now for room in the budget (the
+ * server's deferred list): Stats' inflight_waiting and the metrics'
+ * shardrec_server_inflight_waiting. Thread-safe. */
+void rpc_service_waiting(rpc_service *s, uint64_t n);
 /* One message of an exchange stream (rpc/server.c: a Lookup, Push or
  * PushLookup), handled as rpc_service_handle_call's calls are, with two
  * differences:
@@ -336,6 +340,7 @@ typedef struct rpc_service_view {
   uint64_t pinned_rows, pinned_bytes; /* Stats' pinned_rows, pinned_bytes */
   int unclean;                        /* Stats' unclean: a crash's rows, refused */
   uint64_t streams;                   /* Stats' exchange_streams */
+  uint64_t waiting;                   /* Stats' inflight_waiting */
 } rpc_service_view;
 void rpc_service_inspect(rpc_service *s, void (*fn)(void *ctx, const rpc_service_view *v),
                          void *ctx);

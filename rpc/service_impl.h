@@ -70,6 +70,7 @@ struct rpc_service {
   size_t pin_min;       /* rows of at least this many bytes answered pinned; 0: never */
   atomic_uint_least64_t pin_rows, pin_bytes; /* held by pinned answers not yet released */
   atomic_uint_least64_t streams;              /* exchange streams open (rpc_service_streams) */
+  atomic_uint_least64_t waiting;              /* calls and messages waiting for budget (rpc_service_waiting) */
   atomic_size_t refs;   /* rpc_service_destroy's and one per pinned answer not released:
                            the last frees the lock, the budget's condition and s */
   pthread_mutex_t pool_mu;    /* the scratch pool and the id counts below */

@@ -16,7 +16,7 @@ enum {
   F_ROWS_LOOKUP, F_ROWS_PUSH, F_FAILED, F_HELD_ROWS, F_HELD_BYTES, F_HITS, F_MISSES,
   F_PENDING, F_DROPPED_STEPS, F_JOBS, F_DROPPED_JOBS, F_PARKED_LOOKUPS, F_PARKED_WATCHES,
   F_EVICTIONS, F_WRITEBACKS, F_CACHE_CAP, F_CACHE_USED, F_SST,
-  F_PENDING_COMPACTION, F_PINNED_ROWS, F_PINNED_BYTES, F_UNCLEAN, F_STREAMS, F_N
+  F_PENDING_COMPACTION, F_PINNED_ROWS, F_PINNED_BYTES, F_UNCLEAN, F_STREAMS, F_WAITING, F_N
 };
 
 typedef struct {
@@ -49,6 +49,7 @@ static const fig_def figs[F_N] = {
     [F_PINNED_ROWS] = {"shardrec_server_pinned_rows", "Rows of Lookup answers sent from the store's memory that gRPC still holds (Stats pinned_rows).", METRICS_GAUGE, NULL, 1},
     [F_PINNED_BYTES] = {"shardrec_server_pinned_bytes", "Their bytes, counted in the in-flight budget until released (Stats pinned_bytes).", METRICS_GAUGE, NULL, 1},
     [F_STREAMS] = {"shardrec_server_exchange_streams", "Exchange streams open now: clients sending Lookups, Pushes and PushLookups as messages of a stream each (Stats exchange_streams).", METRICS_GAUGE, NULL, 0},
+    [F_WAITING] = {"shardrec_server_inflight_waiting", "Calls and exchange stream messages waiting now for room in the in-flight budget (Stats inflight_waiting).", METRICS_GAUGE, NULL, 0},
     [F_UNCLEAN] = {"shardrec_server_unclean", "1 while the served rows are the ones a crash left: Lookup, Push and Checkpoint refused until a Restore (Stats unclean).", METRICS_GAUGE, NULL, 0},
 };
 
@@ -123,6 +124,7 @@ static void collect_view(void *ctx, const rpc_service_view *v) {
   f[F_PINNED_ROWS] = (double)v->pinned_rows, f[F_PINNED_BYTES] = (double)v->pinned_bytes;
   f[F_UNCLEAN] = v->unclean;
   f[F_STREAMS] = (double)v->streams;
+  f[F_WAITING] = (double)v->waiting;
   emb_store_figures k;
   if (!emb_store_figures_get(v->store, &k)) {
     f[F_EVICTIONS] = (double)k.evictions, f[F_WRITEBACKS] = (double)k.writebacks;

@@ -94,9 +94,10 @@ static void usage(FILE *f) {
 "  --max-ids N             most ids in one Lookup or Push (default: what fits the message\n"
 "                          limit at the plan's widest row, at most 4194304)\n"
 "  --inflight-mb N         memory all calls in flight may hold together (4 x\n"
-"                          --max-message-mb); past it a call waits up to 1 s, then is\n"
-"                          refused RESOURCE_EXHAUSTED. Clients read the limits from Stats\n"
-"                          and split their calls to fit them\n"
+"                          --max-message-mb); past it a call or stream message waits up\n"
+"                          to --inflight-wait, then is refused RESOURCE_EXHAUSTED. Clients\n"
+"                          read the limits from Stats and split their calls to fit them\n"
+"  --inflight-wait S       seconds a call waits for room in that memory (1)\n"
 "  --tls-cert F --tls-key F   serve TLS with this certificate and key (PEM); SIGHUP\n"
 "                          reads them (and the client CA) again for new connections\n"
 "  --tls-client-ca F       require client certificates signed by this CA (mTLS); each\n"
@@ -117,7 +118,7 @@ static void usage(FILE *f) {
 
 enum { O_PLAN = 1000, O_SHARD, O_LISTEN, O_DATA, O_RESTORE, O_CKPT, O_RO, O_THREADS, O_MAXMSG,
        O_MAXIDS, O_CERT, O_KEY, O_CA, O_CROWS, O_CMB, O_HELP, O_PENDING, O_UNCLEAN,
-       O_INFLIGHT, O_METRICS, O_LOGFMT };
+       O_INFLIGHT, O_METRICS, O_LOGFMT, O_INWAIT };
 enum { O_FOLLOW = 1200, O_FEVERY, O_FGRACE, O_SWAPAT }; /* serve --follow */
 enum { O_CROOT = 1100, O_APUSH, O_AADMIN, O_INSECURE }; /* who may call what */
 
@@ -136,6 +137,7 @@ static const struct option long_opts[] = {
     {"insecure", no_argument, 0, O_INSECURE},
     {"accept-unclean", no_argument, 0, O_UNCLEAN},
     {"inflight-mb", required_argument, 0, O_INFLIGHT},
+    {"inflight-wait", required_argument, 0, O_INWAIT},
     {"metrics-listen", required_argument, 0, O_METRICS}, {"log-format", required_argument, 0, O_LOGFMT},
     {"follow", no_argument, 0, O_FOLLOW},          {"follow-every", required_argument, 0, O_FEVERY},
     {"follow-grace", required_argument, 0, O_FGRACE},
@@ -177,7 +179,7 @@ typedef struct {
   const char *shards_s, *listen, *ckpt_root, *allow_push, *allow_admin;
   int shards[256], read_only, insecure, accept_unclean;
   rpc_tls tls;
-  double pending_timeout;
+  double pending_timeout, inflight_wait;
   long long threads, maxmsg, maxids, inflight_mb;
   serve_watch watch;
   serve_follow follow;
@@ -265,6 +267,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f) {
       case O_RO: f->read_only = 1; break;
       case O_UNCLEAN: f->accept_unclean = 1; break;
       case O_PENDING: if (cli_double(CMD, "--pending-timeout", optarg, 0.001, 1e9, &f->pending_timeout)) return 2; break;
+      case O_INWAIT: if (cli_double(CMD, "--inflight-wait", optarg, 0.001, 3600, &f->inflight_wait)) return 2; break;
       case O_THREADS: if (cli_flag(CMD, "--threads", optarg, &f->threads)) return 2; break;
       case O_MAXMSG: if (cli_int(CMD, "--max-message-mb", optarg, 1, 2047, &f->maxmsg)) return 2; break;
       case O_MAXIDS: if (cli_int(CMD, "--max-ids", optarg, 1, 1LL << 30, &f->maxids)) return 2; break;
@@ -348,7 +351,8 @@ static int read_transform(const emb_served *sv, uint8_t **xf, size_t *len) {
 }
 
 int cmd_serve(int argc, char **argv) {
-  serve_flags f = {.listen = "127.0.0.1:0", .pending_timeout = 300, .threads = 2, .maxmsg = 64,
+  serve_flags f = {.listen = "127.0.0.1:0", .pending_timeout = 300, .inflight_wait = 1,
+                   .threads = 2, .maxmsg = 64,
                    .follow = {.every_s = 0.1, .grace_s = 10, .swap_at = -1}};
   int rc = parse_flags(argc, argv, &f);
   if (rc) return rc < 0 ? 0 : rc;
@@ -394,6 +398,7 @@ int cmd_serve(int argc, char **argv) {
                          .checkpoint_roots = &f.ckpt_root, .n_roots = f.ckpt_root ? 1 : 0,
                          .max_message_bytes = (size_t)f.maxmsg << 20,
                          .inflight_bytes = (size_t)f.inflight_mb << 20,
+                         .inflight_wait_s = f.inflight_wait,
                          .refuse_unclean = own_rows && !f.accept_unclean,
                          .transform = xf, .transform_len = xf_len,
                          .transform_fp = xf ? sv.transform_fp : NULL,

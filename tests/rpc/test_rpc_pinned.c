@@ -383,10 +383,129 @@ START_TEST(test_pinned_python_interop) {
 }
 END_TEST
 
+/* Wait (polling Stats, 120 s at most) until n calls and stream messages
+ * wait for room in the budget. */
+static void wait_waiting(uint64_t n) {
+  double t0 = test_now();
+  for (;;) {
+    Shardrec__V1__StatsResponse *a = calls_stats(srv.addr);
+    uint64_t w = a->inflight_waiting;
+    shardrec__v1__stats_response__free_unpacked(a, NULL);
+    if (w == n) return;
+    ck_assert_msg(test_now() - t0 < 120, "Stats: %llu waiting for the budget; want %llu",
+                  (unsigned long long)w, (unsigned long long)n);
+    usleep(10 * 1000);
+  }
+}
+
+/* Two BIG Lookups on ch whose answers stay unread: 8 MB pinned of the
+ * 16 MiB budget, too little left for a third. */
+static void hold_budget(grpc_channel *ch, grpc_completion_queue *cq, raw_call c[2],
+                        uint64_t *ids[2], uint64_t first) {
+  for (int k = 0; k < 2; k++) {
+    ids[k] = id_range(first + (uint64_t)k * BIG, BIG);
+    size_t len;
+    uint8_t *q = lookup_req(0, ids[k], BIG, &len);
+    raw_send(ch, cq, &c[k], q, len, 120);
+    free(q);
+    wait_pinned((uint64_t)(k + 1) * BIG);
+  }
+}
+
+/* Read the held answers: the oracle's rows, and their budget given back. */
+static void release_budget(grpc_completion_queue *cq, raw_call c[2], uint64_t *ids[2]) {
+  float *got = malloc(BIG * ROW_BYTES), *want = malloc(BIG * ROW_BYTES);
+  for (int k = 0; k < 2; k++) {
+    raw_read(cq, &c[k]);
+    answer_rows(&c[k], BIG, got);
+    oracle_rows(ids[k], BIG, want);
+    ck_assert(memcmp(got, want, BIG * ROW_BYTES) == 0);
+    raw_free(&c[k]);
+    free(ids[k]);
+  }
+  free(got), free(want);
+}
+
+/* A Lookup on an exchange stream that finds no room in the budget waits
+ * at the server as a call does (Stats inflight_waiting) and is answered
+ * with its rows once the answers holding the budget are read (pass 0);
+ * one that waits past --inflight-wait is refused naming the budget, and
+ * its stream goes on (pass 1); a stop refuses it at once instead of
+ * waiting out --inflight-wait (pass 2: 600 s), and the server exits 0. */
+START_TEST(test_stream_waits_for_budget) {
+  float *want = malloc(BIG * ROW_BYTES);
+  char msg[512];
+  uint8_t *out;
+  size_t olen, len;
+  for (int pass = 0; pass < 3; pass++) {
+    start(5000, pass == 1 ? "--inflight-mb 16 --inflight-wait 0.2"
+                          : "--inflight-mb 16 --inflight-wait 600");
+    grpc_channel *ch = raw_channel(srv.addr, 1), *xch = raw_channel(srv.addr, 0);
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    raw_call c[2];
+    uint64_t *ids[2];
+    hold_budget(ch, cq, c, ids, 1000);
+    xs_raw x;
+    xs_open(&x, xch);
+    uint64_t *more = id_range(500000, BIG);
+    uint8_t *q = lookup_req(1, more, BIG, &len);
+    xs_begin(&x, RPC_LOOKUP, 0, q, len);
+    free(q);
+    if (pass != 1) wait_waiting(1);
+    if (pass == 0) {
+      release_budget(cq, c, ids);
+      int st = xs_finish(&x, msg, &out, &olen);
+      ck_assert_msg(st == RPC_OK, "status %d: %s", st, msg);
+      Shardrec__V1__LookupResponse *a = shardrec__v1__lookup_response__unpack(NULL, olen, out);
+      ck_assert_ptr_nonnull(a);
+      ck_assert_uint_eq(a->tables[0]->rows.len, BIG * ROW_BYTES);
+      oracle_rows(more, BIG, want);
+      ck_assert(memcmp(a->tables[0]->rows.data, want, BIG * ROW_BYTES) == 0);
+      shardrec__v1__lookup_response__free_unpacked(a, NULL);
+      free(out);
+      wait_waiting(0);
+    } else if (pass == 1) {
+      int st = xs_finish(&x, msg, NULL, NULL);
+      ck_assert_msg(st == RPC_RESOURCE_EXHAUSTED && strstr(msg, "in-flight memory budget"),
+                    "status %d: %s", st, msg);
+      wait_waiting(0);
+      /* The stream goes on: a small Lookup fits beside the held answers. */
+      q = lookup_req(2, more, SMALL, &len);
+      st = xs_call(&x, RPC_LOOKUP, 0, q, len, msg, &out, &olen);
+      ck_assert_msg(st == RPC_OK, "status %d: %s", st, msg);
+      free(q);
+      free(out);
+      release_budget(cq, c, ids);
+    } else {
+      /* Refused as the stop begins; waiting on, it would be cancelled (or
+       * find room) only when the grace period ends the held answers. */
+      ck_assert_int_eq(server_stop(&srv), 0);
+      int st = xs_finish(&x, msg, NULL, NULL);
+      ck_assert_msg(st == RPC_RESOURCE_EXHAUSTED && strstr(msg, "in-flight memory budget"),
+                    "status %d: %s", st, msg);
+      for (int k = 0; k < 2; k++) { /* the held answers: ended by the stop */
+        raw_read(cq, &c[k]);
+        raw_free(&c[k]);
+        free(ids[k]);
+      }
+    }
+    if (pass != 2) xs_close(&x);
+    else xs_free(&x);
+    free(more);
+    raw_cq_drain(cq);
+    grpc_channel_destroy(ch);
+    grpc_channel_destroy(xch);
+    ck_assert_int_eq(server_stop(&srv), 0);
+  }
+  free(want);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("rpc_pinned");
   const TTest *tests[] = {test_sent_bytes_never_change, test_client_never_reads,
-                          test_stop_with_answer_unread, test_pinned_python_interop, NULL};
+                          test_stop_with_answer_unread, test_pinned_python_interop,
+                          test_stream_waits_for_budget, NULL};
   calls_tcase(s, "pinned", 300, setup, teardown, tests);
   return sr_check_run(s);
 }
