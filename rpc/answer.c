@@ -205,12 +205,12 @@ int rpc__answer_scatter(grpc_byte_buffer *bb, const emb_plan *plan, const call_p
 
 /* The length of an answer's head and message as sl begins them (its
  * status and message length into st, ml); SIZE_MAX when sl is shorter
- * than the head's 8 bytes. */
+ * than the head. */
 static size_t xs_head(grpc_slice sl, uint32_t *st, uint32_t *ml) {
-  if (GRPC_SLICE_LENGTH(sl) < 8) return SIZE_MAX;
+  if (GRPC_SLICE_LENGTH(sl) < RPC_EXCHANGE_HEAD) return SIZE_MAX;
   memcpy(st, GRPC_SLICE_START_PTR(sl), 4);
   memcpy(ml, GRPC_SLICE_START_PTR(sl) + 4, 4);
-  return 8 + (((size_t)*ml + 7) & ~(size_t)7);
+  return RPC_EXCHANGE_HEAD + (((size_t)*ml + 7) & ~(size_t)7);
 }
 
 grpc_byte_buffer *rpc__exchange_answer(grpc_byte_buffer *bb, uint32_t *st, grpc_slice *msg) {
@@ -233,7 +233,7 @@ grpc_byte_buffer *rpc__exchange_answer(grpc_byte_buffer *bb, uint32_t *st, grpc_
     grpc_slice_unref(all);
     return NULL;
   }
-  *msg = grpc_slice_sub(all, 8, 8 + ml);
+  *msg = grpc_slice_sub(all, RPC_EXCHANGE_HEAD, RPC_EXCHANGE_HEAD + ml);
   grpc_slice first = grpc_slice_sub(all, off, GRPC_SLICE_LENGTH(all));
   grpc_slice_unref(all);
   grpc_byte_buffer *out = grpc_raw_byte_buffer_create(&first, 1);

@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "common/sys.h"
 #include "rpc/client.h"
+#include "rpc/codec_impl.h"
 #include "rpc/grpc_impl.h"
 #include "rpc/remote_impl.h"
 
@@ -171,9 +172,9 @@ static int xs_start(chan *h, grpc_completion_queue *cq, pcall *p, double deadlin
     if (!x->call) return -1;
     x->cq = cq;
   }
-  grpc_slice sl[2] = {grpc_slice_malloc(8), p->req_sl};
+  grpc_slice sl[2] = {grpc_slice_malloc(RPC_EXCHANGE_HEAD), p->req_sl};
   const uint32_t head[2] = {(uint32_t)p->m, 0};
-  memcpy(GRPC_SLICE_START_PTR(sl[0]), head, 8);
+  memcpy(GRPC_SLICE_START_PTR(sl[0]), head, RPC_EXCHANGE_HEAD);
   p->send = grpc_raw_byte_buffer_create(sl, 2);
   grpc_slice_unref(sl[0]);
   grpc_op ops[4];

@@ -31,8 +31,6 @@
 
 /* ---- remote_call.c: the transport ---- */
 
-/* One gRPC channel to a server: with a subchannel pool of its own
- * (GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL), its own TCP connection. */
 /* An exchange stream (rpc/shardrec.proto, "Exchange stream") of a
  * channel, on one completion queue (a lane's): one message in flight at a
  * time. */
@@ -44,6 +42,8 @@ typedef struct {
 } xs_slot;
 #define RPC_XS_SLOTS 8 /* streams a channel keeps; a lane's further calls go as calls */
 
+/* One gRPC channel to a server: with a subchannel pool of its own
+ * (GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL), its own TCP connection. */
 typedef struct {
   grpc_channel *ch;
   void *reg[RPC_N_METHODS];

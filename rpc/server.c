@@ -406,14 +406,13 @@ static void retry_deferred(server_state *st) {
   st->def_head = st->def_tail = NULL;
   st->xdef_head = st->xdef_tail = NULL;
   st->n_deferred = 0;
-  const int stop = st->stopping;
+  const double now = st->stopping ? INFINITY : sr_now(); /* a stop gives up on all */
   pthread_mutex_unlock(&st->mu);
-  double now = sr_now();
   while (c) {
     call_ctx *next = c->next;
     c->next = NULL;
     c->owner->live--; /* off the list: answered, handled or put back below */
-    if (now >= c->give_up || stop) {
+    if (now >= c->give_up) {
       rpc_reply r;
       rpc_service_refuse_busy(st->svc, &r);
       reply(c->owner, c, r.status, r.msg, NULL, 0);
@@ -424,7 +423,7 @@ static void retry_deferred(server_state *st) {
     }
     c = next;
   }
-  xs_retry(st, x, retry, stop ? INFINITY : now);
+  xs_retry(st, x, retry, now);
   pthread_mutex_lock(&st->mu);
   rpc_service_waiting(st->svc, (uint64_t)st->n_deferred);
   pthread_mutex_unlock(&st->mu);
@@ -501,28 +500,29 @@ static void xs_free(xstream *x) {
   free(x);
 }
 
-/* Start x's next batch (ops[n]), the one in flight from now on. */
-static void xs_batch(worker *w, xstream *x, xs_at at, grpc_op *ops, size_t n) {
+/* Start x's next batch (ops[n]), the one in flight from now on (on its
+ * owner's queue: every xs_ function below works on x->owner's). */
+static void xs_batch(xstream *x, xs_at at, grpc_op *ops, size_t n) {
   x->at = at;
   if (grpc_call_start_batch(x->call, ops, n, x, NULL) != GRPC_CALL_OK) {
     xs_free(x);
     return;
   }
-  w->live++;
+  x->owner->live++;
 }
 
 /* Read x's next message (after its initial metadata when first). The
  * stream is idle until it comes: a stop that begins meanwhile cancels it,
  * and one that began already cancels it now (an idle stream is no call in
  * flight, and would hold a graceful stop for its whole grace period). */
-static void xs_read(worker *w, xstream *x, int first) {
+static void xs_read(xstream *x, int first) {
   grpc_op ops[2];
   memset(ops, 0, sizeof ops);
   size_t n = 0;
   if (first) ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
   ops[n].op = GRPC_OP_RECV_MESSAGE;
   ops[n++].data.recv_message.recv_message = &x->recv;
-  server_state *st = w->st;
+  server_state *st = x->owner->st;
   pthread_mutex_lock(&st->mu);
   x->at = XS_RECV;
   if (grpc_call_start_batch(x->call, ops, n, x, NULL) != GRPC_CALL_OK) {
@@ -530,7 +530,7 @@ static void xs_read(worker *w, xstream *x, int first) {
     xs_free(x);
     return;
   }
-  w->live++;
+  x->owner->live++;
   x->idle = 1;
   if (st->stopping) grpc_call_cancel(x->call, NULL);
   pthread_mutex_unlock(&st->mu);
@@ -539,19 +539,19 @@ static void xs_read(worker *w, xstream *x, int first) {
 /* Send r as the answer to x's message (rpc/shardrec.proto: the head, then
  * the answer, a pinned one without a copy); x holds r's budget until it is
  * sent. */
-static void xs_answer(worker *w, xstream *x, rpc_reply *r) {
+static void xs_answer(xstream *x, rpc_reply *r) {
   if (r->status != RPC_OK && r->pinned) { /* as reply_answer; a refusal has no r->out */
     rpc_pinned_release(r->pinned);
     r->pinned = NULL;
   }
   const size_t ml = r->status == RPC_OK ? 0 : strlen(r->msg), pad = (ml + 7) & ~(size_t)7;
-  grpc_slice head = grpc_slice_malloc(8 + pad);
+  grpc_slice head = grpc_slice_malloc(RPC_EXCHANGE_HEAD + pad);
   uint8_t *h = GRPC_SLICE_START_PTR(head);
-  memset(h, 0, 8 + pad);
+  memset(h, 0, RPC_EXCHANGE_HEAD + pad);
   const uint32_t st = (uint32_t)r->status, len = (uint32_t)ml;
   memcpy(h, &st, 4);
   memcpy(h + 4, &len, 4);
-  memcpy(h + 8, r->msg, ml);
+  memcpy(h + RPC_EXCHANGE_HEAD, r->msg, ml);
   grpc_byte_buffer *body = NULL;
   if (r->pinned && !(body = rpc__bb_pinned(r->pinned))) {
     grpc_slice_unref(head);
@@ -559,8 +559,8 @@ static void xs_answer(worker *w, xstream *x, rpc_reply *r) {
     memset(&oom, 0, sizeof oom);
     oom.status = RPC_RESOURCE_EXHAUSTED;
     snprintf(oom.msg, sizeof oom.msg, "out of memory for the answer");
-    rpc_service_release(w->st->svc, r->held);
-    xs_answer(w, x, &oom);
+    rpc_service_release(x->owner->st->svc, r->held);
+    xs_answer(x, &oom);
     return;
   }
   if (!body && r->status == RPC_OK) body = rpc__bb_take(r->out, r->out_len);
@@ -577,7 +577,7 @@ static void xs_answer(worker *w, xstream *x, rpc_reply *r) {
   memset(&op, 0, sizeof op);
   op.op = GRPC_OP_SEND_MESSAGE;
   op.data.send_message.send_message = x->send;
-  xs_batch(w, x, XS_SENT, &op, 1);
+  xs_batch(x, XS_SENT, &op, 1);
 }
 
 /* Keep x's message (x->req) until the budget has room; the stream counts
@@ -607,12 +607,12 @@ static int xs_handle(xstream *x) {
   }
   grpc_slice_unref(x->req);
   x->req = grpc_empty_slice();
-  xs_answer(x->owner, x, &r);
+  xs_answer(x, &r);
   return 0;
 }
 
 /* The deferred stream messages, as retry_deferred's calls: refused once
- * their time is past (now is INFINITY at a stop), tried again in order
+ * their time is past (now: INFINITY at a stop), tried again in order
  * while retry holds (until one finds no room again), else put back. A
  * message leaves its owner's live count only once its answer's batch or
  * its place back on the list counts there. */
@@ -626,7 +626,7 @@ static void xs_retry(server_state *st, xstream *x, int retry, double now) {
       rpc_service_refuse_busy(st->svc, &r);
       grpc_slice_unref(x->req);
       x->req = grpc_empty_slice();
-      xs_answer(owner, x, &r);
+      xs_answer(x, &r);
     } else if (retry) {
       retry = !xs_handle(x);
     } else {
@@ -641,8 +641,8 @@ static void xs_retry(server_state *st, xstream *x, int retry, double now) {
  * handled and answered (xs_handle); one that finds no room in the
  * in-flight budget waits for it as a deferred call does, and is refused
  * RESOURCE_EXHAUSTED when its time runs out. */
-static void xs_message(worker *w, xstream *x) {
-  server_state *st = w->st;
+static void xs_message(xstream *x) {
+  server_state *st = x->owner->st;
   rpc_reply r;
   memset(&r, 0, sizeof r);
   grpc_slice in;
@@ -666,7 +666,7 @@ static void xs_message(worker *w, xstream *x) {
   }
   rpc_service_note(st->svc, x->m, r.status, r.msg, 0, len, 0);
   grpc_slice_unref(in);
-  xs_answer(w, x, &r);
+  xs_answer(x, &r);
 }
 
 /* x's batch in flight ended. */
@@ -686,7 +686,7 @@ static void xs_event(worker *w, xstream *x, int success) {
       x->open = 1;
       pthread_mutex_unlock(&st->mu);
       rpc_service_streams(st->svc, 1);
-      xs_read(w, x, 1);
+      xs_read(x, 1);
       return;
     case XS_RECV:
       pthread_mutex_lock(&st->mu);
@@ -697,7 +697,7 @@ static void xs_event(worker *w, xstream *x, int success) {
         return;
       }
       if (x->recv) {
-        xs_message(w, x);
+        xs_message(x);
       } else { /* the client closed the stream: its status, and the end */
         grpc_op ops[2];
         memset(ops, 0, sizeof ops);
@@ -705,7 +705,7 @@ static void xs_event(worker *w, xstream *x, int success) {
         ops[0].data.send_status_from_server.status = GRPC_STATUS_OK;
         ops[1].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
         ops[1].data.recv_close_on_server.cancelled = &x->cancelled;
-        xs_batch(w, x, XS_END, ops, 2);
+        xs_batch(x, XS_END, ops, 2);
       }
       return;
     case XS_SENT:
@@ -713,7 +713,7 @@ static void xs_event(worker *w, xstream *x, int success) {
       x->held = 0;
       grpc_byte_buffer_destroy(x->send);
       x->send = NULL;
-      if (success) xs_read(w, x, 0);
+      if (success) xs_read(x, 0);
       else xs_free(x);
       retry_deferred(st); /* budget was given back */
       return;

@@ -900,8 +900,7 @@ void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, si
 }
 
 void rpc_service_streams(rpc_service *s, int delta) {
-  if (delta > 0) atomic_fetch_add(&s->streams, (uint64_t)delta);
-  else atomic_fetch_sub(&s->streams, (uint64_t)-delta);
+  atomic_fetch_add(&s->streams, (uint64_t)(int64_t)delta); /* -1 wraps: unsigned */
 }
 
 void rpc_service_waiting(rpc_service *s, uint64_t n) { atomic_store(&s->waiting, n); }

@@ -642,8 +642,17 @@ typedef struct {
   double scatter, push; /* seconds in the rows' gradients and in push_begin */
 } step_push;
 
-/* The ids without a row leave the step's set, and the push begins. A
- * failure is the step's with one rank, this rank's (own) with several. */
+/* The push of step failed with rc (its half begin or wait): the step's
+ * failure with one rank (rc), this rank's with several (*own; 0). */
+static int push_failed(trainer *t, int64_t step, int rc, int ranks, int *own) {
+  sr_fmt(t->err, sizeof t->err, "push at step %lld: %s", (long long)step,
+         emb_store_errmsg(t->store));
+  if (ranks == 1) return rc;
+  *own = rc;
+  return 0;
+}
+
+/* The ids without a row leave the step's set, and the push begins. */
 static int push_begin(step_push *sp) {
   trainer *t = sp->t;
   double t0 = sr_now();
@@ -651,15 +660,8 @@ static int push_begin(step_push *sp) {
   int rc = emb_store_push_begin(t->store, sp->step, sp->sparse_lr, sp->ids,
                                 (const float *const *)t->grads);
   sp->push += sr_now() - t0;
-  if (!rc) {
-    sp->begun = 1;
-    return 0;
-  }
-  sr_fmt(t->err, sizeof t->err, "push at step %lld: %s", (long long)sp->step,
-         emb_store_errmsg(t->store));
-  if (sp->ranks == 1) return rc;
-  sp->own = rc;
-  return 0;
+  sp->begun = !rc;
+  return rc ? push_failed(t, sp->step, rc, sp->ranks, &sp->own) : 0;
 }
 
 /* The backward's hook (dense_model_backward_ready): the loss checked
@@ -796,12 +798,8 @@ int trainer_step_part(trainer *t, const ds_batch *b, int n_global, int64_t step,
     /* A push to shard servers waits for them: on shared cores they need the
      * ones the dense workers would spin on. */
     if (emb_store_kind_of(t->store) == EMB_STORE_REMOTE) dense_pool_rest(dense_pool_default());
-    if ((rc = emb_store_push_wait(t->store))) {
-      sr_fmt(t->err, sizeof t->err, "push at step %lld: %s", (long long)step,
-             emb_store_errmsg(t->store));
-      if (ranks == 1) return rc;
-      own = rc;
-    }
+    if ((rc = emb_store_push_wait(t->store)) && (rc = push_failed(t, step, rc, ranks, &own)))
+      return rc;
   }
   double t4 = sr_now(), t4b = t4;
   const float *gsum = g;
