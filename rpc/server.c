@@ -388,6 +388,21 @@ static int handle(worker *w, call_ctx *c) {
   return 0;
 }
 
+/* Answer the parked calls that can be answered now (from any worker). */
+static void answer_woken(server_state *st) {
+  rpc_woken wk[16];
+  int n;
+  do {
+    n = rpc_service_take_woken(st->svc, wk, 16);
+    for (int i = 0; i < n; i++) {
+      call_ctx *c = wk[i].token;
+      worker *owner = c->owner;
+      reply_answer(owner, c, &wk[i].r, 0);
+      owner->live--; /* no longer parked (reply counted its batch first) */
+    }
+  } while (n == 16);
+}
+
 static void xs_retry(server_state *st, xstream *x, int retry, double now);
 
 /* The deferred calls: given up on (RESOURCE_EXHAUSTED) once their time is
@@ -427,21 +442,7 @@ static void retry_deferred(server_state *st) {
   pthread_mutex_lock(&st->mu);
   rpc_service_waiting(st->svc, (uint64_t)st->n_deferred);
   pthread_mutex_unlock(&st->mu);
-}
-
-/* Answer the parked calls that can be answered now (from any worker). */
-static void answer_woken(server_state *st) {
-  rpc_woken wk[16];
-  int n;
-  do {
-    n = rpc_service_take_woken(st->svc, wk, 16);
-    for (int i = 0; i < n; i++) {
-      call_ctx *c = wk[i].token;
-      worker *owner = c->owner;
-      reply_answer(owner, c, &wk[i].r, 0);
-      owner->live--; /* no longer parked (reply counted its batch first) */
-    }
-  } while (n == 16);
+  answer_woken(st); /* a Push handled here may have completed a step */
 }
 
 /* A parked call's close batch ended. Cancelled before the call's deadline
@@ -698,6 +699,7 @@ static void xs_event(worker *w, xstream *x, int success) {
       }
       if (x->recv) {
         xs_message(x);
+        answer_woken(st); /* a Push that completed a step wakes its parked Lookups */
       } else { /* the client closed the stream: its status, and the end */
         grpc_op ops[2];
         memset(ops, 0, sizeof ops);

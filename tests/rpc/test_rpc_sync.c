@@ -18,6 +18,7 @@
 #include "rpc/client.h"
 #include "rpc/shardrec.pb-c.h"
 #include "tests/rpc/calls.h"
+#include "tests/rpc/raw_call.h"
 #include "tests/support/servers.h"
 
 #define DIM 4
@@ -140,6 +141,7 @@ START_TEST(test_rank_order_sum) {
 END_TEST
 
 typedef struct {
+  const char *job;
   const uint64_t *ids;
   size_t n;
   float rows[8 * DIM];
@@ -148,11 +150,18 @@ typedef struct {
   _Atomic int done;
 } lookup_job;
 
+/* Rank 0's Lookup of step 1 of j's job (world 2). */
 static void *lookup_thread(void *arg) {
   lookup_job *j = arg;
-  j->status = lookup("m2", 1, 0, 2, j->ids, j->n, 60, j->rows, j->msg, sizeof j->msg);
+  j->status = lookup(j->job, 1, 0, 2, j->ids, j->n, 60, j->rows, j->msg, sizeof j->msg);
   j->done = 1;
   return NULL;
+}
+
+/* lj's Lookup begun on *th, and held by the server (its Stats says so). */
+static void lookup_parked(lookup_job *lj, pthread_t *th) {
+  ck_assert_int_eq(pthread_create(th, NULL, lookup_thread, lj), 0);
+  calls_wait_parked(srv.addr, 1, 0, 60);
 }
 
 START_TEST(test_lookup_waits_for_step) {
@@ -164,10 +173,9 @@ START_TEST(test_lookup_waits_for_step) {
   int applied;
   push("m2", 0, 0, 2, &p0, 1, &applied);
   uint64_t ids[2] = {11, 13};
-  lookup_job lj = {.ids = ids, .n = 2};
+  lookup_job lj = {.job = "m2", .ids = ids, .n = 2};
   pthread_t th;
-  ck_assert_int_eq(pthread_create(&th, NULL, lookup_thread, &lj), 0);
-  calls_wait_parked(srv.addr, 1, 0, 60); /* the server holds the Lookup */
+  lookup_parked(&lj, &th);
   ck_assert_msg(!lj.done, "the lookup of step 1 did not wait for rank 1's push of step 0: %d %s",
                 lj.status, lj.msg);
   push("m2", 0, 1, 2, &p1, 1, &applied);
@@ -182,6 +190,61 @@ START_TEST(test_lookup_waits_for_step) {
   ref_push(0, ids, 2, sum);
   ref_lookup(1, ids, 2, want);
   ck_assert(memcmp(lj.rows, want, sizeof want) == 0);
+}
+END_TEST
+
+/* The push that completes a step may come as an exchange stream message
+ * (the protocol lets any client send a multi-rank Push so): the parked
+ * Lookup of the next step is answered as the message is handled, as after
+ * a call's Push. With one
+ * worker thread the server handles the Stats call after it, so Stats
+ * shows no parked Lookup once the message is answered (the worker's idle
+ * pass, 50 ms on, would answer it too, and the test fails without the
+ * wake-up). */
+START_TEST(test_stream_push_wakes_lookup) {
+  char args[1200];
+  ck_assert_int_eq(server_stop(&srv), 0);
+  snprintf(args, sizeof args, "--plan '%s' --shard 0 --threads 1 --checkpoint-root '%s'", plan_path,
+           dir);
+  server_start(&srv, args, log_path);
+  uint64_t id0[1] = {21}, id1[1] = {22};
+  float g0[DIM], g1[DIM];
+  fill(g0, 1, 0.25f);
+  fill(g1, 1, -0.75f);
+  part p0 = {0, id0, 1, g0};
+  int applied;
+  push("m4", 0, 0, 2, &p0, 1, &applied);
+  uint64_t ids[2] = {21, 22};
+  lookup_job lj = {.job = "m4", .ids = ids, .n = 2};
+  pthread_t th;
+  lookup_parked(&lj, &th);
+  rpc_global_init();
+  grpc_channel *ch = raw_channel(srv.addr, 0);
+  xs_raw x;
+  xs_open(&x, ch);
+  Shardrec__V1__RequestHeader h;
+  calls_header(&h, fp, "m4", 0, 1, 2, 0);
+  call_table t = {plan->tables[0].table_id, id1, 1, g1, 0};
+  size_t len, olen;
+  uint8_t *b = calls_pack_push(&h, 0.1f, &t, 1, DIM, &len), *out;
+  char msg[512];
+  ck_assert_int_eq(xs_call(&x, RPC_PUSH, 0, b, len, msg, &out, &olen), RPC_OK);
+  free(b);
+  free(out);
+  Shardrec__V1__StatsResponse *a = calls_stats(srv.addr);
+  ck_assert_msg(a->parked_lookups == 0, "the Lookup is still parked after the push that completed "
+                "its step was answered on the stream");
+  shardrec__v1__stats_response__free_unpacked(a, NULL);
+  ck_assert_int_eq(pthread_join(th, NULL), 0);
+  ck_assert_msg(lj.status == RPC_OK, "%d %s", lj.status, lj.msg);
+  float sum[2 * DIM], want[2 * DIM];
+  memcpy(sum, g0, sizeof g0);
+  memcpy(sum + DIM, g1, sizeof g1);
+  ref_push(0, ids, 2, sum);
+  ref_lookup(1, ids, 2, want);
+  ck_assert(memcmp(lj.rows, want, sizeof want) == 0);
+  xs_close(&x);
+  grpc_channel_destroy(ch);
 }
 END_TEST
 
@@ -275,9 +338,9 @@ END_TEST
 
 int main(void) {
   Suite *s = suite_create("rpc_sync");
-  const TTest *tests[] = {test_rank_order_sum, test_lookup_waits_for_step,
-                          test_missing_rank_deadline, test_remote_store_ranks,
-                          test_nonfinite_sum_drops_step, NULL};
+  const TTest *tests[] = {test_rank_order_sum,        test_lookup_waits_for_step,
+                          test_stream_push_wakes_lookup, test_missing_rank_deadline,
+                          test_remote_store_ranks,     test_nonfinite_sum_drops_step, NULL};
   calls_tcase(s, "sync", 120, setup, teardown, tests);
   return sr_check_run(s);
 }
