@@ -263,10 +263,10 @@ int rpc__pcall_start(conn *c, grpc_completion_queue *cq, pcall *p, double deadli
     p->req_sl = grpc_slice_new(p->req, p->req_len, free);
     p->req_owned = 0;
   }
-  if (c->exchange && !p->path && !p->no_deadline &&
-      (p->m == RPC_LOOKUP || p->m == RPC_PUSH || p->m == RPC_PUSH_LOOKUP) &&
-      !xs_start(h, cq, p, deadline_s))
-    return 0;
+  const int xs = p->m == RPC_PUSH                                 ? c->xs_push
+                 : p->m == RPC_LOOKUP || p->m == RPC_PUSH_LOOKUP ? c->xs_lookup
+                                                                 : 0;
+  if (xs && !p->path && !p->no_deadline && !xs_start(h, cq, p, deadline_s)) return 0;
   if (p->path) {
     grpc_slice method = grpc_slice_from_copied_string(p->path);
     p->call = grpc_channel_create_call(h->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, NULL,

@@ -62,8 +62,11 @@ typedef struct {
   uint64_t max_ids, max_bytes, budget;
   int looks_ahead; /* its store reads ahead: prefetch_only hints are worth sending */
   int push_lookup; /* it takes PushLookup */
-  int exchange;    /* Lookups, Pushes and PushLookups go on exchange streams (it takes
-                      them, and the job has one rank) */
+  int xs_push;     /* Pushes go on exchange streams (it takes them: a Push is
+                      answered at once, applied or held for its step) */
+  int xs_lookup;   /* Lookups and PushLookups too: the job has one rank (a
+                      message never waits for other ranks, a Lookup of
+                      several ranks may: it goes as a call) */
   int notes;       /* calls answered after a retry since rpc_remote_note last looked */
   char note[400];  /* the last of them */
 } conn;

@@ -630,7 +630,8 @@ static int read_limits(rstore *s, pcall *p, void *ctx) {
   c->budget = a->inflight_budget_bytes;
   c->looks_ahead = a->looks_ahead;
   c->push_lookup = a->push_lookup;
-  c->exchange = a->exchange && s->o.world_size == 1; /* a stream never waits for other ranks */
+  c->xs_push = a->exchange;
+  c->xs_lookup = a->exchange && s->o.world_size == 1;
   shardrec__v1__stats_response__free_unpacked(a, NULL);
   return 0;
 }

@@ -5,7 +5,9 @@
  * in-process store); a retried push changes nothing; a Lookup of step t+1
  * sent before the last push of t waits and then sees the updated rows; a
  * rank that never pushes makes the Lookup end DEADLINE_EXCEEDED and changes
- * nothing. The remote store as two ranks pushes to every shard every step.
+ * nothing. The remote store as two ranks pushes to every shard every step,
+ * each rank's Pushes on an exchange stream of its own and its Lookups as
+ * calls (a Lookup may wait for the other rank, a stream message never).
  * "Waits" is an event the test sees: the server's Stats shows the Lookup
  * parked, and only then is it checked not to have been answered. */
 #include <check.h>
@@ -268,8 +270,19 @@ START_TEST(test_missing_rank_deadline) {
 }
 END_TEST
 
+/* Stats' exchange_streams: the streams the server has open. */
+static uint64_t open_streams(void) {
+  Shardrec__V1__StatsResponse *a = calls_stats(srv.addr);
+  uint64_t n = a->exchange_streams;
+  shardrec__v1__stats_response__free_unpacked(a, NULL);
+  return n;
+}
+
 /* The remote store as two ranks of one job: rank 1 has no ids this step
- * and still pushes (an empty push), so the step completes. */
+ * and still pushes (an empty push), so the step completes. Each rank's
+ * push went on an exchange stream of its own (the server has two open
+ * once both are answered, none once both stores are gone); rank 1's
+ * Lookup of step 1 is a call, and reads the step's rows. */
 START_TEST(test_remote_store_ranks) {
   char err[512];
   const char *addr[1] = {srv.addr};
@@ -288,13 +301,17 @@ START_TEST(test_remote_store_ranks) {
   emb_idset s1 = {2, ip, c1}, s0 = {2, none, c0};
   ck_assert_msg(emb_store_push(r[1], 0, 0.1f, &s0, gn) == 0, "%s", emb_store_errmsg(r[1]));
   ck_assert_msg(emb_store_push(r[0], 0, 0.1f, &s1, gp) == 0, "%s", emb_store_errmsg(r[0]));
+  ck_assert_uint_eq(open_streams(), 2);
   float *op[2] = {got, NULL};
   ck_assert_int_eq(emb_store_lookup_begin(r[1], 1, &s1, op), 0);
   ck_assert_msg(emb_store_lookup_wait(r[1]) == 0, "%s", emb_store_errmsg(r[1]));
   ref_push(0, id, 1, g);
   ref_lookup(1, id, 1, want);
   ck_assert(memcmp(got, want, sizeof want) == 0);
+  ck_assert_uint_eq(open_streams(), 2); /* the Lookup opened none */
   for (int k = 0; k < 2; k++) emb_store_destroy(r[k]);
+  const double t0 = test_now();
+  while (open_streams() != 0) ck_assert_msg(test_now() - t0 < 60, "the closed streams stay counted");
 }
 END_TEST
 
