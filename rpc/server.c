@@ -101,7 +101,6 @@ typedef struct xstream {
   int cancelled;
   int idle;     /* waiting for the client's next message (under st->mu) */
   struct xstream *prev, *next; /* the server's open streams (st->xs) */
-  int open;     /* in st->xs, counted by rpc_service_streams */
   /* The message being handled: its method and bytes (head included),
    * kept while it waits for room in the in-flight budget. */
   rpc_method m;
@@ -318,8 +317,23 @@ static void defer_call(server_state *st, call_ctx *c) {
   pthread_mutex_unlock(&st->mu);
 }
 
+/* Answer the parked calls that can be answered now (from any worker). */
+static void answer_woken(server_state *st) {
+  rpc_woken wk[16];
+  int n;
+  do {
+    n = rpc_service_take_woken(st->svc, wk, 16);
+    for (int i = 0; i < n; i++) {
+      call_ctx *c = wk[i].token;
+      worker *owner = c->owner;
+      reply_answer(owner, c, &wk[i].r, 0);
+      owner->live--; /* no longer parked (reply counted its batch first) */
+    }
+  } while (n == 16);
+}
+
 /* Handle call c; 1 when it was deferred (no room in the in-flight budget). */
-static int handle(worker *w, call_ctx *c) {
+static int handle_one(worker *w, call_ctx *c) {
   if (c->kind == TAG_GENERIC) {
     char msg[300];
     char *method = grpc_slice_to_c_string(c->details.method);
@@ -388,19 +402,13 @@ static int handle(worker *w, call_ctx *c) {
   return 0;
 }
 
-/* Answer the parked calls that can be answered now (from any worker). */
-static void answer_woken(server_state *st) {
-  rpc_woken wk[16];
-  int n;
-  do {
-    n = rpc_service_take_woken(st->svc, wk, 16);
-    for (int i = 0; i < n; i++) {
-      call_ctx *c = wk[i].token;
-      worker *owner = c->owner;
-      reply_answer(owner, c, &wk[i].r, 0);
-      owner->live--; /* no longer parked (reply counted its batch first) */
-    }
-  } while (n == 16);
+/* handle_one, then the parked calls it woke answered (a Push that
+ * completed a step wakes the Lookups parked for it): 1 when c waits for
+ * room in the budget. */
+static int handle(worker *w, call_ctx *c) {
+  const int deferred = handle_one(w, c);
+  answer_woken(w->st);
+  return deferred;
 }
 
 static void xs_retry(server_state *st, xstream *x, int retry, double now);
@@ -442,7 +450,6 @@ static void retry_deferred(server_state *st) {
   pthread_mutex_lock(&st->mu);
   rpc_service_waiting(st->svc, (uint64_t)st->n_deferred);
   pthread_mutex_unlock(&st->mu);
-  answer_woken(st); /* a Push handled here may have completed a step */
 }
 
 /* A parked call's close batch ended. Cancelled before the call's deadline
@@ -487,11 +494,12 @@ static void xs_post(worker *w) {
 static void xs_free(xstream *x) {
   server_state *st = x->owner->st;
   pthread_mutex_lock(&st->mu);
+  const int listed = x->prev || st->xs == x; /* open: counted by rpc_service_streams */
   if (x->prev) x->prev->next = x->next;
-  else if (st->xs == x) st->xs = x->next;
+  else if (listed) st->xs = x->next;
   if (x->next) x->next->prev = x->prev;
   pthread_mutex_unlock(&st->mu);
-  if (x->open) rpc_service_streams(st->svc, -1);
+  if (listed) rpc_service_streams(st->svc, -1);
   grpc_slice_unref(x->req);
   if (x->held) rpc_service_release(st->svc, x->held);
   grpc_metadata_array_destroy(&x->md);
@@ -609,6 +617,7 @@ static int xs_handle(xstream *x) {
   grpc_slice_unref(x->req);
   x->req = grpc_empty_slice();
   xs_answer(x, &r);
+  answer_woken(st); /* as handle's */
   return 0;
 }
 
@@ -684,7 +693,6 @@ static void xs_event(worker *w, xstream *x, int success) {
       x->next = st->xs;
       if (st->xs) st->xs->prev = x;
       st->xs = x;
-      x->open = 1;
       pthread_mutex_unlock(&st->mu);
       rpc_service_streams(st->svc, 1);
       xs_read(x, 1);
@@ -699,7 +707,6 @@ static void xs_event(worker *w, xstream *x, int success) {
       }
       if (x->recv) {
         xs_message(x);
-        answer_woken(st); /* a Push that completed a step wakes its parked Lookups */
       } else { /* the client closed the stream: its status, and the end */
         grpc_op ops[2];
         memset(ops, 0, sizeof ops);
@@ -762,7 +769,6 @@ static void *worker_main(void *arg) {
         }
         post_request(w, c->kind == TAG_GENERIC ? -1 : c->method);
         handle(w, c);
-        answer_woken(st);
         break;
       case TAG_REPLY:
         ctx_unref(c); /* the answer is sent: its budget is given back */

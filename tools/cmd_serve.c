@@ -179,7 +179,7 @@ typedef struct {
   const char *shards_s, *listen, *ckpt_root, *allow_push, *allow_admin;
   int shards[256], read_only, insecure, accept_unclean;
   rpc_tls tls;
-  double pending_timeout, inflight_wait;
+  double pending_timeout, inflight_wait; /* inflight_wait 0: the service's default (1 s) */
   long long threads, maxmsg, maxids, inflight_mb;
   serve_watch watch;
   serve_follow follow;
@@ -351,8 +351,7 @@ static int read_transform(const emb_served *sv, uint8_t **xf, size_t *len) {
 }
 
 int cmd_serve(int argc, char **argv) {
-  serve_flags f = {.listen = "127.0.0.1:0", .pending_timeout = 300, .inflight_wait = 1,
-                   .threads = 2, .maxmsg = 64,
+  serve_flags f = {.listen = "127.0.0.1:0", .pending_timeout = 300, .threads = 2, .maxmsg = 64,
                    .follow = {.every_s = 0.1, .grace_s = 10, .swap_at = -1}};
   int rc = parse_flags(argc, argv, &f);
   if (rc) return rc < 0 ? 0 : rc;
