@@ -25,7 +25,7 @@
  * (dim 16, 13-512-256-64-16 / 512-256-1, dot, SGD) at --train-batch and the
  * MLPerf-like one (dim 128, 13-512-256-128 / 1024-1024-512-256-1) at batch
  * 2048, on generated data, in process and against 2 `shardrec serve` child
- * processes on loopback (a 2-shard row-wise plan), in turn in each of
+ * processes on loopback (a 2-shard row-wise plan), in turn (the order alternated) in each of
  * --train-rounds rounds, with the median of the rounds' ratios and the
  * trainer's per-phase times of the last round (where the time goes).
  *
@@ -433,10 +433,12 @@ static int parse_done(const char *out, long long batch, double *sps, char *phase
   return 0;
 }
 
-/* The most rounds of the training comparison (--train-rounds; 5 by
- * default: on a 2-core machine one round's ratio moves by 0.1 either way,
- * and a median of 3 followed it by 0.05 from run to run). */
-#define TRAIN_ROUNDS_MAX 9
+/* The training comparison's rounds (--train-rounds): 9 by default, as on
+ * a 2-core guest one round's ratio moved by 0.1 either way (at times by
+ * 0.3), and a median of 3 followed it by 0.05 from run to run, one of 5
+ * by 0.05 (0.87-0.98 in nine runs). */
+#define TRAIN_ROUNDS_DEFAULT 9
+#define TRAIN_ROUNDS_MAX 15
 
 /* A model of the training comparison: its name and train's model flags. */
 typedef struct {
@@ -450,7 +452,9 @@ static const train_model mlperf = {
     "--arch-sparse-feature-size 128 --arch-mlp-bot 13-512-256-128 --arch-mlp-top 1024-1024-512-256-1"};
 
 /* Training samples/s of model m in process and against 2 server processes,
- * in rounds: each round trains in process, then against the servers, and
+ * in rounds: each round trains in process and against the servers, one
+ * after the other (in process first in even rounds, the servers first in
+ * odd ones, so that neither always runs on the heels of the other), and
  * takes the ratio of the two, so that the machine's drift falls on both
  * alike; the medians of the rounds, and the last round's phases. The
  * servers start once: from the second round on they already hold the rows
@@ -465,7 +469,7 @@ static int bench_train_rpc(const train_model *m, long long rows, long long steps
   }
   printf("\ntraining: %s, batch %lld, %lld steps on %lld generated rows; a 2-shard row-wise plan, "
          "in process and against 2 'shardrec serve' processes on 127.0.0.1 (this machine's cores "
-         "shared), in turn in each of %d rounds\n",
+         "shared), in turn (the order alternated) in each of %d rounds\n",
          m->name, batch, steps, rows, rounds);
   fflush(stdout);
   char args[2048], *out = NULL;
@@ -500,7 +504,8 @@ static int bench_train_rpc(const train_model *m, long long rows, long long steps
   double sps[2][TRAIN_ROUNDS_MAX], ratio[TRAIN_ROUNDS_MAX];
   char ph[2][512];
   for (int r = 0; r < rounds; r++)
-    for (int k = 0; k < 2; k++) { /* k 0: in process; 1: against the servers */
+    for (int j = 0; j < 2; j++) {
+      const int k = r % 2 ? 1 - j : j; /* 0: in process; 1: against the servers */
       if (k) snprintf(args, sizeof args, "%s --shard-servers %s,%s", common, addr[0], addr[1]);
       else snprintf(args, sizeof args, "%s", common);
       if (run_out(dir, args, &out) || parse_done(out, batch, &sps[k][r], ph[k], sizeof ph[k])) {
@@ -510,8 +515,8 @@ static int bench_train_rpc(const train_model *m, long long rows, long long steps
       }
       free(out);
       out = NULL;
-      if (k) ratio[r] = sps[1][r] / sps[0][r];
     }
+  for (int r = 0; r < rounds; r++) ratio[r] = sps[1][r] / sps[0][r];
   char each[TRAIN_ROUNDS_MAX * 8 + 1] = "";
   for (int r = 0; r < rounds; r++)
     snprintf(each + strlen(each), sizeof each - strlen(each), "%s%.2f", r ? " " : "", ratio[r]);
@@ -1213,12 +1218,12 @@ static void rpc_usage(void) {
          "       [--rows N (262144)] [--ids N (4096)]\n"
          "       [--dims D,... (16,128)] [--servers K,... (1,4)] [--server-threads N (1)] [--seconds S (1)]\n"
          "       [--train-rows N (100000)] [--train-steps N (400)] [--train-batch N (128)]\n"
-         "       [--train-rounds N (5, at most %d)]\n"
+         "       [--train-rounds N (%d, at most %d)]\n"
          "       [--rpc-connections N (%d)] [--rpc-chunk-kb N (0: no chunks but the servers' limits)]\n"
          "       [--netns PATH (tests/cluster/netns.sh of the source tree)] [--rate R (tc's: 1gbit)]\n"
          "       shardrec bench rpc --part client --plan FILE --server ADDR [--tcp ADDR] [--ids N]\n"
          "       shardrec bench rpc --part tcp-peer --listen IP:PORT\n",
-         TRAIN_ROUNDS_MAX, RPC_CONNECTIONS_DEFAULT);
+         TRAIN_ROUNDS_DEFAULT, TRAIN_ROUNDS_MAX, RPC_CONNECTIONS_DEFAULT);
 }
 
 static int rpc_part_check(const char *p) {
@@ -1273,7 +1278,7 @@ static int rpc_arg(rpc_args *a, int c, const char *arg) {
 /* The flags into a. 0, 1 (--help printed) or 2 (a bad flag, said). */
 static int rpc_args_parse(int argc, char **argv, rpc_args *a) {
   *a = (rpc_args){.rows = 262144, .n = 4096, .train_rows = 100000, .train_steps = 400,
-                  .train_batch = 128, .train_rounds = 5, .part = "all", .secs = 1.0,
+                  .train_batch = 128, .train_rounds = TRAIN_ROUNDS_DEFAULT, .part = "all", .secs = 1.0,
                   .dims = {16, 128}, .n_dims = 2, .nsrv = {1, 4}, .n_srv = 2};
   static const struct option lo[] = {{"rows", required_argument, 0, 'r'},
                                      {"train-rows", required_argument, 0, 'R'},
