@@ -25,9 +25,10 @@
  * (dim 16, 13-512-256-64-16 / 512-256-1, dot, SGD) at --train-batch and the
  * MLPerf-like one (dim 128, 13-512-256-128 / 1024-1024-512-256-1) at batch
  * 2048, on generated data, in process and against 2 `shardrec serve` child
- * processes on loopback (a 2-shard row-wise plan), in turn (the order alternated) in each of
- * --train-rounds rounds, with the median of the rounds' ratios and the
- * trainer's per-phase times of the last round (where the time goes).
+ * processes on loopback (a 2-shard row-wise plan), in turn (the order
+ * alternated) in each of --train-rounds rounds, with the median of the
+ * rounds' ratios and the trainer's per-phase times of the last round
+ * (where the time goes).
  *
  * --part pinned: Lookups from two shard-store servers of the same cached
  * rows, timed in turn, one answering from the store's memory (pinned rows,
@@ -436,7 +437,7 @@ static int parse_done(const char *out, long long batch, double *sps, char *phase
 /* The training comparison's rounds (--train-rounds): 9 by default, as on
  * a 2-core guest one round's ratio moved by 0.1 either way (at times by
  * 0.3), and a median of 3 followed it by 0.05 from run to run, one of 5
- * by 0.05 (0.87-0.98 in nine runs). */
+ * by 0.05 (0.87-0.98 in nine runs); one of 9 gave 0.90-0.94 in nine. */
 #define TRAIN_ROUNDS_DEFAULT 9
 #define TRAIN_ROUNDS_MAX 15
 
