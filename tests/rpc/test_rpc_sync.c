@@ -160,8 +160,13 @@ static void *lookup_thread(void *arg) {
   return NULL;
 }
 
-/* lj's Lookup begun on *th, and held by the server (its Stats says so). */
-static void lookup_parked(lookup_job *lj, pthread_t *th) {
+/* Rank 0's push of step 0 of lj's job (the row id0, gradient g0), then
+ * lj's Lookup begun on *th, and held by the server for rank 1's push (its
+ * Stats says so). */
+static void lookup_parked(const uint64_t *id0, const float *g0, lookup_job *lj, pthread_t *th) {
+  part p0 = {0, id0, 1, g0};
+  int applied;
+  push(lj->job, 0, 0, 2, &p0, 1, &applied);
   ck_assert_int_eq(pthread_create(th, NULL, lookup_thread, lj), 0);
   calls_wait_parked(srv.addr, 1, 0, 60);
 }
@@ -171,15 +176,14 @@ START_TEST(test_lookup_waits_for_step) {
   float g0[DIM], g1[2 * DIM];
   fill(g0, 1, 1.0f);
   fill(g1, 2, 0.5f);
-  part p0 = {0, id0, 1, g0}, p1 = {0, id1, 2, g1};
-  int applied;
-  push("m2", 0, 0, 2, &p0, 1, &applied);
   uint64_t ids[2] = {11, 13};
   lookup_job lj = {.job = "m2", .ids = ids, .n = 2};
   pthread_t th;
-  lookup_parked(&lj, &th);
+  lookup_parked(id0, g0, &lj, &th);
   ck_assert_msg(!lj.done, "the lookup of step 1 did not wait for rank 1's push of step 0: %d %s",
                 lj.status, lj.msg);
+  part p1 = {0, id1, 2, g1};
+  int applied;
   push("m2", 0, 1, 2, &p1, 1, &applied);
   ck_assert_int_eq(pthread_join(th, NULL), 0);
   ck_assert_msg(lj.status == RPC_OK, "%d %s", lj.status, lj.msg);
@@ -213,13 +217,10 @@ START_TEST(test_stream_push_wakes_lookup) {
   float g0[DIM], g1[DIM];
   fill(g0, 1, 0.25f);
   fill(g1, 1, -0.75f);
-  part p0 = {0, id0, 1, g0};
-  int applied;
-  push("m4", 0, 0, 2, &p0, 1, &applied);
   uint64_t ids[2] = {21, 22};
   lookup_job lj = {.job = "m4", .ids = ids, .n = 2};
   pthread_t th;
-  lookup_parked(&lj, &th);
+  lookup_parked(id0, g0, &lj, &th);
   rpc_global_init();
   grpc_channel *ch = raw_channel(srv.addr, 0);
   xs_raw x;
@@ -311,7 +312,10 @@ START_TEST(test_remote_store_ranks) {
   ck_assert_uint_eq(open_streams(), 2); /* the Lookup opened none */
   for (int k = 0; k < 2; k++) emb_store_destroy(r[k]);
   const double t0 = test_now();
-  while (open_streams() != 0) ck_assert_msg(test_now() - t0 < 60, "the closed streams stay counted");
+  while (open_streams() != 0) { /* polled as calls_wait_parked polls */
+    ck_assert_msg(test_now() - t0 < 60, "the closed streams stay counted");
+    usleep(10 * 1000);
+  }
 }
 END_TEST
 
