@@ -184,6 +184,29 @@ static CALLS_UNUSED void calls_wait_parked(const char *addr, uint64_t lookups, u
   }
 }
 
+/* addr's Stats' exchange_streams: the exchange streams it has open. */
+static CALLS_UNUSED uint64_t calls_open_streams(const char *addr) {
+  Shardrec__V1__StatsResponse *a = calls_stats(addr);
+  uint64_t n = a->exchange_streams;
+  shardrec__v1__stats_response__free_unpacked(a, NULL);
+  return n;
+}
+
+/* Wait until addr has n exchange streams open (a stream its client closed
+ * leaves the count once the server has ended it). Polls as
+ * calls_wait_parked does; fails when the count is not n within timeout_s. */
+static CALLS_UNUSED void calls_wait_streams(const char *addr, uint64_t n, double timeout_s) {
+  double t0 = test_now();
+  for (;;) {
+    uint64_t open = calls_open_streams(addr);
+    if (open == n) return;
+    ck_assert_msg(test_now() - t0 < timeout_s, "%s: %llu exchange stream(s) open after %.0f s; "
+                  "want %llu (closed streams stay counted)", addr, (unsigned long long)open,
+                  timeout_s, (unsigned long long)n);
+    usleep(10 * 1000);
+  }
+}
+
 /* A fixture's first half: a fresh temp folder (*dir, malloc'd),
  * plan_path = dir/plan.json and log_path = dir/server.log (pathlen bytes
  * each), pp's plan saved at plan_path and loaded back into *plan (as the

@@ -310,15 +310,6 @@ static uint64_t failed_calls(void) {
   return f;
 }
 
-/* Stats' exchange_streams: the streams the server has open. */
-static uint64_t open_streams(void) {
-  Shardrec__V1__StatsResponse *a = calls_stats(srv.addr);
-  ck_assert_ptr_nonnull(a);
-  uint64_t n = a->exchange_streams;
-  shardrec__v1__stats_response__free_unpacked(a, NULL);
-  return n;
-}
-
 START_TEST(test_exchange_stream) {
   rpc_global_init();
   grpc_channel *ch = raw_channel(srv.addr, 0);
@@ -355,15 +346,14 @@ START_TEST(test_exchange_stream) {
   free(r);
   /* Stats counts the open streams: a second one, then closed by its
    * client (the server ends it once it has sent the status: waited for). */
-  ck_assert_uint_eq(open_streams(), 1);
+  ck_assert_uint_eq(calls_open_streams(srv.addr), 1);
   xs_raw y;
   xs_open(&y, ch);
   ck_assert_int_eq(xs_call(&y, RPC_LOOKUP, 0, q, len, msg, &out, &olen), RPC_OK);
   free(out);
-  ck_assert_uint_eq(open_streams(), 2);
+  ck_assert_uint_eq(calls_open_streams(srv.addr), 2);
   xs_close(&y);
-  const double t0 = test_now();
-  while (open_streams() != 1) ck_assert_msg(test_now() - t0 < 60, "the closed stream stays counted");
+  calls_wait_streams(srv.addr, 1, 60);
   /* Messages the stream does not take are refused in their answers,
    * named, counted, and change nothing; the stream goes on. */
   const uint64_t failed0 = failed_calls();

@@ -248,6 +248,7 @@ START_TEST(test_stream_push_wakes_lookup) {
   ck_assert(memcmp(lj.rows, want, sizeof want) == 0);
   xs_close(&x);
   grpc_channel_destroy(ch);
+  rpc_global_shutdown();
 }
 END_TEST
 
@@ -270,14 +271,6 @@ START_TEST(test_missing_rank_deadline) {
   ck_assert(memcmp(got, want, sizeof want) == 0);
 }
 END_TEST
-
-/* Stats' exchange_streams: the streams the server has open. */
-static uint64_t open_streams(void) {
-  Shardrec__V1__StatsResponse *a = calls_stats(srv.addr);
-  uint64_t n = a->exchange_streams;
-  shardrec__v1__stats_response__free_unpacked(a, NULL);
-  return n;
-}
 
 /* The remote store as two ranks of one job: rank 1 has no ids this step
  * and still pushes (an empty push), so the step completes. Each rank's
@@ -302,20 +295,16 @@ START_TEST(test_remote_store_ranks) {
   emb_idset s1 = {2, ip, c1}, s0 = {2, none, c0};
   ck_assert_msg(emb_store_push(r[1], 0, 0.1f, &s0, gn) == 0, "%s", emb_store_errmsg(r[1]));
   ck_assert_msg(emb_store_push(r[0], 0, 0.1f, &s1, gp) == 0, "%s", emb_store_errmsg(r[0]));
-  ck_assert_uint_eq(open_streams(), 2);
+  ck_assert_uint_eq(calls_open_streams(srv.addr), 2);
   float *op[2] = {got, NULL};
   ck_assert_int_eq(emb_store_lookup_begin(r[1], 1, &s1, op), 0);
   ck_assert_msg(emb_store_lookup_wait(r[1]) == 0, "%s", emb_store_errmsg(r[1]));
   ref_push(0, id, 1, g);
   ref_lookup(1, id, 1, want);
   ck_assert(memcmp(got, want, sizeof want) == 0);
-  ck_assert_uint_eq(open_streams(), 2); /* the Lookup opened none */
+  ck_assert_uint_eq(calls_open_streams(srv.addr), 2); /* the Lookup opened none */
   for (int k = 0; k < 2; k++) emb_store_destroy(r[k]);
-  const double t0 = test_now();
-  while (open_streams() != 0) { /* polled as calls_wait_parked polls */
-    ck_assert_msg(test_now() - t0 < 60, "the closed streams stay counted");
-    usleep(10 * 1000);
-  }
+  calls_wait_streams(srv.addr, 0, 60);
 }
 END_TEST
 
