@@ -437,7 +437,8 @@ static int parse_done(const char *out, long long batch, double *sps, char *phase
 /* The training comparison's rounds (--train-rounds): 9 by default, as on
  * a 2-core guest one round's ratio moved by 0.1 either way (at times by
  * 0.3), and a median of 3 followed it by 0.05 from run to run, one of 5
- * by 0.05 (0.87-0.98 in nine runs); one of 9 gave 0.90-0.94 in nine. */
+ * by 0.05 (0.87-0.98 in nine runs). One of 9 still moves with the day's
+ * noise (docs/DESIGN.md, "What the look-ahead hides"). */
 #define TRAIN_ROUNDS_DEFAULT 9
 #define TRAIN_ROUNDS_MAX 15
 
