@@ -43,6 +43,9 @@ grpc_byte_buffer *rpc__bb_make(const uint8_t *data, size_t len);
  * which gRPC frees once the last reference to it goes (after the message
  * is sent). NULL data: an empty buffer. */
 grpc_byte_buffer *rpc__bb_take(uint8_t *data, size_t len);
+
+/* Integer channel arguments: a[i] = keys[i] set to vals[i], for i < n. */
+void rpc__int_args(grpc_arg *a, const char *const *keys, const int *vals, int n);
 /* A byte buffer over a pinned Lookup answer's pieces without a copy
  * (rpc/service.h): each piece a sub-slice of one of two base slices (the
  * answer's head, the rows' span in the store), which hold a between them;

@@ -69,6 +69,14 @@ int rpc__bb_view(grpc_byte_buffer *bb, grpc_slice *sl) {
   return 0;
 }
 
+void rpc__int_args(grpc_arg *a, const char *const *keys, const int *vals, int n) {
+  for (int i = 0; i < n; i++) {
+    a[i].type = GRPC_ARG_INTEGER;
+    a[i].key = (char *)keys[i];
+    a[i].value.integer = vals[i];
+  }
+}
+
 grpc_byte_buffer *rpc__bb_take(uint8_t *data, size_t len) {
   if (!data) return rpc__bb_make(NULL, 0);
   grpc_slice sl = grpc_slice_new(data, len, free);

@@ -40,8 +40,7 @@ static grpc_channel *channel_create(const char *addr, grpc_channel_credentials *
 static grpc_channel *make_channel(const char *addr, const rpc_client_opts *o, int own_pool,
                                   char *err, size_t errlen) {
   grpc_arg a[7];
-  memset(a, 0, sizeof a);
-  const char *keys[7] = {GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
+  static const char *const keys[7] = {GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
                          GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
                          GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, GRPC_ARG_ENABLE_RETRIES,
                          GRPC_ARG_TCP_READ_CHUNK_SIZE};
@@ -53,11 +52,7 @@ static grpc_channel *make_channel(const char *addr, const rpc_client_opts *o, in
    * reads start at RPC_TCP_READ_CHUNK bytes (rpc/grpc_impl.h). */
   int vals[7] = {o->max_message_bytes, o->max_message_bytes, 100, 2000, 1000, 0,
                  RPC_TCP_READ_CHUNK};
-  for (int i = 0; i < 7; i++) {
-    a[i].type = GRPC_ARG_INTEGER;
-    a[i].key = (char *)keys[i];
-    a[i].value.integer = vals[i];
-  }
+  rpc__int_args(a, keys, vals, 7);
   grpc_channel_args args = {7, a};
   grpc_channel_credentials *cr =
       o->tls ? rpc__channel_creds(o->tls, err, errlen) : grpc_insecure_credentials_create();

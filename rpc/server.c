@@ -832,29 +832,19 @@ static void tls_reload(rpc__tls_server *t, const rpc_server_opts *o) {
           o->tls->cert, o->tls->key, o->tls->ca ? ", " : "", o->tls->ca ? o->tls->ca : "");
 }
 
-/* The server's channel arguments, all integers, into args[SERVER_ARGS]:
- * message limits, no port sharing, and its TCP reads (rpc/grpc_impl.h). */
-enum { SERVER_ARGS = 5 };
-static void server_args(grpc_arg *args, int maxmsg) {
-  static const char *const keys[SERVER_ARGS] = {
-      GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, "grpc.so_reuseport",
-      GRPC_ARG_TCP_READ_CHUNK_SIZE, GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE};
-  const int values[SERVER_ARGS] = {maxmsg, maxmsg, 0, RPC_TCP_READ_CHUNK, RPC_SERVER_READ_MIN};
-  for (int i = 0; i < SERVER_ARGS; i++) {
-    args[i].type = GRPC_ARG_INTEGER;
-    args[i].key = (char *)keys[i];
-    args[i].value.integer = values[i];
-  }
-}
-
 int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
                    void (*on_listening)(int port, void *ctx), void *ctx, char *err,
                    size_t errlen) {
   int threads = o->threads > 0 ? o->threads : 1;
   int maxmsg = o->max_message_bytes > 0 ? o->max_message_bytes : 64 << 20;
-  grpc_arg args[SERVER_ARGS];
-  server_args(args, maxmsg);
-  grpc_channel_args cargs = {SERVER_ARGS, args};
+  /* Message limits, no port sharing, and the TCP reads (rpc/grpc_impl.h). */
+  static const char *const keys[] = {
+      GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, "grpc.so_reuseport",
+      GRPC_ARG_TCP_READ_CHUNK_SIZE, GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE};
+  const int vals[] = {maxmsg, maxmsg, 0, RPC_TCP_READ_CHUNK, RPC_SERVER_READ_MIN};
+  grpc_arg args[5];
+  rpc__int_args(args, keys, vals, 5);
+  grpc_channel_args cargs = {5, args};
 
   server_state st;
   memset(&st, 0, sizeof st);
