@@ -20,14 +20,6 @@
  * docs/DESIGN.md). */
 #define RPC_TCP_READ_CHUNK (256 << 10)
 
-/* The least a server's TCP read takes (GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE,
- * gRPC's 64 KiB read slices off: rpc/grpc_util.c): a request of up to 1
- * MiB that is on the socket when the server reads comes in one slice,
- * decoded in place instead of joined by a copy, and the request's stream
- * asks for no WINDOW_UPDATE of its own before the answer (docs/DESIGN.md,
- * "What the look-ahead hides"). */
-#define RPC_SERVER_READ_MIN (1 << 20)
-
 /* Copy a received byte buffer (maybe several slices, maybe compressed) into
  * a malloc'd array. Returns 0, or -1 when out of memory. NULL bb: empty. */
 int rpc__bb_read(grpc_byte_buffer *bb, uint8_t **out, size_t *len);

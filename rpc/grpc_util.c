@@ -426,14 +426,6 @@ static void absl_deadlock_checks_off(void) {
  * kept. */
 __attribute__((constructor)) static void grpc_setup(void) {
   setenv("GRPC_POLL_STRATEGY", "poll", 0);
-  /* gRPC 1.51 reads a socket into 64 KiB slices (its tcp_read_chunks
-   * experiment, on by default), whatever a connection's read chunk sizes
-   * say; off, a read takes one slice of the sizes a connection asks for
-   * (rpc/grpc_impl.h: RPC_TCP_READ_CHUNK, a server's RPC_SERVER_READ_MIN),
-   * so that a request comes whole in one slice, read in place
-   * (docs/DESIGN.md, "What the look-ahead hides"). Experiments named in
-   * the environment are kept. */
-  setenv("GRPC_EXPERIMENTS", "-tcp_read_chunks", 0);
   absl_deadlock_checks_off();
 }
 

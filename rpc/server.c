@@ -840,11 +840,11 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
   /* Message limits, no port sharing, and the TCP reads (rpc/grpc_impl.h). */
   static const char *const keys[] = {
       GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, "grpc.so_reuseport",
-      GRPC_ARG_TCP_READ_CHUNK_SIZE, GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE};
-  const int vals[] = {maxmsg, maxmsg, 0, RPC_TCP_READ_CHUNK, RPC_SERVER_READ_MIN};
-  grpc_arg args[5];
-  rpc__int_args(args, keys, vals, 5);
-  grpc_channel_args cargs = {5, args};
+      GRPC_ARG_TCP_READ_CHUNK_SIZE};
+  const int vals[] = {maxmsg, maxmsg, 0, RPC_TCP_READ_CHUNK};
+  grpc_arg args[4];
+  rpc__int_args(args, keys, vals, 4);
+  grpc_channel_args cargs = {4, args};
 
   server_state st;
   memset(&st, 0, sizeof st);
