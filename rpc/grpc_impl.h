@@ -20,6 +20,16 @@
  * docs/DESIGN.md). */
 #define RPC_TCP_READ_CHUNK (256 << 10)
 
+/* The least a TCP read of a server that takes Pushes takes
+ * (GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE), where gRPC's 64 KiB read slices are
+ * off (rpc/server.h, rpc_keep_grpc_read_slices): a Push of up to a few
+ * hundred KB that is on the socket when the server reads mostly comes
+ * whole in one slice, decoded in place instead of joined by a copy, and
+ * without a WINDOW_UPDATE of its own before the answer (docs/DESIGN.md,
+ * "What the look-ahead hides"). A read-only server's requests are
+ * Lookups, ids only: it keeps the sizes gRPC chooses. */
+#define RPC_SERVER_READ_MIN (1 << 20)
+
 /* Copy a received byte buffer (maybe several slices, maybe compressed) into
  * a malloc'd array. Returns 0, or -1 when out of memory. NULL bb: empty. */
 int rpc__bb_read(grpc_byte_buffer *bb, uint8_t **out, size_t *len);

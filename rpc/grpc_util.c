@@ -411,6 +411,9 @@ static void absl_deadlock_checks_off(void) {
   if (set_mode) set_mode(0); /* OnDeadlockCycle::kIgnore */
 }
 
+/* Whether grpc_setup set GRPC_EXPERIMENTS (it was not in the environment). */
+static int experiments_set;
+
 /* gRPC 1.51's default polling engine (epoll1) has one poller for the whole
  * process: one thread at a time waits in epoll and reads every socket, then
  * hands each call to the thread whose completion queue it belongs to and
@@ -426,7 +429,21 @@ static void absl_deadlock_checks_off(void) {
  * kept. */
 __attribute__((constructor)) static void grpc_setup(void) {
   setenv("GRPC_POLL_STRATEGY", "poll", 0);
+  /* gRPC 1.51 reads a socket into 64 KiB slices (its tcp_read_chunks
+   * experiment, on by default), whatever a connection's read sizes say;
+   * off, a read takes one slice of the sizes the connection asks for
+   * (rpc/grpc_impl.h: RPC_TCP_READ_CHUNK, RPC_SERVER_READ_MIN), so that a
+   * request can come whole in one slice, read in place (docs/DESIGN.md,
+   * "What the look-ahead hides"). Experiments named in the environment
+   * are kept. */
+  experiments_set = !getenv("GRPC_EXPERIMENTS");
+  if (experiments_set) setenv("GRPC_EXPERIMENTS", "-tcp_read_chunks", 1);
   absl_deadlock_checks_off();
+}
+
+void rpc_keep_grpc_read_slices(void) {
+  if (experiments_set) unsetenv("GRPC_EXPERIMENTS");
+  experiments_set = 0;
 }
 
 /* rpc_global_keep_until_exit's wish, and whether its reference is taken. */

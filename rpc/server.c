@@ -837,14 +837,16 @@ int rpc_server_run(rpc_service *svc, const rpc_server_opts *o,
                    size_t errlen) {
   int threads = o->threads > 0 ? o->threads : 1;
   int maxmsg = o->max_message_bytes > 0 ? o->max_message_bytes : 64 << 20;
-  /* Message limits, no port sharing, and the TCP reads (rpc/grpc_impl.h). */
+  /* Message limits, no port sharing, and the TCP reads (rpc/grpc_impl.h:
+   * the last, the least a read takes, only where Pushes come). */
   static const char *const keys[] = {
       GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, "grpc.so_reuseport",
-      GRPC_ARG_TCP_READ_CHUNK_SIZE};
-  const int vals[] = {maxmsg, maxmsg, 0, RPC_TCP_READ_CHUNK};
-  grpc_arg args[4];
-  rpc__int_args(args, keys, vals, 4);
-  grpc_channel_args cargs = {4, args};
+      GRPC_ARG_TCP_READ_CHUNK_SIZE, GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE};
+  const int vals[] = {maxmsg, maxmsg, 0, RPC_TCP_READ_CHUNK, RPC_SERVER_READ_MIN};
+  grpc_arg args[5];
+  const int n_args = rpc_service_takes_pushes(svc) ? 5 : 4;
+  rpc__int_args(args, keys, vals, n_args);
+  grpc_channel_args cargs = {(size_t)n_args, args};
 
   server_state st;
   memset(&st, 0, sizeof st);

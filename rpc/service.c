@@ -899,6 +899,8 @@ void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, si
   handle_call(s, m, in, len, token, token != NULL, timeout_s, 1, r);
 }
 
+int rpc_service_takes_pushes(const rpc_service *s) { return !s->read_only; }
+
 void rpc_service_streams(rpc_service *s, int delta) {
   atomic_fetch_add(&s->streams, (uint64_t)(int64_t)delta); /* -1 wraps: unsigned */
 }

@@ -205,6 +205,9 @@ void rpc_pinned_release(rpc_pinned *a);
  * rpc_service_handle never does). The server turns it on. */
 void rpc_service_pin_answers(rpc_service *s, size_t min_row_bytes);
 
+/* 1 when s takes Pushes (it is not read-only), else 0. */
+int rpc_service_takes_pushes(const rpc_service *s);
+
 /* The answer to one call. out is malloc'd (caller frees) when status is
  * RPC_OK; msg holds the error text otherwise. */
 typedef struct rpc_reply {

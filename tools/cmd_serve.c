@@ -355,6 +355,7 @@ int cmd_serve(int argc, char **argv) {
                    .follow = {.every_s = 0.1, .grace_s = 10, .swap_at = -1}};
   int rc = parse_flags(argc, argv, &f);
   if (rc) return rc < 0 ? 0 : rc;
+  if (f.read_only) rpc_keep_grpc_read_slices(); /* small requests: memory */
   char err[1024];
   emb_served sv;
   if (emb_served_open(&f.so, &sv, err, sizeof err)) {
