@@ -40,10 +40,11 @@ static grpc_channel *channel_create(const char *addr, grpc_channel_credentials *
 static grpc_channel *make_channel(const char *addr, const rpc_client_opts *o, int own_pool,
                                   char *err, size_t errlen) {
   grpc_arg a[7];
-  static const char *const keys[7] = {GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
-                         GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
-                         GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, GRPC_ARG_ENABLE_RETRIES,
-                         GRPC_ARG_TCP_READ_CHUNK_SIZE};
+  static const char *const keys[7] = {
+      GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,   GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
+      GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+      GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,     GRPC_ARG_ENABLE_RETRIES,
+      GRPC_ARG_TCP_READ_CHUNK_SIZE};
   /* GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is also gRPC core's minimum connect
    * timeout (the time a TCP + HTTP/2 handshake may take): at 100 ms a loaded
    * machine failed fresh connections with "connection attempt timed out

@@ -44,18 +44,14 @@ typedef struct rpc_server_opts {
  * "Answers sent from the store"). */
 #define RPC_PIN_MIN_ROW_BYTES 4096
 
-/* Every shardrec process turns off gRPC 1.51's reads into 64 KiB slices
- * (its tcp_read_chunks experiment) before main, unless GRPC_EXPERIMENTS
- * is set: a read takes one slice of the sizes its connection asks for,
- * and a server that takes Pushes reads into slices of at least
- * RPC_SERVER_READ_MIN (rpc/grpc_impl.h), so that most Pushes come whole
- * in one slice, read in place, with no WINDOW_UPDATE of their own before
- * the answer. A process of read-only servers calls this before its first
- * gRPC call (gRPC reads its experiments once) to keep the 64 KiB slices:
- * its requests are small Lookups, and a connection keeps the unused end
- * of its last read, so that small requests walk through one large slice
- * a few pages at a time where 64 KiB slices are recycled at once
- * (docs/DESIGN.md, "What the look-ahead hides"). */
+/* Keep gRPC's 64 KiB read slices in this process, which every shardrec
+ * process otherwise turns off before main (rpc/grpc_util.c) so that its
+ * servers read Pushes whole into slices of RPC_SERVER_READ_MIN. A process
+ * of read-only servers calls it before its first gRPC call (gRPC reads
+ * its experiments once): its requests are small Lookups, and a connection
+ * keeps the unused end of its last read, so small requests would walk
+ * through one large slice a few pages at a time where 64 KiB slices are
+ * recycled at once (docs/DESIGN.md, "What the look-ahead hides"). */
 void rpc_keep_grpc_read_slices(void);
 
 /* Serve svc until *o->stop. on_listening(port, ctx) is called once the port
