@@ -113,7 +113,11 @@ struct worker {
   server_state *st;
   grpc_completion_queue *cq;
   pthread_t th;
-  _Atomic int live; /* tags posted and not yet returned, and calls parked */
+  /* Tags posted and not yet returned, and calls parked or deferred. A tag
+   * counts before gRPC has it (a batch started from another worker may end
+   * on this one's queue, and its tag be freed, before start_batch returns);
+   * the queue shuts down only at 0, so no batch can start on it after. */
+  _Atomic int live;
 };
 
 struct server_state {
@@ -168,16 +172,17 @@ static int post_request(worker *w, int m) {
   if (!c) return -1;
   c->owner = w;
   grpc_call_error e;
+  w->live++; /* counted before gRPC has it, as every tag (struct worker) */
   if (m < 0)
     e = grpc_server_request_call(st->srv, &c->call, &c->details, &c->md, w->cq, w->cq, c);
   else
     e = grpc_server_request_registered_call(st->srv, st->methods[m], &c->call, &c->deadline,
                                             &c->md, &c->payload, w->cq, w->cq, c);
   if (e != GRPC_CALL_OK) {
+    w->live--;
     ctx_free(c);
     return -1;
   }
-  w->live++;
   return 0;
 }
 
@@ -213,11 +218,11 @@ static void reply(worker *w, call_ctx *c, int status, const char *msg, uint8_t *
     ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
     n++;
   }
-  if (grpc_call_start_batch(c->call, ops, (size_t)n, c, NULL) != GRPC_CALL_OK) {
-    ctx_unref(c);
-    return;
-  }
   w->live++;
+  if (grpc_call_start_batch(c->call, ops, (size_t)n, c, NULL) != GRPC_CALL_OK) {
+    w->live--;
+    ctx_unref(c);
+  }
 }
 
 /* Answer c's call refused before the service saw it, counted as the
@@ -380,9 +385,10 @@ static int handle_one(worker *w, call_ctx *c) {
       ct->c = c;
       op.data.recv_close_on_server.cancelled = &ct->cancelled;
     }
-    if (ct && grpc_call_start_batch(c->call, &op, 1, ct, NULL) == GRPC_CALL_OK) {
-      w->live++;
-    } else { /* no word of a cancel: the timeouts still end the job's wait */
+    w->live++;
+    if (!ct || grpc_call_start_batch(c->call, &op, 1, ct, NULL) != GRPC_CALL_OK) {
+      /* no word of a cancel: the timeouts still end the job's wait */
+      w->live--;
       free(ct);
       ctx_unref(c);
     }
@@ -433,8 +439,8 @@ static void retry_deferred(server_state *st) {
   pthread_mutex_unlock(&st->mu);
   while (c) {
     call_ctx *next = c->next;
+    worker *owner = c->owner; /* c may be freed once answered */
     c->next = NULL;
-    c->owner->live--; /* off the list: answered, handled or put back below */
     if (now >= c->give_up) {
       rpc_reply r;
       rpc_service_refuse_busy(st->svc, &r);
@@ -444,6 +450,7 @@ static void retry_deferred(server_state *st) {
     } else {
       defer_call(st, c);
     }
+    owner->live--; /* off the list: its answer's batch or its place back counts now */
     c = next;
   }
   xs_retry(st, x, retry, now);
@@ -482,13 +489,13 @@ static void xs_post(worker *w) {
   x->at = XS_NEW;
   x->owner = w;
   grpc_metadata_array_init(&x->md);
+  w->live++;
   if (grpc_server_request_registered_call(w->st->srv, w->st->exchange, &x->call, &x->deadline,
                                           &x->md, NULL, w->cq, w->cq, x) != GRPC_CALL_OK) {
+    w->live--;
     grpc_metadata_array_destroy(&x->md);
     free(x);
-    return;
   }
-  w->live++;
 }
 
 static void xs_free(xstream *x) {
@@ -512,12 +519,13 @@ static void xs_free(xstream *x) {
 /* Start x's next batch (ops[n]), the one in flight from now on (on its
  * owner's queue: every xs_ function below works on x->owner's). */
 static void xs_batch(xstream *x, xs_at at, grpc_op *ops, size_t n) {
+  worker *owner = x->owner; /* the batch may end, and free x, before start_batch returns */
   x->at = at;
+  owner->live++;
   if (grpc_call_start_batch(x->call, ops, n, x, NULL) != GRPC_CALL_OK) {
+    owner->live--;
     xs_free(x);
-    return;
   }
-  x->owner->live++;
 }
 
 /* Read x's next message (after its initial metadata when first). The
@@ -534,12 +542,13 @@ static void xs_read(xstream *x, int first) {
   server_state *st = x->owner->st;
   pthread_mutex_lock(&st->mu);
   x->at = XS_RECV;
+  x->owner->live++;
   if (grpc_call_start_batch(x->call, ops, n, x, NULL) != GRPC_CALL_OK) {
+    x->owner->live--;
     pthread_mutex_unlock(&st->mu);
     xs_free(x);
     return;
   }
-  x->owner->live++;
   x->idle = 1;
   if (st->stopping) grpc_call_cancel(x->call, NULL);
   pthread_mutex_unlock(&st->mu);
