@@ -22,6 +22,7 @@
 typedef struct {
   pid_t pid;
   char addr[64];
+  char log[1024]; /* its stderr's file ("": none) */
 } test_server;
 
 /* Start `shardrec serve --listen 127.0.0.1:0 ARGS` (args: a shell word list)
@@ -43,6 +44,7 @@ static inline void server_start(test_server *s, const char *args, const char *lo
   }
   close(fd[1]);
   s->pid = pid;
+  snprintf(s->log, sizeof s->log, "%s", log ? log : "");
   read_listen_addr(fd[0], 10, s->addr, sizeof s->addr);
   close(fd[0]);
   if (!s->addr[0]) {
@@ -54,7 +56,9 @@ static inline void server_start(test_server *s, const char *args, const char *lo
 }
 
 /* SIGTERM, then SIGKILL after 10 s. Returns the exit status (128+sig if
- * killed by a signal); 0 when already stopped. */
+ * killed by a signal); 0 when already stopped. A server that did not exit
+ * 0 has its log's end written to stderr: the test's folder, and the log
+ * with it, is usually removed before anyone can read it. */
 static inline int server_stop(test_server *s) {
   if (s->pid <= 0) return 0;
   kill(s->pid, SIGTERM);
@@ -67,7 +71,15 @@ static inline int server_stop(test_server *s) {
     waitpid(s->pid, &st, 0);
   }
   s->pid = 0;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  const int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  char *text = rc && s->log[0] ? slurp(s->log) : NULL;
+  if (text) {
+    const size_t len = strlen(text);
+    fprintf(stderr, "server %s exited with %d; the end of its log %s:\n%s\n", s->addr, rc, s->log,
+            text + (len > 3000 ? len - 3000 : 0));
+    free(text);
+  }
+  return rc;
 }
 
 /* SIGKILL server s (a crash: nothing flushed, no goodbye) and reap it. */
