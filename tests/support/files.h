@@ -67,6 +67,13 @@ static inline char *slurp_file(const char *path, size_t *len, int must) {
 /* The text of the file at path (caller frees); NULL if it cannot be read. */
 static inline char *slurp(const char *path) { return slurp_file(path, NULL, 0); }
 
+/* The last 3000 bytes of text s (all of a shorter one): a log's end, to
+ * show beside a failure. */
+static inline const char *text_end(const char *s) {
+  const size_t len = strlen(s);
+  return s + (len > 3000 ? len - 3000 : 0);
+}
+
 /* Write n bytes of data to path, replacing what was there (fails the test
  * naming the file when it cannot). file_put: a NUL-terminated text. */
 static inline void file_put_bytes(const char *path, const void *data, size_t n) {

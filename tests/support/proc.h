@@ -112,9 +112,8 @@ static inline void wait_text(const char *path, const char *text, int n, pid_t pi
     int gone = pid > 0 && waitpid(pid, &st, WNOHANG) == pid;
     if (gone || test_now() - t0 > secs) {
       char *s = slurp(path);
-      size_t len = s ? strlen(s) : 0;
       ck_abort_msg("'%s' (x%d) is not in %s %s; its end:\n%s", text, n, path,
-                   gone ? "and the process has ended" : "in time", s ? s + (len > 3000 ? len - 3000 : 0) : "(none)");
+                   gone ? "and the process has ended" : "in time", s ? text_end(s) : "(none)");
     }
     usleep(2000);
   }

@@ -74,9 +74,8 @@ static inline int server_stop(test_server *s) {
   const int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
   char *text = rc && s->log[0] ? slurp(s->log) : NULL;
   if (text) {
-    const size_t len = strlen(text);
     fprintf(stderr, "server %s exited with %d; the end of its log %s:\n%s\n", s->addr, rc, s->log,
-            text + (len > 3000 ? len - 3000 : 0));
+            text_end(text));
     free(text);
   }
   return rc;
