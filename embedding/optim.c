@@ -27,7 +27,7 @@ static inline uint32_t not_finite(float x) {
 
 /* One row's update by each optimizer: 1 when some value of the outcome is
  * not finite. Inlined into the one-row and the many-row loops below. */
-static inline uint32_t sgd_row(int dim, float lr, const float *restrict g, float *restrict w) {
+static inline uint32_t sgd_row(int dim, float lr, const emb_grad *restrict g, float *restrict w) {
   uint32_t bad = 0;
   for (int j = 0; j < dim; j++) {
     w[j] -= lr * g[j];
@@ -36,7 +36,7 @@ static inline uint32_t sgd_row(int dim, float lr, const float *restrict g, float
   return bad;
 }
 
-static inline uint32_t adagrad_row(int dim, float lr, float eps, const float *restrict g,
+static inline uint32_t adagrad_row(int dim, float lr, float eps, const emb_grad *restrict g,
                                    float *restrict w, float *restrict state) {
   uint32_t bad = 0;
   for (int j = 0; j < dim; j++) {
@@ -48,7 +48,7 @@ static inline uint32_t adagrad_row(int dim, float lr, float eps, const float *re
   return bad;
 }
 
-static inline uint32_t rowwise_row(int dim, float lr, float eps, const float *restrict g,
+static inline uint32_t rowwise_row(int dim, float lr, float eps, const emb_grad *restrict g,
                                    float *restrict w, float *restrict state) {
   float s = 0.0f; /* fixed order: j ascending */
   for (int j = 0; j < dim; j++) s += g[j] * g[j];
@@ -63,7 +63,7 @@ static inline uint32_t rowwise_row(int dim, float lr, float eps, const float *re
   return bad;
 }
 
-int emb_optim_apply(const emb_optim_cfg *o, int dim, float lr, const float *restrict g,
+int emb_optim_apply(const emb_optim_cfg *o, int dim, float lr, const emb_grad *restrict g,
                     float *restrict w, float *restrict state) {
   const float eps = (float)o->eps;
   switch (o->kind) {
@@ -74,7 +74,7 @@ int emb_optim_apply(const emb_optim_cfg *o, int dim, float lr, const float *rest
   return 1;
 }
 
-size_t emb_optim_apply_rows(const emb_optim_cfg *o, int dim, float lr, const float *g,
+size_t emb_optim_apply_rows(const emb_optim_cfg *o, int dim, float lr, const emb_grad *g,
                             float *const *w, size_t n) {
   const float eps = (float)o->eps;
   const size_t d = (size_t)dim;
@@ -95,7 +95,7 @@ size_t emb_optim_apply_rows(const emb_optim_cfg *o, int dim, float lr, const flo
   return n;
 }
 
-int emb_all_finite(const float *x, size_t n) {
+int emb_all_finite(const emb_grad *x, size_t n) {
   uint32_t bad = 0;
   for (size_t j = 0; j < n; j++) bad |= not_finite(x[j]);
   return !bad;
@@ -123,7 +123,7 @@ static int may_round_to_inf(emb_precision prec, const float *w, int dim) {
  * unless one lies past the format's largest value (may_round_to_inf): only
  * then is the rounded row read. 1 when the outcome is all finite. */
 static int apply_rounded(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
-                         const float *g, float *w, float *state, int verdict_only) {
+                         const emb_grad *g, float *w, float *state, int verdict_only) {
   const emb_table *t = &plan->tables[table];
   const int ok = emb_optim_apply(&t->optim, t->dim, lr, g, w, state);
   const int risky =
@@ -133,12 +133,12 @@ static int apply_rounded(const emb_plan *plan, int table, uint64_t row_id, int64
 }
 
 int emb_optim_apply_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
-                       const float *g, float *w, float *state) {
+                       const emb_grad *g, float *w, float *state) {
   return apply_rounded(plan, table, row_id, step, lr, g, w, state, 0);
 }
 
 int emb_optim_check_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
-                       const float *g, const float *w, const float *state, float *scratch) {
+                       const emb_grad *g, const float *w, const float *state, float *scratch) {
   const emb_table *t = &plan->tables[table];
   const int sl = emb_optim_state_len(&t->optim, t->dim);
   memcpy(scratch, w, (size_t)t->dim * sizeof *scratch);

@@ -18,6 +18,14 @@
 
 #include "embedding/plan.h"
 
+/* A gradient float read where it lies, at any address. A server applies a
+ * Push's gradients in the request's own bytes, which land in its read
+ * buffer at whatever offset the connection's earlier bytes left (off a
+ * 4-byte boundary in about 7 Pushes of 10), so every read of a pushed
+ * gradient goes through this type: the compiler emits unaligned loads,
+ * the same vector loads the optimizers' loops use for aligned floats. */
+typedef float emb_grad __attribute__((aligned(1)));
+
 /* Floats of optimizer state per row: 0, dim or 1. */
 int emb_optim_state_len(const emb_optim_cfg *o, int dim);
 
@@ -29,7 +37,7 @@ void emb_optim_state_init(const emb_optim_cfg *o, int dim, float *state);
  * when the updated row and state are all finite, else 0 (each value's
  * exponent bits tested in the update's own loop, as emb_all_finite
  * would). */
-int emb_optim_apply(const emb_optim_cfg *o, int dim, float lr, const float *g, float *w,
+int emb_optim_apply(const emb_optim_cfg *o, int dim, float lr, const emb_grad *g, float *w,
                     float *state);
 
 /* emb_optim_apply over the n rows of one table, each held as floats
@@ -37,7 +45,7 @@ int emb_optim_apply(const emb_optim_cfg *o, int dim, float lr, const float *g, f
  * w[r] + dim), row r's gradient at g + r * dim: the same bits as n calls,
  * the optimizer chosen once. The index of the first row whose outcome is
  * not finite (it and every row before it updated, none after), or n. */
-size_t emb_optim_apply_rows(const emb_optim_cfg *o, int dim, float lr, const float *g,
+size_t emb_optim_apply_rows(const emb_optim_cfg *o, int dim, float lr, const emb_grad *g,
                             float *const *w, size_t n);
 
 /* The largest sparse learning rate a store accepts; a push with a rate
@@ -46,7 +54,7 @@ size_t emb_optim_apply_rows(const emb_optim_cfg *o, int dim, float lr, const flo
 
 /* Whether x[n] are all finite: exponent bits not all ones (integer ops
  * the compiler vectorises; isfinite per float is a branch each). */
-int emb_all_finite(const float *x, size_t n);
+int emb_all_finite(const emb_grad *x, size_t n);
 
 /* 1 when lr is finite and within [0, EMB_OPTIM_MAX_LR], else 0. */
 int emb_optim_lr_ok(float lr);
@@ -58,7 +66,7 @@ int emb_optim_lr_ok(float lr);
  * the state) is all finite, else 0: a store applying a push in place
  * undoes it then. */
 int emb_optim_apply_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
-                       const float *g, float *w, float *state);
+                       const emb_grad *g, float *w, float *state);
 
 /* Whether emb_optim_apply_at would leave the row and its state finite (the
  * rounded row: an fp16 weight rounded past 65504 is infinite, so not
@@ -69,6 +77,6 @@ int emb_optim_apply_at(const emb_plan *plan, int table, uint64_t row_id, int64_t
  * a push larger than its chunk before applying any, so that a push is
  * applied whole or not at all. */
 int emb_optim_check_at(const emb_plan *plan, int table, uint64_t row_id, int64_t step, float lr,
-                       const float *g, const float *w, const float *state, float *scratch);
+                       const emb_grad *g, const float *w, const float *state, float *scratch);
 
 #endif

@@ -172,11 +172,12 @@ typedef struct emb_store_ops {
    * (nothing of it is in flight between them). */
   double (*lookup_flight)(emb_store *s);
   /* Apply step's summed row gradients: grads[t][r*dim..] is the gradient of
-   * row ids->ids[t][r]. lr is the step's learning rate. Where each row
-   * lives, its optimizer runs once (a row never pushed starts from its
-   * init value). The remote store sends every server its part and returns
-   * once each has answered (with several ranks a server may hold the push
-   * until every rank's is in). */
+   * row ids->ids[t][r], at any address (a server hands a request's bytes:
+   * stores read them as emb_grad, embedding/optim.h). lr is the step's
+   * learning rate. Where each row lives, its optimizer runs once (a row
+   * never pushed starts from its init value). The remote store sends every
+   * server its part and returns once each has answered (with several ranks
+   * a server may hold the push until every rank's is in). */
   int (*push)(emb_store *s, int64_t step, float lr, const emb_idset *ids,
               const float *const *grads);
   /* push in two halves (NULL: the store has none, and push_begin is push):

@@ -184,7 +184,7 @@ static void push_undo(lstore *s, const emb_idset *ids, size_t done) {
  * updated by one call of emb_optim_apply_rows (the optimizer chosen once,
  * no call per row), a held row in place, a new one in v from its init
  * value. The index of the first row whose outcome is not finite, or m. */
-static size_t pass_fp32(lstore *s, int ti, float lr, const uint64_t *id, const float *g, float *v,
+static size_t pass_fp32(lstore *s, int ti, float lr, const uint64_t *id, const emb_grad *g, float *v,
                         uint32_t *slots, size_t m) {
   const emb_plan *plan = s->base.plan;
   const ltab *t = &s->t[ti];
@@ -209,7 +209,7 @@ static size_t pass_fp32(lstore *s, int ti, float lr, const uint64_t *id, const f
  * (its old value kept in v), updated and rounded (emb_optim_apply_at),
  * stored back; a new one computed in v. */
 static size_t pass_16(lstore *s, int ti, int64_t step, float lr, const uint64_t *id,
-                      const float *g, float *v, uint32_t *slots, size_t m) {
+                      const emb_grad *g, float *v, uint32_t *slots, size_t m) {
   const emb_plan *plan = s->base.plan;
   ltab *t = &s->t[ti];
   const emb_optim_cfg *oc = &plan->tables[ti].optim;
@@ -249,7 +249,7 @@ static int push_apply(lstore *s, int64_t step, float lr, const emb_idset *ids,
     for (size_t c0 = 0; c0 < cnt; c0 += LT_PASS) {
       const size_t m = cnt - c0 < LT_PASS ? cnt - c0 : LT_PASS;
       const uint64_t *id = ids->ids[ti] + c0;
-      const float *g = grads[ti] + c0 * dim;
+      const emb_grad *g = grads[ti] + c0 * dim;
       float *v = s->vals + vat + c0 * stride;
       resolve(s, t, id, m);
       const size_t ok = t->prec == EMB_PREC_FP32

@@ -117,7 +117,7 @@ static void scratch_free(rpc_scratch *x) {
   if (!x) return;
   free(x->ti), free(x->tip), free(x->tg), free(x->tgp), free(x->scan);
   free(x->rows_at), free(x->idx), free(x->seen), free(x->ids), free(x->counts);
-  free(x->outp), free(x->grads), free(x->idbuf), free(x->hash), free(x->gbuf);
+  free(x->outp), free(x->grads), free(x->idbuf), free(x->hash);
   free(x);
 }
 
@@ -149,15 +149,14 @@ rpc_scratch *rpc__scratch_take(rpc_service *s) {
   return x;
 }
 
-/* Past SCRATCH_KEEP, x's id and gradient buffers are dropped. */
+/* Past SCRATCH_KEEP, x's id buffer and set slots are dropped. */
 void rpc__scratch_give(rpc_service *s, rpc_scratch *x) {
   if (!x) return;
-  if (x->cap_id * 8 + x->cap_hash * 4 + x->cap_g * 4 > SCRATCH_KEEP) {
-    free(x->idbuf), free(x->hash), free(x->gbuf);
+  if (x->cap_id * 8 + x->cap_hash * 4 > SCRATCH_KEEP) {
+    free(x->idbuf), free(x->hash);
     x->idbuf = NULL;
     x->hash = NULL;
-    x->gbuf = NULL;
-    x->cap_id = x->cap_hash = x->cap_g = 0;
+    x->cap_id = x->cap_hash = 0;
   }
   pthread_mutex_lock(&s->pool_mu);
   s->ids_in_place += x->in_place;

@@ -351,17 +351,17 @@ static int scratch_nomem(rpc_reply *r) {
 }
 
 /* tables[i]'s view (scanned as *t, its n ids at ids) in x->ti or, with
- * push, x->tg, its gradients copied to g when not 4-byte aligned; returns
- * where the next copy goes. */
-static float *table_view(rpc_scratch *x, size_t i, int push, const rpc_table_scan *t, uint64_t *ids,
-                         size_t n, float *g) {
+ * push, x->tg, its gradients where they lie in the request (at any
+ * address: read as emb_grad, embedding/optim.h). */
+static void table_view(rpc_scratch *x, size_t i, int push, const rpc_table_scan *t, uint64_t *ids,
+                       size_t n) {
   if (!push) {
     shardrec__v1__table_ids__init(&x->ti[i]);
     x->ti[i].table_id = t->table_id;
     x->ti[i].n_ids = n;
     x->ti[i].ids = ids;
     x->tip[i] = &x->ti[i];
-    return g;
+    return;
   }
   Shardrec__V1__TableGrads *tg = &x->tg[i];
   shardrec__v1__table_grads__init(tg);
@@ -370,19 +370,13 @@ static float *table_view(rpc_scratch *x, size_t i, int push, const rpc_table_sca
   tg->ids = ids;
   tg->grads.len = t->grads_len;
   tg->grads.data = (uint8_t *)(uintptr_t)t->grads; /* read only */
-  if ((uintptr_t)t->grads & 3u) {
-    memcpy(g, t->grads, t->grads_len);
-    tg->grads.data = (uint8_t *)g;
-    g += (t->grads_len + 3) / 4;
-  }
   x->tgp[i] = tg;
-  return g;
 }
 
 /* The views of the request's tables[nt] (scanned into x->scan) in x->ti
- * (Lookup) or x->tg (push): ids and grads in place or copied. */
+ * (Lookup) or x->tg (push): ids in place or copied, grads in place. */
 static int tables_fill(size_t max_ids, rpc_scratch *x, const wire_rd *d, int push, size_t nt) {
-  size_t need = 0, gneed = 0;
+  size_t need = 0;
   for (size_t i = 0; i < nt; i++) {
     const rpc_table_scan *t = &x->scan[i];
     if (t->n_var && t->n_fix) {
@@ -393,18 +387,15 @@ static int tables_fill(size_t max_ids, rpc_scratch *x, const wire_rd *d, int pus
       return -1;
     }
     if (!scan_in_place(t)) need += t->n_var + t->n_fix;
-    if (push && ((uintptr_t)t->grads & 3u)) gneed += (t->grads_len + 3) / 4;
   }
   if (need > max_ids) {
     d->r->status = RPC_INVALID_ARGUMENT;
     snprintf(d->r->msg, sizeof d->r->msg, "tables: more than %zu ids in one request", max_ids);
     return -1;
   }
-  if (rpc__grow((void **)&x->idbuf, &x->cap_id, need, sizeof *x->idbuf) ||
-      rpc__grow((void **)&x->gbuf, &x->cap_g, gneed, sizeof *x->gbuf))
+  if (rpc__grow((void **)&x->idbuf, &x->cap_id, need, sizeof *x->idbuf))
     return scratch_nomem(d->r);
   uint64_t *id = x->idbuf;
-  float *g = x->gbuf;
   for (size_t i = 0; i < nt; i++) {
     const rpc_table_scan *t = &x->scan[i];
     const size_t n = t->n_var + t->n_fix;
@@ -418,7 +409,7 @@ static int tables_fill(size_t max_ids, rpc_scratch *x, const wire_rd *d, int pus
       id += n;
       x->copied += n;
     }
-    g = table_view(x, i, push, t, ids, n, g);
+    table_view(x, i, push, t, ids, n);
   }
   return 0;
 }

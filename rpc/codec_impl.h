@@ -131,11 +131,10 @@ typedef struct rpc_scratch {
   size_t *counts;
   float **outp;
   const float **grads;
-  /* the ids (and grads) that are not read in place, and the Push's set */
+  /* the ids that are not read in place, and the Push's set */
   uint64_t *idbuf;
   uint32_t *hash;
-  float *gbuf;
-  size_t cap_id, cap_hash, cap_g;
+  size_t cap_id, cap_hash;
   uint64_t in_place, copied; /* ids of this call, for Stats */
 } rpc_scratch;
 

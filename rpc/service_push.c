@@ -60,7 +60,7 @@ static int grads_not_finite(const rpc_service *s, const Shardrec__V1__PushReques
   for (size_t i = 0; i < q->n_tables; i++) {
     const Shardrec__V1__TableGrads *tg = q->tables[i];
     const size_t dim = (size_t)s->plan->tables[idx[i]].dim, n = tg->n_ids * dim;
-    const float *g = (const float *)tg->grads.data; /* 4-byte aligned: rpc__push_decode */
+    const emb_grad *g = (const emb_grad *)tg->grads.data; /* at any address */
     if (emb_all_finite(g, n)) continue;
     for (size_t k = 0; k < n; k++)
       if (!isfinite(g[k])) {
@@ -119,7 +119,7 @@ void rpc__push(rpc_service *s, const uint8_t *in, size_t len, int defer, rpc_rep
            i, (unsigned long long)twice);
     ids[t] = tg->ids;
     counts[t] = tg->n_ids;
-    grads[t] = (const float *)tg->grads.data; /* 4-byte aligned: rpc__push_decode */
+    grads[t] = (const float *)tg->grads.data; /* at any address: stores read emb_grad */
   }
   /* Applied now (single rank, async), or held (a copy) until every rank's
    * push of its step is in (sync, or a part of a push). Gradients that are
