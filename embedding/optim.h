@@ -52,8 +52,9 @@ size_t emb_optim_apply_rows(const emb_optim_cfg *o, int dim, float lr, const emb
  * outside [0, EMB_OPTIM_MAX_LR] (or not finite) is refused. */
 #define EMB_OPTIM_MAX_LR 1e4
 
-/* Whether x[n] are all finite: exponent bits not all ones (integer ops
- * the compiler vectorises; isfinite per float is a branch each). */
+/* Whether x[n] (at any address) are all finite: exponent bits not all
+ * ones (integer ops the compiler vectorises; isfinite per float is a
+ * branch each). */
 int emb_all_finite(const emb_grad *x, size_t n);
 
 /* 1 when lr is finite and within [0, EMB_OPTIM_MAX_LR], else 0. */

@@ -4,9 +4,10 @@
  *   - Client half: the remote store's requests (rpc__lookup_encode,
  *     rpc__push_encode): ids as ids_fixed, each table's 8-byte aligned in
  *     the message behind a padding field, a Push's gradients 4-byte
- *     aligned, so that a server whose received bytes are aligned reads both
- *     where they lie. Any protobuf decoder reads them as the messages of
- *     rpc/shardrec.proto.
+ *     aligned, so that a server whose received bytes are aligned reads the
+ *     ids where they lie (the gradients it reads there at any address; a
+ *     server built before that copied them when off 4 bytes). Any protobuf
+ *     decoder reads them as the messages of rpc/shardrec.proto.
  *   - Server half: those requests (or any protobuf client's) decoded in
  *     place (rpc__lookup_decode, rpc__push_decode), and the LookupResponse
  *     laid out around the rows the store writes into it
@@ -89,10 +90,11 @@ uint8_t *rpc__push_lookup_encode(const uint8_t *push, size_t plen, const uint8_t
 /* Lookup and Push requests decoded in place (rpc__lookup_decode,
  * rpc__push_decode): one walk of the wire format fills protobuf-c's structs
  * as views, owning nothing (no *_free_unpacked). A table's ids_fixed
- * (8-byte little-endian ids; this host is little-endian, checked above) and
- * a Push's grads point into the request bytes when they lie aligned there
- * (8 and 4 bytes), else into a copy in the call's scratch; varint ids are
- * decoded into the scratch, and the header's two strings copied into it
+ * (8-byte little-endian ids; this host is little-endian, checked above)
+ * point into the request bytes when they lie 8-byte aligned there, else
+ * into a copy in the call's scratch; a Push's grads point into the request
+ * bytes wherever they lie (read as emb_grad, embedding/optim.h); varint ids
+ * are decoded into the scratch, and the header's two strings copied into it
  * NUL-terminated. The scratch comes from the service's pool (one per call
  * in flight, kept between calls: rpc/admission.c), so a call allocates
  * nothing once its thread's scratch has grown to the size of its
@@ -152,7 +154,7 @@ int rpc__scratch_tables(rpc_scratch *x, size_t n);
  * of memory. */
 int rpc__lookup_decode(rpc_scratch *x, int n_tables, size_t max_ids, const uint8_t *in,
                        size_t len, rpc_reply *r);
-/* The same for a PushRequest, into x->pq (its grads 4-byte aligned). */
+/* The same for a PushRequest, into x->pq (its grads at any address). */
 int rpc__push_decode(rpc_scratch *x, int n_tables, size_t max_ids, const uint8_t *in, size_t len,
                      rpc_reply *r);
 
