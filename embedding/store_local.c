@@ -184,8 +184,8 @@ static void push_undo(lstore *s, const emb_idset *ids, size_t done) {
  * updated by one call of emb_optim_apply_rows (the optimizer chosen once,
  * no call per row), a held row in place, a new one in v from its init
  * value. The index of the first row whose outcome is not finite, or m. */
-static size_t pass_fp32(lstore *s, int ti, float lr, const uint64_t *id, const emb_grad *g, float *v,
-                        uint32_t *slots, size_t m) {
+static size_t pass_fp32(lstore *s, int ti, float lr, const uint64_t *id, const emb_grad *g,
+                        float *v, uint32_t *slots, size_t m) {
   const emb_plan *plan = s->base.plan;
   const ltab *t = &s->t[ti];
   const emb_optim_cfg *oc = &plan->tables[ti].optim;
