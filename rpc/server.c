@@ -165,6 +165,18 @@ static void ctx_unref(call_ctx *c) {
   if (c && atomic_fetch_sub(&c->refs, 1) == 1) ctx_free(c);
 }
 
+/* Start a batch whose tag comes back on w's queue, counted on w before
+ * gRPC has it (struct worker) and uncounted when the start fails. w comes
+ * from the caller, so nothing reads the tag once the batch started: it may
+ * have ended, and its tag been freed, before the start returns. 0, or -1
+ * when it did not start (the caller frees the tag). */
+static int batch_start(worker *w, grpc_call *call, const grpc_op *ops, size_t n, void *tag) {
+  w->live++;
+  if (grpc_call_start_batch(call, ops, n, tag, NULL) == GRPC_CALL_OK) return 0;
+  w->live--;
+  return -1;
+}
+
 /* Post a request for method m (or a generic one, m < 0) on w's queue. */
 static int post_request(worker *w, int m) {
   server_state *st = w->st;
@@ -218,11 +230,7 @@ static void reply(worker *w, call_ctx *c, int status, const char *msg, uint8_t *
     ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
     n++;
   }
-  w->live++;
-  if (grpc_call_start_batch(c->call, ops, (size_t)n, c, NULL) != GRPC_CALL_OK) {
-    w->live--;
-    ctx_unref(c);
-  }
+  if (batch_start(w, c->call, ops, (size_t)n, c)) ctx_unref(c);
 }
 
 /* Answer c's call refused before the service saw it, counted as the
@@ -385,10 +393,8 @@ static int handle_one(worker *w, call_ctx *c) {
       ct->c = c;
       op.data.recv_close_on_server.cancelled = &ct->cancelled;
     }
-    w->live++;
-    if (!ct || grpc_call_start_batch(c->call, &op, 1, ct, NULL) != GRPC_CALL_OK) {
+    if (!ct || batch_start(w, c->call, &op, 1, ct)) {
       /* no word of a cancel: the timeouts still end the job's wait */
-      w->live--;
       free(ct);
       ctx_unref(c);
     }
@@ -519,13 +525,8 @@ static void xs_free(xstream *x) {
 /* Start x's next batch (ops[n]), the one in flight from now on (on its
  * owner's queue: every xs_ function below works on x->owner's). */
 static void xs_batch(xstream *x, xs_at at, grpc_op *ops, size_t n) {
-  worker *owner = x->owner; /* the batch may end, and free x, before start_batch returns */
   x->at = at;
-  owner->live++;
-  if (grpc_call_start_batch(x->call, ops, n, x, NULL) != GRPC_CALL_OK) {
-    owner->live--;
-    xs_free(x);
-  }
+  if (batch_start(x->owner, x->call, ops, n, x)) xs_free(x);
 }
 
 /* Read x's next message (after its initial metadata when first). The
@@ -542,9 +543,7 @@ static void xs_read(xstream *x, int first) {
   server_state *st = x->owner->st;
   pthread_mutex_lock(&st->mu);
   x->at = XS_RECV;
-  x->owner->live++;
-  if (grpc_call_start_batch(x->call, ops, n, x, NULL) != GRPC_CALL_OK) {
-    x->owner->live--;
+  if (batch_start(x->owner, x->call, ops, n, x)) {
     pthread_mutex_unlock(&st->mu);
     xs_free(x);
     return;
