@@ -2,7 +2,9 @@
  * table and few ids: for 1 server each op's server handling is printed
  * against the in-process store's time, the median of the rounds' ratios it
  * prints, and for the second server count each op's time a step beside
- * the first count's (the ratio of the two printed times). --part train,
+ * the first count's (the ratio of the two printed times), and for 1
+ * server the share of plain TCP's rate that TCP's round trip plus the
+ * in-process store's time would get, the median of its rounds. --part train,
  * short: each model's ratio is the median of the rounds' ratios it
  * prints, one per round. */
 #include <check.h>
@@ -60,6 +62,22 @@ START_TEST(test_ratios_printed) {
       below += r[k] < x - 0.005, above += r[k] > x + 0.005, at += fabs(r[k] - x) <= 0.005;
     ck_assert_msg(at && below <= 2 && above <= 2,
                   "%s: %.2fx printed, not the median of the rounds' %.2f %.2f %.2f %.2f %.2f",
+                  ops[o], x, r[0], r[1], r[2], r[3], r[4]);
+    /* The share plain TCP's round trip plus the in-process store's time
+     * would get: printed for 1 server, the median of its rounds. */
+    snprintf(key, sizeof key, "(a %s that cost plain TCP's round trip plus the in-process "
+             "store's time would run at ", ops[o]);
+    const char *b = strstr(out, key);
+    ck_assert_msg(b && sscanf(b + strlen(key), "%lf%% of plain TCP's rate; rounds %lf %lf %lf %lf "
+                              "%lf)", &x, &r[0], &r[1], &r[2], &r[3], &r[4]) == 6,
+                  "%s: no line of the in-process store's share in:\n%s", ops[o], out);
+    below = above = at = 0;
+    for (int k = 0; k < 5; k++) {
+      ck_assert_msg(r[k] > 0 && r[k] < 100, "%s: a round's share %.1f%%", ops[o], r[k]);
+      below += r[k] < x - 0.05, above += r[k] > x + 0.05, at += fabs(r[k] - x) <= 0.05;
+    }
+    ck_assert_msg(at && below <= 2 && above <= 2,
+                  "%s: %.1f%% printed, not the median of the rounds' %.1f %.1f %.1f %.1f %.1f",
                   ops[o], x, r[0], r[1], r[2], r[3], r[4]);
     snprintf(what, sizeof what, "  %s gRPC, 2 servers ", ops[o]);
     const double two = per_step(out, what);
