@@ -88,6 +88,10 @@ static void usage(FILE *f) {
 "  --pending-timeout S     drop a multi-rank job's held step (pushes not yet summed, held\n"
 "                          lookups answered ABORTED) when it makes no progress for S\n"
 "                          seconds (300); a dead rank is normally heard at once\n"
+"  --stop-grace S          at a stop (SIGTERM, SIGINT) calls in flight get S seconds to\n"
+"                          finish before they are cancelled (5; 0.01..3600); the store's\n"
+"                          flush comes after, and a supervisor's wait before it kills must\n"
+"                          cover both\n"
 "  --threads N             worker threads, one completion queue each (2)\n"
 "  --max-message-mb N      largest request or answer (64); a Lookup whose answer (ids x dim\n"
 "                          x 4 bytes) would not fit is refused RESOURCE_EXHAUSTED up front\n"
@@ -118,7 +122,7 @@ static void usage(FILE *f) {
 
 enum { O_PLAN = 1000, O_SHARD, O_LISTEN, O_DATA, O_RESTORE, O_CKPT, O_RO, O_THREADS, O_MAXMSG,
        O_MAXIDS, O_CERT, O_KEY, O_CA, O_CROWS, O_CMB, O_HELP, O_PENDING, O_UNCLEAN,
-       O_INFLIGHT, O_METRICS, O_LOGFMT, O_INWAIT };
+       O_INFLIGHT, O_METRICS, O_LOGFMT, O_INWAIT, O_SGRACE };
 enum { O_FOLLOW = 1200, O_FEVERY, O_FGRACE, O_SWAPAT }; /* serve --follow */
 enum { O_CROOT = 1100, O_APUSH, O_AADMIN, O_INSECURE }; /* who may call what */
 
@@ -132,6 +136,7 @@ static const struct option long_opts[] = {
     {"tls-key", required_argument, 0, O_KEY},      {"tls-client-ca", required_argument, 0, O_CA},
     {"cache-rows", required_argument, 0, O_CROWS}, {"cache-mb", required_argument, 0, O_CMB},
     {"pending-timeout", required_argument, 0, O_PENDING},
+    {"stop-grace", required_argument, 0, O_SGRACE},
     {"checkpoint-root", required_argument, 0, O_CROOT},
     {"allow-push", required_argument, 0, O_APUSH}, {"allow-admin", required_argument, 0, O_AADMIN},
     {"insecure", no_argument, 0, O_INSECURE},
@@ -180,6 +185,7 @@ typedef struct {
   int shards[256], read_only, insecure, accept_unclean;
   rpc_tls tls;
   double pending_timeout, inflight_wait; /* inflight_wait 0: the service's default (1 s) */
+  double stop_grace;
   long long threads, maxmsg, maxids, inflight_mb;
   serve_watch watch;
   serve_follow follow;
@@ -267,6 +273,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f) {
       case O_RO: f->read_only = 1; break;
       case O_UNCLEAN: f->accept_unclean = 1; break;
       case O_PENDING: if (cli_double(CMD, "--pending-timeout", optarg, 0.001, 1e9, &f->pending_timeout)) return 2; break;
+      case O_SGRACE: if (cli_double(CMD, "--stop-grace", optarg, 0.01, 3600, &f->stop_grace)) return 2; break;
       case O_INWAIT: if (cli_double(CMD, "--inflight-wait", optarg, 0.001, 3600, &f->inflight_wait)) return 2; break;
       case O_THREADS: if (cli_flag(CMD, "--threads", optarg, &f->threads)) return 2; break;
       case O_MAXMSG: if (cli_int(CMD, "--max-message-mb", optarg, 1, 2047, &f->maxmsg)) return 2; break;
@@ -351,7 +358,8 @@ static int read_transform(const emb_served *sv, uint8_t **xf, size_t *len) {
 }
 
 int cmd_serve(int argc, char **argv) {
-  serve_flags f = {.listen = "127.0.0.1:0", .pending_timeout = 300, .threads = 2, .maxmsg = 64,
+  serve_flags f = {.listen = "127.0.0.1:0", .pending_timeout = 300, .stop_grace = 5, .threads = 2,
+                   .maxmsg = 64,
                    .follow = {.every_s = 0.1, .grace_s = 10, .swap_at = -1}};
   int rc = parse_flags(argc, argv, &f);
   if (rc) return rc < 0 ? 0 : rc;
@@ -427,7 +435,8 @@ int cmd_serve(int argc, char **argv) {
   listen_ctx lc = {f.listen, &f.watch};
   rpc_server_opts o = {.listen = f.listen, .threads = (int)f.threads,
                        .max_message_bytes = (int)(f.maxmsg << 20),
-                       .tls = f.tls.cert ? &f.tls : NULL, .stop = &g_stop, .shutdown_grace_s = 5,
+                       .tls = f.tls.cert ? &f.tls : NULL, .stop = &g_stop,
+                       .shutdown_grace_s = f.stop_grace,
                        .reload = &g_reload, .allow_push = f.allow_push,
                        .allow_admin = f.allow_admin,
                        .on_tls_refused = f.watch.json ? serve_watch_tls_refused : NULL,

@@ -254,6 +254,9 @@ START_TEST(test_malformed_values) {
   ck_assert_int_eq(run_cmd(&out, "%s serve --plan p.json --shard 0 --pending-timeout -1", bin_path()), 2);
   ck_assert_msg(strstr(out, "--pending-timeout") && strstr(out, "out of range"), "%s", out);
   free(out);
+  ck_assert_int_eq(run_cmd(&out, "%s serve --plan p.json --shard 0 --stop-grace 0", bin_path()), 2);
+  ck_assert_msg(strstr(out, "--stop-grace") && strstr(out, "out of range"), "%s", out);
+  free(out);
 }
 END_TEST
 
