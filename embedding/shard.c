@@ -207,18 +207,6 @@ static int lookup_flush_misses(shstore *s, size_t *nm, float *const *out) {
   return rc;
 }
 
-/* dim floats from src to dst; the common dims as fixed-size copies, which
- * the compiler inlines instead of a memcpy call per row. */
-static inline void row_copy(float *dst, const float *src, size_t dim) {
-  switch (dim) {
-    case 16: memcpy(dst, src, 16 * sizeof(float)); break;
-    case 32: memcpy(dst, src, 32 * sizeof(float)); break;
-    case 64: memcpy(dst, src, 64 * sizeof(float)); break;
-    case 128: memcpy(dst, src, 128 * sizeof(float)); break;
-    default: memcpy(dst, src, dim * sizeof(float));
-  }
-}
-
 /* One pass of n <= SH_PASS ids of table t (out rows o): hits copied, the
  * rest (misses, rows being loaded or whose read failed) gathered for
  * lookup_flush_misses, in id order. Software-pipelined, SH_AHEAD ids
@@ -259,7 +247,7 @@ static uint64_t lookup_pass(shstore *s, uint32_t t, const uint64_t *id, size_t n
     }
     if (m && !(m->flags & (F_LOADING | F_FAILED))) {
       sh_lookup_use(m);
-      if (sh_wprec(s, t) == KV_W_FP32) row_copy(o + (base + j) * dim, (const float *)(m + 1), dim);
+      if (sh_wprec(s, t) == KV_W_FP32) emb_row_copy(o + (base + j) * dim, (const float *)(m + 1), dim);
       else slot_get(s, (uint32_t)(((unsigned char *)m - slab) / sb), t, o + (base + j) * dim, 0);
       hits++;
     } else {

@@ -19,6 +19,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "common/status.h"
 #include "embedding/plan.h"
@@ -279,6 +280,19 @@ struct emb_store {
    * init value (emb_store_absent_zero); 0 (as created): its init value. */
   int absent_zero;
 };
+
+/* dim floats from src to dst: a store's copy of one row. The common dims
+ * are fixed-size copies, which the compiler inlines instead of a memcpy
+ * call per row. */
+static inline void emb_row_copy(float *dst, const float *src, size_t dim) {
+  switch (dim) {
+    case 16: memcpy(dst, src, 16 * sizeof(float)); break;
+    case 32: memcpy(dst, src, 32 * sizeof(float)); break;
+    case 64: memcpy(dst, src, 64 * sizeof(float)); break;
+    case 128: memcpy(dst, src, 128 * sizeof(float)); break;
+    default: memcpy(dst, src, dim * sizeof(float));
+  }
+}
 
 static inline emb_store_kind emb_store_kind_of(const emb_store *s) { return s->ops->kind; }
 /* What checkpoint(path) writes under path (emb_ckpt_layout). */

@@ -131,15 +131,7 @@ static inline uint16_t *lt_w16(const ltab *t, uint32_t slot1) {
  * when full. */
 static inline void lt_get(const ltab *t, uint32_t slot1, float *dst, int full) {
   if (t->prec == EMB_PREC_FP32) {
-    const size_t n = (size_t)(full ? t->stride : t->dim);
-    const float *src = lt_row(t, slot1);
-    switch (n) { /* the common widths copied inline, not by a call */
-      case 16: memcpy(dst, src, 16 * sizeof *dst); break;
-      case 32: memcpy(dst, src, 32 * sizeof *dst); break;
-      case 64: memcpy(dst, src, 64 * sizeof *dst); break;
-      case 128: memcpy(dst, src, 128 * sizeof *dst); break;
-      default: memcpy(dst, src, n * sizeof *dst);
-    }
+    emb_row_copy(dst, lt_row(t, slot1), (size_t)(full ? t->stride : t->dim));
     return;
   }
   if (t->prec == EMB_PREC_FP16) sr_f16_decode(lt_w16(t, slot1), dst, (size_t)t->dim, SR_HALF_AUTO);
