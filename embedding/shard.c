@@ -247,7 +247,8 @@ static uint64_t lookup_pass(shstore *s, uint32_t t, const uint64_t *id, size_t n
     }
     if (m && !(m->flags & (F_LOADING | F_FAILED))) {
       sh_lookup_use(m);
-      if (sh_wprec(s, t) == KV_W_FP32) emb_row_copy(o + (base + j) * dim, (const float *)(m + 1), dim);
+      if (sh_wprec(s, t) == KV_W_FP32)
+        emb_row_copy(o + (base + j) * dim, (const float *)(m + 1), dim);
       else slot_get(s, (uint32_t)(((unsigned char *)m - slab) / sb), t, o + (base + j) * dim, 0);
       hits++;
     } else {
