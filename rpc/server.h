@@ -15,7 +15,7 @@ typedef struct rpc_server_opts {
   int max_message_bytes;    /* send and receive limit */
   const rpc_tls *tls;       /* NULL: insecure */
   volatile int *stop;       /* set nonzero (e.g. from a signal handler) to stop */
-  double shutdown_grace_s;  /* in-flight calls get this long before cancellation */
+  double shutdown_grace_s;  /* in-flight calls get this long before cancellation (0: 5 s) */
   volatile int *reload;     /* set nonzero (e.g. on SIGHUP) to reload tls's files: new
                                connections get the new certificate, key and client CA,
                                those made before keep theirs; bad files keep the old

@@ -185,7 +185,7 @@ typedef struct {
   int shards[256], read_only, insecure, accept_unclean;
   rpc_tls tls;
   double pending_timeout, inflight_wait; /* inflight_wait 0: the service's default (1 s) */
-  double stop_grace;
+  double stop_grace;                     /* 0: the server's default (5 s) */
   long long threads, maxmsg, maxids, inflight_mb;
   serve_watch watch;
   serve_follow follow;
@@ -358,8 +358,7 @@ static int read_transform(const emb_served *sv, uint8_t **xf, size_t *len) {
 }
 
 int cmd_serve(int argc, char **argv) {
-  serve_flags f = {.listen = "127.0.0.1:0", .pending_timeout = 300, .stop_grace = 5, .threads = 2,
-                   .maxmsg = 64,
+  serve_flags f = {.listen = "127.0.0.1:0", .pending_timeout = 300, .threads = 2, .maxmsg = 64,
                    .follow = {.every_s = 0.1, .grace_s = 10, .swap_at = -1}};
   int rc = parse_flags(argc, argv, &f);
   if (rc) return rc < 0 ? 0 : rc;
