@@ -33,7 +33,7 @@ typedef struct rstore {
 /* Split ids by sub-store, run fn on each part, scatter/gather rows. For a
  * lookup rows = out (written); for a push rows = grads (read). */
 static int r_route(rstore *s, int64_t step, float lr, const emb_idset *ids, float *const *out,
-                   const float *const *grads) {
+                   const emb_grad *const *grads) {
   const emb_plan *plan = s->base.plan;
   int T = plan->n_tables, rc = 0;
   if (ids->n_tables != T) {
@@ -111,7 +111,7 @@ static int r_lookup_begin(emb_store *b, int64_t step, const emb_idset *ids, floa
 }
 static int r_lookup_wait(emb_store *b) { return ((rstore *)b)->rc; }
 static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
-                  const float *const *grads) {
+                  const emb_grad *const *grads) {
   return r_route((rstore *)b, step, lr, ids, NULL, grads);
 }
 static int r_flush(emb_store *b) {

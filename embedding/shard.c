@@ -77,7 +77,7 @@ static void lookup_act(shstore *s, size_t n, const size_t *it_r, void *vctx) {
 typedef struct {
   int64_t step;
   float lr;
-  const float *const *grads;
+  const emb_grad *const *grads;
   int bad_t;           /* one pass: -1, or the table of the row whose outcome was not finite */
   uint64_t bad_id;
   size_t applied;      /* two passes: rows the second has updated */
@@ -167,7 +167,7 @@ static void push_undo_act(shstore *s, size_t n, const size_t *it_r, void *vctx) 
 typedef struct {
   int64_t step;
   float lr;
-  const float *const *grads;
+  const emb_grad *const *grads;
   float *scratch;      /* [stride] */
   int bad_t;           /* -1, or the table of the first row that would turn non-finite */
   uint64_t bad_id;
@@ -407,7 +407,7 @@ static int refuse_not_finite(shstore *s, int t, uint64_t id, float lr) {
  * chunk was applied cannot be undone, and leaves the store refusing every
  * call until a restore (push_failed_in_part). */
 static int push_apply(shstore *s, int64_t step, float lr, const emb_idset *ids,
-                      const float *const *grads) {
+                      const emb_grad *const *grads) {
   int rc = shard__check_ids(s, ids, "push");
   if (rc) return rc;
   if (s->marked && (rc = shard__marks_remove(s))) return rc;
@@ -451,7 +451,7 @@ static int push_apply(shstore *s, int64_t step, float lr, const emb_idset *ids,
 /* A push of step; its prefetch pins (and earlier steps') go, whatever the
  * outcome. */
 static int sh_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
-                   const float *const *grads) {
+                   const emb_grad *const *grads) {
   shstore *s = (shstore *)b;
   uint64_t cpu0 = caller_cpu_mark(s);
   int rc = shard__call_begin(s, step);

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "embedding/optim.h"
 #include "embedding/plan.h"
 
 typedef struct emb_store emb_store;
@@ -173,14 +174,14 @@ typedef struct emb_store_ops {
    * (nothing of it is in flight between them). */
   double (*lookup_flight)(emb_store *s);
   /* Apply step's summed row gradients: grads[t][r*dim..] is the gradient of
-   * row ids->ids[t][r], at any address (a server hands a request's bytes:
-   * stores read them as emb_grad, embedding/optim.h). lr is the step's
+   * row ids->ids[t][r], at any address (a server hands a request's bytes,
+   * hence emb_grad, embedding/optim.h). lr is the step's
    * learning rate. Where each row lives, its optimizer runs once (a row
    * never pushed starts from its init value). The remote store sends every
    * server its part and returns once each has answered (with several ranks
    * a server may hold the push until every rank's is in). */
   int (*push)(emb_store *s, int64_t step, float lr, const emb_idset *ids,
-              const float *const *grads);
+              const emb_grad *const *grads);
   /* push in two halves (NULL: the store has none, and push_begin is push):
    * push_begin checks and sends the push, the caller's ids and grads no
    * longer needed when it returns, and push_wait awaits the answers and
@@ -190,7 +191,7 @@ typedef struct emb_store_ops {
    * A push_begin that fails sends nothing: no push_wait follows it. The
    * remote store has them. */
   int (*push_begin)(emb_store *s, int64_t step, float lr, const emb_idset *ids,
-                    const float *const *grads);
+                    const emb_grad *const *grads);
   int (*push_wait)(emb_store *s);
   /* Hand every update to the store's durable tier, where it has one: the
    * shard store writes its dirty rows and its write buffers to RocksDB as
@@ -320,13 +321,13 @@ static inline double emb_store_lookup_flight(emb_store *s) {
   return s->ops->lookup_flight ? s->ops->lookup_flight(s) : 0;
 }
 static inline int emb_store_push(emb_store *s, int64_t step, float lr, const emb_idset *ids,
-                                 const float *const *grads) {
+                                 const emb_grad *const *grads) {
   return s->ops->push(s, step, lr, ids, grads);
 }
 /* The push's halves (see emb_store_ops.push_begin): a store without them
  * pushes in emb_store_push_begin and its emb_store_push_wait returns 0. */
 static inline int emb_store_push_begin(emb_store *s, int64_t step, float lr,
-                                       const emb_idset *ids, const float *const *grads) {
+                                       const emb_idset *ids, const emb_grad *const *grads) {
   return (s->ops->push_begin ? s->ops->push_begin : s->ops->push)(s, step, lr, ids, grads);
 }
 static inline int emb_store_push_wait(emb_store *s) {

@@ -240,7 +240,7 @@ static size_t pass_16(lstore *s, int ti, int64_t step, float lr, const uint64_t 
  * + 1 (0: new). 0, or SR_ERANGE naming the first row whose value or
  * optimizer state would not be finite, every row as it was. */
 static int push_apply(lstore *s, int64_t step, float lr, const emb_idset *ids,
-                      const float *const *grads) {
+                      const emb_grad *const *grads) {
   const emb_plan *plan = s->base.plan;
   size_t at = 0, vat = 0; /* rows before this table's, and their floats in s->vals */
   for (int ti = 0; ti < s->n; ti++) {
@@ -297,7 +297,7 @@ static void push_commit(lstore *s, const emb_idset *ids) {
  * (push_apply, undone on a refusal), room made for the rows not held yet
  * (undone too when that fails), then those rows stored (push_commit). */
 static int l_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
-                  const float *const *grads) {
+                  const emb_grad *const *grads) {
   lstore *s = (lstore *)b;
   int rc = check_ids(s, ids, "push");
   if (rc) return rc;

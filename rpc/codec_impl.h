@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "embedding/optim.h"
 #include "embedding/plan.h"
 #include "rpc/coord_impl.h"
 #include "rpc/service.h"
@@ -63,7 +64,7 @@ typedef struct {
   uint32_t table_id;
   const uint64_t *ids; /* borrowed, [n] */
   size_t n;
-  const float *grads;  /* borrowed; Push only */
+  const emb_grad *grads; /* borrowed, at any address; Push only */
   const size_t *perm;  /* borrowed, [n] or NULL */
   int dim;
 } rpc_wire_table;
@@ -132,7 +133,7 @@ typedef struct rpc_scratch {
   const uint64_t **ids;
   size_t *counts;
   float **outp;
-  const float **grads;
+  const emb_grad **grads; /* a Push's, where they lie in the request */
   /* the ids that are not read in place, and the Push's set */
   uint64_t *idbuf;
   uint32_t *hash;

@@ -80,7 +80,7 @@ typedef struct rpc_coord_call {
  * refused whole (a learning rate out of range, or a row or optimizer state
  * it would leave non-finite) and nothing of it was applied. */
 typedef int (*rpc_coord_apply_fn)(void *ctx, int64_t step, float lr, const emb_idset *set,
-                                  const float *const *grads, char *err, size_t errlen);
+                                  const emb_grad *const *grads, char *err, size_t errlen);
 
 typedef struct rpc_coord_opts {
   int n_tables;             /* the plan's */
@@ -97,7 +97,7 @@ typedef struct rpc_coord_opts {
 typedef struct rpc_coord_grads {
   float lr;
   const emb_idset *set;
-  const float *const *grads;
+  const emb_grad *const *grads;
 } rpc_coord_grads;
 
 /* A parked call handed back by rpc_coord_take_woken. */

@@ -275,7 +275,7 @@ void rpc__calls_free(lane *L);
 /* Build the requests of ids for every shard into L (lookup: grads NULL),
  * each cut to fit its server's limits. 0 or an SR_E* code (s->err). */
 int rpc__build_calls(rstore *s, lane *L, rpc_method m, int64_t step, float lr,
-                     const emb_idset *ids, const float *const *grads);
+                     const emb_idset *ids, const emb_grad *const *grads);
 /* Build and start L's Lookups of ids for step. 0 or an SR_E* code. */
 int rpc__lookup_start(rstore *s, lane *L, int64_t step, const emb_idset *ids);
 /* Every server's limits, from its Stats (once, and again after a Restore). */

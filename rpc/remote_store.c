@@ -213,7 +213,7 @@ static int cut_calls(const rstore *s, const lane *L, int k, call_part *parts, in
  * gradients gathered straight into it); the pcall gets a copy of its
  * pieces. */
 static int build_one(rstore *s, lane *L, int k, rpc_method m, int64_t step, float lr,
-                     const float *const *grads, const call_part *parts, int n, int part,
+                     const emb_grad *const *grads, const call_part *parts, int n, int part,
                      int n_calls) {
   const emb_plan *plan = s->base.plan;
   rpc_wire_table *wt = calloc((size_t)n + 1, sizeof *wt);
@@ -260,7 +260,7 @@ static int build_one(rstore *s, lane *L, int k, rpc_method m, int64_t step, floa
  * Lookup, and a Push only in a multi-rank job (every rank pushes to every
  * shard every step: the shard applies a step once every rank's is in). */
 int rpc__build_calls(rstore *s, lane *L, rpc_method m, int64_t step, float lr,
-                       const emb_idset *ids, const float *const *grads) {
+                       const emb_idset *ids, const emb_grad *const *grads) {
   const emb_plan *plan = s->base.plan;
   int rc = group(s, L, ids);
   if (rc) {
@@ -459,7 +459,7 @@ static int r_lookup_wait(emb_store *b) {
 static double r_lookup_flight(emb_store *b) { return ((rstore *)b)->lookup_flight; }
 
 static int r_push_begin(emb_store *b, int64_t step, float lr, const emb_idset *ids,
-                        const float *const *grads) {
+                        const emb_grad *const *grads) {
   rstore *s = (rstore *)b;
   lane *L = &s->mn;
   /* A Lookup in flight (the next step's, prefetched) stays in flight on its
@@ -539,7 +539,7 @@ static int r_push_wait(emb_store *b) {
 }
 
 static int r_push(emb_store *b, int64_t step, float lr, const emb_idset *ids,
-                  const float *const *grads) {
+                  const emb_grad *const *grads) {
   int rc = r_push_begin(b, step, lr, ids, grads);
   return rc ? rc : r_push_wait(b);
 }

@@ -58,7 +58,7 @@ const char *rpc_method_path(rpc_method m) {
 
 /* The coordinator's apply callback: a step's rows into the store (s->mu held). */
 static int svc_apply(void *ctx, int64_t step, float lr, const emb_idset *set,
-                     const float *const *grads, char *err, size_t errlen) {
+                     const emb_grad *const *grads, char *err, size_t errlen) {
   rpc_service *s = ctx;
   if (step > s->hi_step) s->hi_step = step;
   int rc = emb_store_push(s->store, step, lr, set, grads);

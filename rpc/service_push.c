@@ -91,7 +91,7 @@ void rpc__push(rpc_service *s, const uint8_t *in, size_t len, int defer, rpc_rep
   uint8_t *seen = x->seen;
   const uint64_t **ids = x->ids;
   size_t *counts = x->counts;
-  const float **grads = x->grads;
+  const emb_grad **grads = x->grads;
   memset(seen, 0, (size_t)nt);
   memset(ids, 0, (size_t)nt * sizeof *ids);
   memset(counts, 0, (size_t)nt * sizeof *counts);
@@ -119,7 +119,7 @@ void rpc__push(rpc_service *s, const uint8_t *in, size_t len, int defer, rpc_rep
            i, (unsigned long long)twice);
     ids[t] = tg->ids;
     counts[t] = tg->n_ids;
-    grads[t] = (const float *)tg->grads.data; /* at any address: stores read emb_grad */
+    grads[t] = (const emb_grad *)tg->grads.data; /* at any address */
   }
   /* Applied now (single rank, async), or held (a copy) until every rank's
    * push of its step is in (sync, or a part of a push). Gradients that are

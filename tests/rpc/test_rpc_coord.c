@@ -51,7 +51,7 @@ static int fail_next; /* the next apply fails */
 static int refuse_next; /* the next apply refuses the update (SR_ERANGE, as a store does) */
 
 static int record(void *ctx, int64_t step, float lr, const emb_idset *set,
-                  const float *const *grads, char *err, size_t errlen) {
+                  const emb_grad *const *grads, char *err, size_t errlen) {
   ck_assert_ptr_eq(ctx, &n_applied);
   ck_assert_int_eq(set->n_tables, NT);
   if (fail_next) {
