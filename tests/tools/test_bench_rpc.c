@@ -36,6 +36,15 @@ static int ratio_ok(double x, double a, double b) {
   return x >= lo - 0.005 && x <= hi + 0.005;
 }
 
+/* x, printed to the precision of 2 * half like the rounds r[5], is their
+ * median: one of the rounds, at most two each side. */
+static int median_of5(double x, const double r[5], double half) {
+  int below = 0, above = 0, at = 0;
+  for (int k = 0; k < 5; k++)
+    below += r[k] < x - half, above += r[k] > x + half, at += fabs(r[k] - x) <= half;
+  return at && below <= 2 && above <= 2;
+}
+
 START_TEST(test_ratios_printed) {
   char *out;
   int rc = run_cmd(&out, "%s bench rpc --part lookup --rows 65536 --ids 256 --dims 16 "
@@ -57,10 +66,7 @@ START_TEST(test_ratios_printed) {
                               "%lf)", &us, &x, &r[0], &r[1], &r[2], &r[3], &r[4]) == 7,
                   "%s: no handling line of that shape in:\n%s", ops[o], out);
     ck_assert_msg(us > 0 && loc > 0, "%s: %.1f us against %.1f us in process", ops[o], us, loc);
-    int below = 0, above = 0, at = 0; /* the median: one of the rounds, at most two each side */
-    for (int k = 0; k < 5; k++)
-      below += r[k] < x - 0.005, above += r[k] > x + 0.005, at += fabs(r[k] - x) <= 0.005;
-    ck_assert_msg(at && below <= 2 && above <= 2,
+    ck_assert_msg(median_of5(x, r, 0.005),
                   "%s: %.2fx printed, not the median of the rounds' %.2f %.2f %.2f %.2f %.2f",
                   ops[o], x, r[0], r[1], r[2], r[3], r[4]);
     /* The share plain TCP's round trip plus the in-process store's time
@@ -71,12 +77,9 @@ START_TEST(test_ratios_printed) {
     ck_assert_msg(b && sscanf(b + strlen(key), "%lf%% of plain TCP's rate; rounds %lf %lf %lf %lf "
                               "%lf)", &x, &r[0], &r[1], &r[2], &r[3], &r[4]) == 6,
                   "%s: no line of the in-process store's share in:\n%s", ops[o], out);
-    below = above = at = 0;
-    for (int k = 0; k < 5; k++) {
+    for (int k = 0; k < 5; k++)
       ck_assert_msg(r[k] > 0 && r[k] < 100, "%s: a round's share %.1f%%", ops[o], r[k]);
-      below += r[k] < x - 0.05, above += r[k] > x + 0.05, at += fabs(r[k] - x) <= 0.05;
-    }
-    ck_assert_msg(at && below <= 2 && above <= 2,
+    ck_assert_msg(median_of5(x, r, 0.05),
                   "%s: %.1f%% printed, not the median of the rounds' %.1f %.1f %.1f %.1f %.1f",
                   ops[o], x, r[0], r[1], r[2], r[3], r[4]);
     snprintf(what, sizeof what, "  %s gRPC, 2 servers ", ops[o]);
