@@ -35,8 +35,9 @@
 #  6. a server lost during a test pass: the ranks stopped (SIGSTOP) once a
 #     pass is due (step 30's line is out, no test line of step 30 yet, so
 #     the pass's lookups come next; else the next pass's step), host 1
-#     killed, the ranks let go, its
-#     server back 2 s later: the recovery names the test pass: one run;
+#     killed, the ranks let go, its server back 2 s later: the recovery
+#     names the test pass: one run (the case runs again when the ranks
+#     were stopped after the pass's last lookup: its test line out twice);
 #  7. a server lost before the first periodic checkpoint (step 5; back 2 s
 #     later): the ranks recover from step-0: one run.
 set -uo pipefail
@@ -112,7 +113,7 @@ recovered_once() {
   local name=$1 n=$2 why=$3
   [ $tries -eq 1 ] || bed_fail "$name: $tries runs (the job did not recover by itself): $(grep -v '^train  step' "$D/$name.out" | tail -8)"
   grep -q "^recovered from $CK/$name/step-$n after: $why" "$D/$name.out" ||
-    bed_fail "$name: no recovery from step-$n after '$why': $(grep -v '^train  step' "$D/$name.out" | tail -8)"
+    bed_fail "$name: no recovery from step-$n after '$why': $(grep -E '^recovered from|^test   step|lost|failed' "$D/$name.out" | head -8 | cut -c1-300)"
   rec=$(grep -m1 "^recovered from" "$D/$name.out" | cut -c1-160)
 }
 
@@ -248,8 +249,19 @@ kill_in_pass() {
   done
   bed_fail "eval: the ranks were never stopped inside a test pass"
 }
-bed_fresh_servers
-run_loop eval 1 kill_in_pass
+# The ranks can be stopped after the pass's last lookup, its test line not
+# yet out (a window of one gather and the AUC): the pass then ends well and
+# the next step's lookups meet the lost server, and the pass's test line is
+# out twice, before the recovery and after the replay. That case is not the
+# one under test: it runs again (twice at most).
+for try in 1 2 3; do
+  [ $try -le 2 ] || bed_fail "eval: the fault landed after the test pass's lookups $((try - 1)) times"
+  rm -rf "$CK/eval" "$D/eval.out" "$D/eval.jsonl"
+  bed_fresh_servers
+  run_loop eval 1 kill_in_pass
+  [ "$(grep -c "^test   step $hit_at " "$D/eval.out")" -ge 2 ] || break
+  echo "$BED_NAME: host 1 killed after the last lookup of step $hit_at's test pass ($(grep -m1 '^recovered from' "$D/eval.out" | cut -c1-160)): the case runs again"
+done
 recovered_once eval '[0-9]*' "test pass at step $hit_at: "
 echo "$BED_NAME: server host 1 killed in the test pass of step $hit_at, back 2 s later; $rec"
 same_as eval ref
