@@ -250,10 +250,10 @@ kill_in_pass() {
   bed_fail "eval: the ranks were never stopped inside a test pass"
 }
 # The ranks can be stopped after the pass's last lookup, its test line not
-# yet out (a window of one gather and the AUC): the pass then ends well and
-# the next step's lookups meet the lost server, and the pass's test line is
-# out twice, before the recovery and after the replay. That case is not the
-# one under test: it runs again (twice at most).
+# yet out (a window of the last batch's gathers and the AUC): the pass then
+# ends well and the next step's lookups meet the lost server, and the
+# pass's test line is out twice, before the recovery and after the replay.
+# That case is not the one under test: it runs again (two runs at most).
 for try in 1 2 3; do
   [ $try -le 2 ] || bed_fail "eval: the fault landed after the test pass's lookups $((try - 1)) times"
   rm -rf "$CK/eval" "$D/eval.out" "$D/eval.jsonl"
