@@ -254,12 +254,12 @@ kill_in_pass() {
 # ends well and the next step's lookups meet the lost server, and the
 # pass's test line is out twice, before the recovery and after the replay.
 # That case is not the one under test: it runs again (two runs at most).
-for try in 1 2 3; do
-  [ $try -le 2 ] || bed_fail "eval: the fault landed after the test pass's lookups $((try - 1)) times"
+for try in 1 2; do
   rm -rf "$CK/eval" "$D/eval.out" "$D/eval.jsonl"
   bed_fresh_servers
   run_loop eval 1 kill_in_pass
   [ "$(grep -c "^test   step $hit_at " "$D/eval.out")" -ge 2 ] || break
+  [ $try -eq 1 ] || bed_fail "eval: the fault landed after the test pass's lookups in both runs"
   echo "$BED_NAME: host 1 killed after the last lookup of step $hit_at's test pass ($(grep -m1 '^recovered from' "$D/eval.out" | cut -c1-160)): the case runs again"
 done
 recovered_once eval '[0-9]*' "test pass at step $hit_at: "
