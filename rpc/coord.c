@@ -524,6 +524,16 @@ static rpc_coord_outcome solo_push(rpc_coord *c, const rpc_coord_call *k,
   return RPC_COORD_GO;
 }
 
+rpc_coord_outcome rpc_coord_push_take(rpc_coord *c, const rpc_coord_call *k, char *msg,
+                                      size_t msglen) {
+  int i = solo_enter(c, k, msg, msglen);
+  if (i < 0) return RPC_COORD_REFUSED;
+  if (k->step <= c->solo[i].last_step) return RPC_COORD_RETRY;
+  c->solo[i].last_step = k->step;
+  c->solo[i].used = ++c->clock;
+  return RPC_COORD_GO;
+}
+
 /* Whether (job, step, rank) of k was taken already (a retry). */
 int rpc__coord_push_taken(rpc_coord *c, const rpc_coord_call *k) {
   if (k->world <= 1) {

@@ -162,6 +162,13 @@ rpc_coord_outcome rpc_coord_lookup(rpc_coord *c, const rpc_coord_call *k, void *
 rpc_coord_outcome rpc_coord_push(rpc_coord *c, const rpc_coord_call *k, const rpc_coord_grads *p,
                                  double now, char *msg, size_t msglen);
 
+/* A whole Push of a single-rank job (k->world <= 1, k->parts <= 1) taken
+ * without its update, which the caller makes at once through its own
+ * apply (the service, right after answering): GO (taken: a retry of (job,
+ * step, rank) is RETRY from now on), RETRY, or REFUSED as rpc_coord_push. */
+rpc_coord_outcome rpc_coord_push_take(rpc_coord *c, const rpc_coord_call *k, char *msg,
+                                      size_t msglen);
+
 /* A Watch of call k (k->step is not used). world 1: GO. world > 1: enters
  * the job without fixing its first step; detach: marks the rank finished,
  * releases its parked Watch, GO. Else GO when the rank already detached,
