@@ -622,9 +622,11 @@ static int xs_handle(xstream *x) {
     xs_defer(st, x);
     return 1;
   }
-  grpc_slice_unref(x->req);
+  grpc_slice req = x->req; /* kept past the answer (which may free x) for a Push's update */
   x->req = grpc_empty_slice();
   xs_answer(x, &r);
+  (void)rpc_service_after(st->svc, r.after); /* a Push answered, updated as its answer travels */
+  grpc_slice_unref(req);
   answer_woken(st); /* as handle's */
   return 0;
 }

@@ -56,16 +56,6 @@ const char *rpc_method_path(rpc_method m) {
   return (m >= 0 && m < RPC_N_METHODS) ? method_paths[m] : NULL;
 }
 
-/* The coordinator's apply callback: a step's rows into the store (s->mu held). */
-static int svc_apply(void *ctx, int64_t step, float lr, const emb_idset *set,
-                     const emb_grad *const *grads, char *err, size_t errlen) {
-  rpc_service *s = ctx;
-  if (step > s->hi_step) s->hi_step = step;
-  int rc = emb_store_push(s->store, step, lr, set, grads);
-  if (rc) snprintf(err, errlen, "%s", emb_store_errmsg(s->store));
-  return rc;
-}
-
 /* The gRPC status the service answers a coordinator outcome with. */
 int rpc__coord_status(rpc_coord_outcome o) {
   switch (o) {
@@ -171,7 +161,7 @@ rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
     if (!dims) goto nomem;
     for (int t = 0; t < plan->n_tables; t++) dims[t] = plan->tables[t].dim;
     rpc_coord_opts co = {.n_tables = plan->n_tables, .dims = dims,
-                         .pending_timeout_s = o->pending_timeout_s, .apply = svc_apply,
+                         .pending_timeout_s = o->pending_timeout_s, .apply = rpc__apply,
                          .apply_ctx = s};
     s->coord = rpc_coord_create(&co);
     free(dims);
@@ -196,6 +186,7 @@ rpc_service *rpc_service_create(const emb_plan *plan, emb_store *store,
   pthread_mutex_init(&s->mu, NULL);
   pthread_mutex_init(&s->pool_mu, NULL);
   pthread_cond_init(&s->room, NULL);
+  pthread_cond_init(&s->applied, NULL);
   return s;
 nomem:
   sr_fmt(err, errlen, "service: out of memory");
@@ -213,6 +204,7 @@ nomem:
 void rpc__service_unref(rpc_service *s) {
   if (atomic_fetch_sub(&s->refs, 1) != 1) return;
   pthread_cond_destroy(&s->room);
+  pthread_cond_destroy(&s->applied);
   pthread_mutex_destroy(&s->mu);
   free(s);
 }
@@ -361,14 +353,16 @@ static int check_ids(rpc_service *s, const char *what, size_t i, uint32_t table_
   return RPC_OK;
 }
 
-/* Rows left by a crash are not served until a Restore. */
+/* Rows left by a crash, or missing a Push answered before its update
+ * failed, are not served until a Restore. */
 static int check_clean(rpc_service *s, rpc_reply *r) {
   pthread_mutex_lock(&s->mu);
-  int unclean = s->unclean;
+  const int unclean = s->unclean, missed = s->missed[0] != 0;
+  if (!unclean && missed) snprintf(r->msg, sizeof r->msg, "%s", s->missed);
   pthread_mutex_unlock(&s->mu);
-  if (!unclean) return RPC_OK;
+  if (!unclean && !missed) return RPC_OK;
   r->status = RPC_FAILED_PRECONDITION;
-  snprintf(r->msg, sizeof r->msg, "%s", RPC_MSG_UNCLEAN);
+  if (unclean) snprintf(r->msg, sizeof r->msg, "%s", RPC_MSG_UNCLEAN);
   return r->status;
 }
 
@@ -523,7 +517,7 @@ static void do_push_lookup(rpc_service *s, const uint8_t *in, size_t len, rpc_re
                "a Push and a Lookup", wp > 1 ? wp : wl);
     return;
   }
-  rpc__push(s, push, plen, defer, r);
+  rpc__push(s, push, plen, defer, 0, r);
   if (r->status != RPC_OK) {
     if (r->status != RPC_DEFERRED) msg_prefix(r, "push");
     return;
@@ -663,6 +657,7 @@ static int restore_from(rpc_service *s, const char *real, const char *dir, int o
     rpc_coord_restore(s->coord); /* steps start over from the checkpoint's */
     s->hi_step = -1;             /* and the store dropped what it prefetched */
     s->unclean = 0;
+    s->missed[0] = 0;
     return 0;
   }
   return admin_failed(s, rc, "restore", dir, r);
@@ -844,16 +839,21 @@ out:
 
 /* rpc_service_handle_call; token: a Lookup or Watch may park with it;
  * defer: a call that finds no room in the budget is answered RPC_DEFERRED;
- * pin: Lookups may be answered pinned. */
+ * pin: Lookups may be answered pinned; later: a single-rank job's whole
+ * Push may be answered before its update (r->after). Every call first
+ * waits for the updates of the Pushes answered before it. */
 static void handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t len, void *token,
-                        int defer, double timeout_s, int pin, rpc_reply *r) {
+                        int defer, double timeout_s, int pin, int later, rpc_reply *r) {
   memset(r, 0, sizeof *r);
   static const uint8_t none[1];
   if (!in) in = none, len = 0;
   double t0 = sr_now();
+  pthread_mutex_lock(&s->mu);
+  while (s->applying) pthread_cond_wait(&s->applied, &s->mu);
+  pthread_mutex_unlock(&s->mu);
   switch (m) {
     case RPC_LOOKUP: do_lookup(s, in, len, r, token, defer, timeout_s, pin); break;
-    case RPC_PUSH: rpc__push(s, in, len, defer, r); break;
+    case RPC_PUSH: rpc__push(s, in, len, defer, later, r); break;
     case RPC_CHECKPOINT: do_checkpoint(s, in, len, r, 0); break;
     case RPC_RESTORE: do_checkpoint(s, in, len, r, 1); break;
     case RPC_STATS: do_stats(s, in, len, r); break;
@@ -876,6 +876,12 @@ static void handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t 
     r->held = 0;
   }
   if (r->status == RPC_PARKED || r->status == RPC_DEFERRED) return;
+  if (r->after) { /* noted once updated (rpc_service_after) */
+    r->after->in_len = len;
+    r->after->out_len = r->out_len;
+    r->after->secs = sr_now() - t0;
+    return;
+  }
   rpc_service_note(s, m, r->status, r->msg, sr_now() - t0, len, r->out_len);
 }
 
@@ -896,7 +902,7 @@ void rpc_service_note(rpc_service *s, rpc_method m, int status, const char *msg,
 
 void rpc_service_handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
                              void *token, double timeout_s, rpc_reply *r) {
-  handle_call(s, m, in, len, token, token != NULL, timeout_s, 1, r);
+  handle_call(s, m, in, len, token, token != NULL, timeout_s, 1, 0, r);
 }
 
 int rpc_service_takes_pushes(const rpc_service *s) { return !s->read_only; }
@@ -909,7 +915,7 @@ void rpc_service_waiting(rpc_service *s, uint64_t n) { atomic_store(&s->waiting,
 
 void rpc_service_handle_exchange(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
                                  rpc_reply *r) {
-  handle_call(s, m, in, len, NULL, 1, 0, 1, r);
+  handle_call(s, m, in, len, NULL, 1, 0, 1, 1, r);
 }
 
 void rpc_service_inspect(rpc_service *s, void (*fn)(void *ctx, const rpc_service_view *v),
@@ -930,7 +936,7 @@ void rpc_service_inspect(rpc_service *s, void (*fn)(void *ctx, const rpc_service
 
 void rpc_service_handle(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
                         rpc_reply *r) {
-  handle_call(s, m, in, len, NULL, 0, 0, 0, r);
+  handle_call(s, m, in, len, NULL, 0, 0, 0, 0, r);
   rpc_service_release(s, r->held); /* the caller holds the answer, not the server */
   r->held = 0;
 }

@@ -223,6 +223,9 @@ typedef struct rpc_reply {
    * caller gives them back with rpc_service_release once the answer is
    * sent (the server: when the call's reply batch completes). */
   size_t held;
+  /* rpc_service_handle_exchange only: a Push answered before its update
+   * (rpc_service_after); NULL otherwise. */
+  struct rpc_after *after;
 } rpc_reply;
 
 /* The in-flight budget. Every Lookup and Push takes its share before it
@@ -302,6 +305,19 @@ void rpc_service_waiting(rpc_service *s, uint64_t n);
  * of several ranks whose step is not ready is refused, as without one). */
 void rpc_service_handle_exchange(rpc_service *s, rpc_method m, const uint8_t *in, size_t len,
                                  rpc_reply *r);
+/* A whole Push of a single-rank job on an exchange stream is answered
+ * once it is checked and taken, and updated after (rpc/shardrec.proto,
+ * "Exchange stream"): rpc_service_handle_exchange hands it back in
+ * r->after, and the caller, having started the answer, calls this with it
+ * at once, in[len] still alive. Every call the service handles from the
+ * moment it took the push (another worker's) waits until it is applied,
+ * so whatever the answer's client sends next reads it. An update that
+ * fails then leaves the rows missing it: Lookup, Push, Remove and
+ * Checkpoint are refused FAILED_PRECONDITION, naming the push and why,
+ * until a Restore. Counted and observed as the Push's call, its time the
+ * handling's and the update's. RPC_OK (also for NULL), or the failed
+ * update's status. */
+int rpc_service_after(rpc_service *s, struct rpc_after *a);
 typedef struct rpc_woken {
   void *token;
   rpc_reply r;

@@ -42,12 +42,16 @@ struct rpc_service {
   int read_only;
   size_t max_ids;
   int unclean;          /* rows left by a crash, not restored since (RPC_MSG_UNCLEAN) */
+  char missed[512];     /* a Push answered whose update then failed, not restored since
+                           (rpc_service_after): the refusal; "": none */
   size_t max_msg;       /* the message limit an answer must fit */
   size_t budget, inflight; /* the in-flight budget and what calls hold of it now */
   double budget_wait_s;
   uint64_t budget_refused, budget_gen; /* refusals; releases so far */
   pthread_cond_t room;  /* signalled when calls give budget back (with mu) */
   pthread_mutex_t mu;   /* serialises the store, the coordinator and the counters below */
+  int applying;         /* Pushes taken and answered, not updated yet (rpc_service_after) */
+  pthread_cond_t applied; /* signalled when applying drops (with mu) */
   rpc_coord *coord;     /* owned: the multi-rank jobs */
   int64_t hi_step;      /* the highest step handed to the store (looked up, pushed or
                            prefetched) since it was opened or restored; -1: none */
@@ -127,10 +131,28 @@ int rpc__coord_status(rpc_coord_outcome o);
 /* ---- service_push.c ---- */
 
 /* Push (rpc/shardrec.proto): checked whole, then applied or held by the
- * coordinator under the service's lock. The request's copy, its decoded
- * form and a held copy take their share of the in-flight budget (defer: as
- * rpc__budget_take). */
-void rpc__push(rpc_service *s, const uint8_t *in, size_t len, int defer, rpc_reply *r);
+ * coordinator under the service's lock, or with later (a stream's), a
+ * single-rank job's whole push taken and handed back in r->after. The
+ * request's copy, its decoded form and a held copy take their share of the
+ * in-flight budget (defer: as rpc__budget_take). */
+void rpc__push(rpc_service *s, const uint8_t *in, size_t len, int defer, int later,
+               rpc_reply *r);
+/* Such a push, taken (rpc_coord_push_take, s->applying counted) and
+ * answered, its update left to rpc_service_after: the request decoded in
+ * x (its ids and gradients still in the request's bytes), the step and
+ * its learning rate, and what the call is noted with. */
+struct rpc_after {
+  rpc_scratch *x;
+  int64_t step;
+  float lr;
+  size_t in_len, out_len;
+  double secs; /* the handling before the answer */
+};
+
+/* The coordinator's apply callback: a step's rows into the store (s->mu
+ * held); 0, or SR_E* with the store's message in err. */
+int rpc__apply(void *ctx, int64_t step, float lr, const emb_idset *set,
+               const emb_grad *const *grads, char *err, size_t errlen);
 
 /* ---- service_remove.c ---- */
 

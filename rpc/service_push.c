@@ -2,10 +2,12 @@
  * (rpc__push_decode), checked whole (header, tables, ids in range, on a
  * served shard and given once, gradient lengths, the learning rate), then
  * applied or held by the step coordinator (rpc/coord.c) under the
- * service's lock. */
+ * service's lock; or, a single-rank job's on an exchange stream, taken,
+ * answered, and applied after (rpc_service_after). */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/status.h"
@@ -15,6 +17,15 @@
 #include "rpc/codec_impl.h"
 #include "rpc/service_impl.h"
 #include "rpc/shardrec.pb-c.h"
+
+int rpc__apply(void *ctx, int64_t step, float lr, const emb_idset *set,
+               const emb_grad *const *grads, char *err, size_t errlen) {
+  rpc_service *s = ctx;
+  if (step > s->hi_step) s->hi_step = step;
+  int rc = emb_store_push(s->store, step, lr, set, grads);
+  if (rc) snprintf(err, errlen, "%s", emb_store_errmsg(s->store));
+  return rc;
+}
 
 /* Whether ids[n] holds a value twice (the first repeat into *twice), in
  * one pass over an open-addressing set in tab: cap slots (a power of two,
@@ -73,7 +84,8 @@ static int grads_not_finite(const rpc_service *s, const Shardrec__V1__PushReques
   return 0;
 }
 
-void rpc__push(rpc_service *s, const uint8_t *in, size_t len, int defer, rpc_reply *r) {
+void rpc__push(rpc_service *s, const uint8_t *in, size_t len, int defer, int later,
+               rpc_reply *r) {
   const int nt = s->plan->n_tables;
   /* The request's copy, its decoded form and a held copy (sync mode). */
   if (rpc__budget_take(s, 3 * len, defer, r)) return;
@@ -135,12 +147,24 @@ void rpc__push(rpc_service *s, const uint8_t *in, size_t len, int defer, rpc_rep
   const int scan = (k.world > 1 && k.stale == 0) || k.parts > 1 ||
                    (kind != EMB_STORE_LOCAL && kind != EMB_STORE_SHARD);
   if (scan && grads_not_finite(s, q, idx, r)) goto out;
+  /* A single-rank job's whole push may be answered once taken and
+   * updated right after (rpc_service_after). */
+  struct rpc_after *a = later && k.world <= 1 && k.parts <= 1 ? malloc(sizeof *a) : NULL;
   emb_idset set = {.n_tables = nt, .ids = ids, .counts = counts};
   rpc_coord_grads p = {.lr = q->learning_rate, .set = &set, .grads = grads};
   pthread_mutex_lock(&s->mu);
-  rpc_coord_outcome o = rpc_coord_push(s->coord, &k, &p, sr_now(), r->msg, sizeof r->msg);
+  rpc_coord_outcome o = a ? rpc_coord_push_take(s->coord, &k, r->msg, sizeof r->msg)
+                          : rpc_coord_push(s->coord, &k, &p, sr_now(), r->msg, sizeof r->msg);
   if (o == RPC_COORD_GO) s->from_ckpt = 0; /* its rows are no longer the checkpoint's */
+  if (a && o == RPC_COORD_GO) s->applying++;
   pthread_mutex_unlock(&s->mu);
+  if (a && o == RPC_COORD_GO) {
+    *a = (struct rpc_after){.x = x, .step = k.step, .lr = q->learning_rate};
+    r->after = a;
+    x = NULL; /* its ids and gradients are the update's */
+  } else {
+    free(a);
+  }
   if (o != RPC_COORD_GO && o != RPC_COORD_RETRY) {
     r->status = rpc__coord_status(o);
     if (o == RPC_COORD_INVALID && !scan) grads_not_finite(s, q, idx, r);
@@ -153,4 +177,32 @@ void rpc__push(rpc_service *s, const uint8_t *in, size_t len, int defer, rpc_rep
   rpc__pack_reply(r, &resp.base);
 out:
   rpc__scratch_give(s, x);
+}
+
+int rpc_service_after(rpc_service *s, struct rpc_after *a) {
+  if (!a) return RPC_OK;
+  const double t0 = sr_now();
+  rpc_scratch *x = a->x;
+  const emb_idset set = {.n_tables = s->plan->n_tables, .ids = x->ids, .counts = x->counts};
+  char err[RPC_COORD_MSG] = "", msg[sizeof s->missed] = "";
+  pthread_mutex_lock(&s->mu);
+  const int rc = rpc__apply(s, a->step, a->lr, &set, x->grads, err, sizeof err);
+  if (rc) {
+    snprintf(s->missed, sizeof s->missed,
+             "push of step %lld of job %s, answered on its exchange stream, was not applied "
+             "(%s): this server's rows miss it; Restore a checkpoint",
+             (long long)a->step, x->job, err);
+    memcpy(msg, s->missed, sizeof msg);
+  }
+  pthread_mutex_unlock(&s->mu);
+  /* Counted before the calls waiting for it go on (Stats reads it). */
+  const int status = !rc ? RPC_OK : rc == SR_ERANGE ? RPC_INVALID_ARGUMENT : RPC_INTERNAL;
+  rpc_service_note(s, RPC_PUSH, status, msg, a->secs + sr_now() - t0, a->in_len, a->out_len);
+  pthread_mutex_lock(&s->mu);
+  s->applying--;
+  pthread_cond_broadcast(&s->applied);
+  pthread_mutex_unlock(&s->mu);
+  rpc__scratch_give(s, x);
+  free(a);
+  return status;
 }

@@ -33,7 +33,8 @@
  * store holds none of them after it; an exchange message's head is taken
  * exactly when it names Lookup, Push or PushLookup beside a zero word, and
  * a structured single-rank Lookup answered OK is answered the same bytes
- * as an exchange message. */
+ * as an exchange message; an exchange Push answered before an update that
+ * then failed is refused again, naming it (then a fresh service goes on). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -54,6 +55,19 @@ static rpc_service *svc;
 static uint8_t xf[XF_LEN]; /* the served transform's bytes (opaque to the service) */
 static char xf_fp[SR_SHA256_HEX];
 
+/* The store and the service over plan, afresh. */
+static void service_start(void) {
+  char err[256];
+  store = emb_store_create_local(plan, err, sizeof err);
+  if (!store) abort();
+  int shard = 0;
+  rpc_service_opts o = {.shards = &shard, .n_shards = 1, .max_ids = 4096,
+                        .pending_timeout_s = 1e-6, .transform = xf, .transform_len = XF_LEN,
+                        .transform_fp = xf_fp};
+  svc = rpc_service_create(plan, store, &o, err, sizeof err);
+  if (!svc) abort();
+}
+
 static void init_once(void) {
   if (svc) return;
   uint64_t rows[2] = {1000, 64};
@@ -62,16 +76,9 @@ static void init_once(void) {
                         .seed = 1, .n_shards = 2, .row_wise = 1};
   char err[256];
   if (emb_plan_create(&pp, &plan, err, sizeof err)) abort();
-  store = emb_store_create_local(plan, err, sizeof err);
-  if (!store) abort();
-  int shard = 0;
   for (int i = 0; i < XF_LEN; i++) xf[i] = (uint8_t)(i * 7 + 3);
   if (sr_sha256_hex(xf, XF_LEN, xf_fp)) abort();
-  rpc_service_opts o = {.shards = &shard, .n_shards = 1, .max_ids = 4096,
-                        .pending_timeout_s = 1e-6, .transform = xf, .transform_len = XF_LEN,
-                        .transform_fp = xf_fp};
-  svc = rpc_service_create(plan, store, &o, err, sizeof err);
-  if (!svc) abort();
+  service_start();
 }
 
 static int check_row(void *ctx, int table, uint64_t row_id, const float *value, int dim,
@@ -254,6 +261,20 @@ static void exchange(const uint8_t *msg, size_t n, rpc_method *xm, rpc_reply *r)
   if (!rpc__exchange_head(buf, n, xm, r)) {
     rpc_service_handle_exchange(svc, *xm, buf + RPC_EXCHANGE_HEAD, n - RPC_EXCHANGE_HEAD, r);
     if (r->status == RPC_DEFERRED) rpc_service_refuse_busy(svc, r);
+    if (r->after && rpc_service_after(svc, r->after) != RPC_OK) {
+      /* A Push answered whose update then failed: the service refuses it
+       * again, naming it, until a Restore; a fresh service goes on. */
+      rpc_reply again;
+      rpc_service_handle_exchange(svc, *xm, buf + RPC_EXCHANGE_HEAD, n - RPC_EXCHANGE_HEAD,
+                                  &again);
+      if (again.status != RPC_FAILED_PRECONDITION || again.out || again.after ||
+          !strstr(again.msg, "was not applied"))
+        abort();
+      rpc_service_destroy(svc);
+      emb_store_destroy(store);
+      service_start();
+    }
+    r->after = NULL;
   }
   free(buf);
 }

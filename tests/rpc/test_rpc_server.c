@@ -3,7 +3,8 @@
  * refuses Push, health answers SERVING, unknown methods get UNIMPLEMENTED,
  * SIGTERM exits 0, a Python grpcio client reads exactly the bytes the C
  * client reads, and the exchange stream answers as calls do, refuses what
- * it does not take, and ends at once when the server stops. */
+ * it does not take, ends at once when the server stops, and reports a
+ * Push it answered before a failed update at the next call. */
 #include <check.h>
 
 #include "tests/check_main.h"
@@ -639,12 +640,96 @@ START_TEST(test_python_interop) {
 }
 END_TEST
 
+/* A Push on an exchange stream is answered once taken and updated right
+ * after: the very next call reads it. One whose update the store then
+ * refuses (a finite gradient overflowing table 1's Adagrad accumulator)
+ * is answered applied, counted failed, and leaves the rows as they were
+ * and the server refusing Lookup, Push and Checkpoint, on streams and
+ * calls, naming the push and the row, until a Restore serves the
+ * checkpoint's rows again. */
+START_TEST(test_stream_push_refused_after_answer) {
+  rpc_global_init();
+  grpc_channel *ch = raw_channel(srv.addr, 0);
+  xs_raw x;
+  xs_open(&x, ch);
+  char msg[512], ck[600], ck2[600];
+  snprintf(ck, sizeof ck, "%s/ck-xs", dir);
+  snprintf(ck2, sizeof ck2, "%s/ck-xs2", dir);
+  fill_grads(1);
+  int applied = 0;
+  ck_assert_int_eq(push_ok("job-x", 0, &applied), RPC_OK);
+  ck_assert_msg(ckpt_call(0, ck, msg) == RPC_OK, "checkpoint: %s", msg);
+  float s1[13 * DIM], now[13 * DIM], want[13 * DIM];
+  snapshot(s1);
+  /* A good push on the stream reads back at once as a call's push of the
+   * same gradients does (the call pushed, read, and restored away). */
+  call_table good[2] = {{0, ids0, 8, g0, 0}, {1, ids1, 5, g1, 0}};
+  ck_assert_int_eq(push_ok("job-y", 0, &applied), RPC_OK);
+  snapshot(want);
+  ck_assert(memcmp(want, s1, sizeof want) != 0);
+  ck_assert_msg(ckpt_call(1, ck, msg) == RPC_OK, "restore: %s", msg);
+  size_t len, olen;
+  uint8_t *out, *q = enc_push(fp, "job-x", 1, 0.5f, good, 2, &len);
+  ck_assert_int_eq(xs_call(&x, RPC_PUSH, 0, q, len, msg, &out, &olen), RPC_OK);
+  free(q);
+  free(out);
+  snapshot(now);
+  ck_assert(!memcmp(now, want, sizeof now));
+  ck_assert_msg(ckpt_call(1, ck, msg) == RPC_OK, "restore: %s", msg);
+  /* The overflowing one: answered applied, then refused. */
+  const uint64_t failed0 = failed_calls();
+  float big[5 * DIM];
+  memcpy(big, g1, sizeof big);
+  big[3 * DIM + 2] = 3e38f;
+  call_table over[2] = {{0, ids0, 8, g0, 0}, {1, ids1, 5, big, 0}};
+  q = enc_push(fp, "job-x", 1, 0.5f, over, 2, &len);
+  ck_assert_int_eq(xs_call(&x, RPC_PUSH, 0, q, len, msg, &out, &olen), RPC_OK);
+  free(q);
+  Shardrec__V1__PushResponse *pa = shardrec__v1__push_response__unpack(NULL, olen, out);
+  ck_assert_ptr_nonnull(pa);
+  ck_assert(pa->applied);
+  ck_assert_uint_eq(pa->rows, 13);
+  shardrec__v1__push_response__free_unpacked(pa, NULL);
+  free(out);
+  ck_assert_uint_eq(failed_calls(), failed0 + 1);
+  char row[160];
+  snprintf(row, sizeof row, "table %u (%s) row %llu:", plan->tables[1].table_id,
+           plan->tables[1].name, (unsigned long long)ids1[3]);
+  call_table tl[2] = {{0, ids0, 8, NULL, 0}, {1, ids1, 5, NULL, 0}};
+  q = enc_lookup(fp, tl, 2, &len);
+  int st = calls_lookup(srv.addr, q, len, 10, tl, 2, DIM, now, msg, sizeof msg);
+  ck_assert_msg(st == RPC_FAILED_PRECONDITION && strstr(msg, "push of step 1 of job job-x") &&
+                    strstr(msg, row) && strstr(msg, "Restore a checkpoint"),
+                "lookup: %d %s", st, msg);
+  q = enc_lookup(fp, tl, 2, &len); /* calls_lookup took the first */
+  ck_assert_int_eq(xs_call(&x, RPC_LOOKUP, 0, q, len, msg, NULL, NULL), RPC_FAILED_PRECONDITION);
+  ck_assert_msg(strstr(msg, row), "%s", msg);
+  free(q);
+  ck_assert_int_eq(push_ok("job-x", 2, &applied), RPC_FAILED_PRECONDITION);
+  ck_assert_int_eq(ckpt_call(0, ck2, msg), RPC_FAILED_PRECONDITION);
+  ck_assert_msg(strstr(msg, "was not applied"), "%s", msg);
+  /* Restore: the checkpoint's rows, served again; pushes apply again. */
+  ck_assert_msg(ckpt_call(1, ck, msg) == RPC_OK, "restore: %s", msg);
+  snapshot(now);
+  ck_assert(!memcmp(now, s1, sizeof now));
+  q = enc_push(fp, "job-x", 1, 0.5f, good, 2, &len);
+  ck_assert_int_eq(xs_call(&x, RPC_PUSH, 0, q, len, msg, NULL, NULL), RPC_OK);
+  free(q);
+  snapshot(now);
+  ck_assert(!memcmp(now, want, sizeof now));
+  xs_free(&x);
+  grpc_channel_destroy(ch);
+  rpc_global_shutdown();
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("rpc_server");
   const TTest *tests[] = {test_bad_requests_change_nothing, test_retried_push_applied_once,
                           test_health_unknown_method_sigterm, test_read_only_refuses_push,
                           test_python_interop, test_crash_refused_until_restore,
-                          test_clean_stop_keeps_crash, test_exchange_stream, NULL};
+                          test_clean_stop_keeps_crash, test_exchange_stream,
+                          test_stream_push_refused_after_answer, NULL};
   calls_tcase(s, "server", 120, setup, teardown, tests);
   return sr_check_run(s);
 }

@@ -71,8 +71,8 @@ START_TEST(test_ratios_printed) {
                   ops[o], x, r[0], r[1], r[2], r[3], r[4]);
     /* The share plain TCP's round trip plus the in-process store's time
      * would get: printed for 1 server, the median of its rounds. */
-    snprintf(key, sizeof key, "(a %s that cost plain TCP's round trip plus the in-process "
-             "store's time would run at ", ops[o]);
+    snprintf(key, sizeof key, "(a %s that cost plain TCP's round trip, then the in-process "
+             "store's time, would run at ", ops[o]);
     const char *b = strstr(out, key);
     ck_assert_msg(b && sscanf(b + strlen(key), "%lf%% of plain TCP's rate; rounds %lf %lf %lf %lf "
                               "%lf)", &x, &r[0], &r[1], &r[2], &r[3], &r[4]) == 6,

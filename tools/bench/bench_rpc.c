@@ -731,7 +731,7 @@ static int bench_servers(int dim, int ns, int si, long long rows, long long n,
         if (ns == 1) { /* what the store's own work leaves, round by round */
           double rb[5];
           for (int k = 0; k < 5; k++) rb[k] = tt[k] / (tt[k] + tl[k]);
-          printf("    (a %s that cost plain TCP's round trip plus the in-process store's time "
+          printf("    (a %s that cost plain TCP's round trip, then the in-process store's time, "
                  "would run at %.1f%% of plain TCP's rate; rounds", op, 100 * sr_median(rb, 5));
           for (int k = 0; k < 5; k++) printf(" %.1f", 100 * rb[k]);
           printf(")\n");
