@@ -318,6 +318,10 @@ void rpc_service_handle_exchange(rpc_service *s, rpc_method m, const uint8_t *in
  * handling's and the update's. RPC_OK (also for NULL), or the failed
  * update's status. */
 int rpc_service_after(rpc_service *s, struct rpc_after *a);
+/* 1 when the rows miss a Push answered before an update that then failed
+ * (no Restore since), else 0: a store with durable rows must not be
+ * marked clean then (`shardrec serve`). */
+int rpc_service_misses_push(rpc_service *s);
 typedef struct rpc_woken {
   void *token;
   rpc_reply r;

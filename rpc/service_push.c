@@ -206,3 +206,10 @@ int rpc_service_after(rpc_service *s, struct rpc_after *a) {
   free(a);
   return status;
 }
+
+int rpc_service_misses_push(rpc_service *s) {
+  pthread_mutex_lock(&s->mu);
+  const int missed = s->missed[0] != 0;
+  pthread_mutex_unlock(&s->mu);
+  return missed;
+}

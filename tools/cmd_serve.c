@@ -446,15 +446,19 @@ int cmd_serve(int argc, char **argv) {
     goto done;
   }
   /* Flushed: mark the rows whole, so the next start serves them; rows a
-   * crash left and no Restore replaced stay unmarked (emb_shard_mark_clean). */
-  if (own_rows && emb_store_kind_of(sv.store) == EMB_STORE_SHARD &&
+   * crash left and no Restore replaced stay unmarked (emb_shard_mark_clean),
+   * as do rows that miss a push answered before its update failed. */
+  const int missing = rpc_service_misses_push(svc);
+  if (own_rows && emb_store_kind_of(sv.store) == EMB_STORE_SHARD && !missing &&
       emb_shard_mark_clean(sv.store)) {
     fprintf(stderr, "shardrec serve: %s\n", emb_store_errmsg(sv.store));
     goto done;
   }
-  if (own_rows && emb_shard_unclean(sv.store))
-    fprintf(stderr, "shardrec serve: %s still holds the rows a crash left (no Restore since): "
-            "not marked clean, the next start refuses them too\n", f.so.data_dir);
+  if (own_rows && (missing || emb_shard_unclean(sv.store)))
+    fprintf(stderr, "shardrec serve: %s still holds %s (no Restore since): not marked clean, the "
+            "next start refuses them too\n", f.so.data_dir,
+            missing ? "rows that miss a push answered before its update failed"
+                    : "the rows a crash left");
   status = 0;
 done:
   serve_follow_stop(&f.follow);

@@ -645,8 +645,8 @@ END_TEST
  * refuses (a finite gradient overflowing table 1's Adagrad accumulator)
  * is answered applied, counted failed, and leaves the rows as they were
  * and the server refusing Lookup, Push and Checkpoint, on streams and
- * calls, naming the push and the row, until a Restore serves the
- * checkpoint's rows again. */
+ * calls, naming the push and the row, across a clean stop (its rows not
+ * marked clean), until a Restore serves the checkpoint's rows again. */
 START_TEST(test_stream_push_refused_after_answer) {
   rpc_global_init();
   grpc_channel *ch = raw_channel(srv.addr, 0);
@@ -708,6 +708,18 @@ START_TEST(test_stream_push_refused_after_answer) {
   ck_assert_int_eq(push_ok("job-x", 2, &applied), RPC_FAILED_PRECONDITION);
   ck_assert_int_eq(ckpt_call(0, ck2, msg), RPC_FAILED_PRECONDITION);
   ck_assert_msg(strstr(msg, "was not applied"), "%s", msg);
+  /* A clean stop leaves the rows unmarked: the next start refuses them. */
+  xs_free(&x);
+  ck_assert_int_eq(server_stop(&srv), 0);
+  char *log = slurp(log_path);
+  ck_assert_msg(log && strstr(log, "miss a push answered before its update failed"), "%s",
+                log ? log : "(no log)");
+  free(log);
+  restart("");
+  ck_assert_int_eq(stats_unclean(), 1);
+  grpc_channel_destroy(ch);
+  ch = raw_channel(srv.addr, 0);
+  xs_open(&x, ch);
   /* Restore: the checkpoint's rows, served again; pushes apply again. */
   ck_assert_msg(ckpt_call(1, ck, msg) == RPC_OK, "restore: %s", msg);
   snapshot(now);
