@@ -311,6 +311,22 @@ static uint64_t failed_calls(void) {
   return f;
 }
 
+/* Push t[2] (13 rows) as job, step on stream x: answered applied. */
+static void xs_push_applied(xs_raw *x, const char *job, int64_t step, const call_table *t) {
+  size_t len, olen;
+  uint8_t *out;
+  char msg[512];
+  uint8_t *q = enc_push(fp, job, step, 0.5f, t, 2, &len);
+  ck_assert_msg(xs_call(x, RPC_PUSH, 0, q, len, msg, &out, &olen) == RPC_OK, "push: %s", msg);
+  free(q);
+  Shardrec__V1__PushResponse *pa = shardrec__v1__push_response__unpack(NULL, olen, out);
+  ck_assert_ptr_nonnull(pa);
+  ck_assert(pa->applied);
+  ck_assert_uint_eq(pa->rows, 13);
+  shardrec__v1__push_response__free_unpacked(pa, NULL);
+  free(out);
+}
+
 START_TEST(test_exchange_stream) {
   rpc_global_init();
   grpc_channel *ch = raw_channel(srv.addr, 0);
@@ -325,20 +341,12 @@ START_TEST(test_exchange_stream) {
   float before[13 * DIM], after[13 * DIM];
   snapshot(before);
   call_table tp[2] = {{0, ids0, 8, g0, 0}, {1, ids1, 5, g1, 0}};
-  uint8_t *q = enc_push(fp, "xs", 0, 0.5f, tp, 2, &len);
-  ck_assert_int_eq(xs_call(&x, RPC_PUSH, 0, q, len, msg, &out, &olen), RPC_OK);
-  free(q);
-  Shardrec__V1__PushResponse *pa = shardrec__v1__push_response__unpack(NULL, olen, out);
-  ck_assert_ptr_nonnull(pa);
-  ck_assert(pa->applied);
-  ck_assert_uint_eq(pa->rows, 13);
-  shardrec__v1__push_response__free_unpacked(pa, NULL);
-  free(out);
+  xs_push_applied(&x, "xs", 0, tp);
   snapshot(after);
   ck_assert(memcmp(before, after, sizeof before) != 0);
   /* A Lookup on the stream answers the very bytes a call answers. */
   call_table tl[2] = {{0, ids0, 8, NULL, 0}, {1, ids1, 5, NULL, 0}};
-  q = enc_lookup(fp, tl, 2, &len);
+  uint8_t *q = enc_lookup(fp, tl, 2, &len);
   ck_assert_int_eq(xs_call(&x, RPC_LOOKUP, 0, q, len, msg, &out, &olen), RPC_OK);
   ck_assert_int_eq(call(RPC_LOOKUP, q, len, &r, &rl, msg), RPC_OK);
   ck_assert_uint_eq(olen, rl);
@@ -668,11 +676,7 @@ START_TEST(test_stream_push_refused_after_answer) {
   snapshot(want);
   ck_assert(memcmp(want, s1, sizeof want) != 0);
   ck_assert_msg(ckpt_call(1, ck, msg) == RPC_OK, "restore: %s", msg);
-  size_t len, olen;
-  uint8_t *out, *q = enc_push(fp, "job-x", 1, 0.5f, good, 2, &len);
-  ck_assert_int_eq(xs_call(&x, RPC_PUSH, 0, q, len, msg, &out, &olen), RPC_OK);
-  free(q);
-  free(out);
+  xs_push_applied(&x, "job-x", 1, good);
   snapshot(now);
   ck_assert(!memcmp(now, want, sizeof now));
   ck_assert_msg(ckpt_call(1, ck, msg) == RPC_OK, "restore: %s", msg);
@@ -682,21 +686,14 @@ START_TEST(test_stream_push_refused_after_answer) {
   memcpy(big, g1, sizeof big);
   big[3 * DIM + 2] = 3e38f;
   call_table over[2] = {{0, ids0, 8, g0, 0}, {1, ids1, 5, big, 0}};
-  q = enc_push(fp, "job-x", 1, 0.5f, over, 2, &len);
-  ck_assert_int_eq(xs_call(&x, RPC_PUSH, 0, q, len, msg, &out, &olen), RPC_OK);
-  free(q);
-  Shardrec__V1__PushResponse *pa = shardrec__v1__push_response__unpack(NULL, olen, out);
-  ck_assert_ptr_nonnull(pa);
-  ck_assert(pa->applied);
-  ck_assert_uint_eq(pa->rows, 13);
-  shardrec__v1__push_response__free_unpacked(pa, NULL);
-  free(out);
+  xs_push_applied(&x, "job-x", 1, over);
   ck_assert_uint_eq(failed_calls(), failed0 + 1);
   char row[160];
   snprintf(row, sizeof row, "table %u (%s) row %llu:", plan->tables[1].table_id,
            plan->tables[1].name, (unsigned long long)ids1[3]);
   call_table tl[2] = {{0, ids0, 8, NULL, 0}, {1, ids1, 5, NULL, 0}};
-  q = enc_lookup(fp, tl, 2, &len);
+  size_t len;
+  uint8_t *q = enc_lookup(fp, tl, 2, &len);
   int st = calls_lookup(srv.addr, q, len, 10, tl, 2, DIM, now, msg, sizeof msg);
   ck_assert_msg(st == RPC_FAILED_PRECONDITION && strstr(msg, "push of step 1 of job job-x") &&
                     strstr(msg, row) && strstr(msg, "Restore a checkpoint"),
@@ -724,9 +721,7 @@ START_TEST(test_stream_push_refused_after_answer) {
   ck_assert_msg(ckpt_call(1, ck, msg) == RPC_OK, "restore: %s", msg);
   snapshot(now);
   ck_assert(!memcmp(now, s1, sizeof now));
-  q = enc_push(fp, "job-x", 1, 0.5f, good, 2, &len);
-  ck_assert_int_eq(xs_call(&x, RPC_PUSH, 0, q, len, msg, NULL, NULL), RPC_OK);
-  free(q);
+  xs_push_applied(&x, "job-x", 1, good);
   snapshot(now);
   ck_assert(!memcmp(now, want, sizeof now));
   xs_free(&x);
