@@ -312,8 +312,8 @@ void rpc_service_handle_exchange(rpc_service *s, rpc_method m, const uint8_t *in
  * at once, in[len] still alive. Every call the service handles from the
  * moment it took the push (another worker's) waits until it is applied,
  * so whatever the answer's client sends next reads it. An update that
- * fails then leaves the rows missing it: Lookup, Push, Remove and
- * Checkpoint are refused FAILED_PRECONDITION, naming the push and why,
+ * fails then leaves the rows missing it: Lookup, Push, PushLookup, Remove
+ * and Checkpoint are refused FAILED_PRECONDITION, naming the push and why,
  * until a Restore. Counted and observed as the Push's call, its time the
  * handling's and the update's. RPC_OK (also for NULL), or the failed
  * update's status. */
