@@ -357,12 +357,11 @@ static int check_ids(rpc_service *s, const char *what, size_t i, uint32_t table_
  * failed, are not served until a Restore. */
 static int check_clean(rpc_service *s, rpc_reply *r) {
   pthread_mutex_lock(&s->mu);
-  const int unclean = s->unclean, missed = s->missed[0] != 0;
-  if (!unclean && missed) snprintf(r->msg, sizeof r->msg, "%s", s->missed);
+  const char *why = s->unclean ? RPC_MSG_UNCLEAN : s->missed[0] ? s->missed : NULL;
+  if (why) snprintf(r->msg, sizeof r->msg, "%s", why);
   pthread_mutex_unlock(&s->mu);
-  if (!unclean && !missed) return RPC_OK;
+  if (!why) return RPC_OK;
   r->status = RPC_FAILED_PRECONDITION;
-  if (unclean) snprintf(r->msg, sizeof r->msg, "%s", RPC_MSG_UNCLEAN);
   return r->status;
 }
 

@@ -139,12 +139,10 @@ void rpc__push(rpc_service *s, const uint8_t *in, size_t len, int defer, int lat
                rpc_reply *r);
 /* Such a push, taken (rpc_coord_push_take, s->applying counted) and
  * answered, its update left to rpc_service_after: the request decoded in
- * x (its ids and gradients still in the request's bytes), the step and
- * its learning rate, and what the call is noted with. */
+ * x (its header and learning rate, its ids and gradients still in the
+ * request's bytes), and what the call is noted with. */
 struct rpc_after {
   rpc_scratch *x;
-  int64_t step;
-  float lr;
   size_t in_len, out_len;
   double secs; /* the handling before the answer */
 };

@@ -159,7 +159,7 @@ void rpc__push(rpc_service *s, const uint8_t *in, size_t len, int defer, int lat
   if (a && o == RPC_COORD_GO) s->applying++;
   pthread_mutex_unlock(&s->mu);
   if (a && o == RPC_COORD_GO) {
-    *a = (struct rpc_after){.x = x, .step = k.step, .lr = q->learning_rate};
+    *a = (struct rpc_after){.x = x};
     r->after = a;
     x = NULL; /* its ids and gradients are the update's */
   } else {
@@ -183,15 +183,16 @@ int rpc_service_after(rpc_service *s, struct rpc_after *a) {
   if (!a) return RPC_OK;
   const double t0 = sr_now();
   rpc_scratch *x = a->x;
+  const int64_t step = x->pq.header->step;
   const emb_idset set = {.n_tables = s->plan->n_tables, .ids = x->ids, .counts = x->counts};
   char err[RPC_COORD_MSG] = "", msg[sizeof s->missed] = "";
   pthread_mutex_lock(&s->mu);
-  const int rc = rpc__apply(s, a->step, a->lr, &set, x->grads, err, sizeof err);
+  const int rc = rpc__apply(s, step, x->pq.learning_rate, &set, x->grads, err, sizeof err);
   if (rc) {
     snprintf(s->missed, sizeof s->missed,
              "push of step %lld of job %s, answered on its exchange stream, was not applied "
              "(%s): this server's rows miss it; Restore a checkpoint",
-             (long long)a->step, x->job, err);
+             (long long)step, x->job, err);
     memcpy(msg, s->missed, sizeof msg);
   }
   pthread_mutex_unlock(&s->mu);
