@@ -100,8 +100,8 @@ static void *devm_create(const dense_backend *be, const dense_dev_layout *lay,
   if (CUDA_CHECK(cudaMalloc((void **)&m->params, (m->n_params + 1) * 4)) ||
       CUDA_CHECK(cudaMalloc((void **)&m->grads, (m->n_params + 1) * 4)) ||
       CUDA_CHECK(cudaMalloc((void **)&m->acts, total * 4)) ||
-      CUDA_CHECK(cudaMemset(m->acts, 0, total * 4)) ||
-      CUDA_CHECK(cudaMemset(m->grads, 0, (m->n_params + 1) * 4)) ||
+      CUDA_CHECK(cudaMemsetAsync(m->acts, 0, total * 4, dense_cuda__stream())) ||
+      CUDA_CHECK(cudaMemsetAsync(m->grads, 0, (m->n_params + 1) * 4, dense_cuda__stream())) ||
       CUDA_CHECK(cudaMallocHost((void **)&m->pin, pin_n * 4))) {
     set_err(err, errlen, "model buffers");
     devm_destroy(m);
