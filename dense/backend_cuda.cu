@@ -356,12 +356,16 @@ static const dense_backend cuda_backend = {
     cu_bce_logits,           cu_sgd,
 };
 
-extern "C" int dense_cuda_device_count(void) {
+extern "C" int dense_cuda_device_count(char *why, size_t whylen) {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
     cudaGetLastError(); /* clear the sticky "no device" error */
-    return 0;
+    n = 0;
   }
+  if (n == 0 && why && whylen)
+    snprintf(why, whylen, "cudaGetDeviceCount: %s",
+             e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
   return n;
 }
 
@@ -383,9 +387,10 @@ extern "C" const dense_backend *dense_backend_cuda(int device, char *err,
     }
     return &cuda_backend;
   }
-  int n = dense_cuda_device_count();
+  char why[256];
+  int n = dense_cuda_device_count(why, sizeof why);
   if (n == 0) {
-    fmt(err, errlen, "no CUDA device (no GPU or no driver)");
+    fmt(err, errlen, "no CUDA device (%s)", why);
     return NULL;
   }
   if (device < 0 || device >= n) {

@@ -37,8 +37,10 @@ extern "C" {
 #include "dense/optim.h"
 
 /* CUDA devices this process can use; 0 when there is no driver or no GPU
- * (never an error: callers skip). */
-int dense_cuda_device_count(void);
+ * (never an error: callers skip), with why in why[whylen] (may be NULL):
+ * cudaGetDeviceCount's own words ("no CUDA-capable device is detected", a
+ * driver older than the runtime, ...). */
+int dense_cuda_device_count(char *why, size_t whylen);
 
 /* The CUDA backend on device `device` (0-based), created on first call
  * (stream, cuBLAS handle); later calls must name the same device. Static

@@ -13,6 +13,7 @@
 #endif
 
 #include "common/status.h"
+#include "dense/backend_cuda.h"
 
 typedef struct {
   dense_coll base; /* first: the interface */
@@ -196,12 +197,12 @@ dense_coll *dense_coll_nccl_create(int rank, int size, int local_rank,
   c->rank = rank;
   c->size = size;
   n->compute = (cudaStream_t)compute_stream;
-  int ndev = 0;
+  char why[256];
+  int ndev = dense_cuda_device_count(why, sizeof why);
   ncclUniqueId id;
   memset(&id, 0, sizeof id);
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
-    cudaGetLastError();
-    sr_fmt(err, errlen, "NCCL: no CUDA device");
+  if (ndev < 1) {
+    sr_fmt(err, errlen, "NCCL: no CUDA device (%s)", why);
     free(n);
     return NULL;
   }

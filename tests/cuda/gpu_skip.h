@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,13 +16,26 @@
 
 /* GPUs visible, counted in a child process: the Check suites fork a child
  * per test, and CUDA cannot be used in a child forked after the parent has
- * initialised it (cudaGetDeviceCount does). */
-static inline int gpu_count_in_child(void) {
+ * initialised it (cudaGetDeviceCount does). With none, why[whylen] says
+ * why, in cudaGetDeviceCount's words (a GPU the driver or runtime cannot
+ * use reads otherwise as no GPU at all). */
+static inline int gpu_count_in_child(char *why, size_t whylen) {
+  int fd[2];
+  snprintf(why, whylen, "no answer from the child counting them");
+  if (pipe(fd)) return 0;
   pid_t pid = fork();
   if (pid == 0) {
-    int n = dense_cuda_device_count();
-    _exit(n > 100 ? 100 : n);
+    char w[256] = "";
+    int n = dense_cuda_device_count(w, sizeof w);
+    ssize_t k = write(fd[1], w, strlen(w));
+    _exit(k < 0 ? 0 : n > 100 ? 100 : n);
   }
+  close(fd[1]);
+  if (pid > 0) {
+    ssize_t k = read(fd[0], why, whylen - 1);
+    if (k > 0) why[k] = 0;
+  }
+  close(fd[0]);
   int st = 0;
   if (pid < 0 || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st)) return 0;
   return WEXITSTATUS(st);
@@ -29,9 +43,9 @@ static inline int gpu_count_in_child(void) {
 
 #define SR_SKIP_NO_GPU(name)                                              \
   do {                                                                    \
-    if (gpu_count_in_child() < 1) {                                       \
-      printf("%s: skipped: no GPU (cudaGetDeviceCount reports none)\n",  \
-             name);                                                       \
+    char why_[256];                                                       \
+    if (gpu_count_in_child(why_, sizeof why_) < 1) {                      \
+      printf("%s: skipped: no GPU (%s)\n", name, why_);                   \
       return 77;                                                          \
     }                                                                     \
   } while (0)
