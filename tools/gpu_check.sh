@@ -9,7 +9,8 @@
 #      and every shared library they load that is neither glibc nor CUDA's
 #      (OpenBLAS, RocksDB, gRPC, OpenMPI, ... from Debian) into
 #      build-gpu-bundle/shardrec-gpu.tar.xz (build-*/ is git-ignored).
-#      Built on Debian 12; the binaries need GLIBC_2.34 at most.
+#      Built on Debian 12: the binaries need GLIBC_2.34 at most, the
+#      libraries carried GLIBC_2.36 (libevent_core, for gRPC).
 #
 #   2. THERE (about 3-6 minutes), in a copy of the repository with
 #      build-gpu-bundle/ in it (logs in $OUT, default gpu-check-out/):
@@ -23,7 +24,14 @@
 #        test_cuda_nccl, test_collective        -> $OUT/tests.log
 #        test_cuda_train (CPU vs CUDA AUC)      -> $OUT/tests.log
 #        shardrec bench train --device cuda     -> $OUT/bench.log
-#      and $OUT/summary.txt with one PASS/FAIL/SKIP line per check.
+#      and $OUT/summary.txt with one PASS/FAIL/SKIP line per check; the exit
+#      status is 1 when one failed. A check skipped while nvidia-smi lists
+#      a GPU is a failure (the GPU is there and could not be used: the skip
+#      line says cudaGetDeviceCount's reason).
+#      Every check has its own time limit, each Check test a quarter of its
+#      suite's, and all of them together GPU_CHECK_SECONDS (default 330:
+#      inside a 360 s device call), the bench keeping at least 60 s of it,
+#      so that one check that hangs leaves the others time to report.
 #      GPU_CHECK_SKIP_TRAIN=1 leaves out the training test (the longest).
 #
 # If the bundle's binaries do not start there (a library the image lacks),
@@ -92,26 +100,46 @@ PY
   echo "$dirs"
 }
 
-# run NAME SECONDS CMD...: one check, its output appended to tests.log.
+# Seconds a check may take: its own limit, within what is left of
+# GPU_CHECK_SECONDS less what is kept for the checks after it.
+limit() {
+  local own=$1 left=$((DEADLINE - SECONDS - $2))
+  [ $left -lt 1 ] && left=1
+  echo $((own < left ? own : left))
+}
+
+# check NAME SECONDS KEEP LOG CMD...: one check, at most SECONDS, leaving KEEP
+# seconds for those after it, its output appended to $OUT/LOG.
 check() {
-  local name=$1 secs=$2; shift 2
-  echo "== $name" | tee -a "$OUT/tests.log"
+  local name=$1 secs log=$OUT/$4; secs=$(limit "$2" "$3"); shift 4
+  echo "== $name" | tee -a "$log"
   local t0=$SECONDS
-  timeout "$secs" "$@" >>"$OUT/tests.log" 2>&1
+  timeout "$secs" "$@" >>"$log" 2>&1
   local rc=$?
   local verdict=FAIL
   [ $rc -eq 0 ] && verdict=PASS
-  [ $rc -eq 77 ] && verdict=SKIP
+  if [ $rc -eq 77 ]; then
+    verdict=SKIP
+    [ -n "$GPUS" ] && verdict="FAIL (skipped, and nvidia-smi lists a GPU)"
+  fi
   [ $rc -eq 124 ] && verdict="FAIL (timeout ${secs}s)"
   printf '%-22s %s (rc %d, %ds)\n' "$name" "$verdict" $rc $((SECONDS - t0)) | tee -a "$OUT/summary.txt"
 }
 
 run_checks() {
+  DEADLINE=$((SECONDS + ${GPU_CHECK_SECONDS:-330}))
   OUT=${OUT:-$ROOT/gpu-check-out}
   mkdir -p "$OUT"
+  : >"$OUT/summary.txt"
   local sr=/tmp/sr-gpu
   if [ -f "$BUNDLE_DIR/shardrec-gpu.tar.xz" ]; then
-    rm -rf "$sr" && tar -C /tmp -xJf "$BUNDLE_DIR/shardrec-gpu.tar.xz"
+    rm -rf "$sr"
+    # tar's -J runs xz(1); an image without it unpacks through Python's lzma.
+    tar -C /tmp -xJf "$BUNDLE_DIR/shardrec-gpu.tar.xz" 2>"$OUT/unpack.txt" ||
+      python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall("/tmp")' \
+        "$BUNDLE_DIR/shardrec-gpu.tar.xz" 2>>"$OUT/unpack.txt" ||
+      { echo "gpu_check: the bundle does not unpack (unpack.txt):" | tee -a "$OUT/summary.txt"
+        tee -a "$OUT/summary.txt" <"$OUT/unpack.txt"; return 1; }
   elif [ -x "$ROOT/build-gpu/tools/shardrec" ]; then
     mkdir -p "$sr/bin" "$sr/lib"
     cp "$ROOT"/build-gpu/tools/shardrec "$ROOT"/build-gpu/tools/libshardrec_cuda.so \
@@ -130,19 +158,23 @@ run_checks() {
     echo "gpu_check: missing libraries (see ldd.txt):" | tee -a "$OUT/summary.txt"
     grep "not found" "$OUT/ldd.txt" | sort -u | tee -a "$OUT/summary.txt"
   fi
-  export CK_FORK=yes CK_DEFAULT_TIMEOUT=120 SHARDREC_BIN="$sr/bin/shardrec"
+  GPUS=$(nvidia-smi -L 2>/dev/null | grep '^GPU ' || true)
+  # NCCL says why it fails only when asked.
+  export CK_FORK=yes CK_DEFAULT_TIMEOUT=120 CK_TIMEOUT_MULTIPLIER=0.25 NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+  export SHARDREC_BIN="$sr/bin/shardrec"
   : >"$OUT/tests.log"
-  check test_collective 60 "$sr/bin/test_collective"
-  check test_cuda_kernels 180 "$sr/bin/test_cuda_kernels"
-  check test_cuda_model 240 "$sr/bin/test_cuda_model"
-  check test_cuda_nccl 120 "$sr/bin/test_cuda_nccl"
+  : >"$OUT/bench.log"
+  check test_collective 30 60 tests.log "$sr/bin/test_collective"
+  check test_cuda_kernels 90 60 tests.log "$sr/bin/test_cuda_kernels"
+  check test_cuda_model 120 60 tests.log "$sr/bin/test_cuda_model"
+  check test_cuda_nccl 60 60 tests.log "$sr/bin/test_cuda_nccl"
   if [ "${GPU_CHECK_SKIP_TRAIN:-0}" != 1 ]; then
-    check test_cuda_train 300 "$sr/bin/test_cuda_train"
+    check test_cuda_train 180 60 tests.log "$sr/bin/test_cuda_train"
   fi
-  echo "== shardrec bench train --device cuda" | tee "$OUT/bench.log"
-  timeout 240 "$sr/bin/shardrec" bench train --device cuda --runs 3 >>"$OUT/bench.log" 2>&1
-  printf '%-22s rc %d\n' "bench train (cuda)" $? | tee -a "$OUT/summary.txt"
+  check "bench train (cuda)" 150 0 bench.log "$sr/bin/shardrec" bench train --device cuda --runs 3
+  echo "== summary"
   cat "$OUT/summary.txt"
+  ! grep -q FAIL "$OUT/summary.txt"
 }
 
 build_there() {
