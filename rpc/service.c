@@ -847,9 +847,11 @@ static void handle_call(rpc_service *s, rpc_method m, const uint8_t *in, size_t 
   static const uint8_t none[1];
   if (!in) in = none, len = 0;
   double t0 = sr_now();
-  pthread_mutex_lock(&s->mu);
-  while (s->applying) pthread_cond_wait(&s->applied, &s->mu);
-  pthread_mutex_unlock(&s->mu);
+  if (atomic_load(&s->applying)) { /* raised before the push's answer went out */
+    pthread_mutex_lock(&s->mu);
+    while (atomic_load(&s->applying)) pthread_cond_wait(&s->applied, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+  }
   switch (m) {
     case RPC_LOOKUP: do_lookup(s, in, len, r, token, defer, timeout_s, pin); break;
     case RPC_PUSH: rpc__push(s, in, len, defer, later, r); break;

@@ -50,7 +50,8 @@ struct rpc_service {
   uint64_t budget_refused, budget_gen; /* refusals; releases so far */
   pthread_cond_t room;  /* signalled when calls give budget back (with mu) */
   pthread_mutex_t mu;   /* serialises the store, the coordinator and the counters below */
-  int applying;         /* Pushes taken and answered, not updated yet (rpc_service_after) */
+  atomic_int applying;  /* Pushes taken and answered, not updated yet (rpc_service_after);
+                           changed under mu, read without it first */
   pthread_cond_t applied; /* signalled when applying drops (with mu) */
   rpc_coord *coord;     /* owned: the multi-rank jobs */
   int64_t hi_step;      /* the highest step handed to the store (looked up, pushed or

@@ -6,6 +6,7 @@
  * answered, and applied after (rpc_service_after). */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,7 +157,7 @@ void rpc__push(rpc_service *s, const uint8_t *in, size_t len, int defer, int lat
   rpc_coord_outcome o = a ? rpc_coord_push_take(s->coord, &k, r->msg, sizeof r->msg)
                           : rpc_coord_push(s->coord, &k, &p, sr_now(), r->msg, sizeof r->msg);
   if (o == RPC_COORD_GO) s->from_ckpt = 0; /* its rows are no longer the checkpoint's */
-  if (a && o == RPC_COORD_GO) s->applying++;
+  if (a && o == RPC_COORD_GO) atomic_fetch_add(&s->applying, 1);
   pthread_mutex_unlock(&s->mu);
   if (a && o == RPC_COORD_GO) {
     *a = (struct rpc_after){.x = x};
@@ -200,7 +201,7 @@ int rpc_service_after(rpc_service *s, struct rpc_after *a) {
   const int status = !rc ? RPC_OK : rc == SR_ERANGE ? RPC_INVALID_ARGUMENT : RPC_INTERNAL;
   rpc_service_note(s, RPC_PUSH, status, msg, a->secs + sr_now() - t0, a->in_len, a->out_len);
   pthread_mutex_lock(&s->mu);
-  s->applying--;
+  atomic_fetch_sub(&s->applying, 1);
   pthread_cond_broadcast(&s->applied);
   pthread_mutex_unlock(&s->mu);
   rpc__scratch_give(s, x);
