@@ -21,7 +21,7 @@
  * use reads otherwise as no GPU at all). */
 static inline int gpu_count_in_child(char *why, size_t whylen) {
   int fd[2];
-  snprintf(why, whylen, "no answer from the child counting them");
+  snprintf(why, whylen, "no answer from the child that counts GPUs");
   if (pipe(fd)) return 0;
   pid_t pid = fork();
   if (pid == 0) {
